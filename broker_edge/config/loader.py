@@ -1,0 +1,153 @@
+"""Build typed dataclasses from YAML documents, naming the offending field on every error.
+
+Every config in Timestone (broker, pipelines) is a tree of dataclasses. This module turns a parsed YAML
+mapping into that tree and rejects unknown keys and wrong types with the dotted path of the key, e.g.
+``listeners[1].port: expected int, got str 'abc'``. Defaults come from the dataclasses themselves, so an empty
+or missing file yields a usable configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or of the wrong type; ``path`` names the field."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        self.detail = message
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+def load_yaml_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML file whose top level must be a mapping (an empty file is an empty mapping)."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), f"not valid YAML: {exc}") from exc
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ConfigError(str(path), f"top level must be a mapping, got {type(document).__name__}")
+    return document
+
+
+def load_dataclass(cls: type[T], data: Any, path: str = "") -> T:
+    """Build ``cls`` (a dataclass) from ``data``, validating every field recursively."""
+    return _convert(cls, data, path)  # type: ignore[return-value]
+
+
+def _describe(value: Any) -> str:
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    return f"{type(value).__name__} {shown}"
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _convert(annotation: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+
+    if annotation is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for option in args:
+            if option is type(None):
+                continue
+            try:
+                return _convert(option, value, path)
+            except ConfigError as exc:
+                errors.append(exc.detail)
+        raise ConfigError(path, " or ".join(errors))
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        raise ConfigError(path, f"expected one of {', '.join(repr(a) for a in args)}, got {_describe(value)}")
+    if origin in (list, tuple):
+        if not isinstance(value, list):
+            raise ConfigError(path, f"expected a list, got {_describe(value)}")
+        item_type = args[0] if args else Any
+        items = [_convert(item_type, item, f"{path}[{i}]") for i, item in enumerate(value)]
+        return items if origin is list else tuple(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(path, f"expected a mapping, got {_describe(value)}")
+        key_type, value_type = args if args else (Any, Any)
+        return {
+            _convert(key_type, k, path): _convert(value_type, v, _join(path, str(k)))
+            for k, v in value.items()
+        }
+    if dataclasses.is_dataclass(annotation):
+        return _convert_dataclass(annotation, value, path)
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        try:
+            return annotation(value)
+        except ValueError:
+            choices = ", ".join(repr(m.value) for m in annotation)
+            raise ConfigError(path, f"expected one of {choices}, got {_describe(value)}") from None
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(path, f"expected a number, got {_describe(value)}")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(path, f"expected int, got {_describe(value)}")
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(path, f"expected true or false, got {_describe(value)}")
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(path, f"expected a string, got {_describe(value)}")
+    if annotation is Path:
+        if isinstance(value, str):
+            return Path(value)
+        raise ConfigError(path, f"expected a path string, got {_describe(value)}")
+    raise ConfigError(path, f"unsupported field type {annotation!r}")
+
+
+def _convert_dataclass(cls: type, value: Any, path: str) -> Any:
+    if isinstance(value, cls):
+        return value
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise ConfigError(path, f"expected a mapping, got {_describe(value)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [k for k in value if k not in fields]
+    if unknown:
+        known = ", ".join(sorted(fields))
+        raise ConfigError(_join(path, str(unknown[0])), f"unknown key (known keys: {known})")
+    kwargs = {}
+    for name, field in fields.items():
+        if name in value:
+            kwargs[name] = _convert(hints[name], value[name], _join(path, name))
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise ConfigError(_join(path, name), "required key is missing")
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:  # raised by __post_init__ checks, relative to this dataclass
+        raise ConfigError(_join(path, exc.path), exc.detail) from None
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(path, str(exc)) from exc
