@@ -1,0 +1,57 @@
+"""Protocol errors carrying the reason code the connection should send before it closes."""
+
+from .reason_codes import ConnectReturnCode, ReasonCode
+
+
+class MQTTError(Exception):
+    """Base of every protocol error; ``reason_code`` is what a v5 DISCONNECT (or CONNACK) should carry."""
+
+    default_reason_code: int = ReasonCode.UNSPECIFIED_ERROR
+
+    def __init__(self, message: str, reason_code: int | None = None) -> None:
+        super().__init__(message)
+        self.reason_code: int = self.default_reason_code if reason_code is None else reason_code
+        self.message = message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(reason_code=0x{self.reason_code:02X}, message={self.message!r})"
+
+
+class MalformedPacket(MQTTError):
+    """The bytes cannot be parsed as the spec describes (0x81)."""
+
+    default_reason_code = ReasonCode.MALFORMED_PACKET
+
+
+class ProtocolError(MQTTError):
+    """The packet parses but carries something the protocol forbids (0x82 unless a sharper code exists)."""
+
+    default_reason_code = ReasonCode.PROTOCOL_ERROR
+
+
+class PacketTooLarge(ProtocolError):
+    """The packet is larger than the receiver's maximum packet size (0x95); raised before the body arrives."""
+
+    default_reason_code = ReasonCode.PACKET_TOO_LARGE
+
+
+class InvalidTopic(ProtocolError):
+    """A topic name (0x90) or topic filter (0x8F) breaks the topic rules."""
+
+    default_reason_code = ReasonCode.TOPIC_NAME_INVALID
+
+
+class UnsupportedProtocolVersion(ProtocolError):
+    """CONNECT names a protocol this decoder does not speak.
+
+    The server should answer CONNACK ``return_code`` (0x01) in v3 format, or ``reason_code`` (0x84) if it
+    chooses to answer in v5 format, then close.
+    """
+
+    default_reason_code = ReasonCode.UNSUPPORTED_PROTOCOL_VERSION
+    return_code: int = ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION
+
+    def __init__(self, message: str, protocol_name: str, protocol_version: int) -> None:
+        super().__init__(message)
+        self.protocol_name = protocol_name
+        self.protocol_version = protocol_version
