@@ -1,0 +1,41 @@
+# Timestone: two commands on a fresh machine.
+#   make demo   set up .venv and run the end-to-end demo (local broker, simulated devices, local Spark, Delta)
+#   make test   set up .venv and the test tools, then lint and run the whole test suite
+# Everything else here is what those two need.
+
+PYTHON ?= python3
+VENV   := .venv
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint bench setup system-deps clean
+
+demo: $(STAMP)
+	$(VENV)/bin/timestone demo
+
+test: $(STAMP) system-deps
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/pytest
+
+bench: $(STAMP) system-deps
+	$(VENV)/bin/python -m bench
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+setup: $(STAMP) system-deps
+
+# The virtual environment, rebuilt when the declared dependencies change.
+$(STAMP): pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# Debian packages and npm packages the tests and benchmarks drive (Mosquitto's clients, MQTT.js).
+system-deps:
+	bash .ci/system-deps
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
