@@ -1,5 +1,6 @@
 """Sans-IO MQTT 3.1 / 3.1.1 / 5.0 protocol layer: packets, codec, properties, reason codes, topics."""
 
+from .codec import MAX_PACKET_SIZE, PacketDecoder, PublishTemplate, encode, encode_publish_template
 from .errors import (
     InvalidTopic,
     MalformedPacket,
@@ -37,6 +38,7 @@ from .properties import Properties
 from .reason_codes import ConnectReturnCode, ReasonCode
 
 __all__ = [
+    "MAX_PACKET_SIZE",
     "MQTT_3_1",
     "MQTT_3_1_1",
     "MQTT_5",
@@ -49,6 +51,7 @@ __all__ = [
     "MQTTError",
     "MalformedPacket",
     "Packet",
+    "PacketDecoder",
     "PacketTooLarge",
     "PacketType",
     "PingReq",
@@ -60,6 +63,7 @@ __all__ = [
     "PubRec",
     "PubRel",
     "Publish",
+    "PublishTemplate",
     "ReasonCode",
     "RetainHandling",
     "SubAck",
@@ -69,4 +73,6 @@ __all__ = [
     "Unsubscribe",
     "UnsupportedProtocolVersion",
     "Will",
+    "encode",
+    "encode_publish_template",
 ]

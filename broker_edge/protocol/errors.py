@@ -4,7 +4,11 @@ from .reason_codes import ConnectReturnCode, ReasonCode
 
 
 class MQTTError(Exception):
-    """Base of every protocol error; ``reason_code`` is what a v5 DISCONNECT (or CONNACK) should carry."""
+    """Base of every protocol error; ``reason_code`` is what a v5 DISCONNECT (or CONNACK) should carry.
+
+    ``packets_before`` holds the packets that the same ``PacketDecoder.feed`` call decoded before the bad
+    one, so a connection can still act on them before it closes.
+    """
 
     default_reason_code: int = ReasonCode.UNSPECIFIED_ERROR
 
@@ -12,6 +16,7 @@ class MQTTError(Exception):
         super().__init__(message)
         self.reason_code: int = self.default_reason_code if reason_code is None else reason_code
         self.message = message
+        self.packets_before: list = []
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(reason_code=0x{self.reason_code:02X}, message={self.message!r})"

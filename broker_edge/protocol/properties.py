@@ -1,10 +1,26 @@
 """MQTT 5 properties: one attribute per property, decoded and encoded through one id table."""
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from enum import IntEnum
+from typing import Any
+
+from .errors import MalformedPacket, ProtocolError
+from .wire import (
+    encode_binary,
+    encode_u16,
+    encode_utf8,
+    encode_varint,
+    read_binary,
+    read_u8,
+    read_u16,
+    read_u32,
+    read_utf8,
+    read_varint,
+)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class Properties:
     """The MQTT 5 properties of one packet or will; an attribute is None when the property is absent."""
 
@@ -38,13 +54,17 @@ class Properties:
 
     def is_empty(self) -> bool:
         """True when no property is set: such a Properties encodes like ``None``."""
-        return all(
-            not getattr(self, f.name) if f.name in _LIST_ATTRS else getattr(self, f.name) is None
+        return not self._present()
+
+    def _present(self) -> list[str]:
+        return [
+            f"{f.name}={value!r}"
             for f in fields(self)
-        )
+            if (value := getattr(self, f.name)) is not None and value != []
+        ]
 
-
-_LIST_ATTRS = frozenset({"subscription_identifiers", "user_properties"})
+    def __repr__(self) -> str:
+        return f"Properties({', '.join(self._present())})"
 
 
 class PropertyType(IntEnum):
@@ -90,14 +110,21 @@ class PropertySpec:
     """Only 0 or 1 is allowed."""
     nonzero: bool = False
     """0 is a protocol error."""
-    repeatable: bool = False
-    """May appear more than once (user property; subscription identifier in PUBLISH)."""
+    repeatable_in: frozenset[int] = frozenset()
+    """Packet types where it may appear more than once; such a property is a list attribute."""
 
 
 def _spec(
-    identifier: int, name: str, kind: PropertyType, packets: tuple[int, ...], **flags: bool
+    identifier: int,
+    name: str,
+    kind: PropertyType,
+    packets: tuple[int, ...],
+    repeatable_in: tuple[int, ...] = (),
+    **flags: bool,
 ) -> PropertySpec:
-    return PropertySpec(identifier, name, kind, frozenset(packets), **flags)
+    return PropertySpec(
+        identifier, name, kind, frozenset(packets), repeatable_in=frozenset(repeatable_in), **flags
+    )
 
 
 _T = PropertyType
@@ -107,7 +134,7 @@ PROPERTY_SPECS: tuple[PropertySpec, ...] = (
     _spec(0x03, "content_type", _T.UTF8, (_PUBLISH, WILL)),
     _spec(0x08, "response_topic", _T.UTF8, (_PUBLISH, WILL)),
     _spec(0x09, "correlation_data", _T.BINARY, (_PUBLISH, WILL)),
-    _spec(0x0B, "subscription_identifiers", _T.VARINT, (_PUBLISH, _SUBSCRIBE), nonzero=True, repeatable=True),
+    _spec(0x0B, "subscription_identifiers", _T.VARINT, (_PUBLISH, _SUBSCRIBE), (_PUBLISH,), nonzero=True),
     _spec(0x11, "session_expiry_interval", _T.FOUR_BYTE_INT, (_CONNECT, _CONNACK, _DISCONNECT)),
     _spec(0x12, "assigned_client_identifier", _T.UTF8, (_CONNACK,)),
     _spec(0x13, "server_keep_alive", _T.TWO_BYTE_INT, (_CONNACK,)),
@@ -124,7 +151,7 @@ PROPERTY_SPECS: tuple[PropertySpec, ...] = (
     _spec(0x23, "topic_alias", _T.TWO_BYTE_INT, (_PUBLISH,), nonzero=True),
     _spec(0x24, "maximum_qos", _T.BYTE, (_CONNACK,), boolean=True),
     _spec(0x25, "retain_available", _T.BYTE, (_CONNACK,), boolean=True),
-    _spec(0x26, "user_properties", _T.UTF8_PAIR, _ALL_WITH_PROPERTIES, repeatable=True),
+    _spec(0x26, "user_properties", _T.UTF8_PAIR, _ALL_WITH_PROPERTIES, _ALL_WITH_PROPERTIES),
     _spec(0x27, "maximum_packet_size", _T.FOUR_BYTE_INT, (_CONNECT, _CONNACK), nonzero=True),
     _spec(0x28, "wildcard_subscription_available", _T.BYTE, (_CONNACK,), boolean=True),
     _spec(0x29, "subscription_identifier_available", _T.BYTE, (_CONNACK,), boolean=True),
@@ -132,3 +159,112 @@ PROPERTY_SPECS: tuple[PropertySpec, ...] = (
 )
 PROPERTIES_BY_ID: dict[int, PropertySpec] = {spec.identifier: spec for spec in PROPERTY_SPECS}
 PROPERTIES_BY_NAME: dict[str, PropertySpec] = {spec.name: spec for spec in PROPERTY_SPECS}
+
+
+def _read_byte(buf, view: memoryview, pos: int, end: int) -> tuple[int, int]:
+    return read_u8(buf, pos, end)
+
+
+def _read_two(buf, view: memoryview, pos: int, end: int) -> tuple[int, int]:
+    return read_u16(buf, pos, end)
+
+
+def _read_four(buf, view: memoryview, pos: int, end: int) -> tuple[int, int]:
+    return read_u32(buf, pos, end)
+
+
+def _read_varint(buf, view: memoryview, pos: int, end: int) -> tuple[int, int]:
+    return read_varint(buf, pos, end)
+
+
+def _read_pair(buf, view: memoryview, pos: int, end: int) -> tuple[tuple[str, str], int]:
+    key, pos = read_utf8(buf, view, pos, end)
+    value, pos = read_utf8(buf, view, pos, end)
+    return (key, value), pos
+
+
+def _encode_pair(pair: tuple[str, str]) -> bytes:
+    return encode_utf8(pair[0]) + encode_utf8(pair[1])
+
+
+_READERS: dict[PropertyType, Callable[..., tuple[Any, int]]] = {
+    _T.BYTE: _read_byte,
+    _T.TWO_BYTE_INT: _read_two,
+    _T.FOUR_BYTE_INT: _read_four,
+    _T.VARINT: _read_varint,
+    _T.UTF8: read_utf8,
+    _T.BINARY: read_binary,
+    _T.UTF8_PAIR: _read_pair,
+}
+_WRITERS: dict[PropertyType, Callable[[Any], bytes]] = {
+    _T.BYTE: lambda value: bytes((value,)),
+    _T.TWO_BYTE_INT: encode_u16,
+    _T.FOUR_BYTE_INT: lambda value: value.to_bytes(4, "big"),
+    _T.VARINT: encode_varint,
+    _T.UTF8: encode_utf8,
+    _T.BINARY: encode_binary,
+    _T.UTF8_PAIR: _encode_pair,
+}
+_DECODE_TABLE = {
+    spec.identifier: (spec, spec.name, _READERS[spec.type], bool(spec.repeatable_in))
+    for spec in PROPERTY_SPECS
+}
+_ENCODE_TABLE = tuple(
+    (spec.name, bytes((spec.identifier,)), _WRITERS[spec.type], bool(spec.repeatable_in))
+    for spec in PROPERTY_SPECS
+)
+
+
+def decode_properties(
+    buf, view: memoryview, pos: int, end: int, packet_type: int
+) -> tuple[Properties | None, int]:
+    """Read a property length and the properties after it; None when the length is 0.
+
+    ``packet_type`` is the control packet type, or ``WILL`` for will properties. An unknown property or
+    one not allowed on ``packet_type`` is malformed; a duplicate or an out-of-range value is a protocol
+    error (spec 2.2.2.2, 3.x.2.x).
+    """
+    length, pos = read_varint(buf, pos, end)
+    if length == 0:
+        return None, pos
+    stop = pos + length
+    if stop > end:
+        raise MalformedPacket("property length runs past the end of the packet")
+    props = Properties()
+    while pos < stop:
+        entry = _DECODE_TABLE.get(buf[pos])
+        if entry is None:
+            raise MalformedPacket(f"unknown property identifier 0x{buf[pos]:02X}")
+        spec, name, reader, is_list = entry
+        if packet_type not in spec.packet_types:
+            raise MalformedPacket(f"property {name} is not allowed on this packet")
+        value, pos = reader(buf, view, pos + 1, stop)
+        if spec.boolean and value > 1:
+            raise ProtocolError(f"property {name} must be 0 or 1, got {value}")
+        if spec.nonzero and value == 0:
+            raise ProtocolError(f"property {name} must not be 0")
+        if is_list:
+            values = getattr(props, name)
+            if values and packet_type not in spec.repeatable_in:
+                raise ProtocolError(f"property {name} appears more than once")
+            values.append(value)
+        elif getattr(props, name) is not None:
+            raise ProtocolError(f"property {name} appears more than once")
+        else:
+            setattr(props, name, value)
+    return props, stop
+
+
+def encode_properties(props: Properties | None) -> bytes:
+    """Property length followed by the properties, in identifier order; ``None`` encodes as length 0."""
+    if props is None:
+        return b"\x00"
+    parts = []
+    for name, identifier, writer, is_list in _ENCODE_TABLE:
+        value = getattr(props, name)
+        if is_list:
+            parts.extend(identifier + writer(item) for item in value)
+        elif value is not None:
+            parts.append(identifier + writer(value))
+    body = b"".join(parts)
+    return encode_varint(len(body)) + body

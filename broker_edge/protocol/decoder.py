@@ -1,0 +1,501 @@
+"""Sans-IO MQTT decoder: bytes in, packets out, one decoder per connection (h11 style).
+
+The decoder owns the CONNECT handshake as far as framing goes: on the server side the first packet must be
+CONNECT (anything else is a ``ProtocolError`` raised from the fixed header alone), the protocol level of that
+CONNECT decides how every later packet is decoded, and a second CONNECT is a ``ProtocolError``. Everything
+the specs make normative about a single packet is checked here; what needs session state (topic alias
+maximum, receive maximum, packet ids in flight, topic filter syntax so SUBACK can answer 0x8F per filter)
+is left to the session layer.
+"""
+
+from typing import Literal
+
+from . import reason_codes as rc
+from .errors import (
+    InvalidTopic,
+    MalformedPacket,
+    MQTTError,
+    PacketTooLarge,
+    ProtocolError,
+    UnsupportedProtocolVersion,
+)
+from .packets import (
+    MQTT_3_1,
+    MQTT_3_1_1,
+    MQTT_5,
+    PROTOCOL_NAMES,
+    Auth,
+    ConnAck,
+    Connect,
+    Disconnect,
+    Packet,
+    PacketType,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    Subscription,
+    UnsubAck,
+    Unsubscribe,
+    Will,
+)
+from .properties import WILL, Properties, decode_properties
+from .wire import MAX_VARINT, read_binary, read_u8, read_u16, read_utf8
+
+Role = Literal["server", "client"]
+MAX_PACKET_SIZE = MAX_VARINT + 5
+"""The largest packet MQTT can frame: 1 type byte, 4 length bytes, 268435455 bytes of body."""
+
+_T = PacketType
+_FROM_CLIENT = frozenset(
+    {_T.CONNECT, _T.PUBLISH, _T.PUBACK, _T.PUBREC, _T.PUBREL, _T.PUBCOMP, _T.SUBSCRIBE, _T.UNSUBSCRIBE}
+    | {_T.PINGREQ, _T.DISCONNECT, _T.AUTH}
+)
+_FROM_SERVER = frozenset(
+    {_T.CONNACK, _T.PUBLISH, _T.PUBACK, _T.PUBREC, _T.PUBREL, _T.PUBCOMP, _T.SUBACK, _T.UNSUBACK}
+    | {_T.PINGRESP, _T.DISCONNECT, _T.AUTH}
+)
+_FIXED_FLAGS = {_T.PUBREL: 0b0010, _T.SUBSCRIBE: 0b0010, _T.UNSUBSCRIBE: 0b0010}
+_SUPPORTED_VERSIONS = (MQTT_3_1, MQTT_3_1_1, MQTT_5)
+_SHARE_PREFIX = "$share/"
+
+
+def _valid_first_bytes(packet_types: frozenset[int]) -> frozenset[int]:
+    """Every first byte (type and flags) that is well-formed for these packet types."""
+    valid = set()
+    for packet_type in packet_types:
+        if packet_type == _T.PUBLISH:
+            for flags in range(16):
+                qos = (flags >> 1) & 3
+                if qos != 3 and (qos or not flags & 0b1000):
+                    valid.add(0x30 | flags)
+        else:
+            valid.add(packet_type << 4 | _FIXED_FLAGS.get(packet_type, 0))
+    return frozenset(valid)
+
+
+_BEFORE_CONNECT = frozenset({0x10})
+_ACCEPTED_FIRST_BYTES: dict[tuple[str, int], frozenset[int]] = {
+    ("server", MQTT_3_1): _valid_first_bytes(_FROM_CLIENT - {_T.CONNECT, _T.AUTH}),
+    ("server", MQTT_3_1_1): _valid_first_bytes(_FROM_CLIENT - {_T.CONNECT, _T.AUTH}),
+    ("server", MQTT_5): _valid_first_bytes(_FROM_CLIENT - {_T.CONNECT}),
+    ("client", MQTT_3_1): _valid_first_bytes(_FROM_SERVER - {_T.AUTH, _T.DISCONNECT}),
+    ("client", MQTT_3_1_1): _valid_first_bytes(_FROM_SERVER - {_T.AUTH, _T.DISCONNECT}),
+    ("client", MQTT_5): _valid_first_bytes(_FROM_SERVER),
+}
+
+
+class PacketDecoder:
+    """Turns the byte stream of one connection into packets.
+
+    ``role="server"`` decodes what clients send (the broker); ``role="client"`` decodes what servers send
+    (test clients, benchmarks) and needs ``protocol_version`` up front. A server-role decoder given a
+    ``protocol_version`` starts after the handshake (a connection whose CONNECT was decoded elsewhere).
+    After a ``MQTTError`` the connection must close; further ``feed`` calls raise the same error.
+    """
+
+    __slots__ = ("_accepted", "_error", "_needed", "_pending", "max_packet_size", "protocol_version", "role")
+
+    def __init__(
+        self,
+        max_packet_size: int = MAX_PACKET_SIZE,
+        role: Role = "server",
+        protocol_version: int | None = None,
+    ) -> None:
+        if role not in ("server", "client"):
+            raise ValueError(f"role must be 'server' or 'client', not {role!r}")
+        if protocol_version is not None and protocol_version not in _SUPPORTED_VERSIONS:
+            raise ValueError(f"unsupported protocol version {protocol_version}")
+        if role == "client" and protocol_version is None:
+            raise ValueError("a client-role decoder needs the protocol_version it connected with")
+        self.max_packet_size = max_packet_size
+        """Largest accepted packet, fixed header included (the v5 Maximum Packet Size); may be changed."""
+        self.role: Role = role
+        self.protocol_version: int | None = protocol_version
+        """3, 4 or 5 once CONNECT is decoded (or given); None before."""
+        self._accepted = (
+            _BEFORE_CONNECT if protocol_version is None else _ACCEPTED_FIRST_BYTES[role, protocol_version]
+        )
+        self._pending = bytearray()
+        self._needed = 0
+        self._error: MQTTError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held back as the start of a packet that has not fully arrived."""
+        return len(self._pending)
+
+    def feed(self, data: bytes) -> list[Packet]:
+        """Decode every complete packet in the bytes received so far; keep the partial rest for later."""
+        if self._error is not None:
+            raise self._error
+        if self._pending:
+            self._pending += data
+            if len(self._pending) < self._needed:
+                return []
+            buf = self._pending
+            self._pending = bytearray()
+        elif not data:
+            return []
+        else:
+            buf = data
+        packets: list[Packet] = []
+        try:
+            pos = self._decode_all(buf, packets)
+        except MQTTError as error:
+            error.packets_before = packets
+            self._error = error
+            raise
+        if pos < len(buf):
+            self._pending = bytearray(memoryview(buf)[pos:])
+        return packets
+
+    def _decode_all(self, buf, packets: list[Packet]) -> int:
+        """Decode complete packets from ``buf`` into ``packets``; return where the incomplete rest starts."""
+        view = memoryview(buf)
+        size = len(buf)
+        pos = 0
+        max_packet_size = self.max_packet_size
+        while pos < size:
+            first = buf[pos]
+            if first not in self._accepted:
+                raise self._first_byte_error(first)
+            # Remaining length: checked as each byte arrives, so a bad or huge length fails before the body.
+            body = pos + 1
+            length = 0
+            shift = 0
+            while True:
+                if body >= size:
+                    self._needed = size - pos + 1
+                    return pos
+                byte = buf[body]
+                body += 1
+                length |= (byte & 0x7F) << shift
+                if not byte & 0x80:
+                    break
+                shift += 7
+                if shift == 28:
+                    raise MalformedPacket("remaining length longer than 4 bytes")
+            if byte == 0 and shift:
+                raise MalformedPacket("remaining length not in its shortest form")
+            end = body + length
+            if end - pos > max_packet_size:
+                raise PacketTooLarge(f"packet of {end - pos} bytes exceeds the maximum of {max_packet_size}")
+            if end > size:
+                self._needed = end - pos
+                return pos
+            if first >> 4 == 3:
+                packets.append(self._decode_publish(first, buf, view, body, end))
+            else:
+                packets.append(_BODY_DECODERS[first >> 4](self, first, buf, view, body, end))
+            pos = end
+        return pos
+
+    def _first_byte_error(self, first: int) -> MQTTError:
+        """Say precisely why a first byte is not accepted here (the slow path of the accepted-set test)."""
+        packet_type, flags = first >> 4, first & 0x0F
+        if packet_type == 0:
+            return MalformedPacket("packet type 0 is reserved")
+        name = _T(packet_type).name
+        if self.protocol_version is None:
+            return ProtocolError(f"first packet must be CONNECT, got {name}")
+        if packet_type == _T.CONNECT and self.role == "server":
+            return ProtocolError("second CONNECT on one connection")
+        if packet_type == _T.AUTH and self.protocol_version != MQTT_5:
+            return MalformedPacket("packet type 15 is reserved before MQTT 5")
+        receivable = _FROM_CLIENT if self.role == "server" else _FROM_SERVER
+        if packet_type not in receivable:
+            return ProtocolError(f"{name} is not sent by a {'client' if self.role == 'server' else 'server'}")
+        if packet_type == _T.DISCONNECT:
+            return ProtocolError("a server does not send DISCONNECT before MQTT 5")
+        if packet_type == _T.PUBLISH:
+            if (flags >> 1) & 3 == 3:
+                return MalformedPacket("PUBLISH with QoS 3")
+            return MalformedPacket("PUBLISH with DUP set on QoS 0")
+        return MalformedPacket(f"reserved flags 0b{flags:04b} on {name}")
+
+    # -- one method per packet type; each gets the body as buf[pos:end] -------------------------------------
+
+    def _properties(self, buf, view: memoryview, pos: int, end: int, packet_type: int):
+        if self.protocol_version != MQTT_5:
+            return None, pos
+        return decode_properties(buf, view, pos, end, packet_type)
+
+    def _decode_connect(self, first: int, buf, view: memoryview, pos: int, end: int) -> Connect:
+        protocol_name, pos = read_utf8(buf, view, pos, end)
+        version, pos = read_u8(buf, pos, end)
+        if PROTOCOL_NAMES.get(version) != protocol_name:
+            raise UnsupportedProtocolVersion(
+                f"unsupported protocol {protocol_name!r} level {version}", protocol_name, version
+            )
+        flags, pos = read_u8(buf, pos, end)
+        keep_alive, pos = read_u16(buf, pos, end)
+        if flags & 0x01:
+            raise MalformedPacket("CONNECT reserved flag is set")
+        has_will, will_qos, will_retain = flags & 0x04, (flags >> 3) & 3, bool(flags & 0x20)
+        has_password, has_username = flags & 0x40, flags & 0x80
+        if will_qos == 3:
+            raise MalformedPacket("will QoS 3")
+        if not has_will and (will_qos or will_retain):
+            raise MalformedPacket("will QoS or will retain set without a will")
+        if has_password and not has_username and version == MQTT_3_1_1:
+            raise MalformedPacket("password without user name")
+        properties = None
+        if version == MQTT_5:
+            properties, pos = decode_properties(buf, view, pos, end, _T.CONNECT)
+            _check_authentication(properties)
+        client_id, pos = read_utf8(buf, view, pos, end)
+        will = None
+        if has_will:
+            will_properties = None
+            if version == MQTT_5:
+                will_properties, pos = decode_properties(buf, view, pos, end, WILL)
+            will_topic, pos = read_utf8(buf, view, pos, end)
+            if not will_topic or "+" in will_topic or "#" in will_topic:
+                raise InvalidTopic(f"invalid will topic {will_topic!r}")
+            will_payload, pos = read_binary(buf, view, pos, end)
+            will = Will(will_topic, will_payload, will_qos, will_retain, will_properties)
+        username = password = None
+        if has_username:
+            username, pos = read_utf8(buf, view, pos, end)
+        if has_password:
+            password, pos = read_binary(buf, view, pos, end)
+        _check_consumed(pos, end, "CONNECT")
+        self.protocol_version = version
+        self._accepted = _ACCEPTED_FIRST_BYTES[self.role, version]
+        return Connect(
+            protocol_name,
+            version,
+            bool(flags & 0x02),
+            keep_alive,
+            client_id,
+            will,
+            username,
+            password,
+            properties,
+        )
+
+    def _decode_connack(self, first: int, buf, view: memoryview, pos: int, end: int) -> ConnAck:
+        flags, pos = read_u8(buf, pos, end)
+        code, pos = read_u8(buf, pos, end)
+        if flags & 0xFE:
+            raise MalformedPacket("CONNACK reserved flags are set")
+        properties, pos = self._properties(buf, view, pos, end, _T.CONNACK)
+        _check_consumed(pos, end, "CONNACK")
+        if self.protocol_version == MQTT_5:
+            _check_reason_code(code, rc.CONNACK_REASON_CODES, "CONNACK")
+            _check_authentication(properties)
+        elif code > rc.ConnectReturnCode.NOT_AUTHORIZED:
+            raise ProtocolError(f"CONNACK return code 0x{code:02X} is reserved")
+        if flags and code:
+            raise ProtocolError("session present on a refused connection")
+        return ConnAck(bool(flags), code, properties)
+
+    def _decode_publish(self, first: int, buf, view: memoryview, pos: int, end: int) -> Publish:
+        if pos + 2 > end:
+            raise MalformedPacket("PUBLISH ends inside the topic length")
+        stop = pos + 2 + ((buf[pos] << 8) | buf[pos + 1])
+        if stop > end:
+            raise MalformedPacket("PUBLISH topic runs past the end of the packet")
+        try:
+            topic = str(view[pos + 2 : stop], "utf-8")
+        except UnicodeDecodeError as exc:
+            raise MalformedPacket(f"invalid UTF-8 topic name: {exc.reason}") from None
+        pos = stop
+        qos = (first >> 1) & 3
+        packet_id = None
+        if qos:
+            if pos + 2 > end:
+                raise MalformedPacket("PUBLISH ends inside the packet identifier")
+            packet_id = (buf[pos] << 8) | buf[pos + 1]
+            pos += 2
+            if not packet_id:
+                raise ProtocolError("packet identifier 0")
+        properties = None
+        if self.protocol_version == MQTT_5:
+            properties, pos = decode_properties(buf, view, pos, end, _T.PUBLISH)
+            if properties is not None and properties.subscription_identifiers and self.role == "server":
+                raise ProtocolError("a client PUBLISH must not carry a subscription identifier")
+        if not topic or "+" in topic or "#" in topic or "\x00" in topic:
+            self._reject_topic_name(topic, properties)
+        return Publish(
+            topic, bytes(view[pos:end]), qos, bool(first & 1), bool(first & 8), packet_id, properties
+        )
+
+    def _reject_topic_name(self, topic: str, properties: Properties | None) -> None:
+        if "\x00" in topic:
+            raise MalformedPacket("topic name contains U+0000")
+        if topic:
+            raise InvalidTopic(f"wildcard in PUBLISH topic name {topic!r}")
+        if self.protocol_version != MQTT_5:
+            raise InvalidTopic("empty PUBLISH topic name")
+        if properties is None or properties.topic_alias is None:
+            raise ProtocolError("empty PUBLISH topic name without a topic alias")
+
+    def _decode_publish_ack(self, first: int, buf, view: memoryview, pos: int, end: int):
+        """PUBACK, PUBREC, PUBREL, PUBCOMP: packet id, then (v5, optional) reason code and properties."""
+        packet_type = first >> 4
+        packet_id, pos = read_u16(buf, pos, end)
+        if not packet_id:
+            raise ProtocolError("packet identifier 0")
+        code = 0
+        properties = None
+        if pos < end:
+            if self.protocol_version != MQTT_5:
+                raise MalformedPacket(f"{_T(packet_type).name} longer than 2 bytes")
+            code = buf[pos]
+            _check_reason_code(code, _ACK_REASON_CODES[packet_type], _T(packet_type).name)
+            if pos + 1 < end:
+                properties, pos = decode_properties(buf, view, pos + 1, end, packet_type)
+                _check_consumed(pos, end, _T(packet_type).name)
+        return _ACK_CLASSES[packet_type](packet_id, code, properties)
+
+    def _decode_subscribe(self, first: int, buf, view: memoryview, pos: int, end: int) -> Subscribe:
+        packet_id, pos = read_u16(buf, pos, end)
+        if not packet_id:
+            raise ProtocolError("packet identifier 0")
+        v5 = self.protocol_version == MQTT_5
+        properties, pos = self._properties(buf, view, pos, end, _T.SUBSCRIBE)
+        subscriptions = []
+        while pos < end:
+            topic_filter, pos = read_utf8(buf, view, pos, end)
+            options, pos = read_u8(buf, pos, end)
+            qos = options & 0x03
+            if qos == 3:
+                raise MalformedPacket(f"QoS 3 requested for {topic_filter!r}")
+            if not v5:
+                if options & 0xFC:
+                    raise MalformedPacket(f"reserved bits set in the requested QoS of {topic_filter!r}")
+                subscriptions.append(Subscription(topic_filter, qos))
+                continue
+            if options & 0xC0:
+                raise MalformedPacket(f"reserved subscription option bits set for {topic_filter!r}")
+            retain_handling = (options >> 4) & 0x03
+            if retain_handling == 3:
+                raise ProtocolError(f"retain handling 3 for {topic_filter!r}")
+            no_local = bool(options & 0x04)
+            if no_local and topic_filter.startswith(_SHARE_PREFIX):
+                raise ProtocolError(f"no local on shared subscription {topic_filter!r}")
+            subscriptions.append(
+                Subscription(topic_filter, qos, no_local, bool(options & 0x08), retain_handling)
+            )
+        if not subscriptions:
+            raise ProtocolError("SUBSCRIBE without topic filters")
+        return Subscribe(packet_id, subscriptions, properties)
+
+    def _decode_suback(self, first: int, buf, view: memoryview, pos: int, end: int) -> SubAck:
+        packet_id, pos = read_u16(buf, pos, end)
+        properties, pos = self._properties(buf, view, pos, end, _T.SUBACK)
+        allowed = rc.SUBACK_REASON_CODES if self.protocol_version == MQTT_5 else rc.SUBACK_RETURN_CODES_V3
+        codes = list(view[pos:end])
+        for code in codes:
+            _check_reason_code(code, allowed, "SUBACK")
+        if not codes:
+            raise ProtocolError("SUBACK without reason codes")
+        return SubAck(packet_id, codes, properties)
+
+    def _decode_unsubscribe(self, first: int, buf, view: memoryview, pos: int, end: int) -> Unsubscribe:
+        packet_id, pos = read_u16(buf, pos, end)
+        if not packet_id:
+            raise ProtocolError("packet identifier 0")
+        properties, pos = self._properties(buf, view, pos, end, _T.UNSUBSCRIBE)
+        topic_filters = []
+        while pos < end:
+            topic_filter, pos = read_utf8(buf, view, pos, end)
+            topic_filters.append(topic_filter)
+        if not topic_filters:
+            raise ProtocolError("UNSUBSCRIBE without topic filters")
+        return Unsubscribe(packet_id, topic_filters, properties)
+
+    def _decode_unsuback(self, first: int, buf, view: memoryview, pos: int, end: int) -> UnsubAck:
+        packet_id, pos = read_u16(buf, pos, end)
+        if self.protocol_version != MQTT_5:
+            _check_consumed(pos, end, "UNSUBACK")
+            return UnsubAck(packet_id)
+        properties, pos = decode_properties(buf, view, pos, end, _T.UNSUBACK)
+        codes = list(view[pos:end])
+        for code in codes:
+            _check_reason_code(code, rc.UNSUBACK_REASON_CODES, "UNSUBACK")
+        if not codes:
+            raise ProtocolError("UNSUBACK without reason codes")
+        return UnsubAck(packet_id, codes, properties)
+
+    def _decode_ping(self, first: int, buf, view: memoryview, pos: int, end: int) -> PingReq | PingResp:
+        _check_consumed(pos, end, "PINGREQ/PINGRESP")
+        return PingReq() if first >> 4 == _T.PINGREQ else PingResp()
+
+    def _decode_disconnect(self, first: int, buf, view: memoryview, pos: int, end: int) -> Disconnect:
+        code, properties = self._reason_and_properties(buf, view, pos, end, _T.DISCONNECT)
+        _check_reason_code(code, rc.DISCONNECT_REASON_CODES, "DISCONNECT")
+        return Disconnect(code, properties)
+
+    def _decode_auth(self, first: int, buf, view: memoryview, pos: int, end: int) -> Auth:
+        code, properties = self._reason_and_properties(buf, view, pos, end, _T.AUTH)
+        _check_reason_code(code, rc.AUTH_REASON_CODES, "AUTH")
+        if pos < end and (properties is None or properties.authentication_method is None):
+            raise ProtocolError("AUTH without an authentication method")
+        return Auth(code, properties)
+
+    def _reason_and_properties(self, buf, view: memoryview, pos: int, end: int, packet_type: int):
+        """Optional reason code then optional properties (DISCONNECT, AUTH); both absent means success."""
+        if pos == end:
+            return 0, None
+        if self.protocol_version != MQTT_5:
+            raise MalformedPacket(f"{_T(packet_type).name} with a body before MQTT 5")
+        code = buf[pos]
+        properties = None
+        if pos + 1 < end:
+            properties, pos = decode_properties(buf, view, pos + 1, end, packet_type)
+            _check_consumed(pos, end, _T(packet_type).name)
+        return code, properties
+
+
+_ACK_CLASSES = {_T.PUBACK: PubAck, _T.PUBREC: PubRec, _T.PUBREL: PubRel, _T.PUBCOMP: PubComp}
+_ACK_REASON_CODES = {
+    _T.PUBACK: rc.PUBACK_REASON_CODES,
+    _T.PUBREC: rc.PUBREC_REASON_CODES,
+    _T.PUBREL: rc.PUBREL_REASON_CODES,
+    _T.PUBCOMP: rc.PUBCOMP_REASON_CODES,
+}
+_D = PacketDecoder
+_BODY_DECODERS = {
+    _T.CONNECT: _D._decode_connect,
+    _T.CONNACK: _D._decode_connack,
+    _T.PUBLISH: _D._decode_publish,
+    _T.PUBACK: _D._decode_publish_ack,
+    _T.PUBREC: _D._decode_publish_ack,
+    _T.PUBREL: _D._decode_publish_ack,
+    _T.PUBCOMP: _D._decode_publish_ack,
+    _T.SUBSCRIBE: _D._decode_subscribe,
+    _T.SUBACK: _D._decode_suback,
+    _T.UNSUBSCRIBE: _D._decode_unsubscribe,
+    _T.UNSUBACK: _D._decode_unsuback,
+    _T.PINGREQ: _D._decode_ping,
+    _T.PINGRESP: _D._decode_ping,
+    _T.DISCONNECT: _D._decode_disconnect,
+    _T.AUTH: _D._decode_auth,
+}
+
+
+def _check_consumed(pos: int, end: int, name: str) -> None:
+    if pos != end:
+        raise MalformedPacket(f"{name} has {end - pos} bytes beyond its content")
+
+
+def _check_reason_code(code: int, allowed: frozenset[int], name: str) -> None:
+    if code not in allowed:
+        raise ProtocolError(f"reason code 0x{code:02X} is not valid on {name}")
+
+
+def _check_authentication(properties: Properties | None) -> None:
+    if (
+        properties is not None
+        and properties.authentication_data is not None
+        and properties.authentication_method is None
+    ):
+        raise ProtocolError("authentication data without an authentication method")
