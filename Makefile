@@ -29,7 +29,6 @@ setup: $(STAMP) system-deps
 # The virtual environment, rebuilt when the declared dependencies change.
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
