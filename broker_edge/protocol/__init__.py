@@ -36,6 +36,17 @@ from .packets import (
 )
 from .properties import Properties
 from .reason_codes import ConnectReturnCode, ReasonCode
+from .topics import (
+    OffsetStart,
+    OffsetStartKind,
+    parse_offset_filter,
+    parse_offset_start,
+    parse_shared,
+    topic_levels,
+    topic_matches,
+    validate_topic_filter,
+    validate_topic_name,
+)
 
 __all__ = [
     "MAX_PACKET_SIZE",
@@ -50,6 +61,8 @@ __all__ = [
     "InvalidTopic",
     "MQTTError",
     "MalformedPacket",
+    "OffsetStart",
+    "OffsetStartKind",
     "Packet",
     "PacketDecoder",
     "PacketTooLarge",
@@ -75,4 +88,11 @@ __all__ = [
     "Will",
     "encode",
     "encode_publish_template",
+    "parse_offset_filter",
+    "parse_offset_start",
+    "parse_shared",
+    "topic_levels",
+    "topic_matches",
+    "validate_topic_filter",
+    "validate_topic_name",
 ]
