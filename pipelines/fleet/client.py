@@ -1,0 +1,257 @@
+"""A lean asyncio MQTT 5 client over the project's sans-IO codec, for simulated fleets and load tests.
+
+One ``asyncio.Protocol`` per connection and no task per connection, so one process can hold ten thousand
+devices. It speaks what a device needs: CONNECT, SUBSCRIBE (with user properties, e.g. a log ``offset``),
+PUBLISH at QoS 0/1 both ways (incoming QoS 1/2 acknowledged automatically), keepalive and DISCONNECT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from broker_edge.protocol import (
+    MQTT_5,
+    ConnAck,
+    Connect,
+    Disconnect,
+    MQTTError,
+    PacketDecoder,
+    PingReq,
+    PingResp,
+    Properties,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    Subscription,
+    UnsubAck,
+    encode,
+)
+
+MessageHandler = Callable[["Message"], None]
+
+
+class ConnectionRefused(ConnectionError):
+    """The broker answered CONNECT with a failure reason code."""
+
+    def __init__(self, reason_code: int) -> None:
+        super().__init__(f"CONNECT refused with reason code 0x{reason_code:02x}")
+        self.reason_code = reason_code
+
+
+@dataclass(slots=True)
+class Message:
+    """An application message delivered to this client; ``offset`` is the broker log offset when present."""
+
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+    offset: int | None
+    user_properties: list[tuple[str, str]]
+
+
+class MqttClient(asyncio.Protocol):
+    """One MQTT 5 connection; create with :meth:`connect`."""
+
+    def __init__(self, client_id: str, on_message: MessageHandler | None, keep_alive: int) -> None:
+        self.client_id = client_id
+        self.on_message = on_message
+        self.keep_alive = keep_alive
+        self.on_disconnect: Callable[[Exception | None], None] | None = None
+        self._transport: asyncio.Transport | None = None
+        self._decoder = PacketDecoder(role="client", protocol_version=MQTT_5)
+        self._packet_ids = itertools.cycle(range(1, 65536))
+        self._waiters: dict[tuple[str, int], asyncio.Future] = {}
+        self._connack: asyncio.Future[ConnAck] | None = None
+        self._closed: asyncio.Future[None] | None = None
+        self._ping_handle: asyncio.TimerHandle | None = None
+
+    # -- life cycle -------------------------------------------------------------------------------------
+
+    @classmethod
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        client_id: str,
+        *,
+        on_message: MessageHandler | None = None,
+        clean_start: bool = True,
+        keep_alive: int = 60,
+        username: str | None = None,
+        password: bytes | None = None,
+        session_expiry_s: int = 0,
+        timeout_s: float = 10.0,
+    ) -> MqttClient:
+        """Open a TCP connection, send CONNECT and wait for a successful CONNACK."""
+        loop = asyncio.get_running_loop()
+        _, client = await asyncio.wait_for(
+            loop.create_connection(lambda: cls(client_id, on_message, keep_alive), host, port), timeout_s
+        )
+        properties = Properties(session_expiry_interval=session_expiry_s) if session_expiry_s else None
+        client._connack = loop.create_future()
+        client._send(
+            Connect(
+                protocol_version=MQTT_5,
+                clean_start=clean_start,
+                keep_alive=keep_alive,
+                client_id=client_id,
+                username=username,
+                password=password,
+                properties=properties,
+            )
+        )
+        connack = await asyncio.wait_for(client._connack, timeout_s)
+        if connack.reason_code >= 0x80:
+            client.abort()
+            raise ConnectionRefused(connack.reason_code)
+        client._schedule_ping()
+        return client
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        self._closed = asyncio.get_running_loop().create_future()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        if self._ping_handle:
+            self._ping_handle.cancel()
+        error = exc or ConnectionResetError("connection closed")
+        for future in [self._connack, *self._waiters.values()]:
+            if future is not None and not future.done():
+                future.set_exception(error)
+        self._waiters.clear()
+        if self._closed and not self._closed.done():
+            self._closed.set_result(None)
+        if self.on_disconnect:
+            self.on_disconnect(exc)
+
+    @property
+    def connected(self) -> bool:
+        return self._transport is not None and not self._transport.is_closing()
+
+    async def disconnect(self) -> None:
+        """Send a normal DISCONNECT (no will) and wait for the socket to close."""
+        if self.connected:
+            self._send(Disconnect())
+            self._transport.close()  # type: ignore[union-attr]
+        if self._closed:
+            await self._closed
+
+    def abort(self) -> None:
+        """Drop the connection without DISCONNECT, as a device losing power would."""
+        if self._transport:
+            self._transport.abort()
+
+    # -- requests ---------------------------------------------------------------------------------------
+
+    async def subscribe(
+        self, topic_filter: str, qos: int = 1, user_properties: list[tuple[str, str]] | None = None
+    ) -> list[int]:
+        """Subscribe to one filter and return the SUBACK reason codes."""
+        packet_id = next(self._packet_ids)
+        properties = Properties(user_properties=user_properties) if user_properties else None
+        future = self._expect("suback", packet_id)
+        self._send(Subscribe(packet_id, [Subscription(topic_filter, qos)], properties))
+        suback: SubAck = await future
+        return suback.reason_codes
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int = 0,
+        retain: bool = False,
+        user_properties: list[tuple[str, str]] | None = None,
+    ) -> int:
+        """Publish; for QoS 1 wait for the PUBACK and return its reason code (0 for QoS 0)."""
+        properties = Properties(user_properties=user_properties) if user_properties else None
+        if qos == 0:
+            self._send(Publish(topic, payload, 0, retain, properties=properties))
+            return 0
+        packet_id = next(self._packet_ids)
+        future = self._expect("puback" if qos == 1 else "pubcomp", packet_id)
+        self._send(Publish(topic, payload, qos, retain, packet_id=packet_id, properties=properties))
+        ack = await future
+        return ack.reason_code
+
+    # -- protocol ---------------------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            packets = self._decoder.feed(data)
+        except MQTTError:
+            self.abort()
+            return
+        for packet in packets:
+            self._handle(packet)
+
+    def _handle(self, packet) -> None:
+        if isinstance(packet, Publish):
+            self._deliver(packet)
+        elif isinstance(packet, ConnAck):
+            if self._connack and not self._connack.done():
+                self._connack.set_result(packet)
+        elif isinstance(packet, PubAck):
+            self._resolve("puback", packet.packet_id, packet)
+        elif isinstance(packet, PubRec):
+            self._send(PubRel(packet.packet_id))
+        elif isinstance(packet, PubComp):
+            self._resolve("pubcomp", packet.packet_id, packet)
+        elif isinstance(packet, PubRel):
+            self._send(PubComp(packet.packet_id))
+        elif isinstance(packet, SubAck):
+            self._resolve("suback", packet.packet_id, packet)
+        elif isinstance(packet, UnsubAck):
+            self._resolve("unsuback", packet.packet_id, packet)
+        elif isinstance(packet, Disconnect):
+            self.abort()
+        elif isinstance(packet, PingResp):
+            pass
+
+    def _deliver(self, packet: Publish) -> None:
+        user_properties = packet.properties.user_properties if packet.properties else []
+        offset = None
+        for key, value in user_properties:
+            if key == "offset":
+                offset = int(value)
+        if self.on_message:
+            self.on_message(
+                Message(packet.topic, packet.payload, packet.qos, packet.retain, offset, user_properties)
+            )
+        if packet.qos == 1:
+            self._send(PubAck(packet.packet_id))
+        elif packet.qos == 2:
+            self._send(PubRec(packet.packet_id))
+
+    def _expect(self, kind: str, packet_id: int) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self._waiters[kind, packet_id] = future
+        return future
+
+    def _resolve(self, kind: str, packet_id: int, packet) -> None:
+        future = self._waiters.pop((kind, packet_id), None)
+        if future is not None and not future.done():
+            future.set_result(packet)
+
+    def _send(self, packet) -> None:
+        if self._transport is None or self._transport.is_closing():
+            raise ConnectionResetError(f"{self.client_id}: not connected")
+        self._transport.write(encode(packet, MQTT_5))
+
+    def _schedule_ping(self) -> None:
+        if self.keep_alive:
+            loop = asyncio.get_running_loop()
+            self._ping_handle = loop.call_later(self.keep_alive * 0.75, self._ping)
+
+    def _ping(self) -> None:
+        if self.connected:
+            self._send(PingReq())
+            self._schedule_ping()
