@@ -182,6 +182,14 @@ class MqttClient(asyncio.Protocol):
         ack = await future
         return ack.reason_code
 
+    def publish_nowait(self, topic: str, payload: bytes, qos: int = 1) -> bool:
+        """Send a PUBLISH without waiting for its acknowledgement; False when not connected."""
+        if not self.connected:
+            return False
+        packet_id = next(self._packet_ids) if qos else None
+        self._send(Publish(topic, payload, qos, packet_id=packet_id))
+        return True
+
     # -- protocol ---------------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:

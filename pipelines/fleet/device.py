@@ -1,0 +1,250 @@
+"""One simulated device: telemetry, action topics replayed by offset, OTA and commands with status reports.
+
+The device follows docs/device-protocol.md. It holds its own log offsets for the action topics, so it picks
+up where it left off after reconnecting to any broker, and replays from ``earliest`` on first boot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from pipelines.fleet.client import Message, MqttClient
+
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "REJECTED", "CANCELED"})
+
+
+@dataclass
+class DeviceBehaviour:
+    """How simulated devices behave; rates are probabilities in [0, 1]."""
+
+    firmware: str = "1.0.0"
+    telemetry_interval_s: float = 5.0
+    download_delay_s: tuple[float, float] = (0.5, 2.0)
+    command_delay_s: tuple[float, float] = (0.1, 0.5)
+    failure_rate: float = 0.0
+    reject_rate: float = 0.0
+    offline_rate_per_min: float = 0.0
+    offline_duration_s: tuple[float, float] = (1.0, 5.0)
+    keep_alive_s: int = 60
+
+
+@dataclass
+class ActionProgress:
+    """What a device knows of one action: its latest reported state and report sequence."""
+
+    state: str
+    seq: int
+    details: str = ""
+    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+
+class SimulatedDevice:
+    """A device that connects to one broker and lives until :meth:`stop`."""
+
+    def __init__(
+        self,
+        device_id: str,
+        group: str,
+        broker: tuple[str, int],
+        behaviour: DeviceBehaviour,
+        rng: random.Random,
+        stats: Counter,
+    ) -> None:
+        self.device_id = device_id
+        self.group = group
+        self.broker = broker
+        self.behaviour = behaviour
+        self.firmware = behaviour.firmware
+        self.rng = rng
+        self.stats = stats
+        self.offsets: dict[str, int | None] = {topic: None for topic in self.action_topics}
+        self.actions: dict[str, ActionProgress] = {}
+        self.client: MqttClient | None = None
+        self._telemetry_seq = 0
+        self._telemetry_timer: asyncio.TimerHandle | None = None
+        self._reconnect_timer: asyncio.TimerHandle | None = None
+        self._stopped = False
+
+    @property
+    def action_topics(self) -> tuple[str, str, str]:
+        return (f"actions/devices/{self.device_id}", f"actions/groups/{self.group}", "actions/all")
+
+    # -- connection -------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect, subscribe to the action topics from the held offsets, resend final reports."""
+        host, port = self.broker
+        self.client = await MqttClient.connect(
+            host, port, self.device_id, on_message=self._on_message, keep_alive=self.behaviour.keep_alive_s
+        )
+        self.client.on_disconnect = self._on_disconnect
+        for topic in self.action_topics:
+            start = self.offsets[topic]
+            await self.client.subscribe(topic, 1, [("offset", "earliest" if start is None else str(start))])
+        self.stats["connects"] += 1
+        for action_id, progress in self.actions.items():
+            if progress.state in TERMINAL_STATES:
+                self._publish_report(action_id, progress)
+        self._schedule_telemetry()
+
+    async def stop(self) -> None:
+        """Disconnect cleanly and cancel every timer."""
+        self._stopped = True
+        for handle in (self._telemetry_timer, self._reconnect_timer):
+            if handle:
+                handle.cancel()
+        for progress in self.actions.values():
+            if progress.timer:
+                progress.timer.cancel()
+        if self.client and self.client.connected:
+            await self.client.disconnect()
+
+    def go_offline(self, duration_s: float) -> None:
+        """Drop the connection abruptly and come back after ``duration_s``."""
+        if self.client and self.client.connected:
+            self.stats["offline"] += 1
+            self.client.abort()
+        self._schedule_reconnect(duration_s)
+
+    def _on_disconnect(self, exc: Exception | None) -> None:
+        if self._telemetry_timer:
+            self._telemetry_timer.cancel()
+        if not self._stopped and self._reconnect_timer is None:
+            self._schedule_reconnect(self.rng.uniform(*self.behaviour.offline_duration_s))
+
+    def _schedule_reconnect(self, delay_s: float) -> None:
+        if self._reconnect_timer:
+            self._reconnect_timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._reconnect_timer = loop.call_later(delay_s, lambda: loop.create_task(self._reconnect()))
+
+    async def _reconnect(self) -> None:
+        self._reconnect_timer = None
+        if self._stopped:
+            return
+        try:
+            await self.start()
+        except (TimeoutError, OSError, ConnectionError):
+            self.stats["reconnect_failures"] += 1
+            self._schedule_reconnect(self.rng.uniform(*self.behaviour.offline_duration_s))
+
+    # -- telemetry --------------------------------------------------------------------------------------
+
+    def _schedule_telemetry(self) -> None:
+        interval = self.behaviour.telemetry_interval_s
+        if interval > 0:
+            delay = self.rng.uniform(0.5, 1.5) * interval
+            self._telemetry_timer = asyncio.get_running_loop().call_later(delay, self._send_telemetry)
+
+    def _send_telemetry(self) -> None:
+        if self.client is None or not self.client.connected:
+            return
+        offline_chance = self.behaviour.offline_rate_per_min * self.behaviour.telemetry_interval_s / 60
+        if offline_chance and self.rng.random() < offline_chance:
+            self.go_offline(self.rng.uniform(*self.behaviour.offline_duration_s))
+            return
+        self._telemetry_seq += 1
+        reading = {
+            "ts": int(time.time() * 1000),
+            "seq": self._telemetry_seq,
+            "temperature": round(self.rng.gauss(21.0, 3.0), 2),
+            "humidity": round(min(100.0, max(0.0, self.rng.gauss(45.0, 10.0))), 1),
+            "battery": round(self.rng.uniform(20.0, 100.0), 1),
+            "firmware": self.firmware,
+            "group": self.group,
+        }
+        self.client.publish_nowait(f"devices/{self.device_id}/telemetry", json.dumps(reading).encode(), 1)
+        self.stats["telemetry"] += 1
+        self._schedule_telemetry()
+
+    # -- actions ----------------------------------------------------------------------------------------
+
+    def _on_message(self, message: Message) -> None:
+        if message.offset is not None and message.topic in self.offsets:
+            self.offsets[message.topic] = message.offset + 1
+        try:
+            action = json.loads(message.payload)
+            action_id = str(action["action_id"])
+            kind = action["kind"]
+        except (ValueError, KeyError, TypeError):
+            self.stats["bad_actions"] += 1
+            return
+        self.stats["actions_received"] += 1
+        if kind == "cancel":
+            self._cancel(action_id)
+            return
+        if action_id in self.actions:
+            return
+        device_ids = action.get("device_ids")
+        if device_ids and self.device_id not in device_ids:
+            return
+        expires_at = action.get("expires_at")
+        if expires_at and expires_at < time.time() * 1000:
+            self.stats["expired_actions"] += 1
+            return
+        self._begin(action_id, kind, action)
+
+    def _begin(self, action_id: str, kind: str, action: dict) -> None:
+        behaviour = self.behaviour
+        if kind == "ota" and action.get("version") == self.firmware:
+            self._report(action_id, "SUCCEEDED", "already at version")
+            return
+        if self.rng.random() < behaviour.reject_rate:
+            self._report(action_id, "REJECTED", "rejected by device policy")
+            return
+        self._report(action_id, "IN_PROGRESS", "downloading" if kind == "ota" else "executing")
+        delay_range = behaviour.download_delay_s if kind == "ota" else behaviour.command_delay_s
+        delay = self.rng.uniform(*delay_range)
+        loop = asyncio.get_running_loop()
+        self.actions[action_id].timer = loop.call_later(delay, self._finish, action_id, kind, action)
+
+    def _finish(self, action_id: str, kind: str, action: dict) -> None:
+        progress = self.actions[action_id]
+        progress.timer = None
+        if progress.state != "IN_PROGRESS":
+            return
+        if self.rng.random() < self.behaviour.failure_rate:
+            self._report(action_id, "FAILED", "checksum mismatch" if kind == "ota" else "command failed")
+            return
+        if kind == "ota":
+            self.firmware = str(action.get("version", self.firmware))
+        self._report(action_id, "SUCCEEDED", "applied")
+
+    def _cancel(self, action_id: str) -> None:
+        progress = self.actions.get(action_id)
+        if progress is None:
+            self.actions[action_id] = ActionProgress("CANCELED", 0, "canceled before start")
+            return
+        if progress.state in TERMINAL_STATES:
+            return
+        if progress.timer:
+            progress.timer.cancel()
+        self._report(action_id, "CANCELED", "canceled by operator")
+
+    def _report(self, action_id: str, state: str, details: str) -> None:
+        progress = self.actions.get(action_id)
+        if progress is None:
+            progress = self.actions[action_id] = ActionProgress(state, 1, details)
+        else:
+            progress.state, progress.seq, progress.details = state, progress.seq + 1, details
+        self.stats[f"reported_{state}"] += 1
+        self._publish_report(action_id, progress)
+
+    def _publish_report(self, action_id: str, progress: ActionProgress) -> None:
+        if progress.seq == 0 or self.client is None:
+            return
+        report = {
+            "action_id": action_id,
+            "device_id": self.device_id,
+            "state": progress.state,
+            "seq": progress.seq,
+            "ts": int(time.time() * 1000),
+            "details": progress.details,
+            "firmware": self.firmware,
+        }
+        self.client.publish_nowait(f"devices/{self.device_id}/actions", json.dumps(report).encode(), 1)

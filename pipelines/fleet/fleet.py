@@ -1,0 +1,70 @@
+"""A fleet of simulated devices in one asyncio process, connected at a bounded rate."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+
+from pipelines.fleet.device import TERMINAL_STATES, DeviceBehaviour, SimulatedDevice
+
+
+@dataclass
+class FleetSpec:
+    """Which devices to simulate and where they connect."""
+
+    brokers: list[tuple[str, int]]
+    count: int = 10
+    id_prefix: str = "dev"
+    groups: list[str] = field(default_factory=lambda: ["canary", "fleet"])
+    connects_per_second: float = 500.0
+    seed: int = 7
+
+
+class Fleet:
+    """Starts ``spec.count`` devices (device ``i`` on broker ``i % len(brokers)``) and tracks them."""
+
+    def __init__(self, spec: FleetSpec, behaviour: DeviceBehaviour | None = None) -> None:
+        if not spec.brokers:
+            raise ValueError("a fleet needs at least one broker")
+        self.spec = spec
+        self.behaviour = behaviour or DeviceBehaviour()
+        self.stats: Counter = Counter()
+        rng = random.Random(spec.seed)
+        width = max(5, len(str(spec.count)))
+        self.devices = [
+            SimulatedDevice(
+                device_id=f"{spec.id_prefix}-{i:0{width}d}",
+                group=spec.groups[i % len(spec.groups)],
+                broker=spec.brokers[i % len(spec.brokers)],
+                behaviour=self.behaviour,
+                rng=random.Random(rng.random()),
+                stats=self.stats,
+            )
+            for i in range(spec.count)
+        ]
+
+    async def start(self) -> None:
+        """Connect every device, ``connects_per_second`` at a time, and wait until all are subscribed."""
+        batch = max(1, int(self.spec.connects_per_second / 10))
+        for first in range(0, len(self.devices), batch):
+            await asyncio.gather(*(device.start() for device in self.devices[first : first + batch]))
+            if first + batch < len(self.devices):
+                await asyncio.sleep(0.1)
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(device.stop() for device in self.devices), return_exceptions=True)
+
+    def states(self, action_id: str) -> Counter:
+        """How many devices are in each state for one action (devices that never saw it are absent)."""
+        return Counter(
+            device.actions[action_id].state for device in self.devices if action_id in device.actions
+        )
+
+    def finished(self, action_id: str) -> int:
+        """Devices that reached a terminal state for ``action_id``."""
+        return sum(count for state, count in self.states(action_id).items() if state in TERMINAL_STATES)
+
+    def connected(self) -> int:
+        return sum(1 for device in self.devices if device.client is not None and device.client.connected)
