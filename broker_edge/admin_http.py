@@ -1,0 +1,101 @@
+"""The broker's admin HTTP endpoint: ``GET /metrics`` for Prometheus and ``GET /health`` for orchestrators.
+
+It is separate from the MQTT listeners and from the offsets API so it can stay on loopback (or a management
+network) while devices reach the broker elsewhere, and so a scrape never competes with data traffic.
+It runs on the broker's event loop; both handlers are cheap and never block.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl as ssl_module
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from broker_edge.config import ConfigError
+from broker_edge.metrics import BrokerMetrics
+
+__all__ = ["DEFAULT_ADMIN_PORT", "AdminHttpConfig", "create_admin_app", "start_admin_server"]
+
+DEFAULT_ADMIN_PORT = 9883
+"""1883 (MQTT) + 8000: easy to remember, clear of MQTT's 1883/8883 and of the usual Prometheus exporters."""
+
+log = logging.getLogger(__name__)
+_METRICS_KEY = web.AppKey("metrics", BrokerMetrics)
+_HEALTH_KEY = web.AppKey("health", Callable[[], dict])
+
+
+@dataclass
+class AdminHttpConfig:
+    """Where the admin endpoint listens."""
+
+    enabled: bool = True
+    """Serve ``/metrics`` and ``/health``."""
+    host: str = "127.0.0.1"
+    """Address to bind; loopback by default because the endpoint has no authentication."""
+    port: int = DEFAULT_ADMIN_PORT
+    """TCP port; 0 picks a free one (tests)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65_535:
+            raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
+        if not self.host:
+            raise ConfigError("host", "must not be empty")
+
+
+def create_admin_app(metrics: BrokerMetrics, health: Callable[[], dict[str, Any]]) -> web.Application:
+    """The aiohttp app; ``health()`` returns a JSON-able dict whose ``"status"`` is ``"ok"`` when healthy.
+
+    ``/health`` answers 200 with that dict when the status is ``"ok"``, else 503 with it, so load balancers
+    and Kubernetes probes need no parsing. A ``health`` that raises is reported as 503, not 500: the broker
+    is then not healthy, whatever the cause.
+    """
+    app = web.Application()
+    app[_METRICS_KEY] = metrics
+    app[_HEALTH_KEY] = health
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/health", _health)
+    return app
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[_METRICS_KEY].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _health(request: web.Request) -> web.Response:
+    try:
+        report = dict(request.app[_HEALTH_KEY]())
+    except Exception as exc:  # the probe must answer whatever went wrong
+        log.exception("health check failed")
+        report = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+    status = 200 if report.get("status") == "ok" else 503
+    return web.json_response(report, status=status, dumps=_dumps)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, default=str)
+
+
+async def start_admin_server(
+    app: web.Application, host: str, port: int, ssl: ssl_module.SSLContext | None = None
+) -> tuple[web.AppRunner, int]:
+    """Serve ``app`` on ``host:port``; return the runner (``await runner.cleanup()`` stops it) and the port.
+
+    The bound port is returned because ``port=0`` picks a free one.
+    """
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound_port = runner.addresses[0][1]
+    return runner, bound_port

@@ -1,0 +1,217 @@
+"""Broker limits: the configuration of every bound, and the sans-IO rate limiters that enforce some of them.
+
+A broker on the edge faces thousands of devices that reconnect in storms after a power cut or a network
+flap; every resource a client can make the broker spend (sockets, memory for queues and buffers, log files,
+CPU per message) has a bound here. The limiters take the current time as a number so they are tested without
+clocks and the caller decides which clock to use (``loop.time()`` in the broker).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from broker_edge.config import ConfigError
+
+__all__ = ["ConnectionAdmission", "LimitsConfig", "TokenBucket"]
+
+MQTT_MAX_PACKET_SIZE = 268_435_455  # largest Remaining Length plus fixed header the protocol can express
+
+
+class TokenBucket:
+    """Allow ``rate_per_s`` events per second on average, and bursts of up to ``burst`` events.
+
+    The bucket starts full: a client that has been quiet may spend its whole burst at once. A clock that
+    steps backwards refills nothing (it never drains either), so a wall-clock adjustment cannot grant a
+    burst. ``rate_per_s == 0`` means the bucket never refills: ``burst`` events in total.
+    """
+
+    __slots__ = ("_last", "_tokens", "burst", "rate_per_s")
+
+    def __init__(self, rate_per_s: float, burst: int) -> None:
+        if rate_per_s < 0:
+            raise ValueError(f"rate_per_s must be >= 0, got {rate_per_s}")
+        if burst < 1:
+            raise ValueError(f"burst must be >= 1, got {burst}")
+        self.rate_per_s = float(rate_per_s)
+        self.burst = burst
+        self._tokens = float(burst)
+        self._last: float | None = None
+
+    def try_acquire(self, now: float, tokens: int = 1) -> bool:
+        """Take ``tokens`` if available at time ``now`` (seconds, any monotonic origin); never waits."""
+        self._refill(now)
+        if self._tokens >= tokens:
+            self._tokens -= tokens
+            return True
+        return False
+
+    def available(self, now: float) -> float:
+        """Tokens that could be taken at ``now`` (for tests and for advertising a retry delay)."""
+        self._refill(now)
+        return self._tokens
+
+    def seconds_until(self, now: float, tokens: int = 1) -> float:
+        """How long until ``tokens`` are available (``inf`` if never: more than the burst, or no refill)."""
+        self._refill(now)
+        missing = tokens - self._tokens
+        if missing <= 0:
+            return 0.0
+        if tokens > self.burst or self.rate_per_s == 0:
+            return float("inf")
+        return missing / self.rate_per_s
+
+    def _refill(self, now: float) -> None:
+        last = self._last
+        if last is None or now < last:
+            self._last = now
+            return
+        self._tokens = min(self.burst, self._tokens + (now - last) * self.rate_per_s)
+        self._last = now
+
+
+class ConnectionAdmission:
+    """Decides whether a new TCP/TLS connection may proceed, before any byte of it is parsed.
+
+    Two bounds: the number of open connections (memory, file descriptors) and the rate of new ones
+    (a reconnect storm costs TLS handshakes, password hashing and session lookups). Refusing early is
+    cheaper than refusing after CONNECT. Every successful ``admit`` must be paired with one ``release``
+    when that connection closes.
+    """
+
+    __slots__ = ("_bucket", "active", "max_connections")
+
+    def __init__(self, max_connections: int, new_per_second: float, burst: int) -> None:
+        """``new_per_second == 0`` disables the rate bound; ``max_connections`` must be >= 1."""
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {max_connections}")
+        self.max_connections = max_connections
+        self.active = 0
+        self._bucket = TokenBucket(new_per_second, max(1, burst)) if new_per_second > 0 else None
+
+    def admit(self, now: float) -> str | None:
+        """``None`` if the connection may proceed (and counts as active), else the refusal reason.
+
+        The reason is ``"max_connections"`` or ``"rate"``; it is the ``reason`` label of
+        ``connections_refused_total``. The connection limit is checked first so that a full broker does
+        not also spend rate tokens on connections it refuses.
+        """
+        if self.active >= self.max_connections:
+            return "max_connections"
+        if self._bucket is not None and not self._bucket.try_acquire(now):
+            return "rate"
+        self.active += 1
+        return None
+
+    def release(self) -> None:
+        """A previously admitted connection closed."""
+        if self.active <= 0:
+            raise RuntimeError("release() without a matching admit()")
+        self.active -= 1
+
+
+@dataclass
+class LimitsConfig:
+    """Every limit the broker enforces; the defaults suit a production edge broker of a few thousand devices.
+
+    A value of 0 means "unlimited" only where the field's description says so.
+    """
+
+    max_connections: int = 10_000
+    """Open client connections, all listeners together; further connections are closed at once."""
+    new_connections_per_second: float = 200.0
+    """Sustained rate of accepted new connections (reconnect storms); 0 = unlimited."""
+    new_connections_burst: int = 500
+    """New connections accepted at once above that rate (a whole site reconnecting)."""
+    connect_timeout_s: float = 10.0
+    """Seconds from TCP accept to a complete CONNECT (TLS handshake included) before the socket is closed."""
+    max_packet_size: int = 1_048_576
+    """Largest packet accepted from a client, in bytes (advertised as Maximum Packet Size in v5 CONNACK)."""
+    receive_maximum: int = 64
+    """QoS 1/2 PUBLISHes a client may have unacknowledged towards the broker (advertised in v5 CONNACK)."""
+    max_inflight_out: int = 64
+    """QoS 1/2 messages sent to one subscriber and not yet acknowledged; more wait in the session queue."""
+    max_subscriptions_per_client: int = 100
+    """Topic filters one session may hold; SUBSCRIBE beyond it is refused for the extra filters."""
+    max_topic_length: int = 1024
+    """Bytes (UTF-8) of a topic name or filter."""
+    max_topic_levels: int = 16
+    """Levels ('/'-separated parts) of a topic name or filter."""
+    max_client_id_length: int = 128
+    """Bytes (UTF-8) of a client identifier; MQTT requires at least 23 to be accepted."""
+    max_offline_messages: int = 1_000
+    """QoS 1/2 messages queued for one offline persistent session; older ones are dropped (queue_full)."""
+    max_offline_bytes: int = 16_777_216
+    """Payload bytes queued for one offline persistent session."""
+    outgoing_buffer_bytes: int = 1_048_576
+    """Write-buffer high-water mark of one connection; above it the subscriber is slow (see policy)."""
+    slow_subscriber_policy: Literal["disconnect", "drop_qos0"] = "drop_qos0"
+    """What to do with a slow subscriber: drop its QoS 0 messages, or disconnect it (QoS 1/2 stay queued)."""
+    max_keepalive_s: int = 300
+    """Largest keep alive the broker grants; a client asking more (or 0) gets this as Server Keep Alive."""
+    messages_per_second_per_client: float = 100.0
+    """Sustained PUBLISH rate of one client; 0 = unlimited."""
+    messages_burst_per_client: int = 200
+    """PUBLISHes one client may send at once above that rate."""
+    max_topics_per_client: int = 1_000
+    """Distinct topics one client may create logs for (bounds a runaway device); 0 = unlimited."""
+
+    def __post_init__(self) -> None:
+        _at_least(self, "max_connections", 1)
+        _at_least(self, "new_connections_per_second", 0)
+        _at_least(self, "new_connections_burst", 1)
+        _positive(self, "connect_timeout_s")
+        _between(self, "max_packet_size", 64, MQTT_MAX_PACKET_SIZE)
+        _between(self, "receive_maximum", 1, 65_535)
+        _between(self, "max_inflight_out", 1, 65_535)
+        _at_least(self, "max_subscriptions_per_client", 1)
+        _between(self, "max_topic_length", 1, 65_535)
+        _at_least(self, "max_topic_levels", 1)
+        _between(self, "max_client_id_length", 23, 65_535)
+        _at_least(self, "max_offline_messages", 0)
+        _at_least(self, "max_offline_bytes", 0)
+        _at_least(self, "outgoing_buffer_bytes", 1024)
+        if self.slow_subscriber_policy not in ("disconnect", "drop_qos0"):
+            raise ConfigError(
+                "slow_subscriber_policy",
+                f"expected 'disconnect' or 'drop_qos0', got {self.slow_subscriber_policy!r}",
+            )
+        _between(self, "max_keepalive_s", 1, 65_535)
+        _at_least(self, "messages_per_second_per_client", 0)
+        _at_least(self, "messages_burst_per_client", 1)
+        _at_least(self, "max_topics_per_client", 0)
+
+    def connection_admission(self) -> ConnectionAdmission:
+        """The broker-wide admission control these limits describe."""
+        return ConnectionAdmission(
+            self.max_connections, self.new_connections_per_second, self.new_connections_burst
+        )
+
+    def client_message_bucket(self) -> TokenBucket | None:
+        """A fresh per-client PUBLISH rate limiter, or ``None`` when the rate is unlimited."""
+        if self.messages_per_second_per_client == 0:
+            return None
+        return TokenBucket(self.messages_per_second_per_client, self.messages_burst_per_client)
+
+
+def _number(config: object, name: str) -> float:
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(name, f"expected a number, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _at_least(config: object, name: str, low: float) -> None:
+    if _number(config, name) < low:
+        raise ConfigError(name, f"must be >= {low}, got {getattr(config, name)!r}")
+
+
+def _positive(config: object, name: str) -> None:
+    if _number(config, name) <= 0:
+        raise ConfigError(name, f"must be > 0, got {getattr(config, name)!r}")
+
+
+def _between(config: object, name: str, low: float, high: float) -> None:
+    value = _number(config, name)
+    if not low <= value <= high:
+        raise ConfigError(name, f"must be between {low} and {high}, got {value!r}")
