@@ -1,0 +1,125 @@
+"""Execution states of one (action, device) and the only transitions allowed between them.
+
+Modelled on AWS IoT Jobs executions. A row only ever moves forward: QUEUED → IN_PROGRESS → a terminal state,
+or straight from QUEUED to a terminal state. A report for a row that is already terminal, or one older than
+what the row has seen (by the device's report sequence), changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+QUEUED = "QUEUED"
+IN_PROGRESS = "IN_PROGRESS"
+SUCCEEDED = "SUCCEEDED"
+FAILED = "FAILED"
+TIMED_OUT = "TIMED_OUT"
+REJECTED = "REJECTED"
+CANCELED = "CANCELED"
+
+ALL_STATES = (QUEUED, IN_PROGRESS, SUCCEEDED, FAILED, TIMED_OUT, REJECTED, CANCELED)
+TERMINAL_STATES = frozenset({SUCCEEDED, FAILED, TIMED_OUT, REJECTED, CANCELED})
+DEVICE_REPORTED_STATES = frozenset({IN_PROGRESS, SUCCEEDED, FAILED, REJECTED, CANCELED})
+
+_RANK = {QUEUED: 0, IN_PROGRESS: 1, **{state: 2 for state in TERMINAL_STATES}}
+
+
+def is_legal_transition(current: str, new: str) -> bool:
+    """True when a row in ``current`` may move to ``new`` (IN_PROGRESS → IN_PROGRESS updates details)."""
+    if current in TERMINAL_STATES:
+        return False
+    if new == IN_PROGRESS and current == IN_PROGRESS:
+        return True
+    return _RANK[new] > _RANK[current]
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """One row of ``action_executions``; ``version`` grows by one with every change, ``report_seq`` is the
+    highest device report sequence applied."""
+
+    action_id: str
+    device_id: str
+    state: str
+    version: int
+    report_seq: int
+    status_details: str
+    queued_at: int
+    updated_at: int
+    started_at: int | None = None
+    finished_at: int | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReport:
+    """What a device said about one action (docs/device-protocol.md)."""
+
+    action_id: str
+    device_id: str
+    state: str
+    seq: int
+    ts: int
+    details: str = ""
+
+
+def queued(action_id: str, device_id: str, now_ms: int) -> Execution:
+    """The first row of an execution, written when the action is fanned out."""
+    return Execution(action_id, device_id, QUEUED, 1, 0, "", now_ms, now_ms)
+
+
+def apply_report(current: Execution | None, report: StatusReport) -> Execution | None:
+    """The row after ``report``, or None when the report changes nothing (stale, duplicate or illegal).
+
+    A report for a device without a row (a late joiner that picked the action up from a group topic) starts
+    one as if it had been queued at the report's time.
+    """
+    if report.state not in DEVICE_REPORTED_STATES:
+        return None
+    if current is None:
+        current = queued(report.action_id, report.device_id, report.ts)
+        current = replace(current, version=0)
+    if report.seq <= current.report_seq or not is_legal_transition(current.state, report.state):
+        return None
+    started_at = current.started_at
+    if started_at is None and report.state == IN_PROGRESS:
+        started_at = report.ts
+    finished_at = report.ts if report.state in TERMINAL_STATES else None
+    return replace(
+        current,
+        state=report.state,
+        version=current.version + 1,
+        report_seq=report.seq,
+        status_details=report.details,
+        updated_at=report.ts,
+        started_at=started_at,
+        finished_at=finished_at,
+    )
+
+
+def apply_reports(current: Execution | None, reports: list[StatusReport]) -> Execution | None:
+    """Fold many reports for one execution, in sequence order; None when nothing changed."""
+    row = current
+    changed = False
+    for report in sorted(reports, key=lambda r: r.seq):
+        updated = apply_report(row, report)
+        if updated is not None:
+            row, changed = updated, True
+    return row if changed else None
+
+
+def platform_transition(current: Execution, state: str, details: str, now_ms: int) -> Execution | None:
+    """A change the platform makes (TIMED_OUT, CANCELED); None when the row is already terminal."""
+    if state not in (TIMED_OUT, CANCELED) or not is_legal_transition(current.state, state):
+        return None
+    return replace(
+        current,
+        state=state,
+        version=current.version + 1,
+        status_details=details,
+        updated_at=now_ms,
+        finished_at=now_ms,
+    )

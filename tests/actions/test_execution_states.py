@@ -1,0 +1,97 @@
+"""Execution rows only move forward; stale and duplicate reports change nothing."""
+
+from collections import Counter
+
+import pytest
+
+from pipelines.actions.rollout import rollout_allowance
+from pipelines.actions.states import (
+    CANCELED,
+    FAILED,
+    IN_PROGRESS,
+    QUEUED,
+    SUCCEEDED,
+    TIMED_OUT,
+    StatusReport,
+    apply_report,
+    apply_reports,
+    is_legal_transition,
+    platform_transition,
+    queued,
+)
+from pipelines.actions.summary import (
+    ACTION_ABORTED,
+    ACTION_CANCELED,
+    ACTION_COMPLETED,
+    ACTION_IN_PROGRESS,
+    AbortCriteria,
+    action_state,
+    state_counts,
+)
+
+
+def report(state: str, seq: int, ts: int = 1_000) -> StatusReport:
+    return StatusReport("a1", "d1", state, seq, ts, state.lower())
+
+
+def test_queued_to_in_progress_to_succeeded_bumps_version_and_times():
+    row = queued("a1", "d1", 500)
+    row = apply_report(row, report(IN_PROGRESS, 1, 1_000))
+    assert (row.state, row.version, row.started_at, row.finished_at) == (IN_PROGRESS, 2, 1_000, None)
+    row = apply_report(row, report(SUCCEEDED, 2, 2_000))
+    assert (row.state, row.version, row.started_at, row.finished_at) == (SUCCEEDED, 3, 1_000, 2_000)
+
+
+def test_stale_duplicate_and_backward_reports_change_nothing():
+    row = apply_reports(queued("a1", "d1", 0), [report(IN_PROGRESS, 1), report(SUCCEEDED, 2)])
+    assert row.state == SUCCEEDED
+    assert apply_report(row, report(SUCCEEDED, 2)) is None  # duplicate
+    assert apply_report(row, report(IN_PROGRESS, 1)) is None  # stale
+    assert apply_report(row, report(FAILED, 3)) is None  # terminal rows never move
+
+
+def test_reports_out_of_order_in_one_batch_fold_by_sequence():
+    row = apply_reports(queued("a1", "d1", 0), [report(SUCCEEDED, 2, 20), report(IN_PROGRESS, 1, 10)])
+    assert (row.state, row.report_seq, row.started_at, row.finished_at) == (SUCCEEDED, 2, 10, 20)
+
+
+def test_late_joiner_report_creates_the_row():
+    row = apply_report(None, report(IN_PROGRESS, 1, 1_234))
+    assert (row.state, row.version, row.queued_at) == (IN_PROGRESS, 1, 1_234)
+
+
+def test_platform_transitions_only_from_unfinished_rows():
+    row = apply_report(queued("a1", "d1", 0), report(IN_PROGRESS, 1))
+    timed_out = platform_transition(row, TIMED_OUT, "no report within 60 s", 9_000)
+    assert (timed_out.state, timed_out.version, timed_out.finished_at) == (TIMED_OUT, row.version + 1, 9_000)
+    assert platform_transition(timed_out, CANCELED, "canceled", 9_500) is None
+    assert platform_transition(row, QUEUED, "back", 1) is None
+
+
+@pytest.mark.parametrize(
+    ("current", "new", "legal"),
+    [(QUEUED, SUCCEEDED, True), (IN_PROGRESS, QUEUED, False), (SUCCEEDED, IN_PROGRESS, False)],
+)
+def test_transition_table(current, new, legal):
+    assert is_legal_transition(current, new) is legal
+
+
+def test_action_state_completes_aborts_and_cancels():
+    criteria = AbortCriteria(failure_pct=50.0, min_executed=4)
+    assert action_state(None, state_counts([SUCCEEDED, IN_PROGRESS]), False, criteria) == ACTION_IN_PROGRESS
+    assert action_state(None, state_counts([SUCCEEDED, SUCCEEDED]), False, criteria) == ACTION_COMPLETED
+    three_failed = state_counts([FAILED, FAILED, FAILED, QUEUED])
+    assert action_state(None, three_failed, False, criteria) == ACTION_IN_PROGRESS  # 3 < min_executed
+    two_of_four = state_counts([FAILED, TIMED_OUT, SUCCEEDED, SUCCEEDED, QUEUED])
+    assert action_state(None, two_of_four, False, criteria) == ACTION_ABORTED
+    assert action_state(ACTION_ABORTED, state_counts([SUCCEEDED]), False, criteria) == ACTION_ABORTED
+    assert action_state(None, Counter({QUEUED: 3}), True, criteria) == ACTION_CANCELED
+
+
+def test_rollout_allowance_follows_the_rate_from_the_start():
+    assert rollout_allowance(60, 0, 0, 0) == 1
+    assert rollout_allowance(60, 0, 10_000, 1) == 10
+    assert rollout_allowance(60, 0, 10_000, 11) == 0
+    assert rollout_allowance(600, 0, 60_000, 0) == 601
+    with pytest.raises(ValueError):
+        rollout_allowance(0, 0, 0, 0)
