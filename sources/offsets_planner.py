@@ -1,0 +1,313 @@
+"""Planning of the ``timestone`` source's micro-batches: pure functions, no Spark, no network.
+
+From the checkpointed start offsets, the brokers' log listings and the options, decide where a batch ends
+(``plan_end_offsets``) and how it is cut into Spark partitions (``plan_partitions``). The Spark glue only
+lists logs and hands the results here, so every rule below (new topics, read limits, retention gaps,
+brokers that are down) is a unit test.
+
+Offsets are ``{broker id: {topic: next offset}}``: the offset of the next record to read, so a range is
+``[start, end)``. They are always returned with sorted keys: Spark decides "no new data" by comparing the
+JSON of two offsets, so the same content must always serialise the same way.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .options import EARLIEST, LATEST, StartingOffsets, StartKind
+
+__all__ = [
+    "BatchPlan",
+    "DataLossError",
+    "LogExtent",
+    "LostRange",
+    "PartitionPlan",
+    "Slice",
+    "canonical",
+    "effective_start",
+    "plan_end_offsets",
+    "plan_partitions",
+    "starting_offsets",
+]
+
+Offsets = dict[str, dict[str, int]]
+Listings = Mapping[str, Mapping[str, "LogExtent"]]
+
+# A partition's slices go to the broker in one fetch request: bound the request, not only the records.
+MAX_SLICES_PER_PARTITION = 500
+
+
+@dataclass(frozen=True, slots=True)
+class LogExtent:
+    """The records a broker holds for one topic: ``[start, end)`` (end = next offset to be written)."""
+
+    start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """Records ``[start, end)`` of one topic.
+
+    ``from_log_start`` marks a start that is only a lower bound (a topic new to the query whose log start
+    was unknown at planning): a reader that finds the log starting later skips ahead without calling it
+    data loss.
+    """
+
+    topic: str
+    start: int
+    end: int
+    from_log_start: bool = False
+
+    @property
+    def records(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionPlan:
+    """One Spark partition: slices of one broker, fetched together by one task."""
+
+    broker: str
+    slices: tuple[Slice, ...]
+
+    @property
+    def records(self) -> int:
+        return sum(piece.records for piece in self.slices)
+
+
+@dataclass(frozen=True, slots=True)
+class LostRange:
+    """Records ``[start, end)`` of a topic that retention removed before the query read them."""
+
+    broker: str
+    topic: str
+    start: int
+    end: int
+
+    @property
+    def records(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    partitions: tuple[PartitionPlan, ...]
+    lost: tuple[LostRange, ...]
+
+    @property
+    def records(self) -> int:
+        return sum(partition.records for partition in self.partitions)
+
+    @property
+    def lost_records(self) -> int:
+        return sum(lost.records for lost in self.lost)
+
+
+class DataLossError(RuntimeError):
+    """Records the query should have read are gone (retention, or a log that was recreated)."""
+
+    def __init__(
+        self, broker: str, topic: str, expected: int, log_start: int, log_end: int, why: str
+    ) -> None:
+        super().__init__(
+            f"timestone source: data loss on broker {broker!r} topic {topic!r}: {why} (next offset to read "
+            f"{expected}, the log now holds [{log_start}, {log_end})). Set failOnDataLoss=false to skip "
+            "lost records and continue."
+        )
+        self.broker = broker
+        self.topic = topic
+        self.expected = expected
+        self.log_start = log_start
+        self.log_end = log_end
+
+
+def canonical(offsets: Mapping[str, Mapping[str, int]]) -> Offsets:
+    """A copy with brokers and topics in sorted order (see the module docstring)."""
+    return {broker: dict(sorted(topics.items())) for broker, topics in sorted(offsets.items())}
+
+
+def starting_offsets(
+    spec: StartingOffsets,
+    listings: Listings,
+    timestamp_offsets: Mapping[str, Mapping[str, int]] | None = None,
+) -> Offsets:
+    """The initial offsets of a new query from ``startingOffsets`` and the reachable brokers' listings.
+
+    Topics not in the result are read from their log start when they are first seen, so a broker missing
+    from ``listings`` (down) contributes nothing here. ``timestamp_offsets`` holds the offsets the brokers
+    resolved for a ``time:`` start. In a JSON start, topics it does not name start at their log start, and
+    a named offset of a topic no broker lists yet is kept for when the topic appears.
+    """
+    result: Offsets = {}
+    for broker, logs in listings.items():
+        topics: dict[str, int] = {}
+        for topic, extent in logs.items():
+            if spec.kind is StartKind.EARLIEST:
+                topics[topic] = extent.start
+            elif spec.kind is StartKind.LATEST:
+                topics[topic] = extent.end
+            elif spec.kind is StartKind.TIMESTAMP:
+                resolved = (timestamp_offsets or {}).get(broker, {}).get(topic, extent.end)
+                topics[topic] = min(max(resolved, extent.start), extent.end)
+            else:
+                wanted = (spec.specific or {}).get(broker, {}).get(topic, EARLIEST)
+                topics[topic] = (
+                    extent.start if wanted == EARLIEST else extent.end if wanted == LATEST else wanted
+                )
+        result[broker] = topics
+    if spec.kind is StartKind.SPECIFIC:
+        for broker, topics in (spec.specific or {}).items():
+            for topic, offset in topics.items():
+                if offset >= 0:
+                    result.setdefault(broker, {}).setdefault(topic, offset)
+    return canonical({broker: topics for broker, topics in result.items() if topics})
+
+
+def effective_start(
+    broker: str, topic: str, next_offset: int | None, extent: LogExtent | None, fail_on_data_loss: bool
+) -> tuple[int, LostRange | None]:
+    """Where reading a topic really starts, given its checkpointed next offset and its log's extent.
+
+    A topic new to the query (``next_offset`` None) starts at its log start. A log starting above the next
+    offset lost records to retention; a log ending below it was recreated (its offsets went backwards):
+    both raise DataLossError when ``fail_on_data_loss``, else reading resumes at the log start and the
+    skipped range is returned. Unknown extent (broker down): trust the checkpoint.
+    """
+    if next_offset is None:
+        return (extent.start if extent else 0), None
+    if extent is None:
+        return next_offset, None
+    if extent.start > next_offset:
+        if fail_on_data_loss:
+            raise DataLossError(
+                broker, topic, next_offset, extent.start, extent.end, "retention removed records not yet read"
+            )
+        return extent.start, LostRange(broker, topic, next_offset, extent.start)
+    if extent.end < next_offset:
+        if fail_on_data_loss:
+            raise DataLossError(
+                broker, topic, next_offset, extent.start, extent.end, "the log ends before the checkpoint"
+            )
+        return extent.start, None  # what the old log held past its new end is unknowable: nothing counted
+    return next_offset, None
+
+
+def plan_end_offsets(
+    start: Mapping[str, Mapping[str, int]],
+    listings: Listings,
+    *,
+    max_records: int | None,
+    fail_on_data_loss: bool,
+    target: Mapping[str, Mapping[str, int]] | None = None,
+) -> Offsets:
+    """The end offsets of the next batch.
+
+    Every broker and topic of ``start`` is carried over (a broker that is down, a topic whose log is gone or
+    no longer matches the patterns keep their offsets); listed topics advance to their log end. With
+    ``max_records`` the batch takes at most that many records, shared among topics in proportion to their
+    backlog, like the Kafka source's maxOffsetsPerTrigger. With ``target`` (Trigger.AvailableNow) no topic
+    goes past its target offset and topics or brokers absent from it are not read.
+    Returns ``start`` unchanged (same JSON) when there is nothing new.
+    """
+    end: Offsets = {broker: dict(topics) for broker, topics in start.items()}
+    backlog: list[tuple[str, str, int, int]] = []  # broker, topic, from, available
+    for broker in sorted(listings):
+        if target is not None and broker not in target:
+            continue
+        checkpointed = start.get(broker, {})
+        for topic, extent in sorted(listings[broker].items()):
+            upper = extent.end
+            if target is not None:
+                if topic not in target[broker]:
+                    continue
+                upper = min(upper, target[broker][topic])
+            begin, _ = effective_start(broker, topic, checkpointed.get(topic), extent, fail_on_data_loss)
+            available = max(0, upper - begin)
+            if available or (topic in checkpointed and begin != checkpointed[topic]):
+                backlog.append((broker, topic, begin, available))
+
+    tie_breaks = [zlib.crc32(f"{broker}\0{topic}\0{begin}".encode()) for broker, topic, begin, _ in backlog]
+    shares = _share(max_records, [available for *_, available in backlog], tie_breaks)
+    for (broker, topic, begin, _), take in zip(backlog, shares, strict=True):
+        if take or topic in start.get(broker, {}):
+            end.setdefault(broker, {})[topic] = begin + take
+    return canonical(end)
+
+
+def _share(limit: int | None, available: list[int], tie_breaks: list[int]) -> list[int]:
+    """Split ``limit`` records among backlogs in proportion to their size.
+
+    Rounding leftovers go to the largest remainders; ties are broken by a key that changes as offsets move,
+    so a topic that always loses the rounding to its alphabetical elders is not starved batch after batch.
+    """
+    total = sum(available)
+    if limit is None or total <= limit:
+        return list(available)
+    quotas = [limit * size // total for size in available]
+    order = sorted(
+        range(len(available)), key=lambda index: (-(limit * available[index] % total), tie_breaks[index])
+    )
+    for index in order[: limit - sum(quotas)]:
+        quotas[index] += 1
+    return quotas
+
+
+def plan_partitions(
+    start: Mapping[str, Mapping[str, int]],
+    end: Mapping[str, Mapping[str, int]],
+    listings: Listings,
+    *,
+    max_records_per_partition: int,
+    fail_on_data_loss: bool,
+) -> BatchPlan:
+    """Cut the batch ``[start, end)`` into partitions of at most ``max_records_per_partition`` records.
+
+    A topic's range is split into pieces of that size; small ranges of one broker are packed together so a
+    batch over thousands of quiet device topics does not become thousands of Spark tasks. ``listings`` may
+    lack brokers (down): their ranges are planned from the checkpoint and checked by the reader.
+    Raises DataLossError, or records the skipped ranges in the plan, as ``effective_start`` decides.
+    """
+    pieces: dict[str, list[Slice]] = {}
+    lost: list[LostRange] = []
+    for broker, topics in sorted(end.items()):
+        logs = listings.get(broker)
+        for topic, stop in sorted(topics.items()):
+            next_offset = start.get(broker, {}).get(topic)
+            extent = logs.get(topic) if logs is not None else None
+            if next_offset is not None and stop < next_offset:
+                next_offset = None  # the log was recreated and latestOffset already decided to restart it
+            begin, gap = effective_start(broker, topic, next_offset, extent, fail_on_data_loss)
+            if gap is not None:
+                lost.append(LostRange(broker, topic, gap.start, min(gap.end, stop)))
+            from_log_start = next_offset is None and extent is None
+            pieces.setdefault(broker, []).extend(
+                _split(topic, begin, stop, max_records_per_partition, from_log_start)
+            )
+    partitions = [
+        PartitionPlan(broker, tuple(group))
+        for broker, broker_pieces in pieces.items()
+        for group in _pack(broker_pieces, max_records_per_partition)
+    ]
+    return BatchPlan(tuple(partitions), tuple(gap for gap in lost if gap.records > 0))
+
+
+def _split(topic: str, begin: int, stop: int, size: int, from_log_start: bool) -> Iterable[Slice]:
+    for offset in range(begin, stop, size):
+        yield Slice(topic, offset, min(offset + size, stop), from_log_start)
+
+
+def _pack(pieces: list[Slice], capacity: int) -> Iterable[list[Slice]]:
+    """Group consecutive pieces while their total stays within ``capacity`` and MAX_SLICES_PER_PARTITION."""
+    group: list[Slice] = []
+    filled = 0
+    for piece in pieces:
+        if group and (filled + piece.records > capacity or len(group) == MAX_SLICES_PER_PARTITION):
+            yield group
+            group, filled = [], 0
+        group.append(piece)
+        filled += piece.records
+    if group:
+        yield group

@@ -1,0 +1,322 @@
+"""Options of the ``timestone`` streaming source: parsing and validation, with errors that name the option.
+
+The option names mirror the Spark Kafka source (``startingOffsets``, ``maxOffsetsPerTrigger`` becomes
+``maxRecordsPerTrigger``, ``failOnDataLoss``) so a Spark user finds what they expect. Spark hands options to
+a Python data source with lower-cased keys, so every lookup here is case-insensitive; broker ids inside
+option keys (``authToken.<broker id>``) are matched case-insensitively for the same reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import Enum
+from urllib.parse import urlsplit
+
+from broker_edge.protocol.errors import InvalidTopic
+from broker_edge.protocol.topics import SHARE_PREFIX, validate_topic_filter
+
+__all__ = [
+    "EARLIEST",
+    "LATEST",
+    "BrokerEndpoint",
+    "SourceOptionError",
+    "SourceOptions",
+    "StartKind",
+    "StartingOffsets",
+    "parse_options",
+]
+
+EARLIEST = -2  # in a startingOffsets JSON, like Kafka
+LATEST = -1
+
+DEFAULT_FETCH_TIMEOUT_MS = 30_000
+DEFAULT_FETCH_RETRIES = 3
+DEFAULT_RETRY_BACKOFF_MS = 1_000
+DEFAULT_MAX_BYTES_PER_FETCH = 16 * 1024 * 1024
+DEFAULT_MAX_RECORDS_PER_PARTITION = 200_000
+
+_AUTH_TOKEN_PREFIX = "authtoken."
+_BROKER_NAME = re.compile(r"^([A-Za-z0-9_.\-]+)=(.+)$")
+
+# Canonical spelling of every option, keyed by its lower-cased form.
+_KNOWN = {
+    name.lower(): name
+    for name in (
+        "brokers",
+        "topics",
+        "startingOffsets",
+        "maxRecordsPerTrigger",
+        "maxRecordsPerPartition",
+        "failOnDataLoss",
+        "fetchTimeoutMs",
+        "fetchRetries",
+        "retryBackoffMs",
+        "authToken",
+        "maxBytesPerFetch",
+    )
+}
+# Options Spark itself may pass to any source.
+_IGNORED = {"path"}
+
+
+class SourceOptionError(ValueError):
+    """An option of the ``timestone`` source is missing or invalid; the message names the option."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(f"timestone source option '{option}': {message}")
+        self.option = option
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerEndpoint:
+    """One broker's offsets API. ``broker_id`` is the stable key of this broker in checkpointed offsets."""
+
+    broker_id: str
+    url: str
+    auth_token: str | None = field(default=None, repr=False)
+
+
+class StartKind(Enum):
+    EARLIEST = "earliest"
+    LATEST = "latest"
+    TIMESTAMP = "timestamp"
+    SPECIFIC = "specific"
+
+
+@dataclass(frozen=True, slots=True)
+class StartingOffsets:
+    """Where a new query starts (a restarted query always continues from its checkpoint).
+
+    ``timestamp_ms`` is set for ``TIMESTAMP``; ``specific`` (broker id -> topic -> offset, with ``EARLIEST``
+    and ``LATEST`` allowed as offsets) for ``SPECIFIC``.
+    """
+
+    kind: StartKind
+    timestamp_ms: int | None = None
+    specific: Mapping[str, Mapping[str, int]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """The validated options of one ``timestone`` stream."""
+
+    brokers: tuple[BrokerEndpoint, ...]
+    topics: tuple[str, ...]
+    starting_offsets: StartingOffsets = StartingOffsets(StartKind.LATEST)
+    max_records_per_trigger: int | None = None
+    max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
+    fail_on_data_loss: bool = True
+    fetch_timeout_ms: int = DEFAULT_FETCH_TIMEOUT_MS
+    fetch_retries: int = DEFAULT_FETCH_RETRIES
+    retry_backoff_ms: int = DEFAULT_RETRY_BACKOFF_MS
+    max_bytes_per_fetch: int = DEFAULT_MAX_BYTES_PER_FETCH
+
+    def broker(self, broker_id: str) -> BrokerEndpoint:
+        """The endpoint of ``broker_id`` (KeyError if it is not one of the ``brokers`` option)."""
+        for endpoint in self.brokers:
+            if endpoint.broker_id == broker_id:
+                return endpoint
+        raise KeyError(broker_id)
+
+
+def parse_options(options: Mapping[str, str]) -> SourceOptions:
+    """Validate the options given to ``spark.readStream.format("timestone")``.
+
+    Raises SourceOptionError naming the first bad option; unknown options are errors too (a misspelt
+    ``startingOffset`` silently meaning "latest" would lose data).
+    """
+    lowered = {key.lower(): value for key, value in options.items()}
+    for key in lowered:
+        if key not in _KNOWN and key not in _IGNORED and not key.startswith(_AUTH_TOKEN_PREFIX):
+            known = ", ".join(sorted(_KNOWN.values()))
+            raise SourceOptionError(key, f"unknown option (known options: {known}, authToken.<broker id>)")
+
+    default_token = _optional_text(lowered, "authToken")
+    brokers = _apply_broker_tokens(lowered, _parse_brokers(_required(lowered, "brokers"), default_token))
+    broker_ids = [endpoint.broker_id for endpoint in brokers]
+
+    return SourceOptions(
+        brokers=brokers,
+        topics=_parse_topics(_required(lowered, "topics")),
+        starting_offsets=_parse_starting_offsets(lowered.get("startingoffsets", "latest"), broker_ids),
+        max_records_per_trigger=_optional_int(lowered, "maxRecordsPerTrigger", minimum=1),
+        max_records_per_partition=_optional_int(lowered, "maxRecordsPerPartition", minimum=1)
+        or DEFAULT_MAX_RECORDS_PER_PARTITION,
+        fail_on_data_loss=_bool(lowered, "failOnDataLoss", default=True),
+        fetch_timeout_ms=_int(lowered, "fetchTimeoutMs", DEFAULT_FETCH_TIMEOUT_MS, minimum=1),
+        fetch_retries=_int(lowered, "fetchRetries", DEFAULT_FETCH_RETRIES, minimum=0),
+        retry_backoff_ms=_int(lowered, "retryBackoffMs", DEFAULT_RETRY_BACKOFF_MS, minimum=0),
+        max_bytes_per_fetch=_int(lowered, "maxBytesPerFetch", DEFAULT_MAX_BYTES_PER_FETCH, minimum=1024),
+    )
+
+
+def _required(options: Mapping[str, str], name: str) -> str:
+    value = options.get(name.lower())
+    if value is None or not value.strip():
+        raise SourceOptionError(name, "is required")
+    return value.strip()
+
+
+def _optional_text(options: Mapping[str, str], name: str) -> str | None:
+    value = options.get(name.lower())
+    return value if value else None
+
+
+def _optional_int(options: Mapping[str, str], name: str, minimum: int) -> int | None:
+    raw = options.get(name.lower())
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise SourceOptionError(name, f"expected an integer >= {minimum}, got {raw!r}") from None
+    if value < minimum:
+        raise SourceOptionError(name, f"expected an integer >= {minimum}, got {value}")
+    return value
+
+
+def _int(options: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+    value = _optional_int(options, name, minimum)
+    return default if value is None else value
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = options.get(name.lower())
+    if raw is None:
+        return default
+    text = raw.strip().lower()
+    if text == "true":
+        return True
+    if text == "false":
+        return False
+    raise SourceOptionError(name, f"expected true or false, got {raw!r}")
+
+
+def _parse_brokers(raw: str, default_token: str | None) -> tuple[BrokerEndpoint, ...]:
+    endpoints: list[BrokerEndpoint] = []
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            raise SourceOptionError("brokers", f"empty entry in {raw!r}")
+        named = _BROKER_NAME.match(item)
+        if named and "://" in named.group(2) and "://" not in named.group(1):
+            broker_id, url = named.group(1), named.group(2).strip()
+        else:
+            broker_id, url = None, item
+        url = url.rstrip("/")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise SourceOptionError(
+                "brokers",
+                f"expected an http(s) base URL or name=url, got {item!r} (e.g. edge1=http://host:8081)",
+            )
+        endpoints.append(BrokerEndpoint(broker_id or url, url, default_token))
+    ids = [endpoint.broker_id for endpoint in endpoints]
+    duplicates = sorted({broker_id for broker_id in ids if ids.count(broker_id) > 1})
+    if duplicates:
+        raise SourceOptionError("brokers", f"broker ids must be unique, repeated: {', '.join(duplicates)}")
+    return tuple(endpoints)
+
+
+def _apply_broker_tokens(
+    options: Mapping[str, str], brokers: tuple[BrokerEndpoint, ...]
+) -> tuple[BrokerEndpoint, ...]:
+    by_lowered_id = {endpoint.broker_id.lower(): endpoint for endpoint in brokers}
+    tokens: dict[str, str] = {}
+    for key, value in options.items():
+        if not key.startswith(_AUTH_TOKEN_PREFIX):
+            continue
+        broker_key = key[len(_AUTH_TOKEN_PREFIX) :]
+        if broker_key not in by_lowered_id:
+            raise SourceOptionError(
+                f"authToken.{broker_key}",
+                f"names no broker of the 'brokers' option ({', '.join(by_lowered_id)})",
+            )
+        tokens[by_lowered_id[broker_key].broker_id] = value
+    return tuple(
+        BrokerEndpoint(endpoint.broker_id, endpoint.url, tokens.get(endpoint.broker_id, endpoint.auth_token))
+        for endpoint in brokers
+    )
+
+
+def _parse_topics(raw: str) -> tuple[str, ...]:
+    patterns: list[str] = []
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            raise SourceOptionError("topics", f"empty topic filter in {raw!r}")
+        if item.startswith(SHARE_PREFIX):
+            raise SourceOptionError("topics", f"shared subscriptions mean nothing to a log reader: {item!r}")
+        try:
+            validate_topic_filter(item)
+        except InvalidTopic as error:
+            raise SourceOptionError("topics", str(error)) from None
+        if item not in patterns:
+            patterns.append(item)
+    return tuple(patterns)
+
+
+def _parse_starting_offsets(raw: str, broker_ids: list[str]) -> StartingOffsets:
+    text = raw.strip()
+    lowered = text.lower()
+    if lowered == "earliest":
+        return StartingOffsets(StartKind.EARLIEST)
+    if lowered == "latest":
+        return StartingOffsets(StartKind.LATEST)
+    if text.startswith("{"):
+        return StartingOffsets(StartKind.SPECIFIC, specific=_parse_specific(text, broker_ids))
+    if lowered.startswith("time:"):
+        return StartingOffsets(StartKind.TIMESTAMP, timestamp_ms=_parse_time(text[5:].strip()))
+    if text[:1].isdigit() and "-" in text:
+        return StartingOffsets(StartKind.TIMESTAMP, timestamp_ms=_parse_time(text))
+    raise SourceOptionError(
+        "startingOffsets",
+        f"expected earliest, latest, time:<epoch ms>, time:<ISO-8601>, an ISO-8601 timestamp or a JSON "
+        f'{{"broker": {{"topic": offset}}}}, got {raw!r}',
+    )
+
+
+def _parse_time(text: str) -> int:
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+    except ValueError:
+        raise SourceOptionError(
+            "startingOffsets",
+            f"expected epoch milliseconds or an ISO-8601 timestamp after time:, got {text!r}",
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(
+            tzinfo=UTC
+        )  # a timestamp without offset is UTC, like spark.sql.session.timeZone
+    return int(moment.timestamp() * 1000)
+
+
+def _parse_specific(text: str, broker_ids: list[str]) -> dict[str, dict[str, int]]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SourceOptionError("startingOffsets", f"invalid JSON: {error}") from None
+    shape = '{"broker id": {"topic": offset}} with -2 = earliest, -1 = latest'
+    if not isinstance(value, dict):
+        raise SourceOptionError("startingOffsets", f"expected {shape}")
+    result: dict[str, dict[str, int]] = {}
+    for broker_id, topics in value.items():
+        if broker_id not in broker_ids:
+            raise SourceOptionError(
+                "startingOffsets",
+                f"broker {broker_id!r} is not one of the 'brokers' option ({', '.join(broker_ids)})",
+            )
+        if not isinstance(topics, dict):
+            raise SourceOptionError("startingOffsets", f"broker {broker_id!r}: expected {shape}")
+        for topic, offset in topics.items():
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < EARLIEST:
+                raise SourceOptionError(
+                    "startingOffsets",
+                    f"broker {broker_id!r} topic {topic!r}: expected an offset >= -2, got {offset!r}",
+                )
+        result[broker_id] = dict(topics)
+    return result

@@ -1,0 +1,205 @@
+"""Batch planning of the timestone source, without Spark: end offsets, limits, partitions, data loss."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sources.offsets_planner import (
+    MAX_SLICES_PER_PARTITION,
+    DataLossError,
+    LogExtent,
+    LostRange,
+    PartitionPlan,
+    Slice,
+    plan_end_offsets,
+    plan_partitions,
+    starting_offsets,
+)
+from sources.options import StartingOffsets, StartKind
+
+E1, E2 = "edge1", "edge2"
+
+
+def listing(**topics: tuple[int, int]) -> dict[str, LogExtent]:
+    return {topic.replace("_", "/"): LogExtent(*extent) for topic, extent in topics.items()}
+
+
+def end_offsets(start, listings, *, max_records=None, fail=True, target=None):
+    return plan_end_offsets(start, listings, max_records=max_records, fail_on_data_loss=fail, target=target)
+
+
+def partitions(start, end, listings, *, size=1000, fail=True):
+    return plan_partitions(start, end, listings, max_records_per_partition=size, fail_on_data_loss=fail)
+
+
+# starting offsets
+
+
+LISTINGS = {E1: listing(a=(3, 10), b=(0, 4)), E2: listing(a=(0, 7))}
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (StartingOffsets(StartKind.EARLIEST), {E1: {"a": 3, "b": 0}, E2: {"a": 0}}),
+        (StartingOffsets(StartKind.LATEST), {E1: {"a": 10, "b": 4}, E2: {"a": 7}}),
+        (
+            StartingOffsets(StartKind.SPECIFIC, specific={E1: {"a": 5, "b": -1, "later": 2}, E2: {"a": -2}}),
+            {E1: {"a": 5, "b": 4, "later": 2}, E2: {"a": 0}},
+        ),
+        (
+            StartingOffsets(StartKind.SPECIFIC, specific={E1: {"a": -1}}),
+            {E1: {"a": 10, "b": 0}, E2: {"a": 0}},
+        ),
+    ],
+)
+def test_starting_offsets(spec: StartingOffsets, expected: dict) -> None:
+    assert starting_offsets(spec, LISTINGS) == expected
+
+
+def test_starting_offsets_by_time_are_clamped_to_the_logs() -> None:
+    spec = StartingOffsets(StartKind.TIMESTAMP, timestamp_ms=1)
+    resolved = {E1: {"a": 1, "b": 2}, E2: {"a": 99}}
+    assert starting_offsets(spec, LISTINGS, resolved) == {E1: {"a": 3, "b": 2}, E2: {"a": 7}}
+
+
+def test_a_broker_down_at_start_contributes_nothing_yet() -> None:
+    assert starting_offsets(StartingOffsets(StartKind.LATEST), {E1: listing(a=(0, 5))}) == {E1: {"a": 5}}
+
+
+# end offsets
+
+
+def test_listed_topics_advance_to_their_log_end_and_unlisted_ones_are_kept() -> None:
+    start = {E1: {"a": 4, "gone": 7}, E2: {"x": 1}}  # edge2 is down: no listing
+    end = end_offsets(start, {E1: listing(a=(0, 9))})
+    assert end == {E1: {"a": 9, "gone": 7}, E2: {"x": 1}}
+
+
+def test_nothing_new_returns_the_same_json_as_start() -> None:
+    start = json.loads(json.dumps({E1: {"a": 9, "b": 2}, E2: {"c": 0}}))
+    end = end_offsets(start, {E1: listing(b=(0, 2), a=(0, 9)), E2: listing(c=(0, 0))})
+    assert json.dumps(end) == json.dumps(start)
+
+
+def test_new_topics_are_read_from_their_log_start() -> None:
+    end = end_offsets({E1: {"a": 2}}, {E1: listing(a=(0, 2), new=(5, 8), empty=(3, 3))})
+    assert end == {E1: {"a": 2, "new": 8}}
+    plan = partitions({E1: {"a": 2}}, end, {E1: listing(a=(0, 2), new=(5, 8))})
+    assert plan.partitions == (PartitionPlan(E1, (Slice("new", 5, 8),)),)
+
+
+def test_a_new_topic_whose_broker_is_down_at_planning_reads_from_the_log_start_it_finds() -> None:
+    plan = partitions({}, {E1: {"new": 3}}, {})
+    assert plan.partitions == (PartitionPlan(E1, (Slice("new", 0, 3, from_log_start=True),)),)
+
+
+def test_max_records_is_shared_in_proportion_to_backlog_and_never_exceeded() -> None:
+    start = {E1: {"big": 0, "small": 0}, E2: {"mid": 0}}
+    listings = {E1: listing(big=(0, 600), small=(0, 100)), E2: listing(mid=(0, 300))}
+    end = end_offsets(start, listings, max_records=100)
+    assert end == {E1: {"big": 60, "small": 10}, E2: {"mid": 30}}
+
+
+def test_max_records_rounding_adds_up_to_the_limit_and_always_progresses() -> None:
+    start = {E1: {f"t{i}": 0 for i in range(7)}}
+    listings = {E1: {f"t{i}": LogExtent(0, 1 + i) for i in range(7)}}
+    seen = start
+    total = sum(extent.end for extent in listings[E1].values())
+    batches = 0
+    while True:
+        end = end_offsets(seen, listings, max_records=3)
+        taken = sum(end[E1].values()) - sum(seen[E1].values())
+        if taken == 0:
+            break
+        assert taken == min(3, total - sum(seen[E1].values()))
+        seen, batches = end, batches + 1
+    assert seen == {E1: {f"t{i}": 1 + i for i in range(7)}}
+    assert batches == -(-total // 3)
+
+
+def test_available_now_target_caps_topics_and_ignores_what_came_after() -> None:
+    start = {E1: {"a": 0}}
+    listings = {E1: listing(a=(0, 50), late=(0, 5)), E2: listing(x=(0, 9))}
+    target = {E1: {"a": 20}}  # edge2 was down and "late" did not exist when the query started
+    end = end_offsets(start, listings, target=target)
+    assert end == {E1: {"a": 20}}
+    assert end_offsets(end, listings, target=target) == end
+
+
+# partitions
+
+
+def test_partitions_split_big_ranges_and_pack_small_ones_per_broker() -> None:
+    start = {E1: {"a": 0, "b": 10, "c": 0}, E2: {"d": 0}}
+    end = {E1: {"a": 250, "b": 20, "c": 30}, E2: {"d": 5}}
+    listings = {E1: listing(a=(0, 250), b=(0, 20), c=(0, 30)), E2: listing(d=(0, 5))}
+    plan = partitions(start, end, listings, size=100)
+    assert plan.partitions == (
+        PartitionPlan(E1, (Slice("a", 0, 100),)),
+        PartitionPlan(E1, (Slice("a", 100, 200),)),
+        PartitionPlan(E1, (Slice("a", 200, 250), Slice("b", 10, 20), Slice("c", 0, 30))),
+        PartitionPlan(E2, (Slice("d", 0, 5),)),
+    )
+    assert plan.records == 295
+    assert all(partition.records <= 100 for partition in plan.partitions)
+
+
+def test_many_quiet_topics_do_not_make_one_task_each_nor_one_huge_request() -> None:
+    count = MAX_SLICES_PER_PARTITION * 2 + 1
+    end = {E1: {f"device/{i:05}": 1 for i in range(count)}}
+    plan = partitions({}, end, {E1: {topic: LogExtent(0, 1) for topic in end[E1]}}, size=10**6)
+    assert [len(partition.slices) for partition in plan.partitions] == [
+        MAX_SLICES_PER_PARTITION,
+        MAX_SLICES_PER_PARTITION,
+        1,
+    ]
+
+
+def test_empty_batch_has_no_partitions() -> None:
+    assert partitions({E1: {"a": 5}}, {E1: {"a": 5}}, {E1: listing(a=(0, 5))}).partitions == ()
+
+
+# data loss
+
+
+def test_retention_gap_fails_naming_broker_topic_and_offsets() -> None:
+    with pytest.raises(DataLossError) as caught:
+        end_offsets({E1: {"plant/a": 4}}, {E1: listing(plant_a=(10, 12))})
+    message = str(caught.value)
+    assert "'edge1'" in message and "'plant/a'" in message and "4" in message and "[10, 12)" in message
+    assert "failOnDataLoss=false" in message
+    with pytest.raises(DataLossError):
+        partitions({E1: {"plant/a": 4}}, {E1: {"plant/a": 12}}, {E1: listing(plant_a=(10, 12))})
+
+
+def test_retention_gap_is_skipped_and_counted_without_fail_on_data_loss() -> None:
+    start = {E1: {"a": 4, "b": 0}}
+    listings = {E1: listing(a=(10, 12), b=(0, 3))}
+    end = end_offsets(start, listings, fail=False)
+    assert end == {E1: {"a": 12, "b": 3}}
+    plan = partitions(start, end, listings, fail=False)
+    assert plan.partitions == (PartitionPlan(E1, (Slice("a", 10, 12), Slice("b", 0, 3))),)
+    assert plan.lost == (LostRange(E1, "a", 4, 10),)
+    assert plan.lost_records == 6
+
+
+def test_a_gap_with_nothing_after_it_still_moves_the_offset_past_it() -> None:
+    start = {E1: {"a": 4}}
+    end = end_offsets(start, {E1: listing(a=(10, 10))}, fail=False)
+    assert end == {E1: {"a": 10}}
+    assert partitions(start, end, {E1: listing(a=(10, 10))}, fail=False).lost_records == 6
+
+
+def test_a_recreated_log_fails_or_restarts_from_its_start() -> None:
+    start = {E1: {"a": 100}}
+    listings = {E1: listing(a=(0, 5))}
+    with pytest.raises(DataLossError, match="ends before the checkpoint"):
+        end_offsets(start, listings)
+    end = end_offsets(start, listings, fail=False)
+    assert end == {E1: {"a": 5}}
+    assert partitions(start, end, listings, fail=False).partitions == (
+        PartitionPlan(E1, (Slice("a", 0, 5),)),
+    )
