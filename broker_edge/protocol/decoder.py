@@ -202,16 +202,16 @@ class PacketDecoder:
         if packet_type == 0:
             return MalformedPacket("packet type 0 is reserved")
         name = _T(packet_type).name
-        if self.protocol_version is None:
+        if self.protocol_version is None and packet_type != _T.CONNECT:
             return ProtocolError(f"first packet must be CONNECT, got {name}")
-        if packet_type == _T.CONNECT and self.role == "server":
+        if packet_type == _T.CONNECT and self.protocol_version is not None and self.role == "server":
             return ProtocolError("second CONNECT on one connection")
         if packet_type == _T.AUTH and self.protocol_version != MQTT_5:
             return MalformedPacket("packet type 15 is reserved before MQTT 5")
         receivable = _FROM_CLIENT if self.role == "server" else _FROM_SERVER
         if packet_type not in receivable:
             return ProtocolError(f"{name} is not sent by a {'client' if self.role == 'server' else 'server'}")
-        if packet_type == _T.DISCONNECT:
+        if packet_type == _T.DISCONNECT and self.role == "client":
             return ProtocolError("a server does not send DISCONNECT before MQTT 5")
         if packet_type == _T.PUBLISH:
             if (flags >> 1) & 3 == 3:

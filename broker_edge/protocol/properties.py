@@ -6,6 +6,7 @@ from enum import IntEnum
 from typing import Any
 
 from .errors import MalformedPacket, ProtocolError
+from .reason_codes import ReasonCode
 from .wire import (
     encode_binary,
     encode_u16,
@@ -109,7 +110,8 @@ class PropertySpec:
     boolean: bool = False
     """Only 0 or 1 is allowed."""
     nonzero: bool = False
-    """0 is a protocol error."""
+    """0 is a protocol error, reported with ``zero_reason_code``."""
+    zero_reason_code: int = ReasonCode.PROTOCOL_ERROR
     repeatable_in: frozenset[int] = frozenset()
     """Packet types where it may appear more than once; such a property is a list attribute."""
 
@@ -120,7 +122,7 @@ def _spec(
     kind: PropertyType,
     packets: tuple[int, ...],
     repeatable_in: tuple[int, ...] = (),
-    **flags: bool,
+    **flags: int,
 ) -> PropertySpec:
     return PropertySpec(
         identifier, name, kind, frozenset(packets), repeatable_in=frozenset(repeatable_in), **flags
@@ -148,7 +150,14 @@ PROPERTY_SPECS: tuple[PropertySpec, ...] = (
     _spec(0x1F, "reason_string", _T.UTF8, (_CONNACK, *_ACKS, _DISCONNECT, _AUTH)),
     _spec(0x21, "receive_maximum", _T.TWO_BYTE_INT, (_CONNECT, _CONNACK), nonzero=True),
     _spec(0x22, "topic_alias_maximum", _T.TWO_BYTE_INT, (_CONNECT, _CONNACK)),
-    _spec(0x23, "topic_alias", _T.TWO_BYTE_INT, (_PUBLISH,), nonzero=True),
+    _spec(
+        0x23,
+        "topic_alias",
+        _T.TWO_BYTE_INT,
+        (_PUBLISH,),
+        nonzero=True,
+        zero_reason_code=ReasonCode.TOPIC_ALIAS_INVALID,
+    ),
     _spec(0x24, "maximum_qos", _T.BYTE, (_CONNACK,), boolean=True),
     _spec(0x25, "retain_available", _T.BYTE, (_CONNACK,), boolean=True),
     _spec(0x26, "user_properties", _T.UTF8_PAIR, _ALL_WITH_PROPERTIES, _ALL_WITH_PROPERTIES),
@@ -242,7 +251,7 @@ def decode_properties(
         if spec.boolean and value > 1:
             raise ProtocolError(f"property {name} must be 0 or 1, got {value}")
         if spec.nonzero and value == 0:
-            raise ProtocolError(f"property {name} must not be 0")
+            raise ProtocolError(f"property {name} must not be 0", spec.zero_reason_code)
         if is_list:
             values = getattr(props, name)
             if values and packet_type not in spec.repeatable_in:

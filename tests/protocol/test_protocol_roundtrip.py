@@ -2,9 +2,9 @@
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mqtt_strategies import VERSIONS, client_packets, connects, server_packets
 
 from broker_edge.protocol import MQTT_5, Connect, PacketDecoder, Properties, Publish, encode
+from tests.protocol.mqtt_strategies import VERSIONS, client_packets, connects, server_packets
 
 versions = st.sampled_from(VERSIONS)
 

@@ -2,7 +2,6 @@
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mqtt_strategies import client_packets, connects
 
 from broker_edge.protocol import (
     MQTT_5,
@@ -19,6 +18,7 @@ from broker_edge.protocol import (
     Unsubscribe,
     encode,
 )
+from tests.protocol.mqtt_strategies import client_packets, connects
 
 SESSION = [
     Connect(protocol_version=MQTT_5, client_id="dev-1", properties=Properties(session_expiry_interval=60)),
