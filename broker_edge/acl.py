@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Literal
 
 from broker_edge.config import ConfigError, load_dataclass, load_yaml_file
+from broker_edge.protocol.topics import topic_matches
 
-__all__ = ["AccessControl", "AclConfig", "AclRule", "filter_covers", "filters_overlap", "topic_matches"]
+__all__ = ["AccessControl", "AclConfig", "AclRule", "filter_covers", "filters_overlap"]
 
 _SUBSTITUTIONS = ("%u", "%c")
 
@@ -101,29 +102,6 @@ def _pattern_problem(pattern: str) -> str | None:
         if "%" in level and level not in _SUBSTITUTIONS:
             return f"'%u' and '%c' must be whole levels, and no other '%' is allowed: {pattern!r}"
     return None
-
-
-def _matches_levels(pattern: list[str], topic: list[str]) -> bool:
-    for i, level in enumerate(pattern):
-        if level == "#":
-            return True
-        if i >= len(topic):
-            return False
-        if level != "+" and level != topic[i]:
-            return False
-    return len(pattern) == len(topic)
-
-
-def topic_matches(pattern: str, topic: str) -> bool:
-    """Whether topic name ``topic`` matches filter ``pattern`` (MQTT rules: ``#`` also matches the parent).
-
-    A wildcard in the first level does not match a topic starting with ``$`` (``#`` does not match
-    ``$SYS/...``), as in MQTT subscriptions.
-    """
-    p, t = pattern.split("/"), topic.split("/")
-    if topic.startswith("$") and p[0] in ("+", "#"):
-        return False
-    return _matches_levels(p, t)
 
 
 def filter_covers(pattern: str, topic_filter: str) -> bool:

@@ -317,18 +317,15 @@ class PasswordFile:
                 "password file %s is readable by other users (mode %o); use 0600", self.path, mode & 0o777
             )
 
-    def _cached(self, username: str, parsed: _ParsedHash, password: bytes) -> bytes | None:
-        """The cache digest of ``password`` if this exact stored hash was verified with it before, else None.
-
-        Returns the digest (truthy) on a hit and ``None`` on a miss.
-        """
+    def _cached(self, username: str, parsed: _ParsedHash, password: bytes) -> bool:
+        """Whether ``password`` was verified before against this very stored hash (not a replaced one)."""
         if not self._cache_enabled:
-            return None
+            return False
         hit = self._cache.get(username)
         if hit is None or hit[0] is not parsed:
-            return None
+            return False
         digest = hmac.new(self._cache_key, password, hashlib.sha256).digest()
-        return digest if hmac.compare_digest(hit[1], digest) else None
+        return hmac.compare_digest(hit[1], digest)
 
     def _remember(self, username: str, parsed: _ParsedHash, password: bytes) -> None:
         if self._cache_enabled:
@@ -347,7 +344,7 @@ class PasswordFile:
         if parsed is None:
             _verify_parsed(_DUMMY, password)
             return False
-        if self._cached(username, parsed, password) is not None:
+        if self._cached(username, parsed, password):
             return True
         if _verify_parsed(parsed, password):
             self._remember(username, parsed, password)
@@ -359,7 +356,7 @@ class PasswordFile:
         if password is None:
             return False
         parsed = self._entries.get(username)
-        if parsed is not None and self._cached(username, parsed, password) is not None:
+        if parsed is not None and self._cached(username, parsed, password):
             return True
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(_hash_executor(), self.verify, username, password)

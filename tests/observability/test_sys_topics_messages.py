@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from broker_edge.acl import topic_matches
 from broker_edge.config import ConfigError, load_dataclass
 from broker_edge.metrics import BrokerMetrics
+from broker_edge.protocol.topics import topic_matches
 from broker_edge.sys_topics import SysTopicsConfig, sys_topic_messages
 
 
