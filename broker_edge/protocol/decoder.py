@@ -161,9 +161,10 @@ class PacketDecoder:
         size = len(buf)
         pos = 0
         max_packet_size = self.max_packet_size
+        accepted = self._accepted
         while pos < size:
             first = buf[pos]
-            if first not in self._accepted:
+            if first not in accepted:
                 raise self._first_byte_error(first)
             # Remaining length: checked as each byte arrives, so a bad or huge length fails before the body.
             body = pos + 1
@@ -193,6 +194,7 @@ class PacketDecoder:
                 packets.append(self._decode_publish(first, buf, view, body, end))
             else:
                 packets.append(_BODY_DECODERS[first >> 4](self, first, buf, view, body, end))
+                accepted = self._accepted  # CONNECT switches to the packets of its protocol version
             pos = end
         return pos
 
@@ -318,9 +320,12 @@ class PacketDecoder:
                 raise ProtocolError("packet identifier 0")
         properties = None
         if self.protocol_version == MQTT_5:
-            properties, pos = decode_properties(buf, view, pos, end, _T.PUBLISH)
-            if properties is not None and properties.subscription_identifiers and self.role == "server":
-                raise ProtocolError("a client PUBLISH must not carry a subscription identifier")
+            if pos < end and buf[pos] == 0:  # no properties: the common case, skip the table walk
+                pos += 1
+            else:
+                properties, pos = decode_properties(buf, view, pos, end, _T.PUBLISH)
+                if properties is not None and properties.subscription_identifiers and self.role == "server":
+                    raise ProtocolError("a client PUBLISH must not carry a subscription identifier")
         if not topic or "+" in topic or "#" in topic or "\x00" in topic:
             self._reject_topic_name(topic, properties)
         return Publish(

@@ -214,10 +214,7 @@ _WRITERS: dict[PropertyType, Callable[[Any], bytes]] = {
     _T.BINARY: encode_binary,
     _T.UTF8_PAIR: _encode_pair,
 }
-_DECODE_TABLE = {
-    spec.identifier: (spec, spec.name, _READERS[spec.type], bool(spec.repeatable_in))
-    for spec in PROPERTY_SPECS
-}
+_DECODE_TABLE = {spec.identifier: (spec, spec.name, _READERS[spec.type]) for spec in PROPERTY_SPECS}
 _ENCODE_TABLE = tuple(
     (spec.name, bytes((spec.identifier,)), _WRITERS[spec.type], bool(spec.repeatable_in))
     for spec in PROPERTY_SPECS
@@ -244,15 +241,13 @@ def decode_properties(
         entry = _DECODE_TABLE.get(buf[pos])
         if entry is None:
             raise MalformedPacket(f"unknown property identifier 0x{buf[pos]:02X}")
-        spec, name, reader, is_list = entry
+        spec, name, reader = entry
         if packet_type not in spec.packet_types:
             raise MalformedPacket(f"property {name} is not allowed on this packet")
         value, pos = reader(buf, view, pos + 1, stop)
-        if spec.boolean and value > 1:
-            raise ProtocolError(f"property {name} must be 0 or 1, got {value}")
-        if spec.nonzero and value == 0:
-            raise ProtocolError(f"property {name} must not be 0", spec.zero_reason_code)
-        if is_list:
+        if (spec.boolean and value > 1) or (spec.nonzero and value == 0):
+            _raise_out_of_range(spec, value)
+        if spec.repeatable_in:
             values = getattr(props, name)
             if values and packet_type not in spec.repeatable_in:
                 raise ProtocolError(f"property {name} appears more than once")
@@ -262,6 +257,12 @@ def decode_properties(
         else:
             setattr(props, name, value)
     return props, stop
+
+
+def _raise_out_of_range(spec: PropertySpec, value: int) -> None:
+    if spec.boolean:
+        raise ProtocolError(f"property {spec.name} must be 0 or 1, got {value}")
+    raise ProtocolError(f"property {spec.name} must not be 0", spec.zero_reason_code)
 
 
 def encode_properties(props: Properties | None) -> bytes:
