@@ -107,6 +107,8 @@ class PropertySpec:
     name: str
     type: PropertyType
     packet_types: frozenset[int]
+    topic_name: bool = False
+    """The value is a topic name: non-empty, no wildcards (a protocol error otherwise)."""
     boolean: bool = False
     """Only 0 or 1 is allowed."""
     nonzero: bool = False
@@ -134,7 +136,7 @@ PROPERTY_SPECS: tuple[PropertySpec, ...] = (
     _spec(0x01, "payload_format_indicator", _T.BYTE, (_PUBLISH, WILL), boolean=True),
     _spec(0x02, "message_expiry_interval", _T.FOUR_BYTE_INT, (_PUBLISH, WILL)),
     _spec(0x03, "content_type", _T.UTF8, (_PUBLISH, WILL)),
-    _spec(0x08, "response_topic", _T.UTF8, (_PUBLISH, WILL)),
+    _spec(0x08, "response_topic", _T.UTF8, (_PUBLISH, WILL), topic_name=True),
     _spec(0x09, "correlation_data", _T.BINARY, (_PUBLISH, WILL)),
     _spec(0x0B, "subscription_identifiers", _T.VARINT, (_PUBLISH, _SUBSCRIBE), (_PUBLISH,), nonzero=True),
     _spec(0x11, "session_expiry_interval", _T.FOUR_BYTE_INT, (_CONNECT, _CONNACK, _DISCONNECT)),
@@ -247,6 +249,8 @@ def decode_properties(
         value, pos = reader(buf, view, pos + 1, stop)
         if (spec.boolean and value > 1) or (spec.nonzero and value == 0):
             _raise_out_of_range(spec, value)
+        if spec.topic_name and (not value or "+" in value or "#" in value):
+            raise ProtocolError(f"property {name} is not a valid topic name: {value!r}")
         if spec.repeatable_in:
             values = getattr(props, name)
             if values and packet_type not in spec.repeatable_in:

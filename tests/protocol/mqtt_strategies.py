@@ -59,6 +59,8 @@ _VALUES = {
 def _value(spec):
     if spec.boolean:
         return st.integers(0, 1)
+    if spec.topic_name:
+        return topic_names
     values = _VALUES[spec.type]
     return values.filter(bool) if spec.nonzero else values
 

@@ -375,6 +375,14 @@ CASES = [
         MalformedPacket,
         MALFORMED,
     ),
+    (
+        "wildcard in response topic",
+        frame(0x30, string("a"), props(b"\x08", string("reply/#"))),
+        V5,
+        "server",
+        ProtocolError,
+        PROTOCOL,
+    ),
     ("payload format 2", frame(0x30, string("a"), props(b"\x01\x02")), V5, "server", ProtocolError, PROTOCOL),
     (
         "topic alias 0",
