@@ -1,0 +1,219 @@
+"""The broker's configuration schema: one dataclass tree, loaded from YAML by ``load_broker_config``.
+
+Every section embeds the dataclass of the module that uses it (``LimitsConfig`` from ``limits``,
+``TlsConfig`` from ``tls``, ...), so a key is documented once, next to the code that reads it; the
+commented ``conf/broker.yaml`` lists every key with its default. No file at all gives a broker that works at
+once: one plain TCP listener on 127.0.0.1:1883 that accepts anonymous clients because only this machine can
+reach it (the Mosquitto 2 rule). A listener on any other address requires authentication unless it says
+``allow_anonymous: true``; one that would accept nobody (no password file, no client certificates, anonymous
+refused) is a configuration error naming that listener.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from broker_edge.acl import AclConfig
+from broker_edge.admin_http import AdminHttpConfig
+from broker_edge.auth import AuthConfig, anonymous_allowed, is_loopback_host
+from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file
+from broker_edge.limits import LimitsConfig
+from broker_edge.logs import LoggingConfig
+from broker_edge.storage.config import StorageConfig
+from broker_edge.sys_topics import SysTopicsConfig
+from broker_edge.tls import TlsConfig
+
+__all__ = [
+    "BrokerConfig",
+    "BrokerStorageConfig",
+    "ListenerConfig",
+    "MqttConfig",
+    "OffsetsApiConfig",
+    "RetainConfig",
+    "SessionsConfig",
+    "load_broker_config",
+]
+
+ListenerType = Literal["tcp", "tls", "websocket", "wss"]
+
+
+@dataclass
+class ListenerConfig:
+    """One address the broker accepts MQTT clients on."""
+
+    name: str = "default"
+    """Unique name; it labels metrics and log lines."""
+    type: ListenerType = "tcp"
+    """``tcp`` (plain MQTT), ``tls`` (MQTT over TLS), ``websocket`` or ``wss`` (MQTT over WebSocket)."""
+    host: str = "127.0.0.1"
+    """Address to bind; ``0.0.0.0`` / ``::`` accept from every interface (then authentication is required)."""
+    port: int = 1883
+    """TCP port; 0 picks a free one (tests read it back from ``Broker.ports``)."""
+    path: str = "/mqtt"
+    """HTTP path of a WebSocket listener (subprotocol ``mqtt``)."""
+    tls: TlsConfig | None = None
+    """Certificate and key of a ``tls`` or ``wss`` listener (optionally client certificates)."""
+    allow_anonymous: bool | None = None
+    """Accept clients without a username here; unset = ``auth.allow_anonymous``, else only on loopback."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("name", "must not be empty")
+        if self.type not in ("tcp", "tls", "websocket", "wss"):
+            raise ConfigError("type", f"expected tcp, tls, websocket or wss, got {self.type!r}")
+        if isinstance(self.port, bool) or not 0 <= self.port <= 65_535:
+            raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
+        if self.type in ("tls", "wss") and self.tls is None:
+            raise ConfigError("tls", f"a {self.type} listener needs tls.certfile and tls.keyfile")
+        if self.type in ("tcp", "websocket") and self.tls is not None:
+            raise ConfigError("tls", f"a {self.type} listener does not use TLS (use type tls or wss)")
+        if not self.path.startswith("/"):
+            raise ConfigError("path", f"must start with '/', got {self.path!r}")
+
+    @property
+    def websocket(self) -> bool:
+        return self.type in ("websocket", "wss")
+
+
+@dataclass
+class SessionsConfig:
+    """How long sessions of disconnected clients are kept."""
+
+    max_session_expiry_s: int = 7 * 24 * 3600
+    """Upper bound of any session's expiry (v5 Session Expiry Interval is capped to it); also how long an
+    MQTT 3.1.1 session with clean session 0 lives after its client disconnects."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_session_expiry_s, bool) or not 0 <= self.max_session_expiry_s <= 0xFFFFFFFF:
+            raise ConfigError(
+                "max_session_expiry_s", f"must be between 0 and 4294967295, got {self.max_session_expiry_s!r}"
+            )
+
+
+@dataclass
+class RetainConfig:
+    """Retained messages."""
+
+    enabled: bool = True
+    """Keep retained messages (v5 CONNACK says Retain Available = 0 when false, and RETAIN publishes are refused)."""
+    max_retained: int = 100_000
+    """Topics holding a retained message; a new one beyond it is not retained (0 = unlimited)."""
+
+    def __post_init__(self) -> None:
+        if self.max_retained < 0:
+            raise ConfigError("max_retained", f"must be >= 0, got {self.max_retained}")
+
+
+@dataclass
+class MqttConfig:
+    """Protocol features the broker offers to MQTT 5 clients."""
+
+    topic_alias_maximum: int = 64
+    """Topic aliases a client may use towards the broker (advertised in CONNACK; 0 = none)."""
+    outgoing_topic_aliases: bool = True
+    """Use topic aliases towards clients that accept them (their Topic Alias Maximum), saving bandwidth."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.topic_alias_maximum <= 0xFFFF:
+            raise ConfigError(
+                "topic_alias_maximum", f"must be between 0 and 65535, got {self.topic_alias_maximum}"
+            )
+
+
+@dataclass(slots=True)
+class BrokerStorageConfig(StorageConfig):
+    """The commitlog: ``StorageConfig`` (persistence rules, durability, retention) plus where it lives."""
+
+    enabled: bool = True
+    """Append QoS 1/2 publishes (per ``persist`` rules) to per-topic logs before acknowledging them."""
+    directory: str = "timestone-data"
+    """Directory of the logs (created if missing); relative paths are relative to the working directory."""
+    retention_interval_s: float = 60.0
+    """Seconds between two passes that delete segments past their retention."""
+
+    def __post_init__(self) -> None:
+        if self.enabled and not self.directory:
+            raise ConfigError("directory", "must name a directory when storage is enabled")
+        if self.retention_interval_s <= 0:
+            raise ConfigError("retention_interval_s", f"must be > 0, got {self.retention_interval_s}")
+
+
+@dataclass
+class OffsetsApiConfig:
+    """The HTTP offsets API over the commitlog (Spark source, peers, tools), on its own port."""
+
+    enabled: bool = True
+    """Serve the API (needs ``storage.enabled``)."""
+    host: str = "127.0.0.1"
+    """Address to bind; a non-loopback address requires ``token``."""
+    port: int = 9884
+    """TCP port; 0 picks a free one."""
+    token: str | None = None
+    """Bearer token every request must carry; unset = no authentication (loopback only)."""
+    tls: TlsConfig | None = None
+    """Serve HTTPS with this certificate."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.port, bool) or not 0 <= self.port <= 65_535:
+            raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
+        if self.enabled and not self.token and not is_loopback_host(self.host):
+            raise ConfigError("token", f"required when the offsets API listens on non-loopback {self.host!r}")
+
+
+def _default_listeners() -> list[ListenerConfig]:
+    return [ListenerConfig()]
+
+
+@dataclass
+class BrokerConfig:
+    """Everything a broker reads at start; each section is documented in docs/configuration.md."""
+
+    listeners: list[ListenerConfig] = field(default_factory=_default_listeners)
+    """MQTT listeners (at least one)."""
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    acl: AclConfig = field(default_factory=AclConfig)
+    storage: BrokerStorageConfig = field(default_factory=BrokerStorageConfig)
+    offsets_api: OffsetsApiConfig = field(default_factory=OffsetsApiConfig)
+    admin_http: AdminHttpConfig = field(default_factory=AdminHttpConfig)
+    sys_topics: SysTopicsConfig = field(default_factory=SysTopicsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    sessions: SessionsConfig = field(default_factory=SessionsConfig)
+    retain: RetainConfig = field(default_factory=RetainConfig)
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
+
+    def __post_init__(self) -> None:
+        if not self.listeners:
+            raise ConfigError("listeners", "at least one listener is required")
+        seen: set[str] = set()
+        for index, listener in enumerate(self.listeners):
+            if listener.name in seen:
+                raise ConfigError(f"listeners[{index}].name", f"duplicate listener name {listener.name!r}")
+            seen.add(listener.name)
+            if not self.listener_allows_anonymous(listener) and not self.auth.password_file:
+                client_certs = listener.tls is not None and listener.tls.require_client_cert
+                if not client_certs:
+                    raise ConfigError(
+                        f"listeners[{index}]",
+                        f"listener {listener.name!r} on {listener.host} would accept nobody: it requires "
+                        "authentication (not loopback) but there is no auth.password_file and no client "
+                        "certificates; set allow_anonymous: true to accept anonymous clients",
+                    )
+        if self.offsets_api.enabled and not self.storage.enabled:
+            self.offsets_api.enabled = False
+
+    def listener_allows_anonymous(self, listener: ListenerConfig) -> bool:
+        """The effective anonymous rule of a listener: its own setting, then ``auth``, then loopback-only."""
+        setting = (
+            listener.allow_anonymous if listener.allow_anonymous is not None else self.auth.allow_anonymous
+        )
+        return anonymous_allowed(setting, listener.host)
+
+
+def load_broker_config(path: str | Path | None = None) -> BrokerConfig:
+    """The configuration in ``path`` (YAML), or the defaults when ``path`` is None."""
+    if path is None:
+        return BrokerConfig()
+    return load_dataclass(BrokerConfig, load_yaml_file(path))

@@ -1,0 +1,381 @@
+"""One client connection: bytes in through the decoder to the handlers, packets out in one write per loop turn.
+
+A ``Connection`` is transport-agnostic: ``transports.tcp`` makes it the ``asyncio.Protocol`` of a TCP or TLS
+socket, ``transports.websocket`` feeds it WebSocket messages. It owns what belongs to the network connection
+(protocol version, keepalive, the will, topic aliases, the incoming receive-maximum count, the rate limiter)
+and writes for its ``Session``, which owns what survives a reconnect.
+
+Writes are batched: packets produced while handling one read (or one fanout) are collected in ``_out`` and
+handed to the transport with one ``writelines`` at the end of the loop iteration (``Broker.schedule_flush``),
+so a subscriber receiving from a hundred publishers in one iteration costs one system call, not a hundred.
+
+Idle connections are small: every attribute is a slot, and containers (topic aliases, the write batch) are
+created on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from broker_edge.delivery import Message
+from broker_edge.protocol.codec import PacketDecoder, encode
+from broker_edge.protocol.errors import MQTTError, UnsupportedProtocolVersion
+from broker_edge.protocol.packets import (
+    MQTT_5,
+    ConnAck,
+    Disconnect,
+    PubAck,
+    PubComp,
+    PubRec,
+    PubRel,
+)
+from broker_edge.protocol.properties import Properties
+from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
+
+if TYPE_CHECKING:
+    from broker_edge.limits import TokenBucket
+    from broker_edge.protocol.packets import Will
+    from broker_edge.server import Broker, ListenerRuntime
+    from broker_edge.session import Session
+
+__all__ = ["CLOSED", "CONNECTED", "Connection"]
+
+log = logging.getLogger("broker_edge.connection")
+
+NEW, AUTHENTICATING, CONNECTED, CLOSED = 0, 1, 2, 3
+NO_LIMIT = 1 << 62
+
+
+class Connection(asyncio.Protocol):
+    """The broker side of one network connection (see the module docstring)."""
+
+    __slots__ = (
+        "_out",
+        "aliases_in",
+        "backlog",
+        "broker",
+        "bucket",
+        "client_id",
+        "deadline",
+        "decoder",
+        "incoming_pending",
+        "keepalive",
+        "listener",
+        "max_packet_out",
+        "paused",
+        "peer_cn",
+        "refused",
+        "rx",
+        "send_quota",
+        "session",
+        "state",
+        "throttled",
+        "transport",
+        "v5",
+        "version",
+        "will",
+        "will_delay",
+    )
+
+    def __init__(self, broker: Broker, listener: ListenerRuntime) -> None:
+        self.broker = broker
+        self.listener = listener
+        self.transport: Any = None
+        self.decoder = PacketDecoder(broker.config.limits.max_packet_size)
+        self.session: Session | None = None
+        self.client_id = ""
+        self.version = 0
+        self.v5 = False
+        self.state = NEW
+        self.keepalive = 0
+        self.rx = False
+        self.deadline = 0.0
+        self._out: list[bytes] | None = None
+        self.paused = False
+        self.send_quota = broker.config.limits.max_inflight_out
+        self.max_packet_out = NO_LIMIT
+        self.aliases_in: dict[int, str] | None = None
+        self.incoming_pending = 0
+        self.bucket: TokenBucket | None = None
+        self.throttled = False
+        self.will: Will | None = None
+        self.will_delay = 0
+        self.backlog: list | None = None
+        self.refused: str | None = None
+        self.peer_cn: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Connection({self.client_id!r}, listener={self.listener.name!r}, state={self.state})"
+
+    # -- transport events ---------------------------------------------------------------------------------
+
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        self.transport = transport
+        self.broker.connection_opened(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.state == CLOSED:
+            return
+        self.rx = True
+        self.listener.stats.bytes_in += len(data)
+        try:
+            packets = self.decoder.feed(data)
+        except MQTTError as error:
+            for packet in error.packets_before:
+                self._dispatch(packet)
+                if self.state == CLOSED:
+                    return
+            self.protocol_error(error)
+            return
+        for packet in packets:
+            self._dispatch(packet)
+            if self.state == CLOSED:
+                return
+
+    def _dispatch(self, packet: Any) -> None:
+        if self.state == AUTHENTICATING:
+            if self.backlog is None:
+                self.backlog = []
+            self.backlog.append(packet)
+            return
+        if self.refused is not None:
+            self._refuse_admission(packet)
+            return
+        HANDLERS[type(packet)](self, packet)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.state == CLOSED and self.transport is None:
+            return
+        was_connected = self.state == CONNECTED
+        self.state = CLOSED
+        self._out = None
+        self.broker.connection_closed(self, was_connected)
+        session = self.session
+        if session is not None:
+            self.session = None
+            if session.connection is self:
+                self.broker.router.connection_closed(
+                    session, self.will, self.will_delay, self.broker.loop.time()
+                )
+        self.will = None
+        self.transport = None
+
+    def pause_writing(self) -> None:
+        """The transport's buffer passed ``limits.outgoing_buffer_bytes``: this subscriber is slow."""
+        self.paused = True
+        self.broker.count_drop("slow_subscriber_events")
+        if self.broker.config.limits.slow_subscriber_policy == "disconnect":
+            self.log().warning("slow subscriber disconnected (outgoing buffer full)")
+            self.broker.loop.call_soon(self.abort)
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.session is not None and self.state == CONNECTED:
+            self.session.drain()
+
+    # -- writing ------------------------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        out = self._out
+        if out is None:
+            if self.state == CLOSED:
+                return
+            self._out = [data]
+            self.broker.schedule_flush(self)
+        else:
+            out.append(data)
+
+    def flush(self) -> None:
+        out = self._out
+        if out is None:
+            return
+        self._out = None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if len(out) == 1:
+            data = out[0]
+            self.listener.stats.bytes_out += len(data)
+            transport.write(data)
+        else:
+            self.listener.stats.bytes_out += sum(map(len, out))
+            transport.writelines(out)
+
+    def send_packet(self, packet: Any) -> None:
+        self.write(encode(packet, self.version))
+
+    def send_message(
+        self,
+        message: Message,
+        qos: int,
+        retain: bool,
+        subscription_ids: tuple[int, ...],
+        packet_id: int | None,
+        dup: bool = False,
+    ) -> bool:
+        """Write one delivery; False when it was dropped (slow subscriber, larger than the client accepts)."""
+        if qos == 0 and self.paused:
+            self.broker.count_drop("slow_subscriber")
+            return False
+        template = message.template(self.v5, qos, retain, subscription_ids)
+        head = template.head
+        if qos == 0:
+            if len(head) > self.max_packet_out:
+                self.broker.count_drop("too_large")
+                return False
+            out = self._out
+            if out is None:
+                if self.state == CLOSED:
+                    return False
+                self._out = [head]
+                self.broker.schedule_flush(self)
+            else:
+                out.append(head)
+        else:
+            tail = template.tail
+            if len(head) + 2 + len(tail) > self.max_packet_out:
+                self.broker.count_drop("too_large")
+                return False
+            if dup:
+                head = bytes((head[0] | 0x08,)) + head[1:]
+            out = self._out
+            if out is None:
+                if self.state == CLOSED:
+                    return False
+                out = self._out = []
+                self.broker.schedule_flush(self)
+            out.append(head)
+            out.append(packet_id.to_bytes(2, "big"))  # type: ignore[union-attr]
+            out.append(tail)
+        self.listener.stats.sent[qos] += 1
+        return True
+
+    def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None:
+        self.write(encode(PubRel(packet_id, reason_code), self.version))
+
+    def send_puback(self, packet_id: int, reason_code: int = 0) -> None:
+        self.write(encode(PubAck(packet_id, reason_code if self.v5 else 0), self.version))
+
+    def send_pubrec(self, packet_id: int, reason_code: int = 0) -> None:
+        self.write(encode(PubRec(packet_id, reason_code if self.v5 else 0), self.version))
+
+    def send_pubcomp(self, packet_id: int, reason_code: int = 0) -> None:
+        self.write(encode(PubComp(packet_id, reason_code if self.v5 else 0), self.version))
+
+    # -- closing ------------------------------------------------------------------------------------------
+
+    def close(self, reason_code: int | None = None, reason_string: str | None = None) -> None:
+        """Close after writing what is pending; a v5 client first gets DISCONNECT with ``reason_code``."""
+        if self.state == CLOSED:
+            return
+        if reason_code is not None and self.v5 and self.state == CONNECTED:
+            props = Properties(reason_string=reason_string) if reason_string else None
+            self.write(encode(Disconnect(reason_code, props), MQTT_5))
+        self.flush()
+        transport = self.transport
+        if transport is not None:
+            transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def protocol_error(self, error: MQTTError) -> None:
+        """A packet broke the protocol: tell a v5 client why (DISCONNECT or CONNACK), then close."""
+        self.log().info("protocol error, closing: %s (0x%02X)", error.message, error.reason_code)
+        if self.state == NEW:
+            self.broker.count_refused("protocol_error")
+            if isinstance(error, UnsupportedProtocolVersion):
+                code = (
+                    ReasonCode.UNSUPPORTED_PROTOCOL_VERSION
+                    if error.protocol_version == MQTT_5
+                    else ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION
+                )
+                version = MQTT_5 if error.protocol_version == MQTT_5 else 4
+                self.write(encode(ConnAck(False, code), version))
+            elif self.decoder.protocol_version == MQTT_5:
+                self.write(encode(ConnAck(False, error.reason_code), MQTT_5))
+            self.flush()
+            if self.transport is not None:
+                self.transport.close()
+            return
+        self.close(error.reason_code, error.message)
+
+    def taken_over(self) -> None:
+        """Another connection claimed this client id (MQTT 3.1.4-3): DISCONNECT 0x8E and let go of the session.
+
+        The will follows the normal rule (sent now unless delayed; a delayed will is cancelled if the new
+        connection resumes the session, sent at once if it starts clean).
+        """
+        self.log().info("session taken over by a new connection")
+        session = self.session
+        if session is not None:
+            self.session = None
+            if session.connection is self:
+                session.detach()
+                will, self.will = self.will, None
+                if will is not None:
+                    if self.will_delay <= 0:
+                        self.broker.router.publish_will(will, self.client_id)
+                    else:
+                        session.will = will
+                        session.will_at = self.broker.loop.time() + self.will_delay
+        self.close(ReasonCode.SESSION_TAKEN_OVER)
+
+    def _refuse_admission(self, packet: Any) -> None:
+        """Admission refused for rate: a v5 client learns why from CONNACK 0x9F; a v3 client is just closed."""
+        if getattr(packet, "protocol_version", 0) == MQTT_5:
+            self.write(encode(ConnAck(False, ReasonCode.CONNECTION_RATE_EXCEEDED), MQTT_5))
+        self.flush()
+        self.state = CLOSED
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- timers (called by the broker's sweep, about once a second) ----------------------------------------
+
+    def check_timers(self, now: float) -> None:
+        state = self.state
+        if state == CONNECTED:
+            if self.rx:
+                self.rx = False
+                if self.keepalive:
+                    self.deadline = now + self.keepalive * 1.5
+            elif self.keepalive and now >= self.deadline:
+                self.log().info("keep alive timeout (%d s)", self.keepalive)
+                self.close(ReasonCode.KEEP_ALIVE_TIMEOUT)
+        elif state == NEW and now >= self.deadline:
+            self.broker.count_refused("connect_timeout")
+            self.log().info("no CONNECT within %.1f s", self.broker.config.limits.connect_timeout_s)
+            self.abort()
+
+    # -- flow control of incoming publishes ----------------------------------------------------------------
+
+    def throttle(self, now: float) -> None:
+        """Over its message rate: stop reading until the bucket has a token again (TCP pushes back)."""
+        if self.throttled or self.bucket is None:
+            return
+        self.throttled = True
+        self.broker.count_drop("rate_limited")
+        self.transport.pause_reading()
+        delay = self.bucket.seconds_until(now)
+        self.broker.loop.call_later(min(max(delay, 0.001), 60.0), self._unthrottle)
+
+    def _unthrottle(self) -> None:
+        self.throttled = False
+        if self.state != CLOSED and self.transport is not None:
+            self.transport.resume_reading()
+
+    def log(self) -> logging.LoggerAdapter:
+        from broker_edge.logs import connection_logger
+
+        peer = ""
+        if self.transport is not None:
+            address = self.transport.get_extra_info("peername")
+            if address:
+                peer = f"{address[0]}:{address[1]}"
+        return connection_logger(self.client_id or "-", self.listener.name, peer)
+
+
+from broker_edge.handlers import HANDLERS  # noqa: E402  (handlers import this module's state constants)

@@ -1,0 +1,138 @@
+"""The routed message and its outgoing encodings, computed once and shared by every subscriber.
+
+A PUBLISH fanned out to N subscribers is encoded once per distinct variant — protocol family (v3 / v5),
+QoS, RETAIN flag, v5 subscription identifiers and remaining message expiry — and the resulting bytes are
+handed to every subscriber of that variant: QoS 0 subscribers all write the same ``bytes`` object, QoS 1/2
+subscribers write ``head + packet id + tail``. Logged messages carry their log offset to v5 subscribers as the
+user property ``offset``; that is part of the shared encoding, not a per-subscriber cost.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+
+from broker_edge.protocol.codec import PublishTemplate, encode_publish_template
+from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5
+from broker_edge.protocol.properties import Properties
+
+__all__ = ["Message", "forwarded_properties", "frame_size"]
+
+
+class Message:
+    """One application message inside the broker, from the PUBLISH that brought it to every delivery.
+
+    ``properties`` are the v5 properties to forward (never a topic alias or subscription identifier);
+    ``origin`` is the publishing client id (for No Local); ``offset`` is its log offset once appended;
+    ``expires_at`` is a ``time.monotonic()`` deadline from the v5 Message Expiry Interval.
+    """
+
+    __slots__ = (
+        "_cache",
+        "expires_at",
+        "offset",
+        "origin",
+        "payload",
+        "properties",
+        "qos",
+        "retain",
+        "topic",
+    )
+
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int = 0,
+        retain: bool = False,
+        properties: Properties | None = None,
+        origin: str = "",
+        offset: int | None = None,
+        expires_at: float | None = None,
+    ) -> None:
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.properties = properties
+        self.origin = origin
+        self.offset = offset
+        self.expires_at = expires_at
+        self._cache: dict | None = None
+
+    def __repr__(self) -> str:
+        return f"Message({self.topic!r}, {len(self.payload)} bytes, qos={self.qos}, offset={self.offset})"
+
+    def expired(self, now: float | None = None) -> bool:
+        if self.expires_at is None:
+            return False
+        return (time.monotonic() if now is None else now) >= self.expires_at
+
+    def template(
+        self, v5: bool, qos: int, retain: bool, subscription_ids: tuple[int, ...] = ()
+    ) -> PublishTemplate:
+        """The encoded PUBLISH for one delivery variant; the same object for every subscriber of the variant."""
+        expiry = None
+        if self.expires_at is not None and v5:
+            expiry = max(1, math.ceil(self.expires_at - time.monotonic()))
+        if subscription_ids or expiry is not None:
+            key: object = (v5, qos, retain, subscription_ids, expiry)
+        else:
+            key = (v5 << 3) | (qos << 1) | retain
+        cache = self._cache
+        if cache is None:
+            cache = self._cache = {}
+        else:
+            found = cache.get(key)
+            if found is not None:
+                return found
+        properties = self._delivery_properties(subscription_ids, expiry) if v5 else None
+        found = cache[key] = encode_publish_template(
+            self.topic,
+            self.payload,
+            MQTT_5 if v5 else MQTT_3_1_1,
+            qos=qos,
+            retain=retain,
+            properties=properties,
+        )
+        return found
+
+    def _delivery_properties(
+        self, subscription_ids: tuple[int, ...], expiry: int | None
+    ) -> Properties | None:
+        base = self.properties
+        if self.offset is None and not subscription_ids and expiry is None:
+            return base
+        props = copy.copy(base) if base is not None else Properties()
+        props.user_properties = list(props.user_properties)
+        if self.offset is not None:
+            props.user_properties.append(("offset", str(self.offset)))
+        props.subscription_identifiers = list(subscription_ids)
+        props.message_expiry_interval = expiry
+        return props
+
+
+def frame_size(template: PublishTemplate) -> int:
+    """Bytes on the wire of one delivery of ``template`` (for the client's Maximum Packet Size)."""
+    return len(template.head) + 2 + len(template.tail) if template.qos else len(template.head)
+
+
+def forwarded_properties(props: Properties | None) -> tuple[Properties | None, int | None]:
+    """The v5 properties of an incoming PUBLISH (or will) to forward, and its Message Expiry Interval.
+
+    Topic alias and subscription identifiers are per hop and never forwarded; the expiry is kept apart
+    because each delivery sends what remains of it (MQTT 3.3.2.3.3).
+    """
+    if props is None:
+        return None, None
+    expiry = props.message_expiry_interval
+    if props.topic_alias is None and expiry is None and not props.subscription_identifiers:
+        return props, None
+    forwarded = copy.copy(props)
+    forwarded.topic_alias = None
+    forwarded.message_expiry_interval = None
+    forwarded.subscription_identifiers = []
+    if forwarded.is_empty():
+        return None, expiry
+    return forwarded, expiry

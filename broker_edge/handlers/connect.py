@@ -1,0 +1,185 @@
+"""CONNECT: client id, authentication, session takeover or resume, keepalive, will, CONNACK (MQTT 3.1, 3.2).
+
+Password checks may take a hash (tens of milliseconds), so they run off the loop (``PasswordFile.verify_async``)
+while the connection reads nothing further (packets that already arrived wait in ``backlog``). Everything else
+is synchronous. CONNACK is written before the session's in-flight messages are resent, as the spec orders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from typing import TYPE_CHECKING
+
+from broker_edge.connection import AUTHENTICATING, CLOSED, CONNECTED, NEW, NO_LIMIT
+from broker_edge.protocol.codec import encode
+from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect
+from broker_edge.protocol.properties import Properties
+from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
+
+if TYPE_CHECKING:
+    from broker_edge.connection import Connection
+
+__all__ = ["handle_connect"]
+
+_log = logging.getLogger("broker_edge.connection")
+
+_RC = ReasonCode
+_V3 = ConnectReturnCode
+
+
+def handle_connect(conn: Connection, packet: Connect) -> None:
+    broker = conn.broker
+    limits = broker.config.limits
+    conn.version = packet.protocol_version
+    conn.v5 = v5 = packet.protocol_version == MQTT_5
+    client_id = packet.client_id
+    assigned = False
+    if len(client_id) > limits.max_client_id_length or len(client_id.encode()) > limits.max_client_id_length:
+        _refuse(conn, _RC.CLIENT_IDENTIFIER_NOT_VALID, _V3.IDENTIFIER_REJECTED, "client_id_invalid")
+        return
+    if not client_id:
+        if not v5 and not packet.clean_start:
+            # MQTT 3.1.1 3.1.3-8: a zero-byte client id needs clean session 1.
+            _refuse(conn, _RC.CLIENT_IDENTIFIER_NOT_VALID, _V3.IDENTIFIER_REJECTED, "client_id_invalid")
+            return
+        client_id = "auto-" + secrets.token_hex(8)
+        assigned = True
+    conn.client_id = client_id
+    props = packet.properties
+    if props is not None and props.authentication_method is not None:
+        _refuse(conn, _RC.BAD_AUTHENTICATION_METHOD, _V3.NOT_AUTHORIZED, "bad_auth_method")
+        return
+
+    username = packet.username
+    if username is None and conn.peer_cn is not None:
+        username = conn.peer_cn  # authenticated by its client certificate
+        _accept(conn, packet, client_id, assigned, username)
+        return
+    if username is None:
+        if not conn.listener.allow_anonymous:
+            _refuse(conn, _RC.NOT_AUTHORIZED, _V3.NOT_AUTHORIZED, "anonymous")
+            return
+        _accept(conn, packet, client_id, assigned, None)
+        return
+    passwords = broker.passwords
+    if passwords is None:
+        if conn.listener.allow_anonymous:  # no password file: a username is only a label
+            _accept(conn, packet, client_id, assigned, username)
+        else:
+            _refuse(conn, _RC.BAD_USER_NAME_OR_PASSWORD, _V3.BAD_USERNAME_OR_PASSWORD, "bad_credentials")
+        return
+    conn.state = AUTHENTICATING
+    conn.transport.pause_reading()
+    task = broker.loop.create_task(passwords.verify_async(username, packet.password))
+    task.add_done_callback(lambda done: _after_password(conn, packet, client_id, assigned, username, done))
+
+
+def _after_password(
+    conn: Connection, packet: Connect, client_id: str, assigned: bool, username: str, done: asyncio.Task
+) -> None:
+    if conn.state == CLOSED:
+        return
+    conn.state = NEW
+    if conn.transport is not None:
+        conn.transport.resume_reading()
+    ok = not done.cancelled() and done.exception() is None and done.result()
+    if not ok:
+        _refuse(conn, _RC.BAD_USER_NAME_OR_PASSWORD, _V3.BAD_USERNAME_OR_PASSWORD, "bad_credentials")
+        return
+    _accept(conn, packet, client_id, assigned, username)
+    backlog, conn.backlog = conn.backlog, None
+    for queued in backlog or ():
+        if conn.state == CLOSED:
+            return
+        conn._dispatch(queued)
+
+
+def _refuse(conn: Connection, v5_code: int, v3_code: int, reason: str) -> None:
+    conn.broker.count_refused(reason)
+    conn.log().info("connection refused: %s", reason)
+    conn.write(encode(ConnAck(False, v5_code if conn.v5 else v3_code), conn.version))
+    conn.flush()
+    conn.state = CLOSED
+    if conn.transport is not None:
+        conn.transport.close()
+
+
+def _accept(conn: Connection, packet: Connect, client_id: str, assigned: bool, username: str | None) -> None:
+    broker = conn.broker
+    config = broker.config
+    limits = config.limits
+    v5 = conn.v5
+    props = packet.properties
+    will = packet.will
+    if will is not None:
+        if broker.acl is not None and not broker.acl.can_publish(client_id, username, will.topic):
+            _refuse(conn, _RC.NOT_AUTHORIZED, _V3.NOT_AUTHORIZED, "not_authorized")
+            return
+        if will.retain and not config.retain.enabled:
+            _refuse(conn, _RC.RETAIN_NOT_SUPPORTED, _V3.NOT_AUTHORIZED, "retain_not_supported")
+            return
+
+    max_expiry = config.sessions.max_session_expiry_s
+    if v5:
+        requested = (
+            props.session_expiry_interval if props and props.session_expiry_interval is not None else 0
+        )
+        expiry = min(requested, max_expiry)
+    else:
+        requested = expiry = 0 if packet.clean_start else max_expiry
+
+    router = broker.router
+    now = broker.loop.time()
+    existing = router.sessions.get(client_id)
+    if existing is not None and existing.connection is not None:
+        existing.connection.taken_over()
+    session, present = router.open_session(client_id, packet.clean_start, expiry, now)
+    session.username = username
+    conn.session = session
+
+    keepalive = packet.keep_alive
+    ack = Properties() if v5 else None
+    if v5:
+        if keepalive == 0 or keepalive > limits.max_keepalive_s:
+            keepalive = limits.max_keepalive_s
+            ack.server_keep_alive = keepalive  # type: ignore[union-attr]
+        if expiry != requested:
+            ack.session_expiry_interval = expiry  # type: ignore[union-attr]
+        if props is not None:
+            if props.receive_maximum is not None:
+                conn.send_quota = min(props.receive_maximum, limits.max_inflight_out)
+            if props.maximum_packet_size is not None:
+                conn.max_packet_out = props.maximum_packet_size
+        ack.receive_maximum = limits.receive_maximum  # type: ignore[union-attr]
+        ack.maximum_packet_size = limits.max_packet_size  # type: ignore[union-attr]
+        if config.mqtt.topic_alias_maximum:
+            ack.topic_alias_maximum = config.mqtt.topic_alias_maximum  # type: ignore[union-attr]
+        if not config.retain.enabled:
+            ack.retain_available = 0  # type: ignore[union-attr]
+        if assigned:
+            ack.assigned_client_identifier = client_id  # type: ignore[union-attr]
+    else:
+        conn.max_packet_out = NO_LIMIT
+    conn.keepalive = keepalive
+    conn.deadline = now + keepalive * 1.5 if keepalive else 0.0
+    conn.rx = False
+    conn.will = will
+    conn.will_delay = (
+        will.properties.will_delay_interval or 0 if will is not None and will.properties is not None else 0
+    )
+    conn.bucket = limits.client_message_bucket()
+    conn.state = CONNECTED
+    conn.write(encode(ConnAck(present, 0, ack), conn.version))
+    conn.listener.metrics.connected()
+    if _log.isEnabledFor(logging.INFO):
+        conn.log().info(
+            "connected: v%d clean=%s keepalive=%d session_present=%s user=%s",
+            conn.version,
+            packet.clean_start,
+            keepalive,
+            present,
+            username,
+        )
+    session.attach(conn)

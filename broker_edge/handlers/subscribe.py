@@ -1,0 +1,97 @@
+"""SUBSCRIBE: validate each filter, check ACL and quotas, add to the trie, SUBACK, then retained and replays.
+
+Each filter is answered on its own (MQTT 3.8.4): v5 reason codes say why one failed (0x8F invalid filter,
+0x87 ACL, 0x97 too many subscriptions), v3 gets 0x80. Retained messages and log replays are sent after the
+SUBACK so a client always sees the acknowledgement first.
+
+A subscription replays a topic's commitlog when it names a start: the v5 user property ``offset`` on the
+SUBSCRIBE (``<offset>``, ``earliest``, ``latest`` or ``time:<epoch-ms>``) or the v3 filter form
+``$offset/<start>/<filter>``. Replays need the commitlog; without one such a filter is refused (0x80/0x83).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from broker_edge.protocol.errors import InvalidTopic
+from broker_edge.protocol.packets import SubAck, Subscribe
+from broker_edge.protocol.reason_codes import SUBACK_FAILURE_V3, ReasonCode
+from broker_edge.protocol.topics import (
+    parse_offset_filter,
+    parse_offset_start,
+    parse_shared,
+    validate_topic_filter,
+)
+from broker_edge.subscriptions import SubscriptionOptions
+
+if TYPE_CHECKING:
+    from broker_edge.connection import Connection
+
+__all__ = ["handle_subscribe"]
+
+
+def handle_subscribe(conn: Connection, packet: Subscribe) -> None:
+    broker = conn.broker
+    router = broker.router
+    limits = broker.config.limits
+    session = conn.session
+    v5 = conn.v5
+    props = packet.properties
+    subscription_id = None
+    offset_text = None
+    if props is not None:
+        if props.subscription_identifiers:
+            subscription_id = props.subscription_identifiers[0]
+        for key, value in props.user_properties:
+            if key == "offset":
+                offset_text = value
+    codes: list[int] = []
+    after_ack: list = []
+    for sub in packet.subscriptions:
+
+        def fail(v5_code: int) -> None:
+            codes.append(v5_code if v5 else SUBACK_FAILURE_V3)
+
+        try:
+            start, key = parse_offset_filter(sub.topic_filter)
+            if start is None and offset_text is not None:
+                try:
+                    start = parse_offset_start(offset_text)
+                except ValueError as exc:
+                    raise InvalidTopic(str(exc), ReasonCode.TOPIC_FILTER_INVALID) from None
+            group, topic_filter = parse_shared(key)
+            validate_topic_filter(topic_filter)
+        except InvalidTopic:
+            fail(ReasonCode.TOPIC_FILTER_INVALID)
+            continue
+        if len(key.encode()) > limits.max_topic_length or key.count("/") >= limits.max_topic_levels:
+            fail(ReasonCode.TOPIC_FILTER_INVALID)
+            continue
+        if broker.acl is not None and not broker.acl.can_subscribe(
+            conn.client_id, session.username, topic_filter
+        ):  # type: ignore[union-attr]
+            broker.count_drop("subscribe_denied")
+            fail(ReasonCode.NOT_AUTHORIZED)
+            continue
+        if start is not None and (broker.replays is None or group is not None):
+            fail(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
+            continue
+        existing = session.subscriptions.get(key) if session.subscriptions else None  # type: ignore[union-attr]
+        if existing is None and router.subscription_count(session) >= limits.max_subscriptions_per_client:  # type: ignore[arg-type]
+            fail(ReasonCode.QUOTA_EXCEEDED)
+            continue
+        options = SubscriptionOptions(
+            sub.qos, sub.no_local, sub.retain_as_published, sub.retain_handling, subscription_id
+        )
+        is_new = router.subscribe(session, key, topic_filter, group, options)  # type: ignore[arg-type]
+        codes.append(sub.qos)
+        if start is not None:
+            after_ack.append(("replay", topic_filter, options, start))
+        elif group is None and (sub.retain_handling == 0 or (sub.retain_handling == 1 and is_new)):
+            after_ack.append(("retained", topic_filter, options, None))
+    conn.send_packet(SubAck(packet.packet_id, codes))
+    for kind, topic_filter, options, start in after_ack:
+        if kind == "retained":
+            router.send_retained(session, topic_filter, options)  # type: ignore[arg-type]
+        else:
+            broker.replays.start(session, topic_filter, start)

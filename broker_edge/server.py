@@ -1,0 +1,487 @@
+"""The Broker: wires config, listeners, router, commitlog, metrics and HTTP endpoints; runs the one timer.
+
+``Broker(config)`` then ``await broker.start()`` binds every listener (``broker.ports`` has the bound ports,
+so port 0 works) and ``await broker.stop()`` closes them, tells v5 clients why (DISCONNECT 0x8B) and flushes
+the commitlog. Everything runs on the calling event loop; nothing here starts a thread except the store's
+writer and the password hasher.
+
+There is one periodic callback, ``_sweep``, every second: keepalive and CONNECT timeouts over all
+connections, delayed wills and session expiry (``Router.tick``), counters into Prometheus, ``$SYS`` topics
+and log retention when their intervals come. No connection owns a timer or a task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter
+
+from broker_edge.acl import AccessControl
+from broker_edge.admin_http import create_admin_app, start_admin_server
+from broker_edge.auth import PasswordFile
+from broker_edge.config.broker import BrokerConfig, ListenerConfig
+from broker_edge.connection import CLOSED, Connection
+from broker_edge.delivery import Message
+from broker_edge.metrics import BrokerMetrics
+from broker_edge.protocol.reason_codes import ReasonCode
+from broker_edge.router import Router
+from broker_edge.sys_topics import sys_topic_messages
+from broker_edge.tls import server_ssl_context
+
+if TYPE_CHECKING:
+    import ssl
+
+    from broker_edge.metrics import ListenerMetrics
+
+__all__ = ["Broker", "ListenerRuntime", "ListenerStats"]
+
+log = logging.getLogger("broker_edge.server")
+
+BROKER_VERSION = "0.1.0"
+SWEEP_INTERVAL_S = 1.0
+
+
+class ListenerStats:
+    """Plain-integer counters of one listener, added into Prometheus once a second (no lock per packet)."""
+
+    __slots__ = ("bytes_in", "bytes_out", "received", "sent")
+
+    def __init__(self) -> None:
+        self.received = [0, 0, 0]
+        self.sent = [0, 0, 0]
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+
+class ListenerRuntime:
+    """A listener's config with what connections need at hand: its counters, TLS context, anonymous rule."""
+
+    __slots__ = ("allow_anonymous", "config", "metrics", "name", "port", "ssl_context", "stats", "tls")
+
+    def __init__(self, config: ListenerConfig, allow_anonymous: bool, metrics: ListenerMetrics) -> None:
+        self.config = config
+        self.name = config.name
+        self.allow_anonymous = allow_anonymous
+        self.metrics = metrics
+        self.stats = ListenerStats()
+        self.tls = config.tls is not None
+        self.ssl_context: ssl.SSLContext | None = server_ssl_context(config.tls) if config.tls else None
+        self.port = config.port
+
+
+class _FlushBeforeScrape:
+    """A collector that yields nothing but first adds pending counters, so /metrics is never stale."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self) -> list:
+        self._broker.flush_stats()
+        return []
+
+
+class Broker:
+    """An MQTT 3.1.1 / 5.0 broker with a commitlog (see docs/broker.md)."""
+
+    def __init__(self, config: BrokerConfig | None = None) -> None:
+        self.config = config = config if config is not None else BrokerConfig()
+        registry = CollectorRegistry()
+        registry.register(_FlushBeforeScrape(self))
+        self.metrics = BrokerMetrics(registry)
+        self.throttled_total = Counter(
+            "timestone_broker_client_throttled",
+            "Times a client's reading was paused for its message rate.",
+            registry=registry,
+        )
+        self.router = Router(
+            config.limits,
+            max_retained=config.retain.max_retained,
+            retain_enabled=config.retain.enabled,
+            count_drop=self.count_drop,
+        )
+        self.router.publish_hook = self.publish_message
+        self.acl: AccessControl | None = None
+        if config.acl.rules or config.acl.file or config.acl.default:
+            self.acl = AccessControl.from_config(config.acl)
+        self.passwords: PasswordFile | None = None
+        if config.auth.password_file:
+            self.passwords = PasswordFile.load(config.auth.password_file)
+        self.admission = config.limits.connection_admission()
+        self.store: Any = None
+        self.replays: Any = None
+        self.connections: set[Connection] = set()
+        self.listeners: list[ListenerRuntime] = []
+        self.ports: dict[str, int] = {}
+        """Listener name → bound port (after ``start``)."""
+        self.admin_port: int | None = None
+        self.offsets_port: int | None = None
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self.started_at = 0.0
+        self._servers: list[Any] = []
+        self._runners: list[Any] = []
+        self._dirty: list[Connection] = []
+        self._flush_scheduled = False
+        self._drops: dict[str, int] = {}
+        self._refused: dict[str, int] = {}
+        self._flushed: dict[str, list[int]] = {}
+        self._sweep_handle: asyncio.TimerHandle | None = None
+        self._next_sys = 0.0
+        self._next_retention = 0.0
+        self._log_batch: list[tuple[Connection | None, Message | None, int | None, int]] = []
+        self._log_batch_scheduled = False
+        self._stopping = False
+        self.stopped = asyncio.Event()
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.started_at = time.time()
+        config = self.config
+        if config.storage.enabled:
+            self._open_store()
+        try:
+            for listener_config in config.listeners:
+                runtime = ListenerRuntime(
+                    listener_config,
+                    config.listener_allows_anonymous(listener_config),
+                    self.metrics.for_listener(listener_config.name),
+                )
+                self.listeners.append(runtime)
+                if listener_config.websocket:
+                    from broker_edge.transports.websocket import start_websocket_listener
+
+                    runner = await start_websocket_listener(self, runtime)
+                    self._runners.append(runner)
+                    runtime.port = runner.addresses[0][1]
+                else:
+                    from broker_edge.transports.tcp import start_tcp_listener
+
+                    server = await start_tcp_listener(self, runtime)
+                    self._servers.append(server)
+                    runtime.port = server.sockets[0].getsockname()[1]
+                self.ports[runtime.name] = runtime.port
+                log.info(
+                    "listening: %s %s on %s:%d (anonymous %s)",
+                    runtime.name,
+                    listener_config.type,
+                    listener_config.host,
+                    runtime.port,
+                    "allowed" if runtime.allow_anonymous else "refused",
+                )
+            if config.admin_http.enabled:
+                app = create_admin_app(self.metrics, self.health)
+                runner, self.admin_port = await start_admin_server(
+                    app, config.admin_http.host, config.admin_http.port
+                )
+                self._runners.append(runner)
+            if self.store is not None and config.offsets_api.enabled:
+                await self._start_offsets_api()
+        except BaseException:
+            await self.stop()
+            raise
+        self._bind_gauges()
+        now = self.loop.time()
+        self._next_sys = now + (1.0 if config.sys_topics.enabled else float("inf"))
+        self._next_retention = now + config.storage.retention_interval_s
+        self._sweep_handle = self.loop.call_later(SWEEP_INTERVAL_S, self._sweep)
+
+    def _open_store(self) -> None:
+        from broker_edge.replay import ReplayManager
+        from broker_edge.storage import LogStore
+
+        directory = Path(self.config.storage.directory)
+        self.store = LogStore(directory, self.config.storage)
+        report = self.store.open()
+        if report.repaired:
+            log.warning("commitlog recovery repaired %d logs", len(report.repaired))
+        self.replays = ReplayManager(self.router, self.store, self.loop)
+        self.router.replays = self.replays
+
+    async def _start_offsets_api(self) -> None:
+        from broker_edge import offsets_api
+
+        api = self.config.offsets_api
+        ssl_context = server_ssl_context(api.tls) if api.tls else None
+        runner, self.offsets_port = await offsets_api.serve(
+            self.store, host=api.host, port=api.port, token=api.token, ssl_context=ssl_context
+        )
+        self._runners.append(runner)
+
+    async def stop(self) -> None:
+        """Stop accepting, DISCONNECT 0x8B to v5 clients, close every connection, flush the commitlog."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+        for server in self._servers:
+            server.close()
+        for conn in list(self.connections):
+            conn.close(ReasonCode.SERVER_SHUTTING_DOWN, "broker shutting down")
+        for runner in self._runners:
+            await runner.cleanup()
+        for server in self._servers:
+            await server.wait_closed()
+        if self.connections:
+            await asyncio.sleep(0)
+            for conn in list(self.connections):
+                conn.abort()
+        if self.store is not None:
+            self.store.close()
+        self.flush_stats()
+        self.stopped.set()
+
+    async def __aenter__(self) -> Broker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- connections --------------------------------------------------------------------------------------
+
+    def connection_opened(self, conn: Connection) -> None:
+        now = self.loop.time()
+        refusal = self.admission.admit(now)
+        conn.deadline = now + self.config.limits.connect_timeout_s
+        self.connections.add(conn)
+        if refusal is not None:
+            conn.refused = refusal
+            if refusal != "rate":
+                self.count_refused(refusal)
+                conn.state = CLOSED
+                conn.transport.close()
+            else:
+                self.count_refused("rate")
+
+    def connection_closed(self, conn: Connection, was_connected: bool) -> None:
+        self.connections.discard(conn)
+        if conn.refused is None:
+            self.admission.release()
+        if was_connected:
+            conn.listener.metrics.disconnected()
+
+    def schedule_flush(self, conn: Connection) -> None:
+        """Write ``conn``'s batch at the end of this loop iteration (one call_soon for all connections)."""
+        self._dirty.append(conn)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        dirty, self._dirty = self._dirty, []
+        for conn in dirty:
+            conn.flush()
+
+    # -- publishing from inside the broker ----------------------------------------------------------------
+
+    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> None:
+        """Publish as the broker itself (``$SYS``, tools, tests): routed like a client PUBLISH, logged per rules."""
+        self.publish_message(Message(topic, payload, qos, retain, None, "", None, None))
+
+    def publish_message(self, message: Message) -> None:
+        store = self.store
+        if (
+            store is not None
+            and not message.topic.startswith("$")
+            and store.should_persist(message.topic, message.qos)
+        ):
+            self.log_publish(None, message, None)
+        else:
+            self.router.publish(message)
+
+    def log_publish(self, conn: Connection | None, message: Message, packet_id: int | None) -> None:
+        """Append ``message`` to its topic's log; route and acknowledge it once the log says it is durable."""
+        from broker_edge.storage import AppendRecord, StorageError, TooManyTopics
+
+        props = message.properties
+        record = AppendRecord(
+            message.payload,
+            message.qos,
+            message.retain,
+            message.origin,
+            list(props.user_properties) if props is not None else [],
+            props.content_type if props is not None else None,
+            props.payload_format_indicator if props is not None else None,
+        )
+        try:
+            message.offset = self.store.append(message.topic, record)
+        except StorageError as exc:
+            self.count_drop("log_failed")
+            log.warning("append to %r failed: %s", message.topic, exc)
+            if conn is not None and packet_id is not None:
+                code = (
+                    ReasonCode.QUOTA_EXCEEDED
+                    if isinstance(exc, TooManyTopics)
+                    else ReasonCode.UNSPECIFIED_ERROR
+                )
+                if conn.v5:
+                    self._send_ack(conn, message.qos, packet_id, code)
+                    if message.qos == 2 and conn.session is not None and conn.session.incoming_qos2:
+                        conn.session.incoming_qos2.discard(packet_id)
+                else:
+                    conn.close()  # a v3 client cannot be told: it resends after reconnecting
+            return
+        self._log_batch.append((conn, message, packet_id, message.qos))
+        if not self._log_batch_scheduled:
+            self._log_batch_scheduled = True
+            self.loop.call_soon(self._register_durable)
+
+    def ack_after_log(self, conn: Connection, packet_id: int, qos: int, reason_code: int) -> None:
+        """Acknowledge in order behind any publish still waiting for the log (QoS 2 duplicates)."""
+        if self.store is None:
+            self._send_ack(conn, qos, packet_id, reason_code)
+            return
+        self._log_batch.append((conn, None, packet_id, qos))
+        if not self._log_batch_scheduled:
+            self._log_batch_scheduled = True
+            self.loop.call_soon(self._register_durable)
+
+    def _register_durable(self) -> None:
+        self._log_batch_scheduled = False
+        batch, self._log_batch = self._log_batch, []
+        if batch:
+            self.store.when_durable(
+                lambda: self._durable(batch), lambda exc: self._durable_failed(batch, exc)
+            )
+
+    def _durable(self, batch: list) -> None:
+        router = self.router
+        for conn, message, packet_id, qos in batch:
+            matched = 1
+            if message is not None:
+                self.metrics.log_appends_total.inc()
+                matched = router.publish(message)
+                if self.replays is not None:
+                    self.replays.appended(message)
+            if conn is None or packet_id is None or conn.state == CLOSED:
+                continue
+            if qos == 1 and message is not None and conn.incoming_pending > 0:
+                conn.incoming_pending -= 1
+            self._send_ack(conn, qos, packet_id, 0 if matched else ReasonCode.NO_MATCHING_SUBSCRIBERS)
+
+    def _durable_failed(self, batch: list, exc: BaseException) -> None:
+        log.error("commitlog write failed, %d publishes not acknowledged: %s", len(batch), exc)
+        for conn, _message, packet_id, qos in batch:
+            self.count_drop("log_failed")
+            if conn is not None and packet_id is not None and conn.state != CLOSED:
+                if conn.v5:
+                    self._send_ack(conn, qos, packet_id, ReasonCode.UNSPECIFIED_ERROR)
+                else:
+                    conn.close()
+
+    @staticmethod
+    def _send_ack(conn: Connection, qos: int, packet_id: int, reason_code: int) -> None:
+        if qos == 1:
+            conn.send_puback(packet_id, reason_code)
+        elif qos == 2:
+            conn.send_pubrec(packet_id, reason_code)
+
+    # -- counters -----------------------------------------------------------------------------------------
+
+    def count_drop(self, reason: str) -> None:
+        self._drops[reason] = self._drops.get(reason, 0) + 1
+
+    def count_refused(self, reason: str) -> None:
+        self._refused[reason] = self._refused.get(reason, 0) + 1
+
+    def drops(self, reason: str) -> int:
+        """Messages dropped for ``reason`` so far (flushed and pending)."""
+        self.flush_stats()
+        value = self.metrics.registry.get_sample_value(
+            "timestone_broker_messages_dropped_total", {"reason": reason}
+        )
+        return int(value or 0)
+
+    def flush_stats(self) -> None:
+        """Add the plain counters gathered since the last call into the Prometheus metrics."""
+        metrics = self.metrics
+        if self._drops:
+            drops, self._drops = self._drops, {}
+            for reason, count in drops.items():
+                if reason == "rate_limited":
+                    self.throttled_total.inc(count)
+                    continue
+                metrics.dropped(reason).inc(count)
+        if self._refused:
+            refused, self._refused = self._refused, {}
+            for reason, count in refused.items():
+                metrics.refused(reason).inc(count)
+        for listener in self.listeners:
+            stats = listener.stats
+            bound = listener.metrics
+            for qos in range(3):
+                if stats.received[qos]:
+                    bound.received[qos].inc(stats.received[qos])
+                    stats.received[qos] = 0
+                if stats.sent[qos]:
+                    bound.sent[qos].inc(stats.sent[qos])
+                    stats.sent[qos] = 0
+            if stats.bytes_in:
+                bound.bytes_received.inc(stats.bytes_in)
+                stats.bytes_in = 0
+            if stats.bytes_out:
+                bound.bytes_sent.inc(stats.bytes_out)
+                stats.bytes_out = 0
+
+    def _bind_gauges(self) -> None:
+        router = self.router
+        metrics = self.metrics
+        metrics.subscriptions.set_function(lambda: router.trie.count)
+        metrics.retained_messages.set_function(lambda: router.retained.count)
+        metrics.inflight.set_function(router.inflight_count)
+        metrics.sessions_online.set_function(router.online_count)
+        metrics.sessions_offline.set_function(lambda: len(router.sessions) - router.online_count())
+
+    def health(self) -> dict[str, Any]:
+        """What /health reports: ok while listening (and the commitlog accepts writes)."""
+        failure = self.store.committer.failure if self.store is not None else None
+        return {
+            "status": "ok" if not self._stopping and failure is None else "error",
+            "connections": len(self.connections),
+            "sessions": len(self.router.sessions),
+            "listeners": dict(self.ports),
+            "uptime_s": int(time.time() - self.started_at),
+            "commitlog": None if self.store is None else ("failed: " + str(failure) if failure else "ok"),
+        }
+
+    # -- the one timer ------------------------------------------------------------------------------------
+
+    def _sweep(self) -> None:
+        now = self.loop.time()
+        try:
+            for conn in list(self.connections):
+                conn.check_timers(now)
+            self.router.tick(now)
+            self.flush_stats()
+            if now >= self._next_sys:
+                self._next_sys = now + self.config.sys_topics.interval_s
+                self._publish_sys()
+            if self.store is not None and now >= self._next_retention:
+                self._next_retention = now + self.config.storage.retention_interval_s
+                report = self.store.apply_retention()
+                if report.segments_deleted:
+                    log.info(
+                        "retention deleted %d segments (%d bytes)",
+                        report.segments_deleted,
+                        report.bytes_deleted,
+                    )
+        except Exception:
+            log.exception("broker sweep failed")
+        finally:
+            if not self._stopping:
+                self._sweep_handle = self.loop.call_later(SWEEP_INTERVAL_S, self._sweep)
+
+    def _publish_sys(self) -> None:
+        messages = sys_topic_messages(self.metrics.snapshot(), BROKER_VERSION, self.started_at, time.time())
+        for topic, payload in messages.items():
+            self.router.publish(Message(topic, payload, 0, True))

@@ -1,0 +1,250 @@
+"""Session state: what survives a client's connection (MQTT 4.1) and the outgoing flow control.
+
+A session owns its subscriptions, the packet ids of QoS 1/2 messages in flight towards the client (and
+those past PUBREC), the ids of incoming QoS 2 messages not yet released, the queue of messages waiting for
+a free in-flight slot or for the client to come back, and, for logged topics, the log cursors that replace
+that queue while the client is away. It knows nothing about sockets or clocks: it writes through the
+``Connection`` attached to it (``None`` while offline) and is given times as numbers.
+
+Every container is created on first use: an idle session with one subscription costs a few hundred bytes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from broker_edge.delivery import Message
+
+if TYPE_CHECKING:
+    from broker_edge.connection import Connection
+    from broker_edge.router import Router
+
+__all__ = ["NEVER_EXPIRES", "RELEASED", "Session"]
+
+NEVER_EXPIRES = 0xFFFFFFFF
+"""v5 Session Expiry Interval meaning "does not expire"."""
+
+
+class _Released:
+    """Marks an outgoing QoS 2 packet id past PUBREC: PUBREL was sent, PUBCOMP is awaited."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "RELEASED"
+
+
+RELEASED = _Released()
+
+# An in-flight or queued delivery: (message, qos, retain flag, subscription identifiers).
+Delivery = tuple[Message, int, bool, tuple[int, ...]]
+
+
+class Session:
+    """The broker side of one client id.
+
+    ``expiry_interval`` is seconds after disconnect until the session is discarded (0 = at disconnect,
+    ``NEVER_EXPIRES`` = never, capped by the broker's maximum); ``expires_at`` is the deadline while offline.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_next_packet_id",
+        "client_id",
+        "connection",
+        "cursors",
+        "expires_at",
+        "expiry_interval",
+        "incoming_qos2",
+        "inflight",
+        "queue",
+        "queued_bytes",
+        "replays",
+        "router",
+        "subscriptions",
+        "username",
+        "will",
+        "will_at",
+    )
+
+    def __init__(self, router: Router, client_id: str, expiry_interval: int = 0) -> None:
+        self.router = router
+        self.client_id = client_id
+        self.connection: Connection | None = None
+        self.expiry_interval = expiry_interval
+        self.expires_at: float | None = None
+        self.username: str | None = None
+        self.subscriptions: dict[str, Any] | None = None
+        """Full filter as subscribed (``$share/...`` included) → ``SessionSubscription``."""
+        self.inflight: dict[int, Delivery | _Released] | None = None
+        self.queue: deque[Delivery] | None = None
+        self.queued_bytes = 0
+        self.incoming_qos2: set[int] | None = None
+        self._next_packet_id = 1
+        self.will: Any = None
+        """A will waiting for its v5 Will Delay Interval after the connection ended."""
+        self.will_at: float | None = None
+        self.cursors: dict[str, int] | None = None
+        """Logged topic → next offset to deliver, for messages that arrived while offline."""
+        self.replays: Any = None
+        """The session's ``Replay`` readers (subscriptions from a log offset), or None."""
+
+    def __repr__(self) -> str:
+        state = "online" if self.connection is not None else "offline"
+        return f"Session({self.client_id!r}, {state})"
+
+    @property
+    def online(self) -> bool:
+        return self.connection is not None
+
+    def inflight_count(self) -> int:
+        return len(self.inflight) if self.inflight else 0
+
+    # -- outgoing: the router calls deliver() for every matching subscription ----------------------------
+
+    def deliver(
+        self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...] = ()
+    ) -> None:
+        """Send now if the client is online and its in-flight window is open, else queue (QoS 1/2)."""
+        conn = self.connection
+        if qos == 0:
+            if conn is not None:
+                conn.send_message(message, 0, retain, subscription_ids, None)
+            return
+        if conn is None:
+            if message.offset is not None and self.router.log_cursors_enabled:
+                self._remember_offset(message)
+                return
+            self._enqueue((message, qos, retain, subscription_ids))
+            return
+        if self.queue or conn.paused or (self.inflight and len(self.inflight) >= conn.send_quota):
+            self._enqueue((message, qos, retain, subscription_ids))
+            return
+        self._send(conn, message, qos, retain, subscription_ids)
+
+    def _send(
+        self, conn: Connection, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]
+    ) -> None:
+        inflight = self.inflight
+        if inflight is None:
+            inflight = self.inflight = {}
+        packet_id = self._next_packet_id
+        while packet_id in inflight:
+            packet_id = packet_id % 0xFFFF + 1
+        self._next_packet_id = packet_id % 0xFFFF + 1
+        if conn.send_message(message, qos, retain, subscription_ids, packet_id):
+            inflight[packet_id] = (message, qos, retain, subscription_ids)
+
+    def _enqueue(self, delivery: Delivery) -> None:
+        limits = self.router.limits
+        size = len(delivery[0].payload)
+        queue = self.queue
+        if (
+            (queue is not None and len(queue) >= limits.max_offline_messages)
+            or self.queued_bytes + size > limits.max_offline_bytes
+            or limits.max_offline_messages == 0
+        ):
+            self.router.count_drop("queue_full")
+            return
+        if queue is None:
+            queue = self.queue = deque()
+        queue.append(delivery)
+        self.queued_bytes += size
+
+    def _remember_offset(self, message: Message) -> None:
+        """Offline, logged topic: remember where to resume instead of holding the message."""
+        cursors = self.cursors
+        if cursors is None:
+            cursors = self.cursors = {}
+        if message.topic not in cursors:
+            cursors[message.topic] = message.offset  # type: ignore[assignment]
+
+    def drain(self) -> None:
+        """Move queued messages into the in-flight window while it has room (after an ack or a resume)."""
+        conn = self.connection
+        queue = self.queue
+        if conn is None:
+            return
+        if queue:
+            quota = conn.send_quota
+            router = self.router
+            while queue and not conn.paused and (not self.inflight or len(self.inflight) < quota):
+                message, qos, retain, subscription_ids = queue.popleft()
+                self.queued_bytes -= len(message.payload)
+                if message.expires_at is not None and message.expired():
+                    router.count_drop("expired")
+                    continue
+                self._send(conn, message, qos, retain, subscription_ids)
+            if not queue:
+                self.queue = None
+                self.queued_bytes = 0
+        if self.replays is not None and not self.queue:
+            self.router.pump_replays(self)
+
+    def window_open(self) -> bool:
+        """True when one more QoS 1/2 message may be sent right now (replays read only while it is)."""
+        conn = self.connection
+        if conn is None or conn.paused or self.queue:
+            return False
+        return not self.inflight or len(self.inflight) < conn.send_quota
+
+    # -- acknowledgements from the client -----------------------------------------------------------------
+
+    def on_puback(self, packet_id: int) -> bool:
+        """QoS 1 delivery complete; False if the id was not a QoS 1 message in flight."""
+        inflight = self.inflight
+        entry = inflight.get(packet_id) if inflight else None
+        if entry is None or entry is RELEASED or entry[1] != 1:  # type: ignore[index]
+            return False
+        del inflight[packet_id]  # type: ignore[union-attr]
+        self.drain()
+        return True
+
+    def on_pubrec(self, packet_id: int, failed: bool) -> bool:
+        """QoS 2 step 1: True if PUBREL must be sent (False: unknown id, or a v5 error code ended the flow)."""
+        inflight = self.inflight
+        entry = inflight.get(packet_id) if inflight else None
+        if entry is None or entry is RELEASED:
+            return entry is RELEASED  # a repeated PUBREC is answered with PUBREL again
+        if failed:
+            del inflight[packet_id]  # type: ignore[union-attr]
+            self.drain()
+            return False
+        inflight[packet_id] = RELEASED  # type: ignore[index]
+        return True
+
+    def on_pubcomp(self, packet_id: int) -> bool:
+        inflight = self.inflight
+        if not inflight or inflight.get(packet_id) is not RELEASED:
+            return False
+        del inflight[packet_id]
+        self.drain()
+        return True
+
+    # -- connection changes -------------------------------------------------------------------------------
+
+    def attach(self, conn: Connection) -> None:
+        """The client (re)connected: resend what was in flight, with DUP, then the queue (MQTT 4.4)."""
+        self.connection = conn
+        self.expires_at = None
+        inflight = self.inflight
+        if inflight:
+            for packet_id, entry in list(inflight.items()):
+                if entry is RELEASED:
+                    conn.send_pubrel(packet_id)
+                else:
+                    message, qos, retain, subscription_ids = entry  # type: ignore[misc]
+                    if not conn.send_message(message, qos, retain, subscription_ids, packet_id, dup=True):
+                        del inflight[packet_id]
+        self.drain()
+
+    def detach(self) -> None:
+        self.connection = None
+
+    def clear_outgoing(self) -> None:
+        self.inflight = None
+        self.queue = None
+        self.queued_bytes = 0
+        self.incoming_qos2 = None
+        self.cursors = None

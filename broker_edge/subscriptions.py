@@ -1,0 +1,300 @@
+"""The subscription trie: which sessions want a topic, matched once per topic and cached.
+
+Filters are stored level by level (``a/+/c`` is the path ``a`` → ``+`` → ``c``); ``#`` is a leaf. A publish
+is matched once against the trie and the result, already merged per session (one copy per session at the
+highest granted QoS, carrying every matching subscription identifier), is cached per topic until the next
+SUBSCRIBE or UNSUBSCRIBE changes the trie. On a steady fleet most publishes are cache hits: one dict lookup.
+
+Shared subscriptions (``$share/<group>/<filter>``) live at their filter's node as ``SharedGroup`` objects: a
+match returns the groups and the router picks one member per group per message.
+
+The trie holds subscribers as opaque hashable objects (the router's sessions); it never looks inside them
+except through ``SharedGroup.pick``'s ``is_online`` callback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
+
+__all__ = ["Match", "SharedGroup", "SubscriptionOptions", "SubscriptionTrie"]
+
+
+@dataclass(slots=True)
+class SubscriptionOptions:
+    """What one subscription asked for; ``subscription_id`` is the v5 Subscription Identifier or None."""
+
+    qos: int = 0
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+    subscription_id: int | None = None
+
+
+class SharedGroup:
+    """The members of one shared subscription (group name + filter); each message goes to one of them.
+
+    Members are picked round robin, skipping offline members while any member is online, so a group keeps
+    flowing when some of its consumers are away (their persistent sessions only get messages when nobody
+    else of the group can take them).
+    """
+
+    __slots__ = ("_cursor", "_order", "filter", "members", "name")
+
+    def __init__(self, name: str, topic_filter: str) -> None:
+        self.name = name
+        self.filter = topic_filter
+        self.members: dict[Hashable, SubscriptionOptions] = {}
+        self._order: list[Hashable] = []
+        self._cursor = 0
+
+    def add(self, member: Hashable, options: SubscriptionOptions) -> None:
+        if member not in self.members:
+            self._order.append(member)
+        self.members[member] = options
+
+    def remove(self, member: Hashable) -> bool:
+        if self.members.pop(member, None) is None:
+            return False
+        self._order.remove(member)
+        return True
+
+    def pick(self, is_online: Callable[[Hashable], bool]) -> tuple[Hashable, SubscriptionOptions] | None:
+        """The next member in round-robin order, preferring online members; None if the group is empty."""
+        order = self._order
+        count = len(order)
+        if not count:
+            return None
+        start = self._cursor % count
+        for step in range(count):
+            member = order[(start + step) % count]
+            if is_online(member):
+                self._cursor = start + step + 1
+                return member, self.members[member]
+        member = order[start]
+        self._cursor = start + 1
+        return member, self.members[member]
+
+
+class Match:
+    """A topic's subscribers, merged per session; the cached unit of the trie.
+
+    ``subscribers`` holds ``(session, qos, no_local, retain_as_published, subscription_ids)`` tuples:
+    ``qos`` is the highest granted QoS among the session's matching subscriptions, ``no_local`` is true only
+    when every matching subscription asked for it, ``retain_as_published`` when any did, and
+    ``subscription_ids`` is a tuple of every matching subscription identifier (v5), usually empty.
+    """
+
+    __slots__ = ("groups", "subscribers")
+
+    def __init__(
+        self,
+        subscribers: list[tuple[Hashable, int, bool, bool, tuple[int, ...]]],
+        groups: list[SharedGroup],
+    ) -> None:
+        self.subscribers = subscribers
+        self.groups = groups
+
+    def __len__(self) -> int:
+        return len(self.subscribers) + len(self.groups)
+
+
+_EMPTY_MATCH = Match([], [])
+
+
+class _Node:
+    __slots__ = ("children", "shared", "subscribers")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node] | None = None
+        self.subscribers: dict[Hashable, SubscriptionOptions] | None = None
+        self.shared: dict[str, SharedGroup] | None = None
+
+    def is_empty(self) -> bool:
+        return not self.children and not self.subscribers and not self.shared
+
+
+class SubscriptionTrie:
+    """Topic filters → subscribers, with a per-topic match cache.
+
+    ``cache_size`` bounds the cache (entries); when it is full the cache is emptied rather than evicting
+    one entry at a time, which keeps the hit path a single lookup and the memory bounded.
+    """
+
+    __slots__ = ("_cache", "_cache_size", "_root", "count")
+
+    def __init__(self, cache_size: int = 65_536) -> None:
+        self._root = _Node()
+        self._cache: dict[str, Match] = {}
+        self._cache_size = cache_size
+        self.count = 0
+        """Subscriptions held (shared memberships included)."""
+
+    # -- changes ------------------------------------------------------------------------------------------
+
+    def add(
+        self,
+        topic_filter: str,
+        subscriber: Hashable,
+        options: SubscriptionOptions,
+        share_group: str | None = None,
+    ) -> bool:
+        """Add or replace a subscription; True if it is new (False when it replaced one)."""
+        node = self._root
+        for level in topic_filter.split("/"):
+            children = node.children
+            if children is None:
+                children = node.children = {}
+            child = children.get(level)
+            if child is None:
+                child = children[level] = _Node()
+            node = child
+        self._cache.clear()
+        if share_group is None:
+            if node.subscribers is None:
+                node.subscribers = {}
+            new = subscriber not in node.subscribers
+            node.subscribers[subscriber] = options
+        else:
+            if node.shared is None:
+                node.shared = {}
+            group = node.shared.get(share_group)
+            if group is None:
+                group = node.shared[share_group] = SharedGroup(share_group, topic_filter)
+            new = subscriber not in group.members
+            group.add(subscriber, options)
+        if new:
+            self.count += 1
+        return new
+
+    def remove(self, topic_filter: str, subscriber: Hashable, share_group: str | None = None) -> bool:
+        """Remove a subscription; False if there was none. Empty branches are pruned."""
+        path: list[tuple[_Node, str]] = []
+        node = self._root
+        for level in topic_filter.split("/"):
+            child = node.children.get(level) if node.children else None
+            if child is None:
+                return False
+            path.append((node, level))
+            node = child
+        if share_group is None:
+            if not node.subscribers or node.subscribers.pop(subscriber, None) is None:
+                return False
+            if not node.subscribers:
+                node.subscribers = None
+        else:
+            group = node.shared.get(share_group) if node.shared else None
+            if group is None or not group.remove(subscriber):
+                return False
+            if not group.members:
+                del node.shared[share_group]
+                if not node.shared:
+                    node.shared = None
+        self.count -= 1
+        self._cache.clear()
+        for parent, level in reversed(path):
+            if not node.is_empty():
+                break
+            del parent.children[level]
+            if not parent.children:
+                parent.children = None
+            node = parent
+        return True
+
+    # -- lookups ------------------------------------------------------------------------------------------
+
+    def match(self, topic: str) -> Match:
+        """Every subscriber of ``topic`` (a topic name, no wildcards), merged per session; cached."""
+        cached = self._cache.get(topic)
+        if cached is not None:
+            return cached
+        merged: dict[Hashable, list] = {}
+        groups: list[SharedGroup] = []
+        levels = topic.split("/")
+        self._collect(self._root, levels, 0, topic.startswith("$"), merged, groups)
+        if merged or groups:
+            result = Match(
+                [(s, m[0], m[1], m[2], tuple(m[3]) if m[3] else ()) for s, m in merged.items()], groups
+            )
+        else:
+            result = _EMPTY_MATCH
+        if len(self._cache) >= self._cache_size:
+            self._cache.clear()
+        self._cache[topic] = result
+        return result
+
+    def _collect(
+        self,
+        node: _Node,
+        levels: list[str],
+        index: int,
+        dollar: bool,
+        merged: dict[Hashable, list],
+        groups: list[SharedGroup],
+    ) -> None:
+        children = node.children
+        if index == len(levels):
+            _merge(node, merged, groups)
+            if children is not None:
+                hash_node = children.get("#")
+                if hash_node is not None:  # "a/#" also matches "a"
+                    _merge(hash_node, merged, groups)
+            return
+        if children is None:
+            return
+        wildcard_ok = not (dollar and index == 0)  # $-topics are not matched by a leading wildcard
+        if wildcard_ok:
+            hash_node = children.get("#")
+            if hash_node is not None:
+                _merge(hash_node, merged, groups)
+            plus_node = children.get("+")
+            if plus_node is not None:
+                self._collect(plus_node, levels, index + 1, dollar, merged, groups)
+        exact = children.get(levels[index])
+        if exact is not None:
+            self._collect(exact, levels, index + 1, dollar, merged, groups)
+
+    def subscriptions(self) -> Iterator[tuple[str, Hashable, SubscriptionOptions, str | None]]:
+        """Every ``(filter, subscriber, options, share_group)``; for diagnostics and tests, not the hot path."""
+        stack: list[tuple[_Node, list[str]]] = [(self._root, [])]
+        while stack:
+            node, path = stack.pop()
+            if path:
+                topic_filter = "/".join(path)
+                for subscriber, options in (node.subscribers or {}).items():
+                    yield topic_filter, subscriber, options, None
+                for group in (node.shared or {}).values():
+                    for subscriber, options in group.members.items():
+                        yield topic_filter, subscriber, options, group.name
+            for level, child in (node.children or {}).items():
+                stack.append((child, [*path, level]))
+
+    def cached_topics(self) -> int:
+        return len(self._cache)
+
+
+def _merge(node: _Node, merged: dict[Hashable, list], groups: list[SharedGroup]) -> None:
+    subscribers = node.subscribers
+    if subscribers:
+        for subscriber, options in subscribers.items():
+            entry = merged.get(subscriber)
+            sub_id = options.subscription_id
+            if entry is None:
+                merged[subscriber] = [
+                    options.qos,
+                    options.no_local,
+                    options.retain_as_published,
+                    [sub_id] if sub_id is not None else None,
+                ]
+                continue
+            if options.qos > entry[0]:
+                entry[0] = options.qos
+            entry[1] = entry[1] and options.no_local
+            entry[2] = entry[2] or options.retain_as_published
+            if sub_id is not None:
+                if entry[3] is None:
+                    entry[3] = [sub_id]
+                elif sub_id not in entry[3]:
+                    entry[3].append(sub_id)
+    if node.shared:
+        groups.extend(node.shared.values())

@@ -1,0 +1,1 @@
+"""Transports: how bytes reach a ``Connection`` (TCP and TLS sockets, WebSocket messages)."""

@@ -1,0 +1,52 @@
+"""MQTT over TCP and TLS: the ``asyncio.Protocol`` of each socket is its ``Connection``.
+
+No task per connection: the event loop calls ``data_received`` and the connection handles the packets in
+place. The transport's write-buffer high-water mark is ``limits.outgoing_buffer_bytes``, so
+``pause_writing`` marks a slow subscriber exactly when its unsent bytes pass that bound. For TLS the loop
+runs the handshake before ``connection_made``; ``ssl_handshake_timeout`` bounds it by the CONNECT timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from broker_edge.connection import Connection
+from broker_edge.tls import peer_common_name
+
+if TYPE_CHECKING:
+    from broker_edge.server import Broker, ListenerRuntime
+
+__all__ = ["TcpConnection", "start_tcp_listener"]
+
+
+class TcpConnection(Connection):
+    """A ``Connection`` whose transport is an asyncio TCP (or TLS) transport."""
+
+    __slots__ = ()
+
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        limit = self.broker.config.limits.outgoing_buffer_bytes
+        transport.set_write_buffer_limits(high=limit, low=limit // 2)
+        if self.listener.tls:
+            self.peer_cn = peer_common_name(transport.get_extra_info("ssl_object"))
+        super().connection_made(transport)
+
+
+async def start_tcp_listener(broker: Broker, listener: ListenerRuntime) -> asyncio.base_events.Server:
+    """Bind the listener (plain or TLS) and start accepting; returns the asyncio server."""
+    config = listener.config
+    loop = asyncio.get_running_loop()
+    ssl_context = listener.ssl_context
+    kwargs: dict[str, Any] = {}
+    if ssl_context is not None:
+        kwargs["ssl_handshake_timeout"] = broker.config.limits.connect_timeout_s
+    return await loop.create_server(
+        lambda: TcpConnection(broker, listener),
+        config.host,
+        config.port,
+        ssl=ssl_context,
+        reuse_address=True,
+        backlog=1024,
+        **kwargs,
+    )
