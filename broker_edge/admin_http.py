@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from broker_edge.config import ConfigError
 from broker_edge.metrics import BrokerMetrics
@@ -64,8 +64,10 @@ def create_admin_app(metrics: BrokerMetrics, health: Callable[[], dict[str, Any]
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[_METRICS_KEY].registry)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+    """Prometheus text format, or OpenMetrics when the scraper asks for it in ``Accept``."""
+    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    body = encode(request.app[_METRICS_KEY].registry)
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 async def _health(request: web.Request) -> web.Response:

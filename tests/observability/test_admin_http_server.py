@@ -23,6 +23,7 @@ async def fetch(
 ) -> tuple[int, str, str]:
     """Start the admin server on port 0, GET ``path``, stop it; (status, content type, body)."""
     client_ssl = server_options.pop("client_ssl", None)
+    headers = server_options.pop("headers", None)
     runner, port = await start_admin_server(
         create_admin_app(metrics, health), "127.0.0.1", 0, **server_options
     )
@@ -31,7 +32,9 @@ async def fetch(
         assert port > 0
         async with (
             aiohttp.ClientSession() as session,
-            session.get(f"{scheme}://localhost:{port}{path}", ssl=client_ssl or False) as response,
+            session.get(
+                f"{scheme}://localhost:{port}{path}", ssl=client_ssl or False, headers=headers
+            ) as response,
         ):
             return response.status, response.headers["Content-Type"], await response.text()
     finally:
@@ -53,13 +56,24 @@ def test_metrics_endpoint_serves_the_brokers_registry() -> None:
     other.for_listener("tcp").received[1].inc(1000)
     status, content_type, body = get(metrics, ok, "/metrics")
     assert status == 200
-    assert content_type.startswith("text/plain")
+    assert content_type.startswith("text/plain; version=0.0.4")
     values = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(body)
         for s in family.samples
     }
     assert values[("timestone_broker_messages_received_total", (("listener", "tcp"), ("qos", "1")))] == 7
+
+
+def test_metrics_in_openmetrics_when_asked() -> None:
+    metrics = BrokerMetrics()
+    metrics.log_appends_total.inc(2)
+    accept = "application/openmetrics-text; version=1.0.0"
+    status, content_type, body = get(metrics, ok, "/metrics", headers={"Accept": accept})
+    assert status == 200
+    assert content_type.startswith("application/openmetrics-text")
+    assert body.endswith("# EOF\n")
+    assert "timestone_broker_log_appends_total 2.0" in body
 
 
 def test_health_ok_is_200_with_the_report() -> None:
