@@ -74,10 +74,6 @@ class Router:
         self.publish_hook: Callable[[Message], None] | None = None
         """Set by the broker so wills take the same path as client PUBLISHes (log append included)."""
 
-    @property
-    def log_cursors_enabled(self) -> bool:
-        return self.replays is not None
-
     # -- publishing ---------------------------------------------------------------------------------------
 
     def publish(self, message: Message) -> int:
@@ -103,23 +99,23 @@ class Router:
         for session, qos, no_local, retain_as_published, subscription_ids in match.subscribers:
             if no_local and session.client_id == origin:
                 continue
-            if replays is not None and session.cursors is not None and replays.holds(session, message):
+            if qos > message_qos:
+                qos = message_qos
+            if session.cursors is not None and replays is not None and replays.holds(session, message, qos):
                 continue
-            session.deliver(
-                message,
-                qos if qos < message_qos else message_qos,
-                retain and retain_as_published,
-                subscription_ids,
-            )
+            session.deliver(message, qos, retain and retain_as_published, subscription_ids)
         for group in match.groups:
             picked = group.pick(_is_online)
             if picked is None:
                 continue
-            session, options = picked
-            qos = options.qos if options.qos < message_qos else message_qos
+            member, options = picked
             sub_id = options.subscription_id
-            session.deliver(  # type: ignore[attr-defined]
-                message, qos, retain and options.retain_as_published, (sub_id,) if sub_id is not None else ()
+            member.deliver(  # type: ignore[attr-defined]
+                message,
+                options.qos if options.qos < message_qos else message_qos,
+                retain and options.retain_as_published,
+                (sub_id,) if sub_id is not None else (),
+                True,
             )
         return len(match.subscribers) + len(match.groups)
 

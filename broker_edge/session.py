@@ -60,7 +60,6 @@ class Session:
         "inflight",
         "queue",
         "queued_bytes",
-        "replays",
         "router",
         "subscriptions",
         "username",
@@ -86,9 +85,7 @@ class Session:
         """A will waiting for its v5 Will Delay Interval after the connection ended."""
         self.will_at: float | None = None
         self.cursors: dict[str, int] | None = None
-        """Logged topic → next offset to deliver, for messages that arrived while offline."""
-        self.replays: Any = None
-        """The session's ``Replay`` readers (subscriptions from a log offset), or None."""
+        """Logged topic → next offset to deliver from the log (see ``broker_edge.replay``)."""
 
     def __repr__(self) -> str:
         state = "online" if self.connection is not None else "offline"
@@ -104,22 +101,34 @@ class Session:
     # -- outgoing: the router calls deliver() for every matching subscription ----------------------------
 
     def deliver(
-        self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...] = ()
+        self,
+        message: Message,
+        qos: int,
+        retain: bool,
+        subscription_ids: tuple[int, ...] = (),
+        shared: bool = False,
     ) -> None:
-        """Send now if the client is online and its in-flight window is open, else queue (QoS 1/2)."""
+        """Send now if the client is online and its in-flight window is open, else hold it (QoS 1/2).
+
+        A logged message that cannot be sent now is not copied: the session remembers its offset and reads
+        the topic's log later (``broker_edge.replay``). Shared-subscription deliveries are always copied,
+        since the log also holds what the other members of the group received.
+        """
         conn = self.connection
         if qos == 0:
             if conn is not None:
                 conn.send_message(message, 0, retain, subscription_ids, None)
             return
-        if conn is None:
-            if message.offset is not None and self.router.log_cursors_enabled:
+        if (
+            conn is None
+            or self.queue
+            or conn.paused
+            or (self.inflight and len(self.inflight) >= conn.send_quota)
+        ):
+            if message.offset is not None and not shared and self.router.replays is not None:
                 self._remember_offset(message)
-                return
-            self._enqueue((message, qos, retain, subscription_ids))
-            return
-        if self.queue or conn.paused or (self.inflight and len(self.inflight) >= conn.send_quota):
-            self._enqueue((message, qos, retain, subscription_ids))
+            else:
+                self._enqueue((message, qos, retain, subscription_ids))
             return
         self._send(conn, message, qos, retain, subscription_ids)
 
@@ -179,7 +188,7 @@ class Session:
             if not queue:
                 self.queue = None
                 self.queued_bytes = 0
-        if self.replays is not None and not self.queue:
+        if self.cursors and not self.queue:
             self.router.pump_replays(self)
 
     def window_open(self) -> bool:

@@ -1,0 +1,276 @@
+"""Log cursors: subscribers that read a topic from its commitlog until they have caught up with live traffic.
+
+A session has a cursor on a logged topic (``Session.cursors[topic] = next offset to deliver``) when
+
+* it subscribed from an offset (a replay: v5 user property ``offset``, v3 filter ``$offset/<start>/<filter>``);
+* a message for it arrived while it was offline, or while its in-flight window was full: instead of copying
+  the message into a queue, the session remembers the offset (the log *is* the offline queue).
+
+While a cursor exists the router does not hand that session live copies of the topic (``holds``): the pump
+reads the log from the cursor, in order, as fast as the session's in-flight window and write buffer allow
+(``pump``, called again on every ack and when writing resumes). The switch to live delivery is exact: a live
+message whose offset equals the cursor is delivered directly and advances it; one below the cursor was
+already delivered from the log; one above it is still to be read. Live messages are routed only once they are
+durable, in offset order, and the log serves only durable records, so the two paths see the same sequence.
+When the cursor reaches the log's end it is dropped and the session is live again.
+
+Reads are shared: a small cache of decoded messages by (topic, offset), fed by live routing and by reads,
+means many sessions catching up on the same topic share the record and its encodings (the store's tail cache
+already spares the disk for recent records).
+
+An offset below the log start (retention removed it) starts at the log start, and the broker log says so; an
+offset past the end starts at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from broker_edge.delivery import Message
+from broker_edge.protocol.properties import Properties
+from broker_edge.protocol.topics import OffsetStart, OffsetStartKind, topic_matches
+from broker_edge.storage.errors import OffsetOutOfRange, StorageError, UnknownTopic
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from broker_edge.router import Router
+    from broker_edge.session import Session
+
+__all__ = ["ReplayManager"]
+
+log = logging.getLogger(__name__)
+
+PUMP_BATCH_RECORDS = 512
+"""Records one pump call delivers to one session before yielding the loop to others."""
+READ_MAX_BYTES = 1 << 20
+SHARED_MESSAGES = 8192
+
+
+class ReplayManager:
+    """Cursor bookkeeping and log reads for every session (one per broker, owned by the router)."""
+
+    def __init__(self, router: Router, store: Any, loop: asyncio.AbstractEventLoop | None) -> None:
+        self.router = router
+        self.store = store
+        self.loop = loop
+        self._messages: dict[tuple[str, int], Message] = {}
+        self._scheduled: set[Session] = set()
+
+    # -- live routing ---------------------------------------------------------------------------------------
+
+    def holds(self, session: Session, message: Message, qos: int) -> bool:
+        """True if the live copy must not be delivered because the session reads this topic from the log."""
+        offset = message.offset
+        if offset is None:
+            return False
+        cursors = session.cursors
+        cursor = cursors.get(message.topic)  # type: ignore[union-attr]
+        if cursor is None:
+            return False
+        if offset < cursor:
+            return True  # already delivered from the log
+        if offset == cursor and session.connection is not None and (qos == 0 or session.window_open()):
+            self._advance(session, message.topic, offset + 1)
+            return False
+        return True
+
+    def appended(self, message: Message) -> None:
+        """A logged message was routed: keep it for sessions about to read the same offset."""
+        if message.offset is None:
+            return
+        messages = self._messages
+        if len(messages) >= SHARED_MESSAGES:
+            messages.clear()
+        messages[(message.topic, message.offset)] = message
+
+    # -- replays ------------------------------------------------------------------------------------------
+
+    def start(self, session: Session, topic_filter: str, start: OffsetStart) -> None:
+        """Position the session on every existing log its filter matches, then start reading."""
+        store = self.store
+        try:
+            infos = store.logs(pattern=topic_filter)
+        except (StorageError, ValueError) as exc:
+            log.warning(
+                "replay of %r not started: %s", topic_filter, exc, extra={"client_id": session.client_id}
+            )
+            return
+        cursors = session.cursors
+        if cursors is None:
+            cursors = session.cursors = {}
+        for info in infos:
+            if info.topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+                continue
+            offset = self._start_offset(info, start)
+            if offset < info.start_offset:
+                log.info(
+                    "replay of %r from %d: below the log start, starting at %d",
+                    info.topic,
+                    offset,
+                    info.start_offset,
+                    extra={"client_id": session.client_id},
+                )
+                offset = info.start_offset
+            cursors[info.topic] = min(offset, info.end_offset)
+        if not cursors:
+            session.cursors = None
+        self.pump(session)
+
+    def _start_offset(self, info: Any, start: OffsetStart) -> int:
+        kind = start.kind
+        if kind is OffsetStartKind.EARLIEST:
+            return info.start_offset
+        if kind is OffsetStartKind.LATEST:
+            return info.end_offset
+        if kind is OffsetStartKind.TIMESTAMP:
+            return self.store.offset_for_timestamp(info.topic, start.value)
+        return start.value  # type: ignore[return-value]
+
+    # -- reading ------------------------------------------------------------------------------------------
+
+    def pump(self, session: Session) -> None:
+        """Deliver from the log to ``session`` while its window and buffer allow; drop caught-up cursors."""
+        cursors = session.cursors
+        conn = session.connection
+        if not cursors or conn is None:
+            return
+        store = self.store
+        budget = PUMP_BATCH_RECORDS
+        for topic in list(cursors):
+            entry = self._subscription(session, topic)
+            if entry is None:
+                del cursors[topic]
+                continue
+            sub_qos, no_local, retain_as_published, subscription_ids = entry
+            cursor = cursors[topic]
+            while True:
+                if budget <= 0:
+                    self._schedule(session)
+                    return
+                if conn.paused or session.queue or session.connection is not conn:
+                    return
+                room = budget
+                if sub_qos:
+                    room = min(room, conn.send_quota - session.inflight_count())
+                    if room <= 0:
+                        return  # the next ack calls drain(), which pumps again
+                try:
+                    records = store.read(topic, cursor, room, READ_MAX_BYTES)
+                except OffsetOutOfRange as exc:
+                    if cursor < exc.start:
+                        log.info(
+                            "log of %r starts at %d, after the cursor %d (retention): continuing there",
+                            topic,
+                            exc.start,
+                            cursor,
+                            extra={"client_id": session.client_id},
+                        )
+                        cursor = cursors[topic] = exc.start
+                        continue
+                    records = []
+                except UnknownTopic:
+                    records = []
+                if not records:
+                    del cursors[topic]  # caught up: live delivery from here on
+                    break
+                for record in records:
+                    message = self._message(topic, record)
+                    qos = sub_qos if sub_qos < record.qos else record.qos
+                    if not (no_local and record.client_id == session.client_id):
+                        retain = retain_as_published and record.retain
+                        if qos == 0:
+                            conn.send_message(message, 0, retain, subscription_ids, None)
+                        else:
+                            session._send(conn, message, qos, retain, subscription_ids)
+                    cursor = record.offset + 1
+                    budget -= 1
+                cursors[topic] = cursor
+        if not cursors:
+            session.cursors = None
+
+    def _advance(self, session: Session, topic: str, offset: int) -> None:
+        cursors = session.cursors
+        try:
+            end = self.store.log_info(topic).end_offset
+        except StorageError:
+            end = offset
+        if offset >= end:
+            del cursors[topic]  # type: ignore[union-attr]
+            if not cursors:
+                session.cursors = None
+        else:
+            cursors[topic] = offset  # type: ignore[index]
+
+    def _schedule(self, session: Session) -> None:
+        if session in self._scheduled or self.loop is None:
+            return
+        self._scheduled.add(session)
+
+        def again() -> None:
+            self._scheduled.discard(session)
+            if not session.queue:
+                self.pump(session)
+
+        self.loop.call_soon(again)
+
+    def _message(self, topic: str, record: Any) -> Message:
+        key = (topic, record.offset)
+        message = self._messages.get(key)
+        if message is not None:
+            return message
+        props = None
+        if (
+            record.user_properties
+            or record.content_type is not None
+            or record.payload_format_indicator is not None
+        ):
+            props = Properties(
+                payload_format_indicator=record.payload_format_indicator,
+                content_type=record.content_type,
+                user_properties=list(record.user_properties),
+            )
+        message = Message(
+            topic, bytes(record.payload), record.qos, record.retain, props, record.client_id, record.offset
+        )
+        self.appended(message)
+        return message
+
+    @staticmethod
+    def _subscription(session: Session, topic: str) -> tuple[int, bool, bool, tuple[int, ...]] | None:
+        """The session's own (non-shared) subscriptions matching ``topic``, merged like the trie does."""
+        found = None
+        for entry in (session.subscriptions or {}).values():
+            if entry.group is not None or not topic_matches(entry.topic_filter, topic):
+                continue
+            options = entry.options
+            sub_id = options.subscription_id
+            if found is None:
+                found = [options.qos, options.no_local, options.retain_as_published, []]
+            else:
+                found[0] = max(found[0], options.qos)
+                found[1] = found[1] and options.no_local
+                found[2] = found[2] or options.retain_as_published
+            if sub_id is not None and sub_id not in found[3]:
+                found[3].append(sub_id)
+        if found is None:
+            return None
+        return found[0], found[1], found[2], tuple(found[3])
+
+    # -- cleanup ------------------------------------------------------------------------------------------
+
+    def forget_filter(self, session: Session, topic_filter: str) -> None:
+        """After UNSUBSCRIBE: drop cursors no remaining subscription of the session matches."""
+        cursors = session.cursors
+        if not cursors:
+            return
+        for topic in list(cursors):
+            if self._subscription(session, topic) is None:
+                del cursors[topic]
+        if not cursors:
+            session.cursors = None
+
+    def forget_session(self, session: Session) -> None:
+        session.cursors = None
+        self._scheduled.discard(session)

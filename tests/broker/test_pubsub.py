@@ -1,0 +1,186 @@
+"""Publish and subscribe with real clients: QoS both ways, wildcards, overlapping subscriptions, v5 options."""
+
+from __future__ import annotations
+
+import pytest
+from tests.broker.broker_test_clients import PahoClient, RawClient
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties as PahoProperties
+
+from broker_edge.protocol.packets import Publish, Subscribe, Subscription
+from broker_edge.protocol.properties import Properties
+
+
+@pytest.mark.parametrize("version", [4, 5, 3])
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_round_trip_every_qos_and_version(broker, version, qos):
+    sub = PahoClient(broker.port, "sub", version=version)
+    assert sub.subscribe("sensors/+/temp", qos) == [qos]
+    pub = PahoClient(broker.port, "pub", version=version)
+    pub.publish("sensors/d1/temp", b"21.5", qos)
+    [message] = sub.expect(1)
+    assert (message.topic, message.payload, message.qos, message.retain) == (
+        "sensors/d1/temp",
+        b"21.5",
+        qos,
+        False,
+    )
+
+
+def test_granted_qos_caps_delivery_and_publish_qos_caps_it_too(broker):
+    sub = PahoClient(broker.port, "sub")
+    sub.subscribe("a", 1)
+    pub = PahoClient(broker.port, "pub")
+    pub.publish("a", b"x", 2)
+    pub.publish("a", b"y", 0)
+    first, second = sub.expect(2)
+    assert (first.payload, first.qos) == (b"x", 1)
+    assert (second.payload, second.qos) == (b"y", 0)
+
+
+def test_wildcards_and_dollar_topics(broker):
+    sub = PahoClient(broker.port, "sub")
+    sub.subscribe("#", 0)
+    sub.subscribe("+/status", 0)
+    pub = PahoClient(broker.port, "pub")
+    pub.publish("$internal/status", b"hidden")  # not matched by root wildcards
+    pub.publish("room/status", b"visible")
+    [message] = sub.expect(1)
+    assert message.payload == b"visible"
+    sub.expect_none()
+    dollar = PahoClient(broker.port, "dollar")
+    dollar.subscribe("$internal/#", 0)
+    pub.publish("$internal/status", b"explicit")
+    sub.expect_none()  # the publish to $internal is refused as a broker topic: nobody gets it
+    dollar.expect_none()
+
+
+def test_hash_matches_parent_level(broker):
+    sub = PahoClient(broker.port, "sub")
+    sub.subscribe("a/#", 0)
+    pub = PahoClient(broker.port, "pub")
+    pub.publish("a", b"parent")
+    pub.publish("a/b/c", b"deep")
+    assert [m.payload for m in sub.expect(2)] == [b"parent", b"deep"]
+
+
+def test_overlapping_subscriptions_deliver_one_copy_at_highest_qos_with_every_identifier(broker):
+    raw = RawClient(broker.port, 5)
+    raw.connect("overlap")
+    raw.send_packet(Subscribe(1, [Subscription("a/+", 0)], Properties(subscription_identifiers=[7])))
+    assert raw.recv().reason_codes == [0]
+    raw.send_packet(Subscribe(2, [Subscription("a/#", 1)], Properties(subscription_identifiers=[9])))
+    assert raw.recv().reason_codes == [1]
+    raw.send_packet(Subscribe(3, [Subscription("a/b", 0)]))
+    assert raw.recv().reason_codes == [0]
+    pub = PahoClient(broker.port, "pub")
+    pub.publish("a/b", b"once", 1)
+    delivered = raw.recv()
+    assert isinstance(delivered, Publish)
+    assert delivered.qos == 1
+    assert sorted(delivered.properties.subscription_identifiers) == [7, 9]
+    pub.publish("a/c", b"second", 0)
+    nxt = raw.recv()
+    assert nxt.payload == b"second"  # and not a second copy of "once"
+
+
+def test_no_local(broker):
+    client = PahoClient(broker.port, "self")
+    client.subscribe("chat", 1, noLocal=True)
+    other = PahoClient(broker.port, "other")
+    other.subscribe("chat", 1)
+    client.publish("chat", b"mine", 1)
+    other.publish("chat", b"theirs", 1)
+    assert [m.payload for m in client.expect(1)] == [b"theirs"]
+    assert sorted(m.payload for m in other.expect(2)) == [b"mine", b"theirs"]
+
+
+def test_v5_properties_pass_through(broker):
+    sub = PahoClient(broker.port, "sub")
+    sub.subscribe("req", 1)
+    pub = PahoClient(broker.port, "pub")
+    props = PahoProperties(PacketTypes.PUBLISH)
+    props.ResponseTopic = "resp/1"
+    props.CorrelationData = b"\x01\x02"
+    props.ContentType = "application/json"
+    props.PayloadFormatIndicator = 1
+    props.UserProperty = [("k", "v"), ("k", "w")]
+    pub.publish("req", b"{}", 1, properties=props)
+    [message] = sub.expect(1)
+    got = message.properties
+    assert got.ResponseTopic == "resp/1"
+    assert got.CorrelationData == b"\x01\x02"
+    assert got.ContentType == "application/json"
+    assert got.PayloadFormatIndicator == 1
+    assert got.UserProperty == [("k", "v"), ("k", "w")]
+
+
+def test_v5_no_matching_subscribers_reason_code(broker):
+    raw = RawClient(broker.port, 5)
+    raw.connect("pub")
+    raw.send_packet(Publish("nobody/listens", b"x", 1, packet_id=5))
+    ack = raw.recv()
+    assert (ack.packet_id, ack.reason_code) == (5, 0x10)
+
+
+def test_topic_alias_from_client(broker):
+    sub = PahoClient(broker.port, "sub")
+    sub.subscribe("long/topic/name", 0)
+    raw = RawClient(broker.port, 5)
+    connack = raw.connect("aliaser")
+    assert connack.properties.topic_alias_maximum >= 1
+    raw.send_packet(Publish("long/topic/name", b"one", properties=Properties(topic_alias=1)))
+    raw.send_packet(Publish("", b"two", properties=Properties(topic_alias=1)))
+    assert [(m.topic, m.payload) for m in sub.expect(2)] == [
+        ("long/topic/name", b"one"),
+        ("long/topic/name", b"two"),
+    ]
+
+
+def test_unsubscribe(broker):
+    sub = PahoClient(broker.port, "sub")
+    sub.subscribe("a", 0)
+    sub.subscribe("b", 0)
+    result, mid = sub.client.unsubscribe("a")
+    pub = PahoClient(broker.port, "pub")
+    pub.publish("a", b"gone")
+    pub.publish("b", b"kept")
+    assert [m.payload for m in sub.expect(1)] == [b"kept"]
+
+
+def test_v5_unsuback_reason_codes(broker):
+    raw = RawClient(broker.port, 5)
+    raw.connect("u")
+    raw.subscribe("x/y", 0)
+    from broker_edge.protocol.packets import Unsubscribe
+
+    raw.send_packet(Unsubscribe(2, ["x/y", "never"]))
+    assert raw.recv().reason_codes == [0x00, 0x11]
+
+
+def test_shared_subscription_one_member_gets_each_message_round_robin(broker):
+    members = [PahoClient(broker.port, f"m{i}") for i in range(3)]
+    for member in members:
+        member.subscribe("$share/workers/jobs/+", 1)
+    plain = PahoClient(broker.port, "plain")
+    plain.subscribe("jobs/+", 1)
+    pub = PahoClient(broker.port, "pub")
+    for i in range(9):
+        pub.publish(f"jobs/{i}", str(i), 1)
+    assert len(plain.expect(9)) == 9
+    counts = [len(m.expect(3)) for m in members]
+    assert counts == [3, 3, 3]
+    for member in members:
+        member.expect_none(0.1)
+
+
+def test_shared_subscription_prefers_connected_members(broker):
+    away = PahoClient(broker.port, "away", clean=False, session_expiry=300)
+    away.subscribe("$share/g/t", 1)
+    here = PahoClient(broker.port, "here")
+    here.subscribe("$share/g/t", 1)
+    away.disconnect()
+    pub = PahoClient(broker.port, "pub")
+    for i in range(4):
+        pub.publish("t", str(i), 1)
+    assert len(here.expect(4)) == 4
