@@ -1,0 +1,397 @@
+"""The telemetry pipeline's configuration: ``conf/pipeline.yaml``'s ``telemetry`` section as dataclasses.
+
+Loaded with :func:`broker_edge.config.loader.load_dataclass`, so an unknown key or a wrong type names its
+dotted path. Cross-field rules (an expectation on a column the payload does not declare, a topic template
+without ``{device_id}``) are checked here too, because a typo there would otherwise surface as an analysis
+error inside the first micro-batch, far from the file that caused it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file
+
+#: Columns every parsed telemetry row has, besides the configured payload fields.
+STANDARD_COLUMNS: tuple[str, ...] = ("device_id", "event_time", "broker", "topic", "offset", "timestamp")
+
+#: Spark SQL type names a payload field may declare (what ``sinks.tables.parse_fields`` understands).
+PAYLOAD_TYPES: frozenset[str] = frozenset(
+    {"string", "boolean", "tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long"}
+    | {"float", "double", "date", "timestamp"}
+)
+NUMERIC_TYPES: frozenset[str] = frozenset(
+    {"tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long", "float", "double"}
+)
+
+_PLACEHOLDER = re.compile(r"^\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+_REGEX_SPECIAL = set(".^$*+?()[]{}|\\")
+
+
+@dataclass(frozen=True)
+class TopicTemplate:
+    """A topic pattern such as ``devices/{device_id}/telemetry``; each ``{name}`` fills one whole level.
+
+    It yields both the MQTT filter the source subscribes to (``devices/+/telemetry``) and a regular
+    expression whose groups extract the placeholders, written so Python and Java (Spark's ``rlike``,
+    ``regexp_extract``) read it the same way.
+    """
+
+    template: str
+
+    def __post_init__(self) -> None:
+        if not self.template or "#" in self.template or "+" in self.template:
+            raise ValueError(f"topic template {self.template!r} must be a topic name with {{placeholders}}")
+        names = [m.group(1) for level in self.levels if (m := _PLACEHOLDER.match(level))]
+        for level in self.levels:
+            if ("{" in level or "}" in level) and not _PLACEHOLDER.match(level):
+                raise ValueError(f"topic template {self.template!r}: a placeholder must fill a whole level")
+        if "device_id" not in names:
+            raise ValueError(f"topic template {self.template!r} has no {{device_id}} level")
+        if len(set(names)) != len(names):
+            raise ValueError(f"topic template {self.template!r} repeats a placeholder")
+
+    @property
+    def levels(self) -> list[str]:
+        return self.template.split("/")
+
+    @property
+    def placeholders(self) -> list[str]:
+        """Placeholder names in level order; ``regex`` group ``i + 1`` captures ``placeholders[i]``."""
+        return [m.group(1) for level in self.levels if (m := _PLACEHOLDER.match(level))]
+
+    @property
+    def topic_filter(self) -> str:
+        return "/".join("+" if _PLACEHOLDER.match(level) else level for level in self.levels)
+
+    @property
+    def regex(self) -> str:
+        parts = []
+        for level in self.levels:
+            if _PLACEHOLDER.match(level):
+                parts.append("([^/]+)")
+            else:
+                parts.append("".join(f"\\{c}" if c in _REGEX_SPECIAL else c for c in level))
+        return "^" + "/".join(parts) + "$"
+
+
+@dataclass
+class SourceConfig:
+    """Where records come from: options of the ``timestone`` streaming source."""
+
+    brokers: list[str] = field(default_factory=lambda: ["edge1=http://127.0.0.1:8081"])
+    topics: list[str] = field(default_factory=list)
+    starting_offsets: str = "earliest"
+    max_records_per_trigger: int | None = 100_000
+    fail_on_data_loss: bool = True
+    options: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.brokers:
+            raise ConfigError("brokers", "at least one broker offsets API is required")
+        if self.max_records_per_trigger is not None and self.max_records_per_trigger < 1:
+            raise ConfigError("max_records_per_trigger", "must be >= 1 (or null for no limit)")
+
+
+@dataclass
+class TablesConfig:
+    """Where the Delta tables live and which store writes them."""
+
+    root: str = ".timestone/tables"
+    backend: Literal["auto", "delta-rs", "native"] = "auto"
+
+
+@dataclass
+class StreamConfig:
+    """The streaming query: name, checkpoint and trigger."""
+
+    query_name: str = "telemetry"
+    checkpoint: str = ".timestone/checkpoints/telemetry"
+    trigger_interval: str = "1 second"
+
+
+@dataclass
+class PayloadConfig:
+    """How a telemetry record becomes a silver row."""
+
+    topic_template: str = "devices/{device_id}/telemetry"
+    fields: dict[str, str] = field(
+        default_factory=lambda: {
+            "ts": "bigint",
+            "seq": "bigint",
+            "temperature": "double",
+            "humidity": "double",
+            "battery": "double",
+            "firmware": "string",
+            "group": "string",
+        }
+    )
+    event_time_field: str | None = "ts"
+    event_time_unit: Literal["epoch_ms", "epoch_s", "iso8601"] = "epoch_ms"
+
+    def __post_init__(self) -> None:
+        try:
+            TopicTemplate(self.topic_template)
+        except ValueError as exc:
+            raise ConfigError("topic_template", str(exc)) from None
+        if not self.fields:
+            raise ConfigError("fields", "declare at least one payload field")
+        for name, type_name in self.fields.items():
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+                raise ConfigError(f"fields.{name}", "not a valid column name")
+            if type_name.strip().lower() not in PAYLOAD_TYPES:
+                raise ConfigError(
+                    f"fields.{name}", f"unknown type {type_name!r}; one of {sorted(PAYLOAD_TYPES)}"
+                )
+            if name in STANDARD_COLUMNS or name in ("event_date", "ingested_at"):
+                raise ConfigError(f"fields.{name}", "clashes with a column the pipeline adds")
+        if self.event_time_field is not None and self.event_time_field not in self.fields:
+            raise ConfigError("event_time_field", f"{self.event_time_field!r} is not one of fields")
+
+    @cached_property
+    def template(self) -> TopicTemplate:
+        return TopicTemplate(self.topic_template)
+
+    @property
+    def silver_fields(self) -> dict[str, str]:
+        """Payload columns stored in silver: every field except the one that became ``event_time``."""
+        return {n: t.strip().lower() for n, t in self.fields.items() if n != self.event_time_field}
+
+
+@dataclass
+class DedupConfig:
+    """Duplicates beyond (broker, topic, offset): one device message stored twice (re-sent, two brokers)."""
+
+    message_id_fields: list[str] = field(default_factory=lambda: ["seq"])
+    window_seconds: int = 600
+
+    def __post_init__(self) -> None:
+        if self.window_seconds < 0:
+            raise ConfigError("window_seconds", "must be >= 0")
+
+
+ExpectationType = Literal[
+    "expect_column_values_to_not_be_null",
+    "expect_column_values_to_be_between",
+    "expect_column_values_to_be_in_set",
+    "expect_column_values_to_not_be_in_set",
+    "expect_column_values_to_match_regex",
+    "expect_column_value_lengths_to_be_between",
+]
+
+
+@dataclass
+class ExpectationConfig:
+    """One row-level Great Expectations expectation; the keyword names are GX's own."""
+
+    type: ExpectationType
+    column: str
+    min_value: float | None = None
+    max_value: float | None = None
+    strict_min: bool = False
+    strict_max: bool = False
+    value_set: list[Any] | None = None
+    regex: str | None = None
+    mostly: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.mostly <= 1.0:
+            raise ConfigError("mostly", "must be between 0 and 1")
+        bounded = self.type in (
+            "expect_column_values_to_be_between",
+            "expect_column_value_lengths_to_be_between",
+        )
+        if bounded and self.min_value is None and self.max_value is None:
+            raise ConfigError("min_value", f"{self.type} needs min_value, max_value or both")
+        if not bounded and (self.min_value is not None or self.max_value is not None):
+            raise ConfigError("min_value", f"{self.type} takes no min_value/max_value")
+        in_set = self.type in ("expect_column_values_to_be_in_set", "expect_column_values_to_not_be_in_set")
+        if in_set and not self.value_set:
+            raise ConfigError("value_set", f"{self.type} needs a non-empty value_set")
+        if not in_set and self.value_set is not None:
+            raise ConfigError("value_set", f"{self.type} takes no value_set")
+        is_regex = self.type == "expect_column_values_to_match_regex"
+        if is_regex and not self.regex:
+            raise ConfigError("regex", f"{self.type} needs a regex")
+        if not is_regex and self.regex is not None:
+            raise ConfigError("regex", f"{self.type} takes no regex")
+
+    @property
+    def name(self) -> str:
+        """How quarantine rows and ``dq_results`` name this expectation: type and column."""
+        return f"{self.type}({self.column})"
+
+    def gx_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments GX's expectation class takes (unset ones left out)."""
+        kwargs: dict[str, Any] = {"column": self.column}
+        if self.min_value is not None:
+            kwargs["min_value"] = self.min_value
+        if self.max_value is not None:
+            kwargs["max_value"] = self.max_value
+        if self.type.endswith("_to_be_between"):
+            kwargs["strict_min"] = self.strict_min
+            kwargs["strict_max"] = self.strict_max
+        if self.value_set is not None:
+            kwargs["value_set"] = list(self.value_set)
+        if self.regex is not None:
+            kwargs["regex"] = self.regex
+        if self.mostly != 1.0:
+            kwargs["mostly"] = self.mostly
+        return kwargs
+
+
+@dataclass
+class SuiteConfig:
+    """A named expectation suite; every expectation of every suite gates every silver row."""
+
+    name: str
+    expectations: list[ExpectationConfig] = field(default_factory=list)
+
+
+@dataclass
+class GxRunConfig:
+    """When and how the real Great Expectations validation runs (row routing runs every batch regardless)."""
+
+    engine: Literal["pandas", "spark"] = "pandas"
+    schedule: Literal["every_batch", "every_n_batches", "interval", "never"] = "every_batch"
+    every_n_batches: int = 10
+    interval_seconds: float = 60.0
+    max_rows: int = 50_000
+
+    def __post_init__(self) -> None:
+        if self.every_n_batches < 1:
+            raise ConfigError("every_n_batches", "must be >= 1")
+        if self.interval_seconds <= 0:
+            raise ConfigError("interval_seconds", "must be > 0")
+        if self.max_rows < 1:
+            raise ConfigError("max_rows", "must be >= 1")
+
+
+@dataclass
+class QualityConfig:
+    suites: list[SuiteConfig] = field(
+        default_factory=lambda: [
+            SuiteConfig(
+                name="telemetry_basic",
+                expectations=[
+                    ExpectationConfig(type="expect_column_values_to_not_be_null", column="device_id"),
+                    ExpectationConfig(
+                        type="expect_column_values_to_be_between",
+                        column="temperature",
+                        min_value=-40.0,
+                        max_value=125.0,
+                    ),
+                ],
+            )
+        ]
+    )
+    gx: GxRunConfig = field(default_factory=GxRunConfig)
+
+    def __post_init__(self) -> None:
+        names = [suite.name for suite in self.suites]
+        if len(set(names)) != len(names):
+            raise ConfigError("suites", f"suite names must be unique, got {names}")
+
+
+@dataclass
+class DevicesConfig:
+    """Where the ``devices`` table's attributes come from."""
+
+    firmware_field: str | None = "firmware"
+    group_field: str | None = "group"
+    tag_fields: list[str] = field(default_factory=list)
+    status_topic_template: str | None = None
+    status_firmware_field: str = "firmware"
+
+    def __post_init__(self) -> None:
+        if self.status_topic_template is not None:
+            try:
+                TopicTemplate(self.status_topic_template)
+            except ValueError as exc:
+                raise ConfigError("status_topic_template", str(exc)) from None
+
+    @cached_property
+    def status_template(self) -> TopicTemplate | None:
+        return None if self.status_topic_template is None else TopicTemplate(self.status_topic_template)
+
+
+@dataclass
+class GoldConfig:
+    minute_metrics: list[str] = field(default_factory=lambda: ["temperature", "humidity", "battery"])
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
+
+
+@dataclass
+class TelemetryConfig:
+    """The whole telemetry pipeline; every section has defaults that run against a local broker."""
+
+    source: SourceConfig = field(default_factory=SourceConfig)
+    tables: TablesConfig = field(default_factory=TablesConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    payload: PayloadConfig = field(default_factory=PayloadConfig)
+    dedup: DedupConfig = field(default_factory=DedupConfig)
+    quality: QualityConfig = field(default_factory=QualityConfig)
+    gold: GoldConfig = field(default_factory=GoldConfig)
+
+    def __post_init__(self) -> None:
+        fields = self.payload.fields
+        for i, name in enumerate(self.dedup.message_id_fields):
+            if name not in fields:
+                raise ConfigError(f"dedup.message_id_fields[{i}]", f"{name!r} is not a payload field")
+        for i, name in enumerate(self.gold.minute_metrics):
+            if fields.get(name, "").lower() not in NUMERIC_TYPES or name == self.payload.event_time_field:
+                raise ConfigError(f"gold.minute_metrics[{i}]", f"{name!r} is not a numeric payload field")
+        devices = self.gold.devices
+        for key in ("firmware_field", "group_field"):
+            value = getattr(devices, key)
+            if value is not None and value not in self.payload.silver_fields:
+                raise ConfigError(f"gold.devices.{key}", f"{value!r} is not a payload field")
+        for i, name in enumerate(devices.tag_fields):
+            if name not in self.payload.silver_fields:
+                raise ConfigError(f"gold.devices.tag_fields[{i}]", f"{name!r} is not a payload field")
+        columns = set(STANDARD_COLUMNS) | set(fields)
+        for s, suite in enumerate(self.quality.suites):
+            for e, expectation in enumerate(suite.expectations):
+                if expectation.column not in columns:
+                    raise ConfigError(
+                        f"quality.suites[{s}].expectations[{e}].column",
+                        f"unknown column {expectation.column!r}; known: {', '.join(sorted(columns))}",
+                    )
+
+    @property
+    def topic_filters(self) -> list[str]:
+        """The filters the source reads: configured ones, or those of the telemetry and status templates."""
+        if self.source.topics:
+            return list(self.source.topics)
+        filters = [self.payload.template.topic_filter]
+        status = self.gold.devices.status_template
+        if status is not None and status.topic_filter not in filters:
+            filters.append(status.topic_filter)
+        return filters
+
+    def source_options(self) -> dict[str, str]:
+        """Options for ``spark.readStream.format("timestone")``."""
+        options = {
+            "brokers": ",".join(self.source.brokers),
+            "topics": ",".join(self.topic_filters),
+            "startingOffsets": self.source.starting_offsets,
+            "failOnDataLoss": str(self.source.fail_on_data_loss).lower(),
+        }
+        if self.source.max_records_per_trigger is not None:
+            options["maxRecordsPerTrigger"] = str(self.source.max_records_per_trigger)
+        options.update(self.source.options)
+        return options
+
+
+def load_telemetry_config(data: Any, path: str = "telemetry") -> TelemetryConfig:
+    """Build the config from the ``telemetry`` mapping of a parsed YAML file (None means all defaults)."""
+    return load_dataclass(TelemetryConfig, data, path)
+
+
+def load_telemetry_config_file(file: str | Path) -> TelemetryConfig:
+    """Read ``file`` (e.g. ``conf/pipeline.yaml``) and build its ``telemetry`` section."""
+    return load_telemetry_config(load_yaml_file(file).get("telemetry"))
