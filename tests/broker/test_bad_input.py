@@ -1,0 +1,149 @@
+"""Malformed and forbidden input over a raw socket: only the offending connection closes, with the right code.
+
+Every test keeps a second, well-behaved subscriber connected and checks it still gets its messages after the
+bad client was thrown out.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_edge.protocol.codec import encode
+from broker_edge.protocol.packets import Connect, Disconnect, PingReq, Publish
+from broker_edge.protocol.properties import Properties
+from tests.broker.broker_test_clients import PahoClient, RawClient
+
+
+@pytest.fixture
+def bystander(broker):
+    """A subscriber and a publisher that must keep working whatever the bad client does."""
+    sub = PahoClient(broker.port, "bystander-sub")
+    sub.subscribe("ok/#", 1)
+    pub = PahoClient(broker.port, "bystander-pub", version=4)
+
+    def still_served(tag: str) -> None:
+        pub.publish(f"ok/{tag}", tag.encode(), 1)
+        [message] = sub.expect(1)
+        assert message.payload == tag.encode()
+
+    still_served("before")
+    return still_served
+
+
+def connected(broker, version=5) -> RawClient:
+    raw = RawClient(broker.port, version)
+    assert raw.connect("bad").reason_code == 0
+    return raw
+
+
+def expect_disconnect(raw: RawClient, reason_code: int) -> None:
+    packet = raw.recv()
+    assert isinstance(packet, Disconnect), packet
+    assert packet.reason_code == reason_code
+    assert raw.closed()
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "code"),
+    [
+        ("reserved flags on PUBACK", b"\x42\x02\x00\x01", 0x81),
+        ("reserved packet type 0", b"\x00\x00", 0x81),
+        ("remaining length of five bytes", b"\x30\xff\xff\xff\xff\x01", 0x81),
+        ("qos 3 publish", b"\x36\x05\x00\x01a\x00\x01", 0x81),
+        ("invalid utf-8 topic", b"\x30\x05\x00\x02\xc3\x28\x00", 0x81),
+        ("wildcard in publish topic", b"\x30\x06\x00\x03a/#\x00", 0x90),
+        ("second CONNECT", None, 0x82),
+        (
+            "duplicated property",
+            b"\x30\x08\x00\x01a\x04\x01\x01\x01\x01",
+            0x82,
+        ),
+        ("oversized remaining length", b"\x30\xff\xff\xff\x7f", 0x95),
+        ("truncated body then garbage length", b"\x82\x04\x00\x01\x00", None),
+    ],
+)
+def test_bad_packet_closes_only_that_connection_v5(broker, bystander, name, data, code):
+    raw = connected(broker)
+    if data is None:
+        data = encode(Connect(protocol_version=5), 5)
+    raw.send(data)
+    if code is None:  # an incomplete packet: nothing happens until the rest (or the keepalive) arrives
+        raw.send(b"\x00")  # SUBSCRIBE body too short to hold a topic filter: malformed
+        expect_disconnect(raw, 0x81)
+    else:
+        expect_disconnect(raw, code)
+    bystander(name.replace(" ", "-"))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x42\x02\x00\x01",  # reserved flags
+        b"\x30\x05\x00\x02\xc3\x28\x00",  # invalid UTF-8
+        b"\x30\x05\x00\x03a/+\x00",  # wildcard in topic
+        b"\x10\x0c\x00\x04MQTT\x04\x02\x00\x3c\x00\x00",  # second CONNECT
+        b"\x30\xff\xff\xff\x7f",  # larger than the maximum packet size
+    ],
+)
+def test_bad_packet_v3_just_closes(broker, bystander, data):
+    raw = connected(broker, version=4)
+    raw.send(data)
+    assert raw.closed()
+    bystander("v3")
+
+
+def test_packet_before_connect_closes(broker, bystander):
+    raw = RawClient(broker.port, 4)
+    raw.send_packet(PingReq())
+    assert raw.closed()
+    bystander("before-connect")
+
+
+def test_garbage_instead_of_connect_closes(broker, bystander):
+    raw = RawClient(broker.port, 4)
+    raw.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert raw.closed()
+    bystander("http")
+
+
+def test_unsupported_protocol_level_gets_connack_0x01(broker, bystander):
+    raw = RawClient(broker.port, 4)
+    raw.send(b"\x10\x0c\x00\x04MQTT\x07\x02\x00\x3c\x00\x00")
+    packet = raw.recv()
+    assert packet.reason_code == 0x01
+    assert raw.closed()
+    bystander("level")
+
+
+def test_topic_alias_above_maximum_is_0x94(broker, bystander):
+    raw = connected(broker)
+    raw.send_packet(Publish("t", b"x", properties=Properties(topic_alias=60000)))
+    expect_disconnect(raw, 0x94)
+    bystander("alias")
+
+
+def test_unknown_topic_alias_is_protocol_error(broker, bystander):
+    raw = connected(broker)
+    raw.send_packet(Publish("", b"x", properties=Properties(topic_alias=3)))
+    expect_disconnect(raw, 0x82)
+    bystander("unknown-alias")
+
+
+def test_auth_packet_without_method_is_protocol_error(broker, bystander):
+    raw = connected(broker)
+    raw.send(b"\xf0\x00")
+    expect_disconnect(raw, 0x82)
+    bystander("auth")
+
+
+def test_packet_larger_than_broker_maximum_is_0x95(start_broker):
+    broker = start_broker(limits={"max_packet_size": 1024})
+    sub = PahoClient(broker.port, "sub")
+    sub.subscribe("ok", 0)
+    raw = RawClient(broker.port, 5)
+    assert raw.connect("big").properties.maximum_packet_size == 1024
+    raw.send_packet(Publish("t", b"x" * 2000))
+    expect_disconnect(raw, 0x95)
+    pub = PahoClient(broker.port, "pub")
+    pub.publish("ok", b"fine")
+    assert sub.expect(1)[0].payload == b"fine"
