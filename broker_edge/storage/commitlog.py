@@ -1,0 +1,413 @@
+"""One topic's log: dense offsets from 0, segments rolled by size or age, recovery, retention, reads.
+
+Writing is split in three steps so an owner can keep disk work off its event loop:
+
+    offset = log.append(AppendRecord(...))   # buffered in memory, offset assigned (never changes)
+    pending = log.take_pending()             # hand the buffered bytes to a writer (positions are fixed)
+    for write in pending.writes: write.run(pool, sync=True)   # in any thread, in order
+    log.complete(pending)                    # now readable: end_offset (the high watermark) advances
+
+`flush()` does the three in the calling thread. Readers only ever see records up to `end_offset`;
+`next_offset` is what the next append gets. Reads below `start_offset` raise `OffsetOutOfRange`, reads at
+`end_offset` return [] (the caller long-polls), and a damaged record raises `CorruptRecord`, never served.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import LogConfig
+from .errors import CorruptRecord, OffsetOutOfRange, RecordTooLarge
+from .file_pool import FileHandlePool
+from .record import PREFIX_SIZE, AppendRecord, Record, encode_record
+from .segment import NO_TIMESTAMP, Segment, SegmentWrite
+from .tail_cache import TailCache, TailCacheBudget
+
+log = logging.getLogger(__name__)
+
+_SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
+
+
+@dataclass(slots=True)
+class PendingWrite:
+    """What a log buffered since the previous take: run `writes` in order, then pass this to `complete`."""
+
+    writes: list[SegmentWrite]
+    end_offset: int
+    max_timestamp: int
+    bytes: int
+    marks: list[tuple[Segment, int, int, bool]] = field(repr=False)
+
+
+@dataclass(slots=True)
+class LogRecovery:
+    """What opening a log found and repaired."""
+
+    topic: str
+    segments: int = 0
+    records: int = 0
+    """Records kept across all segments."""
+    bytes_dropped: int = 0
+    """Bytes truncated from the tail (a torn or corrupt end)."""
+    indexes_rebuilt: int = 0
+    damaged_segments: list[int] = field(default_factory=list)
+    """Base offsets of non-tail segments with a damaged part that is never served."""
+
+
+@dataclass(slots=True)
+class RetentionResult:
+    """What one retention pass removed from a log."""
+
+    segments_deleted: int = 0
+    bytes_deleted: int = 0
+    start_offset: int = 0
+
+
+class CommitLog:
+    """The append-only log of one topic in `directory`; recovered from disk on construction."""
+
+    def __init__(
+        self,
+        topic: str,
+        directory: str | Path,
+        config: LogConfig | None = None,
+        *,
+        pool: FileHandlePool | None = None,
+        cache_budget: TailCacheBudget | None = None,
+    ) -> None:
+        self.topic = topic
+        self.directory = str(directory)
+        self.config = config or LogConfig()
+        self._owns_pool = pool is None
+        self._pool = pool or FileHandlePool()
+        self._cache_budget = cache_budget
+        created = not os.path.isdir(self.directory)
+        os.makedirs(self.directory, exist_ok=True)
+        self._parent_to_sync = [os.path.dirname(os.path.abspath(self.directory))] if created else []
+        self._segments: list[Segment] = []
+        self._bases: list[int] = []
+        self._max_timestamp = NO_TIMESTAMP
+        self.recovery = self._recover()
+        self._next_offset = self._segments[-1].end_offset if self._segments else 0
+        self._end_offset = self._next_offset
+        self._durable_max_timestamp = self._max_timestamp
+        self._write_from = max(0, len(self._segments) - 1)
+        self._pending_bytes = 0
+        self.last_append_size = 0
+        """Encoded size of the latest append (lets an owner total its pending bytes cheaply)."""
+        self._max_body = self.config.max_record_bytes
+        self._segment_bytes = self.config.segment_bytes
+        self._cache = TailCache(
+            self.config.tail_cache_records, self.config.tail_cache_bytes, self._next_offset, cache_budget
+        )
+        self._closed = False
+
+    # -- state ---------------------------------------------------------------------------------------
+
+    @property
+    def start_offset(self) -> int:
+        """Oldest offset still stored (moves up when retention deletes segments)."""
+        return self._segments[0].base_offset if self._segments else self._next_offset
+
+    @property
+    def end_offset(self) -> int:
+        """Offset after the last readable (written, and synced per policy) record: the high watermark."""
+        return self._end_offset
+
+    @property
+    def next_offset(self) -> int:
+        """Offset the next append gets (>= end_offset while appends are buffered)."""
+        return self._next_offset
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of readable records on disk."""
+        return sum(segment.durable_size for segment in self._segments)
+
+    @property
+    def last_append_ms(self) -> int | None:
+        """Broker time of the newest readable record (None for a log that never had one)."""
+        return None if self._durable_max_timestamp == NO_TIMESTAMP else self._durable_max_timestamp
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes appended but not yet handed to a writer."""
+        return self._pending_bytes
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    @property
+    def tail_cache(self) -> TailCache:
+        return self._cache
+
+    # -- writing -------------------------------------------------------------------------------------
+
+    def append(self, record: AppendRecord) -> int:
+        """Buffer `record` and return its offset; it becomes readable after the next completed write."""
+        offset = self._next_offset
+        timestamp = record.timestamp_ms
+        if timestamp is None:
+            timestamp = time.time_ns() // 1_000_000
+        frame = encode_record(offset, timestamp, record)
+        size = len(frame)
+        if size - PREFIX_SIZE > self._max_body:
+            raise RecordTooLarge(size, self._max_body)
+        segment = self._segments[-1] if self._segments else None
+        if segment is None or (
+            segment.count and (segment.size + size > self._segment_bytes or self._too_old(segment, timestamp))
+        ):
+            segment = self._roll(offset)
+        index_timestamp = timestamp if timestamp > self._max_timestamp else self._max_timestamp
+        self._max_timestamp = index_timestamp
+        segment.append_frame(frame, index_timestamp)
+        self._next_offset = offset + 1
+        self._pending_bytes += size
+        self.last_append_size = size
+        self._cache.add(
+            Record(
+                offset,
+                timestamp,
+                record.client_id,
+                record.qos,
+                record.retain,
+                record.payload,
+                record.user_properties,
+                record.content_type,
+                record.payload_format_indicator,
+                frame,
+            )
+        )
+        return offset
+
+    def take_pending(self) -> PendingWrite | None:
+        """Detach everything buffered (and seals of rolled segments) for a writer; None if nothing."""
+        writes: list[SegmentWrite] = []
+        marks: list[tuple[Segment, int, int, bool]] = []
+        for segment in self._segments[self._write_from :]:
+            directories: list[str] = []
+            if not segment.file_created:
+                directories = [self.directory, *self._parent_to_sync]
+                self._parent_to_sync = []
+            write = segment.take_write(directories)
+            if write is not None:
+                writes.append(write)
+                marks.append((segment, segment.count, segment.size, write.seals))
+        self._write_from = max(0, len(self._segments) - 1)
+        if not writes:
+            return None
+        pending = PendingWrite(writes, self._next_offset, self._max_timestamp, self._pending_bytes, marks)
+        self._pending_bytes = 0
+        return pending
+
+    def complete(self, pending: PendingWrite) -> None:
+        """The writes of `pending` are done: make its records readable."""
+        for segment, count, size, sealed in pending.marks:
+            segment.mark_durable(count, size, sealed)
+        if pending.end_offset > self._end_offset:
+            self._end_offset = pending.end_offset
+            self._durable_max_timestamp = pending.max_timestamp
+
+    def flush(self, sync: bool = True) -> int:
+        """Write (and with `sync`, fsync) everything buffered, in the calling thread; returns end_offset."""
+        pending = self.take_pending()
+        if pending is not None:
+            for write in pending.writes:
+                write.run(self._pool, sync)
+            self.complete(pending)
+        return self._end_offset
+
+    def close(self) -> None:
+        """Flush, fsync and mark the active index clean, so the next open trusts it without a rebuild."""
+        if self._closed:
+            return
+        self.flush(sync=True)
+        if self._segments:
+            self._segments[-1].write_index()
+        for segment in self._segments:
+            self._pool.forget(segment.log_path)
+            self._pool.forget(segment.index_path)
+        if self._cache_budget is not None:
+            self._cache_budget.forget(self._cache)
+        if self._owns_pool:
+            self._pool.close()
+        self._closed = True
+
+    def _too_old(self, segment: Segment, timestamp: int) -> bool:
+        age_limit = self.config.segment_ms
+        return age_limit is not None and timestamp - segment.first_timestamp >= age_limit
+
+    def _roll(self, base_offset: int) -> Segment:
+        if self._segments:
+            self._segments[-1].sealed = True
+        segment = Segment(self.directory, base_offset, self._pool)
+        self._segments.append(segment)
+        self._bases.append(base_offset)
+        return segment
+
+    # -- reading -------------------------------------------------------------------------------------
+
+    def read(self, offset: int, max_records: int = 1000, max_bytes: int = 1024 * 1024) -> list[Record]:
+        """Readable records from `offset`, at most `max_records` and `max_bytes` (but at least one record).
+
+        Records in the tail cache come from memory; older ones with one pread per segment touched, each
+        checked against its CRC. Raises `OffsetOutOfRange` outside [start_offset, end_offset].
+        """
+        if max_records < 1 or max_bytes < 1:
+            raise ValueError("max_records and max_bytes must be positive")
+        end = self._end_offset
+        if offset < self.start_offset or offset > end:
+            raise OffsetOutOfRange(self.topic, offset, self.start_offset, end)
+        stop = min(end, offset + max_records)
+        if offset == stop:
+            return []
+        cache = self._cache
+        if offset >= cache.first_offset:
+            return cache.slice(offset, stop, max_bytes)
+        records: list[Record] = []
+        budget = max_bytes
+        while offset < stop:
+            if offset >= cache.first_offset:
+                records += cache.slice(offset, stop, budget, at_least_one=not records)
+                break
+            batch, segment_done = self._read_segment(offset, stop, budget, at_least_one=not records)
+            records += batch
+            offset += len(batch)
+            budget -= sum(len(record.frame) for record in batch)
+            if not segment_done or budget <= 0:
+                break
+        return records
+
+    def _read_segment(
+        self, offset: int, stop: int, budget: int, at_least_one: bool
+    ) -> tuple[list[Record], bool]:
+        """Records of the segment holding `offset`; the flag says the read reached the segment's end."""
+        position = bisect.bisect_right(self._bases, offset) - 1
+        segment = self._segments[position]
+        readable_end = segment.readable_end
+        if offset >= readable_end:
+            if not at_least_one:
+                return [], False
+            next_offset = self._bases[position + 1] if position + 1 < len(self._bases) else self._end_offset
+            raise CorruptRecord(self.topic, offset, next_offset, segment.damage or "missing")
+        segment_stop = min(stop, readable_end)
+        batch, error = segment.read(offset, segment_stop, budget, at_least_one, self._max_body)
+        if error is not None:
+            damaged = offset + len(batch)
+            log.error(
+                "%s: record %d of %r is damaged (%s)", segment.log_path, damaged, self.topic, error.reason
+            )
+            if not batch and at_least_one:
+                raise CorruptRecord(self.topic, damaged, damaged + 1, error.reason)
+            return batch, False
+        return batch, offset + len(batch) == segment_stop
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        """First readable offset whose broker time is >= `timestamp_ms` (end_offset if none is)."""
+        position = bisect.bisect_left(self._segments, timestamp_ms, key=lambda segment: segment.max_timestamp)
+        for segment in self._segments[position:]:
+            count = segment.durable_count
+            if count:
+                entry = segment.first_at_or_after(timestamp_ms)
+                if entry < count:
+                    return segment.base_offset + entry
+        return self._end_offset
+
+    # -- retention -----------------------------------------------------------------------------------
+
+    def apply_retention(self, now_ms: int | None = None) -> RetentionResult:
+        """Delete whole old segments beyond the age and size limits; never the active segment."""
+        now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        result = RetentionResult()
+        max_age = self.config.retention_ms
+        max_bytes = self.config.retention_bytes
+        total = self.size_bytes
+        while len(self._segments) > 1 and self._segments[0].seal_durable:
+            oldest = self._segments[0]
+            too_old = max_age is not None and oldest.max_timestamp < now_ms - max_age
+            too_big = max_bytes is not None and total > max_bytes
+            if not (too_old or too_big):
+                break
+            oldest.delete()
+            del self._segments[0]
+            del self._bases[0]
+            self._write_from = max(0, self._write_from - 1)
+            total -= oldest.durable_size
+            result.segments_deleted += 1
+            result.bytes_deleted += oldest.durable_size
+        result.start_offset = self.start_offset
+        if result.segments_deleted:
+            log.info(
+                "%r: retention deleted %d segments (%d bytes); log starts at %d",
+                self.topic,
+                result.segments_deleted,
+                result.bytes_deleted,
+                result.start_offset,
+            )
+        return result
+
+    # -- recovery ------------------------------------------------------------------------------------
+
+    def _recover(self) -> LogRecovery:
+        report = LogRecovery(self.topic)
+        bases = sorted(
+            int(match.group(1)) for name in os.listdir(self.directory) if (match := _SEGMENT_NAME.match(name))
+        )
+        self._remove_strays(set(bases))
+        for number, base in enumerate(bases):
+            segment = Segment(self.directory, base, self._pool)
+            is_tail = number == len(bases) - 1
+            loaded = segment.load(is_tail, self.config.max_record_bytes, self._max_timestamp)
+            if self._segments and base != self._segments[-1].end_offset:
+                self._note_gap(self._segments[-1], base)
+            self._segments.append(segment)
+            self._bases.append(base)
+            if segment.count:
+                self._max_timestamp = max(self._max_timestamp, segment.max_timestamp)
+            report.segments += 1
+            report.records += loaded.records
+            report.bytes_dropped += loaded.bytes_dropped
+            report.indexes_rebuilt += int(loaded.index_rebuilt)
+            if loaded.damage is not None:
+                report.damaged_segments.append(base)
+        if report.bytes_dropped or report.indexes_rebuilt or report.damaged_segments:
+            log.warning(
+                "%r recovered: %d records kept in %d segments, %d bytes dropped, %d indexes rebuilt, "
+                "damaged segments %s",
+                self.topic,
+                report.records,
+                report.segments,
+                report.bytes_dropped,
+                report.indexes_rebuilt,
+                report.damaged_segments,
+            )
+        return report
+
+    def _note_gap(self, previous: Segment, next_base: int) -> None:
+        if next_base > previous.end_offset:
+            previous.damage = previous.damage or "missing"
+            return
+        log.error(
+            "%r: segment %d overlaps segment %d; serving up to %d",
+            self.topic,
+            previous.base_offset,
+            next_base,
+            next_base,
+        )
+        previous.durable_count = min(previous.durable_count, next_base - previous.base_offset)
+        previous.damage = previous.damage or "overlap"
+
+    def _remove_strays(self, bases: set[int]) -> None:
+        """Delete leftovers of an interrupted index rebuild and indexes whose segment is gone."""
+        for name in os.listdir(self.directory):
+            stem, _, suffix = name.partition(".")
+            stray = suffix == "index.tmp" or (suffix == "index" and stem.isdigit() and int(stem) not in bases)
+            if stray:
+                os.unlink(os.path.join(self.directory, name))

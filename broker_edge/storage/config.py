@@ -1,0 +1,104 @@
+"""Storage settings as plain dataclasses; the broker's YAML loader builds them field by field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Durability = Literal["fsync", "group", "none"]
+
+KIB = 1024
+MIB = 1024 * KIB
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+MQTT_MAX_PAYLOAD = 268_435_455
+
+
+@dataclass(slots=True)
+class LogConfig:
+    """Settings of one topic's log (the store derives them from `StorageConfig` and the matching rule)."""
+
+    segment_bytes: int = 64 * MIB
+    """Roll to a new segment once the active one would grow past this size."""
+    segment_ms: int | None = DAY_MS
+    """Roll once the active segment's first record is this old, so age retention can reclaim slow topics."""
+    retention_bytes: int | None = None
+    """Delete the oldest whole segments while the log is larger than this (None: no size limit)."""
+    retention_ms: int | None = 7 * DAY_MS
+    """Delete whole segments whose newest record is older than this (None: keep forever)."""
+    max_record_bytes: int = MQTT_MAX_PAYLOAD + 64 * KIB
+    """Largest encoded record accepted; also the sanity bound on a length prefix during recovery."""
+    tail_cache_records: int = 1024
+    """Most recent records kept decoded in memory for caught-up readers."""
+    tail_cache_bytes: int = 1 * MIB
+    """Byte bound of that per-log tail cache (encoded size)."""
+
+
+@dataclass(slots=True)
+class PersistRule:
+    """Which publishes on topics matching `pattern` are written to the log, and how long they are kept.
+
+    Rules are tried in order; the first whose pattern matches a topic decides for it.
+    """
+
+    pattern: str
+    """MQTT topic filter (`+` and `#` wildcards); `#` matches every topic except `$`-topics."""
+    qos: tuple[int, ...] = (1, 2)
+    """QoS levels that persist; add 0 to keep QoS 0 traffic too, leave empty to exclude the topics."""
+    retention_bytes: int | None = None
+    """Overrides `StorageConfig.retention_bytes` for these topics."""
+    retention_ms: int | None = None
+    """Overrides `StorageConfig.retention_ms` for these topics."""
+
+
+@dataclass(slots=True)
+class StorageConfig:
+    """Settings of a broker's `LogStore`."""
+
+    durability: Durability = "group"
+    """`fsync`: write+fsync per append; `group`: one write+fsync per window; `none`: write, no fsync."""
+    group_commit_ms: float = 2.0
+    """Length of a group-commit window: appends inside it share one write and one fsync."""
+    group_commit_max_bytes: int = 4 * MIB
+    """Cut a window early once this many bytes are pending, bounding latency and memory."""
+    persist: list[PersistRule] = field(default_factory=lambda: [PersistRule("#")])
+    """Persistence rules, first match wins; a topic no rule matches is not persisted."""
+    segment_bytes: int = 64 * MIB
+    """See `LogConfig.segment_bytes`."""
+    segment_ms: int | None = DAY_MS
+    """See `LogConfig.segment_ms`."""
+    retention_bytes: int | None = None
+    """Default size bound per log (a rule may override it)."""
+    retention_ms: int | None = 7 * DAY_MS
+    """Default age bound per log (a rule may override it)."""
+    max_record_bytes: int = MQTT_MAX_PAYLOAD + 64 * KIB
+    """See `LogConfig.max_record_bytes`."""
+    max_topics: int = 100_000
+    """Most logs one broker keeps; appending to a new topic beyond it raises `TooManyTopics`."""
+    max_open_files: int = 1024
+    """Segment and index file descriptors kept open (LRU); the rest are reopened on demand."""
+    tail_cache_records: int = 1024
+    """See `LogConfig.tail_cache_records`."""
+    tail_cache_bytes: int = 1 * MIB
+    """See `LogConfig.tail_cache_bytes`."""
+    tail_cache_total_bytes: int = 256 * MIB
+    """Bound of all tail caches together; the caches of the least recently appended logs are dropped first."""
+
+    def log_config(self, rule: PersistRule | None) -> LogConfig:
+        """The settings of a log whose topic matched `rule` (None: store defaults)."""
+        retention_bytes = self.retention_bytes
+        retention_ms = self.retention_ms
+        if rule is not None:
+            if rule.retention_bytes is not None:
+                retention_bytes = rule.retention_bytes
+            if rule.retention_ms is not None:
+                retention_ms = rule.retention_ms
+        return LogConfig(
+            segment_bytes=self.segment_bytes,
+            segment_ms=self.segment_ms,
+            retention_bytes=retention_bytes,
+            retention_ms=retention_ms,
+            max_record_bytes=self.max_record_bytes,
+            tail_cache_records=self.tail_cache_records,
+            tail_cache_bytes=self.tail_cache_bytes,
+        )

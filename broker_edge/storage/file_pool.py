@@ -1,0 +1,177 @@
+"""A bounded LRU of open file descriptors, so a broker with 100k logs never runs out of them.
+
+Every segment and index access goes through the pool by path. Descriptors are opened read-write (one
+descriptor serves both the event-loop readers and the writer thread, via pread/pwrite at explicit positions,
+never a shared file position). A descriptor in use is pinned and never closed under its user; the pool may
+briefly exceed its bound while more descriptors than that are pinned at once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+_IOV_MAX = 1024
+
+
+class _Handle:
+    __slots__ = ("fd", "forgotten", "users")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.users = 0
+        self.forgotten = False
+
+
+class FileHandlePool:
+    """LRU-bounded descriptors shared by the event loop (reads) and the writer thread (writes, fsync)."""
+
+    def __init__(self, max_open: int = 1024) -> None:
+        if max_open < 2:
+            raise ValueError("max_open must be at least 2 (a segment and its index)")
+        self.max_open = max_open
+        self._handles: OrderedDict[str, _Handle] = OrderedDict()
+        self._lock = threading.Lock()
+        self.opened_total = 0
+        """Descriptors opened since creation (a measure of pool churn)."""
+
+    @property
+    def open_count(self) -> int:
+        """Descriptors open right now."""
+        return len(self._handles)
+
+    @contextmanager
+    def open(self, path: str, create: bool = False) -> Iterator[int]:
+        """Lend the descriptor of `path`, pinned for the duration of the block."""
+        handle = self._checkout(path, create)
+        try:
+            yield handle.fd
+        finally:
+            self._checkin(path, handle)
+
+    def pread(self, path: str, size: int, position: int) -> bytes:
+        """Read `size` bytes at `position` in one call (short only at end of file)."""
+        handle = self._checkout(path, False)
+        try:
+            data = os.pread(handle.fd, size, position)
+            while len(data) < size:
+                more = os.pread(handle.fd, size - len(data), position + len(data))
+                if not more:
+                    break
+                data += more
+            return data
+        finally:
+            self._checkin(path, handle)
+
+    def pwritev(self, path: str, buffers: Sequence[bytes | memoryview], position: int) -> int:
+        """Write `buffers` back to back at `position`, creating the file if needed; returns bytes written."""
+        handle = self._checkout(path, True)
+        try:
+            return _pwritev_all(handle.fd, buffers, position)
+        finally:
+            self._checkin(path, handle)
+
+    def fdatasync(self, path: str) -> None:
+        """Make the data (and size) of `path` durable."""
+        with self.open(path) as fd:
+            os.fdatasync(fd)
+
+    def forget(self, path: str) -> None:
+        """Close the descriptor of a file about to be deleted or truncated (deferred while it is pinned)."""
+        with self._lock:
+            handle = self._handles.pop(path, None)
+            if handle is None:
+                return
+            if handle.users:
+                handle.forgotten = True
+                return
+        os.close(handle.fd)
+
+    def close(self) -> None:
+        """Close every idle descriptor (pinned ones close when released)."""
+        with self._lock:
+            handles = list(self._handles.values())
+            self._handles.clear()
+            for handle in handles:
+                handle.forgotten = True
+        for handle in handles:
+            if not handle.users:
+                os.close(handle.fd)
+
+    def _checkout(self, path: str, create: bool) -> _Handle:
+        with self._lock:
+            handle = self._handles.get(path)
+            if handle is not None:
+                self._handles.move_to_end(path)
+                handle.users += 1
+                return handle
+        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        fd = os.open(path, flags, 0o644)
+        to_close: list[int] = []
+        with self._lock:
+            existing = self._handles.get(path)
+            if existing is not None:
+                to_close.append(fd)
+                handle = existing
+                self._handles.move_to_end(path)
+            else:
+                handle = _Handle(fd)
+                self._handles[path] = handle
+                self.opened_total += 1
+            handle.users += 1
+            to_close += self._evict_locked()
+        for stale in to_close:
+            os.close(stale)
+        return handle
+
+    def _checkin(self, path: str, handle: _Handle) -> None:
+        with self._lock:
+            handle.users -= 1
+            close_now = handle.forgotten and handle.users == 0
+            to_close = self._evict_locked()
+        if close_now:
+            os.close(handle.fd)
+        for stale in to_close:
+            os.close(stale)
+
+    def _evict_locked(self) -> list[int]:
+        if len(self._handles) <= self.max_open:
+            return []
+        closed: list[int] = []
+        for path in list(self._handles):
+            if len(self._handles) <= self.max_open:
+                break
+            handle = self._handles[path]
+            if handle.users == 0:
+                del self._handles[path]
+                closed.append(handle.fd)
+        return closed
+
+
+def _pwritev_all(fd: int, buffers: Sequence[bytes | memoryview], position: int) -> int:
+    written = 0
+    for start in range(0, len(buffers), _IOV_MAX):
+        chunk = list(buffers[start : start + _IOV_MAX])
+        remaining = sum(len(b) for b in chunk)
+        while remaining:
+            count = os.pwritev(fd, chunk, position + written)
+            written += count
+            remaining -= count
+            if remaining:
+                chunk = _drop_prefix(chunk, count)
+    return written
+
+
+def _drop_prefix(buffers: list[bytes | memoryview], count: int) -> list[bytes | memoryview]:
+    """The buffers left after a short write of `count` bytes."""
+    rest: list[bytes | memoryview] = []
+    for buffer in buffers:
+        if count >= len(buffer):
+            count -= len(buffer)
+            continue
+        rest.append(memoryview(buffer)[count:] if count else buffer)
+        count = 0
+    return rest

@@ -1,0 +1,277 @@
+"""The durability driver of a store: cuts appends into write jobs and runs them in one writer thread.
+
+Policies (`StorageConfig.durability`):
+
+* `group`: the first append of a window starts a timer of `group_commit_ms`; when it fires, everything
+  appended so far becomes one job (one pwritev per dirty segment, then one fdatasync per dirty segment).
+  While a job runs in the writer thread, the loop keeps accepting appends into the next window; a window
+  that ends while a job is running is cut as soon as that job completes (so the batch grows with the
+  fsync latency instead of queueing). `group_commit_max_bytes` cuts a window early.
+* `fsync`: every append is its own job (write + fdatasync), in order.
+* `none`: like `group` but without fsync: durable means "written to the OS" (the page cache).
+
+Jobs run strictly in order in a single thread, so offsets become readable in order. Without a running
+event loop (scripts, tools) appends stay buffered until `flush()`, except `fsync`, which writes inline.
+A failed write or fsync is fatal: the store refuses further appends (`StorageFailed`) and reports the error
+to waiting `when_durable` callers, since after a failed fsync the kernel may have dropped the data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+
+from .commitlog import CommitLog, PendingWrite
+from .config import Durability
+from .errors import StorageFailed
+from .file_pool import FileHandlePool
+
+log = logging.getLogger(__name__)
+
+Job = list[tuple[CommitLog, PendingWrite]]
+DurableHook = Callable[[list[tuple[CommitLog, int]]], None]
+"""Called with (log, end offset before) for every log that just became readable further."""
+
+
+def run_job(job: Job, pool: FileHandlePool, sync: bool) -> None:
+    """Executed in the writer thread: every write of every log, in order."""
+    for _log, pending in job:
+        for write in pending.writes:
+            write.run(pool, sync)
+
+
+@dataclass(slots=True)
+class _Flight:
+    """A job handed to the writer thread; `handled` once its completion was processed."""
+
+    job: Job
+    upto: int
+    future: Future[None]
+    handled: bool = False
+
+
+class GroupCommitter:
+    """Turns appends into ordered write jobs per the durability policy and reports their completion."""
+
+    def __init__(
+        self,
+        policy: Durability,
+        window_ms: float,
+        max_pending_bytes: int,
+        pool: FileHandlePool,
+        on_durable: DurableHook,
+    ) -> None:
+        if policy not in ("fsync", "group", "none"):
+            raise ValueError(f"unknown durability policy {policy!r}")
+        self.policy = policy
+        self._sync = policy != "none"
+        self._window_s = window_ms / 1000
+        self._max_pending_bytes = max_pending_bytes
+        self._pool = pool
+        self._on_durable = on_durable
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="timestone-log-writer")
+        self._dirty: dict[CommitLog, None] = {}
+        self._pending_bytes = 0
+        self._appended = 0
+        self._durable = 0
+        self._callbacks: deque[tuple[int, Callable[[], object], Callable[[BaseException], object] | None]] = (
+            deque()
+        )
+        self._flights: deque[_Flight] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._window_over = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.failure: StorageFailed | None = None
+        self.jobs_completed = 0
+        """Jobs written so far (with `group`, the number of windows)."""
+        self.bytes_written = 0
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes appended and not yet handed to the writer (a backpressure signal for the broker)."""
+        return self._pending_bytes
+
+    @property
+    def in_flight(self) -> int:
+        """Jobs handed to the writer thread and not yet completed."""
+        return len(self._flights)
+
+    def appended(self, commit_log: CommitLog, size: int) -> None:
+        """Note one append of `size` bytes to `commit_log` (called right after `CommitLog.append`)."""
+        self._dirty[commit_log] = None
+        self._appended += 1
+        self._pending_bytes += size
+        if self.policy == "fsync":
+            self._cut()
+        elif self._timer is None and not self._window_over:
+            self._start_window()
+        elif self._pending_bytes >= self._max_pending_bytes and not self._flights:
+            self._cut()
+
+    def when_durable(
+        self, callback: Callable[[], object], on_error: Callable[[BaseException], object] | None = None
+    ) -> None:
+        """Call `callback` on the loop once everything appended before this call is durable."""
+        if self.failure is not None:
+            if on_error is not None:
+                self._call_soon(partial(on_error, self.failure))
+            return
+        if self._appended <= self._durable:
+            self._call_soon(callback)
+            return
+        self._callbacks.append((self._appended, callback, on_error))
+
+    async def wait_durable(self) -> None:
+        """Cut the current window now and wait until everything appended so far is durable."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def succeed() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        def fail(error: BaseException) -> None:
+            if not done.done():
+                done.set_exception(error)
+
+        self.when_durable(succeed, fail)
+        if self._dirty and not self._flights:
+            self._cut()
+        await done
+
+    def flush(self) -> None:
+        """Write everything buffered in the calling thread, after any job in flight (tools, shutdown)."""
+        self._executor.submit(lambda: None).result()
+        while self._flights:
+            self._finish(self._flights.popleft())
+        if self.failure is not None:
+            raise self.failure
+        job, upto = self._take_job()
+        if job:
+            try:
+                run_job(job, self._pool, self._sync)
+            except OSError as error:
+                self._fail(error)
+                raise self.failure from error
+        self._complete(job, upto)
+
+    def close(self) -> None:
+        """Flush and stop the writer thread; pending callbacks fire (everything is durable after close)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.failure is None:
+            self.flush()
+        self._executor.shutdown(wait=True)
+
+    # -- internals -----------------------------------------------------------------------------------
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop | None:
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        return self._loop
+
+    def _call_soon(self, callback: Callable[[], object]) -> None:
+        loop = self._running_loop()
+        if loop is None:
+            callback()
+        else:
+            loop.call_soon(callback)
+
+    def _start_window(self) -> None:
+        loop = self._running_loop()
+        if loop is not None:
+            self._timer = loop.call_later(self._window_s, self._window_ended)
+
+    def _window_ended(self) -> None:
+        self._timer = None
+        if self._flights:
+            self._window_over = True
+        else:
+            self._cut()
+
+    def _take_job(self) -> tuple[Job, int]:
+        job: Job = []
+        for commit_log in self._dirty:
+            pending = commit_log.take_pending()
+            if pending is not None:
+                job.append((commit_log, pending))
+        self._dirty = {}
+        self._pending_bytes = 0
+        self._window_over = False
+        return job, self._appended
+
+    def _cut(self) -> None:
+        if self.failure is not None:
+            return
+        loop = self._running_loop()
+        if loop is None:
+            if self.policy == "fsync":
+                self.flush()
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        job, upto = self._take_job()
+        flight = _Flight(job, upto, self._executor.submit(run_job, job, self._pool, self._sync))
+        self._flights.append(flight)
+        asyncio.wrap_future(flight.future, loop=loop).add_done_callback(partial(self._job_done, flight))
+
+    def _job_done(self, flight: _Flight, _future: asyncio.Future[None]) -> None:
+        if flight.handled:
+            return
+        while self._flights and not flight.handled:
+            self._finish(self._flights.popleft())
+        if self._dirty and not self._flights and self.failure is None:
+            if self._window_over or self._pending_bytes >= self._max_pending_bytes:
+                self._cut()
+            elif self._timer is None:
+                self._start_window()
+
+    def _finish(self, flight: _Flight) -> None:
+        flight.handled = True
+        error = flight.future.exception()
+        if error is not None:
+            self._fail(error)
+        elif self.failure is None:
+            self._complete(flight.job, flight.upto)
+
+    def _complete(self, job: Job, upto: int) -> None:
+        advanced: list[tuple[CommitLog, int]] = []
+        for commit_log, pending in job:
+            before = commit_log.end_offset
+            commit_log.complete(pending)
+            self.bytes_written += pending.bytes
+            if commit_log.end_offset > before:
+                advanced.append((commit_log, before))
+        self.jobs_completed += 1
+        self._durable = max(self._durable, upto)
+        if advanced:
+            self._on_durable(advanced)
+        callbacks = self._callbacks
+        while callbacks and callbacks[0][0] <= self._durable:
+            _, callback, _ = callbacks.popleft()
+            try:
+                callback()
+            except Exception:
+                log.exception("when_durable callback failed")
+
+    def _fail(self, error: BaseException) -> None:
+        if self.failure is None:
+            log.error("log write failed, refusing further appends: %s", error)
+            self.failure = StorageFailed(f"log write failed: {error}")
+            self.failure.__cause__ = error
+        callbacks, self._callbacks = self._callbacks, deque()
+        for _, _, on_error in callbacks:
+            if on_error is not None:
+                try:
+                    on_error(self.failure)
+                except Exception:
+                    log.exception("when_durable error callback failed")

@@ -1,0 +1,43 @@
+"""Persistence rules: which publishes go to the log, and with which retention (first matching rule wins)."""
+
+from __future__ import annotations
+
+from .config import PersistRule
+from .topic_filter import topic_matches, validate_filter
+
+_NO_RULE = -1
+_CACHE_LIMIT = 65_536
+
+
+class PersistenceRules:
+    """Ordered rules with a bounded per-topic cache (every publish asks, most topics repeat)."""
+
+    def __init__(self, rules: list[PersistRule]) -> None:
+        for rule in rules:
+            validate_filter(rule.pattern)
+            if not set(rule.qos) <= {0, 1, 2}:
+                raise ValueError(f"rule {rule.pattern!r}: qos must be within 0, 1, 2 (got {rule.qos})")
+        self.rules = list(rules)
+        self._qos_sets = [frozenset(rule.qos) for rule in rules]
+        self._cache: dict[str, int] = {}
+
+    def rule_for(self, topic: str) -> PersistRule | None:
+        """The first rule matching `topic` (None when none does)."""
+        number = self._rule_number(topic)
+        return None if number == _NO_RULE else self.rules[number]
+
+    def should_persist(self, topic: str, qos: int) -> bool:
+        """Whether a publish on `topic` with `qos` is appended to the log."""
+        number = self._rule_number(topic)
+        return number != _NO_RULE and qos in self._qos_sets[number]
+
+    def _rule_number(self, topic: str) -> int:
+        number = self._cache.get(topic)
+        if number is None:
+            number = next(
+                (n for n, rule in enumerate(self.rules) if topic_matches(rule.pattern, topic)), _NO_RULE
+            )
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[topic] = number
+        return number

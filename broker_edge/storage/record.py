@@ -1,0 +1,221 @@
+"""The on-disk record: a length-prefixed, CRC32C-checked frame per MQTT publish.
+
+Frame layout (little endian)::
+
+    u32 body_length | u32 crc32c(body) | body
+    body = u8 version | u64 offset | i64 timestamp_ms | u8 qos | u8 flags | u16 client_id_len | client_id
+           [u16 content_type_len | content_type]                       if flags & FLAG_CONTENT_TYPE
+           [u16 count | (u16 key_len | key | u16 value_len | value)*]  if flags & FLAG_USER_PROPERTIES
+           payload (the rest of the body)
+
+The length prefix makes a torn tail detectable (the frame runs past the end of the file) and the checksum
+catches flipped bits; the offset inside the frame catches an index that points at the wrong record.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from crc32c import crc32c
+
+FORMAT_VERSION = 1
+PREFIX = struct.Struct("<II")
+BODY_HEAD = struct.Struct("<BQqBBH")
+U16 = struct.Struct("<H")
+PREFIX_SIZE = PREFIX.size
+MIN_BODY_SIZE = BODY_HEAD.size
+FRAME_OVERHEAD = PREFIX_SIZE + MIN_BODY_SIZE
+
+FLAG_RETAIN = 0x01
+FLAG_PAYLOAD_FORMAT = 0x02
+FLAG_PAYLOAD_UTF8 = 0x04
+FLAG_CONTENT_TYPE = 0x08
+FLAG_USER_PROPERTIES = 0x10
+_U16_MAX = 0xFFFF
+
+
+@dataclass(slots=True)
+class AppendRecord:
+    """A publish as the broker hands it to the log; the log assigns the offset (and the time when None)."""
+
+    payload: bytes
+    qos: int = 1
+    retain: bool = False
+    client_id: str = ""
+    user_properties: list[tuple[str, str]] = field(default_factory=list)
+    content_type: str | None = None
+    payload_format_indicator: int | None = None
+    timestamp_ms: int | None = None
+
+
+@dataclass(slots=True)
+class Record:
+    """A stored publish as readers get it.
+
+    Records served from a log's tail cache are shared between readers: treat them as immutable.
+    `frame` is the encoded record exactly as stored (a memoryview into the read buffer for records read
+    from disk), so links that forward raw records never re-encode.
+    """
+
+    offset: int
+    timestamp_ms: int
+    client_id: str
+    qos: int
+    retain: bool
+    payload: bytes
+    user_properties: list[tuple[str, str]]
+    content_type: str | None
+    payload_format_indicator: int | None
+    frame: bytes | memoryview = field(repr=False)
+
+    @property
+    def size(self) -> int:
+        """Encoded size in bytes (what byte limits on reads count)."""
+        return len(self.frame)
+
+
+class FrameError(ValueError):
+    """A frame failed framing, checksum or offset validation; `reason` says which."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _encode_str(value: str) -> bytes:
+    raw = value.encode()
+    if len(raw) > _U16_MAX:
+        raise ValueError(f"string of {len(raw)} bytes does not fit a record field (max {_U16_MAX})")
+    return raw
+
+
+def encode_record(offset: int, timestamp_ms: int, record: AppendRecord) -> bytes:
+    """Encode `record` as the frame stored at `offset`."""
+    client_id = _encode_str(record.client_id)
+    flags = FLAG_RETAIN if record.retain else 0
+    content_type = record.content_type
+    indicator = record.payload_format_indicator
+    user_properties = record.user_properties
+    if content_type is None and indicator is None and not user_properties:
+        body = BODY_HEAD.pack(FORMAT_VERSION, offset, timestamp_ms, record.qos, flags, len(client_id))
+        body = body + client_id + record.payload
+        return PREFIX.pack(len(body), crc32c(body)) + body
+    parts: list[bytes] = [b"", client_id]
+    if indicator is not None:
+        flags |= FLAG_PAYLOAD_FORMAT | (FLAG_PAYLOAD_UTF8 if indicator else 0)
+    if content_type is not None:
+        flags |= FLAG_CONTENT_TYPE
+        raw = _encode_str(content_type)
+        parts += (U16.pack(len(raw)), raw)
+    if user_properties:
+        flags |= FLAG_USER_PROPERTIES
+        if len(user_properties) > _U16_MAX:
+            raise ValueError(f"{len(user_properties)} user properties do not fit a record")
+        parts.append(U16.pack(len(user_properties)))
+        for key, value in user_properties:
+            raw_key, raw_value = _encode_str(key), _encode_str(value)
+            parts += (U16.pack(len(raw_key)), raw_key, U16.pack(len(raw_value)), raw_value)
+    parts[0] = BODY_HEAD.pack(FORMAT_VERSION, offset, timestamp_ms, record.qos, flags, len(client_id))
+    parts.append(record.payload)
+    body = b"".join(parts)
+    return PREFIX.pack(len(body), crc32c(body)) + body
+
+
+def check_frame(buf: bytes | memoryview, pos: int, expected_offset: int, max_body: int) -> tuple[int, int]:
+    """Validate the frame at `pos`: framing, checksum and offset. Returns (end position, timestamp_ms).
+
+    Raises `FrameError` with reason `torn` (runs past the buffer), `length`, `checksum`, `version` or
+    `offset`. Used by recovery, which needs no decoded record.
+    """
+    size = len(buf)
+    if pos + PREFIX_SIZE > size:
+        raise FrameError("torn")
+    body_length, checksum = PREFIX.unpack_from(buf, pos)
+    if body_length < MIN_BODY_SIZE or body_length > max_body:
+        raise FrameError("length")
+    end = pos + PREFIX_SIZE + body_length
+    if end > size:
+        raise FrameError("torn")
+    view = memoryview(buf)
+    if crc32c(view[pos + PREFIX_SIZE : end]) != checksum:
+        raise FrameError("checksum")
+    version, offset, timestamp_ms, _qos, _flags, _cid = BODY_HEAD.unpack_from(buf, pos + PREFIX_SIZE)
+    if version != FORMAT_VERSION:
+        raise FrameError("version")
+    if offset != expected_offset:
+        raise FrameError("offset")
+    return end, timestamp_ms
+
+
+def decode_frames(buf: bytes, first_offset: int, max_body: int) -> tuple[list[Record], FrameError | None]:
+    """Decode consecutive frames filling `buf`, expecting dense offsets from `first_offset`.
+
+    Returns the records before the first bad frame and that frame's error (None when all were valid), so a
+    reader gets every good record and never a damaged one.
+    """
+    records: list[Record] = []
+    view = memoryview(buf)
+    pos = 0
+    offset = first_offset
+    size = len(buf)
+    try:
+        while pos < size:
+            end, timestamp_ms = check_frame(view, pos, offset, max_body)
+            records.append(_decode_checked(view, pos, end, offset, timestamp_ms))
+            pos = end
+            offset += 1
+    except FrameError as error:
+        return records, error
+    return records, None
+
+
+def decode_frame(buf: bytes | memoryview, expected_offset: int, max_body: int) -> Record:
+    """Decode the single frame that fills `buf` (raises `FrameError`)."""
+    view = memoryview(buf)
+    end, timestamp_ms = check_frame(view, 0, expected_offset, max_body)
+    if end != len(view):
+        raise FrameError("length")
+    return _decode_checked(view, 0, end, expected_offset, timestamp_ms)
+
+
+def _decode_checked(view: memoryview, pos: int, end: int, offset: int, timestamp_ms: int) -> Record:
+    try:
+        _v, _o, _t, qos, flags, cid_length = BODY_HEAD.unpack_from(view, pos + PREFIX_SIZE)
+        p = pos + FRAME_OVERHEAD
+        client_id = str(view[p : p + cid_length], "utf-8")
+        p += cid_length
+        content_type = None
+        if flags & FLAG_CONTENT_TYPE:
+            (length,) = U16.unpack_from(view, p)
+            content_type = str(view[p + 2 : p + 2 + length], "utf-8")
+            p += 2 + length
+        user_properties: list[tuple[str, str]] = []
+        if flags & FLAG_USER_PROPERTIES:
+            (count,) = U16.unpack_from(view, p)
+            p += 2
+            for _ in range(count):
+                (length,) = U16.unpack_from(view, p)
+                key = str(view[p + 2 : p + 2 + length], "utf-8")
+                p += 2 + length
+                (length,) = U16.unpack_from(view, p)
+                value = str(view[p + 2 : p + 2 + length], "utf-8")
+                p += 2 + length
+                user_properties.append((key, value))
+        if p > end:
+            raise FrameError("fields")
+    except (struct.error, UnicodeDecodeError) as error:
+        raise FrameError("fields") from error
+    indicator = (1 if flags & FLAG_PAYLOAD_UTF8 else 0) if flags & FLAG_PAYLOAD_FORMAT else None
+    return Record(
+        offset,
+        timestamp_ms,
+        client_id,
+        qos,
+        bool(flags & FLAG_RETAIN),
+        bytes(view[p:end]),
+        user_properties,
+        content_type,
+        indicator,
+        view[pos:end],
+    )

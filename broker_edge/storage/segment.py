@@ -1,0 +1,383 @@
+"""One segment of a log: a file of record frames named by its base offset, plus its offset index.
+
+The segment file holds nothing but frames (no header), so a range of records is one contiguous byte range:
+a read is one lookup of index entries and one pread of the data, split into records in memory.
+
+Appends never touch the disk here. They are buffered in the segment (`pending_frames`), handed to the
+writer as a `SegmentWrite` (positions fixed on the event loop, so writes run in a thread while appends
+continue), and become readable only when the owner reports them written (`mark_durable`). The index of a
+segment still being written is kept in memory (`entries`) and written whole when the segment is sealed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import os
+from array import array
+from dataclasses import dataclass, field
+
+from .file_pool import FileHandlePool
+from .index import (
+    ENTRY_SIZE,
+    HEADER_SIZE,
+    STATE_CLEAN,
+    OffsetIndex,
+    entries_bytes,
+    parse_header,
+    write_index_file,
+)
+from .record import PREFIX, PREFIX_SIZE, FrameError, Record, check_frame, decode_frames
+
+log = logging.getLogger(__name__)
+
+NO_TIMESTAMP = -(2**63)
+_SCAN_CHUNK = 4 * 1024 * 1024
+
+
+def segment_paths(directory: str, base_offset: int) -> tuple[str, str]:
+    """Paths of the segment and index files for `base_offset` (Kafka-style zero-padded names)."""
+    stem = os.path.join(directory, f"{base_offset:020d}")
+    return stem + ".log", stem + ".index"
+
+
+def fsync_directory(path: str) -> None:
+    """Make file creations and deletions in `path` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(slots=True)
+class SegmentWrite:
+    """One segment's share of a flush: prepared on the event loop, run by the writer thread in order."""
+
+    log_path: str
+    index_path: str
+    base_offset: int
+    data: list[bytes]
+    data_position: int
+    seal_index: bytes | None
+    """The whole index, when this write seals the segment (it is then fsynced whatever the policy)."""
+    directories_to_sync: list[str] = field(default_factory=list)
+
+    @property
+    def seals(self) -> bool:
+        return self.seal_index is not None
+
+    def run(self, pool: FileHandlePool, sync: bool) -> None:
+        """One pwritev of the data, then an fdatasync when `sync` (two syscalls in the common case)."""
+        if self.data:
+            pool.pwritev(self.log_path, self.data, self.data_position)
+        if sync or self.seal_index is not None:
+            pool.fdatasync(self.log_path)
+        if self.seal_index is not None:
+            pool.forget(self.index_path)
+            write_index_file(self.index_path, self.base_offset, self.seal_index, clean=True)
+        if sync:
+            for directory in self.directories_to_sync:
+                fsync_directory(directory)
+
+
+@dataclass(slots=True)
+class SegmentLoad:
+    """What opening an existing segment found."""
+
+    records: int
+    bytes_dropped: int
+    index_rebuilt: bool
+    damage: str | None
+    """Why a non-tail segment stops before its end (checksum, torn, ...), None when it is whole."""
+
+
+class Segment:
+    """State of one segment as seen from the event loop; all disk access goes through the shared pool."""
+
+    __slots__ = (
+        "base_offset",
+        "count",
+        "damage",
+        "durable_count",
+        "durable_size",
+        "entries",
+        "file_created",
+        "first_timestamp",
+        "index",
+        "index_on_disk",
+        "index_path",
+        "log_path",
+        "max_timestamp",
+        "pending_frames",
+        "pool",
+        "seal_durable",
+        "seal_submitted",
+        "sealed",
+        "size",
+        "submitted_size",
+    )
+
+    def __init__(self, directory: str, base_offset: int, pool: FileHandlePool) -> None:
+        self.base_offset = base_offset
+        self.log_path, self.index_path = segment_paths(directory, base_offset)
+        self.pool = pool
+        self.index = OffsetIndex(self.index_path, pool)
+        self.entries: array | None = array("q")
+        """Interleaved (position, timestamp) of every record while the index is held in memory."""
+        self.index_on_disk = -1
+        """Entries in the clean index file on disk (-1: none)."""
+        self.count = 0
+        self.size = 0
+        self.submitted_size = 0
+        self.durable_count = 0
+        self.durable_size = 0
+        self.first_timestamp = NO_TIMESTAMP
+        self.max_timestamp = NO_TIMESTAMP
+        self.pending_frames: list[bytes] = []
+        self.file_created = False
+        self.sealed = False
+        self.seal_submitted = False
+        self.seal_durable = False
+        self.damage: str | None = None
+
+    @property
+    def end_offset(self) -> int:
+        """Offset after the last record appended to this segment."""
+        return self.base_offset + self.count
+
+    @property
+    def readable_end(self) -> int:
+        """Offset after the last record a reader may get from this segment."""
+        return self.base_offset + self.durable_count
+
+    def append_frame(self, frame: bytes, index_timestamp: int) -> None:
+        """Buffer an encoded record; `index_timestamp` is the log's running maximum timestamp."""
+        if not self.count:
+            self.first_timestamp = index_timestamp
+        self.pending_frames.append(frame)
+        entries = self.entries
+        entries.append(self.size)  # type: ignore[union-attr]  # a segment being appended holds its index
+        entries.append(index_timestamp)  # type: ignore[union-attr]
+        self.size += len(frame)
+        self.count += 1
+        self.max_timestamp = index_timestamp
+
+    def take_write(self, directories_to_sync: list[str]) -> SegmentWrite | None:
+        """Hand everything buffered (and the seal, once sealed) to the writer; None when nothing to do."""
+        seal = self.sealed and not self.seal_submitted
+        if not self.pending_frames and not seal:
+            return None
+        write = SegmentWrite(
+            log_path=self.log_path,
+            index_path=self.index_path,
+            base_offset=self.base_offset,
+            data=self.pending_frames,
+            data_position=self.submitted_size,
+            seal_index=entries_bytes(self.entries) if seal and self.entries is not None else None,
+            directories_to_sync=[] if self.file_created else directories_to_sync,
+        )
+        self.file_created = True
+        self.pending_frames = []
+        self.submitted_size = self.size
+        self.seal_submitted = self.seal_submitted or seal
+        return write
+
+    def mark_durable(self, count: int, size: int, sealed: bool) -> None:
+        """Records up to `count` (`size` bytes) are written: readers may get them (never moves back)."""
+        if count > self.durable_count:
+            self.durable_count = count
+            self.durable_size = size
+        if sealed:
+            self.seal_durable = True
+            self.index_on_disk = count
+            self.entries = None
+
+    def write_index(self) -> None:
+        """Persist the in-memory index as clean (at close) once the data is fsynced."""
+        if self.entries is None or self.index_on_disk == self.count or self.damage is not None:
+            return
+        self.pool.fdatasync(self.log_path)
+        self.pool.forget(self.index_path)
+        write_index_file(self.index_path, self.base_offset, entries_bytes(self.entries), clean=True)
+        self.index_on_disk = self.count
+
+    # -- reading -------------------------------------------------------------------------------------
+
+    def read(
+        self, offset: int, stop: int, max_bytes: int, at_least_one: bool, max_body: int
+    ) -> tuple[list[Record], FrameError | None]:
+        """Records from `offset` (inclusive) to `stop` (exclusive, <= readable_end) within `max_bytes`.
+
+        One index lookup (memory or one pread) and one data pread. Returns the valid records and, if a
+        frame was damaged, its error (the records before it are still returned).
+        """
+        first = offset - self.base_offset
+        last = stop - self.base_offset
+        positions = self._positions(first, last)
+        if len(positions) != last - first + 1:
+            return [], FrameError("index")
+        start = positions[0]
+        count = bisect.bisect_right(positions, start + max_bytes) - 1
+        if count < 1:
+            if not at_least_one:
+                return [], None
+            count = 1
+        size = positions[count] - start
+        if start < 0 or size <= 0:
+            return [], FrameError("index")
+        data = self.pool.pread(self.log_path, size, start)
+        records, error = decode_frames(data, offset, max_body)
+        if error is None and len(records) != count:
+            error = FrameError("index")
+        return records, error
+
+    def _positions(self, first: int, last: int) -> array:
+        """File positions of records `first .. last-1` plus the end of record `last-1`."""
+        has_next = last < self.durable_count
+        wanted = last - first + (1 if has_next else 0)
+        if self.entries is not None:
+            positions = self.entries[2 * first : 2 * (first + wanted) : 2]
+        else:
+            positions = self.index.entries(first, wanted)[0::2]
+        if not has_next:
+            positions.append(self.durable_size)
+        return positions
+
+    def first_at_or_after(self, timestamp_ms: int) -> int:
+        """Number of the first readable record whose index timestamp is >= `timestamp_ms`."""
+        count = self.durable_count
+        if self.entries is not None:
+            return bisect.bisect_left(self.entries[1 : 2 * count : 2], timestamp_ms)
+        return self.index.first_at_or_after(timestamp_ms, count)
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def delete(self) -> None:
+        """Remove both files (retention); the descriptors are closed first."""
+        for path in (self.log_path, self.index_path):
+            self.pool.forget(path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    def load(self, is_tail: bool, max_body: int, previous_max_timestamp: int) -> SegmentLoad:
+        """Open an existing segment: trust a clean, consistent index; otherwise rebuild it by scanning.
+
+        A tail segment is truncated after its last valid record. A damaged non-tail segment keeps its
+        bytes (for inspection) and its readable part ends before the damage, so nothing past it is served.
+        """
+        self.file_created = True
+        file_size = os.path.getsize(self.log_path)
+        count = self._clean_index_count(file_size, max_body)
+        if count is not None:
+            self.index_on_disk = count
+            entries = self.index.entries(0, count) if is_tail else None
+            self._set_loaded(count, file_size, entries, is_tail)
+            return SegmentLoad(count, 0, False, None)
+        entries, valid_size, damage = self._scan(file_size, max_body, previous_max_timestamp)
+        count = len(entries) // 2
+        dropped = file_size - valid_size
+        if is_tail and dropped:
+            self.pool.forget(self.log_path)
+            os.truncate(self.log_path, valid_size)
+            log.warning(
+                "%s: truncated after record %d (%s): kept %d records, dropped %d bytes",
+                self.log_path,
+                self.base_offset + count - 1,
+                damage,
+                count,
+                dropped,
+            )
+        self._set_loaded(count, valid_size, entries, is_tail)
+        if is_tail:
+            return SegmentLoad(count, dropped, True, None)
+        if damage is None:
+            self.pool.forget(self.index_path)
+            write_index_file(self.index_path, self.base_offset, entries_bytes(entries), clean=True)
+            self.index_on_disk = count
+            self.entries = None
+            return SegmentLoad(count, 0, True, None)
+        self.damage = damage
+        log.error(
+            "%s: damaged after record %d (%s); records from %d on are not served",
+            self.log_path,
+            self.base_offset + count - 1,
+            damage,
+            self.base_offset + count,
+        )
+        return SegmentLoad(count, 0, True, damage)
+
+    def _set_loaded(self, count: int, size: int, entries: array | None, is_tail: bool) -> None:
+        self.count = self.durable_count = count
+        self.size = self.submitted_size = self.durable_size = size
+        self.entries = entries
+        self.sealed = self.seal_submitted = self.seal_durable = not is_tail
+        if count:
+            if entries is None:
+                entries = self.index.entries(0, 1) + self.index.entries(count - 1, 1)
+            self.first_timestamp = entries[1]
+            self.max_timestamp = entries[-1]
+
+    def _clean_index_count(self, file_size: int, max_body: int) -> int | None:
+        """Entries of a clean index consistent with the segment (its last record ends the file), or None."""
+        try:
+            index_size = os.path.getsize(self.index_path)
+        except FileNotFoundError:
+            return None
+        if index_size < HEADER_SIZE or (index_size - HEADER_SIZE) % ENTRY_SIZE:
+            return None
+        header = parse_header(self.pool.pread(self.index_path, HEADER_SIZE, 0))
+        if header != (STATE_CLEAN, self.base_offset):
+            return None
+        count = (index_size - HEADER_SIZE) // ENTRY_SIZE
+        if count == 0:
+            return 0 if file_size == 0 else None
+        first_position = self.index.entries(0, 1)[0]
+        last_position = self.index.entries(count - 1, 1)[0]
+        if first_position != 0 or not 0 <= last_position < file_size:
+            return None
+        frame = self.pool.pread(self.log_path, file_size - last_position, last_position)
+        try:
+            end, _ = check_frame(frame, 0, self.base_offset + count - 1, max_body)
+        except FrameError:
+            return None
+        return count if end == len(frame) else None
+
+    def _scan(self, file_size: int, max_body: int, max_timestamp: int) -> tuple[array, int, str | None]:
+        """Validate every frame from the start; returns index entries, valid size and the damage found."""
+        entries = array("q")
+        position = 0
+        offset = self.base_offset
+        while position < file_size:
+            chunk = self.pool.pread(self.log_path, min(_SCAN_CHUNK, file_size - position), position)
+            view = memoryview(chunk)
+            cursor = 0
+            while cursor < len(chunk):
+                try:
+                    end, timestamp = check_frame(view, cursor, offset, max_body)
+                except FrameError as error:
+                    if error.reason != "torn" or position + len(chunk) >= file_size:
+                        return entries, position + cursor, error.reason
+                    if cursor == 0:
+                        needed = self._frame_size(position, max_body)
+                        if needed is None or position + needed > file_size or len(chunk) >= needed:
+                            return entries, position, "torn"
+                        chunk = self.pool.pread(self.log_path, needed, position)
+                        view = memoryview(chunk)
+                        continue
+                    break
+                max_timestamp = max(max_timestamp, timestamp)
+                entries.append(position + cursor)
+                entries.append(max_timestamp)
+                cursor = end
+                offset += 1
+            position += cursor
+        return entries, position, None
+
+    def _frame_size(self, position: int, max_body: int) -> int | None:
+        prefix = self.pool.pread(self.log_path, PREFIX_SIZE, position)
+        if len(prefix) < PREFIX_SIZE:
+            return None
+        body_length, _ = PREFIX.unpack(prefix)
+        return PREFIX_SIZE + body_length if body_length <= max_body else None

@@ -1,0 +1,340 @@
+"""All logs of one broker: persistence rules, durability (group commit), pooled files, tail caches, limits.
+
+One directory per topic under the store directory (see `topic_names`). The store is driven from one asyncio
+event loop; its disk writes and fsyncs run in a writer thread (see `group_commit`), its reads are preads
+served on the loop (or straight from the tail caches for caught-up readers). Readers only ever get durable
+records: `end_offset` of a log is its high watermark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .commitlog import CommitLog, LogRecovery
+from .config import StorageConfig
+from .errors import StorageError, TooManyTopics, UnknownTopic
+from .file_pool import FileHandlePool
+from .group_commit import GroupCommitter
+from .persistence import PersistenceRules
+from .record import AppendRecord, Record
+from .tail_cache import TailCacheBudget
+from .topic_filter import topic_matches, validate_filter
+from .topic_names import is_hashed, topic_directory_name, topic_from_directory, write_topic_file
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, frozen=True)
+class LogInfo:
+    """The public state of one log (what the offsets API lists)."""
+
+    topic: str
+    start_offset: int
+    end_offset: int
+    bytes: int
+    last_append_ms: int | None
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    """What `LogStore.open` found: totals, plus the logs that needed repair."""
+
+    logs: int = 0
+    records: int = 0
+    bytes_dropped: int = 0
+    indexes_rebuilt: int = 0
+    repaired: list[LogRecovery] = field(default_factory=list)
+    """Logs whose tail was truncated, whose index was rebuilt or that have damaged segments."""
+    skipped_directories: list[str] = field(default_factory=list)
+    """Directories that are not logs (or whose topic name could not be recovered)."""
+
+
+@dataclass(slots=True)
+class RetentionReport:
+    """What one `apply_retention` pass removed."""
+
+    segments_deleted: int = 0
+    bytes_deleted: int = 0
+
+
+class _Waiter:
+    """One long-poll: a future resolved with the topics that have data (or a new matching log)."""
+
+    __slots__ = ("future", "pattern", "positions")
+
+    def __init__(self, future: asyncio.Future[list[str]], positions: Mapping[str, int], pattern: str | None):
+        self.future = future
+        self.positions = positions
+        self.pattern = pattern
+
+    def wake(self, topic: str) -> None:
+        if not self.future.done():
+            self.future.set_result([topic])
+
+
+class LogStore:
+    """The logs of one broker. Call `open()` first and `close()` at shutdown."""
+
+    def __init__(self, directory: str | Path, config: StorageConfig | None = None) -> None:
+        self.directory = str(directory)
+        self.config = config or StorageConfig()
+        self.rules = PersistenceRules(self.config.persist)
+        self._pool = FileHandlePool(self.config.max_open_files)
+        self._cache_budget = TailCacheBudget(self.config.tail_cache_total_bytes)
+        self._committer = GroupCommitter(
+            self.config.durability,
+            self.config.group_commit_ms,
+            self.config.group_commit_max_bytes,
+            self._pool,
+            self._on_durable,
+        )
+        self._logs: dict[str, CommitLog] = {}
+        self._topic_waiters: dict[str, list[_Waiter]] = {}
+        self._pattern_waiters: list[_Waiter] = []
+        self._opened = False
+        self._closed = False
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def open(self) -> RecoveryReport:
+        """Recover every log found in the directory (truncating torn tails, rebuilding unclean indexes)."""
+        if self._opened:
+            raise RuntimeError("store already open")
+        os.makedirs(self.directory, exist_ok=True)
+        report = RecoveryReport()
+        with os.scandir(self.directory) as entries:
+            directories = sorted(entry.path for entry in entries if entry.is_dir())
+        for path in directories:
+            try:
+                topic = topic_from_directory(path)
+            except ValueError as error:
+                log.error("skipping %s: %s", path, error)
+                report.skipped_directories.append(path)
+                continue
+            commit_log = self._make_log(topic, path)
+            recovery = commit_log.recovery
+            report.logs += 1
+            report.records += recovery.records
+            report.bytes_dropped += recovery.bytes_dropped
+            report.indexes_rebuilt += recovery.indexes_rebuilt
+            if recovery.bytes_dropped or recovery.indexes_rebuilt or recovery.damaged_segments:
+                report.repaired.append(recovery)
+        self._opened = True
+        log.info(
+            "opened %d logs (%d records) in %s; %d repaired, %d bytes dropped",
+            report.logs,
+            report.records,
+            self.directory,
+            len(report.repaired),
+            report.bytes_dropped,
+        )
+        return report
+
+    def close(self) -> None:
+        """Write and fsync everything, mark every index clean; pending `when_durable` callbacks fire."""
+        if self._closed:
+            return
+        self._closed = True
+        self._committer.close()
+        for commit_log in self._logs.values():
+            commit_log.close()
+        self._pool.close()
+        for waiters in [*self._topic_waiters.values(), self._pattern_waiters]:
+            for waiter in waiters:
+                if not waiter.future.done():
+                    waiter.future.set_result([])
+
+    def __enter__(self) -> LogStore:
+        if not self._opened:
+            self.open()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- writing -------------------------------------------------------------------------------------
+
+    def should_persist(self, topic: str, qos: int) -> bool:
+        """Whether a publish on `topic` with `qos` goes to the log (the persistence rules decide)."""
+        return self.rules.should_persist(topic, qos)
+
+    def append(self, topic: str, record: AppendRecord) -> int:
+        """Append to `topic`'s log (created on first use) and return the offset; ack after `when_durable`."""
+        commit_log = self._logs.get(topic)
+        if commit_log is None:
+            commit_log = self._create_log(topic)
+        failure = self._committer.failure
+        if failure is not None:
+            raise failure
+        offset = commit_log.append(record)
+        self._committer.appended(commit_log, commit_log.last_append_size)
+        return offset
+
+    def when_durable(
+        self, callback: Callable[[], object], on_error: Callable[[BaseException], object] | None = None
+    ) -> None:
+        """Call `callback` on the event loop once everything appended before this call is durable.
+
+        Durable means fsynced with `fsync` and `group`, and written to the OS with `none` (the callback
+        fires after the next window's write). If writing fails, `on_error(StorageFailed)` is called instead.
+        """
+        self._committer.when_durable(callback, on_error)
+
+    async def wait_durable(self) -> None:
+        """Make everything appended so far durable now (cuts the current window) and wait for it."""
+        await self._committer.wait_durable()
+
+    def flush(self) -> None:
+        """Write (and fsync per policy) everything buffered, blocking the caller: for tools and tests."""
+        self._committer.flush()
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes appended but not yet handed to the writer thread (a backpressure signal)."""
+        return self._committer.pending_bytes
+
+    @property
+    def committer(self) -> GroupCommitter:
+        """The durability driver (its counters say how many windows were written)."""
+        return self._committer
+
+    @property
+    def file_pool(self) -> FileHandlePool:
+        return self._pool
+
+    # -- reading -------------------------------------------------------------------------------------
+
+    def read(
+        self, topic: str, offset: int, max_records: int = 1000, max_bytes: int = 1024 * 1024
+    ) -> list[Record]:
+        """Durable records of `topic` from `offset` (see `CommitLog.read` for limits and errors)."""
+        return self._log(topic).read(offset, max_records, max_bytes)
+
+    def offset_for_timestamp(self, topic: str, timestamp_ms: int) -> int:
+        """First durable offset of `topic` appended at or after `timestamp_ms` (the end offset if none)."""
+        return self._log(topic).offset_for_timestamp(timestamp_ms)
+
+    def log_info(self, topic: str) -> LogInfo:
+        """The state of one log (raises `UnknownTopic`)."""
+        return _info(self._log(topic))
+
+    def logs(self, pattern: str | None = None) -> list[LogInfo]:
+        """Every log (or those whose topic matches the MQTT filter `pattern`), sorted by topic."""
+        if pattern is not None:
+            validate_filter(pattern)
+        return [
+            _info(commit_log)
+            for topic, commit_log in sorted(self._logs.items())
+            if pattern is None or topic_matches(pattern, topic)
+        ]
+
+    def __contains__(self, topic: object) -> bool:
+        return topic in self._logs
+
+    def __len__(self) -> int:
+        return len(self._logs)
+
+    async def wait_for_data(
+        self, positions: Mapping[str, int], timeout_s: float, pattern: str | None = None
+    ) -> list[str]:
+        """Long-poll: wait until a topic in `positions` has a durable record at or after its offset.
+
+        With `pattern`, also wake when a log matching it that is not in `positions` gets its first record
+        (a new topic appeared). Returns the topics that woke the call ([] on timeout). Topics without a log
+        yet may be waited on too.
+        """
+        ready = [
+            topic
+            for topic, offset in positions.items()
+            if (commit_log := self._logs.get(topic)) is not None and commit_log.end_offset > offset
+        ]
+        if ready or self._closed:
+            return ready
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), positions, pattern)
+        for topic in positions:
+            self._topic_waiters.setdefault(topic, []).append(waiter)
+        if pattern is not None:
+            self._pattern_waiters.append(waiter)
+        try:
+            return await asyncio.wait_for(waiter.future, timeout_s)
+        except TimeoutError:
+            return []
+        finally:
+            self._remove_waiter(waiter)
+
+    # -- retention -----------------------------------------------------------------------------------
+
+    def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
+        """Delete whole segments past each log's age and size limits (call periodically)."""
+        report = RetentionReport()
+        for commit_log in self._logs.values():
+            result = commit_log.apply_retention(now_ms)
+            report.segments_deleted += result.segments_deleted
+            report.bytes_deleted += result.bytes_deleted
+        return report
+
+    # -- internals -----------------------------------------------------------------------------------
+
+    def _log(self, topic: str) -> CommitLog:
+        commit_log = self._logs.get(topic)
+        if commit_log is None:
+            raise UnknownTopic(topic)
+        return commit_log
+
+    def _create_log(self, topic: str) -> CommitLog:
+        if not self._opened or self._closed:
+            raise StorageError("the store is not open")
+        if len(self._logs) >= self.config.max_topics:
+            raise TooManyTopics(topic, self.config.max_topics)
+        name = topic_directory_name(topic)
+        path = os.path.join(self.directory, name)
+        commit_log = self._make_log(topic, path)
+        if is_hashed(name):
+            write_topic_file(path, topic)
+        return commit_log
+
+    def _make_log(self, topic: str, path: str) -> CommitLog:
+        config = self.config.log_config(self.rules.rule_for(topic))
+        commit_log = CommitLog(topic, path, config, pool=self._pool, cache_budget=self._cache_budget)
+        self._logs[topic] = commit_log
+        return commit_log
+
+    def _on_durable(self, advanced: list[tuple[CommitLog, int]]) -> None:
+        topic_waiters = self._topic_waiters
+        pattern_waiters = self._pattern_waiters
+        if not topic_waiters and not pattern_waiters:
+            return
+        for commit_log, end_before in advanced:
+            topic = commit_log.topic
+            for waiter in topic_waiters.get(topic, ()):
+                if commit_log.end_offset > waiter.positions[topic]:
+                    waiter.wake(topic)
+            if end_before == 0:
+                for waiter in pattern_waiters:
+                    if topic not in waiter.positions and topic_matches(waiter.pattern or "#", topic):
+                        waiter.wake(topic)
+
+    def _remove_waiter(self, waiter: _Waiter) -> None:
+        for topic in waiter.positions:
+            waiters = self._topic_waiters.get(topic)
+            if waiters is not None:
+                waiters.remove(waiter)
+                if not waiters:
+                    del self._topic_waiters[topic]
+        if waiter.pattern is not None:
+            self._pattern_waiters.remove(waiter)
+
+
+def _info(commit_log: CommitLog) -> LogInfo:
+    return LogInfo(
+        commit_log.topic,
+        commit_log.start_offset,
+        commit_log.end_offset,
+        commit_log.size_bytes,
+        commit_log.last_append_ms,
+    )

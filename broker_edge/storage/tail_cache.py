@@ -1,0 +1,131 @@
+"""In-memory tails of the logs, so caught-up readers share the same `Record` objects without disk reads.
+
+Each log keeps its most recent records (bounded by count and bytes). A store-wide `TailCacheBudget` bounds
+all tails together: when over budget, the tails of the logs appended to least recently are dropped whole.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from .record import Record
+
+
+class TailCache:
+    """The most recent records of one log, oldest first."""
+
+    __slots__ = ("_bytes", "_head", "_next_offset", "_records", "budget", "max_bytes", "max_records")
+
+    def __init__(
+        self, max_records: int, max_bytes: int, next_offset: int, budget: TailCacheBudget | None = None
+    ):
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self.budget = budget
+        self._records: list[Record] = []
+        self._head = 0
+        self._bytes = 0
+        self._next_offset = next_offset
+
+    @property
+    def first_offset(self) -> int:
+        """Offset of the oldest cached record (the log's next offset when the cache is empty)."""
+        if self._head < len(self._records):
+            return self._records[self._head].offset
+        return self._next_offset
+
+    @property
+    def bytes(self) -> int:
+        """Encoded size of the cached records."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._records) - self._head
+
+    def add(self, record: Record) -> None:
+        """Cache a just-appended record (offsets must follow each other)."""
+        size = len(record.frame)
+        self._records.append(record)
+        self._bytes += size
+        self._next_offset = record.offset + 1
+        freed = 0
+        if len(self._records) - self._head > self.max_records or self._bytes > self.max_bytes:
+            freed = self._evict()
+        budget = self.budget
+        if budget is not None:
+            budget.bytes += size - freed
+            if budget.newest is not self or budget.bytes > budget.max_bytes:
+                budget.touched(self)
+
+    def slice(self, offset: int, stop: int, max_bytes: int, at_least_one: bool = True) -> list[Record]:
+        """Cached records from `offset` to `stop` (exclusive) within `max_bytes`; `offset` must be cached."""
+        records = self._records
+        first = self._head + offset - records[self._head].offset
+        last = first + stop - offset
+        if self._bytes <= max_bytes:
+            return records[first:last]
+        used = 0
+        end = first
+        while end < last:
+            used += len(records[end].frame)
+            if used > max_bytes:
+                break
+            end += 1
+        if end == first and at_least_one:
+            end += 1
+        return records[first:end]
+
+    def clear(self) -> int:
+        """Drop every cached record; returns the bytes freed."""
+        freed = self._bytes
+        self._records = []
+        self._head = 0
+        self._bytes = 0
+        return freed
+
+    def _evict(self) -> int:
+        """Trim to 7/8 of the limits, so eviction runs once per many appends rather than on each."""
+        records = self._records
+        keep_records = self.max_records - self.max_records // 8
+        keep_bytes = self.max_bytes - self.max_bytes // 8
+        freed = 0
+        while len(records) - self._head > keep_records or (
+            self._bytes > keep_bytes and len(records) - self._head > 1
+        ):
+            size = len(records[self._head].frame)
+            self._bytes -= size
+            freed += size
+            self._head += 1
+        if self._head * 2 > len(records):
+            del records[: self._head]
+            self._head = 0
+        return freed
+
+
+class TailCacheBudget:
+    """Bounds the bytes held by all tail caches of a store (least recently appended dropped first)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        """Bytes held by all accounted caches (kept up to date by `TailCache.add`)."""
+        self.newest: TailCache | None = None
+        self._caches: OrderedDict[TailCache, None] = OrderedDict()
+
+    def touched(self, cache: TailCache) -> None:
+        """`cache` was just appended to: make it the most recent, and drop the oldest caches if over."""
+        if cache is not self.newest:
+            self._caches[cache] = None
+            self._caches.move_to_end(cache)
+            self.newest = cache
+        while self.bytes > self.max_bytes and len(self._caches) > 1:
+            oldest, _ = self._caches.popitem(last=False)
+            self.bytes -= oldest.clear()
+
+    def forget(self, cache: TailCache) -> None:
+        """Stop accounting for a cache whose log is closed or deleted."""
+        if cache in self._caches:
+            del self._caches[cache]
+            self.bytes -= cache.clear()
+        if cache is self.newest:
+            self.newest = None

@@ -1,0 +1,64 @@
+"""Helpers for the storage tests: records with every field, and a few on-disk manipulations."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from broker_edge.storage import AppendRecord
+
+BASE_TIME_MS = 1_700_000_000_000
+
+
+def make_record(number: int, payload_size: int = 40, timestamp_ms: int | None = None) -> AppendRecord:
+    """A record whose fields all depend on `number`, so a wrong record is never mistaken for the right one."""
+    return AppendRecord(
+        payload=(f"payload-{number}-".encode() * payload_size)[:payload_size],
+        qos=1 + number % 2,
+        retain=number % 3 == 0,
+        client_id=f"device-{number % 7}",
+        user_properties=[("seq", str(number)), ("kind", "test")] if number % 2 else [],
+        content_type="application/json" if number % 5 == 0 else None,
+        payload_format_indicator=number % 2 if number % 4 == 0 else None,
+        timestamp_ms=BASE_TIME_MS + number if timestamp_ms is None else timestamp_ms,
+    )
+
+
+def assert_matches(record, number: int, offset: int | None = None) -> None:
+    """The stored record `record` carries exactly the fields of `make_record(number)`."""
+    expected = make_record(number)
+    assert record.offset == (number if offset is None else offset)
+    assert record.payload == expected.payload
+    assert record.qos == expected.qos
+    assert record.retain == expected.retain
+    assert record.client_id == expected.client_id
+    assert list(record.user_properties) == expected.user_properties
+    assert record.content_type == expected.content_type
+    assert record.payload_format_indicator == expected.payload_format_indicator
+    assert record.timestamp_ms == expected.timestamp_ms
+
+
+def segment_files(directory: Path, suffix: str = ".log") -> list[Path]:
+    return sorted(path for path in directory.iterdir() if path.name.endswith(suffix))
+
+
+def flip_byte(path: Path, position: int) -> None:
+    with open(path, "r+b") as file:
+        file.seek(position)
+        value = file.read(1)[0]
+        file.seek(position)
+        file.write(bytes([value ^ 0xFF]))
+
+
+def frame_positions(path: Path) -> list[int]:
+    """Start position of each frame in a segment file (walking the length prefixes)."""
+    data = path.read_bytes()
+    positions, position = [], 0
+    while position + 8 <= len(data):
+        positions.append(position)
+        position += 8 + int.from_bytes(data[position : position + 4], "little")
+    return positions
+
+
+def open_fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
