@@ -1,0 +1,210 @@
+"""The one interface pipelines use for Delta tables, and the choice of backend.
+
+Two backends implement :class:`TableStore`: ``delta_rs`` (embedded, no Delta jars, what runs locally and in
+CI) and ``delta_native`` (Spark's own Delta, on a cluster that ships it). Pipelines never import either;
+they call :func:`open_table_store` and code against this interface.
+
+Exactly-once writes: every ``append``/``merge`` carries ``(app_id, batch_id)``. The store records it in the
+same Delta commit as the data (a Delta ``txn`` action) and skips a batch whose id is not above the last one
+recorded for that app id, returning ``False``. A streaming query passes its query id (stable across restarts
+from one checkpoint) and the micro-batch id, so a batch replayed after a crash writes nothing twice.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+Backend = Literal["auto", "delta-rs", "native"]
+
+#: Arrow data or a Spark DataFrame: what ``append`` and ``merge`` accept.
+TableData = Any
+
+DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+
+
+class TableStoreError(RuntimeError):
+    """A table operation failed for a reason the caller should see (missing table, unsupported feature)."""
+
+
+class TableStore(ABC):
+    """Delta tables of one deployment, addressed by their spec name.
+
+    Every method takes the table *name* as declared in the catalog; locations come from the catalog and the
+    store's root, never from the caller.
+    """
+
+    backend: str
+
+    def __init__(self, catalog: TableCatalog) -> None:
+        self.catalog = catalog
+
+    def spec(self, name: str) -> TableSpec:
+        return self.catalog[name]
+
+    @abstractmethod
+    def location(self, name: str) -> str:
+        """Path or URI of the table (or its qualified name when the store addresses tables by name)."""
+
+    @abstractmethod
+    def exists(self, name: str) -> bool: ...
+
+    @abstractmethod
+    def ensure(self, name: str) -> None:
+        """Create the table as declared if missing; add declared columns and properties it lacks.
+
+        Existing columns are never changed: a type or partitioning that differs from the spec is an error.
+        """
+
+    def ensure_all(self) -> None:
+        for name in self.catalog:
+            self.ensure(name)
+
+    @abstractmethod
+    def append(self, name: str, data: TableData, app_id: str, batch_id: int) -> bool:
+        """Append rows once per ``(app_id, batch_id)``; ``False`` when that batch was already committed."""
+
+    @abstractmethod
+    def merge(
+        self,
+        name: str,
+        data: TableData,
+        app_id: str,
+        batch_id: int,
+        keys: tuple[str, ...] | list[str] | None = None,
+        update_when: str | None = None,
+        insert_when: str | None = None,
+        delete_when: str | None = None,
+        *,
+        update: bool = True,
+        insert: bool = True,
+        update_set: Mapping[str, str] | None = None,
+    ) -> bool:
+        """Upsert rows once per ``(app_id, batch_id)``; ``False`` when that batch was already committed.
+
+        Rows match on ``keys`` (default: the spec's merge keys), which must be unique in ``data``. The
+        predicates are SQL over the source alias ``s`` and the target alias ``t``, e.g.
+        ``"s.version > t.version"``; keep them to plain comparisons and boolean logic so that both backends
+        (DataFusion in delta-rs, Spark SQL natively) read them the same way. Matched rows are deleted when
+        ``delete_when`` holds, else updated when ``update`` and ``update_when`` (if any) hold; unmatched rows
+        are inserted (all columns) when ``insert`` and ``insert_when`` (if any) hold. An update sets every
+        column from the source, or, with ``update_set`` (column -> SQL expression), only those columns, e.g.
+        ``{"firmware_version": "coalesce(s.firmware_version, t.firmware_version)"}`` to keep stored values
+        the batch does not know.
+        """
+
+    @abstractmethod
+    def read(self, name: str) -> DataFrame:
+        """The current snapshot as a Spark DataFrame with the declared schema (empty table: no rows)."""
+
+    @abstractmethod
+    def read_arrow(self, name: str) -> pa.Table:
+        """The current snapshot as Arrow with the declared schema (for small tables and tests)."""
+
+    @abstractmethod
+    def version(self, name: str) -> int:
+        """The table's current Delta version."""
+
+    @abstractmethod
+    def committed_batch(self, name: str, app_id: str) -> int | None:
+        """The last batch id committed to the table under ``app_id``, or None."""
+
+
+def merge_condition(keys: tuple[str, ...] | list[str], quote: str) -> str:
+    """``t.k = s.k AND ...`` with identifiers quoted for the backend's SQL dialect."""
+    if not keys:
+        raise ValueError("merge needs at least one key column")
+    return " AND ".join(f"t.{quote}{k}{quote} = s.{quote}{k}{quote}" for k in keys)
+
+
+def check_batch(app_id: str, batch_id: int) -> None:
+    if not app_id:
+        raise ValueError("app_id must be a non-empty string (the streaming query id or a stable name)")
+    if not isinstance(batch_id, int) or isinstance(batch_id, bool) or batch_id < 0:
+        raise ValueError(f"batch_id must be a non-negative int, got {batch_id!r}")
+
+
+def choose_backend(backend: Backend, spark_extensions: str, delta_format_available: bool) -> str:
+    """Pick the backend name: native where Spark has Delta, else the embedded delta-rs."""
+    if backend in ("delta-rs", "native"):
+        return backend
+    if backend != "auto":
+        raise ValueError(f"backend must be 'auto', 'delta-rs' or 'native', got {backend!r}")
+    if DELTA_EXTENSION in spark_extensions or delta_format_available:
+        return "native"
+    return "delta-rs"
+
+
+def session_has_delta(spark: SparkSession) -> tuple[str, bool]:
+    """What :func:`choose_backend` looks at: the session extensions, and whether ``delta`` resolves.
+
+    Databricks runtimes have Delta built in without listing the extension, hence the second check: asking
+    Spark to resolve the ``delta`` data source class. It is only attempted when the runtime says it is
+    Databricks or the delta-spark Python package is importable, so plain local sessions start no JVM work.
+    """
+    extensions = spark.conf.get("spark.sql.extensions", "") or ""
+    if DELTA_EXTENSION in extensions:
+        return extensions, True
+    on_databricks = bool(os.environ.get("DATABRICKS_RUNTIME_VERSION"))
+    if not (on_databricks or _delta_spark_importable()):
+        return extensions, False
+    # Spark Connect has no JVM handle to ask; Databricks always has Delta, so trust its runtime marker.
+    return extensions, delta_format_resolves(spark) or on_databricks
+
+
+def delta_format_resolves(spark: SparkSession) -> bool:
+    """Whether Spark can resolve the ``delta`` data source (its jars are on the classpath)."""
+    try:
+        jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+        conf = spark._jsparkSession.sessionState().conf()  # type: ignore[attr-defined]
+        jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource("delta", conf)
+    except Exception:
+        return False
+    return True
+
+
+def _delta_spark_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("delta") is not None
+
+
+def open_table_store(
+    spark: SparkSession | None,
+    root: str,
+    backend: Backend = "auto",
+    catalog: TableCatalog = DEFAULT_CATALOG,
+    *,
+    namespace: str | None = None,
+    storage_options: dict[str, str] | None = None,
+) -> TableStore:
+    """The table store for this session: tables live at ``<root>/<table name>``.
+
+    ``namespace`` (``catalog.schema``) makes the native backend address tables by name in the metastore
+    instead of by path; ``storage_options`` are delta-rs object-store options (credentials, endpoints).
+    """
+    if backend == "auto":
+        if spark is None:
+            chosen = "delta-rs"
+        else:
+            extensions, available = session_has_delta(spark)
+            chosen = choose_backend(backend, extensions, available)
+    else:
+        chosen = choose_backend(backend, "", False)
+    if chosen == "native":
+        if spark is None:
+            raise ValueError("the native Delta backend needs a SparkSession")
+        from sinks.delta_native import DeltaNativeTableStore
+
+        return DeltaNativeTableStore(spark, root, catalog, namespace=namespace)
+    from sinks.delta_rs import DeltaRsTableStore
+
+    return DeltaRsTableStore(spark, root, catalog, storage_options=storage_options)
