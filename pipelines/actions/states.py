@@ -35,8 +35,12 @@ def is_legal_transition(current: str, new: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Execution:
-    """One row of ``action_executions``; ``version`` grows by one with every change, ``report_seq`` is the
-    highest device report sequence applied."""
+    """One row of ``action_executions``.
+
+    ``version`` grows by one with every change; ``report_seq`` is the highest device report sequence applied;
+    ``published_at`` is when the action message went out for this device (one broadcast, or its turn in a
+    paced rollout).
+    """
 
     action_id: str
     device_id: str
@@ -46,6 +50,7 @@ class Execution:
     status_details: str
     queued_at: int
     updated_at: int
+    published_at: int | None = None
     started_at: int | None = None
     finished_at: int | None = None
 

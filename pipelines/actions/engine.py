@@ -1,0 +1,301 @@
+"""The fanout engine: actions in, executions and summaries out, messages to the brokers.
+
+Three inputs drive it, each from its own thread of the job: new or changed ``actions`` rows (a stream over
+the table's change feed), device status reports (a stream over the brokers' logs), and a clock tick (rollout
+pacing, timeouts). All three read and write ``action_executions`` and ``action_summary``; one lock
+serialises them in the job's driver process, and every row carries a version that only grows, so a write
+computed from an old read can never move a row backwards.
+
+The engine works on Arrow tables on the driver: an action's executions are one row per targeted device, which
+is small next to telemetry (tens of thousands of rows for a 10,000-device rollout).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, replace
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.actions.model import Action, device_topic, to_ms
+from pipelines.actions.publisher import Publisher
+from pipelines.actions.rollout import rollout_allowance
+from pipelines.actions.states import (
+    CANCELED,
+    IN_PROGRESS,
+    QUEUED,
+    TIMED_OUT,
+    Execution,
+    StatusReport,
+    apply_reports,
+    platform_transition,
+    queued,
+)
+from pipelines.actions.summary import (
+    ACTION_ABORTED,
+    ACTION_IN_PROGRESS,
+    FINAL_ACTION_STATES,
+    action_state,
+    state_counts,
+)
+from sinks.store import TableStore
+
+log = logging.getLogger(__name__)
+
+EXECUTIONS = "action_executions"
+SUMMARY = "action_summary"
+ACTIONS = "actions"
+DEVICES = "devices"
+TIME_COLUMNS = ("queued_at", "published_at", "updated_at", "started_at", "finished_at")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _ts(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+
+
+class ActionsEngine:
+    """Fans actions out and keeps ``action_executions`` and ``action_summary`` up to date."""
+
+    def __init__(
+        self,
+        store: TableStore,
+        publisher: Publisher,
+        clock: Callable[[], int] = _now_ms,
+        app_id: str = "actions",
+    ) -> None:
+        self.store = store
+        self.publisher = publisher
+        self.clock = clock
+        self.app_id = app_id
+        self.lock = threading.Lock()
+        self._tick_batch = 0
+        for name in (ACTIONS, EXECUTIONS, SUMMARY, DEVICES):
+            store.ensure(name)
+
+    # -- inputs ---------------------------------------------------------------------------------------------
+
+    def on_action_rows(self, rows: Iterable[dict], app_id: str, batch_id: int) -> None:
+        """New and updated ``actions`` rows (change feed inserts and update post-images)."""
+        actions = [Action.from_row(row) for row in rows]
+        if not actions:
+            return
+        with self.lock:
+            now = self.clock()
+            known = self._executions([a.id for a in actions])
+            changed: list[Execution] = []
+            for action in actions:
+                rows_of_action = known.get(action.id, {})
+                if action.cancel:
+                    changed += self._stop(action, rows_of_action, CANCELED, "canceled by operator", now)
+                elif not rows_of_action:
+                    changed += self._fan_out(action, now)
+            self._write(changed, f"{app_id}/executions", batch_id)
+            self._summarise([a.id for a in actions], f"{app_id}/summary", batch_id)
+
+    def on_reports(self, reports: Iterable[StatusReport], app_id: str, batch_id: int) -> None:
+        """Device status reports from the brokers' logs, folded into the executions."""
+        by_key: dict[tuple[str, str], list[StatusReport]] = {}
+        for report in reports:
+            by_key.setdefault((report.action_id, report.device_id), []).append(report)
+        if not by_key:
+            return
+        with self.lock:
+            action_ids = sorted({action_id for action_id, _ in by_key})
+            known = self._executions(action_ids)
+            changed = []
+            for (action_id, device_id), device_reports in by_key.items():
+                updated = apply_reports(known.get(action_id, {}).get(device_id), device_reports)
+                if updated is not None:
+                    changed.append(updated)
+            self._write(changed, f"{app_id}/executions", batch_id)
+            self._summarise(action_ids, f"{app_id}/summary", batch_id)
+
+    def tick(self) -> None:
+        """Pace rollouts, time out executions, abort actions over their failure threshold."""
+        with self.lock:
+            now = self.clock()
+            actions = {a.id: a for a in self._actions() if not a.cancel}
+            open_ids = self._open_action_ids(actions)
+            if not open_ids:
+                return
+            known = self._executions(open_ids)
+            changed: list[Execution] = []
+            for action_id in open_ids:
+                action, rows = actions[action_id], known.get(action_id, {})
+                changed += self._time_out(action, rows, now)
+                if not action.broadcast:
+                    changed += self._pace(action, rows, now)
+            self._tick_batch = max(self._tick_batch + 1, now)
+            self._write(changed, f"{self.app_id}/tick/executions", self._tick_batch)
+            self._summarise(open_ids, f"{self.app_id}/tick/summary", self._tick_batch)
+
+    # -- fanout ---------------------------------------------------------------------------------------------
+
+    def _fan_out(self, action: Action, now: int) -> list[Execution]:
+        targets = self._targets(action)
+        rows = [queued(action.id, device_id, now) for device_id in targets]
+        if action.broadcast:
+            self.publisher.publish(action.broadcast_topic, action.message(now))
+            rows = [replace(row, published_at=now) for row in rows]
+            log.info("action %s broadcast on %s to %d devices", action.id, action.broadcast_topic, len(rows))
+        else:
+            log.info(
+                "action %s rolls out to %d devices at %d/min", action.id, len(rows), action.max_per_minute
+            )
+            rows = self._pace(action, {row.device_id: row for row in rows}, now)
+            published = {row.device_id for row in rows}
+            rows += [queued(action.id, d, now) for d in targets if d not in published]
+        return rows
+
+    def _pace(self, action: Action, rows: dict[str, Execution], now: int) -> list[Execution]:
+        """Publish to the next devices a paced rollout may reach by now (paced from its first queued row)."""
+        if action.max_per_minute is None or not rows:
+            return []
+        published = sum(1 for row in rows.values() if row.published_at is not None)
+        start = min(row.queued_at for row in rows.values())
+        allowance = rollout_allowance(action.max_per_minute, start, now, published)
+        waiting = sorted(d for d, row in rows.items() if row.published_at is None and row.state == QUEUED)
+        out = []
+        for device_id in waiting[:allowance]:
+            self.publisher.publish(device_topic(device_id), action.message(now))
+            row = rows[device_id]
+            out.append(replace(row, published_at=now, version=row.version + 1, updated_at=now))
+        return out
+
+    def _targets(self, action: Action) -> list[str]:
+        if action.device_ids:
+            return sorted(set(action.device_ids))
+        devices = self.store.read_arrow(DEVICES)
+        if not action.all_devices and action.group:
+            devices = devices.filter(pc.equal(devices["group"], action.group))
+        return sorted(set(devices["device_id"].to_pylist()))
+
+    # -- stopping -------------------------------------------------------------------------------------------
+
+    def _stop(
+        self, action: Action, rows: dict[str, Execution], state: str, details: str, now: int
+    ) -> list[Execution]:
+        """Cancel what has not started; ask devices that have started to stop (they report CANCELED)."""
+        if any(row.state == IN_PROGRESS or row.published_at is not None for row in rows.values()):
+            topic = action.broadcast_topic if action.broadcast else None
+            if topic:
+                self.publisher.publish(topic, action.cancel_message(now))
+            else:
+                for row in rows.values():
+                    if row.state == IN_PROGRESS:
+                        self.publisher.publish(device_topic(row.device_id), action.cancel_message(now))
+        changed = []
+        for row in rows.values():
+            if row.state == QUEUED:
+                updated = platform_transition(row, CANCELED, details, now)
+                if updated is not None:
+                    changed.append(updated)
+        log.info("action %s stopped (%s): %d queued executions canceled", action.id, state, len(changed))
+        return changed
+
+    def _time_out(self, action: Action, rows: dict[str, Execution], now: int) -> list[Execution]:
+        if not action.in_progress_timeout_s:
+            return []
+        limit = action.in_progress_timeout_s * 1000
+        changed = []
+        for row in rows.values():
+            if row.state == IN_PROGRESS and row.started_at is not None and now - row.started_at > limit:
+                details = f"no final report within {action.in_progress_timeout_s} s"
+                updated = platform_transition(row, TIMED_OUT, details, now)
+                if updated is not None:
+                    changed.append(updated)
+        return changed
+
+    # -- summaries ------------------------------------------------------------------------------------------
+
+    def _summarise(self, action_ids: list[str], app_id: str, batch_id: int) -> None:
+        """Recompute the summary of ``action_ids``; an action crossing its abort threshold is stopped."""
+        actions = {a.id: a for a in self._actions(action_ids)}
+        previous = self._summary_states(action_ids)
+        executions = self._executions(action_ids)
+        now = self.clock()
+        summaries, aborted = [], []
+        for action_id in action_ids:
+            action = actions.get(action_id)
+            rows = executions.get(action_id, {})
+            counts = state_counts([row.state for row in rows.values()])
+            if action is None:
+                state = ACTION_IN_PROGRESS
+            else:
+                state = action_state(previous.get(action_id), counts, action.cancel, action.abort)
+            if state == ACTION_ABORTED and previous.get(action_id) != ACTION_ABORTED and action is not None:
+                aborted.append((action, rows))
+            summaries.append((action_id, counts, state))
+        for action, rows in aborted:
+            reason = "action aborted: failure threshold reached"
+            stopped = self._stop(action, rows, ACTION_ABORTED, reason, now)
+            self._write(stopped, f"{app_id}/abort", batch_id)
+            for row in stopped:
+                rows[row.device_id] = row
+            index = next(i for i, s in enumerate(summaries) if s[0] == action.id)
+            summaries[index] = (action.id, state_counts([r.state for r in rows.values()]), ACTION_ABORTED)
+        table = pa.Table.from_pylist(
+            [
+                {
+                    "action_id": action_id,
+                    **{f"{state.lower()}_count": counts[state] for state in counts},
+                    "total_count": sum(counts.values()),
+                    "action_state": state,
+                    "updated_at": _ts(now),
+                }
+                for action_id, counts, state in summaries
+            ],
+            schema=self.store.spec(SUMMARY).arrow_schema,
+        )
+        self.store.merge(SUMMARY, table, app_id, batch_id)
+
+    def _open_action_ids(self, actions: dict[str, Action]) -> list[str]:
+        states = self._summary_states(list(actions))
+        return sorted(a for a in actions if states.get(a, ACTION_IN_PROGRESS) not in FINAL_ACTION_STATES)
+
+    # -- table access ---------------------------------------------------------------------------------------
+
+    def _actions(self, ids: list[str] | None = None) -> list[Action]:
+        table = self.store.read_arrow(ACTIONS)
+        if ids is not None:
+            table = table.filter(pc.is_in(table["id"], pa.array(ids, pa.string())))
+        latest: dict[str, dict] = {}
+        for row in table.to_pylist():
+            latest[row["id"]] = row
+        return [Action.from_row(row) for row in latest.values()]
+
+    def _summary_states(self, action_ids: list[str]) -> dict[str, str]:
+        table = self.store.read_arrow(SUMMARY)
+        table = table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
+        return dict(zip(table["action_id"].to_pylist(), table["action_state"].to_pylist(), strict=True))
+
+    def _executions(self, action_ids: list[str]) -> dict[str, dict[str, Execution]]:
+        table = self.store.read_arrow(EXECUTIONS)
+        table = table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
+        out: dict[str, dict[str, Execution]] = {}
+        for row in table.to_pylist():
+            for column in TIME_COLUMNS:
+                row[column] = to_ms(row[column])
+            out.setdefault(row["action_id"], {})[row["device_id"]] = Execution(**row)
+        return out
+
+    def _write(self, rows: list[Execution], app_id: str, batch_id: int) -> None:
+        if not rows:
+            return
+        records = []
+        for row in rows:
+            record = asdict(row)
+            for column in TIME_COLUMNS:
+                record[column] = _ts(record[column])
+            records.append(record)
+        table = pa.Table.from_pylist(records, schema=self.store.spec(EXECUTIONS).arrow_schema)
+        self.store.merge(EXECUTIONS, table, app_id, batch_id, update_when="s.version > t.version")
