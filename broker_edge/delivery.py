@@ -121,18 +121,28 @@ def frame_size(template: PublishTemplate) -> int:
 def forwarded_properties(props: Properties | None) -> tuple[Properties | None, int | None]:
     """The v5 properties of an incoming PUBLISH (or will) to forward, and its Message Expiry Interval.
 
-    Topic alias and subscription identifiers are per hop and never forwarded; the expiry is kept apart
-    because each delivery sends what remains of it (MQTT 3.3.2.3.3).
+    Only the application properties travel (payload format, content type, response topic, correlation
+    data, user properties): topic alias and subscription identifiers are per hop and will-only properties
+    (Will Delay Interval) are not PUBLISH properties. The expiry is kept apart because each delivery sends
+    what remains of it (MQTT 3.3.2.3.3).
     """
     if props is None:
         return None, None
     expiry = props.message_expiry_interval
-    if props.topic_alias is None and expiry is None and not props.subscription_identifiers:
+    if (
+        props.topic_alias is None
+        and expiry is None
+        and not props.subscription_identifiers
+        and props.will_delay_interval is None
+    ):
         return props, None
-    forwarded = copy.copy(props)
-    forwarded.topic_alias = None
-    forwarded.message_expiry_interval = None
-    forwarded.subscription_identifiers = []
+    forwarded = Properties(
+        payload_format_indicator=props.payload_format_indicator,
+        content_type=props.content_type,
+        response_topic=props.response_topic,
+        correlation_data=props.correlation_data,
+        user_properties=props.user_properties,
+    )
     if forwarded.is_empty():
         return None, expiry
     return forwarded, expiry

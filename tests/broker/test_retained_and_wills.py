@@ -1,0 +1,118 @@
+"""Retained messages (v5 retain handling, retain as published) and wills (delay, normal vs 0x04 disconnect)."""
+
+from __future__ import annotations
+
+from broker_edge.protocol.packets import Disconnect
+from tests.broker.broker_test_clients import PahoClient, RawClient
+
+
+def test_retained_message_sent_on_subscribe_and_cleared_by_empty_payload(broker):
+    pub = PahoClient(broker.port, "pub")
+    pub.publish("state/lamp", b"on", 1, retain=True)
+    first = PahoClient(broker.port, "s1")
+    first.subscribe("state/#", 1)
+    [message] = first.expect(1)
+    assert (message.payload, message.retain) == (b"on", True)
+    pub.publish("state/lamp", b"", 1, retain=True)
+    later = PahoClient(broker.port, "s2")
+    later.subscribe("state/#", 1)
+    pub.publish("state/other", b"live", 1)
+    assert [m.payload for m in later.expect(1)] == [b"live"]
+
+
+def test_live_delivery_clears_retain_flag_unless_retain_as_published(broker):
+    plain = PahoClient(broker.port, "plain")
+    plain.subscribe("r", 0)
+    rap = PahoClient(broker.port, "rap")
+    rap.subscribe("r", 0, retainAsPublished=True)
+    v3 = PahoClient(broker.port, "v3", version=4)
+    v3.subscribe("r", 0)
+    PahoClient(broker.port, "pub").publish("r", b"x", 0, retain=True)
+    assert plain.expect(1)[0].retain is False
+    assert rap.expect(1)[0].retain is True
+    assert v3.expect(1)[0].retain is False
+
+
+def test_retain_handling_1_and_2(broker):
+    PahoClient(broker.port, "pub").publish("rh", b"kept", 1, retain=True)
+    never = PahoClient(broker.port, "never")
+    never.subscribe("rh", 0, retainHandling=2)
+    if_new = PahoClient(broker.port, "ifnew")
+    if_new.subscribe("rh", 0, retainHandling=1)
+    assert if_new.expect(1)[0].payload == b"kept"
+    if_new.subscribe("rh", 0, retainHandling=1)  # not new: nothing
+    always = PahoClient(broker.port, "always")
+    always.subscribe("rh", 0, retainHandling=0)
+    always.subscribe("rh", 0, retainHandling=0)
+    assert len(always.expect(2)) == 2
+    never.expect_none(0.1)
+    if_new.expect_none(0.1)
+
+
+def test_retained_limit(start_broker):
+    broker = start_broker(retain={"max_retained": 2})
+    pub = PahoClient(broker.port, "pub")
+    for i in range(3):
+        pub.publish(f"r/{i}", b"v", 1, retain=True)
+    sub = PahoClient(broker.port, "sub")
+    sub.subscribe("r/#", 0)
+    assert sorted(m.topic for m in sub.expect(2)) == ["r/0", "r/1"]
+    sub.expect_none(0.2)
+    assert broker.drops("retained_full") == 1
+
+
+def test_will_published_when_connection_drops(broker):
+    watcher = PahoClient(broker.port, "watcher")
+    watcher.subscribe("wills/#", 1)
+    device = PahoClient(broker.port, "dev", will=("wills/dev", b"offline", 1, False))
+    device.kill()
+    [message] = watcher.expect(1)
+    assert (message.topic, message.payload) == ("wills/dev", b"offline")
+
+
+def test_no_will_after_normal_disconnect_but_0x04_sends_it(broker):
+    watcher = PahoClient(broker.port, "watcher")
+    watcher.subscribe("wills/#", 1)
+    polite = PahoClient(broker.port, "polite", will=("wills/polite", b"x", 1, False))
+    polite.disconnect()
+    raw = RawClient(broker.port, 5)
+    from broker_edge.protocol.packets import Will
+
+    raw.connect("explicit", will=Will("wills/explicit", b"bye", 1))
+    raw.send_packet(Disconnect(0x04))
+    [message] = watcher.expect(1)
+    assert message.topic == "wills/explicit"
+    watcher.expect_none(0.2)
+
+
+def test_will_delay_cancelled_by_reconnect_and_sent_after_delay(broker):
+    watcher = PahoClient(broker.port, "watcher")
+    watcher.subscribe("wills/#", 1)
+    flaky = PahoClient(
+        broker.port, "flaky", clean=False, session_expiry=300, will=("wills/flaky", b"gone", 1, False), will_delay=1
+    )
+    flaky.kill()
+    PahoClient(broker.port, "flaky", clean=False, session_expiry=300)  # back before the delay: no will
+    delayed = PahoClient(
+        broker.port, "slowwill", clean=False, session_expiry=300, will=("wills/slow", b"late", 1, False), will_delay=1
+    )
+    delayed.kill()
+    [message] = watcher.expect(1, timeout=5)
+    assert message.topic == "wills/slow"
+    watcher.expect_none(0.3)
+
+
+def test_retained_will(broker):
+    device = PahoClient(broker.port, "dev", version=4, will=("status/dev", b"dead", 1, True))
+    device.kill()
+    watcher = PahoClient(broker.port, "late")
+    deadline_messages = []
+    for _ in range(50):
+        watcher.subscribe("status/dev", 1)
+        try:
+            deadline_messages = watcher.expect(1, timeout=0.1)
+            break
+        except Exception:
+            continue
+    assert deadline_messages and deadline_messages[0].payload == b"dead"
+    assert deadline_messages[0].retain is True
