@@ -162,10 +162,15 @@ def session_has_delta(spark: SparkSession) -> tuple[str, bool]:
 
 def delta_format_resolves(spark: SparkSession) -> bool:
     """Whether Spark can resolve the ``delta`` data source (its jars are on the classpath)."""
+    return data_source_resolves(spark, "delta")
+
+
+def data_source_resolves(spark: SparkSession, name: str) -> bool:
+    """Whether ``format(name)`` would find a data source class, asked of the JVM without reading anything."""
     try:
         jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
         conf = spark._jsparkSession.sessionState().conf()  # type: ignore[attr-defined]
-        jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource("delta", conf)
+        jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(name, conf)
     except Exception:
         return False
     return True

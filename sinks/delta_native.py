@@ -1,0 +1,294 @@
+"""The table store for Spark sessions that have Delta built in (Databricks, or delta-spark with its jars).
+
+Kept deliberately thin: Delta itself does the idempotency, conflict detection and schema enforcement.
+
+- Appends use the DataFrame writer options ``txnAppId``/``txnVersion``: Delta skips a write whose version
+  is not above the last one recorded for the app id.
+- Merges (``DeltaTable.merge``) take the same pair from the session confs
+  ``spark.databricks.delta.write.txnAppId``/``txnVersion`` (Delta >= 2.3, "idempotent DML"). They are set on
+  the session of the source DataFrame; inside ``foreachBatch`` that is the query's own cloned session, so
+  concurrent queries do not see each other's settings.
+- Whether a write happened (the ``bool`` result) is read back from the table history: every write tags
+  its commit with ``userMetadata = "timestone:<app_id>:<batch_id>"``.
+
+This module cannot run on machines without the Delta jars; docs/tables.md lists what is tested where.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from sinks.arrow_conform import SchemaMismatch
+from sinks.store import TableData, TableStore, check_batch, merge_condition
+from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+MARKER_PREFIX = "timestone:"
+
+
+def commit_marker(app_id: str, batch_id: int) -> str:
+    return f"{MARKER_PREFIX}{app_id}:{batch_id}"
+
+
+class DeltaNativeTableStore(TableStore):
+    """:class:`~sinks.store.TableStore` over Spark's Delta data source and ``delta.tables.DeltaTable``."""
+
+    backend = "native"
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        root: str | None,
+        catalog: TableCatalog = DEFAULT_CATALOG,
+        *,
+        namespace: str | None = None,
+        max_commit_attempts: int = 8,
+    ) -> None:
+        super().__init__(catalog)
+        if not root and not namespace:
+            raise ValueError("give a root path, a namespace (catalog.schema), or both")
+        self.spark = spark
+        self.root = root
+        self.namespace = namespace
+        self.max_commit_attempts = max_commit_attempts
+        self._ensured: set[str] = set()
+
+    # -- addressing --------------------------------------------------------------------------------------
+
+    def location(self, name: str) -> str:
+        spec = self.spec(name)
+        return spec.qualified_name(self.namespace) if self.namespace else spec.location(self.root or "")
+
+    def _identifier(self, name: str) -> str:
+        """The SQL identifier: ``catalog.schema.table`` or ``delta.`/path```."""
+        if self.namespace:
+            return ".".join(f"`{part}`" for part in self.location(name).split("."))
+        return f"delta.`{self.location(name)}`"
+
+    def _delta_table(self, name: str) -> Any:
+        from delta.tables import DeltaTable
+
+        if self.namespace:
+            return DeltaTable.forName(self.spark, self.location(name))
+        return DeltaTable.forPath(self.spark, self.location(name))
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+
+    def exists(self, name: str) -> bool:
+        from delta.tables import DeltaTable
+
+        if self.namespace:
+            return bool(self.spark.catalog.tableExists(self.location(name)))
+        return bool(DeltaTable.isDeltaTable(self.spark, self.location(name)))
+
+    def ensure(self, name: str) -> None:
+        from delta.tables import DeltaTable
+
+        spec = self.spec(name)
+        builder = DeltaTable.createIfNotExists(self.spark)
+        if self.namespace:
+            builder = builder.tableName(self.location(name))
+            if self.root:  # external table at a known location
+                builder = builder.location(spec.location(self.root))
+        else:
+            builder = builder.location(self.location(name))
+        builder = builder.addColumns(spec.schema).comment(spec.description)
+        if spec.partition_by:
+            builder = builder.partitionedBy(*spec.partition_by)
+        for key, value in spec.properties.items():
+            builder = builder.property(key, value)
+        builder.execute()
+        self._evolve(spec)
+        self._ensured.add(name)
+
+    def _evolve(self, spec: TableSpec) -> None:
+        detail = self._delta_table(spec.name).detail().select("partitionColumns", "properties").first()
+        partitions = list(detail["partitionColumns"] or [])
+        if partitions != list(spec.partition_by):
+            raise SchemaMismatch(
+                f"{spec.name}: table is partitioned by {partitions}, spec says {spec.partition_by}"
+            )
+        existing = {f.name: f for f in self._load(spec.name).schema.fields}
+        missing = []
+        for declared in spec.schema.fields:
+            found = existing.get(declared.name)
+            if found is None:
+                missing.append(f"`{declared.name}` {declared.dataType.simpleString()}")
+            elif found.dataType.simpleString() != declared.dataType.simpleString():
+                raise SchemaMismatch(
+                    f"{spec.name}.{declared.name}: table has {found.dataType.simpleString()}, "
+                    f"spec says {declared.dataType.simpleString()}"
+                )
+        if missing:
+            self.spark.sql(f"ALTER TABLE {self._identifier(spec.name)} ADD COLUMNS ({', '.join(missing)})")
+        properties = dict(detail["properties"] or {})
+        absent = {k: v for k, v in spec.properties.items() if properties.get(k) != v}
+        if absent:
+            assignments = ", ".join(f"'{k}' = '{v}'" for k, v in absent.items())
+            self.spark.sql(f"ALTER TABLE {self._identifier(spec.name)} SET TBLPROPERTIES ({assignments})")
+
+    def _ensure_once(self, name: str) -> None:
+        if name not in self._ensured:
+            self.ensure(name)
+
+    # -- writes ------------------------------------------------------------------------------------------
+
+    def append(self, name: str, data: TableData, app_id: str, batch_id: int) -> bool:
+        check_batch(app_id, batch_id)
+        self._ensure_once(name)
+        frame = self._frame(name, data)
+        before = self.version(name)
+        writer = (
+            frame.write.format("delta")
+            .mode("append")
+            .option("txnAppId", app_id)
+            .option("txnVersion", batch_id)
+            .option("userMetadata", commit_marker(app_id, batch_id))
+        )
+        self._with_retries(
+            lambda: (
+                writer.saveAsTable(self.location(name))
+                if self.namespace
+                else writer.save(self.location(name))
+            )
+        )
+        return self._committed_since(name, before, app_id, batch_id)
+
+    def merge(
+        self,
+        name: str,
+        data: TableData,
+        app_id: str,
+        batch_id: int,
+        keys: tuple[str, ...] | list[str] | None = None,
+        update_when: str | None = None,
+        insert_when: str | None = None,
+        delete_when: str | None = None,
+        *,
+        update: bool = True,
+        insert: bool = True,
+        update_set: Mapping[str, str] | None = None,
+    ) -> bool:
+        check_batch(app_id, batch_id)
+        self._ensure_once(name)
+        condition = merge_condition(tuple(keys or self.spec(name).merge_keys), quote="`")
+        source = self._frame(name, data)
+        session = source.sparkSession
+        before = self.version(name)
+
+        def run() -> None:
+            builder = self._delta_table(name).alias("t").merge(source.alias("s"), condition)
+            if delete_when is not None:
+                builder = builder.whenMatchedDelete(condition=delete_when)
+            if update and update_set:
+                builder = builder.whenMatchedUpdate(condition=update_when, set=dict(update_set))
+            elif update:
+                builder = builder.whenMatchedUpdateAll(condition=update_when)
+            if insert:
+                builder = builder.whenNotMatchedInsertAll(condition=insert_when)
+            builder.execute()
+
+        confs = {
+            TXN_APP_ID_CONF: app_id,
+            TXN_VERSION_CONF: str(batch_id),
+            USER_METADATA_CONF: commit_marker(app_id, batch_id),
+        }
+        previous = {key: session.conf.get(key, None) for key in confs}
+        try:
+            for key, value in confs.items():
+                session.conf.set(key, value)
+            self._with_retries(run)
+        finally:
+            for key, value in previous.items():
+                if value is None:
+                    session.conf.unset(key)
+                else:
+                    session.conf.set(key, value)
+        return self._committed_since(name, before, app_id, batch_id)
+
+    def _frame(self, name: str, data: TableData) -> DataFrame:
+        """A DataFrame with exactly the table's declared columns, in order (Arrow input is converted)."""
+        spec = self.spec(name)
+        if not (hasattr(data, "sparkSession") and hasattr(data, "toArrow")):
+            from sinks.arrow_conform import conform, to_arrow_table
+
+            data = self.spark.createDataFrame(conform(to_arrow_table(data), spec.arrow_schema, name))
+        from pyspark.sql import functions as F
+
+        extra = [c for c in data.columns if c not in spec.column_names]
+        if extra:
+            raise SchemaMismatch(f"{name}: columns not in the table: {extra}")
+        columns = []
+        for field in spec.schema.fields:
+            if field.name in data.columns:
+                columns.append(F.col(f"`{field.name}`"))
+            elif field.nullable:  # same rule as the delta-rs backend: absent nullable columns are null
+                columns.append(F.lit(None).cast(field.dataType).alias(field.name))
+            else:
+                raise SchemaMismatch(
+                    f"{name}.{field.name}: column missing (type {field.dataType.simpleString()})"
+                )
+        return data.select(*columns)
+
+    def _with_retries(self, write: Any) -> None:
+        """Retry Delta's optimistic-concurrency conflicts; Delta's txn check keeps retries idempotent."""
+        from delta.exceptions import DeltaConcurrentModificationException
+
+        for attempt in range(self.max_commit_attempts):
+            try:
+                write()
+                return
+            except DeltaConcurrentModificationException:
+                if attempt + 1 == self.max_commit_attempts:
+                    raise
+                time.sleep(min(2.0, 0.05 * 2**attempt))
+
+    def _committed_since(self, name: str, before: int, app_id: str, batch_id: int) -> bool:
+        """Whether a commit after ``before`` carries this write's marker (Delta skips replays silently)."""
+        from pyspark.sql import functions as F
+
+        history = self._delta_table(name).history()
+        tagged = history.where(
+            (F.col("version") > before) & (F.col("userMetadata") == commit_marker(app_id, batch_id))
+        )
+        return bool(tagged.limit(1).count())
+
+    # -- reads -------------------------------------------------------------------------------------------
+
+    def _load(self, name: str) -> DataFrame:
+        if self.namespace:
+            return self.spark.read.table(self.location(name))
+        return self.spark.read.format("delta").load(self.location(name))
+
+    def read(self, name: str) -> DataFrame:
+        return self._load(name).select(*[f"`{c}`" for c in self.spec(name).column_names])
+
+    def read_arrow(self, name: str) -> pa.Table:
+        from sinks.arrow_conform import conform
+
+        return conform(self.read(name).toArrow(), self.spec(name).arrow_schema, name)
+
+    def version(self, name: str) -> int:
+        return int(self._delta_table(name).history(1).select("version").first()[0])
+
+    def committed_batch(self, name: str, app_id: str) -> int | None:
+        """From the commit markers in the history: bounded by log retention, unlike delta-rs's txn lookup."""
+        from pyspark.sql import functions as F
+
+        prefix = f"{MARKER_PREFIX}{app_id}:"
+        rows = (
+            self._delta_table(name)
+            .history()
+            .where(F.col("userMetadata").startswith(prefix))
+            .select(F.max(F.substring(F.col("userMetadata"), len(prefix) + 1, 30).cast("long")))
+            .first()
+        )
+        return None if rows is None or rows[0] is None else int(rows[0])
