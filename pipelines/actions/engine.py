@@ -84,8 +84,12 @@ class ActionsEngine:
     # -- inputs ---------------------------------------------------------------------------------------------
 
     def on_action_rows(self, rows: Iterable[dict], app_id: str, batch_id: int) -> None:
-        """New and updated ``actions`` rows (change feed inserts and update post-images)."""
-        actions = [Action.from_row(row) for row in rows]
+        """New and updated ``actions`` rows (change feed inserts and update post-images, in commit order).
+
+        Only an action's latest row counts: created and canceled in one batch means never fanned out.
+        """
+        latest = {row["id"]: row for row in rows}
+        actions = [Action.from_row(row) for row in latest.values()]
         if not actions:
             return
         with self.lock:

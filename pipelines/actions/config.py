@@ -1,0 +1,54 @@
+"""Configuration of the actions (OTA fanout) job, loaded from ``conf/actions.yaml``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from broker_edge.config import ConfigError
+
+
+@dataclass
+class BrokerEndpoint:
+    """One edge broker as the job reaches it: MQTT to publish actions, the offsets API to read reports."""
+
+    name: str = "edge-1"
+    mqtt_host: str = "127.0.0.1"
+    mqtt_port: int = 1883
+    offsets_api: str = "http://127.0.0.1:9884"
+    username: str | None = None
+    password: str | None = None
+    token: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.mqtt_port < 65536:
+            raise ConfigError("mqtt_port", f"must be a TCP port, got {self.mqtt_port}")
+        if not self.offsets_api.startswith(("http://", "https://")):
+            raise ConfigError("offsets_api", f"must be an http(s) URL, got {self.offsets_api!r}")
+
+
+@dataclass
+class ActionsConfig:
+    """Where the tables and checkpoints live, which brokers to use, how often to act."""
+
+    tables_root: str = ".timestone/tables"
+    """Directory (or URI) under which every Delta table lives; on Databricks, a Volume or cloud path."""
+    checkpoint_root: str = ".timestone/checkpoints/actions"
+    """Spark checkpoints of the job's two streams (actions change feed, device status reports)."""
+    brokers: list[BrokerEndpoint] = field(default_factory=lambda: [BrokerEndpoint()])
+    status_topics: str = "devices/+/actions"
+    """Topic filter of the device status reports (docs/device-protocol.md)."""
+    trigger_interval_s: float = 1.0
+    """Micro-batch interval of both streams."""
+    tick_interval_s: float = 1.0
+    """How often paced rollouts advance and in-progress timeouts are checked."""
+    backend: str = "auto"
+    """Table backend: auto (native Delta when the Spark session has it, else delta-rs), delta-rs or native."""
+
+    def __post_init__(self) -> None:
+        if not self.brokers:
+            raise ConfigError("brokers", "at least one broker is needed")
+        for name in ("trigger_interval_s", "tick_interval_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(name, "must be positive")
+        if self.backend not in ("auto", "delta-rs", "native"):
+            raise ConfigError("backend", f"expected auto, delta-rs or native, got {self.backend!r}")

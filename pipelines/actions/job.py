@@ -1,0 +1,140 @@
+"""The actions job on Spark: two streams and a clock feeding one :class:`ActionsEngine`.
+
+- ``actions`` change feed → new actions are fanned out, a ``cancel`` update stops one
+  (native Delta streaming with ``readChangeFeed`` where the session has Delta; here the ``delta_cdf`` source);
+- device status reports from the brokers' logs (the ``timestone`` source) → executions and summaries;
+- a ticker thread → paced rollouts, timeouts, aborts.
+
+Spark checkpoints hold both streams' offsets; every table write is idempotent per (query, batch), so a
+replayed micro-batch changes nothing. Publishing is at least once: a replay may publish an action again, and
+devices ignore an action id they have already seen.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from pipelines.actions.config import ActionsConfig
+from pipelines.actions.engine import ACTIONS, ActionsEngine
+from pipelines.actions.model import parse_report
+from pipelines.actions.publisher import MqttPublisher, Publisher
+from sinks.foreach_batch import streaming_query_id
+from sinks.store import TableStore, open_table_store
+from sources import register_sources
+
+log = logging.getLogger(__name__)
+
+
+def _action_changes(spark: SparkSession, store: TableStore) -> DataFrame:
+    location = store.location(ACTIONS)
+    if store.backend == "native":
+        stream = spark.readStream.format("delta").option("readChangeFeed", "true")
+        stream = stream.option("startingVersion", "0").load(location)
+    else:
+        stream = spark.readStream.format("delta_cdf").option("path", location).option("startingVersion", "0")
+        stream = stream.load()
+    return stream.where(F.col("_change_type").isin("insert", "update_postimage"))
+
+
+def _status_reports(spark: SparkSession, config: ActionsConfig) -> DataFrame:
+    brokers = ",".join(f"{b.name}={b.offsets_api}" for b in config.brokers)
+    reader = (
+        spark.readStream.format("timestone")
+        .option("brokers", brokers)
+        .option("topics", config.status_topics)
+        .option("startingOffsets", "earliest")
+    )
+    for broker in config.brokers:
+        if broker.token:
+            reader = reader.option(f"authToken.{broker.name}", broker.token)
+    return reader.load().select("payload")
+
+
+@dataclass
+class ActionsJob:
+    """The running job: its queries and ticker; :meth:`stop` ends all of them."""
+
+    engine: ActionsEngine
+    queries: list[StreamingQuery]
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _ticker: threading.Thread | None = None
+
+    def start_ticker(self, interval_s: float) -> None:
+        def run() -> None:
+            while not self._stop.wait(interval_s):
+                try:
+                    self.engine.tick()
+                except Exception:  # the next tick retries; a streaming failure stops the job instead
+                    log.exception("actions tick failed")
+
+        self._ticker = threading.Thread(target=run, name="actions-ticker", daemon=True)
+        self._ticker.start()
+
+    def process_available(self) -> None:
+        """Wait until both streams have processed everything available now (tests, demos)."""
+        for query in self.queries:
+            query.processAllAvailable()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._ticker:
+            self._ticker.join(timeout=10)
+        for query in self.queries:
+            query.stop()
+        self.engine.publisher.close()
+
+
+def start_actions_job(
+    spark: SparkSession,
+    config: ActionsConfig,
+    store: TableStore | None = None,
+    publisher: Publisher | None = None,
+) -> ActionsJob:
+    """Start both streams and the ticker; returns at once with the running :class:`ActionsJob`."""
+    register_sources(spark)
+    store = store or open_table_store(spark, config.tables_root, backend=config.backend)  # type: ignore[arg-type]
+    publisher = publisher or MqttPublisher(
+        [(b.mqtt_host, b.mqtt_port) for b in config.brokers],
+        username=config.brokers[0].username,
+        password=config.brokers[0].password,
+    )
+    engine = ActionsEngine(store, publisher)
+    checkpoints = Path(config.checkpoint_root)
+    trigger = f"{config.trigger_interval_s} seconds"
+
+    def fan_out(batch: DataFrame, batch_id: int) -> None:
+        ordered = batch.orderBy("_commit_version")
+        rows = ordered.drop("_change_type", "_commit_version", "_commit_timestamp").toArrow().to_pylist()
+        engine.on_action_rows(rows, f"fanout/{streaming_query_id(batch)}", batch_id)
+
+    def track(batch: DataFrame, batch_id: int) -> None:
+        payloads = batch.toArrow().column("payload").to_pylist()
+        reports = [r for r in (parse_report(p) for p in payloads) if r is not None]
+        if len(reports) < len(payloads):
+            log.warning("skipped %d status messages that are not reports", len(payloads) - len(reports))
+        engine.on_reports(reports, f"reports/{streaming_query_id(batch)}", batch_id)
+
+    queries = [
+        _action_changes(spark, store)
+        .writeStream.queryName("actions-fanout")
+        .foreachBatch(fan_out)
+        .option("checkpointLocation", str(checkpoints / "fanout"))
+        .trigger(processingTime=trigger)
+        .start(),
+        _status_reports(spark, config)
+        .writeStream.queryName("actions-reports")
+        .foreachBatch(track)
+        .option("checkpointLocation", str(checkpoints / "reports"))
+        .trigger(processingTime=trigger)
+        .start(),
+    ]
+    job = ActionsJob(engine, queries)
+    job.start_ticker(config.tick_interval_s)
+    return job
