@@ -24,9 +24,9 @@ def make_record(number: int, payload_size: int = 40, timestamp_ms: int | None = 
     )
 
 
-def assert_matches(record, number: int, offset: int | None = None) -> None:
-    """The stored record `record` carries exactly the fields of `make_record(number)`."""
-    expected = make_record(number)
+def assert_matches(record, number: int, offset: int | None = None, payload_size: int = 40) -> None:
+    """The stored record `record` carries exactly the fields of `make_record(number, payload_size)`."""
+    expected = make_record(number, payload_size)
     assert record.offset == (number if offset is None else offset)
     assert record.payload == expected.payload
     assert record.qos == expected.qos

@@ -1,0 +1,184 @@
+"""Durability policies: when_durable fires on the loop only after the data is written (and fsynced).
+
+A spy wraps `os.fdatasync` (the real call still happens) to see what was synced before a callback ran; a
+second LogStore opened on the same directory from inside the callback proves the records are in the files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from broker_edge.storage import LogStore, StorageConfig, StorageFailed
+from tests.storage.log_helpers import assert_matches, make_record
+
+TOPIC = "plant/line-1/temp"
+
+
+class FsyncSpy:
+    """Records the size of every file fdatasync'ed and the thread that did it, then syncs it for real."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.sizes: list[int] = []
+        self.threads: set[threading.Thread] = set()
+        real = os.fdatasync
+
+        def spying(fd: int) -> None:
+            self.sizes.append(os.fstat(fd).st_size)
+            self.threads.add(threading.current_thread())
+            real(fd)
+
+        monkeypatch.setattr(os, "fdatasync", spying)
+
+
+def _open(directory: Path, durability: str, **settings) -> LogStore:
+    store = LogStore(directory, StorageConfig(durability=durability, **settings))
+    store.open()
+    return store
+
+
+def _records_on_disk(directory: Path) -> list:
+    other = _open(directory, "group")
+    try:
+        return other.read(TOPIC, 0, max_records=10_000, max_bytes=10**9)
+    finally:
+        other.close()
+
+
+async def _append_and_wait(store: LogStore, directory: Path, count: int, spy: FsyncSpy) -> dict:
+    seen: dict = {}
+    done = asyncio.Event()
+
+    def on_durable() -> None:
+        seen["thread"] = threading.current_thread()
+        seen["synced_sizes"] = list(spy.sizes)
+        seen["syncing_threads"] = set(spy.threads)
+        seen["end_offset"] = store.log_info(TOPIC).end_offset
+        seen["bytes"] = store.log_info(TOPIC).bytes
+        seen["on_disk"] = _records_on_disk(directory)
+        done.set()
+
+    for number in range(count):
+        store.append(TOPIC, make_record(number))
+    store.when_durable(on_durable)
+    await asyncio.wait_for(done.wait(), 10)
+    return seen
+
+
+@pytest.mark.parametrize("durability", ["group", "fsync"])
+def test_when_durable_fires_on_the_loop_after_fsync(tmp_path: Path, monkeypatch, durability: str):
+    spy = FsyncSpy(monkeypatch)
+    store = _open(tmp_path, durability, group_commit_ms=5)
+
+    seen = asyncio.run(_append_and_wait(store, tmp_path, 30, spy))
+
+    assert seen["thread"] is threading.main_thread()
+    assert threading.main_thread() not in seen["syncing_threads"]  # the loop never blocks on fsync
+    assert seen["end_offset"] == 30
+    assert max(seen["synced_sizes"]) >= seen["bytes"]
+    assert len(seen["on_disk"]) == 30
+    for number, record in enumerate(seen["on_disk"]):
+        assert_matches(record, number)
+    store.close()
+
+
+def test_fsync_policy_syncs_every_append_and_group_policy_batches(tmp_path: Path, monkeypatch):
+    spy = FsyncSpy(monkeypatch)
+    fsync_store = _open(tmp_path / "fsync", "fsync")
+    asyncio.run(_append_and_wait(fsync_store, tmp_path / "fsync", 20, spy))
+    per_append = len(spy.sizes)
+    fsync_store.close()
+    spy.sizes.clear()
+
+    group_store = _open(tmp_path / "group", "group", group_commit_ms=50)
+    asyncio.run(_append_and_wait(group_store, tmp_path / "group", 200, spy))
+    grouped = len(spy.sizes)
+    group_store.close()
+
+    assert per_append >= 20
+    assert grouped <= 3  # one window: the data file (and the new directories) once
+
+
+def test_none_policy_writes_without_fsync(tmp_path: Path, monkeypatch):
+    spy = FsyncSpy(monkeypatch)
+    store = _open(tmp_path, "none", group_commit_ms=5)
+
+    seen = asyncio.run(_append_and_wait(store, tmp_path, 10, spy))
+
+    assert seen["synced_sizes"] == []
+    assert len(seen["on_disk"]) == 10
+    store.close()
+
+
+def test_reads_see_only_durable_records(tmp_path: Path):
+    async def scenario() -> tuple[list, list]:
+        store = _open(tmp_path, "group", group_commit_ms=60_000)
+        store.append(TOPIC, make_record(0))
+        before = store.read(TOPIC, 0)
+        await store.wait_durable()
+        after = store.read(TOPIC, 0)
+        store.close()
+        return before, after
+
+    before, after = asyncio.run(scenario())
+
+    assert before == []
+    assert [record.offset for record in after] == [0]
+
+
+def test_callbacks_fire_in_order_and_only_for_what_was_appended_before(tmp_path: Path):
+    async def scenario() -> list[tuple[str, int]]:
+        store = _open(tmp_path, "group", group_commit_ms=1)
+        fired: list[tuple[str, int]] = []
+        store.append(TOPIC, make_record(0))
+        store.when_durable(lambda: fired.append(("first", store.log_info(TOPIC).end_offset)))
+        store.append(TOPIC, make_record(1))
+        store.when_durable(lambda: fired.append(("second", store.log_info(TOPIC).end_offset)))
+        await store.wait_durable()
+        store.when_durable(lambda: fired.append(("nothing pending", store.log_info(TOPIC).end_offset)))
+        await asyncio.sleep(0)
+        store.close()
+        return fired
+
+    fired = asyncio.run(scenario())
+
+    assert [name for name, _ in fired] == ["first", "second", "nothing pending"]
+    assert all(end >= 1 for _, end in fired)
+    assert fired[1][1] == 2
+
+
+def test_a_failed_write_is_reported_and_stops_appends(tmp_path: Path):
+    async def scenario() -> tuple[list, LogStore]:
+        store = _open(tmp_path, "group", group_commit_ms=20)
+        store.append(TOPIC, make_record(0))
+        await store.wait_durable()
+        errors: list[BaseException] = []
+        store.append(TOPIC, make_record(1))
+        store.append("other/topic", make_record(0))
+        shutil.rmtree(tmp_path / "other%2Ftopic")  # the next write cannot create its segment
+        store.when_durable(lambda: errors.append(AssertionError("must not be called")), errors.append)
+        with pytest.raises(StorageFailed):
+            await store.wait_durable()
+        return errors, store
+
+    errors, store = asyncio.run(scenario())
+
+    assert len(errors) == 1 and isinstance(errors[0], StorageFailed)
+    with pytest.raises(StorageFailed):
+        store.append(TOPIC, make_record(2))
+    assert [record.offset for record in store.read(TOPIC, 0)] == [0]
+
+
+def test_without_an_event_loop_appends_wait_for_flush(tmp_path: Path):
+    store = _open(tmp_path, "group")
+    store.append(TOPIC, make_record(0))
+
+    assert store.read(TOPIC, 0) == []
+    store.flush()
+    assert [record.offset for record in store.read(TOPIC, 0)] == [0]
+    store.close()
