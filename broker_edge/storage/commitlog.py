@@ -145,6 +145,11 @@ class CommitLog:
         return len(self._segments)
 
     @property
+    def active_segment_bytes(self) -> int:
+        """Size of the segment being appended to (what a rebuild of its index would have to scan)."""
+        return self._segments[-1].size if self._segments else 0
+
+    @property
     def tail_cache(self) -> TailCache:
         return self._cache
 
@@ -207,10 +212,10 @@ class CommitLog:
         self._pending_bytes = 0
         return pending
 
-    def complete(self, pending: PendingWrite) -> None:
-        """The writes of `pending` are done: make its records readable."""
+    def complete(self, pending: PendingWrite, synced: bool = True) -> None:
+        """The writes of `pending` are done (and fsynced if `synced`): make its records readable."""
         for segment, count, size, sealed in pending.marks:
-            segment.mark_durable(count, size, sealed)
+            segment.mark_durable(count, size, sealed, synced)
         if pending.end_offset > self._end_offset:
             self._end_offset = pending.end_offset
             self._durable_max_timestamp = pending.max_timestamp
@@ -221,16 +226,24 @@ class CommitLog:
         if pending is not None:
             for write in pending.writes:
                 write.run(self._pool, sync)
-            self.complete(pending)
+            self.complete(pending, sync)
         return self._end_offset
 
-    def close(self) -> None:
-        """Flush, fsync and mark the active index clean, so the next open trusts it without a rebuild."""
+    def close(self, write_index: bool = True) -> None:
+        """Flush and fsync everything; with `write_index`, persist the active segment's index as clean.
+
+        Without it the next open rebuilds that index by scanning the segment (cheap for a small one),
+        which saves an index write and fsync per log when a broker with many logs shuts down.
+        """
         if self._closed:
             return
         self.flush(sync=True)
         if self._segments:
-            self._segments[-1].write_index()
+            active = self._segments[-1]
+            if write_index:
+                active.write_index()
+            else:
+                active.sync()
         for segment in self._segments:
             self._pool.forget(segment.log_path)
             self._pool.forget(segment.index_path)
@@ -377,7 +390,7 @@ class CommitLog:
             report.indexes_rebuilt += int(loaded.index_rebuilt)
             if loaded.damage is not None:
                 report.damaged_segments.append(base)
-        if report.bytes_dropped or report.indexes_rebuilt or report.damaged_segments:
+        if report.bytes_dropped or report.damaged_segments:
             log.warning(
                 "%r recovered: %d records kept in %d segments, %d bytes dropped, %d indexes rebuilt, "
                 "damaged segments %s",

@@ -247,7 +247,7 @@ class GroupCommitter:
         advanced: list[tuple[CommitLog, int]] = []
         for commit_log, pending in job:
             before = commit_log.end_offset
-            commit_log.complete(pending)
+            commit_log.complete(pending, self._sync)
             self.bytes_written += pending.bytes
             if commit_log.end_offset > before:
                 advanced.append((commit_log, before))

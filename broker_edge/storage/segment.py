@@ -117,6 +117,7 @@ class Segment:
         "sealed",
         "size",
         "submitted_size",
+        "synced_size",
     )
 
     def __init__(self, directory: str, base_offset: int, pool: FileHandlePool) -> None:
@@ -133,6 +134,7 @@ class Segment:
         self.submitted_size = 0
         self.durable_count = 0
         self.durable_size = 0
+        self.synced_size = 0
         self.first_timestamp = NO_TIMESTAMP
         self.max_timestamp = NO_TIMESTAMP
         self.pending_frames: list[bytes] = []
@@ -184,21 +186,29 @@ class Segment:
         self.seal_submitted = self.seal_submitted or seal
         return write
 
-    def mark_durable(self, count: int, size: int, sealed: bool) -> None:
-        """Records up to `count` (`size` bytes) are written: readers may get them (never moves back)."""
+    def mark_durable(self, count: int, size: int, sealed: bool, synced: bool) -> None:
+        """Records up to `count` (`size` bytes) are written (fsynced if `synced`): readers may get them."""
         if count > self.durable_count:
             self.durable_count = count
             self.durable_size = size
+        if synced or sealed:
+            self.synced_size = max(self.synced_size, size)
         if sealed:
             self.seal_durable = True
             self.index_on_disk = count
             self.entries = None
 
+    def sync(self) -> None:
+        """fdatasync the data written so far unless a flush already did."""
+        if self.file_created and self.synced_size < self.durable_size:
+            self.pool.fdatasync(self.log_path)
+            self.synced_size = self.durable_size
+
     def write_index(self) -> None:
-        """Persist the in-memory index as clean (at close) once the data is fsynced."""
+        """Persist the in-memory index as clean (at close), after the data it describes is fsynced."""
         if self.entries is None or self.index_on_disk == self.count or self.damage is not None:
             return
-        self.pool.fdatasync(self.log_path)
+        self.sync()
         self.pool.forget(self.index_path)
         write_index_file(self.index_path, self.base_offset, entries_bytes(self.entries), clean=True)
         self.index_on_disk = self.count
@@ -310,7 +320,7 @@ class Segment:
 
     def _set_loaded(self, count: int, size: int, entries: array | None, is_tail: bool) -> None:
         self.count = self.durable_count = count
-        self.size = self.submitted_size = self.durable_size = size
+        self.size = self.submitted_size = self.durable_size = self.synced_size = size
         self.entries = entries
         self.sealed = self.seal_submitted = self.seal_durable = not is_tail
         if count:

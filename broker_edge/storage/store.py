@@ -22,11 +22,17 @@ from .file_pool import FileHandlePool
 from .group_commit import GroupCommitter
 from .persistence import PersistenceRules
 from .record import AppendRecord, Record
+from .segment import fsync_directory
 from .tail_cache import TailCacheBudget
 from .topic_filter import topic_matches, validate_filter
 from .topic_names import is_hashed, topic_directory_name, topic_from_directory, write_topic_file
 
 log = logging.getLogger(__name__)
+
+CLEAN_SHUTDOWN_MARKER = "CLEAN_SHUTDOWN"
+INDEX_AT_CLOSE_MIN_BYTES = 1024 * 1024
+"""At close, only active segments at least this large get their index written; smaller ones are rescanned
+at open (cheaper than one index write and fsync per log when thousands of logs shut down)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -44,12 +50,14 @@ class LogInfo:
 class RecoveryReport:
     """What `LogStore.open` found: totals, plus the logs that needed repair."""
 
+    clean_shutdown: bool = False
+    """The previous run closed the store (otherwise it crashed or was killed)."""
     logs: int = 0
     records: int = 0
     bytes_dropped: int = 0
     indexes_rebuilt: int = 0
     repaired: list[LogRecovery] = field(default_factory=list)
-    """Logs whose tail was truncated, whose index was rebuilt or that have damaged segments."""
+    """Logs whose tail was truncated or that have damaged segments."""
     skipped_directories: list[str] = field(default_factory=list)
     """Directories that are not logs (or whose topic name could not be recovered)."""
 
@@ -106,7 +114,8 @@ class LogStore:
         if self._opened:
             raise RuntimeError("store already open")
         os.makedirs(self.directory, exist_ok=True)
-        report = RecoveryReport()
+        marker = os.path.join(self.directory, CLEAN_SHUTDOWN_MARKER)
+        report = RecoveryReport(clean_shutdown=os.path.exists(marker))
         with os.scandir(self.directory) as entries:
             directories = sorted(entry.path for entry in entries if entry.is_dir())
         for path in directories:
@@ -116,38 +125,43 @@ class LogStore:
                 log.error("skipping %s: %s", path, error)
                 report.skipped_directories.append(path)
                 continue
-            commit_log = self._make_log(topic, path)
-            recovery = commit_log.recovery
+            recovery = self._make_log(topic, path).recovery
             report.logs += 1
             report.records += recovery.records
             report.bytes_dropped += recovery.bytes_dropped
             report.indexes_rebuilt += recovery.indexes_rebuilt
-            if recovery.bytes_dropped or recovery.indexes_rebuilt or recovery.damaged_segments:
+            if recovery.bytes_dropped or recovery.damaged_segments:
                 report.repaired.append(recovery)
+        if report.clean_shutdown:
+            os.unlink(marker)  # from now on a crash must not look like a clean shutdown
+            fsync_directory(self.directory)
         self._opened = True
         log.info(
-            "opened %d logs (%d records) in %s; %d repaired, %d bytes dropped",
+            "opened %d logs (%d records) in %s after a%s shutdown; %d repaired, %d bytes dropped",
             report.logs,
             report.records,
             self.directory,
+            " clean" if report.clean_shutdown else "n unclean",
             len(report.repaired),
             report.bytes_dropped,
         )
         return report
 
     def close(self) -> None:
-        """Write and fsync everything, mark every index clean; pending `when_durable` callbacks fire."""
+        """Write and fsync everything, leave a clean-shutdown marker; pending `when_durable` calls fire."""
         if self._closed:
             return
         self._closed = True
         self._committer.close()
         for commit_log in self._logs.values():
-            commit_log.close()
+            commit_log.close(write_index=commit_log.active_segment_bytes >= INDEX_AT_CLOSE_MIN_BYTES)
         self._pool.close()
         for waiters in [*self._topic_waiters.values(), self._pattern_waiters]:
             for waiter in waiters:
                 if not waiter.future.done():
                     waiter.future.set_result([])
+        if self._opened and self._committer.failure is None:
+            _write_marker(os.path.join(self.directory, CLEAN_SHUTDOWN_MARKER))
 
     def __enter__(self) -> LogStore:
         if not self._opened:
@@ -328,6 +342,12 @@ class LogStore:
                     del self._topic_waiters[topic]
         if waiter.pattern is not None:
             self._pattern_waiters.remove(waiter)
+
+
+def _write_marker(path: str) -> None:
+    with open(path, "wb") as file:
+        os.fsync(file.fileno())
+    fsync_directory(os.path.dirname(path))
 
 
 def _info(commit_log: CommitLog) -> LogInfo:
