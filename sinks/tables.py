@@ -41,16 +41,20 @@ from pyspark.sql.types import (
 
 CHANGE_DATA_FEED = {"delta.enableChangeDataFeed": "true"}
 
-#: States of one OTA/command execution on one device; ``action_summary`` has one count column per state.
+#: Values of ``action_executions.state`` (the state machine lives in ``pipelines.actions.states``);
+#: ``action_summary`` has one ``<state in lower case>_count`` column per state.
 EXECUTION_STATES: tuple[str, ...] = (
-    "queued",
-    "sent",
-    "in_progress",
-    "succeeded",
-    "failed",
-    "timed_out",
-    "canceled",
+    "QUEUED",
+    "IN_PROGRESS",
+    "SUCCEEDED",
+    "FAILED",
+    "TIMED_OUT",
+    "REJECTED",
+    "CANCELED",
 )
+
+#: Values of ``action_summary.action_state``.
+ACTION_STATES: tuple[str, ...] = ("IN_PROGRESS", "COMPLETED", "ABORTED", "CANCELED")
 
 #: Silver payload columns used when no configuration names them: what the simulated fleet sends.
 DEFAULT_PAYLOAD_FIELDS: dict[str, str] = {
@@ -425,9 +429,11 @@ def action_executions() -> TableSpec:
             column("device_id", StringType(), False),
             column("state", StringType(), False, " | ".join(EXECUTION_STATES)),
             column("version", LongType(), False, "increases with every change of the row"),
+            column("report_seq", LongType(), False, "highest device report sequence applied (0: none)"),
             column("status_details", StringType()),
             column("queued_at", TimestampType()),
             column("updated_at", TimestampType(), False),
+            column("published_at", TimestampType(), True, "when the action message went out to the device"),
             column("started_at", TimestampType()),
             column("finished_at", TimestampType()),
         ),
@@ -442,9 +448,9 @@ def action_summary() -> TableSpec:
         description="Per action: executions counted by state, and the action's overall state.",
         schema=struct(
             column("action_id", StringType(), False),
-            *(column(f"{state}_count", LongType(), False) for state in EXECUTION_STATES),
+            *(column(f"{state.lower()}_count", LongType(), False) for state in EXECUTION_STATES),
             column("total_count", LongType(), False),
-            column("action_state", StringType(), False, "active | completed | aborted | canceled"),
+            column("action_state", StringType(), False, " | ".join(ACTION_STATES)),
             column("updated_at", TimestampType(), False),
         ),
         merge_keys=("action_id",),

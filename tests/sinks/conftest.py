@@ -42,6 +42,7 @@ def execution_row(device_id: str, state: str, version: int, action_id: str = "a1
         "device_id": device_id,
         "state": state,
         "version": version,
+        "report_seq": version,
         "status_details": f"{state} v{version}",
         "queued_at": T0,
         "updated_at": T0 + timedelta(seconds=version),

@@ -63,7 +63,7 @@ def test_conflicting_merges_are_retried_until_both_land(tmp_path):
     def merger(action_id: str):
         def work():
             for batch in range(BATCHES):
-                row = execution_row("d1", "sent", batch + 1, action_id=action_id)
+                row = execution_row("d1", "IN_PROGRESS", batch + 1, action_id=action_id)
                 table = arrow_rows("action_executions", [row])
                 assert store.merge(
                     "action_executions", table, action_id, batch, update_when="s.version > t.version"

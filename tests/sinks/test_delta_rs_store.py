@@ -80,19 +80,19 @@ def test_bronze_is_partitioned_by_ingest_date_on_disk(lake, tmp_path):
 
 
 def test_merge_upserts_and_a_replayed_merge_writes_nothing(spark, lake):
-    first = [execution_row("d1", "queued", 1), execution_row("d2", "queued", 1)]
+    first = [execution_row("d1", "QUEUED", 1), execution_row("d2", "QUEUED", 1)]
     assert lake.merge("action_executions", spark_rows(spark, "action_executions", first), "fanout", 0)
     second = spark_rows(
-        spark, "action_executions", [execution_row("d1", "sent", 2), execution_row("d3", "queued", 1)]
+        spark, "action_executions", [execution_row("d1", "IN_PROGRESS", 2), execution_row("d3", "QUEUED", 1)]
     )
     assert lake.merge("action_executions", second, "fanout", 1) is True
     version = lake.version("action_executions")
     assert lake.merge("action_executions", second, "fanout", 1) is False
     assert lake.version("action_executions") == version
     want = [
-        execution_row("d1", "sent", 2),
-        execution_row("d2", "queued", 1),
-        execution_row("d3", "queued", 1),
+        execution_row("d1", "IN_PROGRESS", 2),
+        execution_row("d2", "QUEUED", 1),
+        execution_row("d3", "QUEUED", 1),
     ]
     assert_df_equality(
         lake.read("action_executions").orderBy("device_id"),
@@ -103,52 +103,54 @@ def test_merge_upserts_and_a_replayed_merge_writes_nothing(spark, lake):
 def test_merge_with_a_version_predicate_never_moves_a_row_backwards(lake):
     newer = "s.version > t.version"
     lake.merge(
-        "action_executions", arrow_rows("action_executions", [execution_row("d1", "queued", 1)]), "a", 0
+        "action_executions", arrow_rows("action_executions", [execution_row("d1", "QUEUED", 1)]), "a", 0
     )
     lake.merge(
-        "action_executions", arrow_rows("action_executions", [execution_row("d1", "succeeded", 4)]), "b", 0
+        "action_executions", arrow_rows("action_executions", [execution_row("d1", "SUCCEEDED", 4)]), "b", 0
     )
-    late = [execution_row("d1", "in_progress", 3), execution_row("d2", "queued", 1)]
+    late = [execution_row("d1", "IN_PROGRESS", 3), execution_row("d2", "QUEUED", 1)]
     assert lake.merge("action_executions", arrow_rows("action_executions", late), "a", 1, update_when=newer)
     rows = {r["device_id"]: r for r in lake.read_arrow("action_executions").to_pylist()}
-    assert (rows["d1"]["state"], rows["d1"]["version"]) == ("succeeded", 4)
-    assert (rows["d2"]["state"], rows["d2"]["version"]) == ("queued", 1), "unmatched rows are still inserted"
-    equal = [execution_row("d1", "failed", 4)]
+    assert (rows["d1"]["state"], rows["d1"]["version"]) == ("SUCCEEDED", 4)
+    assert (rows["d2"]["state"], rows["d2"]["version"]) == ("QUEUED", 1), "unmatched rows are still inserted"
+    equal = [execution_row("d1", "FAILED", 4)]
     lake.merge("action_executions", arrow_rows("action_executions", equal), "a", 2, update_when=newer)
     assert {r["device_id"]: r["state"] for r in lake.read_arrow("action_executions").to_pylist()}[
         "d1"
-    ] == "succeeded"
+    ] == "SUCCEEDED"
 
 
 def test_merge_delete_insert_only_and_column_updates(lake):
-    start = [execution_row("d1", "queued", 1), execution_row("d2", "queued", 1)]
+    start = [execution_row("d1", "QUEUED", 1), execution_row("d2", "QUEUED", 1)]
     lake.merge("action_executions", arrow_rows("action_executions", start), "a", 0)
     change = [
-        execution_row("d1", "canceled", 2),
-        execution_row("d2", "sent", 2),
-        execution_row("d3", "queued", 1),
+        execution_row("d1", "CANCELED", 2),
+        execution_row("d2", "IN_PROGRESS", 2),
+        execution_row("d3", "QUEUED", 1),
     ]
     lake.merge(
         "action_executions",
         arrow_rows("action_executions", change),
         "a",
         1,
-        delete_when="s.state = 'canceled'",
-        insert_when="s.state <> 'queued'",
+        delete_when="s.state = 'CANCELED'",
+        insert_when="s.state <> 'QUEUED'",
     )
     rows = {r["device_id"]: r["state"] for r in lake.read_arrow("action_executions").to_pylist()}
-    assert rows == {"d2": "sent"}
+    assert rows == {"d2": "IN_PROGRESS"}
 
     lake.merge(
         "action_executions",
-        arrow_rows("action_executions", [execution_row("d2", "failed", 3)]),
+        arrow_rows("action_executions", [execution_row("d2", "FAILED", 3)]),
         "a",
         2,
         update=False,
     )
-    assert lake.read_arrow("action_executions").column("state").to_pylist() == ["sent"], "insert-only merge"
+    assert lake.read_arrow("action_executions").column("state").to_pylist() == ["IN_PROGRESS"], (
+        "insert-only merge"
+    )
 
-    patch = execution_row("d2", "failed", 3) | {"status_details": None}
+    patch = execution_row("d2", "FAILED", 3) | {"status_details": None}
     lake.merge(
         "action_executions",
         arrow_rows("action_executions", [patch]),
@@ -161,7 +163,7 @@ def test_merge_delete_insert_only_and_column_updates(lake):
         },
     )
     (row,) = lake.read_arrow("action_executions").to_pylist()
-    assert (row["state"], row["version"], row["status_details"]) == ("failed", 3, "sent v2")
+    assert (row["state"], row["version"], row["status_details"]) == ("FAILED", 3, "IN_PROGRESS v2")
 
 
 def test_devices_merge_keeps_stored_attributes_the_batch_lacks(lake):
@@ -177,15 +179,17 @@ def test_devices_merge_keeps_stored_attributes_the_batch_lacks(lake):
 
 def test_read_returns_only_the_live_files_after_merge_and_overwrite(spark, lake):
     lake.merge(
-        "action_executions", arrow_rows("action_executions", [execution_row("d1", "queued", 1)]), "a", 0
+        "action_executions", arrow_rows("action_executions", [execution_row("d1", "QUEUED", 1)]), "a", 0
     )
-    lake.merge("action_executions", arrow_rows("action_executions", [execution_row("d1", "sent", 2)]), "a", 1)
+    lake.merge(
+        "action_executions", arrow_rows("action_executions", [execution_row("d1", "IN_PROGRESS", 2)]), "a", 1
+    )
     directory = lake.location("action_executions")
     assert spark.read.parquet(directory).count() == 2, "the directory still holds the file the merge replaced"
-    assert [r.state for r in lake.read("action_executions").collect()] == ["sent"]
+    assert [r.state for r in lake.read("action_executions").collect()] == ["IN_PROGRESS"]
 
     write_deltalake(
-        directory, arrow_rows("action_executions", [execution_row("d9", "queued", 1)]), mode="overwrite"
+        directory, arrow_rows("action_executions", [execution_row("d9", "QUEUED", 1)]), mode="overwrite"
     )
     assert spark.read.parquet(directory).count() == 3
     assert [r.device_id for r in lake.read("action_executions").collect()] == ["d9"]
@@ -194,7 +198,7 @@ def test_read_returns_only_the_live_files_after_merge_and_overwrite(spark, lake)
 def test_change_data_feed_arrow_is_accepted_as_input(lake):
     """CDF output (string_view columns, extra change columns) goes back in once the extras are dropped."""
     lake.merge(
-        "action_executions", arrow_rows("action_executions", [execution_row("d1", "queued", 1)]), "a", 0
+        "action_executions", arrow_rows("action_executions", [execution_row("d1", "QUEUED", 1)]), "a", 0
     )
     changes = pa.table(DeltaTable(lake.location("action_executions")).load_cdf(0))
     assert pa.types.is_string_view(changes.schema.field("device_id").type)

@@ -21,6 +21,7 @@ def execution(device_id: str, state: str, version: int) -> dict:
         "device_id": device_id,
         "state": state,
         "version": version,
+        "report_seq": 0,
         "queued_at": T0,
         "updated_at": T0 + timedelta(seconds=version),
     }
@@ -84,29 +85,34 @@ def test_the_schema_is_the_tables_columns_then_the_change_columns(spark, store):
 def test_every_insert_and_update_is_seen_exactly_once_across_two_runs(spark, store, tmp_path):
     path, checkpoint, sink = store.location("action_executions"), str(tmp_path / "cp"), ChangeSink()
     store.merge(
-        "action_executions", executions(execution("d1", "queued", 1), execution("d2", "queued", 1)), "f", 0
+        "action_executions", executions(execution("d1", "QUEUED", 1), execution("d2", "QUEUED", 1)), "f", 0
     )
 
     run_stream(spark, path, checkpoint, sink, startingVersion="earliest")
-    assert sorted(sink.rows) == [("d1", "queued", "insert", 1), ("d2", "queued", "insert", 1)]
+    assert sorted(sink.rows) == [("d1", "QUEUED", "insert", 1), ("d2", "QUEUED", "insert", 1)]
 
     store.merge(
-        "action_executions", executions(execution("d1", "sent", 2), execution("d3", "queued", 1)), "f", 1
+        "action_executions",
+        executions(execution("d1", "IN_PROGRESS", 2), execution("d3", "QUEUED", 1)),
+        "f",
+        1,
     )
-    store.merge("action_executions", executions(execution("d2", "failed", 2)), "f", 2)
+    store.merge("action_executions", executions(execution("d2", "FAILED", 2)), "f", 2)
     first_run_batches = set(sink.batches)
     run_stream(spark, path, checkpoint, sink, startingVersion="earliest")
 
     second_run = [
         row for batch, rows in sink.batches.items() if batch not in first_run_batches for row in rows
     ]
-    assert sorted(second_run) == [
-        ("d1", "queued", "update_preimage", 2),
-        ("d1", "sent", "update_postimage", 2),
-        ("d2", "failed", "update_postimage", 3),
-        ("d2", "queued", "update_preimage", 3),
-        ("d3", "queued", "insert", 2),
-    ]
+    assert sorted(second_run) == sorted(
+        [
+            ("d1", "QUEUED", "update_preimage", 2),
+            ("d1", "IN_PROGRESS", "update_postimage", 2),
+            ("d2", "QUEUED", "update_preimage", 3),
+            ("d2", "FAILED", "update_postimage", 3),
+            ("d3", "QUEUED", "insert", 2),
+        ]
+    )
     new_states = [(d, s) for d, s, change, _ in sink.rows if change in ("insert", "update_postimage")]
     assert len(new_states) == len(set(new_states)) == 5
     current = {(r["device_id"], r["state"]) for r in store.read_arrow("action_executions").to_pylist()}
@@ -115,17 +121,17 @@ def test_every_insert_and_update_is_seen_exactly_once_across_two_runs(spark, sto
 
 def test_by_default_the_stream_starts_after_the_version_current_at_its_first_run(spark, store, tmp_path):
     path, checkpoint, sink = store.location("action_executions"), str(tmp_path / "cp"), ChangeSink()
-    store.merge("action_executions", executions(execution("d1", "queued", 1)), "f", 0)
+    store.merge("action_executions", executions(execution("d1", "QUEUED", 1)), "f", 0)
     run_stream(spark, path, checkpoint, sink)
     assert sink.rows == []
-    store.merge("action_executions", executions(execution("d2", "queued", 1)), "f", 1)
+    store.merge("action_executions", executions(execution("d2", "QUEUED", 1)), "f", 1)
     run_stream(spark, path, checkpoint, sink)
-    assert sink.rows == [("d2", "queued", "insert", 2)]
+    assert sink.rows == [("d2", "QUEUED", "insert", 2)]
 
 
 def test_max_versions_per_trigger_bounds_each_micro_batch(spark, store, tmp_path):
     for batch, device in enumerate(["d1", "d2", "d3"]):
-        store.merge("action_executions", executions(execution(device, "queued", 1)), "f", batch)
+        store.merge("action_executions", executions(execution(device, "QUEUED", 1)), "f", batch)
     sink = ChangeSink()
     run_stream(
         spark,
@@ -179,8 +185,8 @@ def test_a_partitioned_table_with_maps_and_binary_streams_with_its_types(spark, 
 
 
 def test_read_changes_casts_delta_rs_types_and_orders_by_version(store):
-    store.merge("action_executions", executions(execution("d1", "queued", 1)), "f", 0)
-    store.merge("action_executions", executions(execution("d1", "sent", 2)), "f", 1)
+    store.merge("action_executions", executions(execution("d1", "QUEUED", 1)), "f", 0)
+    store.merge("action_executions", executions(execution("d1", "IN_PROGRESS", 2)), "f", 1)
     schema = pa.schema(
         [
             *DEFAULT_CATALOG["action_executions"].arrow_schema,
@@ -198,7 +204,7 @@ def test_read_changes_casts_delta_rs_types_and_orders_by_version(store):
 def test_offsets_and_partitions_are_version_ranges(store):
     path = store.location("action_executions")
     for batch in range(4):
-        store.merge("action_executions", executions(execution("d1", "queued", batch + 1)), "f", batch)
+        store.merge("action_executions", executions(execution("d1", "QUEUED", batch + 1)), "f", batch)
     assert cdf_schema(path).names[-3:] == ["_change_type", "_commit_version", "_commit_timestamp"]
 
     def reader(**options: str) -> DeltaCdfStreamReader:
@@ -226,7 +232,7 @@ def test_offsets_and_partitions_are_version_ranges(store):
 
     available_now = reader()
     available_now.prepareForTriggerAvailableNow()
-    store.merge("action_executions", executions(execution("d1", "sent", 9)), "f", 9)
+    store.merge("action_executions", executions(execution("d1", "IN_PROGRESS", 9)), "f", 9)
     assert available_now.latestOffset({"version": 0}, ReadAllAvailable()) == {"version": 5}, (
         "later commits wait"
     )
