@@ -1,0 +1,315 @@
+"""The one client of the offsets API, for the Spark source, peer brokers and tests.
+
+Synchronous on purpose (stdlib `http.client`, one kept-alive connection): it runs inside Spark executors
+and other threads without an event loop. One client per thread. Transient failures (refused or dropped
+connections, timeouts, 502/503/504) are retried with exponential backoff, then `BrokerUnavailable` is
+raised; error answers become the typed errors of `broker_edge.offsets_api.errors`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import time
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
+
+import pyarrow as pa
+
+from broker_edge.storage.record import Record, decode_frames
+from broker_edge.storage.store import LogInfo
+
+from .errors import (
+    AuthError,
+    BadRequestError,
+    BrokerUnavailable,
+    CorruptRecordError,
+    OffsetOutOfRangeError,
+    OffsetsApiError,
+    UnknownTopicError,
+    error_from_body,
+)
+from .formats import (
+    END_OFFSET_HEADER,
+    NEXT_OFFSET_HEADER,
+    RECORD_COUNT_HEADER,
+    RESULTS_METADATA_KEY,
+    START_OFFSET_HEADER,
+    read_arrow_stream,
+)
+
+__all__ = [
+    "AuthError",
+    "BadRequestError",
+    "BatchFetch",
+    "BrokerUnavailable",
+    "CorruptRecordError",
+    "Fetched",
+    "OffsetOutOfRangeError",
+    "OffsetsApiError",
+    "OffsetsClient",
+    "TopicResult",
+    "UnknownTopicError",
+]
+
+Offset = int | Literal["earliest", "latest"]
+T = TypeVar("T")
+_RETRIED_STATUSES = frozenset({502, 503, 504})
+_MAX_FRAME_BODY = 1 << 31
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched(Generic[T]):
+    """Records of one topic (an Arrow table or `Record`s) and where to continue."""
+
+    data: T
+    next_offset: int
+    """The offset to ask for next (the requested one when nothing was returned)."""
+    start_offset: int
+    end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicResult:
+    """The outcome for one topic of a batch fetch: positions, or the error for that topic alone."""
+
+    topic: str
+    next_offset: int | None
+    start_offset: int | None
+    end_offset: int | None
+    records: int
+    error: OffsetsApiError | None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFetch:
+    """The records of many topics in one table (`topic` column), and each topic's result."""
+
+    table: pa.Table
+    results: dict[str, TopicResult]
+
+
+def topic_path_segment(topic: str) -> str:
+    """`topic` as one URL path segment (`/` becomes %2F; `.` and `..` escaped so nothing normalises them)."""
+    segment = urllib.parse.quote(topic, safe="")
+    return segment.replace(".", "%2E") if segment in (".", "..") else segment
+
+
+class OffsetsClient:
+    """Blocking client of one broker's offsets API."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+        retries: int = 3,
+        retry_backoff_s: float = 0.1,
+    ) -> None:
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"base_url must be http(s)://host[:port], got {base_url!r}")
+        self.base_url = base_url
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._port = parts.port or (443 if self._https else 80)
+        self._prefix = parts.path.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        self.timeout_s = timeout_s
+        self._ssl_context = ssl_context
+        self.retries = retries
+        self.retry_backoff_s = retry_backoff_s
+        self._connection: http.client.HTTPConnection | None = None
+
+    def __enter__(self) -> OffsetsClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the kept-alive connection (the client reconnects if used again)."""
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    # -- endpoints -----------------------------------------------------------------------------------
+
+    def list_logs(self, pattern: str | None = None) -> list[LogInfo]:
+        """Every log of the broker, or those whose topic matches the MQTT filter `pattern`."""
+        query = {"pattern": pattern} if pattern is not None else {}
+        body = self._json("GET", "/v1/logs", query)
+        return [_log_info(item) for item in body["logs"]]
+
+    def log_info(self, topic: str) -> LogInfo:
+        """Bounds and size of one log."""
+        return _log_info(self._json("GET", f"/v1/logs/{topic_path_segment(topic)}", {}))
+
+    def offset_for_timestamp(self, topic: str, timestamp_ms: int | Literal["earliest", "latest"]) -> int:
+        """First offset of `topic` appended at or after `timestamp_ms` (the end offset if none)."""
+        path = f"/v1/logs/{topic_path_segment(topic)}/offset"
+        return int(self._json("GET", path, {"timestamp_ms": timestamp_ms})["offset"])
+
+    def fetch(
+        self, topic: str, offset: Offset, max_records: int = 1000, max_bytes: int = 1 << 20, wait_ms: int = 0
+    ) -> Fetched[pa.Table]:
+        """Records of `topic` from `offset` as an Arrow table; waits up to `wait_ms` when there are none."""
+        data, headers = self._records(topic, offset, max_records, max_bytes, wait_ms, "arrow")
+        return _fetched(read_arrow_stream(data), headers)
+
+    def fetch_arrow(
+        self, topic: str, offset: Offset, max_records: int = 1000, max_bytes: int = 1 << 20, wait_ms: int = 0
+    ) -> pa.Table:
+        """Like `fetch`, the table only (its schema metadata carries the next/start/end offsets)."""
+        return self.fetch(topic, offset, max_records, max_bytes, wait_ms).data
+
+    def fetch_records(
+        self, topic: str, offset: Offset, max_records: int = 1000, max_bytes: int = 1 << 20, wait_ms: int = 0
+    ) -> Fetched[list[Record]]:
+        """Records as stored (raw frames, checksums verified here again): lossless, for peer brokers."""
+        data, headers = self._records(topic, offset, max_records, max_bytes, wait_ms, "frames")
+        count = int(headers[RECORD_COUNT_HEADER])
+        first_offset = int(headers[NEXT_OFFSET_HEADER]) - count
+        records, error = decode_frames(data, first_offset, _MAX_FRAME_BODY)
+        if error is not None or len(records) != count:
+            raise OffsetsApiError(200, "bad_frames", f"damaged frames from the broker: {error}")
+        return _fetched(records, headers)
+
+    def fetch_many(
+        self,
+        offsets: Mapping[str, Offset],
+        max_records: int = 1000,
+        max_bytes: int = 4 << 20,
+        wait_ms: int = 0,
+        pattern: str | None = None,
+    ) -> BatchFetch:
+        """Records of many topics in one round trip, within a shared byte budget.
+
+        Waits up to `wait_ms` when no topic has records (and, with `pattern`, wakes when a new log
+        matching it appears). Per-topic errors are reported in the results, not raised.
+        """
+        body: dict = {
+            "fetches": [{"topic": topic, "offset": offset} for topic, offset in offsets.items()],
+            "max_records": max_records,
+            "max_bytes": max_bytes,
+            "wait_ms": wait_ms,
+            "format": "arrow",
+        }
+        if pattern is not None:
+            body["pattern"] = pattern
+        status, _, data = self._request("POST", "/v1/fetch", {}, json.dumps(body).encode(), wait_ms)
+        self._raise_for(status, data)
+        table = read_arrow_stream(data)
+        raw_results = json.loads((table.schema.metadata or {})[RESULTS_METADATA_KEY])
+        return BatchFetch(table, {topic: _topic_result(topic, item) for topic, item in raw_results.items()})
+
+    # -- transport -----------------------------------------------------------------------------------
+
+    def _records(
+        self, topic: str, offset: Offset, max_records: int, max_bytes: int, wait_ms: int, output: str
+    ) -> tuple[bytes, http.client.HTTPMessage]:
+        query = {
+            "offset": offset,
+            "max_records": max_records,
+            "max_bytes": max_bytes,
+            "wait_ms": wait_ms,
+            "format": output,
+        }
+        path = f"/v1/logs/{topic_path_segment(topic)}/records"
+        status, headers, data = self._request("GET", path, query, None, wait_ms)
+        self._raise_for(status, data)
+        return data, headers
+
+    def _json(self, method: str, path: str, query: Mapping[str, object]) -> dict:
+        status, _, data = self._request(method, path, query, None, 0)
+        self._raise_for(status, data)
+        return json.loads(data)
+
+    @staticmethod
+    def _raise_for(status: int, data: bytes) -> None:
+        if status < 400:
+            return
+        try:
+            body = json.loads(data)
+        except ValueError:
+            body = {"error": "http_error", "message": data[:200].decode("utf-8", "replace")}
+        raise error_from_body(status, body)
+
+    def _request(
+        self, method: str, path: str, query: Mapping[str, object], body: bytes | None, wait_ms: int
+    ) -> tuple[int, http.client.HTTPMessage, bytes]:
+        target = self._prefix + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        headers = dict(self._headers)
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        last_error: BaseException | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
+            try:
+                connection = self._connect(self.timeout_s + wait_ms / 1000)
+                connection.request(method, target, body, headers)
+                response = connection.getresponse()
+                data = response.read()
+            except ssl.SSLCertVerificationError as error:
+                self.close()
+                raise BrokerUnavailable(f"{self.base_url}: TLS verification failed: {error}") from error
+            except (OSError, http.client.HTTPException) as error:
+                self.close()
+                last_error = error
+                continue
+            if response.status in _RETRIED_STATUSES:
+                last_error = OffsetsApiError(
+                    response.status, "unavailable", data[:200].decode("utf-8", "replace")
+                )
+                continue
+            return response.status, response.headers, data
+        raise BrokerUnavailable(
+            f"{self.base_url}: {method} {path} failed after {self.retries + 1} attempts"
+        ) from (last_error)
+
+    def _connect(self, timeout_s: float) -> http.client.HTTPConnection:
+        connection = self._connection
+        if connection is None:
+            if self._https:
+                connection = http.client.HTTPSConnection(
+                    self._host, self._port, timeout=timeout_s, context=self._ssl_context
+                )
+            else:
+                connection = http.client.HTTPConnection(self._host, self._port, timeout=timeout_s)
+            self._connection = connection
+        connection.timeout = timeout_s
+        if connection.sock is not None:
+            connection.sock.settimeout(timeout_s)
+        return connection
+
+
+def _log_info(item: Mapping) -> LogInfo:
+    return LogInfo(
+        item["topic"], item["start_offset"], item["end_offset"], item["bytes"], item["last_append_ms"]
+    )
+
+
+def _fetched(data: T, headers: http.client.HTTPMessage) -> Fetched[T]:
+    return Fetched(
+        data,
+        int(headers[NEXT_OFFSET_HEADER]),
+        int(headers[START_OFFSET_HEADER]),
+        int(headers[END_OFFSET_HEADER]),
+    )
+
+
+def _topic_result(topic: str, item: Mapping) -> TopicResult:
+    error = error_from_body(item["status"], item) if "error" in item else None
+    return TopicResult(
+        topic,
+        item.get("next_offset"),
+        item.get("start_offset"),
+        item.get("end_offset"),
+        item.get("records", 0),
+        error,
+    )

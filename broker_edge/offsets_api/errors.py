@@ -1,0 +1,89 @@
+"""Errors of the offsets API as the client raises them; the `code` strings are what the server sends."""
+
+from __future__ import annotations
+
+BAD_REQUEST = "bad_request"
+BAD_OFFSET = "bad_offset"
+UNAUTHORIZED = "unauthorized"
+UNKNOWN_TOPIC = "unknown_topic"
+OFFSET_OUT_OF_RANGE = "offset_out_of_range"
+CORRUPT_RECORD = "corrupt_record"
+NOT_FOUND = "not_found"
+
+
+class OffsetsApiError(Exception):
+    """An error answer of the offsets API (`status` HTTP status, `code` machine-readable)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class BadRequestError(OffsetsApiError):
+    """400: a malformed parameter or body (including an offset that is not a number)."""
+
+
+class AuthError(OffsetsApiError):
+    """401: the bearer token is missing or wrong."""
+
+
+class UnknownTopicError(OffsetsApiError):
+    """404: the broker has no log for the topic."""
+
+    def __init__(self, status: int, code: str, message: str, topic: str) -> None:
+        super().__init__(status, code, message)
+        self.topic = topic
+
+
+class OffsetOutOfRangeError(OffsetsApiError):
+    """416: the offset is outside [start, end]; `start` tells where the log begins now."""
+
+    def __init__(self, status: int, code: str, message: str, topic: str, offset: int, start: int, end: int):
+        super().__init__(status, code, message)
+        self.topic = topic
+        self.offset = offset
+        self.start = start
+        self.end = end
+
+
+class CorruptRecordError(OffsetsApiError):
+    """500: the record at `offset` failed its checksum on the broker; `next_offset` is past the damage."""
+
+    def __init__(self, status: int, code: str, message: str, topic: str, offset: int, next_offset: int):
+        super().__init__(status, code, message)
+        self.topic = topic
+        self.offset = offset
+        self.next_offset = next_offset
+
+
+class BrokerUnavailable(Exception):
+    """The broker could not be reached (or kept failing) after the configured retries."""
+
+
+def error_from_body(status: int, body: dict) -> OffsetsApiError:
+    """The typed error for an error answer (`body` is its JSON object)."""
+    code = str(body.get("error", "unknown"))
+    message = str(body.get("message", ""))
+    if status == 401:
+        return AuthError(status, code, message)
+    if code == UNKNOWN_TOPIC:
+        return UnknownTopicError(status, code, message, body.get("topic", ""))
+    if code == OFFSET_OUT_OF_RANGE:
+        return OffsetOutOfRangeError(
+            status,
+            code,
+            message,
+            body.get("topic", ""),
+            body["offset"],
+            body["start_offset"],
+            body["end_offset"],
+        )
+    if code == CORRUPT_RECORD:
+        return CorruptRecordError(
+            status, code, message, body.get("topic", ""), body["offset"], body["next_offset"]
+        )
+    if status == 400:
+        return BadRequestError(status, code, message)
+    return OffsetsApiError(status, code, message)

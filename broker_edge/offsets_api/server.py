@@ -1,0 +1,407 @@
+"""The offsets API: read a broker's logs over HTTP by (topic, offset), as Arrow IPC, JSON lines or raw frames.
+
+Endpoints (see docs/offsets-api.md for examples):
+
+    GET  /v1/logs?pattern=<filter>                      list logs
+    GET  /v1/logs/{topic}                               one log's bounds
+    GET  /v1/logs/{topic}/records?offset=&max_records=&max_bytes=&wait_ms=&format=
+    GET  /v1/logs/{topic}/offset?timestamp_ms=          offset for a broker time
+    POST /v1/fetch                                      many topics in one request
+
+`{topic}` is one path segment: `/` inside a topic is sent as `%2F`. Offsets may be a number, `earliest` or
+`latest`. Only durable records are ever served. Errors are JSON `{"error": code, "message": ...}`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from broker_edge.storage import CorruptRecord, LogInfo, LogStore, OffsetOutOfRange, Record, UnknownTopic
+
+from . import errors as codes
+from .formats import (
+    END_OFFSET_HEADER,
+    FORMATS,
+    NEXT_OFFSET_HEADER,
+    POSITION_METADATA_KEYS,
+    RECORD_COUNT_HEADER,
+    RESULTS_METADATA_KEY,
+    START_OFFSET_HEADER,
+    arrow_batch,
+    arrow_stream,
+    frames_body,
+    jsonl_body,
+    jsonl_record,
+)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True, slots=True)
+class ApiLimits:
+    """Bounds on what one request may ask for (larger values are refused with 400)."""
+
+    default_records: int = 1000
+    max_records: int = 100_000
+    default_bytes: int = 1024 * 1024
+    max_bytes: int = 64 * 1024 * 1024
+    default_batch_bytes: int = 4 * 1024 * 1024
+    max_wait_ms: int = 60_000
+    max_fetches: int = 10_000
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, machine-readable code, message and extra JSON fields."""
+
+    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+    def response(self) -> web.Response:
+        headers = {"WWW-Authenticate": 'Bearer realm="timestone"'} if self.status == 401 else None
+        body = {"error": self.code, "message": self.message, **self.extra}
+        return web.json_response(body, status=self.status, headers=headers)
+
+
+def api_error_for(error: Exception) -> ApiError | None:
+    """The API error for a storage error (None for anything else)."""
+    if isinstance(error, UnknownTopic):
+        return ApiError(404, codes.UNKNOWN_TOPIC, str(error), topic=error.topic)
+    if isinstance(error, OffsetOutOfRange):
+        return ApiError(
+            416,
+            codes.OFFSET_OUT_OF_RANGE,
+            str(error),
+            topic=error.topic,
+            offset=error.offset,
+            start_offset=error.start,
+            end_offset=error.end,
+        )
+    if isinstance(error, CorruptRecord):
+        return ApiError(
+            500,
+            codes.CORRUPT_RECORD,
+            str(error),
+            topic=error.topic,
+            offset=error.offset,
+            next_offset=error.next_offset,
+        )
+    return None
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error leaves as JSON, whether raised by a handler, the storage or the router."""
+    try:
+        return await handler(request)
+    except ApiError as error:
+        return error.response()
+    except (UnknownTopic, OffsetOutOfRange, CorruptRecord) as error:
+        api_error = api_error_for(error)
+        assert api_error is not None
+        return api_error.response()
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        code = codes.NOT_FOUND if error.status == 404 else error.reason.lower().replace(" ", "_")
+        return ApiError(error.status, code, error.reason).response()
+
+
+def bearer_auth(token: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """A middleware refusing requests without `Authorization: Bearer <token>` (constant-time compare)."""
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def check_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+        given = request.headers.get("Authorization", "").encode()
+        if not hmac.compare_digest(given, expected):
+            raise ApiError(401, codes.UNAUTHORIZED, "missing or invalid bearer token")
+        return await handler(request)
+
+    return check_token
+
+
+def create_app(store: LogStore, token: str | None = None, limits: ApiLimits | None = None) -> web.Application:
+    """The offsets API over `store`; with `token`, every request must carry it as a bearer token."""
+    middlewares: list = [json_errors]
+    if token is not None:
+        middlewares.append(bearer_auth(token))
+    app = web.Application(middlewares=middlewares)
+    handlers = _Handlers(store, limits or ApiLimits())
+    app.router.add_get("/v1/logs", handlers.list_logs)
+    app.router.add_get("/v1/logs/{topic}", handlers.log_info)
+    app.router.add_get("/v1/logs/{topic}/records", handlers.records)
+    app.router.add_get("/v1/logs/{topic}/offset", handlers.offset_for_timestamp)
+    app.router.add_post("/v1/fetch", handlers.fetch_many)
+    return app
+
+
+async def serve(
+    store: LogStore,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    limits: ApiLimits | None = None,
+) -> tuple[web.AppRunner, int]:
+    """Serve the API over `store` on host/port (0 picks a free port); returns the runner and bound port.
+
+    `await runner.cleanup()` stops it. TLS when `ssl_context` is given, bearer auth when `token` is.
+    """
+    return await serve_app(create_app(store, token, limits), host, port, ssl_context)
+
+
+async def serve_app(
+    app: web.Application, host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None
+) -> tuple[web.AppRunner, int]:
+    """Bind an already built app (see `serve`)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, runner.addresses[0][1]
+
+
+# -- request parsing ---------------------------------------------------------------------------------
+
+
+def _int_param(value: object, name: str, default: int, low: int, high: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        raise ApiError(400, codes.BAD_REQUEST, f"{name} must be an integer")
+    try:
+        number = int(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise ApiError(400, codes.BAD_REQUEST, f"{name} must be an integer, got {value!r}") from None
+    if not low <= number <= high:
+        raise ApiError(400, codes.BAD_REQUEST, f"{name} must be within [{low}, {high}], got {number}")
+    return number
+
+
+def _resolve_offset(value: object, info: LogInfo | None) -> int:
+    """A numeric offset, or `earliest` / `latest` resolved against the log (0 for a log not there yet)."""
+    if value == "earliest":
+        return info.start_offset if info else 0
+    if value == "latest":
+        return info.end_offset if info else 0
+    if value is None:
+        raise ApiError(400, codes.BAD_OFFSET, "offset is required (a number, 'earliest' or 'latest')")
+    if isinstance(value, bool) or not (
+        isinstance(value, int) or (isinstance(value, str) and value.isdigit())
+    ):
+        raise ApiError(
+            400, codes.BAD_OFFSET, f"offset must be a number, 'earliest' or 'latest', got {value!r}"
+        )
+    return int(value)
+
+
+def _format_param(value: object, allowed: Mapping[str, str] = FORMATS) -> str:
+    name = "arrow" if value is None else value
+    if name not in allowed:
+        raise ApiError(400, codes.BAD_REQUEST, f"format must be one of {sorted(allowed)}, got {value!r}")
+    return str(name)
+
+
+def _info_json(info: LogInfo) -> dict[str, Any]:
+    return {
+        "topic": info.topic,
+        "start_offset": info.start_offset,
+        "end_offset": info.end_offset,
+        "bytes": info.bytes,
+        "last_append_ms": info.last_append_ms,
+    }
+
+
+@dataclass(slots=True)
+class _Fetch:
+    topic: str
+    offset: object
+    max_records: int
+
+
+class _Handlers:
+    """The endpoint handlers over one store."""
+
+    def __init__(self, store: LogStore, limits: ApiLimits) -> None:
+        self.store = store
+        self.limits = limits
+
+    def _info(self, topic: str) -> LogInfo | None:
+        return self.store.log_info(topic) if topic in self.store else None
+
+    async def list_logs(self, request: web.Request) -> web.Response:
+        pattern = request.query.get("pattern")
+        try:
+            logs = self.store.logs(pattern)
+        except ValueError as error:
+            raise ApiError(400, codes.BAD_REQUEST, f"bad pattern: {error}") from None
+        return web.json_response({"logs": [_info_json(info) for info in logs]})
+
+    async def log_info(self, request: web.Request) -> web.Response:
+        return web.json_response(_info_json(self.store.log_info(request.match_info["topic"])))
+
+    async def offset_for_timestamp(self, request: web.Request) -> web.Response:
+        topic = request.match_info["topic"]
+        value = request.query.get("timestamp_ms")
+        info = self.store.log_info(topic)
+        if value in ("earliest", "latest"):
+            offset = info.start_offset if value == "earliest" else info.end_offset
+        else:
+            if value is None:
+                raise ApiError(
+                    400, codes.BAD_REQUEST, "timestamp_ms is required (milliseconds since the epoch)"
+                )
+            timestamp_ms = _int_param(value, "timestamp_ms", 0, 0, 2**63 - 1)
+            offset = self.store.offset_for_timestamp(topic, timestamp_ms)
+        return web.json_response({"topic": topic, "timestamp_ms": value, "offset": offset})
+
+    async def records(self, request: web.Request) -> web.Response:
+        topic = request.match_info["topic"]
+        query = request.query
+        limits = self.limits
+        output = _format_param(query.get("format"))
+        max_records = _int_param(
+            query.get("max_records"), "max_records", limits.default_records, 1, limits.max_records
+        )
+        max_bytes = _int_param(query.get("max_bytes"), "max_bytes", limits.default_bytes, 1, limits.max_bytes)
+        wait_ms = _int_param(query.get("wait_ms"), "wait_ms", 0, 0, limits.max_wait_ms)
+        offset = _resolve_offset(query.get("offset"), self.store.log_info(topic))
+        records = self.store.read(topic, offset, max_records, max_bytes)
+        if not records and wait_ms:
+            await self.store.wait_for_data({topic: offset}, wait_ms / 1000)
+            records = self.store.read(topic, offset, max_records, max_bytes)
+        info = self.store.log_info(topic)
+        positions = {
+            "next_offset": records[-1].offset + 1 if records else offset,
+            "start_offset": info.start_offset,
+            "end_offset": info.end_offset,
+        }
+        headers = {
+            NEXT_OFFSET_HEADER: str(positions["next_offset"]),
+            START_OFFSET_HEADER: str(info.start_offset),
+            END_OFFSET_HEADER: str(info.end_offset),
+            RECORD_COUNT_HEADER: str(len(records)),
+        }
+        if output == "arrow":
+            metadata = {POSITION_METADATA_KEYS[key]: str(value).encode() for key, value in positions.items()}
+            body: Any = memoryview(arrow_stream(arrow_batch([(topic, records)]), metadata))
+        elif output == "jsonl":
+            body = jsonl_body(jsonl_record(topic, record) for record in records)
+        else:
+            body = frames_body(records)
+        return web.Response(body=body, headers=headers, content_type=FORMATS[output])
+
+    async def fetch_many(self, request: web.Request) -> web.Response:
+        fetches, max_bytes, wait_ms, output, pattern = self._parse_fetch(await self._json_body(request))
+        chunks, results, positions = self._fetch_round(fetches, max_bytes)
+        if not chunks and wait_ms:
+            await self.store.wait_for_data(positions, wait_ms / 1000, pattern)
+            chunks, results, _ = self._fetch_round(fetches, max_bytes)
+        if output == "arrow":
+            metadata = {RESULTS_METADATA_KEY: json.dumps(results).encode()}
+            body: Any = memoryview(arrow_stream(arrow_batch(chunks), metadata))
+        else:
+            lines = [{"results": results}]
+            lines += [jsonl_record(topic, record) for topic, records in chunks for record in records]
+            body = jsonl_body(lines)
+        return web.Response(body=body, content_type=FORMATS[output])
+
+    async def _json_body(self, request: web.Request) -> dict:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ApiError(400, codes.BAD_REQUEST, "the body must be a JSON object") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, codes.BAD_REQUEST, "the body must be a JSON object")
+        return body
+
+    def _parse_fetch(self, body: dict) -> tuple[list[_Fetch], int, int, str, str | None]:
+        limits = self.limits
+        items = body.get("fetches")
+        if not isinstance(items, list) or not items or len(items) > limits.max_fetches:
+            raise ApiError(
+                400, codes.BAD_REQUEST, f"fetches must be a list of 1 to {limits.max_fetches} objects"
+            )
+        default_records = _int_param(
+            body.get("max_records"), "max_records", limits.default_records, 1, limits.max_records
+        )
+        fetches: list[_Fetch] = []
+        seen: set[str] = set()
+        for item in items:
+            if not isinstance(item, dict) or not isinstance(item.get("topic"), str) or not item["topic"]:
+                raise ApiError(400, codes.BAD_REQUEST, "each fetch needs a non-empty string topic")
+            max_records = _int_param(
+                item.get("max_records"), "max_records", default_records, 1, limits.max_records
+            )
+            _resolve_offset(item.get("offset"), None)  # validates the form before anything is read
+            if item["topic"] in seen:
+                raise ApiError(400, codes.BAD_REQUEST, f"topic {item['topic']!r} is fetched twice")
+            seen.add(item["topic"])
+            fetches.append(_Fetch(item["topic"], item["offset"], max_records))
+        max_bytes = _int_param(
+            body.get("max_bytes"), "max_bytes", limits.default_batch_bytes, 1, limits.max_bytes
+        )
+        wait_ms = _int_param(body.get("wait_ms"), "wait_ms", 0, 0, limits.max_wait_ms)
+        output = _format_param(body.get("format"), {name: FORMATS[name] for name in ("arrow", "jsonl")})
+        pattern = body.get("pattern")
+        if pattern is not None and not isinstance(pattern, str):
+            raise ApiError(400, codes.BAD_REQUEST, "pattern must be a string")
+        return fetches, max_bytes, wait_ms, output, pattern
+
+    def _fetch_round(
+        self, fetches: list[_Fetch], max_bytes: int
+    ) -> tuple[list[tuple[str, list[Record]]], dict[str, dict[str, Any]], dict[str, int]]:
+        """Read every fetch within a shared byte budget; only the first non-empty topic may exceed it.
+
+        Returns the records per topic, the per-topic results, and the offset each topic was read from.
+        """
+        chunks: list[tuple[str, list[Record]]] = []
+        results: dict[str, dict[str, Any]] = {}
+        positions: dict[str, int] = {}
+        budget = max_bytes
+        for fetch in fetches:
+            info = self._info(fetch.topic)
+            offset = positions[fetch.topic] = _resolve_offset(fetch.offset, info)
+            try:
+                records = (
+                    self.store.read(fetch.topic, offset, fetch.max_records, budget) if budget > 0 else []
+                )
+            except (UnknownTopic, OffsetOutOfRange, CorruptRecord) as error:
+                api_error = api_error_for(error)
+                assert api_error is not None
+                results[fetch.topic] = {
+                    "error": api_error.code,
+                    "status": api_error.status,
+                    "message": api_error.message,
+                    **api_error.extra,
+                }
+                continue
+            size = sum(record.size for record in records)
+            if chunks and size > budget:
+                records = []
+            if records:
+                chunks.append((fetch.topic, records))
+                budget -= size
+            assert info is not None
+            results[fetch.topic] = {
+                "next_offset": records[-1].offset + 1 if records else offset,
+                "start_offset": info.start_offset,
+                "end_offset": info.end_offset,
+                "records": len(records),
+            }
+        return chunks, results, positions
