@@ -1,0 +1,80 @@
+"""A simulated fleet plus a status-report listener on their own event loop thread, for synchronous tests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable
+
+from pipelines.actions.states import StatusReport
+from pipelines.fleet.client import MqttClient
+from pipelines.fleet.device import DeviceBehaviour
+from pipelines.fleet.fleet import Fleet, FleetSpec
+
+
+class FleetHarness:
+    """Runs a :class:`Fleet` and records every status report published on ``devices/+/actions``."""
+
+    def __init__(self, broker: tuple[str, int], spec: FleetSpec, behaviour: DeviceBehaviour) -> None:
+        self.broker = broker
+        self.fleet = Fleet(spec, behaviour)
+        self.reports: list[StatusReport] = []
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._listener: MqttClient | None = None
+
+    def __enter__(self) -> FleetHarness:
+        self._thread.start()
+        self.run(self._start())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.run(self._stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+
+    def run(self, coroutine, timeout_s: float = 60.0):
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
+
+    async def _start(self) -> None:
+        host, port = self.broker
+        self._listener = await MqttClient.connect(host, port, "report-listener", on_message=self._on_report)
+        await self._listener.subscribe("devices/+/actions", 1)
+        await self.fleet.start()
+
+    async def _stop(self) -> None:
+        await self.fleet.stop()
+        if self._listener:
+            await self._listener.disconnect()
+
+    def _on_report(self, message) -> None:
+        data = json.loads(message.payload)
+        report = StatusReport(
+            data["action_id"], data["device_id"], data["state"], data["seq"], data["ts"], data["details"]
+        )
+        with self._lock:
+            self.reports.append(report)
+
+    def take_reports(self) -> list[StatusReport]:
+        with self._lock:
+            taken, self.reports = self.reports, []
+        return taken
+
+    def wait_until(self, predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise TimeoutError("fleet did not reach the expected state")
+            time.sleep(0.02)
+
+
+def quiet_devices(**overrides) -> DeviceBehaviour:
+    """Devices that send no telemetry and finish OTA quickly unless told otherwise."""
+    options = {"telemetry_interval_s": 0, "download_delay_s": (0.01, 0.05)} | overrides
+    return DeviceBehaviour(**options)
+
+
+__all__ = ["FleetHarness", "FleetSpec", "quiet_devices"]
