@@ -1,0 +1,30 @@
+"""The brokers the benchmark can run, by the names used on the command line."""
+
+from __future__ import annotations
+
+from bench.brokers.amqtt import Amqtt
+from bench.brokers.base import BrokerUnavailable, BrokerUnderTest, RunningBroker
+from bench.brokers.mosquitto import Mosquitto
+from bench.brokers.timestone import Timestone
+
+BROKER_NAMES = ("timestone", "mosquitto", "amqtt")
+
+__all__ = [
+    "BROKER_NAMES",
+    "Amqtt",
+    "BrokerUnavailable",
+    "BrokerUnderTest",
+    "Mosquitto",
+    "RunningBroker",
+    "Timestone",
+    "default_broker",
+]
+
+
+def default_broker(name: str) -> BrokerUnderTest:
+    """The broker of that name in the configuration used by every scenario but the persisted one."""
+    factories = {"timestone": Timestone, "mosquitto": Mosquitto, "amqtt": Amqtt}
+    try:
+        return factories[name]()
+    except KeyError:
+        raise ValueError(f"unknown broker {name!r}; choose from {', '.join(BROKER_NAMES)}") from None

@@ -1,0 +1,71 @@
+"""Mosquitto (the Debian package), started with a generated config on a loopback port."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from bench.brokers.base import BrokerUnavailable, BrokerUnderTest
+
+
+class Mosquitto(BrokerUnderTest):
+    """Mosquitto with anonymous access, no connection limit, TCP_NODELAY, and persistence on or off.
+
+    `persistence=None` is the plain configuration (persistence off) of every scenario but the persisted one.
+    Its persistence is an in-memory database saved to disk every `autosave_interval` seconds, not a log
+    written before the PUBACK: the persisted scenario says so next to its figure.
+    """
+
+    name = "mosquitto"
+
+    def __init__(self, persistence: bool | None = None, binary: str = "mosquitto") -> None:
+        self.persistence = persistence
+        self.binary = binary
+
+    @property
+    def label(self) -> str:
+        if self.persistence is None:
+            return "mosquitto"
+        return "mosquitto (persistence on)" if self.persistence else "mosquitto (persistence off)"
+
+    def prepare(self) -> None:
+        if shutil.which(self.binary) is None:
+            raise BrokerUnavailable(f"`{self.binary}` is not on PATH (Debian package `mosquitto`)")
+
+    def command(self, port: int, workdir: Path) -> list[str]:
+        lines = [
+            f"listener {port} 127.0.0.1",
+            "allow_anonymous true",
+            "max_connections -1",
+            "set_tcp_nodelay true",
+            "max_queued_messages 100000",
+            "log_dest stderr",
+            "log_type error",
+            "log_type warning",
+            "connection_messages false",
+        ]
+        if self.persistence:
+            lines += ["persistence true", f"persistence_location {workdir / 'data'}/", "autosave_interval 1"]
+        else:
+            lines.append("persistence false")
+        config = workdir / "mosquitto.conf"
+        config.write_text("\n".join(lines) + "\n")
+        return [self.binary, "-c", str(config)]
+
+    def config_notes(self) -> str:
+        notes = "max_connections -1, set_tcp_nodelay true, logging: errors and warnings"
+        if self.persistence:
+            notes += ", persistence true with autosave_interval 1 (periodic snapshot)"
+        return notes
+
+    def version(self) -> str:
+        try:
+            out = subprocess.run(
+                [self.binary, "-h"], capture_output=True, text=True, timeout=5, check=False
+            ).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return "not installed"
+        match = re.search(r"mosquitto version (\S+)", out)
+        return match.group(1) if match else "unknown"

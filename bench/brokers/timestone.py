@@ -1,0 +1,88 @@
+"""Timestone's edge broker: `timestone broker --config <yaml>` from the project's virtualenv."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.brokers.base import BrokerUnavailable, BrokerUnderTest
+
+REPO = Path(__file__).resolve().parent.parent.parent
+
+
+def timestone_executable() -> Path:
+    """The `timestone` console script of the interpreter running the benchmark (else the repo's .venv)."""
+    beside = Path(sys.executable).parent / "timestone"
+    return beside if beside.exists() else REPO / ".venv" / "bin" / "timestone"
+
+
+class Timestone(BrokerUnderTest):
+    """Timestone with one loopback listener and its commitlog in a temporary directory.
+
+    `persist=None` (every scenario but the persisted one) and `persist=True` keep the broker's default
+    persistence rules (QoS 1 appended to the log with group commit before the PUBACK); `persist=False` writes
+    `storage: {persist: []}`, no topic persisted. Only the label differs between None and True.
+    """
+
+    name = "timestone"
+    start_timeout = 20.0
+
+    def __init__(self, persist: bool | None = None, executable: Path | None = None) -> None:
+        self.persist = persist
+        self.executable = executable or timestone_executable()
+
+    @property
+    def label(self) -> str:
+        if self.persist is None:
+            return "timestone"
+        return "timestone (persist on)" if self.persist else "timestone (persist off)"
+
+    def prepare(self) -> None:
+        if not self.executable.exists():
+            raise BrokerUnavailable(f"{self.executable} does not exist (install the project into its venv)")
+
+    def command(self, port: int, workdir: Path) -> list[str]:
+        storage = f"  directory: {workdir / 'data'}\n" + ("  persist: []\n" if self.persist is False else "")
+        config = workdir / "timestone.yaml"
+        config.write_text(
+            f"listeners:\n  - host: 127.0.0.1\n    port: {port}\n"
+            f"storage:\n{storage}"
+            # the side ports on free ports, so that runs never collide with another broker on this machine
+            "offsets_api:\n  port: 0\n"
+            "admin_http:\n  port: 0\n"
+            # the production limits Mosquitto does not have by default: connections and publish rates
+            "limits:\n"
+            "  max_connections: 1000000\n"
+            "  new_connections_per_second: 0\n"
+            "  messages_per_second_per_client: 0\n"
+            "  max_topics_per_client: 0\n"
+            "logging:\n  level: WARNING\n"
+        )
+        return [str(self.executable), "broker", "--config", str(config)]
+
+    def config_notes(self) -> str:
+        notes = (
+            "storage in a temp dir; offsets API and admin HTTP on free ports; limits.max_connections "
+            "1000000, new_connections_per_second 0, messages_per_second_per_client 0, "
+            "max_topics_per_client 0 (unlimited, as Mosquitto by default); logging WARNING; the rest default"
+        )
+        return notes + (", `storage: {persist: []}`" if self.persist is False else "")
+
+    def version(self) -> str:
+        try:
+            version = importlib.metadata.version("timestone")
+        except importlib.metadata.PackageNotFoundError:
+            version = "not installed"
+        try:
+            commit = subprocess.run(
+                ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=False,
+            ).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            commit = ""
+        return f"{version} (git {commit})" if commit else version
