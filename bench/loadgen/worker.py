@@ -1,0 +1,238 @@
+"""One load-generator process: a group of publishers, subscribers or idle clients on one uvloop.
+
+The parent talks to it over a Pipe:
+    worker -> ("ready", connected, errors)       once every client is connected (and subscribed)
+    parent -> ("go", start, stop, end_by)         publishers publish in [start, stop); everyone reports
+                                                  by end_by at the latest (monotonic clock, system-wide)
+    parent -> ("close",)                          idle clients: disconnect and report
+    worker -> ("done", report dict) | ("failed", message)
+
+Subscribers add what they receive to their slot of a shared counter array, which the publishers' `Limiter`
+reads across processes. Every `sample_interval_s` the worker samples its counters and its own CPU time, so
+the parent can compute rates over exactly the measurement window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from bench import frames, net
+from bench.loadgen.clients import ClientGroup, IdleClient, Limiter, Publisher, Subscriber, _Client
+from bench.sysinfo import raise_fd_limit
+
+#: frames per pre-built publish blob (QoS 0: identical frames; QoS 1: consecutive packet ids)
+BLOB_FRAMES = 4096
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What one worker process does."""
+
+    role: str  # "publish", "subscribe" or "idle"
+    port: int
+    clients: int
+    client_prefix: str
+    qos: int = 0
+    topics: tuple[str, ...] = ("bench/t",)
+    subscription: str = "bench/t"
+    payload_size: int = 64
+    window: int = 64
+    ahead: int = 1000
+    subscribers_total: int = 1
+    shared_index: int = 0
+    connect_concurrency: int = 200
+    connect_timeout_s: float = 60.0
+    keepalive: int = 600
+    cpus: tuple[int, ...] | None = None
+    sample_interval_s: float = 0.02
+    idle_gap_s: float = 0.5
+
+
+@dataclass
+class WorkerReport:
+    """What a worker sends back: totals and (time, sent, acked, received, cpu seconds) samples."""
+
+    role: str
+    connected: int
+    sent: int = 0
+    acked: int = 0
+    received: int = 0
+    per_client_min: int = 0
+    per_client_max: int = 0
+    written_off: int = 0
+    errors: list[str] = field(default_factory=list)
+    samples: list[tuple[float, int, int, int, float]] = field(default_factory=list)
+
+
+def worker_main(spec: WorkerSpec, conn: Connection, shared: Sequence[int] | Any) -> None:
+    """Process entry point (spawned): pin, raise the fd limit, run the group on uvloop, report."""
+    try:
+        if spec.cpus:
+            os.sched_setaffinity(0, set(spec.cpus))
+        raise_fd_limit()
+        import uvloop
+
+        report = uvloop.run(_run(spec, conn, shared))
+        conn.send(("done", asdict(report)))
+    except BaseException as exc:  # the parent must hear about any failure, then the process ends
+        with contextlib.suppress(OSError, ValueError):
+            conn.send(("failed", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"))
+    finally:
+        conn.close()
+
+
+async def _run(spec: WorkerSpec, conn: Connection, shared: Any) -> WorkerReport:
+    loop = asyncio.get_running_loop()
+    group = ClientGroup()
+    factory = _factory(spec, group, shared)
+    clients = await _connect_all(factory, spec, group)
+    conn.send(("ready", len(clients), group.errors[:5]))
+    command = await loop.run_in_executor(None, conn.recv)
+    try:
+        if command[0] == "close":
+            return WorkerReport(role=spec.role, connected=len(clients), errors=group.errors)
+        _, start, stop, end_by = command
+        samples: list[tuple[float, int, int, int, float]] = []
+        sampler = asyncio.create_task(_sample(group, samples, spec.sample_interval_s, end_by))
+        await _sleep_until(start)
+        if spec.role == "publish":
+            await _publish(clients, stop, end_by)
+        else:
+            await _until_quiet(group, spec.idle_gap_s, stop, end_by)
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+        samples.append(_sample_now(group))
+        counts = [getattr(c, "received", 0) for c in clients]
+        limiters = {id(c.limiter): c.limiter for c in clients if isinstance(c, Publisher)}
+        return WorkerReport(
+            role=spec.role,
+            connected=len(clients),
+            sent=group.sent,
+            acked=group.acked,
+            received=group.received,
+            per_client_min=min(counts, default=0),
+            per_client_max=max(counts, default=0),
+            written_off=sum(limiter.written_off for limiter in limiters.values()),
+            errors=group.errors,
+            samples=samples,
+        )
+    finally:
+        for client in clients:
+            client.close()
+        await asyncio.sleep(0.05)
+
+
+def _factory(spec: WorkerSpec, group: ClientGroup, shared: Any) -> Callable[[int], _Client]:
+    """A function making client number i of this worker."""
+    prefix = spec.client_prefix
+    if spec.role == "idle":
+        return lambda i: IdleClient(group, frames.connect(f"{prefix}{i}", spec.keepalive))
+    if spec.role == "subscribe":
+        header, length, pid_offset = frames.publish_layout(spec.topics[0], spec.payload_size, spec.qos)
+        subscribe = frames.subscribe(1, spec.subscription, spec.qos)
+        slot = spec.shared_index
+
+        def on_received(n: int) -> None:
+            group.received += n
+            group.last_receive = time.monotonic()
+            shared[slot] += n
+
+        return lambda i: Subscriber(
+            group,
+            frames.connect(f"{prefix}{i}", spec.keepalive),
+            subscribe,
+            header,
+            length,
+            pid_offset,
+            on_received,
+        )
+    if spec.role == "publish":
+        limiter = Limiter(spec.ahead, spec.subscribers_total, lambda: sum(shared))
+        payload = bytes(spec.payload_size)
+        blobs = [frames.publish_run(topic, payload, spec.qos, 1, BLOB_FRAMES) for topic in spec.topics]
+        frame_len = len(blobs[0]) // BLOB_FRAMES
+        return lambda i: Publisher(
+            group,
+            frames.connect(f"{prefix}{i}", spec.keepalive),
+            blobs[i % len(blobs)],
+            frame_len,
+            spec.qos,
+            spec.window,
+            limiter,
+        )
+    raise ValueError(f"unknown role {spec.role!r}")
+
+
+async def _connect_all(
+    factory: Callable[[int], _Client], spec: WorkerSpec, group: ClientGroup
+) -> list[_Client]:
+    """Connect (and subscribe) every client, `connect_concurrency` at a time, within `connect_timeout_s`."""
+    loop = asyncio.get_running_loop()
+    gate = asyncio.Semaphore(spec.connect_concurrency)
+    deadline = time.monotonic() + spec.connect_timeout_s
+
+    async def one(i: int) -> _Client | None:
+        async with gate:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                _, client = await asyncio.wait_for(
+                    loop.create_connection(lambda: factory(i), net.HOST, spec.port), timeout=min(left, 15)
+                )
+                await asyncio.wait_for(asyncio.shield(client.ready), timeout=min(left, 15))
+                return client
+            except (OSError, TimeoutError, ConnectionError) as exc:
+                group.error(f"client {i}: {type(exc).__name__}: {exc}")
+                return None
+
+    results = await asyncio.gather(*(one(i) for i in range(spec.clients)))
+    return [client for client in results if client is not None]
+
+
+async def _publish(clients: list[_Client], stop: float, end_by: float) -> None:
+    """Run the publishers until `stop`, then wait (until `end_by`) for the PUBACKs still owed."""
+    publishers = [c for c in clients if isinstance(c, Publisher)]
+    for publisher in publishers:
+        publisher.start(stop)
+    await _sleep_until(stop)
+    for publisher in publishers:
+        publisher.running = False
+    while time.monotonic() < end_by:
+        if all(p.qos == 0 or p.acked >= p.sent or p.closed for p in publishers):
+            break
+        await asyncio.sleep(0.01)
+
+
+async def _until_quiet(group: ClientGroup, idle_gap_s: float, stop: float, end_by: float) -> None:
+    """Receive until `stop`, then until nothing arrived for `idle_gap_s` (or `end_by`)."""
+    await _sleep_until(stop)
+    while time.monotonic() < end_by:
+        if time.monotonic() - max(group.last_receive, stop) >= idle_gap_s:
+            break
+        await asyncio.sleep(0.02)
+
+
+async def _sample(group: ClientGroup, samples: list, interval: float, end_by: float) -> None:
+    while time.monotonic() < end_by:
+        samples.append(_sample_now(group))
+        await asyncio.sleep(interval)
+
+
+def _sample_now(group: ClientGroup) -> tuple[float, int, int, int, float]:
+    return (time.monotonic(), group.sent, group.acked, group.received, time.process_time())
+
+
+async def _sleep_until(when: float) -> None:
+    delay = when - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
