@@ -1,0 +1,159 @@
+"""Rendering bench/RESULTS.md: the machine, the brokers, the targets, one table per scenario, and the
+sections other benchmark scripts leave in bench/results/*.md (appended verbatim)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.scenarios.base import ScenarioResult, Target
+from bench.sysinfo import MachineInfo
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    """One broker configuration as the results describe it."""
+
+    label: str
+    version: str
+    status: str  # "measured" or "not available: why"
+    config: str
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """How this run was made."""
+
+    date: str
+    command: str
+    quick: bool
+    repeat: int
+    cpu_split: str
+    load_average: str
+
+
+def render(
+    run: RunInfo,
+    machine: MachineInfo,
+    brokers: list[BrokerInfo],
+    results: list[ScenarioResult],
+    extra_sections: list[tuple[str, str]],
+) -> str:
+    """The whole RESULTS.md as text."""
+    out = ["# Broker benchmark results", ""]
+    kind = (
+        "**quick smoke run** (short and small: not for comparison)"
+        if run.quick
+        else f"full run, each figure the median of {run.repeat} runs against a fresh broker"
+    )
+    out += [f"Written by `{run.command}` on {run.date}: {kind}.", ""]
+    out += _machine(run, machine)
+    out += _brokers(brokers)
+    out += _targets([t for r in results for t in r.targets])
+    for result in results:
+        out += _scenario(result)
+    if extra_sections:
+        out += [
+            "## Other benchmark results",
+            "",
+            "Sections written by other benchmark scripts, as they wrote them.",
+            "",
+        ]
+        for name, text in extra_sections:
+            out += [f"<!-- from bench/results/{name} -->", text.rstrip("\n"), ""]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _machine(run: RunInfo, m: MachineInfo) -> list[str]:
+    return [
+        "## Machine",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| CPU | {m.cpu_model} |",
+        f"| cores | {m.cores} |",
+        f"| memory | {m.memory_gib:.1f} GiB |",
+        f"| kernel | {m.kernel} |",
+        f"| Python | {m.python} |",
+        f"| CPU split | {run.cpu_split} |",
+        f"| load average when the run started | {run.load_average} |",
+        "",
+        "Everything runs on this one machine over 127.0.0.1. The 'other CPU' columns show what the rest of "
+        "the machine used during each measurement (100% = one core busy): when it is high, other work "
+        "competed with the broker and the load generator, and the figures are lower and noisier than on a "
+        "quiet machine. 'load-gen CPU' near 100% would mean that the load generator, not the broker, set "
+        "the pace.",
+        "",
+    ]
+
+
+def _brokers(brokers: list[BrokerInfo]) -> list[str]:
+    out = ["## Brokers", "", "| broker | version | status | configuration |", "|---|---|---|---|"]
+    for b in brokers:
+        out.append(f"| {b.label} | {b.version} | {_cell(b.status)} | {_cell(b.config)} |")
+    return [*out, ""]
+
+
+def _targets(targets: list[Target]) -> list[str]:
+    out = ["## Targets (Timestone)", "", "| target | measured | met |", "|---|---|---|"]
+    for t in targets:
+        met = "not measured" if t.met is None else ("met" if t.met else "**not met**")
+        out.append(f"| {t.goal} | {t.measured} | {met} |")
+    return [*out, ""]
+
+
+def _scenario(r: ScenarioResult) -> list[str]:
+    better = "higher is better" if r.higher_is_better else "lower is better"
+    ratio_name = f"{r.reference} / this"
+    header = ["case", "broker", f"{r.figure_name} ({better})", ratio_name, *r.columns, "note"]
+    out = [f"## {r.title}", "", r.description, ""]
+    out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in r.rows:
+        reference = r.figure(row.case, r.reference)
+        cells = [
+            row.case,
+            row.broker,
+            _figure(row.figure),
+            _ratio(reference, row.figure) if row.broker != r.reference else "",
+            *(row.cells.get(c, "") for c in r.columns),
+            _cell(row.note),
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    if r.targets:
+        out += [f"Target: {t.goal}: {t.measured} — {_met(t)}." for t in r.targets]
+        out.append("")
+    out += [*r.notes, ""] if r.notes else []
+    return out
+
+
+def _met(t: Target) -> str:
+    return "not measured" if t.met is None else ("met" if t.met else "**not met**")
+
+
+def _figure(value: float | None) -> str:
+    if value is None or math.isnan(value):
+        return "n/a"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3f}"
+
+
+def _ratio(mine: float | None, theirs: float | None) -> str:
+    if mine is None or theirs is None or theirs == 0 or math.isnan(mine) or math.isnan(theirs):
+        return "n/a"
+    return f"{mine / theirs:.2f}"
+
+
+def _cell(text: str) -> str:
+    """Table-safe text: one line, no pipes, not endless."""
+    text = " ".join(text.split()).replace("|", "/")
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def extra_sections(results_dir: Path) -> list[tuple[str, str]]:
+    """(file name, text) of every bench/results/*.md, by name."""
+    if not results_dir.is_dir():
+        return []
+    return [(p.name, p.read_text(errors="replace")) for p in sorted(results_dir.glob("*.md")) if p.is_file()]
