@@ -15,7 +15,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "passwd": ("broker_edge.auth", "passwd_main", "add, change or delete a user in a password file"),
     "pipeline": ("pipelines.runner", "pipeline_main", "run a streaming pipeline (telemetry, actions)"),
     "devices": ("pipelines.fleet.cli", "devices_main", "simulate a fleet of devices"),
-    "ota": ("pipelines.ota_cli", "ota_main", "create or cancel an OTA / command action"),
+    "ota": ("pipelines.actions.cli", "ota_main", "create or cancel an OTA / command action"),
     "demo": ("pipelines.demo", "demo_main", "run the end-to-end demo on embedded defaults"),
 }
 
