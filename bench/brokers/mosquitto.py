@@ -55,7 +55,10 @@ class Mosquitto(BrokerUnderTest):
         return [self.binary, "-c", str(config)]
 
     def config_notes(self) -> str:
-        notes = "max_connections -1, set_tcp_nodelay true, logging: errors and warnings"
+        notes = (
+            "max_connections -1, set_tcp_nodelay true, max_queued_messages 100000 (2.0.11 dropped QoS 1 "
+            "deliveries with the default 1000 while at most 500 were outstanding), logging: errors, warnings"
+        )
         if self.persistence:
             notes += ", persistence true with autosave_interval 1 (periodic snapshot)"
         return notes
