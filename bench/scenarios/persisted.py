@@ -53,7 +53,9 @@ def run(ctx: RunContext) -> ScenarioResult:
 
 
 def _megabytes(cell: str) -> float:
+    """Parse the 'data on disk' cell ("4.3 MB", "12.0 KB", "0 B") back into megabytes."""
     try:
-        return float(cell.split()[0])
-    except (ValueError, IndexError):
+        value, unit = cell.split()
+        return float(value) * {"MB": 1.0, "KB": 1e-3, "B": 1e-6}[unit]
+    except (ValueError, KeyError):
         return 0.0

@@ -43,7 +43,7 @@ def flow_row(
         "broker RSS": f"{r.broker_rss_bytes / 1e6:.1f} MB",
     }
     if data_dir_size:
-        cells["data on disk"] = f"{on_disk / 1e6:.1f} MB"
+        cells["data on disk"] = _size(on_disk)
     return Row(case, broker.label, r.delivered_per_s, cells, note="; ".join(r.errors[:2]))
 
 
@@ -53,3 +53,10 @@ def _lost(r: FlowResult) -> str:
     if r.written_off:
         text += f" ({r.written_off:,} written off by the limiter)"
     return text
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
