@@ -1,0 +1,85 @@
+"""Smoke test of the broker benchmark's load generator against a real Mosquitto it starts.
+
+Short runs (about a second of traffic each) whose counts must add up: QoS 1 delivers every acknowledged
+message to every subscriber, QoS 0 delivers something, and the frame scanner agrees with a byte-exact
+reference. The whole file takes about 10 s.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+import pytest
+
+from bench import frames
+from bench.brokers import Mosquitto
+from bench.loadgen.flow import FlowSpec, Timing, run_flow
+from bench.loadgen.idle import run_idle
+from bench.stream import FrameScanner
+
+needs_mosquitto = pytest.mark.skipif(shutil.which("mosquitto") is None, reason="Debian package mosquitto")
+SHORT = Timing(warmup_s=0.3, measure_s=0.7, drain_s=4.0, connect_timeout_s=20.0)
+
+
+def test_scanner_counts_and_acks_any_chunking() -> None:
+    header, length, pid_offset = frames.publish_layout("bench/t/0", 64, qos=1)
+    rng = random.Random(7)
+    sent = []
+    for i in range(3000):
+        frame = frames.publish(rng.choice(["bench/t/1", "other"]), bytes(64), 1, i + 1)
+        if rng.random() < 0.02:
+            frame = bytes((frame[0] | 0x08,)) + frame[1:]  # a redelivery (DUP): takes the slow path
+        sent.append(frame)
+    stream = b"".join(sent)
+    scanner = FrameScanner(header, length, pid_offset)
+    acks, pos = b"", 0
+    while pos < len(stream):
+        step = rng.choice([1, 2, 77, 1000, 40_000])
+        acks += scanner.feed(stream[pos : pos + step])
+        pos += step
+    assert scanner.publishes == 3000
+    assert acks == b"".join(frames.puback(i + 1) for i in range(3000))
+
+
+@needs_mosquitto
+def test_fanin_qos1_delivers_every_acknowledged_message() -> None:
+    spec = FlowSpec(
+        publishers=4,
+        subscribers=1,
+        qos=1,
+        topics=tuple(f"bench/fanin/{i}" for i in range(4)),
+        subscription="bench/fanin/+",
+        ahead=2000,
+    )
+    with Mosquitto().running() as broker:
+        result = run_flow(broker, spec, SHORT, cpus=None)
+    assert result.sent > 0
+    assert result.acked == result.sent
+    assert result.delivered == result.expected == result.acked
+    assert result.delivered_per_s > 0 and result.published_per_s > 0
+    assert result.errors == []
+
+
+@needs_mosquitto
+def test_fanout_qos1_every_subscriber_gets_every_message() -> None:
+    spec = FlowSpec(
+        publishers=1, subscribers=20, qos=1, topics=("bench/fanout",), subscription="bench/fanout", ahead=100
+    )
+    with Mosquitto().running() as broker:
+        result = run_flow(broker, spec, SHORT, cpus=None)
+    assert result.acked == result.sent > 0
+    assert result.delivered == 20 * result.acked
+    assert result.min_per_subscriber == result.acked
+
+
+@needs_mosquitto
+def test_fanin_qos0_and_idle_connections_measure_something() -> None:
+    spec = FlowSpec(publishers=2, subscribers=1, qos=0, topics=("bench/q0",), subscription="bench/q0")
+    with Mosquitto().running() as broker:
+        flow = run_flow(broker, spec, SHORT, cpus=None)
+        idle = run_idle(broker, clients=200, settle_s=0.2)
+    assert flow.sent > 0 and 0 < flow.delivered <= flow.sent
+    assert flow.delivered_per_s > 0
+    assert idle.connected == 200
+    assert idle.rss_after > 0
