@@ -1,0 +1,22 @@
+"""Spark streaming sources of Timestone; ``register_sources(spark)`` makes them usable by format name."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["register_sources"]
+
+
+def register_sources(spark: SparkSession) -> None:
+    """Register ``timestone`` (MQTT records from the brokers' commitlogs) and ``delta_cdf`` with ``spark``.
+
+    Imports happen here so that importing ``sources.options`` or the planner does not pull in pyspark.
+    """
+    from .delta_cdf import DeltaCdfDataSource
+    from .timestone_source import TimestoneDataSource
+
+    spark.dataSource.register(TimestoneDataSource)
+    spark.dataSource.register(DeltaCdfDataSource)

@@ -107,15 +107,21 @@ class BatchPlan:
 
 
 class DataLossError(RuntimeError):
-    """Records the query should have read are gone (retention, or a log that was recreated)."""
+    """Records the query should have read are gone (retention, corruption, or a log that was recreated)."""
 
     def __init__(
-        self, broker: str, topic: str, expected: int, log_start: int, log_end: int, why: str
+        self,
+        broker: str,
+        topic: str,
+        expected: int,
+        why: str,
+        log_start: int | None = None,
+        log_end: int | None = None,
     ) -> None:
+        holds = f", the log now holds [{log_start}, {log_end})" if log_start is not None else ""
         super().__init__(
             f"timestone source: data loss on broker {broker!r} topic {topic!r}: {why} (next offset to read "
-            f"{expected}, the log now holds [{log_start}, {log_end})). Set failOnDataLoss=false to skip "
-            "lost records and continue."
+            f"{expected}{holds}). Set failOnDataLoss=false to skip lost records and continue."
         )
         self.broker = broker
         self.topic = topic
@@ -183,13 +189,13 @@ def effective_start(
     if extent.start > next_offset:
         if fail_on_data_loss:
             raise DataLossError(
-                broker, topic, next_offset, extent.start, extent.end, "retention removed records not yet read"
+                broker, topic, next_offset, "retention removed records not yet read", extent.start, extent.end
             )
         return extent.start, LostRange(broker, topic, next_offset, extent.start)
     if extent.end < next_offset:
         if fail_on_data_loss:
             raise DataLossError(
-                broker, topic, next_offset, extent.start, extent.end, "the log ends before the checkpoint"
+                broker, topic, next_offset, "the log ends before the checkpoint", extent.start, extent.end
             )
         return extent.start, None  # what the old log held past its new end is unknowable: nothing counted
     return next_offset, None

@@ -1,0 +1,248 @@
+"""The ``timestone`` Spark streaming source: glue between Spark, the offsets API client and the planner.
+
+Spark runs ``initialOffset`` / ``latestOffset`` / ``partitions`` / ``commit`` in one long-lived Python process
+per query (not the driver), and ``read`` in executor workers on a freshly unpickled reader. So the reader
+keeps only caches in memory (the last log listings), the checkpointed offsets carry the state
+(``{broker id: {topic: next offset}}``), and each ``TimestonePartition`` carries everything its task needs.
+Rules live elsewhere: planning in ``offsets_planner``, options in ``options``, fetching in ``slice_reader``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from broker_edge.offsets_api.client import OffsetsClient
+
+from .offsets_planner import LogExtent, PartitionPlan, plan_end_offsets, plan_partitions, starting_offsets
+from .options import SourceOptions, StartKind, parse_options
+from .slice_reader import BrokerUnreachableError, FetchSettings, read_slices
+
+__all__ = ["SCHEMA", "TimestoneDataSource", "TimestonePartition", "TimestoneStreamReader"]
+
+log = logging.getLogger(__name__)
+
+SCHEMA = StructType(
+    [
+        StructField("broker", StringType()),
+        StructField("topic", StringType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("client_id", StringType()),
+        StructField("qos", IntegerType()),
+        StructField("retain", BooleanType()),
+        StructField("properties", MapType(StringType(), StringType())),
+        StructField("payload", BinaryType()),
+    ]
+)
+
+Listings = dict[str, dict[str, LogExtent]]
+
+
+class TimestonePartition(InputPartition):
+    """One Spark task: slices of one broker's logs, and how to fetch them."""
+
+    def __init__(self, plan: PartitionPlan, fetch: FetchSettings) -> None:
+        super().__init__(None)
+        self.plan = plan
+        self.fetch = fetch
+
+    def __repr__(self) -> str:  # InputPartition's repr lists every attribute; keep the token out of logs
+        return f"TimestonePartition({self.plan!r}, url={self.fetch.url!r})"
+
+
+class TimestoneDataSource(DataSource):
+    """``spark.readStream.format("timestone")``: MQTT records from Timestone brokers' commitlogs."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "timestone"
+
+    def schema(self) -> StructType:
+        parse_options(self.options)  # fail at load(), naming the option, rather than at query start
+        return SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return TimestoneStreamReader(parse_options(self.options))
+
+
+class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Offsets, planning and reading of one query (see the module docstring for where each part runs)."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._fetch = {
+            endpoint.broker_id: FetchSettings(
+                endpoint.broker_id,
+                endpoint.url,
+                endpoint.auth_token,
+                options.fetch_timeout_ms,
+                options.fetch_retries,
+                options.retry_backoff_ms,
+                options.max_bytes_per_fetch,
+                options.fail_on_data_loss,
+            )
+            for endpoint in options.brokers
+        }
+        self._clients: dict[str, OffsetsClient] = {}
+        self._listings: Listings = {}
+        self._target: dict[str, dict[str, int]] | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"options": self.options, "_fetch": self._fetch}  # no clients or caches travel to executors
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._clients, self._listings, self._target = {}, {}, None
+
+    # -- offsets: the long-lived planner process ---------------------------------------------------------
+
+    def initialOffset(self) -> dict:
+        start = self.options.starting_offsets
+        listings, down = self._list_all()
+        if down and start.kind is not StartKind.EARLIEST:
+            # Where "latest" (or a time) is on a broker that does not answer is unknowable, and reading its
+            # logs from their start later would not be what was asked for. "earliest" needs nothing now.
+            raise next(iter(down.values()))
+        for broker, error in down.items():
+            log.warning(
+                "broker %r is down at query start; its logs will be read from their start: %s", broker, error
+            )
+        resolved = None
+        if start.kind is StartKind.TIMESTAMP:
+            assert start.timestamp_ms is not None
+            resolved = {
+                broker: {
+                    topic: self._offset_for_timestamp(broker, topic, start.timestamp_ms) for topic in logs
+                }
+                for broker, logs in listings.items()
+            }
+        return starting_offsets(start, listings, resolved)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.options.max_records_per_trigger
+        return ReadMaxRows(limit) if limit else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        listings, down = self._list_all()
+        for broker, error in down.items():
+            log.warning("broker %r is down: this availableNow run does not read it: %s", broker, error)
+        self._target = {
+            broker: {topic: extent.end for topic, extent in logs.items()} for broker, logs in listings.items()
+        }
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        listings, down = self._list_all()
+        for broker, error in down.items():
+            log.warning(
+                "broker %r is down: its offsets stay where they are for this batch: %s", broker, error
+            )
+        return plan_end_offsets(
+            start,
+            listings,
+            max_records=limit.max_rows if isinstance(limit, ReadMaxRows) else None,
+            fail_on_data_loss=self.options.fail_on_data_loss,
+            target=self._target,
+        )
+
+    def reportLatestOffset(self) -> dict | None:
+        if not self._listings:
+            return None
+        return {
+            broker: {topic: extent.end for topic, extent in sorted(logs.items())}
+            for broker, logs in sorted(self._listings.items())
+        }
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        # A batch replayed after a restart is planned before any latestOffset: list what is not cached.
+        missing = [broker for broker in end if broker in self._fetch and broker not in self._listings]
+        if missing:
+            self._list_all(missing)
+        plan = plan_partitions(
+            start,
+            {broker: topics for broker, topics in end.items() if broker in self._fetch},
+            self._listings,
+            max_records_per_partition=self.options.max_records_per_partition,
+            fail_on_data_loss=self.options.fail_on_data_loss,
+        )
+        if plan.lost:
+            log.warning(
+                "timestone source: skipping %d records lost to retention (failOnDataLoss=false): %s",
+                plan.lost_records,
+                ", ".join(f"{gap.broker} {gap.topic} [{gap.start}, {gap.end})" for gap in plan.lost),
+            )
+        return [TimestonePartition(partition, self._fetch[partition.broker]) for partition in plan.partitions]
+
+    def commit(self, end: dict) -> None:
+        """Nothing to acknowledge: brokers keep no reader state (and Spark calls this late)."""
+
+    def stop(self) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+
+    # -- reading: executors --------------------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, TimestonePartition)
+        return read_slices(partition.fetch, partition.plan.slices)
+
+    # -- helpers -------------------------------------------------------------------------------------------
+
+    def _client(self, broker: str) -> OffsetsClient:
+        client = self._clients.get(broker)
+        if client is None:
+            client = self._clients[broker] = self._fetch[broker].client()
+        return client
+
+    def _list_all(
+        self, brokers: list[str] | None = None
+    ) -> tuple[Listings, dict[str, BrokerUnreachableError]]:
+        """List brokers concurrently (one broker's retries must not delay the others) and cache the result."""
+        wanted = list(self._fetch) if brokers is None else brokers
+        for broker in wanted:
+            self._client(broker)  # created here: the client dict is not touched from the pool's threads
+        with ThreadPoolExecutor(max_workers=min(8, len(wanted)) or 1) as pool:
+            futures = {broker: pool.submit(self._list_broker, broker) for broker in wanted}
+        listings: Listings = {}
+        down: dict[str, BrokerUnreachableError] = {}
+        for broker, future in futures.items():
+            try:
+                listings[broker] = future.result()
+            except BrokerUnreachableError as error:
+                down[broker] = error
+        self._listings.update(listings)
+        return listings, down
+
+    def _list_broker(self, broker: str) -> dict[str, LogExtent]:
+        client, fetch = self._clients[broker], self._fetch[broker]
+        logs: dict[str, LogExtent] = {}
+        for pattern in self.options.topics:
+            for info in fetch.call(lambda pattern=pattern: client.list_logs(pattern)):
+                logs[info.topic] = LogExtent(info.start_offset, info.end_offset)
+        return logs
+
+    def _offset_for_timestamp(self, broker: str, topic: str, timestamp_ms: int) -> int:
+        client = self._clients[broker]
+        return self._fetch[broker].call(lambda: client.offset_for_timestamp(topic, timestamp_ms))
