@@ -206,11 +206,19 @@ class Broker:
         self.router.replays = self.replays
 
     async def _start_offsets_api(self) -> None:
-        from broker_edge import offsets_api
-
+        """Serve the offsets API over this broker's store on its own port (``offsets_api.serve``)."""
+        try:
+            from broker_edge import offsets_api
+        except ImportError as exc:
+            log.error("offsets API not available: %s", exc)
+            return
+        serve = getattr(offsets_api, "serve", None)
+        if serve is None:
+            log.error("offsets API not available: broker_edge.offsets_api has no serve()")
+            return
         api = self.config.offsets_api
         ssl_context = server_ssl_context(api.tls) if api.tls else None
-        runner, self.offsets_port = await offsets_api.serve(
+        runner, self.offsets_port = await serve(
             self.store, host=api.host, port=api.port, token=api.token, ssl_context=ssl_context
         )
         self._runners.append(runner)

@@ -182,7 +182,9 @@ def test_retained_from_logged_publish_keeps_offset(start_broker):
 def test_replay_without_commitlog_is_refused(broker):
     raw = RawClient(broker.port, 5)
     raw.connect("r")
-    raw.send_packet(Subscribe(1, [Subscription("a", 1)], Properties(user_properties=[("offset", "earliest")])))
+    raw.send_packet(
+        Subscribe(1, [Subscription("a", 1)], Properties(user_properties=[("offset", "earliest")]))
+    )
     assert raw.recv().reason_codes == [0x83]
 
 

@@ -89,12 +89,22 @@ def test_will_delay_cancelled_by_reconnect_and_sent_after_delay(broker):
     watcher = PahoClient(broker.port, "watcher")
     watcher.subscribe("wills/#", 1)
     flaky = PahoClient(
-        broker.port, "flaky", clean=False, session_expiry=300, will=("wills/flaky", b"gone", 1, False), will_delay=1
+        broker.port,
+        "flaky",
+        clean=False,
+        session_expiry=300,
+        will=("wills/flaky", b"gone", 1, False),
+        will_delay=1,
     )
     flaky.kill()
     PahoClient(broker.port, "flaky", clean=False, session_expiry=300)  # back before the delay: no will
     delayed = PahoClient(
-        broker.port, "slowwill", clean=False, session_expiry=300, will=("wills/slow", b"late", 1, False), will_delay=1
+        broker.port,
+        "slowwill",
+        clean=False,
+        session_expiry=300,
+        will=("wills/slow", b"late", 1, False),
+        will_delay=1,
     )
     delayed.kill()
     [message] = watcher.expect(1, timeout=5)

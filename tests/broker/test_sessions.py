@@ -215,9 +215,13 @@ def test_message_expiry_drops_expired_queued_messages(broker):
     sub.disconnect()
     pub = RawClient(broker.port, 5)
     pub.connect("pub")
-    pub.send_packet(Publish("e/short", b"gone", 1, packet_id=1, properties=Properties(message_expiry_interval=1)))
+    pub.send_packet(
+        Publish("e/short", b"gone", 1, packet_id=1, properties=Properties(message_expiry_interval=1))
+    )
     pub.recv()
-    pub.send_packet(Publish("e/long", b"kept", 1, packet_id=2, properties=Properties(message_expiry_interval=100)))
+    pub.send_packet(
+        Publish("e/long", b"kept", 1, packet_id=2, properties=Properties(message_expiry_interval=100))
+    )
     pub.recv()
     time.sleep(1.1)
     again = RawClient(broker.port, 5)
@@ -247,7 +251,10 @@ def test_server_keep_alive_when_client_asks_more_than_maximum(start_broker):
 def test_keepalive_zero_in_v3_means_none(broker):
     raw = RawClient(broker.port, 4)
     raw.connect("forever", keep_alive=0)
-    assert broker.call(lambda: next(c.keepalive for c in broker.broker.connections if c.client_id == "forever")) == 0
+    assert (
+        broker.call(lambda: next(c.keepalive for c in broker.broker.connections if c.client_id == "forever"))
+        == 0
+    )
 
 
 def test_connect_twice_with_connect_packet_in_fields(broker):
