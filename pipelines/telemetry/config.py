@@ -103,6 +103,7 @@ class TablesConfig:
 
     root: str = ".timestone/tables"
     backend: Literal["auto", "delta-rs", "native"] = "auto"
+    namespace: str | None = None
 
 
 @dataclass

@@ -220,6 +220,33 @@ def to_silver(rows: DataFrame, silver_fields: Sequence[str]) -> DataFrame:
     )
 
 
+def profile_aggregates() -> list[Column]:
+    """Aggregates over flagged rows that tell the job which writes a batch needs and what to read.
+
+    ``passed`` / ``quarantined`` counts (a write with no rows is skipped), and the event time range of
+    the passed rows (bounding the silver lookups for duplicates and for the minutes to recompute).
+    """
+    passed = ~is_quarantined()
+    return [
+        F.count(F.when(passed, 1)).alias("passed"),
+        F.count(F.when(~passed, 1)).alias("quarantined"),
+        F.unix_micros(F.min(F.when(passed, F.col("event_time")))).alias("low_us"),
+        F.unix_micros(F.max(F.when(passed, F.col("event_time")))).alias("high_us"),
+    ]
+
+
+def event_time_between(low_us: int, high_us: int) -> Column:
+    """Rows of a table partitioned by ``event_date`` whose event time is in [low, high] (epoch micros).
+
+    Bounds travel as epoch microseconds because a timestamp collected to Python comes back in the driver's
+    local time zone, while ``event_date`` is the UTC date.
+    """
+    low, high = F.timestamp_micros(F.lit(low_us)), F.timestamp_micros(F.lit(high_us))
+    return F.col("event_date").between(F.to_date(low), F.to_date(high)) & F.col("event_time").between(
+        low, high
+    )
+
+
 def event_time_bounds(rows: DataFrame) -> tuple[datetime | None, datetime | None]:
     """Earliest and latest event time of ``rows`` (one small Spark job), or (None, None) when empty."""
     bounds = rows.agg(F.min("event_time").alias("low"), F.max("event_time").alias("high")).first()
@@ -319,4 +346,21 @@ def device_updates(sightings: DataFrame, updated_at: datetime) -> DataFrame:
             "group",
             F.lit(updated_at).cast("timestamp").alias("updated_at"),
         )
+    )
+
+
+def carry_forward(updates: DataFrame, stored: DataFrame) -> DataFrame:
+    """Fill the attributes an update lacks (null) from the stored ``devices`` row.
+
+    The store's merge replaces whole rows; without this a batch of telemetry that carries no firmware
+    would erase the firmware a status message reported earlier.
+    """
+    kept = ("firmware_version", "tags", "group")
+    previous = stored.select("device_id", *[F.col(c).alias(f"_stored_{c}") for c in kept])
+    joined = updates.join(previous, "device_id", "left")
+    return joined.select(
+        *[
+            F.coalesce(F.col(c), F.col(f"_stored_{c}")).alias(c) if c in kept else F.col(c)
+            for c in updates.columns
+        ]
     )

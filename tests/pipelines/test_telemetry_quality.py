@@ -150,8 +150,13 @@ def test_merge_outcomes_prefers_gx_and_keeps_the_batch_counts(parsed):
     assert between.observed["rows_in_batch"] == 5 and between.observed["batch_unexpected_count"] == 1
     assert Q.merge_outcomes(expressions, None) == expressions
     rows = Q.outcome_rows(merged, "run", 3, at(0))
-    assert rows[1][:4] == ("run", 3, "ranges", "expect_column_values_to_not_be_null(temperature)")
-    assert json.loads(rows[1][8])["engine"] == Q.ENGINE_GX
+    assert [rows[1][k] for k in ("run_id", "batch_id", "suite", "expectation")] == [
+        "run",
+        3,
+        "ranges",
+        "expect_column_values_to_not_be_null(temperature)",
+    ]
+    assert json.loads(rows[1]["observed_value"])["engine"] == Q.ENGINE_GX
 
 
 def test_gx_schedule():
