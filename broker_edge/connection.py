@@ -1,4 +1,4 @@
-"""One client connection: bytes in through the decoder to the handlers, packets out in one write per loop turn.
+"""One client connection: bytes in through the decoder to the handlers, packets out once per loop turn.
 
 A ``Connection`` is transport-agnostic: ``transports.tcp`` makes it the ``asyncio.Protocol`` of a TCP or TLS
 socket, ``transports.websocket`` feeds it WebSocket messages. It owns what belongs to the network connection
@@ -304,7 +304,7 @@ class Connection(asyncio.Protocol):
         self.close(error.reason_code, error.message)
 
     def taken_over(self) -> None:
-        """Another connection claimed this client id (MQTT 3.1.4-3): DISCONNECT 0x8E and let go of the session.
+        """Another connection claimed this client id (MQTT 3.1.4-3): DISCONNECT 0x8E, let go of the session.
 
         The will follows the normal rule (sent now unless delayed; a delayed will is cancelled if the new
         connection resumes the session, sent at once if it starts clean).
@@ -325,7 +325,7 @@ class Connection(asyncio.Protocol):
         self.close(ReasonCode.SESSION_TAKEN_OVER)
 
     def _refuse_admission(self, packet: Any) -> None:
-        """Admission refused for rate: a v5 client learns why from CONNACK 0x9F; a v3 client is just closed."""
+        """Refused for rate: a v5 client learns why from CONNACK 0x9F; a v3 client is just closed."""
         if getattr(packet, "protocol_version", 0) == MQTT_5:
             self.write(encode(ConnAck(False, ReasonCode.CONNECTION_RATE_EXCEEDED), MQTT_5))
         self.flush()

@@ -72,7 +72,7 @@ class Message:
     def template(
         self, v5: bool, qos: int, retain: bool, subscription_ids: tuple[int, ...] = ()
     ) -> PublishTemplate:
-        """The encoded PUBLISH for one delivery variant; the same object for every subscriber of the variant."""
+        """The encoded PUBLISH of one delivery variant, the same object for every subscriber of it."""
         expiry = None
         if self.expires_at is not None and v5:
             expiry = max(1, math.ceil(self.expires_at - time.monotonic()))

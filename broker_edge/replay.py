@@ -2,7 +2,8 @@
 
 A session has a cursor on a logged topic (``Session.cursors[topic] = next offset to deliver``) when
 
-* it subscribed from an offset (a replay: v5 user property ``offset``, v3 filter ``$offset/<start>/<filter>``);
+* it subscribed from an offset (a replay: the v5 user property ``offset`` or the v3 filter form
+  ``$offset/<start>/<filter>``);
 * a message for it arrived while it was offline, or while its in-flight window was full: instead of copying
   the message into a queue, the session remembers the offset (the log *is* the offline queue).
 

@@ -79,7 +79,7 @@ class RetainedStore:
         return node.message
 
     def match(self, topic_filter: str) -> list[tuple[str, Any]]:
-        """``(topic, message)`` of every retained topic the filter matches ($-topics only by explicit levels)."""
+        """``(topic, message)`` of every retained topic the filter matches ($-topics only explicitly)."""
         found: list[tuple[str, Any]] = []
         self._walk(self._root, topic_filter.split("/"), 0, [], found)
         if self._is_expired is not None:

@@ -182,7 +182,7 @@ class Router:
         return session, False
 
     def connection_closed(self, session: Session, will: Will | None, will_delay: int, now: float) -> None:
-        """The session's connection ended (``will`` is None after a normal DISCONNECT or a takeover that keeps it)."""
+        """The session's connection ended; ``will`` is None after a normal DISCONNECT."""
         session.detach()
         if self.sessions.get(session.client_id) is not session:
             if will is not None:

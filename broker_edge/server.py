@@ -293,7 +293,7 @@ class Broker:
     # -- publishing from inside the broker ----------------------------------------------------------------
 
     def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> None:
-        """Publish as the broker itself (``$SYS``, tools, tests): routed like a client PUBLISH, logged per rules."""
+        """Publish as the broker itself (tools, tests): routed like a client PUBLISH, logged per rules."""
         self.publish_message(Message(topic, payload, qos, retain, None, "", None, None))
 
     def publish_message(self, message: Message) -> None:

@@ -211,7 +211,7 @@ class Session:
         return True
 
     def on_pubrec(self, packet_id: int, failed: bool) -> bool:
-        """QoS 2 step 1: True if PUBREL must be sent (False: unknown id, or a v5 error code ended the flow)."""
+        """QoS 2 step 1: True if PUBREL must be sent (False: unknown id, or an error code ended the flow)."""
         inflight = self.inflight
         entry = inflight.get(packet_id) if inflight else None
         if entry is None or entry is RELEASED:

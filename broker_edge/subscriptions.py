@@ -255,7 +255,7 @@ class SubscriptionTrie:
             self._collect(exact, levels, index + 1, dollar, merged, groups)
 
     def subscriptions(self) -> Iterator[tuple[str, Hashable, SubscriptionOptions, str | None]]:
-        """Every ``(filter, subscriber, options, share_group)``; for diagnostics and tests, not the hot path."""
+        """Every ``(filter, subscriber, options, share_group)``; for diagnostics and tests."""
         stack: list[tuple[_Node, list[str]]] = [(self._root, [])]
         while stack:
             node, path = stack.pop()

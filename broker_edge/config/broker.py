@@ -97,7 +97,7 @@ class RetainConfig:
     """Retained messages."""
 
     enabled: bool = True
-    """Keep retained messages (v5 CONNACK says Retain Available = 0 when false, and RETAIN publishes are refused)."""
+    """Keep retained messages (when false, v5 CONNACK says Retain Available = 0 and RETAIN is refused)."""
     max_retained: int = 100_000
     """Topics holding a retained message; a new one beyond it is not retained (0 = unlimited)."""
 

@@ -6,7 +6,7 @@ acknowledged only once durable (``Broker.log_publish``), so an acknowledged mess
 delivery already carries its offset. Everything else is routed at once and acknowledged in the same turn.
 
 ACL-denied publishes follow Mosquitto for v3 (acknowledged normally and dropped) and MQTT 5 for v5
-(PUBACK / PUBREC with 0x87). Topic names starting with ``$`` are the broker's (``$SYS``) and are treated the same.
+(PUBACK / PUBREC with 0x87). Topic names starting with ``$`` are the broker's (``$SYS``): treated the same.
 """
 
 from __future__ import annotations
@@ -44,10 +44,11 @@ def handle_publish(conn: Connection, packet: Publish) -> None:
         if topic is None:
             return
     limits = broker.config.limits
-    if len(topic) > limits.max_topic_length or topic.count("/") >= limits.max_topic_levels:
-        if len(topic.encode()) > limits.max_topic_length or topic.count("/") >= limits.max_topic_levels:
-            conn.close(ReasonCode.TOPIC_NAME_INVALID, "topic name longer or deeper than the broker allows")
-            return
+    if (len(topic) > limits.max_topic_length or topic.count("/") >= limits.max_topic_levels) and (
+        len(topic.encode()) > limits.max_topic_length or topic.count("/") >= limits.max_topic_levels
+    ):
+        conn.close(ReasonCode.TOPIC_NAME_INVALID, "topic name longer or deeper than the broker allows")
+        return
     session = conn.session
     packet_id = packet.packet_id
     if qos == 2:

@@ -109,7 +109,7 @@ class WebSocketTransport:
 
 
 async def start_websocket_listener(broker: Broker, listener: ListenerRuntime) -> web.AppRunner:
-    """Serve ``listener.config.path`` on the listener's address; returns the runner (``cleanup()`` stops it)."""
+    """Serve ``listener.config.path`` on the listener's address; ``runner.cleanup()`` stops it."""
     config = listener.config
     limits = broker.config.limits
 

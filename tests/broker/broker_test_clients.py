@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.properties import Properties as PahoProperties
 from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties as PahoProperties
 
 from broker_edge.protocol.codec import PacketDecoder, encode
 from broker_edge.protocol.packets import MQTT_5, Connect, Subscribe, Subscription

@@ -91,7 +91,7 @@ class RunningBroker:
 
 
 def broker_config(tmp_path: Path | None = None, **sections: Any) -> BrokerConfig:
-    """A test config: listener on port 0, admin HTTP on port 0, storage off unless given, then ``sections``."""
+    """A test config: listener and admin HTTP on port 0, storage off unless given, then ``sections``."""
     document: dict[str, Any] = {
         "listeners": [{"name": "tcp", "type": "tcp", "host": "127.0.0.1", "port": 0}],
         "admin_http": {"port": 0},

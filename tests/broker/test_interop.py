@@ -43,7 +43,22 @@ def test_gmqtt_v5(broker):
 
 def test_mosquitto_pub_and_sub(broker):
     sub = subprocess.Popen(
-        ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(broker.port), "-t", "mq/#", "-q", "1", "-C", "2", "-v", "-V", "5"],
+        [
+            "mosquitto_sub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(broker.port),
+            "-t",
+            "mq/#",
+            "-q",
+            "1",
+            "-C",
+            "2",
+            "-v",
+            "-V",
+            "5",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -56,7 +71,21 @@ def test_mosquitto_pub_and_sub(broker):
         subprocess.run(["sleep", "0.02"])
     for version, payload in (("311", "from-v311"), ("5", "from-v5")):
         subprocess.run(
-            ["mosquitto_pub", "-h", "127.0.0.1", "-p", str(broker.port), "-t", "mq/t", "-m", payload, "-q", "2", "-V", version],
+            [
+                "mosquitto_pub",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(broker.port),
+                "-t",
+                "mq/t",
+                "-m",
+                payload,
+                "-q",
+                "2",
+                "-V",
+                version,
+            ],
             check=True,
             timeout=10,
         )
@@ -72,7 +101,11 @@ def mqttjs() -> Path:
     JS_CACHE.mkdir(parents=True, exist_ok=True)
     wanted = (JS_DIR / "package.json").read_text()
     cached = JS_CACHE / "package.json"
-    if not (JS_CACHE / "node_modules" / "mqtt").is_dir() or not cached.exists() or cached.read_text() != wanted:
+    if (
+        not (JS_CACHE / "node_modules" / "mqtt").is_dir()
+        or not cached.exists()
+        or cached.read_text() != wanted
+    ):
         cached.write_text(wanted)
         subprocess.run(["npm", "install", "--no-audit", "--no-fund"], cwd=JS_CACHE, check=True, timeout=300)
     return JS_CACHE / "node_modules"

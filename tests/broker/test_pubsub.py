@@ -1,14 +1,14 @@
-"""Publish and subscribe with real clients: QoS both ways, wildcards, overlapping subscriptions, v5 options."""
+"""Publish and subscribe with real clients: QoS both ways, wildcards, overlapping subscriptions, v5."""
 
 from __future__ import annotations
 
 import pytest
-from tests.broker.broker_test_clients import PahoClient, RawClient
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
 from broker_edge.protocol.packets import Publish, Subscribe, Subscription
 from broker_edge.protocol.properties import Properties
+from tests.broker.broker_test_clients import PahoClient, RawClient
 
 
 @pytest.mark.parametrize("version", [4, 5, 3])
@@ -141,7 +141,7 @@ def test_unsubscribe(broker):
     sub = PahoClient(broker.port, "sub")
     sub.subscribe("a", 0)
     sub.subscribe("b", 0)
-    result, mid = sub.client.unsubscribe("a")
+    sub.client.unsubscribe("a")
     pub = PahoClient(broker.port, "pub")
     pub.publish("a", b"gone")
     pub.publish("b", b"kept")

@@ -1,4 +1,4 @@
-"""Retained messages (v5 retain handling, retain as published) and wills (delay, normal vs 0x04 disconnect)."""
+"""Retained messages (v5 retain handling, retain as published) and wills (delay, DISCONNECT 0x04)."""
 
 from __future__ import annotations
 

@@ -65,7 +65,7 @@ def test_run_broker_subprocess_with_yaml_config(tmp_path):
         assert [(log["topic"], log["end_offset"]) for log in logs["logs"]] == [("p/t", 1)]
     finally:
         process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=10)
+        _, err = process.communicate(timeout=10)
     assert process.returncode == 0, err
     lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     connected = [line for line in lines if line["msg"].startswith("connected")]
@@ -76,7 +76,10 @@ def test_run_broker_config_error_exit_status(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("limits:\n  max_conections: 5\n")
     result = subprocess.run(
-        [sys.executable, "-m", "broker_edge.main", "--config", str(path)], capture_output=True, text=True, timeout=20
+        [sys.executable, "-m", "broker_edge.main", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=20,
     )
     assert result.returncode == 2
     assert "limits.max_conections" in result.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import ssl
 
-import paho.mqtt.client as mqtt
 import pytest
 
 from broker_edge.auth import PasswordFile
