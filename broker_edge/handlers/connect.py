@@ -1,8 +1,9 @@
 """CONNECT: client id, authentication, session takeover or resume, keepalive, will, CONNACK (MQTT 3.1, 3.2).
 
 Password checks may take a hash (tens of milliseconds), so they run off the loop
-(``PasswordFile.verify_async``) while the connection reads nothing further (packets that already arrived wait in ``backlog``). Everything else
-is synchronous. CONNACK is written before the session's in-flight messages are resent, as the spec orders.
+(``PasswordFile.verify_async``) while the connection reads nothing further (packets that already arrived
+wait in ``backlog``). Everything else is synchronous. CONNACK is written before the session's in-flight
+messages are resent, as the spec orders.
 """
 
 from __future__ import annotations
