@@ -112,8 +112,6 @@ class MqttConfig:
 
     topic_alias_maximum: int = 64
     """Topic aliases a client may use towards the broker (advertised in CONNACK; 0 = none)."""
-    outgoing_topic_aliases: bool = True
-    """Use topic aliases towards clients that accept them (their Topic Alias Maximum), saving bandwidth."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.topic_alias_maximum <= 0xFFFF:

@@ -83,3 +83,12 @@ def test_run_broker_config_error_exit_status(tmp_path):
     )
     assert result.returncode == 2
     assert "limits.max_conections" in result.stderr
+
+
+def test_shipped_conf_broker_yaml_is_exactly_the_defaults():
+    from pathlib import Path
+
+    from broker_edge.config.broker import BrokerConfig, load_broker_config
+
+    shipped = Path(__file__).resolve().parents[2] / "conf" / "broker.yaml"
+    assert load_broker_config(shipped) == BrokerConfig()
