@@ -103,6 +103,7 @@ class CommitLog:
         """Encoded size of the latest append (lets an owner total its pending bytes cheaply)."""
         self._max_body = self.config.max_record_bytes
         self._segment_bytes = self.config.segment_bytes
+        self._roll_at = self._first_roll_deadline()
         self._cache = TailCache(
             self.config.tail_cache_records, self.config.tail_cache_bytes, self._next_offset, cache_budget
         )
@@ -167,29 +168,18 @@ class CommitLog:
             raise RecordTooLarge(size, self._max_body)
         segment = self._segments[-1] if self._segments else None
         if segment is None or (
-            segment.count and (segment.size + size > self._segment_bytes or self._too_old(segment, timestamp))
+            segment.count and (segment.size + size > self._segment_bytes or timestamp >= self._roll_at)
         ):
             segment = self._roll(offset)
         index_timestamp = timestamp if timestamp > self._max_timestamp else self._max_timestamp
         self._max_timestamp = index_timestamp
-        segment.append_frame(frame, index_timestamp)
+        if not segment.count and self.config.segment_ms is not None:
+            self._roll_at = index_timestamp + self.config.segment_ms
+        segment.append_frame(frame, size, index_timestamp)
         self._next_offset = offset + 1
         self._pending_bytes += size
         self.last_append_size = size
-        self._cache.add(
-            Record(
-                offset,
-                timestamp,
-                record.client_id,
-                record.qos,
-                record.retain,
-                record.payload,
-                record.user_properties,
-                record.content_type,
-                record.payload_format_indicator,
-                frame,
-            )
-        )
+        self._cache.add(offset, timestamp, record, frame)
         return offset
 
     def take_pending(self) -> PendingWrite | None:
@@ -253,9 +243,11 @@ class CommitLog:
             self._pool.close()
         self._closed = True
 
-    def _too_old(self, segment: Segment, timestamp: int) -> bool:
-        age_limit = self.config.segment_ms
-        return age_limit is not None and timestamp - segment.first_timestamp >= age_limit
+    def _first_roll_deadline(self) -> float:
+        """When the active segment found at open gets too old to append to (`segment_ms`)."""
+        if self.config.segment_ms is None or not self._segments or not self._segments[-1].count:
+            return float("inf")
+        return self._segments[-1].first_timestamp + self.config.segment_ms
 
     def _roll(self, base_offset: int) -> Segment:
         if self._segments:

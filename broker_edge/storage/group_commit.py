@@ -10,20 +10,24 @@ Policies (`StorageConfig.durability`):
 * `fsync`: every append is its own job (write + fdatasync), in order.
 * `none`: like `group` but without fsync: durable means "written to the OS" (the page cache).
 
-Jobs run strictly in order in a single thread, so offsets become readable in order. Without a running
-event loop (scripts, tools) appends stay buffered until `flush()`, except `fsync`, which writes inline.
-A failed write or fsync is fatal: the store refuses further appends (`StorageFailed`) and reports the error
-to waiting `when_durable` callers, since after a failed fsync the kernel may have dropped the data.
+Jobs run strictly in order in a single thread, which drains everything queued and reports the finished
+jobs to the loop with one wake-up, so offsets become readable in order and the loop is woken once per
+batch, not per job. Without a running event loop (scripts, tools) appends stay buffered until `flush()`,
+except `fsync`, which writes inline. A failed write or fsync is fatal: the store refuses further appends
+(`StorageFailed`) and reports the error to waiting `when_durable` callers, since after a failed fsync the
+kernel may have dropped the data.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import queue
+import threading
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from .commitlog import CommitLog, PendingWrite
@@ -36,23 +40,93 @@ log = logging.getLogger(__name__)
 Job = list[tuple[CommitLog, PendingWrite]]
 DurableHook = Callable[[list[tuple[CommitLog, int]]], None]
 """Called with (log, end offset before) for every log that just became readable further."""
+Callback = Callable[[], object]
+ErrorCallback = Callable[[BaseException], object]
 
 
 def run_job(job: Job, pool: FileHandlePool, sync: bool) -> None:
-    """Executed in the writer thread: every write of every log, in order."""
+    """Every write of every log of a job, in order (in the writer thread)."""
     for _log, pending in job:
         for write in pending.writes:
             write.run(pool, sync)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Flight:
-    """A job handed to the writer thread; `handled` once its completion was processed."""
+    """A job handed to the writer thread; `done` once written, `handled` once its completion was processed."""
 
     job: Job
     upto: int
-    future: Future[None]
+    loop: asyncio.AbstractEventLoop | None
+    error: BaseException | None = None
+    done: bool = False
     handled: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class _Barrier:
+    """Set by the writer thread once every job queued before it is done."""
+
+    passed: threading.Event = field(default_factory=threading.Event)
+
+
+_STOP = object()
+
+
+class _WriterThread:
+    """One thread running jobs in order; finished jobs are reported to their loop in one call per batch."""
+
+    def __init__(self, pool: FileHandlePool, sync: bool, on_done: Callable[[list[_Flight]], None]) -> None:
+        self._pool = pool
+        self._sync = sync
+        self._on_done = on_done
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, item: _Flight | _Barrier) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="timestone-log-writer", daemon=True)
+            self._thread.start()
+        self._queue.put(item)
+
+    def wait_idle(self) -> None:
+        """Block until every job submitted so far is done."""
+        if self._thread is not None:
+            barrier = _Barrier()
+            self._queue.put(barrier)
+            barrier.passed.wait()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            while not self._queue.empty():
+                batch.append(self._queue.get())
+            finished: list[_Flight] = []
+            for item in batch:
+                if isinstance(item, _Flight):
+                    try:
+                        run_job(item.job, self._pool, self._sync)
+                    except BaseException as error:
+                        item.error = error
+                    item.done = True
+                    finished.append(item)
+                elif isinstance(item, _Barrier):
+                    item.passed.set()
+            self._report(finished)
+            if _STOP in batch:
+                return
+
+    def _report(self, finished: list[_Flight]) -> None:
+        loop = finished[-1].loop if finished else None
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # a closed loop: flush() or close() processes them
+                loop.call_soon_threadsafe(self._on_done, finished)
 
 
 class GroupCommitter:
@@ -69,23 +143,21 @@ class GroupCommitter:
         if policy not in ("fsync", "group", "none"):
             raise ValueError(f"unknown durability policy {policy!r}")
         self.policy = policy
+        self._per_append = policy == "fsync"
         self._sync = policy != "none"
         self._window_s = window_ms / 1000
         self._max_pending_bytes = max_pending_bytes
         self._pool = pool
         self._on_durable = on_durable
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="timestone-log-writer")
+        self._writer = _WriterThread(pool, self._sync, self._finished)
         self._dirty: dict[CommitLog, None] = {}
         self._pending_bytes = 0
         self._appended = 0
         self._durable = 0
-        self._callbacks: deque[tuple[int, Callable[[], object], Callable[[BaseException], object] | None]] = (
-            deque()
-        )
+        self._callbacks: deque[tuple[int, Callback, ErrorCallback | None]] = deque()
         self._flights: deque[_Flight] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self._window_over = False
-        self._loop: asyncio.AbstractEventLoop | None = None
         self.failure: StorageFailed | None = None
         self.jobs_completed = 0
         """Jobs written so far (with `group`, the number of windows)."""
@@ -106,30 +178,27 @@ class GroupCommitter:
         self._dirty[commit_log] = None
         self._appended += 1
         self._pending_bytes += size
-        if self.policy == "fsync":
+        if self._per_append:
             self._cut()
         elif self._timer is None and not self._window_over:
             self._start_window()
         elif self._pending_bytes >= self._max_pending_bytes and not self._flights:
             self._cut()
 
-    def when_durable(
-        self, callback: Callable[[], object], on_error: Callable[[BaseException], object] | None = None
-    ) -> None:
+    def when_durable(self, callback: Callback, on_error: ErrorCallback | None = None) -> None:
         """Call `callback` on the loop once everything appended before this call is durable."""
         if self.failure is not None:
             if on_error is not None:
-                self._call_soon(partial(on_error, self.failure))
+                _call_soon(partial(on_error, self.failure))
             return
         if self._appended <= self._durable:
-            self._call_soon(callback)
+            _call_soon(callback)
             return
         self._callbacks.append((self._appended, callback, on_error))
 
     async def wait_durable(self) -> None:
         """Cut the current window now and wait until everything appended so far is durable."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def succeed() -> None:
             if not done.done():
@@ -146,9 +215,8 @@ class GroupCommitter:
 
     def flush(self) -> None:
         """Write everything buffered in the calling thread, after any job in flight (tools, shutdown)."""
-        self._executor.submit(lambda: None).result()
-        while self._flights:
-            self._finish(self._flights.popleft())
+        self._writer.wait_idle()
+        self._finished(list(self._flights))
         if self.failure is not None:
             raise self.failure
         job, upto = self._take_job()
@@ -157,7 +225,7 @@ class GroupCommitter:
                 run_job(job, self._pool, self._sync)
             except OSError as error:
                 self._fail(error)
-                raise self.failure from error
+                raise self.failure from error  # type: ignore[misc]
         self._complete(job, upto)
 
     def close(self) -> None:
@@ -165,28 +233,16 @@ class GroupCommitter:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self.failure is None:
-            self.flush()
-        self._executor.shutdown(wait=True)
+        try:
+            if self.failure is None:
+                self.flush()
+        finally:
+            self._writer.stop()
 
     # -- internals -----------------------------------------------------------------------------------
 
-    def _running_loop(self) -> asyncio.AbstractEventLoop | None:
-        try:
-            self._loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self._loop = None
-        return self._loop
-
-    def _call_soon(self, callback: Callable[[], object]) -> None:
-        loop = self._running_loop()
-        if loop is None:
-            callback()
-        else:
-            loop.call_soon(callback)
-
     def _start_window(self) -> None:
-        loop = self._running_loop()
+        loop = _running_loop()
         if loop is not None:
             self._timer = loop.call_later(self._window_s, self._window_ended)
 
@@ -211,37 +267,36 @@ class GroupCommitter:
     def _cut(self) -> None:
         if self.failure is not None:
             return
-        loop = self._running_loop()
+        loop = _running_loop()
         if loop is None:
-            if self.policy == "fsync":
+            if self._per_append:
                 self.flush()
             return
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         job, upto = self._take_job()
-        flight = _Flight(job, upto, self._executor.submit(run_job, job, self._pool, self._sync))
+        flight = _Flight(job, upto, loop)
         self._flights.append(flight)
-        asyncio.wrap_future(flight.future, loop=loop).add_done_callback(partial(self._job_done, flight))
+        self._writer.submit(flight)
 
-    def _job_done(self, flight: _Flight, _future: asyncio.Future[None]) -> None:
-        if flight.handled:
-            return
-        while self._flights and not flight.handled:
-            self._finish(self._flights.popleft())
+    def _finished(self, flights: list[_Flight]) -> None:
+        """Process completions in order (on the loop, or in `flush` after the writer went idle)."""
+        for flight in flights:
+            if flight.handled or not flight.done:
+                continue
+            while self._flights and not flight.handled:
+                earlier = self._flights.popleft()
+                earlier.handled = True
+                if earlier.error is not None:
+                    self._fail(earlier.error)
+                elif self.failure is None:
+                    self._complete(earlier.job, earlier.upto)
         if self._dirty and not self._flights and self.failure is None:
             if self._window_over or self._pending_bytes >= self._max_pending_bytes:
                 self._cut()
-            elif self._timer is None:
+            elif self._timer is None and not self._per_append:
                 self._start_window()
-
-    def _finish(self, flight: _Flight) -> None:
-        flight.handled = True
-        error = flight.future.exception()
-        if error is not None:
-            self._fail(error)
-        elif self.failure is None:
-            self._complete(flight.job, flight.upto)
 
     def _complete(self, job: Job, upto: int) -> None:
         advanced: list[tuple[CommitLog, int]] = []
@@ -251,7 +306,8 @@ class GroupCommitter:
             self.bytes_written += pending.bytes
             if commit_log.end_offset > before:
                 advanced.append((commit_log, before))
-        self.jobs_completed += 1
+        if job:
+            self.jobs_completed += 1
         self._durable = max(self._durable, upto)
         if advanced:
             self._on_durable(advanced)
@@ -275,3 +331,18 @@ class GroupCommitter:
                     on_error(self.failure)
                 except Exception:
                     log.exception("when_durable error callback failed")
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _call_soon(callback: Callback) -> None:
+    loop = _running_loop()
+    if loop is None:
+        callback()
+    else:
+        loop.call_soon(callback)

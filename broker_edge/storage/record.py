@@ -92,7 +92,9 @@ def _encode_str(value: str) -> bytes:
 
 def encode_record(offset: int, timestamp_ms: int, record: AppendRecord) -> bytes:
     """Encode `record` as the frame stored at `offset`."""
-    client_id = _encode_str(record.client_id)
+    client_id = record.client_id.encode()
+    if len(client_id) > _U16_MAX:
+        raise ValueError(f"client id of {len(client_id)} bytes does not fit a record (max {_U16_MAX})")
     flags = FLAG_RETAIN if record.retain else 0
     content_type = record.content_type
     indicator = record.payload_format_indicator

@@ -154,15 +154,15 @@ class Segment:
         """Offset after the last record a reader may get from this segment."""
         return self.base_offset + self.durable_count
 
-    def append_frame(self, frame: bytes, index_timestamp: int) -> None:
-        """Buffer an encoded record; `index_timestamp` is the log's running maximum timestamp."""
+    def append_frame(self, frame: bytes, size: int, index_timestamp: int) -> None:
+        """Buffer an encoded record of `size` bytes; `index_timestamp` is the log's running maximum time."""
         if not self.count:
             self.first_timestamp = index_timestamp
         self.pending_frames.append(frame)
         entries = self.entries
         entries.append(self.size)  # type: ignore[union-attr]  # a segment being appended holds its index
         entries.append(index_timestamp)  # type: ignore[union-attr]
-        self.size += len(frame)
+        self.size += size
         self.count += 1
         self.max_timestamp = index_timestamp
 

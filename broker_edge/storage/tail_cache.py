@@ -1,20 +1,55 @@
 """In-memory tails of the logs, so caught-up readers share the same `Record` objects without disk reads.
 
-Each log keeps its most recent records (bounded by count and bytes). A store-wide `TailCacheBudget` bounds
-all tails together: when over budget, the tails of the logs appended to least recently are dropped whole.
+Each log keeps its most recent records (bounded by count and bytes). An append stores only a small tuple
+(offset, time, the appended record, its frame); the `Record` is built the first time a reader asks for it
+and then shared by every later reader, so appends nobody reads from memory cost no object construction.
+A store-wide `TailCacheBudget` bounds all tails together: when over budget, the tails of the logs
+appended to least recently are dropped whole.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from .record import Record
+from .record import AppendRecord, Record
+
+_Appended = tuple[int, int, AppendRecord, bytes]
+"""(offset, timestamp_ms, record, frame) of an append not yet read from the cache."""
+
+
+def _frame_size(entry: Record | _Appended) -> int:
+    return len(entry.frame) if type(entry) is Record else len(entry[3])
+
+
+def _materialize(entry: _Appended) -> Record:
+    offset, timestamp, record, frame = entry
+    return Record(
+        offset,
+        timestamp,
+        record.client_id,
+        record.qos,
+        record.retain,
+        record.payload,
+        record.user_properties,
+        record.content_type,
+        record.payload_format_indicator,
+        frame,
+    )
 
 
 class TailCache:
     """The most recent records of one log, oldest first."""
 
-    __slots__ = ("_bytes", "_head", "_next_offset", "_records", "budget", "max_bytes", "max_records")
+    __slots__ = (
+        "_built",
+        "_bytes",
+        "_entries",
+        "_head",
+        "_next_offset",
+        "budget",
+        "max_bytes",
+        "max_records",
+    )
 
     def __init__(
         self, max_records: int, max_bytes: int, next_offset: int, budget: TailCacheBudget | None = None
@@ -22,17 +57,17 @@ class TailCache:
         self.max_records = max_records
         self.max_bytes = max_bytes
         self.budget = budget
-        self._records: list[Record] = []
+        self._entries: list[Record | _Appended] = []
         self._head = 0
+        self._built = 0
+        """Entries before this index are `Record`s already."""
         self._bytes = 0
         self._next_offset = next_offset
 
     @property
     def first_offset(self) -> int:
         """Offset of the oldest cached record (the log's next offset when the cache is empty)."""
-        if self._head < len(self._records):
-            return self._records[self._head].offset
-        return self._next_offset
+        return self._next_offset - (len(self._entries) - self._head)
 
     @property
     def bytes(self) -> int:
@@ -40,16 +75,16 @@ class TailCache:
         return self._bytes
 
     def __len__(self) -> int:
-        return len(self._records) - self._head
+        return len(self._entries) - self._head
 
-    def add(self, record: Record) -> None:
-        """Cache a just-appended record (offsets must follow each other)."""
-        size = len(record.frame)
-        self._records.append(record)
+    def add(self, offset: int, timestamp_ms: int, record: AppendRecord, frame: bytes) -> None:
+        """Cache a just-appended record (at the log's next offset)."""
+        size = len(frame)
+        self._entries.append((offset, timestamp_ms, record, frame))
         self._bytes += size
-        self._next_offset = record.offset + 1
+        self._next_offset = offset + 1
         freed = 0
-        if len(self._records) - self._head > self.max_records or self._bytes > self.max_bytes:
+        if len(self._entries) - self._head > self.max_records or self._bytes > self.max_bytes:
             freed = self._evict()
         budget = self.budget
         if budget is not None:
@@ -59,45 +94,51 @@ class TailCache:
 
     def slice(self, offset: int, stop: int, max_bytes: int, at_least_one: bool = True) -> list[Record]:
         """Cached records from `offset` to `stop` (exclusive) within `max_bytes`; `offset` must be cached."""
-        records = self._records
-        first = self._head + offset - records[self._head].offset
+        entries = self._entries
+        first = self._head + offset - self.first_offset
         last = first + stop - offset
+        if last > self._built:
+            for index in range(max(self._built, self._head), last):
+                entry = entries[index]
+                if type(entry) is not Record:
+                    entries[index] = _materialize(entry)  # type: ignore[arg-type]
+            self._built = last
         if self._bytes <= max_bytes:
-            return records[first:last]
+            return entries[first:last]  # type: ignore[return-value]
         used = 0
         end = first
         while end < last:
-            used += len(records[end].frame)
+            used += len(entries[end].frame)  # type: ignore[union-attr]
             if used > max_bytes:
                 break
             end += 1
         if end == first and at_least_one:
             end += 1
-        return records[first:end]
+        return entries[first:end]  # type: ignore[return-value]
 
     def clear(self) -> int:
         """Drop every cached record; returns the bytes freed."""
         freed = self._bytes
-        self._records = []
-        self._head = 0
-        self._bytes = 0
+        self._entries = []
+        self._head = self._built = self._bytes = 0
         return freed
 
     def _evict(self) -> int:
         """Trim to 7/8 of the limits, so eviction runs once per many appends rather than on each."""
-        records = self._records
+        entries = self._entries
         keep_records = self.max_records - self.max_records // 8
         keep_bytes = self.max_bytes - self.max_bytes // 8
         freed = 0
-        while len(records) - self._head > keep_records or (
-            self._bytes > keep_bytes and len(records) - self._head > 1
+        while len(entries) - self._head > keep_records or (
+            self._bytes > keep_bytes and len(entries) - self._head > 1
         ):
-            size = len(records[self._head].frame)
+            size = _frame_size(entries[self._head])
             self._bytes -= size
             freed += size
             self._head += 1
-        if self._head * 2 > len(records):
-            del records[: self._head]
+        if self._head * 2 > len(entries):
+            del entries[: self._head]
+            self._built = max(0, self._built - self._head)
             self._head = 0
         return freed
 

@@ -1,0 +1,228 @@
+"""Commitlog throughput: appends per durability policy next to `dd` with the same fsync pattern, and fetches.
+
+    .venv/bin/python bench/commitlog_bench.py [--dir DIR] [--write] [--quick]
+
+Appends run the way the broker drives the store: on an asyncio loop, in bursts of 256 appends (one socket
+read's worth) with the loop turning in between, on one topic; the time runs until everything is durable
+under the policy. The disk baseline is `dd` writing the same bytes in the same pattern, in the same
+directory, in the same run:
+
+* `fsync` (a write + fdatasync per append)  ->  `dd bs=<record frame> oflag=dsync`
+* `group` (a write + fdatasync per window)  ->  `dd bs=<bytes per window> oflag=dsync`, same window count
+* `none`  (writes, no fsync)                ->  `dd bs=<bytes per window> conv=fdatasync` (one sync at the
+  end); the store run also ends with an fdatasync of its segment files so both end with the data on disk.
+
+Fetches: records/s of `LogStore.read` from disk (cold segments, CRC checked) and from the tail cache, and of
+`OffsetsClient.fetch_arrow` over loopback HTTP. `--write` saves the table to bench/results/commitlog.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from broker_edge.offsets_api import serve  # noqa: E402
+from broker_edge.offsets_api.client import OffsetsClient  # noqa: E402
+from broker_edge.storage import AppendRecord, LogStore, StorageConfig  # noqa: E402
+
+TOPIC = "plant/line-1/device-0001/telemetry"
+BURST = 256
+MB = 1_000_000
+RESULTS = Path(__file__).resolve().parent / "results" / "commitlog.md"
+
+
+@dataclass(slots=True)
+class AppendResult:
+    policy: str
+    payload: int
+    records: int
+    seconds: float
+    bytes: int
+    windows: int
+    disk_seconds: float
+    disk_pattern: str
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.seconds
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / self.seconds / MB
+
+    @property
+    def disk_mb_per_s(self) -> float:
+        return self.bytes / self.disk_seconds / MB
+
+
+def dd_seconds(directory: Path, block: int, count: int, flags: str) -> float:
+    """Seconds `dd` reports for writing `count` blocks of `block` bytes with `flags`."""
+    target = directory / "dd.bin"
+    done = subprocess.run(
+        ["dd", "if=/dev/zero", f"of={target}", f"bs={block}", f"count={count}", flags],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    target.unlink()
+    match = re.search(r"copied, ([\d.e-]+) s", done.stderr)
+    if match is None:
+        raise RuntimeError(f"unexpected dd output: {done.stderr!r}")
+    return float(match.group(1))
+
+
+def make_records(count: int, payload_size: int) -> list[AppendRecord]:
+    payload = os.urandom(payload_size)
+    return [AppendRecord(payload, 1, False, "bench-device-0001") for _ in range(count)]
+
+
+def fdatasync_tree(directory: Path) -> None:
+    for path in directory.rglob("*.log"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+
+async def timed_appends(directory: Path, policy: str, records: list[AppendRecord]) -> tuple[float, int, int]:
+    """(seconds until durable, bytes written, windows) for appending `records` under `policy`."""
+    store = LogStore(directory, StorageConfig(durability=policy, segment_bytes=256 * 1024 * 1024))
+    store.open()
+    append = store.append
+    began = time.perf_counter()
+    for start in range(0, len(records), BURST):
+        for record in records[start : start + BURST]:
+            append(TOPIC, record)
+        await asyncio.sleep(0)
+    await store.wait_durable()
+    if policy == "none":
+        fdatasync_tree(directory)
+    seconds = time.perf_counter() - began
+    written, windows = store.committer.bytes_written, store.committer.jobs_completed
+    store.close()
+    return seconds, written, windows
+
+
+def bench_append(root: Path, policy: str, payload_size: int, count: int) -> AppendResult:
+    directory = root / f"append-{policy}-{payload_size}"
+    seconds, written, windows = asyncio.run(timed_appends(directory, policy, make_records(count, payload_size)))
+    if policy == "fsync":
+        block, blocks, flags = written // count, count, "oflag=dsync"
+    else:
+        block, blocks = max(1, written // windows), windows
+        flags = "oflag=dsync" if policy == "group" else "conv=fdatasync"
+    disk_seconds = dd_seconds(root, block, blocks, flags) * written / (block * blocks)
+    pattern = f"dd bs={block} count={blocks} {flags}"
+    return AppendResult(policy, payload_size, count, seconds, written, windows, disk_seconds, pattern)
+
+
+def bench_reads(root: Path, count: int) -> dict[str, float]:
+    """records/s read from disk, from the tail cache, and through the offsets API."""
+    directory = root / "reads"
+    store = LogStore(directory, StorageConfig(durability="none"))
+    store.open()
+    for record in make_records(count, 200):
+        store.append(TOPIC, record)
+    store.flush()
+    rates: dict[str, float] = {}
+
+    began = time.perf_counter()
+    offset = 0
+    while offset < count:
+        offset += len(store.read(TOPIC, offset, 1000, 1 << 24))
+    rates["read from disk (LogStore.read, 1000 per call)"] = count / (time.perf_counter() - began)
+
+    tail = count - 500  # within the tail cache (it keeps the last 896 to 1024 records)
+    rounds = 1000
+    began = time.perf_counter()
+    for _ in range(rounds):
+        store.read(TOPIC, tail, 500, 1 << 24)
+    rates["read from tail cache (caught-up readers, 500 per call)"] = rounds * 500 / (time.perf_counter() - began)
+
+    rates["offsets API, Arrow over loopback HTTP (5000 per fetch)"] = _http_rate(store, count)
+    store.close()
+    return rates
+
+
+def _http_rate(store: LogStore, count: int) -> float:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    runner, port = asyncio.run_coroutine_threadsafe(serve(store), loop).result()
+    try:
+        with OffsetsClient(f"http://127.0.0.1:{port}") as client:
+            began = time.perf_counter()
+            offset = 0
+            while offset < count:
+                offset += client.fetch_arrow(TOPIC, offset, 5000, 1 << 26).num_rows
+            return count / (time.perf_counter() - began)
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+
+
+def render(appends: list[AppendResult], reads: dict[str, float], seconds: float) -> str:
+    load = os.getloadavg()[0]
+    lines = [
+        "## Commitlog",
+        "",
+        f"Run on {os.cpu_count()} CPUs (load average {load:.1f} at the end), Python {sys.version.split()[0]}, "
+        f"{seconds:.0f} s. One topic, appends in bursts of {BURST} on an asyncio loop, timed until durable.",
+        "Disk baseline: `dd` in the same directory and run, same bytes, same write size and fsync pattern.",
+        "",
+        "| policy | payload | records | appends/s | MB/s (frames) | dd, same pattern | MB/s dd | ours / dd |",
+        "|---|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    for result in appends:
+        ratio = result.mb_per_s / result.disk_mb_per_s
+        lines.append(
+            f"| {result.policy} | {result.payload} B | {result.records} | {result.records_per_s:,.0f} "
+            f"| {result.mb_per_s:.1f} | `{result.disk_pattern}` | {result.disk_mb_per_s:.1f} "
+            f"| {ratio:.0%} {'ok' if ratio >= 0.5 else 'below 50 %'} |"
+        )
+    lines += ["", "| fetch (200 B payloads) | records/s |", "|---|---:|"]
+    lines += [f"| {name} | {rate:,.0f} |" for name, rate in reads.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dir", help="directory on the disk to measure (default: a temporary directory)")
+    parser.add_argument("--write", action="store_true", help=f"also write {RESULTS.relative_to(Path.cwd())}")
+    parser.add_argument("--quick", action="store_true", help="a tenth of the records (a smoke run)")
+    args = parser.parse_args()
+    scale = 10 if args.quick else 1
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="commitlog-bench-", dir=args.dir) as tmp:
+        root = Path(tmp)
+        appends = [
+            bench_append(root, "fsync", 200, 3000 // scale),
+            bench_append(root, "fsync", 1024, 3000 // scale),
+            bench_append(root, "group", 200, 400_000 // scale),
+            bench_append(root, "group", 1024, 150_000 // scale),
+            bench_append(root, "none", 200, 400_000 // scale),
+            bench_append(root, "none", 1024, 150_000 // scale),
+        ]
+        reads = bench_reads(root, 200_000 // scale)
+    table = render(appends, reads, time.perf_counter() - began)
+    print(table)
+    if args.write:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(table)
+
+
+if __name__ == "__main__":
+    main()
