@@ -61,12 +61,12 @@ def _names(text: str, known: object, parser: argparse.ArgumentParser, what: str)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; 0 when RESULTS.md was written (whatever the figures), 1 otherwise."""
+    """Run the benchmark; 0 when RESULTS.md was written (whatever the figures), 130 on Ctrl-C."""
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     raise_fd_limit()
     broker_cpus, loadgen_cpus = split_cpus()
-    timing = Timing(warmup_s=1.0, measure_s=2.0, drain_s=5.0) if args.quick else Timing()
+    timing = Timing(warmup_s=1.0, measure_s=2.0) if args.quick else Timing()
     ctx = RunContext(
         brokers=[default_broker(name) for name in args.brokers],
         quick=args.quick,
@@ -93,9 +93,16 @@ def main(argv: list[str] | None = None) -> int:
             _log(f"  {broker.name}: not available: {exc}")
     results: list[ScenarioResult] = []
     started = time.monotonic()
-    for key in args.only:
-        _log(f"scenario {key}")
-        results.append(SCENARIOS[key](ctx))
+    try:
+        for key in args.only:
+            _log(f"scenario {key}")
+            results.append(SCENARIOS[key](ctx))
+    except KeyboardInterrupt:
+        _log(f"interrupted: brokers and workers stopped, {args.output} left as it was")
+        return 130
+    except SystemExit:
+        _log(f"terminated: brokers and workers stopped, {args.output} left as it was")
+        raise
     text = render(run, machine_info(), _broker_infos(ctx), results, extra_sections(BENCH_DIR / "results"))
     args.output.write_text(text)
     _log(f"wrote {args.output} after {time.monotonic() - started:.0f} s")

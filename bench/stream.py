@@ -59,45 +59,64 @@ class FrameScanner:
 
     def feed(self, data: bytes) -> bytes:
         """Consume `data`; return the PUBACK frames owed for the QoS 1 PUBLISH frames found in it."""
-        buf = self._buf
-        buf += data
-        acks: list[bytes] = []
-        pos, end = 0, len(buf)
         header, length = self._header, self._len
+        buf = self._buf
+        if not buf and len(data) == length and data.startswith(header):
+            return self._one_frame(data)  # the most frequent case of a fanout subscriber: one frame per read
+        if buf:
+            buf += data
+            view: bytes | bytearray = buf
+        else:
+            view = data  # parse the new bytes in place; only a trailing partial frame is copied
+        acks: list[bytes] = []
+        pos, end = 0, len(view)
         while pos < end:
             n = (end - pos) // length
-            if n and buf.startswith(header, pos):
-                run = self._matching_run(buf, pos, n)
+            if n and view.startswith(header, pos):
+                run = self._matching_run(view, pos, n) if n > 1 else 1
                 if run:
                     if self._pid is not None:
-                        acks.append(self._acks_for_run(buf, pos, run))
+                        acks.append(self._acks_for_run(view, pos, run))
                     if header[0] >> 4 == 3:
                         self.publishes += run
                     self.counts[header[0] >> 4] += run
                     pos += run * length
                     continue
-            parsed = parse_fixed_header(buf, pos)
+            parsed = parse_fixed_header(view, pos)
             if parsed is None or pos + parsed[1] > end:
                 break
             header_len, total = parsed
-            first = buf[pos]
+            first = view[pos]
             kind = first >> 4
             self.counts[kind] += 1
             if kind == 3:
                 self.publishes += 1
                 if (first >> 1) & 3:
-                    topic_len = (buf[pos + header_len] << 8) | buf[pos + header_len + 1]
+                    topic_len = (view[pos + header_len] << 8) | view[pos + header_len + 1]
                     p = pos + header_len + 2 + topic_len
-                    acks.append(bytes((frames.PUBACK, 2, buf[p], buf[p + 1])))
+                    acks.append(bytes((frames.PUBACK, 2, view[p], view[p + 1])))
             elif kind == 2 and total >= 4:
-                self.connack_code = buf[pos + 3]
+                self.connack_code = view[pos + 3]
             elif kind == 9:
-                self.suback_codes.append(buf[pos + total - 1])
+                self.suback_codes.append(view[pos + total - 1])
             pos += total
-        del buf[:pos]
+        if view is buf:
+            del buf[:pos]
+        elif pos < end:
+            buf += data[pos:]
         return b"".join(acks)
 
-    def _matching_run(self, buf: bytearray, pos: int, n: int) -> int:
+    def _one_frame(self, frame: bytes) -> bytes:
+        """Count one complete expected frame; its PUBACK if it carries a packet id."""
+        kind = self._header[0] >> 4
+        self.counts[kind] += 1
+        if kind == 3:
+            self.publishes += 1
+        if self._pid is None:
+            return b""
+        return bytes((frames.PUBACK, 2)) + frame[self._pid : self._pid + 2]
+
+    def _matching_run(self, buf: bytes | bytearray, pos: int, n: int) -> int:
         """How many frames from `pos` on (at most n) carry exactly the expected fixed header."""
         run = n
         stop = pos + n * self._len
@@ -110,7 +129,7 @@ class FrameScanner:
                     return 0
         return run
 
-    def _acks_for_run(self, buf: bytearray, pos: int, run: int) -> bytes:
+    def _acks_for_run(self, buf: bytes | bytearray, pos: int, run: int) -> bytes:
         """PUBACK frames for `run` QoS 1 PUBLISH frames starting at `pos`, built with strided copies."""
         start = pos + self._pid
         stop = pos + run * self._len

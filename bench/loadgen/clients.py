@@ -222,6 +222,10 @@ class Publisher(_Client):
         if not self.ready.done() and self._check_connack():
             self.ready.set_result(None)
 
+    def flushed(self) -> bool:
+        """True when nothing written is still waiting in the transport's buffer."""
+        return self.transport is None or self.transport.get_write_buffer_size() == 0
+
     def _pump(self, from_timer: bool = False) -> None:
         if from_timer:
             self._retry = None

@@ -200,7 +200,9 @@ async def _connect_all(
 
 
 async def _publish(clients: list[_Client], stop: float, end_by: float) -> None:
-    """Run the publishers until `stop`, then wait (until `end_by`) for the PUBACKs still owed."""
+    """Run the publishers until `stop`, then wait (until `end_by`) until everything written has left the
+    process and every PUBACK owed has arrived: what is still buffered when the process exits never reaches
+    the broker, and would count as lost."""
     publishers = [c for c in clients if isinstance(c, Publisher)]
     for publisher in publishers:
         publisher.start(stop)
@@ -208,7 +210,7 @@ async def _publish(clients: list[_Client], stop: float, end_by: float) -> None:
     for publisher in publishers:
         publisher.running = False
     while time.monotonic() < end_by:
-        if all(p.qos == 0 or p.acked >= p.sent or p.closed for p in publishers):
+        if all(p.closed or (p.flushed() and (p.qos == 0 or p.acked >= p.sent)) for p in publishers):
             break
         await asyncio.sleep(0.01)
 

@@ -8,7 +8,7 @@ from bench.scenarios.throughput import COLUMNS, flow_row
 
 PAYLOAD = 64
 #: the publisher may run this many messages ahead of the average subscriber
-AHEAD = 200
+AHEAD = 50
 
 
 def subscribers(ctx: RunContext) -> int:

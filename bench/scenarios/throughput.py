@@ -10,7 +10,7 @@ from bench.sysinfo import dir_bytes
 COLUMNS = [
     "published/s",
     "runs (delivered/s)",
-    "lost",
+    "undelivered",
     "broker CPU",
     "load-gen CPU",
     "other CPU",
@@ -36,7 +36,7 @@ def flow_row(
     cells = {
         "published/s": f"{r.published_per_s:,.0f}",
         "runs (delivered/s)": spread(outcome.figures),
-        "lost": _lost(r),
+        "undelivered": _undelivered(r),
         "broker CPU": f"{r.broker_cpu_pct:.0f}%",
         "load-gen CPU": f"{r.loadgen_cpu_pct:.0f}%" + (" (saturated)" if r.loadgen_cpu_pct > 90 else ""),
         "other CPU": f"{r.other_cpu_pct:.0f}%",
@@ -47,9 +47,9 @@ def flow_row(
     return Row(case, broker.label, r.delivered_per_s, cells, note="; ".join(r.errors[:2]))
 
 
-def _lost(r: FlowResult) -> str:
-    """Deliveries owed and not made; QoS 0 losses are the broker's right, QoS 1 ones are not."""
-    text = f"{r.lost:,}" if r.lost else "0"
+def _undelivered(r: FlowResult) -> str:
+    """Deliveries owed and not made by the end of the drain (QoS 0 may be dropped; QoS 1 must not)."""
+    text = f"{r.undelivered:,}" if r.undelivered else "0"
     if r.written_off:
         text += f" ({r.written_off:,} written off by the limiter)"
     return text
