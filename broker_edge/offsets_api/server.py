@@ -259,16 +259,18 @@ class _Handlers:
         topic = request.match_info["topic"]
         value = request.query.get("timestamp_ms")
         info = self.store.log_info(topic)
+        timestamp: int | str
         if value in ("earliest", "latest"):
+            timestamp = value
             offset = info.start_offset if value == "earliest" else info.end_offset
         else:
             if value is None:
                 raise ApiError(
                     400, codes.BAD_REQUEST, "timestamp_ms is required (milliseconds since the epoch)"
                 )
-            timestamp_ms = _int_param(value, "timestamp_ms", 0, 0, 2**63 - 1)
-            offset = self.store.offset_for_timestamp(topic, timestamp_ms)
-        return web.json_response({"topic": topic, "timestamp_ms": value, "offset": offset})
+            timestamp = _int_param(value, "timestamp_ms", 0, 0, 2**63 - 1)
+            offset = self.store.offset_for_timestamp(topic, timestamp)
+        return web.json_response({"topic": topic, "timestamp_ms": timestamp, "offset": offset})
 
     async def records(self, request: web.Request) -> web.Response:
         topic = request.match_info["topic"]

@@ -105,8 +105,8 @@ def test_offset_for_a_timestamp(api: ApiHarness):
     status, body = json_of(request(api, "GET", f"{TEMP}/offset?timestamp_ms={BASE_TIME_MS + 4500}"))
     _, latest = json_of(request(api, "GET", f"{TEMP}/offset?timestamp_ms=latest"))
 
-    assert (status, body["offset"]) == (200, 5)
-    assert latest["offset"] == 10
+    assert (status, body["offset"], body["timestamp_ms"]) == (200, 5, BASE_TIME_MS + 4500)
+    assert (latest["offset"], latest["timestamp_ms"]) == (10, "latest")
 
 
 def test_a_long_poll_returns_when_a_record_arrives(api: ApiHarness):
