@@ -292,18 +292,20 @@ def validate(section: Any) -> TelemetryConfig:
 
 def run(spark: SparkSession, section: Any, options: RunOptions) -> int:
     """``timestone pipeline telemetry``: run until stopped, or until caught up with ``--available-now``."""
+    from pyspark.errors import StreamingQueryException
+
     config = load_telemetry_config(section)
     store = open_store(spark, config)
     batch = TelemetryBatch(config, store)
     batch.ensure_tables()
     query = start_query(spark, config, batch, available_now=options.available_now)
-    log.info("telemetry query %s started (tables at %s, %s)", query.id, config.tables.root, store.backend)
+    log.info("telemetry query %s started: tables at %s (%s)", query.id, config.tables.root, store.backend)
     try:
         query.awaitTermination()
     except KeyboardInterrupt:
         log.info("stopping telemetry query %s", query.id)
         query.stop()
-    if query.exception() is not None:
-        log.error("telemetry query failed: %s", query.exception())
+    except StreamingQueryException as exc:
+        log.error("telemetry query %s failed: %s", query.id, exc)
         return 1
     return 0

@@ -13,6 +13,8 @@ from datetime import datetime
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from sinks.tables import bronze_telemetry
+
 from .config import DevicesConfig, PayloadConfig, TopicTemplate
 
 #: Why a row went to quarantine (``telemetry_quarantine.reason``).
@@ -36,14 +38,16 @@ _RECORD_COLUMNS = (
 def to_bronze(records: DataFrame, ingested_at: datetime) -> DataFrame:
     """Source records as bronze rows: unchanged, plus when and on which (UTC) date they were ingested.
 
-    Bronze is partitioned by ingest date, not by the broker's or the device's clock: every micro-batch
-    appends to one partition (today's), replays and backfills of old offsets cannot scatter small files
-    into old partitions, and retention / reprocessing of the raw layer goes by arrival, which is what it
-    is for. Event-time questions are answered by silver, partitioned by ``event_date``.
+    Columns take the types ``sinks.tables`` declares for bronze. Bronze is partitioned by ingest date, not
+    by the broker's or the device's clock: every micro-batch appends to one partition (today's), replays
+    and backfills of old offsets cannot scatter small files into old partitions, and retention and
+    reprocessing of the raw layer go by arrival, which is what it is for. Event-time questions are
+    answered by silver, partitioned by ``event_date``.
     """
     stamp = F.lit(ingested_at).cast("timestamp")
+    schema = bronze_telemetry().schema
     return records.select(
-        *[F.col(c) for c in _RECORD_COLUMNS],
+        *[F.col(c).cast(schema[c].dataType).alias(c) for c in _RECORD_COLUMNS],
         F.to_date(stamp).alias("ingest_date"),
         stamp.alias("ingested_at"),
     )

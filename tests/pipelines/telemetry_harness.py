@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 
+from broker_edge.storage import AppendRecord
+from tests.sources.conftest import EdgeBroker
+
 SOURCE_DDL = (
-    "broker string, topic string, offset bigint, timestamp timestamp, client_id string, qos tinyint, "
+    "broker string, topic string, offset bigint, timestamp timestamp, client_id string, qos int, "
     "retain boolean, properties map<string,string>, payload binary"
 )
 
@@ -67,3 +70,67 @@ def telemetry(
     return record(
         f"devices/{device}/telemetry", offset, reading(device, seq, seconds, **fields), broker, seconds
     )
+
+
+# -- end to end: devices publishing into real broker logs ------------------------------------------------
+
+
+class Publisher(Protocol):
+    """How a test gets device messages into a broker's commitlog.
+
+    ``LogAppendPublisher`` appends straight into a ``LogStore``; an MQTT publisher (QoS 1, waiting for each
+    PUBACK, which the broker sends once the record is durable) can take its place without changing a test.
+    """
+
+    name: str
+
+    def publish(self, topic: str, payload: bytes, timestamp_ms: int | None = None) -> None: ...
+
+    def flush(self) -> None:
+        """Return once everything published is durable and served by the offsets API."""
+
+
+class LogAppendPublisher:
+    """Publishes by appending to an edge broker's log (no MQTT yet); batches appends until ``flush``."""
+
+    def __init__(self, name: str, broker: EdgeBroker) -> None:
+        self.name = name
+        self.broker = broker
+        self._pending: dict[str, list[AppendRecord]] = {}
+
+    def publish(self, topic: str, payload: bytes, timestamp_ms: int | None = None) -> None:
+        record = AppendRecord(
+            payload=payload, qos=1, client_id=topic.split("/")[1], timestamp_ms=timestamp_ms
+        )
+        self._pending.setdefault(topic, []).append(record)
+
+    def flush(self) -> None:
+        for topic, records_ in self._pending.items():
+            self.broker.append(topic, records_)
+        self._pending.clear()
+
+
+class Fleet:
+    """Simulated devices spread over brokers: device ``i`` publishes to broker ``i % len(publishers)``."""
+
+    def __init__(self, publishers: list[Publisher], devices: int) -> None:
+        self.publishers = publishers
+        self.devices = [f"dev-{i:03d}" for i in range(devices)]
+        self.sequence = dict.fromkeys(self.devices, 0)
+        self.published = 0
+
+    def publisher_of(self, device: str) -> Publisher:
+        return self.publishers[self.devices.index(device) % len(self.publishers)]
+
+    def send(self, rounds: int, **fields: Any) -> int:
+        """Every device sends ``rounds`` readings; returns how many messages that was."""
+        for _ in range(rounds):
+            for device in self.devices:
+                self.sequence[device] += 1
+                seq = self.sequence[device]
+                payload = reading(device, seq, seconds=seq, **fields)
+                self.publisher_of(device).publish(f"devices/{device}/telemetry", payload, ms(at(seq)))
+                self.published += 1
+        for publisher in self.publishers:
+            publisher.flush()
+        return rounds * len(self.devices)
