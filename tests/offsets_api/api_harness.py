@@ -36,6 +36,25 @@ def sample_record(number: int) -> AppendRecord:
     )
 
 
+def write_damaged_log(directory: Path, topic: str = "t") -> StorageConfig:
+    """A store whose `topic` holds records 0, 1, 2 (one per segment), record 1 with a flipped payload byte.
+
+    Returns the config to reopen it with (sealed segments keep their clean index, so the damage is
+    found by the checksum at read time).
+    """
+    config = StorageConfig(group_commit_ms=1, segment_bytes=100)
+    store = LogStore(directory, config)
+    store.open()
+    for number in range(3):
+        store.append(topic, sample_record(number))
+    store.close()
+    sealed = directory / topic / f"{1:020d}.log"
+    data = bytearray(sealed.read_bytes())
+    data[-3] ^= 0xFF
+    sealed.write_bytes(bytes(data))
+    return config
+
+
 class ApiHarness:
     """One store + server; `append` and `run` execute on the server's loop."""
 

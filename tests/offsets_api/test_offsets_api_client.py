@@ -13,11 +13,12 @@ from broker_edge.offsets_api.errors import (
     AuthError,
     BadRequestError,
     BrokerUnavailable,
+    CorruptRecordError,
     OffsetOutOfRangeError,
     UnknownTopicError,
 )
 from broker_edge.offsets_api.formats import ARROW_SCHEMA
-from tests.offsets_api.api_harness import BASE_TIME_MS, TOKEN, ApiHarness, sample_record
+from tests.offsets_api.api_harness import BASE_TIME_MS, TOKEN, ApiHarness, sample_record, write_damaged_log
 from tests.tls_certs import client_ssl_context, make_test_pki
 
 
@@ -120,6 +121,20 @@ def test_errors_are_typed(api: ApiHarness):
 
     assert (out_of_range.value.start, out_of_range.value.end, out_of_range.value.offset) == (0, 10, 11)
     assert (out_of_range.value.status, unknown.value.status, unknown.value.topic) == (416, 404, "nope")
+
+
+def test_a_corrupt_record_is_a_typed_error_with_where_to_resume(tmp_path: Path):
+    harness = ApiHarness(tmp_path, config=write_damaged_log(tmp_path))
+    try:
+        with OffsetsClient(harness.base_url) as client:
+            with pytest.raises(CorruptRecordError) as caught:
+                client.fetch("t", 1)
+            resumed = client.fetch("t", caught.value.next_offset)
+    finally:
+        harness.close()
+
+    assert (caught.value.status, caught.value.offset, caught.value.next_offset) == (500, 1, 2)
+    assert resumed.data.column("offset").to_pylist() == [2]
 
 
 def test_a_token_is_sent_and_checked(secured_api: ApiHarness):

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from broker_edge.offsets_api.formats import ARROW_SCHEMA
-from broker_edge.storage import LogStore, StorageConfig
-from tests.offsets_api.api_harness import BASE_TIME_MS, TOKEN, ApiHarness, sample_record
+from broker_edge.storage import StorageConfig
+from tests.offsets_api.api_harness import BASE_TIME_MS, TOKEN, ApiHarness, sample_record, write_damaged_log
 
 TEMP = "/v1/logs/plant%2F1%2Ftemp"
 
@@ -273,16 +273,7 @@ def test_an_offset_deleted_by_retention_answers_416_with_the_new_start(tmp_path)
 
 
 def test_a_corrupt_record_answers_500_with_the_next_offset(tmp_path):
-    config = StorageConfig(group_commit_ms=1, segment_bytes=100)  # one record per segment
-    store = LogStore(tmp_path, config)
-    store.open()
-    for number in range(3):
-        store.append("t", sample_record(number))
-    store.close()
-    sealed = tmp_path / "t" / f"{1:020d}.log"
-    data = bytearray(sealed.read_bytes())
-    data[-3] ^= 0xFF  # inside the payload of record 1
-    sealed.write_bytes(bytes(data))
+    config = write_damaged_log(tmp_path)
     harness = ApiHarness(tmp_path, config=config)
     try:
         status, body = json_of(request(harness, "GET", "/v1/logs/t/records?offset=1"))
