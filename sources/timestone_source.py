@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -107,6 +108,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         }
         self._clients: dict[str, OffsetsClient] = {}
         self._listings: Listings = {}
+        self._down: set[str] = set()
         self._target: dict[str, dict[str, int]] | None = None
 
     def __getstate__(self) -> dict[str, object]:
@@ -114,7 +116,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
-        self._clients, self._listings, self._target = {}, {}, None
+        self._clients, self._listings, self._down, self._target = {}, {}, set(), None
 
     # -- offsets: the long-lived planner process ---------------------------------------------------------
 
@@ -219,30 +221,46 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def _list_all(
         self, brokers: list[str] | None = None
     ) -> tuple[Listings, dict[str, BrokerUnreachableError]]:
-        """List brokers concurrently (one broker's retries must not delay the others) and cache the result."""
+        """List brokers concurrently (one broker's retries must not delay the others) and cache the result.
+
+        A broker found down is then tried once per call, without retries, until it answers again: a dead
+        broker delays one batch by its retries, not every batch.
+        """
         wanted = list(self._fetch) if brokers is None else brokers
-        for broker in wanted:
-            self._client(broker)  # created here: the client dict is not touched from the pool's threads
+        clients = {
+            broker: self._probe(broker) if broker in self._down else self._client(broker) for broker in wanted
+        }
         with ThreadPoolExecutor(max_workers=min(8, len(wanted)) or 1) as pool:
-            futures = {broker: pool.submit(self._list_broker, broker) for broker in wanted}
+            futures = {
+                broker: pool.submit(self._list_broker, broker, client) for broker, client in clients.items()
+            }
         listings: Listings = {}
         down: dict[str, BrokerUnreachableError] = {}
         for broker, future in futures.items():
             try:
                 listings[broker] = future.result()
+                self._down.discard(broker)
             except BrokerUnreachableError as error:
                 down[broker] = error
+                self._down.add(broker)
         self._listings.update(listings)
         return listings, down
 
-    def _list_broker(self, broker: str) -> dict[str, LogExtent]:
-        client, fetch = self._clients[broker], self._fetch[broker]
+    def _probe(self, broker: str) -> OffsetsClient:
+        return replace(self._fetch[broker], retries=0).client()
+
+    def _list_broker(self, broker: str, client: OffsetsClient) -> dict[str, LogExtent]:
+        fetch = self._fetch[broker]
         logs: dict[str, LogExtent] = {}
-        for pattern in self.options.topics:
-            for info in fetch.call(lambda pattern=pattern: client.list_logs(pattern)):
-                logs[info.topic] = LogExtent(info.start_offset, info.end_offset)
+        try:
+            for pattern in self.options.topics:
+                for info in fetch.call(lambda pattern=pattern: client.list_logs(pattern)):
+                    logs[info.topic] = LogExtent(info.start_offset, info.end_offset)
+        finally:
+            if client is not self._clients.get(broker):
+                client.close()
         return logs
 
     def _offset_for_timestamp(self, broker: str, topic: str, timestamp_ms: int) -> int:
-        client = self._clients[broker]
+        client = self._client(broker)
         return self._fetch[broker].call(lambda: client.offset_for_timestamp(topic, timestamp_ms))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import pickle
+import time
 
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
@@ -68,19 +69,33 @@ def test_available_now_stops_at_what_existed_when_the_query_started(edge: EdgeBr
     assert source.latestOffset(roundtrip(end), ReadAllAvailable()) == end
 
 
-def test_a_broker_down_keeps_its_offsets_and_the_others_move_on(
+def test_a_broker_down_keeps_its_offsets_the_others_move_on_and_only_one_batch_waits_for_retries(
     edge: EdgeBroker, second_edge: EdgeBroker, caplog: pytest.LogCaptureFixture
 ) -> None:
     edge.fill("plant/1/temp", 3)
     second_edge.fill("plant/1/temp", 4)
-    source = reader(edge, second_edge, startingOffsets="earliest")
+    source = reader(edge, second_edge, startingOffsets="earliest", fetchRetries="3", retryBackoffMs="150")
     start = roundtrip(source.initialOffset())
     edge.fill("plant/1/temp", 2, first=3)
     second_edge.stop_server()
     with caplog.at_level(logging.WARNING, logger="sources.timestone_source"):
+        began = time.monotonic()
         end = source.latestOffset(start, ReadAllAvailable())
+        first_wait = time.monotonic() - began
     assert end == {"e1": {"plant/1/temp": 5}, "e2": {"plant/1/temp": 0}}
     assert any("'e2' is down" in record.getMessage() for record in caplog.records)
+    assert first_wait >= 0.15 + 0.3 + 0.6  # the retries, backing off
+
+    began = time.monotonic()
+    assert source.latestOffset(roundtrip(end), ReadAllAvailable()) == end
+    assert time.monotonic() - began < first_wait / 2  # known down: one attempt, no retries
+
+    second_edge.fill("plant/1/temp", 1, first=4)
+    second_edge.start_server(second_edge.port)
+    assert source.latestOffset(roundtrip(end), ReadAllAvailable()) == {
+        "e1": {"plant/1/temp": 5},
+        "e2": {"plant/1/temp": 5},
+    }
 
 
 def test_a_broker_down_at_start_fails_latest_but_not_earliest(
