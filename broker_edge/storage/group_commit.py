@@ -34,6 +34,7 @@ from .commitlog import CommitLog, PendingWrite
 from .config import Durability
 from .errors import StorageFailed
 from .file_pool import FileHandlePool
+from .fs_sync import sync_filesystem
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +45,29 @@ Callback = Callable[[], object]
 ErrorCallback = Callable[[BaseException], object]
 
 
-def run_job(job: Job, pool: FileHandlePool, sync: bool) -> None:
-    """Every write of every log of a job, in order (in the writer thread)."""
-    for _log, pending in job:
-        for write in pending.writes:
-            write.run(pool, sync)
+@dataclass(slots=True)
+class SyncPlan:
+    """How a job is made durable: an fdatasync per segment, or one syncfs when it touches many."""
+
+    sync: bool
+    """False with the `none` policy: write only."""
+    syncfs_fd: int | None = None
+    """A descriptor on the store's filesystem, when syncfs may be used."""
+    syncfs_min_segments: int = 0
+    syncfs_calls: int = 0
+
+
+def run_job(job: Job, pool: FileHandlePool, plan: SyncPlan) -> None:
+    """Every write of every log of a job, in order, made durable per `plan` (in the writer thread)."""
+    writes = [write for _log, pending in job for write in pending.writes]
+    if plan.sync and plan.syncfs_fd is not None and len(writes) >= plan.syncfs_min_segments:
+        for write in writes:
+            write.run(pool, sync=False)
+        sync_filesystem(plan.syncfs_fd)
+        plan.syncfs_calls += 1
+        return
+    for write in writes:
+        write.run(pool, plan.sync)
 
 
 @dataclass(slots=True, eq=False)
@@ -76,9 +95,11 @@ _STOP = object()
 class _WriterThread:
     """One thread running jobs in order; finished jobs are reported to their loop in one call per batch."""
 
-    def __init__(self, pool: FileHandlePool, sync: bool, on_done: Callable[[list[_Flight]], None]) -> None:
+    def __init__(
+        self, pool: FileHandlePool, plan: SyncPlan, on_done: Callable[[list[_Flight]], None]
+    ) -> None:
         self._pool = pool
-        self._sync = sync
+        self._plan = plan
         self._on_done = on_done
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -111,7 +132,7 @@ class _WriterThread:
             for item in batch:
                 if isinstance(item, _Flight):
                     try:
-                        run_job(item.job, self._pool, self._sync)
+                        run_job(item.job, self._pool, self._plan)
                     except BaseException as error:
                         item.error = error
                     item.done = True
@@ -149,7 +170,8 @@ class GroupCommitter:
         self._max_pending_bytes = max_pending_bytes
         self._pool = pool
         self._on_durable = on_durable
-        self._writer = _WriterThread(pool, self._sync, self._finished)
+        self.sync_plan = SyncPlan(self._sync)
+        self._writer = _WriterThread(pool, self.sync_plan, self._finished)
         self._dirty: dict[CommitLog, None] = {}
         self._pending_bytes = 0
         self._appended = 0
@@ -167,6 +189,11 @@ class GroupCommitter:
     def pending_bytes(self) -> int:
         """Bytes appended and not yet handed to the writer (a backpressure signal for the broker)."""
         return self._pending_bytes
+
+    def use_syncfs(self, fd: int, min_segments: int) -> None:
+        """Sync jobs touching at least `min_segments` segments with one syncfs on `fd`'s filesystem."""
+        self.sync_plan.syncfs_fd = fd
+        self.sync_plan.syncfs_min_segments = min_segments
 
     @property
     def in_flight(self) -> int:
@@ -222,7 +249,7 @@ class GroupCommitter:
         job, upto = self._take_job()
         if job:
             try:
-                run_job(job, self._pool, self._sync)
+                run_job(job, self._pool, self.sync_plan)
             except OSError as error:
                 self._fail(error)
                 raise self.failure from error  # type: ignore[misc]

@@ -19,6 +19,7 @@ from .commitlog import CommitLog, LogRecovery
 from .config import StorageConfig
 from .errors import StorageError, TooManyTopics, UnknownTopic
 from .file_pool import FileHandlePool
+from .fs_sync import syncfs_available
 from .group_commit import GroupCommitter
 from .persistence import PersistenceRules
 from .record import AppendRecord, Record
@@ -104,6 +105,7 @@ class LogStore:
         self._logs: dict[str, CommitLog] = {}
         self._topic_waiters: dict[str, list[_Waiter]] = {}
         self._pattern_waiters: list[_Waiter] = []
+        self._directory_fd: int | None = None
         self._opened = False
         self._closed = False
 
@@ -135,6 +137,7 @@ class LogStore:
         if report.clean_shutdown:
             os.unlink(marker)  # from now on a crash must not look like a clean shutdown
             fsync_directory(self.directory)
+        self._use_syncfs()
         self._opened = True
         log.info(
             "opened %d logs (%d records) in %s after a%s shutdown; %d repaired, %d bytes dropped",
@@ -153,6 +156,9 @@ class LogStore:
             return
         self._closed = True
         self._committer.close()
+        if self._directory_fd is not None:
+            os.close(self._directory_fd)
+            self._directory_fd = None
         for commit_log in self._logs.values():
             commit_log.close(write_index=commit_log.active_segment_bytes >= INDEX_AT_CLOSE_MIN_BYTES)
         self._pool.close()
@@ -293,6 +299,12 @@ class LogStore:
         return report
 
     # -- internals -----------------------------------------------------------------------------------
+
+    def _use_syncfs(self) -> None:
+        minimum = self.config.syncfs_min_segments
+        if minimum > 0 and self.config.durability != "none" and syncfs_available():
+            self._directory_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            self._committer.use_syncfs(self._directory_fd, minimum)
 
     def _log(self, topic: str) -> CommitLog:
         commit_log = self._logs.get(topic)

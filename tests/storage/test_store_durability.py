@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.storage import LogStore, StorageConfig, StorageFailed
+from broker_edge.storage import LogStore, StorageConfig, StorageFailed, group_commit
+from broker_edge.storage.fs_sync import syncfs_available
 from tests.storage.log_helpers import assert_matches, make_record
 
 TOPIC = "plant/line-1/temp"
@@ -181,4 +182,63 @@ def test_without_an_event_loop_appends_wait_for_flush(tmp_path: Path):
     assert store.read(TOPIC, 0) == []
     store.flush()
     assert [record.offset for record in store.read(TOPIC, 0)] == [0]
+    store.close()
+
+
+class SyncfsSpy:
+    """Counts syncfs calls made by the writer thread (the real call still happens)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        real = group_commit.sync_filesystem
+
+        def spying(fd: int) -> None:
+            self.calls += 1
+            real(fd)
+
+        monkeypatch.setattr(group_commit, "sync_filesystem", spying)
+
+
+async def _one_record_per_topic(store: LogStore, directory: Path, topics: list[str], spies) -> dict:
+    fsync_spy, syncfs_spy = spies
+    seen: dict = {}
+    done = asyncio.Event()
+
+    def on_durable() -> None:
+        seen["fdatasyncs"] = len(fsync_spy.sizes)
+        seen["syncfs"] = syncfs_spy.calls
+        other = _open(directory, "group")
+        seen["on_disk"] = {topic: len(other.read(topic, 0)) for topic in topics}
+        other.close()
+        done.set()
+
+    for number, topic in enumerate(topics):
+        store.append(topic, make_record(number))
+    store.when_durable(on_durable)
+    await asyncio.wait_for(done.wait(), 10)
+    return seen
+
+
+def test_a_window_touching_many_segments_is_made_durable_by_one_syncfs(tmp_path: Path, monkeypatch):
+    assert syncfs_available()  # Linux >= 5.8, as on every machine this project targets
+    spies = FsyncSpy(monkeypatch), SyncfsSpy(monkeypatch)
+    topics = [f"device/{number}/telemetry" for number in range(10)]
+    store = _open(tmp_path, "group", group_commit_ms=20, syncfs_min_segments=4)
+
+    seen = asyncio.run(_one_record_per_topic(store, tmp_path, topics, spies))
+
+    assert (seen["syncfs"], seen["fdatasyncs"]) == (1, 0)
+    assert seen["on_disk"] == dict.fromkeys(topics, 1)
+    store.close()
+
+
+def test_a_window_touching_few_segments_fdatasyncs_each(tmp_path: Path, monkeypatch):
+    spies = FsyncSpy(monkeypatch), SyncfsSpy(monkeypatch)
+    topics = ["a", "b", "c"]
+    store = _open(tmp_path, "group", group_commit_ms=20, syncfs_min_segments=4)
+
+    seen = asyncio.run(_one_record_per_topic(store, tmp_path, topics, spies))
+
+    assert (seen["syncfs"], seen["fdatasyncs"]) == (0, 3)
+    assert seen["on_disk"] == dict.fromkeys(topics, 1)
     store.close()
