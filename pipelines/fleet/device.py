@@ -64,6 +64,8 @@ class SimulatedDevice:
         self.stats = stats
         self.offsets: dict[str, int | None] = {topic: None for topic in self.action_topics}
         self.actions: dict[str, ActionProgress] = {}
+        self.received_at: dict[str, float] = {}
+        """When (epoch seconds) each action message first reached the device: what fanout latency measures."""
         self.client: MqttClient | None = None
         self._telemetry_seq = 0
         self._telemetry_timer: asyncio.TimerHandle | None = None
@@ -111,6 +113,10 @@ class SimulatedDevice:
             self.client.abort()
         self._schedule_reconnect(duration_s)
 
+    def retry_later(self) -> None:
+        """Connecting failed: try again after a pause, as a device in the field would."""
+        self._schedule_reconnect(self.rng.uniform(*self.behaviour.offline_duration_s))
+
     def _on_disconnect(self, exc: Exception | None) -> None:
         if self._telemetry_timer:
             self._telemetry_timer.cancel()
@@ -131,7 +137,7 @@ class SimulatedDevice:
             await self.start()
         except (TimeoutError, OSError, ConnectionError):
             self.stats["reconnect_failures"] += 1
-            self._schedule_reconnect(self.rng.uniform(*self.behaviour.offline_duration_s))
+            self.retry_later()
 
     # -- telemetry --------------------------------------------------------------------------------------
 
@@ -175,6 +181,7 @@ class SimulatedDevice:
             self.stats["bad_actions"] += 1
             return
         self.stats["actions_received"] += 1
+        self.received_at.setdefault(action_id, time.time())
         if kind == "cancel":
             self._cancel(action_id)
             return

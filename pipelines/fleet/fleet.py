@@ -18,7 +18,8 @@ class FleetSpec:
     count: int = 10
     id_prefix: str = "dev"
     groups: list[str] = field(default_factory=lambda: ["canary", "fleet"])
-    connects_per_second: float = 500.0
+    connects_per_second: float = 150.0
+    """Stay under the broker's new-connection rate limit (200/s by default)."""
     seed: int = 7
 
 
@@ -49,7 +50,12 @@ class Fleet:
         """Connect every device, ``connects_per_second`` at a time, and wait until all are subscribed."""
         batch = max(1, int(self.spec.connects_per_second / 10))
         for first in range(0, len(self.devices), batch):
-            await asyncio.gather(*(device.start() for device in self.devices[first : first + batch]))
+            group = self.devices[first : first + batch]
+            results = await asyncio.gather(*(device.start() for device in group), return_exceptions=True)
+            for device, result in zip(group, results, strict=True):
+                if isinstance(result, BaseException):  # refused or timed out: retry like a real device
+                    self.stats["connect_failures"] += 1
+                    device.retry_later()
             if first + batch < len(self.devices):
                 await asyncio.sleep(0.1)
 
