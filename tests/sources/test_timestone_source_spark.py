@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -210,6 +211,36 @@ def test_a_broker_down_delays_its_records_while_the_others_flow_then_recovers(
     assert sink.keys() == sorted(
         expected("down", "plant/1/temp", range(35)) + expected("up", "plant/1/temp", range(25))
     )
+
+
+def test_a_broker_that_restarts_between_batches_delays_the_next_batch_within_the_retries(
+    timestone_spark: SparkSession, edge: EdgeBroker, tmp_path: Path
+) -> None:
+    edge.fill("plant/1/temp", 30)
+    collected = BatchCollector()
+    restarts: list[threading.Timer] = []
+
+    def sink(frame: DataFrame, batch_id: int) -> None:
+        collected(frame, batch_id)
+        if batch_id == 0:  # the broker goes away before the next batch is planned, back 0.5 s later
+            edge.stop_server()
+            restarts.append(threading.Timer(0.5, edge.start_server, args=(edge.port,)))
+            restarts[0].start()
+
+    frame = stream(
+        timestone_spark,
+        {"e": edge},
+        startingOffsets="earliest",
+        maxRecordsPerTrigger="10",
+        fetchRetries="4",
+        retryBackoffMs="200",
+    )
+    query = run_available_now(frame, tmp_path / "checkpoint", sink)
+    restarts[0].join()
+    assert collected.keys() == expected("e", "plant/1/temp", range(30))
+    assert sorted(collected.batches) == [0, 1, 2]
+    planning_ms = {progress["batchId"]: progress["durationMs"]["latestOffset"] for progress in query.recentProgress}
+    assert planning_ms[1] >= 400  # the listing of batch 1 waited for the broker, through the retries
 
 
 def test_a_retention_gap_fails_the_query_or_is_skipped_without_fail_on_data_loss(
