@@ -239,7 +239,9 @@ def test_a_broker_that_restarts_between_batches_delays_the_next_batch_within_the
     restarts[0].join()
     assert collected.keys() == expected("e", "plant/1/temp", range(30))
     assert sorted(collected.batches) == [0, 1, 2]
-    planning_ms = {progress["batchId"]: progress["durationMs"]["latestOffset"] for progress in query.recentProgress}
+    planning_ms = {
+        progress["batchId"]: progress["durationMs"]["latestOffset"] for progress in query.recentProgress
+    }
     assert planning_ms[1] >= 400  # the listing of batch 1 waited for the broker, through the retries
 
 
