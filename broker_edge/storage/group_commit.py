@@ -1,21 +1,23 @@
-"""The durability driver of a store: cuts appends into write jobs and runs them in one writer thread.
+"""The durability driver of a store: cuts appends into jobs, writes them, and syncs them in one thread.
 
 Policies (`StorageConfig.durability`):
 
 * `group`: the first append of a window starts a timer of `group_commit_ms`; when it fires, everything
-  appended so far becomes one job (one pwritev per dirty segment, then one fdatasync per dirty segment).
-  While a job runs in the writer thread, the loop keeps accepting appends into the next window; a window
-  that ends while a job is running is cut as soon as that job completes (so the batch grows with the
-  fsync latency instead of queueing). `group_commit_max_bytes` cuts a window early.
-* `fsync`: every append is its own job (write + fdatasync), in order.
+  appended so far becomes one job. While a job is being synced, the loop keeps accepting appends into the
+  next window; a window that ends meanwhile is cut as soon as that job completes (so the batch grows with
+  the fsync latency instead of queueing). `group_commit_max_bytes` cuts a window early.
+* `fsync`: every append is its own job.
 * `none`: like `group` but without fsync: durable means "written to the OS" (the page cache).
 
-Jobs run strictly in order in a single thread, which drains everything queued and reports the finished
-jobs to the loop with one wake-up, so offsets become readable in order and the loop is woken once per
-batch, not per job. Without a running event loop (scripts, tools) appends stay buffered until `flush()`,
-except `fsync`, which writes inline. A failed write or fsync is fatal: the store refuses further appends
-(`StorageFailed`) and reports the error to waiting `when_durable` callers, since after a failed fsync the
-kernel may have dropped the data.
+Cutting a job copies its data into the files right away, on the loop: one pwritev per dirty segment into
+the page cache, microseconds, and no thread hop per file (a writer thread doing thousands of small
+writes would wait for the GIL after each one while the loop is busy). The blocking part runs in one
+writer thread, in order: an fdatasync per dirty segment, or one syncfs(2) when the job touches many
+segments (see `fs_sync`), plus seals and new directories. The thread drains everything queued and wakes
+the loop once per batch. Without a running event loop (scripts, tools) appends stay buffered until
+`flush()`, except `fsync`, which syncs inline. A failed write or fsync is fatal: the store refuses
+further appends (`StorageFailed`) and reports the error to waiting `when_durable` callers, since after a
+failed fsync the kernel may have dropped the data.
 """
 
 from __future__ import annotations
@@ -57,17 +59,24 @@ class SyncPlan:
     syncfs_calls: int = 0
 
 
-def run_job(job: Job, pool: FileHandlePool, plan: SyncPlan) -> None:
-    """Every write of every log of a job, in order, made durable per `plan` (in the writer thread)."""
+def write_job(job: Job, pool: FileHandlePool) -> None:
+    """Copy a job's data into its files (the page cache), one pwritev per segment (on the loop)."""
+    for _log, pending in job:
+        for write in pending.writes:
+            write.write(pool)
+
+
+def sync_job(job: Job, pool: FileHandlePool, plan: SyncPlan) -> None:
+    """Make a written job durable per `plan`: fdatasyncs or one syncfs, seals (in the writer thread)."""
     writes = [write for _log, pending in job for write in pending.writes]
     if plan.sync and plan.syncfs_fd is not None and len(writes) >= plan.syncfs_min_segments:
         for write in writes:
-            write.run(pool, sync=False)
+            write.make_durable(pool, sync=False)
         sync_filesystem(plan.syncfs_fd)
         plan.syncfs_calls += 1
         return
     for write in writes:
-        write.run(pool, plan.sync)
+        write.make_durable(pool, plan.sync)
 
 
 @dataclass(slots=True, eq=False)
@@ -132,7 +141,7 @@ class _WriterThread:
             for item in batch:
                 if isinstance(item, _Flight):
                     try:
-                        run_job(item.job, self._pool, self._plan)
+                        sync_job(item.job, self._pool, self._plan)
                     except BaseException as error:
                         item.error = error
                     item.done = True
@@ -249,7 +258,8 @@ class GroupCommitter:
         job, upto = self._take_job()
         if job:
             try:
-                run_job(job, self._pool, self.sync_plan)
+                write_job(job, self._pool)
+                sync_job(job, self._pool, self.sync_plan)
             except OSError as error:
                 self._fail(error)
                 raise self.failure from error  # type: ignore[misc]
@@ -303,6 +313,11 @@ class GroupCommitter:
             self._timer.cancel()
             self._timer = None
         job, upto = self._take_job()
+        try:
+            write_job(job, self._pool)
+        except OSError as error:
+            self._fail(error)
+            return
         flight = _Flight(job, upto, loop)
         self._flights.append(flight)
         self._writer.submit(flight)

@@ -3,10 +3,11 @@
 The segment file holds nothing but frames (no header), so a range of records is one contiguous byte range:
 a read is one lookup of index entries and one pread of the data, split into records in memory.
 
-Appends never touch the disk here. They are buffered in the segment (`pending_frames`), handed to the
-writer as a `SegmentWrite` (positions fixed on the event loop, so writes run in a thread while appends
-continue), and become readable only when the owner reports them written (`mark_durable`). The index of a
-segment still being written is kept in memory (`entries`) and written whole when the segment is sealed.
+Appends never touch the disk here. They are buffered in the segment (`pending_frames`) and handed over as
+a `SegmentWrite` whose file position is fixed when it is taken: its `write` (one pwritev) and its
+`make_durable` (fdatasync, seal) may then run anywhere, in order, while appends continue. Records become
+readable only when the owner reports the write done (`mark_durable`). The index of a segment still being
+written is kept in memory (`entries`) and written whole when the segment is sealed.
 """
 
 from __future__ import annotations
@@ -68,10 +69,14 @@ class SegmentWrite:
     def seals(self) -> bool:
         return self.seal_index is not None
 
-    def run(self, pool: FileHandlePool, sync: bool) -> None:
-        """One pwritev of the data, then an fdatasync when `sync` (two syscalls in the common case)."""
+    def write(self, pool: FileHandlePool) -> None:
+        """Copy the data into the file (the page cache) with one pwritev: quick, done where it is cut."""
         if self.data:
             pool.pwritev(self.log_path, self.data, self.data_position)
+            self.data = []
+
+    def make_durable(self, pool: FileHandlePool, sync: bool) -> None:
+        """fdatasync when `sync`, the seal, new directories: the blocking part, for the writer thread."""
         if sync or self.seal_index is not None:
             pool.fdatasync(self.log_path)
         if self.seal_index is not None:
@@ -80,6 +85,11 @@ class SegmentWrite:
         if sync:
             for directory in self.directories_to_sync:
                 fsync_directory(directory)
+
+    def run(self, pool: FileHandlePool, sync: bool) -> None:
+        """Both steps in the calling thread."""
+        self.write(pool)
+        self.make_durable(pool, sync)
 
 
 @dataclass(slots=True)

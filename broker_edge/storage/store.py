@@ -1,8 +1,9 @@
 """All logs of one broker: persistence rules, durability (group commit), pooled files, tail caches, limits.
 
 One directory per topic under the store directory (see `topic_names`). The store is driven from one asyncio
-event loop; its disk writes and fsyncs run in a writer thread (see `group_commit`), its reads are preads
-served on the loop (or straight from the tail caches for caught-up readers). Readers only ever get durable
+event loop: appends are buffered, each window's data is copied into the files with one pwritev per
+segment, fsyncs run in a writer thread (see `group_commit`), and reads are preads on the loop (or come
+straight from the tail caches for caught-up readers). Readers only ever get durable
 records: `end_offset` of a log is its high watermark.
 """
 
