@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
+from pipelines.actions.config import ActionsConfig, BrokerEndpoint
+from pipelines.actions.job import ActionsJob, start_actions_job
 from sinks import open_table_store
+from tests.broker_process import BrokerProcess
+from tests.fleet_harness import FleetHarness, FleetSpec
 
 
 @pytest.fixture
@@ -67,3 +75,57 @@ def register_devices(store, devices: dict[str, str]) -> None:
         for d, g in devices.items()
     ]
     store.append("devices", pa.Table.from_pylist(rows, schema=store.spec("devices").arrow_schema), "tests", 0)
+
+
+@dataclass
+class ActionsStack:
+    """A broker process, a simulated fleet on it, and the actions job on the shared Spark session."""
+
+    store: object
+    broker: BrokerProcess
+    harness: FleetHarness
+    job: ActionsJob
+
+    @property
+    def fleet(self):
+        return self.harness.fleet
+
+
+@contextmanager
+def actions_stack(spark, tmp_path, spec_kwargs: dict, behaviour, register: bool = True):
+    """Start everything the actions job needs for real, and stop it all afterwards."""
+    store = open_table_store(spark, str(tmp_path / "tables"), backend="delta-rs")
+    with BrokerProcess(tmp_path / "broker") as broker:
+        spec = FleetSpec(brokers=[broker.address], **spec_kwargs)
+        with FleetHarness(broker.address, spec, behaviour) as harness:
+            if register:
+                register_devices(store, {d.device_id: d.group for d in harness.fleet.devices})
+            config = ActionsConfig(
+                tables_root=str(tmp_path / "tables"),
+                checkpoint_root=str(tmp_path / "checkpoints"),
+                brokers=[BrokerEndpoint(mqtt_port=broker.port, offsets_api=broker.offsets_url)],
+                trigger_interval_s=0.5,
+                tick_interval_s=0.5,
+            )
+            job = start_actions_job(spark, config, store)
+            try:
+                yield ActionsStack(store, broker, harness, job)
+            finally:
+                job.stop()
+
+
+def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def summary(store, action_id: str) -> dict | None:
+    """The action's ``action_summary`` row, or None before the job wrote one."""
+    if not store.exists("action_summary"):
+        return None
+    table = store.read_arrow("action_summary")
+    rows = table.filter(pc.equal(table["action_id"], action_id)).to_pylist()
+    return rows[0] if rows else None
