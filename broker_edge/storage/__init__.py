@@ -4,6 +4,7 @@ from .commitlog import CommitLog, LogRecovery, RetentionResult
 from .config import Durability, LogConfig, PersistRule, StorageConfig
 from .errors import (
     CorruptRecord,
+    InvalidRecord,
     OffsetOutOfRange,
     RecordTooLarge,
     StorageError,
@@ -19,6 +20,7 @@ __all__ = [
     "CommitLog",
     "CorruptRecord",
     "Durability",
+    "InvalidRecord",
     "LogConfig",
     "LogInfo",
     "LogRecovery",

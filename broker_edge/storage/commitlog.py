@@ -18,12 +18,13 @@ import bisect
 import logging
 import os
 import re
+import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import LogConfig
-from .errors import CorruptRecord, OffsetOutOfRange, RecordTooLarge
+from .errors import CorruptRecord, InvalidRecord, OffsetOutOfRange, RecordTooLarge
 from .file_pool import FileHandlePool
 from .record import PREFIX_SIZE, AppendRecord, Record, encode_record
 from .segment import NO_TIMESTAMP, Segment, SegmentWrite
@@ -162,7 +163,10 @@ class CommitLog:
         timestamp = record.timestamp_ms
         if timestamp is None:
             timestamp = time.time_ns() // 1_000_000
-        frame = encode_record(offset, timestamp, record)
+        try:
+            frame = encode_record(offset, timestamp, record)
+        except (ValueError, OverflowError, struct.error) as error:
+            raise InvalidRecord(f"record for {self.topic!r} cannot be stored: {error}") from error
         size = len(frame)
         if size - PREFIX_SIZE > self._max_body:
             raise RecordTooLarge(size, self._max_body)

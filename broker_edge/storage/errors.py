@@ -60,5 +60,9 @@ class RecordTooLarge(StorageError):
         self.limit = limit
 
 
+class InvalidRecord(StorageError):
+    """A field of the record does not fit the record format (a string over 64 KiB, too many properties)."""
+
+
 class StorageFailed(StorageError):
     """A write or fsync failed; the store stops accepting appends (durability can no longer be promised)."""

@@ -320,9 +320,13 @@ class LogStore:
             raise TooManyTopics(topic, self.config.max_topics)
         name = topic_directory_name(topic)
         path = os.path.join(self.directory, name)
-        commit_log = self._make_log(topic, path)
-        if is_hashed(name):
-            write_topic_file(path, topic)
+        try:
+            commit_log = self._make_log(topic, path)
+            if is_hashed(name):
+                write_topic_file(path, topic)
+        except OSError as error:
+            self._logs.pop(topic, None)
+            raise StorageError(f"cannot create the log of {topic!r}: {error}") from error
         return commit_log
 
     def _make_log(self, topic: str, path: str) -> CommitLog:

@@ -8,9 +8,11 @@ import pytest
 
 from broker_edge.storage import (
     AppendRecord,
+    InvalidRecord,
     LogStore,
     PersistRule,
     StorageConfig,
+    StorageError,
     TooManyTopics,
     UnknownTopic,
 )
@@ -189,5 +191,29 @@ def test_the_tail_cache_budget_drops_the_least_recently_appended_logs(tmp_path: 
 def test_the_store_refuses_appends_before_open(tmp_path: Path):
     store = LogStore(tmp_path)
 
-    with pytest.raises(Exception, match="not open"):
+    with pytest.raises(StorageError, match="not open"):
         store.append("a", AppendRecord(b"x"))
+
+
+def test_records_that_do_not_fit_the_format_are_storage_errors(tmp_path: Path):
+    store = _store(tmp_path)
+    properties = [("k", "v")] * 70_000
+
+    with pytest.raises(InvalidRecord):
+        store.append("a", AppendRecord(b"x", user_properties=properties))
+    with pytest.raises(InvalidRecord):
+        store.append("a", AppendRecord(b"x", client_id="c" * 70_000))
+
+    assert store.append("a", make_record(0)) == 0  # the offset was not consumed
+    store.close()
+
+
+def test_a_log_directory_that_cannot_be_created_is_a_storage_error(tmp_path: Path):
+    store = _store(tmp_path)
+    (tmp_path / "blocked").write_text("a file where the topic's directory would go")
+
+    with pytest.raises(StorageError, match="cannot create"):
+        store.append("blocked", make_record(0))
+
+    assert "blocked" not in store
+    store.close()
