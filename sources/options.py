@@ -37,6 +37,7 @@ DEFAULT_FETCH_TIMEOUT_MS = 30_000
 DEFAULT_FETCH_RETRIES = 3
 DEFAULT_RETRY_BACKOFF_MS = 1_000
 DEFAULT_MAX_BYTES_PER_FETCH = 16 * 1024 * 1024
+MAX_BYTES_PER_FETCH = 64 * 1024 * 1024  # what the offsets API accepts (its ApiLimits.max_bytes)
 DEFAULT_MAX_RECORDS_PER_PARTITION = 200_000
 
 _AUTH_TOKEN_PREFIX = "authtoken."
@@ -150,7 +151,13 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         fetch_timeout_ms=_int(lowered, "fetchTimeoutMs", DEFAULT_FETCH_TIMEOUT_MS, minimum=1),
         fetch_retries=_int(lowered, "fetchRetries", DEFAULT_FETCH_RETRIES, minimum=0),
         retry_backoff_ms=_int(lowered, "retryBackoffMs", DEFAULT_RETRY_BACKOFF_MS, minimum=0),
-        max_bytes_per_fetch=_int(lowered, "maxBytesPerFetch", DEFAULT_MAX_BYTES_PER_FETCH, minimum=1024),
+        max_bytes_per_fetch=_int(
+            lowered,
+            "maxBytesPerFetch",
+            DEFAULT_MAX_BYTES_PER_FETCH,
+            minimum=1024,
+            maximum=MAX_BYTES_PER_FETCH,
+        ),
     )
 
 
@@ -179,8 +186,14 @@ def _optional_int(options: Mapping[str, str], name: str, minimum: int) -> int | 
     return value
 
 
-def _int(options: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+def _int(
+    options: Mapping[str, str], name: str, default: int, minimum: int, maximum: int | None = None
+) -> int:
     value = _optional_int(options, name, minimum)
+    if value is not None and maximum is not None and value > maximum:
+        raise SourceOptionError(
+            name, f"expected an integer <= {maximum} (the offsets API's limit), got {value}"
+        )
     return default if value is None else value
 
 

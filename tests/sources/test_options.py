@@ -62,6 +62,7 @@ def test_named_brokers_tokens_per_broker_and_a_default_token() -> None:
         ({"maxRecordsPerPartition": "many"}, "maxRecordsPerPartition", "'many'"),
         ({"failOnDataLoss": "yes"}, "failOnDataLoss", "true or false"),
         ({"fetchRetries": "-1"}, "fetchRetries", ">= 0"),
+        ({"maxBytesPerFetch": str(128 << 20)}, "maxBytesPerFetch", "<= 67108864"),
         ({"startingOffsets": "beginning"}, "startingOffsets", "earliest, latest"),
         ({"startingOffsets": "time:yesterday"}, "startingOffsets", "'yesterday'"),
         ({"startingOffsets": '{"other": {"a": 1}}'}, "startingOffsets", "'other' is not one of"),
