@@ -115,7 +115,10 @@ def filter_covers(pattern: str, topic_filter: str) -> bool:
         if i >= len(f):
             return False
         if f[i] == "#":
-            return False  # the filter reaches deeper than a non-# pattern level
+            # The filter reaches deeper than a non-# pattern level. Only "+/#" covers a whole "#": "#"
+            # matches topics of one level or more, "+/#" too; below the root "a/#" also matches "a" itself,
+            # which "a/+/#" does not.
+            return i == 0 and level == "+" and p[1:] == ["#"]
         if level == "+":
             continue
         if f[i] == "+" or f[i] != level:
