@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import logging
 import multiprocessing as mp
 import os
 import shutil
@@ -144,6 +145,10 @@ def run(devices: int, rollout_seconds: float) -> str:
     from sinks import open_table_store
 
     workdir = Path(tempfile.mkdtemp(prefix="timestone-ota-bench-"))
+    handler = logging.FileHandler(REPO / "bench" / "results" / "ota-job.log", mode="w")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
+    logging.getLogger("pipelines").addHandler(handler)
+    logging.getLogger("pipelines").setLevel(logging.INFO)
     broker, port, offsets_port = start_broker(workdir, devices)
     ctx = mp.get_context("spawn")
     commands, answers = ctx.Queue(), ctx.Queue()

@@ -15,8 +15,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -104,6 +105,13 @@ class ActionsEngine:
                     changed += self._fan_out(action, now)
             self._write(changed, f"{app_id}/executions", batch_id)
             self._summarise([a.id for a in actions], f"{app_id}/summary", batch_id)
+            log.info(
+                "actions batch %d: %d actions, %d executions written in %.2f s",
+                batch_id,
+                len(actions),
+                len(changed),
+                (self.clock() - now) / 1000,
+            )
 
     def on_reports(self, reports: Iterable[StatusReport], app_id: str, batch_id: int) -> None:
         """Device status reports from the brokers' logs, folded into the executions."""
@@ -113,6 +121,7 @@ class ActionsEngine:
         if not by_key:
             return
         with self.lock:
+            started = self.clock()
             action_ids = sorted({action_id for action_id, _ in by_key})
             known = self._executions(action_ids)
             changed = []
@@ -122,6 +131,13 @@ class ActionsEngine:
                     changed.append(updated)
             self._write(changed, f"{app_id}/executions", batch_id)
             self._summarise(action_ids, f"{app_id}/summary", batch_id)
+            log.info(
+                "reports batch %d: %d reports, %d executions changed in %.2f s",
+                batch_id,
+                len(by_key),
+                len(changed),
+                (self.clock() - started) / 1000,
+            )
 
     def tick(self) -> None:
         """Pace rollouts, time out executions, abort actions over their failure threshold."""
@@ -146,12 +162,12 @@ class ActionsEngine:
 
     def _fan_out(self, action: Action, now: int) -> list[Execution]:
         targets = self._targets(action)
-        rows = [queued(action.id, device_id, now) for device_id in targets]
         if action.broadcast:
             self.publisher.publish(action.broadcast_topic, action.message(now))
-            rows = [replace(row, published_at=now) for row in rows]
+            rows = [queued(action.id, device_id, now, published_at=now) for device_id in targets]
             log.info("action %s broadcast on %s to %d devices", action.id, action.broadcast_topic, len(rows))
         else:
+            rows = [queued(action.id, device_id, now) for device_id in targets]
             log.info(
                 "action %s rolls out to %d devices at %d/min", action.id, len(rows), action.max_per_minute
             )
@@ -225,21 +241,21 @@ class ActionsEngine:
         """Recompute the summary of ``action_ids``; an action crossing its abort threshold is stopped."""
         actions = {a.id: a for a in self._actions(action_ids)}
         previous = self._summary_states(action_ids)
-        executions = self._executions(action_ids)
+        counted = self._state_counts(action_ids)
         now = self.clock()
         summaries, aborted = [], []
         for action_id in action_ids:
             action = actions.get(action_id)
-            rows = executions.get(action_id, {})
-            counts = state_counts([row.state for row in rows.values()])
+            counts = counted.get(action_id) or state_counts([])
             if action is None:
                 state = ACTION_IN_PROGRESS
             else:
                 state = action_state(previous.get(action_id), counts, action.cancel, action.abort)
             if state == ACTION_ABORTED and previous.get(action_id) != ACTION_ABORTED and action is not None:
-                aborted.append((action, rows))
+                aborted.append(action)
             summaries.append((action_id, counts, state))
-        for action, rows in aborted:
+        for action in aborted:
+            rows = self._executions([action.id]).get(action.id, {})
             reason = "action aborted: failure threshold reached"
             stopped = self._stop(action, rows, ACTION_ABORTED, reason, now)
             self._write(stopped, f"{app_id}/abort", batch_id)
@@ -282,6 +298,21 @@ class ActionsEngine:
         table = table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
         return dict(zip(table["action_id"].to_pylist(), table["action_state"].to_pylist(), strict=True))
 
+    def _state_counts(self, action_ids: list[str]) -> dict[str, Counter]:
+        """Executions per state of each action, counted in Arrow (no Python object per row)."""
+        table = self.store.read_arrow(EXECUTIONS)
+        table = table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
+        grouped = table.group_by(["action_id", "state"]).aggregate([("device_id", "count")])
+        out: dict[str, Counter] = {}
+        for action_id, state, count in zip(
+            grouped["action_id"].to_pylist(),
+            grouped["state"].to_pylist(),
+            grouped["device_id_count"].to_pylist(),
+            strict=True,
+        ):
+            out.setdefault(action_id, state_counts([]))[state] = count
+        return out
+
     def _executions(self, action_ids: list[str]) -> dict[str, dict[str, Execution]]:
         table = self.store.read_arrow(EXECUTIONS)
         table = table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
@@ -295,11 +326,13 @@ class ActionsEngine:
     def _write(self, rows: list[Execution], app_id: str, batch_id: int) -> None:
         if not rows:
             return
-        records = []
-        for row in rows:
-            record = asdict(row)
-            for column in TIME_COLUMNS:
-                record[column] = _ts(record[column])
-            records.append(record)
-        table = pa.Table.from_pylist(records, schema=self.store.spec(EXECUTIONS).arrow_schema)
+        schema = self.store.spec(EXECUTIONS).arrow_schema
+        columns = {}
+        for name in schema.names:
+            values = [getattr(row, name) for row in rows]
+            if name in TIME_COLUMNS:  # epoch ms → the table's timestamp type, without a datetime per value
+                columns[name] = pa.array(values, pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
+            else:
+                columns[name] = pa.array(values)
+        table = pa.table(columns).cast(schema)
         self.store.merge(EXECUTIONS, table, app_id, batch_id, update_when="s.version > t.version")

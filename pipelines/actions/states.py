@@ -71,9 +71,9 @@ class StatusReport:
     details: str = ""
 
 
-def queued(action_id: str, device_id: str, now_ms: int) -> Execution:
+def queued(action_id: str, device_id: str, now_ms: int, published_at: int | None = None) -> Execution:
     """The first row of an execution, written when the action is fanned out."""
-    return Execution(action_id, device_id, QUEUED, 1, 0, "", now_ms, now_ms)
+    return Execution(action_id, device_id, QUEUED, 1, 0, "", now_ms, now_ms, published_at)
 
 
 def apply_report(current: Execution | None, report: StatusReport) -> Execution | None:
