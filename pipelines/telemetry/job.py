@@ -122,6 +122,10 @@ class TelemetryBatch:
         for name in TABLES:
             self.store.ensure(name)
 
+    def close(self) -> None:
+        """Release the step threads (the query must be stopped)."""
+        self._pool.shutdown(wait=True)
+
     def __call__(self, records: DataFrame, out: BatchWriter) -> None:
         batch = _Batch(out, self.clock(), BatchReport(out.batch_id), self.after_step)
         bronze = T.to_bronze(records, batch.now)
@@ -308,4 +312,6 @@ def run(spark: SparkSession, section: Any, options: RunOptions) -> int:
     except StreamingQueryException as exc:
         log.error("telemetry query %s failed: %s", query.id, exc)
         return 1
+    finally:
+        batch.close()
     return 0
