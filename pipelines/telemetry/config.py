@@ -343,6 +343,12 @@ class TelemetryConfig:
         for i, name in enumerate(self.dedup.message_id_fields):
             if name not in fields:
                 raise ConfigError(f"dedup.message_id_fields[{i}]", f"{name!r} is not a payload field")
+            if name == self.payload.event_time_field:
+                raise ConfigError(
+                    f"dedup.message_id_fields[{i}]",
+                    f"{name!r} is the event time, which window_seconds already compares "
+                    "(window_seconds: 0 means the same event time exactly)",
+                )
         for i, name in enumerate(self.gold.minute_metrics):
             if fields.get(name, "").lower() not in NUMERIC_TYPES or name == self.payload.event_time_field:
                 raise ConfigError(f"gold.minute_metrics[{i}]", f"{name!r} is not a numeric payload field")

@@ -38,6 +38,7 @@ def test_empty_section_means_defaults():
         ({"payload": {"topic_template": "devices/+/telemetry"}}, "telemetry.payload.topic_template"),
         ({"payload": {"event_time_field": "time"}}, "telemetry.payload.event_time_field"),
         ({"dedup": {"message_id_fields": ["seq", "msg"]}}, "telemetry.dedup.message_id_fields[1]"),
+        ({"dedup": {"message_id_fields": ["ts"]}}, "telemetry.dedup.message_id_fields[0]"),
         ({"gold": {"minute_metrics": ["firmware"]}}, "telemetry.gold.minute_metrics[0]"),
         ({"quality": {"gx": {"engine": "dask"}}}, "telemetry.quality.gx.engine"),
         (
