@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from broker_edge.protocol.errors import InvalidTopic
+from broker_edge.protocol.topics import topic_matches, validate_topic_filter
+
 from .config import PersistRule
-from .topic_filter import topic_matches, validate_filter
 
 _NO_RULE = -1
 _CACHE_LIMIT = 65_536
+
+
+def check_filter(topic_filter: str) -> None:
+    """Raise `ValueError` unless `topic_filter` is a well-formed MQTT topic filter (MQTT 4.7)."""
+    try:
+        validate_topic_filter(topic_filter)
+    except InvalidTopic as error:
+        raise ValueError(str(error)) from error
 
 
 class PersistenceRules:
@@ -14,7 +24,7 @@ class PersistenceRules:
 
     def __init__(self, rules: list[PersistRule]) -> None:
         for rule in rules:
-            validate_filter(rule.pattern)
+            check_filter(rule.pattern)
             if not set(rule.qos) <= {0, 1, 2}:
                 raise ValueError(f"rule {rule.pattern!r}: qos must be within 0, 1, 2 (got {rule.qos})")
         self.rules = list(rules)

@@ -16,17 +16,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker_edge.protocol.topics import topic_matches
+
 from .commitlog import CommitLog, LogRecovery
 from .config import StorageConfig
 from .errors import StorageError, TooManyTopics, UnknownTopic
 from .file_pool import FileHandlePool
 from .fs_sync import syncfs_available
 from .group_commit import GroupCommitter
-from .persistence import PersistenceRules
+from .persistence import PersistenceRules, check_filter
 from .record import AppendRecord, Record
 from .segment import fsync_directory
 from .tail_cache import TailCacheBudget
-from .topic_filter import topic_matches, validate_filter
 from .topic_names import is_hashed, topic_directory_name, topic_from_directory, write_topic_file
 
 log = logging.getLogger(__name__)
@@ -247,7 +248,7 @@ class LogStore:
     def logs(self, pattern: str | None = None) -> list[LogInfo]:
         """Every log (or those whose topic matches the MQTT filter `pattern`), sorted by topic."""
         if pattern is not None:
-            validate_filter(pattern)
+            check_filter(pattern)
         return [
             _info(commit_log)
             for topic, commit_log in sorted(self._logs.items())
