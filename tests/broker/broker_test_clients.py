@@ -2,14 +2,22 @@
 
 The paho wrapper (``PahoClient``) is how a device sees the broker; the raw client (``RawClient``) speaks
 bytes through the project's codec so tests can send malformed input and read exact reason codes and flags.
+
+Neither ever reconnects on its own, and every wait has a timeout: a client that outlived its test and
+kept reconnecting could take over a later test's session (client ids repeat between tests and ports are
+reused). Every client made during a test is closed by ``close_all`` when the test ends (the broker fixture
+calls it before stopping the broker).
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import socket
+import ssl
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -17,13 +25,45 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
 from broker_edge.protocol.codec import PacketDecoder, encode
-from broker_edge.protocol.packets import MQTT_5, Connect, Subscribe, Subscription
+from broker_edge.protocol.packets import Connect, Subscribe, Subscription
 
 TIMEOUT = 5.0
 
+_open_clients: list[PahoClient | RawClient] = []
+_open_lock = threading.Lock()
+
+
+def _track(client: PahoClient | RawClient) -> None:
+    with _open_lock:
+        _open_clients.append(client)
+
+
+def close_all() -> None:
+    """Close every client made since the last call (called when a test ends)."""
+    with _open_lock:
+        clients = list(_open_clients)
+        _open_clients.clear()
+    for client in clients:
+        with contextlib.suppress(OSError):
+            client.close()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = TIMEOUT) -> bool:
+    """Poll ``condition()`` until it holds (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
 
 class PahoClient:
-    """A connected paho client; ``messages`` is a queue of received ``MQTTMessage`` objects."""
+    """A connected paho client; ``messages`` is a queue of received ``MQTTMessage`` objects.
+
+    ``transport="websockets"`` with ``ws_path`` speaks MQTT over WebSocket; ``tls_context`` wraps the
+    connection in TLS. ``connect_properties`` are extra v5 CONNECT properties (paho attribute names).
+    """
 
     def __init__(
         self,
@@ -38,17 +78,31 @@ class PahoClient:
         will_delay: int | None = None,
         connect: bool = True,
         keepalive: int = 60,
+        transport: str = "tcp",
+        ws_path: str = "/mqtt",
+        tls_context: ssl.SSLContext | None = None,
+        connect_properties: dict[str, Any] | None = None,
     ) -> None:
         protocol = {5: mqtt.MQTTv5, 4: mqtt.MQTTv311, 3: mqtt.MQTTv31}[version]
-        kwargs: dict[str, Any] = {"client_id": client_id, "protocol": protocol}
+        kwargs: dict[str, Any] = {
+            "client_id": client_id,
+            "protocol": protocol,
+            "transport": transport,
+            "reconnect_on_failure": False,
+        }
         if version != 5:
             kwargs["clean_session"] = clean
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, **kwargs)
+        if transport == "websockets":
+            self.client.ws_set_options(path=ws_path)
+        if tls_context is not None:
+            self.client.tls_set_context(tls_context)
         self.version = version
         self.port = port
         self.clean = clean
         self.session_expiry = session_expiry
         self.keepalive = keepalive
+        self.connect_properties = connect_properties or {}
         self.messages: queue.Queue = queue.Queue()
         self.connack: queue.Queue = queue.Queue()
         self.disconnects: queue.Queue = queue.Queue()
@@ -65,22 +119,28 @@ class PahoClient:
                 will_props = PahoProperties(PacketTypes.WILLMESSAGE)
                 will_props.WillDelayInterval = will_delay
             self.client.will_set(will[0], will[1], will[2], will[3], properties=will_props)
+        _track(self)
         if connect:
             self.connect()
 
     def connect(self) -> Any:
         """Connect and wait for CONNACK; returns (flags, reason code, properties)."""
-        props = None
         kwargs: dict[str, Any] = {"keepalive": self.keepalive}
         if self.version == 5:
             props = PahoProperties(PacketTypes.CONNECT)
             if self.session_expiry is not None:
                 props.SessionExpiryInterval = self.session_expiry
+            for name, value in self.connect_properties.items():
+                setattr(props, name, value)
             kwargs["clean_start"] = self.clean
             kwargs["properties"] = props
         self.client.connect("127.0.0.1", self.port, **kwargs)
         self.client.loop_start()
-        result = self.connack.get(timeout=TIMEOUT)
+        try:
+            result = self.connack.get(timeout=TIMEOUT)
+        except queue.Empty:
+            self.close()
+            raise TimeoutError("no CONNACK from the broker") from None
         self.connack_result = result
         return result
 
@@ -98,9 +158,11 @@ class PahoClient:
         return [c.value if hasattr(c, "value") else c for c in codes]
 
     def publish(self, topic: str, payload: bytes | str, qos: int = 0, retain: bool = False, **kwargs: Any):
+        """Publish; QoS 1/2 publishes wait for the broker's acknowledgement."""
         info = self.client.publish(topic, payload, qos, retain, **kwargs)
         if qos:
             info.wait_for_publish(TIMEOUT)
+            assert info.is_published(), f"no acknowledgement for {topic}"
         return info
 
     def expect(self, count: int = 1, timeout: float = TIMEOUT) -> list:
@@ -116,26 +178,44 @@ class PahoClient:
         raise AssertionError(f"unexpected message on {message.topic}: {message.payload!r}")
 
     def disconnect(self) -> None:
+        """Send DISCONNECT and wait until paho has written it and closed the socket."""
         self.client.disconnect()
-        self.client.loop_stop()
+        try:
+            self.disconnects.get(timeout=TIMEOUT)
+        finally:
+            self.client.loop_stop()
 
     def kill(self) -> None:
-        """Drop the TCP connection without DISCONNECT (as a device losing power would)."""
-        self.client.loop_stop()
+        """Drop the TCP connection without DISCONNECT (as a device losing power would).
+
+        The socket is shut down before the network thread is stopped: paho's ``loop_stop`` otherwise waits
+        for unacknowledged QoS 1/2 publishes, which a test may have made on purpose.
+        """
         sock = self.client.socket()
+        raw = getattr(sock, "_socket", sock)  # a WebSocket wrapper holds the socket
+        if raw is not None:
+            with contextlib.suppress(OSError):
+                raw.shutdown(socket.SHUT_RDWR)
+        self.client.loop_stop()
         if sock is not None:
-            sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+
+    def close(self) -> None:
+        """Stop the network thread and drop the socket, whatever state the client is in."""
+        self.kill()
 
 
 class RawClient:
     """MQTT over a plain socket, bytes through the project's codec, for malformed input and exact checks."""
 
-    def __init__(self, port: int, version: int = 5) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+    def __init__(self, port: int, version: int = 5, sock: socket.socket | None = None) -> None:
+        self.sock = (
+            sock if sock is not None else socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+        )
         self.version = version
         self.decoder = PacketDecoder(role="client", protocol_version=version)
         self.pending: list = []
+        _track(self)
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -162,12 +242,20 @@ class RawClient:
             self.sock.settimeout(remaining)
             try:
                 data = self.sock.recv(65536)
-            except ConnectionResetError:
+            except (ConnectionResetError, ssl.SSLError):
                 data = b""
             if not data:
                 return None
             self.pending.extend(self.decoder.feed(data))
         return self.pending.pop(0)
+
+    def recv_none(self, timeout: float = 0.3) -> None:
+        """Assert that no packet arrives within ``timeout`` (after an event proved traffic flows)."""
+        try:
+            packet = self.recv(timeout)
+        except TimeoutError:
+            return
+        raise AssertionError(f"unexpected packet {packet!r}")
 
     def closed(self, timeout: float = TIMEOUT) -> bool:
         """True once the broker closed the connection (packets before that are skipped)."""
@@ -182,23 +270,3 @@ class RawClient:
 
     def close(self) -> None:
         self.sock.close()
-
-
-def v5(version: int) -> bool:
-    return version == MQTT_5
-
-
-class Waiter:
-    """A threading.Event with a payload, for callbacks."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.value: Any = None
-
-    def set(self, value: Any = None) -> None:
-        self.value = value
-        self.event.set()
-
-    def wait(self, timeout: float = TIMEOUT) -> Any:
-        assert self.event.wait(timeout), "timed out"
-        return self.value

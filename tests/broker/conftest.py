@@ -21,6 +21,7 @@ import uvloop
 from broker_edge.config import load_dataclass
 from broker_edge.config.broker import BrokerConfig
 from broker_edge.server import Broker
+from tests.broker.broker_test_clients import close_all
 
 
 class RunningBroker:
@@ -76,18 +77,31 @@ class RunningBroker:
         self.loop.call_soon_threadsafe(run)
         return future.result(timeout=timeout)
 
-    def drops(self, reason: str) -> int:
-        return self.call(lambda: self.broker.drops(reason))
+    def metric(self, name: str, **labels: str) -> float:
+        """A sample of the broker's Prometheus registry (counters flushed first); 0 when absent."""
 
-    def refused(self, reason: str) -> int:
-        def read() -> int:
+        def read() -> float:
             self.broker.flush_stats()
-            value = self.broker.metrics.registry.get_sample_value(
-                "timestone_broker_connections_refused_total", {"reason": reason}
-            )
-            return int(value or 0)
+            return self.broker.metrics.registry.get_sample_value(name, labels) or 0.0
 
         return self.call(read)
+
+    def drops(self, reason: str) -> int:
+        return int(self.metric("timestone_broker_messages_dropped_total", reason=reason))
+
+    def refused(self, reason: str) -> int:
+        return int(self.metric("timestone_broker_connections_refused_total", reason=reason))
+
+    def disconnects(self, reason: str) -> int:
+        return int(self.metric("timestone_broker_disconnects_total", reason=reason))
+
+    def connected(self, client_id: str) -> bool:
+        """Whether a connection of ``client_id`` is open on the broker."""
+        return self.call(lambda: any(c.client_id == client_id for c in self.broker.connections))
+
+    def connection(self, client_id: str) -> Any:
+        """The broker's ``Connection`` of ``client_id`` (touch it only through ``call``)."""
+        return self.call(lambda: next(c for c in self.broker.connections if c.client_id == client_id))
 
 
 def broker_config(tmp_path: Path | None = None, **sections: Any) -> BrokerConfig:
@@ -121,6 +135,7 @@ def start_broker(tmp_path: Path) -> Iterator[Callable[..., RunningBroker]]:
         return broker
 
     yield start
+    close_all()  # clients first: none may outlive the test (or reconnect into a later one)
     for broker in running:
         broker.stop()
 
