@@ -2,8 +2,14 @@
 
 A ``Connection`` is transport-agnostic: ``transports.tcp`` makes it the ``asyncio.Protocol`` of a TCP or TLS
 socket, ``transports.websocket`` feeds it WebSocket messages. It owns what belongs to the network connection
-(protocol version, keepalive, the will, topic aliases, the incoming receive-maximum count, the rate limiter)
-and writes for its ``Session``, which owns what survives a reconnect.
+(protocol version, keepalive, the will, topic aliases both ways, the incoming receive-maximum count, the rate
+limiter) and writes for its ``Session``, which owns what survives a reconnect.
+
+Outgoing topic aliases (MQTT 5, 3.3.2.3.4): when the client's CONNECT allows them (Topic Alias Maximum > 0)
+and the broker's ``mqtt.outgoing_topic_aliases`` is not 0, every topic sent gets an alias, the least recently
+used one being reassigned when all are taken. The first PUBLISH of a topic carries the name and the alias,
+the following ones only the alias; both forms are shared encodings (``Message.template``), so fanout still
+encodes once per variant.
 
 Writes are batched: packets produced while handling one read (or one fanout) are collected in ``_out`` and
 handed to the transport with one ``writelines`` at the end of the loop iteration (``Broker.schedule_flush``),
@@ -36,6 +42,7 @@ from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
 
 if TYPE_CHECKING:
     from broker_edge.limits import TokenBucket
+    from broker_edge.protocol.codec import PublishTemplate
     from broker_edge.protocol.packets import Will
     from broker_edge.server import Broker, ListenerRuntime
     from broker_edge.session import Session
@@ -53,7 +60,9 @@ class Connection(asyncio.Protocol):
 
     __slots__ = (
         "_out",
+        "alias_max_out",
         "aliases_in",
+        "aliases_out",
         "backlog",
         "broker",
         "bucket",
@@ -97,6 +106,9 @@ class Connection(asyncio.Protocol):
         self.send_quota = broker.config.limits.max_inflight_out
         self.max_packet_out = NO_LIMIT
         self.aliases_in: dict[int, str] | None = None
+        self.aliases_out: dict[str, int] | None = None
+        """Topic → alias sent to this client, least recently used first (None: no outgoing aliases)."""
+        self.alias_max_out = 0
         self.incoming_pending = 0
         self.bucket: TokenBucket | None = None
         self.throttled = False
@@ -123,16 +135,26 @@ class Connection(asyncio.Protocol):
         try:
             packets = self.decoder.feed(data)
         except MQTTError as error:
-            for packet in error.packets_before:
+            if self._dispatch_all(error.packets_before):
+                self.protocol_error(error)
+            return
+        self._dispatch_all(packets)
+
+    def _dispatch_all(self, packets: list) -> bool:
+        """Handle ``packets`` in order; False once the connection is closed.
+
+        A handler that raises is a broker bug: it is logged and closes only this connection (0x83).
+        """
+        try:
+            for packet in packets:
                 self._dispatch(packet)
                 if self.state == CLOSED:
-                    return
-            self.protocol_error(error)
-            return
-        for packet in packets:
-            self._dispatch(packet)
-            if self.state == CLOSED:
-                return
+                    return False
+        except Exception:
+            self.log().exception("internal error while handling a packet, closing the connection")
+            self.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "internal error")
+            return False
+        return True
 
     def _dispatch(self, packet: Any) -> None:
         if self.state == AUTHENTICATING:
@@ -163,11 +185,16 @@ class Connection(asyncio.Protocol):
         self.transport = None
 
     def pause_writing(self) -> None:
-        """The transport's buffer passed ``limits.outgoing_buffer_bytes``: this subscriber is slow."""
+        """The transport's buffer passed ``limits.outgoing_buffer_bytes``: this subscriber is slow.
+
+        Policy ``drop_qos0``: its QoS 0 messages are dropped (counted per message) and QoS 1/2 wait in the
+        session until the buffer drains; ``disconnect``: the connection is dropped at once (counted as a
+        ``slow_subscriber`` disconnect). Either way nothing waits for it.
+        """
         self.paused = True
-        self.broker.count_drop("slow_subscriber_events")
-        if self.broker.config.limits.slow_subscriber_policy == "disconnect":
+        if self.broker.config.limits.slow_subscriber_policy == "disconnect" and self.state != CLOSED:
             self.log().warning("slow subscriber disconnected (outgoing buffer full)")
+            self.broker.count_disconnect("slow_subscriber")
             self.broker.loop.call_soon(self.abort)
 
     def resume_writing(self) -> None:
@@ -219,7 +246,12 @@ class Connection(asyncio.Protocol):
         if qos == 0 and self.paused:
             self.broker.count_drop("slow_subscriber")
             return False
-        template = message.template(self.v5, qos, retain, subscription_ids)
+        if self.aliases_out is None:
+            template = message.template(self.v5, qos, retain, subscription_ids)
+        else:
+            template = self._aliased_template(message, qos, retain, subscription_ids)
+            if template is None:
+                return False
         head = template.head
         if qos == 0:
             if len(head) > self.max_packet_out:
@@ -252,6 +284,32 @@ class Connection(asyncio.Protocol):
         self.listener.stats.sent[qos] += 1
         return True
 
+    def _aliased_template(
+        self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]
+    ) -> PublishTemplate | None:
+        """The v5 PUBLISH with this connection's alias for the topic (LRU); None if too large to send.
+
+        A topic without an alias gets the next free one, or the least recently used topic's; the alias is
+        recorded only once the PUBLISH that sets it is certain to be written.
+        """
+        aliases: dict[str, int] = self.aliases_out  # type: ignore[assignment]
+        topic = message.topic
+        alias = aliases.get(topic)
+        if alias is not None:
+            del aliases[topic]  # most recently used last
+            aliases[topic] = alias
+            return message.template(True, qos, retain, subscription_ids, alias, True)
+        full = len(aliases) >= self.alias_max_out
+        alias = next(iter(aliases.values())) if full else len(aliases) + 1
+        template = message.template(True, qos, retain, subscription_ids, alias, False)
+        if len(template.head) + (len(template.tail) + 2 if qos else 0) > self.max_packet_out:
+            self.broker.count_drop("too_large")
+            return None
+        if full:
+            del aliases[next(iter(aliases))]
+        aliases[topic] = alias
+        return template
+
     def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None:
         self.write(encode(PubRel(packet_id, reason_code), self.version))
 
@@ -267,12 +325,21 @@ class Connection(asyncio.Protocol):
     # -- closing ------------------------------------------------------------------------------------------
 
     def close(self, reason_code: int | None = None, reason_string: str | None = None) -> None:
-        """Close after writing what is pending; a v5 client first gets DISCONNECT with ``reason_code``."""
+        """Close after writing what is pending; a v5 client first gets DISCONNECT with ``reason_code``.
+
+        The reason string is left out when it would make the DISCONNECT larger than the client accepts.
+        An error code (0x80 and above) counts as a disconnect by the broker, by reason.
+        """
         if self.state == CLOSED:
             return
-        if reason_code is not None and self.v5 and self.state == CONNECTED:
-            props = Properties(reason_string=reason_string) if reason_string else None
-            self.write(encode(Disconnect(reason_code, props), MQTT_5))
+        if reason_code is not None and self.state == CONNECTED:
+            if reason_code >= 0x80:
+                self.broker.count_disconnect(ReasonCode(reason_code).name.lower())
+            if self.v5:
+                frame = encode(Disconnect(reason_code, Properties(reason_string=reason_string)), MQTT_5)
+                if not reason_string or len(frame) > self.max_packet_out:
+                    frame = encode(Disconnect(reason_code), MQTT_5)
+                self.write(frame)
         self.flush()
         transport = self.transport
         if transport is not None:
@@ -322,12 +389,13 @@ class Connection(asyncio.Protocol):
                     else:
                         session.will = will
                         session.will_at = self.broker.loop.time() + self.will_delay
-        self.close(ReasonCode.SESSION_TAKEN_OVER)
+        self.close(ReasonCode.SESSION_TAKEN_OVER, "another connection took over this client id")
 
     def _refuse_admission(self, packet: Any) -> None:
         """Refused for rate: a v5 client learns why from CONNACK 0x9F; a v3 client is just closed."""
         if getattr(packet, "protocol_version", 0) == MQTT_5:
-            self.write(encode(ConnAck(False, ReasonCode.CONNECTION_RATE_EXCEEDED), MQTT_5))
+            props = Properties(reason_string="connection rate exceeded, retry later")
+            self.write(encode(ConnAck(False, ReasonCode.CONNECTION_RATE_EXCEEDED, props), MQTT_5))
         self.flush()
         self.state = CLOSED
         if self.transport is not None:
@@ -344,7 +412,7 @@ class Connection(asyncio.Protocol):
                     self.deadline = now + self.keepalive * 1.5
             elif self.keepalive and now >= self.deadline:
                 self.log().info("keep alive timeout (%d s)", self.keepalive)
-                self.close(ReasonCode.KEEP_ALIVE_TIMEOUT)
+                self.close(ReasonCode.KEEP_ALIVE_TIMEOUT, "no packet within 1.5 times the keep alive")
         elif state == NEW and now >= self.deadline:
             self.broker.count_refused("connect_timeout")
             self.log().info("no CONNECT within %.1f s", self.broker.config.limits.connect_timeout_s)
@@ -357,7 +425,7 @@ class Connection(asyncio.Protocol):
         if self.throttled or self.bucket is None:
             return
         self.throttled = True
-        self.broker.count_drop("rate_limited")
+        self.broker.throttled += 1
         self.transport.pause_reading()
         delay = self.bucket.seconds_until(now)
         self.broker.loop.call_later(min(max(delay, 0.001), 60.0), self._unthrottle)

@@ -1,10 +1,11 @@
 """The routed message and its outgoing encodings, computed once and shared by every subscriber.
 
 A PUBLISH fanned out to N subscribers is encoded once per distinct variant — protocol family (v3 / v5),
-QoS, RETAIN flag, v5 subscription identifiers and remaining message expiry — and the resulting bytes are
-handed to every subscriber of that variant: QoS 0 subscribers all write the same ``bytes`` object, QoS 1/2
-subscribers write ``head + packet id + tail``. Logged messages carry their log offset to v5 subscribers as the
-user property ``offset``; that is part of the shared encoding, not a per-subscriber cost.
+QoS, RETAIN flag, v5 subscription identifiers, remaining message expiry and the v5 topic alias the connection
+uses for the topic (with the topic name when it sets the alias, without when it uses it) — and the resulting
+bytes are handed to every subscriber of that variant: QoS 0 subscribers all write the same ``bytes`` object,
+QoS 1/2 subscribers write ``head + packet id + tail``. Logged messages carry their log offset to v5
+subscribers as the user property ``offset``; that is part of the shared encoding, not a per-subscriber cost.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from broker_edge.protocol.codec import PublishTemplate, encode_publish_template
 from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5
 from broker_edge.protocol.properties import Properties
 
-__all__ = ["Message", "forwarded_properties", "frame_size"]
+__all__ = ["Message", "forwarded_properties"]
 
 
 class Message:
@@ -70,14 +71,24 @@ class Message:
         return (time.monotonic() if now is None else now) >= self.expires_at
 
     def template(
-        self, v5: bool, qos: int, retain: bool, subscription_ids: tuple[int, ...] = ()
+        self,
+        v5: bool,
+        qos: int,
+        retain: bool,
+        subscription_ids: tuple[int, ...] = (),
+        alias: int = 0,
+        alias_only: bool = False,
     ) -> PublishTemplate:
-        """The encoded PUBLISH of one delivery variant, the same object for every subscriber of it."""
+        """The encoded PUBLISH of one delivery variant, the same object for every subscriber of it.
+
+        ``alias`` (v5) adds the Topic Alias property: with the topic name to set it, or with an empty topic
+        name when ``alias_only`` (the connection has set it before).
+        """
         expiry = None
         if self.expires_at is not None and v5:
             expiry = max(1, math.ceil(self.expires_at - time.monotonic()))
-        if subscription_ids or expiry is not None:
-            key: object = (v5, qos, retain, subscription_ids, expiry)
+        if subscription_ids or expiry is not None or alias:
+            key: object = (v5, qos, retain, subscription_ids, expiry, alias, alias_only)
         else:
             key = (v5 << 3) | (qos << 1) | retain
         cache = self._cache
@@ -87,9 +98,9 @@ class Message:
             found = cache.get(key)
             if found is not None:
                 return found
-        properties = self._delivery_properties(subscription_ids, expiry) if v5 else None
+        properties = self._delivery_properties(subscription_ids, expiry, alias) if v5 else None
         found = cache[key] = encode_publish_template(
-            self.topic,
+            "" if alias_only else self.topic,
             self.payload,
             MQTT_5 if v5 else MQTT_3_1_1,
             qos=qos,
@@ -99,10 +110,10 @@ class Message:
         return found
 
     def _delivery_properties(
-        self, subscription_ids: tuple[int, ...], expiry: int | None
+        self, subscription_ids: tuple[int, ...], expiry: int | None, alias: int
     ) -> Properties | None:
         base = self.properties
-        if self.offset is None and not subscription_ids and expiry is None:
+        if self.offset is None and not subscription_ids and expiry is None and not alias:
             return base
         props = copy.copy(base) if base is not None else Properties()
         props.user_properties = list(props.user_properties)
@@ -110,12 +121,8 @@ class Message:
             props.user_properties.append(("offset", str(self.offset)))
         props.subscription_identifiers = list(subscription_ids)
         props.message_expiry_interval = expiry
+        props.topic_alias = alias or None
         return props
-
-
-def frame_size(template: PublishTemplate) -> int:
-    """Bytes on the wire of one delivery of ``template`` (for the client's Maximum Packet Size)."""
-    return len(template.head) + 2 + len(template.tail) if template.qos else len(template.head)
 
 
 def forwarded_properties(props: Properties | None) -> tuple[Properties | None, int | None]:

@@ -112,12 +112,15 @@ class MqttConfig:
 
     topic_alias_maximum: int = 64
     """Topic aliases a client may use towards the broker (advertised in CONNACK; 0 = none)."""
+    outgoing_topic_aliases: int = 64
+    """Topic aliases the broker assigns per connection towards a client (at most the client's own Topic
+    Alias Maximum; least recently used reassigned first); 0 = always send topic names."""
 
     def __post_init__(self) -> None:
-        if not 0 <= self.topic_alias_maximum <= 0xFFFF:
-            raise ConfigError(
-                "topic_alias_maximum", f"must be between 0 and 65535, got {self.topic_alias_maximum}"
-            )
+        for name in ("topic_alias_maximum", "outgoing_topic_aliases"):
+            value = getattr(self, name)
+            if not 0 <= value <= 0xFFFF:
+                raise ConfigError(name, f"must be between 0 and 65535, got {value}")
 
 
 @dataclass(slots=True)

@@ -35,22 +35,25 @@ def handle_connect(conn: Connection, packet: Connect) -> None:
     limits = broker.config.limits
     conn.version = packet.protocol_version
     conn.v5 = v5 = packet.protocol_version == MQTT_5
+    props = packet.properties
+    if props is not None and props.maximum_packet_size is not None:
+        conn.max_packet_out = props.maximum_packet_size  # bounds the CONNACK too (3.1.2.11.4)
     client_id = packet.client_id
+    conn.client_id = client_id[: limits.max_client_id_length]  # for the log lines of a refusal
     assigned = False
     if len(client_id) > limits.max_client_id_length or len(client_id.encode()) > limits.max_client_id_length:
-        _refuse(conn, _RC.CLIENT_IDENTIFIER_NOT_VALID, _V3.IDENTIFIER_REJECTED, "client_id_invalid")
+        _refuse(conn, "client_id_invalid")
         return
     if not client_id:
         if not v5 and not packet.clean_start:
             # MQTT 3.1.1 3.1.3-8: a zero-byte client id needs clean session 1.
-            _refuse(conn, _RC.CLIENT_IDENTIFIER_NOT_VALID, _V3.IDENTIFIER_REJECTED, "client_id_invalid")
+            _refuse(conn, "client_id_invalid")
             return
         client_id = "auto-" + secrets.token_hex(8)
         assigned = True
     conn.client_id = client_id
-    props = packet.properties
     if props is not None and props.authentication_method is not None:
-        _refuse(conn, _RC.BAD_AUTHENTICATION_METHOD, _V3.NOT_AUTHORIZED, "bad_auth_method")
+        _refuse(conn, "bad_auth_method")
         return
 
     username = packet.username
@@ -60,7 +63,7 @@ def handle_connect(conn: Connection, packet: Connect) -> None:
         return
     if username is None:
         if not conn.listener.allow_anonymous:
-            _refuse(conn, _RC.NOT_AUTHORIZED, _V3.NOT_AUTHORIZED, "anonymous")
+            _refuse(conn, "anonymous")
             return
         _accept(conn, packet, client_id, assigned, None)
         return
@@ -69,7 +72,7 @@ def handle_connect(conn: Connection, packet: Connect) -> None:
         if conn.listener.allow_anonymous:  # no password file: a username is only a label
             _accept(conn, packet, client_id, assigned, username)
         else:
-            _refuse(conn, _RC.BAD_USER_NAME_OR_PASSWORD, _V3.BAD_USERNAME_OR_PASSWORD, "bad_credentials")
+            _refuse(conn, "bad_credentials")
         return
     conn.state = AUTHENTICATING
     conn.transport.pause_reading()
@@ -87,7 +90,7 @@ def _after_password(
         conn.transport.resume_reading()
     ok = not done.cancelled() and done.exception() is None and done.result()
     if not ok:
-        _refuse(conn, _RC.BAD_USER_NAME_OR_PASSWORD, _V3.BAD_USERNAME_OR_PASSWORD, "bad_credentials")
+        _refuse(conn, "bad_credentials")
         return
     _accept(conn, packet, client_id, assigned, username)
     backlog, conn.backlog = conn.backlog, None
@@ -97,10 +100,40 @@ def _after_password(
         conn._dispatch(queued)
 
 
-def _refuse(conn: Connection, v5_code: int, v3_code: int, reason: str) -> None:
+_REFUSALS: dict[str, tuple[int, int, str]] = {
+    "client_id_invalid": (
+        _RC.CLIENT_IDENTIFIER_NOT_VALID,
+        _V3.IDENTIFIER_REJECTED,
+        "client identifier too long, or empty without a clean session",
+    ),
+    "bad_auth_method": (
+        _RC.BAD_AUTHENTICATION_METHOD,
+        _V3.NOT_AUTHORIZED,
+        "enhanced authentication not offered",
+    ),
+    "anonymous": (_RC.NOT_AUTHORIZED, _V3.NOT_AUTHORIZED, "this listener requires a user name"),
+    "bad_credentials": (
+        _RC.BAD_USER_NAME_OR_PASSWORD,
+        _V3.BAD_USERNAME_OR_PASSWORD,
+        "bad user name or password",
+    ),
+    "not_authorized": (_RC.NOT_AUTHORIZED, _V3.NOT_AUTHORIZED, "will topic not allowed"),
+    "retain_not_supported": (_RC.RETAIN_NOT_SUPPORTED, _V3.NOT_AUTHORIZED, "retained messages are disabled"),
+}
+"""Refusal (``reason`` label of ``connections_refused_total``) → v5 code, v3 return code, reason string."""
+
+
+def _refuse(conn: Connection, reason: str) -> None:
+    """CONNACK with the refusal's code (v5: and its reason string, if the client accepts that size), close."""
+    v5_code, v3_code, text = _REFUSALS[reason]
     conn.broker.count_refused(reason)
     conn.log().info("connection refused: %s", reason)
-    conn.write(encode(ConnAck(False, v5_code if conn.v5 else v3_code), conn.version))
+    frame = encode(ConnAck(False, v3_code), conn.version)
+    if conn.v5:
+        frame = encode(ConnAck(False, v5_code, Properties(reason_string=text)), MQTT_5)
+        if len(frame) > conn.max_packet_out:
+            frame = encode(ConnAck(False, v5_code), MQTT_5)
+    conn.write(frame)
     conn.flush()
     conn.state = CLOSED
     if conn.transport is not None:
@@ -115,11 +148,13 @@ def _accept(conn: Connection, packet: Connect, client_id: str, assigned: bool, u
     props = packet.properties
     will = packet.will
     if will is not None:
-        if broker.acl is not None and not broker.acl.can_publish(client_id, username, will.topic):
-            _refuse(conn, _RC.NOT_AUTHORIZED, _V3.NOT_AUTHORIZED, "not_authorized")
+        if will.topic.startswith("$") or (
+            broker.acl is not None and not broker.acl.can_publish(client_id, username, will.topic)
+        ):
+            _refuse(conn, "not_authorized")  # clients never publish to $ topics, not even by will
             return
         if will.retain and not config.retain.enabled:
-            _refuse(conn, _RC.RETAIN_NOT_SUPPORTED, _V3.NOT_AUTHORIZED, "retain_not_supported")
+            _refuse(conn, "retain_not_supported")
             return
 
     max_expiry = config.sessions.max_session_expiry_s
@@ -151,8 +186,10 @@ def _accept(conn: Connection, packet: Connect, client_id: str, assigned: bool, u
         if props is not None:
             if props.receive_maximum is not None:
                 conn.send_quota = min(props.receive_maximum, limits.max_inflight_out)
-            if props.maximum_packet_size is not None:
-                conn.max_packet_out = props.maximum_packet_size
+            aliases_out = min(props.topic_alias_maximum or 0, config.mqtt.outgoing_topic_aliases)
+            if aliases_out:
+                conn.alias_max_out = aliases_out
+                conn.aliases_out = {}
         ack.receive_maximum = limits.receive_maximum  # type: ignore[union-attr]
         ack.maximum_packet_size = limits.max_packet_size  # type: ignore[union-attr]
         if config.mqtt.topic_alias_maximum:

@@ -123,20 +123,6 @@ def test_v5_no_matching_subscribers_reason_code(broker):
     assert (ack.packet_id, ack.reason_code) == (5, 0x10)
 
 
-def test_topic_alias_from_client(broker):
-    sub = PahoClient(broker.port, "sub")
-    sub.subscribe("long/topic/name", 0)
-    raw = RawClient(broker.port, 5)
-    connack = raw.connect("aliaser")
-    assert connack.properties.topic_alias_maximum >= 1
-    raw.send_packet(Publish("long/topic/name", b"one", properties=Properties(topic_alias=1)))
-    raw.send_packet(Publish("", b"two", properties=Properties(topic_alias=1)))
-    assert [(m.topic, m.payload) for m in sub.expect(2)] == [
-        ("long/topic/name", b"one"),
-        ("long/topic/name", b"two"),
-    ]
-
-
 def test_unsubscribe(broker):
     sub = PahoClient(broker.port, "sub")
     sub.subscribe("a", 0)
