@@ -13,9 +13,21 @@ from typing import Literal
 
 from broker_edge.config import ConfigError
 
-__all__ = ["ConnectionAdmission", "LimitsConfig", "TokenBucket"]
+__all__ = ["ConnectionAdmission", "LimitsConfig", "TokenBucket", "topic_over_limits"]
 
 MQTT_MAX_PACKET_SIZE = 268_435_455  # largest Remaining Length plus fixed header the protocol can express
+
+
+def topic_over_limits(topic: str, max_length: int, max_levels: int) -> bool:
+    """Whether a topic name or filter is longer (UTF-8 bytes) or deeper (levels) than the broker allows.
+
+    Cheap for the common case: a topic of n characters has between n and 4n UTF-8 bytes, so it is encoded
+    only when that range straddles the bound.
+    """
+    length = len(topic)
+    if length > max_length or (length * 4 > max_length and len(topic.encode()) > max_length):
+        return True
+    return topic.count("/") >= max_levels
 
 
 class TokenBucket:

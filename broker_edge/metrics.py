@@ -13,7 +13,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics import MetricWrapperBase
 
-__all__ = ["DROP_REASONS", "REFUSAL_REASONS", "BrokerMetrics", "ListenerMetrics"]
+__all__ = ["DISCONNECT_REASONS", "DROP_REASONS", "REFUSAL_REASONS", "BrokerMetrics", "ListenerMetrics"]
 
 PREFIX = "timestone_broker"
 
@@ -23,7 +23,6 @@ DROP_REASONS = (
     "expired",
     "acl_denied",
     "too_large",
-    "rate_limited",
     "no_subscribers",
 )
 """Reasons pre-bound at start so they show (as 0) before the first drop; other reasons are allowed too."""
@@ -40,6 +39,10 @@ REFUSAL_REASONS = (
     "tls_error",
 )
 """Connection refusal reasons pre-bound at start; others are allowed."""
+
+DISCONNECT_REASONS = ("slow_subscriber", "keep_alive_timeout", "protocol_error", "session_taken_over")
+"""Reasons the broker closes a connected client, pre-bound at start: ``slow_subscriber`` or the lowercased
+name of the v5 reason code of the DISCONNECT (sent to v5 clients; v3 clients are just closed)."""
 
 
 class ListenerMetrics:
@@ -94,6 +97,12 @@ class BrokerMetrics:
         self.connections_refused_total = Counter(
             f"{PREFIX}_connections_refused", "Connections refused, by reason.", ["reason"], registry=r
         )
+        self.disconnects_total = Counter(
+            f"{PREFIX}_disconnects",
+            "Connected clients the broker disconnected, by reason.",
+            ["reason"],
+            registry=r,
+        )
         self.messages_received_total = Counter(
             f"{PREFIX}_messages_received",
             "PUBLISH packets received from clients.",
@@ -133,10 +142,15 @@ class BrokerMetrics:
         self.sessions_online = self.sessions.labels(state="online")
         self.sessions_offline = self.sessions.labels(state="offline")
         self._listeners: dict[str, ListenerMetrics] = {}
-        self._dropped = {reason: self.messages_dropped_total.labels(reason=reason) for reason in DROP_REASONS}
-        self._refused = {
-            reason: self.connections_refused_total.labels(reason=reason) for reason in REFUSAL_REASONS
-        }
+        self._dropped: dict[str, Counter] = {}
+        self._refused: dict[str, Counter] = {}
+        self._disconnected: dict[str, Counter] = {}
+        for reason in DROP_REASONS:
+            self.dropped(reason)
+        for reason in REFUSAL_REASONS:
+            self.refused(reason)
+        for reason in DISCONNECT_REASONS:
+            self.disconnected(reason)
 
     def for_listener(self, name: str) -> ListenerMetrics:
         """The bound counters of listener ``name`` (created on first use, then the same object)."""
@@ -147,17 +161,15 @@ class BrokerMetrics:
 
     def dropped(self, reason: str) -> Counter:
         """The ``messages_dropped_total`` child for ``reason``; call ``.inc()`` on it."""
-        child = self._dropped.get(reason)
-        if child is None:
-            child = self._dropped[reason] = self.messages_dropped_total.labels(reason=reason)
-        return child
+        return _child(self._dropped, self.messages_dropped_total, reason)
 
     def refused(self, reason: str) -> Counter:
         """The ``connections_refused_total`` child for ``reason`` (see ``ConnectionAdmission.admit``)."""
-        child = self._refused.get(reason)
-        if child is None:
-            child = self._refused[reason] = self.connections_refused_total.labels(reason=reason)
-        return child
+        return _child(self._refused, self.connections_refused_total, reason)
+
+    def disconnected(self, reason: str) -> Counter:
+        """The ``disconnects_total`` child for ``reason``; call ``.inc()`` on it."""
+        return _child(self._disconnected, self.disconnects_total, reason)
 
     def snapshot(self) -> dict[str, float]:
         """Key figures, summed over labels, for ``$SYS`` topics and the health endpoint.
@@ -183,6 +195,14 @@ class BrokerMetrics:
             "log_appends": _sum(self.log_appends_total),
             "log_bytes": _sum(self.log_bytes_total),
         }
+
+
+def _child(cache: dict[str, Counter], family: Counter, reason: str) -> Counter:
+    """The child of ``family`` labelled ``reason``, created once and kept in ``cache``."""
+    child = cache.get(reason)
+    if child is None:
+        child = cache[reason] = family.labels(reason=reason)
+    return child
 
 
 def _sum(metric: MetricWrapperBase, **labels: str) -> float:

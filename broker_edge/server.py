@@ -130,6 +130,9 @@ class Broker:
         self._flush_scheduled = False
         self._drops: dict[str, int] = {}
         self._refused: dict[str, int] = {}
+        self._disconnects: dict[str, int] = {}
+        self.throttled = 0
+        """Times a client's reading was paused for its message rate since the last ``flush_stats``."""
         self._flushed: dict[str, list[int]] = {}
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._next_sys = 0.0
@@ -402,13 +405,9 @@ class Broker:
     def count_refused(self, reason: str) -> None:
         self._refused[reason] = self._refused.get(reason, 0) + 1
 
-    def drops(self, reason: str) -> int:
-        """Messages dropped for ``reason`` so far (flushed and pending)."""
-        self.flush_stats()
-        value = self.metrics.registry.get_sample_value(
-            "timestone_broker_messages_dropped_total", {"reason": reason}
-        )
-        return int(value or 0)
+    def count_disconnect(self, reason: str) -> None:
+        """The broker closed a connected client (keep alive, protocol error, slow subscriber, ...)."""
+        self._disconnects[reason] = self._disconnects.get(reason, 0) + 1
 
     def flush_stats(self) -> None:
         """Add the plain counters gathered since the last call into the Prometheus metrics."""
@@ -416,14 +415,18 @@ class Broker:
         if self._drops:
             drops, self._drops = self._drops, {}
             for reason, count in drops.items():
-                if reason == "rate_limited":
-                    self.throttled_total.inc(count)
-                    continue
                 metrics.dropped(reason).inc(count)
         if self._refused:
             refused, self._refused = self._refused, {}
             for reason, count in refused.items():
                 metrics.refused(reason).inc(count)
+        if self._disconnects:
+            disconnects, self._disconnects = self._disconnects, {}
+            for reason, count in disconnects.items():
+                metrics.disconnected(reason).inc(count)
+        if self.throttled:
+            self.throttled_total.inc(self.throttled)
+            self.throttled = 0
         for listener in self.listeners:
             stats = listener.stats
             bound = listener.metrics

@@ -7,6 +7,8 @@ delivery already carries its offset. Everything else is routed at once and ackno
 
 ACL-denied publishes follow Mosquitto for v3 (acknowledged normally and dropped) and MQTT 5 for v5
 (PUBACK / PUBREC with 0x87). Topic names starting with ``$`` are the broker's (``$SYS``): treated the same.
+A client that would create more topic logs than ``limits.max_topics_per_client`` is refused the same way
+(0x97 Quota exceeded).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 from broker_edge.delivery import Message, forwarded_properties
+from broker_edge.limits import topic_over_limits
 from broker_edge.protocol.errors import ProtocolError
 from broker_edge.protocol.packets import Publish
 from broker_edge.protocol.reason_codes import ReasonCode
@@ -26,6 +29,7 @@ __all__ = ["handle_publish"]
 
 _NO_MATCHING = ReasonCode.NO_MATCHING_SUBSCRIBERS
 _NOT_AUTHORIZED = ReasonCode.NOT_AUTHORIZED
+_QUOTA_EXCEEDED = ReasonCode.QUOTA_EXCEEDED
 
 
 def handle_publish(conn: Connection, packet: Publish) -> None:
@@ -44,9 +48,7 @@ def handle_publish(conn: Connection, packet: Publish) -> None:
         if topic is None:
             return
     limits = broker.config.limits
-    if (len(topic) > limits.max_topic_length or topic.count("/") >= limits.max_topic_levels) and (
-        len(topic.encode()) > limits.max_topic_length or topic.count("/") >= limits.max_topic_levels
-    ):
+    if topic_over_limits(topic, limits.max_topic_length, limits.max_topic_levels):
         conn.close(ReasonCode.TOPIC_NAME_INVALID, "topic name longer or deeper than the broker allows")
         return
     session = conn.session
@@ -71,13 +73,12 @@ def handle_publish(conn: Connection, packet: Publish) -> None:
         retain = False
     acl = broker.acl
     if topic[0] == "$" or (acl is not None and not acl.can_publish(conn.client_id, session.username, topic)):  # type: ignore[union-attr]
-        broker.count_drop("acl_denied")
-        if qos == 1:
-            conn.send_puback(packet_id, _NOT_AUTHORIZED)  # type: ignore[arg-type]
-        elif qos == 2:
-            if not conn.v5:  # v3: the flow completes normally (PUBREL → PUBCOMP)
-                _hold_qos2(conn, packet_id)  # type: ignore[arg-type]
-            conn.send_pubrec(packet_id, _NOT_AUTHORIZED)  # type: ignore[arg-type]
+        _refuse(conn, qos, packet_id, _NOT_AUTHORIZED, "acl_denied")
+        return
+    store = broker.store
+    logged = store is not None and store.should_persist(topic, qos)
+    if logged and topic not in store and not session.may_create_log(limits.max_topics_per_client):  # type: ignore[union-attr]
+        _refuse(conn, qos, packet_id, _QUOTA_EXCEEDED, "topic_quota")
         return
 
     expires_at = None
@@ -89,8 +90,7 @@ def handle_publish(conn: Connection, packet: Publish) -> None:
     message = Message(topic, packet.payload, qos, retain, forwarded, conn.client_id, None, expires_at)
     if qos == 2:
         _hold_qos2(conn, packet_id)  # type: ignore[arg-type]
-    store = broker.store
-    if store is not None and store.should_persist(topic, qos):
+    if logged:
         if qos == 1:
             conn.incoming_pending += 1
         broker.log_publish(conn, message, packet_id)
@@ -102,6 +102,17 @@ def handle_publish(conn: Connection, packet: Publish) -> None:
         conn.send_puback(packet_id, 0 if matched else _NO_MATCHING)  # type: ignore[arg-type]
     elif qos == 2:
         conn.send_pubrec(packet_id, 0 if matched else _NO_MATCHING)  # type: ignore[arg-type]
+
+
+def _refuse(conn: Connection, qos: int, packet_id: int | None, reason_code: int, drop_reason: str) -> None:
+    """Drop a PUBLISH the client may not make: v5 learns why from PUBACK / PUBREC; v3 sees a normal ack."""
+    conn.broker.count_drop(drop_reason)
+    if qos == 1:
+        conn.send_puback(packet_id, reason_code)  # type: ignore[arg-type]
+    elif qos == 2:
+        if not conn.v5:  # v3: the flow completes normally (PUBREL → PUBCOMP)
+            _hold_qos2(conn, packet_id)  # type: ignore[arg-type]
+        conn.send_pubrec(packet_id, reason_code)  # type: ignore[arg-type]
 
 
 def _hold_qos2(conn: Connection, packet_id: int) -> None:

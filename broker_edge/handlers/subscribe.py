@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from broker_edge.limits import topic_over_limits
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.packets import SubAck, Subscribe
 from broker_edge.protocol.reason_codes import SUBACK_FAILURE_V3, ReasonCode
@@ -64,7 +65,7 @@ def handle_subscribe(conn: Connection, packet: Subscribe) -> None:
         except InvalidTopic:
             fail(ReasonCode.TOPIC_FILTER_INVALID)
             continue
-        if len(key.encode()) > limits.max_topic_length or key.count("/") >= limits.max_topic_levels:
+        if topic_over_limits(topic_filter, limits.max_topic_length, limits.max_topic_levels):
             fail(ReasonCode.TOPIC_FILTER_INVALID)
             continue
         if broker.acl is not None and not broker.acl.can_subscribe(

@@ -3,7 +3,8 @@
 No task per connection: the event loop calls ``data_received`` and the connection handles the packets in
 place. The transport's write-buffer high-water mark is ``limits.outgoing_buffer_bytes``, so
 ``pause_writing`` marks a slow subscriber exactly when its unsent bytes pass that bound. For TLS the loop
-runs the handshake before ``connection_made``; ``ssl_handshake_timeout`` bounds it by the CONNECT timeout.
+runs the handshake before ``connection_made``; ``ssl_handshake_timeout`` bounds it by the CONNECT timeout; a
+failed handshake is counted as a refusal (``tls_error``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from broker_edge.connection import Connection
+from broker_edge.connection import NEW, Connection
 from broker_edge.tls import peer_common_name
 
 if TYPE_CHECKING:
@@ -31,6 +32,13 @@ class TcpConnection(Connection):
         if self.listener.tls:
             self.peer_cn = peer_common_name(transport.get_extra_info("ssl_object"))
         super().connection_made(transport)
+
+    def __del__(self) -> None:
+        # The loop creates the protocol at accept, before the TLS handshake, and calls connection_made
+        # only once it succeeded: a TLS connection dropped without ever being made failed its handshake
+        # (bad or missing client certificate, not TLS at all, or no handshake within connect_timeout_s).
+        if self.state == NEW and self.transport is None and self.listener.tls:
+            self.broker.count_refused("tls_error")
 
 
 async def start_tcp_listener(broker: Broker, listener: ListenerRuntime) -> asyncio.base_events.Server:

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import socket
-import time
 
-from broker_edge.protocol.packets import ConnAck, Publish, Subscribe, Subscription
+from broker_edge.protocol.packets import (
+    ConnAck,
+    Connect,
+    Disconnect,
+    PubAck,
+    Publish,
+    Subscribe,
+    Subscription,
+)
 from broker_edge.protocol.properties import Properties
-from tests.broker.broker_test_clients import PahoClient, RawClient
+from tests.broker.broker_test_clients import TIMEOUT, PahoClient, RawClient, wait_for
 
 
 def test_max_connections(start_broker):
@@ -20,9 +27,7 @@ def test_max_connections(start_broker):
     assert c.closed()
     assert broker.refused("max_connections") == 1
     a.close()
-    deadline = time.monotonic() + 5
-    while broker.call(lambda: len(broker.broker.connections)) > 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert wait_for(lambda: broker.call(lambda: len(broker.broker.connections)) == 1)
     d = RawClient(broker.port, 5)
     assert d.connect("d").reason_code == 0
 
@@ -34,20 +39,61 @@ def test_new_connection_rate_v5_gets_0x9f_v3_is_closed(start_broker):
     v5 = RawClient(broker.port, 5)
     ack = v5.connect("second")
     assert isinstance(ack, ConnAck) and ack.reason_code == 0x9F
+    assert ack.properties.reason_string
     v3 = RawClient(broker.port, 4)
-    v3.send_packet(
-        __import__("broker_edge.protocol.packets", fromlist=["Connect"]).Connect(client_id="third")
-    )
+    v3.send_packet(Connect(client_id="third"))
     assert v3.recv() is None
     assert broker.refused("rate") == 2
+    first.send_packet(Publish("still/served", b"x", 1, packet_id=1))
+    assert isinstance(first.recv(), PubAck)
 
 
 def test_connect_timeout(start_broker):
     broker = start_broker(limits={"connect_timeout_s": 0.5})
-    sock = socket.create_connection(("127.0.0.1", broker.port))
-    sock.settimeout(5)
-    assert sock.recv(10) == b""  # closed without a CONNECT
+    sock = socket.create_connection(("127.0.0.1", broker.port), timeout=TIMEOUT)
+    assert sock.recv(10) == b""  # closed without a CONNECT (the sweep runs once a second)
+    sock.close()
     assert broker.refused("connect_timeout") == 1
+    assert RawClient(broker.port, 5).connect("in-time").reason_code == 0
+
+
+def test_max_packet_size_v5_0x95_v3_closed(start_broker):
+    broker = start_broker(limits={"max_packet_size": 1024})
+    sub = PahoClient(broker.port, "sub")
+    sub.subscribe("ok", 0)
+    raw = RawClient(broker.port, 5)
+    assert raw.connect("big").properties.maximum_packet_size == 1024
+    raw.send_packet(Publish("ok", b"x" * 1000))  # 1000 + header: fits
+    assert sub.expect(1)[0].payload == b"x" * 1000
+    raw.send(b"\x30\x88\x10")  # announces 2056 bytes: refused before the body arrives
+    packet = raw.recv()
+    assert isinstance(packet, Disconnect) and packet.reason_code == 0x95
+    assert raw.closed()
+    v3 = RawClient(broker.port, 4)
+    v3.connect("big3")
+    v3.send_packet(Publish("ok", b"y" * 2000))
+    assert v3.closed()
+    PahoClient(broker.port, "pub").publish("ok", b"fine")
+    assert sub.expect(1)[0].payload == b"fine"
+
+
+def test_max_inflight_out_bounds_unacknowledged_deliveries_to_v3_clients(start_broker):
+    broker = start_broker(limits={"max_inflight_out": 2})
+    raw = RawClient(broker.port, 4)
+    raw.connect("window")
+    raw.subscribe("w", 1)
+    pub = PahoClient(broker.port, "p")
+    for i in range(4):
+        pub.publish("w", str(i), 1)
+    first = [raw.recv(), raw.recv()]
+    assert [p.payload for p in first] == [b"0", b"1"]
+    raw.recv_none()  # the third waits for a free slot
+    assert broker.metric("timestone_broker_inflight_messages") == 2
+    raw.send_packet(PubAck(first[0].packet_id))
+    assert raw.recv().payload == b"2"
+    raw.recv_none()
+    raw.send_packet(PubAck(first[1].packet_id))
+    assert raw.recv().payload == b"3"
 
 
 def test_max_subscriptions_per_client_v5_0x97_v3_0x80(start_broker):
@@ -68,22 +114,35 @@ def test_topic_length_and_levels(start_broker):
     broker = start_broker(limits={"max_topic_length": 16, "max_topic_levels": 3})
     raw = RawClient(broker.port, 5)
     raw.connect("t")
-    raw.send_packet(Subscribe(1, [Subscription("a/b/c"), Subscription("a/b/c/d"), Subscription("x" * 17)]))
-    assert raw.recv().reason_codes == [0, 0x8F, 0x8F]
+    filters = ["a/b/c", "a/b/c/d", "x" * 17, "é" * 9, "$share/group/a/b/c"]
+    raw.send_packet(Subscribe(1, [Subscription(f) for f in filters]))
+    assert raw.recv().reason_codes == [0, 0x8F, 0x8F, 0x8F, 0]  # 9 characters, 18 bytes: too long
     sub = PahoClient(broker.port, "ok")
-    sub.subscribe("a/#", 0)
-    raw.send_packet(Publish("a/b/c/d", b"deep"))
-    packet = raw.recv()
-    assert packet.reason_code == 0x90
-    PahoClient(broker.port, "p").publish("a/b", b"fine")
-    assert sub.expect(1)[0].payload == b"fine"
+    sub.subscribe("#", 0)
+    for bad_topic in ("a/b/c/d", "y" * 17, "é" * 9):
+        bad = RawClient(broker.port, 5)
+        bad.connect("bad")
+        bad.send_packet(Publish(bad_topic, b"refused"))
+        packet = bad.recv()
+        assert isinstance(packet, Disconnect) and packet.reason_code == 0x90, bad_topic
+        assert bad.closed()
+    v3 = RawClient(broker.port, 4)
+    v3.connect("v3")
+    v3.send_packet(Publish("q" * 17, b"refused"))
+    assert v3.closed()
+    PahoClient(broker.port, "p").publish("a/" + "é" * 7, b"fine")  # 16 bytes, 2 levels
+    [message] = sub.expect(1)
+    assert message.payload == b"fine"
+    assert broker.disconnects("topic_name_invalid") == 4
 
 
 def test_client_id_length_v5_0x85_v3_0x02(start_broker):
     broker = start_broker(limits={"max_client_id_length": 23})
     assert RawClient(broker.port, 5).connect("x" * 24).reason_code == 0x85
     assert RawClient(broker.port, 4).connect("x" * 24).reason_code == 0x02
+    assert RawClient(broker.port, 5).connect("é" * 12).reason_code == 0x85  # 24 bytes
     assert RawClient(broker.port, 5).connect("x" * 23).reason_code == 0
+    assert broker.refused("client_id_invalid") == 3
 
 
 def test_offline_queue_bounded_by_messages_and_bytes(start_broker):
@@ -102,6 +161,27 @@ def test_offline_queue_bounded_by_messages_and_bytes(start_broker):
     pub.publish("q", b"x" * 900, 1)
     pub.publish("q", b"y" * 200, 1)  # over the byte bound
     assert broker.drops("queue_full") == 3
+    last = PahoClient(broker.port, "off", clean=False, session_expiry=300)
+    assert [len(m.payload) for m in last.expect(1)] == [900]
+    last.expect_none(0.2)
+
+
+def test_max_topics_per_client(start_broker):
+    broker = start_broker(storage={}, limits={"max_topics_per_client": 2})
+    raw = RawClient(broker.port, 5)
+    raw.connect("runaway")
+    codes = []
+    for packet_id, topic in enumerate(["t/1", "t/2", "t/3", "t/1"], start=1):
+        raw.send_packet(Publish(topic, b"x", 1, packet_id=packet_id))
+        codes.append(raw.recv().reason_code)
+    assert codes == [0x10, 0x10, 0x97, 0x10]  # a third log refused; the first topic still accepted
+    assert broker.drops("topic_quota") == 1
+    assert broker.call(lambda: sorted(info.topic for info in broker.broker.store.logs())) == ["t/1", "t/2"]
+    other = RawClient(broker.port, 4)
+    other.connect("another")
+    other.send_packet(Publish("t/3", b"y", 1, packet_id=1))
+    assert isinstance(other.recv(), PubAck)
+    assert broker.call(lambda: "t/3" in broker.broker.store)
 
 
 def test_publish_larger_than_client_maximum_packet_size_is_dropped_for_it(broker):
@@ -118,49 +198,70 @@ def test_publish_larger_than_client_maximum_packet_size_is_dropped_for_it(broker
     assert broker.drops("too_large") == 1
 
 
-def test_slow_subscriber_qos0_dropped_others_unaffected(start_broker):
-    broker = start_broker(limits={"outgoing_buffer_bytes": 1024, "slow_subscriber_policy": "drop_qos0"})
-    stalled = socket.create_connection(("127.0.0.1", broker.port))
-    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    raw = RawClient.__new__(RawClient)
-    raw.sock, raw.version, raw.pending = stalled, 5, []
-    from broker_edge.protocol.codec import PacketDecoder
+# -- slow subscribers ---------------------------------------------------------------------------------------
 
-    raw.decoder = PacketDecoder(role="client", protocol_version=5)
-    raw.connect("stalled")
-    raw.subscribe("firehose", 0)
+PAYLOAD = b"z" * 16_384
+BATCH = 4
+
+
+def stalled_subscriber(broker, client_id: str) -> RawClient:
+    """A v5 client subscribed to ``firehose`` (QoS 0) and ``firehose/q1`` (QoS 1) that stops reading."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+    sock.settimeout(TIMEOUT)
+    sock.connect(("127.0.0.1", broker.port))
+    raw = RawClient(broker.port, 5, sock=sock)
+    raw.connect(client_id)
+    raw.send_packet(Subscribe(1, [Subscription("firehose", 0), Subscription("firehose/q1", 1)]))
+    assert raw.recv().reason_codes == [0, 1]
+    return raw
+
+
+def flood_until(condition, pub: PahoClient, healthy: PahoClient, max_batches: int = 400) -> int:
+    """Publish to ``firehose`` in batches, each only once ``healthy`` received the previous one, until
+    ``condition()``; returns how many were published. The healthy subscriber is so never more than one
+    batch behind, while the stalled one only accumulates."""
+    for batch in range(max_batches):
+        for _ in range(BATCH):
+            pub.publish("firehose", PAYLOAD)
+        assert len(healthy.expect(BATCH)) == BATCH
+        if condition():
+            return (batch + 1) * BATCH
+    raise AssertionError("the stalled subscriber was never found slow")
+
+
+def test_slow_subscriber_qos0_dropped_qos1_kept_others_unaffected(start_broker):
+    broker = start_broker(limits={"outgoing_buffer_bytes": 262_144, "slow_subscriber_policy": "drop_qos0"})
+    stalled = stalled_subscriber(broker, "stalled")
     healthy = PahoClient(broker.port, "healthy")
     healthy.subscribe("firehose", 0)
     pub = PahoClient(broker.port, "p")
-    for _ in range(600):  # 12 MB: more than the kernel buffers of a stalled loopback socket hold
-        pub.publish("firehose", b"z" * 20_000)
-    pub.publish("firehose", b"last", 1)
-    got = healthy.expect(601, timeout=20)
-    assert got[-1].payload == b"last"
-    assert broker.drops("slow_subscriber") > 0
+    flood_until(lambda: broker.drops("slow_subscriber") > 0, pub, healthy)
+    pub.publish("firehose/q1", b"kept", 1)  # held for the stalled subscriber, not dropped
+    for _ in range(3):
+        pub.publish("firehose", PAYLOAD)
+    assert len(healthy.expect(3)) == 3
+    assert broker.connected("stalled") and broker.connected("healthy")
+    assert broker.disconnects("slow_subscriber") == 0
+    # The stalled subscriber reads again: it gets what fitted in its buffers, then the QoS 1 message.
+    received = None
+    while received is None or received.topic != "firehose/q1":
+        received = stalled.recv()
+        assert received is not None
+    assert (received.qos, received.payload) == (1, b"kept")
 
 
 def test_slow_subscriber_disconnect_policy(start_broker):
-    broker = start_broker(limits={"outgoing_buffer_bytes": 1024, "slow_subscriber_policy": "disconnect"})
-    stalled = socket.create_connection(("127.0.0.1", broker.port))
-    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    from broker_edge.protocol.codec import encode
-    from broker_edge.protocol.packets import Connect
-
-    stalled.sendall(encode(Connect(protocol_version=5, client_id="stalled"), 5))
-    stalled.sendall(encode(Subscribe(1, [Subscription("firehose")]), 5))
+    broker = start_broker(limits={"outgoing_buffer_bytes": 262_144, "slow_subscriber_policy": "disconnect"})
+    stalled_subscriber(broker, "stalled")
     healthy = PahoClient(broker.port, "healthy")
     healthy.subscribe("firehose", 0)
     pub = PahoClient(broker.port, "p")
-    for _ in range(600):
-        pub.publish("firehose", b"z" * 20_000)
-    assert len(healthy.expect(600, timeout=20)) == 600
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and broker.call(
-        lambda: any(c.client_id == "stalled" for c in broker.broker.connections)
-    ):
-        time.sleep(0.02)
-    assert not broker.call(lambda: any(c.client_id == "stalled" for c in broker.broker.connections))
+    flood_until(lambda: not broker.connected("stalled"), pub, healthy)
+    assert broker.disconnects("slow_subscriber") == 1
+    assert broker.connected("healthy") and healthy.disconnects.empty()
+    pub.publish("firehose", b"after")
+    assert healthy.expect(1)[0].payload == b"after"
 
 
 def test_message_rate_per_client_pauses_reading_and_loses_nothing(start_broker):
@@ -171,9 +272,5 @@ def test_message_rate_per_client_pauses_reading_and_loses_nothing(start_broker):
     for i in range(20):
         pub.publish("rate", f"{i}")
     assert [m.payload for m in sub.expect(20)] == [str(i).encode() for i in range(20)]
-    assert (
-        broker.call(
-            lambda: broker.broker.metrics.registry.get_sample_value("timestone_broker_client_throttled_total")
-        )
-        >= 1
-    )
+    assert broker.metric("timestone_broker_client_throttled_total") >= 1
+    assert broker.drops("rate_limited") == 0

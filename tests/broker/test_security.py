@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 import ssl
+import subprocess
+import sys
 
 import pytest
 
@@ -11,9 +13,12 @@ from broker_edge.auth import PasswordFile
 from broker_edge.config import ConfigError, load_dataclass
 from broker_edge.config.broker import BrokerConfig
 from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import Connect, PubAck, Publish
-from tests.broker.broker_test_clients import PahoClient, RawClient
+from broker_edge.protocol.packets import Connect, PubAck, Publish, SubAck, Subscribe, Subscription
+from tests.broker.broker_test_clients import TIMEOUT, PahoClient, RawClient, wait_for
 from tests.tls_certs import client_ssl_context, make_test_pki
+
+TIMESTONE = [sys.executable, "-m", "pipelines.cli"]
+"""The ``timestone`` command, as the console script runs it (``pipelines.cli:main``)."""
 
 
 @pytest.fixture
@@ -38,10 +43,37 @@ def test_password_authentication(start_broker, password_file):
     assert RawClient(broker.port, 5).connect("b", username="alice", password=b"wrong").reason_code == 0x86
     assert RawClient(broker.port, 4).connect("c", username="alice", password=b"wrong").reason_code == 0x04
     assert RawClient(broker.port, 5).connect("d", username="mallory", password=b"x").reason_code == 0x86
-    assert RawClient(broker.port, 5).connect("e").reason_code == 0x87
+    refused = RawClient(broker.port, 5).connect("e")
+    assert refused.reason_code == 0x87
+    assert refused.properties.reason_string == "this listener requires a user name"
     assert RawClient(broker.port, 4).connect("f").reason_code == 0x05
     assert broker.refused("bad_credentials") == 3
     assert broker.refused("anonymous") == 2
+
+
+def test_timestone_passwd_command_writes_salted_hashes_the_broker_accepts(start_broker, tmp_path):
+    path = tmp_path / "etc" / "passwd"
+    path.parent.mkdir()
+    for user in ("gateway-7", "dashboard"):
+        done = subprocess.run(
+            [*TIMESTONE, "passwd", "-c", str(path), user, "--password", "same-password"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, done.stderr
+    lines = dict(line.split(":", 1) for line in path.read_text().splitlines() if not line.startswith("#"))
+    assert set(lines) == {"gateway-7", "dashboard"}
+    assert all(stored.startswith("$scrypt$") for stored in lines.values())
+    assert lines["gateway-7"] != lines["dashboard"]  # same password, different salt
+    assert "same-password" not in path.read_text()
+    assert path.stat().st_mode & 0o777 == 0o600
+
+    broker = secured(start_broker, str(path))
+    ok = RawClient(broker.port, 4).connect("g", username="gateway-7", password=b"same-password")
+    assert ok.reason_code == 0
+    bad = RawClient(broker.port, 4).connect("h", username="gateway-7", password=b"other")
+    assert bad.reason_code == 0x04
 
 
 def test_packets_sent_during_password_check_are_handled_after_it(start_broker, password_file):
@@ -61,6 +93,8 @@ def test_packets_sent_during_password_check_are_handled_after_it(start_broker, p
 ACL = {
     "rules": [
         {"permission": "allow", "action": "all", "topic": "devices/%u/#"},
+        {"permission": "allow", "action": "publish", "topic": "clients/%c/status"},
+        {"permission": "allow", "action": "subscribe", "topic": "clients/+/status", "users": ["bob"]},
         {"permission": "allow", "action": "subscribe", "topic": "broadcast/#"},
     ]
 }
@@ -75,6 +109,9 @@ def test_acl_publish_denied_v5_0x87_v3_acked_and_dropped(start_broker, password_
     raw.send_packet(Publish("devices/bob/cmd", b"x", 1, packet_id=1))
     ack = raw.recv()
     assert (ack.packet_id, ack.reason_code) == (1, 0x87)
+    raw.send_packet(Publish("devices/bob/cmd", b"x2", 2, packet_id=2))
+    rec = raw.recv()
+    assert (type(rec).__name__, rec.packet_id, rec.reason_code) == ("PubRec", 2, 0x87)
     v3 = RawClient(broker.port, 4)
     v3.connect("alice3", username="alice", password=b"s3cret")
     v3.send_packet(Publish("devices/bob/cmd", b"y", 1, packet_id=2))
@@ -82,8 +119,22 @@ def test_acl_publish_denied_v5_0x87_v3_acked_and_dropped(start_broker, password_
     assert isinstance(ack3, PubAck) and ack3.packet_id == 2
     own = PahoClient(broker.port, "bobpub", username="bob", password="hunter2")
     own.publish("devices/bob/state", b"allowed", 1)
-    assert [m.payload for m in watcher.expect(1)] == [b"allowed"]
-    assert broker.drops("acl_denied") == 2
+    assert [m.payload for m in watcher.expect(1)] == [b"allowed"]  # none of the denied ones came first
+    assert broker.drops("acl_denied") == 3
+
+
+def test_acl_client_id_pattern(start_broker, password_file):
+    broker = secured(start_broker, password_file, acl=ACL)
+    watcher = PahoClient(broker.port, "w", username="bob", password="hunter2")
+    assert watcher.subscribe("clients/+/status", 1) == [1]
+    sensor = RawClient(broker.port, 5)
+    sensor.connect("sensor-9", username="alice", password=b"s3cret")
+    sensor.send_packet(Publish("clients/sensor-2/status", b"impersonated", 1, packet_id=1))
+    assert sensor.recv().reason_code == 0x87
+    sensor.send_packet(Publish("clients/sensor-9/status", b"online", 1, packet_id=2))
+    assert sensor.recv().reason_code == 0
+    [message] = watcher.expect(1)
+    assert (message.topic, message.payload) == ("clients/sensor-9/status", b"online")
 
 
 def test_acl_subscribe_denied(start_broker, password_file):
@@ -92,8 +143,15 @@ def test_acl_subscribe_denied(start_broker, password_file):
     assert v5.subscribe("devices/bob/#", 1) == [0x87]
     assert v5.subscribe("devices/alice/+", 1) == [1]
     assert v5.subscribe("broadcast/#", 1) == [1]
+    assert v5.subscribe("clients/+/status", 1) == [0x87]  # bob's rule only
     v3 = PahoClient(broker.port, "a3", version=4, username="alice", password="s3cret")
     assert v3.subscribe("#", 1) == [0x80]
+    raw = RawClient(broker.port, 5)
+    raw.connect("mixed", username="alice", password=b"s3cret")
+    raw.send_packet(Subscribe(7, [Subscription("devices/alice/#", 2), Subscription("devices/+/x", 0)]))
+    ack = raw.recv()
+    assert isinstance(ack, SubAck) and ack.reason_codes == [2, 0x87]
+    assert broker.drops("subscribe_denied") == 4
 
 
 def test_non_loopback_listener_needs_auth_or_explicit_anonymous():
@@ -105,15 +163,26 @@ def test_non_loopback_listener_needs_auth_or_explicit_anonymous():
         {"listeners": [{"name": "open", "host": "0.0.0.0", "port": 1883, "allow_anonymous": True}]},
     )
     assert config.listener_allows_anonymous(config.listeners[0])
+    with_passwords = load_dataclass(
+        BrokerConfig,
+        {
+            "listeners": [{"name": "lan", "host": "0.0.0.0", "port": 1883}],
+            "auth": {"password_file": "/etc/timestone/passwd"},
+        },
+    )
+    assert not with_passwords.listener_allows_anonymous(with_passwords.listeners[0])
     default = BrokerConfig()
     assert (default.listeners[0].host, default.listeners[0].port) == ("127.0.0.1", 1883)
     assert default.listener_allows_anonymous(default.listeners[0])
 
 
-def test_unknown_config_key_names_the_dotted_path():
-    with pytest.raises(ConfigError) as error:
-        load_dataclass(BrokerConfig, {"limits": {"max_conections": 3}})
-    assert error.value.path == "limits.max_conections"
+def test_listener_on_another_address_refuses_anonymous_clients(start_broker, password_file):
+    """Bound to every interface (reached here over loopback): anonymous refused, passwords accepted."""
+    broker = start_broker(
+        listeners=[{"name": "lan", "host": "0.0.0.0", "port": 0}], auth={"password_file": password_file}
+    )
+    assert RawClient(broker.port, 5).connect("anon").reason_code == 0x87
+    assert RawClient(broker.port, 5).connect("bob", username="bob", password=b"hunter2").reason_code == 0
 
 
 @pytest.fixture
@@ -137,19 +206,24 @@ def tls_listener(pki, require: bool) -> dict:
     }
 
 
-def tls_client(port: int, context: ssl.SSLContext, client_id: str) -> PahoClient:
-    client = PahoClient(port, client_id, connect=False)
-    client.client.tls_set_context(context)
-    client.connect()
-    return client
+def tls_refused(port: int, context: ssl.SSLContext) -> bool:
+    """Whether the broker refuses this TLS client: during the handshake, or (TLS 1.3, where the client
+    finishes first) by closing right after it. Every step has a timeout; a timeout fails the test."""
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as raw:
+        try:
+            with context.wrap_socket(raw, server_hostname="localhost") as tls:
+                tls.sendall(encode(Connect(protocol_version=5, client_id="nocert"), 5))
+                return tls.recv(100) == b""
+        except (ssl.SSLError, ConnectionError):
+            return True
 
 
 def test_tls_listener_with_client_certificate_identity(start_broker, pki):
     broker = start_broker(listeners=[tls_listener(pki, True)])
-    sub = tls_client(broker.port, client_ssl_context(pki), "tls-sub")
+    sub = PahoClient(broker.port, "tls-sub", tls_context=client_ssl_context(pki))
     assert sub.connack_result[1] == 0
     sub.subscribe("secure", 1)
-    pub = tls_client(broker.port, client_ssl_context(pki), "tls-pub")
+    pub = PahoClient(broker.port, "tls-pub", tls_context=client_ssl_context(pki))
     pub.publish("secure", b"over tls", 1)
     assert sub.expect(1)[0].payload == b"over tls"
     assert broker.call(lambda: broker.broker.router.sessions["tls-sub"].username) == pki.client_common_name
@@ -157,22 +231,30 @@ def test_tls_listener_with_client_certificate_identity(start_broker, pki):
 
 def test_tls_listener_refuses_client_without_certificate(start_broker, pki):
     broker = start_broker(listeners=[tls_listener(pki, True)])
-    context = client_ssl_context(pki, certificate=False)
-    raw = socket.create_connection(("127.0.0.1", broker.port), timeout=5)
-    with pytest.raises((ssl.SSLError, ConnectionError)):
-        tls = context.wrap_socket(raw, server_hostname="localhost")
-        tls.sendall(encode(Connect(protocol_version=5, client_id="nocert"), 5))
-        if not tls.recv(100):  # TLS 1.3: the refusal arrives after the handshake
-            raise ConnectionError("closed")
-    ok = tls_client(broker.port, client_ssl_context(pki), "withcert")
+    assert tls_refused(broker.port, client_ssl_context(pki, certificate=False))
+    other_ca = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(pki.ca_cert))
+    other_ca.load_cert_chain(str(pki.other_client_cert), str(pki.other_client_key))
+    assert tls_refused(broker.port, other_ca)
+    assert wait_for(lambda: broker.refused("tls_error") == 2)
+    ok = PahoClient(broker.port, "withcert", tls_context=client_ssl_context(pki))
     assert ok.connack_result[1] == 0
 
 
 def test_tls_optional_client_cert_falls_back_to_password(start_broker, pki, password_file):
     broker = start_broker(listeners=[tls_listener(pki, False)], auth={"password_file": password_file})
-    with_password = PahoClient(broker.port, "pw", connect=False, username="alice", password="s3cret")
-    with_password.client.tls_set_context(client_ssl_context(pki, certificate=False))
-    assert with_password.connect()[1] == 0
-    anonymous = PahoClient(broker.port, "anon", connect=False)
-    anonymous.client.tls_set_context(client_ssl_context(pki, certificate=False))
+    context = client_ssl_context(pki, certificate=False)
+    with_password = PahoClient(broker.port, "pw", username="alice", password="s3cret", tls_context=context)
+    assert with_password.connack_result[1] == 0
+    anonymous = PahoClient(broker.port, "anon", connect=False, tls_context=context)
     assert anonymous.connect()[1] == 0x87
+    certified = PahoClient(broker.port, "cert", tls_context=client_ssl_context(pki))
+    assert certified.connack_result[1] == 0
+    assert broker.call(lambda: broker.broker.router.sessions["cert"].username) == pki.client_common_name
+
+
+def test_plain_tcp_to_a_tls_listener_is_refused(start_broker, pki):
+    broker = start_broker(listeners=[tls_listener(pki, True)])
+    raw = RawClient(broker.port, 5)
+    raw.send(encode(Connect(protocol_version=5, client_id="plain"), 5))
+    assert raw.closed()
+    assert wait_for(lambda: broker.refused("tls_error") == 1)
