@@ -137,6 +137,39 @@ def percentile(values: list[float], pct: float) -> float:
     return ordered[min(len(ordered) - 1, round(pct / 100 * len(ordered) + 0.5) - 1)]
 
 
+def broadcast(store, commands: mp.Queue, answers: mp.Queue, devices: int, version: str) -> dict[str, float]:
+    """Write one broadcast action row and time it to every device and to its final state in Delta."""
+    from pipelines.actions.operator import NewAction, create_action
+
+    action_id = create_action(
+        store, NewAction(all_devices=True, version=version, url=f"https://example.invalid/fw-{version}.bin")
+    )
+    committed = time.time()
+    wait(lambda: bool(published_times(store, action_id)), 120)
+    published = published_times(store, action_id)[0]
+    received: list[float | None] = []
+
+    def all_received() -> bool:
+        commands.put(("received", action_id))
+        received[:] = answers.get(timeout=60)
+        return all(r is not None for r in received)
+
+    wait(all_received, 120)
+    got = [r for r in received if r is not None]
+    complete = wait(
+        lambda: (s := summary_row(store, action_id)) is not None and s["action_state"] == "COMPLETED", 300
+    )
+    return {
+        "committed": committed,
+        "published": published,
+        "p95": percentile(got, 95),
+        "p100": max(got),
+        "recorded": time.time(),
+        "reached": len(got),
+        "complete": complete,
+    }
+
+
 def run(devices: int, rollout_seconds: float) -> str:
     from pipelines.actions.config import ActionsConfig, BrokerEndpoint
     from pipelines.actions.job import start_actions_job
@@ -171,55 +204,32 @@ def run(devices: int, rollout_seconds: float) -> str:
         )
         job = start_actions_job(spark, config, store)
         try:
-            # Warm up: the first micro-batches of a fresh job start Python workers; measure steady state.
-            warmup = create_action(
-                store, NewAction(group="nobody", version="0", url="https://example.invalid/0")
-            )
-            wait(lambda: summary_row(store, warmup) is not None, 120)
-            action_id = create_action(
-                store, NewAction(all_devices=True, version="2.0.0", url="https://example.invalid/fw.bin")
-            )
-            committed = time.time()
-            wait(
-                lambda: (
-                    bool(published_times(store, action_id)) if store.exists("action_executions") else False
-                ),
-                60,
-            )
-            published = published_times(store, action_id)[0]
-            received: list[float | None] = []
-
-            def all_received() -> bool:
-                commands.put(("received", action_id))
-                received[:] = answers.get(timeout=60)
-                return all(r is not None for r in received)
-
-            wait(all_received, 120)
-            got = [r for r in received if r is not None]
-            done = wait(
-                lambda: (s := summary_row(store, action_id)) is not None and s["action_state"] == "COMPLETED",
-                300,
-            )
-            recorded = time.time()
-            final = summary_row(store, action_id) or {}
+            cold = broadcast(store, commands, answers, devices, "2.0.0")
+            warm = broadcast(store, commands, answers, devices, "2.1.0")
             lines += [
-                f"Broadcast of one action to {devices:,} connected devices "
-                f"(the fleet connected in {connect_s:.1f} s):",
+                f"Broadcast of one action to {devices:,} connected devices (the fleet connected in "
+                f"{connect_s:.1f} s). *Cold*: the first action after the job started (its first "
+                "micro-batches start Python workers); *warm*: the next one.",
                 "",
-                "| measure | from row commit | from the job's publish |",
-                "|---|---|---|",
-                f"| job picks up the row and publishes | {published - committed:.2f} s | — |",
-                f"| 95 % of devices have the message | {percentile(got, 95) - committed:.2f} s "
-                f"| {percentile(got, 95) - published:.2f} s |",
-                f"| 100 % of devices have the message ({len(got):,}/{devices:,}) | "
-                f"{max(got) - committed:.2f} s | {max(got) - published:.2f} s |",
-                f"| every device's final state in Delta ({'complete' if done else 'INCOMPLETE'}: "
-                f"{final.get('succeeded_count', 0):,} succeeded) | {recorded - committed:.2f} s | "
-                f"{recorded - published:.2f} s |",
+                "| measure | cold, from row commit | warm, from row commit | warm, from the job's publish |",
+                "|---|---|---|---|",
+            ]
+            for label, key in (
+                ("job picks up the row and publishes", "published"),
+                ("95 % of devices have the message", "p95"),
+                (f"100 % of devices have the message ({warm['reached']:,}/{devices:,})", "p100"),
+                ("every device's final state recorded in Delta", "recorded"),
+            ):
+                from_publish = "—" if key == "published" else f"{warm[key] - warm['published']:.2f} s"
+                cold_s, warm_s = cold[key] - cold["committed"], warm[key] - warm["committed"]
+                lines.append(f"| {label} | {cold_s:.2f} s | {warm_s:.2f} s | {from_publish} |")
+            reach = warm["p100"] - warm["published"]
+            met = reach < 5 and warm["reached"] == devices and warm["complete"]
+            lines += [
                 "",
                 f"Target: 10,000 devices reached within 5 s of the job picking up the action: "
-                f"{'met' if max(got) - published < 5 and len(got) == devices else 'NOT met'} "
-                f"({max(got) - published:.2f} s).",
+                f"{'met' if met else 'NOT met'} ({reach:.2f} s warm, "
+                f"{cold['p100'] - cold['published']:.2f} s cold).",
                 "",
             ]
             rate = 1200
