@@ -22,7 +22,6 @@ import multiprocessing as mp
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,41 +34,10 @@ import pyarrow.compute as pc
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.net import free_port  # noqa: E402
 from bench.sysinfo import machine_info  # noqa: E402
+from broker_edge.launcher import BrokerProcess  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "ota.md"
-
-
-def start_broker(workdir: Path, devices: int) -> tuple[subprocess.Popen, int, int]:
-    port, offsets_port, admin_port = free_port(), free_port(), free_port()
-    config = workdir / "broker.yaml"
-    config.write_text(
-        f"listeners:\n  - host: 127.0.0.1\n    port: {port}\n"
-        f"storage:\n  directory: {workdir / 'data'}\n"
-        f"offsets_api:\n  port: {offsets_port}\n"
-        f"admin_http:\n  port: {admin_port}\n"
-        f"limits:\n  max_connections: {devices + 100}\n  new_connections_per_second: 5000\n"
-        "  new_connections_burst: 5000\n"
-        "logging:\n  level: WARNING\n"
-    )
-    log = open(workdir / "broker.log", "wb")  # noqa: SIM115  (kept open for the broker's lifetime)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", "broker", "--config", str(config)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=REPO,
-    )
-    deadline = time.monotonic() + 30
-    import socket
-
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", offsets_port)) == 0:
-                return process, port, offsets_port
-        time.sleep(0.1)
-    process.kill()
-    raise RuntimeError(f"broker did not start: {(workdir / 'broker.log').read_text()[-2000:]}")
 
 
 def fleet_process(port: int, count: int, commands: mp.Queue, answers: mp.Queue) -> None:
@@ -182,7 +150,16 @@ def run(devices: int, rollout_seconds: float) -> str:
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
     logging.getLogger("pipelines").addHandler(handler)
     logging.getLogger("pipelines").setLevel(logging.INFO)
-    broker, port, offsets_port = start_broker(workdir, devices)
+    broker = BrokerProcess(
+        workdir / "broker",
+        limits={
+            "max_connections": devices + 100,
+            "new_connections_per_second": 5000,
+            "new_connections_burst": 5000,
+        },
+        logging={"level": "WARNING"},
+    ).start()
+    port, offsets_port = broker.port, broker.offsets_port
     ctx = mp.get_context("spawn")
     commands, answers = ctx.Queue(), ctx.Queue()
     fleet = ctx.Process(target=fleet_process, args=(port, devices, commands, answers), daemon=True)
@@ -265,8 +242,7 @@ def run(devices: int, rollout_seconds: float) -> str:
         fleet.join(timeout=60)
         if fleet.is_alive():
             fleet.kill()
-        broker.terminate()
-        broker.wait(timeout=30)
+        broker.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     return "\n".join(lines)
 

@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
+
+from broker_edge.launcher import free_port, wait_for_port
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for processes that cannot take port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -32,17 +25,6 @@ def spark():
     session = local_spark_session(app_name="timestone-tests", master="local[2]")
     yield session
     session.stop()
-
-
-def wait_for_port(port: int, host: str = "127.0.0.1", timeout_s: float = 15.0) -> None:
-    """Block until something accepts TCP connections on ``host:port``."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex((host, port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on {host}:{port}")
 
 
 @pytest.fixture
