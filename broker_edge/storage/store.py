@@ -54,7 +54,9 @@ class RecoveryReport:
     """What `LogStore.open` found: totals, plus the logs that needed repair."""
 
     clean_shutdown: bool = False
-    """The previous run closed the store (otherwise it crashed or was killed)."""
+    """The previous run closed the store (otherwise it crashed or was killed, or this is a fresh start)."""
+    fresh: bool = False
+    """The directory held no logs and no clean-shutdown marker: a first start, nothing to recover."""
     logs: int = 0
     records: int = 0
     bytes_dropped: int = 0
@@ -139,17 +141,10 @@ class LogStore:
         if report.clean_shutdown:
             os.unlink(marker)  # from now on a crash must not look like a clean shutdown
             fsync_directory(self.directory)
+        report.fresh = not report.clean_shutdown and not directories
         self._use_syncfs()
         self._opened = True
-        log.info(
-            "opened %d logs (%d records) in %s after a%s shutdown; %d repaired, %d bytes dropped",
-            report.logs,
-            report.records,
-            self.directory,
-            " clean" if report.clean_shutdown else "n unclean",
-            len(report.repaired),
-            report.bytes_dropped,
-        )
+        _log_opened(self.directory, report)
         return report
 
     def close(self) -> None:
@@ -360,6 +355,26 @@ class LogStore:
                     del self._topic_waiters[topic]
         if waiter.pattern is not None:
             self._pattern_waiters.remove(waiter)
+
+
+def _log_opened(directory: str, report: RecoveryReport) -> None:
+    """One line on what opening found: a fresh start, a clean restart, or a recovery with its counts."""
+    if report.fresh:
+        log.info("opened a new store in %s (no logs yet)", directory)
+        return
+    level = logging.WARNING if report.repaired else logging.INFO
+    log.log(
+        level,
+        "opened %d logs (%d records) in %s after a%s shutdown; %d repaired, %d bytes dropped, "
+        "%d indexes rebuilt",
+        report.logs,
+        report.records,
+        directory,
+        " clean" if report.clean_shutdown else "n unclean",
+        len(report.repaired),
+        report.bytes_dropped,
+        report.indexes_rebuilt,
+    )
 
 
 def _write_marker(path: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -60,4 +61,39 @@ def test_foreign_directories_are_skipped(tmp_path: Path):
 
     assert sorted(Path(path).name for path in report.skipped_directories) == ["abc~deadbeef", "lost+found"]
     assert [info.topic for info in store.logs()] == ["a/b", "c"]
+    store.close()
+
+
+def test_a_new_directory_is_a_fresh_start_not_a_repair(tmp_path: Path, caplog):
+    caplog.set_level(logging.INFO, logger="broker_edge.storage")
+
+    store = LogStore(tmp_path / "new")
+    report = store.open()
+    store.close()
+
+    assert report.fresh and not report.clean_shutdown
+    assert (report.logs, report.repaired, report.bytes_dropped) == (0, [], 0)
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("new store" in message for message in messages)
+    assert not any("unclean" in message for message in messages)
+    assert LogStore(tmp_path / "new").open().fresh is False  # the clean close left its marker
+
+
+def test_a_repair_is_logged_with_its_counts(tmp_path: Path, caplog):
+    _filled(tmp_path)  # never closed
+    tail = segment_files(tmp_path / "c")[-1]
+    os.truncate(tail, frame_positions(tail)[-1] + 3)
+    caplog.set_level(logging.INFO, logger="broker_edge.storage")
+
+    store = LogStore(tmp_path)
+    report = store.open()
+
+    assert not report.fresh
+    warnings = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert any("kept 19 records, dropped 3 bytes" in message for message in warnings)
+    assert any(
+        "opened 2 logs (39 records)" in message and "1 repaired, 3 bytes dropped" in message
+        for message in warnings
+    )
+    assert any("unclean" in message for message in warnings)
     store.close()
