@@ -105,7 +105,8 @@ def _targets(targets: list[Target]) -> list[str]:
 
 def _scenario(r: ScenarioResult) -> list[str]:
     better = "higher is better" if r.higher_is_better else "lower is better"
-    ratio_name = f"{r.reference} / this"
+    side = "above" if r.higher_is_better else "below"
+    ratio_name = f"{r.reference} / this ({side} 1: {r.reference} better)"
     header = ["case", "broker", f"{r.figure_name} ({better})", ratio_name, *r.columns, "note"]
     out = [f"## {r.title}", "", r.description, ""]
     out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

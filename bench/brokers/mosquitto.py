@@ -10,6 +10,14 @@ from pathlib import Path
 from bench.brokers.base import BrokerUnavailable, BrokerUnderTest
 
 
+def mosquitto_binary() -> str | None:
+    """The mosquitto executable: on PATH, or where Debian puts it (/usr/sbin is not on every PATH)."""
+    found = shutil.which("mosquitto")
+    if found:
+        return found
+    return "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None
+
+
 class Mosquitto(BrokerUnderTest):
     """Mosquitto with anonymous access, no connection limit, TCP_NODELAY, and persistence on or off.
 
@@ -20,9 +28,9 @@ class Mosquitto(BrokerUnderTest):
 
     name = "mosquitto"
 
-    def __init__(self, persistence: bool | None = None, binary: str = "mosquitto") -> None:
+    def __init__(self, persistence: bool | None = None, binary: str | None = None) -> None:
         self.persistence = persistence
-        self.binary = binary
+        self.binary = binary or mosquitto_binary() or "mosquitto"
 
     @property
     def label(self) -> str:
@@ -32,7 +40,7 @@ class Mosquitto(BrokerUnderTest):
 
     def prepare(self) -> None:
         if shutil.which(self.binary) is None:
-            raise BrokerUnavailable(f"`{self.binary}` is not on PATH (Debian package `mosquitto`)")
+            raise BrokerUnavailable(f"`{self.binary}` not found (Debian package `mosquitto`)")
 
     def command(self, port: int, workdir: Path) -> list[str]:
         lines = [

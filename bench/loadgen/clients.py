@@ -36,8 +36,8 @@ class ClientGroup:
             self.errors.append(message)
 
 
-class _Client(asyncio.Protocol):
-    """CONNECT on connection, then `on_connack`; a subclass decides what follows."""
+class MqttClient(asyncio.Protocol):
+    """Sends CONNECT once connected; each subclass decides what follows the CONNACK."""
 
     def __init__(self, group: ClientGroup, connect_frame: bytes, scanner: FrameScanner) -> None:
         self.group = group
@@ -46,6 +46,7 @@ class _Client(asyncio.Protocol):
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self._closing = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
@@ -59,6 +60,8 @@ class _Client(asyncio.Protocol):
         self.closed = True
         if not self.ready.done():
             self.ready.set_exception(ConnectionError(f"connection lost before ready: {exc}"))
+        elif not self._closing:
+            self.group.error(f"the broker closed a connection during the run ({exc or 'EOF'})")
 
     def _check_connack(self) -> bool:
         """True once a successful CONNACK arrived; fails `ready` on a refused one."""
@@ -71,12 +74,13 @@ class _Client(asyncio.Protocol):
 
     def close(self) -> None:
         """DISCONNECT and close."""
+        self._closing = True
         if self.transport is not None and not self.closed:
             self.transport.write(frames.DISCONNECT_FRAME)
             self.transport.close()
 
 
-class Subscriber(_Client):
+class Subscriber(MqttClient):
     """Subscribes once connected, then counts the PUBLISH frames it receives and PUBACKs QoS 1 ones."""
 
     def __init__(
@@ -163,7 +167,7 @@ class Limiter:
         return 0
 
 
-class Publisher(_Client):
+class Publisher(MqttClient):
     """Writes pre-built PUBLISH frames as fast as flow control allows.
 
     QoS 0: slices of a blob of identical frames, while the transport is not paused and the limiter allows.
@@ -269,7 +273,7 @@ class Publisher(_Client):
             self._retry = self._loop.call_later(0.002, self._pump, True)
 
 
-class IdleClient(_Client):
+class IdleClient(MqttClient):
     """Connects and then does nothing (keepalive is set large in its CONNECT)."""
 
     def __init__(self, group: ClientGroup, connect_frame: bytes) -> None:

@@ -40,7 +40,7 @@ class Timing:
 
     warmup_s: float = 2.0
     measure_s: float = 5.0
-    drain_s: float = 15.0  # the longest drain; it ends once subscribers received nothing for 0.5 s
+    drain_s: float = 15.0  # the longest drain: it ends once every subscriber has everything it is owed
     connect_timeout_s: float = 60.0
 
 
@@ -116,7 +116,10 @@ def run_flow(broker: RunningBroker, spec: FlowSpec, timing: Timing, cpus: set[in
         _sleep_until(window_to)
         cpu_to, busy_to = cpu_seconds(broker.pid), machine_busy_seconds()
         rss = rss_bytes(broker.pid)
-        reports = workers.reports(timeout=end_by - time.monotonic() + 30)
+        publishers = workers.reports(timeout=end_by - time.monotonic() + 30, role="publish")
+        owed = sum(r.acked if spec.qos else r.sent for r in publishers)
+        workers.send_all(("expect", owed), role="subscribe")
+        reports = publishers + workers.reports(timeout=end_by - time.monotonic() + 30, role="subscribe")
     span = timing.measure_s
     return _summarise(
         spec, reports, window_from, window_to, (cpu_to - cpu_from) / span, (busy_to - busy_from) / span, rss

@@ -51,16 +51,19 @@ class WorkerSet:
             )
         return connected
 
-    def send_all(self, message: tuple) -> None:
-        """Send the same command to every worker."""
-        for _, _, conn in self._workers:
-            conn.send(message)
+    def send_all(self, message: tuple, role: str | None = None) -> None:
+        """Send the same command to every worker (of that role)."""
+        for spec, _, conn in self._workers:
+            if role is None or spec.role == role:
+                conn.send(message)
 
-    def reports(self, timeout: float) -> list[WorkerReport]:
-        """Collect every worker's final report (all within `timeout` seconds)."""
+    def reports(self, timeout: float, role: str | None = None) -> list[WorkerReport]:
+        """Collect the final report of every worker (of that role), all within `timeout` seconds."""
         deadline = time.monotonic() + timeout
         out = []
         for spec, process, conn in self._workers:
+            if role is not None and spec.role != role:
+                continue
             message = receive(conn, max(deadline - time.monotonic(), 0.1), f"{spec.role} worker", process)
             if message[0] != "done":
                 raise WorkerFailed(f"{spec.role} worker: {message[1]}")

@@ -4,6 +4,9 @@ The parent talks to it over a Pipe:
     worker -> ("ready", connected, errors)       once every client is connected (and subscribed)
     parent -> ("go", start, stop, end_by)         publishers publish in [start, stop); everyone reports
                                                   by end_by at the latest (monotonic clock, system-wide)
+    parent -> ("expect", n)                       subscribers: each is owed n messages (what the publishers
+                                                  reported); report once all have them, or after
+                                                  `idle_gap_s` without any delivery, or at end_by
     parent -> ("close",)                          idle clients: disconnect and report
     worker -> ("done", report dict) | ("failed", message)
 
@@ -25,7 +28,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from bench import frames, net
-from bench.loadgen.clients import ClientGroup, IdleClient, Limiter, Publisher, Subscriber, _Client
+from bench.loadgen.clients import ClientGroup, IdleClient, Limiter, MqttClient, Publisher, Subscriber
 from bench.sysinfo import raise_fd_limit
 
 #: frames per pre-built publish blob (QoS 0: identical frames; QoS 1: consecutive packet ids)
@@ -53,7 +56,7 @@ class WorkerSpec:
     keepalive: int = 600
     cpus: tuple[int, ...] | None = None
     sample_interval_s: float = 0.02
-    idle_gap_s: float = 0.5
+    idle_gap_s: float = 2.0
 
 
 @dataclass
@@ -106,7 +109,9 @@ async def _run(spec: WorkerSpec, conn: Connection, shared: Any) -> WorkerReport:
         if spec.role == "publish":
             await _publish(clients, stop, end_by)
         else:
-            await _until_quiet(group, spec.idle_gap_s, stop, end_by)
+            expected = loop.run_in_executor(None, _expected_count, conn, end_by)
+            subscribers = [c for c in clients if isinstance(c, Subscriber)]
+            await _until_delivered(subscribers, expected, group, spec, end_by)
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sampler
@@ -131,7 +136,7 @@ async def _run(spec: WorkerSpec, conn: Connection, shared: Any) -> WorkerReport:
         await asyncio.sleep(0.05)
 
 
-def _factory(spec: WorkerSpec, group: ClientGroup, shared: Any) -> Callable[[int], _Client]:
+def _factory(spec: WorkerSpec, group: ClientGroup, shared: Any) -> Callable[[int], MqttClient]:
     """A function making client number i of this worker."""
     prefix = spec.client_prefix
     if spec.role == "idle":
@@ -173,14 +178,14 @@ def _factory(spec: WorkerSpec, group: ClientGroup, shared: Any) -> Callable[[int
 
 
 async def _connect_all(
-    factory: Callable[[int], _Client], spec: WorkerSpec, group: ClientGroup
-) -> list[_Client]:
+    factory: Callable[[int], MqttClient], spec: WorkerSpec, group: ClientGroup
+) -> list[MqttClient]:
     """Connect (and subscribe) every client, `connect_concurrency` at a time, within `connect_timeout_s`."""
     loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(spec.connect_concurrency)
     deadline = time.monotonic() + spec.connect_timeout_s
 
-    async def one(i: int) -> _Client | None:
+    async def one(i: int) -> MqttClient | None:
         async with gate:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -199,7 +204,7 @@ async def _connect_all(
     return [client for client in results if client is not None]
 
 
-async def _publish(clients: list[_Client], stop: float, end_by: float) -> None:
+async def _publish(clients: list[MqttClient], stop: float, end_by: float) -> None:
     """Run the publishers until `stop`, then wait (until `end_by`) until everything written has left the
     process and every PUBACK owed has arrived: what is still buffered when the process exits never reaches
     the broker, and would count as lost."""
@@ -215,13 +220,32 @@ async def _publish(clients: list[_Client], stop: float, end_by: float) -> None:
         await asyncio.sleep(0.01)
 
 
-async def _until_quiet(group: ClientGroup, idle_gap_s: float, stop: float, end_by: float) -> None:
-    """Receive until `stop`, then until nothing arrived for `idle_gap_s` (or `end_by`)."""
-    await _sleep_until(stop)
+def _expected_count(conn: Connection, end_by: float) -> int | None:
+    """Wait (in a thread) for the parent's ("expect", n); None if it does not come by `end_by`."""
+    if conn.poll(max(end_by - time.monotonic(), 0)):
+        message = conn.recv()
+        if message[0] == "expect":
+            return int(message[1])
+    return None
+
+
+async def _until_delivered(
+    subscribers: list[Subscriber],
+    expected: asyncio.Future[int | None],
+    group: ClientGroup,
+    spec: WorkerSpec,
+    end_by: float,
+) -> None:
+    """Receive until every subscriber has what it is owed, or nothing arrived for `idle_gap_s` once the
+    count is known (a broker that dropped messages), or `end_by`."""
     while time.monotonic() < end_by:
-        if time.monotonic() - max(group.last_receive, stop) >= idle_gap_s:
-            break
-        await asyncio.sleep(0.02)
+        if expected.done():
+            owed = expected.result()
+            if owed is not None and all(s.received >= owed for s in subscribers):
+                return
+            if time.monotonic() - group.last_receive >= spec.idle_gap_s:
+                return
+        await asyncio.sleep(0.01)
 
 
 async def _sample(group: ClientGroup, samples: list, interval: float, end_by: float) -> None:

@@ -8,17 +8,17 @@ reference. The whole file takes about 10 s.
 from __future__ import annotations
 
 import random
-import shutil
 
 import pytest
 
 from bench import frames
 from bench.brokers import Mosquitto
+from bench.brokers.mosquitto import mosquitto_binary
 from bench.loadgen.flow import FlowSpec, Timing, run_flow
 from bench.loadgen.idle import run_idle
 from bench.stream import FrameScanner
 
-needs_mosquitto = pytest.mark.skipif(shutil.which("mosquitto") is None, reason="Debian package mosquitto")
+needs_mosquitto = pytest.mark.skipif(mosquitto_binary() is None, reason="needs the Debian package mosquitto")
 SHORT = Timing(warmup_s=0.3, measure_s=0.7, drain_s=4.0, connect_timeout_s=20.0)
 
 
