@@ -39,20 +39,40 @@ def test_granted_qos_caps_delivery_and_publish_qos_caps_it_too(broker):
 
 
 def test_wildcards_and_dollar_topics(broker):
-    sub = PahoClient(broker.port, "sub")
-    sub.subscribe("#", 0)
-    sub.subscribe("+/status", 0)
-    pub = PahoClient(broker.port, "pub")
-    pub.publish("$internal/status", b"hidden")  # not matched by root wildcards
-    pub.publish("room/status", b"visible")
-    [message] = sub.expect(1)
-    assert message.payload == b"visible"
-    sub.expect_none()
+    root = PahoClient(broker.port, "root")
+    root.subscribe("#", 0)
+    root.subscribe("+/status", 0)
     dollar = PahoClient(broker.port, "dollar")
     dollar.subscribe("$internal/#", 0)
-    pub.publish("$internal/status", b"explicit")
-    sub.expect_none()  # the publish to $internal is refused as a broker topic: nobody gets it
+    dollar.subscribe("$internal/+", 0)
+    broker.call(lambda: broker.broker.publish("$internal/status", b"broker topic"))
+    assert [(m.topic, m.payload) for m in dollar.expect(1)] == [("$internal/status", b"broker topic")]
+    pub = PahoClient(broker.port, "pub")
+    pub.publish("room/status", b"visible")
+    assert [m.payload for m in root.expect(1)] == [b"visible"]  # once, and the $ topic never came
+    root.expect_none()
     dollar.expect_none()
+
+
+def test_clients_cannot_publish_to_dollar_topics(broker):
+    dollar = PahoClient(broker.port, "dollar")
+    dollar.subscribe("$SYS/#", 0)
+    raw = RawClient(broker.port, 5)
+    raw.connect("forger")
+    raw.send_packet(Publish("$SYS/broker/uptime", b"forged", 1, packet_id=1))
+    assert raw.recv().reason_code == 0x87
+    dollar.expect_none()
+
+
+def test_plus_matches_one_whole_level(broker):
+    sub = PahoClient(broker.port, "sub")
+    sub.subscribe("a/+/c", 0)
+    sub.subscribe("+", 0)
+    pub = PahoClient(broker.port, "pub")
+    for topic in ("a/b/c", "a/b/x", "a/b/c/d", "a//c", "top", "a/b"):
+        pub.publish(topic, topic)
+    pub.publish("end", b"end", 1)
+    assert [m.topic for m in sub.expect(4)] == ["a/b/c", "a//c", "top", "end"]
 
 
 def test_hash_matches_parent_level(broker):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from broker_edge.protocol.packets import Disconnect
-from tests.broker.broker_test_clients import PahoClient, RawClient
+from broker_edge.protocol.packets import Disconnect, Will
+from tests.broker.broker_test_clients import PahoClient, RawClient, wait_for
 
 
 def test_retained_message_sent_on_subscribe_and_cleared_by_empty_payload(broker):
@@ -73,56 +73,80 @@ def test_will_published_when_connection_drops(broker):
 def test_no_will_after_normal_disconnect_but_0x04_sends_it(broker):
     watcher = PahoClient(broker.port, "watcher")
     watcher.subscribe("wills/#", 1)
-    polite = PahoClient(broker.port, "polite", will=("wills/polite", b"x", 1, False))
-    polite.disconnect()
-    raw = RawClient(broker.port, 5)
-    from broker_edge.protocol.packets import Will
-
-    raw.connect("explicit", will=Will("wills/explicit", b"bye", 1))
-    raw.send_packet(Disconnect(0x04))
-    [message] = watcher.expect(1)
-    assert message.topic == "wills/explicit"
+    for version in (4, 5):
+        polite = RawClient(broker.port, version)
+        polite.connect(f"polite{version}", will=Will(f"wills/polite{version}", b"x", 1))
+        polite.send_packet(Disconnect())
+        assert polite.closed()
+    explicit = RawClient(broker.port, 5)
+    explicit.connect("explicit", will=Will("wills/explicit", b"bye", 1))
+    explicit.send_packet(Disconnect(0x04))
+    [message] = watcher.expect(1)  # the polite clients left before: a will of theirs would come first
+    assert (message.topic, message.payload) == ("wills/explicit", b"bye")
     watcher.expect_none(0.2)
 
 
 def test_will_delay_cancelled_by_reconnect_and_sent_after_delay(broker):
     watcher = PahoClient(broker.port, "watcher")
     watcher.subscribe("wills/#", 1)
-    flaky = PahoClient(
-        broker.port,
-        "flaky",
-        clean=False,
-        session_expiry=300,
-        will=("wills/flaky", b"gone", 1, False),
-        will_delay=1,
-    )
+    will = {"clean": False, "session_expiry": 300, "will_delay": 100}
+    flaky = PahoClient(broker.port, "flaky", will=("wills/flaky", b"gone", 1, False), **will)
     flaky.kill()
+    assert wait_for(lambda: not broker.connected("flaky"))
+    broker.tick(50)
     PahoClient(broker.port, "flaky", clean=False, session_expiry=300)  # back before the delay: no will
-    delayed = PahoClient(
-        broker.port,
-        "slowwill",
-        clean=False,
-        session_expiry=300,
-        will=("wills/slow", b"late", 1, False),
-        will_delay=1,
-    )
+    delayed = PahoClient(broker.port, "slowwill", will=("wills/slow", b"late", 1, False), **will)
     delayed.kill()
-    [message] = watcher.expect(1, timeout=5)
-    assert message.topic == "wills/slow"
-    watcher.expect_none(0.3)
+    assert wait_for(lambda: not broker.connected("slowwill"))
+    broker.tick(90)
+    watcher.expect_none(0.2)  # not yet: neither will was sent at once
+    broker.tick(101)
+    [message] = watcher.expect(1)
+    assert (message.topic, message.payload) == ("wills/slow", b"late")
+    broker.tick(1000)
+    watcher.expect_none(0.2)
+
+
+def test_delayed_will_is_sent_when_the_session_ends_first(broker):
+    watcher = PahoClient(broker.port, "watcher")
+    watcher.subscribe("wills/#", 1)
+    device = PahoClient(
+        broker.port,
+        "short-session",
+        clean=False,
+        session_expiry=10,
+        will=("wills/short", b"session over", 1, False),
+        will_delay=600,
+    )
+    device.kill()
+    assert wait_for(lambda: not broker.connected("short-session"))
+    watcher.expect_none(0.2)
+    broker.tick(11)  # the session expires long before the will delay
+    assert watcher.expect(1)[0].payload == b"session over"
+
+
+def test_will_is_sent_at_once_without_delay_on_takeover(broker):
+    watcher = PahoClient(broker.port, "watcher")
+    watcher.subscribe("wills/#", 1)
+    RawClient(broker.port, 5).connect("twin", will=Will("wills/twin", b"taken over", 0))
+    RawClient(broker.port, 5).connect("twin")
+    assert watcher.expect(1)[0].payload == b"taken over"
 
 
 def test_retained_will(broker):
     device = PahoClient(broker.port, "dev", version=4, will=("status/dev", b"dead", 1, True))
     device.kill()
+    assert wait_for(lambda: broker.call(lambda: broker.broker.router.retained.count) == 1)
     watcher = PahoClient(broker.port, "late")
-    deadline_messages = []
-    for _ in range(50):
-        watcher.subscribe("status/dev", 1)
-        try:
-            deadline_messages = watcher.expect(1, timeout=0.1)
-            break
-        except Exception:
-            continue
-    assert deadline_messages and deadline_messages[0].payload == b"dead"
-    assert deadline_messages[0].retain is True
+    watcher.subscribe("status/dev", 1)
+    [message] = watcher.expect(1)
+    assert (message.payload, message.retain) == (b"dead", True)
+
+
+def test_will_topic_the_acl_denies_or_a_dollar_topic_is_refused_at_connect(start_broker):
+    broker = start_broker(acl={"rules": [{"permission": "allow", "action": "all", "topic": "ok/#"}]})
+    assert RawClient(broker.port, 5).connect("a", will=Will("forbidden/x", b"w")).reason_code == 0x87
+    assert RawClient(broker.port, 4).connect("b", will=Will("forbidden/x", b"w")).reason_code == 0x05
+    assert RawClient(broker.port, 5).connect("c", will=Will("ok/x", b"w")).reason_code == 0
+    open_broker = start_broker()
+    assert RawClient(open_broker.port, 5).connect("d", will=Will("$SYS/fake", b"w")).reason_code == 0x87

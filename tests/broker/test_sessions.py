@@ -6,16 +6,18 @@ import time
 
 from broker_edge.protocol.packets import (
     ConnAck,
-    Connect,
     Disconnect,
+    PingReq,
+    PingResp,
     PubAck,
     PubComp,
     Publish,
     PubRec,
     PubRel,
+    Will,
 )
 from broker_edge.protocol.properties import Properties
-from tests.broker.broker_test_clients import PahoClient, RawClient
+from tests.broker.broker_test_clients import PahoClient, RawClient, wait_for
 
 
 def test_persistent_session_keeps_subscriptions_and_queues_while_offline(broker):
@@ -27,10 +29,14 @@ def test_persistent_session_keeps_subscriptions_and_queues_while_offline(broker)
     for i in range(3):
         pub.publish(f"cmd/{i}", str(i), 1)
     pub.publish("cmd/q0", b"qos0-not-queued", 0)
+    pub.publish("elsewhere", b"after the QoS 0 one", 1)  # acknowledged: the QoS 0 PUBLISH was handled
+    assert broker.call(lambda: broker.broker.router.sessions["device"].queue is not None)
     again = PahoClient(broker.port, "device", clean=False, session_expiry=300)
     assert again.connack_result[0].session_present is True
     assert [m.payload for m in again.expect(3)] == [b"0", b"1", b"2"]
     again.expect_none(0.2)
+    PahoClient(broker.port, "backend2").publish("cmd/live", b"subscription kept", 1)
+    assert again.expect(1)[0].payload == b"subscription kept"
 
 
 def test_v3_persistent_session(broker):
@@ -58,22 +64,33 @@ def test_session_expiry_interval_zero_ends_session_at_disconnect(broker):
     sub = PahoClient(broker.port, "short", clean=False, session_expiry=0)
     sub.subscribe("x", 1)
     sub.disconnect()
-    deadline = time.monotonic() + 5
-    while broker.call(lambda: "short" in broker.broker.router.sessions) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert broker.call(lambda: "short" not in broker.broker.router.sessions)
+    assert wait_for(lambda: broker.call(lambda: "short" not in broker.broker.router.sessions))
 
 
 def test_session_expires_after_its_interval(broker):
-    sub = PahoClient(broker.port, "exp", clean=False, session_expiry=1)
+    sub = PahoClient(broker.port, "exp", clean=False, session_expiry=100)
     sub.subscribe("x", 1)
     sub.disconnect()
-    deadline = time.monotonic() + 5
-    while broker.call(lambda: "exp" in broker.broker.router.sessions) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert wait_for(lambda: not broker.connected("exp"))
+    broker.tick(90)
+    assert broker.call(lambda: "exp" in broker.broker.router.sessions)
+    broker.tick(101)
     assert broker.call(lambda: "exp" not in broker.broker.router.sessions)
-    again = PahoClient(broker.port, "exp", clean=False, session_expiry=1)
+    assert broker.call(lambda: broker.broker.router.trie.count) == 0
+    again = PahoClient(broker.port, "exp", clean=False, session_expiry=100)
     assert again.connack_result[0].session_present is False
+
+
+def test_v3_clean_session_0_lives_for_the_configured_maximum(start_broker):
+    broker = start_broker(sessions={"max_session_expiry_s": 50})
+    sub = PahoClient(broker.port, "v3keep", version=4, clean=False)
+    sub.subscribe("x", 1)
+    sub.disconnect()
+    assert wait_for(lambda: not broker.connected("v3keep"))
+    broker.tick(40)
+    assert broker.call(lambda: "v3keep" in broker.broker.router.sessions)
+    broker.tick(51)
+    assert broker.call(lambda: "v3keep" not in broker.broker.router.sessions)
 
 
 def test_session_expiry_capped_by_config(start_broker):
@@ -89,7 +106,9 @@ def test_takeover_disconnects_old_connection_with_0x8e(broker):
     new = PahoClient(broker.port, "same-id")
     packet = old.recv()
     assert isinstance(packet, Disconnect) and packet.reason_code == 0x8E
+    assert packet.properties.reason_string == "another connection took over this client id"
     assert old.closed()
+    assert broker.disconnects("session_taken_over") == 1
     new.subscribe("t", 0)
     PahoClient(broker.port, "p").publish("t", b"to-new")
     assert new.expect(1)[0].payload == b"to-new"
@@ -162,7 +181,12 @@ def test_empty_client_id_is_assigned_in_v5(broker):
     raw = RawClient(broker.port, 5)
     ack = raw.connect("")
     assert ack.reason_code == 0
-    assert ack.properties.assigned_client_identifier
+    assigned = ack.properties.assigned_client_identifier
+    assert assigned and broker.connected(assigned)
+    other = RawClient(broker.port, 5)
+    assert other.connect("").properties.assigned_client_identifier not in (None, assigned)
+    named = RawClient(broker.port, 5)
+    assert named.connect("named").properties.assigned_client_identifier is None
 
 
 def test_empty_client_id_with_clean_session_0_rejected_in_v3(broker):
@@ -170,8 +194,6 @@ def test_empty_client_id_with_clean_session_0_rejected_in_v3(broker):
     ack = raw.connect("", clean_start=False)
     assert isinstance(ack, ConnAck) and ack.reason_code == 0x02
     assert raw.closed()
-    ok = RawClient(broker.port, 4)
-    assert ok.connect("", clean_start=True).reason_code == 0
 
 
 def test_client_receive_maximum_limits_inflight_rest_waits(broker):
@@ -198,15 +220,27 @@ def test_exceeding_broker_receive_maximum_is_0x93(start_broker):
     assert raw.connect("flood").properties.receive_maximum == 2
     for pid in (1, 2, 3):  # QoS 2 without PUBREL keeps each id unacknowledged
         raw.send_packet(Publish("t", b"x", 2, packet_id=pid))
-    codes = []
-    while True:
-        packet = raw.recv()
-        if packet is None:
-            break
-        codes.append(type(packet).__name__ + f":{packet.reason_code}")
-        if isinstance(packet, Disconnect):
-            break
-    assert codes[-1] == "Disconnect:147"
+    replies = [raw.recv(), raw.recv()]
+    assert [(type(p), p.packet_id) for p in replies] == [(PubRec, 1), (PubRec, 2)]
+    packet = raw.recv()
+    assert isinstance(packet, Disconnect) and packet.reason_code == 0x93
+    assert packet.properties.reason_string
+    assert raw.closed()
+    assert broker.disconnects("receive_maximum_exceeded") == 1
+
+
+def test_receive_maximum_counts_only_unacknowledged_publishes(start_broker):
+    broker = start_broker(limits={"receive_maximum": 2})
+    raw = RawClient(broker.port, 5)
+    raw.connect("steady")
+    for pid in range(1, 7):  # six QoS 2 flows, completed one by one: never more than one open
+        raw.send_packet(Publish("t", b"x", 2, packet_id=pid))
+        assert isinstance(raw.recv(), PubRec)
+        raw.send_packet(PubRel(pid))
+        assert isinstance(raw.recv(), PubComp)
+    for pid in range(1, 9):  # QoS 1 is acknowledged at once
+        raw.send_packet(Publish("t", b"y", 1, packet_id=pid))
+    assert [raw.recv().packet_id for _ in range(8)] == list(range(1, 9))
 
 
 def test_message_expiry_drops_expired_queued_messages(broker):
@@ -232,12 +266,46 @@ def test_message_expiry_drops_expired_queued_messages(broker):
     assert broker.drops("expired") == 1
 
 
-def test_keepalive_timeout_closes_connection(broker):
+def test_takeover_of_a_v3_client_closes_it_and_sends_its_will(broker):
+    watcher = PahoClient(broker.port, "watcher")
+    watcher.subscribe("wills/#", 1)
+    old = PahoClient(broker.port, "dup", version=4, clean=False, will=("wills/dup", b"replaced", 1, False))
+    old.subscribe("kept", 1)
+    new = PahoClient(broker.port, "dup", version=4, clean=False)
+    assert new.connack_result[0].session_present is True  # the session moves to the new connection
+    assert old.disconnects.get(timeout=5) is not None
+    assert watcher.expect(1)[0].payload == b"replaced"
+    PahoClient(broker.port, "p").publish("kept", b"to the new one", 1)
+    assert new.expect(1)[0].payload == b"to the new one"
+    old.expect_none(0.1)
+
+
+def test_keepalive_timeout_is_one_and_a_half_times_the_keepalive(broker):
     raw = RawClient(broker.port, 5)
-    ack = raw.connect("idle", keep_alive=1)
-    assert ack.reason_code == 0
-    packet = raw.recv(timeout=5)
+    assert raw.connect("idle", keep_alive=100).reason_code == 0
+    after = broker.call(broker.broker.loop.time)
+    connection = broker.connection("idle")
+    broker.call(lambda: connection.check_timers(after + 149))  # the sweep, 149 s later, no packet since
+    raw.recv_none(0.1)
+    assert broker.connected("idle")
+    broker.call(lambda: connection.check_timers(after + 151))
+    packet = raw.recv()
     assert isinstance(packet, Disconnect) and packet.reason_code == 0x8D
+    assert packet.properties.reason_string
+    assert raw.closed()
+    assert broker.disconnects("keep_alive_timeout") == 1
+
+
+def test_keepalive_timeout_closes_v3_connection_and_sends_the_will(broker):
+    watcher = PahoClient(broker.port, "watcher")
+    watcher.subscribe("wills/#", 1)
+    raw = RawClient(broker.port, 4)
+    raw.connect("silent", keep_alive=10, will=Will("wills/silent", b"timed out", 1))
+    after = broker.call(broker.broker.loop.time)
+    connection = broker.connection("silent")
+    broker.call(lambda: connection.check_timers(after + 16))
+    assert raw.closed()
+    assert watcher.expect(1)[0].payload == b"timed out"
 
 
 def test_server_keep_alive_when_client_asks_more_than_maximum(start_broker):
@@ -246,20 +314,29 @@ def test_server_keep_alive_when_client_asks_more_than_maximum(start_broker):
     assert raw.connect("ka", keep_alive=600).properties.server_keep_alive == 30
     zero = RawClient(broker.port, 5)
     assert zero.connect("ka0", keep_alive=0).properties.server_keep_alive == 30
+    within = RawClient(broker.port, 5)
+    assert within.connect("ka20", keep_alive=20).properties.server_keep_alive is None
+    connection = broker.connection("ka")
+    now = broker.call(broker.broker.loop.time)
+    broker.call(lambda: connection.check_timers(now + 46))  # enforced: 1.5 x 30, not 1.5 x 600
+    assert raw.recv().reason_code == 0x8D
 
 
 def test_keepalive_zero_in_v3_means_none(broker):
     raw = RawClient(broker.port, 4)
     raw.connect("forever", keep_alive=0)
-    assert (
-        broker.call(lambda: next(c.keepalive for c in broker.broker.connections if c.client_id == "forever"))
-        == 0
-    )
+    now = broker.call(broker.broker.loop.time)
+    connection = broker.connection("forever")
+    broker.call(lambda: connection.check_timers(now + 10**7))  # four months without a packet
+    assert broker.connected("forever")
+    raw.send_packet(PingReq())
+    assert isinstance(raw.recv(), PingResp)
 
 
-def test_connect_twice_with_connect_packet_in_fields(broker):
+def test_empty_client_id_is_assigned_in_v3_with_clean_session(broker):
     raw = RawClient(broker.port, 4)
-    raw.send_packet(Connect(protocol_version=4, client_id="a"))
-    raw.send_packet(Connect(protocol_version=4, client_id="a"))
-    assert isinstance(raw.recv(), ConnAck)
-    assert raw.closed()
+    assert raw.connect("", clean_start=True).reason_code == 0
+    assert broker.call(lambda: [s for s in broker.broker.router.sessions if s.startswith("auto-")])
+    raw.subscribe("anon/t", 1)
+    PahoClient(broker.port, "p").publish("anon/t", b"to an assigned id", 1)
+    assert raw.recv().payload == b"to an assigned id"
