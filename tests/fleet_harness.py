@@ -2,51 +2,34 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
 from collections.abc import Callable
 
 from pipelines.actions.states import StatusReport
+from pipelines.fleet.background import BackgroundFleet
 from pipelines.fleet.client import MqttClient
 from pipelines.fleet.device import DeviceBehaviour
-from pipelines.fleet.fleet import Fleet, FleetSpec
+from pipelines.fleet.fleet import FleetSpec
 
 
-class FleetHarness:
-    """Runs a :class:`Fleet` and records every status report published on ``devices/+/actions``."""
+class FleetHarness(BackgroundFleet):
+    """Runs a fleet and records every status report published on ``devices/+/actions``."""
 
     def __init__(self, broker: tuple[str, int], spec: FleetSpec, behaviour: DeviceBehaviour) -> None:
+        super().__init__(spec, behaviour)
         self.broker = broker
-        self.fleet = Fleet(spec, behaviour)
         self.reports: list[StatusReport] = []
         self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._listener: MqttClient | None = None
 
-    def __enter__(self) -> FleetHarness:
-        self._thread.start()
-        self.run(self._start())
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.run(self._stop())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-
-    def run(self, coroutine, timeout_s: float = 60.0):
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
-
-    async def _start(self) -> None:
+    async def on_start(self) -> None:
         host, port = self.broker
         self._listener = await MqttClient.connect(host, port, "report-listener", on_message=self._on_report)
         await self._listener.subscribe("devices/+/actions", 1)
-        await self.fleet.start()
 
-    async def _stop(self) -> None:
-        await self.fleet.stop()
+    async def on_stop(self) -> None:
         if self._listener:
             await self._listener.disconnect()
 
