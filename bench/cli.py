@@ -8,9 +8,11 @@ python -m bench --only fanout,latency --brokers timestone,mosquitto
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import os
 import signal
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     run = RunInfo(
         date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        command="python -m bench " + " ".join(sys.argv[1:] if argv is None else argv),
+        command=" ".join(["python -m bench", *(sys.argv[1:] if argv is None else argv)]),
         quick=args.quick,
         repeat=args.repeat,
         cpu_split=_cpu_split(broker_cpus, loadgen_cpus),
@@ -103,6 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit:
         _log(f"terminated: brokers and workers stopped, {args.output} left as it was")
         raise
+    run = dataclasses.replace(
+        run,
+        load_average_end=" ".join(f"{x:.2f}" for x in os.getloadavg()),
+        other_cpu_mean=statistics.fmean(ctx.other_cpu) if ctx.other_cpu else None,
+    )
     text = render(run, machine_info(), _broker_infos(ctx), results, extra_sections(BENCH_DIR / "results"))
     args.output.write_text(text)
     _log(f"wrote {args.output} after {time.monotonic() - started:.0f} s")

@@ -31,6 +31,8 @@ class RunInfo:
     repeat: int
     cpu_split: str
     load_average: str
+    load_average_end: str = ""
+    other_cpu_mean: float | None = None  # mean "other CPU" % over the measurements (100 = one core)
 
 
 def render(
@@ -78,12 +80,28 @@ def _machine(run: RunInfo, m: MachineInfo) -> list[str]:
         f"| Python | {m.python} |",
         f"| CPU split | {run.cpu_split} |",
         f"| load average when the run started | {run.load_average} |",
+        f"| load average when it ended | {run.load_average_end} |",
         "",
+        *_contention(run, m),
         "Everything runs on this one machine over 127.0.0.1. The 'other CPU' columns show what the rest of "
         "the machine used during each measurement (100% = one core busy): when it is high, other work "
         "competed with the broker and the load generator, and the figures are lower and noisier than on a "
         "quiet machine. 'load-gen CPU' near 100% would mean that the load generator, not the broker, set "
         "the pace.",
+        "",
+    ]
+
+
+def _contention(run: RunInfo, m: MachineInfo) -> list[str]:
+    """A warning when other work took a large share of the machine during the measurements."""
+    if run.other_cpu_mean is None or run.other_cpu_mean < 25:
+        return []
+    return [
+        f"**Warning: other processes used {run.other_cpu_mean:.0f}% CPU on average during the measurements "
+        f"(of {100 * m.cores}% for the whole machine).** The broker and the load generator got only part of "
+        "their CPUs: throughput is understated, latency overstated, and repeated runs vary widely (see the "
+        "'runs' columns). Compare brokers within this run only, and re-run on a quiet machine for absolute "
+        "figures.",
         "",
     ]
 

@@ -33,6 +33,7 @@ class RunContext:
     unavailable: dict[str, str] = field(default_factory=dict)  # broker label -> why it could not run
     unprepared: dict[str, str] = field(default_factory=dict)  # broker name -> why it could not be installed
     seen: dict[str, BrokerUnderTest] = field(default_factory=dict)  # every broker label measured, in order
+    other_cpu: list[float] = field(default_factory=list)  # "other CPU" % of every measurement kept
 
 
 @dataclass

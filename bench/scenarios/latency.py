@@ -29,6 +29,7 @@ def run(ctx: RunContext) -> ScenarioResult:
                 rows.append(Row(f"QoS {qos}", broker.label, None, note=outcome))
                 continue
             r = outcome.result
+            ctx.other_cpu.append(r.other_cpu_pct)
             ctx.log(f"    p50 {r.p50_ms:.3f} ms, p99 {r.p99_ms:.3f} ms, max {r.max_ms:.3f} ms")
             cells = {
                 "p50 ms": f"{r.p50_ms:.3f}",

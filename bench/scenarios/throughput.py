@@ -32,6 +32,7 @@ def flow_row(
     if not isinstance(outcome, Measured):
         return Row(case, broker.label, None, note=outcome)
     r, on_disk = outcome.result
+    ctx.other_cpu.append(r.other_cpu_pct)
     ctx.log(f"    delivered/s {r.delivered_per_s:,.0f} (runs: {spread(outcome.figures) or 'one'})")
     cells = {
         "published/s": f"{r.published_per_s:,.0f}",
