@@ -171,6 +171,8 @@ class Connection(asyncio.Protocol):
         if self.state == CLOSED and self.transport is None:
             return
         was_connected = self.state == CONNECTED
+        if was_connected and log.isEnabledFor(logging.INFO):
+            self.log().info("disconnected%s", f" ({exc})" if exc is not None else "")
         self.state = CLOSED
         self._out = None
         self.broker.connection_closed(self, was_connected)

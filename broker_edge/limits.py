@@ -152,9 +152,9 @@ class LimitsConfig:
     max_client_id_length: int = 128
     """Bytes (UTF-8) of a client identifier; MQTT requires at least 23 to be accepted."""
     max_offline_messages: int = 1_000
-    """QoS 1/2 messages queued for one offline persistent session; older ones are dropped (queue_full)."""
+    """QoS 1/2 messages queued for one session (offline, or its in-flight window full); more are dropped."""
     max_offline_bytes: int = 16_777_216
-    """Payload bytes queued for one offline persistent session."""
+    """Payload bytes queued for one session; a message that would pass it is dropped (queue_full)."""
     outgoing_buffer_bytes: int = 1_048_576
     """Write-buffer high-water mark of one connection; above it the subscriber is slow (see policy)."""
     slow_subscriber_policy: Literal["disconnect", "drop_qos0"] = "drop_qos0"
@@ -166,7 +166,7 @@ class LimitsConfig:
     messages_burst_per_client: int = 200
     """PUBLISHes one client may send at once above that rate."""
     max_topics_per_client: int = 1_000
-    """Distinct topics one client may create logs for (bounds a runaway device); 0 = unlimited."""
+    """Topic logs one client's session may create by publishing (v5: 0x97 beyond it); 0 = unlimited."""
 
     def __post_init__(self) -> None:
         _at_least(self, "max_connections", 1)

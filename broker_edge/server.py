@@ -328,7 +328,9 @@ class Broker:
             message.offset = self.store.append(message.topic, record)
         except StorageError as exc:
             self.count_drop("log_failed")
-            log.warning("append to %r failed: %s", message.topic, exc)
+            log.warning(
+                "append to %r failed: %s", message.topic, exc, extra={"client_id": message.origin or "-"}
+            )
             if conn is not None and packet_id is not None:
                 code = (
                     ReasonCode.QUOTA_EXCEEDED
@@ -476,7 +478,7 @@ class Broker:
             self.flush_stats()
             if now >= self._next_sys:
                 self._next_sys = now + self.config.sys_topics.interval_s
-                self._publish_sys()
+                self.publish_sys_topics()
             if self.store is not None and now >= self._next_retention:
                 self._next_retention = now + self.config.storage.retention_interval_s
                 report = self.store.apply_retention()
@@ -492,7 +494,9 @@ class Broker:
             if not self._stopping:
                 self._sweep_handle = self.loop.call_later(SWEEP_INTERVAL_S, self._sweep)
 
-    def _publish_sys(self) -> None:
+    def publish_sys_topics(self) -> None:
+        """Publish every ``$SYS/broker/...`` topic now (retained); the sweep calls it every interval."""
+        self.flush_stats()
         messages = sys_topic_messages(self.metrics.snapshot(), BROKER_VERSION, self.started_at, time.time())
         for topic, payload in messages.items():
             self.router.publish(Message(topic, payload, 0, True))

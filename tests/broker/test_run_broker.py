@@ -1,5 +1,5 @@
-"""The broker as a process: ``python -m broker_edge.main --config FILE`` serving MQTT, /metrics, /health,
-$SYS topics and the offsets API, stopping cleanly on SIGTERM."""
+"""The broker as a process: ``timestone broker [--config FILE]`` serving MQTT, /metrics, /health, $SYS topics
+and the offsets API, refusing bad configuration with a message that names the key, stopping on SIGTERM."""
 
 from __future__ import annotations
 
@@ -10,17 +10,34 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
+import pytest
 import yaml
 
+from broker_edge.config import ConfigError
+from broker_edge.config.broker import BrokerConfig, load_broker_config
 from tests.broker.broker_test_clients import PahoClient
 from tests.conftest import free_port
 
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = Path(sys.executable).with_name("timestone")
+TIMESTONE = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "pipelines.cli"]
+"""The installed ``timestone`` command (``pipelines.cli:main``), or the same entry point through ``-m``."""
+DEFAULT_PORTS = (1883, 9883, 9884)
+"""MQTT, admin HTTP and offsets API ports of the default configuration."""
 
-def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 10) -> None:
+
+def start(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*TIMESTONE, "broker", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 15) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert process.poll() is None, process.stderr.read()
+        assert process.poll() is None, process.communicate()[1]
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
             return
@@ -29,7 +46,21 @@ def wait_for_port(port: int, process: subprocess.Popen, timeout: float = 10) -> 
     raise TimeoutError(f"port {port} not open")
 
 
-def test_run_broker_subprocess_with_yaml_config(tmp_path):
+def stop(process: subprocess.Popen) -> str:
+    """SIGTERM, wait for a clean exit (status 0); returns standard error."""
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=15)
+    assert process.returncode == 0, err
+    return err
+
+
+def assert_free(port: int) -> None:
+    with socket.socket() as sock:
+        busy = sock.connect_ex(("127.0.0.1", port)) == 0
+    assert not busy, f"port {port} is in use on this machine: stop what listens there to run this test"
+
+
+def test_timestone_broker_with_yaml_config(tmp_path):
     mqtt_port, admin_port, api_port = free_port(), free_port(), free_port()
     config = {
         "listeners": [{"name": "main", "type": "tcp", "host": "127.0.0.1", "port": mqtt_port}],
@@ -41,12 +72,7 @@ def test_run_broker_subprocess_with_yaml_config(tmp_path):
     }
     path = tmp_path / "broker.yaml"
     path.write_text(yaml.safe_dump(config))
-    process = subprocess.Popen(
-        [sys.executable, "-m", "broker_edge.main", "--config", str(path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = start(["--config", str(path)], tmp_path)
     try:
         wait_for_port(mqtt_port, process)
         sub = PahoClient(mqtt_port, "proc-sub")
@@ -63,32 +89,66 @@ def test_run_broker_subprocess_with_yaml_config(tmp_path):
         assert 'timestone_broker_messages_received_total{listener="main",qos="1"} 1.0' in metrics
         logs = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{api_port}/v1/logs", timeout=5).read())
         assert [(log["topic"], log["end_offset"]) for log in logs["logs"]] == [("p/t", 1)]
+        sub.disconnect()
     finally:
-        process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=10)
-    assert process.returncode == 0, err
-    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
-    connected = [line for line in lines if line["msg"].startswith("connected")]
-    assert {line["client_id"] for line in connected} == {"proc-sub", "proc-pub"}
+        err = stop(process)
+    lines = [json.loads(line) for line in err.splitlines()]  # every line is one JSON object
+    connection_lines = [line for line in lines if line["logger"] == "broker_edge.connection"]
+    assert {line["client_id"] for line in connection_lines} == {"proc-sub", "proc-pub"}
+    assert {"connected", "disconnected"} <= {line["msg"].split(":")[0] for line in connection_lines}
 
 
-def test_run_broker_config_error_exit_status(tmp_path):
+def test_timestone_broker_without_config_and_with_the_shipped_one_serve_loopback_1883(tmp_path):
+    """No file, or conf/broker.yaml: one listener on 127.0.0.1:1883 open to anonymous clients (loopback)."""
+    for args in ([], ["--config", str(REPO / "conf" / "broker.yaml")]):
+        for port in DEFAULT_PORTS:
+            assert_free(port)
+        process = start(args, tmp_path)  # the default commitlog directory is relative: timestone-data
+        try:
+            wait_for_port(1883, process)
+            sub = PahoClient(1883, "anonymous-sub", version=4)
+            sub.subscribe("d/t", 1)
+            PahoClient(1883, "anonymous-pub").publish("d/t", b"defaults work", 1)
+            assert sub.expect(1)[0].payload == b"defaults work"
+            health = json.loads(urllib.request.urlopen("http://127.0.0.1:9883/health", timeout=5).read())
+            assert health["listeners"] == {"default": 1883}
+            with socket.socket() as sock:
+                assert sock.connect_ex(("127.0.0.2", 1883)) != 0  # bound to 127.0.0.1 only
+        finally:
+            stop(process)
+        assert (tmp_path / "timestone-data").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("limits:\n  max_conections: 5\n", "limits.max_conections"),
+        ("limits:\n  max_connections: many\n", "limits.max_connections"),
+        ("listeners:\n  - {name: a, port: 1883.5}\n", "listeners[0].port"),
+        ("retain:\n  enabled: 'yes'\n", "retain.enabled"),
+        ("sys_topics:\n  interval_s: [1]\n", "sys_topics.interval_s"),
+        ("acl:\n  rules:\n    - {permission: allow, action: all, topik: a}\n", "acl.rules[0].topik"),
+        ("listeners:\n  - {name: lan, host: 0.0.0.0, port: 1883}\n", "listeners[0]"),
+        ("mqtt:\n  outgoing_topic_aliases: -1\n", "mqtt.outgoing_topic_aliases"),
+    ],
+)
+def test_configuration_errors_name_the_key(tmp_path, text, key):
     path = tmp_path / "bad.yaml"
-    path.write_text("limits:\n  max_conections: 5\n")
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load_broker_config(path)
+    assert error.value.path == key
+
+
+def test_configuration_error_exits_2_with_the_key_on_standard_error(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("limits:\n  max_connections: many\n")
     result = subprocess.run(
-        [sys.executable, "-m", "broker_edge.main", "--config", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=20,
+        [*TIMESTONE, "broker", "--config", str(path)], capture_output=True, text=True, timeout=30
     )
     assert result.returncode == 2
-    assert "limits.max_conections" in result.stderr
+    assert "configuration error: limits.max_connections: expected int, got str 'many'" in result.stderr
 
 
 def test_shipped_conf_broker_yaml_is_exactly_the_defaults():
-    from pathlib import Path
-
-    from broker_edge.config.broker import BrokerConfig, load_broker_config
-
-    shipped = Path(__file__).resolve().parents[2] / "conf" / "broker.yaml"
-    assert load_broker_config(shipped) == BrokerConfig()
+    assert load_broker_config(REPO / "conf" / "broker.yaml") == BrokerConfig()
