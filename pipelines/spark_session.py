@@ -27,5 +27,20 @@ def local_spark_session(app_name: str = "timestone", master: str = "local[*]") -
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )
+
+
+def stop_between_batches(query, timeout_s: float = 30.0) -> None:
+    """Stop a streaming query when no micro-batch is running, so none is interrupted half-way.
+
+    ``query.stop()`` interrupts a running batch; its writes are idempotent so nothing is lost, but the
+    interruption surfaces as noisy errors. Waiting for the trigger to go idle first avoids that.
+    """
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    query.stop()

@@ -25,6 +25,7 @@ from pipelines.actions.config import ActionsConfig
 from pipelines.actions.engine import ACTIONS, ActionsEngine
 from pipelines.actions.model import parse_report
 from pipelines.actions.publisher import MqttPublisher, Publisher
+from pipelines.spark_session import stop_between_batches
 from sinks.foreach_batch import streaming_query_id
 from sinks.store import TableStore, open_table_store
 from sources import register_sources
@@ -87,7 +88,7 @@ class ActionsJob:
         if self._ticker:
             self._ticker.join(timeout=10)
         for query in self.queries:
-            query.stop()
+            stop_between_batches(query)
         self.engine.publisher.close()
 
 

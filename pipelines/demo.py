@@ -1,0 +1,223 @@
+"""``timestone demo``: the whole platform on one machine, on embedded defaults, in about two minutes.
+
+It starts an edge broker (a child process), a simulated fleet, the telemetry pipeline and the actions job on
+a local Spark session; waits until the telemetry pipeline has registered the devices; writes one OTA action
+row for the ``canary`` group; shows the rollout as a live bar; prints the outcome per state; and says where
+the Delta tables and notebooks are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from broker_edge.launcher import BrokerProcess
+from pipelines.fleet.background import BackgroundFleet
+from pipelines.fleet.device import DeviceBehaviour
+from pipelines.fleet.fleet import FleetSpec
+
+STATES = ("queued", "in_progress", "succeeded", "failed", "rejected", "timed_out", "canceled")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="timestone demo", description=__doc__.split("\n")[0])
+    parser.add_argument("--devices", type=int, default=200, help="simulated devices (default 200)")
+    parser.add_argument("--workdir", default=".timestone/demo", help="where the demo keeps its data")
+    parser.add_argument("--timeout", type=float, default=240.0, help="give up after this many seconds")
+    parser.add_argument("--failure-rate", type=float, default=0.05, help="share of devices whose OTA fails")
+    parser.add_argument("--reject-rate", type=float, default=0.02, help="share of devices that reject OTA")
+    return parser
+
+
+class Progress:
+    """One status line, redrawn in place on a terminal and printed now and then elsewhere."""
+
+    def __init__(self, stream=sys.stdout) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self._last = ""
+        self._printed_at = 0.0
+
+    def show(self, text: str) -> None:
+        if self.tty:
+            self.stream.write("\r\033[K" + text)
+            self.stream.flush()
+        elif text != self._last and time.monotonic() - self._printed_at > 2:
+            print(text, file=self.stream, flush=True)
+            self._printed_at = time.monotonic()
+        self._last = text
+
+    def done(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+        elif self._last:
+            print(self._last, file=self.stream, flush=True)
+
+
+def bar(done: int, total: int, width: int = 30) -> str:
+    filled = int(width * done / total) if total else 0
+    return "[" + "#" * filled + "-" * (width - filled) + f"] {done}/{total}"
+
+
+def _wait(predicate, timeout_s: float, progress: Progress, describe) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            progress.show(describe())
+            progress.done()
+            return True
+        progress.show(describe())
+        time.sleep(0.5)
+    progress.done()
+    return False
+
+
+def demo_main(argv: list[str]) -> int:
+    """Entry point of ``timestone demo``."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("great_expectations").setLevel(logging.WARNING)
+    workdir = Path(args.workdir).resolve()
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    tables = workdir / "tables"
+    deadline = time.monotonic() + args.timeout
+
+    print(f"Timestone demo in {workdir}")
+    broker = BrokerProcess(
+        workdir / "broker",
+        limits={"max_connections": args.devices + 100, "new_connections_per_second": 1000.0},
+        logging={"level": "WARNING"},
+    ).start()
+    print(f"  broker      MQTT 127.0.0.1:{broker.port}, offsets API {broker.offsets_url}")
+    spec = FleetSpec(brokers=[broker.address], count=args.devices, groups=["canary", "fleet"], seed=11)
+    behaviour = DeviceBehaviour(
+        telemetry_interval_s=2.0,
+        download_delay_s=(1.0, 4.0),
+        failure_rate=args.failure_rate,
+        reject_rate=args.reject_rate,
+    )
+    try:
+        with BackgroundFleet(spec, behaviour) as fleet:
+            print(f"  fleet       {fleet.fleet.connected()} simulated devices (groups canary, fleet)")
+            return _run_pipelines(args, broker, fleet, tables, workdir, deadline)
+    finally:
+        broker.stop()
+
+
+def _run_pipelines(
+    args, broker: BrokerProcess, fleet: BackgroundFleet, tables: Path, workdir: Path, deadline
+) -> int:
+    from pipelines.actions.config import ActionsConfig, BrokerEndpoint
+    from pipelines.actions.job import start_actions_job
+    from pipelines.actions.operator import NewAction, create_action, summaries
+    from pipelines.spark_session import local_spark_session, stop_between_batches
+    from pipelines.telemetry.config import load_telemetry_config
+    from pipelines.telemetry.job import TelemetryBatch, open_store, start_query
+    from sinks import open_table_store
+
+    print("  spark       starting a local session ...")
+    spark = local_spark_session("timestone-demo")
+    spark.sparkContext.setLogLevel("ERROR")
+    telemetry_config = load_telemetry_config(
+        {
+            "source": {"brokers": [f"{broker.name}={broker.offsets_url}"]},
+            "tables": {"root": str(tables), "backend": "delta-rs"},
+            "stream": {"checkpoint": str(workdir / "checkpoints" / "telemetry")},
+        }
+    )
+    telemetry_store = open_store(spark, telemetry_config)
+    batch = TelemetryBatch(telemetry_config, telemetry_store)
+    batch.ensure_tables()
+    telemetry = start_query(spark, telemetry_config, batch)
+    store = open_table_store(spark, str(tables), backend="delta-rs")
+    actions = start_actions_job(
+        spark,
+        ActionsConfig(
+            tables_root=str(tables),
+            checkpoint_root=str(workdir / "checkpoints" / "actions"),
+            brokers=[BrokerEndpoint(name=broker.name, mqtt_port=broker.port, offsets_api=broker.offsets_url)],
+        ),
+        store,
+    )
+    print("  pipelines   telemetry (bronze → silver → gold) and actions (OTA fanout) are running")
+    for name in ("great_expectations", "great_expectations.data_context.types.base"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    progress = Progress()
+    try:
+        registered = lambda: store.read_arrow("devices").num_rows  # noqa: E731
+        print("\nWaiting for the telemetry pipeline to register the fleet in the devices table:")
+        if not _wait(
+            lambda: registered() >= args.devices,
+            deadline - time.monotonic(),
+            progress,
+            lambda: "  devices " + bar(registered(), args.devices),
+        ):
+            print("timed out waiting for devices", file=sys.stderr)
+            return 1
+        action_id = create_action(
+            store,
+            NewAction(
+                group="canary",
+                version="2.0.0",
+                url="https://firmware.example.invalid/fw-2.0.0.bin",
+                sha256="9f2c" + "0" * 60,
+                size=1_048_576,
+                failure_pct=50.0,
+                min_executed=20,
+                in_progress_timeout_s=60,
+                created_by="demo",
+            ),
+        )
+        print(f"\nWrote OTA action {action_id} (firmware 2.0.0 → group canary) to the actions table:")
+
+        def state() -> dict:
+            rows = summaries(store, action_id)
+            return rows[0] if rows else {}
+
+        def describe() -> str:
+            s = state()
+            if not s:
+                return "  waiting for the fanout job ..."
+            finished = s["succeeded_count"] + s["failed_count"] + s["rejected_count"] + s["timed_out_count"]
+            finished += s["canceled_count"]
+            return (
+                f"  {s['action_state']:<11} "
+                + bar(finished, s["total_count"])
+                + (f"  ok={s['succeeded_count']} failed={s['failed_count']} rejected={s['rejected_count']}")
+            )
+
+        completed = _wait(
+            lambda: state().get("action_state", "IN_PROGRESS") != "IN_PROGRESS",
+            deadline - time.monotonic(),
+            progress,
+            describe,
+        )
+        final = state()
+        print(f"\nOutcome of {action_id}: {final.get('action_state', 'unknown')}")
+        for name in STATES:
+            print(f"  {name:<12} {final.get(f'{name}_count', 0):>6}")
+        print(
+            f"\nDelta tables:  {tables}/<table> (bronze_telemetry, silver_telemetry, device_minute, devices,"
+        )
+        print("               actions, action_executions, action_summary, dq_results, telemetry_quarantine)")
+        print(
+            "Notebooks:     notebooks/telemetry.ipynb and notebooks/ota_rollout.ipynb "
+            f"(TIMESTONE_TABLES={tables})"
+        )
+        print(f"Follow-up:     timestone ota status --tables-root {tables}")
+    finally:
+        fleet.run(fleet.fleet.stop())  # no new data: the queries finish their batch and go idle
+        telemetry.processAllAvailable()
+        actions.stop()
+        stop_between_batches(telemetry)
+        batch.close()
+        spark.stop()
+    bronze = telemetry_store.read_arrow("bronze_telemetry").num_rows
+    silver = telemetry_store.read_arrow("silver_telemetry").num_rows
+    print(f"Telemetry: {bronze:,} rows in bronze, {silver:,} in silver.")
+    return 0 if completed else 1
