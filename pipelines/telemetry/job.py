@@ -208,7 +208,9 @@ class TelemetryBatch:
             T.touched_minutes(passed), ["device_id", "minute"], "left_semi"
         )
         metrics = self.config.gold.minute_metrics
-        batch.out.merge("device_minute", T.minute_aggregates(in_touched.drop("minute"), metrics, batch.now))
+        rows = T.minute_aggregates(in_touched.drop("minute"), metrics, batch.now)
+        # event_date (a function of minute) in the match lets the merge read only the touched partitions.
+        batch.out.merge("device_minute", rows, keys=("event_date", "device_id", "minute"))
 
     # -- devices -----------------------------------------------------------------------------------------
 
