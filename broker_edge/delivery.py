@@ -87,10 +87,10 @@ class Message:
         expiry = None
         if self.expires_at is not None and v5:
             expiry = max(1, math.ceil(self.expires_at - time.monotonic()))
-        if subscription_ids or expiry is not None or alias:
+        if subscription_ids or expiry is not None:
             key: object = (v5, qos, retain, subscription_ids, expiry, alias, alias_only)
-        else:
-            key = (v5 << 3) | (qos << 1) | retain
+        else:  # the common variants: one small int (hashing a tuple per delivery would cost more)
+            key = (alias << 5) | (alias_only << 4) | (v5 << 3) | (qos << 1) | retain
         cache = self._cache
         if cache is None:
             cache = self._cache = {}
