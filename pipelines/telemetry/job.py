@@ -6,14 +6,16 @@ same micro-batch, a few hundred milliseconds after bronze. Exactly-once holds pe
 keyed by (query id, batch id) in that table's Delta log (:mod:`sinks.foreach_batch`), so a batch that
 fails half-way is replayed by Spark with the same offsets and writes only the tables it had not written.
 
-Order inside a batch: bronze first (lowest latency for the raw layer), then silver, quarantine, gold, and
-dq_results last, so the real Great Expectations validation never delays the rows of its own batch.
+Order inside a batch: bronze first (lowest latency for the raw layer); then, concurrently, silver followed
+by device_minute, quarantine, devices, and dq_results (the Great Expectations validation runs there, so it
+never delays the silver rows of its own batch). See docs/telemetry-pipeline.md.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -113,7 +115,7 @@ class TelemetryBatch:
         self.conditions = Q.row_failure_conditions(config.quality.suites, self.column_types)
         self.validator = gx_validator or Q.GxValidator(config.quality.suites, config.quality.gx.engine)
         self.schedule = Q.GxSchedule(config.quality.gx)
-        self.reports: list[BatchReport] = []
+        self.reports: deque[BatchReport] = deque(maxlen=1000)  # the latest batches, for logs and tests
         #: Called after each step with the step's name and the batch id; tests inject failures here.
         self.after_step: Callable[[str, int], None] = lambda step, batch_id: None
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="telemetry-batch")
