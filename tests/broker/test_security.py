@@ -258,3 +258,21 @@ def test_plain_tcp_to_a_tls_listener_is_refused(start_broker, pki):
     raw.send(encode(Connect(protocol_version=5, client_id="plain"), 5))
     assert raw.closed()
     assert wait_for(lambda: broker.refused("tls_error") == 1)
+
+
+def test_secure_websocket_listener(start_broker, pki):
+    wss = {**tls_listener(pki, True), "name": "wss", "type": "wss", "path": "/mqtt"}
+    broker = start_broker(listeners=[wss])
+    client = PahoClient(
+        broker.port,
+        "wss-client",
+        transport="websockets",
+        ws_path="/mqtt",
+        tls_context=client_ssl_context(pki),
+    )
+    assert client.connack_result[1] == 0
+    client.subscribe("wss/t", 1)
+    client.publish("wss/t", b"over wss", 1)
+    assert client.expect(1)[0].payload == b"over wss"
+    assert broker.call(lambda: broker.broker.router.sessions["wss-client"].username) == pki.client_common_name
+    assert tls_refused(broker.port, client_ssl_context(pki, certificate=False))
