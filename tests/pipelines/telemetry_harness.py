@@ -134,3 +134,33 @@ class Fleet:
         for publisher in self.publishers:
             publisher.flush()
         return rounds * len(self.devices)
+
+
+class MqttPublisher:
+    """Publishes like a device: MQTT 5, QoS 1 through a real broker; ``flush`` waits for every PUBACK.
+
+    The broker acknowledges a QoS 1 publish once its log holds it durably, so after ``flush`` the offsets
+    API serves every message (what ``LogAppendPublisher.flush`` guarantees by appending directly).
+    """
+
+    def __init__(self, name: str, port: int, client_id: str = "fleet") -> None:
+        import paho.mqtt.client as mqtt
+
+        self.name = name
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+        self._pending: list[Any] = []
+
+    def publish(self, topic: str, payload: bytes, timestamp_ms: int | None = None) -> None:
+        self._pending.append(self.client.publish(topic, payload, qos=1))  # the broker stamps the time
+
+    def flush(self) -> None:
+        for info in self._pending:
+            info.wait_for_publish(timeout=30)
+            assert info.is_published(), f"no PUBACK for message {info.mid}"
+        self._pending.clear()
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()

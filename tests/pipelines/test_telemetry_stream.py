@@ -15,7 +15,7 @@ from pyspark.errors import StreamingQueryException
 from broker_edge.storage import StorageConfig
 from pipelines.telemetry.config import TelemetryConfig, load_telemetry_config
 from pipelines.telemetry.job import TelemetryBatch, open_store, start_query
-from tests.pipelines.telemetry_harness import Fleet, LogAppendPublisher
+from tests.pipelines.telemetry_harness import Fleet, LogAppendPublisher, MqttPublisher
 from tests.sources.conftest import EdgeBroker
 
 pytestmark = pytest.mark.spark
@@ -139,3 +139,31 @@ def test_retention_gap_fails_the_query_or_is_skipped_without_fail_on_data_loss(s
     offsets = sorted(offset for _, _, offset in keys(store, "bronze_telemetry"))
     assert offsets == list(range(first)) + list(range(log_start, first + 60))
     assert store.read("silver_telemetry").count() == len(offsets)
+
+
+def test_devices_publishing_over_mqtt_to_a_real_broker_land_once(spark, tmp_path):
+    """The same path as production: MQTT publish → broker commitlog → offsets API → the pipeline."""
+    from tests.broker.conftest import RunningBroker, broker_config
+
+    config = broker_config(tmp_path, storage={"durability": "group"}, offsets_api={"port": 0})
+    running = RunningBroker(config).start()
+    publisher = MqttPublisher("edge1", running.port)
+    try:
+        sent = Fleet([publisher], devices=5).send(rounds=6)
+        api = f"http://127.0.0.1:{running.broker.offsets_port}"
+        pipeline = load_telemetry_config(
+            {
+                "source": {"brokers": [f"edge1={api}"], "options": {"fetchRetries": "1"}},
+                "tables": {"root": str(tmp_path / "tables")},
+                "stream": {"checkpoint": str(tmp_path / "checkpoint")},
+                "quality": {"gx": {"schedule": "never"}},
+            }
+        )
+        store = run_available_now(spark, pipeline).store
+    finally:
+        publisher.close()
+        running.stop()
+    bronze = keys(store, "bronze_telemetry")
+    assert len(bronze) == len(set(bronze)) == sent
+    assert sorted(keys(store, "silver_telemetry")) == sorted(bronze)
+    assert store.read("devices").count() == 5
