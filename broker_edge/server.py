@@ -373,6 +373,7 @@ class Broker:
             matched = 1
             if message is not None:
                 self.metrics.log_appends_total.inc()
+                self.metrics.log_bytes_total.inc(len(message.payload))
                 matched = router.publish(message)
                 if self.replays is not None:
                     self.replays.appended(message)

@@ -34,6 +34,8 @@ def test_qos1_publish_is_logged_and_deliveries_carry_the_offset(start_broker):
     records = broker.call(lambda: broker.broker.store.read("t/a", 0, 10))
     assert [r.payload for r in records] == [b"m0", b"m1", b"m2"]
     assert records[0].client_id == "pub"
+    assert broker.metric("timestone_broker_log_appends_total") == 3
+    assert broker.metric("timestone_broker_log_bytes_total") == 6
 
 
 def test_qos0_not_logged_by_default_rules(start_broker):
