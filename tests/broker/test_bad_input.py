@@ -172,3 +172,18 @@ def test_auth_packet_without_method_is_protocol_error(broker, bystander):
     raw.send(b"\xf0\x00")
     expect_disconnect(raw, 0x82)
     bystander("auth")
+
+
+def test_a_handler_that_raises_closes_only_its_connection(broker, bystander, monkeypatch):
+    """The safety net for broker bugs: logged, that client gets 0x83, everyone else goes on."""
+    from broker_edge.handlers import HANDLERS
+
+    def broken(conn, packet):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setitem(HANDLERS, PingReq, broken)
+    raw = connected(broker)
+    raw.send_packet(PingReq())
+    expect_disconnect(raw, 0x83)
+    bystander("after-a-bug")
+    assert broker.disconnects("implementation_specific_error") == 1
