@@ -26,6 +26,7 @@ from pathlib import Path
 from .config import LogConfig
 from .errors import CorruptRecord, InvalidRecord, OffsetOutOfRange, RecordTooLarge
 from .file_pool import FileHandlePool
+from .read_cache import BLOCK_MAX_BYTES, BLOCK_RECORDS, Block, ReadCache, within_bytes
 from .record import PREFIX_SIZE, AppendRecord, Record, encode_record
 from .segment import NO_TIMESTAMP, Segment, SegmentWrite
 from .tail_cache import TailCache, TailCacheBudget
@@ -59,6 +60,13 @@ class LogRecovery:
     indexes_rebuilt: int = 0
     damaged_segments: list[int] = field(default_factory=list)
     """Base offsets of non-tail segments with a damaged part that is never served."""
+    damaged_records: list[int] = field(default_factory=list)
+    """Offsets of single records that failed their checksum between valid ones (never served)."""
+
+    @property
+    def repaired(self) -> bool:
+        """Recovery dropped a tail or found damage (a clean restart and a rebuilt index are not repairs)."""
+        return bool(self.bytes_dropped or self.damaged_segments or self.damaged_records)
 
 
 @dataclass(slots=True)
@@ -81,6 +89,7 @@ class CommitLog:
         *,
         pool: FileHandlePool | None = None,
         cache_budget: TailCacheBudget | None = None,
+        read_cache: ReadCache | None = None,
     ) -> None:
         self.topic = topic
         self.directory = str(directory)
@@ -108,6 +117,7 @@ class CommitLog:
         self._cache = TailCache(
             self.config.tail_cache_records, self.config.tail_cache_bytes, self._next_offset, cache_budget
         )
+        self._blocks = read_cache.for_log() if read_cache is not None and read_cache.enabled else None
         self._closed = False
 
     # -- state ---------------------------------------------------------------------------------------
@@ -243,6 +253,8 @@ class CommitLog:
             self._pool.forget(segment.index_path)
         if self._cache_budget is not None:
             self._cache_budget.forget(self._cache)
+        if self._blocks is not None:
+            self._blocks.clear()
         if self._owns_pool:
             self._pool.close()
         self._closed = True
@@ -266,8 +278,9 @@ class CommitLog:
     def read(self, offset: int, max_records: int = 1000, max_bytes: int = 1024 * 1024) -> list[Record]:
         """Readable records from `offset`, at most `max_records` and `max_bytes` (but at least one record).
 
-        Records in the tail cache come from memory; older ones with one pread per segment touched, each
-        checked against its CRC. Raises `OffsetOutOfRange` outside [start_offset, end_offset].
+        Records in the tail cache come from memory; older ones from the store's shared blocks (see
+        `read_cache`) or with one pread per segment touched, each checked against its CRC. Raises
+        `OffsetOutOfRange` outside [start_offset, end_offset].
         """
         if max_records < 1 or max_bytes < 1:
             raise ValueError("max_records and max_bytes must be positive")
@@ -286,11 +299,65 @@ class CommitLog:
             if offset >= cache.first_offset:
                 records += cache.slice(offset, stop, budget, at_least_one=not records)
                 break
-            batch, segment_done = self._read_segment(offset, stop, budget, at_least_one=not records)
+            batch, go_on = self._read_stored(offset, stop, budget, at_least_one=not records)
             records += batch
             offset += len(batch)
             budget -= sum(len(record.frame) for record in batch)
-            if not segment_done or budget <= 0:
+            if not go_on or budget <= 0:
+                break
+        return records
+
+    def _read_stored(
+        self, offset: int, stop: int, budget: int, at_least_one: bool
+    ) -> tuple[list[Record], bool]:
+        """Records from a shared block, else from the segment; the flag says the read may go on after."""
+        if self._blocks is not None:
+            block = self._block(offset)
+            if block is not None:
+                start = offset - block.first
+                available = block.records[start : start + stop - offset]
+                batch = within_bytes(available, budget, at_least_one)
+                return batch, len(batch) == len(available)
+        return self._read_segment(offset, stop, budget, at_least_one)
+
+    def _block(self, offset: int) -> Block | None:
+        """The shared block holding `offset`, read and kept on first use; None to read directly.
+
+        Only blocks that can no longer grow are kept: the one reaching the log's end is not used at all
+        (its readers are served directly, or by the tail cache).
+        """
+        blocks = self._blocks
+        assert blocks is not None
+        number = offset // BLOCK_RECORDS
+        block = blocks.get(number)
+        if block is not None:
+            return block if block.covers(offset) else None
+        block_end = (number + 1) * BLOCK_RECORDS
+        if block_end > self._end_offset:
+            return None
+        first = max(number * BLOCK_RECORDS, self.start_offset)
+        records = self._read_range(first, block_end, BLOCK_MAX_BYTES)
+        if not records:
+            return None
+        block = Block(first, records)
+        blocks.put(number, block)
+        blocks.cache.fills += 1
+        return block if block.covers(offset) else None
+
+    def _read_range(self, offset: int, stop: int, max_bytes: int) -> list[Record]:
+        """Valid records from `offset` towards `stop` within `max_bytes` (at least one), from the segments;
+        stops early (without raising) at a damaged record."""
+        records: list[Record] = []
+        budget = max_bytes
+        while offset < stop and budget > 0:
+            try:
+                batch, segment_done = self._read_segment(offset, stop, budget, at_least_one=not records)
+            except CorruptRecord:
+                break
+            records += batch
+            offset += len(batch)
+            budget -= sum(len(record.frame) for record in batch)
+            if not segment_done:
                 break
         return records
 
@@ -352,6 +419,8 @@ class CommitLog:
             result.segments_deleted += 1
             result.bytes_deleted += oldest.durable_size
         result.start_offset = self.start_offset
+        if result.segments_deleted and self._blocks is not None:
+            self._blocks.drop_below(result.start_offset)
         if result.segments_deleted:
             log.info(
                 "%r: retention deleted %d segments (%d bytes); log starts at %d",
@@ -386,16 +455,18 @@ class CommitLog:
             report.indexes_rebuilt += int(loaded.index_rebuilt)
             if loaded.damage is not None:
                 report.damaged_segments.append(base)
-        if report.bytes_dropped or report.damaged_segments:
+            report.damaged_records += loaded.damaged_records
+        if report.repaired:
             log.warning(
                 "%r recovered: %d records kept in %d segments, %d bytes dropped, %d indexes rebuilt, "
-                "damaged segments %s",
+                "damaged segments %s, damaged records %s",
                 self.topic,
                 report.records,
                 report.segments,
                 report.bytes_dropped,
                 report.indexes_rebuilt,
                 report.damaged_segments,
+                report.damaged_records,
             )
         return report
 

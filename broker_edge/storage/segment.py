@@ -75,9 +75,17 @@ class SegmentWrite:
             pool.pwritev(self.log_path, self.data, self.data_position)
             self.data = []
 
-    def make_durable(self, pool: FileHandlePool, sync: bool) -> None:
-        """fdatasync when `sync`, the seal, new directories: the blocking part, for the writer thread."""
-        if sync or self.seal_index is not None:
+    @property
+    def needs_data_sync(self) -> bool:
+        """Whether `make_durable` fdatasyncs the data even without `sync` (a seal always does)."""
+        return self.seal_index is not None
+
+    def make_durable(self, pool: FileHandlePool, sync: bool, data_synced: bool = False) -> None:
+        """fdatasync when `sync`, the seal, new directories: the blocking part, for the writer thread.
+
+        `data_synced` says the caller already fdatasynced the data (several segments synced at once).
+        """
+        if (sync or self.seal_index is not None) and not data_synced:
             pool.fdatasync(self.log_path)
         if self.seal_index is not None:
             pool.forget(self.index_path)
@@ -101,6 +109,8 @@ class SegmentLoad:
     index_rebuilt: bool
     damage: str | None
     """Why a non-tail segment stops before its end (checksum, torn, ...), None when it is whole."""
+    damaged_records: list[int] = field(default_factory=list)
+    """Offsets of records that failed their checksum between valid ones: kept in place, never served."""
 
 
 class Segment:
@@ -284,8 +294,11 @@ class Segment:
     def load(self, is_tail: bool, max_body: int, previous_max_timestamp: int) -> SegmentLoad:
         """Open an existing segment: trust a clean, consistent index; otherwise rebuild it by scanning.
 
-        A tail segment is truncated after its last valid record. A damaged non-tail segment keeps its
-        bytes (for inspection) and its readable part ends before the damage, so nothing past it is served.
+        A record that fails its checksum while the frame after it is valid (a flipped bit, not a torn
+        write) keeps its offset and stays in the index: reading it raises `CorruptRecord`, the records
+        around it are served. A tail segment is truncated after its last valid record when its end is
+        torn or corrupt. A non-tail segment damaged beyond repair (a broken length prefix) keeps its bytes
+        (for inspection) and its readable part ends before the damage, so nothing past it is served.
         """
         self.file_created = True
         file_size = os.path.getsize(self.log_path)
@@ -295,7 +308,14 @@ class Segment:
             entries = self.index.entries(0, count) if is_tail else None
             self._set_loaded(count, file_size, entries, is_tail)
             return SegmentLoad(count, 0, False, None)
-        entries, valid_size, damage = self._scan(file_size, max_body, previous_max_timestamp)
+        entries, valid_size, damage, damaged_records = self._scan(file_size, max_body, previous_max_timestamp)
+        if damaged_records:
+            log.error(
+                "%s: records %s failed their checksum; kept in place, never served (the records around "
+                "them are)",
+                self.log_path,
+                damaged_records,
+            )
         count = len(entries) // 2
         dropped = file_size - valid_size
         if is_tail and dropped:
@@ -311,13 +331,13 @@ class Segment:
             )
         self._set_loaded(count, valid_size, entries, is_tail)
         if is_tail:
-            return SegmentLoad(count, dropped, True, None)
+            return SegmentLoad(count, dropped, True, None, damaged_records)
         if damage is None:
             self.pool.forget(self.index_path)
             write_index_file(self.index_path, self.base_offset, entries_bytes(entries), clean=True)
             self.index_on_disk = count
             self.entries = None
-            return SegmentLoad(count, 0, True, None)
+            return SegmentLoad(count, 0, True, None, damaged_records)
         self.damage = damage
         log.error(
             "%s: damaged after record %d (%s); records from %d on are not served",
@@ -326,7 +346,7 @@ class Segment:
             damage,
             self.base_offset + count,
         )
-        return SegmentLoad(count, 0, True, damage)
+        return SegmentLoad(count, 0, True, damage, damaged_records)
 
     def _set_loaded(self, count: int, size: int, entries: array | None, is_tail: bool) -> None:
         self.count = self.durable_count = count
@@ -364,36 +384,62 @@ class Segment:
             return None
         return count if end == len(frame) else None
 
-    def _scan(self, file_size: int, max_body: int, max_timestamp: int) -> tuple[array, int, str | None]:
-        """Validate every frame from the start; returns index entries, valid size and the damage found."""
+    def _scan(
+        self, file_size: int, max_body: int, max_timestamp: int
+    ) -> tuple[array, int, str | None, list[int]]:
+        """Validate every frame from the start, in chunks of a few MiB.
+
+        Returns the index entries, the size up to the last frame kept, why the scan stopped early (None
+        when it reached the end) and the offsets of damaged records stepped over (see `load`).
+        """
         entries = array("q")
-        position = 0
+        damaged: list[int] = []
         offset = self.base_offset
+        position = 0
+        chunk_start = 0
+        view = memoryview(b"")
         while position < file_size:
-            chunk = self.pool.pread(self.log_path, min(_SCAN_CHUNK, file_size - position), position)
-            view = memoryview(chunk)
-            cursor = 0
-            while cursor < len(chunk):
-                try:
-                    end, timestamp = check_frame(view, cursor, offset, max_body)
-                except FrameError as error:
-                    if error.reason != "torn" or position + len(chunk) >= file_size:
-                        return entries, position + cursor, error.reason
-                    if cursor == 0:
-                        needed = self._frame_size(position, max_body)
-                        if needed is None or position + needed > file_size or len(chunk) >= needed:
-                            return entries, position, "torn"
-                        chunk = self.pool.pread(self.log_path, needed, position)
-                        view = memoryview(chunk)
-                        continue
-                    break
-                max_timestamp = max(max_timestamp, timestamp)
-                entries.append(position + cursor)
-                entries.append(max_timestamp)
-                cursor = end
-                offset += 1
-            position += cursor
-        return entries, position, None
+            try:
+                end, timestamp = check_frame(view, position - chunk_start, offset, max_body)
+            except FrameError as error:
+                chunk_end = chunk_start + len(view)
+                if error.reason == "torn" and chunk_end < file_size:
+                    needed = self._frame_size(position, max_body) or _SCAN_CHUNK
+                    if chunk_start == position and len(view) >= needed:
+                        return entries, position, "torn", damaged
+                    chunk_start = position
+                    view = memoryview(
+                        self.pool.pread(
+                            self.log_path, min(max(_SCAN_CHUNK, needed), file_size - position), position
+                        )
+                    )
+                    continue
+                following = position + (self._frame_size(position, max_body) or file_size)
+                if error.reason == "checksum" and self._valid_at(following, offset + 1, file_size, max_body):
+                    entries.append(position)
+                    entries.append(max_timestamp)
+                    damaged.append(offset)
+                    offset += 1
+                    position = following
+                    continue
+                return entries, position, error.reason, damaged
+            max_timestamp = max(max_timestamp, timestamp)
+            entries.append(position)
+            entries.append(max_timestamp)
+            position = chunk_start + end
+            offset += 1
+        return entries, position, None, damaged
+
+    def _valid_at(self, position: int, offset: int, file_size: int, max_body: int) -> bool:
+        """Whether a valid frame of `offset` starts at `position` (a resync point after a damaged one)."""
+        size = self._frame_size(position, max_body) if position < file_size else None
+        if size is None or position + size > file_size:
+            return False
+        try:
+            check_frame(self.pool.pread(self.log_path, size, position), 0, offset, max_body)
+        except FrameError:
+            return False
+        return True
 
     def _frame_size(self, position: int, max_body: int) -> int | None:
         prefix = self.pool.pread(self.log_path, PREFIX_SIZE, position)

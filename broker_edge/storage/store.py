@@ -25,6 +25,7 @@ from .file_pool import FileHandlePool
 from .fs_sync import syncfs_available
 from .group_commit import GroupCommitter
 from .persistence import PersistenceRules, check_filter
+from .read_cache import ReadCache
 from .record import AppendRecord, Record
 from .segment import fsync_directory
 from .tail_cache import TailCacheBudget
@@ -62,7 +63,7 @@ class RecoveryReport:
     bytes_dropped: int = 0
     indexes_rebuilt: int = 0
     repaired: list[LogRecovery] = field(default_factory=list)
-    """Logs whose tail was truncated or that have damaged segments."""
+    """Logs whose tail was truncated or that have damaged segments or records."""
     skipped_directories: list[str] = field(default_factory=list)
     """Directories that are not logs (or whose topic name could not be recovered)."""
 
@@ -99,6 +100,7 @@ class LogStore:
         self.rules = PersistenceRules(self.config.persist)
         self._pool = FileHandlePool(self.config.max_open_files)
         self._cache_budget = TailCacheBudget(self.config.tail_cache_total_bytes)
+        self._read_cache = ReadCache(self.config.read_cache_bytes)
         self._committer = GroupCommitter(
             self.config.durability,
             self.config.group_commit_ms,
@@ -136,7 +138,7 @@ class LogStore:
             report.records += recovery.records
             report.bytes_dropped += recovery.bytes_dropped
             report.indexes_rebuilt += recovery.indexes_rebuilt
-            if recovery.bytes_dropped or recovery.damaged_segments:
+            if recovery.repaired:
                 report.repaired.append(recovery)
         if report.clean_shutdown:
             os.unlink(marker)  # from now on a crash must not look like a clean shutdown
@@ -223,6 +225,11 @@ class LogStore:
     @property
     def file_pool(self) -> FileHandlePool:
         return self._pool
+
+    @property
+    def read_cache(self) -> ReadCache:
+        """The blocks of older records shared by readers catching up (its counters say how it is used)."""
+        return self._read_cache
 
     # -- reading -------------------------------------------------------------------------------------
 
@@ -327,7 +334,14 @@ class LogStore:
 
     def _make_log(self, topic: str, path: str) -> CommitLog:
         config = self.config.log_config(self.rules.rule_for(topic))
-        commit_log = CommitLog(topic, path, config, pool=self._pool, cache_budget=self._cache_budget)
+        commit_log = CommitLog(
+            topic,
+            path,
+            config,
+            pool=self._pool,
+            cache_budget=self._cache_budget,
+            read_cache=self._read_cache,
+        )
         self._logs[topic] = commit_log
         return commit_log
 

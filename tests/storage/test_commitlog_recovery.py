@@ -49,25 +49,55 @@ def test_a_torn_last_record_is_truncated(tmp_path: Path, small_segments: LogConf
     log.close()
 
 
-@pytest.mark.parametrize("where", ["middle", "last"])
-def test_a_corrupt_record_in_the_tail_truncates_it_and_everything_after(
-    tmp_path: Path, small_segments: LogConfig, where: str
-):
+def test_a_corrupt_last_record_is_truncated(tmp_path: Path, small_segments: LogConfig):
     _crashed_log(tmp_path, small_segments)
     tail = segment_files(tmp_path)[-1]
     base = int(tail.stem)
     positions = frame_positions(tail)
-    damaged = len(positions) // 2 if where == "middle" else len(positions) - 1
     size_before = tail.stat().st_size
-    flip_byte(tail, positions[damaged] + 20)
+    flip_byte(tail, positions[-1] + 20)
 
     log = _reopen(tmp_path, small_segments)
 
-    assert log.end_offset == base + damaged
-    assert log.recovery.bytes_dropped == size_before - positions[damaged]
-    assert log.recovery.records == base + damaged
-    records = _read_all(log)
-    assert [record.offset for record in records] == list(range(base + damaged))
+    assert log.end_offset == 199
+    assert log.recovery.bytes_dropped == size_before - positions[-1]
+    assert log.recovery.records == 199
+    assert tail.stat().st_size == positions[-1]
+    assert [record.offset for record in _read_all(log)] == list(range(199))
+    assert base <= 199
+    log.close()
+
+
+@pytest.mark.parametrize("closed", [False, True], ids=["after a crash", "after a clean close"])
+def test_a_record_damaged_between_valid_ones_is_kept_as_a_hole_never_served(
+    tmp_path: Path, small_segments: LogConfig, closed: bool
+):
+    log = CommitLog("t", tmp_path, small_segments)
+    for number in range(200):
+        log.append(make_record(number))
+    log.flush()
+    if closed:
+        log.close(write_index=False)  # as the store closes small active segments: the next open scans
+    tail = segment_files(tmp_path)[-1]
+    base = int(tail.stem)
+    positions = frame_positions(tail)
+    damaged = base + len(positions) // 2
+    size_before = tail.stat().st_size
+    flip_byte(tail, positions[damaged - base] + 20)
+
+    log = _reopen(tmp_path, small_segments)
+
+    assert (log.recovery.damaged_records, log.recovery.bytes_dropped) == ([damaged], 0)
+    assert tail.stat().st_size == size_before  # the valid records after it are not truncated away
+    assert log.end_offset == 200
+    with pytest.raises(CorruptRecord) as caught:
+        log.read(damaged)
+    assert (caught.value.offset, caught.value.next_offset) == (damaged, damaged + 1)
+    assert [record.offset for record in log.read(base, max_records=1000)] == list(range(base, damaged))
+    after = log.read(damaged + 1, max_records=1000)
+    assert [record.offset for record in after] == list(range(damaged + 1, 200))
+    assert_matches(after[-1], 199)
+    assert log.append(make_record(200)) == 200
     log.close()
 
 
@@ -120,7 +150,7 @@ def test_a_damaged_sealed_segment_without_a_valid_index_is_cut_at_the_damage(
     first, second = segment_files(directory)[:2]
     next_base = int(second.stem)
     size = first.stat().st_size
-    flip_byte(first, frame_positions(first)[5] + 12)
+    flip_byte(first, frame_positions(first)[5] + 3)  # the length prefix: the frames after it are lost
     (directory / f"{0:020d}.index").unlink()
 
     log = _reopen(directory, small_segments)

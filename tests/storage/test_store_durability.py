@@ -232,7 +232,7 @@ def test_a_window_touching_many_segments_is_made_durable_by_one_syncfs(tmp_path:
     store.close()
 
 
-def test_a_window_touching_few_segments_fdatasyncs_each(tmp_path: Path, monkeypatch):
+def test_a_window_touching_few_segments_fdatasyncs_them_all_at_once(tmp_path: Path, monkeypatch):
     spies = FsyncSpy(monkeypatch), SyncfsSpy(monkeypatch)
     topics = ["a", "b", "c"]
     store = _open(tmp_path, "group", group_commit_ms=20, syncfs_min_segments=4)
@@ -240,5 +240,24 @@ def test_a_window_touching_few_segments_fdatasyncs_each(tmp_path: Path, monkeypa
     seen = asyncio.run(_one_record_per_topic(store, tmp_path, topics, spies))
 
     assert (seen["syncfs"], seen["fdatasyncs"]) == (0, 3)
+    assert store.committer.sync_plan.parallel_syncs == 1  # one window: its three syncs issued together
+    assert all(thread.name.startswith("timestone-log-sync") for thread in spies[0].threads)
     assert seen["on_disk"] == dict.fromkeys(topics, 1)
     store.close()
+
+
+def test_the_none_policy_acknowledges_a_window_without_the_writer_thread(tmp_path: Path, monkeypatch):
+    spy = FsyncSpy(monkeypatch)
+    writers_before = _writer_threads()
+    store = _open(tmp_path, "none", group_commit_ms=1)
+
+    seen = asyncio.run(_append_and_wait(store, tmp_path, 5, spy))
+
+    assert len(seen["on_disk"]) == 5  # written to the OS: another reader of the files sees them
+    assert threading.main_thread() is seen["thread"]
+    assert _writer_threads() == writers_before
+    store.close()
+
+
+def _writer_threads() -> set[threading.Thread]:
+    return {thread for thread in threading.enumerate() if thread.name == "timestone-log-writer"}

@@ -1,0 +1,127 @@
+"""Blocks of older records read once from disk and shared by every reader catching up on the same range.
+
+The tail cache serves readers that are caught up. Readers behind it (subscribers replaying from an offset,
+offline sessions coming back, Spark catching up) used to pay one pread and one decode each for the same
+bytes. Here a log's offsets are cut into aligned blocks of `BLOCK_RECORDS`; the first reader of a block
+reads it whole (one index lookup, one pread per segment it spans, CRCs checked once) and every later
+reader of any offset in it gets the same decoded `Record` objects from memory. Fifty subscribers
+replaying one range cost one disk read per block, not fifty.
+
+A block is kept only once it can no longer grow (it is full, or was cut by the byte bound or by damage);
+a block still being filled at the log's end is read directly each time (the tail cache covers that part).
+All blocks of a store share one byte budget, least recently used dropped first. Blocks below a log's
+start are dropped when retention moves the start, and all of a log's blocks when it closes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from .record import Record
+
+BLOCK_RECORDS = 256
+"""Records per block: offsets `k * BLOCK_RECORDS` to `(k + 1) * BLOCK_RECORDS - 1` form block `k`."""
+BLOCK_MAX_BYTES = 1024 * 1024
+"""A block holds at most this many bytes of frames (at least one record); larger records cut it short."""
+
+
+class Block:
+    """Consecutive records of one log, from `first` on."""
+
+    __slots__ = ("first", "records", "size")
+
+    def __init__(self, first: int, records: list[Record]) -> None:
+        self.first = first
+        self.records = records
+        self.size = sum(len(record.frame) for record in records)
+
+    def covers(self, offset: int) -> bool:
+        return self.first <= offset < self.first + len(self.records)
+
+
+class LogBlocks:
+    """The cached blocks of one log (owned by the log, accounted by the store's `ReadCache`)."""
+
+    __slots__ = ("blocks", "cache")
+
+    def __init__(self, cache: ReadCache) -> None:
+        self.cache = cache
+        self.blocks: dict[int, Block] = {}
+
+    def get(self, number: int) -> Block | None:
+        block = self.blocks.get(number)
+        if block is not None:
+            self.cache.touch(self, number)
+        return block
+
+    def put(self, number: int, block: Block) -> None:
+        self.cache.put(self, number, block)
+
+    def drop_below(self, offset: int) -> None:
+        """Drop the blocks that end at or before `offset` (retention moved the log start)."""
+        for number in [n for n, block in self.blocks.items() if block.first + len(block.records) <= offset]:
+            self.cache.remove(self, number)
+
+    def clear(self) -> None:
+        for number in list(self.blocks):
+            self.cache.remove(self, number)
+
+
+class ReadCache:
+    """The store-wide LRU of blocks, bounded by the bytes of their frames."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._lru: OrderedDict[tuple[LogBlocks, int], int] = OrderedDict()
+        self.hits = 0
+        """Reads served from a cached block."""
+        self.fills = 0
+        """Blocks read from disk (and kept, when final)."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0
+
+    def for_log(self) -> LogBlocks:
+        return LogBlocks(self)
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def touch(self, owner: LogBlocks, number: int) -> None:
+        self.hits += 1
+        self._lru.move_to_end((owner, number))
+
+    def put(self, owner: LogBlocks, number: int, block: Block) -> None:
+        if block.size > self.max_bytes:
+            return
+        self.remove(owner, number)
+        owner.blocks[number] = block
+        self._lru[owner, number] = block.size
+        self.bytes += block.size
+        while self.bytes > self.max_bytes:
+            (old_owner, old_number), size = self._lru.popitem(last=False)
+            del old_owner.blocks[old_number]
+            self.bytes -= size
+
+    def remove(self, owner: LogBlocks, number: int) -> None:
+        size = self._lru.pop((owner, number), None)
+        if size is not None:
+            del owner.blocks[number]
+            self.bytes -= size
+
+
+def within_bytes(records: Sequence[Record], max_bytes: int, at_least_one: bool) -> list[Record]:
+    """The longest prefix of `records` whose frames fit `max_bytes` (at least one if `at_least_one`)."""
+    used = 0
+    end = 0
+    for record in records:
+        used += len(record.frame)
+        if used > max_bytes:
+            break
+        end += 1
+    if end == 0 and at_least_one and records:
+        end = 1
+    return list(records[:end])
