@@ -25,7 +25,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
 from broker_edge.protocol.codec import PacketDecoder, encode
-from broker_edge.protocol.packets import Connect, Subscribe, Subscription
+from broker_edge.protocol.packets import Connect, Disconnect, Subscribe, Subscription
 
 TIMEOUT = 5.0
 
@@ -248,6 +248,15 @@ class RawClient:
                 return None
             self.pending.extend(self.decoder.feed(data))
         return self.pending.pop(0)
+
+    def expect_disconnect(self, reason_code: int) -> Any:
+        """The next packet is a v5 DISCONNECT with ``reason_code`` and a reason string, then the close."""
+        packet = self.recv()
+        assert isinstance(packet, Disconnect), packet
+        assert packet.reason_code == reason_code, packet
+        assert packet.properties.reason_string, "a DISCONNECT from the broker says why"
+        assert self.closed()
+        return packet
 
     def recv_none(self, timeout: float = 0.3) -> None:
         """Assert that no packet arrives within ``timeout`` (after an event proved traffic flows)."""

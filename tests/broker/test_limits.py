@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from broker_edge.protocol.packets import (
     ConnAck,
     Connect,
-    Disconnect,
     PubAck,
     Publish,
     Subscribe,
@@ -66,9 +67,7 @@ def test_max_packet_size_v5_0x95_v3_closed(start_broker):
     raw.send_packet(Publish("ok", b"x" * 1000))  # 1000 + header: fits
     assert sub.expect(1)[0].payload == b"x" * 1000
     raw.send(b"\x30\x88\x10")  # announces 2056 bytes: refused before the body arrives
-    packet = raw.recv()
-    assert isinstance(packet, Disconnect) and packet.reason_code == 0x95
-    assert raw.closed()
+    raw.expect_disconnect(0x95)
     v3 = RawClient(broker.port, 4)
     v3.connect("big3")
     v3.send_packet(Publish("ok", b"y" * 2000))
@@ -77,10 +76,19 @@ def test_max_packet_size_v5_0x95_v3_closed(start_broker):
     assert sub.expect(1)[0].payload == b"fine"
 
 
-def test_max_inflight_out_bounds_unacknowledged_deliveries_to_v3_clients(start_broker):
-    broker = start_broker(limits={"max_inflight_out": 2})
-    raw = RawClient(broker.port, 4)
-    raw.connect("window")
+@pytest.mark.parametrize(
+    ("version", "limits", "receive_maximum"),
+    [
+        (4, {"max_inflight_out": 2}, None),  # v3: the broker's bound
+        (5, {}, 2),  # v5: the client's Receive Maximum
+        (5, {"max_inflight_out": 2}, 100),  # v5: whichever is lower
+    ],
+)
+def test_outgoing_window_of_unacknowledged_deliveries(start_broker, version, limits, receive_maximum):
+    broker = start_broker(limits=limits)
+    raw = RawClient(broker.port, version)
+    props = Properties(receive_maximum=receive_maximum) if receive_maximum else None
+    raw.connect("window", properties=props)
     raw.subscribe("w", 1)
     pub = PahoClient(broker.port, "p")
     for i in range(4):
@@ -123,9 +131,7 @@ def test_topic_length_and_levels(start_broker):
         bad = RawClient(broker.port, 5)
         bad.connect("bad")
         bad.send_packet(Publish(bad_topic, b"refused"))
-        packet = bad.recv()
-        assert isinstance(packet, Disconnect) and packet.reason_code == 0x90, bad_topic
-        assert bad.closed()
+        bad.expect_disconnect(0x90)
     v3 = RawClient(broker.port, 4)
     v3.connect("v3")
     v3.send_packet(Publish("q" * 17, b"refused"))
