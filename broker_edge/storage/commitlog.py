@@ -20,6 +20,7 @@ import os
 import re
 import struct
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,13 +28,21 @@ from .config import LogConfig
 from .errors import CorruptRecord, InvalidRecord, OffsetOutOfRange, RecordTooLarge
 from .file_pool import FileHandlePool
 from .read_cache import BLOCK_MAX_BYTES, BLOCK_RECORDS, Block, ReadCache, within_bytes
-from .record import PREFIX_SIZE, AppendRecord, Record, encode_record
+from .record import PREFIX_SIZE, AppendRecord, Record, encode_frame
 from .segment import NO_TIMESTAMP, Segment, SegmentWrite
 from .tail_cache import TailCache, TailCacheBudget
 
 log = logging.getLogger(__name__)
 
 _SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
+
+
+_time_ns = time.time_ns
+
+
+def _now_ms() -> int:
+    """The broker clock in milliseconds since the epoch (what a record gets when no time is given)."""
+    return _time_ns() // 1_000_000
 
 
 @dataclass(slots=True)
@@ -112,7 +121,11 @@ class CommitLog:
         self.last_append_size = 0
         """Encoded size of the latest append (lets an owner total its pending bytes cheaply)."""
         self._max_body = self.config.max_record_bytes
+        self._max_frame = self._max_body + PREFIX_SIZE
         self._segment_bytes = self.config.segment_bytes
+        self._segment_ms = self.config.segment_ms
+        self._active: Segment | None = self._segments[-1] if self._segments else None
+        """The segment appends go to (the last one)."""
         self._roll_at = self._first_roll_deadline()
         self._cache = TailCache(
             self.config.tail_cache_records, self.config.tail_cache_bytes, self._next_offset, cache_budget
@@ -169,31 +182,80 @@ class CommitLog:
 
     def append(self, record: AppendRecord) -> int:
         """Buffer `record` and return its offset; it becomes readable after the next completed write."""
+        return self.append_message(
+            record.payload,
+            record.qos,
+            record.retain,
+            record.client_id,
+            record.user_properties,
+            record.content_type,
+            record.payload_format_indicator,
+            record.timestamp_ms,
+        )
+
+    def append_message(
+        self,
+        payload: bytes,
+        qos: int = 1,
+        retain: bool = False,
+        client_id: str = "",
+        user_properties: Sequence[tuple[str, str]] = (),
+        content_type: str | None = None,
+        payload_format_indicator: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> int:
+        """`append` for callers holding the fields (the broker): no `AppendRecord` built per publish.
+
+        The hot path of every logged publish: one encode, bookkeeping in memory, no system call.
+        """
         offset = self._next_offset
-        timestamp = record.timestamp_ms
-        if timestamp is None:
-            timestamp = time.time_ns() // 1_000_000
+        timestamp = _time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms  # _now_ms inline
         try:
-            frame = encode_record(offset, timestamp, record)
+            frame = encode_frame(
+                offset,
+                timestamp,
+                payload,
+                qos,
+                retain,
+                client_id,
+                user_properties,
+                content_type,
+                payload_format_indicator,
+            )
         except (ValueError, OverflowError, struct.error) as error:
             raise InvalidRecord(f"record for {self.topic!r} cannot be stored: {error}") from error
         size = len(frame)
-        if size - PREFIX_SIZE > self._max_body:
+        if size > self._max_frame:
             raise RecordTooLarge(size, self._max_body)
-        segment = self._segments[-1] if self._segments else None
+        segment = self._active
         if segment is None or (
             segment.count and (segment.size + size > self._segment_bytes or timestamp >= self._roll_at)
         ):
             segment = self._roll(offset)
-        index_timestamp = timestamp if timestamp > self._max_timestamp else self._max_timestamp
-        self._max_timestamp = index_timestamp
-        if not segment.count and self.config.segment_ms is not None:
-            self._roll_at = index_timestamp + self.config.segment_ms
+        index_timestamp = self._max_timestamp
+        if timestamp > index_timestamp:
+            index_timestamp = self._max_timestamp = timestamp
+        if not segment.count and self._segment_ms is not None:
+            self._roll_at = index_timestamp + self._segment_ms
         segment.append_frame(frame, size, index_timestamp)
         self._next_offset = offset + 1
         self._pending_bytes += size
         self.last_append_size = size
-        self._cache.add(offset, timestamp, record, frame)
+        self._cache.add(
+            (
+                offset,
+                timestamp,
+                frame,
+                payload,
+                qos,
+                retain,
+                client_id,
+                user_properties,
+                content_type,
+                payload_format_indicator,
+            ),
+            size,
+        )
         return offset
 
     def take_pending(self) -> PendingWrite | None:
@@ -268,7 +330,7 @@ class CommitLog:
     def _roll(self, base_offset: int) -> Segment:
         if self._segments:
             self._segments[-1].sealed = True
-        segment = Segment(self.directory, base_offset, self._pool)
+        segment = self._active = Segment(self.directory, base_offset, self._pool)
         self._segments.append(segment)
         self._bases.append(base_offset)
         return segment
@@ -400,7 +462,7 @@ class CommitLog:
 
     def apply_retention(self, now_ms: int | None = None) -> RetentionResult:
         """Delete whole old segments beyond the age and size limits; never the active segment."""
-        now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        now_ms = _now_ms() if now_ms is None else now_ms
         result = RetentionResult()
         max_age = self.config.retention_ms
         max_bytes = self.config.retention_bytes

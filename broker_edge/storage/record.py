@@ -15,6 +15,7 @@ catches flipped bits; the offset inside the frame catches an index that points a
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from crc32c import crc32c
@@ -90,22 +91,38 @@ def _encode_str(value: str) -> bytes:
     return raw
 
 
-def encode_record(offset: int, timestamp_ms: int, record: AppendRecord) -> bytes:
-    """Encode `record` as the frame stored at `offset`."""
-    client_id = record.client_id.encode()
-    if len(client_id) > _U16_MAX:
-        raise ValueError(f"client id of {len(client_id)} bytes does not fit a record (max {_U16_MAX})")
-    flags = FLAG_RETAIN if record.retain else 0
-    content_type = record.content_type
-    indicator = record.payload_format_indicator
-    user_properties = record.user_properties
-    if content_type is None and indicator is None and not user_properties:
-        body = BODY_HEAD.pack(FORMAT_VERSION, offset, timestamp_ms, record.qos, flags, len(client_id))
-        body = body + client_id + record.payload
-        return PREFIX.pack(len(body), crc32c(body)) + body
-    parts: list[bytes] = [b"", client_id]
-    if indicator is not None:
-        flags |= FLAG_PAYLOAD_FORMAT | (FLAG_PAYLOAD_UTF8 if indicator else 0)
+_pack_head = BODY_HEAD.pack
+_pack_prefix = PREFIX.pack
+
+
+def encode_frame(
+    offset: int,
+    timestamp_ms: int,
+    payload: bytes,
+    qos: int,
+    retain: bool,
+    client_id: str,
+    user_properties: Sequence[tuple[str, str]],
+    content_type: str | None,
+    payload_format_indicator: int | None,
+) -> bytes:
+    """Encode one publish as the frame stored at `offset` (raises ValueError if a field does not fit the
+    format: a string over 64 KiB, too many properties; struct.error for a QoS or offset out of range).
+
+    The common publish (no MQTT 5 properties) takes one struct pack, two concatenations and one CRC over
+    the body: this runs for every append.
+    """
+    raw_id = client_id.encode()
+    if len(raw_id) > _U16_MAX:
+        raise ValueError(f"client id of {len(raw_id)} bytes does not fit a record (max {_U16_MAX})")
+    if content_type is None and payload_format_indicator is None and not user_properties:
+        flags = FLAG_RETAIN if retain else 0
+        body = _pack_head(FORMAT_VERSION, offset, timestamp_ms, qos, flags, len(raw_id)) + raw_id + payload
+        return _pack_prefix(len(body), crc32c(body)) + body
+    flags = FLAG_RETAIN if retain else 0
+    parts: list[bytes] = [b"", raw_id]
+    if payload_format_indicator is not None:
+        flags |= FLAG_PAYLOAD_FORMAT | (FLAG_PAYLOAD_UTF8 if payload_format_indicator else 0)
     if content_type is not None:
         flags |= FLAG_CONTENT_TYPE
         raw = _encode_str(content_type)
@@ -118,10 +135,25 @@ def encode_record(offset: int, timestamp_ms: int, record: AppendRecord) -> bytes
         for key, value in user_properties:
             raw_key, raw_value = _encode_str(key), _encode_str(value)
             parts += (U16.pack(len(raw_key)), raw_key, U16.pack(len(raw_value)), raw_value)
-    parts[0] = BODY_HEAD.pack(FORMAT_VERSION, offset, timestamp_ms, record.qos, flags, len(client_id))
-    parts.append(record.payload)
+    parts[0] = _pack_head(FORMAT_VERSION, offset, timestamp_ms, qos, flags, len(raw_id))
+    parts.append(payload)
     body = b"".join(parts)
-    return PREFIX.pack(len(body), crc32c(body)) + body
+    return _pack_prefix(len(body), crc32c(body)) + body
+
+
+def encode_record(offset: int, timestamp_ms: int, record: AppendRecord) -> bytes:
+    """Encode `record` as the frame stored at `offset`."""
+    return encode_frame(
+        offset,
+        timestamp_ms,
+        record.payload,
+        record.qos,
+        record.retain,
+        record.client_id,
+        record.user_properties,
+        record.content_type,
+        record.payload_format_indicator,
+    )
 
 
 def check_frame(buf: bytes | memoryview, pos: int, expected_offset: int, max_body: int) -> tuple[int, int]:

@@ -70,9 +70,14 @@ class SegmentWrite:
         return self.seal_index is not None
 
     def write(self, pool: FileHandlePool) -> None:
-        """Copy the data into the file (the page cache) with one pwritev: quick, done where it is cut."""
-        if self.data:
-            pool.pwritev(self.log_path, self.data, self.data_position)
+        """Copy the data into the file (the page cache) in one call: quick, done where it is cut.
+
+        The frames are joined first: one buffer copies into the page cache several times faster than
+        a thousand small iovecs (and a window is bounded by `group_commit_max_bytes`).
+        """
+        data = self.data
+        if data:
+            pool.pwritev(self.log_path, [b"".join(data)] if len(data) > 1 else data, self.data_position)
             self.data = []
 
     @property

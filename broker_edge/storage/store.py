@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -184,14 +184,48 @@ class LogStore:
 
     def append(self, topic: str, record: AppendRecord) -> int:
         """Append to `topic`'s log (created on first use) and return the offset; ack after `when_durable`."""
+        return self.append_message(
+            topic,
+            record.payload,
+            record.qos,
+            record.retain,
+            record.client_id,
+            record.user_properties,
+            record.content_type,
+            record.payload_format_indicator,
+            record.timestamp_ms,
+        )
+
+    def append_message(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int = 1,
+        retain: bool = False,
+        client_id: str = "",
+        user_properties: Sequence[tuple[str, str]] = (),
+        content_type: str | None = None,
+        payload_format_indicator: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> int:
+        """`append` from the fields of a publish (what the broker calls: no `AppendRecord` per publish)."""
         commit_log = self._logs.get(topic)
         if commit_log is None:
             commit_log = self._create_log(topic)
-        failure = self._committer.failure
-        if failure is not None:
-            raise failure
-        offset = commit_log.append(record)
-        self._committer.appended(commit_log, commit_log.last_append_size)
+        committer = self._committer
+        if committer.failure is not None:
+            raise committer.failure
+        offset = commit_log.append_message(
+            payload,
+            qos,
+            retain,
+            client_id,
+            user_properties,
+            content_type,
+            payload_format_indicator,
+            timestamp_ms,
+        )
+        committer.appended(commit_log, commit_log.last_append_size)
         return offset
 
     def when_durable(

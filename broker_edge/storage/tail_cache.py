@@ -1,8 +1,9 @@
 """In-memory tails of the logs, so caught-up readers share the same `Record` objects without disk reads.
 
-Each log keeps its most recent records (bounded by count and bytes). An append stores only a small tuple
-(offset, time, the appended record, its frame); the `Record` is built the first time a reader asks for it
-and then shared by every later reader, so appends nobody reads from memory cost no object construction.
+Each log keeps its most recent records (bounded by count and bytes). An append stores only a tuple of
+what it was given (offset, time, frame and the publish's fields); the `Record` is built the first time a
+reader asks for it and then shared by every later reader, so appends nobody reads from memory cost no
+object construction.
 A store-wide `TailCacheBudget` bounds all tails together: when over budget, the tails of the logs
 appended to least recently are dropped whole.
 """
@@ -10,30 +11,25 @@ appended to least recently are dropped whole.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
-from .record import AppendRecord, Record
+from .record import Record
 
-_Appended = tuple[int, int, AppendRecord, bytes]
-"""(offset, timestamp_ms, record, frame) of an append not yet read from the cache."""
-
-
-def _frame_size(entry: Record | _Appended) -> int:
-    return len(entry.frame) if type(entry) is Record else len(entry[3])
+Appended = tuple[Any, ...]
+"""(offset, timestamp_ms, frame, payload, qos, retain, client_id, user_properties, content_type,
+payload_format_indicator) of an append not yet read from the cache."""
 
 
-def _materialize(entry: _Appended) -> Record:
-    offset, timestamp, record, frame = entry
+def _frame_size(entry: Record | Appended) -> int:
+    return len(entry.frame) if type(entry) is Record else len(entry[2])
+
+
+def _materialize(entry: Appended) -> Record:
+    offset, timestamp, frame, payload, qos, retain, client_id, user_properties, content_type, indicator = (
+        entry
+    )
     return Record(
-        offset,
-        timestamp,
-        record.client_id,
-        record.qos,
-        record.retain,
-        record.payload,
-        record.user_properties,
-        record.content_type,
-        record.payload_format_indicator,
-        frame,
+        offset, timestamp, client_id, qos, retain, payload, user_properties, content_type, indicator, frame
     )
 
 
@@ -57,7 +53,7 @@ class TailCache:
         self.max_records = max_records
         self.max_bytes = max_bytes
         self.budget = budget
-        self._entries: list[Record | _Appended] = []
+        self._entries: list[Record | Appended] = []
         self._head = 0
         self._built = 0
         """Entries before this index are `Record`s already."""
@@ -77,14 +73,14 @@ class TailCache:
     def __len__(self) -> int:
         return len(self._entries) - self._head
 
-    def add(self, offset: int, timestamp_ms: int, record: AppendRecord, frame: bytes) -> None:
-        """Cache a just-appended record (at the log's next offset)."""
-        size = len(frame)
-        self._entries.append((offset, timestamp_ms, record, frame))
+    def add(self, entry: Appended, size: int) -> None:
+        """Cache a just-appended record (at the log's next offset) whose frame is `size` bytes."""
+        entries = self._entries
+        entries.append(entry)
         self._bytes += size
-        self._next_offset = offset + 1
+        self._next_offset = entry[0] + 1
         freed = 0
-        if len(self._entries) - self._head > self.max_records or self._bytes > self.max_bytes:
+        if len(entries) - self._head > self.max_records or self._bytes > self.max_bytes:
             freed = self._evict()
         budget = self.budget
         if budget is not None:

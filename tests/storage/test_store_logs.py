@@ -217,3 +217,28 @@ def test_a_log_directory_that_cannot_be_created_is_a_storage_error(tmp_path: Pat
 
     assert "blocked" not in store
     store.close()
+
+
+def test_append_message_stores_the_same_record_as_append(tmp_path: Path):
+    store = _store(tmp_path)
+    record = make_record(5)
+
+    first = store.append("a", record)
+    second = store.append_message(
+        "a",
+        record.payload,
+        record.qos,
+        record.retain,
+        record.client_id,
+        record.user_properties,
+        record.content_type,
+        record.payload_format_indicator,
+        record.timestamp_ms,
+    )
+    store.flush()
+
+    one, two = store.read("a", 0)
+    assert (first, second) == (0, 1)
+    assert bytes(one.frame)[8 + 9 :] == bytes(two.frame)[8 + 9 :]  # all but the CRC and the offset
+    assert_matches(two, 5, offset=1)
+    store.close()
