@@ -110,6 +110,15 @@ class RunningBroker:
         return self.call(lambda: next(c for c in self.broker.connections if c.client_id == client_id))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A broker test that hangs fails after 60 s, not after the suite-wide 300: every wait here has its own
+    timeout, so reaching this one means a bug to look at (the dump shows where)."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.path).parents and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(60))
+
+
 def broker_config(tmp_path: Path | None = None, **sections: Any) -> BrokerConfig:
     """A test config: listener and admin HTTP on port 0, storage off unless given, then ``sections``."""
     document: dict[str, Any] = {
