@@ -29,6 +29,7 @@ from broker_edge.delivery import Message
 from broker_edge.metrics import BrokerMetrics
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.router import Router
+from broker_edge.storage import StorageError, TooManyTopics
 from broker_edge.sys_topics import sys_topic_messages
 from broker_edge.tls import server_ssl_context
 
@@ -312,20 +313,23 @@ class Broker:
 
     def log_publish(self, conn: Connection | None, message: Message, packet_id: int | None) -> None:
         """Append ``message`` to its topic's log; route and acknowledge it once the log says it is durable."""
-        from broker_edge.storage import AppendRecord, StorageError, TooManyTopics
-
         props = message.properties
-        record = AppendRecord(
-            message.payload,
-            message.qos,
-            message.retain,
-            message.origin,
-            list(props.user_properties) if props is not None else [],
-            props.content_type if props is not None else None,
-            props.payload_format_indicator if props is not None else None,
-        )
         try:
-            message.offset = self.store.append(message.topic, record)
+            if props is None:
+                message.offset = self.store.append_message(
+                    message.topic, message.payload, message.qos, message.retain, message.origin
+                )
+            else:
+                message.offset = self.store.append_message(
+                    message.topic,
+                    message.payload,
+                    message.qos,
+                    message.retain,
+                    message.origin,
+                    list(props.user_properties),
+                    props.content_type,
+                    props.payload_format_indicator,
+                )
         except StorageError as exc:
             self.count_drop("log_failed")
             log.warning(
@@ -369,11 +373,12 @@ class Broker:
 
     def _durable(self, batch: list) -> None:
         router = self.router
+        appends = appended_bytes = 0
         for conn, message, packet_id, qos in batch:
             matched = 1
             if message is not None:
-                self.metrics.log_appends_total.inc()
-                self.metrics.log_bytes_total.inc(len(message.payload))
+                appends += 1
+                appended_bytes += len(message.payload)
                 matched = router.publish(message)
                 if self.replays is not None:
                     self.replays.appended(message)
@@ -382,6 +387,9 @@ class Broker:
             if qos == 1 and message is not None and conn.incoming_pending > 0:
                 conn.incoming_pending -= 1
             self._send_ack(conn, qos, packet_id, 0 if matched else ReasonCode.NO_MATCHING_SUBSCRIBERS)
+        if appends:
+            self.metrics.log_appends_total.inc(appends)
+            self.metrics.log_bytes_total.inc(appended_bytes)
 
     def _durable_failed(self, batch: list, exc: BaseException) -> None:
         log.error("commitlog write failed, %d publishes not acknowledged: %s", len(batch), exc)
