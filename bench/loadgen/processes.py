@@ -6,6 +6,7 @@ still alive when it is left, whatever the reason.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import time
 from multiprocessing.connection import Connection
@@ -55,7 +56,10 @@ class WorkerSet:
         """Send the same command to every worker (of that role)."""
         for spec, _, conn in self._workers:
             if role is None or spec.role == role:
-                conn.send(message)
+                # a worker that already reported (its deadline passed) has closed its end: its report says
+                # what it saw, so a command it can no longer take is not an error
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    conn.send(message)
 
     def reports(self, timeout: float, role: str | None = None) -> list[WorkerReport]:
         """Collect the final report of every worker (of that role), all within `timeout` seconds."""

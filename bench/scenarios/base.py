@@ -108,8 +108,8 @@ def measure(
             ctx.unavailable[broker.label] = str(exc)
             ctx.log(f"    {broker.label}: not available: {exc}")
             return f"not available: {exc}"
-        except WorkerFailed as exc:
-            ctx.log(f"    {broker.label}: run {attempt + 1} failed: {exc}")
+        except (WorkerFailed, OSError) as exc:  # this measurement failed; the run goes on with the next
+            ctx.log(f"    {broker.label}: run {attempt + 1} failed: {type(exc).__name__}: {exc}")
             return f"failed: {exc}"
     figures = [figure_of(r) for r in results]
     median = statistics.median_low(figures)
