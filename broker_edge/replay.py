@@ -148,7 +148,7 @@ class ReplayManager:
             cursor = cursors[topic]
             while True:
                 if budget <= 0:
-                    self._schedule(session)
+                    self.pump_soon(session)
                     return
                 if conn.paused or session.queue or session.connection is not conn:
                     return
@@ -204,8 +204,16 @@ class ReplayManager:
         else:
             cursors[topic] = offset  # type: ignore[index]
 
-    def _schedule(self, session: Session) -> None:
-        if session in self._scheduled or self.loop is None:
+    def pump_soon(self, session: Session) -> None:
+        """Pump ``session`` once at the end of this loop iteration, however often it is asked.
+
+        Acks arrive many per socket read; pumping after each would read the log once per ack for one
+        record each time. Deferred, the acks of one read make room together and one read fills it.
+        """
+        if self.loop is None:
+            self.pump(session)
+            return
+        if session in self._scheduled:
             return
         self._scheduled.add(session)
 
