@@ -249,4 +249,4 @@ class Router:
 
     def pump_replays(self, session: Session) -> None:
         if self.replays is not None:
-            self.replays.pump(session)
+            self.replays.pump_soon(session)
