@@ -6,8 +6,8 @@ same micro-batch, a few hundred milliseconds after bronze. Exactly-once holds pe
 keyed by (query id, batch id) in that table's Delta log (:mod:`sinks.foreach_batch`), so a batch that
 fails half-way is replayed by Spark with the same offsets and writes only the tables it had not written.
 
-Order inside a batch: bronze first (lowest latency for the raw layer); then, concurrently, silver followed
-by device_minute, quarantine, devices, and dq_results (the Great Expectations validation runs there, so it
+Order inside a batch: bronze first (lowest latency for the raw layer); then, concurrently, silver,
+device_minute, quarantine, devices, and dq_results (the Great Expectations validation runs there, so it
 never delays the silver rows of its own batch). See docs/telemetry-pipeline.md.
 """
 
@@ -95,10 +95,9 @@ class TelemetryBatch:
     """Processes one micro-batch of source records into every table; holds what lives across batches.
 
     After bronze, one aggregation over the parsed and flagged rows decides which writes the batch needs
-    (and carries the data-quality counts); then silver (followed by ``device_minute``, which reads it),
-    quarantine, devices and dq_results are written concurrently: each Spark job here is mostly fixed
-    overhead, so overlapping them is what keeps a batch near a second. ``clock`` stamps
-    ``ingested_at``/``updated_at``; tests pass a fixed one.
+    (and carries the data-quality counts); then silver, device_minute, quarantine, devices and dq_results
+    are written concurrently: each Spark job here is mostly fixed overhead, so overlapping them is what
+    keeps a batch near a second. ``clock`` stamps ``ingested_at``/``updated_at``; tests pass a fixed one.
     """
 
     def __init__(
@@ -134,30 +133,34 @@ class TelemetryBatch:
         batch.step("bronze_telemetry", lambda: out.append("bronze_telemetry", bronze))
 
         flagged = T.flag_failures(T.parse_telemetry(bronze, self.config.payload), self.conditions).persist()
+        silver_rows: DataFrame | None = None
         try:
             quality = Q.expression_aggregates(self.config.quality.suites, self.column_types)
-            profile = batch.step("profile", lambda: flagged.agg(*T.profile_aggregates(), *quality).first())
-            counts = profile.asDict()
+            counts = batch.step(
+                "profile", lambda: flagged.agg(*T.profile_aggregates(), *quality).first().asDict()
+            )
             batch.report.passed, batch.report.quarantined = counts["passed"], counts["quarantined"]
             passed = T.passed_rows(flagged)
-            low, high = counts["low_us"], counts["high_us"]
-            tasks: list[Callable[[], Any]] = []
+            steps: dict[str, Callable[[], Any]] = {}
             if counts["passed"]:
-                tasks.append(lambda: self._silver_then_minutes(batch, passed, low, high))
+                low, high = counts["low_us"], counts["high_us"]
+                rows = silver_rows = self._silver_rows(passed, low, high).persist()
+                steps["silver_telemetry"] = lambda: self._write_silver(out, rows)
+                steps["device_minute"] = lambda: self._write_device_minute(batch, passed, rows, low, high)
             if counts["quarantined"]:
-                tasks.append(lambda: self._write_quarantine(batch, flagged))
+                quarantine = T.to_quarantine(flagged, out.app_id, out.batch_id, batch.now)
+                steps["telemetry_quarantine"] = lambda: out.append("telemetry_quarantine", quarantine)
             if counts["passed"] or self.config.gold.devices.status_template is not None:
-                tasks.append(
-                    lambda: batch.step("devices", lambda: self._write_devices(batch, bronze, passed))
-                )
+                steps["devices"] = lambda: self._write_devices(batch, bronze, passed)
             if counts["dq_rows"]:
                 outcomes = Q.outcomes_from_counts(counts, self.config.quality.suites)
-                tasks.append(
-                    lambda: batch.step("dq_results", lambda: self._write_dq(batch, flagged, outcomes))
-                )
-            for future in [self._pool.submit(task) for task in tasks]:
+                steps["dq_results"] = lambda: self._write_dq(batch, flagged, outcomes)
+            futures = [self._pool.submit(batch.step, name, work) for name, work in steps.items()]
+            for future in futures:
                 future.result()  # re-raises a step's failure: Spark then retries the whole batch
         finally:
+            if silver_rows is not None:
+                silver_rows.unpersist()
             flagged.unpersist()
         batch.report.written = dict(out.results)
         self.reports.append(batch.report)
@@ -165,47 +168,48 @@ class TelemetryBatch:
 
     # -- silver, quarantine and device_minute ------------------------------------------------------------
 
-    def _silver_then_minutes(self, batch: _Batch, passed: DataFrame, low_us: int, high_us: int) -> None:
-        batch.step("silver_telemetry", lambda: self._write_silver(batch.out, passed, low_us, high_us))
-        batch.step("device_minute", lambda: self._write_device_minute(batch, passed, low_us, high_us))
-
     def _already_written(self, name: str, out: BatchWriter) -> bool:
         committed = self.store.committed_batch(name, out.app_id) if self.store.exists(name) else None
         return committed is not None and committed >= out.batch_id
 
-    def _write_silver(self, out: BatchWriter, passed: DataFrame, low_us: int, high_us: int) -> None:
-        """Deduplicate and append; the lookup in silver is skipped when this batch is already in it.
+    def _silver_rows(self, passed: DataFrame, low_us: int, high_us: int) -> DataFrame:
+        """This batch's silver rows: duplicates dropped within the batch and against silver.
 
-        The skip is not only an optimisation: once this batch's rows are in silver, looking them up would
-        find each row as its own duplicate.
+        The lookup ignores silver rows that are this batch's own records, so a replay whose first attempt
+        already appended computes the same rows again (and ``device_minute`` can rely on them).
         """
-        if self._already_written("silver_telemetry", out):
-            out.results["silver_telemetry"] = False
-            return
         dedup = self.config.dedup
         rows = T.drop_duplicates_in_batch(passed, dedup.message_id_fields, dedup.window_seconds)
         if dedup.message_id_fields:
             window_us = dedup.window_seconds * 1_000_000
-            stored = self._silver_between(low_us - window_us, high_us + window_us)
+            stored = T.without_records_of(
+                self._silver_between(low_us - window_us, high_us + window_us), passed
+            )
             rows = T.drop_already_stored(rows, stored, dedup.message_id_fields, dedup.window_seconds)
-        out.append("silver_telemetry", T.to_silver(rows, list(self.config.payload.silver_fields)))
+        return T.to_silver(rows, list(self.config.payload.silver_fields))
+
+    def _write_silver(self, out: BatchWriter, silver_rows: DataFrame) -> None:
+        if self._already_written("silver_telemetry", out):  # spare computing rows the store would skip
+            out.results["silver_telemetry"] = False
+            return
+        out.append("silver_telemetry", silver_rows)
 
     def _silver_between(self, low_us: int, high_us: int) -> DataFrame:
         return self.store.read("silver_telemetry").where(T.event_time_between(low_us, high_us))
 
-    def _write_quarantine(self, batch: _Batch, flagged: DataFrame) -> None:
-        out = batch.out
-        rows = T.to_quarantine(flagged, out.app_id, out.batch_id, batch.now)
-        batch.step("telemetry_quarantine", lambda: out.append("telemetry_quarantine", rows))
+    def _write_device_minute(
+        self, batch: _Batch, passed: DataFrame, silver_rows: DataFrame, low_us: int, high_us: int
+    ) -> None:
+        """Recompute every minute the batch touched, from silver as it is once this batch is in, and merge.
 
-    def _write_device_minute(self, batch: _Batch, passed: DataFrame, low_us: int, high_us: int) -> None:
-        """Recompute every minute the batch touched from silver, and merge the complete rows.
-
-        A recomputed row does not depend on what the table held before, so merging it twice changes
-        nothing, and late data (an old minute) just recomputes that minute.
+        "Silver once this batch is in" is built as stored silver without this batch's records plus its
+        silver rows, which holds whether silver's append (running concurrently) or an earlier attempt's has
+        landed or not. A recomputed row does not depend on what the table held before, so merging it twice
+        changes nothing, and late data (an old minute) just recomputes that minute.
         """
         minute_us = 60_000_000
-        silver = self._silver_between(low_us - low_us % minute_us, high_us - high_us % minute_us + minute_us)
+        stored = self._silver_between(low_us - low_us % minute_us, high_us - high_us % minute_us + minute_us)
+        silver = T.without_records_of(stored, passed).unionByName(silver_rows)
         in_touched = silver.withColumn("minute", F.date_trunc("minute", "event_time")).join(
             T.touched_minutes(passed), ["device_id", "minute"], "left_semi"
         )

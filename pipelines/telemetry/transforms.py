@@ -210,6 +210,16 @@ def drop_already_stored(
     return left.join(right, condition, "left_anti").drop("_message_key")
 
 
+def without_records_of(stored: DataFrame, batch: DataFrame) -> DataFrame:
+    """``stored`` rows that are not one of ``batch``'s records (by broker, topic, offset).
+
+    What silver held before this batch, whether or not an earlier attempt of the batch already appended
+    to it: a row cannot be a duplicate of itself, and a minute must not count it twice.
+    """
+    keys = ["broker", "topic", "offset"]
+    return stored.join(batch.select(*keys), keys, "left_anti")
+
+
 def to_silver(rows: DataFrame, silver_fields: Sequence[str]) -> DataFrame:
     """Silver's columns: identity, device, event time and its date, and the payload fields."""
     return rows.select(

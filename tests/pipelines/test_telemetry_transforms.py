@@ -273,3 +273,20 @@ def test_event_time_bounds(spark):
     low, high = T.event_time_bounds(parsed)
     assert (ms(low), ms(high)) == (ms(at(-5)), ms(at(5)))
     assert T.event_time_bounds(parsed.limit(0)) == (None, None)
+
+
+def test_without_records_of_drops_the_batch_own_records(spark):
+    stored = spark.createDataFrame(
+        [
+            ("edge1", "devices/d/telemetry", 0, 1),
+            ("edge1", "devices/d/telemetry", 1, 2),
+            ("edge2", "t", 0, 3),
+        ],
+        "broker string, topic string, offset bigint, seq bigint",
+    )
+    batch = records(spark, [telemetry("d", 1, seq=2), record("t", 0, b"{}")])  # edge1's offset 1 and t@edge1
+    expected = spark.createDataFrame(
+        [("edge1", "devices/d/telemetry", 0, 1), ("edge2", "t", 0, 3)],
+        "broker string, topic string, offset bigint, seq bigint",
+    )
+    equal(T.without_records_of(stored, batch), expected)
