@@ -267,6 +267,21 @@ def test_keepalive_timeout_is_one_and_a_half_times_the_keepalive(broker):
     assert broker.disconnects("keep_alive_timeout") == 1
 
 
+def test_any_packet_restarts_the_keepalive_period(broker):
+    raw = RawClient(broker.port, 5)
+    assert raw.connect("active", keep_alive=100).reason_code == 0
+    broker.call(lambda: broker.broker._sweep_handle.cancel())  # only the times given below
+    connection = broker.connection("active")
+    start = broker.call(broker.broker.loop.time)
+    raw.send_packet(PingReq())
+    assert isinstance(raw.recv(), PingResp)
+    broker.call(lambda: connection.check_timers(start + 100))  # the sweep that sees the PINGREQ
+    broker.call(lambda: connection.check_timers(start + 249))  # 149 s after it: still open
+    raw.recv_none(0.1)
+    broker.call(lambda: connection.check_timers(start + 251))
+    raw.expect_disconnect(0x8D)
+
+
 def test_keepalive_timeout_closes_v3_connection_and_sends_the_will(broker):
     watcher = PahoClient(broker.port, "watcher")
     watcher.subscribe("wills/#", 1)
