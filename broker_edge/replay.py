@@ -20,7 +20,8 @@ means many sessions catching up on the same topic share the record and its encod
 already spares the disk for recent records).
 
 An offset below the log start (retention removed it) starts at the log start, and the broker log says so; an
-offset past the end starts at the end.
+offset past the end starts at the end. A record that fails its checksum is never delivered: the cursor steps
+over it (logged, counted as the drop ``log_corrupt``) so one damaged record cannot stall a replay.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from broker_edge.delivery import Message
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.topics import OffsetStart, OffsetStartKind, topic_matches
-from broker_edge.storage.errors import OffsetOutOfRange, StorageError, UnknownTopic
+from broker_edge.storage.errors import CorruptRecord, OffsetOutOfRange, StorageError, UnknownTopic
 
 if TYPE_CHECKING:
     import asyncio
@@ -171,6 +172,18 @@ class ReplayManager:
                         cursor = cursors[topic] = exc.start
                         continue
                     records = []
+                except CorruptRecord as exc:
+                    log.error(
+                        "skipping records %d to %d of %r for the replay: %s",
+                        exc.offset,
+                        exc.next_offset - 1,
+                        topic,
+                        exc,
+                        extra={"client_id": session.client_id},
+                    )
+                    self.router.count_drop("log_corrupt")
+                    cursor = cursors[topic] = exc.next_offset
+                    continue
                 except UnknownTopic:
                     records = []
                 if not records:
