@@ -35,6 +35,7 @@ from pyspark.sql.types import (
 )
 
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.offsets_api.errors import UnknownTopicError
 
 from .offsets_planner import LogExtent, PartitionPlan, plan_end_offsets, plan_partitions, starting_offsets
 from .options import SourceOptions, StartKind, parse_options
@@ -262,5 +263,9 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return logs
 
     def _offset_for_timestamp(self, broker: str, topic: str, timestamp_ms: int) -> int:
+        """The broker's offset for the time (0 for a log deleted since listed: then its listed start)."""
         client = self._client(broker)
-        return self._fetch[broker].call(lambda: client.offset_for_timestamp(topic, timestamp_ms))
+        try:
+            return self._fetch[broker].call(lambda: client.offset_for_timestamp(topic, timestamp_ms))
+        except UnknownTopicError:
+            return 0
