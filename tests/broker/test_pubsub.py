@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties as PahoProperties
 
-from broker_edge.protocol.packets import Publish, Subscribe, Subscription
+from broker_edge.protocol.packets import Publish, Subscribe, Subscription, Will
 from broker_edge.protocol.properties import Properties
 from tests.broker.broker_test_clients import PahoClient, RawClient
 
@@ -84,24 +82,26 @@ def test_hash_matches_parent_level(broker):
     assert [m.payload for m in sub.expect(2)] == [b"parent", b"deep"]
 
 
-def test_overlapping_subscriptions_deliver_one_copy_at_highest_qos_with_every_identifier(broker):
+@pytest.mark.parametrize("qos_of", [{"a/+": 1, "a/#": 0, "a/b": 2}, {"a/+": 2, "a/#": 1, "a/b": 0}])
+def test_overlapping_subscriptions_deliver_one_copy_at_highest_qos_with_every_identifier(broker, qos_of):
+    """The highest QoS wins whichever of the overlapping filters holds it."""
     raw = RawClient(broker.port, 5)
     raw.connect("overlap")
-    raw.send_packet(Subscribe(1, [Subscription("a/+", 0)], Properties(subscription_identifiers=[7])))
-    assert raw.recv().reason_codes == [0]
-    raw.send_packet(Subscribe(2, [Subscription("a/#", 1)], Properties(subscription_identifiers=[9])))
-    assert raw.recv().reason_codes == [1]
-    raw.send_packet(Subscribe(3, [Subscription("a/b", 0)]))
-    assert raw.recv().reason_codes == [0]
+    ids = {"a/+": 7, "a/#": 9}
+    for packet_id, topic_filter in enumerate(("a/+", "a/#", "a/b"), start=1):
+        props = Properties(subscription_identifiers=[ids[topic_filter]]) if topic_filter in ids else None
+        raw.send_packet(Subscribe(packet_id, [Subscription(topic_filter, qos_of[topic_filter])], props))
+        assert raw.recv().reason_codes == [qos_of[topic_filter]]
     pub = PahoClient(broker.port, "pub")
-    pub.publish("a/b", b"once", 1)
+    pub.publish("a/b", b"once", 2)
     delivered = raw.recv()
     assert isinstance(delivered, Publish)
-    assert delivered.qos == 1
+    assert delivered.qos == 2
     assert sorted(delivered.properties.subscription_identifiers) == [7, 9]
     pub.publish("a/c", b"second", 0)
     nxt = raw.recv()
     assert nxt.payload == b"second"  # and not a second copy of "once"
+    assert sorted(nxt.properties.subscription_identifiers) == [7, 9]
 
 
 def test_no_local(broker):
@@ -115,24 +115,50 @@ def test_no_local(broker):
     assert sorted(m.payload for m in other.expect(2)) == [b"mine", b"theirs"]
 
 
-def test_v5_properties_pass_through(broker):
-    sub = PahoClient(broker.port, "sub")
-    sub.subscribe("req", 1)
-    pub = PahoClient(broker.port, "pub")
-    props = PahoProperties(PacketTypes.PUBLISH)
-    props.ResponseTopic = "resp/1"
-    props.CorrelationData = b"\x01\x02"
-    props.ContentType = "application/json"
-    props.PayloadFormatIndicator = 1
-    props.UserProperty = [("k", "v"), ("k", "w")]
-    pub.publish("req", b"{}", 1, properties=props)
-    [message] = sub.expect(1)
+APPLICATION_PROPERTIES = {
+    "response_topic": "resp/1",
+    "correlation_data": b"\x01\x02",
+    "content_type": "application/json",
+    "payload_format_indicator": 1,
+    "user_properties": [("k", "v"), ("k", "w")],
+}
+
+
+def assert_application_properties(message) -> None:
     got = message.properties
     assert got.ResponseTopic == "resp/1"
     assert got.CorrelationData == b"\x01\x02"
     assert got.ContentType == "application/json"
     assert got.PayloadFormatIndicator == 1
     assert got.UserProperty == [("k", "v"), ("k", "w")]
+
+
+def test_v5_properties_pass_through(broker):
+    sub = PahoClient(broker.port, "sub")
+    sub.subscribe("req/#", 1)
+    pub = RawClient(broker.port, 5)
+    pub.connect("pub")
+    pub.send_packet(Publish("req/a", b"{}", 1, packet_id=1, properties=Properties(**APPLICATION_PROPERTIES)))
+    # the same with a topic alias and a message expiry, which the broker does not forward as they are
+    per_hop = Properties(**APPLICATION_PROPERTIES, topic_alias=3, message_expiry_interval=100)
+    pub.send_packet(Publish("req/b", b"{}", 1, packet_id=2, properties=per_hop))
+    first, second = sub.expect(2)
+    assert_application_properties(first)
+    assert_application_properties(second)
+    assert not hasattr(second.properties, "TopicAlias")
+    assert 0 < second.properties.MessageExpiryInterval <= 100
+
+
+def test_v5_will_properties_pass_through(broker):
+    watcher = PahoClient(broker.port, "watcher")
+    watcher.subscribe("wills/#", 1)
+    raw = RawClient(broker.port, 5)
+    will_props = Properties(**APPLICATION_PROPERTIES, will_delay_interval=0)
+    raw.connect("dying", will=Will("wills/dying", b"gone", 1, properties=will_props))
+    raw.close()
+    [message] = watcher.expect(1)
+    assert message.payload == b"gone"
+    assert_application_properties(message)
 
 
 def test_v5_no_matching_subscribers_reason_code(broker):
