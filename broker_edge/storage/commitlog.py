@@ -383,25 +383,30 @@ class CommitLog:
         return self._read_segment(offset, stop, budget, at_least_one)
 
     def _block(self, offset: int) -> Block | None:
-        """The shared block holding `offset`, read and kept on first use; None to read directly.
+        """The shared block holding `offset`, read on first use; None when `offset` is read directly.
 
-        Only blocks that can no longer grow are kept: the one reaching the log's end is not used at all
-        (its readers are served directly, or by the tail cache).
+        The block at the log's end is kept too and grows as readers reach past it (one read of the new
+        records, shared again). A block cut short by its byte bound or by a damaged record stays as it
+        is: the offsets after it are read directly.
         """
         blocks = self._blocks
         assert blocks is not None
         number = offset // BLOCK_RECORDS
+        block_end = (number + 1) * BLOCK_RECORDS
         block = blocks.get(number)
         if block is not None:
-            return block if block.covers(offset) else None
-        block_end = (number + 1) * BLOCK_RECORDS
-        if block_end > self._end_offset:
+            if block.covers(offset):
+                return block
+            if not block.growing or offset != block.end:
+                return None
+            first, known, budget = block.first, block.records, BLOCK_MAX_BYTES - block.size
+        else:
+            first, known, budget = max(number * BLOCK_RECORDS, self.start_offset), [], BLOCK_MAX_BYTES
+        stop = min(block_end, self._end_offset)
+        more = self._read_range(first + len(known), stop, budget) if budget > 0 else []
+        if not more:
             return None
-        first = max(number * BLOCK_RECORDS, self.start_offset)
-        records = self._read_range(first, block_end, BLOCK_MAX_BYTES)
-        if not records:
-            return None
-        block = Block(first, records)
+        block = Block(first, known + more, growing=first + len(known) + len(more) == stop < block_end)
         blocks.put(number, block)
         blocks.cache.fills += 1
         return block if block.covers(offset) else None

@@ -7,9 +7,10 @@ reads it whole (one index lookup, one pread per segment it spans, CRCs checked o
 reader of any offset in it gets the same decoded `Record` objects from memory. Fifty subscribers
 replaying one range cost one disk read per block, not fifty.
 
-A block is kept only once it can no longer grow (it is full, or was cut by the byte bound or by damage);
-a block still being filled at the log's end is read directly each time (the tail cache covers that part).
-All blocks of a store share one byte budget, least recently used dropped first. Blocks below a log's
+The block at the log's end grows: a reader reaching past it reads only the new records and the block is
+replaced by the longer one, shared again. A block cut short by its byte bound or by a damaged record stays
+as it is; the offsets after it are read directly. All blocks of a store share one byte budget, least
+recently used dropped first. Blocks below a log's
 start are dropped when retention moves the start, and all of a log's blocks when it closes.
 """
 
@@ -27,14 +28,20 @@ BLOCK_MAX_BYTES = 1024 * 1024
 
 
 class Block:
-    """Consecutive records of one log, from `first` on."""
+    """Consecutive records of one log, from `first` on; `growing` while it ends at the log's end."""
 
-    __slots__ = ("first", "records", "size")
+    __slots__ = ("first", "growing", "records", "size")
 
-    def __init__(self, first: int, records: list[Record]) -> None:
+    def __init__(self, first: int, records: list[Record], growing: bool = False) -> None:
         self.first = first
         self.records = records
+        self.growing = growing
         self.size = sum(len(record.frame) for record in records)
+
+    @property
+    def end(self) -> int:
+        """The offset after its last record."""
+        return self.first + len(self.records)
 
     def covers(self, offset: int) -> bool:
         return self.first <= offset < self.first + len(self.records)

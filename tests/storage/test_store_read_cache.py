@@ -82,22 +82,25 @@ def test_without_the_read_cache_every_reader_reads_the_disk(tmp_path: Path, monk
     store.close()
 
 
-def test_the_block_at_the_log_end_is_not_kept_until_it_is_full(tmp_path: Path, monkeypatch):
+def test_the_block_at_the_log_end_is_shared_and_grows_with_the_log(tmp_path: Path, monkeypatch):
     store = _store(tmp_path, BLOCK_RECORDS - 10)
     spy = SegmentReadSpy(monkeypatch)
 
-    _replay(store, 0, 100, batch=50)
-    _replay(store, 0, 100, batch=50)
+    for _ in range(3):
+        _replay(store, 0, 100, batch=50)
 
-    assert store.read_cache.fills == 0
-    assert spy.reads == 4  # read directly: a kept block would miss the records still to come
-    for number in range(BLOCK_RECORDS - 10, BLOCK_RECORDS + 5):
+    assert (store.read_cache.fills, spy.reads) == (1, 1)
+    for number in range(BLOCK_RECORDS - 10, BLOCK_RECORDS + 30):
         store.append(TOPIC, make_record(number))
     store.flush()
-    records = _replay(store, 0, BLOCK_RECORDS + 5, batch=64)
-    assert store.read_cache.fills == 1
-    assert [record.offset for record in records] == list(range(BLOCK_RECORDS + 5))
-    assert_matches(records[BLOCK_RECORDS - 1], BLOCK_RECORDS - 1)
+    replays = [_replay(store, 0, BLOCK_RECORDS + 30, batch=64) for _ in range(3)]
+
+    assert store.read_cache.fills == 3  # block 0 grew by its last 10 records, block 1 was read once
+    assert spy.reads == 3
+    for records in replays:
+        assert [record.offset for record in records] == list(range(BLOCK_RECORDS + 30))
+    assert_matches(replays[2][BLOCK_RECORDS - 1], BLOCK_RECORDS - 1)
+    assert_matches(replays[1][BLOCK_RECORDS + 3], BLOCK_RECORDS + 3)
     store.close()
 
 
