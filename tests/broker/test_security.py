@@ -14,6 +14,7 @@ from broker_edge.config import ConfigError, load_dataclass
 from broker_edge.config.broker import BrokerConfig
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import Connect, PubAck, Publish, SubAck, Subscribe, Subscription
+from broker_edge.protocol.properties import Properties
 from tests.broker.broker_test_clients import TIMEOUT, PahoClient, RawClient, wait_for
 from tests.tls_certs import client_ssl_context, make_test_pki
 
@@ -276,3 +277,10 @@ def test_secure_websocket_listener(start_broker, pki):
     assert client.expect(1)[0].payload == b"over wss"
     assert broker.call(lambda: broker.broker.router.sessions["wss-client"].username) == pki.client_common_name
     assert tls_refused(broker.port, client_ssl_context(pki, certificate=False))
+
+
+def test_enhanced_authentication_is_not_offered(broker):
+    raw = RawClient(broker.port, 5)
+    ack = raw.connect("scram", properties=Properties(authentication_method="SCRAM-SHA-256"))
+    assert ack.reason_code == 0x8C and ack.properties.reason_string
+    assert raw.closed()
