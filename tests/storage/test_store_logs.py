@@ -171,7 +171,7 @@ def test_caught_up_readers_share_cached_records(tmp_path: Path):
 
 
 def test_the_tail_cache_budget_drops_the_least_recently_appended_logs(tmp_path: Path):
-    store = _store(tmp_path, tail_cache_bytes=4000, tail_cache_total_bytes=6000)
+    store = _store(tmp_path, tail_cache_bytes=4000, tail_cache_total_bytes=6000, read_cache_bytes=0)
     for topic in ("old", "new"):
         for number in range(40):
             store.append(topic, make_record(number, payload_size=100))
