@@ -139,3 +139,33 @@ def start_actions_job(
     job = ActionsJob(engine, queries)
     job.start_ticker(config.tick_interval_s)
     return job
+
+
+def validate(section: object) -> ActionsConfig:
+    """Check the actions config (raises ConfigError naming the field) before Spark starts."""
+    from broker_edge.config import load_dataclass
+
+    return load_dataclass(ActionsConfig, section or {})
+
+
+def run(spark: SparkSession, section: object, options: object) -> int:
+    """``timestone pipeline actions``: run the job until interrupted."""
+    import time
+
+    config = validate(section)
+    job = start_actions_job(spark, config)
+    log.info(
+        "actions job started: tables at %s, brokers %s", config.tables_root, [b.name for b in config.brokers]
+    )
+    try:
+        while all(query.isActive for query in job.queries):
+            time.sleep(1)
+        failed = [q for q in job.queries if q.exception() is not None]
+        for query in failed:
+            log.error("actions query %s failed: %s", query.name, query.exception())
+        return 1 if failed else 0
+    except KeyboardInterrupt:
+        log.info("stopping the actions job")
+        return 0
+    finally:
+        job.stop()
