@@ -109,6 +109,7 @@ class LogStore:
             self._on_durable,
         )
         self._logs: dict[str, CommitLog] = {}
+        self._created_by: dict[str, int] = {}
         self._topic_waiters: dict[str, list[_Waiter]] = {}
         self._pattern_waiters: list[_Waiter] = []
         self._directory_fd: int | None = None
@@ -212,6 +213,7 @@ class LogStore:
         commit_log = self._logs.get(topic)
         if commit_log is None:
             commit_log = self._create_log(topic)
+            self._created_by[client_id] = self._created_by.get(client_id, 0) + 1
         committer = self._committer
         if committer.failure is not None:
             raise committer.failure
@@ -290,6 +292,11 @@ class LogStore:
             for topic, commit_log in sorted(self._logs.items())
             if pattern is None or topic_matches(pattern, topic)
         ]
+
+    def logs_created_by(self, client_id: str) -> int:
+        """Logs created by appends of `client_id` since the store was opened (for per-client topic limits;
+        a client's identity outlives its connections and sessions)."""
+        return self._created_by.get(client_id, 0)
 
     def __contains__(self, topic: object) -> bool:
         return topic in self._logs
