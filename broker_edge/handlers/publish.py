@@ -77,7 +77,8 @@ def handle_publish(conn: Connection, packet: Publish) -> None:
         return
     store = broker.store
     logged = store is not None and store.should_persist(topic, qos)
-    if logged and topic not in store and not session.may_create_log(limits.max_topics_per_client):  # type: ignore[union-attr]
+    topic_quota = limits.max_topics_per_client
+    if logged and topic_quota and topic not in store and store.logs_created_by(conn.client_id) >= topic_quota:  # type: ignore[union-attr]
         _refuse(conn, qos, packet_id, _QUOTA_EXCEEDED, "topic_quota")
         return
 
