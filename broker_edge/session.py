@@ -58,7 +58,6 @@ class Session:
         "expiry_interval",
         "incoming_qos2",
         "inflight",
-        "logs_created",
         "queue",
         "queued_bytes",
         "router",
@@ -87,8 +86,6 @@ class Session:
         self.will_at: float | None = None
         self.cursors: dict[str, int] | None = None
         """Logged topic → next offset to deliver from the log (see ``broker_edge.replay``)."""
-        self.logs_created = 0
-        """Topic logs this session's client created by publishing (``limits.max_topics_per_client``)."""
 
     def __repr__(self) -> str:
         state = "online" if self.connection is not None else "offline"
@@ -100,13 +97,6 @@ class Session:
 
     def inflight_count(self) -> int:
         return len(self.inflight) if self.inflight else 0
-
-    def may_create_log(self, limit: int) -> bool:
-        """Count one more topic log created by this client; False once ``limit`` (0 = no limit) is reached."""
-        if limit and self.logs_created >= limit:
-            return False
-        self.logs_created += 1
-        return True
 
     # -- outgoing: the router calls deliver() for every matching subscription ----------------------------
 
