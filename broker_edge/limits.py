@@ -166,7 +166,7 @@ class LimitsConfig:
     messages_burst_per_client: int = 200
     """PUBLISHes one client may send at once above that rate."""
     max_topics_per_client: int = 1_000
-    """Topic logs one client's session may create by publishing (v5: 0x97 beyond it); 0 = unlimited."""
+    """Topic logs one client id may create by publishing (v5: 0x97 beyond it); 0 = unlimited."""
 
     def __post_init__(self) -> None:
         _at_least(self, "max_connections", 1)
