@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from broker_edge.auth import anonymous_allowed
 from broker_edge.config import ConfigError
 from broker_edge.config.broker import BrokerConfig, load_broker_config
 from tests.broker.broker_test_clients import PahoClient
@@ -52,12 +53,6 @@ def stop(process: subprocess.Popen) -> str:
     _, err = process.communicate(timeout=15)
     assert process.returncode == 0, err
     return err
-
-
-def assert_free(port: int) -> None:
-    with socket.socket() as sock:
-        busy = sock.connect_ex(("127.0.0.1", port)) == 0
-    assert not busy, f"port {port} is in use on this machine: stop what listens there to run this test"
 
 
 def test_timestone_broker_with_yaml_config(tmp_path):
@@ -98,25 +93,40 @@ def test_timestone_broker_with_yaml_config(tmp_path):
     assert {"connected", "disconnected"} <= {line["msg"].split(":")[0] for line in connection_lines}
 
 
-def test_timestone_broker_without_config_and_with_the_shipped_one_serve_loopback_1883(tmp_path):
-    """No file, or conf/broker.yaml: one listener on 127.0.0.1:1883 open to anonymous clients (loopback)."""
-    for args in ([], ["--config", str(REPO / "conf" / "broker.yaml")]):
-        for port in DEFAULT_PORTS:
-            assert_free(port)
-        process = start(args, tmp_path)  # the default commitlog directory is relative: timestone-data
-        try:
-            wait_for_port(1883, process)
-            sub = PahoClient(1883, "anonymous-sub", version=4)
-            sub.subscribe("d/t", 1)
-            PahoClient(1883, "anonymous-pub").publish("d/t", b"defaults work", 1)
-            assert sub.expect(1)[0].payload == b"defaults work"
-            health = json.loads(urllib.request.urlopen("http://127.0.0.1:9883/health", timeout=5).read())
-            assert health["listeners"] == {"default": 1883}
-            with socket.socket() as sock:
-                assert sock.connect_ex(("127.0.0.2", 1883)) != 0  # bound to 127.0.0.1 only
-        finally:
-            stop(process)
-        assert (tmp_path / "timestone-data").is_dir()
+def test_defaults_and_the_shipped_config_are_one_anonymous_loopback_listener_on_1883():
+    """No file, or conf/broker.yaml: one tcp listener on 127.0.0.1:1883, anonymous because loopback."""
+    for config in (load_broker_config(None), load_broker_config(str(REPO / "conf" / "broker.yaml"))):
+        [listener] = config.listeners
+        assert (listener.type, listener.host, listener.port) == ("tcp", "127.0.0.1", 1883)
+        assert anonymous_allowed(listener.allow_anonymous, listener.host)
+        assert (config.admin_http.host, config.admin_http.port) == ("127.0.0.1", DEFAULT_PORTS[1])
+        assert (config.offsets_api.host, config.offsets_api.port) == ("127.0.0.1", DEFAULT_PORTS[2])
+
+
+def test_the_shipped_config_serves_anonymous_loopback_clients(tmp_path):
+    """conf/broker.yaml as shipped, with only its three ports moved to free ones (tests never take 1883)."""
+    config = yaml.safe_load((REPO / "conf" / "broker.yaml").read_text())
+    mqtt_port, admin_port, api_port = free_port(), free_port(), free_port()
+    config["listeners"][0]["port"] = mqtt_port
+    config["admin_http"]["port"] = admin_port
+    config["offsets_api"]["port"] = api_port
+    path = tmp_path / "broker.yaml"
+    path.write_text(yaml.safe_dump(config))
+    process = start(["--config", str(path)], tmp_path)  # the default commitlog directory is relative
+    try:
+        wait_for_port(mqtt_port, process)
+        sub = PahoClient(mqtt_port, "anonymous-sub", version=4)
+        sub.subscribe("d/t", 1)
+        PahoClient(mqtt_port, "anonymous-pub").publish("d/t", b"defaults work", 1)
+        assert sub.expect(1)[0].payload == b"defaults work"
+        health = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/health", timeout=5).read())
+        assert health["listeners"] == {"default": mqtt_port}
+        with socket.socket() as sock:
+            assert sock.connect_ex(("127.0.0.2", mqtt_port)) != 0  # bound to 127.0.0.1 only
+        sub.disconnect()
+    finally:
+        stop(process)
+    assert (tmp_path / "timestone-data").is_dir()
 
 
 @pytest.mark.parametrize(
