@@ -137,7 +137,7 @@ class Limiter:
     Without it a broker that reads faster than it delivers queues without bound (or drops), and the run
     measures its queue rather than its throughput. `delivered()` reads the subscribers' shared counters. If
     the subscribers make no progress for `stall_s` (a broker that drops QoS 0 messages), the missing messages
-    are written off as lost and the publishers go on.
+    are written off (counted in `stalls`) and the publishers go on; the drain still waits for them.
     """
 
     def __init__(
@@ -148,6 +148,7 @@ class Limiter:
         self.delivered = delivered
         self.stall_s = stall_s
         self.written_off = 0
+        self.stalls = 0  # times the publishers resumed after `stall_s` without any delivery
         self._last_seen = -1
         self._last_progress = time.monotonic()
 
@@ -162,6 +163,7 @@ class Limiter:
             self._last_seen, self._last_progress = delivered, now
         elif now - self._last_progress > self.stall_s:
             self.written_off += -allowed + self.ahead // 2
+            self.stalls += 1
             self._last_progress = now
             return self.ahead // 2
         return 0

@@ -55,7 +55,7 @@ class FlowResult:
     delivered: int
     expected: int  # deliveries owed for what was sent (QoS 1: every acknowledged message to every subscriber)
     min_per_subscriber: int
-    written_off: int  # messages the limiter gave up waiting for (a broker dropping them)
+    stalls: int  # times deliveries stopped for 0.25 s and the limiter let the publishers go on regardless
     broker_cpu_pct: float
     loadgen_cpu_pct: float
     other_cpu_pct: float  # CPU used by anything else on the machine during the window (100 = one core)
@@ -152,7 +152,7 @@ def _summarise(
         delivered=sum(r.received for r in subscribers),
         expected=owed_per_subscriber * spec.subscribers,
         min_per_subscriber=min((r.per_client_min for r in subscribers), default=0),
-        written_off=sum(r.written_off for r in publishers),
+        stalls=sum(r.stalls for r in publishers),
         broker_cpu_pct=100 * broker_cpu,
         loadgen_cpu_pct=100 * loadgen_cpu,
         other_cpu_pct=max(100 * (machine_busy - broker_cpu - loadgen_cpu), 0.0),

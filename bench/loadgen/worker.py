@@ -70,7 +70,7 @@ class WorkerReport:
     received: int = 0
     per_client_min: int = 0
     per_client_max: int = 0
-    written_off: int = 0
+    stalls: int = 0
     errors: list[str] = field(default_factory=list)
     samples: list[tuple[float, int, int, int, float]] = field(default_factory=list)
 
@@ -126,7 +126,7 @@ async def _run(spec: WorkerSpec, conn: Connection, shared: Any) -> WorkerReport:
             received=group.received,
             per_client_min=min(counts, default=0),
             per_client_max=max(counts, default=0),
-            written_off=sum(limiter.written_off for limiter in limiters.values()),
+            stalls=sum(limiter.stalls for limiter in limiters.values()),
             errors=group.errors,
             samples=samples,
         )

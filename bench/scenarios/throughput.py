@@ -51,8 +51,8 @@ def flow_row(
 def _undelivered(r: FlowResult) -> str:
     """Deliveries owed and not made by the end of the drain (QoS 0 may be dropped; QoS 1 must not)."""
     text = f"{r.undelivered:,}" if r.undelivered else "0"
-    if r.written_off:
-        text += f" ({r.written_off:,} written off by the limiter)"
+    if r.stalls:
+        text += f" (deliveries stalled {r.stalls}x)"
     return text
 
 
