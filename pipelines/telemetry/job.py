@@ -146,7 +146,7 @@ class TelemetryBatch:
                 low, high = counts["low_us"], counts["high_us"]
                 rows = silver_rows = self._silver_rows(passed, low, high).persist()
                 steps["silver_telemetry"] = lambda: self._write_silver(out, rows)
-                steps["device_minute"] = lambda: self._write_device_minute(batch, passed, rows, low, high)
+                steps["device_minute"] = lambda: self._write_device_minute(batch, rows, low, high)
             if counts["quarantined"]:
                 quarantine = T.to_quarantine(flagged, out.app_id, out.batch_id, batch.now)
                 steps["telemetry_quarantine"] = lambda: out.append("telemetry_quarantine", quarantine)
@@ -197,21 +197,19 @@ class TelemetryBatch:
     def _silver_between(self, low_us: int, high_us: int) -> DataFrame:
         return self.store.read("silver_telemetry").where(T.event_time_between(low_us, high_us))
 
-    def _write_device_minute(
-        self, batch: _Batch, passed: DataFrame, silver_rows: DataFrame, low_us: int, high_us: int
-    ) -> None:
-        """Recompute every minute the batch touched, from silver as it is once this batch is in, and merge.
+    def _write_device_minute(self, batch: _Batch, silver_rows: DataFrame, low_us: int, high_us: int) -> None:
+        """Recompute every minute the batch's silver rows fall in, from silver as it is with them, and merge.
 
-        "Silver once this batch is in" is built as stored silver without this batch's records plus its
-        silver rows, which holds whether silver's append (running concurrently) or an earlier attempt's has
-        landed or not. A recomputed row does not depend on what the table held before, so merging it twice
-        changes nothing, and late data (an old minute) just recomputes that minute.
+        "Silver with this batch's rows" is built as stored silver without those rows' records plus the
+        rows, which holds whether silver's append (running concurrently) or an earlier attempt's has landed
+        or not (a row deduplicated away is in neither). A recomputed row does not depend on what the table
+        held before, so merging it twice changes nothing, and late data just recomputes its minute.
         """
         minute_us = 60_000_000
         stored = self._silver_between(low_us - low_us % minute_us, high_us - high_us % minute_us + minute_us)
-        silver = T.without_records_of(stored, passed).unionByName(silver_rows)
+        silver = T.without_records_of(stored, silver_rows).unionByName(silver_rows)
         in_touched = silver.withColumn("minute", F.date_trunc("minute", "event_time")).join(
-            T.touched_minutes(passed), ["device_id", "minute"], "left_semi"
+            F.broadcast(T.touched_minutes(silver_rows)), ["device_id", "minute"], "left_semi"
         )
         metrics = self.config.gold.minute_metrics
         rows = T.minute_aggregates(in_touched.drop("minute"), metrics, batch.now)
@@ -227,8 +225,7 @@ class TelemetryBatch:
         if devices.status_template is not None:
             sightings = sightings.unionByName(T.parse_status(bronze, devices))
         updates = T.device_updates(sightings, batch.now)
-        stored = self.store.read("devices").join(updates.select("device_id"), "device_id", "left_semi")
-        merged = T.carry_forward(updates, stored)
+        merged = T.carry_forward(updates, self.store.read("devices"))
         batch.out.merge("devices", merged, update_when="s.last_seen >= t.last_seen")
 
     # -- data quality ------------------------------------------------------------------------------------

@@ -217,7 +217,7 @@ def without_records_of(stored: DataFrame, batch: DataFrame) -> DataFrame:
     to it: a row cannot be a duplicate of itself, and a minute must not count it twice.
     """
     keys = ["broker", "topic", "offset"]
-    return stored.join(batch.select(*keys), keys, "left_anti")
+    return stored.join(F.broadcast(batch.select(*keys)), keys, "left_anti")
 
 
 def to_silver(rows: DataFrame, silver_fields: Sequence[str]) -> DataFrame:
@@ -364,7 +364,7 @@ def device_updates(sightings: DataFrame, updated_at: datetime) -> DataFrame:
 
 
 def carry_forward(updates: DataFrame, stored: DataFrame) -> DataFrame:
-    """Fill the attributes an update lacks (null) from the stored ``devices`` row.
+    """Fill the attributes an update lacks (null) from the stored ``devices`` row (``stored``: the table).
 
     The store's merge replaces whole rows; without this a batch of telemetry that carries no firmware
     would erase the firmware a status message reported earlier.
