@@ -27,7 +27,7 @@ from pathlib import Path
 from .config import LogConfig
 from .errors import CorruptRecord, InvalidRecord, OffsetOutOfRange, RecordTooLarge
 from .file_pool import FileHandlePool
-from .read_cache import BLOCK_MAX_BYTES, BLOCK_RECORDS, Block, ReadCache, within_bytes
+from .read_cache import BLOCK_MAX_BYTES, BLOCK_RECORDS, Block, ReadCache
 from .record import PREFIX_SIZE, AppendRecord, Record, encode_frame
 from .segment import NO_TIMESTAMP, Segment, SegmentWrite
 from .tail_cache import TailCache, TailCacheBudget
@@ -89,6 +89,35 @@ class RetentionResult:
 
 class CommitLog:
     """The append-only log of one topic in `directory`; recovered from disk on construction."""
+
+    __slots__ = (
+        "_active",
+        "_bases",
+        "_blocks",
+        "_cache",
+        "_cache_budget",
+        "_closed",
+        "_durable_max_timestamp",
+        "_end_offset",
+        "_max_body",
+        "_max_frame",
+        "_max_timestamp",
+        "_next_offset",
+        "_owns_pool",
+        "_parent_to_sync",
+        "_pending_bytes",
+        "_pool",
+        "_roll_at",
+        "_segment_bytes",
+        "_segment_ms",
+        "_segments",
+        "_write_from",
+        "config",
+        "directory",
+        "last_append_size",
+        "recovery",
+        "topic",
+    )
 
     def __init__(
         self,
@@ -235,9 +264,18 @@ class CommitLog:
         index_timestamp = self._max_timestamp
         if timestamp > index_timestamp:
             index_timestamp = self._max_timestamp = timestamp
-        if not segment.count and self._segment_ms is not None:
-            self._roll_at = index_timestamp + self._segment_ms
-        segment.append_frame(frame, size, index_timestamp)
+        # Segment bookkeeping, inline on this hot path: buffer the frame, index entry, sizes.
+        if not segment.count:
+            segment.first_timestamp = index_timestamp
+            if self._segment_ms is not None:
+                self._roll_at = index_timestamp + self._segment_ms
+        segment.pending_frames.append(frame)
+        entries = segment.entries
+        entries.append(segment.size)  # type: ignore[union-attr]  # the active segment holds its index
+        entries.append(index_timestamp)  # type: ignore[union-attr]
+        segment.size += size
+        segment.count += 1
+        segment.max_timestamp = index_timestamp
         self._next_offset = offset + 1
         self._pending_bytes += size
         self.last_append_size = size
@@ -361,25 +399,24 @@ class CommitLog:
             if offset >= cache.first_offset:
                 records += cache.slice(offset, stop, budget, at_least_one=not records)
                 break
-            batch, go_on = self._read_stored(offset, stop, budget, at_least_one=not records)
+            batch, size, go_on = self._read_stored(offset, stop, budget, at_least_one=not records)
             records += batch
             offset += len(batch)
-            budget -= sum(len(record.frame) for record in batch)
+            budget -= size
             if not go_on or budget <= 0:
                 break
         return records
 
     def _read_stored(
         self, offset: int, stop: int, budget: int, at_least_one: bool
-    ) -> tuple[list[Record], bool]:
-        """Records from a shared block, else from the segment; the flag says the read may go on after."""
+    ) -> tuple[list[Record], int, bool]:
+        """Records from a shared block, else from the segment, and their frame bytes; the flag says the
+        read may go on after them."""
         if self._blocks is not None:
             block = self._block(offset)
             if block is not None:
-                start = offset - block.first
-                available = block.records[start : start + stop - offset]
-                batch = within_bytes(available, budget, at_least_one)
-                return batch, len(batch) == len(available)
+                batch, size = block.take(offset, stop, budget, at_least_one)
+                return batch, size, offset + len(batch) == min(stop, block.end)
         return self._read_segment(offset, stop, budget, at_least_one)
 
     def _block(self, offset: int) -> Block | None:
@@ -418,30 +455,31 @@ class CommitLog:
         budget = max_bytes
         while offset < stop and budget > 0:
             try:
-                batch, segment_done = self._read_segment(offset, stop, budget, at_least_one=not records)
+                batch, size, segment_done = self._read_segment(offset, stop, budget, at_least_one=not records)
             except CorruptRecord:
                 break
             records += batch
             offset += len(batch)
-            budget -= sum(len(record.frame) for record in batch)
+            budget -= size
             if not segment_done:
                 break
         return records
 
     def _read_segment(
         self, offset: int, stop: int, budget: int, at_least_one: bool
-    ) -> tuple[list[Record], bool]:
-        """Records of the segment holding `offset`; the flag says the read reached the segment's end."""
+    ) -> tuple[list[Record], int, bool]:
+        """Records of the segment holding `offset` and their frame bytes; the flag says the read reached
+        the segment's end."""
         position = bisect.bisect_right(self._bases, offset) - 1
         segment = self._segments[position]
         readable_end = segment.readable_end
         if offset >= readable_end:
             if not at_least_one:
-                return [], False
+                return [], 0, False
             next_offset = self._bases[position + 1] if position + 1 < len(self._bases) else self._end_offset
             raise CorruptRecord(self.topic, offset, next_offset, segment.damage or "missing")
         segment_stop = min(stop, readable_end)
-        batch, error = segment.read(offset, segment_stop, budget, at_least_one, self._max_body)
+        batch, size, error = segment.read(offset, segment_stop, budget, at_least_one, self._max_body)
         if error is not None:
             damaged = offset + len(batch)
             log.error(
@@ -449,8 +487,8 @@ class CommitLog:
             )
             if not batch and at_least_one:
                 raise CorruptRecord(self.topic, damaged, damaged + 1, error.reason)
-            return batch, False
-        return batch, offset + len(batch) == segment_stop
+            return batch, size, False
+        return batch, size, offset + len(batch) == segment_stop
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """First readable offset whose broker time is >= `timestamp_ms` (end_offset if none is)."""

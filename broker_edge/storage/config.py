@@ -86,7 +86,7 @@ class StorageConfig:
     """See `LogConfig.tail_cache_bytes`."""
     tail_cache_total_bytes: int = 256 * MIB
     """Bound of all tail caches together; the caches of the least recently appended logs are dropped first."""
-    read_cache_bytes: int = 64 * MIB
+    read_cache_bytes: int = 8 * MIB
     """Bound of the blocks of older records read once and shared by all readers catching up; 0 = off."""
 
     def log_config(self, rule: PersistRule | None) -> LogConfig:

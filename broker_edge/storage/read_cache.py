@@ -10,14 +10,17 @@ replaying one range cost one disk read per block, not fifty.
 The block at the log's end grows: a reader reaching past it reads only the new records and the block is
 replaced by the longer one, shared again. A block cut short by its byte bound or by a damaged record stays
 as it is; the offsets after it are read directly. All blocks of a store share one byte budget, least
-recently used dropped first. Blocks below a log's
+recently used dropped first (8 MiB by default: every cached record is a live Python object, and many
+of them cost garbage-collector time on every other allocation of the broker). Blocks below a log's
 start are dropped when retention moves the start, and all of a log's blocks when it closes.
 """
 
 from __future__ import annotations
 
+import bisect
+from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from itertools import accumulate
 
 from .record import Record
 
@@ -30,13 +33,19 @@ BLOCK_MAX_BYTES = 1024 * 1024
 class Block:
     """Consecutive records of one log, from `first` on; `growing` while it ends at the log's end."""
 
-    __slots__ = ("first", "growing", "records", "size")
+    __slots__ = ("ends", "first", "growing", "records")
 
     def __init__(self, first: int, records: list[Record], growing: bool = False) -> None:
         self.first = first
         self.records = records
         self.growing = growing
-        self.size = sum(len(record.frame) for record in records)
+        self.ends = array("q", accumulate(len(record.frame) for record in records))
+        """Frame bytes up to and including each record: byte-bounded takes are bisections."""
+
+    @property
+    def size(self) -> int:
+        """Frame bytes of all its records."""
+        return self.ends[-1] if self.ends else 0
 
     @property
     def end(self) -> int:
@@ -45,6 +54,20 @@ class Block:
 
     def covers(self, offset: int) -> bool:
         return self.first <= offset < self.first + len(self.records)
+
+    def take(self, offset: int, stop: int, max_bytes: int, at_least_one: bool) -> tuple[list[Record], int]:
+        """Its records from `offset` (covered) towards `stop` within `max_bytes`, and their frame bytes."""
+        start = offset - self.first
+        last = min(len(self.records), stop - self.first)
+        ends = self.ends
+        before = ends[start - 1] if start else 0
+        if ends[last - 1] - before > max_bytes:
+            last = bisect.bisect_right(ends, before + max_bytes, start, last)
+            if last == start:
+                if not at_least_one:
+                    return [], 0
+                last += 1
+        return self.records[start:last], ends[last - 1] - before
 
 
 class LogBlocks:
@@ -118,17 +141,3 @@ class ReadCache:
         if size is not None:
             del owner.blocks[number]
             self.bytes -= size
-
-
-def within_bytes(records: Sequence[Record], max_bytes: int, at_least_one: bool) -> list[Record]:
-    """The longest prefix of `records` whose frames fit `max_bytes` (at least one if `at_least_one`)."""
-    used = 0
-    end = 0
-    for record in records:
-        used += len(record.frame)
-        if used > max_bytes:
-            break
-        end += 1
-    if end == 0 and at_least_one and records:
-        end = 1
-    return list(records[:end])

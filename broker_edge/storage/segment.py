@@ -3,7 +3,8 @@
 The segment file holds nothing but frames (no header), so a range of records is one contiguous byte range:
 a read is one lookup of index entries and one pread of the data, split into records in memory.
 
-Appends never touch the disk here. They are buffered in the segment (`pending_frames`) and handed over as
+Appends never touch the disk here. The log buffers them in the active segment (`pending_frames`, `entries`,
+`size`, `count`: the log's append path updates them inline) and they are handed over as
 a `SegmentWrite` whose file position is fixed when it is taken: its `write` (one pwritev) and its
 `make_durable` (fdatasync, seal) may then run anywhere, in order, while appends continue. Records become
 readable only when the owner reports the write done (`mark_durable`). The index of a segment still being
@@ -179,18 +180,6 @@ class Segment:
         """Offset after the last record a reader may get from this segment."""
         return self.base_offset + self.durable_count
 
-    def append_frame(self, frame: bytes, size: int, index_timestamp: int) -> None:
-        """Buffer an encoded record of `size` bytes; `index_timestamp` is the log's running maximum time."""
-        if not self.count:
-            self.first_timestamp = index_timestamp
-        self.pending_frames.append(frame)
-        entries = self.entries
-        entries.append(self.size)  # type: ignore[union-attr]  # a segment being appended holds its index
-        entries.append(index_timestamp)  # type: ignore[union-attr]
-        self.size += size
-        self.count += 1
-        self.max_timestamp = index_timestamp
-
     def take_write(self, directories_to_sync: list[str]) -> SegmentWrite | None:
         """Hand everything buffered (and the seal, once sealed) to the writer; None when nothing to do."""
         seal = self.sealed and not self.seal_submitted
@@ -242,31 +231,33 @@ class Segment:
 
     def read(
         self, offset: int, stop: int, max_bytes: int, at_least_one: bool, max_body: int
-    ) -> tuple[list[Record], FrameError | None]:
+    ) -> tuple[list[Record], int, FrameError | None]:
         """Records from `offset` (inclusive) to `stop` (exclusive, <= readable_end) within `max_bytes`.
 
-        One index lookup (memory or one pread) and one data pread. Returns the valid records and, if a
-        frame was damaged, its error (the records before it are still returned).
+        One index lookup (memory or one pread) and one data pread. Returns the valid records, their frame
+        bytes and, if a frame was damaged, its error (the records before it are still returned).
         """
         first = offset - self.base_offset
         last = stop - self.base_offset
         positions = self._positions(first, last)
         if len(positions) != last - first + 1:
-            return [], FrameError("index")
+            return [], 0, FrameError("index")
         start = positions[0]
         count = bisect.bisect_right(positions, start + max_bytes) - 1
         if count < 1:
             if not at_least_one:
-                return [], None
+                return [], 0, None
             count = 1
         size = positions[count] - start
         if start < 0 or size <= 0:
-            return [], FrameError("index")
+            return [], 0, FrameError("index")
         data = self.pool.pread(self.log_path, size, start)
         records, error = decode_frames(data, offset, max_body)
         if error is None and len(records) != count:
             error = FrameError("index")
-        return records, error
+        if error is not None:
+            size = sum(len(record.frame) for record in records)
+        return records, size, error
 
     def _positions(self, first: int, last: int) -> array:
         """File positions of records `first .. last-1` plus the end of record `last-1`."""

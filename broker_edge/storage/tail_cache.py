@@ -10,6 +10,8 @@ appended to least recently are dropped whole.
 
 from __future__ import annotations
 
+import bisect
+from array import array
 from collections import OrderedDict
 from typing import Any
 
@@ -18,10 +20,6 @@ from .record import Record
 Appended = tuple[Any, ...]
 """(offset, timestamp_ms, frame, payload, qos, retain, client_id, user_properties, content_type,
 payload_format_indicator) of an append not yet read from the cache."""
-
-
-def _frame_size(entry: Record | Appended) -> int:
-    return len(entry.frame) if type(entry) is Record else len(entry[2])
 
 
 def _materialize(entry: Appended) -> Record:
@@ -34,14 +32,21 @@ def _materialize(entry: Appended) -> Record:
 
 
 class TailCache:
-    """The most recent records of one log, oldest first."""
+    """The most recent records of one log, oldest first.
+
+    `_ends[i]` is the running total of frame bytes up to and including entry `i` (`_base` before entry
+    0), so trimming by bytes and slicing within a byte budget are bisections, not loops over records.
+    """
 
     __slots__ = (
+        "_base",
         "_built",
-        "_bytes",
+        "_ends",
         "_entries",
         "_head",
         "_next_offset",
+        "_start_total",
+        "_total",
         "budget",
         "max_bytes",
         "max_records",
@@ -54,10 +59,16 @@ class TailCache:
         self.max_bytes = max_bytes
         self.budget = budget
         self._entries: list[Record | Appended] = []
+        self._ends = array("q")
         self._head = 0
         self._built = 0
         """Entries before this index are `Record`s already."""
-        self._bytes = 0
+        self._total = 0
+        """Frame bytes of every entry added since the last clear."""
+        self._base = 0
+        """Frame bytes of the entries dropped from the list (the running total before entry 0)."""
+        self._start_total = 0
+        """Frame bytes of the entries before the head."""
         self._next_offset = next_offset
 
     @property
@@ -68,7 +79,7 @@ class TailCache:
     @property
     def bytes(self) -> int:
         """Encoded size of the cached records."""
-        return self._bytes
+        return self._total - self._start_total
 
     def __len__(self) -> int:
         return len(self._entries) - self._head
@@ -77,10 +88,11 @@ class TailCache:
         """Cache a just-appended record (at the log's next offset) whose frame is `size` bytes."""
         entries = self._entries
         entries.append(entry)
-        self._bytes += size
+        total = self._total = self._total + size
+        self._ends.append(total)
         self._next_offset = entry[0] + 1
         freed = 0
-        if len(entries) - self._head > self.max_records or self._bytes > self.max_bytes:
+        if len(entries) - self._head > self.max_records or total - self._start_total > self.max_bytes:
             freed = self._evict()
         budget = self.budget
         if budget is not None:
@@ -99,42 +111,40 @@ class TailCache:
                 if type(entry) is not Record:
                     entries[index] = _materialize(entry)  # type: ignore[arg-type]
             self._built = last
-        if self._bytes <= max_bytes:
-            return entries[first:last]  # type: ignore[return-value]
-        used = 0
-        end = first
-        while end < last:
-            used += len(entries[end].frame)  # type: ignore[union-attr]
-            if used > max_bytes:
-                break
-            end += 1
-        if end == first and at_least_one:
-            end += 1
-        return entries[first:end]  # type: ignore[return-value]
+        ends = self._ends
+        before = ends[first - 1] if first else self._base
+        if ends[last - 1] - before > max_bytes:
+            last = bisect.bisect_right(ends, before + max_bytes, first, last)
+            if last == first and at_least_one:
+                last += 1
+        return entries[first:last]  # type: ignore[return-value]
 
     def clear(self) -> int:
         """Drop every cached record; returns the bytes freed."""
-        freed = self._bytes
+        freed = self.bytes
         self._entries = []
-        self._head = self._built = self._bytes = 0
+        self._ends = array("q")
+        self._head = self._built = self._total = self._start_total = self._base = 0
         return freed
 
     def _evict(self) -> int:
         """Trim to 7/8 of the limits, so eviction runs once per many appends rather than on each."""
-        entries = self._entries
-        keep_records = self.max_records - self.max_records // 8
+        entries, ends = self._entries, self._ends
+        count = len(entries)
         keep_bytes = self.max_bytes - self.max_bytes // 8
-        freed = 0
-        while len(entries) - self._head > keep_records or (
-            self._bytes > keep_bytes and len(entries) - self._head > 1
-        ):
-            size = _frame_size(entries[self._head])
-            self._bytes -= size
-            freed += size
-            self._head += 1
-        if self._head * 2 > len(entries):
-            del entries[: self._head]
-            self._built = max(0, self._built - self._head)
+        head = max(self._head, count - (self.max_records - self.max_records // 8))
+        if self._total - (ends[head - 1] if head else self._base) > keep_bytes:
+            head = bisect.bisect_left(ends, self._total - keep_bytes, head, count) + 1
+        head = min(head, count - 1)  # always keep the newest record
+        start_total = ends[head - 1] if head else self._base
+        freed = start_total - self._start_total
+        self._start_total = start_total
+        self._head = head
+        if head * 2 > count:
+            self._base = start_total
+            del entries[:head]
+            del ends[:head]
+            self._built = max(0, self._built - head)
             self._head = 0
         return freed
 
