@@ -211,16 +211,7 @@ class CommitLog:
 
     def append(self, record: AppendRecord) -> int:
         """Buffer `record` and return its offset; it becomes readable after the next completed write."""
-        return self.append_message(
-            record.payload,
-            record.qos,
-            record.retain,
-            record.client_id,
-            record.user_properties,
-            record.content_type,
-            record.payload_format_indicator,
-            record.timestamp_ms,
-        )
+        return self.append_message(*record.fields())
 
     def append_message(
         self,
@@ -241,16 +232,9 @@ class CommitLog:
         timestamp = _time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms  # _now_ms inline
         try:
             frame = encode_frame(
-                offset,
-                timestamp,
-                payload,
-                qos,
-                retain,
-                client_id,
-                user_properties,
-                content_type,
-                payload_format_indicator,
-            )
+                offset, timestamp, payload, qos, retain, client_id, user_properties, content_type,
+                payload_format_indicator
+            )  # fmt: skip
         except (ValueError, OverflowError, struct.error) as error:
             raise InvalidRecord(f"record for {self.topic!r} cannot be stored: {error}") from error
         size = len(frame)
@@ -279,21 +263,11 @@ class CommitLog:
         self._next_offset = offset + 1
         self._pending_bytes += size
         self.last_append_size = size
-        self._cache.add(
-            (
-                offset,
-                timestamp,
-                frame,
-                payload,
-                qos,
-                retain,
-                client_id,
-                user_properties,
-                content_type,
-                payload_format_indicator,
-            ),
-            size,
-        )
+        entry = (
+            offset, timestamp, frame, payload, qos, retain, client_id, user_properties, content_type,
+            payload_format_indicator
+        )  # fmt: skip
+        self._cache.add(entry, size)
         return offset
 
     def take_pending(self) -> PendingWrite | None:

@@ -49,6 +49,14 @@ class AppendRecord:
     payload_format_indicator: int | None = None
     timestamp_ms: int | None = None
 
+    def fields(self) -> tuple:
+        """(payload, qos, retain, client_id, user_properties, content_type, payload_format_indicator,
+        timestamp_ms): the arguments of `append_message` and, but for the time, of `encode_frame`."""
+        return (
+            self.payload, self.qos, self.retain, self.client_id, self.user_properties, self.content_type,
+            self.payload_format_indicator, self.timestamp_ms
+        )  # fmt: skip
+
 
 @dataclass(slots=True)
 class Record:
@@ -143,17 +151,7 @@ def encode_frame(
 
 def encode_record(offset: int, timestamp_ms: int, record: AppendRecord) -> bytes:
     """Encode `record` as the frame stored at `offset`."""
-    return encode_frame(
-        offset,
-        timestamp_ms,
-        record.payload,
-        record.qos,
-        record.retain,
-        record.client_id,
-        record.user_properties,
-        record.content_type,
-        record.payload_format_indicator,
-    )
+    return encode_frame(offset, timestamp_ms, *record.fields()[:7])
 
 
 def check_frame(buf: bytes | memoryview, pos: int, expected_offset: int, max_body: int) -> tuple[int, int]:

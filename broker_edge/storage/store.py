@@ -185,17 +185,7 @@ class LogStore:
 
     def append(self, topic: str, record: AppendRecord) -> int:
         """Append to `topic`'s log (created on first use) and return the offset; ack after `when_durable`."""
-        return self.append_message(
-            topic,
-            record.payload,
-            record.qos,
-            record.retain,
-            record.client_id,
-            record.user_properties,
-            record.content_type,
-            record.payload_format_indicator,
-            record.timestamp_ms,
-        )
+        return self.append_message(topic, *record.fields())
 
     def append_message(
         self,

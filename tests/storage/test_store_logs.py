@@ -224,16 +224,9 @@ def test_append_message_stores_the_same_record_as_append(tmp_path: Path):
     record = make_record(5)
 
     first = store.append("a", record)
+    payload, qos, retain, client_id, properties, content_type, indicator, timestamp = record.fields()
     second = store.append_message(
-        "a",
-        record.payload,
-        record.qos,
-        record.retain,
-        record.client_id,
-        record.user_properties,
-        record.content_type,
-        record.payload_format_indicator,
-        record.timestamp_ms,
+        "a", payload, qos, retain, client_id, properties, content_type, indicator, timestamp
     )
     store.flush()
 
