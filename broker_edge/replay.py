@@ -19,13 +19,17 @@ Reads are shared: a small cache of decoded messages by (topic, offset), fed by l
 means many sessions catching up on the same topic share the record and its encodings (the store's tail cache
 already spares the disk for recent records).
 
-An offset below the log start (retention removed it) starts at the log start, and the broker log says so; an
-offset past the end starts at the end. A record that fails its checksum is never delivered: the cursor steps
-over it (logged, counted as the drop ``log_corrupt``) so one damaged record cannot stall a replay.
+An offset below the log start (retention removed it) starts at the log start; an offset past the end starts at
+the end. Never silently: the broker log says so, and a v5 client finds it in the SUBACK (a reason string and a
+user property ``offset_out_of_range`` per log, with the log's current start and end).
+
+A record that fails its checksum is never delivered: the cursor steps over it (logged, counted as the drop
+``log_corrupt``) so one damaged record cannot stall a replay.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -89,8 +93,13 @@ class ReplayManager:
 
     # -- replays ------------------------------------------------------------------------------------------
 
-    def start(self, session: Session, topic_filter: str, start: OffsetStart) -> None:
-        """Position the session on every existing log its filter matches, then start reading."""
+    def start(self, session: Session, topic_filter: str, start: OffsetStart) -> list[OffsetOutOfRange]:
+        """Position the session on every existing log its filter matches (reading starts with ``pump``).
+
+        Returns the logs where the asked offset is outside the log, each as the ``OffsetOutOfRange`` a
+        reader of the log would get: below the start (retention removed it) the replay starts at the
+        start, past the end at the end. The SUBACK tells a v5 client (``out_of_range_properties``).
+        """
         store = self.store
         try:
             infos = store.logs(pattern=topic_filter)
@@ -98,27 +107,30 @@ class ReplayManager:
             log.warning(
                 "replay of %r not started: %s", topic_filter, exc, extra={"client_id": session.client_id}
             )
-            return
+            return []
         cursors = session.cursors
         if cursors is None:
             cursors = session.cursors = {}
+        outside: list[OffsetOutOfRange] = []
         for info in infos:
             if info.topic.startswith("$") and topic_filter[:1] in ("+", "#"):
                 continue
             offset = self._start_offset(info, start)
-            if offset < info.start_offset:
+            if not info.start_offset <= offset <= info.end_offset:
+                outside.append(OffsetOutOfRange(info.topic, offset, info.start_offset, info.end_offset))
                 log.info(
-                    "replay of %r from %d: below the log start, starting at %d",
+                    "replay of %r from %d: outside [%d, %d], starting at %d",
                     info.topic,
                     offset,
                     info.start_offset,
+                    info.end_offset,
+                    min(max(offset, info.start_offset), info.end_offset),
                     extra={"client_id": session.client_id},
                 )
-                offset = info.start_offset
-            cursors[info.topic] = min(offset, info.end_offset)
+            cursors[info.topic] = min(max(offset, info.start_offset), info.end_offset)
         if not cursors:
             session.cursors = None
-        self.pump(session)
+        return outside
 
     def _start_offset(self, info: Any, start: OffsetStart) -> int:
         kind = start.kind
@@ -129,6 +141,27 @@ class ReplayManager:
         if kind is OffsetStartKind.TIMESTAMP:
             return self.store.offset_for_timestamp(info.topic, start.value)
         return start.value  # type: ignore[return-value]
+
+    @staticmethod
+    def out_of_range_properties(outside: list[OffsetOutOfRange]) -> Properties:
+        """v5 SUBACK properties telling a device where its replay really starts: a reason string and one
+        user property ``offset_out_of_range`` per log, whose JSON value has the fields of the offsets
+        API's 416 answer (topic, offset, start_offset, end_offset)."""
+        first = outside[0]
+        more = f" (and {len(outside) - 1} more logs)" if len(outside) > 1 else ""
+        reason = f"{first}: replaying from {min(max(first.offset, first.start), first.end)}{more}"
+        return Properties(
+            reason_string=reason,
+            user_properties=[
+                (
+                    "offset_out_of_range",
+                    json.dumps(
+                        {"topic": o.topic, "offset": o.offset, "start_offset": o.start, "end_offset": o.end}
+                    ),
+                )
+                for o in outside
+            ],
+        )
 
     # -- reading ------------------------------------------------------------------------------------------
 
