@@ -7,6 +7,7 @@ SUBACK so a client always sees the acknowledgement first.
 A subscription replays a topic's commitlog when it names a start: the v5 user property ``offset`` on the
 SUBSCRIBE (``<offset>``, ``earliest``, ``latest`` or ``time:<epoch-ms>``) or the v3 filter form
 ``$offset/<start>/<filter>``. Replays need the commitlog; without one such a filter is refused (0x80/0x83).
+A v5 SUBACK says when an asked offset is outside a log (``offset_out_of_range``, see ``broker_edge.replay``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ def handle_subscribe(conn: Connection, packet: Subscribe) -> None:
             if key == "offset":
                 offset_text = value
     codes: list[int] = []
-    after_ack: list = []
+    retained: list[tuple[str, SubscriptionOptions]] = []
+    outside: list = []
+    replaying = False
     for sub in packet.subscriptions:
 
         def fail(v5_code: int) -> None:
@@ -87,12 +90,13 @@ def handle_subscribe(conn: Connection, packet: Subscribe) -> None:
         is_new = router.subscribe(session, key, topic_filter, group, options)  # type: ignore[arg-type]
         codes.append(sub.qos)
         if start is not None:
-            after_ack.append(("replay", topic_filter, options, start))
+            outside += broker.replays.start(session, topic_filter, start)  # positioned now, read after SUBACK
+            replaying = True
         elif group is None and (sub.retain_handling == 0 or (sub.retain_handling == 1 and is_new)):
-            after_ack.append(("retained", topic_filter, options, None))
-    conn.send_packet(SubAck(packet.packet_id, codes))
-    for kind, topic_filter, options, start in after_ack:
-        if kind == "retained":
-            router.send_retained(session, topic_filter, options)  # type: ignore[arg-type]
-        else:
-            broker.replays.start(session, topic_filter, start)
+            retained.append((topic_filter, options))
+    properties = broker.replays.out_of_range_properties(outside) if outside and v5 else None
+    conn.send_packet(SubAck(packet.packet_id, codes, properties))
+    for topic_filter, options in retained:
+        router.send_retained(session, topic_filter, options)  # type: ignore[arg-type]
+    if replaying:
+        broker.replays.pump(session)
