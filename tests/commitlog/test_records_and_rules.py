@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from broker_edge.protocol.properties import Properties
 from broker_edge.storage.topic_names import topic_directory_name
-from tests.broker.broker_test_clients import PahoClient, wait_for
+from tests.broker.broker_test_clients import PahoClient, RawClient, wait_for
 from tests.commitlog.e2e_helpers import offset_of, offsets_client, publish_numbered, read_log, replay_from
 from tests.storage.log_helpers import frame_positions, segment_files
 
@@ -172,6 +173,11 @@ def test_a_reader_below_the_start_gets_out_of_range_with_the_start_never_a_jump(
     device = PahoClient(broker.port, "late-device")
     device.subscribe("short/a", 1, properties=replay_from("0"))
     first = device.expect(1)[0]
+    raw = RawClient(broker.port, 5)
+    raw.connect("raw-device")
+    suback = raw.subscribe("short/+", 1, properties=Properties(user_properties=[("offset", "0")]))
+    v311 = PahoClient(broker.port, "v311-device", version=4)
+    v311.subscribe("$offset/0/short/a", 1)
 
     assert caught.value.code == 416
     assert (body["error"], body["offset"], body["start_offset"], body["end_offset"]) == (
@@ -181,6 +187,16 @@ def test_a_reader_below_the_start_gets_out_of_range_with_the_start_never_a_jump(
         60,
     )
     assert offset_of(first) == start  # an MQTT 5 device sees where its replay really starts
+    assert suback.reason_codes == [1]  # granted, and told why it starts later than asked:
+    assert (
+        suback.properties.reason_string
+        == f"offset 0 of 'short/a' is outside [{start}, 60]: replaying from {start}"
+    )
+    told = [
+        json.loads(value) for key, value in suback.properties.user_properties if key == "offset_out_of_range"
+    ]
+    assert told == [{"topic": "short/a", "offset": 0, "start_offset": start, "end_offset": 60}]
+    assert v311.expect(1)[0].payload == str(start).encode()  # v3.1.1 has no way to be told: the log says it
 
 
 def _publish_properties(user_properties: list[tuple[str, str]], content_type: str):
