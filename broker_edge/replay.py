@@ -88,7 +88,7 @@ class ReplayManager:
             return
         messages = self._messages
         if len(messages) >= SHARED_MESSAGES:
-            messages.clear()
+            del messages[next(iter(messages))]  # drop the oldest: a session less far behind always hits
         messages[(message.topic, message.offset)] = message
 
     # -- replays ------------------------------------------------------------------------------------------
