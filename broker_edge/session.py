@@ -110,9 +110,11 @@ class Session:
     ) -> None:
         """Send now if the client is online and its in-flight window is open, else hold it (QoS 1/2).
 
-        A logged message that cannot be sent now is not copied: the session remembers its offset and reads
-        the topic's log later (``broker_edge.replay``). Shared-subscription deliveries are always copied,
-        since the log also holds what the other members of the group received.
+        An online client's held messages wait in its queue, logged or not (cheap: the message and its
+        encodings are already in memory). A logged message for an offline client, or one that does not fit
+        the queue, is not copied: the session remembers its offset and reads the topic's log later
+        (``broker_edge.replay``), so the log is the offline queue. Shared-subscription deliveries are always
+        copied, since the log also holds what the other members of the group received.
         """
         conn = self.connection
         if qos == 0:
@@ -125,7 +127,12 @@ class Session:
             or conn.paused
             or (self.inflight and len(self.inflight) >= conn.send_quota)
         ):
-            if message.offset is not None and not shared and self.router.replays is not None:
+            if (
+                message.offset is not None
+                and not shared
+                and self.router.replays is not None
+                and (conn is None or not self._queue_has_room(len(message.payload)))
+            ):
                 self._remember_offset(message)
             else:
                 self._enqueue((message, qos, retain, subscription_ids))
@@ -145,17 +152,22 @@ class Session:
         if conn.send_message(message, qos, retain, subscription_ids, packet_id):
             inflight[packet_id] = (message, qos, retain, subscription_ids)
 
-    def _enqueue(self, delivery: Delivery) -> None:
+    def _queue_has_room(self, size: int) -> bool:
+        """Whether one more message of ``size`` payload bytes fits ``max_offline_messages`` / ``_bytes``."""
         limits = self.router.limits
-        size = len(delivery[0].payload)
         queue = self.queue
-        if (
+        return not (
             (queue is not None and len(queue) >= limits.max_offline_messages)
             or self.queued_bytes + size > limits.max_offline_bytes
             or limits.max_offline_messages == 0
-        ):
+        )
+
+    def _enqueue(self, delivery: Delivery) -> None:
+        size = len(delivery[0].payload)
+        if not self._queue_has_room(size):
             self.router.count_drop("queue_full")
             return
+        queue = self.queue
         if queue is None:
             queue = self.queue = deque()
         queue.append(delivery)
