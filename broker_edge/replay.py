@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from broker_edge.delivery import Message
@@ -61,7 +62,7 @@ class ReplayManager:
         self.router = router
         self.store = store
         self.loop = loop
-        self._messages: dict[tuple[str, int], Message] = {}
+        self._messages: OrderedDict[tuple[str, int], Message] = OrderedDict()
         self._scheduled: set[Session] = set()
 
     # -- live routing ---------------------------------------------------------------------------------------
@@ -88,7 +89,7 @@ class ReplayManager:
             return
         messages = self._messages
         if len(messages) >= SHARED_MESSAGES:
-            del messages[next(iter(messages))]  # drop the oldest: a session less far behind always hits
+            messages.popitem(last=False)  # drop the oldest: a session less far behind always hits
         messages[(message.topic, message.offset)] = message
 
     # -- replays ------------------------------------------------------------------------------------------
