@@ -43,6 +43,7 @@ class Pipeline:
 #: Every pipeline ``timestone pipeline`` can run.
 PIPELINES: dict[str, Pipeline] = {
     "telemetry": Pipeline("pipelines.telemetry.job", "conf/pipeline.yaml", section="telemetry"),
+    "actions": Pipeline("pipelines.actions.job", "conf/actions.yaml"),
 }
 
 

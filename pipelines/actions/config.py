@@ -11,7 +11,7 @@ from broker_edge.config import ConfigError
 class BrokerEndpoint:
     """One edge broker as the job reaches it: MQTT to publish actions, the offsets API to read reports."""
 
-    name: str = "edge-1"
+    name: str = "edge1"
     mqtt_host: str = "127.0.0.1"
     mqtt_port: int = 1883
     offsets_api: str = "http://127.0.0.1:9884"

@@ -83,7 +83,7 @@ class TopicTemplate:
 class SourceConfig:
     """Where records come from: options of the ``timestone`` streaming source."""
 
-    brokers: list[str] = field(default_factory=lambda: ["edge1=http://127.0.0.1:8081"])
+    brokers: list[str] = field(default_factory=lambda: ["edge1=http://127.0.0.1:9884"])
     topics: list[str] = field(default_factory=list)
     starting_offsets: str = "earliest"
     max_records_per_trigger: int | None = 100_000

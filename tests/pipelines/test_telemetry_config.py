@@ -16,7 +16,7 @@ def test_shipped_config_loads_and_derives_source_options():
     config = load_telemetry_config_file(REPO / "conf" / "pipeline.yaml")
     assert config.payload.template.topic_filter == "devices/+/telemetry"
     assert config.source_options() == {
-        "brokers": "edge1=http://127.0.0.1:8081",
+        "brokers": "edge1=http://127.0.0.1:9884",
         "topics": "devices/+/telemetry",
         "startingOffsets": "earliest",
         "failOnDataLoss": "true",
