@@ -85,3 +85,13 @@ def test_cancel_sets_the_flag_and_unknown_ids_fail(tmp_path, capsys):
     }
     assert main(["ota", "--tables-root", root, "status"]) == 0
     assert "no action summaries yet" in capsys.readouterr().out
+
+
+def test_actions_pipeline_refuses_a_bad_config_naming_the_field(tmp_path, capsys):
+    config = tmp_path / "actions.yaml"
+    config.write_text("brokers:\n  - name: edge1\n    mqtt_port: 70000\n")
+    assert main(["pipeline", "actions", "--config", str(config)]) == 2
+    assert "brokers[0].mqtt_port" in capsys.readouterr().err
+    config.write_text("tick_interval: 1\n")
+    assert main(["pipeline", "actions", "--config", str(config)]) == 2
+    assert "tick_interval" in capsys.readouterr().err
