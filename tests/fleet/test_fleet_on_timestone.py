@@ -1,0 +1,75 @@
+"""The simulated fleet on a Timestone broker: the command line, and devices holding their own log offsets."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from broker_edge.launcher import BrokerProcess
+from broker_edge.offsets_api.client import OffsetsClient
+from pipelines.actions.publisher import MqttPublisher
+from tests.fleet_harness import FleetHarness, FleetSpec, quiet_devices
+
+
+def test_devices_simulate_command_publishes_telemetry(tmp_path):
+    with BrokerProcess(tmp_path / "broker") as broker:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipelines.cli",
+                "devices",
+                "simulate",
+                "--count",
+                "5",
+                "--broker",
+                f"127.0.0.1:{broker.port}",
+                "--telemetry-interval",
+                "0.3",
+                "--duration",
+                "3",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "5 devices connected" in result.stdout
+        logs = OffsetsClient(broker.offsets_url).list_logs("devices/+/telemetry")
+        assert len(logs) == 5 and all(log.end_offset >= 1 for log in logs)
+
+
+def test_offline_device_gets_an_action_from_its_held_offset_after_a_broker_restart(tmp_path):
+    broker = BrokerProcess(tmp_path / "broker").start()
+    try:
+        spec = FleetSpec(brokers=[broker.address], count=3, groups=["g"])
+        with FleetHarness(broker.address, spec, quiet_devices(offline_duration_s=(0.5, 1.0))) as harness:
+            devices = harness.fleet.devices
+            first = {"action_id": "a-1", "kind": "command", "command": "noop"}
+            publisher = MqttPublisher([broker.address], client_id="operator-1")
+            publisher.publish("actions/groups/g", json.dumps(first).encode())
+            publisher.close()
+            harness.wait_until(lambda: harness.fleet.finished("a-1") == 3)
+            held = devices[0].offsets["actions/groups/g"]
+            assert held == 1  # the device stored the next offset of the group topic's log
+
+            harness.call(lambda: devices[0].go_offline(3600))  # away for good, unless it reconnects itself
+            second = {"action_id": "a-2", "kind": "ota", "version": "2.0.0"}
+            publisher = MqttPublisher([broker.address], client_id="operator-2")
+            publisher.publish("actions/groups/g", json.dumps(second).encode())
+            publisher.close()
+            harness.wait_until(lambda: harness.fleet.finished("a-2") == 2)
+
+            received_before = harness.fleet.stats["actions_received"]
+            broker.stop()
+            broker.start()  # same ports, same commitlog directory
+            harness.call(lambda: devices[0].retry_later())  # the device comes back and resubscribes
+            harness.wait_until(lambda: "a-2" in devices[0].actions, timeout_s=30)
+            harness.wait_until(lambda: harness.fleet.finished("a-2") == 3, timeout_s=30)
+            assert devices[0].firmware == "2.0.0"
+            assert devices[0].offsets["actions/groups/g"] == 2
+            # exactly one more delivery: a-2 from offset 1; a-1 (offset 0) was not replayed
+            assert harness.fleet.stats["actions_received"] == received_before + 1
+    finally:
+        broker.stop()
