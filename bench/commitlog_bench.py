@@ -193,7 +193,7 @@ def bench_reads(root: Path, count: int) -> dict[str, float]:
         offset += len(store.read(TOPIC, offset, 1000, 1 << 24))
     rates["read from disk (LogStore.read, 1000 per call)"] = count / (time.perf_counter() - began)
 
-    tail = count - 500  # within the tail cache (it keeps the last 7168 to 8192 records, 1 MiB at most)
+    tail = count - 500  # within the tail cache (it keeps the last 896 to 1024 records)
     rounds = 1000
     began = time.perf_counter()
     for _ in range(rounds):

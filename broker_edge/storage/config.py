@@ -28,7 +28,7 @@ class LogConfig:
     """Delete whole segments whose newest record is older than this (None: keep forever)."""
     max_record_bytes: int = MQTT_MAX_PAYLOAD + 64 * KIB
     """Largest encoded record accepted; also the sanity bound on a length prefix during recovery."""
-    tail_cache_records: int = 8192
+    tail_cache_records: int = 1024
     """Most recent records kept decoded in memory for caught-up readers."""
     tail_cache_bytes: int = 1 * MIB
     """Byte bound of that per-log tail cache (encoded size)."""
@@ -80,7 +80,7 @@ class StorageConfig:
     """Most logs one broker keeps; appending to a new topic beyond it raises `TooManyTopics`."""
     max_open_files: int = 1024
     """Segment and index file descriptors kept open (LRU); the rest are reopened on demand."""
-    tail_cache_records: int = 8192
+    tail_cache_records: int = 1024
     """See `LogConfig.tail_cache_records`."""
     tail_cache_bytes: int = 1 * MIB
     """See `LogConfig.tail_cache_bytes`."""
