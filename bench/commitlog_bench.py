@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/commitlog_bench.py [--dir DIR] [--write] [--quick]
 
-Appends run the way the broker drives the store: on an asyncio loop, in bursts of 256 appends (one socket
-read's worth) with the loop turning in between, on one topic; the time runs until everything is durable
-under the policy. The disk baseline is `dd` writing the same bytes in the same pattern, in the same
-directory, in the same run:
+Appends run the way the broker drives the store: `append_message` on an asyncio loop, in bursts of 256
+appends (one socket read's worth) with the loop turning in between, on one topic; the time runs until
+everything is durable under the policy. The disk baseline is `dd` writing the same bytes in the same
+pattern, in the same directory, in the same run:
 
 * `fsync` (a write + fdatasync per append)  ->  `dd bs=<record frame> oflag=dsync`
 * `group` (a write + fdatasync per window)  ->  `dd bs=<bytes per window> oflag=dsync`, same window count
@@ -118,7 +118,8 @@ async def timed_appends(
 ) -> tuple[float, int, int, float]:
     """(seconds until durable, bytes written, windows, CPU seconds): `records` spread over `topics`.
 
-    Every topic's log exists before the clock starts (a broker's steady state, not its first minutes).
+    Appended with `append_message`, from the fields, as the broker does for every logged publish. Every
+    topic's log exists before the clock starts (a broker's steady state, not its first minutes).
     """
     store = LogStore(directory, config)
     store.open()
@@ -126,12 +127,12 @@ async def timed_appends(
         store.append(topic, records[0])
     await store.wait_durable()
     written_before, windows_before = store.committer.bytes_written, store.committer.jobs_completed
-    append = store.append
+    append = store.append_message
     topic_count = len(topics)
     began, cpu_began = time.perf_counter(), time.process_time()
     for start in range(0, len(records), BURST):
         for number, record in enumerate(records[start : start + BURST], start):
-            append(topics[number % topic_count], record)
+            append(topics[number % topic_count], record.payload, record.qos, record.retain, record.client_id)
         await asyncio.sleep(0)
     await store.wait_durable()
     if config.durability == "none":
