@@ -1,0 +1,990 @@
+"""Telemetry path benchmark: MQTT publishes → broker commitlog → ``timestone`` source → Delta tables.
+
+    .venv/bin/python bench/telemetry_bench.py [--quick] [--records N] [--topics N] [--output FILE]
+
+Every part is the real one: a Timestone broker process (``broker_edge.launcher.BrokerProcess``, i.e.
+``timestone broker --config``), MQTT publishers on loopback sockets, the ``timestone`` Spark source, Delta
+tables written by delta-rs through ``sinks``, and the telemetry job of ``pipelines/telemetry/job.py``, on a
+local[2] Spark session. Three figures:
+
+1. **source → bronze**: a backlog of small telemetry records (JSON like the simulated fleet's) on ~100
+   ``devices/<id>/telemetry`` topics, published as QoS 1 frames, is read with ``trigger(availableNow=True)``
+   by a query whose ``foreachBatch`` is the job's bronze step alone (``to_bronze`` + an exactly-once
+   append). Rows/s from ``start()`` to termination, and where a micro-batch's time goes: the source read and
+   collect to the driver (``toArrow()``), the Delta append, and Spark's own steps (offsets, planning, WAL).
+2. **the whole job** (bronze, silver, quarantine, device_minute, devices, dq_results) on the same backlog,
+   with the job's per-step times.
+3. **latency** at the job's 1 s trigger: a steady publisher (the project's MQTT client, the publish time in
+   the payload's ``ts``) while the job runs; another process reads bronze and silver with delta-rs every
+   100 ms and notes when each message first becomes visible.
+
+The source alone into a noop sink is ``bench/source_bench.py``'s (not repeated here). Broker, publishers,
+table poller and Spark share the machine; CPU seconds of each, and of the rest of the machine ("other
+work"), are recorded per phase, with the load average. Writes ``bench/results/telemetry.md``
+(``python -m bench`` folds it into ``bench/RESULTS.md``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import multiprocessing as mp
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench import frames  # noqa: E402
+from bench.sysinfo import machine_busy_seconds, machine_info  # noqa: E402
+from broker_edge.launcher import BrokerProcess  # noqa: E402
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
+    from multiprocessing.synchronize import Event
+
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+    from pipelines.telemetry.config import TelemetryConfig
+    from sinks import BatchWriter, TableStore
+
+RESULTS = REPO / "bench" / "results" / "telemetry.md"
+SOURCE_RESULTS = REPO / "bench" / "results" / "source.md"
+TARGET_BRONZE_ROWS_PER_S = 150_000
+TARGET_BRONZE_P50_S = 2.0
+WINDOW = 64  # QoS 1 PUBLISHes in flight per backlog connection (the broker's receive_maximum)
+POLL_INTERVAL_S = 0.1
+BROKER_SECTIONS: dict[str, Any] = {
+    "limits": {
+        "messages_per_second_per_client": 0,
+        "max_topics_per_client": 0,
+        "new_connections_per_second": 0,
+        "max_connections": 1000,
+    },
+    "logging": {"level": "WARNING"},
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Sizes of one run (``--quick`` shrinks them)."""
+
+    records: int
+    topics: int
+    latency_devices: int
+    latency_rate: float
+    latency_warmup_s: float
+    latency_measure_s: float
+    quick: bool
+
+
+# -- payloads and the backlog publisher ------------------------------------------------------------------
+
+
+def device_id(number: int) -> str:
+    return f"bench-{number:04}"
+
+
+def telemetry_payload(rng: random.Random, ts_ms: int, seq: int, firmware: str, group: str) -> bytes:
+    """A reading shaped like ``pipelines/fleet/device.py``'s ``_send_telemetry`` (about 130 bytes)."""
+    reading = {
+        "ts": ts_ms,
+        "seq": seq,
+        "temperature": round(rng.gauss(21.0, 3.0), 2),
+        "humidity": round(min(100.0, max(0.0, rng.gauss(45.0, 10.0))), 1),
+        "battery": round(rng.uniform(20.0, 100.0), 1),
+        "firmware": firmware,
+        "group": group,
+    }
+    return json.dumps(reading).encode()
+
+
+def backlog_frames(number: int, count: int, first_ts_ms: int) -> list[bytes]:
+    """``count`` QoS 1 PUBLISH frames of one device: a reading a second (device time) from ``first_ts_ms``."""
+    rng = random.Random(number)
+    topic = f"devices/{device_id(number)}/telemetry"
+    group = "canary" if number % 10 == 0 else "fleet"
+    return [
+        frames.publish(
+            topic,
+            telemetry_payload(rng, first_ts_ms + 1000 * seq, seq + 1, "1.0.0", group),
+            qos=1,
+            packet_id=seq % 65535 + 1,
+        )
+        for seq in range(count)
+    ]
+
+
+class BacklogConnection(asyncio.Protocol):
+    """One device connection (MQTT 3.1.1) writing pre-encoded QoS 1 PUBLISHes, ``WINDOW`` unacknowledged."""
+
+    def __init__(self, client_id: str, publishes: list[bytes], done: asyncio.Future[None]) -> None:
+        self.client_id = client_id
+        self.publishes = publishes
+        self.done = done
+        self.sent = 0
+        self.acked = 0
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.transport.write(frames.connect(self.client_id))
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        acks = 0
+        while len(self.buffer) >= 2:
+            kind, length = self.buffer[0], self.buffer[1]
+            if length & 0x80 or len(self.buffer) < 2 + length:
+                break  # every packet the broker sends here is short: wait for the rest
+            if kind == frames.CONNACK:
+                if self.buffer[3] != 0:
+                    self._fail(f"CONNACK return code {self.buffer[3]}")
+                    return
+                self._send(WINDOW)
+            elif kind == frames.PUBACK:
+                acks += 1
+            else:
+                self._fail(f"unexpected packet 0x{kind:02x}")
+                return
+            del self.buffer[: 2 + length]
+        if acks:
+            self.acked += acks
+            if self.acked == len(self.publishes):
+                if not self.done.done():
+                    self.done.set_result(None)
+            else:
+                self._send(acks)
+
+    def _send(self, count: int) -> None:
+        end = min(len(self.publishes), self.sent + count)
+        if end > self.sent and self.transport is not None:
+            self.transport.write(b"".join(self.publishes[self.sent : end]))
+            self.sent = end
+
+    def _fail(self, reason: str) -> None:
+        if not self.done.done():
+            self.done.set_exception(ConnectionError(f"{self.client_id}: {reason}"))
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_exception(ConnectionError(f"{self.client_id}: connection lost ({exc})"))
+
+
+async def publish_backlog(port: int, topics: int, per_topic: int, timeout_s: float) -> float:
+    """Publish ``per_topic`` readings on each of ``topics`` device topics; seconds until every PUBACK."""
+    loop = asyncio.get_running_loop()
+    first_ts_ms = int(time.time() * 1000) - 1000 * per_topic  # the last ``per_topic`` seconds of a 1 Hz fleet
+    batches = [backlog_frames(number, per_topic, first_ts_ms) for number in range(topics)]
+    began = time.perf_counter()
+    connections: list[BacklogConnection] = []
+    for number, publishes in enumerate(batches):
+        connection = BacklogConnection(device_id(number), publishes, loop.create_future())
+        await loop.create_connection(lambda connection=connection: connection, "127.0.0.1", port)
+        connections.append(connection)
+    try:
+        await asyncio.wait_for(asyncio.gather(*(c.done for c in connections)), timeout_s)
+    finally:
+        for connection in connections:
+            if connection.transport is not None:
+                connection.transport.write(frames.DISCONNECT_FRAME)
+                connection.transport.close()
+    return time.perf_counter() - began
+
+
+def logged_records(offsets_url: str, pattern: str) -> int:
+    """Records the broker's logs matching ``pattern`` hold (through the offsets API)."""
+    from broker_edge.offsets_api.client import OffsetsClient
+
+    with OffsetsClient(offsets_url) as client:
+        return sum(log.end_offset - log.start_offset for log in client.list_logs(pattern))
+
+
+# -- the steady publisher and the table poller (each its own process) -------------------------------------
+
+
+def steady_publisher(
+    port: int, devices: int, rate: float, limit_s: float, stop: Event, answers: Queue
+) -> None:
+    """Publish ``rate`` readings/s round-robin over ``devices`` connections until ``stop`` (or ``limit_s``).
+
+    Uses the project's lean MQTT 5 client. Each payload's ``ts`` is the publish time (epoch ms). Answers
+    ``("ready", connections)`` once connected, then ``("done", published, [(ts_ms, puback_s)])``,
+    ``puback_s`` being publish → PUBACK.
+    """
+    asyncio.run(_publish_steadily(port, devices, rate, limit_s, stop, answers))
+
+
+async def _publish_steadily(
+    port: int, devices: int, rate: float, limit_s: float, stop: Event, answers: Queue
+) -> None:
+    from pipelines.fleet.client import MqttClient
+
+    clients = [
+        await MqttClient.connect("127.0.0.1", port, f"steady-{device_id(n)}", keep_alive=60)
+        for n in range(devices)
+    ]
+    answers.put(("ready", len(clients)))
+    rng = random.Random(7)
+    acks: list[tuple[int, float]] = []
+    pending: set[asyncio.Task[None]] = set()
+
+    async def publish(client: MqttClient, topic: str, payload: bytes, ts_ms: int, began: float) -> None:
+        await client.publish(topic, payload, 1)
+        acks.append((ts_ms, time.perf_counter() - began))
+
+    start = time.perf_counter()
+    published = 0
+    for n in range(int(rate * limit_s)):
+        if stop.is_set():
+            break
+        delay = start + n / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        number = n % devices
+        ts_ms = int(time.time() * 1000)
+        payload = telemetry_payload(rng, ts_ms, n // devices + 1, "1.0.0", "fleet")
+        topic = f"devices/{device_id(number)}/telemetry"
+        task = asyncio.create_task(publish(clients[number], topic, payload, ts_ms, time.perf_counter()))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+        published += 1
+    if pending:
+        await asyncio.wait(pending, timeout=30)
+    for client in clients:
+        await client.disconnect()
+    answers.put(("done", published, acks))
+
+
+def poll_tables(
+    bronze: str, silver: str, interval_s: float, limit_s: float, stop: Event, answers: Queue
+) -> None:
+    """Every ``interval_s``, note when each row of bronze and silver first became visible (delta-rs reads).
+
+    Answers ``{"bronze": [(ts_ms, seen_s)], "silver": [...], "polls": [poll seconds]}`` when ``stop`` is set
+    (or after ``limit_s``). Bronze's ``ts`` is parsed from the payload, silver's is its ``event_time``.
+    """
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    seen: dict[str, list[tuple[int, float]]] = {"bronze": [], "silver": []}
+    files: dict[str, set[str]] = {"bronze": set(), "silver": set()}
+    tables: dict[str, DeltaTable] = {}
+    polls: list[float] = []
+    deadline = time.monotonic() + limit_s
+    while not stop.is_set() and time.monotonic() < deadline:
+        began = time.perf_counter()
+        for name, path in (("bronze", bronze), ("silver", silver)):
+            try:
+                if name in tables:
+                    tables[name].update_incremental()
+                elif DeltaTable.is_deltatable(path):
+                    tables[name] = DeltaTable(path)
+                else:
+                    continue
+                now = time.time()
+                new = [uri for uri in tables[name].file_uris() if uri not in files[name]]
+            except Exception:  # a commit being written: look again next time
+                continue
+            for uri in new:
+                files[name].add(uri)
+                path = uri if "://" in uri else unquote(uri)  # delta-rs percent-encodes local paths
+                if name == "bronze":
+                    payloads = pq.read_table(path, columns=["payload"]).column("payload").to_pylist()
+                    seen[name] += [(json.loads(p)["ts"], now) for p in payloads]
+                else:
+                    times = pq.read_table(path, columns=["event_time"]).column("event_time")
+                    seen[name] += [(t.timestamp() * 1000, now) for t in times.to_pylist()]
+        polls.append(time.perf_counter() - began)
+        time.sleep(max(0.0, interval_s - (time.perf_counter() - began)))
+    answers.put({**seen, "polls": polls})
+
+
+# -- CPU and load accounting -----------------------------------------------------------------------------
+
+
+def tree_cpu(pid: int | None, include_children: bool = True) -> float:
+    """CPU seconds of ``pid``'s process tree (see ``bench/source_bench.py``); 0 for no pid."""
+    if pid is None:
+        return 0.0
+    from bench.source_bench import tree_cpu_seconds
+
+    return tree_cpu_seconds(pid, include=include_children)
+
+
+@dataclass
+class CpuUse:
+    """CPU seconds used during one phase, by part; ``other`` is the rest of the machine."""
+
+    wall: float
+    broker: float
+    spark: float
+    driver: float
+    helpers: float
+    machine: float
+
+    @property
+    def other(self) -> float:
+        return max(0.0, self.machine - self.broker - self.spark - self.driver - self.helpers)
+
+
+class CpuMeter:
+    """Samples the CPU of the broker, Spark (JVM and Python workers), this process and the helpers."""
+
+    def __init__(self, broker: int | None, spark: int | None, helpers: Callable[[], list[int]]) -> None:
+        self.broker, self.spark, self.helpers = broker, spark, helpers
+
+    def sample(self) -> tuple[float, ...]:
+        return (
+            time.perf_counter(),
+            tree_cpu(self.broker),
+            tree_cpu(self.spark),
+            tree_cpu(os.getpid(), include_children=False),
+            sum(tree_cpu(pid) for pid in self.helpers()),
+            machine_busy_seconds(),
+        )
+
+    @contextmanager
+    def measure(self) -> Iterator[list[CpuUse]]:
+        """``with meter.measure() as use:`` — ``use[0]`` is the phase's CpuUse once the block ends."""
+        before = self.sample()
+        out: list[CpuUse] = []
+        try:
+            yield out
+        finally:
+            after = self.sample()
+            out.append(CpuUse(*[b - a for a, b in zip(before, after, strict=True)]))
+
+
+class LoadSampler:
+    """The 1-minute load average every 2 s in a daemon thread, for the report."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = [os.getloadavg()[0]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="load-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(2.0):
+            self.samples.append(os.getloadavg()[0])
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.samples.append(os.getloadavg()[0])
+
+
+# -- figures ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ThroughputRun:
+    """One availableNow query over the backlog."""
+
+    name: str
+    rows: int
+    seconds: float
+    cpu: CpuUse
+    progress: list[dict[str, Any]]
+    #: per batch: (rows, source read + collect s, Delta append s), bronze-only query
+    bronze_split: list[tuple[int, float, float]] = field(default_factory=list)
+    #: per batch: the telemetry job's step times in ms
+    steps: list[dict[str, float]] = field(default_factory=list)
+    checked: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.rows / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class LatencyRun:
+    """The steady publisher against the running job."""
+
+    published: int
+    window: tuple[float, float]
+    puback: list[float]
+    bronze: list[float]
+    silver: list[float]
+    in_window: int
+    polls: list[float]
+    cpu: CpuUse
+    progress: list[dict[str, Any]]
+    steps: list[dict[str, float]]
+
+
+@dataclass
+class Figures:
+    settings: Settings
+    fill_seconds: float = 0.0
+    bronze: list[ThroughputRun] = field(default_factory=list)
+    job: ThroughputRun | None = None
+    latency: LatencyRun | None = None
+    failures: list[str] = field(default_factory=list)
+
+
+def quiet_great_expectations() -> None:
+    """GX logs its ephemeral context at INFO (it sets that logger's level when it is first used)."""
+    for name in ("great_expectations", "great_expectations.data_context.types.base"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Nearest-rank percentile (``pct`` in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, -(-len(ordered) * pct // 100) - 1))]
+
+
+# -- Spark phases ----------------------------------------------------------------------------------------
+
+
+def telemetry_config(root: Path, label: str, offsets_url: str) -> TelemetryConfig:
+    """The job's default configuration with this run's broker, tables and checkpoint."""
+    from pipelines.telemetry.config import load_telemetry_config
+
+    return load_telemetry_config(
+        {
+            "source": {"brokers": [f"edge1={offsets_url}"]},
+            "tables": {"root": str(root / label / "tables"), "backend": "delta-rs"},
+            "stream": {"checkpoint": str(root / label / "checkpoint"), "query_name": f"telemetry-{label}"},
+        }
+    )
+
+
+def bronze_only_query(
+    spark: SparkSession,
+    config: TelemetryConfig,
+    store: TableStore,
+    split: list[tuple[int, float, float]],
+    topics: str | None = None,
+) -> StreamingQuery:
+    """The job's source and bronze step alone, availableNow; ``split`` gets each batch's time split."""
+    from pipelines.telemetry import transforms as T
+    from sinks import exactly_once
+    from sources import register_sources
+
+    register_sources(spark)
+
+    def write_bronze(records: DataFrame, out: BatchWriter) -> None:
+        began = time.perf_counter()
+        rows = T.to_bronze(records, datetime.now(UTC)).toArrow()  # the source read happens here
+        read_s = time.perf_counter() - began
+        out.append("bronze_telemetry", rows)
+        split.append((rows.num_rows, read_s, time.perf_counter() - began - read_s))
+
+    options = config.source_options()
+    if topics is not None:
+        options["topics"] = topics
+    return (
+        spark.readStream.format("timestone")
+        .options(**options)
+        .load()
+        .writeStream.queryName(config.stream.query_name)
+        .option("checkpointLocation", config.stream.checkpoint)
+        .foreachBatch(exactly_once(store, write_bronze))
+        .trigger(availableNow=True)
+        .start()
+    )
+
+
+def finish(query: StreamingQuery, timeout_s: float) -> list[dict[str, Any]]:
+    """Wait for an availableNow query (stopping it after ``timeout_s``); its progress reports."""
+    if not query.awaitTermination(timeout_s):
+        query.stop()
+        raise TimeoutError(f"query {query.name} did not finish within {timeout_s:.0f} s")
+    if query.exception() is not None:
+        raise RuntimeError(str(query.exception()))
+    return [json.loads(progress.json) for progress in query.recentProgress]
+
+
+def table_rows(store: TableStore, name: str) -> int:
+    """Rows of a table, from its Delta log's file statistics (no data read)."""
+    from deltalake import DeltaTable
+
+    if not store.exists(name):
+        return 0
+    actions = DeltaTable(store.location(name)).get_add_actions(flatten=True)
+    return int(sum(actions.column("num_records").to_pylist()))
+
+
+def measure_bronze(
+    spark: SparkSession, root: Path, label: str, broker: BrokerProcess, meter: CpuMeter, timeout_s: float
+) -> ThroughputRun:
+    """One source → bronze run over everything the broker holds."""
+    from pipelines.telemetry.job import open_store
+
+    config = telemetry_config(root, label, broker.offsets_url)
+    store = open_store(spark, config)
+    store.ensure("bronze_telemetry")
+    split: list[tuple[int, float, float]] = []
+    with meter.measure() as use:
+        began = time.perf_counter()
+        progress = finish(bronze_only_query(spark, config, store, split), timeout_s)
+        seconds = time.perf_counter() - began
+    rows = sum(p["numInputRows"] for p in progress)
+    stored = table_rows(store, "bronze_telemetry")
+    checked = f"{stored:,} rows in bronze" + ("" if stored == rows else f" (source read {rows:,})")
+    return ThroughputRun(label, rows, seconds, use[0], progress, bronze_split=split, checked=checked)
+
+
+def measure_job(
+    spark: SparkSession, root: Path, label: str, broker: BrokerProcess, meter: CpuMeter, timeout_s: float
+) -> ThroughputRun:
+    """The whole telemetry job, availableNow, over everything the broker holds."""
+    from pipelines.telemetry.job import TelemetryBatch, open_store, start_query
+
+    config = telemetry_config(root, label, broker.offsets_url)
+    store = open_store(spark, config)
+    batch = TelemetryBatch(config, store)
+    batch.ensure_tables()
+    quiet_great_expectations()
+    try:
+        with meter.measure() as use:
+            began = time.perf_counter()
+            progress = finish(start_query(spark, config, batch, available_now=True), timeout_s)
+            seconds = time.perf_counter() - began
+    finally:
+        batch.close()
+    rows = sum(p["numInputRows"] for p in progress)
+    counts = {name: table_rows(store, name) for name in ("bronze_telemetry", "silver_telemetry")}
+    quarantined = table_rows(store, "telemetry_quarantine")
+    checked = (
+        f"{counts['bronze_telemetry']:,} rows in bronze, {counts['silver_telemetry']:,} in silver, "
+        f"{quarantined:,} quarantined, {table_rows(store, 'device_minute'):,} device minutes, "
+        f"{table_rows(store, 'devices'):,} devices"
+    )
+    steps = [dict(report.step_ms) for report in batch.reports]
+    return ThroughputRun(label, rows, seconds, use[0], progress, steps=steps, checked=checked)
+
+
+def measure_latency(
+    spark: SparkSession, root: Path, settings: Settings, meter_for: Callable[[BrokerProcess], CpuMeter]
+) -> LatencyRun:
+    """The job at its 1 s trigger on a fresh broker and tables, fed by a steady publisher.
+
+    The measurement window opens once the warm-up time has passed *and* the query has finished two
+    batches with data (a cold query's first batches are slow), and lasts ``latency_measure_s``.
+    """
+    from pipelines.spark_session import stop_between_batches
+    from pipelines.telemetry.job import TelemetryBatch, open_store, start_query
+
+    context = mp.get_context("spawn")
+    limit_s = settings.latency_warmup_s + settings.latency_measure_s + 180
+    with BrokerProcess(root / "latency-broker", **BROKER_SECTIONS) as broker:
+        config = telemetry_config(root, "latency", broker.offsets_url)
+        store = open_store(spark, config)
+        batch = TelemetryBatch(config, store)
+        batch.ensure_tables()
+        quiet_great_expectations()
+        answers, polled = context.Queue(), context.Queue()
+        stop_publishing, stop_polling = context.Event(), context.Event()
+        publisher = context.Process(
+            target=steady_publisher,
+            args=(
+                broker.port,
+                settings.latency_devices,
+                settings.latency_rate,
+                limit_s,
+                stop_publishing,
+                answers,
+            ),
+            daemon=True,
+        )
+        bronze, silver = store.location("bronze_telemetry"), store.location("silver_telemetry")
+        poller = context.Process(
+            target=poll_tables,
+            args=(bronze, silver, POLL_INTERVAL_S, limit_s + 60, stop_polling, polled),
+            daemon=True,
+        )
+        children = [publisher, poller]
+        meter = meter_for(broker)
+        meter.helpers = lambda: [p.pid for p in children if p.pid is not None and p.is_alive()]
+        query = start_query(spark, config, batch)
+        try:
+            publisher.start()
+            poller.start()
+            answers.get(timeout=60)  # ("ready", connections)
+            began = time.monotonic()
+            while time.monotonic() - began < limit_s - settings.latency_measure_s - 60 and (
+                time.monotonic() - began < settings.latency_warmup_s
+                or sum(1 for p in query.recentProgress if p.numInputRows) < 2
+            ):
+                if query.exception() is not None:
+                    raise RuntimeError(str(query.exception()))
+                time.sleep(0.2)
+            with meter.measure() as use:
+                low = time.time()
+                time.sleep(settings.latency_measure_s)
+                high = time.time()
+            stop_publishing.set()
+            _, published, acks = answers.get(timeout=60)
+            # let the job catch up with the last publishes (bounded), then stop the poller
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and table_rows(store, "silver_telemetry") < published:
+                if query.exception() is not None:
+                    raise RuntimeError(str(query.exception()))
+                time.sleep(0.2)
+            time.sleep(3 * POLL_INTERVAL_S)
+            stop_polling.set()
+            seen = polled.get(timeout=60)
+        finally:
+            stop_publishing.set()
+            stop_polling.set()
+            stop_between_batches(query)
+            batch.close()
+            for child in children:
+                child.join(timeout=15)
+                if child.is_alive():
+                    child.kill()
+
+    def latencies(rows: list[tuple[float, float]]) -> list[float]:
+        return [seen_s - ts / 1000 for ts, seen_s in rows if low * 1000 <= ts <= high * 1000]
+
+    window = [datetime.fromtimestamp(t, UTC).isoformat()[:23] for t in (low, high)]
+    progress = [json.loads(p.json) for p in query.recentProgress]
+    in_window = [
+        p for p in progress if p.get("numInputRows") and window[0] <= p["timestamp"][:23] <= window[1]
+    ]
+    batch_ids = {p["batchId"] for p in in_window}
+    return LatencyRun(
+        published=published,
+        window=(low, high),
+        puback=[s for ts, s in acks if low * 1000 <= ts <= high * 1000],
+        bronze=latencies(seen["bronze"]),
+        silver=latencies(seen["silver"]),
+        in_window=sum(1 for ts, _ in acks if low * 1000 <= ts <= high * 1000),
+        polls=seen["polls"],
+        cpu=use[0],
+        progress=in_window,
+        steps=[dict(r.step_ms) for r in batch.reports if r.batch_id in batch_ids],
+    )
+
+
+def run(settings: Settings, root: Path, figures: Figures) -> None:
+    """Every phase in order; a phase that fails becomes a 'failed' line and the others still run."""
+    from pipelines.spark_session import local_spark_session
+
+    per_topic = settings.records // settings.topics
+    spark = local_spark_session("timestone-telemetry-bench", "local[2]")
+    spark.sparkContext.setLogLevel("ERROR")
+    spark_pid = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]
+    try:
+        with BrokerProcess(root / "backlog-broker", **BROKER_SECTIONS) as broker:
+            print(f"publishing {per_topic * settings.topics:,} readings on {settings.topics} topics ...")
+            figures.fill_seconds = asyncio.run(publish_backlog(broker.port, settings.topics, per_topic, 600))
+            held = logged_records(broker.offsets_url, "devices/+/telemetry")
+            print(f"  {held:,} records logged in {figures.fill_seconds:.1f} s")
+            meter = CpuMeter(broker.process.pid if broker.process else None, spark_pid, list)
+            # warm-up: Python workers, imports and delta-rs, on one topic, into scratch tables
+            warm = telemetry_config(root, "warm-up", broker.offsets_url)
+            from pipelines.telemetry.job import open_store
+
+            warm_store = open_store(spark, warm)
+            finish(bronze_only_query(spark, warm, warm_store, [], topics="devices/bench-0000/telemetry"), 300)
+            runs = 1 if settings.quick else 3
+            for number in range(runs):
+                try:
+                    result = measure_bronze(spark, root, f"bronze-{number + 1}", broker, meter, 600)
+                    figures.bronze.append(result)
+                    print(f"source → bronze, run {number + 1}: {result.rate:,.0f} rows/s ({result.checked})")
+                except Exception as exc:  # reported as a failed figure
+                    figures.failures.append(f"source → bronze run {number + 1}: {exc}")
+            try:
+                figures.job = measure_job(spark, root, "job", broker, meter, 900)
+                print(f"whole job: {figures.job.rate:,.0f} rows/s ({figures.job.checked})")
+            except Exception as exc:
+                figures.failures.append(f"whole job: {exc}")
+        try:
+            figures.latency = measure_latency(
+                spark,
+                root,
+                settings,
+                lambda b: CpuMeter(b.process.pid if b.process else None, spark_pid, list),
+            )
+            lat = figures.latency
+            if lat.bronze:
+                print(
+                    f"latency: publish → bronze p50 {percentile(lat.bronze, 50):.2f} s, "
+                    f"→ silver p50 {percentile(lat.silver, 50) if lat.silver else float('nan'):.2f} s"
+                )
+        except Exception as exc:
+            figures.failures.append(f"latency: {exc}")
+    finally:
+        spark.stop()
+
+
+# -- report ----------------------------------------------------------------------------------------------
+
+
+def _ms(progress: list[dict[str, Any]], key: str) -> float:
+    return sum(p.get("durationMs", {}).get(key, 0) for p in progress) / 1000
+
+
+def _median_steps(steps: list[dict[str, float]], skip_first: bool) -> dict[str, float]:
+    used = steps[1:] if skip_first and len(steps) > 1 else steps
+    names = dict.fromkeys(name for s in used for name in s)
+    return {name: statistics.median(s[name] for s in used if name in s) for name in names}
+
+
+def _source_reference() -> str:
+    """The source-into-noop headline of bench/results/source.md, if it is there."""
+    try:
+        text = SOURCE_RESULTS.read_text()
+    except OSError:
+        return "not measured yet (`bench/source_bench.py --write`)"
+    found = re.search(r"\*\*Source: ([\d,]+) rows/s.*?\*\*([\d,]+) rows/s\*\*", text, re.S)
+    if not found:
+        return "see the *Spark source* section"
+    return f"{found.group(1)} rows/s cold broker, {found.group(2)} rows/s warm"
+
+
+def _cpu_cells(cpu: CpuUse) -> str:
+    return (
+        f"{cpu.broker:.1f} | {cpu.spark:.1f} | {cpu.driver:.1f} | "
+        f"{cpu.other:.1f} ({cpu.other / cpu.wall:.2f} cores)"
+    )
+
+
+def render(figures: Figures, wall: float, load: LoadSampler, started: datetime) -> str:
+    s = figures.settings
+    machine = machine_info()
+    samples = load.samples
+    lines = [
+        "## Telemetry path (broker → source → bronze, silver, gold)",
+        "",
+        f"`bench/telemetry_bench.py{' --quick' if s.quick else ''}`, {started:%Y-%m-%d %H:%M} UTC, "
+        f"{wall:.0f} s in all{' (quick run: smaller sizes, one run per figure)' if s.quick else ''}. "
+        f"{machine.cpu_model}, {machine.cores} cores, {machine.memory_gib:.0f} GiB, {machine.kernel}, "
+        f"Python {machine.python}. Load average (1 min) {samples[0]:.1f} at the start, "
+        f"{statistics.mean(samples):.1f} mean / {max(samples):.1f} max during the run, "
+        f"{samples[-1]:.1f} at the end; the machine was shared with other work (the *other* CPU columns).",
+        "",
+        "Real parts only: a `timestone broker` process (group commit, QoS 1 persisted), MQTT publishers on "
+        "loopback, the `timestone` Spark source, delta-rs Delta tables through `sinks`, the telemetry job "
+        "(`pipelines/telemetry/job.py`) with its default configuration, local[2] Spark.",
+        "",
+    ]
+    bronze_rate = statistics.median(r.rate for r in figures.bronze) if figures.bronze else None
+    lat = figures.latency
+    rows = ["| figure | value | target | |", "|---|---:|---|---|"]
+    if bronze_rate is not None:
+        met = "met" if bronze_rate >= TARGET_BRONZE_ROWS_PER_S else "**not met**"
+        rows.append(
+            f"| source → bronze, availableNow (median of {len(figures.bronze)}) | {bronze_rate:,.0f} rows/s "
+            f"| ≥ {TARGET_BRONZE_ROWS_PER_S:,} "
+            f"rows/s | {met} |"
+        )
+    if figures.job is not None:
+        rows.append(
+            f"| whole job (bronze + silver + gold), availableNow | {figures.job.rate:,.0f} rows/s | — | |"
+        )
+    if lat is not None and lat.bronze:
+        p50 = percentile(lat.bronze, 50)
+        met = "met" if p50 < TARGET_BRONZE_P50_S else "**not met**"
+        rows += [
+            f"| publish → visible in bronze, p50 | {p50:.2f} s | < {TARGET_BRONZE_P50_S:.0f} s | {met} |",
+            f"| publish → visible in bronze, p99 | {percentile(lat.bronze, 99):.2f} s | — | |",
+        ]
+        if lat.silver:
+            rows += [
+                f"| publish → visible in silver, p50 | {percentile(lat.silver, 50):.2f} s | — | |",
+                f"| publish → visible in silver, p99 | {percentile(lat.silver, 99):.2f} s | — | |",
+            ]
+    rows.append(
+        f"| source alone into noop (`bench/source_bench.py`, for reference) | {_source_reference()} | | |"
+    )
+    lines += [*rows, ""]
+    for failure in figures.failures:
+        lines.append(f"- **failed**: {failure}")
+    if figures.failures:
+        lines.append("")
+    lines += _render_throughput(figures)
+    if lat is not None:
+        lines += _render_latency(lat, s)
+    return "\n".join(lines) + "\n"
+
+
+def _render_throughput(figures: Figures) -> list[str]:
+    s = figures.settings
+    per_topic = s.records // s.topics
+    payload_bytes = len(telemetry_payload(random.Random(0), 1_767_225_600_000, 1, "1.0.0", "fleet"))
+    lines = [
+        "### Backlog throughput",
+        "",
+        f"{per_topic * s.topics:,} readings (JSON payloads like the simulated fleet's, about "
+        f"{payload_bytes} bytes) on {s.topics} `devices/<id>/telemetry` "
+        f"topics, published as QoS 1 frames over {s.topics} connections ({WINDOW} in flight each) in "
+        f"{figures.fill_seconds:.1f} s ({per_topic * s.topics / max(figures.fill_seconds, 1e-9):,.0f} "
+        "msg/s, not a figure of this benchmark), then read from offset 0 with `trigger(availableNow=True)` "
+        "and the job's source options (`maxRecordsPerTrigger` 100,000). *source → bronze* runs the job's "
+        "bronze step alone in `foreachBatch` (`to_bronze`, `exactly_once`, delta-rs append) after a warm-up "
+        "query; *whole job* is `start_query(..., available_now=True)` with a new `TelemetryBatch` (its first "
+        "batch carries the query's one-time costs: the Great Expectations context, the first compilation of "
+        "its plans). Rows/s is rows / wall time from `start()` to termination.",
+        "",
+        "| run | rows | s | rows/s | batches (s each) | CPU s: broker | Spark (JVM + workers) | driver "
+        "| other work | tables afterwards |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
+    runs = [*figures.bronze, *([figures.job] if figures.job else [])]
+    for r in runs:
+        each = ", ".join(f"{p['durationMs'].get('triggerExecution', 0) / 1000:.1f}" for p in r.progress)
+        lines.append(
+            f"| {r.name} | {r.rows:,} | {r.seconds:.1f} | {r.rate:,.0f} | {len(r.progress)} ({each}) | "
+            f"{_cpu_cells(r.cpu)} | {r.checked} |"
+        )
+    lines.append("")
+    if figures.bronze:
+        lines += [
+            "Where the time of the source → bronze runs goes (seconds, all batches; Spark's own steps from "
+            "the query progress `durationMs`, the two parts of `addBatch` timed inside `foreachBatch`):",
+            "",
+            "| run | wall | latestOffset | queryPlanning | walCommit + commitOffsets | addBatch | of which "
+            "source read + collect (`toArrow`) | of which Delta append | rows/s of the read | rows/s of the "
+            "append |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in figures.bronze:
+            read = sum(x[1] for x in r.bronze_split)
+            write = sum(x[2] for x in r.bronze_split)
+            lines.append(
+                f"| {r.name} | {r.seconds:.1f} | {_ms(r.progress, 'latestOffset'):.1f} | "
+                f"{_ms(r.progress, 'queryPlanning'):.1f} | "
+                f"{_ms(r.progress, 'walCommit') + _ms(r.progress, 'commitOffsets'):.1f} | "
+                f"{_ms(r.progress, 'addBatch'):.1f} | {read:.1f} | {write:.1f} | "
+                f"{r.rows / read if read else 0:,.0f} | {r.rows / write if write else 0:,.0f} |"
+            )
+        lines.append("")
+    if figures.job is not None and figures.job.steps:
+        j = figures.job
+        medians = _median_steps(j.steps, skip_first=False)
+        lines += [
+            f"Whole job, {len(j.steps)} batches: median time of each step per batch (ms; the steps after "
+            "`profile` run concurrently), and the batch's `addBatch`: "
+            + ", ".join(f"`{name}` {ms:,.0f}" for name, ms in medians.items())
+            + f"; addBatch median "
+            f"{statistics.median(p['durationMs'].get('addBatch', 0) for p in j.progress):,.0f} ms, "
+            f"triggerExecution median "
+            f"{statistics.median(p['durationMs'].get('triggerExecution', 0) for p in j.progress):,.0f} ms.",
+            "",
+        ]
+    return lines
+
+
+def _render_latency(lat: LatencyRun, s: Settings) -> list[str]:
+    def row(name: str, values: list[float]) -> str:
+        if not values:
+            return f"| {name} | 0 | — | — | — |"
+        return (
+            f"| {name} | {len(values):,} | {percentile(values, 50):.2f} | {percentile(values, 99):.2f} | "
+            f"{max(values):.2f} |"
+        )
+
+    durations = [p["durationMs"].get("triggerExecution", 0) / 1000 for p in lat.progress]
+    medians = _median_steps(lat.steps, skip_first=False)
+    lines = [
+        "### Latency at the 1 s trigger",
+        "",
+        f"{s.latency_rate:,.0f} readings/s round-robin over {s.latency_devices} devices (the project's MQTT "
+        "client, QoS 1, the publish time in the payload's `ts`) into a fresh broker while the job runs with "
+        f"its default 1 s processing-time trigger; a separate process reads bronze and silver with delta-rs "
+        f"every {POLL_INTERVAL_S * 1000:.0f} ms (`update_incremental`, new files only) and notes when each "
+        f"reading first appears (so up to {POLL_INTERVAL_S * 1000:.0f} ms of each figure is the poll "
+        f"interval; median poll took {statistics.median(lat.polls) * 1000 if lat.polls else 0:.0f} ms). "
+        f"The measurement starts after at least {s.latency_warmup_s:.0f} s and two batches with data (a new "
+        f"query's first batches are slow); figures are for the {lat.in_window:,} readings published in the "
+        f"next {lat.window[1] - lat.window[0]:.0f} s ({lat.published:,} published in all).",
+        "",
+        "| publish → | readings | p50 s | p99 s | max s |",
+        "|---|---:|---:|---:|---:|",
+        row("PUBACK (appended to the commitlog, group commit)", lat.puback),
+        row("visible in bronze", lat.bronze),
+        row("visible in silver", lat.silver),
+        "",
+        f"Micro-batches with data in the window: {len(durations)}, "
+        + (
+            f"rows per batch median {statistics.median(p['numInputRows'] for p in lat.progress):,.0f}, "
+            f"triggerExecution median {statistics.median(durations):.2f} s, "
+            f"p90 {percentile(durations, 90):.2f} s, "
+            f"max {max(durations):.2f} s. "
+            if durations
+            else ""
+        )
+        + "Median step times per batch (ms; bronze first, then `profile`, then the others concurrently): "
+        + ", ".join(f"`{name}` {ms:,.0f}" for name, ms in medians.items())
+        + ".",
+        "",
+        f"CPU s during the publishing ({lat.cpu.wall:.0f} s): broker {lat.cpu.broker:.1f}, Spark (JVM + "
+        f"workers) {lat.cpu.spark:.1f}, driver {lat.cpu.driver:.1f}, publisher and poller "
+        f"{lat.cpu.helpers:.1f}, other work {lat.cpu.other:.1f} ({lat.cpu.other / lat.cpu.wall:.2f} cores).",
+        "",
+    ]
+    return lines
+
+
+# -- command line ----------------------------------------------------------------------------------------
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    if args.quick:
+        return Settings(args.records or 100_000, args.topics, 50, 200.0, 10.0, 20.0, True)
+    return Settings(args.records or 500_000, args.topics, 50, 200.0, 15.0, 45.0, False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="100k records, a shorter latency run (~2 min)")
+    parser.add_argument("--records", type=int, default=None, help="backlog readings (default 500,000)")
+    parser.add_argument("--topics", type=int, default=100, help="device topics of the backlog (default 100)")
+    parser.add_argument("--output", type=Path, default=RESULTS, help=f"markdown file (default {RESULTS})")
+    args = parser.parse_args(argv)
+    settings = settings_from(args)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: brokers, Spark
+    started = datetime.now(UTC)
+    began = time.perf_counter()
+    figures = Figures(settings)
+    root = Path(tempfile.mkdtemp(prefix="timestone-telemetry-bench-"))
+    try:
+        with LoadSampler() as load:
+            run(settings, root, figures)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    text = render(figures, time.perf_counter() - began, load, started)
+    print(text)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(text)
+    return 1 if figures.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
