@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import random
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -209,7 +210,7 @@ class DeltaRsTableStore(TableStore):
         spec = self.spec(name)
         table = self._open(name)
         _check_plain_parquet(name, table)
-        files = table.file_uris()
+        files = [_spark_path(uri) for uri in table.file_uris()]
         if not files:
             return self.spark.createDataFrame([], spec.read_schema)
         frame = (
@@ -229,6 +230,11 @@ class DeltaRsTableStore(TableStore):
 
     def committed_batch(self, name: str, app_id: str) -> int | None:
         return self._open(name).transaction_version(app_id)
+
+
+def _spark_path(uri: str) -> str:
+    """delta-rs percent-encodes local paths (a space becomes %20); Spark wants the path as it is on disk."""
+    return uri if "://" in uri else urllib.parse.unquote(uri)
 
 
 def _txn(app_id: str, batch_id: int) -> CommitProperties:

@@ -291,3 +291,10 @@ def _silver_row(offset: int = 0) -> dict:
         "ingested_at": [T0],
         "temperature": [21.5],
     }
+
+
+def test_a_table_root_with_a_space_reads_back(spark, tmp_path):
+    lake = DeltaRsTableStore(spark, str(tmp_path / "my lake"))
+    rows = [bronze_row(offset) for offset in range(3)]
+    assert lake.append("bronze_telemetry", spark_rows(spark, "bronze_telemetry", rows), "q", 0) is True
+    assert lake.read("bronze_telemetry").count() == 3
