@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from broker_edge.launcher import BrokerProcess
 from pipelines.actions.config import ActionsConfig, BrokerEndpoint
 from pipelines.actions.job import ActionsJob, start_actions_job
 from sinks import open_table_store
-from tests.broker_process import BrokerProcess
 from tests.fleet_harness import FleetHarness, FleetSpec
 
 

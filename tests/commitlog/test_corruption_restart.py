@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.client import CorruptRecordError, OffsetsClient
 from broker_edge.storage.topic_names import topic_directory_name
 from tests.broker.broker_test_clients import PahoClient
-from tests.broker_process import BrokerProcess
 from tests.commitlog.e2e_helpers import offset_of, read_log, replay_from
 from tests.storage.log_helpers import flip_byte, frame_positions, segment_files
 

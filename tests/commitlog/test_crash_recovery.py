@@ -18,10 +18,10 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 
+from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.client import OffsetsClient
 from pipelines.fleet.client import MqttClient
 from tests.broker.broker_test_clients import PahoClient, wait_for
-from tests.broker_process import BrokerProcess
 from tests.commitlog.e2e_helpers import LoopThread, read_log
 
 TOPIC = "crash/plant-1"
