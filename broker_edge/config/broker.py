@@ -139,6 +139,15 @@ class BrokerStorageConfig(StorageConfig):
             raise ConfigError("directory", "must name a directory when storage is enabled")
         if self.retention_interval_s <= 0:
             raise ConfigError("retention_interval_s", f"must be > 0, got {self.retention_interval_s}")
+        if self.group_commit_ms < 0:
+            raise ConfigError("group_commit_ms", f"must be >= 0, got {self.group_commit_ms}")
+        for name in ("group_commit_max_bytes", "segment_bytes", "max_record_bytes", "max_topics"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        for name in ("segment_ms", "retention_bytes", "retention_ms"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(name, f"must be >= 1 (or null for no limit), got {value}")
 
 
 @dataclass

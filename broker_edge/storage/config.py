@@ -57,8 +57,10 @@ class StorageConfig:
 
     durability: Durability = "group"
     """`fsync`: write+fsync per append; `group`: one write+fsync per window; `none`: write, no fsync."""
-    group_commit_ms: float = 2.0
-    """Length of a group-commit window: appends inside it share one write and one fsync."""
+    group_commit_ms: float = 0.0
+    """Extra wait of a group-commit window after its first append; appends inside a window share one write
+    and one fsync. 0: the window closes with the event-loop iteration that opened it (and, while an fsync
+    runs, stays open until it returns, so batches grow with the disk's latency)."""
     group_commit_max_bytes: int = 4 * MIB
     """Cut a window early once this many bytes are pending, bounding latency and memory."""
     syncfs_min_segments: int = 8

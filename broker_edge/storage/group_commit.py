@@ -2,10 +2,13 @@
 
 Policies (`StorageConfig.durability`):
 
-* `group`: the first append of a window starts a timer of `group_commit_ms`; when it fires, everything
-  appended so far becomes one job. While a job is being synced, the loop keeps accepting appends into the
-  next window; a window that ends meanwhile is cut as soon as that job completes (so the batch grows with
-  the fsync latency instead of queueing). `group_commit_max_bytes` cuts a window early.
+* `group`: the first append of a window opens it; the window ends when the event loop has run the
+  callbacks ready at that moment (`group_commit_ms` 0, the default: every append handled in the same loop
+  iteration joins it) or after `group_commit_ms`; then everything appended so far becomes one job. While
+  a job is being synced, the loop keeps accepting appends into the next window; a window that ends
+  meanwhile is cut as soon as that job completes, so the batch grows with the fsync latency instead of
+  queueing, and an idle broker acknowledges after one fsync, not after a timer. `group_commit_max_bytes`
+  cuts a window early.
 * `fsync`: every append is its own job.
 * `none`: like `group` but without fsync: durable means "written to the OS" (the page cache).
 
@@ -218,7 +221,7 @@ class GroupCommitter:
         self._durable = 0
         self._callbacks: deque[tuple[int, Callback, ErrorCallback | None]] = deque()
         self._flights: deque[_Flight] = deque()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
         self._window_over = False
         self.failure: StorageFailed | None = None
         self.jobs_completed = 0
@@ -313,7 +316,10 @@ class GroupCommitter:
     def _start_window(self) -> None:
         loop = _running_loop()
         if loop is not None:
-            self._timer = loop.call_later(self._window_s, self._window_ended)
+            if self._window_s > 0:
+                self._timer = loop.call_later(self._window_s, self._window_ended)
+            else:
+                self._timer = loop.call_soon(self._window_ended)
 
     def _window_ended(self) -> None:
         self._timer = None

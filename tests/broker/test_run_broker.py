@@ -140,6 +140,9 @@ def test_the_shipped_config_serves_anonymous_loopback_clients(tmp_path):
         ("acl:\n  rules:\n    - {permission: allow, action: all, topik: a}\n", "acl.rules[0].topik"),
         ("listeners:\n  - {name: lan, host: 0.0.0.0, port: 1883}\n", "listeners[0]"),
         ("mqtt:\n  outgoing_topic_aliases: -1\n", "mqtt.outgoing_topic_aliases"),
+        ("storage:\n  group_commit_ms: -1\n", "storage.group_commit_ms"),
+        ("storage:\n  segment_bytes: 0\n", "storage.segment_bytes"),
+        ("storage:\n  retention_ms: 0\n", "storage.retention_ms"),
     ],
 )
 def test_configuration_errors_name_the_key(tmp_path, text, key):

@@ -63,10 +63,10 @@ def _segment(directory: Path) -> Path:
     return directory / "acks%2Fdevice-1" / f"{0:020d}.log"
 
 
-def test_the_default_policy_is_group_commit_with_a_short_window():
+def test_the_default_policy_is_group_commit_without_a_timer():
     storage = BrokerConfig().storage
 
-    assert (storage.durability, storage.group_commit_ms) == ("group", 2.0)
+    assert (storage.durability, storage.group_commit_ms) == ("group", 0.0)
 
 
 @pytest.mark.parametrize("qos", [1, 2])

@@ -105,6 +105,44 @@ def test_fsync_policy_syncs_every_append_and_group_policy_batches(tmp_path: Path
     assert grouped <= 3  # one window: the data file (and the new directories) once
 
 
+def test_default_window_closes_with_its_loop_iteration_and_grows_while_a_sync_runs(
+    tmp_path: Path, monkeypatch
+):
+    gate = threading.Event()
+    real = os.fdatasync
+
+    def slow_sync(fd: int) -> None:
+        gate.wait(10)  # holds the first job in its fsync until the loop has queued more appends
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow_sync)
+
+    async def scenario() -> tuple[list[int], int, int]:
+        store = _open(tmp_path, "group")  # group_commit_ms 0: no timer
+        durable_at: list[int] = []
+        for number in range(5):  # one loop iteration: one window
+            store.append(TOPIC, make_record(number))
+        store.when_durable(lambda: durable_at.append(store.committer.jobs_completed))
+        for _ in range(3):
+            await asyncio.sleep(0)  # the window closed: its job waits in fsync
+        in_flight = store.committer.in_flight
+        for number in range(5, 50):  # while it syncs, these gather in the next window
+            store.append(TOPIC, make_record(number))
+            await asyncio.sleep(0)
+        store.when_durable(lambda: durable_at.append(store.committer.jobs_completed))
+        gate.set()
+        await store.wait_durable()
+        jobs = store.committer.jobs_completed
+        store.close()
+        return durable_at, in_flight, jobs
+
+    durable_at, in_flight, jobs = asyncio.run(scenario())
+
+    assert in_flight == 1
+    assert durable_at == [1, 2]
+    assert jobs == 2  # 50 appends over 46 loop iterations: two jobs, the second cut when the first synced
+
+
 def test_none_policy_writes_without_fsync(tmp_path: Path, monkeypatch):
     spy = FsyncSpy(monkeypatch)
     store = _open(tmp_path, "none", group_commit_ms=5)
