@@ -12,6 +12,7 @@ from .errors import (
     TooManyTopics,
     UnknownTopic,
 )
+from .frame_runs import FrameRun
 from .record import AppendRecord, Record
 from .store import LogInfo, LogStore, RecoveryReport, RetentionReport
 
@@ -20,6 +21,7 @@ __all__ = [
     "CommitLog",
     "CorruptRecord",
     "Durability",
+    "FrameRun",
     "InvalidRecord",
     "LogConfig",
     "LogInfo",

@@ -23,10 +23,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .config import LogConfig
 from .errors import CorruptRecord, InvalidRecord, OffsetOutOfRange, RecordTooLarge
 from .file_pool import FileHandlePool
+from .frame_runs import FrameRun
 from .read_cache import BLOCK_MAX_BYTES, BLOCK_RECORDS, Block, ReadCache
 from .record import PREFIX_SIZE, AppendRecord, Record, encode_frame
 from .segment import NO_TIMESTAMP, Segment, SegmentWrite
@@ -356,12 +358,7 @@ class CommitLog:
         `read_cache`) or with one pread per segment touched, each checked against its CRC. Raises
         `OffsetOutOfRange` outside [start_offset, end_offset].
         """
-        if max_records < 1 or max_bytes < 1:
-            raise ValueError("max_records and max_bytes must be positive")
-        end = self._end_offset
-        if offset < self.start_offset or offset > end:
-            raise OffsetOutOfRange(self.topic, offset, self.start_offset, end)
-        stop = min(end, offset + max_records)
+        stop = self._read_stop(offset, max_records, max_bytes)
         if offset == stop:
             return []
         cache = self._cache
@@ -380,6 +377,40 @@ class CommitLog:
             if not go_on or budget <= 0:
                 break
         return records
+
+    def read_runs(self, offset: int, max_records: int = 1000, max_bytes: int = 1024 * 1024) -> list[FrameRun]:
+        """The records `read` would return, as runs of frames (see `frame_runs`): for columnar readers.
+
+        Same limits, errors and damage handling as `read`; the frames of stored records are checked as a
+        whole, read directly (one pread per segment touched, not through the shared blocks of `Record`s),
+        and those of the tail cache are joined from memory.
+        """
+        stop = self._read_stop(offset, max_records, max_bytes)
+        runs: list[FrameRun] = []
+        budget = max_bytes
+        cache = self._cache
+        while offset < stop:
+            if offset >= cache.first_offset:
+                runs.append(cache.run(offset, stop, budget, at_least_one=not runs))
+                break
+            run, size, go_on = self._read_segment(offset, stop, budget, not runs, columnar=True)
+            if run is None:
+                break
+            runs.append(run)
+            offset += len(run)
+            budget -= size
+            if not go_on or budget <= 0:
+                break
+        return [run for run in runs if len(run)]
+
+    def _read_stop(self, offset: int, max_records: int, max_bytes: int) -> int:
+        """The offset a read from `offset` stops before at the latest (checks the arguments and bounds)."""
+        if max_records < 1 or max_bytes < 1:
+            raise ValueError("max_records and max_bytes must be positive")
+        end = self._end_offset
+        if offset < self.start_offset or offset > end:
+            raise OffsetOutOfRange(self.topic, offset, self.start_offset, end)
+        return min(end, offset + max_records)
 
     def _read_stored(
         self, offset: int, stop: int, budget: int, at_least_one: bool
@@ -440,29 +471,31 @@ class CommitLog:
         return records
 
     def _read_segment(
-        self, offset: int, stop: int, budget: int, at_least_one: bool
-    ) -> tuple[list[Record], int, bool]:
-        """Records of the segment holding `offset` and their frame bytes; the flag says the read reached
-        the segment's end."""
+        self, offset: int, stop: int, budget: int, at_least_one: bool, columnar: bool = False
+    ) -> tuple[Any, int, bool]:
+        """Records of the segment holding `offset` (a `FrameRun` or None when `columnar`) and their frame
+        bytes; the flag says the read reached the segment's end."""
         position = bisect.bisect_right(self._bases, offset) - 1
         segment = self._segments[position]
         readable_end = segment.readable_end
         if offset >= readable_end:
             if not at_least_one:
-                return [], 0, False
+                return (None if columnar else []), 0, False
             next_offset = self._bases[position + 1] if position + 1 < len(self._bases) else self._end_offset
             raise CorruptRecord(self.topic, offset, next_offset, segment.damage or "missing")
         segment_stop = min(stop, readable_end)
-        batch, size, error = segment.read(offset, segment_stop, budget, at_least_one, self._max_body)
+        read = segment.read_run if columnar else segment.read
+        batch, size, error = read(offset, segment_stop, budget, at_least_one, self._max_body)
+        count = len(batch) if batch is not None else 0
         if error is not None:
-            damaged = offset + len(batch)
+            damaged = offset + count
             log.error(
                 "%s: record %d of %r is damaged (%s)", segment.log_path, damaged, self.topic, error.reason
             )
-            if not batch and at_least_one:
+            if not count and at_least_one:
                 raise CorruptRecord(self.topic, damaged, damaged + 1, error.reason)
             return batch, size, False
-        return batch, size, offset + len(batch) == segment_stop
+        return batch, size, offset + count == segment_stop
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """First readable offset whose broker time is >= `timestamp_ms` (end_offset if none is)."""

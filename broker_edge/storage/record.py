@@ -27,6 +27,8 @@ U16 = struct.Struct("<H")
 PREFIX_SIZE = PREFIX.size
 MIN_BODY_SIZE = BODY_HEAD.size
 FRAME_OVERHEAD = PREFIX_SIZE + MIN_BODY_SIZE
+QOS_AT = PREFIX_SIZE + 17
+"""Frame position of the qos byte (after version, offset and time); the flags byte follows it."""
 
 FLAG_RETAIN = 0x01
 FLAG_PAYLOAD_FORMAT = 0x02
@@ -211,9 +213,11 @@ def decode_frame(buf: bytes | memoryview, expected_offset: int, max_body: int) -
     return _decode_checked(view, 0, end, expected_offset, timestamp_ms)
 
 
-def _decode_checked(view: memoryview, pos: int, end: int, offset: int, timestamp_ms: int) -> Record:
+def decode_fields(view: memoryview, pos: int, end: int) -> tuple[str, str | None, list[tuple[str, str]], int]:
+    """The variable fields of the checked frame `view[pos:end]`: (client_id, content_type, user_properties,
+    position of the payload). Raises `FrameError("fields")` when they overrun the frame or are not UTF-8."""
     try:
-        _v, _o, _t, qos, flags, cid_length = BODY_HEAD.unpack_from(view, pos + PREFIX_SIZE)
+        _v, _o, _t, _qos, flags, cid_length = BODY_HEAD.unpack_from(view, pos + PREFIX_SIZE)
         p = pos + FRAME_OVERHEAD
         client_id = str(view[p : p + cid_length], "utf-8")
         p += cid_length
@@ -238,6 +242,12 @@ def _decode_checked(view: memoryview, pos: int, end: int, offset: int, timestamp
             raise FrameError("fields")
     except (struct.error, UnicodeDecodeError) as error:
         raise FrameError("fields") from error
+    return client_id, content_type, user_properties, p
+
+
+def _decode_checked(view: memoryview, pos: int, end: int, offset: int, timestamp_ms: int) -> Record:
+    qos, flags = view[pos + QOS_AT], view[pos + QOS_AT + 1]
+    client_id, content_type, user_properties, p = decode_fields(view, pos, end)
     indicator = (1 if flags & FLAG_PAYLOAD_UTF8 else 0) if flags & FLAG_PAYLOAD_FORMAT else None
     return Record(
         offset,

@@ -22,6 +22,7 @@ from .commitlog import CommitLog, LogRecovery
 from .config import StorageConfig
 from .errors import StorageError, TooManyTopics, UnknownTopic
 from .file_pool import FileHandlePool
+from .frame_runs import FrameRun
 from .fs_sync import syncfs_available
 from .group_commit import GroupCommitter
 from .persistence import PersistenceRules, check_filter
@@ -264,6 +265,12 @@ class LogStore:
     ) -> list[Record]:
         """Durable records of `topic` from `offset` (see `CommitLog.read` for limits and errors)."""
         return self._log(topic).read(offset, max_records, max_bytes)
+
+    def read_runs(
+        self, topic: str, offset: int, max_records: int = 1000, max_bytes: int = 1024 * 1024
+    ) -> list[FrameRun]:
+        """The records `read` would return, as checked runs of frames (see `CommitLog.read_runs`)."""
+        return self._log(topic).read_runs(offset, max_records, max_bytes)
 
     def offset_for_timestamp(self, topic: str, timestamp_ms: int) -> int:
         """First durable offset of `topic` appended at or after `timestamp_ms` (the end offset if none)."""

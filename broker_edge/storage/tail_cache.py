@@ -15,6 +15,7 @@ from array import array
 from collections import OrderedDict
 from typing import Any
 
+from .frame_runs import FrameRun, run_of_frames
 from .record import Record
 
 Appended = tuple[Any, ...]
@@ -103,21 +104,32 @@ class TailCache:
     def slice(self, offset: int, stop: int, max_bytes: int, at_least_one: bool = True) -> list[Record]:
         """Cached records from `offset` to `stop` (exclusive) within `max_bytes`; `offset` must be cached."""
         entries = self._entries
-        first = self._head + offset - self.first_offset
-        last = first + stop - offset
+        first, last = self._bounds(offset, stop, max_bytes, at_least_one)
         if last > self._built:
             for index in range(max(self._built, self._head), last):
                 entry = entries[index]
                 if type(entry) is not Record:
                     entries[index] = _materialize(entry)  # type: ignore[arg-type]
             self._built = last
+        return entries[first:last]  # type: ignore[return-value]
+
+    def run(self, offset: int, stop: int, max_bytes: int, at_least_one: bool = True) -> FrameRun:
+        """The frames of the records `slice` would return, joined into one run (no `Record` is built)."""
+        first, last = self._bounds(offset, stop, max_bytes, at_least_one)
+        frames = [entry.frame if type(entry) is Record else entry[2] for entry in self._entries[first:last]]
+        return run_of_frames(frames, offset)
+
+    def _bounds(self, offset: int, stop: int, max_bytes: int, at_least_one: bool) -> tuple[int, int]:
+        """Entry indexes [first, last) of the records from `offset` towards `stop` within `max_bytes`."""
+        first = self._head + offset - self.first_offset
+        last = first + stop - offset
         ends = self._ends
         before = ends[first - 1] if first else self._base
         if ends[last - 1] - before > max_bytes:
             last = bisect.bisect_right(ends, before + max_bytes, first, last)
             if last == first and at_least_one:
                 last += 1
-        return entries[first:last]  # type: ignore[return-value]
+        return first, last
 
     def clear(self) -> int:
         """Drop every cached record; returns the bytes freed."""

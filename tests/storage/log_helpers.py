@@ -24,6 +24,21 @@ def make_record(number: int, payload_size: int = 40, timestamp_ms: int | None = 
     )
 
 
+def odd_record(number: int) -> AppendRecord:
+    """Records the common path makes special: empty payload or client id, non-ASCII id, retain, fields."""
+    kind = number % 6
+    return AppendRecord(
+        payload=b"" if kind == 0 else bytes([number % 256]) * (number % 30),
+        qos=number % 3,
+        retain=kind == 1,
+        client_id=["", "capteur-é", "a" * 13, "device-1", "d", "设备-7"][kind],
+        user_properties=[("k", "v"), ("k", "w")] if kind == 2 else [],
+        content_type="" if kind == 3 else ("text/plain" if kind == 2 else None),
+        payload_format_indicator=1 if kind == 4 else None,
+        timestamp_ms=1_700_000_000_000 + number,
+    )
+
+
 def assert_matches(record, number: int, offset: int | None = None, payload_size: int = 40) -> None:
     """The stored record `record` carries exactly the fields of `make_record(number, payload_size)`."""
     expected = make_record(number, payload_size)
