@@ -17,15 +17,24 @@ from __future__ import annotations
 import hmac
 import json
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from broker_edge.storage import CorruptRecord, LogInfo, LogStore, OffsetOutOfRange, Record, UnknownTopic
+from broker_edge.storage import (
+    CorruptRecord,
+    FrameRun,
+    LogInfo,
+    LogStore,
+    OffsetOutOfRange,
+    Record,
+    UnknownTopic,
+)
 
 from . import errors as codes
+from .arrow_runs import arrow_batch_of_runs
 from .formats import (
     END_OFFSET_HEADER,
     FORMATS,
@@ -34,7 +43,6 @@ from .formats import (
     RECORD_COUNT_HEADER,
     RESULTS_METADATA_KEY,
     START_OFFSET_HEADER,
-    arrow_batch,
     arrow_stream,
     frames_body,
     jsonl_body,
@@ -283,25 +291,27 @@ class _Handlers:
         max_bytes = _int_param(query.get("max_bytes"), "max_bytes", limits.default_bytes, 1, limits.max_bytes)
         wait_ms = _int_param(query.get("wait_ms"), "wait_ms", 0, 0, limits.max_wait_ms)
         offset = _resolve_offset(query.get("offset"), self.store.log_info(topic))
-        records = self.store.read(topic, offset, max_records, max_bytes)
+        read = self.store.read_runs if output == "arrow" else self.store.read
+        records = read(topic, offset, max_records, max_bytes)
         if not records and wait_ms:
             await self.store.wait_for_data({topic: offset}, wait_ms / 1000)
-            records = self.store.read(topic, offset, max_records, max_bytes)
+            records = read(topic, offset, max_records, max_bytes)
         info = self.store.log_info(topic)
+        count, next_offset = _count_and_next(records, offset)
         positions = {
-            "next_offset": records[-1].offset + 1 if records else offset,
+            "next_offset": next_offset,
             "start_offset": info.start_offset,
             "end_offset": info.end_offset,
         }
         headers = {
-            NEXT_OFFSET_HEADER: str(positions["next_offset"]),
+            NEXT_OFFSET_HEADER: str(next_offset),
             START_OFFSET_HEADER: str(info.start_offset),
             END_OFFSET_HEADER: str(info.end_offset),
-            RECORD_COUNT_HEADER: str(len(records)),
+            RECORD_COUNT_HEADER: str(count),
         }
         if output == "arrow":
             metadata = {POSITION_METADATA_KEYS[key]: str(value).encode() for key, value in positions.items()}
-            body: Any = memoryview(arrow_stream(arrow_batch([(topic, records)]), metadata))
+            body: Any = memoryview(arrow_stream(arrow_batch_of_runs([(topic, records)]), metadata))
         elif output == "jsonl":
             body = jsonl_body(jsonl_record(topic, record) for record in records)
         else:
@@ -310,13 +320,14 @@ class _Handlers:
 
     async def fetch_many(self, request: web.Request) -> web.Response:
         fetches, max_bytes, wait_ms, output, pattern = self._parse_fetch(await self._json_body(request))
-        chunks, results, positions = self._fetch_round(fetches, max_bytes)
+        columnar = output == "arrow"
+        chunks, results, positions = self._fetch_round(fetches, max_bytes, columnar)
         if not chunks and wait_ms:
             await self.store.wait_for_data(positions, wait_ms / 1000, pattern)
-            chunks, results, _ = self._fetch_round(fetches, max_bytes)
-        if output == "arrow":
+            chunks, results, _ = self._fetch_round(fetches, max_bytes, columnar)
+        if columnar:
             metadata = {RESULTS_METADATA_KEY: json.dumps(results).encode()}
-            body: Any = memoryview(arrow_stream(arrow_batch(chunks), metadata))
+            body: Any = memoryview(arrow_stream(arrow_batch_of_runs(chunks), metadata))
         else:
             lines = [{"results": results}]
             lines += [jsonl_record(topic, record) for topic, records in chunks for record in records]
@@ -366,23 +377,23 @@ class _Handlers:
         return fetches, max_bytes, wait_ms, output, pattern
 
     def _fetch_round(
-        self, fetches: list[_Fetch], max_bytes: int
-    ) -> tuple[list[tuple[str, list[Record]]], dict[str, dict[str, Any]], dict[str, int]]:
+        self, fetches: list[_Fetch], max_bytes: int, columnar: bool
+    ) -> tuple[list[tuple[str, list[Any]]], dict[str, dict[str, Any]], dict[str, int]]:
         """Read every fetch within a shared byte budget; only the first non-empty topic may exceed it.
 
-        Returns the records per topic, the per-topic results, and the offset each topic was read from.
+        Returns the records per topic (`Record`s, or `FrameRun`s when `columnar`), the per-topic results,
+        and the offset each topic was read from.
         """
-        chunks: list[tuple[str, list[Record]]] = []
+        chunks: list[tuple[str, list[Any]]] = []
         results: dict[str, dict[str, Any]] = {}
         positions: dict[str, int] = {}
         budget = max_bytes
+        read = self.store.read_runs if columnar else self.store.read
         for fetch in fetches:
             info = self._info(fetch.topic)
             offset = positions[fetch.topic] = _resolve_offset(fetch.offset, info)
             try:
-                records = (
-                    self.store.read(fetch.topic, offset, fetch.max_records, budget) if budget > 0 else []
-                )
+                records = read(fetch.topic, offset, fetch.max_records, budget) if budget > 0 else []
             except (UnknownTopic, OffsetOutOfRange, CorruptRecord) as error:
                 api_error = api_error_for(error)
                 assert api_error is not None
@@ -393,17 +404,28 @@ class _Handlers:
                     **api_error.extra,
                 }
                 continue
-            size = sum(record.size for record in records)
+            size = sum(item.size for item in records)
             if chunks and size > budget:
                 records = []
             if records:
                 chunks.append((fetch.topic, records))
                 budget -= size
             assert info is not None
+            count, next_offset = _count_and_next(records, offset)
             results[fetch.topic] = {
-                "next_offset": records[-1].offset + 1 if records else offset,
+                "next_offset": next_offset,
                 "start_offset": info.start_offset,
                 "end_offset": info.end_offset,
-                "records": len(records),
+                "records": count,
             }
         return chunks, results, positions
+
+
+def _count_and_next(read: Sequence[Record] | Sequence[FrameRun], offset: int) -> tuple[int, int]:
+    """How many records a read from `offset` returned (`Record`s or runs) and the offset after them."""
+    if not read:
+        return 0, offset
+    last = read[-1]
+    if isinstance(last, FrameRun):
+        return sum(len(run) for run in read), last.end  # type: ignore[arg-type]
+    return len(read), last.offset + 1

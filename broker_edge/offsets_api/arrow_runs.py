@@ -1,0 +1,104 @@
+"""Arrow batches straight from runs of stored frames: columns over the frames' buffer, no object per record.
+
+`formats.arrow_batch` walks `Record` objects; a fetch of stored records skips them altogether: the fixed
+header fields come as numpy arrays (`storage.frame_runs`), and the client ids and payloads, which sit
+inside the frames, become Arrow binary views into the one buffer read from the segment, then one cast
+copies them into the plain `string` / `binary` columns of `ARROW_SCHEMA`. Only records carrying a content
+type or user properties are parsed one by one, for the `properties` map.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from broker_edge.storage.frame_runs import FrameColumns, FrameRun, frame_columns
+
+from .formats import ARROW_SCHEMA, CONTENT_TYPE_PROPERTY
+
+_PROPERTIES_TYPE = ARROW_SCHEMA.field("properties").type
+_TIMESTAMP_TYPE = ARROW_SCHEMA.field("timestamp").type
+_INLINE = 12
+"""Bytes a binary view holds inline (longer values point into the data buffer)."""
+_INLINE_BYTES = np.arange(_INLINE)
+
+
+def arrow_batch_of_runs(topic_runs: Sequence[tuple[str, Sequence[FrameRun]]]) -> pa.RecordBatch:
+    """One record batch of the records of several topics' runs, in the order given (`ARROW_SCHEMA`)."""
+    runs = [run for _, chunk in topic_runs for run in chunk]
+    if not runs:
+        return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
+    columns = frame_columns(runs)
+    data = pa.py_buffer(columns.data)
+    buffer = np.frombuffer(columns.data, np.uint8)
+    rows = len(columns)
+    return pa.RecordBatch.from_arrays(
+        [
+            _topic_column(topic_runs, rows),
+            pa.array(columns.offsets, pa.int64()),
+            pa.Array.from_buffers(_TIMESTAMP_TYPE, rows, [None, pa.py_buffer(columns.timestamps_ms)]),
+            _values(pa.string_view(), data, buffer, columns.client_id_starts, columns.client_id_lengths).cast(
+                pa.string()
+            ),
+            pa.array(columns.qos, pa.int8()),
+            pa.array(columns.retain, pa.bool_()),
+            _properties(columns),
+            _values(pa.binary_view(), data, buffer, columns.payload_starts, columns.payload_lengths).cast(
+                pa.binary()
+            ),
+        ],
+        schema=ARROW_SCHEMA,
+    )
+
+
+def _topic_column(topic_runs: Sequence[tuple[str, Sequence[FrameRun]]], rows: int) -> pa.Array:
+    if len(topic_runs) == 1:
+        return pa.repeat(pa.scalar(topic_runs[0][0], pa.string()), rows)
+    counts = [sum(len(run) for run in chunk) for _, chunk in topic_runs]
+    indices = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+    topics = pa.array([topic for topic, _ in topic_runs], pa.string())
+    return pa.DictionaryArray.from_arrays(indices, topics).cast(pa.string())
+
+
+def _values(
+    view_type: pa.DataType, data: pa.Buffer, buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+) -> pa.Array:
+    """Binary (or string) views of `lengths[i]` bytes from `starts[i]` of `buffer` (held by `data`).
+
+    A view is 16 bytes: the length, then the value itself when it fits in 12 bytes, else its first 4
+    bytes, the data buffer's number (0) and the value's position in it.
+    """
+    rows = len(starts)
+    views = np.zeros((rows, 4), np.int32)
+    views[:, 0] = lengths
+    inline = buffer[np.minimum(starts[:, None] + _INLINE_BYTES, len(buffer) - 1)]
+    inline[lengths[:, None] <= _INLINE_BYTES] = 0
+    views.view(np.uint8).reshape(rows, 16)[:, 4:] = inline
+    long = lengths > _INLINE
+    views[long, 2] = 0
+    views[long, 3] = starts[long]
+    return pa.Array.from_buffers(view_type, rows, [None, pa.py_buffer(views), data])
+
+
+def _properties(columns: FrameColumns) -> pa.Array:
+    """The `properties` map: user properties then `content_type`, for the rows that have fields."""
+    rows = len(columns)
+    counts = np.zeros(rows + 1, np.int32)
+    keys: list[str] = []
+    values: list[str] = []
+    for row, content_type, user_properties in columns.fields:
+        for key, value in user_properties:
+            keys.append(key)
+            values.append(value)
+        if content_type is not None:
+            keys.append(CONTENT_TYPE_PROPERTY)
+            values.append(content_type)
+        counts[row + 1] = len(user_properties) + (content_type is not None)
+    return pa.MapArray.from_arrays(
+        pa.array(np.cumsum(counts, dtype=np.int32)),
+        pa.array(keys, pa.string()),
+        pa.array(values, pa.string()),
+        type=_PROPERTIES_TYPE,
+    )
