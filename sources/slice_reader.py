@@ -127,7 +127,7 @@ def read_slices(fetch: FetchSettings, slices: Sequence[Slice]) -> Iterator[pa.Re
     """Yield exactly the records of ``slices`` (one broker's), as batches of SOURCE_ARROW_SCHEMA.
 
     All slices are fetched together (one request per round for a partition of many quiet topics), each
-    round continuing every unfinished slice from its next offset.
+    round continuing every unfinished slice from its next offset and asking for no more than its rest.
     """
     pending = {piece.topic: _Progress(piece, piece.start) for piece in slices if piece.end > piece.start}
     lost = 0
@@ -135,9 +135,11 @@ def read_slices(fetch: FetchSettings, slices: Sequence[Slice]) -> Iterator[pa.Re
     try:
         while pending:
             wanted = {topic: progress.offset for topic, progress in pending.items()}
-            most = min(MAX_RECORDS_PER_REQUEST, max(p.piece.end - p.offset for p in pending.values()))
+            rest = {t: min(MAX_RECORDS_PER_REQUEST, p.piece.end - p.offset) for t, p in pending.items()}
             answer: BatchFetch = fetch.call(
-                lambda wanted=wanted, most=most: client.fetch_many(wanted, most, fetch.max_bytes, 0)
+                lambda wanted=wanted, rest=rest: client.fetch_many(
+                    wanted, max(rest.values()), fetch.max_bytes, 0, topic_max_records=rest
+                )
             )
             keep: list[tuple[int, int]] = []  # row ranges of the answer's table inside their slices
             row = 0

@@ -186,14 +186,22 @@ class OffsetsClient:
         max_bytes: int = 4 << 20,
         wait_ms: int = 0,
         pattern: str | None = None,
+        topic_max_records: Mapping[str, int] | None = None,
     ) -> BatchFetch:
         """Records of many topics in one round trip, within a shared byte budget.
 
-        Waits up to `wait_ms` when no topic has records (and, with `pattern`, wakes when a new log
-        matching it appears). Per-topic errors are reported in the results, not raised.
+        `max_records` bounds each topic, unless `topic_max_records` gives that topic its own bound (a
+        reader that needs exactly the rest of a range). Waits up to `wait_ms` when no topic has records
+        (and, with `pattern`, wakes when a new log matching it appears). Per-topic errors are reported in
+        the results, not raised.
         """
+        limits = topic_max_records or {}
+        fetches = [{"topic": topic, "offset": offset} for topic, offset in offsets.items()]
+        for fetch in fetches:
+            if fetch["topic"] in limits:
+                fetch["max_records"] = limits[fetch["topic"]]
         body: dict = {
-            "fetches": [{"topic": topic, "offset": offset} for topic, offset in offsets.items()],
+            "fetches": fetches,
             "max_records": max_records,
             "max_bytes": max_bytes,
             "wait_ms": wait_ms,

@@ -81,6 +81,17 @@ def test_fetch_many_reports_each_topic(api: ApiHarness):
     assert batch.results["plant/1/temp"].error is None
 
 
+def test_fetch_many_bounds_each_topic_by_its_own_max_records(api: ApiHarness):
+    with OffsetsClient(api.base_url) as client:
+        batch = client.fetch_many(
+            {"plant/1/temp": 2, "plant/2/temp": 0}, max_records=5, topic_max_records={"plant/2/temp": 1}
+        )
+
+    assert batch.table.column("offset").to_pylist() == [2, 3, 4, 5, 6, 0]
+    assert (batch.results["plant/1/temp"].records, batch.results["plant/1/temp"].next_offset) == (5, 7)
+    assert (batch.results["plant/2/temp"].records, batch.results["plant/2/temp"].next_offset) == (1, 1)
+
+
 def test_fetch_many_reports_an_out_of_range_topic_without_failing_the_others(api: ApiHarness):
     with OffsetsClient(api.base_url) as client:
         batch = client.fetch_many({"plant/1/temp": 50, "plant/2/temp": 2})
