@@ -2,9 +2,10 @@
 
 `formats.arrow_batch` walks `Record` objects; a fetch of stored records skips them altogether: the fixed
 header fields come as numpy arrays (`storage.frame_runs`), and the client ids and payloads, which sit
-inside the frames, become Arrow binary views into the one buffer read from the segment, then one cast
-copies them into the plain `string` / `binary` columns of `ARROW_SCHEMA`. Only records carrying a content
-type or user properties are parsed one by one, for the `properties` map.
+inside the frames, are copied out of the one buffer read from the segment by a numpy gather (short
+values) or through Arrow binary views cast to the plain `string` / `binary` columns of `ARROW_SCHEMA`
+(long ones). Only records carrying a content type or user properties are parsed one by one, for the
+`properties` map.
 """
 
 from __future__ import annotations
@@ -20,9 +21,13 @@ from .formats import ARROW_SCHEMA, CONTENT_TYPE_PROPERTY
 
 _PROPERTIES_TYPE = ARROW_SCHEMA.field("properties").type
 _TIMESTAMP_TYPE = ARROW_SCHEMA.field("timestamp").type
+_NO_STRINGS = pa.array([], pa.string())
 _INLINE = 12
 """Bytes a binary view holds inline (longer values point into the data buffer)."""
 _INLINE_BYTES = np.arange(_INLINE)
+_GATHER_MAX_BYTES = 4 * 1024 * 1024
+_GATHER_MEAN_BYTES = 256
+"""Values are gathered byte by byte when they total at most 4 MiB and average at most 256 bytes."""
 
 
 def arrow_batch_of_runs(topic_runs: Sequence[tuple[str, Sequence[FrameRun]]]) -> pa.RecordBatch:
@@ -39,15 +44,11 @@ def arrow_batch_of_runs(topic_runs: Sequence[tuple[str, Sequence[FrameRun]]]) ->
             _topic_column(topic_runs, rows),
             pa.array(columns.offsets, pa.int64()),
             pa.Array.from_buffers(_TIMESTAMP_TYPE, rows, [None, pa.py_buffer(columns.timestamps_ms)]),
-            _values(pa.string_view(), data, buffer, columns.client_id_starts, columns.client_id_lengths).cast(
-                pa.string()
-            ),
+            _values(pa.string(), data, buffer, columns.client_id_starts, columns.client_id_lengths),
             pa.array(columns.qos, pa.int8()),
             pa.array(columns.retain, pa.bool_()),
             _properties(columns),
-            _values(pa.binary_view(), data, buffer, columns.payload_starts, columns.payload_lengths).cast(
-                pa.binary()
-            ),
+            _values(pa.binary(), data, buffer, columns.payload_starts, columns.payload_lengths),
         ],
         schema=ARROW_SCHEMA,
     )
@@ -63,14 +64,25 @@ def _topic_column(topic_runs: Sequence[tuple[str, Sequence[FrameRun]]], rows: in
 
 
 def _values(
-    view_type: pa.DataType, data: pa.Buffer, buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+    value_type: pa.DataType, data: pa.Buffer, buffer: np.ndarray, starts: np.ndarray, lengths: np.ndarray
 ) -> pa.Array:
-    """Binary (or string) views of `lengths[i]` bytes from `starts[i]` of `buffer` (held by `data`).
+    """A string or binary array of the `lengths[i]` bytes from `starts[i]` of `buffer` (held by `data`).
 
-    A view is 16 bytes: the length, then the value itself when it fits in 12 bytes, else its first 4
-    bytes, the data buffer's number (0) and the value's position in it.
+    Short values, up to `_GATHER_MAX_BYTES` in all, are copied with one numpy gather (an index per
+    byte: cheap for telemetry-sized values, and no cast). Otherwise each value becomes a 16-byte binary
+    view (its length, then the value itself when it fits in 12 bytes, else its first 4 bytes, the data
+    buffer's number 0 and its position) and one cast copies them, whatever their size.
     """
     rows = len(starts)
+    total = int(lengths.sum())
+    if total <= _GATHER_MAX_BYTES and total <= _GATHER_MEAN_BYTES * rows:
+        offsets = np.zeros(rows + 1, np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        index = np.repeat(starts - offsets[:-1], lengths)
+        index += np.arange(total)
+        return pa.Array.from_buffers(
+            value_type, rows, [None, pa.py_buffer(offsets), pa.py_buffer(buffer[index])]
+        )
     views = np.zeros((rows, 4), np.int32)
     views[:, 0] = lengths
     inline = buffer[np.minimum(starts[:, None] + _INLINE_BYTES, len(buffer) - 1)]
@@ -79,13 +91,16 @@ def _values(
     long = lengths > _INLINE
     views[long, 2] = 0
     views[long, 3] = starts[long]
-    return pa.Array.from_buffers(view_type, rows, [None, pa.py_buffer(views), data])
+    view_type = pa.string_view() if value_type == pa.string() else pa.binary_view()
+    return pa.Array.from_buffers(view_type, rows, [None, pa.py_buffer(views), data]).cast(value_type)
 
 
 def _properties(columns: FrameColumns) -> pa.Array:
     """The `properties` map: user properties then `content_type`, for the rows that have fields."""
     rows = len(columns)
     counts = np.zeros(rows + 1, np.int32)
+    if not columns.fields:
+        return pa.MapArray.from_arrays(pa.array(counts), _NO_STRINGS, _NO_STRINGS, type=_PROPERTIES_TYPE)
     keys: list[str] = []
     values: list[str] = []
     for row, content_type, user_properties in columns.fields:

@@ -172,3 +172,29 @@ def test_a_byte_flipped_mid_segment_cuts_the_fetch_before_it_as_json_lines_does(
     assert (caught.value.offset, caught.value.next_offset) == (120, 121)
     assert after.data.column("offset").to_pylist() == list(range(121, 200))
     assert rows_of_table(fetched.data) == rows_of_jsonl(lines[1:])
+
+
+@pytest.mark.parametrize("value_bytes", [0, 5, 300, 5000])
+def test_long_and_short_values_give_the_per_record_columns(tmp_path: Path, value_bytes: int):
+    """Short values are gathered byte by byte, long ones through binary views: both equal `arrow_batch`."""
+    store = LogStore(tmp_path, StorageConfig(segment_bytes=64 * 1024))
+    store.open()
+    try:
+        for number in range(60):
+            size = value_bytes + number % 3  # some values fit a view inline, some do not
+            store.append(
+                "t",
+                AppendRecord(
+                    bytes([number]) * size,
+                    client_id="é" * (size // 2) + "x" * (number % 2),
+                    timestamp_ms=number,
+                ),
+            )
+        store.flush()
+        runs = store.read_runs("t", 0, 1000, 1 << 20)
+        expected = arrow_batch([("t", store.read("t", 0, 1000, 1 << 20))])
+    finally:
+        store.close()
+
+    assert expected.num_rows == 60
+    assert arrow_batch_of_runs([("t", runs)]).equals(expected)
