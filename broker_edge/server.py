@@ -30,6 +30,7 @@ from broker_edge.metrics import BrokerMetrics
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.router import Router
 from broker_edge.storage import StorageError, TooManyTopics
+from broker_edge.storage.record import RecordFields
 from broker_edge.sys_topics import sys_topic_messages
 from broker_edge.tls import server_ssl_context
 
@@ -44,6 +45,9 @@ log = logging.getLogger("broker_edge.server")
 
 BROKER_VERSION = "0.1.0"
 SWEEP_INTERVAL_S = 1.0
+LogEntry = tuple[Connection | None, Message | None, int | None, int, int]
+"""(connection, publish or None, packet id, QoS, reason code) waiting for the log: a publish to route and
+acknowledge once durable, or (no publish) an acknowledgement to send in its turn with the reason code."""
 
 
 class ListenerStats:
@@ -138,8 +142,9 @@ class Broker:
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._next_sys = 0.0
         self._next_retention = 0.0
-        self._log_batch: list[tuple[Connection | None, Message | None, int | None, int]] = []
+        self._log_batch: list[LogEntry] = []
         self._log_batch_scheduled = False
+        self._log_topics: dict[str, list[Message]] = {}
         self._stopping = False
         self.stopped = asyncio.Event()
 
@@ -312,89 +317,101 @@ class Broker:
             self.router.publish(message)
 
     def log_publish(self, conn: Connection | None, message: Message, packet_id: int | None) -> None:
-        """Append ``message`` to its topic's log; route and acknowledge it once the log says it is durable."""
-        props = message.properties
-        try:
-            if props is None:
-                message.offset = self.store.append_message(
-                    message.topic, message.payload, message.qos, message.retain, message.origin
-                )
-            else:
-                message.offset = self.store.append_message(
-                    message.topic,
-                    message.payload,
-                    message.qos,
-                    message.retain,
-                    message.origin,
-                    list(props.user_properties),
-                    props.content_type,
-                    props.payload_format_indicator,
-                )
-        except StorageError as exc:
-            self.count_drop("log_failed")
-            log.warning(
-                "append to %r failed: %s", message.topic, exc, extra={"client_id": message.origin or "-"}
-            )
-            if conn is not None and packet_id is not None:
-                code = (
-                    ReasonCode.QUOTA_EXCEEDED
-                    if isinstance(exc, TooManyTopics)
-                    else ReasonCode.UNSPECIFIED_ERROR
-                )
-                if conn.v5:
-                    self._send_ack(conn, message.qos, packet_id, code)
-                    if message.qos == 2 and conn.session is not None and conn.session.incoming_qos2:
-                        conn.session.incoming_qos2.discard(packet_id)
-                else:
-                    conn.close()  # a v3 client cannot be told: it resends after reconnecting
-            return
-        self._log_batch.append((conn, message, packet_id, message.qos))
+        """Queue ``message`` for its topic's log; route and acknowledge it once the log says it is durable.
+
+        The publishes of one loop iteration are appended together, one batch per topic (a single encode
+        loop and one bookkeeping step per batch), at the start of the next iteration.
+        """
+        self._log_batch.append((conn, message, packet_id, message.qos, 0))
+        queued = self._log_topics.get(message.topic)
+        if queued is None:
+            self._log_topics[message.topic] = [message]
+        else:
+            queued.append(message)
         if not self._log_batch_scheduled:
             self._log_batch_scheduled = True
-            self.loop.call_soon(self._register_durable)
+            self.loop.call_soon(self._append_logged)
 
     def ack_after_log(self, conn: Connection, packet_id: int, qos: int, reason_code: int) -> None:
         """Acknowledge in order behind any publish still waiting for the log (QoS 2 duplicates)."""
         if self.store is None:
             self._send_ack(conn, qos, packet_id, reason_code)
             return
-        self._log_batch.append((conn, None, packet_id, qos))
+        self._log_batch.append((conn, None, packet_id, qos, reason_code))
         if not self._log_batch_scheduled:
             self._log_batch_scheduled = True
-            self.loop.call_soon(self._register_durable)
+            self.loop.call_soon(self._append_logged)
 
-    def _register_durable(self) -> None:
+    def _append_logged(self) -> None:
+        """Append the queued publishes (a batch per topic) and wait for them to be durable."""
         self._log_batch_scheduled = False
         batch, self._log_batch = self._log_batch, []
+        topics, self._log_topics = self._log_topics, {}
+        store = self.store
+        retry: set[str] = set()
+        for topic, messages in topics.items():
+            try:
+                first = store.append_batch(topic, [_record_fields(message) for message in messages])
+            except StorageError:
+                retry.add(topic)  # one by one below, so that only the publishes that fail are refused
+                continue
+            for offset, message in enumerate(messages, first):
+                message.offset = offset
+        if retry:
+            batch = [
+                entry if entry[1] is None or entry[1].topic not in retry else self._append_one(*entry)
+                for entry in batch
+            ]
         if batch:
-            self.store.when_durable(
-                lambda: self._durable(batch), lambda exc: self._durable_failed(batch, exc)
+            store.when_durable(lambda: self._durable(batch), lambda exc: self._durable_failed(batch, exc))
+
+    def _append_one(
+        self, conn: Connection | None, message: Message, packet_id: int | None, qos: int, _code: int
+    ) -> LogEntry:
+        """Append one publish of a batch that failed. A failed append becomes a refusal, acknowledged in its
+        turn with the reason (v5), so that acknowledgements keep the order of the publishes."""
+        try:
+            message.offset = self.store.append_message(message.topic, *_record_fields(message))
+        except StorageError as exc:
+            self.count_drop("log_failed")
+            log.warning(
+                "append to %r failed: %s", message.topic, exc, extra={"client_id": message.origin or "-"}
             )
+            code = (
+                ReasonCode.QUOTA_EXCEEDED if isinstance(exc, TooManyTopics) else ReasonCode.UNSPECIFIED_ERROR
+            )
+            if conn is not None and not conn.v5:
+                conn.close()  # a v3 client cannot be told: it resends after reconnecting
+            elif conn is not None and qos == 2 and conn.session is not None and conn.session.incoming_qos2:
+                conn.session.incoming_qos2.discard(packet_id)  # a resend is a new publish
+            return (conn, None, packet_id, qos, code)
+        return (conn, message, packet_id, qos, 0)
 
     def _durable(self, batch: list) -> None:
         router = self.router
         appends = appended_bytes = 0
-        for conn, message, packet_id, qos in batch:
-            matched = 1
+        for conn, message, packet_id, qos, reason_code in batch:
             if message is not None:
                 appends += 1
                 appended_bytes += len(message.payload)
-                matched = router.publish(message)
+                if not router.publish(message):
+                    reason_code = ReasonCode.NO_MATCHING_SUBSCRIBERS
                 if self.replays is not None:
                     self.replays.appended(message)
             if conn is None or packet_id is None or conn.state == CLOSED:
                 continue
-            if qos == 1 and message is not None and conn.incoming_pending > 0:
+            if qos == 1 and conn.incoming_pending > 0:  # a QoS 1 entry is a logged publish or a refusal
                 conn.incoming_pending -= 1
-            self._send_ack(conn, qos, packet_id, 0 if matched else ReasonCode.NO_MATCHING_SUBSCRIBERS)
+            self._send_ack(conn, qos, packet_id, reason_code)
         if appends:
             self.metrics.log_appends_total.inc(appends)
             self.metrics.log_bytes_total.inc(appended_bytes)
 
     def _durable_failed(self, batch: list, exc: BaseException) -> None:
         log.error("commitlog write failed, %d publishes not acknowledged: %s", len(batch), exc)
-        for conn, _message, packet_id, qos in batch:
-            self.count_drop("log_failed")
+        for conn, message, packet_id, qos, _code in batch:
+            if message is not None:
+                self.count_drop("log_failed")
             if conn is not None and packet_id is not None and conn.state != CLOSED:
                 if conn.v5:
                     self._send_ack(conn, qos, packet_id, ReasonCode.UNSPECIFIED_ERROR)
@@ -509,3 +526,19 @@ class Broker:
         messages = sys_topic_messages(self.metrics.snapshot(), BROKER_VERSION, self.started_at, time.time())
         for topic, payload in messages.items():
             self.router.publish(Message(topic, payload, 0, True))
+
+
+def _record_fields(message: Message) -> RecordFields:
+    """The log record of a publish: payload, QoS, retain, publisher and the properties that matter."""
+    props = message.properties
+    if props is None:
+        return (message.payload, message.qos, message.retain, message.origin, (), None, None)
+    return (
+        message.payload,
+        message.qos,
+        message.retain,
+        message.origin,
+        list(props.user_properties),
+        props.content_type,
+        props.payload_format_indicator,
+    )

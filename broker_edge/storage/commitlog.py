@@ -22,6 +22,7 @@ import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate, chain
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from .errors import CorruptRecord, InvalidRecord, OffsetOutOfRange, RecordTooLar
 from .file_pool import FileHandlePool
 from .frame_runs import FrameRun
 from .read_cache import BLOCK_MAX_BYTES, BLOCK_RECORDS, Block, ReadCache
-from .record import PREFIX_SIZE, AppendRecord, Record, encode_frame
+from .record import PREFIX_SIZE, AppendRecord, Record, RecordFields, encode_frame
 from .segment import NO_TIMESTAMP, Segment, SegmentWrite
 from .tail_cache import TailCache, TailCacheBudget
 
@@ -270,6 +271,70 @@ class CommitLog:
             payload_format_indicator
         )  # fmt: skip
         self._cache.add(entry, size)
+        return offset
+
+    def append_batch(self, records: Sequence[RecordFields], timestamp_ms: int | None = None) -> int:
+        """Append several records with one broker time; returns the first offset (record i gets it + i).
+
+        `records` hold the fields of `append_message` but the time, one tuple each. All or nothing: a
+        record that cannot be stored raises before anything is appended. Per record this costs the frame
+        encoding and a few list appends: the broker appends each loop iteration's publishes to one topic
+        this way, and a peer copying a log would too.
+        """
+        offset = self._next_offset
+        if not records:
+            return offset
+        timestamp = _time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms
+        try:
+            frames = [
+                encode_frame(number, timestamp, *fields) for number, fields in enumerate(records, offset)
+            ]
+        except (ValueError, OverflowError, struct.error) as error:
+            raise InvalidRecord(f"record for {self.topic!r} cannot be stored: {error}") from error
+        sizes = [len(frame) for frame in frames]
+        largest = max(sizes)
+        if largest > self._max_frame:
+            raise RecordTooLarge(largest, self._max_body)
+        ends = list(accumulate(sizes))
+        size = ends[-1]
+        segment = self._active
+        if (
+            segment is None
+            or segment.size + size > self._segment_bytes
+            or (segment.count and timestamp >= self._roll_at)
+        ):
+            for fields in records:  # the batch may roll a segment: one record at a time
+                self.append_message(*fields, timestamp)
+            self.last_append_size = size
+            return offset
+        index_timestamp = self._max_timestamp
+        if timestamp > index_timestamp:
+            index_timestamp = self._max_timestamp = timestamp
+        if not segment.count:
+            segment.first_timestamp = index_timestamp
+            if self._segment_ms is not None:
+                self._roll_at = index_timestamp + self._segment_ms
+        base = segment.size
+        segment.pending_frames += frames
+        segment.entries.extend(  # type: ignore[union-attr]  # the active segment holds its index
+            chain.from_iterable(
+                (base + end - length, index_timestamp) for end, length in zip(ends, sizes, strict=True)
+            )
+        )
+        appended = len(records)
+        segment.size = base + size
+        segment.count += appended
+        segment.max_timestamp = index_timestamp
+        self._next_offset = offset + appended
+        self._pending_bytes += size
+        self.last_append_size = size
+        self._cache.add_many(
+            [
+                (number, timestamp, frame, *fields)
+                for number, (frame, fields) in enumerate(zip(frames, records, strict=True), offset)
+            ],
+            ends,
+        )
         return offset
 
     def take_pending(self) -> PendingWrite | None:

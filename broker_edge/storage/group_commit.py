@@ -255,6 +255,11 @@ class GroupCommitter:
         elif self._pending_bytes >= self._max_pending_bytes and not self._flights:
             self._cut()
 
+    def appended_many(self, commit_log: CommitLog, count: int, size: int) -> None:
+        """Note `count` appends of `size` bytes in all to `commit_log` (after `CommitLog.append_batch`)."""
+        self._appended += count - 1
+        self.appended(commit_log, size)
+
     def when_durable(self, callback: Callback, on_error: ErrorCallback | None = None) -> None:
         """Call `callback` on the loop once everything appended before this call is durable."""
         if self.failure is not None:

@@ -38,6 +38,11 @@ FLAG_USER_PROPERTIES = 0x10
 _U16_MAX = 0xFFFF
 
 
+RecordFields = tuple[bytes, int, bool, str, Sequence[tuple[str, str]], str | None, int | None]
+"""(payload, qos, retain, client_id, user_properties, content_type, payload_format_indicator): one record of
+`CommitLog.append_batch`."""
+
+
 @dataclass(slots=True)
 class AppendRecord:
     """A publish as the broker hands it to the log; the log assigns the offset (and the time when None)."""

@@ -27,7 +27,7 @@ from .fs_sync import syncfs_available
 from .group_commit import GroupCommitter
 from .persistence import PersistenceRules, check_filter
 from .read_cache import ReadCache
-from .record import AppendRecord, Record
+from .record import AppendRecord, Record, RecordFields
 from .segment import fsync_directory
 from .tail_cache import TailCacheBudget
 from .topic_names import is_hashed, topic_directory_name, topic_from_directory, write_topic_file
@@ -219,6 +219,23 @@ class LogStore:
             timestamp_ms,
         )
         committer.appended(commit_log, commit_log.last_append_size)
+        return offset
+
+    def append_batch(self, topic: str, records: Sequence[RecordFields]) -> int:
+        """Append `records` to `topic`'s log with one broker time; returns the first offset (record i gets
+        it + i). All or nothing (see `CommitLog.append_batch`); a new log counts for the first record's
+        client id."""
+        commit_log = self._logs.get(topic)
+        if commit_log is None:
+            commit_log = self._create_log(topic)
+            client_id = records[0][3] if records else ""
+            self._created_by[client_id] = self._created_by.get(client_id, 0) + 1
+        committer = self._committer
+        if committer.failure is not None:
+            raise committer.failure
+        offset = commit_log.append_batch(records)
+        if records:
+            committer.appended_many(commit_log, len(records), commit_log.last_append_size)
         return offset
 
     def when_durable(

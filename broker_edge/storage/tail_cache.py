@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from .frame_runs import FrameRun, run_of_frames
@@ -98,6 +99,26 @@ class TailCache:
         budget = self.budget
         if budget is not None:
             budget.bytes += size - freed
+            if budget.newest is not self or budget.bytes > budget.max_bytes:
+                budget.touched(self)
+
+    def add_many(self, entries: list[Appended], ends: Sequence[int]) -> None:
+        """Cache just-appended records (from the log's next offset on); `ends[i]` is the frame bytes of
+        `entries[: i + 1]` (one eviction check and one budget update for all of them)."""
+        if not entries:
+            return
+        total = self._total
+        self._entries += entries
+        self._ends.extend([total + end for end in ends])
+        added = ends[-1]
+        total = self._total = total + added
+        self._next_offset = entries[-1][0] + 1
+        freed = 0
+        if len(self._entries) - self._head > self.max_records or total - self._start_total > self.max_bytes:
+            freed = self._evict()
+        budget = self.budget
+        if budget is not None:
+            budget.bytes += added - freed
             if budget.newest is not self or budget.bytes > budget.max_bytes:
                 budget.touched(self)
 

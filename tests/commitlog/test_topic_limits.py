@@ -7,6 +7,7 @@ keep working for everyone.
 
 from __future__ import annotations
 
+from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import PubAck, Publish
 from tests.broker.broker_test_clients import RawClient
 from tests.commitlog.e2e_helpers import offsets_client
@@ -83,3 +84,28 @@ def test_the_broker_wide_topic_limit_answers_0x97_to_v5_and_closes_v311(brokers)
     assert broker.drops("log_failed") == 2
     assert _logs(broker) == ["a/1", "a/2"]
     assert _publish(v5, "a/1", 4).reason_code == 0x10
+
+
+def test_in_a_batch_only_the_publish_that_cannot_be_stored_is_refused(brokers):
+    broker = brokers(storage={"max_record_bytes": 300}, limits={"receive_maximum": 4})
+    v5 = RawClient(broker.port, 5)
+    v5.connect("device-c")
+    subscriber = RawClient(broker.port, 5)
+    subscriber.connect("watcher")
+    subscriber.subscribe("c/#", 1)
+    payloads = [b"first", b"x" * 400, b"third", b"fourth"]  # one read: one batch for the topic
+
+    v5.send(b"".join(encode(Publish("c/1", p, 1, packet_id=n + 1), 5) for n, p in enumerate(payloads)))
+    acks = [v5.recv() for _ in payloads]
+    delivered = [subscriber.recv() for _ in range(3)]
+
+    assert [(ack.packet_id, ack.reason_code) for ack in acks] == [(1, 0), (2, 0x80), (3, 0), (4, 0)]
+    assert [message.payload for message in delivered] == [b"first", b"third", b"fourth"]
+    assert broker.drops("log_failed") == 1
+    with offsets_client(broker) as api:
+        stored = api.fetch("c/1", 0).data
+    assert stored.column("payload").to_pylist() == [b"first", b"third", b"fourth"]
+    assert stored.column("offset").to_pylist() == [0, 1, 2]
+    again = [Publish("c/1", b"more", 1, packet_id=n) for n in range(5, 9)]  # a full receive window
+    v5.send(b"".join(encode(packet, 5) for packet in again))
+    assert [v5.recv().reason_code for _ in again] == [0] * 4  # the refused publish gave its slot back

@@ -1,5 +1,5 @@
-"""A property test: whatever the mix of appends, flushes, clean closes and crashes, the log reads back
-exactly the records flushed so far, in order, at dense offsets, across any segment size."""
+"""A property test: whatever the mix of appends, batch appends, flushes, clean closes and crashes, the log
+reads back exactly the records flushed so far, in order, at dense offsets, across any segment size."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from broker_edge.storage.file_pool import FileHandlePool
 operations = st.lists(
     st.one_of(
         st.tuples(st.just("append"), st.integers(0, 300)),
+        st.tuples(st.just("batch"), st.integers(1, 12)),
         st.tuples(st.just("flush"), st.just(0)),
         st.tuples(st.just("close"), st.just(0)),
         st.tuples(st.just("crash"), st.just(0)),
@@ -34,12 +35,20 @@ def test_the_log_reads_back_what_was_flushed(tmp_path_factory, steps, segment_by
     pool = FileHandlePool(8)
     log = CommitLog("t", directory, config, pool=pool)
     model: list[bytes] = []
+    times: list[int] = []
     flushed = 0
     for action, size in steps:
         if action == "append":
             payload = _payload(len(model), size)
             assert log.append(AppendRecord(payload, timestamp_ms=len(model))) == len(model)
             model.append(payload)
+            times.append(len(model) - 1)
+        elif action == "batch":  # `size` records of growing sizes, one time for all
+            payloads = [_payload(len(model) + n, 20 * n) for n in range(size)]
+            records = [(payload, 1, False, "", (), None, None) for payload in payloads]
+            assert log.append_batch(records, timestamp_ms=len(model)) == len(model)
+            times += [len(model)] * size
+            model += payloads
         elif action == "flush":
             log.flush(sync=False)  # the logic under test is the same; fsync latency is not
             flushed = len(model)
@@ -50,6 +59,7 @@ def test_the_log_reads_back_what_was_flushed(tmp_path_factory, steps, segment_by
             log = CommitLog("t", directory, config, pool=pool)
         else:  # the process dies: buffered appends are lost, written ones are in the files
             del model[flushed:]
+            del times[flushed:]
             pool.close()
             pool = FileHandlePool(8)
             log = CommitLog("t", directory, config, pool=pool)
@@ -59,5 +69,6 @@ def test_the_log_reads_back_what_was_flushed(tmp_path_factory, steps, segment_by
         assert [record.payload for record in records] == model[:flushed]
         assert [record.offset for record in records] == list(range(flushed))
         if flushed:
-            assert log.offset_for_timestamp(flushed - 1) == flushed - 1
+            newest = times[flushed - 1]
+            assert log.offset_for_timestamp(newest) == times.index(newest)
     log.close()
