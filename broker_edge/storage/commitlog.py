@@ -22,7 +22,7 @@ import struct
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, chain
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from .errors import CorruptRecord, InvalidRecord, OffsetOutOfRange, RecordTooLar
 from .file_pool import FileHandlePool
 from .frame_runs import FrameRun
 from .read_cache import BLOCK_MAX_BYTES, BLOCK_RECORDS, Block, ReadCache
-from .record import PREFIX_SIZE, AppendRecord, Record, RecordFields, encode_frame
+from .record import PREFIX_SIZE, AppendRecord, Record, RecordFields, encode_frame, encode_frames
 from .segment import NO_TIMESTAMP, Segment, SegmentWrite
 from .tail_cache import TailCache, TailCacheBudget
 
@@ -286,9 +286,7 @@ class CommitLog:
             return offset
         timestamp = _time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms
         try:
-            frames = [
-                encode_frame(number, timestamp, *fields) for number, fields in enumerate(records, offset)
-            ]
+            frames = encode_frames(offset, timestamp, records)
         except (ValueError, OverflowError, struct.error) as error:
             raise InvalidRecord(f"record for {self.topic!r} cannot be stored: {error}") from error
         sizes = [len(frame) for frame in frames]
@@ -315,13 +313,11 @@ class CommitLog:
             if self._segment_ms is not None:
                 self._roll_at = index_timestamp + self._segment_ms
         base = segment.size
-        segment.pending_frames += frames
-        segment.entries.extend(  # type: ignore[union-attr]  # the active segment holds its index
-            chain.from_iterable(
-                (base + end - length, index_timestamp) for end, length in zip(ends, sizes, strict=True)
-            )
-        )
         appended = len(records)
+        segment.pending_frames += frames
+        pairs = [index_timestamp] * (2 * appended)  # index entries: (position, time) per record
+        pairs[0::2] = [base + end - length for end, length in zip(ends, sizes, strict=True)]
+        segment.entries.extend(pairs)  # type: ignore[union-attr]  # the active segment holds its index
         segment.size = base + size
         segment.count += appended
         segment.max_timestamp = index_timestamp

@@ -15,7 +15,7 @@ catches flipped bits; the offset inside the frame catches an index that points a
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from crc32c import crc32c
@@ -154,6 +154,36 @@ def encode_frame(
     parts.append(payload)
     body = b"".join(parts)
     return _pack_prefix(len(body), crc32c(body)) + body
+
+
+def encode_frames(first_offset: int, timestamp_ms: int, records: Iterable[RecordFields]) -> list[bytes]:
+    """The frames of `records` stored from `first_offset` on, all at `timestamp_ms` (`append_batch`).
+
+    Same format and errors as `encode_frame`; a record without MQTT 5 fields costs one struct pack, two
+    concatenations and one CRC, without a call per record.
+    """
+    frames: list[bytes] = []
+    append = frames.append
+    pack_head, pack_prefix, checksum = _pack_head, _pack_prefix, crc32c
+    last_id, raw_id = None, b""
+    for offset, (payload, qos, retain, client_id, properties, content_type, indicator) in enumerate(
+        records, first_offset
+    ):
+        if properties or content_type is not None or indicator is not None:
+            append(
+                encode_frame(
+                    offset, timestamp_ms, payload, qos, retain, client_id, properties, content_type, indicator
+                )
+            )
+            continue
+        if client_id is not last_id:
+            last_id, raw_id = client_id, client_id.encode()
+            if len(raw_id) > _U16_MAX:
+                raise ValueError(f"client id of {len(raw_id)} bytes does not fit a record (max {_U16_MAX})")
+        body = pack_head(FORMAT_VERSION, offset, timestamp_ms, qos, FLAG_RETAIN if retain else 0, len(raw_id))
+        body += raw_id + payload
+        append(pack_prefix(len(body), checksum(body)) + body)
+    return frames
 
 
 def encode_record(offset: int, timestamp_ms: int, record: AppendRecord) -> bytes:
