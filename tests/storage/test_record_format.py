@@ -12,6 +12,7 @@ from broker_edge.storage.record import (
     FrameError,
     decode_frame,
     decode_frames,
+    encode_frames,
     encode_record,
 )
 
@@ -100,3 +101,34 @@ def test_records_before_a_damaged_frame_are_still_returned():
 def test_oversized_strings_are_refused_at_encode():
     with pytest.raises(ValueError):
         encode_record(0, 0, AppendRecord(b"", client_id="x" * 70_000))
+
+
+@given(
+    first=st.integers(0, 2**40),
+    records=st.lists(
+        st.tuples(
+            st.binary(max_size=50),
+            st.integers(0, 2),
+            st.booleans(),
+            st.sampled_from(["", "device-1", "capteur-é"]),
+            st.sampled_from([(), [("k", "v")]]),
+            st.sampled_from([None, "text/plain"]),
+            st.sampled_from([None, 0, 1]),
+        ),
+        max_size=12,
+    ),
+)
+def test_a_batch_encodes_exactly_as_its_records_one_by_one(first, records):
+    frames = encode_frames(first, 1_700_000_000_123, records)
+
+    expected = [
+        encode_record(first + n, 1_700_000_000_123, AppendRecord(*fields)) for n, fields in enumerate(records)
+    ]
+    assert frames == expected
+
+
+def test_a_batch_refuses_an_oversized_client_id():
+    with pytest.raises(ValueError):
+        encode_frames(
+            0, 0, [(b"ok", 1, False, "d", (), None, None), (b"", 1, False, "x" * 70_000, (), None, None)]
+        )
