@@ -248,14 +248,8 @@ class CommitLog:
             segment.count and (segment.size + size > self._segment_bytes or timestamp >= self._roll_at)
         ):
             segment = self._roll(offset)
-        index_timestamp = self._max_timestamp
-        if timestamp > index_timestamp:
-            index_timestamp = self._max_timestamp = timestamp
+        index_timestamp = self._index_timestamp(segment, timestamp)
         # Segment bookkeeping, inline on this hot path: buffer the frame, index entry, sizes.
-        if not segment.count:
-            segment.first_timestamp = index_timestamp
-            if self._segment_ms is not None:
-                self._roll_at = index_timestamp + self._segment_ms
         segment.pending_frames.append(frame)
         entries = segment.entries
         entries.append(segment.size)  # type: ignore[union-attr]  # the active segment holds its index
@@ -305,13 +299,7 @@ class CommitLog:
                 self.append_message(*fields, timestamp)
             self.last_append_size = size
             return offset
-        index_timestamp = self._max_timestamp
-        if timestamp > index_timestamp:
-            index_timestamp = self._max_timestamp = timestamp
-        if not segment.count:
-            segment.first_timestamp = index_timestamp
-            if self._segment_ms is not None:
-                self._roll_at = index_timestamp + self._segment_ms
+        index_timestamp = self._index_timestamp(segment, timestamp)
         base = segment.size
         appended = len(records)
         segment.pending_frames += frames
@@ -332,6 +320,18 @@ class CommitLog:
             ends,
         )
         return offset
+
+    def _index_timestamp(self, segment: Segment, timestamp: int) -> int:
+        """The index time of records appended at `timestamp` (never below an earlier one: the index stays
+        sorted even if the clock steps back); starts `segment`'s age when it is still empty."""
+        index_timestamp = self._max_timestamp
+        if timestamp > index_timestamp:
+            index_timestamp = self._max_timestamp = timestamp
+        if not segment.count:
+            segment.first_timestamp = index_timestamp
+            if self._segment_ms is not None:
+                self._roll_at = index_timestamp + self._segment_ms
+        return index_timestamp
 
     def take_pending(self) -> PendingWrite | None:
         """Detach everything buffered (and seals of rolled segments) for a writer; None if nothing."""

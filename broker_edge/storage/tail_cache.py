@@ -90,17 +90,10 @@ class TailCache:
         """Cache a just-appended record (at the log's next offset) whose frame is `size` bytes."""
         entries = self._entries
         entries.append(entry)
-        total = self._total = self._total + size
-        self._ends.append(total)
+        self._total += size
+        self._ends.append(self._total)
         self._next_offset = entry[0] + 1
-        freed = 0
-        if len(entries) - self._head > self.max_records or total - self._start_total > self.max_bytes:
-            freed = self._evict()
-        budget = self.budget
-        if budget is not None:
-            budget.bytes += size - freed
-            if budget.newest is not self or budget.bytes > budget.max_bytes:
-                budget.touched(self)
+        self._account(size)
 
     def add_many(self, entries: list[Appended], ends: Sequence[int]) -> None:
         """Cache just-appended records (from the log's next offset on); `ends[i]` is the frame bytes of
@@ -111,10 +104,17 @@ class TailCache:
         self._entries += entries
         self._ends.extend([total + end for end in ends])
         added = ends[-1]
-        total = self._total = total + added
+        self._total = total + added
         self._next_offset = entries[-1][0] + 1
+        self._account(added)
+
+    def _account(self, added: int) -> None:
+        """After `added` bytes were cached: evict past the limits, and charge the store-wide budget."""
         freed = 0
-        if len(self._entries) - self._head > self.max_records or total - self._start_total > self.max_bytes:
+        if (
+            len(self._entries) - self._head > self.max_records
+            or self._total - self._start_total > self.max_bytes
+        ):
             freed = self._evict()
         budget = self.budget
         if budget is not None:
