@@ -14,9 +14,10 @@ def register_sources(spark: SparkSession) -> None:
     """Register ``timestone`` (MQTT records from the brokers' commitlogs) and ``delta_cdf`` with ``spark``.
 
     Imports happen here so that importing ``sources.options`` or the planner does not pull in pyspark.
+    ``timestone`` takes the session's ``defaultParallelism`` as its default ``minPartitions``.
     """
     from .delta_cdf import DeltaCdfDataSource
     from .timestone_source import TimestoneDataSource
 
-    spark.dataSource.register(TimestoneDataSource)
+    spark.dataSource.register(TimestoneDataSource.for_session(spark))
     spark.dataSource.register(DeltaCdfDataSource)

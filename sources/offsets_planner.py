@@ -29,6 +29,7 @@ __all__ = [
     "effective_start",
     "plan_end_offsets",
     "plan_partitions",
+    "split_size",
     "starting_offsets",
 ]
 
@@ -37,6 +38,9 @@ Listings = Mapping[str, Mapping[str, "LogExtent"]]
 
 # A partition's slices go to the broker in one fetch request: bound the request, not only the records.
 MAX_SLICES_PER_PARTITION = 500
+# minPartitions does not cut a batch into partitions smaller than this: a task of a few records costs a fetch
+# request and Spark's per-task overhead, more than reading them in a neighbouring task.
+MIN_RECORDS_PER_SPLIT = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,15 +272,19 @@ def plan_partitions(
     *,
     max_records_per_partition: int,
     fail_on_data_loss: bool,
+    min_partitions: int = 1,
 ) -> BatchPlan:
     """Cut the batch ``[start, end)`` into partitions of at most ``max_records_per_partition`` records.
 
     A topic's range is split into pieces of that size; small ranges of one broker are packed together so a
-    batch over thousands of quiet device topics does not become thousands of Spark tasks. ``listings`` may
-    lack brokers (down): their ranges are planned from the checkpoint and checked by the reader.
+    batch over thousands of quiet device topics does not become thousands of Spark tasks. With
+    ``min_partitions`` the pieces shrink to about ``1 / min_partitions`` of the batch (never below
+    MIN_RECORDS_PER_SPLIT records), so a batch keeps that many tasks busy (Kafka's ``minPartitions``).
+    The plan depends only on the arguments: a replayed batch is cut the same way. ``listings`` may lack
+    brokers (down): their ranges are planned from the checkpoint and checked by the reader.
     Raises DataLossError, or records the skipped ranges in the plan, as ``effective_start`` decides.
     """
-    pieces: dict[str, list[Slice]] = {}
+    ranges: list[tuple[str, Slice]] = []
     lost: list[LostRange] = []
     for broker, topics in sorted(end.items()):
         logs = listings.get(broker)
@@ -288,21 +296,37 @@ def plan_partitions(
             begin, gap = effective_start(broker, topic, next_offset, extent, fail_on_data_loss)
             if gap is not None:
                 lost.append(LostRange(broker, topic, gap.start, min(gap.end, stop)))
-            from_log_start = next_offset is None and extent is None
-            pieces.setdefault(broker, []).extend(
-                _split(topic, begin, stop, max_records_per_partition, from_log_start)
-            )
+            if stop > begin:
+                ranges.append((broker, Slice(topic, begin, stop, next_offset is None and extent is None)))
+    size = split_size(sum(piece.records for _, piece in ranges), max_records_per_partition, min_partitions)
+    pieces: dict[str, list[Slice]] = {}
+    for broker, whole in ranges:
+        pieces.setdefault(broker, []).extend(_split(whole, size))
     partitions = [
         PartitionPlan(broker, tuple(group))
         for broker, broker_pieces in pieces.items()
-        for group in _pack(broker_pieces, max_records_per_partition)
+        for group in _pack(broker_pieces, size)
     ]
     return BatchPlan(tuple(partitions), tuple(gap for gap in lost if gap.records > 0))
 
 
-def _split(topic: str, begin: int, stop: int, size: int, from_log_start: bool) -> Iterable[Slice]:
-    for offset in range(begin, stop, size):
-        yield Slice(topic, offset, min(offset + size, stop), from_log_start)
+def split_size(records: int, max_records_per_partition: int, min_partitions: int) -> int:
+    """The most records of one partition for a batch of ``records``: at least ``min_partitions`` pieces.
+
+    Never above ``max_records_per_partition``, never below MIN_RECORDS_PER_SPLIT (unless the maximum is).
+    """
+    wanted = max(MIN_RECORDS_PER_SPLIT, -(-records // max(1, min_partitions)))
+    return max(1, min(max_records_per_partition, wanted))
+
+
+def _split(whole: Slice, size: int) -> Iterable[Slice]:
+    """``whole`` in pieces of ``size`` records, the last one shorter.
+
+    Consecutive packing never puts two pieces of one topic in a partition (a full piece fills one, and
+    only the last piece is short), which the reader relies on: it tracks its progress per topic.
+    """
+    for offset in range(whole.start, whole.end, size):
+        yield Slice(whole.topic, offset, min(offset + size, whole.end), whole.from_log_start)
 
 
 def _pack(pieces: list[Slice], capacity: int) -> Iterable[list[Slice]]:

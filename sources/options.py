@@ -52,6 +52,7 @@ _KNOWN = {
         "startingOffsets",
         "maxRecordsPerTrigger",
         "maxRecordsPerPartition",
+        "minPartitions",
         "failOnDataLoss",
         "fetchTimeoutMs",
         "fetchRetries",
@@ -110,6 +111,8 @@ class SourceOptions:
     starting_offsets: StartingOffsets = StartingOffsets(StartKind.LATEST)
     max_records_per_trigger: int | None = None
     max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
+    #: None: the source's default (Spark's defaultParallelism when known, see ``timestone_source``)
+    min_partitions: int | None = None
     fail_on_data_loss: bool = True
     fetch_timeout_ms: int = DEFAULT_FETCH_TIMEOUT_MS
     fetch_retries: int = DEFAULT_FETCH_RETRIES
@@ -147,6 +150,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         max_records_per_trigger=_optional_int(lowered, "maxRecordsPerTrigger", minimum=1),
         max_records_per_partition=_optional_int(lowered, "maxRecordsPerPartition", minimum=1)
         or DEFAULT_MAX_RECORDS_PER_PARTITION,
+        min_partitions=_optional_int(lowered, "minPartitions", minimum=1),
         fail_on_data_loss=_bool(lowered, "failOnDataLoss", default=True),
         fetch_timeout_ms=_int(lowered, "fetchTimeoutMs", DEFAULT_FETCH_TIMEOUT_MS, minimum=1),
         fetch_retries=_int(lowered, "fetchRetries", DEFAULT_FETCH_RETRIES, minimum=0),

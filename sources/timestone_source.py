@@ -10,9 +10,11 @@ Rules live elsewhere: planning in ``offsets_planner``, options in ``options``, f
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -40,6 +42,9 @@ from broker_edge.offsets_api.errors import UnknownTopicError
 from .offsets_planner import LogExtent, PartitionPlan, plan_end_offsets, plan_partitions, starting_offsets
 from .options import SourceOptions, StartKind, parse_options
 from .slice_reader import BrokerUnreachableError, FetchSettings, read_slices
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = ["SCHEMA", "TimestoneDataSource", "TimestonePartition", "TimestoneStreamReader"]
 
@@ -75,18 +80,40 @@ class TimestonePartition(InputPartition):
 
 
 class TimestoneDataSource(DataSource):
-    """``spark.readStream.format("timestone")``: MQTT records from Timestone brokers' commitlogs."""
+    """``spark.readStream.format("timestone")``: MQTT records from Timestone brokers' commitlogs.
+
+    ``default_min_partitions`` is what ``minPartitions`` means when the option is not given. The planner
+    runs in a Python process that cannot ask Spark for its parallelism, so :meth:`for_session` (used by
+    ``sources.register_sources``) bakes the session's ``defaultParallelism`` into a subclass; the class
+    registered as it is falls back to the CPU count of the machine planning the query.
+    """
+
+    default_min_partitions: int | None = None
 
     @classmethod
     def name(cls) -> str:
         return "timestone"
+
+    @classmethod
+    def for_session(cls, spark: SparkSession) -> type[TimestoneDataSource]:
+        """This source with ``spark``'s ``defaultParallelism`` as the default of ``minPartitions``."""
+        try:
+            parallelism = spark.sparkContext.defaultParallelism
+        except Exception:  # Spark Connect sessions have no SparkContext: keep the fallback
+            return cls
+        # A class built here is pickled by value when registered, so the number travels with it.
+        attributes = {"default_min_partitions": parallelism, "__module__": cls.__module__}
+        return type(cls.__name__, (cls,), attributes)
 
     def schema(self) -> StructType:
         parse_options(self.options)  # fail at load(), naming the option, rather than at query start
         return SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return TimestoneStreamReader(parse_options(self.options))
+        options = parse_options(self.options)
+        if options.min_partitions is None:
+            options = replace(options, min_partitions=self.default_min_partitions or os.cpu_count() or 1)
+        return TimestoneStreamReader(options)
 
 
 class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -188,6 +215,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             self._listings,
             max_records_per_partition=self.options.max_records_per_partition,
             fail_on_data_loss=self.options.fail_on_data_loss,
+            min_partitions=self.options.min_partitions or 1,
         )
         if plan.lost:
             log.warning(

@@ -8,6 +8,7 @@ import pytest
 
 from sources.offsets_planner import (
     MAX_SLICES_PER_PARTITION,
+    MIN_RECORDS_PER_SPLIT,
     DataLossError,
     LogExtent,
     LostRange,
@@ -30,8 +31,25 @@ def end_offsets(start, listings, *, max_records=None, fail=True, target=None):
     return plan_end_offsets(start, listings, max_records=max_records, fail_on_data_loss=fail, target=target)
 
 
-def partitions(start, end, listings, *, size=1000, fail=True):
-    return plan_partitions(start, end, listings, max_records_per_partition=size, fail_on_data_loss=fail)
+def partitions(start, end, listings, *, size=1000, fail=True, min_partitions=1):
+    return plan_partitions(
+        start,
+        end,
+        listings,
+        max_records_per_partition=size,
+        fail_on_data_loss=fail,
+        min_partitions=min_partitions,
+    )
+
+
+def covered(plan) -> list[tuple[str, str, int]]:
+    """Every (broker, topic, offset) a plan reads, in plan order (duplicates kept)."""
+    return [
+        (part.broker, piece.topic, offset)
+        for part in plan.partitions
+        for piece in part.slices
+        for offset in range(piece.start, piece.end)
+    ]
 
 
 # starting offsets
@@ -156,6 +174,75 @@ def test_many_quiet_topics_do_not_make_one_task_each_nor_one_huge_request() -> N
         MAX_SLICES_PER_PARTITION,
         1,
     ]
+
+
+def test_min_partitions_splits_one_big_topic_evenly() -> None:
+    plan = partitions(
+        {E1: {"a": 0}}, {E1: {"a": 10_000}}, {E1: listing(a=(0, 10_000))}, size=10**6, min_partitions=4
+    )
+    assert plan.partitions == tuple(
+        PartitionPlan(E1, (Slice("a", first, first + 2_500),)) for first in range(0, 10_000, 2_500)
+    )
+
+
+def test_min_partitions_packs_many_topics_into_that_many_tasks_each_topic_read_once() -> None:
+    end = {E1: {f"d/{i:03}": 1_000 for i in range(100)}}  # the benchmark's shape: 100 topics x 1,000
+    listings = {E1: {topic: LogExtent(0, 1_000) for topic in end[E1]}}
+    plan = partitions({}, end, listings, size=200_000, min_partitions=2)
+    assert [len(part.slices) for part in plan.partitions] == [50, 50]
+    assert sorted(covered(plan)) == sorted((E1, t, o) for t in end[E1] for o in range(1_000))
+    for part in plan.partitions:  # the reader tracks progress per topic: one slice of a topic per task
+        assert len({piece.topic for piece in part.slices}) == len(part.slices)
+
+
+def test_min_partitions_gives_at_least_that_many_tasks_across_brokers_without_loss_or_overlap() -> None:
+    start = {E1: {"a": 7, "b": 0}, E2: {"c": 100}}
+    end = {E1: {"a": 30_007, "b": 4_321}, E2: {"c": 9_100}}
+    listings = {E1: listing(a=(0, 30_007), b=(0, 4_321)), E2: listing(c=(0, 9_100))}
+    for wanted in (1, 2, 3, 5, 8, 13):
+        plan = partitions(start, end, listings, size=200_000, min_partitions=wanted)
+        assert len(plan.partitions) >= min(wanted, plan.records // MIN_RECORDS_PER_SPLIT)
+        reads = covered(plan)
+        assert len(reads) == len(set(reads)) == 30_000 + 4_321 + 9_000
+        assert sorted(reads) == sorted(
+            [(E1, "a", o) for o in range(7, 30_007)]
+            + [(E1, "b", o) for o in range(4_321)]
+            + [(E2, "c", o) for o in range(100, 9_100)]
+        )
+        assert all(part.records <= -(-plan.records // wanted) for part in plan.partitions) or wanted == 1
+
+
+def test_min_partitions_still_honours_max_records_per_partition() -> None:
+    plan = partitions(
+        {E1: {"a": 0}}, {E1: {"a": 9_000}}, {E1: listing(a=(0, 9_000))}, size=2_000, min_partitions=2
+    )
+    assert [part.records for part in plan.partitions] == [2_000, 2_000, 2_000, 2_000, 1_000]
+
+
+def test_min_partitions_does_not_cut_small_batches_into_tiny_tasks() -> None:
+    end = {E1: {f"d/{i}": 20 for i in range(50)}}  # a quiet 1 s batch: 1,000 records
+    listings = {E1: {topic: LogExtent(0, 20) for topic in end[E1]}}
+    assert len(partitions({}, end, listings, size=200_000, min_partitions=8).partitions) == 1
+    plan = partitions(
+        {E1: {"a": 0}}, {E1: {"a": 2_500}}, {E1: listing(a=(0, 2_500))}, min_partitions=8, size=10**6
+    )
+    assert [part.records for part in plan.partitions] == [MIN_RECORDS_PER_SPLIT] * 2 + [500]
+
+
+def test_the_same_batch_is_planned_the_same_way_every_time() -> None:
+    start = {E2: {"z": 0, "y": 5}, E1: {"b": 3, "a": 0}}
+    end = {E2: {"y": 12_345, "z": 777}, E1: {"b": 40_003, "a": 1}}
+    listings = {E1: listing(a=(0, 1), b=(0, 40_003)), E2: listing(y=(0, 12_345), z=(0, 777))}
+    first = partitions(start, end, listings, size=200_000, min_partitions=3)
+    reordered = partitions(
+        dict(reversed(list(start.items()))),
+        {b: dict(reversed(list(t.items()))) for b, t in end.items()},
+        listings,
+        size=200_000,
+        min_partitions=3,
+    )
+    assert first == reordered
+    assert len(first.partitions) >= 3
 
 
 def test_empty_batch_has_no_partitions() -> None:

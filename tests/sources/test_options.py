@@ -27,6 +27,12 @@ def test_defaults_mirror_the_kafka_source() -> None:
     assert options.fail_on_data_loss is True
     assert options.max_records_per_trigger is None
     assert options.max_records_per_partition == DEFAULT_MAX_RECORDS_PER_PARTITION
+    assert options.min_partitions is None  # the source decides (Spark's defaultParallelism)
+
+
+def test_min_partitions_is_a_positive_integer() -> None:
+    assert parse(minPartitions="4").min_partitions == 4
+    assert parse(MINPARTITIONS="1").min_partitions == 1
 
 
 def test_option_names_are_case_insensitive_like_spark_passes_them() -> None:
@@ -60,6 +66,7 @@ def test_named_brokers_tokens_per_broker_and_a_default_token() -> None:
         ({"topics": "$share/g/a"}, "topics", "shared"),
         ({"maxRecordsPerTrigger": "0"}, "maxRecordsPerTrigger", ">= 1"),
         ({"maxRecordsPerPartition": "many"}, "maxRecordsPerPartition", "'many'"),
+        ({"minPartitions": "0"}, "minPartitions", ">= 1"),
         ({"failOnDataLoss": "yes"}, "failOnDataLoss", "true or false"),
         ({"fetchRetries": "-1"}, "fetchRetries", ">= 0"),
         ({"maxBytesPerFetch": str(128 << 20)}, "maxBytesPerFetch", "<= 67108864"),

@@ -132,3 +132,24 @@ def _at(timestamp_ms: int, number: int):
     from tests.sources.conftest import telemetry
 
     return telemetry(number, timestamp_ms=timestamp_ms)
+
+
+def test_min_partitions_defaults_to_the_sessions_parallelism_else_the_planners_cpus(spark) -> None:
+    import os
+
+    from pyspark import cloudpickle
+
+    from sources.timestone_source import SCHEMA, TimestoneDataSource
+
+    options = {"brokers": "http://127.0.0.1:1", "topics": "plant/+/temp"}
+    plain = TimestoneDataSource(options).streamReader(SCHEMA)
+    assert plain.options.min_partitions == os.cpu_count()
+    given = TimestoneDataSource({**options, "minPartitions": "7"}).streamReader(SCHEMA)
+    assert given.options.min_partitions == 7
+
+    spark_source = TimestoneDataSource.for_session(spark)
+    shipped = cloudpickle.loads(cloudpickle.dumps(spark_source))  # how Spark sends it to its planner
+    assert shipped.name() == "timestone"
+    parallelism = spark.sparkContext.defaultParallelism
+    assert shipped.default_min_partitions == parallelism  # pickled by value, not as the plain class
+    assert shipped(options).streamReader(SCHEMA).options.min_partitions == parallelism
