@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from broker_edge.storage.frame_runs import FrameColumns, FrameRun, frame_columns
+from broker_edge.storage.frame_runs import FrameColumns, FrameRun, frame_columns, gather_rows
 
 from .formats import ARROW_SCHEMA, CONTENT_TYPE_PROPERTY
 
@@ -85,7 +85,7 @@ def _values(
         )
     views = np.zeros((rows, 4), np.int32)
     views[:, 0] = lengths
-    inline = buffer[np.minimum(starts[:, None] + _INLINE_BYTES, len(buffer) - 1)]
+    inline = gather_rows(buffer, starts, _INLINE)
     inline[lengths[:, None] <= _INLINE_BYTES] = 0
     views.view(np.uint8).reshape(rows, 16)[:, 4:] = inline
     long = lengths > _INLINE
