@@ -829,6 +829,14 @@ def render(figures: Figures, wall: float, load: LoadSampler, started: datetime) 
     return "\n".join(lines) + "\n"
 
 
+def default_trigger_limit() -> str:
+    """The job's default ``source.max_records_per_trigger``, as the report prints it."""
+    from pipelines.telemetry.config import SourceConfig
+
+    limit = SourceConfig().max_records_per_trigger
+    return "none" if limit is None else f"{limit:,}"
+
+
 def _render_throughput(figures: Figures) -> list[str]:
     s = figures.settings
     per_topic = s.records // s.topics
@@ -841,8 +849,9 @@ def _render_throughput(figures: Figures) -> list[str]:
         f"topics, published as QoS 1 frames over {s.topics} connections ({WINDOW} in flight each) in "
         f"{figures.fill_seconds:.1f} s ({per_topic * s.topics / max(figures.fill_seconds, 1e-9):,.0f} "
         "msg/s, not a figure of this benchmark), then read from offset 0 with `trigger(availableNow=True)` "
-        "and the job's source options (`maxRecordsPerTrigger` 100,000). *source → bronze* runs the job's "
-        "bronze step alone in `foreachBatch` (`to_bronze`, `exactly_once`, delta-rs append) after a warm-up "
+        f"and the job's source options (`maxRecordsPerTrigger` {default_trigger_limit()}, `minPartitions` "
+        "Spark's defaultParallelism). *source → bronze* runs the job's bronze step alone in `foreachBatch` "
+        "(`to_bronze`, `exactly_once`, delta-rs append) after a warm-up "
         "query; *whole job* is `start_query(..., available_now=True)` with a new `TelemetryBatch` (its first "
         "batch carries the query's one-time costs: the Great Expectations context, the first compilation of "
         "its plans). Rows/s is rows / wall time from `start()` to termination.",

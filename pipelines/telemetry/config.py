@@ -86,7 +86,7 @@ class SourceConfig:
     brokers: list[str] = field(default_factory=lambda: ["edge1=http://127.0.0.1:9884"])
     topics: list[str] = field(default_factory=list)
     starting_offsets: str = "earliest"
-    max_records_per_trigger: int | None = 100_000
+    max_records_per_trigger: int | None = 250_000
     fail_on_data_loss: bool = True
     options: dict[str, str] = field(default_factory=dict)
 

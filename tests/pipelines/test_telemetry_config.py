@@ -20,7 +20,7 @@ def test_shipped_config_loads_and_derives_source_options():
         "topics": "devices/+/telemetry",
         "startingOffsets": "earliest",
         "failOnDataLoss": "true",
-        "maxRecordsPerTrigger": "100000",
+        "maxRecordsPerTrigger": "250000",
     }
     assert "ts" not in config.payload.silver_fields and "seq" in config.payload.silver_fields
     assert [s.name for s in config.quality.suites] == ["telemetry_basic"]
