@@ -181,6 +181,19 @@ class Router:
         self.sessions[client_id] = session
         return session, False
 
+    def restore_session(
+        self, client_id: str, expiry_interval: int, expires_at: float | None, username: str | None
+    ) -> Session:
+        """Add an offline session read back at start (``broker_edge.session_snapshot``); it ends at
+        ``expires_at`` unless its client reconnects first (None: never)."""
+        session = Session(self, client_id, expiry_interval)
+        session.username = username
+        session.expires_at = expires_at
+        self.sessions[client_id] = session
+        if expires_at is not None:
+            self._expiring.add(session)
+        return session
+
     def connection_closed(self, session: Session, will: Will | None, will_delay: int, now: float) -> None:
         """The session's connection ended; ``will`` is None after a normal DISCONNECT."""
         session.detach()
