@@ -29,6 +29,7 @@ from broker_edge.delivery import Message
 from broker_edge.metrics import BrokerMetrics
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.router import Router
+from broker_edge.session_store import SessionStore
 from broker_edge.storage import StorageError, TooManyTopics
 from broker_edge.storage.record import RecordFields
 from broker_edge.sys_topics import sys_topic_messages
@@ -121,6 +122,8 @@ class Broker:
         self.admission = config.limits.connection_admission()
         self.store: Any = None
         self.replays: Any = None
+        self.session_store: SessionStore | None = None
+        """Persistent sessions across restarts (``sessions.persist`` with a commitlog)."""
         self.connections: set[Connection] = set()
         self.listeners: list[ListenerRuntime] = []
         self.ports: dict[str, int] = {}
@@ -213,6 +216,12 @@ class Broker:
             log.warning("commitlog recovery repaired %d logs", len(report.repaired))
         self.replays = ReplayManager(self.router, self.store, self.loop)
         self.router.replays = self.replays
+        if self.config.sessions.persist:
+            can_subscribe = self.acl.can_subscribe if self.acl is not None else None
+            self.session_store = SessionStore(
+                directory, self.router, self.store, self.config.sessions, self.loop, can_subscribe
+            )
+            self.session_store.restore()
 
     async def _start_offsets_api(self) -> None:
         """Serve the offsets API over this broker's store on its own port (``offsets_api.serve``)."""
@@ -233,7 +242,8 @@ class Broker:
         self._runners.append(runner)
 
     async def stop(self) -> None:
-        """Stop accepting, DISCONNECT 0x8B to v5 clients, close every connection, flush the commitlog."""
+        """Stop accepting, DISCONNECT 0x8B to v5 clients, close every connection, save the persistent
+        sessions, flush the commitlog."""
         if self._stopping:
             return
         self._stopping = True
@@ -251,6 +261,8 @@ class Broker:
             await asyncio.sleep(0)
             for conn in list(self.connections):
                 conn.abort()
+        if self.session_store is not None:
+            await self.session_store.close()
         if self.store is not None:
             self.store.close()
         self.flush_stats()
@@ -501,6 +513,8 @@ class Broker:
             for conn in list(self.connections):
                 conn.check_timers(now)
             self.router.tick(now)
+            if self.session_store is not None:
+                self.session_store.tick(now)
             self.flush_stats()
             if now >= self._next_sys:
                 self._next_sys = now + self.config.sys_topics.interval_s

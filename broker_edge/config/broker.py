@@ -79,17 +79,26 @@ class ListenerConfig:
 
 @dataclass
 class SessionsConfig:
-    """How long sessions of disconnected clients are kept."""
+    """How long sessions of disconnected clients are kept, and whether they survive a restart."""
 
     max_session_expiry_s: int = 7 * 24 * 3600
     """Upper bound of any session's expiry (v5 Session Expiry Interval is capped to it); also how long an
     MQTT 3.1.1 session with clean session 0 lives after its client disconnects."""
+    persist: bool = True
+    """Keep persistent sessions (subscriptions, log cursors, expiry) across a broker restart: written to
+    sessions.json in the storage directory at stop and every persist_interval_s, read back at start (needs
+    storage.enabled; see docs/broker.md, What survives a restart)."""
+    persist_interval_s: float = 60.0
+    """Seconds between two snapshots of the persistent sessions while the broker runs (a crash loses at
+    most what changed since the last one)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_session_expiry_s, bool) or not 0 <= self.max_session_expiry_s <= 0xFFFFFFFF:
             raise ConfigError(
                 "max_session_expiry_s", f"must be between 0 and 4294967295, got {self.max_session_expiry_s!r}"
             )
+        if not self.persist_interval_s > 0:
+            raise ConfigError("persist_interval_s", f"must be > 0, got {self.persist_interval_s!r}")
 
 
 @dataclass
