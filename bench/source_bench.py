@@ -9,7 +9,7 @@ planning, HTTP fetches of Arrow IPC, and Arrow batches handed to Spark. Rows/s i
 query, from start() to termination, after a warm-up query (Python workers started).
 
 Cold runs read from broker processes that just opened their stores (a query catching up on a backlog);
-warm runs read the same records again from the same brokers (their shared read blocks are warm). For scale,
+warm runs read the same records again from the same brokers (a second reader of the same range). For scale,
 the records are also fetched with the offsets API client alone (what the brokers can serve) and Spark alone
 reads Arrow batches of the same shape from memory (what Spark takes); CPU seconds of the broker processes and
 of Spark (the JVM and its Python workers) are measured per run, so a busy machine shows as "other work".
@@ -310,8 +310,8 @@ def render(args: argparse.Namespace, figures: Figures, wall: float) -> str:
         "",
         f"**Source: {cold:,.0f} rows/s reading from a broker that just opened its store** (a query catching "
         f"up on a backlog; median of {len(figures.source_cold)}; target {TARGET_ROWS_PER_S:,}: {verdict}); "
-        f"**{warm:,.0f} rows/s** when the broker has just served the same records (its shared read blocks "
-        "are warm). The segment files are in the page cache in both cases.",
+        f"**{warm:,.0f} rows/s** when the broker has just served the same records (a second reader of the "
+        "same range). The segment files are in the page cache in both cases.",
         "",
         "| measurement | rows | s | rows/s | broker CPU µs/row | Spark CPU µs/row | other work, CPU s |",
         "|---|---:|---:|---:|---:|---:|---:|",
