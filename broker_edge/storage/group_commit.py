@@ -8,7 +8,8 @@ Policies (`StorageConfig.durability`):
   a job is being synced, the loop keeps accepting appends into the next window; a window that ends
   meanwhile is cut as soon as that job completes, so the batch grows with the fsync latency instead of
   queueing, and an idle broker acknowledges after one fsync, not after a timer. `group_commit_max_bytes`
-  cuts a window early.
+  cuts a window early, also while a job is in flight (the new job queues behind it), so a job, and the
+  memory appends hold before their write, stay bounded.
 * `fsync`: every append is its own job.
 * `none`: like `group` but without fsync: durable means "written to the OS" (the page cache).
 
@@ -252,7 +253,7 @@ class GroupCommitter:
             self._cut()
         elif self._timer is None and not self._window_over:
             self._start_window()
-        elif self._pending_bytes >= self._max_pending_bytes and not self._flights:
+        elif self._pending_bytes >= self._max_pending_bytes:
             self._cut()
 
     def appended_many(self, commit_log: CommitLog, count: int, size: int) -> None:

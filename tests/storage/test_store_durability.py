@@ -143,6 +143,37 @@ def test_default_window_closes_with_its_loop_iteration_and_grows_while_a_sync_ru
     assert jobs == 2  # 50 appends over 46 loop iterations: two jobs, the second cut when the first synced
 
 
+def test_a_window_over_its_byte_bound_is_cut_even_while_a_sync_runs(tmp_path: Path, monkeypatch):
+    gate = threading.Event()
+    real = os.fdatasync
+
+    def slow_sync(fd: int) -> None:
+        gate.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow_sync)
+
+    async def scenario() -> tuple[int, int, int]:
+        store = _open(tmp_path, "group", group_commit_max_bytes=4096)
+        store.append(TOPIC, make_record(0))
+        for _ in range(3):
+            await asyncio.sleep(0)  # the first window is in its (held) fsync
+        for number in range(1, 200):  # 200 frames of about 100 bytes: several windows' worth
+            store.append(TOPIC, make_record(number))
+        queued, pending = store.committer.in_flight, store.pending_bytes
+        gate.set()
+        await store.wait_durable()
+        end = store.log_info(TOPIC).end_offset
+        store.close()
+        return queued, pending, end
+
+    queued, pending, end = asyncio.run(scenario())
+
+    assert queued >= 4  # cut at the bound and queued behind the held job, not one growing window
+    assert pending < 4096
+    assert end == 200
+
+
 def test_none_policy_writes_without_fsync(tmp_path: Path, monkeypatch):
     spy = FsyncSpy(monkeypatch)
     store = _open(tmp_path, "none", group_commit_ms=5)
