@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pyarrow.parquet as pq
 import pytest
 from pyspark.errors import StreamingQueryException
@@ -14,9 +16,13 @@ from tests.sinks.conftest import arrow_rows, bronze_row
 
 
 def write_input_files(directory, batches: list[list[dict]]) -> None:
+    """One Parquet file per batch, each a second older than the next: the file source reads them in order
+    of modification time, and files written in the same instant may come in any order."""
     directory.mkdir()
     for number, rows in enumerate(batches):
-        pq.write_table(arrow_rows("bronze_telemetry", rows), directory / f"part-{number}.parquet")
+        path = directory / f"part-{number}.parquet"
+        pq.write_table(arrow_rows("bronze_telemetry", rows), path)
+        os.utime(path, (1_700_000_000 + number, 1_700_000_000 + number))
 
 
 def test_a_batch_replayed_after_a_crash_writes_only_the_missing_tables(spark, lake, tmp_path):
