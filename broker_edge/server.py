@@ -334,22 +334,23 @@ class Broker:
         The publishes of one loop iteration are appended together, one batch per topic (a single encode
         loop and one bookkeeping step per batch), at the start of the next iteration.
         """
-        self._log_batch.append((conn, message, packet_id, message.qos, 0))
         queued = self._log_topics.get(message.topic)
         if queued is None:
             self._log_topics[message.topic] = [message]
         else:
             queued.append(message)
-        if not self._log_batch_scheduled:
-            self._log_batch_scheduled = True
-            self.loop.call_soon(self._append_logged)
+        self._queue_for_log((conn, message, packet_id, message.qos, 0))
 
     def ack_after_log(self, conn: Connection, packet_id: int, qos: int, reason_code: int) -> None:
         """Acknowledge in order behind any publish still waiting for the log (QoS 2 duplicates)."""
         if self.store is None:
             self._send_ack(conn, qos, packet_id, reason_code)
             return
-        self._log_batch.append((conn, None, packet_id, qos, reason_code))
+        self._queue_for_log((conn, None, packet_id, qos, reason_code))
+
+    def _queue_for_log(self, entry: LogEntry) -> None:
+        """Add `entry` to the next log batch (appended at the start of the next loop iteration)."""
+        self._log_batch.append(entry)
         if not self._log_batch_scheduled:
             self._log_batch_scheduled = True
             self.loop.call_soon(self._append_logged)

@@ -200,14 +200,8 @@ class LogStore:
         payload_format_indicator: int | None = None,
         timestamp_ms: int | None = None,
     ) -> int:
-        """`append` from the fields of a publish (what the broker calls: no `AppendRecord` per publish)."""
-        commit_log = self._logs.get(topic)
-        if commit_log is None:
-            commit_log = self._create_log(topic)
-            self._created_by[client_id] = self._created_by.get(client_id, 0) + 1
-        committer = self._committer
-        if committer.failure is not None:
-            raise committer.failure
+        """`append` from the fields of a publish (no `AppendRecord` per publish)."""
+        commit_log = self._writable_log(topic, client_id)
         offset = commit_log.append_message(
             payload,
             qos,
@@ -218,25 +212,28 @@ class LogStore:
             payload_format_indicator,
             timestamp_ms,
         )
-        committer.appended(commit_log, commit_log.last_append_size)
+        self._committer.appended(commit_log, commit_log.last_append_size)
         return offset
 
     def append_batch(self, topic: str, records: Sequence[RecordFields]) -> int:
         """Append `records` to `topic`'s log with one broker time; returns the first offset (record i gets
         it + i). All or nothing (see `CommitLog.append_batch`); a new log counts for the first record's
         client id."""
+        commit_log = self._writable_log(topic, records[0][3] if records else "")
+        offset = commit_log.append_batch(records)
+        if records:
+            self._committer.appended_many(commit_log, len(records), commit_log.last_append_size)
+        return offset
+
+    def _writable_log(self, topic: str, client_id: str) -> CommitLog:
+        """`topic`'s log, created on first use (counted for `client_id`); raises once writing has failed."""
         commit_log = self._logs.get(topic)
         if commit_log is None:
             commit_log = self._create_log(topic)
-            client_id = records[0][3] if records else ""
             self._created_by[client_id] = self._created_by.get(client_id, 0) + 1
-        committer = self._committer
-        if committer.failure is not None:
-            raise committer.failure
-        offset = commit_log.append_batch(records)
-        if records:
-            committer.appended_many(commit_log, len(records), commit_log.last_append_size)
-        return offset
+        if self._committer.failure is not None:
+            raise self._committer.failure
+        return commit_log
 
     def when_durable(
         self, callback: Callable[[], object], on_error: Callable[[BaseException], object] | None = None
