@@ -1,0 +1,204 @@
+"""Data files of a Delta table written by Spark tasks, reported to the driver as small rows.
+
+:func:`write_files` runs a :class:`FileWriter` in every task of a DataFrame (``mapInArrow``). Each task
+conforms its Arrow batches to the table's schema (:func:`sinks.arrow_conform.conform`), splits them by
+partition value and streams them into one snappy Parquet file per partition value it sees, under Hive-style
+directories (:mod:`sinks.delta_encoding`), without the partition columns. Batches are buffered up to
+:data:`ROW_GROUP_BYTES` per file and written as one row group, so a task holds at most that much per open
+file, never its whole partition. Each task returns one row per file: its path relative to the table
+directory, size, partition values, modification time and Delta stats, which is all a Delta commit needs.
+
+File names are ``part-<task partition>-<write id>-<task attempt id>-c<nnn>.snappy.parquet``: unique, and the
+write id (one per call of :func:`write_files`) lets :func:`remove_files` find the files of a failed write.
+Nothing here commits: until the driver commits the add actions, the files are invisible to readers, and
+files of a write that never commits are left for ``vacuum``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+from glob import escape, glob
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from sinks.arrow_conform import conform
+from sinks.delta_encoding import FileStats, partition_path, partition_value
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+#: What each task returns per file written (the ``mapInArrow`` output schema).
+FILES_SCHEMA = "path string, size bigint, partition_values string, modification_time bigint, stats string"
+#: Arrow data buffered per open file before it is written as a row group.
+ROW_GROUP_BYTES = 64 << 20
+
+_FILES_ARROW = pa.schema(
+    [
+        ("path", pa.string()),
+        ("size", pa.int64()),
+        ("partition_values", pa.string()),
+        ("modification_time", pa.int64()),
+        ("stats", pa.string()),
+    ]
+)
+_ROW = "__row"
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """One data file a task wrote; ``path`` is relative to the table directory, as on disk."""
+
+    path: str
+    size: int
+    partition_values: dict[str, str | None]
+    modification_time: int
+    stats: str
+
+    @property
+    def rows(self) -> int:
+        return int(json.loads(self.stats)["numRecords"])
+
+
+@dataclass(frozen=True)
+class FileWriter:
+    """The ``mapInArrow`` function writing a table's data files (pickled into the Spark tasks).
+
+    ``schema`` is the table's whole Arrow schema, partition columns included; ``table`` names it in errors.
+    """
+
+    directory: str
+    schema: pa.Schema
+    partition_by: tuple[str, ...]
+    table: str
+    write_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        partition, attempt = _task_ids()
+        data_schema = pa.schema([f for f in self.schema if f.name not in self.partition_by])
+        files: dict[tuple[Any, ...], _DataFile] = {}
+        try:
+            for batch in batches:
+                if batch.num_rows == 0:
+                    continue
+                rows = conform(pa.Table.from_batches([batch]), self.schema, self.table)
+                for key, part in split_by_partition(rows, self.partition_by):
+                    if key not in files:
+                        values = dict(zip(self.partition_by, map(partition_value, key), strict=True))
+                        name = f"part-{partition:05d}-{self.write_id}-{attempt}-c{len(files):03d}"
+                        files[key] = _DataFile(self.directory, values, f"{name}.snappy.parquet", data_schema)
+                    files[key].write(part.drop_columns(list(self.partition_by)))
+            written = [f.close() for f in files.values()]
+        except BaseException:
+            for data_file in files.values():
+                data_file.abort()
+            raise
+        if written:
+            yield pa.RecordBatch.from_pylist(written, schema=_FILES_ARROW)
+
+
+def split_by_partition(rows: pa.Table, columns: Sequence[str]) -> Iterator[tuple[tuple[Any, ...], pa.Table]]:
+    """``rows`` grouped by the values of ``columns``: (values as Python objects, the rows having them)."""
+    if not columns:
+        yield (), rows
+        return
+    index = pa.array(np.arange(rows.num_rows, dtype=np.int64))
+    groups = (
+        rows.select(list(columns))
+        .append_column(_ROW, index)
+        .group_by(list(columns), use_threads=False)
+        .aggregate([(_ROW, "list")])
+    )
+    keys = zip(*(groups.column(c).to_pylist() for c in columns), strict=True)
+    if groups.num_rows == 1:
+        yield next(keys), rows
+        return
+    for key, taken in zip(keys, groups.column(f"{_ROW}_list"), strict=True):
+        yield key, rows.take(taken.values)
+
+
+class _DataFile:
+    """One Parquet file being written by a task, with its stats."""
+
+    def __init__(self, directory: str, values: dict[str, str | None], name: str, schema: pa.Schema) -> None:
+        self.relative = f"{partition_path(values)}/{name}" if values else name
+        self.values = values
+        self.path = os.path.join(directory, self.relative)
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.writer = pq.ParquetWriter(self.path, schema, compression="snappy")
+        self.stats = FileStats(schema)
+        self.pending: list[pa.Table] = []
+        self.pending_bytes = 0
+
+    def write(self, table: pa.Table) -> None:
+        self.stats.add(table)
+        self.pending.append(table)
+        self.pending_bytes += table.nbytes
+        if self.pending_bytes >= ROW_GROUP_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.pending:
+            self.writer.write_table(pa.concat_tables(self.pending))
+        self.pending, self.pending_bytes = [], 0
+
+    def close(self) -> dict[str, Any]:
+        """Finish the file; its row of :data:`FILES_SCHEMA`."""
+        self._flush()
+        self.writer.close()
+        status = os.stat(self.path)
+        return {
+            "path": self.relative,
+            "size": status.st_size,
+            "partition_values": json.dumps(self.values),
+            "modification_time": status.st_mtime_ns // 10**6,
+            "stats": self.stats.to_json(),
+        }
+
+    def abort(self) -> None:
+        with suppress(Exception):
+            self.writer.close()
+        with suppress(OSError):
+            os.remove(self.path)
+
+
+def _task_ids() -> tuple[int, int]:
+    """(partition id, task attempt id) of the running Spark task; outside Spark, 0 and a random id."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return 0, uuid.uuid4().int % 10**12
+    return context.partitionId(), context.taskAttemptId()
+
+
+def write_files(frame: DataFrame, writer: FileWriter) -> list[WrittenFile]:
+    """Write ``frame``'s rows with ``writer`` in its Spark tasks; the files written (none for no rows)."""
+    return [
+        WrittenFile(
+            path=row.path,
+            size=row.size,
+            partition_values=json.loads(row.partition_values),
+            modification_time=row.modification_time,
+            stats=row.stats,
+        )
+        for row in frame.mapInArrow(writer, FILES_SCHEMA).collect()
+    ]
+
+
+def remove_files(directory: str, write_id: str, files: Iterable[WrittenFile] | None = None) -> None:
+    """Best effort: delete ``files``, or when they are unknown (the job failed) every file of ``write_id``."""
+    if files is None:
+        paths = glob(os.path.join(escape(directory), "**", f"part-*-{write_id}-*.parquet"), recursive=True)
+    else:
+        paths = [os.path.join(directory, f.path) for f in files]
+    for path in paths:
+        with suppress(OSError):
+            os.remove(path)
