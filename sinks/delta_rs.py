@@ -1,30 +1,43 @@
-"""The embedded table store: delta-rs writes and merges, Spark reads the live files of a snapshot.
+"""The embedded table store: delta-rs commits and merges, Spark reads the live files of a snapshot.
 
-No Delta jars are needed, which is what lets the pipelines run on a laptop and in CI. Spark DataFrames cross
-into delta-rs through ``DataFrame.toArrow()`` (fine for micro-batches; it collects to the driver) and come
-back out by reading exactly the parquet files of the current snapshot (``DeltaTable.file_uris()``): reading
-the table directory instead would also return files that an overwrite or merge has removed.
+No Delta jars are needed, which is what lets the pipelines run on a laptop and in CI.
+
+Appends of a Spark DataFrame to a table on a local path (``executor_writes``, the default) never bring rows
+to the driver: the Spark tasks write the Parquet files themselves (:mod:`sinks.parquet_files`), return one
+small row per file (path, size, partition values, stats), and the driver commits all of them as one Delta
+commit with delta-rs (``DeltaTable.create_write_transaction``). Arrow input, tables on object stores and
+``merge`` go through ``DataFrame.toArrow()`` (which collects to the driver) and ``write_deltalake`` /
+``DeltaTable.merge``. Data comes back out by reading exactly the parquet files of the current snapshot:
+reading the table directory instead would also return files that an overwrite or merge has removed.
 
 Concurrent writers (two streaming queries appending to one table, or merging) are normal: a commit that
 loses the race raises ``CommitFailedError``; the store reloads the table, checks again whether its batch is
 already in (another attempt of the same query may have won), and retries with a growing, jittered pause.
+An executor-side append writes its files once and retries only the commit, with the same files; files of an
+append that does not commit (a replay found in the log, a failed job or commit) are deleted, and files left
+by a crash between writing and committing are referenced by no commit: ``DeltaTable.vacuum`` removes them
+once they are older than its retention period.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
-from pyspark.sql.pandas.types import from_arrow_schema
+from deltalake.transaction import AddAction
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from sinks.arrow_conform import SchemaMismatch, conform, to_arrow_table
+from sinks.parquet_files import FileWriter, WrittenFile, remove_files, write_files
 from sinks.store import TableData, TableStore, TableStoreError, check_batch, merge_condition
 from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec
 
@@ -33,9 +46,32 @@ if TYPE_CHECKING:
 
 _UNREADABLE_AS_PARQUET = ("deletionVectors", "columnMapping")
 
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExecutorAppend:
+    """What one executor-side append did (for logs and benchmarks)."""
+
+    table: str
+    files: int
+    rows: int
+    #: the Spark job: computing the DataFrame (source reads included) and writing its files
+    write_s: float
+    #: the Delta commit, retries included
+    commit_s: float
+
 
 class DeltaRsTableStore(TableStore):
-    """:class:`~sinks.store.TableStore` over delta-rs; ``spark`` is needed only by :meth:`read`."""
+    """:class:`~sinks.store.TableStore` over delta-rs; ``spark`` is needed only by :meth:`read`.
+
+    ``executor_writes`` (default on) lets :meth:`append` of a Spark DataFrame to a table on a local path
+    (or ``file://``) write the data files in the Spark tasks and commit them from the driver; off, or for
+    Arrow input or an object-store table, the rows are collected to the driver and written by delta-rs. The
+    executors must see the table directory at the same path as the driver (local mode, or a shared mount).
+    ``on_executor_append``, when set, is called with an :class:`ExecutorAppend` after each such append that
+    committed.
+    """
 
     backend = "delta-rs"
 
@@ -47,6 +83,7 @@ class DeltaRsTableStore(TableStore):
         *,
         storage_options: dict[str, str] | None = None,
         max_commit_attempts: int = 12,
+        executor_writes: bool = True,
     ) -> None:
         super().__init__(catalog)
         self.spark = spark
@@ -54,6 +91,8 @@ class DeltaRsTableStore(TableStore):
         self.root = root if "://" in root else os.path.abspath(root)
         self.storage_options = storage_options
         self.max_commit_attempts = max_commit_attempts
+        self.executor_writes = executor_writes
+        self.on_executor_append: Callable[[ExecutorAppend], None] | None = None
         self._ensured: set[str] = set()
 
     # -- locations and lifecycle -------------------------------------------------------------------------
@@ -128,6 +167,9 @@ class DeltaRsTableStore(TableStore):
 
     def append(self, name: str, data: TableData, app_id: str, batch_id: int) -> bool:
         check_batch(app_id, batch_id)
+        directory = _local_directory(self.location(name))
+        if self.executor_writes and directory is not None and _is_spark_frame(data):
+            return self._append_from_executors(name, data, directory, app_id, batch_id)
         rows = _as_arrow(data)
 
         def attempt(table: DeltaTable) -> bool:
@@ -143,6 +185,58 @@ class DeltaRsTableStore(TableStore):
             return True
 
         return self._idempotent(name, app_id, batch_id, attempt)
+
+    def _append_from_executors(
+        self, name: str, frame: DataFrame, directory: str, app_id: str, batch_id: int
+    ) -> bool:
+        """The Spark tasks write the files once; their add actions are committed (and retried) together.
+
+        Column errors (unknown, missing NOT NULL, uncastable) raise :class:`SchemaMismatch` here before any
+        file is written; a null in a NOT NULL column is found by the task holding it and fails the Spark job.
+        """
+        writer: FileWriter | None = None
+        written: list[WrittenFile] | None = None
+        timing = [0.0, 0.0]
+
+        def attempt(table: DeltaTable) -> bool:
+            nonlocal writer, written
+            began = time.perf_counter()
+            if writer is None:
+                schema = _arrow_schema(table)
+                conform(to_arrow_schema(frame.schema, timezone="UTC").empty_table(), schema, name)
+                writer = FileWriter(directory, schema, tuple(table.metadata().partition_columns), name)
+                written = write_files(frame, writer)
+                timing[0] = time.perf_counter() - began
+                began = time.perf_counter()
+            if written:
+                try:
+                    table.create_write_transaction(
+                        [_add_action(f) for f in written],
+                        mode="append",
+                        schema=table.schema(),
+                        partition_by=list(table.metadata().partition_columns) or None,
+                        commit_properties=_txn(app_id, batch_id),
+                    )
+                finally:
+                    timing[1] += time.perf_counter() - began
+            return True
+
+        try:
+            done = self._idempotent(name, app_id, batch_id, attempt)
+        except BaseException:
+            if writer is not None and not self._committed_now(name, app_id, batch_id):
+                remove_files(directory, writer.write_id, written)
+            raise
+        if not done:
+            if writer is not None:  # another attempt committed this batch meanwhile
+                remove_files(directory, writer.write_id, written)
+            return False
+        if written:
+            report = ExecutorAppend(name, len(written), sum(f.rows for f in written), timing[0], timing[1])
+            log.debug("executor append: %s", report)
+            if self.on_executor_append is not None:
+                self.on_executor_append(report)
+        return True
 
     def merge(
         self,
@@ -191,8 +285,7 @@ class DeltaRsTableStore(TableStore):
         """Run ``write`` unless the batch is in; on a lost commit race, look again and retry."""
         for attempt in range(self.max_commit_attempts):
             table = self._open_for_write(name)
-            done = table.transaction_version(app_id)
-            if done is not None and done >= batch_id:
+            if _committed(table, app_id, batch_id):
                 return False
             try:
                 return write(table)
@@ -202,6 +295,13 @@ class DeltaRsTableStore(TableStore):
                 time.sleep(min(2.0, 0.02 * 2**attempt) * (0.5 + random.random()))
         raise AssertionError("unreachable")
 
+    def _committed_now(self, name: str, app_id: str, batch_id: int) -> bool:
+        """Whether the batch is in the table as of now; True if that cannot be read (keep its files)."""
+        try:
+            return _committed(self._open(name), app_id, batch_id)
+        except Exception:
+            return True
+
     # -- reads -------------------------------------------------------------------------------------------
 
     def read(self, name: str) -> DataFrame:
@@ -210,7 +310,7 @@ class DeltaRsTableStore(TableStore):
         spec = self.spec(name)
         table = self._open(name)
         _check_plain_parquet(name, table)
-        files = [_spark_path(uri) for uri in table.file_uris()]
+        files = _live_files(table, self.location(name))
         if not files:
             return self.spark.createDataFrame([], spec.read_schema)
         frame = (
@@ -232,9 +332,40 @@ class DeltaRsTableStore(TableStore):
         return self._open(name).transaction_version(app_id)
 
 
-def _spark_path(uri: str) -> str:
-    """delta-rs percent-encodes local paths (a space becomes %20); Spark wants the path as it is on disk."""
-    return uri if "://" in uri else urllib.parse.unquote(uri)
+def _live_files(table: DeltaTable, location: str) -> list[str]:
+    """The snapshot's data files as Spark should open them: local files by their path on disk.
+
+    The log holds each path URI-encoded (``p=a%253A`` for the directory ``p=a%3A``), so it is decoded once;
+    ``file_uris()`` cannot be used for that, as it encodes the table root but not the rest.
+    """
+    directory = _local_directory(location)
+    if directory is None:
+        return table.file_uris()
+    paths = table.get_add_actions().column("path").to_pylist()
+    return [_local_file(directory, path) for path in paths]
+
+
+def _local_file(directory: str, path: str) -> str:
+    """An add action's path (relative and URI-encoded, or an absolute URI) as a path on disk."""
+    if "://" in path:
+        return _local_directory(path) or path
+    return os.path.join(directory, urllib.parse.unquote(path))
+
+
+def _local_directory(location: str) -> str | None:
+    """The filesystem path of a local location (a path or ``file://`` URI); None for other URIs."""
+    if location.startswith("file://"):
+        return urllib.parse.unquote(urllib.parse.urlparse(location).path)
+    return None if "://" in location else location
+
+
+def _committed(table: DeltaTable, app_id: str, batch_id: int) -> bool:
+    done = table.transaction_version(app_id)
+    return done is not None and done >= batch_id
+
+
+def _add_action(f: WrittenFile) -> AddAction:
+    return AddAction(f.path, f.size, f.partition_values, f.modification_time, data_change=True, stats=f.stats)
 
 
 def _txn(app_id: str, batch_id: int) -> CommitProperties:
@@ -245,10 +376,12 @@ def _arrow_schema(table: DeltaTable) -> pa.Schema:
     return pa.schema(table.schema().to_arrow())
 
 
+def _is_spark_frame(data: TableData) -> bool:
+    return hasattr(data, "toArrow") and hasattr(data, "sparkSession")
+
+
 def _as_arrow(data: TableData) -> pa.Table:
-    if hasattr(data, "toArrow") and hasattr(data, "sparkSession"):
-        return data.toArrow()
-    return to_arrow_table(data)
+    return data.toArrow() if _is_spark_frame(data) else to_arrow_table(data)
 
 
 def _check_plain_parquet(name: str, table: DeltaTable) -> None:

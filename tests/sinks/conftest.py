@@ -58,3 +58,8 @@ def arrow_rows(table: str, rows: list[dict[str, Any]]) -> pa.Table:
 def spark_rows(spark, table: str, rows: list[dict[str, Any]]):
     """A Spark DataFrame of ``rows`` with the table's declared schema (maps given as key/value lists)."""
     return spark.createDataFrame(arrow_rows(table, rows))
+
+
+def expected(spark, table: str, rows: list[dict[str, Any]]):
+    """What read() returns for ``rows``: the declared columns and types, nullable like any file read."""
+    return spark.createDataFrame(spark_rows(spark, table, rows).rdd, DEFAULT_CATALOG[table].read_schema)

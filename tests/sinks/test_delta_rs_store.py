@@ -15,12 +15,7 @@ from sinks.arrow_conform import SchemaMismatch
 from sinks.delta_rs import DeltaRsTableStore
 from sinks.store import TableStoreError
 from sinks.tables import DEFAULT_CATALOG, build_catalog
-from tests.sinks.conftest import arrow_rows, bronze_row, execution_row, spark_rows
-
-
-def expected(spark, table: str, rows: list[dict]):
-    """What read() returns for ``rows``: the declared columns and types, nullable like any file read."""
-    return spark.createDataFrame(spark_rows(spark, table, rows).rdd, DEFAULT_CATALOG[table].read_schema)
+from tests.sinks.conftest import arrow_rows, bronze_row, execution_row, expected, spark_rows
 
 
 def test_ensure_creates_the_declared_table_once(lake):
