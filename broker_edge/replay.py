@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import OrderedDict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from broker_edge.delivery import Message
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.topics import OffsetStart, OffsetStartKind, topic_matches
+from broker_edge.recent_messages import RecentMessages
 from broker_edge.storage.errors import CorruptRecord, OffsetOutOfRange, StorageError, UnknownTopic
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ class ReplayManager:
         self.router = router
         self.store = store
         self.loop = loop
-        self._messages: OrderedDict[tuple[str, int], Message] = OrderedDict()
+        self._messages = RecentMessages(SHARED_MESSAGES)
         self._scheduled: set[Session] = set()
 
     # -- live routing ---------------------------------------------------------------------------------------
@@ -83,14 +84,10 @@ class ReplayManager:
             return False
         return True
 
-    def appended(self, message: Message) -> None:
-        """A logged message was routed: keep it for sessions about to read the same offset."""
-        if message.offset is None:
-            return
-        messages = self._messages
-        if len(messages) >= SHARED_MESSAGES:
-            messages.popitem(last=False)  # drop the oldest: a session less far behind always hits
-        messages[(message.topic, message.offset)] = message
+    def appended(self, topic: str, first_offset: int, messages: Sequence[Message]) -> None:
+        """Logged messages of `topic` from `first_offset` on were routed: keep them for sessions about to
+        read the same offsets."""
+        self._messages.add(topic, first_offset, messages)
 
     # -- replays ------------------------------------------------------------------------------------------
 
@@ -272,8 +269,7 @@ class ReplayManager:
         self.loop.call_soon(again)
 
     def _message(self, topic: str, record: Any) -> Message:
-        key = (topic, record.offset)
-        message = self._messages.get(key)
+        message = self._messages.get(topic, record.offset)
         if message is not None:
             return message
         props = None
@@ -290,7 +286,7 @@ class ReplayManager:
         message = Message(
             topic, bytes(record.payload), record.qos, record.retain, props, record.client_id, record.offset
         )
-        self.appended(message)
+        self._messages.add(topic, record.offset, (message,))
         return message
 
     @staticmethod

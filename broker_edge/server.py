@@ -362,6 +362,7 @@ class Broker:
         topics, self._log_topics = self._log_topics, {}
         store = self.store
         retry: set[str] = set()
+        runs: list[tuple[str, int, list[Message]]] = []
         for topic, messages in topics.items():
             try:
                 first = store.append_batch(topic, [_record_fields(message) for message in messages])
@@ -370,13 +371,16 @@ class Broker:
                 continue
             for offset, message in enumerate(messages, first):
                 message.offset = offset
+            runs.append((topic, first, messages))
         if retry:
             batch = [
                 entry if entry[1] is None or entry[1].topic not in retry else self._append_one(*entry)
                 for entry in batch
             ]
         if batch:
-            store.when_durable(lambda: self._durable(batch), lambda exc: self._durable_failed(batch, exc))
+            store.when_durable(
+                lambda: self._durable(batch, runs), lambda exc: self._durable_failed(batch, exc)
+            )
 
     def _append_one(
         self, conn: Connection | None, message: Message, packet_id: int | None, qos: int, _code: int
@@ -400,7 +404,9 @@ class Broker:
             return (conn, None, packet_id, qos, code)
         return (conn, message, packet_id, qos, 0)
 
-    def _durable(self, batch: list) -> None:
+    def _durable(self, batch: list, runs: list[tuple[str, int, list[Message]]]) -> None:
+        """Route the publishes of `batch`, now durable, and acknowledge them in order; `runs` are the
+        appended batches per topic (topic, first offset, messages), shared with log readers."""
         router = self.router
         appends = appended_bytes = 0
         for conn, message, packet_id, qos, reason_code in batch:
@@ -409,13 +415,15 @@ class Broker:
                 appended_bytes += len(message.payload)
                 if not router.publish(message):
                     reason_code = ReasonCode.NO_MATCHING_SUBSCRIBERS
-                if self.replays is not None:
-                    self.replays.appended(message)
             if conn is None or packet_id is None or conn.state == CLOSED:
                 continue
             if qos == 1 and conn.incoming_pending > 0:  # a QoS 1 entry is a logged publish or a refusal
                 conn.incoming_pending -= 1
             self._send_ack(conn, qos, packet_id, reason_code)
+        replays = self.replays
+        if replays is not None:
+            for topic, first, messages in runs:
+                replays.appended(topic, first, messages)
         if appends:
             self.metrics.log_appends_total.inc(appends)
             self.metrics.log_bytes_total.inc(appended_bytes)

@@ -260,11 +260,8 @@ class CommitLog:
         self._next_offset = offset + 1
         self._pending_bytes += size
         self.last_append_size = size
-        entry = (
-            offset, timestamp, frame, payload, qos, retain, client_id, user_properties, content_type,
-            payload_format_indicator
-        )  # fmt: skip
-        self._cache.add(entry, size)
+        fields = (payload, qos, retain, client_id, user_properties, content_type, payload_format_indicator)
+        self._cache.add((timestamp, frame, fields), size)
         return offset
 
     def append_batch(self, records: Sequence[RecordFields], timestamp_ms: int | None = None) -> int:
@@ -312,13 +309,7 @@ class CommitLog:
         self._next_offset = offset + appended
         self._pending_bytes += size
         self.last_append_size = size
-        self._cache.add_many(
-            [
-                (number, timestamp, frame, *fields)
-                for number, (frame, fields) in enumerate(zip(frames, records, strict=True), offset)
-            ],
-            ends,
-        )
+        self._cache.add_many(timestamp, frames, records, ends)
         return offset
 
     def _index_timestamp(self, segment: Segment, timestamp: int) -> int:

@@ -1,9 +1,9 @@
 """In-memory tails of the logs, so caught-up readers share the same `Record` objects without disk reads.
 
 Each log keeps its most recent records (bounded by count and bytes). An append stores only a tuple of
-what it was given (offset, time, frame and the publish's fields); the `Record` is built the first time a
-reader asks for it and then shared by every later reader, so appends nobody reads from memory cost no
-object construction.
+what it was given (time, frame and the publish's fields; the offset follows from the position), built in
+C for a batch; the `Record` is built the first time a reader asks for it and then shared by every later
+reader, so appends nobody reads from memory cost no object construction.
 A store-wide `TailCacheBudget` bounds all tails together: when over budget, the tails of the logs
 appended to least recently are dropped whole.
 """
@@ -14,20 +14,17 @@ import bisect
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from itertools import repeat
 
 from .frame_runs import FrameRun, run_of_frames
-from .record import Record
+from .record import Record, RecordFields
 
-Appended = tuple[Any, ...]
-"""(offset, timestamp_ms, frame, payload, qos, retain, client_id, user_properties, content_type,
-payload_format_indicator) of an append not yet read from the cache."""
+Appended = tuple[int, bytes, RecordFields]
+"""(timestamp_ms, frame, fields) of an append not yet read from the cache; its offset is its position."""
 
 
-def _materialize(entry: Appended) -> Record:
-    offset, timestamp, frame, payload, qos, retain, client_id, user_properties, content_type, indicator = (
-        entry
-    )
+def _materialize(entry: Appended, offset: int) -> Record:
+    timestamp, frame, (payload, qos, retain, client_id, user_properties, content_type, indicator) = entry
     return Record(
         offset, timestamp, client_id, qos, retain, payload, user_properties, content_type, indicator, frame
     )
@@ -92,20 +89,22 @@ class TailCache:
         entries.append(entry)
         self._total += size
         self._ends.append(self._total)
-        self._next_offset = entry[0] + 1
+        self._next_offset += 1
         self._account(size)
 
-    def add_many(self, entries: list[Appended], ends: Sequence[int]) -> None:
-        """Cache just-appended records (from the log's next offset on); `ends[i]` is the frame bytes of
-        `entries[: i + 1]` (one eviction check and one budget update for all of them)."""
-        if not entries:
+    def add_many(
+        self, timestamp: int, frames: list[bytes], fields: Sequence[RecordFields], ends: Sequence[int]
+    ) -> None:
+        """Cache just-appended records (from the log's next offset on), all of time `timestamp`; `ends[i]` is
+        the bytes of `frames[: i + 1]` (one eviction check and one budget update for all of them)."""
+        if not frames:
             return
         total = self._total
-        self._entries += entries
+        self._entries += zip(repeat(timestamp), frames, fields)
         self._ends.extend([total + end for end in ends])
         added = ends[-1]
         self._total = total + added
-        self._next_offset = entries[-1][0] + 1
+        self._next_offset += len(frames)
         self._account(added)
 
     def _account(self, added: int) -> None:
@@ -127,17 +126,18 @@ class TailCache:
         entries = self._entries
         first, last = self._bounds(offset, stop, max_bytes, at_least_one)
         if last > self._built:
+            to_offset = self._next_offset - len(entries)  # entry i holds offset i + to_offset
             for index in range(max(self._built, self._head), last):
                 entry = entries[index]
                 if type(entry) is not Record:
-                    entries[index] = _materialize(entry)  # type: ignore[arg-type]
+                    entries[index] = _materialize(entry, index + to_offset)  # type: ignore[arg-type]
             self._built = last
         return entries[first:last]  # type: ignore[return-value]
 
     def run(self, offset: int, stop: int, max_bytes: int, at_least_one: bool = True) -> FrameRun:
         """The frames of the records `slice` would return, joined into one run (no `Record` is built)."""
         first, last = self._bounds(offset, stop, max_bytes, at_least_one)
-        frames = [entry.frame if type(entry) is Record else entry[2] for entry in self._entries[first:last]]
+        frames = [entry.frame if type(entry) is Record else entry[1] for entry in self._entries[first:last]]
         return run_of_frames(frames, offset)
 
     def _bounds(self, offset: int, stop: int, max_bytes: int, at_least_one: bool) -> tuple[int, int]:
