@@ -15,6 +15,7 @@ import sys
 from broker_edge.config.broker import BrokerConfig, load_broker_config
 from broker_edge.config.loader import ConfigError
 from broker_edge.logs import configure_logging
+from broker_edge.runtime import tune_garbage_collector
 
 __all__ = ["run_broker", "serve"]
 
@@ -32,6 +33,7 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, lambda: _reload_passwords(broker))
     await broker.start()
+    tune_garbage_collector(config.runtime)
     log.info("broker started: %s", ", ".join(f"{name}={port}" for name, port in broker.ports.items()))
     if ready is not None:
         ready.set()

@@ -21,6 +21,7 @@ from broker_edge.auth import AuthConfig, anonymous_allowed, is_loopback_host
 from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file
 from broker_edge.limits import LimitsConfig
 from broker_edge.logs import LoggingConfig
+from broker_edge.runtime import RuntimeConfig
 from broker_edge.storage.config import StorageConfig
 from broker_edge.sys_topics import SysTopicsConfig
 from broker_edge.tls import TlsConfig
@@ -202,6 +203,7 @@ class BrokerConfig:
     sessions: SessionsConfig = field(default_factory=SessionsConfig)
     retain: RetainConfig = field(default_factory=RetainConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def __post_init__(self) -> None:
         if not self.listeners:
