@@ -86,7 +86,8 @@ def exactly_once(
     """A ``foreachBatch`` function running ``write`` with a :class:`BatchWriter` for the batch.
 
     ``persist`` caches the batch while ``write`` runs: several tables derived from one batch would otherwise
-    re-read the source once per table.
+    re-read the source once per table. A ``write`` reading the batch once (one table) should pass
+    ``persist=False``: building the cache then only costs time (about a fifth of a bronze-only batch).
     """
 
     def run(batch: DataFrame, batch_id: int) -> None:
