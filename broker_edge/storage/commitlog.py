@@ -280,7 +280,7 @@ class CommitLog:
             frames = encode_frames(offset, timestamp, records)
         except (ValueError, OverflowError, struct.error) as error:
             raise InvalidRecord(f"record for {self.topic!r} cannot be stored: {error}") from error
-        sizes = [len(frame) for frame in frames]
+        sizes = list(map(len, frames))
         largest = max(sizes)
         if largest > self._max_frame:
             raise RecordTooLarge(largest, self._max_body)
@@ -301,7 +301,9 @@ class CommitLog:
         appended = len(records)
         segment.pending_frames += frames
         pairs = [index_timestamp] * (2 * appended)  # index entries: (position, time) per record
-        pairs[0::2] = [base + end - length for end, length in zip(ends, sizes, strict=True)]
+        positions = list(accumulate(sizes, initial=base))
+        positions.pop()  # the end of the last frame
+        pairs[0::2] = positions
         segment.entries.extend(pairs)  # type: ignore[union-attr]  # the active segment holds its index
         segment.size = base + size
         segment.count += appended

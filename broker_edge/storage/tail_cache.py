@@ -101,7 +101,7 @@ class TailCache:
             return
         total = self._total
         self._entries += zip(repeat(timestamp), frames, fields)
-        self._ends.extend([total + end for end in ends])
+        self._ends.extend(map(total.__add__, ends))
         added = ends[-1]
         self._total = total + added
         self._next_offset += len(frames)
