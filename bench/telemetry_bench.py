@@ -12,8 +12,8 @@ local[2] Spark session. Three figures:
    by a query whose ``foreachBatch`` is the job's bronze step alone (``to_bronze`` + an exactly-once
    append of the DataFrame; the batch is not cached, as nothing else reads it). Rows/s from ``start()``
    to termination, and where a micro-batch's time goes: the Spark job in which the tasks read the source
-   and write bronze's Parquet files (the delta-rs store's executor-side append), the driver's Delta commit
-   of those files, and Spark's own steps (offsets, planning, WAL).
+   and collect the rows to the driver (the delta-rs store's default append), the driver's Delta write,
+   and Spark's own steps (offsets, planning, WAL).
 2. **the whole job** (bronze, silver, quarantine, device_minute, devices, dq_results) on the same backlog,
    with the job's per-step times.
 3. **latency** at the job's 1 s trigger: a steady publisher (the project's MQTT client, the publish time in
@@ -413,8 +413,8 @@ class ThroughputRun:
     seconds: float
     cpu: CpuUse
     progress: list[dict[str, Any]]
-    #: per batch: (rows, files, write files on executors incl. source read s, commit s), bronze-only query
-    bronze_split: list[tuple[int, int, float, float]] = field(default_factory=list)
+    #: per batch: (rows, Spark job s incl. source read, Delta write on the driver s), bronze-only query
+    bronze_split: list[tuple[int, float, float]] = field(default_factory=list)
     #: per batch: the telemetry job's step times in ms
     steps: list[dict[str, float]] = field(default_factory=list)
     checked: str = ""
@@ -482,27 +482,27 @@ def bronze_only_query(
     spark: SparkSession,
     config: TelemetryConfig,
     store: TableStore,
-    split: list[tuple[int, int, float, float]],
+    split: list[tuple[int, float, float]],
 ) -> StreamingQuery:
     """The job's source and bronze step alone, availableNow; ``split`` gets each batch's time split.
 
-    The bronze DataFrame goes to ``out.append`` as in the job: the store's Spark tasks read the source and
-    write the files, the driver commits them. The split (rows, files, the Spark job's seconds including the
-    source read, the commit's seconds) comes from the store's report of each executor-side append.
+    The bronze DataFrame goes to ``out.append`` as in the job, with the job's store. The split (rows, the
+    Spark job's seconds including the source read, the driver's Delta write) comes from the store's report
+    of each append.
     """
     from pipelines.telemetry import transforms as T
     from sinks import exactly_once
-    from sinks.delta_rs import DeltaRsTableStore, ExecutorAppend
+    from sinks.delta_rs import AppendReport, DeltaRsTableStore
     from sources import register_sources
 
     register_sources(spark)
     if not isinstance(store, DeltaRsTableStore):
         raise TypeError(f"the bronze split needs the delta-rs store, got {type(store).__name__}")
 
-    def note(report: ExecutorAppend) -> None:
-        split.append((report.rows, report.files, report.write_s, report.commit_s))
+    def note(report: AppendReport) -> None:
+        split.append((report.rows, report.spark_s, report.driver_s))
 
-    store.on_executor_append = note
+    store.on_append = note
 
     def write_bronze(records: DataFrame, out: BatchWriter) -> None:
         out.append("bronze_telemetry", T.to_bronze(records, datetime.now(UTC)))
@@ -550,14 +550,14 @@ def measure_bronze(
     config = telemetry_config(root, label, broker.offsets_url)
     store = open_store(spark, config)
     store.ensure("bronze_telemetry")
-    split: list[tuple[int, int, float, float]] = []
+    split: list[tuple[int, float, float]] = []
     with meter.measure() as use:
         began = time.perf_counter()
         progress = finish(bronze_only_query(spark, config, store, split), timeout_s)
         seconds = time.perf_counter() - began
     rows = sum(p["numInputRows"] for p in progress)
     if rows and not split:
-        raise RuntimeError("bronze was not appended by the executor-side path (no append reports)")
+        raise RuntimeError("bronze appends made no reports")
     stored = table_rows(store, "bronze_telemetry")
     checked = f"{stored:,} rows in bronze" + ("" if stored == rows else f" (source read {rows:,})")
     return ThroughputRun(label, rows, seconds, use[0], progress, bronze_split=split, checked=checked)
@@ -864,7 +864,7 @@ def _render_throughput(figures: Figures) -> list[str]:
         f"and the job's source options (`maxRecordsPerTrigger` {default_trigger_limit()}, `minPartitions` "
         "Spark's defaultParallelism). *source → bronze* runs the job's bronze step alone in `foreachBatch` "
         "(`to_bronze`, `exactly_once` without caching the batch, which only bronze reads, delta-rs "
-        "executor-side append) after a warm-up "
+        "append) after a warm-up "
         "query doing the same over the whole backlog into scratch tables; *whole job* is "
         "`start_query(..., available_now=True)` with a new `TelemetryBatch` (its first "
         "batch carries the query's one-time costs: the Great Expectations context, the first compilation of "
@@ -886,23 +886,22 @@ def _render_throughput(figures: Figures) -> list[str]:
         lines += [
             "Where the time of the source → bronze runs goes (seconds, all batches; Spark's own steps from "
             "the query progress `durationMs`, the two parts of `addBatch` timed by the delta-rs store's "
-            "executor-side append):",
+            "append):",
             "",
             "| run | wall | latestOffset | queryPlanning | walCommit + commitOffsets | addBatch | of which "
-            "write files on executors (incl. source read) | of which commit (driver) | rows/s of the file "
-            "writing | files per batch |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "the Spark job (source read, rows to Arrow on the driver) | of which the Delta write (driver) "
+            "| rows/s of the Spark job |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in figures.bronze:
+            job = sum(x[1] for x in r.bronze_split)
             write = sum(x[2] for x in r.bronze_split)
-            commit = sum(x[3] for x in r.bronze_split)
-            files = sum(x[1] for x in r.bronze_split) / len(r.bronze_split) if r.bronze_split else 0
             lines.append(
                 f"| {r.name} | {r.seconds:.1f} | {_ms(r.progress, 'latestOffset'):.1f} | "
                 f"{_ms(r.progress, 'queryPlanning'):.1f} | "
                 f"{_ms(r.progress, 'walCommit') + _ms(r.progress, 'commitOffsets'):.1f} | "
-                f"{_ms(r.progress, 'addBatch'):.1f} | {write:.1f} | {commit:.2f} | "
-                f"{r.rows / write if write else 0:,.0f} | {files:.1f} |"
+                f"{_ms(r.progress, 'addBatch'):.1f} | {job:.1f} | {write:.2f} | "
+                f"{r.rows / job if job else 0:,.0f} |"
             )
         lines.append("")
     if figures.job is not None and figures.job.steps:

@@ -50,27 +50,32 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ExecutorAppend:
-    """What one executor-side append did (for logs and benchmarks)."""
+class AppendReport:
+    """What one append that committed rows did (for logs and benchmarks)."""
 
     table: str
-    files: int
+    #: whether the Spark tasks wrote the files (else the rows were collected to the driver and written there)
+    on_executors: bool
     rows: int
-    #: the Spark job: computing the DataFrame (source reads included) and writing its files
-    write_s: float
-    #: the Delta commit, retries included
-    commit_s: float
+    #: files written by the tasks (None on the driver path, where delta-rs decides)
+    files: int | None
+    #: the Spark job: computing the DataFrame (source reads included), then writing its files in the tasks
+    #: or collecting it to the driver (0 for Arrow input)
+    spark_s: float
+    #: on the driver: the Delta commit of the tasks' files, or writing and committing the collected rows
+    driver_s: float
 
 
 class DeltaRsTableStore(TableStore):
     """:class:`~sinks.store.TableStore` over delta-rs; ``spark`` is needed only by :meth:`read`.
 
-    ``executor_writes`` (default on) lets :meth:`append` of a Spark DataFrame to a table on a local path
-    (or ``file://``) write the data files in the Spark tasks and commit them from the driver; off, or for
-    Arrow input or an object-store table, the rows are collected to the driver and written by delta-rs. The
-    executors must see the table directory at the same path as the driver (local mode, or a shared mount).
-    ``on_executor_append``, when set, is called with an :class:`ExecutorAppend` after each such append that
-    committed.
+    ``executor_writes`` lets :meth:`append` of a Spark DataFrame to a table on a local path (or ``file://``)
+    write the data files in the Spark tasks and commit them from the driver: no rows in the driver's memory,
+    for large batches; off (the default), or for Arrow input or an object-store table, the rows are
+    collected to the driver and written by delta-rs, which costs a small micro-batch about a fifth of the
+    time (see docs/tables.md). The executors must see the table directory at the same path as the driver
+    (local mode, or a shared mount). ``on_append``, when set, is called with an :class:`AppendReport` after
+    each append that committed rows.
     """
 
     backend = "delta-rs"
@@ -83,7 +88,7 @@ class DeltaRsTableStore(TableStore):
         *,
         storage_options: dict[str, str] | None = None,
         max_commit_attempts: int = 12,
-        executor_writes: bool = True,
+        executor_writes: bool = False,
     ) -> None:
         super().__init__(catalog)
         self.spark = spark
@@ -92,7 +97,7 @@ class DeltaRsTableStore(TableStore):
         self.storage_options = storage_options
         self.max_commit_attempts = max_commit_attempts
         self.executor_writes = executor_writes
-        self.on_executor_append: Callable[[ExecutorAppend], None] | None = None
+        self.on_append: Callable[[AppendReport], None] | None = None
         self._ensured: set[str] = set()
 
     # -- locations and lifecycle -------------------------------------------------------------------------
@@ -170,21 +175,31 @@ class DeltaRsTableStore(TableStore):
         directory = _local_directory(self.location(name))
         if self.executor_writes and directory is not None and _is_spark_frame(data):
             return self._append_from_executors(name, data, directory, app_id, batch_id)
+        began = time.perf_counter()
         rows = _as_arrow(data)
+        spark_s = time.perf_counter() - began if _is_spark_frame(data) else 0.0
+        written: list[AppendReport] = []
 
         def attempt(table: DeltaTable) -> bool:
             batch = conform(rows, _arrow_schema(table), name)
             if batch.num_rows == 0:
                 return True
+            began = time.perf_counter()
             write_deltalake(
                 table,
                 batch,
                 mode="append",
                 commit_properties=_txn(app_id, batch_id),
             )
+            written.append(
+                AppendReport(name, False, batch.num_rows, None, spark_s, time.perf_counter() - began)
+            )
             return True
 
-        return self._idempotent(name, app_id, batch_id, attempt)
+        done = self._idempotent(name, app_id, batch_id, attempt)
+        if written:
+            self._report(written[-1])
+        return done
 
     def _append_from_executors(
         self, name: str, frame: DataFrame, directory: str, app_id: str, batch_id: int
@@ -232,11 +247,14 @@ class DeltaRsTableStore(TableStore):
                 remove_files(directory, writer.write_id, written)
             return False
         if written:
-            report = ExecutorAppend(name, len(written), sum(f.rows for f in written), timing[0], timing[1])
-            log.debug("executor append: %s", report)
-            if self.on_executor_append is not None:
-                self.on_executor_append(report)
+            rows = sum(f.rows for f in written)
+            self._report(AppendReport(name, True, rows, len(written), timing[0], timing[1]))
         return True
+
+    def _report(self, report: AppendReport) -> None:
+        log.debug("append: %s", report)
+        if self.on_append is not None:
+            self.on_append(report)
 
     def merge(
         self,

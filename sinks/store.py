@@ -190,11 +190,13 @@ def open_table_store(
     *,
     namespace: str | None = None,
     storage_options: dict[str, str] | None = None,
+    executor_writes: bool = False,
 ) -> TableStore:
     """The table store for this session: tables live at ``<root>/<table name>``.
 
     ``namespace`` (``catalog.schema``) makes the native backend address tables by name in the metastore
-    instead of by path; ``storage_options`` are delta-rs object-store options (credentials, endpoints).
+    instead of by path; ``storage_options`` are delta-rs object-store options (credentials, endpoints);
+    ``executor_writes`` has delta-rs append Spark DataFrames from the tasks (see ``DeltaRsTableStore``).
     """
     if backend == "auto":
         if spark is None:
@@ -212,4 +214,6 @@ def open_table_store(
         return DeltaNativeTableStore(spark, root, catalog, namespace=namespace)
     from sinks.delta_rs import DeltaRsTableStore
 
-    return DeltaRsTableStore(spark, root, catalog, storage_options=storage_options)
+    return DeltaRsTableStore(
+        spark, root, catalog, storage_options=storage_options, executor_writes=executor_writes
+    )

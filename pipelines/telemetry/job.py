@@ -264,7 +264,12 @@ class TelemetryBatch:
 def open_store(spark: SparkSession, config: TelemetryConfig) -> TableStore:
     tables = config.tables
     return open_table_store(
-        spark, tables.root, tables.backend, telemetry_catalog(config), namespace=tables.namespace
+        spark,
+        tables.root,
+        tables.backend,
+        telemetry_catalog(config),
+        namespace=tables.namespace,
+        executor_writes=tables.executor_writes,
     )
 
 

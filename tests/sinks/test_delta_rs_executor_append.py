@@ -22,7 +22,7 @@ from pyspark.sql.types import LongType, StringType, TimestampType
 
 import sinks.delta_rs
 from sinks.arrow_conform import SchemaMismatch
-from sinks.delta_rs import DeltaRsTableStore, ExecutorAppend
+from sinks.delta_rs import AppendReport, DeltaRsTableStore
 from sinks.parquet_files import write_files
 from sinks.tables import TableCatalog, TableSpec, column, struct
 from tests.sinks.conftest import T0, arrow_rows, bronze_row, expected, spark_rows
@@ -79,10 +79,16 @@ class CommitBetween:
         return written
 
 
+@pytest.fixture
+def lake(spark, tmp_path) -> DeltaRsTableStore:
+    """A store appending Spark DataFrames from the executors (the store's default is the driver path)."""
+    return DeltaRsTableStore(spark, str(tmp_path / "lake"), executor_writes=True)
+
+
 def test_a_partitioned_append_is_written_by_the_tasks_in_one_commit(spark, lake):
     rows = [bronze_row(offset, day=1 + offset % 2) for offset in range(12)]
-    reports: list[ExecutorAppend] = []
-    lake.on_executor_append = reports.append
+    reports: list[AppendReport] = []
+    lake.on_append = reports.append
     frame = spark_rows(spark, BRONZE, rows).repartition(3)
     assert lake.append(BRONZE, frame, "q", 0) is True
 
@@ -97,7 +103,7 @@ def test_a_partitioned_append_is_written_by_the_tasks_in_one_commit(spark, lake)
     assert sorted({a["partitionValues"]["ingest_date"] for a in adds}) == ["2026-03-01", "2026-03-02"]
     assert sum(json.loads(a["stats"])["numRecords"] for a in adds) == 12
     assert files_on_disk(location) == committed_files(location)
-    assert reports == [ExecutorAppend(BRONZE, len(adds), 12, reports[0].write_s, reports[0].commit_s)]
+    assert reports == [AppendReport(BRONZE, True, 12, len(adds), reports[0].spark_s, reports[0].driver_s)]
     stored = pq.read_table(Path(location) / unquote(adds[0]["path"]))
     assert "ingest_date" not in stored.column_names, "partition values live in the path"
 
@@ -108,7 +114,7 @@ def test_a_partitioned_append_is_written_by_the_tasks_in_one_commit(spark, lake)
 
 
 def test_null_and_escaped_partition_values_read_back(spark, tmp_path):
-    store = DeltaRsTableStore(spark, str(tmp_path / "lake"), TableCatalog([SITES]))
+    store = DeltaRsTableStore(spark, str(tmp_path / "lake"), TableCatalog([SITES]), executor_writes=True)
     sites = ["north", "a b", "x/y:z=1%", None, "", "é"]
     rows = [{"site": s, "reading": i, "at": T0 + timedelta(seconds=i)} for i, s in enumerate(sites)]
     frame = spark.createDataFrame(pa.Table.from_pylist(rows, schema=SITES.arrow_schema)).repartition(2)
@@ -252,22 +258,30 @@ def test_schema_errors_are_raised_before_or_by_the_tasks(spark, lake):
     assert lake.version(BRONZE) == 0
 
 
-def test_arrow_input_and_a_disabled_store_use_the_driver_path(spark, tmp_path):
-    reports: list[ExecutorAppend] = []
-    for label, executor_writes, data in [
-        ("arrow", True, arrow_rows(BRONZE, [bronze_row(0)])),
-        ("off", False, spark_rows(spark, BRONZE, [bronze_row(0)])),
+def test_arrow_input_and_the_default_store_use_the_driver_path(spark, tmp_path):
+    reports: list[AppendReport] = []
+    for label, store, data in [
+        (
+            "arrow",
+            DeltaRsTableStore(spark, str(tmp_path / "arrow"), executor_writes=True),
+            arrow_rows(BRONZE, [bronze_row(0)]),
+        ),
+        (
+            "default",
+            DeltaRsTableStore(spark, str(tmp_path / "default")),
+            spark_rows(spark, BRONZE, [bronze_row(0)]),
+        ),
     ]:
-        store = DeltaRsTableStore(spark, str(tmp_path / label), executor_writes=executor_writes)
-        store.on_executor_append = reports.append
+        store.on_append = reports.append
         assert store.append(BRONZE, data, "q", 0) is True
         (name,) = [Path(p).name for p in files_on_disk(store.location(BRONZE))]
-        assert DELTA_RS_FILE.match(name), name
-    assert reports == []
+        assert DELTA_RS_FILE.match(name), (label, name)
+    assert [(r.on_executors, r.rows, r.files) for r in reports] == [(False, 1, None), (False, 1, None)]
+    assert reports[0].spark_s == 0.0 and reports[1].spark_s > 0.0, "only the DataFrame ran a Spark job"
 
 
 def test_a_file_uri_root_is_written_by_the_tasks(spark, tmp_path):
-    store = DeltaRsTableStore(spark, f"file://{tmp_path}/lake")
+    store = DeltaRsTableStore(spark, f"file://{tmp_path}/lake", executor_writes=True)
     rows = [bronze_row(offset) for offset in range(3)]
     assert store.append(BRONZE, spark_rows(spark, BRONZE, rows), "q", 0) is True
     names = [Path(p).name for p in files_on_disk(str(tmp_path / "lake" / BRONZE))]

@@ -62,3 +62,16 @@ def test_native_store_addresses_tables_by_path_or_by_name(spark):
 
 def test_native_commit_marker_names_app_and_batch():
     assert commit_marker("3f2a-query", 12) == "timestone:3f2a-query:12"
+
+
+def test_executor_writes_is_off_unless_the_pipeline_config_turns_it_on(spark, tmp_path):
+    from pipelines.telemetry.config import load_telemetry_config
+    from pipelines.telemetry.job import open_store
+
+    assert open_table_store(None, str(tmp_path / "a"), "delta-rs").executor_writes is False
+    for value in (False, True):
+        config = load_telemetry_config(
+            {"tables": {"root": str(tmp_path / str(value)), "backend": "delta-rs", "executor_writes": value}}
+        )
+        store = open_store(spark, config)
+        assert isinstance(store, DeltaRsTableStore) and store.executor_writes is value
