@@ -12,8 +12,8 @@ local[2] Spark session. Three figures:
    by a query whose ``foreachBatch`` is the job's bronze step alone (``to_bronze`` + an exactly-once
    append of the DataFrame; the batch is not cached, as nothing else reads it). Rows/s from ``start()``
    to termination, and where a micro-batch's time goes: the Spark job in which the tasks read the source
-   and collect the rows to the driver (the delta-rs store's default append), the driver's Delta write,
-   and Spark's own steps (offsets, planning, WAL).
+   and write bronze's Parquet files (the job's store appends bronze from the executors), the driver's
+   Delta commit, and Spark's own steps (offsets, planning, WAL).
 2. **the whole job** (bronze, silver, quarantine, device_minute, devices, dq_results) on the same backlog,
    with the job's per-step times.
 3. **latency** at the job's 1 s trigger: a steady publisher (the project's MQTT client, the publish time in
@@ -889,8 +889,8 @@ def _render_throughput(figures: Figures) -> list[str]:
             "append):",
             "",
             "| run | wall | latestOffset | queryPlanning | walCommit + commitOffsets | addBatch | of which "
-            "the Spark job (source read, rows to Arrow on the driver) | of which the Delta write (driver) "
-            "| rows/s of the Spark job |",
+            "the Spark job (source read, then the tasks write the files or the rows go to the driver) | of "
+            "which the driver's Delta write or commit | rows/s of the Spark job |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in figures.bronze:

@@ -2,7 +2,7 @@
 
 No Delta jars are needed, which is what lets the pipelines run on a laptop and in CI.
 
-Appends of a Spark DataFrame to a table on a local path (``executor_writes``, the default) never bring rows
+Appends of a Spark DataFrame to a table on a local path chosen by ``executor_writes`` never bring rows
 to the driver: the Spark tasks write the Parquet files themselves (:mod:`sinks.parquet_files`), return one
 small row per file (path, size, partition values, stats), and the driver commits all of them as one Delta
 commit with delta-rs (``DeltaTable.create_write_transaction``). Arrow input, tables on object stores and
@@ -26,7 +26,7 @@ import os
 import random
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -69,13 +69,14 @@ class AppendReport:
 class DeltaRsTableStore(TableStore):
     """:class:`~sinks.store.TableStore` over delta-rs; ``spark`` is needed only by :meth:`read`.
 
-    ``executor_writes`` lets :meth:`append` of a Spark DataFrame to a table on a local path (or ``file://``)
-    write the data files in the Spark tasks and commit them from the driver: no rows in the driver's memory,
-    for large batches; off (the default), or for Arrow input or an object-store table, the rows are
-    collected to the driver and written by delta-rs, which costs a small micro-batch about a fifth of the
-    time (see docs/tables.md). The executors must see the table directory at the same path as the driver
-    (local mode, or a shared mount). ``on_append``, when set, is called with an :class:`AppendReport` after
-    each append that committed rows.
+    ``executor_writes`` (True for every table, or the names of the tables) lets :meth:`append` of a Spark
+    DataFrame to a table on a local path (or ``file://``) write the data files in the Spark tasks and commit
+    them from the driver: no rows in the driver's memory, and the files written in parallel, which pays for
+    large batches; for a micro-batch of a few hundred rows it takes about four times as long as collecting
+    (see docs/tables.md). Off (the default), or for Arrow input or an object-store table, the rows are
+    collected to the driver and written by delta-rs. The executors must see the table directory at the same
+    path as the driver (local mode, or a shared mount). ``on_append``, when set, is called with an
+    :class:`AppendReport` after each append that committed rows.
     """
 
     backend = "delta-rs"
@@ -88,7 +89,7 @@ class DeltaRsTableStore(TableStore):
         *,
         storage_options: dict[str, str] | None = None,
         max_commit_attempts: int = 12,
-        executor_writes: bool = False,
+        executor_writes: bool | Collection[str] = False,
     ) -> None:
         super().__init__(catalog)
         self.spark = spark
@@ -97,6 +98,7 @@ class DeltaRsTableStore(TableStore):
         self.storage_options = storage_options
         self.max_commit_attempts = max_commit_attempts
         self.executor_writes = executor_writes
+        """True (every table), False, or the names of the tables appended from the executors."""
         self.on_append: Callable[[AppendReport], None] | None = None
         self._ensured: set[str] = set()
 
@@ -173,7 +175,7 @@ class DeltaRsTableStore(TableStore):
     def append(self, name: str, data: TableData, app_id: str, batch_id: int) -> bool:
         check_batch(app_id, batch_id)
         directory = _local_directory(self.location(name))
-        if self.executor_writes and directory is not None and _is_spark_frame(data):
+        if self.writes_on_executors(name) and directory is not None and _is_spark_frame(data):
             return self._append_from_executors(name, data, directory, app_id, batch_id)
         began = time.perf_counter()
         rows = _as_arrow(data)
@@ -200,6 +202,11 @@ class DeltaRsTableStore(TableStore):
         if written:
             self._report(written[-1])
         return done
+
+    def writes_on_executors(self, name: str) -> bool:
+        """Whether appends of Spark DataFrames to `name` (on a local path) are written by the tasks."""
+        wanted = self.executor_writes
+        return wanted if isinstance(wanted, bool) else name in wanted
 
     def _append_from_executors(
         self, name: str, frame: DataFrame, directory: str, app_id: str, batch_id: int

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec
@@ -190,13 +190,14 @@ def open_table_store(
     *,
     namespace: str | None = None,
     storage_options: dict[str, str] | None = None,
-    executor_writes: bool = False,
+    executor_writes: bool | Collection[str] = False,
 ) -> TableStore:
     """The table store for this session: tables live at ``<root>/<table name>``.
 
     ``namespace`` (``catalog.schema``) makes the native backend address tables by name in the metastore
     instead of by path; ``storage_options`` are delta-rs object-store options (credentials, endpoints);
-    ``executor_writes`` has delta-rs append Spark DataFrames from the tasks (see ``DeltaRsTableStore``).
+    ``executor_writes`` (True, or table names) has delta-rs append Spark DataFrames from the tasks (see
+    ``DeltaRsTableStore``).
     """
     if backend == "auto":
         if spark is None:

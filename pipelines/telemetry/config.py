@@ -104,8 +104,8 @@ class TablesConfig:
     root: str = ".timestone/tables"
     backend: Literal["auto", "delta-rs", "native"] = "auto"
     namespace: str | None = None
-    executor_writes: bool = False
-    """delta-rs only: the Spark tasks write the appended files (no rows collected to the driver)."""
+    executor_writes: list[str] = field(default_factory=lambda: ["bronze_telemetry"])
+    """delta-rs only: tables whose appends the Spark tasks write (no rows collected to the driver)."""
 
 
 @dataclass

@@ -26,6 +26,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from broker_edge.config.loader import ConfigError
 from sinks import BatchWriter, TableCatalog, TableStore, build_catalog, exactly_once, open_table_store
 from sinks.tables import device_minute
 
@@ -263,6 +264,9 @@ class TelemetryBatch:
 
 def open_store(spark: SparkSession, config: TelemetryConfig) -> TableStore:
     tables = config.tables
+    for index, name in enumerate(tables.executor_writes):
+        if name not in TABLES:
+            raise ConfigError(f"tables.executor_writes[{index}]", f"{name!r} is not a table of this pipeline")
     return open_table_store(
         spark,
         tables.root,

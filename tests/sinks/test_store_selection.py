@@ -64,14 +64,25 @@ def test_native_commit_marker_names_app_and_batch():
     assert commit_marker("3f2a-query", 12) == "timestone:3f2a-query:12"
 
 
-def test_executor_writes_is_off_unless_the_pipeline_config_turns_it_on(spark, tmp_path):
+def test_executor_writes_are_chosen_per_table_by_the_pipeline_config(spark, tmp_path):
+    from broker_edge.config.loader import ConfigError
     from pipelines.telemetry.config import load_telemetry_config
     from pipelines.telemetry.job import open_store
 
-    assert open_table_store(None, str(tmp_path / "a"), "delta-rs").executor_writes is False
-    for value in (False, True):
-        config = load_telemetry_config(
-            {"tables": {"root": str(tmp_path / str(value)), "backend": "delta-rs", "executor_writes": value}}
-        )
-        store = open_store(spark, config)
-        assert isinstance(store, DeltaRsTableStore) and store.executor_writes is value
+    off = open_table_store(None, str(tmp_path / "a"), "delta-rs")
+    every = open_table_store(None, str(tmp_path / "b"), "delta-rs", executor_writes=True)
+    assert not off.writes_on_executors("x") and every.writes_on_executors("x")
+
+    def store_with(tables: dict):
+        root = str(tmp_path / str(len(list(tmp_path.iterdir()))))
+        config = load_telemetry_config({"tables": {"root": root, "backend": "delta-rs", **tables}})
+        return open_store(spark, config)
+
+    default = store_with({})
+    assert isinstance(default, DeltaRsTableStore)
+    assert default.writes_on_executors("bronze_telemetry")
+    assert not default.writes_on_executors("silver_telemetry")
+    none = store_with({"executor_writes": []})
+    assert not none.writes_on_executors("bronze_telemetry")
+    with pytest.raises(ConfigError, match=r"tables\.executor_writes\[0\]"):
+        store_with({"executor_writes": ["bronze"]})
