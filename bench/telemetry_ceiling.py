@@ -142,12 +142,12 @@ def run_ceiling(spark: SparkSession, bronze_files: Sequence[str], out: str) -> C
 
 
 def main(argv: list[str]) -> int:
-    """``BRONZE_FILES_JSON OUT_DIR``: one cold run in a fresh local[2] session; prints the run as JSON."""
-    files_json, out = argv
+    """``BRONZE_FILES_JSON OUT_DIR [MASTER]``: one cold run in a fresh Spark session; prints it as JSON."""
+    files_json, out, master = (*argv, "local[2]")[:3]
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from pipelines.spark_session import local_spark_session
 
-    spark = local_spark_session("timestone-ceiling-cold", "local[2]")
+    spark = local_spark_session("timestone-ceiling-cold", master)
     spark.sparkContext.setLogLevel("ERROR")
     try:
         with open(files_json) as handle:
