@@ -1023,7 +1023,8 @@ def _render_throughput(figures: Figures) -> list[str]:
         "`start_query(..., available_now=True)` with a new `TelemetryBatch` and fresh tables, after one "
         "unmeasured run of it (the Great Expectations context, the first compilation of its plans). "
         "Rows/s is rows / wall time from `start()` to termination. The *engine ceiling* "
-        "(`bench/telemetry_ceiling.py`) reads the warm-up's bronze files (the same 500,000 rows) and writes "
+        "(`bench/telemetry_ceiling.py`) reads the warm-up's bronze files "
+        f"(the same {per_topic * s.topics:,} rows) and writes "
         "silver, quarantine, device minutes and devices as plain Parquet; its runs take turns with the job's "
         "in the same Spark session, after one unmeasured run. *Cold* runs are each the first work of a "
         "fresh local[2] Spark process (its start not counted), one for the ceiling, one for the job.",
