@@ -71,6 +71,8 @@ def test_backlog_with_duplicates_and_bad_rows_fills_every_table_exactly(spark, t
             "source": {
                 "brokers": [f"{name}={broker.url}" for name, broker in brokers.items()],
                 "max_records_per_trigger": 3,
+                # patient with brokers that answer slowly on a busy machine: the test is about the tables
+                "options": {"fetchTimeoutMs": "30000", "fetchRetries": "6"},
             },
             "tables": {"root": str(tmp_path / "tables")},
             "stream": {"checkpoint": str(tmp_path / "checkpoint")},
