@@ -809,7 +809,7 @@ def run(settings: Settings, root: Path, figures: Figures) -> None:
                 try:
                     finish(bronze_only_query(spark, warm, warm_store, []), 600)
                     break
-                except RuntimeError:
+                except Exception:  # StreamingQueryException from awaitTermination, or finish's own
                     if attempt == 2:
                         raise
             files = bronze_files(warm_store)
