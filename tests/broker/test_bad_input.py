@@ -168,12 +168,12 @@ def test_auth_packet_without_method_is_protocol_error(broker, bystander):
 
 def test_a_handler_that_raises_closes_only_its_connection(broker, bystander, monkeypatch):
     """The safety net for broker bugs: logged, that client gets 0x83, everyone else goes on."""
-    from broker_edge.handlers import HANDLERS
+    from broker_edge.handlers import CONNECTED_HANDLERS
 
-    def broken(conn, packet):
+    def broken(ctx, conn, session, packet):
         raise RuntimeError("a bug")
 
-    monkeypatch.setitem(HANDLERS, PingReq, broken)
+    monkeypatch.setitem(CONNECTED_HANDLERS, PingReq, broken)
     raw = connected(broker)
     raw.send_packet(PingReq())
     raw.expect_disconnect(0x83)
