@@ -292,6 +292,7 @@ class Connection(asyncio.Protocol):
         if qos == 0 and self.paused:
             self.host.counters.drop("slow_subscriber")
             return False
+        template: PublishTemplate | None
         if self.aliases_out is None:
             template = message.template(self.v5, qos, retain, subscription_ids)
         else:

@@ -65,7 +65,7 @@ class Router:
     ) -> None:
         self.limits = limits
         self.sessions: dict[str, Session] = {}
-        self.trie = SubscriptionTrie()
+        self.trie: SubscriptionTrie[Session] = SubscriptionTrie()
         self.retained = RetainedStore(max_retained, is_expired=Message.expired)
         self.retain_enabled = retain_enabled
         self.count_drop: Callable[[str], None] = count_drop or (lambda reason: None)
@@ -114,7 +114,7 @@ class Router:
                 continue
             member, options = picked
             sub_id = options.subscription_id
-            member.deliver(  # type: ignore[attr-defined]
+            member.deliver(
                 message,
                 options.qos if options.qos < message_qos else message_qos,
                 retain and options.retain_as_published,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.metrics_core import Metric
 
 from broker_edge.admin_http import create_admin_app, start_admin_server
 from broker_edge.config.broker import BrokerConfig
@@ -54,10 +55,10 @@ class _FlushBeforeScrape:
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
 
-    def describe(self) -> list[object]:
+    def describe(self) -> list[Metric]:
         return []
 
-    def collect(self) -> list[object]:
+    def collect(self) -> list[Metric]:
         self._broker.flush_stats()
         return []
 

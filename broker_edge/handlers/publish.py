@@ -41,12 +41,13 @@ def handle_publish(ctx: BrokerContext, conn: Connection, session: Session, packe
         now = ctx.now()
         if not bucket.try_acquire(now):
             conn.throttle(now)
-    topic: str | None = packet.topic
+    topic = packet.topic
     props = packet.properties
     if props is not None and props.topic_alias is not None:
-        topic = _resolve_alias(ctx, conn, props.topic_alias, packet.topic)
-        if topic is None:
+        aliased = _resolve_alias(ctx, conn, props.topic_alias, topic)
+        if aliased is None:
             return
+        topic = aliased
     limits = ctx.config.limits
     if topic_over_limits(topic, limits.max_topic_length, limits.max_topic_levels):
         conn.close(ReasonCode.TOPIC_NAME_INVALID, "topic name longer or deeper than the broker allows")
