@@ -15,7 +15,7 @@ import time
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import pyarrow as pa
 
@@ -196,10 +196,12 @@ class OffsetsClient:
         the results, not raised.
         """
         limits = topic_max_records or {}
-        fetches = [{"topic": topic, "offset": offset} for topic, offset in offsets.items()]
-        for fetch in fetches:
-            if fetch["topic"] in limits:
-                fetch["max_records"] = limits[fetch["topic"]]
+        fetches: list[dict[str, str | int]] = []
+        for topic, offset in offsets.items():
+            fetch: dict[str, str | int] = {"topic": topic, "offset": offset}
+            if topic in limits:
+                fetch["max_records"] = limits[topic]
+            fetches.append(fetch)
         body: dict = {
             "fetches": fetches,
             "max_records": max_records,
@@ -311,7 +313,7 @@ def _fetched(data: T, headers: http.client.HTTPMessage) -> Fetched[T]:
     )
 
 
-def _topic_result(topic: str, item: Mapping) -> TopicResult:
+def _topic_result(topic: str, item: dict[str, Any]) -> TopicResult:
     error = error_from_body(item["status"], item) if "error" in item else None
     return TopicResult(
         topic,

@@ -51,7 +51,7 @@ POSITION_METADATA_KEYS = {
 CONTENT_TYPE_PROPERTY = "content_type"
 
 
-def record_properties(record: Record) -> list[tuple[str, str]]:
+def record_properties(record: Record) -> Sequence[tuple[str, str]]:
     """The `properties` map entries of a record: user properties, then `content_type` when present."""
     if record.content_type is None:
         return record.user_properties

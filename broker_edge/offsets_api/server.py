@@ -19,7 +19,7 @@ import json
 import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -311,11 +311,12 @@ class _Handlers:
         }
         if output == "arrow":
             metadata = {POSITION_METADATA_KEYS[key]: str(value).encode() for key, value in positions.items()}
-            body: Any = memoryview(arrow_stream(arrow_batch_of_runs([(topic, records)]), metadata))
+            runs = cast("list[FrameRun]", records)  # read_runs above
+            body: Any = memoryview(arrow_stream(arrow_batch_of_runs([(topic, runs)]), metadata))
         elif output == "jsonl":
-            body = jsonl_body(jsonl_record(topic, record) for record in records)
+            body = jsonl_body(jsonl_record(topic, record) for record in cast("list[Record]", records))
         else:
-            body = frames_body(records)
+            body = frames_body(cast("list[Record]", records))
         return web.Response(body=body, headers=headers, content_type=FORMATS[output])
 
     async def fetch_many(self, request: web.Request) -> web.Response:
@@ -427,5 +428,5 @@ def _count_and_next(read: Sequence[Record] | Sequence[FrameRun], offset: int) ->
         return 0, offset
     last = read[-1]
     if isinstance(last, FrameRun):
-        return sum(len(run) for run in read), last.end  # type: ignore[arg-type]
+        return sum(len(run) for run in cast("Sequence[FrameRun]", read)), last.end
     return len(read), last.offset + 1

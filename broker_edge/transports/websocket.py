@@ -122,7 +122,7 @@ async def start_websocket_listener(broker: Broker, listener: ListenerRuntime) ->
         transport = WebSocketTransport(ws, request, limits.outgoing_buffer_bytes)
         connection = Connection(broker, listener)
         transport._connection = connection
-        if listener.tls:
+        if listener.tls and request.transport is not None:
             connection.peer_cn = peer_common_name(request.transport.get_extra_info("ssl_object"))
         connection.attach_transport(transport)
         try:

@@ -36,11 +36,11 @@ log = logging.getLogger(__name__)
 def _action_changes(spark: SparkSession, store: TableStore) -> DataFrame:
     location = store.location(ACTIONS)
     if store.backend == "native":
-        stream = spark.readStream.format("delta").option("readChangeFeed", "true")
-        stream = stream.option("startingVersion", "0").load(location)
+        reader = spark.readStream.format("delta").option("readChangeFeed", "true")
+        stream = reader.option("startingVersion", "0").load(location)
     else:
-        stream = spark.readStream.format("delta_cdf").option("path", location).option("startingVersion", "0")
-        stream = stream.load()
+        reader = spark.readStream.format("delta_cdf").option("path", location).option("startingVersion", "0")
+        stream = reader.load()
     return stream.where(F.col("_change_type").isin("insert", "update_postimage"))
 
 

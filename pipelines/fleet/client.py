@@ -234,6 +234,8 @@ class MqttClient(asyncio.Protocol):
             self.on_message(
                 Message(packet.topic, packet.payload, packet.qos, packet.retain, offset, user_properties)
             )
+        if packet.packet_id is None:  # QoS 0
+            return
         if packet.qos == 1:
             self._send(PubAck(packet.packet_id))
         elif packet.qos == 2:

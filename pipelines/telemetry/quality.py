@@ -174,6 +174,7 @@ def expression_outcomes(
     that parsed, which are exactly the rows GX validates.
     """
     counts = parsed.agg(*expression_aggregates(suites, column_types)).first()
+    assert counts is not None, "an aggregate without grouping has one row"
     return outcomes_from_counts(counts.asDict(), suites)
 
 
@@ -198,10 +199,15 @@ class GxValidator:
         context = gx.get_context(mode="ephemeral")
         context.variables.progress_bars = ProgressBarsConfig(globally=False)
         if self.engine == "spark":
-            source = context.data_sources.add_spark("telemetry_spark")
+            spark_asset = context.data_sources.add_spark("telemetry_spark").add_dataframe_asset(
+                "telemetry_batch"
+            )
+            batch = spark_asset.add_batch_definition_whole_dataframe("batch")
         else:
-            source = context.data_sources.add_pandas("telemetry_pandas")
-        batch = source.add_dataframe_asset("telemetry_batch").add_batch_definition_whole_dataframe("batch")
+            pandas_asset = context.data_sources.add_pandas("telemetry_pandas").add_dataframe_asset(
+                "telemetry_batch"
+            )
+            batch = pandas_asset.add_batch_definition_whole_dataframe("batch")
         definitions = []
         for suite_config in self.suites:
             suite = context.suites.add(gx.ExpectationSuite(name=suite_config.name))
@@ -223,7 +229,7 @@ class GxValidator:
             elapsed_ms = round(1000 * (time.perf_counter() - started), 1)
             by_name = {e.name: e for e in suite_config.expectations}
             for item in result.results:
-                name = (item.expectation_config.meta or {}).get("name")
+                name = str((item.expectation_config.meta or {}).get("name"))
                 expectation = by_name[name]
                 summary = dict(item.result or {})
                 observed = {
@@ -284,13 +290,14 @@ def gx_outcomes(
 ) -> tuple[list[ExpectationOutcome], int]:
     """Run GX on up to ``max_rows`` parsed rows of a batch; returns the outcomes and how many rows it saw."""
     rows = parsed.where(~F.col("parse_error")).select(*columns).limit(max_rows)
-    data = rows.toPandas() if validator.engine == "pandas" else rows.cache()
+    if validator.engine == "pandas":
+        frame = rows.toPandas()
+        return validator.validate(frame), len(frame)
+    cached = rows.cache()
     try:
-        count = len(data) if validator.engine == "pandas" else data.count()
-        return validator.validate(data), count
+        return validator.validate(cached), cached.count()
     finally:
-        if validator.engine != "pandas":
-            data.unpersist()
+        cached.unpersist()
 
 
 def merge_outcomes(
