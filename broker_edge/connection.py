@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from broker_edge.delivery import Message
 from broker_edge.handlers import CONNECTED_HANDLERS, handle_connect
@@ -38,6 +38,7 @@ from broker_edge.protocol.errors import MQTTError, UnsupportedProtocolVersion
 from broker_edge.protocol.packets import (
     MQTT_5,
     ConnAck,
+    Connect,
     Disconnect,
     PubAck,
     PubComp,
@@ -152,7 +153,7 @@ class Connection(asyncio.Protocol):
     # -- transport events ---------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.attach_transport(transport)  # type: ignore[arg-type]  # the loop hands stream transports only
+        self.attach_transport(cast(ByteTransport, transport))  # the loop hands stream transports only
 
     def attach_transport(self, transport: ByteTransport) -> None:
         """Start on ``transport`` (the TCP protocol's ``connection_made``; WebSocket and tests call it)."""
@@ -203,7 +204,8 @@ class Connection(asyncio.Protocol):
         if self.refused is not None:
             self._refuse_admission(packet)
             return
-        handle_connect(self.host, self, packet)  # type: ignore[arg-type]  # the decoder lets only CONNECT in
+        assert isinstance(packet, Connect), "the decoder lets only CONNECT in first"
+        handle_connect(self.host, self, packet)
 
     def dispatch_backlog(self) -> None:
         """Handle the packets that arrived while the password was checked, now that it is done."""

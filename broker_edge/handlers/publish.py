@@ -87,8 +87,8 @@ def handle_publish(ctx: BrokerContext, conn: Connection, session: Session, packe
         if expiry is not None:
             expires_at = ctx.now() + expiry
     message = Message(topic, packet.payload, qos, retain, forwarded, conn.client_id, None, expires_at)
-    if qos == 2:
-        _hold_qos2(conn, session, packet_id)  # type: ignore[arg-type]  # asserted above
+    if qos == 2 and packet_id is not None:
+        _hold_qos2(conn, session, packet_id)
     path.accept(conn, message, packet_id, logged)
 
 

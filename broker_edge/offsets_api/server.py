@@ -193,7 +193,7 @@ def _int_param(value: object, name: str, default: int, low: int, high: int) -> i
     if isinstance(value, bool):
         raise ApiError(400, codes.BAD_REQUEST, f"{name} must be an integer")
     try:
-        number = int(value)  # type: ignore[call-overload]
+        number = int(str(value))
     except (TypeError, ValueError):
         raise ApiError(400, codes.BAD_REQUEST, f"{name} must be an integer, got {value!r}") from None
     if not low <= number <= high:

@@ -15,6 +15,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import repeat
+from typing import cast
 
 from .frame_runs import FrameRun, run_of_frames
 from .record import Record, RecordFields
@@ -131,10 +132,10 @@ class TailCache:
             to_offset = self._next_offset - len(entries)  # entry i holds offset i + to_offset
             for index in range(max(self._built, self._head), last):
                 entry = entries[index]
-                if type(entry) is not Record:
-                    entries[index] = _materialize(entry, index + to_offset)  # type: ignore[arg-type]
+                if not isinstance(entry, Record):
+                    entries[index] = _materialize(entry, index + to_offset)
             self._built = last
-        return entries[first:last]  # type: ignore[return-value]
+        return cast("list[Record]", entries[first:last])  # every entry up to _built is a Record
 
     def run(self, offset: int, stop: int, max_bytes: int, at_least_one: bool = True) -> FrameRun:
         """The frames of the records `slice` would return, joined into one run (no `Record` is built)."""

@@ -16,6 +16,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -27,7 +28,7 @@ from pipelines.actions.model import parse_report
 from pipelines.actions.publisher import MqttPublisher, Publisher
 from pipelines.spark_session import stop_between_batches
 from sinks.foreach_batch import streaming_query_id
-from sinks.store import TableStore, open_table_store
+from sinks.store import Backend, TableStore, open_table_store
 from sources import register_sources
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,8 @@ def start_actions_job(
 ) -> ActionsJob:
     """Start both streams and the ticker; returns at once with the running :class:`ActionsJob`."""
     register_sources(spark)
-    store = store or open_table_store(spark, config.tables_root, backend=config.backend)  # type: ignore[arg-type]
+    backend = cast(Backend, config.backend)  # one of Backend's values, checked by ActionsConfig
+    store = store or open_table_store(spark, config.tables_root, backend=backend)
     publisher = publisher or MqttPublisher(
         [(b.mqtt_host, b.mqtt_port) for b in config.brokers],
         username=config.brokers[0].username,

@@ -126,7 +126,7 @@ def broker_records():
     """Every record the broker's loggers write during the test (INFO and above)."""
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.INFO)
-    handler.emit = records.append  # type: ignore[method-assign]
+    handler.emit = records.append  # type: ignore[method-assign]  # keeps the records the handler formats
     logger = logging.getLogger("broker_edge")
     previous = logger.level
     logger.setLevel(logging.INFO)

@@ -27,7 +27,7 @@ class RecordingConnection:
 
 def session_with(connection: RecordingConnection) -> Session:
     session = Session(Router(LimitsConfig()), "device", expiry_interval=300)
-    session.attach(connection)  # type: ignore[arg-type]
+    session.attach(connection)
     return session
 
 
@@ -90,7 +90,7 @@ def test_resume_resends_unacknowledged_with_dup_and_pubrel_for_released():
     session.detach()
     session.deliver(Message("t", b"offline", 1), 1, False)  # queued while away
     again = RecordingConnection()
-    session.attach(again)  # type: ignore[arg-type]
+    session.attach(again)
     assert again.sent == [
         (b"q1", 1, 1, True),
         (b"q2", 2, 2, True),

@@ -19,7 +19,7 @@ def answers(*replies: str) -> Callable[[str], str]:
         asked.append(question)
         return queue.pop(0)
 
-    prompt.asked = asked  # type: ignore[attr-defined]
+    prompt.asked = asked
     return prompt
 
 
@@ -40,7 +40,7 @@ def test_prompts_twice_and_stores_the_typed_password(tmp_path: Path) -> None:
     path = tmp_path / "passwd"
     prompt = answers("typed secret", "typed secret")
     assert passwd_main(["-c", str(path), "bob"], prompt=prompt) == 0
-    assert prompt.asked == ["Password: ", "Reenter password: "]  # type: ignore[attr-defined]
+    assert prompt.asked == ["Password: ", "Reenter password: "]
     assert PasswordFile.load(path).verify("bob", b"typed secret")
 
 

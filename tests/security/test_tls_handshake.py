@@ -65,7 +65,7 @@ def exchange(server_context: ssl.SSLContext, client_context: ssl.SSLContext) -> 
 
 
 def config(pki: PkiPaths, **overrides: object) -> TlsConfig:
-    return TlsConfig(certfile=str(pki.server_cert), keyfile=str(pki.server_key), **overrides)  # type: ignore[arg-type]
+    return TlsConfig(certfile=str(pki.server_cert), keyfile=str(pki.server_key), **overrides)
 
 
 def test_server_only_tls(pki: PkiPaths) -> None:

@@ -29,7 +29,7 @@ def test_an_explicit_backend_wins_and_a_bad_name_is_refused():
     assert choose_backend("delta-rs", DELTA_EXTENSION, True) == "delta-rs"
     assert choose_backend("native", "", False) == "native"
     with pytest.raises(ValueError, match="backend must be"):
-        choose_backend("delta", "", False)  # type: ignore[arg-type]
+        choose_backend("delta", "", False)  # type: ignore[arg-type]  # the wrong value is the test
 
 
 def test_this_session_cannot_resolve_delta_and_gets_delta_rs(spark, tmp_path):
