@@ -43,10 +43,11 @@ from broker_edge.storage.errors import CorruptRecord, OffsetOutOfRange, StorageE
 if TYPE_CHECKING:
     import asyncio
 
+    from broker_edge.offsets_types import LogInfo
     from broker_edge.router import Router
     from broker_edge.session import Session
     from broker_edge.storage.record import Record
-    from broker_edge.storage.store import LogInfo, LogStore
+    from broker_edge.storage.store import LogStore
 
 __all__ = ["ReplayManager"]
 

@@ -9,10 +9,12 @@ import base64
 import contextlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from broker_edge.storage.record import Record
+if TYPE_CHECKING:
+    from broker_edge.storage.record import Record
 
 ARROW_SCHEMA = pa.schema(
     [
