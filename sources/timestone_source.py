@@ -123,10 +123,10 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._fetch = {
-            endpoint.broker_id: FetchSettings(
-                endpoint.broker_id,
-                endpoint.url,
-                endpoint.auth_token,
+            endpoint.name: FetchSettings(
+                endpoint.name,
+                endpoint.offsets_api,
+                endpoint.token,
                 options.fetch_timeout_ms,
                 options.fetch_retries,
                 options.retry_backoff_ms,

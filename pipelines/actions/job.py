@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from broker_edge.config.endpoints import format_endpoints
 from pipelines.actions.config import ActionsConfig
 from pipelines.actions.engine import ACTIONS, ActionsEngine
 from pipelines.actions.model import parse_report
@@ -46,7 +47,7 @@ def _action_changes(spark: SparkSession, store: TableStore) -> DataFrame:
 
 
 def _status_reports(spark: SparkSession, config: ActionsConfig) -> DataFrame:
-    brokers = ",".join(f"{b.name}={b.offsets_api}" for b in config.brokers)
+    brokers = format_endpoints(config.brokers)
     reader = (
         spark.readStream.format("timestone")
         .option("brokers", brokers)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from broker_edge.config.endpoints import BrokerEndpoint
 from sources.options import (
     DEFAULT_MAX_RECORDS_PER_PARTITION,
-    BrokerEndpoint,
     SourceOptionError,
     StartKind,
     parse_options,
