@@ -1,12 +1,12 @@
 """Data quality: the configured Great Expectations suites, used two ways.
 
-A GX validation costs ~1 s on a Spark DataFrame (it runs many Spark jobs), too slow to gate every
-micro-batch at a 1 s trigger. So each declared expectation is *also* compiled into a Spark column
-expression with GX's own semantics (nulls ignored except by ``not_null``, NaN counted as missing as GX's
-pandas engine does). Those expressions route every row of every batch (quarantine or silver) and count
-failures in one aggregation. The real GX validation runs on its schedule, by default on the batch's rows
-collected to pandas (tens of milliseconds for 50k rows), and its results are what ``dq_results`` records
-for the batches it validates. Tests check that both engines agree on the same rows.
+A GX validation on a Spark DataFrame runs many Spark jobs, too slow to gate every micro-batch at a short
+trigger (docs/telemetry-pipeline.md has the measured costs). So each declared expectation is *also* compiled
+into a Spark column expression with GX's own semantics (nulls ignored except by ``not_null``, NaN counted as
+missing as GX's pandas engine does). Those expressions route every row of every batch (quarantine or silver)
+and count failures in one aggregation. The real GX validation runs on its schedule, by default on the batch's
+rows collected to pandas (much cheaper), and its results are what ``dq_results`` records for the batches it
+validates. Tests check that both engines agree on the same rows.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def expression_aggregates(suites: Sequence[SuiteConfig], column_types: Mapping[s
     """Aggregate columns counting, per expectation, failing and missing values among the parsed rows.
 
     Kept separate from :func:`outcomes_from_counts` so the job can fold them into the one aggregation it
-    runs over a batch anyway (every Spark job costs ~100 ms of fixed overhead at this scale).
+    runs over a batch anyway (every Spark job adds a fixed overhead, large at micro-batch scale).
     """
     ok = ~F.col("parse_error")
     aggregates = [F.count(F.lit(1)).alias("dq_rows"), F.count(F.when(ok, 1)).alias("dq_parsed")]
