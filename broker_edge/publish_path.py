@@ -85,19 +85,6 @@ class PublishStore(Protocol):
 
     def append_batch(self, topic: str, records: Sequence[RecordFields]) -> int: ...
 
-    def append_message(
-        self,
-        topic: str,
-        payload: bytes,
-        qos: int = 1,
-        retain: bool = False,
-        client_id: str = "",
-        user_properties: Sequence[tuple[str, str]] = (),
-        content_type: str | None = None,
-        payload_format_indicator: int | None = None,
-        timestamp_ms: int | None = None,
-    ) -> int: ...
-
     def when_durable(
         self, callback: Callable[[], object], on_error: Callable[[BaseException], object] | None = None
     ) -> None: ...
@@ -262,7 +249,9 @@ class PublishPath:
                 if entry.message is not None and entry.message.topic in retry:
                     self._append_one(store, entry)
         if batch:
-            store.when_durable(lambda: self._durable(batch, runs), lambda exc: self._failed(batch, exc))
+            store.when_durable(
+                lambda: self._durable(batch, runs), lambda exc: self._failed(batch, exc, "log_failed")
+            )
 
     def _append_one(self, store: PublishStore, entry: PendingPublish) -> None:
         """Append one publish of a batch that failed. A failed append becomes a refusal, acknowledged in its
@@ -270,7 +259,7 @@ class PublishPath:
         message = entry.message
         assert message is not None
         try:
-            message.offset = store.append_message(message.topic, *record_fields(message))
+            message.offset = store.append_batch(message.topic, [record_fields(message)])
         except StorageError as exc:
             self.counters.drop("log_failed")
             log.warning(
@@ -290,14 +279,17 @@ class PublishPath:
 
     def _durable(self, batch: list[PendingPublish], runs: list[AppendedRun]) -> None:
         self.replication.when_replicated(
-            runs, lambda: self._route_and_acknowledge(batch, runs), lambda exc: self._failed(batch, exc)
+            runs,
+            lambda: self._route_and_acknowledge(batch, runs),
+            lambda exc: self._failed(batch, exc, "replication_failed"),
         )
 
-    def _failed(self, batch: list[PendingPublish], exc: BaseException) -> None:
-        log.error("commitlog write failed, %d publishes not acknowledged: %s", len(batch), exc)
+    def _failed(self, batch: list[PendingPublish], exc: BaseException, reason: str) -> None:
+        """Writing (``log_failed``) or replicating (``replication_failed``) failed: acknowledge nothing."""
+        log.error("%s, %d publishes not acknowledged: %s", reason.replace("_", " "), len(batch), exc)
         for entry in batch:
             if entry.message is not None:
-                self.counters.drop("log_failed")
+                self.counters.drop(reason)
             publisher = entry.publisher
             if publisher is not None and entry.packet_id is not None and publisher.state != CLOSED:
                 if publisher.v5:

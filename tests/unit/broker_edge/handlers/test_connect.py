@@ -1,5 +1,7 @@
 """CONNECT: CONNACK, refusals (each with its code, always followed by close), takeover, limits in CONNACK."""
 
+import pytest
+
 from broker_edge.auth import hash_password
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import (
@@ -14,6 +16,15 @@ from broker_edge.protocol.packets import (
 )
 from broker_edge.protocol.properties import Properties
 from tests.unit.broker_edge.handlers.wire import make_core
+
+
+@pytest.fixture
+def passwords(tmp_path):
+    """A password file with one user, alice, password ``secret``."""
+    path = tmp_path / "passwd"
+    path.write_text(f"alice:{hash_password('secret', 'pbkdf2-sha512')}\n")
+    path.chmod(0o600)
+    return path
 
 
 def test_connack_0_for_a_v3_client_is_its_four_bytes_mqtt_3_2_0_1():
@@ -64,10 +75,7 @@ def test_a_v5_refusal_carries_its_reason_string_unless_the_client_limits_the_siz
     assert small.closed
 
 
-def test_a_listener_requiring_a_user_name_refuses_anonymous_clients_0x87(tmp_path):
-    passwords = tmp_path / "passwd"
-    passwords.write_text(f"alice:{hash_password('secret', 'pbkdf2-sha512')}\n")
-    passwords.chmod(0o600)
+def test_a_listener_requiring_a_user_name_refuses_anonymous_clients_0x87(passwords):
     core = make_core(auth={"allow_anonymous": False, "password_file": str(passwords)})
     client = core.client()
     assert client.connect("device").reason_code == 0x87
@@ -81,11 +89,8 @@ def test_a_will_on_a_dollar_topic_is_refused():
     assert client.closed
 
 
-def test_password_check_pauses_reading_and_handles_what_arrived_meanwhile(tmp_path):
+def test_password_check_pauses_reading_and_handles_what_arrived_meanwhile(passwords):
     """Packets after CONNECT wait while the password is checked, then are handled in order."""
-    passwords = tmp_path / "passwd"
-    passwords.write_text(f"alice:{hash_password('secret', 'pbkdf2-sha512')}\n")
-    passwords.chmod(0o600)
     core = make_core(auth={"password_file": str(passwords)})
     client = core.client()
     answer = client.send_bytes(_connect_bytes("alice", b"secret") + b"\xc0\x00")  # CONNECT + PINGREQ
@@ -94,10 +99,7 @@ def test_password_check_pauses_reading_and_handles_what_arrived_meanwhile(tmp_pa
     assert not client.transport.reading_paused
 
 
-def test_a_wrong_password_is_refused_0x86_and_what_followed_is_never_handled(tmp_path):
-    passwords = tmp_path / "passwd"
-    passwords.write_text(f"alice:{hash_password('secret', 'pbkdf2-sha512')}\n")
-    passwords.chmod(0o600)
+def test_a_wrong_password_is_refused_0x86_and_what_followed_is_never_handled(passwords):
     core = make_core(auth={"password_file": str(passwords)})
     client = core.client()
     answer = client.send_bytes(_connect_bytes("alice", b"wrong") + b"\xc0\x00")
