@@ -219,7 +219,12 @@ class Broker:
         if self.config.sessions.persist:
             can_subscribe = self.acl.can_subscribe if self.acl is not None else None
             self.session_store = SessionStore(
-                directory, self.router, self.store, self.config.sessions, self.loop, can_subscribe
+                Path(self.store.layout.meta),
+                self.router,
+                self.store,
+                self.config.sessions,
+                self.loop,
+                can_subscribe,
             )
             self.session_store.restore()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from broker_edge.protocol.packets import ConnAck, PubAck, Publish
 from broker_edge.protocol.properties import Properties
 from broker_edge.session_snapshot import FORMAT, FORMAT_VERSION
 from broker_edge.session_store import SESSIONS_FILE
+from broker_edge.storage.layout import open_layout
 from broker_edge.subscriptions import SubscriptionOptions
 from tests.broker.broker_test_clients import PahoClient, RawClient, wait_for
 from tests.commitlog.e2e_helpers import offset_of, publish_numbered
@@ -168,8 +170,7 @@ def test_subscription_options_and_shared_groups_are_restored(brokers):
 
 
 def test_a_corrupt_sessions_file_is_moved_aside_and_the_broker_starts_without_it(brokers, tmp_path, caplog):
-    directory = tmp_path / "a"
-    directory.mkdir()
+    directory = Path(open_layout(tmp_path / "a").meta)
     (directory / SESSIONS_FILE).write_bytes(b'{"format": "timestone-sessions", "version": 1, "sess')
     with caplog.at_level(logging.ERROR, logger="broker_edge.session_store"):
         broker = brokers()
@@ -187,8 +188,7 @@ def test_a_corrupt_sessions_file_is_moved_aside_and_the_broker_starts_without_it
 
 
 def test_a_sessions_file_from_a_newer_broker_is_refused_and_kept(brokers, tmp_path, caplog):
-    directory = tmp_path / "a"
-    directory.mkdir()
+    directory = Path(open_layout(tmp_path / "a").meta)
     newer = {"format": FORMAT, "version": FORMAT_VERSION + 1, "written_at": time.time(), "sessions": []}
     (directory / SESSIONS_FILE).write_text(json.dumps(newer))
     with caplog.at_level(logging.ERROR, logger="broker_edge.session_store"):
@@ -210,7 +210,7 @@ def test_after_a_crash_sessions_come_back_from_the_last_periodic_snapshot(tmp_pa
     """Killed, not stopped: the periodic snapshot has the session; what was published after it comes from
     the log (the snapshot's log end offsets), so nothing acknowledged to the publisher is missed."""
     process = BrokerProcess(tmp_path, sessions={"persist_interval_s": 0.1}, sys_topics={"enabled": False})
-    path = tmp_path / "data" / SESSIONS_FILE
+    path = tmp_path / "data" / "meta" / SESSIONS_FILE
     process.start()
     try:
         device = PahoClient(process.port, "dev", clean=False, session_expiry=300)
