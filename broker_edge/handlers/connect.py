@@ -1,5 +1,10 @@
 """CONNECT: client id, authentication, session takeover or resume, keepalive, will, CONNACK (MQTT 3.1, 3.2).
 
+A session belongs to the identity that created it (its user name, the client certificate's CN, or none for
+an anonymous client): a CONNECT of another identity with the same client id is refused with "not
+authorized" (v5 0x87, v3 0x05) and the session and its connection are left alone. A resumed session keeps
+only the subscriptions the ACL still allows (see docs/security.md).
+
 Password checks may take a hash (tens of milliseconds), so they run off the loop
 (``PasswordFile.verify_async``) while the connection reads nothing further (packets that already arrived
 wait in ``backlog``). Everything else is synchronous. CONNACK is written before the session's in-flight
@@ -21,6 +26,8 @@ from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
 
 if TYPE_CHECKING:
     from broker_edge.connection import Connection
+    from broker_edge.server import Broker
+    from broker_edge.session import Session
 
 __all__ = ["handle_connect"]
 
@@ -118,9 +125,23 @@ _REFUSALS: dict[str, tuple[int, int, str]] = {
         "bad user name or password",
     ),
     "not_authorized": (_RC.NOT_AUTHORIZED, _V3.NOT_AUTHORIZED, "will topic not allowed"),
+    "session_owner": (
+        _RC.NOT_AUTHORIZED,
+        _V3.NOT_AUTHORIZED,
+        "this client identifier's session belongs to another user",
+    ),
     "retain_not_supported": (_RC.RETAIN_NOT_SUPPORTED, _V3.NOT_AUTHORIZED, "retained messages are disabled"),
 }
 """Refusal (``reason`` label of ``connections_refused_total``) → v5 code, v3 return code, reason string."""
+
+
+def _drop_denied_subscriptions(broker: Broker, session: Session) -> None:
+    """A resumed session keeps only the subscriptions the ACL allows its identity now (rules change)."""
+    acl = broker.acl
+    for key, entry in list((session.subscriptions or {}).items()):
+        if not acl.can_subscribe(session.client_id, session.username, entry.topic_filter):  # type: ignore[union-attr]
+            broker.router.unsubscribe(session, key)
+            broker.count_drop("subscribe_denied")
 
 
 def _refuse(conn: Connection, reason: str) -> None:
@@ -169,11 +190,16 @@ def _accept(conn: Connection, packet: Connect, client_id: str, assigned: bool, u
     router = broker.router
     now = broker.loop.time()
     existing = router.sessions.get(client_id)
+    if existing is not None and existing.username != username:
+        _refuse(conn, "session_owner")  # neither taken over nor discarded: it is someone else's
+        return
     if existing is not None and existing.connection is not None:
         existing.connection.taken_over()
     session, present = router.open_session(client_id, packet.clean_start, expiry, now)
     session.username = username
     conn.session = session
+    if present and broker.acl is not None:
+        _drop_denied_subscriptions(broker, session)
 
     keepalive = packet.keep_alive
     ack = Properties() if v5 else None

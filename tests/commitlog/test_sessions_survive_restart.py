@@ -237,3 +237,40 @@ def test_wrong_values_name_the_key(sessions, key):
     with pytest.raises(ConfigError) as error:
         load_dataclass(BrokerConfig, {"sessions": sessions})
     assert error.value.path == key
+
+
+def test_a_restored_session_keeps_its_owner_and_another_user_cannot_resume_it(brokers, tmp_path):
+    """[MQTT-3.1.4-3] within one identity, across a restart: the sessions file keeps each session's user,
+    so after the restart user A still gets "not authorized" for B's client id, and B resumes its session
+    with the message queued before the restart."""
+    from broker_edge.auth import PasswordFile
+
+    passwords = tmp_path / "passwd"
+    PasswordFile.set_password(passwords, "userA", "pw-a", create=True)
+    PasswordFile.set_password(passwords, "userB", "pw-b")
+    secured = {
+        "listeners": [{"name": "tcp", "host": "127.0.0.1", "port": 0, "allow_anonymous": False}],
+        "auth": {"password_file": str(passwords)},
+        "acl": {"rules": [{"permission": "allow", "action": "all", "topic": "%u/#"}]},
+    }
+    broker = brokers(**secured)
+    owner = PahoClient(
+        broker.port, "devB", username="userB", password="pw-b", clean=False, session_expiry=300
+    )
+    assert owner.subscribe("userB/#", 1) == [1]
+    owner.disconnect()
+    PahoClient(broker.port, "pubB", username="userB", password="pw-b").publish("userB/secret", b"for B", 1)
+
+    broker = restarted(broker, brokers, **secured)
+    assert [s["username"] for s in sessions_file(broker)["sessions"] if s["client_id"] == "devB"] == ["userB"]
+    for version in (5, 4):
+        thief = RawClient(broker.port, version)
+        fields = {"properties": Properties(session_expiry_interval=300)} if version == 5 else {}
+        refused = thief.connect("devB", username="userA", password=b"pw-a", clean_start=False, **fields)
+        assert isinstance(refused, ConnAck) and refused.reason_code == {5: 0x87, 4: 0x05}[version]
+        assert refused.session_present is False
+    again = PahoClient(
+        broker.port, "devB", username="userB", password="pw-b", clean=False, session_expiry=300
+    )
+    assert again.connack_result[0].session_present is True
+    assert [m.payload for m in again.expect(1)] == [b"for B"]
