@@ -129,11 +129,12 @@ class LimitsConfig:
     A value of 0 means "unlimited" only where the field's description says so.
     """
 
-    max_connections: int = 10_000
-    """Open client connections, all listeners together; further connections are closed at once."""
-    new_connections_per_second: float = 200.0
-    """Sustained rate of accepted new connections (reconnect storms); 0 = unlimited."""
-    new_connections_burst: int = 500
+    max_connections: int = 20_000
+    """Open client connections, all listeners together; further connections are closed at once (room for a
+    10,000-device fleet, the pipelines' own clients and a reconnect storm's sockets not yet closed)."""
+    new_connections_per_second: float = 1_000.0
+    """Sustained rate of accepted new connections, all listeners (reconnect storms); 0 = unlimited."""
+    new_connections_burst: int = 2_000
     """New connections accepted at once above that rate (a whole site reconnecting)."""
     connect_timeout_s: float = 10.0
     """Seconds from TCP accept to a complete CONNECT (TLS handshake included) before the socket is closed."""
@@ -162,7 +163,8 @@ class LimitsConfig:
     max_keepalive_s: int = 300
     """Largest keep alive the broker grants; a client asking more (or 0) gets this as Server Keep Alive."""
     messages_per_second_per_client: float = 100.0
-    """Sustained PUBLISH rate of one client; 0 = unlimited."""
+    """Sustained PUBLISH rate of one client; more wait (reading pauses, TCP pushes back), none is dropped;
+    0 = unlimited."""
     messages_burst_per_client: int = 200
     """PUBLISHes one client may send at once above that rate."""
     max_topics_per_client: int = 1_000

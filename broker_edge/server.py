@@ -26,6 +26,7 @@ from broker_edge.auth import PasswordFile
 from broker_edge.config.broker import BrokerConfig, ListenerConfig
 from broker_edge.connection import CLOSED, Connection
 from broker_edge.delivery import Message
+from broker_edge.login_backoff import LoginBackoff
 from broker_edge.metrics import BrokerMetrics
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.router import Router
@@ -120,6 +121,7 @@ class Broker:
         if config.auth.password_file:
             self.passwords = PasswordFile.load(config.auth.password_file)
         self.admission = config.limits.connection_admission()
+        self.login_backoff = LoginBackoff(config.auth.failed_logins)
         self.store: Any = None
         self.replays: Any = None
         self.session_store: SessionStore | None = None

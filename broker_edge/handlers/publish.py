@@ -36,11 +36,6 @@ def handle_publish(conn: Connection, packet: Publish) -> None:
     qos = packet.qos
     conn.listener.stats.received[qos] += 1
     broker = conn.broker
-    bucket = conn.bucket
-    if bucket is not None and not conn.throttled:
-        now = broker.loop.time()
-        if not bucket.try_acquire(now):
-            conn.throttle(now)
     topic = packet.topic
     props = packet.properties
     if props is not None and props.topic_alias is not None:
