@@ -75,6 +75,8 @@ class Connection(asyncio.Protocol):
         "keepalive",
         "listener",
         "max_packet_out",
+        "partial",
+        "partial_since",
         "paused",
         "peer_cn",
         "refused",
@@ -94,7 +96,12 @@ class Connection(asyncio.Protocol):
         self.broker = broker
         self.listener = listener
         self.transport: Any = None
-        self.decoder = PacketDecoder(broker.config.limits.max_packet_size)
+        limits = broker.config.limits
+        self.decoder = PacketDecoder(limits.max_packet_size, max_connect_size=limits.max_connect_packet_size)
+        self.partial = 0
+        """Bytes of a packet not fully arrived, counted in ``Broker.partial_bytes``."""
+        self.partial_since = 0.0
+        """When that packet started arriving (loop time; 0: none)."""
         self.session: Session | None = None
         self.client_id = ""
         self.version = 0
@@ -142,6 +149,8 @@ class Connection(asyncio.Protocol):
         except MQTTError as error:
             packets = error.packets_before
             self.held_error = error
+        if (self.partial or self.decoder.buffered) and not self._count_partial(bool(packets)):
+            return
         if self.backlog is not None:  # earlier packets still wait (password check, message rate): keep order
             self.backlog.extend(packets)
             return
@@ -175,6 +184,28 @@ class Connection(asyncio.Protocol):
             return False
         return True
 
+    def _count_partial(self, completed: bool) -> bool:
+        """Count the bytes of a packet still arriving into the broker-wide budget; False once over it (the
+        connection is closed: what it sent is not handled)."""
+        broker = self.broker
+        buffered = self.decoder.buffered
+        broker.partial_bytes += buffered - self.partial
+        self.partial = buffered
+        if not buffered:
+            self.partial_since = 0.0
+            return True
+        if completed or not self.partial_since:  # a new packet started arriving
+            self.partial_since = broker.loop.time()
+        if broker.partial_bytes <= broker.config.limits.max_partial_packet_bytes:
+            return True
+        self.log().warning("closed: packets in progress on all connections exceed max_partial_packet_bytes")
+        if self.state == CONNECTED:
+            self.close(ReasonCode.SERVER_BUSY, "too many bytes of unfinished packets on this broker")
+        else:
+            broker.count_refused("partial_budget")
+            self.abort()
+        return False
+
     def _raise_held_error(self) -> None:
         """A malformed packet followed the packets just handled: close for it now."""
         error, self.held_error = self.held_error, None
@@ -196,6 +227,8 @@ class Connection(asyncio.Protocol):
         if self.state == CLOSED and self.transport is None:
             return
         was_connected = self.state == CONNECTED
+        self.broker.partial_bytes -= self.partial
+        self.partial = 0
         if was_connected and log.isEnabledFor(logging.INFO):
             self.log().info("disconnected%s", f" ({exc})" if exc is not None else "")
         self.state = CLOSED
@@ -432,6 +465,17 @@ class Connection(asyncio.Protocol):
 
     def check_timers(self, now: float) -> None:
         state = self.state
+        if (
+            self.partial_since
+            and now - self.partial_since > self.broker.config.limits.partial_packet_timeout_s
+        ):
+            self.log().info("a packet took longer than partial_packet_timeout_s to arrive")
+            if state == CONNECTED:
+                self.close(ReasonCode.KEEP_ALIVE_TIMEOUT, "a packet took too long to arrive")
+            else:
+                self.broker.count_refused("partial_timeout")
+                self.abort()
+            return
         if state == CONNECTED:
             if self.rx or self.throttled:  # a client held for its rate is not idle: the broker is not reading
                 self.rx = False

@@ -138,6 +138,13 @@ class LimitsConfig:
     """New connections accepted at once above that rate (a whole site reconnecting)."""
     connect_timeout_s: float = 10.0
     """Seconds from TCP accept to a complete CONNECT (TLS handshake included) before the socket is closed."""
+    max_connect_packet_size: int = 65_536
+    """Largest first packet (CONNECT, will included), in bytes: what an unauthenticated client may send."""
+    max_partial_packet_bytes: int = 67_108_864
+    """Bytes all connections together may hold as packets not fully arrived; a connection that would pass it
+    is closed (v5: DISCONNECT 0x89 Server busy)."""
+    partial_packet_timeout_s: float = 30.0
+    """Seconds a packet may take to arrive once its first byte came; a connection still sending is closed."""
     max_packet_size: int = 1_048_576
     """Largest packet accepted from a client, in bytes (advertised as Maximum Packet Size in v5 CONNACK)."""
     receive_maximum: int = 64
@@ -146,6 +153,9 @@ class LimitsConfig:
     """QoS 1/2 messages sent to one subscriber and not yet acknowledged; more wait in the session queue."""
     max_subscriptions_per_client: int = 100
     """Topic filters one session may hold; SUBSCRIBE beyond it is refused for the extra filters."""
+    max_subscription_bytes_per_client: int = 16_384
+    """Bytes (UTF-8) of all topic filters one session holds; SUBSCRIBE beyond it is refused for the extra
+    filters (v5 0x97)."""
     max_topic_length: int = 1024
     """Bytes (UTF-8) of a topic name or filter."""
     max_topic_levels: int = 16
@@ -175,10 +185,14 @@ class LimitsConfig:
         _at_least(self, "new_connections_per_second", 0)
         _at_least(self, "new_connections_burst", 1)
         _positive(self, "connect_timeout_s")
+        _between(self, "max_connect_packet_size", 64, MQTT_MAX_PACKET_SIZE)
+        _at_least(self, "max_partial_packet_bytes", 1024)
+        _positive(self, "partial_packet_timeout_s")
         _between(self, "max_packet_size", 64, MQTT_MAX_PACKET_SIZE)
         _between(self, "receive_maximum", 1, 65_535)
         _between(self, "max_inflight_out", 1, 65_535)
         _at_least(self, "max_subscriptions_per_client", 1)
+        _at_least(self, "max_subscription_bytes_per_client", 1)
         _between(self, "max_topic_length", 1, 65_535)
         _at_least(self, "max_topic_levels", 1)
         _between(self, "max_client_id_length", 23, 65_535)

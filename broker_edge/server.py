@@ -141,6 +141,8 @@ class Broker:
         self._drops: dict[str, int] = {}
         self._refused: dict[str, int] = {}
         self._disconnects: dict[str, int] = {}
+        self.partial_bytes = 0
+        """Bytes of packets not fully arrived, all connections (at most limits.max_partial_packet_bytes)."""
         self.throttled = 0
         """Times a client's reading was paused for its message rate since the last ``flush_stats``."""
         self._flushed: dict[str, list[int]] = {}

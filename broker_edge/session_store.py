@@ -70,7 +70,7 @@ class SessionStore:
         snapshot = self._read()
         if snapshot is None:
             return 0
-        restored, expired = restore(
+        restored, expired, over = restore(
             self.router,
             snapshot,
             self._log_ends(),
@@ -78,7 +78,14 @@ class SessionStore:
             time.time(),
             self.config.max_session_expiry_s,
             self.can_subscribe,
+            self.config.max_persistent,
         )
+        if over:
+            log.warning(
+                "%d persistent sessions not restored: sessions.max_persistent is %d",
+                over,
+                self.config.max_persistent,
+            )
         log.info(
             "restored %d persistent sessions from %s (%d expired while the broker was down)",
             restored,

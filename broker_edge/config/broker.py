@@ -92,12 +92,21 @@ class SessionsConfig:
     persist_interval_s: float = 60.0
     """Seconds between two snapshots of the persistent sessions while the broker runs (a crash loses at
     most what changed since the last one)."""
+    max_persistent: int = 20_000
+    """Persistent sessions (expiry > 0) kept, online or not; a CONNECT that would add one more is refused
+    (v5 0x97, v3 0x03); 0 = unlimited."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_session_expiry_s, bool) or not 0 <= self.max_session_expiry_s <= 0xFFFFFFFF:
             raise ConfigError(
                 "max_session_expiry_s", f"must be between 0 and 4294967295, got {self.max_session_expiry_s!r}"
             )
+        if (
+            isinstance(self.max_persistent, bool)
+            or not isinstance(self.max_persistent, int)
+            or self.max_persistent < 0
+        ):
+            raise ConfigError("max_persistent", f"must be an integer >= 0, got {self.max_persistent!r}")
         if not self.persist_interval_s > 0:
             raise ConfigError("persist_interval_s", f"must be > 0, got {self.persist_interval_s!r}")
 

@@ -146,6 +146,11 @@ _REFUSALS: dict[str, tuple[int, int, str]] = {
         _V3.NOT_AUTHORIZED,
         "this client identifier's session belongs to another user",
     ),
+    "session_quota": (
+        _RC.QUOTA_EXCEEDED,
+        _V3.SERVER_UNAVAILABLE,
+        "too many persistent sessions on this broker",
+    ),
     "retain_not_supported": (_RC.RETAIN_NOT_SUPPORTED, _V3.NOT_AUTHORIZED, "retained messages are disabled"),
     "connack_too_large": (
         _RC.PACKET_TOO_LARGE,
@@ -229,6 +234,11 @@ def _accept(conn: Connection, packet: Connect, client_id: str, assigned: bool, u
     existing = router.sessions.get(client_id)
     if existing is not None and existing.username != username:
         _refuse(conn, "session_owner")  # neither taken over nor discarded: it is someone else's
+        return
+    max_persistent = config.sessions.max_persistent
+    adds_persistent = expiry > 0 and (existing is None or existing.expiry_interval == 0)
+    if adds_persistent and max_persistent and router.persistent_count >= max_persistent:
+        _refuse(conn, "session_quota")
         return
 
     keepalive = packet.keep_alive

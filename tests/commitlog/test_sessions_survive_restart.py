@@ -274,3 +274,13 @@ def test_a_restored_session_keeps_its_owner_and_another_user_cannot_resume_it(br
     )
     assert again.connack_result[0].session_present is True
     assert [m.payload for m in again.expect(1)] == [b"for B"]
+
+
+def test_a_restart_restores_no_more_persistent_sessions_than_the_bound(brokers, caplog):
+    broker = brokers()
+    for n in range(5):
+        PahoClient(broker.port, f"dev-{n}", clean=False, session_expiry=300).disconnect()
+    with caplog.at_level(logging.WARNING, logger="broker_edge.session_store"):
+        broker = restarted(broker, brokers, sessions={"max_persistent": 3})
+    assert broker.call(lambda: broker.broker.router.persistent_count) == 3
+    assert "2 persistent sessions not restored: sessions.max_persistent is 3" in caplog.text
