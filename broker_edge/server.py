@@ -194,8 +194,9 @@ class Broker:
                 )
             if config.admin_http.enabled:
                 app = create_admin_app(self.metrics, self.health)
+                admin = config.admin_http
                 runner, self.admin_port = await start_admin_server(
-                    app, config.admin_http.host, config.admin_http.port
+                    app, admin.host, admin.port, None, admin.max_connections, admin.request_timeout_s
                 )
                 self._runners.append(runner)
             if self.store is not None and config.offsets_api.enabled:
@@ -245,8 +246,11 @@ class Broker:
             return
         api = self.config.offsets_api
         ssl_context = server_ssl_context(api.tls) if api.tls else None
+        from broker_edge.offsets_api.server import ApiLimits
+
+        limits = ApiLimits(max_connections=api.max_connections, request_timeout_s=api.request_timeout_s)
         runner, self.offsets_port = await serve(
-            self.store, host=api.host, port=api.port, token=api.token, ssl_context=ssl_context
+            self.store, host=api.host, port=api.port, token=api.token, ssl_context=ssl_context, limits=limits
         )
         self._runners.append(runner)
 
