@@ -8,7 +8,7 @@ clocks and the caller decides which clock to use (``loop.time()`` in the broker)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from broker_edge.config import ConfigError
@@ -179,6 +179,11 @@ class LimitsConfig:
     """PUBLISHes one client may send at once above that rate."""
     max_topics_per_client: int = 1_000
     """Topic logs one client id may create by publishing (v5: 0x97 beyond it); 0 = unlimited."""
+    max_topics_per_identity: int = 10_000
+    """Topic logs one user name (or, anonymous, one non-loopback address) may create, all its client ids
+    together (v5: 0x97 beyond it); 0 = unlimited."""
+    topic_quota_exempt_users: list[str] = field(default_factory=list)
+    """User names bound by neither topic quota (the pipelines that publish to many topics)."""
 
     def __post_init__(self) -> None:
         _at_least(self, "max_connections", 1)
@@ -208,6 +213,7 @@ class LimitsConfig:
         _at_least(self, "messages_per_second_per_client", 0)
         _at_least(self, "messages_burst_per_client", 1)
         _at_least(self, "max_topics_per_client", 0)
+        _at_least(self, "max_topics_per_identity", 0)
 
     def connection_admission(self) -> ConnectionAdmission:
         """The broker-wide admission control these limits describe."""

@@ -35,6 +35,7 @@ from broker_edge.storage import StorageError, TooManyTopics
 from broker_edge.storage.record import RecordFields
 from broker_edge.sys_topics import sys_topic_messages
 from broker_edge.tls import server_ssl_context
+from broker_edge.topic_quota import TopicShares
 
 if TYPE_CHECKING:
     import ssl
@@ -122,6 +123,9 @@ class Broker:
             self.passwords = PasswordFile.load(config.auth.password_file)
         self.admission = config.limits.connection_admission()
         self.login_backoff = LoginBackoff(config.auth.failed_logins)
+        self.topic_shares = TopicShares(
+            config.limits.max_topics_per_identity, config.limits.topic_quota_exempt_users
+        )
         self.store: Any = None
         self.replays: Any = None
         self.session_store: SessionStore | None = None
