@@ -38,12 +38,18 @@ def stop_cleanly(process: BrokerProcess) -> int:
     return process.process.returncode  # type: ignore[union-attr]
 
 
-def test_topics_named_like_broker_files_are_plain_logs_and_restarts_keep_working(tmp_path):
+def broker_with_an_offline_device(tmp_path) -> BrokerProcess:
+    """A broker process with one persistent session, offline, subscribed to ``cmd/#`` at QoS 1."""
     process = BrokerProcess(tmp_path, sys_topics={"enabled": False}).start()
+    device = PahoClient(process.port, "device", clean=False, session_expiry=3600)
+    assert device.subscribe("cmd/#", 1) == [1]
+    device.disconnect()
+    return process
+
+
+def test_topics_named_like_broker_files_are_plain_logs_and_restarts_keep_working(tmp_path):
+    process = broker_with_an_offline_device(tmp_path)
     try:
-        device = PahoClient(process.port, "device", clean=False, session_expiry=3600)
-        assert device.subscribe("cmd/#", 1) == [1]
-        device.disconnect()
         attacker = PahoClient(process.port, "attacker")
         for topic in HOSTILE_TOPICS:
             attacker.publish(topic, f"payload of {topic}".encode(), 1)
@@ -74,11 +80,8 @@ def test_topics_named_like_broker_files_are_plain_logs_and_restarts_keep_working
 
 
 def test_an_older_data_directory_is_moved_at_start_keeping_logs_and_sessions(tmp_path):
-    process = BrokerProcess(tmp_path, sys_topics={"enabled": False}).start()
+    process = broker_with_an_offline_device(tmp_path)
     try:
-        device = PahoClient(process.port, "device", clean=False, session_expiry=3600)
-        assert device.subscribe("cmd/#", 1) == [1]
-        device.disconnect()
         publisher = PahoClient(process.port, "publisher")
         for topic in ("plant/1/temp", "topics", "meta"):  # an old log may well be called like the new dirs
             publisher.publish(topic, f"kept: {topic}".encode(), 1)
