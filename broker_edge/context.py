@@ -14,12 +14,15 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from broker_edge.acl import AccessControl
+    from broker_edge.auth import PasswordFile
     from broker_edge.config.broker import BrokerConfig
     from broker_edge.connection import Connection
     from broker_edge.counters import BrokerCounters
+    from broker_edge.login_backoff import LoginBackoff
     from broker_edge.publish_path import PublishPath
     from broker_edge.replay import ReplayManager
     from broker_edge.router import Router
+    from broker_edge.topic_quota import TopicShares
 
 __all__ = ["BrokerContext", "ConnectionHost"]
 
@@ -47,8 +50,16 @@ class BrokerContext(Protocol):
     def counters(self) -> BrokerCounters: ...
 
     @property
-    def has_passwords(self) -> bool:
-        """Whether a password file is configured (else a user name is only a label)."""
+    def passwords(self) -> PasswordFile | None:
+        """The password file; None when there is none (a user name is then only a label)."""
+
+    @property
+    def login_backoff(self) -> LoginBackoff:
+        """Failed logins per address and user name: a guesser is refused without a hash for a while."""
+
+    @property
+    def topic_shares(self) -> TopicShares:
+        """Topic logs per identity (``limits.max_topics_per_identity``)."""
 
     def now(self) -> float:
         """Seconds on the broker's monotonic clock (the one keepalive deadlines and rate buckets use)."""
@@ -59,6 +70,9 @@ class BrokerContext(Protocol):
 
 class ConnectionHost(BrokerContext, Protocol):
     """The broker as a ``Connection`` sees it: its handlers' context plus admission, flushing and timers."""
+
+    partial_bytes: int
+    """Bytes of packets not fully arrived, over all connections (``limits.max_partial_packet_bytes``)."""
 
     def connection_opened(self, conn: Connection) -> None:
         """Admit (or refuse) a new connection and start its CONNECT deadline."""

@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING
 from broker_edge.acl import AccessControl
 from broker_edge.auth import PasswordFile
 from broker_edge.counters import BrokerCounters
+from broker_edge.login_backoff import LoginBackoff
 from broker_edge.publish_path import PublishPath
 from broker_edge.router import Router
 from broker_edge.states import CLOSED
+from broker_edge.topic_quota import TopicShares
 
 if TYPE_CHECKING:
     from broker_edge.config.broker import BrokerConfig
@@ -55,6 +57,12 @@ class BrokerCore:
         self.replays: ReplayManager | None = None
         """Log cursors and replays, set once a commitlog is open."""
         self.admission = config.limits.connection_admission()
+        self.login_backoff = LoginBackoff(config.auth.failed_logins)
+        self.topic_shares = TopicShares(
+            config.limits.max_topics_per_identity, config.limits.topic_quota_exempt_users
+        )
+        self.partial_bytes = 0
+        """Bytes of packets not fully arrived, all connections (at most limits.max_partial_packet_bytes)."""
         self.connections: set[Connection] = set()
         self._dirty: list[Connection] = []
         self._flush_scheduled = False
@@ -74,10 +82,6 @@ class BrokerCore:
         raise NotImplementedError
 
     # -- the ConnectionHost interface -----------------------------------------------------------------------
-
-    @property
-    def has_passwords(self) -> bool:
-        return self.passwords is not None
 
     def verify_password(self, username: str, password: bytes | None, done: Callable[[bool], None]) -> None:
         """Check the password here, answer in ``call_soon`` (the broker overrides it to hash off the loop)."""

@@ -170,15 +170,15 @@ class PublishPath:
         store = self.store
         return store is not None and store.should_persist(topic, qos)
 
-    def over_topic_quota(self, client_id: str, topic: str, quota: int) -> bool:
-        """True if logging ``topic`` would make ``client_id`` create more than ``quota`` logs (0: none)."""
+    def creates_log(self, topic: str) -> bool:
+        """Whether logging a publish on ``topic`` would create its log (it has none yet)."""
         store = self.store
-        return (
-            bool(quota)
-            and store is not None
-            and topic not in store
-            and store.logs_created_by(client_id) >= quota
-        )
+        return store is not None and topic not in store
+
+    def logs_created_by(self, client_id: str) -> int:
+        """Logs ``client_id`` created (its topic quota counts them)."""
+        store = self.store
+        return store.logs_created_by(client_id) if store is not None else 0
 
     def accept(self, publisher: Publisher, message: Message, packet_id: int | None, logged: bool) -> None:
         """Take a client's publish: logged, it waits for the log; otherwise it is routed and acknowledged now.

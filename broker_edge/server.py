@@ -39,6 +39,7 @@ from broker_edge.tls import server_ssl_context
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from broker_edge.http_guard import GuardedRunner
     from broker_edge.storage import LogStore
 
 __all__ = ["Broker", "ListenerRuntime", "ListenerStats"]
@@ -87,7 +88,7 @@ class Broker(BrokerCore):
         self.started_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[asyncio.Server] = []
-        self._runners: list[web.AppRunner] = []
+        self._runners: list[web.AppRunner | GuardedRunner] = []
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._next_sys = 0.0
         self._next_retention = 0.0
@@ -140,10 +141,11 @@ class Broker(BrokerCore):
                 )
             if config.admin_http.enabled:
                 app = create_admin_app(self.metrics, self.health)
-                runner, self.admin_port = await start_admin_server(
-                    app, config.admin_http.host, config.admin_http.port
+                admin = config.admin_http
+                admin_runner, self.admin_port = await start_admin_server(
+                    app, admin.host, admin.port, None, admin.max_connections, admin.request_timeout_s
                 )
-                self._runners.append(runner)
+                self._runners.append(admin_runner)
             if self.store is not None and config.offsets_api.enabled:
                 await self._start_offsets_api()
         except BaseException:
@@ -170,7 +172,12 @@ class Broker(BrokerCore):
         if self.config.sessions.persist:
             can_subscribe = self.acl.can_subscribe if self.acl is not None else None
             self.session_store = SessionStore(
-                directory, self.router, store, self.config.sessions, self.loop, can_subscribe
+                Path(store.layout.meta),
+                self.router,
+                store,
+                self.config.sessions,
+                self.loop,
+                can_subscribe,
             )
             self.session_store.restore()
 
@@ -187,8 +194,11 @@ class Broker(BrokerCore):
             return
         api = self.config.offsets_api
         ssl_context = server_ssl_context(api.tls) if api.tls else None
+        from broker_edge.offsets_api.server import ApiLimits
+
+        limits = ApiLimits(max_connections=api.max_connections, request_timeout_s=api.request_timeout_s)
         runner, self.offsets_port = await serve(
-            self.store, host=api.host, port=api.port, token=api.token, ssl_context=ssl_context
+            self.store, host=api.host, port=api.port, token=api.token, ssl_context=ssl_context, limits=limits
         )
         self._runners.append(runner)
 

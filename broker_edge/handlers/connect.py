@@ -1,5 +1,10 @@
 """CONNECT: client id, authentication, session takeover or resume, keepalive, will, CONNACK (MQTT 3.1, 3.2).
 
+A session belongs to the identity that created it (its user name, the client certificate's CN, or none for
+an anonymous client): a CONNECT of another identity with the same client id is refused with "not
+authorized" (v5 0x87, v3 0x05) and the session and its connection are left alone. A resumed session keeps
+only the subscriptions the ACL still allows (see docs/security.md).
+
 Password checks hash on purpose, so they run off the loop (``BrokerContext.verify_password``) while the
 connection reads nothing further (packets that already arrived wait in its ``backlog``). Everything else
 is synchronous. CONNACK is written before the session's in-flight messages are resent, as the spec orders.
@@ -19,8 +24,10 @@ from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
 from broker_edge.states import AUTHENTICATING, CLOSED, CONNECTED, NEW, NO_LIMIT
 
 if TYPE_CHECKING:
+    from broker_edge.acl import AccessControl
     from broker_edge.connection import Connection
     from broker_edge.context import BrokerContext
+    from broker_edge.session import Session
 
 __all__ = ["handle_connect"]
 
@@ -66,17 +73,24 @@ def handle_connect(ctx: BrokerContext, conn: Connection, packet: Connect) -> Non
             return
         _accept(ctx, conn, packet, client_id, assigned, None)
         return
-    if not ctx.has_passwords:
+    passwords = ctx.passwords
+    if passwords is None:
         if conn.listener.allow_anonymous:  # no password file: a username is only a label
             _accept(ctx, conn, packet, client_id, assigned, username)
         else:
             _refuse(conn, "bad_credentials")
         return
+    charged = not passwords.remembered(username, packet.password)  # a password verified before costs nothing
+    if charged and not ctx.login_backoff.admit(
+        conn.peer_host(), username if username in passwords else None, ctx.now()
+    ):
+        _refuse(conn, "login_backoff")  # no hash spent on a guesser
+        return
     conn.state = AUTHENTICATING
     conn.pause_reading()
 
     def checked(ok: bool) -> None:
-        _after_password(ctx, conn, packet, client_id, assigned, username, ok)
+        _after_password(ctx, conn, packet, client_id, assigned, username, charged, ok)
 
     ctx.verify_password(username, packet.password, checked)
 
@@ -88,17 +102,20 @@ def _after_password(
     client_id: str,
     assigned: bool,
     username: str,
+    charged: bool,
     ok: bool,
 ) -> None:
     if conn.state == CLOSED:
         return
     conn.state = NEW
-    conn.resume_reading()
     if not ok:
         _refuse(conn, "bad_credentials")
         return
+    if charged:
+        ctx.login_backoff.succeeded(conn.peer_host(), username)
     _accept(ctx, conn, packet, client_id, assigned, username)
-    conn.dispatch_backlog()
+    if conn.state != CLOSED:
+        conn.handle_backlog()  # what arrived meanwhile, then reading resumes
 
 
 _REFUSALS: dict[str, tuple[int, int, str]] = {
@@ -119,9 +136,53 @@ _REFUSALS: dict[str, tuple[int, int, str]] = {
         "bad user name or password",
     ),
     "not_authorized": (_RC.NOT_AUTHORIZED, _V3.NOT_AUTHORIZED, "will topic not allowed"),
+    "login_backoff": (
+        _RC.CONNECTION_RATE_EXCEEDED,
+        _V3.SERVER_UNAVAILABLE,
+        "too many failed logins; retry later",
+    ),
+    "session_owner": (
+        _RC.NOT_AUTHORIZED,
+        _V3.NOT_AUTHORIZED,
+        "this client identifier's session belongs to another user",
+    ),
+    "session_quota": (
+        _RC.QUOTA_EXCEEDED,
+        _V3.SERVER_UNAVAILABLE,
+        "too many persistent sessions on this broker",
+    ),
     "retain_not_supported": (_RC.RETAIN_NOT_SUPPORTED, _V3.NOT_AUTHORIZED, "retained messages are disabled"),
+    "connack_too_large": (
+        _RC.PACKET_TOO_LARGE,
+        _V3.NOT_AUTHORIZED,
+        "the CONNACK does not fit the client's Maximum Packet Size",
+    ),
 }
 """Refusal (``reason`` label of ``connections_refused_total``) → v5 code, v3 return code, reason string."""
+
+
+_LEFT_OUT_WHEN_TOO_LARGE = ("topic_alias_maximum", "maximum_packet_size", "receive_maximum")
+"""CONNACK properties left out, in this order, while the CONNACK is larger than the client's Maximum Packet
+Size [MQTT-3.1.2-24]. Without them the client assumes no topic aliases, no size limit and 65,535 in flight;
+the broker enforces its limits all the same (DISCONNECT 0x95, 0x93)."""
+
+
+def _fit_connack(ack: Properties, max_packet_out: int) -> bool:
+    """Leave properties out of a successful CONNACK until it fits ``max_packet_out``; False if it cannot
+    (what is left is needed: an assigned client id, a changed keep alive or expiry, retain unavailable)."""
+    for name in _LEFT_OUT_WHEN_TOO_LARGE:
+        if len(encode(ConnAck(True, 0, ack), MQTT_5)) <= max_packet_out:
+            return True
+        setattr(ack, name, None)
+    return len(encode(ConnAck(True, 0, ack), MQTT_5)) <= max_packet_out
+
+
+def _drop_denied_subscriptions(ctx: BrokerContext, acl: AccessControl, session: Session) -> None:
+    """A resumed session keeps only the subscriptions the ACL allows its identity now (rules change)."""
+    for key, entry in list((session.subscriptions or {}).items()):
+        if not acl.can_subscribe(session.client_id, session.username, entry.topic_filter):
+            ctx.router.unsubscribe(session, key)
+            ctx.counters.drop("subscribe_denied")
 
 
 def _refuse(conn: Connection, reason: str) -> None:
@@ -166,11 +227,14 @@ def _accept(
     router = ctx.router
     now = ctx.now()
     existing = router.sessions.get(client_id)
-    if existing is not None and existing.connection is not None:
-        existing.connection.taken_over()
-    session, present = router.open_session(client_id, packet.clean_start, expiry, now)
-    session.username = username
-    conn.session = session
+    if existing is not None and existing.username != username:
+        _refuse(conn, "session_owner")  # neither taken over nor discarded: it is someone else's
+        return
+    max_persistent = config.sessions.max_persistent
+    adds_persistent = expiry > 0 and (existing is None or existing.expiry_interval == 0)
+    if adds_persistent and max_persistent and router.persistent_count >= max_persistent:
+        _refuse(conn, "session_quota")
+        return
 
     keepalive = packet.keep_alive
     ack: Properties | None = None
@@ -196,8 +260,19 @@ def _accept(
             ack.retain_available = 0
         if assigned:
             ack.assigned_client_identifier = client_id
+        if not _fit_connack(ack, conn.max_packet_out):
+            _refuse(conn, "connack_too_large")
+            return
     else:
         conn.max_packet_out = NO_LIMIT
+
+    if existing is not None and existing.connection is not None:
+        existing.connection.taken_over()
+    session, present = router.open_session(client_id, packet.clean_start, expiry, now)
+    session.username = username
+    conn.session = session
+    if present and ctx.acl is not None:
+        _drop_denied_subscriptions(ctx, ctx.acl, session)
     conn.keepalive = keepalive
     conn.deadline = now + keepalive * 1.5 if keepalive else 0.0
     conn.rx = False

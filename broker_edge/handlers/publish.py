@@ -8,8 +8,9 @@ everything else is routed at once and acknowledged in the same turn.
 
 ACL-denied publishes follow Mosquitto for v3 (acknowledged normally and dropped) and MQTT 5 for v5
 (PUBACK / PUBREC with 0x87). Topic names starting with ``$`` are the broker's (``$SYS``): treated the same.
-A client that would create more topic logs than ``limits.max_topics_per_client`` is refused the same way
-(0x97 Quota exceeded).
+A client that would create more topic logs than ``limits.max_topics_per_client``, or than its identity's share
+(``limits.max_topics_per_identity``, see ``broker_edge.topic_quota``), is refused the same way (0x97 Quota
+exceeded).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from broker_edge.limits import topic_over_limits
 from broker_edge.protocol.errors import ProtocolError
 from broker_edge.protocol.packets import Publish
 from broker_edge.protocol.reason_codes import ReasonCode
+from broker_edge.topic_quota import identity_of
 
 if TYPE_CHECKING:
     from broker_edge.connection import Connection
@@ -36,11 +38,6 @@ _QUOTA_EXCEEDED = ReasonCode.QUOTA_EXCEEDED
 def handle_publish(ctx: BrokerContext, conn: Connection, session: Session, packet: Publish) -> None:
     qos = packet.qos
     conn.listener.stats.received[qos] += 1
-    bucket = conn.bucket
-    if bucket is not None and not conn.throttled:
-        now = ctx.now()
-        if not bucket.try_acquire(now):
-            conn.throttle(now)
     topic = packet.topic
     props = packet.properties
     if props is not None and props.topic_alias is not None:
@@ -76,7 +73,7 @@ def handle_publish(ctx: BrokerContext, conn: Connection, session: Session, packe
         _refuse(ctx, conn, session, qos, packet_id, _NOT_AUTHORIZED, "acl_denied")
         return
     logged = path.is_logged(topic, qos)
-    if logged and path.over_topic_quota(conn.client_id, topic, limits.max_topics_per_client):
+    if logged and path.creates_log(topic) and not _may_create_log(ctx, conn, session, topic):
         _refuse(ctx, conn, session, qos, packet_id, _QUOTA_EXCEEDED, "topic_quota")
         return
 
@@ -90,6 +87,17 @@ def handle_publish(ctx: BrokerContext, conn: Connection, session: Session, packe
     if qos == 2 and packet_id is not None:
         _hold_qos2(conn, session, packet_id)
     path.accept(conn, message, packet_id, logged)
+
+
+def _may_create_log(ctx: BrokerContext, conn: Connection, session: Session, topic: str) -> bool:
+    """Whether the client may create ``topic``'s log: its client id's quota, then its identity's share."""
+    shares = ctx.topic_shares
+    if shares.exempt_user(session.username):
+        return True
+    quota = ctx.config.limits.max_topics_per_client
+    if quota and ctx.publish_path.logs_created_by(conn.client_id) >= quota:
+        return False
+    return shares.take(identity_of(session.username, conn.peer_host()), topic)
 
 
 def _refuse(

@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 __all__ = ["handle_subscribe"]
 
 
+def _filter_bytes(session: Session) -> int:
+    """UTF-8 bytes of the filters ``session`` holds (``limits.max_subscription_bytes_per_client``)."""
+    return sum(len(key.encode()) for key in session.subscriptions or ())
+
+
 def handle_subscribe(ctx: BrokerContext, conn: Connection, session: Session, packet: Subscribe) -> None:
     router = ctx.router
     limits = ctx.config.limits
@@ -82,7 +87,10 @@ def handle_subscribe(ctx: BrokerContext, conn: Connection, session: Session, pac
             fail(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
             continue
         existing = session.subscriptions.get(key) if session.subscriptions else None
-        if existing is None and router.subscription_count(session) >= limits.max_subscriptions_per_client:
+        if existing is None and (
+            router.subscription_count(session) >= limits.max_subscriptions_per_client
+            or _filter_bytes(session) + len(key.encode()) > limits.max_subscription_bytes_per_client
+        ):
             fail(ReasonCode.QUOTA_EXCEEDED)
             continue
         options = SubscriptionOptions(
