@@ -246,7 +246,7 @@ def _resolve_offset(value: object, info: LogInfo | None) -> int:
             f"offset must be a number, 'earliest' or 'latest', got {shown!r}",
             parameter="offset",
         )
-    return int(value)  # type: ignore[call-overload]
+    return int(str(value))
 
 
 def _format_param(value: object, allowed: Mapping[str, str] = FORMATS) -> str:
