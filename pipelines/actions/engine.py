@@ -63,6 +63,11 @@ def _ts(ms: int | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
 
 
+def _reached_and_open(row: Execution) -> bool:
+    """The device has (or may have) the action message and has not reported a final state."""
+    return row.state == IN_PROGRESS or (row.state == QUEUED and row.published_at is not None)
+
+
 class ActionsEngine:
     """Fans actions out and keeps ``action_executions`` and ``action_summary`` up to date."""
 
@@ -162,10 +167,16 @@ class ActionsEngine:
 
     def _fan_out(self, action: Action, now: int) -> list[Execution]:
         targets = self._targets(action)
-        if action.broadcast:
-            self.publisher.publish(action.broadcast_topic, action.message(now))
+        topic = action.shared_topic
+        if topic is not None:
+            self.publisher.publish(topic, action.message(now))
             rows = [queued(action.id, device_id, now, published_at=now) for device_id in targets]
-            log.info("action %s broadcast on %s to %d devices", action.id, action.broadcast_topic, len(rows))
+            log.info("action %s broadcast on %s to %d devices", action.id, topic, len(rows))
+        elif action.broadcast:
+            message = action.message(now)
+            self.publisher.publish_many([(device_topic(device_id), message) for device_id in targets])
+            rows = [queued(action.id, device_id, now, published_at=now) for device_id in targets]
+            log.info("action %s sent on the topics of %d listed devices", action.id, len(rows))
         else:
             rows = [queued(action.id, device_id, now) for device_id in targets]
             log.info(
@@ -184,12 +195,10 @@ class ActionsEngine:
         start = min(row.queued_at for row in rows.values())
         allowance = rollout_allowance(action.max_per_minute, start, now, published)
         waiting = sorted(d for d, row in rows.items() if row.published_at is None and row.state == QUEUED)
-        out = []
-        for device_id in waiting[:allowance]:
-            self.publisher.publish(device_topic(device_id), action.message(now))
-            row = rows[device_id]
-            out.append(replace(row, published_at=now, version=row.version + 1, updated_at=now))
-        return out
+        turn = waiting[:allowance]
+        message = action.message(now)
+        self.publisher.publish_many([(device_topic(device_id), message) for device_id in turn])
+        return [replace(rows[d], published_at=now, version=rows[d].version + 1, updated_at=now) for d in turn]
 
     def _targets(self, action: Action) -> list[str]:
         if action.device_ids:
@@ -206,13 +215,13 @@ class ActionsEngine:
     ) -> list[Execution]:
         """Cancel what has not started; ask devices that have started to stop (they report CANCELED)."""
         if any(row.state == IN_PROGRESS or row.published_at is not None for row in rows.values()):
-            topic = action.broadcast_topic if action.broadcast else None
+            topic = action.shared_topic
             if topic:
                 self.publisher.publish(topic, action.cancel_message(now))
-            else:
-                for row in rows.values():
-                    if row.state == IN_PROGRESS:
-                        self.publisher.publish(device_topic(row.device_id), action.cancel_message(now))
+            else:  # devices that have the action and have not finished it
+                reached = [r.device_id for r in rows.values() if _reached_and_open(r)]
+                message = action.cancel_message(now)
+                self.publisher.publish_many([(device_topic(device_id), message) for device_id in reached])
         changed = []
         for row in rows.values():
             if row.state == QUEUED:

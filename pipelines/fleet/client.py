@@ -72,6 +72,8 @@ class MqttClient(asyncio.Protocol):
         self._connack: asyncio.Future[ConnAck] | None = None
         self._closed: asyncio.Future[None] | None = None
         self._ping_handle: asyncio.TimerHandle | None = None
+        self.bytes_received = 0
+        """Every byte read from the broker on this connection (what a device pays for on the wire)."""
 
     # -- life cycle -------------------------------------------------------------------------------------
 
@@ -89,11 +91,20 @@ class MqttClient(asyncio.Protocol):
         password: bytes | None = None,
         session_expiry_s: int = 0,
         timeout_s: float = 10.0,
+        source_address: str | None = None,
     ) -> MqttClient:
-        """Open a TCP connection, send CONNECT and wait for a successful CONNACK."""
+        """Open a TCP connection, send CONNECT and wait for a successful CONNACK.
+
+        ``source_address`` binds the local end (e.g. one of several 127.0.0.x addresses, so that a fleet of
+        more connections than one address has ephemeral ports can reach one broker port).
+        """
         loop = asyncio.get_running_loop()
+        local_addr = (source_address, 0) if source_address else None
         _, client = await asyncio.wait_for(
-            loop.create_connection(lambda: cls(client_id, on_message, keep_alive), host, port), timeout_s
+            loop.create_connection(
+                lambda: cls(client_id, on_message, keep_alive), host, port, local_addr=local_addr
+            ),
+            timeout_s,
         )
         properties = Properties(session_expiry_interval=session_expiry_s) if session_expiry_s else None
         client._connack = loop.create_future()
@@ -193,6 +204,7 @@ class MqttClient(asyncio.Protocol):
     # -- protocol ---------------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        self.bytes_received += len(data)
         try:
             packets = self._decoder.feed(data)
         except MQTTError:
