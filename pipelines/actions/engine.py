@@ -145,11 +145,18 @@ class ActionsEngine:
             )
 
     def tick(self) -> None:
-        """Pace rollouts, time out executions, abort actions over their failure threshold."""
+        """Pace rollouts, time out executions; summarise (and maybe abort) the actions that changed.
+
+        Only actions with something to do on a clock (a paced rollout or an in-progress timeout) are read:
+        a broadcast without a timeout changes only on reports, which summarise it themselves.
+        """
         with self.lock:
             now = self.clock()
             actions = {a.id: a for a in self._actions() if not a.cancel}
-            open_ids = self._open_action_ids(actions)
+            clocked = {
+                a for a, action in actions.items() if not action.broadcast or action.in_progress_timeout_s
+            }
+            open_ids = [a for a in self._open_action_ids(actions) if a in clocked]
             if not open_ids:
                 return
             known = self._executions(open_ids)
@@ -159,9 +166,13 @@ class ActionsEngine:
                 changed += self._time_out(action, rows, now)
                 if not action.broadcast:
                     changed += self._pace(action, rows, now)
+            if not changed:
+                return
             self._tick_batch = max(self._tick_batch + 1, now)
             self._write(changed, f"{self.app_id}/tick/executions", self._tick_batch)
-            self._summarise(open_ids, f"{self.app_id}/tick/summary", self._tick_batch)
+            self._summarise(
+                sorted({row.action_id for row in changed}), f"{self.app_id}/tick/summary", self._tick_batch
+            )
 
     # -- fanout ---------------------------------------------------------------------------------------------
 

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
-import time
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Coroutine, Sequence
+from typing import Any, Protocol
 
-import paho.mqtt.client as mqtt
+from pipelines.fleet.client import MqttClient
 
 QUOTA_EXCEEDED = 0x97
-CHUNK = 16_384
-"""Publishes handed to a client before waiting for their acknowledgements (well below 65,535 packet ids)."""
 
 
 class Publisher(Protocol):
@@ -44,7 +42,8 @@ class MqttPublisher:
 
     A PUBACK from a Timestone broker means the message is in its commitlog under the broker's durability
     policy, so a device that is offline now still gets it from the log when it comes back. Many publishes go
-    out pipelined, up to the broker's Receive Maximum unacknowledged at a time, and are waited for together.
+    out pipelined, up to each broker's Receive Maximum unacknowledged at a time, and are waited for together.
+    The connections live on their own event-loop thread; a dropped one is reopened at the next publish.
     """
 
     def __init__(
@@ -55,76 +54,66 @@ class MqttPublisher:
         password: str | None = None,
         timeout_s: float = 30.0,
     ) -> None:
+        self.brokers = list(brokers)
+        self.client_id = client_id
+        self.username = username
+        self.password = password.encode() if password is not None else None
         self.timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._refused: dict[tuple[int, int], int] = {}
-        self._clients: list[mqtt.Client] = []
-        for index, (host, port) in enumerate(brokers):
-            client = mqtt.Client(
-                mqtt.CallbackAPIVersion.VERSION2, client_id=f"{client_id}-{index}", protocol=mqtt.MQTTv5
-            )
-            if username is not None:
-                client.username_pw_set(username, password)
-            client.on_connect = _note_receive_maximum
-            client.on_publish = self._on_publish
-            receive_maximum = self._connect(client, host, port)
-            if receive_maximum != client.max_inflight_messages:  # paho sets it only while disconnected
-                client.disconnect()
-                client.loop_stop()
-                client.max_inflight_messages = receive_maximum
-                self._connect(client, host, port)
-            self._clients.append(client)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="actions-publisher", daemon=True)
+        self._thread.start()
+        self._clients: list[MqttClient | None] = [None] * len(self.brokers)
+        self._run(self._connect_all())
 
-    def _connect(self, client: mqtt.Client, host: str, port: int) -> int:
-        """Connect and start the network thread; returns the broker's Receive Maximum from its CONNACK."""
-        connack: dict[str, int] = {}
-        client.user_data_set(connack)
-        client.connect(host, port, keepalive=30)
-        client.loop_start()
-        deadline = time.monotonic() + self.timeout_s
-        while "receive_maximum" not in connack:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no CONNACK from {host}:{port} within {self.timeout_s} s")
-            time.sleep(0.01)
-        return connack["receive_maximum"]
+    def _run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
-    def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
-        if reason_code.is_failure:
-            self._refused[id(client), mid] = reason_code.value
+    async def _connect_all(self) -> list[MqttClient]:
+        for index, (host, port) in enumerate(self.brokers):
+            client = self._clients[index]
+            if client is None or not client.connected:
+                self._clients[index] = await MqttClient.connect(
+                    host,
+                    port,
+                    f"{self.client_id}-{index}",
+                    username=self.username,
+                    password=self.password,
+                    keep_alive=30,
+                    timeout_s=self.timeout_s,
+                )
+        return self._clients  # type: ignore[return-value]
 
     def publish(self, topic: str, payload: bytes) -> None:
         self.publish_many([(topic, payload)])
 
     def publish_many(self, messages: Sequence[tuple[str, bytes]]) -> None:
         """Publish every (topic, payload) to every broker and wait until all are acknowledged."""
-        with self._lock:
-            for first in range(0, len(messages), CHUNK):
-                self._publish_chunk(messages[first : first + CHUNK])
+        if messages:
+            with self._lock:
+                self._run(self._publish_many(messages))
 
-    def _publish_chunk(self, messages: Sequence[tuple[str, bytes]]) -> None:
-        self._refused.clear()
-        sent = [
-            (client, topic, client.publish(topic, payload, qos=1))
-            for client in self._clients
-            for topic, payload in messages
+    async def _publish_many(self, messages: Sequence[tuple[str, bytes]]) -> None:
+        clients = await self._connect_all()
+        sent = [client.publish_many(messages) for client in clients]
+        answers = await asyncio.wait_for(asyncio.gather(*sent), self.timeout_s)
+        refused = [
+            (topic, code)
+            for codes in answers
+            for (topic, _), code in zip(messages, codes, strict=True)
+            if code >= 0x80
         ]
-        refused = []
-        for client, topic, info in sent:
-            info.wait_for_publish(self.timeout_s)
-            if not info.is_published():
-                raise TimeoutError(f"no PUBACK for {topic} within {self.timeout_s} s")
-            reason_code = self._refused.get((id(client), info.mid))
-            if reason_code is not None:
-                refused.append((topic, reason_code))
         if refused:
             raise PublishRefused(refused[0][0], refused[0][1], len(refused))
 
     def close(self) -> None:
-        for client in self._clients:
-            client.disconnect()
-            client.loop_stop()
+        async def disconnect() -> None:
+            for client in self._clients:
+                if client is not None:
+                    await client.disconnect()
 
-
-def _note_receive_maximum(client: mqtt.Client, connack: dict, flags, reason_code, properties) -> None:
-    """Remember how many QoS 1 publishes the broker accepts in flight (65,535 when it does not say)."""
-    connack["receive_maximum"] = getattr(properties, "ReceiveMaximum", None) or 65_535
+        try:
+            self._run(disconnect())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
