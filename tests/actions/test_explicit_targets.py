@@ -84,16 +84,17 @@ def test_offline_and_late_devices_take_the_action_from_the_log_and_outsiders_nev
     table_store, tmp_path
 ):
     with BrokerProcess(tmp_path / "broker", **UNLIMITED_PUBLISHER) as broker:
-        behaviour = quiet_devices(offline_duration_s=(2.0, 2.0))
+        behaviour = quiet_devices()
         early = FleetSpec(brokers=[broker.address], count=3, groups=["g"], fleet_size=6)
         late = FleetSpec(brokers=[broker.address], count=3, groups=["g"], fleet_size=6, first_index=3)
         with FleetHarness(broker.address, early, behaviour) as harness:
             online, offline, outsider = harness.fleet.devices
-            harness.call(lambda: offline.go_offline(2.0))
+            harness.call(lambda: offline.go_offline(3600.0))
             listed = [online.device_id, offline.device_id, late.device_id(3), late.device_id(4)]
             fan_out(table_store, broker, action_row("act-late", device_ids=listed), 0)
             harness.wait_until(lambda: "act-late" in online.actions)
             assert "act-late" not in offline.actions  # it was away when the action went out
+            harness.run(offline.start())  # back, resuming from the offsets it holds
             with FleetHarness(broker.address, late, behaviour) as newcomers:
                 joiners, late_outsider = newcomers.fleet.devices[:2], newcomers.fleet.devices[2]
                 harness.wait_until(lambda: harness.fleet.finished("act-late") == 2, timeout_s=30)
@@ -101,8 +102,8 @@ def test_offline_and_late_devices_take_the_action_from_the_log_and_outsiders_nev
                 assert offline.actions["act-late"].state == SUCCEEDED
                 assert all(d.actions["act-late"].state == SUCCEEDED for d in joiners)
                 assert "act-late" not in outsider.actions and "act-late" not in late_outsider.actions
-                reports = harness.take_reports() + newcomers.take_reports()
-                assert {r.device_id for r in reports if r.state == SUCCEEDED} == set(listed)
+                harness.wait_until(lambda: succeeded_reports(harness, "act-late") == len(listed))
+                assert {r.device_id for r in harness.reports if r.state == SUCCEEDED} == set(listed)
 
 
 def test_a_list_beyond_the_brokers_topic_quota_fails_with_a_clear_error(table_store, tmp_path):
