@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.actions.model import Action, device_topic, to_ms
+from pipelines.actions.model import Action, device_topic
 from pipelines.actions.publisher import Publisher
 from pipelines.actions.rollout import rollout_allowance
 from pipelines.actions.states import (
@@ -128,7 +128,7 @@ class ActionsEngine:
         with self.lock:
             started = self.clock()
             action_ids = sorted({action_id for action_id, _ in by_key})
-            known = self._executions(action_ids)
+            known = self._executions(action_ids, {device_id for _, device_id in by_key})
             changed = []
             for (action_id, device_id), device_reports in by_key.items():
                 updated = apply_reports(known.get(action_id, {}).get(device_id), device_reports)
@@ -333,13 +333,25 @@ class ActionsEngine:
             out.setdefault(action_id, state_counts([]))[state] = count
         return out
 
-    def _executions(self, action_ids: list[str]) -> dict[str, dict[str, Execution]]:
+    def _executions(
+        self, action_ids: list[str], device_ids: Iterable[str] | None = None
+    ) -> dict[str, dict[str, Execution]]:
+        """Execution rows of ``action_ids`` (only those of ``device_ids`` when given), by action and device.
+
+        Filtered and converted in Arrow before any Python object is made: a report batch touches a few
+        thousand rows of an action that may have a hundred thousand.
+        """
         table = self.store.read_arrow(EXECUTIONS)
-        table = table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
+        wanted = pc.is_in(table["action_id"], pa.array(action_ids, pa.string()))
+        if device_ids is not None:
+            devices = pc.is_in(table["device_id"], pa.array(list(device_ids), pa.string()))
+            wanted = pc.and_(wanted, devices)
+        table = table.filter(wanted)
+        for column in TIME_COLUMNS:  # the table's timestamps → epoch ms, without a datetime per value
+            epoch_ms = table[column].cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())
+            table = table.set_column(table.schema.get_field_index(column), column, epoch_ms)
         out: dict[str, dict[str, Execution]] = {}
         for row in table.to_pylist():
-            for column in TIME_COLUMNS:
-                row[column] = to_ms(row[column])
             out.setdefault(row["action_id"], {})[row["device_id"]] = Execution(**row)
         return out
 
