@@ -10,7 +10,12 @@ import time
 
 from pipelines.fleet.device import DeviceBehaviour
 from pipelines.fleet.fleet import Fleet, FleetSpec
-from pipelines.fleet.processes import PORTS_PER_SOURCE_ADDRESS, FleetProcesses, loopback_sources
+from pipelines.fleet.processes import (
+    PORTS_PER_SOURCE_ADDRESS,
+    FleetProcesses,
+    loopback_sources,
+    raise_open_files_limit,
+)
 
 
 def _broker_address(text: str) -> tuple[str, int]:
@@ -133,6 +138,7 @@ async def _simulate(args: argparse.Namespace) -> int:
 def devices_main(argv: list[str]) -> int:
     """Entry point of ``timestone devices``."""
     args = build_parser().parse_args(argv)
+    raise_open_files_limit()
     if args.procs > 1:
         return _simulate_in_processes(args)
     return asyncio.run(_simulate(args))
