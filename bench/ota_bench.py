@@ -374,12 +374,18 @@ def report(args, runs: list[ActionRun], facts: dict) -> str:
 
 
 def save(section: str, devices: int) -> None:
-    """Replace this fleet size's section of the results file, keeping the others."""
+    """Replace this fleet size's section of the results file, keeping the others (smallest fleet first)."""
     text = RESULTS.read_text() if RESULTS.exists() else "# OTA fanout\n"
-    parts = re.split(r"(?m)^(?=## )", text)
+    parts = [p.rstrip() + "\n" for p in re.split(r"(?m)^(?=## )", text) if p.strip()]
     heading = f"## {devices:,} devices"
-    kept = [p for p in parts if not p.startswith(heading) and (p.startswith("## ") or p.startswith("# "))]
-    RESULTS.write_text("".join(p.rstrip() + "\n\n" for p in [*kept, section]).rstrip() + "\n")
+    intro = [p for p in parts if not p.startswith("## ")]
+    sections = [p for p in parts if p.startswith("## ") and not p.startswith(heading)] + [section]
+
+    def size(part: str) -> int:
+        digits = re.match(r"## ([\d,]+) devices", part)
+        return int(digits.group(1).replace(",", "")) if digits else 0
+
+    RESULTS.write_text("\n".join(intro + sorted(sections, key=size)))
 
 
 def main(argv: list[str] | None = None) -> int:
