@@ -24,8 +24,12 @@ PORTS_PER_SOURCE_ADDRESS = 20_000
 
 
 def loopback_sources(count: int) -> list[str]:
-    """Enough 127.0.0.x source addresses for ``count`` connections to one broker port."""
-    return [f"127.0.0.{1 + i}" for i in range(max(1, math.ceil(count / PORTS_PER_SOURCE_ADDRESS)))]
+    """Enough source addresses for ``count`` connections to one broker port: 127.0.0.2, 127.0.0.3, ...
+
+    Not 127.0.0.1: the fleet's ephemeral ports then never collide with servers (or tests) that pick a
+    free port on 127.0.0.1 while the fleet is connected.
+    """
+    return [f"127.0.0.{2 + i}" for i in range(max(1, math.ceil(count / PORTS_PER_SOURCE_ADDRESS)))]
 
 
 def raise_open_files_limit() -> int:

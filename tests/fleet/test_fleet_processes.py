@@ -40,8 +40,8 @@ def test_processes_split_the_fleet_with_the_ids_of_one_process_and_time_each_act
 
 
 def test_loopback_sources_add_an_address_per_20000_connections():
-    assert loopback_sources(10) == ["127.0.0.1"]
-    assert loopback_sources(20_001) == ["127.0.0.1", "127.0.0.2"]
+    assert loopback_sources(10) == ["127.0.0.2"]
+    assert loopback_sources(20_001) == ["127.0.0.2", "127.0.0.3"]
     assert len(loopback_sources(50_000)) == 3
 
 
