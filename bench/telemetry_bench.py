@@ -148,7 +148,7 @@ class BacklogConnection(asyncio.Protocol):
         self.buffer = bytearray()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport
         self.transport.write(frames.connect(self.client_id))
 
     def data_received(self, data: bytes) -> None:
@@ -703,7 +703,7 @@ def run(settings: Settings, root: Path, figures: Figures) -> None:
     per_topic = settings.records // settings.topics
     spark = local_spark_session("timestone-telemetry-bench", "local[2]")
     spark.sparkContext.setLogLevel("ERROR")
-    spark_pid = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]
+    spark_pid = spark.sparkContext._gateway.proc.pid
     try:
         with BrokerProcess(root / "backlog-broker", **BROKER_SECTIONS) as broker:
             print(f"publishing {per_topic * settings.topics:,} readings on {settings.topics} topics ...")

@@ -201,17 +201,17 @@ class DeltaNativeTableStore(TableStore):
             TXN_VERSION_CONF: str(batch_id),
             USER_METADATA_CONF: commit_marker(app_id, batch_id),
         }
-        previous = {key: session.conf.get(key, None) for key in confs}
+        previous: dict[str, str | None] = {key: session.conf.get(key, None) for key in confs}
         try:
             for key, value in confs.items():
                 session.conf.set(key, value)
             self._with_retries(run)
         finally:
-            for key, value in previous.items():
-                if value is None:
+            for key, earlier in previous.items():
+                if earlier is None:
                     session.conf.unset(key)
                 else:
-                    session.conf.set(key, value)
+                    session.conf.set(key, earlier)
         return self._committed_since(name, before, app_id, batch_id)
 
     def _frame(self, name: str, data: TableData) -> DataFrame:

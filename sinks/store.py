@@ -168,8 +168,8 @@ def delta_format_resolves(spark: SparkSession) -> bool:
 def data_source_resolves(spark: SparkSession, name: str) -> bool:
     """Whether ``format(name)`` would find a data source class, asked of the JVM without reading anything."""
     try:
-        jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-        conf = spark._jsparkSession.sessionState().conf()  # type: ignore[attr-defined]
+        jvm: Any = spark.sparkContext._jvm  # py4j's gateway: typed as optional, present on a live session
+        conf = spark._jsparkSession.sessionState().conf()
         jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(name, conf)
     except Exception:
         return False

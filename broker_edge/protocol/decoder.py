@@ -60,7 +60,7 @@ _FROM_SERVER = frozenset(
     {_T.CONNACK, _T.PUBLISH, _T.PUBACK, _T.PUBREC, _T.PUBREL, _T.PUBCOMP, _T.SUBACK, _T.UNSUBACK}
     | {_T.PINGRESP, _T.DISCONNECT, _T.AUTH}
 )
-_FIXED_FLAGS = {_T.PUBREL: 0b0010, _T.SUBSCRIBE: 0b0010, _T.UNSUBSCRIBE: 0b0010}
+_FIXED_FLAGS: dict[int, int] = {_T.PUBREL: 0b0010, _T.SUBSCRIBE: 0b0010, _T.UNSUBSCRIBE: 0b0010}
 _SUPPORTED_VERSIONS = (MQTT_3_1, MQTT_3_1_1, MQTT_5)
 _SHARE_PREFIX = "$share/"
 
@@ -99,13 +99,23 @@ class PacketDecoder:
     After a ``MQTTError`` the connection must close; further ``feed`` calls raise the same error.
     """
 
-    __slots__ = ("_accepted", "_error", "_needed", "_pending", "max_packet_size", "protocol_version", "role")
+    __slots__ = (
+        "_accepted",
+        "_error",
+        "_needed",
+        "_pending",
+        "max_connect_size",
+        "max_packet_size",
+        "protocol_version",
+        "role",
+    )
 
     def __init__(
         self,
         max_packet_size: int = MAX_PACKET_SIZE,
         role: Role = "server",
         protocol_version: int | None = None,
+        max_connect_size: int | None = None,
     ) -> None:
         if role not in ("server", "client"):
             raise ValueError(f"role must be 'server' or 'client', not {role!r}")
@@ -115,6 +125,8 @@ class PacketDecoder:
             raise ValueError("a client-role decoder needs the protocol_version it connected with")
         self.max_packet_size = max_packet_size
         """Largest accepted packet, fixed header included (the v5 Maximum Packet Size); may be changed."""
+        self.max_connect_size = max_packet_size if max_connect_size is None else max_connect_size
+        """Largest first packet (CONNECT): what an unauthenticated client may make the decoder hold."""
         self.role: Role = role
         self.protocol_version: int | None = protocol_version
         """3, 4 or 5 once CONNECT is decoded (or given); None before."""
@@ -138,7 +150,7 @@ class PacketDecoder:
             self._pending += data
             if len(self._pending) < self._needed:
                 return []
-            buf = self._pending
+            buf: bytes | bytearray = self._pending
             self._pending = bytearray()
         elif not data:
             return []
@@ -160,7 +172,7 @@ class PacketDecoder:
         view = memoryview(buf)
         size = len(buf)
         pos = 0
-        max_packet_size = self.max_packet_size
+        max_packet_size = self.max_packet_size if self.protocol_version is not None else self.max_connect_size
         accepted = self._accepted
         while pos < size:
             first = buf[pos]
@@ -195,6 +207,7 @@ class PacketDecoder:
             else:
                 packets.append(_BODY_DECODERS[first >> 4](self, first, buf, view, body, end))
                 accepted = self._accepted  # CONNECT switches to the packets of its protocol version
+                max_packet_size = self.max_packet_size
             pos = end
         return pos
 
@@ -460,8 +473,13 @@ class PacketDecoder:
         return code, properties
 
 
-_ACK_CLASSES = {_T.PUBACK: PubAck, _T.PUBREC: PubRec, _T.PUBREL: PubRel, _T.PUBCOMP: PubComp}
-_ACK_REASON_CODES = {
+_ACK_CLASSES: dict[int, type[PubAck | PubRec | PubRel | PubComp]] = {
+    _T.PUBACK: PubAck,
+    _T.PUBREC: PubRec,
+    _T.PUBREL: PubRel,
+    _T.PUBCOMP: PubComp,
+}
+_ACK_REASON_CODES: dict[int, frozenset[rc.ReasonCode]] = {
     _T.PUBACK: rc.PUBACK_REASON_CODES,
     _T.PUBREC: rc.PUBREC_REASON_CODES,
     _T.PUBREL: rc.PUBREL_REASON_CODES,

@@ -1,9 +1,10 @@
 """All logs of one broker: persistence rules, durability (group commit), pooled files, tail caches, limits.
 
-One directory per topic under the store directory (see `topic_names`). The store is driven from one asyncio
-event loop: appends are buffered, each window's data is copied into the files with one pwritev per
-segment, fsyncs run in a writer thread (see `group_commit`), and reads are preads on the loop (or come
-straight from the tail caches for caught-up readers). Readers only ever get durable
+One directory per topic under `<directory>/topics/` (see `topic_names`), the store's own files under
+`<directory>/meta/` (see `layout`, which also moves an older directory into that layout at open). The store
+is driven from one asyncio event loop: appends are buffered, each window's data is copied into the files
+with one pwritev per segment, fsyncs run in a writer thread (see `group_commit`), and reads are preads on
+the loop (or come straight from the tail caches for caught-up readers). Readers only ever get durable
 records: `end_offset` of a log is its high watermark.
 """
 
@@ -16,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker_edge.offsets_types import LogInfo
 from broker_edge.protocol.topics import topic_matches
 
 from .commitlog import CommitLog, LogRecovery
@@ -25,6 +27,7 @@ from .file_pool import FileHandlePool
 from .frame_runs import FrameRun
 from .fs_sync import syncfs_available
 from .group_commit import GroupCommitter
+from .layout import layout_of, open_layout
 from .persistence import PersistenceRules, check_filter
 from .read_cache import ReadCache
 from .record import AppendRecord, Record, RecordFields
@@ -38,17 +41,6 @@ CLEAN_SHUTDOWN_MARKER = "CLEAN_SHUTDOWN"
 INDEX_AT_CLOSE_MIN_BYTES = 1024 * 1024
 """At close, only active segments at least this large get their index written; smaller ones are rescanned
 at open (cheaper than one index write and fsync per log when thousands of logs shut down)."""
-
-
-@dataclass(slots=True, frozen=True)
-class LogInfo:
-    """The public state of one log (what the offsets API lists)."""
-
-    topic: str
-    start_offset: int
-    end_offset: int
-    bytes: int
-    last_append_ms: int | None
 
 
 @dataclass(slots=True)
@@ -97,6 +89,8 @@ class LogStore:
 
     def __init__(self, directory: str | Path, config: StorageConfig | None = None) -> None:
         self.directory = str(directory)
+        self.layout = layout_of(self.directory)
+        """Where the topic logs (`layout.topics`) and the broker's own files (`layout.meta`) live."""
         self.config = config or StorageConfig()
         self.rules = PersistenceRules(self.config.persist)
         self._pool = FileHandlePool(self.config.max_open_files)
@@ -123,10 +117,10 @@ class LogStore:
         """Recover every log found in the directory (truncating torn tails, rebuilding unclean indexes)."""
         if self._opened:
             raise RuntimeError("store already open")
-        os.makedirs(self.directory, exist_ok=True)
-        marker = os.path.join(self.directory, CLEAN_SHUTDOWN_MARKER)
+        self.layout = open_layout(self.directory)
+        marker = self.layout.meta_file(CLEAN_SHUTDOWN_MARKER)
         report = RecoveryReport(clean_shutdown=os.path.exists(marker))
-        with os.scandir(self.directory) as entries:
+        with os.scandir(self.layout.topics) as entries:
             directories = sorted(entry.path for entry in entries if entry.is_dir())
         for path in directories:
             try:
@@ -144,7 +138,7 @@ class LogStore:
                 report.repaired.append(recovery)
         if report.clean_shutdown:
             os.unlink(marker)  # from now on a crash must not look like a clean shutdown
-            fsync_directory(self.directory)
+            fsync_directory(self.layout.meta)
         report.fresh = not report.clean_shutdown and not directories
         self._use_syncfs()
         self._opened = True
@@ -168,7 +162,7 @@ class LogStore:
                 if not waiter.future.done():
                     waiter.future.set_result([])
         if self._opened and self._committer.failure is None:
-            _write_marker(os.path.join(self.directory, CLEAN_SHUTDOWN_MARKER))
+            _write_marker(self.layout.meta_file(CLEAN_SHUTDOWN_MARKER))
 
     def __enter__(self) -> LogStore:
         if not self._opened:
@@ -374,7 +368,7 @@ class LogStore:
         if len(self._logs) >= self.config.max_topics:
             raise TooManyTopics(topic, self.config.max_topics)
         name = topic_directory_name(topic)
-        path = os.path.join(self.directory, name)
+        path = os.path.join(self.layout.topics, name)
         try:
             commit_log = self._make_log(topic, path)
             if is_hashed(name):

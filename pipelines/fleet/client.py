@@ -11,6 +11,7 @@ import asyncio
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from broker_edge.protocol import (
     MQTT_5,
@@ -131,7 +132,7 @@ class MqttClient(asyncio.Protocol):
         return client
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = cast(asyncio.Transport, transport)  # create_connection made a stream transport
         self._closed = asyncio.get_running_loop().create_future()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -154,9 +155,10 @@ class MqttClient(asyncio.Protocol):
 
     async def disconnect(self) -> None:
         """Send a normal DISCONNECT (no will) and wait for the socket to close."""
-        if self.connected:
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
             self._send(Disconnect())
-            self._transport.close()  # type: ignore[union-attr]
+            transport.close()
         if self._closed:
             await self._closed
 
@@ -282,6 +284,8 @@ class MqttClient(asyncio.Protocol):
             self.on_message(
                 Message(packet.topic, packet.payload, packet.qos, packet.retain, offset, user_properties)
             )
+        if packet.packet_id is None:  # QoS 0
+            return
         if packet.qos == 1:
             self._send(PubAck(packet.packet_id))
         elif packet.qos == 2:

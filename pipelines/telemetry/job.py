@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from broker_edge.config.loader import ConfigError
@@ -138,7 +138,7 @@ class TelemetryBatch:
         try:
             quality = Q.expression_aggregates(self.config.quality.suites, self.column_types)
             counts = batch.step(
-                "profile", lambda: flagged.agg(*T.profile_aggregates(), *quality).first().asDict()
+                "profile", lambda: _one_row(flagged.agg(*T.profile_aggregates(), *quality)).asDict()
             )
             batch.report.passed, batch.report.quarantined = counts["passed"], counts["quarantined"]
             passed = T.passed_rows(flagged)
@@ -329,3 +329,10 @@ def run(spark: SparkSession, section: Any, options: RunOptions) -> int:
     finally:
         batch.close()
     return 0
+
+
+def _one_row(frame: DataFrame) -> Row:
+    """The row of an aggregate without grouping (there is always exactly one)."""
+    row = frame.first()
+    assert row is not None, "an aggregate without grouping has one row"
+    return row
