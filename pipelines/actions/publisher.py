@@ -70,10 +70,12 @@ class MqttPublisher:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     async def _connect_all(self) -> list[MqttClient]:
+        """A connected client per broker, reopening any that dropped."""
+        connected = []
         for index, (host, port) in enumerate(self.brokers):
             client = self._clients[index]
             if client is None or not client.connected:
-                self._clients[index] = await MqttClient.connect(
+                client = await MqttClient.connect(
                     host,
                     port,
                     f"{self.client_id}-{index}",
@@ -82,7 +84,9 @@ class MqttPublisher:
                     keep_alive=30,
                     timeout_s=self.timeout_s,
                 )
-        return self._clients  # type: ignore[return-value]
+                self._clients[index] = client
+            connected.append(client)
+        return connected
 
     def publish(self, topic: str, payload: bytes) -> None:
         self.publish_many([(topic, payload)])
