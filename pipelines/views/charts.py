@@ -43,12 +43,30 @@ def device_chart(device_id: str, metric: str, readings: pd.DataFrame, minutes: p
         start = _utc(minutes["minute"])
         low, high = minutes[f"{metric}_min"], minutes[f"{metric}_max"]
         width = MINUTE / pd.Timedelta(days=1)  # matplotlib dates are in days
-        ax.bar(start, high - low, width=width, bottom=low, align="edge", color="#1f77b4", alpha=0.18,
-               edgecolor="#1f77b4", linewidth=0.5, label="minute min-max")  # fmt: skip
-        ax.hlines(minutes[f"{metric}_avg"], start, start + MINUTE, colors="#1f77b4", linewidth=2,
-                  label="minute average")  # fmt: skip
+        ax.bar(
+            start,
+            high - low,
+            width=width,
+            bottom=low,
+            align="edge",
+            color="#1f77b4",
+            alpha=0.18,
+            edgecolor="#1f77b4",
+            linewidth=0.5,
+            label="minute min-max",
+        )
+        ax.hlines(
+            minutes[f"{metric}_avg"],
+            start,
+            start + MINUTE,
+            colors="#1f77b4",
+            linewidth=2,
+            label="minute average",
+        )
     if not readings.empty:
-        ax.plot(_utc(readings["event_time"]), readings[metric], ".", color="#d62728", label=f"{metric} readings")
+        ax.plot(
+            _utc(readings["event_time"]), readings[metric], ".", color="#d62728", label=f"{metric} readings"
+        )
     ax.set_title(f"{device_id}: {metric}, {len(readings)} readings in {len(minutes)} minutes")
     ax.set_xlabel("event time (UTC)")
     ax.set_ylabel(metric)
@@ -81,8 +99,14 @@ def quality_chart(batches: pd.DataFrame) -> Figure:
     ax.plot(times, batches["unexpected"], "o-", color="#ff7f0e", label="unexpected rows")
     failed = batches["failed"] > 0
     if failed.any():
-        ax.plot(times[failed], batches["rows"][failed], "x", color="#d62728", markersize=10,
-                label="batch with a failed expectation")  # fmt: skip
+        ax.plot(
+            times[failed],
+            batches["rows"][failed],
+            "x",
+            color="#d62728",
+            markersize=10,
+            label="batch with a failed expectation",
+        )
     ax.set_title(
         f"Data quality: {len(batches)} batches validated, {int(failed.sum())} with a failed expectation"
     )
@@ -104,8 +128,13 @@ def rollout_chart(action_id: str, states: pd.DataFrame, summary: dict[str, Any] 
         seconds.append(seconds[-1] + max(1.0, 0.05 * seconds[-1]))
         states = pd.concat([states, states.iloc[[-1]]])
         drawn = [state for state in states.columns if states[state].any()]
-        timeline.stackplot(seconds, *(states[state] for state in drawn), step="post", labels=drawn,
-                           colors=[STATE_COLOURS[state] for state in drawn])  # fmt: skip
+        timeline.stackplot(
+            seconds,
+            *(states[state] for state in drawn),
+            step="post",
+            labels=drawn,
+            colors=[STATE_COLOURS[state] for state in drawn],
+        )
         timeline.legend(loc="upper left", fontsize="small")
     timeline.set_xlabel("seconds since the first device was queued")
     timeline.set_ylabel("devices")

@@ -1,8 +1,8 @@
 """Where the notebooks find the Delta tables: one environment variable, one default.
 
 ``TIMESTONE_TABLES`` is the tables root (a directory or URI: the ``tables.root`` / ``tables_root`` the
-pipelines write under). Unset, it is the demo's tables, ``.timestone/demo/tables``, looked for from the working
-directory upwards: a notebook kernel runs in ``notebooks/``, the demo writes at the repository root.
+pipelines write under). Unset, it is the demo's tables, ``.timestone/demo/tables``, looked for from the
+working directory upwards: a notebook kernel runs in ``notebooks/``, the demo writes at the repository root.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The notebooks, run the way the demo says after a real demo run (broker, simulated fleet, telemetry pipeline,
-actions job, Delta on disk), draw the demo's fleet, one of its devices, its data quality and its rollout."""
+"""The notebooks, run the way the demo says after a real demo run (broker, simulated fleet, telemetry
+pipeline, actions job, Delta on disk), draw the demo's fleet, one of its devices, its data quality and its
+rollout."""
 
 from __future__ import annotations
 
@@ -70,7 +71,9 @@ def test_ota_notebook_with_no_setting_draws_the_demo_rollout_and_writes_nothing(
     assert chart.title == f"Rollout of {demo_run.action_id}: COMPLETED, {summary['total_count']} devices"
     assert chart.axes_titles == ["states over time (action_executions)", "final counts (action_summary)"]
     assert chart.areas > 0
-    final_states = [c for c in summary.index if c.endswith("_count") and c != "total_count" and summary[c] > 0]
+    final_states = [
+        c for c in summary.index if c.endswith("_count") and c != "total_count" and summary[c] > 0
+    ]
     assert chart.bars == len(final_states) > 0
     assert "No action written" in run.printed
     assert tables["actions"]["id"].tolist() == [demo_run.action_id]

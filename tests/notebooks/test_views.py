@@ -12,6 +12,7 @@ import pytest
 from pipelines.views import charts, queries
 from pipelines.views.location import DEMO_TABLES, TABLES_ENV, notebooks_hint, open_tables, tables_root
 from sinks import open_table_store
+from sinks.tables import EXECUTION_STATES
 from tests.notebooks.notebook_harness import describe
 
 matplotlib.use("Agg")
@@ -34,11 +35,12 @@ def test_the_setting_wins_else_the_demo_tables_are_found_from_below_the_reposito
     assert tables_root({TABLES_ENV: "  "}, start=tmp_path) == str(tmp_path / DEMO_TABLES)
 
 
-def test_no_tables_is_an_error_naming_the_root_and_the_setting(tmp_path):
-    root = tables_root({}, start=tmp_path)
+def test_no_tables_is_an_error_naming_the_root_and_the_setting(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    root = tables_root({})
     assert root == str(DEMO_TABLES)
     with pytest.raises(FileNotFoundError, match=rf"no tables at {root}: run `make demo`.*{TABLES_ENV}"):
-        open_tables(None, str(tmp_path / "missing"))
+        open_tables(None, root)
 
 
 def test_the_printed_hint_is_an_absolute_setting_that_opens_the_tables(tmp_path, monkeypatch):
@@ -81,7 +83,7 @@ EXECUTIONS = [
 
 def test_rollout_states_count_devices_per_state_at_every_change():
     states = queries.rollout_states(pd.DataFrame(EXECUTIONS))
-    assert list(states.columns) == ["QUEUED", "IN_PROGRESS", "SUCCEEDED", "FAILED", "TIMED_OUT", "REJECTED", "CANCELED"]  # fmt: skip
+    assert list(states.columns) == list(EXECUTION_STATES)
     seen = {t.to_pydatetime(): {s: n for s, n in row.items() if n} for t, row in states.iterrows()}
     assert seen == {
         at(0): {"QUEUED": 3},
@@ -102,7 +104,11 @@ def test_spark_and_arrow_read_paths_give_the_same_frames(spark, tmp_path):
     local = open_tables(None, str(tmp_path))  # creates nothing: the directory exists, tables do not yet
     assert queries.read_frame(local, "action_executions").empty
     assert queries.latest_action_id(local) is None
-    write(local, "action_executions", [*EXECUTIONS, {**execution("d9", "FAILED", 0, 1, 2), "action_id": "act-2"}])
+    write(
+        local,
+        "action_executions",
+        [*EXECUTIONS, {**execution("d9", "FAILED", 0, 1, 2), "action_id": "act-2"}],
+    )
     with_spark = open_table_store(spark, str(tmp_path), backend="delta-rs", catalog=local.catalog)
     arrow = queries.read_frame(local, "action_executions", {"action_id": "act-1"})
     through_spark = queries.read_frame(with_spark, "action_executions", {"action_id": "act-1"})
@@ -118,10 +124,18 @@ def test_spark_and_arrow_read_paths_give_the_same_frames(spark, tmp_path):
 
 def test_fleet_counts_devices_by_firmware_and_group(tmp_path):
     store = open_tables(None, str(tmp_path))
-    rows = [("d1", "1.0.0", "canary"), ("d2", "2.0.0", "canary"), ("d3", "1.0.0", "fleet"), ("d4", None, "fleet")]
-    write(store, "devices", [{"device_id": d, "firmware_version": f, "group": g, "last_seen": T0} for d, f, g in rows])  # fmt: skip
+    rows = [
+        ("d1", "1.0.0", "canary"),
+        ("d2", "2.0.0", "canary"),
+        ("d3", "1.0.0", "fleet"),
+        ("d4", None, "fleet"),
+    ]
+    write(store, "devices", [{"device_id": d, "firmware_version": f, "group": g} for d, f, g in rows])
     counts = queries.fleet_by_firmware_and_group(store)
-    assert counts.to_dict() == {"canary": {"1.0.0": 1, "2.0.0": 1, "unknown": 0}, "fleet": {"1.0.0": 1, "2.0.0": 0, "unknown": 1}}  # fmt: skip
+    assert counts.to_dict() == {
+        "canary": {"1.0.0": 1, "2.0.0": 1, "unknown": 0},
+        "fleet": {"1.0.0": 1, "2.0.0": 0, "unknown": 1},
+    }
     chart = describe(charts.fleet_chart(counts))
     assert chart.title == "Fleet: 4 devices by firmware version and group"
     assert chart.bars == 4
@@ -144,29 +158,38 @@ def minute_rows(device: str, minutes: int, low: float, high: float) -> pd.DataFr
 
 def test_one_minute_of_data_draws_its_band_average_and_readings():
     readings = pd.DataFrame({"event_time": [at(5), at(25), at(45)], "temperature": [20.0, 22.0, 21.0]})
-    chart = describe(charts.device_chart("dev-1", "temperature", readings, minute_rows("dev-1", 1, 20.0, 22.0)))
+    chart = describe(
+        charts.device_chart("dev-1", "temperature", readings, minute_rows("dev-1", 1, 20.0, 22.0))
+    )
     assert chart.title == "dev-1: temperature, 3 readings in 1 minutes"
     assert (chart.points, chart.bars, chart.segments) == (3, 1, 1)
 
 
 def test_a_minute_with_one_reading_still_draws_its_average():
     readings = pd.DataFrame({"event_time": [at(5)], "temperature": [20.0]})
-    chart = describe(charts.device_chart("dev-1", "temperature", readings, minute_rows("dev-1", 1, 20.0, 20.0)))
+    chart = describe(
+        charts.device_chart("dev-1", "temperature", readings, minute_rows("dev-1", 1, 20.0, 20.0))
+    )
     assert (chart.points, chart.bars, chart.segments) == (1, 0, 1)
 
 
 def test_many_minutes_draw_one_band_and_one_average_each():
     readings = pd.DataFrame({"event_time": [at(30 * i) for i in range(120)], "temperature": 21.0})
-    chart = describe(charts.device_chart("dev-1", "temperature", readings, minute_rows("dev-1", 60, 19.0, 23.0)))
+    chart = describe(
+        charts.device_chart("dev-1", "temperature", readings, minute_rows("dev-1", 60, 19.0, 23.0))
+    )
     assert (chart.points, chart.bars, chart.segments) == (120, 60, 60)
 
 
 def test_rollout_chart_stacks_states_over_time_next_to_the_final_counts():
     states = queries.rollout_states(pd.DataFrame(EXECUTIONS))
     summary = {f"{s.lower()}_count": 0 for s in charts.STATE_COLOURS} | {
-        "succeeded_count": 1, "rejected_count": 1, "in_progress_count": 1, "total_count": 3,
+        "succeeded_count": 1,
+        "rejected_count": 1,
+        "in_progress_count": 1,
+        "total_count": 3,
         "action_state": "IN_PROGRESS",
-    }  # fmt: skip
+    }
     chart = describe(charts.rollout_chart("act-1", states, summary))
     assert chart.title == "Rollout of act-1: IN_PROGRESS, 3 devices"
     assert chart.areas == 4  # QUEUED, IN_PROGRESS, SUCCEEDED, REJECTED each hold devices for a while
