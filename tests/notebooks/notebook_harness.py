@@ -1,10 +1,10 @@
 """Run a notebook as a user would (nbclient, a python3 kernel on this interpreter, a chosen working directory)
-and hand back what it drew: every matplotlib figure the notebook left in a variable, pickled by the kernel and
-described here (titles and the data points of each kind of artist)."""
+and hand back what it drew: every matplotlib figure the notebook left in a variable, described in the
+kernel by :func:`describe` (titles and the data points of each kind of artist)."""
 
 from __future__ import annotations
 
-import pickle
+import json
 import re
 import subprocess
 import sys
@@ -22,11 +22,14 @@ from pipelines.views.render import displayed_pngs, execute
 REPO = Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "notebooks"
 
-_PICKLE_FIGURES = """
-import pickle as _pickle
+_DESCRIBE_FIGURES = """
+import dataclasses as _dataclasses, json as _json, sys as _sys
 from matplotlib.figure import Figure as _Figure
-with open({path!r}, "wb") as _out:
-    _pickle.dump({{_k: _v for _k, _v in dict(globals()).items() if isinstance(_v, _Figure)}}, _out)
+_sys.path.insert(0, {repo!r})
+from tests.notebooks.notebook_harness import describe as _describe
+with open({path!r}, "w") as _out:
+    _json.dump({{_k: _dataclasses.asdict(_describe(_v)) for _k, _v in dict(globals()).items()
+                if isinstance(_v, _Figure)}}, _out)
 """
 
 
@@ -101,13 +104,13 @@ def run_notebook(name: str, cwd: Path, scratch: Path, timeout_s: int = 180) -> N
     The caller sets the ``TIMESTONE_*`` environment the kernel sees.
     """
     notebook = nbformat.read(NOTEBOOKS / name, as_version=4)
-    figures = scratch / f"{Path(name).stem}-figures.pickle"
-    probe = nbformat.v4.new_code_cell(_PICKLE_FIGURES.format(path=str(figures)))
-    notebook.cells.append(probe)
+    figures = scratch / f"{Path(name).stem}-figures.json"
+    notebook.cells.append(
+        nbformat.v4.new_code_cell(_DESCRIBE_FIGURES.format(repo=str(REPO), path=str(figures)))
+    )
     execute(notebook, cwd, timeout_s)
     notebook.cells.pop()
-    with figures.open("rb") as handle:
-        charts = {name: describe(figure) for name, figure in pickle.load(handle).items()}
+    charts = {name: Chart(**fields) for name, fields in json.loads(figures.read_text()).items()}
     return NotebookRun(notebook, charts)
 
 
