@@ -70,8 +70,9 @@ def device_chart(device_id: str, metric: str, readings: pd.DataFrame, minutes: p
     ax.set_title(f"{device_id}: {metric}, {len(readings)} readings in {len(minutes)} minutes")
     ax.set_xlabel("event time (UTC)")
     ax.set_ylabel(metric)
-    ax.legend(loc="upper left")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the plot: never over the readings
     fig.autofmt_xdate()
+    fig.tight_layout()
     return fig
 
 
@@ -112,8 +113,9 @@ def quality_chart(batches: pd.DataFrame) -> Figure:
     )
     ax.set_xlabel("validated at (UTC)")
     ax.set_ylabel("rows")
-    ax.legend(loc="upper left")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.autofmt_xdate()
+    fig.tight_layout()
     return fig
 
 
