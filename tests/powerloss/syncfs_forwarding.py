@@ -1,0 +1,29 @@
+"""`timestone broker` whose syncfs(2) calls also reach the power-loss filesystem layer.
+
+Linux does not pass syncfs to a /dev/fuse server (see `lazyfs.py`), so the layer cannot see the broker's
+syncfs path by itself. This entry point runs the real command with the store's `sync_filesystem` wrapped:
+the real syncfs runs first, then the layer is told through the `user.lazyfs.syncfs` attribute on the same
+descriptor, which makes the whole mount durable, as syncfs would. Nothing else of the broker changes.
+
+Run: python -m tests.powerloss.syncfs_forwarding broker --config FILE
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from broker_edge.storage import fs_sync, group_commit
+from pipelines.cli import main
+from tests.powerloss.lazyfs import SYNCFS
+
+
+def sync_filesystem_and_tell_the_layer(fd: int) -> None:
+    """The store's syncfs, then the same made visible to the layer."""
+    fs_sync.sync_filesystem(fd)
+    os.setxattr(fd, SYNCFS, b"1")
+
+
+if __name__ == "__main__":
+    group_commit.sync_filesystem = sync_filesystem_and_tell_the_layer
+    raise SystemExit(main(sys.argv[1:]))
