@@ -67,6 +67,10 @@ class Amqtt(BrokerUnderTest):
         # -I: the launcher's directory must not shadow the `amqtt` package with this module
         return [str(self.python), "-I", str(LAUNCHER), str(config)]
 
+    @property
+    def summary(self) -> str:
+        return "no in-flight limit, TCP_NODELAY (asyncio default), in memory"
+
     def config_notes(self) -> str:
         return "anonymous auth plugin only, log level WARNING, default asyncio loop, own venv"
 

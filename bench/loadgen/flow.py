@@ -32,6 +32,7 @@ class FlowSpec:
     window: int = 64  # QoS 1 in-flight PUBLISHes per publisher
     ahead: int = 2000  # messages the publishers may be ahead of the average subscriber
     subscriber_processes: int = 1
+    publisher_processes: int = 1
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class FlowResult:
     loadgen_cpu_pct: float
     other_cpu_pct: float  # CPU used by anything else on the machine during the window (100 = one core)
     broker_rss_bytes: int
+    loadgen_process_cpu_pct: list[float] = field(default_factory=list)  # each process, 100 = one core
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -89,23 +91,28 @@ def run_flow(broker: RunningBroker, spec: FlowSpec, timing: Timing, cpus: set[in
                 ),
                 ready_timeout=timing.connect_timeout_s + 15,
             )
-        workers.start(
-            WorkerSpec(
-                role="publish",
-                port=broker.port,
-                clients=spec.publishers,
-                client_prefix="bench-pub-",
-                qos=spec.qos,
-                topics=spec.topics,
-                payload_size=spec.payload_size,
-                window=spec.window,
-                ahead=spec.ahead,
-                subscribers_total=spec.subscribers,
-                connect_timeout_s=timing.connect_timeout_s,
-                cpus=cpu_tuple,
-            ),
-            ready_timeout=timing.connect_timeout_s + 15,
-        )
+        first = 0
+        for index, count in enumerate(_split(spec.publishers, spec.publisher_processes)):
+            workers.start(
+                WorkerSpec(
+                    role="publish",
+                    port=broker.port,
+                    clients=count,
+                    client_prefix=f"bench-pub{index}-",
+                    qos=spec.qos,
+                    # client i of this process publishes on topic (first + i): every publisher its own topic
+                    topics=spec.topics[first % len(spec.topics) :] + spec.topics[: first % len(spec.topics)],
+                    payload_size=spec.payload_size,
+                    window=spec.window,
+                    ahead=spec.ahead,
+                    subscribers_total=spec.subscribers,
+                    publisher_share=count / spec.publishers,
+                    connect_timeout_s=timing.connect_timeout_s,
+                    cpus=cpu_tuple,
+                ),
+                ready_timeout=timing.connect_timeout_s + 15,
+            )
+            first += count
         start = time.monotonic() + 0.2
         window_from = start + timing.warmup_s
         window_to = window_from + timing.measure_s
@@ -140,7 +147,8 @@ def _summarise(
     span = t1 - t0
     published = sum(_at(r.samples, t1, 1) - _at(r.samples, t0, 1) for r in publishers) / span
     delivered = sum(_at(r.samples, t1, 3) - _at(r.samples, t0, 3) for r in subscribers) / span
-    loadgen_cpu = sum(_at(r.samples, t1, 4) - _at(r.samples, t0, 4) for r in reports) / span
+    per_process = [(_at(r.samples, t1, 4) - _at(r.samples, t0, 4)) / span for r in reports]
+    loadgen_cpu = sum(per_process)
     sent = sum(r.sent for r in publishers)
     acked = sum(r.acked for r in publishers)
     owed_per_subscriber = acked if spec.qos else sent
@@ -157,6 +165,7 @@ def _summarise(
         loadgen_cpu_pct=100 * loadgen_cpu,
         other_cpu_pct=max(100 * (machine_busy - broker_cpu - loadgen_cpu), 0.0),
         broker_rss_bytes=rss,
+        loadgen_process_cpu_pct=[100 * cpu for cpu in per_process],
         errors=[e for r in reports for e in r.errors][:5],
     )
 

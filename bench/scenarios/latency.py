@@ -10,7 +10,7 @@ from bench.scenarios.base import Measured, Row, RunContext, ScenarioResult, Targ
 
 RATE = 1000
 TARGET_P99_MS = 2.0
-COLUMNS = ["p50 ms", "max ms", "runs (p99 ms)", "received/sent", "broker CPU", "other CPU"]
+COLUMNS = ["configuration", "p50 ms", "max ms", "runs (p99 ms)", "received/sent", "broker CPU", "other CPU"]
 
 
 def run(ctx: RunContext) -> ScenarioResult:
@@ -32,6 +32,7 @@ def run(ctx: RunContext) -> ScenarioResult:
             ctx.other_cpu.append(r.other_cpu_pct)
             ctx.log(f"    p50 {r.p50_ms:.3f} ms, p99 {r.p99_ms:.3f} ms, max {r.max_ms:.3f} ms")
             cells = {
+                "configuration": broker.summary,
                 "p50 ms": f"{r.p50_ms:.3f}",
                 "max ms": f"{r.max_ms:.3f}",
                 "runs (p99 ms)": spread(outcome.figures),
@@ -40,7 +41,13 @@ def run(ctx: RunContext) -> ScenarioResult:
                 "other CPU": f"{r.other_cpu_pct:.0f}%",
             }
             figure = None if math.isnan(r.p99_ms) else r.p99_ms
-            rows.append(Row(f"QoS {qos}", broker.label, figure, cells))
+            reasons = []
+            if qos and r.received < r.sent:
+                reasons.append(f"{r.sent - r.received:,} QoS 1 messages never received")
+            if r.achieved_rate < 0.9 * RATE:
+                reasons.append(f"the publisher reached only {r.achieved_rate:,.0f} msg/s")
+            invalid = "; ".join(reasons)
+            rows.append(Row(f"QoS {qos}", broker.label, figure, cells, invalid=invalid))
     result = ScenarioResult(
         key="latency",
         title=f"Latency at {RATE:,} msg/s",
