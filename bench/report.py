@@ -54,7 +54,7 @@ def render(
     out += _brokers(brokers)
     out += _targets([t for r in results for t in r.targets])
     for result in results:
-        out += _scenario(result)
+        out += scenario_table(result)
     if extra_sections:
         out += [
             "## Other benchmark results",
@@ -121,7 +121,7 @@ def _targets(targets: list[Target]) -> list[str]:
     return [*out, ""]
 
 
-def _scenario(r: ScenarioResult) -> list[str]:
+def scenario_table(r: ScenarioResult) -> list[str]:
     better = "higher is better" if r.higher_is_better else "lower is better"
     side = "above" if r.higher_is_better else "below"
     ratio_name = f"{r.reference} / this ({side} 1: {r.reference} better)"

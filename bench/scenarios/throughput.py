@@ -71,7 +71,7 @@ def verdict(result: FlowResult, spec: FlowSpec, loadgen_cpus: int) -> str:
     return "; ".join(reasons)
 
 
-def _more_processes(spec: FlowSpec, result: FlowResult, loadgen_cpus: int) -> FlowSpec | None:
+def more_processes(spec: FlowSpec, result: FlowResult, loadgen_cpus: int) -> FlowSpec | None:
     """The same flow over twice the processes, when the load generator has CPU left for them."""
     if result.loadgen_cpu_pct >= SATURATED_PCT * loadgen_cpus:
         return None
@@ -102,7 +102,7 @@ def measure_flow(ctx: RunContext, broker: BrokerUnderTest, spec: FlowSpec) -> Fl
         result, on_disk = outcome.result
         invalid = verdict(result, running_spec, loadgen_cpus)
         wider = (
-            _more_processes(running_spec, result, loadgen_cpus) if saturation(result, loadgen_cpus) else None
+            more_processes(running_spec, result, loadgen_cpus) if saturation(result, loadgen_cpus) else None
         )
         if wider is None:
             break
