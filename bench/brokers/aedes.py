@@ -22,8 +22,16 @@ class Aedes(BrokerUnderTest):
 
     name = "aedes"
 
-    def __init__(self, node: str | None = None) -> None:
+    def __init__(self, node: str | None = None, tcp_nodelay: bool = False) -> None:
         self.node = node or shutil.which("node") or "node"
+        self.tcp_nodelay = tcp_nodelay
+
+    def with_tcp_nodelay(self) -> Aedes:
+        return Aedes(self.node, tcp_nodelay=True)
+
+    @property
+    def config_key(self) -> tuple[str, ...]:
+        return (self.name, "nodelay" if self.tcp_nodelay else "default")
 
     def prepare(self) -> None:
         if shutil.which(self.node) is None:
@@ -32,17 +40,20 @@ class Aedes(BrokerUnderTest):
             raise BrokerUnavailable(f"aedes is not installed in {PACKAGE_DIR} (bash .ci/system-deps does it)")
 
     def command(self, port: int, workdir: Path) -> list[str]:
-        return [self.node, str(LAUNCHER), str(port)]
+        return [self.node, str(LAUNCHER), str(port), "nodelay" if self.tcp_nodelay else "default"]
 
     @property
     def summary(self) -> str:
-        return "no in-flight limit, Nagle on (default), in memory"
+        tcp = "TCP_NODELAY" if self.tcp_nodelay else "Nagle on (default)"
+        return f"no in-flight limit, {tcp}, in memory"
 
     def config_notes(self) -> str:
         return (
             "Aedes.createBroker() with its defaults (in-memory persistence aedes-persistence, concurrency "
             "100, no limit on QoS 1 messages in flight to a subscriber), served by net.createServer with "
-            "Node's default TCP options (Nagle on); Node " + self._node_version()
+            + ("noDelay: true" if self.tcp_nodelay else "Node's default TCP options (Nagle on)")
+            + "; Node "
+            + self._node_version()
         )
 
     def version(self) -> str:

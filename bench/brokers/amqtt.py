@@ -72,7 +72,10 @@ class Amqtt(BrokerUnderTest):
         return "no in-flight limit, TCP_NODELAY (asyncio default), in memory"
 
     def config_notes(self) -> str:
-        return "anonymous auth plugin only, log level WARNING, default asyncio loop, own venv"
+        return (
+            "anonymous auth plugin only, log level WARNING, default asyncio loop (TCP_NODELAY on), no limit "
+            "on QoS 1 messages in flight to a subscriber, own venv"
+        )
 
     def version(self) -> str:
         return self._installed_version() or "not installed"

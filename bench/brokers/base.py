@@ -77,6 +77,10 @@ class BrokerUnderTest(ABC):
         each configuration once per flow and shows that measurement wherever the configuration appears."""
         return (self.name,)
 
+    def with_tcp_nodelay(self) -> BrokerUnderTest:
+        """This configuration with TCP_NODELAY on its client sockets (itself when that is its default)."""
+        return self
+
     @property
     def summary(self) -> str:
         """The configuration in a few words, for each row of the tables."""

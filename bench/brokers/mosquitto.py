@@ -52,9 +52,15 @@ class Mosquitto(BrokerUnderTest):
 
     name = "mosquitto"
 
-    def __init__(self, persistence: bool | None = None, binary: str | None = None) -> None:
+    def __init__(
+        self, persistence: bool | None = None, binary: str | None = None, tcp_nodelay: bool = False
+    ) -> None:
         self.persistence = persistence
         self.binary = binary or mosquitto_binary() or "mosquitto"
+        self.tcp_nodelay = tcp_nodelay
+
+    def with_tcp_nodelay(self) -> Mosquitto:
+        return Mosquitto(self.persistence, self.binary, tcp_nodelay=True)
 
     @property
     def label(self) -> str:
@@ -64,12 +70,12 @@ class Mosquitto(BrokerUnderTest):
 
     @property
     def config_key(self) -> tuple[str, ...]:
-        return (self.name, "persistence" if self.persistence else "memory")
+        return (self.name, "persistence" if self.persistence else "memory", _tcp(self.tcp_nodelay))
 
     @property
     def summary(self) -> str:
         storage = "snapshot every 1 s" if self.persistence else "persistence off"
-        return f"in flight {INFLIGHT}, Nagle on (default), {storage}"
+        return f"in flight {INFLIGHT}, {_tcp(self.tcp_nodelay)}, {storage}"
 
     @property
     def persists(self) -> bool:
@@ -86,6 +92,7 @@ class Mosquitto(BrokerUnderTest):
             "max_connections -1",
             f"max_inflight_messages {INFLIGHT}",
             "max_queued_messages 100000",
+            f"set_tcp_nodelay {'true' if self.tcp_nodelay else 'false'}",
             "log_dest stderr",
             "log_type error",
             "log_type warning",
@@ -104,7 +111,8 @@ class Mosquitto(BrokerUnderTest):
         notes = (
             f"max_connections -1, max_inflight_messages {INFLIGHT} (default 20), max_queued_messages 100000 "
             "(2.0.11 dropped QoS 1 deliveries with the default 1000 while at most 500 were outstanding), "
-            "default TCP options (set_tcp_nodelay false: Nagle on), logging: errors, warnings"
+            f"set_tcp_nodelay {'true' if self.tcp_nodelay else 'false (its default: Nagle on)'}, "
+            "logging: errors, warnings"
         )
         if self.persistence:
             notes += (
@@ -122,3 +130,7 @@ class Mosquitto(BrokerUnderTest):
             return "not installed"
         match = re.search(r"mosquitto version (\S+)", out)
         return match.group(1) if match else "unknown"
+
+
+def _tcp(nodelay: bool) -> str:
+    return "TCP_NODELAY" if nodelay else "Nagle on (default)"

@@ -34,6 +34,13 @@ COLUMNS = [
     "other CPU",
     "broker RSS",
 ]
+#: what every flow's description says about windows and sockets
+IN_FLIGHT_AND_TCP = (
+    " In flight: at most 64 QoS 1 messages unacknowledged per publisher (the load generator) and per "
+    "subscriber (Timestone's `max_inflight_out` 64, Mosquitto's `max_inflight_messages` set to 64 from its "
+    "default 20; Aedes and amqtt have no such limit). TCP: each broker's default options (Timestone and "
+    "amqtt: TCP_NODELAY, asyncio's default; Mosquitto and Aedes: Nagle on, theirs)."
+)
 #: a load-generator process (or all its CPUs together) this busy may be what sets the pace
 SATURATED_PCT = 90.0
 #: most publisher (and subscriber) processes a flow is spread over before a saturated row is given up
