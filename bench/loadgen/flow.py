@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from bench.brokers.base import RunningBroker
 from bench.loadgen.processes import WorkerSet
@@ -74,43 +75,43 @@ def run_flow(broker: RunningBroker, spec: FlowSpec, timing: Timing, cpus: set[in
     """Run one measurement against `broker`; raise WorkerFailed if the load generator could not."""
     cpu_tuple = tuple(sorted(cpus)) if cpus else None
     with WorkerSet(spec.subscriber_processes) as workers:
+
+        def start_worker(role: str, index: int, count: int, **fields: Any) -> None:
+            worker = WorkerSpec(
+                role=role,
+                port=broker.port,
+                clients=count,
+                client_prefix=f"bench-{role[:3]}{index}-",
+                qos=spec.qos,
+                payload_size=spec.payload_size,
+                connect_timeout_s=timing.connect_timeout_s,
+                cpus=cpu_tuple,
+                **fields,
+            )
+            workers.start(worker, ready_timeout=timing.connect_timeout_s + 15)
+
         for index, count in enumerate(_split(spec.subscribers, spec.subscriber_processes)):
-            workers.start(
-                WorkerSpec(
-                    role="subscribe",
-                    port=broker.port,
-                    clients=count,
-                    client_prefix=f"bench-sub{index}-",
-                    qos=spec.qos,
-                    topics=spec.topics,
-                    subscription=spec.subscription,
-                    payload_size=spec.payload_size,
-                    shared_index=index,
-                    connect_timeout_s=timing.connect_timeout_s,
-                    cpus=cpu_tuple,
-                ),
-                ready_timeout=timing.connect_timeout_s + 15,
+            start_worker(
+                "subscribe",
+                index,
+                count,
+                topics=spec.topics,
+                subscription=spec.subscription,
+                shared_index=index,
             )
         first = 0
         for index, count in enumerate(_split(spec.publishers, spec.publisher_processes)):
-            workers.start(
-                WorkerSpec(
-                    role="publish",
-                    port=broker.port,
-                    clients=count,
-                    client_prefix=f"bench-pub{index}-",
-                    qos=spec.qos,
-                    # client i of this process publishes on topic (first + i): every publisher its own topic
-                    topics=spec.topics[first % len(spec.topics) :] + spec.topics[: first % len(spec.topics)],
-                    payload_size=spec.payload_size,
-                    window=spec.window,
-                    ahead=spec.ahead,
-                    subscribers_total=spec.subscribers,
-                    publisher_share=count / spec.publishers,
-                    connect_timeout_s=timing.connect_timeout_s,
-                    cpus=cpu_tuple,
-                ),
-                ready_timeout=timing.connect_timeout_s + 15,
+            turn = first % len(spec.topics)
+            start_worker(
+                "publish",
+                index,
+                count,
+                # client i of this process publishes on topic (first + i): every publisher its own topic
+                topics=spec.topics[turn:] + spec.topics[:turn],
+                window=spec.window,
+                ahead=spec.ahead,
+                subscribers_total=spec.subscribers,
+                publisher_share=count / spec.publishers,
             )
             first += count
         start = time.monotonic() + 0.2

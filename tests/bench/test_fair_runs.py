@@ -4,24 +4,19 @@ comparison fair (Mosquitto's data directory, Aedes running, publishers over seve
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from bench.brokers import Aedes, Mosquitto
-from bench.loadgen.flow import FlowResult, FlowSpec, Timing, run_flow
+from bench.loadgen.flow import FlowResult, Timing, run_flow
 from bench.report import scenario_table
+from bench.scenarios import fanin
 from bench.scenarios.base import Row, ScenarioResult
 from bench.scenarios.throughput import more_processes, verdict
 from bench.sysinfo import dir_bytes
 
 SHORT = Timing(warmup_s=0.3, measure_s=0.7, drain_s=4.0, connect_timeout_s=20.0)
-FANIN = FlowSpec(
-    publishers=4,
-    subscribers=1,
-    qos=1,
-    topics=tuple(f"bench/fanin/{i}" for i in range(4)),
-    subscription="bench/fanin/+",
-    ahead=2000,
-)
+FANIN = dataclasses.replace(fanin.spec(1), ahead=2000)
 
 
 def flow_result(per_process: list[float], expected: int = 100, delivered: int = 100) -> FlowResult:
@@ -71,7 +66,7 @@ def test_invalid_rows_are_marked_and_left_out_of_ratios_and_targets() -> None:
 
 
 def test_publishers_spread_over_processes_deliver_every_acknowledged_message() -> None:
-    spec = FlowSpec(**{**FANIN.__dict__, "publisher_processes": 2})
+    spec = dataclasses.replace(FANIN, publisher_processes=2)
     with Mosquitto().running() as broker:
         result = run_flow(broker, spec, SHORT, cpus=None)
     assert result.acked == result.sent > 0
