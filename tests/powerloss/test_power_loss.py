@@ -22,6 +22,7 @@ import pytest
 
 from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.storage.fs_sync import syncfs_available
 from tests.broker.broker_test_clients import wait_for
 from tests.commitlog.e2e_helpers import LoopThread, read_log
 from tests.commitlog.test_crash_recovery import TOPIC, LeanPublisher
@@ -93,6 +94,13 @@ def sequences(rows: list[dict]) -> dict[str, list[int]]:
             id="group-syncfs",
         ),
         pytest.param({"durability": "fsync"}, "fdatasync", BrokerProcess, id="fsync"),
+        # syncfs does not reach a FUSE server: on this mount the store must fdatasync instead
+        pytest.param(
+            {"durability": "group", "syncfs_min_segments": 1},
+            "fdatasync",
+            BrokerProcess,
+            id="group-syncfs-off-on-fuse",
+        ),
     ],
 )
 def test_power_cut_keeps_every_acknowledged_message_once_and_in_order(
@@ -101,6 +109,7 @@ def test_power_cut_keeps_every_acknowledged_message_once_and_in_order(
     acked, rows, syncs = publish_then_cut_power(lazy_mount, tmp_path / "broker", storage, broker_type)
 
     assert syncs.get(sync_call, 0) > 0, f"the {sync_call} path was not taken: {syncs}"
+    assert sync_call == "syncfs" or syncs.get("syncfs", 0) == 0
     logged = sequences(rows)
     for name, seqs in acked.items():
         assert logged[name] == sorted(set(logged[name])), f"{name}: duplicated or out of order"
@@ -116,3 +125,10 @@ def test_power_cut_loses_acknowledged_messages_when_nothing_is_synced(lazy_mount
     logged = sequences(rows)
     lost = {name: set(seqs) - set(logged[name]) for name, seqs in acked.items()}
     assert sum(len(missing) for missing in lost.values()) > 0, "no acknowledged message was lost"
+
+
+def test_the_store_does_not_count_on_syncfs_where_it_does_not_reach_the_filesystem(
+    lazy_mount: LazyMount, tmp_path: Path
+):
+    assert syncfs_available(tmp_path)
+    assert not syncfs_available(lazy_mount.path)
