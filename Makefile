@@ -17,11 +17,10 @@ test: $(STAMP) system-deps
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pytest
 
-# The commitlog and Spark-source benchmarks write bench/results/*.md first; the broker suite then writes
-# bench/RESULTS.md with those sections appended.
+# The commitlog benchmark writes bench/results/commitlog.md first; the broker suite then writes
+# bench/RESULTS.md with every bench/results/*.md section appended.
 bench: $(STAMP) system-deps
 	$(VENV)/bin/python bench/commitlog_bench.py --write
-	$(VENV)/bin/python bench/source_bench.py --write
 	$(VENV)/bin/python -m bench
 
 lint: $(STAMP)
