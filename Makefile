@@ -15,6 +15,7 @@ demo: $(STAMP)
 test: $(STAMP) system-deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 
 # The commitlog benchmark writes bench/results/commitlog.md first; the broker suite then writes
@@ -26,6 +27,7 @@ bench: $(STAMP) system-deps
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 setup: $(STAMP) system-deps
 
