@@ -135,7 +135,7 @@ def count_syncs(store: LogStore) -> Callable[[], int]:
         calls[0] += 1
         real_fdatasync(path)
 
-    pool.fdatasync = counting_fdatasync  # type: ignore[method-assign]
+    pool.fdatasync = counting_fdatasync  # type: ignore[method-assign]  # counts the syncs the store makes
     return lambda: calls[0] + store.committer.sync_plan.syncfs_calls - syncfs_before
 
 
