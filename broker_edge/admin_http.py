@@ -11,41 +11,19 @@ import json
 import logging
 import ssl as ssl_module
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
-from broker_edge.config import ConfigError
+from broker_edge.config.broker import DEFAULT_ADMIN_PORT, AdminHttpConfig
 from broker_edge.metrics import BrokerMetrics
 
 __all__ = ["DEFAULT_ADMIN_PORT", "AdminHttpConfig", "create_admin_app", "start_admin_server"]
 
-DEFAULT_ADMIN_PORT = 9883
-"""1883 (MQTT) + 8000: easy to remember, clear of MQTT's 1883/8883 and of the usual Prometheus exporters."""
-
 log = logging.getLogger(__name__)
 _METRICS_KEY = web.AppKey("metrics", BrokerMetrics)
 _HEALTH_KEY = web.AppKey("health", Callable[[], dict])
-
-
-@dataclass
-class AdminHttpConfig:
-    """Where the admin endpoint listens."""
-
-    enabled: bool = True
-    """Serve ``/metrics`` and ``/health``."""
-    host: str = "127.0.0.1"
-    """Address to bind; loopback by default because the endpoint has no authentication."""
-    port: int = DEFAULT_ADMIN_PORT
-    """TCP port; 0 picks a free one (tests)."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65_535:
-            raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
-        if not self.host:
-            raise ConfigError("host", "must not be empty")
 
 
 def create_admin_app(metrics: BrokerMetrics, health: Callable[[], dict[str, Any]]) -> web.Application:

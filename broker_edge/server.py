@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter
 
 from broker_edge.acl import AccessControl
-from broker_edge.admin_http import create_admin_app, start_admin_server
 from broker_edge.auth import PasswordFile
 from broker_edge.config.broker import BrokerConfig, ListenerConfig
 from broker_edge.connection import CLOSED, Connection
 from broker_edge.delivery import Message
+from broker_edge.lazy_http import LazyHttpEndpoint
 from broker_edge.metrics import BrokerMetrics
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.router import Router
@@ -189,11 +189,11 @@ class Broker:
                     "allowed" if runtime.allow_anonymous else "refused",
                 )
             if config.admin_http.enabled:
-                app = create_admin_app(self.metrics, self.health)
-                runner, self.admin_port = await start_admin_server(
-                    app, config.admin_http.host, config.admin_http.port
+                admin = await LazyHttpEndpoint.start(
+                    self._admin_app, config.admin_http.host, config.admin_http.port
                 )
-                self._runners.append(runner)
+                self.admin_port = admin.port
+                self._runners.append(admin)
             if self.store is not None and config.offsets_api.enabled:
                 await self._start_offsets_api()
         except BaseException:
@@ -223,23 +223,25 @@ class Broker:
             )
             self.session_store.restore()
 
+    def _admin_app(self) -> Any:
+        from broker_edge.admin_http import create_admin_app
+
+        return create_admin_app(self.metrics, self.health)
+
     async def _start_offsets_api(self) -> None:
-        """Serve the offsets API over this broker's store on its own port (``offsets_api.serve``)."""
-        try:
-            from broker_edge import offsets_api
-        except ImportError as exc:
-            log.error("offsets API not available: %s", exc)
-            return
-        serve = getattr(offsets_api, "serve", None)
-        if serve is None:
-            log.error("offsets API not available: broker_edge.offsets_api has no serve()")
-            return
+        """Serve the offsets API over this broker's store on its own port; aiohttp (and the API's code) are
+        loaded by its first connection (see ``lazy_http``)."""
         api = self.config.offsets_api
+
+        def make_app() -> Any:
+            from broker_edge.offsets_api import create_app
+
+            return create_app(self.store, token=api.token)
+
         ssl_context = server_ssl_context(api.tls) if api.tls else None
-        runner, self.offsets_port = await serve(
-            self.store, host=api.host, port=api.port, token=api.token, ssl_context=ssl_context
-        )
-        self._runners.append(runner)
+        endpoint = await LazyHttpEndpoint.start(make_app, api.host, api.port, ssl_context)
+        self.offsets_port = endpoint.port
+        self._runners.append(endpoint)
 
     async def stop(self) -> None:
         """Stop accepting, DISCONNECT 0x8B to v5 clients, close every connection, save the persistent

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Literal
 
 from broker_edge.acl import AclConfig
-from broker_edge.admin_http import AdminHttpConfig
 from broker_edge.auth import AuthConfig, anonymous_allowed, is_loopback_host
 from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file
 from broker_edge.limits import LimitsConfig
@@ -27,6 +26,8 @@ from broker_edge.sys_topics import SysTopicsConfig
 from broker_edge.tls import TlsConfig
 
 __all__ = [
+    "DEFAULT_ADMIN_PORT",
+    "AdminHttpConfig",
     "BrokerConfig",
     "BrokerStorageConfig",
     "ListenerConfig",
@@ -180,6 +181,28 @@ class OffsetsApiConfig:
             raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
         if self.enabled and not self.token and not is_loopback_host(self.host):
             raise ConfigError("token", f"required when the offsets API listens on non-loopback {self.host!r}")
+
+
+DEFAULT_ADMIN_PORT = 9883
+"""1883 (MQTT) + 8000: easy to remember, clear of MQTT's 1883/8883 and of the usual Prometheus exporters."""
+
+
+@dataclass
+class AdminHttpConfig:
+    """Where the admin endpoint listens."""
+
+    enabled: bool = True
+    """Serve ``/metrics`` and ``/health``."""
+    host: str = "127.0.0.1"
+    """Address to bind; loopback by default because the endpoint has no authentication."""
+    port: int = DEFAULT_ADMIN_PORT
+    """TCP port; 0 picks a free one (tests)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65_535:
+            raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
+        if not self.host:
+            raise ConfigError("host", "must not be empty")
 
 
 def _default_listeners() -> list[ListenerConfig]:

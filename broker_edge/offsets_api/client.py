@@ -22,6 +22,7 @@ import pyarrow as pa
 from broker_edge.storage.record import Record, decode_frames
 from broker_edge.storage.store import LogInfo
 
+from .arrow_format import read_arrow_stream
 from .errors import (
     AuthError,
     BadRequestError,
@@ -38,7 +39,6 @@ from .formats import (
     RECORD_COUNT_HEADER,
     RESULTS_METADATA_KEY,
     START_OFFSET_HEADER,
-    read_arrow_stream,
 )
 
 __all__ = [
