@@ -8,13 +8,16 @@ for every module as it is imported, so the log says what the process had loaded 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from broker_edge.launcher import BrokerProcess
+from broker_edge.launcher import BrokerProcess, wait_for_port
 from broker_edge.offsets_api.client import OffsetsClient
 from tests.broker.broker_test_clients import PahoClient
 
@@ -33,10 +36,21 @@ def imported_modules(log_path: Path) -> set[str]:
 
 
 @pytest.fixture
-def profiled_broker(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONPROFILEIMPORTTIME", "1")
-    with BrokerProcess(tmp_path / "broker") as broker:
+def profiled_broker(tmp_path):
+    """The broker, started without touching its HTTP ports (a TCP probe there would load the HTTP stack)."""
+    broker = BrokerProcess(tmp_path / "broker")
+    with open(broker.log_path, "ab") as log:
+        broker.process = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.cli", "broker", "--config", str(broker.config_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, PYTHONPROFILEIMPORTTIME="1"),
+        )
+    try:
+        wait_for_port(broker.port)
         yield broker
+    finally:
+        broker.stop()
 
 
 def test_default_broker_serves_mqtt_without_heavy_modules_and_loads_arrow_on_first_fetch(profiled_broker):
@@ -62,7 +76,7 @@ def test_default_broker_serves_mqtt_without_heavy_modules_and_loads_arrow_on_fir
     assert before_arrow & HEAVY == set()
     assert [line["payload_text"] for line in lines] == ["reading 0", "reading 1", "reading 2"]
     assert {"pyarrow", "numpy"} <= after_arrow
-    # (pyarrow itself imports pandas when pandas is installed: it looks for pandas objects in what it converts)
+    # (pyarrow itself imports pandas when it is installed: it looks for pandas objects in what it converts)
     assert after_arrow & {"pyspark", "deltalake", "great_expectations"} == set()
     assert table.column("payload").to_pylist() == [b"reading 0", b"reading 1", b"reading 2"]
     assert table.column("offset").to_pylist() == [0, 1, 2]
