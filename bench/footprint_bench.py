@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.brokers import BROKER_NAMES, BrokerUnavailable, BrokerUnderTest, default_broker
-from bench.footprint_install import InstallSize, measure_install
+from bench.footprint_floor import TransportFloor
+from bench.footprint_install import InstallSize, installed
 from bench.footprint_startup import DefaultTimestone, StartupResult, measure_startup
 from bench.loadgen.idle import IdleResult, run_idle
 from bench.soak_bench import MAX_HOURLY_GROWTH, SoakResult, run_soak
@@ -95,16 +96,19 @@ def main(argv: list[str] | None = None) -> int:
         load_before=_load(),
     )
     peers = [default_broker(name) for name in args.brokers if name != "timestone"]
+    if "install" not in args.skip:
+        for extras in ("", "arrow"):
+            _log(f"install size: timestone{f'[{extras}]' if extras else ''}")
+            with installed(extras) as install:
+                result.installs.append(install)
+                if not extras and "startup" not in args.skip:
+                    gateway = DefaultTimestone(install.timestone, "timestone (defaults, base install)")
+                    _measure_startup(gateway, args, broker_cpus, result)
     if "startup" not in args.skip:
-        for broker in [DefaultTimestone(), *peers]:
-            _log(f"start-up: {broker.label}, {args.starts} starts")
-            if _prepared(broker, result):
-                try:
-                    result.startups.append(measure_startup(broker, args.starts, broker_cpus))
-                except BrokerUnavailable as exc:
-                    result.unavailable[broker.label] = str(exc)
+        for broker in [DefaultTimestone(label="timestone (defaults, dev venv)"), *peers]:
+            _measure_startup(broker, args, broker_cpus, result)
     if "idle" not in args.skip:
-        for broker in [default_broker("timestone"), *peers]:
+        for broker in [default_broker("timestone"), TransportFloor(), *peers]:
             _log(f"idle connections: {broker.label}, {args.connections:,}")
             if _prepared(broker, result):
                 try:
@@ -114,10 +118,6 @@ def main(argv: list[str] | None = None) -> int:
                         )
                 except BrokerUnavailable as exc:
                     result.unavailable[broker.label] = str(exc)
-    if "install" not in args.skip:
-        for extras in ("", "arrow"):
-            _log(f"install size: timestone{f'[{extras}]' if extras else ''}")
-            result.installs.append(measure_install(extras))
     if "soak" not in args.skip:
         _log(f"soak: {args.soak_seconds:.0f} s, {args.devices:,} devices")
         load = SoakLoad(port=0, devices=args.devices, churn_per_s=args.churn)
@@ -133,6 +133,17 @@ def main(argv: list[str] | None = None) -> int:
         output.write_text(text)
         _log(f"wrote {output}")
     return 0
+
+
+def _measure_startup(
+    broker: BrokerUnderTest, args: argparse.Namespace, cpus: set[int] | None, result: Footprint
+) -> None:
+    _log(f"start-up: {broker.label}, {args.starts} starts")
+    if _prepared(broker, result):
+        try:
+            result.startups.append(measure_startup(broker, args.starts, cpus))
+        except BrokerUnavailable as exc:
+            result.unavailable[broker.label] = str(exc)
 
 
 def _prepared(broker: BrokerUnderTest, result: Footprint) -> bool:
@@ -194,18 +205,11 @@ def _startup_section(startups: list[StartupResult], targets: list) -> list[str]:
             f"{startup.serve_s:.3f} s | {startup.cpu_s:.2f} s |"
         )
     lines.append("")
-    mine = next((s for s in startups if s.label.startswith("timestone")), None)
-    if mine is not None:
-        targets.append(
-            (
-                "default broker idle RSS ≤ 40 MiB",
-                f"{mine.idle_rss / 2**20:.1f} MiB",
-                mine.idle_rss <= IDLE_RSS_TARGET,
-            )
-        )
-        targets.append(
-            ("default broker listening ≤ 0.3 s", f"{mine.listen_s:.3f} s", mine.listen_s <= LISTEN_TARGET_S)
-        )
+    for mine in (s for s in startups if s.label.startswith("timestone")):
+        where = mine.label.partition("defaults, ")[2].rstrip(")")
+        rss_goal, listen_goal = f"idle RSS ≤ 40 MiB ({where})", f"listening ≤ 0.3 s ({where})"
+        targets.append((rss_goal, f"{mine.idle_rss / 2**20:.1f} MiB", mine.idle_rss <= IDLE_RSS_TARGET))
+        targets.append((listen_goal, f"{mine.listen_s:.3f} s", mine.listen_s <= LISTEN_TARGET_S))
     return lines
 
 

@@ -7,9 +7,11 @@ scaffolding (pip itself) is reported apart from what the install added.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,10 +29,19 @@ class InstallSize:
     added_bytes: int
     packages: list[tuple[str, int]]
     """(distribution directory in site-packages, bytes), largest first."""
+    venv: Path
+    """The virtualenv (removed when `installed` returns)."""
+
+    @property
+    def timestone(self) -> Path:
+        """The `timestone` command of this install."""
+        return self.venv / "bin" / "timestone"
 
 
-def measure_install(extras: str = "") -> InstallSize:
-    """Install the project (with `extras`, e.g. "arrow") into a fresh venv and measure what it added."""
+@contextlib.contextmanager
+def installed(extras: str = "") -> Iterator[InstallSize]:
+    """Install the project (with `extras`, e.g. "arrow") into a fresh venv, measure what it added, and
+    keep the venv while the block runs (to start its broker)."""
     with tempfile.TemporaryDirectory(prefix="footprint-install-") as tmp:
         venv = Path(tmp) / "venv"
         _run([sys.executable, "-m", "venv", str(venv)])
@@ -48,7 +59,7 @@ def measure_install(extras: str = "") -> InstallSize:
             key=lambda item: -item[1],
         )
         new = [(name, size) for name, size in packages if name not in before_entries]
-        return InstallSize(extras, added, new)
+        yield InstallSize(extras, added, new, venv)
 
 
 def _run(command: list[str]) -> str:

@@ -33,9 +33,13 @@ class DefaultTimestone(Timestone):
     embedded default.
     """
 
+    def __init__(self, executable: Path | None = None, label: str = "timestone (defaults)") -> None:
+        super().__init__(executable=executable)
+        self._label = label
+
     @property
     def label(self) -> str:
-        return "timestone (defaults)"
+        return self._label
 
     def command(self, port: int, workdir: Path) -> list[str]:
         config = workdir / "timestone.yaml"
