@@ -303,7 +303,7 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
         targets.append(
             (
                 f"no growth once warm (RSS trend ≤ {MAX_HOURLY_GROWTH:.0%} of the warm RSS per hour, "
-                "open files at the end within their warm range)",
+                "open files not drifting up while warm)",
                 rss_text,
                 not soak.rss_grows and not soak.open_files_grow,
             )

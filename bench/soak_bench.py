@@ -4,13 +4,14 @@ The broker runs with its defaults (`footprint_startup.DefaultTimestone`: free po
 directory) against `soak_load` (devices at 1 QoS 1 message/s each, subscribers, reconnect churn). Every
 `sample_s` the broker's VmRSS, open file descriptors, CPU time and the load's counters are recorded. The
 first `warmup_fraction` of the run is warm-up (connecting the fleet, filling caches and pools); growth is
-judged on the rest: the least-squares trend of RSS extrapolated to an hour, and open files at the end next
-to their range while warm.
+judged on the rest: the least-squares trend of RSS extrapolated to an hour, and the open files of the last
+third of the warm samples next to those of the first third.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,12 +67,15 @@ class SoakResult:
 
     @property
     def open_files_grow(self) -> bool:
-        """Open files at the end above the most seen during the first half of the warm period."""
+        """The median of open files over the last third of the warm samples above that of the first third
+        by more than the devices reconnecting per second (those away at a given moment make it wander)."""
         warm = self.warm
-        if len(warm) < 2:
+        third = len(warm) // 3
+        if third < 1:
             return False
-        first_half = warm[: max(1, len(warm) // 2)]
-        return warm[-1].open_files > max(s.open_files for s in first_half)
+        first = statistics.median(s.open_files for s in warm[:third])
+        last = statistics.median(s.open_files for s in warm[-third:])
+        return last > first + self.load.churn_per_s
 
     def rate(self, field: str) -> float:
         """Per-second rate of a counter over the warm period."""
