@@ -100,21 +100,10 @@ def _start_once(broker: BrokerUnderTest, cpus: set[int] | None, settle_s: float)
     workdir = Path(tempfile.mkdtemp(prefix=f"footprint-{broker.name}-"))
     (workdir / "data").mkdir()
     port = net.free_port()
-    command = broker.command(port, workdir)
     process: subprocess.Popen[bytes] | None = None
     try:
-        with open(workdir / "broker.log", "wb") as log:
-            started = time.monotonic()
-            process = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=workdir,
-                env=broker.env(),
-                start_new_session=True,
-                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
-            )
+        started = time.monotonic()
+        process = broker.popen(port, workdir, cpus)
         listen_s = _wait_for_tcp(port, process, started, broker.start_timeout)
         cpu_s = cpu_seconds(process.pid)
         while not net.mqtt_handshake(port, timeout=1.0):
