@@ -33,9 +33,16 @@ class DefaultTimestone(Timestone):
     embedded default.
     """
 
-    def __init__(self, executable: Path | None = None, label: str = "timestone (defaults)") -> None:
+    def __init__(
+        self,
+        executable: Path | None = None,
+        label: str = "timestone (defaults)",
+        storage: dict[str, int] | None = None,
+    ) -> None:
         super().__init__(executable=executable)
         self._label = label
+        self.storage = storage or {}
+        """Storage settings other than the defaults (the soak may bound the tail caches)."""
 
     @property
     def label(self) -> str:
@@ -46,13 +53,16 @@ class DefaultTimestone(Timestone):
         config.write_text(
             f"listeners:\n  - port: {port}\n"
             f"storage:\n  directory: {workdir / 'data'}\n"
-            "offsets_api:\n  port: 0\n"
+            + "".join(f"  {key}: {value}\n" for key, value in self.storage.items())
+            + "offsets_api:\n  port: 0\n"
             "admin_http:\n  port: 0\n"
         )
         return [str(self.executable), "broker", "--config", str(config)]
 
     def config_notes(self) -> str:
-        return "embedded defaults; listener, offsets API and admin HTTP on free ports, data in a temp dir"
+        changed = "".join(f", storage.{key} {value}" for key, value in self.storage.items())
+        notes = "embedded defaults; listener, offsets API and admin HTTP on free ports, data in a temp dir"
+        return notes + changed
 
 
 @dataclass(frozen=True)

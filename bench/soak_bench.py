@@ -47,6 +47,7 @@ class SoakResult:
     duration_s: float
     warmup_s: float
     samples: list[SoakSample]
+    broker_config: str = ""
 
     @property
     def warm(self) -> list[SoakSample]:
@@ -91,10 +92,12 @@ def run_soak(
     sample_s: float = 5.0,
     warmup_fraction: float = 0.2,
     cpus: tuple[set[int] | None, set[int] | None] = (None, None),
+    storage: dict[str, int] | None = None,
     log=print,  # type: ignore[no-untyped-def]
 ) -> SoakResult:
-    """Run the soak for `duration_s` seconds (broker on `cpus[0]`, load on `cpus[1]`)."""
-    broker = DefaultTimestone()
+    """Run the soak for `duration_s` seconds (broker on `cpus[0]`, load on `cpus[1]`; `storage`: settings
+    other than the defaults)."""
+    broker = DefaultTimestone(storage=storage)
     broker.prepare()
     broker_cpus, load_cpus = cpus
     with broker.running(broker_cpus) as running:
@@ -116,7 +119,7 @@ def run_soak(
                             f"{last.open_files} open files, {last.devices_connected} devices connected"
                         )
                 time.sleep(min(0.2, max(0.0, next_sample - time.monotonic())))
-    return SoakResult(spec, duration_s, duration_s * warmup_fraction, samples)
+    return SoakResult(spec, duration_s, duration_s * warmup_fraction, samples, broker.config_notes())
 
 
 def _sample(pid: int, at_s: float, processes: LoadProcesses) -> SoakSample:

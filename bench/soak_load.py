@@ -146,6 +146,7 @@ async def _connect(loop: asyncio.AbstractEventLoop, port: int, client: _Client, 
         await loop.create_connection(lambda: client, HOST, port)
     except OSError:
         counters[FAILED_CONNECTS] += 1
+        client.on_lost(client)  # tries again later, like a device would
 
 
 async def _devices(load: SoakLoad, shared: SynchronizedArray, stop: Event) -> None:
