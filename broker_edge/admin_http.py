@@ -2,7 +2,9 @@
 
 It is separate from the MQTT listeners and from the offsets API so it can stay on loopback (or a management
 network) while devices reach the broker elsewhere, and so a scrape never competes with data traffic.
-It runs on the broker's event loop; both handlers are cheap and never block.
+It runs on the broker's event loop; both handlers are cheap and never block. The broker builds this app with
+the first connection to its port (`lazy_http`); its config section, `AdminHttpConfig`, lives with the others
+in `config.broker` (and is re-exported here) so that loading a config imports no HTTP stack.
 """
 
 from __future__ import annotations
