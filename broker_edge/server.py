@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from broker_edge.config.broker import BrokerConfig, ListenerConfig
 from broker_edge.connection import CLOSED, Connection
 from broker_edge.delivery import Message
 from broker_edge.lazy_http import LazyHttpEndpoint
+from broker_edge.login_backoff import LoginBackoff
 from broker_edge.metrics import BrokerMetrics
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.router import Router
@@ -34,6 +36,7 @@ from broker_edge.storage import StorageError, TooManyTopics
 from broker_edge.storage.record import RecordFields
 from broker_edge.sys_topics import sys_topic_messages
 from broker_edge.tls import server_ssl_context
+from broker_edge.topic_quota import TopicShares
 
 if TYPE_CHECKING:
     import ssl
@@ -120,6 +123,10 @@ class Broker:
         if config.auth.password_file:
             self.passwords = PasswordFile.load(config.auth.password_file)
         self.admission = config.limits.connection_admission()
+        self.login_backoff = LoginBackoff(config.auth.failed_logins)
+        self.topic_shares = TopicShares(
+            config.limits.max_topics_per_identity, config.limits.topic_quota_exempt_users
+        )
         self.store: Any = None
         self.replays: Any = None
         self.session_store: SessionStore | None = None
@@ -139,6 +146,8 @@ class Broker:
         self._drops: dict[str, int] = {}
         self._refused: dict[str, int] = {}
         self._disconnects: dict[str, int] = {}
+        self.partial_bytes = 0
+        """Bytes of packets not fully arrived, all connections (at most limits.max_partial_packet_bytes)."""
         self.throttled = 0
         """Times a client's reading was paused for its message rate since the last ``flush_stats``."""
         self._flushed: dict[str, list[int]] = {}
@@ -190,7 +199,7 @@ class Broker:
                 )
             if config.admin_http.enabled:
                 admin = await LazyHttpEndpoint.start(
-                    self._admin_app, config.admin_http.host, config.admin_http.port
+                    self._serve_admin, config.admin_http.host, config.admin_http.port
                 )
                 self.admin_port = admin.port
                 self._runners.append(admin)
@@ -219,27 +228,49 @@ class Broker:
         if self.config.sessions.persist:
             can_subscribe = self.acl.can_subscribe if self.acl is not None else None
             self.session_store = SessionStore(
-                directory, self.router, self.store, self.config.sessions, self.loop, can_subscribe
+                Path(self.store.layout.meta),
+                self.router,
+                self.store,
+                self.config.sessions,
+                self.loop,
+                can_subscribe,
             )
             self.session_store.restore()
 
-    def _admin_app(self) -> Any:
+    async def _serve_admin(self, sock: socket.socket) -> Any:
+        """The admin endpoint on its listening socket (run by its first connection: see ``lazy_http``)."""
         from broker_edge.admin_http import create_admin_app
+        from broker_edge.http_guard import start_guarded_site
 
-        return create_admin_app(self.metrics, self.health)
+        admin = self.config.admin_http
+        app = create_admin_app(self.metrics, self.health)
+        return await start_guarded_site(
+            app, admin.host, admin.port, None, admin.max_connections, admin.request_timeout_s, sock=sock
+        )
 
     async def _start_offsets_api(self) -> None:
         """Serve the offsets API over this broker's store on its own port; aiohttp (and the API's code) are
         loaded by its first connection (see ``lazy_http``)."""
         api = self.config.offsets_api
-
-        def make_app() -> Any:
-            from broker_edge.offsets_api import create_app
-
-            return create_app(self.store, token=api.token)
-
         ssl_context = server_ssl_context(api.tls) if api.tls else None
-        endpoint = await LazyHttpEndpoint.start(make_app, api.host, api.port, ssl_context)
+
+        async def serve(sock: socket.socket) -> Any:
+            from broker_edge.http_guard import start_guarded_site
+            from broker_edge.offsets_api.server import ApiLimits, create_app
+
+            limits = ApiLimits(max_connections=api.max_connections, request_timeout_s=api.request_timeout_s)
+            app = create_app(self.store, api.token, limits)
+            return await start_guarded_site(
+                app,
+                api.host,
+                api.port,
+                ssl_context,
+                limits.max_connections,
+                limits.request_timeout_s,
+                sock=sock,
+            )
+
+        endpoint = await LazyHttpEndpoint.start(serve, api.host, api.port)
         self.offsets_port = endpoint.port
         self._runners.append(endpoint)
 
