@@ -71,6 +71,26 @@ class BrokerUnderTest(ABC):
         """One line on how the broker is configured, for the results."""
         return ""
 
+    @property
+    def config_key(self) -> tuple[str, ...]:
+        """Equal for two objects that run the same configuration (whatever their labels): a run measures
+        each configuration once per flow and shows that measurement wherever the configuration appears."""
+        return (self.name,)
+
+    def with_tcp_nodelay(self) -> BrokerUnderTest:
+        """This configuration with TCP_NODELAY on its client sockets (itself when that is its default)."""
+        return self
+
+    @property
+    def summary(self) -> str:
+        """The configuration in a few words, for each row of the tables."""
+        return ""
+
+    @property
+    def persists(self) -> bool:
+        """True when this configuration must leave data in its data directory (a run that left none fails)."""
+        return False
+
     def prepare(self) -> None:  # noqa: B027  (an optional hook: most brokers need nothing)
         """Install or check whatever the broker needs; raise BrokerUnavailable if that fails."""
 

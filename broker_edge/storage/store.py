@@ -352,7 +352,7 @@ class LogStore:
 
     def _use_syncfs(self) -> None:
         minimum = self.config.syncfs_min_segments
-        if minimum > 0 and self.config.durability != "none" and syncfs_available():
+        if minimum > 0 and self.config.durability != "none" and syncfs_available(self.directory):
             self._directory_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             self._committer.use_syncfs(self._directory_fd, minimum)
 
