@@ -38,6 +38,8 @@ from broker_edge.sys_topics import sys_topic_messages
 from broker_edge.tls import server_ssl_context
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
     from broker_edge.http_guard import GuardedRunner
     from broker_edge.storage import LogStore
 
@@ -87,7 +89,7 @@ class Broker(BrokerCore):
         self.started_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[asyncio.Server] = []
-        self._runners: list[LazyHttpEndpoint] = []
+        self._runners: list[web.AppRunner | LazyHttpEndpoint] = []
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._next_sys = 0.0
         self._next_retention = 0.0
@@ -145,7 +147,7 @@ class Broker(BrokerCore):
                 self.admin_port = admin.port
                 self._runners.append(admin)
             if self.store is not None and config.offsets_api.enabled:
-                await self._start_offsets_api()
+                await self._start_offsets_api(self.store)
         except BaseException:
             await self.stop()
             raise
@@ -190,7 +192,7 @@ class Broker(BrokerCore):
             app, admin.host, admin.port, None, admin.max_connections, admin.request_timeout_s, sock=sock
         )
 
-    async def _start_offsets_api(self) -> None:
+    async def _start_offsets_api(self, store: LogStore) -> None:
         """Serve the offsets API over this broker's store on its own port; aiohttp (and the API's code) are
         loaded by its first connection (see ``lazy_http``)."""
         api = self.config.offsets_api
@@ -201,7 +203,7 @@ class Broker(BrokerCore):
             from broker_edge.offsets_api.server import ApiLimits, create_app
 
             limits = ApiLimits(max_connections=api.max_connections, request_timeout_s=api.request_timeout_s)
-            app = create_app(self.store, api.token, limits)
+            app = create_app(store, api.token, limits)
             return await start_guarded_site(
                 app,
                 api.host,
