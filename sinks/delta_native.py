@@ -269,7 +269,11 @@ class DeltaNativeTableStore(TableStore):
         return self.spark.read.format("delta").load(self.location(name))
 
     def read(self, name: str) -> DataFrame:
-        return self._load(name).select(*[f"`{c}`" for c in self.spec(name).column_names])
+        """The snapshot as of this call, pinned to its version (a plain Delta read would re-resolve the
+        latest one whenever it runs, unlike the delta-rs store's fixed file list)."""
+        version = self.version(name)
+        pinned = self.spark.sql(f"SELECT * FROM {self._identifier(name)} VERSION AS OF {version}")
+        return pinned.select(*[f"`{c}`" for c in self.spec(name).column_names])
 
     def read_arrow(self, name: str) -> pa.Table:
         from sinks.arrow_conform import conform

@@ -103,7 +103,11 @@ class TableStore(ABC):
 
     @abstractmethod
     def read(self, name: str) -> DataFrame:
-        """The current snapshot as a Spark DataFrame with the declared schema (empty table: no rows)."""
+        """The current snapshot as a Spark DataFrame with the declared schema (empty table: no rows).
+
+        The snapshot is the one current when ``read`` is called: commits made after it, even before the
+        DataFrame runs, are not in it (pipelines rely on this to read a table "as it was before" a write).
+        """
 
     @abstractmethod
     def read_arrow(self, name: str) -> pa.Table:

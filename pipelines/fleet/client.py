@@ -1,4 +1,4 @@
-"""A lean asyncio MQTT 5 client over the project's sans-IO codec, for simulated fleets and load tests.
+"""A lean asyncio MQTT 5 client over the sans-IO codec: simulated fleets, load tests, the actions job.
 
 One ``asyncio.Protocol`` per connection and no task per connection, so one process can hold ten thousand
 devices. It speaks what a device needs: CONNECT, SUBSCRIBE (with user properties, e.g. a log ``offset``),
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -73,6 +73,10 @@ class MqttClient(asyncio.Protocol):
         self._connack: asyncio.Future[ConnAck] | None = None
         self._closed: asyncio.Future[None] | None = None
         self._ping_handle: asyncio.TimerHandle | None = None
+        self.receive_maximum = 65_535
+        """QoS 1/2 PUBLISHes the broker accepts unacknowledged (its CONNACK's Receive Maximum)."""
+        self.bytes_received = 0
+        """Every byte read from the broker on this connection (what a device pays for on the wire)."""
 
     # -- life cycle -------------------------------------------------------------------------------------
 
@@ -90,11 +94,20 @@ class MqttClient(asyncio.Protocol):
         password: bytes | None = None,
         session_expiry_s: int = 0,
         timeout_s: float = 10.0,
+        source_address: str | None = None,
     ) -> MqttClient:
-        """Open a TCP connection, send CONNECT and wait for a successful CONNACK."""
+        """Open a TCP connection, send CONNECT and wait for a successful CONNACK.
+
+        ``source_address`` binds the local end (e.g. one of several 127.0.0.x addresses, so that a fleet of
+        more connections than one address has ephemeral ports can reach one broker port).
+        """
         loop = asyncio.get_running_loop()
+        local_addr = (source_address, 0) if source_address else None
         _, client = await asyncio.wait_for(
-            loop.create_connection(lambda: cls(client_id, on_message, keep_alive), host, port), timeout_s
+            loop.create_connection(
+                lambda: cls(client_id, on_message, keep_alive), host, port, local_addr=local_addr
+            ),
+            timeout_s,
         )
         properties = Properties(session_expiry_interval=session_expiry_s) if session_expiry_s else None
         client._connack = loop.create_future()
@@ -113,6 +126,8 @@ class MqttClient(asyncio.Protocol):
         if connack.reason_code >= 0x80:
             client.abort()
             raise ConnectionRefused(connack.reason_code)
+        if connack.properties and connack.properties.receive_maximum:
+            client.receive_maximum = connack.properties.receive_maximum
         client._schedule_ping()
         return client
 
@@ -184,6 +199,38 @@ class MqttClient(asyncio.Protocol):
         ack = await future
         return ack.reason_code
 
+    async def publish_many(self, messages: Sequence[tuple[str, bytes]]) -> list[int]:
+        """Publish at QoS 1, pipelined within the broker's Receive Maximum; returns the PUBACK codes.
+
+        Whatever fits in the window goes out in one write; each batch of acknowledgements refills it.
+        """
+        acks: list[asyncio.Future] = []
+        window_open = asyncio.Event()
+        in_flight = 0
+
+        def acknowledged(_: asyncio.Future) -> None:
+            nonlocal in_flight
+            in_flight -= 1
+            window_open.set()
+
+        index = 0
+        while index < len(messages):
+            if in_flight >= self.receive_maximum:
+                window_open.clear()
+                await window_open.wait()
+                continue
+            frames = []
+            for topic, payload in messages[index : index + self.receive_maximum - in_flight]:
+                packet_id = next(self._packet_ids)
+                ack = self._expect("puback", packet_id)
+                ack.add_done_callback(acknowledged)
+                acks.append(ack)
+                frames.append(encode(Publish(topic, payload, 1, packet_id=packet_id), MQTT_5))
+            index += len(frames)
+            in_flight += len(frames)
+            self._write(frames)
+        return [ack.reason_code for ack in await asyncio.gather(*acks)]
+
     def publish_nowait(self, topic: str, payload: bytes, qos: int = 1) -> bool:
         """Send a PUBLISH without waiting for its acknowledgement; False when not connected."""
         if not self.connected:
@@ -195,6 +242,7 @@ class MqttClient(asyncio.Protocol):
     # -- protocol ---------------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        self.bytes_received += len(data)
         try:
             packets = self._decoder.feed(data)
         except MQTTError:
@@ -254,9 +302,12 @@ class MqttClient(asyncio.Protocol):
             future.set_result(packet)
 
     def _send(self, packet) -> None:
+        self._write([encode(packet, MQTT_5)])
+
+    def _write(self, frames: list[bytes]) -> None:
         if self._transport is None or self._transport.is_closing():
             raise ConnectionResetError(f"{self.client_id}: not connected")
-        self._transport.write(encode(packet, MQTT_5))
+        self._transport.writelines(frames)
 
     def _schedule_ping(self) -> None:
         if self.keep_alive:

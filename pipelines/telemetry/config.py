@@ -270,7 +270,7 @@ class GxRunConfig:
     schedule: Literal["every_batch", "every_n_batches", "interval", "never"] = "every_batch"
     every_n_batches: int = 10
     interval_seconds: float = 60.0
-    max_rows: int = 50_000
+    max_rows: int = 10_000
 
     def __post_init__(self) -> None:
         if self.every_n_batches < 1:
