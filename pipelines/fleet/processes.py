@@ -128,7 +128,8 @@ class FleetProcesses:
 
     def status(self) -> tuple[int, dict[str, int], float]:
         """Devices connected now, the fleet's counters, and CPU seconds its processes have used."""
-        connected, stats, cpu = 0, {}, 0.0
+        connected, cpu = 0, 0.0
+        stats: dict[str, int] = {}
         for count, counters, seconds in self._ask("status"):
             connected += count
             cpu += seconds
