@@ -49,3 +49,11 @@ def mosquitto(tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory):
+    """One ``timestone demo`` (20 devices) for the whole test session: its output and the tables it wrote."""
+    from tests.e2e.notebooks.notebook_harness import run_demo
+
+    return run_demo(tmp_path_factory.mktemp("repository"), devices=20)
