@@ -249,7 +249,15 @@ class Connection(asyncio.Protocol):
             self.broker.count_drop("slow_subscriber")
             return False
         if self.aliases_out is None:
-            template = message.template(self.v5, qos, retain, subscription_ids)
+            template = message.template(
+                self.v5,
+                qos,
+                retain,
+                subscription_ids,
+                0,
+                False,
+                self.session.log_offsets,  # type: ignore[union-attr]
+            )
         else:
             template = self._aliased_template(message, qos, retain, subscription_ids)
             if template is None:
@@ -295,15 +303,16 @@ class Connection(asyncio.Protocol):
         recorded only once the PUBLISH that sets it is certain to be written.
         """
         aliases: dict[str, int] = self.aliases_out  # type: ignore[assignment]
+        offsets = self.session.log_offsets  # type: ignore[union-attr]
         topic = message.topic
         alias = aliases.get(topic)
         if alias is not None:
             del aliases[topic]  # most recently used last
             aliases[topic] = alias
-            return message.template(True, qos, retain, subscription_ids, alias, True)
+            return message.template(True, qos, retain, subscription_ids, alias, True, offsets)
         full = len(aliases) >= self.alias_max_out
         alias = next(iter(aliases.values())) if full else len(aliases) + 1
-        template = message.template(True, qos, retain, subscription_ids, alias, False)
+        template = message.template(True, qos, retain, subscription_ids, alias, False, offsets)
         if len(template.head) + (len(template.tail) + 2 if qos else 0) > self.max_packet_out:
             self.broker.count_drop("too_large")
             return None

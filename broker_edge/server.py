@@ -554,8 +554,9 @@ class Broker:
 def _record_fields(message: Message) -> RecordFields:
     """The log record of a publish: payload, QoS, retain, publisher and the properties that matter."""
     props = message.properties
+    expiry = message.expiry_left()
     if props is None:
-        return (message.payload, message.qos, message.retain, message.origin, (), None, None)
+        return (message.payload, message.qos, message.retain, message.origin, (), None, None, expiry)
     return (
         message.payload,
         message.qos,
@@ -564,4 +565,5 @@ def _record_fields(message: Message) -> RecordFields:
         list(props.user_properties),
         props.content_type,
         props.payload_format_indicator,
+        expiry,
     )

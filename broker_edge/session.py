@@ -58,6 +58,7 @@ class Session:
         "expiry_interval",
         "incoming_qos2",
         "inflight",
+        "log_offsets",
         "queue",
         "queued_bytes",
         "router",
@@ -86,6 +87,9 @@ class Session:
         self.will_at: float | None = None
         self.cursors: dict[str, int] | None = None
         """Logged topic → next offset to deliver from the log (see ``broker_edge.replay``)."""
+        self.log_offsets = False
+        """The client asked for log delivery (it subscribed from an offset, or opted in on CONNECT): its v5
+        deliveries of logged messages carry the user property ``offset``. Kept until the session ends."""
 
     def __repr__(self) -> str:
         state = "online" if self.connection is not None else "offline"

@@ -14,6 +14,7 @@ import secrets
 from typing import TYPE_CHECKING
 
 from broker_edge.connection import AUTHENTICATING, CLOSED, CONNECTED, NEW, NO_LIMIT
+from broker_edge.delivery import wants_log_offsets
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect
 from broker_edge.protocol.properties import Properties
@@ -174,6 +175,8 @@ def _accept(conn: Connection, packet: Connect, client_id: str, assigned: bool, u
     session, present = router.open_session(client_id, packet.clean_start, expiry, now)
     session.username = username
     conn.session = session
+    if v5 and wants_log_offsets(props):
+        session.log_offsets = True
 
     keepalive = packet.keep_alive
     ack = Properties() if v5 else None

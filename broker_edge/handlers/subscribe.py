@@ -90,6 +90,7 @@ def handle_subscribe(conn: Connection, packet: Subscribe) -> None:
         is_new = router.subscribe(session, key, topic_filter, group, options)  # type: ignore[arg-type]
         codes.append(sub.qos)
         if start is not None:
+            session.log_offsets = True  # asked for log delivery: deliveries carry their offset
             outside += broker.replays.start(session, topic_filter, start)  # positioned now, read after SUBACK
             replaying = True
         elif group is None and (sub.retain_handling == 0 or (sub.retain_handling == 1 and is_new)):

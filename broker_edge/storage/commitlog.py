@@ -226,6 +226,7 @@ class CommitLog:
         content_type: str | None = None,
         payload_format_indicator: int | None = None,
         timestamp_ms: int | None = None,
+        message_expiry_interval: int | None = None,
     ) -> int:
         """`append` for callers holding the fields (the broker): no `AppendRecord` built per publish.
 
@@ -236,7 +237,7 @@ class CommitLog:
         try:
             frame = encode_frame(
                 offset, timestamp, payload, qos, retain, client_id, user_properties, content_type,
-                payload_format_indicator
+                payload_format_indicator, message_expiry_interval
             )  # fmt: skip
         except (ValueError, OverflowError, struct.error) as error:
             raise InvalidRecord(f"record for {self.topic!r} cannot be stored: {error}") from error
@@ -260,7 +261,10 @@ class CommitLog:
         self._next_offset = offset + 1
         self._pending_bytes += size
         self.last_append_size = size
-        fields = (payload, qos, retain, client_id, user_properties, content_type, payload_format_indicator)
+        fields = (
+            payload, qos, retain, client_id, user_properties, content_type, payload_format_indicator,
+            message_expiry_interval
+        )  # fmt: skip
         self._cache.add((timestamp, frame, fields), size)
         return offset
 
@@ -293,7 +297,7 @@ class CommitLog:
             or (segment.count and timestamp >= self._roll_at)
         ):
             for fields in records:  # the batch may roll a segment: one record at a time
-                self.append_message(*fields, timestamp)
+                self.append_message(*fields[:7], timestamp, fields[7])
             self.last_append_size = size
             return offset
         index_timestamp = self._index_timestamp(segment, timestamp)

@@ -21,6 +21,7 @@ from crc32c import crc32c
 
 from .record import (
     FLAG_CONTENT_TYPE,
+    FLAG_MESSAGE_EXPIRY,
     FLAG_RETAIN,
     FLAG_USER_PROPERTIES,
     FORMAT_VERSION,
@@ -41,7 +42,7 @@ HEADER = np.dtype(
     }
 )
 """The fixed-size start of every frame (see `record`): prefix, then the body's fixed fields."""
-FIELD_FLAGS = FLAG_CONTENT_TYPE | FLAG_USER_PROPERTIES
+FIELD_FLAGS = FLAG_CONTENT_TYPE | FLAG_USER_PROPERTIES | FLAG_MESSAGE_EXPIRY
 """Flags of the fields that only a per-record parse can find (a frame without them: payload after the id)."""
 _GATHER_ROWS = 8192
 _ID_CHECK_MAX_BYTES = 4 * 1024 * 1024

@@ -24,10 +24,13 @@ Appended = tuple[int, bytes, RecordFields]
 
 
 def _materialize(entry: Appended, offset: int) -> Record:
-    timestamp, frame, (payload, qos, retain, client_id, user_properties, content_type, indicator) = entry
-    return Record(
-        offset, timestamp, client_id, qos, retain, payload, user_properties, content_type, indicator, frame
+    timestamp, frame, (payload, qos, retain, client_id, user_properties, content_type, indicator, expiry) = (
+        entry
     )
+    return Record(
+        offset, timestamp, client_id, qos, retain, payload, user_properties, content_type, indicator, frame,
+        expiry
+    )  # fmt: skip
 
 
 class TailCache:

@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from broker_edge.delivery import OFFSETS_OPT_IN
 from broker_edge.protocol import (
     MQTT_5,
     ConnAck,
@@ -88,14 +89,24 @@ class MqttClient(asyncio.Protocol):
         username: str | None = None,
         password: bytes | None = None,
         session_expiry_s: int = 0,
+        log_offsets: bool = False,
         timeout_s: float = 10.0,
     ) -> MqttClient:
-        """Open a TCP connection, send CONNECT and wait for a successful CONNACK."""
+        """Open a TCP connection, send CONNECT and wait for a successful CONNACK.
+
+        ``log_offsets`` asks a Timestone broker for the ``offset`` user property on deliveries of persisted
+        messages (``Message.offset``; see docs/device-protocol.md).
+        """
         loop = asyncio.get_running_loop()
         _, client = await asyncio.wait_for(
             loop.create_connection(lambda: cls(client_id, on_message, keep_alive), host, port), timeout_s
         )
-        properties = Properties(session_expiry_interval=session_expiry_s) if session_expiry_s else None
+        properties = None
+        if session_expiry_s or log_offsets:
+            properties = Properties(
+                session_expiry_interval=session_expiry_s or None,
+                user_properties=[OFFSETS_OPT_IN] if log_offsets else [],
+            )
         client._connack = loop.create_future()
         client._send(
             Connect(
@@ -227,9 +238,10 @@ class MqttClient(asyncio.Protocol):
     def _deliver(self, packet: Publish) -> None:
         user_properties = packet.properties.user_properties if packet.properties else []
         offset = None
-        for key, value in user_properties:
+        for key, value in reversed(user_properties):  # the broker's own comes after the publisher's
             if key == "offset":
-                offset = int(value)
+                offset = int(value) if value.isdigit() else None
+                break
         if self.on_message:
             self.on_message(
                 Message(packet.topic, packet.payload, packet.qos, packet.retain, offset, user_properties)

@@ -82,7 +82,12 @@ class SimulatedDevice:
         """Connect, subscribe to the action topics from the held offsets, resend final reports."""
         host, port = self.broker
         self.client = await MqttClient.connect(
-            host, port, self.device_id, on_message=self._on_message, keep_alive=self.behaviour.keep_alive_s
+            host,
+            port,
+            self.device_id,
+            on_message=self._on_message,
+            keep_alive=self.behaviour.keep_alive_s,
+            log_offsets=True,
         )
         self.client.on_disconnect = self._on_disconnect
         for topic in self.action_topics:

@@ -21,6 +21,7 @@ def make_record(number: int, payload_size: int = 40, timestamp_ms: int | None = 
         content_type="application/json" if number % 5 == 0 else None,
         payload_format_indicator=number % 2 if number % 4 == 0 else None,
         timestamp_ms=BASE_TIME_MS + number if timestamp_ms is None else timestamp_ms,
+        message_expiry_interval=number * 3 if number % 3 == 1 else None,
     )
 
 
@@ -51,6 +52,7 @@ def assert_matches(record, number: int, offset: int | None = None, payload_size:
     assert record.content_type == expected.content_type
     assert record.payload_format_indicator == expected.payload_format_indicator
     assert record.timestamp_ms == expected.timestamp_ms
+    assert record.message_expiry_interval == expected.message_expiry_interval
 
 
 def segment_files(directory: Path, suffix: str = ".log") -> list[Path]:

@@ -14,7 +14,7 @@ TOPIC = "plant/line-2/pressure"
 
 
 def _fields(number: int, payload_size: int = 40) -> tuple:
-    return make_record(number, payload_size).fields()[:7]
+    return make_record(number, payload_size).batch_fields()
 
 
 def test_a_batch_reads_back_with_every_field_at_dense_offsets(tmp_path: Path):
