@@ -75,6 +75,7 @@ class Connection(asyncio.Protocol):
         "max_packet_out",
         "paused",
         "peer_cn",
+        "problem_information",
         "refused",
         "rx",
         "send_quota",
@@ -97,6 +98,8 @@ class Connection(asyncio.Protocol):
         self.client_id = ""
         self.version = 0
         self.v5 = False
+        self.problem_information = True
+        """v5 Request Problem Information: False forbids reason strings and user properties on acks."""
         self.state = NEW
         self.keepalive = 0
         self.rx = False

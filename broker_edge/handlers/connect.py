@@ -187,6 +187,7 @@ def _accept(conn: Connection, packet: Connect, client_id: str, assigned: bool, u
         if expiry != requested:
             ack.session_expiry_interval = expiry  # type: ignore[union-attr]
         if props is not None:
+            conn.problem_information = props.request_problem_information != 0
             if props.receive_maximum is not None:
                 conn.send_quota = min(props.receive_maximum, limits.max_inflight_out)
             aliases_out = min(props.topic_alias_maximum or 0, config.mqtt.outgoing_topic_aliases)

@@ -67,7 +67,8 @@ def test_will_published_when_connection_drops(broker):
     device = PahoClient(broker.port, "dev", will=("wills/dev", b"offline", 1, False))
     device.kill()
     [message] = watcher.expect(1)
-    assert (message.topic, message.payload) == ("wills/dev", b"offline")
+    assert (message.topic, message.payload, message.retain) == ("wills/dev", b"offline", False)
+    assert broker.call(lambda: broker.broker.router.retained.count) == 0  # published, not retained
 
 
 def test_no_will_after_normal_disconnect_but_0x04_sends_it(broker):

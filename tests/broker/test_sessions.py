@@ -131,6 +131,7 @@ def test_qos2_outgoing_resume_resends_pubrel_after_pubrec(broker):
     raw.subscribe("r", 2)
     PahoClient(broker.port, "p").publish("r", b"m", 2)
     message = raw.recv()
+    assert (message.qos, message.dup) == (2, False)
     raw.send_packet(PubRec(message.packet_id))
     assert isinstance(raw.recv(), PubRel)
     raw.close()  # no PUBCOMP

@@ -14,7 +14,9 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
-from tests.broker.broker_test_clients import PahoClient
+from broker_edge.protocol.packets import PubComp, Publish, PubRec, PubRel
+from broker_edge.protocol.properties import Properties
+from tests.broker.broker_test_clients import PahoClient, RawClient
 from tests.commitlog.e2e_helpers import replay_from
 
 OFFLINE_S = 2.0
@@ -115,3 +117,35 @@ def test_retained_messages_expire_and_carry_the_interval_left(brokers, qos):
     [message] = newcomer.expect(1)
     assert message.retain
     assert_only_the_long_lived_one([message], newcomer)
+
+
+@pytest.mark.mqtt5("MQTT-4.3.3-7")
+@pytest.mark.parametrize("qos", [1, 2])
+def test_a_message_already_sent_is_resent_after_its_expiry(brokers, qos):
+    broker = brokers()
+    device = RawClient(broker.port, 5)
+    device.connect("device", clean_start=False, properties=Properties(session_expiry_interval=300))
+    device.subscribe("logged/4", qos)
+    published = publish_expiring(broker, "logged/4", b"in flight", qos, 1)
+    first = device.recv()
+    device.close()  # no acknowledgement: the delivery has started
+    wait_until(published + 1.5)
+
+    again = RawClient(broker.port, 5)
+    again.connect("device", clean_start=False, properties=Properties(session_expiry_interval=300))
+    resent = again.recv()
+    assert (resent.payload, resent.dup, resent.packet_id) == (b"in flight", True, first.packet_id)
+
+
+@pytest.mark.mqtt5("MQTT-4.3.3-13")
+def test_the_qos2_handshake_of_an_expired_publish_completes(brokers):
+    broker = brokers()
+    publisher = RawClient(broker.port, 5)
+    publisher.connect("publisher")
+    expiring = Properties(message_expiry_interval=1)
+    publisher.send_packet(Publish("logged/5", b"expires", 2, packet_id=4, properties=expiring))
+    assert isinstance(publisher.recv(), PubRec)
+    time.sleep(1.2)
+    publisher.send_packet(PubRel(4))
+    completed = publisher.recv()
+    assert isinstance(completed, PubComp) and (completed.packet_id, completed.reason_code) == (4, 0)
