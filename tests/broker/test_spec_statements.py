@@ -29,9 +29,10 @@ from broker_edge.protocol.packets import (
     Subscription,
     UnsubAck,
     Unsubscribe,
+    Will,
 )
 from broker_edge.protocol.properties import Properties
-from tests.broker.broker_test_clients import TIMEOUT, PahoClient, RawClient
+from tests.broker.broker_test_clients import TIMEOUT, PahoClient, RawClient, wait_for
 
 PERSISTENT = Properties(session_expiry_interval=300)
 
@@ -359,3 +360,93 @@ def test_a_websocket_text_frame_closes_the_connection(start_broker):
     connack, after = asyncio.run(scenario())
     assert connack == b"\x20\x02\x00\x00"
     assert after in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.CLOSING)
+
+
+# -- MQTT 3.1.1 sessions, wills and refusals ---------------------------------------------------------------
+
+
+@pytest.mark.mqtt311(
+    "MQTT-3.1.2-4",
+    "MQTT-3.1.2-5",
+    "MQTT-3.1.2-6",
+    "MQTT-3.1.4-3",
+    "MQTT-3.2.0-1",
+    "MQTT-3.2.2-1",
+    "MQTT-3.2.2-2",
+    "MQTT-3.2.2-3",
+)
+def test_v311_clean_session_decides_whether_the_session_outlives_the_connection(broker):
+    first = RawClient(broker.port, 4)
+    assert first.connect("v3", clean_start=False).session_present is False  # none yet: a new one
+    first.subscribe("cmd", 1)
+    first.close()
+    PahoClient(broker.port, "p", version=4).publish("cmd", b"held", 1)
+
+    resumed = RawClient(broker.port, 4)
+    ack = resumed.connect("v3", clean_start=False)
+    assert isinstance(ack, ConnAck) and ack.session_present is True  # CONNACK before the held message
+    held = resumed.recv()
+    assert held.payload == b"held"
+    resumed.send_packet(PubAck(held.packet_id))
+    resumed.send_packet(Disconnect())
+
+    clean = RawClient(broker.port, 4)
+    assert clean.connect("v3", clean_start=True).session_present is False
+    PahoClient(broker.port, "p2", version=4).publish("cmd", b"nobody subscribed", 1)
+    clean.recv_none()
+    clean.send_packet(Disconnect())
+    assert RawClient(broker.port, 4).connect("v3", clean_start=False).session_present is False
+
+
+@pytest.mark.mqtt311("MQTT-3.1.2-12")
+def test_v311_connection_without_will_publishes_nothing_when_it_drops(broker):
+    watcher = PahoClient(broker.port, "watcher", version=4)
+    watcher.subscribe("#", 1)
+    PahoClient(broker.port, "no-will", version=4).kill()
+    assert wait_for(lambda: not broker.connected("no-will"))
+    watcher.expect_none()
+
+
+@pytest.mark.mqtt5("MQTT-3.1.4-1")
+@pytest.mark.mqtt311("MQTT-3.1.4-1", "MQTT-3.2.2-6")
+@pytest.mark.parametrize("version", [5, 4])
+def test_a_malformed_connect_is_closed_without_connack(broker, version):
+    raw = RawClient(broker.port, version)
+    frame = bytearray(encode(Connect(protocol_version=version, client_id="abc"), version))
+    frame[frame.index(b"abc") : frame.index(b"abc") + 3] = b"a\xffc"  # not UTF-8
+    raw.send(bytes(frame))
+    assert raw.recv() is None
+
+
+@pytest.mark.mqtt5("MQTT-3.3.1-5")
+@pytest.mark.mqtt311("MQTT-3.3.1-5", "MQTT-3.3.1-7")
+@pytest.mark.parametrize("version", [5, 4])
+def test_a_retained_publish_of_any_qos_replaces_the_retained_message(broker, version):
+    pub = PahoClient(broker.port, "p", version=version)
+    pub.publish("lamp", b"on", 1, retain=True)
+    pub.publish("lamp", b"dimmed", 0, retain=True)
+    late = PahoClient(broker.port, "late", version=version)
+    late.subscribe("lamp", 1)
+    [message] = late.expect(1)
+    assert (message.payload, message.qos, message.retain) == (b"dimmed", 0, True)
+
+
+@pytest.mark.mqtt5("MQTT-3.2.2-13")
+def test_a_retained_will_is_refused_when_retained_messages_are_disabled(start_broker):
+    broker = start_broker(retain={"enabled": False})
+    raw = RawClient(broker.port, 5)
+    ack = raw.connect("w", will=Will("status/w", b"gone", 1, retain=True))
+    assert (ack.reason_code, ack.session_present) == (0x9A, False)
+    assert raw.closed()
+
+
+@pytest.mark.mqtt5("MQTT-3.2.2-19")
+def test_a_refusal_leaves_out_a_reason_string_the_client_could_not_take(start_broker):
+    broker = start_broker(limits={"max_client_id_length": 23})
+    told = RawClient(broker.port, 5).connect("x" * 24)
+    small = RawClient(broker.port, 5)
+    refused = small.connect("y" * 24, properties=Properties(maximum_packet_size=8))
+    assert told.reason_code == refused.reason_code == 0x85
+    assert told.properties.reason_string
+    assert refused.properties is None or refused.properties.reason_string is None
+    assert small.closed()

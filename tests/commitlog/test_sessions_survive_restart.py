@@ -50,6 +50,8 @@ def raw_offset(packet: Publish) -> int:
     return int(dict(packet.properties.user_properties)["offset"])
 
 
+@pytest.mark.mqtt311("MQTT-4.6.0-5", "MQTT-4.6.0-6")
+@pytest.mark.mqtt5("MQTT-4.6.0-5", "MQTT-4.6.0-6")
 @pytest.mark.parametrize("version", [5, 4])
 def test_offline_session_gets_everything_published_before_the_restart_once_in_order(brokers, version):
     broker = brokers()
