@@ -284,10 +284,14 @@ class ReplayManager:
             record.user_properties
             or record.content_type is not None
             or record.payload_format_indicator is not None
+            or record.response_topic is not None
+            or record.correlation_data is not None
         ):
             props = Properties(
                 payload_format_indicator=record.payload_format_indicator,
                 content_type=record.content_type,
+                response_topic=record.response_topic,
+                correlation_data=record.correlation_data,
                 user_properties=list(record.user_properties),
             )
         expires_at = None

@@ -552,11 +552,23 @@ class Broker:
 
 
 def _record_fields(message: Message) -> RecordFields:
-    """The log record of a publish: payload, QoS, retain, publisher and the properties that matter."""
+    """The log record of a publish: payload, QoS, retain, publisher and the properties it is forwarded with
+    (what remains of its Message Expiry Interval counts from the record's time)."""
     props = message.properties
     expiry = message.expiry_left()
     if props is None:
-        return (message.payload, message.qos, message.retain, message.origin, (), None, None, expiry)
+        return (
+            message.payload,
+            message.qos,
+            message.retain,
+            message.origin,
+            (),
+            None,
+            None,
+            expiry,
+            None,
+            None,
+        )
     return (
         message.payload,
         message.qos,
@@ -566,4 +578,6 @@ def _record_fields(message: Message) -> RecordFields:
         props.content_type,
         props.payload_format_indicator,
         expiry,
+        props.response_topic,
+        props.correlation_data,
     )

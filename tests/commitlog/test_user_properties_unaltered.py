@@ -1,4 +1,4 @@
-"""User properties reach subscribers exactly as published; the log offset only for those that asked for it.
+"""Forwarded properties reach subscribers exactly as published; the log offset only for those that asked.
 
 A broker at its defaults logs QoS 1/2 publishes. Subscribers that never asked for log delivery must see the
 publisher's user properties unaltered and in order [MQTT-3.3.2-17], [MQTT-3.3.2-18], whether the message
@@ -173,3 +173,28 @@ async def _until(condition, timeout: float = TIMEOUT) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise TimeoutError("condition not met")
         await asyncio.sleep(0.01)
+
+
+@pytest.mark.mqtt5("MQTT-3.3.2-4", "MQTT-3.3.2-15", "MQTT-3.3.2-16", "MQTT-3.3.2-17", "MQTT-3.3.2-20")
+def test_every_forwarded_property_survives_the_log_and_a_restart(brokers):
+    broker = brokers()
+    away = PahoClient(broker.port, "away", clean=False, session_expiry=300)
+    away.subscribe("req/#", 1)
+    away.disconnect()
+    props = PahoProperties(PacketTypes.PUBLISH)
+    props.PayloadFormatIndicator = 1
+    props.ContentType = "application/json"
+    props.ResponseTopic = "replies/7"
+    props.CorrelationData = b"\x00\x07"
+    props.UserProperty = list(PUBLISHED)
+    publisher = PahoClient(broker.port, "requester")
+    publisher.publish("req/7", b"{}", 1, properties=props)
+    publisher.disconnect()
+    broker.stop()
+
+    broker = brokers()
+    [message] = PahoClient(broker.port, "away", clean=False, session_expiry=300).expect(1)
+    got = message.properties
+    assert (got.PayloadFormatIndicator, got.ContentType) == (1, "application/json")
+    assert (got.ResponseTopic, got.CorrelationData) == ("replies/7", b"\x00\x07")
+    assert user_properties(message) == PUBLISHED
