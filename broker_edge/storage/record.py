@@ -227,18 +227,8 @@ def encode_frames(first_offset: int, timestamp_ms: int, records: Iterable[Record
     pack_head, pack_prefix, checksum = _pack_head, _pack_prefix, crc32c
     last_id, raw_id = None, b""
     for offset, fields in enumerate(records, first_offset):
-        (
-            payload,
-            qos,
-            retain,
-            client_id,
-            properties,
-            content_type,
-            indicator,
-            expiry,
-            response,
-            correlation,
-        ) = fields
+        (payload, qos, retain, client_id, properties, content_type,
+         indicator, expiry, response, correlation) = fields  # fmt: skip
         if (
             properties
             or content_type is not None

@@ -25,18 +25,8 @@ Appended = tuple[int, bytes, RecordFields]
 
 def _materialize(entry: Appended, offset: int) -> Record:
     timestamp, frame, fields = entry
-    (
-        payload,
-        qos,
-        retain,
-        client_id,
-        user_properties,
-        content_type,
-        indicator,
-        expiry,
-        response,
-        correlation,
-    ) = fields
+    (payload, qos, retain, client_id, user_properties, content_type,
+     indicator, expiry, response, correlation) = fields  # fmt: skip
     record = Record(
         offset, timestamp, client_id, qos, retain, payload, user_properties, content_type, indicator, frame
     )

@@ -44,6 +44,14 @@ def connected(broker, client_id: str, version: int = 5, **fields) -> RawClient:
     return raw
 
 
+def reconnect_expecting_again(broker, client_id: str, started: Publish) -> RawClient:
+    """Reconnect ``client_id``'s persistent session: the delivery ``started`` before comes again, with DUP."""
+    back = connected(broker, client_id, clean_start=False, properties=PERSISTENT)
+    resent = back.recv()
+    assert (resent.payload, resent.dup, resent.packet_id) == (started.payload, True, started.packet_id)
+    return back
+
+
 @pytest.mark.mqtt5(
     "MQTT-2.2.1-6",
     "MQTT-3.8.4-1",
@@ -266,9 +274,7 @@ def test_a_shared_qos2_delivery_is_completed_with_the_member_it_started_with(bro
     member.close()  # no PUBREC: the connection breaks mid-flow
     other = PahoClient(broker.port, "other")
     other.subscribe("$share/g/jobs", 2)
-    back = connected(broker, "member", clean_start=False, properties=PERSISTENT)
-    resent = back.recv()
-    assert (resent.payload, resent.dup, resent.packet_id) == (b"j", True, started.packet_id)
+    reconnect_expecting_again(broker, "member", started)
     other.expect_none()
 
 
@@ -294,10 +300,8 @@ def test_unsubscribing_completes_the_deliveries_already_started(broker):
     raw.send_packet(Unsubscribe(2, ["u"]))
     assert isinstance(raw.recv(), UnsubAck)
     raw.close()
-    back = connected(broker, "leaver", clean_start=False, properties=PERSISTENT)
-    resent = back.recv()
-    assert (resent.payload, resent.dup, resent.packet_id) == (b"started", True, started.packet_id)
-    back.send_packet(PubAck(resent.packet_id))
+    back = reconnect_expecting_again(broker, "leaver", started)
+    back.send_packet(PubAck(started.packet_id))
     PahoClient(broker.port, "p2").publish("u", b"after unsubscribe", 1)
     back.recv_none()
 
