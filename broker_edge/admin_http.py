@@ -18,6 +18,7 @@ from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
 from broker_edge.config import ConfigError
+from broker_edge.http_guard import GuardedRunner, check_http_limits, start_guarded_site
 from broker_edge.metrics import BrokerMetrics
 
 __all__ = ["DEFAULT_ADMIN_PORT", "AdminHttpConfig", "create_admin_app", "start_admin_server"]
@@ -40,12 +41,17 @@ class AdminHttpConfig:
     """Address to bind; loopback by default because the endpoint has no authentication."""
     port: int = DEFAULT_ADMIN_PORT
     """TCP port; 0 picks a free one (tests)."""
+    max_connections: int = 64
+    """Open connections; more are answered 503 and closed."""
+    request_timeout_s: float = 10.0
+    """Seconds for a request's headers to arrive; a connection still sending them is closed."""
 
     def __post_init__(self) -> None:
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65_535:
             raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
         if not self.host:
             raise ConfigError("host", "must not be empty")
+        check_http_limits(self.max_connections, self.request_timeout_s)
 
 
 def create_admin_app(metrics: BrokerMetrics, health: Callable[[], dict[str, Any]]) -> web.Application:
@@ -64,8 +70,12 @@ def create_admin_app(metrics: BrokerMetrics, health: Callable[[], dict[str, Any]
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    """Prometheus text format, or OpenMetrics when the scraper asks for it in ``Accept``."""
-    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    """Prometheus text format, or OpenMetrics when the scraper asks for it in ``Accept`` (an ``Accept`` that
+    cannot be read gets the text format)."""
+    try:
+        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    except (ValueError, TypeError):  # e.g. "version=banana"
+        encode, content_type = choose_encoder("")
     body = encode(request.app[_METRICS_KEY].registry)
     return web.Response(body=body, headers={"Content-Type": content_type})
 
@@ -85,19 +95,17 @@ def _dumps(value: Any) -> str:
 
 
 async def start_admin_server(
-    app: web.Application, host: str, port: int, ssl: ssl_module.SSLContext | None = None
-) -> tuple[web.AppRunner, int]:
+    app: web.Application,
+    host: str,
+    port: int,
+    ssl: ssl_module.SSLContext | None = None,
+    max_connections: int = 64,
+    request_timeout_s: float = 10.0,
+) -> tuple[GuardedRunner, int]:
     """Serve ``app`` on ``host:port``; return the runner (``await runner.cleanup()`` stops it) and the port.
 
-    The bound port is returned because ``port=0`` picks a free one.
+    The bound port is returned because ``port=0`` picks a free one. Connections beyond ``max_connections``
+    get 503; one whose request headers take longer than ``request_timeout_s`` is closed.
     """
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl)
-    try:
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    bound_port = runner.addresses[0][1]
-    return runner, bound_port
+    runner = await start_guarded_site(app, host, port, ssl, max_connections, request_timeout_s)
+    return runner, runner.port

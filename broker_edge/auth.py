@@ -9,8 +9,8 @@ loop, so the broker calls ``verify_async``, which runs the hash in a small dedic
 releases the GIL while hashing). A device that reconnects every few seconds would still cost a hash each
 time, so successful verifications are remembered as an HMAC-SHA256 of the password under a random
 per-process key: a later CONNECT with the same password is checked in microseconds, on the loop. Failed
-verifications are never cached, so guessing costs the full hash every time (and connection admission limits
-the rate of attempts).
+verifications are never cached, so guessing costs the full hash every time, and repeated failures from one
+address or for one user name are refused without a hash for a while (``broker_edge.login_backoff``).
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ import sys
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker_edge.config import ConfigError
+from broker_edge.login_backoff import LoginBackoffConfig
 
 __all__ = [
     "AuthConfig",
@@ -72,6 +73,8 @@ class AuthConfig:
     """Path of the password file (``timestone passwd`` writes it); unset = no password logins."""
     allow_anonymous: bool | None = None
     """Accept clients without a username; unset = only on listeners bound to loopback addresses."""
+    failed_logins: LoginBackoffConfig = field(default_factory=LoginBackoffConfig)
+    """Backoff after failed password logins, per client address and per user name."""
 
     def __post_init__(self) -> None:
         if self.password_file is not None and not self.password_file.strip():
@@ -331,6 +334,11 @@ class PasswordFile:
         if self._cache_enabled:
             digest = hmac.new(self._cache_key, password, hashlib.sha256).digest()
             self._cache[username] = (parsed, digest)
+
+    def remembered(self, username: str, password: bytes | None) -> bool:
+        """Whether ``password`` is one verified before for ``username`` (microseconds, no hash)."""
+        parsed = self._entries.get(username)
+        return password is not None and parsed is not None and self._cached(username, parsed, password)
 
     def verify(self, username: str, password: bytes | None) -> bool:
         """Whether ``username`` exists and ``password`` is theirs; blocks for one hash unless cached.

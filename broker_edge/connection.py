@@ -34,6 +34,7 @@ from broker_edge.protocol.packets import (
     Disconnect,
     PubAck,
     PubComp,
+    Publish,
     PubRec,
     PubRel,
 )
@@ -69,10 +70,13 @@ class Connection(asyncio.Protocol):
         "client_id",
         "deadline",
         "decoder",
+        "held_error",
         "incoming_pending",
         "keepalive",
         "listener",
         "max_packet_out",
+        "partial",
+        "partial_since",
         "paused",
         "peer_cn",
         "problem_information",
@@ -93,7 +97,12 @@ class Connection(asyncio.Protocol):
         self.broker = broker
         self.listener = listener
         self.transport: Any = None
-        self.decoder = PacketDecoder(broker.config.limits.max_packet_size)
+        limits = broker.config.limits
+        self.decoder = PacketDecoder(limits.max_packet_size, max_connect_size=limits.max_connect_packet_size)
+        self.partial = 0
+        """Bytes of a packet not fully arrived, counted in ``Broker.partial_bytes``."""
+        self.partial_since = 0.0
+        """When that packet started arriving (loop time; 0: none)."""
         self.session: Session | None = None
         self.client_id = ""
         self.version = 0
@@ -118,6 +127,9 @@ class Connection(asyncio.Protocol):
         self.will: Will | None = None
         self.will_delay = 0
         self.backlog: list | None = None
+        """Packets read but not handled yet: while the password is checked, or over the message rate."""
+        self.held_error: MQTTError | None = None
+        """A protocol error read behind the backlog: raised once the packets before it are handled."""
         self.refused: str | None = None
         self.peer_cn: str | None = None
 
@@ -138,18 +150,34 @@ class Connection(asyncio.Protocol):
         try:
             packets = self.decoder.feed(data)
         except MQTTError as error:
-            if self._dispatch_all(error.packets_before):
-                self.protocol_error(error)
+            packets = error.packets_before
+            self.held_error = error
+        if (self.partial or self.decoder.buffered) and not self._count_partial(bool(packets)):
             return
-        self._dispatch_all(packets)
+        if self.backlog is not None:  # earlier packets still wait (password check, message rate): keep order
+            self.backlog.extend(packets)
+            return
+        if self._dispatch_all(packets) and self.backlog is None:
+            self._raise_held_error()
 
     def _dispatch_all(self, packets: list) -> bool:
         """Handle ``packets`` in order; False once the connection is closed.
 
+        A PUBLISH finding the client's message bucket empty stops the loop: it and the packets after it wait
+        in ``backlog``, reading pauses (TCP pushes back on the client) and they are handled, in order, once
+        the bucket has refilled (``_release_backlog``). So a client never gets more publishes accepted than
+        ``messages_per_second_per_client`` x seconds + ``messages_burst_per_client``, and none is lost.
+
         A handler that raises is a broker bug: it is logged and closes only this connection (0x83).
         """
         try:
-            for packet in packets:
+            for index, packet in enumerate(packets):
+                bucket = self.bucket  # set by the CONNECT of this very batch
+                if bucket is not None and type(packet) is Publish and self.state == CONNECTED:
+                    now = self.broker.loop.time()
+                    if not bucket.try_acquire(now):
+                        self._hold(packets[index:], bucket.seconds_until(now))
+                        return True
                 self._dispatch(packet)
                 if self.state == CLOSED:
                     return False
@@ -158,6 +186,34 @@ class Connection(asyncio.Protocol):
             self.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "internal error")
             return False
         return True
+
+    def _count_partial(self, completed: bool) -> bool:
+        """Count the bytes of a packet still arriving into the broker-wide budget; False once over it (the
+        connection is closed: what it sent is not handled)."""
+        broker = self.broker
+        buffered = self.decoder.buffered
+        broker.partial_bytes += buffered - self.partial
+        self.partial = buffered
+        if not buffered:
+            self.partial_since = 0.0
+            return True
+        if completed or not self.partial_since:  # a new packet started arriving
+            self.partial_since = broker.loop.time()
+        if broker.partial_bytes <= broker.config.limits.max_partial_packet_bytes:
+            return True
+        self.log().warning("closed: packets in progress on all connections exceed max_partial_packet_bytes")
+        if self.state == CONNECTED:
+            self.close(ReasonCode.SERVER_BUSY, "too many bytes of unfinished packets on this broker")
+        else:
+            broker.count_refused("partial_budget")
+            self.abort()
+        return False
+
+    def _raise_held_error(self) -> None:
+        """A malformed packet followed the packets just handled: close for it now."""
+        error, self.held_error = self.held_error, None
+        if error is not None and self.state != CLOSED:
+            self.protocol_error(error)
 
     def _dispatch(self, packet: Any) -> None:
         if self.state == AUTHENTICATING:
@@ -174,6 +230,8 @@ class Connection(asyncio.Protocol):
         if self.state == CLOSED and self.transport is None:
             return
         was_connected = self.state == CONNECTED
+        self.broker.partial_bytes -= self.partial
+        self.partial = 0
         if was_connected and log.isEnabledFor(logging.INFO):
             self.log().info("disconnected%s", f" ({exc})" if exc is not None else "")
         self.state = CLOSED
@@ -419,8 +477,19 @@ class Connection(asyncio.Protocol):
 
     def check_timers(self, now: float) -> None:
         state = self.state
+        if (
+            self.partial_since
+            and now - self.partial_since > self.broker.config.limits.partial_packet_timeout_s
+        ):
+            self.log().info("a packet took longer than partial_packet_timeout_s to arrive")
+            if state == CONNECTED:
+                self.close(ReasonCode.KEEP_ALIVE_TIMEOUT, "a packet took too long to arrive")
+            else:
+                self.broker.count_refused("partial_timeout")
+                self.abort()
+            return
         if state == CONNECTED:
-            if self.rx:
+            if self.rx or self.throttled:  # a client held for its rate is not idle: the broker is not reading
                 self.rx = False
                 if self.keepalive:
                     self.deadline = now + self.keepalive * 1.5
@@ -434,20 +503,34 @@ class Connection(asyncio.Protocol):
 
     # -- flow control of incoming publishes ----------------------------------------------------------------
 
-    def throttle(self, now: float) -> None:
-        """Over its message rate: stop reading until the bucket has a token again (TCP pushes back)."""
-        if self.throttled or self.bucket is None:
-            return
+    def _hold(self, packets: list, delay: float) -> None:
+        """Over its message rate: keep ``packets`` and stop reading until the bucket has a token again."""
+        self.backlog = list(packets)
         self.throttled = True
         self.broker.throttled += 1
-        self.transport.pause_reading()
-        delay = self.bucket.seconds_until(now)
-        self.broker.loop.call_later(min(max(delay, 0.001), 60.0), self._unthrottle)
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self.broker.loop.call_later(min(max(delay, 0.001), 60.0), self._release_backlog)
 
-    def _unthrottle(self) -> None:
+    def _release_backlog(self) -> None:
         self.throttled = False
+        if self.state != CLOSED:
+            self.handle_backlog()
+
+    def handle_backlog(self) -> None:
+        """Handle the packets read while the password was checked or held for the rate (holding again if
+        the bucket runs dry), then read on."""
+        backlog, self.backlog = self.backlog, None
+        if not self._dispatch_all(backlog or []) or self.backlog is not None:
+            return
+        self._raise_held_error()
         if self.state != CLOSED and self.transport is not None:
             self.transport.resume_reading()
+
+    def peer_host(self) -> str:
+        """The client's IP address ("" when the transport does not say)."""
+        address = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return str(address[0]) if address else ""
 
     def log(self) -> logging.LoggerAdapter:
         from broker_edge.logs import connection_logger

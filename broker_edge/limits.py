@@ -8,7 +8,7 @@ clocks and the caller decides which clock to use (``loop.time()`` in the broker)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from broker_edge.config import ConfigError
@@ -129,14 +129,22 @@ class LimitsConfig:
     A value of 0 means "unlimited" only where the field's description says so.
     """
 
-    max_connections: int = 10_000
-    """Open client connections, all listeners together; further connections are closed at once."""
-    new_connections_per_second: float = 200.0
-    """Sustained rate of accepted new connections (reconnect storms); 0 = unlimited."""
-    new_connections_burst: int = 500
+    max_connections: int = 20_000
+    """Open client connections, all listeners together; further connections are closed at once (room for a
+    10,000-device fleet, the pipelines' own clients and a reconnect storm's sockets not yet closed)."""
+    new_connections_per_second: float = 1_000.0
+    """Sustained rate of accepted new connections, all listeners (reconnect storms); 0 = unlimited."""
+    new_connections_burst: int = 2_000
     """New connections accepted at once above that rate (a whole site reconnecting)."""
     connect_timeout_s: float = 10.0
     """Seconds from TCP accept to a complete CONNECT (TLS handshake included) before the socket is closed."""
+    max_connect_packet_size: int = 65_536
+    """Largest first packet (CONNECT, will included), in bytes: what an unauthenticated client may send."""
+    max_partial_packet_bytes: int = 67_108_864
+    """Bytes all connections together may hold as packets not fully arrived; a connection that would pass it
+    is closed (v5: DISCONNECT 0x89 Server busy)."""
+    partial_packet_timeout_s: float = 30.0
+    """Seconds a packet may take to arrive once its first byte came; a connection still sending is closed."""
     max_packet_size: int = 1_048_576
     """Largest packet accepted from a client, in bytes (advertised as Maximum Packet Size in v5 CONNACK)."""
     receive_maximum: int = 64
@@ -145,6 +153,9 @@ class LimitsConfig:
     """QoS 1/2 messages sent to one subscriber and not yet acknowledged; more wait in the session queue."""
     max_subscriptions_per_client: int = 100
     """Topic filters one session may hold; SUBSCRIBE beyond it is refused for the extra filters."""
+    max_subscription_bytes_per_client: int = 16_384
+    """Bytes (UTF-8) of all topic filters one session holds; SUBSCRIBE beyond it is refused for the extra
+    filters (v5 0x97)."""
     max_topic_length: int = 1024
     """Bytes (UTF-8) of a topic name or filter."""
     max_topic_levels: int = 16
@@ -162,21 +173,31 @@ class LimitsConfig:
     max_keepalive_s: int = 300
     """Largest keep alive the broker grants; a client asking more (or 0) gets this as Server Keep Alive."""
     messages_per_second_per_client: float = 100.0
-    """Sustained PUBLISH rate of one client; 0 = unlimited."""
+    """Sustained PUBLISH rate of one client; more wait (reading pauses, TCP pushes back), none is dropped;
+    0 = unlimited."""
     messages_burst_per_client: int = 200
     """PUBLISHes one client may send at once above that rate."""
     max_topics_per_client: int = 1_000
     """Topic logs one client id may create by publishing (v5: 0x97 beyond it); 0 = unlimited."""
+    max_topics_per_identity: int = 10_000
+    """Topic logs one user name (or, anonymous, one non-loopback address) may create, all its client ids
+    together (v5: 0x97 beyond it); 0 = unlimited."""
+    topic_quota_exempt_users: list[str] = field(default_factory=list)
+    """User names bound by neither topic quota (the pipelines that publish to many topics)."""
 
     def __post_init__(self) -> None:
         _at_least(self, "max_connections", 1)
         _at_least(self, "new_connections_per_second", 0)
         _at_least(self, "new_connections_burst", 1)
         _positive(self, "connect_timeout_s")
+        _between(self, "max_connect_packet_size", 64, MQTT_MAX_PACKET_SIZE)
+        _at_least(self, "max_partial_packet_bytes", 1024)
+        _positive(self, "partial_packet_timeout_s")
         _between(self, "max_packet_size", 64, MQTT_MAX_PACKET_SIZE)
         _between(self, "receive_maximum", 1, 65_535)
         _between(self, "max_inflight_out", 1, 65_535)
         _at_least(self, "max_subscriptions_per_client", 1)
+        _at_least(self, "max_subscription_bytes_per_client", 1)
         _between(self, "max_topic_length", 1, 65_535)
         _at_least(self, "max_topic_levels", 1)
         _between(self, "max_client_id_length", 23, 65_535)
@@ -192,6 +213,7 @@ class LimitsConfig:
         _at_least(self, "messages_per_second_per_client", 0)
         _at_least(self, "messages_burst_per_client", 1)
         _at_least(self, "max_topics_per_client", 0)
+        _at_least(self, "max_topics_per_identity", 0)
 
     def connection_admission(self) -> ConnectionAdmission:
         """The broker-wide admission control these limits describe."""

@@ -63,6 +63,8 @@ class Router:
     ) -> None:
         self.limits = limits
         self.sessions: dict[str, Session] = {}
+        self.persistent_count = 0
+        """Sessions with a Session Expiry Interval > 0 (kept by ``Session.expiry_interval``)."""
         self.trie = SubscriptionTrie()
         self.retained = RetainedStore(max_retained, is_expired=Message.expired)
         self.retain_enabled = retain_enabled
@@ -218,6 +220,7 @@ class Router:
         """Discard a session: its subscriptions, queues and a will still waiting (sent now, 3.1.2.5)."""
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
+            session.expiry_interval = 0  # no longer counted as persistent
         self._expiring.discard(session)
         if session.will is not None:
             self._delayed_wills.discard(session)

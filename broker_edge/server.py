@@ -26,6 +26,7 @@ from broker_edge.auth import PasswordFile
 from broker_edge.config.broker import BrokerConfig, ListenerConfig
 from broker_edge.connection import CLOSED, Connection
 from broker_edge.delivery import Message
+from broker_edge.login_backoff import LoginBackoff
 from broker_edge.metrics import BrokerMetrics
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.router import Router
@@ -34,6 +35,7 @@ from broker_edge.storage import StorageError, TooManyTopics
 from broker_edge.storage.record import RecordFields
 from broker_edge.sys_topics import sys_topic_messages
 from broker_edge.tls import server_ssl_context
+from broker_edge.topic_quota import TopicShares
 
 if TYPE_CHECKING:
     import ssl
@@ -120,6 +122,10 @@ class Broker:
         if config.auth.password_file:
             self.passwords = PasswordFile.load(config.auth.password_file)
         self.admission = config.limits.connection_admission()
+        self.login_backoff = LoginBackoff(config.auth.failed_logins)
+        self.topic_shares = TopicShares(
+            config.limits.max_topics_per_identity, config.limits.topic_quota_exempt_users
+        )
         self.store: Any = None
         self.replays: Any = None
         self.session_store: SessionStore | None = None
@@ -139,6 +145,8 @@ class Broker:
         self._drops: dict[str, int] = {}
         self._refused: dict[str, int] = {}
         self._disconnects: dict[str, int] = {}
+        self.partial_bytes = 0
+        """Bytes of packets not fully arrived, all connections (at most limits.max_partial_packet_bytes)."""
         self.throttled = 0
         """Times a client's reading was paused for its message rate since the last ``flush_stats``."""
         self._flushed: dict[str, list[int]] = {}
@@ -190,8 +198,9 @@ class Broker:
                 )
             if config.admin_http.enabled:
                 app = create_admin_app(self.metrics, self.health)
+                admin = config.admin_http
                 runner, self.admin_port = await start_admin_server(
-                    app, config.admin_http.host, config.admin_http.port
+                    app, admin.host, admin.port, None, admin.max_connections, admin.request_timeout_s
                 )
                 self._runners.append(runner)
             if self.store is not None and config.offsets_api.enabled:
@@ -219,7 +228,12 @@ class Broker:
         if self.config.sessions.persist:
             can_subscribe = self.acl.can_subscribe if self.acl is not None else None
             self.session_store = SessionStore(
-                directory, self.router, self.store, self.config.sessions, self.loop, can_subscribe
+                Path(self.store.layout.meta),
+                self.router,
+                self.store,
+                self.config.sessions,
+                self.loop,
+                can_subscribe,
             )
             self.session_store.restore()
 
@@ -236,8 +250,11 @@ class Broker:
             return
         api = self.config.offsets_api
         ssl_context = server_ssl_context(api.tls) if api.tls else None
+        from broker_edge.offsets_api.server import ApiLimits
+
+        limits = ApiLimits(max_connections=api.max_connections, request_timeout_s=api.request_timeout_s)
         runner, self.offsets_port = await serve(
-            self.store, host=api.host, port=api.port, token=api.token, ssl_context=ssl_context
+            self.store, host=api.host, port=api.port, token=api.token, ssl_context=ssl_context, limits=limits
         )
         self._runners.append(runner)
 

@@ -50,12 +50,12 @@ class Session:
 
     __slots__ = (
         "__weakref__",
+        "_expiry_interval",
         "_next_packet_id",
         "client_id",
         "connection",
         "cursors",
         "expires_at",
-        "expiry_interval",
         "incoming_qos2",
         "inflight",
         "log_offsets",
@@ -72,6 +72,7 @@ class Session:
         self.router = router
         self.client_id = client_id
         self.connection: Connection | None = None
+        self._expiry_interval = 0
         self.expiry_interval = expiry_interval
         self.expires_at: float | None = None
         self.username: str | None = None
@@ -94,6 +95,16 @@ class Session:
     def __repr__(self) -> str:
         state = "online" if self.connection is not None else "offline"
         return f"Session({self.client_id!r}, {state})"
+
+    @property
+    def expiry_interval(self) -> int:
+        return self._expiry_interval
+
+    @expiry_interval.setter
+    def expiry_interval(self, value: int) -> None:
+        """Persistent (> 0) or not: the router counts persistent sessions (``sessions.max_persistent``)."""
+        self.router.persistent_count += (value > 0) - (self._expiry_interval > 0)
+        self._expiry_interval = value
 
     @property
     def online(self) -> bool:

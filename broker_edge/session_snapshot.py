@@ -261,8 +261,10 @@ def restore(
     wall: float,
     max_expiry_s: int,
     can_subscribe: Callable[[str, str | None, str], bool] | None = None,
-) -> tuple[int, int]:
-    """Put the snapshot's sessions into ``router`` as offline sessions; returns (restored, expired).
+    max_persistent: int = 0,
+) -> tuple[int, int, int]:
+    """Put the snapshot's sessions into ``router`` as offline sessions; returns (restored, expired, over
+    the bound): at most ``max_persistent`` persistent sessions in all (0: no bound), the first ones kept.
 
     Deadlines continue from the snapshot (the downtime counts), capped by the current ``max_expiry_s``.
     ``log_ends`` are the logs' end offsets now; a log that grew past its end in the snapshot (appends between
@@ -275,9 +277,12 @@ def restore(
         for topic, end in log_ends.items()
         if end > snapshot.log_ends.get(topic, 0)
     }
-    restored = expired = 0
+    restored = expired = over = 0
     for saved in snapshot.sessions:
         if saved.client_id in router.sessions:
+            continue
+        if max_persistent and router.persistent_count >= max_persistent:
+            over += 1
             continue
         expiry = min(saved.expiry_interval, max_expiry_s)
         expires_at: float | None = None
@@ -298,4 +303,4 @@ def restore(
                 cursors[topic] = since
         session.cursors = cursors or None
         restored += 1
-    return restored, expired
+    return restored, expired, over

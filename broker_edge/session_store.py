@@ -1,10 +1,10 @@
 """The sessions file: persistent sessions survive a broker restart (see docs/broker.md).
 
-``SessionStore`` reads ``sessions.json`` in the storage directory once at start and puts its sessions back
-into the router as offline sessions, writes it every ``sessions.persist_interval_s`` (encoded and written off
-the loop), and a last time at stop, once the commitlog has routed everything it acknowledged. Every write is
-atomic: a temporary file, fsync, rename over the old one, fsync of the directory, so a crash leaves the old
-snapshot or the new one, never part of one.
+``SessionStore`` reads ``meta/sessions.json`` in the storage directory once at start and puts its sessions
+back into the router as offline sessions, writes it every ``sessions.persist_interval_s`` (encoded and
+written off the loop), and a last time at stop, once the commitlog has routed everything it acknowledged.
+Every write is atomic: a temporary file, fsync, rename over the old one, fsync of the directory, so a crash
+leaves the old snapshot or the new one, never part of one.
 
 A file that cannot be read (corrupt, truncated, not a snapshot) or that a newer broker wrote never stops the
 broker: the error is logged with the file's name, the file is moved aside (kept for inspection, never
@@ -38,7 +38,8 @@ SESSIONS_FILE = "sessions.json"
 
 
 class SessionStore:
-    """Persistent sessions of ``router`` in ``directory/sessions.json``, beside the logs of ``log_store``.
+    """Persistent sessions of ``router`` in ``directory/sessions.json`` (the store's ``meta`` directory, apart
+    from the topic logs of ``log_store``: no topic name can reach it).
 
     ``can_subscribe(client_id, username, filter)`` is the current ACL: a restored subscription it no longer
     allows is dropped.
@@ -69,7 +70,7 @@ class SessionStore:
         snapshot = self._read()
         if snapshot is None:
             return 0
-        restored, expired = restore(
+        restored, expired, over = restore(
             self.router,
             snapshot,
             self._log_ends(),
@@ -77,7 +78,14 @@ class SessionStore:
             time.time(),
             self.config.max_session_expiry_s,
             self.can_subscribe,
+            self.config.max_persistent,
         )
+        if over:
+            log.warning(
+                "%d persistent sessions not restored: sessions.max_persistent is %d",
+                over,
+                self.config.max_persistent,
+            )
         log.info(
             "restored %d persistent sessions from %s (%d expired while the broker was down)",
             restored,

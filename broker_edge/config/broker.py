@@ -19,6 +19,7 @@ from broker_edge.acl import AclConfig
 from broker_edge.admin_http import AdminHttpConfig
 from broker_edge.auth import AuthConfig, anonymous_allowed, is_loopback_host
 from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file
+from broker_edge.http_guard import check_http_limits
 from broker_edge.limits import LimitsConfig
 from broker_edge.logs import LoggingConfig
 from broker_edge.runtime import RuntimeConfig
@@ -92,12 +93,21 @@ class SessionsConfig:
     persist_interval_s: float = 60.0
     """Seconds between two snapshots of the persistent sessions while the broker runs (a crash loses at
     most what changed since the last one)."""
+    max_persistent: int = 20_000
+    """Persistent sessions (expiry > 0) kept, online or not; a CONNECT that would add one more is refused
+    (v5 0x97, v3 0x03); 0 = unlimited."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_session_expiry_s, bool) or not 0 <= self.max_session_expiry_s <= 0xFFFFFFFF:
             raise ConfigError(
                 "max_session_expiry_s", f"must be between 0 and 4294967295, got {self.max_session_expiry_s!r}"
             )
+        if (
+            isinstance(self.max_persistent, bool)
+            or not isinstance(self.max_persistent, int)
+            or self.max_persistent < 0
+        ):
+            raise ConfigError("max_persistent", f"must be an integer >= 0, got {self.max_persistent!r}")
         if not self.persist_interval_s > 0:
             raise ConfigError("persist_interval_s", f"must be > 0, got {self.persist_interval_s!r}")
 
@@ -174,10 +184,15 @@ class OffsetsApiConfig:
     """Bearer token every request must carry; unset = no authentication (loopback only)."""
     tls: TlsConfig | None = None
     """Serve HTTPS with this certificate."""
+    max_connections: int = 256
+    """Open connections; more are answered 503 and closed."""
+    request_timeout_s: float = 10.0
+    """Seconds for a request's headers, and for its body, to arrive; a connection still sending is closed."""
 
     def __post_init__(self) -> None:
         if isinstance(self.port, bool) or not 0 <= self.port <= 65_535:
             raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
+        check_http_limits(self.max_connections, self.request_timeout_s)
         if self.enabled and not self.token and not is_loopback_host(self.host):
             raise ConfigError("token", f"required when the offsets API listens on non-loopback {self.host!r}")
 

@@ -1,5 +1,10 @@
 """CONNECT: client id, authentication, session takeover or resume, keepalive, will, CONNACK (MQTT 3.1, 3.2).
 
+A session belongs to the identity that created it (its user name, the client certificate's CN, or none for
+an anonymous client): a CONNECT of another identity with the same client id is refused with "not
+authorized" (v5 0x87, v3 0x05) and the session and its connection are left alone. A resumed session keeps
+only the subscriptions the ACL still allows (see docs/security.md).
+
 Password checks may take a hash (tens of milliseconds), so they run off the loop
 (``PasswordFile.verify_async``) while the connection reads nothing further (packets that already arrived
 wait in ``backlog``). Everything else is synchronous. CONNACK is written before the session's in-flight
@@ -22,6 +27,8 @@ from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
 
 if TYPE_CHECKING:
     from broker_edge.connection import Connection
+    from broker_edge.server import Broker
+    from broker_edge.session import Session
 
 __all__ = ["handle_connect"]
 
@@ -75,30 +82,41 @@ def handle_connect(conn: Connection, packet: Connect) -> None:
         else:
             _refuse(conn, "bad_credentials")
         return
+    charged = not passwords.remembered(username, packet.password)  # a password verified before costs nothing
+    if charged and not broker.login_backoff.admit(
+        conn.peer_host(), username if username in passwords else None, broker.loop.time()
+    ):
+        _refuse(conn, "login_backoff")  # no hash spent on a guesser
+        return
     conn.state = AUTHENTICATING
     conn.transport.pause_reading()
     task = broker.loop.create_task(passwords.verify_async(username, packet.password))
-    task.add_done_callback(lambda done: _after_password(conn, packet, client_id, assigned, username, done))
+    task.add_done_callback(
+        lambda done: _after_password(conn, packet, client_id, assigned, username, charged, done)
+    )
 
 
 def _after_password(
-    conn: Connection, packet: Connect, client_id: str, assigned: bool, username: str, done: asyncio.Task
+    conn: Connection,
+    packet: Connect,
+    client_id: str,
+    assigned: bool,
+    username: str,
+    charged: bool,
+    done: asyncio.Task,
 ) -> None:
     if conn.state == CLOSED:
         return
     conn.state = NEW
-    if conn.transport is not None:
-        conn.transport.resume_reading()
     ok = not done.cancelled() and done.exception() is None and done.result()
     if not ok:
         _refuse(conn, "bad_credentials")
         return
+    if charged:
+        conn.broker.login_backoff.succeeded(conn.peer_host(), username)
     _accept(conn, packet, client_id, assigned, username)
-    backlog, conn.backlog = conn.backlog, None
-    for queued in backlog or ():
-        if conn.state == CLOSED:
-            return
-        conn._dispatch(queued)
+    if conn.state != CLOSED:
+        conn.handle_backlog()  # what arrived meanwhile, then reading resumes
 
 
 _REFUSALS: dict[str, tuple[int, int, str]] = {
@@ -119,9 +137,54 @@ _REFUSALS: dict[str, tuple[int, int, str]] = {
         "bad user name or password",
     ),
     "not_authorized": (_RC.NOT_AUTHORIZED, _V3.NOT_AUTHORIZED, "will topic not allowed"),
+    "login_backoff": (
+        _RC.CONNECTION_RATE_EXCEEDED,
+        _V3.SERVER_UNAVAILABLE,
+        "too many failed logins; retry later",
+    ),
+    "session_owner": (
+        _RC.NOT_AUTHORIZED,
+        _V3.NOT_AUTHORIZED,
+        "this client identifier's session belongs to another user",
+    ),
+    "session_quota": (
+        _RC.QUOTA_EXCEEDED,
+        _V3.SERVER_UNAVAILABLE,
+        "too many persistent sessions on this broker",
+    ),
     "retain_not_supported": (_RC.RETAIN_NOT_SUPPORTED, _V3.NOT_AUTHORIZED, "retained messages are disabled"),
+    "connack_too_large": (
+        _RC.PACKET_TOO_LARGE,
+        _V3.NOT_AUTHORIZED,
+        "the CONNACK does not fit the client's Maximum Packet Size",
+    ),
 }
 """Refusal (``reason`` label of ``connections_refused_total``) → v5 code, v3 return code, reason string."""
+
+
+_LEFT_OUT_WHEN_TOO_LARGE = ("topic_alias_maximum", "maximum_packet_size", "receive_maximum")
+"""CONNACK properties left out, in this order, while the CONNACK is larger than the client's Maximum Packet
+Size [MQTT-3.1.2-24]. Without them the client assumes no topic aliases, no size limit and 65,535 in flight;
+the broker enforces its limits all the same (DISCONNECT 0x95, 0x93)."""
+
+
+def _fit_connack(ack: Properties, max_packet_out: int) -> bool:
+    """Leave properties out of a successful CONNACK until it fits ``max_packet_out``; False if it cannot
+    (what is left is needed: an assigned client id, a changed keep alive or expiry, retain unavailable)."""
+    for name in _LEFT_OUT_WHEN_TOO_LARGE:
+        if len(encode(ConnAck(True, 0, ack), MQTT_5)) <= max_packet_out:
+            return True
+        setattr(ack, name, None)
+    return len(encode(ConnAck(True, 0, ack), MQTT_5)) <= max_packet_out
+
+
+def _drop_denied_subscriptions(broker: Broker, session: Session) -> None:
+    """A resumed session keeps only the subscriptions the ACL allows its identity now (rules change)."""
+    acl = broker.acl
+    for key, entry in list((session.subscriptions or {}).items()):
+        if not acl.can_subscribe(session.client_id, session.username, entry.topic_filter):  # type: ignore[union-attr]
+            broker.router.unsubscribe(session, key)
+            broker.count_drop("subscribe_denied")
 
 
 def _refuse(conn: Connection, reason: str) -> None:
@@ -132,9 +195,10 @@ def _refuse(conn: Connection, reason: str) -> None:
     frame = encode(ConnAck(False, v3_code), conn.version)
     if conn.v5:
         frame = encode(ConnAck(False, v5_code, Properties(reason_string=text)), MQTT_5)
-        if len(frame) > conn.max_packet_out:
+        if len(frame) > conn.max_packet_out:  # [MQTT-3.2.2-19]: no reason string that does not fit
             frame = encode(ConnAck(False, v5_code), MQTT_5)
-    conn.write(frame)
+    if len(frame) <= conn.max_packet_out:  # a client accepting less than a bare CONNACK just sees the close
+        conn.write(frame)
     conn.flush()
     conn.state = CLOSED
     if conn.transport is not None:
@@ -168,15 +232,15 @@ def _accept(conn: Connection, packet: Connect, client_id: str, assigned: bool, u
         requested = expiry = 0 if packet.clean_start else max_expiry
 
     router = broker.router
-    now = broker.loop.time()
     existing = router.sessions.get(client_id)
-    if existing is not None and existing.connection is not None:
-        existing.connection.taken_over()
-    session, present = router.open_session(client_id, packet.clean_start, expiry, now)
-    session.username = username
-    conn.session = session
-    if v5 and wants_log_offsets(props):
-        session.log_offsets = True
+    if existing is not None and existing.username != username:
+        _refuse(conn, "session_owner")  # neither taken over nor discarded: it is someone else's
+        return
+    max_persistent = config.sessions.max_persistent
+    adds_persistent = expiry > 0 and (existing is None or existing.expiry_interval == 0)
+    if adds_persistent and max_persistent and router.persistent_count >= max_persistent:
+        _refuse(conn, "session_quota")
+        return
 
     keepalive = packet.keep_alive
     ack = Properties() if v5 else None
@@ -202,8 +266,22 @@ def _accept(conn: Connection, packet: Connect, client_id: str, assigned: bool, u
             ack.retain_available = 0  # type: ignore[union-attr]
         if assigned:
             ack.assigned_client_identifier = client_id  # type: ignore[union-attr]
+        if not _fit_connack(ack, conn.max_packet_out):  # type: ignore[arg-type]
+            _refuse(conn, "connack_too_large")
+            return
     else:
         conn.max_packet_out = NO_LIMIT
+
+    now = broker.loop.time()
+    if existing is not None and existing.connection is not None:
+        existing.connection.taken_over()
+    session, present = router.open_session(client_id, packet.clean_start, expiry, now)
+    session.username = username
+    conn.session = session
+    if v5 and wants_log_offsets(props):
+        session.log_offsets = True
+    if present and broker.acl is not None:
+        _drop_denied_subscriptions(broker, session)
     conn.keepalive = keepalive
     conn.deadline = now + keepalive * 1.5 if keepalive else 0.0
     conn.rx = False

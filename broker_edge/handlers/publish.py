@@ -7,8 +7,9 @@ delivery already carries its offset. Everything else is routed at once and ackno
 
 ACL-denied publishes follow Mosquitto for v3 (acknowledged normally and dropped) and MQTT 5 for v5
 (PUBACK / PUBREC with 0x87). Topic names starting with ``$`` are the broker's (``$SYS``): treated the same.
-A client that would create more topic logs than ``limits.max_topics_per_client`` is refused the same way
-(0x97 Quota exceeded).
+A client that would create more topic logs than ``limits.max_topics_per_client``, or than its identity's share
+(``limits.max_topics_per_identity``, see ``broker_edge.topic_quota``), is refused the same way (0x97 Quota
+exceeded).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from broker_edge.limits import topic_over_limits
 from broker_edge.protocol.errors import ProtocolError
 from broker_edge.protocol.packets import Publish
 from broker_edge.protocol.reason_codes import ReasonCode
+from broker_edge.topic_quota import identity_of
 
 if TYPE_CHECKING:
     from broker_edge.connection import Connection
@@ -36,11 +38,6 @@ def handle_publish(conn: Connection, packet: Publish) -> None:
     qos = packet.qos
     conn.listener.stats.received[qos] += 1
     broker = conn.broker
-    bucket = conn.bucket
-    if bucket is not None and not conn.throttled:
-        now = broker.loop.time()
-        if not bucket.try_acquire(now):
-            conn.throttle(now)
     topic = packet.topic
     props = packet.properties
     if props is not None and props.topic_alias is not None:
@@ -77,8 +74,7 @@ def handle_publish(conn: Connection, packet: Publish) -> None:
         return
     store = broker.store
     logged = store is not None and store.should_persist(topic, qos)
-    topic_quota = limits.max_topics_per_client
-    if logged and topic_quota and topic not in store and store.logs_created_by(conn.client_id) >= topic_quota:  # type: ignore[union-attr]
+    if logged and topic not in store and not _may_create_log(conn, topic):  # type: ignore[operator]
         _refuse(conn, qos, packet_id, _QUOTA_EXCEEDED, "topic_quota")
         return
 
@@ -103,6 +99,19 @@ def handle_publish(conn: Connection, packet: Publish) -> None:
         conn.send_puback(packet_id, 0 if matched else _NO_MATCHING)  # type: ignore[arg-type]
     elif qos == 2:
         conn.send_pubrec(packet_id, 0 if matched else _NO_MATCHING)  # type: ignore[arg-type]
+
+
+def _may_create_log(conn: Connection, topic: str) -> bool:
+    """Whether the client may create ``topic``'s log: its client id's quota, then its identity's share."""
+    broker = conn.broker
+    username = conn.session.username  # type: ignore[union-attr]
+    shares = broker.topic_shares
+    if shares.exempt_user(username):
+        return True
+    quota = broker.config.limits.max_topics_per_client
+    if quota and broker.store.logs_created_by(conn.client_id) >= quota:
+        return False
+    return shares.take(identity_of(username, conn.peer_host()), topic)
 
 
 def _refuse(conn: Connection, qos: int, packet_id: int | None, reason_code: int, drop_reason: str) -> None:

@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 __all__ = ["handle_subscribe"]
 
 
+def _filter_bytes(session) -> int:  # type: ignore[no-untyped-def]
+    """UTF-8 bytes of the filters ``session`` holds (``limits.max_subscription_bytes_per_client``)."""
+    return sum(len(key.encode()) for key in session.subscriptions or ())
+
+
 def handle_subscribe(conn: Connection, packet: Subscribe) -> None:
     broker = conn.broker
     router = broker.router
@@ -84,7 +89,10 @@ def handle_subscribe(conn: Connection, packet: Subscribe) -> None:
             fail(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
             continue
         existing = session.subscriptions.get(key) if session.subscriptions else None  # type: ignore[union-attr]
-        if existing is None and router.subscription_count(session) >= limits.max_subscriptions_per_client:  # type: ignore[arg-type]
+        if existing is None and (
+            router.subscription_count(session) >= limits.max_subscriptions_per_client  # type: ignore[arg-type]
+            or _filter_bytes(session) + len(key.encode()) > limits.max_subscription_bytes_per_client
+        ):
             fail(ReasonCode.QUOTA_EXCEEDED)
             continue
         options = SubscriptionOptions(

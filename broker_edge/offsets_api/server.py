@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
+from broker_edge.http_guard import GuardedRunner, read_body, start_guarded_site
 from broker_edge.storage import (
     CorruptRecord,
     FrameRun,
@@ -50,6 +52,7 @@ from .formats import (
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,10 @@ class ApiLimits:
     default_batch_bytes: int = 4 * 1024 * 1024
     max_wait_ms: int = 60_000
     max_fetches: int = 10_000
+    max_connections: int = 256
+    """Open connections; more are answered 503 and closed."""
+    request_timeout_s: float = 10.0
+    """Seconds for a request's headers, and for its body, to arrive."""
 
 
 class ApiError(Exception):
@@ -78,7 +85,10 @@ class ApiError(Exception):
     def response(self) -> web.Response:
         headers = {"WWW-Authenticate": 'Bearer realm="timestone"'} if self.status == 401 else None
         body = {"error": self.code, "message": self.message, **self.extra}
-        return web.json_response(body, status=self.status, headers=headers)
+        response = web.json_response(body, status=self.status, headers=headers)
+        if self.status == 408:
+            response.force_close()  # the rest of that body is not waited for
+        return response
 
 
 def api_error_for(error: Exception) -> ApiError | None:
@@ -123,6 +133,9 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
             raise
         code = codes.NOT_FOUND if error.status == 404 else error.reason.lower().replace(" ", "_")
         return ApiError(error.status, code, error.reason).response()
+    except Exception:
+        log.exception("offsets API request failed: %s %s", request.method, request.path)
+        return ApiError(500, "internal_error", "the request failed inside the broker").response()
 
 
 def bearer_auth(token: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
@@ -166,38 +179,52 @@ async def serve(
 
     `await runner.cleanup()` stops it. TLS when `ssl_context` is given, bearer auth when `token` is.
     """
-    return await serve_app(create_app(store, token, limits), host, port, ssl_context)
+    return await serve_app(create_app(store, token, limits), host, port, ssl_context, limits)
 
 
 async def serve_app(
-    app: web.Application, host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None
-) -> tuple[web.AppRunner, int]:
-    """Bind an already built app (see `serve`)."""
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
-    try:
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return runner, runner.addresses[0][1]
+    app: web.Application,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    ssl_context: ssl.SSLContext | None = None,
+    limits: ApiLimits | None = None,
+) -> tuple[GuardedRunner, int]:
+    """Bind an already built app (see `serve`), behind a cap on connections and request time limits."""
+    limits = limits or ApiLimits()
+    runner = await start_guarded_site(
+        app, host, port, ssl_context, limits.max_connections, limits.request_timeout_s
+    )
+    return runner, runner.port
 
 
 # -- request parsing ---------------------------------------------------------------------------------
 
 
+_MAX_DIGITS = 20
+"""Longer numbers are refused before they are converted (every bound here fits in 19 digits)."""
+
+
+def _is_number(value: object) -> bool:
+    """An int (not a bool), or a string of ASCII digits only (other Unicode digits are not numbers here)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, str) and 0 < len(value) <= _MAX_DIGITS and value.isascii() and value.isdigit()
+
+
 def _int_param(value: object, name: str, default: int, low: int, high: int) -> int:
     if value is None:
         return default
-    if isinstance(value, bool):
-        raise ApiError(400, codes.BAD_REQUEST, f"{name} must be an integer")
-    try:
-        number = int(value)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        raise ApiError(400, codes.BAD_REQUEST, f"{name} must be an integer, got {value!r}") from None
+    if not _is_number(value):
+        shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "..."
+        raise ApiError(400, codes.BAD_REQUEST, f"{name} must be an integer, got {shown!r}", parameter=name)
+    number = int(value)  # type: ignore[call-overload]
     if not low <= number <= high:
-        raise ApiError(400, codes.BAD_REQUEST, f"{name} must be within [{low}, {high}], got {number}")
+        shown = str(number) if number.bit_length() < 64 else "a number that large"
+        raise ApiError(
+            400, codes.BAD_REQUEST, f"{name} must be within [{low}, {high}], got {shown}", parameter=name
+        )
     return number
 
 
@@ -208,14 +235,18 @@ def _resolve_offset(value: object, info: LogInfo | None) -> int:
     if value == "latest":
         return info.end_offset if info else 0
     if value is None:
-        raise ApiError(400, codes.BAD_OFFSET, "offset is required (a number, 'earliest' or 'latest')")
-    if isinstance(value, bool) or not (
-        isinstance(value, int) or (isinstance(value, str) and value.isdigit())
-    ):
         raise ApiError(
-            400, codes.BAD_OFFSET, f"offset must be a number, 'earliest' or 'latest', got {value!r}"
+            400, codes.BAD_OFFSET, "offset is required (a number, 'earliest' or 'latest')", parameter="offset"
         )
-    return int(value)
+    if not _is_number(value) or int(value) < 0:  # type: ignore[call-overload]
+        shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "..."
+        raise ApiError(
+            400,
+            codes.BAD_OFFSET,
+            f"offset must be a number, 'earliest' or 'latest', got {shown!r}",
+            parameter="offset",
+        )
+    return int(value)  # type: ignore[call-overload]
 
 
 def _format_param(value: object, allowed: Mapping[str, str] = FORMATS) -> str:
@@ -335,10 +366,15 @@ class _Handlers:
         return web.Response(body=body, content_type=FORMATS[output])
 
     async def _json_body(self, request: web.Request) -> dict:
+        data = await read_body(request, self.limits.request_timeout_s)
+        if data is None:
+            raise ApiError(408, codes.BAD_REQUEST, "the body did not arrive in time", parameter="body")
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ApiError(400, codes.BAD_REQUEST, "the body must be a JSON object") from None
+            body = json.loads(data)
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep, a number too long
+            raise ApiError(
+                400, codes.BAD_REQUEST, "the body must be a JSON object", parameter="body"
+            ) from None
         if not isinstance(body, dict):
             raise ApiError(400, codes.BAD_REQUEST, "the body must be a JSON object")
         return body

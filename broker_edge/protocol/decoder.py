@@ -99,13 +99,23 @@ class PacketDecoder:
     After a ``MQTTError`` the connection must close; further ``feed`` calls raise the same error.
     """
 
-    __slots__ = ("_accepted", "_error", "_needed", "_pending", "max_packet_size", "protocol_version", "role")
+    __slots__ = (
+        "_accepted",
+        "_error",
+        "_needed",
+        "_pending",
+        "max_connect_size",
+        "max_packet_size",
+        "protocol_version",
+        "role",
+    )
 
     def __init__(
         self,
         max_packet_size: int = MAX_PACKET_SIZE,
         role: Role = "server",
         protocol_version: int | None = None,
+        max_connect_size: int | None = None,
     ) -> None:
         if role not in ("server", "client"):
             raise ValueError(f"role must be 'server' or 'client', not {role!r}")
@@ -115,6 +125,8 @@ class PacketDecoder:
             raise ValueError("a client-role decoder needs the protocol_version it connected with")
         self.max_packet_size = max_packet_size
         """Largest accepted packet, fixed header included (the v5 Maximum Packet Size); may be changed."""
+        self.max_connect_size = max_packet_size if max_connect_size is None else max_connect_size
+        """Largest first packet (CONNECT): what an unauthenticated client may make the decoder hold."""
         self.role: Role = role
         self.protocol_version: int | None = protocol_version
         """3, 4 or 5 once CONNECT is decoded (or given); None before."""
@@ -160,7 +172,7 @@ class PacketDecoder:
         view = memoryview(buf)
         size = len(buf)
         pos = 0
-        max_packet_size = self.max_packet_size
+        max_packet_size = self.max_packet_size if self.protocol_version is not None else self.max_connect_size
         accepted = self._accepted
         while pos < size:
             first = buf[pos]
@@ -195,6 +207,7 @@ class PacketDecoder:
             else:
                 packets.append(_BODY_DECODERS[first >> 4](self, first, buf, view, body, end))
                 accepted = self._accepted  # CONNECT switches to the packets of its protocol version
+                max_packet_size = self.max_packet_size
             pos = end
         return pos
 

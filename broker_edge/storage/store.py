@@ -1,9 +1,10 @@
 """All logs of one broker: persistence rules, durability (group commit), pooled files, tail caches, limits.
 
-One directory per topic under the store directory (see `topic_names`). The store is driven from one asyncio
-event loop: appends are buffered, each window's data is copied into the files with one pwritev per
-segment, fsyncs run in a writer thread (see `group_commit`), and reads are preads on the loop (or come
-straight from the tail caches for caught-up readers). Readers only ever get durable
+One directory per topic under `<directory>/topics/` (see `topic_names`), the store's own files under
+`<directory>/meta/` (see `layout`, which also moves an older directory into that layout at open). The store
+is driven from one asyncio event loop: appends are buffered, each window's data is copied into the files
+with one pwritev per segment, fsyncs run in a writer thread (see `group_commit`), and reads are preads on
+the loop (or come straight from the tail caches for caught-up readers). Readers only ever get durable
 records: `end_offset` of a log is its high watermark.
 """
 
@@ -25,6 +26,7 @@ from .file_pool import FileHandlePool
 from .frame_runs import FrameRun
 from .fs_sync import syncfs_available
 from .group_commit import GroupCommitter
+from .layout import layout_of, open_layout
 from .persistence import PersistenceRules, check_filter
 from .read_cache import ReadCache
 from .record import AppendRecord, Record, RecordFields
@@ -97,6 +99,8 @@ class LogStore:
 
     def __init__(self, directory: str | Path, config: StorageConfig | None = None) -> None:
         self.directory = str(directory)
+        self.layout = layout_of(self.directory)
+        """Where the topic logs (`layout.topics`) and the broker's own files (`layout.meta`) live."""
         self.config = config or StorageConfig()
         self.rules = PersistenceRules(self.config.persist)
         self._pool = FileHandlePool(self.config.max_open_files)
@@ -123,10 +127,10 @@ class LogStore:
         """Recover every log found in the directory (truncating torn tails, rebuilding unclean indexes)."""
         if self._opened:
             raise RuntimeError("store already open")
-        os.makedirs(self.directory, exist_ok=True)
-        marker = os.path.join(self.directory, CLEAN_SHUTDOWN_MARKER)
+        self.layout = open_layout(self.directory)
+        marker = self.layout.meta_file(CLEAN_SHUTDOWN_MARKER)
         report = RecoveryReport(clean_shutdown=os.path.exists(marker))
-        with os.scandir(self.directory) as entries:
+        with os.scandir(self.layout.topics) as entries:
             directories = sorted(entry.path for entry in entries if entry.is_dir())
         for path in directories:
             try:
@@ -144,7 +148,7 @@ class LogStore:
                 report.repaired.append(recovery)
         if report.clean_shutdown:
             os.unlink(marker)  # from now on a crash must not look like a clean shutdown
-            fsync_directory(self.directory)
+            fsync_directory(self.layout.meta)
         report.fresh = not report.clean_shutdown and not directories
         self._use_syncfs()
         self._opened = True
@@ -168,7 +172,7 @@ class LogStore:
                 if not waiter.future.done():
                     waiter.future.set_result([])
         if self._opened and self._committer.failure is None:
-            _write_marker(os.path.join(self.directory, CLEAN_SHUTDOWN_MARKER))
+            _write_marker(self.layout.meta_file(CLEAN_SHUTDOWN_MARKER))
 
     def __enter__(self) -> LogStore:
         if not self._opened:
@@ -380,7 +384,7 @@ class LogStore:
         if len(self._logs) >= self.config.max_topics:
             raise TooManyTopics(topic, self.config.max_topics)
         name = topic_directory_name(topic)
-        path = os.path.join(self.directory, name)
+        path = os.path.join(self.layout.topics, name)
         try:
             commit_log = self._make_log(topic, path)
             if is_hashed(name):

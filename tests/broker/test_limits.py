@@ -6,6 +6,7 @@ import socket
 
 import pytest
 
+from broker_edge.protocol.codec import PacketDecoder, encode
 from broker_edge.protocol.packets import (
     ConnAck,
     Connect,
@@ -285,3 +286,52 @@ def test_message_rate_per_client_pauses_reading_and_loses_nothing(start_broker):
     assert [m.payload for m in sub.expect(20)] == [str(i).encode() for i in range(20)]
     assert broker.metric("timestone_broker_client_throttled_total") >= 1
     assert broker.drops("rate_limited") == 0
+
+
+def _raw_connack(port: int, client_id: str, maximum_packet_size: int) -> tuple[bytes, ConnAck | None]:
+    """The bytes of the broker's answer to a v5 CONNECT declaring ``maximum_packet_size``, and the CONNACK."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+    try:
+        properties = Properties(maximum_packet_size=maximum_packet_size)
+        sock.sendall(encode(Connect(protocol_version=5, client_id=client_id, properties=properties), 5))
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+            if len(data) >= 2 and len(data) >= 2 + data[1]:
+                break
+    finally:
+        sock.close()
+    packets = PacketDecoder(role="client", protocol_version=5).feed(data)
+    return data, (packets[0] if packets else None)
+
+
+@pytest.mark.parametrize("maximum", [10, 11, 13, 16, 100])
+def test_connack_never_exceeds_the_clients_maximum_packet_size_MQTT_3_1_2_24(broker, maximum):
+    """A v5 client declaring a tiny Maximum Packet Size gets a CONNACK that fits it [MQTT-3.1.2-24]: the
+    topic alias maximum, then the maximum packet size, then the receive maximum are left out until it fits;
+    a client with room for all of them gets all of them."""
+    data, connack = _raw_connack(broker.port, "tiny", maximum)
+    assert isinstance(connack, ConnAck) and connack.reason_code == 0
+    assert len(data) <= maximum
+    props = connack.properties
+    if maximum >= 16:
+        assert (props.receive_maximum, props.maximum_packet_size, props.topic_alias_maximum) == (
+            64,
+            1_048_576,
+            64,
+        )
+    if maximum == 10:
+        assert (props.receive_maximum, props.maximum_packet_size, props.topic_alias_maximum) == (
+            64,
+            None,
+            None,
+        )
+
+
+def test_a_connack_that_cannot_fit_is_refused_in_a_bare_connack_MQTT_3_2_2_19(broker):
+    """An empty client id needs an Assigned Client Identifier (more than 10 bytes): the connection is
+    refused with 0x95 in a CONNACK without a reason string [MQTT-3.2.2-19], the only answer that fits."""
+    data, connack = _raw_connack(broker.port, "", 10)
+    assert isinstance(connack, ConnAck) and connack.reason_code == 0x95
+    assert len(data) <= 10 and (connack.properties is None or connack.properties.reason_string is None)
+    assert broker.refused("connack_too_large") == 1

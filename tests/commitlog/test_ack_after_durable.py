@@ -60,7 +60,7 @@ def _publisher(broker) -> RawClient:
 
 
 def _segment(directory: Path) -> Path:
-    return directory / "acks%2Fdevice-1" / f"{0:020d}.log"
+    return directory / "topics" / "acks%2Fdevice-1" / f"{0:020d}.log"
 
 
 def test_the_default_policy_is_group_commit_without_a_timer():

@@ -28,7 +28,7 @@ TOPICS = ["rot/torn", "rot/flip-sealed", "rot/flip-active", "rot/open-index"]
 
 
 def _segments(broker: BrokerProcess, topic: str, suffix: str = ".log") -> list[Path]:
-    return segment_files(broker.directory / "data" / topic_directory_name(topic), suffix)
+    return segment_files(broker.directory / "data" / "topics" / topic_directory_name(topic), suffix)
 
 
 def _payloads(rows: list[dict]) -> dict[int, bytes]:

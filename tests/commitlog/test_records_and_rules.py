@@ -48,7 +48,7 @@ def _records_json(broker, topic: str) -> list[dict]:
 
 
 def _log_dir(broker, topic: str) -> Path:
-    return Path(broker.config.storage.directory) / topic_directory_name(topic)
+    return Path(broker.config.storage.directory) / "topics" / topic_directory_name(topic)
 
 
 def test_a_record_keeps_what_matters_downstream_and_the_broker_time(brokers):

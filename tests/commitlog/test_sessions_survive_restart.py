@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from broker_edge.protocol.packets import ConnAck, PubAck, Publish
 from broker_edge.protocol.properties import Properties
 from broker_edge.session_snapshot import FORMAT, FORMAT_VERSION
 from broker_edge.session_store import SESSIONS_FILE
+from broker_edge.storage.layout import open_layout
 from broker_edge.subscriptions import SubscriptionOptions
 from tests.broker.broker_test_clients import PahoClient, RawClient, wait_for
 from tests.commitlog.e2e_helpers import OPTED_IN, offset_of, opted_in, publish_numbered
@@ -171,8 +173,7 @@ def test_subscription_options_and_shared_groups_are_restored(brokers):
 
 
 def test_a_corrupt_sessions_file_is_moved_aside_and_the_broker_starts_without_it(brokers, tmp_path, caplog):
-    directory = tmp_path / "a"
-    directory.mkdir()
+    directory = Path(open_layout(tmp_path / "a").meta)
     (directory / SESSIONS_FILE).write_bytes(b'{"format": "timestone-sessions", "version": 1, "sess')
     with caplog.at_level(logging.ERROR, logger="broker_edge.session_store"):
         broker = brokers()
@@ -190,8 +191,7 @@ def test_a_corrupt_sessions_file_is_moved_aside_and_the_broker_starts_without_it
 
 
 def test_a_sessions_file_from_a_newer_broker_is_refused_and_kept(brokers, tmp_path, caplog):
-    directory = tmp_path / "a"
-    directory.mkdir()
+    directory = Path(open_layout(tmp_path / "a").meta)
     newer = {"format": FORMAT, "version": FORMAT_VERSION + 1, "written_at": time.time(), "sessions": []}
     (directory / SESSIONS_FILE).write_text(json.dumps(newer))
     with caplog.at_level(logging.ERROR, logger="broker_edge.session_store"):
@@ -213,7 +213,7 @@ def test_after_a_crash_sessions_come_back_from_the_last_periodic_snapshot(tmp_pa
     """Killed, not stopped: the periodic snapshot has the session; what was published after it comes from
     the log (the snapshot's log end offsets), so nothing acknowledged to the publisher is missed."""
     process = BrokerProcess(tmp_path, sessions={"persist_interval_s": 0.1}, sys_topics={"enabled": False})
-    path = tmp_path / "data" / SESSIONS_FILE
+    path = tmp_path / "data" / "meta" / SESSIONS_FILE
     process.start()
     try:
         device = PahoClient(process.port, "dev", clean=False, session_expiry=300)
@@ -240,3 +240,50 @@ def test_wrong_values_name_the_key(sessions, key):
     with pytest.raises(ConfigError) as error:
         load_dataclass(BrokerConfig, {"sessions": sessions})
     assert error.value.path == key
+
+
+def test_a_restored_session_keeps_its_owner_and_another_user_cannot_resume_it(brokers, tmp_path):
+    """[MQTT-3.1.4-3] within one identity, across a restart: the sessions file keeps each session's user,
+    so after the restart user A still gets "not authorized" for B's client id, and B resumes its session
+    with the message queued before the restart."""
+    from broker_edge.auth import PasswordFile
+
+    passwords = tmp_path / "passwd"
+    PasswordFile.set_password(passwords, "userA", "pw-a", create=True)
+    PasswordFile.set_password(passwords, "userB", "pw-b")
+    secured = {
+        "listeners": [{"name": "tcp", "host": "127.0.0.1", "port": 0, "allow_anonymous": False}],
+        "auth": {"password_file": str(passwords)},
+        "acl": {"rules": [{"permission": "allow", "action": "all", "topic": "%u/#"}]},
+    }
+    broker = brokers(**secured)
+    owner = PahoClient(
+        broker.port, "devB", username="userB", password="pw-b", clean=False, session_expiry=300
+    )
+    assert owner.subscribe("userB/#", 1) == [1]
+    owner.disconnect()
+    PahoClient(broker.port, "pubB", username="userB", password="pw-b").publish("userB/secret", b"for B", 1)
+
+    broker = restarted(broker, brokers, **secured)
+    assert [s["username"] for s in sessions_file(broker)["sessions"] if s["client_id"] == "devB"] == ["userB"]
+    for version in (5, 4):
+        thief = RawClient(broker.port, version)
+        fields = {"properties": Properties(session_expiry_interval=300)} if version == 5 else {}
+        refused = thief.connect("devB", username="userA", password=b"pw-a", clean_start=False, **fields)
+        assert isinstance(refused, ConnAck) and refused.reason_code == {5: 0x87, 4: 0x05}[version]
+        assert refused.session_present is False
+    again = PahoClient(
+        broker.port, "devB", username="userB", password="pw-b", clean=False, session_expiry=300
+    )
+    assert again.connack_result[0].session_present is True
+    assert [m.payload for m in again.expect(1)] == [b"for B"]
+
+
+def test_a_restart_restores_no_more_persistent_sessions_than_the_bound(brokers, caplog):
+    broker = brokers()
+    for n in range(5):
+        PahoClient(broker.port, f"dev-{n}", clean=False, session_expiry=300).disconnect()
+    with caplog.at_level(logging.WARNING, logger="broker_edge.session_store"):
+        broker = restarted(broker, brokers, sessions={"max_persistent": 3})
+    assert broker.call(lambda: broker.broker.router.persistent_count) == 3
+    assert "2 persistent sessions not restored: sessions.max_persistent is 3" in caplog.text

@@ -109,3 +109,39 @@ def test_in_a_batch_only_the_publish_that_cannot_be_stored_is_refused(brokers):
     again = [Publish("c/1", b"more", 1, packet_id=n) for n in range(5, 9)]  # a full receive window
     v5.send(b"".join(encode(packet, 5) for packet in again))
     assert [v5.recv().reason_code for _ in again] == [0] * 4  # the refused publish gave its slot back
+
+
+def test_many_client_ids_of_one_user_share_its_topic_quota_and_leave_room_for_others(brokers, tmp_path):
+    """The attack: one user with 20 client ids tries to create 100 logs. Its identity's share stops it at 12,
+    so another user's first publish to a new topic is still accepted; an exempt pipeline account is not
+    bound by either quota."""
+    from broker_edge.auth import PasswordFile
+
+    passwords = tmp_path / "passwd"
+    for user in ("mallory", "alice", "pipeline"):
+        PasswordFile.set_password(passwords, user, f"pw-{user}", create=True)
+    broker = brokers(
+        listeners=[{"name": "tcp", "host": "127.0.0.1", "port": 0, "allow_anonymous": False}],
+        auth={"password_file": str(passwords)},
+        storage={"max_topics": 40},
+        limits={
+            "max_topics_per_client": 5,
+            "max_topics_per_identity": 12,
+            "topic_quota_exempt_users": ["pipeline"],
+            "messages_per_second_per_client": 0,
+        },
+    )
+    codes = []
+    for n in range(20):
+        client = RawClient(broker.port, 5)
+        client.connect(f"mallory-{n}", username="mallory", password=b"pw-mallory")
+        codes += [_publish(client, f"junk/{n}/{k}", k + 1).reason_code for k in range(5)]
+        client.close()
+    assert codes.count(0x10) == 12 and codes.count(QUOTA_EXCEEDED) == 88
+    alice = RawClient(broker.port, 5)
+    alice.connect("alice-1", username="alice", password=b"pw-alice")
+    assert _publish(alice, "plant/1/temp", 1).reason_code == 0x10
+    pipeline = RawClient(broker.port, 5)
+    pipeline.connect("ota-engine", username="pipeline", password=b"pw-pipeline")
+    assert [_publish(pipeline, f"actions/{n}", n + 1).reason_code for n in range(20)] == [0x10] * 20
+    assert len(_logs(broker)) == 12 + 1 + 20

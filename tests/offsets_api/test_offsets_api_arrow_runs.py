@@ -151,7 +151,7 @@ def test_a_byte_flipped_mid_segment_cuts_the_fetch_before_it_as_json_lines_does(
     for number in range(200):
         store.append("t", odd_record(number))
     store.close()
-    segment = segment_files(tmp_path / "t")[0]
+    segment = segment_files(tmp_path / "topics" / "t")[0]
     flip_byte(segment, frame_positions(segment)[120] + 20)  # inside the body of record 120
     harness = ApiHarness(tmp_path, config=config)
     try:

@@ -230,7 +230,7 @@ def test_a_failed_write_is_reported_and_stops_appends(tmp_path: Path):
         errors: list[BaseException] = []
         store.append(TOPIC, make_record(1))
         store.append("other/topic", make_record(0))
-        shutil.rmtree(tmp_path / "other%2Ftopic")  # the next write cannot create its segment
+        shutil.rmtree(tmp_path / "topics" / "other%2Ftopic")  # the next write cannot create its segment
         store.when_durable(lambda: errors.append(AssertionError("must not be called")), errors.append)
         with pytest.raises(StorageFailed):
             await store.wait_durable()

@@ -51,7 +51,7 @@ def test_any_topic_name_gets_its_own_log_and_survives_a_restart(tmp_path: Path):
     assert sorted(info.topic for info in reopened.logs()) == sorted(ODD_TOPICS)
     for number, topic in enumerate(ODD_TOPICS):
         assert_matches(reopened.read(topic, 0)[0], number, offset=0)
-    assert all(len(path.name) <= 200 for path in tmp_path.iterdir())
+    assert all(len(path.name) <= 200 for path in (tmp_path / "topics").iterdir())
     reopened.close()
 
 
@@ -210,7 +210,7 @@ def test_records_that_do_not_fit_the_format_are_storage_errors(tmp_path: Path):
 
 def test_a_log_directory_that_cannot_be_created_is_a_storage_error(tmp_path: Path):
     store = _store(tmp_path)
-    (tmp_path / "blocked").write_text("a file where the topic's directory would go")
+    (tmp_path / "topics" / "blocked").write_text("a file where the topic's directory would go")
 
     with pytest.raises(StorageError, match="cannot create"):
         store.append("blocked", make_record(0))

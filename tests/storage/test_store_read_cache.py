@@ -130,7 +130,7 @@ def test_the_byte_budget_drops_the_least_recently_used_blocks(tmp_path: Path):
 def test_a_damaged_record_is_never_served_from_a_shared_block(tmp_path: Path):
     store = _store(tmp_path, 2 * BLOCK_RECORDS + 5, segment_bytes=1 << 20)
     store.close()
-    segment = segment_files(tmp_path / "plant%2Fline-1%2Ftemp")[0]
+    segment = segment_files(tmp_path / "topics" / "plant%2Fline-1%2Ftemp")[0]
     damaged = 100
     flip_byte(segment, frame_positions(segment)[damaged] + 20)
     store = LogStore(tmp_path, StorageConfig(tail_cache_records=16, retention_ms=None))

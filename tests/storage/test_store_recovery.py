@@ -28,14 +28,14 @@ def test_a_clean_shutdown_is_recognised_once(tmp_path: Path):
     report = first.open()
 
     assert report.clean_shutdown
-    assert not (tmp_path / CLEAN_SHUTDOWN_MARKER).exists()
+    assert not (tmp_path / "meta" / CLEAN_SHUTDOWN_MARKER).exists()
     assert (report.logs, report.records, report.repaired) == (2, 40, [])
     assert LogStore(tmp_path).open().clean_shutdown is False  # `first` never closed: a crash
 
 
 def test_after_a_crash_torn_tails_are_repaired_and_reported(tmp_path: Path):
     _filled(tmp_path)  # never closed
-    tail = segment_files(tmp_path / "a%2Fb")[-1]
+    tail = segment_files(tmp_path / "topics" / "a%2Fb")[-1]
     os.truncate(tail, frame_positions(tail)[-1] + 5)
 
     store = LogStore(tmp_path)
@@ -53,8 +53,8 @@ def test_after_a_crash_torn_tails_are_repaired_and_reported(tmp_path: Path):
 
 def test_foreign_directories_are_skipped(tmp_path: Path):
     _filled(tmp_path).close()
-    (tmp_path / "lost+found").mkdir()
-    (tmp_path / "abc~deadbeef").mkdir()  # a hashed name without its TOPIC file
+    (tmp_path / "topics" / "lost+found").mkdir()
+    (tmp_path / "topics" / "abc~deadbeef").mkdir()  # a hashed name without its TOPIC file
 
     store = LogStore(tmp_path)
     report = store.open()
@@ -81,7 +81,7 @@ def test_a_new_directory_is_a_fresh_start_not_a_repair(tmp_path: Path, caplog):
 
 def test_a_repair_is_logged_with_its_counts(tmp_path: Path, caplog):
     _filled(tmp_path)  # never closed
-    tail = segment_files(tmp_path / "c")[-1]
+    tail = segment_files(tmp_path / "topics" / "c")[-1]
     os.truncate(tail, frame_positions(tail)[-1] + 3)
     caplog.set_level(logging.INFO, logger="broker_edge.storage")
 
