@@ -15,6 +15,7 @@ demo: $(STAMP)
 test: $(STAMP) system-deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 
 bench: $(STAMP) system-deps
@@ -23,6 +24,7 @@ bench: $(STAMP) system-deps
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 setup: $(STAMP) system-deps
 

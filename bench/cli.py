@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _names(text: str, known: object, parser: argparse.ArgumentParser, what: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in known]  # type: ignore[operator]
+    unknown = [n for n in names if n not in known]
     if unknown or not names:
         parser.error(f"unknown {what}(s): {', '.join(unknown) or '(none given)'}")
     return names

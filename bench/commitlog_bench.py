@@ -277,7 +277,7 @@ def _fanout_rate(directory: Path, cache_bytes: int, readers: int, records: int) 
         reads[0] += path.endswith(".log")
         return real_pread(path, size, position)
 
-    pool.pread = counting_pread  # type: ignore[method-assign]
+    pool.pread = counting_pread  # type: ignore[method-assign]  # counts the reads the cache does not spare
     positions = [0] * readers
     began = time.perf_counter()
     while positions[-1] < records:

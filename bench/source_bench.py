@@ -408,7 +408,7 @@ def measure(root: Path, args: argparse.Namespace, per_topic: int, load: float) -
     spark.sparkContext.setLogLevel("ERROR")
     register_sources(spark)
     spark.dataSource.register(InMemoryArrowSource)
-    spark_pid = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]
+    spark_pid = spark.sparkContext._gateway.proc.pid
     checkpoints = (root / f"checkpoint-{number}" for number in itertools.count())
     try:
         with opened_brokers(root, args.brokers) as brokers:  # warm-up: Python workers, modules

@@ -148,7 +148,9 @@ def filters_overlap(a: str, b: str) -> bool:
 
 
 def _safe_value(value: str | None) -> bool:
-    return bool(value) and not any(c in value for c in "/+#")  # type: ignore[operator]
+    if not value:
+        return False
+    return not any(c in value for c in "/+#")
 
 
 class _CompiledRule:
@@ -188,21 +190,21 @@ class _CompiledRule:
 
     def pattern_for(self, client_id: str, username: str | None) -> str | None:
         """The pattern with ``%u`` / ``%c`` filled in, or None when a value would widen it."""
-        if self.uses_u and not _safe_value(username):
+        if self.uses_u and (username is None or not _safe_value(username)):
             return None
         if self.uses_c and not _safe_value(client_id):
             return None
         if not (self.uses_u or self.uses_c):
             return "/".join(self.levels)
-        out = []
+        out: list[str] = []
         for level in self.levels:
-            if level == "%u":
+            if level == "%u" and username is not None:
                 out.append(username)
             elif level == "%c":
                 out.append(client_id)
             else:
                 out.append(level)
-        return "/".join(out)  # type: ignore[arg-type]
+        return "/".join(out)
 
 
 class AccessControl:

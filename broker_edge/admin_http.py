@@ -28,7 +28,7 @@ DEFAULT_ADMIN_PORT = 9883
 
 log = logging.getLogger(__name__)
 _METRICS_KEY = web.AppKey("metrics", BrokerMetrics)
-_HEALTH_KEY = web.AppKey("health", Callable[[], dict])
+_HEALTH_KEY: web.AppKey[Callable[[], dict[str, object]]] = web.AppKey("health")
 
 
 @dataclass

@@ -3,14 +3,14 @@
 One line per user, ``username:$scrypt$ln=14,r=8,p=1$<salt>$<hash>`` (or ``$pbkdf2-sha512$i=N$...``): salt and
 cost parameters travel in the line, so costs can be raised later without invalidating existing lines.
 
-Cost: scrypt with N=2**14, r=8, p=1 takes about 45 ms of one core and 16 MiB of memory per verification
-(PBKDF2-SHA512 with 210,000 iterations about 85 ms). That is far too long to run on the broker's event
-loop, so the broker calls ``verify_async``, which runs the hash in a small dedicated thread pool (hashlib
-releases the GIL while hashing). A device that reconnects every few seconds would still cost a hash each
-time, so successful verifications are remembered as an HMAC-SHA256 of the password under a random
-per-process key: a later CONNECT with the same password is checked in microseconds, on the loop. Failed
-verifications are never cached, so guessing costs the full hash every time, and repeated failures from one
-address or for one user name are refused without a hash for a while (``broker_edge.login_backoff``).
+Cost: each verification is slow and memory-hard on purpose (docs/security.md has the measured time per
+algorithm). That is far too long to run on the broker's event loop, so the broker calls ``verify_async``,
+which runs the hash in a small dedicated thread pool (hashlib releases the GIL while hashing). A device that
+reconnects every few seconds would still cost a hash each time, so successful verifications are remembered as
+an HMAC-SHA256 of the password under a random per-process key: a later CONNECT with the same password is
+checked in microseconds, on the loop. Failed verifications are never cached, so guessing costs the full hash
+every time, and repeated failures from one address or for one user name are refused without a hash for a
+while (``broker_edge.login_backoff``).
 """
 
 from __future__ import annotations

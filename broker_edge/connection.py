@@ -12,8 +12,14 @@ the following ones only the alias; both forms are shared encodings (``Message.te
 encodes once per variant.
 
 Writes are batched: packets produced while handling one read (or one fanout) are collected in ``_out`` and
-handed to the transport with one ``writelines`` at the end of the loop iteration (``Broker.schedule_flush``),
-so a subscriber receiving from a hundred publishers in one iteration costs one system call, not a hundred.
+handed to the transport with one ``writelines`` at the end of the loop iteration (``schedule_flush`` of its
+``ConnectionHost``), so a subscriber receiving from a hundred publishers in one iteration costs one system
+call, not a hundred.
+
+Packets go to the handler of their type (``broker_edge.handlers``): before CONNACK only ``handle_connect``,
+afterwards the connected handlers, which are given the session (never None once connected). Handlers see the
+broker through ``BrokerContext`` and ask the connection for effects: write, close, refuse, pause reading.
+A connection refused before CONNACK 0 always goes through ``refuse``.
 
 Idle connections are small: every attribute is a slot, and containers (topic aliases, the write batch) are
 created on first use.
@@ -23,14 +29,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from broker_edge.delivery import Message
+from broker_edge.handlers import CONNECTED_HANDLERS, handle_connect
 from broker_edge.protocol.codec import PacketDecoder, encode
 from broker_edge.protocol.errors import MQTTError, UnsupportedProtocolVersion
 from broker_edge.protocol.packets import (
     MQTT_5,
     ConnAck,
+    Connect,
     Disconnect,
     PubAck,
     PubComp,
@@ -40,20 +48,41 @@ from broker_edge.protocol.packets import (
 )
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
+from broker_edge.states import AUTHENTICATING, CLOSED, CONNECTED, NEW, NO_LIMIT
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from broker_edge.context import ConnectionHost
     from broker_edge.limits import TokenBucket
+    from broker_edge.listeners import ListenerRuntime
     from broker_edge.protocol.codec import PublishTemplate
-    from broker_edge.protocol.packets import Will
-    from broker_edge.server import Broker, ListenerRuntime
+    from broker_edge.protocol.packets import Packet, Will
     from broker_edge.session import Session
 
-__all__ = ["CLOSED", "CONNECTED", "Connection"]
+__all__ = ["ByteTransport", "Connection"]
 
 log = logging.getLogger("broker_edge.connection")
 
-NEW, AUTHENTICATING, CONNECTED, CLOSED = 0, 1, 2, 3
-NO_LIMIT = 1 << 62
+
+class ByteTransport(Protocol):
+    """The part of an asyncio transport a connection uses (TCP/TLS transports and ``WebSocketTransport``)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def writelines(self, parts: Iterable[bytes]) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
 
 
 class Connection(asyncio.Protocol):
@@ -65,12 +94,12 @@ class Connection(asyncio.Protocol):
         "aliases_in",
         "aliases_out",
         "backlog",
-        "broker",
         "bucket",
         "client_id",
         "deadline",
         "decoder",
         "held_error",
+        "host",
         "incoming_pending",
         "keepalive",
         "listener",
@@ -93,14 +122,14 @@ class Connection(asyncio.Protocol):
         "will_delay",
     )
 
-    def __init__(self, broker: Broker, listener: ListenerRuntime) -> None:
-        self.broker = broker
+    def __init__(self, host: ConnectionHost, listener: ListenerRuntime) -> None:
+        self.host = host
         self.listener = listener
-        self.transport: Any = None
-        limits = broker.config.limits
+        self.transport: ByteTransport | None = None
+        limits = host.config.limits
         self.decoder = PacketDecoder(limits.max_packet_size, max_connect_size=limits.max_connect_packet_size)
         self.partial = 0
-        """Bytes of a packet not fully arrived, counted in ``Broker.partial_bytes``."""
+        """Bytes of a packet not fully arrived, counted in the host's ``partial_bytes``."""
         self.partial_since = 0.0
         """When that packet started arriving (loop time; 0: none)."""
         self.session: Session | None = None
@@ -115,7 +144,7 @@ class Connection(asyncio.Protocol):
         self.deadline = 0.0
         self._out: list[bytes] | None = None
         self.paused = False
-        self.send_quota = broker.config.limits.max_inflight_out
+        self.send_quota = host.config.limits.max_inflight_out
         self.max_packet_out = NO_LIMIT
         self.aliases_in: dict[int, str] | None = None
         self.aliases_out: dict[str, int] | None = None
@@ -126,7 +155,7 @@ class Connection(asyncio.Protocol):
         self.throttled = False
         self.will: Will | None = None
         self.will_delay = 0
-        self.backlog: list | None = None
+        self.backlog: list[Packet] | None = None
         """Packets read but not handled yet: while the password is checked, or over the message rate."""
         self.held_error: MQTTError | None = None
         """A protocol error read behind the backlog: raised once the packets before it are handled."""
@@ -138,9 +167,13 @@ class Connection(asyncio.Protocol):
 
     # -- transport events ---------------------------------------------------------------------------------
 
-    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.attach_transport(cast(ByteTransport, transport))  # the loop hands stream transports only
+
+    def attach_transport(self, transport: ByteTransport) -> None:
+        """Start on ``transport`` (the TCP protocol's ``connection_made``; WebSocket and tests call it)."""
         self.transport = transport
-        self.broker.connection_opened(self)
+        self.host.connection_opened(self)
 
     def data_received(self, data: bytes) -> None:
         if self.state == CLOSED:
@@ -160,7 +193,7 @@ class Connection(asyncio.Protocol):
         if self._dispatch_all(packets) and self.backlog is None:
             self._raise_held_error()
 
-    def _dispatch_all(self, packets: list) -> bool:
+    def _dispatch_all(self, packets: list[Packet]) -> bool:
         """Handle ``packets`` in order; False once the connection is closed.
 
         A PUBLISH finding the client's message bucket empty stops the loop: it and the packets after it wait
@@ -174,7 +207,7 @@ class Connection(asyncio.Protocol):
             for index, packet in enumerate(packets):
                 bucket = self.bucket  # set by the CONNECT of this very batch
                 if bucket is not None and type(packet) is Publish and self.state == CONNECTED:
-                    now = self.broker.loop.time()
+                    now = self.host.now()
                     if not bucket.try_acquire(now):
                         self._hold(packets[index:], bucket.seconds_until(now))
                         return True
@@ -190,22 +223,22 @@ class Connection(asyncio.Protocol):
     def _count_partial(self, completed: bool) -> bool:
         """Count the bytes of a packet still arriving into the broker-wide budget; False once over it (the
         connection is closed: what it sent is not handled)."""
-        broker = self.broker
+        host = self.host
         buffered = self.decoder.buffered
-        broker.partial_bytes += buffered - self.partial
+        host.partial_bytes += buffered - self.partial
         self.partial = buffered
         if not buffered:
             self.partial_since = 0.0
             return True
         if completed or not self.partial_since:  # a new packet started arriving
-            self.partial_since = broker.loop.time()
-        if broker.partial_bytes <= broker.config.limits.max_partial_packet_bytes:
+            self.partial_since = host.now()
+        if host.partial_bytes <= host.config.limits.max_partial_packet_bytes:
             return True
         self.log().warning("closed: packets in progress on all connections exceed max_partial_packet_bytes")
         if self.state == CONNECTED:
             self.close(ReasonCode.SERVER_BUSY, "too many bytes of unfinished packets on this broker")
         else:
-            broker.count_refused("partial_budget")
+            host.counters.refused("partial_budget")
             self.abort()
         return False
 
@@ -215,8 +248,14 @@ class Connection(asyncio.Protocol):
         if error is not None and self.state != CLOSED:
             self.protocol_error(error)
 
-    def _dispatch(self, packet: Any) -> None:
-        if self.state == AUTHENTICATING:
+    def _dispatch(self, packet: Packet) -> None:
+        state = self.state
+        if state == CONNECTED:
+            session = self.session
+            assert session is not None, "a connected connection has a session"
+            CONNECTED_HANDLERS[type(packet)](self.host, self, session, packet)
+            return
+        if state == AUTHENTICATING:
             if self.backlog is None:
                 self.backlog = []
             self.backlog.append(packet)
@@ -224,26 +263,25 @@ class Connection(asyncio.Protocol):
         if self.refused is not None:
             self._refuse_admission(packet)
             return
-        HANDLERS[type(packet)](self, packet)
+        assert isinstance(packet, Connect), "the decoder lets only CONNECT in first"
+        handle_connect(self.host, self, packet)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.state == CLOSED and self.transport is None:
             return
         was_connected = self.state == CONNECTED
-        self.broker.partial_bytes -= self.partial
+        self.host.partial_bytes -= self.partial
         self.partial = 0
         if was_connected and log.isEnabledFor(logging.INFO):
             self.log().info("disconnected%s", f" ({exc})" if exc is not None else "")
         self.state = CLOSED
         self._out = None
-        self.broker.connection_closed(self, was_connected)
+        self.host.connection_closed(self, was_connected)
         session = self.session
         if session is not None:
             self.session = None
             if session.connection is self:
-                self.broker.router.connection_closed(
-                    session, self.will, self.will_delay, self.broker.loop.time()
-                )
+                self.host.router.connection_closed(session, self.will, self.will_delay, self.host.now())
         self.will = None
         self.transport = None
 
@@ -255,10 +293,10 @@ class Connection(asyncio.Protocol):
         ``slow_subscriber`` disconnect). Either way nothing waits for it.
         """
         self.paused = True
-        if self.broker.config.limits.slow_subscriber_policy == "disconnect" and self.state != CLOSED:
+        if self.host.config.limits.slow_subscriber_policy == "disconnect" and self.state != CLOSED:
             self.log().warning("slow subscriber disconnected (outgoing buffer full)")
-            self.broker.count_disconnect("slow_subscriber")
-            self.broker.loop.call_soon(self.abort)
+            self.host.counters.disconnect("slow_subscriber")
+            self.host.call_soon(self.abort)
 
     def resume_writing(self) -> None:
         self.paused = False
@@ -273,7 +311,7 @@ class Connection(asyncio.Protocol):
             if self.state == CLOSED:
                 return
             self._out = [data]
-            self.broker.schedule_flush(self)
+            self.host.schedule_flush(self)
         else:
             out.append(data)
 
@@ -293,7 +331,7 @@ class Connection(asyncio.Protocol):
             self.listener.stats.bytes_out += sum(map(len, out))
             transport.writelines(out)
 
-    def send_packet(self, packet: Any) -> None:
+    def send_packet(self, packet: Packet) -> None:
         self.write(encode(packet, self.version))
 
     def send_message(
@@ -307,39 +345,33 @@ class Connection(asyncio.Protocol):
     ) -> bool:
         """Write one delivery; False when it was dropped (slow subscriber, larger than the client accepts)."""
         if qos == 0 and self.paused:
-            self.broker.count_drop("slow_subscriber")
+            self.host.counters.drop("slow_subscriber")
             return False
+        template: PublishTemplate | None
+        offsets = self.session is not None and self.session.log_offsets
         if self.aliases_out is None:
-            template = message.template(
-                self.v5,
-                qos,
-                retain,
-                subscription_ids,
-                0,
-                False,
-                self.session.log_offsets,  # type: ignore[union-attr]
-            )
+            template = message.template(self.v5, qos, retain, subscription_ids, 0, False, offsets)
         else:
-            template = self._aliased_template(message, qos, retain, subscription_ids)
+            template = self._aliased_template(message, qos, retain, subscription_ids, offsets)
             if template is None:
                 return False
         head = template.head
         if qos == 0:
             if len(head) > self.max_packet_out:
-                self.broker.count_drop("too_large")
+                self.host.counters.drop("too_large")
                 return False
             out = self._out
             if out is None:
                 if self.state == CLOSED:
                     return False
                 self._out = [head]
-                self.broker.schedule_flush(self)
+                self.host.schedule_flush(self)
             else:
                 out.append(head)
         else:
             tail = template.tail
             if len(head) + 2 + len(tail) > self.max_packet_out:
-                self.broker.count_drop("too_large")
+                self.host.counters.drop("too_large")
                 return False
             if dup:
                 head = bytes((head[0] | 0x08,)) + head[1:]
@@ -348,23 +380,24 @@ class Connection(asyncio.Protocol):
                 if self.state == CLOSED:
                     return False
                 out = self._out = []
-                self.broker.schedule_flush(self)
+                self.host.schedule_flush(self)
             out.append(head)
-            out.append(packet_id.to_bytes(2, "big"))  # type: ignore[union-attr]
+            assert packet_id is not None, "QoS 1/2 deliveries carry a packet id"
+            out.append(packet_id.to_bytes(2, "big"))
             out.append(tail)
         self.listener.stats.sent[qos] += 1
         return True
 
     def _aliased_template(
-        self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]
+        self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...], offsets: bool
     ) -> PublishTemplate | None:
         """The v5 PUBLISH with this connection's alias for the topic (LRU); None if too large to send.
 
         A topic without an alias gets the next free one, or the least recently used topic's; the alias is
         recorded only once the PUBLISH that sets it is certain to be written.
         """
-        aliases: dict[str, int] = self.aliases_out  # type: ignore[assignment]
-        offsets = self.session.log_offsets  # type: ignore[union-attr]
+        aliases = self.aliases_out
+        assert aliases is not None, "only called with outgoing aliases on"
         topic = message.topic
         alias = aliases.get(topic)
         if alias is not None:
@@ -375,7 +408,7 @@ class Connection(asyncio.Protocol):
         alias = next(iter(aliases.values())) if full else len(aliases) + 1
         template = message.template(True, qos, retain, subscription_ids, alias, False, offsets)
         if len(template.head) + (len(template.tail) + 2 if qos else 0) > self.max_packet_out:
-            self.broker.count_drop("too_large")
+            self.host.counters.drop("too_large")
             return None
         if full:
             del aliases[next(iter(aliases))]
@@ -394,6 +427,22 @@ class Connection(asyncio.Protocol):
     def send_pubcomp(self, packet_id: int, reason_code: int = 0) -> None:
         self.write(encode(PubComp(packet_id, reason_code if self.v5 else 0), self.version))
 
+    def release_qos2(self, packet_id: int) -> None:
+        """Forget a held incoming QoS 2 id (its publish was refused): a resend is a new publish."""
+        session = self.session
+        if session is not None and session.incoming_qos2:
+            session.incoming_qos2.discard(packet_id)
+
+    # -- reading ------------------------------------------------------------------------------------------
+
+    def pause_reading(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.state != CLOSED and self.transport is not None:
+            self.transport.resume_reading()
+
     # -- closing ------------------------------------------------------------------------------------------
 
     def close(self, reason_code: int | None = None, reason_string: str | None = None) -> None:
@@ -406,7 +455,7 @@ class Connection(asyncio.Protocol):
             return
         if reason_code is not None and self.state == CONNECTED:
             if reason_code >= 0x80:
-                self.broker.count_disconnect(ReasonCode(reason_code).name.lower())
+                self.host.counters.disconnect(ReasonCode(reason_code).name.lower())
             if self.v5:
                 frame = encode(Disconnect(reason_code, Properties(reason_string=reason_string)), MQTT_5)
                 if not reason_string or len(frame) > self.max_packet_out:
@@ -425,22 +474,42 @@ class Connection(asyncio.Protocol):
         """A packet broke the protocol: tell a v5 client why (DISCONNECT or CONNACK), then close."""
         self.log().info("protocol error, closing: %s (0x%02X)", error.message, error.reason_code)
         if self.state == NEW:
-            self.broker.count_refused("protocol_error")
             if isinstance(error, UnsupportedProtocolVersion):
-                code = (
-                    ReasonCode.UNSUPPORTED_PROTOCOL_VERSION
-                    if error.protocol_version == MQTT_5
-                    else ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION
-                )
-                version = MQTT_5 if error.protocol_version == MQTT_5 else 4
-                self.write(encode(ConnAck(False, code), version))
+                if error.protocol_version == MQTT_5:
+                    self.refuse("protocol_error", ReasonCode.UNSUPPORTED_PROTOCOL_VERSION, version=MQTT_5)
+                else:
+                    self.refuse("protocol_error", ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION, version=4)
             elif self.decoder.protocol_version == MQTT_5:
-                self.write(encode(ConnAck(False, error.reason_code), MQTT_5))
-            self.flush()
-            if self.transport is not None:
-                self.transport.close()
+                self.refuse("protocol_error", error.reason_code, version=MQTT_5)
+            else:
+                self.refuse("protocol_error", None)
             return
         self.close(error.reason_code, error.message)
+
+    def refuse(
+        self, reason: str | None, code: int | None, text: str | None = None, version: int | None = None
+    ) -> None:
+        """Refuse the connection before CONNACK 0: CONNACK with ``code`` (None: close without one), close.
+
+        The one place a connection is refused. ``reason`` labels ``connections_refused_total`` (None: it
+        was counted already); ``text`` goes to a v5 client as the reason string when the CONNACK still
+        fits its Maximum Packet Size; ``version`` is the protocol level to answer in (default: the
+        CONNECT's).
+        """
+        if reason is not None:
+            self.host.counters.refused(reason)
+        if code is not None:
+            version = version if version is not None else self.version
+            frame = encode(ConnAck(False, code), version)
+            if text and version == MQTT_5:
+                with_text = encode(ConnAck(False, code, Properties(reason_string=text)), MQTT_5)
+                if len(with_text) <= self.max_packet_out:
+                    frame = with_text
+            self.write(frame)
+        self.flush()
+        self.state = CLOSED
+        if self.transport is not None:
+            self.transport.close()
 
     def taken_over(self) -> None:
         """Another connection claimed this client id (MQTT 3.1.4-3): DISCONNECT 0x8E, let go of the session.
@@ -457,35 +526,31 @@ class Connection(asyncio.Protocol):
                 will, self.will = self.will, None
                 if will is not None:
                     if self.will_delay <= 0:
-                        self.broker.router.publish_will(will, self.client_id)
+                        self.host.router.publish_will(will, self.client_id)
                     else:
                         session.will = will
-                        session.will_at = self.broker.loop.time() + self.will_delay
+                        session.will_at = self.host.now() + self.will_delay
         self.close(ReasonCode.SESSION_TAKEN_OVER, "another connection took over this client id")
 
-    def _refuse_admission(self, packet: Any) -> None:
-        """Refused for rate: a v5 client learns why from CONNACK 0x9F; a v3 client is just closed."""
+    def _refuse_admission(self, packet: Packet) -> None:
+        """Refused for rate (counted at admission): a v5 client learns why from CONNACK 0x9F; a v3 client
+        is just closed."""
         if getattr(packet, "protocol_version", 0) == MQTT_5:
-            props = Properties(reason_string="connection rate exceeded, retry later")
-            self.write(encode(ConnAck(False, ReasonCode.CONNECTION_RATE_EXCEEDED, props), MQTT_5))
-        self.flush()
-        self.state = CLOSED
-        if self.transport is not None:
-            self.transport.close()
+            text = "connection rate exceeded, retry later"
+            self.refuse(None, ReasonCode.CONNECTION_RATE_EXCEEDED, text, version=MQTT_5)
+        else:
+            self.refuse(None, None)
 
     # -- timers (called by the broker's sweep, about once a second) ----------------------------------------
 
     def check_timers(self, now: float) -> None:
         state = self.state
-        if (
-            self.partial_since
-            and now - self.partial_since > self.broker.config.limits.partial_packet_timeout_s
-        ):
+        if self.partial_since and now - self.partial_since > self.host.config.limits.partial_packet_timeout_s:
             self.log().info("a packet took longer than partial_packet_timeout_s to arrive")
             if state == CONNECTED:
                 self.close(ReasonCode.KEEP_ALIVE_TIMEOUT, "a packet took too long to arrive")
             else:
-                self.broker.count_refused("partial_timeout")
+                self.host.counters.refused("partial_timeout")
                 self.abort()
             return
         if state == CONNECTED:
@@ -497,20 +562,19 @@ class Connection(asyncio.Protocol):
                 self.log().info("keep alive timeout (%d s)", self.keepalive)
                 self.close(ReasonCode.KEEP_ALIVE_TIMEOUT, "no packet within 1.5 times the keep alive")
         elif state == NEW and now >= self.deadline:
-            self.broker.count_refused("connect_timeout")
-            self.log().info("no CONNECT within %.1f s", self.broker.config.limits.connect_timeout_s)
+            self.host.counters.refused("connect_timeout")
+            self.log().info("no CONNECT within %.1f s", self.host.config.limits.connect_timeout_s)
             self.abort()
 
     # -- flow control of incoming publishes ----------------------------------------------------------------
 
-    def _hold(self, packets: list, delay: float) -> None:
+    def _hold(self, packets: list[Packet], delay: float) -> None:
         """Over its message rate: keep ``packets`` and stop reading until the bucket has a token again."""
         self.backlog = list(packets)
         self.throttled = True
-        self.broker.throttled += 1
-        if self.transport is not None:
-            self.transport.pause_reading()
-        self.broker.loop.call_later(min(max(delay, 0.001), 60.0), self._release_backlog)
+        self.host.counters.throttled += 1
+        self.pause_reading()
+        self.host.call_later(min(max(delay, 0.001), 60.0), self._release_backlog)
 
     def _release_backlog(self) -> None:
         self.throttled = False
@@ -524,8 +588,7 @@ class Connection(asyncio.Protocol):
         if not self._dispatch_all(backlog or []) or self.backlog is not None:
             return
         self._raise_held_error()
-        if self.state != CLOSED and self.transport is not None:
-            self.transport.resume_reading()
+        self.resume_reading()
 
     def peer_host(self) -> str:
         """The client's IP address ("" when the transport does not say)."""
@@ -541,6 +604,3 @@ class Connection(asyncio.Protocol):
             if address:
                 peer = f"{address[0]}:{address[1]}"
         return connection_logger(self.client_id or "-", self.listener.name, peer)
-
-
-from broker_edge.handlers import HANDLERS  # noqa: E402  (handlers import this module's state constants)

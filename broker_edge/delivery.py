@@ -99,9 +99,8 @@ class Message:
         name when ``alias_only`` (the connection has set it before). ``offsets`` (v5) adds the user property
         ``offset`` to a logged message, for sessions that asked for it.
         """
-        expiry = None
-        if self.expires_at is not None and v5:
-            expiry = max(1, self.expiry_left())  # type: ignore[type-var]
+        left = self.expiry_left() if v5 else None
+        expiry = None if left is None else max(1, left)
         offsets = offsets and v5 and self.offset is not None
         if subscription_ids or expiry is not None:
             key: object = (v5, qos, retain, subscription_ids, expiry, alias, alias_only, offsets)

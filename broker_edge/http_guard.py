@@ -21,7 +21,7 @@ from broker_edge.config import ConfigError
 
 __all__ = ["GuardedRunner", "check_http_limits", "read_body", "start_guarded_site"]
 
-_GUARD_KEY = web.AppKey("http_guard", object)
+_GUARD_KEY: web.AppKey[_Guard] = web.AppKey("http_guard")
 _BUSY = 503
 _REFUSAL = json.dumps({"error": "too_many_connections", "message": "too many open connections"}).encode()
 
@@ -56,7 +56,7 @@ class _GuardedProtocol(asyncio.Protocol):
         self.busy = False
         self.timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+    def connection_made(self, transport: Any) -> None:
         self.transport = transport
         self.guard.open[transport] = self
         self.inner.connection_made(transport)
@@ -98,7 +98,7 @@ class _GuardedProtocol(asyncio.Protocol):
 class _Refused(asyncio.Protocol):
     """A connection beyond the cap: one 503 with a JSON error, then closed."""
 
-    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+    def connection_made(self, transport: Any) -> None:
         transport.write(
             f"HTTP/1.1 {_BUSY} Service Unavailable\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(_REFUSAL)}\r\nConnection: close\r\nRetry-After: 1\r\n\r\n".encode()
@@ -110,7 +110,7 @@ class _Refused(asyncio.Protocol):
 @web.middleware
 async def _request_started(request: web.Request, handler: Any) -> web.StreamResponse:
     """The request's headers arrived: stop its connection's timer while it is handled."""
-    guarded = request.app[_GUARD_KEY].open.get(request.transport)  # type: ignore[attr-defined]
+    guarded = request.app[_GUARD_KEY].open.get(request.transport)
     if guarded is None:
         return await handler(request)
     guarded.busy = True
@@ -165,7 +165,7 @@ async def start_guarded_site(
         if len(guard.open) >= guard.max_connections:
             guard.refused += 1
             return _Refused()
-        return _GuardedProtocol(make_handler(), guard)  # type: ignore[misc]
+        return _GuardedProtocol(make_handler(), guard)  # type: ignore[misc]  # aiohttp's handler is a protocol
 
     try:
         server = await asyncio.get_running_loop().create_server(

@@ -96,12 +96,12 @@ class LoginBackoff:
             return True
         if self._in_backoff(self._addresses, address, now):
             return False
-        per_user = username is not None and (username, address) not in self._known
-        if per_user and self._in_backoff(self._users, username, now):  # type: ignore[arg-type]
+        user = username if username is not None and (username, address) not in self._known else None
+        if user is not None and self._in_backoff(self._users, user, now):
             return False
         self._count(self._addresses, address, now)
-        if per_user:
-            self._count(self._users, username, now)  # type: ignore[arg-type]
+        if user is not None:
+            self._count(self._users, user, now)
         return True
 
     def succeeded(self, address: str, username: str) -> None:

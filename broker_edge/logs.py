@@ -125,7 +125,8 @@ class ConnectionLoggerAdapter(logging.LoggerAdapter):
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
         own = kwargs.get("extra")
-        kwargs["extra"] = {**self.extra, **own} if own else dict(self.extra or {})
+        extra = dict(self.extra or {})
+        kwargs["extra"] = {**extra, **own} if own else extra
         return msg, kwargs
 
     def bind(self, **fields: Any) -> ConnectionLoggerAdapter:

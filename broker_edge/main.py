@@ -11,11 +11,16 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from broker_edge.config.broker import BrokerConfig, load_broker_config
 from broker_edge.config.loader import ConfigError
 from broker_edge.logs import configure_logging
 from broker_edge.runtime import tune_garbage_collector
+
+if TYPE_CHECKING:
+    from broker_edge.server import Broker
 
 __all__ = ["run_broker", "serve"]
 
@@ -47,7 +52,7 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
     log.info("broker stopped")
 
 
-def _reload_passwords(broker) -> None:  # type: ignore[no-untyped-def]
+def _reload_passwords(broker: Broker) -> None:
     if broker.passwords is None:
         return
     try:
@@ -66,12 +71,12 @@ def run_broker(config_path: str | None) -> int:
     configure_logging(config.logging)
     try:
         import uvloop
-
-        runner = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency
-        runner = asyncio.run
+        asyncio_run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
+    else:
+        asyncio_run = uvloop.run
     try:
-        runner(serve(config))
+        asyncio_run(serve(config))
     except ConfigError as exc:
         print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -37,7 +37,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from broker_edge.delivery import Message
 from broker_edge.protocol.properties import Properties
@@ -48,8 +48,11 @@ from broker_edge.storage.errors import CorruptRecord, OffsetOutOfRange, StorageE
 if TYPE_CHECKING:
     import asyncio
 
+    from broker_edge.offsets_types import LogInfo
     from broker_edge.router import Router
     from broker_edge.session import Session
+    from broker_edge.storage.record import Record
+    from broker_edge.storage.store import LogStore
 
 __all__ = ["ReplayManager"]
 
@@ -64,7 +67,7 @@ SHARED_MESSAGES = 8192
 class ReplayManager:
     """Cursor bookkeeping and log reads for every session (one per broker, owned by the router)."""
 
-    def __init__(self, router: Router, store: Any, loop: asyncio.AbstractEventLoop | None) -> None:
+    def __init__(self, router: Router, store: LogStore, loop: asyncio.AbstractEventLoop | None) -> None:
         self.router = router
         self.store = store
         self.loop = loop
@@ -79,7 +82,7 @@ class ReplayManager:
         if offset is None:
             return False
         cursors = session.cursors
-        cursor = cursors.get(message.topic)  # type: ignore[union-attr]
+        cursor = cursors.get(message.topic) if cursors else None
         if cursor is None:
             return False
         if offset < cursor:
@@ -135,15 +138,17 @@ class ReplayManager:
             session.cursors = None
         return outside
 
-    def _start_offset(self, info: Any, start: OffsetStart) -> int:
+    def _start_offset(self, info: LogInfo, start: OffsetStart) -> int:
         kind = start.kind
         if kind is OffsetStartKind.EARLIEST:
             return info.start_offset
         if kind is OffsetStartKind.LATEST:
             return info.end_offset
+        value = start.value
+        assert value is not None, "an offset or timestamp start carries its value"
         if kind is OffsetStartKind.TIMESTAMP:
-            return self.store.offset_for_timestamp(info.topic, start.value)
-        return start.value  # type: ignore[return-value]
+            return self.store.offset_for_timestamp(info.topic, value)
+        return value
 
     @staticmethod
     def out_of_range_properties(outside: list[OffsetOutOfRange]) -> Properties:
@@ -244,16 +249,18 @@ class ReplayManager:
 
     def _advance(self, session: Session, topic: str, offset: int) -> None:
         cursors = session.cursors
+        if cursors is None:
+            return
         try:
             end = self.store.log_info(topic).end_offset
         except StorageError:
             end = offset
         if offset >= end:
-            del cursors[topic]  # type: ignore[union-attr]
+            del cursors[topic]
             if not cursors:
                 session.cursors = None
         else:
-            cursors[topic] = offset  # type: ignore[index]
+            cursors[topic] = offset
 
     def pump_soon(self, session: Session) -> None:
         """Pump ``session`` once at the end of this loop iteration, however often it is asked.
@@ -275,7 +282,7 @@ class ReplayManager:
 
         self.loop.call_soon(again)
 
-    def _message(self, topic: str, record: Any) -> Message:
+    def _message(self, topic: str, record: Record) -> Message:
         message = self._messages.get(topic, record.offset)
         if message is not None:
             return message
@@ -314,23 +321,23 @@ class ReplayManager:
     @staticmethod
     def _subscription(session: Session, topic: str) -> tuple[int, bool, bool, tuple[int, ...]] | None:
         """The session's own (non-shared) subscriptions matching ``topic``, merged like the trie does."""
-        found = None
+        matched = False
+        qos, no_local, retain_as_published = 0, True, False
+        subscription_ids: list[int] = []
         for entry in (session.subscriptions or {}).values():
             if entry.group is not None or not topic_matches(entry.topic_filter, topic):
                 continue
             options = entry.options
+            matched = True
+            qos = max(qos, options.qos)
+            no_local = no_local and options.no_local
+            retain_as_published = retain_as_published or options.retain_as_published
             sub_id = options.subscription_id
-            if found is None:
-                found = [options.qos, options.no_local, options.retain_as_published, []]
-            else:
-                found[0] = max(found[0], options.qos)
-                found[1] = found[1] and options.no_local
-                found[2] = found[2] or options.retain_as_published
-            if sub_id is not None and sub_id not in found[3]:
-                found[3].append(sub_id)
-        if found is None:
+            if sub_id is not None and sub_id not in subscription_ids:
+                subscription_ids.append(sub_id)
+        if not matched:
             return None
-        return found[0], found[1], found[2], tuple(found[3])
+        return qos, no_local, retain_as_published, tuple(subscription_ids)
 
     # -- cleanup ------------------------------------------------------------------------------------------
 

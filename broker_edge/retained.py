@@ -73,9 +73,10 @@ class RetainedStore:
     def get(self, topic: str) -> Any:
         node = self._root
         for level in topic.split("/"):
-            node = node.children.get(level) if node.children else None
-            if node is None:
+            child = node.children.get(level) if node.children else None
+            if child is None:
                 return None
+            node = child
         return node.message
 
     def match(self, topic_filter: str) -> list[tuple[str, Any]]:
@@ -111,9 +112,9 @@ class RetainedStore:
                     continue
                 self._walk(child, levels, index + 1, [*path, name], found)
             return
-        child = children.get(level)
-        if child is not None:
-            self._walk(child, levels, index + 1, [*path, level], found)
+        named = children.get(level)
+        if named is not None:
+            self._walk(named, levels, index + 1, [*path, level], found)
 
     def _collect_all(self, children: dict[str, _Node], path: list[str], at_root: bool, found: list) -> None:
         stack = [
@@ -137,9 +138,12 @@ class RetainedStore:
             path.append((node, level))
             node = child
         for parent, level in reversed(path):
-            child = parent.children[level]
+            children = parent.children
+            if children is None:
+                break
+            child = children[level]
             if child.message is not None or child.children:
                 break
-            del parent.children[level]
-            if not parent.children:
+            del children[level]
+            if not children:
                 parent.children = None

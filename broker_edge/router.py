@@ -2,8 +2,8 @@
 
 There is one router per broker and no queue in front of it: a PUBLISH handler calls ``publish`` which
 matches the topic once (cached by the trie) and calls ``Session.deliver`` for every matching session, in the
-same loop iteration. The router never touches sockets or clocks; times come in as numbers (``now``) and the
-broker's periodic sweep calls ``tick``.
+same loop iteration. The router never touches sockets; times come in as numbers (``now``) or from the clock
+it is given (message expiry of wills), and the broker's periodic sweep calls ``tick``.
 
 Logged topics (see ``broker_edge.replay``) are the exception to "deliver at once": a session that is behind
 on a topic's log (a replay, or messages missed while offline) reads that topic from the log until it has
@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from broker_edge.delivery import Message, forwarded_properties
 from broker_edge.retained import RetainedStore
@@ -25,6 +25,7 @@ from broker_edge.subscriptions import SubscriptionOptions, SubscriptionTrie
 if TYPE_CHECKING:
     from broker_edge.limits import LimitsConfig
     from broker_edge.protocol.packets import Will
+    from broker_edge.replay import ReplayManager
 
 __all__ = ["Router", "SessionSubscription"]
 
@@ -42,7 +43,7 @@ class SessionSubscription:
         self.options = options
 
 
-def _is_online(session: Session) -> bool:  # type: ignore[misc]
+def _is_online(session: Session) -> bool:
     return session.connection is not None
 
 
@@ -60,16 +61,19 @@ class Router:
         max_retained: int = 0,
         retain_enabled: bool = True,
         count_drop: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limits = limits
         self.sessions: dict[str, Session] = {}
         self.persistent_count = 0
         """Sessions with a Session Expiry Interval > 0 (kept by ``Session.expiry_interval``)."""
-        self.trie = SubscriptionTrie()
+        self.trie: SubscriptionTrie[Session] = SubscriptionTrie()
         self.retained = RetainedStore(max_retained, is_expired=Message.expired)
         self.retain_enabled = retain_enabled
         self.count_drop: Callable[[str], None] = count_drop or (lambda reason: None)
-        self.replays: Any = None
+        self.clock = clock
+        """Monotonic seconds, for the expiry deadline of wills (the broker's clock)."""
+        self.replays: ReplayManager | None = None
         """``broker_edge.replay.ReplayManager`` when the broker has a commitlog."""
         self._delayed_wills: set[Session] = set()
         self._expiring: set[Session] = set()
@@ -112,7 +116,7 @@ class Router:
                 continue
             member, options = picked
             sub_id = options.subscription_id
-            member.deliver(  # type: ignore[attr-defined]
+            member.deliver(
                 message,
                 options.qos if options.qos < message_qos else message_qos,
                 retain and options.retain_as_published,
@@ -235,7 +239,7 @@ class Router:
 
     def publish_will(self, will: Will, client_id: str) -> None:
         forwarded, expiry = forwarded_properties(will.properties)
-        expires_at = time.monotonic() + expiry if expiry is not None else None
+        expires_at = self.clock() + expiry if expiry is not None else None
         message = Message(
             will.topic, will.payload, will.qos, will.retain, forwarded, client_id, None, expires_at
         )

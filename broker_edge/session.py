@@ -12,21 +12,22 @@ Every container is created on first use: an idle session with one subscription c
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from broker_edge.delivery import Message
 
 if TYPE_CHECKING:
     from broker_edge.connection import Connection
-    from broker_edge.router import Router
+    from broker_edge.protocol.packets import Will
+    from broker_edge.router import Router, SessionSubscription
 
-__all__ = ["NEVER_EXPIRES", "RELEASED", "Session"]
+__all__ = ["NEVER_EXPIRES", "RELEASED", "Released", "Session"]
 
 NEVER_EXPIRES = 0xFFFFFFFF
 """v5 Session Expiry Interval meaning "does not expire"."""
 
 
-class _Released:
+class Released:
     """Marks an outgoing QoS 2 packet id past PUBREC: PUBREL was sent, PUBCOMP is awaited."""
 
     __slots__ = ()
@@ -35,7 +36,7 @@ class _Released:
         return "RELEASED"
 
 
-RELEASED = _Released()
+RELEASED = Released()
 
 # An in-flight or queued delivery: (message, qos, retain flag, subscription identifiers).
 Delivery = tuple[Message, int, bool, tuple[int, ...]]
@@ -76,14 +77,14 @@ class Session:
         self.expiry_interval = expiry_interval
         self.expires_at: float | None = None
         self.username: str | None = None
-        self.subscriptions: dict[str, Any] | None = None
+        self.subscriptions: dict[str, SessionSubscription] | None = None
         """Full filter as subscribed (``$share/...`` included) → ``SessionSubscription``."""
-        self.inflight: dict[int, Delivery | _Released] | None = None
+        self.inflight: dict[int, Delivery | Released] | None = None
         self.queue: deque[Delivery] | None = None
         self.queued_bytes = 0
         self.incoming_qos2: set[int] | None = None
         self._next_packet_id = 1
-        self.will: Any = None
+        self.will: Will | None = None
         """A will waiting for its v5 Will Delay Interval after the connection ended."""
         self.will_at: float | None = None
         self.cursors: dict[str, int] | None = None
@@ -193,8 +194,8 @@ class Session:
         cursors = self.cursors
         if cursors is None:
             cursors = self.cursors = {}
-        if message.topic not in cursors:
-            cursors[message.topic] = message.offset  # type: ignore[assignment]
+        if message.topic not in cursors and message.offset is not None:
+            cursors[message.topic] = message.offset
 
     def drain(self) -> None:
         """Move queued messages into the in-flight window while it has room (after an ack or a resume)."""
@@ -230,24 +231,28 @@ class Session:
     def on_puback(self, packet_id: int) -> bool:
         """QoS 1 delivery complete; False if the id was not a QoS 1 message in flight."""
         inflight = self.inflight
-        entry = inflight.get(packet_id) if inflight else None
-        if entry is None or entry is RELEASED or entry[1] != 1:  # type: ignore[index]
+        if not inflight:
             return False
-        del inflight[packet_id]  # type: ignore[union-attr]
+        entry = inflight.get(packet_id)
+        if entry is None or isinstance(entry, Released) or entry[1] != 1:
+            return False
+        del inflight[packet_id]
         self.drain()
         return True
 
     def on_pubrec(self, packet_id: int, failed: bool) -> bool:
         """QoS 2 step 1: True if PUBREL must be sent (False: unknown id, or an error code ended the flow)."""
         inflight = self.inflight
-        entry = inflight.get(packet_id) if inflight else None
+        if not inflight:
+            return False
+        entry = inflight.get(packet_id)
         if entry is None or entry is RELEASED:
             return entry is RELEASED  # a repeated PUBREC is answered with PUBREL again
         if failed:
-            del inflight[packet_id]  # type: ignore[union-attr]
+            del inflight[packet_id]
             self.drain()
             return False
-        inflight[packet_id] = RELEASED  # type: ignore[index]
+        inflight[packet_id] = RELEASED
         return True
 
     def on_pubcomp(self, packet_id: int) -> bool:
@@ -267,10 +272,10 @@ class Session:
         inflight = self.inflight
         if inflight:
             for packet_id, entry in list(inflight.items()):
-                if entry is RELEASED:
+                if isinstance(entry, Released):
                     conn.send_pubrel(packet_id)
                 else:
-                    message, qos, retain, subscription_ids = entry  # type: ignore[misc]
+                    message, qos, retain, subscription_ids = entry
                     if not conn.send_message(message, qos, retain, subscription_ids, packet_id, dup=True):
                         del inflight[packet_id]
         self.drain()

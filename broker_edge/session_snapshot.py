@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker_edge.protocol.errors import MQTTError
 from broker_edge.protocol.topics import parse_shared, topic_matches
-from broker_edge.session import NEVER_EXPIRES, RELEASED, Session
+from broker_edge.session import NEVER_EXPIRES, Released, Session
 from broker_edge.subscriptions import SubscriptionOptions
 
 if TYPE_CHECKING:
@@ -137,9 +137,9 @@ def _unacknowledged_offsets(session: Session) -> dict[str, int]:
     """Logged topic → first offset not acknowledged: the log cursor, lowered to the oldest logged message
     in flight (sent, no PUBACK/PUBREC yet) or queued, so those are delivered again from the log."""
     offsets = dict(session.cursors or {})
-    held = [entry for entry in (session.inflight or {}).values() if entry is not RELEASED]
+    held = [entry for entry in (session.inflight or {}).values() if not isinstance(entry, Released)]
     held.extend(session.queue or ())
-    for message, *_ in held:  # type: ignore[misc]
+    for message, *_ in held:
         offset = message.offset
         if offset is None or not _reads_log(session, message.topic):
             continue

@@ -16,8 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 __all__ = ["Match", "SharedGroup", "SubscriptionOptions", "SubscriptionTrie"]
+
+S = TypeVar("S", bound=Hashable)
+"""The subscriber type (the router's ``Session``)."""
 
 
 @dataclass(slots=True)
@@ -31,7 +35,7 @@ class SubscriptionOptions:
     subscription_id: int | None = None
 
 
-class SharedGroup:
+class SharedGroup(Generic[S]):
     """The members of one shared subscription (group name + filter); each message goes to one of them.
 
     Members are picked round robin, skipping offline members while any member is online, so a group keeps
@@ -44,22 +48,22 @@ class SharedGroup:
     def __init__(self, name: str, topic_filter: str) -> None:
         self.name = name
         self.filter = topic_filter
-        self.members: dict[Hashable, SubscriptionOptions] = {}
-        self._order: list[Hashable] = []
+        self.members: dict[S, SubscriptionOptions] = {}
+        self._order: list[S] = []
         self._cursor = 0
 
-    def add(self, member: Hashable, options: SubscriptionOptions) -> None:
+    def add(self, member: S, options: SubscriptionOptions) -> None:
         if member not in self.members:
             self._order.append(member)
         self.members[member] = options
 
-    def remove(self, member: Hashable) -> bool:
+    def remove(self, member: S) -> bool:
         if self.members.pop(member, None) is None:
             return False
         self._order.remove(member)
         return True
 
-    def pick(self, is_online: Callable[[Hashable], bool]) -> tuple[Hashable, SubscriptionOptions] | None:
+    def pick(self, is_online: Callable[[S], bool]) -> tuple[S, SubscriptionOptions] | None:
         """The next member in round-robin order, preferring online members; None if the group is empty."""
         order = self._order
         count = len(order)
@@ -76,7 +80,7 @@ class SharedGroup:
         return member, self.members[member]
 
 
-class Match:
+class Match(Generic[S]):
     """A topic's subscribers, merged per session; the cached unit of the trie.
 
     ``subscribers`` holds ``(session, qos, no_local, retain_as_published, subscription_ids)`` tuples:
@@ -89,8 +93,8 @@ class Match:
 
     def __init__(
         self,
-        subscribers: list[tuple[Hashable, int, bool, bool, tuple[int, ...]]],
-        groups: list[SharedGroup],
+        subscribers: list[tuple[S, int, bool, bool, tuple[int, ...]]],
+        groups: list[SharedGroup[S]],
     ) -> None:
         self.subscribers = subscribers
         self.groups = groups
@@ -99,22 +103,22 @@ class Match:
         return len(self.subscribers) + len(self.groups)
 
 
-_EMPTY_MATCH = Match([], [])
+_EMPTY_MATCH: Match[Any] = Match([], [])
 
 
-class _Node:
+class _Node(Generic[S]):
     __slots__ = ("children", "shared", "subscribers")
 
     def __init__(self) -> None:
-        self.children: dict[str, _Node] | None = None
-        self.subscribers: dict[Hashable, SubscriptionOptions] | None = None
-        self.shared: dict[str, SharedGroup] | None = None
+        self.children: dict[str, _Node[S]] | None = None
+        self.subscribers: dict[S, SubscriptionOptions] | None = None
+        self.shared: dict[str, SharedGroup[S]] | None = None
 
     def is_empty(self) -> bool:
         return not self.children and not self.subscribers and not self.shared
 
 
-class SubscriptionTrie:
+class SubscriptionTrie(Generic[S]):
     """Topic filters → subscribers, with a per-topic match cache.
 
     ``cache_size`` bounds the cache (entries); when it is full the cache is emptied rather than evicting
@@ -124,8 +128,8 @@ class SubscriptionTrie:
     __slots__ = ("_cache", "_cache_size", "_root", "count")
 
     def __init__(self, cache_size: int = 65_536) -> None:
-        self._root = _Node()
-        self._cache: dict[str, Match] = {}
+        self._root: _Node[S] = _Node()
+        self._cache: dict[str, Match[S]] = {}
         self._cache_size = cache_size
         self.count = 0
         """Subscriptions held (shared memberships included)."""
@@ -135,7 +139,7 @@ class SubscriptionTrie:
     def add(
         self,
         topic_filter: str,
-        subscriber: Hashable,
+        subscriber: S,
         options: SubscriptionOptions,
         share_group: str | None = None,
     ) -> bool:
@@ -167,9 +171,9 @@ class SubscriptionTrie:
             self.count += 1
         return new
 
-    def remove(self, topic_filter: str, subscriber: Hashable, share_group: str | None = None) -> bool:
+    def remove(self, topic_filter: str, subscriber: S, share_group: str | None = None) -> bool:
         """Remove a subscription; False if there was none. Empty branches are pruned."""
-        path: list[tuple[_Node, str]] = []
+        path: list[tuple[_Node[S], str]] = []
         node = self._root
         for level in topic_filter.split("/"):
             child = node.children.get(level) if node.children else None
@@ -183,33 +187,36 @@ class SubscriptionTrie:
             if not node.subscribers:
                 node.subscribers = None
         else:
-            group = node.shared.get(share_group) if node.shared else None
-            if group is None or not group.remove(subscriber):
+            shared = node.shared
+            group = shared.get(share_group) if shared else None
+            if shared is None or group is None or not group.remove(subscriber):
                 return False
             if not group.members:
-                del node.shared[share_group]
-                if not node.shared:
+                del shared[share_group]
+                if not shared:
                     node.shared = None
         self.count -= 1
         self._cache.clear()
         for parent, level in reversed(path):
             if not node.is_empty():
                 break
-            del parent.children[level]
-            if not parent.children:
+            children = parent.children
+            if children is not None:
+                del children[level]
+            if not children:
                 parent.children = None
             node = parent
         return True
 
     # -- lookups ------------------------------------------------------------------------------------------
 
-    def match(self, topic: str) -> Match:
+    def match(self, topic: str) -> Match[S]:
         """Every subscriber of ``topic`` (a topic name, no wildcards), merged per session; cached."""
         cached = self._cache.get(topic)
         if cached is not None:
             return cached
-        merged: dict[Hashable, list] = {}
-        groups: list[SharedGroup] = []
+        merged: dict[S, list] = {}
+        groups: list[SharedGroup[S]] = []
         levels = topic.split("/")
         self._collect(self._root, levels, 0, topic.startswith("$"), merged, groups)
         if merged or groups:
@@ -225,12 +232,12 @@ class SubscriptionTrie:
 
     def _collect(
         self,
-        node: _Node,
+        node: _Node[S],
         levels: list[str],
         index: int,
         dollar: bool,
-        merged: dict[Hashable, list],
-        groups: list[SharedGroup],
+        merged: dict[S, list],
+        groups: list[SharedGroup[S]],
     ) -> None:
         children = node.children
         if index == len(levels):
@@ -254,9 +261,9 @@ class SubscriptionTrie:
         if exact is not None:
             self._collect(exact, levels, index + 1, dollar, merged, groups)
 
-    def subscriptions(self) -> Iterator[tuple[str, Hashable, SubscriptionOptions, str | None]]:
+    def subscriptions(self) -> Iterator[tuple[str, S, SubscriptionOptions, str | None]]:
         """Every ``(filter, subscriber, options, share_group)``; for diagnostics and tests."""
-        stack: list[tuple[_Node, list[str]]] = [(self._root, [])]
+        stack: list[tuple[_Node[S], list[str]]] = [(self._root, [])]
         while stack:
             node, path = stack.pop()
             if path:
@@ -273,7 +280,7 @@ class SubscriptionTrie:
         return len(self._cache)
 
 
-def _merge(node: _Node, merged: dict[Hashable, list], groups: list[SharedGroup]) -> None:
+def _merge(node: _Node[S], merged: dict[S, list], groups: list[SharedGroup[S]]) -> None:
     subscribers = node.subscribers
     if subscribers:
         for subscriber, options in subscribers.items():

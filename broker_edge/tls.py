@@ -91,7 +91,7 @@ def peer_common_name(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str | 
     if not certificate:
         return None
     for rdn in certificate.get("subject", ()):
-        for key, value in rdn:
-            if key == "commonName":
-                return value
+        for attribute in rdn:  # (name, value) pairs
+            if attribute[0] == "commonName":
+                return str(attribute[1])
     return None

@@ -201,17 +201,17 @@ class DeltaNativeTableStore(TableStore):
             TXN_VERSION_CONF: str(batch_id),
             USER_METADATA_CONF: commit_marker(app_id, batch_id),
         }
-        previous = {key: session.conf.get(key, None) for key in confs}
+        previous: dict[str, str | None] = {key: session.conf.get(key, None) for key in confs}
         try:
             for key, value in confs.items():
                 session.conf.set(key, value)
             self._with_retries(run)
         finally:
-            for key, value in previous.items():
-                if value is None:
+            for key, earlier in previous.items():
+                if earlier is None:
                     session.conf.unset(key)
                 else:
-                    session.conf.set(key, value)
+                    session.conf.set(key, earlier)
         return self._committed_since(name, before, app_id, batch_id)
 
     def _frame(self, name: str, data: TableData) -> DataFrame:
@@ -269,7 +269,11 @@ class DeltaNativeTableStore(TableStore):
         return self.spark.read.format("delta").load(self.location(name))
 
     def read(self, name: str) -> DataFrame:
-        return self._load(name).select(*[f"`{c}`" for c in self.spec(name).column_names])
+        """The snapshot as of this call, pinned to its version (a plain Delta read would re-resolve the
+        latest one whenever it runs, unlike the delta-rs store's fixed file list)."""
+        version = self.version(name)
+        pinned = self.spark.sql(f"SELECT * FROM {self._identifier(name)} VERSION AS OF {version}")
+        return pinned.select(*[f"`{c}`" for c in self.spec(name).column_names])
 
     def read_arrow(self, name: str) -> pa.Table:
         from sinks.arrow_conform import conform

@@ -87,7 +87,7 @@ def exactly_once(
 
     ``persist`` caches the batch while ``write`` runs: several tables derived from one batch would otherwise
     re-read the source once per table. A ``write`` reading the batch once (one table) should pass
-    ``persist=False``: building the cache then only costs time (about a quarter of a bronze-only batch).
+    ``persist=False``: building the cache then only costs time (a sizeable share of a bronze-only batch).
     """
 
     def run(batch: DataFrame, batch_id: int) -> None:

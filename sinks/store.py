@@ -103,7 +103,11 @@ class TableStore(ABC):
 
     @abstractmethod
     def read(self, name: str) -> DataFrame:
-        """The current snapshot as a Spark DataFrame with the declared schema (empty table: no rows)."""
+        """The current snapshot as a Spark DataFrame with the declared schema (empty table: no rows).
+
+        The snapshot is the one current when ``read`` is called: commits made after it, even before the
+        DataFrame runs, are not in it (pipelines rely on this to read a table "as it was before" a write).
+        """
 
     @abstractmethod
     def read_arrow(self, name: str) -> pa.Table:
@@ -168,8 +172,8 @@ def delta_format_resolves(spark: SparkSession) -> bool:
 def data_source_resolves(spark: SparkSession, name: str) -> bool:
     """Whether ``format(name)`` would find a data source class, asked of the JVM without reading anything."""
     try:
-        jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-        conf = spark._jsparkSession.sessionState().conf()  # type: ignore[attr-defined]
+        jvm: Any = spark.sparkContext._jvm  # py4j's gateway: typed as optional, present on a live session
+        conf = spark._jsparkSession.sessionState().conf()
         jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(name, conf)
     except Exception:
         return False

@@ -237,15 +237,12 @@ def parse_fields(
     for name, type_ in fields.items():
         if not _COLUMN_NAME.match(name):
             raise ValueError(f"{where}.{name}: not a valid column name")
-        if isinstance(type_, DataType):
-            data_type = type_
-        else:
-            data_type = _SIMPLE_TYPES.get(str(type_).strip().lower())
-            if data_type is None:
-                raise ValueError(
-                    f"{where}.{name}: unknown type {type_!r}; expected one of {sorted(_SIMPLE_TYPES)}"
-                    " or a pyspark DataType"
-                )
+        data_type = type_ if isinstance(type_, DataType) else _SIMPLE_TYPES.get(str(type_).strip().lower())
+        if data_type is None:
+            raise ValueError(
+                f"{where}.{name}: unknown type {type_!r}; expected one of {sorted(_SIMPLE_TYPES)}"
+                " or a pyspark DataType"
+            )
         parsed.append(StructField(name, data_type, True))
     return parsed
 

@@ -142,7 +142,7 @@ class DeltaCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         step = max(1, self.versions_per_partition)
         return [VersionRange(self.path, v, min(v + step, stop) - 1) for v in range(first, stop, step)]
 
-    def read(self, partition: VersionRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+    def read(self, partition: VersionRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]  # Spark passes back a partition made above
         arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
         changes = read_changes(partition.path, partition.first, partition.last, arrow_schema)
         yield from changes.to_batches()

@@ -169,8 +169,8 @@ def starting_offsets(
                 )
         result[broker] = topics
     if spec.kind is StartKind.SPECIFIC:
-        for broker, topics in (spec.specific or {}).items():
-            for topic, offset in topics.items():
+        for broker, named in (spec.specific or {}).items():
+            for topic, offset in named.items():
                 if offset >= 0:
                     result.setdefault(broker, {}).setdefault(topic, offset)
     return canonical({broker: topics for broker, topics in result.items() if topics})

@@ -9,20 +9,19 @@ option keys (``authToken.<broker id>``) are matched case-insensitively for the s
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from enum import Enum
-from urllib.parse import urlsplit
 
+from broker_edge.config.endpoints import BrokerEndpoint, parse_endpoints
+from broker_edge.config.loader import ConfigError
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import SHARE_PREFIX, validate_topic_filter
 
 __all__ = [
     "EARLIEST",
     "LATEST",
-    "BrokerEndpoint",
     "SourceOptionError",
     "SourceOptions",
     "StartKind",
@@ -41,7 +40,6 @@ MAX_BYTES_PER_FETCH = 64 * 1024 * 1024  # what the offsets API accepts (its ApiL
 DEFAULT_MAX_RECORDS_PER_PARTITION = 200_000
 
 _AUTH_TOKEN_PREFIX = "authtoken."
-_BROKER_NAME = re.compile(r"^([A-Za-z0-9_.\-]+)=(.+)$")
 
 # Canonical spelling of every option, keyed by its lower-cased form.
 _KNOWN = {
@@ -71,15 +69,6 @@ class SourceOptionError(ValueError):
     def __init__(self, option: str, message: str) -> None:
         super().__init__(f"timestone source option '{option}': {message}")
         self.option = option
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerEndpoint:
-    """One broker's offsets API. ``broker_id`` is the stable key of this broker in checkpointed offsets."""
-
-    broker_id: str
-    url: str
-    auth_token: str | None = field(default=None, repr=False)
 
 
 class StartKind(Enum):
@@ -122,7 +111,7 @@ class SourceOptions:
     def broker(self, broker_id: str) -> BrokerEndpoint:
         """The endpoint of ``broker_id`` (KeyError if it is not one of the ``brokers`` option)."""
         for endpoint in self.brokers:
-            if endpoint.broker_id == broker_id:
+            if endpoint.name == broker_id:
                 return endpoint
         raise KeyError(broker_id)
 
@@ -141,7 +130,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
 
     default_token = _optional_text(lowered, "authToken")
     brokers = _apply_broker_tokens(lowered, _parse_brokers(_required(lowered, "brokers"), default_token))
-    broker_ids = [endpoint.broker_id for endpoint in brokers]
+    broker_ids = [endpoint.name for endpoint in brokers]
 
     return SourceOptions(
         brokers=brokers,
@@ -214,34 +203,17 @@ def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 def _parse_brokers(raw: str, default_token: str | None) -> tuple[BrokerEndpoint, ...]:
-    endpoints: list[BrokerEndpoint] = []
-    for item in (part.strip() for part in raw.split(",")):
-        if not item:
-            raise SourceOptionError("brokers", f"empty entry in {raw!r}")
-        named = _BROKER_NAME.match(item)
-        if named and "://" in named.group(2) and "://" not in named.group(1):
-            broker_id, url = named.group(1), named.group(2).strip()
-        else:
-            broker_id, url = None, item
-        url = url.rstrip("/")
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise SourceOptionError(
-                "brokers",
-                f"expected an http(s) base URL or name=url, got {item!r} (e.g. edge1=http://host:8081)",
-            )
-        endpoints.append(BrokerEndpoint(broker_id or url, url, default_token))
-    ids = [endpoint.broker_id for endpoint in endpoints]
-    duplicates = sorted({broker_id for broker_id in ids if ids.count(broker_id) > 1})
-    if duplicates:
-        raise SourceOptionError("brokers", f"broker ids must be unique, repeated: {', '.join(duplicates)}")
-    return tuple(endpoints)
+    try:
+        endpoints = parse_endpoints(raw)
+    except ConfigError as exc:
+        raise SourceOptionError("brokers", exc.detail) from None
+    return tuple(replace(endpoint, token=default_token) for endpoint in endpoints)
 
 
 def _apply_broker_tokens(
     options: Mapping[str, str], brokers: tuple[BrokerEndpoint, ...]
 ) -> tuple[BrokerEndpoint, ...]:
-    by_lowered_id = {endpoint.broker_id.lower(): endpoint for endpoint in brokers}
+    by_lowered_id = {endpoint.name.lower(): endpoint for endpoint in brokers}
     tokens: dict[str, str] = {}
     for key, value in options.items():
         if not key.startswith(_AUTH_TOKEN_PREFIX):
@@ -252,11 +224,8 @@ def _apply_broker_tokens(
                 f"authToken.{broker_key}",
                 f"names no broker of the 'brokers' option ({', '.join(by_lowered_id)})",
             )
-        tokens[by_lowered_id[broker_key].broker_id] = value
-    return tuple(
-        BrokerEndpoint(endpoint.broker_id, endpoint.url, tokens.get(endpoint.broker_id, endpoint.auth_token))
-        for endpoint in brokers
-    )
+        tokens[by_lowered_id[broker_key].name] = value
+    return tuple(replace(endpoint, token=tokens.get(endpoint.name, endpoint.token)) for endpoint in brokers)
 
 
 def _parse_topics(raw: str) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TypeVar
 
 import numpy as np
@@ -137,8 +138,8 @@ def read_slices(fetch: FetchSettings, slices: Sequence[Slice]) -> Iterator[pa.Re
             wanted = {topic: progress.offset for topic, progress in pending.items()}
             rest = {t: min(MAX_RECORDS_PER_REQUEST, p.piece.end - p.offset) for t, p in pending.items()}
             answer: BatchFetch = fetch.call(
-                lambda wanted=wanted, rest=rest: client.fetch_many(
-                    wanted, max(rest.values()), fetch.max_bytes, 0, topic_max_records=rest
+                partial(
+                    client.fetch_many, wanted, max(rest.values()), fetch.max_bytes, 0, topic_max_records=rest
                 )
             )
             keep: list[tuple[int, int]] = []  # row ranges of the answer's table inside their slices

@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -122,10 +123,10 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._fetch = {
-            endpoint.broker_id: FetchSettings(
-                endpoint.broker_id,
-                endpoint.url,
-                endpoint.auth_token,
+            endpoint.name: FetchSettings(
+                endpoint.name,
+                endpoint.offsets_api,
+                endpoint.token,
                 options.fetch_timeout_ms,
                 options.fetch_retries,
                 options.retry_backoff_ms,
@@ -283,7 +284,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         logs: dict[str, LogExtent] = {}
         try:
             for pattern in self.options.topics:
-                for info in fetch.call(lambda pattern=pattern: client.list_logs(pattern)):
+                for info in fetch.call(partial(client.list_logs, pattern)):
                     logs[info.topic] = LogExtent(info.start_offset, info.end_offset)
         finally:
             if client is not self._clients.get(broker):

@@ -26,7 +26,9 @@ class FleetHarness(BackgroundFleet):
 
     async def on_start(self) -> None:
         host, port = self.broker
-        self._listener = await MqttClient.connect(host, port, "report-listener", on_message=self._on_report)
+        self._listener = await MqttClient.connect(
+            host, port, f"report-listener-{id(self):x}", on_message=self._on_report
+        )
         await self._listener.subscribe("devices/+/actions", 1)
 
     async def on_stop(self) -> None:

@@ -52,9 +52,10 @@ def marked_tests() -> tuple[set[str], dict[tuple[str, str], set[str]]]:
             tests.add(name)
             for decorator in node.decorator_list:
                 marker = _marker_name(decorator)
-                if marker in VERSIONS:
-                    for argument in decorator.args:  # type: ignore[attr-defined]
-                        marked.setdefault((marker, argument.value), set()).add(name)
+                if marker in VERSIONS and isinstance(decorator, ast.Call):
+                    for argument in decorator.args:
+                        if isinstance(argument, ast.Constant):
+                            marked.setdefault((marker, argument.value), set()).add(name)
     return tests, marked
 
 

@@ -49,12 +49,12 @@ class MqttClient(asyncio.Protocol):
         self._closing = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
+        self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.transport.set_write_buffer_limits(high=256 * 1024)  # type: ignore[union-attr]
-        self.transport.write(self.connect_frame)  # type: ignore[union-attr]
+        self.transport.set_write_buffer_limits(high=256 * 1024)
+        self.transport.write(self.connect_frame)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -105,7 +105,7 @@ class Subscriber(MqttClient):
         before = scanner.publishes
         acks = scanner.feed(data)
         if acks:
-            self.transport.write(acks)  # type: ignore[union-attr]
+            self.transport.write(acks)
         got = scanner.publishes - before
         if got:
             self.received += got
@@ -121,7 +121,7 @@ class Subscriber(MqttClient):
         if not self.scanner.counts[9]:
             if not self._subscribe_sent:
                 self._subscribe_sent = True
-                self.transport.write(self.subscribe_frame)  # type: ignore[union-attr]
+                self.transport.write(self.subscribe_frame)
             return
         self._subscribed = True
         code = self.scanner.suback_codes[-1]
@@ -252,7 +252,7 @@ class Publisher(MqttClient):
         if n <= 0:
             self._retry_later()
             return
-        self.transport.write(self.blob[: n * self.frame_len])  # type: ignore[union-attr]
+        self.transport.write(self.blob[: n * self.frame_len])
         self.sent += n
         self.group.sent += n
         self._loop.call_soon(self._pump)

@@ -45,7 +45,8 @@ def load_yaml_file(path: str | Path) -> dict[str, Any]:
 
 def load_dataclass(cls: type[T], data: Any, path: str = "") -> T:
     """Build ``cls`` (a dataclass) from ``data``, validating every field recursively."""
-    return _convert(cls, data, path)  # type: ignore[return-value]
+    result: T = _convert(cls, data, path)
+    return result
 
 
 def _describe(value: Any) -> str:
@@ -95,7 +96,7 @@ def _convert(annotation: Any, value: Any, path: str) -> Any:
             _convert(key_type, k, path): _convert(value_type, v, _join(path, str(k)))
             for k, v in value.items()
         }
-    if dataclasses.is_dataclass(annotation):
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
         return _convert_dataclass(annotation, value, path)
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         try:

@@ -1,12 +1,19 @@
 """One handler module per packet type (Mosquitto style): what happens on SUBSCRIBE is in ``subscribe.py``.
 
-Each handler is a plain function ``handle_x(conn, packet)`` called synchronously by ``Connection`` for every
-decoded packet; ``HANDLERS`` maps packet classes to them.
+Handlers are plain functions called synchronously by ``Connection`` for every decoded packet. Before CONNACK
+only ``handle_connect(ctx, conn, packet)`` runs (the decoder lets nothing else in first); once connected
+every packet goes to ``CONNECTED_HANDLERS[type(packet)](ctx, conn, session, packet)``, where ``session`` is
+the connection's session. ``ctx`` is the broker as a ``context.BrokerContext``; effects (write, close,
+refuse, pause reading) are asked of ``conn``. Nothing here imports ``connection`` at run time.
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from broker_edge.protocol.packets import (
     Auth,
-    Connect,
     Disconnect,
     PingReq,
     PubAck,
@@ -27,8 +34,15 @@ from .publish import handle_publish
 from .subscribe import handle_subscribe
 from .unsubscribe import handle_unsubscribe
 
-HANDLERS = {
-    Connect: handle_connect,
+if TYPE_CHECKING:
+    from broker_edge.connection import Connection
+    from broker_edge.context import BrokerContext
+    from broker_edge.session import Session
+
+ConnectedHandler = Callable[["BrokerContext", "Connection", "Session", Any], None]
+"""A connected handler; its packet parameter is its own packet class (the table is keyed by it)."""
+
+CONNECTED_HANDLERS: dict[type, ConnectedHandler] = {
     Publish: handle_publish,
     PubAck: handle_puback,
     PubRec: handle_pubrec,
@@ -40,6 +54,6 @@ HANDLERS = {
     Disconnect: handle_disconnect,
     Auth: handle_auth,
 }
-"""Packet class → handler."""
+"""Packet class → handler, for a connected client."""
 
-__all__ = ["HANDLERS"]
+__all__ = ["CONNECTED_HANDLERS", "ConnectedHandler", "handle_connect"]

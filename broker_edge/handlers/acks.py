@@ -16,31 +16,32 @@ from broker_edge.protocol.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
     from broker_edge.connection import Connection
+    from broker_edge.context import BrokerContext
+    from broker_edge.session import Session
 
 __all__ = ["handle_puback", "handle_pubcomp", "handle_pubrec", "handle_pubrel"]
 
 _NOT_FOUND = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
 
 
-def handle_puback(conn: Connection, packet: PubAck) -> None:
-    conn.session.on_puback(packet.packet_id)  # type: ignore[union-attr]
+def handle_puback(ctx: BrokerContext, conn: Connection, session: Session, packet: PubAck) -> None:
+    session.on_puback(packet.packet_id)
 
 
-def handle_pubrec(conn: Connection, packet: PubRec) -> None:
-    session = conn.session
+def handle_pubrec(ctx: BrokerContext, conn: Connection, session: Session, packet: PubRec) -> None:
     failed = packet.reason_code >= 0x80
-    if session.on_pubrec(packet.packet_id, failed):  # type: ignore[union-attr]
+    if session.on_pubrec(packet.packet_id, failed):
         conn.send_pubrel(packet.packet_id)
-    elif not failed and packet.packet_id not in (session.inflight or ()):  # type: ignore[union-attr]
+    elif not failed and packet.packet_id not in (session.inflight or ()):
         conn.send_pubrel(packet.packet_id, _NOT_FOUND if conn.v5 else 0)
 
 
-def handle_pubrel(conn: Connection, packet: PubRel) -> None:
-    held = conn.session.incoming_qos2  # type: ignore[union-attr]
+def handle_pubrel(ctx: BrokerContext, conn: Connection, session: Session, packet: PubRel) -> None:
+    held = session.incoming_qos2
     if held is not None and packet.packet_id in held:
         held.discard(packet.packet_id)
         if not held:
-            conn.session.incoming_qos2 = None  # type: ignore[union-attr]
+            session.incoming_qos2 = None
         if conn.incoming_pending > 0:
             conn.incoming_pending -= 1
         conn.send_pubcomp(packet.packet_id)
@@ -48,5 +49,5 @@ def handle_pubrel(conn: Connection, packet: PubRel) -> None:
         conn.send_pubcomp(packet.packet_id, _NOT_FOUND)
 
 
-def handle_pubcomp(conn: Connection, packet: PubComp) -> None:
-    conn.session.on_pubcomp(packet.packet_id)  # type: ignore[union-attr]
+def handle_pubcomp(ctx: BrokerContext, conn: Connection, session: Session, packet: PubComp) -> None:
+    session.on_pubcomp(packet.packet_id)

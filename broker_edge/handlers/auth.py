@@ -13,9 +13,11 @@ from broker_edge.protocol.packets import Auth
 
 if TYPE_CHECKING:
     from broker_edge.connection import Connection
+    from broker_edge.context import BrokerContext
+    from broker_edge.session import Session
 
 __all__ = ["handle_auth"]
 
 
-def handle_auth(conn: Connection, packet: Auth) -> None:
+def handle_auth(ctx: BrokerContext, conn: Connection, session: Session, packet: Auth) -> None:
     conn.protocol_error(ProtocolError("AUTH without an authentication method in CONNECT"))

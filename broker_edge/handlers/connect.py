@@ -5,29 +5,29 @@ an anonymous client): a CONNECT of another identity with the same client id is r
 authorized" (v5 0x87, v3 0x05) and the session and its connection are left alone. A resumed session keeps
 only the subscriptions the ACL still allows (see docs/security.md).
 
-Password checks may take a hash (tens of milliseconds), so they run off the loop
-(``PasswordFile.verify_async``) while the connection reads nothing further (packets that already arrived
-wait in ``backlog``). Everything else is synchronous. CONNACK is written before the session's in-flight
-messages are resent, as the spec orders.
+Password checks hash on purpose, so they run off the loop (``BrokerContext.verify_password``) while the
+connection reads nothing further (packets that already arrived wait in its ``backlog``). Everything else
+is synchronous. CONNACK is written before the session's in-flight messages are resent, as the spec orders.
+Every refusal goes through ``Connection.refuse`` with its codes from ``_REFUSALS``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 from typing import TYPE_CHECKING
 
-from broker_edge.connection import AUTHENTICATING, CLOSED, CONNECTED, NEW, NO_LIMIT
 from broker_edge.delivery import wants_log_offsets
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
+from broker_edge.states import AUTHENTICATING, CLOSED, CONNECTED, NEW, NO_LIMIT
 
 if TYPE_CHECKING:
+    from broker_edge.acl import AccessControl
     from broker_edge.connection import Connection
-    from broker_edge.server import Broker
+    from broker_edge.context import BrokerContext
     from broker_edge.session import Session
 
 __all__ = ["handle_connect"]
@@ -38,9 +38,8 @@ _RC = ReasonCode
 _V3 = ConnectReturnCode
 
 
-def handle_connect(conn: Connection, packet: Connect) -> None:
-    broker = conn.broker
-    limits = broker.config.limits
+def handle_connect(ctx: BrokerContext, conn: Connection, packet: Connect) -> None:
+    limits = ctx.config.limits
     conn.version = packet.protocol_version
     conn.v5 = v5 = packet.protocol_version == MQTT_5
     props = packet.properties
@@ -67,54 +66,55 @@ def handle_connect(conn: Connection, packet: Connect) -> None:
     username = packet.username
     if username is None and conn.peer_cn is not None:
         username = conn.peer_cn  # authenticated by its client certificate
-        _accept(conn, packet, client_id, assigned, username)
+        _accept(ctx, conn, packet, client_id, assigned, username)
         return
     if username is None:
         if not conn.listener.allow_anonymous:
             _refuse(conn, "anonymous")
             return
-        _accept(conn, packet, client_id, assigned, None)
+        _accept(ctx, conn, packet, client_id, assigned, None)
         return
-    passwords = broker.passwords
+    passwords = ctx.passwords
     if passwords is None:
         if conn.listener.allow_anonymous:  # no password file: a username is only a label
-            _accept(conn, packet, client_id, assigned, username)
+            _accept(ctx, conn, packet, client_id, assigned, username)
         else:
             _refuse(conn, "bad_credentials")
         return
     charged = not passwords.remembered(username, packet.password)  # a password verified before costs nothing
-    if charged and not broker.login_backoff.admit(
-        conn.peer_host(), username if username in passwords else None, broker.loop.time()
+    if charged and not ctx.login_backoff.admit(
+        conn.peer_host(), username if username in passwords else None, ctx.now()
     ):
         _refuse(conn, "login_backoff")  # no hash spent on a guesser
         return
     conn.state = AUTHENTICATING
-    conn.transport.pause_reading()
-    task = broker.loop.create_task(passwords.verify_async(username, packet.password))
-    task.add_done_callback(
-        lambda done: _after_password(conn, packet, client_id, assigned, username, charged, done)
-    )
+    conn.pause_reading()
+
+    def checked(ok: bool) -> None:
+        _after_password(ctx, conn, packet, client_id, assigned, username, charged, ok)
+
+    ctx.verify_password(username, packet.password, checked)
 
 
 def _after_password(
+    ctx: BrokerContext,
     conn: Connection,
     packet: Connect,
     client_id: str,
     assigned: bool,
     username: str,
     charged: bool,
-    done: asyncio.Task,
+    ok: bool,
 ) -> None:
     if conn.state == CLOSED:
         return
     conn.state = NEW
-    ok = not done.cancelled() and done.exception() is None and done.result()
     if not ok:
         _refuse(conn, "bad_credentials")
         return
     if charged:
-        conn.broker.login_backoff.succeeded(conn.peer_host(), username)
-    _accept(conn, packet, client_id, assigned, username)
+        ctx.login_backoff.succeeded(conn.peer_host(), username)
+    _accept(ctx, conn, packet, client_id, assigned, username)
     if conn.state != CLOSED:
         conn.handle_backlog()  # what arrived meanwhile, then reading resumes
 
@@ -178,43 +178,37 @@ def _fit_connack(ack: Properties, max_packet_out: int) -> bool:
     return len(encode(ConnAck(True, 0, ack), MQTT_5)) <= max_packet_out
 
 
-def _drop_denied_subscriptions(broker: Broker, session: Session) -> None:
+def _drop_denied_subscriptions(ctx: BrokerContext, acl: AccessControl, session: Session) -> None:
     """A resumed session keeps only the subscriptions the ACL allows its identity now (rules change)."""
-    acl = broker.acl
     for key, entry in list((session.subscriptions or {}).items()):
-        if not acl.can_subscribe(session.client_id, session.username, entry.topic_filter):  # type: ignore[union-attr]
-            broker.router.unsubscribe(session, key)
-            broker.count_drop("subscribe_denied")
+        if not acl.can_subscribe(session.client_id, session.username, entry.topic_filter):
+            ctx.router.unsubscribe(session, key)
+            ctx.counters.drop("subscribe_denied")
 
 
 def _refuse(conn: Connection, reason: str) -> None:
     """CONNACK with the refusal's code (v5: and its reason string, if the client accepts that size), close."""
     v5_code, v3_code, text = _REFUSALS[reason]
-    conn.broker.count_refused(reason)
     conn.log().info("connection refused: %s", reason)
-    frame = encode(ConnAck(False, v3_code), conn.version)
-    if conn.v5:
-        frame = encode(ConnAck(False, v5_code, Properties(reason_string=text)), MQTT_5)
-        if len(frame) > conn.max_packet_out:  # [MQTT-3.2.2-19]: no reason string that does not fit
-            frame = encode(ConnAck(False, v5_code), MQTT_5)
-    if len(frame) <= conn.max_packet_out:  # a client accepting less than a bare CONNACK just sees the close
-        conn.write(frame)
-    conn.flush()
-    conn.state = CLOSED
-    if conn.transport is not None:
-        conn.transport.close()
+    conn.refuse(reason, v5_code if conn.v5 else v3_code, text)
 
 
-def _accept(conn: Connection, packet: Connect, client_id: str, assigned: bool, username: str | None) -> None:
-    broker = conn.broker
-    config = broker.config
+def _accept(
+    ctx: BrokerContext,
+    conn: Connection,
+    packet: Connect,
+    client_id: str,
+    assigned: bool,
+    username: str | None,
+) -> None:
+    config = ctx.config
     limits = config.limits
     v5 = conn.v5
     props = packet.properties
     will = packet.will
     if will is not None:
         if will.topic.startswith("$") or (
-            broker.acl is not None and not broker.acl.can_publish(client_id, username, will.topic)
+            ctx.acl is not None and not ctx.acl.can_publish(client_id, username, will.topic)
         ):
             _refuse(conn, "not_authorized")  # clients never publish to $ topics, not even by will
             return
@@ -231,7 +225,8 @@ def _accept(conn: Connection, packet: Connect, client_id: str, assigned: bool, u
     else:
         requested = expiry = 0 if packet.clean_start else max_expiry
 
-    router = broker.router
+    router = ctx.router
+    now = ctx.now()
     existing = router.sessions.get(client_id)
     if existing is not None and existing.username != username:
         _refuse(conn, "session_owner")  # neither taken over nor discarded: it is someone else's
@@ -243,13 +238,14 @@ def _accept(conn: Connection, packet: Connect, client_id: str, assigned: bool, u
         return
 
     keepalive = packet.keep_alive
-    ack = Properties() if v5 else None
+    ack: Properties | None = None
     if v5:
+        ack = Properties()
         if keepalive == 0 or keepalive > limits.max_keepalive_s:
             keepalive = limits.max_keepalive_s
-            ack.server_keep_alive = keepalive  # type: ignore[union-attr]
+            ack.server_keep_alive = keepalive
         if expiry != requested:
-            ack.session_expiry_interval = expiry  # type: ignore[union-attr]
+            ack.session_expiry_interval = expiry
         if props is not None:
             conn.problem_information = props.request_problem_information != 0
             if props.receive_maximum is not None:
@@ -258,21 +254,20 @@ def _accept(conn: Connection, packet: Connect, client_id: str, assigned: bool, u
             if aliases_out:
                 conn.alias_max_out = aliases_out
                 conn.aliases_out = {}
-        ack.receive_maximum = limits.receive_maximum  # type: ignore[union-attr]
-        ack.maximum_packet_size = limits.max_packet_size  # type: ignore[union-attr]
+        ack.receive_maximum = limits.receive_maximum
+        ack.maximum_packet_size = limits.max_packet_size
         if config.mqtt.topic_alias_maximum:
-            ack.topic_alias_maximum = config.mqtt.topic_alias_maximum  # type: ignore[union-attr]
+            ack.topic_alias_maximum = config.mqtt.topic_alias_maximum
         if not config.retain.enabled:
-            ack.retain_available = 0  # type: ignore[union-attr]
+            ack.retain_available = 0
         if assigned:
-            ack.assigned_client_identifier = client_id  # type: ignore[union-attr]
-        if not _fit_connack(ack, conn.max_packet_out):  # type: ignore[arg-type]
+            ack.assigned_client_identifier = client_id
+        if not _fit_connack(ack, conn.max_packet_out):
             _refuse(conn, "connack_too_large")
             return
     else:
         conn.max_packet_out = NO_LIMIT
 
-    now = broker.loop.time()
     if existing is not None and existing.connection is not None:
         existing.connection.taken_over()
     session, present = router.open_session(client_id, packet.clean_start, expiry, now)
@@ -280,8 +275,8 @@ def _accept(conn: Connection, packet: Connect, client_id: str, assigned: bool, u
     conn.session = session
     if v5 and wants_log_offsets(props):
         session.log_offsets = True
-    if present and broker.acl is not None:
-        _drop_denied_subscriptions(broker, session)
+    if present and ctx.acl is not None:
+        _drop_denied_subscriptions(ctx, ctx.acl, session)
     conn.keepalive = keepalive
     conn.deadline = now + keepalive * 1.5 if keepalive else 0.0
     conn.rx = False

@@ -12,22 +12,21 @@ from broker_edge.protocol.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
     from broker_edge.connection import Connection
+    from broker_edge.context import BrokerContext
+    from broker_edge.session import Session
 
 __all__ = ["handle_disconnect"]
 
 
-def handle_disconnect(conn: Connection, packet: Disconnect) -> None:
-    session = conn.session
+def handle_disconnect(ctx: BrokerContext, conn: Connection, session: Session, packet: Disconnect) -> None:
     props = packet.properties
-    if props is not None and props.session_expiry_interval is not None and session is not None:
+    if props is not None and props.session_expiry_interval is not None:
         if session.expiry_interval == 0 and props.session_expiry_interval != 0:
             conn.close(
                 ReasonCode.PROTOCOL_ERROR, "session expiry cannot be set on DISCONNECT when CONNECT had 0"
             )
             return
-        session.expiry_interval = min(
-            props.session_expiry_interval, conn.broker.config.sessions.max_session_expiry_s
-        )
+        session.expiry_interval = min(props.session_expiry_interval, ctx.config.sessions.max_session_expiry_s)
     if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
         conn.will = None
     conn.close()

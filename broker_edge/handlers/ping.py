@@ -8,11 +8,13 @@ from broker_edge.protocol.packets import PingReq
 
 if TYPE_CHECKING:
     from broker_edge.connection import Connection
+    from broker_edge.context import BrokerContext
+    from broker_edge.session import Session
 
 __all__ = ["handle_pingreq"]
 
 _PINGRESP = b"\xd0\x00"
 
 
-def handle_pingreq(conn: Connection, packet: PingReq) -> None:
+def handle_pingreq(ctx: BrokerContext, conn: Connection, session: Session, packet: PingReq) -> None:
     conn.write(_PINGRESP)

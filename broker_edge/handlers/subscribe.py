@@ -31,20 +31,23 @@ from broker_edge.subscriptions import SubscriptionOptions
 
 if TYPE_CHECKING:
     from broker_edge.connection import Connection
+    from broker_edge.context import BrokerContext
+    from broker_edge.session import Session
+    from broker_edge.storage.errors import OffsetOutOfRange
 
 __all__ = ["handle_subscribe"]
 
 
-def _filter_bytes(session) -> int:  # type: ignore[no-untyped-def]
+def _filter_bytes(session: Session) -> int:
     """UTF-8 bytes of the filters ``session`` holds (``limits.max_subscription_bytes_per_client``)."""
     return sum(len(key.encode()) for key in session.subscriptions or ())
 
 
-def handle_subscribe(conn: Connection, packet: Subscribe) -> None:
-    broker = conn.broker
-    router = broker.router
-    limits = broker.config.limits
-    session = conn.session
+def handle_subscribe(ctx: BrokerContext, conn: Connection, session: Session, packet: Subscribe) -> None:
+    router = ctx.router
+    limits = ctx.config.limits
+    acl = ctx.acl
+    replays = ctx.replays
     v5 = conn.v5
     props = packet.properties
     subscription_id = None
@@ -57,7 +60,7 @@ def handle_subscribe(conn: Connection, packet: Subscribe) -> None:
                 offset_text = value
     codes: list[int] = []
     retained: list[tuple[str, SubscriptionOptions]] = []
-    outside: list = []
+    outside: list[OffsetOutOfRange] = []
     replaying = False
     for sub in packet.subscriptions:
 
@@ -79,18 +82,16 @@ def handle_subscribe(conn: Connection, packet: Subscribe) -> None:
         if topic_over_limits(topic_filter, limits.max_topic_length, limits.max_topic_levels):
             fail(ReasonCode.TOPIC_FILTER_INVALID)
             continue
-        if broker.acl is not None and not broker.acl.can_subscribe(
-            conn.client_id, session.username, topic_filter
-        ):  # type: ignore[union-attr]
-            broker.count_drop("subscribe_denied")
+        if acl is not None and not acl.can_subscribe(conn.client_id, session.username, topic_filter):
+            ctx.counters.drop("subscribe_denied")
             fail(ReasonCode.NOT_AUTHORIZED)
             continue
-        if start is not None and (broker.replays is None or group is not None):
+        if start is not None and (replays is None or group is not None):
             fail(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR)
             continue
-        existing = session.subscriptions.get(key) if session.subscriptions else None  # type: ignore[union-attr]
+        existing = session.subscriptions.get(key) if session.subscriptions else None
         if existing is None and (
-            router.subscription_count(session) >= limits.max_subscriptions_per_client  # type: ignore[arg-type]
+            router.subscription_count(session) >= limits.max_subscriptions_per_client
             or _filter_bytes(session) + len(key.encode()) > limits.max_subscription_bytes_per_client
         ):
             fail(ReasonCode.QUOTA_EXCEEDED)
@@ -98,22 +99,22 @@ def handle_subscribe(conn: Connection, packet: Subscribe) -> None:
         options = SubscriptionOptions(
             sub.qos, sub.no_local, sub.retain_as_published, sub.retain_handling, subscription_id
         )
-        is_new = router.subscribe(session, key, topic_filter, group, options)  # type: ignore[arg-type]
+        is_new = router.subscribe(session, key, topic_filter, group, options)
         codes.append(sub.qos)
-        if start is not None:
+        if start is not None and replays is not None:
             session.log_offsets = True  # asked for log delivery: deliveries carry their offset
-            outside += broker.replays.start(session, topic_filter, start)  # positioned now, read after SUBACK
+            outside += replays.start(session, topic_filter, start)  # positioned now, read after SUBACK
             replaying = True
         elif group is None and (sub.retain_handling == 0 or (sub.retain_handling == 1 and is_new)):
             retained.append((topic_filter, options))
     properties = None
-    if outside and v5 and conn.problem_information:
-        properties = broker.replays.out_of_range_properties(outside)
+    if outside and v5 and conn.problem_information and replays is not None:
+        properties = replays.out_of_range_properties(outside)
     suback = SubAck(packet.packet_id, codes, properties)
     if properties is not None and len(encode(suback, conn.version)) > conn.max_packet_out:
         suback = SubAck(packet.packet_id, codes, None)  # the properties may go, the reason codes not
-    conn.write(encode(suback, conn.version))
+    conn.send_packet(suback)
     for topic_filter, options in retained:
-        router.send_retained(session, topic_filter, options)  # type: ignore[arg-type]
-    if replaying:
-        broker.replays.pump(session)
+        router.send_retained(session, topic_filter, options)
+    if replaying and replays is not None:
+        replays.pump(session)

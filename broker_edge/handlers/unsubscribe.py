@@ -15,19 +15,21 @@ from broker_edge.protocol.topics import parse_offset_filter
 
 if TYPE_CHECKING:
     from broker_edge.connection import Connection
+    from broker_edge.context import BrokerContext
+    from broker_edge.session import Session
 
 __all__ = ["handle_unsubscribe"]
 
 
-def handle_unsubscribe(conn: Connection, packet: Unsubscribe) -> None:
-    router = conn.broker.router
-    codes = []
+def handle_unsubscribe(ctx: BrokerContext, conn: Connection, session: Session, packet: Unsubscribe) -> None:
+    router = ctx.router
+    codes: list[int] = []
     for topic_filter in packet.topic_filters:
         try:
             _, key = parse_offset_filter(topic_filter)
         except InvalidTopic:
             codes.append(ReasonCode.TOPIC_FILTER_INVALID)
             continue
-        removed = router.unsubscribe(conn.session, key)  # type: ignore[arg-type]
+        removed = router.unsubscribe(session, key)
         codes.append(ReasonCode.SUCCESS if removed else ReasonCode.NO_SUBSCRIPTION_EXISTED)
     conn.send_packet(UnsubAck(packet.packet_id, codes if conn.v5 else []))

@@ -14,13 +14,11 @@ import ssl
 import time
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import pyarrow as pa
 
-from broker_edge.storage.record import Record, decode_frames
-from broker_edge.storage.store import LogInfo
+from broker_edge.offsets_types import BatchFetch, Fetched, LogInfo, TopicResult
 
 from .errors import (
     AuthError,
@@ -41,6 +39,9 @@ from .formats import (
     read_arrow_stream,
 )
 
+if TYPE_CHECKING:
+    from broker_edge.storage.record import Record
+
 __all__ = [
     "AuthError",
     "BadRequestError",
@@ -48,6 +49,7 @@ __all__ = [
     "BrokerUnavailable",
     "CorruptRecordError",
     "Fetched",
+    "LogInfo",
     "OffsetOutOfRangeError",
     "OffsetsApiError",
     "OffsetsClient",
@@ -59,37 +61,6 @@ Offset = int | Literal["earliest", "latest"]
 T = TypeVar("T")
 _RETRIED_STATUSES = frozenset({502, 503, 504})
 _MAX_FRAME_BODY = 1 << 31
-
-
-@dataclass(frozen=True, slots=True)
-class Fetched(Generic[T]):
-    """Records of one topic (an Arrow table or `Record`s) and where to continue."""
-
-    data: T
-    next_offset: int
-    """The offset to ask for next (the requested one when nothing was returned)."""
-    start_offset: int
-    end_offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class TopicResult:
-    """The outcome for one topic of a batch fetch: positions, or the error for that topic alone."""
-
-    topic: str
-    next_offset: int | None
-    start_offset: int | None
-    end_offset: int | None
-    records: int
-    error: OffsetsApiError | None
-
-
-@dataclass(frozen=True, slots=True)
-class BatchFetch:
-    """The records of many topics in one table (`topic` column), and each topic's result."""
-
-    table: pa.Table
-    results: dict[str, TopicResult]
 
 
 def topic_path_segment(topic: str) -> str:
@@ -174,6 +145,8 @@ class OffsetsClient:
         data, headers = self._records(topic, offset, max_records, max_bytes, wait_ms, "frames")
         count = int(headers[RECORD_COUNT_HEADER])
         first_offset = int(headers[NEXT_OFFSET_HEADER]) - count
+        from broker_edge.storage.record import decode_frames  # the frame format is the log's: only here
+
         records, error = decode_frames(data, first_offset, _MAX_FRAME_BODY)
         if error is not None or len(records) != count:
             raise OffsetsApiError(200, "bad_frames", f"damaged frames from the broker: {error}")
@@ -196,10 +169,12 @@ class OffsetsClient:
         the results, not raised.
         """
         limits = topic_max_records or {}
-        fetches = [{"topic": topic, "offset": offset} for topic, offset in offsets.items()]
-        for fetch in fetches:
-            if fetch["topic"] in limits:
-                fetch["max_records"] = limits[fetch["topic"]]
+        fetches: list[dict[str, str | int]] = []
+        for topic, offset in offsets.items():
+            fetch: dict[str, str | int] = {"topic": topic, "offset": offset}
+            if topic in limits:
+                fetch["max_records"] = limits[topic]
+            fetches.append(fetch)
         body: dict = {
             "fetches": fetches,
             "max_records": max_records,
@@ -311,7 +286,7 @@ def _fetched(data: T, headers: http.client.HTTPMessage) -> Fetched[T]:
     )
 
 
-def _topic_result(topic: str, item: Mapping) -> TopicResult:
+def _topic_result(topic: str, item: dict[str, Any]) -> TopicResult:
     error = error_from_body(item["status"], item) if "error" in item else None
     return TopicResult(
         topic,

@@ -9,10 +9,12 @@ import base64
 import contextlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from broker_edge.storage.record import Record
+if TYPE_CHECKING:
+    from broker_edge.storage.record import Record
 
 ARROW_SCHEMA = pa.schema(
     [
@@ -51,7 +53,7 @@ POSITION_METADATA_KEYS = {
 CONTENT_TYPE_PROPERTY = "content_type"
 
 
-def record_properties(record: Record) -> list[tuple[str, str]]:
+def record_properties(record: Record) -> Sequence[tuple[str, str]]:
     """The `properties` map entries of a record: user properties, then `content_type` when present."""
     if record.content_type is None:
         return record.user_properties

@@ -20,7 +20,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -174,7 +174,7 @@ async def serve(
     token: str | None = None,
     ssl_context: ssl.SSLContext | None = None,
     limits: ApiLimits | None = None,
-) -> tuple[web.AppRunner, int]:
+) -> tuple[GuardedRunner, int]:
     """Serve the API over `store` on host/port (0 picks a free port); returns the runner and bound port.
 
     `await runner.cleanup()` stops it. TLS when `ssl_context` is given, bearer auth when `token` is.
@@ -219,7 +219,7 @@ def _int_param(value: object, name: str, default: int, low: int, high: int) -> i
     if not _is_number(value):
         shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "..."
         raise ApiError(400, codes.BAD_REQUEST, f"{name} must be an integer, got {shown!r}", parameter=name)
-    number = int(value)  # type: ignore[call-overload]
+    number = int(str(value))
     if not low <= number <= high:
         shown = str(number) if number.bit_length() < 64 else "a number that large"
         raise ApiError(
@@ -238,7 +238,7 @@ def _resolve_offset(value: object, info: LogInfo | None) -> int:
         raise ApiError(
             400, codes.BAD_OFFSET, "offset is required (a number, 'earliest' or 'latest')", parameter="offset"
         )
-    if not _is_number(value) or int(value) < 0:  # type: ignore[call-overload]
+    if not _is_number(value) or int(str(value)) < 0:
         shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "..."
         raise ApiError(
             400,
@@ -246,7 +246,7 @@ def _resolve_offset(value: object, info: LogInfo | None) -> int:
             f"offset must be a number, 'earliest' or 'latest', got {shown!r}",
             parameter="offset",
         )
-    return int(value)  # type: ignore[call-overload]
+    return int(str(value))
 
 
 def _format_param(value: object, allowed: Mapping[str, str] = FORMATS) -> str:
@@ -342,11 +342,12 @@ class _Handlers:
         }
         if output == "arrow":
             metadata = {POSITION_METADATA_KEYS[key]: str(value).encode() for key, value in positions.items()}
-            body: Any = memoryview(arrow_stream(arrow_batch_of_runs([(topic, records)]), metadata))
+            runs = cast("list[FrameRun]", records)  # read_runs above
+            body: Any = memoryview(arrow_stream(arrow_batch_of_runs([(topic, runs)]), metadata))
         elif output == "jsonl":
-            body = jsonl_body(jsonl_record(topic, record) for record in records)
+            body = jsonl_body(jsonl_record(topic, record) for record in cast("list[Record]", records))
         else:
-            body = frames_body(records)
+            body = frames_body(cast("list[Record]", records))
         return web.Response(body=body, headers=headers, content_type=FORMATS[output])
 
     async def fetch_many(self, request: web.Request) -> web.Response:
@@ -463,5 +464,5 @@ def _count_and_next(read: Sequence[Record] | Sequence[FrameRun], offset: int) ->
         return 0, offset
     last = read[-1]
     if isinstance(last, FrameRun):
-        return sum(len(run) for run in read), last.end  # type: ignore[arg-type]
+        return sum(len(run) for run in cast("Sequence[FrameRun]", read)), last.end
     return len(read), last.offset + 1

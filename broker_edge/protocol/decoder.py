@@ -60,7 +60,7 @@ _FROM_SERVER = frozenset(
     {_T.CONNACK, _T.PUBLISH, _T.PUBACK, _T.PUBREC, _T.PUBREL, _T.PUBCOMP, _T.SUBACK, _T.UNSUBACK}
     | {_T.PINGRESP, _T.DISCONNECT, _T.AUTH}
 )
-_FIXED_FLAGS = {_T.PUBREL: 0b0010, _T.SUBSCRIBE: 0b0010, _T.UNSUBSCRIBE: 0b0010}
+_FIXED_FLAGS: dict[int, int] = {_T.PUBREL: 0b0010, _T.SUBSCRIBE: 0b0010, _T.UNSUBSCRIBE: 0b0010}
 _SUPPORTED_VERSIONS = (MQTT_3_1, MQTT_3_1_1, MQTT_5)
 _SHARE_PREFIX = "$share/"
 
@@ -150,7 +150,7 @@ class PacketDecoder:
             self._pending += data
             if len(self._pending) < self._needed:
                 return []
-            buf = self._pending
+            buf: bytes | bytearray = self._pending
             self._pending = bytearray()
         elif not data:
             return []
@@ -473,8 +473,13 @@ class PacketDecoder:
         return code, properties
 
 
-_ACK_CLASSES = {_T.PUBACK: PubAck, _T.PUBREC: PubRec, _T.PUBREL: PubRel, _T.PUBCOMP: PubComp}
-_ACK_REASON_CODES = {
+_ACK_CLASSES: dict[int, type[PubAck | PubRec | PubRel | PubComp]] = {
+    _T.PUBACK: PubAck,
+    _T.PUBREC: PubRec,
+    _T.PUBREL: PubRel,
+    _T.PUBCOMP: PubComp,
+}
+_ACK_REASON_CODES: dict[int, frozenset[rc.ReasonCode]] = {
     _T.PUBACK: rc.PUBACK_REASON_CODES,
     _T.PUBREC: rc.PUBREC_REASON_CODES,
     _T.PUBREL: rc.PUBREL_REASON_CODES,

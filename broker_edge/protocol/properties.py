@@ -124,10 +124,22 @@ def _spec(
     kind: PropertyType,
     packets: tuple[int, ...],
     repeatable_in: tuple[int, ...] = (),
-    **flags: int,
+    *,
+    topic_name: bool = False,
+    boolean: bool = False,
+    nonzero: bool = False,
+    zero_reason_code: int = ReasonCode.PROTOCOL_ERROR,
 ) -> PropertySpec:
     return PropertySpec(
-        identifier, name, kind, frozenset(packets), repeatable_in=frozenset(repeatable_in), **flags
+        identifier,
+        name,
+        kind,
+        frozenset(packets),
+        topic_name,
+        boolean,
+        nonzero,
+        zero_reason_code,
+        repeatable_in=frozenset(repeatable_in),
     )
 
 
@@ -273,7 +285,7 @@ def encode_properties(props: Properties | None) -> bytes:
     """Property length followed by the properties, in identifier order; ``None`` encodes as length 0."""
     if props is None:
         return b"\x00"
-    parts = []
+    parts: list[bytes] = []
     for name, identifier, writer, is_list in _ENCODE_TABLE:
         value = getattr(props, name)
         if is_list:

@@ -255,8 +255,9 @@ class CommitLog:
         # Segment bookkeeping, inline on this hot path: buffer the frame, index entry, sizes.
         segment.pending_frames.append(frame)
         entries = segment.entries
-        entries.append(segment.size)  # type: ignore[union-attr]  # the active segment holds its index
-        entries.append(index_timestamp)  # type: ignore[union-attr]
+        assert entries is not None, "the active segment holds its index"
+        entries.append(segment.size)
+        entries.append(index_timestamp)
         segment.size += size
         segment.count += 1
         segment.max_timestamp = index_timestamp
@@ -310,7 +311,9 @@ class CommitLog:
         positions = list(accumulate(sizes, initial=base))
         positions.pop()  # the end of the last frame
         pairs[0::2] = positions
-        segment.entries.extend(pairs)  # type: ignore[union-attr]  # the active segment holds its index
+        entries = segment.entries
+        assert entries is not None, "the active segment holds its index"
+        entries.extend(pairs)
         segment.size = base + size
         segment.count += appended
         segment.max_timestamp = index_timestamp

@@ -138,16 +138,17 @@ class FileHandlePool:
             os.close(stale)
 
     def _evict_locked(self) -> list[int]:
-        if len(self._handles) <= self.max_open:
-            return []
+        """Close the least recently used idle descriptors beyond the bound.
+
+        Looks only as far as the first idle descriptor from the old end (pinned ones are few), not at the
+        whole pool: with more logs than descriptors every append evicts one.
+        """
         closed: list[int] = []
-        for path in list(self._handles):
-            if len(self._handles) <= self.max_open:
+        while len(self._handles) > self.max_open:
+            idle = next((path for path, handle in self._handles.items() if handle.users == 0), None)
+            if idle is None:
                 break
-            handle = self._handles[path]
-            if handle.users == 0:
-                del self._handles[path]
-                closed.append(handle.fd)
+            closed.append(self._handles.pop(idle).fd)
         return closed
 
 

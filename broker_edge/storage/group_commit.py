@@ -301,8 +301,7 @@ class GroupCommitter:
                 write_job(job, self._pool)
                 sync_job(job, self._pool, self.sync_plan)
             except OSError as error:
-                self._fail(error)
-                raise self.failure from error  # type: ignore[misc]
+                raise self._fail(error) from error
         self._complete(job, upto)
 
     def close(self) -> None:
@@ -411,18 +410,21 @@ class GroupCommitter:
             except Exception:
                 log.exception("when_durable callback failed")
 
-    def _fail(self, error: BaseException) -> None:
-        if self.failure is None:
+    def _fail(self, error: BaseException) -> StorageFailed:
+        """Refuse appends from now on and fail every waiting callback; returns the failure."""
+        failure = self.failure
+        if failure is None:
             log.error("log write failed, refusing further appends: %s", error)
-            self.failure = StorageFailed(f"log write failed: {error}")
-            self.failure.__cause__ = error
+            failure = self.failure = StorageFailed(f"log write failed: {error}")
+            failure.__cause__ = error
         callbacks, self._callbacks = self._callbacks, deque()
         for _, _, on_error in callbacks:
             if on_error is not None:
                 try:
-                    on_error(self.failure)
+                    on_error(failure)
                 except Exception:
                     log.exception("when_durable error callback failed")
+        return failure
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

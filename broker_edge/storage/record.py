@@ -114,7 +114,7 @@ class Record:
     qos: int
     retain: bool
     payload: bytes
-    user_properties: list[tuple[str, str]]
+    user_properties: Sequence[tuple[str, str]]
     content_type: str | None
     payload_format_indicator: int | None
     frame: bytes | memoryview = field(repr=False)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker_edge.offsets_types import LogInfo
 from broker_edge.protocol.topics import topic_matches
 
 from .commitlog import CommitLog, LogRecovery
@@ -40,17 +41,6 @@ CLEAN_SHUTDOWN_MARKER = "CLEAN_SHUTDOWN"
 INDEX_AT_CLOSE_MIN_BYTES = 1024 * 1024
 """At close, only active segments at least this large get their index written; smaller ones are rescanned
 at open (cheaper than one index write and fsync per log when thousands of logs shut down)."""
-
-
-@dataclass(slots=True, frozen=True)
-class LogInfo:
-    """The public state of one log (what the offsets API lists)."""
-
-    topic: str
-    start_offset: int
-    end_offset: int
-    bytes: int
-    last_append_ms: int | None
 
 
 @dataclass(slots=True)

@@ -15,11 +15,14 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import repeat
+from typing import cast
 
 from .frame_runs import FrameRun, run_of_frames
 from .record import Record, RecordFields
 
-Appended = tuple[int, bytes, RecordFields]
+Frame = bytes
+"""An encoded record (a name of its own: ``TailCache.bytes`` shadows the builtin in the class's scope)."""
+Appended = tuple[int, Frame, RecordFields]
 """(timestamp_ms, frame, fields) of an append not yet read from the cache; its offset is its position."""
 
 
@@ -100,7 +103,7 @@ class TailCache:
         self._account(size)
 
     def add_many(
-        self, timestamp: int, frames: list[bytes], fields: Sequence[RecordFields], ends: Sequence[int]
+        self, timestamp: int, frames: list[Frame], fields: Sequence[RecordFields], ends: Sequence[int]
     ) -> None:
         """Cache just-appended records (from the log's next offset on), all of time `timestamp`; `ends[i]` is
         the bytes of `frames[: i + 1]` (one eviction check and one budget update for all of them)."""
@@ -136,15 +139,17 @@ class TailCache:
             to_offset = self._next_offset - len(entries)  # entry i holds offset i + to_offset
             for index in range(max(self._built, self._head), last):
                 entry = entries[index]
-                if type(entry) is not Record:
-                    entries[index] = _materialize(entry, index + to_offset)  # type: ignore[arg-type]
+                if not isinstance(entry, Record):
+                    entries[index] = _materialize(entry, index + to_offset)
             self._built = last
-        return entries[first:last]  # type: ignore[return-value]
+        return cast("list[Record]", entries[first:last])  # every entry up to _built is a Record
 
     def run(self, offset: int, stop: int, max_bytes: int, at_least_one: bool = True) -> FrameRun:
         """The frames of the records `slice` would return, joined into one run (no `Record` is built)."""
         first, last = self._bounds(offset, stop, max_bytes, at_least_one)
-        frames = [entry.frame if type(entry) is Record else entry[1] for entry in self._entries[first:last]]
+        frames = [
+            entry.frame if isinstance(entry, Record) else entry[1] for entry in self._entries[first:last]
+        ]
         return run_of_frames(frames, offset)
 
     def _bounds(self, offset: int, stop: int, max_bytes: int, at_least_one: bool) -> tuple[int, int]:

@@ -10,13 +10,15 @@ failed handshake is counted as a refusal (``tls_error``).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from broker_edge.connection import NEW, Connection
+from broker_edge.connection import Connection
+from broker_edge.states import NEW
 from broker_edge.tls import peer_common_name
 
 if TYPE_CHECKING:
-    from broker_edge.server import Broker, ListenerRuntime
+    from broker_edge.listeners import ListenerRuntime
+    from broker_edge.server import Broker
 
 __all__ = ["TcpConnection", "start_tcp_listener"]
 
@@ -26,9 +28,9 @@ class TcpConnection(Connection):
 
     __slots__ = ()
 
-    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
-        limit = self.broker.config.limits.outgoing_buffer_bytes
-        transport.set_write_buffer_limits(high=limit, low=limit // 2)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        limit = self.host.config.limits.outgoing_buffer_bytes
+        cast(asyncio.WriteTransport, transport).set_write_buffer_limits(high=limit, low=limit // 2)
         if self.listener.tls:
             self.peer_cn = peer_common_name(transport.get_extra_info("ssl_object"))
         super().connection_made(transport)
@@ -38,10 +40,10 @@ class TcpConnection(Connection):
         # only once it succeeded: a TLS connection dropped without ever being made failed its handshake
         # (bad or missing client certificate, not TLS at all, or no handshake within connect_timeout_s).
         if self.state == NEW and self.transport is None and self.listener.tls:
-            self.broker.count_refused("tls_error")
+            self.host.counters.refused("tls_error")
 
 
-async def start_tcp_listener(broker: Broker, listener: ListenerRuntime) -> asyncio.base_events.Server:
+async def start_tcp_listener(broker: Broker, listener: ListenerRuntime) -> asyncio.Server:
     """Bind the listener (plain or TLS) and start accepting; returns the asyncio server."""
     config = listener.config
     loop = asyncio.get_running_loop()

@@ -17,7 +17,10 @@ from broker_edge.connection import Connection
 from broker_edge.tls import peer_common_name
 
 if TYPE_CHECKING:
-    from broker_edge.server import Broker, ListenerRuntime
+    from collections.abc import Iterable
+
+    from broker_edge.listeners import ListenerRuntime
+    from broker_edge.server import Broker
 
 __all__ = ["WebSocketTransport", "start_websocket_listener"]
 
@@ -51,7 +54,7 @@ class WebSocketTransport:
     def write(self, data: bytes) -> None:
         self.writelines((data,))
 
-    def writelines(self, parts) -> None:  # type: ignore[no-untyped-def]
+    def writelines(self, parts: Iterable[bytes]) -> None:
         if self._closing:
             return
         for part in parts:
@@ -119,9 +122,9 @@ async def start_websocket_listener(broker: Broker, listener: ListenerRuntime) ->
         transport = WebSocketTransport(ws, request, limits.outgoing_buffer_bytes)
         connection = Connection(broker, listener)
         transport._connection = connection
-        if listener.tls:
+        if listener.tls and request.transport is not None:
             connection.peer_cn = peer_common_name(request.transport.get_extra_info("ssl_object"))
-        connection.connection_made(transport)
+        connection.attach_transport(transport)
         try:
             async for message in ws:
                 if message.type == WSMsgType.BINARY:

@@ -5,25 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from broker_edge.config import ConfigError
-
-
-@dataclass
-class BrokerEndpoint:
-    """One edge broker as the job reaches it: MQTT to publish actions, the offsets API to read reports."""
-
-    name: str = "edge1"
-    mqtt_host: str = "127.0.0.1"
-    mqtt_port: int = 1883
-    offsets_api: str = "http://127.0.0.1:9884"
-    username: str | None = None
-    password: str | None = None
-    token: str | None = None
-
-    def __post_init__(self) -> None:
-        if not 0 < self.mqtt_port < 65536:
-            raise ConfigError("mqtt_port", f"must be a TCP port, got {self.mqtt_port}")
-        if not self.offsets_api.startswith(("http://", "https://")):
-            raise ConfigError("offsets_api", f"must be an http(s) URL, got {self.offsets_api!r}")
+from broker_edge.config.endpoints import BrokerEndpoint
 
 
 @dataclass

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipelines.actions.model import Action, device_topic, to_ms
+from pipelines.actions.model import Action, device_topic
 from pipelines.actions.publisher import Publisher
 from pipelines.actions.rollout import rollout_allowance
 from pipelines.actions.states import (
@@ -61,6 +61,11 @@ def _now_ms() -> int:
 
 def _ts(ms: int | None) -> datetime | None:
     return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def _reached_and_open(row: Execution) -> bool:
+    """The device has (or may have) the action message and has not reported a final state."""
+    return row.state == IN_PROGRESS or (row.state == QUEUED and row.published_at is not None)
 
 
 class ActionsEngine:
@@ -123,7 +128,7 @@ class ActionsEngine:
         with self.lock:
             started = self.clock()
             action_ids = sorted({action_id for action_id, _ in by_key})
-            known = self._executions(action_ids)
+            known = self._executions(action_ids, {device_id for _, device_id in by_key})
             changed = []
             for (action_id, device_id), device_reports in by_key.items():
                 updated = apply_reports(known.get(action_id, {}).get(device_id), device_reports)
@@ -140,11 +145,18 @@ class ActionsEngine:
             )
 
     def tick(self) -> None:
-        """Pace rollouts, time out executions, abort actions over their failure threshold."""
+        """Pace rollouts, time out executions; summarise (and maybe abort) the actions that changed.
+
+        Only actions with something to do on a clock (a paced rollout or an in-progress timeout) are read:
+        a broadcast without a timeout changes only on reports, which summarise it themselves.
+        """
         with self.lock:
             now = self.clock()
             actions = {a.id: a for a in self._actions() if not a.cancel}
-            open_ids = self._open_action_ids(actions)
+            clocked = {
+                a for a, action in actions.items() if not action.broadcast or action.in_progress_timeout_s
+            }
+            open_ids = [a for a in self._open_action_ids(actions) if a in clocked]
             if not open_ids:
                 return
             known = self._executions(open_ids)
@@ -154,18 +166,28 @@ class ActionsEngine:
                 changed += self._time_out(action, rows, now)
                 if not action.broadcast:
                     changed += self._pace(action, rows, now)
+            if not changed:
+                return
             self._tick_batch = max(self._tick_batch + 1, now)
             self._write(changed, f"{self.app_id}/tick/executions", self._tick_batch)
-            self._summarise(open_ids, f"{self.app_id}/tick/summary", self._tick_batch)
+            self._summarise(
+                sorted({row.action_id for row in changed}), f"{self.app_id}/tick/summary", self._tick_batch
+            )
 
     # -- fanout ---------------------------------------------------------------------------------------------
 
     def _fan_out(self, action: Action, now: int) -> list[Execution]:
         targets = self._targets(action)
-        if action.broadcast:
-            self.publisher.publish(action.broadcast_topic, action.message(now))
+        topic = action.shared_topic
+        if topic is not None:
+            self.publisher.publish(topic, action.message(now))
             rows = [queued(action.id, device_id, now, published_at=now) for device_id in targets]
-            log.info("action %s broadcast on %s to %d devices", action.id, action.broadcast_topic, len(rows))
+            log.info("action %s broadcast on %s to %d devices", action.id, topic, len(rows))
+        elif action.broadcast:
+            message = action.message(now)
+            self.publisher.publish_many([(device_topic(device_id), message) for device_id in targets])
+            rows = [queued(action.id, device_id, now, published_at=now) for device_id in targets]
+            log.info("action %s sent on the topics of %d listed devices", action.id, len(rows))
         else:
             rows = [queued(action.id, device_id, now) for device_id in targets]
             log.info(
@@ -184,12 +206,10 @@ class ActionsEngine:
         start = min(row.queued_at for row in rows.values())
         allowance = rollout_allowance(action.max_per_minute, start, now, published)
         waiting = sorted(d for d, row in rows.items() if row.published_at is None and row.state == QUEUED)
-        out = []
-        for device_id in waiting[:allowance]:
-            self.publisher.publish(device_topic(device_id), action.message(now))
-            row = rows[device_id]
-            out.append(replace(row, published_at=now, version=row.version + 1, updated_at=now))
-        return out
+        turn = waiting[:allowance]
+        message = action.message(now)
+        self.publisher.publish_many([(device_topic(device_id), message) for device_id in turn])
+        return [replace(rows[d], published_at=now, version=rows[d].version + 1, updated_at=now) for d in turn]
 
     def _targets(self, action: Action) -> list[str]:
         if action.device_ids:
@@ -206,13 +226,13 @@ class ActionsEngine:
     ) -> list[Execution]:
         """Cancel what has not started; ask devices that have started to stop (they report CANCELED)."""
         if any(row.state == IN_PROGRESS or row.published_at is not None for row in rows.values()):
-            topic = action.broadcast_topic if action.broadcast else None
+            topic = action.shared_topic
             if topic:
                 self.publisher.publish(topic, action.cancel_message(now))
-            else:
-                for row in rows.values():
-                    if row.state == IN_PROGRESS:
-                        self.publisher.publish(device_topic(row.device_id), action.cancel_message(now))
+            else:  # devices that have the action and have not finished it
+                reached = [r.device_id for r in rows.values() if _reached_and_open(r)]
+                message = action.cancel_message(now)
+                self.publisher.publish_many([(device_topic(device_id), message) for device_id in reached])
         changed = []
         for row in rows.values():
             if row.state == QUEUED:
@@ -313,13 +333,25 @@ class ActionsEngine:
             out.setdefault(action_id, state_counts([]))[state] = count
         return out
 
-    def _executions(self, action_ids: list[str]) -> dict[str, dict[str, Execution]]:
+    def _executions(
+        self, action_ids: list[str], device_ids: Iterable[str] | None = None
+    ) -> dict[str, dict[str, Execution]]:
+        """Execution rows of ``action_ids`` (only those of ``device_ids`` when given), by action and device.
+
+        Filtered and converted in Arrow before any Python object is made: a report batch touches a few
+        thousand rows of an action that may have a hundred thousand.
+        """
         table = self.store.read_arrow(EXECUTIONS)
-        table = table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
+        wanted = pc.is_in(table["action_id"], pa.array(action_ids, pa.string()))
+        if device_ids is not None:
+            devices = pc.is_in(table["device_id"], pa.array(list(device_ids), pa.string()))
+            wanted = pc.and_(wanted, devices)
+        table = table.filter(wanted)
+        for column in TIME_COLUMNS:  # the table's timestamps → epoch ms, without a datetime per value
+            epoch_ms = table[column].cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())
+            table = table.set_column(table.schema.get_field_index(column), column, epoch_ms)
         out: dict[str, dict[str, Execution]] = {}
         for row in table.to_pylist():
-            for column in TIME_COLUMNS:
-                row[column] = to_ms(row[column])
             out.setdefault(row["action_id"], {})[row["device_id"]] = Execution(**row)
         return out
 

@@ -16,18 +16,20 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from broker_edge.config.endpoints import format_endpoints
 from pipelines.actions.config import ActionsConfig
 from pipelines.actions.engine import ACTIONS, ActionsEngine
 from pipelines.actions.model import parse_report
 from pipelines.actions.publisher import MqttPublisher, Publisher
 from pipelines.spark_session import stop_between_batches
 from sinks.foreach_batch import streaming_query_id
-from sinks.store import TableStore, open_table_store
+from sinks.store import Backend, TableStore, open_table_store
 from sources import register_sources
 
 log = logging.getLogger(__name__)
@@ -36,16 +38,16 @@ log = logging.getLogger(__name__)
 def _action_changes(spark: SparkSession, store: TableStore) -> DataFrame:
     location = store.location(ACTIONS)
     if store.backend == "native":
-        stream = spark.readStream.format("delta").option("readChangeFeed", "true")
-        stream = stream.option("startingVersion", "0").load(location)
+        reader = spark.readStream.format("delta").option("readChangeFeed", "true")
+        stream = reader.option("startingVersion", "0").load(location)
     else:
-        stream = spark.readStream.format("delta_cdf").option("path", location).option("startingVersion", "0")
-        stream = stream.load()
+        reader = spark.readStream.format("delta_cdf").option("path", location).option("startingVersion", "0")
+        stream = reader.load()
     return stream.where(F.col("_change_type").isin("insert", "update_postimage"))
 
 
 def _status_reports(spark: SparkSession, config: ActionsConfig) -> DataFrame:
-    brokers = ",".join(f"{b.name}={b.offsets_api}" for b in config.brokers)
+    brokers = format_endpoints(config.brokers)
     reader = (
         spark.readStream.format("timestone")
         .option("brokers", brokers)
@@ -100,7 +102,8 @@ def start_actions_job(
 ) -> ActionsJob:
     """Start both streams and the ticker; returns at once with the running :class:`ActionsJob`."""
     register_sources(spark)
-    store = store or open_table_store(spark, config.tables_root, backend=config.backend)  # type: ignore[arg-type]
+    backend = cast(Backend, config.backend)  # one of Backend's values, checked by ActionsConfig
+    store = store or open_table_store(spark, config.tables_root, backend=backend)
     publisher = publisher or MqttPublisher(
         [(b.mqtt_host, b.mqtt_port) for b in config.brokers],
         username=config.brokers[0].username,

@@ -71,11 +71,18 @@ class Action:
 
     @property
     def broadcast(self) -> bool:
-        """One publish on a shared topic (the high-fanout path) rather than a paced per-device rollout."""
+        """Sent to every target at once rather than as a paced per-device rollout."""
         return self.max_per_minute is None
 
     @property
-    def broadcast_topic(self) -> str:
+    def shared_topic(self) -> str | None:
+        """The one topic a group or ``all`` broadcast goes out on; None when sent per device.
+
+        An explicit device list is never sent on a shared topic: every listed device gets the same small
+        message on its own topic, so what a device receives does not grow with the size of the list.
+        """
+        if self.device_ids or not self.broadcast:
+            return None
         if self.all_devices or not self.group:
             return ALL_TOPIC
         return group_topic(self.group)
@@ -85,8 +92,6 @@ class Action:
         body: dict[str, Any] = {"action_id": self.id, "kind": self.kind, "issued_at": issued_at_ms}
         body["expires_at"] = (self.created_at_ms or issued_at_ms) + DEFAULT_EXPIRY_S * 1000
         body.update(self.payload)
-        if self.device_ids and self.broadcast:
-            body["device_ids"] = list(self.device_ids)
         return json.dumps(body, separators=(",", ":")).encode()
 
     def cancel_message(self, issued_at_ms: int) -> bytes:

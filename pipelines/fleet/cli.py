@@ -10,6 +10,12 @@ import time
 
 from pipelines.fleet.device import DeviceBehaviour
 from pipelines.fleet.fleet import Fleet, FleetSpec
+from pipelines.fleet.processes import (
+    PORTS_PER_SOURCE_ADDRESS,
+    FleetProcesses,
+    loopback_sources,
+    raise_open_files_limit,
+)
 
 
 def _broker_address(text: str) -> tuple[str, int]:
@@ -47,16 +53,37 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--offline-rate", type=float, default=0.0, help="disconnects per device per minute")
     simulate.add_argument("--duration", type=float, default=0.0, help="seconds to run (0 = until Ctrl-C)")
     simulate.add_argument("--seed", type=int, default=7)
+    simulate.add_argument(
+        "--connects-per-second", type=float, default=150.0, help="fleet-wide connection rate (default 150)"
+    )
+    simulate.add_argument("--procs", type=int, default=1, help="processes to run the devices in (default 1)")
+    simulate.add_argument(
+        "--source-addresses",
+        default="auto",
+        help="comma-separated local addresses to connect from; auto: one 127.0.0.x per 20,000 devices "
+        "when the broker is on loopback",
+    )
     return parser
 
 
-async def _simulate(args: argparse.Namespace) -> int:
+def _source_addresses(text: str, brokers: list[tuple[str, int]], count: int) -> list[str]:
+    if text != "auto":
+        return [address for address in text.split(",") if address]
+    if all(host.startswith("127.") for host, _ in brokers) and count > PORTS_PER_SOURCE_ADDRESS:
+        return loopback_sources(count)
+    return []
+
+
+def _fleet(args: argparse.Namespace) -> tuple[FleetSpec, DeviceBehaviour]:
+    brokers = args.broker or [("127.0.0.1", 1883)]
     spec = FleetSpec(
-        brokers=args.broker or [("127.0.0.1", 1883)],
+        brokers=brokers,
         count=args.count,
         id_prefix=args.id_prefix,
         groups=[g for g in args.groups.split(",") if g],
         seed=args.seed,
+        connects_per_second=args.connects_per_second,
+        source_addresses=_source_addresses(args.source_addresses, brokers, args.count),
     )
     behaviour = DeviceBehaviour(
         firmware=args.firmware,
@@ -66,6 +93,29 @@ async def _simulate(args: argparse.Namespace) -> int:
         reject_rate=args.reject_rate,
         offline_rate_per_min=args.offline_rate,
     )
+    return spec, behaviour
+
+
+def _simulate_in_processes(args: argparse.Namespace) -> int:
+    """The fleet over ``--procs`` processes; prints progress with the simulator's own CPU use."""
+    spec, behaviour = _fleet(args)
+    deadline = time.monotonic() + args.duration if args.duration else None
+    with FleetProcesses(spec, behaviour, args.procs) as fleet:
+        last_cpu, last_time = 0.0, time.monotonic()
+        with contextlib.suppress(KeyboardInterrupt):
+            while deadline is None or time.monotonic() < deadline:
+                connected, stats, cpu = fleet.status()
+                now = time.monotonic()
+                share = (cpu - last_cpu) / max(now - last_time, 1e-3) * 100
+                last_cpu, last_time = cpu, now
+                counters = " ".join(f"{k}={v}" for k, v in sorted(stats.items()))
+                print(f"connected={connected} simulator_cpu={share:.0f}% {counters}", flush=True)
+                time.sleep(5.0)
+    return 0
+
+
+async def _simulate(args: argparse.Namespace) -> int:
+    spec, behaviour = _fleet(args)
     fleet = Fleet(spec, behaviour)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -88,4 +138,7 @@ async def _simulate(args: argparse.Namespace) -> int:
 def devices_main(argv: list[str]) -> int:
     """Entry point of ``timestone devices``."""
     args = build_parser().parse_args(argv)
+    raise_open_files_limit()
+    if args.procs > 1:
+        return _simulate_in_processes(args)
     return asyncio.run(_simulate(args))

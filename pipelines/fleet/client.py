@@ -1,4 +1,4 @@
-"""A lean asyncio MQTT 5 client over the project's sans-IO codec, for simulated fleets and load tests.
+"""A lean asyncio MQTT 5 client over the sans-IO codec: simulated fleets, load tests, the actions job.
 
 One ``asyncio.Protocol`` per connection and no task per connection, so one process can hold ten thousand
 devices. It speaks what a device needs: CONNECT, SUBSCRIBE (with user properties, e.g. a log ``offset``),
@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from broker_edge.delivery import OFFSETS_OPT_IN
 from broker_edge.protocol import (
@@ -73,6 +74,10 @@ class MqttClient(asyncio.Protocol):
         self._connack: asyncio.Future[ConnAck] | None = None
         self._closed: asyncio.Future[None] | None = None
         self._ping_handle: asyncio.TimerHandle | None = None
+        self.receive_maximum = 65_535
+        """QoS 1/2 PUBLISHes the broker accepts unacknowledged (its CONNACK's Receive Maximum)."""
+        self.bytes_received = 0
+        """Every byte read from the broker on this connection (what a device pays for on the wire)."""
 
     # -- life cycle -------------------------------------------------------------------------------------
 
@@ -91,15 +96,22 @@ class MqttClient(asyncio.Protocol):
         session_expiry_s: int = 0,
         log_offsets: bool = False,
         timeout_s: float = 10.0,
+        source_address: str | None = None,
     ) -> MqttClient:
         """Open a TCP connection, send CONNECT and wait for a successful CONNACK.
 
         ``log_offsets`` asks a Timestone broker for the ``offset`` user property on deliveries of persisted
-        messages (``Message.offset``; see docs/device-protocol.md).
+        messages (``Message.offset``; see docs/device-protocol.md). ``source_address`` binds the local end
+        (e.g. one of several 127.0.0.x addresses, so that a fleet of more connections than one address has
+        ephemeral ports can reach one broker port).
         """
         loop = asyncio.get_running_loop()
+        local_addr = (source_address, 0) if source_address else None
         _, client = await asyncio.wait_for(
-            loop.create_connection(lambda: cls(client_id, on_message, keep_alive), host, port), timeout_s
+            loop.create_connection(
+                lambda: cls(client_id, on_message, keep_alive), host, port, local_addr=local_addr
+            ),
+            timeout_s,
         )
         properties = None
         if session_expiry_s or log_offsets:
@@ -123,11 +135,13 @@ class MqttClient(asyncio.Protocol):
         if connack.reason_code >= 0x80:
             client.abort()
             raise ConnectionRefused(connack.reason_code)
+        if connack.properties and connack.properties.receive_maximum:
+            client.receive_maximum = connack.properties.receive_maximum
         client._schedule_ping()
         return client
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = cast(asyncio.Transport, transport)  # create_connection made a stream transport
         self._closed = asyncio.get_running_loop().create_future()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -150,9 +164,10 @@ class MqttClient(asyncio.Protocol):
 
     async def disconnect(self) -> None:
         """Send a normal DISCONNECT (no will) and wait for the socket to close."""
-        if self.connected:
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
             self._send(Disconnect())
-            self._transport.close()  # type: ignore[union-attr]
+            transport.close()
         if self._closed:
             await self._closed
 
@@ -193,6 +208,38 @@ class MqttClient(asyncio.Protocol):
         ack = await future
         return ack.reason_code
 
+    async def publish_many(self, messages: Sequence[tuple[str, bytes]]) -> list[int]:
+        """Publish at QoS 1, pipelined within the broker's Receive Maximum; returns the PUBACK codes.
+
+        Whatever fits in the window goes out in one write; each batch of acknowledgements refills it.
+        """
+        acks: list[asyncio.Future] = []
+        window_open = asyncio.Event()
+        in_flight = 0
+
+        def acknowledged(_: asyncio.Future) -> None:
+            nonlocal in_flight
+            in_flight -= 1
+            window_open.set()
+
+        index = 0
+        while index < len(messages):
+            if in_flight >= self.receive_maximum:
+                window_open.clear()
+                await window_open.wait()
+                continue
+            frames = []
+            for topic, payload in messages[index : index + self.receive_maximum - in_flight]:
+                packet_id = next(self._packet_ids)
+                ack = self._expect("puback", packet_id)
+                ack.add_done_callback(acknowledged)
+                acks.append(ack)
+                frames.append(encode(Publish(topic, payload, 1, packet_id=packet_id), MQTT_5))
+            index += len(frames)
+            in_flight += len(frames)
+            self._write(frames)
+        return [ack.reason_code for ack in await asyncio.gather(*acks)]
+
     def publish_nowait(self, topic: str, payload: bytes, qos: int = 1) -> bool:
         """Send a PUBLISH without waiting for its acknowledgement; False when not connected."""
         if not self.connected:
@@ -204,6 +251,7 @@ class MqttClient(asyncio.Protocol):
     # -- protocol ---------------------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        self.bytes_received += len(data)
         try:
             packets = self._decoder.feed(data)
         except MQTTError:
@@ -246,6 +294,8 @@ class MqttClient(asyncio.Protocol):
             self.on_message(
                 Message(packet.topic, packet.payload, packet.qos, packet.retain, offset, user_properties)
             )
+        if packet.packet_id is None:  # QoS 0
+            return
         if packet.qos == 1:
             self._send(PubAck(packet.packet_id))
         elif packet.qos == 2:
@@ -262,9 +312,12 @@ class MqttClient(asyncio.Protocol):
             future.set_result(packet)
 
     def _send(self, packet) -> None:
+        self._write([encode(packet, MQTT_5)])
+
+    def _write(self, frames: list[bytes]) -> None:
         if self._transport is None or self._transport.is_closing():
             raise ConnectionResetError(f"{self.client_id}: not connected")
-        self._transport.write(encode(packet, MQTT_5))
+        self._transport.writelines(frames)
 
     def _schedule_ping(self) -> None:
         if self.keep_alive:

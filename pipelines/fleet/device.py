@@ -54,10 +54,12 @@ class SimulatedDevice:
         behaviour: DeviceBehaviour,
         rng: random.Random,
         stats: Counter,
+        source_address: str | None = None,
     ) -> None:
         self.device_id = device_id
         self.group = group
         self.broker = broker
+        self.source_address = source_address
         self.behaviour = behaviour
         self.firmware = behaviour.firmware
         self.rng = rng
@@ -66,6 +68,8 @@ class SimulatedDevice:
         self.actions: dict[str, ActionProgress] = {}
         self.received_at: dict[str, float] = {}
         """When (epoch seconds) each action message first reached the device: what fanout latency measures."""
+        self.finished_at: dict[str, float] = {}
+        """When (epoch seconds) the device sent its final report of each action."""
         self.client: MqttClient | None = None
         self._telemetry_seq = 0
         self._telemetry_timer: asyncio.TimerHandle | None = None
@@ -88,6 +92,7 @@ class SimulatedDevice:
             on_message=self._on_message,
             keep_alive=self.behaviour.keep_alive_s,
             log_offsets=True,
+            source_address=self.source_address,
         )
         self.client.on_disconnect = self._on_disconnect
         for topic in self.action_topics:
@@ -192,9 +197,6 @@ class SimulatedDevice:
             return
         if action_id in self.actions:
             return
-        device_ids = action.get("device_ids")
-        if device_ids and self.device_id not in device_ids:
-            return
         expires_at = action.get("expires_at")
         if expires_at and expires_at < time.time() * 1000:
             self.stats["expired_actions"] += 1
@@ -245,6 +247,8 @@ class SimulatedDevice:
         else:
             progress.state, progress.seq, progress.details = state, progress.seq + 1, details
         self.stats[f"reported_{state}"] += 1
+        if state in TERMINAL_STATES:
+            self.finished_at.setdefault(action_id, time.time())
         self._publish_report(action_id, progress)
 
     def _publish_report(self, action_id: str, progress: ActionProgress) -> None:

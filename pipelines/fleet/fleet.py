@@ -21,6 +21,16 @@ class FleetSpec:
     connects_per_second: float = 150.0
     """Stay under the broker's new-connection rate limit (200/s by default)."""
     seed: int = 7
+    first_index: int = 0
+    """Index of this spec's first device in the whole fleet (a fleet split over processes)."""
+    fleet_size: int | None = None
+    """Devices in the whole fleet (default ``count``): sets the width of the numbers in device ids."""
+    source_addresses: list[str] = field(default_factory=list)
+    """Local addresses devices connect from, in turn (empty: the system picks)."""
+
+    def device_id(self, index: int) -> str:
+        width = max(5, len(str(self.fleet_size or self.count)))
+        return f"{self.id_prefix}-{index:0{width}d}"
 
 
 class Fleet:
@@ -32,18 +42,19 @@ class Fleet:
         self.spec = spec
         self.behaviour = behaviour or DeviceBehaviour()
         self.stats: Counter = Counter()
-        rng = random.Random(spec.seed)
-        width = max(5, len(str(spec.count)))
+        rng = random.Random(spec.seed + spec.first_index)
+        sources: list[str | None] = [*spec.source_addresses] or [None]
         self.devices = [
             SimulatedDevice(
-                device_id=f"{spec.id_prefix}-{i:0{width}d}",
+                device_id=spec.device_id(i),
                 group=spec.groups[i % len(spec.groups)],
                 broker=spec.brokers[i % len(spec.brokers)],
                 behaviour=self.behaviour,
                 rng=random.Random(rng.random()),
                 stats=self.stats,
+                source_address=sources[i % len(sources)],
             )
-            for i in range(spec.count)
+            for i in range(spec.first_index, spec.first_index + spec.count)
         ]
 
     async def start(self) -> None:

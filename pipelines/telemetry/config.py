@@ -14,6 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
+from broker_edge.config.endpoints import parse_endpoint
 from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file
 
 #: Columns every parsed telemetry row has, besides the configured payload fields.
@@ -84,6 +85,7 @@ class SourceConfig:
     """Where records come from: options of the ``timestone`` streaming source."""
 
     brokers: list[str] = field(default_factory=lambda: ["edge1=http://127.0.0.1:9884"])
+    """Offsets APIs to read, each ``name=url`` (or a bare ``url``), as ``config.endpoints`` parses them."""
     topics: list[str] = field(default_factory=list)
     starting_offsets: str = "earliest"
     max_records_per_trigger: int | None = 250_000
@@ -93,6 +95,11 @@ class SourceConfig:
     def __post_init__(self) -> None:
         if not self.brokers:
             raise ConfigError("brokers", "at least one broker offsets API is required")
+        for index, text in enumerate(self.brokers):
+            try:
+                parse_endpoint(text)
+            except ConfigError as exc:
+                raise ConfigError(f"brokers[{index}]", exc.detail) from None
         if self.max_records_per_trigger is not None and self.max_records_per_trigger < 1:
             raise ConfigError("max_records_per_trigger", "must be >= 1 (or null for no limit)")
 
@@ -263,7 +270,7 @@ class GxRunConfig:
     schedule: Literal["every_batch", "every_n_batches", "interval", "never"] = "every_batch"
     every_n_batches: int = 10
     interval_seconds: float = 60.0
-    max_rows: int = 50_000
+    max_rows: int = 10_000
 
     def __post_init__(self) -> None:
         if self.every_n_batches < 1:

@@ -23,8 +23,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, Row, SparkSession
 
 from broker_edge.config.loader import ConfigError
 from sinks import BatchWriter, TableCatalog, TableStore, build_catalog, exactly_once, open_table_store
@@ -138,16 +137,17 @@ class TelemetryBatch:
         try:
             quality = Q.expression_aggregates(self.config.quality.suites, self.column_types)
             counts = batch.step(
-                "profile", lambda: flagged.agg(*T.profile_aggregates(), *quality).first().asDict()
+                "profile", lambda: _one_row(flagged.agg(*T.profile_aggregates(), *quality)).asDict()
             )
             batch.report.passed, batch.report.quarantined = counts["passed"], counts["quarantined"]
             passed = T.passed_rows(flagged)
             steps: dict[str, Callable[[], Any]] = {}
             if counts["passed"]:
                 low, high = counts["low_us"], counts["high_us"]
-                rows = silver_rows = self._silver_rows(passed, low, high).persist()
+                before = self._silver_before(out, passed)
+                rows = silver_rows = self._silver_rows(passed, before, low, high).persist()
                 steps["silver_telemetry"] = lambda: self._write_silver(out, rows)
-                steps["device_minute"] = lambda: self._write_device_minute(batch, rows, low, high)
+                steps["device_minute"] = lambda: self._write_device_minute(batch, rows, before, low, high)
             if counts["quarantined"]:
                 quarantine = T.to_quarantine(flagged, out.app_id, out.batch_id, batch.now)
                 steps["telemetry_quarantine"] = lambda: out.append("telemetry_quarantine", quarantine)
@@ -173,19 +173,24 @@ class TelemetryBatch:
         committed = self.store.committed_batch(name, out.app_id) if self.store.exists(name) else None
         return committed is not None and committed >= out.batch_id
 
-    def _silver_rows(self, passed: DataFrame, low_us: int, high_us: int) -> DataFrame:
-        """This batch's silver rows: duplicates dropped within the batch and against silver.
+    def _silver_before(self, out: BatchWriter, passed: DataFrame) -> DataFrame:
+        """Silver as it was before this batch: a snapshot taken before this batch's silver append starts.
 
-        The lookup ignores silver rows that are this batch's own records, so a replay whose first attempt
-        already appended computes the same rows again (and ``device_minute`` can rely on them).
+        When an earlier attempt of the batch already appended to silver, its records are taken out again
+        (a row cannot be a duplicate of itself, and a minute must not count it twice); otherwise the
+        snapshot cannot hold them, and that join over the batch's keys is not needed.
         """
+        replayed = self._already_written("silver_telemetry", out)
+        stored = self.store.read("silver_telemetry")
+        return T.without_records_of(stored, passed) if replayed else stored
+
+    def _silver_rows(self, passed: DataFrame, before: DataFrame, low_us: int, high_us: int) -> DataFrame:
+        """This batch's silver rows: duplicates dropped within the batch and against silver before it."""
         dedup = self.config.dedup
         rows = T.drop_duplicates_in_batch(passed, dedup.message_id_fields, dedup.window_seconds)
         if dedup.message_id_fields:
             window_us = dedup.window_seconds * 1_000_000
-            stored = T.without_records_of(
-                self._silver_between(low_us - window_us, high_us + window_us), passed
-            )
+            stored = before.where(T.event_time_between(low_us - window_us, high_us + window_us))
             rows = T.drop_already_stored(rows, stored, dedup.message_id_fields, dedup.window_seconds)
         return T.to_silver(rows, list(self.config.payload.silver_fields))
 
@@ -195,39 +200,44 @@ class TelemetryBatch:
             return
         out.append("silver_telemetry", silver_rows)
 
-    def _silver_between(self, low_us: int, high_us: int) -> DataFrame:
-        return self.store.read("silver_telemetry").where(T.event_time_between(low_us, high_us))
-
-    def _write_device_minute(self, batch: _Batch, silver_rows: DataFrame, low_us: int, high_us: int) -> None:
+    def _write_device_minute(
+        self, batch: _Batch, silver_rows: DataFrame, before: DataFrame, low_us: int, high_us: int
+    ) -> None:
         """Recompute every minute the batch's silver rows fall in, from silver as it is with them, and merge.
 
-        "Silver with this batch's rows" is built as stored silver without those rows' records plus the
-        rows, which holds whether silver's append (running concurrently) or an earlier attempt's has landed
-        or not (a row deduplicated away is in neither). A recomputed row does not depend on what the table
-        held before, so merging it twice changes nothing, and late data just recomputes its minute.
+        "Silver with this batch's rows" is silver before the batch plus the rows, which holds whether
+        silver's append (running concurrently) or an earlier attempt's has landed or not (a row
+        deduplicated away is in neither). A recomputed row does not depend on what the table held before,
+        so merging it twice changes nothing, and late data just recomputes its minute.
         """
         minute_us = 60_000_000
-        stored = self._silver_between(low_us - low_us % minute_us, high_us - high_us % minute_us + minute_us)
-        silver = T.without_records_of(stored, silver_rows).unionByName(silver_rows)
-        in_touched = silver.withColumn("minute", F.date_trunc("minute", "event_time")).join(
-            F.broadcast(T.touched_minutes(silver_rows)), ["device_id", "minute"], "left_semi"
+        stored = before.where(
+            T.event_time_between(low_us - low_us % minute_us, high_us - high_us % minute_us + minute_us)
         )
         metrics = self.config.gold.minute_metrics
-        rows = T.minute_aggregates(in_touched.drop("minute"), metrics, batch.now)
+        rows = T.touched_minute_aggregates(stored, silver_rows, metrics, batch.now)
         # event_date (a function of minute) in the match lets the merge read only the touched partitions.
         batch.out.merge("device_minute", rows, keys=("event_date", "device_id", "minute"))
 
     # -- devices -----------------------------------------------------------------------------------------
 
     def _write_devices(self, batch: _Batch, bronze: DataFrame, passed: DataFrame) -> None:
-        """Upsert the devices seen; ``last_seen`` only moves forward, known attributes are kept."""
+        """Upsert the devices seen; ``last_seen`` only moves forward, known attributes are kept.
+
+        An attribute the batch does not carry (null) keeps its stored value inside the merge itself, so
+        the stored table is not read into Spark first.
+        """
         devices = self.config.gold.devices
         sightings = T.telemetry_sightings(passed, devices)
         if devices.status_template is not None:
             sightings = sightings.unionByName(T.parse_status(bronze, devices))
         updates = T.device_updates(sightings, batch.now)
-        merged = T.carry_forward(updates, self.store.read("devices"))
-        batch.out.merge("devices", merged, update_when="s.last_seen >= t.last_seen")
+        batch.out.merge(
+            "devices",
+            updates,
+            update_when="s.last_seen >= t.last_seen",
+            update_set=T.device_update_set(updates.columns),
+        )
 
     # -- data quality ------------------------------------------------------------------------------------
 
@@ -329,3 +339,10 @@ def run(spark: SparkSession, section: Any, options: RunOptions) -> int:
     finally:
         batch.close()
     return 0
+
+
+def _one_row(frame: DataFrame) -> Row:
+    """The row of an aggregate without grouping (there is always exactly one)."""
+    row = frame.first()
+    assert row is not None, "an aggregate without grouping has one row"
+    return row

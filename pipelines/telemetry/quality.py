@@ -1,12 +1,12 @@
 """Data quality: the configured Great Expectations suites, used two ways.
 
-A GX validation costs ~1 s on a Spark DataFrame (it runs many Spark jobs), too slow to gate every
-micro-batch at a 1 s trigger. So each declared expectation is *also* compiled into a Spark column
-expression with GX's own semantics (nulls ignored except by ``not_null``, NaN counted as missing as GX's
-pandas engine does). Those expressions route every row of every batch (quarantine or silver) and count
-failures in one aggregation. The real GX validation runs on its schedule, by default on the batch's rows
-collected to pandas (tens of milliseconds for 50k rows), and its results are what ``dq_results`` records
-for the batches it validates. Tests check that both engines agree on the same rows.
+A GX validation on a Spark DataFrame runs many Spark jobs, too slow to gate every micro-batch at a short
+trigger (docs/telemetry-pipeline.md has the measured costs). So each declared expectation is *also* compiled
+into a Spark column expression with GX's own semantics (nulls ignored except by ``not_null``, NaN counted as
+missing as GX's pandas engine does). Those expressions route every row of every batch (quarantine or silver)
+and count failures in one aggregation. The real GX validation runs on its schedule, by default on the batch's
+rows collected to pandas (much cheaper), and its results are what ``dq_results`` records for the batches it
+validates. Tests check that both engines agree on the same rows.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def expression_aggregates(suites: Sequence[SuiteConfig], column_types: Mapping[s
     """Aggregate columns counting, per expectation, failing and missing values among the parsed rows.
 
     Kept separate from :func:`outcomes_from_counts` so the job can fold them into the one aggregation it
-    runs over a batch anyway (every Spark job costs ~100 ms of fixed overhead at this scale).
+    runs over a batch anyway (every Spark job adds a fixed overhead, large at micro-batch scale).
     """
     ok = ~F.col("parse_error")
     aggregates = [F.count(F.lit(1)).alias("dq_rows"), F.count(F.when(ok, 1)).alias("dq_parsed")]
@@ -174,6 +174,7 @@ def expression_outcomes(
     that parsed, which are exactly the rows GX validates.
     """
     counts = parsed.agg(*expression_aggregates(suites, column_types)).first()
+    assert counts is not None, "an aggregate without grouping has one row"
     return outcomes_from_counts(counts.asDict(), suites)
 
 
@@ -198,10 +199,15 @@ class GxValidator:
         context = gx.get_context(mode="ephemeral")
         context.variables.progress_bars = ProgressBarsConfig(globally=False)
         if self.engine == "spark":
-            source = context.data_sources.add_spark("telemetry_spark")
+            spark_asset = context.data_sources.add_spark("telemetry_spark").add_dataframe_asset(
+                "telemetry_batch"
+            )
+            batch = spark_asset.add_batch_definition_whole_dataframe("batch")
         else:
-            source = context.data_sources.add_pandas("telemetry_pandas")
-        batch = source.add_dataframe_asset("telemetry_batch").add_batch_definition_whole_dataframe("batch")
+            pandas_asset = context.data_sources.add_pandas("telemetry_pandas").add_dataframe_asset(
+                "telemetry_batch"
+            )
+            batch = pandas_asset.add_batch_definition_whole_dataframe("batch")
         definitions = []
         for suite_config in self.suites:
             suite = context.suites.add(gx.ExpectationSuite(name=suite_config.name))
@@ -223,7 +229,7 @@ class GxValidator:
             elapsed_ms = round(1000 * (time.perf_counter() - started), 1)
             by_name = {e.name: e for e in suite_config.expectations}
             for item in result.results:
-                name = (item.expectation_config.meta or {}).get("name")
+                name = str((item.expectation_config.meta or {}).get("name"))
                 expectation = by_name[name]
                 summary = dict(item.result or {})
                 observed = {
@@ -284,13 +290,14 @@ def gx_outcomes(
 ) -> tuple[list[ExpectationOutcome], int]:
     """Run GX on up to ``max_rows`` parsed rows of a batch; returns the outcomes and how many rows it saw."""
     rows = parsed.where(~F.col("parse_error")).select(*columns).limit(max_rows)
-    data = rows.toPandas() if validator.engine == "pandas" else rows.cache()
+    if validator.engine == "pandas":
+        frame = rows.toPandas()
+        return validator.validate(frame), len(frame)
+    cached = rows.cache()
     try:
-        count = len(data) if validator.engine == "pandas" else data.count()
-        return validator.validate(data), count
+        return validator.validate(cached), cached.count()
     finally:
-        if validator.engine != "pandas":
-            data.unpersist()
+        cached.unpersist()
 
 
 def merge_outcomes(

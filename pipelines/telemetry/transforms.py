@@ -173,19 +173,18 @@ def drop_duplicates_in_batch(rows: DataFrame, id_fields: Sequence[str], window_s
 
     A row is a duplicate when a row with the same message id and an event time at most ``window_seconds``
     earlier precedes it (ties: earlier broker time, then broker, topic, offset), so what survives does not
-    depend on how Spark partitioned the batch. Rows without a complete message id are never merged.
+    depend on how Spark partitioned the batch. Rows without a complete message id are never merged with
+    other messages. One window does both: a record read twice carries the same payload, hence the same
+    message id and event time, and a row without a message id is keyed by its record instead.
     """
     order = [F.col("event_time"), F.col("timestamp"), F.col("broker"), F.col("topic"), F.col("offset")]
-    unique = rows.dropDuplicates(["broker", "topic", "offset"])
-    if not id_fields:
-        return unique
-    keyed = unique.withColumn("_message_key", _message_key(id_fields))
+    record = F.concat(F.lit("record:"), F.to_json(F.array("broker", "topic", F.col("offset").cast("string"))))
+    key = F.coalesce(_message_key(id_fields), record) if id_fields else record
+    keyed = rows.withColumn("_message_key", key)
     previous = F.lag("event_time").over(Window.partitionBy("_message_key").orderBy(*order))
     keyed = keyed.withColumn("_previous", previous)
     elapsed = F.col("event_time").cast("double") - F.col("_previous").cast("double")
-    duplicate = (
-        F.col("_message_key").isNotNull() & F.col("_previous").isNotNull() & (elapsed <= window_seconds)
-    )
+    duplicate = F.col("_previous").isNotNull() & (elapsed <= window_seconds)
     return keyed.where(~duplicate).drop("_message_key", "_previous")
 
 
@@ -272,19 +271,27 @@ def touched_minutes(rows: DataFrame) -> DataFrame:
     return rows.select("device_id", F.date_trunc("minute", "event_time").alias("minute")).distinct()
 
 
-def minute_aggregates(silver: DataFrame, metrics: Sequence[str], updated_at: datetime) -> DataFrame:
+def minute_aggregates(
+    silver: DataFrame, metrics: Sequence[str], updated_at: datetime, touched: str | None = None
+) -> DataFrame:
     """Per device and minute of event time: message count and min/max/avg of each metric.
 
     Given *all* silver rows of the minutes concerned, the result is the complete value of those gold rows,
-    so merging it is idempotent and late data simply recomputes its minute.
+    so merging it is idempotent and late data simply recomputes its minute. With ``touched`` (a boolean
+    column of ``silver``), only minutes having a row where it is true are kept.
     """
     stats = []
     for metric in metrics:
         value = F.col(metric).cast("double")
         stats += [F.min(value).alias(f"{metric}_min"), F.max(value).alias(f"{metric}_max")]
         stats.append(F.avg(value).alias(f"{metric}_avg"))
+    if touched is not None:
+        stats.append(F.max(touched).alias(touched))
     grouped = silver.groupBy("device_id", F.date_trunc("minute", "event_time").alias("minute"))
-    return grouped.agg(F.count(F.lit(1)).alias("count"), *stats).select(
+    rows = grouped.agg(F.count(F.lit(1)).alias("count"), *stats)
+    if touched is not None:
+        rows = rows.where(F.col(touched))
+    return rows.select(
         "device_id",
         "minute",
         F.to_date("minute").alias("event_date"),
@@ -292,6 +299,21 @@ def minute_aggregates(silver: DataFrame, metrics: Sequence[str], updated_at: dat
         *[f"{metric}_{stat}" for metric in metrics for stat in ("min", "max", "avg")],
         F.lit(updated_at).cast("timestamp").alias("updated_at"),
     )
+
+
+def touched_minute_aggregates(
+    stored: DataFrame, silver_rows: DataFrame, metrics: Sequence[str], updated_at: datetime
+) -> DataFrame:
+    """:func:`minute_aggregates` of ``stored`` plus ``silver_rows``, for the minutes ``silver_rows`` touch.
+
+    ``stored`` is silver before the batch, narrowed to whole minutes of the batch's event-time range. One
+    aggregation does it: each row carries whether it is new, and a minute without new rows is left out.
+    """
+    columns = ["device_id", "event_time", *metrics]
+    tagged = stored.select(*columns, F.lit(False).alias("_new")).unionByName(
+        silver_rows.select(*columns, F.lit(True).alias("_new"))
+    )
+    return minute_aggregates(tagged, metrics, updated_at, touched="_new")
 
 
 def parse_status(bronze: DataFrame, devices: DevicesConfig) -> DataFrame:
@@ -363,18 +385,13 @@ def device_updates(sightings: DataFrame, updated_at: datetime) -> DataFrame:
     )
 
 
-def carry_forward(updates: DataFrame, stored: DataFrame) -> DataFrame:
-    """Fill the attributes an update lacks (null) from the stored ``devices`` row (``stored``: the table).
+#: ``devices`` attributes a batch may lack (null): a merge keeps the stored value for them.
+KEPT_DEVICE_ATTRIBUTES = ("firmware_version", "tags", "group")
 
-    The store's merge replaces whole rows; without this a batch of telemetry that carries no firmware
-    would erase the firmware a status message reported earlier.
+
+def device_update_set(columns: Sequence[str]) -> dict[str, str]:
+    """The ``devices`` merge's update: every column from the batch, the attributes it lacks kept.
+
+    Plain SQL both backends read alike (``coalesce``), so the stored table need not be joined first.
     """
-    kept = ("firmware_version", "tags", "group")
-    previous = stored.select("device_id", *[F.col(c).alias(f"_stored_{c}") for c in kept])
-    joined = updates.join(previous, "device_id", "left")
-    return joined.select(
-        *[
-            F.coalesce(F.col(c), F.col(f"_stored_{c}")).alias(c) if c in kept else F.col(c)
-            for c in updates.columns
-        ]
-    )
+    return {c: f"coalesce(s.`{c}`, t.`{c}`)" if c in KEPT_DEVICE_ATTRIBUTES else f"s.`{c}`" for c in columns}

@@ -1,0 +1,62 @@
+"""The values the offsets API hands its readers: a log's state, one topic's fetch, a batch fetch.
+
+Here, apart from the client and the storage engine, so that whatever reads the API (the Spark source on an
+executor, a peer broker, a test) gets these types without importing the engine: this module imports nothing of
+``broker_edge.storage`` (a test holds it to that). The storage engine reports ``LogInfo`` in the same shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from broker_edge.offsets_api.errors import OffsetsApiError
+
+__all__ = ["BatchFetch", "Fetched", "LogInfo", "TopicResult"]
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True, frozen=True)
+class LogInfo:
+    """The public state of one log (what the offsets API lists)."""
+
+    topic: str
+    start_offset: int
+    end_offset: int
+    bytes: int
+    last_append_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched(Generic[T]):
+    """Records of one topic (an Arrow table or `Record`s) and where to continue."""
+
+    data: T
+    next_offset: int
+    """The offset to ask for next (the requested one when nothing was returned)."""
+    start_offset: int
+    end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicResult:
+    """The outcome for one topic of a batch fetch: positions, or the error for that topic alone."""
+
+    topic: str
+    next_offset: int | None
+    start_offset: int | None
+    end_offset: int | None
+    records: int
+    error: OffsetsApiError | None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFetch:
+    """The records of many topics in one table (`topic` column), and each topic's result."""
+
+    table: pa.Table
+    results: dict[str, TopicResult]

@@ -1,0 +1,367 @@
+"""The PUBLISH path: accept → persist → durable → replicated → route and acknowledge, in arrival order.
+
+Every application message enters the broker here: client PUBLISHes (from ``handlers/publish.py``, once the
+packet is valid and allowed) and the broker's own (wills, ``Broker.publish``). The storage rules decide
+whether a topic is logged; a message that is not is routed and acknowledged at once. A logged one goes
+through five stages, each a method below:
+
+1. **accept** (``accept``): queued as a ``PendingPublish``. An acknowledgement that must keep its turn
+   behind logged publishes (a QoS 2 duplicate's PUBREC, a refusal) is queued as an entry without a message.
+2. **persist** (``_persist``): at the start of the next loop iteration the queued messages are appended,
+   one batch per topic (one encode loop and one bookkeeping step per topic), into the group committer.
+   A topic whose batch fails is retried one message at a time, so only the publishes that fail are refused.
+3. **durable** (``_durable``): the store calls back on the loop once the batch is on disk (its policy).
+4. **replicated** (``_replicated``): the ``Replication`` stage. A single broker has nothing to wait for
+   (``LocalOnly``); a cluster's leader will hold the batch here until its followers have pulled it over the
+   offsets API, so a device is acknowledged only for what survives the leader.
+5. **route and acknowledge** (``_route_and_acknowledge``): each message is routed, carrying its offset,
+   and every publisher acknowledged in the order the publishes arrived. Log readers (``replay``) are given
+   the appended runs so sessions catching up share the decoded messages.
+
+If writing fails, v5 publishers get 0x80 in their acknowledgement and v3 publishers are disconnected (they
+resend after reconnecting); nothing is acknowledged that is not durable.
+
+Nothing here touches a socket or a clock: the broker passes in how to run something at the start of the
+next loop iteration (``call_soon``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from broker_edge.delivery import Message
+from broker_edge.protocol.reason_codes import ReasonCode
+from broker_edge.states import CLOSED
+from broker_edge.storage.errors import StorageError, TooManyTopics
+
+if TYPE_CHECKING:
+    from broker_edge.counters import BrokerCounters
+    from broker_edge.metrics import BrokerMetrics
+    from broker_edge.replay import ReplayManager
+    from broker_edge.router import Router
+    from broker_edge.storage.record import RecordFields
+
+__all__ = [
+    "AppendedRun",
+    "LocalOnly",
+    "PendingPublish",
+    "PublishPath",
+    "PublishStore",
+    "Publisher",
+    "Replication",
+    "record_fields",
+]
+
+log = logging.getLogger("broker_edge.publish_path")
+
+_NO_MATCHING = ReasonCode.NO_MATCHING_SUBSCRIBERS
+
+
+class Publisher(Protocol):
+    """The side of a client connection the PUBLISH path acknowledges (``Connection`` is one)."""
+
+    v5: bool
+    state: int
+    incoming_pending: int
+    """Incoming QoS 1/2 publishes not yet acknowledged (bounded by Receive Maximum)."""
+
+    def send_puback(self, packet_id: int, reason_code: int = 0) -> None: ...
+
+    def send_pubrec(self, packet_id: int, reason_code: int = 0) -> None: ...
+
+    def release_qos2(self, packet_id: int) -> None:
+        """Forget a held incoming QoS 2 id: its publish was refused, so a resend is a new publish."""
+
+    def close(self, reason_code: int | None = None, reason_string: str | None = None) -> None: ...
+
+
+class PublishStore(Protocol):
+    """What the PUBLISH path needs of the commitlog (``storage.LogStore`` is one)."""
+
+    def should_persist(self, topic: str, qos: int) -> bool: ...
+
+    def append_batch(self, topic: str, records: Sequence[RecordFields]) -> int: ...
+
+    def when_durable(
+        self, callback: Callable[[], object], on_error: Callable[[BaseException], object] | None = None
+    ) -> None: ...
+
+    def logs_created_by(self, client_id: str) -> int: ...
+
+    def __contains__(self, topic: object) -> bool: ...
+
+
+@dataclass(slots=True)
+class PendingPublish:
+    """One publish (or an acknowledgement keeping its turn) between accept and acknowledge."""
+
+    publisher: Publisher | None
+    """Who to acknowledge; None for the broker's own publishes."""
+    message: Message | None
+    """None for an acknowledgement only (a QoS 2 duplicate, a refusal)."""
+    packet_id: int | None
+    qos: int
+    reason_code: int = 0
+
+
+@dataclass(slots=True)
+class AppendedRun:
+    """Messages appended to one topic's log in one batch: record i has offset ``first_offset + i``."""
+
+    topic: str
+    first_offset: int
+    messages: list[Message] = field(default_factory=list)
+
+
+class Replication(Protocol):
+    """The stage between durable and acknowledge: call ``done`` once ``runs`` are replicated enough."""
+
+    def when_replicated(
+        self, runs: Sequence[AppendedRun], done: Callable[[], None], failed: Callable[[BaseException], None]
+    ) -> None: ...
+
+
+class LocalOnly:
+    """A broker without followers: a durable batch is as replicated as it will get."""
+
+    __slots__ = ()
+
+    def when_replicated(
+        self, runs: Sequence[AppendedRun], done: Callable[[], None], failed: Callable[[BaseException], None]
+    ) -> None:
+        done()
+
+
+class PublishPath:
+    """Routes, logs and acknowledges every application message of one broker (see the module docstring)."""
+
+    def __init__(
+        self,
+        router: Router,
+        counters: BrokerCounters,
+        metrics: BrokerMetrics,
+        call_soon: Callable[[Callable[[], None]], object],
+        replication: Replication | None = None,
+    ) -> None:
+        self.router = router
+        self.counters = counters
+        self.metrics = metrics
+        self.replication: Replication = replication if replication is not None else LocalOnly()
+        self.store: PublishStore | None = None
+        """The commitlog; None when the broker keeps no log (everything is routed at once)."""
+        self.replays: ReplayManager | None = None
+        self._call_soon = call_soon
+        self._pending: list[PendingPublish] = []
+        self._by_topic: dict[str, list[Message]] = {}
+        self._scheduled = False
+
+    def attach_store(self, store: PublishStore, replays: ReplayManager | None) -> None:
+        """Log from now on into ``store``; ``replays`` learns of every appended run."""
+        self.store = store
+        self.replays = replays
+
+    # -- 1. accept ----------------------------------------------------------------------------------------
+
+    def is_logged(self, topic: str, qos: int) -> bool:
+        """Whether a publish on ``topic`` at ``qos`` goes through the log (the storage rules decide)."""
+        store = self.store
+        return store is not None and store.should_persist(topic, qos)
+
+    def creates_log(self, topic: str) -> bool:
+        """Whether logging a publish on ``topic`` would create its log (it has none yet)."""
+        store = self.store
+        return store is not None and topic not in store
+
+    def logs_created_by(self, client_id: str) -> int:
+        """Logs ``client_id`` created (its topic quota counts them)."""
+        store = self.store
+        return store.logs_created_by(client_id) if store is not None else 0
+
+    def accept(self, publisher: Publisher, message: Message, packet_id: int | None, logged: bool) -> None:
+        """Take a client's publish: logged, it waits for the log; otherwise it is routed and acknowledged now.
+
+        ``logged`` is ``is_logged(message.topic, message.qos)``, which the handler asked already.
+        """
+        if logged:
+            if message.qos == 1:
+                publisher.incoming_pending += 1
+            self._queue_message(publisher, message, packet_id)
+            return
+        matched = self.router.publish(message)
+        if not matched:
+            self.counters.drop("no_subscribers")
+        if packet_id is not None:
+            _acknowledge(publisher, message.qos, packet_id, 0 if matched else _NO_MATCHING)
+
+    def publish(self, message: Message) -> None:
+        """Publish as the broker itself (a will, a tool): logged per the rules, never acknowledged."""
+        if not message.topic.startswith("$") and self.is_logged(message.topic, message.qos):
+            self._queue_message(None, message, None)
+        else:
+            self.router.publish(message)
+
+    def acknowledge_in_turn(self, publisher: Publisher, packet_id: int, qos: int, reason_code: int) -> None:
+        """Acknowledge behind every publish still waiting for the log, so acks keep the publishes' order."""
+        if self.store is None:
+            _acknowledge(publisher, qos, packet_id, reason_code)
+            return
+        self._queue(PendingPublish(publisher, None, packet_id, qos, reason_code))
+
+    def _queue_message(self, publisher: Publisher | None, message: Message, packet_id: int | None) -> None:
+        queued = self._by_topic.get(message.topic)
+        if queued is None:
+            self._by_topic[message.topic] = [message]
+        else:
+            queued.append(message)
+        self._queue(PendingPublish(publisher, message, packet_id, message.qos))
+
+    def _queue(self, entry: PendingPublish) -> None:
+        self._pending.append(entry)
+        if not self._scheduled:
+            self._scheduled = True
+            self._call_soon(self._persist)
+
+    # -- 2. persist ---------------------------------------------------------------------------------------
+
+    def _persist(self) -> None:
+        """Append the queued publishes (a batch per topic) and wait for them to be durable."""
+        self._scheduled = False
+        batch, self._pending = self._pending, []
+        topics, self._by_topic = self._by_topic, {}
+        store = self.store
+        assert store is not None, "only logged publishes are queued"
+        retry: set[str] = set()
+        runs: list[AppendedRun] = []
+        for topic, messages in topics.items():
+            try:
+                first = store.append_batch(topic, [record_fields(message) for message in messages])
+            except StorageError:
+                retry.add(topic)  # one by one below, so that only the publishes that fail are refused
+                continue
+            for offset, message in enumerate(messages, first):
+                message.offset = offset
+            runs.append(AppendedRun(topic, first, messages))
+        if retry:
+            for entry in batch:
+                if entry.message is not None and entry.message.topic in retry:
+                    self._append_one(store, entry)
+        if batch:
+            store.when_durable(
+                lambda: self._durable(batch, runs), lambda exc: self._failed(batch, exc, "log_failed")
+            )
+
+    def _append_one(self, store: PublishStore, entry: PendingPublish) -> None:
+        """Append one publish of a batch that failed. A failed append becomes a refusal, acknowledged in its
+        turn with the reason (v5), so that acknowledgements keep the order of the publishes."""
+        message = entry.message
+        assert message is not None
+        try:
+            message.offset = store.append_batch(message.topic, [record_fields(message)])
+        except StorageError as exc:
+            self.counters.drop("log_failed")
+            log.warning(
+                "append to %r failed: %s", message.topic, exc, extra={"client_id": message.origin or "-"}
+            )
+            entry.message = None
+            entry.reason_code = (
+                ReasonCode.QUOTA_EXCEEDED if isinstance(exc, TooManyTopics) else ReasonCode.UNSPECIFIED_ERROR
+            )
+            publisher = entry.publisher
+            if publisher is not None and not publisher.v5:
+                publisher.close()  # a v3 client cannot be told: it resends after reconnecting
+            elif publisher is not None and entry.qos == 2 and entry.packet_id is not None:
+                publisher.release_qos2(entry.packet_id)
+
+    # -- 3. durable ---------------------------------------------------------------------------------------
+
+    def _durable(self, batch: list[PendingPublish], runs: list[AppendedRun]) -> None:
+        self.replication.when_replicated(
+            runs,
+            lambda: self._route_and_acknowledge(batch, runs),
+            lambda exc: self._failed(batch, exc, "replication_failed"),
+        )
+
+    def _failed(self, batch: list[PendingPublish], exc: BaseException, reason: str) -> None:
+        """Writing (``log_failed``) or replicating (``replication_failed``) failed: acknowledge nothing."""
+        log.error("%s, %d publishes not acknowledged: %s", reason.replace("_", " "), len(batch), exc)
+        for entry in batch:
+            if entry.message is not None:
+                self.counters.drop(reason)
+            publisher = entry.publisher
+            if publisher is not None and entry.packet_id is not None and publisher.state != CLOSED:
+                if publisher.v5:
+                    _acknowledge(publisher, entry.qos, entry.packet_id, ReasonCode.UNSPECIFIED_ERROR)
+                else:
+                    publisher.close()
+
+    # -- 4. route and acknowledge -------------------------------------------------------------------------
+
+    def _route_and_acknowledge(self, batch: list[PendingPublish], runs: list[AppendedRun]) -> None:
+        """Route the publishes of ``batch``, now durable (and replicated), and acknowledge them in order."""
+        router = self.router
+        appends = appended_bytes = 0
+        for entry in batch:
+            message = entry.message
+            reason_code = entry.reason_code
+            if message is not None:
+                appends += 1
+                appended_bytes += len(message.payload)
+                if not router.publish(message):
+                    reason_code = _NO_MATCHING
+            publisher = entry.publisher
+            packet_id = entry.packet_id
+            if publisher is None or packet_id is None or publisher.state == CLOSED:
+                continue
+            qos = entry.qos
+            if qos == 1 and publisher.incoming_pending > 0:  # a QoS 1 entry is a logged publish or a refusal
+                publisher.incoming_pending -= 1
+            _acknowledge(publisher, qos, packet_id, reason_code)
+        replays = self.replays
+        if replays is not None:
+            for run in runs:
+                replays.appended(run.topic, run.first_offset, run.messages)
+        if appends:
+            self.metrics.log_appends_total.inc(appends)
+            self.metrics.log_bytes_total.inc(appended_bytes)
+
+
+def _acknowledge(publisher: Publisher, qos: int, packet_id: int, reason_code: int) -> None:
+    if qos == 1:
+        publisher.send_puback(packet_id, reason_code)
+    elif qos == 2:
+        publisher.send_pubrec(packet_id, reason_code)
+
+
+def record_fields(message: Message) -> RecordFields:
+    """The log record of a publish: payload, QoS, retain, publisher and the properties it is forwarded with
+    (what remains of its Message Expiry Interval counts from the record's time)."""
+    props = message.properties
+    expiry = message.expiry_left()
+    if props is None:
+        return (
+            message.payload,
+            message.qos,
+            message.retain,
+            message.origin,
+            (),
+            None,
+            None,
+            expiry,
+            None,
+            None,
+        )
+    return (
+        message.payload,
+        message.qos,
+        message.retain,
+        message.origin,
+        list(props.user_properties),
+        props.content_type,
+        props.payload_format_indicator,
+        expiry,
+        props.response_topic,
+        props.correlation_data,
+    )

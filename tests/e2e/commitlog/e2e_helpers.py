@@ -1,0 +1,81 @@
+"""Helpers of the end-to-end commitlog proofs: offsets on deliveries, replay properties, reading a log."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties as PahoProperties
+
+from broker_edge.delivery import OFFSETS_OPT_IN
+from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.protocol.properties import Properties
+from tests.e2e.broker_clients import PahoClient
+from tests.e2e.conftest import RunningBroker
+
+OPTED_IN = {"UserProperty": [OFFSETS_OPT_IN]}
+"""paho CONNECT properties (``PahoClient(connect_properties=...)``) asking for ``offset`` on deliveries."""
+
+
+def opted_in(session_expiry_s: int = 300) -> Properties:
+    """CONNECT properties of a raw client with a persistent session that asks for the ``offset`` property."""
+    return Properties(session_expiry_interval=session_expiry_s, user_properties=[OFFSETS_OPT_IN])
+
+
+def offset_of(message: Any) -> int:
+    """The log offset a v5 delivery carries (paho message)."""
+    return int(dict(message.properties.UserProperty)["offset"])
+
+
+def replay_from(start: str) -> PahoProperties:
+    """SUBSCRIBE properties asking to read the log from `start` (a number, earliest, latest, time:<ms>)."""
+    props = PahoProperties(PacketTypes.SUBSCRIBE)
+    props.UserProperty = [("offset", start)]
+    return props
+
+
+def publish_numbered(
+    broker: RunningBroker, topic: str, count: int, first: int = 0, client_id: str = ""
+) -> None:
+    """Publish payloads `str(first)` .. `str(first + count - 1)` at QoS 1, each acknowledged."""
+    publisher = PahoClient(broker.port, client_id or f"numbered-{topic}")
+    for number in range(first, first + count):
+        publisher.publish(topic, str(number), 1)
+    publisher.disconnect()
+
+
+def offsets_client(broker: RunningBroker, **options: Any) -> OffsetsClient:
+    """A client of the broker's own offsets API."""
+    return OffsetsClient(f"http://127.0.0.1:{broker.broker.offsets_port}", **options)
+
+
+def read_log(client: OffsetsClient, topic: str) -> list[dict]:
+    """Every record of `topic` as the offsets API serves it (Arrow rows), from the start to the end."""
+    rows: list[dict] = []
+    offset: int | str = "earliest"
+    while True:
+        fetched = client.fetch(topic, offset, max_records=5000)
+        rows += fetched.data.to_pylist()
+        if fetched.next_offset >= fetched.end_offset:
+            return rows
+        offset = fetched.next_offset
+
+
+class LoopThread:
+    """An asyncio loop on its own thread, for clients written with asyncio (the lean client, gmqtt)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="test-clients", daemon=True)
+        self._thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, Any], timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()

@@ -1,0 +1,289 @@
+"""Persistent sessions survive a broker restart: subscriptions, expiry, and the log as their offline queue.
+
+Each test stops a real broker and starts a new one on the same storage directory (or kills a child-process
+broker), with real clients: paho MQTT 5 and 3.1.1, and a raw client where the test must choose exactly which
+deliveries to acknowledge.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from broker_edge.config import ConfigError, load_dataclass
+from broker_edge.config.broker import BrokerConfig
+from broker_edge.launcher import BrokerProcess
+from broker_edge.protocol.packets import ConnAck, PubAck, Publish
+from broker_edge.protocol.properties import Properties
+from broker_edge.session_snapshot import FORMAT, FORMAT_VERSION
+from broker_edge.session_store import SESSIONS_FILE
+from broker_edge.storage.layout import open_layout
+from broker_edge.subscriptions import SubscriptionOptions
+from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
+from tests.e2e.commitlog.e2e_helpers import OPTED_IN, offset_of, opted_in, publish_numbered
+
+PERSISTENT = {5: {"clean": False, "session_expiry": 300, "connect_properties": OPTED_IN}, 4: {"clean": False}}
+"""A persistent session per version: v5 Session Expiry Interval (and the ``offset`` user property on its
+deliveries), v3.1.1 clean session 0."""
+
+
+def restarted(broker, brokers, name: str = "a", **sections):
+    """Stop ``broker`` cleanly and start a new one on the same storage directory."""
+    broker.stop()
+    return brokers(name, **sections)
+
+
+def sessions_file(broker) -> dict:
+    """The sessions file the broker wrote, decoded."""
+    return json.loads(broker.broker.session_store.path.read_text())
+
+
+def session_present(broker, client_id: str, version: int = 5) -> bool:
+    """Connect ``client_id`` with a persistent session; whether CONNACK says session present."""
+    client = PahoClient(broker.port, client_id, version=version, **PERSISTENT[version])
+    return client.connack_result[0].session_present
+
+
+def raw_offset(packet: Publish) -> int:
+    return int(dict(packet.properties.user_properties)["offset"])
+
+
+@pytest.mark.mqtt311("MQTT-4.6.0-5", "MQTT-4.6.0-6")
+@pytest.mark.mqtt5("MQTT-4.6.0-5", "MQTT-4.6.0-6")
+@pytest.mark.parametrize("version", [5, 4])
+def test_offline_session_gets_everything_published_before_the_restart_once_in_order(brokers, version):
+    broker = brokers()
+    device = PahoClient(broker.port, f"device-v{version}", version=version, **PERSISTENT[version])
+    assert device.subscribe("fleet/+/cmd", 1) == [1]
+    device.disconnect()
+    publish_numbered(broker, "fleet/7/cmd", 6)
+
+    broker = restarted(broker, brokers)
+    again = PahoClient(broker.port, f"device-v{version}", version=version, **PERSISTENT[version])
+    assert again.connack_result[0].session_present is True
+    got = again.expect(6)
+    assert [m.payload for m in got] == [str(n).encode() for n in range(6)]
+    if version == 5:
+        assert [offset_of(m) for m in got] == list(range(6))
+    again.expect_none()
+    PahoClient(broker.port, "backend").publish("fleet/8/cmd", b"live", 1)  # the subscription came back too
+    assert again.expect(1)[0].payload == b"live"
+
+
+def test_delivered_but_unacknowledged_messages_are_delivered_again_after_the_restart(brokers):
+    broker = brokers()
+    raw = RawClient(broker.port, 5)
+    raw.connect("slow", clean_start=False, properties=opted_in())
+    raw.subscribe("r/1", 1)
+    publish_numbered(broker, "r/1", 3)
+    first, second, third = raw.recv(), raw.recv(), raw.recv()
+    assert [raw_offset(p) for p in (first, second, third)] == [0, 1, 2]
+    raw.send_packet(PubAck(first.packet_id))  # only offset 0 is acknowledged
+    assert wait_for(lambda: broker.call(lambda: broker.broker.router.inflight_count()) == 2)
+
+    broker = restarted(broker, brokers)
+    again = RawClient(broker.port, 5)
+    ack = again.connect("slow", clean_start=False, properties=opted_in())
+    assert isinstance(ack, ConnAck) and ack.session_present
+    redelivered = [again.recv(), again.recv()]
+    assert [raw_offset(p) for p in redelivered] == [1, 2]
+    assert [p.payload for p in redelivered] == [b"1", b"2"]
+    for packet in redelivered:
+        again.send_packet(PubAck(packet.packet_id))
+    again.recv_none()
+
+
+def test_a_session_that_expires_during_the_downtime_is_gone(brokers, caplog):
+    broker = brokers()
+    for client_id, expiry in (("short", 1), ("long", 300)):
+        client = PahoClient(broker.port, client_id, clean=False, session_expiry=expiry)
+        client.subscribe("x", 1)
+        client.disconnect()
+    assert wait_for(lambda: not broker.connected("short") and not broker.connected("long"))
+    broker.stop()
+    time.sleep(1.1)
+
+    with caplog.at_level(logging.INFO, logger="broker_edge.session_store"):
+        broker = brokers()
+    assert "restored 1 persistent sessions" in caplog.text and "(1 expired" in caplog.text
+    long = PahoClient(broker.port, "long", clean=False, session_expiry=300)
+    assert long.connack_result[0].session_present is True
+    assert session_present(broker, "short") is False
+
+
+def test_the_expiry_deadline_continues_from_before_the_restart(brokers):
+    broker = brokers()
+    PahoClient(broker.port, "dev", clean=False, session_expiry=100).disconnect()
+    assert wait_for(lambda: not broker.connected("dev"))
+    broker = restarted(broker, brokers)
+    router = broker.broker.router
+    left = broker.call(lambda: router.sessions["dev"].expires_at - broker.broker.loop.time())
+    assert 95 < left <= 100
+    broker.tick(101)
+    assert broker.call(lambda: "dev" not in router.sessions)
+
+
+def test_clean_sessions_are_never_written(brokers):
+    broker = brokers()
+    PahoClient(broker.port, "clean-v3", version=4, clean=True).subscribe("x", 1)
+    PahoClient(broker.port, "clean-v5", clean=True).subscribe("x", 1)
+    PahoClient(broker.port, "keeper", clean=False, session_expiry=300).subscribe("x", 1)
+    broker.stop()
+    saved = sessions_file(broker)
+    assert [s["client_id"] for s in saved["sessions"]] == ["keeper"]
+    assert saved["format"] == FORMAT and saved["version"] == FORMAT_VERSION
+
+    broker = brokers()
+    assert session_present(broker, "clean-v3", version=4) is False
+    assert session_present(broker, "clean-v5") is False
+
+
+def test_subscription_options_and_shared_groups_are_restored(brokers):
+    broker = brokers()
+    raw = RawClient(broker.port, 5)
+    raw.connect("opts", clean_start=False, properties=Properties(session_expiry_interval=300))
+    raw.subscribe(
+        "a/#", 2, no_local=True, retain_as_published=True, retain_handling=2,
+        properties=Properties(subscription_identifiers=[42]),
+    )  # fmt: skip
+    raw.subscribe("$share/workers/jobs/+", 1, packet_id=2)
+    broker = restarted(broker, brokers)
+
+    def subscriptions() -> dict:
+        session = broker.broker.router.sessions["opts"]
+        return {key: (sub.group, sub.topic_filter, sub.options) for key, sub in session.subscriptions.items()}
+
+    assert broker.call(subscriptions) == {
+        "a/#": (None, "a/#", SubscriptionOptions(2, True, True, 2, 42)),
+        "$share/workers/jobs/+": ("workers", "jobs/+", SubscriptionOptions(1)),
+    }
+    again = RawClient(broker.port, 5)
+    again.connect("opts", clean_start=False, properties=Properties(session_expiry_interval=300))
+    PahoClient(broker.port, "pub").publish("jobs/1", b"job", 1)
+    job = again.recv()
+    assert isinstance(job, Publish) and job.topic == "jobs/1"  # the only member of its group
+    again.send_packet(PubAck(job.packet_id))
+    PahoClient(broker.port, "pub2").publish("a/b", b"x", 1)
+    delivery = again.recv()
+    assert delivery.properties.subscription_identifiers == [42]
+
+
+def test_a_corrupt_sessions_file_is_moved_aside_and_the_broker_starts_without_it(brokers, tmp_path, caplog):
+    directory = Path(open_layout(tmp_path / "a").meta)
+    (directory / SESSIONS_FILE).write_bytes(b'{"format": "timestone-sessions", "version": 1, "sess')
+    with caplog.at_level(logging.ERROR, logger="broker_edge.session_store"):
+        broker = brokers()
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and str(directory / SESSIONS_FILE) in errors[0] and "corrupt" in errors[0]
+    aside = list(directory.glob(f"{SESSIONS_FILE}.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_bytes().endswith(b'"sess')
+    assert not (directory / SESSIONS_FILE).exists()
+
+    device = PahoClient(broker.port, "dev", clean=False, session_expiry=300)
+    assert device.connack_result[0].session_present is False
+    device.subscribe("x", 1)
+    broker.stop()
+    assert [s["client_id"] for s in sessions_file(broker)["sessions"]] == ["dev"]  # written anew
+
+
+def test_a_sessions_file_from_a_newer_broker_is_refused_and_kept(brokers, tmp_path, caplog):
+    directory = Path(open_layout(tmp_path / "a").meta)
+    newer = {"format": FORMAT, "version": FORMAT_VERSION + 1, "written_at": time.time(), "sessions": []}
+    (directory / SESSIONS_FILE).write_text(json.dumps(newer))
+    with caplog.at_level(logging.ERROR, logger="broker_edge.session_store"):
+        broker = brokers()
+    assert f"format version {FORMAT_VERSION + 1} is newer than this broker reads" in caplog.text
+    assert [json.loads(p.read_text()) for p in directory.glob(f"{SESSIONS_FILE}.newer-*")] == [newer]
+    assert session_present(broker, "dev") is False
+
+
+def test_sessions_are_not_persisted_when_switched_off(brokers):
+    broker = brokers(sessions={"persist": False})
+    PahoClient(broker.port, "dev", clean=False, session_expiry=300).subscribe("x", 1)
+    broker = restarted(broker, brokers, sessions={"persist": False})
+    assert broker.broker.session_store is None
+    assert session_present(broker, "dev") is False
+
+
+def test_after_a_crash_sessions_come_back_from_the_last_periodic_snapshot(tmp_path):
+    """Killed, not stopped: the periodic snapshot has the session; what was published after it comes from
+    the log (the snapshot's log end offsets), so nothing acknowledged to the publisher is missed."""
+    process = BrokerProcess(tmp_path, sessions={"persist_interval_s": 0.1}, sys_topics={"enabled": False})
+    path = tmp_path / "data" / "meta" / SESSIONS_FILE
+    process.start()
+    try:
+        device = PahoClient(process.port, "dev", clean=False, session_expiry=300)
+        device.subscribe("t/1", 1)
+        assert wait_for(lambda: path.exists() and "dev" in path.read_text())
+        device.disconnect()
+        publisher = PahoClient(process.port, "pub")
+        for n in range(3):
+            publisher.publish("t/1", str(n), 1)  # acknowledged: in the log
+        process.kill()
+        process.start()
+        again = PahoClient(process.port, "dev", clean=False, session_expiry=300)
+        assert again.connack_result[0].session_present is True
+        assert [m.payload for m in again.expect(3)] == [b"0", b"1", b"2"]
+    finally:
+        process.stop()
+
+
+@pytest.mark.parametrize(
+    ("sessions", "key"),
+    [({"persist_interval_s": 0}, "sessions.persist_interval_s"), ({"persist": "yes"}, "sessions.persist")],
+)
+def test_wrong_values_name_the_key(sessions, key):
+    with pytest.raises(ConfigError) as error:
+        load_dataclass(BrokerConfig, {"sessions": sessions})
+    assert error.value.path == key
+
+
+def test_a_restored_session_keeps_its_owner_and_another_user_cannot_resume_it(brokers, tmp_path):
+    """[MQTT-3.1.4-3] within one identity, across a restart: the sessions file keeps each session's user,
+    so after the restart user A still gets "not authorized" for B's client id, and B resumes its session
+    with the message queued before the restart."""
+    from broker_edge.auth import PasswordFile
+
+    passwords = tmp_path / "passwd"
+    PasswordFile.set_password(passwords, "userA", "pw-a", create=True)
+    PasswordFile.set_password(passwords, "userB", "pw-b")
+    secured = {
+        "listeners": [{"name": "tcp", "host": "127.0.0.1", "port": 0, "allow_anonymous": False}],
+        "auth": {"password_file": str(passwords)},
+        "acl": {"rules": [{"permission": "allow", "action": "all", "topic": "%u/#"}]},
+    }
+    broker = brokers(**secured)
+    owner = PahoClient(
+        broker.port, "devB", username="userB", password="pw-b", clean=False, session_expiry=300
+    )
+    assert owner.subscribe("userB/#", 1) == [1]
+    owner.disconnect()
+    PahoClient(broker.port, "pubB", username="userB", password="pw-b").publish("userB/secret", b"for B", 1)
+
+    broker = restarted(broker, brokers, **secured)
+    assert [s["username"] for s in sessions_file(broker)["sessions"] if s["client_id"] == "devB"] == ["userB"]
+    for version in (5, 4):
+        thief = RawClient(broker.port, version)
+        fields = {"properties": Properties(session_expiry_interval=300)} if version == 5 else {}
+        refused = thief.connect("devB", username="userA", password=b"pw-a", clean_start=False, **fields)
+        assert isinstance(refused, ConnAck) and refused.reason_code == {5: 0x87, 4: 0x05}[version]
+        assert refused.session_present is False
+    again = PahoClient(
+        broker.port, "devB", username="userB", password="pw-b", clean=False, session_expiry=300
+    )
+    assert again.connack_result[0].session_present is True
+    assert [m.payload for m in again.expect(1)] == [b"for B"]
+
+
+def test_a_restart_restores_no_more_persistent_sessions_than_the_bound(brokers, caplog):
+    broker = brokers()
+    for n in range(5):
+        PahoClient(broker.port, f"dev-{n}", clean=False, session_expiry=300).disconnect()
+    with caplog.at_level(logging.WARNING, logger="broker_edge.session_store"):
+        broker = restarted(broker, brokers, sessions={"max_persistent": 3})
+    assert broker.call(lambda: broker.broker.router.persistent_count) == 3
+    assert "2 persistent sessions not restored: sessions.max_persistent is 3" in caplog.text

@@ -1,0 +1,243 @@
+"""Publish and subscribe with real clients: QoS both ways, wildcards, overlapping subscriptions, v5."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_edge.protocol.packets import Publish, Subscribe, Subscription, Will
+from broker_edge.protocol.properties import Properties
+from tests.e2e.broker_clients import PahoClient, RawClient
+
+
+@pytest.mark.mqtt311("MQTT-3.3.4-1", "MQTT-7.1.1-1")
+@pytest.mark.mqtt5("MQTT-4.2.0-1")
+@pytest.mark.parametrize("version", [4, 5, 3])
+@pytest.mark.parametrize("qos", [0, 1, 2])
+def test_round_trip_every_qos_and_version(broker, version, qos):
+    sub = PahoClient(broker.port, "sub", version=version)
+    assert sub.subscribe("sensors/+/temp", qos) == [qos]
+    pub = PahoClient(broker.port, "pub", version=version)
+    pub.publish("sensors/d1/temp", b"21.5", qos)
+    [message] = sub.expect(1)
+    assert (message.topic, message.payload, message.qos, message.retain) == (
+        "sensors/d1/temp",
+        b"21.5",
+        qos,
+        False,
+    )
+
+
+@pytest.mark.mqtt311("MQTT-3.8.4-6")
+@pytest.mark.mqtt5("MQTT-3.8.4-8")
+def test_granted_qos_caps_delivery_and_publish_qos_caps_it_too(broker):
+    sub = PahoClient(broker.port, "sub")
+    sub.subscribe("a", 1)
+    pub = PahoClient(broker.port, "pub")
+    pub.publish("a", b"x", 2)
+    pub.publish("a", b"y", 0)
+    first, second = sub.expect(2)
+    assert (first.payload, first.qos) == (b"x", 1)
+    assert (second.payload, second.qos) == (b"y", 0)
+
+
+@pytest.mark.mqtt311("MQTT-4.7.2-1")
+@pytest.mark.mqtt5("MQTT-4.7.2-1")
+def test_wildcards_and_dollar_topics(broker):
+    root = PahoClient(broker.port, "root")
+    root.subscribe("#", 0)
+    root.subscribe("+/status", 0)
+    dollar = PahoClient(broker.port, "dollar")
+    dollar.subscribe("$internal/#", 0)
+    dollar.subscribe("$internal/+", 0)
+    broker.call(lambda: broker.broker.publish("$internal/status", b"broker topic"))
+    assert [(m.topic, m.payload) for m in dollar.expect(1)] == [("$internal/status", b"broker topic")]
+    pub = PahoClient(broker.port, "pub")
+    pub.publish("room/status", b"visible")
+    assert [m.payload for m in root.expect(1)] == [b"visible"]  # once, and the $ topic never came
+    root.expect_none()
+    dollar.expect_none()
+
+
+def test_clients_cannot_publish_to_dollar_topics(broker):
+    dollar = PahoClient(broker.port, "dollar")
+    dollar.subscribe("$SYS/#", 0)
+    raw = RawClient(broker.port, 5)
+    raw.connect("forger")
+    raw.send_packet(Publish("$SYS/broker/uptime", b"forged", 1, packet_id=1))
+    assert raw.recv().reason_code == 0x87
+    dollar.expect_none()
+
+
+@pytest.mark.mqtt311("MQTT-3.3.2-3", "MQTT-4.7.1-3")
+@pytest.mark.mqtt5("MQTT-3.3.2-3", "MQTT-4.7.1-2")
+def test_plus_matches_one_whole_level(broker):
+    sub = PahoClient(broker.port, "sub")
+    sub.subscribe("a/+/c", 0)
+    sub.subscribe("+", 0)
+    pub = PahoClient(broker.port, "pub")
+    for topic in ("a/b/c", "a/b/x", "a/b/c/d", "a//c", "top", "a/b"):
+        pub.publish(topic, topic)
+    pub.publish("end", b"end", 1)
+    assert [m.topic for m in sub.expect(4)] == ["a/b/c", "a//c", "top", "end"]
+
+
+def test_hash_matches_parent_level(broker):
+    sub = PahoClient(broker.port, "sub")
+    sub.subscribe("a/#", 0)
+    pub = PahoClient(broker.port, "pub")
+    pub.publish("a", b"parent")
+    pub.publish("a/b/c", b"deep")
+    assert [m.payload for m in sub.expect(2)] == [b"parent", b"deep"]
+
+
+@pytest.mark.mqtt311("MQTT-3.3.5-1")
+@pytest.mark.mqtt5("MQTT-3.3.4-2", "MQTT-3.3.4-3", "MQTT-3.3.4-4")
+@pytest.mark.parametrize("qos_of", [{"a/+": 1, "a/#": 0, "a/b": 2}, {"a/+": 2, "a/#": 1, "a/b": 0}])
+def test_overlapping_subscriptions_deliver_one_copy_at_highest_qos_with_every_identifier(broker, qos_of):
+    """The highest QoS wins whichever of the overlapping filters holds it."""
+    raw = RawClient(broker.port, 5)
+    raw.connect("overlap")
+    ids = {"a/+": 7, "a/#": 9}
+    for packet_id, topic_filter in enumerate(("a/+", "a/#", "a/b"), start=1):
+        props = Properties(subscription_identifiers=[ids[topic_filter]]) if topic_filter in ids else None
+        raw.send_packet(Subscribe(packet_id, [Subscription(topic_filter, qos_of[topic_filter])], props))
+        assert raw.recv().reason_codes == [qos_of[topic_filter]]
+    pub = PahoClient(broker.port, "pub")
+    pub.publish("a/b", b"once", 2)
+    delivered = raw.recv()
+    assert isinstance(delivered, Publish)
+    assert delivered.qos == 2
+    assert sorted(delivered.properties.subscription_identifiers) == [7, 9]
+    pub.publish("a/c", b"second", 0)
+    nxt = raw.recv()
+    assert nxt.payload == b"second"  # and not a second copy of "once"
+    assert sorted(nxt.properties.subscription_identifiers) == [7, 9]
+
+
+@pytest.mark.mqtt5("MQTT-3.8.3-3")
+def test_no_local(broker):
+    client = PahoClient(broker.port, "self")
+    client.subscribe("chat", 1, noLocal=True)
+    other = PahoClient(broker.port, "other")
+    other.subscribe("chat", 1)
+    client.publish("chat", b"mine", 1)
+    other.publish("chat", b"theirs", 1)
+    assert [m.payload for m in client.expect(1)] == [b"theirs"]
+    assert sorted(m.payload for m in other.expect(2)) == [b"mine", b"theirs"]
+
+
+APPLICATION_PROPERTIES = {
+    "response_topic": "resp/1",
+    "correlation_data": b"\x01\x02",
+    "content_type": "application/json",
+    "payload_format_indicator": 1,
+    "user_properties": [("k", "v"), ("k", "w")],
+}
+
+
+def assert_application_properties(message) -> None:
+    got = message.properties
+    assert got.ResponseTopic == "resp/1"
+    assert got.CorrelationData == b"\x01\x02"
+    assert got.ContentType == "application/json"
+    assert got.PayloadFormatIndicator == 1
+    assert got.UserProperty == [("k", "v"), ("k", "w")]
+
+
+@pytest.mark.mqtt5(
+    "MQTT-3.3.2-4",
+    "MQTT-3.3.2-6",
+    "MQTT-3.3.2-15",
+    "MQTT-3.3.2-16",
+    "MQTT-3.3.2-17",
+    "MQTT-3.3.2-18",
+    "MQTT-3.3.2-20",
+)
+def test_v5_properties_pass_through(broker):
+    sub = PahoClient(broker.port, "sub")
+    sub.subscribe("req/#", 1)
+    pub = RawClient(broker.port, 5)
+    pub.connect("pub")
+    pub.send_packet(Publish("req/a", b"{}", 1, packet_id=1, properties=Properties(**APPLICATION_PROPERTIES)))
+    # the same with a topic alias and a message expiry, which the broker does not forward as they are
+    per_hop = Properties(**APPLICATION_PROPERTIES, topic_alias=3, message_expiry_interval=100)
+    pub.send_packet(Publish("req/b", b"{}", 1, packet_id=2, properties=per_hop))
+    first, second = sub.expect(2)
+    assert_application_properties(first)
+    assert_application_properties(second)
+    assert not hasattr(second.properties, "TopicAlias")
+    assert 0 < second.properties.MessageExpiryInterval <= 100
+
+
+@pytest.mark.mqtt5("MQTT-3.1.3-10")
+def test_v5_will_properties_pass_through(broker):
+    watcher = PahoClient(broker.port, "watcher")
+    watcher.subscribe("wills/#", 1)
+    raw = RawClient(broker.port, 5)
+    will_props = Properties(**APPLICATION_PROPERTIES, will_delay_interval=0)
+    raw.connect("dying", will=Will("wills/dying", b"gone", 1, properties=will_props))
+    raw.close()
+    [message] = watcher.expect(1)
+    assert message.payload == b"gone"
+    assert_application_properties(message)
+
+
+@pytest.mark.mqtt5("MQTT-3.4.2-1")
+def test_v5_no_matching_subscribers_reason_code(broker):
+    raw = RawClient(broker.port, 5)
+    raw.connect("pub")
+    raw.send_packet(Publish("nobody/listens", b"x", 1, packet_id=5))
+    ack = raw.recv()
+    assert (ack.packet_id, ack.reason_code) == (5, 0x10)
+
+
+@pytest.mark.mqtt311("MQTT-3.10.4-1", "MQTT-3.10.4-2")
+@pytest.mark.mqtt5("MQTT-3.10.4-1", "MQTT-3.10.4-2")
+def test_unsubscribe(broker):
+    sub = PahoClient(broker.port, "sub")
+    sub.subscribe("a", 0)
+    sub.subscribe("b", 0)
+    sub.client.unsubscribe("a")
+    pub = PahoClient(broker.port, "pub")
+    pub.publish("a", b"gone")
+    pub.publish("b", b"kept")
+    assert [m.payload for m in sub.expect(1)] == [b"kept"]
+
+
+@pytest.mark.mqtt5("MQTT-3.10.4-1", "MQTT-3.10.4-5", "MQTT-3.10.4-6", "MQTT-3.11.3-1", "MQTT-3.11.3-2")
+def test_v5_unsuback_reason_codes(broker):
+    raw = RawClient(broker.port, 5)
+    raw.connect("u")
+    raw.subscribe("x/y", 0)
+    from broker_edge.protocol.packets import Unsubscribe
+
+    raw.send_packet(Unsubscribe(2, ["x/y", "never"]))
+    assert raw.recv().reason_codes == [0x00, 0x11]
+
+
+def test_shared_subscription_one_member_gets_each_message_round_robin(broker):
+    members = [PahoClient(broker.port, f"m{i}") for i in range(3)]
+    for member in members:
+        member.subscribe("$share/workers/jobs/+", 1)
+    plain = PahoClient(broker.port, "plain")
+    plain.subscribe("jobs/+", 1)
+    pub = PahoClient(broker.port, "pub")
+    for i in range(9):
+        pub.publish(f"jobs/{i}", str(i), 1)
+    assert len(plain.expect(9)) == 9
+    counts = [len(m.expect(3)) for m in members]
+    assert counts == [3, 3, 3]
+    for member in members:
+        member.expect_none(0.1)
+
+
+def test_shared_subscription_prefers_connected_members(broker):
+    away = PahoClient(broker.port, "away", clean=False, session_expiry=300)
+    away.subscribe("$share/g/t", 1)
+    here = PahoClient(broker.port, "here")
+    here.subscribe("$share/g/t", 1)
+    away.disconnect()
+    pub = PahoClient(broker.port, "pub")
+    for i in range(4):
+        pub.publish("t", str(i), 1)
+    assert len(here.expect(4)) == 4

@@ -1,0 +1,169 @@
+"""What operators see of a running broker: /metrics per listener, /health, $SYS topics, connection logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from broker_edge.logs import JsonFormatter
+from broker_edge.protocol.packets import PubAck, Publish
+from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
+
+TWO_LISTENERS = [
+    {"name": "north", "type": "tcp", "host": "127.0.0.1", "port": 0},
+    {"name": "south", "type": "tcp", "host": "127.0.0.1", "port": 0},
+]
+
+
+def scrape(broker) -> dict[tuple[str, frozenset], float]:
+    """Every sample of GET /metrics, by (sample name, labels)."""
+    url = f"http://127.0.0.1:{broker.broker.admin_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def sample(samples: dict, name: str, **labels: str) -> float:
+    return samples[(name, frozenset(labels.items()))]
+
+
+def test_metrics_endpoint_per_listener(start_broker):
+    broker = start_broker(listeners=TWO_LISTENERS)
+    north, south = broker.port_of("north"), broker.port_of("south")
+    sub = RawClient(south, 5)
+    sub.connect("sub")
+    sub.subscribe("m/#", 1)
+    pub = RawClient(north, 5)
+    pub.connect("pub")
+    pub.send_packet(Publish("m/a", b"q1", 1, packet_id=1))
+    assert isinstance(pub.recv(), PubAck)
+    pub.send_packet(Publish("m/b", b"q0"))
+    pub.send_packet(Publish("nobody/listens", b"lost", 1, packet_id=2))
+    assert pub.recv().reason_code == 0x10
+    delivered = [sub.recv(), sub.recv()]  # the QoS 1 one stays unacknowledged: one message in flight
+    assert [(p.payload, p.qos) for p in delivered] == [(b"q1", 1), (b"q0", 0)]
+    RawClient(north, 5).send(b"\x00\x00")  # refused: a protocol error before CONNECT
+    assert wait_for(lambda: broker.refused("protocol_error") == 1)
+
+    samples = scrape(broker)
+    prefix = "timestone_broker_"
+    assert sample(samples, prefix + "connections", listener="north") == 1
+    assert sample(samples, prefix + "connections", listener="south") == 1
+    assert sample(samples, prefix + "connections_accepted_total", listener="north") == 1
+    assert sample(samples, prefix + "messages_received_total", listener="north", qos="1") == 2
+    assert sample(samples, prefix + "messages_received_total", listener="north", qos="0") == 1
+    assert sample(samples, prefix + "messages_received_total", listener="south", qos="1") == 0
+    assert sample(samples, prefix + "messages_sent_total", listener="south", qos="1") == 1
+    assert sample(samples, prefix + "messages_sent_total", listener="south", qos="0") == 1
+    assert sample(samples, prefix + "messages_sent_total", listener="north", qos="1") == 0
+    assert sample(samples, prefix + "bytes_received_total", listener="north") >= 3 * 8
+    assert sample(samples, prefix + "bytes_sent_total", listener="south") >= len(b"q1q0") + 2 * 8
+    assert sample(samples, prefix + "messages_dropped_total", reason="no_subscribers") == 1
+    assert sample(samples, prefix + "messages_dropped_total", reason="slow_subscriber") == 0
+    assert sample(samples, prefix + "connections_refused_total", reason="protocol_error") == 1
+    assert sample(samples, prefix + "inflight_messages") == 1
+    assert sample(samples, prefix + "subscriptions") == 1
+    assert sample(samples, prefix + "sessions", state="online") == 2
+    assert sample(samples, prefix + "disconnects_total", reason="slow_subscriber") == 0
+
+    sub.send_packet(PubAck(delivered[0].packet_id))
+    pub.close()
+    assert wait_for(lambda: broker.metric(prefix + "inflight_messages") == 0)
+    assert wait_for(lambda: broker.metric(prefix + "connections", listener="north") == 0)
+
+
+def test_health_endpoint(start_broker):
+    broker = start_broker(listeners=TWO_LISTENERS)
+    PahoClient(broker.port_of("north"), "h1")
+    url = f"http://127.0.0.1:{broker.broker.admin_port}/health"
+    response = urllib.request.urlopen(url, timeout=5)
+    report = json.loads(response.read())
+    assert response.status == 200
+    assert report["status"] == "ok"
+    assert report["listeners"] == {"north": broker.port_of("north"), "south": broker.port_of("south")}
+    assert (report["connections"], report["sessions"]) == (1, 1)
+    broker.call(lambda: setattr(broker.broker, "_stopping", True))  # what a stopping broker reports
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(url, timeout=5)
+    assert error.value.code == 503
+    broker.call(lambda: setattr(broker.broker, "_stopping", False))
+
+
+def test_sys_topics(start_broker):
+    broker = start_broker(sys_topics={"enabled": True, "interval_s": 60})
+    pub = PahoClient(broker.port, "pub")
+    pub.subscribe("x", 1)
+    for _ in range(3):
+        pub.publish("x", b"1", 1)
+    assert len(pub.expect(3)) == 3
+    watcher = PahoClient(broker.port, "watcher")
+    broker.call(broker.broker.publish_sys_topics)
+    watcher.subscribe("$SYS/broker/#", 0)  # retained: the figures come on SUBSCRIBE
+    watcher.subscribe("#", 0)  # and a root wildcard does not see them
+    figures = {}
+    while len(figures) < 17:
+        message = watcher.expect(1)[0]
+        assert message.topic.startswith("$SYS/broker/") and message.retain
+        figures[message.topic.removeprefix("$SYS/broker/")] = message.payload.decode()
+    assert figures["messages/received"] == figures["messages/sent"] == "3"
+    assert figures["clients/connected"] == "2"
+    assert figures["subscriptions/count"] == "1"
+    assert figures["version"].startswith("timestone ")
+    assert figures["uptime"].endswith(" seconds")
+    watcher.expect_none(0.2)
+
+
+@pytest.fixture
+def broker_records():
+    """Every record the broker's loggers write during the test (INFO and above)."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append  # type: ignore[method-assign]  # keeps the records the handler formats
+    logger = logging.getLogger("broker_edge")
+    previous = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(previous)
+
+
+def test_every_connection_log_line_names_its_client(start_broker, broker_records):
+    broker = start_broker(limits={"max_client_id_length": 30})
+    PahoClient(broker.port, "polite").disconnect()
+    bad = RawClient(broker.port, 5)
+    bad.connect("malformed")
+    bad.send(b"\x30\x05\x00\x02\xc3\x28\x00")
+    assert bad.closed()
+    RawClient(broker.port, 5).connect("too-long-" * 5)
+    RawClient(broker.port, 5).connect("twin")
+    RawClient(broker.port, 5).connect("twin")
+    sleepy = RawClient(broker.port, 5)
+    sleepy.connect("sleepy", keep_alive=10)
+    connection = broker.connection("sleepy")
+    broker.call(lambda: connection.check_timers(broker.broker.loop.time() + 100))
+    assert sleepy.closed()
+    assert wait_for(lambda: not broker.connected("polite") and not broker.connected("malformed"))
+
+    lines = [r for r in broker_records if r.name == "broker_edge.connection"]
+    messages = {(r.client_id, r.getMessage().split(":")[0].split(" (")[0]) for r in lines}
+    assert {
+        ("polite", "connected"),
+        ("polite", "disconnected"),
+        ("malformed", "protocol error, closing"),
+        ("too-long-too-long-too-long-too", "connection refused"),
+        ("twin", "session taken over by a new connection"),
+        ("sleepy", "keep alive timeout"),
+    } <= messages
+    for record in lines:
+        assert record.client_id and record.listener == "tcp" and record.peer.startswith("127.0.0.1:")
+        document = json.loads(JsonFormatter().format(record))
+        assert document["client_id"] == record.client_id

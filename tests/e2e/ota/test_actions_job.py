@@ -1,0 +1,71 @@
+"""The actions job end to end: Spark streams over real Delta tables, a real broker's log and a fleet.
+
+An operator writes one row; the job fans it out through the broker; devices report on their status topic;
+the reports come back through the broker's commitlog and the ``timestone`` source; every device ends in a
+terminal state and the summary's counts match what the devices did.
+"""
+
+from __future__ import annotations
+
+import pyarrow.compute as pc
+
+from pipelines.actions.operator import NewAction, cancel_action, create_action
+from tests.e2e.ota.conftest import actions_stack, summary, wait_for
+from tests.fleet_harness import quiet_devices
+
+
+def states(store, action_id: str) -> dict[str, str]:
+    table = store.read_arrow("action_executions")
+    table = table.filter(pc.equal(table["action_id"], action_id))
+    return dict(zip(table["device_id"].to_pylist(), table["state"].to_pylist(), strict=True))
+
+
+async def _go_offline(device, seconds: float) -> None:
+    device.go_offline(seconds)
+
+
+def test_broadcast_reaches_every_device_including_one_that_was_offline(spark, tmp_path):
+    behaviour = quiet_devices(failure_rate=0.1, reject_rate=0.05, offline_duration_s=(3.0, 3.0))
+    fleet_spec = {"count": 200, "groups": ["canary", "fleet"]}
+    with actions_stack(spark, tmp_path, fleet_spec, behaviour) as stack:
+        store, fleet = stack.store, stack.fleet
+        offline = next(d for d in fleet.devices if d.group == "canary")
+        stack.harness.run(_go_offline(offline, 3.0))
+        action_id = create_action(
+            store, NewAction(group="canary", version="2.0.0", url="https://example.invalid/fw.bin")
+        )
+        wait_for(
+            lambda: (s := summary(store, action_id)) is not None and s["action_state"] == "COMPLETED",
+            what="the action to complete",
+        )
+        final = states(store, action_id)
+        canary = {d.device_id for d in fleet.devices if d.group == "canary"}
+        assert set(final) == canary
+        device_states = {
+            d.device_id: d.actions[action_id].state for d in fleet.devices if d.group == "canary"
+        }
+        assert final == device_states
+        assert final[offline.device_id] in ("SUCCEEDED", "FAILED", "REJECTED")
+        counts = summary(store, action_id)
+        assert counts["total_count"] == 100
+        for state in ("SUCCEEDED", "FAILED", "REJECTED"):
+            assert counts[f"{state.lower()}_count"] == sum(1 for s in final.values() if s == state)
+        assert all(action_id not in d.actions for d in fleet.devices if d.group == "fleet")
+
+
+def test_cancel_through_the_table_stops_devices_that_started(spark, tmp_path):
+    behaviour = quiet_devices(download_delay_s=(60.0, 60.0))
+    with actions_stack(spark, tmp_path, {"count": 20, "groups": ["g"]}, behaviour, register=False) as stack:
+        store, fleet = stack.store, stack.fleet
+        action_id = create_action(
+            store, NewAction(all_devices=True, version="3.0.0", url="https://example.invalid/fw3.bin")
+        )
+        wait_for(lambda: fleet.states(action_id).get("IN_PROGRESS") == 20, what="downloads")
+        wait_for(lambda: (summary(store, action_id) or {}).get("in_progress_count") == 20, what="tracking")
+        assert cancel_action(store, action_id)
+        wait_for(
+            lambda: (s := summary(store, action_id)) is not None and s["canceled_count"] == 20,
+            what="cancellation",
+        )
+        assert summary(store, action_id)["action_state"] == "CANCELED"
+        assert {d.firmware for d in fleet.devices} == {"1.0.0"}

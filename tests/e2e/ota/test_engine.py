@@ -1,0 +1,132 @@
+"""The actions engine against real Delta tables (delta-rs) and a real MQTT broker with a simulated fleet.
+
+Reports reach the engine straight from an MQTT listener here; the Spark job that reads them from the brokers'
+logs is tested in test_actions_job.py.
+"""
+
+from __future__ import annotations
+
+import pyarrow.compute as pc
+
+from pipelines.actions.engine import ActionsEngine
+from pipelines.actions.publisher import MqttPublisher
+from pipelines.actions.states import CANCELED, FAILED, IN_PROGRESS, QUEUED, SUCCEEDED, TIMED_OUT
+from tests.e2e.ota.conftest import action_row, register_devices, write_actions
+from tests.fleet_harness import FleetHarness, FleetSpec, quiet_devices
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        import time
+
+        self.now = int(time.time() * 1000)
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def executions(store, action_id: str) -> dict[str, dict]:
+    table = store.read_arrow("action_executions")
+    table = table.filter(pc.equal(table["action_id"], action_id))
+    return {row["device_id"]: row for row in table.to_pylist()}
+
+
+def summary(store, action_id: str) -> dict:
+    table = store.read_arrow("action_summary")
+    rows = table.filter(pc.equal(table["action_id"], action_id)).to_pylist()
+    assert len(rows) == 1
+    return rows[0]
+
+
+def make_engine(store, broker, clock=None) -> ActionsEngine:
+    publisher = MqttPublisher([broker], client_id="actions-test")
+    return ActionsEngine(store, publisher, clock=clock) if clock else ActionsEngine(store, publisher)
+
+
+def test_group_broadcast_reaches_the_group_and_completes(table_store, mosquitto):
+    spec = FleetSpec(brokers=[mosquitto], count=6, groups=["g1", "g2"])
+    with FleetHarness(mosquitto, spec, quiet_devices()) as harness:
+        register_devices(table_store, {d.device_id: d.group for d in harness.fleet.devices})
+        engine = make_engine(table_store, mosquitto)
+        row = action_row("a-1", group="g1")
+        write_actions(table_store, [row], 0)
+        engine.on_action_rows([row], "fanout", 0)
+        queued = executions(table_store, "a-1")
+        assert {r["state"] for r in queued.values()} == {QUEUED}
+        assert len(queued) == 3 and all(r["published_at"] is not None for r in queued.values())
+
+        harness.wait_until(lambda: harness.fleet.finished("a-1") == 3)
+        harness.wait_until(lambda: sum(r.state == SUCCEEDED for r in harness.reports) == 3)
+        reports = harness.take_reports()
+        engine.on_reports(reports, "reports", 0)
+        final = executions(table_store, "a-1")
+        assert {r["state"] for r in final.values()} == {SUCCEEDED}
+        assert all(r["started_at"] <= r["finished_at"] for r in final.values())
+        result = summary(table_store, "a-1")
+        assert (result["succeeded_count"], result["total_count"], result["action_state"]) == (
+            3,
+            3,
+            "COMPLETED",
+        )
+
+        versions = (table_store.version("action_executions"), table_store.version("action_summary"))
+        engine.on_reports(reports, "reports", 0)  # a replayed micro-batch
+        engine.on_reports(reports, "reports", 1)  # the same reports again in a later batch: stale, ignored
+        assert table_store.version("action_executions") == versions[0]
+        assert executions(table_store, "a-1") == final
+        engine.publisher.close()
+
+
+def test_failures_abort_a_paced_rollout_and_cancel_the_rest(table_store, mosquitto):
+    clock = ManualClock()
+    spec = FleetSpec(brokers=[mosquitto], count=6, groups=["g"])
+    with FleetHarness(mosquitto, spec, quiet_devices(failure_rate=1.0)) as harness:
+        register_devices(table_store, {d.device_id: d.group for d in harness.fleet.devices})
+        engine = make_engine(table_store, mosquitto, clock)
+        row = action_row("a-2", group="g", max_per_minute=60, failure_pct=50.0, min_executed=2)
+        write_actions(table_store, [row], 0)
+        engine.on_action_rows([row], "fanout", 0)
+        assert sum(r["published_at"] is not None for r in executions(table_store, "a-2").values()) == 1
+        clock.now += 1_000  # one more device per second at 60/min
+        engine.tick()
+        assert sum(r["published_at"] is not None for r in executions(table_store, "a-2").values()) == 2
+
+        harness.wait_until(lambda: sum(r.state == FAILED for r in harness.reports) == 2)
+        engine.on_reports(harness.take_reports(), "reports", 0)
+        final = executions(table_store, "a-2")
+        states = sorted(r["state"] for r in final.values())
+        assert states == [CANCELED] * 4 + [FAILED] * 2
+        assert summary(table_store, "a-2")["action_state"] == "ABORTED"
+        clock.now += 60_000
+        engine.tick()  # an aborted rollout publishes nothing more
+        assert sum(r["published_at"] is not None for r in executions(table_store, "a-2").values()) == 2
+        assert sum(1 for d in harness.fleet.devices if "a-2" in d.actions) == 2
+        engine.publisher.close()
+
+
+def test_in_progress_timeout_and_operator_cancel(table_store, mosquitto):
+    clock = ManualClock()
+    spec = FleetSpec(brokers=[mosquitto], count=4, groups=["g"])
+    with FleetHarness(mosquitto, spec, quiet_devices(download_delay_s=(60.0, 60.0))) as harness:
+        devices = [d.device_id for d in harness.fleet.devices]
+        engine = make_engine(table_store, mosquitto, clock)
+        slow = action_row("a-3", device_ids=devices[:2], timeout_s=5)
+        canceled_later = action_row("a-4", device_ids=devices[2:])
+        write_actions(table_store, [slow, canceled_later], 0)
+        engine.on_action_rows([slow, canceled_later], "fanout", 0)
+        harness.wait_until(lambda: sum(r.state == IN_PROGRESS for r in harness.reports) == 4)
+        engine.on_reports(harness.take_reports(), "reports", 0)
+
+        clock.now += 6_000
+        engine.tick()
+        assert {r["state"] for r in executions(table_store, "a-3").values()} == {TIMED_OUT}
+        assert summary(table_store, "a-3")["timed_out_count"] == 2
+
+        cancel = dict(canceled_later, cancel=True)
+        write_actions(table_store, [cancel], 1)
+        engine.on_action_rows([cancel], "fanout", 1)
+        harness.wait_until(lambda: sum(r.state == CANCELED for r in harness.reports) == 2)
+        engine.on_reports(harness.take_reports(), "reports", 1)
+        assert {r["state"] for r in executions(table_store, "a-4").values()} == {CANCELED}
+        assert summary(table_store, "a-4")["action_state"] == "CANCELED"
+        engine.publisher.close()

@@ -1,0 +1,140 @@
+"""The broker's HTTP endpoints (offsets API, admin /metrics and /health) against hostile clients.
+
+Written as the attack on a real broker: many idle or half-sent connections (capped, and closed once their
+request takes too long to arrive), and malformed inputs that must each get a 4xx JSON error naming the
+parameter, never a plain-text 500 or a number read from non-ASCII digits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import socket
+import time
+
+import pytest
+
+from tests.e2e.broker_clients import PahoClient
+
+HTTP_LIMITS = {"max_connections": 10, "request_timeout_s": 1.0}
+
+
+def raw_socket(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    data = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+def get(port: int, path: str, headers: dict | None = None) -> tuple[int, dict | str]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        connection.request("GET", path, headers=headers or {})
+        response = connection.getresponse()
+        body = response.read().decode()
+        is_json = response.getheader("Content-Type", "").startswith("application/json")
+        return response.status, (json.loads(body) if is_json else body)
+    finally:
+        connection.close()
+
+
+def post(port: int, path: str, body: bytes) -> tuple[int, dict]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+@pytest.fixture
+def broker(brokers):
+    running = brokers(offsets_api=HTTP_LIMITS, admin_http=HTTP_LIMITS)
+    PahoClient(running.port, "pub").publish("t", b"x", 1)
+    return running
+
+
+@pytest.mark.parametrize("endpoint", ["offsets", "admin"])
+def test_idle_connections_are_capped_and_closed_when_no_request_arrives(broker, endpoint):
+    port = broker.broker.offsets_port if endpoint == "offsets" else broker.broker.admin_port
+    held = [raw_socket(port) for _ in range(10)]
+    time.sleep(0.2)
+    extra = raw_socket(port)
+    refusal = read_until_closed(extra)
+    assert refusal.startswith(b"HTTP/1.1 503") and b'"too_many_connections"' in refusal
+    started = time.monotonic()
+    for sock in held:  # none sends a request: each is closed after request_timeout_s
+        assert read_until_closed(sock) == b""
+    assert time.monotonic() - started < 4
+    assert get(port, "/health" if endpoint == "admin" else "/v1/logs")[0] == 200  # room again
+
+
+@pytest.mark.parametrize("endpoint", ["offsets", "admin"])
+def test_half_sent_request_headers_are_closed_after_the_timeout(broker, endpoint):
+    port = broker.broker.offsets_port if endpoint == "offsets" else broker.broker.admin_port
+    slow = raw_socket(port)
+    slow.sendall(b"GET /health HTTP/1.1\r\nHost: broker\r\nX-Slow: 1")
+    started = time.monotonic()
+    for _ in range(3):  # a byte now and then does not keep it open
+        time.sleep(0.3)
+        with contextlib.suppress(OSError):
+            slow.sendall(b"1")
+    assert read_until_closed(slow) == b""
+    assert time.monotonic() - started < 3
+
+
+def test_a_half_sent_body_gets_408_in_json(broker):
+    slow = raw_socket(broker.broker.offsets_port)
+    head = b"POST /v1/fetch HTTP/1.1\r\nHost: b\r\nContent-Type: application/json\r\nContent-Length: 100\r\n"
+    slow.sendall(head + b"\r\n{")
+    answer = read_until_closed(slow)
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["parameter"] == "body"
+
+
+@pytest.mark.parametrize(
+    ("query", "parameter"),
+    [
+        ("offset=%C2%B2", "offset"),  # a superscript two is not a number
+        ("offset=%D9%A1", "offset"),  # nor an Arabic-Indic one
+        ("offset=0&max_records=" + "9" * 5000, "max_records"),
+        ("offset=0&max_bytes=%EF%BC%95", "max_bytes"),  # a full-width five
+        ("offset=-3", "offset"),
+    ],
+)
+def test_bad_query_parameters_get_a_400_json_error_naming_them(broker, query, parameter):
+    status, body = get(broker.broker.offsets_port, f"/v1/logs/t/records?{query}")
+    assert status == 400
+    assert isinstance(body, dict) and body["parameter"] == parameter and parameter in body["message"]
+
+
+@pytest.mark.parametrize(
+    ("body", "parameter"),
+    [
+        (b"[" * 100_000, "body"),
+        (b'{"fetches": [{"topic": "t", "offset": 0}], "max_records": ' + b"9" * 5000 + b"}", "body"),
+        (b'{"fetches": [{"topic": "t", "offset": "\\u0661"}]}', "offset"),
+        (
+            b'{"fetches": [{"topic": "t", "offset": 0}], "max_records": 10000000000000000000000}',
+            "max_records",
+        ),
+        (b"\xff\xfe", "body"),
+    ],
+)
+def test_bad_fetch_bodies_get_a_400_json_error_naming_the_field(broker, body, parameter):
+    status, answer = post(broker.broker.offsets_port, "/v1/fetch", body)
+    assert status == 400 and answer["parameter"] == parameter
+
+
+def test_metrics_with_an_unreadable_accept_header_gets_the_text_format(broker):
+    status, body = get(
+        broker.broker.admin_port, "/metrics", {"Accept": "application/openmetrics-text; version=banana"}
+    )
+    assert status == 200 and "timestone_broker_connections_refused_total" in body

@@ -1,0 +1,88 @@
+"""Which backend a session gets, and the parts of the native backend that run without the Delta jars."""
+
+from __future__ import annotations
+
+import pytest
+
+from sinks.delta_native import DeltaNativeTableStore, commit_marker
+from sinks.delta_rs import DeltaRsTableStore
+from sinks.store import (
+    DELTA_EXTENSION,
+    choose_backend,
+    data_source_resolves,
+    delta_format_resolves,
+    open_table_store,
+)
+
+
+def test_auto_picks_native_when_the_session_has_delta():
+    assert choose_backend("auto", f"foo.Ext,{DELTA_EXTENSION}", False) == "native"
+    assert choose_backend("auto", "", True) == "native", "Databricks has Delta without listing the extension"
+
+
+def test_auto_picks_delta_rs_otherwise():
+    assert choose_backend("auto", "", False) == "delta-rs"
+    assert choose_backend("auto", "some.OtherExtension", False) == "delta-rs"
+
+
+def test_an_explicit_backend_wins_and_a_bad_name_is_refused():
+    assert choose_backend("delta-rs", DELTA_EXTENSION, True) == "delta-rs"
+    assert choose_backend("native", "", False) == "native"
+    with pytest.raises(ValueError, match="backend must be"):
+        choose_backend("delta", "", False)  # type: ignore[arg-type]  # the wrong value is the test
+
+
+def test_this_session_cannot_resolve_delta_and_gets_delta_rs(spark, tmp_path):
+    assert data_source_resolves(spark, "parquet") is True, "the probe itself works"
+    assert delta_format_resolves(spark) is False
+    store = open_table_store(spark, str(tmp_path / "lake"))
+    assert isinstance(store, DeltaRsTableStore)
+    assert store.backend == "delta-rs"
+    assert store.location("devices") == str(tmp_path / "lake" / "devices")
+
+
+def test_a_store_without_spark_is_delta_rs(tmp_path):
+    store = open_table_store(None, str(tmp_path))
+    assert isinstance(store, DeltaRsTableStore)
+    with pytest.raises(ValueError, match="needs a SparkSession"):
+        open_table_store(None, str(tmp_path), backend="native")
+
+
+def test_native_store_addresses_tables_by_path_or_by_name(spark):
+    by_path = DeltaNativeTableStore(spark, "/mnt/lake")
+    assert by_path.location("actions") == "/mnt/lake/actions"
+    assert by_path._identifier("actions") == "delta.`/mnt/lake/actions`"
+    by_name = open_table_store(spark, "", backend="native", namespace="main.timestone")
+    assert isinstance(by_name, DeltaNativeTableStore)
+    assert by_name.location("actions") == "main.timestone.actions"
+    assert by_name._identifier("actions") == "`main`.`timestone`.`actions`"
+    with pytest.raises(ValueError, match="root path, a namespace"):
+        DeltaNativeTableStore(spark, None)
+
+
+def test_native_commit_marker_names_app_and_batch():
+    assert commit_marker("3f2a-query", 12) == "timestone:3f2a-query:12"
+
+
+def test_executor_writes_are_chosen_per_table_by_the_pipeline_config(spark, tmp_path):
+    from broker_edge.config.loader import ConfigError
+    from pipelines.telemetry.config import load_telemetry_config
+    from pipelines.telemetry.job import open_store
+
+    off = open_table_store(None, str(tmp_path / "a"), "delta-rs")
+    every = open_table_store(None, str(tmp_path / "b"), "delta-rs", executor_writes=True)
+    assert not off.writes_on_executors("x") and every.writes_on_executors("x")
+
+    def store_with(tables: dict):
+        root = str(tmp_path / str(len(list(tmp_path.iterdir()))))
+        config = load_telemetry_config({"tables": {"root": root, "backend": "delta-rs", **tables}})
+        return open_store(spark, config)
+
+    default = store_with({})
+    assert isinstance(default, DeltaRsTableStore)
+    assert default.writes_on_executors("bronze_telemetry")
+    assert not default.writes_on_executors("silver_telemetry")
+    none = store_with({"executor_writes": []})
+    assert not none.writes_on_executors("bronze_telemetry")
+    with pytest.raises(ConfigError, match=r"tables\.executor_writes\[0\]"):
+        store_with({"executor_writes": ["bronze"]})

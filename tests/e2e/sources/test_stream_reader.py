@@ -1,0 +1,155 @@
+"""The timestone stream reader's offset calls against real brokers, called the way Spark calls them.
+
+Spark runs these in a planner process; here they are called directly, which keeps each case fast. The
+end-to-end behaviour under Spark is in test_timestone_source_spark.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import time
+
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from sources.options import parse_options
+from sources.slice_reader import BrokerUnreachableError
+from sources.timestone_source import TimestonePartition, TimestoneStreamReader
+from tests.e2e.sources.conftest import BASE_TIME_MS, EdgeBroker
+
+
+def reader(*brokers: EdgeBroker, **options: str) -> TimestoneStreamReader:
+    urls = ",".join(f"e{number}={broker.url}" for number, broker in enumerate(brokers, 1))
+    base = {"brokers": urls, "topics": "plant/+/temp", "fetchRetries": "1", "retryBackoffMs": "20"}
+    return TimestoneStreamReader(parse_options({**base, **options}))
+
+
+def roundtrip(offsets: dict) -> dict:
+    """What Spark hands back: the offsets as JSON, parsed again."""
+    return json.loads(json.dumps(offsets))
+
+
+def test_starting_offsets_resolve_against_the_brokers(edge: EdgeBroker) -> None:
+    edge.append("plant/1/temp", [_at(BASE_TIME_MS + n * 1000, n) for n in range(10)])
+    edge.fill("plant/2/temp", 4)
+    edge.fill("other/topic", 4)
+    assert reader(edge, startingOffsets="earliest").initialOffset() == {
+        "e1": {"plant/1/temp": 0, "plant/2/temp": 0}
+    }
+    assert reader(edge).initialOffset() == {"e1": {"plant/1/temp": 10, "plant/2/temp": 4}}
+    at_five_s = reader(edge, startingOffsets=f"time:{BASE_TIME_MS + 4500}").initialOffset()
+    assert at_five_s == {"e1": {"plant/1/temp": 5, "plant/2/temp": 4}}
+
+
+def test_latest_offset_advances_respects_limits_and_is_stable_when_idle(edge: EdgeBroker) -> None:
+    edge.fill("plant/1/temp", 30)
+    edge.fill("plant/2/temp", 10)
+    source = reader(edge, startingOffsets="earliest", maxRecordsPerTrigger="20")
+    start = roundtrip(source.initialOffset())
+    assert source.getDefaultReadLimit() == ReadMaxRows(20)
+    end = source.latestOffset(start, source.getDefaultReadLimit())
+    assert end == {"e1": {"plant/1/temp": 15, "plant/2/temp": 5}}
+    everything = source.latestOffset(roundtrip(end), ReadAllAvailable())
+    assert everything == {"e1": {"plant/1/temp": 30, "plant/2/temp": 10}}
+    again = roundtrip(everything)
+    assert json.dumps(source.latestOffset(again, ReadAllAvailable())) == json.dumps(again)
+
+
+def test_available_now_stops_at_what_existed_when_the_query_started(edge: EdgeBroker) -> None:
+    edge.fill("plant/1/temp", 10)
+    source = reader(edge, startingOffsets="earliest")
+    start = roundtrip(source.initialOffset())
+    source.prepareForTriggerAvailableNow()
+    edge.fill("plant/1/temp", 5, first=10)
+    edge.fill("plant/9/temp", 5)
+    end = source.latestOffset(start, ReadAllAvailable())
+    assert end == {"e1": {"plant/1/temp": 10}}
+    assert source.latestOffset(roundtrip(end), ReadAllAvailable()) == end
+
+
+def test_a_broker_down_keeps_its_offsets_the_others_move_on_and_only_one_batch_waits_for_retries(
+    edge: EdgeBroker, second_edge: EdgeBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    edge.fill("plant/1/temp", 3)
+    second_edge.fill("plant/1/temp", 4)
+    source = reader(edge, second_edge, startingOffsets="earliest", fetchRetries="3", retryBackoffMs="150")
+    start = roundtrip(source.initialOffset())
+    edge.fill("plant/1/temp", 2, first=3)
+    second_edge.stop_server()
+    with caplog.at_level(logging.WARNING, logger="sources.timestone_source"):
+        began = time.monotonic()
+        end = source.latestOffset(start, ReadAllAvailable())
+        first_wait = time.monotonic() - began
+    assert end == {"e1": {"plant/1/temp": 5}, "e2": {"plant/1/temp": 0}}
+    assert any("'e2' is down" in record.getMessage() for record in caplog.records)
+    assert first_wait >= 0.15 + 0.3 + 0.6  # the retries, backing off
+
+    began = time.monotonic()
+    assert source.latestOffset(roundtrip(end), ReadAllAvailable()) == end
+    assert time.monotonic() - began < first_wait / 2  # known down: one attempt, no retries
+
+    second_edge.fill("plant/1/temp", 1, first=4)
+    second_edge.start_server(second_edge.port)
+    assert source.latestOffset(roundtrip(end), ReadAllAvailable()) == {
+        "e1": {"plant/1/temp": 5},
+        "e2": {"plant/1/temp": 5},
+    }
+
+
+def test_a_broker_down_at_start_fails_latest_but_not_earliest(
+    edge: EdgeBroker, second_edge: EdgeBroker
+) -> None:
+    edge.fill("plant/1/temp", 3)
+    second_edge.stop_server()
+    with pytest.raises(BrokerUnreachableError, match="'e2'"):
+        reader(edge, second_edge).initialOffset()
+    assert reader(edge, second_edge, startingOffsets="earliest").initialOffset() == {
+        "e1": {"plant/1/temp": 0}
+    }
+
+
+def test_partitions_carry_everything_a_task_needs_and_the_reader_pickles_light(edge: EdgeBroker) -> None:
+    edge.fill("plant/1/temp", 250)
+    edge.fill("plant/2/temp", 20)
+    source = reader(edge, startingOffsets="earliest", maxRecordsPerPartition="100", authToken="t0ken")
+    start = roundtrip(source.initialOffset())
+    end = roundtrip(source.latestOffset(start, ReadAllAvailable()))
+    fresh = pickle.loads(pickle.dumps(source))  # a replay after a restart: nothing cached
+    partitions = fresh.partitions(start, end)
+    assert [partition.plan.records for partition in partitions] == [100, 100, 70]
+    task = pickle.loads(pickle.dumps(partitions[2]))
+    assert isinstance(task, TimestonePartition)
+    assert task.fetch.url == edge.url and task.fetch.auth_token == "t0ken"
+    assert "t0ken" not in repr(task)
+    assert source._clients and source._listings
+    shipped = pickle.loads(pickle.dumps(source))
+    assert not shipped._clients and not shipped._listings
+
+
+def _at(timestamp_ms: int, number: int):
+    from tests.e2e.sources.conftest import telemetry
+
+    return telemetry(number, timestamp_ms=timestamp_ms)
+
+
+def test_min_partitions_defaults_to_the_sessions_parallelism_else_the_planners_cpus(spark) -> None:
+    import os
+
+    from pyspark import cloudpickle
+
+    from sources.timestone_source import SCHEMA, TimestoneDataSource
+
+    options = {"brokers": "http://127.0.0.1:1", "topics": "plant/+/temp"}
+    plain = TimestoneDataSource(options).streamReader(SCHEMA)
+    assert plain.options.min_partitions == os.cpu_count()
+    given = TimestoneDataSource({**options, "minPartitions": "7"}).streamReader(SCHEMA)
+    assert given.options.min_partitions == 7
+
+    spark_source = TimestoneDataSource.for_session(spark)
+    shipped = cloudpickle.loads(cloudpickle.dumps(spark_source))  # how Spark sends it to its planner
+    assert shipped.name() == "timestone"
+    parallelism = spark.sparkContext.defaultParallelism
+    assert shipped.default_min_partitions == parallelism  # pickled by value, not as the plain class
+    assert shipped(options).streamReader(SCHEMA).options.min_partitions == parallelism

@@ -1,0 +1,282 @@
+"""The timestone source under Spark Structured Streaming, over real brokers (LogStore + offsets API)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from sources.timestone_source import SCHEMA
+from tests.e2e.sources.conftest import BASE_TIME_MS, EdgeBroker
+
+pytestmark = pytest.mark.spark
+
+FAR_FUTURE_MS = BASE_TIME_MS + 10 * 365 * 24 * 3_600_000
+Key = tuple[str, str, int]  # broker, topic, offset
+_names = itertools.count()
+
+
+class BatchCollector:
+    """A foreachBatch sink keeping each batch's (broker, topic, offset) by batch id; a replay overwrites."""
+
+    def __init__(self, fail_on_batch: int | None = None) -> None:
+        self.batches: dict[int, list[Key]] = {}
+        self.failed: list[Key] | None = None
+        self._fail_on_batch = fail_on_batch
+
+    def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        rows = [
+            (row.broker, row.topic, row.offset) for row in frame.select("broker", "topic", "offset").collect()
+        ]
+        if batch_id == self._fail_on_batch and self.failed is None:
+            self.failed = sorted(rows)
+            raise RuntimeError("sink failure (simulated)")
+        self.batches[batch_id] = rows
+
+    def keys(self) -> list[Key]:
+        return sorted(key for rows in self.batches.values() for key in rows)
+
+
+def stream(spark: SparkSession, brokers: dict[str, EdgeBroker], **options: str) -> DataFrame:
+    reader = (
+        spark.readStream.format("timestone")
+        .option("brokers", ",".join(f"{name}={broker.url}" for name, broker in brokers.items()))
+        .option("topics", "plant/+/temp")
+        .option("fetchRetries", "1")
+        .option("retryBackoffMs", "50")
+    )
+    return reader.options(**options).load()
+
+
+def run_available_now(
+    frame: DataFrame, checkpoint: Path, sink: Callable[[DataFrame, int], None]
+) -> StreamingQuery:
+    query = (
+        frame.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert not query.isActive
+    return query
+
+
+def expected(broker: str, topic: str, offsets: range) -> list[Key]:
+    return [(broker, topic, offset) for offset in offsets]
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_available_now_reads_every_record_of_many_topics_on_two_brokers_once(
+    timestone_spark: SparkSession, edge: EdgeBroker, second_edge: EdgeBroker, tmp_path: Path
+) -> None:
+    want: list[Key] = []
+    for number in range(24):
+        edge.fill(f"plant/{number}/temp", 1 + 9 * number)
+        want += expected("north", f"plant/{number}/temp", range(1 + 9 * number))
+    for number in range(3):
+        second_edge.fill(f"plant/{number}/temp", 150)
+        want += expected("south", f"plant/{number}/temp", range(150))
+    edge.fill("plant/1/humidity", 10)  # not matched by plant/+/temp
+    frame = stream(
+        timestone_spark,
+        {"north": edge, "south": second_edge},
+        startingOffsets="earliest",
+        maxRecordsPerPartition="400",
+    )
+    assert frame.schema == SCHEMA
+    name = f"every_record_{next(_names)}"
+    query = (
+        frame.writeStream.format("memory")
+        .queryName(name)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    rows = timestone_spark.table(name)
+    keys = sorted(
+        (row.broker, row.topic, row.offset) for row in rows.select("broker", "topic", "offset").collect()
+    )
+    assert keys == sorted(want)  # 2,974 records: exactly once each
+    sample = rows.where("broker = 'south' AND topic = 'plant/2/temp' AND offset = 10").collect()[0]
+    assert sample.payload == b'{"n":10}'
+    assert sample.properties == {"seq": "10"}
+    assert (sample.client_id, sample.qos, sample.retain) == ("device-1", 1, True)
+    assert int(sample.timestamp.timestamp() * 1000) == BASE_TIME_MS + 10
+    end_offset = json.loads(query.lastProgress["sources"][0]["endOffset"])
+    assert end_offset["south"] == {f"plant/{n}/temp": 150 for n in range(3)}
+
+
+def test_restarts_continue_from_the_checkpoint_and_replay_a_failed_batch_identically(
+    timestone_spark: SparkSession, edge: EdgeBroker, tmp_path: Path
+) -> None:
+    for number in range(3):
+        edge.fill(f"plant/{number}/temp", 60)
+    checkpoint = tmp_path / "checkpoint"
+    options = {"startingOffsets": "earliest", "maxRecordsPerTrigger": "50"}
+
+    failing = BatchCollector(fail_on_batch=1)
+    with pytest.raises(StreamingQueryException, match="simulated"):
+        run_available_now(stream(timestone_spark, {"e": edge}, **options), checkpoint, failing)
+    assert failing.failed is not None and len(failing.failed) == 50
+
+    resumed = BatchCollector()
+    run_available_now(stream(timestone_spark, {"e": edge}, **options), checkpoint, resumed)
+    assert sorted(resumed.batches[1]) == failing.failed  # the replayed batch has the same records
+    assert all(len(rows) <= 50 for rows in resumed.batches.values())
+    first_run = failing.keys() + resumed.keys()
+    assert sorted(first_run) == sorted(
+        key for n in range(3) for key in expected("e", f"plant/{n}/temp", range(60))
+    )
+
+    edge.fill("plant/1/temp", 30, first=60)
+    edge.fill("plant/7/temp", 10)  # a topic that appears between runs is read from its start
+    later = BatchCollector()
+    run_available_now(stream(timestone_spark, {"e": edge}, **options), checkpoint, later)
+    assert later.keys() == expected("e", "plant/1/temp", range(60, 90)) + expected(
+        "e", "plant/7/temp", range(10)
+    )
+
+
+@pytest.mark.parametrize(
+    ("starting", "first_run"),
+    [
+        ("latest", []),
+        (f"time:{BASE_TIME_MS + 25}", expected("e", "plant/1/temp", range(25, 40))),
+        (
+            '{"e": {"plant/1/temp": 35}}',
+            expected("e", "plant/1/temp", range(35, 40)) + expected("e", "plant/2/temp", range(5)),
+        ),
+    ],
+    ids=["latest", "time", "json"],
+)
+def test_starting_offsets(
+    timestone_spark: SparkSession, edge: EdgeBroker, tmp_path: Path, starting: str, first_run: list[Key]
+) -> None:
+    edge.fill("plant/1/temp", 40)
+    if starting.startswith("{"):
+        edge.fill("plant/2/temp", 5)  # not named in the JSON: read from its start
+    checkpoint = tmp_path / "checkpoint"
+    first = BatchCollector()
+    run_available_now(stream(timestone_spark, {"e": edge}, startingOffsets=starting), checkpoint, first)
+    assert first.keys() == sorted(first_run)
+    edge.fill("plant/1/temp", 3, first=40)
+    second = BatchCollector()
+    run_available_now(stream(timestone_spark, {"e": edge}, startingOffsets=starting), checkpoint, second)
+    assert second.keys() == expected("e", "plant/1/temp", range(40, 43))
+
+
+def test_a_broker_down_delays_its_records_while_the_others_flow_then_recovers(
+    timestone_spark: SparkSession, edge: EdgeBroker, second_edge: EdgeBroker, tmp_path: Path
+) -> None:
+    edge.fill("plant/1/temp", 20)
+    second_edge.fill("plant/1/temp", 20)
+    sink = BatchCollector()
+    query = (
+        stream(timestone_spark, {"down": edge, "up": second_edge}, startingOffsets="earliest")
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        wait_until(lambda: len(sink.keys()) == 40)
+        edge.stop_server()
+        edge.fill("plant/1/temp", 15, first=20)
+        second_edge.fill("plant/1/temp", 5, first=20)
+        wait_until(lambda: len(sink.keys()) == 45)  # the broker that is up keeps flowing
+        time.sleep(1.0)  # several triggers with one broker down
+        assert query.isActive and query.exception() is None
+        assert len(sink.keys()) == 45
+        edge.start_server(edge.port)
+        wait_until(lambda: len(sink.keys()) == 60)
+        time.sleep(0.5)
+    finally:
+        query.stop()
+    assert sink.keys() == sorted(
+        expected("down", "plant/1/temp", range(35)) + expected("up", "plant/1/temp", range(25))
+    )
+
+
+def test_a_broker_that_restarts_between_batches_delays_the_next_batch_within_the_retries(
+    timestone_spark: SparkSession, edge: EdgeBroker, tmp_path: Path
+) -> None:
+    edge.fill("plant/1/temp", 30)
+    collected = BatchCollector()
+    restarts: list[threading.Timer] = []
+
+    def sink(frame: DataFrame, batch_id: int) -> None:
+        collected(frame, batch_id)
+        if batch_id == 0:  # the broker goes away before the next batch is planned, back 0.5 s later
+            edge.stop_server()
+            restarts.append(threading.Timer(0.5, edge.start_server, args=(edge.port,)))
+            restarts[0].start()
+
+    frame = stream(
+        timestone_spark,
+        {"e": edge},
+        startingOffsets="earliest",
+        maxRecordsPerTrigger="10",
+        fetchRetries="4",
+        retryBackoffMs="200",
+    )
+    query = run_available_now(frame, tmp_path / "checkpoint", sink)
+    restarts[0].join()
+    assert collected.keys() == expected("e", "plant/1/temp", range(30))
+    assert sorted(collected.batches) == [0, 1, 2]
+    planning_ms = {
+        progress["batchId"]: progress["durationMs"]["latestOffset"] for progress in query.recentProgress
+    }
+    assert planning_ms[1] >= 400  # the listing of batch 1 waited for the broker, through the retries
+
+
+def test_a_retention_gap_fails_the_query_or_is_skipped_without_fail_on_data_loss(
+    timestone_spark: SparkSession, small_segments_edge: EdgeBroker, tmp_path: Path
+) -> None:
+    broker = small_segments_edge
+    broker.fill("plant/1/temp", 100)
+    checkpoint = tmp_path / "checkpoint"
+    first = BatchCollector()
+    run_available_now(stream(timestone_spark, {"e": broker}, startingOffsets="earliest"), checkpoint, first)
+    assert len(first.keys()) == 100
+
+    broker.fill("plant/1/temp", 200, first=100)
+    broker.apply_retention(FAR_FUTURE_MS)
+    log_start = broker.store.log_info("plant/1/temp").start_offset
+    assert 100 < log_start < 300
+
+    with pytest.raises(StreamingQueryException) as caught:
+        run_available_now(stream(timestone_spark, {"e": broker}), checkpoint, BatchCollector())
+    message = str(caught.value)
+    assert "data loss on broker 'e' topic 'plant/1/temp'" in message
+    assert "next offset to read 100" in message and f"[{log_start}, 300)" in message
+
+    skipping = BatchCollector()
+    run_available_now(stream(timestone_spark, {"e": broker}, failOnDataLoss="false"), checkpoint, skipping)
+    assert skipping.keys() == expected("e", "plant/1/temp", range(log_start, 300))
+
+
+def test_bad_options_fail_at_load_naming_the_option(timestone_spark: SparkSession) -> None:
+    with pytest.raises(Exception, match="timestone source option 'maxRecordsPerTrigger'"):
+        (
+            timestone_spark.readStream.format("timestone")
+            .option("brokers", "http://127.0.0.1:9")
+            .option("topics", "plant/#")
+            .option("maxRecordsPerTrigger", "lots")
+            .load()
+        )

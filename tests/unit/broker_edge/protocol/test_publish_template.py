@@ -1,0 +1,96 @@
+"""The fanout template: one encoding per message, a packet id per subscriber, same bytes as encode()."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker_edge.protocol import (
+    MQTT_5,
+    PacketDecoder,
+    Properties,
+    Publish,
+    encode,
+    encode_publish_template,
+)
+from tests.unit.broker_edge.protocol.mqtt_strategies import properties, topic_names
+
+VERSIONS = [4, MQTT_5]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_qos0_frame_is_one_shared_bytes_object(version):
+    template = encode_publish_template("ota/all", b"firmware-chunk", version, retain=True)
+
+    first, second = template.frame(), template.frame()
+
+    assert first is second
+    assert isinstance(first, bytes)
+    assert first == encode(Publish("ota/all", b"firmware-chunk", 0, retain=True), version)
+    assert template.parts() == (first,)
+
+
+@given(
+    version=st.sampled_from(VERSIONS),
+    topic=topic_names,
+    payload=st.binary(max_size=300),
+    qos=st.integers(1, 2),
+    packet_id=st.integers(1, 0xFFFF),
+    retain=st.booleans(),
+    props=properties(3),
+)
+def test_qos1_and_2_frame_equals_encode_with_that_packet_id(
+    version, topic, payload, qos, packet_id, retain, props
+):
+    props = props if version == MQTT_5 else None
+    template = encode_publish_template(topic, payload, version, qos=qos, retain=retain, properties=props)
+    expected = Publish(topic, payload, qos, retain, False, packet_id, props)
+
+    frame = template.frame(packet_id)
+
+    assert frame == encode(expected, version)
+    assert b"".join(template.parts(packet_id)) == frame
+    assert template.head + packet_id.to_bytes(2, "big") + template.tail == frame
+    assert PacketDecoder(role="client", protocol_version=version).feed(frame) == [expected]
+
+
+def test_v5_properties_follow_the_packet_id():
+    props = Properties(subscription_identifiers=[3])
+    template = encode_publish_template("a", b"p", MQTT_5, qos=1, properties=props)
+
+    assert template.head == b"\x32\x09\x00\x01a"  # 3 (topic) + 2 (id) + 3 (properties) + 1
+    assert template.tail == b"\x02\x0b\x03p"
+
+
+def test_dup_redelivery_changes_only_the_first_byte_and_shares_the_tail():
+    template = encode_publish_template("a/b", b"x" * 1000, 4, qos=1)
+
+    redelivery = template.with_flags(dup=True)
+
+    assert redelivery.tail is template.tail
+    assert redelivery.frame(9) == encode(Publish("a/b", b"x" * 1000, 1, dup=True, packet_id=9), 4)
+    assert redelivery.with_flags(dup=False) == template
+    assert template.with_flags(dup=False) is template
+
+
+def test_retain_flag_variant():
+    template = encode_publish_template("a", b"v", 4, retain=True)
+
+    assert template.with_flags(retain=False).frame() == encode(Publish("a", b"v", 0, retain=False), 4)
+    assert template.first_byte == 0x31
+
+
+@pytest.mark.mqtt311("MQTT-3.3.1-2", "MQTT-4.3.1-1")
+@pytest.mark.mqtt5("MQTT-3.3.1-2", "MQTT-4.3.1-1")
+def test_dup_is_never_set_on_qos0():
+    template = encode_publish_template("a", b"v", 4, dup=True)
+
+    assert template.first_byte == 0x30
+    assert template.with_flags(dup=True).first_byte == 0x30
+
+
+@pytest.mark.parametrize("packet_id", [None, 0, 0x10000])
+def test_invalid_packet_id_is_refused(packet_id):
+    template = encode_publish_template("a", b"v", 4, qos=1)
+
+    with pytest.raises(ValueError):
+        template.frame(packet_id)

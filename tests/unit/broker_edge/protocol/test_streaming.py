@@ -1,0 +1,90 @@
+"""A packet split at any byte boundary decodes, and many packets in one chunk decode in order."""
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker_edge.protocol import (
+    MQTT_5,
+    Connect,
+    Disconnect,
+    PacketDecoder,
+    PingReq,
+    Properties,
+    PubAck,
+    Publish,
+    PubRel,
+    Subscribe,
+    Subscription,
+    Unsubscribe,
+    encode,
+)
+from tests.unit.broker_edge.protocol.mqtt_strategies import client_packets, connects
+
+SESSION = [
+    Connect(protocol_version=MQTT_5, client_id="dev-1", properties=Properties(session_expiry_interval=60)),
+    Publish("plant/1/temp", b"21.5", 1, packet_id=1, properties=Properties(user_properties=[("unit", "C")])),
+    Publish("plant/1/big", bytes(300), 0),
+    PubRel(7),
+    Subscribe(2, [Subscription("ota/+/cmd", 1, no_local=True)]),
+    Unsubscribe(3, ["ota/+/cmd"]),
+    PubAck(4, 0x10, Properties(reason_string="nobody listens")),
+    PingReq(),
+    Disconnect(),
+]
+STREAM = b"".join(encode(packet, MQTT_5) for packet in SESSION)
+
+
+def test_whole_session_in_one_chunk():
+    assert PacketDecoder().feed(STREAM) == SESSION
+
+
+def test_split_in_two_at_every_byte():
+    for cut in range(len(STREAM) + 1):
+        decoder = PacketDecoder()
+        packets = decoder.feed(STREAM[:cut]) + decoder.feed(STREAM[cut:])
+        assert packets == SESSION, f"cut at {cut}"
+        assert decoder.buffered == 0
+
+
+def test_one_byte_at_a_time():
+    decoder = PacketDecoder()
+    packets = []
+    for index in range(len(STREAM)):
+        packets += decoder.feed(STREAM[index : index + 1])
+    assert packets == SESSION
+
+
+def test_partial_packet_is_held_back_until_complete():
+    frame = encode(Publish("a", b"payload", 0), 4)
+    decoder = PacketDecoder(protocol_version=4)
+
+    assert decoder.feed(frame[:-1]) == []
+    assert decoder.buffered == len(frame) - 1
+    assert decoder.feed(frame[-1:]) == [Publish("a", b"payload", 0)]
+    assert decoder.buffered == 0
+
+
+def test_memoryview_chunks_are_copied_out():
+    buffer = bytearray(encode(Publish("a", b"xyz", 0), 4))
+    decoder = PacketDecoder(protocol_version=4)
+
+    packets = decoder.feed(memoryview(buffer))
+    buffer[-3:] = b"000"
+
+    assert packets == [Publish("a", b"xyz", 0)]
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])  # what it checks is not speed
+@given(st.data())
+def test_random_chunking_of_random_packets(data):
+    connect = data.draw(connects(MQTT_5))
+    packets = [connect, *data.draw(st.lists(client_packets(MQTT_5), max_size=8))]
+    stream = b"".join(encode(packet, MQTT_5) for packet in packets)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=10)))
+
+    decoder = PacketDecoder()
+    decoded = []
+    for start, stop in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+        decoded += decoder.feed(stream[start:stop])
+
+    assert decoded == packets

@@ -1,0 +1,332 @@
+"""Durability policies: when_durable fires on the loop only after the data is written (and fsynced).
+
+A spy wraps `os.fdatasync` (the real call still happens) to see what was synced before a callback ran; a
+second LogStore opened on the same directory from inside the callback proves the records are in the files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from broker_edge.storage import LogStore, StorageConfig, StorageFailed, group_commit
+from broker_edge.storage.fs_sync import syncfs_available
+from tests.unit.broker_edge.storage.log_helpers import assert_matches, make_record
+
+TOPIC = "plant/line-1/temp"
+
+
+class FsyncSpy:
+    """Records the size of every file fdatasync'ed and the thread that did it, then syncs it for real."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.sizes: list[int] = []
+        self.threads: set[threading.Thread] = set()
+        real = os.fdatasync
+
+        def spying(fd: int) -> None:
+            self.sizes.append(os.fstat(fd).st_size)
+            self.threads.add(threading.current_thread())
+            real(fd)
+
+        monkeypatch.setattr(os, "fdatasync", spying)
+
+
+def _open(directory: Path, durability: str, **settings) -> LogStore:
+    store = LogStore(directory, StorageConfig(durability=durability, **settings))
+    store.open()
+    return store
+
+
+def _records_on_disk(directory: Path) -> list:
+    other = _open(directory, "group")
+    try:
+        return other.read(TOPIC, 0, max_records=10_000, max_bytes=10**9)
+    finally:
+        other.close()
+
+
+async def _append_and_wait(store: LogStore, directory: Path, count: int, spy: FsyncSpy) -> dict:
+    seen: dict = {}
+    done = asyncio.Event()
+
+    def on_durable() -> None:
+        seen["thread"] = threading.current_thread()
+        seen["synced_sizes"] = list(spy.sizes)
+        seen["syncing_threads"] = set(spy.threads)
+        seen["end_offset"] = store.log_info(TOPIC).end_offset
+        seen["bytes"] = store.log_info(TOPIC).bytes
+        seen["on_disk"] = _records_on_disk(directory)
+        done.set()
+
+    for number in range(count):
+        store.append(TOPIC, make_record(number))
+    store.when_durable(on_durable)
+    await asyncio.wait_for(done.wait(), 10)
+    return seen
+
+
+@pytest.mark.parametrize("durability", ["group", "fsync"])
+def test_when_durable_fires_on_the_loop_after_fsync(tmp_path: Path, monkeypatch, durability: str):
+    spy = FsyncSpy(monkeypatch)
+    store = _open(tmp_path, durability, group_commit_ms=5)
+
+    seen = asyncio.run(_append_and_wait(store, tmp_path, 30, spy))
+
+    assert seen["thread"] is threading.main_thread()
+    assert threading.main_thread() not in seen["syncing_threads"]  # the loop never blocks on fsync
+    assert seen["end_offset"] == 30
+    assert max(seen["synced_sizes"]) >= seen["bytes"]
+    assert len(seen["on_disk"]) == 30
+    for number, record in enumerate(seen["on_disk"]):
+        assert_matches(record, number)
+    store.close()
+
+
+def test_fsync_policy_syncs_every_append_and_group_policy_batches(tmp_path: Path, monkeypatch):
+    spy = FsyncSpy(monkeypatch)
+    fsync_store = _open(tmp_path / "fsync", "fsync")
+    asyncio.run(_append_and_wait(fsync_store, tmp_path / "fsync", 20, spy))
+    per_append = len(spy.sizes)
+    fsync_store.close()
+    spy.sizes.clear()
+
+    group_store = _open(tmp_path / "group", "group", group_commit_ms=50)
+    asyncio.run(_append_and_wait(group_store, tmp_path / "group", 200, spy))
+    grouped = len(spy.sizes)
+    group_store.close()
+
+    assert per_append >= 20
+    assert grouped <= 3  # one window: the data file (and the new directories) once
+
+
+def test_default_window_closes_with_its_loop_iteration_and_grows_while_a_sync_runs(
+    tmp_path: Path, monkeypatch
+):
+    gate = threading.Event()
+    real = os.fdatasync
+
+    def slow_sync(fd: int) -> None:
+        gate.wait(10)  # holds the first job in its fsync until the loop has queued more appends
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow_sync)
+
+    async def scenario() -> tuple[list[int], int, int]:
+        store = _open(tmp_path, "group")  # group_commit_ms 0: no timer
+        durable_at: list[int] = []
+        for number in range(5):  # one loop iteration: one window
+            store.append(TOPIC, make_record(number))
+        store.when_durable(lambda: durable_at.append(store.committer.jobs_completed))
+        for _ in range(3):
+            await asyncio.sleep(0)  # the window closed: its job waits in fsync
+        in_flight = store.committer.in_flight
+        for number in range(5, 50):  # while it syncs, these gather in the next window
+            store.append(TOPIC, make_record(number))
+            await asyncio.sleep(0)
+        store.when_durable(lambda: durable_at.append(store.committer.jobs_completed))
+        gate.set()
+        await store.wait_durable()
+        jobs = store.committer.jobs_completed
+        store.close()
+        return durable_at, in_flight, jobs
+
+    durable_at, in_flight, jobs = asyncio.run(scenario())
+
+    assert in_flight == 1
+    assert durable_at == [1, 2]
+    assert jobs == 2  # 50 appends over 46 loop iterations: two jobs, the second cut when the first synced
+
+
+def test_a_window_over_its_byte_bound_is_cut_even_while_a_sync_runs(tmp_path: Path, monkeypatch):
+    gate = threading.Event()
+    real = os.fdatasync
+
+    def slow_sync(fd: int) -> None:
+        gate.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow_sync)
+
+    async def scenario() -> tuple[int, int, int]:
+        store = _open(tmp_path, "group", group_commit_max_bytes=4096)
+        store.append(TOPIC, make_record(0))
+        for _ in range(3):
+            await asyncio.sleep(0)  # the first window is in its (held) fsync
+        for number in range(1, 200):  # 200 frames of about 100 bytes: several windows' worth
+            store.append(TOPIC, make_record(number))
+        queued, pending = store.committer.in_flight, store.pending_bytes
+        gate.set()
+        await store.wait_durable()
+        end = store.log_info(TOPIC).end_offset
+        store.close()
+        return queued, pending, end
+
+    queued, pending, end = asyncio.run(scenario())
+
+    assert queued >= 4  # cut at the bound and queued behind the held job, not one growing window
+    assert pending < 4096
+    assert end == 200
+
+
+def test_none_policy_writes_without_fsync(tmp_path: Path, monkeypatch):
+    spy = FsyncSpy(monkeypatch)
+    store = _open(tmp_path, "none", group_commit_ms=5)
+
+    seen = asyncio.run(_append_and_wait(store, tmp_path, 10, spy))
+
+    assert seen["synced_sizes"] == []
+    assert len(seen["on_disk"]) == 10
+    store.close()
+
+
+def test_reads_see_only_durable_records(tmp_path: Path):
+    async def scenario() -> tuple[list, list]:
+        store = _open(tmp_path, "group", group_commit_ms=60_000)
+        store.append(TOPIC, make_record(0))
+        before = store.read(TOPIC, 0)
+        await store.wait_durable()
+        after = store.read(TOPIC, 0)
+        store.close()
+        return before, after
+
+    before, after = asyncio.run(scenario())
+
+    assert before == []
+    assert [record.offset for record in after] == [0]
+
+
+def test_callbacks_fire_in_order_and_only_for_what_was_appended_before(tmp_path: Path):
+    async def scenario() -> list[tuple[str, int]]:
+        store = _open(tmp_path, "group", group_commit_ms=1)
+        fired: list[tuple[str, int]] = []
+        store.append(TOPIC, make_record(0))
+        store.when_durable(lambda: fired.append(("first", store.log_info(TOPIC).end_offset)))
+        store.append(TOPIC, make_record(1))
+        store.when_durable(lambda: fired.append(("second", store.log_info(TOPIC).end_offset)))
+        await store.wait_durable()
+        store.when_durable(lambda: fired.append(("nothing pending", store.log_info(TOPIC).end_offset)))
+        await asyncio.sleep(0)
+        store.close()
+        return fired
+
+    fired = asyncio.run(scenario())
+
+    assert [name for name, _ in fired] == ["first", "second", "nothing pending"]
+    assert all(end >= 1 for _, end in fired)
+    assert fired[1][1] == 2
+
+
+def test_a_failed_write_is_reported_and_stops_appends(tmp_path: Path):
+    async def scenario() -> tuple[list, LogStore]:
+        store = _open(tmp_path, "group", group_commit_ms=20)
+        store.append(TOPIC, make_record(0))
+        await store.wait_durable()
+        errors: list[BaseException] = []
+        store.append(TOPIC, make_record(1))
+        store.append("other/topic", make_record(0))
+        shutil.rmtree(tmp_path / "topics" / "other%2Ftopic")  # the next write cannot create its segment
+        store.when_durable(lambda: errors.append(AssertionError("must not be called")), errors.append)
+        with pytest.raises(StorageFailed):
+            await store.wait_durable()
+        return errors, store
+
+    errors, store = asyncio.run(scenario())
+
+    assert len(errors) == 1 and isinstance(errors[0], StorageFailed)
+    with pytest.raises(StorageFailed):
+        store.append(TOPIC, make_record(2))
+    assert [record.offset for record in store.read(TOPIC, 0)] == [0]
+
+
+def test_without_an_event_loop_appends_wait_for_flush(tmp_path: Path):
+    store = _open(tmp_path, "group")
+    store.append(TOPIC, make_record(0))
+
+    assert store.read(TOPIC, 0) == []
+    store.flush()
+    assert [record.offset for record in store.read(TOPIC, 0)] == [0]
+    store.close()
+
+
+class SyncfsSpy:
+    """Counts syncfs calls made by the writer thread (the real call still happens)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        real = group_commit.sync_filesystem
+
+        def spying(fd: int) -> None:
+            self.calls += 1
+            real(fd)
+
+        monkeypatch.setattr(group_commit, "sync_filesystem", spying)
+
+
+async def _one_record_per_topic(store: LogStore, directory: Path, topics: list[str], spies) -> dict:
+    fsync_spy, syncfs_spy = spies
+    seen: dict = {}
+    done = asyncio.Event()
+
+    def on_durable() -> None:
+        seen["fdatasyncs"] = len(fsync_spy.sizes)
+        seen["syncfs"] = syncfs_spy.calls
+        other = _open(directory, "group")
+        seen["on_disk"] = {topic: len(other.read(topic, 0)) for topic in topics}
+        other.close()
+        done.set()
+
+    for number, topic in enumerate(topics):
+        store.append(topic, make_record(number))
+    store.when_durable(on_durable)
+    await asyncio.wait_for(done.wait(), 10)
+    return seen
+
+
+def test_a_window_touching_many_segments_is_made_durable_by_one_syncfs(tmp_path: Path, monkeypatch):
+    assert syncfs_available()  # Linux >= 5.8, as on every machine this project targets
+    spies = FsyncSpy(monkeypatch), SyncfsSpy(monkeypatch)
+    topics = [f"device/{number}/telemetry" for number in range(10)]
+    store = _open(tmp_path, "group", group_commit_ms=20, syncfs_min_segments=4)
+
+    seen = asyncio.run(_one_record_per_topic(store, tmp_path, topics, spies))
+
+    assert (seen["syncfs"], seen["fdatasyncs"]) == (1, 0)
+    assert seen["on_disk"] == dict.fromkeys(topics, 1)
+    store.close()
+
+
+def test_a_window_touching_few_segments_fdatasyncs_them_all_at_once(tmp_path: Path, monkeypatch):
+    spies = FsyncSpy(monkeypatch), SyncfsSpy(monkeypatch)
+    topics = ["a", "b", "c"]
+    store = _open(tmp_path, "group", group_commit_ms=20, syncfs_min_segments=4)
+
+    seen = asyncio.run(_one_record_per_topic(store, tmp_path, topics, spies))
+
+    assert (seen["syncfs"], seen["fdatasyncs"]) == (0, 3)
+    assert store.committer.sync_plan.parallel_syncs == 1  # one window: its three syncs issued together
+    assert all(thread.name.startswith("timestone-log-sync") for thread in spies[0].threads)
+    assert seen["on_disk"] == dict.fromkeys(topics, 1)
+    store.close()
+
+
+def test_the_none_policy_acknowledges_a_window_without_the_writer_thread(tmp_path: Path, monkeypatch):
+    spy = FsyncSpy(monkeypatch)
+    writers_before = _writer_threads()
+    store = _open(tmp_path, "none", group_commit_ms=1)
+
+    seen = asyncio.run(_append_and_wait(store, tmp_path, 5, spy))
+
+    assert len(seen["on_disk"]) == 5  # written to the OS: another reader of the files sees them
+    assert threading.main_thread() is seen["thread"]
+    assert _writer_threads() == writers_before
+    store.close()
+
+
+def _writer_threads() -> set[threading.Thread]:
+    return {thread for thread in threading.enumerate() if thread.name == "timestone-log-writer"}

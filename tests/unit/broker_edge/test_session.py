@@ -1,0 +1,110 @@
+"""Session bookkeeping of outgoing packet ids, without sockets: allocation, wrap-around, acks, resume."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_edge.delivery import Message
+from broker_edge.limits import LimitsConfig
+from broker_edge.router import Router
+from broker_edge.session import RELEASED, Session
+
+
+class RecordingConnection:
+    """What ``Session`` writes through: every delivery and PUBREL, in order."""
+
+    paused = False
+
+    def __init__(self, send_quota: int = 65_535) -> None:
+        self.send_quota = send_quota
+        self.sent: list[tuple] = []
+
+    def send_message(self, message, qos, retain, subscription_ids, packet_id, dup=False) -> bool:
+        self.sent.append((message.payload, qos, packet_id, dup))
+        return True
+
+    def send_pubrel(self, packet_id: int) -> None:
+        self.sent.append(("PUBREL", packet_id))
+
+
+def session_with(connection: RecordingConnection) -> Session:
+    session = Session(Router(LimitsConfig()), "device", expiry_interval=300)
+    session.attach(connection)
+    return session
+
+
+@pytest.mark.mqtt311("MQTT-2.3.1-4", "MQTT-4.3.2-1")
+@pytest.mark.mqtt5("MQTT-2.2.1-4", "MQTT-4.3.2-1", "MQTT-4.3.3-1")
+def test_ids_count_up_and_skip_ids_still_in_flight_after_wrapping():
+    connection = RecordingConnection()
+    session = session_with(connection)
+    session.deliver(Message("t", b"a", 1), 1, False)
+    session.deliver(Message("t", b"b", 2), 2, False)
+    session._next_packet_id = 0xFFFF  # a long-lived session about to wrap
+    for payload in (b"c", b"d", b"e"):
+        session.deliver(Message("t", payload, 1), 1, False)
+    assert [sent[2] for sent in connection.sent] == [1, 2, 0xFFFF, 3, 4]  # 1 and 2 are still in flight
+    assert sorted(session.inflight) == [1, 2, 3, 4, 0xFFFF]
+
+
+@pytest.mark.mqtt311("MQTT-4.3.2-1", "MQTT-4.3.3-1")
+@pytest.mark.mqtt5("MQTT-4.3.2-3", "MQTT-4.3.3-3")
+def test_acks_free_their_ids_and_only_the_right_ack_counts():
+    connection = RecordingConnection()
+    session = session_with(connection)
+    session.deliver(Message("t", b"q1", 1), 1, False)
+    session.deliver(Message("t", b"q2", 2), 2, False)
+    assert session.on_pubcomp(1) is False  # a QoS 1 id is not completed by PUBCOMP
+    assert session.on_puback(2) is False  # nor a QoS 2 id by PUBACK
+    assert session.on_puback(1) is True
+    assert session.on_puback(1) is False  # twice: unknown now
+    assert session.on_pubrec(2, failed=False) is True
+    assert session.inflight[2] is RELEASED
+    assert session.on_pubrec(2, failed=False) is True  # a repeated PUBREC gets PUBREL again
+    assert session.on_pubcomp(2) is True
+    assert not session.inflight
+
+
+@pytest.mark.mqtt5("MQTT-4.4.0-2", "MQTT-4.8.2-6")
+def test_a_failed_pubrec_ends_the_qos2_flow():
+    connection = RecordingConnection()
+    session = session_with(connection)
+    session.deliver(Message("t", b"q2", 2), 2, False)
+    assert session.on_pubrec(1, failed=True) is False
+    assert not session.inflight
+
+
+@pytest.mark.mqtt311("MQTT-4.6.0-5", "MQTT-4.6.0-6")
+@pytest.mark.mqtt5("MQTT-3.3.4-9", "MQTT-4.6.0-5", "MQTT-4.6.0-6", "MQTT-4.9.0-2")
+def test_window_full_queues_then_acks_drain_in_order():
+    connection = RecordingConnection(send_quota=2)
+    session = session_with(connection)
+    for payload in (b"1", b"2", b"3", b"4"):
+        session.deliver(Message("t", payload, 1), 1, False)
+    assert [sent[0] for sent in connection.sent] == [b"1", b"2"]
+    assert len(session.queue) == 2
+    session.on_puback(1)
+    session.on_puback(2)
+    assert [sent[0] for sent in connection.sent] == [b"1", b"2", b"3", b"4"]
+    assert session.queue is None
+
+
+@pytest.mark.mqtt311("MQTT-3.3.1-1", "MQTT-4.4.0-1")
+@pytest.mark.mqtt5("MQTT-4.4.0-1")
+def test_resume_resends_unacknowledged_with_dup_and_pubrel_for_released():
+    connection = RecordingConnection()
+    session = session_with(connection)
+    session.deliver(Message("t", b"q1", 1), 1, False)
+    session.deliver(Message("t", b"q2", 2), 2, False)
+    session.deliver(Message("t", b"q2b", 2), 2, False)
+    session.on_pubrec(3, failed=False)
+    session.detach()
+    session.deliver(Message("t", b"offline", 1), 1, False)  # queued while away
+    again = RecordingConnection()
+    session.attach(again)
+    assert again.sent == [
+        (b"q1", 1, 1, True),
+        (b"q2", 2, 2, True),
+        ("PUBREL", 3),
+        (b"offline", 1, 4, False),
+    ]

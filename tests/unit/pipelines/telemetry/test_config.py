@@ -1,0 +1,113 @@
+"""The telemetry config: the shipped file loads, and mistakes are reported by their dotted path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker_edge.config.loader import ConfigError
+from pipelines.telemetry.config import TopicTemplate, load_telemetry_config, load_telemetry_config_file
+
+REPO = Path(__file__).resolve().parents[4]
+
+
+def test_shipped_config_loads_and_derives_source_options():
+    config = load_telemetry_config_file(REPO / "conf" / "pipeline.yaml")
+    assert config.payload.template.topic_filter == "devices/+/telemetry"
+    assert config.source_options() == {
+        "brokers": "edge1=http://127.0.0.1:9884",
+        "topics": "devices/+/telemetry",
+        "startingOffsets": "earliest",
+        "failOnDataLoss": "true",
+        "maxRecordsPerTrigger": "250000",
+    }
+    assert "ts" not in config.payload.silver_fields and "seq" in config.payload.silver_fields
+    assert [s.name for s in config.quality.suites] == ["telemetry_basic"]
+
+
+def test_empty_section_means_defaults():
+    assert load_telemetry_config(None).stream.trigger_interval == "1 second"
+
+
+@pytest.mark.parametrize(
+    ("section", "path"),
+    [
+        ({"source": {"brokerz": []}}, "telemetry.source.brokerz"),
+        ({"payload": {"fields": {"t": "decimal(3"}}}, "telemetry.payload.fields.t"),
+        ({"payload": {"topic_template": "devices/+/telemetry"}}, "telemetry.payload.topic_template"),
+        ({"payload": {"event_time_field": "time"}}, "telemetry.payload.event_time_field"),
+        ({"dedup": {"message_id_fields": ["seq", "msg"]}}, "telemetry.dedup.message_id_fields[1]"),
+        ({"dedup": {"message_id_fields": ["ts"]}}, "telemetry.dedup.message_id_fields[0]"),
+        ({"gold": {"minute_metrics": ["firmware"]}}, "telemetry.gold.minute_metrics[0]"),
+        ({"quality": {"gx": {"engine": "dask"}}}, "telemetry.quality.gx.engine"),
+        (
+            {
+                "quality": {
+                    "suites": [
+                        {
+                            "name": "s",
+                            "expectations": [
+                                {"type": "expect_column_values_to_not_be_null", "column": "temp"}
+                            ],
+                        }
+                    ]
+                }
+            },
+            "telemetry.quality.suites[0].expectations[0].column",
+        ),
+        (
+            {
+                "quality": {
+                    "suites": [
+                        {
+                            "name": "s",
+                            "expectations": [
+                                {"type": "expect_column_values_to_be_between", "column": "humidity"}
+                            ],
+                        }
+                    ]
+                }
+            },
+            "telemetry.quality.suites[0].expectations[0].min_value",
+        ),
+        (
+            {
+                "quality": {
+                    "suites": [
+                        {
+                            "name": "s",
+                            "expectations": [
+                                {"type": "expect_column_values_to_be_in_set", "column": "group"}
+                            ],
+                        }
+                    ]
+                }
+            },
+            "telemetry.quality.suites[0].expectations[0].value_set",
+        ),
+    ],
+)
+def test_errors_name_the_field(section, path):
+    with pytest.raises(ConfigError) as raised:
+        load_telemetry_config(section)
+    assert raised.value.path == path, str(raised.value)
+
+
+def test_topic_template_filter_and_regex():
+    template = TopicTemplate("sites/{site}/devices/{device_id}/tele.metry")
+    assert template.topic_filter == "sites/+/devices/+/tele.metry"
+    assert template.placeholders == ["site", "device_id"]
+    assert template.regex == r"^sites/([^/]+)/devices/([^/]+)/tele\.metry$"
+    for bad in ("devices/{id}/telemetry", "devices/x{device_id}/t", "devices/#", "a/{device_id}/{device_id}"):
+        with pytest.raises(ValueError):
+            TopicTemplate(bad)
+
+
+def test_status_template_adds_its_filter_to_the_source():
+    config = load_telemetry_config(
+        {"gold": {"devices": {"status_topic_template": "devices/{device_id}/actions"}}}
+    )
+    assert config.topic_filters == ["devices/+/telemetry", "devices/+/actions"]
+    explicit = load_telemetry_config({"source": {"topics": ["devices/#"]}})
+    assert explicit.source_options()["topics"] == "devices/#"
