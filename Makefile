@@ -18,7 +18,10 @@ test: $(STAMP) system-deps
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 
+# The commitlog benchmark writes bench/results/commitlog.md first; the broker suite then writes
+# bench/RESULTS.md with every bench/results/*.md section appended.
 bench: $(STAMP) system-deps
+	$(VENV)/bin/python bench/commitlog_bench.py --write
 	$(VENV)/bin/python -m bench
 
 lint: $(STAMP)
@@ -31,7 +34,7 @@ setup: $(STAMP) system-deps
 # The virtual environment, rebuilt when the declared dependencies change.
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet -e '.[spark,dev]'
+	$(VENV)/bin/pip install --quiet -e '.[pipelines,spark,dev]'
 	touch $(STAMP)
 
 # Debian packages and npm packages the tests and benchmarks drive (Mosquitto's clients, MQTT.js).

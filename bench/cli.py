@@ -63,7 +63,8 @@ def _names(text: str, known: object, parser: argparse.ArgumentParser, what: str)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; 0 when RESULTS.md was written (whatever the figures), 130 on Ctrl-C."""
+    """Run the benchmark and write RESULTS.md; 0, or 1 when a check failed (a persisting broker left no
+    data), 130 on Ctrl-C."""
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     raise_fd_limit()
@@ -113,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     text = render(run, machine_info(), _broker_infos(ctx), results, extra_sections(BENCH_DIR / "results"))
     args.output.write_text(text)
     _log(f"wrote {args.output} after {time.monotonic() - started:.0f} s")
-    return 0
+    for failure in ctx.failures:
+        _log(f"FAILED: {failure}")
+    return 1 if ctx.failures else 0
 
 
 def _broker_infos(ctx: RunContext) -> list[BrokerInfo]:

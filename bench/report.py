@@ -54,7 +54,7 @@ def render(
     out += _brokers(brokers)
     out += _targets([t for r in results for t in r.targets])
     for result in results:
-        out += _scenario(result)
+        out += scenario_table(result)
     if extra_sections:
         out += [
             "## Other benchmark results",
@@ -121,7 +121,7 @@ def _targets(targets: list[Target]) -> list[str]:
     return [*out, ""]
 
 
-def _scenario(r: ScenarioResult) -> list[str]:
+def scenario_table(r: ScenarioResult) -> list[str]:
     better = "higher is better" if r.higher_is_better else "lower is better"
     side = "above" if r.higher_is_better else "below"
     ratio_name = f"{r.reference} / this ({side} 1: {r.reference} better)"
@@ -130,16 +130,24 @@ def _scenario(r: ScenarioResult) -> list[str]:
     out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in r.rows:
         reference = r.figure(row.case, r.reference)
+        ratio = _ratio(reference, None if row.invalid else row.figure) if row.broker != r.reference else ""
         cells = [
             row.case,
             row.broker,
-            _figure(row.figure),
-            _ratio(reference, row.figure) if row.broker != r.reference else "",
+            _figure(row.figure) + (" **(invalid)**" if row.invalid else ""),
+            ratio,
             *(row.cells.get(c, "") for c in r.columns),
-            _cell(row.note),
+            _cell("; ".join(filter(None, [f"INVALID: {row.invalid}" if row.invalid else "", row.note]))),
         ]
         out.append("| " + " | ".join(cells) + " |")
     out.append("")
+    if any(row.invalid for row in r.rows):
+        out += [
+            "Rows marked **(invalid)** do not count: their load generator was saturated (it, not the broker, "
+            "may have set the pace) or acknowledged messages were never delivered. Their figures are shown "
+            "as measured and take part in no ratio and no target (n/a).",
+            "",
+        ]
     if r.targets:
         out += [f"Target: {t.goal}: {t.measured} — {_met(t)}." for t in r.targets]
         out.append("")

@@ -2,7 +2,9 @@
 
 It is separate from the MQTT listeners and from the offsets API so it can stay on loopback (or a management
 network) while devices reach the broker elsewhere, and so a scrape never competes with data traffic.
-It runs on the broker's event loop; both handlers are cheap and never block.
+It runs on the broker's event loop; both handlers are cheap and never block. The broker builds this app with
+the first connection to its port (`lazy_http`); its config section, `AdminHttpConfig`, lives with the others
+in `config.broker` (and is re-exported here) so that loading a config imports no HTTP stack.
 """
 
 from __future__ import annotations
@@ -11,47 +13,20 @@ import json
 import logging
 import ssl as ssl_module
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
-from broker_edge.config import ConfigError
-from broker_edge.http_guard import GuardedRunner, check_http_limits, start_guarded_site
+from broker_edge.config.broker import DEFAULT_ADMIN_PORT, AdminHttpConfig
+from broker_edge.http_guard import GuardedRunner, start_guarded_site
 from broker_edge.metrics import BrokerMetrics
 
 __all__ = ["DEFAULT_ADMIN_PORT", "AdminHttpConfig", "create_admin_app", "start_admin_server"]
 
-DEFAULT_ADMIN_PORT = 9883
-"""1883 (MQTT) + 8000: easy to remember, clear of MQTT's 1883/8883 and of the usual Prometheus exporters."""
-
 log = logging.getLogger(__name__)
 _METRICS_KEY = web.AppKey("metrics", BrokerMetrics)
 _HEALTH_KEY: web.AppKey[Callable[[], dict[str, object]]] = web.AppKey("health")
-
-
-@dataclass
-class AdminHttpConfig:
-    """Where the admin endpoint listens."""
-
-    enabled: bool = True
-    """Serve ``/metrics`` and ``/health``."""
-    host: str = "127.0.0.1"
-    """Address to bind; loopback by default because the endpoint has no authentication."""
-    port: int = DEFAULT_ADMIN_PORT
-    """TCP port; 0 picks a free one (tests)."""
-    max_connections: int = 64
-    """Open connections; more are answered 503 and closed."""
-    request_timeout_s: float = 10.0
-    """Seconds for a request's headers to arrive; a connection still sending them is closed."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65_535:
-            raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
-        if not self.host:
-            raise ConfigError("host", "must not be empty")
-        check_http_limits(self.max_connections, self.request_timeout_s)
 
 
 def create_admin_app(metrics: BrokerMetrics, health: Callable[[], dict[str, Any]]) -> web.Application:

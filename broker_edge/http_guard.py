@@ -12,28 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import ssl
 from typing import Any
 
 from aiohttp import web
 
-from broker_edge.config import ConfigError
+from broker_edge.config.broker import check_http_limits
 
 __all__ = ["GuardedRunner", "check_http_limits", "read_body", "start_guarded_site"]
 
 _GUARD_KEY: web.AppKey[_Guard] = web.AppKey("http_guard")
 _BUSY = 503
 _REFUSAL = json.dumps({"error": "too_many_connections", "message": "too many open connections"}).encode()
-
-
-def check_http_limits(max_connections: object, request_timeout_s: object) -> None:
-    """Raise ``ConfigError`` naming the field unless both bounds of an HTTP endpoint are usable."""
-    if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
-        raise ConfigError("max_connections", f"must be an integer >= 1, got {max_connections!r}")
-    if isinstance(request_timeout_s, bool) or not isinstance(request_timeout_s, (int, float)):
-        raise ConfigError("request_timeout_s", f"must be a number, got {request_timeout_s!r}")
-    if not request_timeout_s > 0:
-        raise ConfigError("request_timeout_s", f"must be > 0, got {request_timeout_s!r}")
 
 
 class _Guard:
@@ -150,8 +141,10 @@ async def start_guarded_site(
     max_connections: int,
     request_timeout_s: float,
     keepalive_s: float = 60.0,
+    sock: socket.socket | None = None,
 ) -> GuardedRunner:
-    """Serve ``app`` on ``host:port`` (0: a free port) behind the guard; ``OSError`` if it cannot bind."""
+    """Serve ``app`` on ``host:port`` (0: a free port), or on the listening ``sock`` when given, behind the
+    guard; ``OSError`` if it cannot bind."""
     guard = _Guard(max_connections, request_timeout_s)
     app[_GUARD_KEY] = guard
     app.middlewares.insert(0, _request_started)
@@ -168,9 +161,11 @@ async def start_guarded_site(
         return _GuardedProtocol(make_handler(), guard)  # type: ignore[misc]  # aiohttp's handler is a protocol
 
     try:
-        server = await asyncio.get_running_loop().create_server(
-            protocol, host, port, ssl=ssl_context, reuse_address=True
-        )
+        loop = asyncio.get_running_loop()
+        if sock is None:
+            server = await loop.create_server(protocol, host, port, ssl=ssl_context, reuse_address=True)
+        else:
+            server = await loop.create_server(protocol, sock=sock, ssl=ssl_context)
     except BaseException:
         await runner.cleanup()
         raise

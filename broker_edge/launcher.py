@@ -54,6 +54,9 @@ class BrokerProcess:
     ``limits={"max_connections": 20000}``.
     """
 
+    #: the module run with `python -m` (its command line: `broker --config FILE`)
+    module = "pipelines.cli"
+
     def __init__(self, directory: Path, name: str = "edge1", **sections: Any) -> None:
         self.directory = Path(directory)
         self.name = name
@@ -84,7 +87,7 @@ class BrokerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "pipelines.cli", "broker", "--config", str(self.config_path)],
+                [sys.executable, "-m", self.module, "broker", "--config", str(self.config_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

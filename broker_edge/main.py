@@ -87,12 +87,11 @@ def run_broker(config_path: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m broker_edge.main [--config FILE]``."""
+    """``timestone broker [--config FILE]`` (also ``python -m broker_edge.main``): without a file the
+    defaults serve 127.0.0.1:1883."""
     import argparse
 
-    parser = argparse.ArgumentParser(
-        prog="python -m broker_edge.main", description="Run a Timestone edge broker."
-    )
+    parser = argparse.ArgumentParser(prog="timestone broker", description="Run a Timestone edge broker.")
     parser.add_argument("--config", "-c", help="broker YAML config (default: embedded defaults)")
     return run_broker(parser.parse_args(argv).config)
 

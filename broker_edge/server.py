@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,10 +26,10 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.metrics_core import Metric
 
-from broker_edge.admin_http import create_admin_app, start_admin_server
 from broker_edge.config.broker import BrokerConfig
 from broker_edge.core import BrokerCore
 from broker_edge.delivery import Message
+from broker_edge.lazy_http import LazyHttpEndpoint
 from broker_edge.listeners import ListenerRuntime, ListenerStats
 from broker_edge.metrics import BrokerMetrics
 from broker_edge.protocol.reason_codes import ReasonCode
@@ -88,7 +89,7 @@ class Broker(BrokerCore):
         self.started_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[asyncio.Server] = []
-        self._runners: list[web.AppRunner | GuardedRunner] = []
+        self._runners: list[web.AppRunner | LazyHttpEndpoint] = []
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._next_sys = 0.0
         self._next_retention = 0.0
@@ -140,14 +141,13 @@ class Broker(BrokerCore):
                     "allowed" if runtime.allow_anonymous else "refused",
                 )
             if config.admin_http.enabled:
-                app = create_admin_app(self.metrics, self.health)
-                admin = config.admin_http
-                admin_runner, self.admin_port = await start_admin_server(
-                    app, admin.host, admin.port, None, admin.max_connections, admin.request_timeout_s
+                admin = await LazyHttpEndpoint.start(
+                    self._serve_admin, config.admin_http.host, config.admin_http.port
                 )
-                self._runners.append(admin_runner)
+                self.admin_port = admin.port
+                self._runners.append(admin)
             if self.store is not None and config.offsets_api.enabled:
-                await self._start_offsets_api()
+                await self._start_offsets_api(self.store)
         except BaseException:
             await self.stop()
             raise
@@ -181,26 +181,42 @@ class Broker(BrokerCore):
             )
             self.session_store.restore()
 
-    async def _start_offsets_api(self) -> None:
-        """Serve the offsets API over this broker's store on its own port (``offsets_api.serve``)."""
-        try:
-            from broker_edge import offsets_api
-        except ImportError as exc:
-            log.error("offsets API not available: %s", exc)
-            return
-        serve = getattr(offsets_api, "serve", None)
-        if serve is None:
-            log.error("offsets API not available: broker_edge.offsets_api has no serve()")
-            return
+    async def _serve_admin(self, sock: socket.socket) -> GuardedRunner:
+        """The admin endpoint on its listening socket (run by its first connection: see ``lazy_http``)."""
+        from broker_edge.admin_http import create_admin_app
+        from broker_edge.http_guard import start_guarded_site
+
+        admin = self.config.admin_http
+        app = create_admin_app(self.metrics, self.health)
+        return await start_guarded_site(
+            app, admin.host, admin.port, None, admin.max_connections, admin.request_timeout_s, sock=sock
+        )
+
+    async def _start_offsets_api(self, store: LogStore) -> None:
+        """Serve the offsets API over this broker's store on its own port; aiohttp (and the API's code) are
+        loaded by its first connection (see ``lazy_http``)."""
         api = self.config.offsets_api
         ssl_context = server_ssl_context(api.tls) if api.tls else None
-        from broker_edge.offsets_api.server import ApiLimits
 
-        limits = ApiLimits(max_connections=api.max_connections, request_timeout_s=api.request_timeout_s)
-        runner, self.offsets_port = await serve(
-            self.store, host=api.host, port=api.port, token=api.token, ssl_context=ssl_context, limits=limits
-        )
-        self._runners.append(runner)
+        async def serve(sock: socket.socket) -> GuardedRunner:
+            from broker_edge.http_guard import start_guarded_site
+            from broker_edge.offsets_api.server import ApiLimits, create_app
+
+            limits = ApiLimits(max_connections=api.max_connections, request_timeout_s=api.request_timeout_s)
+            app = create_app(store, api.token, limits)
+            return await start_guarded_site(
+                app,
+                api.host,
+                api.port,
+                ssl_context,
+                limits.max_connections,
+                limits.request_timeout_s,
+                sock=sock,
+            )
+
+        endpoint = await LazyHttpEndpoint.start(serve, api.host, api.port)
+        self.offsets_port = endpoint.port
+        self._runners.append(endpoint)
 
     async def stop(self) -> None:
         """Stop accepting, DISCONNECT 0x8B to v5 clients, close every connection, save the persistent

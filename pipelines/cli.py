@@ -1,7 +1,8 @@
 """The ``timestone`` command: one entry point, each subcommand imported only when used.
 
-Imports are lazy so that ``timestone broker`` never loads Spark and ``timestone passwd`` starts instantly.
-Each subcommand's own module parses its arguments; this file only routes.
+Imports are lazy so that ``timestone broker`` loads nothing but the broker (no Spark, pandas or Arrow) and
+``timestone passwd`` starts instantly. Each subcommand's own module parses its arguments; this file only
+routes, and says which optional dependencies (``pip install 'timestone[...]'``) a subcommand lacks.
 """
 
 from __future__ import annotations
@@ -9,32 +10,57 @@ from __future__ import annotations
 import importlib
 import sys
 
-# subcommand -> (module, function taking argv and returning an exit code, one-line help)
-COMMANDS: dict[str, tuple[str, str, str]] = {
-    "broker": ("pipelines.cli", "broker_main", "run an edge broker: timestone broker [--config FILE]"),
-    "passwd": ("broker_edge.auth", "passwd_main", "add, change or delete a user in a password file"),
-    "pipeline": ("pipelines.runner", "pipeline_main", "run a streaming pipeline (telemetry, actions)"),
-    "devices": ("pipelines.fleet.cli", "devices_main", "simulate a fleet of devices"),
-    "ota": ("pipelines.actions.cli", "ota_main", "create or cancel an OTA / command action"),
-    "demo": ("pipelines.demo", "demo_main", "run the end-to-end demo on embedded defaults"),
+# subcommand -> (module, function taking argv and returning an exit code, one-line help, extras it needs)
+COMMANDS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
+    "broker": ("broker_edge.main", "main", "run an edge broker: timestone broker [--config FILE]", ()),
+    "passwd": ("broker_edge.auth", "passwd_main", "add, change or delete a user in a password file", ()),
+    "pipeline": (
+        "pipelines.runner",
+        "pipeline_main",
+        "run a streaming pipeline (telemetry, actions)",
+        ("pipelines", "spark"),
+    ),
+    "devices": ("pipelines.fleet.cli", "devices_main", "simulate a fleet of devices", ()),
+    "ota": ("pipelines.actions.cli", "ota_main", "create or cancel an OTA / command action", ("pipelines",)),
+    "demo": (
+        "pipelines.demo",
+        "demo_main",
+        "run the end-to-end demo on embedded defaults",
+        ("pipelines", "spark"),
+    ),
 }
 
+OPTIONAL_MODULES = {
+    "pyspark": "spark",
+    "deltalake": "pipelines",
+    "great_expectations": "pipelines",
+    "pandas": "pipelines",
+    "pyarrow": "pipelines",
+    "numpy": "pipelines",
+    "paho": "pipelines",
+}
+"""Top-level modules that only the extras install, and the extra that brings each."""
 
-def broker_main(argv: list[str]) -> int:
-    """``timestone broker [--config FILE]``: without a file the defaults serve 127.0.0.1:1883."""
-    import argparse
+MISSING_EXTRA_STATUS = 3
+"""Exit status of a subcommand whose optional dependencies are not installed."""
 
-    from broker_edge.main import run_broker
 
-    parser = argparse.ArgumentParser(prog="timestone broker", description="Run a Timestone edge broker.")
-    parser.add_argument("--config", "-c", help="broker YAML config (default: embedded defaults)")
-    args = parser.parse_args(argv)
-    return run_broker(args.config)
+def missing_extras_message(command: str, module: str) -> str | None:
+    """What to tell a user whose ``command`` failed to import ``module``; None if no extra provides it."""
+    top = module.partition(".")[0]
+    if top not in OPTIONAL_MODULES:
+        return None
+    extras = COMMANDS[command][3] or (OPTIONAL_MODULES[top],)
+    return (
+        f"timestone {command}: this command needs the optional dependencies of "
+        f"timestone[{','.join(extras)}] ({top} is not installed). Install them with:\n"
+        f"    pip install 'timestone[{','.join(extras)}]'"
+    )
 
 
 def _usage() -> str:
     lines = ["usage: timestone <command> [options]", "", "commands:"]
-    lines += [f"  {name:<10} {help_text}" for name, (_, _, help_text) in COMMANDS.items()]
+    lines += [f"  {name:<10} {entry[2]}" for name, entry in COMMANDS.items()]
     lines.append("\nRun 'timestone <command> --help' for the options of a command.")
     return "\n".join(lines)
 
@@ -49,9 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"timestone: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module_name, function_name, _ = COMMANDS[name]
-    function = getattr(importlib.import_module(module_name), function_name)
-    return int(function(rest) or 0)
+    module_name, function_name, _, _ = COMMANDS[name]
+    try:
+        function = getattr(importlib.import_module(module_name), function_name)
+        return int(function(rest) or 0)
+    except ModuleNotFoundError as exc:
+        message = missing_extras_message(name, exc.name or "")
+        if message is None:
+            raise
+        print(message, file=sys.stderr)
+        return MISSING_EXTRA_STATUS
 
 
 if __name__ == "__main__":

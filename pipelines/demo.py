@@ -19,6 +19,7 @@ from broker_edge.launcher import BrokerProcess
 from pipelines.fleet.background import BackgroundFleet
 from pipelines.fleet.device import DeviceBehaviour
 from pipelines.fleet.fleet import FleetSpec
+from pipelines.views.location import DEMO_WORKDIR, notebooks_hint
 
 STATES = ("queued", "in_progress", "succeeded", "failed", "rejected", "timed_out", "canceled")
 
@@ -26,7 +27,9 @@ STATES = ("queued", "in_progress", "succeeded", "failed", "rejected", "timed_out
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="timestone demo", description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, default=200, help="simulated devices (default 200)")
-    parser.add_argument("--workdir", default=".timestone/demo", help="where the demo keeps its data")
+    parser.add_argument(
+        "--workdir", default=str(DEMO_WORKDIR), help=f"where the demo keeps its data (default {DEMO_WORKDIR})"
+    )
     parser.add_argument("--timeout", type=float, default=240.0, help="give up after this many seconds")
     parser.add_argument("--failure-rate", type=float, default=0.05, help="share of devices whose OTA fails")
     parser.add_argument("--reject-rate", type=float, default=0.02, help="share of devices that reject OTA")
@@ -205,10 +208,9 @@ def _run_pipelines(
             f"\nDelta tables:  {tables}/<table> (bronze_telemetry, silver_telemetry, device_minute, devices,"
         )
         print("               actions, action_executions, action_summary, dq_results, telemetry_quarantine)")
-        print(
-            "Notebooks:     notebooks/telemetry.ipynb and notebooks/ota_rollout.ipynb "
-            f"(TIMESTONE_TABLES={tables})"
-        )
+        print(notebooks_hint(str(tables)))
+        if workdir == DEMO_WORKDIR.resolve():
+            print("               (their default when run from this directory or below: no setting needed)")
         print(f"Follow-up:     timestone ota status --tables-root {tables}")
     finally:
         fleet.run(fleet.fleet.stop())  # no new data: the queries finish their batch and go idle

@@ -20,12 +20,14 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from broker_edge.config.loader import ConfigError, load_yaml_file
+from pipelines.views.location import notebooks_hint
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -38,12 +40,16 @@ class Pipeline:
     module: str
     default_config: str
     section: str | None = None  # None: the whole file is the pipeline's config
+    tables_root: str | None = None
+    """Dotted attribute of the validated config holding the tables root (printed for the notebooks)."""
 
 
 #: Every pipeline ``timestone pipeline`` can run.
 PIPELINES: dict[str, Pipeline] = {
-    "telemetry": Pipeline("pipelines.telemetry.job", "conf/pipeline.yaml", section="telemetry"),
-    "actions": Pipeline("pipelines.actions.job", "conf/actions.yaml"),
+    "telemetry": Pipeline(
+        "pipelines.telemetry.job", "conf/pipeline.yaml", section="telemetry", tables_root="tables.root"
+    ),
+    "actions": Pipeline("pipelines.actions.job", "conf/actions.yaml", tables_root="tables_root"),
 }
 
 
@@ -140,11 +146,12 @@ def pipeline_main(argv: list[str]) -> int:
         document = load_config_document(args.config, pipeline.default_config, args.overrides)
         config = document.get(pipeline.section) if pipeline.section else document
         validate = getattr(module, "validate", None)
-        if validate is not None:
-            validate(config)
+        validated = validate(config) if validate is not None else None
     except ConfigError as exc:
         print(f"timestone pipeline {args.name}: {exc}", file=sys.stderr)
         return 2
+    if validated is not None and pipeline.tables_root:
+        print(notebooks_hint(str(attrgetter(pipeline.tables_root)(validated))), flush=True)
     options = RunOptions(args.available_now, args.spark_master, args.config)
     spark = spark_session(args.spark_master, app_name=f"timestone-{args.name}")
     return int(module.run(spark, config, options) or 0)

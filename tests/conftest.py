@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from broker_edge.launcher import free_port, wait_for_port
 
@@ -15,6 +16,11 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+
+# Property tests check behaviour, not speed (bench/ measures speed): no per-example deadline, no slowness
+# health check, so a busy machine cannot fail them.
+settings.register_profile("timestone", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("timestone")
 
 
 @pytest.fixture(scope="session")
@@ -43,3 +49,11 @@ def mosquitto(tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory):
+    """One ``timestone demo`` (20 devices) for the whole test session: its output and the tables it wrote."""
+    from tests.e2e.notebooks.notebook_harness import run_demo
+
+    return run_demo(tmp_path_factory.mktemp("repository"), devices=20)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from bench.brokers.aedes import Aedes
 from bench.brokers.amqtt import Amqtt
 from bench.brokers.base import BrokerUnavailable, BrokerUnderTest, RunningBroker
 from bench.brokers.mosquitto import Mosquitto
 from bench.brokers.timestone import Timestone
 
-BROKER_NAMES = ("timestone", "mosquitto", "amqtt")
+BROKER_NAMES = ("timestone", "mosquitto", "aedes", "amqtt")
 
 __all__ = [
     "BROKER_NAMES",
+    "Aedes",
     "Amqtt",
     "BrokerUnavailable",
     "BrokerUnderTest",
@@ -23,7 +25,7 @@ __all__ = [
 
 def default_broker(name: str) -> BrokerUnderTest:
     """The broker of that name in the configuration used by every scenario but the persisted one."""
-    factories = {"timestone": Timestone, "mosquitto": Mosquitto, "amqtt": Amqtt}
+    factories = {"timestone": Timestone, "mosquitto": Mosquitto, "aedes": Aedes, "amqtt": Amqtt}
     try:
         return factories[name]()
     except KeyError:

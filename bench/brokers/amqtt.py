@@ -67,8 +67,15 @@ class Amqtt(BrokerUnderTest):
         # -I: the launcher's directory must not shadow the `amqtt` package with this module
         return [str(self.python), "-I", str(LAUNCHER), str(config)]
 
+    @property
+    def summary(self) -> str:
+        return "no in-flight limit, TCP_NODELAY (asyncio default), in memory"
+
     def config_notes(self) -> str:
-        return "anonymous auth plugin only, log level WARNING, default asyncio loop, own venv"
+        return (
+            "anonymous auth plugin only, log level WARNING, default asyncio loop (TCP_NODELAY on), no limit "
+            "on QoS 1 messages in flight to a subscriber, own venv"
+        )
 
     def version(self) -> str:
         return self._installed_version() or "not installed"

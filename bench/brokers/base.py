@@ -71,6 +71,26 @@ class BrokerUnderTest(ABC):
         """One line on how the broker is configured, for the results."""
         return ""
 
+    @property
+    def config_key(self) -> tuple[str, ...]:
+        """Equal for two objects that run the same configuration (whatever their labels): a run measures
+        each configuration once per flow and shows that measurement wherever the configuration appears."""
+        return (self.name,)
+
+    def with_tcp_nodelay(self) -> BrokerUnderTest:
+        """This configuration with TCP_NODELAY on its client sockets (itself when that is its default)."""
+        return self
+
+    @property
+    def summary(self) -> str:
+        """The configuration in a few words, for each row of the tables."""
+        return ""
+
+    @property
+    def persists(self) -> bool:
+        """True when this configuration must leave data in its data directory (a run that left none fails)."""
+        return False
+
     def prepare(self) -> None:  # noqa: B027  (an optional hook: most brokers need nothing)
         """Install or check whatever the broker needs; raise BrokerUnavailable if that fails."""
 
@@ -101,15 +121,12 @@ class BrokerUnderTest(ABC):
                 shutil.rmtree(workdir, ignore_errors=True)
         raise last_error or BrokerUnavailable("could not be started")
 
-    def _spawn(
-        self, port: int, workdir: Path, cpus: set[int] | None
-    ) -> tuple[subprocess.Popen[bytes], RunningBroker]:
-        """Start the process and wait for a handshake; BrokerUnavailable (with the log's tail) if it fails."""
+    def popen(self, port: int, workdir: Path, cpus: set[int] | None) -> subprocess.Popen[bytes]:
+        """Spawn the broker on `port` in its own session, pinned to `cpus`, output in workdir/broker.log."""
         cmd = self.command(port, workdir)
-        log_path = workdir / "broker.log"
-        with open(log_path, "wb") as log:
+        with open(workdir / "broker.log", "wb") as log:
             try:
-                proc = subprocess.Popen(
+                return subprocess.Popen(
                     cmd,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -121,6 +138,14 @@ class BrokerUnderTest(ABC):
                 )
             except OSError as exc:
                 raise BrokerUnavailable(f"`{' '.join(cmd)}` could not be run: {exc}") from exc
+
+    def _spawn(
+        self, port: int, workdir: Path, cpus: set[int] | None
+    ) -> tuple[subprocess.Popen[bytes], RunningBroker]:
+        """Start the process and wait for a handshake; BrokerUnavailable (with the log's tail) if it fails."""
+        proc = self.popen(port, workdir, cpus)
+        cmd = [str(arg) for arg in proc.args]  # type: ignore[union-attr]
+        log_path = workdir / "broker.log"
         _LIVE[proc.pid] = proc
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:

@@ -39,6 +39,19 @@ class Timestone(BrokerUnderTest):
             return "timestone"
         return "timestone (persist on)" if self.persist else "timestone (persist off)"
 
+    @property
+    def config_key(self) -> tuple[str, ...]:
+        return (self.name, "persist off" if self.persist is False else "default")
+
+    @property
+    def summary(self) -> str:
+        storage = "nothing persisted" if self.persist is False else "QoS 1 logged, group commit"
+        return f"in flight 64, TCP_NODELAY, {storage}"
+
+    @property
+    def persists(self) -> bool:
+        return self.persist is not False
+
     def prepare(self) -> None:
         if not self.executable.exists():
             raise BrokerUnavailable(f"{self.executable} does not exist (install the project into its venv)")
@@ -71,7 +84,9 @@ class Timestone(BrokerUnderTest):
             "storage in a temp dir; offsets API and admin HTTP on free ports; limits.max_connections "
             "1000000, new_connections_per_second 0, messages_per_second_per_client 0, "
             "max_topics_per_client 0 (unlimited, as Mosquitto by default); max_offline_messages 100000 and "
-            "max_offline_bytes 100 MiB (as Mosquitto's max_queued_messages); logging WARNING; rest default"
+            "max_offline_bytes 100 MiB (as Mosquitto's max_queued_messages); logging WARNING; rest default: "
+            "durability group, receive_maximum 64 and max_inflight_out 64, default TCP options (asyncio's: "
+            "TCP_NODELAY on)"
         )
         return notes + (", `storage: {persist: []}`" if self.persist is False else "")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from bench.brokers.base import RunningBroker
 from bench.loadgen.processes import WorkerSet
@@ -32,6 +33,7 @@ class FlowSpec:
     window: int = 64  # QoS 1 in-flight PUBLISHes per publisher
     ahead: int = 2000  # messages the publishers may be ahead of the average subscriber
     subscriber_processes: int = 1
+    publisher_processes: int = 1
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class FlowResult:
     loadgen_cpu_pct: float
     other_cpu_pct: float  # CPU used by anything else on the machine during the window (100 = one core)
     broker_rss_bytes: int
+    loadgen_process_cpu_pct: list[float] = field(default_factory=list)  # each process, 100 = one core
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -72,40 +75,45 @@ def run_flow(broker: RunningBroker, spec: FlowSpec, timing: Timing, cpus: set[in
     """Run one measurement against `broker`; raise WorkerFailed if the load generator could not."""
     cpu_tuple = tuple(sorted(cpus)) if cpus else None
     with WorkerSet(spec.subscriber_processes) as workers:
-        for index, count in enumerate(_split(spec.subscribers, spec.subscriber_processes)):
-            workers.start(
-                WorkerSpec(
-                    role="subscribe",
-                    port=broker.port,
-                    clients=count,
-                    client_prefix=f"bench-sub{index}-",
-                    qos=spec.qos,
-                    topics=spec.topics,
-                    subscription=spec.subscription,
-                    payload_size=spec.payload_size,
-                    shared_index=index,
-                    connect_timeout_s=timing.connect_timeout_s,
-                    cpus=cpu_tuple,
-                ),
-                ready_timeout=timing.connect_timeout_s + 15,
-            )
-        workers.start(
-            WorkerSpec(
-                role="publish",
+
+        def start_worker(role: str, index: int, count: int, **fields: Any) -> None:
+            worker = WorkerSpec(
+                role=role,
                 port=broker.port,
-                clients=spec.publishers,
-                client_prefix="bench-pub-",
+                clients=count,
+                client_prefix=f"bench-{role[:3]}{index}-",
                 qos=spec.qos,
-                topics=spec.topics,
                 payload_size=spec.payload_size,
+                connect_timeout_s=timing.connect_timeout_s,
+                cpus=cpu_tuple,
+                **fields,
+            )
+            workers.start(worker, ready_timeout=timing.connect_timeout_s + 15)
+
+        for index, count in enumerate(_split(spec.subscribers, spec.subscriber_processes)):
+            start_worker(
+                "subscribe",
+                index,
+                count,
+                topics=spec.topics,
+                subscription=spec.subscription,
+                shared_index=index,
+            )
+        first = 0
+        for index, count in enumerate(_split(spec.publishers, spec.publisher_processes)):
+            turn = first % len(spec.topics)
+            start_worker(
+                "publish",
+                index,
+                count,
+                # client i of this process publishes on topic (first + i): every publisher its own topic
+                topics=spec.topics[turn:] + spec.topics[:turn],
                 window=spec.window,
                 ahead=spec.ahead,
                 subscribers_total=spec.subscribers,
-                connect_timeout_s=timing.connect_timeout_s,
-                cpus=cpu_tuple,
-            ),
-            ready_timeout=timing.connect_timeout_s + 15,
-        )
+                publisher_share=count / spec.publishers,
+            )
+            first += count
         start = time.monotonic() + 0.2
         window_from = start + timing.warmup_s
         window_to = window_from + timing.measure_s
@@ -140,7 +148,8 @@ def _summarise(
     span = t1 - t0
     published = sum(_at(r.samples, t1, 1) - _at(r.samples, t0, 1) for r in publishers) / span
     delivered = sum(_at(r.samples, t1, 3) - _at(r.samples, t0, 3) for r in subscribers) / span
-    loadgen_cpu = sum(_at(r.samples, t1, 4) - _at(r.samples, t0, 4) for r in reports) / span
+    per_process = [(_at(r.samples, t1, 4) - _at(r.samples, t0, 4)) / span for r in reports]
+    loadgen_cpu = sum(per_process)
     sent = sum(r.sent for r in publishers)
     acked = sum(r.acked for r in publishers)
     owed_per_subscriber = acked if spec.qos else sent
@@ -157,6 +166,7 @@ def _summarise(
         loadgen_cpu_pct=100 * loadgen_cpu,
         other_cpu_pct=max(100 * (machine_busy - broker_cpu - loadgen_cpu), 0.0),
         broker_rss_bytes=rss,
+        loadgen_process_cpu_pct=[100 * cpu for cpu in per_process],
         errors=[e for r in reports for e in r.errors][:5],
     )
 

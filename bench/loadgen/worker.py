@@ -50,6 +50,7 @@ class WorkerSpec:
     window: int = 64
     ahead: int = 1000
     subscribers_total: int = 1
+    publisher_share: float = 1.0  # this process's share of all publishers (several publisher processes)
     shared_index: int = 0
     connect_concurrency: int = 200
     connect_timeout_s: float = 60.0
@@ -161,7 +162,11 @@ def _factory(spec: WorkerSpec, group: ClientGroup, shared: Any) -> Callable[[int
             on_received,
         )
     if spec.role == "publish":
-        limiter = Limiter(spec.ahead, spec.subscribers_total, lambda: sum(shared))
+        share = spec.publisher_share
+        # this process's publishers keep their share of the lead over their share of the deliveries
+        limiter = Limiter(
+            max(1, round(spec.ahead * share)), spec.subscribers_total, lambda: int(sum(shared) * share)
+        )
         payload = bytes(spec.payload_size)
         blobs = [frames.publish_run(topic, payload, spec.qos, 1, BLOB_FRAMES) for topic in spec.topics]
         frame_len = len(blobs[0]) // BLOB_FRAMES

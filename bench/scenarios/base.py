@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from bench.brokers.base import BrokerUnavailable, BrokerUnderTest, RunningBroker
 from bench.loadgen.flow import Timing
@@ -34,6 +34,8 @@ class RunContext:
     unprepared: dict[str, str] = field(default_factory=dict)  # broker name -> why it could not be installed
     seen: dict[str, BrokerUnderTest] = field(default_factory=dict)  # every broker label measured, in order
     other_cpu: list[float] = field(default_factory=list)  # "other CPU" % of every measurement kept
+    flows: dict[tuple, Any] = field(default_factory=dict)  # (config key, flow spec) -> its measurement
+    failures: list[str] = field(default_factory=list)  # what makes the whole run fail (exit status 1)
 
 
 @dataclass
@@ -45,6 +47,7 @@ class Row:
     figure: float | None  # the headline figure; None when there is none (not available, failed)
     cells: dict[str, str] = field(default_factory=dict)
     note: str = ""
+    invalid: str = ""  # why this row does not count (shown, never used in a ratio or target); "" if it does
 
 
 @dataclass
@@ -72,10 +75,10 @@ class ScenarioResult:
     notes: list[str] = field(default_factory=list)
 
     def figure(self, case: str, broker: str) -> float | None:
-        """The headline figure of (case, broker label), or None."""
+        """The headline figure of (case, broker label) if that row is valid, else None."""
         for row in self.rows:
             if row.case == case and row.broker == broker:
-                return row.figure
+                return None if row.invalid else row.figure
         return None
 
 
@@ -130,5 +133,5 @@ def _compact(value: float) -> str:
 def ratio_target(goal: str, mine: float | None, theirs: float | None, share: float) -> Target:
     """Target "mine >= share * theirs" (higher is better)."""
     if mine is None or theirs is None or theirs <= 0:
-        return Target(goal, "not measured", None)
+        return Target(goal, "not measured (no valid row on one side)", None)
     return Target(goal, f"{mine / theirs:.2f}x ({mine:,.0f} vs {theirs:,.0f})", mine >= share * theirs)

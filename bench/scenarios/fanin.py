@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench.loadgen.flow import FlowSpec
 from bench.scenarios.base import RunContext, ScenarioResult, ratio_target
-from bench.scenarios.throughput import COLUMNS, flow_row
+from bench.scenarios.throughput import COLUMNS, IN_FLIGHT_AND_TCP, flow_row
 
 PUBLISHERS = 4
 PAYLOAD = 64
@@ -39,7 +39,7 @@ def run(ctx: RunContext) -> ScenarioResult:
             f"Publishers stay at most {AHEAD:,} messages ahead of the subscriber. Figure: messages/s "
             "delivered to the subscriber. Timestone runs its default configuration, in which QoS 1 "
             "messages are appended to the commitlog (group commit) before the PUBACK; the persisted "
-            "scenario below also shows it with persistence off."
+            "scenario below also shows it with persistence off." + IN_FLIGHT_AND_TCP
         ),
         figure_name="delivered/s",
         higher_is_better=True,

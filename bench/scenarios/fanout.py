@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench.loadgen.flow import FlowSpec
 from bench.scenarios.base import RunContext, ScenarioResult, ratio_target
-from bench.scenarios.throughput import COLUMNS, flow_row
+from bench.scenarios.throughput import COLUMNS, IN_FLIGHT_AND_TCP, flow_row
 
 PAYLOAD = 64
 #: the publisher may run this many messages ahead of the average subscriber
@@ -41,7 +41,7 @@ def run(ctx: RunContext) -> ScenarioResult:
             f"One publisher on `bench/fanout`, {count:,} subscribers on the same topic, {PAYLOAD}-byte "
             "payloads, QoS 0 and QoS 1 (64 unacknowledged PUBLISHes at most, every delivery PUBACKed). "
             f"The publisher stays at most {AHEAD} messages ahead of the average subscriber. Figure: "
-            "deliveries/s summed over all subscribers."
+            "deliveries/s summed over all subscribers." + IN_FLIGHT_AND_TCP
         ),
         figure_name="deliveries/s",
         higher_is_better=True,

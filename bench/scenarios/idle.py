@@ -7,7 +7,7 @@ from bench.loadgen.idle import IdleResult, run_idle
 from bench.scenarios.base import Measured, Row, RunContext, ScenarioResult, Target, measure
 
 TARGET_BYTES = 4096
-COLUMNS = ["connections", "RSS before", "RSS after", "connect time"]
+COLUMNS = ["configuration", "connections", "RSS before", "RSS after", "connect time"]
 
 
 def clients(ctx: RunContext) -> int:
@@ -32,6 +32,7 @@ def run(ctx: RunContext) -> ScenarioResult:
         r = outcome.result
         ctx.log(f"    {r.bytes_per_connection:,.0f} bytes per connection")
         cells = {
+            "configuration": broker.summary,
             "connections": f"{r.connected:,}",
             "RSS before": f"{r.rss_before / 1e6:.1f} MB",
             "RSS after": f"{r.rss_after / 1e6:.1f} MB",

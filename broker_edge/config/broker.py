@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import Literal
 
 from broker_edge.acl import AclConfig
-from broker_edge.admin_http import AdminHttpConfig
 from broker_edge.auth import AuthConfig, anonymous_allowed, is_loopback_host
 from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file
-from broker_edge.http_guard import check_http_limits
 from broker_edge.limits import LimitsConfig
 from broker_edge.logs import LoggingConfig
 from broker_edge.runtime import RuntimeConfig
@@ -28,6 +26,8 @@ from broker_edge.sys_topics import SysTopicsConfig
 from broker_edge.tls import TlsConfig
 
 __all__ = [
+    "DEFAULT_ADMIN_PORT",
+    "AdminHttpConfig",
     "BrokerConfig",
     "BrokerStorageConfig",
     "ListenerConfig",
@@ -195,6 +195,43 @@ class OffsetsApiConfig:
         check_http_limits(self.max_connections, self.request_timeout_s)
         if self.enabled and not self.token and not is_loopback_host(self.host):
             raise ConfigError("token", f"required when the offsets API listens on non-loopback {self.host!r}")
+
+
+def check_http_limits(max_connections: object, request_timeout_s: object) -> None:
+    """Raise ``ConfigError`` naming the field unless both bounds of an HTTP endpoint are usable."""
+    if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+        raise ConfigError("max_connections", f"must be an integer >= 1, got {max_connections!r}")
+    if isinstance(request_timeout_s, bool) or not isinstance(request_timeout_s, (int, float)):
+        raise ConfigError("request_timeout_s", f"must be a number, got {request_timeout_s!r}")
+    if not request_timeout_s > 0:
+        raise ConfigError("request_timeout_s", f"must be > 0, got {request_timeout_s!r}")
+
+
+DEFAULT_ADMIN_PORT = 9883
+"""1883 (MQTT) + 8000: easy to remember, clear of MQTT's 1883/8883 and of the usual Prometheus exporters."""
+
+
+@dataclass
+class AdminHttpConfig:
+    """Where the admin endpoint listens."""
+
+    enabled: bool = True
+    """Serve ``/metrics`` and ``/health``."""
+    host: str = "127.0.0.1"
+    """Address to bind; loopback by default because the endpoint has no authentication."""
+    port: int = DEFAULT_ADMIN_PORT
+    """TCP port; 0 picks a free one (tests)."""
+    max_connections: int = 64
+    """Open connections; more are answered 503 and closed."""
+    request_timeout_s: float = 10.0
+    """Seconds for a request's headers to arrive; a connection still sending them is closed."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65_535:
+            raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
+        if not self.host:
+            raise ConfigError("host", "must not be empty")
+        check_http_limits(self.max_connections, self.request_timeout_s)
 
 
 def _default_listeners() -> list[ListenerConfig]:

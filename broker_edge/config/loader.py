@@ -15,8 +15,6 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
 T = TypeVar("T")
 
 
@@ -31,6 +29,8 @@ class ConfigError(ValueError):
 
 def load_yaml_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML file whose top level must be a mapping (an empty file is an empty mapping)."""
+    import yaml  # here: a broker started without a file never needs it
+
     text = Path(path).read_text(encoding="utf-8")
     try:
         document = yaml.safe_load(text)

@@ -1,6 +1,6 @@
 """Arrow batches straight from runs of stored frames: columns over the frames' buffer, no object per record.
 
-`formats.arrow_batch` walks `Record` objects; a fetch of stored records skips them altogether: the fixed
+`arrow_format.arrow_batch` walks `Record` objects; a fetch of stored records skips them altogether: the fixed
 header fields come as numpy arrays (`storage.frame_runs`), and the client ids and payloads, which sit
 inside the frames, are copied out of the one buffer read from the segment by a numpy gather (short
 values) or through Arrow binary views cast to the plain `string` / `binary` columns of `ARROW_SCHEMA`
@@ -17,7 +17,8 @@ import pyarrow as pa
 
 from broker_edge.storage.frame_runs import FrameColumns, FrameRun, frame_columns, gather_rows
 
-from .formats import ARROW_SCHEMA, CONTENT_TYPE_PROPERTY
+from .arrow_format import ARROW_SCHEMA
+from .formats import CONTENT_TYPE_PROPERTY
 
 _PROPERTIES_TYPE = ARROW_SCHEMA.field("properties").type
 _TIMESTAMP_TYPE = ARROW_SCHEMA.field("timestamp").type

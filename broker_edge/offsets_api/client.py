@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from broker_edge.offsets_types import BatchFetch, Fetched, LogInfo, TopicResult
 
+from .arrow_format import read_arrow_stream
 from .errors import (
     AuthError,
     BadRequestError,
@@ -36,7 +37,6 @@ from .formats import (
     RECORD_COUNT_HEADER,
     RESULTS_METADATA_KEY,
     START_OFFSET_HEADER,
-    read_arrow_stream,
 )
 
 if TYPE_CHECKING:

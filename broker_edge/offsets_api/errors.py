@@ -9,6 +9,7 @@ UNKNOWN_TOPIC = "unknown_topic"
 OFFSET_OUT_OF_RANGE = "offset_out_of_range"
 CORRUPT_RECORD = "corrupt_record"
 NOT_FOUND = "not_found"
+FORMAT_UNAVAILABLE = "format_unavailable"
 
 
 class OffsetsApiError(Exception):

@@ -15,19 +15,19 @@ Endpoints (see docs/offsets-api.md for examples):
 from __future__ import annotations
 
 import hmac
+import importlib.util
 import json
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
 
 from broker_edge.http_guard import GuardedRunner, read_body, start_guarded_site
 from broker_edge.storage import (
     CorruptRecord,
-    FrameRun,
     LogInfo,
     LogStore,
     OffsetOutOfRange,
@@ -36,7 +36,6 @@ from broker_edge.storage import (
 )
 
 from . import errors as codes
-from .arrow_runs import arrow_batch_of_runs
 from .formats import (
     END_OFFSET_HEADER,
     FORMATS,
@@ -45,11 +44,13 @@ from .formats import (
     RECORD_COUNT_HEADER,
     RESULTS_METADATA_KEY,
     START_OFFSET_HEADER,
-    arrow_stream,
     frames_body,
     jsonl_body,
     jsonl_record,
 )
+
+if TYPE_CHECKING:
+    from broker_edge.storage.frame_runs import FrameRun
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 log = logging.getLogger(__name__)
@@ -253,7 +254,28 @@ def _format_param(value: object, allowed: Mapping[str, str] = FORMATS) -> str:
     name = "arrow" if value is None else value
     if name not in allowed:
         raise ApiError(400, codes.BAD_REQUEST, f"format must be one of {sorted(allowed)}, got {value!r}")
+    if name == "arrow" and not _arrow_installed():
+        raise ApiError(
+            501,
+            codes.FORMAT_UNAVAILABLE,
+            "format arrow needs pyarrow and numpy on this broker (pip install 'timestone[arrow]'); "
+            "format jsonl is served",
+        )
     return str(name)
+
+
+def _arrow_installed() -> bool:
+    return all(importlib.util.find_spec(name) is not None for name in ("pyarrow", "numpy"))
+
+
+def _arrow_body(
+    topic_runs: Sequence[tuple[str, Sequence[Any]]], metadata: Mapping[bytes, bytes]
+) -> memoryview:
+    """An Arrow IPC stream of the records of `topic_runs` (`FrameRun`s); the first one loads pyarrow."""
+    from .arrow_format import arrow_stream
+    from .arrow_runs import arrow_batch_of_runs
+
+    return memoryview(arrow_stream(arrow_batch_of_runs(topic_runs), metadata))
 
 
 def _info_json(info: LogInfo) -> dict[str, Any]:
@@ -343,7 +365,7 @@ class _Handlers:
         if output == "arrow":
             metadata = {POSITION_METADATA_KEYS[key]: str(value).encode() for key, value in positions.items()}
             runs = cast("list[FrameRun]", records)  # read_runs above
-            body: Any = memoryview(arrow_stream(arrow_batch_of_runs([(topic, runs)]), metadata))
+            body: Any = _arrow_body([(topic, runs)], metadata)
         elif output == "jsonl":
             body = jsonl_body(jsonl_record(topic, record) for record in cast("list[Record]", records))
         else:
@@ -359,7 +381,7 @@ class _Handlers:
             chunks, results, _ = self._fetch_round(fetches, max_bytes, columnar)
         if columnar:
             metadata = {RESULTS_METADATA_KEY: json.dumps(results).encode()}
-            body: Any = memoryview(arrow_stream(arrow_batch_of_runs(chunks), metadata))
+            body: Any = _arrow_body(chunks, metadata)
         else:
             lines = [{"results": results}]
             lines += [jsonl_record(topic, record) for topic, records in chunks for record in records]
@@ -463,6 +485,7 @@ def _count_and_next(read: Sequence[Record] | Sequence[FrameRun], offset: int) ->
     if not read:
         return 0, offset
     last = read[-1]
-    if isinstance(last, FrameRun):
-        return sum(len(run) for run in cast("Sequence[FrameRun]", read)), last.end
-    return len(read), last.offset + 1
+    if isinstance(last, Record):
+        return len(read), last.offset + 1
+    runs = cast("Sequence[FrameRun]", read)
+    return sum(len(run) for run in runs), runs[-1].end

@@ -133,7 +133,8 @@ class PacketDecoder:
         self._accepted = (
             _BEFORE_CONNECT if protocol_version is None else _ACCEPTED_FIRST_BYTES[role, protocol_version]
         )
-        self._pending = bytearray()
+        self._pending: bytes | bytearray = b""
+        """The start of a packet that has not fully arrived (a bytearray only then: idle costs nothing)."""
         self._needed = 0
         self._error: MQTTError | None = None
 
@@ -151,7 +152,7 @@ class PacketDecoder:
             if len(self._pending) < self._needed:
                 return []
             buf: bytes | bytearray = self._pending
-            self._pending = bytearray()
+            self._pending = b""
         elif not data:
             return []
         else:

@@ -1,4 +1,7 @@
-"""Durable per-topic commitlogs of an edge broker (see docs/commitlog.md)."""
+"""Durable per-topic commitlogs of an edge broker (see docs/commitlog.md).
+
+`frame_runs` (columnar reads, numpy) is left out here: it is loaded by the first columnar read.
+"""
 
 from .commitlog import CommitLog, LogRecovery, RetentionResult
 from .config import Durability, LogConfig, PersistRule, StorageConfig
@@ -12,7 +15,6 @@ from .errors import (
     TooManyTopics,
     UnknownTopic,
 )
-from .frame_runs import FrameRun
 from .record import AppendRecord, Record
 from .store import LogInfo, LogStore, RecoveryReport, RetentionReport
 
@@ -21,7 +23,6 @@ __all__ = [
     "CommitLog",
     "CorruptRecord",
     "Durability",
-    "FrameRun",
     "InvalidRecord",
     "LogConfig",
     "LogInfo",

@@ -24,16 +24,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import LogConfig
 from .errors import CorruptRecord, InvalidRecord, OffsetOutOfRange, RecordTooLarge
 from .file_pool import FileHandlePool
-from .frame_runs import FrameRun
 from .read_cache import BLOCK_MAX_BYTES, BLOCK_RECORDS, Block, ReadCache
 from .record import PREFIX_SIZE, AppendRecord, Record, RecordFields, encode_frame, encode_frames
 from .segment import NO_TIMESTAMP, Segment, SegmentWrite
 from .tail_cache import TailCache, TailCacheBudget
+
+if TYPE_CHECKING:
+    from .frame_runs import FrameRun
 
 log = logging.getLogger(__name__)
 

@@ -65,7 +65,8 @@ class StorageConfig:
     """Cut a window early once this many bytes are pending, bounding latency and memory."""
     syncfs_min_segments: int = 8
     """A window touching at least this many segments is made durable by one syncfs(2) of the store's
-    filesystem instead of an fdatasync per segment (Linux >= 5.8 only); 0 turns this off."""
+    filesystem instead of an fdatasync per segment (Linux >= 5.8, not on FUSE filesystems, where syncfs does
+    not reach the server); 0 turns this off."""
     persist: list[PersistRule] = field(default_factory=lambda: [PersistRule("#")])
     """Persistence rules, first match wins; a topic no rule matches is not persisted."""
     segment_bytes: int = 64 * MIB

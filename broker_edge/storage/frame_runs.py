@@ -125,10 +125,11 @@ def frame_headers(data: bytes, positions: np.ndarray) -> np.ndarray:
     return gather_rows(np.frombuffer(data, np.uint8), positions[:-1], FRAME_OVERHEAD).view(HEADER)[:, 0]
 
 
-def checked_run(data: bytes, positions: np.ndarray, first: int, max_body: int) -> FrameRun | None:
-    """The run of the frames `data` holds at `positions` (int64, relative to `data`, one more than the
+def checked_run(data: bytes, file_positions: Sequence[int], first: int, max_body: int) -> FrameRun | None:
+    """The run of the frames `data` holds (read from `file_positions[0]`; one position more than the
     frames), when every one passes the checks of `decode_frames` expecting offsets from `first`; else None.
     """
+    positions = np.asarray(file_positions, np.int64) - file_positions[0]
     count = len(positions) - 1
     if count < 1 or positions[0] != 0 or positions[-1] != len(data):
         return None

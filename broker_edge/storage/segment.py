@@ -19,11 +19,9 @@ import logging
 import os
 from array import array
 from dataclasses import dataclass, field
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from .file_pool import FileHandlePool
-from .frame_runs import FrameRun, checked_run, run_of_records
 from .index import (
     ENTRY_SIZE,
     HEADER_SIZE,
@@ -35,11 +33,14 @@ from .index import (
 )
 from .record import PREFIX, PREFIX_SIZE, FrameError, Record, check_frame, decode_frames
 
+if TYPE_CHECKING:
+    from .frame_runs import FrameRun
+
 log = logging.getLogger(__name__)
 
 NO_TIMESTAMP = -(2**63)
 _SCAN_CHUNK = 4 * 1024 * 1024
-_NO_POSITIONS = np.zeros(0, np.int64)
+_NO_POSITIONS = array("q")
 
 
 def segment_paths(directory: str, base_offset: int) -> tuple[str, str]:
@@ -255,7 +256,12 @@ class Segment:
         self, offset: int, stop: int, max_bytes: int, at_least_one: bool, max_body: int
     ) -> tuple[FrameRun | None, int, FrameError | None]:
         """Like `read`, but the frames stay one buffer (see `frame_runs`): checked as a whole, and when a
-        check fails, decoded one by one so the damage is found and reported exactly as `read` does."""
+        check fails, decoded one by one so the damage is found and reported exactly as `read` does.
+
+        numpy (which `frame_runs` needs) is imported by the first such read, not with the broker.
+        """
+        from .frame_runs import checked_run, run_of_records
+
         data, positions, error = self._read_frames(offset, stop, max_bytes, at_least_one)
         if data is None:
             return None, 0, error
@@ -270,8 +276,9 @@ class Segment:
 
     def _read_frames(
         self, offset: int, stop: int, max_bytes: int, at_least_one: bool
-    ) -> tuple[bytes | None, np.ndarray, FrameError | None]:
-        """The frames of `read` as one pread buffer and their positions in it (None when there are none)."""
+    ) -> tuple[bytes | None, array, FrameError | None]:
+        """The frames of `read` as one pread buffer and their file positions (one more than the frames;
+        data None when there are none)."""
         first = offset - self.base_offset
         last = stop - self.base_offset
         positions = self._positions(first, last)
@@ -286,8 +293,7 @@ class Segment:
         size = positions[count] - start
         if start < 0 or size <= 0:
             return None, _NO_POSITIONS, FrameError("index")
-        relative = np.frombuffer(positions, np.int64, count + 1) - start
-        return self.pool.pread(self.log_path, size, start), relative, None
+        return self.pool.pread(self.log_path, size, start), positions[: count + 1], None
 
     def _positions(self, first: int, last: int) -> array:
         """File positions of records `first .. last-1` plus the end of record `last-1`."""

@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from broker_edge.offsets_types import LogInfo
 from broker_edge.protocol.topics import topic_matches
@@ -24,7 +25,6 @@ from .commitlog import CommitLog, LogRecovery
 from .config import StorageConfig
 from .errors import StorageError, TooManyTopics, UnknownTopic
 from .file_pool import FileHandlePool
-from .frame_runs import FrameRun
 from .fs_sync import syncfs_available
 from .group_commit import GroupCommitter
 from .layout import layout_of, open_layout
@@ -34,6 +34,9 @@ from .record import AppendRecord, Record, RecordFields
 from .segment import fsync_directory
 from .tail_cache import TailCacheBudget
 from .topic_names import is_hashed, topic_directory_name, topic_from_directory, write_topic_file
+
+if TYPE_CHECKING:
+    from .frame_runs import FrameRun
 
 log = logging.getLogger(__name__)
 
@@ -358,7 +361,7 @@ class LogStore:
 
     def _use_syncfs(self) -> None:
         minimum = self.config.syncfs_min_segments
-        if minimum > 0 and self.config.durability != "none" and syncfs_available():
+        if minimum > 0 and self.config.durability != "none" and syncfs_available(self.directory):
             self._directory_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             self._committer.use_syncfs(self._directory_fd, minimum)
 

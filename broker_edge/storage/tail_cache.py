@@ -15,10 +15,12 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import repeat
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
-from .frame_runs import FrameRun, run_of_frames
 from .record import Record, RecordFields
+
+if TYPE_CHECKING:
+    from .frame_runs import FrameRun
 
 Frame = bytes
 """An encoded record (a name of its own: ``TailCache.bytes`` shadows the builtin in the class's scope)."""
@@ -146,6 +148,8 @@ class TailCache:
 
     def run(self, offset: int, stop: int, max_bytes: int, at_least_one: bool = True) -> FrameRun:
         """The frames of the records `slice` would return, joined into one run (no `Record` is built)."""
+        from .frame_runs import run_of_frames  # numpy, loaded by the first columnar read
+
         first, last = self._bounds(offset, stop, max_bytes, at_least_one)
         frames = [
             entry.frame if isinstance(entry, Record) else entry[1] for entry in self._entries[first:last]

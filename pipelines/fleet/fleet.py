@@ -43,7 +43,7 @@ class Fleet:
         self.behaviour = behaviour or DeviceBehaviour()
         self.stats: Counter = Counter()
         rng = random.Random(spec.seed + spec.first_index)
-        sources: list[str | None] = [*spec.source_addresses] or [None]
+        sources: list[str | None] = list(spec.source_addresses) or [None]
         self.devices = [
             SimulatedDevice(
                 device_id=spec.device_id(i),

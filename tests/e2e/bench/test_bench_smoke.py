@@ -7,6 +7,7 @@ reference. The whole file takes about 10 s.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from bench import frames
@@ -14,6 +15,7 @@ from bench.brokers import Mosquitto
 from bench.brokers.mosquitto import mosquitto_binary
 from bench.loadgen.flow import FlowSpec, Timing, run_flow
 from bench.loadgen.idle import run_idle
+from bench.scenarios import fanin
 from bench.stream import FrameScanner
 
 
@@ -46,14 +48,7 @@ def test_scanner_counts_and_acks_any_chunking() -> None:
 
 
 def test_fanin_qos1_delivers_every_acknowledged_message() -> None:
-    spec = FlowSpec(
-        publishers=4,
-        subscribers=1,
-        qos=1,
-        topics=tuple(f"bench/fanin/{i}" for i in range(4)),
-        subscription="bench/fanin/+",
-        ahead=2000,
-    )
+    spec = dataclasses.replace(fanin.spec(1), ahead=2000)
     with Mosquitto().running() as broker:
         result = run_flow(broker, spec, SHORT, cpus=None)
     assert result.sent > 0

@@ -44,8 +44,9 @@ class LeanPublisher:
 
         async def one(seq: int) -> None:
             try:
-                await self._client.publish(TOPIC, f"{self.name}:{seq}".encode(), 1)
-                self.acked.append(seq)
+                reason_code = await self._client.publish(TOPIC, f"{self.name}:{seq}".encode(), 1)
+                if reason_code < 0x80:  # a v5 PUBACK with an error code (a failed append) is a refusal
+                    self.acked.append(seq)
             except (ConnectionError, OSError):
                 failed.set()
             finally:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from broker_edge.offsets_api.arrow_format import ARROW_SCHEMA
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.offsets_api.errors import (
     AuthError,
@@ -17,7 +18,6 @@ from broker_edge.offsets_api.errors import (
     OffsetOutOfRangeError,
     UnknownTopicError,
 )
-from broker_edge.offsets_api.formats import ARROW_SCHEMA
 from tests.e2e.offsets_api.api_harness import (
     BASE_TIME_MS,
     TOKEN,

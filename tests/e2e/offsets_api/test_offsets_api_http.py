@@ -10,7 +10,7 @@ import threading
 import pyarrow as pa
 import pytest
 
-from broker_edge.offsets_api.formats import ARROW_SCHEMA
+from broker_edge.offsets_api.arrow_format import ARROW_SCHEMA
 from broker_edge.storage import StorageConfig
 from tests.e2e.offsets_api.api_harness import (
     BASE_TIME_MS,

@@ -72,7 +72,9 @@ def test_every_variable_used_is_declared_and_every_declared_one_is_used():
 def test_jobs_load_in_databricks_bundles_for_each_target(target):
     jobs = BUNDLE["resources"]["jobs"]
     assert set(jobs) == {"telemetry", "actions"}
-    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    scripts = project["scripts"]
+    pipelines_extra = project["optional-dependencies"]["pipelines"]
     for name, definition in jobs.items():
         job = Job.from_dict(resolve(definition, target))
         assert job.continuous.pause_status.value == ("UNPAUSED" if target == "prod" else "PAUSED")
@@ -81,7 +83,9 @@ def test_jobs_load_in_databricks_bundles_for_each_target(target):
         assert (wheel.package_name, wheel.entry_point) == ("timestone", "timestone")
         assert wheel.entry_point in scripts  # the console script `timestone` routes `pipeline <name>`
         assert wheel.parameters[:2] == ["pipeline", name]
-        assert [lib.whl for lib in task.libraries] == ["./dist/*.whl"]
+        assert [lib.whl for lib in task.libraries if lib.whl] == ["./dist/*.whl"]
+        # a wheel library installs no extras: the job lists the `pipelines` extra itself, exactly
+        assert [lib.pypi.package for lib in task.libraries if lib.pypi] == pipelines_extra
         assert task.job_cluster_key in {c.job_cluster_key for c in job.job_clusters}
     assert "--wheel-dir dist" in BUNDLE["artifacts"]["timestone_wheel"]["build"]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from broker_edge.offsets_api.arrow_format import ARROW_SCHEMA, arrow_batch
 from broker_edge.offsets_api.arrow_runs import arrow_batch_of_runs
 from broker_edge.offsets_api.client import CorruptRecordError, OffsetsClient
-from broker_edge.offsets_api.formats import ARROW_SCHEMA, arrow_batch
 from broker_edge.storage import AppendRecord, LogStore, StorageConfig
 from tests.e2e.offsets_api.api_harness import ApiHarness, sample_record, write_damaged_log
 from tests.unit.broker_edge.storage.log_helpers import flip_byte, frame_positions, odd_record, segment_files

@@ -1,6 +1,6 @@
 """A packet split at any byte boundary decodes, and many packets in one chunk decode in order."""
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker_edge.protocol import (
@@ -74,7 +74,7 @@ def test_memoryview_chunks_are_copied_out():
     assert packets == [Publish("a", b"xyz", 0)]
 
 
-@settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])  # what it checks is not speed
+@settings(max_examples=200)
 @given(st.data())
 def test_random_chunking_of_random_packets(data):
     connect = data.draw(connects(MQTT_5))

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from crc32c import crc32c
 
-from broker_edge.storage import AppendRecord, CommitLog, CorruptRecord, FrameRun, LogConfig
-from broker_edge.storage.frame_runs import frame_columns
+from broker_edge.storage import AppendRecord, CommitLog, CorruptRecord, LogConfig
+from broker_edge.storage.frame_runs import FrameRun, frame_columns
 from tests.unit.broker_edge.storage.log_helpers import (
     flip_byte,
     frame_positions,

@@ -1,0 +1,150 @@
+"""Start-up of a broker process: time until it accepts TCP and serves MQTT, CPU spent, idle RSS.
+
+The clock starts just before the process is spawned and stops at the first successful TCP connect to its
+MQTT port (polled every millisecond), then at the first CONNECT/CONNACK. Idle RSS is the process tree's
+VmRSS `settle_s` after that, with no client connected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import net
+from bench.brokers.base import BrokerUnavailable, BrokerUnderTest
+from bench.brokers.timestone import Timestone
+from bench.sysinfo import cpu_seconds, rss_bytes
+
+
+class DefaultTimestone(Timestone):
+    """`timestone broker` with its defaults: only the ports (free ones) and the data directory are set.
+
+    Without a file the broker would bind the fixed ports 1883, 9883 and 9884, which another broker on a
+    shared machine may hold; everything else (commitlog, offsets API, admin HTTP, limits, logging) is the
+    embedded default.
+    """
+
+    def __init__(
+        self,
+        executable: Path | None = None,
+        label: str = "timestone (defaults)",
+        storage: dict[str, int] | None = None,
+    ) -> None:
+        super().__init__(executable=executable)
+        self._label = label
+        self.storage = storage or {}
+        """Storage settings other than the defaults (the soak may bound the tail caches)."""
+
+    @property
+    def label(self) -> str:
+        return self._label
+
+    def command(self, port: int, workdir: Path) -> list[str]:
+        config = workdir / "timestone.yaml"
+        config.write_text(
+            f"listeners:\n  - port: {port}\n"
+            f"storage:\n  directory: {workdir / 'data'}\n"
+            + "".join(f"  {key}: {value}\n" for key, value in self.storage.items())
+            + "offsets_api:\n  port: 0\n"
+            "admin_http:\n  port: 0\n"
+        )
+        return [str(self.executable), "broker", "--config", str(config)]
+
+    def config_notes(self) -> str:
+        changed = "".join(f", storage.{key} {value}" for key, value in self.storage.items())
+        notes = "embedded defaults; listener, offsets API and admin HTTP on free ports, data in a temp dir"
+        return notes + changed
+
+
+@dataclass(frozen=True)
+class StartupRun:
+    """One start of a broker."""
+
+    listen_s: float
+    serve_s: float
+    cpu_s: float
+    idle_rss: int
+
+
+@dataclass(frozen=True)
+class StartupResult:
+    """Several starts of one broker; medians are what the tables show."""
+
+    label: str
+    runs: list[StartupRun]
+
+    @property
+    def listen_s(self) -> float:
+        return statistics.median(run.listen_s for run in self.runs)
+
+    @property
+    def serve_s(self) -> float:
+        return statistics.median(run.serve_s for run in self.runs)
+
+    @property
+    def cpu_s(self) -> float:
+        return statistics.median(run.cpu_s for run in self.runs)
+
+    @property
+    def idle_rss(self) -> int:
+        return int(statistics.median(run.idle_rss for run in self.runs))
+
+
+def measure_startup(
+    broker: BrokerUnderTest, runs: int, cpus: set[int] | None = None, settle_s: float = 2.0
+) -> StartupResult:
+    """Start `broker` `runs` times, each in a fresh directory, and measure each start."""
+    return StartupResult(broker.label, [_start_once(broker, cpus, settle_s) for _ in range(runs)])
+
+
+def _start_once(broker: BrokerUnderTest, cpus: set[int] | None, settle_s: float) -> StartupRun:
+    workdir = Path(tempfile.mkdtemp(prefix=f"footprint-{broker.name}-"))
+    (workdir / "data").mkdir()
+    port = net.free_port()
+    process: subprocess.Popen[bytes] | None = None
+    try:
+        started = time.monotonic()
+        process = broker.popen(port, workdir, cpus)
+        listen_s = _wait_for_tcp(port, process, started, broker.start_timeout)
+        cpu_s = cpu_seconds(process.pid)
+        while not net.mqtt_handshake(port, timeout=1.0):
+            if time.monotonic() - started > broker.start_timeout:
+                raise BrokerUnavailable(f"{broker.label}: no MQTT handshake on port {port}")
+            time.sleep(0.001)
+        serve_s = time.monotonic() - started
+        time.sleep(settle_s)
+        return StartupRun(listen_s, serve_s, cpu_s, rss_bytes(process.pid))
+    finally:
+        if process is not None:
+            _stop(process)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _wait_for_tcp(port: int, process: subprocess.Popen[bytes], started: float, timeout_s: float) -> float:
+    while time.monotonic() - started < timeout_s:
+        with socket.socket() as sock:
+            if sock.connect_ex((net.HOST, port)) == 0:
+                return time.monotonic() - started
+        if process.poll() is not None:
+            raise BrokerUnavailable(f"exited with {process.returncode} before listening")
+        time.sleep(0.001)
+    raise BrokerUnavailable(f"nothing listened on port {port} within {timeout_s:.0f} s")
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(10)

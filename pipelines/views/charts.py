@@ -1,0 +1,154 @@
+"""The charts a fleet operator looks at first, drawn from the frames of :mod:`pipelines.views.queries`.
+
+Each function returns a pyplot figure, which a notebook (Jupyter or Databricks) shows at the end of the cell.
+Times are drawn in UTC.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.figure import Figure
+
+from pipelines.views.queries import MINUTE
+from sinks.tables import EXECUTION_STATES
+
+STATE_COLOURS = {
+    "QUEUED": "#c7c7c7",
+    "IN_PROGRESS": "#1f77b4",
+    "SUCCEEDED": "#2ca02c",
+    "FAILED": "#d62728",
+    "TIMED_OUT": "#9467bd",
+    "REJECTED": "#ff7f0e",
+    "CANCELED": "#7f7f7f",
+}
+FINAL_STATES = [state for state in EXECUTION_STATES if state not in ("QUEUED", "IN_PROGRESS")]
+
+
+def _utc(times: pd.Series) -> pd.Series:
+    """Naive UTC timestamps: what matplotlib's date axis draws without converting to local time."""
+    times = pd.to_datetime(times, utc=True)
+    return times.dt.tz_convert("UTC").dt.tz_localize(None)
+
+
+def device_chart(device_id: str, metric: str, readings: pd.DataFrame, minutes: pd.DataFrame) -> Figure:
+    """One device's readings (dots) over its per-minute band: min-max as a bar, the average as a line.
+
+    Each minute is drawn across its own width, so one minute of data is as visible as an hour of it.
+    """
+    fig, ax = plt.subplots(figsize=(10, 4))
+    if not minutes.empty:
+        start = _utc(minutes["minute"])
+        low, high = minutes[f"{metric}_min"], minutes[f"{metric}_max"]
+        width = MINUTE / pd.Timedelta(days=1)  # matplotlib dates are in days
+        ax.bar(
+            start,
+            high - low,
+            width=width,
+            bottom=low,
+            align="edge",
+            color="#1f77b4",
+            alpha=0.18,
+            edgecolor="#1f77b4",
+            linewidth=0.5,
+            label="minute min-max",
+        )
+        ax.hlines(
+            minutes[f"{metric}_avg"],
+            start,
+            start + MINUTE,
+            colors="#1f77b4",
+            linewidth=2,
+            label="minute average",
+        )
+    if not readings.empty:
+        ax.plot(
+            _utc(readings["event_time"]), readings[metric], ".", color="#d62728", label=f"{metric} readings"
+        )
+    ax.set_title(f"{device_id}: {metric}, {len(readings)} readings in {len(minutes)} minutes")
+    ax.set_xlabel("event time (UTC)")
+    ax.set_ylabel(metric)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the plot: never over the readings
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    return fig
+
+
+def fleet_chart(counts: pd.DataFrame) -> Figure:
+    """Devices per firmware version, stacked by group (the frame of ``fleet_by_firmware_and_group``)."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    bottom = pd.Series(0, index=counts.index)
+    for group in counts.columns:
+        bars = ax.bar(counts.index.astype(str), counts[group], bottom=bottom, label=f"group {group}")
+        ax.bar_label(bars, labels=[str(n) if n else "" for n in counts[group]], label_type="center")
+        bottom = bottom + counts[group]
+    total = int(counts.to_numpy().sum())
+    ax.set_title(f"Fleet: {total} devices by firmware version and group")
+    ax.set_xlabel("firmware version")
+    ax.set_ylabel("devices")
+    ax.legend()
+    return fig
+
+
+def quality_chart(batches: pd.DataFrame) -> Figure:
+    """Rows validated and unexpected rows per micro-batch; batches with a failed expectation are marked."""
+    fig, ax = plt.subplots(figsize=(10, 4))
+    times = _utc(batches["observed_at"]) if not batches.empty else batches["observed_at"]
+    ax.plot(times, batches["rows"], "o-", color="#1f77b4", label="rows validated")
+    ax.plot(times, batches["unexpected"], "o-", color="#ff7f0e", label="unexpected rows")
+    failed = batches["failed"] > 0
+    if failed.any():
+        ax.plot(
+            times[failed],
+            batches["rows"][failed],
+            "x",
+            color="#d62728",
+            markersize=10,
+            label="batch with a failed expectation",
+        )
+    ax.set_title(
+        f"Data quality: {len(batches)} batches validated, {int(failed.sum())} with a failed expectation"
+    )
+    ax.set_xlabel("validated at (UTC)")
+    ax.set_ylabel("rows")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    return fig
+
+
+def rollout_chart(action_id: str, states: pd.DataFrame, summary: dict[str, Any] | None) -> Figure:
+    """An action's devices per state over time (left) and its final counts from ``action_summary`` (right)."""
+    fig, (timeline, totals) = plt.subplots(
+        1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1]}, layout="constrained"
+    )
+    if not states.empty:
+        seconds = list((states.index - states.index[0]).total_seconds())
+        # Hold the last counts a little past the last change, so the final states have a width to show.
+        seconds.append(seconds[-1] + max(1.0, 0.05 * seconds[-1]))
+        states = pd.concat([states, states.iloc[[-1]]])
+        drawn = [state for state in states.columns if states[state].any()]
+        timeline.stackplot(
+            seconds,
+            *(states[state] for state in drawn),
+            step="post",
+            labels=drawn,
+            colors=[STATE_COLOURS[state] for state in drawn],
+        )
+        timeline.legend(loc="upper left", fontsize="small")
+    timeline.set_xlabel("seconds since the first device was queued")
+    timeline.set_ylabel("devices")
+    timeline.set_title("states over time (action_executions)")
+    counts = {state: int(summary[f"{state.lower()}_count"]) for state in EXECUTION_STATES} if summary else {}
+    shown = [state for state in EXECUTION_STATES if counts.get(state)]
+    bars = totals.barh(shown, [counts[s] for s in shown], color=[STATE_COLOURS[s] for s in shown])
+    totals.bar_label(bars)
+    totals.invert_yaxis()
+    totals.set_xlabel("devices")
+    totals.set_title("final counts (action_summary)")
+    outcome = summary["action_state"] if summary else "no summary yet"
+    total = int(summary["total_count"]) if summary else 0
+    fig.suptitle(f"Rollout of {action_id}: {outcome}, {total} devices")
+    return fig

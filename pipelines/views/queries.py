@@ -1,0 +1,131 @@
+"""The notebooks' queries: small pandas frames from the Delta tables, on either backend.
+
+A store opened with a SparkSession (Databricks, native Delta) filters in Spark before anything reaches pandas;
+a store without one (local, delta-rs) reads the snapshot with Arrow and filters there. Both give the declared
+Arrow schema, so everything after :func:`read_frame` is one code path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sinks.tables import EXECUTION_STATES
+
+if TYPE_CHECKING:
+    from sinks import TableStore
+
+#: Seconds in one ``device_minute`` row.
+MINUTE = pd.Timedelta(minutes=1)
+
+
+def read_frame(store: TableStore, name: str, where: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """A table's current rows where every ``column == value`` of ``where`` holds (none yet: no rows)."""
+    spec = store.spec(name)
+    if not store.exists(name):
+        return spec.arrow_schema.empty_table().to_pandas()
+    spark = getattr(store, "spark", None)
+    if spark is not None:
+        from pyspark.sql import functions as F
+
+        from sinks.arrow_conform import conform
+
+        frame = store.read(name)
+        for column, value in (where or {}).items():
+            frame = frame.where(F.col(f"`{column}`") == F.lit(value))
+        table = conform(frame.toArrow(), spec.arrow_schema, name)
+    else:
+        table = store.read_arrow(name)
+        for column, value in (where or {}).items():
+            table = table.filter(pc.equal(table[column], pa.scalar(value, table.schema.field(column).type)))
+    return table.to_pandas()
+
+
+def busiest_device(store: TableStore) -> str | None:
+    """The device with the most rows in ``device_minute`` (messages counted per minute), or None."""
+    minutes = read_frame(store, "device_minute")
+    if minutes.empty:
+        return None
+    return str(minutes.groupby("device_id")["count"].sum().idxmax())
+
+
+def device_readings(store: TableStore, device_id: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One device's silver rows by event time, and its ``device_minute`` rows by minute."""
+    readings = read_frame(store, "silver_telemetry", {"device_id": device_id}).sort_values("event_time")
+    minutes = read_frame(store, "device_minute", {"device_id": device_id}).sort_values("minute")
+    return readings.reset_index(drop=True), minutes.reset_index(drop=True)
+
+
+def fleet_by_firmware_and_group(store: TableStore) -> pd.DataFrame:
+    """Devices counted per firmware version (rows) and group (columns), from the ``devices`` registry."""
+    devices = read_frame(store, "devices")
+    devices = devices.fillna({"firmware_version": "unknown", "group": "none"})
+    counts = devices.groupby(["firmware_version", "group"]).size().unstack("group", fill_value=0)
+    return counts.sort_index()
+
+
+def quality_by_batch(store: TableStore) -> pd.DataFrame:
+    """Per validated micro-batch (by time): rows validated, unexpected rows and failed expectations."""
+    dq = read_frame(store, "dq_results")
+    if dq.empty:
+        return pd.DataFrame(columns=["run_id", "batch_id", "observed_at", "rows", "unexpected", "failed"])
+    dq["failed"] = ~dq["success"].astype(bool)
+    batches = dq.groupby(["run_id", "batch_id"], as_index=False).agg(
+        observed_at=("observed_at", "min"),
+        rows=("element_count", "max"),
+        unexpected=("unexpected_count", "sum"),
+        failed=("failed", "sum"),
+    )
+    return batches.sort_values("observed_at").reset_index(drop=True)
+
+
+def latest_action_id(store: TableStore) -> str | None:
+    """The action written most recently to ``actions`` (by ``created_at``), or None when there is none."""
+    actions = read_frame(store, "actions")
+    if actions.empty:
+        return None
+    return str(actions.sort_values(["created_at", "id"]).iloc[-1]["id"])
+
+
+def action_summary(store: TableStore, action_id: str) -> dict[str, Any] | None:
+    """The action's ``action_summary`` row (final counts per state), or None before the job wrote one."""
+    rows = read_frame(store, "action_summary", {"action_id": action_id})
+    return rows.iloc[0].to_dict() if not rows.empty else None
+
+
+def rollout_states(executions: pd.DataFrame) -> pd.DataFrame:
+    """Devices per execution state over time, from ``action_executions`` rows of one action.
+
+    Each row is QUEUED from ``queued_at``, IN_PROGRESS from ``started_at`` and in its final state from
+    ``finished_at`` (rows still open stay in their current state). The result has one row per moment a count
+    changed (index: UTC time) and one column per state, in :data:`EXECUTION_STATES` order.
+    """
+    if executions.empty:
+        return pd.DataFrame(columns=list(EXECUTION_STATES), index=pd.DatetimeIndex([], tz="UTC"))
+    changes = []
+    for row in executions.itertuples(index=False):
+        steps = [("QUEUED", row.queued_at if pd.notna(row.queued_at) else row.updated_at)]
+        if pd.notna(row.started_at):
+            steps.append(("IN_PROGRESS", row.started_at))
+        if pd.notna(row.finished_at):
+            steps.append((row.state, row.finished_at))
+        elif row.state != steps[-1][0]:  # open row whose state has no timestamp of its own
+            steps.append((row.state, row.updated_at))
+        for (state, at), following in zip(steps, [*steps[1:], None], strict=True):
+            changes.append((at, state, 1))
+            if following is not None:
+                changes.append((following[1], state, -1))
+    deltas = pd.DataFrame(changes, columns=["at", "state", "delta"])
+    counts = deltas.pivot_table(index="at", columns="state", values="delta", aggfunc="sum", fill_value=0)
+    counts = counts.reindex(columns=list(EXECUTION_STATES), fill_value=0).sort_index().cumsum()
+    return counts.astype(int)
+
+
+def rollout(store: TableStore, action_id: str) -> tuple[pd.DataFrame, dict[str, Any] | None]:
+    """An action's states over time (from ``action_executions``) and its summary row (``action_summary``)."""
+    executions = read_frame(store, "action_executions", {"action_id": action_id})
+    return rollout_states(executions), action_summary(store, action_id)

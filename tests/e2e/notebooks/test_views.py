@@ -1,0 +1,212 @@
+"""pipelines.views: where the tables are found, the queries on either read path, and what each chart draws."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import matplotlib
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from pipelines.views import charts, queries
+from pipelines.views.location import DEMO_TABLES, TABLES_ENV, notebooks_hint, open_tables, tables_root
+from sinks import open_table_store
+from sinks.tables import EXECUTION_STATES
+from tests.e2e.notebooks.notebook_harness import describe
+
+matplotlib.use("Agg")
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+# -- where the tables are --------------------------------------------------------------------------------
+
+
+def test_the_setting_wins_else_the_demo_tables_are_found_from_below_the_repository(tmp_path):
+    (tmp_path / DEMO_TABLES).mkdir(parents=True)
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    assert tables_root({TABLES_ENV: "/lake"}, start=notebooks) == "/lake"
+    assert tables_root({}, start=notebooks) == str(tmp_path / DEMO_TABLES)
+    assert tables_root({TABLES_ENV: "  "}, start=tmp_path) == str(tmp_path / DEMO_TABLES)
+
+
+def test_no_tables_is_an_error_naming_the_root_and_the_setting(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    root = tables_root({})
+    assert root == str(DEMO_TABLES)
+    with pytest.raises(FileNotFoundError, match=rf"no tables at {root}: run `make demo`.*{TABLES_ENV}"):
+        open_tables(None, root)
+
+
+def test_the_printed_hint_is_an_absolute_setting_that_opens_the_tables(tmp_path, monkeypatch):
+    store = open_table_store(None, str(tmp_path / "lake"), backend="delta-rs")
+    store.ensure("devices")
+    monkeypatch.chdir(tmp_path)
+    hint = notebooks_hint("lake")
+    assert "notebooks/telemetry.ipynb and notebooks/ota_rollout.ipynb" in hint
+    value = hint.split(f"{TABLES_ENV}=")[1]
+    assert value == str(tmp_path / "lake")
+    assert open_tables(None, tables_root({TABLES_ENV: value})).exists("devices")
+    assert notebooks_hint("s3://bucket/lake").endswith(f"{TABLES_ENV}=s3://bucket/lake")
+
+
+# -- queries ---------------------------------------------------------------------------------------------
+
+
+def execution(device: str, state: str, queued: float, started: float | None, finished: float | None) -> dict:
+    return {
+        "action_id": "act-1",
+        "device_id": device,
+        "state": state,
+        "version": 1,
+        "report_seq": 1,
+        "status_details": "",
+        "queued_at": at(queued),
+        "updated_at": at(finished or started or queued),
+        "published_at": at(queued),
+        "started_at": at(started) if started is not None else None,
+        "finished_at": at(finished) if finished is not None else None,
+    }
+
+
+EXECUTIONS = [
+    execution("d1", "SUCCEEDED", 0, 1, 3),
+    execution("d2", "REJECTED", 0, None, 2),
+    execution("d3", "IN_PROGRESS", 0, 2, None),
+]
+
+
+def test_rollout_states_count_devices_per_state_at_every_change():
+    states = queries.rollout_states(pd.DataFrame(EXECUTIONS))
+    assert list(states.columns) == list(EXECUTION_STATES)
+    seen = {t.to_pydatetime(): {s: n for s, n in row.items() if n} for t, row in states.iterrows()}
+    assert seen == {
+        at(0): {"QUEUED": 3},
+        at(1): {"QUEUED": 2, "IN_PROGRESS": 1},
+        at(2): {"IN_PROGRESS": 2, "REJECTED": 1},
+        at(3): {"IN_PROGRESS": 1, "SUCCEEDED": 1, "REJECTED": 1},
+    }
+    assert (states.sum(axis=1) == 3).all()
+    assert queries.rollout_states(pd.DataFrame(columns=list(EXECUTIONS[0]))).empty
+
+
+def write(store, name: str, rows: list[dict]) -> None:
+    store.append(name, pa.Table.from_pylist(rows, schema=store.spec(name).arrow_schema), "views-test", 0)
+
+
+@pytest.mark.spark
+def test_spark_and_arrow_read_paths_give_the_same_frames(spark, tmp_path):
+    local = open_tables(None, str(tmp_path))  # creates nothing: the directory exists, tables do not yet
+    assert queries.read_frame(local, "action_executions").empty
+    assert queries.latest_action_id(local) is None
+    write(
+        local,
+        "action_executions",
+        [*EXECUTIONS, {**execution("d9", "FAILED", 0, 1, 2), "action_id": "act-2"}],
+    )
+    with_spark = open_table_store(spark, str(tmp_path), backend="delta-rs", catalog=local.catalog)
+    arrow = queries.read_frame(local, "action_executions", {"action_id": "act-1"})
+    through_spark = queries.read_frame(with_spark, "action_executions", {"action_id": "act-1"})
+    assert sorted(arrow["device_id"]) == ["d1", "d2", "d3"]
+    key = ["device_id"]
+    pd.testing.assert_frame_equal(
+        arrow.sort_values(key).reset_index(drop=True), through_spark.sort_values(key).reset_index(drop=True)
+    )
+    pd.testing.assert_frame_equal(
+        queries.rollout_states(arrow), queries.rollout_states(through_spark), check_freq=False
+    )
+
+
+def test_fleet_counts_devices_by_firmware_and_group(tmp_path):
+    store = open_tables(None, str(tmp_path))
+    rows = [
+        ("d1", "1.0.0", "canary"),
+        ("d2", "2.0.0", "canary"),
+        ("d3", "1.0.0", "fleet"),
+        ("d4", None, "fleet"),
+    ]
+    write(store, "devices", [{"device_id": d, "firmware_version": f, "group": g} for d, f, g in rows])
+    counts = queries.fleet_by_firmware_and_group(store)
+    assert counts.to_dict() == {
+        "canary": {"1.0.0": 1, "2.0.0": 1, "unknown": 0},
+        "fleet": {"1.0.0": 1, "2.0.0": 0, "unknown": 1},
+    }
+    chart = describe(charts.fleet_chart(counts))
+    assert chart.title == "Fleet: 4 devices by firmware version and group"
+    assert chart.bars == 4
+
+
+# -- charts ----------------------------------------------------------------------------------------------
+
+
+def minute_rows(device: str, minutes: int, low: float, high: float) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "device_id": device,
+            "minute": [at(60 * m) for m in range(minutes)],
+            "temperature_min": low,
+            "temperature_max": high,
+            "temperature_avg": (low + high) / 2,
+        }
+    )
+
+
+def test_one_minute_of_data_draws_its_band_average_and_readings():
+    readings = pd.DataFrame({"event_time": [at(5), at(25), at(45)], "temperature": [20.0, 22.0, 21.0]})
+    chart = describe(
+        charts.device_chart("dev-1", "temperature", readings, minute_rows("dev-1", 1, 20.0, 22.0))
+    )
+    assert chart.title == "dev-1: temperature, 3 readings in 1 minutes"
+    assert (chart.points, chart.bars, chart.segments) == (3, 1, 1)
+
+
+def test_a_minute_with_one_reading_still_draws_its_average():
+    readings = pd.DataFrame({"event_time": [at(5)], "temperature": [20.0]})
+    chart = describe(
+        charts.device_chart("dev-1", "temperature", readings, minute_rows("dev-1", 1, 20.0, 20.0))
+    )
+    assert (chart.points, chart.bars, chart.segments) == (1, 0, 1)
+
+
+def test_many_minutes_draw_one_band_and_one_average_each():
+    readings = pd.DataFrame({"event_time": [at(30 * i) for i in range(120)], "temperature": 21.0})
+    chart = describe(
+        charts.device_chart("dev-1", "temperature", readings, minute_rows("dev-1", 60, 19.0, 23.0))
+    )
+    assert (chart.points, chart.bars, chart.segments) == (120, 60, 60)
+
+
+def test_rollout_chart_stacks_states_over_time_next_to_the_final_counts():
+    states = queries.rollout_states(pd.DataFrame(EXECUTIONS))
+    summary = {f"{s.lower()}_count": 0 for s in charts.STATE_COLOURS} | {
+        "succeeded_count": 1,
+        "rejected_count": 1,
+        "in_progress_count": 1,
+        "total_count": 3,
+        "action_state": "IN_PROGRESS",
+    }
+    chart = describe(charts.rollout_chart("act-1", states, summary))
+    assert chart.title == "Rollout of act-1: IN_PROGRESS, 3 devices"
+    assert chart.areas == 4  # QUEUED, IN_PROGRESS, SUCCEEDED, REJECTED each hold devices for a while
+    assert chart.bars == 3
+
+
+def test_quality_chart_draws_every_batch_and_marks_failed_ones():
+    batches = pd.DataFrame(
+        {
+            "run_id": "r",
+            "batch_id": [0, 1, 2],
+            "observed_at": [at(0), at(10), at(20)],
+            "rows": [100, 120, 90],
+            "unexpected": [0, 3, 0],
+            "failed": [0, 1, 0],
+        }
+    )
+    chart = describe(charts.quality_chart(batches))
+    assert chart.title == "Data quality: 3 batches validated, 1 with a failed expectation"
+    assert chart.points == 3 + 3 + 1
