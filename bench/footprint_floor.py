@@ -27,7 +27,7 @@ class _AnswerConnect(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if data[0] & 0xF0 == 0x10:  # CONNECT
-            self.transport.write(CONNACK)  # type: ignore[attr-defined]
+            self.transport.write(CONNACK)
         elif data[0] == 0xE0:  # DISCONNECT
             self.transport.close()
 

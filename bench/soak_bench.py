@@ -93,7 +93,7 @@ def run_soak(
     warmup_fraction: float = 0.2,
     cpus: tuple[set[int] | None, set[int] | None] = (None, None),
     storage: dict[str, int] | None = None,
-    log=print,  # type: ignore[no-untyped-def]
+    log=print,
 ) -> SoakResult:
     """Run the soak for `duration_s` seconds (broker on `cpus[0]`, load on `cpus[1]`; `storage`: settings
     other than the defaults)."""

@@ -64,7 +64,7 @@ class _Client(asyncio.Protocol):
         self.buffer = b""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport
         self.transport.write(self.connect_frame)
 
     def data_received(self, data: bytes) -> None:
@@ -163,7 +163,7 @@ async def _devices(load: SoakLoad, shared: SynchronizedArray, stop: Event) -> No
         counters[RECONNECTS] += 1
         loop.call_later(1.0 + 2.0 * rng.random(), lambda: _spawn(_connect(loop, load.port, client, counters)))
 
-    def _spawn(coro) -> None:  # type: ignore[no-untyped-def]
+    def _spawn(coro) -> None:
         task = loop.create_task(coro)
         pending.add(task)
         task.add_done_callback(pending.discard)
@@ -227,7 +227,7 @@ async def _subscribers(load: SoakLoad, shared: SynchronizedArray, stop: Event) -
             subscriber.transport.close()
 
 
-def _process_main(role: str, load: SoakLoad, shared: SynchronizedArray, stop: Event, cpus) -> None:  # type: ignore[no-untyped-def]
+def _process_main(role: str, load: SoakLoad, shared: SynchronizedArray, stop: Event, cpus) -> None:
     if cpus:
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, cpus)

@@ -108,6 +108,7 @@ class Connection(asyncio.Protocol):
         "partial_since",
         "paused",
         "peer_cn",
+        "problem_information",
         "refused",
         "rx",
         "send_quota",
@@ -135,6 +136,8 @@ class Connection(asyncio.Protocol):
         self.client_id = ""
         self.version = 0
         self.v5 = False
+        self.problem_information = True
+        """v5 Request Problem Information: False forbids reason strings and user properties on acks."""
         self.state = NEW
         self.keepalive = 0
         self.rx = False
@@ -345,10 +348,11 @@ class Connection(asyncio.Protocol):
             self.host.counters.drop("slow_subscriber")
             return False
         template: PublishTemplate | None
+        offsets = self.session is not None and self.session.log_offsets
         if self.aliases_out is None:
-            template = message.template(self.v5, qos, retain, subscription_ids)
+            template = message.template(self.v5, qos, retain, subscription_ids, 0, False, offsets)
         else:
-            template = self._aliased_template(message, qos, retain, subscription_ids)
+            template = self._aliased_template(message, qos, retain, subscription_ids, offsets)
             if template is None:
                 return False
         head = template.head
@@ -385,7 +389,7 @@ class Connection(asyncio.Protocol):
         return True
 
     def _aliased_template(
-        self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]
+        self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...], offsets: bool
     ) -> PublishTemplate | None:
         """The v5 PUBLISH with this connection's alias for the topic (LRU); None if too large to send.
 
@@ -399,10 +403,10 @@ class Connection(asyncio.Protocol):
         if alias is not None:
             del aliases[topic]  # most recently used last
             aliases[topic] = alias
-            return message.template(True, qos, retain, subscription_ids, alias, True)
+            return message.template(True, qos, retain, subscription_ids, alias, True, offsets)
         full = len(aliases) >= self.alias_max_out
         alias = next(iter(aliases.values())) if full else len(aliases) + 1
-        template = message.template(True, qos, retain, subscription_ids, alias, False)
+        template = message.template(True, qos, retain, subscription_ids, alias, False, offsets)
         if len(template.head) + (len(template.tail) + 2 if qos else 0) > self.max_packet_out:
             self.host.counters.drop("too_large")
             return None

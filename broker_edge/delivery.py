@@ -4,8 +4,12 @@ A PUBLISH fanned out to N subscribers is encoded once per distinct variant — p
 QoS, RETAIN flag, v5 subscription identifiers, remaining message expiry and the v5 topic alias the connection
 uses for the topic (with the topic name when it sets the alias, without when it uses it) — and the resulting
 bytes are handed to every subscriber of that variant: QoS 0 subscribers all write the same ``bytes`` object,
-QoS 1/2 subscribers write ``head + packet id + tail``. Logged messages carry their log offset to v5
-subscribers as the user property ``offset``; that is part of the shared encoding, not a per-subscriber cost.
+QoS 1/2 subscribers write ``head + packet id + tail``.
+
+User properties are forwarded exactly as published [MQTT-3.3.2-17, -18]. The one exception is asked for:
+a v5 session that wants log delivery (it subscribed from an offset, or opted in on CONNECT with the user
+property ``offsets: on``, see ``wants_log_offsets``) gets logged messages with one more user property,
+``offset``, their log offset. That is one more shared variant, not a per-subscriber cost.
 """
 
 from __future__ import annotations
@@ -18,7 +22,10 @@ from broker_edge.protocol.codec import PublishTemplate, encode_publish_template
 from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5
 from broker_edge.protocol.properties import Properties
 
-__all__ = ["Message", "forwarded_properties"]
+__all__ = ["OFFSETS_OPT_IN", "Message", "forwarded_properties", "wants_log_offsets"]
+
+OFFSETS_OPT_IN = ("offsets", "on")
+"""The CONNECT user property by which a v5 client asks for the ``offset`` user property on deliveries."""
 
 
 class Message:
@@ -70,6 +77,12 @@ class Message:
             return False
         return (time.monotonic() if now is None else now) >= self.expires_at
 
+    def expiry_left(self) -> int | None:
+        """Whole seconds left of the v5 Message Expiry Interval, rounded up (None: never expires)."""
+        if self.expires_at is None:
+            return None
+        return max(0, math.ceil(self.expires_at - time.monotonic()))
+
     def template(
         self,
         v5: bool,
@@ -78,19 +91,21 @@ class Message:
         subscription_ids: tuple[int, ...] = (),
         alias: int = 0,
         alias_only: bool = False,
+        offsets: bool = False,
     ) -> PublishTemplate:
         """The encoded PUBLISH of one delivery variant, the same object for every subscriber of it.
 
         ``alias`` (v5) adds the Topic Alias property: with the topic name to set it, or with an empty topic
-        name when ``alias_only`` (the connection has set it before).
+        name when ``alias_only`` (the connection has set it before). ``offsets`` (v5) adds the user property
+        ``offset`` to a logged message, for sessions that asked for it.
         """
-        expiry = None
-        if self.expires_at is not None and v5:
-            expiry = max(1, math.ceil(self.expires_at - time.monotonic()))
+        left = self.expiry_left() if v5 else None
+        expiry = None if left is None else max(1, left)
+        offsets = offsets and v5 and self.offset is not None
         if subscription_ids or expiry is not None:
-            key: object = (v5, qos, retain, subscription_ids, expiry, alias, alias_only)
+            key: object = (v5, qos, retain, subscription_ids, expiry, alias, alias_only, offsets)
         else:  # the common variants: one small int (hashing a tuple per delivery would cost more)
-            key = (alias << 5) | (alias_only << 4) | (v5 << 3) | (qos << 1) | retain
+            key = (alias << 6) | (offsets << 5) | (alias_only << 4) | (v5 << 3) | (qos << 1) | retain
         cache = self._cache
         if cache is None:
             cache = self._cache = {}
@@ -98,7 +113,7 @@ class Message:
             found = cache.get(key)
             if found is not None:
                 return found
-        properties = self._delivery_properties(subscription_ids, expiry, alias) if v5 else None
+        properties = self._delivery_properties(subscription_ids, expiry, alias, offsets) if v5 else None
         found = cache[key] = encode_publish_template(
             "" if alias_only else self.topic,
             self.payload,
@@ -110,19 +125,23 @@ class Message:
         return found
 
     def _delivery_properties(
-        self, subscription_ids: tuple[int, ...], expiry: int | None, alias: int
+        self, subscription_ids: tuple[int, ...], expiry: int | None, alias: int, offsets: bool
     ) -> Properties | None:
         base = self.properties
-        if self.offset is None and not subscription_ids and expiry is None and not alias:
+        if not offsets and not subscription_ids and expiry is None and not alias:
             return base
         props = copy.copy(base) if base is not None else Properties()
-        props.user_properties = list(props.user_properties)
-        if self.offset is not None:
-            props.user_properties.append(("offset", str(self.offset)))
+        if offsets:
+            props.user_properties = [*props.user_properties, ("offset", str(self.offset))]
         props.subscription_identifiers = list(subscription_ids)
         props.message_expiry_interval = expiry
         props.topic_alias = alias or None
         return props
+
+
+def wants_log_offsets(connect_properties: Properties | None) -> bool:
+    """Whether a v5 CONNECT asks for the ``offset`` user property on deliveries (``OFFSETS_OPT_IN``)."""
+    return connect_properties is not None and OFFSETS_OPT_IN in connect_properties.user_properties
 
 
 def forwarded_properties(props: Properties | None) -> tuple[Properties | None, int | None]:

@@ -336,10 +336,23 @@ def _acknowledge(publisher: Publisher, qos: int, packet_id: int, reason_code: in
 
 
 def record_fields(message: Message) -> RecordFields:
-    """The log record of a publish: payload, QoS, retain, publisher and the properties that matter."""
+    """The log record of a publish: payload, QoS, retain, publisher and the properties it is forwarded with
+    (what remains of its Message Expiry Interval counts from the record's time)."""
     props = message.properties
+    expiry = message.expiry_left()
     if props is None:
-        return (message.payload, message.qos, message.retain, message.origin, (), None, None)
+        return (
+            message.payload,
+            message.qos,
+            message.retain,
+            message.origin,
+            (),
+            None,
+            None,
+            expiry,
+            None,
+            None,
+        )
     return (
         message.payload,
         message.qos,
@@ -348,4 +361,7 @@ def record_fields(message: Message) -> RecordFields:
         list(props.user_properties),
         props.content_type,
         props.payload_format_indicator,
+        expiry,
+        props.response_topic,
+        props.correlation_data,
     )

@@ -23,6 +23,10 @@ An offset below the log start (retention removed it) starts at the log start; an
 the end. Never silently: the broker log says so, and a v5 client finds it in the SUBACK (a reason string and a
 user property ``offset_out_of_range`` per log, with the log's current start and end).
 
+A message whose v5 Message Expiry Interval has passed (the log keeps the interval with the record's time)
+is not delivered from the log: the cursor steps over it (counted as the drop ``expired``)
+[MQTT-3.3.2-5]; the others go out with what remains of their interval [MQTT-3.3.2-6].
+
 A record that fails its checksum is never delivered: the cursor steps over it (logged, counted as the drop
 ``log_corrupt``) so one damaged record cannot stall a replay.
 """
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -228,7 +233,9 @@ class ReplayManager:
                 for record in records:
                     message = self._message(topic, record)
                     qos = sub_qos if sub_qos < record.qos else record.qos
-                    if not (no_local and record.client_id == session.client_id):
+                    if message.expires_at is not None and message.expired():
+                        self.router.count_drop("expired")
+                    elif not (no_local and record.client_id == session.client_id):
                         retain = retain_as_published and record.retain
                         if qos == 0:
                             conn.send_message(message, 0, retain, subscription_ids, None)
@@ -284,14 +291,29 @@ class ReplayManager:
             record.user_properties
             or record.content_type is not None
             or record.payload_format_indicator is not None
+            or record.response_topic is not None
+            or record.correlation_data is not None
         ):
             props = Properties(
                 payload_format_indicator=record.payload_format_indicator,
                 content_type=record.content_type,
+                response_topic=record.response_topic,
+                correlation_data=record.correlation_data,
                 user_properties=list(record.user_properties),
             )
+        expires_at = None
+        if record.message_expiry_interval is not None:  # the interval counts from the record's time
+            expires_in = record.timestamp_ms / 1000 + record.message_expiry_interval - time.time()
+            expires_at = time.monotonic() + expires_in
         message = Message(
-            topic, bytes(record.payload), record.qos, record.retain, props, record.client_id, record.offset
+            topic,
+            bytes(record.payload),
+            record.qos,
+            record.retain,
+            props,
+            record.client_id,
+            record.offset,
+            expires_at,
         )
         self._messages.add(topic, record.offset, (message,))
         return message

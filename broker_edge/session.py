@@ -59,6 +59,7 @@ class Session:
         "expires_at",
         "incoming_qos2",
         "inflight",
+        "log_offsets",
         "queue",
         "queued_bytes",
         "router",
@@ -88,6 +89,9 @@ class Session:
         self.will_at: float | None = None
         self.cursors: dict[str, int] | None = None
         """Logged topic → next offset to deliver from the log (see ``broker_edge.replay``)."""
+        self.log_offsets = False
+        """The client asked for log delivery (it subscribed from an offset, or opted in on CONNECT): its v5
+        deliveries of logged messages carry the user property ``offset``. Kept until the session ends."""
 
     def __repr__(self) -> str:
         state = "online" if self.connection is not None else "offline"

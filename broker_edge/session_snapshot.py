@@ -70,6 +70,8 @@ class SavedSession:
     subscriptions: list[SavedSubscription]
     cursors: dict[str, int]
     """Logged topic → first offset the client has not acknowledged."""
+    log_offsets: bool = False
+    """The client asked for the ``offset`` user property on deliveries (``Session.log_offsets``)."""
 
 
 @dataclass(slots=True)
@@ -103,7 +105,7 @@ def _session_document(session: Session, now: float) -> dict[str, Any]:
         expires_in = float(expiry)  # online: the countdown starts when its connection ends
     else:
         expires_in = max(0.0, session.expires_at - now)
-    return {
+    document = {
         "client_id": session.client_id,
         "username": session.username,
         "expiry_interval": expiry,
@@ -113,6 +115,9 @@ def _session_document(session: Session, now: float) -> dict[str, Any]:
         ],
         "cursors": _unacknowledged_offsets(session),
     }
+    if session.log_offsets:
+        document["log_offsets"] = True
+    return document
 
 
 _OPTION_DEFAULTS = SubscriptionOptions()
@@ -194,6 +199,7 @@ def _parse_session(entry: Any, index: int) -> SavedSession:
         None if expires_in is None else float(expires_in),
         [_parse_subscription(sub, f"{where}.subscriptions[{i}]") for i, sub in enumerate(subscriptions)],
         cursors,
+        _typed(fields, "log_offsets", bool, where, False),
     )
 
 
@@ -287,6 +293,7 @@ def restore(
                 continue
             expires_at = now + left - elapsed
         session = router.restore_session(saved.client_id, expiry, expires_at, saved.username)
+        session.log_offsets = saved.log_offsets
         for sub in saved.subscriptions:
             if can_subscribe is None or can_subscribe(saved.client_id, saved.username, sub.topic_filter):
                 router.subscribe(session, sub.key, sub.topic_filter, sub.group, sub.options)

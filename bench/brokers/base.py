@@ -144,7 +144,7 @@ class BrokerUnderTest(ABC):
     ) -> tuple[subprocess.Popen[bytes], RunningBroker]:
         """Start the process and wait for a handshake; BrokerUnavailable (with the log's tail) if it fails."""
         proc = self.popen(port, workdir, cpus)
-        cmd = [str(arg) for arg in proc.args]  # type: ignore[union-attr]
+        cmd = [str(arg) for arg in proc.args]
         log_path = workdir / "broker.log"
         _LIVE[proc.pid] = proc
         deadline = time.monotonic() + self.start_timeout

@@ -17,6 +17,7 @@ import logging
 import secrets
 from typing import TYPE_CHECKING
 
+from broker_edge.delivery import wants_log_offsets
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect
 from broker_edge.protocol.properties import Properties
@@ -246,6 +247,7 @@ def _accept(
         if expiry != requested:
             ack.session_expiry_interval = expiry
         if props is not None:
+            conn.problem_information = props.request_problem_information != 0
             if props.receive_maximum is not None:
                 conn.send_quota = min(props.receive_maximum, limits.max_inflight_out)
             aliases_out = min(props.topic_alias_maximum or 0, config.mqtt.outgoing_topic_aliases)
@@ -271,6 +273,8 @@ def _accept(
     session, present = router.open_session(client_id, packet.clean_start, expiry, now)
     session.username = username
     conn.session = session
+    if v5 and wants_log_offsets(props):
+        session.log_offsets = True
     if present and ctx.acl is not None:
         _drop_denied_subscriptions(ctx, ctx.acl, session)
     conn.keepalive = keepalive

@@ -7,7 +7,9 @@ SUBACK so a client always sees the acknowledgement first.
 A subscription replays a topic's commitlog when it names a start: the v5 user property ``offset`` on the
 SUBSCRIBE (``<offset>``, ``earliest``, ``latest`` or ``time:<epoch-ms>``) or the v3 filter form
 ``$offset/<start>/<filter>``. Replays need the commitlog; without one such a filter is refused (0x80/0x83).
-A v5 SUBACK says when an asked offset is outside a log (``offset_out_of_range``, see ``broker_edge.replay``).
+A v5 SUBACK says when an asked offset is outside a log (``offset_out_of_range``, see ``broker_edge.replay``),
+unless the client set Request Problem Information to 0 [MQTT-3.1.2-29] or the properties would make the
+SUBACK larger than its Maximum Packet Size [MQTT-3.9.2-1, -2].
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from broker_edge.limits import topic_over_limits
+from broker_edge.protocol.codec import encode
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.packets import SubAck, Subscribe
 from broker_edge.protocol.reason_codes import SUBACK_FAILURE_V3, ReasonCode
@@ -99,12 +102,18 @@ def handle_subscribe(ctx: BrokerContext, conn: Connection, session: Session, pac
         is_new = router.subscribe(session, key, topic_filter, group, options)
         codes.append(sub.qos)
         if start is not None and replays is not None:
+            session.log_offsets = True  # asked for log delivery: deliveries carry their offset
             outside += replays.start(session, topic_filter, start)  # positioned now, read after SUBACK
             replaying = True
         elif group is None and (sub.retain_handling == 0 or (sub.retain_handling == 1 and is_new)):
             retained.append((topic_filter, options))
-    properties = replays.out_of_range_properties(outside) if outside and v5 and replays is not None else None
-    conn.send_packet(SubAck(packet.packet_id, codes, properties))
+    properties = None
+    if outside and v5 and conn.problem_information and replays is not None:
+        properties = replays.out_of_range_properties(outside)
+    suback = SubAck(packet.packet_id, codes, properties)
+    if properties is not None and len(encode(suback, conn.version)) > conn.max_packet_out:
+        suback = SubAck(packet.packet_id, codes, None)  # the properties may go, the reason codes not
+    conn.send_packet(suback)
     for topic_filter, options in retained:
         router.send_retained(session, topic_filter, options)
     if replaying and replays is not None:

@@ -228,6 +228,9 @@ class CommitLog:
         content_type: str | None = None,
         payload_format_indicator: int | None = None,
         timestamp_ms: int | None = None,
+        message_expiry_interval: int | None = None,
+        response_topic: str | None = None,
+        correlation_data: bytes | None = None,
     ) -> int:
         """`append` for callers holding the fields (the broker): no `AppendRecord` built per publish.
 
@@ -238,7 +241,7 @@ class CommitLog:
         try:
             frame = encode_frame(
                 offset, timestamp, payload, qos, retain, client_id, user_properties, content_type,
-                payload_format_indicator
+                payload_format_indicator, message_expiry_interval, response_topic, correlation_data
             )  # fmt: skip
         except (ValueError, OverflowError, struct.error) as error:
             raise InvalidRecord(f"record for {self.topic!r} cannot be stored: {error}") from error
@@ -263,7 +266,10 @@ class CommitLog:
         self._next_offset = offset + 1
         self._pending_bytes += size
         self.last_append_size = size
-        fields = (payload, qos, retain, client_id, user_properties, content_type, payload_format_indicator)
+        fields = (
+            payload, qos, retain, client_id, user_properties, content_type, payload_format_indicator,
+            message_expiry_interval, response_topic, correlation_data
+        )  # fmt: skip
         self._cache.add((timestamp, frame, fields), size)
         return offset
 
@@ -296,7 +302,7 @@ class CommitLog:
             or (segment.count and timestamp >= self._roll_at)
         ):
             for fields in records:  # the batch may roll a segment: one record at a time
-                self.append_message(*fields, timestamp)
+                self.append_message(*fields[:7], timestamp, *fields[7:])
             self.last_append_size = size
             return offset
         index_timestamp = self._index_timestamp(segment, timestamp)

@@ -21,6 +21,9 @@ from crc32c import crc32c
 
 from .record import (
     FLAG_CONTENT_TYPE,
+    FLAG_CORRELATION_DATA,
+    FLAG_MESSAGE_EXPIRY,
+    FLAG_RESPONSE_TOPIC,
     FLAG_RETAIN,
     FLAG_USER_PROPERTIES,
     FORMAT_VERSION,
@@ -41,7 +44,13 @@ HEADER = np.dtype(
     }
 )
 """The fixed-size start of every frame (see `record`): prefix, then the body's fixed fields."""
-FIELD_FLAGS = FLAG_CONTENT_TYPE | FLAG_USER_PROPERTIES
+FIELD_FLAGS = (
+    FLAG_CONTENT_TYPE
+    | FLAG_USER_PROPERTIES
+    | FLAG_RESPONSE_TOPIC
+    | FLAG_CORRELATION_DATA
+    | FLAG_MESSAGE_EXPIRY
+)
 """Flags of the fields that only a per-record parse can find (a frame without them: payload after the id)."""
 _GATHER_ROWS = 8192
 _ID_CHECK_MAX_BYTES = 4 * 1024 * 1024
@@ -204,7 +213,7 @@ def frame_columns(runs: Sequence[FrameRun]) -> FrameColumns:
     if len(with_fields):
         view = memoryview(data)
         for row in with_fields.tolist():
-            _id, content_type, user_properties, payload_start = decode_fields(
+            _id, content_type, user_properties, payload_start, _extras = decode_fields(
                 view, int(starts[row]), int(positions[row + 1])
             )
             payload_starts[row] = payload_start

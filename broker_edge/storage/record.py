@@ -6,7 +6,13 @@ Frame layout (little endian)::
     body = u8 version | u64 offset | i64 timestamp_ms | u8 qos | u8 flags | u16 client_id_len | client_id
            [u16 content_type_len | content_type]                       if flags & FLAG_CONTENT_TYPE
            [u16 count | (u16 key_len | key | u16 value_len | value)*]  if flags & FLAG_USER_PROPERTIES
+           [u16 response_topic_len | response_topic]                  if flags & FLAG_RESPONSE_TOPIC
+           [u16 correlation_data_len | correlation_data]              if flags & FLAG_CORRELATION_DATA
+           [u32 message_expiry_interval]                              if flags & FLAG_MESSAGE_EXPIRY
            payload (the rest of the body)
+
+The MQTT 5 Message Expiry Interval counts from the record's timestamp: a reader holding the record later
+(a replay, a session resumed after a restart) knows whether it has expired and what remains of it.
 
 The length prefix makes a torn tail detectable (the frame runs past the end of the file) and the checksum
 catches flipped bits; the offset inside the frame catches an index that points at the wrong record.
@@ -24,6 +30,7 @@ FORMAT_VERSION = 1
 PREFIX = struct.Struct("<II")
 BODY_HEAD = struct.Struct("<BQqBBH")
 U16 = struct.Struct("<H")
+U32 = struct.Struct("<I")
 PREFIX_SIZE = PREFIX.size
 MIN_BODY_SIZE = BODY_HEAD.size
 FRAME_OVERHEAD = PREFIX_SIZE + MIN_BODY_SIZE
@@ -35,12 +42,26 @@ FLAG_PAYLOAD_FORMAT = 0x02
 FLAG_PAYLOAD_UTF8 = 0x04
 FLAG_CONTENT_TYPE = 0x08
 FLAG_USER_PROPERTIES = 0x10
+FLAG_MESSAGE_EXPIRY = 0x20
+FLAG_RESPONSE_TOPIC = 0x40
+FLAG_CORRELATION_DATA = 0x80
 _U16_MAX = 0xFFFF
 
 
-RecordFields = tuple[bytes, int, bool, str, Sequence[tuple[str, str]], str | None, int | None]
-"""(payload, qos, retain, client_id, user_properties, content_type, payload_format_indicator): one record of
-`CommitLog.append_batch`."""
+RecordFields = tuple[
+    bytes,
+    int,
+    bool,
+    str,
+    Sequence[tuple[str, str]],
+    str | None,
+    int | None,
+    int | None,
+    str | None,
+    bytes | None,
+]
+"""(payload, qos, retain, client_id, user_properties, content_type, payload_format_indicator,
+message_expiry_interval, response_topic, correlation_data): one record of `CommitLog.append_batch`."""
 
 
 @dataclass(slots=True)
@@ -55,13 +76,26 @@ class AppendRecord:
     content_type: str | None = None
     payload_format_indicator: int | None = None
     timestamp_ms: int | None = None
+    message_expiry_interval: int | None = None
+    response_topic: str | None = None
+    correlation_data: bytes | None = None
 
     def fields(self) -> tuple:
         """(payload, qos, retain, client_id, user_properties, content_type, payload_format_indicator,
-        timestamp_ms): the arguments of `append_message` and, but for the time, of `encode_frame`."""
+        timestamp_ms, message_expiry_interval, response_topic, correlation_data): the arguments of
+        `append_message`."""
         return (
             self.payload, self.qos, self.retain, self.client_id, self.user_properties, self.content_type,
-            self.payload_format_indicator, self.timestamp_ms
+            self.payload_format_indicator, self.timestamp_ms, self.message_expiry_interval,
+            self.response_topic, self.correlation_data
+        )  # fmt: skip
+
+    def batch_fields(self) -> RecordFields:
+        """The record as one entry of `CommitLog.append_batch` (every field but the time)."""
+        return (
+            self.payload, self.qos, self.retain, self.client_id, self.user_properties, self.content_type,
+            self.payload_format_indicator, self.message_expiry_interval, self.response_topic,
+            self.correlation_data
         )  # fmt: skip
 
 
@@ -84,6 +118,10 @@ class Record:
     content_type: str | None
     payload_format_indicator: int | None
     frame: bytes | memoryview = field(repr=False)
+    message_expiry_interval: int | None = None
+    """MQTT 5 Message Expiry Interval in seconds from `timestamp_ms` (None: never expires)."""
+    response_topic: str | None = None
+    correlation_data: bytes | None = None
 
     @property
     def size(self) -> int:
@@ -120,6 +158,9 @@ def encode_frame(
     user_properties: Sequence[tuple[str, str]],
     content_type: str | None,
     payload_format_indicator: int | None,
+    message_expiry_interval: int | None = None,
+    response_topic: str | None = None,
+    correlation_data: bytes | None = None,
 ) -> bytes:
     """Encode one publish as the frame stored at `offset` (raises ValueError if a field does not fit the
     format: a string over 64 KiB, too many properties; struct.error for a QoS or offset out of range).
@@ -130,7 +171,14 @@ def encode_frame(
     raw_id = client_id.encode()
     if len(raw_id) > _U16_MAX:
         raise ValueError(f"client id of {len(raw_id)} bytes does not fit a record (max {_U16_MAX})")
-    if content_type is None and payload_format_indicator is None and not user_properties:
+    if (
+        content_type is None
+        and payload_format_indicator is None
+        and not user_properties
+        and message_expiry_interval is None
+        and response_topic is None
+        and correlation_data is None
+    ):
         flags = FLAG_RETAIN if retain else 0
         body = _pack_head(FORMAT_VERSION, offset, timestamp_ms, qos, flags, len(raw_id)) + raw_id + payload
         return _pack_prefix(len(body), crc32c(body)) + body
@@ -150,6 +198,18 @@ def encode_frame(
         for key, value in user_properties:
             raw_key, raw_value = _encode_str(key), _encode_str(value)
             parts += (U16.pack(len(raw_key)), raw_key, U16.pack(len(raw_value)), raw_value)
+    if response_topic is not None:
+        flags |= FLAG_RESPONSE_TOPIC
+        raw = _encode_str(response_topic)
+        parts += (U16.pack(len(raw)), raw)
+    if correlation_data is not None:
+        flags |= FLAG_CORRELATION_DATA
+        if len(correlation_data) > _U16_MAX:
+            raise ValueError(f"correlation data of {len(correlation_data)} bytes does not fit a record")
+        parts += (U16.pack(len(correlation_data)), correlation_data)
+    if message_expiry_interval is not None:
+        flags |= FLAG_MESSAGE_EXPIRY
+        parts.append(U32.pack(message_expiry_interval))
     parts[0] = _pack_head(FORMAT_VERSION, offset, timestamp_ms, qos, flags, len(raw_id))
     parts.append(payload)
     body = b"".join(parts)
@@ -166,15 +226,18 @@ def encode_frames(first_offset: int, timestamp_ms: int, records: Iterable[Record
     append = frames.append
     pack_head, pack_prefix, checksum = _pack_head, _pack_prefix, crc32c
     last_id, raw_id = None, b""
-    for offset, (payload, qos, retain, client_id, properties, content_type, indicator) in enumerate(
-        records, first_offset
-    ):
-        if properties or content_type is not None or indicator is not None:
-            append(
-                encode_frame(
-                    offset, timestamp_ms, payload, qos, retain, client_id, properties, content_type, indicator
-                )
-            )
+    for offset, fields in enumerate(records, first_offset):
+        (payload, qos, retain, client_id, properties, content_type,
+         indicator, expiry, response, correlation) = fields  # fmt: skip
+        if (
+            properties
+            or content_type is not None
+            or indicator is not None
+            or expiry is not None
+            or response is not None
+            or correlation is not None
+        ):
+            append(encode_frame(offset, timestamp_ms, *fields))
             continue
         if client_id is not last_id:
             last_id, raw_id = client_id, client_id.encode()
@@ -188,7 +251,7 @@ def encode_frames(first_offset: int, timestamp_ms: int, records: Iterable[Record
 
 def encode_record(offset: int, timestamp_ms: int, record: AppendRecord) -> bytes:
     """Encode `record` as the frame stored at `offset`."""
-    return encode_frame(offset, timestamp_ms, *record.fields()[:7])
+    return encode_frame(offset, timestamp_ms, *record.batch_fields())
 
 
 def check_frame(buf: bytes | memoryview, pos: int, expected_offset: int, max_body: int) -> tuple[int, int]:
@@ -248,9 +311,18 @@ def decode_frame(buf: bytes | memoryview, expected_offset: int, max_body: int) -
     return _decode_checked(view, 0, end, expected_offset, timestamp_ms)
 
 
-def decode_fields(view: memoryview, pos: int, end: int) -> tuple[str, str | None, list[tuple[str, str]], int]:
+V5Extras = tuple[int | None, str | None, bytes | None]
+"""(message_expiry_interval, response_topic, correlation_data) of a record that has any of them."""
+
+_EXTRA_FLAGS = FLAG_RESPONSE_TOPIC | FLAG_CORRELATION_DATA | FLAG_MESSAGE_EXPIRY
+
+
+def decode_fields(
+    view: memoryview, pos: int, end: int
+) -> tuple[str, str | None, list[tuple[str, str]], int, V5Extras | None]:
     """The variable fields of the checked frame `view[pos:end]`: (client_id, content_type, user_properties,
-    position of the payload). Raises `FrameError("fields")` when they overrun the frame or are not UTF-8."""
+    position of the payload, the other MQTT 5 fields or None). Raises `FrameError("fields")` when they
+    overrun the frame or are not UTF-8."""
     try:
         _v, _o, _t, _qos, flags, cid_length = BODY_HEAD.unpack_from(view, pos + PREFIX_SIZE)
         p = pos + FRAME_OVERHEAD
@@ -273,18 +345,33 @@ def decode_fields(view: memoryview, pos: int, end: int) -> tuple[str, str | None
                 value = str(view[p + 2 : p + 2 + length], "utf-8")
                 p += 2 + length
                 user_properties.append((key, value))
+        extras = None
+        if flags & _EXTRA_FLAGS:
+            response_topic = correlation_data = expiry = None
+            if flags & FLAG_RESPONSE_TOPIC:
+                (length,) = U16.unpack_from(view, p)
+                response_topic = str(view[p + 2 : p + 2 + length], "utf-8")
+                p += 2 + length
+            if flags & FLAG_CORRELATION_DATA:
+                (length,) = U16.unpack_from(view, p)
+                correlation_data = bytes(view[p + 2 : p + 2 + length])
+                p += 2 + length
+            if flags & FLAG_MESSAGE_EXPIRY:
+                (expiry,) = U32.unpack_from(view, p)
+                p += U32.size
+            extras = (expiry, response_topic, correlation_data)
         if p > end:
             raise FrameError("fields")
     except (struct.error, UnicodeDecodeError) as error:
         raise FrameError("fields") from error
-    return client_id, content_type, user_properties, p
+    return client_id, content_type, user_properties, p, extras
 
 
 def _decode_checked(view: memoryview, pos: int, end: int, offset: int, timestamp_ms: int) -> Record:
     qos, flags = view[pos + QOS_AT], view[pos + QOS_AT + 1]
-    client_id, content_type, user_properties, p = decode_fields(view, pos, end)
+    client_id, content_type, user_properties, p, extras = decode_fields(view, pos, end)
     indicator = (1 if flags & FLAG_PAYLOAD_UTF8 else 0) if flags & FLAG_PAYLOAD_FORMAT else None
-    return Record(
+    record = Record(
         offset,
         timestamp_ms,
         client_id,
@@ -296,3 +383,6 @@ def _decode_checked(view: memoryview, pos: int, end: int, offset: int, timestamp
         indicator,
         view[pos:end],
     )
+    if extras is not None:
+        record.message_expiry_interval, record.response_topic, record.correlation_data = extras
+    return record

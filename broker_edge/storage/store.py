@@ -196,6 +196,9 @@ class LogStore:
         content_type: str | None = None,
         payload_format_indicator: int | None = None,
         timestamp_ms: int | None = None,
+        message_expiry_interval: int | None = None,
+        response_topic: str | None = None,
+        correlation_data: bytes | None = None,
     ) -> int:
         """`append` from the fields of a publish (no `AppendRecord` per publish)."""
         commit_log = self._writable_log(topic, client_id)
@@ -208,6 +211,9 @@ class LogStore:
             content_type,
             payload_format_indicator,
             timestamp_ms,
+            message_expiry_interval,
+            response_topic,
+            correlation_data,
         )
         self._committer.appended(commit_log, commit_log.last_append_size)
         return offset

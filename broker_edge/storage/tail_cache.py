@@ -29,10 +29,17 @@ Appended = tuple[int, Frame, RecordFields]
 
 
 def _materialize(entry: Appended, offset: int) -> Record:
-    timestamp, frame, (payload, qos, retain, client_id, user_properties, content_type, indicator) = entry
-    return Record(
+    timestamp, frame, fields = entry
+    (payload, qos, retain, client_id, user_properties, content_type,
+     indicator, expiry, response, correlation) = fields  # fmt: skip
+    record = Record(
         offset, timestamp, client_id, qos, retain, payload, user_properties, content_type, indicator, frame
     )
+    if expiry is not None or response is not None or correlation is not None:
+        record.message_expiry_interval, record.response_topic, record.correlation_data = (
+            expiry, response, correlation
+        )  # fmt: skip
+    return record
 
 
 class TailCache:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
+from broker_edge.delivery import OFFSETS_OPT_IN
 from broker_edge.protocol import (
     MQTT_5,
     ConnAck,
@@ -93,13 +94,16 @@ class MqttClient(asyncio.Protocol):
         username: str | None = None,
         password: bytes | None = None,
         session_expiry_s: int = 0,
+        log_offsets: bool = False,
         timeout_s: float = 10.0,
         source_address: str | None = None,
     ) -> MqttClient:
         """Open a TCP connection, send CONNECT and wait for a successful CONNACK.
 
-        ``source_address`` binds the local end (e.g. one of several 127.0.0.x addresses, so that a fleet of
-        more connections than one address has ephemeral ports can reach one broker port).
+        ``log_offsets`` asks a Timestone broker for the ``offset`` user property on deliveries of persisted
+        messages (``Message.offset``; see docs/device-protocol.md). ``source_address`` binds the local end
+        (e.g. one of several 127.0.0.x addresses, so that a fleet of more connections than one address has
+        ephemeral ports can reach one broker port).
         """
         loop = asyncio.get_running_loop()
         local_addr = (source_address, 0) if source_address else None
@@ -109,7 +113,12 @@ class MqttClient(asyncio.Protocol):
             ),
             timeout_s,
         )
-        properties = Properties(session_expiry_interval=session_expiry_s) if session_expiry_s else None
+        properties = None
+        if session_expiry_s or log_offsets:
+            properties = Properties(
+                session_expiry_interval=session_expiry_s or None,
+                user_properties=[OFFSETS_OPT_IN] if log_offsets else [],
+            )
         client._connack = loop.create_future()
         client._send(
             Connect(
@@ -277,9 +286,10 @@ class MqttClient(asyncio.Protocol):
     def _deliver(self, packet: Publish) -> None:
         user_properties = packet.properties.user_properties if packet.properties else []
         offset = None
-        for key, value in user_properties:
+        for key, value in reversed(user_properties):  # the broker's own comes after the publisher's
             if key == "offset":
-                offset = int(value)
+                offset = int(value) if value.isdigit() else None
+                break
         if self.on_message:
             self.on_message(
                 Message(packet.topic, packet.payload, packet.qos, packet.retain, offset, user_properties)

@@ -91,6 +91,7 @@ class SimulatedDevice:
             self.device_id,
             on_message=self._on_message,
             keep_alive=self.behaviour.keep_alive_s,
+            log_offsets=True,
             source_address=self.source_address,
         )
         self.client.on_disconnect = self._on_disconnect

@@ -10,9 +10,19 @@ from typing import Any
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
+from broker_edge.delivery import OFFSETS_OPT_IN
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.protocol.properties import Properties
 from tests.e2e.broker_clients import PahoClient
 from tests.e2e.conftest import RunningBroker
+
+OPTED_IN = {"UserProperty": [OFFSETS_OPT_IN]}
+"""paho CONNECT properties (``PahoClient(connect_properties=...)``) asking for ``offset`` on deliveries."""
+
+
+def opted_in(session_expiry_s: int = 300) -> Properties:
+    """CONNECT properties of a raw client with a persistent session that asks for the ``offset`` property."""
+    return Properties(session_expiry_interval=session_expiry_s, user_properties=[OFFSETS_OPT_IN])
 
 
 def offset_of(message: Any) -> int:

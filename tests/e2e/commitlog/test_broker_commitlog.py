@@ -8,6 +8,7 @@ from paho.mqtt.properties import Properties as PahoProperties
 from broker_edge.protocol.packets import PubAck, Publish, Subscribe, Subscription
 from broker_edge.protocol.properties import Properties
 from tests.e2e.broker_clients import PahoClient, RawClient
+from tests.e2e.commitlog.e2e_helpers import OPTED_IN
 
 
 def offset_of(message) -> int:
@@ -20,7 +21,7 @@ def logged_broker(start_broker, **extra):
 
 def test_qos1_publish_is_logged_and_deliveries_carry_the_offset(start_broker):
     broker = logged_broker(start_broker)
-    sub = PahoClient(broker.port, "sub")
+    sub = PahoClient(broker.port, "sub", connect_properties=OPTED_IN)
     sub.subscribe("t/#", 1)
     v3 = PahoClient(broker.port, "v3", version=4)
     v3.subscribe("t/#", 1)
@@ -147,13 +148,13 @@ def test_replay_respects_the_client_receive_maximum(start_broker):
 
 def test_offline_persistent_session_reads_missed_messages_from_the_log(start_broker):
     broker = logged_broker(start_broker, limits={"max_offline_messages": 2})
-    sub = PahoClient(broker.port, "offline", clean=False, session_expiry=300)
+    sub = PahoClient(broker.port, "offline", clean=False, session_expiry=300, connect_properties=OPTED_IN)
     sub.subscribe("fleet/#", 1)
     sub.disconnect()
     fill(broker, "fleet/x", 10)  # more than the in-memory queue bound: the log holds them, nothing dropped
     cursors = broker.call(lambda: dict(broker.broker.router.sessions["offline"].cursors or {}))
     assert cursors == {"fleet/x": 0}
-    again = PahoClient(broker.port, "offline", clean=False, session_expiry=300)
+    again = PahoClient(broker.port, "offline", clean=False, session_expiry=300, connect_properties=OPTED_IN)
     got = again.expect(10)
     assert [m.payload for m in got] == [str(i).encode() for i in range(10)]
     assert [offset_of(m) for m in got] == list(range(10))
@@ -175,7 +176,7 @@ def test_many_subscribers_catch_up_on_one_topic(start_broker):
 def test_retained_from_logged_publish_keeps_offset(start_broker):
     broker = logged_broker(start_broker)
     PahoClient(broker.port, "p").publish("cfg/x", b"v1", 1, retain=True)
-    sub = PahoClient(broker.port, "s")
+    sub = PahoClient(broker.port, "s", connect_properties=OPTED_IN)
     sub.subscribe("cfg/#", 1)
     [message] = sub.expect(1)
     assert message.retain and offset_of(message) == 0

@@ -13,10 +13,16 @@ import pytest
 from gmqtt import Client as GmqttClient
 
 from broker_edge.protocol.packets import PubAck, Publish
-from broker_edge.protocol.properties import Properties
 from pipelines.fleet.client import MqttClient
 from tests.e2e.broker_clients import TIMEOUT, PahoClient, RawClient
-from tests.e2e.commitlog.e2e_helpers import LoopThread, offset_of, publish_numbered, replay_from
+from tests.e2e.commitlog.e2e_helpers import (
+    OPTED_IN,
+    LoopThread,
+    offset_of,
+    opted_in,
+    publish_numbered,
+    replay_from,
+)
 
 
 def _payloads(messages) -> list[bytes]:
@@ -59,7 +65,7 @@ def test_v5_subscription_starts_at_a_number_earliest_latest_or_a_time(brokers):
 
 def test_every_delivery_from_a_logged_topic_carries_its_offset_live_or_replayed(brokers):
     broker = brokers()
-    live = PahoClient(broker.port, "live-device")
+    live = PahoClient(broker.port, "live-device", connect_properties=OPTED_IN)
     live.subscribe("fleet/#", 1)
     publish_numbered(broker, "fleet/a", 3)
     publish_numbered(broker, "fleet/b", 2)
@@ -207,7 +213,7 @@ def test_the_lean_fleet_client_resumes_on_another_broker_too(brokers):
 def test_a_persistent_session_redelivers_everything_after_the_last_acknowledged_offset(brokers):
     broker = brokers(limits={"max_offline_messages": 2})
     device = RawClient(broker.port, 5)
-    device.connect("keeper", clean_start=True, properties=Properties(session_expiry_interval=300))
+    device.connect("keeper", clean_start=True, properties=opted_in())
     device.subscribe("vault/a", 1)
     publish_numbered(broker, "vault/a", 10)
     delivered = [device.recv() for _ in range(10)]
@@ -221,7 +227,7 @@ def test_a_persistent_session_redelivers_everything_after_the_last_acknowledged_
     assert broker.call(lambda: (offline.queue, dict(offline.cursors or {}))) == (None, {"vault/a": 10})
 
     again = RawClient(broker.port, 5)
-    connack = again.connect("keeper", clean_start=False, properties=Properties(session_expiry_interval=300))
+    connack = again.connect("keeper", clean_start=False, properties=opted_in())
     redelivered = [again.recv() for _ in range(16)]
     for publish in redelivered:
         again.send_packet(PubAck(publish.packet_id))

@@ -20,7 +20,14 @@ import pytest
 from broker_edge.protocol.properties import Properties
 from broker_edge.storage.topic_names import topic_directory_name
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
-from tests.e2e.commitlog.e2e_helpers import offset_of, offsets_client, publish_numbered, read_log, replay_from
+from tests.e2e.commitlog.e2e_helpers import (
+    OPTED_IN,
+    offset_of,
+    offsets_client,
+    publish_numbered,
+    read_log,
+    replay_from,
+)
 from tests.unit.broker_edge.storage.log_helpers import frame_positions, segment_files
 
 
@@ -114,7 +121,7 @@ def test_persistence_rules_pick_topics_and_qos_levels(brokers):
         {"pattern": "#", "qos": [1, 2]},
     ]
     broker = brokers(storage={"persist": rules})
-    watcher = PahoClient(broker.port, "watcher")
+    watcher = PahoClient(broker.port, "watcher", connect_properties=OPTED_IN)
     watcher.subscribe("#", 1)
     device = PahoClient(broker.port, "device")
     for topic, qos in (("metrics/cpu", 0), ("metrics/cpu", 1), ("state/door", 0), ("state/door", 1)):

@@ -24,10 +24,11 @@ from broker_edge.session_store import SESSIONS_FILE
 from broker_edge.storage.layout import open_layout
 from broker_edge.subscriptions import SubscriptionOptions
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
-from tests.e2e.commitlog.e2e_helpers import offset_of, publish_numbered
+from tests.e2e.commitlog.e2e_helpers import OPTED_IN, offset_of, opted_in, publish_numbered
 
-PERSISTENT = {5: {"clean": False, "session_expiry": 300}, 4: {"clean": False}}
-"""A persistent session per version: v5 Session Expiry Interval, v3.1.1 clean session 0."""
+PERSISTENT = {5: {"clean": False, "session_expiry": 300, "connect_properties": OPTED_IN}, 4: {"clean": False}}
+"""A persistent session per version: v5 Session Expiry Interval (and the ``offset`` user property on its
+deliveries), v3.1.1 clean session 0."""
 
 
 def restarted(broker, brokers, name: str = "a", **sections):
@@ -51,6 +52,8 @@ def raw_offset(packet: Publish) -> int:
     return int(dict(packet.properties.user_properties)["offset"])
 
 
+@pytest.mark.mqtt311("MQTT-4.6.0-5", "MQTT-4.6.0-6")
+@pytest.mark.mqtt5("MQTT-4.6.0-5", "MQTT-4.6.0-6")
 @pytest.mark.parametrize("version", [5, 4])
 def test_offline_session_gets_everything_published_before_the_restart_once_in_order(brokers, version):
     broker = brokers()
@@ -74,7 +77,7 @@ def test_offline_session_gets_everything_published_before_the_restart_once_in_or
 def test_delivered_but_unacknowledged_messages_are_delivered_again_after_the_restart(brokers):
     broker = brokers()
     raw = RawClient(broker.port, 5)
-    raw.connect("slow", clean_start=False, properties=Properties(session_expiry_interval=300))
+    raw.connect("slow", clean_start=False, properties=opted_in())
     raw.subscribe("r/1", 1)
     publish_numbered(broker, "r/1", 3)
     first, second, third = raw.recv(), raw.recv(), raw.recv()
@@ -84,7 +87,7 @@ def test_delivered_but_unacknowledged_messages_are_delivered_again_after_the_res
 
     broker = restarted(broker, brokers)
     again = RawClient(broker.port, 5)
-    ack = again.connect("slow", clean_start=False, properties=Properties(session_expiry_interval=300))
+    ack = again.connect("slow", clean_start=False, properties=opted_in())
     assert isinstance(ack, ConnAck) and ack.session_present
     redelivered = [again.recv(), again.recv()]
     assert [raw_offset(p) for p in redelivered] == [1, 2]

@@ -77,6 +77,7 @@ def test_max_packet_size_v5_0x95_v3_closed(start_broker):
     assert sub.expect(1)[0].payload == b"fine"
 
 
+@pytest.mark.mqtt5("MQTT-3.3.4-9", "MQTT-4.9.0-1", "MQTT-4.9.0-2")
 @pytest.mark.parametrize(
     ("version", "limits", "receive_maximum"),
     [
@@ -105,6 +106,7 @@ def test_outgoing_window_of_unacknowledged_deliveries(start_broker, version, lim
     assert raw.recv().payload == b"3"
 
 
+@pytest.mark.mqtt5("MQTT-3.8.4-7")
 def test_max_subscriptions_per_client_v5_0x97_v3_0x80(start_broker):
     broker = start_broker(limits={"max_subscriptions_per_client": 2})
     raw = RawClient(broker.port, 5)
@@ -143,6 +145,8 @@ def test_topic_length_and_levels(start_broker):
     assert broker.disconnects("topic_name_invalid") == 4
 
 
+@pytest.mark.mqtt311("MQTT-3.1.3-9")
+@pytest.mark.mqtt5("MQTT-3.1.3-8", "MQTT-3.2.2-8", "MQTT-4.13.2-1")
 def test_client_id_length_v5_0x85_v3_0x02(start_broker):
     broker = start_broker(limits={"max_client_id_length": 23})
     assert RawClient(broker.port, 5).connect("x" * 24).reason_code == 0x85
@@ -191,6 +195,7 @@ def test_max_topics_per_client(start_broker):
     assert broker.call(lambda: "t/3" in broker.broker.store)
 
 
+@pytest.mark.mqtt5("MQTT-3.1.2-24", "MQTT-3.1.2-25")
 def test_publish_larger_than_client_maximum_packet_size_is_dropped_for_it(broker):
     small = RawClient(broker.port, 5)
     small.connect("small", properties=Properties(maximum_packet_size=64))

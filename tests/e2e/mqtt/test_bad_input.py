@@ -39,6 +39,20 @@ def connected(broker, version=5) -> RawClient:
     return raw
 
 
+@pytest.mark.mqtt5(
+    "MQTT-1.5.4-1",
+    "MQTT-3.1.0-2",
+    "MQTT-3.2.0-2",
+    "MQTT-3.3.2-2",
+    "MQTT-3.3.4-6",
+    "MQTT-3.8.3-1",
+    "MQTT-3.14.2-1",
+    "MQTT-3.14.4-1",
+    "MQTT-3.14.4-2",
+    "MQTT-4.7.0-1",
+    "MQTT-4.13.1-1",
+    "MQTT-4.13.2-1",
+)
 @pytest.mark.parametrize(
     ("name", "data", "code"),
     [
@@ -71,6 +85,16 @@ def test_bad_packet_closes_only_that_connection_v5(broker, bystander, name, data
     assert broker.disconnects(ReasonCode(code).name.lower()) == 1
 
 
+@pytest.mark.mqtt311(
+    "MQTT-1.5.3-1",
+    "MQTT-2.2.2-1",
+    "MQTT-2.2.2-2",
+    "MQTT-3.1.0-2",
+    "MQTT-3.3.2-2",
+    "MQTT-4.7.1-1",
+    "MQTT-4.8.0-1",
+)
+@pytest.mark.mqtt5("MQTT-2.1.3-1", "MQTT-4.13.1-1")
 @pytest.mark.parametrize(
     "data",
     [
@@ -88,6 +112,8 @@ def test_bad_packet_v3_just_closes(broker, bystander, data):
     bystander("v3")
 
 
+@pytest.mark.mqtt311("MQTT-3.1.0-1")
+@pytest.mark.mqtt5("MQTT-3.1.0-1")
 @pytest.mark.parametrize("version", [4, 5])
 @pytest.mark.parametrize(
     "packet", [PingReq(), Publish("a", b"x", 1, packet_id=1), Subscribe(1, [Subscription("a")])]
@@ -99,6 +125,8 @@ def test_packet_before_connect_closes(broker, bystander, version, packet):
     bystander("before-connect")
 
 
+@pytest.mark.mqtt311("MQTT-1.5.3-1", "MQTT-3.1.3-4")
+@pytest.mark.mqtt5("MQTT-1.5.4-1", "MQTT-3.1.3-4")
 @pytest.mark.parametrize("version", [4, 5])
 def test_invalid_utf8_client_id_closes(broker, bystander, version):
     raw = RawClient(broker.port, version)
@@ -129,6 +157,8 @@ def test_many_bad_clients_at_once_leave_the_broker_serving(broker, bystander):
     assert RawClient(broker.port, 5).connect("newcomer").reason_code == 0
 
 
+@pytest.mark.mqtt311("MQTT-3.1.4-1")
+@pytest.mark.mqtt5("MQTT-3.1.4-1")
 def test_garbage_instead_of_connect_closes(broker, bystander):
     raw = RawClient(broker.port, 4)
     raw.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -136,6 +166,8 @@ def test_garbage_instead_of_connect_closes(broker, bystander):
     bystander("http")
 
 
+@pytest.mark.mqtt311("MQTT-3.1.2-2")
+@pytest.mark.mqtt5("MQTT-3.1.2-1", "MQTT-3.1.2-2")
 def test_unsupported_protocol_level_gets_connack_0x01(broker, bystander):
     raw = RawClient(broker.port, 4)
     raw.send(b"\x10\x0c\x00\x04MQTT\x07\x02\x00\x3c\x00\x00")
@@ -145,6 +177,7 @@ def test_unsupported_protocol_level_gets_connack_0x01(broker, bystander):
     bystander("level")
 
 
+@pytest.mark.mqtt5("MQTT-3.3.2-12")
 def test_topic_alias_above_maximum_is_0x94(broker, bystander):
     raw = connected(broker)
     raw.send_packet(Publish("t", b"x", properties=Properties(topic_alias=60000)))
@@ -159,6 +192,7 @@ def test_unknown_topic_alias_is_protocol_error(broker, bystander):
     bystander("unknown-alias")
 
 
+@pytest.mark.mqtt5("MQTT-4.12.0-7")
 def test_auth_packet_without_method_is_protocol_error(broker, bystander):
     raw = connected(broker)
     raw.send(b"\xf0\x00")
@@ -166,6 +200,7 @@ def test_auth_packet_without_method_is_protocol_error(broker, bystander):
     bystander("auth")
 
 
+@pytest.mark.mqtt311("MQTT-4.8.0-2")
 def test_a_handler_that_raises_closes_only_its_connection(broker, bystander, monkeypatch):
     """The safety net for broker bugs: logged, that client gets 0x83, everyone else goes on."""
     from broker_edge.handlers import CONNECTED_HANDLERS

@@ -18,6 +18,7 @@ JS_DIR = Path(__file__).parent / "js"
 JS_CACHE = Path(os.environ.get("TIMESTONE_JS_CACHE", Path.home() / ".cache" / "timestone-mqttjs"))
 
 
+@pytest.mark.mqtt311("MQTT-7.0.0-2")
 def test_gmqtt_v5_every_qos(broker):
     async def scenario() -> list:
         received: list = []
@@ -49,6 +50,7 @@ def mosquitto(tool: str, port: int, *args: str) -> list[str]:
     return [tool, "-h", "127.0.0.1", "-p", str(port), *args]
 
 
+@pytest.mark.mqtt311("MQTT-7.0.0-2")
 def test_mosquitto_pub_and_sub(broker):
     watcher = PahoClient(broker.port, "watcher")
     watcher.subscribe("mq/#", 1)
@@ -165,6 +167,8 @@ def test_mqttjs_over_websocket(start_broker, mqttjs, version):
     assert broker.disconnects("protocol_error") == broker.disconnects("topic_alias_invalid") == 0
 
 
+@pytest.mark.mqtt311("MQTT-7.1.1-1")
+@pytest.mark.mqtt5("MQTT-4.2.0-1")
 def test_paho_over_websocket(start_broker):
     broker = start_broker(
         listeners=[{"name": "ws", "type": "websocket", "host": "127.0.0.1", "port": 0, "path": "/mqtt"}]

@@ -9,6 +9,8 @@ from broker_edge.protocol.properties import Properties
 from tests.e2e.broker_clients import PahoClient, RawClient
 
 
+@pytest.mark.mqtt311("MQTT-3.3.4-1", "MQTT-7.1.1-1")
+@pytest.mark.mqtt5("MQTT-4.2.0-1")
 @pytest.mark.parametrize("version", [4, 5, 3])
 @pytest.mark.parametrize("qos", [0, 1, 2])
 def test_round_trip_every_qos_and_version(broker, version, qos):
@@ -25,6 +27,8 @@ def test_round_trip_every_qos_and_version(broker, version, qos):
     )
 
 
+@pytest.mark.mqtt311("MQTT-3.8.4-6")
+@pytest.mark.mqtt5("MQTT-3.8.4-8")
 def test_granted_qos_caps_delivery_and_publish_qos_caps_it_too(broker):
     sub = PahoClient(broker.port, "sub")
     sub.subscribe("a", 1)
@@ -36,6 +40,8 @@ def test_granted_qos_caps_delivery_and_publish_qos_caps_it_too(broker):
     assert (second.payload, second.qos) == (b"y", 0)
 
 
+@pytest.mark.mqtt311("MQTT-4.7.2-1")
+@pytest.mark.mqtt5("MQTT-4.7.2-1")
 def test_wildcards_and_dollar_topics(broker):
     root = PahoClient(broker.port, "root")
     root.subscribe("#", 0)
@@ -62,6 +68,8 @@ def test_clients_cannot_publish_to_dollar_topics(broker):
     dollar.expect_none()
 
 
+@pytest.mark.mqtt311("MQTT-3.3.2-3", "MQTT-4.7.1-3")
+@pytest.mark.mqtt5("MQTT-3.3.2-3", "MQTT-4.7.1-2")
 def test_plus_matches_one_whole_level(broker):
     sub = PahoClient(broker.port, "sub")
     sub.subscribe("a/+/c", 0)
@@ -82,6 +90,8 @@ def test_hash_matches_parent_level(broker):
     assert [m.payload for m in sub.expect(2)] == [b"parent", b"deep"]
 
 
+@pytest.mark.mqtt311("MQTT-3.3.5-1")
+@pytest.mark.mqtt5("MQTT-3.3.4-2", "MQTT-3.3.4-3", "MQTT-3.3.4-4")
 @pytest.mark.parametrize("qos_of", [{"a/+": 1, "a/#": 0, "a/b": 2}, {"a/+": 2, "a/#": 1, "a/b": 0}])
 def test_overlapping_subscriptions_deliver_one_copy_at_highest_qos_with_every_identifier(broker, qos_of):
     """The highest QoS wins whichever of the overlapping filters holds it."""
@@ -104,6 +114,7 @@ def test_overlapping_subscriptions_deliver_one_copy_at_highest_qos_with_every_id
     assert sorted(nxt.properties.subscription_identifiers) == [7, 9]
 
 
+@pytest.mark.mqtt5("MQTT-3.8.3-3")
 def test_no_local(broker):
     client = PahoClient(broker.port, "self")
     client.subscribe("chat", 1, noLocal=True)
@@ -133,6 +144,15 @@ def assert_application_properties(message) -> None:
     assert got.UserProperty == [("k", "v"), ("k", "w")]
 
 
+@pytest.mark.mqtt5(
+    "MQTT-3.3.2-4",
+    "MQTT-3.3.2-6",
+    "MQTT-3.3.2-15",
+    "MQTT-3.3.2-16",
+    "MQTT-3.3.2-17",
+    "MQTT-3.3.2-18",
+    "MQTT-3.3.2-20",
+)
 def test_v5_properties_pass_through(broker):
     sub = PahoClient(broker.port, "sub")
     sub.subscribe("req/#", 1)
@@ -149,6 +169,7 @@ def test_v5_properties_pass_through(broker):
     assert 0 < second.properties.MessageExpiryInterval <= 100
 
 
+@pytest.mark.mqtt5("MQTT-3.1.3-10")
 def test_v5_will_properties_pass_through(broker):
     watcher = PahoClient(broker.port, "watcher")
     watcher.subscribe("wills/#", 1)
@@ -161,6 +182,7 @@ def test_v5_will_properties_pass_through(broker):
     assert_application_properties(message)
 
 
+@pytest.mark.mqtt5("MQTT-3.4.2-1")
 def test_v5_no_matching_subscribers_reason_code(broker):
     raw = RawClient(broker.port, 5)
     raw.connect("pub")
@@ -169,6 +191,8 @@ def test_v5_no_matching_subscribers_reason_code(broker):
     assert (ack.packet_id, ack.reason_code) == (5, 0x10)
 
 
+@pytest.mark.mqtt311("MQTT-3.10.4-1", "MQTT-3.10.4-2")
+@pytest.mark.mqtt5("MQTT-3.10.4-1", "MQTT-3.10.4-2")
 def test_unsubscribe(broker):
     sub = PahoClient(broker.port, "sub")
     sub.subscribe("a", 0)
@@ -180,6 +204,7 @@ def test_unsubscribe(broker):
     assert [m.payload for m in sub.expect(1)] == [b"kept"]
 
 
+@pytest.mark.mqtt5("MQTT-3.10.4-1", "MQTT-3.10.4-5", "MQTT-3.10.4-6", "MQTT-3.11.3-1", "MQTT-3.11.3-2")
 def test_v5_unsuback_reason_codes(broker):
     raw = RawClient(broker.port, 5)
     raw.connect("u")

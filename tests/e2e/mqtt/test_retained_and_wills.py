@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from broker_edge.protocol.packets import Disconnect, Will
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
 
 
+@pytest.mark.mqtt311("MQTT-3.3.1-5", "MQTT-3.3.1-6", "MQTT-3.3.1-8", "MQTT-3.3.1-10", "MQTT-3.3.1-11")
+@pytest.mark.mqtt5("MQTT-3.3.1-6", "MQTT-3.3.1-7")
 def test_retained_message_sent_on_subscribe_and_cleared_by_empty_payload(broker):
     pub = PahoClient(broker.port, "pub")
     pub.publish("state/lamp", b"on", 1, retain=True)
@@ -20,6 +24,8 @@ def test_retained_message_sent_on_subscribe_and_cleared_by_empty_payload(broker)
     assert [m.payload for m in later.expect(1)] == [b"live"]
 
 
+@pytest.mark.mqtt311("MQTT-3.3.1-9")
+@pytest.mark.mqtt5("MQTT-3.3.1-12", "MQTT-3.3.1-13")
 def test_live_delivery_clears_retain_flag_unless_retain_as_published(broker):
     plain = PahoClient(broker.port, "plain")
     plain.subscribe("r", 0)
@@ -33,6 +39,7 @@ def test_live_delivery_clears_retain_flag_unless_retain_as_published(broker):
     assert v3.expect(1)[0].retain is False
 
 
+@pytest.mark.mqtt5("MQTT-3.3.1-9", "MQTT-3.3.1-10", "MQTT-3.3.1-11", "MQTT-3.8.4-4")
 def test_retain_handling_1_and_2(broker):
     PahoClient(broker.port, "pub").publish("rh", b"kept", 1, retain=True)
     never = PahoClient(broker.port, "never")
@@ -61,15 +68,20 @@ def test_retained_limit(start_broker):
     assert broker.drops("retained_full") == 1
 
 
+@pytest.mark.mqtt311("MQTT-3.1.2-8")
+@pytest.mark.mqtt5("MQTT-3.1.2-7", "MQTT-3.1.2-8", "MQTT-3.1.2-14")
 def test_will_published_when_connection_drops(broker):
     watcher = PahoClient(broker.port, "watcher")
     watcher.subscribe("wills/#", 1)
     device = PahoClient(broker.port, "dev", will=("wills/dev", b"offline", 1, False))
     device.kill()
     [message] = watcher.expect(1)
-    assert (message.topic, message.payload) == ("wills/dev", b"offline")
+    assert (message.topic, message.payload, message.retain) == ("wills/dev", b"offline", False)
+    assert broker.call(lambda: broker.broker.router.retained.count) == 0  # published, not retained
 
 
+@pytest.mark.mqtt311("MQTT-3.1.2-8", "MQTT-3.1.2-10", "MQTT-3.14.4-3")
+@pytest.mark.mqtt5("MQTT-3.1.2-8", "MQTT-3.1.2-10", "MQTT-3.14.4-3")
 def test_no_will_after_normal_disconnect_but_0x04_sends_it(broker):
     watcher = PahoClient(broker.port, "watcher")
     watcher.subscribe("wills/#", 1)
@@ -86,6 +98,7 @@ def test_no_will_after_normal_disconnect_but_0x04_sends_it(broker):
     watcher.expect_none(0.2)
 
 
+@pytest.mark.mqtt5("MQTT-3.1.2-8", "MQTT-3.1.2-10", "MQTT-3.1.3-9")
 def test_will_delay_cancelled_by_reconnect_and_sent_after_delay(broker):
     watcher = PahoClient(broker.port, "watcher")
     watcher.subscribe("wills/#", 1)
@@ -107,6 +120,7 @@ def test_will_delay_cancelled_by_reconnect_and_sent_after_delay(broker):
     watcher.expect_none(0.2)
 
 
+@pytest.mark.mqtt5("MQTT-3.1.2-8")
 def test_delayed_will_is_sent_when_the_session_ends_first(broker):
     watcher = PahoClient(broker.port, "watcher")
     watcher.subscribe("wills/#", 1)
@@ -133,6 +147,8 @@ def test_will_is_sent_at_once_without_delay_on_takeover(broker):
     assert watcher.expect(1)[0].payload == b"taken over"
 
 
+@pytest.mark.mqtt311("MQTT-3.1.2-7", "MQTT-3.1.2-17")
+@pytest.mark.mqtt5("MQTT-3.1.2-15")
 def test_retained_will(broker):
     device = PahoClient(broker.port, "dev", version=4, will=("status/dev", b"dead", 1, True))
     device.kill()
@@ -143,6 +159,7 @@ def test_retained_will(broker):
     assert (message.payload, message.retain) == (b"dead", True)
 
 
+@pytest.mark.mqtt5("MQTT-3.2.2-8")
 def test_will_topic_the_acl_denies_or_a_dollar_topic_is_refused_at_connect(start_broker):
     broker = start_broker(acl={"rules": [{"permission": "allow", "action": "all", "topic": "ok/#"}]})
     assert RawClient(broker.port, 5).connect("a", will=Will("forbidden/x", b"w")).reason_code == 0x87

@@ -21,6 +21,15 @@ from broker_edge.protocol.properties import Properties
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
 
 
+@pytest.mark.mqtt5(
+    "MQTT-3.1.2-5",
+    "MQTT-3.1.2-6",
+    "MQTT-3.1.2-23",
+    "MQTT-3.1.3-2",
+    "MQTT-3.2.2-3",
+    "MQTT-4.1.0-1",
+    "MQTT-4.5.0-1",
+)
 def test_persistent_session_keeps_subscriptions_and_queues_while_offline(broker):
     sub = PahoClient(broker.port, "device", clean=False, session_expiry=300)
     assert sub.connack_result[0].session_present is False
@@ -40,6 +49,7 @@ def test_persistent_session_keeps_subscriptions_and_queues_while_offline(broker)
     assert again.expect(1)[0].payload == b"subscription kept"
 
 
+@pytest.mark.mqtt311("MQTT-3.1.3-2", "MQTT-4.1.0-1", "MQTT-4.1.0-2", "MQTT-4.5.0-1")
 def test_v3_persistent_session(broker):
     sub = PahoClient(broker.port, "v3dev", version=4, clean=False)
     sub.subscribe("x", 2)
@@ -50,6 +60,7 @@ def test_v3_persistent_session(broker):
     assert again.expect(1)[0].payload == b"queued"
 
 
+@pytest.mark.mqtt5("MQTT-3.1.2-4", "MQTT-3.1.4-4", "MQTT-3.2.2-2")
 def test_clean_start_discards_the_old_session(broker):
     sub = PahoClient(broker.port, "d", clean=False, session_expiry=300)
     sub.subscribe("x", 1)
@@ -68,6 +79,7 @@ def test_session_expiry_interval_zero_ends_session_at_disconnect(broker):
     assert wait_for(lambda: broker.call(lambda: "short" not in broker.broker.router.sessions))
 
 
+@pytest.mark.mqtt5("MQTT-3.1.2-23", "MQTT-4.1.0-2")
 @pytest.mark.parametrize(
     ("version", "session_expiry", "sections", "lifetime"),
     [
@@ -97,6 +109,7 @@ def test_session_expiry_capped_by_config(start_broker):
     assert ack.properties.session_expiry_interval == 60
 
 
+@pytest.mark.mqtt5("MQTT-3.1.4-3", "MQTT-3.14.2-1")
 def test_takeover_disconnects_old_connection_with_0x8e(broker):
     old = RawClient(broker.port, 5)
     old.connect("same-id")
@@ -109,6 +122,8 @@ def test_takeover_disconnects_old_connection_with_0x8e(broker):
     assert new.expect(1)[0].payload == b"to-new"
 
 
+@pytest.mark.mqtt311("MQTT-2.3.1-4", "MQTT-3.3.1-1", "MQTT-4.3.2-1", "MQTT-4.4.0-1")
+@pytest.mark.mqtt5("MQTT-3.2.0-1", "MQTT-3.3.1-1", "MQTT-4.3.2-2", "MQTT-4.4.0-1")
 def test_unacknowledged_qos1_redelivered_with_dup_on_resume(broker):
     raw = RawClient(broker.port, 5)
     raw.connect("slow", clean_start=False, properties=Properties(session_expiry_interval=300))
@@ -125,12 +140,23 @@ def test_unacknowledged_qos1_redelivered_with_dup_on_resume(broker):
     again.send_packet(PubAck(resent.packet_id))
 
 
+@pytest.mark.mqtt311("MQTT-2.3.1-6", "MQTT-4.3.3-1", "MQTT-4.4.0-1")
+@pytest.mark.mqtt5(
+    "MQTT-2.2.1-5",
+    "MQTT-3.6.2-1",
+    "MQTT-4.3.3-2",
+    "MQTT-4.3.3-4",
+    "MQTT-4.3.3-5",
+    "MQTT-4.3.3-6",
+    "MQTT-4.4.0-1",
+)
 def test_qos2_outgoing_resume_resends_pubrel_after_pubrec(broker):
     raw = RawClient(broker.port, 5)
     raw.connect("q2", clean_start=False, properties=Properties(session_expiry_interval=300))
     raw.subscribe("r", 2)
     PahoClient(broker.port, "p").publish("r", b"m", 2)
     message = raw.recv()
+    assert (message.qos, message.dup) == (2, False)
     raw.send_packet(PubRec(message.packet_id))
     assert isinstance(raw.recv(), PubRel)
     raw.close()  # no PUBCOMP
@@ -141,6 +167,16 @@ def test_qos2_outgoing_resume_resends_pubrel_after_pubrec(broker):
     again.send_packet(PubComp(rel.packet_id))
 
 
+@pytest.mark.mqtt311("MQTT-2.3.1-6")
+@pytest.mark.mqtt5(
+    "MQTT-2.2.1-5",
+    "MQTT-3.3.4-1",
+    "MQTT-3.5.2-1",
+    "MQTT-3.7.2-1",
+    "MQTT-4.3.3-8",
+    "MQTT-4.3.3-10",
+    "MQTT-4.3.3-11",
+)
 def test_incoming_qos2_duplicate_is_delivered_once(broker):
     sub = PahoClient(broker.port, "sub")
     sub.subscribe("once", 2)
@@ -164,6 +200,7 @@ def test_incoming_qos2_duplicate_is_delivered_once(broker):
     sub.expect_none(0.3)
 
 
+@pytest.mark.mqtt5("MQTT-3.7.2-1")
 def test_pubrel_for_unknown_id_gets_0x92(broker):
     raw = RawClient(broker.port, 5)
     raw.connect("x")
@@ -172,6 +209,7 @@ def test_pubrel_for_unknown_id_gets_0x92(broker):
     assert isinstance(comp, PubComp) and comp.reason_code == 0x92
 
 
+@pytest.mark.mqtt5("MQTT-3.1.3-6", "MQTT-3.1.3-7", "MQTT-3.1.4-5", "MQTT-3.2.2-16")
 def test_empty_client_id_is_assigned_in_v5(broker):
     raw = RawClient(broker.port, 5)
     ack = raw.connect("")
@@ -184,6 +222,7 @@ def test_empty_client_id_is_assigned_in_v5(broker):
     assert named.connect("named").properties.assigned_client_identifier is None
 
 
+@pytest.mark.mqtt311("MQTT-3.1.3-8", "MQTT-3.2.2-5")
 def test_empty_client_id_with_clean_session_0_rejected_in_v3(broker):
     raw = RawClient(broker.port, 4)
     ack = raw.connect("", clean_start=False)
@@ -203,6 +242,8 @@ def test_exceeding_broker_receive_maximum_is_0x93(start_broker):
     assert broker.disconnects("receive_maximum_exceeded") == 1
 
 
+@pytest.mark.mqtt311("MQTT-2.3.1-6")
+@pytest.mark.mqtt5("MQTT-2.2.1-5", "MQTT-3.3.4-1", "MQTT-4.3.2-4")
 def test_receive_maximum_counts_only_unacknowledged_publishes(start_broker):
     broker = start_broker(limits={"receive_maximum": 2})
     raw = RawClient(broker.port, 5)
@@ -217,6 +258,7 @@ def test_receive_maximum_counts_only_unacknowledged_publishes(start_broker):
     assert [raw.recv().packet_id for _ in range(8)] == list(range(1, 9))
 
 
+@pytest.mark.mqtt5("MQTT-3.3.2-5", "MQTT-3.3.2-6")
 def test_message_expiry_drops_expired_queued_messages(broker):
     sub = PahoClient(broker.port, "ex", clean=False, session_expiry=300)
     sub.subscribe("e/#", 1)
@@ -240,6 +282,7 @@ def test_message_expiry_drops_expired_queued_messages(broker):
     assert broker.drops("expired") == 1
 
 
+@pytest.mark.mqtt311("MQTT-3.1.4-2")
 def test_takeover_of_a_v3_client_closes_it_and_sends_its_will(broker):
     watcher = PahoClient(broker.port, "watcher")
     watcher.subscribe("wills/#", 1)
@@ -254,6 +297,8 @@ def test_takeover_of_a_v3_client_closes_it_and_sends_its_will(broker):
     old.expect_none(0.1)
 
 
+@pytest.mark.mqtt311("MQTT-3.1.2-24")
+@pytest.mark.mqtt5("MQTT-3.1.2-22", "MQTT-3.2.2-22")
 def test_keepalive_timeout_is_one_and_a_half_times_the_keepalive(broker):
     raw = RawClient(broker.port, 5)
     assert raw.connect("idle", keep_alive=100).reason_code == 0
@@ -267,6 +312,7 @@ def test_keepalive_timeout_is_one_and_a_half_times_the_keepalive(broker):
     assert broker.disconnects("keep_alive_timeout") == 1
 
 
+@pytest.mark.mqtt5("MQTT-3.1.2-22", "MQTT-3.12.4-1")
 def test_any_packet_restarts_the_keepalive_period(broker):
     raw = RawClient(broker.port, 5)
     assert raw.connect("active", keep_alive=100).reason_code == 0
@@ -282,6 +328,7 @@ def test_any_packet_restarts_the_keepalive_period(broker):
     raw.expect_disconnect(0x8D)
 
 
+@pytest.mark.mqtt311("MQTT-3.1.2-8", "MQTT-3.1.2-16", "MQTT-3.1.2-24")
 def test_keepalive_timeout_closes_v3_connection_and_sends_the_will(broker):
     watcher = PahoClient(broker.port, "watcher")
     watcher.subscribe("wills/#", 1)
@@ -291,9 +338,11 @@ def test_keepalive_timeout_closes_v3_connection_and_sends_the_will(broker):
     connection = broker.connection("silent")
     broker.call(lambda: connection.check_timers(after + 16))
     assert raw.closed()
-    assert watcher.expect(1)[0].payload == b"timed out"
+    [will] = watcher.expect(1)
+    assert (will.payload, will.retain) == (b"timed out", False)
 
 
+@pytest.mark.mqtt5("MQTT-3.2.2-22")
 def test_server_keep_alive_when_client_asks_more_than_maximum(start_broker):
     broker = start_broker(limits={"max_keepalive_s": 30})
     raw = RawClient(broker.port, 5)
@@ -308,6 +357,7 @@ def test_server_keep_alive_when_client_asks_more_than_maximum(start_broker):
     assert raw.recv().reason_code == 0x8D
 
 
+@pytest.mark.mqtt311("MQTT-3.12.4-1")
 def test_keepalive_zero_in_v3_means_none(broker):
     raw = RawClient(broker.port, 4)
     raw.connect("forever", keep_alive=0)
@@ -319,6 +369,7 @@ def test_keepalive_zero_in_v3_means_none(broker):
     assert isinstance(raw.recv(), PingResp)
 
 
+@pytest.mark.mqtt311("MQTT-3.1.3-6", "MQTT-3.1.4-4")
 def test_empty_client_id_is_assigned_in_v3_with_clean_session(broker):
     raw = RawClient(broker.port, 4)
     assert raw.connect("", clean_start=True).reason_code == 0

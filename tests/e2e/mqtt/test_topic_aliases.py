@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from gmqtt import Client as GmqttClient
 
 from broker_edge.delivery import Message
@@ -25,6 +26,7 @@ def alias_subscriber(broker, client_id: str, maximum: int, qos: int = 0) -> RawC
     return raw
 
 
+@pytest.mark.mqtt5("MQTT-3.3.2-12")
 def test_topic_alias_from_client(broker):
     sub = PahoClient(broker.port, "sub")
     sub.subscribe("long/topic/name", 0)
@@ -39,6 +41,7 @@ def test_topic_alias_from_client(broker):
     ]
 
 
+@pytest.mark.mqtt5("MQTT-3.1.2-26", "MQTT-3.3.2-8")
 def test_broker_assigns_aliases_least_recently_used_first(broker):
     raw = alias_subscriber(broker, "lru", maximum=2)
     pub = PahoClient(broker.port, "pub")
@@ -54,6 +57,7 @@ def test_broker_assigns_aliases_least_recently_used_first(broker):
     ]
 
 
+@pytest.mark.mqtt5("MQTT-3.1.2-26", "MQTT-3.3.2-11")
 def test_aliases_on_qos1_deliveries_and_the_maximum_is_the_brokers_if_lower(start_broker):
     broker = start_broker(mqtt={"outgoing_topic_aliases": 1})
     raw = alias_subscriber(broker, "q1", maximum=10, qos=1)
@@ -68,6 +72,7 @@ def test_aliases_on_qos1_deliveries_and_the_maximum_is_the_brokers_if_lower(star
     assert frames == [("al/x", 1, b"x", 1), ("", 1, b"x", 1), ("al/y", 1, b"y", 1)]
 
 
+@pytest.mark.mqtt5("MQTT-3.1.2-27")
 def test_no_aliases_for_clients_that_did_not_ask_or_when_disabled(start_broker):
     broker = start_broker(mqtt={"outgoing_topic_aliases": 0})
     wants = alias_subscriber(broker, "wants", maximum=5)

@@ -38,6 +38,7 @@ def secured(start_broker, password_file, **extra):
     )
 
 
+@pytest.mark.mqtt5("MQTT-3.1.4-2")
 def test_password_authentication(start_broker, password_file):
     broker = secured(start_broker, password_file)
     assert RawClient(broker.port, 5).connect("a", username="alice", password=b"s3cret").reason_code == 0
@@ -101,6 +102,8 @@ ACL = {
 }
 
 
+@pytest.mark.mqtt311("MQTT-3.3.5-2")
+@pytest.mark.mqtt5("MQTT-3.4.2-1", "MQTT-3.5.2-1")
 def test_acl_publish_denied_v5_0x87_v3_acked_and_dropped(start_broker, password_file):
     broker = secured(start_broker, password_file, acl=ACL)
     watcher = PahoClient(broker.port, "w", username="bob", password="hunter2")
@@ -279,6 +282,7 @@ def test_secure_websocket_listener(start_broker, pki):
     assert tls_refused(broker.port, client_ssl_context(pki, certificate=False))
 
 
+@pytest.mark.mqtt5("MQTT-4.12.0-1", "MQTT-4.12.0-4")
 def test_enhanced_authentication_is_not_offered(broker):
     raw = RawClient(broker.port, 5)
     ack = raw.connect("scram", properties=Properties(authentication_method="SCRAM-SHA-256"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from broker_edge.delivery import Message
 from broker_edge.limits import LimitsConfig
 from broker_edge.router import Router
@@ -31,6 +33,8 @@ def session_with(connection: RecordingConnection) -> Session:
     return session
 
 
+@pytest.mark.mqtt311("MQTT-2.3.1-4", "MQTT-4.3.2-1")
+@pytest.mark.mqtt5("MQTT-2.2.1-4", "MQTT-4.3.2-1", "MQTT-4.3.3-1")
 def test_ids_count_up_and_skip_ids_still_in_flight_after_wrapping():
     connection = RecordingConnection()
     session = session_with(connection)
@@ -43,6 +47,8 @@ def test_ids_count_up_and_skip_ids_still_in_flight_after_wrapping():
     assert sorted(session.inflight) == [1, 2, 3, 4, 0xFFFF]
 
 
+@pytest.mark.mqtt311("MQTT-4.3.2-1", "MQTT-4.3.3-1")
+@pytest.mark.mqtt5("MQTT-4.3.2-3", "MQTT-4.3.3-3")
 def test_acks_free_their_ids_and_only_the_right_ack_counts():
     connection = RecordingConnection()
     session = session_with(connection)
@@ -59,6 +65,7 @@ def test_acks_free_their_ids_and_only_the_right_ack_counts():
     assert not session.inflight
 
 
+@pytest.mark.mqtt5("MQTT-4.4.0-2", "MQTT-4.8.2-6")
 def test_a_failed_pubrec_ends_the_qos2_flow():
     connection = RecordingConnection()
     session = session_with(connection)
@@ -67,6 +74,8 @@ def test_a_failed_pubrec_ends_the_qos2_flow():
     assert not session.inflight
 
 
+@pytest.mark.mqtt311("MQTT-4.6.0-5", "MQTT-4.6.0-6")
+@pytest.mark.mqtt5("MQTT-3.3.4-9", "MQTT-4.6.0-5", "MQTT-4.6.0-6", "MQTT-4.9.0-2")
 def test_window_full_queues_then_acks_drain_in_order():
     connection = RecordingConnection(send_quota=2)
     session = session_with(connection)
@@ -80,6 +89,8 @@ def test_window_full_queues_then_acks_drain_in_order():
     assert session.queue is None
 
 
+@pytest.mark.mqtt311("MQTT-3.3.1-1", "MQTT-4.4.0-1")
+@pytest.mark.mqtt5("MQTT-4.4.0-1")
 def test_resume_resends_unacknowledged_with_dup_and_pubrel_for_released():
     connection = RecordingConnection()
     session = session_with(connection)

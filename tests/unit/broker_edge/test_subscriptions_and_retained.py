@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from broker_edge.retained import RetainedStore
 from broker_edge.subscriptions import SubscriptionOptions, SubscriptionTrie
 
@@ -22,6 +24,7 @@ def test_wildcards_dollar_and_parent_match():
     assert set(subscribers(trie, "a/b")) == {"hash", "all"}
 
 
+@pytest.mark.mqtt311("MQTT-3.3.5-1")
 def test_one_entry_per_subscriber_with_max_qos_and_all_identifiers():
     trie = SubscriptionTrie()
     trie.add("x/+", "s", SubscriptionOptions(0, subscription_id=1))
@@ -54,6 +57,8 @@ def test_shared_group_round_robin_prefers_online():
     assert group.pick(lambda m: False)[0] in {"m1", "m2", "m3"}
 
 
+@pytest.mark.mqtt311("MQTT-3.3.1-11")
+@pytest.mark.mqtt5("MQTT-3.3.1-7")
 def test_retained_store_matching_limits_and_expiry():
     store = RetainedStore(max_retained=3, is_expired=lambda message: message == "old")
     assert store.set("a/b", "1") and store.set("a/c", "2") and store.set("$SYS/x", "3")

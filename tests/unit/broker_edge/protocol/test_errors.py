@@ -412,6 +412,67 @@ CASES = [
 ]
 
 
+@pytest.mark.mqtt311(
+    "MQTT-1.5.3-1",
+    "MQTT-1.5.3-2",
+    "MQTT-2.2.2-1",
+    "MQTT-2.2.2-2",
+    "MQTT-2.3.1-1",
+    "MQTT-3.1.0-1",
+    "MQTT-3.1.0-2",
+    "MQTT-3.1.2-3",
+    "MQTT-3.1.2-11",
+    "MQTT-3.1.2-13",
+    "MQTT-3.1.2-14",
+    "MQTT-3.1.2-15",
+    "MQTT-3.1.2-22",
+    "MQTT-3.1.4-1",
+    "MQTT-3.3.1-4",
+    "MQTT-3.3.2-1",
+    "MQTT-3.3.2-2",
+    "MQTT-3.6.1-1",
+    "MQTT-3.8.1-1",
+    "MQTT-3.8.3-1",
+    "MQTT-3.8.3-3",
+    "MQTT-3.8.3-4",
+    "MQTT-3.10.1-1",
+    "MQTT-3.10.3-2",
+    "MQTT-3.14.1-1",
+    "MQTT-4.7.1-1",
+    "MQTT-4.7.3-1",
+    "MQTT-4.7.3-2",
+    "MQTT-4.8.0-1",
+)
+@pytest.mark.mqtt5(
+    "MQTT-1.5.4-1",
+    "MQTT-1.5.4-2",
+    "MQTT-1.5.5-1",
+    "MQTT-1.5.7-1",
+    "MQTT-2.1.3-1",
+    "MQTT-3.1.0-1",
+    "MQTT-3.1.0-2",
+    "MQTT-3.1.2-3",
+    "MQTT-3.1.2-11",
+    "MQTT-3.1.2-12",
+    "MQTT-3.1.2-13",
+    "MQTT-3.1.4-1",
+    "MQTT-3.3.1-4",
+    "MQTT-3.3.2-1",
+    "MQTT-3.3.2-2",
+    "MQTT-3.3.2-14",
+    "MQTT-3.6.1-1",
+    "MQTT-3.8.1-1",
+    "MQTT-3.8.3-1",
+    "MQTT-3.8.3-2",
+    "MQTT-3.8.3-4",
+    "MQTT-3.8.3-5",
+    "MQTT-3.10.1-1",
+    "MQTT-3.10.3-2",
+    "MQTT-3.14.1-1",
+    "MQTT-4.7.0-1",
+    "MQTT-4.7.3-1",
+    "MQTT-4.7.3-2",
+)
 @pytest.mark.parametrize(
     ("data", "version", "role", "error_class", "reason_code"),
     [case[1:] for case in CASES],
@@ -424,6 +485,8 @@ def test_violation_raises_exact_reason_code(data, version, role, error_class, re
     assert error.reason_code == reason_code, repr(error)
 
 
+@pytest.mark.mqtt311("MQTT-3.1.2-1", "MQTT-3.1.2-2")
+@pytest.mark.mqtt5("MQTT-3.1.2-1", "MQTT-3.1.2-2")
 @pytest.mark.parametrize(
     ("name", "level"), [("MQTT", 6), ("MQTT", 3), ("MQIsdp", 4), ("HTTP", 4), ("MQTT", 0)]
 )

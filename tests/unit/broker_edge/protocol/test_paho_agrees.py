@@ -138,6 +138,7 @@ def run_paho_session(version: int, delivery: Publish) -> tuple[ScriptedBroker, l
     return broker, messages, connack_codes
 
 
+@pytest.mark.mqtt5("MQTT-3.1.3-1")
 @pytest.mark.parametrize("version", [4, MQTT_5])
 def test_paho_session_against_our_codec(version):
     v5 = version == MQTT_5

@@ -79,6 +79,8 @@ def test_retain_flag_variant():
     assert template.first_byte == 0x31
 
 
+@pytest.mark.mqtt311("MQTT-3.3.1-2", "MQTT-4.3.1-1")
+@pytest.mark.mqtt5("MQTT-3.3.1-2", "MQTT-4.3.1-1")
 def test_dup_is_never_set_on_qos0():
     template = encode_publish_template("a", b"v", 4, dup=True)
 

@@ -1,5 +1,6 @@
 """encode → decode gives back the same packet, for every packet type, version and direction."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,6 +33,7 @@ def test_client_packets_round_trip(data, version):
     assert encode(decoded[0], version) == frame
 
 
+@pytest.mark.mqtt5("MQTT-3.2.2-1")
 @settings(max_examples=500)
 @given(st.data(), versions)
 def test_server_packets_round_trip(data, version):
@@ -59,6 +61,7 @@ def test_connect_is_encoded_with_its_own_protocol_version():
     assert PacketDecoder().feed(encode(connect, 4)) == [connect]
 
 
+@pytest.mark.mqtt5("MQTT-1.5.5-1")
 def test_large_payload_uses_multi_byte_remaining_length():
     publish = Publish("t", bytes(range(256)) * 1000, 2, packet_id=1)
     frame = encode(publish, 4)

@@ -24,6 +24,8 @@ def test_valid_topic_names(name):
     validate_topic_name(name)
 
 
+@pytest.mark.mqtt311("MQTT-4.7.3-1")
+@pytest.mark.mqtt5("MQTT-4.7.3-1")
 @pytest.mark.parametrize("name", ["", "a/+", "a/#", "+", "#", "a\x00b", "a+b"])
 def test_invalid_topic_names(name):
     with pytest.raises(InvalidTopic) as caught:
@@ -31,6 +33,8 @@ def test_invalid_topic_names(name):
     assert caught.value.reason_code == ReasonCode.TOPIC_NAME_INVALID
 
 
+@pytest.mark.mqtt311("MQTT-4.7.3-3")
+@pytest.mark.mqtt5("MQTT-4.7.3-3")
 def test_topic_name_longer_than_65535_bytes_is_invalid():
     with pytest.raises(InvalidTopic):
         validate_topic_name("€" * 21846)  # 3 bytes each: 65538 bytes
@@ -44,6 +48,8 @@ def test_valid_topic_filters(topic_filter):
     validate_topic_filter(topic_filter)
 
 
+@pytest.mark.mqtt311("MQTT-4.7.1-2", "MQTT-4.7.1-3")
+@pytest.mark.mqtt5("MQTT-4.7.1-1", "MQTT-4.7.1-2")
 @pytest.mark.parametrize(
     "topic_filter",
     ["", "a/#/b", "a#", "a/b#", "a+", "+a/b", "##", "a\x00", "$share//a", "$share/g", "$share/g+/a"],
@@ -95,6 +101,7 @@ def test_topic_levels(name, levels):
     assert topic_levels(name) == levels
 
 
+@pytest.mark.mqtt5("MQTT-4.8.2-1", "MQTT-4.8.2-2")
 def test_parse_shared():
     assert parse_shared("$share/workers/jobs/+") == ("workers", "jobs/+")
     assert parse_shared("jobs/+") == (None, "jobs/+")

@@ -21,6 +21,9 @@ def make_record(number: int, payload_size: int = 40, timestamp_ms: int | None = 
         content_type="application/json" if number % 5 == 0 else None,
         payload_format_indicator=number % 2 if number % 4 == 0 else None,
         timestamp_ms=BASE_TIME_MS + number if timestamp_ms is None else timestamp_ms,
+        message_expiry_interval=number * 3 if number % 3 == 1 else None,
+        response_topic=f"replies/{number}" if number % 4 == 1 else None,
+        correlation_data=bytes((number % 256,)) * (number % 3) if number % 4 in (1, 2) else None,
     )
 
 
@@ -51,6 +54,9 @@ def assert_matches(record, number: int, offset: int | None = None, payload_size:
     assert record.content_type == expected.content_type
     assert record.payload_format_indicator == expected.payload_format_indicator
     assert record.timestamp_ms == expected.timestamp_ms
+    assert record.message_expiry_interval == expected.message_expiry_interval
+    assert record.response_topic == expected.response_topic
+    assert record.correlation_data == expected.correlation_data
 
 
 def segment_files(directory: Path, suffix: str = ".log") -> list[Path]:

@@ -14,7 +14,7 @@ TOPIC = "plant/line-2/pressure"
 
 
 def _fields(number: int, payload_size: int = 40) -> tuple:
-    return make_record(number, payload_size).fields()[:7]
+    return make_record(number, payload_size).batch_fields()
 
 
 def test_a_batch_reads_back_with_every_field_at_dense_offsets(tmp_path: Path):
@@ -62,7 +62,7 @@ def test_a_batch_with_one_bad_record_appends_nothing(tmp_path: Path):
     log = CommitLog(TOPIC, tmp_path, LogConfig(max_record_bytes=500))
     log.append_batch([_fields(0)])
     too_large = [_fields(1), _fields(2, payload_size=600), _fields(3)]
-    unencodable = [_fields(1), (b"x", 1, False, "c" * 70_000, (), None, None)]
+    unencodable = [_fields(1), (b"x", 1, False, "c" * 70_000, (), None, None, None, None, None)]
 
     with pytest.raises(RecordTooLarge):
         log.append_batch(too_large)

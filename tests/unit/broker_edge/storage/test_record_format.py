@@ -114,6 +114,9 @@ def test_oversized_strings_are_refused_at_encode():
             st.sampled_from([(), [("k", "v")]]),
             st.sampled_from([None, "text/plain"]),
             st.sampled_from([None, 0, 1]),
+            st.sampled_from([None, 0, 3600, 2**32 - 1]),
+            st.sampled_from([None, "replies/1", "réponses"]),
+            st.sampled_from([None, b"", b"\x00\x01"]),
         ),
         max_size=12,
     ),
@@ -122,7 +125,8 @@ def test_a_batch_encodes_exactly_as_its_records_one_by_one(first, records):
     frames = encode_frames(first, 1_700_000_000_123, records)
 
     expected = [
-        encode_record(first + n, 1_700_000_000_123, AppendRecord(*fields)) for n, fields in enumerate(records)
+        encode_record(first + n, 1_700_000_000_123, AppendRecord(*fields[:7], None, *fields[7:]))
+        for n, fields in enumerate(records)
     ]
     assert frames == expected
 
@@ -130,5 +134,10 @@ def test_a_batch_encodes_exactly_as_its_records_one_by_one(first, records):
 def test_a_batch_refuses_an_oversized_client_id():
     with pytest.raises(ValueError):
         encode_frames(
-            0, 0, [(b"ok", 1, False, "d", (), None, None), (b"", 1, False, "x" * 70_000, (), None, None)]
+            0,
+            0,
+            [
+                (b"ok", 1, False, "d", (), None, None, None, None, None),
+                (b"", 1, False, "x" * 70_000, (), None, None, None, None, None),
+            ],
         )

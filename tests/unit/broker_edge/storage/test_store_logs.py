@@ -224,10 +224,7 @@ def test_append_message_stores_the_same_record_as_append(tmp_path: Path):
     record = make_record(5)
 
     first = store.append("a", record)
-    payload, qos, retain, client_id, properties, content_type, indicator, timestamp = record.fields()
-    second = store.append_message(
-        "a", payload, qos, retain, client_id, properties, content_type, indicator, timestamp
-    )
+    second = store.append_message("a", *record.fields())
     store.flush()
 
     one, two = store.read("a", 0)

@@ -113,7 +113,10 @@ def test_the_block_at_the_log_end_is_shared_and_grows_with_the_log(tmp_path: Pat
 def test_the_byte_budget_drops_the_least_recently_used_blocks(tmp_path: Path):
     count = 4 * BLOCK_RECORDS + 1
     store = _store(tmp_path, count)
-    block_bytes = sum(record.size for record in store.read(TOPIC, 0, BLOCK_RECORDS, 10**9))
+    block_bytes = max(  # blocks differ a little: records carry different optional fields
+        sum(record.size for record in store.read(TOPIC, block * BLOCK_RECORDS, BLOCK_RECORDS, 10**9))
+        for block in range(4)
+    )
     store.close()
     store = _store(tmp_path / "again", count, read_cache_bytes=2 * block_bytes + 100)
 

@@ -11,7 +11,7 @@ from broker_edge.storage.tail_cache import TailCache, TailCacheBudget
 
 def _entry(offset: int, size: int) -> tuple:
     frame = bytes([offset % 251]) * size
-    return (offset, frame, (frame[:1], 1, False, "c", [], None, None))
+    return (offset, frame, (frame[:1], 1, False, "c", [], None, None, None, None, None))
 
 
 @settings(max_examples=60, deadline=None)
