@@ -6,12 +6,14 @@ Apart from `formats` so that a broker loads pyarrow only with its first Arrow fe
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from broker_edge.storage.record import Record
-
 from .formats import record_properties
+
+if TYPE_CHECKING:
+    from broker_edge.storage.record import Record
 
 ARROW_SCHEMA = pa.schema(
     [
