@@ -58,9 +58,7 @@ class BrokerCore:
         """Log cursors and replays, set once a commitlog is open."""
         self.admission = config.limits.connection_admission()
         self.login_backoff = LoginBackoff(config.auth.failed_logins)
-        self.topic_shares = TopicShares(
-            config.limits.max_topics_per_identity, config.limits.topic_quota_exempt_users
-        )
+        self.topic_shares = TopicShares(config.limits.max_topics_per_identity)
         self.partial_bytes = 0
         """Bytes of packets not fully arrived, all connections (at most limits.max_partial_packet_bytes)."""
         self.connections: set[Connection] = set()

@@ -182,8 +182,9 @@ class LimitsConfig:
     max_topics_per_identity: int = 10_000
     """Topic logs one user name (or, anonymous, one non-loopback address) may create, all its client ids
     together (v5: 0x97 beyond it); 0 = unlimited."""
-    topic_quota_exempt_users: list[str] = field(default_factory=list)
-    """User names bound by neither topic quota (the pipelines that publish to many topics)."""
+    exempt_users: list[str] = field(default_factory=list)
+    """User names of trusted backend jobs (the pipelines, the actions job publishing to every device's
+    topic): bound by neither topic quota nor the per-client message rate."""
 
     def __post_init__(self) -> None:
         _at_least(self, "max_connections", 1)
@@ -221,9 +222,14 @@ class LimitsConfig:
             self.max_connections, self.new_connections_per_second, self.new_connections_burst
         )
 
-    def client_message_bucket(self) -> TokenBucket | None:
-        """A fresh per-client PUBLISH rate limiter, or ``None`` when the rate is unlimited."""
-        if self.messages_per_second_per_client == 0:
+    def is_exempt(self, username: str | None) -> bool:
+        """Whether ``username`` is one of ``exempt_users`` (never true for an anonymous client)."""
+        return username is not None and username in self.exempt_users
+
+    def client_message_bucket(self, username: str | None = None) -> TokenBucket | None:
+        """A fresh PUBLISH rate limiter for a client logged in as ``username``, or ``None`` when its rate is
+        unlimited (the rate is 0, or the user is exempt)."""
+        if self.messages_per_second_per_client == 0 or self.is_exempt(username):
             return None
         return TokenBucket(self.messages_per_second_per_client, self.messages_burst_per_client)
 

@@ -284,7 +284,7 @@ def _accept(
     conn.will_delay = (
         will.properties.will_delay_interval or 0 if will is not None and will.properties is not None else 0
     )
-    conn.bucket = limits.client_message_bucket()
+    conn.bucket = limits.client_message_bucket(username)
     conn.state = CONNECTED
     conn.write(encode(ConnAck(present, 0, ack), conn.version))
     conn.listener.metrics.connected()
