@@ -32,7 +32,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from broker_edge.delivery import Message
-from broker_edge.handlers import CONNECTED_HANDLERS, handle_connect
+from broker_edge.handlers import dispatch_connected, handle_connect
 from broker_edge.protocol.codec import PacketDecoder, encode
 from broker_edge.protocol.errors import MQTTError, UnsupportedProtocolVersion
 from broker_edge.protocol.packets import (
@@ -253,7 +253,7 @@ class Connection(asyncio.Protocol):
         if state == CONNECTED:
             session = self.session
             assert session is not None, "a connected connection has a session"
-            CONNECTED_HANDLERS[type(packet)](self.host, self, session, packet)
+            dispatch_connected(self.host, self, session, packet)
             return
         if state == AUTHENTICATING:
             if self.backlog is None:
