@@ -29,6 +29,7 @@ NEVER_AT_START = {
     "great_expectations",
     "paho",
     "getpass",  # the passwd command's
+    "prometheus_client",  # the first scrape of /metrics
     "broker_edge.offsets_api.server",
     "broker_edge.admin_http",
     "broker_edge.transports.websocket",
