@@ -61,7 +61,8 @@ class BrokerCore:
         self.topic_shares = TopicShares(config.limits.max_topics_per_identity)
         self.partial_bytes = 0
         """Bytes of packets not fully arrived, all connections (at most limits.max_partial_packet_bytes)."""
-        self.connections: set[Connection] = set()
+        self.connections: dict[Connection, None] = {}
+        """Open connections, a dict used as a set: a dict's table grows more densely than a set's."""
         self._dirty: list[Connection] = []
         self._flush_scheduled = False
 
@@ -90,7 +91,7 @@ class BrokerCore:
         now = self.now()
         refusal = self.admission.admit(now)
         conn.deadline = now + self.config.limits.connect_timeout_s
-        self.connections.add(conn)
+        self.connections[conn] = None
         if refusal is not None:
             conn.refused = refusal
             self.counters.refused(refusal)
@@ -100,7 +101,7 @@ class BrokerCore:
                     conn.transport.close()
 
     def connection_closed(self, conn: Connection, was_connected: bool) -> None:
-        self.connections.discard(conn)
+        self.connections.pop(conn, None)
         if conn.refused is None:
             self.admission.release()
         if was_connected:

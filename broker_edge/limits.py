@@ -82,6 +82,11 @@ class TokenBucket:
         self._last = now
 
 
+NOT_STARTED = TokenBucket(1.0, 1)
+"""The bucket of a rate-limited client until its first PUBLISH, which gives it its own: a fresh bucket is
+full, so starting it then grants the same as at CONNECT, and a client that never publishes holds none."""
+
+
 class ConnectionAdmission:
     """Decides whether a new TCP/TLS connection may proceed, before any byte of it is parsed.
 
@@ -226,10 +231,9 @@ class LimitsConfig:
         """Whether ``username`` is one of ``exempt_users`` (never true for an anonymous client)."""
         return username is not None and username in self.exempt_users
 
-    def client_message_bucket(self, username: str | None = None) -> TokenBucket | None:
-        """A fresh PUBLISH rate limiter for a client logged in as ``username``, or ``None`` when its rate is
-        unlimited (the rate is 0, or the user is exempt)."""
-        if self.messages_per_second_per_client == 0 or self.is_exempt(username):
+    def client_message_bucket(self) -> TokenBucket | None:
+        """A fresh per-client PUBLISH rate limiter, or ``None`` when the rate is unlimited."""
+        if self.messages_per_second_per_client == 0:
             return None
         return TokenBucket(self.messages_per_second_per_client, self.messages_burst_per_client)
 

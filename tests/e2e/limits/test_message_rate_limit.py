@@ -34,9 +34,8 @@ class FloodClient:
         password: bytes | None = None,
     ) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port))
-        connect = Connect(
-            protocol_version=version, client_id=f"flood-q{qos}", username=username, password=password
-        )
+        client_id = f"{username or 'flood'}-q{qos}"
+        connect = Connect(protocol_version=version, client_id=client_id, username=username, password=password)
         frames = [encode(connect, version)]
         frames += [
             encode(
