@@ -250,6 +250,11 @@ class LogStore:
         commit_log = self._logs.get(topic)
         return commit_log.durable_end if commit_log is not None else 0
 
+    def committed_end(self, topic: str) -> int:
+        """Offset after the last record readers of `topic` may see (0 when it has no log)."""
+        commit_log = self._logs.get(topic)
+        return commit_log.end_offset if commit_log is not None else 0
+
     def commit(self, topic: str, offset: int) -> int:
         """Let readers of `topic` see its records below `offset` (capped at the durable end): wakes the
         long-polls it satisfies. Returns the committed end."""
