@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 
     from .view import ClusterView
 
-__all__ = ["FetchFailed", "FollowerConfig", "Followers"]
+__all__ = ["FetchFailed", "FollowerConfig", "Followers", "LocalDelivery"]
 
 log = logging.getLogger(__name__)
 
@@ -103,16 +103,14 @@ class Followers:
         self,
         view: ClusterView,
         store: LogStore,
-        publish: Publish,
-        replays: ReplayManager | None,
+        delivery: LocalDelivery,
         token: str | None,
         config: FollowerConfig | None = None,
         epochs: LeaderEpochs | None = None,
     ) -> None:
         self.view = view
         self.store = store
-        self.publish = publish
-        self.replays = replays
+        self.delivery = delivery
         self.config = config or FollowerConfig()
         self.epochs = epochs if epochs is not None else LeaderEpochs(store)
         self._headers = {"Content-Type": CONTENT_TYPE}
@@ -186,6 +184,16 @@ class Followers:
                 raise FetchFailed(f"HTTP {answer.status}: {body[:200].decode(errors='replace')}")
         return decode_response(body)
 
+
+class LocalDelivery:
+    """Routes committed records of the log to this node's subscribers: one `Message` per record, shared
+    by all of them, and handed to the log readers' shared cache (as the PUBLISH path does)."""
+
+    def __init__(self, store: LogStore, publish: Publish, replays: ReplayManager | None) -> None:
+        self.store = store
+        self.publish = publish
+        self.replays = replays
+
     def route(self, topic: str, first: int, records: list[Record]) -> None:
         """Deliver committed records of `topic` (from offset `first`) to local subscribers."""
         messages = [message_of_record(topic, record) for record in records]
@@ -202,7 +210,11 @@ class Followers:
         if topic not in store:
             return
         offset = store.committed_end(topic)
-        end = store.commit(topic, high_watermark)
+        self.route_committed(topic, offset, store.commit(topic, high_watermark))
+
+    def route_committed(self, topic: str, offset: int, end: int) -> None:
+        """Route the committed records of `topic` from `offset` to `end` to local subscribers."""
+        store = self.store
         while offset < end:
             records = store.read(topic, offset, end - offset, _ROUTE_READ_BYTES)
             if not records:
@@ -344,7 +356,7 @@ class _Fetcher:
         if appended:
             await _durable(store)
         for topic, high_watermark in watermarks:
-            owner.commit_and_route(topic, high_watermark)
+            owner.delivery.commit_and_route(topic, high_watermark)
 
     def _truncate(self, data: TopicData) -> None:
         """Cut the local tail the leader does not have (the epoch rule)."""
@@ -382,7 +394,7 @@ class _Fetcher:
                     log.error(
                         "%r from %s: frame %d refused (%s)", topic, self.leader, first + len(records), error
                     )
-                owner.route(topic, first, records)
+                owner.delivery.route(topic, first, records)
                 self._positions[topic] = first + len(records)
             else:
                 continue

@@ -139,13 +139,19 @@ class LeaderReplication:
         config: LeaderConfig | None = None,
         epochs: LeaderEpochs | None = None,
         clock: Callable[[], float] = time.monotonic,
+        route_committed: Callable[[str, int, int], None] | None = None,
     ) -> None:
+        """`route_committed(topic, start, end)` delivers records a follower appended before this node took
+        the lead, once committed (the PUBLISH path routes only its own); see `Followers.route_committed`."""
         self.view = view
         self.store = store
         self.isr_changer = isr_changer
         self.config = config or LeaderConfig()
         self.epochs = epochs if epochs is not None else LeaderEpochs(store)
         self._clock = clock
+        self._route_committed = route_committed
+        self._inherited: dict[str, int] = {}
+        """topic -> the durable end when this node took the lead (records below it were not routed here)."""
         self._partition_of: dict[str, int] = {}
         self._topics: dict[int, set[str]] = {}
         self._sessions: dict[tuple[str, bool], _Session] = {}
@@ -273,6 +279,12 @@ class LeaderReplication:
         after = store.commit(topic, hw)
         if after >= durable:
             self._uncommitted.pop(topic, None)
+        inherited = self._inherited.get(topic)
+        if inherited is not None:
+            if after >= inherited:
+                del self._inherited[topic]
+            if self._route_committed is not None:
+                self._route_committed(topic, before, min(after, inherited))
         for session in self._sessions.values():
             if partition in session.partitions and session.known_hw.get(topic, -1) < after:
                 session.dirty[topic] = None
@@ -326,13 +338,19 @@ class LeaderReplication:
                     session.wake()  # its next fetch learns why
                     break
         store = self.store
-        for number in view.states:
-            if number not in self._led_since and self.leads(number):
-                self._led_since[number] = self._clock()
-                for topic in self._topics.get(number, ()):  # a tail appended before: committed by followers
-                    if store.committed_end(topic) < store.durable_end(topic):
-                        self._uncommitted[topic] = None
-            elif number in self._led_since and not self.leads(number):
+        taken = [number for number in view.states if number not in self._led_since and self.leads(number)]
+        if taken:
+            for info in store.logs():  # topics a follower created since the last look
+                self._partition(info.topic)
+        for number in taken:
+            self._led_since[number] = self._clock()
+            for topic in self._topics.get(number, ()):  # a tail appended as a follower: committed now
+                durable = store.durable_end(topic)
+                if store.committed_end(topic) < durable:
+                    self._uncommitted[topic] = None
+                    self._inherited[topic] = durable
+        for number in list(self._led_since):
+            if not self.leads(number):
                 del self._led_since[number]
         for topic in list(self._uncommitted):
             self._advance_hw(topic)

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from broker_edge.cluster.follower import FollowerConfig, Followers
+from broker_edge.cluster.follower import FollowerConfig, Followers, LocalDelivery
 from broker_edge.cluster.leader import LeaderConfig, LeaderReplication
 from broker_edge.cluster.replica_fetch import replica_fetch_route
 from broker_edge.cluster.view import ClusterView, Member, PartitionState
@@ -97,7 +97,14 @@ class Node:
     def start_replication(self) -> None:
         """Install the leader stage and the fetch endpoint, start the followers (on the loop)."""
         cluster = self.cluster
-        self.leader = LeaderReplication(self.view, self.store, cluster.isr, cluster.leader_config)
+        self.delivery = LocalDelivery(self.store, self.broker.router.publish, self.broker.replays)
+        self.leader = LeaderReplication(
+            self.view,
+            self.store,
+            cluster.isr,
+            cluster.leader_config,
+            route_committed=self.delivery.route_committed,
+        )
         self.broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch))
         self.broker.publish_path.replication = self.leader
         self.leader.start()
@@ -108,8 +115,7 @@ class Node:
         self.followers = Followers(
             self.view,
             self.store,
-            self.broker.router.publish,
-            self.broker.replays,
+            self.delivery,
             TOKEN,
             self.cluster.follower_config,
             epochs=self.leader.epochs,
