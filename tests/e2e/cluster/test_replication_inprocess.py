@@ -18,7 +18,7 @@ import pytest
 
 from broker_edge.cluster.follower import FollowerConfig
 from broker_edge.cluster.leader import LeaderConfig
-from broker_edge.cluster.view import PartitionState
+from broker_edge.cluster.view import PartitionState, partition_of
 from tests.e2e.broker_clients import PahoClient, close_all, wait_for
 from tests.e2e.cluster.inprocess_cluster import InProcessCluster
 
@@ -192,3 +192,69 @@ def test_a_broker_outside_the_replicas_observes_committed_records_without_a_log(
     assert received == [f"observed {number}".encode() for number in range(20)]
     assert cluster["b3"].durable_end(TOPIC) == 0  # routed, not persisted
     subscriber.expect_none(timeout=0.3)
+
+
+def _topic_in(partition: int, partitions: int) -> str:
+    return next(
+        topic
+        for number in range(100)
+        if partition_of(topic := f"site/device-{number}/power", partitions) == partition
+    )
+
+
+def test_each_leader_replicates_its_own_partitions_to_the_others(make_cluster):
+    cluster = make_cluster(partitions=2)
+    topics = [_topic_in(0, 2), _topic_in(1, 2)]
+    cluster.start_replication(
+        [PartitionState(0, "b1", 1, NODES, NODES), PartitionState(1, "b2", 4, NODES, NODES)]
+    )
+    subscriber = PahoClient(cluster["b3"].port, "watcher-4")
+    subscriber.subscribe("site/+/power", qos=1)
+    devices = [PahoClient(cluster["b1"].port, "device-10"), PahoClient(cluster["b2"].port, "device-11")]
+    for number in range(10):
+        for device, topic in zip(devices, topics, strict=True):
+            device.publish(topic, f"{topic} {number}".encode(), qos=1)
+    received = subscriber.expect(20)
+    for topic in topics:
+        assert [m.payload for m in received if m.topic == topic] == [
+            f"{topic} {n}".encode() for n in range(10)
+        ]
+        for node in NODES:
+            assert cluster[node].durable_end(topic) == 10
+        assert cluster["b3"].segment_bytes(topic) == cluster["b1"].segment_bytes(topic)
+        assert cluster["b2"].segment_bytes(topic) == cluster["b1"].segment_bytes(topic)
+
+
+def test_a_new_leader_delivers_the_records_it_held_as_a_follower_once_they_are_committed(make_cluster):
+    cluster = make_cluster()
+    cluster.start_replication([_all_in_sync()])
+    cluster.run(cluster["b3"].stop_followers())
+    subscriber = PahoClient(cluster["b2"].port, "watcher-5")
+    subscriber.subscribe(TOPIC, qos=1)
+    publisher = AckWatcher(cluster["b1"].port, "device-12")
+    publisher.publish(b"held by b1 and b2")
+    assert wait_for(lambda: cluster["b2"].durable_end(TOPIC) == 1)
+    subscriber.expect_none(timeout=0.3)  # not committed yet
+    cluster.set_state(PartitionState(0, "b2", 2, NODES, ("b2", "b3")))  # b1 is gone
+    cluster.call(cluster["b3"].start_followers)
+    assert subscriber.expect(1)[0].payload == b"held by b1 and b2"
+    assert wait_for(lambda: cluster["b3"].committed_end(TOPIC) == 1)
+    subscriber.expect_none(timeout=0.3)  # once
+
+
+def test_a_fenced_leader_refuses_what_it_has_not_acknowledged(make_cluster):
+    cluster = make_cluster()
+    cluster.start_replication([_all_in_sync()])
+    cluster.run(cluster["b3"].stop_followers())
+    publisher = AckWatcher(cluster["b1"].port, "device-13")
+    publisher.publish(b"pending")
+    assert publisher.ack(timeout=0.5) is None
+
+    def fence() -> None:
+        view = cluster["b1"].view
+        view.fenced = True
+        view.changed()
+
+    cluster.call(fence)
+    mid, reason = publisher.ack(timeout=5) or (None, 0)
+    assert mid is not None and reason >= 0x80
