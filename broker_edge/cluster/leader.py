@@ -476,15 +476,17 @@ class LeaderReplication:
                     if offset > 0:
                         answer.topics.append(TopicData(topic, DIVERGING, 0, 0, diverging_end=0))
                     continue
-                diverging = offset > end
+                diverging = False
                 end_epoch = NO_EPOCH
                 last = position.last_fetched_epoch
-                if not diverging and last != NO_EPOCH and offset > 0:
+                if last != NO_EPOCH and offset > 0:
                     cache = epochs.for_topic(topic)
                     if last != cache.latest_epoch:
                         end_epoch, epoch_end = cache.end_offset_for(last, end)
                         if epoch_end < offset or end_epoch < last:
-                            diverging, end = True, min(epoch_end, offset)
+                            diverging, end = True, epoch_end
+                if not diverging and offset > end:
+                    diverging, end_epoch = True, NO_EPOCH  # ahead of this leader: cut to its end
                 if diverging:
                     answer.topics.append(
                         TopicData(
