@@ -479,9 +479,10 @@ class LeaderReplication:
                 diverging = False
                 end_epoch = NO_EPOCH
                 last = position.last_fetched_epoch
-                if last != NO_EPOCH and offset > 0:
+                if offset > 0 and not session.observer:  # an observer got committed records only
+                    # a replica without epochs (lost in a crash) is compared from the first one's start
                     cache = epochs.for_topic(topic)
-                    if last != cache.latest_epoch:
+                    if last != cache.latest_epoch and cache.latest_epoch != NO_EPOCH:
                         end_epoch, epoch_end = cache.end_offset_for(last, end)
                         if epoch_end < offset or end_epoch < last:
                             diverging, end = True, epoch_end

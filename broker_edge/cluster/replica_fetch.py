@@ -29,6 +29,7 @@ the partition until it catches up), `NOT_REPLICA`.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -64,6 +65,8 @@ __all__ = [
 ]
 
 PATH = "/v1/replica/fetch"
+MAX_REQUEST_BYTES = 64 << 20
+"""A first fetch lists every topic the follower holds in the leader's partitions."""
 CONTENT_TYPE = "application/x-timestone-replica-fetch"
 VERSION = 1
 
@@ -333,14 +336,25 @@ def replica_fetch_route(
     def add(app: web.Application) -> None:
         from aiohttp import web
 
-        from broker_edge.http_guard import read_body
         from broker_edge.offsets_api import errors as codes
         from broker_edge.offsets_api.server import ApiError
 
         async def handle(request: web.Request) -> web.StreamResponse:
-            body = await read_body(request, request_timeout_s)
-            if body is None:
-                raise ApiError(408, codes.BAD_REQUEST, "the body did not arrive in time", parameter="body")
+            length = request.content_length
+            if length is None or length > MAX_REQUEST_BYTES:
+                raise ApiError(
+                    413,
+                    codes.BAD_REQUEST,
+                    f"the body must have a length of at most {MAX_REQUEST_BYTES} bytes",
+                )
+            try:  # not request.read(): a first fetch lists every topic, beyond aiohttp's 1 MiB default
+                body = await asyncio.wait_for(request.content.readexactly(length), request_timeout_s)
+            except TimeoutError:
+                raise ApiError(
+                    408, codes.BAD_REQUEST, "the body did not arrive in time", parameter="body"
+                ) from None
+            except asyncio.IncompleteReadError:
+                raise ApiError(400, codes.BAD_REQUEST, "the body is shorter than its length") from None
             try:
                 fetch = decode_request(body)
             except WireError as error:

@@ -14,13 +14,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from broker_edge.cluster.follower import FollowerConfig
 from broker_edge.cluster.leader import LeaderConfig
+from broker_edge.cluster.replica_fetch import (
+    OK,
+    PATH,
+    FetchRequest,
+    PartitionFetch,
+    TopicPosition,
+    decode_response,
+    encode_request,
+)
 from broker_edge.cluster.view import PartitionState, partition_of
 from tests.e2e.broker_clients import PahoClient, close_all, wait_for
-from tests.e2e.cluster.inprocess_cluster import InProcessCluster
+from tests.e2e.cluster.inprocess_cluster import TOKEN, InProcessCluster
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -258,3 +268,33 @@ def test_a_fenced_leader_refuses_what_it_has_not_acknowledged(make_cluster):
     cluster.call(fence)
     mid, reason = publisher.ack(timeout=5) or (None, 0)
     assert mid is not None and reason >= 0x80
+
+
+def test_the_fetch_endpoint_wants_the_token_and_a_well_formed_body(make_cluster):
+    cluster = make_cluster()
+    cluster.start_replication([_all_in_sync()])
+    url = cluster["b1"].member.offsets_api + PATH
+    many = FetchRequest(
+        "b2",
+        0,
+        False,
+        0,
+        1 << 20,
+        1 << 20,
+        [PartitionFetch(0, 1, [TopicPosition(f"d/{n:06d}/x" * 3, 0, -1) for n in range(40_000)])],
+    )
+
+    async def post(body: bytes, token: str | None) -> tuple[int, bytes]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with aiohttp.ClientSession() as http, http.post(url, data=body, headers=headers) as answer:
+            return answer.status, await answer.read()
+
+    status, _ = cluster.run(post(encode_request(many), None))
+    assert status == 401
+    status, body = cluster.run(post(b"\x01\x00", TOKEN))
+    assert status == 400 and b"replica" in body
+    large = encode_request(many)
+    assert len(large) > 1 << 20  # a first fetch of a follower holding many device topics
+    status, body = cluster.run(post(large, TOKEN))
+    assert status == 200
+    assert decode_response(body).partitions[0].error == OK

@@ -184,6 +184,9 @@ def test_a_follower_past_the_end_of_its_epoch_is_told_where_it_diverged(tmp_path
         # a follower ahead of the leader within the leader's own epoch is cut to the leader's end
         answer = await leader.fetch(_fetch("b3", 0, 3, [("t", 9, 3)]))
         assert [(t.kind, t.diverging_end) for t in answer.partitions[0].topics] == [(DIVERGING, 5)]
+        # a replica that lost its epochs in a crash is compared from the first epoch's start
+        answer = await leader.fetch(_fetch("b3", 0, 3, [("t", 4, -1)]))
+        assert [(t.kind, t.diverging_end) for t in answer.partitions[0].topics] == [(DIVERGING, 0)]
 
     _scenario(tmp_path, body)
 
