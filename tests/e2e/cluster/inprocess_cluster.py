@@ -67,6 +67,8 @@ class Node:
     def __init__(self, cluster: InProcessCluster, node_id: str, directory: Path, settings: dict[str, Any]):
         self.cluster = cluster
         self.node_id = node_id
+        self.directory = directory
+        self.settings = settings
         document: dict[str, Any] = {
             "listeners": [{"name": "tcp", "type": "tcp", "host": "127.0.0.1", "port": 0}],
             "admin_http": {"enabled": False},
@@ -220,6 +222,39 @@ class InProcessCluster:
         self.loop.call_soon_threadsafe(run)
         return future.result(timeout)
 
+    def stop_node(self, node_id: str) -> None:
+        """Stop one broker (its followers, leader stage, listeners and store), as a process would end."""
+        node = self.nodes[node_id]
+
+        async def stop() -> None:
+            await node.stop_followers()
+            if node.leader is not None:
+                await node.leader.stop()
+            await node.broker.stop()
+
+        self.run(stop())
+        self.isr.views.remove(node.view)
+
+    def restart_node(self, node_id: str) -> Node:
+        """Start a stopped node again on the same directory (new ports, so every view learns its address)."""
+        old = self.nodes[node_id]
+        node = self.nodes[node_id] = Node(self, node_id, old.directory, old.settings)
+        self.run(node.broker.start())
+
+        def join() -> None:
+            other = self.isr.views[0]
+            node.view.members.update(other.members)
+            node.view.states.update(other.states)
+            node.view.fenced = False
+            self.isr.views.append(node.view)
+            for view in self.isr.views:
+                view.members[node_id] = node.member
+                view.changed()
+            node.start_replication()
+
+        self.call(join)
+        return node
+
     def close(self) -> None:
         async def stop_all() -> None:
             for node in self.nodes.values():
@@ -227,7 +262,8 @@ class InProcessCluster:
             for node in self.nodes.values():
                 if node.leader is not None:
                     await node.leader.stop()
-                await node.broker.stop()
+                if not node.broker.stopped.is_set():
+                    await node.broker.stop()
 
         try:
             self.run(stop_all(), timeout=30)

@@ -298,3 +298,24 @@ def test_the_fetch_endpoint_wants_the_token_and_a_well_formed_body(make_cluster)
     status, body = cluster.run(post(large, TOKEN))
     assert status == 200
     assert decode_response(body).partitions[0].error == OK
+
+
+def test_a_replica_broker_restarted_on_its_directory_catches_up_and_rejoins(make_cluster):
+    cluster = make_cluster(leader_config=LeaderConfig(min_insync_replicas=2, replica_lag_max_ms=600))
+    cluster.start_replication([_all_in_sync()])
+    device = PahoClient(cluster["b1"].port, "device-14")
+    for number in range(10):
+        device.publish(TOPIC, f"first {number}".encode(), qos=1)
+    cluster.stop_node("b3")
+    assert wait_for(lambda: cluster.state().isr == ("b1", "b2"), timeout=5)
+    for number in range(30):
+        device.publish(TOPIC, f"second {number}".encode(), qos=1)
+    restarted = cluster.restart_node("b3")
+    assert wait_for(lambda: set(cluster.state().isr) == set(NODES), timeout=10)
+    assert restarted.durable_end(TOPIC) == 40
+    assert restarted.segment_bytes(TOPIC) == cluster["b1"].segment_bytes(TOPIC)
+    subscriber = PahoClient(restarted.port, "watcher-6")  # once caught up: a replica catching up
+    subscriber.subscribe(TOPIC, qos=1)  # delivers what it receives, late but in order and once
+    device.publish(TOPIC, b"after the restart", qos=1)
+    assert [m.payload for m in subscriber.expect(1)] == [b"after the restart"]
+    assert wait_for(lambda: restarted.payloads(TOPIC)[-1] == (40, b"after the restart"))
