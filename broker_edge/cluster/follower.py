@@ -341,6 +341,8 @@ class _Fetcher:
                     "%r: the leader's log starts at %d: restarting it there", topic, data.start_offset
                 )
                 epochs.restart_at(topic, data.start_offset)
+                for epoch, start in data.boundaries:
+                    epochs.for_topic(topic).assign(epoch, max(start, data.start_offset))
             elif data.frames:
                 frames = data.frames[0] if len(data.frames) == 1 else b"".join(data.frames)
                 store.append_frames(topic, frames)

@@ -479,7 +479,7 @@ class LeaderReplication:
                 diverging = False
                 end_epoch = NO_EPOCH
                 last = position.last_fetched_epoch
-                if offset > 0 and not session.observer:  # an observer got committed records only
+                if offset > _start_of(store, topic) and not session.observer:  # observers: committed only
                     # a replica without epochs (lost in a crash) is compared from the first one's start
                     cache = epochs.for_topic(topic)
                     if last != cache.latest_epoch and cache.latest_epoch != NO_EPOCH:
@@ -536,8 +536,9 @@ class LeaderReplication:
             start = _start_of(store, topic)
             offset = session.positions.get(topic, start)
             data = TopicData(topic, FRAMES, hw, start, first=offset)
-            if offset < start:
-                data.kind = RESTART
+            if offset < start or (start > 0 and topic not in session.positions and not session.observer):
+                data.kind = RESTART  # the replica cannot continue from what it holds: it starts over here
+                data.boundaries = epochs.for_topic(topic).boundaries(start, start + 1)
                 session.positions[topic] = start
             elif offset < limit:
                 if budget <= 0:

@@ -11,7 +11,8 @@ One request covers every partition a leader leads for one follower (or observer)
                | kind FRAMES: u32 boundaries | (i64 epoch | u64 start)* | u64 first | u32 count | u32 length
                              | frames (`count` whole frames, offsets from `first`)
                | kind DIVERGING: i64 epoch | u64 end_offset       (truncate to end_offset, then go on)
-               | kind RESTART: nothing                          (empty the log, go on at start_offset)
+               | kind RESTART: u32 boundaries | (i64 epoch | u64 start)*
+                             (empty the log, go on at start_offset, under the epoch given)
     str = u16 length | UTF-8
 
 Fetch sessions keep the requests small: a request with session 0 opens one and lists every topic the
@@ -143,7 +144,8 @@ class TopicData:
     high_watermark: int
     start_offset: int
     boundaries: list[tuple[int, int]] = field(default_factory=list)
-    """(epoch, start_offset) of the records in `frames` (FRAMES)."""
+    """(epoch, start_offset) of the records in `frames` (FRAMES), or of the record at `start_offset`
+    (RESTART)."""
     first: int = 0
     """Offset of the first frame (FRAMES)."""
     count: int = 0
@@ -211,9 +213,10 @@ def encode_response(response: FetchResponse) -> list[bytes]:
         for topic in partition.topics:
             parts.append(_str(topic.topic))
             parts.append(_TOPIC_HEAD.pack(topic.kind, topic.high_watermark, topic.start_offset))
-            if topic.kind == FRAMES:
+            if topic.kind != DIVERGING:
                 parts.append(_U32.pack(len(topic.boundaries)))
                 parts += [_BOUNDARY.pack(epoch, start) for epoch, start in topic.boundaries]
+            if topic.kind == FRAMES:
                 parts.append(_FRAMES_HEAD.pack(topic.first, topic.count, sum(map(len, topic.frames))))
                 parts += topic.frames
             elif topic.kind == DIVERGING:
@@ -306,9 +309,10 @@ def decode_response(data: bytes) -> FetchResponse:
             name = reader.string("topic")
             kind, high_watermark, start = reader.take(_TOPIC_HEAD, "topic")
             topic = TopicData(name, kind, high_watermark, start)
-            if kind == FRAMES:
+            if kind in (FRAMES, RESTART):
                 (boundaries,) = reader.take(_U32, "boundaries")
                 topic.boundaries = [reader.take(_BOUNDARY, "boundary") for _ in range(boundaries)]
+            if kind == FRAMES:
                 topic.first, topic.count, length = reader.take(_FRAMES_HEAD, "frames")
                 topic.frames = [reader.raw(length, "frames")] if length else []
             elif kind == DIVERGING:

@@ -319,3 +319,21 @@ def test_a_replica_broker_restarted_on_its_directory_catches_up_and_rejoins(make
     device.publish(TOPIC, b"after the restart", qos=1)
     assert [m.payload for m in subscriber.expect(1)] == [b"after the restart"]
     assert wait_for(lambda: restarted.payloads(TOPIC)[-1] == (40, b"after the restart"))
+
+
+def test_a_new_replica_of_a_log_retention_shortened_starts_where_the_leader_starts(make_cluster):
+    cluster = make_cluster(storage={"segment_bytes": 4096, "retention_bytes": 8192})
+    cluster.start_replication([PartitionState(0, "b1", 1, NODES, ("b1", "b2"))])
+    cluster.run(cluster["b3"].stop_followers())
+    device = PahoClient(cluster["b1"].port, "device-15")
+    for number in range(100):
+        device.publish(TOPIC, f"kept or not {number:03d}".encode() * 4, qos=1)
+    leader_store = cluster["b1"].store
+    cluster.call(leader_store.apply_retention)
+    start = cluster.call(lambda: leader_store.log_info(TOPIC).start_offset)
+    assert start > 0
+    cluster.call(cluster["b3"].start_followers)
+    assert wait_for(lambda: cluster["b3"].durable_end(TOPIC) == 100, timeout=10)
+    assert cluster.call(lambda: cluster["b3"].store.log_info(TOPIC).start_offset) == start
+    assert cluster["b3"].segment_bytes(TOPIC) == cluster["b1"].segment_bytes(TOPIC)
+    assert wait_for(lambda: set(cluster.state().isr) == set(NODES), timeout=10)

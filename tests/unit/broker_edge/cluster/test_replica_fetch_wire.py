@@ -58,7 +58,7 @@ def test_a_response_round_trips_with_frames_divergence_and_restart() -> None:
                 [
                     TopicData("a", FRAMES, 10, 0, [(8, 0), (9, 7)], first=5, count=3, frames=[b"abc", b"de"]),
                     TopicData("b", DIVERGING, 4, 0, diverging_epoch=7, diverging_end=4),
-                    TopicData("c", RESTART, 100, 90),
+                    TopicData("c", RESTART, 100, 90, [(4, 80)]),
                     TopicData("d", FRAMES, 3, 0, first=3),
                 ],
             ),
