@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -107,8 +108,11 @@ class Followers:
         token: str | None,
         config: FollowerConfig | None = None,
         epochs: LeaderEpochs | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """`token` is the peers' offsets API bearer token; `ssl_context` verifies peers served over HTTPS."""
         self.view = view
+        self._ssl_context = ssl_context
         self.store = store
         self.delivery = delivery
         self.config = config or FollowerConfig()
@@ -125,7 +129,8 @@ class Followers:
             return
         self._started = True
         self.store.enable_replication()
-        self._http = aiohttp.ClientSession()
+        connector = aiohttp.TCPConnector(ssl=self._ssl_context) if self._ssl_context is not None else None
+        self._http = aiohttp.ClientSession(connector=connector)
         self.view.on_change(self._view_changed)
         self._view_changed()
 

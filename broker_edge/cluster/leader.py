@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import TYPE_CHECKING, Protocol
 
-from broker_edge.storage.errors import OffsetOutOfRange, StorageError
+from broker_edge.storage.errors import OffsetOutOfRange
 
 from .epochs import NO_EPOCH, LeaderEpochs
 from .replica_fetch import (
@@ -58,9 +58,19 @@ if TYPE_CHECKING:
 
     from .view import ClusterView, PartitionState
 
-__all__ = ["IsrChanger", "LeaderConfig", "LeaderReplication", "NotEnoughReplicas", "NotLeader"]
+__all__ = [
+    "IsrChanger",
+    "LeaderConfig",
+    "LeaderReplication",
+    "NotEnoughReplicas",
+    "NotLeader",
+    "ReplicationRefused",
+]
 
 log = logging.getLogger(__name__)
+
+MAX_WAIT_MS = 30_000
+"""The longest a fetch with nothing new is held, whatever it asks."""
 
 
 class IsrChanger(Protocol):
@@ -71,11 +81,15 @@ class IsrChanger(Protocol):
     async def expand_isr(self, partition: int, expected_epoch: int, node: str) -> bool: ...
 
 
-class NotEnoughReplicas(StorageError):
+class ReplicationRefused(Exception):
+    """A batch the leader will not acknowledge; `str()` is the reason string for a v5 refusal."""
+
+
+class NotEnoughReplicas(ReplicationRefused):
     """Fewer in-sync replicas than `min_insync_replicas`: the publish is refused, never acknowledged."""
 
 
-class NotLeader(StorageError):
+class NotLeader(ReplicationRefused):
     """This node is fenced or no longer leads the partition: the publish is refused."""
 
 
@@ -375,7 +389,7 @@ class LeaderReplication:
             answers[number] = PartitionData(number, OK, partitions[number])
         self._update_positions(session, request, answers, now)
         self._complete_ready()
-        deadline = now + request.wait_ms / 1000
+        deadline = now + min(request.wait_ms, MAX_WAIT_MS) / 1000
         while True:
             if self._answer(session, request, answers) or not self._started:
                 break
