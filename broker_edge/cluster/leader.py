@@ -394,7 +394,11 @@ class LeaderReplication:
             if self._answer(session, request, answers) or not self._started:
                 break
             remaining = deadline - self._clock()
-            if remaining <= 0 or any(self._session_broken(session, number) for number in partitions):
+            if (
+                remaining <= 0
+                or self._sessions.get((request.replica, request.observer)) is not session  # replaced
+                or any(self._session_broken(session, number) for number in partitions)
+            ):
                 break
             session.waiter = asyncio.get_running_loop().create_future()
             try:
