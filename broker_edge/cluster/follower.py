@@ -117,6 +117,7 @@ class Followers:
         self.delivery = delivery
         self.config = config or FollowerConfig()
         self.epochs = epochs if epochs is not None else LeaderEpochs(store)
+        store.enable_replication()
         self._headers = {"Content-Type": CONTENT_TYPE}
         if token is not None:
             self._headers["Authorization"] = f"Bearer {token}"
@@ -128,7 +129,6 @@ class Followers:
         if self._started:
             return
         self._started = True
-        self.store.enable_replication()
         connector = aiohttp.TCPConnector(ssl=self._ssl_context) if self._ssl_context is not None else None
         self._http = aiohttp.ClientSession(connector=connector)
         self.view.on_change(self._view_changed)

@@ -143,7 +143,13 @@ class _Batch:
 
 
 class LeaderReplication:
-    """The `Replication` stage of a cluster node, and the server of its followers' fetches."""
+    """The `Replication` stage of a cluster node, and the server of its followers' fetches.
+
+    Wiring (a cluster node): once the store is open and before MQTT listeners accept publishes, construct
+    it (the store's readers then see committed records only), set it as the PUBLISH path's `replication`,
+    add `replica_fetch_route(leader.fetch)` to the offsets API, and call `start()` on the loop; `await
+    stop()` before the store closes. While the view is fenced, every logged publish is refused.
+    """
 
     def __init__(
         self,
@@ -164,6 +170,7 @@ class LeaderReplication:
         self.epochs = epochs if epochs is not None else LeaderEpochs(store)
         self._clock = clock
         self._route_committed = route_committed
+        store.enable_replication()  # from construction on: nothing appended is visible before it is committed
         self._inherited: dict[str, int] = {}
         """topic -> the durable end when this node took the lead (records below it were not routed here)."""
         self._partition_of: dict[str, int] = {}
@@ -187,7 +194,6 @@ class LeaderReplication:
         if self._started:
             return
         self._started = True
-        self.store.enable_replication()
         for info in self.store.logs():
             self._partition(info.topic)
         self.view.on_change(self._view_changed)
