@@ -503,7 +503,7 @@ class LeaderReplication:
                 diverging = False
                 end_epoch = NO_EPOCH
                 last = position.last_fetched_epoch
-                if offset > _start_of(store, topic) and not session.observer:  # observers: committed only
+                if offset > store.start_offset(topic) and not session.observer:  # observers: committed only
                     # a replica without epochs (lost in a crash) is compared from the first one's start
                     cache = epochs.for_topic(topic)
                     if last != cache.latest_epoch and cache.latest_epoch != NO_EPOCH:
@@ -518,7 +518,7 @@ class LeaderReplication:
                             topic,
                             DIVERGING,
                             store.committed_end(topic),
-                            _start_of(store, topic),
+                            store.start_offset(topic),
                             diverging_epoch=end_epoch,
                             diverging_end=min(end, offset),
                         )
@@ -557,7 +557,7 @@ class LeaderReplication:
             hw = store.committed_end(topic)
             durable = store.durable_end(topic)
             limit = hw if session.observer else durable
-            start = _start_of(store, topic)
+            start = store.start_offset(topic)
             offset = session.positions.get(topic, start)
             data = TopicData(topic, FRAMES, hw, start, first=offset)
             if offset < start or (start > 0 and topic not in session.positions and not session.observer):
@@ -677,7 +677,3 @@ class LeaderReplication:
         """(replica, partition) -> seconds it has been behind (for status and metrics)."""
         now = self._clock()
         return {key: now - since for key, since in self._lagging_since().items()}
-
-
-def _start_of(store: LogStore, topic: str) -> int:
-    return store.log_info(topic).start_offset
