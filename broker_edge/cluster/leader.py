@@ -135,8 +135,8 @@ class _Session:
 
 @dataclass(slots=True, eq=False)
 class _Batch:
-    ends: list[tuple[str, int, int]]
-    """(topic, partition, end offset) the batch needs committed."""
+    ends: list[tuple[str, int, int, int]]
+    """(topic, partition, first offset, end offset) of each run: the batch needs them committed."""
     done: Callable[[], None]
     failed: Callable[[BaseException], None]
     doomed: BaseException | None = None
@@ -172,7 +172,8 @@ class LeaderReplication:
         self._route_committed = route_committed
         store.enable_replication()  # from construction on: nothing appended is visible before it is committed
         self._inherited: dict[str, int] = {}
-        """topic -> the durable end when this node took the lead (records below it were not routed here)."""
+        """topic -> records below this end were not routed here: appended as a follower before this node
+        took the lead, or refused; they are routed as the watermark passes them."""
         self._partition_of: dict[str, int] = {}
         self._topics: dict[int, set[str]] = {}
         self._sessions: dict[tuple[str, bool], _Session] = {}
@@ -237,13 +238,13 @@ class LeaderReplication:
     ) -> None:
         """Call `done` once every ISR member holds `runs` (in batch order), or `failed` (see the module)."""
         now = self._clock()
-        ends: list[tuple[str, int, int]] = []
+        ends: list[tuple[str, int, int, int]] = []
         doomed: BaseException | None = None
         for run in runs:
             topic = run.topic
             partition = self._partition(topic)
             end = run.first_offset + len(run.messages)
-            ends.append((topic, partition, end))
+            ends.append((topic, partition, run.first_offset, end))
             if not self.leads(partition):
                 doomed = doomed or NotLeader(f"this broker does not lead partition {partition}")
                 continue
@@ -256,7 +257,7 @@ class LeaderReplication:
             self._uncommitted[topic] = None
             self._appended(topic, partition, now)
         self._pending.append(_Batch(ends, done, failed, doomed))
-        for topic, _partition, _end in ends:
+        for topic, _partition, _first, _end in ends:
             self._advance_hw(topic)
         self._complete_ready()
 
@@ -320,7 +321,7 @@ class LeaderReplication:
             batch = pending[0]
             error = batch.doomed
             if error is None:
-                for topic, partition, end in batch.ends:
+                for topic, partition, _first, end in batch.ends:
                     if store.committed_end(topic) < end:
                         return
                     state = states.get(partition)
@@ -332,12 +333,26 @@ class LeaderReplication:
             if error is None:
                 batch.done()
             else:
-                batch.failed(error)
+                self._fail(batch, error)
 
     def _fail_all(self, error: BaseException) -> None:
         pending, self._pending = self._pending, deque()
         for batch in pending:
-            batch.failed(error)
+            self._fail(batch, error)
+
+    def _fail(self, batch: _Batch, error: BaseException) -> None:
+        """Refuse a batch. Its records stay in the log and may be committed (the in-sync replicas hold
+        them, or will): every replica's subscribers then get them, so this node's do too, now for the
+        committed part and as the watermark passes the rest (the PUBLISH path routes only what it
+        acknowledges)."""
+        batch.failed(error)
+        store = self.store
+        for topic, _partition, first, end in batch.ends:
+            committed = store.committed_end(topic)
+            if committed > first and self._route_committed is not None:
+                self._route_committed(topic, first, min(end, committed))
+            if end > committed:
+                self._inherited[topic] = max(self._inherited.get(topic, 0), end)
 
     # -- the view -------------------------------------------------------------------------------------
 
@@ -349,7 +364,7 @@ class LeaderReplication:
                 del self._stepped_down[partition]
         if view.fenced:
             self._fail_all(NotLeader("this broker is fenced (its etcd lease is not confirmed)"))
-        elif any(not self.leads(partition) for batch in self._pending for _t, partition, _e in batch.ends):
+        elif any(not self.leads(run[1]) for batch in self._pending for run in batch.ends):
             self._fail_all(NotLeader("partition leadership moved"))
         for session in list(self._sessions.values()):
             for partition, epoch in session.partitions.items():

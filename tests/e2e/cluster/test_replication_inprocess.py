@@ -115,10 +115,17 @@ def test_a_publish_is_acknowledged_only_once_the_in_sync_replicas_hold_it(make_c
 def test_fewer_in_sync_replicas_than_the_minimum_refuses_and_never_acknowledges(make_cluster):
     cluster = make_cluster()
     cluster.start_replication([PartitionState(0, "b1", 1, NODES, ("b1",))])
+    watchers = [PahoClient(cluster[node].port, f"watcher-{node}") for node in ("b1", "b2")]
+    for watcher in watchers:
+        watcher.subscribe(TOPIC, qos=1)
     publisher = AckWatcher(cluster["b1"].port, "device-3")
     publisher.publish(b"at risk")
     mid, reason = publisher.ack(timeout=5.0) or (None, 0)
     assert mid is not None and reason >= 0x80  # a v5 refusal, not a success
+    # refused is not erased: the record is in the log of the in-sync set (here the leader alone), so every
+    # broker's subscribers get it, the leader's included (a device resending it makes a duplicate)
+    for watcher in watchers:
+        assert [m.payload for m in watcher.expect(1)] == [b"at risk"]
     v3 = PahoClient(cluster["b1"].port, "device-3-v3", version=4)
     v3.client.publish(TOPIC, b"at risk too", qos=1)
     assert v3.disconnects.get(timeout=5) is not None  # v3.1.1 cannot be told: the connection closes
