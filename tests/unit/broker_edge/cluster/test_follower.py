@@ -1,11 +1,14 @@
-"""The follower's side of the epoch rule: where a diverged tail is cut."""
+"""The follower's side of the epoch rule (where a diverged tail is cut), and the replication settings."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
-from broker_edge.cluster.follower import Followers, LocalDelivery, _Fetcher
+import pytest
+
+from broker_edge.cluster.follower import FollowerConfig, Followers, LocalDelivery, _Fetcher
+from broker_edge.cluster.leader import LeaderConfig
 from broker_edge.cluster.replica_fetch import DIVERGING, TopicData
 from broker_edge.cluster.view import ClusterView
 from broker_edge.storage import LogStore, StorageConfig
@@ -30,3 +33,15 @@ def test_a_diverged_tail_is_cut_where_the_common_epoch_ends_on_either_side(tmp_p
         store.close()
 
     asyncio.run(scenario())
+
+
+def test_settings_out_of_range_are_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="max_bytes"):
+        FollowerConfig(max_bytes=0)
+    with pytest.raises(ValueError, match="retry_s"):
+        FollowerConfig(retry_s=-1)
+    assert FollowerConfig(wait_ms=0).wait_ms == 0  # no long-poll is allowed
+    with pytest.raises(ValueError, match=r"cluster\.min_insync_replicas"):
+        LeaderConfig(min_insync_replicas=0)
+    with pytest.raises(ValueError, match=r"cluster\.replica_lag_max_ms"):
+        LeaderConfig(replica_lag_max_ms=1)
