@@ -17,19 +17,22 @@ from collections.abc import Sequence
 from itertools import repeat
 from typing import TYPE_CHECKING, cast
 
-from .record import Record, RecordFields
+from .record import Record, RecordFields, decode_frame
 
 if TYPE_CHECKING:
     from .frame_runs import FrameRun
 
 Frame = bytes
 """An encoded record (a name of its own: ``TailCache.bytes`` shadows the builtin in the class's scope)."""
-Appended = tuple[int, Frame, RecordFields]
-"""(timestamp_ms, frame, fields) of an append not yet read from the cache; its offset is its position."""
+Appended = tuple[int, Frame | memoryview, RecordFields | None]
+"""(timestamp_ms, frame, fields) of an append not yet read from the cache; its offset is its position.
+Fields are None for a frame copied from a leader (checked, and decoded on first read)."""
 
 
 def _materialize(entry: Appended, offset: int) -> Record:
     timestamp, frame, fields = entry
+    if fields is None:
+        return decode_frame(frame, offset, len(frame))
     (payload, qos, retain, client_id, user_properties, content_type,
      indicator, expiry, response, correlation) = fields  # fmt: skip
     record = Record(
@@ -155,6 +158,18 @@ class TailCache:
             entry.frame if isinstance(entry, Record) else entry[1] for entry in self._entries[first:last]
         ]
         return run_of_frames(frames, offset)
+
+    def frames(self, offset: int, stop: int, max_bytes: int, at_least_one: bool = True) -> list[Frame]:
+        """The frames of the records `slice` would return, as stored (no `Record` is built)."""
+        first, last = self._bounds(offset, stop, max_bytes, at_least_one)
+        return [entry.frame if isinstance(entry, Record) else entry[1] for entry in self._entries[first:last]]
+
+    def reset(self, next_offset: int) -> int:
+        """Drop every cached record and continue at `next_offset` (the log was truncated); returns the bytes
+        freed (the caller settles the budget)."""
+        freed = self.clear()
+        self._next_offset = next_offset
+        return freed
 
     def _bounds(self, offset: int, stop: int, max_bytes: int, at_least_one: bool) -> tuple[int, int]:
         """Entry indexes [first, last) of the records from `offset` towards `stop` within `max_bytes`."""
