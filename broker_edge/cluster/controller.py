@@ -128,7 +128,7 @@ class Controller:
         with contextlib.suppress(ValueError):
             self.view._listeners.remove(self._wake.set)
         holding, self.holding = self.holding, None
-        if holding is not None and resign:
+        if holding is not None and resign and not self.view.fenced:
             with contextlib.suppress(EtcdError):
                 await self.etcd.delete_if(*holding)
 

@@ -89,13 +89,15 @@ class Membership:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="cluster-membership")
 
     async def stop(self) -> None:
-        """Stop renewing and revoke the lease: the member key disappears now, not after the TTL."""
+        """Stop renewing and revoke the lease: the member key disappears now, not after the TTL (unless
+        etcd is out of reach already: then the lease runs out by itself)."""
         self._stopping = True
         if self._task is not None:
             await stop_task(self._task)
         self._cancel_fence_timer()
+        reachable = not self.view.fenced
         self._set_fenced(True, "membership stopped")
-        if self.lease_id is not None:
+        if self.lease_id is not None and reachable:
             lease, self.lease_id = self.lease_id, None
             try:
                 await self.etcd.revoke_lease(lease)

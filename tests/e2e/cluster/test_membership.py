@@ -208,7 +208,11 @@ def test_brokers_elect_one_controller_that_creates_the_cluster_and_a_new_one_whe
             states = [v for k, v in keys.items() if k.startswith("partitions/")]
             return len(states) == 8 and all(len(s["replicas"]) == 3 for s in states)
 
-        await eventually(created, 20, "8 partitions with 3 replicas each")
+        try:
+            await eventually(created, 20, "8 partitions with 3 replicas each")
+        except AssertionError as failure:
+            logs = "\n".join(f"--- {n}\n{b.log_path.read_text()[-4000:]}" for n, b in brokers.items())
+            raise AssertionError(f"{failure}\n{await read_prefix(etcd)}\n{logs}") from None
         keys = await read_prefix(etcd)
         first = keys["controller"]
         await asyncio.sleep(1.5)  # time for a second controller to appear, if one could
