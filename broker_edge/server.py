@@ -37,6 +37,7 @@ from broker_edge.tls import server_ssl_context
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from broker_edge.cluster.node import ClusterNode
     from broker_edge.http_guard import GuardedRunner
     from broker_edge.storage import LogStore
 
@@ -58,6 +59,8 @@ class Broker(BrokerCore):
             "client_throttled", "Times a client's reading was paused for its message rate."
         )
         self.store: LogStore | None = None
+        self.cluster_node: ClusterNode | None = None
+        """This broker's part in its cluster (``cluster:`` configured), after ``start``."""
         self.session_store: SessionStore | None = None
         """Persistent sessions across restarts (``sessions.persist`` with a commitlog)."""
         self.listeners: list[ListenerRuntime] = []
@@ -129,6 +132,11 @@ class Broker(BrokerCore):
                 self._runners.append(admin)
             if self.store is not None and config.offsets_api.enabled:
                 await self._start_offsets_api(self.store)
+            if config.cluster is not None:
+                from broker_edge.cluster.node import ClusterNode
+
+                self.cluster_node = ClusterNode(self, config.cluster)
+                await self.cluster_node.start()
         except BaseException:
             await self.stop()
             raise
@@ -219,6 +227,8 @@ class Broker(BrokerCore):
             await asyncio.sleep(0)
             for conn in list(self.connections):
                 conn.abort()
+        if self.cluster_node is not None:
+            await self.cluster_node.stop()
         if self.session_store is not None:
             await self.session_store.close()
         if self.store is not None:
