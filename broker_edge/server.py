@@ -2,8 +2,9 @@
 
 ``Broker(config)`` then ``await broker.start()`` binds every listener (``broker.ports`` has the bound ports,
 so port 0 works) and ``await broker.stop()`` closes them, tells v5 clients why (DISCONNECT 0x8B) and flushes
-the commitlog. Everything runs on the calling event loop; nothing here starts a thread except the store's
-writer and the password hasher.
+the commitlog. With a ``cluster:`` section, ``start`` then joins the cluster (``broker_edge.cluster.node``,
+imported only then) and ``stop`` leaves it before anything else closes. Everything runs on the calling
+event loop; nothing here starts a thread except the store's writer and the password hasher.
 
 The Broker is the ``ConnectionHost`` (``broker_edge.context``) of every connection: handlers see it only
 through that narrow interface. What happens to a PUBLISH is in ``broker_edge.publish_path``.
@@ -40,6 +41,7 @@ from broker_edge.tls import server_ssl_context
 if TYPE_CHECKING:
     from aiohttp import web
 
+    from broker_edge.cluster.node import ClusterNode
     from broker_edge.http_guard import GuardedRunner
     from broker_edge.storage import LogStore
 
@@ -86,6 +88,10 @@ class Broker(BrokerCore):
         """Listener name → bound port (after ``start``)."""
         self.admin_port: int | None = None
         self.offsets_port: int | None = None
+        self.api_routes: list[Callable[[web.Application], None]] = []
+        """Add routes to the offsets API (the cluster's peer and replica endpoints) before it serves."""
+        self.cluster: ClusterNode | None = None
+        """This broker's part in its cluster (None: a broker alone, nothing of the cluster is loaded)."""
         self.started_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[asyncio.Server] = []
@@ -148,6 +154,12 @@ class Broker(BrokerCore):
                 self._runners.append(admin)
             if self.store is not None and config.offsets_api.enabled:
                 await self._start_offsets_api(self.store)
+            cluster_config = getattr(config, "cluster", None)
+            if cluster_config is not None:
+                from broker_edge.cluster.node import ClusterNode
+
+                self.cluster = ClusterNode(self, cluster_config)
+                await self.cluster.start()
         except BaseException:
             await self.stop()
             raise
@@ -204,6 +216,8 @@ class Broker(BrokerCore):
 
             limits = ApiLimits(max_connections=api.max_connections, request_timeout_s=api.request_timeout_s)
             app = create_app(store, api.token, limits)
+            for add_routes in self.api_routes:
+                add_routes(app)
             return await start_guarded_site(
                 app,
                 api.host,
@@ -226,6 +240,8 @@ class Broker(BrokerCore):
         self._stopping = True
         if self._sweep_handle is not None:
             self._sweep_handle.cancel()
+        if self.cluster is not None:
+            await self.cluster.stop()
         for server in self._servers:
             server.close()
         for conn in list(self.connections):
