@@ -81,6 +81,9 @@ class Broker(BrokerCore):
             registry=registry,
         )
         self.store: LogStore | None = None
+        self.cluster_node: ClusterNode | None = None
+        """This broker's part in its cluster (``cluster:`` configured), after ``start``; None: a broker
+        alone, nothing of the cluster is loaded."""
         self.session_store: SessionStore | None = None
         """Persistent sessions across restarts (``sessions.persist`` with a commitlog)."""
         self.listeners: list[ListenerRuntime] = []
@@ -90,8 +93,6 @@ class Broker(BrokerCore):
         self.offsets_port: int | None = None
         self.api_routes: list[Callable[[web.Application], None]] = []
         """Add routes to the offsets API (the cluster's peer and replica endpoints) before it serves."""
-        self.cluster: ClusterNode | None = None
-        """This broker's part in its cluster (None: a broker alone, nothing of the cluster is loaded)."""
         self.started_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[asyncio.Server] = []
@@ -154,12 +155,11 @@ class Broker(BrokerCore):
                 self._runners.append(admin)
             if self.store is not None and config.offsets_api.enabled:
                 await self._start_offsets_api(self.store)
-            cluster_config = getattr(config, "cluster", None)
-            if cluster_config is not None:
+            if config.cluster is not None:
                 from broker_edge.cluster.node import ClusterNode
 
-                self.cluster = ClusterNode(self, cluster_config)
-                await self.cluster.start()
+                self.cluster_node = ClusterNode(self, config.cluster)
+                await self.cluster_node.start()
         except BaseException:
             await self.stop()
             raise
@@ -240,8 +240,8 @@ class Broker(BrokerCore):
         self._stopping = True
         if self._sweep_handle is not None:
             self._sweep_handle.cancel()
-        if self.cluster is not None:
-            await self.cluster.stop()
+        if self.cluster_node is not None:
+            await self.cluster_node.stop()  # leave first: peers take over while the clients are told
         for server in self._servers:
             server.close()
         for conn in list(self.connections):

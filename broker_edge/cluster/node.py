@@ -1,18 +1,8 @@
-"""A broker's part in its cluster: ``ClusterNode`` wires coordination, replication and forwarding into it.
+"""A broker's part in its cluster: membership, the view of the cluster, and the controller campaign.
 
-``Broker.start`` creates the node once its offsets API is bound (so the advertised addresses can default to
-bound ports) and starts it; ``Broker.stop`` stops it before anything else closes. The node
-
-- keeps this node's ``ClusterView`` current (membership under an etcd lease, the controller, the
-  coordinator's watches) or, in tests, runs on a view it is given;
-- makes the PUBLISH path a cluster member's: ``ClusterForwarding`` places topics (append here, forward to
-  the leader, refuse) and the peer links (``/v1/peer`` on the offsets API) carry forwarded and unlogged
-  publishes;
-- fences: while ``view.fenced`` nothing is acknowledged (placement never appends here) and MQTT clients are
-  disconnected so they move to a live member (v5: DISCONNECT 0x9C "use another server" with the Server
-  Reference of a live member when one is known, else 0x8B).
-
-Only a broker with a ``cluster:`` section imports this module.
+``Broker.start`` makes a ``ClusterNode`` when the configuration has a ``cluster:`` section, after its
+listeners and offsets API are bound (so the advertised addresses default to the bound ports), and stops it
+before the commitlog closes. The node's ``view`` is what the rest of the broker reads.
 """
 
 from __future__ import annotations
@@ -20,91 +10,80 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from broker_edge.cluster.forwarding import ClusterForwarding
-from broker_edge.cluster.peer_link import PeerLinks
-from broker_edge.cluster.view import ClusterView
-from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import MQTT_5, Disconnect
-from broker_edge.protocol.properties import Properties
-from broker_edge.protocol.reason_codes import ReasonCode
-from broker_edge.states import CONNECTED
+from broker_edge.cluster.config import ClusterConfig
+from broker_edge.cluster.controller import Controller
+from broker_edge.cluster.coordinator import Coordinator
+from broker_edge.cluster.etcd import ClusterKeys, Etcd
+from broker_edge.cluster.membership import Membership
+from broker_edge.cluster.view import ClusterView, Member
 
 if TYPE_CHECKING:
-    from broker_edge.cluster.config import ClusterConfig
     from broker_edge.server import Broker
 
-__all__ = ["ClusterNode"]
+__all__ = ["ClusterNode", "advertised_member"]
 
 log = logging.getLogger("broker_edge.cluster.node")
 
+ETCD_TIMEOUT_S = 2.0
+"""Bound of every etcd call (a lease renewal is bounded by its interval instead)."""
+
+
+def _host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def advertised_member(broker: Broker, cluster: ClusterConfig) -> Member:
+    """This node's ``Member``: the advertised addresses, else the first listener's and the offsets API's
+    bound addresses."""
+    config = broker.config
+    mqtt = cluster.advertise.mqtt
+    if mqtt is None:
+        listener = config.listeners[0]
+        mqtt = f"{_host(listener.host)}:{broker.ports[listener.name]}"
+    offsets_api = cluster.advertise.offsets_api
+    if offsets_api is None:
+        api = config.offsets_api
+        scheme = "https" if api.tls is not None else "http"
+        offsets_api = f"{scheme}://{_host(api.host)}:{broker.offsets_port}"
+    return Member(cluster.node_id, mqtt, offsets_api)
+
 
 class ClusterNode:
-    """Everything of one broker that is about its cluster (see the module docstring)."""
+    """Runs this broker's membership, coordinator and controller."""
 
-    def __init__(self, broker: Broker, config: ClusterConfig, view: ClusterView | None = None) -> None:
+    def __init__(self, broker: Broker, cluster: ClusterConfig) -> None:
         self.broker = broker
-        self.config = config
-        self.view = view if view is not None else ClusterView(config.node_id, config.partitions)
-        self._static = view is not None
-        token = config.token if config.token is not None else broker.config.offsets_api.token
-        self.forwarding = ClusterForwarding(
-            self.view,
-            broker.publish_path,
-            broker.router,
-            None,
-            broker.loop,
-            config.min_insync_replicas,
-            config.forward_timeout_ms / 1000,
+        self.cluster = cluster
+        self.view = ClusterView(cluster.node_id, cluster.partitions)
+        self.keys = ClusterKeys(cluster.key_prefix)
+        self.token = cluster.token or broker.config.offsets_api.token
+        self.etcd = Etcd(cluster.etcd, ETCD_TIMEOUT_S)
+        self.member = advertised_member(broker, cluster)
+        self.membership = Membership(self.etcd, self.keys, self.member, self.view, cluster.lease_ttl_s)
+        self.coordinator = Coordinator(self.etcd, self.keys, self.view, self.membership)
+        self.membership.before_unfence = self.coordinator.resync
+        self.controller = Controller(
+            self.etcd, self.keys, self.view, self.coordinator, self.membership, cluster, token=self.token
         )
-        self.links = PeerLinks(config.node_id, token, self.forwarding)
-        self.forwarding.links = self.links
-        broker.api_routes.append(self.links.add_routes)
-        self._was_fenced = False
-        self._started = False
 
     async def start(self) -> None:
-        """Join: start coordination (unless running on a given view), then serve as a member."""
-        self.view.on_change(self._view_changed)
-        self.broker.publish_path.attach_forwarding(self.forwarding)
-        self._started = True
-        self._view_changed()
+        """Follow the cluster's state, register, campaign for controller. A node that cannot reach etcd
+        starts fenced and keeps trying."""
+        await self.coordinator.start()
+        await self.membership.start()
+        await self.controller.start()
+        log.info(
+            "cluster node %s (mqtt %s, offsets API %s) on etcd %s under %s",
+            self.member.node_id,
+            self.member.mqtt,
+            self.member.offsets_api,
+            ",".join(self.cluster.etcd),
+            self.cluster.key_prefix,
+        )
 
     async def stop(self) -> None:
-        """Leave: stop acknowledging through the cluster, close the peer links, stop coordination."""
-        if not self._started:
-            return
-        self._started = False
-        self.forwarding.fail_waiting("the broker is shutting down")
-        await self.links.close()
-
-    def _view_changed(self) -> None:
-        if not self._started:
-            return
-        view = self.view
-        self.links.update({node: member.offsets_api for node, member in view.members.items()})
-        self.forwarding.retry()
-        if view.fenced and not self._was_fenced:
-            self._move_clients()
-        self._was_fenced = view.fenced
-
-    def _move_clients(self) -> None:
-        """Fenced: disconnect every MQTT client so it reconnects to a live member."""
-        others = [member for node, member in sorted(self.view.members.items()) if node != self.view.node_id]
-        reference = others[0].mqtt if others else None
-        log.warning(
-            "fenced (etcd lease not renewed): disconnecting %d clients%s",
-            len(self.broker.connections),
-            f", pointing v5 clients at {reference}" if reference else "",
-        )
-        for conn in list(self.broker.connections):
-            if conn.state != CONNECTED:
-                conn.abort()
-                continue
-            if conn.v5 and reference is not None:
-                properties = Properties(reason_string="this broker lost its cluster membership")
-                properties.server_reference = reference
-                conn.write(encode(Disconnect(ReasonCode.USE_ANOTHER_SERVER, properties), MQTT_5))
-                self.broker.counters.disconnect("use_another_server")
-                conn.close()
-            else:
-                conn.close(ReasonCode.SERVER_SHUTTING_DOWN, "this broker lost its cluster membership")
+        """Leave the cluster now (the lease is revoked, so the others need not wait for it to expire)."""
+        await self.controller.stop()
+        await self.membership.stop()
+        await self.coordinator.stop()
+        await self.etcd.close()

@@ -17,6 +17,7 @@ from typing import Literal
 
 from broker_edge.acl import AclConfig
 from broker_edge.auth import AuthConfig, anonymous_allowed, is_loopback_host
+from broker_edge.cluster.config import ClusterConfig
 from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file
 from broker_edge.limits import LimitsConfig
 from broker_edge.logs import LoggingConfig
@@ -256,6 +257,8 @@ class BrokerConfig:
     retain: RetainConfig = field(default_factory=RetainConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    cluster: ClusterConfig | None = None
+    """Join a cluster of brokers coordinated by etcd (docs/cluster.md); unset = run alone."""
 
     def __post_init__(self) -> None:
         if not self.listeners:
@@ -274,8 +277,27 @@ class BrokerConfig:
                         "authentication (not loopback) but there is no auth.password_file and no client "
                         "certificates; set allow_anonymous: true to accept anonymous clients",
                     )
+        if self.cluster is not None:
+            self._check_cluster(self.cluster)
         if self.offsets_api.enabled and not self.storage.enabled:
             self.offsets_api.enabled = False
+
+    def _check_cluster(self, cluster: ClusterConfig) -> None:
+        if not self.storage.enabled:
+            raise ConfigError("cluster", "a cluster node needs its commitlog: set storage.enabled: true")
+        if not self.offsets_api.enabled:
+            raise ConfigError(
+                "cluster", "peers replicate through the offsets API: set offsets_api.enabled: true"
+            )
+        wildcard = ("0.0.0.0", "::", "")
+        if cluster.advertise.mqtt is None and self.listeners[0].host in wildcard:
+            raise ConfigError(
+                "cluster.advertise.mqtt", "required when the first listener binds every interface"
+            )
+        if cluster.advertise.offsets_api is None and self.offsets_api.host in wildcard:
+            raise ConfigError(
+                "cluster.advertise.offsets_api", "required when the offsets API binds every interface"
+            )
 
     def listener_allows_anonymous(self, listener: ListenerConfig) -> bool:
         """The effective anonymous rule of a listener: its own setting, then ``auth``, then loopback-only."""

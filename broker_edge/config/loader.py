@@ -69,6 +69,9 @@ def _convert(annotation: Any, value: Any, path: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        options = [option for option in args if option is not type(None)]
+        if len(options) == 1:  # an optional section: its own errors name its own fields
+            return _convert(options[0], value, path)
         errors = []
         for option in args:
             if option is type(None):

@@ -72,7 +72,7 @@ class Cluster:
                 lambda r=running, v=view: ClusterNode(r.broker, StaticClusterConfig(v.node_id), v)  # type: ignore[arg-type]
             )
         for node, running in self.brokers.items():
-            running.broker.cluster = self.nodes[node]
+            running.broker.cluster_node = self.nodes[node]
             asyncio.run_coroutine_threadsafe(self.nodes[node].start(), running.loop).result(10)
 
     def links_up(self) -> bool:

@@ -1,0 +1,253 @@
+"""What the controller decides, as pure functions of the partition states and the live members (no I/O).
+
+- ``initial_states``: replicas of new partitions, ``replication_factor`` of them (capped at the live members),
+  spread evenly and deterministically; the first replica leads, all are in sync.
+- ``plan``: the changes one pass of the controller makes, at most one per partition, in three steps:
+  1. **elections** for partitions whose leader is gone: a live in-sync replica (highest log end first, then
+     fewest leaderships, then node id); none → offline (leader None, in-sync set kept so that a returning
+     member of it can lead again), unless unclean election is on: then any live replica, and the change says
+     ``unclean`` so that the controller logs it at ERROR. Dead members leave the in-sync set of every
+     partition that still has a live leader (acks wait for every in-sync replica: a dead one would stall
+     them).
+  2. **filling**: a partition with fewer live replicas than the replication factor (capped at the live
+     members) gets the live members holding the fewest replicas; dead replicas outside the in-sync set make
+     room for them.
+  3. **balancing** (preferred-leader moves): while a live member leads two partitions more than another that
+     is in sync on one of them, that partition's leadership moves to it.
+  The epoch of a partition is +1 exactly when its leader changes (to None included).
+
+Each decision is written by compare-and-swap, so a plan computed from a stale view simply fails and is
+recomputed from the fresh one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from broker_edge.cluster.view import PartitionState
+
+__all__ = [
+    "Change",
+    "LogEnds",
+    "balance_leaders",
+    "elect_leaders",
+    "fill_replicas",
+    "initial_states",
+    "leader_counts",
+    "needs_election",
+    "plan",
+]
+
+LogEnds = Mapping[str, Mapping[int, int]]
+"""node_id → partition → log end (sum of the end offsets of its topics in that partition) of the members
+that answered; a member absent here did not answer (it is still eligible, ranked last)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One partition's new state, what it was, and why."""
+
+    before: PartitionState
+    after: PartitionState
+    reasons: tuple[str, ...]
+    unclean: bool = False
+    """The new leader was not in sync: acknowledged records may be lost (log it at ERROR)."""
+
+    @property
+    def partition(self) -> int:
+        return self.after.partition
+
+
+def initial_states(
+    partitions: Iterable[int], members: Collection[str], replication_factor: int
+) -> list[PartitionState]:
+    """Epoch-0 states of ``partitions`` over ``members``: replicas are consecutive members (sorted by id)
+    starting at the partition number, so replicas and leaderships are spread evenly; all in sync."""
+    ordered = sorted(set(members))
+    if not ordered:
+        raise ValueError("members: at least one live member is needed to assign partitions")
+    if replication_factor < 1:
+        raise ValueError(f"replication_factor: must be >= 1, got {replication_factor}")
+    count = min(replication_factor, len(ordered))
+    states = []
+    for partition in partitions:
+        replicas = tuple(ordered[(partition + i) % len(ordered)] for i in range(count))
+        states.append(PartitionState(partition, replicas[0], 0, replicas, replicas))
+    return states
+
+
+def leader_counts(states: Iterable[PartitionState], live: Collection[str]) -> Counter[str]:
+    """Partitions led by each live member (every live member present, with 0 if it leads none)."""
+    counts: Counter[str] = Counter(dict.fromkeys(live, 0))
+    for state in states:
+        if state.leader is not None and state.leader in counts:
+            counts[state.leader] += 1
+    return counts
+
+
+def needs_election(states: Iterable[PartitionState], live: Collection[str]) -> list[int]:
+    """Partitions whose leader is not a live member (offline ones included): the controller asks their
+    candidates for their log ends before calling ``plan``."""
+    return sorted(state.partition for state in states if state.leader is None or state.leader not in live)
+
+
+def _rank(node: str, partition: int, log_ends: LogEnds, counts: Counter[str]) -> tuple[bool, int, int, str]:
+    ends = log_ends.get(node)
+    answered = ends is not None
+    end = ends.get(partition, 0) if ends is not None else 0
+    return (not answered, -end, counts[node], node)
+
+
+def elect_leaders(
+    states: Mapping[int, PartitionState],
+    live: Collection[str],
+    log_ends: LogEnds | None = None,
+    unclean_election: bool = False,
+) -> dict[int, tuple[PartitionState, str, bool]]:
+    """Step 1 of ``plan``: partition → (new state, reason, unclean) for every partition that changes."""
+    log_ends = log_ends or {}
+    counts = leader_counts(states.values(), live)
+    result: dict[int, tuple[PartitionState, str, bool]] = {}
+    for partition in sorted(states):
+        state = states[partition]
+        if state.leader is not None and state.leader in live:
+            alive = tuple(node for node in state.isr if node in live)
+            if alive != state.isr:
+                gone = ", ".join(node for node in state.isr if node not in live)
+                result[partition] = (replace(state, isr=alive), f"dead {gone} left the in-sync set", False)
+            continue
+        candidates = [node for node in state.isr if node in live]
+        unclean = False
+        if not candidates and unclean_election:
+            candidates = [node for node in state.replicas if node in live]
+            unclean = bool(candidates)
+        if not candidates:
+            if state.leader is not None:
+                result[partition] = (
+                    replace(state, leader=None),
+                    f"leader {state.leader} gone and no live in-sync replica: offline",
+                    False,
+                )
+            continue
+        leader = min(candidates, key=lambda node: _rank(node, partition, log_ends, counts))
+        counts[leader] += 1
+        if unclean:
+            isr: tuple[str, ...] = (leader,)
+            reason = f"UNCLEAN election of {leader} (not in sync; acknowledged records may be lost)"
+        else:
+            isr = tuple(node for node in state.isr if node in live)
+            before = state.leader if state.leader is not None else "none"
+            reason = f"leader {before} gone: elected in-sync {leader}"
+        result[partition] = (replace(state, leader=leader, isr=isr), reason, unclean)
+    return result
+
+
+def fill_replicas(
+    states: Mapping[int, PartitionState], live: Collection[str], replication_factor: int
+) -> dict[int, tuple[PartitionState, str]]:
+    """Step 2 of ``plan``: partition → (new state, reason) for every partition given new replicas."""
+    target = min(replication_factor, len(live))
+    load: Counter[str] = Counter(dict.fromkeys(live, 0))
+    for state in states.values():
+        for node in state.replicas:
+            if node in load:
+                load[node] += 1
+    result: dict[int, tuple[PartitionState, str]] = {}
+    for partition in sorted(states):
+        state = states[partition]
+        have = [node for node in state.replicas if node in live]
+        if len(have) >= target:
+            continue
+        spare = sorted((node for node in live if node not in state.replicas), key=lambda n: (load[n], n))
+        added = spare[: target - len(have)]
+        if not added:
+            continue
+        for node in added:
+            load[node] += 1
+        kept = [node for node in state.replicas if node in live or node in state.isr]
+        result[partition] = (
+            replace(state, replicas=(*kept, *added)),
+            f"replicas below {target}: added {', '.join(added)}",
+        )
+    return result
+
+
+def balance_leaders(
+    states: Mapping[int, PartitionState], live: Collection[str]
+) -> dict[int, tuple[PartitionState, str]]:
+    """Step 3 of ``plan``: partition → (new state, reason) for the leadership moves that leave every live
+    member within one leadership of every other one it could take over from."""
+    current = dict(states)
+    counts = leader_counts(current.values(), live)
+    result: dict[int, tuple[PartitionState, str]] = {}
+    moved = True
+    while moved:
+        moved = False
+        # the most loaded leader first; among its partitions the lowest number; to the least loaded in sync
+        for source in sorted(counts, key=lambda node: (-counts[node], node)):
+            for partition in sorted(p for p, s in current.items() if s.leader == source):
+                state = current[partition]
+                targets = [n for n in state.isr if n in live and counts[n] + 1 < counts[source]]
+                if not targets:
+                    continue
+                target = min(targets, key=lambda node: (counts[node], node))
+                current[partition] = replace(state, leader=target)
+                counts[source] -= 1
+                counts[target] += 1
+                result[partition] = (current[partition], f"leadership spread: {source} to {target}")
+                moved = True
+                break
+            if moved:
+                break
+    return result
+
+
+def plan(
+    states: Mapping[int, PartitionState],
+    live: Collection[str],
+    replication_factor: int,
+    log_ends: LogEnds | None = None,
+    unclean_election: bool = False,
+) -> list[Change]:
+    """Every change of one controller pass (elections, then replica filling, then leadership spreading),
+    merged into at most one change per partition, in partition order."""
+    live_set = frozenset(live)
+    working = dict(states)
+    reasons: dict[int, list[str]] = {}
+    unclean: set[int] = set()
+
+    def apply(partition: int, state: PartitionState, reason: str) -> None:
+        working[partition] = state
+        reasons.setdefault(partition, []).append(reason)
+
+    for partition, (state, reason, was_unclean) in elect_leaders(
+        working, live_set, log_ends, unclean_election
+    ).items():
+        apply(partition, state, reason)
+        if was_unclean:
+            unclean.add(partition)
+    for partition, (state, reason) in fill_replicas(working, live_set, replication_factor).items():
+        apply(partition, state, reason)
+    for partition, (state, reason) in balance_leaders(working, live_set).items():
+        apply(partition, state, reason)
+
+    changes = []
+    for partition in sorted(reasons):
+        before = states[partition]
+        after = working[partition]
+        epoch = before.epoch + 1 if after.leader != before.leader else before.epoch
+        after = replace(after, epoch=epoch)
+        if after != before:
+            changes.append(Change(before, after, tuple(reasons[partition]), partition in unclean))
+    return changes
+
+
+def summary(states: Sequence[PartitionState]) -> str:
+    """One line per partition (leader, epoch, replicas, in-sync set): for logs and test failures."""
+    return "\n".join(
+        f"{s.partition}: leader={s.leader} epoch={s.epoch} replicas={','.join(s.replicas)} "
+        f"isr={','.join(s.isr)}"
+        for s in states
+    )

@@ -1,0 +1,133 @@
+"""The ``cluster:`` section: defaults, every check naming its field, and what a cluster node requires."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from broker_edge.cluster.config import ClusterConfig, etcd_endpoint
+from broker_edge.cluster.etcd import ClusterKeys, grpc_target
+from broker_edge.config import ConfigError, load_dataclass
+from broker_edge.config.broker import BrokerConfig
+
+
+def load(**cluster: Any) -> BrokerConfig:
+    section = {"node_id": "b1", "etcd": ["http://127.0.0.1:2379"], **cluster}
+    return load_dataclass(BrokerConfig, {"cluster": section})
+
+
+def test_the_issue_example_loads_with_the_documented_defaults() -> None:
+    config = load(
+        advertise={"mqtt": "127.0.0.1:1883", "offsets_api": "http://127.0.0.1:9884"},
+        replication_factor=3,
+        min_insync_replicas=2,
+    )
+    cluster = config.cluster
+    assert cluster is not None
+    assert (cluster.node_id, cluster.etcd) == ("b1", ["http://127.0.0.1:2379"])
+    assert cluster.advertise.mqtt == "127.0.0.1:1883"
+    assert cluster.advertise.offsets_api == "http://127.0.0.1:9884"
+    assert (cluster.partitions, cluster.lease_ttl_s, cluster.replica_lag_max_ms) == (16, 3, 5000)
+    assert (cluster.unclean_election, cluster.forward_timeout_ms, cluster.key_prefix) == (
+        False,
+        5000,
+        "/timestone",
+    )
+    assert cluster.token is None
+
+
+def test_no_section_means_no_cluster() -> None:
+    assert load_dataclass(BrokerConfig, {}).cluster is None
+
+
+@pytest.mark.parametrize(
+    ("cluster", "message"),
+    [
+        ({"min_insync_replicas": 4}, "cluster.min_insync_replicas: must be <= replication_factor (3), got 4"),
+        ({"replication_factor": 0}, "cluster.replication_factor: must be an integer >= 1, got 0"),
+        ({"lease_ttl_s": 1}, "cluster.lease_ttl_s: must be an integer >= 2, got 1"),
+        ({"partitions": 0}, "cluster.partitions: must be an integer >= 1"),
+        ({"partitions": 100_000}, "cluster.partitions: must be <= 4096"),
+        ({"node_id": "a b"}, "cluster.node_id: must be 1-63 letters"),
+        ({"node_id": ""}, "cluster.node_id: must be 1-63 letters"),
+        ({"etcd": []}, "cluster.etcd: at least one etcd URL is required"),
+        ({"etcd": ["127.0.0.1:2379"]}, "cluster.etcd[0]: expected http://host:port"),
+        ({"etcd": ["http://a:1", "https://b:2"]}, "cluster.etcd[1]: expected http://host:port"),
+        ({"key_prefix": "timestone"}, "cluster.key_prefix: must start with '/'"),
+        ({"key_prefix": "/t/"}, "cluster.key_prefix: must start with '/'"),
+        ({"advertise": {"mqtt": "nohost"}}, "cluster.advertise.mqtt: expected host:port"),
+        ({"advertise": {"offsets_api": "127.0.0.1:9884"}}, "cluster.advertise.offsets_api: expected http://"),
+        ({"replica_lag_max_ms": True}, "cluster.replica_lag_max_ms: expected int"),
+        ({"bogus": 1}, "cluster.bogus: unknown key"),
+    ],
+)
+def test_bad_values_name_the_field(cluster: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load(**cluster)
+    assert str(raised.value).startswith(message)
+
+
+def test_node_id_and_etcd_are_required() -> None:
+    with pytest.raises(ConfigError, match=r"^cluster\.node_id: required key is missing"):
+        load_dataclass(BrokerConfig, {"cluster": {"etcd": ["http://127.0.0.1:2379"]}})
+    with pytest.raises(ConfigError, match=r"^cluster\.etcd: required key is missing"):
+        load_dataclass(BrokerConfig, {"cluster": {"node_id": "b1"}})
+
+
+def test_a_cluster_node_needs_its_commitlog_and_offsets_api() -> None:
+    section = {"node_id": "b1", "etcd": ["http://127.0.0.1:2379"]}
+    with pytest.raises(ConfigError, match=r"^cluster: .*storage\.enabled"):
+        load_dataclass(BrokerConfig, {"cluster": section, "storage": {"enabled": False}})
+    with pytest.raises(ConfigError, match=r"^cluster: .*offsets_api\.enabled"):
+        load_dataclass(BrokerConfig, {"cluster": section, "offsets_api": {"enabled": False}})
+
+
+def test_advertised_addresses_are_required_for_wildcard_binds() -> None:
+    section = {"node_id": "b1", "etcd": ["http://127.0.0.1:2379"]}
+    listeners = [{"host": "0.0.0.0", "allow_anonymous": True}]
+    with pytest.raises(ConfigError, match=r"^cluster\.advertise\.mqtt: required"):
+        load_dataclass(BrokerConfig, {"cluster": section, "listeners": listeners})
+    with pytest.raises(ConfigError, match=r"^cluster\.advertise\.offsets_api: required"):
+        load_dataclass(BrokerConfig, {"cluster": section, "offsets_api": {"host": "::", "token": "t"}})
+    advertised = {**section, "advertise": {"mqtt": "10.0.0.5:1883"}}
+    assert load_dataclass(BrokerConfig, {"cluster": advertised, "listeners": listeners}).cluster is not None
+
+
+def test_direct_construction_checks_too() -> None:
+    with pytest.raises(ConfigError, match="min_insync_replicas"):
+        ClusterConfig("b1", ["http://127.0.0.1:2379"], replication_factor=1, min_insync_replicas=2)
+
+
+def test_etcd_urls_become_one_grpc_target() -> None:
+    assert etcd_endpoint("http://10.0.0.5:2379") == ("10.0.0.5", 2379)
+    assert grpc_target(["http://127.0.0.1:2379"]) == "127.0.0.1:2379"
+    assert grpc_target(["http://etcd.local:2379"]) == "etcd.local:2379"
+    assert grpc_target(["http://127.0.0.1:1", "http://10.0.0.2:2"]) == "ipv4:127.0.0.1:1,10.0.0.2:2"
+    assert grpc_target(["http://[::1]:1", "http://[::1]:2"]) == "ipv6:[::1]:1,[::1]:2"
+    assert grpc_target(["http://localhost:1", "http://127.0.0.1:2"]).startswith("ipv4:")
+
+
+def test_key_layout() -> None:
+    keys = ClusterKeys("/t")
+    assert (keys.config, keys.controller, keys.member("b1"), keys.partition(3)) == (
+        "/t/config",
+        "/t/controller",
+        "/t/members/b1",
+        "/t/partitions/3",
+    )
+    assert keys.partition_number("/t/partitions/12") == 12
+    assert keys.partition_number("/t/partitions/x") is None
+    assert keys.partition_number("/t/members/b1") is None
+
+
+def test_loading_a_config_loads_no_etcd_client() -> None:
+    # the single broker's start-up must not pay for gRPC: the section's dataclass lives apart from the client
+    code = (
+        "from broker_edge.config.broker import load_broker_config; load_broker_config(); import sys; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aetcd', 'grpc', 'google')))"
+    )
+    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert output.stdout.strip() == "[]"
