@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from broker_edge.storage.record import Record
     from broker_edge.storage.store import LogStore
 
-__all__ = ["ReplayManager"]
+__all__ = ["ReplayManager", "message_of_record"]
 
 log = logging.getLogger(__name__)
 
@@ -286,35 +286,7 @@ class ReplayManager:
         message = self._messages.get(topic, record.offset)
         if message is not None:
             return message
-        props = None
-        if (
-            record.user_properties
-            or record.content_type is not None
-            or record.payload_format_indicator is not None
-            or record.response_topic is not None
-            or record.correlation_data is not None
-        ):
-            props = Properties(
-                payload_format_indicator=record.payload_format_indicator,
-                content_type=record.content_type,
-                response_topic=record.response_topic,
-                correlation_data=record.correlation_data,
-                user_properties=list(record.user_properties),
-            )
-        expires_at = None
-        if record.message_expiry_interval is not None:  # the interval counts from the record's time
-            expires_in = record.timestamp_ms / 1000 + record.message_expiry_interval - time.time()
-            expires_at = time.monotonic() + expires_in
-        message = Message(
-            topic,
-            bytes(record.payload),
-            record.qos,
-            record.retain,
-            props,
-            record.client_id,
-            record.offset,
-            expires_at,
-        )
+        message = message_of_record(topic, record)
         self._messages.add(topic, record.offset, (message,))
         return message
 
@@ -355,3 +327,37 @@ class ReplayManager:
     def forget_session(self, session: Session) -> None:
         session.cursors = None
         self._scheduled.discard(session)
+
+
+def message_of_record(topic: str, record: Record) -> Message:
+    """The routed message of a logged record: its fields, its offset, and what remains of its v5 Message
+    Expiry Interval (which counts from the record's time)."""
+    props = None
+    if (
+        record.user_properties
+        or record.content_type is not None
+        or record.payload_format_indicator is not None
+        or record.response_topic is not None
+        or record.correlation_data is not None
+    ):
+        props = Properties(
+            payload_format_indicator=record.payload_format_indicator,
+            content_type=record.content_type,
+            response_topic=record.response_topic,
+            correlation_data=record.correlation_data,
+            user_properties=list(record.user_properties),
+        )
+    expires_at = None
+    if record.message_expiry_interval is not None:
+        expires_in = record.timestamp_ms / 1000 + record.message_expiry_interval - time.time()
+        expires_at = time.monotonic() + expires_in
+    return Message(
+        topic,
+        bytes(record.payload),
+        record.qos,
+        record.retain,
+        props,
+        record.client_id,
+        record.offset,
+        expires_at,
+    )

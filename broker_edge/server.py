@@ -91,8 +91,8 @@ class Broker(BrokerCore):
         """Listener name → bound port (after ``start``)."""
         self.admin_port: int | None = None
         self.offsets_port: int | None = None
-        self.api_routes: list[Callable[[web.Application], None]] = []
-        """Add routes to the offsets API (the cluster's peer and replica endpoints) before it serves."""
+        self.offsets_api_routes: list[Callable[[web.Application], None]] = []
+        """More offsets API endpoints (a cluster's replica fetch); set before the API's first connection."""
         self.started_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[asyncio.Server] = []
@@ -215,9 +215,7 @@ class Broker(BrokerCore):
             from broker_edge.offsets_api.server import ApiLimits, create_app
 
             limits = ApiLimits(max_connections=api.max_connections, request_timeout_s=api.request_timeout_s)
-            app = create_app(store, api.token, limits)
-            for add_routes in self.api_routes:
-                add_routes(app)
+            app = create_app(store, api.token, limits, self.offsets_api_routes)
             return await start_guarded_site(
                 app,
                 api.host,

@@ -7,6 +7,7 @@ Endpoints (see docs/offsets-api.md for examples):
     GET  /v1/logs/{topic}/records?offset=&max_records=&max_bytes=&wait_ms=&format=
     GET  /v1/logs/{topic}/offset?timestamp_ms=          offset for a broker time
     POST /v1/fetch                                      many topics in one request
+    POST /v1/replica/fetch                              a cluster's followers (added by the cluster node)
 
 `{topic}` is one path segment: `/` inside a topic is sent as `%2F`. Offsets may be a number, `earliest` or
 `latest`. Only durable records are ever served. Errors are JSON `{"error": code, "message": ...}`.
@@ -153,8 +154,15 @@ def bearer_auth(token: str) -> Callable[[web.Request, Handler], Awaitable[web.St
     return check_token
 
 
-def create_app(store: LogStore, token: str | None = None, limits: ApiLimits | None = None) -> web.Application:
-    """The offsets API over `store`; with `token`, every request must carry it as a bearer token."""
+def create_app(
+    store: LogStore,
+    token: str | None = None,
+    limits: ApiLimits | None = None,
+    routes: Sequence[Callable[[web.Application], None]] = (),
+) -> web.Application:
+    """The offsets API over `store`; with `token`, every request must carry it as a bearer token.
+
+    Each of `routes` adds more endpoints behind the same token (a cluster's replica fetch)."""
     middlewares: list = [json_errors]
     if token is not None:
         middlewares.append(bearer_auth(token))
@@ -165,6 +173,8 @@ def create_app(store: LogStore, token: str | None = None, limits: ApiLimits | No
     app.router.add_get("/v1/logs/{topic}/records", handlers.records)
     app.router.add_get("/v1/logs/{topic}/offset", handlers.offset_for_timestamp)
     app.router.add_post("/v1/fetch", handlers.fetch_many)
+    for add_routes in routes:
+        add_routes(app)
     return app
 
 

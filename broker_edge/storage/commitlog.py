@@ -8,13 +8,17 @@ Writing is split in three steps so an owner can keep disk work off its event loo
     log.complete(pending)                    # now readable: end_offset (the high watermark) advances
 
 `flush()` does the three in the calling thread. Readers only ever see records up to `end_offset`;
-`next_offset` is what the next append gets. Reads below `start_offset` raise `OffsetOutOfRange`, reads at
+`next_offset` is what the next append gets. A replicated log (a cluster's) tells apart `durable_end` (on
+disk here) and `end_offset`, the committed end (held by every in-sync replica), which only `commit` moves;
+otherwise the two are one. A follower copies its leader's frames with `append_frames` and drops a diverging
+tail with `truncate`. Reads below `start_offset` raise `OffsetOutOfRange`, reads at
 `end_offset` return [] (the caller long-polls), and a damaged record raises `CorruptRecord`, never served.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import re
@@ -27,11 +31,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import LogConfig
-from .errors import CorruptRecord, InvalidRecord, OffsetOutOfRange, RecordTooLarge
+from .errors import CorruptRecord, InvalidRecord, OffsetOutOfRange, RecordTooLarge, StorageError
 from .file_pool import FileHandlePool
 from .read_cache import BLOCK_MAX_BYTES, BLOCK_RECORDS, Block, ReadCache
-from .record import PREFIX_SIZE, AppendRecord, Record, RecordFields, encode_frame, encode_frames
-from .segment import NO_TIMESTAMP, Segment, SegmentWrite
+from .record import (
+    PREFIX_SIZE,
+    AppendRecord,
+    Record,
+    RecordFields,
+    decode_frames,
+    encode_frame,
+    encode_frames,
+)
+from .segment import NO_TIMESTAMP, Segment, SegmentWrite, fsync_directory
 from .tail_cache import TailCache, TailCacheBudget
 
 if TYPE_CHECKING:
@@ -102,6 +114,7 @@ class CommitLog:
         "_cache",
         "_cache_budget",
         "_closed",
+        "_durable_end",
         "_durable_max_timestamp",
         "_end_offset",
         "_max_body",
@@ -112,6 +125,7 @@ class CommitLog:
         "_parent_to_sync",
         "_pending_bytes",
         "_pool",
+        "_replicated",
         "_roll_at",
         "_segment_bytes",
         "_segment_ms",
@@ -148,7 +162,8 @@ class CommitLog:
         self._max_timestamp = NO_TIMESTAMP
         self.recovery = self._recover()
         self._next_offset = self._segments[-1].end_offset if self._segments else 0
-        self._end_offset = self._next_offset
+        self._end_offset = self._durable_end = self._next_offset
+        self._replicated = False
         self._durable_max_timestamp = self._max_timestamp
         self._write_from = max(0, len(self._segments) - 1)
         self._pending_bytes = 0
@@ -177,6 +192,31 @@ class CommitLog:
     @property
     def end_offset(self) -> int:
         """Offset after the last readable (written, and synced per policy) record: the high watermark."""
+        return self._end_offset
+
+    @property
+    def durable_end(self) -> int:
+        """Offset after the last record durable here (the end a follower has, or a leader may send)."""
+        return self._durable_end
+
+    @property
+    def replicated(self) -> bool:
+        """Whether `end_offset` (what readers see) waits for `commit` instead of following `durable_end`."""
+        return self._replicated
+
+    def set_replicated(self, replicated: bool) -> None:
+        """Make readers wait for `commit` (a cluster's log), or follow durability again (everything durable
+        becomes readable at once)."""
+        self._replicated = replicated
+        if not replicated:
+            self._end_offset = self._durable_end
+
+    def commit(self, offset: int) -> int:
+        """Let readers see records below `offset` (capped at `durable_end`); returns the new `end_offset`."""
+        if offset > self._durable_end:
+            offset = self._durable_end
+        if offset > self._end_offset:
+            self._end_offset = offset
         return self._end_offset
 
     @property
@@ -361,9 +401,11 @@ class CommitLog:
         """The writes of `pending` are done (and fsynced if `synced`): make its records readable."""
         for segment, count, size, sealed in pending.marks:
             segment.mark_durable(count, size, sealed, synced)
-        if pending.end_offset > self._end_offset:
-            self._end_offset = pending.end_offset
+        if pending.end_offset > self._durable_end:
+            self._durable_end = pending.end_offset
             self._durable_max_timestamp = pending.max_timestamp
+            if not self._replicated:
+                self._end_offset = pending.end_offset
 
     def flush(self, sync: bool = True) -> int:
         """Write (and with `sync`, fsync) everything buffered, in the calling thread; returns end_offset."""
@@ -570,7 +612,7 @@ class CommitLog:
             if count:
                 entry = segment.first_at_or_after(timestamp_ms)
                 if entry < count:
-                    return segment.base_offset + entry
+                    return min(segment.base_offset + entry, self._end_offset)
         return self._end_offset
 
     # -- retention -----------------------------------------------------------------------------------
@@ -607,6 +649,165 @@ class CommitLog:
                 result.start_offset,
             )
         return result
+
+    # -- replication -----------------------------------------------------------------------------------
+
+    def append_frames(self, data: bytes) -> int:
+        """Append a leader's frames verbatim (they carry their offsets and times); returns the first offset.
+
+        Every frame is checked (framing, CRC, version) and must continue this log exactly: the first one at
+        `next_offset`, the next ones dense. All or nothing: `InvalidRecord` names the first bad frame and
+        nothing is appended. Segments roll by the same per-record rule as `append_message`, so a replica
+        with the same configuration holds byte-identical segment files.
+        """
+        first = self._next_offset
+        records, error = decode_frames(data, first, self._max_body)
+        if error is not None:
+            raise InvalidRecord(
+                f"frames for {self.topic!r} refused at offset {first + len(records)}: {error.reason} "
+                f"(the log continues at {first})"
+            )
+        total = 0
+        cache = self._cache
+        for record in records:
+            frame = record.frame
+            size = len(frame)
+            timestamp = record.timestamp_ms
+            segment = self._active
+            if segment is None or (
+                segment.count and (segment.size + size > self._segment_bytes or timestamp >= self._roll_at)
+            ):
+                segment = self._roll(record.offset)
+            index_timestamp = self._index_timestamp(segment, timestamp)
+            segment.pending_frames.append(frame)  # a view of `data`, joined when written
+            entries = segment.entries
+            assert entries is not None, "the active segment holds its index"
+            entries.append(segment.size)
+            entries.append(index_timestamp)
+            segment.size += size
+            segment.count += 1
+            segment.max_timestamp = index_timestamp
+            cache.add(record, size)
+            total += size
+        self._next_offset = first + len(records)
+        self._pending_bytes += total
+        self.last_append_size = total
+        return first
+
+    def read_frames(self, offset: int, max_bytes: int, stop: int | None = None) -> tuple[list[bytes], int]:
+        """Stored frames from `offset` towards `durable_end` (or `stop` before it) within `max_bytes` (at
+        least one), as buffers to send as they are, and how many records they hold. Not checked here: the
+        replica appending them checks every frame. Raises `OffsetOutOfRange` outside
+        [start_offset, durable_end]."""
+        end = self._durable_end
+        if offset < self.start_offset or offset > end:
+            raise OffsetOutOfRange(self.topic, offset, self.start_offset, end)
+        if stop is not None and stop < end:
+            end = stop
+        chunks: list[bytes] = []
+        count = 0
+        budget = max_bytes
+        cache = self._cache
+        while offset < end and budget > 0:
+            if offset >= cache.first_offset:
+                frames = cache.frames(offset, end, budget, at_least_one=not chunks)
+                chunks += frames
+                count += len(frames)
+                break
+            position = bisect.bisect_right(self._bases, offset) - 1
+            segment = self._segments[position]
+            segment_stop = min(end, segment.readable_end)
+            if offset >= segment_stop:
+                break
+            data, records = segment.read_raw(offset, segment_stop, budget, at_least_one=not chunks)
+            if not records:
+                break
+            chunks.append(data)
+            count += records
+            offset += records
+            budget -= len(data)
+        return chunks, count
+
+    def truncate(self, offset: int) -> None:
+        """Drop the records at and after `offset` (a follower's tail its leader does not have), crash-safe.
+
+        Newer segments are deleted first (newest first, then the directory is synced), then the segment
+        holding `offset` is cut and synced and its index removed (rebuilt from the data if the broker stops
+        before the segment is sealed again), so a crash at any point leaves a prefix of the log. Refused
+        while appends are buffered or being written.
+        """
+        if offset >= self._next_offset:
+            return
+        self._check_settled("truncate")
+        offset = max(offset, 0)
+        deleted = False
+        while self._segments and self._segments[-1].base_offset >= offset:
+            self._segments.pop().delete()
+            self._bases.pop()
+            deleted = True
+        if deleted:
+            fsync_directory(self.directory)
+        if self._segments:
+            self._cut_segment(self._segments[-1], offset)
+        self._reset_tail(offset)
+        log.warning("%r truncated to %d records", self.topic, offset)
+
+    def restart_at(self, offset: int) -> None:
+        """Drop every record and continue at `offset` (a follower whose leader's log starts later)."""
+        self._check_settled("restart")
+        for segment in reversed(self._segments):
+            segment.delete()
+        self._segments.clear()
+        self._bases.clear()
+        fsync_directory(self.directory)
+        self._durable_end = self._end_offset = offset
+        self._reset_tail(offset)
+        log.warning("%r restarted empty at offset %d", self.topic, offset)
+
+    def _check_settled(self, action: str) -> None:
+        if self._pending_bytes or self._next_offset != self._durable_end:
+            raise StorageError(f"cannot {action} the log of {self.topic!r} while appends are being written")
+
+    def _cut_segment(self, segment: Segment, offset: int) -> None:
+        """Cut `segment` (the last one kept) to its records before `offset`; it becomes the active one."""
+        keep = offset - segment.base_offset
+        if keep >= segment.count:
+            return
+        entries = segment.entries
+        if entries is None:
+            entries = segment.index.entries(0, segment.count)
+        position = entries[2 * keep]
+        del entries[2 * keep :]
+        self._pool.forget(segment.log_path)
+        os.truncate(segment.log_path, position)
+        self._pool.fdatasync(segment.log_path)
+        self._pool.forget(segment.index_path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(segment.index_path)
+        segment.entries = entries
+        segment.count = segment.durable_count = keep
+        segment.size = segment.submitted_size = segment.durable_size = segment.synced_size = position
+        segment.sealed = segment.seal_submitted = segment.seal_durable = False
+        segment.index_on_disk = -1
+        segment.pending_frames = []
+        segment.max_timestamp = entries[-1]
+        segment.first_timestamp = entries[1]
+
+    def _reset_tail(self, offset: int) -> None:
+        """After a truncation or restart: offsets, the active segment, the caches."""
+        self._next_offset = offset
+        self._durable_end = min(self._durable_end, offset)
+        self._end_offset = min(self._end_offset, offset)
+        self._active = self._segments[-1] if self._segments else None
+        self._write_from = max(0, len(self._segments) - 1)
+        self._max_timestamp = self._active.max_timestamp if self._active is not None else NO_TIMESTAMP
+        self._durable_max_timestamp = self._max_timestamp
+        self._roll_at = self._first_roll_deadline()
+        freed = self._cache.reset(offset)
+        if self._cache_budget is not None:
+            self._cache_budget.bytes -= freed
+        if self._blocks is not None:
+            self._blocks.clear()
 
     # -- recovery ------------------------------------------------------------------------------------
 

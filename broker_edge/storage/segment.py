@@ -274,6 +274,14 @@ class Segment:
         run = run_of_records(records, offset) if records else None
         return run, run.size if run is not None else 0, error
 
+    def read_raw(self, offset: int, stop: int, max_bytes: int, at_least_one: bool) -> tuple[bytes, int]:
+        """The frames from `offset` towards `stop` (<= readable_end) within `max_bytes`, as one pread and
+        unchecked (a replica checks them), and how many they are (0 when none fit or the index is off)."""
+        data, positions, _error = self._read_frames(offset, stop, max_bytes, at_least_one)
+        if data is None:
+            return b"", 0
+        return data, len(positions) - 1
+
     def _read_frames(
         self, offset: int, stop: int, max_bytes: int, at_least_one: bool
     ) -> tuple[bytes | None, array, FrameError | None]:

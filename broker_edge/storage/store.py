@@ -5,7 +5,9 @@ One directory per topic under `<directory>/topics/` (see `topic_names`), the sto
 is driven from one asyncio event loop: appends are buffered, each window's data is copied into the files
 with one pwritev per segment, fsyncs run in a writer thread (see `group_commit`), and reads are preads on
 the loop (or come straight from the tail caches for caught-up readers). Readers only ever get durable
-records: `end_offset` of a log is its high watermark.
+records: `end_offset` of a log is its high watermark. In a cluster (`enable_replication`) it is the
+committed end instead, moved by `commit` once the in-sync replicas hold the records; followers copy their
+leader's frames (`append_frames`) and drop a diverging tail (`truncate`) through the same store.
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ class LogStore:
         self._topic_waiters: dict[str, list[_Waiter]] = {}
         self._pattern_waiters: list[_Waiter] = []
         self._directory_fd: int | None = None
+        self._replicated = False
         self._opened = False
         self._closed = False
 
@@ -227,6 +230,73 @@ class LogStore:
         if records:
             self._committer.appended_many(commit_log, len(records), commit_log.last_append_size)
         return offset
+
+    # -- replication -----------------------------------------------------------------------------------
+
+    def enable_replication(self) -> None:
+        """From now on readers see each log up to its committed end (`commit`), not its durable end.
+
+        The logs found at open start committed up to their durable end."""
+        self._replicated = True
+        for commit_log in self._logs.values():
+            commit_log.set_replicated(True)
+
+    @property
+    def replicated(self) -> bool:
+        return self._replicated
+
+    def durable_end(self, topic: str) -> int:
+        """Offset after the last record of `topic` durable here (0 when it has no log)."""
+        commit_log = self._logs.get(topic)
+        return commit_log.durable_end if commit_log is not None else 0
+
+    def committed_end(self, topic: str) -> int:
+        """Offset after the last record readers of `topic` may see (0 when it has no log)."""
+        commit_log = self._logs.get(topic)
+        return commit_log.end_offset if commit_log is not None else 0
+
+    def commit(self, topic: str, offset: int) -> int:
+        """Let readers of `topic` see its records below `offset` (capped at the durable end): wakes the
+        long-polls it satisfies. Returns the committed end."""
+        commit_log = self._log(topic)
+        before = commit_log.end_offset
+        after = commit_log.commit(offset)
+        if after > before:
+            self._on_durable([(commit_log, before)])
+        return after
+
+    def append_frames(self, topic: str, frames: bytes) -> int:
+        """Append a leader's frames verbatim to `topic`'s log (created on first use), through the group
+        commit like any append; returns the first offset. See `CommitLog.append_frames` for the checks."""
+        commit_log = self._writable_log(topic, "")
+        before = commit_log.next_offset
+        first = commit_log.append_frames(frames)
+        if commit_log.next_offset > before:
+            self._committer.appended_many(
+                commit_log, commit_log.next_offset - before, commit_log.last_append_size
+            )
+        return first
+
+    def read_frames(
+        self, topic: str, offset: int, max_bytes: int, stop: int | None = None
+    ) -> tuple[list[bytes], int]:
+        """Stored frames of `topic` from `offset` up to its durable end (or `stop`): see
+        `CommitLog.read_frames`."""
+        return self._log(topic).read_frames(offset, max_bytes, stop)
+
+    def truncate(self, topic: str, offset: int) -> None:
+        """Drop the records of `topic` at and after `offset` (see `CommitLog.truncate`)."""
+        commit_log = self._logs.get(topic)
+        if commit_log is not None:
+            commit_log.truncate(offset)
+
+    def restart_at(self, topic: str, offset: int) -> None:
+        """Empty `topic`'s log (created if absent) and continue it at `offset`."""
+        self._writable_log(topic, "").restart_at(offset)
+
+    def log_directory(self, topic: str) -> str:
+        """The directory of `topic`'s log (raises `UnknownTopic`)."""
+        return self._log(topic).directory
 
     def _writable_log(self, topic: str, client_id: str) -> CommitLog:
         """`topic`'s log, created on first use (counted for `client_id`); raises once writing has failed."""
@@ -397,6 +467,8 @@ class LogStore:
             cache_budget=self._cache_budget,
             read_cache=self._read_cache,
         )
+        if self._replicated:
+            commit_log.set_replicated(True)
         self._logs[topic] = commit_log
         return commit_log
 

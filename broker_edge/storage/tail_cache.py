@@ -95,7 +95,7 @@ class TailCache:
     def __len__(self) -> int:
         return len(self._entries) - self._head
 
-    def add(self, entry: Appended, size: int) -> None:
+    def add(self, entry: Appended | Record, size: int) -> None:
         """Cache a just-appended record (at the log's next offset) whose frame is `size` bytes."""
         entries = self._entries
         entries.append(entry)
@@ -155,6 +155,18 @@ class TailCache:
             entry.frame if isinstance(entry, Record) else entry[1] for entry in self._entries[first:last]
         ]
         return run_of_frames(frames, offset)
+
+    def frames(self, offset: int, stop: int, max_bytes: int, at_least_one: bool = True) -> list[Frame]:
+        """The frames of the records `slice` would return, as stored (no `Record` is built)."""
+        first, last = self._bounds(offset, stop, max_bytes, at_least_one)
+        return [entry.frame if isinstance(entry, Record) else entry[1] for entry in self._entries[first:last]]
+
+    def reset(self, next_offset: int) -> int:
+        """Drop every cached record and continue at `next_offset` (the log was truncated); returns the bytes
+        freed (the caller settles the budget)."""
+        freed = self.clear()
+        self._next_offset = next_offset
+        return freed
 
     def _bounds(self, offset: int, stop: int, max_bytes: int, at_least_one: bool) -> tuple[int, int]:
         """Entry indexes [first, last) of the records from `offset` towards `stop` within `max_bytes`."""

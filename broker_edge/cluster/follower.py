@@ -1,0 +1,408 @@
+"""The follower's side of the replicated log: fetchers pulling the partitions other members lead.
+
+`Followers` keeps one fetcher per (leader member, role) for the partitions that member leads: as a
+replica (the node is in the partition's `replicas`) it persists what it fetches, as an observer (it is
+not) it only routes committed records to its local subscribers. The set of fetchers follows the
+`ClusterView`: a fetcher whose partitions, epochs or leader address changed is replaced.
+
+A replica's fetcher:
+
+1. opens a fetch session listing every local topic of its partitions with `(offset, last_fetched_epoch)`;
+   the leader answers, per topic, frames to append, where to truncate (the epoch rule: the local tail
+   diverged from the leader's log) or where to restart (the leader's log starts later), and the topic's
+   high watermark;
+2. truncates or appends (`LogStore.append_frames`, through the group commit), copies the epoch
+   boundaries into its epoch caches, waits until the appended frames are durable, and only then
+3. commits up to the leader's high watermark (readers see records once every in-sync replica holds
+   them) and routes the newly committed records to local subscribers, one `Message` per record shared by
+   all of them, as the leader's PUBLISH path does;
+4. sends its next fetch, listing only the topics whose position moved: that fetch tells the leader the
+   appended records are durable here.
+
+Errors (the leader unreachable, an unknown session, a partition error) reopen the session after a short
+pause; a stale view is fixed by the coordination side, which restarts the fetchers on the next change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import aiohttp
+
+from broker_edge.replay import message_of_record
+from broker_edge.storage.errors import StorageError
+from broker_edge.storage.record import decode_frames
+
+from .epochs import NO_EPOCH, LeaderEpochs
+from .replica_fetch import (
+    CONTENT_TYPE,
+    DIVERGING,
+    ERROR_NAMES,
+    OK,
+    PATH,
+    RESTART,
+    UNKNOWN_SESSION,
+    FetchRequest,
+    FetchResponse,
+    PartitionFetch,
+    TopicData,
+    TopicPosition,
+    WireError,
+    decode_response,
+    encode_request,
+)
+
+if TYPE_CHECKING:
+    from broker_edge.delivery import Message
+    from broker_edge.replay import ReplayManager
+    from broker_edge.storage.record import Record
+    from broker_edge.storage.store import LogStore
+
+    from .view import ClusterView
+
+__all__ = ["FetchFailed", "FollowerConfig", "Followers"]
+
+log = logging.getLogger(__name__)
+
+_MAX_FRAME_BODY = 1 << 28
+_ROUTE_READ_BYTES = 4 << 20
+
+
+class FetchFailed(Exception):
+    """The leader answered a fetch with an HTTP error."""
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerConfig:
+    wait_ms: int = 500
+    """How long a leader may hold a fetch with nothing new (below `replica_lag_max_ms`)."""
+    max_bytes: int = 4 << 20
+    max_topic_bytes: int = 1 << 20
+    retry_s: float = 0.2
+    """Pause before reopening a session after an error."""
+    timeout_s: float = 10.0
+    """Time for a fetch to be answered, beyond `wait_ms`."""
+
+
+Publish = Callable[["Message"], object]
+"""Routes a message to local subscribers (`Router.publish`)."""
+
+_FetcherKey = tuple[str, bool]
+"""(leader node id, observer)."""
+
+
+class Followers:
+    """All fetchers of one node; `start()` after the store is open, `await stop()` before it closes."""
+
+    def __init__(
+        self,
+        view: ClusterView,
+        store: LogStore,
+        publish: Publish,
+        replays: ReplayManager | None,
+        token: str | None,
+        config: FollowerConfig | None = None,
+        epochs: LeaderEpochs | None = None,
+    ) -> None:
+        self.view = view
+        self.store = store
+        self.publish = publish
+        self.replays = replays
+        self.config = config or FollowerConfig()
+        self.epochs = epochs if epochs is not None else LeaderEpochs(store)
+        self._headers = {"Content-Type": CONTENT_TYPE}
+        if token is not None:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._fetchers: dict[_FetcherKey, _Fetcher] = {}
+        self._http: aiohttp.ClientSession | None = None
+        self._started = False
+
+    def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self.store.enable_replication()
+        self._http = aiohttp.ClientSession()
+        self.view.on_change(self._view_changed)
+        self._view_changed()
+
+    async def stop(self) -> None:
+        self._started = False
+        fetchers, self._fetchers = list(self._fetchers.values()), {}
+        for fetcher in fetchers:
+            fetcher.cancel()
+        for fetcher in fetchers:
+            await fetcher.wait()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    @property
+    def fetchers(self) -> dict[_FetcherKey, dict[int, int]]:
+        """(leader, observer) -> the partitions (-> epoch) each running fetcher covers."""
+        return {key: dict(fetcher.partitions) for key, fetcher in self._fetchers.items()}
+
+    def _view_changed(self) -> None:
+        if not self._started:
+            return
+        view = self.view
+        me = view.node_id
+        wanted: dict[_FetcherKey, tuple[str, dict[int, int]]] = {}
+        for number, state in view.states.items():
+            if state.leader is None or state.leader == me:
+                continue
+            member = view.members.get(state.leader)
+            if member is None:
+                continue
+            key = (state.leader, me not in state.replicas)
+            wanted.setdefault(key, (member.offsets_api, {}))[1][number] = state.epoch
+        for key, fetcher in list(self._fetchers.items()):
+            if wanted.get(key) != (fetcher.url, fetcher.partitions):
+                fetcher.cancel()
+                del self._fetchers[key]
+        for key, (url, partitions) in wanted.items():
+            if key not in self._fetchers:
+                fetcher = _Fetcher(self, key[0], url, partitions, key[1])
+                self._fetchers[key] = fetcher
+                fetcher.start()
+
+    # -- what fetchers share ------------------------------------------------------------------------------
+
+    async def post(self, url: str, request: FetchRequest) -> FetchResponse:
+        http = self._http
+        if http is None:
+            raise asyncio.CancelledError
+        timeout = aiohttp.ClientTimeout(total=request.wait_ms / 1000 + self.config.timeout_s)
+        async with http.post(
+            url.rstrip("/") + PATH, data=encode_request(request), headers=self._headers, timeout=timeout
+        ) as answer:
+            body = await answer.read()
+            if answer.status != 200:
+                raise FetchFailed(f"HTTP {answer.status}: {body[:200].decode(errors='replace')}")
+        return decode_response(body)
+
+    def route(self, topic: str, first: int, records: list[Record]) -> None:
+        """Deliver committed records of `topic` (from offset `first`) to local subscribers."""
+        messages = [message_of_record(topic, record) for record in records]
+        publish = self.publish
+        for message in messages:
+            publish(message)
+        if self.replays is not None and messages:
+            self.replays.appended(topic, first, messages)
+
+    def commit_and_route(self, topic: str, high_watermark: int) -> None:
+        """Commit `topic` up to the leader's watermark (capped at what is durable here), route what that
+        made visible."""
+        store = self.store
+        if topic not in store:
+            return
+        offset = store.committed_end(topic)
+        end = store.commit(topic, high_watermark)
+        while offset < end:
+            records = store.read(topic, offset, end - offset, _ROUTE_READ_BYTES)
+            if not records:
+                break
+            self.route(topic, offset, records)
+            offset = records[-1].offset + 1
+
+
+class _Fetcher:
+    """Fetches the partitions one leader leads for this node, in a loop (see the module docstring)."""
+
+    def __init__(
+        self, owner: Followers, leader: str, url: str, partitions: dict[int, int], observer: bool
+    ) -> None:
+        self.owner = owner
+        self.leader = leader
+        self.url = url
+        self.partitions = partitions
+        self.observer = observer
+        self._positions: dict[str, int] = {}
+        """An observer's next offset per topic (it keeps no log)."""
+        self._moved: dict[str, None] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def wait(self) -> None:
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        owner = self.owner
+        role = "observer" if self.observer else "replica"
+        session = 0
+        failures = 0
+        while True:
+            request = self._request(session)
+            try:
+                response = await owner.post(self.url, request)
+            except (aiohttp.ClientError, OSError, TimeoutError, FetchFailed, WireError) as error:
+                failures += 1
+                if failures == 1 or failures % 50 == 0:
+                    log.warning("fetch from %s as %s failed: %s", self.leader, role, error)
+                session = 0
+                await asyncio.sleep(owner.config.retry_s)
+                continue
+            failures = 0
+            if response.error == UNKNOWN_SESSION:
+                session = 0
+                continue
+            broken = [data for data in response.partitions if data.error != OK]
+            if broken:
+                log.info(
+                    "fetch from %s: %s",
+                    self.leader,
+                    ", ".join(f"partition {d.partition} {ERROR_NAMES.get(d.error, d.error)}" for d in broken),
+                )
+            session = response.session
+            try:
+                if self.observer:
+                    self._observe(response)
+                else:
+                    await self._replicate(response)
+            except StorageError as error:
+                log.error("replicating from %s failed: %s", self.leader, error)
+                session = 0
+                await asyncio.sleep(owner.config.retry_s)
+                continue
+            if broken:
+                session = 0
+                await asyncio.sleep(owner.config.retry_s)
+
+    def _request(self, session: int) -> FetchRequest:
+        owner = self.owner
+        config = owner.config
+        request = FetchRequest(
+            owner.view.node_id,
+            session,
+            self.observer,
+            config.wait_ms,
+            config.max_bytes,
+            config.max_topic_bytes,
+            [PartitionFetch(number, epoch) for number, epoch in self.partitions.items()],
+        )
+        by_number = {fetch.partition: fetch for fetch in request.partitions}
+        topics: list[str]
+        if session == 0:
+            topics = list(self._positions) if self.observer else [info.topic for info in owner.store.logs()]
+        else:
+            topics = list(self._moved)
+        view = owner.view
+        for topic in topics:
+            fetch = by_number.get(view.partition_of(topic))
+            if fetch is not None:
+                fetch.topics.append(self._position(topic))
+        self._moved = {}
+        return request
+
+    def _position(self, topic: str) -> TopicPosition:
+        if self.observer:
+            return TopicPosition(topic, self._positions.get(topic, 0), NO_EPOCH)
+        store = self.owner.store
+        end = store.durable_end(topic)
+        return TopicPosition(topic, end, self.owner.epochs.latest_epoch(topic) if end else NO_EPOCH)
+
+    async def _replicate(self, response: FetchResponse) -> None:
+        owner = self.owner
+        store = owner.store
+        epochs = owner.epochs
+        watermarks: list[tuple[str, int]] = []
+        appended = False
+        for data in _topics(response):
+            topic = data.topic
+            if data.kind == DIVERGING:
+                self._truncate(data)
+            elif data.kind == RESTART:
+                log.warning(
+                    "%r: the leader's log starts at %d: restarting it there", topic, data.start_offset
+                )
+                epochs.restart_at(topic, data.start_offset)
+            elif data.frames:
+                frames = data.frames[0] if len(data.frames) == 1 else b"".join(data.frames)
+                store.append_frames(topic, frames)
+                cache = epochs.for_topic(topic)
+                for epoch, start in data.boundaries:
+                    cache.assign(epoch, start)
+                appended = True
+            else:
+                watermarks.append((topic, data.high_watermark))
+                continue
+            watermarks.append((topic, data.high_watermark))
+            self._moved[topic] = None
+        if appended:
+            await _durable(store)
+        for topic, high_watermark in watermarks:
+            owner.commit_and_route(topic, high_watermark)
+
+    def _truncate(self, data: TopicData) -> None:
+        """Cut the local tail the leader does not have (the epoch rule)."""
+        owner = self.owner
+        topic = data.topic
+        target = data.diverging_end
+        store = owner.store
+        if topic in store and data.diverging_epoch != NO_EPOCH:
+            cache = owner.epochs.for_topic(topic)
+            _epoch, local_end = cache.end_offset_for(data.diverging_epoch, store.durable_end(topic))
+            target = min(target, local_end)
+        log.warning(
+            "%r diverged from the leader %s: truncating from %d to %d",
+            topic,
+            self.leader,
+            store.durable_end(topic),
+            target,
+        )
+        owner.epochs.truncate(topic, target)
+
+    def _observe(self, response: FetchResponse) -> None:
+        """Route the committed records an observer was sent; nothing is persisted."""
+        owner = self.owner
+        for data in _topics(response):
+            topic = data.topic
+            if data.kind == DIVERGING:
+                self._positions[topic] = data.diverging_end
+            elif data.kind == RESTART:
+                self._positions[topic] = data.start_offset
+            elif data.frames:
+                first = data.first
+                frames = data.frames[0] if len(data.frames) == 1 else b"".join(data.frames)
+                records, error = decode_frames(frames, first, _MAX_FRAME_BODY)
+                if error is not None:
+                    log.error(
+                        "%r from %s: frame %d refused (%s)", topic, self.leader, first + len(records), error
+                    )
+                owner.route(topic, first, records)
+                self._positions[topic] = first + len(records)
+            else:
+                continue
+            self._moved[topic] = None
+
+
+def _topics(response: FetchResponse) -> list[TopicData]:
+    return [topic for data in response.partitions if data.error == OK for topic in data.topics]
+
+
+async def _durable(store: LogStore) -> None:
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def succeed() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    def fail(error: BaseException) -> None:
+        if not done.done():
+            done.set_exception(error)
+
+    store.when_durable(succeed, fail)
+    await done

@@ -1,0 +1,637 @@
+"""The leader's side of the replicated log: the PUBLISH path's `Replication` stage, fetch sessions, the ISR.
+
+`LeaderReplication.when_replicated` holds each durable batch until every in-sync replica (ISR member) of
+its topics' partitions holds it, then lets the PUBLISH path acknowledge and route it. A follower's fetch
+from offset N of a topic says it holds the records below N durably, so a topic's high watermark (its
+committed end, what readers see) is the smallest such position over the ISR, the leader's durable end
+included. A batch completes, in arrival order, once the high watermark of each of its topics passes it
+and the partition's ISR has at least `min_insync_replicas` members; otherwise it fails with
+`NotEnoughReplicas` (the PUBLISH path refuses the publishes: v5 reason 0x83, v3.1.1 closes). It fails
+with `NotLeader` when this node is fenced or stops leading a partition of the batch.
+
+Fetches are served through sessions (see `replica_fetch`): per follower, its position per topic and the
+topics with something new for it (`dirty`), updated when the leader appends or a watermark moves. A fetch
+reads only the dirty topics, so its cost follows the topics that changed, not all the device topics of
+the partitions. A fetch with nothing to send waits (long-poll) and is answered as soon as the leader
+appends or a watermark moves.
+
+The ISR: a follower is out of sync when a record of one of the partition's topics has waited for it more
+than `replica_lag_max_ms` (it is "behind" a topic from the time the leader had records it had not fetched,
+or since the previous answer it caught up to), or when it has not fetched for that long. The leader then
+asks the ISR changer to shrink the ISR, and to expand it again once the follower is behind nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import count
+from typing import TYPE_CHECKING, Protocol
+
+from broker_edge.storage.errors import OffsetOutOfRange, StorageError
+
+from .epochs import NO_EPOCH, LeaderEpochs
+from .replica_fetch import (
+    DIVERGING,
+    FRAMES,
+    NEWER_EPOCH,
+    NOT_LEADER,
+    NOT_REPLICA,
+    OK,
+    RESTART,
+    STALE_EPOCH,
+    UNKNOWN_SESSION,
+    FetchRequest,
+    FetchResponse,
+    PartitionData,
+    TopicData,
+)
+
+if TYPE_CHECKING:
+    from broker_edge.publish_path import AppendedRun
+    from broker_edge.storage.store import LogStore
+
+    from .view import ClusterView, PartitionState
+
+__all__ = ["IsrChanger", "LeaderConfig", "LeaderReplication", "NotEnoughReplicas", "NotLeader"]
+
+log = logging.getLogger(__name__)
+
+
+class IsrChanger(Protocol):
+    """Changes a partition's in-sync set by compare-and-swap on its epoch (the coordination side)."""
+
+    async def shrink_isr(self, partition: int, expected_epoch: int, node: str) -> bool: ...
+
+    async def expand_isr(self, partition: int, expected_epoch: int, node: str) -> bool: ...
+
+
+class NotEnoughReplicas(StorageError):
+    """Fewer in-sync replicas than `min_insync_replicas`: the publish is refused, never acknowledged."""
+
+
+class NotLeader(StorageError):
+    """This node is fenced or no longer leads the partition: the publish is refused."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderConfig:
+    min_insync_replicas: int = 2
+    replica_lag_max_ms: int = 5000
+
+    def __post_init__(self) -> None:
+        if self.min_insync_replicas < 1:
+            raise ValueError(
+                f"cluster.min_insync_replicas must be at least 1, got {self.min_insync_replicas}"
+            )
+        if self.replica_lag_max_ms < 10:
+            raise ValueError(f"cluster.replica_lag_max_ms must be at least 10, got {self.replica_lag_max_ms}")
+
+
+@dataclass(slots=True, eq=False)
+class _Session:
+    """One follower's (or observer's) fetch session with this leader."""
+
+    id: int
+    replica: str
+    observer: bool
+    partitions: dict[int, int]
+    """partition -> the epoch the session was opened under."""
+    positions: dict[str, int] = field(default_factory=dict)
+    known_hw: dict[str, int] = field(default_factory=dict)
+    dirty: dict[str, None] = field(default_factory=dict)
+    """Topics with something new for it (records, a higher watermark), oldest first."""
+    behind: dict[str, float] = field(default_factory=dict)
+    """topic -> since when it lacks records the leader has."""
+    shown: dict[str, tuple[int, float]] = field(default_factory=dict)
+    """topic -> (the leader's end the last answer reached, when)."""
+    last_seen: float = 0.0
+    waiter: asyncio.Future[None] | None = None
+
+    def wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+@dataclass(slots=True, eq=False)
+class _Batch:
+    ends: list[tuple[str, int, int]]
+    """(topic, partition, end offset) the batch needs committed."""
+    done: Callable[[], None]
+    failed: Callable[[BaseException], None]
+    doomed: BaseException | None = None
+
+
+class LeaderReplication:
+    """The `Replication` stage of a cluster node, and the server of its followers' fetches."""
+
+    def __init__(
+        self,
+        view: ClusterView,
+        store: LogStore,
+        isr_changer: IsrChanger,
+        config: LeaderConfig | None = None,
+        epochs: LeaderEpochs | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.view = view
+        self.store = store
+        self.isr_changer = isr_changer
+        self.config = config or LeaderConfig()
+        self.epochs = epochs if epochs is not None else LeaderEpochs(store)
+        self._clock = clock
+        self._partition_of: dict[str, int] = {}
+        self._topics: dict[int, set[str]] = {}
+        self._sessions: dict[tuple[str, bool], _Session] = {}
+        """(replica, observer) -> its fetch session (a node may both follow and observe this leader)."""
+        self._led_since: dict[int, float] = {}
+        self._session_ids = count(int(time.time() * 1000) << 8)
+        self._pending: deque[_Batch] = deque()
+        self._uncommitted: dict[str, None] = {}
+        self._stepped_down: dict[int, int] = {}
+        self._isr_calls: set[tuple[int, str]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._checker: asyncio.Task[None] | None = None
+        self._started = False
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Index the store's topics by partition, follow the view, check the followers' lag periodically."""
+        if self._started:
+            return
+        self._started = True
+        self.store.enable_replication()
+        for info in self.store.logs():
+            self._partition(info.topic)
+        self.view.on_change(self._view_changed)
+        self._view_changed()
+        self._checker = asyncio.get_running_loop().create_task(self._check_lag_forever())
+
+    async def stop(self) -> None:
+        """Fail what is pending, answer parked fetches, stop the lag checks."""
+        self._started = False
+        self._fail_all(NotLeader("the broker is stopping"))
+        for session in self._sessions.values():
+            session.wake()
+        tasks = [task for task in (self._checker, *self._tasks) if task is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- the Replication stage ------------------------------------------------------------------------
+
+    def leads(self, partition: int) -> bool:
+        """Whether this node leads `partition` now (not fenced, no follower has seen a newer epoch)."""
+        if not self.view.leads(partition):
+            return False
+        newer = self._stepped_down.get(partition)
+        return newer is None or self.view.states[partition].epoch >= newer
+
+    def refusal(self, topic: str) -> str | None:
+        """Why a logged publish on `topic` would be refused now (None: it may be appended)."""
+        partition = self._partition(topic)
+        if not self.leads(partition):
+            return f"this broker does not lead partition {partition}"
+        state = self.view.states[partition]
+        if len(state.isr) < self.config.min_insync_replicas:
+            return self._too_few(state)
+        return None
+
+    def when_replicated(
+        self, runs: Sequence[AppendedRun], done: Callable[[], None], failed: Callable[[BaseException], None]
+    ) -> None:
+        """Call `done` once every ISR member holds `runs` (in batch order), or `failed` (see the module)."""
+        now = self._clock()
+        ends: list[tuple[str, int, int]] = []
+        doomed: BaseException | None = None
+        for run in runs:
+            topic = run.topic
+            partition = self._partition(topic)
+            end = run.first_offset + len(run.messages)
+            ends.append((topic, partition, end))
+            if not self.leads(partition):
+                doomed = doomed or NotLeader(f"this broker does not lead partition {partition}")
+                continue
+            state = self.view.states[partition]
+            if len(state.isr) < self.config.min_insync_replicas:
+                doomed = doomed or NotEnoughReplicas(self._too_few(state))
+            cache = self.epochs.for_topic(topic)
+            if cache.latest_epoch < state.epoch:
+                cache.assign(state.epoch, run.first_offset)
+            self._uncommitted[topic] = None
+            self._appended(topic, partition, now)
+        self._pending.append(_Batch(ends, done, failed, doomed))
+        for topic, _partition, _end in ends:
+            self._advance_hw(topic)
+        self._complete_ready()
+
+    def _too_few(self, state: PartitionState) -> str:
+        return (
+            f"partition {state.partition} has {len(state.isr)} in-sync replicas, "
+            f"fewer than min_insync_replicas={self.config.min_insync_replicas}"
+        )
+
+    def _appended(self, topic: str, partition: int, now: float) -> None:
+        """The leader's durable end of `topic` moved: every follower session has something new."""
+        for session in self._sessions.values():
+            if session.observer or partition not in session.partitions:
+                continue
+            session.dirty[topic] = None
+            if topic not in session.behind:
+                session.behind[topic] = now
+            session.wake()
+
+    def _advance_hw(self, topic: str) -> None:
+        """Move `topic`'s committed end to what every ISR member holds; tell sessions the new watermark."""
+        store = self.store
+        partition = self._partition(topic)
+        durable = store.durable_end(topic)
+        hw = durable
+        state = self.view.states.get(partition)
+        if state is None or not self.leads(partition):
+            return
+        me = self.view.node_id
+        for member in state.isr:
+            if member == me:
+                continue
+            session = self._sessions.get((member, False))
+            position = session.positions.get(topic, 0) if session is not None else 0
+            if position < hw:
+                hw = position
+        before = store.committed_end(topic)
+        if hw <= before:
+            return
+        after = store.commit(topic, hw)
+        if after >= durable:
+            self._uncommitted.pop(topic, None)
+        for session in self._sessions.values():
+            if partition in session.partitions and session.known_hw.get(topic, -1) < after:
+                session.dirty[topic] = None
+                session.wake()
+
+    def _complete_ready(self) -> None:
+        """Complete (or fail) the batches at the head of the queue that can be, in order."""
+        pending = self._pending
+        store = self.store
+        states = self.view.states
+        minimum = self.config.min_insync_replicas
+        while pending:
+            batch = pending[0]
+            error = batch.doomed
+            if error is None:
+                for topic, partition, end in batch.ends:
+                    if store.committed_end(topic) < end:
+                        return
+                    state = states.get(partition)
+                    if state is None or not self.leads(partition):
+                        error = NotLeader(f"this broker no longer leads partition {partition}")
+                    elif len(state.isr) < minimum:
+                        error = NotEnoughReplicas(self._too_few(state))
+            pending.popleft()
+            if error is None:
+                batch.done()
+            else:
+                batch.failed(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        pending, self._pending = self._pending, deque()
+        for batch in pending:
+            batch.failed(error)
+
+    # -- the view -------------------------------------------------------------------------------------
+
+    def _view_changed(self) -> None:
+        view = self.view
+        for partition, newer in list(self._stepped_down.items()):
+            state = view.states.get(partition)
+            if state is not None and state.epoch >= newer:
+                del self._stepped_down[partition]
+        if view.fenced:
+            self._fail_all(NotLeader("this broker is fenced (its etcd lease is not confirmed)"))
+        elif any(not self.leads(partition) for batch in self._pending for _t, partition, _e in batch.ends):
+            self._fail_all(NotLeader("partition leadership moved"))
+        for session in list(self._sessions.values()):
+            for partition, epoch in session.partitions.items():
+                state = view.states.get(partition)
+                if state is None or state.epoch != epoch or not self.leads(partition):
+                    session.wake()  # its next fetch learns why
+                    break
+        store = self.store
+        for number in view.states:
+            if number not in self._led_since and self.leads(number):
+                self._led_since[number] = self._clock()
+                for topic in self._topics.get(number, ()):  # a tail appended before: committed by followers
+                    if store.committed_end(topic) < store.durable_end(topic):
+                        self._uncommitted[topic] = None
+            elif number in self._led_since and not self.leads(number):
+                del self._led_since[number]
+        for topic in list(self._uncommitted):
+            self._advance_hw(topic)
+        self._complete_ready()
+
+    # -- fetches --------------------------------------------------------------------------------------
+
+    async def fetch(self, request: FetchRequest) -> FetchResponse:
+        """Serve one replica fetch (see `replica_fetch`): update the session, answer, or wait for news."""
+        now = self._clock()
+        session = self._sessions.get((request.replica, request.observer))
+        partitions, errors = self._check_partitions(request)
+        if request.session == 0:
+            session = self._open_session(request, partitions, now)
+        elif session is None or session.id != request.session or session.partitions != partitions:
+            return FetchResponse(request.session, UNKNOWN_SESSION)
+        session.last_seen = now
+        answers: dict[int, PartitionData] = {
+            number: PartitionData(number, error, self._epoch_of(number)) for number, error in errors.items()
+        }
+        for number in partitions:
+            answers[number] = PartitionData(number, OK, partitions[number])
+        self._update_positions(session, request, answers, now)
+        self._complete_ready()
+        deadline = now + request.wait_ms / 1000
+        while True:
+            if self._answer(session, request, answers) or not self._started:
+                break
+            remaining = deadline - self._clock()
+            if remaining <= 0 or any(self._session_broken(session, number) for number in partitions):
+                break
+            session.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(session.waiter, remaining)
+            except TimeoutError:
+                pass
+            finally:
+                session.waiter = None
+                session.last_seen = self._clock()
+        for number in partitions:
+            if self._session_broken(session, number):
+                answers[number] = PartitionData(number, NOT_LEADER, self._epoch_of(number))
+        return FetchResponse(session.id, OK, list(answers.values()))
+
+    def _epoch_of(self, partition: int) -> int:
+        state = self.view.states.get(partition)
+        return state.epoch if state is not None else NO_EPOCH
+
+    def _session_broken(self, session: _Session, partition: int) -> bool:
+        state = self.view.states.get(partition)
+        return state is None or state.epoch != session.partitions[partition] or not self.leads(partition)
+
+    def _check_partitions(self, request: FetchRequest) -> tuple[dict[int, int], dict[int, int]]:
+        """The partitions this node serves the request for (-> epoch), and the others' errors."""
+        served: dict[int, int] = {}
+        errors: dict[int, int] = {}
+        states = self.view.states
+        for fetch in request.partitions:
+            number = fetch.partition
+            state = states.get(number)
+            if state is None or state.leader != self.view.node_id or self.view.fenced:
+                errors[number] = NOT_LEADER
+            elif fetch.epoch > state.epoch:
+                if self._stepped_down.get(number, -1) < fetch.epoch:
+                    log.warning(
+                        "%s fetches partition %d under epoch %d, newer than this leader's %d: stepping down",
+                        request.replica,
+                        number,
+                        fetch.epoch,
+                        state.epoch,
+                    )
+                    self._stepped_down[number] = fetch.epoch
+                    self._view_changed()
+                errors[number] = NEWER_EPOCH
+            elif not self.leads(number):
+                errors[number] = NOT_LEADER
+            elif fetch.epoch < state.epoch:
+                errors[number] = STALE_EPOCH
+            elif not request.observer and request.replica not in state.replicas:
+                errors[number] = NOT_REPLICA
+            else:
+                served[number] = state.epoch
+        return served, errors
+
+    def _open_session(self, request: FetchRequest, partitions: dict[int, int], now: float) -> _Session:
+        """A new session: every topic of its partitions the replica lacks or is behind on is dirty."""
+        key = (request.replica, request.observer)
+        old = self._sessions.get(key)
+        if old is not None:
+            old.wake()
+        session = _Session(next(self._session_ids), request.replica, request.observer, dict(partitions))
+        self._sessions[key] = session
+        store = self.store
+        listed = {position.topic for fetch in request.partitions for position in fetch.topics}
+        for number in partitions:
+            for topic in self._topics.get(number, ()):
+                if topic in listed:
+                    continue
+                if request.observer:
+                    session.positions[topic] = store.committed_end(topic)
+                    session.known_hw[topic] = session.positions[topic]
+                else:
+                    session.dirty[topic] = None
+                    session.behind[topic] = now
+        return session
+
+    def _update_positions(
+        self, session: _Session, request: FetchRequest, answers: dict[int, PartitionData], now: float
+    ) -> None:
+        """Take the positions the request reports: divergence checks, lag, watermarks."""
+        store = self.store
+        epochs = self.epochs
+        for fetch in request.partitions:
+            answer = answers[fetch.partition]
+            if answer.error != OK:
+                continue
+            for position in fetch.topics:
+                topic = position.topic
+                self._partition(topic)
+                offset = position.offset
+                end = store.durable_end(topic)
+                if topic not in store:
+                    if offset > 0:
+                        answer.topics.append(TopicData(topic, DIVERGING, 0, 0, diverging_end=0))
+                    continue
+                diverging = offset > end
+                end_epoch = NO_EPOCH
+                last = position.last_fetched_epoch
+                if not diverging and last != NO_EPOCH and offset > 0:
+                    cache = epochs.for_topic(topic)
+                    if last != cache.latest_epoch:
+                        end_epoch, epoch_end = cache.end_offset_for(last, end)
+                        if epoch_end < offset or end_epoch < last:
+                            diverging, end = True, min(epoch_end, offset)
+                if diverging:
+                    answer.topics.append(
+                        TopicData(
+                            topic,
+                            DIVERGING,
+                            store.committed_end(topic),
+                            _start_of(store, topic),
+                            diverging_epoch=end_epoch,
+                            diverging_end=min(end, offset),
+                        )
+                    )
+                    session.positions.pop(topic, None)
+                    continue
+                session.positions[topic] = offset
+                session.dirty[topic] = None  # the answer says at least the watermark
+                if session.observer:
+                    continue
+                if offset >= end:
+                    session.behind.pop(topic, None)
+                else:
+                    shown = session.shown.get(topic)
+                    if shown is not None and offset >= shown[0]:
+                        session.behind[topic] = shown[1]
+                    elif topic not in session.behind:
+                        session.behind[topic] = now
+                self._advance_hw(topic)
+
+    def _answer(self, session: _Session, request: FetchRequest, answers: dict[int, PartitionData]) -> bool:
+        """Add what the session's dirty topics have new; whether the answer has anything."""
+        store = self.store
+        epochs = self.epochs
+        budget = request.max_bytes
+        now = self._clock()
+        has_news = any(answer.topics or answer.error != OK for answer in answers.values())
+        for topic in list(session.dirty):
+            partition = self._partition_of.get(topic)
+            answer = answers.get(partition) if partition is not None else None
+            if answer is None or answer.error != OK:
+                continue
+            if topic not in store:
+                del session.dirty[topic]
+                continue
+            hw = store.committed_end(topic)
+            durable = store.durable_end(topic)
+            limit = hw if session.observer else durable
+            start = _start_of(store, topic)
+            offset = session.positions.get(topic, start)
+            data = TopicData(topic, FRAMES, hw, start, first=offset)
+            if offset < start:
+                data.kind = RESTART
+                session.positions[topic] = start
+            elif offset < limit:
+                if budget <= 0:
+                    continue  # stays dirty for the next fetch
+                try:
+                    data.frames, data.count = store.read_frames(
+                        topic, offset, min(budget, request.max_topic_bytes), limit
+                    )
+                except OffsetOutOfRange:
+                    continue
+                sent_end = offset + data.count
+                budget -= sum(map(len, data.frames))
+                data.boundaries = epochs.for_topic(topic).boundaries(offset, sent_end)
+                if sent_end >= durable:
+                    session.shown[topic] = (sent_end, now)
+            elif hw == session.known_hw.get(topic):
+                del session.dirty[topic]
+                continue
+            del session.dirty[topic]
+            session.known_hw[topic] = hw
+            answer.topics.append(data)
+            has_news = True
+        return has_news
+
+    # -- the ISR --------------------------------------------------------------------------------------
+
+    async def _check_lag_forever(self) -> None:
+        interval = min(0.25, self.config.replica_lag_max_ms / 4000)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.check_isr()
+            except Exception:
+                log.exception("in-sync replica check failed")
+
+    def check_isr(self) -> None:
+        """Shrink the ISR of the partitions led here by followers lagging too long; expand it by those
+        caught up (run periodically; the changes go through the ISR changer). A partition just taken over
+        gives its followers `replica_lag_max_ms` to show up."""
+        now = self._clock()
+        lag_max = self.config.replica_lag_max_ms / 1000
+        me = self.view.node_id
+        lagging_since = self._lagging_since()
+        for number, state in self.view.states.items():
+            led_since = self._led_since.get(number)
+            if led_since is None or not self.leads(number):
+                continue
+            for replica in state.replicas:
+                if replica == me:
+                    continue
+                session = self._sessions.get((replica, False))
+                serving = session is not None and number in session.partitions
+                contact = float("-inf")
+                if session is not None and serving:
+                    contact = now if session.waiter is not None else session.last_seen
+                alive = now - max(contact, led_since) <= lag_max
+                since = lagging_since.get((replica, number))
+                too_far = since is not None and now - max(since, led_since) > lag_max
+                if replica in state.isr and (not alive or too_far):
+                    self._change_isr(number, state.epoch, replica, shrink=True)
+                elif replica not in state.isr and serving and now - contact <= lag_max and since is None:
+                    self._change_isr(number, state.epoch, replica, shrink=False)
+
+    def _lagging_since(self) -> dict[tuple[str, int], float]:
+        """(replica, partition) -> the oldest time it has been behind a topic of the partition."""
+        result: dict[tuple[str, int], float] = {}
+        partition_of = self._partition_of
+        for session in self._sessions.values():
+            if session.observer:
+                continue
+            for topic, since in session.behind.items():
+                key = (session.replica, partition_of.get(topic, -1))
+                if since < result.get(key, float("inf")):
+                    result[key] = since
+        return result
+
+    def _change_isr(self, partition: int, epoch: int, replica: str, shrink: bool) -> None:
+        key = (partition, replica)
+        if key in self._isr_calls:
+            return
+        self._isr_calls.add(key)
+
+        async def change() -> None:
+            try:
+                if shrink:
+                    log.warning("removing %s from the in-sync replicas of partition %d", replica, partition)
+                    changed = await self.isr_changer.shrink_isr(partition, epoch, replica)
+                else:
+                    log.info("adding %s to the in-sync replicas of partition %d", replica, partition)
+                    changed = await self.isr_changer.expand_isr(partition, epoch, replica)
+                if not changed:
+                    log.info(
+                        "in-sync replica change of partition %d not applied (its state moved on)", partition
+                    )
+            finally:
+                self._isr_calls.discard(key)
+
+        task = asyncio.get_running_loop().create_task(change())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- topics ---------------------------------------------------------------------------------------
+
+    def _partition(self, topic: str) -> int:
+        partition = self._partition_of.get(topic)
+        if partition is None:
+            partition = self._partition_of[topic] = self.view.partition_of(topic)
+            self._topics.setdefault(partition, set()).add(topic)
+        return partition
+
+    def isr_lag(self) -> dict[tuple[str, int], float]:
+        """(replica, partition) -> seconds it has been behind (for status and metrics)."""
+        now = self._clock()
+        return {key: now - since for key, since in self._lagging_since().items()}
+
+
+def _start_of(store: LogStore, topic: str) -> int:
+    return store.log_info(topic).start_offset
