@@ -1,12 +1,11 @@
-"""What the cluster proofs share: etcd's record of the cluster, reading logs back, publishing devices, a cuttable
-link to etcd.
+"""What the cluster proofs share: etcd's record of the cluster, logs read back, devices, a cuttable etcd link.
 
-- ``cluster_state(target)``: members and partition states as stored in etcd (read over etcd's own JSON gateway,
-  ``/v3/kv/range``, so the test reads what the brokers wrote, not what a broker believes).
+- ``cluster_state(target)``: members and partition states as stored in etcd (read over etcd's own JSON
+  gateway, ``/v3/kv/range``, so the test reads what the brokers wrote, not what a broker believes).
 - ``read_log(broker, topic)``: the committed records of a topic from a broker's offsets API.
-- ``Device``: a publisher on its own topic that publishes QoS 1 one message at a time through a list of brokers,
-  moving to the next broker when its connection fails, and never resending: every PUBACKed payload is
-  recorded, in order, so the test can check each of them is in the log exactly once.
+- ``Device``: a publisher on its own topic that publishes QoS 1 one message at a time through a list of
+  brokers, moving to the next broker when its connection fails, and never resending: every PUBACKed payload
+  is recorded, in order, so the test can check each of them is in the log exactly once.
 - ``EtcdProxy``: a TCP relay between one broker and etcd that the test can cut (connections dropped, new ones
   refused) and mend: the broker really loses etcd while everything else keeps running.
 """
@@ -14,6 +13,7 @@ link to etcd.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import socket
 import subprocess
@@ -72,10 +72,10 @@ class ClusterState:
 
 def cluster_state(target: EtcdTarget) -> ClusterState:
     state = ClusterState()
-    for key, value in _range(target.url, f"{target.prefix}/members/"):
+    for _key, value in _range(target.url, f"{target.prefix}/members/"):
         member = Member.from_json(value)
         state.members[member.node_id] = member
-    for key, value in _range(target.url, f"{target.prefix}/partitions/"):
+    for _key, value in _range(target.url, f"{target.prefix}/partitions/"):
         partition = PartitionState.from_json(value)
         state.partitions[partition.partition] = partition
     return state
@@ -87,7 +87,8 @@ def settled(target: EtcdTarget, nodes: set[str], replicas: int, partitions: int 
     if set(state.members) != nodes or len(state.partitions) != partitions:
         return False
     return all(
-        p.leader in nodes and len(p.isr) == replicas and set(p.isr) <= nodes for p in state.partitions.values()
+        p.leader in nodes and len(p.isr) == replicas and set(p.isr) <= nodes
+        for p in state.partitions.values()
     )
 
 
@@ -107,7 +108,17 @@ def wait_until(condition: Callable[[], bool], timeout: float = WAIT_S, what: str
 def cluster_status(target: EtcdTarget) -> str:
     """The output of ``timestone cluster status`` for this cluster."""
     result = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "cluster", "status", "--etcd", target.url, "--prefix", target.prefix],
+        [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "cluster",
+            "status",
+            "--etcd",
+            target.url,
+            "--prefix",
+            target.prefix,
+        ],
         capture_output=True,
         text=True,
         timeout=30,
@@ -185,7 +196,9 @@ class Device(threading.Thread):
             payload = f"{self.client_id}:{sequence}".encode()
             sequence += 1
             try:
-                sock.sendall(encode(Publish(self.topic, payload, 1, packet_id=sequence % 65535 + 1), self.version))
+                sock.sendall(
+                    encode(Publish(self.topic, payload, 1, packet_id=sequence % 65535 + 1), self.version)
+                )
                 answer = self._receive(sock, decoder)
             except OSError:
                 answer = None
@@ -208,7 +221,12 @@ class Device(threading.Thread):
     def _connect(self, broker: BrokerProcess) -> tuple[socket.socket, PacketDecoder]:
         sock = socket.create_connection(broker.address, timeout=10)
         decoder = PacketDecoder(role="client", protocol_version=self.version)
-        sock.sendall(encode(Connect(protocol_version=self.version, client_id=self.client_id, clean_start=True), self.version))
+        sock.sendall(
+            encode(
+                Connect(protocol_version=self.version, client_id=self.client_id, clean_start=True),
+                self.version,
+            )
+        )
         answer = self._receive(sock, decoder)
         if answer is None or getattr(answer, "reason_code", getattr(answer, "return_code", 1)) != 0:
             sock.close()
@@ -286,10 +304,8 @@ class EtcdProxy:
         except OSError:
             pass
         for sock in (source, sink):
-            try:
+            with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def cut(self) -> None:
         """Drop every relayed connection and refuse new ones (the broker's etcd is gone)."""
@@ -297,10 +313,8 @@ class EtcdProxy:
         with self._lock:
             sockets, self._sockets = self._sockets, []
         for sock in sockets:
-            try:
+            with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
             sock.close()
 
     def mend(self) -> None:

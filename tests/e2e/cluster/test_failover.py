@@ -1,6 +1,6 @@
-"""Failover loses nothing: a leader dies (kill -9) or loses etcd while four devices publish QoS 1 through every
-broker; devices move to the survivors; every PUBACKed message is then readable from every survivor exactly
-once, in the order it was acknowledged to its publisher, at the same offset on each.
+"""Failover loses nothing: a leader dies (kill -9) or loses etcd while four devices publish QoS 1 through
+every broker; devices move to the survivors; every PUBACKed message is then readable from every survivor
+exactly once, in the order it was acknowledged to its publisher, at the same offset on each.
 
 Devices never resend (each message is new), so "exactly once" is checked strictly: an acknowledged payload
 appears once in its topic's log, and the acknowledged payloads of a device appear in acknowledgement order.
@@ -44,9 +44,13 @@ def _check_nothing_acknowledged_was_lost(devices: list[Device], survivors: list[
 
         def complete(device: Device = device) -> bool:
             payloads = {payload for _, payload in read_log(survivors[0], device.topic)}
-            return all(
-                set(device.acked) <= {p for _, p in read_log(broker, device.topic)} for broker in survivors
-            ) and set(device.acked) <= payloads
+            return (
+                all(
+                    set(device.acked) <= {p for _, p in read_log(broker, device.topic)}
+                    for broker in survivors
+                )
+                and set(device.acked) <= payloads
+            )
 
         wait_until(complete, what=f"every acknowledged message of {device.client_id} on every survivor")
         logs = [read_log(broker, device.topic) for broker in survivors]
@@ -105,7 +109,7 @@ def test_a_leader_that_loses_etcd_stops_acknowledging_and_loses_nothing(tmp_path
             brokers[node].start()
         wait_until(lambda: settled(etcd, set(NODES), 3), what="three brokers settled")
 
-        devices, recovered = _run_failover(brokers, etcd, "b", proxy.cut)
+        _devices, recovered = _run_failover(brokers, etcd, "b", proxy.cut)
 
         assert brokers["b"].process is not None and brokers["b"].process.poll() is None  # it still runs
         state = cluster_state(etcd)

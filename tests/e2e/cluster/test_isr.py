@@ -39,7 +39,9 @@ def test_a_stopped_follower_leaves_the_in_sync_set_and_rejoins_after_restart(clu
     assert "c" in status
     for n in range(5):
         topic = f"isr/dev-{n}"
-        wait_until(lambda t=topic: read_log(brokers["c"], t) == read_log(brokers["a"], t), what=f"{topic} on c")
+        wait_until(
+            lambda t=topic: read_log(brokers["c"], t) == read_log(brokers["a"], t), what=f"{topic} on c"
+        )
         assert len(read_log(brokers["c"], topic)) == 10
     close_all()
 
@@ -56,8 +58,16 @@ def test_fewer_in_sync_replicas_than_min_insync_refuses_publishes(cluster_broker
     )
     state = cluster_state(etcd)
     partitions = len(state.partitions)
-    led_by_a = next(f"risk/{n}" for n in range(1000) if state.partitions[partition_of(f"risk/{n}", partitions)].leader == "a")
-    led_by_b = next(f"risk/{n}" for n in range(1000) if state.partitions[partition_of(f"risk/{n}", partitions)].leader == "b")
+    led_by_a = next(
+        f"risk/{n}"
+        for n in range(1000)
+        if state.partitions[partition_of(f"risk/{n}", partitions)].leader == "a"
+    )
+    led_by_b = next(
+        f"risk/{n}"
+        for n in range(1000)
+        if state.partitions[partition_of(f"risk/{n}", partitions)].leader == "b"
+    )
 
     v5 = RawClient(brokers["a"].port, 5)
     v5.connect("v5-device")

@@ -22,7 +22,9 @@ NODES = ("a", "b", "c")
 @pytest.fixture
 def three(cluster_brokers, etcd):
     brokers = {node: cluster_brokers(node) for node in NODES}
-    wait_until(lambda: settled(etcd, set(NODES), 3), what="three brokers settled, every partition fully in sync")
+    wait_until(
+        lambda: settled(etcd, set(NODES), 3), what="three brokers settled, every partition fully in sync"
+    )
     yield brokers
     close_all()
 

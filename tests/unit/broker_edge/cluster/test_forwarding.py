@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from broker_edge.cluster.config import ClusterConfig
 from broker_edge.cluster.node import ClusterNode
 from broker_edge.cluster.view import ClusterView, Member, PartitionState, partition_of
 from broker_edge.config import load_dataclass
@@ -29,15 +29,11 @@ NODES = ("a", "b", "c")
 TOKEN = "peer-secret"
 
 
-@dataclass
-class StaticClusterConfig:
-    """The fields of the ``cluster:`` section the node reads when it runs on a given view."""
-
-    node_id: str
-    partitions: int = PARTITIONS
-    min_insync_replicas: int = 2
-    forward_timeout_ms: int = 1000
-    token: str | None = None
+def static_config(node_id: str) -> ClusterConfig:
+    """The ``cluster:`` section of a node running on a given view (its etcd is never contacted)."""
+    return ClusterConfig(
+        node_id=node_id, etcd=["http://127.0.0.1:9"], partitions=PARTITIONS, forward_timeout_ms=1000
+    )
 
 
 def topic_led_by(leader: str, prefix: str = "site/dev") -> str:
@@ -69,7 +65,7 @@ class Cluster:
                 view.states[partition] = PartitionState(partition, leader, 1, NODES, NODES)
             # every node's routes exist before any peer dials (the offsets API builds its app once)
             self.nodes[node] = running.call(
-                lambda r=running, v=view: ClusterNode(r.broker, StaticClusterConfig(v.node_id), v)  # type: ignore[arg-type]
+                lambda r=running, v=view: ClusterNode(r.broker, static_config(v.node_id), v)
             )
         for node, running in self.brokers.items():
             running.broker.cluster_node = self.nodes[node]
