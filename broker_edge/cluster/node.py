@@ -143,7 +143,6 @@ class ClusterNode:
         self.etcd = Etcd(cluster.etcd, ETCD_TIMEOUT_S)
         self.membership = Membership(self.etcd, keys, self.member, view, cluster.lease_ttl_s)
         self.coordinator = Coordinator(self.etcd, keys, view, self.membership)
-        self.membership.before_unfence = self.coordinator.resync
         self.controller = Controller(
             self.etcd, keys, view, self.coordinator, self.membership, cluster, token=self.token
         )
@@ -175,9 +174,18 @@ class ClusterNode:
         self._started = True
         self._view_changed()
         if self.coordinator is not None and self.membership is not None and self.controller is not None:
-            await self.coordinator.start()
-            await self.membership.start()
-            await self.controller.start()
+            try:
+                await self.coordinator.start()
+                # The first registration needs no re-read (the coordinator has just read everything); a
+                # re-read restarts the coordinator's watch, and cancelling an etcd watch still being
+                # created can deadlock the etcd client. Later registrations (after a lost lease) re-read.
+                self.membership.before_unfence = None
+                await self.membership.start()
+                self.membership.before_unfence = self.coordinator.resync
+                await self.controller.start()
+            except Exception:
+                log.exception("joining the cluster failed")
+                raise
             log.info(
                 "cluster node %s (mqtt %s, offsets API %s) on etcd %s under %s",
                 self.member.node_id,

@@ -81,6 +81,16 @@ def cluster_state(target: EtcdTarget) -> ClusterState:
     return state
 
 
+def wait_settled(target: EtcdTarget, nodes: set[str], replicas: int, timeout: float = WAIT_S) -> None:
+    """Wait until the cluster on ``target`` is ``nodes`` with every partition fully in sync."""
+    wait_until(
+        lambda: settled(target, nodes, replicas),
+        timeout,
+        f"{sorted(nodes)} settled with {replicas} in-sync replicas per partition",
+        lambda: cluster_state(target),
+    )
+
+
 def settled(target: EtcdTarget, nodes: set[str], replicas: int, partitions: int = 16) -> bool:
     """Every partition led by one of ``nodes``, with ``replicas`` in-sync replicas, all of them live."""
     state = cluster_state(target)
@@ -92,7 +102,13 @@ def settled(target: EtcdTarget, nodes: set[str], replicas: int, partitions: int 
     )
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = WAIT_S, what: str = "condition") -> None:
+def wait_until(
+    condition: Callable[[], bool],
+    timeout: float = WAIT_S,
+    what: str = "condition",
+    state: Callable[[], object] | None = None,
+) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` (and showing ``state()``) after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -101,7 +117,8 @@ def wait_until(condition: Callable[[], bool], timeout: float = WAIT_S, what: str
         except (OSError, ValueError):
             pass
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            shown = f": {state()}" if state is not None else ""
+            raise AssertionError(f"timed out waiting for {what}{shown}")
         time.sleep(0.1)
 
 

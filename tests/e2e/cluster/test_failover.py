@@ -19,7 +19,7 @@ from tests.e2e.cluster.proof import (
     EtcdProxy,
     cluster_state,
     read_log,
-    settled,
+    wait_settled,
     wait_until,
 )
 
@@ -90,12 +90,12 @@ def _run_failover(
 
 def test_kill_9_of_a_leader_loses_no_acknowledged_message(cluster_brokers, etcd):
     brokers = {node: cluster_brokers(node, replica_lag_max_ms=2000) for node in NODES}
-    wait_until(lambda: settled(etcd, set(NODES), 3), what="three brokers settled")
+    wait_settled(etcd, set(NODES), 3)
 
     devices, recovered = _run_failover(brokers, etcd, "b", brokers["b"].kill)
 
     assert sum(device.moves for device in devices) >= 1  # somebody was connected to the dead broker
-    wait_until(lambda: settled(etcd, {"a", "c"}, 2), what="a and c leading everything")
+    wait_settled(etcd, {"a", "c"}, 2)
     assert recovered < 15
 
 
@@ -107,7 +107,7 @@ def test_a_leader_that_loses_etcd_stops_acknowledging_and_loses_nothing(tmp_path
             urls = [proxy.url] if node == "b" else [etcd.url]
             brokers[node] = cluster_broker(tmp_path, etcd, node, {"etcd": urls, "replica_lag_max_ms": 2000})
             brokers[node].start()
-        wait_until(lambda: settled(etcd, set(NODES), 3), what="three brokers settled")
+        wait_settled(etcd, set(NODES), 3)
 
         _devices, recovered = _run_failover(brokers, etcd, "b", proxy.cut)
 

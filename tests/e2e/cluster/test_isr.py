@@ -8,7 +8,7 @@ from __future__ import annotations
 from broker_edge.cluster.view import partition_of
 from broker_edge.protocol.packets import PubAck, Publish, PubRec
 from tests.e2e.broker_clients import PahoClient, RawClient, close_all
-from tests.e2e.cluster.proof import cluster_state, cluster_status, read_log, settled, wait_until
+from tests.e2e.cluster.proof import cluster_state, cluster_status, read_log, wait_settled, wait_until
 
 NODES = ("a", "b", "c")
 LAG_MS = 1000
@@ -21,7 +21,7 @@ def _isr_line_mentions(status: str, node: str) -> bool:
 
 def test_a_stopped_follower_leaves_the_in_sync_set_and_rejoins_after_restart(cluster_brokers, etcd):
     brokers = {node: cluster_brokers(node, replica_lag_max_ms=LAG_MS) for node in NODES}
-    wait_until(lambda: settled(etcd, set(NODES), 3), what="three brokers settled")
+    wait_settled(etcd, set(NODES), 3)
     publisher = PahoClient(brokers["a"].port, "writer")
 
     brokers["c"].stop()
@@ -34,7 +34,7 @@ def test_a_stopped_follower_leaves_the_in_sync_set_and_rejoins_after_restart(clu
         publisher.publish(f"isr/dev-{n % 5}", f"m{n}".encode(), 1)
 
     brokers["c"].start()
-    wait_until(lambda: settled(etcd, set(NODES), 3), what="c back in every in-sync set")
+    wait_settled(etcd, set(NODES), 3)
     status = cluster_status(etcd)
     assert "c" in status
     for n in range(5):
@@ -50,7 +50,7 @@ def test_fewer_in_sync_replicas_than_min_insync_refuses_publishes(cluster_broker
     brokers = {
         node: cluster_brokers(node, replica_lag_max_ms=LAG_MS, min_insync_replicas=3) for node in NODES
     }
-    wait_until(lambda: settled(etcd, set(NODES), 3), what="three brokers settled")
+    wait_settled(etcd, set(NODES), 3)
     brokers["c"].stop()
     wait_until(
         lambda: all("c" not in p.isr for p in cluster_state(etcd).partitions.values()),

@@ -14,7 +14,7 @@ import pytest
 from gmqtt import Client as GmqttClient
 
 from tests.e2e.broker_clients import TIMEOUT, PahoClient, close_all
-from tests.e2e.cluster.proof import cluster_state, cluster_status, settled, wait_until
+from tests.e2e.cluster.proof import cluster_state, cluster_status, settled, wait_settled, wait_until
 
 NODES = ("a", "b", "c")
 
@@ -22,9 +22,7 @@ NODES = ("a", "b", "c")
 @pytest.fixture
 def three(cluster_brokers, etcd):
     brokers = {node: cluster_brokers(node) for node in NODES}
-    wait_until(
-        lambda: settled(etcd, set(NODES), 3), what="three brokers settled, every partition fully in sync"
-    )
+    wait_settled(etcd, set(NODES), 3)
     yield brokers
     close_all()
 
@@ -80,15 +78,21 @@ def test_gmqtt_publishes_on_a_and_receives_on_b(three):
     assert sorted(received) == [(f"gm/{qos}", f"via gmqtt {qos}".encode(), qos) for qos in (0, 1, 2)]
 
 
-def test_a_new_broker_joins_and_takes_leadership_of_its_share(three, cluster_brokers, etcd):
+def test_a_new_broker_joins_and_takes_leadership_of_its_share(cluster_brokers, etcd):
+    """The cluster is made for four copies (``replication_factor: 4``, capped at the three live brokers): the
+    fourth broker to join gets a copy of every partition, catches up, and takes over its share of
+    leaderships."""
+    three = {node: cluster_brokers(node, replication_factor=4) for node in NODES}
+    wait_settled(etcd, set(NODES), 3)
     assert cluster_state(etcd).leaders().get("d", 0) == 0
-    cluster_brokers("d")
+    cluster_brokers("d", replication_factor=4)
 
     partitions = len(cluster_state(etcd).partitions)
     fair = partitions // 4
     wait_until(
-        lambda: cluster_state(etcd).leaders().get("d", 0) >= fair and settled(etcd, {*NODES, "d"}, 3),
+        lambda: cluster_state(etcd).leaders().get("d", 0) >= fair and settled(etcd, {*NODES, "d"}, 4),
         what="d leading its share of the partitions",
+        state=lambda: cluster_state(etcd),
     )
     leaders = cluster_state(etcd).leaders()
     assert max(leaders.values()) - min(leaders.values()) <= 1, leaders
@@ -100,6 +104,7 @@ def test_a_new_broker_joins_and_takes_leadership_of_its_share(three, cluster_bro
     publisher = PahoClient(port_of(cluster_state(etcd).members["d"].mqtt), "pub-on-d")
     publisher.publish("joined/x", b"from d", 1)
     assert subscriber.expect(1)[0].payload == b"from d"
+    close_all()
 
 
 def port_of(address: str) -> int:
