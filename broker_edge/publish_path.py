@@ -16,16 +16,18 @@ through five stages, each a method below:
    offsets API, so a device is acknowledged only for what survives the leader.
 5. **route and acknowledge** (``_route_and_acknowledge``): each message is routed, carrying its offset,
    and every publisher acknowledged in the order the publishes arrived. Log readers (``replay``) are given
-   the appended runs so sessions catching up share the decoded messages. Batches complete in the order
-   they were persisted, whatever order their parts finish in.
+   the appended runs so sessions catching up share the decoded messages.
 
 In a cluster (``attach_forwarding``) the persist stage asks the ``Forwarding`` where each topic goes: the
 log here (this node leads its partition), the partition's leader (the batch then also waits for the
 leader's answer, which comes once the leader has the records on its in-sync replicas), or nowhere (a
 refusal, e.g. fewer in-sync replicas than ``min_insync_replicas``: v5 publishers get 0x83 with a reason
 string, v3 publishers are disconnected). Unlogged publishes are also handed to the ``Forwarding`` to be
-routed on every other member. Publishes a peer forwarded here enter through ``accept_forwarded``. A broker
-without a cluster never calls any of it: its path is the one above, with no per-publish check.
+routed on every other member. Publishes a peer forwarded here enter through ``accept_forwarded``. Batches
+then complete in any order (a forwarded part waits for another broker), so each publisher's
+acknowledgements are kept in its arrival order by a queue per publisher ([MQTT-4.6.0-2..4]). A broker
+without a cluster never calls any of it: its batches complete in the order they were persisted (the log
+makes them durable in that order), with no per-publish cluster check.
 
 If writing fails, v5 publishers get 0x80 in their acknowledgement and v3 publishers are disconnected (they
 resend after reconnecting); nothing is acknowledged that is not durable.
@@ -133,6 +135,8 @@ class PendingPublish:
     reason_string: str | None = None
     settled: bool = False
     """Answered elsewhere (forwarded to the leader, or refused): not routed here, not refused again."""
+    ready: bool = False
+    """Its answer is known (a cluster member acknowledges it once its publisher's earlier ones are)."""
 
 
 @dataclass(slots=True)
@@ -270,8 +274,8 @@ class PublishPath:
         self._pending: list[PendingPublish] = []
         self._by_topic: dict[str, list[Message]] = {}
         self._scheduled = False
-        self._in_flight: deque[_Batch] = deque()
-        """Persisted batches not yet completed, oldest first: they complete in this order."""
+        self._turns: dict[Publisher, deque[PendingPublish]] = {}
+        """A cluster member's publishes waiting for their acknowledgement, per publisher in arrival order."""
 
     def attach_store(self, store: PublishStore, replays: ReplayManager | None) -> None:
         """Log from now on into ``store``; ``replays`` learns of every appended run."""
@@ -384,8 +388,16 @@ class PublishPath:
         if not batch:
             return
         current = _Batch(batch, [])
-        self._in_flight.append(current)
         if self.forwarding is not None:
+            turns = self._turns
+            for entry in batch:
+                publisher = entry.publisher
+                if publisher is not None and entry.packet_id is not None:
+                    queue = turns.get(publisher)
+                    if queue is None:
+                        turns[publisher] = deque((entry,))
+                    else:
+                        queue.append(entry)
             topics = self._place(current, topics, self.forwarding)
         retry: set[str] = set()
         runs = current.runs
@@ -505,43 +517,37 @@ class PublishPath:
         self._part_done(current)
 
     def _part_done(self, current: _Batch) -> None:
-        """One part of ``current`` finished; complete every batch at the head whose parts all have."""
+        """One part of ``current`` finished; once all have, route and acknowledge it (or refuse it)."""
         current.waiting -= 1
         if current.waiting:
             return
-        in_flight = self._in_flight
-        while in_flight and not in_flight[0].waiting:
-            done = in_flight.popleft()
-            if done.error is None:
-                self._route_and_acknowledge(done.entries, done.runs)
-            else:
-                self._failed(done.entries, done.error, done.reason)
+        if current.error is None:
+            self._route_and_acknowledge(current.entries, current.runs)
+        else:
+            self._failed(current.entries, current.error, current.reason)
 
     def _failed(self, batch: list[PendingPublish], exc: BaseException, reason: str) -> None:
         """Writing (``log_failed``) or replicating (``replication_failed``) failed: acknowledge nothing
-        appended here (entries answered elsewhere keep their answer)."""
+        appended here (entries answered elsewhere keep their answer); a ``PublishRefused`` says why."""
         log.error("%s, %d publishes not acknowledged: %s", reason.replace("_", " "), len(batch), exc)
         refused = isinstance(exc, PublishRefused)
         reason_code = exc.reason_code if isinstance(exc, PublishRefused) else ReasonCode.UNSPECIFIED_ERROR
         reason_string = str(exc) if refused else None
+        answer = self._answer if self.forwarding is None else self._answer_in_turn
         for entry in batch:
-            if entry.settled:
-                self._answer(entry, entry.reason_code)
-                continue
-            if entry.message is not None:
-                self.counters.drop(reason)
-            publisher = entry.publisher
-            if publisher is not None and entry.packet_id is not None and publisher.state != CLOSED:
-                if publisher.v5:
-                    _acknowledge(publisher, entry.qos, entry.packet_id, reason_code, reason_string)
-                else:
-                    publisher.close()
+            if not entry.settled:
+                if entry.message is not None:
+                    self.counters.drop(reason)
+                entry.reason_code = reason_code
+                entry.reason_string = reason_string
+            answer(entry, entry.reason_code)
 
     # -- 4. route and acknowledge -------------------------------------------------------------------------
 
     def _route_and_acknowledge(self, batch: list[PendingPublish], runs: list[AppendedRun]) -> None:
         """Route the publishes of ``batch``, now durable (and replicated), and acknowledge them in order."""
         router = self.router
+        answer = self._answer if self.forwarding is None else self._answer_in_turn
         appends = appended_bytes = 0
         for entry in batch:
             message = entry.message
@@ -551,7 +557,7 @@ class PublishPath:
                 appended_bytes += len(message.payload)
                 if not router.publish(message):
                     reason_code = _NO_MATCHING
-            self._answer(entry, reason_code)
+            answer(entry, reason_code)
         replays = self.replays
         if replays is not None:
             for run in runs:
@@ -559,6 +565,26 @@ class PublishPath:
         if appends:
             self.metrics.log_appends_total.inc(appends)
             self.metrics.log_bytes_total.inc(appended_bytes)
+
+    def _answer_in_turn(self, entry: PendingPublish, reason_code: int) -> None:
+        """A cluster member's acknowledgement: sent once every earlier publish of the same publisher is
+        acknowledged ([MQTT-4.6.0-2..4]). Batches complete in any order here (a forwarded part waits for
+        another broker), so only a publisher's own publishes wait for each other: a batch never waits for
+        one that waits on a peer, which could wait on this broker in turn."""
+        entry.reason_code = reason_code
+        entry.ready = True
+        publisher = entry.publisher
+        if publisher is None or entry.packet_id is None:
+            return
+        queue = self._turns.get(publisher)
+        if queue is None:  # queued before this node joined its cluster
+            self._answer(entry, reason_code)
+            return
+        while queue and queue[0].ready:
+            head = queue.popleft()
+            self._answer(head, head.reason_code)
+        if not queue:
+            del self._turns[publisher]
 
     @staticmethod
     def _answer(entry: PendingPublish, reason_code: int) -> None:

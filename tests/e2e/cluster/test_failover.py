@@ -79,7 +79,14 @@ def _run_failover(
     failed_at = time.monotonic()
     fail()
     survivors = [brokers[node] for node in NODES if node != victim]
-    wait_until(lambda: len(devices[0].acked) > acked_before + 20, what="publishes acknowledged again")
+    wait_until(
+        lambda: len(devices[0].acked) > acked_before + 20,
+        what="publishes acknowledged again",
+        state=lambda: (
+            [(d.client_id, len(d.acked), d.refused, d.moves) for d in devices],
+            cluster_state(target),
+        ),
+    )
     recovered = next(t for t in devices[0].ack_times if t > failed_at) - failed_at
     time.sleep(PUBLISH_S)
     for device in devices:

@@ -126,6 +126,23 @@ def test_acks_keep_arrival_order_when_a_later_forwarded_batch_is_answered_first(
     assert REMOTE_TOPIC not in store.logs  # forwarded publishes are appended by the leader only
 
 
+def test_a_publisher_is_not_held_behind_another_publishers_forwarded_publish():
+    """Only a publisher's own publishes keep their turn: a batch waiting for a leader elsewhere (which may
+    be waiting for this broker in turn) holds back nobody else's acknowledgement."""
+    core, store, forwarding = _cluster_core()
+    far = _publisher(core)
+    near = core.client()
+    near.connect("near")
+
+    far.send(Publish(REMOTE_TOPIC, b"far", 1, packet_id=1))
+    near.send(Publish(LOCAL_TOPIC, b"near", 1, packet_id=2))
+    store.make_durable()
+    assert [(a.packet_id, a.reason_code) for a in near.read()] == [(2, 0x10)]
+    assert far.read() == []
+    forwarding.answer(0)
+    assert [a.packet_id for a in far.read()] == [1]
+
+
 def test_one_batch_waits_for_both_its_local_and_its_forwarded_part():
     core, store, forwarding = _cluster_core()
     client = _publisher(core)
