@@ -340,8 +340,10 @@ class PublishPath:
         """Take logged publishes a peer forwarded (this node leads their partition, or did when they were
         sent): appended and acknowledged like a client's, in turn; ``done`` gets one answer per message."""
         publisher = _PeerPublisher(messages, done)
+        pending = self._pending
         for index, message in enumerate(messages):
-            self._queue_message(publisher, message, index, 1)
+            self._queue_message(publisher, message, index)
+            pending[-1].qos = 1  # answered as a QoS 1 publish is, whatever its QoS: the peer waits for each
 
     def publish(self, message: Message) -> None:
         """Publish as the broker itself (a will, a tool): logged per the rules, never acknowledged."""
@@ -360,15 +362,13 @@ class PublishPath:
             return
         self._queue(PendingPublish(publisher, None, packet_id, qos, reason_code))
 
-    def _queue_message(
-        self, publisher: Publisher | None, message: Message, packet_id: int | None, qos: int | None = None
-    ) -> None:
+    def _queue_message(self, publisher: Publisher | None, message: Message, packet_id: int | None) -> None:
         queued = self._by_topic.get(message.topic)
         if queued is None:
             self._by_topic[message.topic] = [message]
         else:
             queued.append(message)
-        self._queue(PendingPublish(publisher, message, packet_id, message.qos if qos is None else qos))
+        self._queue(PendingPublish(publisher, message, packet_id, message.qos))
 
     def _queue(self, entry: PendingPublish) -> None:
         self._pending.append(entry)
@@ -547,17 +547,36 @@ class PublishPath:
     def _route_and_acknowledge(self, batch: list[PendingPublish], runs: list[AppendedRun]) -> None:
         """Route the publishes of ``batch``, now durable (and replicated), and acknowledge them in order."""
         router = self.router
-        answer = self._answer if self.forwarding is None else self._answer_in_turn
         appends = appended_bytes = 0
-        for entry in batch:
-            message = entry.message
-            reason_code = entry.reason_code
-            if message is not None:
-                appends += 1
-                appended_bytes += len(message.payload)
-                if not router.publish(message):
-                    reason_code = _NO_MATCHING
-            answer(entry, reason_code)
+        if self.forwarding is None:
+            for entry in batch:
+                message = entry.message
+                reason_code = entry.reason_code
+                if message is not None:
+                    appends += 1
+                    appended_bytes += len(message.payload)
+                    if not router.publish(message):
+                        reason_code = _NO_MATCHING
+                publisher = entry.publisher
+                packet_id = entry.packet_id
+                if publisher is None or packet_id is None or publisher.state == CLOSED:
+                    continue
+                qos = entry.qos
+                if (
+                    qos == 1 and publisher.incoming_pending > 0
+                ):  # a QoS 1 entry: a logged publish or a refusal
+                    publisher.incoming_pending -= 1
+                _acknowledge(publisher, qos, packet_id, reason_code)
+        else:
+            for entry in batch:
+                message = entry.message
+                reason_code = entry.reason_code
+                if message is not None:
+                    appends += 1
+                    appended_bytes += len(message.payload)
+                    if not router.publish(message):
+                        reason_code = _NO_MATCHING
+                self._answer_in_turn(entry, reason_code)
         replays = self.replays
         if replays is not None:
             for run in runs:
