@@ -12,6 +12,7 @@ import asyncio
 
 import pytest
 from gmqtt import Client as GmqttClient
+from gmqtt.mqtt.constants import MQTTv50, MQTTv311
 
 from tests.e2e.broker_clients import TIMEOUT, PahoClient, close_all
 from tests.e2e.cluster.proof import cluster_state, settled, wait_settled, wait_until
@@ -47,12 +48,13 @@ def test_every_qos_published_on_a_reaches_subscribers_on_b_and_c(three, version)
         subscriber.expect_none(0.5)  # once each
 
 
-def test_gmqtt_publishes_on_a_and_receives_on_b(three):
+@pytest.mark.parametrize("version", [MQTTv50, MQTTv311], ids=["v5", "v3.1.1"])
+def test_gmqtt_publishes_on_a_and_receives_on_b(three, version):
     async def scenario() -> list[tuple[str, bytes, int]]:
         received: list[tuple[str, bytes, int]] = []
         done = asyncio.Event()
         subscribed = asyncio.Event()
-        subscriber = GmqttClient("gmqtt-on-b")
+        subscriber = GmqttClient(f"gmqtt-on-b-{version}")
 
         def on_message(client, topic, payload, qos, properties):  # type: ignore[no-untyped-def]
             received.append((topic, payload, qos))
@@ -62,11 +64,11 @@ def test_gmqtt_publishes_on_a_and_receives_on_b(three):
 
         subscriber.on_message = on_message
         subscriber.on_subscribe = lambda *args: subscribed.set()
-        await subscriber.connect("127.0.0.1", three["b"].port, keepalive=30)
+        await subscriber.connect("127.0.0.1", three["b"].port, keepalive=30, version=version)
         subscriber.subscribe("gm/#", qos=2)
         await asyncio.wait_for(subscribed.wait(), TIMEOUT)
-        publisher = GmqttClient("gmqtt-on-a")
-        await publisher.connect("127.0.0.1", three["a"].port, keepalive=30)
+        publisher = GmqttClient(f"gmqtt-on-a-{version}")
+        await publisher.connect("127.0.0.1", three["a"].port, keepalive=30, version=version)
         for qos in (0, 1, 2):
             publisher.publish(f"gm/{qos}", f"via gmqtt {qos}".encode(), qos=qos)
         await asyncio.wait_for(done.wait(), 2 * TIMEOUT)
