@@ -1,7 +1,7 @@
 """What the controller decides, as pure functions of the partition states and the live members (no I/O).
 
 - ``initial_states``: replicas of new partitions, ``replication_factor`` of them (capped at the live members),
-  spread evenly and deterministically; the first replica leads, all are in sync.
+  replicas and leaderships spread evenly and deterministically; all in sync.
 - ``plan``: the changes one pass of the controller makes, at most one per partition, in three steps:
   1. **elections** for partitions whose leader is gone: a live in-sync replica (highest log end first, then
      fewest leaderships, then node id); none → offline (leader None, in-sync set kept so that a returning
@@ -13,7 +13,8 @@
      members) gets the live members holding the fewest replicas; dead replicas outside the in-sync set make
      room for them.
   3. **balancing** (preferred-leader moves): while a live member leads two partitions more than another that
-     is in sync on one of them, that partition's leadership moves to it.
+     is in sync on one of them (and not behind it, when log ends are known), that partition's leadership
+     moves to it. Partitions elected in the same pass stay with their new leader.
   The epoch of a partition is +1 exactly when its leader changes (to None included).
 
 Each decision is written by compare-and-swap, so a plan computed from a stale view simply fails and is
@@ -29,6 +30,7 @@ from dataclasses import dataclass, replace
 from broker_edge.cluster.view import PartitionState
 
 __all__ = [
+    "SPREAD",
     "Change",
     "LogEnds",
     "balance_leaders",
@@ -38,7 +40,11 @@ __all__ = [
     "leader_counts",
     "needs_election",
     "plan",
+    "summary",
 ]
+
+SPREAD = "leadership spread"
+"""How the reason of a leadership move made to spread leadership starts."""
 
 LogEnds = Mapping[str, Mapping[int, int]]
 """node_id → partition → log end (sum of the end offsets of its topics in that partition) of the members
@@ -56,6 +62,11 @@ class Change:
     """The new leader was not in sync: acknowledged records may be lost (log it at ERROR)."""
 
     @property
+    def spreads(self) -> bool:
+        """Whether this change moves a live leader's leadership to spread leadership."""
+        return any(reason.startswith(SPREAD) for reason in self.reasons)
+
+    @property
     def partition(self) -> int:
         return self.after.partition
 
@@ -63,18 +74,24 @@ class Change:
 def initial_states(
     partitions: Iterable[int], members: Collection[str], replication_factor: int
 ) -> list[PartitionState]:
-    """Epoch-0 states of ``partitions`` over ``members``: replicas are consecutive members (sorted by id)
-    starting at the partition number, so replicas and leaderships are spread evenly; all in sync."""
+    """Epoch-0 states of ``partitions`` over ``members``, all replicas in sync. The replica sets are
+    consecutive blocks of the members (sorted by id) laid end to end around the ring, so every member holds
+    as many replicas as any other, give or take one; each block's leader is its member with the fewest
+    leaderships so far, which spreads leadership the same way."""
     ordered = sorted(set(members))
     if not ordered:
         raise ValueError("members: at least one live member is needed to assign partitions")
     if replication_factor < 1:
         raise ValueError(f"replication_factor: must be >= 1, got {replication_factor}")
     count = min(replication_factor, len(ordered))
+    led: Counter[str] = Counter()
     states = []
-    for partition in partitions:
-        replicas = tuple(ordered[(partition + i) % len(ordered)] for i in range(count))
-        states.append(PartitionState(partition, replicas[0], 0, replicas, replicas))
+    for index, partition in enumerate(sorted(partitions)):
+        block = [ordered[(index * count + i) % len(ordered)] for i in range(count)]
+        leader = min(block, key=lambda node: (led[node], block.index(node)))
+        led[leader] += 1
+        replicas = (leader, *(node for node in block if node != leader))
+        states.append(PartitionState(partition, leader, 0, replicas, replicas))
     return states
 
 
@@ -175,28 +192,45 @@ def fill_replicas(
 
 
 def balance_leaders(
-    states: Mapping[int, PartitionState], live: Collection[str]
+    states: Mapping[int, PartitionState],
+    live: Collection[str],
+    log_ends: LogEnds | None = None,
+    keep: Collection[int] = (),
 ) -> dict[int, tuple[PartitionState, str]]:
     """Step 3 of ``plan``: partition → (new state, reason) for the leadership moves that leave every live
-    member within one leadership of every other one it could take over from."""
+    member within one leadership of every other one it could take over from. Leadership moves only to an
+    in-sync replica, never to one whose known log end is behind the leader's (it would make the leader
+    truncate records it holds), and partitions in ``keep`` (just elected) stay where they are."""
+    log_ends = log_ends or {}
     current = dict(states)
     counts = leader_counts(current.values(), live)
     result: dict[int, tuple[PartitionState, str]] = {}
+
+    def behind(node: str, leader: str, partition: int) -> bool:
+        mine, theirs = log_ends.get(node), log_ends.get(leader)
+        if mine is None or theirs is None:
+            return False
+        return mine.get(partition, 0) < theirs.get(partition, 0)
+
     moved = True
     while moved:
         moved = False
         # the most loaded leader first; among its partitions the lowest number; to the least loaded in sync
         for source in sorted(counts, key=lambda node: (-counts[node], node)):
-            for partition in sorted(p for p, s in current.items() if s.leader == source):
+            for partition in sorted(p for p, s in current.items() if s.leader == source and p not in keep):
                 state = current[partition]
-                targets = [n for n in state.isr if n in live and counts[n] + 1 < counts[source]]
+                targets = [
+                    n
+                    for n in state.isr
+                    if n in live and counts[n] + 1 < counts[source] and not behind(n, source, partition)
+                ]
                 if not targets:
                     continue
                 target = min(targets, key=lambda node: (counts[node], node))
                 current[partition] = replace(state, leader=target)
                 counts[source] -= 1
                 counts[target] += 1
-                result[partition] = (current[partition], f"leadership spread: {source} to {target}")
+                result[partition] = (current[partition], f"{SPREAD}: {source} to {target}")
                 moved = True
                 break
             if moved:
@@ -212,7 +246,8 @@ def plan(
     unclean_election: bool = False,
 ) -> list[Change]:
     """Every change of one controller pass (elections, then replica filling, then leadership spreading),
-    merged into at most one change per partition, in partition order."""
+    merged into at most one change per partition, in partition order. ``log_ends`` ranks election
+    candidates and keeps leadership from moving to a replica that is behind."""
     live_set = frozenset(live)
     working = dict(states)
     reasons: dict[int, list[str]] = {}
@@ -222,15 +257,18 @@ def plan(
         working[partition] = state
         reasons.setdefault(partition, []).append(reason)
 
+    elected = set()
     for partition, (state, reason, was_unclean) in elect_leaders(
         working, live_set, log_ends, unclean_election
     ).items():
         apply(partition, state, reason)
+        if state.leader != states[partition].leader:
+            elected.add(partition)
         if was_unclean:
             unclean.add(partition)
     for partition, (state, reason) in fill_replicas(working, live_set, replication_factor).items():
         apply(partition, state, reason)
-    for partition, (state, reason) in balance_leaders(working, live_set).items():
+    for partition, (state, reason) in balance_leaders(working, live_set, log_ends, elected).items():
         apply(partition, state, reason)
 
     changes = []

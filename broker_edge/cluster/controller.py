@@ -229,7 +229,13 @@ class Controller:
             }
             if candidates:
                 log_ends = await self.log_ends([members[n] for n in sorted(candidates)], stored)
-        changes = plan(states, live, self.config.replication_factor, log_ends, self.config.unclean_election)
+        rf, unclean = self.config.replication_factor, self.config.unclean_election
+        changes = plan(states, live, rf, log_ends, unclean)
+        if any(change.spreads for change in changes):
+            # leadership moves only to a replica that is not behind: ask every member where it stands
+            asked = [members[n] for n in sorted(live) if n not in log_ends]
+            log_ends = {**log_ends, **await self.log_ends(asked, stored)}
+            changes = plan(states, live, rf, log_ends, unclean)
         conflicted = False
         for change in changes:
             partition = change.partition

@@ -1,0 +1,288 @@
+"""The controller's decisions, without etcd: initial assignment, elections, replica filling, spreading."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker_edge.cluster.assignment import (
+    Change,
+    balance_leaders,
+    elect_leaders,
+    fill_replicas,
+    initial_states,
+    leader_counts,
+    needs_election,
+    plan,
+)
+from broker_edge.cluster.view import PartitionState
+
+
+def by_partition(states: list[PartitionState]) -> dict[int, PartitionState]:
+    return {state.partition: state for state in states}
+
+
+def apply(states: dict[int, PartitionState], changes: list[Change]) -> dict[int, PartitionState]:
+    result = dict(states)
+    for change in changes:
+        assert result[change.partition] == change.before
+        result[change.partition] = change.after
+    return result
+
+
+def full_isr(states: dict[int, PartitionState]) -> dict[int, PartitionState]:
+    """Every replica caught up (what leaders do once followers have fetched everything)."""
+    return {p: PartitionState(p, s.leader, s.epoch, s.replicas, s.replicas) for p, s in states.items()}
+
+
+# -- initial assignment -----------------------------------------------------------------------------------
+
+
+def test_initial_assignment_spreads_replicas_and_leaders_evenly() -> None:
+    states = initial_states(range(16), ["b2", "b1", "b3"], 3)
+    assert [s.partition for s in states] == list(range(16))
+    assert states[0] == PartitionState(0, "b1", 0, ("b1", "b2", "b3"), ("b1", "b2", "b3"))
+    assert states[1] == PartitionState(1, "b2", 0, ("b2", "b1", "b3"), ("b2", "b1", "b3"))
+    assert sorted(leader_counts(states, ["b1", "b2", "b3"]).values()) == [5, 5, 6]
+
+
+def test_initial_replication_factor_is_capped_at_the_live_members() -> None:
+    states = initial_states(range(4), ["b1"], 3)
+    assert {s.replicas for s in states} == {("b1",)}
+    assert {s.leader for s in states} == {"b1"}
+
+
+def test_initial_assignment_needs_a_member_and_a_positive_factor() -> None:
+    with pytest.raises(ValueError, match="members"):
+        initial_states(range(2), [], 3)
+    with pytest.raises(ValueError, match="replication_factor"):
+        initial_states(range(2), ["b1"], 0)
+
+
+@given(
+    partitions=st.integers(1, 64),
+    members=st.sets(st.sampled_from([f"b{i}" for i in range(9)]), min_size=1),
+    rf=st.integers(1, 5),
+)
+def test_initial_assignment_properties(partitions: int, members: set[str], rf: int) -> None:
+    states = initial_states(range(partitions), members, rf)
+    assert states == initial_states(range(partitions), sorted(members, reverse=True), rf)  # deterministic
+    replica_load: Counter[str] = Counter()
+    for state in states:
+        assert len(state.replicas) == len(set(state.replicas)) == min(rf, len(members))
+        assert set(state.replicas) <= members
+        assert state.leader == state.replicas[0]
+        assert state.isr == state.replicas
+        assert state.epoch == 0
+        replica_load.update(state.replicas)
+    leaders = leader_counts(states, members)
+    assert max(leaders.values()) - min(leaders.values()) <= 1
+    loads = [replica_load[m] for m in members]
+    assert max(loads) - min(loads) <= 1
+
+
+# -- elections ----------------------------------------------------------------------------------------
+
+
+def test_a_dead_leader_is_replaced_by_a_live_isr_member_with_the_next_epoch() -> None:
+    states = {0: PartitionState(0, "b1", 4, ("b1", "b2", "b3"), ("b1", "b2", "b3"))}
+    changes = plan(states, {"b2", "b3"}, 3)
+    assert len(changes) == 1
+    after = changes[0].after
+    assert after.leader in {"b2", "b3"}
+    assert after.epoch == 5
+    assert after.isr == tuple(n for n in ("b2", "b3"))
+    assert after.replicas == ("b1", "b2", "b3")  # no spare member to take its place
+    assert not changes[0].unclean
+
+
+def test_the_candidate_with_the_highest_log_end_wins() -> None:
+    states = {
+        0: PartitionState(0, "b1", 0, ("b1", "b2", "b3"), ("b1", "b2", "b3")),
+        1: PartitionState(1, "b3", 0, ("b3", "b1", "b2"), ("b3", "b1", "b2")),
+    }
+    log_ends = {"b2": {0: 10}, "b3": {0: 12, 1: 7}}
+    changes = plan(states, {"b2", "b3"}, 3, log_ends)
+    assert changes[0].after.leader == "b3"  # more records, although it already leads partition 1
+    log_ends = {"b2": {0: 12}, "b3": {0: 10}}
+    assert plan(states, {"b2", "b3"}, 3, log_ends)[0].after.leader == "b2"
+
+
+def test_a_candidate_that_does_not_answer_is_ranked_last_but_still_eligible() -> None:
+    states = {0: PartitionState(0, "b1", 0, ("b1", "b2", "b3"), ("b1", "b2", "b3"))}
+    assert plan(states, {"b2", "b3"}, 3, {"b3": {}})[0].after.leader == "b3"  # answered: 0 records
+    assert plan(states, {"b2", "b3"}, 3, {"b2": {0: 0}})[0].after.leader == "b2"
+    only_silent = {0: PartitionState(0, "b1", 0, ("b1", "b2"), ("b1", "b2"))}
+    assert plan(only_silent, {"b2"}, 2, {})[0].after.leader == "b2"
+
+
+def test_ties_go_to_the_member_with_fewest_leaderships() -> None:
+    states = {
+        0: PartitionState(0, "b1", 0, ("b1", "b2", "b3"), ("b1", "b2", "b3")),
+        1: PartitionState(1, "b1", 0, ("b1", "b2", "b3"), ("b1", "b2", "b3")),
+        2: PartitionState(2, "b2", 0, ("b2", "b3", "b1"), ("b2", "b3", "b1")),
+    }
+    elected = elect_leaders(states, {"b2", "b3"})
+    # b2 already leads partition 2: partition 0 goes to b3, partition 1 then to either (b2 and b3 lead 1)
+    assert elected[0][0].leader == "b3"
+    assert elected[1][0].leader == "b2"
+    assert 2 not in elected or elected[2][0].leader == "b2"
+
+
+def test_no_live_isr_member_leaves_the_partition_offline_with_its_isr_kept() -> None:
+    states = {0: PartitionState(0, "b1", 3, ("b1", "b2", "b3"), ("b1",))}
+    changes = plan(states, {"b2", "b3"}, 3)
+    after = changes[0].after
+    assert after.leader is None
+    assert after.epoch == 4
+    assert after.isr == ("b1",)  # b1 holds every acknowledged record: it may lead again when it returns
+    assert plan({0: after}, {"b2", "b3"}, 3) == []  # nothing more to do while offline
+    back = plan({0: after}, {"b1", "b2", "b3"}, 3)
+    assert back[0].after.leader == "b1"
+    assert back[0].after.epoch == 5
+
+
+def test_unclean_election_picks_a_live_replica_and_says_so() -> None:
+    states = {0: PartitionState(0, "b1", 3, ("b1", "b2", "b3"), ("b1",))}
+    changes = plan(states, {"b2", "b3"}, 3, {"b2": {0: 1}, "b3": {0: 9}}, unclean_election=True)
+    change = changes[0]
+    assert change.unclean
+    assert change.after.leader == "b3"
+    assert change.after.isr == ("b3",)
+    assert change.after.epoch == 4
+    assert any("UNCLEAN" in reason for reason in change.reasons)
+
+
+def test_unclean_election_with_no_live_replica_stays_offline() -> None:
+    states = {0: PartitionState(0, "b1", 3, ("b1", "b2"), ("b1",))}
+    changes = plan(states, {"b3"}, 2, unclean_election=True)
+    assert changes[0].after.leader is None
+    assert not changes[0].unclean
+
+
+def test_dead_followers_leave_the_isr_without_an_epoch_change() -> None:
+    states = {0: PartitionState(0, "b1", 2, ("b1", "b2", "b3"), ("b1", "b2", "b3"))}
+    changes = plan(states, {"b1", "b3"}, 3)
+    assert changes[0].after == PartitionState(0, "b1", 2, ("b1", "b2", "b3"), ("b1", "b3"))
+
+
+def test_needs_election_lists_partitions_without_a_live_leader() -> None:
+    states = [
+        PartitionState(0, "b1", 0, ("b1",), ("b1",)),
+        PartitionState(1, "b2", 0, ("b2",), ("b2",)),
+        PartitionState(2, None, 1, ("b2",), ("b2",)),
+    ]
+    assert needs_election(states, {"b1"}) == [1, 2]
+
+
+# -- filling and spreading ------------------------------------------------------------------------------
+
+
+def test_a_new_member_fills_replica_sets_short_of_the_factor() -> None:
+    states = by_partition(initial_states(range(6), ["b1", "b2"], 3))  # created with two members
+    filled = fill_replicas(states, {"b1", "b2", "b3"}, 3)
+    assert set(filled) == set(range(6))
+    for state, _ in filled.values():
+        assert state.replicas[-1] == "b3"
+        assert "b3" not in state.isr  # it must catch up first
+    assert fill_replicas(states, {"b1", "b2"}, 3) == {}
+
+
+def test_a_dead_replica_out_of_sync_makes_room_for_a_spare_member() -> None:
+    states = {0: PartitionState(0, "b1", 0, ("b1", "b2", "b3"), ("b1", "b2", "b3"))}
+    after = apply(states, plan(states, {"b1", "b2", "b4"}, 3))
+    assert after[0].replicas == ("b1", "b2", "b4")
+    assert after[0].isr == ("b1", "b2")
+
+
+def test_the_new_member_gets_its_share_of_leadership_once_in_sync() -> None:
+    states = by_partition(initial_states(range(16), ["b1", "b2"], 3))
+    live = {"b1", "b2", "b3"}
+    states = apply(states, plan(states, live, 3))  # b3 added as a replica everywhere
+    assert leader_counts(states.values(), live)["b3"] == 0
+    states = full_isr(states)  # b3 caught up
+    changes = plan(states, live, 3)
+    after = apply(states, changes)
+    counts = leader_counts(after.values(), live)
+    assert sorted(counts.values()) == [5, 5, 6]
+    for change in changes:
+        assert change.after.leader == "b3"
+        assert change.after.epoch == change.before.epoch + 1
+    assert plan(after, live, 3) == []  # stable
+
+
+def test_leadership_moves_only_to_in_sync_members() -> None:
+    states = {p: PartitionState(p, "b1", 0, ("b1", "b2"), ("b1",)) for p in range(4)}
+    assert balance_leaders(states, {"b1", "b2"}) == {}
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> tuple[dict[int, PartitionState], set[str], int, dict[str, dict[int, int]]]:
+    nodes = [f"b{i}" for i in range(6)]
+    rf = draw(st.integers(1, 4))
+    partitions = draw(st.integers(1, 24))
+    states: dict[int, PartitionState] = {}
+    for p in range(partitions):
+        replicas = tuple(draw(st.lists(st.sampled_from(nodes), min_size=1, max_size=rf, unique=True)))
+        isr = tuple(n for n in replicas if draw(st.booleans()))
+        leader = draw(st.sampled_from([None, *isr])) if isr else None
+        if leader is not None and leader not in isr:
+            isr = (leader, *isr)
+        states[p] = PartitionState(p, leader, draw(st.integers(0, 9)), replicas, isr)
+    live = draw(st.sets(st.sampled_from(nodes)))
+    ends = {n: {p: draw(st.integers(0, 5)) for p in states} for n in nodes if draw(st.booleans())}
+    return states, live, rf, ends
+
+
+@given(clusters(), st.booleans())
+def test_plan_invariants(
+    cluster: tuple[dict[int, PartitionState], set[str], int, dict[str, dict[int, int]]], unclean: bool
+) -> None:
+    states, live, rf, ends = cluster
+    changes = plan(states, live, rf, ends, unclean)
+    after = apply(states, changes)
+    assert len({c.partition for c in changes}) == len(changes)
+    for change in changes:
+        before, new = change.before, change.after
+        assert new.partition == before.partition
+        assert new.epoch == before.epoch + (1 if new.leader != before.leader else 0)
+        if new.leader is not None and new.leader != before.leader:
+            assert new.leader in live
+            if change.unclean:
+                assert new.leader in before.replicas and unclean
+                assert new.isr == (new.leader,)
+            else:
+                assert new.leader in before.isr  # only in-sync replicas lead
+    for p, state in after.items():
+        if state.leader is not None:
+            assert state.leader in live
+            assert state.leader in state.isr
+            assert set(state.isr) <= live  # dead members left the in-sync set
+            assert set(state.isr) <= set(state.replicas)
+        else:
+            # offline only when no live in-sync replica (and no live replica at all for unclean)
+            assert not (set(states[p].isr) & live)
+            if unclean:
+                assert not (set(states[p].replicas) & live)
+        live_replicas = [n for n in state.replicas if n in live]
+        assert len(live_replicas) >= min(rf, len(live))  # filled up to the factor where members allow
+        assert len(set(state.replicas)) == len(state.replicas)
+    # spreading: no live member could take over from one leading two more than it (partitions elected in
+    # this pass excepted: they stay with their new leader for now)
+    counts = leader_counts(after.values(), live)
+    for p, state in after.items():
+        if state.leader is not None and states[p].leader in live:
+            for node in state.isr:
+                leader_end = ends.get(state.leader, {}).get(p)
+                behind = node in ends and leader_end is not None and ends[node].get(p, 0) < leader_end
+                assert counts[node] + 1 >= counts[state.leader] or behind
+    # a second pass only spreads the leadership of partitions elected in the first (and, unclean, may
+    # elect a replica the first added); a third has nothing left to do
+    second = plan(after, live, rf, ends, unclean)
+    for change in second:
+        assert change.spreads or change.unclean
+    if not unclean:
+        assert plan(apply(after, second), live, rf, ends, unclean) == []
