@@ -7,12 +7,17 @@ replica asking a (new) leader to go on from `(offset, last_fetched_epoch)` is to
 the leader (`end_offset_for`): when it ends before `offset`, the replica's tail diverged (records a former
 leader appended and never committed) and is truncated there before following.
 
-The file is rewritten whole and atomically (temporary file, fsync, rename, directory fsync): it changes
-once per topic per leader change. A broker that is not in a cluster writes none.
+The file is rewritten whole (temporary file, rename): it changes once per topic per leader change, and a
+first publish on a new device topic must not wait for a disk sync on the event loop, so the fsyncs of the
+file and its directory run in a worker thread. Losing the newest pairs in a crash is safe: a replica whose
+cache lacks an epoch reports an older `last_fetched_epoch` (or none), which ends earlier on the leader, so
+it truncates earlier than needed and fetches those records again. A file that cannot be read is logged
+and treated as empty, with the same effect. A broker that is not in a cluster writes none.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -55,18 +60,11 @@ class EpochCache:
                 lines = file.read().split("\n")
         except FileNotFoundError:
             return cls(directory)
-        if not lines or lines[0] != _VERSION:
-            raise ValueError(f"{path}: not a leader epoch file of version {_VERSION}")
-        for number, line in enumerate(lines[1:], 2):
-            if not line:
-                continue
-            parts = line.split(" ")
-            if len(parts) != 2 or not all(part.isdigit() for part in parts):
-                raise ValueError(f"{path}:{number}: expected 'epoch start_offset', got {line!r}")
-            epoch, start = int(parts[0]), int(parts[1])
-            if entries and (epoch <= entries[-1][0] or start < entries[-1][1]):
-                raise ValueError(f"{path}:{number}: epochs and offsets must increase")
-            entries.append((epoch, start))
+        try:
+            entries = _parse(path, lines)
+        except ValueError as error:
+            log.error("%s; the log's replicas will compare it from its start", error)
+            entries = []
         cache = cls(directory, entries)
         if entries and entries[-1][1] >= log_end:
             cache.truncate_from(log_end)
@@ -139,10 +137,43 @@ class EpochCache:
         ]
         with open(temporary, "w", encoding="ascii") as file:
             file.write("\n".join(lines) + "\n")
-            file.flush()
-            os.fsync(file.fileno())
         os.replace(temporary, path)
-        fsync_directory(self.directory)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            _sync(path)
+            return
+        loop.run_in_executor(None, _sync, path)
+
+
+def _sync(path: str) -> None:
+    """Make a rewritten epoch file durable: its data, then the rename (its directory)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        fsync_directory(os.path.dirname(path))
+    except OSError as error:
+        log.error("cannot sync %s: %s", path, error)
+
+
+def _parse(path: str, lines: list[str]) -> list[tuple[int, int]]:
+    if not lines or lines[0] != _VERSION:
+        raise ValueError(f"{path}: not a leader epoch file of version {_VERSION}")
+    entries: list[tuple[int, int]] = []
+    for number, line in enumerate(lines[1:], 2):
+        if not line:
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2 or not all(part.isdigit() for part in parts):
+            raise ValueError(f"{path}:{number}: expected 'epoch start_offset', got {line!r}")
+        epoch, start = int(parts[0]), int(parts[1])
+        if entries and (epoch <= entries[-1][0] or start < entries[-1][1]):
+            raise ValueError(f"{path}:{number}: epochs and offsets must increase")
+        entries.append((epoch, start))
+    return entries
 
 
 class LeaderEpochs:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -65,7 +66,7 @@ if TYPE_CHECKING:
 
     from .view import ClusterView
 
-__all__ = ["FetchFailed", "FollowerConfig", "Followers"]
+__all__ = ["FetchFailed", "FollowerConfig", "Followers", "LocalDelivery"]
 
 log = logging.getLogger(__name__)
 
@@ -103,18 +104,20 @@ class Followers:
         self,
         view: ClusterView,
         store: LogStore,
-        publish: Publish,
-        replays: ReplayManager | None,
+        delivery: LocalDelivery,
         token: str | None,
         config: FollowerConfig | None = None,
         epochs: LeaderEpochs | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """`token` is the peers' offsets API bearer token; `ssl_context` verifies peers served over HTTPS."""
         self.view = view
+        self._ssl_context = ssl_context
         self.store = store
-        self.publish = publish
-        self.replays = replays
+        self.delivery = delivery
         self.config = config or FollowerConfig()
         self.epochs = epochs if epochs is not None else LeaderEpochs(store)
+        store.enable_replication()
         self._headers = {"Content-Type": CONTENT_TYPE}
         if token is not None:
             self._headers["Authorization"] = f"Bearer {token}"
@@ -126,8 +129,8 @@ class Followers:
         if self._started:
             return
         self._started = True
-        self.store.enable_replication()
-        self._http = aiohttp.ClientSession()
+        connector = aiohttp.TCPConnector(ssl=self._ssl_context) if self._ssl_context is not None else None
+        self._http = aiohttp.ClientSession(connector=connector)
         self.view.on_change(self._view_changed)
         self._view_changed()
 
@@ -186,6 +189,16 @@ class Followers:
                 raise FetchFailed(f"HTTP {answer.status}: {body[:200].decode(errors='replace')}")
         return decode_response(body)
 
+
+class LocalDelivery:
+    """Routes committed records of the log to this node's subscribers: one `Message` per record, shared
+    by all of them, and handed to the log readers' shared cache (as the PUBLISH path does)."""
+
+    def __init__(self, store: LogStore, publish: Publish, replays: ReplayManager | None) -> None:
+        self.store = store
+        self.publish = publish
+        self.replays = replays
+
     def route(self, topic: str, first: int, records: list[Record]) -> None:
         """Deliver committed records of `topic` (from offset `first`) to local subscribers."""
         messages = [message_of_record(topic, record) for record in records]
@@ -202,7 +215,11 @@ class Followers:
         if topic not in store:
             return
         offset = store.committed_end(topic)
-        end = store.commit(topic, high_watermark)
+        self.route_committed(topic, offset, store.commit(topic, high_watermark))
+
+    def route_committed(self, topic: str, offset: int, end: int) -> None:
+        """Route the committed records of `topic` from `offset` to `end` to local subscribers."""
+        store = self.store
         while offset < end:
             records = store.read(topic, offset, end - offset, _ROUTE_READ_BYTES)
             if not records:
@@ -329,6 +346,8 @@ class _Fetcher:
                     "%r: the leader's log starts at %d: restarting it there", topic, data.start_offset
                 )
                 epochs.restart_at(topic, data.start_offset)
+                for epoch, start in data.boundaries:
+                    epochs.for_topic(topic).assign(epoch, max(start, data.start_offset))
             elif data.frames:
                 frames = data.frames[0] if len(data.frames) == 1 else b"".join(data.frames)
                 store.append_frames(topic, frames)
@@ -344,7 +363,7 @@ class _Fetcher:
         if appended:
             await _durable(store)
         for topic, high_watermark in watermarks:
-            owner.commit_and_route(topic, high_watermark)
+            owner.delivery.commit_and_route(topic, high_watermark)
 
     def _truncate(self, data: TopicData) -> None:
         """Cut the local tail the leader does not have (the epoch rule)."""
@@ -382,7 +401,7 @@ class _Fetcher:
                     log.error(
                         "%r from %s: frame %d refused (%s)", topic, self.leader, first + len(records), error
                     )
-                owner.route(topic, first, records)
+                owner.delivery.route(topic, first, records)
                 self._positions[topic] = first + len(records)
             else:
                 continue

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import TYPE_CHECKING, Protocol
 
-from broker_edge.storage.errors import OffsetOutOfRange, StorageError
+from broker_edge.storage.errors import OffsetOutOfRange
 
 from .epochs import NO_EPOCH, LeaderEpochs
 from .replica_fetch import (
@@ -58,9 +58,19 @@ if TYPE_CHECKING:
 
     from .view import ClusterView, PartitionState
 
-__all__ = ["IsrChanger", "LeaderConfig", "LeaderReplication", "NotEnoughReplicas", "NotLeader"]
+__all__ = [
+    "IsrChanger",
+    "LeaderConfig",
+    "LeaderReplication",
+    "NotEnoughReplicas",
+    "NotLeader",
+    "ReplicationRefused",
+]
 
 log = logging.getLogger(__name__)
+
+MAX_WAIT_MS = 30_000
+"""The longest a fetch with nothing new is held, whatever it asks."""
 
 
 class IsrChanger(Protocol):
@@ -71,11 +81,15 @@ class IsrChanger(Protocol):
     async def expand_isr(self, partition: int, expected_epoch: int, node: str) -> bool: ...
 
 
-class NotEnoughReplicas(StorageError):
+class ReplicationRefused(Exception):
+    """A batch the leader will not acknowledge; `str()` is the reason string for a v5 refusal."""
+
+
+class NotEnoughReplicas(ReplicationRefused):
     """Fewer in-sync replicas than `min_insync_replicas`: the publish is refused, never acknowledged."""
 
 
-class NotLeader(StorageError):
+class NotLeader(ReplicationRefused):
     """This node is fenced or no longer leads the partition: the publish is refused."""
 
 
@@ -121,15 +135,21 @@ class _Session:
 
 @dataclass(slots=True, eq=False)
 class _Batch:
-    ends: list[tuple[str, int, int]]
-    """(topic, partition, end offset) the batch needs committed."""
+    ends: list[tuple[str, int, int, int]]
+    """(topic, partition, first offset, end offset) of each run: the batch needs them committed."""
     done: Callable[[], None]
     failed: Callable[[BaseException], None]
     doomed: BaseException | None = None
 
 
 class LeaderReplication:
-    """The `Replication` stage of a cluster node, and the server of its followers' fetches."""
+    """The `Replication` stage of a cluster node, and the server of its followers' fetches.
+
+    Wiring (a cluster node): once the store is open and before MQTT listeners accept publishes, construct
+    it (the store's readers then see committed records only), set it as the PUBLISH path's `replication`,
+    add `replica_fetch_route(leader.fetch)` to the offsets API, and call `start()` on the loop; `await
+    stop()` before the store closes. While the view is fenced, every logged publish is refused.
+    """
 
     def __init__(
         self,
@@ -139,13 +159,21 @@ class LeaderReplication:
         config: LeaderConfig | None = None,
         epochs: LeaderEpochs | None = None,
         clock: Callable[[], float] = time.monotonic,
+        route_committed: Callable[[str, int, int], None] | None = None,
     ) -> None:
+        """`route_committed(topic, start, end)` delivers records a follower appended before this node took
+        the lead, once committed (the PUBLISH path routes only its own); see `Followers.route_committed`."""
         self.view = view
         self.store = store
         self.isr_changer = isr_changer
         self.config = config or LeaderConfig()
         self.epochs = epochs if epochs is not None else LeaderEpochs(store)
         self._clock = clock
+        self._route_committed = route_committed
+        store.enable_replication()  # from construction on: nothing appended is visible before it is committed
+        self._inherited: dict[str, int] = {}
+        """topic -> records below this end were not routed here: appended as a follower before this node
+        took the lead, or refused; they are routed as the watermark passes them."""
         self._partition_of: dict[str, int] = {}
         self._topics: dict[int, set[str]] = {}
         self._sessions: dict[tuple[str, bool], _Session] = {}
@@ -167,7 +195,6 @@ class LeaderReplication:
         if self._started:
             return
         self._started = True
-        self.store.enable_replication()
         for info in self.store.logs():
             self._partition(info.topic)
         self.view.on_change(self._view_changed)
@@ -211,13 +238,13 @@ class LeaderReplication:
     ) -> None:
         """Call `done` once every ISR member holds `runs` (in batch order), or `failed` (see the module)."""
         now = self._clock()
-        ends: list[tuple[str, int, int]] = []
+        ends: list[tuple[str, int, int, int]] = []
         doomed: BaseException | None = None
         for run in runs:
             topic = run.topic
             partition = self._partition(topic)
             end = run.first_offset + len(run.messages)
-            ends.append((topic, partition, end))
+            ends.append((topic, partition, run.first_offset, end))
             if not self.leads(partition):
                 doomed = doomed or NotLeader(f"this broker does not lead partition {partition}")
                 continue
@@ -230,7 +257,7 @@ class LeaderReplication:
             self._uncommitted[topic] = None
             self._appended(topic, partition, now)
         self._pending.append(_Batch(ends, done, failed, doomed))
-        for topic, _partition, _end in ends:
+        for topic, _partition, _first, _end in ends:
             self._advance_hw(topic)
         self._complete_ready()
 
@@ -273,6 +300,12 @@ class LeaderReplication:
         after = store.commit(topic, hw)
         if after >= durable:
             self._uncommitted.pop(topic, None)
+        inherited = self._inherited.get(topic)
+        if inherited is not None:
+            if after >= inherited:
+                del self._inherited[topic]
+            if self._route_committed is not None:
+                self._route_committed(topic, before, min(after, inherited))
         for session in self._sessions.values():
             if partition in session.partitions and session.known_hw.get(topic, -1) < after:
                 session.dirty[topic] = None
@@ -288,7 +321,7 @@ class LeaderReplication:
             batch = pending[0]
             error = batch.doomed
             if error is None:
-                for topic, partition, end in batch.ends:
+                for topic, partition, _first, end in batch.ends:
                     if store.committed_end(topic) < end:
                         return
                     state = states.get(partition)
@@ -300,12 +333,26 @@ class LeaderReplication:
             if error is None:
                 batch.done()
             else:
-                batch.failed(error)
+                self._fail(batch, error)
 
     def _fail_all(self, error: BaseException) -> None:
         pending, self._pending = self._pending, deque()
         for batch in pending:
-            batch.failed(error)
+            self._fail(batch, error)
+
+    def _fail(self, batch: _Batch, error: BaseException) -> None:
+        """Refuse a batch. Its records stay in the log and may be committed (the in-sync replicas hold
+        them, or will): every replica's subscribers then get them, so this node's do too, now for the
+        committed part and as the watermark passes the rest (the PUBLISH path routes only what it
+        acknowledges)."""
+        batch.failed(error)
+        store = self.store
+        for topic, _partition, first, end in batch.ends:
+            committed = store.committed_end(topic)
+            if committed > first and self._route_committed is not None:
+                self._route_committed(topic, first, min(end, committed))
+            if end > committed:
+                self._inherited[topic] = max(self._inherited.get(topic, 0), end)
 
     # -- the view -------------------------------------------------------------------------------------
 
@@ -317,7 +364,7 @@ class LeaderReplication:
                 del self._stepped_down[partition]
         if view.fenced:
             self._fail_all(NotLeader("this broker is fenced (its etcd lease is not confirmed)"))
-        elif any(not self.leads(partition) for batch in self._pending for _t, partition, _e in batch.ends):
+        elif any(not self.leads(run[1]) for batch in self._pending for run in batch.ends):
             self._fail_all(NotLeader("partition leadership moved"))
         for session in list(self._sessions.values()):
             for partition, epoch in session.partitions.items():
@@ -326,13 +373,19 @@ class LeaderReplication:
                     session.wake()  # its next fetch learns why
                     break
         store = self.store
-        for number in view.states:
-            if number not in self._led_since and self.leads(number):
-                self._led_since[number] = self._clock()
-                for topic in self._topics.get(number, ()):  # a tail appended before: committed by followers
-                    if store.committed_end(topic) < store.durable_end(topic):
-                        self._uncommitted[topic] = None
-            elif number in self._led_since and not self.leads(number):
+        taken = [number for number in view.states if number not in self._led_since and self.leads(number)]
+        if taken:
+            for info in store.logs():  # topics a follower created since the last look
+                self._partition(info.topic)
+        for number in taken:
+            self._led_since[number] = self._clock()
+            for topic in self._topics.get(number, ()):  # a tail appended as a follower: committed now
+                durable = store.durable_end(topic)
+                if store.committed_end(topic) < durable:
+                    self._uncommitted[topic] = None
+                    self._inherited[topic] = durable
+        for number in list(self._led_since):
+            if not self.leads(number):
                 del self._led_since[number]
         for topic in list(self._uncommitted):
             self._advance_hw(topic)
@@ -357,12 +410,16 @@ class LeaderReplication:
             answers[number] = PartitionData(number, OK, partitions[number])
         self._update_positions(session, request, answers, now)
         self._complete_ready()
-        deadline = now + request.wait_ms / 1000
+        deadline = now + min(request.wait_ms, MAX_WAIT_MS) / 1000
         while True:
             if self._answer(session, request, answers) or not self._started:
                 break
             remaining = deadline - self._clock()
-            if remaining <= 0 or any(self._session_broken(session, number) for number in partitions):
+            if (
+                remaining <= 0
+                or self._sessions.get((request.replica, request.observer)) is not session  # replaced
+                or any(self._session_broken(session, number) for number in partitions)
+            ):
                 break
             session.waiter = asyncio.get_running_loop().create_future()
             try:
@@ -458,22 +515,25 @@ class LeaderReplication:
                     if offset > 0:
                         answer.topics.append(TopicData(topic, DIVERGING, 0, 0, diverging_end=0))
                     continue
-                diverging = offset > end
+                diverging = False
                 end_epoch = NO_EPOCH
                 last = position.last_fetched_epoch
-                if not diverging and last != NO_EPOCH and offset > 0:
+                if offset > store.start_offset(topic) and not session.observer:  # observers: committed only
+                    # a replica without epochs (lost in a crash) is compared from the first one's start
                     cache = epochs.for_topic(topic)
-                    if last != cache.latest_epoch:
+                    if last != cache.latest_epoch and cache.latest_epoch != NO_EPOCH:
                         end_epoch, epoch_end = cache.end_offset_for(last, end)
                         if epoch_end < offset or end_epoch < last:
-                            diverging, end = True, min(epoch_end, offset)
+                            diverging, end = True, epoch_end
+                if not diverging and offset > end:
+                    diverging, end_epoch = True, NO_EPOCH  # ahead of this leader: cut to its end
                 if diverging:
                     answer.topics.append(
                         TopicData(
                             topic,
                             DIVERGING,
                             store.committed_end(topic),
-                            _start_of(store, topic),
+                            store.start_offset(topic),
                             diverging_epoch=end_epoch,
                             diverging_end=min(end, offset),
                         )
@@ -512,11 +572,12 @@ class LeaderReplication:
             hw = store.committed_end(topic)
             durable = store.durable_end(topic)
             limit = hw if session.observer else durable
-            start = _start_of(store, topic)
+            start = store.start_offset(topic)
             offset = session.positions.get(topic, start)
             data = TopicData(topic, FRAMES, hw, start, first=offset)
-            if offset < start:
-                data.kind = RESTART
+            if offset < start or (start > 0 and topic not in session.positions and not session.observer):
+                data.kind = RESTART  # the replica cannot continue from what it holds: it starts over here
+                data.boundaries = epochs.for_topic(topic).boundaries(start, start + 1)
                 session.positions[topic] = start
             elif offset < limit:
                 if budget <= 0:
@@ -631,7 +692,3 @@ class LeaderReplication:
         """(replica, partition) -> seconds it has been behind (for status and metrics)."""
         now = self._clock()
         return {key: now - since for key, since in self._lagging_since().items()}
-
-
-def _start_of(store: LogStore, topic: str) -> int:
-    return store.log_info(topic).start_offset

@@ -11,7 +11,8 @@ One request covers every partition a leader leads for one follower (or observer)
                | kind FRAMES: u32 boundaries | (i64 epoch | u64 start)* | u64 first | u32 count | u32 length
                              | frames (`count` whole frames, offsets from `first`)
                | kind DIVERGING: i64 epoch | u64 end_offset       (truncate to end_offset, then go on)
-               | kind RESTART: nothing                          (empty the log, go on at start_offset)
+               | kind RESTART: u32 boundaries | (i64 epoch | u64 start)*
+                             (empty the log, go on at start_offset, under the epoch given)
     str = u16 length | UTF-8
 
 Fetch sessions keep the requests small: a request with session 0 opens one and lists every topic the
@@ -29,6 +30,7 @@ the partition until it catches up), `NOT_REPLICA`.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -64,6 +66,8 @@ __all__ = [
 ]
 
 PATH = "/v1/replica/fetch"
+MAX_REQUEST_BYTES = 64 << 20
+"""A first fetch lists every topic the follower holds in the leader's partitions."""
 CONTENT_TYPE = "application/x-timestone-replica-fetch"
 VERSION = 1
 
@@ -140,7 +144,8 @@ class TopicData:
     high_watermark: int
     start_offset: int
     boundaries: list[tuple[int, int]] = field(default_factory=list)
-    """(epoch, start_offset) of the records in `frames` (FRAMES)."""
+    """(epoch, start_offset) of the records in `frames` (FRAMES), or of the record at `start_offset`
+    (RESTART)."""
     first: int = 0
     """Offset of the first frame (FRAMES)."""
     count: int = 0
@@ -208,9 +213,10 @@ def encode_response(response: FetchResponse) -> list[bytes]:
         for topic in partition.topics:
             parts.append(_str(topic.topic))
             parts.append(_TOPIC_HEAD.pack(topic.kind, topic.high_watermark, topic.start_offset))
-            if topic.kind == FRAMES:
+            if topic.kind != DIVERGING:
                 parts.append(_U32.pack(len(topic.boundaries)))
                 parts += [_BOUNDARY.pack(epoch, start) for epoch, start in topic.boundaries]
+            if topic.kind == FRAMES:
                 parts.append(_FRAMES_HEAD.pack(topic.first, topic.count, sum(map(len, topic.frames))))
                 parts += topic.frames
             elif topic.kind == DIVERGING:
@@ -303,9 +309,10 @@ def decode_response(data: bytes) -> FetchResponse:
             name = reader.string("topic")
             kind, high_watermark, start = reader.take(_TOPIC_HEAD, "topic")
             topic = TopicData(name, kind, high_watermark, start)
-            if kind == FRAMES:
+            if kind in (FRAMES, RESTART):
                 (boundaries,) = reader.take(_U32, "boundaries")
                 topic.boundaries = [reader.take(_BOUNDARY, "boundary") for _ in range(boundaries)]
+            if kind == FRAMES:
                 topic.first, topic.count, length = reader.take(_FRAMES_HEAD, "frames")
                 topic.frames = [reader.raw(length, "frames")] if length else []
             elif kind == DIVERGING:
@@ -333,14 +340,25 @@ def replica_fetch_route(
     def add(app: web.Application) -> None:
         from aiohttp import web
 
-        from broker_edge.http_guard import read_body
         from broker_edge.offsets_api import errors as codes
         from broker_edge.offsets_api.server import ApiError
 
         async def handle(request: web.Request) -> web.StreamResponse:
-            body = await read_body(request, request_timeout_s)
-            if body is None:
-                raise ApiError(408, codes.BAD_REQUEST, "the body did not arrive in time", parameter="body")
+            length = request.content_length
+            if length is None or length > MAX_REQUEST_BYTES:
+                raise ApiError(
+                    413,
+                    codes.BAD_REQUEST,
+                    f"the body must have a length of at most {MAX_REQUEST_BYTES} bytes",
+                )
+            try:  # not request.read(): a first fetch lists every topic, beyond aiohttp's 1 MiB default
+                body = await asyncio.wait_for(request.content.readexactly(length), request_timeout_s)
+            except TimeoutError:
+                raise ApiError(
+                    408, codes.BAD_REQUEST, "the body did not arrive in time", parameter="body"
+                ) from None
+            except asyncio.IncompleteReadError:
+                raise ApiError(400, codes.BAD_REQUEST, "the body is shorter than its length") from None
             try:
                 fetch = decode_request(body)
             except WireError as error:

@@ -321,7 +321,11 @@ class _Handlers:
             logs = self.store.logs(pattern)
         except ValueError as error:
             raise ApiError(400, codes.BAD_REQUEST, f"bad pattern: {error}") from None
-        return web.json_response({"logs": [_info_json(info) for info in logs]})
+        listed = [_info_json(info) for info in logs]
+        if self.store.replicated:  # a cluster's controller elects the in-sync replica holding the most
+            for item in listed:
+                item["durable_end_offset"] = self.store.durable_end(item["topic"])
+        return web.json_response({"logs": listed})
 
     async def log_info(self, request: web.Request) -> web.Response:
         return web.json_response(_info_json(self.store.log_info(request.match_info["topic"])))

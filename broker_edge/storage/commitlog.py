@@ -37,9 +37,10 @@ from .read_cache import BLOCK_MAX_BYTES, BLOCK_RECORDS, Block, ReadCache
 from .record import (
     PREFIX_SIZE,
     AppendRecord,
+    FrameError,
     Record,
     RecordFields,
-    decode_frames,
+    check_frame,
     encode_frame,
     encode_frames,
 )
@@ -661,37 +662,49 @@ class CommitLog:
         with the same configuration holds byte-identical segment files.
         """
         first = self._next_offset
-        records, error = decode_frames(data, first, self._max_body)
-        if error is not None:
+        view = memoryview(data)
+        size = len(data)
+        max_body = self._max_body
+        frames: list[memoryview] = []
+        times: list[int] = []
+        position = 0
+        offset = first
+        try:
+            while position < size:
+                end, timestamp = check_frame(view, position, offset, max_body)
+                frames.append(view[position:end])
+                times.append(timestamp)
+                position = end
+                offset += 1
+        except FrameError as error:
             raise InvalidRecord(
-                f"frames for {self.topic!r} refused at offset {first + len(records)}: {error.reason} "
+                f"frames for {self.topic!r} refused at offset {offset}: {error.reason} "
                 f"(the log continues at {first})"
-            )
-        total = 0
+            ) from None
         cache = self._cache
-        for record in records:
-            frame = record.frame
-            size = len(frame)
-            timestamp = record.timestamp_ms
+        offset = first
+        for frame, timestamp in zip(frames, times, strict=True):
+            frame_size = len(frame)
             segment = self._active
             if segment is None or (
-                segment.count and (segment.size + size > self._segment_bytes or timestamp >= self._roll_at)
+                segment.count
+                and (segment.size + frame_size > self._segment_bytes or timestamp >= self._roll_at)
             ):
-                segment = self._roll(record.offset)
+                segment = self._roll(offset)
             index_timestamp = self._index_timestamp(segment, timestamp)
             segment.pending_frames.append(frame)  # a view of `data`, joined when written
             entries = segment.entries
             assert entries is not None, "the active segment holds its index"
             entries.append(segment.size)
             entries.append(index_timestamp)
-            segment.size += size
+            segment.size += frame_size
             segment.count += 1
             segment.max_timestamp = index_timestamp
-            cache.add(record, size)
-            total += size
-        self._next_offset = first + len(records)
-        self._pending_bytes += total
-        self.last_append_size = total
+            cache.add((timestamp, frame, None), frame_size)  # decoded when a reader first asks for it
+            offset += 1
+        self._next_offset = offset
+        self._pending_bytes += size
+        self.last_append_size = size
         return first
 
     def read_frames(self, offset: int, max_bytes: int, stop: int | None = None) -> tuple[list[bytes], int]:

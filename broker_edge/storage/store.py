@@ -250,6 +250,11 @@ class LogStore:
         commit_log = self._logs.get(topic)
         return commit_log.durable_end if commit_log is not None else 0
 
+    def start_offset(self, topic: str) -> int:
+        """Oldest offset `topic`'s log still stores (0 when it has no log)."""
+        commit_log = self._logs.get(topic)
+        return commit_log.start_offset if commit_log is not None else 0
+
     def committed_end(self, topic: str) -> int:
         """Offset after the last record readers of `topic` may see (0 when it has no log)."""
         commit_log = self._logs.get(topic)

@@ -17,19 +17,22 @@ from collections.abc import Sequence
 from itertools import repeat
 from typing import TYPE_CHECKING, cast
 
-from .record import Record, RecordFields
+from .record import Record, RecordFields, decode_frame
 
 if TYPE_CHECKING:
     from .frame_runs import FrameRun
 
 Frame = bytes
 """An encoded record (a name of its own: ``TailCache.bytes`` shadows the builtin in the class's scope)."""
-Appended = tuple[int, Frame, RecordFields]
-"""(timestamp_ms, frame, fields) of an append not yet read from the cache; its offset is its position."""
+Appended = tuple[int, Frame | memoryview, RecordFields | None]
+"""(timestamp_ms, frame, fields) of an append not yet read from the cache; its offset is its position.
+Fields are None for a frame copied from a leader (checked, and decoded on first read)."""
 
 
 def _materialize(entry: Appended, offset: int) -> Record:
     timestamp, frame, fields = entry
+    if fields is None:
+        return decode_frame(frame, offset, len(frame))
     (payload, qos, retain, client_id, user_properties, content_type,
      indicator, expiry, response, correlation) = fields  # fmt: skip
     record = Record(
@@ -95,7 +98,7 @@ class TailCache:
     def __len__(self) -> int:
         return len(self._entries) - self._head
 
-    def add(self, entry: Appended | Record, size: int) -> None:
+    def add(self, entry: Appended, size: int) -> None:
         """Cache a just-appended record (at the log's next offset) whose frame is `size` bytes."""
         entries = self._entries
         entries.append(entry)

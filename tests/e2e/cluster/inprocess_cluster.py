@@ -1,0 +1,273 @@
+"""Brokers of one cluster in one process, without etcd: static partition states set by the test.
+
+Every broker is a real `Broker` (MQTT listener, commitlog, offsets API on free ports) running on one
+event loop in a background thread; each has its own `ClusterView`, the leader's `LeaderReplication` as its
+PUBLISH path's replication stage, `Followers` fetching over the offsets API, and the replica fetch
+endpoint. `StaticIsr` is the ISR changer of a cluster whose states only the test and the leaders change:
+a compare-and-swap on the partition's epoch, applied to every node's view (what the coordination side
+does through etcd).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+from broker_edge.cluster.follower import FollowerConfig, Followers, LocalDelivery
+from broker_edge.cluster.leader import LeaderConfig, LeaderReplication
+from broker_edge.cluster.replica_fetch import replica_fetch_route
+from broker_edge.cluster.view import ClusterView, Member, PartitionState
+from broker_edge.config.broker import BrokerConfig
+from broker_edge.config.loader import load_dataclass
+from broker_edge.server import Broker
+from broker_edge.storage.store import LogStore
+
+T = TypeVar("T")
+TOKEN = "cluster-test-token"
+
+
+class StaticIsr:
+    """The ISR changer of a static cluster: CAS on the partition's epoch, applied to every view."""
+
+    def __init__(self) -> None:
+        self.views: list[ClusterView] = []
+        self.changes: list[tuple[str, int, str]] = []
+
+    async def shrink_isr(self, partition: int, expected_epoch: int, node: str) -> bool:
+        return self._change(partition, expected_epoch, node, shrink=True)
+
+    async def expand_isr(self, partition: int, expected_epoch: int, node: str) -> bool:
+        return self._change(partition, expected_epoch, node, shrink=False)
+
+    def _change(self, partition: int, expected_epoch: int, node: str, shrink: bool) -> bool:
+        state = self.views[0].states[partition]
+        if state.epoch != expected_epoch or (node in state.isr) != shrink:
+            return False
+        isr = tuple(m for m in state.isr if m != node) if shrink else (*state.isr, node)
+        self.changes.append(("shrink" if shrink else "expand", partition, node))
+        self.set(dataclasses.replace(state, isr=isr))
+        return True
+
+    def set(self, state: PartitionState) -> None:
+        """Make `state` the partition's state in every view (as an etcd watch would deliver it)."""
+        for view in self.views:
+            view.states[state.partition] = state
+        for view in self.views:
+            view.changed()
+
+
+class Node:
+    """One broker of the cluster and its replication parts."""
+
+    def __init__(self, cluster: InProcessCluster, node_id: str, directory: Path, settings: dict[str, Any]):
+        self.cluster = cluster
+        self.node_id = node_id
+        self.directory = directory
+        self.settings = settings
+        document: dict[str, Any] = {
+            "listeners": [{"name": "tcp", "type": "tcp", "host": "127.0.0.1", "port": 0}],
+            "admin_http": {"enabled": False},
+            "offsets_api": {"host": "127.0.0.1", "port": 0, "token": TOKEN},
+            "sys_topics": {"enabled": False},
+            "limits": {"messages_per_second_per_client": 0},
+            "storage": {"directory": str(directory), "durability": "group", **settings.get("storage", {})},
+        }
+        self.config = load_dataclass(BrokerConfig, document)
+        self.broker = Broker(self.config)
+        self.view = ClusterView(node_id, cluster.partitions)
+        self.leader: LeaderReplication | None = None
+        self.followers: Followers | None = None
+
+    @property
+    def store(self) -> LogStore:
+        assert self.broker.store is not None
+        return self.broker.store
+
+    @property
+    def port(self) -> int:
+        return self.broker.ports["tcp"]
+
+    @property
+    def member(self) -> Member:
+        return Member(self.node_id, f"127.0.0.1:{self.port}", f"http://127.0.0.1:{self.broker.offsets_port}")
+
+    def start_replication(self) -> None:
+        """Install the leader stage and the fetch endpoint, start the followers (on the loop)."""
+        cluster = self.cluster
+        self.delivery = LocalDelivery(self.store, self.broker.router.publish, self.broker.replays)
+        self.leader = LeaderReplication(
+            self.view,
+            self.store,
+            cluster.isr,
+            cluster.leader_config,
+            route_committed=self.delivery.route_committed,
+        )
+        self.broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch))
+        self.broker.publish_path.replication = self.leader
+        self.leader.start()
+        self.start_followers()
+
+    def start_followers(self) -> None:
+        assert self.leader is not None
+        self.followers = Followers(
+            self.view,
+            self.store,
+            self.delivery,
+            TOKEN,
+            self.cluster.follower_config,
+            epochs=self.leader.epochs,
+        )
+        self.followers.start()
+
+    async def stop_followers(self) -> None:
+        if self.followers is not None:
+            await self.followers.stop()
+            self.followers = None
+
+    def durable_end(self, topic: str) -> int:
+        return self.cluster.call(lambda: self.store.durable_end(topic))
+
+    def committed_end(self, topic: str) -> int:
+        return self.cluster.call(lambda: self.store.committed_end(topic))
+
+    def payloads(self, topic: str) -> list[tuple[int, bytes]]:
+        """(offset, payload) of the committed records of `topic`."""
+
+        def read() -> list[tuple[int, bytes]]:
+            if topic not in self.store:
+                return []
+            return [(r.offset, r.payload) for r in self.store.read(topic, 0, 100_000, 1 << 30)]
+
+        return self.cluster.call(read)
+
+    def segment_bytes(self, topic: str) -> dict[str, bytes]:
+        """The segment files of `topic`'s log, by name (after making everything durable)."""
+
+        async def read() -> dict[str, bytes]:
+            await self.store.wait_durable()
+            directory = Path(self.store.log_directory(topic))
+            return {path.name: path.read_bytes() for path in sorted(directory.glob("*.log"))}
+
+        return self.cluster.run(read())
+
+
+class InProcessCluster:
+    """`nodes` brokers sharing one loop; `set_state` assigns partitions; `close()` stops everything."""
+
+    def __init__(
+        self,
+        directory: Path,
+        node_ids: Iterable[str],
+        partitions: int = 1,
+        leader_config: LeaderConfig | None = None,
+        follower_config: FollowerConfig | None = None,
+        **settings: Any,
+    ) -> None:
+        self.partitions = partitions
+        self.isr = StaticIsr()
+        self.leader_config = leader_config or LeaderConfig(min_insync_replicas=2, replica_lag_max_ms=10_000)
+        self.follower_config = follower_config or FollowerConfig(wait_ms=500)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="cluster", daemon=True)
+        self._thread.start()
+        self.nodes = {node_id: Node(self, node_id, directory / node_id, settings) for node_id in node_ids}
+        for node in self.nodes.values():
+            self.run(node.broker.start())
+        members = {node_id: node.member for node_id, node in self.nodes.items()}
+        for node in self.nodes.values():
+            node.view.members.update(members)
+            node.view.fenced = False
+            self.isr.views.append(node.view)
+
+    def __getitem__(self, node_id: str) -> Node:
+        return self.nodes[node_id]
+
+    def start_replication(self, states: Iterable[PartitionState]) -> None:
+        states = list(states)
+
+        def start() -> None:
+            for node in self.nodes.values():
+                node.view.states.update({state.partition: state for state in states})
+            for node in self.nodes.values():
+                node.start_replication()
+
+        self.call(start)
+
+    def set_state(self, state: PartitionState) -> None:
+        self.call(lambda: self.isr.set(state))
+
+    def state(self, partition: int = 0) -> PartitionState:
+        return self.call(lambda: next(iter(self.nodes.values())).view.states[partition])
+
+    def run(self, coroutine: Awaitable[T], timeout: float = 20) -> T:
+        async def wrapped() -> T:
+            return await coroutine
+
+        return asyncio.run_coroutine_threadsafe(wrapped(), self.loop).result(timeout)
+
+    def call(self, function: Callable[[], T], timeout: float = 10) -> T:
+        future: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(function())
+            except BaseException as error:
+                future.set_exception(error)
+
+        self.loop.call_soon_threadsafe(run)
+        return future.result(timeout)
+
+    def stop_node(self, node_id: str) -> None:
+        """Stop one broker (its followers, leader stage, listeners and store), as a process would end."""
+        node = self.nodes[node_id]
+
+        async def stop() -> None:
+            await node.stop_followers()
+            if node.leader is not None:
+                await node.leader.stop()
+            await node.broker.stop()
+
+        self.run(stop())
+        self.isr.views.remove(node.view)
+
+    def restart_node(self, node_id: str) -> Node:
+        """Start a stopped node again on the same directory (new ports, so every view learns its address)."""
+        old = self.nodes[node_id]
+        node = self.nodes[node_id] = Node(self, node_id, old.directory, old.settings)
+        self.run(node.broker.start())
+
+        def join() -> None:
+            other = self.isr.views[0]
+            node.view.members.update(other.members)
+            node.view.states.update(other.states)
+            node.view.fenced = False
+            self.isr.views.append(node.view)
+            for view in self.isr.views:
+                view.members[node_id] = node.member
+                view.changed()
+            node.start_replication()
+
+        self.call(join)
+        return node
+
+    def close(self) -> None:
+        async def stop_all() -> None:
+            for node in self.nodes.values():
+                await node.stop_followers()
+            for node in self.nodes.values():
+                if node.leader is not None:
+                    await node.leader.stop()
+                if not node.broker.stopped.is_set():
+                    await node.broker.stop()
+
+        try:
+            self.run(stop_all(), timeout=30)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+            self.loop.close()

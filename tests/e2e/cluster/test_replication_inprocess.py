@@ -1,0 +1,346 @@
+"""The replicated log across real brokers in one process (static partition states, no etcd).
+
+Devices are real MQTT clients (paho) on real brokers; followers fetch over the real offsets API. What is
+proved: identical offsets and segment bytes on every replica, acknowledgement only once the in-sync set
+holds a publish, refusal under `min_insync_replicas`, a follower leaving and rejoining the in-sync set,
+truncation of a diverged tail under a new leader, and the watermark gating readers and subscribers.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from broker_edge.cluster.follower import FollowerConfig
+from broker_edge.cluster.leader import LeaderConfig
+from broker_edge.cluster.replica_fetch import (
+    OK,
+    PATH,
+    FetchRequest,
+    PartitionFetch,
+    TopicPosition,
+    decode_response,
+    encode_request,
+)
+from broker_edge.cluster.view import PartitionState, partition_of
+from tests.e2e.broker_clients import PahoClient, close_all, wait_for
+from tests.e2e.cluster.inprocess_cluster import TOKEN, InProcessCluster
+
+pytestmark = pytest.mark.timeout(90)
+
+TOPIC = "site/line-1/temperature"
+NODES = ("b1", "b2", "b3")
+
+
+def _all_in_sync(leader: str = "b1", epoch: int = 1) -> PartitionState:
+    return PartitionState(0, leader, epoch, NODES, NODES)
+
+
+@pytest.fixture
+def make_cluster(tmp_path: Path) -> Iterator[Any]:
+    made: list[InProcessCluster] = []
+
+    def make(**options: Any) -> InProcessCluster:
+        cluster = InProcessCluster(tmp_path, NODES, **options)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    close_all()
+    for cluster in made:
+        cluster.close()
+
+
+class AckWatcher:
+    """A v5 publisher recording each PUBACK's reason code by message id."""
+
+    def __init__(self, port: int, client_id: str) -> None:
+        self.client = PahoClient(port, client_id)
+        self.acks: queue.Queue[tuple[int, int]] = queue.Queue()
+        self.client.client.on_publish = lambda c, u, mid, reason, props: self.acks.put((mid, reason.value))
+
+    def publish(self, payload: bytes) -> int:
+        return self.client.client.publish(TOPIC, payload, qos=1).mid
+
+    def ack(self, timeout: float) -> tuple[int, int] | None:
+        try:
+            return self.acks.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+
+def test_every_replica_holds_the_same_records_at_the_same_offsets_byte_for_byte(make_cluster):
+    cluster = make_cluster(storage={"segment_bytes": 4096})
+    cluster.start_replication([_all_in_sync()])
+    subscriber = PahoClient(cluster["b3"].port, "watcher")
+    subscriber.subscribe(TOPIC, qos=1)
+    device = PahoClient(cluster["b1"].port, "device-1")
+    sent = [f"reading-{n:04d}-".encode() * 8 for n in range(200)]
+    for payload in sent:
+        device.publish(TOPIC, payload, qos=1)  # returns once acknowledged
+    # acknowledged means every in-sync replica holds it durably
+    assert all(cluster[node].durable_end(TOPIC) == 200 for node in NODES)
+    received = [message.payload for message in subscriber.expect(200)]
+    assert received == sent  # routed on a follower once committed, once each, in order
+    segments = cluster["b1"].segment_bytes(TOPIC)
+    assert len(segments) > 2
+    assert cluster["b2"].segment_bytes(TOPIC) == segments
+    assert cluster["b3"].segment_bytes(TOPIC) == segments
+    assert wait_for(lambda: all(cluster[node].committed_end(TOPIC) == 200 for node in NODES))
+    assert cluster["b2"].payloads(TOPIC) == list(enumerate(sent))
+
+
+def test_a_publish_is_acknowledged_only_once_the_in_sync_replicas_hold_it(make_cluster):
+    cluster = make_cluster()
+    cluster.start_replication([_all_in_sync()])
+    cluster.run(cluster["b3"].stop_followers())  # b3 stays in the in-sync set but fetches nothing
+    publisher = AckWatcher(cluster["b1"].port, "device-2")
+    publisher.publish(b"held")
+    assert publisher.ack(timeout=1.0) is None
+    assert cluster["b2"].durable_end(TOPIC) == 1  # b2 has it, b3 does not: not acknowledged
+    assert cluster["b3"].durable_end(TOPIC) == 0
+    assert cluster["b1"].committed_end(TOPIC) == 0
+    cluster.call(cluster["b3"].start_followers)
+    mid, reason = publisher.ack(timeout=5.0) or (None, None)
+    assert mid is not None and reason < 0x80  # success (0x10: no subscribers matched)
+    assert cluster["b3"].durable_end(TOPIC) == 1
+
+
+def test_fewer_in_sync_replicas_than_the_minimum_refuses_and_never_acknowledges(make_cluster):
+    cluster = make_cluster()
+    cluster.start_replication([PartitionState(0, "b1", 1, NODES, ("b1",))])
+    watchers = [PahoClient(cluster[node].port, f"watcher-{node}") for node in ("b1", "b2")]
+    for watcher in watchers:
+        watcher.subscribe(TOPIC, qos=1)
+    publisher = AckWatcher(cluster["b1"].port, "device-3")
+    publisher.publish(b"at risk")
+    mid, reason = publisher.ack(timeout=5.0) or (None, 0)
+    assert mid is not None and reason >= 0x80  # a v5 refusal, not a success
+    # refused is not erased: the record is in the log of the in-sync set (here the leader alone), so every
+    # broker's subscribers get it, the leader's included (a device resending it makes a duplicate)
+    for watcher in watchers:
+        assert [m.payload for m in watcher.expect(1)] == [b"at risk"]
+    v3 = PahoClient(cluster["b1"].port, "device-3-v3", version=4)
+    v3.client.publish(TOPIC, b"at risk too", qos=1)
+    assert v3.disconnects.get(timeout=5) is not None  # v3.1.1 cannot be told: the connection closes
+
+
+def test_a_follower_stopped_and_restarted_leaves_and_rejoins_the_in_sync_set(make_cluster):
+    cluster = make_cluster(leader_config=LeaderConfig(min_insync_replicas=2, replica_lag_max_ms=600))
+    cluster.start_replication([_all_in_sync()])
+    device = PahoClient(cluster["b1"].port, "device-4")
+    device.publish(TOPIC, b"before", qos=1)
+    cluster.run(cluster["b3"].stop_followers())
+    assert wait_for(lambda: cluster.state().isr == ("b1", "b2"), timeout=5)
+    for number in range(50):  # acknowledged by b1 and b2 while b3 is away
+        device.publish(TOPIC, f"while away {number}".encode(), qos=1)
+    assert cluster["b3"].durable_end(TOPIC) == 1
+    cluster.call(cluster["b3"].start_followers)
+    assert wait_for(lambda: set(cluster.state().isr) == set(NODES), timeout=10)
+    assert cluster["b3"].durable_end(TOPIC) == 51
+    assert cluster["b3"].segment_bytes(TOPIC) == cluster["b1"].segment_bytes(TOPIC)
+    assert ("shrink", 0, "b3") in cluster.isr.changes and ("expand", 0, "b3") in cluster.isr.changes
+
+
+def test_a_replica_truncates_records_past_the_last_acknowledged_one_under_a_new_leader(make_cluster):
+    cluster = make_cluster()
+    cluster.start_replication([_all_in_sync()])
+    device = PahoClient(cluster["b1"].port, "device-5")
+    for number in range(5):
+        device.publish(TOPIC, f"acknowledged {number}".encode(), qos=1)
+    for node in ("b2", "b3"):
+        cluster.run(cluster[node].stop_followers())
+    stranded = AckWatcher(cluster["b1"].port, "device-6")
+    for number in range(3):
+        stranded.publish(f"never acknowledged {number}".encode())
+    assert wait_for(lambda: cluster["b1"].durable_end(TOPIC) == 8)
+    assert stranded.ack(timeout=0.5) is None
+    # b1 is cut off; b2 becomes leader under epoch 2 (b1 still runs and learns it, as after a lease loss)
+    cluster.set_state(PartitionState(0, "b2", 2, NODES, ("b2", "b3")))
+    mid, reason = stranded.ack(timeout=5) or (None, 0)
+    assert mid is not None and reason >= 0x80  # refused by the former leader, never acknowledged
+    for node in ("b2", "b3"):
+        cluster.call(cluster[node].start_followers)
+    new_device = PahoClient(cluster["b2"].port, "device-7")
+    for number in range(2):
+        new_device.publish(TOPIC, f"new leader {number}".encode(), qos=1)
+    assert wait_for(lambda: cluster["b1"].durable_end(TOPIC) == 7, timeout=10)
+    expected = [(n, f"acknowledged {n}".encode()) for n in range(5)]
+    expected += [(5 + n, f"new leader {n}".encode()) for n in range(2)]
+    assert wait_for(lambda: cluster["b1"].payloads(TOPIC) == expected, timeout=10)
+    assert cluster["b1"].segment_bytes(TOPIC) == cluster["b2"].segment_bytes(TOPIC)
+    assert wait_for(lambda: set(cluster.state().isr) == set(NODES), timeout=10)  # b1 rejoins
+
+
+def test_the_high_watermark_gates_readers_and_subscribers_of_every_replica(make_cluster):
+    cluster = make_cluster(follower_config=FollowerConfig(wait_ms=200))
+    cluster.start_replication([_all_in_sync()])
+    cluster.run(cluster["b3"].stop_followers())
+    subscriber = PahoClient(cluster["b2"].port, "watcher-2")
+    subscriber.subscribe(TOPIC, qos=1)
+    publisher = AckWatcher(cluster["b1"].port, "device-8")
+    publisher.publish(b"not yet committed")
+    assert wait_for(lambda: cluster["b2"].durable_end(TOPIC) == 1)
+    subscriber.expect_none(timeout=0.5)
+    assert cluster["b2"].payloads(TOPIC) == []  # durable on b2, invisible to its readers
+    assert cluster["b1"].payloads(TOPIC) == []
+    cluster.call(cluster["b3"].start_followers)
+    assert subscriber.expect(1)[0].payload == b"not yet committed"
+    assert cluster["b2"].payloads(TOPIC) == [(0, b"not yet committed")]
+    assert publisher.ack(timeout=5) is not None
+
+
+def test_a_broker_outside_the_replicas_observes_committed_records_without_a_log(make_cluster):
+    cluster = make_cluster()
+    cluster.start_replication([PartitionState(0, "b1", 1, ("b1", "b2"), ("b1", "b2"))])
+    subscriber = PahoClient(cluster["b3"].port, "watcher-3")
+    subscriber.subscribe(TOPIC, qos=1)
+    time.sleep(0.3)  # the observer's session starts at the current end
+    device = PahoClient(cluster["b1"].port, "device-9")
+    for number in range(20):
+        device.publish(TOPIC, f"observed {number}".encode(), qos=1)
+    received = [message.payload for message in subscriber.expect(20)]
+    assert received == [f"observed {number}".encode() for number in range(20)]
+    assert cluster["b3"].durable_end(TOPIC) == 0  # routed, not persisted
+    subscriber.expect_none(timeout=0.3)
+
+
+def _topic_in(partition: int, partitions: int) -> str:
+    return next(
+        topic
+        for number in range(100)
+        if partition_of(topic := f"site/device-{number}/power", partitions) == partition
+    )
+
+
+def test_each_leader_replicates_its_own_partitions_to_the_others(make_cluster):
+    cluster = make_cluster(partitions=2)
+    topics = [_topic_in(0, 2), _topic_in(1, 2)]
+    cluster.start_replication(
+        [PartitionState(0, "b1", 1, NODES, NODES), PartitionState(1, "b2", 4, NODES, NODES)]
+    )
+    subscriber = PahoClient(cluster["b3"].port, "watcher-4")
+    subscriber.subscribe("site/+/power", qos=1)
+    devices = [PahoClient(cluster["b1"].port, "device-10"), PahoClient(cluster["b2"].port, "device-11")]
+    for number in range(10):
+        for device, topic in zip(devices, topics, strict=True):
+            device.publish(topic, f"{topic} {number}".encode(), qos=1)
+    received = subscriber.expect(20)
+    for topic in topics:
+        assert [m.payload for m in received if m.topic == topic] == [
+            f"{topic} {n}".encode() for n in range(10)
+        ]
+        for node in NODES:
+            assert cluster[node].durable_end(topic) == 10
+        assert cluster["b3"].segment_bytes(topic) == cluster["b1"].segment_bytes(topic)
+        assert cluster["b2"].segment_bytes(topic) == cluster["b1"].segment_bytes(topic)
+
+
+def test_a_new_leader_delivers_the_records_it_held_as_a_follower_once_they_are_committed(make_cluster):
+    cluster = make_cluster()
+    cluster.start_replication([_all_in_sync()])
+    cluster.run(cluster["b3"].stop_followers())
+    subscriber = PahoClient(cluster["b2"].port, "watcher-5")
+    subscriber.subscribe(TOPIC, qos=1)
+    publisher = AckWatcher(cluster["b1"].port, "device-12")
+    publisher.publish(b"held by b1 and b2")
+    assert wait_for(lambda: cluster["b2"].durable_end(TOPIC) == 1)
+    subscriber.expect_none(timeout=0.3)  # not committed yet
+    cluster.set_state(PartitionState(0, "b2", 2, NODES, ("b2", "b3")))  # b1 is gone
+    cluster.call(cluster["b3"].start_followers)
+    assert subscriber.expect(1)[0].payload == b"held by b1 and b2"
+    assert wait_for(lambda: cluster["b3"].committed_end(TOPIC) == 1)
+    subscriber.expect_none(timeout=0.3)  # once
+
+
+def test_a_fenced_leader_refuses_what_it_has_not_acknowledged(make_cluster):
+    cluster = make_cluster()
+    cluster.start_replication([_all_in_sync()])
+    cluster.run(cluster["b3"].stop_followers())
+    publisher = AckWatcher(cluster["b1"].port, "device-13")
+    publisher.publish(b"pending")
+    assert publisher.ack(timeout=0.5) is None
+
+    def fence() -> None:
+        view = cluster["b1"].view
+        view.fenced = True
+        view.changed()
+
+    cluster.call(fence)
+    mid, reason = publisher.ack(timeout=5) or (None, 0)
+    assert mid is not None and reason >= 0x80
+
+
+def test_the_fetch_endpoint_wants_the_token_and_a_well_formed_body(make_cluster):
+    cluster = make_cluster()
+    cluster.start_replication([_all_in_sync()])
+    url = cluster["b1"].member.offsets_api + PATH
+    many = FetchRequest(
+        "b2",
+        0,
+        False,
+        0,
+        1 << 20,
+        1 << 20,
+        [PartitionFetch(0, 1, [TopicPosition(f"d/{n:06d}/x" * 3, 0, -1) for n in range(40_000)])],
+    )
+
+    async def post(body: bytes, token: str | None) -> tuple[int, bytes]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with aiohttp.ClientSession() as http, http.post(url, data=body, headers=headers) as answer:
+            return answer.status, await answer.read()
+
+    status, _ = cluster.run(post(encode_request(many), None))
+    assert status == 401
+    status, body = cluster.run(post(b"\x01\x00", TOKEN))
+    assert status == 400 and b"replica" in body
+    large = encode_request(many)
+    assert len(large) > 1 << 20  # a first fetch of a follower holding many device topics
+    status, body = cluster.run(post(large, TOKEN))
+    assert status == 200
+    assert decode_response(body).partitions[0].error == OK
+
+
+def test_a_replica_broker_restarted_on_its_directory_catches_up_and_rejoins(make_cluster):
+    cluster = make_cluster(leader_config=LeaderConfig(min_insync_replicas=2, replica_lag_max_ms=600))
+    cluster.start_replication([_all_in_sync()])
+    device = PahoClient(cluster["b1"].port, "device-14")
+    for number in range(10):
+        device.publish(TOPIC, f"first {number}".encode(), qos=1)
+    cluster.stop_node("b3")
+    assert wait_for(lambda: cluster.state().isr == ("b1", "b2"), timeout=5)
+    for number in range(30):
+        device.publish(TOPIC, f"second {number}".encode(), qos=1)
+    restarted = cluster.restart_node("b3")
+    assert wait_for(lambda: set(cluster.state().isr) == set(NODES), timeout=10)
+    assert restarted.durable_end(TOPIC) == 40
+    assert restarted.segment_bytes(TOPIC) == cluster["b1"].segment_bytes(TOPIC)
+    subscriber = PahoClient(restarted.port, "watcher-6")  # once caught up: a replica catching up
+    subscriber.subscribe(TOPIC, qos=1)  # delivers what it receives, late but in order and once
+    device.publish(TOPIC, b"after the restart", qos=1)
+    assert [m.payload for m in subscriber.expect(1)] == [b"after the restart"]
+    assert wait_for(lambda: restarted.payloads(TOPIC)[-1] == (40, b"after the restart"))
+
+
+def test_a_new_replica_of_a_log_retention_shortened_starts_where_the_leader_starts(make_cluster):
+    cluster = make_cluster(storage={"segment_bytes": 4096, "retention_bytes": 8192})
+    cluster.start_replication([PartitionState(0, "b1", 1, NODES, ("b1", "b2"))])
+    cluster.run(cluster["b3"].stop_followers())
+    device = PahoClient(cluster["b1"].port, "device-15")
+    for number in range(100):
+        device.publish(TOPIC, f"kept or not {number:03d}".encode() * 4, qos=1)
+    leader_store = cluster["b1"].store
+    cluster.call(leader_store.apply_retention)
+    start = cluster.call(lambda: leader_store.log_info(TOPIC).start_offset)
+    assert start > 0
+    cluster.call(cluster["b3"].start_followers)
+    assert wait_for(lambda: cluster["b3"].durable_end(TOPIC) == 100, timeout=10)
+    assert cluster.call(lambda: cluster["b3"].store.log_info(TOPIC).start_offset) == start
+    assert cluster["b3"].segment_bytes(TOPIC) == cluster["b1"].segment_bytes(TOPIC)
+    assert wait_for(lambda: set(cluster.state().isr) == set(NODES), timeout=10)
