@@ -82,12 +82,10 @@ class RefusingReplication:
     def when_replicated(
         self, runs: Sequence[AppendedRun], done: Callable[[], None], failed: Callable[[BaseException], None]
     ) -> None:
-        from broker_edge.cluster.leader import NotEnoughReplicas, NotLeader
+        from broker_edge.cluster.leader import ReplicationRefused
 
         def refuse(exc: BaseException) -> None:
-            if isinstance(exc, NotEnoughReplicas | NotLeader):
-                exc = PublishRefused(str(exc))
-            failed(exc)
+            failed(PublishRefused(str(exc)) if isinstance(exc, ReplicationRefused) else exc)
 
         self.leader.when_replicated(runs, done, refuse)
 
@@ -129,7 +127,7 @@ class ClusterNode:
         from broker_edge.cluster.coordinator import Coordinator
         from broker_edge.cluster.epochs import LeaderEpochs
         from broker_edge.cluster.etcd import ClusterKeys, Etcd
-        from broker_edge.cluster.follower import Followers
+        from broker_edge.cluster.follower import Followers, LocalDelivery
         from broker_edge.cluster.leader import LeaderConfig, LeaderReplication
         from broker_edge.cluster.membership import Membership
         from broker_edge.cluster.replica_fetch import replica_fetch_route
@@ -147,16 +145,16 @@ class ClusterNode:
             self.etcd, keys, view, self.coordinator, self.membership, cluster, token=self.token
         )
         epochs = LeaderEpochs(store)
+        delivery = LocalDelivery(store, broker.router.publish, broker.replays)
         self.leader = LeaderReplication(
             view,
             store,
             self.coordinator,
             LeaderConfig(cluster.min_insync_replicas, cluster.replica_lag_max_ms),
             epochs,
+            route_committed=delivery.route_committed,
         )
-        self.followers = Followers(
-            view, store, broker.router.publish, broker.replays, self.token, epochs=epochs
-        )
+        self.followers = Followers(view, store, delivery, self.token, epochs=epochs)
         timeout = broker.config.offsets_api.request_timeout_s
         broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch, timeout))
 
