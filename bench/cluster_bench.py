@@ -52,6 +52,16 @@ MEASURE_S = 5.0
 LATENCY_RATE = 1000
 LATENCY_S = 5.0
 TARGETS = {"failover_s": 5.0, "cross_p99_ms": 10.0, "fanin_share": 0.33}
+SECTIONS: dict[str, object] = {
+    # as the broker benchmark runs Timestone: no per-client publish rate or topic quota (the defaults guard
+    # production brokers against runaway devices, and would cap the load generator)
+    "limits": {
+        "messages_per_second_per_client": 0,
+        "max_topics_per_client": 0,
+        "new_connections_per_second": 0,
+    },
+    "logging": {"level": "WARNING"},
+}
 
 
 # -- a minimal MQTT client over asyncio streams ---------------------------------------------------------
@@ -252,7 +262,7 @@ def run(root: Path) -> Figures:
         spent.append(_cpu_of(process))
         end()
 
-    single = BrokerProcess(root / "single", name="single").start()
+    single = BrokerProcess(root / "single", name="single", **SECTIONS).start()
     try:
         figures.single = asyncio.run(fanin([single.port]))
     finally:
@@ -263,7 +273,9 @@ def run(root: Path) -> Figures:
     try:
         target = EtcdTarget(etcd, "/bench")
         for node in NODES:
-            brokers[node] = cluster_broker(root / "cluster", target, node, {"replication_factor": 3})
+            brokers[node] = cluster_broker(
+                root / "cluster", target, node, {"replication_factor": 3}, **SECTIONS
+            )
             brokers[node].start()
         _wait(lambda: settled(target, set(NODES), 3))
         ports = [brokers[node].port for node in NODES]
@@ -342,7 +354,8 @@ def render(figures: Figures, command: str) -> str:
         f"Fan-in: {PUBLISHERS} publishers, {IN_FLIGHT} QoS 1 PUBLISHes in flight each, {PAYLOAD}-byte "
         f"payloads, one topic each, {MEASURE_S:.0f} s measured after {WARMUP_S:.0f} s; the figure counts "
         "successful PUBACKs. "
-        "Brokers: defaults (group commit), cluster section with replication_factor 3, min_insync_replicas 2, "
+        "Brokers: defaults (group commit) but no per-client publish rate or topic quota (as in the broker "
+        "benchmark), cluster section with replication_factor 3, min_insync_replicas 2, "
         "lease_ttl_s 3. Failover includes the lease expiry (lease_ttl_s), the election and the forwarding "
         "node learning the new leader.",
         "",

@@ -116,9 +116,10 @@ def test_a_leader_that_loses_etcd_stops_acknowledging_and_loses_nothing(tmp_path
             brokers[node].start()
         wait_settled(etcd, set(NODES), 3)
 
-        _devices, recovered = _run_failover(brokers, etcd, "b", proxy.cut)
+        devices, recovered = _run_failover(brokers, etcd, "b", proxy.cut)
 
         assert brokers["b"].process is not None and brokers["b"].process.poll() is None  # it still runs
+        assert devices[1].moves >= 1  # device-1 started on b: b sent it away once fenced
         state = cluster_state(etcd)
         assert "b" not in state.members
         assert all(p.leader in ("a", "c") for p in state.partitions.values())
