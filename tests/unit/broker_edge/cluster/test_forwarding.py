@@ -77,9 +77,10 @@ class Cluster:
             for node in NODES
         )
 
-    def change(self, change: Callable[[ClusterView], None]) -> None:
-        """Apply ``change`` to every node's view, on its loop, and tell the node."""
-        for node, running in self.brokers.items():
+    def change(self, change: Callable[[ClusterView], None], nodes: tuple[str, ...] = NODES) -> None:
+        """Apply ``change`` to the views of ``nodes``, on their loops, and tell the nodes."""
+        for node in nodes:
+            running = self.brokers[node]
             view = self.nodes[node].view
 
             def apply(view: ClusterView = view) -> None:
@@ -183,6 +184,23 @@ def test_a_publish_waiting_for_a_leader_goes_to_the_one_elected_in_time(cluster)
     ack = client.recv()
     assert ack.packet_id == 3 and ack.reason_code in (0, 0x10)
     assert cluster.log_end("c", topic) == 1
+
+
+def test_a_publish_sent_to_a_former_leader_goes_to_the_leader_learnt_next(cluster):
+    topic = topic_led_by("b")
+    partition = partition_of(topic, PARTITIONS)
+    moved = PartitionState(partition, "c", 2, NODES, NODES)
+    cluster.change(lambda view: view.states.__setitem__(partition, moved), ("b", "c"))  # a has not heard yet
+    client = RawClient(cluster.brokers["a"].port, 5)
+    client.connect("stale-view")
+
+    client.send_packet(Publish(topic, b"x", 1, packet_id=4))
+    client.recv_none(0.3)  # b answers "not the leader": a keeps it until it learns of the new leader
+    cluster.change(lambda view: view.states.__setitem__(partition, moved), ("a",))
+    ack = client.recv()
+
+    assert ack.packet_id == 4 and ack.reason_code in (0, 0x10)
+    assert cluster.log_end("c", topic) == 1 and cluster.log_end("b", topic) == 0
 
 
 def test_unlogged_publishes_reach_subscribers_on_every_member(cluster):
