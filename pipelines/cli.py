@@ -14,6 +14,12 @@ import sys
 COMMANDS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "broker": ("broker_edge.main", "main", "run an edge broker: timestone broker [--config FILE]", ()),
     "passwd": ("broker_edge.auth", "passwd_main", "add, change or delete a user in a password file", ()),
+    "cluster": (
+        "broker_edge.cluster.status",
+        "cluster_main",
+        "inspect a broker cluster: timestone cluster status --etcd URL",
+        ("cluster",),
+    ),
     "pipeline": (
         "pipelines.runner",
         "pipeline_main",
@@ -38,6 +44,8 @@ OPTIONAL_MODULES = {
     "pyarrow": "pipelines",
     "numpy": "pipelines",
     "paho": "pipelines",
+    "aetcd": "cluster",
+    "grpc": "cluster",
 }
 """Top-level modules that only the extras install, and the extra that brings each."""
 

@@ -26,6 +26,7 @@ from broker_edge.cluster.config import ClusterConfig
 from broker_edge.cluster.coordinator import Coordinator
 from broker_edge.cluster.etcd import ClusterKeys, Etcd, EtcdError, Guard
 from broker_edge.cluster.membership import Membership
+from broker_edge.cluster.tasks import stop_task
 from broker_edge.cluster.view import ClusterView, Member, PartitionState, partition_of
 
 __all__ = ["Controller", "read_log_ends"]
@@ -118,16 +119,16 @@ class Controller:
         self.membership.on_registered(self._wake.set)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="cluster-controller")
 
-    async def stop(self) -> None:
+    async def stop(self, resign: bool = True) -> None:
+        """Stop campaigning and controlling; ``resign`` deletes the controller key at once (otherwise it
+        goes with the lease)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
         with contextlib.suppress(ValueError):
             self.view._listeners.remove(self._wake.set)
         holding, self.holding = self.holding, None
-        if holding is not None:
+        if holding is not None and resign:
             with contextlib.suppress(EtcdError):
                 await self.etcd.delete_if(*holding)
 

@@ -24,6 +24,7 @@ from dataclasses import replace
 
 from broker_edge.cluster.etcd import ClusterKeys, Etcd, EtcdError, Guard, KeyValue, WatchCompacted
 from broker_edge.cluster.membership import Membership
+from broker_edge.cluster.tasks import stop_task
 from broker_edge.cluster.view import ClusterView, Member, PartitionState
 
 __all__ = ["Coordinator"]
@@ -74,9 +75,7 @@ class Coordinator:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
             self._task = None
 
     async def resync(self) -> None:

@@ -154,6 +154,14 @@ def grpc_target(urls: Sequence[str]) -> str:
     raise ValueError("etcd: mix IPv4 and IPv6 endpoints in one list is not supported")
 
 
+def _reraise_cancellation(error: BaseException) -> None:
+    """gRPC turns the cancellation of the task awaiting a call into an error of the call: make it a
+    cancellation again, so that stopping a task stops it."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from error
+
+
 def _key(kv: Any) -> KeyValue:
     return KeyValue(kv.key.decode("utf-8"), bytes(kv.value), int(kv.mod_revision), int(kv.lease))
 
@@ -175,6 +183,7 @@ class Etcd:
         except aetcd.exceptions.RevisionCompactedError as exc:
             raise WatchCompacted(str(exc)) from exc
         except (aetcd.exceptions.ClientError, TimeoutError) as exc:
+            _reraise_cancellation(exc)
             raise EtcdError(f"etcd {','.join(self.urls)}: {type(exc).__name__}: {exc}") from exc
 
     async def close(self) -> None:
@@ -301,6 +310,7 @@ class Etcd:
             except aetcd.exceptions.RevisionCompactedError as exc:
                 raise WatchCompacted(str(exc)) from exc
             except aetcd.exceptions.ClientError as exc:
+                _reraise_cancellation(exc)
                 failures += 1
                 (log.warning if failures == 1 else log.debug)(
                     "etcd watch on %s failed (%s); watching again from revision %d",

@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from broker_edge.cluster.etcd import ClusterKeys, Etcd, EtcdError, Guard
+from broker_edge.cluster.tasks import stop_task
 from broker_edge.cluster.view import ClusterView, Member
 
 __all__ = ["Membership", "fence_margin_s"]
@@ -90,9 +91,7 @@ class Membership:
         """Stop renewing and revoke the lease: the member key disappears now, not after the TTL."""
         self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)
         self._cancel_fence_timer()
         self._set_fenced(True, "membership stopped")
         if self.lease_id is not None:

@@ -1,0 +1,373 @@
+"""Membership, controller election, failover and fencing on a real etcd.
+
+Broker processes (``timestone broker`` with a ``cluster:`` section) show what an operator sees: members
+registered with their bound addresses, gone with their lease, one controller. The elections are driven
+with the coordination objects of several nodes in this process (membership, coordinator, controller, each
+with its own etcd connection), acting as the leaders' data side would: a leader adds a follower to the
+in-sync set once it has caught up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from broker_edge.cluster.assignment import leader_counts
+from broker_edge.cluster.config import ClusterConfig
+from broker_edge.cluster.controller import Controller
+from broker_edge.cluster.coordinator import Coordinator
+from broker_edge.cluster.etcd import ClusterKeys, Etcd
+from broker_edge.cluster.membership import Membership, fence_margin_s
+from broker_edge.cluster.view import ClusterView, Member, partition_of
+from broker_edge.launcher import BrokerProcess, free_port
+from broker_edge.offsets_api import serve
+from broker_edge.storage import AppendRecord, LogStore, StorageConfig
+from tests.e2e.cluster.conftest import EtcdTarget
+
+pytestmark = pytest.mark.timeout(120)
+
+T = TypeVar("T")
+TTL = 2
+
+
+def run(coroutine: Coroutine[Any, Any, T], timeout_s: float = 60) -> T:
+    return asyncio.run(asyncio.wait_for(coroutine, timeout_s))
+
+
+async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout_s: float, what: str) -> float:
+    """Poll ``check`` until true; the seconds it took. Fails the test naming ``what`` after ``timeout_s``."""
+    start = time.monotonic()
+    while True:
+        result = check()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout_s:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        await asyncio.sleep(0.05)
+
+
+async def read_prefix(target: EtcdTarget) -> dict[str, Any]:
+    """Every key of the test's cluster, JSON-decoded where it is JSON."""
+    etcd = Etcd([target.url])
+    try:
+        kvs, _ = await etcd.get_prefix(f"{target.prefix}/")
+    finally:
+        await etcd.close()
+    result: dict[str, Any] = {}
+    for kv in kvs:
+        name = kv.key[len(target.prefix) + 1 :]
+        try:
+            result[name] = json.loads(kv.value)
+        except ValueError:
+            result[name] = kv.value.decode()
+    return result
+
+
+class Node:
+    """The coordination side of one cluster node in this process (no MQTT, no log unless ``store``)."""
+
+    def __init__(
+        self, target: EtcdTarget, node_id: str, offsets_api: str | None = None, **cluster: Any
+    ) -> None:
+        settings: dict[str, Any] = {"lease_ttl_s": TTL, "partitions": 6, "key_prefix": target.prefix}
+        settings.update(cluster)
+        self.config = ClusterConfig(node_id, [target.url], **settings)
+        self.view = ClusterView(node_id, self.config.partitions)
+        self.keys = ClusterKeys(target.prefix)
+        self.etcd = Etcd([target.url], timeout_s=1.0)
+        # nothing listens at an address from free_port(): such a member does not answer for its log ends
+        api = offsets_api or f"http://127.0.0.1:{free_port()}"
+        self.member = Member(node_id, f"127.0.0.1:{free_port()}", api)
+        self.membership = Membership(self.etcd, self.keys, self.member, self.view, self.config.lease_ttl_s)
+        self.coordinator = Coordinator(self.etcd, self.keys, self.view, self.membership)
+        self.membership.before_unfence = self.coordinator.resync
+        self.controller = Controller(
+            self.etcd, self.keys, self.view, self.coordinator, self.membership, self.config
+        )
+
+    @property
+    def node_id(self) -> str:
+        return self.member.node_id
+
+    async def start(self) -> Node:
+        await self.coordinator.start()
+        await self.membership.start()
+        await self.controller.start()
+        return self
+
+    async def stop(self) -> None:
+        await self.controller.stop()
+        await self.membership.stop()
+        await self.coordinator.stop()
+        await self.etcd.close()
+
+    async def die(self) -> None:
+        """Stop renewing the lease without a word to etcd, as a hung or cut-off process would."""
+        self.membership.abandon()
+        await self.controller.stop(resign=False)
+        await self.coordinator.stop()
+
+    async def catch_up_followers(self) -> None:
+        """What this node's leader side does once its followers have fetched everything: add them to the
+        in-sync set of the partitions it leads."""
+        for partition, state in list(self.view.states.items()):
+            if state.leader == self.node_id:
+                for node in state.replicas:
+                    if node not in state.isr and node in self.view.members:
+                        await self.coordinator.expand_isr(partition, state.epoch, node)
+
+
+async def start_nodes(target: EtcdTarget, names: list[str], **cluster: Any) -> list[Node]:
+    return [await Node(target, name, **cluster).start() for name in names]
+
+
+async def settled(nodes: list[Node], partitions: int, replicas: int) -> None:
+    """Wait until every partition has ``replicas`` replicas, all in sync, and every node sees it so."""
+
+    def done() -> bool:
+        for node in nodes:
+            states = node.view.states
+            if len(states) != partitions or set(node.view.members) != {n.node_id for n in nodes}:
+                return False
+            for state in states.values():
+                if len(state.replicas) != replicas or set(state.isr) != set(state.replicas):
+                    return False
+        return True
+
+    async def step() -> bool:
+        for node in nodes:
+            await node.catch_up_followers()
+        return done()
+
+    await eventually(step, 20, f"{partitions} partitions with {replicas} in-sync replicas each")
+
+
+def spread(view: ClusterView) -> list[int]:
+    return sorted(leader_counts(view.states.values(), view.members).values())
+
+
+# -- broker processes ---------------------------------------------------------------------------------------
+
+
+def test_a_broker_registers_its_bound_addresses_and_vanishes_with_its_lease(
+    cluster_brokers: Callable[..., BrokerProcess], etcd: EtcdTarget
+) -> None:
+    b1 = cluster_brokers("b1", lease_ttl_s=TTL)
+    b2 = cluster_brokers("b2", lease_ttl_s=TTL)
+
+    async def scenario() -> tuple[float, float]:
+        async def members() -> dict[str, Any]:
+            return {
+                k[len("members/") :]: v
+                for k, v in (await read_prefix(etcd)).items()
+                if k.startswith("members/")
+            }
+
+        await eventually(lambda: _has(members(), {"b1", "b2"}), 15, "both brokers registered")
+        registered = await members()
+        assert registered["b1"] == {
+            "node_id": "b1",
+            "mqtt": f"127.0.0.1:{b1.port}",
+            "offsets_api": f"http://127.0.0.1:{b1.offsets_port}",
+        }
+        b1.kill()  # SIGKILL: its lease is renewed by nobody
+        killed_for = await eventually(lambda: _lacks(members(), "b1"), TTL + 5, "b1 gone after kill -9")
+        b2.stop()  # SIGTERM: it revokes its lease on the way out
+        stopped_for = await eventually(lambda: _lacks(members(), "b2"), 5, "b2 gone after SIGTERM")
+        return killed_for, stopped_for
+
+    killed_for, stopped_for = run(scenario())
+    assert killed_for <= TTL + 1.0  # etcd ends a lease TTL after its last renewal (renewed every TTL/3)
+    assert stopped_for < 1.0
+
+
+async def _has(members: Awaitable[dict[str, Any]], names: set[str]) -> bool:
+    return names <= set(await members)
+
+
+async def _lacks(members: Awaitable[dict[str, Any]], name: str) -> bool:
+    return name not in await members
+
+
+def test_brokers_elect_one_controller_that_creates_the_cluster_and_a_new_one_when_it_dies(
+    cluster_brokers: Callable[..., BrokerProcess], etcd: EtcdTarget
+) -> None:
+    brokers = {name: cluster_brokers(name, lease_ttl_s=TTL, partitions=8) for name in ("b1", "b2", "b3")}
+
+    async def scenario() -> tuple[str, str, dict[str, Any]]:
+        async def created() -> bool:
+            keys = await read_prefix(etcd)
+            states = [v for k, v in keys.items() if k.startswith("partitions/")]
+            return len(states) == 8 and all(len(s["replicas"]) == 3 for s in states)
+
+        await eventually(created, 20, "8 partitions with 3 replicas each")
+        keys = await read_prefix(etcd)
+        first = keys["controller"]
+        await asyncio.sleep(1.5)  # time for a second controller to appear, if one could
+        assert (await read_prefix(etcd))["controller"] == first
+        brokers[first].kill()
+
+        async def replaced() -> bool:
+            controller = (await read_prefix(etcd)).get("controller")
+            return controller is not None and controller != first
+
+        await eventually(replaced, TTL + 5, "another controller after the first was killed")
+        return first, (await read_prefix(etcd))["controller"], keys
+
+    first, second, keys = run(scenario())
+    assert keys["config"] == {"partitions": 8}
+    assert {s["leader"] for k, s in keys.items() if k.startswith("partitions/")} <= {"b1", "b2", "b3"}
+    logs = {name: broker.log_path.read_text() for name, broker in brokers.items()}
+    counts = {name: text.count(f"{name} is the controller") for name, text in logs.items()}
+    assert counts == {name: 1 if name in (first, second) else 0 for name in brokers}
+
+
+# -- elections, driven in this process --------------------------------------------------------------------
+
+
+def test_failover_elects_a_live_in_sync_replica_with_the_next_epoch_and_drops_the_dead_one(
+    etcd: EtcdTarget,
+) -> None:
+    async def scenario() -> None:
+        nodes = await start_nodes(etcd, ["b1", "b2", "b3"])
+        try:
+            await settled(nodes, 6, 3)
+            observer = nodes[2].view
+            await eventually(lambda: spread(observer) == [2, 2, 2], 10, "leadership spread 2/2/2")
+            before = dict(observer.states)
+            dead = nodes[0]
+            led = sorted(p for p, s in before.items() if s.leader == dead.node_id)
+            assert len(led) == 2
+            await dead.die()
+            survivors = nodes[1:]
+
+            def failed_over() -> bool:
+                view = survivors[0].view
+                return all(view.states[p].leader not in (None, dead.node_id) for p in led) and all(
+                    dead.node_id not in s.isr for s in view.states.values()
+                )
+
+            took = await eventually(failed_over, TTL + 5, "partitions of b1 led by survivors")
+            assert took <= TTL + 2.5
+            after = survivors[0].view.states
+            for p in led:
+                assert after[p].leader in {"b2", "b3"}
+                assert after[p].leader in before[p].isr
+                assert after[p].epoch == before[p].epoch + 1
+                assert after[p].isr == tuple(n for n in before[p].isr if n != "b1")
+            for p in set(before) - set(led):
+                assert after[p].leader == before[p].leader  # live leaders keep theirs
+                assert after[p].epoch == before[p].epoch
+            assert sorted(leader_counts(after.values(), {"b2", "b3"}).values()) == [3, 3]
+            await eventually(lambda: survivors[1].view.states == after, 5, "the other survivor sees it too")
+        finally:
+            for node in nodes:
+                await node.stop()
+
+    run(scenario())
+
+
+def test_a_new_member_gets_replicas_then_its_share_of_leadership(etcd: EtcdTarget) -> None:
+    async def scenario() -> None:
+        nodes = await start_nodes(etcd, ["b1", "b2"], replication_factor=3, min_insync_replicas=2)
+        try:
+            await settled(nodes, 6, 2)  # replication factor capped at the two live members
+            await eventually(lambda: spread(nodes[0].view) == [3, 3], 10, "leadership 3/3")
+            before = dict(nodes[0].view.states)
+            nodes.append(await Node(etcd, "b3").start())
+            await settled(nodes, 6, 3)  # b3 added to every replica set, then caught up
+            view = nodes[2].view
+            await eventually(lambda: spread(view) == [2, 2, 2], 10, "leadership 2/2/2 with b3")
+            led = [p for p, s in view.states.items() if s.leader == "b3"]
+            assert len(led) == 2
+            for p in led:
+                assert view.states[p].epoch == before[p].epoch + 1  # one move per partition
+                assert view.leads(p)
+        finally:
+            for node in nodes:
+                await node.stop()
+
+    run(scenario())
+
+
+def test_election_prefers_the_in_sync_replica_with_the_highest_log_end(
+    etcd: EtcdTarget, tmp_path: Path
+) -> None:
+    """Each node's advertised offsets API is a real one over a real store: b3 holds more of the partition's
+    records than b2, so b3 leads after b1, although b2 comes first by name."""
+    topics = [f"plant/{i}/meter" for i in range(40)]
+
+    async def scenario() -> None:
+        runners = []
+        nodes: list[Node] = []
+        try:
+            for name, records in (("b1", 5), ("b2", 3), ("b3", 5)):
+                store = LogStore(tmp_path / name, StorageConfig(durability="none"))
+                store.open()
+                for topic in topics:
+                    for number in range(records):
+                        store.append(topic, AppendRecord(f"{name} {number}".encode()))
+                store.flush()
+                runner, port = await serve(store, "127.0.0.1", 0)
+                runners.append((runner, store))
+                node = Node(etcd, name, f"http://127.0.0.1:{port}", partitions=1)
+                nodes.append(await node.start())
+            await settled(nodes, 1, 3)
+            await eventually(lambda: nodes[0].view.states[0].leader is not None, 5, "a leader")
+            assert nodes[0].view.states[0].leader == "b1"  # the first member leads the one partition
+            await nodes[0].die()
+            view = nodes[1].view
+            await eventually(lambda: view.states[0].leader not in ("b1", None), TTL + 5, "a new leader")
+            assert view.states[0].leader == "b3"
+            assert all(partition_of(t, 1) == 0 for t in topics)
+        finally:
+            for node in nodes:
+                await node.stop()
+            for runner, store in runners:
+                await runner.cleanup()
+                store.close()
+
+    run(scenario())
+
+
+# -- fencing ------------------------------------------------------------------------------------------------
+
+
+def test_a_node_that_cannot_reach_etcd_fences_itself_within_the_ttl_and_unfences_after(
+    private_etcd: EtcdTarget,
+) -> None:
+    async def scenario() -> None:
+        node = await Node(private_etcd, "b1").start()
+        fenced_at: list[float] = []
+        node.view.on_change(lambda: fenced_at.append(time.monotonic()) if node.view.fenced else None)
+        try:
+            await eventually(lambda: not node.view.fenced, 5, "unfenced once registered")
+            await eventually(lambda: node.view.leads(0), 10, "b1 leads partition 0")
+            private_etcd.server.pause()
+            paused_at = time.monotonic()
+            last_proof = node.membership.proven_until - TTL
+            await eventually(lambda: node.view.fenced, TTL + 1, "fenced while etcd is stopped")
+            assert fenced_at, "view.changed() was called for the fencing"
+            assert fenced_at[0] - last_proof <= TTL - fence_margin_s(TTL) + 0.3
+            assert fenced_at[0] - paused_at < TTL
+            assert not node.view.leads(0)
+            await asyncio.sleep(TTL)  # past the lease's TTL: etcd will have ended it when it runs again
+            private_etcd.server.resume()
+            await eventually(lambda: not node.view.fenced, 15, "unfenced once etcd is back")
+            lease = node.membership.lease_id
+            assert lease is not None
+            found = await node.etcd.get(node.keys.member("b1"))
+            assert found is not None and found.lease == lease
+        finally:
+            private_etcd.server.resume()
+            await node.stop()
+
+    run(scenario())

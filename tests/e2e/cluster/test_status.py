@@ -1,0 +1,115 @@
+"""``timestone cluster status`` against a real etcd and real broker processes: what an operator reads."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from broker_edge.cluster.view import partition_of
+from broker_edge.launcher import BrokerProcess
+from tests.e2e.broker_clients import PahoClient, close_all
+from tests.e2e.cluster.conftest import EtcdTarget
+
+TTL = 2
+
+
+def status(etcd: EtcdTarget, *options: str) -> subprocess.CompletedProcess[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "cluster",
+        "status",
+        "--etcd",
+        etcd.url,
+        "--prefix",
+        etcd.prefix,
+    ]
+    return subprocess.run([*command, *options], capture_output=True, text=True, timeout=60)
+
+
+def wait_for_status(etcd: EtcdTarget, condition: Callable[[dict], bool], timeout_s: float = 20) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answer = status(etcd, "--json")
+        document = json.loads(answer.stdout) if answer.stdout else {}
+        if answer.returncode == 0 and condition(document):
+            return document
+        if time.monotonic() > deadline:
+            raise AssertionError(f"status never matched: {answer.stdout}{answer.stderr}")
+        time.sleep(0.2)
+
+
+def row_of(text: str, partition: int) -> list[str]:
+    """The cells of a partition's line in the readable output."""
+    for line in text.splitlines():
+        cells = line.split()
+        if cells and cells[0] == str(partition) and len(cells) >= 5:
+            return cells
+    raise AssertionError(f"no line for partition {partition} in:\n{text}")
+
+
+def test_status_shows_members_leaders_epochs_in_sync_sets_and_lag(
+    cluster_brokers: Callable[..., BrokerProcess], etcd: EtcdTarget
+) -> None:
+    b1 = cluster_brokers("b1", lease_ttl_s=TTL, partitions=4, replication_factor=2, min_insync_replicas=1)
+    wait_for_status(etcd, lambda d: len(d["states"]) == 4)  # created by b1 alone: b1 leads everything
+    b2 = cluster_brokers("b2", lease_ttl_s=TTL, partitions=4, replication_factor=2, min_insync_replicas=1)
+    wait_for_status(etcd, lambda d: all(s["replicas"] == ["b1", "b2"] for s in d["states"]))
+
+    topic = "plant/meter-7/energy"
+    partition = partition_of(topic, 4)
+    publisher = PahoClient(b1.port, "meter-7")
+    for number in range(3):
+        publisher.publish(topic, f"reading {number}".encode(), 1)
+    publisher.disconnect()
+    close_all()
+
+    answer = status(etcd)
+    assert answer.returncode == 0, answer.stderr
+    text = answer.stdout
+    assert text.splitlines()[0] == (
+        f"cluster {etcd.prefix} on {etcd.url}: 2 members, 4 partitions, controller b1"
+    )
+    assert re.search(rf"^\s+b1\s+127\.0\.0\.1:{b1.port}\s+http://127\.0\.0\.1:{b1.offsets_port}$", text, re.M)
+    assert re.search(rf"^\s+b2\s+127\.0\.0\.1:{b2.port}\s+http://127\.0\.0\.1:{b2.offsets_port}$", text, re.M)
+    cells = row_of(text, partition)
+    # partition, leader, epoch, replicas, in sync, then each replica's lag: b2 has none of b1's 3 records
+    assert cells[:5] == [str(partition), "b1", "0", "b1,b2", "b1"]
+    assert cells[5:] == ["b1:0", "b2:3"]
+    for other in set(range(4)) - {partition}:
+        assert row_of(text, other)[5:] == ["b1:0", "b2:0"]
+
+    document = json.loads(status(etcd, "--json").stdout)
+    state = next(s for s in document["states"] if s["partition"] == partition)
+    assert state == {
+        "partition": partition,
+        "leader": "b1",
+        "epoch": 0,
+        "replicas": ["b1", "b2"],
+        "isr": ["b1"],
+        "lag": {"b1": 0, "b2": 3},
+    }
+
+    b2.kill()  # a replica that is gone: its lag is unknown
+    wait_for_status(etcd, lambda d: [m["node_id"] for m in d["members"]] == ["b1"], TTL + 5)
+    text = status(etcd).stdout
+    assert "1 members" in text.splitlines()[0]
+    assert row_of(text, partition)[5:] == ["b1:0", "b2:?"]
+
+
+def test_status_of_an_empty_prefix_and_of_an_unreachable_etcd(etcd: EtcdTarget) -> None:
+    answer = status(etcd)
+    assert answer.returncode == 1
+    assert answer.stdout.strip() == f"no cluster under {etcd.prefix} on {etcd.url}"
+    command = [sys.executable, "-m", "pipelines.cli", "cluster", "status", "--etcd", "http://127.0.0.1:1"]
+    unreachable = subprocess.run([*command, "--timeout", "0.5"], capture_output=True, text=True, timeout=60)
+    assert unreachable.returncode == 1
+    assert unreachable.stderr.startswith("timestone cluster status: etcd http://127.0.0.1:1")
+    bad = subprocess.run([*command[:-1], "127.0.0.1:2379"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2
+    assert "--etcd: expected http://host:port" in bad.stderr
