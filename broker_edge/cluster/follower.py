@@ -89,6 +89,17 @@ class FollowerConfig:
     timeout_s: float = 10.0
     """Time for a fetch to be answered, beyond `wait_ms`."""
 
+    def __post_init__(self) -> None:
+        for name in ("wait_ms", "max_bytes", "max_topic_bytes", "retry_s", "timeout_s"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or value < 0
+                or (value == 0 and name != "wait_ms")
+            ):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+
 
 Publish = Callable[["Message"], object]
 """Routes a message to local subscribers (`Router.publish`)."""

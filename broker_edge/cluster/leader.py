@@ -69,6 +69,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+POSITIONS_PER_SLICE = 1024
+"""Topic positions a fetch takes in before letting the event loop run other work."""
 MAX_WAIT_MS = 30_000
 """The longest a fetch with nothing new is held, whatever it asks."""
 
@@ -408,7 +410,7 @@ class LeaderReplication:
         }
         for number in partitions:
             answers[number] = PartitionData(number, OK, partitions[number])
-        self._update_positions(session, request, answers, now)
+        await self._update_positions(session, request, answers, now)
         self._complete_ready()
         deadline = now + min(request.wait_ms, MAX_WAIT_MS) / 1000
         while True:
@@ -496,17 +498,20 @@ class LeaderReplication:
                     session.behind[topic] = now
         return session
 
-    def _update_positions(
+    async def _update_positions(
         self, session: _Session, request: FetchRequest, answers: dict[int, PartitionData], now: float
     ) -> None:
-        """Take the positions the request reports: divergence checks, lag, watermarks."""
+        """Take the positions the request reports: divergence checks, lag, watermarks. A session's first
+        fetch lists every topic: the loop is let run between slices of them."""
         store = self.store
         epochs = self.epochs
         for fetch in request.partitions:
             answer = answers[fetch.partition]
             if answer.error != OK:
                 continue
-            for position in fetch.topics:
+            for number, position in enumerate(fetch.topics, 1):
+                if number % POSITIONS_PER_SLICE == 0:
+                    await asyncio.sleep(0)
                 topic = position.topic
                 self._partition(topic)
                 offset = position.offset

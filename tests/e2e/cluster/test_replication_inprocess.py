@@ -344,3 +344,37 @@ def test_a_new_replica_of_a_log_retention_shortened_starts_where_the_leader_star
     assert cluster.call(lambda: cluster["b3"].store.log_info(TOPIC).start_offset) == start
     assert cluster["b3"].segment_bytes(TOPIC) == cluster["b1"].segment_bytes(TOPIC)
     assert wait_for(lambda: set(cluster.state().isr) == set(NODES), timeout=10)
+
+
+def test_a_former_leader_restarted_reads_its_epochs_from_disk_and_truncates_what_was_never_acknowledged(
+    make_cluster,
+):
+    cluster = make_cluster()
+    cluster.start_replication([_all_in_sync()])
+    device = PahoClient(cluster["b1"].port, "device-16")
+    for number in range(4):
+        device.publish(TOPIC, f"acknowledged {number}".encode(), qos=1)
+    for node in ("b2", "b3"):
+        cluster.run(cluster[node].stop_followers())
+    stranded = AckWatcher(cluster["b1"].port, "device-17")
+    for number in range(6):
+        stranded.publish(f"never acknowledged {number}".encode())
+    assert wait_for(lambda: cluster["b1"].durable_end(TOPIC) == 10)
+    device.kill()
+    stranded.client.kill()
+    cluster.stop_node("b1")  # the leader goes away holding six records nobody else has
+    cluster.set_state(PartitionState(0, "b2", 2, NODES, ("b2", "b3")))
+    for node in ("b2", "b3"):
+        cluster.call(cluster[node].start_followers)
+    new_device = PahoClient(cluster["b2"].port, "device-18")
+    for number in range(3):
+        new_device.publish(TOPIC, f"epoch two {number}".encode(), qos=1)
+    restarted = cluster.restart_node("b1")
+    expected = [(n, f"acknowledged {n}".encode()) for n in range(4)]
+    expected += [(4 + n, f"epoch two {n}".encode()) for n in range(3)]
+    assert wait_for(
+        lambda: restarted.durable_end(TOPIC) == 7 and restarted.payloads(TOPIC) == expected, timeout=10
+    )
+    assert restarted.segment_bytes(TOPIC) == cluster["b2"].segment_bytes(TOPIC)
+    epochs = cluster.call(lambda: restarted.followers.epochs.for_topic(TOPIC).entries)
+    assert epochs == [(1, 0), (2, 4)]

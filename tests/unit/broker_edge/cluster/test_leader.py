@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from broker_edge.cluster.leader import LeaderConfig, LeaderReplication, NotEnoughReplicas, NotLeader
 from broker_edge.cluster.replica_fetch import (
@@ -28,6 +29,20 @@ from tests.e2e.cluster.inprocess_cluster import StaticIsr
 NODES = ("b1", "b2", "b3")
 
 
+class CountingStore(LogStore):
+    """A store noting which topics the leader reads frames of."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.reads: list[str] = []
+
+    def read_frames(
+        self, topic: str, offset: int, max_bytes: int, stop: int | None = None
+    ) -> tuple[list[bytes], int]:
+        self.reads.append(topic)
+        return super().read_frames(topic, offset, max_bytes, stop)
+
+
 class Outcome:
     def __init__(self) -> None:
         self.done = 0
@@ -44,7 +59,7 @@ def _scenario(
     tmp_path: Path, body: Callable[[LeaderReplication, LogStore, StaticIsr], Awaitable[None]]
 ) -> None:
     async def main() -> None:
-        store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
+        store = CountingStore(tmp_path / "store", StorageConfig(durability="none"))
         store.open()
         view = ClusterView("b1", 1, fenced=False)
         isr = StaticIsr()
@@ -105,19 +120,13 @@ def test_an_incremental_fetch_reads_only_the_topics_that_changed(tmp_path: Path)
         await store.wait_durable()
         full = await leader.fetch(_fetch("b2", 0, 1, [(topic, 1, -1) for topic in topics]))
         assert full.error == OK
-        reads: list[str] = []
-        real_read = store.read_frames
-
-        def counting_read(topic: str, *args: object) -> tuple[list[bytes], int]:
-            reads.append(topic)
-            return real_read(topic, *args)  # type: ignore[arg-type]
-
-        store.read_frames = counting_read  # type: ignore[method-assign]
+        assert isinstance(store, CountingStore)
+        store.reads.clear()
         outcome = Outcome()
         outcome.when_replicated(leader, [await _append(store, topics[7], 2)])
         answer = await leader.fetch(_fetch("b2", full.session, 1, []))
         assert _topics(answer) == {topics[7]: (FRAMES, 1, 2)}
-        assert reads == [topics[7]]
+        assert store.reads == [topics[7]]
         await leader.fetch(_fetch("b2", full.session, 1, [(topics[7], 3, 1)]))
         assert outcome.done == 1
 

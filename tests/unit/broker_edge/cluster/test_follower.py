@@ -1,0 +1,47 @@
+"""The follower's side of the epoch rule (where a diverged tail is cut), and the replication settings."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from broker_edge.cluster.follower import FollowerConfig, Followers, LocalDelivery, _Fetcher
+from broker_edge.cluster.leader import LeaderConfig
+from broker_edge.cluster.replica_fetch import DIVERGING, TopicData
+from broker_edge.cluster.view import ClusterView
+from broker_edge.storage import LogStore, StorageConfig
+
+
+def test_a_diverged_tail_is_cut_where_the_common_epoch_ends_on_either_side(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
+        store.open()
+        store.append_batch("t", [(b"x", 1, False, "c", (), None, None, None, None, None)] * 12)
+        await store.wait_durable()
+        followers = Followers(ClusterView("b2", 1), store, LocalDelivery(store, lambda _m: None, None), None)
+        cache = followers.epochs.for_topic("t")
+        cache.assign(1, 0)
+        cache.assign(2, 6)  # here epoch 1 ends at 6; the leader says its epoch 1 ends at 9
+        fetcher = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=False)
+        fetcher._truncate(TopicData("t", DIVERGING, 0, 0, diverging_epoch=1, diverging_end=9))
+        assert store.durable_end("t") == 6  # the earlier of the two ends
+        assert cache.entries == [(1, 0)]
+        fetcher._truncate(TopicData("t", DIVERGING, 0, 0, diverging_epoch=1, diverging_end=2))
+        assert store.durable_end("t") == 2  # the leader's end when it is earlier
+        store.close()
+
+    asyncio.run(scenario())
+
+
+def test_settings_out_of_range_are_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="max_bytes"):
+        FollowerConfig(max_bytes=0)
+    with pytest.raises(ValueError, match="retry_s"):
+        FollowerConfig(retry_s=-1)
+    assert FollowerConfig(wait_ms=0).wait_ms == 0  # no long-poll is allowed
+    with pytest.raises(ValueError, match=r"cluster\.min_insync_replicas"):
+        LeaderConfig(min_insync_replicas=0)
+    with pytest.raises(ValueError, match=r"cluster\.replica_lag_max_ms"):
+        LeaderConfig(replica_lag_max_ms=1)
