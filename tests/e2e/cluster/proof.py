@@ -122,26 +122,29 @@ def wait_until(
         time.sleep(0.1)
 
 
-def cluster_status(target: EtcdTarget) -> str:
-    """The output of ``timestone cluster status`` for this cluster."""
+def cluster_status(target: EtcdTarget) -> dict[str, Any]:
+    """What ``timestone cluster status --json`` prints for this cluster (the operator's view)."""
+    command = [sys.executable, "-m", "pipelines.cli", "cluster", "status", "--etcd", target.url]
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pipelines.cli",
-            "cluster",
-            "status",
-            "--etcd",
-            target.url,
-            "--prefix",
-            target.prefix,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
+        [*command, "--prefix", target.prefix, "--json"], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    return result.stdout
+    document: dict[str, Any] = json.loads(result.stdout)
+    return document
+
+
+def status_leaders(status: dict[str, Any]) -> dict[str, int]:
+    """node_id → partitions it leads, as ``cluster status`` shows them."""
+    counts: dict[str, int] = {}
+    for state in status["states"]:
+        if state["leader"] is not None:
+            counts[state["leader"]] = counts.get(state["leader"], 0) + 1
+    return counts
+
+
+def status_in_sync(status: dict[str, Any], node: str) -> int:
+    """In how many partitions' in-sync sets ``cluster status`` shows ``node``."""
+    return sum(node in state["isr"] for state in status["states"])
 
 
 # -- reading logs back ------------------------------------------------------------------------------------

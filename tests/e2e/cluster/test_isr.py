@@ -8,7 +8,14 @@ from __future__ import annotations
 from broker_edge.cluster.view import partition_of
 from broker_edge.protocol.packets import PubAck, Publish, PubRec
 from tests.e2e.broker_clients import PahoClient, RawClient, close_all
-from tests.e2e.cluster.proof import cluster_state, read_log, wait_settled, wait_until
+from tests.e2e.cluster.proof import (
+    cluster_state,
+    cluster_status,
+    read_log,
+    status_in_sync,
+    wait_settled,
+    wait_until,
+)
 
 NODES = ("a", "b", "c")
 LAG_MS = 1000
@@ -25,11 +32,14 @@ def test_a_stopped_follower_leaves_the_in_sync_set_and_rejoins_after_restart(clu
         what="c out of every in-sync set",
     )
     assert not any("c" in p.isr for p in cluster_state(etcd).partitions.values())
+    away = cluster_status(etcd)
+    assert status_in_sync(away, "c") == 0 and "c" not in [m["node_id"] for m in away["members"]]
     for n in range(50):  # written while c is away: c must catch up on them to rejoin
         publisher.publish(f"isr/dev-{n % 5}", f"m{n}".encode(), 1)
 
     brokers["c"].start()
     wait_settled(etcd, set(NODES), 3)
+    assert status_in_sync(cluster_status(etcd), "c") == len(cluster_state(etcd).partitions)
     for n in range(5):
         topic = f"isr/dev-{n}"
         wait_until(

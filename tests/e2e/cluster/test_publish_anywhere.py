@@ -15,7 +15,14 @@ from gmqtt import Client as GmqttClient
 from gmqtt.mqtt.constants import MQTTv50, MQTTv311
 
 from tests.e2e.broker_clients import TIMEOUT, PahoClient, close_all
-from tests.e2e.cluster.proof import cluster_state, settled, wait_settled, wait_until
+from tests.e2e.cluster.proof import (
+    cluster_state,
+    cluster_status,
+    settled,
+    status_leaders,
+    wait_settled,
+    wait_until,
+)
 
 NODES = ("a", "b", "c")
 
@@ -98,6 +105,7 @@ def test_a_new_broker_joins_and_takes_leadership_of_its_share(cluster_brokers, e
     )
     leaders = cluster_state(etcd).leaders()
     assert max(leaders.values()) - min(leaders.values()) <= 1, leaders
+    assert status_leaders(cluster_status(etcd)).get("d", 0) >= fair  # what the operator sees
     # the new broker serves publishes too
     subscriber = PahoClient(three["a"].port, "sub-on-a")
     subscriber.subscribe("joined/#", 1)
