@@ -128,7 +128,7 @@ class Controller:
         with contextlib.suppress(ValueError):
             self.view._listeners.remove(self._wake.set)
         holding, self.holding = self.holding, None
-        if holding is not None and resign:
+        if holding is not None and resign and not self.view.fenced:
             with contextlib.suppress(EtcdError):
                 await self.etcd.delete_if(*holding)
 
@@ -222,12 +222,12 @@ class Controller:
         electing = needs_election(states.values(), live)
         log_ends: LogEnds = {}
         if electing:
-            candidates = {
-                node
-                for p in electing
-                for node in (states[p].replicas if self.config.unclean_election else states[p].isr)
-                if node in members
-            }
+            candidates: set[str] = set()
+            for p in electing:
+                pool = states[p].replicas if self.config.unclean_election else states[p].isr
+                live_pool = {node for node in pool if node in members}
+                if len(live_pool) > 1:  # one candidate needs no ranking: do not wait for its answer
+                    candidates |= live_pool
             if candidates:
                 log_ends = await self.log_ends([members[n] for n in sorted(candidates)], stored)
         rf, unclean = self.config.replication_factor, self.config.unclean_election

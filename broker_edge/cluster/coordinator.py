@@ -162,8 +162,9 @@ class Coordinator:
 
     def _apply(self, key: str, value: bytes | None, revision: int) -> None:
         """Take in one key's value (None: deleted) if newer than the one held."""
-        if revision < self.revisions.get(key, 0):
-            return
+        held = self.revisions.get(key, 0)
+        if revision < held or (value is not None and revision == held):
+            return  # older, or the very write already held (a re-read, or this node's own write)
         if value is None:
             self.revisions.pop(key, None)
         else:

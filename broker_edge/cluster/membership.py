@@ -67,6 +67,7 @@ class Membership:
         self._stopping = False
         self._listeners: list[Callable[[], None]] = []
         self._own_leases: set[int] = set()
+        self._failures = 0
 
     @property
     def interval_s(self) -> float:
@@ -88,13 +89,15 @@ class Membership:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="cluster-membership")
 
     async def stop(self) -> None:
-        """Stop renewing and revoke the lease: the member key disappears now, not after the TTL."""
+        """Stop renewing and revoke the lease: the member key disappears now, not after the TTL (unless
+        etcd is out of reach already: then the lease runs out by itself)."""
         self._stopping = True
         if self._task is not None:
             await stop_task(self._task)
         self._cancel_fence_timer()
+        reachable = not self.view.fenced
         self._set_fenced(True, "membership stopped")
-        if self.lease_id is not None:
+        if self.lease_id is not None and reachable:
             lease, self.lease_id = self.lease_id, None
             try:
                 await self.etcd.revoke_lease(lease)
@@ -138,7 +141,7 @@ class Membership:
                 )
                 return False
         except EtcdError as exc:
-            log.warning("cannot register %s in etcd: %s", self.member.node_id, exc)
+            self._failed(f"cannot register {self.member.node_id} in etcd: {exc}")
             if lease is not None:
                 with contextlib.suppress(EtcdError):
                     await self.etcd.revoke_lease(lease)
@@ -173,7 +176,7 @@ class Membership:
         try:
             ttl = await self.etcd.keep_alive(lease, timeout_s=self.interval_s)
         except EtcdError as exc:
-            log.warning("lease %x renewal failed: %s", lease, exc)
+            self._failed(f"lease {lease:x} renewal failed: {exc}")
             if time.monotonic() >= self.proven_until:
                 self._lose_lease("lease not renewed within its TTL")
             return
@@ -194,8 +197,16 @@ class Membership:
 
     # -- fencing ------------------------------------------------------------------------------------------
 
+    def _failed(self, message: str) -> None:
+        """Log an etcd failure: the first of a run at WARNING, the others at DEBUG (they repeat quickly)."""
+        self._failures += 1
+        (log.warning if self._failures == 1 else log.debug)("%s", message)
+
     def _proven(self, sent: float) -> None:
         """A renewal (or grant) sent at ``sent`` succeeded: the lease lives until sent + TTL."""
+        if self._failures > 1:
+            log.info("etcd answers again (after %d failed attempts)", self._failures)
+        self._failures = 0
         self.proven_until = sent + self.ttl_s
         self._cancel_fence_timer()
         delay = max(0.0, self.proven_until - fence_margin_s(self.ttl_s) - time.monotonic())
@@ -225,7 +236,7 @@ class Membership:
             try:
                 await self.before_unfence()
             except EtcdError as exc:
-                log.warning("still fenced: re-reading the cluster state failed: %s", exc)
+                self._failed(f"still fenced: re-reading the cluster state failed: {exc}")
                 return False
         if time.monotonic() >= self.proven_until - fence_margin_s(self.ttl_s) or self._stopping:
             return False

@@ -208,7 +208,11 @@ def test_brokers_elect_one_controller_that_creates_the_cluster_and_a_new_one_whe
             states = [v for k, v in keys.items() if k.startswith("partitions/")]
             return len(states) == 8 and all(len(s["replicas"]) == 3 for s in states)
 
-        await eventually(created, 20, "8 partitions with 3 replicas each")
+        try:
+            await eventually(created, 20, "8 partitions with 3 replicas each")
+        except AssertionError as failure:
+            logs = "\n".join(f"--- {n}\n{b.log_path.read_text()[-4000:]}" for n, b in brokers.items())
+            raise AssertionError(f"{failure}\n{await read_prefix(etcd)}\n{logs}") from None
         keys = await read_prefix(etcd)
         first = keys["controller"]
         await asyncio.sleep(1.5)  # time for a second controller to appear, if one could
@@ -371,3 +375,73 @@ def test_a_node_that_cannot_reach_etcd_fences_itself_within_the_ttl_and_unfences
             await node.stop()
 
     run(scenario())
+
+
+# -- the leader's in-sync set changes ------------------------------------------------------------------------
+
+
+def test_only_the_current_leader_changes_the_in_sync_set_and_only_under_its_epoch(etcd: EtcdTarget) -> None:
+    async def scenario() -> None:
+        nodes = await start_nodes(etcd, ["b1", "b2", "b3"], partitions=1)
+        try:
+            await settled(nodes, 1, 3)
+            view = nodes[0].view
+            state = view.states[0]
+            leader = next(n for n in nodes if n.node_id == state.leader)
+            follower = next(n for n in nodes if n.node_id != state.leader)
+            follower_id = follower.node_id
+
+            # a follower, or the leader under a stale epoch, changes nothing
+            assert not await follower.coordinator.shrink_isr(0, state.epoch, leader.node_id)
+            assert not await leader.coordinator.shrink_isr(0, state.epoch - 1, follower_id)
+            assert not await leader.coordinator.expand_isr(0, state.epoch, "b9")  # not a replica
+            with pytest.raises(ValueError, match="node"):
+                await leader.coordinator.shrink_isr(0, state.epoch, leader.node_id)
+
+            assert await leader.coordinator.shrink_isr(0, state.epoch, follower_id)
+            assert follower_id not in leader.view.states[0].isr  # the leader's own view at once
+            await eventually(lambda: follower_id not in view.states[0].isr, 5, "everyone sees the shrink")
+            assert view.states[0].epoch == state.epoch  # an in-sync set change is not a leader change
+            assert await leader.coordinator.shrink_isr(0, state.epoch, follower_id)  # already out: done
+
+            other = next(n for n in nodes if n.node_id not in (leader.node_id, follower_id))
+            assert await leader.coordinator.shrink_isr(0, state.epoch, other.node_id)
+            assert await leader.coordinator.expand_isr(0, state.epoch, follower_id)
+            assert await leader.coordinator.expand_isr(0, state.epoch, other.node_id)
+            await eventually(lambda: set(view.states[0].isr) == {"b1", "b2", "b3"}, 5, "all back in sync")
+
+            # a leader whose lease is gone writes nothing, even with the right epoch
+            await leader.die()
+            gone = leader.node_id
+            await eventually(lambda: gone not in follower.view.members, TTL + 5, "the leader's lease ended")
+            assert not await leader.coordinator.shrink_isr(0, state.epoch, follower_id)
+            found = await follower.etcd.get(follower.keys.partition(0))
+            assert found is not None and follower_id in json.loads(found.value)["isr"]
+        finally:
+            for node in nodes:
+                await node.stop()
+
+    run(scenario())
+
+
+def test_a_broker_process_fences_itself_while_etcd_is_stopped(
+    cluster_brokers: Callable[..., BrokerProcess], private_etcd: EtcdTarget
+) -> None:
+    broker = cluster_brokers("b1", target=private_etcd, lease_ttl_s=TTL)
+
+    def logged(text: str) -> int:
+        return broker.log_path.read_text().count(text)
+
+    async def scenario() -> float:
+        await eventually(lambda: logged("b1 unfenced") == 1, 10, "b1 registered and unfenced")
+        private_etcd.server.pause()
+        try:
+            return await eventually(
+                lambda: logged("b1 cannot prove its etcd lease alive") == 1, TTL + 2, "fenced"
+            )
+        finally:
+            private_etcd.server.resume()
+
+    fenced_after = run(scenario())
+    assert fenced_after < TTL
+    run(eventually(lambda: logged("b1 unfenced") == 2, 15, "unfenced once etcd runs again"))
