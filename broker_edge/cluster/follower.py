@@ -324,7 +324,7 @@ class _Fetcher:
         by_number = {fetch.partition: fetch for fetch in request.partitions}
         topics: list[str]
         if session == 0:
-            topics = list(self._positions) if self.observer else [info.topic for info in owner.store.logs()]
+            topics = list(self._positions) if self.observer else owner.store.topics()
         else:
             topics = list(self._moved)
         view = owner.view

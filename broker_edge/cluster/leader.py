@@ -197,8 +197,8 @@ class LeaderReplication:
         if self._started:
             return
         self._started = True
-        for info in self.store.logs():
-            self._partition(info.topic)
+        for topic in self.store.topics():
+            self._partition(topic)
         self.view.on_change(self._view_changed)
         self._view_changed()
         self._checker = asyncio.get_running_loop().create_task(self._check_lag_forever())
@@ -377,8 +377,8 @@ class LeaderReplication:
         store = self.store
         taken = [number for number in view.states if number not in self._led_since and self.leads(number)]
         if taken:
-            for info in store.logs():  # topics a follower created since the last look
-                self._partition(info.topic)
+            for topic in store.topics():  # topics a follower created since the last look
+                self._partition(topic)
         for number in taken:
             self._led_since[number] = self._clock()
             for topic in self._topics.get(number, ()):  # a tail appended as a follower: committed now

@@ -387,6 +387,10 @@ class LogStore:
         a client's identity outlives its connections and sessions)."""
         return self._created_by.get(client_id, 0)
 
+    def topics(self) -> list[str]:
+        """The topics that have a log, unsorted (cheaper than `logs()` for a pass over all of them)."""
+        return list(self._logs)
+
     def __contains__(self, topic: object) -> bool:
         return topic in self._logs
 

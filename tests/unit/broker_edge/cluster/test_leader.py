@@ -213,3 +213,22 @@ def test_a_parked_fetch_is_answered_when_the_leader_appends(tmp_path: Path) -> N
         assert _topics(answer) == {"t": (FRAMES, 0, 1)}
 
     _scenario(tmp_path, body)
+
+
+def test_a_parked_fetch_is_answered_when_the_watermark_moves(tmp_path: Path) -> None:
+    async def body(leader: LeaderReplication, store: LogStore, _isr: StaticIsr) -> None:
+        Outcome().when_replicated(leader, [await _append(store, "t", 1)])
+        b2 = await leader.fetch(_fetch("b2", 0, 1, []))
+        b3 = await leader.fetch(_fetch("b3", 0, 1, []))
+        request = _fetch("b2", b2.session, 1, [("t", 1, 1)])
+        request.wait_ms = 5000
+        parked = asyncio.create_task(leader.fetch(request))  # b2 holds it; the watermark waits for b3
+        await asyncio.sleep(0.05)
+        assert not parked.done()
+        await leader.fetch(_fetch("b3", b3.session, 1, [("t", 1, 1)]))
+        answer = await asyncio.wait_for(parked, 1)
+        assert [(t.topic, t.high_watermark, t.count) for p in answer.partitions for t in p.topics] == [
+            ("t", 1, 0)
+        ]
+
+    _scenario(tmp_path, body)
