@@ -147,6 +147,19 @@ def status_in_sync(status: dict[str, Any], node: str) -> int:
     return sum(node in state["isr"] for state in status["states"])
 
 
+def started(make: Callable[[], BrokerProcess], attempts: int = 3) -> BrokerProcess:
+    """``make()`` started; made again on fresh ports when another process took one of its free ports
+    between their choice and the bind (the machine is shared)."""
+    for attempt in range(attempts):
+        broker = make()
+        try:
+            return broker.start()
+        except RuntimeError as error:
+            if "address already in use" not in str(error) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 # -- reading logs back ------------------------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from tests.e2e.cluster.proof import (
     EtcdProxy,
     cluster_state,
     read_log,
+    started,
     wait_settled,
     wait_until,
 )
@@ -112,8 +113,8 @@ def test_a_leader_that_loses_etcd_stops_acknowledging_and_loses_nothing(tmp_path
     try:
         for node in NODES:
             urls = [proxy.url] if node == "b" else [etcd.url]
-            brokers[node] = cluster_broker(tmp_path, etcd, node, {"etcd": urls, "replica_lag_max_ms": 2000})
-            brokers[node].start()
+            section = {"etcd": urls, "replica_lag_max_ms": 2000}
+            brokers[node] = started(lambda n=node, c=section: cluster_broker(tmp_path, etcd, n, c))
         wait_settled(etcd, set(NODES), 3)
 
         devices, recovered = _run_failover(brokers, etcd, "b", proxy.cut)
