@@ -24,7 +24,7 @@ recomputed from the fresh one.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from broker_edge.cluster.view import PartitionState
@@ -40,7 +40,6 @@ __all__ = [
     "leader_counts",
     "needs_election",
     "plan",
-    "summary",
 ]
 
 SPREAD = "leadership spread"
@@ -280,12 +279,3 @@ def plan(
         if after != before:
             changes.append(Change(before, after, tuple(reasons[partition]), partition in unclean))
     return changes
-
-
-def summary(states: Sequence[PartitionState]) -> str:
-    """One line per partition (leader, epoch, replicas, in-sync set): for logs and test failures."""
-    return "\n".join(
-        f"{s.partition}: leader={s.leader} epoch={s.epoch} replicas={','.join(s.replicas)} "
-        f"isr={','.join(s.isr)}"
-        for s in states
-    )

@@ -168,7 +168,12 @@ class Controller:
                 return False
             revision = await self.etcd.create(self.keys.controller, self.view.node_id.encode(), lease)
             if revision is None:
-                return False
+                # held by someone; or by this node under its current lease, if it was fenced for a moment
+                # without losing the lease: then it is still the controller
+                current = await self.etcd.get(self.keys.controller)
+                if current is None or current.lease != lease or current.value != self.view.node_id.encode():
+                    return False
+                revision = current.mod_revision
             self.holding = (self.keys.controller, revision)
             log.info("%s is the controller", self.view.node_id)
         return await self._reconcile(self.holding)
