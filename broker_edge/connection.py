@@ -440,11 +440,27 @@ class Connection(asyncio.Protocol):
     def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None:
         self.write(encode(PubRel(packet_id, reason_code), self.version))
 
-    def send_puback(self, packet_id: int, reason_code: int = 0) -> None:
+    def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None:
+        if reason_string is not None and self.v5:
+            self.write(self._with_reason(PubAck(packet_id, reason_code), reason_string))
+            return
         self.write(encode(PubAck(packet_id, reason_code if self.v5 else 0), self.version))
 
-    def send_pubrec(self, packet_id: int, reason_code: int = 0) -> None:
+    def send_pubrec(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None:
+        if reason_string is not None and self.v5:
+            self.write(self._with_reason(PubRec(packet_id, reason_code), reason_string))
+            return
         self.write(encode(PubRec(packet_id, reason_code if self.v5 else 0), self.version))
+
+    def _with_reason(self, packet: PubAck | PubRec, reason_string: str) -> bytes:
+        """A v5 acknowledgement with a reason string, unless the client refused them (Request Problem
+        Information 0) or the packet would exceed its Maximum Packet Size."""
+        plain = encode(packet, MQTT_5)
+        if not self.problem_information:
+            return plain
+        packet.properties = Properties(reason_string=reason_string)
+        framed = encode(packet, MQTT_5)
+        return framed if len(framed) <= self.max_packet_out else plain
 
     def send_pubcomp(self, packet_id: int, reason_code: int = 0) -> None:
         self.write(encode(PubComp(packet_id, reason_code if self.v5 else 0), self.version))

@@ -18,6 +18,17 @@ through five stages, each a method below:
    and every publisher acknowledged in the order the publishes arrived. Log readers (``replay``) are given
    the appended runs so sessions catching up share the decoded messages.
 
+In a cluster (``attach_forwarding``) the persist stage asks the ``Forwarding`` where each topic goes: the
+log here (this node leads its partition), the partition's leader (the batch then also waits for the
+leader's answer, which comes once the leader has the records on its in-sync replicas), or nowhere (a
+refusal, e.g. fewer in-sync replicas than ``min_insync_replicas``: v5 publishers get 0x83 with a reason
+string, v3 publishers are disconnected). Unlogged publishes are also handed to the ``Forwarding`` to be
+routed on every other member. Publishes a peer forwarded here enter through ``accept_forwarded``. Batches
+then complete in any order (a forwarded part waits for another broker), so each publisher's
+acknowledgements are kept in its arrival order by a queue per publisher ([MQTT-4.6.0-2..4]). A broker
+without a cluster never calls any of it: its batches complete in the order they were persisted (the log
+makes them durable in that order), with no per-publish cluster check.
+
 If writing fails, v5 publishers get 0x80 in their acknowledgement and v3 publishers are disconnected (they
 resend after reconnecting); nothing is acknowledged that is not durable.
 
@@ -28,13 +39,15 @@ next loop iteration (``call_soon``).
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 from broker_edge.delivery import Message
 from broker_edge.protocol.reason_codes import ReasonCode
-from broker_edge.states import CLOSED
+from broker_edge.states import CLOSED, CONNECTED
 from broker_edge.storage.errors import StorageError, TooManyTopics
 
 if TYPE_CHECKING:
@@ -45,10 +58,17 @@ if TYPE_CHECKING:
     from broker_edge.storage.record import RecordFields
 
 __all__ = [
+    "APPEND",
+    "FORWARD",
+    "NOT_LEADER",
+    "REFUSE",
     "AppendedRun",
+    "ForwardAck",
+    "Forwarding",
     "LocalOnly",
     "PendingPublish",
     "PublishPath",
+    "PublishRefused",
     "PublishStore",
     "Publisher",
     "Replication",
@@ -58,6 +78,13 @@ __all__ = [
 log = logging.getLogger("broker_edge.publish_path")
 
 _NO_MATCHING = ReasonCode.NO_MATCHING_SUBSCRIBERS
+_REFUSED = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
+
+APPEND, FORWARD, REFUSE = 0, 1, 2
+"""Where a logged publish goes in a cluster (``Forwarding.placement``): the log here, the leader, nowhere."""
+NOT_LEADER = ReasonCode.USE_ANOTHER_SERVER
+"""A peer's answer for a forwarded publish it did not append because it does not lead the partition (the
+forwarding side tries the leader it learns of next; devices never see this code)."""
 
 
 class Publisher(Protocol):
@@ -68,9 +95,9 @@ class Publisher(Protocol):
     incoming_pending: int
     """Incoming QoS 1/2 publishes not yet acknowledged (bounded by Receive Maximum)."""
 
-    def send_puback(self, packet_id: int, reason_code: int = 0) -> None: ...
+    def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None: ...
 
-    def send_pubrec(self, packet_id: int, reason_code: int = 0) -> None: ...
+    def send_pubrec(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None: ...
 
     def release_qos2(self, packet_id: int) -> None:
         """Forget a held incoming QoS 2 id: its publish was refused, so a resend is a new publish."""
@@ -105,6 +132,11 @@ class PendingPublish:
     packet_id: int | None
     qos: int
     reason_code: int = 0
+    reason_string: str | None = None
+    settled: bool = False
+    """Answered elsewhere (forwarded to the leader, or refused): not routed here, not refused again."""
+    ready: bool = False
+    """Its answer is known (a cluster member acknowledges it once its publisher's earlier ones are)."""
 
 
 @dataclass(slots=True)
@@ -124,6 +156,44 @@ class Replication(Protocol):
     ) -> None: ...
 
 
+class PublishRefused(Exception):
+    """A stage refuses the publishes of a batch (e.g. too few in-sync replicas): v5 publishers get
+    ``reason_code`` with the message as reason string, v3 publishers are disconnected."""
+
+    def __init__(self, message: str, reason_code: int = _REFUSED) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardAck:
+    """The leader's answer for one forwarded publish: its reason code and, once appended, its offset."""
+
+    reason_code: int
+    offset: int | None = None
+    reason_string: str | None = None
+
+
+class Forwarding(Protocol):
+    """The cluster's side of the PUBLISH path: where a topic's logged publishes go, and getting them there."""
+
+    def placement(self, topic: str) -> int:
+        """``APPEND`` (this node leads the topic's partition with enough in-sync replicas), ``FORWARD`` or
+        ``REFUSE``."""
+
+    def refusal(self, topic: str) -> str:
+        """Why publishes on ``topic`` are refused now (the reason string of a ``REFUSE``)."""
+
+    def forward(
+        self, topic: str, messages: list[Message], done: Callable[[Sequence[ForwardAck]], None]
+    ) -> None:
+        """Get ``messages`` appended by the leader; ``done`` is called once, on the loop, with one answer
+        per message in order."""
+
+    def broadcast(self, message: Message) -> None:
+        """Route an unlogged publish on every other member."""
+
+
 class LocalOnly:
     """A broker without followers: a durable batch is as replicated as it will get."""
 
@@ -133,6 +203,51 @@ class LocalOnly:
         self, runs: Sequence[AppendedRun], done: Callable[[], None], failed: Callable[[BaseException], None]
     ) -> None:
         done()
+
+
+@dataclass(slots=True)
+class _Batch:
+    """One persisted batch until it completes: its parts still running, and the first failure."""
+
+    entries: list[PendingPublish]
+    runs: list[AppendedRun]
+    waiting: int = 1
+    """Parts not finished: the local part (durable, then replicated) and one per forwarded topic."""
+    error: BaseException | None = None
+    reason: str = ""
+
+
+class _PeerPublisher:
+    """The publisher of publishes a peer forwarded: gathers one answer per message, then calls ``done``."""
+
+    __slots__ = ("_answers", "_done", "_left", "incoming_pending", "messages", "state", "v5")
+
+    def __init__(self, messages: Sequence[Message], done: Callable[[Sequence[ForwardAck]], None]) -> None:
+        self.v5 = True
+        self.state = CONNECTED
+        self.incoming_pending = 0
+        self.messages = messages
+        self._answers: list[ForwardAck | None] = [None] * len(messages)
+        self._left = len(messages)
+        self._done = done
+
+    def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None:
+        if self._answers[packet_id] is not None:
+            return
+        offset = self.messages[packet_id].offset if reason_code < 0x80 else None
+        self._answers[packet_id] = ForwardAck(reason_code, offset, reason_string)
+        self._left -= 1
+        if not self._left:
+            answers = [answer for answer in self._answers if answer is not None]
+            self._done(answers)
+
+    send_pubrec = send_puback
+
+    def release_qos2(self, packet_id: int) -> None:
+        pass
+
+    def close(self, reason_code: int | None = None, reason_string: str | None = None) -> None:
+        pass
 
 
 class PublishPath:
@@ -153,15 +268,28 @@ class PublishPath:
         self.store: PublishStore | None = None
         """The commitlog; None when the broker keeps no log (everything is routed at once)."""
         self.replays: ReplayManager | None = None
+        self.forwarding: Forwarding | None = None
+        """Where the cluster places topics (None: a single broker, every logged publish is appended here)."""
         self._call_soon = call_soon
         self._pending: list[PendingPublish] = []
         self._by_topic: dict[str, list[Message]] = {}
         self._scheduled = False
+        self._turns: dict[Publisher, deque[PendingPublish]] = {}
+        """A cluster member's publishes waiting for their acknowledgement, per publisher in arrival order."""
 
     def attach_store(self, store: PublishStore, replays: ReplayManager | None) -> None:
         """Log from now on into ``store``; ``replays`` learns of every appended run."""
         self.store = store
         self.replays = replays
+
+    def attach_forwarding(self, forwarding: Forwarding | None) -> None:
+        """Run as a cluster member from now on (None: alone again): logged publishes go where ``forwarding``
+        places them, unlogged ones are also routed on the other members."""
+        self.forwarding = forwarding
+        if forwarding is None:
+            self.__dict__.pop("accept", None)
+        else:
+            self.accept = self._accept_in_cluster  # type: ignore[method-assign]
 
     # -- 1. accept ----------------------------------------------------------------------------------------
 
@@ -196,12 +324,36 @@ class PublishPath:
         if packet_id is not None:
             _acknowledge(publisher, message.qos, packet_id, 0 if matched else _NO_MATCHING)
 
+    def _accept_in_cluster(
+        self, publisher: Publisher, message: Message, packet_id: int | None, logged: bool
+    ) -> None:
+        """``accept`` of a cluster member: an unlogged publish is also routed on every other member."""
+        if not logged:
+            forwarding = self.forwarding
+            assert forwarding is not None, "installed with the forwarding"
+            forwarding.broadcast(message)
+        PublishPath.accept(self, publisher, message, packet_id, logged)
+
+    def accept_forwarded(
+        self, messages: Sequence[Message], done: Callable[[Sequence[ForwardAck]], None]
+    ) -> None:
+        """Take logged publishes a peer forwarded (this node leads their partition, or did when they were
+        sent): appended and acknowledged like a client's, in turn; ``done`` gets one answer per message."""
+        publisher = _PeerPublisher(messages, done)
+        pending = self._pending
+        for index, message in enumerate(messages):
+            self._queue_message(publisher, message, index)
+            pending[-1].qos = 1  # answered as a QoS 1 publish is, whatever its QoS: the peer waits for each
+
     def publish(self, message: Message) -> None:
         """Publish as the broker itself (a will, a tool): logged per the rules, never acknowledged."""
         if not message.topic.startswith("$") and self.is_logged(message.topic, message.qos):
             self._queue_message(None, message, None)
         else:
             self.router.publish(message)
+            forwarding = self.forwarding
+            if forwarding is not None and not message.topic.startswith("$"):
+                forwarding.broadcast(message)
 
     def acknowledge_in_turn(self, publisher: Publisher, packet_id: int, qos: int, reason_code: int) -> None:
         """Acknowledge behind every publish still waiting for the log, so acks keep the publishes' order."""
@@ -233,8 +385,22 @@ class PublishPath:
         topics, self._by_topic = self._by_topic, {}
         store = self.store
         assert store is not None, "only logged publishes are queued"
+        if not batch:
+            return
+        current = _Batch(batch, [])
+        if self.forwarding is not None:
+            turns = self._turns
+            for entry in batch:
+                publisher = entry.publisher
+                if publisher is not None and entry.packet_id is not None:
+                    queue = turns.get(publisher)
+                    if queue is None:
+                        turns[publisher] = deque((entry,))
+                    else:
+                        queue.append(entry)
+            topics = self._place(current, topics, self.forwarding)
         retry: set[str] = set()
-        runs: list[AppendedRun] = []
+        runs = current.runs
         for topic, messages in topics.items():
             try:
                 first = store.append_batch(topic, [record_fields(message) for message in messages])
@@ -248,10 +414,67 @@ class PublishPath:
             for entry in batch:
                 if entry.message is not None and entry.message.topic in retry:
                     self._append_one(store, entry)
-        if batch:
-            store.when_durable(
-                lambda: self._durable(batch, runs), lambda exc: self._failed(batch, exc, "log_failed")
-            )
+        store.when_durable(
+            lambda: self._durable(current), lambda exc: self._part_failed(current, exc, "log_failed")
+        )
+
+    def _place(
+        self, current: _Batch, topics: dict[str, list[Message]], forwarding: Forwarding
+    ) -> dict[str, list[Message]]:
+        """Split a batch by where its topics go: returns the topics appended here; forwards or refuses the
+        others (their entries are settled once the answer is known)."""
+        local: dict[str, list[Message]] = {}
+        elsewhere: dict[str, int] = {}
+        for topic, messages in topics.items():
+            where = forwarding.placement(topic)
+            if where == APPEND:
+                local[topic] = messages
+            else:
+                elsewhere[topic] = where
+        if not elsewhere:
+            return local
+        by_topic: dict[str, list[PendingPublish]] = {}
+        for entry in current.entries:
+            message = entry.message
+            if message is not None and message.topic in elsewhere:
+                by_topic.setdefault(message.topic, []).append(entry)
+        for topic, entries in by_topic.items():
+            if elsewhere[topic] == REFUSE:
+                reason = forwarding.refusal(topic)
+                for entry in entries:
+                    self._settle(entry, ForwardAck(_REFUSED, None, reason))
+                continue
+            from_peers = [entry for entry in entries if isinstance(entry.publisher, _PeerPublisher)]
+            for entry in from_peers:  # never forwarded twice: the peer asks the leader it learns of next
+                self._settle(entry, ForwardAck(NOT_LEADER, None, "not the leader of this partition"))
+            if from_peers:
+                entries = [entry for entry in entries if not entry.settled]
+                if not entries:
+                    continue
+            current.waiting += 1
+            messages = [entry.message for entry in entries if entry.message is not None]
+            forwarding.forward(topic, messages, partial(self._forwarded, current, entries))
+        return local
+
+    def _forwarded(self, current: _Batch, entries: list[PendingPublish], acks: Sequence[ForwardAck]) -> None:
+        for entry, ack in zip(entries, acks, strict=True):
+            self._settle(entry, ack)
+        self._part_done(current)
+
+    def _settle(self, entry: PendingPublish, ack: ForwardAck) -> None:
+        """Record the answer for an entry answered elsewhere; it is acknowledged in its turn."""
+        message = entry.message
+        if message is not None and ack.offset is not None:
+            message.offset = ack.offset
+        entry.message = None
+        entry.settled = True
+        entry.reason_code = ack.reason_code
+        entry.reason_string = ack.reason_string
+        if ack.reason_code >= 0x80:
+            self.counters.drop("forward_refused")
+            publisher = entry.publisher
+            if publisher is not None and entry.qos == 2 and entry.packet_id is not None and publisher.v5:
+                publisher.release_qos2(entry.packet_id)
 
     def _append_one(self, store: PublishStore, entry: PendingPublish) -> None:
         """Append one publish of a batch that failed. A failed append becomes a refusal, acknowledged in its
@@ -266,6 +489,7 @@ class PublishPath:
                 "append to %r failed: %s", message.topic, exc, extra={"client_id": message.origin or "-"}
             )
             entry.message = None
+            entry.settled = True
             entry.reason_code = (
                 ReasonCode.QUOTA_EXCEEDED if isinstance(exc, TooManyTopics) else ReasonCode.UNSPECIFIED_ERROR
             )
@@ -277,25 +501,46 @@ class PublishPath:
 
     # -- 3. durable ---------------------------------------------------------------------------------------
 
-    def _durable(self, batch: list[PendingPublish], runs: list[AppendedRun]) -> None:
+    def _durable(self, current: _Batch) -> None:
+        if not current.runs and self.forwarding is not None:
+            self._part_done(current)  # everything went elsewhere: nothing here to replicate
+            return
         self.replication.when_replicated(
-            runs,
-            lambda: self._route_and_acknowledge(batch, runs),
-            lambda exc: self._failed(batch, exc, "replication_failed"),
+            current.runs,
+            lambda: self._part_done(current),
+            lambda exc: self._part_failed(current, exc, "replication_failed"),
         )
 
+    def _part_failed(self, current: _Batch, exc: BaseException, reason: str) -> None:
+        if current.error is None:
+            current.error, current.reason = exc, reason
+        self._part_done(current)
+
+    def _part_done(self, current: _Batch) -> None:
+        """One part of ``current`` finished; once all have, route and acknowledge it (or refuse it)."""
+        current.waiting -= 1
+        if current.waiting:
+            return
+        if current.error is None:
+            self._route_and_acknowledge(current.entries, current.runs)
+        else:
+            self._failed(current.entries, current.error, current.reason)
+
     def _failed(self, batch: list[PendingPublish], exc: BaseException, reason: str) -> None:
-        """Writing (``log_failed``) or replicating (``replication_failed``) failed: acknowledge nothing."""
+        """Writing (``log_failed``) or replicating (``replication_failed``) failed: acknowledge nothing
+        appended here (entries answered elsewhere keep their answer); a ``PublishRefused`` says why."""
         log.error("%s, %d publishes not acknowledged: %s", reason.replace("_", " "), len(batch), exc)
+        refused = isinstance(exc, PublishRefused)
+        reason_code = exc.reason_code if isinstance(exc, PublishRefused) else ReasonCode.UNSPECIFIED_ERROR
+        reason_string = str(exc) if refused else None
+        answer = self._answer if self.forwarding is None else self._answer_in_turn
         for entry in batch:
-            if entry.message is not None:
-                self.counters.drop(reason)
-            publisher = entry.publisher
-            if publisher is not None and entry.packet_id is not None and publisher.state != CLOSED:
-                if publisher.v5:
-                    _acknowledge(publisher, entry.qos, entry.packet_id, ReasonCode.UNSPECIFIED_ERROR)
-                else:
-                    publisher.close()
+            if not entry.settled:
+                if entry.message is not None:
+                    self.counters.drop(reason)
+                entry.reason_code = reason_code
+                entry.reason_string = reason_string
+            answer(entry, entry.reason_code)
 
     # -- 4. route and acknowledge -------------------------------------------------------------------------
 
@@ -303,22 +548,35 @@ class PublishPath:
         """Route the publishes of ``batch``, now durable (and replicated), and acknowledge them in order."""
         router = self.router
         appends = appended_bytes = 0
-        for entry in batch:
-            message = entry.message
-            reason_code = entry.reason_code
-            if message is not None:
-                appends += 1
-                appended_bytes += len(message.payload)
-                if not router.publish(message):
-                    reason_code = _NO_MATCHING
-            publisher = entry.publisher
-            packet_id = entry.packet_id
-            if publisher is None or packet_id is None or publisher.state == CLOSED:
-                continue
-            qos = entry.qos
-            if qos == 1 and publisher.incoming_pending > 0:  # a QoS 1 entry is a logged publish or a refusal
-                publisher.incoming_pending -= 1
-            _acknowledge(publisher, qos, packet_id, reason_code)
+        if self.forwarding is None:
+            for entry in batch:
+                message = entry.message
+                reason_code = entry.reason_code
+                if message is not None:
+                    appends += 1
+                    appended_bytes += len(message.payload)
+                    if not router.publish(message):
+                        reason_code = _NO_MATCHING
+                publisher = entry.publisher
+                packet_id = entry.packet_id
+                if publisher is None or packet_id is None or publisher.state == CLOSED:
+                    continue
+                qos = entry.qos
+                if (
+                    qos == 1 and publisher.incoming_pending > 0
+                ):  # a QoS 1 entry: a logged publish or a refusal
+                    publisher.incoming_pending -= 1
+                _acknowledge(publisher, qos, packet_id, reason_code)
+        else:
+            for entry in batch:
+                message = entry.message
+                reason_code = entry.reason_code
+                if message is not None:
+                    appends += 1
+                    appended_bytes += len(message.payload)
+                    if not router.publish(message):
+                        reason_code = _NO_MATCHING
+                self._answer_in_turn(entry, reason_code)
         replays = self.replays
         if replays is not None:
             for run in runs:
@@ -327,12 +585,48 @@ class PublishPath:
             self.metrics.log_appends_total.inc(appends)
             self.metrics.log_bytes_total.inc(appended_bytes)
 
+    def _answer_in_turn(self, entry: PendingPublish, reason_code: int) -> None:
+        """A cluster member's acknowledgement: sent once every earlier publish of the same publisher is
+        acknowledged ([MQTT-4.6.0-2..4]). Batches complete in any order here (a forwarded part waits for
+        another broker), so only a publisher's own publishes wait for each other: a batch never waits for
+        one that waits on a peer, which could wait on this broker in turn."""
+        entry.reason_code = reason_code
+        entry.ready = True
+        publisher = entry.publisher
+        if publisher is None or entry.packet_id is None:
+            return
+        queue = self._turns.get(publisher)
+        if queue is None:  # queued before this node joined its cluster
+            self._answer(entry, reason_code)
+            return
+        while queue and queue[0].ready:
+            head = queue.popleft()
+            self._answer(head, head.reason_code)
+        if not queue:
+            del self._turns[publisher]
 
-def _acknowledge(publisher: Publisher, qos: int, packet_id: int, reason_code: int) -> None:
+    @staticmethod
+    def _answer(entry: PendingPublish, reason_code: int) -> None:
+        publisher = entry.publisher
+        packet_id = entry.packet_id
+        if publisher is None or packet_id is None or publisher.state == CLOSED:
+            return
+        qos = entry.qos
+        if qos == 1 and publisher.incoming_pending > 0:  # a QoS 1 entry is a logged publish or a refusal
+            publisher.incoming_pending -= 1
+        if reason_code >= 0x80 and not publisher.v5:
+            publisher.close()  # a v3 client cannot be told: it resends after reconnecting
+            return
+        _acknowledge(publisher, qos, packet_id, reason_code, entry.reason_string)
+
+
+def _acknowledge(
+    publisher: Publisher, qos: int, packet_id: int, reason_code: int, reason_string: str | None = None
+) -> None:
     if qos == 1:
-        publisher.send_puback(packet_id, reason_code)
+        publisher.send_puback(packet_id, reason_code, reason_string)
     elif qos == 2:
-        publisher.send_pubrec(packet_id, reason_code)
+        publisher.send_pubrec(packet_id, reason_code, reason_string)
 
 
 def record_fields(message: Message) -> RecordFields:

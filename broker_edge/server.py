@@ -2,8 +2,9 @@
 
 ``Broker(config)`` then ``await broker.start()`` binds every listener (``broker.ports`` has the bound ports,
 so port 0 works) and ``await broker.stop()`` closes them, tells v5 clients why (DISCONNECT 0x8B) and flushes
-the commitlog. Everything runs on the calling event loop; nothing here starts a thread except the store's
-writer and the password hasher.
+the commitlog. With a ``cluster:`` section, ``start`` then joins the cluster (``broker_edge.cluster.node``,
+imported only then) and ``stop`` leaves it before anything else closes. Everything runs on the calling
+event loop; nothing here starts a thread except the store's writer and the password hasher.
 
 The Broker is the ``ConnectionHost`` (``broker_edge.context``) of every connection: handlers see it only
 through that narrow interface. What happens to a PUBLISH is in ``broker_edge.publish_path``.
@@ -60,7 +61,8 @@ class Broker(BrokerCore):
         )
         self.store: LogStore | None = None
         self.cluster_node: ClusterNode | None = None
-        """This broker's part in its cluster (``cluster:`` configured), after ``start``."""
+        """This broker's part in its cluster (``cluster:`` configured), after ``start``; None: a broker
+        alone, nothing of the cluster is loaded."""
         self.session_store: SessionStore | None = None
         """Persistent sessions across restarts (``sessions.persist`` with a commitlog)."""
         self.listeners: list[ListenerRuntime] = []
@@ -215,6 +217,8 @@ class Broker(BrokerCore):
         self._stopping = True
         if self._sweep_handle is not None:
             self._sweep_handle.cancel()
+        if self.cluster_node is not None:
+            await self.cluster_node.stop()  # leave first: peers take over while the clients are told
         for server in self._servers:
             server.close()
         for conn in list(self.connections):
@@ -227,8 +231,6 @@ class Broker(BrokerCore):
             await asyncio.sleep(0)
             for conn in list(self.connections):
                 conn.abort()
-        if self.cluster_node is not None:
-            await self.cluster_node.stop()
         if self.session_store is not None:
             await self.session_store.close()
         if self.store is not None:

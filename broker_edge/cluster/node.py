@@ -1,26 +1,49 @@
-"""A broker's part in its cluster: membership, the view of the cluster, and the controller campaign.
+"""A broker's part in its cluster: ``ClusterNode`` wires coordination, replication and forwarding into it.
 
-``Broker.start`` makes a ``ClusterNode`` when the configuration has a ``cluster:`` section, after its
-listeners and offsets API are bound (so the advertised addresses default to the bound ports), and stops it
-before the commitlog closes. The node's ``view`` is what the rest of the broker reads.
+``Broker.start`` creates the node once its listeners and offsets API are bound (so the advertised addresses
+default to the bound ports) and starts it; ``Broker.stop`` stops it before anything else closes. The node
+
+- adds the cluster's endpoints to the offsets API (``/v1/replica/fetch``, ``/v1/peer``) before it serves;
+- keeps this node's ``ClusterView`` current: membership under an etcd lease (fencing when it cannot be
+  renewed), the coordinator's watches, the controller campaign;
+- makes the PUBLISH path a cluster member's: the leader's ``Replication`` stage (acks=all with
+  ``min_insync_replicas``), the followers' fetchers (which route what becomes committed), and
+  ``ClusterForwarding`` with the peer links for publishes on partitions led elsewhere and unlogged ones;
+- fences: while ``view.fenced`` nothing is acknowledged (placement never appends here, the leader stage
+  fails what it holds) and MQTT clients are disconnected so they move to a live member (v5: DISCONNECT
+  0x9C "use another server" with the Server Reference of a live member when one is known, else 0x8B).
+
+Only a broker with a ``cluster:`` section imports this module. Given a ``view``, the node runs on it as is
+(no etcd, no replication: forwarding and the peer links alone), which is how the data side is tested.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from broker_edge.cluster.config import ClusterConfig
-from broker_edge.cluster.controller import Controller
-from broker_edge.cluster.coordinator import Coordinator
-from broker_edge.cluster.etcd import ClusterKeys, Etcd
-from broker_edge.cluster.membership import Membership
+from broker_edge.cluster.forwarding import ClusterForwarding
+from broker_edge.cluster.peer_link import PeerLinks
 from broker_edge.cluster.view import ClusterView, Member
+from broker_edge.protocol.codec import encode
+from broker_edge.protocol.packets import MQTT_5, Disconnect
+from broker_edge.protocol.properties import Properties
+from broker_edge.protocol.reason_codes import ReasonCode
+from broker_edge.publish_path import AppendedRun, PublishRefused
+from broker_edge.states import CONNECTED
 
 if TYPE_CHECKING:
+    from broker_edge.cluster.config import ClusterConfig
+    from broker_edge.cluster.controller import Controller
+    from broker_edge.cluster.coordinator import Coordinator
+    from broker_edge.cluster.etcd import Etcd
+    from broker_edge.cluster.follower import Followers
+    from broker_edge.cluster.leader import LeaderReplication
+    from broker_edge.cluster.membership import Membership
     from broker_edge.server import Broker
 
-__all__ = ["ClusterNode", "advertised_member"]
+__all__ = ["ClusterNode", "RefusingReplication", "advertised_member"]
 
 log = logging.getLogger("broker_edge.cluster.node")
 
@@ -48,42 +71,182 @@ def advertised_member(broker: Broker, cluster: ClusterConfig) -> Member:
     return Member(cluster.node_id, mqtt, offsets_api)
 
 
-class ClusterNode:
-    """Runs this broker's membership, coordinator and controller."""
+class RefusingReplication:
+    """The leader's ``Replication`` stage as the PUBLISH path sees it: a batch the leader cannot commit
+    (too few in-sync replicas, leadership lost, fenced) is a refusal (v5 0x83 with the reason), not a
+    failure of the broker."""
 
-    def __init__(self, broker: Broker, cluster: ClusterConfig) -> None:
+    def __init__(self, leader: LeaderReplication) -> None:
+        self.leader = leader
+
+    def when_replicated(
+        self, runs: Sequence[AppendedRun], done: Callable[[], None], failed: Callable[[BaseException], None]
+    ) -> None:
+        from broker_edge.cluster.leader import ReplicationRefused
+
+        def refuse(exc: BaseException) -> None:
+            failed(PublishRefused(str(exc)) if isinstance(exc, ReplicationRefused) else exc)
+
+        self.leader.when_replicated(runs, done, refuse)
+
+
+class ClusterNode:
+    """Everything of one broker that is about its cluster (see the module docstring)."""
+
+    def __init__(self, broker: Broker, cluster: ClusterConfig, view: ClusterView | None = None) -> None:
         self.broker = broker
         self.cluster = cluster
-        self.view = ClusterView(cluster.node_id, cluster.partitions)
-        self.keys = ClusterKeys(cluster.key_prefix)
+        self.static = view is not None
+        self.view = view if view is not None else ClusterView(cluster.node_id, cluster.partitions)
         self.token = cluster.token or broker.config.offsets_api.token
-        self.etcd = Etcd(cluster.etcd, ETCD_TIMEOUT_S)
-        self.member = advertised_member(broker, cluster)
-        self.membership = Membership(self.etcd, self.keys, self.member, self.view, cluster.lease_ttl_s)
-        self.coordinator = Coordinator(self.etcd, self.keys, self.view, self.membership)
-        self.membership.before_unfence = self.coordinator.resync
-        self.controller = Controller(
-            self.etcd, self.keys, self.view, self.coordinator, self.membership, cluster, token=self.token
+        self.forwarding = ClusterForwarding(
+            self.view,
+            broker.publish_path,
+            broker.router,
+            None,
+            broker.loop,
+            cluster.min_insync_replicas,
+            cluster.forward_timeout_ms / 1000,
         )
+        self.links = PeerLinks(cluster.node_id, self.token, self.forwarding)
+        self.forwarding.links = self.links
+        self.etcd: Etcd | None = None
+        self.membership: Membership | None = None
+        self.coordinator: Coordinator | None = None
+        self.controller: Controller | None = None
+        self.leader: LeaderReplication | None = None
+        self.followers: Followers | None = None
+        if not self.static:
+            self._build_coordination_and_replication()
+        broker.offsets_api_routes.append(self.links.add_routes)
+        self._was_fenced = False
+        self._started = False
+
+    def _build_coordination_and_replication(self) -> None:
+        from broker_edge.cluster.controller import Controller
+        from broker_edge.cluster.coordinator import Coordinator
+        from broker_edge.cluster.epochs import LeaderEpochs
+        from broker_edge.cluster.etcd import ClusterKeys, Etcd
+        from broker_edge.cluster.follower import Followers, LocalDelivery
+        from broker_edge.cluster.leader import LeaderConfig, LeaderReplication
+        from broker_edge.cluster.membership import Membership
+        from broker_edge.cluster.replica_fetch import replica_fetch_route
+
+        broker, cluster, view = self.broker, self.cluster, self.view
+        store = broker.store
+        if store is None:
+            raise RuntimeError("a cluster node needs the commitlog (storage.enabled)")
+        self.member = advertised_member(broker, cluster)
+        keys = ClusterKeys(cluster.key_prefix)
+        self.etcd = Etcd(cluster.etcd, ETCD_TIMEOUT_S)
+        self.membership = Membership(self.etcd, keys, self.member, view, cluster.lease_ttl_s)
+        self.coordinator = Coordinator(self.etcd, keys, view, self.membership)
+        self.controller = Controller(
+            self.etcd, keys, view, self.coordinator, self.membership, cluster, token=self.token
+        )
+        epochs = LeaderEpochs(store)
+        delivery = LocalDelivery(store, broker.router.publish, broker.replays)
+        self.leader = LeaderReplication(
+            view,
+            store,
+            self.coordinator,
+            LeaderConfig(cluster.min_insync_replicas, cluster.replica_lag_max_ms),
+            epochs,
+            route_committed=delivery.route_committed,
+        )
+        self.followers = Followers(view, store, delivery, self.token, epochs=epochs)
+        timeout = broker.config.offsets_api.request_timeout_s
+        broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch, timeout))
 
     async def start(self) -> None:
-        """Follow the cluster's state, register, campaign for controller. A node that cannot reach etcd
-        starts fenced and keeps trying."""
-        await self.coordinator.start()
-        await self.membership.start()
-        await self.controller.start()
-        log.info(
-            "cluster node %s (mqtt %s, offsets API %s) on etcd %s under %s",
-            self.member.node_id,
-            self.member.mqtt,
-            self.member.offsets_api,
-            ",".join(self.cluster.etcd),
-            self.cluster.key_prefix,
-        )
+        """Serve as a member: the PUBLISH path's cluster stages first (fenced until registered, so nothing
+        is appended here yet), then follow the cluster's state, register, campaign for controller. A node
+        that cannot reach etcd starts fenced and keeps trying."""
+        path = self.broker.publish_path
+        if self.leader is not None and self.followers is not None:
+            self.leader.start()
+            self.followers.start()
+            path.replication = RefusingReplication(self.leader)
+        path.attach_forwarding(self.forwarding)
+        self.view.on_change(self._view_changed)
+        self._started = True
+        self._view_changed()
+        if self.coordinator is not None and self.membership is not None and self.controller is not None:
+            try:
+                await self.coordinator.start()
+                # The first registration needs no re-read (the coordinator has just read everything); a
+                # re-read restarts the coordinator's watch, and cancelling an etcd watch still being
+                # created can deadlock the etcd client. Later registrations (after a lost lease) re-read.
+                self.membership.before_unfence = None
+                await self.membership.start()
+                self.membership.before_unfence = self.coordinator.resync
+                await self.controller.start()
+            except Exception:
+                log.exception("joining the cluster failed")
+                raise
+            log.info(
+                "cluster node %s (mqtt %s, offsets API %s) on etcd %s under %s",
+                self.member.node_id,
+                self.member.mqtt,
+                self.member.offsets_api,
+                ",".join(self.cluster.etcd),
+                self.cluster.key_prefix,
+            )
 
     async def stop(self) -> None:
-        """Leave the cluster now (the lease is revoked, so the others need not wait for it to expire)."""
-        await self.controller.stop()
-        await self.membership.stop()
-        await self.coordinator.stop()
-        await self.etcd.close()
+        """Leave the cluster now (the lease is revoked, so the others need not wait for it to expire), then
+        stop replicating and forwarding."""
+        if not self._started:
+            return
+        self._started = False
+        if self.controller is not None:
+            await self.controller.stop()
+        if self.membership is not None:
+            await self.membership.stop()
+        self.forwarding.fail_waiting("the broker is shutting down")
+        if self.leader is not None:
+            await self.leader.stop()
+        if self.followers is not None:
+            await self.followers.stop()
+        await self.links.close()
+        if self.coordinator is not None:
+            await self.coordinator.stop()
+        if self.etcd is not None:
+            await self.etcd.close()
+
+    def _view_changed(self) -> None:
+        if not self._started:
+            return
+        view = self.view
+        self.links.update({node: member.offsets_api for node, member in view.members.items()})
+        self.forwarding.retry()
+        if view.fenced and not self._was_fenced and self._was_member():
+            self._move_clients()
+        self._was_fenced = view.fenced
+
+    def _was_member(self) -> bool:
+        """Whether this node has been a member (a node starting up is fenced until it registers: its
+        clients have nowhere better to be)."""
+        return self.static or self.membership is None or self.membership.proven_until > 0
+
+    def _move_clients(self) -> None:
+        """Fenced: disconnect every MQTT client so it reconnects to a live member."""
+        others = [member for node, member in sorted(self.view.members.items()) if node != self.view.node_id]
+        reference = others[0].mqtt if others else None
+        log.warning(
+            "fenced (etcd lease not renewed): disconnecting %d clients%s",
+            len(self.broker.connections),
+            f", pointing v5 clients at {reference}" if reference else "",
+        )
+        for conn in list(self.broker.connections):
+            if conn.state != CONNECTED:
+                conn.abort()
+                continue
+            if conn.v5 and reference is not None:
+                properties = Properties(reason_string="this broker lost its cluster membership")
+                properties.server_reference = reference
+                conn.write(encode(Disconnect(ReasonCode.USE_ANOTHER_SERVER, properties), MQTT_5))
+                self.broker.counters.disconnect("use_another_server")
+                conn.close()
+            else:
+                conn.close(ReasonCode.SERVER_SHUTTING_DOWN, "this broker lost its cluster membership")

@@ -1,0 +1,460 @@
+"""Peer links: one persistent WebSocket between every pair of brokers, carrying publishes and answers.
+
+A link is the WebSocket ``/v1/peer`` of the offsets API (bearer token, the dialing node named in the
+``X-Timestone-Node`` header). Of each pair the node with the smaller ``node_id`` dials and redials while the
+other is a member; both then send on the one socket. Everything sent to a peer during one loop iteration
+leaves as one binary WebSocket message.
+
+Wire format: a WebSocket message is a sequence of parts ``u8 kind | u32 length | body`` (little endian):
+
+- ``FORWARD``: ``u32 batch | u16 topic length | topic | record frames``. Logged publishes for the peer to
+  append as their partition's leader; each publish is the commitlog's record frame
+  (``storage/record.py``: payload, QoS, retain, publisher, MQTT 5 properties, what remains of the expiry)
+  with the publish's index in the batch as its offset.
+- ``UNLOGGED``: ``u16 topic length | topic | one record frame``: route it locally, log nothing.
+- ``ANSWER``: ``u32 batch | u16 count | (u8 reason code | i64 offset or -1 | u16 length | reason)*``: the
+  leader's answer to a ``FORWARD``, sent once the batch is acknowledged by its PUBLISH path.
+
+A link that drops fails the forwards it was waiting for (they may or may not have been appended: the
+device is told the publish failed and resends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from broker_edge.delivery import Message
+from broker_edge.protocol.properties import Properties
+from broker_edge.publish_path import ForwardAck, record_fields
+from broker_edge.storage.record import PREFIX, PREFIX_SIZE, FrameError, decode_frame, encode_frame
+
+if TYPE_CHECKING:
+    from aiohttp import ClientSession, web
+
+__all__ = [
+    "ANSWER",
+    "FORWARD",
+    "UNLOGGED",
+    "PeerLink",
+    "PeerLinks",
+    "PeerReceiver",
+    "decode_answer",
+    "decode_parts",
+    "decode_publishes",
+    "encode_answer",
+    "encode_forward",
+    "encode_unlogged",
+]
+
+log = logging.getLogger("broker_edge.cluster.peer_link")
+
+FORWARD, UNLOGGED, ANSWER = 1, 2, 3
+PEER_PATH = "/v1/peer"
+NODE_HEADER = "X-Timestone-Node"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_RECORD_BODY = 64 * 1024 * 1024
+HEARTBEAT_S = 1.0
+REDIAL_S = 0.2
+
+_PART = struct.Struct("<BI")
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_ACK = struct.Struct("<BqH")
+_LOST = ForwardAck(0x83, None, "connection to the partition leader was lost")
+
+
+# -- wire format ------------------------------------------------------------------------------------------
+
+
+def _part(kind: int, body: bytes) -> bytes:
+    return _PART.pack(kind, len(body)) + body
+
+
+def _topic(topic: str) -> bytes:
+    raw = topic.encode()
+    return _U16.pack(len(raw)) + raw
+
+
+def encode_forward(batch: int, topic: str, messages: Sequence[Message]) -> bytes:
+    """The ``FORWARD`` part of ``messages`` (all on ``topic``) as batch ``batch``."""
+    frames = [encode_frame(index, 0, *record_fields(message)) for index, message in enumerate(messages)]
+    return _part(FORWARD, _U32.pack(batch) + _topic(topic) + b"".join(frames))
+
+
+def encode_unlogged(message: Message) -> bytes:
+    """The ``UNLOGGED`` part of ``message``."""
+    return _part(UNLOGGED, _topic(message.topic) + encode_frame(0, 0, *record_fields(message)))
+
+
+def encode_answer(batch: int, acks: Sequence[ForwardAck]) -> bytes:
+    """The ``ANSWER`` part for batch ``batch``."""
+    parts = [_U32.pack(batch), _U16.pack(len(acks))]
+    for ack in acks:
+        reason = (ack.reason_string or "").encode()[:0xFFFF]
+        parts.append(_ACK.pack(ack.reason_code, -1 if ack.offset is None else ack.offset, len(reason)))
+        parts.append(reason)
+    return _part(ANSWER, b"".join(parts))
+
+
+def decode_parts(data: bytes) -> list[tuple[int, memoryview]]:
+    """The ``(kind, body)`` parts of one WebSocket message (``ValueError`` if it is not well formed)."""
+    view = memoryview(data)
+    parts: list[tuple[int, memoryview]] = []
+    pos = 0
+    while pos < len(view):
+        if pos + _PART.size > len(view):
+            raise ValueError("truncated part header")
+        kind, length = _PART.unpack_from(view, pos)
+        pos += _PART.size
+        if pos + length > len(view):
+            raise ValueError("truncated part body")
+        parts.append((kind, view[pos : pos + length]))
+        pos += length
+    return parts
+
+
+def decode_publishes(body: memoryview, now: float, batched: bool) -> tuple[int, list[Message]]:
+    """``(batch, messages)`` of a ``FORWARD`` (``batched``) or ``UNLOGGED`` body; expiry deadlines count
+    from ``now`` (the loop's clock). Raises ``ValueError`` on a malformed body or a bad record frame."""
+    pos = 0
+    batch = 0
+    if batched:
+        (batch,) = _U32.unpack_from(body, 0)
+        pos = _U32.size
+    (length,) = _U16.unpack_from(body, pos)
+    topic = str(body[pos + 2 : pos + 2 + length], "utf-8")
+    pos += 2 + length
+    messages: list[Message] = []
+    while pos < len(body):
+        if pos + PREFIX_SIZE > len(body):
+            raise ValueError("truncated record frame")
+        (body_length, _crc) = PREFIX.unpack_from(body, pos)
+        end = pos + PREFIX_SIZE + body_length
+        try:
+            record = decode_frame(body[pos:end], len(messages), MAX_RECORD_BODY)
+        except FrameError as error:
+            raise ValueError(f"bad record frame: {error}") from None
+        properties = None
+        if (
+            record.user_properties
+            or record.content_type is not None
+            or record.payload_format_indicator is not None
+            or record.response_topic is not None
+            or record.correlation_data is not None
+        ):
+            properties = Properties(
+                payload_format_indicator=record.payload_format_indicator,
+                content_type=record.content_type,
+                response_topic=record.response_topic,
+                correlation_data=record.correlation_data,
+                user_properties=list(record.user_properties),
+            )
+        expiry = record.message_expiry_interval
+        messages.append(
+            Message(
+                topic,
+                record.payload,
+                record.qos,
+                record.retain,
+                properties,
+                record.client_id,
+                None,
+                None if expiry is None else now + expiry,
+            )
+        )
+        pos = end
+    return batch, messages
+
+
+def decode_answer(body: memoryview) -> tuple[int, list[ForwardAck]]:
+    """``(batch, answers)`` of an ``ANSWER`` body."""
+    batch, count = _U32.unpack_from(body, 0)[0], _U16.unpack_from(body, _U32.size)[0]
+    pos = _U32.size + _U16.size
+    acks: list[ForwardAck] = []
+    for _ in range(count):
+        code, offset, length = _ACK.unpack_from(body, pos)
+        pos += _ACK.size
+        reason = str(body[pos : pos + length], "utf-8") if length else None
+        pos += length
+        acks.append(ForwardAck(code, None if offset < 0 else offset, reason))
+    return batch, acks
+
+
+# -- links --------------------------------------------------------------------------------------------
+
+
+class _Socket(Protocol):
+    """What a link uses of an aiohttp WebSocket (client or server side)."""
+
+    async def send_bytes(self, data: bytes) -> None: ...
+
+    async def close(self) -> Any: ...
+
+
+class PeerReceiver(Protocol):
+    """What a node does with what its peers send."""
+
+    def forwarded(self, link: PeerLink, batch: int, messages: list[Message]) -> None:
+        """Append ``messages`` (forwarded by ``link``'s peer) and answer with ``link.answer(batch, ...)``."""
+
+    def unlogged(self, message: Message) -> None:
+        """Route an unlogged publish a peer received."""
+
+
+class PeerLink:
+    """This node's end of the link to one peer: batches what is sent, matches answers to forwards."""
+
+    def __init__(self, peer: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.peer = peer
+        self._loop = loop
+        self._socket: _Socket | None = None
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._next_batch = 0
+        self._waiting: dict[int, tuple[int, Callable[[Sequence[ForwardAck]], None]]] = {}
+        self._sending: asyncio.Task[None] | None = None
+
+    @property
+    def up(self) -> bool:
+        """Whether the socket to the peer is open."""
+        return self._socket is not None
+
+    def forward(
+        self, topic: str, messages: Sequence[Message], done: Callable[[Sequence[ForwardAck]], None]
+    ) -> None:
+        """Send logged publishes for the peer to append; ``done`` gets its answer (or a refusal per message
+        when the link drops first)."""
+        if self._socket is None:
+            self._loop.call_soon(done, [_LOST] * len(messages))
+            return
+        self._next_batch = batch = (self._next_batch + 1) & 0xFFFFFFFF
+        self._waiting[batch] = (len(messages), done)
+        self._send(encode_forward(batch, topic, messages))
+
+    def unlogged(self, message: Message) -> None:
+        """Send an unlogged publish for the peer to route (dropped while the link is down: at most once)."""
+        if self._socket is not None:
+            self._send(encode_unlogged(message))
+
+    def answer(self, batch: int, acks: Sequence[ForwardAck]) -> None:
+        """Answer a ``FORWARD`` of the peer."""
+        if self._socket is not None:
+            self._send(encode_answer(batch, acks))
+
+    def _send(self, part: bytes) -> None:
+        self._out.append(part)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._out or self._socket is None:
+            self._out = []
+            return
+        if self._sending is not None and not self._sending.done():
+            return  # the send in progress flushes again when it ends
+        data = b"".join(self._out)
+        self._out = []
+        self._sending = self._loop.create_task(self._write(self._socket, data))
+
+    async def _write(self, socket: _Socket, data: bytes) -> None:
+        try:
+            await socket.send_bytes(data)
+        except Exception as exc:  # the reader sees the socket close and detaches it
+            log.debug("sending to %s failed: %s", self.peer, exc)
+            return
+        if self._out:
+            self._loop.call_soon(self._flush)
+
+    def attach(self, socket: _Socket) -> None:
+        """Use ``socket`` from now on (a newer socket replaces an older one, whose forwards fail)."""
+        if self._socket is not None:
+            self.detach(self._socket)
+        self._socket = socket
+        log.info("peer link to %s up", self.peer)
+
+    def detach(self, socket: _Socket) -> None:
+        """``socket`` closed: fail the forwards waiting on it."""
+        if self._socket is not socket:
+            return
+        self._socket = None
+        self._out = []
+        waiting, self._waiting = self._waiting, {}
+        for count, done in waiting.values():
+            done([_LOST] * count)
+        log.info("peer link to %s down", self.peer)
+
+    async def close(self) -> None:
+        """Close the socket (its forwards fail)."""
+        socket = self._socket
+        if socket is not None:
+            self.detach(socket)
+            await socket.close()
+
+    def received(self, data: bytes, receiver: PeerReceiver) -> None:
+        """Handle one WebSocket message from the peer."""
+        now = self._loop.time()
+        for kind, body in decode_parts(data):
+            if kind == ANSWER:
+                batch, acks = decode_answer(body)
+                waiting = self._waiting.pop(batch, None)
+                if waiting is not None:
+                    waiting[1](acks)
+            elif kind == FORWARD:
+                batch, messages = decode_publishes(body, now, True)
+                receiver.forwarded(self, batch, messages)
+            elif kind == UNLOGGED:
+                _, messages = decode_publishes(body, now, False)
+                for message in messages:
+                    receiver.unlogged(message)
+            else:
+                raise ValueError(f"unknown part kind {kind}")
+
+
+class PeerLinks:
+    """Every peer link of this node: dials the members it should, accepts the others, routes what arrives.
+
+    ``update(members)`` (called on every view change) starts dialing new members whose ``node_id`` is
+    larger than ours and drops the links of members gone.
+    """
+
+    def __init__(self, node_id: str, token: str | None, receiver: PeerReceiver) -> None:
+        self.node_id = node_id
+        self.token = token
+        self.receiver = receiver
+        self.links: dict[str, PeerLink] = {}
+        self._dialers: dict[str, asyncio.Task[None]] = {}
+        self._urls: dict[str, str] = {}
+        self._session: ClientSession | None = None
+        self._closed = False
+
+    def link(self, peer: str) -> PeerLink:
+        """The link to ``peer`` (created down if new)."""
+        link = self.links.get(peer)
+        if link is None:
+            link = self.links[peer] = PeerLink(peer, asyncio.get_running_loop())
+        return link
+
+    def up(self, peer: str) -> bool:
+        link = self.links.get(peer)
+        return link is not None and link.up
+
+    def update(self, members: dict[str, str]) -> None:
+        """``members``: node_id → offsets API base URL of every live member (this node included)."""
+        if self._closed:
+            return
+        for peer, url in members.items():
+            if peer == self.node_id:
+                continue
+            self._urls[peer] = url
+            self.link(peer)
+            if peer > self.node_id and peer not in self._dialers:
+                self._dialers[peer] = asyncio.get_running_loop().create_task(self._dial(peer))
+        for peer in [peer for peer in self._dialers if peer not in members]:
+            self._dialers.pop(peer).cancel()
+            self._urls.pop(peer, None)
+
+    def broadcast(self, message: Message) -> None:
+        """Send an unlogged publish to every peer whose link is up."""
+        for link in self.links.values():
+            link.unlogged(message)
+
+    def _headers(self) -> dict[str, str]:
+        headers = {NODE_HEADER: self.node_id}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        return headers
+
+    async def _dial(self, peer: str) -> None:
+        """Keep a link to ``peer`` open while it is a member: connect, read until it closes, redial."""
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        link = self.link(peer)
+        while not self._closed:
+            url = self._urls.get(peer)
+            if url is None:
+                return
+            try:
+                socket = await self._session.ws_connect(
+                    url.rstrip("/") + PEER_PATH,
+                    headers=self._headers(),
+                    heartbeat=HEARTBEAT_S,
+                    max_msg_size=MAX_MESSAGE_BYTES,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.debug("dialing peer %s at %s failed: %s", peer, url, exc)
+                await asyncio.sleep(REDIAL_S)
+                continue
+            try:
+                await self._read(link, socket)
+            finally:
+                link.detach(socket)
+                await socket.close()
+            await asyncio.sleep(REDIAL_S)
+
+    async def _read(self, link: PeerLink, socket: Any) -> None:
+        import aiohttp
+
+        link.attach(socket)
+        async for frame in socket:
+            if frame.type != aiohttp.WSMsgType.BINARY:
+                if frame.type == aiohttp.WSMsgType.ERROR:
+                    break
+                continue
+            try:
+                link.received(frame.data, self.receiver)
+            except (ValueError, struct.error) as exc:
+                log.error("malformed message from peer %s, closing the link: %s", link.peer, exc)
+                break
+
+    async def serve(self, request: web.Request) -> web.StreamResponse:
+        """The ``/v1/peer`` endpoint: a peer with a smaller node_id dialing in."""
+        import hmac
+
+        from aiohttp import web
+
+        if self.token and not hmac.compare_digest(
+            request.headers.get("Authorization", "").encode(), f"Bearer {self.token}".encode()
+        ):
+            raise web.HTTPUnauthorized()
+        peer = request.headers.get(NODE_HEADER, "")
+        if not peer or peer == self.node_id or self._closed:
+            raise web.HTTPBadRequest()
+        socket = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=MAX_MESSAGE_BYTES)
+        await socket.prepare(request)
+        link = self.link(peer)
+        try:
+            await self._read(link, socket)
+        finally:
+            link.detach(socket)
+            await socket.close()
+        return socket
+
+    def add_routes(self, app: web.Application) -> None:
+        """Serve ``/v1/peer`` on ``app`` (the offsets API)."""
+        app.router.add_get(PEER_PATH, self.serve)
+
+    async def close(self) -> None:
+        """Stop dialing and close every link."""
+        self._closed = True
+        for task in self._dialers.values():
+            task.cancel()
+        for task in self._dialers.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._dialers.clear()
+        for link in self.links.values():
+            await link.close()
+        if self._session is not None:
+            await self._session.close()

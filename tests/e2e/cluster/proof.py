@@ -1,0 +1,358 @@
+"""What the cluster proofs share: etcd's record of the cluster, logs read back, devices, a cuttable etcd link.
+
+- ``cluster_state(target)``: members and partition states as stored in etcd (read over etcd's own JSON
+  gateway, ``/v3/kv/range``, so the test reads what the brokers wrote, not what a broker believes).
+- ``read_log(broker, topic)``: the committed records of a topic from a broker's offsets API.
+- ``Device``: a publisher on its own topic that publishes QoS 1 one message at a time through a list of
+  brokers, moving to the next broker when its connection fails, and never resending: every PUBACKed payload
+  is recorded, in order, so the test can check each of them is in the log exactly once.
+- ``EtcdProxy``: a TCP relay between one broker and etcd that the test can cut (connections dropped, new ones
+  refused) and mend: the broker really loses etcd while everything else keeps running.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker_edge.cluster.view import Member, PartitionState
+from broker_edge.launcher import BrokerProcess
+from broker_edge.protocol import PacketDecoder
+from broker_edge.protocol.codec import encode
+from broker_edge.protocol.packets import Connect, Disconnect, PubAck, Publish
+from tests.e2e.cluster.conftest import EtcdTarget
+
+WAIT_S = 30.0
+
+
+# -- etcd's record of the cluster ----------------------------------------------------------------------
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _range(url: str, prefix: str) -> list[tuple[str, bytes]]:
+    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    body = json.dumps({"key": _b64(prefix), "range_end": _b64(end)}).encode()
+    request = urllib.request.Request(f"{url}/v3/kv/range", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        data = json.loads(answer.read())
+    return [
+        (base64.b64decode(kv["key"]).decode(), base64.b64decode(kv.get("value", "")))
+        for kv in data.get("kvs", [])
+    ]
+
+
+@dataclass
+class ClusterState:
+    members: dict[str, Member] = field(default_factory=dict)
+    partitions: dict[int, PartitionState] = field(default_factory=dict)
+
+    def leaders(self) -> dict[str, int]:
+        """node_id → partitions it leads."""
+        counts: dict[str, int] = {}
+        for state in self.partitions.values():
+            if state.leader is not None:
+                counts[state.leader] = counts.get(state.leader, 0) + 1
+        return counts
+
+
+def cluster_state(target: EtcdTarget) -> ClusterState:
+    state = ClusterState()
+    for _key, value in _range(target.url, f"{target.prefix}/members/"):
+        member = Member.from_json(value)
+        state.members[member.node_id] = member
+    for _key, value in _range(target.url, f"{target.prefix}/partitions/"):
+        partition = PartitionState.from_json(value)
+        state.partitions[partition.partition] = partition
+    return state
+
+
+def wait_settled(target: EtcdTarget, nodes: set[str], replicas: int, timeout: float = WAIT_S) -> None:
+    """Wait until the cluster on ``target`` is ``nodes`` with every partition fully in sync."""
+    wait_until(
+        lambda: settled(target, nodes, replicas),
+        timeout,
+        f"{sorted(nodes)} settled with {replicas} in-sync replicas per partition",
+        lambda: cluster_state(target),
+    )
+
+
+def settled(target: EtcdTarget, nodes: set[str], replicas: int, partitions: int = 16) -> bool:
+    """Every partition led by one of ``nodes``, with ``replicas`` in-sync replicas, all of them live."""
+    state = cluster_state(target)
+    if set(state.members) != nodes or len(state.partitions) != partitions:
+        return False
+    return all(
+        p.leader in nodes and len(p.isr) == replicas and set(p.isr) <= nodes
+        for p in state.partitions.values()
+    )
+
+
+def wait_until(
+    condition: Callable[[], bool],
+    timeout: float = WAIT_S,
+    what: str = "condition",
+    state: Callable[[], object] | None = None,
+) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` (and showing ``state()``) after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if condition():
+                return
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            shown = f": {state()}" if state is not None else ""
+            raise AssertionError(f"timed out waiting for {what}{shown}")
+        time.sleep(0.1)
+
+
+def cluster_status(target: EtcdTarget) -> dict[str, Any]:
+    """What ``timestone cluster status --json`` prints for this cluster (the operator's view)."""
+    command = [sys.executable, "-m", "pipelines.cli", "cluster", "status", "--etcd", target.url]
+    result = subprocess.run(
+        [*command, "--prefix", target.prefix, "--json"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    document: dict[str, Any] = json.loads(result.stdout)
+    return document
+
+
+def status_leaders(status: dict[str, Any]) -> dict[str, int]:
+    """node_id → partitions it leads, as ``cluster status`` shows them."""
+    counts: dict[str, int] = {}
+    for state in status["states"]:
+        if state["leader"] is not None:
+            counts[state["leader"]] = counts.get(state["leader"], 0) + 1
+    return counts
+
+
+def status_in_sync(status: dict[str, Any], node: str) -> int:
+    """In how many partitions' in-sync sets ``cluster status`` shows ``node``."""
+    return sum(node in state["isr"] for state in status["states"])
+
+
+def started(make: Callable[[], BrokerProcess], attempts: int = 3) -> BrokerProcess:
+    """``make()`` started; made again on fresh ports when another process took one of its free ports
+    between their choice and the bind (the machine is shared)."""
+    for attempt in range(attempts):
+        broker = make()
+        try:
+            return broker.start()
+        except RuntimeError as error:
+            if "address already in use" not in str(error) or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+# -- reading logs back ------------------------------------------------------------------------------------
+
+
+def read_log(broker: BrokerProcess, topic: str) -> list[tuple[int, bytes]]:
+    """``(offset, payload)`` of every committed record of ``topic`` on ``broker`` ([] while it has none)."""
+    records: list[tuple[int, bytes]] = []
+    offset = 0
+    quoted = urllib.parse.quote(topic, safe="")
+    while True:
+        url = f"{broker.offsets_url}/v1/logs/{quoted}/records?offset={offset}&max_records=10000&format=jsonl"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                lines = answer.read().splitlines()
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                return records
+            raise
+        if not lines:
+            return records
+        for line in lines:
+            record = json.loads(line)
+            records.append((record["offset"], base64.b64decode(record["payload"])))
+        offset = records[-1][0] + 1
+
+
+# -- devices ------------------------------------------------------------------------------------------
+
+
+class Device(threading.Thread):
+    """Publishes QoS 1 on ``topic``, one message at a time, through ``brokers`` (moving on when one fails).
+
+    ``acked`` holds every payload the broker acknowledged with success, in order; a message whose
+    connection failed before its PUBACK, or that was refused, is not resent (the next one is new).
+    """
+
+    def __init__(
+        self, name: str, topic: str, brokers: list[BrokerProcess], start_at: int = 0, version: int = 5
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self.client_id = name
+        self.topic = topic
+        self.brokers = brokers
+        self.version = version
+        self.acked: list[bytes] = []
+        self.ack_times: list[float] = []
+        self.refused = 0
+        self.failures = 0
+        self.moves = 0
+        self.stopping = threading.Event()
+        self.start_at = start_at
+
+    def run(self) -> None:
+        index = self.start_at
+        sequence = 0
+        sock: socket.socket | None = None
+        decoder: PacketDecoder | None = None
+        while not self.stopping.is_set():
+            if sock is None:
+                broker = self.brokers[index % len(self.brokers)]
+                try:
+                    sock, decoder = self._connect(broker)
+                except OSError:
+                    index += 1
+                    time.sleep(0.05)
+                    continue
+            assert decoder is not None
+            payload = f"{self.client_id}:{sequence}".encode()
+            sequence += 1
+            try:
+                sock.sendall(
+                    encode(Publish(self.topic, payload, 1, packet_id=sequence % 65535 + 1), self.version)
+                )
+                answer = self._receive(sock, decoder)
+            except OSError:
+                answer = None
+            if isinstance(answer, PubAck) and answer.reason_code < 0x80:
+                self.acked.append(payload)
+                self.ack_times.append(time.monotonic())
+                continue
+            if isinstance(answer, PubAck):
+                self.refused += 1
+                time.sleep(0.05)
+                continue
+            self.failures += 1  # the connection failed or closed: move to the next broker
+            sock.close()
+            sock = None
+            index += 1
+            self.moves += 1
+        if sock is not None:
+            sock.close()
+
+    def _connect(self, broker: BrokerProcess) -> tuple[socket.socket, PacketDecoder]:
+        sock = socket.create_connection(broker.address, timeout=10)
+        decoder = PacketDecoder(role="client", protocol_version=self.version)
+        sock.sendall(
+            encode(
+                Connect(protocol_version=self.version, client_id=self.client_id, clean_start=True),
+                self.version,
+            )
+        )
+        answer = self._receive(sock, decoder)
+        if answer is None or getattr(answer, "reason_code", getattr(answer, "return_code", 1)) != 0:
+            sock.close()
+            raise OSError(f"not connected: {answer!r}")
+        return sock, decoder
+
+    @staticmethod
+    def _receive(sock: socket.socket, decoder: PacketDecoder) -> Any:
+        pending: list[Any] = []
+        deadline = time.monotonic() + 15
+        while not pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            sock.settimeout(remaining)
+            try:
+                data = sock.recv(65536)
+            except TimeoutError:
+                return None
+            if not data:
+                return None
+            pending.extend(decoder.feed(data))
+        packet = pending[0]
+        return None if isinstance(packet, Disconnect) else packet
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(30)
+
+
+# -- a cuttable link to etcd ------------------------------------------------------------------------------
+
+
+class EtcdProxy:
+    """A TCP relay on a free loopback port to etcd; ``cut()`` drops its connections and refuses new ones."""
+
+    def __init__(self, target_url: str) -> None:
+        parts = urllib.parse.urlsplit(target_url)
+        self.target = (parts.hostname or "127.0.0.1", parts.port or 2379)
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.open = True
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.open:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self._sockets += [client, upstream]
+            threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        """Drop every relayed connection and refuse new ones (the broker's etcd is gone)."""
+        self.open = False
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def mend(self) -> None:
+        self.open = True
+
+    def close(self) -> None:
+        self.cut()
+        self.listener.close()

@@ -1,0 +1,269 @@
+"""The PUBLISH path of a cluster member: forwarded and local parts, acknowledged in arrival order.
+
+Fed through real ``Connection``s of a hand-driven core (``handlers/wire.py``). The log is a ``PublishStore``
+kept in memory that makes batches durable when the test says so, and the cluster is a ``Forwarding`` that
+places topics as the test decides and holds forwarded publishes until the test answers them: so the test
+chooses which part of which batch finishes first, and checks what the publishers receive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from broker_edge.delivery import Message
+from broker_edge.protocol.packets import MQTT_5, PubAck, Publish, PubRec
+from broker_edge.publish_path import (
+    APPEND,
+    FORWARD,
+    NOT_LEADER,
+    REFUSE,
+    ForwardAck,
+    PublishRefused,
+)
+from broker_edge.storage.record import RecordFields
+from tests.unit.broker_edge.handlers.wire import HandDrivenCore, WireClient, make_core
+
+LOCAL_TOPIC = "site/led-here"
+REMOTE_TOPIC = "site/led-elsewhere"
+
+
+class MemoryLog:
+    """A ``PublishStore`` in memory: appends at once, durable only when ``make_durable`` is called."""
+
+    def __init__(self) -> None:
+        self.logs: dict[str, list[RecordFields]] = {}
+        self.waiting: list[Callable[[], object]] = []
+
+    def should_persist(self, topic: str, qos: int) -> bool:
+        return qos > 0
+
+    def append_batch(self, topic: str, records: Sequence[RecordFields]) -> int:
+        log = self.logs.setdefault(topic, [])
+        first = len(log)
+        log.extend(records)
+        return first
+
+    def when_durable(
+        self, callback: Callable[[], object], on_error: Callable[[BaseException], object] | None = None
+    ) -> None:
+        self.waiting.append(callback)
+
+    def make_durable(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for callback in waiting:
+            callback()
+
+    def logs_created_by(self, client_id: str) -> int:
+        return 0
+
+    def __contains__(self, topic: object) -> bool:
+        return topic in self.logs
+
+
+class HeldForwarding:
+    """A ``Forwarding`` whose placements the test sets and whose forwards wait for ``answer``."""
+
+    def __init__(self) -> None:
+        self.placements: dict[str, int] = {LOCAL_TOPIC: APPEND, REMOTE_TOPIC: FORWARD}
+        self.forwarded: list[tuple[str, list[Message], Callable[[Sequence[ForwardAck]], None]]] = []
+        self.broadcasts: list[Message] = []
+
+    def placement(self, topic: str) -> int:
+        return self.placements[topic]
+
+    def refusal(self, topic: str) -> str:
+        return f"too few in-sync replicas for {topic}"
+
+    def forward(
+        self, topic: str, messages: list[Message], done: Callable[[Sequence[ForwardAck]], None]
+    ) -> None:
+        self.forwarded.append((topic, messages, done))
+
+    def broadcast(self, message: Message) -> None:
+        self.broadcasts.append(message)
+
+    def answer(self, index: int, reason_code: int = 0, first_offset: int = 100) -> None:
+        _, messages, done = self.forwarded[index]
+        done(
+            [
+                ForwardAck(reason_code, first_offset + n if reason_code < 0x80 else None)
+                for n in range(len(messages))
+            ]
+        )
+
+
+def _cluster_core() -> tuple[HandDrivenCore, MemoryLog, HeldForwarding]:
+    core = make_core()
+    store = MemoryLog()
+    forwarding = HeldForwarding()
+    core.publish_path.attach_store(store, None)
+    core.publish_path.attach_forwarding(forwarding)
+    return core, store, forwarding
+
+
+def _publisher(core: HandDrivenCore, version: int = MQTT_5) -> WireClient:
+    client = core.client(version)
+    client.connect("publisher")
+    return client
+
+
+def test_acks_keep_arrival_order_when_a_later_forwarded_batch_is_answered_first():
+    """[MQTT-4.6.0-2..4] as the server keeps it: PUBACKs leave in the order the PUBLISHes came, across a
+    batch appended here (durable late) and a later batch forwarded to the leader (answered early)."""
+    core, store, forwarding = _cluster_core()
+    client = _publisher(core)
+
+    assert client.send(Publish(LOCAL_TOPIC, b"one", 1, packet_id=1)) == []
+    assert client.send(Publish(REMOTE_TOPIC, b"two", 1, packet_id=2)) == []
+    assert [topic for topic, _, _ in forwarding.forwarded] == [REMOTE_TOPIC]
+
+    forwarding.answer(0)
+    assert client.read() == []  # the earlier local batch is not durable yet
+    store.make_durable()
+    acks = client.read()
+    assert [(type(a), a.packet_id) for a in acks] == [(PubAck, 1), (PubAck, 2)]
+    assert len(store.logs[LOCAL_TOPIC]) == 1
+    assert REMOTE_TOPIC not in store.logs  # forwarded publishes are appended by the leader only
+
+
+def test_a_publisher_is_not_held_behind_another_publishers_forwarded_publish():
+    """Only a publisher's own publishes keep their turn: a batch waiting for a leader elsewhere (which may
+    be waiting for this broker in turn) holds back nobody else's acknowledgement."""
+    core, store, forwarding = _cluster_core()
+    far = _publisher(core)
+    near = core.client()
+    near.connect("near")
+
+    far.send(Publish(REMOTE_TOPIC, b"far", 1, packet_id=1))
+    near.send(Publish(LOCAL_TOPIC, b"near", 1, packet_id=2))
+    store.make_durable()
+    assert [(a.packet_id, a.reason_code) for a in near.read()] == [(2, 0x10)]
+    assert far.read() == []
+    forwarding.answer(0)
+    assert [a.packet_id for a in far.read()] == [1]
+
+
+def test_one_batch_waits_for_both_its_local_and_its_forwarded_part():
+    core, store, forwarding = _cluster_core()
+    client = _publisher(core)
+
+    client.send(
+        Publish(REMOTE_TOPIC, b"a", 1, packet_id=1),
+        Publish(LOCAL_TOPIC, b"b", 2, packet_id=2),
+        Publish(REMOTE_TOPIC, b"c", 1, packet_id=3),
+    )
+    store.make_durable()
+    assert client.read() == []
+    assert [len(messages) for _, messages, _ in forwarding.forwarded] == [2]
+    forwarding.answer(0, first_offset=7)
+    acks = client.read()
+    assert [(type(a), a.packet_id, a.reason_code) for a in acks] == [
+        (PubAck, 1, 0),
+        (PubRec, 2, 0x10),
+        (PubAck, 3, 0),
+    ]
+    assert [m.offset for m in forwarding.forwarded[0][1]] == [7, 8]
+
+
+def test_a_refused_forward_reaches_a_v5_publisher_as_0x83_with_the_reason():
+    core, store, forwarding = _cluster_core()
+    client = _publisher(core)
+
+    client.send(Publish(REMOTE_TOPIC, b"x", 1, packet_id=5))
+    store.make_durable()
+    _, _, done = forwarding.forwarded[0]
+    done([ForwardAck(0x83, None, "no leader for partition 3 within forward_timeout_ms")])
+    (ack,) = client.read()
+    assert (type(ack), ack.packet_id, ack.reason_code) == (PubAck, 5, 0x83)
+    assert ack.properties is not None
+    assert ack.properties.reason_string == "no leader for partition 3 within forward_timeout_ms"
+
+
+def test_too_few_in_sync_replicas_refuses_before_appending_and_closes_a_v3_publisher():
+    core, store, forwarding = _cluster_core()
+    forwarding.placements[LOCAL_TOPIC] = REFUSE
+    v5 = _publisher(core)
+    v3 = core.client(4)
+    v3.connect("old-device")
+
+    v5.send(Publish(LOCAL_TOPIC, b"at risk", 2, packet_id=1))
+    v3.send(Publish(LOCAL_TOPIC, b"at risk", 1, packet_id=2))
+    store.make_durable()
+    (ack,) = v5.read()
+    assert (type(ack), ack.packet_id, ack.reason_code) == (PubRec, 1, 0x83)
+    assert ack.properties is not None and "in-sync" in (ack.properties.reason_string or "")
+    assert v3.read() == [] and v3.closed  # v3 has no way to be told: never a PUBACK
+    assert LOCAL_TOPIC not in store.logs
+
+
+def test_a_replication_refusal_is_0x83_with_its_reason():
+    core, store, _forwarding = _cluster_core()
+
+    class Refusing:
+        def when_replicated(self, runs, done, failed):  # type: ignore[no-untyped-def]
+            failed(PublishRefused("in-sync replicas fell below min_insync_replicas"))
+
+    core.publish_path.replication = Refusing()
+    client = _publisher(core)
+    client.send(Publish(LOCAL_TOPIC, b"x", 1, packet_id=3))
+    store.make_durable()
+    (ack,) = client.read()
+    assert (ack.packet_id, ack.reason_code) == (3, 0x83)
+    assert ack.properties is not None
+    assert ack.properties.reason_string == "in-sync replicas fell below min_insync_replicas"
+
+
+def test_publishes_a_peer_forwarded_are_appended_and_answered_with_their_offsets():
+    core, store, _forwarding = _cluster_core()
+    answers: list[Sequence[ForwardAck]] = []
+    messages = [Message(LOCAL_TOPIC, f"p{n}".encode(), 1, False, None, "far-device") for n in range(3)]
+
+    core.publish_path.accept_forwarded(messages, answers.append)
+    core.run_soon()
+    assert answers == []
+    store.make_durable()
+    core.run_soon()
+    assert [list(batch) for batch in answers] == [
+        [ForwardAck(0x10, 0), ForwardAck(0x10, 1), ForwardAck(0x10, 2)]
+    ]
+
+
+def test_a_peer_publish_for_a_partition_led_elsewhere_is_answered_not_leader_never_forwarded_again():
+    core, store, forwarding = _cluster_core()
+    answers: list[Sequence[ForwardAck]] = []
+
+    core.publish_path.accept_forwarded([Message(REMOTE_TOPIC, b"x", 1)], answers.append)
+    core.run_soon()
+    store.make_durable()
+    core.run_soon()
+    assert forwarding.forwarded == []
+    assert [ack.reason_code for ack in answers[0]] == [NOT_LEADER]
+
+
+def test_the_brokers_own_logged_publishes_are_forwarded_too():
+    core, _store, forwarding = _cluster_core()
+    core.publish_path.publish(Message(REMOTE_TOPIC, b"will", 1))
+    core.run_soon()
+    assert [(topic, [m.payload for m in messages]) for topic, messages, _ in forwarding.forwarded] == [
+        (REMOTE_TOPIC, [b"will"])
+    ]
+
+
+def test_unlogged_publishes_are_routed_here_and_broadcast_to_the_other_members():
+    core, _store, forwarding = _cluster_core()
+    subscriber = core.client()
+    subscriber.connect("listener")
+    from broker_edge.protocol.packets import Subscribe, Subscription
+
+    subscriber.send(Subscribe(1, [Subscription("site/#", 0)]))
+    client = _publisher(core)
+    client.send(Publish(LOCAL_TOPIC, b"telemetry", 0))
+    assert [m.payload for m in forwarding.broadcasts] == [b"telemetry"]
+    (delivery,) = subscriber.read()
+    assert delivery.payload == b"telemetry"
+
+
+def test_a_single_broker_path_has_no_cluster_step():
+    core = make_core()
+    assert core.publish_path.forwarding is None
+    assert "accept" not in vars(core.publish_path)  # the plain method: no per-publish cluster check
