@@ -27,7 +27,7 @@ routed on every other member. Publishes a peer forwarded here enter through ``ac
 then complete in any order (a forwarded part waits for another broker), so each publisher's
 acknowledgements are kept in its arrival order by a queue per publisher ([MQTT-4.6.0-2..4]). A broker
 without a cluster never calls any of it: its batches complete in the order they were persisted (the log
-makes them durable in that order), with no per-publish cluster check.
+makes them durable in that order), and an unlogged publish costs it one test of ``forwarding``.
 
 If writing fails, v5 publishers get 0x80 in their acknowledgement and v3 publishers are disconnected (they
 resend after reconnecting); nothing is acknowledged that is not durable.
@@ -286,10 +286,6 @@ class PublishPath:
         """Run as a cluster member from now on (None: alone again): logged publishes go where ``forwarding``
         places them, unlogged ones are also routed on the other members."""
         self.forwarding = forwarding
-        if forwarding is None:
-            self.__dict__.pop("accept", None)
-        else:
-            self.accept = self._accept_in_cluster  # type: ignore[method-assign]
 
     # -- 1. accept ----------------------------------------------------------------------------------------
 
@@ -318,21 +314,14 @@ class PublishPath:
                 publisher.incoming_pending += 1
             self._queue_message(publisher, message, packet_id)
             return
+        forwarding = self.forwarding
+        if forwarding is not None:  # a cluster member: routed on every other member too
+            forwarding.broadcast(message)
         matched = self.router.publish(message)
         if not matched:
             self.counters.drop("no_subscribers")
         if packet_id is not None:
             _acknowledge(publisher, message.qos, packet_id, 0 if matched else _NO_MATCHING)
-
-    def _accept_in_cluster(
-        self, publisher: Publisher, message: Message, packet_id: int | None, logged: bool
-    ) -> None:
-        """``accept`` of a cluster member: an unlogged publish is also routed on every other member."""
-        if not logged:
-            forwarding = self.forwarding
-            assert forwarding is not None, "installed with the forwarding"
-            forwarding.broadcast(message)
-        PublishPath.accept(self, publisher, message, packet_id, logged)
 
     def accept_forwarded(
         self, messages: Sequence[Message], done: Callable[[Sequence[ForwardAck]], None]

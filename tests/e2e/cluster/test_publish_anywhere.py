@@ -63,7 +63,7 @@ def test_gmqtt_publishes_on_a_and_receives_on_b(three, version):
         subscribed = asyncio.Event()
         subscriber = GmqttClient(f"gmqtt-on-b-{version}")
 
-        def on_message(client, topic, payload, qos, properties):  # type: ignore[no-untyped-def]
+        def on_message(client: object, topic: str, payload: bytes, qos: int, properties: object) -> int:
             received.append((topic, payload, qos))
             if len(received) == 3:
                 done.set()

@@ -17,6 +17,7 @@ from broker_edge.publish_path import (
     FORWARD,
     NOT_LEADER,
     REFUSE,
+    AppendedRun,
     ForwardAck,
     PublishRefused,
 )
@@ -200,7 +201,12 @@ def test_a_replication_refusal_is_0x83_with_its_reason():
     core, store, _forwarding = _cluster_core()
 
     class Refusing:
-        def when_replicated(self, runs, done, failed):  # type: ignore[no-untyped-def]
+        def when_replicated(
+            self,
+            runs: Sequence[AppendedRun],
+            done: Callable[[], None],
+            failed: Callable[[BaseException], None],
+        ) -> None:
             failed(PublishRefused("in-sync replicas fell below min_insync_replicas"))
 
     core.publish_path.replication = Refusing()

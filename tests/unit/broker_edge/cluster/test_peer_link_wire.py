@@ -4,6 +4,7 @@ and offsets, several parts in one WebSocket message; malformed input is refused,
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -23,8 +24,8 @@ from broker_edge.protocol.properties import Properties
 from broker_edge.publish_path import ForwardAck
 
 
-def _message(payload: bytes, **properties: object) -> Message:
-    props = Properties(**properties) if properties else None  # type: ignore[arg-type]
+def _message(payload: bytes, **properties: Any) -> Message:
+    props = Properties(**properties) if properties else None
     return Message("site/a/temp", payload, 1, True, props, "device-7", None, time.monotonic() + 60)
 
 
