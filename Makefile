@@ -18,10 +18,15 @@ test: $(STAMP) system-deps
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
 
-# The commitlog benchmark writes bench/results/commitlog.md first; the broker suite then writes
-# bench/RESULTS.md with every bench/results/*.md section appended.
+# Every benchmark writes its section into bench/results/ (commitlog, Spark source, telemetry job, OTA, footprint),
+# then the broker suite writes bench/RESULTS.md with every bench/results/*.md section appended: one command
+# regenerates every published figure (about an hour on a 2-core machine; run it on a quiet one).
 bench: $(STAMP) system-deps
 	$(VENV)/bin/python bench/commitlog_bench.py --write
+	$(VENV)/bin/python bench/source_bench.py --write
+	$(VENV)/bin/python bench/telemetry_bench.py
+	$(VENV)/bin/python bench/ota_bench.py
+	$(VENV)/bin/python bench/footprint_bench.py --write
 	$(VENV)/bin/python -m bench
 
 lint: $(STAMP)

@@ -204,8 +204,8 @@ def _startup_section(startups: list[StartupResult], targets: list) -> list[str]:
     lines = [
         "### Start-up and idle RSS",
         "",
-        f"Each broker started {len(startups[0].runs)} times (medians; pinned to one CPU), "
-        "no client connected. "
+        f"Each broker started once uncounted, then {len(startups[0].runs)} times (medians; pinned to one "
+        "CPU), no client connected; Timestone with Python's bytecode cache, as a user's shell runs it. "
         "*Listening*: spawn to the first accepted TCP connection; *serving*: to the first CONNACK; *CPU*: "
         "the process's CPU time when it started listening; *idle RSS*: VmRSS 2 s after serving.",
         "",

@@ -15,11 +15,9 @@ while (``broker_edge.login_backoff``).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import contextlib
-import getpass
 import hashlib
 import hmac
 import ipaddress
@@ -27,14 +25,17 @@ import logging
 import os
 import secrets
 import sys
-import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from broker_edge.config import ConfigError
 from broker_edge.login_backoff import LoginBackoffConfig
+
+if TYPE_CHECKING:
+    import argparse
 
 __all__ = [
     "AuthConfig",
@@ -435,6 +436,8 @@ def _read_lines(path: Path, create: bool) -> list[str]:
 
 def _write_atomically(path: Path, lines: list[str]) -> None:
     """Temp file in the same directory, fsync, rename: readers see the old file or the new one, never half."""
+    import tempfile  # the passwd command's, not the broker's
+
     directory = path.parent if str(path.parent) else Path(".")
     fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     try:
@@ -456,6 +459,8 @@ def _write_atomically(path: Path, lines: list[str]) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    import argparse  # the passwd command's, not the broker's
+
     parser = argparse.ArgumentParser(
         prog="timestone passwd",
         description="Add, update or delete a user in a Timestone broker password file.",
@@ -473,11 +478,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def passwd_main(argv: list[str], *, prompt: Callable[[str], str] = getpass.getpass) -> int:
+def passwd_main(argv: list[str], *, prompt: Callable[[str], str] | None = None) -> int:
     """``timestone passwd FILE USERNAME [--password P] [--delete] [-c]``; returns the exit status.
 
     ``prompt`` reads a password without echo (``getpass`` by default; tests hand in their own).
     """
+    if prompt is None:
+        import getpass
+
+        prompt = getpass.getpass
     parser = _parser()
     try:
         args = parser.parse_args(argv)

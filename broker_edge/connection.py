@@ -21,18 +21,20 @@ afterwards the connected handlers, which are given the session (never None once 
 broker through ``BrokerContext`` and ask the connection for effects: write, close, refuse, pause reading.
 A connection refused before CONNACK 0 always goes through ``refuse``.
 
-Idle connections are small: every attribute is a slot, and containers (topic aliases, the write batch) are
-created on first use.
+Idle connections are small: every attribute is a slot, containers (topic aliases, the write batch) are
+created on first use, and what most connections never set (a will, incoming topic aliases, a refusal, packets
+held back, ...) are ``RareField`` attributes, kept in a side object made by the first write of one of them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from broker_edge.delivery import Message
-from broker_edge.handlers import CONNECTED_HANDLERS, handle_connect
+from broker_edge.handlers import dispatch_connected, handle_connect
+from broker_edge.limits import NOT_STARTED
 from broker_edge.protocol.codec import PacketDecoder, encode
 from broker_edge.protocol.errors import MQTTError, UnsupportedProtocolVersion
 from broker_edge.protocol.packets import (
@@ -48,6 +50,7 @@ from broker_edge.protocol.packets import (
 )
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
+from broker_edge.rare_fields import RareField, RareSlots
 from broker_edge.states import AUTHENTICATING, CLOSED, CONNECTED, NEW, NO_LIMIT
 
 if TYPE_CHECKING:
@@ -85,20 +88,35 @@ class ByteTransport(Protocol):
     def get_extra_info(self, name: str, default: Any = None) -> Any: ...
 
 
+class _ConnectionRare(RareSlots):
+    """The ``RareField`` attributes of a ``Connection`` that has set one."""
+
+    __slots__ = (
+        "alias_max_out",
+        "aliases_in",
+        "backlog",
+        "held_error",
+        "peer_cn",
+        "problem_information",
+        "refused",
+        "throttled",
+        "will",
+        "will_delay",
+    )
+    defaults: ClassVar[dict[str, Any]] = {}
+
+
 class Connection(asyncio.Protocol):
     """The broker side of one network connection (see the module docstring)."""
 
     __slots__ = (
         "_out",
-        "alias_max_out",
-        "aliases_in",
+        "_rare",
         "aliases_out",
-        "backlog",
         "bucket",
         "client_id",
         "deadline",
         "decoder",
-        "held_error",
         "host",
         "incoming_pending",
         "keepalive",
@@ -107,20 +125,33 @@ class Connection(asyncio.Protocol):
         "partial",
         "partial_since",
         "paused",
-        "peer_cn",
-        "problem_information",
-        "refused",
         "rx",
         "send_quota",
         "session",
         "state",
-        "throttled",
         "transport",
         "v5",
         "version",
-        "will",
-        "will_delay",
     )
+
+    aliases_in: RareField[dict[int, str] | None] = RareField(_ConnectionRare, None)
+    """Topic aliases the client has set towards the broker."""
+    alias_max_out: RareField[int] = RareField(_ConnectionRare, 0)
+    """Outgoing topic aliases this client accepts (with ``aliases_out``)."""
+    backlog: RareField[list[Packet] | None] = RareField(_ConnectionRare, None)
+    """Packets read but not handled yet: while the password is checked, or over the message rate."""
+    held_error: RareField[MQTTError | None] = RareField(_ConnectionRare, None)
+    """A protocol error read behind the backlog: raised once the packets before it are handled."""
+    refused: RareField[str | None] = RareField(_ConnectionRare, None)
+    """Why admission refused this connection (it is closed, or answered once its CONNECT arrives)."""
+    peer_cn: RareField[str | None] = RareField(_ConnectionRare, None)
+    """The common name of the client's TLS certificate."""
+    problem_information: RareField[bool] = RareField(_ConnectionRare, True)
+    """v5 Request Problem Information: False forbids reason strings and user properties on acks."""
+    throttled: RareField[bool] = RareField(_ConnectionRare, False)
+    """Reading is paused for the client's message rate."""
+    will: RareField[Will | None] = RareField(_ConnectionRare, None)
+    will_delay: RareField[int] = RareField(_ConnectionRare, 0)
 
     def __init__(self, host: ConnectionHost, listener: ListenerRuntime) -> None:
         self.host = host
@@ -136,8 +167,6 @@ class Connection(asyncio.Protocol):
         self.client_id = ""
         self.version = 0
         self.v5 = False
-        self.problem_information = True
-        """v5 Request Problem Information: False forbids reason strings and user properties on acks."""
         self.state = NEW
         self.keepalive = 0
         self.rx = False
@@ -146,21 +175,12 @@ class Connection(asyncio.Protocol):
         self.paused = False
         self.send_quota = host.config.limits.max_inflight_out
         self.max_packet_out = NO_LIMIT
-        self.aliases_in: dict[int, str] | None = None
         self.aliases_out: dict[str, int] | None = None
         """Topic → alias sent to this client, least recently used first (None: no outgoing aliases)."""
-        self.alias_max_out = 0
         self.incoming_pending = 0
         self.bucket: TokenBucket | None = None
-        self.throttled = False
-        self.will: Will | None = None
-        self.will_delay = 0
-        self.backlog: list[Packet] | None = None
-        """Packets read but not handled yet: while the password is checked, or over the message rate."""
-        self.held_error: MQTTError | None = None
-        """A protocol error read behind the backlog: raised once the packets before it are handled."""
-        self.refused: str | None = None
-        self.peer_cn: str | None = None
+        """The client's PUBLISH rate limiter: ``NOT_STARTED`` until its first PUBLISH, None: unlimited."""
+        self._rare: _ConnectionRare | None = None
 
     def __repr__(self) -> str:
         return f"Connection({self.client_id!r}, listener={self.listener.name!r}, state={self.state})"
@@ -207,8 +227,10 @@ class Connection(asyncio.Protocol):
             for index, packet in enumerate(packets):
                 bucket = self.bucket  # set by the CONNECT of this very batch
                 if bucket is not None and type(packet) is Publish and self.state == CONNECTED:
+                    if bucket is NOT_STARTED:  # a fresh bucket is full: starting it now changes nothing
+                        bucket = self.bucket = self.host.config.limits.client_message_bucket()
                     now = self.host.now()
-                    if not bucket.try_acquire(now):
+                    if bucket is not None and not bucket.try_acquire(now):
                         self._hold(packets[index:], bucket.seconds_until(now))
                         return True
                 self._dispatch(packet)
@@ -253,7 +275,7 @@ class Connection(asyncio.Protocol):
         if state == CONNECTED:
             session = self.session
             assert session is not None, "a connected connection has a session"
-            CONNECTED_HANDLERS[type(packet)](self.host, self, session, packet)
+            dispatch_connected(self.host, self, session, packet)
             return
         if state == AUTHENTICATING:
             if self.backlog is None:

@@ -58,12 +58,11 @@ class BrokerCore:
         """Log cursors and replays, set once a commitlog is open."""
         self.admission = config.limits.connection_admission()
         self.login_backoff = LoginBackoff(config.auth.failed_logins)
-        self.topic_shares = TopicShares(
-            config.limits.max_topics_per_identity, config.limits.topic_quota_exempt_users
-        )
+        self.topic_shares = TopicShares(config.limits.max_topics_per_identity)
         self.partial_bytes = 0
         """Bytes of packets not fully arrived, all connections (at most limits.max_partial_packet_bytes)."""
-        self.connections: set[Connection] = set()
+        self.connections: dict[Connection, None] = {}
+        """Open connections, a dict used as a set: a dict's table grows more densely than a set's."""
         self._dirty: list[Connection] = []
         self._flush_scheduled = False
 
@@ -92,7 +91,7 @@ class BrokerCore:
         now = self.now()
         refusal = self.admission.admit(now)
         conn.deadline = now + self.config.limits.connect_timeout_s
-        self.connections.add(conn)
+        self.connections[conn] = None
         if refusal is not None:
             conn.refused = refusal
             self.counters.refused(refusal)
@@ -102,7 +101,7 @@ class BrokerCore:
                     conn.transport.close()
 
     def connection_closed(self, conn: Connection, was_connected: bool) -> None:
-        self.connections.discard(conn)
+        self.connections.pop(conn, None)
         if conn.refused is None:
             self.admission.release()
         if was_connected:

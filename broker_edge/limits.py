@@ -82,6 +82,11 @@ class TokenBucket:
         self._last = now
 
 
+NOT_STARTED = TokenBucket(1.0, 1)
+"""The bucket of a rate-limited client until its first PUBLISH, which gives it its own: a fresh bucket is
+full, so starting it then grants the same as at CONNECT, and a client that never publishes holds none."""
+
+
 class ConnectionAdmission:
     """Decides whether a new TCP/TLS connection may proceed, before any byte of it is parsed.
 
@@ -182,8 +187,9 @@ class LimitsConfig:
     max_topics_per_identity: int = 10_000
     """Topic logs one user name (or, anonymous, one non-loopback address) may create, all its client ids
     together (v5: 0x97 beyond it); 0 = unlimited."""
-    topic_quota_exempt_users: list[str] = field(default_factory=list)
-    """User names bound by neither topic quota (the pipelines that publish to many topics)."""
+    exempt_users: list[str] = field(default_factory=list)
+    """User names of trusted backend jobs (the pipelines, the actions job publishing to every device's
+    topic): bound by neither topic quota nor the per-client message rate."""
 
     def __post_init__(self) -> None:
         _at_least(self, "max_connections", 1)
@@ -220,6 +226,10 @@ class LimitsConfig:
         return ConnectionAdmission(
             self.max_connections, self.new_connections_per_second, self.new_connections_burst
         )
+
+    def is_exempt(self, username: str | None) -> bool:
+        """Whether ``username`` is one of ``exempt_users`` (never true for an anonymous client)."""
+        return username is not None and username in self.exempt_users
 
     def client_message_bucket(self) -> TokenBucket | None:
         """A fresh per-client PUBLISH rate limiter, or ``None`` when the rate is unlimited."""

@@ -1,19 +1,35 @@
-"""The broker's Prometheus metrics, in a registry of its own.
+"""The broker's Prometheus metrics: plain numbers while it runs, a registry of its own once scraped.
 
-Each ``BrokerMetrics`` owns a ``CollectorRegistry`` instead of using prometheus-client's global one, so tests
-can run several brokers in one process and each admin endpoint exposes only its broker's figures.
+Metric families here are plain Python values (``Family``: counters and gauges, with labels); prometheus-client
+is imported only when something reads ``BrokerMetrics.registry`` (the first scrape of ``/metrics``), which
+then exposes these values through one collector. A broker that is never scraped never loads it, and one that
+is keeps the figures it counted before. Each ``BrokerMetrics`` has its own registry, so tests can run several
+brokers in one process and each admin endpoint exposes only its broker's figures.
 
-Handlers run once per packet, so label lookups (``.labels(...)`` hashes the label values and takes a lock)
-are done once: ``for_listener(name)`` returns an object whose counters are already bound to that listener
-and to each QoS, ``dropped(reason)`` and ``refused(reason)`` return cached children.
+Handlers run once per packet, so label lookups are done once: ``for_listener(name)`` returns an object whose
+counters are already bound to that listener and to each QoS, ``dropped(reason)`` and ``refused(reason)``
+return cached children.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.metrics import MetricWrapperBase
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Literal
 
-__all__ = ["DISCONNECT_REASONS", "DROP_REASONS", "REFUSAL_REASONS", "BrokerMetrics", "ListenerMetrics"]
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics_core import Metric
+
+__all__ = [
+    "DISCONNECT_REASONS",
+    "DROP_REASONS",
+    "REFUSAL_REASONS",
+    "BrokerMetrics",
+    "Family",
+    "ListenerMetrics",
+    "Value",
+]
 
 PREFIX = "timestone_broker"
 
@@ -43,6 +59,123 @@ REFUSAL_REASONS = (
 DISCONNECT_REASONS = ("slow_subscriber", "keep_alive_timeout", "protocol_error", "session_taken_over")
 """Reasons the broker closes a connected client, pre-bound at start: ``slow_subscriber`` or the lowercased
 name of the v5 reason code of the DISCONNECT (sent to v5 clients; v3 clients are just closed)."""
+
+
+class Value:
+    """One series: a number to ``inc``/``dec``/``set``, or a function read when collected."""
+
+    __slots__ = ("_function", "created", "value")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self._function: Callable[[], float] | None = None
+        self.created = time.time()
+        """When the series began (Unix time): counters expose it as their ``_created`` series."""
+
+    def inc(self, amount: float = 1) -> None:
+        self.value += amount
+
+    def dec(self, amount: float = 1) -> None:
+        self.value -= amount
+
+    def set(self, value: float) -> None:
+        self.value = float(value)
+
+    def set_function(self, function: Callable[[], float]) -> None:
+        """Report ``function()`` instead of the stored value (a gauge of something counted elsewhere)."""
+        self._function = function
+
+    def get(self) -> float:
+        function = self._function
+        return float(function()) if function is not None else self.value
+
+
+class Family:
+    """A counter or gauge family: its series by label values (one unlabelled series when it has no labels)."""
+
+    __slots__ = ("_unlabelled", "children", "documentation", "kind", "labelnames", "name")
+
+    def __init__(
+        self,
+        kind: Literal["counter", "gauge"],
+        name: str,
+        documentation: str,
+        labelnames: tuple[str, ...] = (),
+    ) -> None:
+        self.kind = kind
+        self.name = name
+        self.documentation = documentation
+        self.labelnames = labelnames
+        self.children: dict[tuple[str, ...], Value] = {}
+        self._unlabelled: Value | None = None
+        if not labelnames:
+            self._unlabelled = self.children[()] = Value()
+
+    def labels(self, *values: str, **named: str) -> Value:
+        """The series of these label values (positional, in ``labelnames`` order, or by name), made once."""
+        key = tuple(named[label] for label in self.labelnames) if named else tuple(values)
+        if len(key) != len(self.labelnames):
+            raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {key}")
+        child = self.children.get(key)
+        if child is None:
+            child = self.children[key] = Value()
+        return child
+
+    def _series(self) -> Value:
+        if self._unlabelled is None:
+            raise ValueError(f"{self.name} has labels {self.labelnames}: use .labels(...)")
+        return self._unlabelled
+
+    def inc(self, amount: float = 1) -> None:
+        self._series().inc(amount)
+
+    def dec(self, amount: float = 1) -> None:
+        self._series().dec(amount)
+
+    def set(self, value: float) -> None:
+        self._series().set(value)
+
+    def set_function(self, function: Callable[[], float]) -> None:
+        self._series().set_function(function)
+
+    def total(self, **labels: str) -> float:
+        """Sum of the series whose labels include ``labels``."""
+        wanted = [(self.labelnames.index(name), value) for name, value in labels.items()]
+        return sum(
+            child.get()
+            for key, child in self.children.items()
+            if all(key[index] == value for index, value in wanted)
+        )
+
+    def to_prometheus(self) -> Metric:
+        """The family as prometheus-client's ``Metric`` (imported here: only a scrape gets this far)."""
+        from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
+
+        if self.kind == "gauge":
+            gauge = GaugeMetricFamily(self.name, self.documentation, labels=list(self.labelnames))
+            for key, child in list(self.children.items()):
+                gauge.add_metric(list(key), child.get())
+            return gauge
+        counter = CounterMetricFamily(self.name, self.documentation, labels=list(self.labelnames))
+        for key, child in list(self.children.items()):
+            counter.add_metric(list(key), child.get(), created=child.created)
+        return counter
+
+
+class _Exposition:
+    """The collector of a broker's registry: runs the hooks, then yields every family."""
+
+    def __init__(self, metrics: BrokerMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        for hook in self._metrics.before_collect:
+            hook()
+        for family in self._metrics.families:
+            yield family.to_prometheus()
 
 
 class ListenerMetrics:
@@ -80,77 +213,87 @@ class ListenerMetrics:
 
 
 class BrokerMetrics:
-    """All metrics of one broker; the attributes are the prometheus-client metric families."""
+    """All metrics of one broker; the attributes are its families (``Family``)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
-        self.connections = Gauge(
-            f"{PREFIX}_connections", "Client connections currently open.", ["listener"], registry=r
-        )
-        self.connections_total = Counter(
-            f"{PREFIX}_connections_accepted",
+    def __init__(self, before_collect: Callable[[], None] | None = None) -> None:
+        self.families: list[Family] = []
+        """Every family, in the order the exposition lists them."""
+        self.before_collect: list[Callable[[], None]] = [before_collect] if before_collect else []
+        """Called before each collection (e.g. to add counts gathered elsewhere)."""
+        self._registry: CollectorRegistry | None = None
+        counter, gauge = self.counter, self.gauge
+        self.connections = gauge("connections", "Client connections currently open.", ["listener"])
+        self.connections_total = counter(
+            "connections_accepted",
             "Client connections accepted (CONNECT succeeded).",
             ["listener"],
-            registry=r,
         )
-        self.connections_refused_total = Counter(
-            f"{PREFIX}_connections_refused", "Connections refused, by reason.", ["reason"], registry=r
+        self.connections_refused_total = counter(
+            "connections_refused", "Connections refused, by reason.", ["reason"]
         )
-        self.disconnects_total = Counter(
-            f"{PREFIX}_disconnects",
+        self.disconnects_total = counter(
+            "disconnects",
             "Connected clients the broker disconnected, by reason.",
             ["reason"],
-            registry=r,
         )
-        self.messages_received_total = Counter(
-            f"{PREFIX}_messages_received",
+        self.messages_received_total = counter(
+            "messages_received",
             "PUBLISH packets received from clients.",
             ["listener", "qos"],
-            registry=r,
         )
-        self.messages_sent_total = Counter(
-            f"{PREFIX}_messages_sent", "PUBLISH packets sent to clients.", ["listener", "qos"], registry=r
+        self.messages_sent_total = counter(
+            "messages_sent", "PUBLISH packets sent to clients.", ["listener", "qos"]
         )
-        self.bytes_received_total = Counter(
-            f"{PREFIX}_bytes_received", "Bytes read from client connections.", ["listener"], registry=r
+        self.bytes_received_total = counter(
+            "bytes_received", "Bytes read from client connections.", ["listener"]
         )
-        self.bytes_sent_total = Counter(
-            f"{PREFIX}_bytes_sent", "Bytes written to client connections.", ["listener"], registry=r
-        )
-        self.messages_dropped_total = Counter(
-            f"{PREFIX}_messages_dropped",
+        self.bytes_sent_total = counter("bytes_sent", "Bytes written to client connections.", ["listener"])
+        self.messages_dropped_total = counter(
+            "messages_dropped",
             "Messages not delivered or not accepted, by reason.",
             ["reason"],
-            registry=r,
         )
-        self.inflight = Gauge(
-            f"{PREFIX}_inflight_messages", "QoS 1/2 messages sent and not yet acknowledged.", registry=r
-        )
-        self.subscriptions = Gauge(
-            f"{PREFIX}_subscriptions", "Topic filters subscribed, all sessions.", registry=r
-        )
-        self.retained_messages = Gauge(f"{PREFIX}_retained_messages", "Retained messages held.", registry=r)
-        self.sessions = Gauge(
-            f"{PREFIX}_sessions", "Sessions, by state (online/offline).", ["state"], registry=r
-        )
-        self.log_appends_total = Counter(
-            f"{PREFIX}_log_appends", "Records appended to topic logs.", registry=r
-        )
-        self.log_bytes_total = Counter(f"{PREFIX}_log_bytes", "Bytes appended to topic logs.", registry=r)
+        self.inflight = gauge("inflight_messages", "QoS 1/2 messages sent and not yet acknowledged.")
+        self.subscriptions = gauge("subscriptions", "Topic filters subscribed, all sessions.")
+        self.retained_messages = gauge("retained_messages", "Retained messages held.")
+        self.sessions = gauge("sessions", "Sessions, by state (online/offline).", ["state"])
+        self.log_appends_total = counter("log_appends", "Records appended to topic logs.")
+        self.log_bytes_total = counter("log_bytes", "Bytes appended to topic logs.")
 
         self.sessions_online = self.sessions.labels(state="online")
         self.sessions_offline = self.sessions.labels(state="offline")
         self._listeners: dict[str, ListenerMetrics] = {}
-        self._dropped: dict[str, Counter] = {}
-        self._refused: dict[str, Counter] = {}
-        self._disconnected: dict[str, Counter] = {}
+        self._dropped: dict[str, Value] = {}
+        self._refused: dict[str, Value] = {}
+        self._disconnected: dict[str, Value] = {}
         for reason in DROP_REASONS:
             self.dropped(reason)
         for reason in REFUSAL_REASONS:
             self.refused(reason)
         for reason in DISCONNECT_REASONS:
             self.disconnected(reason)
+
+    def counter(self, name: str, documentation: str, labelnames: list[str] | None = None) -> Family:
+        """A new counter family ``timestone_broker_<name>`` (exposed as ``..._total``)."""
+        return self._add(Family("counter", f"{PREFIX}_{name}", documentation, tuple(labelnames or ())))
+
+    def gauge(self, name: str, documentation: str, labelnames: list[str] | None = None) -> Family:
+        """A new gauge family ``timestone_broker_<name>``."""
+        return self._add(Family("gauge", f"{PREFIX}_{name}", documentation, tuple(labelnames or ())))
+
+    def _add(self, family: Family) -> Family:
+        self.families.append(family)
+        return family
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The prometheus-client registry exposing these metrics (made, the library loaded, on first use)."""
+        if self._registry is None:
+            from prometheus_client import CollectorRegistry
+
+            self._registry = CollectorRegistry()
+            self._registry.register(_Exposition(self))
+        return self._registry
 
     def for_listener(self, name: str) -> ListenerMetrics:
         """The bound counters of listener ``name`` (created on first use, then the same object)."""
@@ -159,15 +302,15 @@ class BrokerMetrics:
             bound = self._listeners[name] = ListenerMetrics(self, name)
         return bound
 
-    def dropped(self, reason: str) -> Counter:
+    def dropped(self, reason: str) -> Value:
         """The ``messages_dropped_total`` child for ``reason``; call ``.inc()`` on it."""
         return _child(self._dropped, self.messages_dropped_total, reason)
 
-    def refused(self, reason: str) -> Counter:
+    def refused(self, reason: str) -> Value:
         """The ``connections_refused_total`` child for ``reason`` (see ``ConnectionAdmission.admit``)."""
         return _child(self._refused, self.connections_refused_total, reason)
 
-    def disconnected(self, reason: str) -> Counter:
+    def disconnected(self, reason: str) -> Value:
         """The ``disconnects_total`` child for ``reason``; call ``.inc()`` on it."""
         return _child(self._disconnected, self.disconnects_total, reason)
 
@@ -179,38 +322,27 @@ class BrokerMetrics:
         sessions_online, sessions_offline, log_appends, log_bytes. Reads every sample: not for the hot path.
         """
         return {
-            "clients_connected": _sum(self.connections),
-            "connections_total": _sum(self.connections_total),
-            "connections_refused": _sum(self.connections_refused_total),
-            "messages_received": _sum(self.messages_received_total),
-            "messages_sent": _sum(self.messages_sent_total),
-            "bytes_received": _sum(self.bytes_received_total),
-            "bytes_sent": _sum(self.bytes_sent_total),
-            "messages_dropped": _sum(self.messages_dropped_total),
-            "inflight": _sum(self.inflight),
-            "subscriptions": _sum(self.subscriptions),
-            "retained_messages": _sum(self.retained_messages),
-            "sessions_online": _sum(self.sessions, state="online"),
-            "sessions_offline": _sum(self.sessions, state="offline"),
-            "log_appends": _sum(self.log_appends_total),
-            "log_bytes": _sum(self.log_bytes_total),
+            "clients_connected": self.connections.total(),
+            "connections_total": self.connections_total.total(),
+            "connections_refused": self.connections_refused_total.total(),
+            "messages_received": self.messages_received_total.total(),
+            "messages_sent": self.messages_sent_total.total(),
+            "bytes_received": self.bytes_received_total.total(),
+            "bytes_sent": self.bytes_sent_total.total(),
+            "messages_dropped": self.messages_dropped_total.total(),
+            "inflight": self.inflight.total(),
+            "subscriptions": self.subscriptions.total(),
+            "retained_messages": self.retained_messages.total(),
+            "sessions_online": self.sessions.total(state="online"),
+            "sessions_offline": self.sessions.total(state="offline"),
+            "log_appends": self.log_appends_total.total(),
+            "log_bytes": self.log_bytes_total.total(),
         }
 
 
-def _child(cache: dict[str, Counter], family: Counter, reason: str) -> Counter:
-    """The child of ``family`` labelled ``reason``, created once and kept in ``cache``."""
+def _child(cache: dict[str, Value], family: Family, reason: str) -> Value:
+    """The series of ``family`` labelled ``reason``, created once and kept in ``cache``."""
     child = cache.get(reason)
     if child is None:
         child = cache[reason] = family.labels(reason=reason)
     return child
-
-
-def _sum(metric: MetricWrapperBase, **labels: str) -> float:
-    """Sum of a family's main samples (``_total`` for counters, not ``_created``), optionally filtered."""
-    total = 0.0
-    for family in metric.collect():
-        wanted = {family.name, f"{family.name}_total"}
-        for sample in family.samples:
-            if sample.name in wanted and all(sample.labels.get(k) == v for k, v in labels.items()):
-                total += sample.value
-    return total

@@ -23,9 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.metrics_core import Metric
-
 from broker_edge.config.broker import BrokerConfig
 from broker_edge.core import BrokerCore
 from broker_edge.delivery import Message
@@ -51,32 +48,14 @@ BROKER_VERSION = "0.1.0"
 SWEEP_INTERVAL_S = 1.0
 
 
-class _FlushBeforeScrape:
-    """A collector that yields nothing but first adds pending counters, so /metrics is never stale."""
-
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
-
-    def describe(self) -> list[Metric]:
-        return []
-
-    def collect(self) -> list[Metric]:
-        self._broker.flush_stats()
-        return []
-
-
 class Broker(BrokerCore):
     """An MQTT 3.1.1 / 5.0 broker with a commitlog (see docs/broker.md)."""
 
     def __init__(self, config: BrokerConfig | None = None) -> None:
         config = config if config is not None else BrokerConfig()
-        registry = CollectorRegistry()
-        registry.register(_FlushBeforeScrape(self))
-        super().__init__(config, BrokerMetrics(registry))
-        self.throttled_total = Counter(
-            "timestone_broker_client_throttled",
-            "Times a client's reading was paused for its message rate.",
-            registry=registry,
+        super().__init__(config, BrokerMetrics(before_collect=self.flush_stats))  # /metrics is never stale
+        self.throttled_total = self.metrics.counter(
+            "client_throttled", "Times a client's reading was paused for its message rate."
         )
         self.store: LogStore | None = None
         self.session_store: SessionStore | None = None

@@ -6,15 +6,18 @@ a free in-flight slot or for the client to come back, and, for logged topics, th
 that queue while the client is away. It knows nothing about sockets or clocks: it writes through the
 ``Connection`` attached to it (``None`` while offline) and is given times as numbers.
 
-Every container is created on first use: an idle session with one subscription costs a few hundred bytes.
+Every container is created on first use, and what a session holds only in some states (a delayed will, an
+expiry deadline while offline, incoming QoS 2 ids) are ``RareField`` attributes: an idle session with one
+subscription costs a few hundred bytes.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from broker_edge.delivery import Message
+from broker_edge.rare_fields import RareField, RareSlots
 
 if TYPE_CHECKING:
     from broker_edge.connection import Connection
@@ -42,6 +45,13 @@ RELEASED = Released()
 Delivery = tuple[Message, int, bool, tuple[int, ...]]
 
 
+class _SessionRare(RareSlots):
+    """The ``RareField`` attributes of a ``Session`` that has set one."""
+
+    __slots__ = ("expires_at", "incoming_qos2", "will", "will_at")
+    defaults: ClassVar[dict[str, Any]] = {}
+
+
 class Session:
     """The broker side of one client id.
 
@@ -53,11 +63,10 @@ class Session:
         "__weakref__",
         "_expiry_interval",
         "_next_packet_id",
+        "_rare",
         "client_id",
         "connection",
         "cursors",
-        "expires_at",
-        "incoming_qos2",
         "inflight",
         "log_offsets",
         "queue",
@@ -65,28 +74,30 @@ class Session:
         "router",
         "subscriptions",
         "username",
-        "will",
-        "will_at",
     )
+
+    expires_at: RareField[float | None] = RareField(_SessionRare, None)
+    """When an offline session is discarded (loop time; None: online, or it never expires)."""
+    incoming_qos2: RareField[set[int] | None] = RareField(_SessionRare, None)
+    """Ids of incoming QoS 2 messages received and not yet released by PUBREL."""
+    will: RareField[Will | None] = RareField(_SessionRare, None)
+    """A will waiting for its v5 Will Delay Interval after the connection ended."""
+    will_at: RareField[float | None] = RareField(_SessionRare, None)
 
     def __init__(self, router: Router, client_id: str, expiry_interval: int = 0) -> None:
         self.router = router
         self.client_id = client_id
         self.connection: Connection | None = None
+        self._rare: _SessionRare | None = None
         self._expiry_interval = 0
         self.expiry_interval = expiry_interval
-        self.expires_at: float | None = None
         self.username: str | None = None
         self.subscriptions: dict[str, SessionSubscription] | None = None
         """Full filter as subscribed (``$share/...`` included) → ``SessionSubscription``."""
         self.inflight: dict[int, Delivery | Released] | None = None
         self.queue: deque[Delivery] | None = None
         self.queued_bytes = 0
-        self.incoming_qos2: set[int] | None = None
         self._next_packet_id = 1
-        self.will: Will | None = None
-        """A will waiting for its v5 Will Delay Interval after the connection ended."""
-        self.will_at: float | None = None
         self.cursors: dict[str, int] | None = None
         """Logged topic → next offset to deliver from the log (see ``broker_edge.replay``)."""
         self.log_offsets = False

@@ -3,8 +3,8 @@
 Client ids cost nothing, so ``limits.max_topics_per_client`` alone does not stop one user (or one host)
 with many client ids. ``TopicShares`` also counts the logs each identity created: its user name when it
 logged in (or its certificate's CN), else its address; anonymous clients on loopback are local processes
-(the pipelines, simulators) and are counted by client id only. ``limits.topic_quota_exempt_users`` are not
-bounded by either share: the accounts of the pipelines that legitimately publish to many topics.
+(the pipelines, simulators) and are counted by client id only. ``limits.exempt_users`` (the accounts of the
+pipelines that legitimately publish to many topics) are bound by neither quota: the handler checks them first.
 """
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ def identity_of(username: str | None, address: str) -> str | None:
 class TopicShares:
     """Logs created per identity since the broker started, each at most ``per_identity`` (0: unbounded)."""
 
-    def __init__(self, per_identity: int, exempt_users: list[str]) -> None:
+    def __init__(self, per_identity: int) -> None:
         self.per_identity = per_identity
-        self.exempt = {f"user:{name}" for name in exempt_users}
         self._created: dict[str, set[str]] = {}
 
     def take(self, identity: str | None, topic: str) -> bool:
         """Whether ``identity`` may create the log of ``topic`` (counted from now on if so)."""
-        if identity is None or not self.per_identity or identity in self.exempt:
+        if identity is None or not self.per_identity:
             return True
         created = self._created.setdefault(identity, set())
         if topic in created:
@@ -42,6 +41,3 @@ class TopicShares:
             return False
         created.add(topic)
         return True
-
-    def exempt_user(self, username: str | None) -> bool:
-        return username is not None and f"user:{username}" in self.exempt

@@ -2,19 +2,21 @@
 
 Handlers are plain functions called synchronously by ``Connection`` for every decoded packet. Before CONNACK
 only ``handle_connect(ctx, conn, packet)`` runs (the decoder lets nothing else in first); once connected
-every packet goes to ``CONNECTED_HANDLERS[type(packet)](ctx, conn, session, packet)``, where ``session`` is
-the connection's session. ``ctx`` is the broker as a ``context.BrokerContext``; effects (write, close,
-refuse, pause reading) are asked of ``conn``. Nothing here imports ``connection`` at run time.
+every packet goes to ``dispatch_connected(ctx, conn, session, packet)``, where ``session`` is the
+connection's session: a chain of exact type tests, the most frequent packets first, so that the type checker
+verifies every handler against its own packet class. ``ctx`` is the broker as a ``context.BrokerContext``;
+effects (write, close, refuse, pause reading) are asked of ``conn``. Nothing here imports ``connection`` at
+run time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from broker_edge.protocol.packets import (
     Auth,
     Disconnect,
+    Packet,
     PingReq,
     PubAck,
     PubComp,
@@ -39,21 +41,32 @@ if TYPE_CHECKING:
     from broker_edge.context import BrokerContext
     from broker_edge.session import Session
 
-ConnectedHandler = Callable[["BrokerContext", "Connection", "Session", Any], None]
-"""A connected handler; its packet parameter is its own packet class (the table is keyed by it)."""
 
-CONNECTED_HANDLERS: dict[type, ConnectedHandler] = {
-    Publish: handle_publish,
-    PubAck: handle_puback,
-    PubRec: handle_pubrec,
-    PubRel: handle_pubrel,
-    PubComp: handle_pubcomp,
-    Subscribe: handle_subscribe,
-    Unsubscribe: handle_unsubscribe,
-    PingReq: handle_pingreq,
-    Disconnect: handle_disconnect,
-    Auth: handle_auth,
-}
-"""Packet class → handler, for a connected client."""
+def dispatch_connected(ctx: BrokerContext, conn: Connection, session: Session, packet: Packet) -> None:
+    """Handle one packet of a connected client; a packet no client may send here raises ``TypeError`` (the
+    decoder never lets one through: reaching it is a broker bug, which closes only this connection)."""
+    if type(packet) is Publish:
+        handle_publish(ctx, conn, session, packet)
+    elif type(packet) is PubAck:
+        handle_puback(ctx, conn, session, packet)
+    elif type(packet) is PubRec:
+        handle_pubrec(ctx, conn, session, packet)
+    elif type(packet) is PubRel:
+        handle_pubrel(ctx, conn, session, packet)
+    elif type(packet) is PubComp:
+        handle_pubcomp(ctx, conn, session, packet)
+    elif type(packet) is PingReq:
+        handle_pingreq(ctx, conn, session, packet)
+    elif type(packet) is Subscribe:
+        handle_subscribe(ctx, conn, session, packet)
+    elif type(packet) is Unsubscribe:
+        handle_unsubscribe(ctx, conn, session, packet)
+    elif type(packet) is Disconnect:
+        handle_disconnect(ctx, conn, session, packet)
+    elif type(packet) is Auth:
+        handle_auth(ctx, conn, session, packet)
+    else:
+        raise TypeError(f"no handler for {type(packet).__name__} from a connected client")
 
-__all__ = ["CONNECTED_HANDLERS", "ConnectedHandler", "handle_connect"]
+
+__all__ = ["dispatch_connected", "handle_connect"]

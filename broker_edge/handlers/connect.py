@@ -18,6 +18,7 @@ import secrets
 from typing import TYPE_CHECKING
 
 from broker_edge.delivery import wants_log_offsets
+from broker_edge.limits import NOT_STARTED
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect
 from broker_edge.protocol.properties import Properties
@@ -36,6 +37,10 @@ _log = logging.getLogger("broker_edge.connection")
 
 _RC = ReasonCode
 _V3 = ConnectReturnCode
+
+_KEEPALIVES: dict[int, int] = {}
+"""One int object per keep alive in use (at most 65,536): connections share it rather than each keeping the
+one its CONNECT was decoded into."""
 
 
 def handle_connect(ctx: BrokerContext, conn: Connection, packet: Connect) -> None:
@@ -277,14 +282,15 @@ def _accept(
         session.log_offsets = True
     if present and ctx.acl is not None:
         _drop_denied_subscriptions(ctx, ctx.acl, session)
-    conn.keepalive = keepalive
+    conn.keepalive = _KEEPALIVES.setdefault(keepalive, keepalive)
     conn.deadline = now + keepalive * 1.5 if keepalive else 0.0
     conn.rx = False
     conn.will = will
     conn.will_delay = (
         will.properties.will_delay_interval or 0 if will is not None and will.properties is not None else 0
     )
-    conn.bucket = limits.client_message_bucket()
+    rate_limited = limits.messages_per_second_per_client and not limits.is_exempt(username)
+    conn.bucket = NOT_STARTED if rate_limited else None
     conn.state = CONNECTED
     conn.write(encode(ConnAck(present, 0, ack), conn.version))
     conn.listener.metrics.connected()

@@ -91,13 +91,13 @@ def handle_publish(ctx: BrokerContext, conn: Connection, session: Session, packe
 
 def _may_create_log(ctx: BrokerContext, conn: Connection, session: Session, topic: str) -> bool:
     """Whether the client may create ``topic``'s log: its client id's quota, then its identity's share."""
-    shares = ctx.topic_shares
-    if shares.exempt_user(session.username):
+    limits = ctx.config.limits
+    if limits.is_exempt(session.username):
         return True
-    quota = ctx.config.limits.max_topics_per_client
+    quota = limits.max_topics_per_client
     if quota and ctx.publish_path.logs_created_by(conn.client_id) >= quota:
         return False
-    return shares.take(identity_of(session.username, conn.peer_host()), topic)
+    return ctx.topic_shares.take(identity_of(session.username, conn.peer_host()), topic)
 
 
 def _refuse(

@@ -24,9 +24,19 @@ BURST = 100
 class FloodClient:
     """CONNECT plus ``count`` PUBLISHes written in one go from a thread; acknowledgements timed on arrival."""
 
-    def __init__(self, port: int, qos: int, count: int, version: int = 4) -> None:
+    def __init__(
+        self,
+        port: int,
+        qos: int,
+        count: int,
+        version: int = 4,
+        username: str | None = None,
+        password: bytes | None = None,
+    ) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port))
-        frames = [encode(Connect(protocol_version=version, client_id=f"flood-q{qos}"), version)]
+        client_id = f"{username or 'flood'}-q{qos}"
+        connect = Connect(protocol_version=version, client_id=client_id, username=username, password=password)
+        frames = [encode(connect, version)]
         frames += [
             encode(
                 Publish("flood/t", str(n).encode(), qos, packet_id=n % 65535 + 1 if qos else None), version
@@ -117,3 +127,37 @@ def test_a_throttled_client_is_not_taken_for_idle_by_its_keep_alive(start_broker
         assert broker.disconnects("keep_alive_timeout") == 0
     finally:
         sock.close()
+
+
+def test_an_exempt_account_is_not_held_to_the_rate_but_everyone_else_still_is(start_broker, tmp_path):
+    """The actions job publishes one message per targeted device in a burst: its account, named in
+    ``limits.exempt_users``, is not paced, while another user flooding the same broker still is."""
+    from broker_edge.auth import PasswordFile
+
+    passwords = tmp_path / "passwd"
+    for user in ("actions-job", "device"):
+        PasswordFile.set_password(passwords, user, f"pw-{user}", create=True)
+    broker = start_broker(
+        auth={"password_file": str(passwords)},
+        limits={
+            "messages_per_second_per_client": RATE,
+            "messages_burst_per_client": BURST,
+            "exempt_users": ["actions-job"],
+        },
+    )
+    count = RATE * 10  # ten seconds' worth at the rate
+    job = FloodClient(broker.port, 1, count, username="actions-job", password=b"pw-actions-job")
+    try:
+        assert wait_for(lambda: len(job.acks) == count, timeout=8)  # paced, it would take 9.5 s
+        assert [packet_id for _, packet_id in job.acks] == list(range(1, count + 1))
+        assert broker.metric("timestone_broker_client_throttled_total") == 0
+    finally:
+        job.close()
+    device = FloodClient(broker.port, 1, 400, username="device", password=b"pw-device")
+    try:
+        assert wait_for(lambda: len(device.acks) == 400, timeout=15)
+        for position, (arrived, _packet_id) in enumerate(device.acks, 1):
+            assert position <= device.allowance(arrived), (position, arrived - device.started)
+        assert broker.metric("timestone_broker_client_throttled_total") >= 1
+    finally:
+        device.close()

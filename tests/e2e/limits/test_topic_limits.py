@@ -127,7 +127,7 @@ def test_many_client_ids_of_one_user_share_its_topic_quota_and_leave_room_for_ot
         limits={
             "max_topics_per_client": 5,
             "max_topics_per_identity": 12,
-            "topic_quota_exempt_users": ["pipeline"],
+            "exempt_users": ["pipeline"],
             "messages_per_second_per_client": 0,
         },
     )

@@ -57,6 +57,24 @@ def test_exposition_parses_and_carries_the_labels() -> None:
     assert got[("timestone_broker_sessions", (("state", "offline"),))] == 5
     assert got[("timestone_broker_inflight_messages", ())] == 4
     assert got[("timestone_broker_log_bytes_total", ())] == 300
+    assert got[("timestone_broker_log_bytes_created", ())] > 1.7e9, "counters carry their _created series"
+
+
+def test_figures_counted_before_the_registry_is_made_are_in_the_first_scrape() -> None:
+    metrics = BrokerMetrics()
+    metrics.for_listener("tcp").received[1].inc(3)
+    assert metrics._registry is None, "nothing has asked for the registry yet"
+    assert (
+        samples(metrics)[("timestone_broker_messages_received_total", (("listener", "tcp"), ("qos", "1")))]
+        == 3
+    )
+    metrics.for_listener("tcp").received[1].inc()
+    assert (
+        metrics.registry.get_sample_value(
+            "timestone_broker_messages_received_total", {"listener": "tcp", "qos": "1"}
+        )
+        == 4
+    )
 
 
 def test_known_drop_reasons_are_exposed_before_the_first_drop() -> None:

@@ -13,8 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-
 from broker_edge.config import load_dataclass
 from broker_edge.config.broker import BrokerConfig
 from broker_edge.connection import Connection
@@ -70,7 +68,7 @@ class HandDrivenCore(BrokerCore):
     """A ``BrokerCore`` whose clock, end-of-iteration callbacks and timers the test drives."""
 
     def __init__(self, config: BrokerConfig) -> None:
-        super().__init__(config, BrokerMetrics(CollectorRegistry()))
+        super().__init__(config, BrokerMetrics())
         self.time = 1000.0
         self.soon: list[Callable[[], None]] = []
         self.timers: list[tuple[float, Callable[[], None]]] = []
