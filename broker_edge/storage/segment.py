@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 NO_TIMESTAMP = -(2**63)
 _SCAN_CHUNK = 4 * 1024 * 1024
 _NO_POSITIONS = array("q")
-INDEX_MEMORY_ENTRIES = 256
+INDEX_MEMORY_ENTRIES = 64
 """Index entries of an active segment held in memory before they are moved to its (open) index file."""
 
 
