@@ -299,7 +299,7 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
         f"{load.churn_per_s} devices/s dropping their connection and coming back 1-3 s later, one QoS 1 "
         f"subscriber to every device and {load.groups} QoS 0 group subscribers. The first "
         f"{soak.warmup_s:.0f} s are warm-up. Broker: {soak.broker_config}. The tail caches (recent records "
-        "kept in memory per log) grow until their store-wide bound: the default bound, 256 MiB of frames, "
+        "kept in memory per log) grow until their store-wide bound of memory: the default bound, 256 MiB, "
         "takes longer than a short soak to fill at this rate, so the soak bounds them lower.",
         "",
         f"Warm rates: {soak.rate('published'):,.0f} publishes/s, {soak.rate('acked'):,.0f} PUBACKs/s, "

@@ -786,8 +786,9 @@ class CommitLog:
         keep = offset - segment.base_offset
         if keep >= segment.count:
             return
-        entries = segment.entries
-        if entries is None:
+        if segment.entries is not None:
+            entries = segment.all_entries()
+        else:
             entries = segment.index.entries(0, segment.count)
         position = entries[2 * keep]
         del entries[2 * keep :]
@@ -798,6 +799,7 @@ class CommitLog:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(segment.index_path)
         segment.entries = entries
+        segment.spilled = 0
         segment.count = segment.durable_count = keep
         segment.size = segment.submitted_size = segment.durable_size = segment.synced_size = position
         segment.sealed = segment.seal_submitted = segment.seal_durable = False

@@ -88,7 +88,8 @@ class StorageConfig:
     tail_cache_bytes: int = 1 * MIB
     """See `LogConfig.tail_cache_bytes`."""
     tail_cache_total_bytes: int = 256 * MIB
-    """Bound of all tail caches together; the caches of the least recently appended logs are dropped first."""
+    """Bound of the memory all tail caches hold together (frames, payloads and their Python objects, see
+    `TailCache.cost`); the caches of the least recently appended logs are dropped first."""
     read_cache_bytes: int = 8 * MIB
     """Bound of the blocks of older records read once and shared by all readers catching up; 0 = off."""
 

@@ -8,12 +8,14 @@ File layout: a 32-byte header (magic, version, state, base offset) then little-e
 i64 timestamp_ms` entries. The timestamp stored is the running maximum of record timestamps (so it is
 sorted even if the wall clock stepped back); the record itself keeps its own time.
 
-The index of the active segment lives in memory and reaches disk only when the segment is sealed (rolled)
-or the log is closed, each time written whole to a temporary file, fsynced and renamed, with state `clean`.
-So an index on disk is either absent or was complete when written; at open it is trusted only if it is
-clean and consistent with its segment (its last record ends the file, checksum and offset valid), and is
-otherwise rebuilt by scanning the segment. Appends after a clean close make the segment longer than its
-index says, which that check catches, so no "dirty" marker has to be written (and fsynced) before appending.
+The index of the active segment is written whole, to a temporary file, fsynced and renamed, with state
+`clean`, only when the segment is sealed (rolled) or the log is closed. While the segment is written its
+newest entries live in memory and the older ones are moved, a few KiB at a time and never fsynced, to the
+index file in state `open` (see `segment`). So a clean index on disk was complete when written; at open an
+index is trusted only if it is clean and consistent with its segment (its last record ends the file,
+checksum and offset valid), and is otherwise (open, absent, inconsistent) rebuilt by scanning the segment.
+Appends after a clean close make the segment longer than its index says, which that check catches, so no
+"dirty" marker has to be written (and fsynced) before appending.
 """
 
 from __future__ import annotations

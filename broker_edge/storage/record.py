@@ -21,10 +21,22 @@ catches flipped bits; the offset inside the frame catches an index that points a
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from crc32c import crc32c
+
+def _load_crc32c(data: bytes | memoryview) -> int:
+    """The first checksum: imports the `crc32c` package (which reads its own version through
+    importlib.metadata, not worth paying to open an empty data directory) and binds its function."""
+    global crc32c
+    from crc32c import crc32c as function
+
+    crc32c = function
+    return function(data)
+
+
+crc32c: Callable[[bytes | memoryview], int] = _load_crc32c
+"""CRC32C of a buffer (the `crc32c` package's function once the first checksum has loaded it)."""
 
 FORMAT_VERSION = 1
 PREFIX = struct.Struct("<II")

@@ -8,7 +8,10 @@ Appends never touch the disk here. The log buffers them in the active segment (`
 a `SegmentWrite` whose file position is fixed when it is taken: its `write` (one pwritev) and its
 `make_durable` (fdatasync, seal) may then run anywhere, in order, while appends continue. Records become
 readable only when the owner reports the write done (`mark_durable`). The index of a segment still being
-written is kept in memory (`entries`) and written whole when the segment is sealed.
+written is kept in memory (`entries`) only for its newest records: once `INDEX_MEMORY_ENTRIES` are held,
+they are moved to the index file in its `open` state (which recovery never trusts: it rebuilds such an
+index by scanning the segment, as it does a missing one), so an active segment costs a bounded amount of
+memory however long it lives. The index is written whole, `clean`, when the segment is sealed.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from .index import (
     STATE_CLEAN,
     OffsetIndex,
     entries_bytes,
+    entry_position,
     parse_header,
     write_index_file,
 )
@@ -41,6 +45,8 @@ log = logging.getLogger(__name__)
 NO_TIMESTAMP = -(2**63)
 _SCAN_CHUNK = 4 * 1024 * 1024
 _NO_POSITIONS = array("q")
+INDEX_MEMORY_ENTRIES = 64
+"""Index entries of an active segment held in memory before they are moved to its (open) index file."""
 
 
 def segment_paths(directory: str, base_offset: int) -> tuple[str, str]:
@@ -147,6 +153,7 @@ class Segment:
         "seal_submitted",
         "sealed",
         "size",
+        "spilled",
         "submitted_size",
         "synced_size",
     )
@@ -157,7 +164,10 @@ class Segment:
         self.pool = pool
         self.index = OffsetIndex(self.index_path, pool)
         self.entries: array | None = array("q")
-        """Interleaved (position, timestamp) of every record while the index is held in memory."""
+        """Interleaved (position, timestamp) of the records from `spilled` on while the segment is written
+        (None once it is sealed: its whole index is then on disk)."""
+        self.spilled = 0
+        """Entries moved from memory to the open index file (the first records' entries)."""
         self.index_on_disk = -1
         """Entries in the clean index file on disk (-1: none)."""
         self.count = 0
@@ -190,6 +200,9 @@ class Segment:
         seal = self.sealed and not self.seal_submitted
         if not self.pending_frames and not seal:
             return None
+        if seal and self.spilled:
+            self.entries = self.all_entries()  # readers use memory until the clean index replaces the file
+            self.spilled = 0
         write = SegmentWrite(
             log_path=self.log_path,
             index_path=self.index_path,
@@ -203,7 +216,35 @@ class Segment:
         self.pending_frames = []
         self.submitted_size = self.size
         self.seal_submitted = self.seal_submitted or seal
+        if not seal and self.entries is not None and len(self.entries) >= 2 * INDEX_MEMORY_ENTRIES:
+            self.spill_index()
         return write
+
+    def spill_index(self) -> None:
+        """Move the index entries held in memory to the end of the open index file (page cache only).
+
+        The first move replaces whatever index file there is (a clean one of a segment appended to again)
+        with an open one, atomically, so no clean header ever describes entries written after it.
+        """
+        entries = self.entries
+        if entries is None or not entries:
+            return
+        data = entries_bytes(entries)
+        if self.spilled:
+            self.pool.pwritev(self.index_path, [data], entry_position(self.spilled))
+        else:
+            self.pool.forget(self.index_path)
+            write_index_file(self.index_path, self.base_offset, data, clean=False)
+            self.index_on_disk = -1
+        self.spilled += len(entries) // 2
+        self.entries = array("q")
+
+    def all_entries(self) -> array:
+        """The whole index of a segment being written: the entries moved to its file, then those in memory."""
+        assert self.entries is not None, "only a segment being written holds entries in memory"
+        if not self.spilled:
+            return self.entries
+        return self.index.entries(0, self.spilled) + self.entries
 
     def mark_durable(self, count: int, size: int, sealed: bool, synced: bool) -> None:
         """Records up to `count` (`size` bytes) are written (fsynced if `synced`): readers may get them."""
@@ -228,8 +269,11 @@ class Segment:
         if self.entries is None or self.index_on_disk == self.count or self.damage is not None:
             return
         self.sync()
+        entries = self.all_entries()
         self.pool.forget(self.index_path)
-        write_index_file(self.index_path, self.base_offset, entries_bytes(self.entries), clean=True)
+        write_index_file(self.index_path, self.base_offset, entries_bytes(entries), clean=True)
+        self.entries = entries
+        self.spilled = 0
         self.index_on_disk = self.count
 
     # -- reading -------------------------------------------------------------------------------------
@@ -307,10 +351,17 @@ class Segment:
         """File positions of records `first .. last-1` plus the end of record `last-1`."""
         has_next = last < self.durable_count
         wanted = last - first + (1 if has_next else 0)
-        if self.entries is not None:
-            positions = self.entries[2 * first : 2 * (first + wanted) : 2]
+        entries = self.entries
+        stop = first + wanted
+        spilled = self.spilled if entries is not None else stop
+        if first < spilled:
+            positions = self.index.entries(first, min(stop, spilled) - first)[0::2]
+            if stop > spilled:
+                assert entries is not None
+                positions += entries[0 : 2 * (stop - spilled) : 2]
         else:
-            positions = self.index.entries(first, wanted)[0::2]
+            assert entries is not None
+            positions = entries[2 * (first - spilled) : 2 * (stop - spilled) : 2]
         if not has_next:
             positions.append(self.durable_size)
         return positions
@@ -318,9 +369,15 @@ class Segment:
     def first_at_or_after(self, timestamp_ms: int) -> int:
         """Number of the first readable record whose index timestamp is >= `timestamp_ms`."""
         count = self.durable_count
-        if self.entries is not None:
-            return bisect.bisect_left(self.entries[1 : 2 * count : 2], timestamp_ms)
-        return self.index.first_at_or_after(timestamp_ms, count)
+        entries = self.entries
+        if entries is None:
+            return self.index.first_at_or_after(timestamp_ms, count)
+        spilled = min(self.spilled, count)
+        if spilled:
+            found = self.index.first_at_or_after(timestamp_ms, spilled)
+            if found < spilled or count == spilled:
+                return found
+        return spilled + bisect.bisect_left(entries[1 : 2 * (count - spilled) : 2], timestamp_ms)
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -392,6 +449,7 @@ class Segment:
         self.count = self.durable_count = count
         self.size = self.submitted_size = self.durable_size = self.synced_size = size
         self.entries = entries
+        self.spilled = 0
         self.sealed = self.seal_submitted = self.seal_durable = not is_tail
         if count:
             if entries is None:

@@ -114,6 +114,7 @@ class LogStore:
         self._pattern_waiters: list[_Waiter] = []
         self._directory_fd: int | None = None
         self._replicated = False
+        self._syncfs_checked = False
         self._opened = False
         self._closed = False
 
@@ -146,7 +147,6 @@ class LogStore:
             os.unlink(marker)  # from now on a crash must not look like a clean shutdown
             fsync_directory(self.layout.meta)
         report.fresh = not report.clean_shutdown and not directories
-        self._use_syncfs()
         self._opened = True
         _log_opened(self.directory, report)
         return report
@@ -439,6 +439,9 @@ class LogStore:
     # -- internals -----------------------------------------------------------------------------------
 
     def _use_syncfs(self) -> None:
+        """Let the writer make windows durable with syncfs where it reaches the store's filesystem (asked
+        when the first log opens: a store without logs has nothing to sync, and opens without ctypes)."""
+        self._syncfs_checked = True
         minimum = self.config.syncfs_min_segments
         if minimum > 0 and self.config.durability != "none" and syncfs_available(self.directory):
             self._directory_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -479,6 +482,8 @@ class LogStore:
         if self._replicated:
             commit_log.set_replicated(True)
         self._logs[topic] = commit_log
+        if not self._syncfs_checked:
+            self._use_syncfs()
         return commit_log
 
     def _on_durable(self, advanced: list[tuple[CommitLog, int]]) -> None:

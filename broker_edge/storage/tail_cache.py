@@ -4,8 +4,9 @@ Each log keeps its most recent records (bounded by count and bytes). An append s
 what it was given (time, frame and the publish's fields; the offset follows from the position), built in
 C for a batch; the `Record` is built the first time a reader asks for it and then shared by every later
 reader, so appends nobody reads from memory cost no object construction.
-A store-wide `TailCacheBudget` bounds all tails together: when over budget, the tails of the logs
-appended to least recently are dropped whole.
+A store-wide `TailCacheBudget` bounds all tails together by what they hold in memory (`TailCache.cost`:
+the frames, the payloads and the Python objects around them, not the frame bytes alone): when over budget,
+the tails of the logs appended to least recently are dropped whole.
 """
 
 from __future__ import annotations
@@ -24,9 +25,18 @@ if TYPE_CHECKING:
 
 Frame = bytes
 """An encoded record (a name of its own: ``TailCache.bytes`` shadows the builtin in the class's scope)."""
+RECORD_OVERHEAD = 272
+"""Bytes a cached record holds besides its frame and its payload: the entry tuple and its time, the fields
+tuple (or, once read, the `Record`), the frame's and the payload's object headers, list and array slots."""
 Appended = tuple[int, Frame | memoryview, RecordFields | None]
 """(timestamp_ms, frame, fields) of an append not yet read from the cache; its offset is its position.
 Fields are None for a frame copied from a leader (checked, and decoded on first read)."""
+
+
+def cache_cost(frame_bytes: int, records: int) -> int:
+    """What `records` cached records of `frame_bytes` frame bytes in all hold in memory (an estimate that
+    errs high: each payload is counted as large as its frame)."""
+    return 2 * frame_bytes + records * RECORD_OVERHEAD
 
 
 def _materialize(entry: Appended, offset: int) -> Record:
@@ -95,6 +105,11 @@ class TailCache:
         """Encoded size of the cached records."""
         return self._total - self._start_total
 
+    @property
+    def cost(self) -> int:
+        """Memory held by the cached records (`cache_cost`): what the store-wide budget counts."""
+        return cache_cost(self._total - self._start_total, len(self._entries) - self._head)
+
     def __len__(self) -> int:
         return len(self._entries) - self._head
 
@@ -105,7 +120,7 @@ class TailCache:
         self._total += size
         self._ends.append(self._total)
         self._next_offset += 1
-        self._account(size)
+        self._account(size, 1)
 
     def add_many(
         self, timestamp: int, frames: list[Frame], fields: Sequence[RecordFields], ends: Sequence[int]
@@ -120,10 +135,11 @@ class TailCache:
         added = ends[-1]
         self._total = total + added
         self._next_offset += len(frames)
-        self._account(added)
+        self._account(added, len(frames))
 
-    def _account(self, added: int) -> None:
-        """After `added` bytes were cached: evict past the limits, and charge the store-wide budget."""
+    def _account(self, added: int, records: int) -> None:
+        """After `records` of `added` frame bytes were cached: evict past the limits, and charge the
+        store-wide budget what they hold (less what the eviction freed)."""
         freed = 0
         if (
             len(self._entries) - self._head > self.max_records
@@ -132,7 +148,7 @@ class TailCache:
             freed = self._evict()
         budget = self.budget
         if budget is not None:
-            budget.bytes += added - freed
+            budget.bytes += cache_cost(added, records) - freed
             if budget.newest is not self or budget.bytes > budget.max_bytes:
                 budget.touched(self)
 
@@ -165,8 +181,8 @@ class TailCache:
         return [entry.frame if isinstance(entry, Record) else entry[1] for entry in self._entries[first:last]]
 
     def reset(self, next_offset: int) -> int:
-        """Drop every cached record and continue at `next_offset` (the log was truncated); returns the bytes
-        freed (the caller settles the budget)."""
+        """Drop every cached record and continue at `next_offset` (the log was truncated); returns the memory
+        freed, as `cost` (the caller settles the budget)."""
         freed = self.clear()
         self._next_offset = next_offset
         return freed
@@ -184,15 +200,16 @@ class TailCache:
         return first, last
 
     def clear(self) -> int:
-        """Drop every cached record; returns the bytes freed."""
-        freed = self.bytes
+        """Drop every cached record; returns the memory freed, as `cost`."""
+        freed = self.cost
         self._entries = []
         self._ends = array("q")
         self._head = self._built = self._total = self._start_total = self._base = 0
         return freed
 
     def _evict(self) -> int:
-        """Trim to 7/8 of the limits, so eviction runs once per many appends rather than on each."""
+        """Trim to 7/8 of the limits, so eviction runs once per many appends rather than on each; returns the
+        memory freed, as `cost`."""
         entries, ends = self._entries, self._ends
         count = len(entries)
         keep_bytes = self.max_bytes - self.max_bytes // 8
@@ -201,10 +218,10 @@ class TailCache:
             head = bisect.bisect_left(ends, self._total - keep_bytes, head, count) + 1
         head = min(head, count - 1)  # always keep the newest record
         start_total = ends[head - 1] if head else self._base
-        freed = start_total - self._start_total
+        freed = cache_cost(start_total - self._start_total, head - self._head)
         self._start_total = start_total
         self._head = head
-        if head * 2 > count:
+        if head:  # the dropped entries leave the list now: until then they would hold their memory
             self._base = start_total
             del entries[:head]
             del ends[:head]
@@ -214,12 +231,13 @@ class TailCache:
 
 
 class TailCacheBudget:
-    """Bounds the bytes held by all tail caches of a store (least recently appended dropped first)."""
+    """Bounds the memory held by all tail caches of a store, as their `cost` (least recently appended
+    dropped first)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.bytes = 0
-        """Bytes held by all accounted caches (kept up to date by `TailCache.add`)."""
+        """Memory held by all accounted caches, their `cost` (kept up to date by `TailCache.add`)."""
         self.newest: TailCache | None = None
         self._caches: OrderedDict[TailCache, None] = OrderedDict()
 

@@ -30,6 +30,10 @@ NEVER_AT_START = {
     "paho",
     "getpass",  # the passwd command's
     "prometheus_client",  # the first scrape of /metrics
+    "crc32c",  # the commitlog's first checksum (its package reads its version with importlib.metadata)
+    "importlib.metadata",
+    "ctypes",  # the store's syncfs question, asked when its first log opens
+    "platform",
     "broker_edge.offsets_api.server",
     "broker_edge.admin_http",
     "broker_edge.transports.websocket",
