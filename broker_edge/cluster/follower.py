@@ -12,11 +12,11 @@ A replica's fetcher:
    diverged from the leader's log) or where to restart (the leader's log starts later), and the topic's
    high watermark;
 2. truncates or appends (`LogStore.append_frames`, through the group commit), copies the epoch
-   boundaries into its epoch caches, waits until the appended frames are durable, and only then
-3. commits up to the leader's high watermark (readers see records once every in-sync replica holds
-   them) and routes the newly committed records to local subscribers, one `Message` per record shared by
-   all of them, as the leader's PUBLISH path does;
-4. sends its next fetch, listing only the topics whose position moved: that fetch tells the leader the
+   boundaries into its epoch caches, and commits up to the leader's high watermark (readers see records
+   once every in-sync replica holds them; never past what is durable here) and routes the newly committed
+   records to local subscribers, one `Message` per record shared by all of them, as the leader's PUBLISH
+   path does; then waits until the appended frames are durable and commits again;
+3. sends its next fetch, listing only the topics whose position moved: that fetch tells the leader the
    appended records are durable here.
 
 Errors (the leader unreachable, an unknown session, a partition error) reopen the session after a short
@@ -371,10 +371,13 @@ class _Fetcher:
                 continue
             watermarks.append((topic, data.high_watermark))
             self._moved[topic] = None
+        delivery = owner.delivery
+        for topic, high_watermark in watermarks:  # capped at what is durable here: at once what already is
+            delivery.commit_and_route(topic, high_watermark)
         if appended:
             await _durable(store)
-        for topic, high_watermark in watermarks:
-            owner.delivery.commit_and_route(topic, high_watermark)
+            for topic, high_watermark in watermarks:
+                delivery.commit_and_route(topic, high_watermark)
 
     def _truncate(self, data: TopicData) -> None:
         """Cut the local tail the leader does not have (the epoch rule)."""

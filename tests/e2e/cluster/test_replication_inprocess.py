@@ -29,6 +29,7 @@ from broker_edge.cluster.replica_fetch import (
     encode_request,
 )
 from broker_edge.cluster.view import PartitionState, partition_of
+from broker_edge.storage import LogStore
 from tests.e2e.broker_clients import PahoClient, close_all, wait_for
 from tests.e2e.cluster.inprocess_cluster import TOKEN, InProcessCluster
 
@@ -378,6 +379,49 @@ def test_a_former_leader_restarted_reads_its_epochs_from_disk_and_truncates_what
     assert restarted.segment_bytes(TOPIC) == cluster["b2"].segment_bytes(TOPIC)
     epochs = cluster.call(lambda: restarted.followers.epochs.for_topic(TOPIC).entries)
     assert epochs == [(1, 0), (2, 4)]
+
+
+def _lose_tail(directory: Path, topic: str, end: int) -> None:
+    """Cut a stopped broker's log of `topic` at `end`, as a lost disk tail would."""
+    store = LogStore(directory)
+    store.open()
+    try:
+        store.truncate(topic, end)
+    finally:
+        store.close()
+
+
+def test_records_a_follower_holds_beyond_the_new_leaders_log_are_cut_and_nothing_acknowledged_is_lost(
+    make_cluster,
+):
+    cluster = make_cluster()
+    cluster.start_replication([_all_in_sync()])
+    device = PahoClient(cluster["b1"].port, "device-30")
+    for number in range(4):
+        device.publish(TOPIC, f"acknowledged {number}".encode(), qos=1)
+    cluster.run(cluster["b3"].stop_followers())
+    stranded = AckWatcher(cluster["b1"].port, "device-31")
+    for number in range(3):
+        stranded.publish(f"never acknowledged {number}".encode())
+    assert wait_for(lambda: cluster["b2"].durable_end(TOPIC) == 7)  # b2 copied them
+    assert stranded.ack(timeout=0.5) is None  # b3 has not: never acknowledged
+    device.kill()
+    stranded.client.kill()
+    cluster.stop_node("b1")
+    _lose_tail(cluster["b1"].directory, TOPIC, 4)  # b1 comes back without them
+    cluster.set_state(PartitionState(0, "b3", 2, NODES, ("b2", "b3")))
+    cluster.call(cluster["b3"].start_followers)
+    new_device = PahoClient(cluster["b3"].port, "device-32")
+    for number in range(2):
+        new_device.publish(TOPIC, f"epoch two {number}".encode(), qos=1)
+    expected = [(n, f"acknowledged {n}".encode()) for n in range(4)]
+    expected += [(4 + n, f"epoch two {n}".encode()) for n in range(2)]
+    assert wait_for(lambda: cluster["b2"].payloads(TOPIC) == expected, timeout=10)
+    restarted = cluster.restart_node("b1")
+    assert wait_for(lambda: restarted.payloads(TOPIC) == expected, timeout=10)
+    reference = cluster["b3"].segment_bytes(TOPIC)
+    assert cluster["b2"].segment_bytes(TOPIC) == reference
+    assert wait_for(lambda: restarted.segment_bytes(TOPIC) == reference, timeout=10)
 
 
 def test_leadership_moving_back_and_forth_under_load_loses_no_acknowledged_record(make_cluster):
