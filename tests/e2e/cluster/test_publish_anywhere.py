@@ -10,6 +10,8 @@ no acknowledged publish is lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import queue
 import time
 from collections import Counter
 
@@ -113,6 +115,9 @@ def test_a_new_broker_joins_and_takes_leadership_of_its_share(cluster_brokers, e
     time.sleep(1.0)
     brokers["d"] = cluster_brokers("d", replication_factor=3)
     members = {*NODES, "d"}
+    watcher = PahoClient(brokers["d"].port, "watcher-on-d")  # on d while its copies arrive
+    watcher.subscribe("joining/#", 1)
+    watching_from = time.monotonic()
 
     partitions = len(cluster_state(etcd).partitions)
     fair = partitions * 3 // 4
@@ -136,6 +141,13 @@ def test_a_new_broker_joins_and_takes_leadership_of_its_share(cluster_brokers, e
     status = cluster_status(etcd)  # what the operator sees
     assert status_leaders(status).get("d", 0) >= partitions // 4
     assert status_in_sync(status, "d") >= fair - 1
+    # d's subscriber saw each record once, from its subscription on, while d went from routing what it
+    # observed to routing its own copies
+    seen = Counter(message.payload for message in drained(watcher))
+    assert max(seen.values()) == 1, [payload for payload, n in seen.items() if n > 1][:5]
+    for device in devices:
+        later = [p for p, t in zip(device.acked, device.ack_times, strict=True) if t > watching_from + 0.5]
+        assert later and set(later) <= set(seen), device.client_id
     state = cluster_state(etcd)
     for device in devices:
         holders = state.partitions[partition_of(device.topic, partitions)].replicas
@@ -152,6 +164,15 @@ def test_a_new_broker_joins_and_takes_leadership_of_its_share(cluster_brokers, e
     publisher.publish("joined/x", b"from d", 1)
     assert subscriber.expect(1)[0].payload == b"from d"
     close_all()
+
+
+def drained(client: PahoClient, quiet_s: float = 2.0) -> list:
+    """Every message ``client`` has received, once nothing more arrives for ``quiet_s``."""
+    messages = []
+    with contextlib.suppress(queue.Empty):
+        while True:
+            messages.append(client.messages.get(timeout=quiet_s))
+    return messages
 
 
 def port_of(address: str) -> int:
