@@ -15,6 +15,15 @@
   3. **balancing** (preferred-leader moves): while a live member leads two partitions more than another that
      is in sync on one of them (and not behind it, when log ends are known), that partition's leadership
      moves to it. Partitions elected in the same pass stay with their new leader.
+  4. **shrinking**: a partition with more live replicas than the factor (a reassignment in progress) whose
+     in-sync set has more live members than the factor drops one replica: not the leader, the one on the
+     most loaded member. Its in-sync set keeps at least the factor (and ``min_insync_replicas``) members.
+     Partitions whose leader changes in the same pass wait for the next one.
+  5. **reassigning**: while a live member holds two replicas more than another, the least loaded member
+     becomes an extra replica (replicas: the factor + 1) of a partition of the most loaded one that it does
+     not hold; at most ``moves_at_once`` partitions are in that state at a time. Once the extra replica is
+     in sync, step 3 may give it the partition's leadership and step 4 drops a replica of the most loaded
+     member, so replicas return to the factor and counts even out within one of the fair share.
   The epoch of a partition is +1 exactly when its leader changes (to None included).
 
 Each decision is written by compare-and-swap, so a plan computed from a stale view simply fails and is
@@ -30,6 +39,8 @@ from dataclasses import dataclass, replace
 from broker_edge.cluster.view import PartitionState
 
 __all__ = [
+    "MOVES_AT_ONCE",
+    "REASSIGN",
     "SPREAD",
     "Change",
     "LogEnds",
@@ -40,10 +51,19 @@ __all__ = [
     "leader_counts",
     "needs_election",
     "plan",
+    "reassign_replicas",
+    "replica_counts",
+    "shrink_replicas",
 ]
 
 SPREAD = "leadership spread"
 """How the reason of a leadership move made to spread leadership starts."""
+
+REASSIGN = "replica moving"
+"""How the reason of a change made to move a replica to a less loaded member starts."""
+
+MOVES_AT_ONCE = 4
+"""Partitions given an extra replica at a time by default (a join does not copy every partition at once)."""
 
 LogEnds = Mapping[str, Mapping[int, int]]
 """node_id → partition → log end (sum of the end offsets of its topics in that partition) of the members
@@ -64,6 +84,11 @@ class Change:
     def spreads(self) -> bool:
         """Whether this change moves a live leader's leadership to spread leadership."""
         return any(reason.startswith(SPREAD) for reason in self.reasons)
+
+    @property
+    def reassigns(self) -> bool:
+        """Whether this change adds or drops a replica to move replicas to a less loaded member."""
+        return any(reason.startswith(REASSIGN) for reason in self.reasons)
 
     @property
     def partition(self) -> int:
@@ -190,6 +215,109 @@ def fill_replicas(
     return result
 
 
+def replica_counts(states: Iterable[PartitionState], live: Collection[str]) -> Counter[str]:
+    """Replicas held by each live member (every live member present, with 0 if it holds none)."""
+    counts: Counter[str] = Counter(dict.fromkeys(live, 0))
+    for state in states:
+        for node in state.replicas:
+            if node in counts:
+                counts[node] += 1
+    return counts
+
+
+def shrink_replicas(
+    states: Mapping[int, PartitionState],
+    live: Collection[str],
+    replication_factor: int,
+    min_insync_replicas: int = 1,
+    keep: Collection[int] = (),
+) -> dict[int, tuple[PartitionState, str]]:
+    """Step 4 of ``plan``: partition → (new state, reason) for every partition with a surplus replica that
+    can be dropped safely: its leader is live, more of its live replicas are in sync than the factor needs,
+    and the dropped one (never the leader) is on the most loaded member (among equals, not the last added).
+    Partitions in ``keep`` (their leader changes in this pass) are left for the next pass."""
+    target = min(replication_factor, len(live))
+    load = replica_counts(states.values(), live)
+    result: dict[int, tuple[PartitionState, str]] = {}
+    for partition in sorted(states):
+        state = states[partition]
+        if partition in keep or state.leader is None or state.leader not in live:
+            continue
+        have = [node for node in state.replicas if node in live]
+        in_sync = [node for node in state.isr if node in live]
+        if len(have) <= target or len(in_sync) <= max(target, min_insync_replicas):
+            continue
+        order = {node: index for index, node in enumerate(state.replicas)}
+        victim = max((node for node in have if node != state.leader), key=lambda n: (load[n], -order[n], n))
+        load[victim] -= 1
+        after = replace(
+            state,
+            replicas=tuple(n for n in state.replicas if n != victim),
+            isr=tuple(n for n in state.isr if n != victim),
+        )
+        result[partition] = (after, f"{REASSIGN}: dropped {victim} (replicas back to {target})")
+    return result
+
+
+def reassign_replicas(
+    states: Mapping[int, PartitionState],
+    live: Collection[str],
+    replication_factor: int,
+    moves_at_once: int = MOVES_AT_ONCE,
+    keep: Collection[int] = (),
+) -> dict[int, tuple[PartitionState, str]]:
+    """Step 5 of ``plan``: partition → (new state, reason) for every partition given an extra replica on a
+    less loaded member, while a live member holds two replicas more than another. Only partitions with a
+    live leader and exactly the factor's live replicas, all of them in sync, are chosen (lowest number
+    first), never one in ``keep``, and at most ``moves_at_once`` partitions have an extra replica at a time
+    (those already moving count)."""
+    if moves_at_once < 1:
+        raise ValueError(f"moves_at_once: must be >= 1, got {moves_at_once}")
+    target = min(replication_factor, len(live))
+    load = replica_counts(states.values(), live)
+
+    def live_replicas(state: PartitionState) -> list[str]:
+        return [node for node in state.replicas if node in live]
+
+    budget = moves_at_once - sum(1 for s in states.values() if len(live_replicas(s)) > target)
+    result: dict[int, tuple[PartitionState, str]] = {}
+    while budget > 0 and load:
+        receiver = min(load, key=lambda node: (load[node], node))
+        chosen: tuple[int, str] | None = None
+        for donor in sorted(load, key=lambda node: (-load[node], node)):
+            if load[donor] - load[receiver] < 2:
+                break
+            for partition in sorted(states):
+                state = states[partition]
+                have = live_replicas(state)
+                if (
+                    partition in keep
+                    or partition in result
+                    or donor not in state.replicas
+                    or receiver in state.replicas
+                    or state.leader is None
+                    or state.leader not in live
+                    or len(have) != target
+                    or not set(have) <= set(state.isr)
+                ):
+                    continue
+                chosen = (partition, donor)
+                break
+            if chosen is not None:
+                break
+        if chosen is None:
+            break
+        partition, donor = chosen
+        state = states[partition]
+        load[receiver] += 1
+        budget -= 1
+        result[partition] = (
+            replace(state, replicas=(*state.replicas, receiver)),
+            f"{REASSIGN}: added {receiver} (from {donor}, holding {load[donor]} replicas)",
+        )
+    return result
+
+
 def balance_leaders(
     states: Mapping[int, PartitionState],
     live: Collection[str],
@@ -243,10 +371,13 @@ def plan(
     replication_factor: int,
     log_ends: LogEnds | None = None,
     unclean_election: bool = False,
+    min_insync_replicas: int = 1,
+    moves_at_once: int = MOVES_AT_ONCE,
 ) -> list[Change]:
-    """Every change of one controller pass (elections, then replica filling, then leadership spreading),
-    merged into at most one change per partition, in partition order. ``log_ends`` ranks election
-    candidates and keeps leadership from moving to a replica that is behind."""
+    """Every change of one controller pass (elections, replica filling, leadership spreading, then the
+    shrinking and reassigning that move replicas to less loaded members), merged into at most one change
+    per partition, in partition order. ``log_ends`` ranks election candidates and keeps leadership from
+    moving to a replica that is behind."""
     live_set = frozenset(live)
     working = dict(states)
     reasons: dict[int, list[str]] = {}
@@ -268,6 +399,14 @@ def plan(
     for partition, (state, reason) in fill_replicas(working, live_set, replication_factor).items():
         apply(partition, state, reason)
     for partition, (state, reason) in balance_leaders(working, live_set, log_ends, elected).items():
+        apply(partition, state, reason)
+    led = {p for p in working if working[p].leader != states[p].leader}
+    shrunk = shrink_replicas(working, live_set, replication_factor, min_insync_replicas, led)
+    for partition, (state, reason) in shrunk.items():
+        apply(partition, state, reason)
+    for partition, (state, reason) in reassign_replicas(
+        working, live_set, replication_factor, moves_at_once, reasons.keys()
+    ).items():
         apply(partition, state, reason)
 
     changes = []

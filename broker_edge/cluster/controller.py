@@ -8,9 +8,10 @@ a controller that lost its lease and does not know yet writes nothing.
 The controller creates the cluster (``<prefix>/config`` with the partition count, then every partition's
 initial state), and after every change of members or states it re-reads the cluster's keys and applies
 ``assignment.plan``: elections (asking the candidates' offsets API ``GET /v1/logs`` for their log ends),
-replicas for partitions short of the replication factor, and leadership moves that spread leadership
-evenly. Every state is written by compare-and-swap on its revision; on a conflict it reads again and
-recomputes. An unclean election is logged at ERROR.
+replicas for partitions short of the replication factor, leadership moves that spread leadership
+evenly, and replicas moved (an extra one added, caught up, then one dropped) from the most loaded members
+to the least loaded, such as a member that just joined. Every state is written by compare-and-swap on its
+revision; on a conflict it reads again and recomputes. An unclean election is logged at ERROR.
 """
 
 from __future__ import annotations
@@ -236,12 +237,13 @@ class Controller:
             if candidates:
                 log_ends = await self.log_ends([members[n] for n in sorted(candidates)], stored)
         rf, unclean = self.config.replication_factor, self.config.unclean_election
-        changes = plan(states, live, rf, log_ends, unclean)
+        min_isr = self.config.min_insync_replicas
+        changes = plan(states, live, rf, log_ends, unclean, min_isr)
         if any(change.spreads for change in changes):
             # leadership moves only to a replica that is not behind: ask every member where it stands
             asked = [members[n] for n in sorted(live) if n not in log_ends]
             log_ends = {**log_ends, **await self.log_ends(asked, stored)}
-            changes = plan(states, live, rf, log_ends, unclean)
+            changes = plan(states, live, rf, log_ends, unclean, min_isr)
         conflicted = False
         for change in changes:
             partition = change.partition

@@ -203,15 +203,30 @@ class Followers:
 
 class LocalDelivery:
     """Routes committed records of the log to this node's subscribers: one `Message` per record, shared
-    by all of them, and handed to the log readers' shared cache (as the PUBLISH path does)."""
+    by all of them, and handed to the log readers' shared cache (as the PUBLISH path does).
+
+    It remembers, per topic, the end of what it routed, and never routes a record below it again: a node
+    that observed a partition and then becomes its replica copies the log from its start, and one whose
+    replica is moved away observes from where its copy had been routed (see `_Fetcher`)."""
 
     def __init__(self, store: LogStore, publish: Publish, replays: ReplayManager | None) -> None:
         self.store = store
         self.publish = publish
         self.replays = replays
+        self.routed: dict[str, int] = {}
+        """topic → offset after the last record routed here (by this process)."""
 
     def route(self, topic: str, first: int, records: list[Record]) -> None:
-        """Deliver committed records of `topic` (from offset `first`) to local subscribers."""
+        """Deliver committed records of `topic` (from offset `first`) to local subscribers, but for those
+        already routed."""
+        done = self.routed.get(topic, 0)
+        if records and records[0].offset < done:
+            records = [record for record in records if record.offset >= done]
+            if not records:
+                return
+            first = records[0].offset
+        if records:
+            self.routed[topic] = records[-1].offset + 1
         messages = [message_of_record(topic, record) for record in records]
         publish = self.publish
         for message in messages:
@@ -251,7 +266,13 @@ class _Fetcher:
         self.partitions = partitions
         self.observer = observer
         self._positions: dict[str, int] = {}
-        """An observer's next offset per topic (it keeps no log)."""
+        """An observer's next offset per topic (it keeps no log): where this node's routing of it ended,
+        if it routed any (as a replica before its copy moved away, or as an observer before)."""
+        if observer:
+            view = owner.view
+            for topic, end in owner.delivery.routed.items():
+                if view.partition_of(topic) in partitions:
+                    self._positions[topic] = end
         self._moved: dict[str, None] = {}
         self._task: asyncio.Task[None] | None = None
 

@@ -6,6 +6,7 @@
 - ``Device``: a publisher on its own topic that publishes QoS 1 one message at a time through a list of
   brokers, moving to the next broker when its connection fails, and never resending: every PUBACKed payload
   is recorded, in order, so the test can check each of them is in the log exactly once.
+- ``check_nothing_acknowledged_was_lost(devices, brokers)``: every acknowledged payload once on each broker.
 - ``EtcdProxy``: a TCP relay between one broker and etcd that the test can cut (connections dropped, new ones
   refused) and mend: the broker really loses etcd while everything else keeps running.
 """
@@ -288,6 +289,30 @@ class Device(threading.Thread):
     def stop(self) -> None:
         self.stopping.set()
         self.join(30)
+
+
+def check_nothing_acknowledged_was_lost(devices: list[Device], brokers: list[BrokerProcess]) -> None:
+    """Every payload each device had acknowledged is in its topic's log on every one of ``brokers``, once,
+    in acknowledgement order, at the same offset on each."""
+    for device in devices:
+        assert device.acked, f"{device.client_id} had nothing acknowledged"
+
+        def complete(device: Device = device) -> bool:
+            payloads = {payload for _, payload in read_log(brokers[0], device.topic)}
+            return (
+                all(set(device.acked) <= {p for _, p in read_log(broker, device.topic)} for broker in brokers)
+                and set(device.acked) <= payloads
+            )
+
+        wait_until(complete, what=f"every acknowledged message of {device.client_id} on every survivor")
+        logs = [read_log(broker, device.topic) for broker in brokers]
+        acked = set(device.acked)
+        placed = [{payload: offset for offset, payload in log if payload in acked} for log in logs]
+        for log, where in zip(logs, placed, strict=True):
+            copies = [payload for _, payload in log if payload in acked]
+            assert len(copies) == len(acked), f"{device.client_id}: an acknowledged message twice or missing"
+            assert copies == device.acked, f"{device.client_id}: not in acknowledgement order"
+            assert where == placed[0], f"{device.client_id}: offsets differ between brokers"
 
 
 # -- a cuttable link to etcd ------------------------------------------------------------------------------

@@ -17,8 +17,8 @@ from tests.e2e.cluster.conftest import EtcdTarget, cluster_broker
 from tests.e2e.cluster.proof import (
     Device,
     EtcdProxy,
+    check_nothing_acknowledged_was_lost,
     cluster_state,
-    read_log,
     started,
     wait_settled,
     wait_until,
@@ -37,31 +37,6 @@ def _topics_led_by(target: EtcdTarget, leader: str, count: int) -> list[str]:
     led = [t for t in candidates if state.partitions[partition_of(t, partitions)].leader == leader]
     others = [t for t in candidates if t not in led]
     return [led[0], others[0], led[1], *others[1 : count - 2]]
-
-
-def _check_nothing_acknowledged_was_lost(devices: list[Device], survivors: list[BrokerProcess]) -> None:
-    for device in devices:
-        assert device.acked, f"{device.client_id} had nothing acknowledged"
-
-        def complete(device: Device = device) -> bool:
-            payloads = {payload for _, payload in read_log(survivors[0], device.topic)}
-            return (
-                all(
-                    set(device.acked) <= {p for _, p in read_log(broker, device.topic)}
-                    for broker in survivors
-                )
-                and set(device.acked) <= payloads
-            )
-
-        wait_until(complete, what=f"every acknowledged message of {device.client_id} on every survivor")
-        logs = [read_log(broker, device.topic) for broker in survivors]
-        acked = set(device.acked)
-        placed = [{payload: offset for offset, payload in log if payload in acked} for log in logs]
-        for log, where in zip(logs, placed, strict=True):
-            copies = [payload for _, payload in log if payload in acked]
-            assert len(copies) == len(acked), f"{device.client_id}: an acknowledged message twice or missing"
-            assert copies == device.acked, f"{device.client_id}: not in acknowledgement order"
-            assert where == placed[0], f"{device.client_id}: offsets differ between survivors"
 
 
 def _run_failover(
@@ -92,7 +67,7 @@ def _run_failover(
     time.sleep(PUBLISH_S)
     for device in devices:
         device.stop()
-    _check_nothing_acknowledged_was_lost(devices, survivors)
+    check_nothing_acknowledged_was_lost(devices, survivors)
     return devices, recovered
 
 

@@ -2,35 +2,48 @@
 
 A publish made on A, at any QoS, reaches subscribers on B and C once (QoS 1/2 publishes are logged by their
 partition's leader, replicated, and routed by every broker; QoS 0 ones travel over the peer links), with
-paho and gmqtt, MQTT 5 and 3.1.1. A fourth broker that joins takes leadership of its share of the
-partitions, and ``timestone cluster status`` shows it.
+paho and gmqtt, MQTT 5 and 3.1.1. A fourth broker that joins a cluster whose replication factor is met
+gets its share of the replicas and of the leaderships, and ``timestone cluster status`` shows it, while
+no acknowledged publish is lost.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import queue
+import time
+from collections import Counter
 
 import pytest
 from gmqtt import Client as GmqttClient
 from gmqtt.mqtt.constants import MQTTv50, MQTTv311
 
+from broker_edge.cluster.view import partition_of
 from tests.e2e.broker_clients import TIMEOUT, PahoClient, close_all
 from tests.e2e.cluster.proof import (
+    Device,
+    check_nothing_acknowledged_was_lost,
     cluster_state,
     cluster_status,
+    read_log,
     settled,
+    status_in_sync,
     status_leaders,
     wait_settled,
     wait_until,
 )
 
 NODES = ("a", "b", "c")
+DEVICES = 4
 
 
 @pytest.fixture
 def three(cluster_brokers, etcd):
     brokers = {node: cluster_brokers(node) for node in NODES}
     wait_settled(etcd, set(NODES), 3)
+    # and no leadership move under way: a publish meeting one is refused (v3.1.1: the connection closes)
+    wait_until(lambda: spread(cluster_state(etcd).leaders(), NODES), what="leadership spread over a, b, c")
     yield brokers
     close_all()
 
@@ -88,31 +101,86 @@ def test_gmqtt_publishes_on_a_and_receives_on_b(three, version):
 
 
 def test_a_new_broker_joins_and_takes_leadership_of_its_share(cluster_brokers, etcd):
-    """The cluster is made for four copies (``replication_factor: 4``, capped at the three live brokers): the
-    fourth broker to join gets a copy of every partition, catches up, and takes over its share of
-    leaderships."""
-    three = {node: cluster_brokers(node, replication_factor=4) for node in NODES}
+    """Three brokers hold three copies of every partition (``replication_factor: 3``, already met); a fourth
+    joins while devices publish QoS 1 through all of them. Replicas move to it a few partitions at a time
+    (an extra copy, caught up, then one of the most loaded broker's dropped), it leads about a quarter of
+    the partitions, ``timestone cluster status`` shows it, and every acknowledged publish is on every
+    replica of its partition once, at the same offset."""
+    brokers = {node: cluster_brokers(node, replication_factor=3) for node in NODES}
     wait_settled(etcd, set(NODES), 3)
     assert cluster_state(etcd).leaders().get("d", 0) == 0
-    cluster_brokers("d", replication_factor=4)
+    topics = [f"joining/dev-{n}" for n in range(DEVICES)]
+    order = [brokers[node] for node in NODES]
+    devices = [Device(f"joiner-{n}", topic, order, start_at=n) for n, topic in enumerate(topics)]
+    for device in devices:
+        device.start()
+    time.sleep(1.0)
+    brokers["d"] = cluster_brokers("d", replication_factor=3)
+    members = {*NODES, "d"}
+    watcher = PahoClient(brokers["d"].port, "watcher-on-d")  # on d while its copies arrive
+    watcher.subscribe("joining/#", 1)
+    watching_from = time.monotonic()
 
     partitions = len(cluster_state(etcd).partitions)
-    fair = partitions // 4
-    wait_until(
-        lambda: cluster_state(etcd).leaders().get("d", 0) >= fair and settled(etcd, {*NODES, "d"}, 4),
-        what="d leading its share of the partitions",
-        state=lambda: cluster_state(etcd),
-    )
+    fair = partitions * 3 // 4
+
+    def joined() -> bool:
+        state = cluster_state(etcd)
+        held = Counter(node for p in state.partitions.values() for node in p.replicas)
+        return (
+            settled(etcd, members, 3)
+            and all(len(p.replicas) == 3 for p in state.partitions.values())
+            and all(abs(held[node] - fair) <= 1 for node in members)
+            and state.leaders().get("d", 0) >= partitions // 4
+        )
+
+    wait_until(joined, timeout=90, what="d holding and leading its share", state=lambda: cluster_state(etcd))
+    time.sleep(1.0)
+    for device in devices:
+        device.stop()
     leaders = cluster_state(etcd).leaders()
     assert max(leaders.values()) - min(leaders.values()) <= 1, leaders
-    assert status_leaders(cluster_status(etcd)).get("d", 0) >= fair  # what the operator sees
+    status = cluster_status(etcd)  # what the operator sees
+    assert status_leaders(status).get("d", 0) >= partitions // 4
+    assert status_in_sync(status, "d") >= fair - 1
+    # d's subscriber saw each record once, from its subscription on, while d went from routing what it
+    # observed to routing its own copies
+    seen = Counter(message.payload for message in drained(watcher))
+    assert max(seen.values()) == 1, [payload for payload, n in seen.items() if n > 1][:5]
+    for device in devices:
+        later = [p for p, t in zip(device.acked, device.ack_times, strict=True) if t > watching_from + 0.5]
+        assert later and set(later) <= set(seen), device.client_id
+    state = cluster_state(etcd)
+    for device in devices:
+        holders = state.partitions[partition_of(device.topic, partitions)].replicas
+        check_nothing_acknowledged_was_lost([device], [brokers[node] for node in holders])
+        # a broker whose copy moved away keeps what it had: the same records at the same offsets
+        held = read_log(brokers[holders[0]], device.topic)
+        for node in members.difference(holders):
+            stale = read_log(brokers[node], device.topic)
+            assert stale == held[: len(stale)], f"{node}: {device.topic} differs from its replicas'"
     # the new broker serves publishes too
-    subscriber = PahoClient(three["a"].port, "sub-on-a")
+    subscriber = PahoClient(brokers["a"].port, "sub-on-a")
     subscriber.subscribe("joined/#", 1)
     publisher = PahoClient(port_of(cluster_state(etcd).members["d"].mqtt), "pub-on-d")
     publisher.publish("joined/x", b"from d", 1)
     assert subscriber.expect(1)[0].payload == b"from d"
     close_all()
+
+
+def spread(leaders: dict[str, int], nodes: tuple[str, ...]) -> bool:
+    """Whether every one of ``nodes`` leads partitions, each within one of the others."""
+    counts = [leaders.get(node, 0) for node in nodes]
+    return min(counts) > 0 and max(counts) - min(counts) <= 1
+
+
+def drained(client: PahoClient, quiet_s: float = 2.0) -> list:
+    """Every message ``client`` has received, once nothing more arrives for ``quiet_s``."""
+    messages = []
+    with contextlib.suppress(queue.Empty):
+        while True:
+            messages.append(client.messages.get(timeout=quiet_s))
+    return messages
 
 
 def port_of(address: str) -> int:

@@ -1,4 +1,5 @@
-"""The controller's decisions, without etcd: initial assignment, elections, replica filling, spreading."""
+"""The controller's decisions, without etcd: initial assignment, elections, replica filling, spreading,
+and replicas moved to a member that joined a cluster whose replication factor was already met."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker_edge.cluster.assignment import (
+    MOVES_AT_ONCE,
     Change,
     balance_leaders,
     elect_leaders,
@@ -17,6 +19,9 @@ from broker_edge.cluster.assignment import (
     leader_counts,
     needs_election,
     plan,
+    reassign_replicas,
+    replica_counts,
+    shrink_replicas,
 )
 from broker_edge.cluster.view import PartitionState
 
@@ -279,10 +284,127 @@ def test_plan_invariants(
                 leader_end = ends.get(state.leader, {}).get(p)
                 behind = node in ends and leader_end is not None and ends[node].get(p, 0) < leader_end
                 assert counts[node] + 1 >= counts[state.leader] or behind
+        had = [n for n in states[p].replicas if n in live]
+        assert len(live_replicas) <= max(min(rf, len(live)) + 1, len(had))  # one extra replica at most
     # a second pass only spreads the leadership of partitions elected in the first (and, unclean, may
-    # elect a replica the first added); a third has nothing left to do
+    # elect a replica the first added), or moves replicas; without moves, a third has nothing left to do
     second = plan(after, live, rf, ends, unclean)
     for change in second:
-        assert change.spreads or change.unclean
-    if not unclean:
+        assert change.spreads or change.unclean or change.reassigns
+    if not unclean and not any(change.reassigns for change in [*changes, *second]):
         assert plan(apply(after, second), live, rf, ends, unclean) == []
+
+
+# -- moving replicas to a member that joined ----------------------------------------------------------
+
+
+def settle(
+    states: dict[int, PartitionState], live: set[str], rf: int, rounds: int = 200
+) -> tuple[dict[int, PartitionState], int]:
+    """Plan and apply, every replica catching up between passes, until a pass changes nothing; checks the
+    invariants of every state on the way. The settled states and the passes taken."""
+    target = min(rf, len(live))
+    for round_ in range(rounds):
+        changes = plan(states, live, rf, min_insync_replicas=min(2, target))
+        if not changes:
+            return states, round_
+        for change in changes:
+            assert not (change.after.leader != change.before.leader and change.reassigns and change.spreads)
+        states = apply(states, changes)
+        for state in states.values():
+            have = [n for n in state.replicas if n in live]
+            assert target <= len(have) <= target + 1, state
+            assert state.leader in state.isr
+            assert set(state.isr) <= set(state.replicas)
+        states = full_isr(states)
+    raise AssertionError(f"not settled after {rounds} passes")
+
+
+def test_a_member_joining_a_full_cluster_gets_extra_replicas_a_few_at_a_time() -> None:
+    states = by_partition(initial_states(range(16), ["b1", "b2", "b3"], 3))
+    live = {"b1", "b2", "b3", "b4"}
+    changes = plan(states, live, 3)
+    assert len(changes) == MOVES_AT_ONCE
+    for change in changes:
+        assert change.reassigns and not change.spreads
+        assert change.after.replicas == (*change.before.replicas, "b4")
+        assert change.after.isr == change.before.isr  # it must catch up first
+        assert change.after.leader == change.before.leader
+    after = apply(states, changes)
+    assert plan(after, live, 3) == []  # nothing more until the extra replicas are in sync
+
+
+def test_a_joined_member_ends_with_its_share_of_replicas_and_leadership() -> None:
+    states = by_partition(initial_states(range(16), ["b1", "b2", "b3"], 3))
+    live = {"b1", "b2", "b3", "b4"}
+    settled, _ = settle(states, live, 3)
+    assert dict(replica_counts(settled.values(), live)) == {"b1": 12, "b2": 12, "b3": 12, "b4": 12}
+    assert dict(leader_counts(settled.values(), live)) == {"b1": 4, "b2": 4, "b3": 4, "b4": 4}
+    assert all(len(state.replicas) == 3 for state in settled.values())
+    leadership_moves = sum(settled[p].epoch != states[p].epoch for p in settled)
+    assert leadership_moves == 4  # only what b4 takes over
+
+
+def test_a_surplus_replica_is_not_dropped_before_the_extra_one_is_in_sync() -> None:
+    states = {0: PartitionState(0, "b1", 3, ("b1", "b2", "b3", "b4"), ("b1", "b2", "b3"))}
+    live = {"b1", "b2", "b3", "b4"}
+    assert shrink_replicas(states, live, 3) == {}
+    caught_up = full_isr(states)
+    state, reason = shrink_replicas(caught_up, live, 3)[0]
+    assert state.leader == "b1" and len(state.replicas) == 3 and state.isr == state.replicas
+    assert "b4" in state.replicas  # among equally loaded members the one added last stays
+    assert reason.startswith("replica moving: dropped")
+
+
+def test_the_leader_and_the_members_the_isr_needs_are_never_dropped() -> None:
+    live = {"b1", "b2", "b3", "b4"}
+    # b1 leads and holds most: another replica goes
+    states = {
+        0: PartitionState(0, "b1", 0, ("b1", "b2", "b3", "b4"), ("b1", "b2", "b3", "b4")),
+        1: PartitionState(1, "b1", 0, ("b1", "b2"), ("b1", "b2")),
+    }
+    state, _ = shrink_replicas(states, live, 3)[0]
+    assert state.leader == "b1" and "b1" in state.replicas
+    # the in-sync set would fall to min_insync_replicas' limit: nothing is dropped
+    assert shrink_replicas(states, live, 3, min_insync_replicas=4) == {}
+    # a dead leader: no drop until it is replaced
+    assert shrink_replicas(states, {"b2", "b3", "b4"}, 3) == {}
+
+
+def test_replicas_move_from_the_most_loaded_member() -> None:
+    states = {
+        p: PartitionState(
+            p, "b1", 0, ("b1", "b2") if p < 4 else ("b1", "b3"), ("b1", "b2") if p < 4 else ("b1", "b3")
+        )
+        for p in range(6)
+    }
+    live = {"b1", "b2", "b3", "b4"}
+    moved = reassign_replicas(states, live, 2, moves_at_once=1)
+    assert len(moved) == 1
+    ((partition, (state, reason)),) = moved.items()
+    assert partition == 0 and state.replicas == ("b1", "b2", "b4")
+    assert "from b1" in reason
+    with pytest.raises(ValueError, match="moves_at_once"):
+        reassign_replicas(states, live, 2, moves_at_once=0)
+
+
+@given(
+    st.integers(1, 24),
+    st.integers(1, 4),
+    st.integers(1, 3),
+    st.integers(1, 3),
+)
+def test_replica_counts_converge_within_one_of_the_fair_share(
+    partitions: int, rf: int, before: int, joining: int
+) -> None:
+    members = {f"b{i}" for i in range(before)}
+    live = members | {f"n{i}" for i in range(joining)}
+    states = by_partition(initial_states(range(partitions), members, rf))
+    settled, _ = settle(states, live, rf)
+    target = min(rf, len(live))
+    counts = replica_counts(settled.values(), live)
+    fair = partitions * target / len(live)
+    assert all(abs(count - fair) < 1 for count in counts.values()), counts
+    for state in settled.values():
+        assert len([n for n in state.replicas if n in live]) == target
+        assert state.leader in state.isr

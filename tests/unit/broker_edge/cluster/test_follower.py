@@ -45,3 +45,29 @@ def test_settings_out_of_range_are_refused_naming_the_field() -> None:
         LeaderConfig(min_insync_replicas=0)
     with pytest.raises(ValueError, match=r"cluster\.replica_lag_max_ms"):
         LeaderConfig(replica_lag_max_ms=1)
+
+
+def test_records_already_routed_are_not_routed_again_and_an_observer_starts_after_them(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
+        store.open()
+        store.append_batch("t", [(b"x", 1, False, "c", (), None, None, None, None, None)] * 6)
+        await store.wait_durable()
+        store.commit("t", 6)
+        routed: list[bytes] = []
+        delivery = LocalDelivery(store, lambda message: routed.append(message.payload), None)
+        records = store.read("t", 0, 6, 1 << 20)
+        delivery.route("t", 2, records[2:4])  # what this node routed as an observer
+        delivery.route_committed("t", 0, 6)  # then its own copy, from the start
+        assert len(routed) == 4  # offsets 2, 3, then 4, 5: none twice, none of the earlier
+        assert delivery.routed == {"t": 6}
+        followers = Followers(ClusterView("b2", 1), store, delivery, None)
+        observer = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=True)
+        assert observer._position("t").offset == 6  # it observes from where routing stopped
+        other = _Fetcher(followers, "b1", "http://127.0.0.1:1", {1: 3}, observer=True)
+        assert other._positions == {}  # topics of other partitions are not its business
+        store.close()
+
+    asyncio.run(scenario())
