@@ -7,8 +7,6 @@
 - ``cluster_brokers(node_id, **cluster)`` → a started ``BrokerProcess`` (``timestone broker --config``)
   whose YAML has a ``cluster:`` section pointing at ``etcd`` (free ports for MQTT, offsets API and admin);
   stopped at the end of the test. ``.stop()`` is SIGTERM, ``.kill()`` SIGKILL.
-
-Other cluster test modules may add their helpers at the end of this file.
 """
 
 from __future__ import annotations
