@@ -329,10 +329,8 @@ class ReplayManager:
         self._scheduled.discard(session)
 
 
-def message_of_record(topic: str, record: Record) -> Message:
-    """The routed message of a logged record: its fields, its offset, and what remains of its v5 Message
-    Expiry Interval (which counts from the record's time)."""
-    props = None
+def record_properties(record: Record) -> Properties | None:
+    """The v5 application properties a logged record is forwarded with (None when it has none)."""
     if (
         record.user_properties
         or record.content_type is not None
@@ -340,13 +338,20 @@ def message_of_record(topic: str, record: Record) -> Message:
         or record.response_topic is not None
         or record.correlation_data is not None
     ):
-        props = Properties(
+        return Properties(
             payload_format_indicator=record.payload_format_indicator,
             content_type=record.content_type,
             response_topic=record.response_topic,
             correlation_data=record.correlation_data,
             user_properties=list(record.user_properties),
         )
+    return None
+
+
+def message_of_record(topic: str, record: Record) -> Message:
+    """The routed message of a logged record: its fields, its offset, and what remains of its v5 Message
+    Expiry Interval (which counts from the record's time)."""
+    props = record_properties(record)
     expires_at = None
     if record.message_expiry_interval is not None:
         expires_in = record.timestamp_ms / 1000 + record.message_expiry_interval - time.time()

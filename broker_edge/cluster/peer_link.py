@@ -29,8 +29,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker_edge.delivery import Message
-from broker_edge.protocol.properties import Properties
 from broker_edge.publish_path import ForwardAck, record_fields
+from broker_edge.replay import record_properties
 from broker_edge.storage.record import PREFIX, PREFIX_SIZE, FrameError, decode_frame, encode_frame
 
 if TYPE_CHECKING:
@@ -139,21 +139,7 @@ def decode_publishes(body: memoryview, now: float, batched: bool) -> tuple[int, 
             record = decode_frame(body[pos:end], len(messages), MAX_RECORD_BODY)
         except FrameError as error:
             raise ValueError(f"bad record frame: {error}") from None
-        properties = None
-        if (
-            record.user_properties
-            or record.content_type is not None
-            or record.payload_format_indicator is not None
-            or record.response_topic is not None
-            or record.correlation_data is not None
-        ):
-            properties = Properties(
-                payload_format_indicator=record.payload_format_indicator,
-                content_type=record.content_type,
-                response_topic=record.response_topic,
-                correlation_data=record.correlation_data,
-                user_properties=list(record.user_properties),
-            )
+        properties = record_properties(record)
         expiry = record.message_expiry_interval
         messages.append(
             Message(
