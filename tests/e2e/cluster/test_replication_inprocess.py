@@ -151,16 +151,7 @@ def test_a_follower_stopped_and_restarted_leaves_and_rejoins_the_in_sync_set(mak
 
 def test_a_replica_truncates_records_past_the_last_acknowledged_one_under_a_new_leader(make_cluster):
     cluster = make_cluster()
-    cluster.start_replication([_all_in_sync()])
-    device = PahoClient(cluster["b1"].port, "device-5")
-    for number in range(5):
-        device.publish(TOPIC, f"acknowledged {number}".encode(), qos=1)
-    for node in ("b2", "b3"):
-        cluster.run(cluster[node].stop_followers())
-    stranded = AckWatcher(cluster["b1"].port, "device-6")
-    for number in range(3):
-        stranded.publish(f"never acknowledged {number}".encode())
-    assert wait_for(lambda: cluster["b1"].durable_end(TOPIC) == 8)
+    _device, stranded = _strand_on_leader(cluster, acknowledged=5, stranded=3, first_device=5)
     assert stranded.ack(timeout=0.5) is None
     # b1 is cut off; b2 becomes leader under epoch 2 (b1 still runs and learns it, as after a lease loss)
     cluster.set_state(PartitionState(0, "b2", 2, NODES, ("b2", "b3")))
@@ -351,16 +342,7 @@ def test_a_former_leader_restarted_reads_its_epochs_from_disk_and_truncates_what
     make_cluster,
 ):
     cluster = make_cluster()
-    cluster.start_replication([_all_in_sync()])
-    device = PahoClient(cluster["b1"].port, "device-16")
-    for number in range(4):
-        device.publish(TOPIC, f"acknowledged {number}".encode(), qos=1)
-    for node in ("b2", "b3"):
-        cluster.run(cluster[node].stop_followers())
-    stranded = AckWatcher(cluster["b1"].port, "device-17")
-    for number in range(6):
-        stranded.publish(f"never acknowledged {number}".encode())
-    assert wait_for(lambda: cluster["b1"].durable_end(TOPIC) == 10)
+    device, stranded = _strand_on_leader(cluster, acknowledged=4, stranded=6, first_device=16)
     device.kill()
     stranded.client.kill()
     cluster.stop_node("b1")  # the leader goes away holding six records nobody else has
@@ -379,6 +361,24 @@ def test_a_former_leader_restarted_reads_its_epochs_from_disk_and_truncates_what
     assert restarted.segment_bytes(TOPIC) == cluster["b2"].segment_bytes(TOPIC)
     epochs = cluster.call(lambda: restarted.followers.epochs.for_topic(TOPIC).entries)
     assert epochs == [(1, 0), (2, 4)]
+
+
+def _strand_on_leader(
+    cluster: InProcessCluster, acknowledged: int, stranded: int, first_device: int
+) -> tuple[PahoClient, AckWatcher]:
+    """b1 leads with everyone in sync and gets ``acknowledged`` records acknowledged; then b2 and b3 stop
+    fetching and b1 appends ``stranded`` more that nobody else holds, so none of them is acknowledged."""
+    cluster.start_replication([_all_in_sync()])
+    device = PahoClient(cluster["b1"].port, f"device-{first_device}")
+    for number in range(acknowledged):
+        device.publish(TOPIC, f"acknowledged {number}".encode(), qos=1)
+    for node in ("b2", "b3"):
+        cluster.run(cluster[node].stop_followers())
+    watcher = AckWatcher(cluster["b1"].port, f"device-{first_device + 1}")
+    for number in range(stranded):
+        watcher.publish(f"never acknowledged {number}".encode())
+    assert wait_for(lambda: cluster["b1"].durable_end(TOPIC) == acknowledged + stranded)
+    return device, watcher
 
 
 def _lose_tail(directory: Path, topic: str, end: int) -> None:
