@@ -14,6 +14,11 @@ Wire format: a WebSocket message is a sequence of parts ``u8 kind | u32 length |
 - ``UNLOGGED``: ``u16 topic length | topic | one record frame``: route it locally, log nothing.
 - ``ANSWER``: ``u32 batch | u16 count | (u8 reason code | i64 offset or -1 | u16 length | reason)*``: the
   leader's answer to a ``FORWARD``, sent once the batch is acknowledged by its PUBLISH path.
+- ``REQUEST``: ``u32 id | u8 service | body`` and ``REPLY``: ``u32 id | u8 status (0 ok, 1 error) | body``:
+  a call to a service a feature registered with ``PeerLinks.serve_requests`` (``PeerLink.request``).
+- Kinds from ``FIRST_EXTENSION_KIND`` up: one-way messages of features that registered a handler with
+  ``PeerLinks.on`` (``PeerLink.send``). Each feature keeps its kinds, and their body formats, in its own
+  module.
 
 A link that drops fails the forwards it was waiting for (they may or may not have been appended: the
 device is told the publish failed and resends).
@@ -25,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker_edge.delivery import Message
@@ -38,11 +43,18 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ANSWER",
+    "FIRST_EXTENSION_KIND",
     "FORWARD",
+    "REPLY",
+    "REQUEST",
     "UNLOGGED",
+    "PeerHandler",
     "PeerLink",
+    "PeerLinkDown",
     "PeerLinks",
     "PeerReceiver",
+    "PeerRequestFailed",
+    "PeerService",
     "decode_answer",
     "decode_parts",
     "decode_publishes",
@@ -53,7 +65,9 @@ __all__ = [
 
 log = logging.getLogger("broker_edge.cluster.peer_link")
 
-FORWARD, UNLOGGED, ANSWER = 1, 2, 3
+FORWARD, UNLOGGED, ANSWER, REQUEST, REPLY = 1, 2, 3, 4, 5
+FIRST_EXTENSION_KIND = 16
+"""Part kinds from here up belong to features registered with ``PeerLinks.on``."""
 PEER_PATH = "/v1/peer"
 NODE_HEADER = "X-Timestone-Node"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -65,7 +79,23 @@ _PART = struct.Struct("<BI")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _ACK = struct.Struct("<BqH")
+_CALL = struct.Struct("<IB")
 _LOST = ForwardAck(0x83, None, "connection to the partition leader was lost")
+_OK, _ERROR = 0, 1
+
+PeerHandler = Callable[["PeerLink", memoryview], None]
+"""Handles one extension part from a peer: ``(link it came on, body)``."""
+
+PeerService = Callable[["PeerLink", memoryview], Awaitable[bytes]]
+"""Answers one ``REQUEST`` from a peer with the reply's body (an exception becomes an error reply)."""
+
+
+class PeerLinkDown(ConnectionError):
+    """The link to the peer is down, or went down before the peer replied."""
+
+
+class PeerRequestFailed(RuntimeError):
+    """The peer's service raised (its message is the peer's error text)."""
 
 
 # -- wire format ------------------------------------------------------------------------------------------
@@ -204,6 +234,9 @@ class PeerLink:
         self._next_batch = 0
         self._waiting: dict[int, tuple[int, Callable[[Sequence[ForwardAck]], None]]] = {}
         self._sending: asyncio.Task[None] | None = None
+        self._next_request = 0
+        self._requests: dict[int, asyncio.Future[bytes]] = {}
+        self._serving: set[asyncio.Task[None]] = set()
 
     @property
     def up(self) -> bool:
@@ -231,6 +264,28 @@ class PeerLink:
         """Answer a ``FORWARD`` of the peer."""
         if self._socket is not None:
             self._send(encode_answer(batch, acks))
+
+    def send(self, kind: int, body: bytes) -> None:
+        """Send one extension part (a kind registered with ``PeerLinks.on`` on the peer); dropped while the
+        link is down, as unlogged publishes are."""
+        if self._socket is not None:
+            self._send(_part(kind, body))
+
+    async def request(self, service: int, body: bytes, timeout: float) -> bytes:
+        """Call ``service`` (registered with ``PeerLinks.serve_requests`` on the peer) and return its reply.
+
+        Raises ``PeerLinkDown`` when the link is down or drops first, ``PeerRequestFailed`` when the peer's
+        service raised, ``TimeoutError`` after ``timeout`` seconds."""
+        if self._socket is None:
+            raise PeerLinkDown(f"no link to {self.peer}")
+        self._next_request = request_id = (self._next_request + 1) & 0xFFFFFFFF
+        future: asyncio.Future[bytes] = self._loop.create_future()
+        self._requests[request_id] = future
+        self._send(_part(REQUEST, _CALL.pack(request_id, service) + body))
+        try:
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._requests.pop(request_id, None)
 
     def _send(self, part: bytes) -> None:
         self._out.append(part)
@@ -274,6 +329,10 @@ class PeerLink:
         waiting, self._waiting = self._waiting, {}
         for count, done in waiting.values():
             done([_LOST] * count)
+        requests, self._requests = self._requests, {}
+        for future in requests.values():
+            if not future.done():
+                future.set_exception(PeerLinkDown(f"link to {self.peer} dropped"))
         log.info("peer link to %s down", self.peer)
 
     async def close(self) -> None:
@@ -283,8 +342,15 @@ class PeerLink:
             self.detach(socket)
             await socket.close()
 
-    def received(self, data: bytes, receiver: PeerReceiver) -> None:
-        """Handle one WebSocket message from the peer."""
+    def received(
+        self,
+        data: bytes,
+        receiver: PeerReceiver,
+        handlers: dict[int, PeerHandler] | None = None,
+        services: dict[int, PeerService] | None = None,
+    ) -> None:
+        """Handle one WebSocket message from the peer: publishes and answers go to ``receiver``, extension
+        parts to ``handlers`` by kind, requests to ``services`` by service number."""
         now = self._loop.time()
         for kind, body in decode_parts(data):
             if kind == ANSWER:
@@ -299,8 +365,40 @@ class PeerLink:
                 _, messages = decode_publishes(body, now, False)
                 for message in messages:
                     receiver.unlogged(message)
+            elif kind == REQUEST:
+                request_id, service = _CALL.unpack_from(body, 0)
+                self._serve(request_id, (services or {}).get(service), service, body[_CALL.size :])
+            elif kind == REPLY:
+                request_id, status = _CALL.unpack_from(body, 0)
+                future = self._requests.pop(request_id, None)
+                if future is not None and not future.done():
+                    reply = bytes(body[_CALL.size :])
+                    if status == _OK:
+                        future.set_result(reply)
+                    else:
+                        future.set_exception(PeerRequestFailed(reply.decode("utf-8", "replace")))
             else:
-                raise ValueError(f"unknown part kind {kind}")
+                handler = (handlers or {}).get(kind)
+                if handler is None:
+                    raise ValueError(f"unknown part kind {kind}")
+                handler(self, body)
+
+    def _serve(self, request_id: int, service: PeerService | None, number: int, body: memoryview) -> None:
+        """Run one request's service and send its reply (an error reply if it raises or is unknown)."""
+
+        async def run() -> None:
+            try:
+                if service is None:
+                    raise LookupError(f"no peer service {number}")
+                reply, status = await service(self, body), _OK
+            except Exception as exc:
+                reply, status = f"{type(exc).__name__}: {exc}".encode(), _ERROR
+            if self._socket is not None:
+                self._send(_part(REPLY, _CALL.pack(request_id, status) + reply))
+
+        task = self._loop.create_task(run())
+        self._serving.add(task)
+        task.add_done_callback(self._serving.discard)
 
 
 class PeerLinks:
@@ -319,6 +417,24 @@ class PeerLinks:
         self._urls: dict[str, str] = {}
         self._session: ClientSession | None = None
         self._closed = False
+        self._handlers: dict[int, PeerHandler] = {}
+        self._services: dict[int, PeerService] = {}
+
+    def on(self, kind: int, handler: PeerHandler) -> None:
+        """Hand parts of ``kind`` (``>= FIRST_EXTENSION_KIND``) that peers send to ``handler``."""
+        if kind < FIRST_EXTENSION_KIND:
+            raise ValueError(f"part kind {kind} is reserved (extensions start at {FIRST_EXTENSION_KIND})")
+        if kind in self._handlers:
+            raise ValueError(f"part kind {kind} already has a handler")
+        self._handlers[kind] = handler
+
+    def serve_requests(self, service: int, handler: PeerService) -> None:
+        """Answer peers' ``PeerLink.request(service, ...)`` calls with ``handler``."""
+        if not 0 <= service <= 0xFF:
+            raise ValueError(f"service numbers are 0-255, got {service}")
+        if service in self._services:
+            raise ValueError(f"peer service {service} already has a handler")
+        self._services[service] = handler
 
     def link(self, peer: str) -> PeerLink:
         """The link to ``peer`` (created down if new)."""
@@ -399,7 +515,7 @@ class PeerLinks:
                     break
                 continue
             try:
-                link.received(frame.data, self.receiver)
+                link.received(frame.data, self.receiver, self._handlers, self._services)
             except (ValueError, struct.error) as exc:
                 log.error("malformed message from peer %s, closing the link: %s", link.peer, exc)
                 break
