@@ -177,14 +177,21 @@ def starting_offsets(
 
 
 def effective_start(
-    broker: str, topic: str, next_offset: int | None, extent: LogExtent | None, fail_on_data_loss: bool
+    broker: str,
+    topic: str,
+    next_offset: int | None,
+    extent: LogExtent | None,
+    fail_on_data_loss: bool,
+    end_may_lag: bool = False,
 ) -> tuple[int, LostRange | None]:
     """Where reading a topic really starts, given its checkpointed next offset and its log's extent.
 
     A topic new to the query (``next_offset`` None) starts at its log start. A log starting above the next
     offset lost records to retention; a log ending below it was recreated (its offsets went backwards):
     both raise DataLossError when ``fail_on_data_loss``, else reading resumes at the log start and the
-    skipped range is returned. Unknown extent (broker down): trust the checkpoint.
+    skipped range is returned. Unknown extent (broker down): trust the checkpoint. With ``end_may_lag`` (a
+    cluster's replica, whose committed end may trail the one the checkpoint was read from, e.g. a leader
+    elected a moment ago) an end below the checkpoint is not loss: the topic waits there.
     """
     if next_offset is None:
         return (extent.start if extent else 0), None
@@ -197,6 +204,8 @@ def effective_start(
             )
         return extent.start, LostRange(broker, topic, next_offset, extent.start)
     if extent.end < next_offset:
+        if end_may_lag:
+            return next_offset, None
         if fail_on_data_loss:
             raise DataLossError(
                 broker, topic, next_offset, "the log ends before the checkpoint", extent.start, extent.end
@@ -212,6 +221,7 @@ def plan_end_offsets(
     max_records: int | None,
     fail_on_data_loss: bool,
     target: Mapping[str, Mapping[str, int]] | None = None,
+    end_may_lag: bool = False,
 ) -> Offsets:
     """The end offsets of the next batch.
 
@@ -219,7 +229,8 @@ def plan_end_offsets(
     no longer matches the patterns keep their offsets); listed topics advance to their log end. With
     ``max_records`` the batch takes at most that many records, shared among topics in proportion to their
     backlog, like the Kafka source's maxOffsetsPerTrigger. With ``target`` (Trigger.AvailableNow) no topic
-    goes past its target offset and topics or brokers absent from it are not read.
+    goes past its target offset and topics or brokers absent from it are not read. ``end_may_lag``: see
+    ``effective_start``.
     Returns ``start`` unchanged (same JSON) when there is nothing new.
     """
     end: Offsets = {broker: dict(topics) for broker, topics in start.items()}
@@ -234,7 +245,9 @@ def plan_end_offsets(
                 if topic not in target[broker]:
                     continue
                 upper = min(upper, target[broker][topic])
-            begin, _ = effective_start(broker, topic, checkpointed.get(topic), extent, fail_on_data_loss)
+            begin, _ = effective_start(
+                broker, topic, checkpointed.get(topic), extent, fail_on_data_loss, end_may_lag
+            )
             available = max(0, upper - begin)
             if available or (topic in checkpointed and begin != checkpointed[topic]):
                 backlog.append((broker, topic, begin, available))
@@ -273,6 +286,7 @@ def plan_partitions(
     max_records_per_partition: int,
     fail_on_data_loss: bool,
     min_partitions: int = 1,
+    end_may_lag: bool = False,
 ) -> BatchPlan:
     """Cut the batch ``[start, end)`` into partitions of at most ``max_records_per_partition`` records.
 
@@ -293,7 +307,7 @@ def plan_partitions(
             extent = logs.get(topic) if logs is not None else None
             if next_offset is not None and stop < next_offset:
                 next_offset = None  # the log was recreated and latestOffset already decided to restart it
-            begin, gap = effective_start(broker, topic, next_offset, extent, fail_on_data_loss)
+            begin, gap = effective_start(broker, topic, next_offset, extent, fail_on_data_loss, end_may_lag)
             if gap is not None:
                 lost.append(LostRange(broker, topic, gap.start, min(gap.end, stop)))
             if stop > begin:

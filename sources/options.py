@@ -4,15 +4,21 @@ The option names mirror the Spark Kafka source (``startingOffsets``, ``maxOffset
 ``maxRecordsPerTrigger``, ``failOnDataLoss``) so a Spark user finds what they expect. Spark hands options to
 a Python data source with lower-cased keys, so every lookup here is case-insensitive; broker ids inside
 option keys (``authToken.<broker id>``) are matched case-insensitively for the same reason.
+
+Two ways to name what is read: ``brokers`` (standalone brokers, each with its own logs and offsets, keyed by
+broker id) or ``bootstrapServers`` (some members of one cluster, which the source asks for the rest; every
+replica holds the same records at the same offsets, so offsets are keyed by topic under ``clusterName``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import Enum
+from urllib.parse import urlsplit
 
 from broker_edge.config.endpoints import BrokerEndpoint, parse_endpoints
 from broker_edge.config.loader import ConfigError
@@ -38,6 +44,8 @@ DEFAULT_RETRY_BACKOFF_MS = 1_000
 DEFAULT_MAX_BYTES_PER_FETCH = 16 * 1024 * 1024
 MAX_BYTES_PER_FETCH = 64 * 1024 * 1024  # what the offsets API accepts (its ApiLimits.max_bytes)
 DEFAULT_MAX_RECORDS_PER_PARTITION = 200_000
+DEFAULT_CLUSTER_NAME = "cluster"
+_CLUSTER_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 _AUTH_TOKEN_PREFIX = "authtoken."
 
@@ -46,6 +54,8 @@ _KNOWN = {
     name.lower(): name
     for name in (
         "brokers",
+        "bootstrapServers",
+        "clusterName",
         "topics",
         "startingOffsets",
         "maxRecordsPerTrigger",
@@ -83,7 +93,8 @@ class StartingOffsets:
     """Where a new query starts (a restarted query always continues from its checkpoint).
 
     ``timestamp_ms`` is set for ``TIMESTAMP``; ``specific`` (broker id -> topic -> offset, with ``EARLIEST``
-    and ``LATEST`` allowed as offsets) for ``SPECIFIC``.
+    and ``LATEST`` allowed as offsets) for ``SPECIFIC``. Reading a cluster, the one "broker id" is the
+    cluster's name (users write ``{"topic": offset}``).
     """
 
     kind: StartKind
@@ -93,10 +104,18 @@ class StartingOffsets:
 
 @dataclass(frozen=True, slots=True)
 class SourceOptions:
-    """The validated options of one ``timestone`` stream."""
+    """The validated options of one ``timestone`` stream.
+
+    Exactly one of ``brokers`` (standalone brokers) and ``bootstrap_servers`` (members of one cluster) is
+    non-empty."""
 
     brokers: tuple[BrokerEndpoint, ...]
     topics: tuple[str, ...]
+    bootstrap_servers: tuple[str, ...] = ()
+    cluster_name: str = DEFAULT_CLUSTER_NAME
+    """The cluster's key in checkpointed offsets and its rows' ``broker`` column (``bootstrap_servers``)."""
+    auth_token: str | None = field(default=None, repr=False)
+    """The cluster's token (``bootstrap_servers``; standalone brokers carry theirs in ``brokers``)."""
     starting_offsets: StartingOffsets = StartingOffsets(StartKind.LATEST)
     max_records_per_trigger: int | None = None
     max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
@@ -107,6 +126,11 @@ class SourceOptions:
     fetch_retries: int = DEFAULT_FETCH_RETRIES
     retry_backoff_ms: int = DEFAULT_RETRY_BACKOFF_MS
     max_bytes_per_fetch: int = DEFAULT_MAX_BYTES_PER_FETCH
+
+    @property
+    def reads_cluster(self) -> bool:
+        """Whether the stream reads a cluster (``bootstrapServers``) rather than standalone brokers."""
+        return bool(self.bootstrap_servers)
 
     def broker(self, broker_id: str) -> BrokerEndpoint:
         """The endpoint of ``broker_id`` (KeyError if it is not one of the ``brokers`` option)."""
@@ -129,13 +153,29 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
             raise SourceOptionError(key, f"unknown option (known options: {known}, authToken.<broker id>)")
 
     default_token = _optional_text(lowered, "authToken")
-    brokers = _apply_broker_tokens(lowered, _parse_brokers(_required(lowered, "brokers"), default_token))
-    broker_ids = [endpoint.name for endpoint in brokers]
+    bootstrap = _parse_bootstrap(lowered)
+    if bootstrap:
+        brokers: tuple[BrokerEndpoint, ...] = ()
+        cluster_name = _parse_cluster_name(lowered)
+        starting = _parse_starting_offsets(lowered.get("startingoffsets", "latest"), [], cluster_name)
+    else:
+        if _optional_text(lowered, "clusterName") is not None:
+            raise SourceOptionError(
+                "clusterName", "names a cluster read through bootstrapServers, which is not set"
+            )
+        brokers = _apply_broker_tokens(lowered, _parse_brokers(_required(lowered, "brokers"), default_token))
+        cluster_name = DEFAULT_CLUSTER_NAME
+        starting = _parse_starting_offsets(
+            lowered.get("startingoffsets", "latest"), [endpoint.name for endpoint in brokers]
+        )
 
     return SourceOptions(
         brokers=brokers,
         topics=_parse_topics(_required(lowered, "topics")),
-        starting_offsets=_parse_starting_offsets(lowered.get("startingoffsets", "latest"), broker_ids),
+        bootstrap_servers=bootstrap,
+        cluster_name=cluster_name,
+        auth_token=default_token if bootstrap else None,
+        starting_offsets=starting,
         max_records_per_trigger=_optional_int(lowered, "maxRecordsPerTrigger", minimum=1),
         max_records_per_partition=_optional_int(lowered, "maxRecordsPerPartition", minimum=1)
         or DEFAULT_MAX_RECORDS_PER_PARTITION,
@@ -154,10 +194,52 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     )
 
 
+def _parse_bootstrap(options: Mapping[str, str]) -> tuple[str, ...]:
+    """The ``bootstrapServers`` URLs (empty when the option is absent); refuses it beside ``brokers``."""
+    raw = options.get("bootstrapservers")
+    if raw is None:
+        return ()
+    if options.get("brokers") is not None:
+        raise SourceOptionError(
+            "bootstrapServers",
+            "give either brokers (standalone brokers) or bootstrapServers (members of one cluster), not both",
+        )
+    for key in options:
+        if key.startswith(_AUTH_TOKEN_PREFIX):
+            raise SourceOptionError(
+                f"authToken.{key[len(_AUTH_TOKEN_PREFIX) :]}",
+                "per-broker tokens belong to the brokers option; a cluster's members share one token: "
+                "use authToken",
+            )
+    urls: list[str] = []
+    for item in (part.strip().rstrip("/") for part in raw.split(",")):
+        parts = urlsplit(item)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise SourceOptionError(
+                "bootstrapServers",
+                f"expected comma-separated offsets API base URLs of cluster members "
+                f"(e.g. http://b1:9884,http://b2:9884), got {item!r} in {raw!r}",
+            )
+        if item not in urls:
+            urls.append(item)
+    return tuple(urls)
+
+
+def _parse_cluster_name(options: Mapping[str, str]) -> str:
+    raw = options.get("clustername")
+    if raw is None:
+        return DEFAULT_CLUSTER_NAME
+    name = raw.strip()
+    if not _CLUSTER_NAME.match(name):
+        raise SourceOptionError("clusterName", f"expected letters, digits and _.- only, got {raw!r}")
+    return name
+
+
 def _required(options: Mapping[str, str], name: str) -> str:
     value = options.get(name.lower())
     if value is None or not value.strip():
-        raise SourceOptionError(name, "is required")
+        alternative = " (or bootstrapServers, to read a cluster)" if name == "brokers" else ""
+        raise SourceOptionError(name, f"is required{alternative}")
     return value.strip()
 
 
@@ -244,7 +326,8 @@ def _parse_topics(raw: str) -> tuple[str, ...]:
     return tuple(patterns)
 
 
-def _parse_starting_offsets(raw: str, broker_ids: list[str]) -> StartingOffsets:
+def _parse_starting_offsets(raw: str, broker_ids: list[str], cluster: str | None = None) -> StartingOffsets:
+    """``cluster``: the stream reads that cluster, whose JSON form is ``{"topic": offset}``."""
     text = raw.strip()
     lowered = text.lower()
     if lowered == "earliest":
@@ -252,6 +335,8 @@ def _parse_starting_offsets(raw: str, broker_ids: list[str]) -> StartingOffsets:
     if lowered == "latest":
         return StartingOffsets(StartKind.LATEST)
     if text.startswith("{"):
+        if cluster is not None:
+            return StartingOffsets(StartKind.SPECIFIC, specific={cluster: _parse_topic_offsets(text)})
         return StartingOffsets(StartKind.SPECIFIC, specific=_parse_specific(text, broker_ids))
     if lowered.startswith("time:"):
         return StartingOffsets(StartKind.TIMESTAMP, timestamp_ms=_parse_time(text[5:].strip()))
@@ -259,8 +344,9 @@ def _parse_starting_offsets(raw: str, broker_ids: list[str]) -> StartingOffsets:
         return StartingOffsets(StartKind.TIMESTAMP, timestamp_ms=_parse_time(text))
     raise SourceOptionError(
         "startingOffsets",
-        f"expected earliest, latest, time:<epoch ms>, time:<ISO-8601>, an ISO-8601 timestamp or a JSON "
-        f'{{"broker": {{"topic": offset}}}}, got {raw!r}',
+        "expected earliest, latest, time:<epoch ms>, time:<ISO-8601>, an ISO-8601 timestamp or a JSON "
+        + ('{"topic": offset}' if cluster is not None else '{"broker": {"topic": offset}}')
+        + f", got {raw!r}",
     )
 
 
@@ -298,11 +384,30 @@ def _parse_specific(text: str, broker_ids: list[str]) -> dict[str, dict[str, int
             )
         if not isinstance(topics, dict):
             raise SourceOptionError("startingOffsets", f"broker {broker_id!r}: expected {shape}")
-        for topic, offset in topics.items():
-            if isinstance(offset, bool) or not isinstance(offset, int) or offset < EARLIEST:
-                raise SourceOptionError(
-                    "startingOffsets",
-                    f"broker {broker_id!r} topic {topic!r}: expected an offset >= -2, got {offset!r}",
-                )
+        _check_offsets(topics, f"broker {broker_id!r} ")
         result[broker_id] = dict(topics)
     return result
+
+
+def _parse_topic_offsets(text: str) -> dict[str, int]:
+    """A cluster's JSON start: ``{"topic": offset}`` (offsets are the same on every replica)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SourceOptionError("startingOffsets", f"invalid JSON: {error}") from None
+    if not isinstance(value, dict) or any(isinstance(offset, dict) for offset in value.values()):
+        raise SourceOptionError(
+            "startingOffsets",
+            'reading a cluster, expected {"topic": offset} with -2 = earliest, -1 = latest '
+            "(offsets are the same on every member)",
+        )
+    _check_offsets(value, "")
+    return dict(value)
+
+
+def _check_offsets(topics: Mapping[str, object], where: str) -> None:
+    for topic, offset in topics.items():
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < EARLIEST:
+            raise SourceOptionError(
+                "startingOffsets", f"{where}topic {topic!r}: expected an offset >= -2, got {offset!r}"
+            )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TypeVar
@@ -35,7 +35,13 @@ __all__ = [
     "BrokerAuthError",
     "BrokerUnreachableError",
     "FetchSettings",
+    "SliceProgress",
+    "Taken",
+    "fetch_round",
+    "log_lost",
+    "pending_slices",
     "read_slices",
+    "take_answer",
     "to_source_batch",
 ]
 
@@ -119,7 +125,9 @@ class FetchSettings:
 
 
 @dataclass(slots=True)
-class _Progress:
+class SliceProgress:
+    """A slice being read: the next offset to fetch."""
+
     piece: Slice
     offset: int
 
@@ -130,58 +138,127 @@ def read_slices(fetch: FetchSettings, slices: Sequence[Slice]) -> Iterator[pa.Re
     All slices are fetched together (one request per round for a partition of many quiet topics), each
     round continuing every unfinished slice from its next offset and asking for no more than its rest.
     """
-    pending = {piece.topic: _Progress(piece, piece.start) for piece in slices if piece.end > piece.start}
+    pending = pending_slices(slices)
     lost = 0
     client = fetch.client()
     try:
         while pending:
             wanted = {topic: progress.offset for topic, progress in pending.items()}
-            rest = {t: min(MAX_RECORDS_PER_REQUEST, p.piece.end - p.offset) for t, p in pending.items()}
-            answer: BatchFetch = fetch.call(
-                partial(
-                    client.fetch_many, wanted, max(rest.values()), fetch.max_bytes, 0, topic_max_records=rest
-                )
-            )
-            keep: list[tuple[int, int]] = []  # row ranges of the answer's table inside their slices
-            row = 0
-            for topic in wanted:  # the answer holds each topic's records in request order
-                result = answer.results.get(topic)
-                progress = pending[topic]
-                if result is None:
-                    raise RuntimeError(
-                        f"timestone source: broker {fetch.broker!r} answered nothing about topic {topic!r}"
-                    )
-                if result.error is not None:
-                    lost += _skip_lost(fetch, progress, result)
-                elif result.records:
-                    take = min(result.records, progress.piece.end - progress.offset)
-                    keep.append((row, take))
-                    progress.offset += take
-                elif result.end_offset is not None and result.end_offset <= progress.offset:
-                    lost += _skip_lost(fetch, progress, result)  # the log now ends before the planned range
-                row += result.records
-                if progress.offset >= progress.piece.end:
-                    del pending[topic]
-            if not keep and row == 0 and pending and not _moved(pending, wanted):
+            answer = fetch_round(fetch, client, pending, wanted)
+            taken = take_answer(fetch, pending, wanted, answer)
+            lost += taken.lost
+            if taken.rows == 0 and pending and not _moved(pending, wanted):
                 raise RuntimeError(
                     f"timestone source: broker {fetch.broker!r} returned no records for "
                     f"{', '.join(f'{t} from {o}' for t, o in wanted.items())} although they were listed"
                 )
-            batch = _kept_rows(answer.table, keep, row)
-            if batch is not None:
-                yield to_source_batch(batch, fetch.broker)
+            if taken.batch is not None:
+                yield to_source_batch(taken.batch, fetch.broker)
     finally:
         client.close()
+    log_lost(lost, fetch.broker)
+
+
+def pending_slices(slices: Sequence[Slice]) -> dict[str, SliceProgress]:
+    """The progress of each non-empty slice, by topic (a task never holds two pieces of one topic)."""
+    return {piece.topic: SliceProgress(piece, piece.start) for piece in slices if piece.end > piece.start}
+
+
+def fetch_round(
+    fetch: FetchSettings,
+    client: OffsetsClient,
+    pending: Mapping[str, SliceProgress],
+    wanted: Mapping[str, int],
+    wait_ms: int = 0,
+) -> BatchFetch:
+    """One ``POST /v1/fetch`` of ``wanted`` (topic -> next offset), each topic asking for its rest only."""
+    rest = {t: min(MAX_RECORDS_PER_REQUEST, pending[t].piece.end - pending[t].offset) for t in wanted}
+    return fetch.call(
+        partial(
+            client.fetch_many,
+            dict(wanted),
+            max(rest.values()),
+            fetch.max_bytes,
+            wait_ms,
+            topic_max_records=rest,
+        )
+    )
+
+
+@dataclass(slots=True)
+class Taken:
+    """What one fetch answer gave: its kept rows as one batch, how many rows it held, how many records were
+    skipped as lost, and the topics a lagging replica could not serve yet (``lag_is_loss=False``)."""
+
+    batch: pa.RecordBatch | None
+    rows: int
+    lost: int
+    lagging: list[str]
+
+
+def take_answer(
+    fetch: FetchSettings,
+    pending: dict[str, SliceProgress],
+    wanted: Mapping[str, int],
+    answer: BatchFetch,
+    lag_is_loss: bool = True,
+) -> Taken:
+    """Advance ``pending`` by ``answer`` (to a fetch of ``wanted``), dropping finished slices.
+
+    A log that ends before a slice's next offset (or is unknown) is data loss on a standalone broker; a
+    cluster's replica may only be behind (``lag_is_loss=False``): those topics are returned as lagging, to
+    be asked again or of another replica.
+    """
+    keep: list[tuple[int, int]] = []  # row ranges of the answer's table inside their slices
+    lost = 0
+    lagging: list[str] = []
+    row = 0
+    for topic in wanted:  # the answer holds each topic's records in request order
+        result = answer.results.get(topic)
+        progress = pending[topic]
+        if result is None:
+            raise RuntimeError(
+                f"timestone source: broker {fetch.broker!r} answered nothing about topic {topic!r}"
+            )
+        if not lag_is_loss and _lagging(result, progress.offset):
+            lagging.append(topic)
+        elif result.error is not None:
+            lost += _skip_lost(fetch, progress, result)
+        elif result.records:
+            take = min(result.records, progress.piece.end - progress.offset)
+            keep.append((row, take))
+            progress.offset += take
+        elif result.end_offset is not None and result.end_offset <= progress.offset:
+            lost += _skip_lost(fetch, progress, result)  # the log now ends before the planned range
+        row += result.records
+        if progress.offset >= progress.piece.end:
+            del pending[topic]
+    return Taken(_kept_rows(answer.table, keep, row), row, lost, lagging)
+
+
+def _lagging(result: TopicResult, offset: int) -> bool:
+    """Whether a replica's answer only shows it has not committed (or created) the log that far yet."""
+    error = result.error
+    if isinstance(error, UnknownTopicError):
+        return True
+    if isinstance(error, OffsetOutOfRangeError):
+        return offset > error.end
+    return (
+        error is None and not result.records and result.end_offset is not None and result.end_offset <= offset
+    )
+
+
+def log_lost(lost: int, broker: str) -> None:
     if lost:
         log.warning(
             "timestone source: skipped %d records of broker %r that were removed while reading "
             "(failOnDataLoss=false)",
             lost,
-            fetch.broker,
+            broker,
         )
 
 
-def _moved(pending: dict[str, _Progress], wanted: dict[str, int]) -> bool:
+def _moved(pending: dict[str, SliceProgress], wanted: dict[str, int]) -> bool:
     return any(progress.offset != wanted[topic] for topic, progress in pending.items())
 
 
@@ -196,7 +273,7 @@ def _kept_rows(table: pa.Table, keep: list[tuple[int, int]], rows: int) -> pa.Re
     return table.take(pa.array(indices)).combine_chunks().to_batches()[0]
 
 
-def _skip_lost(fetch: FetchSettings, progress: _Progress, result: TopicResult) -> int:
+def _skip_lost(fetch: FetchSettings, progress: SliceProgress, result: TopicResult) -> int:
     """Continue a slice past records the broker no longer has; return how many were skipped.
 
     Raises DataLossError when failOnDataLoss; a new topic planned from an unknown log start just moves on.

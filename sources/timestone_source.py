@@ -3,8 +3,10 @@
 Spark runs ``initialOffset`` / ``latestOffset`` / ``partitions`` / ``commit`` in one long-lived Python process
 per query (not the driver), and ``read`` in executor workers on a freshly unpickled reader. So the reader
 keeps only caches in memory (the last log listings), the checkpointed offsets carry the state
-(``{broker id: {topic: next offset}}``), and each ``TimestonePartition`` carries everything its task needs.
-Rules live elsewhere: planning in ``offsets_planner``, options in ``options``, fetching in ``slice_reader``.
+(``{broker id: {topic: next offset}}``; reading a cluster, ``{cluster name: {topic: next offset}}``), and each
+``TimestonePartition`` carries everything its task needs. Rules live elsewhere: planning in
+``offsets_planner``, options in ``options``, fetching in ``slice_reader``; for a cluster, listing in
+``cluster_listing``, routing in ``cluster_plan`` and fetching from live replicas in ``cluster_reader``.
 """
 
 from __future__ import annotations
@@ -40,7 +42,17 @@ from pyspark.sql.types import (
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.offsets_api.errors import UnknownTopicError
 
-from .offsets_planner import LogExtent, PartitionPlan, plan_end_offsets, plan_partitions, starting_offsets
+from .cluster_listing import ClusterLister, ClusterListing
+from .cluster_plan import by_reader
+from .cluster_reader import ClusterFetch, read_cluster_slices
+from .offsets_planner import (
+    BatchPlan,
+    LogExtent,
+    PartitionPlan,
+    plan_end_offsets,
+    plan_partitions,
+    starting_offsets,
+)
 from .options import SourceOptions, StartKind, parse_options
 from .slice_reader import BrokerUnreachableError, FetchSettings, read_slices
 
@@ -69,12 +81,15 @@ Listings = dict[str, dict[str, LogExtent]]
 
 
 class TimestonePartition(InputPartition):
-    """One Spark task: slices of one broker's logs, and how to fetch them."""
+    """One Spark task: slices of one broker's logs (or a cluster's: ``cluster``), and how to fetch them."""
 
-    def __init__(self, plan: PartitionPlan, fetch: FetchSettings) -> None:
+    def __init__(
+        self, plan: PartitionPlan, fetch: FetchSettings, cluster: ClusterFetch | None = None
+    ) -> None:
         super().__init__(None)
         self.plan = plan
         self.fetch = fetch
+        self.cluster = cluster
 
     def __repr__(self) -> str:  # InputPartition's repr lists every attribute; keep the token out of logs
         return f"TimestonePartition({self.plan!r}, url={self.fetch.url!r})"
@@ -122,30 +137,38 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
+        # Reading a cluster, the one "broker" is the cluster (its URL: the first bootstrap member).
+        sources = (
+            [(options.cluster_name, options.bootstrap_servers[0], options.auth_token)]
+            if options.reads_cluster
+            else [(endpoint.name, endpoint.offsets_api, endpoint.token) for endpoint in options.brokers]
+        )
         self._fetch = {
-            endpoint.name: FetchSettings(
-                endpoint.name,
-                endpoint.offsets_api,
-                endpoint.token,
+            name: FetchSettings(
+                name,
+                url,
+                token,
                 options.fetch_timeout_ms,
                 options.fetch_retries,
                 options.retry_backoff_ms,
                 options.max_bytes_per_fetch,
                 options.fail_on_data_loss,
             )
-            for endpoint in options.brokers
+            for name, url, token in sources
         }
-        self._clients: dict[str, OffsetsClient] = {}
-        self._listings: Listings = {}
-        self._down: set[str] = set()
-        self._target: dict[str, dict[str, int]] | None = None
+        self.__setstate__({})
 
     def __getstate__(self) -> dict[str, object]:
         return {"options": self.options, "_fetch": self._fetch}  # no clients or caches travel to executors
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
-        self._clients, self._listings, self._down, self._target = {}, {}, set(), None
+        self._clients: dict[str, OffsetsClient] = {}
+        self._listings: Listings = {}
+        self._down: set[str] = set()
+        self._target: dict[str, dict[str, int]] | None = None
+        self._lister: ClusterLister | None = None
+        self._cluster: ClusterListing | None = None
 
     # -- offsets: the long-lived planner process ---------------------------------------------------------
 
@@ -184,6 +207,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         }
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self._check_checkpoint(start)
         listings, down = self._list_all()
         for broker, error in down.items():
             log.warning(
@@ -195,6 +219,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             max_records=limit.max_rows if isinstance(limit, ReadMaxRows) else None,
             fail_on_data_loss=self.options.fail_on_data_loss,
             target=self._target,
+            end_may_lag=self.options.reads_cluster,
         )
 
     def reportLatestOffset(self) -> dict | None:
@@ -206,6 +231,8 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         }
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        if self.options.reads_cluster:
+            return self._cluster_partitions(start, end)
         # A batch replayed after a restart is planned before any latestOffset: list what is not cached.
         missing = [broker for broker in end if broker in self._fetch and broker not in self._listings]
         if missing:
@@ -218,13 +245,51 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             fail_on_data_loss=self.options.fail_on_data_loss,
             min_partitions=self.options.min_partitions or 1,
         )
-        if plan.lost:
-            log.warning(
-                "timestone source: skipping %d records lost to retention (failOnDataLoss=false): %s",
-                plan.lost_records,
-                ", ".join(f"{gap.broker} {gap.topic} [{gap.start}, {gap.end})" for gap in plan.lost),
-            )
+        _warn_lost(plan)
         return [TimestonePartition(partition, self._fetch[partition.broker]) for partition in plan.partitions]
+
+    def _cluster_partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        """The batch cut per member: each topic goes to the member its listing came from (see cluster_plan).
+
+        A replayed batch is planned from a fresh listing: the same records, maybe from other members."""
+        name = self.options.cluster_name
+        if self._cluster is None:
+            _, down = self._list_all()
+            if down:
+                raise down[name]
+        assert self._cluster is not None
+        layout, routes = self._cluster
+        extents = {topic: route.extent for topic, route in routes.items()}
+        plan = plan_partitions(
+            by_reader(start.get(name, {}), routes, layout),
+            by_reader(end.get(name, {}), routes, layout),
+            by_reader(extents, routes, layout),
+            max_records_per_partition=self.options.max_records_per_partition,
+            fail_on_data_loss=self.options.fail_on_data_loss,
+            min_partitions=self.options.min_partitions or 1,
+            end_may_lag=True,
+        )
+        _warn_lost(plan)
+        fetch = self._fetch[name]
+        bootstrap = self.options.bootstrap_servers
+        return [
+            TimestonePartition(
+                partition, fetch, ClusterFetch(name, layout, partition.broker, bootstrap, fetch)
+            )
+            for partition in plan.partitions
+        ]
+
+    def _check_checkpoint(self, start: dict) -> None:
+        """A checkpoint keyed by broker ids cannot continue as a cluster's (or the other way round)."""
+        if not self.options.reads_cluster:
+            return
+        foreign = sorted(key for key in start if key != self.options.cluster_name)
+        if foreign:
+            raise ValueError(
+                f"timestone source: the checkpoint holds offsets of {', '.join(map(repr, foreign))}, not of "
+                f"the cluster {self.options.cluster_name!r} (option clusterName): a query reading a cluster "
+                "through bootstrapServers needs its own checkpoint, or the clusterName it was started with"
+            )
 
     def commit(self, end: dict) -> None:
         """Nothing to acknowledge: brokers keep no reader state (and Spark calls this late)."""
@@ -238,6 +303,8 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, TimestonePartition)
+        if partition.cluster is not None:
+            return read_cluster_slices(partition.cluster, partition.plan.slices)
         return read_slices(partition.fetch, partition.plan.slices)
 
     # -- helpers -------------------------------------------------------------------------------------------
@@ -256,6 +323,8 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         A broker found down is then tried once per call, without retries, until it answers again: a dead
         broker delays one batch by its retries, not every batch.
         """
+        if self.options.reads_cluster:
+            return self._list_cluster()
         wanted = list(self._fetch) if brokers is None else brokers
         clients = {
             broker: self._probe(broker) if broker in self._down else self._client(broker) for broker in wanted
@@ -276,6 +345,19 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._listings.update(listings)
         return listings, down
 
+    def _list_cluster(self) -> tuple[Listings, dict[str, BrokerUnreachableError]]:
+        """The cluster's topics as one "broker" keyed by the cluster's name (and the routes, cached)."""
+        name = self.options.cluster_name
+        if self._lister is None:
+            self._lister = ClusterLister(name, self.options.bootstrap_servers, self._fetch[name])
+        try:
+            self._cluster = self._lister.list(self.options.topics)
+        except BrokerUnreachableError as error:
+            return {}, {name: error}
+        listings: Listings = {name: {topic: route.extent for topic, route in self._cluster[1].items()}}
+        self._listings.update(listings)
+        return listings, {}
+
     def _probe(self, broker: str) -> OffsetsClient:
         return replace(self._fetch[broker], retries=0).client()
 
@@ -292,9 +374,27 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return logs
 
     def _offset_for_timestamp(self, broker: str, topic: str, timestamp_ms: int) -> int:
-        """The broker's offset for the time (0 for a log deleted since listed: then its listed start)."""
-        client = self._client(broker)
+        """The broker's offset for the time (0 for a log deleted since listed: then its listed start).
+
+        Reading a cluster, the member the topic was listed from answers (offsets are the same on all)."""
+        fetch = self._fetch[broker]
+        if self._cluster is not None:
+            layout, routes = self._cluster
+            node = routes[topic].readers[0]
+            fetch = replace(fetch, broker=node, url=layout.offsets_api(node))
+            client = self._clients.get(node) or self._clients.setdefault(node, fetch.client())
+        else:
+            client = self._client(broker)
         try:
-            return self._fetch[broker].call(lambda: client.offset_for_timestamp(topic, timestamp_ms))
+            return fetch.call(lambda: client.offset_for_timestamp(topic, timestamp_ms))
         except UnknownTopicError:
             return 0
+
+
+def _warn_lost(plan: BatchPlan) -> None:
+    if plan.lost:
+        log.warning(
+            "timestone source: skipping %d records lost to retention (failOnDataLoss=false): %s",
+            plan.lost_records,
+            ", ".join(f"{gap.broker} {gap.topic} [{gap.start}, {gap.end})" for gap in plan.lost),
+        )

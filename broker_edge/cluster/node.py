@@ -3,7 +3,8 @@
 ``Broker.start`` creates the node once its listeners and offsets API are bound (so the advertised addresses
 default to the bound ports) and starts it; ``Broker.stop`` stops it before anything else closes. The node
 
-- adds the cluster's endpoints to the offsets API (``/v1/replica/fetch``, ``/v1/peer``) before it serves;
+- adds the cluster's endpoints to the offsets API (``/v1/replica/fetch``, ``/v1/peer``, ``/v1/cluster``)
+  before it serves;
 - keeps this node's ``ClusterView`` current: membership under an etcd lease (fencing when it cannot be
   renewed), the coordinator's watches, the controller campaign;
 - makes the PUBLISH path a cluster member's: the leader's ``Replication`` stage (acks=all with
@@ -23,6 +24,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from broker_edge.cluster.cluster_info import cluster_info_route
 from broker_edge.cluster.forwarding import ClusterForwarding
 from broker_edge.cluster.peer_link import PeerLinks
 from broker_edge.cluster.view import ClusterView, Member
@@ -119,6 +121,7 @@ class ClusterNode:
         if not self.static:
             self._build_coordination_and_replication()
         broker.offsets_api_routes.append(self.links.add_routes)
+        broker.offsets_api_routes.append(cluster_info_route(self.view))
         self._was_fenced = False
         self._started = False
 

@@ -125,6 +125,11 @@ class OffsetsClient:
         path = f"/v1/logs/{topic_path_segment(topic)}/offset"
         return int(self._json("GET", path, {"timestamp_ms": timestamp_ms})["offset"])
 
+    def cluster(self) -> dict[str, Any]:
+        """The answering member's picture of its cluster (`GET /v1/cluster`, a JSON object that
+        `cluster_client.parse_layout` reads); a standalone broker answers 404."""
+        return self._json("GET", "/v1/cluster", {})
+
     def fetch(
         self, topic: str, offset: Offset, max_records: int = 1000, max_bytes: int = 1 << 20, wait_ms: int = 0
     ) -> Fetched[pa.Table]:
