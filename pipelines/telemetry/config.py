@@ -86,6 +86,9 @@ class SourceConfig:
 
     brokers: list[str] = field(default_factory=lambda: ["edge1=http://127.0.0.1:9884"])
     """Offsets APIs to read, each ``name=url`` (or a bare ``url``), as ``config.endpoints`` parses them."""
+    bootstrap_servers: list[str] = field(default_factory=list)
+    """Offsets API URLs of some members of a broker cluster: when given, the cluster is read instead of
+    ``brokers`` (the source's ``bootstrapServers``)."""
     topics: list[str] = field(default_factory=list)
     starting_offsets: str = "earliest"
     max_records_per_trigger: int | None = 250_000
@@ -100,6 +103,9 @@ class SourceConfig:
                 parse_endpoint(text)
             except ConfigError as exc:
                 raise ConfigError(f"brokers[{index}]", exc.detail) from None
+        for index, url in enumerate(self.bootstrap_servers):
+            if "," in url or not url.startswith(("http://", "https://")):
+                raise ConfigError(f"bootstrap_servers[{index}]", f"expected an http(s) base URL, got {url!r}")
         if self.max_records_per_trigger is not None and self.max_records_per_trigger < 1:
             raise ConfigError("max_records_per_trigger", "must be >= 1 (or null for no limit)")
 
@@ -391,8 +397,14 @@ class TelemetryConfig:
 
     def source_options(self) -> dict[str, str]:
         """Options for ``spark.readStream.format("timestone")``."""
+        source = self.source
+        where = (
+            {"bootstrapServers": ",".join(source.bootstrap_servers)}
+            if source.bootstrap_servers
+            else {"brokers": ",".join(source.brokers)}
+        )
         options = {
-            "brokers": ",".join(self.source.brokers),
+            **where,
             "topics": ",".join(self.topic_filters),
             "startingOffsets": self.source.starting_offsets,
             "failOnDataLoss": str(self.source.fail_on_data_loss).lower(),

@@ -227,7 +227,7 @@ class Device(threading.Thread):
                     time.sleep(0.05)
                     continue
             assert decoder is not None
-            payload = f"{self.client_id}:{sequence}".encode()
+            payload = self.message(sequence)
             sequence += 1
             try:
                 sock.sendall(
@@ -251,6 +251,10 @@ class Device(threading.Thread):
             self.moves += 1
         if sock is not None:
             sock.close()
+
+    def message(self, sequence: int) -> bytes:
+        """The payload of the ``sequence``-th message (unique per device; a subclass may shape it)."""
+        return f"{self.client_id}:{sequence}".encode()
 
     def _connect(self, broker: BrokerProcess) -> tuple[socket.socket, PacketDecoder]:
         sock = socket.create_connection(broker.address, timeout=10)

@@ -1,0 +1,131 @@
+"""The ``timestone`` source reading a cluster of three broker processes (real etcd), given one member.
+
+- Every member describes the cluster (``GET /v1/cluster``) as etcd records it, so any one is a bootstrap.
+- A streaming query given only one member's URL reads every record the devices had acknowledged, once,
+  with the cluster's name in the ``broker`` column and its checkpoint keyed by topic.
+- A task whose member is killed (SIGKILL) reads the very same range from another replica, byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from broker_edge.launcher import BrokerProcess
+from broker_edge.offsets_api.cluster_client import ClusterDiscovery
+from sources.cluster_reader import ClusterFetch, read_cluster_slices
+from sources.offsets_planner import Slice
+from sources.slice_reader import FetchSettings
+from tests.e2e.cluster.conftest import EtcdTarget
+from tests.e2e.cluster.proof import Device, cluster_state, read_log, wait_settled, wait_until
+from tests.e2e.sources.conftest import timestone_spark  # noqa: F401  (the shared session, source registered)
+
+NODES = ("a", "b", "c")
+
+
+def _start_cluster(cluster_brokers, etcd: EtcdTarget) -> dict[str, BrokerProcess]:
+    brokers = {node: cluster_brokers(node) for node in NODES}
+    wait_settled(etcd, set(NODES), 3)
+    return brokers
+
+
+def _publish(brokers: dict[str, BrokerProcess], devices: int, messages: int) -> list[Device]:
+    """``devices`` devices publish QoS 1 through every broker until each has ``messages`` acknowledged."""
+    order = [brokers[node] for node in NODES]
+    fleet = [Device(f"dev-{n}", f"fleet/dev-{n}", order, start_at=n) for n in range(devices)]
+    for device in fleet:
+        device.start()
+    wait_until(lambda: all(len(d.acked) >= messages for d in fleet), what=f"{messages} PUBACKs per device")
+    for device in fleet:
+        device.stop()
+    wait_until(
+        lambda: all(len({len(read_log(b, d.topic)) for b in order}) == 1 for d in fleet),
+        what="every replica committed the same records",
+    )
+    return fleet
+
+
+def _layout_matches_etcd(url: str, etcd: EtcdTarget) -> bool:
+    layout = ClusterDiscovery([url]).discover()
+    recorded = cluster_state(etcd)
+    return (
+        not layout.fenced
+        and dict(layout.members) == recorded.members
+        and dict(layout.partitions) == recorded.partitions
+        and layout.partition_count == len(recorded.partitions)
+    )
+
+
+def test_any_member_describes_the_cluster_and_a_dead_members_range_is_read_from_another_replica(
+    cluster_brokers, etcd
+):
+    brokers = _start_cluster(cluster_brokers, etcd)
+    for node, broker in brokers.items():
+        wait_until(lambda b=broker: _layout_matches_etcd(b.offsets_url, etcd), what=f"{node}'s /v1/cluster")
+    fleet = _publish(brokers, devices=3, messages=30)
+    layout = ClusterDiscovery([brokers["a"].offsets_url]).discover()
+    topic = fleet[0].topic
+    leader = layout.leader_of(topic)
+    assert leader is not None
+    survivor = next(node for node in NODES if node != leader.node_id)
+    wanted = read_log(brokers[survivor], topic)
+    assert {payload for _, payload in wanted} >= set(fleet[0].acked)
+
+    brokers[leader.node_id].kill()
+    settings = FetchSettings("plant", leader.offsets_api, None, 5000, 1, 50, 1 << 20, True)
+    task = ClusterFetch("plant", layout, leader.node_id, (leader.offsets_api,), settings)
+    rows = [
+        row
+        for batch in read_cluster_slices(task, [Slice(topic, 0, len(wanted))])
+        for row in batch.to_pylist()
+    ]
+
+    assert [(row["offset"], row["payload"]) for row in rows] == wanted
+    assert {row["broker"] for row in rows} == {"plant"}
+
+
+@pytest.mark.spark
+def test_source_given_one_member_reads_every_acknowledged_record_once(
+    timestone_spark: SparkSession,  # noqa: F811
+    cluster_brokers,
+    etcd,
+    tmp_path: Path,
+):
+    brokers = _start_cluster(cluster_brokers, etcd)
+    fleet = _publish(brokers, devices=4, messages=25)
+    rows: list[tuple[str, str, int, bytes]] = []
+
+    def collect(frame: DataFrame, _batch_id: int) -> None:
+        rows.extend(tuple(row) for row in frame.select("broker", "topic", "offset", "payload").collect())
+
+    checkpoint = tmp_path / "checkpoint"
+    query = (
+        timestone_spark.readStream.format("timestone")
+        .option("bootstrapServers", brokers["c"].offsets_url)
+        .option("clusterName", "plant")
+        .option("topics", "fleet/+")
+        .option("startingOffsets", "earliest")
+        .option("maxRecordsPerTrigger", "40")
+        .load()
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(90)
+    assert not query.isActive and query.exception() is None
+
+    assert {broker for broker, *_ in rows} == {"plant"}
+    keys = [(topic, offset) for _, topic, offset, _ in rows]
+    assert len(keys) == len(set(keys)), "a record read twice"
+    for device in fleet:
+        read = [payload for _, topic, _, payload in rows if topic == device.topic]
+        assert sorted(read) == sorted({payload for _, payload in read_log(brokers["a"], device.topic)})
+        assert all(read.count(payload) == 1 for payload in device.acked), f"{device.client_id}: not once"
+    logged = [path for path in (checkpoint / "offsets").iterdir() if path.name.isdigit()]
+    last = max(logged, key=lambda path: int(path.name))
+    offsets = json.loads(last.read_text().splitlines()[-1])
+    assert offsets == {"plant": {d.topic: len(read_log(brokers["b"], d.topic)) for d in fleet}}
