@@ -105,3 +105,50 @@ def test_starting_offsets_json_keeps_earliest_and_latest_markers() -> None:
     start = parse(startingOffsets='{"http://127.0.0.1:8081": {"a": 5, "b": -2, "c": -1}}').starting_offsets
     assert start.kind is StartKind.SPECIFIC
     assert start.specific == {"http://127.0.0.1:8081": {"a": 5, "b": -2, "c": -1}}
+
+
+CLUSTER = {"bootstrapServers": "http://b1:9884, http://b2:9884/", "topics": "plant/+/telemetry"}
+
+
+def test_a_cluster_is_read_from_bootstrap_members_under_one_name_with_one_token() -> None:
+    options = parse_options({**CLUSTER, "authToken": "secret"})
+    assert options.reads_cluster and options.brokers == ()
+    assert options.bootstrap_servers == ("http://b1:9884", "http://b2:9884")
+    assert options.cluster_name == "cluster" and options.auth_token == "secret"
+    assert "secret" not in repr(options)
+    assert parse_options({**CLUSTER, "clusterName": "plant-a"}).cluster_name == "plant-a"
+    assert not parse().reads_cluster
+
+
+def test_a_clusters_json_start_is_keyed_by_topic() -> None:
+    start = parse_options({**CLUSTER, "clusterName": "p", "startingOffsets": '{"a/b": 5, "c": -2}'})
+    assert start.starting_offsets.kind is StartKind.SPECIFIC
+    assert start.starting_offsets.specific == {"p": {"a/b": 5, "c": -2}}
+
+
+@pytest.mark.parametrize(
+    ("extra", "option", "fragment"),
+    [
+        ({"brokers": "http://h:1"}, "bootstrapServers", "not both"),
+        ({"bootstrapServers": "b1:9884"}, "bootstrapServers", "offsets API base URLs"),
+        ({"bootstrapServers": "http://b1:9884,,"}, "bootstrapServers", "''"),
+        ({"authToken.b1": "x"}, "authToken.b1", "use authToken"),
+        ({"clusterName": "a b"}, "clusterName", "letters, digits"),
+        ({"startingOffsets": '{"cluster": {"a": 1}}'}, "startingOffsets", '{"topic": offset}'),
+        ({"startingOffsets": '{"a": -5}'}, "startingOffsets", ">= -2"),
+        ({"startingOffsets": "first"}, "startingOffsets", '{"topic": offset}'),
+    ],
+)
+def test_cluster_option_errors_name_the_option(extra: dict[str, str], option: str, fragment: str) -> None:
+    with pytest.raises(SourceOptionError) as caught:
+        parse_options({**CLUSTER, **extra})
+    assert caught.value.option == option
+    assert fragment in str(caught.value)
+
+
+def test_brokers_or_bootstrap_servers_is_required_and_cluster_name_needs_a_cluster() -> None:
+    with pytest.raises(SourceOptionError, match="or bootstrapServers"):
+        parse_options({"topics": "a"})
+    with pytest.raises(SourceOptionError) as caught:
+        parse(clusterName="plant")
+    assert caught.value.option == "clusterName"

@@ -111,3 +111,12 @@ def test_status_template_adds_its_filter_to_the_source():
     assert config.topic_filters == ["devices/+/telemetry", "devices/+/actions"]
     explicit = load_telemetry_config({"source": {"topics": ["devices/#"]}})
     assert explicit.source_options()["topics"] == "devices/#"
+
+
+def test_bootstrap_servers_read_a_cluster_instead_of_the_brokers():
+    config = load_telemetry_config({"source": {"bootstrap_servers": ["http://b1:9884", "http://b2:9884"]}})
+    options = config.source_options()
+    assert options["bootstrapServers"] == "http://b1:9884,http://b2:9884"
+    assert "brokers" not in options
+    with pytest.raises(ConfigError, match=r"bootstrap_servers\[0\]"):
+        load_telemetry_config({"source": {"bootstrap_servers": ["b1:9884"]}})
