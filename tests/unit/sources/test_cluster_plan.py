@@ -40,7 +40,9 @@ def layout(members: str = "abc") -> ClusterLayout:
 
 
 def topic_in(partition: int) -> str:
-    return next(t for t in (f"plant/{n}/temp" for n in range(1000)) if partition_of(t, PARTITIONS) == partition)
+    return next(
+        t for t in (f"plant/{n}/temp" for n in range(1000)) if partition_of(t, PARTITIONS) == partition
+    )
 
 
 def test_the_layout_a_member_serves_reads_back_as_its_view() -> None:
