@@ -75,6 +75,7 @@ class _Router:
         )
         self.discovery.layout = cluster.layout
         self.down: set[str] = set()
+        self.failed: set[str] = set()
         self.readers = {topic: list(readers_for(self.layout, topic, cluster.preferred)) for topic in topics}
         self.lag_since: dict[str, float] = {}
         self.lag_moves: dict[str, int] = {}
@@ -86,7 +87,9 @@ class _Router:
             self._rediscover()
         groups: dict[str, list[str]] = {}
         for topic in topics:
-            groups.setdefault(self._live_readers(topic)[0], []).append(topic)
+            readers = self._live_readers(topic)
+            if readers:  # else: the next round rediscovers again (after a backoff), or gives up
+                groups.setdefault(readers[0], []).append(topic)
         return groups
 
     def _live_readers(self, topic: str) -> list[str]:
@@ -97,6 +100,7 @@ class _Router:
             "timestone source: cluster member %r failed, reading from another replica: %s", node, error
         )
         self.down.add(node)
+        self.failed.add(node)
 
     def lagging(self, topic: str, node: str, timeout_s: float, pending_from: int) -> None:
         """Note that ``node`` has not committed ``topic`` up to ``pending_from`` yet: it is long-polled for
@@ -120,7 +124,9 @@ class _Router:
             readers.append(node)  # the others first; it may have caught up by its turn
 
     def progressed(self, topic: str) -> None:
+        """``topic`` was served: it is no longer lagging, and the retry budget starts afresh."""
         self.lag_since.pop(topic, None)
+        self.rounds = 0
 
     def _rediscover(self) -> None:
         """Ask the cluster who holds the partitions now, backing off between rounds; give up after
@@ -130,7 +136,7 @@ class _Router:
             raise ClusterReadError(
                 f"timestone source: cluster {self.cluster.cluster!r}: no live member holds "
                 f"{', '.join(sorted(t for t in self.readers if not self._live_readers(t)))} after "
-                f"{self.rounds} rounds over its replicas (members failed: {', '.join(sorted(self.down))}; "
+                f"{self.rounds} rounds over its replicas (members that failed: {', '.join(sorted(self.failed)) or 'none'}; "
                 "see the options fetchRetries, retryBackoffMs, fetchTimeoutMs)"
             )
         if self.rounds:

@@ -1,0 +1,32 @@
+"""A task of a cluster whose every member is gone fails, naming the cluster, its members and the options."""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_edge.cluster.view import Member, PartitionState
+from broker_edge.launcher import free_port
+from broker_edge.offsets_api.cluster_client import ClusterLayout
+from sources.cluster_reader import ClusterFetch, ClusterReadError, read_cluster_slices
+from sources.offsets_planner import Slice
+from sources.slice_reader import FetchSettings
+
+
+def test_a_task_gives_up_after_its_rounds_over_dead_members() -> None:
+    urls = {node: f"http://127.0.0.1:{free_port()}" for node in ("a", "b")}  # nothing listens there
+    layout = ClusterLayout(
+        "a",
+        False,
+        1,
+        {node: Member(node, "127.0.0.1:1", url) for node, url in urls.items()},
+        {0: PartitionState(0, "a", 1, ("a", "b"), ("a", "b"))},
+    )
+    settings = FetchSettings("plant", urls["a"], None, 1000, 1, 10, 1 << 20, True)
+    task = ClusterFetch("plant", layout, "a", (urls["a"],), settings)
+
+    with pytest.raises(ClusterReadError) as caught:
+        list(read_cluster_slices(task, [Slice("t", 0, 5)]))
+
+    message = str(caught.value)
+    assert "cluster 'plant'" in message and "members that failed: a, b" in message
+    assert "fetchRetries" in message
