@@ -133,10 +133,11 @@ class _Router:
         ``fetchRetries`` rounds in which no reader was left."""
         settings = self.cluster.settings
         if self.rounds > settings.retries:
+            unread = ", ".join(sorted(t for t in self.readers if not self._live_readers(t)))
+            failed = ", ".join(sorted(self.failed)) or "none"
             raise ClusterReadError(
-                f"timestone source: cluster {self.cluster.cluster!r}: no live member holds "
-                f"{', '.join(sorted(t for t in self.readers if not self._live_readers(t)))} after "
-                f"{self.rounds} rounds over its replicas (members that failed: {', '.join(sorted(self.failed)) or 'none'}; "
+                f"timestone source: cluster {self.cluster.cluster!r}: no live member holds {unread} after "
+                f"{self.rounds} rounds over its replicas (members that failed: {failed}; "
                 "see the options fetchRetries, retryBackoffMs, fetchTimeoutMs)"
             )
         if self.rounds:
