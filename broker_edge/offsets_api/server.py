@@ -8,6 +8,7 @@ Endpoints (see docs/offsets-api.md for examples):
     GET  /v1/logs/{topic}/offset?timestamp_ms=          offset for a broker time
     POST /v1/fetch                                      many topics in one request
     POST /v1/replica/fetch                              a cluster's followers (added by the cluster node)
+    GET  /v1/cluster                                    a cluster's members and leaders (cluster node)
 
 `{topic}` is one path segment: `/` inside a topic is sent as `%2F`. Offsets may be a number, `earliest` or
 `latest`. Only durable records are ever served. Errors are JSON `{"error": code, "message": ...}`.
