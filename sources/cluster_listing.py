@@ -16,10 +16,11 @@ from dataclasses import replace
 from functools import partial
 
 from broker_edge.offsets_api.cluster_client import ClusterDiscovery, ClusterLayout, ClusterUnreachableError
+from broker_edge.offsets_api.errors import AuthError
 
 from .cluster_plan import TopicRoute, route_topics
 from .offsets_planner import LogExtent
-from .slice_reader import BrokerUnreachableError, FetchSettings
+from .slice_reader import BrokerAuthError, BrokerUnreachableError, FetchSettings
 
 __all__ = ["ClusterLister", "ClusterListing"]
 
@@ -49,6 +50,9 @@ class ClusterLister:
                 return self.discovery.discover()
             except ClusterUnreachableError as error:
                 failure = error
+            except AuthError as error:
+                url = ",".join(self.discovery.candidates())
+                raise BrokerAuthError(self.cluster, url, error, settings.token_option) from error
         raise BrokerUnreachableError(
             self.cluster, ",".join(self.discovery.candidates()), time.monotonic() - began, failure
         )

@@ -82,10 +82,10 @@ class BrokerUnreachableError(RuntimeError):
 class BrokerAuthError(PermissionError):
     """A broker refused the token (authToken / authToken.<broker id>)."""
 
-    def __init__(self, broker: str, url: str, cause: BaseException) -> None:
+    def __init__(self, broker: str, url: str, cause: BaseException, options: str | None = None) -> None:
         super().__init__(
             f"timestone source: broker {broker!r} ({url}) refused the token: {cause} "
-            f"(see the options authToken, authToken.{broker})"
+            f"(see {options or f'the options authToken, authToken.{broker}'})"
         )
         self.broker = broker
 
@@ -102,6 +102,8 @@ class FetchSettings:
     retry_backoff_ms: int
     max_bytes: int
     fail_on_data_loss: bool
+    token_option: str | None = None
+    """The option that set ``auth_token``, for errors (None: ``authToken`` or ``authToken.<broker>``)."""
 
     def client(self) -> OffsetsClient:
         """A client retrying transient failures ``retries`` times, backing off exponentially."""
@@ -121,7 +123,7 @@ class FetchSettings:
         except BrokerUnavailable as error:
             raise BrokerUnreachableError(self.broker, self.url, time.monotonic() - began, error) from error
         except AuthError as error:
-            raise BrokerAuthError(self.broker, self.url, error) from error
+            raise BrokerAuthError(self.broker, self.url, error, self.token_option) from error
 
 
 @dataclass(slots=True)

@@ -153,6 +153,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 options.retry_backoff_ms,
                 options.max_bytes_per_fetch,
                 options.fail_on_data_loss,
+                "the option authToken (shared by the cluster's members)" if options.reads_cluster else None,
             )
             for name, url, token in sources
         }
