@@ -108,7 +108,6 @@ def test_source_given_one_member_reads_every_acknowledged_record_once(
         .option("clusterName", "plant")
         .option("topics", "fleet/+")
         .option("startingOffsets", "earliest")
-        .option("maxRecordsPerTrigger", "40")
         .load()
         .writeStream.foreachBatch(collect)
         .option("checkpointLocation", str(checkpoint))
