@@ -1,6 +1,7 @@
 """The ``timestone`` source reading a cluster of three broker processes (real etcd), given one member.
 
-- Every member describes the cluster (``GET /v1/cluster``) as etcd records it, so any one is a bootstrap.
+- Every member describes the cluster (``GET /v1/cluster``) as etcd records it, so any one is a bootstrap;
+  the source's offsets of a new query are keyed by topic and its tasks go to each topic's leader.
 - A streaming query given only one member's URL reads every record the devices had acknowledged, once,
   with the cluster's name in the ``broker`` column and its checkpoint keyed by topic.
 - A task whose member is killed (SIGKILL) reads the very same range from another replica, byte for byte.
@@ -13,12 +14,15 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.cluster_client import ClusterDiscovery
 from sources.cluster_reader import ClusterFetch, read_cluster_slices
 from sources.offsets_planner import Slice
+from sources.options import parse_options
 from sources.slice_reader import FetchSettings
+from sources.timestone_source import TimestonePartition, TimestoneStreamReader
 from tests.e2e.cluster.conftest import EtcdTarget
 from tests.e2e.cluster.proof import Device, cluster_state, read_log, wait_settled, wait_until
 from tests.e2e.sources.conftest import timestone_spark  # noqa: F401  (the shared session, source registered)
@@ -59,7 +63,7 @@ def _layout_matches_etcd(url: str, etcd: EtcdTarget) -> bool:
     )
 
 
-def test_any_member_describes_the_cluster_and_a_dead_members_range_is_read_from_another_replica(
+def test_discovery_from_any_member_tasks_at_leaders_and_a_dead_members_range_read_elsewhere(
     cluster_brokers, etcd
 ):
     brokers = _start_cluster(cluster_brokers, etcd)
@@ -67,6 +71,16 @@ def test_any_member_describes_the_cluster_and_a_dead_members_range_is_read_from_
         wait_until(lambda b=broker: _layout_matches_etcd(b.offsets_url, etcd), what=f"{node}'s /v1/cluster")
     fleet = _publish(brokers, devices=3, messages=30)
     layout = ClusterDiscovery([brokers["a"].offsets_url]).discover()
+    options = {"bootstrapServers": brokers["a"].offsets_url, "topics": "fleet/+", "clusterName": "plant"}
+    planner = TimestoneStreamReader(parse_options({**options, "startingOffsets": "time:0"}))
+    start = planner.initialOffset()
+    assert start == {"plant": {device.topic: 0 for device in fleet}}
+    end = planner.latestOffset(start, ReadAllAvailable())
+    assert end == {"plant": {d.topic: len(read_log(brokers["a"], d.topic)) for d in fleet}}
+    for task in planner.partitions(start, end):
+        assert isinstance(task, TimestonePartition)
+        for piece in task.plan.slices:
+            assert task.plan.broker == layout.partitions[layout.partition_of(piece.topic)].leader
     topic = fleet[0].topic
     leader = layout.leader_of(topic)
     assert leader is not None

@@ -30,3 +30,17 @@ def test_a_task_gives_up_after_its_rounds_over_dead_members() -> None:
     message = str(caught.value)
     assert "cluster 'plant'" in message and "members that failed: a, b" in message
     assert "fetchRetries" in message
+
+
+def test_a_checkpoint_of_standalone_brokers_is_not_continued_as_a_clusters() -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from sources.options import parse_options
+    from sources.timestone_source import TimestoneStreamReader
+
+    options = {"bootstrapServers": "http://127.0.0.1:1", "topics": "a/+", "clusterName": "plant"}
+    reader = TimestoneStreamReader(parse_options(options))
+    with pytest.raises(
+        ValueError, match=r"offsets of 'edge1', not of the cluster 'plant' \(option clusterName\)"
+    ):
+        reader.latestOffset({"edge1": {"a/b": 3}}, ReadAllAvailable())
