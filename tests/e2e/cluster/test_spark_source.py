@@ -4,12 +4,15 @@
   the source's offsets of a new query are keyed by topic and its tasks go to each topic's leader.
 - A streaming query given only one member's URL reads every record the devices had acknowledged, once,
   with the cluster's name in the ``broker`` column and its checkpoint keyed by topic.
-- A task whose member is killed (SIGKILL) reads the very same range from another replica, byte for byte.
+- A task whose member is killed (SIGKILL), or hangs (SIGSTOP), reads the very same range from another
+  replica, byte for byte.
 """
 
 from __future__ import annotations
 
 import json
+import signal
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -99,6 +102,24 @@ def test_discovery_from_any_member_tasks_at_leaders_and_a_dead_members_range_rea
 
     assert [(row["offset"], row["payload"]) for row in rows] == wanted
     assert {row["broker"] for row in rows} == {"plant"}
+
+    # A member that hangs (SIGSTOP) is passed over after fetchTimeoutMs; the dead leader refuses at once.
+    paused, last = (node for node in NODES if node != leader.node_id)
+    other = fleet[1].topic
+    wanted = read_log(brokers[last], other)
+    brokers[paused].process.send_signal(signal.SIGSTOP)
+    try:
+        hung = ClusterFetch(
+            "plant", layout, paused, (leader.offsets_api,), replace(settings, timeout_ms=1000)
+        )
+        rows = [
+            row
+            for batch in read_cluster_slices(hung, [Slice(other, 0, len(wanted))])
+            for row in batch.to_pylist()
+        ]
+    finally:
+        brokers[paused].process.send_signal(signal.SIGCONT)
+    assert [(row["offset"], row["payload"]) for row in rows] == wanted
 
 
 @pytest.mark.spark
