@@ -20,10 +20,12 @@ import pyarrow as pa
 
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.offsets_api.cluster_client import ClusterDiscovery, ClusterLayout, ClusterUnreachableError
+from broker_edge.offsets_api.errors import AuthError
 
 from .cluster_plan import readers_for
 from .offsets_planner import Slice
 from .slice_reader import (
+    BrokerAuthError,
     BrokerUnreachableError,
     FetchSettings,
     fetch_round,
@@ -148,6 +150,9 @@ class _Router:
             self.layout = self.discovery.discover(avoid=dead_urls)
         except ClusterUnreachableError as error:
             log.warning("timestone source: cluster %r: %s", self.cluster.cluster, error)
+        except AuthError as error:
+            urls = ",".join(self.discovery.candidates(dead_urls))
+            raise BrokerAuthError(self.cluster.cluster, urls, error, settings.token_option) from error
         self.down.clear()  # a new round: every member the layout lists gets another chance
         for topic, readers in self.readers.items():
             fresh = readers_for(self.layout, topic, readers[0] if readers else None)
