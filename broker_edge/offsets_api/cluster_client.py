@@ -142,7 +142,12 @@ class ClusterDiscovery:
                     layout = parse_layout(client.cluster())
             except AuthError:
                 raise
-            except (BrokerUnavailable, OffsetsApiError, ValueError) as error:
+            except OffsetsApiError as error:
+                if error.status == 404:
+                    error = OffsetsApiError(404, error.code, "not a cluster member (a standalone broker?)")
+                failures.append((url, error))
+                continue
+            except (BrokerUnavailable, ValueError) as error:
                 failures.append((url, error))
                 continue
             if layout.fenced or not layout.members:

@@ -13,7 +13,7 @@ import threading
 import pytest
 
 from broker_edge.cluster.view import Member, PartitionState
-from broker_edge.offsets_api.cluster_client import ClusterLayout
+from broker_edge.offsets_api.cluster_client import ClusterDiscovery, ClusterLayout, ClusterUnreachableError
 from sources.cluster_reader import ClusterFetch, ClusterReadError, read_cluster_slices
 from sources.offsets_planner import Slice
 from sources.slice_reader import FetchSettings
@@ -77,3 +77,8 @@ def test_a_range_no_replica_ever_commits_fails_naming_topic_and_offset(
     second_edge.fill(TOPIC, 10)
     with pytest.raises(ClusterReadError, match=r"served topic 'plant/1/temp' from offset 10"):
         read(task({"a": edge, "b": second_edge}, "b", timeout_ms=200, retries=0), 20)
+
+
+def test_discovery_from_a_standalone_broker_says_it_is_not_a_cluster_member(edge: EdgeBroker) -> None:
+    with pytest.raises(ClusterUnreachableError, match="not a cluster member"):
+        ClusterDiscovery([edge.url]).discover()
