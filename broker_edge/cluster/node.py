@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from broker_edge.cluster.forwarding import ClusterForwarding
 from broker_edge.cluster.peer_link import PeerLinks
+from broker_edge.cluster.retained_sync import RetainedSync
 from broker_edge.cluster.view import ClusterView, Member
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import MQTT_5, Disconnect
@@ -110,6 +111,9 @@ class ClusterNode:
         )
         self.links = PeerLinks(cluster.node_id, self.token, self.forwarding)
         self.forwarding.links = self.links
+        self.retained = RetainedSync(
+            broker.router, self.view, self.links, broker.loop, cluster.retained_snapshot_timeout_ms / 1000
+        )
         self.etcd: Etcd | None = None
         self.membership: Membership | None = None
         self.coordinator: Coordinator | None = None
@@ -171,6 +175,7 @@ class ClusterNode:
         self.view.on_change(self._view_changed)
         self._started = True
         self._view_changed()
+        self.retained.start()
         if self.coordinator is not None and self.membership is not None and self.controller is not None:
             try:
                 await self.coordinator.start()
@@ -204,6 +209,7 @@ class ClusterNode:
         if self.membership is not None:
             await self.membership.stop()
         self.forwarding.fail_waiting("the broker is shutting down")
+        await self.retained.stop()
         if self.leader is not None:
             await self.leader.stop()
         if self.followers is not None:
