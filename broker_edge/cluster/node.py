@@ -26,6 +26,9 @@ from typing import TYPE_CHECKING
 from broker_edge.cluster.forwarding import ClusterForwarding
 from broker_edge.cluster.peer_link import PeerLinks
 from broker_edge.cluster.retained_sync import RetainedSync
+from broker_edge.cluster.shared_directory import SharedDirectory
+from broker_edge.cluster.shared_groups import SharedGroups, log_reader
+from broker_edge.cluster.shared_registry import SharedRegistry
 from broker_edge.cluster.view import ClusterView, Member
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import MQTT_5, Disconnect
@@ -122,6 +125,21 @@ class ClusterNode:
         self.followers: Followers | None = None
         if not self.static:
             self._build_coordination_and_replication()
+        directory = SharedDirectory()
+        self.shared_registry = SharedRegistry(
+            cluster.node_id, directory, self.etcd, cluster.key_prefix, self.membership
+        )
+        broker.router.shared_membership = self.shared_registry.member_changed
+        reader = log_reader(broker.store) if broker.store is not None else None
+        self.shared = SharedGroups(
+            broker.router,
+            self.view,
+            self.links,
+            directory,
+            broker.loop,
+            reader,
+            cluster.shared_finished_remembered,
+        )
         broker.offsets_api_routes.append(self.links.add_routes)
         self._was_fenced = False
         self._started = False
@@ -176,6 +194,8 @@ class ClusterNode:
         self._started = True
         self._view_changed()
         self.retained.start()
+        self.shared.start()
+        self.shared_registry.start()
         if self.coordinator is not None and self.membership is not None and self.controller is not None:
             try:
                 await self.coordinator.start()
@@ -210,6 +230,8 @@ class ClusterNode:
             await self.membership.stop()
         self.forwarding.fail_waiting("the broker is shutting down")
         await self.retained.stop()
+        await self.shared_registry.stop()
+        await self.shared.stop()
         if self.leader is not None:
             await self.leader.stop()
         if self.followers is not None:

@@ -1,0 +1,155 @@
+"""Shared subscriptions across a cluster: three broker processes and a real etcd serve one group.
+
+A ``$share/<group>/<filter>`` group with a member on each broker gets every message published on any broker
+exactly once in total (QoS 0, 1 and 2; MQTT 5 and 3.1.1 members), never also through a broker's ordinary
+routing. When a member's broker dies, the messages it held unacknowledged reach the members on the other
+brokers: every publish acknowledged to its publisher reaches a live member at least once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import queue
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+from broker_edge.protocol.packets import Publish
+from tests.e2e.broker_clients import PahoClient, RawClient
+from tests.e2e.cluster.proof import wait_until
+
+GROUP = "$share/workers/jobs/#"
+WARM = b"warm"
+
+
+class Members:
+    """Members of one group, one per broker, and every payload each has received."""
+
+    def __init__(self, clients: dict[str, PahoClient | RawClient]) -> None:
+        self.clients = clients
+        self.got: dict[str, list[tuple[bytes, int]]] = {node: [] for node in clients}
+
+    def collect(self) -> None:
+        for node, client in self.clients.items():
+            if isinstance(client, RawClient):  # receives, never acknowledges
+                with contextlib.suppress(TimeoutError):
+                    while True:
+                        packet = client.recv(0.05)
+                        if isinstance(packet, Publish):
+                            self.got[node].append((packet.payload, packet.qos))
+            else:
+                with contextlib.suppress(queue.Empty):
+                    while True:
+                        message = client.messages.get_nowait()
+                        self.got[node].append((message.payload, message.qos))
+
+    def payloads(self, nodes: str) -> Counter[bytes]:
+        """How often each payload (warm-ups left out) reached the members on ``nodes``."""
+        return Counter(
+            payload for node in nodes for payload, _ in self.got[node] if not payload.startswith(WARM)
+        )
+
+    def warm_up(self, publish: Callable[[bytes], None]) -> None:
+        """Publish until every member has had a message: each broker's membership is known to the others."""
+        count = itertools.count()
+
+        def everyone_served() -> bool:
+            publish(WARM + str(next(count)).encode())
+            self.collect()
+            return all(any(p.startswith(WARM) for p, _ in got) for got in self.got.values())
+
+        wait_until(everyone_served, 30, "every member served once", lambda: self.got)
+
+
+def wait_all(members: Members, expected: set[bytes], nodes: str, what: str) -> None:
+    def arrived() -> bool:
+        members.collect()
+        return set(members.payloads(nodes)) >= expected
+
+    wait_until(arrived, 40, what, lambda: sorted(expected - set(members.payloads(nodes)))[:10])
+
+
+@pytest.mark.mqtt5("MQTT-4.8.2-3")
+@pytest.mark.parametrize("version", [5, 4], ids=["v5", "v3.1.1"])
+def test_each_message_reaches_exactly_one_member_of_the_group_across_brokers(three_brokers, version):
+    members = Members(
+        {
+            node: PahoClient(broker.port, f"worker-{node}-{version}", version=version)
+            for node, broker in three_brokers.items()
+        }
+    )
+    for client in members.clients.values():
+        assert isinstance(client, PahoClient)
+        client.subscribe(GROUP, 1)  # granted QoS 1: QoS 2 publishes are delivered at QoS 1
+    publishers = [
+        PahoClient(broker.port, f"boss-{node}-{version}", version=version)
+        for node, broker in three_brokers.items()
+    ]
+    members.warm_up(lambda payload: publishers[0].publish("jobs/warm", payload, 1))
+
+    per_qos = 30
+    sent: dict[bytes, int] = {}
+    for qos in (0, 1, 2):
+        for n in range(per_qos):
+            payload = f"{qos}:{n}".encode()
+            publishers[n % 3].publish(f"jobs/{qos}/{n}", payload, qos)  # topics of every partition
+            sent[payload] = qos
+
+    wait_all(members, set(sent), "abc", "every message at some member")
+    for publisher in publishers:
+        publisher.publish("jobs/end", b"end", 1)  # published after all: once it is in, so are duplicates
+    wait_until(lambda: members.collect() or members.payloads("abc")[b"end"] == 3, 20, "the end markers")
+    counts = members.payloads("abc")
+    del counts[b"end"]
+    assert set(counts) == set(sent)
+    assert [payload for payload, n in counts.items() if n != 1] == []  # exactly once cluster-wide
+    for node in "abc":
+        assert members.payloads(node), f"the member on {node} got nothing"  # members on every broker
+        for payload, qos in members.got[node]:
+            if not payload.startswith(WARM) and payload != b"end":
+                assert qos == min(sent[payload], 1)  # the granted QoS caps the delivery
+
+
+def test_the_unacknowledged_messages_of_a_dead_members_broker_reach_the_other_members(three_brokers):
+    """Members on a and b acknowledge; the member on c receives and never acknowledges. Publishers on a
+    and b publish QoS 1 on topics of every partition (some led by c); then c is killed. Every message the
+    publishers had acknowledged reaches the members on a or b: those c held unacknowledged once more, the
+    others exactly once."""
+    a, b, c = (three_brokers[node] for node in "abc")
+    silent = RawClient(c.port)
+    silent.connect("silent-worker")
+    silent.subscribe(GROUP, 1)
+    members = Members(
+        {
+            "a": PahoClient(a.port, "worker-a"),
+            "b": PahoClient(b.port, "worker-b"),
+            "c": silent,
+        }
+    )
+    for node in "ab":
+        client = members.clients[node]
+        assert isinstance(client, PahoClient)
+        client.subscribe(GROUP, 1)
+    publishers = [PahoClient(a.port, "boss-a"), PahoClient(b.port, "boss-b")]
+    members.warm_up(lambda payload: publishers[0].publish("jobs/warm", payload, 1))
+
+    acknowledged = set()
+    for n in range(60):
+        payload = f"job-{n}".encode()
+        publishers[n % 2].publish(f"jobs/{n}", payload, 1)  # returns once PUBACKed
+        acknowledged.add(payload)
+    wait_all(members, acknowledged, "abc", "every job at some member before the kill")
+    before = members.payloads("abc")
+    assert [payload for payload, n in before.items() if n != 1] == []  # exactly once while all live
+    held_by_c = set(members.payloads("c"))
+    assert held_by_c, "the member on c got no job: nothing to move"
+
+    c.kill()
+    wait_all(members, acknowledged, "ab", "every acknowledged job at a member on a or b after c died")
+    time.sleep(1.0)  # anything moved twice would have arrived by now
+    members.collect()
+    survivors = members.payloads("ab")
+    assert [payload for payload, n in survivors.items() if n != 1] == []  # moved once, the others untouched
