@@ -19,7 +19,7 @@ import pytest
 
 from broker_edge.protocol.packets import Publish
 from tests.e2e.broker_clients import PahoClient, RawClient
-from tests.e2e.cluster.proof import wait_until
+from tests.e2e.cluster.proof import Device, cluster_state, wait_until
 
 GROUP = "$share/workers/jobs/#"
 WARM = b"warm"
@@ -153,3 +153,47 @@ def test_the_unacknowledged_messages_of_a_dead_members_broker_reach_the_other_me
     members.collect()
     survivors = members.payloads("ab")
     assert [payload for payload, n in survivors.items() if n != 1] == []  # moved once, the others untouched
+
+
+def test_a_broker_that_restarts_and_takes_back_its_leaderships_delivers_nothing_twice(three_brokers, etcd):
+    """Devices publish QoS 1 through a and b on topics of every partition while c (a member's broker) is
+    stopped and started again, and leadership moves back to it partition by partition. Every acknowledged
+    publish reaches a member; those published after c's return, while leaderships move, exactly once."""
+    a, b, c = (three_brokers[node] for node in "abc")
+    clients: dict[str, PahoClient | RawClient] = {
+        node: PahoClient(broker.port, f"worker-{node}") for node, broker in three_brokers.items()
+    }
+    members = Members(clients)
+    for client in clients.values():
+        assert isinstance(client, PahoClient)
+        client.subscribe(GROUP, 1)
+    publisher = PahoClient(a.port, "boss")
+    members.warm_up(lambda payload: publisher.publish("jobs/warm", payload, 1))
+    devices = [Device(f"dev-{n}", f"jobs/dev-{n}", [a, b], start_at=n) for n in range(6)]
+    for device in devices:
+        device.start()
+
+    c.stop()
+    wait_until(lambda: "c" not in cluster_state(etcd).leaders(), 30, "c's partitions led by a and b")
+    c.start()
+    returned = PahoClient(c.port, "worker-c-again")
+    returned.subscribe(GROUP, 1)
+    members.clients["c"] = returned
+    back_at = time.monotonic()
+    wait_until(lambda: cluster_state(etcd).leaders().get("c", 0) >= 4, 60, "c leading its share again")
+    time.sleep(1.0)  # publishing on under the new leaders
+    for device in devices:
+        device.stop()
+
+    acknowledged = {payload for device in devices for payload in device.acked}
+    wait_all(members, acknowledged, "abc", "every acknowledged publish at some member")
+    since_back = {
+        payload
+        for device in devices
+        for payload, at in zip(device.acked, device.ack_times, strict=True)
+        if at > back_at
+    }
+    assert since_back, "nothing published while leadership moved back"
+    counts = members.payloads("abc")
+    assert [payload for payload in since_back if counts[payload] != 1] == []
+    assert any(payload in since_back for payload, _ in members.got["c"]), "c's new member got nothing"
