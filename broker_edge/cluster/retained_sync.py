@@ -5,9 +5,9 @@ committed record that every broker routes (leader, followers, observers: ``Route
 the log's order, so every broker ends with the same message per topic), an unlogged one over the peer
 links. So the set is kept up to date with no message of its own. What a broker misses is what happened
 before it started (or while it was down): ``RetainedSync`` asks a live peer for its whole set
-(``RETAINED_SNAPSHOT``, a peer-link request) when the node starts, and until that answer is applied the
-retained messages of new subscriptions wait (``Router.retained_gate``), so a subscriber never sees a
-partial set.
+(``RETAINED_SNAPSHOT``, a page per peer-link request, in topic order) when the node starts, and until it
+is applied the retained messages of new subscriptions wait (``Router.retained_gate``), so a subscriber
+never sees a partial set.
 
 The snapshot never overwrites a topic whose retained message was set or cleared here since the node
 started: that change is newer or the same (a logged topic's changes reach every broker in log order, and
@@ -20,6 +20,7 @@ etcd.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import struct
 from collections.abc import Callable, Iterable
@@ -40,12 +41,16 @@ if TYPE_CHECKING:
     from broker_edge.delivery import Message
     from broker_edge.router import Router
 
-__all__ = ["RETAINED_SNAPSHOT", "RetainedSync", "decode_snapshot", "encode_snapshot"]
+__all__ = ["RETAINED_SNAPSHOT", "RetainedSync", "decode_snapshot", "encode_snapshot", "snapshot_page"]
 
 log = logging.getLogger("broker_edge.cluster.retained_sync")
 
 RETAINED_SNAPSHOT = 20
-"""Peer service: the whole retained set of the answering broker (request body empty)."""
+"""Peer service: one page of the answering broker's retained set, by topic order. Request: the UTF-8 topic
+the previous page ended with (empty: from the start). Reply: ``u8 more pages | snapshot``."""
+PAGE_BYTES = 1 << 20
+"""Payload bytes of one page (at least one message): a large retained set travels as many peer-link
+messages, none near the link's message size limit."""
 POLL_S = 0.05
 """How often a starting broker looks again for a peer to ask (links come up in the background)."""
 LOCAL_ONLY_PREFIX = "$SYS/"
@@ -53,6 +58,23 @@ LOCAL_ONLY_PREFIX = "$SYS/"
 
 _COUNT = struct.Struct("<I")
 _OFFSET = struct.Struct("<q")
+_MORE = struct.Struct("<B")
+
+
+def snapshot_page(
+    entries: list[tuple[str, Message]], after: str, page_bytes: int
+) -> tuple[list[tuple[str, Message]], bool]:
+    """The entries (sorted by topic) after topic ``after`` that fit ``page_bytes`` of payload (at least
+    one), and whether more follow."""
+    start = bisect.bisect_right(entries, after, key=lambda entry: entry[0]) if after else 0
+    page: list[tuple[str, Message]] = []
+    size = 0
+    for entry in entries[start:]:
+        if page and size + len(entry[1].payload) > page_bytes:
+            return page, True
+        page.append(entry)
+        size += len(entry[1].payload)
+    return page, False
 
 
 def encode_snapshot(entries: Iterable[tuple[str, Message]]) -> bytes:
@@ -136,13 +158,20 @@ class RetainedSync:
     # -- the peer service -------------------------------------------------------------------------------
 
     async def _serve(self, link: PeerLink, body: memoryview) -> bytes:
-        return encode_snapshot(self.router.retained.items())
+        entries = sorted(
+            (entry for entry in self.router.retained.items() if not entry[0].startswith(LOCAL_ONLY_PREFIX)),
+            key=lambda entry: entry[0],
+        )
+        page, more = snapshot_page(entries, str(body, "utf-8"), PAGE_BYTES)
+        return _MORE.pack(more) + encode_snapshot(page)
 
     # -- loading ----------------------------------------------------------------------------------------
 
     async def _load(self) -> None:
         deadline = self.loop.time() + self.timeout_s
         asked: set[str] = set()
+        after = ""
+        received = 0
         while self.loop.time() < deadline:
             me = self.view.node_id
             others = sorted(node for node in self.view.members if node != me)
@@ -154,15 +183,21 @@ class RetainedSync:
                     continue
                 asked.add(peer)
                 try:
-                    reply = await self.links.link(peer).request(
-                        RETAINED_SNAPSHOT, b"", self.request_timeout_s
-                    )
-                    messages = decode_snapshot(reply, self.loop.time())
+                    more = True
+                    while more:  # pages by topic order; another peer goes on from the same topic
+                        reply = await self.links.link(peer).request(
+                            RETAINED_SNAPSHOT, after.encode(), self.request_timeout_s
+                        )
+                        more = bool(_MORE.unpack_from(reply, 0)[0])
+                        messages = decode_snapshot(memoryview(reply)[_MORE.size :], self.loop.time())
+                        self._apply(messages)
+                        received += len(messages)
+                        if messages:
+                            after = messages[-1].topic
                 except (PeerLinkDown, PeerRequestFailed, TimeoutError, ValueError, struct.error) as exc:
                     log.warning("retained messages from %s: %s; asking another member", peer, exc)
                     continue
-                self._apply(messages)
-                self._loaded(f"{len(messages)} retained messages from {peer}")
+                self._loaded(f"{received} retained messages, the last from {peer}")
                 return
             if asked >= set(others):
                 asked.clear()  # every live peer failed once: try them again while time is left

@@ -25,9 +25,9 @@ followed into a ``SharedDirectory``); everything per message moves over the peer
   once, as every unlogged publish.
 
 A delivery is known to be finished when the copy handed to the member's session is released: the session
-holds it until the member acknowledges it (QoS 1 PUBACK, QoS 2 PUBCOMP), or drops it, and a QoS 0 delivery
-is written at once. The copy is a ``Message`` with a weak reference (``weakref.finalize``), so sessions need
-no hook of their own.
+holds it until the member acknowledges it (QoS 1 PUBACK; QoS 2 PUBREC, from which on the member holds
+it), or drops it, and a QoS 0 delivery is written at once. The copy is a ``Message`` with a weak
+reference (``weakref.finalize``), so sessions need no hook of their own.
 """
 
 from __future__ import annotations

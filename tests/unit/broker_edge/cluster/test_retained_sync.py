@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from broker_edge.cluster.peer_link import PeerLinks
-from broker_edge.cluster.retained_sync import RetainedSync, decode_snapshot, encode_snapshot
+from broker_edge.cluster.retained_sync import RetainedSync, decode_snapshot, encode_snapshot, snapshot_page
 from broker_edge.cluster.view import ClusterView
 from broker_edge.delivery import Message
 from broker_edge.limits import LimitsConfig
@@ -80,3 +80,17 @@ async def _changes_made_while_loading_win():
     assert served == ["t/#"]
     assert router.retained_gate(lambda: served.append("again")) is False  # loaded: served at once
     assert router.retained_changed is None
+
+
+def test_a_large_retained_set_travels_in_pages_in_topic_order_each_going_on_after_the_last_topic():
+    entries = sorted((f"t/{n:02}", Message(f"t/{n:02}", b"x" * 40, 1, True)) for n in range(10))
+    pages: list[list[str]] = []
+    after, more = "", True
+    while more:
+        page, more = snapshot_page(entries, after, page_bytes=100)
+        pages.append([topic for topic, _ in page])
+        after = page[-1][0]
+    assert pages == [["t/00", "t/01"], ["t/02", "t/03"], ["t/04", "t/05"], ["t/06", "t/07"], ["t/08", "t/09"]]
+    huge = [("big", Message("big", b"x" * 1000, 1, True))]
+    assert snapshot_page(huge, "", page_bytes=100) == (huge, False)  # one message always fits
+    assert snapshot_page(entries, "t/09", page_bytes=100) == ([], False)
