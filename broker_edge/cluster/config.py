@@ -105,6 +105,9 @@ class ClusterConfig:
     retained_snapshot_timeout_ms: int = 5000
     """How long a starting broker waits for a peer's retained messages before it serves the retained
     messages of new subscriptions with what it holds."""
+    shared_resend_ms: int = 10000
+    """A shared-subscription delivery given to another broker and not finished after this long is sent to
+    it again (the broker ignores it if it is delivering it)."""
     shared_finished_remembered: int = 65536
     """Finished shared-subscription deliveries each broker remembers, so that a late message about one
     (a leadership change, a reordering between peers) never gives it to a second member."""
@@ -130,6 +133,7 @@ class ClusterConfig:
             ("forward_timeout_ms", 0),
             ("retained_snapshot_timeout_ms", 0),
             ("shared_finished_remembered", 1),
+            ("shared_resend_ms", 1),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

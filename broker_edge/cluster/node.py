@@ -139,6 +139,7 @@ class ClusterNode:
             broker.loop,
             reader,
             cluster.shared_finished_remembered,
+            cluster.shared_resend_ms / 1000,
         )
         broker.offsets_api_routes.append(self.links.add_routes)
         self._was_fenced = False

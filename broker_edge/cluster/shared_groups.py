@@ -138,6 +138,7 @@ class SharedGroups:
         loop: asyncio.AbstractEventLoop,
         read_record: ReadRecord | None,
         remembered: int,
+        resend_s: float,
     ) -> None:
         self.router = router
         self.view = view
@@ -149,6 +150,10 @@ class SharedGroups:
         self._here: set[DeliveryKey] = set()
         """Deliveries handed to a member of this broker and not finished."""
         self._retry_timer: asyncio.TimerHandle | None = None
+        self.resend_s = resend_s
+        self._sent_at: dict[DeliveryKey, float] = {}
+        """Deliveries this node assigned to another broker, and when (sent again while unfinished)."""
+        self._resend_timer: asyncio.TimerHandle | None = None
         self._led: set[int] = set()
         self._asking: set[asyncio.Task[None]] = set()
         self._started = False
@@ -163,11 +168,13 @@ class SharedGroups:
         self._started = True
         self.view.on_change(self._view_changed)
         self._view_changed()
+        self._resend_timer = self.loop.call_later(self.resend_s / 2, self._resend_unfinished)
 
     async def stop(self) -> None:
         self._started = False
-        if self._retry_timer is not None:
-            self._retry_timer.cancel()
+        for timer in (self._retry_timer, self._resend_timer):
+            if timer is not None:
+                timer.cancel()
         for task in list(self._asking):
             await stop_task(task)
 
@@ -233,6 +240,7 @@ class SharedGroups:
             self._deliver_here((key.group, key.topic_filter), message, key)
         else:
             self.links.link(node).send(ASSIGN, encode_assign(key, message))
+            self._sent_at[key] = self.loop.time()
 
     # -- delivering here ----------------------------------------------------------------------------------
 
@@ -260,6 +268,7 @@ class SharedGroups:
 
     def _finished(self, key: DeliveryKey) -> None:
         self.deliveries.finish(key)
+        self._sent_at.pop(key, None)
         self._tell_others(DONE, encode_done(key, False))
 
     def _decline(self, key: DeliveryKey) -> None:
@@ -279,8 +288,11 @@ class SharedGroups:
 
     def _on_assign(self, link: PeerLink, body: memoryview) -> None:
         key, message = decode_assign(body, self.loop.time())
-        if key in self._here or not self.deliveries.assign(key, self.view.node_id):
-            return  # already being delivered here, or finished
+        if key in self._here:
+            return  # sent again while its delivery here goes on
+        if not self.deliveries.assign(key, self.view.node_id):
+            link.send(DONE, encode_done(key, False))  # finished: the first notice did not get through
+            return
         self._deliver_here((key.group, key.topic_filter), message, key)
 
     def _on_note(self, link: PeerLink, body: memoryview) -> None:
@@ -291,6 +303,7 @@ class SharedGroups:
         key, declined = decode_done(body)
         if not declined:
             self.deliveries.finish(key)
+            self._sent_at.pop(key, None)
             return
         excluded = self.deliveries.decline(key, link.peer)
         if excluded and self._leads(key.topic):
@@ -378,6 +391,28 @@ class SharedGroups:
             self._retry_later()
             return
         self._assign(key, message, self.directory.group((key.group, key.topic_filter)), excluded)
+
+    def _resend_unfinished(self) -> None:
+        """Send again the assignments to live brokers unfinished for ``resend_s`` (one, or its completion
+        notice, may have been lost on a peer link that dropped): the broker delivers it if it never got
+        it, ignores it while delivering it, and repeats its notice if it has finished it."""
+        now = self.loop.time()
+        self._resend_timer = self.loop.call_later(self.resend_s / 2, self._resend_unfinished)
+        assigned = self.deliveries.assigned
+        for key, sent in list(self._sent_at.items()):
+            node = assigned.get(key)
+            if node is None or node == self.view.node_id or not self._leads(key.topic):
+                del self._sent_at[key]  # finished, moved, or no longer this node's to watch
+                continue
+            if now - sent < self.resend_s or not self._usable(node):
+                continue
+            try:
+                message = self.read_record(key.topic, key.offset) if self.read_record is not None else None
+            except LookupError:
+                message = None
+            if message is not None:
+                self._sent_at[key] = now
+                self.links.link(node).send(ASSIGN, encode_assign(key, message))
 
     def _retry_later(self) -> None:
         if self._retry_timer is None and self._started:
