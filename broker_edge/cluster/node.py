@@ -129,6 +129,7 @@ class ClusterNode:
         self.shared_registry = SharedRegistry(
             cluster.node_id, directory, self.etcd, cluster.key_prefix, self.membership
         )
+        self.shared_registry.count_existing(broker.router.trie.subscriptions())
         broker.router.shared_membership = self.shared_registry.member_changed
         reader = log_reader(broker.store) if broker.store is not None else None
         self.shared = SharedGroups(

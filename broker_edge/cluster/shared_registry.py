@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 from collections import Counter
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from broker_edge.cluster.etcd import EtcdError, WatchCompacted
@@ -71,6 +72,13 @@ class SharedRegistry:
             membership.on_registered(self._dirty.set)
 
     # -- this broker's members (``Router.shared_membership``) ------------------------------------------------
+
+    def count_existing(self, subscriptions: Iterable[tuple[str, object, object, str | None]]) -> None:
+        """Count the shared subscriptions made before the router told this registry of changes
+        (``SubscriptionTrie.subscriptions()``: filter, subscriber, options, group)."""
+        for topic_filter, _subscriber, _options, group in subscriptions:
+            if group is not None:
+                self.member_changed(group, topic_filter, True)
 
     def member_changed(self, group: str, topic_filter: str, joined: bool) -> None:
         key = (group, topic_filter)

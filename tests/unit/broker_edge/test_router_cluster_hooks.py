@@ -57,6 +57,15 @@ def test_membership_is_told_on_every_join_and_leave_and_the_registry_counts_memb
     assert directory.match("jobs/1") == []
 
 
+def test_a_registry_made_after_subscriptions_were_restored_counts_them():
+    router = Router(LimitsConfig())
+    _members(router, "m1")
+    directory = SharedDirectory()
+    registry = SharedRegistry("a", directory, None, "/timestone", None)
+    registry.count_existing(router.trie.subscriptions())
+    assert [(g.name, g.filter, set(g.members)) for g in directory.match("jobs/1")] == [("g", "jobs/#", {"a"})]
+
+
 def test_retained_changes_are_told_with_their_topic():
     router = Router(LimitsConfig())
     changed: list[str] = []
