@@ -99,17 +99,15 @@ def test_each_message_reaches_exactly_one_member_of_the_group_across_brokers(thr
             sent[payload] = qos
 
     wait_all(members, set(sent), "abc", "every message at some member")
-    for publisher in publishers:
-        publisher.publish("jobs/end", b"end", 1)  # published after all: once it is in, so are duplicates
-    wait_until(lambda: members.collect() or members.payloads("abc")[b"end"] == 3, 20, "the end markers")
+    time.sleep(1.0)  # a second copy of any of them would have arrived by now
+    members.collect()
     counts = members.payloads("abc")
-    del counts[b"end"]
     assert set(counts) == set(sent)
     assert [payload for payload, n in counts.items() if n != 1] == []  # exactly once cluster-wide
     for node in "abc":
         assert members.payloads(node), f"the member on {node} got nothing"  # members on every broker
         for payload, qos in members.got[node]:
-            if not payload.startswith(WARM) and payload != b"end":
+            if not payload.startswith(WARM):
                 assert qos == min(sent[payload], 1)  # the granted QoS caps the delivery
 
 
