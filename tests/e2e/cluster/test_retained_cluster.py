@@ -143,3 +143,14 @@ def test_retain_handling_and_retain_as_published_behave_as_on_one_broker(three_b
     assert plain.expect(1)[0].retain is False  # live delivery: RETAIN cleared
     assert as_published.expect(1)[0].retain is True  # unless retain as published
     assert v3.expect(1)[0].retain is False
+
+
+@pytest.mark.mqtt5("MQTT-3.3.1-5", "MQTT-3.3.1-6")
+def test_a_broker_that_joins_later_serves_the_retained_set(three_brokers, cluster_brokers):
+    a, c = three_brokers["a"], three_brokers["c"]
+    PahoClient(a.port, "early-1").publish("fleet/logged", b"qos 1 before d", 1, retain=True)
+    PahoClient(c.port, "early-0").publish("fleet/unlogged", b"qos 0 before d", 0, retain=True)
+    expected = {"fleet/logged": b"qos 1 before d", "fleet/unlogged": b"qos 0 before d"}
+    wait_retained(a.port, "fleet/#", expected, "the set on a")
+    d = cluster_brokers("d")
+    assert retained_on(d.port, "fleet/#", "first-on-d") == expected
