@@ -388,6 +388,7 @@ class SharedGroups:
             self._finished(key)
             return
         if message is None:  # not committed here yet (a new leader's watermark is still behind)
+            self.deliveries.hold(key)
             self._retry_later()
             return
         self._assign(key, message, self.directory.group((key.group, key.topic_filter)), excluded)
