@@ -196,3 +196,30 @@ def test_a_broker_that_restarts_and_takes_back_its_leaderships_delivers_nothing_
     counts = members.payloads("abc")
     assert [payload for payload in since_back if counts[payload] != 1] == []
     assert any(payload in since_back for payload, _ in members.got["c"]), "c's new member got nothing"
+
+
+@pytest.mark.mqtt5("MQTT-4.8.2-5")
+def test_a_delivery_is_not_moved_to_a_member_on_another_broker_when_its_session_ends(three_brokers):
+    a, c = three_brokers["a"], three_brokers["c"]
+    leaving = RawClient(c.port)
+    leaving.connect("leaving-worker")  # Session Expiry 0: the session ends with the connection
+    leaving.subscribe(GROUP, 1)
+    members = Members({"c": leaving})
+    publisher = PahoClient(a.port, "boss")
+    members.warm_up(lambda payload: publisher.publish("jobs/warm", payload, 1))
+    publisher.publish("jobs/once", b"for the leaving member", 1)
+    wait_all(members, {b"for the leaving member"}, "c", "the job at the member on c")
+
+    other = PahoClient(a.port, "staying-worker")
+    other.subscribe(GROUP, 1)
+    leaving.close()  # unacknowledged
+
+    def served() -> bool:
+        publisher.publish("jobs/next", b"next", 1)
+        return other.messages.qsize() > 0
+
+    wait_until(served, 20, "the member on a served")
+    time.sleep(1.0)  # the job would have been moved by now
+    received = [other.messages.get().payload for _ in range(other.messages.qsize())]
+    assert b"next" in received
+    assert b"for the leaving member" not in received
