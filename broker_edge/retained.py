@@ -91,6 +91,15 @@ class RetainedStore:
                 found = [(t, m) for t, m in found if t not in set(expired)]
         return found
 
+    def items(self) -> list[tuple[str, Any]]:
+        """``(topic, message)`` of every retained topic, ``$`` topics included, the expired left out."""
+        found: list[tuple[str, Any]] = []
+        if self._root.children:
+            self._collect_all(self._root.children, [], False, found)
+        if self._is_expired is not None:
+            found = [(topic, message) for topic, message in found if not self._is_expired(message)]
+        return found
+
     def _walk(self, node: _Node, levels: list[str], index: int, path: list[str], found: list) -> None:
         if index == len(levels):
             if node.message is not None:

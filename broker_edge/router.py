@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from broker_edge.delivery import Message, forwarded_properties
 from broker_edge.retained import RetainedStore
 from broker_edge.session import NEVER_EXPIRES, Session
-from broker_edge.subscriptions import SubscriptionOptions, SubscriptionTrie
+from broker_edge.subscriptions import SharedGroup, SubscriptionOptions, SubscriptionTrie
 
 if TYPE_CHECKING:
     from broker_edge.limits import LimitsConfig
@@ -79,15 +79,26 @@ class Router:
         self._expiring: set[Session] = set()
         self.publish_hook: Callable[[Message], None] | None = None
         """Set by the broker so wills take the same path as client PUBLISHes (log append included)."""
+        # Hooks of a cluster member (``broker_edge.cluster``); all None on a broker alone.
+        self.shared_dispatch: Callable[[Message], int] | None = None
+        """Decides, cluster-wide, which broker's member of each shared group gets a message (it serves
+        this broker's own through ``deliver_to_group``); returns how many groups it served."""
+        self.shared_membership: Callable[[str, str, bool], None] | None = None
+        """Told ``(group, filter, joined)`` when a member joins or leaves a shared group here."""
+        self.retained_changed: Callable[[str], None] | None = None
+        """Told the topic of every retained message set or cleared."""
+        self.retained_gate: Callable[[Callable[[], object]], bool] | None = None
+        """True when retained messages cannot be served yet: it runs the given callable once they can."""
 
     # -- publishing ---------------------------------------------------------------------------------------
 
-    def publish(self, message: Message) -> int:
+    def publish(self, message: Message, groups_served: bool = False) -> int:
         """Deliver ``message`` to every matching session (and update retained); returns how many matched.
 
         ``message.retain`` is the RETAIN flag of the incoming PUBLISH: the message becomes the topic's
         retained message (an empty payload clears it). Live deliveries carry RETAIN only to subscriptions
-        with Retain As Published (MQTT 3.3.1.3).
+        with Retain As Published (MQTT 3.3.1.3). ``groups_served``: its shared groups were served where it
+        was published (a cluster peer's unlogged publish), only ordinary subscriptions get it here.
         """
         if message.retain and self.retain_enabled:
             if message.payload:
@@ -95,9 +106,15 @@ class Router:
                     self.count_drop("retained_full")
             else:
                 self.retained.clear(message.topic)
+            if self.retained_changed is not None:
+                self.retained_changed(message.topic)
         match = self.trie.match(message.topic)
-        if not match.subscribers and not match.groups:
-            return 0
+        dispatch = self.shared_dispatch
+        served = 0
+        if dispatch is not None and not groups_served:
+            served = dispatch(message)
+        if not match.subscribers and (not match.groups or dispatch is not None or groups_served):
+            return served
         origin = message.origin
         message_qos = message.qos
         retain = message.retain
@@ -110,25 +127,36 @@ class Router:
             if session.cursors is not None and replays is not None and replays.holds(session, message, qos):
                 continue
             session.deliver(message, qos, retain and retain_as_published, subscription_ids)
+        if dispatch is not None or groups_served:
+            return len(match.subscribers) + served
         for group in match.groups:
-            picked = group.pick(_is_online)
-            if picked is None:
-                continue
-            member, options = picked
-            sub_id = options.subscription_id
-            member.deliver(
-                message,
-                options.qos if options.qos < message_qos else message_qos,
-                retain and options.retain_as_published,
-                (sub_id,) if sub_id is not None else (),
-                True,
-            )
+            self.deliver_to_group(group, message)
         return len(match.subscribers) + len(match.groups)
+
+    def deliver_to_group(self, group: SharedGroup[Session], message: Message) -> Session | None:
+        """Deliver ``message`` to one member of a shared group (round robin, online members first); the
+        member it went to, None if the group is empty."""
+        picked = group.pick(_is_online)
+        if picked is None:
+            return None
+        member, options = picked
+        sub_id = options.subscription_id
+        member.deliver(
+            message,
+            options.qos if options.qos < message.qos else message.qos,
+            message.retain and options.retain_as_published,
+            (sub_id,) if sub_id is not None else (),
+            True,
+        )
+        return member
 
     def send_retained(self, session: Session, topic_filter: str, options: SubscriptionOptions) -> int:
         """Deliver the retained messages matching a new subscription (RETAIN set, MQTT 3.3.1.3)."""
         if not self.retain_enabled:
             return 0
+        gate = self.retained_gate
+        if gate is not None and gate(lambda: self.send_retained(session, topic_filter, options)):
+            return 0  # sent once the cluster's retained messages are known here
         sub_ids = (options.subscription_id,) if options.subscription_id is not None else ()
         found = self.retained.match(topic_filter)
         for _topic, message in found:
@@ -145,8 +173,10 @@ class Router:
         if subscriptions is None:
             subscriptions = session.subscriptions = {}
         existing = subscriptions.get(key)
-        self.trie.add(topic_filter, session, options, group)
+        joined = self.trie.add(topic_filter, session, options, group)
         subscriptions[key] = SessionSubscription(topic_filter, group, options)
+        if joined and group is not None and self.shared_membership is not None:
+            self.shared_membership(group, topic_filter, True)
         return existing is None
 
     def unsubscribe(self, session: Session, key: str) -> bool:
@@ -154,7 +184,9 @@ class Router:
         entry = subscriptions.pop(key, None) if subscriptions else None
         if entry is None:
             return False
-        self.trie.remove(entry.topic_filter, session, entry.group)
+        left = self.trie.remove(entry.topic_filter, session, entry.group)
+        if left and entry.group is not None and self.shared_membership is not None:
+            self.shared_membership(entry.group, entry.topic_filter, False)
         if not subscriptions:
             session.subscriptions = None
         if self.replays is not None:

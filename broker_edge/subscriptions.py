@@ -210,6 +210,16 @@ class SubscriptionTrie(Generic[S]):
 
     # -- lookups ------------------------------------------------------------------------------------------
 
+    def shared_group(self, topic_filter: str, group: str) -> SharedGroup[S] | None:
+        """The shared group ``group`` of ``topic_filter`` (None if it has no member here)."""
+        node = self._root
+        for level in topic_filter.split("/"):
+            child = node.children.get(level) if node.children else None
+            if child is None:
+                return None
+            node = child
+        return node.shared.get(group) if node.shared else None
+
     def match(self, topic: str) -> Match[S]:
         """Every subscriber of ``topic`` (a topic name, no wildcards), merged per session; cached."""
         cached = self._cache.get(topic)

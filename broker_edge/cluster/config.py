@@ -102,6 +102,15 @@ class ClusterConfig:
     """Prefix of every etcd key of this cluster (several clusters may share one etcd)."""
     token: str | None = None
     """Bearer token between peers; unset = ``offsets_api.token``."""
+    retained_snapshot_timeout_ms: int = 5000
+    """How long a starting broker waits for a peer's retained messages before it serves the retained
+    messages of new subscriptions with what it holds."""
+    shared_resend_ms: int = 10000
+    """A shared-subscription delivery given to another broker and not finished after this long is sent to
+    it again (the broker ignores it if it is delivering it)."""
+    shared_finished_remembered: int = 65536
+    """Finished shared-subscription deliveries each broker remembers, so that a late message about one
+    (a leadership change, a reordering between peers) never gives it to a second member."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not _NODE_ID.match(self.node_id):
@@ -122,6 +131,9 @@ class ClusterConfig:
             ("lease_ttl_s", 2),
             ("replica_lag_max_ms", 1),
             ("forward_timeout_ms", 0),
+            ("retained_snapshot_timeout_ms", 0),
+            ("shared_finished_remembered", 1),
+            ("shared_resend_ms", 1),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

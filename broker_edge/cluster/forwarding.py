@@ -181,4 +181,4 @@ class ClusterForwarding:
         self.path.accept_forwarded(messages, lambda acks: link.answer(batch, acks))
 
     def unlogged(self, message: Message) -> None:
-        self.router.publish(message)
+        self.router.publish(message, groups_served=True)  # the broker it was published on served them

@@ -27,6 +27,10 @@ from typing import TYPE_CHECKING
 from broker_edge.cluster.cluster_info import cluster_info_route
 from broker_edge.cluster.forwarding import ClusterForwarding
 from broker_edge.cluster.peer_link import PeerLinks
+from broker_edge.cluster.retained_sync import RetainedSync
+from broker_edge.cluster.shared_directory import SharedDirectory
+from broker_edge.cluster.shared_groups import SharedGroups, log_reader
+from broker_edge.cluster.shared_registry import SharedRegistry
 from broker_edge.cluster.view import ClusterView, Member
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import MQTT_5, Disconnect
@@ -112,6 +116,9 @@ class ClusterNode:
         )
         self.links = PeerLinks(cluster.node_id, self.token, self.forwarding)
         self.forwarding.links = self.links
+        self.retained = RetainedSync(
+            broker.router, self.view, self.links, broker.loop, cluster.retained_snapshot_timeout_ms / 1000
+        )
         self.etcd: Etcd | None = None
         self.membership: Membership | None = None
         self.coordinator: Coordinator | None = None
@@ -120,6 +127,23 @@ class ClusterNode:
         self.followers: Followers | None = None
         if not self.static:
             self._build_coordination_and_replication()
+        directory = SharedDirectory()
+        self.shared_registry = SharedRegistry(
+            cluster.node_id, directory, self.etcd, cluster.key_prefix, self.membership
+        )
+        self.shared_registry.count_existing(broker.router.trie.subscriptions())
+        broker.router.shared_membership = self.shared_registry.member_changed
+        reader = log_reader(broker.store) if broker.store is not None else None
+        self.shared = SharedGroups(
+            broker.router,
+            self.view,
+            self.links,
+            directory,
+            broker.loop,
+            reader,
+            cluster.shared_finished_remembered,
+            cluster.shared_resend_ms / 1000,
+        )
         broker.offsets_api_routes.append(self.links.add_routes)
         broker.offsets_api_routes.append(cluster_info_route(self.view))
         self._was_fenced = False
@@ -174,6 +198,9 @@ class ClusterNode:
         self.view.on_change(self._view_changed)
         self._started = True
         self._view_changed()
+        self.retained.start()
+        self.shared.start()
+        self.shared_registry.start()
         if self.coordinator is not None and self.membership is not None and self.controller is not None:
             try:
                 await self.coordinator.start()
@@ -207,6 +234,9 @@ class ClusterNode:
         if self.membership is not None:
             await self.membership.stop()
         self.forwarding.fail_waiting("the broker is shutting down")
+        await self.retained.stop()
+        await self.shared_registry.stop()
+        await self.shared.stop()
         if self.leader is not None:
             await self.leader.stop()
         if self.followers is not None:
