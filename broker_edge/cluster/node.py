@@ -131,6 +131,7 @@ class ClusterNode:
         from broker_edge.cluster.leader import LeaderConfig, LeaderReplication
         from broker_edge.cluster.membership import Membership
         from broker_edge.cluster.replica_fetch import replica_fetch_route
+        from broker_edge.cluster.replica_push import PUSH
 
         broker, cluster, view = self.broker, self.cluster, self.view
         store = broker.store
@@ -154,7 +155,9 @@ class ClusterNode:
             epochs,
             route_committed=delivery.route_committed,
         )
-        self.followers = Followers(view, store, delivery, self.token, epochs=epochs)
+        self.leader.serve_pushes(self.links)
+        self.followers = Followers(view, store, delivery, self.token, epochs=epochs, links=self.links)
+        self.links.on(PUSH, self.followers.pushed)
         timeout = broker.config.offsets_api.request_timeout_s
         broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch, timeout))
 
