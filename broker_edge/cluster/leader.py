@@ -565,8 +565,8 @@ class LeaderReplication:
         stream.sequence += 1
         stream.last_push = self._clock()
         self.pushes_sent += 1
-        response = FetchResponse(session.id, OK, list(answers.values()))
-        stream.link.send(PUSH, encode_push(Push(stream.sequence, response)))
+        news = [answer for answer in answers.values() if answer.topics or answer.error != OK]
+        stream.link.send(PUSH, encode_push(Push(stream.sequence, FetchResponse(session.id, OK, news))))
         if broken:
             session.push = None
 
