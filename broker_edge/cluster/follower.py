@@ -329,7 +329,7 @@ class _Fetcher:
         session = 0
         failures = 0
         while True:
-            request = self._request(session)
+            request = self.request(session)
             try:
                 response = await owner.post(self.url, request)
             except (aiohttp.ClientError, OSError, TimeoutError, FetchFailed, WireError) as error:
@@ -396,7 +396,8 @@ class _Fetcher:
             with contextlib.suppress(StorageError):
                 await _durable(owner.store)
 
-    def _request(self, session: int) -> FetchRequest:
+    def request(self, session: int) -> FetchRequest:
+        """The next request of `session` (0: open one): every position when opening, else those moved."""
         owner = self.owner
         config = owner.config
         request = FetchRequest(
@@ -482,9 +483,6 @@ class _Fetcher:
         """`topics`' positions moved (what was appended is durable): the next request lists them."""
         self._moved.update(topics)
 
-    def request(self, session: int) -> FetchRequest:
-        return self._request(session)
-
     def _truncate(self, data: TopicData) -> None:
         """Cut the local tail the leader does not have (the epoch rule)."""
         owner = self.owner
@@ -555,7 +553,9 @@ class _PushedSession:
         response = push.response
         if link is not self.link:
             return self.end("the peer link was replaced")
-        if response.error != OK or response.session != self.session:
+        if response.session != self.session:
+            return None  # of an earlier session of this replica's: overtaken by the fetch opening this one
+        if response.error != OK:
             return self.end(f"the leader answered {ERROR_NAMES.get(response.error, response.error)}")
         self.last_heard = asyncio.get_running_loop().time()
         if push.sequence == self.sequence and not response.partitions:

@@ -523,8 +523,8 @@ class LeaderReplication:
             or (stream is not None and (stream.link is not link or ack.sequence != stream.acks + 1))
         ):
             link.send(PUSH, encode_push(Push(0, FetchResponse(request.session, UNKNOWN_SESSION))))
-            if session is not None and session.push is not None:
-                session.push = None  # a lost acknowledgement or push: the follower starts over over HTTP
+            if session is not None and session.id == request.session:
+                session.push = None  # an acknowledgement was lost: the follower starts over over HTTP
             return
         if stream is None:
             pushed = session

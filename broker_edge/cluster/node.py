@@ -145,6 +145,7 @@ class ClusterNode:
         self.controller = Controller(
             self.etcd, keys, view, self.coordinator, self.membership, cluster, token=self.token
         )
+        store.enable_replication(cluster.hw_checkpoint_interval_ms / 1000)
         epochs = LeaderEpochs(store)
         delivery = LocalDelivery(store, broker.router.publish, broker.replays)
         self.leader = LeaderReplication(

@@ -390,6 +390,25 @@ def test_a_replica_broker_restarted_on_its_directory_catches_up_and_rejoins(make
     assert wait_for(lambda: restarted.payloads(TOPIC)[-1] == (40, b"after the restart"))
 
 
+def test_a_restarted_replica_shows_its_readers_no_record_that_was_not_committed(make_cluster):
+    cluster = make_cluster()
+    cluster.start_replication([_all_in_sync()])
+    PahoClient(cluster["b1"].port, "device-hw").publish(TOPIC, b"committed", qos=1)
+    assert wait_for(lambda: cluster["b2"].committed_end(TOPIC) == 1)
+    cluster.run(cluster["b3"].stop_followers())  # b3 stays in the in-sync set: nothing more commits
+    publisher = AckWatcher(cluster["b1"].port, "device-hw-2")
+    publisher.publish(b"not committed")
+    assert wait_for(lambda: cluster["b2"].durable_end(TOPIC) == 2)
+    cluster.stop_node("b2")
+    restarted = cluster.restart_node("b2")
+    assert restarted.durable_end(TOPIC) == 2
+    assert restarted.payloads(TOPIC) == [(0, b"committed")]  # its saved watermark, not its log's end
+    cluster.call(cluster["b3"].start_followers)
+    assert publisher.ack(timeout=5) is not None
+    expected = [(0, b"committed"), (1, b"not committed")]
+    assert wait_for(lambda: cluster["b2"].payloads(TOPIC) == expected)  # learnt from the leader
+
+
 def test_a_new_replica_of_a_log_retention_shortened_starts_where_the_leader_starts(make_cluster):
     cluster = make_cluster(storage={"segment_bytes": 4096, "retention_bytes": 8192})
     cluster.start_replication([PartitionState(0, "b1", 1, NODES, ("b1", "b2"))])
