@@ -558,9 +558,9 @@ class _PushedSession:
         if response.error != OK:
             return self.end(f"the leader answered {ERROR_NAMES.get(response.error, response.error)}")
         self.last_heard = asyncio.get_running_loop().time()
-        if push.sequence == self.sequence and not response.partitions:
-            return None  # a keepalive: nothing was lost
-        if push.sequence != self.sequence + 1:
+        if not response.partitions and push.sequence == self.sequence:
+            return None  # a keepalive naming the last push handled: nothing was lost
+        if push.sequence != self.sequence + 1 or not response.partitions:
             return self.end(f"push {self.sequence + 1} was lost")
         self.sequence = push.sequence
         for data in response.partitions:

@@ -736,8 +736,12 @@ class LeaderReplication:
                 data.boundaries = epochs.for_topic(topic).boundaries(start, start + 1)
                 session.positions[topic] = session.sent[topic] = start
             elif offset < limit:
-                if budget <= 0:
-                    continue  # stays dirty for the next fetch
+                if budget <= 0:  # the records stay dirty for the next answer; a new watermark goes now
+                    if hw != session.known_hw.get(topic):
+                        session.known_hw[topic] = hw
+                        answer.topics.append(data)
+                        has_news = True
+                    continue
                 try:
                     data.frames, data.count = store.read_frames(
                         topic, offset, min(budget, session.max_topic_bytes), limit
