@@ -53,6 +53,7 @@ from .replica_fetch import (
     FRAMES,
     OK,
     PATH,
+    PUSH_HEADER,
     RESTART,
     UNKNOWN_SESSION,
     FetchRequest,
@@ -219,7 +220,8 @@ class Followers:
             return
         fetcher.pushes.received(link, push)
 
-    async def post(self, url: str, request: FetchRequest) -> FetchResponse:
+    async def post(self, url: str, request: FetchRequest) -> tuple[FetchResponse, bool]:
+        """The leader's answer, and whether it pushes sessions over the peer link."""
         http = self._http
         if http is None:
             raise asyncio.CancelledError
@@ -231,7 +233,8 @@ class Followers:
             body = await answer.read()
             if answer.status != 200:
                 raise FetchFailed(f"HTTP {answer.status}: {body[:200].decode(errors='replace')}")
-        return decode_response(body)
+            pushes = answer.headers.get(PUSH_HEADER) == "1"
+        return decode_response(body), pushes
 
 
 class LocalDelivery:
@@ -331,7 +334,7 @@ class _Fetcher:
         while True:
             request = self.request(session)
             try:
-                response = await owner.post(self.url, request)
+                response, pushes = await owner.post(self.url, request)
             except (aiohttp.ClientError, OSError, TimeoutError, FetchFailed, WireError) as error:
                 failures += 1
                 if failures == 1 or failures % 50 == 0:
@@ -365,7 +368,7 @@ class _Fetcher:
                 session = 0
                 await asyncio.sleep(owner.config.retry_s)
                 continue
-            link = None if self.observer else owner.link_to(self.leader)
+            link = owner.link_to(self.leader) if pushes and not self.observer else None
             if link is not None:
                 why = await self._follow_pushes(session, link)
                 log.info("pushes from %s ended (%s): reopening the session over HTTP", self.leader, why)

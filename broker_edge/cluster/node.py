@@ -160,7 +160,7 @@ class ClusterNode:
         self.followers = Followers(view, store, delivery, self.token, epochs=epochs, links=self.links)
         self.links.on(PUSH, self.followers.pushed)
         timeout = broker.config.offsets_api.request_timeout_s
-        broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch, timeout))
+        broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch, timeout, pushes=True))
 
     async def start(self) -> None:
         """Serve as a member: the PUBLISH path's cluster stages first (fenced until registered, so nothing

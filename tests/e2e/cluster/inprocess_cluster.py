@@ -122,7 +122,8 @@ class Node:
             cluster.leader_config,
             route_committed=self.delivery.route_committed,
         )
-        self.broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch))
+        fetch_route = replica_fetch_route(self.leader.fetch, pushes=cluster.peer_links)
+        self.broker.offsets_api_routes.append(fetch_route)
         if cluster.peer_links:
             links = self.links = PeerLinks(self.node_id, TOKEN, _NoPublishes())
             self.broker.offsets_api_routes.append(links.add_routes)

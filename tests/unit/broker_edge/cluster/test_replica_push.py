@@ -96,16 +96,17 @@ class _Pair:
         self.refused: list[BaseException] = []
         """Batches the leader refused (none should be)."""
 
-    def follow(self, config: FollowerConfig) -> Followers:
-        """Start b2's followers; their fetches go to the leader stage directly."""
+    def follow(self, config: FollowerConfig, pushes: bool = True) -> Followers:
+        """Start b2's followers; their fetches go to the leader stage directly, whose answers say it
+        pushes (or not)."""
         leader = self.leader
         routed = self.routed
         delivery = LocalDelivery(self.follower_store, lambda message: routed.append(message.payload), None)
 
         class InMemory(Followers):
-            async def post(self, url: str, request: FetchRequest) -> FetchResponse:
+            async def post(self, url: str, request: FetchRequest) -> tuple[FetchResponse, bool]:
                 self.fetches_sent += 1
-                return await leader.fetch(request)
+                return await leader.fetch(request), pushes
 
         followers = InMemory(
             self.views["b2"], self.follower_store, delivery, None, config, links=self.links["b2"]
@@ -187,6 +188,23 @@ def test_a_replica_is_replicated_by_pushes_alone_once_its_session_is_open(tmp_pa
             assert pair.follower_store.read_frames("t", 0, 1 << 20) == leader_frames
             assert pair.leader.fetches_served == fetches  # no fetch in the steady state
             assert pair.leader.pushes_sent > 0
+        finally:
+            await followers.stop()
+
+    _run(tmp_path, body)
+
+
+def test_a_leader_whose_answers_do_not_offer_pushes_is_fetched_from_as_before(tmp_path: Path) -> None:
+    async def body(pair: _Pair) -> None:
+        followers = pair.follow(FollowerConfig(wait_ms=50), pushes=False)  # a leader of an earlier version
+        try:
+            done: list[int] = []
+            for payload in (b"one", b"two", b"three"):
+                run = await _append(pair.leader_store, "t", [payload])
+                pair.leader.when_replicated([run], lambda: done.append(1), pair.refused.append)
+            await _until(lambda: len(done) == 3 and pair.routed == [b"one", b"two", b"three"])
+            assert pair.leader.acks_received == 0 and pair.leader.pushes_sent == 0
+            assert followers.fetches_sent > 1
         finally:
             await followers.stop()
 
