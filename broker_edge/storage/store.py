@@ -341,7 +341,10 @@ class LogStore:
         """Drop the records of `topic` at and after `offset` (see `CommitLog.truncate`)."""
         commit_log = self._logs.get(topic)
         if commit_log is not None:
+            committed = commit_log.end_offset
             commit_log.truncate(offset)
+            if commit_log.end_offset < committed:  # (an unclean election) the checkpoint must not overstate
+                self.checkpoint_committed()
 
     def restart_at(self, topic: str, offset: int) -> None:
         """Empty `topic`'s log (created if absent) and continue it at `offset`."""

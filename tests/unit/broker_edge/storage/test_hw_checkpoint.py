@@ -115,3 +115,15 @@ def test_a_damaged_checkpoint_starts_every_log_committed_at_its_start(
     with pytest.raises(ValueError, match="checkpoint_interval_s"):
         other.enable_replication(checkpoint_interval_s=0)
     other.close()
+
+
+def test_truncating_below_the_committed_end_saves_the_lower_end_at_once(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.enable_replication()
+    store.append_batch("t", [RECORD] * 5)
+    store.flush()
+    store.commit("t", 5)
+    store.checkpoint_committed()
+    store.truncate("t", 3)  # only after an unclean election does a replica lose committed records
+    assert read_checkpoint(store.layout.meta_file(CHECKPOINT_FILE)) == {"t": 3}
+    store.close()
