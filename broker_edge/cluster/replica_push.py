@@ -17,9 +17,10 @@ leader is up, the follower sends its first `ACK` on the link, and from then on:
 Both directions number their messages. A gap (a message lost when the link dropped), an error, a
 partition whose leader or epoch changed, or anything but frames and watermarks in a push ends push mode:
 the follower opens a new session over HTTP, which re-lists every position and runs the epoch checks. A
-follower whose link is down fetches over HTTP as before. While idle, each side sends a keepalive every
-`wait_ms` (the leader a push repeating its last number, the follower an empty `ACK`), so a follower
-notices a lost push, and the leader's in-sync check sees the follower alive.
+follower whose link is down, or whose leader's fetch answers do not offer pushes (`PUSH_HEADER`: an
+earlier version), fetches over HTTP as before. While idle, the leader sends a keepalive every `wait_ms`
+(a push repeating its last number, so a follower notices a lost push), and the follower one every half
+`wait_ms` (an `ACK` listing nothing, so the leader's in-sync check sees it alive).
 
 Parts (peer link kinds, little endian)::
 
