@@ -370,13 +370,16 @@ class _Fetcher:
                 continue
             link = owner.link_to(self.leader) if pushes and not self.observer else None
             if link is not None:
-                why = await self._follow_pushes(session, link)
+                why, handled = await self._follow_pushes(session, link)
                 log.info("pushes from %s ended (%s): reopening the session over HTTP", self.leader, why)
                 session = 0
+                if not handled:  # not one push: no reopening in a tight loop
+                    await asyncio.sleep(owner.config.retry_s)
 
-    async def _follow_pushes(self, session: int, link: PeerLink) -> str:
-        """Take the leader's pushes of `session` until something ends them; returns why. Everything
-        appended is durable when it returns (the next session lists durable positions)."""
+    async def _follow_pushes(self, session: int, link: PeerLink) -> tuple[str, bool]:
+        """Take the leader's pushes of `session` until something ends them; returns why, and whether any
+        push was handled. Everything appended is durable when it returns (the next session lists durable
+        positions)."""
         owner = self.owner
         pushes = self.pushes = _PushedSession(self, session, link)
         wait_s = owner.config.wait_ms / 1000
@@ -393,7 +396,7 @@ class _Fetcher:
                     pushes.end("the leader went quiet")
                 else:
                     pushes.acknowledge()  # a keepalive: the leader sees this replica alive
-            return pushes.ended.result()
+            return pushes.ended.result(), pushes.sequence > 0
         finally:
             self.pushes = None
             with contextlib.suppress(StorageError):
