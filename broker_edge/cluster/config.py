@@ -98,6 +98,9 @@ class ClusterConfig:
     ERROR). Off: the partition stays offline until an in-sync replica returns."""
     forward_timeout_ms: int = 5000
     """How long a publish for a partition without a leader waits for one before it is refused."""
+    hw_checkpoint_interval_ms: int = 5000
+    """How often the logs' committed ends are saved (and at stop), so that a restart shows no record that
+    was not committed."""
     key_prefix: str = "/timestone"
     """Prefix of every etcd key of this cluster (several clusters may share one etcd)."""
     token: str | None = None
@@ -134,6 +137,7 @@ class ClusterConfig:
             ("retained_snapshot_timeout_ms", 0),
             ("shared_finished_remembered", 1),
             ("shared_resend_ms", 1),
+            ("hw_checkpoint_interval_ms", 1),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -19,6 +19,12 @@ A replica's fetcher:
 3. sends its next fetch, listing only the topics whose position moved: that fetch tells the leader the
    appended records are durable here.
 
+Once a replica's session is open and the peer link to the leader is up, steps 2 and 3 move onto the link
+(`replica_push`): the leader pushes what a fetch would have been answered with, the replica handles it as
+in step 2 as soon as it arrives, and acknowledges on the link what became durable, as step 3's fetch
+would. Anything out of the ordinary there (a lost message, an error, a divergence, the link down) makes it
+open a new session over HTTP. Observers always fetch over HTTP.
+
 Errors (the leader unreachable, an unknown session, a partition error) reopen the session after a short
 pause; a stale view is fixed by the coordination side, which restarts the fetchers on the next change.
 """
@@ -44,8 +50,10 @@ from .replica_fetch import (
     CONTENT_TYPE,
     DIVERGING,
     ERROR_NAMES,
+    FRAMES,
     OK,
     PATH,
+    PUSH_HEADER,
     RESTART,
     UNKNOWN_SESSION,
     FetchRequest,
@@ -57,6 +65,7 @@ from .replica_fetch import (
     decode_response,
     encode_request,
 )
+from .replica_push import ACK, Ack, Push, decode_push, encode_ack
 
 if TYPE_CHECKING:
     from broker_edge.delivery import Message
@@ -64,6 +73,7 @@ if TYPE_CHECKING:
     from broker_edge.storage.record import Record
     from broker_edge.storage.store import LogStore
 
+    from .peer_link import PeerLink, PeerLinks
     from .view import ClusterView
 
 __all__ = ["FetchFailed", "FollowerConfig", "Followers", "LocalDelivery"]
@@ -120,9 +130,13 @@ class Followers:
         config: FollowerConfig | None = None,
         epochs: LeaderEpochs | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        links: PeerLinks | None = None,
     ) -> None:
-        """`token` is the peers' offsets API bearer token; `ssl_context` verifies peers served over HTTPS."""
+        """`token` is the peers' offsets API bearer token; `ssl_context` verifies peers served over HTTPS;
+        with `links`, replicas take pushes over the peer links once their sessions are open (hand the
+        links' `PUSH` parts to `pushed`)."""
         self.view = view
+        self.links = links
         self._ssl_context = ssl_context
         self.store = store
         self.delivery = delivery
@@ -135,6 +149,8 @@ class Followers:
         self._fetchers: dict[_FetcherKey, _Fetcher] = {}
         self._http: aiohttp.ClientSession | None = None
         self._started = False
+        self.fetches_sent = 0
+        """HTTP fetches sent (a steady state over the peer link sends none)."""
 
     def start(self) -> None:
         if self._started:
@@ -187,10 +203,29 @@ class Followers:
 
     # -- what fetchers share ------------------------------------------------------------------------------
 
-    async def post(self, url: str, request: FetchRequest) -> FetchResponse:
+    def link_to(self, leader: str) -> PeerLink | None:
+        """The peer link to `leader` if it is up (pushes then replace fetches)."""
+        link = self.links.links.get(leader) if self.links is not None else None
+        return link if link is not None and link.up else None
+
+    def pushed(self, link: PeerLink, body: memoryview) -> None:
+        """A `PUSH` part from a leader: to the replica fetcher of that leader taking pushes."""
+        fetcher = self._fetchers.get((link.peer, False))
+        if fetcher is None or fetcher.pushes is None:
+            return  # a push to a session that ended: nothing waits for it
+        try:
+            push = decode_push(body)
+        except WireError as error:
+            fetcher.pushes.end(f"a malformed push: {error}")
+            return
+        fetcher.pushes.received(link, push)
+
+    async def post(self, url: str, request: FetchRequest) -> tuple[FetchResponse, bool]:
+        """The leader's answer, and whether it pushes sessions over the peer link."""
         http = self._http
         if http is None:
             raise asyncio.CancelledError
+        self.fetches_sent += 1
         timeout = aiohttp.ClientTimeout(total=request.wait_ms / 1000 + self.config.timeout_s)
         async with http.post(
             url.rstrip("/") + PATH, data=encode_request(request), headers=self._headers, timeout=timeout
@@ -198,7 +233,8 @@ class Followers:
             body = await answer.read()
             if answer.status != 200:
                 raise FetchFailed(f"HTTP {answer.status}: {body[:200].decode(errors='replace')}")
-        return decode_response(body)
+            pushes = answer.headers.get(PUSH_HEADER) == "1"
+        return decode_response(body), pushes
 
 
 class LocalDelivery:
@@ -275,6 +311,8 @@ class _Fetcher:
                     self._positions[topic] = end
         self._moved: dict[str, None] = {}
         self._task: asyncio.Task[None] | None = None
+        self.pushes: _PushedSession | None = None
+        """Set while the leader pushes this replica's session over the peer link."""
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -294,9 +332,9 @@ class _Fetcher:
         session = 0
         failures = 0
         while True:
-            request = self._request(session)
+            request = self.request(session)
             try:
-                response = await owner.post(self.url, request)
+                response, pushes = await owner.post(self.url, request)
             except (aiohttp.ClientError, OSError, TimeoutError, FetchFailed, WireError) as error:
                 failures += 1
                 if failures == 1 or failures % 50 == 0:
@@ -329,8 +367,43 @@ class _Fetcher:
             if broken:
                 session = 0
                 await asyncio.sleep(owner.config.retry_s)
+                continue
+            link = owner.link_to(self.leader) if pushes and not self.observer else None
+            if link is not None:
+                why, handled = await self._follow_pushes(session, link)
+                log.info("pushes from %s ended (%s): reopening the session over HTTP", self.leader, why)
+                session = 0
+                if not handled:  # not one push: no reopening in a tight loop
+                    await asyncio.sleep(owner.config.retry_s)
 
-    def _request(self, session: int) -> FetchRequest:
+    async def _follow_pushes(self, session: int, link: PeerLink) -> tuple[str, bool]:
+        """Take the leader's pushes of `session` until something ends them; returns why, and whether any
+        push was handled. Everything appended is durable when it returns (the next session lists durable
+        positions)."""
+        owner = self.owner
+        pushes = self.pushes = _PushedSession(self, session, link)
+        wait_s = owner.config.wait_ms / 1000
+        interval = max(wait_s / 2, 0.05)  # keepalives: the leader's in-sync check wants to hear from it
+        try:
+            pushes.acknowledge()  # the first acknowledgement moves the session onto the link
+            while not pushes.ended.done():
+                await asyncio.wait({pushes.ended}, timeout=interval)
+                if pushes.ended.done():
+                    break
+                if owner.link_to(self.leader) is not link:
+                    pushes.end("the peer link dropped")
+                elif asyncio.get_running_loop().time() - pushes.last_heard > 3 * wait_s + 1:
+                    pushes.end("the leader went quiet")
+                else:
+                    pushes.acknowledge()  # a keepalive: the leader sees this replica alive
+            return pushes.ended.result(), pushes.sequence > 0
+        finally:
+            self.pushes = None
+            with contextlib.suppress(StorageError):
+                await _durable(owner.store)
+
+    def request(self, session: int) -> FetchRequest:
+        """The next request of `session` (0: open one): every position when opening, else those moved."""
         owner = self.owner
         config = owner.config
         request = FetchRequest(
@@ -364,10 +437,22 @@ class _Fetcher:
         return TopicPosition(topic, end, self.owner.epochs.latest_epoch(topic) if end else NO_EPOCH)
 
     async def _replicate(self, response: FetchResponse) -> None:
+        """Handle a fetch answer: apply it, then commit again once what it brought is durable."""
+        watermarks, touched, appended = self.apply(response)
+        self._moved.update(touched)
+        if appended:
+            await _durable(self.owner.store)
+            self.commit(watermarks)
+
+    def apply(self, response: FetchResponse) -> tuple[list[tuple[str, int]], dict[str, None], bool]:
+        """Truncate, restart or append what an answer (or a push) brings, commit and route up to its
+        watermarks what is already durable here. Returns the watermarks, the topics whose position moves
+        (once durable), and whether anything was appended."""
         owner = self.owner
         store = owner.store
         epochs = owner.epochs
         watermarks: list[tuple[str, int]] = []
+        touched: dict[str, None] = {}
         appended = False
         for data in _topics(response):
             topic = data.topic
@@ -391,14 +476,18 @@ class _Fetcher:
                 watermarks.append((topic, data.high_watermark))
                 continue
             watermarks.append((topic, data.high_watermark))
-            self._moved[topic] = None
-        delivery = owner.delivery
-        for topic, high_watermark in watermarks:  # capped at what is durable here: at once what already is
+            touched[topic] = None
+        self.commit(watermarks)  # capped at what is durable here: at once what already is
+        return watermarks, touched, appended
+
+    def commit(self, watermarks: list[tuple[str, int]]) -> None:
+        delivery = self.owner.delivery
+        for topic, high_watermark in watermarks:
             delivery.commit_and_route(topic, high_watermark)
-        if appended:
-            await _durable(store)
-            for topic, high_watermark in watermarks:
-                delivery.commit_and_route(topic, high_watermark)
+
+    def moved(self, topics: dict[str, None]) -> None:
+        """`topics`' positions moved (what was appended is durable): the next request lists them."""
+        self._moved.update(topics)
 
     def _truncate(self, data: TopicData) -> None:
         """Cut the local tail the leader does not have (the epoch rule)."""
@@ -441,6 +530,82 @@ class _Fetcher:
             else:
                 continue
             self._moved[topic] = None
+
+
+class _PushedSession:
+    """A replica's session while its leader pushes it (see `replica_push`): checks the pushes' numbers,
+    applies them, acknowledges what became durable."""
+
+    def __init__(self, fetcher: _Fetcher, session: int, link: PeerLink) -> None:
+        self.fetcher = fetcher
+        self.session = session
+        self.link = link
+        self.sequence = 0
+        """The last push handled."""
+        self.acks = 0
+        self.durable_bytes = 0
+        loop = asyncio.get_running_loop()
+        self.last_heard = loop.time()
+        self.ended: asyncio.Future[str] = loop.create_future()
+        self._ack_scheduled = False
+
+    def end(self, why: str) -> None:
+        if not self.ended.done():
+            self.ended.set_result(why)
+
+    def received(self, link: PeerLink, push: Push) -> None:
+        if self.ended.done():
+            return
+        response = push.response
+        if link is not self.link:
+            return self.end("the peer link was replaced")
+        if response.session != self.session:
+            return None  # of an earlier session of this replica's: overtaken by the fetch opening this one
+        if response.error != OK:
+            return self.end(f"the leader answered {ERROR_NAMES.get(response.error, response.error)}")
+        self.last_heard = asyncio.get_running_loop().time()
+        if not response.partitions and push.sequence == self.sequence:
+            return None  # a keepalive naming the last push handled: nothing was lost
+        if push.sequence != self.sequence + 1 or not response.partitions:
+            return self.end(f"push {self.sequence + 1} was lost")
+        self.sequence = push.sequence
+        for data in response.partitions:
+            if data.error != OK:
+                return self.end(f"partition {data.partition} {ERROR_NAMES.get(data.error, data.error)}")
+        if any(data.kind != FRAMES for data in _topics(response)):
+            return self.end("the leader's log and this one differ")
+        try:
+            watermarks, touched, appended = self.fetcher.apply(response)
+        except StorageError as error:
+            log.error("replicating from %s failed: %s", self.fetcher.leader, error)
+            return self.end("appending failed")
+        if appended:
+            size = sum(len(frames) for data in _topics(response) for frames in data.frames)
+            self.fetcher.owner.store.when_durable(
+                lambda: self._durable(watermarks, touched, size), lambda error: self.end(f"{error}")
+            )
+        return None
+
+    def _durable(self, watermarks: list[tuple[str, int]], touched: dict[str, None], size: int) -> None:
+        """A push's frames are durable here: commit up to its watermarks, acknowledge (once per loop
+        iteration, for every push that became durable in it)."""
+        self.fetcher.commit(watermarks)
+        if self.ended.done():
+            return
+        self.fetcher.moved(touched)
+        self.durable_bytes += size
+        if not self._ack_scheduled:
+            self._ack_scheduled = True
+            asyncio.get_running_loop().call_soon(self.acknowledge)
+
+    def acknowledge(self) -> None:
+        """Tell the leader what is durable here (the topics whose position moved; none for a keepalive)."""
+        self._ack_scheduled = False
+        if self.ended.done():
+            return
+        self.acks += 1
+        ack = Ack(self.acks, self.durable_bytes, self.fetcher.request(self.session))
+        self.link.send(ACK, encode_ack(ack))
 
 
 def _topics(response: FetchResponse) -> list[TopicData]:

@@ -13,7 +13,9 @@ Fetches are served through sessions (see `replica_fetch`): per follower, its pos
 topics with something new for it (`dirty`), updated when the leader appends or a watermark moves. A fetch
 reads only the dirty topics, so its cost follows the topics that changed, not all the device topics of
 the partitions. A fetch with nothing to send waits (long-poll) and is answered as soon as the leader
-appends or a watermark moves.
+appends or a watermark moves. A session can also be served over the peer link (`replica_push`): the
+follower's acknowledgements take the place of its fetches, and what a parked fetch would have been answered
+with is pushed instead, once per loop iteration; both transports share the session and its answers.
 
 The ISR: a follower is out of sync when a record of one of the partition's topics has waited for it more
 than `replica_lag_max_ms` (it is "behind" a topic from the time the leader had records it had not fetched,
@@ -50,12 +52,16 @@ from .replica_fetch import (
     FetchResponse,
     PartitionData,
     TopicData,
+    TopicPosition,
+    WireError,
 )
+from .replica_push import ACK, PUSH, Push, decode_ack, encode_push
 
 if TYPE_CHECKING:
     from broker_edge.publish_path import AppendedRun
     from broker_edge.storage.store import LogStore
 
+    from .peer_link import PeerLink, PeerLinks
     from .view import ClusterView, PartitionState
 
 __all__ = [
@@ -126,13 +132,46 @@ class _Session:
     """topic -> since when it lacks records the leader has."""
     shown: dict[str, tuple[int, float]] = field(default_factory=dict)
     """topic -> (the leader's end the last answer reached, when)."""
+    sent: dict[str, int] = field(default_factory=dict)
+    """topic -> the end of the frames sent to it (the next ones start there)."""
     last_seen: float = 0.0
     waiter: asyncio.Future[None] | None = None
+    max_bytes: int = 1 << 20
+    max_topic_bytes: int = 1 << 20
+    wait_s: float = 0.5
+    push: _PushStream | None = None
+    """Set while the session is served over the peer link."""
 
     def wake(self) -> None:
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        if self.push is not None:
+            self.push.schedule()
+
+
+@dataclass(slots=True, eq=False)
+class _PushStream:
+    """A session's push side: its link, the numbers of both directions, the frames in flight."""
+
+    link: PeerLink
+    send: Callable[[], None]
+    """Builds and sends the session's next push (called once per loop iteration at most)."""
+    sequence: int = 0
+    acks: int = 0
+    pushed_bytes: int = 0
+    durable_bytes: int = 0
+    last_push: float = 0.0
+    scheduled: bool = False
+
+    def schedule(self) -> None:
+        if not self.scheduled:
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self._run)
+
+    def _run(self) -> None:
+        self.scheduled = False
+        self.send()
 
 
 @dataclass(slots=True, eq=False)
@@ -189,6 +228,11 @@ class LeaderReplication:
         self._tasks: set[asyncio.Task[None]] = set()
         self._checker: asyncio.Task[None] | None = None
         self._started = False
+        self.fetches_served = 0
+        """HTTP fetches answered (a steady state over the peer link answers none)."""
+        self.pushes_sent = 0
+        """Pushes sent over peer links, keepalives excluded."""
+        self.acks_received = 0
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -397,6 +441,7 @@ class LeaderReplication:
 
     async def fetch(self, request: FetchRequest) -> FetchResponse:
         """Serve one replica fetch (see `replica_fetch`): update the session, answer, or wait for news."""
+        self.fetches_served += 1
         now = self._clock()
         session = self._sessions.get((request.replica, request.observer))
         partitions, errors = self._check_partitions(request)
@@ -404,17 +449,21 @@ class LeaderReplication:
             session = self._open_session(request, partitions, now)
         elif session is None or session.id != request.session or session.partitions != partitions:
             return FetchResponse(request.session, UNKNOWN_SESSION)
+        if session.push is not None:  # the follower is back on HTTP: what was pushed may be lost
+            return FetchResponse(request.session, UNKNOWN_SESSION)
         session.last_seen = now
-        answers: dict[int, PartitionData] = {
-            number: PartitionData(number, error, self._epoch_of(number)) for number, error in errors.items()
-        }
-        for number in partitions:
-            answers[number] = PartitionData(number, OK, partitions[number])
-        await self._update_positions(session, request, answers, now)
+        session.max_bytes, session.max_topic_bytes = request.max_bytes, request.max_topic_bytes
+        session.wait_s = min(request.wait_ms, MAX_WAIT_MS) / 1000
+        answers = self._answers(session, errors)
+        positions = _positions(request)
+        for start in range(0, len(positions), POSITIONS_PER_SLICE):
+            if start:
+                await asyncio.sleep(0)  # a session's first fetch lists every topic
+            self._take_positions(session, positions[start : start + POSITIONS_PER_SLICE], answers, now)
         self._complete_ready()
-        deadline = now + min(request.wait_ms, MAX_WAIT_MS) / 1000
+        deadline = now + session.wait_s
         while True:
-            if self._answer(session, request, answers) or not self._started:
+            if self._answer(session, answers, request.max_bytes) or not self._started:
                 break
             remaining = deadline - self._clock()
             if (
@@ -435,6 +484,104 @@ class LeaderReplication:
             if self._session_broken(session, number):
                 answers[number] = PartitionData(number, NOT_LEADER, self._epoch_of(number))
         return FetchResponse(session.id, OK, list(answers.values()))
+
+    def _answers(self, session: _Session, errors: dict[int, int]) -> dict[int, PartitionData]:
+        """The answer's partitions: the errors, then every partition the session serves."""
+        answers: dict[int, PartitionData] = {
+            number: PartitionData(number, error, self._epoch_of(number)) for number, error in errors.items()
+        }
+        for number, epoch in session.partitions.items():
+            answers[number] = PartitionData(number, OK, epoch)
+        return answers
+
+    # -- pushes over the peer link (see `replica_push`) ------------------------------------------------------
+
+    def serve_pushes(self, links: PeerLinks) -> None:
+        """Take followers' acknowledgements on the peer links, and serve their sessions by pushing."""
+        links.on(ACK, self._acknowledged)
+
+    def _acknowledged(self, link: PeerLink, body: memoryview) -> None:
+        """A follower's acknowledgement: its first one moves its session onto the link."""
+        try:
+            ack = decode_ack(body)
+        except WireError as error:
+            log.error("replica acknowledgement from %s refused: %s", link.peer, error)
+            return
+        self.acks_received += 1
+        request = ack.request
+        session = self._sessions.get((link.peer, False))
+        partitions, errors = self._check_partitions(request)
+        stream = session.push if session is not None else None
+        if (
+            not self._started
+            or request.observer
+            or request.replica != link.peer
+            or session is None
+            or session.id != request.session
+            or session.partitions != partitions
+            or (stream is None and ack.sequence != 1)
+            or (stream is not None and (stream.link is not link or ack.sequence != stream.acks + 1))
+        ):
+            link.send(PUSH, encode_push(Push(0, FetchResponse(request.session, UNKNOWN_SESSION))))
+            if session is not None and session.id == request.session:
+                session.push = None  # an acknowledgement was lost: the follower starts over over HTTP
+            return
+        if stream is None:
+            pushed = session
+            stream = session.push = _PushStream(link, lambda: self._push(pushed))
+        stream.acks = ack.sequence
+        stream.durable_bytes = max(stream.durable_bytes, ack.durable_bytes)
+        now = self._clock()
+        session.last_seen = now
+        answers = self._answers(session, errors)
+        self._take_positions(session, _positions(request), answers, now)
+        self._complete_ready()
+        if any(answer.error != OK or answer.topics for answer in answers.values()):
+            self._push(session, answers)  # errors and divergences go out now (the follower then reopens)
+        else:
+            stream.schedule()  # the window may have opened
+
+    def _push(self, session: _Session, answers: dict[int, PartitionData] | None = None) -> None:
+        """Push what the session has new (records within the window, watermarks), if anything."""
+        stream = session.push
+        if stream is None or self._sessions.get((session.replica, session.observer)) is not session:
+            return
+        if not stream.link.up or not self._started:
+            session.push = None  # pushes would be lost: the follower notices and reopens over HTTP
+            return
+        if answers is None:
+            answers = self._answers(session, {})
+        broken = False
+        for number in session.partitions:
+            if self._session_broken(session, number):
+                answers[number] = PartitionData(number, NOT_LEADER, self._epoch_of(number))
+                broken = True
+        window = session.max_bytes - (stream.pushed_bytes - stream.durable_bytes)
+        if not self._answer(session, answers, window) and not broken:
+            return
+        stream.pushed_bytes += sum(
+            len(frames) for answer in answers.values() for data in answer.topics for frames in data.frames
+        )
+        stream.sequence += 1
+        stream.last_push = self._clock()
+        self.pushes_sent += 1
+        news = [answer for answer in answers.values() if answer.topics or answer.error != OK]
+        stream.link.send(PUSH, encode_push(Push(stream.sequence, FetchResponse(session.id, OK, news))))
+        if broken:
+            session.push = None
+
+    def _keep_pushes_alive(self) -> None:
+        """Tell idle push sessions' followers the number of the last push (a lost one shows)."""
+        now = self._clock()
+        for session in list(self._sessions.values()):
+            stream = session.push
+            if stream is not None and now - stream.last_push >= session.wait_s:
+                if not stream.link.up:
+                    session.push = None
+                    continue
+                stream.last_push = now
+                keepalive = Push(stream.sequence, FetchResponse(session.id, OK))
+                stream.link.send(PUSH, encode_push(keepalive))
 
     def _epoch_of(self, partition: int) -> int:
         state = self.view.states.get(partition)
@@ -498,72 +645,76 @@ class LeaderReplication:
                     session.behind[topic] = now
         return session
 
-    async def _update_positions(
-        self, session: _Session, request: FetchRequest, answers: dict[int, PartitionData], now: float
+    def _take_positions(
+        self,
+        session: _Session,
+        positions: Sequence[tuple[int, TopicPosition]],
+        answers: dict[int, PartitionData],
+        now: float,
     ) -> None:
-        """Take the positions the request reports: divergence checks, lag, watermarks. A session's first
-        fetch lists every topic: the loop is let run between slices of them."""
+        """Take the `(partition, position)`s a fetch or an acknowledgement reports: divergence checks,
+        lag, watermarks."""
         store = self.store
         epochs = self.epochs
-        for fetch in request.partitions:
-            answer = answers[fetch.partition]
+        for number, position in positions:
+            answer = answers[number]
             if answer.error != OK:
                 continue
-            for number, position in enumerate(fetch.topics, 1):
-                if number % POSITIONS_PER_SLICE == 0:
-                    await asyncio.sleep(0)
-                topic = position.topic
-                self._partition(topic)
-                offset = position.offset
-                end = store.durable_end(topic)
-                if topic not in store:
-                    if offset > 0:
-                        answer.topics.append(TopicData(topic, DIVERGING, 0, 0, diverging_end=0))
-                    continue
-                diverging = False
-                end_epoch = NO_EPOCH
-                last = position.last_fetched_epoch
-                if offset > store.start_offset(topic) and not session.observer:  # observers: committed only
-                    # a replica without epochs (lost in a crash) is compared from the first one's start
-                    cache = epochs.for_topic(topic)
-                    if last != cache.latest_epoch and cache.latest_epoch != NO_EPOCH:
-                        end_epoch, epoch_end = cache.end_offset_for(last, end)
-                        if epoch_end < offset or end_epoch < last:
-                            diverging, end = True, epoch_end
-                if not diverging and offset > end:
-                    diverging, end_epoch = True, NO_EPOCH  # ahead of this leader: cut to its end
-                if diverging:
-                    answer.topics.append(
-                        TopicData(
-                            topic,
-                            DIVERGING,
-                            store.committed_end(topic),
-                            store.start_offset(topic),
-                            diverging_epoch=end_epoch,
-                            diverging_end=min(end, offset),
-                        )
+            topic = position.topic
+            self._partition(topic)
+            offset = position.offset
+            end = store.durable_end(topic)
+            if topic not in store:
+                if offset > 0:
+                    answer.topics.append(TopicData(topic, DIVERGING, 0, 0, diverging_end=0))
+                continue
+            diverging = False
+            end_epoch = NO_EPOCH
+            last = position.last_fetched_epoch
+            if offset > store.start_offset(topic) and not session.observer:  # observers: committed only
+                # a replica without epochs (lost in a crash) is compared from the first one's start
+                cache = epochs.for_topic(topic)
+                if last != cache.latest_epoch and cache.latest_epoch != NO_EPOCH:
+                    end_epoch, epoch_end = cache.end_offset_for(last, end)
+                    if epoch_end < offset or end_epoch < last:
+                        diverging, end = True, epoch_end
+            if not diverging and offset > end:
+                diverging, end_epoch = True, NO_EPOCH  # ahead of this leader: cut to its end
+            if diverging:
+                answer.topics.append(
+                    TopicData(
+                        topic,
+                        DIVERGING,
+                        store.committed_end(topic),
+                        store.start_offset(topic),
+                        diverging_epoch=end_epoch,
+                        diverging_end=min(end, offset),
                     )
-                    session.positions.pop(topic, None)
-                    continue
-                session.positions[topic] = offset
-                session.dirty[topic] = None  # the answer says at least the watermark
-                if session.observer:
-                    continue
-                if offset >= end:
-                    session.behind.pop(topic, None)
-                else:
-                    shown = session.shown.get(topic)
-                    if shown is not None and offset >= shown[0]:
-                        session.behind[topic] = shown[1]
-                    elif topic not in session.behind:
-                        session.behind[topic] = now
-                self._advance_hw(topic)
+                )
+                session.positions.pop(topic, None)
+                session.sent.pop(topic, None)
+                continue
+            session.positions[topic] = offset
+            if session.push is None:
+                session.sent[topic] = offset  # a fetch asks from its position; pushes go on from theirs
+            session.dirty[topic] = None  # the answer says at least the watermark
+            if session.observer:
+                continue
+            if offset >= end:
+                session.behind.pop(topic, None)
+            else:
+                shown = session.shown.get(topic)
+                if shown is not None and offset >= shown[0]:
+                    session.behind[topic] = shown[1]
+                elif topic not in session.behind:
+                    session.behind[topic] = now
+            self._advance_hw(topic)
 
-    def _answer(self, session: _Session, request: FetchRequest, answers: dict[int, PartitionData]) -> bool:
-        """Add what the session's dirty topics have new; whether the answer has anything."""
+    def _answer(self, session: _Session, answers: dict[int, PartitionData], budget: int) -> bool:
+        """Add what the session's dirty topics have new, with at most `budget` bytes of frames; whether the
+        answer has anything."""
         store = self.store
         epochs = self.epochs
-        budget = request.max_bytes
         now = self._clock()
         has_news = any(answer.topics or answer.error != OK for answer in answers.values())
         for topic in list(session.dirty):
@@ -578,22 +729,27 @@ class LeaderReplication:
             durable = store.durable_end(topic)
             limit = hw if session.observer else durable
             start = store.start_offset(topic)
-            offset = session.positions.get(topic, start)
+            offset = session.sent.get(topic, session.positions.get(topic, start))
             data = TopicData(topic, FRAMES, hw, start, first=offset)
             if offset < start or (start > 0 and topic not in session.positions and not session.observer):
                 data.kind = RESTART  # the replica cannot continue from what it holds: it starts over here
                 data.boundaries = epochs.for_topic(topic).boundaries(start, start + 1)
-                session.positions[topic] = start
+                session.positions[topic] = session.sent[topic] = start
             elif offset < limit:
-                if budget <= 0:
-                    continue  # stays dirty for the next fetch
+                if budget <= 0:  # the records stay dirty for the next answer; a new watermark goes now
+                    if hw != session.known_hw.get(topic):
+                        session.known_hw[topic] = hw
+                        answer.topics.append(data)
+                        has_news = True
+                    continue
                 try:
                     data.frames, data.count = store.read_frames(
-                        topic, offset, min(budget, request.max_topic_bytes), limit
+                        topic, offset, min(budget, session.max_topic_bytes), limit
                     )
                 except OffsetOutOfRange:
                     continue
                 sent_end = offset + data.count
+                session.sent[topic] = sent_end
                 budget -= sum(map(len, data.frames))
                 data.boundaries = epochs.for_topic(topic).boundaries(offset, sent_end)
                 if sent_end >= durable:
@@ -615,6 +771,7 @@ class LeaderReplication:
             await asyncio.sleep(interval)
             try:
                 self.check_isr()
+                self._keep_pushes_alive()
             except Exception:
                 log.exception("in-sync replica check failed")
 
@@ -697,3 +854,8 @@ class LeaderReplication:
         """(replica, partition) -> seconds it has been behind (for status and metrics)."""
         now = self._clock()
         return {key: now - since for key, since in self._lagging_since().items()}
+
+
+def _positions(request: FetchRequest) -> list[tuple[int, TopicPosition]]:
+    """`(partition, position)` of every topic a request reports."""
+    return [(fetch.partition, position) for fetch in request.partitions for position in fetch.topics]

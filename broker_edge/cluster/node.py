@@ -158,6 +158,7 @@ class ClusterNode:
         from broker_edge.cluster.leader import LeaderConfig, LeaderReplication
         from broker_edge.cluster.membership import Membership
         from broker_edge.cluster.replica_fetch import replica_fetch_route
+        from broker_edge.cluster.replica_push import PUSH
 
         broker, cluster, view = self.broker, self.cluster, self.view
         store = broker.store
@@ -171,6 +172,7 @@ class ClusterNode:
         self.controller = Controller(
             self.etcd, keys, view, self.coordinator, self.membership, cluster, token=self.token
         )
+        store.enable_replication(cluster.hw_checkpoint_interval_ms / 1000)
         epochs = LeaderEpochs(store)
         delivery = LocalDelivery(store, broker.router.publish, broker.replays)
         self.leader = LeaderReplication(
@@ -181,9 +183,11 @@ class ClusterNode:
             epochs,
             route_committed=delivery.route_committed,
         )
-        self.followers = Followers(view, store, delivery, self.token, epochs=epochs)
+        self.leader.serve_pushes(self.links)
+        self.followers = Followers(view, store, delivery, self.token, epochs=epochs, links=self.links)
+        self.links.on(PUSH, self.followers.pushed)
         timeout = broker.config.offsets_api.request_timeout_s
-        broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch, timeout))
+        broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch, timeout, pushes=True))
 
     async def start(self) -> None:
         """Serve as a member: the PUBLISH path's cluster stages first (fenced until registered, so nothing

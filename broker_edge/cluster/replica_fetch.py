@@ -22,6 +22,10 @@ positions and the set of topics it has something new for (records, a higher wate
 in proportion to the topics that changed, not to every topic of the partitions. A leader that lost the
 session answers `UNKNOWN_SESSION` and the follower opens a new one.
 
+A leader that also serves its sessions by pushing them over the peer link (`replica_push`) says so in
+every answer with the header `X-Timestone-Replica-Push: 1`; a follower moves a session onto the link only
+then (a leader of an earlier version would not understand its acknowledgements).
+
 A topic's `offset` tells the leader the follower holds every record below it durably. `frames` are the
 records exactly as stored from `offset` on. Errors per partition: `NOT_LEADER`, `STALE_EPOCH` (the
 follower's view is behind: it re-reads it), `NEWER_EPOCH` (the leader's view is behind: it stops leading
@@ -48,6 +52,7 @@ __all__ = [
     "NOT_REPLICA",
     "OK",
     "PATH",
+    "PUSH_HEADER",
     "RESTART",
     "STALE_EPOCH",
     "UNKNOWN_SESSION",
@@ -69,6 +74,8 @@ PATH = "/v1/replica/fetch"
 MAX_REQUEST_BYTES = 64 << 20
 """A first fetch lists every topic the follower holds in the leader's partitions."""
 CONTENT_TYPE = "application/x-timestone-replica-fetch"
+PUSH_HEADER = "X-Timestone-Replica-Push"
+"""Present (``1``) in the answers of a leader that pushes sessions over the peer link."""
 VERSION = 1
 
 OK = 0
@@ -332,10 +339,14 @@ FetchServer = Callable[[FetchRequest], Awaitable[FetchResponse]]
 
 
 def replica_fetch_route(
-    serve: FetchServer, request_timeout_s: float = 10.0
+    serve: FetchServer, request_timeout_s: float = 10.0, pushes: bool = False
 ) -> Callable[[web.Application], None]:
     """A function adding `POST /v1/replica/fetch` to an offsets API app (`create_app(routes=[...])`); the
-    app's bearer token guards it like every other endpoint."""
+    app's bearer token guards it like every other endpoint. `pushes`: the leader also pushes sessions over
+    the peer link (its answers say so)."""
+    headers = {"Content-Type": CONTENT_TYPE}
+    if pushes:
+        headers[PUSH_HEADER] = "1"
 
     def add(app: web.Application) -> None:
         from aiohttp import web
@@ -364,7 +375,7 @@ def replica_fetch_route(
             except WireError as error:
                 raise ApiError(400, codes.BAD_REQUEST, str(error), parameter="body") from None
             body = b"".join(encode_response(await serve(fetch)))
-            return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+            return web.Response(body=body, headers=headers)
 
         app.router.add_post(PATH, handle)
 

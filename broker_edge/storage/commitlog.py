@@ -212,6 +212,11 @@ class CommitLog:
         if not replicated:
             self._end_offset = self._durable_end
 
+    def restore_committed(self, offset: int) -> None:
+        """Start a replicated log committed up to a saved end (capped at what is durable here), after a
+        restart: lower than what it holds when its tail was never committed."""
+        self._end_offset = max(self.start_offset, min(offset, self._durable_end))
+
     def commit(self, offset: int) -> int:
         """Let readers see records below `offset` (capped at `durable_end`); returns the new `end_offset`."""
         if offset > self._durable_end:

@@ -6,8 +6,9 @@ is driven from one asyncio event loop: appends are buffered, each window's data 
 with one pwritev per segment, fsyncs run in a writer thread (see `group_commit`), and reads are preads on
 the loop (or come straight from the tail caches for caught-up readers). Readers only ever get durable
 records: `end_offset` of a log is its high watermark. In a cluster (`enable_replication`) it is the
-committed end instead, moved by `commit` once the in-sync replicas hold the records; followers copy their
-leader's frames (`append_frames`) and drop a diverging tail (`truncate`) through the same store.
+committed end instead, moved by `commit` once the in-sync replicas hold the records, and saved to a
+checkpoint (`hw_checkpoint`) so that a restart starts each log committed no further than it was; followers
+copy their leader's frames (`append_frames`) and drop a diverging tail (`truncate`) through the same store.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .errors import StorageError, TooManyTopics, UnknownTopic
 from .file_pool import FileHandlePool
 from .fs_sync import syncfs_available
 from .group_commit import GroupCommitter
+from .hw_checkpoint import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
 from .layout import layout_of, open_layout
 from .persistence import PersistenceRules, check_filter
 from .read_cache import ReadCache
@@ -114,6 +116,8 @@ class LogStore:
         self._pattern_waiters: list[_Waiter] = []
         self._directory_fd: int | None = None
         self._replicated = False
+        self._checkpointed: dict[str, int] = {}
+        self._checkpoint_timer: asyncio.TimerHandle | None = None
         self._syncfs_checked = False
         self._opened = False
         self._closed = False
@@ -157,6 +161,9 @@ class LogStore:
             return
         self._closed = True
         self._committer.close()
+        if self._checkpoint_timer is not None:
+            self._checkpoint_timer.cancel()
+        self.checkpoint_committed()
         if self._directory_fd is not None:
             os.close(self._directory_fd)
             self._directory_fd = None
@@ -233,13 +240,54 @@ class LogStore:
 
     # -- replication -----------------------------------------------------------------------------------
 
-    def enable_replication(self) -> None:
+    def enable_replication(self, checkpoint_interval_s: float = 5.0) -> None:
         """From now on readers see each log up to its committed end (`commit`), not its durable end.
 
-        The logs found at open start committed up to their durable end."""
+        The logs found at open start committed up to the end the checkpoint saved for them (0 for a log it
+        does not list); with no checkpoint at all (a store that was never replicated: everything in it was
+        acknowledged alone) up to their durable end. The checkpoint is written at once, then every
+        `checkpoint_interval_s` while an event loop runs, and at close."""
+        if self._replicated:
+            return
+        if checkpoint_interval_s <= 0:
+            raise ValueError(f"checkpoint_interval_s must be positive, got {checkpoint_interval_s}")
+        saved = read_checkpoint(self.layout.meta_file(CHECKPOINT_FILE)) if self._opened else None
         self._replicated = True
-        for commit_log in self._logs.values():
+        for topic, commit_log in self._logs.items():
             commit_log.set_replicated(True)
+            if saved is not None:
+                commit_log.restore_committed(saved.get(topic, 0))
+        if self._opened:
+            self.checkpoint_committed()
+            self._schedule_checkpoints(checkpoint_interval_s)
+
+    def checkpoint_committed(self) -> None:
+        """Save every log's committed end (when one moved since the last checkpoint)."""
+        if not self._replicated or not self._opened:
+            return
+        committed = {topic: commit_log.end_offset for topic, commit_log in self._logs.items()}
+        if committed == self._checkpointed and os.path.exists(self.layout.meta_file(CHECKPOINT_FILE)):
+            return
+        try:
+            write_checkpoint(self.layout.meta_file(CHECKPOINT_FILE), committed)
+        except OSError as error:
+            log.error("cannot save the committed ends of the logs: %s", error)
+            return
+        self._checkpointed = committed
+
+    def _schedule_checkpoints(self, interval_s: float) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a tool): the checkpoint is written at close
+
+        def tick() -> None:
+            if self._closed:
+                return
+            self.checkpoint_committed()
+            self._checkpoint_timer = loop.call_later(interval_s, tick)
+
+        self._checkpoint_timer = loop.call_later(interval_s, tick)
 
     @property
     def replicated(self) -> bool:
@@ -293,7 +341,10 @@ class LogStore:
         """Drop the records of `topic` at and after `offset` (see `CommitLog.truncate`)."""
         commit_log = self._logs.get(topic)
         if commit_log is not None:
+            committed = commit_log.end_offset
             commit_log.truncate(offset)
+            if commit_log.end_offset < committed:  # (an unclean election) the checkpoint must not overstate
+                self.checkpoint_committed()
 
     def restart_at(self, topic: str, offset: int) -> None:
         """Empty `topic`'s log (created if absent) and continue it at `offset`."""

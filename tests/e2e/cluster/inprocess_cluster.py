@@ -2,10 +2,11 @@
 
 Every broker is a real `Broker` (MQTT listener, commitlog, offsets API on free ports) running on one
 event loop in a background thread; each has its own `ClusterView`, the leader's `LeaderReplication` as its
-PUBLISH path's replication stage, `Followers` fetching over the offsets API, and the replica fetch
-endpoint. `StaticIsr` is the ISR changer of a cluster whose states only the test and the leaders change:
-a compare-and-swap on the partition's epoch, applied to every node's view (what the coordination side
-does through etcd).
+PUBLISH path's replication stage, `Followers` fetching over the offsets API, the replica fetch endpoint,
+and (unless `peer_links=False`) the peer links over which leaders push steady-state replication.
+`StaticIsr` is the ISR changer of a cluster whose states only the test and the leaders change: a
+compare-and-swap on the partition's epoch, applied to every node's view (what the coordination side does
+through etcd).
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from typing import Any, TypeVar
 
 from broker_edge.cluster.follower import FollowerConfig, Followers, LocalDelivery
 from broker_edge.cluster.leader import LeaderConfig, LeaderReplication
+from broker_edge.cluster.peer_link import PeerLink, PeerLinks
 from broker_edge.cluster.replica_fetch import replica_fetch_route
+from broker_edge.cluster.replica_push import PUSH
 from broker_edge.cluster.view import ClusterView, Member, PartitionState
 from broker_edge.config.broker import BrokerConfig
 from broker_edge.config.loader import load_dataclass
+from broker_edge.delivery import Message
 from broker_edge.server import Broker
 from broker_edge.storage.store import LogStore
 
@@ -61,6 +65,16 @@ class StaticIsr:
             view.changed()
 
 
+class _NoPublishes:
+    """The peer links' receiver in a cluster whose tests publish on each partition's leader only."""
+
+    def forwarded(self, link: PeerLink, batch: int, messages: list[Message]) -> None:
+        raise AssertionError("publishes are not forwarded in the in-process cluster")
+
+    def unlogged(self, message: Message) -> None:
+        raise AssertionError("publishes are not forwarded in the in-process cluster")
+
+
 class Node:
     """One broker of the cluster and its replication parts."""
 
@@ -82,6 +96,7 @@ class Node:
         self.view = ClusterView(node_id, cluster.partitions)
         self.leader: LeaderReplication | None = None
         self.followers: Followers | None = None
+        self.links: PeerLinks | None = None
 
     @property
     def store(self) -> LogStore:
@@ -107,10 +122,26 @@ class Node:
             cluster.leader_config,
             route_committed=self.delivery.route_committed,
         )
-        self.broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch))
+        fetch_route = replica_fetch_route(self.leader.fetch, pushes=cluster.peer_links)
+        self.broker.offsets_api_routes.append(fetch_route)
+        if cluster.peer_links:
+            links = self.links = PeerLinks(self.node_id, TOKEN, _NoPublishes())
+            self.broker.offsets_api_routes.append(links.add_routes)
+            self.leader.serve_pushes(links)
+            links.on(PUSH, lambda link, body: self.followers.pushed(link, body) if self.followers else None)
+            self.view.on_change(self._members_changed)
+            self._members_changed()
         self.broker.publish_path.replication = self.leader
         self.leader.start()
         self.start_followers()
+
+    def _members_changed(self) -> None:
+        if self.links is not None:
+            self.links.update({node: member.offsets_api for node, member in self.view.members.items()})
+
+    async def stop_links(self) -> None:
+        if self.links is not None:
+            await self.links.close()
 
     def start_followers(self) -> None:
         assert self.leader is not None
@@ -121,6 +152,7 @@ class Node:
             TOKEN,
             self.cluster.follower_config,
             epochs=self.leader.epochs,
+            links=self.links,
         )
         self.followers.start()
 
@@ -166,9 +198,11 @@ class InProcessCluster:
         partitions: int = 1,
         leader_config: LeaderConfig | None = None,
         follower_config: FollowerConfig | None = None,
+        peer_links: bool = True,
         **settings: Any,
     ) -> None:
         self.partitions = partitions
+        self.peer_links = peer_links
         self.isr = StaticIsr()
         self.leader_config = leader_config or LeaderConfig(min_insync_replicas=2, replica_lag_max_ms=10_000)
         self.follower_config = follower_config or FollowerConfig(wait_ms=500)
@@ -230,6 +264,7 @@ class InProcessCluster:
             await node.stop_followers()
             if node.leader is not None:
                 await node.leader.stop()
+            await node.stop_links()
             await node.broker.stop()
 
         self.run(stop())
@@ -262,6 +297,7 @@ class InProcessCluster:
             for node in self.nodes.values():
                 if node.leader is not None:
                     await node.leader.stop()
+                await node.stop_links()
                 if not node.broker.stopped.is_set():
                     await node.broker.stop()
 

@@ -1,9 +1,11 @@
 """The replicated log across real brokers in one process (static partition states, no etcd).
 
-Devices are real MQTT clients (paho) on real brokers; followers fetch over the real offsets API. What is
-proved: identical offsets and segment bytes on every replica, acknowledgement only once the in-sync set
-holds a publish, refusal under `min_insync_replicas`, a follower leaving and rejoining the in-sync set,
-truncation of a diverged tail under a new leader, and the watermark gating readers and subscribers.
+Devices are real MQTT clients (paho) on real brokers; followers open their sessions over the real offsets
+API and leaders push them over the real peer links. What is proved: identical offsets and segment bytes
+on every replica (over either transport), acknowledgement only once the in-sync set holds a publish,
+refusal under `min_insync_replicas`, a follower leaving and rejoining the in-sync set, truncation of a
+diverged tail under a new leader, the watermark gating readers and subscribers, a steady state without
+fetches, and the fall back to fetching when a peer link drops.
 """
 
 from __future__ import annotations
@@ -76,8 +78,9 @@ class AckWatcher:
             return None
 
 
-def test_every_replica_holds_the_same_records_at_the_same_offsets_byte_for_byte(make_cluster):
-    cluster = make_cluster(storage={"segment_bytes": 4096})
+@pytest.mark.parametrize("peer_links", [True, False], ids=["pushed", "fetched"])
+def test_every_replica_holds_the_same_records_at_the_same_offsets_byte_for_byte(make_cluster, peer_links):
+    cluster = make_cluster(storage={"segment_bytes": 4096}, peer_links=peer_links)
     cluster.start_replication([_all_in_sync()])
     subscriber = PahoClient(cluster["b3"].port, "watcher")
     subscriber.subscribe(TOPIC, qos=1)
@@ -203,6 +206,73 @@ def test_a_broker_outside_the_replicas_observes_committed_records_without_a_log(
     subscriber.expect_none(timeout=0.3)
 
 
+def _pushed(cluster: InProcessCluster, node: str) -> bool:
+    """Whether `node`'s replica session with b1 is served over the peer link."""
+
+    def check() -> bool:
+        followers = cluster[node].followers
+        assert followers is not None
+        fetcher = followers._fetchers.get(("b1", False))
+        return fetcher is not None and fetcher.pushes is not None
+
+    return cluster.call(check)
+
+
+def _counts(cluster: InProcessCluster) -> tuple[int, int]:
+    """(HTTP fetches served, pushes sent) by the leader b1."""
+    leader = cluster["b1"].leader
+    assert leader is not None
+    return cluster.call(lambda: (leader.fetches_served, leader.pushes_sent))
+
+
+def test_in_the_steady_state_records_and_watermarks_are_pushed_without_any_fetch(make_cluster):
+    cluster = make_cluster(storage={"segment_bytes": 4096})
+    cluster.start_replication([_all_in_sync()])
+    subscriber = PahoClient(cluster["b3"].port, "watcher-push")
+    subscriber.subscribe(TOPIC, qos=1)
+    device = PahoClient(cluster["b1"].port, "device-push")
+    device.publish(TOPIC, b"first", qos=1)
+    assert wait_for(lambda: _pushed(cluster, "b2") and _pushed(cluster, "b3"))
+    fetches, pushes = _counts(cluster)
+    sent = [f"pushed-{n:04d}-".encode() * 8 for n in range(150)]
+    for payload in sent:
+        device.publish(TOPIC, payload, qos=1)  # acknowledged: every in-sync replica holds it durably
+    assert all(cluster[node].durable_end(TOPIC) == 151 for node in NODES)
+    assert [m.payload for m in subscriber.expect(151)] == [b"first", *sent]  # routed on b3 once committed
+    assert wait_for(lambda: all(cluster[node].committed_end(TOPIC) == 151 for node in NODES))
+    after_fetches, after_pushes = _counts(cluster)
+    assert after_fetches == fetches  # no HTTP fetch: the watermark reached b2 and b3 by push
+    assert after_pushes - pushes >= 2 * 150  # records and watermarks, to each of two followers
+    segments = cluster["b1"].segment_bytes(TOPIC)
+    assert len(segments) > 2
+    assert cluster["b2"].segment_bytes(TOPIC) == segments
+    assert cluster["b3"].segment_bytes(TOPIC) == segments
+
+
+def test_a_replica_whose_peer_link_drops_fetches_over_http_and_loses_nothing(make_cluster):
+    cluster = make_cluster()
+    cluster.start_replication([_all_in_sync()])
+    subscriber = PahoClient(cluster["b2"].port, "watcher-fallback")
+    subscriber.subscribe(TOPIC, qos=1)
+    device = PahoClient(cluster["b1"].port, "device-fallback")
+    sent = [f"before {n}".encode() for n in range(20)]
+    for payload in sent[:10]:
+        device.publish(TOPIC, payload, qos=1)
+    assert wait_for(lambda: _pushed(cluster, "b2"))
+    fetches, _pushes = _counts(cluster)
+    cluster.run(cluster["b2"].stop_links())  # b2's links close for good: it can only fetch now
+    assert wait_for(lambda: not _pushed(cluster, "b2"))
+    for payload in sent[10:]:
+        device.publish(TOPIC, payload, qos=1)  # acknowledged: b2 fetched it over HTTP
+    assert cluster["b2"].durable_end(TOPIC) == 20
+    assert _counts(cluster)[0] > fetches
+    assert [m.payload for m in subscriber.expect(20)] == sent
+    assert wait_for(lambda: cluster["b2"].committed_end(TOPIC) == 20)
+    assert cluster["b2"].segment_bytes(TOPIC) == cluster["b1"].segment_bytes(TOPIC)
+    assert _pushed(cluster, "b3")  # the other follower is still pushed
+    assert set(cluster.state().isr) == set(NODES)
+
+
 def _topic_in(partition: int, partitions: int) -> str:
     return next(
         topic
@@ -318,6 +388,25 @@ def test_a_replica_broker_restarted_on_its_directory_catches_up_and_rejoins(make
     device.publish(TOPIC, b"after the restart", qos=1)
     assert [m.payload for m in subscriber.expect(1)] == [b"after the restart"]
     assert wait_for(lambda: restarted.payloads(TOPIC)[-1] == (40, b"after the restart"))
+
+
+def test_a_restarted_replica_shows_its_readers_no_record_that_was_not_committed(make_cluster):
+    cluster = make_cluster()
+    cluster.start_replication([_all_in_sync()])
+    PahoClient(cluster["b1"].port, "device-hw").publish(TOPIC, b"committed", qos=1)
+    assert wait_for(lambda: cluster["b2"].committed_end(TOPIC) == 1)
+    cluster.run(cluster["b3"].stop_followers())  # b3 stays in the in-sync set: nothing more commits
+    publisher = AckWatcher(cluster["b1"].port, "device-hw-2")
+    publisher.publish(b"not committed")
+    assert wait_for(lambda: cluster["b2"].durable_end(TOPIC) == 2)
+    cluster.stop_node("b2")
+    restarted = cluster.restart_node("b2")
+    assert restarted.durable_end(TOPIC) == 2
+    assert restarted.payloads(TOPIC) == [(0, b"committed")]  # its saved watermark, not its log's end
+    cluster.call(cluster["b3"].start_followers)
+    assert publisher.ack(timeout=5) is not None
+    expected = [(0, b"committed"), (1, b"not committed")]
+    assert wait_for(lambda: cluster["b2"].payloads(TOPIC) == expected)  # learnt from the leader
 
 
 def test_a_new_replica_of_a_log_retention_shortened_starts_where_the_leader_starts(make_cluster):

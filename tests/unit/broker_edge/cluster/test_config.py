@@ -37,6 +37,7 @@ def test_the_issue_example_loads_with_the_documented_defaults() -> None:
         "/timestone",
     )
     assert cluster.token is None
+    assert cluster.hw_checkpoint_interval_ms == 5000
 
 
 def test_no_section_means_no_cluster() -> None:
@@ -61,6 +62,7 @@ def test_no_section_means_no_cluster() -> None:
         ({"advertise": {"mqtt": "nohost"}}, "cluster.advertise.mqtt: expected host:port"),
         ({"advertise": {"offsets_api": "127.0.0.1:9884"}}, "cluster.advertise.offsets_api: expected http://"),
         ({"replica_lag_max_ms": True}, "cluster.replica_lag_max_ms: expected int"),
+        ({"hw_checkpoint_interval_ms": 0}, "cluster.hw_checkpoint_interval_ms: must be an integer >= 1"),
         ({"bogus": 1}, "cluster.bogus: unknown key"),
     ],
 )

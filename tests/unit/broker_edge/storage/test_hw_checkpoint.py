@@ -1,0 +1,129 @@
+"""A replicated store saves its logs' committed ends, and a restart shows no record beyond them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from broker_edge.storage import LogStore, StorageConfig
+from broker_edge.storage.hw_checkpoint import CHECKPOINT_FILE, read_checkpoint
+
+RECORD = (b"reading", 1, False, "device", (), None, None, None, None, None)
+
+
+def _store(path: Path) -> LogStore:
+    store = LogStore(path, StorageConfig(durability="fsync"))
+    store.open()
+    return store
+
+
+def _payloads(store: LogStore, topic: str) -> int:
+    """How many records readers of `topic` see."""
+    return len(store.read(topic, 0, 1000, 1 << 20))
+
+
+def test_a_restarted_replica_starts_committed_where_it_was_not_where_its_log_ends(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.enable_replication()
+    store.append_batch("t", [RECORD] * 5)
+    store.flush()
+    store.commit("t", 3)  # two records durable here, not yet held by every in-sync replica
+    store.close()
+
+    again = _store(tmp_path)
+    again.enable_replication()
+    assert again.durable_end("t") == 5
+    assert again.committed_end("t") == 3
+    assert _payloads(again, "t") == 3  # the uncommitted tail stays invisible
+    assert again.commit("t", 5) == 5  # until the leader's watermark passes it
+    again.close()
+
+
+def test_a_crash_shows_at_most_the_last_checkpoint_and_a_log_it_does_not_list_shows_nothing(
+    tmp_path: Path,
+) -> None:
+    store = _store(tmp_path)
+    store.enable_replication()
+    store.append_batch("t", [RECORD] * 4)
+    store.flush()
+    store.commit("t", 2)
+    store.checkpoint_committed()  # what the periodic checkpoint saves
+    store.commit("t", 4)
+    store.append_batch("u", [RECORD] * 2)  # a log created since
+    store.flush()
+    store.commit("u", 2)
+    # the process dies here: no close, no newer checkpoint
+
+    again = _store(tmp_path)
+    again.enable_replication()
+    assert (again.committed_end("t"), again.durable_end("t")) == (2, 4)
+    assert (again.committed_end("u"), again.durable_end("u")) == (0, 2)
+    again.close()
+    store.close()
+
+
+def test_the_checkpoint_is_written_periodically_while_the_loop_runs(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        store = _store(tmp_path)
+        store.enable_replication(checkpoint_interval_s=0.05)
+        store.append_batch("t", [RECORD] * 3)
+        await store.wait_durable()
+        store.commit("t", 3)
+        path = store.layout.meta_file(CHECKPOINT_FILE)
+        deadline = asyncio.get_running_loop().time() + 5
+        while read_checkpoint(path) != {"t": 3}:
+            assert asyncio.get_running_loop().time() < deadline, "no checkpoint written"
+            await asyncio.sleep(0.01)
+        store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_store_never_replicated_starts_with_everything_committed(tmp_path: Path) -> None:
+    alone = _store(tmp_path)
+    alone.append_batch("t", [RECORD] * 3)  # acknowledged by a broker running alone
+    alone.close()
+
+    member = _store(tmp_path)
+    member.enable_replication()
+    assert member.committed_end("t") == 3
+    member.close()
+    assert read_checkpoint(member.layout.meta_file(CHECKPOINT_FILE)) == {"t": 3}
+
+
+def test_a_damaged_checkpoint_starts_every_log_committed_at_its_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = _store(tmp_path)
+    store.enable_replication()
+    store.append_batch("t", [RECORD] * 3)
+    store.flush()
+    store.commit("t", 3)
+    store.close()
+    Path(store.layout.meta_file(CHECKPOINT_FILE)).write_text('{"version": 1, "committed": {"t": -4}}')
+
+    with caplog.at_level(logging.ERROR):
+        again = _store(tmp_path)
+        again.enable_replication()
+    assert again.committed_end("t") == 0 and again.durable_end("t") == 3  # nothing lost, nothing shown
+    assert any("replication-offset-checkpoint is damaged" in r.getMessage() for r in caplog.records)
+    again.close()
+    other = _store(tmp_path / "other")
+    with pytest.raises(ValueError, match="checkpoint_interval_s"):
+        other.enable_replication(checkpoint_interval_s=0)
+    other.close()
+
+
+def test_truncating_below_the_committed_end_saves_the_lower_end_at_once(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.enable_replication()
+    store.append_batch("t", [RECORD] * 5)
+    store.flush()
+    store.commit("t", 5)
+    store.checkpoint_committed()
+    store.truncate("t", 3)  # only after an unclean election does a replica lose committed records
+    assert read_checkpoint(store.layout.meta_file(CHECKPOINT_FILE)) == {"t": 3}
+    store.close()
