@@ -19,7 +19,7 @@ from broker_edge.config.endpoints import BrokerEndpoint
 __all__ = ["BrokerKind", "brokers_form_a_cluster", "live_endpoints", "probe"]
 
 PROBE_PATH = "/v1/replica/fetch"
-PROBE_TIMEOUT_S = 2.0
+PROBE_TIMEOUT_S = 5.0
 
 
 class BrokerKind(enum.Enum):

@@ -20,7 +20,9 @@ from collections import Counter
 import pyarrow.compute as pc
 import pytest
 
-from broker_edge.launcher import BrokerProcess
+from broker_edge.config import ConfigError
+from broker_edge.launcher import BrokerProcess, free_port
+from pipelines.actions.cluster import BrokerKind, brokers_form_a_cluster, live_endpoints, probe
 from pipelines.actions.config import ActionsConfig, BrokerEndpoint
 from pipelines.actions.job import start_actions_job
 from pipelines.actions.operator import NewAction, create_action
@@ -148,3 +150,20 @@ def test_rollout_survives_the_kill_of_the_broker_the_job_uses(spark, tmp_path, c
             assert sum(copies.values()) <= len(fleet_ids) + resent
         finally:
             job.stop()
+
+
+def test_the_job_tells_cluster_members_from_standalone_brokers(tmp_path, cluster_brokers):
+    member = _endpoint("a", cluster_brokers("a"))
+    down = BrokerEndpoint("down", f"http://127.0.0.1:{free_port()}")
+    with BrokerProcess(tmp_path / "alone") as alone_broker:
+        alone = _endpoint("alone", alone_broker)
+        assert probe(member) is BrokerKind.MEMBER
+        assert probe(alone) is BrokerKind.STANDALONE
+        assert probe(down) is BrokerKind.DOWN
+        assert brokers_form_a_cluster([member, down])
+        assert not brokers_form_a_cluster([alone, down])
+        with pytest.raises(ConfigError, match=r"^brokers: cluster members and standalone brokers mixed"):
+            brokers_form_a_cluster([member, alone])
+        with pytest.raises(ConfigError, match=r"^cluster: no broker answered"):
+            brokers_form_a_cluster([down])
+        assert live_endpoints([down, member]) == [member]
