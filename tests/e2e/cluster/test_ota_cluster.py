@@ -39,9 +39,9 @@ from tests.fleet_harness import quiet_devices
 pytestmark = pytest.mark.spark
 
 NODES = ("a", "b", "c")
-DEVICES = 300
-RATE_PER_MINUTE = 3000
-"""The paced rollout reaches 50 devices a second: the kill lands in its middle."""
+DEVICES = 1000
+RATE_PER_MINUTE = 6000
+"""The paced rollout reaches 100 devices a second: the kill lands in its middle."""
 ROLLOUT_S = 120.0
 
 
@@ -106,7 +106,7 @@ def test_rollout_survives_the_kill_of_the_broker_the_job_uses(spark, tmp_path, c
                     max_per_minute=RATE_PER_MINUTE,
                 ),
             )
-            wait_until(lambda: _reached(fleet, rollout) >= 20, ROLLOUT_S, "the rollout under way")
+            wait_until(lambda: _reached(fleet, rollout) >= 50, ROLLOUT_S, "the rollout under way")
             reached_before_kill = _reached(fleet, rollout)
             brokers["a"].kill()  # the member the job publishes through and reads reports from
 
