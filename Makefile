@@ -19,7 +19,7 @@ test: $(STAMP) system-deps
 	$(VENV)/bin/pytest
 
 # Every benchmark writes its section into bench/results/ (commitlog, Spark source, telemetry job, OTA, footprint,
-# cluster),
+# cluster, cluster fanout),
 # then the broker suite writes bench/RESULTS.md with every bench/results/*.md section appended: one command
 # regenerates every published figure (about an hour on a 2-core machine; run it on a quiet one).
 bench: $(STAMP) system-deps
@@ -29,6 +29,7 @@ bench: $(STAMP) system-deps
 	$(VENV)/bin/python bench/ota_bench.py
 	$(VENV)/bin/python bench/footprint_bench.py --write
 	$(VENV)/bin/python -m bench.cluster_bench
+	$(VENV)/bin/python -m bench.cluster_fanout_bench
 	$(VENV)/bin/python -m bench
 
 lint: $(STAMP)

@@ -17,6 +17,10 @@ class ActionsConfig:
     checkpoint_root: str = ".timestone/checkpoints/actions"
     """Spark checkpoints of the job's two streams (actions change feed, device status reports)."""
     brokers: list[BrokerEndpoint] = field(default_factory=lambda: [BrokerEndpoint()])
+    cluster: bool | None = None
+    """Whether ``brokers`` are members of one cluster: then each action is published once, through any live
+    member, and reports are read once. False: separate brokers, each gets every action. None (default):
+    ask the brokers when the job starts (``pipelines/actions/cluster.py``)."""
     status_topics: str = "devices/+/actions"
     """Topic filter of the device status reports (docs/device-protocol.md)."""
     trigger_interval_s: float = 1.0

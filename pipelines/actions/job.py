@@ -2,7 +2,8 @@
 
 - ``actions`` change feed → new actions are fanned out, a ``cancel`` update stops one
   (native Delta streaming with ``readChangeFeed`` where the session has Delta; here the ``delta_cdf`` source);
-- device status reports from the brokers' logs (the ``timestone`` source) → executions and summaries;
+- device status reports from the brokers' logs (the ``timestone`` source) → executions and summaries: from
+  each of separate brokers, or once from a cluster (``reports.py``);
 - a ticker thread → paced rollouts, timeouts, aborts.
 
 Spark checkpoints hold both streams' offsets; every table write is idempotent per (query, batch), so a
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -22,11 +24,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from broker_edge.config.endpoints import format_endpoints
+from broker_edge.config.endpoints import BrokerEndpoint, format_endpoints
+from pipelines.actions.cluster import brokers_form_a_cluster
 from pipelines.actions.config import ActionsConfig
 from pipelines.actions.engine import ACTIONS, ActionsEngine
 from pipelines.actions.model import parse_report
-from pipelines.actions.publisher import MqttPublisher, Publisher
+from pipelines.actions.publisher import ClusterPublisher, MqttPublisher, Publisher
+from pipelines.actions.reports import BrokerReports, ClusterReports, ReportStream
 from pipelines.spark_session import stop_between_batches
 from sinks.foreach_batch import streaming_query_id
 from sinks.store import Backend, TableStore, open_table_store
@@ -46,15 +50,18 @@ def _action_changes(spark: SparkSession, store: TableStore) -> DataFrame:
     return stream.where(F.col("_change_type").isin("insert", "update_postimage"))
 
 
-def _status_reports(spark: SparkSession, config: ActionsConfig) -> DataFrame:
-    brokers = format_endpoints(config.brokers)
+def _status_reports(
+    spark: SparkSession, config: ActionsConfig, endpoints: Sequence[BrokerEndpoint], cluster: bool
+) -> DataFrame:
     reader = (
         spark.readStream.format("timestone")
-        .option("brokers", brokers)
+        .option("brokers", format_endpoints(endpoints))
         .option("topics", config.status_topics)
         .option("startingOffsets", "earliest")
     )
-    for broker in config.brokers:
+    if cluster:  # a member that died fails the batch at once: the stream moves on to another member
+        reader = reader.option("fetchRetries", 1).option("retryBackoffMs", 200).option("fetchTimeoutMs", 5000)
+    for broker in endpoints:
         if broker.token:
             reader = reader.option(f"authToken.{broker.name}", broker.token)
     return reader.load().select("payload")
@@ -65,9 +72,18 @@ class ActionsJob:
     """The running job: its queries and ticker; :meth:`stop` ends all of them."""
 
     engine: ActionsEngine
-    queries: list[StreamingQuery]
+    fanout: StreamingQuery
+    reports: ReportStream
     _stop: threading.Event = field(default_factory=threading.Event)
     _ticker: threading.Thread | None = None
+
+    @property
+    def queries(self) -> list[StreamingQuery]:
+        """The streaming queries running now (the reports query changes when it moves to another member)."""
+        return [self.fanout, self.reports.query]
+
+    def running(self) -> bool:
+        return bool(self.fanout.isActive) and self.reports.running()
 
     def start_ticker(self, interval_s: float) -> None:
         def run() -> None:
@@ -89,8 +105,8 @@ class ActionsJob:
         self._stop.set()
         if self._ticker:
             self._ticker.join(timeout=10)
-        for query in self.queries:
-            stop_between_batches(query)
+        stop_between_batches(self.fanout)
+        self.reports.stop()
         self.engine.publisher.close()
 
 
@@ -104,11 +120,8 @@ def start_actions_job(
     register_sources(spark)
     backend = cast(Backend, config.backend)  # one of Backend's values, checked by ActionsConfig
     store = store or open_table_store(spark, config.tables_root, backend=backend)
-    publisher = publisher or MqttPublisher(
-        [(b.mqtt_host, b.mqtt_port) for b in config.brokers],
-        username=config.brokers[0].username,
-        password=config.brokers[0].password,
-    )
+    cluster = config.cluster if config.cluster is not None else brokers_form_a_cluster(config.brokers)
+    publisher = publisher or _publisher(config, cluster)
     engine = ActionsEngine(store, publisher)
     checkpoints = Path(config.checkpoint_root)
     trigger = f"{config.trigger_interval_s} seconds"
@@ -125,23 +138,40 @@ def start_actions_job(
             log.warning("skipped %d status messages that are not reports", len(payloads) - len(reports))
         engine.on_reports(reports, f"reports/{streaming_query_id(batch)}", batch_id)
 
-    queries = [
+    def start_reports(endpoints: Sequence[BrokerEndpoint]) -> StreamingQuery:
+        return (
+            _status_reports(spark, config, endpoints, cluster)
+            .writeStream.queryName("actions-reports")
+            .foreachBatch(track)
+            .option("checkpointLocation", str(checkpoints / "reports"))
+            .trigger(processingTime=trigger)
+            .start()
+        )
+
+    fanout = (
         _action_changes(spark, store)
         .writeStream.queryName("actions-fanout")
         .foreachBatch(fan_out)
         .option("checkpointLocation", str(checkpoints / "fanout"))
         .trigger(processingTime=trigger)
-        .start(),
-        _status_reports(spark, config)
-        .writeStream.queryName("actions-reports")
-        .foreachBatch(track)
-        .option("checkpointLocation", str(checkpoints / "reports"))
-        .trigger(processingTime=trigger)
-        .start(),
-    ]
-    job = ActionsJob(engine, queries)
+        .start()
+    )
+    reports: ReportStream
+    if cluster:
+        reports = ClusterReports(start_reports, config.brokers, config.tick_interval_s)
+    else:
+        reports = BrokerReports(start_reports, config.brokers)
+    job = ActionsJob(engine, fanout, reports)
     job.start_ticker(config.tick_interval_s)
     return job
+
+
+def _publisher(config: ActionsConfig, cluster: bool) -> MqttPublisher:
+    """Once through any live member of a cluster, or to each of separate brokers."""
+    addresses = [(b.mqtt_host, b.mqtt_port) for b in config.brokers]
+    first = config.brokers[0]
+    kind = ClusterPublisher if cluster else MqttPublisher
+    return kind(addresses, username=first.username, password=first.password)
 
 
 def validate(section: object) -> ActionsConfig:
@@ -161,7 +191,7 @@ def run(spark: SparkSession, section: object, options: object) -> int:
         "actions job started: tables at %s, brokers %s", config.tables_root, [b.name for b in config.brokers]
     )
     try:
-        while all(query.isActive for query in job.queries):
+        while job.running():
             time.sleep(1)
         failed = [q for q in job.queries if q.exception() is not None]
         for query in failed:

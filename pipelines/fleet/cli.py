@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--procs", type=int, default=1, help="processes to run the devices in (default 1)")
     simulate.add_argument(
+        "--failover",
+        action="store_true",
+        help="the --broker addresses are members of one cluster: a device whose broker fails moves on",
+    )
+    simulate.add_argument(
         "--source-addresses",
         default="auto",
         help="comma-separated local addresses to connect from; auto: one 127.0.0.x per 20,000 devices "
@@ -84,6 +89,7 @@ def _fleet(args: argparse.Namespace) -> tuple[FleetSpec, DeviceBehaviour]:
         seed=args.seed,
         connects_per_second=args.connects_per_second,
         source_addresses=_source_addresses(args.source_addresses, brokers, args.count),
+        failover=args.failover,
     )
     behaviour = DeviceBehaviour(
         firmware=args.firmware,

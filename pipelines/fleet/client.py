@@ -8,6 +8,7 @@ PUBLISH at QoS 0/1 both ways (incoming QoS 1/2 acknowledged automatically), keep
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -212,8 +213,34 @@ class MqttClient(asyncio.Protocol):
         """Publish at QoS 1, pipelined within the broker's Receive Maximum; returns the PUBACK codes.
 
         Whatever fits in the window goes out in one write; each batch of acknowledgements refills it.
+        Raises when the connection drops before every PUBACK arrived.
         """
         acks: list[asyncio.Future] = []
+        await self._send_windowed(messages, acks)
+        return [ack.reason_code for ack in await asyncio.gather(*acks)]
+
+    async def publish_many_settled(
+        self, messages: Sequence[tuple[str, bytes]], timeout_s: float
+    ) -> list[int | None]:
+        """As :meth:`publish_many`, but never raises: each message's PUBACK code, or None when it was not
+        acknowledged (the connection dropped, or no PUBACK within ``timeout_s``): a caller that must not
+        lose a message resends exactly the ``None`` ones, elsewhere if need be."""
+        acks: list[asyncio.Future] = []
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            await asyncio.wait_for(self._send_windowed(messages, acks), timeout_s)
+        if acks:
+            await asyncio.wait(acks, timeout=timeout_s)
+        codes: list[int | None] = [None] * len(messages)
+        for index, ack in enumerate(acks):
+            if ack.done() and not ack.cancelled() and ack.exception() is None:
+                codes[index] = ack.result().reason_code
+            elif not ack.done():
+                ack.cancel()
+        return codes
+
+    async def _send_windowed(self, messages: Sequence[tuple[str, bytes]], acks: list[asyncio.Future]) -> None:
+        """Send QoS 1 PUBLISHes within the Receive Maximum, appending each PUBACK future to ``acks`` (in
+        message order) as its PUBLISH is written: an interrupted caller still knows which went out."""
         window_open = asyncio.Event()
         in_flight = 0
 
@@ -229,16 +256,33 @@ class MqttClient(asyncio.Protocol):
                 await window_open.wait()
                 continue
             frames = []
-            for topic, payload in messages[index : index + self.receive_maximum - in_flight]:
+            batch = messages[index : index + self.receive_maximum - in_flight]
+            futures = []
+            for topic, payload in batch:
                 packet_id = next(self._packet_ids)
                 ack = self._expect("puback", packet_id)
                 ack.add_done_callback(acknowledged)
-                acks.append(ack)
+                futures.append(ack)
                 frames.append(encode(Publish(topic, payload, 1, packet_id=packet_id), MQTT_5))
             index += len(frames)
             in_flight += len(frames)
-            self._write(frames)
-        return [ack.reason_code for ack in await asyncio.gather(*acks)]
+            acks.extend(futures)
+            try:
+                self._write(frames)
+            except ConnectionError:
+                for ack in futures:
+                    ack.cancel()
+                raise
+
+    def publish_tracked(self, topic: str, payload: bytes) -> asyncio.Future | None:
+        """Send a QoS 1 PUBLISH; the future of its PUBACK (fails if the connection drops first), or None
+        when not connected."""
+        if not self.connected:
+            return None
+        packet_id = next(self._packet_ids)
+        ack = self._expect("puback", packet_id)
+        self._send(Publish(topic, payload, 1, packet_id=packet_id))
+        return ack
 
     def publish_nowait(self, topic: str, payload: bytes, qos: int = 1) -> bool:
         """Send a PUBLISH without waiting for its acknowledgement; False when not connected."""

@@ -1,7 +1,10 @@
 """One simulated device: telemetry, action topics replayed by offset, OTA and commands with status reports.
 
 The device follows docs/device-protocol.md. It holds its own log offsets for the action topics, so it picks
-up where it left off after reconnecting to any broker, and replays from ``earliest`` on first boot.
+up where it left off after reconnecting to any broker, and replays from ``earliest`` on first boot. Given
+several brokers (members of one cluster), it moves to the next when its broker stops accepting it. A status
+report the broker did not acknowledge (refused, or the connection dropped first) is sent again: after a
+pause when refused, on reconnecting otherwise.
 """
 
 from __future__ import annotations
@@ -11,11 +14,13 @@ import json
 import random
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pipelines.fleet.client import Message, MqttClient
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "REJECTED", "CANCELED"})
+REPORT_RETRY_S = 0.5
 
 
 @dataclass
@@ -44,7 +49,10 @@ class ActionProgress:
 
 
 class SimulatedDevice:
-    """A device that connects to one broker and lives until :meth:`stop`."""
+    """A device that connects to a broker and lives until :meth:`stop`.
+
+    ``fallbacks`` are other brokers of the same cluster, tried in turn when connecting to the current one
+    fails."""
 
     def __init__(
         self,
@@ -55,10 +63,13 @@ class SimulatedDevice:
         rng: random.Random,
         stats: Counter,
         source_address: str | None = None,
+        fallbacks: Sequence[tuple[str, int]] = (),
     ) -> None:
         self.device_id = device_id
         self.group = group
+        self.brokers = [broker, *fallbacks]
         self.broker = broker
+        """The broker this device connects to now."""
         self.source_address = source_address
         self.behaviour = behaviour
         self.firmware = behaviour.firmware
@@ -71,6 +82,8 @@ class SimulatedDevice:
         self.finished_at: dict[str, float] = {}
         """When (epoch seconds) the device sent its final report of each action."""
         self.client: MqttClient | None = None
+        self._unacknowledged: set[str] = set()
+        """Actions whose latest report has not been acknowledged by a broker."""
         self._telemetry_seq = 0
         self._telemetry_timer: asyncio.TimerHandle | None = None
         self._reconnect_timer: asyncio.TimerHandle | None = None
@@ -100,7 +113,7 @@ class SimulatedDevice:
             await self.client.subscribe(topic, 1, [("offset", "earliest" if start is None else str(start))])
         self.stats["connects"] += 1
         for action_id, progress in self.actions.items():
-            if progress.state in TERMINAL_STATES:
+            if progress.state in TERMINAL_STATES or action_id in self._unacknowledged:
                 self._publish_report(action_id, progress)
         self._schedule_telemetry()
 
@@ -147,7 +160,13 @@ class SimulatedDevice:
             await self.start()
         except (TimeoutError, OSError, ConnectionError):
             self.stats["reconnect_failures"] += 1
+            self._next_broker()
             self.retry_later()
+
+    def _next_broker(self) -> None:
+        if len(self.brokers) > 1:
+            self.broker = self.brokers[(self.brokers.index(self.broker) + 1) % len(self.brokers)]
+            self.stats["broker_moves"] += 1
 
     # -- telemetry --------------------------------------------------------------------------------------
 
@@ -254,6 +273,7 @@ class SimulatedDevice:
     def _publish_report(self, action_id: str, progress: ActionProgress) -> None:
         if progress.seq == 0 or self.client is None:
             return
+        self._unacknowledged.add(action_id)
         report = {
             "action_id": action_id,
             "device_id": self.device_id,
@@ -263,4 +283,25 @@ class SimulatedDevice:
             "details": progress.details,
             "firmware": self.firmware,
         }
-        self.client.publish_nowait(f"devices/{self.device_id}/actions", json.dumps(report).encode(), 1)
+        ack = self.client.publish_tracked(f"devices/{self.device_id}/actions", json.dumps(report).encode())
+        if ack is not None:
+            ack.add_done_callback(lambda done: self._report_answered(action_id, progress.seq, done))
+
+    def _report_answered(self, action_id: str, seq: int, ack: asyncio.Future) -> None:
+        """A report acknowledged is done; one refused is sent again shortly; one whose connection dropped
+        is sent again on reconnecting (``start``)."""
+        if ack.cancelled() or ack.exception() is not None:
+            return
+        progress = self.actions.get(action_id)
+        if progress is None or progress.seq != seq:
+            return  # a later report of this action is on its way
+        if ack.result().reason_code < 0x80:
+            self._unacknowledged.discard(action_id)
+            return
+        self.stats["reports_refused"] += 1
+        asyncio.get_running_loop().call_later(REPORT_RETRY_S, self._resend_report, action_id, seq)
+
+    def _resend_report(self, action_id: str, seq: int) -> None:
+        progress = self.actions.get(action_id)
+        if progress is not None and progress.seq == seq and self.client is not None and self.client.connected:
+            self._publish_report(action_id, progress)

@@ -27,10 +27,17 @@ class FleetSpec:
     """Devices in the whole fleet (default ``count``): sets the width of the numbers in device ids."""
     source_addresses: list[str] = field(default_factory=list)
     """Local addresses devices connect from, in turn (empty: the system picks)."""
+    failover: bool = False
+    """The brokers are members of one cluster: a device that cannot connect to its broker tries the next."""
 
     def device_id(self, index: int) -> str:
         width = max(5, len(str(self.fleet_size or self.count)))
         return f"{self.id_prefix}-{index:0{width}d}"
+
+
+def _others(brokers: list[tuple[str, int]], index: int) -> list[tuple[str, int]]:
+    """The brokers after ``index``, in list order, wrapping around."""
+    return [brokers[(index + n) % len(brokers)] for n in range(1, len(brokers))]
 
 
 class Fleet:
@@ -49,6 +56,7 @@ class Fleet:
                 device_id=spec.device_id(i),
                 group=spec.groups[i % len(spec.groups)],
                 broker=spec.brokers[i % len(spec.brokers)],
+                fallbacks=_others(spec.brokers, i % len(spec.brokers)) if spec.failover else (),
                 behaviour=self.behaviour,
                 rng=random.Random(rng.random()),
                 stats=self.stats,

@@ -49,6 +49,8 @@ class DeviceTimes:
     received_at: float | None
     finished_at: float | None
     state: str | None
+    seq: int = 0
+    """The sequence number of its latest report of the action (one per change of state)."""
 
 
 def _slices(spec: FleetSpec, procs: int) -> list[FleetSpec]:
@@ -94,6 +96,7 @@ def _times(device, action_id: str) -> DeviceTimes:
         device.received_at.get(action_id),
         device.finished_at.get(action_id),
         progress.state if progress else None,
+        progress.seq if progress else 0,
     )
 
 

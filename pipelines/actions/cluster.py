@@ -1,0 +1,73 @@
+"""Whether the job's brokers form one cluster, and which of them answer: the one place the job asks.
+
+A cluster member serves the replica fetch (``POST /v1/replica/fetch``) on its offsets API and a standalone
+broker does not, so a ``GET`` of that path tells them apart without side effects: a member answers 405
+(method not allowed), a standalone broker 404, a broker that is down nothing. Membership as the cluster
+itself reports it (a members endpoint of the offsets API) would be read here too, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import enum
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+
+from broker_edge.config import ConfigError
+from broker_edge.config.endpoints import BrokerEndpoint
+
+__all__ = ["BrokerKind", "brokers_form_a_cluster", "live_endpoints", "probe"]
+
+PROBE_PATH = "/v1/replica/fetch"
+PROBE_TIMEOUT_S = 5.0
+
+
+class BrokerKind(enum.Enum):
+    MEMBER = "cluster member"
+    STANDALONE = "standalone"
+    DOWN = "down"
+
+
+def probe(endpoint: BrokerEndpoint, timeout_s: float = PROBE_TIMEOUT_S) -> BrokerKind:
+    """What ``endpoint`` is now: a cluster member, a standalone broker, or not answering."""
+    request = urllib.request.Request(f"{endpoint.offsets_api}{PROBE_PATH}", method="GET")
+    if endpoint.token:
+        request.add_header("Authorization", f"Bearer {endpoint.token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s):
+            return BrokerKind.STANDALONE  # nothing there answers GET with success on a member
+    except urllib.error.HTTPError as error:
+        if error.code == 405:
+            return BrokerKind.MEMBER
+        if error.code == 401:
+            raise ConfigError(
+                "brokers", f"{endpoint.name}: the offsets API refused the token (set brokers[].token)"
+            ) from None
+        return BrokerKind.STANDALONE
+    except (OSError, ValueError):
+        return BrokerKind.DOWN
+
+
+def brokers_form_a_cluster(endpoints: Sequence[BrokerEndpoint], timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """True when the brokers that answer are all cluster members, False when all are standalone.
+
+    A mix is a configuration error (one job cannot both publish once and publish to each broker), and so is
+    a list of which none answers (nothing can be decided; set ``cluster`` to say)."""
+    kinds = {endpoint.name: probe(endpoint, timeout_s) for endpoint in endpoints}
+    answered = {kind for kind in kinds.values() if kind is not BrokerKind.DOWN}
+    if not answered:
+        raise ConfigError(
+            "cluster", f"no broker answered to tell whether they form a cluster: {sorted(kinds)}"
+        )
+    if len(answered) > 1:
+        listed = ", ".join(f"{name}: {kind.value}" for name, kind in sorted(kinds.items()))
+        raise ConfigError("brokers", f"cluster members and standalone brokers mixed ({listed})")
+    return answered == {BrokerKind.MEMBER}
+
+
+def live_endpoints(
+    endpoints: Sequence[BrokerEndpoint], first: int = 0, timeout_s: float = PROBE_TIMEOUT_S
+) -> list[BrokerEndpoint]:
+    """The members of ``endpoints`` that answer now, in list order starting from index ``first``."""
+    ordered = [endpoints[(first + n) % len(endpoints)] for n in range(len(endpoints))]
+    return [endpoint for endpoint in ordered if probe(endpoint, timeout_s) is BrokerKind.MEMBER]
