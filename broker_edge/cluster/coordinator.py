@@ -229,11 +229,12 @@ class Coordinator:
     async def expand_isr(self, partition: int, expected_epoch: int, node: str) -> bool:
         """Add ``node`` (a replica that caught up) to the in-sync set of ``partition``, which this node leads
         under ``expected_epoch``. True once ``node`` is in it; False if this node no longer leads it under
-        that epoch, is fenced, or ``node`` is not one of its replicas. ``EtcdError`` if etcd cannot be
-        reached."""
+        that epoch, is fenced, or ``node`` is not one of its replicas or not a live member (a replica that
+        died caught up still looks caught up to the leader until its fetch session expires: adding it back
+        would undo the controller's removal, again and again). ``EtcdError`` if etcd cannot be reached."""
 
         def grown(state: PartitionState) -> tuple[str, ...] | None:
-            if node not in state.replicas:
+            if node not in state.replicas or node not in self.view.members:
                 return None
             return state.isr if node in state.isr else (*state.isr, node)
 

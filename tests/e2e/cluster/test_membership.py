@@ -411,6 +411,12 @@ def test_only_the_current_leader_changes_the_in_sync_set_and_only_under_its_epoc
             assert await leader.coordinator.expand_isr(0, state.epoch, other.node_id)
             await eventually(lambda: set(view.states[0].isr) == {"b1", "b2", "b3"}, 5, "all back in sync")
 
+            # a replica that died is never added back, however caught up it looked when it died
+            await other.die()
+            await eventually(lambda: other.node_id not in leader.view.members, TTL + 5, "its lease ended")
+            await eventually(lambda: other.node_id not in leader.view.states[0].isr, 10, "it left the ISR")
+            assert not await leader.coordinator.expand_isr(0, leader.view.states[0].epoch, other.node_id)
+
             # a leader whose lease is gone writes nothing, even with the right epoch
             await leader.die()
             gone = leader.node_id
