@@ -243,12 +243,25 @@ class LocalDelivery:
 
     It remembers, per topic, the end of what it routed, and never routes a record below it again: a node
     that observed a partition and then becomes its replica copies the log from its start, and one whose
-    replica is moved away observes from where its copy had been routed (see `_Fetcher`)."""
+    replica is moved away observes from where its copy had been routed (see `_Fetcher`).
 
-    def __init__(self, store: LogStore, publish: Publish, replays: ReplayManager | None) -> None:
+    Records appended (by their leader's clock) before ``live_from_ms`` are history, not news: a broker that
+    starts, restarts or joins catches up on what was published while it was away without sending it to the
+    subscribers that connect meanwhile (they subscribed after those publishes). Log readers (replays,
+    persistent sessions' cursors) still get every record."""
+
+    def __init__(
+        self,
+        store: LogStore,
+        publish: Publish,
+        replays: ReplayManager | None,
+        live_from_ms: int | None = None,
+    ) -> None:
         self.store = store
         self.publish = publish
         self.replays = replays
+        self.live_from_ms = live_from_ms
+        """Records appended before this wall-clock time (ms) are not routed live (None: route all)."""
         self.routed: dict[str, int] = {}
         """topic → offset after the last record routed here (by this process)."""
 
@@ -265,8 +278,14 @@ class LocalDelivery:
             self.routed[topic] = records[-1].offset + 1
         messages = [message_of_record(topic, record) for record in records]
         publish = self.publish
-        for message in messages:
-            publish(message)
+        live_from = self.live_from_ms
+        if live_from is None or not records or records[0].timestamp_ms >= live_from:
+            for message in messages:
+                publish(message)
+        else:
+            for record, message in zip(records, messages, strict=True):
+                if record.timestamp_ms >= live_from:
+                    publish(message)
         if self.replays is not None and messages:
             self.replays.appended(topic, first, messages)
 

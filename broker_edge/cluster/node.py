@@ -21,6 +21,7 @@ Only a broker with a ``cluster:`` section imports this module. Given a ``view``,
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -55,6 +56,11 @@ log = logging.getLogger("broker_edge.cluster.node")
 
 ETCD_TIMEOUT_S = 2.0
 """Bound of every etcd call (a lease renewal is bounded by its interval instead)."""
+
+
+def _now_ms() -> int:
+    """Wall-clock milliseconds, the clock of the records' timestamps."""
+    return int(time.time() * 1000)
 
 
 def _host(host: str) -> str:
@@ -174,7 +180,7 @@ class ClusterNode:
         )
         store.enable_replication(cluster.hw_checkpoint_interval_ms / 1000)
         epochs = LeaderEpochs(store)
-        delivery = LocalDelivery(store, broker.router.publish, broker.replays)
+        delivery = LocalDelivery(store, broker.router.publish, broker.replays, live_from_ms=_now_ms())
         self.leader = LeaderReplication(
             view,
             store,
