@@ -1,9 +1,7 @@
 """Whether the job's brokers form one cluster, and which of them answer: the one place the job asks.
 
-A cluster member serves the replica fetch (``POST /v1/replica/fetch``) on its offsets API and a standalone
-broker does not, so a ``GET`` of that path tells them apart without side effects: a member answers 405
-(method not allowed), a standalone broker 404, a broker that is down nothing. Membership as the cluster
-itself reports it (a members endpoint of the offsets API) would be read here too, and nowhere else.
+A cluster member describes its cluster at ``GET /v1/cluster`` on its offsets API and a standalone broker
+does not serve that path: a member answers 200, a standalone broker 404, a broker that is down nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from broker_edge.config.endpoints import BrokerEndpoint
 
 __all__ = ["BrokerKind", "brokers_form_a_cluster", "live_endpoints", "probe"]
 
-PROBE_PATH = "/v1/replica/fetch"
+PROBE_PATH = "/v1/cluster"
 PROBE_TIMEOUT_S = 5.0
 
 
@@ -35,10 +33,8 @@ def probe(endpoint: BrokerEndpoint, timeout_s: float = PROBE_TIMEOUT_S) -> Broke
         request.add_header("Authorization", f"Bearer {endpoint.token}")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s):
-            return BrokerKind.STANDALONE  # nothing there answers GET with success on a member
-    except urllib.error.HTTPError as error:
-        if error.code == 405:
             return BrokerKind.MEMBER
+    except urllib.error.HTTPError as error:
         if error.code == 401:
             raise ConfigError(
                 "brokers", f"{endpoint.name}: the offsets API refused the token (set brokers[].token)"

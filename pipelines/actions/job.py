@@ -30,7 +30,7 @@ from pipelines.actions.config import ActionsConfig
 from pipelines.actions.engine import ACTIONS, ActionsEngine
 from pipelines.actions.model import parse_report
 from pipelines.actions.publisher import ClusterPublisher, MqttPublisher, Publisher
-from pipelines.actions.reports import BrokerReports, ClusterReports, ReportStream
+from pipelines.actions.reports import CLUSTER_BROKER_ID, BrokerReports, ClusterReports, ReportStream
 from pipelines.spark_session import stop_between_batches
 from sinks.foreach_batch import streaming_query_id
 from sinks.store import Backend, TableStore, open_table_store
@@ -55,12 +55,15 @@ def _status_reports(
 ) -> DataFrame:
     reader = (
         spark.readStream.format("timestone")
-        .option("brokers", format_endpoints(endpoints))
         .option("topics", config.status_topics)
         .option("startingOffsets", "earliest")
     )
-    if cluster:  # a member that died fails the batch at once: the stream moves on to another member
-        reader = reader.option("fetchRetries", 1).option("retryBackoffMs", 200).option("fetchTimeoutMs", 5000)
+    if cluster:  # the source finds each topic's replicas and reads a dead member's ranges from another
+        reader = reader.option("bootstrapServers", ",".join(b.offsets_api for b in endpoints))
+        reader = reader.option("clusterName", CLUSTER_BROKER_ID).option("fetchTimeoutMs", 5000)
+        token = next((b.token for b in endpoints if b.token), None)
+        return (reader.option("authToken", token) if token else reader).load().select("payload")
+    reader = reader.option("brokers", format_endpoints(endpoints))
     for broker in endpoints:
         if broker.token:
             reader = reader.option(f"authToken.{broker.name}", broker.token)
@@ -158,7 +161,7 @@ def start_actions_job(
     )
     reports: ReportStream
     if cluster:
-        reports = ClusterReports(start_reports, config.brokers, config.tick_interval_s)
+        reports = ClusterReports(start_reports, config.brokers)
     else:
         reports = BrokerReports(start_reports, config.brokers)
     job = ActionsJob(engine, fanout, reports)

@@ -1,5 +1,5 @@
 """OTA on a cluster: a rollout to a fleet spread over three brokers survives the SIGKILL of the broker the
-actions job publishes through and reads reports from.
+actions job publishes through, while its reports query reads the cluster from whichever replicas live.
 
 Three broker processes on a real etcd, the actions job on the test session's local SparkSession, real Delta
 tables, and simulated devices spread evenly over the brokers (each moves to the next broker when its own
@@ -87,8 +87,7 @@ def test_rollout_survives_the_kill_of_the_broker_the_job_uses(spark, tmp_path, c
         try:
             publisher, reports = job.engine.publisher, job.reports
             assert isinstance(publisher, ClusterPublisher)  # found out by asking the brokers
-            assert isinstance(reports, ClusterReports)
-            assert reports.member.name == "a"
+            assert isinstance(reports, ClusterReports)  # one query over the whole cluster
 
             broadcast = create_action(
                 store, NewAction(group="canary", version="2.0.0", url="https://example.invalid/fw2.bin")
@@ -114,11 +113,11 @@ def test_rollout_survives_the_kill_of_the_broker_the_job_uses(spark, tmp_path, c
                 lambda: _completed(store, rollout),
                 ROLLOUT_S,
                 "the rollout to complete after the kill",
-                lambda: (summary(store, rollout), fleet.status(), publisher.moves, reports.moves),
+                lambda: (summary(store, rollout), fleet.status(), publisher.moves, reports.query.exception()),
             )
             assert reached_before_kill < len(fleet_ids)  # the kill came before the rollout was done
-            assert publisher.moves >= 1 and reports.moves >= 1
-            assert reports.member.name != "a"
+            assert publisher.moves >= 1
+            assert reports.running()  # the same query read on from the other replicas
 
             devices: dict[str, dict[str, DeviceTimes]] = {
                 action_id: {t.device_id: t for t in fleet.times(action_id)}
