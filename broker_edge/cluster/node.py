@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from broker_edge.cluster.follower import Followers
     from broker_edge.cluster.leader import LeaderReplication
     from broker_edge.cluster.membership import Membership
+    from broker_edge.cluster.sessions import ClusterSessions
     from broker_edge.server import Broker
 
 __all__ = ["ClusterNode", "RefusingReplication", "advertised_member"]
@@ -116,8 +117,10 @@ class ClusterNode:
         self.controller: Controller | None = None
         self.leader: LeaderReplication | None = None
         self.followers: Followers | None = None
+        self.sessions: ClusterSessions | None = None
         if not self.static:
             self._build_coordination_and_replication()
+            self._build_sessions()
         broker.offsets_api_routes.append(self.links.add_routes)
         self._was_fenced = False
         self._started = False
@@ -158,6 +161,22 @@ class ClusterNode:
         timeout = broker.config.offsets_api.request_timeout_s
         broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch, timeout))
 
+    def _build_sessions(self) -> None:
+        """Cluster-wide sessions and wills (``sessions``, ``wills``): CONNECT claims its client id first."""
+        from broker_edge.cluster.sessions import ClusterSessions, SessionRegistry
+        from broker_edge.cluster.wills import ClusterWills
+
+        assert self.etcd is not None
+        broker = self.broker
+        registry = SessionRegistry(self.etcd, self.cluster.key_prefix)
+        self.sessions = ClusterSessions(broker, registry, self.view, self.links, self.cluster)
+        wills = ClusterWills(
+            self.sessions, registry, self.view, broker.publish_path.publish, self.sessions.tasks, broker.loop
+        )
+        broker.router.publish_hook = wills.publish_will
+        broker.session_claims = self.sessions
+        self.view.on_change(wills.view_changed)
+
     async def start(self) -> None:
         """Serve as a member: the PUBLISH path's cluster stages first (fenced until registered, so nothing
         is appended here yet), then follow the cluster's state, register, campaign for controller. A node
@@ -181,6 +200,8 @@ class ClusterNode:
                 await self.membership.start()
                 self.membership.before_unfence = self.coordinator.resync
                 await self.controller.start()
+                if self.sessions is not None:
+                    self.sessions.start()
             except Exception:
                 log.exception("joining the cluster failed")
                 raise
@@ -199,6 +220,8 @@ class ClusterNode:
         if not self._started:
             return
         self._started = False
+        if self.sessions is not None:
+            await self.sessions.stop()
         if self.controller is not None:
             await self.controller.stop()
         if self.membership is not None:

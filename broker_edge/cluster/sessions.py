@@ -1,0 +1,480 @@
+"""One client id, one session, cluster-wide: the registry in etcd and the handover between brokers.
+
+Every CONNECT on a cluster node claims the client id in the registry (``session_registry``) before the
+standalone CONNECT handling goes on, so what a client sees is what the standalone broker does, whichever
+broker it reaches:
+
+- the registry names another owner: refused as the standalone broker refuses (``session_owner``);
+- another live member holds the session: it is asked over the peer link (service ``SERVICE_TAKE_OVER``) to
+  give it up. That broker disconnects the client's connection as in a local takeover (v5 DISCONNECT 0x8E,
+  the will by the usual rule) and, unless the new CONNECT starts clean, replies with the session's state
+  (subscriptions, log positions), which this broker restores: the client's resumed session redelivers, from
+  this broker's own copy of the log, everything after its last acknowledged offsets (offsets are the same
+  on every replica). With a clean start the other broker discards the session;
+- the holder is no longer a member (it died): the state it last saved in the registry is restored (at
+  most ``session_save_interval_ms`` old: messages acknowledged since may be delivered again);
+- then the record is compare-and-swapped to this node with the next generation and the new will.
+
+The holder of a session keeps its record current: the saved state of each persistent session every
+``session_save_interval_ms`` (when it changed), the will when the connection ends (cancelled by a normal
+DISCONNECT, or its due time), and the record's removal once the session ended. A holder that finds its
+record taken by another CONNECT lets its copy go. Nothing of this is on the path of a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from broker_edge.cluster.etcd import EtcdError
+from broker_edge.cluster.peer_link import PeerLinkDown, PeerRequestFailed
+from broker_edge.cluster.session_registry import (
+    SavedWill,
+    SessionRecord,
+    restore_saved_session,
+    saved_session,
+    will_message,
+    will_to_save,
+)
+from broker_edge.cluster.tasks import stop_task
+
+if TYPE_CHECKING:
+    from broker_edge.cluster.config import ClusterConfig
+    from broker_edge.cluster.etcd import Etcd
+    from broker_edge.cluster.peer_link import PeerLink, PeerLinks
+    from broker_edge.cluster.view import ClusterView
+    from broker_edge.connection import Connection
+    from broker_edge.protocol.packets import Will
+    from broker_edge.server import Broker
+
+__all__ = ["SERVICE_TAKE_OVER", "BackgroundTasks", "ClusterSessions", "SessionRegistry"]
+
+log = logging.getLogger("broker_edge.cluster.sessions")
+
+T = TypeVar("T")
+
+SERVICE_TAKE_OVER = 10
+"""Peer service: give up a client id's session to the asking broker (the sessions' services are 10-19)."""
+
+Change = Callable[[SessionRecord], "SessionRecord | None"]
+"""A change of a record: the new record, or None to delete it."""
+
+
+def _deleted(record: SessionRecord) -> None:
+    """The ``Change`` that deletes the record."""
+    return None
+
+
+def _will_due(at: float) -> Change:
+    """The ``Change`` that gives the record's will its due time (a connection ended at ``at``)."""
+
+    def change(record: SessionRecord) -> SessionRecord:
+        if record.will is None or record.will.due_at is not None:
+            return record
+        return replace(record, will=replace(record.will, due_at=at + record.will.delay))
+
+    return change
+
+
+def _with_state(state: dict[str, Any], saved_at: float) -> Change:
+    """The ``Change`` that saves a persistent session's state."""
+    return lambda record: replace(record, state=state, saved_at=saved_at)
+
+
+class BackgroundTasks:
+    """Tasks started from callbacks of the loop: kept referenced until done, failures logged."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coroutine: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+        task = asyncio.get_running_loop().create_task(coroutine, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s failed", task.get_name(), exc_info=task.exception())
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            await stop_task(task)
+
+
+class SessionRegistry:
+    """The registry's etcd side: one client id's record read, created, swapped or deleted, writers on this
+    node serialized per client id (``lock``)."""
+
+    def __init__(self, etcd: Etcd, key_prefix: str) -> None:
+        self.etcd = etcd
+        self.prefix = f"{key_prefix}/sessions/"
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def key(self, client_id: str) -> str:
+        return self.prefix + client_id
+
+    @contextlib.asynccontextmanager
+    async def lock(self, client_id: str) -> Any:
+        """Serialize this node's reads and writes of one client id's record."""
+        lock = self._locks.get(client_id)
+        if lock is None:
+            lock = self._locks[client_id] = asyncio.Lock()
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and self._locks.get(client_id) is lock:
+                del self._locks[client_id]
+
+    async def read(self, client_id: str) -> tuple[SessionRecord | None, int]:
+        """The record and its revision (None, 0 when there is none; an unreadable record counts as none and
+        is logged: the next CONNECT writes a good one over it)."""
+        found = await self.etcd.get(self.key(client_id))
+        if found is None:
+            return None, 0
+        try:
+            return SessionRecord.from_json(found.value), found.mod_revision
+        except ValueError as exc:
+            log.error("session record of %r is not readable (%s); replacing it", client_id, exc)
+            return None, found.mod_revision
+
+    async def records(self) -> list[tuple[str, SessionRecord, int]]:
+        """Every readable record: (client id, record, revision)."""
+        found, _ = await self.etcd.get_prefix(self.prefix)
+        records: list[tuple[str, SessionRecord, int]] = []
+        for kv in found:
+            with contextlib.suppress(ValueError):
+                record = SessionRecord.from_json(kv.value)
+                records.append((kv.key[len(self.prefix) :], record, kv.mod_revision))
+        return records
+
+    async def write(self, client_id: str, record: SessionRecord, revision: int) -> bool:
+        """Create the record (``revision`` 0) or swap it for the one at ``revision``; False if someone else
+        wrote first."""
+        key = self.key(client_id)
+        if revision == 0:
+            return await self.etcd.create(key, record.to_json()) is not None
+        return await self.etcd.compare_and_swap(key, record.to_json(), revision) is not None
+
+    async def update(
+        self, client_id: str, node: str, generation: int, change: Change
+    ) -> SessionRecord | None:
+        """Apply ``change`` while the record is still ``node``'s for CONNECT ``generation`` (retrying when
+        another write of that record came between); the record as it was before, or None when it is no
+        longer theirs (gone, or taken by a newer CONNECT). Call it holding ``lock(client_id)``."""
+        while True:
+            record, revision = await self.read(client_id)
+            if record is None or not record.held_by(node, generation):
+                return None
+            changed = change(record)
+            key = self.key(client_id)
+            if changed is None:
+                done = await self.etcd.delete_if(key, revision)
+            else:
+                done = await self.etcd.compare_and_swap(key, changed.to_json(), revision) is not None
+            if done:
+                return record
+
+
+class ClusterSessions:
+    """This node's side of cluster-wide sessions (see the module docstring): the CONNECT claim, the
+    takeover service, keeping its records current. ``publish`` sends a will as a client publish."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        registry: SessionRegistry,
+        view: ClusterView,
+        links: PeerLinks,
+        cluster: ClusterConfig,
+    ) -> None:
+        self.broker = broker
+        self.registry = registry
+        self.view = view
+        self.links = links
+        self.node_id = cluster.node_id
+        self.save_interval_s = cluster.session_save_interval_ms / 1000
+        self.handover_timeout_s = cluster.session_handover_timeout_ms / 1000
+        self.owned: dict[str, int] = {}
+        """Client id → generation of the CONNECT this node registered (the records it keeps current)."""
+        self._saved: dict[str, bytes] = {}
+        self._saver: asyncio.Task[None] | None = None
+        self.tasks = BackgroundTasks()
+        self.closed = False
+        """Set once this node leaves: its records stay as they are, for the others to act on."""
+        links.serve_requests(SERVICE_TAKE_OVER, self._serve_take_over)
+
+    def start(self) -> None:
+        self._saver = self.tasks.spawn(self._save_periodically(), "saving sessions to the registry")
+
+    async def stop(self) -> None:
+        """Save once more (a broker stopping cleanly hands over exact positions), then stop saving."""
+        await stop_task(self._saver)
+        with contextlib.suppress(EtcdError):
+            await self.save()
+        self.closed = True
+        await self.tasks.stop()
+
+    # -- CONNECT ------------------------------------------------------------------------------------------
+
+    def claim(
+        self,
+        client_id: str,
+        username: str | None,
+        clean_start: bool,
+        expiry_interval: int,
+        will: Will | None,
+        will_delay: int,
+        done: Callable[[str | None], None],
+    ) -> None:
+        """Claim ``client_id`` for a CONNECT on this node; ``done(refusal)`` on the loop, None when the
+        standalone CONNECT handling may go on (the session, if it was elsewhere, is now in the router)."""
+        task = self.tasks.spawn(
+            self._claim(client_id, username, clean_start, expiry_interval, will, will_delay),
+            f"claiming session {client_id}",
+        )
+
+        def finished(task: asyncio.Task[str | None]) -> None:
+            if task.cancelled():
+                done("session_unavailable")
+            elif task.exception() is not None:
+                log.warning("claiming session %r failed: %s", client_id, task.exception())
+                done("session_unavailable")
+            else:
+                done(task.result())
+
+        task.add_done_callback(finished)
+
+    async def _claim(
+        self,
+        client_id: str,
+        username: str | None,
+        clean_start: bool,
+        expiry_interval: int,
+        will: Will | None,
+        will_delay: int,
+    ) -> str | None:
+        local = self.broker.router.sessions.get(client_id)
+        async with self.registry.lock(client_id):
+            record, revision = await self.registry.read(client_id)
+            if (record is not None and record.owner != username) or (
+                local is not None and local.username != username
+            ):
+                return "session_owner"  # neither taken over nor discarded: it is someone else's
+            state, left_behind = await self._bring_here(record, client_id, clean_start)
+            saved_will = None
+            if will is not None:
+                saved_will = will_to_save(will, client_id, will_delay, expiry_interval, self.broker.now())
+            persistent_state = state if expiry_interval > 0 else None
+            claimed = SessionRecord(
+                self.node_id,
+                (record.generation if record is not None else 0) + 1,
+                username,
+                expiry_interval,
+                saved_will,
+                persistent_state,
+                time.time() if persistent_state is not None else None,
+            )
+            for _ in range(5):
+                if await self.registry.write(client_id, claimed, revision):
+                    break
+                record, revision = await self.registry.read(client_id)  # a save of the old holder came first
+                if record is not None and record.owner != username:
+                    return "session_owner"
+                claimed = replace(claimed, generation=(record.generation if record is not None else 0) + 1)
+            else:
+                return "session_unavailable"
+        self.owned[client_id] = claimed.generation
+        self._saved.pop(client_id, None)
+        if state is not None and not clean_start:
+            self._restore(state)
+        now = time.time()
+        if left_behind is not None and (clean_start or left_behind.due(now) <= now):
+            # its session ends now, or its delay has passed: published once, here (a new connection
+            # within the Will Delay Interval cancels it, MQTT 5 3.1.3.2.2)
+            self.broker.publish_path.publish(will_message(left_behind, self.broker.now()))
+        return None
+
+    async def _bring_here(
+        self, record: SessionRecord | None, client_id: str, clean_start: bool
+    ) -> tuple[dict[str, Any] | None, SavedWill | None]:
+        """Make this node the only holder of the session: ``(state to restore, will its dead holder left)``.
+
+        Held by another live member: it hands the session over (or discards it, for a clean start). Held
+        by a node that is no longer a member: its saved state. Held here: a connection still open is taken
+        over now, as the standalone broker would (so its will is handled while the record is still its
+        own), and a clean start discards the session here."""
+        router = self.broker.router
+        local = router.sessions.get(client_id)
+        if record is not None and record.node != self.node_id:
+            self._discard_local(client_id, fire_will=False)  # a copy from before is out of date
+            if record.node in self.view.members:
+                return await self._take_over(record.node, client_id, clean_start), None
+            return (None if clean_start else record.state), record.will
+        if local is not None:
+            if local.connection is not None:
+                local.connection.taken_over()  # [MQTT-3.1.4-3]
+            if clean_start:
+                self._discard_local(client_id, fire_will=True)
+            return None, None
+        if record is not None and not clean_start:
+            return record.state, None  # held here, and lost in a crash since
+        return None, None
+
+    async def _take_over(self, node: str, client_id: str, clean_start: bool) -> dict[str, Any] | None:
+        """Ask ``node`` to give up the session (retrying while the link to it comes up); its state."""
+        body = json.dumps({"client_id": client_id, "clean_start": clean_start}).encode()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.handover_timeout_s
+        while True:
+            try:
+                reply = await self.links.link(node).request(
+                    SERVICE_TAKE_OVER, body, max(0.1, deadline - loop.time())
+                )
+                break
+            except PeerLinkDown:
+                if loop.time() >= deadline or node not in self.view.members:
+                    raise
+                await asyncio.sleep(0.05)
+            except PeerRequestFailed as exc:
+                raise RuntimeError(f"{node} did not hand over the session: {exc}") from exc
+        state = json.loads(reply).get("state")
+        return state if isinstance(state, dict) else None
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        broker = self.broker
+        store = broker.store
+        log_ends = {info.topic: info.end_offset for info in store.logs()} if store is not None else {}
+        acl = broker.acl
+        try:
+            restore_saved_session(
+                broker.router,
+                state,
+                log_ends,
+                broker.now(),
+                broker.config.sessions.max_session_expiry_s,
+                acl.can_subscribe if acl is not None else None,
+            )
+        except ValueError as exc:
+            log.error("a session handed over could not be restored (%s); it starts empty", exc)
+
+    def _discard_local(self, client_id: str, fire_will: bool) -> None:
+        """End this node's copy of a session; a will still waiting is published only if ``fire_will``."""
+        router = self.broker.router
+        session = router.sessions.get(client_id)
+        if session is None:
+            return
+        if session.connection is not None:
+            session.connection.taken_over()  # [MQTT-3.1.4-3]: v5 DISCONNECT 0x8E, the will by 3.1.2.5
+        now = self.broker.now()
+        if not fire_will:
+            router.open_session(client_id, False, 0, now)  # cancels a waiting will; expiry 0
+        session.expiry_interval = 0
+        router.connection_closed(session, None, 0, now)  # ends it: subscriptions, cursors, queue
+
+    # -- the takeover service (on the broker that held the session) ---------------------------------------
+
+    async def _serve_take_over(self, link: PeerLink, body: memoryview) -> bytes:
+        request = json.loads(bytes(body))
+        client_id = str(request["client_id"])
+        clean_start = bool(request["clean_start"])
+        self.owned.pop(client_id, None)  # the asking broker writes the record from now on
+        self._saved.pop(client_id, None)
+        router = self.broker.router
+        session = router.sessions.get(client_id)
+        if session is None:
+            return b'{"state":null}'
+        log.info("handing session %r over to %s (clean start: %s)", client_id, link.peer, clean_start)
+        if session.connection is not None:
+            session.connection.taken_over()  # first: its state then counts what is in flight to it
+        state = None
+        if not clean_start and session.expiry_interval > 0:
+            state = saved_session(session, self._logs, self.broker.now())
+        self._discard_local(client_id, fire_will=clean_start)
+        return json.dumps({"state": state}, separators=(",", ":")).encode()
+
+    def _logs(self, topic_filter: str) -> list[Any]:
+        store = self.broker.store
+        return store.logs(pattern=topic_filter) if store is not None else []
+
+    # -- keeping this node's records current ---------------------------------------------------------------
+
+    def connection_ended(self, conn: Connection) -> None:
+        """A connected client's connection ended (before its will is handled): a will cancelled by a normal
+        DISCONNECT leaves the record (and a non-persistent session's record goes), a delayed one gets its
+        due time (a survivor publishes it then, should this node die meanwhile)."""
+        session = conn.session
+        client_id = conn.client_id
+        generation = self.owned.get(client_id)
+        if session is None or generation is None or session.connection is not conn or self.closed:
+            return  # taken over (the record is the new connection's), or this node has left
+        change: Change
+        if conn.will is None:
+            change = _deleted if session.expiry_interval == 0 else SessionRecord.without_will
+            if session.expiry_interval == 0:
+                self.owned.pop(client_id, None)
+        elif session.expiry_interval == 0:
+            return  # published at once: taking it out of the record removes the record (``ClusterWills``)
+        else:
+            change = _will_due(time.time())
+        self.tasks.spawn(self._update(client_id, generation, change), f"session {client_id} ended")
+
+    async def _update(self, client_id: str, generation: int, change: Change) -> SessionRecord | None:
+        try:
+            async with self.registry.lock(client_id):
+                return await self.registry.update(client_id, self.node_id, generation, change)
+        except EtcdError as exc:
+            log.warning("session record of %r not updated: %s", client_id, exc)
+            return None
+
+    async def _save_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.save_interval_s)
+            try:
+                await self.save()
+            except EtcdError as exc:
+                log.warning("saving sessions to the registry failed: %s", exc)
+
+    async def save(self) -> None:
+        """Save the state of every persistent session held here that changed; drop the records of sessions
+        that ended; let go of sessions whose record another CONNECT took."""
+        router = self.broker.router
+        for client_id, generation in list(self.owned.items()):
+            session = router.sessions.get(client_id)
+            if session is None:
+                self.owned.pop(client_id, None)
+                self._saved.pop(client_id, None)
+                await self._update(client_id, generation, _deleted)
+                continue
+            if session.expiry_interval == 0:
+                continue
+            state = saved_session(session, self._logs, self.broker.now())
+            encoded = json.dumps(state, sort_keys=True).encode()
+            if self._saved.get(client_id) == encoded:
+                continue
+            change = _with_state(state, time.time())
+            if await self._update(client_id, generation, change) is None:
+                if self.owned.get(client_id) == generation:
+                    self._let_go(client_id)
+                continue
+            self._saved[client_id] = encoded
+
+    def _let_go(self, client_id: str) -> None:
+        """Another CONNECT took this client id (a race between two brokers): this copy goes."""
+        self.owned.pop(client_id, None)
+        self._saved.pop(client_id, None)
+        session = self.broker.router.sessions.get(client_id)
+        if session is None:
+            return
+        log.info("session %r was taken by a CONNECT on another broker; letting this copy go", client_id)
+        if session.connection is not None:
+            session.connection.taken_over()
+        self._discard_local(client_id, fire_will=False)
