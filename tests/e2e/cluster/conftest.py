@@ -63,3 +63,26 @@ def cluster_brokers(tmp_path: Path, etcd: EtcdTarget) -> Iterator[Callable[..., 
     yield start
     for broker in started:
         broker.stop()
+
+
+@pytest.fixture
+def three_brokers(
+    cluster_brokers: Callable[..., BrokerProcess], etcd: EtcdTarget
+) -> Iterator[dict[str, BrokerProcess]]:
+    """Brokers a, b and c, every partition in sync on all three and leadership spread over them (so no
+    leadership move refuses a publish meanwhile); every test client is closed at the end."""
+    from tests.e2e.broker_clients import close_all
+    from tests.e2e.cluster.proof import cluster_state, wait_settled, wait_until
+
+    nodes = ("a", "b", "c")
+    brokers = {node: cluster_brokers(node) for node in nodes}
+    wait_settled(etcd, set(nodes), 3)
+
+    def spread() -> bool:
+        leaders = cluster_state(etcd).leaders()
+        counts = [leaders.get(node, 0) for node in nodes]
+        return min(counts) > 0 and max(counts) - min(counts) <= 1
+
+    wait_until(spread, what="leadership spread over a, b, c")
+    yield brokers
+    close_all()

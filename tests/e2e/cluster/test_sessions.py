@@ -1,0 +1,155 @@
+"""One client id, one session, cluster-wide: three broker processes and a real etcd, paho and raw clients.
+
+A client that reconnects to another broker takes its session over from the broker that held it (which
+disconnects the old connection: MQTT 5 DISCONNECT 0x8E, MQTT 3.1.1 a closed connection), and is redelivered
+everything after its last acknowledged offset; a persistent session survives its broker's SIGKILL; a clean
+start on another broker discards the session where it was; a client id whose session belongs to another
+user is refused on any broker as the standalone broker refuses it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from broker_edge.protocol.packets import Connect, Disconnect, PingReq, PingResp, PubAck
+from broker_edge.protocol.properties import Properties
+from broker_edge.protocol.reason_codes import ReasonCode
+from tests.e2e.broker_clients import PahoClient, RawClient
+from tests.e2e.cluster.proof import session_record, wait_settled, wait_until
+
+EXPIRY = 3600
+VERSIONS = pytest.mark.parametrize("version", [5, 4], ids=["v5", "v3.1.1"])
+
+
+def persistent_raw(port: int, client_id: str, version: int) -> RawClient:
+    """A raw client with a persistent session (it acknowledges only what the test tells it to)."""
+    raw = RawClient(port, version=version)
+    properties = Properties(session_expiry_interval=EXPIRY) if version == 5 else None
+    raw.send_packet(
+        Connect(protocol_version=version, client_id=client_id, clean_start=False, properties=properties)
+    )
+    connack = raw.recv()
+    assert connack is not None and getattr(connack, "reason_code", getattr(connack, "return_code", 1)) == 0
+    return raw
+
+
+def persistent_paho(port: int, client_id: str, version: int, clean: bool = False) -> PahoClient:
+    return PahoClient(
+        port, client_id, version=version, clean=clean, session_expiry=EXPIRY if version == 5 else None
+    )
+
+
+def session_present(client: PahoClient) -> bool:
+    return bool(client.connack_result[0].session_present)
+
+
+def payloads(client: PahoClient, count: int) -> list[bytes]:
+    return [message.payload for message in client.expect(count, timeout=15)]
+
+
+@VERSIONS
+@pytest.mark.mqtt311("MQTT-3.1.4-2", "MQTT-3.1.2-4", "MQTT-4.4.0-1")
+@pytest.mark.mqtt5("MQTT-3.1.4-3", "MQTT-3.1.2-5", "MQTT-4.4.0-1")
+def test_a_client_moving_to_another_broker_takes_its_session_and_its_unacknowledged_messages(
+    three_brokers, etcd, version
+):
+    a, b, c = three_brokers["a"], three_brokers["b"], three_brokers["c"]
+    client_id = f"mover-{version}"
+    topic = f"move/{version}/x"
+    old = persistent_raw(a.port, client_id, version)
+    old.subscribe(f"move/{version}/#", 1)
+    publisher = PahoClient(c.port, f"pub-{client_id}", version=version)
+    for n in range(5):
+        publisher.publish(topic, f"m{n}".encode(), 1)
+    delivered = [old.recv(timeout=15) for _ in range(5)]
+    assert [packet.payload for packet in delivered] == [f"m{n}".encode() for n in range(5)]
+    for packet in delivered[:2]:  # m0 and m1 acknowledged; m2..m4 left in flight
+        old.send_packet(PubAck(packet.packet_id))
+    old.send_packet(PingReq())
+    assert isinstance(old.recv(), PingResp)  # a has handled the acknowledgements
+
+    moved = persistent_paho(b.port, client_id, version)
+
+    assert session_present(moved)
+    ended = old.recv(timeout=10)
+    if version == 5:  # v5: told why; v3.1.1: the connection is closed [MQTT-3.1.4-2]
+        assert isinstance(ended, Disconnect) and ended.reason_code == ReasonCode.SESSION_TAKEN_OVER
+        assert old.recv(timeout=10) is None
+    else:
+        assert ended is None
+    for n in range(5, 7):
+        publisher.publish(topic, f"m{n}".encode(), 1)
+    # everything after the last acknowledgement, from b's copy of the log, in order, once
+    assert payloads(moved, 5) == [f"m{n}".encode() for n in range(2, 7)]
+    moved.expect_none(1.0)
+    record = session_record(etcd, client_id)
+    assert record is not None and record.node == "b"
+
+
+def test_a_persistent_session_survives_its_broker_killed(three_brokers, etcd):
+    """The session's state, saved to etcd while a held it, is restored by b after a's SIGKILL: what the
+    client had acknowledged is not delivered again, what was published meanwhile is."""
+    a, b, c = three_brokers["a"], three_brokers["b"], three_brokers["c"]
+    keeper = persistent_paho(a.port, "keeper", 5)
+    keeper.subscribe("kept/#", 1)
+    publisher = PahoClient(c.port, "pub-keeper")
+    for n in range(3):
+        publisher.publish("kept/x", f"k{n}".encode(), 1)
+    assert payloads(keeper, 3) == [b"k0", b"k1", b"k2"]
+
+    def saved_after_k2() -> bool:
+        record = session_record(etcd, "keeper")
+        return record is not None and (record.state or {}).get("cursors", {}).get("kept/x") == 3
+
+    wait_until(saved_after_k2, what="a saving keeper's position (after k2) to etcd")
+    a.kill()
+    keeper.kill()
+    wait_settled(etcd, {"b", "c"}, 2)
+    for n in range(3, 6):
+        publisher.publish("kept/x", f"k{n}".encode(), 1)
+
+    back = persistent_paho(b.port, "keeper", 5)
+
+    assert session_present(back)
+    assert payloads(back, 3) == [b"k3", b"k4", b"k5"]
+    back.expect_none(1.0)
+
+
+@VERSIONS
+@pytest.mark.mqtt311("MQTT-3.1.2-6", "MQTT-3.2.2-1")
+@pytest.mark.mqtt5("MQTT-3.1.2-4", "MQTT-3.2.2-2")
+def test_a_clean_start_on_another_broker_discards_the_session_where_it_was(three_brokers, version):
+    a, b, c = three_brokers["a"], three_brokers["b"], three_brokers["c"]
+    client_id = f"cleaner-{version}"
+    first = persistent_paho(a.port, client_id, version)
+    first.subscribe(f"clean/{version}/#", 1)
+    first.disconnect()
+    publisher = PahoClient(c.port, f"pub-{client_id}", version=version)
+    publisher.publish(f"clean/{version}/x", b"while away", 1)
+
+    fresh = PahoClient(b.port, client_id, version=version, clean=True)  # and no session after it
+
+    assert not session_present(fresh)
+    publisher.publish(f"clean/{version}/x", b"after the clean start", 1)
+    fresh.expect_none(1.5)  # no subscription came with it, and nothing queued for the old one
+    fresh.disconnect()
+    again = persistent_paho(a.port, client_id, version)
+    assert not session_present(again)  # a kept nothing of it
+    again.expect_none(1.0)
+
+
+@VERSIONS
+@pytest.mark.mqtt311("MQTT-3.1.4-2")
+@pytest.mark.mqtt5("MQTT-3.1.4-3")
+def test_a_session_of_another_user_is_refused_on_any_broker_and_left_alone(three_brokers, version):
+    a, b, c = three_brokers["a"], three_brokers["b"], three_brokers["c"]
+    client_id = f"owned-{version}"
+    alice = PahoClient(a.port, client_id, version=version, username="alice")
+    alice.subscribe(f"owned/{version}", 1)
+
+    intruder = PahoClient(b.port, client_id, version=version, username="mallory", connect=False)
+    _, code, _ = intruder.connect()
+
+    assert code == ReasonCode.NOT_AUTHORIZED  # paho shows 3.1.1's return code 5 as this reason code too
+    PahoClient(c.port, f"pub-{client_id}", version=version).publish(f"owned/{version}", b"still here", 1)
+    assert payloads(alice, 1) == [b"still here"]  # neither taken over nor discarded
