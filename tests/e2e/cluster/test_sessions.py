@@ -139,9 +139,8 @@ def test_a_clean_start_on_another_broker_discards_the_session_where_it_was(three
 
 
 @VERSIONS
-@pytest.mark.mqtt311("MQTT-3.1.4-2")
-@pytest.mark.mqtt5("MQTT-3.1.4-3")
 def test_a_session_of_another_user_is_refused_on_any_broker_and_left_alone(three_brokers, version):
+    """Timestone's session-owner rule (docs/security.md), cluster-wide: the registry names the owner."""
     a, b, c = three_brokers["a"], three_brokers["b"], three_brokers["c"]
     client_id = f"owned-{version}"
     alice = PahoClient(a.port, client_id, version=version, username="alice")
