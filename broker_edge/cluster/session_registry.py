@@ -154,9 +154,10 @@ def _typed(fields: dict[str, Any], name: str, kind: type) -> Any:
 
 
 def will_to_save(will: Will, client_id: str, will_delay: int, expiry_interval: int, now: float) -> SavedWill:
-    """The registry's copy of a CONNECT's will (``now``: the monotonic clock, ``time.monotonic`` or the
-    loop's, which ``Message.expiry_left`` counts its Message Expiry Interval against). Its delay follows the standalone rule: none when the session ends with the
-    connection, and never past the session's end."""
+    """The registry's copy of a CONNECT's will. Its delay follows the standalone rule: none when the
+    session ends with the connection, and never past the session's end. ``now`` is the monotonic clock
+    (``time.monotonic`` or the loop's), which ``Message.expiry_left`` counts the Message Expiry Interval
+    against."""
     properties, expiry = forwarded_properties(will.properties)
     expires_at = None if expiry is None else now + expiry
     message = Message(

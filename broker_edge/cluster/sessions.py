@@ -317,7 +317,12 @@ class ClusterSessions:
         if record is not None and record.node != self.node_id:
             self._discard_local(client_id, fire_will=False)  # a copy from before is out of date
             if record.node in self.view.members:
-                return await self._take_over(record.node, client_id, clean_start), None
+                try:
+                    return await self._take_over(record.node, client_id, clean_start), None
+                except PeerLinkDown:
+                    if not clean_start and record.node in self.view.members:
+                        raise  # alive as far as etcd knows, and not answering: the client retries
+            # the holder died: what it saved last (a clean start discards it, and ends its will's wait)
             return (None if clean_start else record.state), record.will
         if local is not None:
             if local.connection is not None:
@@ -330,7 +335,9 @@ class ClusterSessions:
         return None, None
 
     async def _take_over(self, node: str, client_id: str, clean_start: bool) -> dict[str, Any] | None:
-        """Ask ``node`` to give up the session (retrying while the link to it comes up); its state."""
+        """Ask ``node`` to give up the session; its state. While the link to it is down, a resumed session
+        waits for it to come up (``PeerLinkDown`` once ``node`` has left the cluster, or at the timeout); a
+        clean start does not wait (there is nothing to move)."""
         body = json.dumps({"client_id": client_id, "clean_start": clean_start}).encode()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.handover_timeout_s
@@ -341,7 +348,7 @@ class ClusterSessions:
                 )
                 break
             except PeerLinkDown:
-                if loop.time() >= deadline or node not in self.view.members:
+                if clean_start or loop.time() >= deadline or node not in self.view.members:
                     raise
                 await asyncio.sleep(0.05)
             except PeerRequestFailed as exc:
