@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from broker_edge.cluster.etcd import EtcdError
 from broker_edge.cluster.session_registry import SessionRecord, will_message
+from broker_edge.session import NEVER_EXPIRES
 
 if TYPE_CHECKING:
     import asyncio
@@ -43,6 +44,11 @@ log = logging.getLogger("broker_edge.cluster.wills")
 def _taken_out(record: SessionRecord) -> SessionRecord | None:
     """The record once its will is published: a non-persistent session's record goes with it."""
     return record.without_will() if record.persistent else None
+
+
+def _unless_will(record: SessionRecord) -> SessionRecord | None:
+    """Remove the record, unless it still holds a will to publish."""
+    return record if record.will is not None else None
 
 
 class ClusterWills:
@@ -127,9 +133,11 @@ class ClusterWills:
         for client_id, record, _ in records:
             if not dead(record.node) or record.node == self.node_id:
                 continue
+            if record.expiry_interval != NEVER_EXPIRES:
+                # its session ends with its broker, or once its expiry interval has passed since (unless its
+                # client comes back first: the record is then the new connection's)
+                self.loop.call_later(record.expiry_interval, self._end, client_id, record)
             if record.will is None:
-                if not record.persistent:  # its session ended with its broker
-                    self.tasks.spawn(self._forget(client_id, record), f"session {client_id} of a dead node")
                 continue
             key = (client_id, record.node, record.generation)
             if key in self._scheduled:
@@ -155,9 +163,16 @@ class ClusterWills:
         log.info("publishing the will of %r, whose broker %s left the cluster", client_id, node)
         self.publish(will_message(before.will, self.loop.time()))
 
+    def _end(self, client_id: str, record: SessionRecord) -> None:
+        self.tasks.spawn(self._forget(client_id, record), f"session {client_id} of a dead node")
+
     async def _forget(self, client_id: str, record: SessionRecord) -> None:
+        """Remove the record of a session that ended with its dead broker (once its will is published)."""
         try:
             async with self.registry.lock(client_id):
-                await self.registry.update(client_id, record.node, record.generation, lambda _: None)
+                before = await self.registry.update(client_id, record.node, record.generation, _unless_will)
         except EtcdError as exc:
             log.debug("record of %r not removed: %s", client_id, exc)
+            return
+        if before is not None and before.will is not None:
+            self.loop.call_later(1.0, self._end, client_id, record)  # its will first
