@@ -48,8 +48,8 @@ def payloads(client: PahoClient, count: int) -> list[bytes]:
 
 
 @VERSIONS
-@pytest.mark.mqtt311("MQTT-3.1.4-2", "MQTT-3.1.2-4", "MQTT-4.4.0-1")
-@pytest.mark.mqtt5("MQTT-3.1.4-3", "MQTT-3.1.2-5", "MQTT-4.4.0-1")
+@pytest.mark.mqtt311("MQTT-3.1.4-2", "MQTT-3.1.2-4")
+@pytest.mark.mqtt5("MQTT-3.1.4-3", "MQTT-3.1.2-5")
 def test_a_client_moving_to_another_broker_takes_its_session_and_its_unacknowledged_messages(
     three_brokers, etcd, version
 ):

@@ -53,7 +53,6 @@ def test_a_bad_record_is_refused_naming_its_field(text, field):
         SessionRecord.from_json(text)
 
 
-@pytest.mark.mqtt5("MQTT-3.1.3-9")
 def test_a_will_keeps_its_publish_and_its_delay_never_outlasts_the_session():
     properties = Properties(will_delay_interval=60, message_expiry_interval=120, content_type="text/plain")
     properties.user_properties = [("site", "north")]
