@@ -206,16 +206,21 @@ def saved_session(session: Session, logs: Callable[[str], list[LogInfo]], now: f
 def restore_saved_session(
     router: Router,
     state: dict[str, Any],
-    log_ends: dict[str, int],
+    logs: Callable[[str], list[LogInfo]],
     now: float,
     max_expiry_s: int,
     can_subscribe: Callable[[str, str | None, str], bool] | None = None,
 ) -> bool:
     """Put a session ``saved_session`` made into ``router`` as an offline session (the CONNECT that asked
-    for it resumes it at once); topics that have a log here and no saved position are read from their
-    start. False when the document is not a session (``ValueError`` inside) or it has expired."""
+    for it resumes it at once); topics its subscriptions read that have a log here and no saved position
+    (created since) are read from their start. ``logs`` as for ``saved_session``. False when it has
+    expired; ``ValueError`` when the document is not a saved session."""
     snapshot = parse(
         {"format": FORMAT, "version": FORMAT_VERSION, "written_at": 0.0, "log_ends": {}, "sessions": [state]}
     )
+    log_ends: dict[str, int] = {}
+    for subscription in snapshot.sessions[0].subscriptions:
+        if subscription.group is None:
+            log_ends.update((info.topic, info.end_offset) for info in logs(subscription.topic_filter))
     restored, _, _ = restore(router, snapshot, log_ends, now, 0.0, max_expiry_s, can_subscribe)
     return restored == 1

@@ -43,6 +43,7 @@ from broker_edge.cluster.session_registry import (
     will_to_save,
 )
 from broker_edge.cluster.tasks import stop_task
+from broker_edge.storage.errors import UnknownTopic
 
 if TYPE_CHECKING:
     from broker_edge.cluster.config import ClusterConfig
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from broker_edge.cluster.peer_link import PeerLink, PeerLinks
     from broker_edge.cluster.view import ClusterView
     from broker_edge.connection import Connection
+    from broker_edge.offsets_types import LogInfo
     from broker_edge.protocol.packets import Will
     from broker_edge.server import Broker
 
@@ -358,14 +360,12 @@ class ClusterSessions:
 
     def _restore(self, state: dict[str, Any]) -> None:
         broker = self.broker
-        store = broker.store
-        log_ends = {info.topic: info.end_offset for info in store.logs()} if store is not None else {}
         acl = broker.acl
         try:
             restore_saved_session(
                 broker.router,
                 state,
-                log_ends,
+                self._logs,
                 broker.now(),
                 broker.config.sessions.max_session_expiry_s,
                 acl.can_subscribe if acl is not None else None,
@@ -408,9 +408,17 @@ class ClusterSessions:
         self._discard_local(client_id, fire_will=clean_start)
         return json.dumps({"state": state}, separators=(",", ":")).encode()
 
-    def _logs(self, topic_filter: str) -> list[Any]:
+    def _logs(self, topic_filter: str) -> list[LogInfo]:
+        """The logs ``topic_filter`` matches (a filter without wildcards is one lookup, not a scan)."""
         store = self.broker.store
-        return store.logs(pattern=topic_filter) if store is not None else []
+        if store is None:
+            return []
+        if "+" in topic_filter or "#" in topic_filter:
+            return store.logs(pattern=topic_filter)
+        try:
+            return [store.log_info(topic_filter)]
+        except UnknownTopic:
+            return []
 
     # -- keeping this node's records current ---------------------------------------------------------------
 

@@ -118,7 +118,7 @@ def test_a_persistent_session_survives_its_broker_killed(three_brokers, etcd):
 @VERSIONS
 @pytest.mark.mqtt311("MQTT-3.1.2-6", "MQTT-3.2.2-1")
 @pytest.mark.mqtt5("MQTT-3.1.2-4", "MQTT-3.2.2-2")
-def test_a_clean_start_on_another_broker_discards_the_session_where_it_was(three_brokers, version):
+def test_a_clean_start_on_another_broker_discards_the_session_where_it_was(three_brokers, etcd, version):
     a, b, c = three_brokers["a"], three_brokers["b"], three_brokers["c"]
     client_id = f"cleaner-{version}"
     first = persistent_paho(a.port, client_id, version)
@@ -133,6 +133,7 @@ def test_a_clean_start_on_another_broker_discards_the_session_where_it_was(three
     publisher.publish(f"clean/{version}/x", b"after the clean start", 1)
     fresh.expect_none(1.5)  # no subscription came with it, and nothing queued for the old one
     fresh.disconnect()
+    wait_until(lambda: session_record(etcd, client_id) is None, what="the ended session's record removed")
     again = persistent_paho(a.port, client_id, version)
     assert not session_present(again)  # a kept nothing of it
     again.expect_none(1.0)

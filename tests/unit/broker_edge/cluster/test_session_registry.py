@@ -4,6 +4,7 @@ reads back to publish its will or to go on with its session."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -20,6 +21,7 @@ from broker_edge.limits import LimitsConfig
 from broker_edge.offsets_types import LogInfo
 from broker_edge.protocol.packets import Will
 from broker_edge.protocol.properties import Properties
+from broker_edge.protocol.topics import topic_matches
 from broker_edge.router import Router
 from broker_edge.session import NEVER_EXPIRES
 from broker_edge.subscriptions import SubscriptionOptions
@@ -95,13 +97,14 @@ def _router_with_session() -> tuple[Router, Message]:
     return router, in_flight
 
 
-def _logs(topic_filter: str) -> list[LogInfo]:
-    ends = {"plant/a": 50, "plant/b": 12, "news": 99, "jobs": 7}
-    return [
-        LogInfo(topic, 0, end, 0, None)
-        for topic, end in ends.items()
-        if topic == topic_filter or (topic_filter == "plant/#" and topic.startswith("plant/"))
+def _logs_of(ends: dict[str, int]) -> Callable[[str], list[LogInfo]]:
+    """``LogStore.logs(pattern=...)`` of a store whose logs end at ``ends``."""
+    return lambda topic_filter: [
+        LogInfo(topic, 0, end, 0, None) for topic, end in ends.items() if topic_matches(topic_filter, topic)
     ]
+
+
+_logs = _logs_of({"plant/a": 50, "plant/b": 12, "news": 99, "jobs": 7})
 
 
 def test_a_saved_session_reads_every_topic_after_its_last_acknowledgement():
@@ -112,7 +115,8 @@ def test_a_saved_session_reads_every_topic_after_its_last_acknowledgement():
     # plant/a from the message still in flight, plant/b from its end; QoS 0 and shared ones are not read back
     assert state["cursors"] == {"plant/a": 41, "plant/b": 12}
     other = Router(LimitsConfig())
-    assert restore_saved_session(other, state, {"plant/a": 60, "plant/b": 15, "plant/c": 3}, 0.0, 86_400)
+    now_there = {"plant/a": 60, "plant/b": 15, "plant/c": 3, "news": 120}
+    assert restore_saved_session(other, state, _logs_of(now_there), 0.0, 86_400)
     restored = other.sessions["dev-1"]
     assert restored.username == "alice" and restored.log_offsets and not restored.online
     assert set(restored.subscriptions or {}) == {"plant/#", "news", "$share/g/jobs"}
@@ -125,11 +129,13 @@ def test_a_restored_session_keeps_only_what_the_acl_allows_now():
     state = saved_session(router.sessions["dev-1"], _logs, now=0.0)
     other = Router(LimitsConfig())
 
-    restore_saved_session(other, state, {}, 0.0, 86_400, lambda client, user, filter: filter != "news")
+    restore_saved_session(
+        other, state, _logs_of({}), 0.0, 86_400, lambda client, user, filter: filter != "news"
+    )
 
     assert set(other.sessions["dev-1"].subscriptions or {}) == {"plant/#", "$share/g/jobs"}
 
 
 def test_a_saved_session_that_is_not_one_is_refused():
     with pytest.raises(ValueError, match="missing"):
-        restore_saved_session(Router(LimitsConfig()), {"username": None}, {}, 0.0, 60)
+        restore_saved_session(Router(LimitsConfig()), {"username": None}, _logs_of({}), 0.0, 60)
