@@ -320,7 +320,10 @@ class ClusterSessions:
             self._discard_local(client_id, fire_will=False)  # a copy from before is out of date
             if record.node in self.view.members:
                 try:
-                    return await self._take_over(record.node, client_id, clean_start), None
+                    held, state = await self._take_over(record.node, client_id, clean_start)
+                    if held or clean_start:
+                        return state, None
+                    return record.state, None  # it restarted without the session: what it saved
                 except PeerLinkDown:
                     if not clean_start and record.node in self.view.members:
                         raise  # alive as far as etcd knows, and not answering: the client retries
@@ -336,10 +339,12 @@ class ClusterSessions:
             return record.state, None  # held here, and lost in a crash since
         return None, None
 
-    async def _take_over(self, node: str, client_id: str, clean_start: bool) -> dict[str, Any] | None:
-        """Ask ``node`` to give up the session; its state. While the link to it is down, a resumed session
-        waits for it to come up (``PeerLinkDown`` once ``node`` has left the cluster, or at the timeout); a
-        clean start does not wait (there is nothing to move)."""
+    async def _take_over(
+        self, node: str, client_id: str, clean_start: bool
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """Ask ``node`` to give up the session: (whether it held it, its state). While the link to it is
+        down, a resumed session waits for it to come up (``PeerLinkDown`` once ``node`` has left the
+        cluster, or at the timeout); a clean start does not wait (there is nothing to move)."""
         body = json.dumps({"client_id": client_id, "clean_start": clean_start}).encode()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.handover_timeout_s
@@ -355,8 +360,9 @@ class ClusterSessions:
                 await asyncio.sleep(0.05)
             except PeerRequestFailed as exc:
                 raise RuntimeError(f"{node} did not hand over the session: {exc}") from exc
-        state = json.loads(reply).get("state")
-        return state if isinstance(state, dict) else None
+        answer = json.loads(reply)
+        state = answer.get("state")
+        return bool(answer.get("held")), state if isinstance(state, dict) else None
 
     def _restore(self, state: dict[str, Any]) -> None:
         broker = self.broker
@@ -398,7 +404,7 @@ class ClusterSessions:
         router = self.broker.router
         session = router.sessions.get(client_id)
         if session is None:
-            return b'{"state":null}'
+            return b'{"held":false}'  # lost (a restart without it): the asking broker uses the saved state
         log.info("handing session %r over to %s (clean start: %s)", client_id, link.peer, clean_start)
         if session.connection is not None:
             session.connection.taken_over()  # first: its state then counts what is in flight to it
@@ -406,7 +412,7 @@ class ClusterSessions:
         if not clean_start and session.expiry_interval > 0:
             state = saved_session(session, self._logs, self.broker.now())
         self._discard_local(client_id, fire_will=clean_start)
-        return json.dumps({"state": state}, separators=(",", ":")).encode()
+        return json.dumps({"held": True, "state": state}, separators=(",", ":")).encode()
 
     def _logs(self, topic_filter: str) -> list[LogInfo]:
         """The logs ``topic_filter`` matches (a filter without wildcards is one lookup, not a scan)."""

@@ -106,8 +106,10 @@ class ClusterWills:
     # -- wills of members that left ------------------------------------------------------------------------
 
     def view_changed(self) -> None:
-        """Schedule the wills of members that left since the last call (and, at the first call once this
-        node is a member, of every node that is not one: it may have died while no broker was running)."""
+        """Schedule the wills of members that left since the last call. At the first call once this node
+        is a member: of every node that is not one (it may have died while no broker was running), and of
+        this node's own records from before it restarted (a restart quicker than the lease's expiry is
+        never seen as a departure by the others)."""
         if self.view.fenced:
             return
         members = set(self.view.members)
@@ -115,7 +117,8 @@ class ClusterWills:
             return
         if self._members is None:
             self._members = members
-            self.tasks.spawn(self._schedule_wills(lambda node: node not in members), "wills of absent nodes")
+            absent = lambda node: node not in members or node == self.node_id  # noqa: E731
+            self.tasks.spawn(self._schedule_wills(absent), "wills of absent nodes")
             return
         gone = self._members - members
         self._members = members
@@ -131,7 +134,7 @@ class ClusterWills:
             return
         noticed = time.time()
         for client_id, record, _ in records:
-            if not dead(record.node) or record.node == self.node_id:
+            if not dead(record.node) or self._current(client_id, record.node, record.generation):
                 continue
             if record.expiry_interval != NEVER_EXPIRES:
                 # its session ends with its broker, or once its expiry interval has passed since (unless its
@@ -146,11 +149,17 @@ class ClusterWills:
             delay = max(0.0, record.will.due(noticed) - noticed)
             self.loop.call_later(delay, self._due, client_id, record.node, record.generation)
 
+    def _current(self, client_id: str, node: str, generation: int) -> bool:
+        """Whether the record is one this node keeps for a CONNECT made since it started."""
+        return node == self.node_id and self.sessions.owned.get(client_id) == generation
+
     def _due(self, client_id: str, node: str, generation: int) -> None:
         self.tasks.spawn(self._claim_and_publish(client_id, node, generation), f"will of {client_id}")
 
     async def _claim_and_publish(self, client_id: str, node: str, generation: int) -> None:
         self._scheduled.discard((client_id, node, generation))
+        if self._current(client_id, node, generation):
+            return
         try:
             async with self.registry.lock(client_id):
                 before = await self.registry.update(client_id, node, generation, _taken_out)
@@ -164,6 +173,8 @@ class ClusterWills:
         self.publish(will_message(before.will, self.loop.time()))
 
     def _end(self, client_id: str, record: SessionRecord) -> None:
+        if self._current(client_id, record.node, record.generation):
+            return
         self.tasks.spawn(self._forget(client_id, record), f"session {client_id} of a dead node")
 
     async def _forget(self, client_id: str, record: SessionRecord) -> None:

@@ -153,3 +153,32 @@ def test_a_session_of_another_user_is_refused_on_any_broker_and_left_alone(three
     assert code == ReasonCode.NOT_AUTHORIZED  # paho shows 3.1.1's return code 5 as this reason code too
     PahoClient(c.port, f"pub-{client_id}", version=version).publish(f"owned/{version}", b"still here", 1)
     assert payloads(alice, 1) == [b"still here"]  # neither taken over nor discarded
+
+
+def test_a_broker_stopped_cleanly_leaves_exact_positions_and_its_clients_wills(three_brokers, etcd):
+    """SIGTERM: a saves its sessions' positions before it disconnects its clients (MQTT 5: 0x8B) and leaves;
+    a survivor publishes the will once; the client resumes on b with nothing repeated and nothing lost."""
+    a, b, c = three_brokers["a"], three_brokers["b"], three_brokers["c"]
+    watcher = PahoClient(b.port, "watch-drained")
+    watcher.subscribe("wills/drained", 1)
+    client = PahoClient(
+        a.port, "drained", clean=False, session_expiry=EXPIRY, will=("wills/drained", b"gone", 1, False)
+    )
+    client.subscribe("drain/#", 1)
+    publisher = PahoClient(c.port, "pub-drained")
+    for n in range(3):
+        publisher.publish("drain/x", f"d{n}".encode(), 1)
+    assert payloads(client, 3) == [b"d0", b"d1", b"d2"]
+    client.publish("sync/drained", b"", 1)  # acknowledged after a has read the client's PUBACKs before it
+
+    a.stop()
+
+    assert client.disconnects.get(timeout=15) == ReasonCode.SERVER_SHUTTING_DOWN
+    [will] = watcher.expect(1, timeout=15)
+    assert will.payload == b"gone"
+    publisher.publish("drain/x", b"d3", 1)
+    back = persistent_paho(b.port, "drained", 5)
+    assert session_present(back)
+    assert payloads(back, 1) == [b"d3"]
+    back.expect_none(1.0)
+    watcher.expect_none(1.0)

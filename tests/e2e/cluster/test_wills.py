@@ -107,3 +107,27 @@ def test_a_reconnect_on_another_broker_within_the_will_delay_cancels_the_will(th
     for watcher in seen:
         [message] = watcher.expect(1, timeout=15)
         assert message.payload == b"gone"
+
+
+@pytest.mark.mqtt5("MQTT-3.1.2-8")
+def test_the_will_of_a_client_of_a_broker_killed_and_restarted_at_once_is_published_once(three_brokers, etcd):
+    """Restarted before its lease expired, a's departure may never be seen by b and c: a publishes the
+    wills its records held from before (and if they did see it, the compare-and-swap still lets one)."""
+    topic = "wills/restarted"
+    seen = watchers({node: three_brokers[node] for node in ("b", "c")}, topic, 5)
+    with_will(three_brokers["a"].port, "restarted", topic, 5, 0)
+
+    def will_registered() -> bool:
+        record = session_record(etcd, "restarted")
+        return record is not None and record.will is not None
+
+    wait_until(will_registered, what="the will in etcd")
+
+    three_brokers["a"].kill()
+    three_brokers["a"].start()
+
+    for watcher in seen:
+        [message] = watcher.expect(1, timeout=20)
+        assert (message.topic, message.payload) == (topic, b"gone")
+    for watcher in seen:
+        watcher.expect_none(QUIET_S)
