@@ -115,10 +115,14 @@ class SessionRegistry:
     """The registry's etcd side: one client id's record read, created, swapped or deleted, writers on this
     node serialized per client id (``lock``)."""
 
-    def __init__(self, etcd: Etcd, key_prefix: str) -> None:
+    def __init__(self, etcd: Etcd, key_prefix: str, retry_s: float = 1.0) -> None:
         self.etcd = etcd
         self.prefix = f"{key_prefix}/sessions/"
+        self.retry_s = retry_s
         self._locks: dict[str, asyncio.Lock] = {}
+        self._known: dict[str, tuple[SessionRecord, int]] = {}
+        """Client id → the record this node last wrote and its revision: an update tries a
+        compare-and-swap on it first, without a read."""
 
     def key(self, client_id: str) -> str:
         return self.prefix + client_id
@@ -163,8 +167,13 @@ class SessionRegistry:
         wrote first."""
         key = self.key(client_id)
         if revision == 0:
-            return await self.etcd.create(key, record.to_json()) is not None
-        return await self.etcd.compare_and_swap(key, record.to_json(), revision) is not None
+            written = await self.etcd.create(key, record.to_json())
+        else:
+            written = await self.etcd.compare_and_swap(key, record.to_json(), revision)
+        if written is None:
+            return False
+        self._known[client_id] = (record, written)
+        return True
 
     async def update(
         self, client_id: str, node: str, generation: int, change: Change
@@ -172,18 +181,45 @@ class SessionRegistry:
         """Apply ``change`` while the record is still ``node``'s for CONNECT ``generation`` (retrying when
         another write of that record came between); the record as it was before, or None when it is no
         longer theirs (gone, or taken by a newer CONNECT). Call it holding ``lock(client_id)``."""
+        known = self._known.pop(client_id, None)
         while True:
-            record, revision = await self.read(client_id)
-            if record is None or not record.held_by(node, generation):
-                return None
+            if known is not None and known[0].held_by(node, generation):
+                record, revision = known  # most likely still current: try it without a read
+            else:
+                found, revision = await self.read(client_id)
+                if found is None or not found.held_by(node, generation):
+                    return None
+                record = found
+            known = None
             changed = change(record)
             key = self.key(client_id)
             if changed is None:
-                done = await self.etcd.delete_if(key, revision)
+                if await self.etcd.delete_if(key, revision):
+                    return record
             else:
-                done = await self.etcd.compare_and_swap(key, changed.to_json(), revision) is not None
-            if done:
-                return record
+                written = await self.etcd.compare_and_swap(key, changed.to_json(), revision)
+                if written is not None:
+                    self._known[client_id] = (changed, written)
+                    return record
+
+    async def update_until_done(
+        self, client_id: str, node: str, generation: int, change: Change, stopped: Callable[[], bool]
+    ) -> SessionRecord | None:
+        """``update`` under the client id's lock, retried every ``retry_s`` while etcd cannot be reached
+        (until ``stopped()``, then ``EtcdError``): the compare-and-swap decides whatever happened meanwhile,
+        so a late update never undoes a newer one."""
+        while True:
+            try:
+                async with self.lock(client_id):
+                    return await self.update(client_id, node, generation, change)
+            except EtcdError:
+                if stopped():
+                    raise
+            await asyncio.sleep(self.retry_s)
+
+    def forget(self, client_id: str) -> None:
+        """Another node writes this record from now on."""
+        self._known.pop(client_id, None)
 
 
 class ClusterSessions:
@@ -401,6 +437,7 @@ class ClusterSessions:
         clean_start = bool(request["clean_start"])
         self.owned.pop(client_id, None)  # the asking broker writes the record from now on
         self._saved.pop(client_id, None)
+        self.registry.forget(client_id)
         router = self.broker.router
         session = router.sessions.get(client_id)
         if session is None:
@@ -448,10 +485,14 @@ class ClusterSessions:
             change = _will_due(time.time())
         self.tasks.spawn(self._update(client_id, generation, change), f"session {client_id} ended")
 
-    async def _update(self, client_id: str, generation: int, change: Change) -> SessionRecord | None:
+    async def _update(
+        self, client_id: str, generation: int, change: Change, retry: bool = True
+    ) -> SessionRecord | None:
+        """Change this node's record of ``client_id``; retried until etcd answers unless not ``retry`` (a
+        periodic save: the next one comes soon)."""
+        stopped = (lambda: True) if not retry else (lambda: self.closed)
         try:
-            async with self.registry.lock(client_id):
-                return await self.registry.update(client_id, self.node_id, generation, change)
+            return await self.registry.update_until_done(client_id, self.node_id, generation, change, stopped)
         except EtcdError as exc:
             log.warning("session record of %r not updated: %s", client_id, exc)
             return None
@@ -473,7 +514,7 @@ class ClusterSessions:
             if session is None:
                 self.owned.pop(client_id, None)
                 self._saved.pop(client_id, None)
-                await self._update(client_id, generation, _deleted)
+                await self._update(client_id, generation, _deleted, retry=False)
                 continue
             if session.expiry_interval == 0:
                 continue
@@ -482,7 +523,7 @@ class ClusterSessions:
             if self._saved.get(client_id) == encoded:
                 continue
             change = _with_state(state, time.time())
-            if await self._update(client_id, generation, change) is None:
+            if await self._update(client_id, generation, change, retry=False) is None:
                 if self.owned.get(client_id) == generation:
                     self._let_go(client_id)
                 continue

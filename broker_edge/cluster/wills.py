@@ -90,10 +90,11 @@ class ClusterWills:
 
     async def _take_out_and_publish(self, client_id: str, generation: int, message: Message) -> None:
         try:
-            async with self.registry.lock(client_id):
-                before = await self.registry.update(client_id, self.node_id, generation, _taken_out)
+            before = await self.registry.update_until_done(
+                client_id, self.node_id, generation, _taken_out, lambda: self.sessions.closed
+            )
         except EtcdError as exc:
-            # this node cannot reach etcd: the others will think it dead and publish the will from the record
+            # this node leaves: the others publish the will from the record once its lease is gone
             log.warning("will of %r left to the other brokers (etcd unreachable: %s)", client_id, exc)
             return
         if before is not None and before.will is None:
