@@ -163,7 +163,8 @@ class ClusterNode:
 
     def _build_sessions(self) -> None:
         """Cluster-wide sessions and wills (``sessions``, ``wills``): CONNECT claims its client id first."""
-        from broker_edge.cluster.sessions import ClusterSessions, SessionRegistry
+        from broker_edge.cluster.sessions import ClusterSessions
+        from broker_edge.cluster.sessions_registry import SessionRegistry
         from broker_edge.cluster.wills import ClusterWills
 
         assert self.etcd is not None

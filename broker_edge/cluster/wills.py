@@ -3,7 +3,7 @@
 A will is a publish like any other once it is sent: it takes the PUBLISH path (forwarded to its partition's
 leader, replicated) and reaches subscribers on every broker. What needs the cluster is "once":
 
-- the registry record of the client id (``session_registry``) holds the will of its current connection
+- the registry record of the client id (``sessions_records``) holds the will of its current connection
   until it is published or cancelled (a normal DISCONNECT, or a new connection within the Will Delay
   Interval: the new CONNECT's record replaces it);
 - the broker holding the connection publishes the will as the standalone broker does (at once, or after
@@ -25,14 +25,15 @@ import time
 from typing import TYPE_CHECKING
 
 from broker_edge.cluster.etcd import EtcdError
-from broker_edge.cluster.session_registry import SessionRecord, will_message
+from broker_edge.cluster.sessions_records import SessionRecord, will_message
 from broker_edge.session import NEVER_EXPIRES
 
 if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable
 
-    from broker_edge.cluster.sessions import BackgroundTasks, ClusterSessions, SessionRegistry
+    from broker_edge.cluster.sessions import ClusterSessions
+    from broker_edge.cluster.sessions_registry import BackgroundTasks, SessionRegistry
     from broker_edge.cluster.view import ClusterView
     from broker_edge.delivery import Message
 

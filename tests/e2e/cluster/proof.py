@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker_edge.cluster.session_registry import SessionRecord
+from broker_edge.cluster.sessions_records import SessionRecord
 from broker_edge.cluster.view import Member, PartitionState
 from broker_edge.launcher import BrokerProcess
 from broker_edge.protocol import PacketDecoder

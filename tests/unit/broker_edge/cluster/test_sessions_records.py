@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from broker_edge.cluster.session_registry import (
+from broker_edge.cluster.sessions_records import (
     SavedWill,
     SessionRecord,
     restore_saved_session,
