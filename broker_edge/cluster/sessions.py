@@ -44,6 +44,7 @@ from broker_edge.cluster.sessions_records import (
 )
 from broker_edge.cluster.sessions_registry import BackgroundTasks, Change
 from broker_edge.cluster.tasks import stop_task
+from broker_edge.session import NEVER_EXPIRES
 from broker_edge.storage.errors import UnknownTopic
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     from broker_edge.offsets_types import LogInfo
     from broker_edge.protocol.packets import Will
     from broker_edge.server import Broker
+    from broker_edge.session import Session
 
 __all__ = ["SERVICE_TAKE_OVER", "ClusterSessions"]
 
@@ -170,6 +172,8 @@ class ClusterSessions:
                 local is not None and local.username != username
             ):
                 return "session_owner"  # neither taken over nor discarded: it is someone else's
+            if self._over_quota(local, expiry_interval):
+                return "session_quota"  # checked before the session leaves the broker holding it
             state, left_behind = await self._bring_here(record, client_id, clean_start)
             saved_will = None
             if will is not None:
@@ -203,6 +207,13 @@ class ClusterSessions:
             # within the Will Delay Interval cancels it, MQTT 5 3.1.3.2.2)
             self.broker.publish_path.publish(will_message(left_behind, self.broker.now()))
         return None
+
+    def _over_quota(self, local: Session | None, expiry_interval: int) -> bool:
+        """Whether a persistent session coming here would pass ``sessions.max_persistent`` (the
+        standalone rule, counting a session that moves here as one more)."""
+        bound = self.broker.config.sessions.max_persistent
+        adds = expiry_interval > 0 and (local is None or local.expiry_interval == 0)
+        return bool(adds and bound and self.broker.router.persistent_count >= bound)
 
     async def _bring_here(
         self, record: SessionRecord | None, client_id: str, clean_start: bool
@@ -264,12 +275,14 @@ class ClusterSessions:
         return bool(answer.get("held")), state if isinstance(state, dict) else None
 
     def _restore(self, state: dict[str, Any]) -> None:
+        """Put a session from elsewhere into the router; the CONNECT resuming it at once gives it its
+        Session Expiry Interval (until then it must not expire)."""
         broker = self.broker
         acl = broker.acl
         try:
             restore_saved_session(
                 broker.router,
-                state,
+                {**state, "expiry_interval": NEVER_EXPIRES, "expires_in_s": None},
                 self._logs,
                 broker.now(),
                 broker.config.sessions.max_session_expiry_s,
@@ -309,7 +322,7 @@ class ClusterSessions:
         if session.connection is not None:
             session.connection.taken_over()  # first: its state then counts what is in flight to it
         state = None
-        if not clean_start and session.expiry_interval > 0:
+        if not clean_start:  # even a session ending with its connection is resumed by a takeover
             state = saved_session(session, self._logs, self.broker.now())
         self._discard_local(client_id, fire_will=clean_start)
         return json.dumps({"held": True, "state": state}, separators=(",", ":")).encode()

@@ -182,3 +182,21 @@ def test_a_broker_stopped_cleanly_leaves_exact_positions_and_its_clients_wills(t
     assert payloads(back, 1) == [b"d3"]
     back.expect_none(1.0)
     watcher.expect_none(1.0)
+
+
+@pytest.mark.mqtt5("MQTT-3.1.4-3", "MQTT-3.1.2-5")
+def test_a_session_without_expiry_is_resumed_by_a_takeover_while_its_connection_is_open(three_brokers):
+    """As on one broker: the session of an open connection exists, whatever its expiry, so a takeover with
+    Clean Start 0 resumes it (its subscription with it) before the old connection's end could end it."""
+    a, b, c = three_brokers["a"], three_brokers["b"], three_brokers["c"]
+    old = PahoClient(a.port, "brief", session_expiry=0)
+    old.subscribe("brief/#", 1, noLocal=True)
+
+    moved = PahoClient(b.port, "brief", clean=False, session_expiry=0)
+
+    assert session_present(moved)
+    assert old.disconnects.get(timeout=10) == ReasonCode.SESSION_TAKEN_OVER
+    PahoClient(c.port, "pub-brief").publish("brief/x", b"to the moved session", 1)
+    assert payloads(moved, 1) == [b"to the moved session"]
+    moved.publish("brief/x", b"its own", 1)
+    moved.expect_none(1.0)  # No Local came with the subscription
