@@ -29,6 +29,7 @@ bench: $(STAMP) system-deps
 	$(VENV)/bin/python bench/ota_bench.py
 	$(VENV)/bin/python bench/footprint_bench.py --write
 	$(VENV)/bin/python -m bench.cluster_bench
+	$(VENV)/bin/python -m bench.sessions_bench
 	$(VENV)/bin/python -m bench
 
 lint: $(STAMP)
