@@ -11,20 +11,25 @@ from __future__ import annotations
 
 import pytest
 
+from broker_edge.delivery import OFFSETS_OPT_IN
 from broker_edge.protocol.packets import Connect, Disconnect, PingReq, PingResp, PubAck
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ReasonCode
 from tests.e2e.broker_clients import PahoClient, RawClient
 from tests.e2e.cluster.proof import session_record, wait_settled, wait_until
+from tests.e2e.commitlog.e2e_helpers import offset_of
 
 EXPIRY = 3600
 VERSIONS = pytest.mark.parametrize("version", [5, 4], ids=["v5", "v3.1.1"])
 
 
 def persistent_raw(port: int, client_id: str, version: int) -> RawClient:
-    """A raw client with a persistent session (it acknowledges only what the test tells it to)."""
+    """A raw client with a persistent session (it acknowledges only what the test tells it to); in MQTT 5
+    it opts in to the ``offset`` property on deliveries."""
     raw = RawClient(port, version=version)
-    properties = Properties(session_expiry_interval=EXPIRY) if version == 5 else None
+    properties = None
+    if version == 5:
+        properties = Properties(session_expiry_interval=EXPIRY, user_properties=[OFFSETS_OPT_IN])
     raw.send_packet(
         Connect(protocol_version=version, client_id=client_id, clean_start=False, properties=properties)
     )
@@ -80,7 +85,10 @@ def test_a_client_moving_to_another_broker_takes_its_session_and_its_unacknowled
     for n in range(5, 7):
         publisher.publish(topic, f"m{n}".encode(), 1)
     # everything after the last acknowledgement, from b's copy of the log, in order, once
-    assert payloads(moved, 5) == [f"m{n}".encode() for n in range(2, 7)]
+    redelivered = moved.expect(5, timeout=15)
+    assert [m.payload for m in redelivered] == [f"m{n}".encode() for n in range(2, 7)]
+    if version == 5:  # the opt-in moved with the session, and the offsets are a's
+        assert [offset_of(m) for m in redelivered] == list(range(2, 7))
     moved.expect_none(1.0)
     record = session_record(etcd, client_id)
     assert record is not None and record.node == "b"
