@@ -165,6 +165,8 @@ class ClusterSessions:
         will: Will | None,
         will_delay: int,
     ) -> str | None:
+        if self.view.fenced:
+            return "session_unavailable"  # not (yet, or no longer) a member: it cannot tell who is alive
         local = self.broker.router.sessions.get(client_id)
         async with self.registry.lock(client_id):
             record, revision = await self.registry.read(client_id)
