@@ -165,7 +165,7 @@ class ClusterSessions:
         will: Will | None,
         will_delay: int,
     ) -> str | None:
-        if self.view.fenced:
+        if not await self._member():
             return "session_unavailable"  # not (yet, or no longer) a member: it cannot tell who is alive
         local = self.broker.router.sessions.get(client_id)
         async with self.registry.lock(client_id):
@@ -209,6 +209,17 @@ class ClusterSessions:
             # within the Will Delay Interval cancels it, MQTT 5 3.1.3.2.2)
             self.broker.publish_path.publish(will_message(left_behind, self.broker.now()))
         return None
+
+    async def _member(self) -> bool:
+        """Whether this node is a member, waiting up to ``session_handover_timeout_ms`` for it to become
+        one (a broker starting up registers within moments of opening its listeners)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.handover_timeout_s
+        while self.view.fenced:
+            if loop.time() >= deadline or self.closed:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     def _over_quota(self, local: Session | None, expiry_interval: int) -> bool:
         """Whether a persistent session coming here would pass ``sessions.max_persistent`` (the
