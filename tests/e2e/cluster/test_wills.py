@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.e2e.broker_clients import PahoClient
-from tests.e2e.cluster.proof import session_record, wait_until
+from tests.e2e.cluster.proof import session_record, wait_settled, wait_until
 
 QUIET_S = 2.0
 """How long nothing more may arrive once a will has (every broker would have published it by then)."""
@@ -131,3 +131,27 @@ def test_the_will_of_a_client_of_a_broker_killed_and_restarted_at_once_is_publis
         assert (message.topic, message.payload) == (topic, b"gone")
     for watcher in seen:
         watcher.expect_none(QUIET_S)
+
+
+@pytest.mark.mqtt5("MQTT-3.1.2-8", "MQTT-3.1.3-9")
+def test_a_reconnect_within_the_will_delay_after_its_broker_died_cancels_the_will(three_brokers, etcd):
+    """a dies with the client's connection; the survivors schedule its will for the delay; the client
+    resumes its session (saved by a) on b before the delay has passed: nothing is published."""
+    topic = "wills/outlived"
+    seen = watchers({node: three_brokers[node] for node in ("b", "c")}, topic, 5)
+    device = with_will(three_brokers["a"].port, "outliver", topic, 5, 8)
+
+    def saved() -> bool:
+        record = session_record(etcd, "outliver")
+        return record is not None and record.will is not None and record.state is not None
+
+    wait_until(saved, what="the session and its will in etcd")
+    three_brokers["a"].kill()
+    device.kill()
+    wait_settled(etcd, {"b", "c"}, 2)  # a has left: the survivors count the delay from now
+
+    back = with_will(three_brokers["b"].port, "outliver", topic, 5, 8, clean=False)
+
+    assert back.connack_result[0].session_present
+    for watcher in seen:
+        watcher.expect_none(8 + QUIET_S)
