@@ -374,14 +374,13 @@ class ClusterSessions:
             change = _will_due(time.time())
         self.tasks.spawn(self._update(client_id, generation, change), f"session {client_id} ended")
 
-    async def _update(
-        self, client_id: str, generation: int, change: Change, retry: bool = True
-    ) -> SessionRecord | None:
-        """Change this node's record of ``client_id``; retried until etcd answers unless not ``retry`` (a
-        periodic save: the next one comes soon)."""
-        stopped = (lambda: True) if not retry else (lambda: self.closed)
+    async def _update(self, client_id: str, generation: int, change: Change) -> SessionRecord | None:
+        """Change this node's record of ``client_id``, retried while etcd cannot be reached (until this
+        node leaves)."""
         try:
-            return await self.registry.update_until_done(client_id, self.node_id, generation, change, stopped)
+            return await self.registry.update_until_done(
+                client_id, self.node_id, generation, change, lambda: self.closed
+            )
         except EtcdError as exc:
             log.warning("session record of %r not updated: %s", client_id, exc)
             return None
@@ -392,18 +391,20 @@ class ClusterSessions:
             try:
                 await self.save()
             except EtcdError as exc:
-                log.warning("saving sessions to the registry failed: %s", exc)
+                log.warning("saving sessions to the registry failed (retrying next time): %s", exc)
 
     async def save(self) -> None:
         """Save the state of every persistent session held here that changed; drop the records of sessions
-        that ended; let go of sessions whose record another CONNECT took."""
+        that ended; let go of sessions whose record another CONNECT took. ``EtcdError`` at the first
+        failure (the next save starts over)."""
         router = self.broker.router
         for client_id, generation in list(self.owned.items()):
             session = router.sessions.get(client_id)
             if session is None:
-                self.owned.pop(client_id, None)
-                self._saved.pop(client_id, None)
-                await self._update(client_id, generation, _deleted, retry=False)
+                await self._save_once(client_id, generation, _deleted)
+                if self.owned.get(client_id) == generation:
+                    self.owned.pop(client_id, None)
+                    self._saved.pop(client_id, None)
                 continue
             if session.expiry_interval == 0:
                 continue
@@ -411,12 +412,16 @@ class ClusterSessions:
             encoded = json.dumps(state, sort_keys=True).encode()
             if self._saved.get(client_id) == encoded:
                 continue
-            change = _with_state(state, time.time())
-            if await self._update(client_id, generation, change, retry=False) is None:
+            if await self._save_once(client_id, generation, _with_state(state, time.time())) is None:
                 if self.owned.get(client_id) == generation:
                     self._let_go(client_id)
                 continue
             self._saved[client_id] = encoded
+
+    async def _save_once(self, client_id: str, generation: int, change: Change) -> SessionRecord | None:
+        """One attempt (``EtcdError`` if etcd does not answer): a save is not retried, the next one comes."""
+        registry = self.registry
+        return await registry.update_until_done(client_id, self.node_id, generation, change, lambda: True)
 
     def _let_go(self, client_id: str) -> None:
         """Another CONNECT took this client id (a race between two brokers): this copy goes."""
