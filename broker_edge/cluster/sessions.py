@@ -386,12 +386,17 @@ class ClusterSessions:
             return None
 
     async def _save_periodically(self) -> None:
+        failures = 0
         while True:
             await asyncio.sleep(self.save_interval_s)
             try:
                 await self.save()
+                failures = 0
             except EtcdError as exc:
-                log.warning("saving sessions to the registry failed (retrying next time): %s", exc)
+                failures += 1
+                (log.warning if failures == 1 else log.debug)(
+                    "saving sessions to the registry failed (retrying every interval): %s", exc
+                )
 
     async def save(self) -> None:
         """Save the state of every persistent session held here that changed; drop the records of sessions

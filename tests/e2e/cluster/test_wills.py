@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.e2e.broker_clients import PahoClient
-from tests.e2e.cluster.proof import session_record, wait_settled, wait_until
+from tests.e2e.cluster.proof import EtcdProxy, cluster_state, session_record, wait_settled, wait_until
 
 QUIET_S = 2.0
 """How long nothing more may arrive once a will has (every broker would have published it by then)."""
@@ -155,3 +155,38 @@ def test_a_reconnect_within_the_will_delay_after_its_broker_died_cancels_the_wil
     assert back.connack_result[0].session_present
     for watcher in seen:
         watcher.expect_none(8 + QUIET_S)
+
+
+@pytest.mark.mqtt5("MQTT-3.1.2-8")
+def test_a_will_due_while_its_broker_is_cut_off_from_etcd_is_published_once(cluster_brokers, etcd):
+    """a loses etcd just as its client's connection drops: a cannot take the will out of the registry and
+    keeps trying; its lease expires, b or c publishes the will; when a reaches etcd again it finds the will
+    gone and publishes nothing."""
+    proxy = EtcdProxy(etcd.url)
+    try:
+        brokers = {"a": cluster_brokers("a", etcd=[proxy.url])}
+        brokers |= {node: cluster_brokers(node) for node in ("b", "c")}
+        wait_settled(etcd, {"a", "b", "c"}, 3)
+        topic = "wills/cut-off"
+        seen = watchers({node: brokers[node] for node in ("b", "c")}, topic, 5)
+        device = with_will(brokers["a"].port, "cut-off", topic, 5, 0)
+
+        def will_registered() -> bool:
+            record = session_record(etcd, "cut-off")
+            return record is not None and record.will is not None
+
+        wait_until(will_registered, what="the will in etcd")
+
+        proxy.cut()
+        device.kill()
+        wait_until(lambda: "a" not in cluster_state(etcd).members, what="a's lease expired")
+        for watcher in seen:
+            [message] = watcher.expect(1, timeout=20)
+            assert (message.topic, message.payload) == (topic, b"gone")
+        proxy.mend()
+        wait_until(lambda: "a" in cluster_state(etcd).members, what="a back in the cluster")
+
+        for watcher in seen:
+            watcher.expect_none(2 * QUIET_S)  # a, back, found the will published
+    finally:
+        proxy.close()
