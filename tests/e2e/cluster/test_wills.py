@@ -2,8 +2,9 @@
 
 A will is published once, wherever its client was connected, and reaches subscribers on every broker: when
 its client's connection is lost, after its Will Delay Interval (MQTT 5); when the broker holding the
-connection is killed (a survivor publishes it, once); not at all when the client reconnects to another
-broker within the delay.
+connection is killed (a survivor publishes it, once), or killed and restarted at once, or cut off from etcd
+as the connection drops; not at all when the client reconnects to another broker within the delay, whether
+its broker is alive or dead.
 """
 
 from __future__ import annotations
