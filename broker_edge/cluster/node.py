@@ -9,6 +9,8 @@ default to the bound ports) and starts it; ``Broker.stop`` stops it before anyth
 - makes the PUBLISH path a cluster member's: the leader's ``Replication`` stage (acks=all with
   ``min_insync_replicas``), the followers' fetchers (which route what becomes committed), and
   ``ClusterForwarding`` with the peer links for publishes on partitions led elsewhere and unlogged ones;
+- makes sessions and wills cluster-wide (``sessions``, ``wills``): every CONNECT claims its client id in
+  etcd first, taking the session over from the broker that holds it; wills are published once;
 - fences: while ``view.fenced`` nothing is acknowledged (placement never appends here, the leader stage
   fails what it holds) and MQTT clients are disconnected so they move to a live member (v5: DISCONNECT
   0x9C "use another server" with the Server Reference of a live member when one is known, else 0x8B).

@@ -194,6 +194,9 @@ def saved_session(session: Session, logs: Callable[[str], list[LogInfo]], now: f
 
     ``logs(filter)`` lists the logs a filter matches with their committed ends (``LogStore.logs``)."""
     document = session_document(session, now)
+    # the countdown of an offline session is not kept: the CONNECT that resumes it sets its expiry anew,
+    # and a document that changed only by it would be written again at every save
+    document["expires_in_s"] = None
     cursors: dict[str, int] = document["cursors"]
     for entry in (session.subscriptions or {}).values():
         if entry.group is not None or entry.options.qos == 0:

@@ -114,6 +114,8 @@ def test_a_saved_session_reads_every_topic_after_its_last_acknowledgement():
 
     # plant/a from the message still in flight, plant/b from its end; QoS 0 and shared ones are not read back
     assert state["cursors"] == {"plant/a": 41, "plant/b": 12}
+    router.sessions["dev-1"].expires_at = 100.0  # offline, counting down: the document does not change
+    assert saved_session(router.sessions["dev-1"], _logs, now=1.0) == state
     other = Router(LimitsConfig())
     now_there = {"plant/a": 60, "plant/b": 15, "plant/c": 3, "news": 120}
     assert restore_saved_session(other, state, _logs_of(now_there), 0.0, 86_400)
