@@ -66,6 +66,16 @@ SERVICE_TAKE_OVER = 10
 """Peer service: give up a client id's session to the asking broker (the sessions' services are 10-19)."""
 
 
+def _disconnect_taken_over(conn: Connection) -> None:
+    """Another connection claimed the client id [MQTT-3.1.4-3]: MQTT 5 DISCONNECT 0x8E, 3.1.1 close. The
+    will of an MQTT 5 connection is dropped, a new connection for its client id having opened before its
+    Will Delay Interval elapsed [MQTT-3.1.2-8]; 3.1.1 deletes a will only on DISCONNECT, so a 3.1.1
+    connection's will is published [MQTT-3.1.2-8 of 3.1.1]."""
+    if conn.v5:
+        conn.will = None
+    conn.taken_over()
+
+
 def _deleted(record: SessionRecord) -> None:
     """The ``Change`` that deletes the record."""
     return None
@@ -254,7 +264,7 @@ class ClusterSessions:
             return (None if clean_start else record.state), record.will
         if local is not None:
             if local.connection is not None:
-                local.connection.taken_over()  # [MQTT-3.1.4-3]
+                _disconnect_taken_over(local.connection)
             if clean_start:
                 self._discard_local(client_id, fire_will=True)
             return None, None
@@ -311,7 +321,7 @@ class ClusterSessions:
         if session is None:
             return
         if session.connection is not None:
-            session.connection.taken_over()  # [MQTT-3.1.4-3]: v5 DISCONNECT 0x8E, the will by 3.1.2.5
+            _disconnect_taken_over(session.connection)
         now = self.broker.now()
         if not fire_will:
             router.open_session(client_id, False, 0, now)  # cancels a waiting will; expiry 0
@@ -333,7 +343,7 @@ class ClusterSessions:
             return b'{"held":false}'  # lost (a restart without it): the asking broker uses the saved state
         log.info("handing session %r over to %s (clean start: %s)", client_id, link.peer, clean_start)
         if session.connection is not None:
-            session.connection.taken_over()  # first: its state then counts what is in flight to it
+            _disconnect_taken_over(session.connection)  # first: its state counts what is in flight to it
         state = None
         if not clean_start:  # even a session ending with its connection is resumed by a takeover
             state = saved_session(session, self._logs, self.broker.now())
@@ -437,5 +447,5 @@ class ClusterSessions:
             return
         log.info("session %r was taken by a CONNECT on another broker; letting this copy go", client_id)
         if session.connection is not None:
-            session.connection.taken_over()
+            _disconnect_taken_over(session.connection)
         self._discard_local(client_id, fire_will=False)

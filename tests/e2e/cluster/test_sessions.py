@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from broker_edge.delivery import OFFSETS_OPT_IN
-from broker_edge.protocol.packets import Connect, Disconnect, PingReq, PingResp, PubAck
+from broker_edge.protocol.packets import Connect, Disconnect, PingReq, PingResp, PubAck, Will
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ReasonCode
 from tests.e2e.broker_clients import PahoClient, RawClient
@@ -23,7 +23,7 @@ EXPIRY = 3600
 VERSIONS = pytest.mark.parametrize("version", [5, 4], ids=["v5", "v3.1.1"])
 
 
-def persistent_raw(port: int, client_id: str, version: int) -> RawClient:
+def persistent_raw(port: int, client_id: str, version: int, will: Will | None = None) -> RawClient:
     """A raw client with a persistent session (it acknowledges only what the test tells it to); in MQTT 5
     it opts in to the ``offset`` property on deliveries."""
     raw = RawClient(port, version=version)
@@ -31,7 +31,9 @@ def persistent_raw(port: int, client_id: str, version: int) -> RawClient:
     if version == 5:
         properties = Properties(session_expiry_interval=EXPIRY, user_properties=[OFFSETS_OPT_IN])
     raw.send_packet(
-        Connect(protocol_version=version, client_id=client_id, clean_start=False, properties=properties)
+        Connect(
+            protocol_version=version, client_id=client_id, clean_start=False, will=will, properties=properties
+        )
     )
     connack = raw.recv()
     assert connack is not None and getattr(connack, "reason_code", getattr(connack, "return_code", 1)) == 0
@@ -53,15 +55,17 @@ def payloads(client: PahoClient, count: int) -> list[bytes]:
 
 
 @VERSIONS
-@pytest.mark.mqtt311("MQTT-3.1.4-2", "MQTT-3.1.2-4")
-@pytest.mark.mqtt5("MQTT-3.1.4-3", "MQTT-3.1.2-5")
+@pytest.mark.mqtt311("MQTT-3.1.4-2", "MQTT-3.1.2-4", "MQTT-3.1.2-8")
+@pytest.mark.mqtt5("MQTT-3.1.4-3", "MQTT-3.1.2-5", "MQTT-3.1.2-8")
 def test_a_client_moving_to_another_broker_takes_its_session_and_its_unacknowledged_messages(
     three_brokers, etcd, version
 ):
     a, b, c = three_brokers["a"], three_brokers["b"], three_brokers["c"]
     client_id = f"mover-{version}"
     topic = f"move/{version}/x"
-    old = persistent_raw(a.port, client_id, version)
+    watcher = PahoClient(c.port, f"watch-{client_id}", version=version)
+    watcher.subscribe(f"wills/{client_id}", 1)
+    old = persistent_raw(a.port, client_id, version, Will(f"wills/{client_id}", b"old connection gone", 1))
     old.subscribe(f"move/{version}/#", 1)
     publisher = PahoClient(c.port, f"pub-{client_id}", version=version)
     for n in range(5):
@@ -92,6 +96,11 @@ def test_a_client_moving_to_another_broker_takes_its_session_and_its_unacknowled
     moved.expect_none(1.0)
     record = session_record(etcd, client_id)
     assert record is not None and record.node == "b"
+    if version == 5:  # the new connection came before the will's delay (0) elapsed: dropped
+        watcher.expect_none(1.0)
+    else:  # 3.1.1 deletes a will only on DISCONNECT: published, once
+        assert [m.payload for m in watcher.expect(1)] == [b"old connection gone"]
+        watcher.expect_none(1.0)
 
 
 def test_a_persistent_session_survives_its_broker_killed(three_brokers, etcd):
