@@ -6,8 +6,8 @@ broker it reaches:
 
 - the registry names another owner: refused as the standalone broker refuses (``session_owner``);
 - another live member holds the session: it is asked over the peer link (service ``SERVICE_TAKE_OVER``) to
-  give it up. That broker disconnects the client's connection as in a local takeover (v5 DISCONNECT 0x8E,
-  the will by the usual rule) and, unless the new CONNECT starts clean, replies with the session's state
+  give it up. That broker disconnects the client's connection (v5 DISCONNECT 0x8E, whose will is dropped;
+  3.1.1 close, whose will is published) and, unless the new CONNECT starts clean, replies with its state
   (subscriptions, log positions), which this broker restores: the client's resumed session redelivers, from
   this broker's own copy of the log, everything after its last acknowledged offsets (offsets are the same
   on every replica). With a clean start the other broker discards the session;
