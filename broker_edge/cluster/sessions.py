@@ -177,9 +177,9 @@ class ClusterSessions:
     ) -> str | None:
         if not await self._member():
             return "session_unavailable"  # not (yet, or no longer) a member: it cannot tell who is alive
-        local = self.broker.router.sessions.get(client_id)
         async with self.registry.lock(client_id):
             record, revision = await self.registry.read(client_id)
+            local = self.broker.router.sessions.get(client_id)
             if (record is not None and record.owner != username) or (
                 local is not None and local.username != username
             ):
