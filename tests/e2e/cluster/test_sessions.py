@@ -217,3 +217,33 @@ def test_a_session_without_expiry_is_resumed_by_a_takeover_while_its_connection_
     assert payloads(moved, 1) == [b"to the moved session"]
     moved.publish("brief/x", b"its own", 1)
     moved.expect_none(1.0)  # No Local came with the subscription
+
+
+@pytest.mark.parametrize("version", [5, 4], ids=["v5", "v3.1.1"])
+@pytest.mark.mqtt311("MQTT-3.1.4-2", "MQTT-3.1.2-8")
+@pytest.mark.mqtt5("MQTT-3.1.4-3", "MQTT-3.1.2-8")
+def test_a_takeover_on_the_same_broker_of_a_cluster_follows_the_same_rules(three_brokers, version):
+    b, c = three_brokers["b"], three_brokers["c"]
+    client_id = f"twice-{version}"
+    watcher = PahoClient(c.port, f"watch-{client_id}", version=version)
+    watcher.subscribe(f"wills/{client_id}", 1)
+    old = PahoClient(
+        b.port,
+        client_id,
+        version=version,
+        clean=False,
+        session_expiry=EXPIRY if version == 5 else None,
+        will=(f"wills/{client_id}", b"gone", 1, False),
+    )
+    old.subscribe(f"twice/{version}", 1)
+
+    again = persistent_paho(b.port, client_id, version)
+
+    assert session_present(again)
+    if version == 5:
+        assert old.disconnects.get(timeout=10) == ReasonCode.SESSION_TAKEN_OVER
+    else:  # 3.1.1 deletes a will only on DISCONNECT
+        assert [m.payload for m in watcher.expect(1)] == [b"gone"]
+    PahoClient(c.port, f"pub-{client_id}", version=version).publish(f"twice/{version}", b"kept", 1)
+    assert payloads(again, 1) == [b"kept"]
+    watcher.expect_none(1.0)  # v5: the will dropped; 3.1.1: published once
