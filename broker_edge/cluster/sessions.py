@@ -151,20 +151,33 @@ class ClusterSessions:
         """Claim ``client_id`` for a CONNECT on this node; ``done(refusal)`` on the loop, None when the
         standalone CONNECT handling may go on (the session, if it was elsewhere, is now in the router)."""
         task = self.tasks.spawn(
-            self._claim(client_id, username, clean_start, expiry_interval, will, will_delay),
+            self._claim_or_refuse(client_id, username, clean_start, expiry_interval, will, will_delay),
             f"claiming session {client_id}",
         )
 
         def finished(task: asyncio.Task[str | None]) -> None:
-            if task.cancelled():
-                done("session_unavailable")
-            elif task.exception() is not None:
-                log.warning("claiming session %r failed: %s", client_id, task.exception())
-                done("session_unavailable")
-            else:
-                done(task.result())
+            failed = task.cancelled() or task.exception() is not None  # a failure was logged by ``tasks``
+            done("session_unavailable" if failed else task.result())
 
         task.add_done_callback(finished)
+
+    async def _claim_or_refuse(
+        self,
+        client_id: str,
+        username: str | None,
+        clean_start: bool,
+        expiry_interval: int,
+        will: Will | None,
+        will_delay: int,
+    ) -> str | None:
+        """``_claim``, or the refusal ``session_unavailable`` when etcd or the holder does not answer."""
+        try:
+            return await self._claim(client_id, username, clean_start, expiry_interval, will, will_delay)
+        except (EtcdError, PeerLinkDown, TimeoutError, RuntimeError) as exc:
+            log.warning(
+                "session of %r not claimed (%s: %s): CONNECT refused", client_id, type(exc).__name__, exc
+            )
+            return "session_unavailable"
 
     async def _claim(
         self,
