@@ -103,29 +103,31 @@ def test_a_client_moving_to_another_broker_takes_its_session_and_its_unacknowled
         watcher.expect_none(1.0)
 
 
-def test_a_persistent_session_survives_its_broker_killed(three_brokers, etcd):
+@VERSIONS
+def test_a_persistent_session_survives_its_broker_killed(three_brokers, etcd, version):
     """The session's state, saved to etcd while a held it, is restored by b after a's SIGKILL: what the
     client had acknowledged is not delivered again, what was published meanwhile is."""
     a, b, c = three_brokers["a"], three_brokers["b"], three_brokers["c"]
-    keeper = persistent_paho(a.port, "keeper", 5)
-    keeper.subscribe("kept/#", 1)
-    publisher = PahoClient(c.port, "pub-keeper")
+    client_id, topic = f"keeper-{version}", f"kept/{version}"
+    keeper = persistent_paho(a.port, client_id, version)
+    keeper.subscribe(f"{topic}/#", 1)
+    publisher = PahoClient(c.port, f"pub-{client_id}", version=version)
     for n in range(3):
-        publisher.publish("kept/x", f"k{n}".encode(), 1)
+        publisher.publish(f"{topic}/x", f"k{n}".encode(), 1)
     assert payloads(keeper, 3) == [b"k0", b"k1", b"k2"]
 
     def saved_after_k2() -> bool:
-        record = session_record(etcd, "keeper")
-        return record is not None and (record.state or {}).get("cursors", {}).get("kept/x") == 3
+        record = session_record(etcd, client_id)
+        return record is not None and (record.state or {}).get("cursors", {}).get(f"{topic}/x") == 3
 
-    wait_until(saved_after_k2, what="a saving keeper's position (after k2) to etcd")
+    wait_until(saved_after_k2, what="a saving the session's position (after k2) to etcd")
     a.kill()
     keeper.kill()
     wait_settled(etcd, {"b", "c"}, 2)
     for n in range(3, 6):
-        publisher.publish("kept/x", f"k{n}".encode(), 1)
+        publisher.publish(f"{topic}/x", f"k{n}".encode(), 1)
 
-    back = persistent_paho(b.port, "keeper", 5)
+    back = persistent_paho(b.port, client_id, version)
 
     assert session_present(back)
     assert payloads(back, 3) == [b"k3", b"k4", b"k5"]
