@@ -30,6 +30,7 @@ bench: $(STAMP) system-deps
 	$(VENV)/bin/python bench/footprint_bench.py --write
 	$(VENV)/bin/python -m bench.cluster_bench
 	$(VENV)/bin/python -m bench.cluster_fanout_bench
+	$(VENV)/bin/python -m bench.sessions_bench
 	$(VENV)/bin/python -m bench
 
 lint: $(STAMP)

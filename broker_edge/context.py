@@ -19,12 +19,33 @@ if TYPE_CHECKING:
     from broker_edge.connection import Connection
     from broker_edge.counters import BrokerCounters
     from broker_edge.login_backoff import LoginBackoff
+    from broker_edge.protocol.packets import Will
     from broker_edge.publish_path import PublishPath
     from broker_edge.replay import ReplayManager
     from broker_edge.router import Router
     from broker_edge.topic_quota import TopicShares
 
-__all__ = ["BrokerContext", "ConnectionHost"]
+__all__ = ["BrokerContext", "ConnectionHost", "SessionClaims"]
+
+
+class SessionClaims(Protocol):
+    """Sessions held beyond this broker (a cluster: ``broker_edge.cluster.sessions``); None when alone."""
+
+    def claim(
+        self,
+        client_id: str,
+        username: str | None,
+        clean_start: bool,
+        expiry_interval: int,
+        will: Will | None,
+        will_delay: int,
+        done: Callable[[str | None], None],
+    ) -> None:
+        """Make this broker the holder of ``client_id``'s session (moving it here if it is elsewhere);
+        ``done(refusal)`` later on the loop: None to go on, else the CONNECT refusal's name."""
+
+    def connection_ended(self, conn: Connection) -> None:
+        """A connected client's connection ended (its will not yet handled)."""
 
 
 class BrokerContext(Protocol):
@@ -60,6 +81,10 @@ class BrokerContext(Protocol):
     @property
     def topic_shares(self) -> TopicShares:
         """Topic logs per identity (``limits.max_topics_per_identity``)."""
+
+    @property
+    def session_claims(self) -> SessionClaims | None:
+        """Sessions held beyond this broker (a cluster); None for a broker alone."""
 
     def now(self) -> float:
         """Seconds on the broker's monotonic clock (the one keepalive deadlines and rate buckets use)."""

@@ -26,6 +26,7 @@ from broker_edge.topic_quota import TopicShares
 if TYPE_CHECKING:
     from broker_edge.config.broker import BrokerConfig
     from broker_edge.connection import Connection
+    from broker_edge.context import SessionClaims
     from broker_edge.metrics import BrokerMetrics
     from broker_edge.replay import ReplayManager
 
@@ -59,6 +60,8 @@ class BrokerCore:
         self.admission = config.limits.connection_admission()
         self.login_backoff = LoginBackoff(config.auth.failed_logins)
         self.topic_shares = TopicShares(config.limits.max_topics_per_identity)
+        self.session_claims: SessionClaims | None = None
+        """Set by a cluster node: CONNECT claims the client id cluster-wide first."""
         self.partial_bytes = 0
         """Bytes of packets not fully arrived, all connections (at most limits.max_partial_packet_bytes)."""
         self.connections: dict[Connection, None] = {}
@@ -106,6 +109,8 @@ class BrokerCore:
             self.admission.release()
         if was_connected:
             conn.listener.metrics.disconnected()
+            if self.session_claims is not None:
+                self.session_claims.connection_ended(conn)
 
     def schedule_flush(self, conn: Connection) -> None:
         """Write ``conn``'s batch at the end of this loop iteration (one call_soon for all connections)."""

@@ -36,6 +36,7 @@ __all__ = [
     "capture",
     "parse",
     "restore",
+    "session_document",
 ]
 
 FORMAT = "timestone-sessions"
@@ -93,11 +94,12 @@ def capture(router: Router, log_ends: dict[str, int], now: float, wall: float) -
         "version": FORMAT_VERSION,
         "written_at": wall,
         "log_ends": log_ends,
-        "sessions": [_session_document(s, now) for s in router.sessions.values() if s.expiry_interval > 0],
+        "sessions": [session_document(s, now) for s in router.sessions.values() if s.expiry_interval > 0],
     }
 
 
-def _session_document(session: Session, now: float) -> dict[str, Any]:
+def session_document(session: Session, now: float) -> dict[str, Any]:
+    """One session's entry of the document (also what a cluster hands to the broker its client moves to)."""
     expiry = session.expiry_interval
     if expiry == NEVER_EXPIRES:
         expires_in = None

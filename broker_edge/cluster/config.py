@@ -101,6 +101,13 @@ class ClusterConfig:
     hw_checkpoint_interval_ms: int = 5000
     """How often the logs' committed ends are saved (and at stop), so that a restart shows no record that
     was not committed."""
+    session_save_interval_ms: int = 1000
+    """How often the state of the persistent sessions held here (subscriptions, log positions) is saved to
+    etcd when it changed: a broker taking over the sessions of one that died redelivers at most what was
+    acknowledged in this interval before the death."""
+    session_handover_timeout_ms: int = 5000
+    """How long a CONNECT waits for the broker holding its client id's session to hand it over before it
+    is refused (v5 0x88 server unavailable, 3.1.1 return code 3)."""
     key_prefix: str = "/timestone"
     """Prefix of every etcd key of this cluster (several clusters may share one etcd)."""
     token: str | None = None
@@ -138,6 +145,8 @@ class ClusterConfig:
             ("shared_finished_remembered", 1),
             ("shared_resend_ms", 1),
             ("hw_checkpoint_interval_ms", 1),
+            ("session_save_interval_ms", 10),
+            ("session_handover_timeout_ms", 100),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -10,6 +10,8 @@ default to the bound ports) and starts it; ``Broker.stop`` stops it before anyth
 - makes the PUBLISH path a cluster member's: the leader's ``Replication`` stage (acks=all with
   ``min_insync_replicas``), the followers' fetchers (which route what becomes committed), and
   ``ClusterForwarding`` with the peer links for publishes on partitions led elsewhere and unlogged ones;
+- makes sessions and wills cluster-wide (``sessions``, ``wills``): every CONNECT claims its client id in
+  etcd first, taking the session over from the broker that holds it; wills are published once;
 - fences: while ``view.fenced`` nothing is acknowledged (placement never appends here, the leader stage
   fails what it holds) and MQTT clients are disconnected so they move to a live member (v5: DISCONNECT
   0x9C "use another server" with the Server Reference of a live member when one is known, else 0x8B).
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from broker_edge.cluster.follower import Followers
     from broker_edge.cluster.leader import LeaderReplication
     from broker_edge.cluster.membership import Membership
+    from broker_edge.cluster.sessions import ClusterSessions
     from broker_edge.server import Broker
 
 __all__ = ["ClusterNode", "RefusingReplication", "advertised_member"]
@@ -131,8 +134,10 @@ class ClusterNode:
         self.controller: Controller | None = None
         self.leader: LeaderReplication | None = None
         self.followers: Followers | None = None
+        self.sessions: ClusterSessions | None = None
         if not self.static:
             self._build_coordination_and_replication()
+            self._build_sessions()
         directory = SharedDirectory()
         self.shared_registry = SharedRegistry(
             cluster.node_id, directory, self.etcd, cluster.key_prefix, self.membership
@@ -195,6 +200,23 @@ class ClusterNode:
         timeout = broker.config.offsets_api.request_timeout_s
         broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch, timeout, pushes=True))
 
+    def _build_sessions(self) -> None:
+        """Cluster-wide sessions and wills (``sessions``, ``wills``): CONNECT claims its client id first."""
+        from broker_edge.cluster.sessions import ClusterSessions
+        from broker_edge.cluster.sessions_registry import SessionRegistry
+        from broker_edge.cluster.wills import ClusterWills
+
+        assert self.etcd is not None
+        broker = self.broker
+        registry = SessionRegistry(self.etcd, self.cluster.key_prefix)
+        self.sessions = ClusterSessions(broker, registry, self.view, self.links, self.cluster)
+        wills = ClusterWills(
+            self.sessions, registry, self.view, broker.publish_path.publish, self.sessions.tasks, broker.loop
+        )
+        broker.router.publish_hook = wills.publish_will
+        broker.session_claims = self.sessions
+        self.view.on_change(wills.view_changed)
+
     async def start(self) -> None:
         """Serve as a member: the PUBLISH path's cluster stages first (fenced until registered, so nothing
         is appended here yet), then follow the cluster's state, register, campaign for controller. A node
@@ -221,6 +243,8 @@ class ClusterNode:
                 await self.membership.start()
                 self.membership.before_unfence = self.coordinator.resync
                 await self.controller.start()
+                if self.sessions is not None:
+                    self.sessions.start()
             except Exception:
                 log.exception("joining the cluster failed")
                 raise
@@ -239,6 +263,8 @@ class ClusterNode:
         if not self._started:
             return
         self._started = False
+        if self.sessions is not None:
+            await self.sessions.stop()
         if self.controller is not None:
             await self.controller.stop()
         if self.membership is not None:

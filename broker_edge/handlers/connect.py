@@ -9,6 +9,10 @@ Password checks hash on purpose, so they run off the loop (``BrokerContext.verif
 connection reads nothing further (packets that already arrived wait in its ``backlog``). Everything else
 is synchronous. CONNACK is written before the session's in-flight messages are resent, as the spec orders.
 Every refusal goes through ``Connection.refuse`` with its codes from ``_REFUSALS``.
+
+On a cluster node (``BrokerContext.session_claims``), the client id is first claimed cluster-wide, which
+moves its session here from the broker that holds it (``broker_edge.cluster.sessions``); the CONNECT waits
+for that as for a password check, then goes on exactly as on a broker alone.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import TYPE_CHECKING
 from broker_edge.delivery import wants_log_offsets
 from broker_edge.limits import NOT_STARTED
 from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect
+from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect, Will
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
 from broker_edge.states import AUTHENTICATING, CLOSED, CONNECTED, NEW, NO_LIMIT
@@ -28,7 +32,7 @@ from broker_edge.states import AUTHENTICATING, CLOSED, CONNECTED, NEW, NO_LIMIT
 if TYPE_CHECKING:
     from broker_edge.acl import AccessControl
     from broker_edge.connection import Connection
-    from broker_edge.context import BrokerContext
+    from broker_edge.context import BrokerContext, SessionClaims
     from broker_edge.session import Session
 
 __all__ = ["handle_connect"]
@@ -120,7 +124,7 @@ def _after_password(
     if charged:
         ctx.login_backoff.succeeded(conn.peer_host(), username)
     _accept(ctx, conn, packet, client_id, assigned, username)
-    if conn.state != CLOSED:
+    if conn.state not in (CLOSED, AUTHENTICATING):  # AUTHENTICATING: a cluster claim is under way
         conn.handle_backlog()  # what arrived meanwhile, then reading resumes
 
 
@@ -151,6 +155,11 @@ _REFUSALS: dict[str, tuple[int, int, str]] = {
         _RC.NOT_AUTHORIZED,
         _V3.NOT_AUTHORIZED,
         "this client identifier's session belongs to another user",
+    ),
+    "session_unavailable": (
+        _RC.SERVER_UNAVAILABLE,
+        _V3.SERVER_UNAVAILABLE,
+        "this client identifier's session could not be moved here; retry",
     ),
     "session_quota": (
         _RC.QUOTA_EXCEEDED,
@@ -198,6 +207,44 @@ def _refuse(conn: Connection, reason: str) -> None:
     conn.refuse(reason, v5_code if conn.v5 else v3_code, text)
 
 
+def _will_delay(will: Will | None) -> int:
+    """The v5 Will Delay Interval of a CONNECT's will (0: none, or no will)."""
+    if will is None or will.properties is None:
+        return 0
+    return will.properties.will_delay_interval or 0
+
+
+def _claim_then_accept(
+    ctx: BrokerContext,
+    claims: SessionClaims,
+    conn: Connection,
+    packet: Connect,
+    client_id: str,
+    assigned: bool,
+    username: str | None,
+    expiry: int,
+) -> None:
+    """A cluster node first makes the client id's session its own (taking it over from the broker that
+    holds it, refused as here if it is another user's); the packets that arrive meanwhile wait."""
+    conn.state = AUTHENTICATING
+    conn.pause_reading()
+    will = packet.will
+    will_delay = _will_delay(will)
+
+    def claimed(refusal: str | None) -> None:
+        if conn.state == CLOSED:
+            return
+        conn.state = NEW
+        if refusal is not None:
+            _refuse(conn, refusal)
+            return
+        _accept(ctx, conn, packet, client_id, assigned, username, claimed=True)
+        if conn.state != CLOSED:
+            conn.handle_backlog()
+
+    claims.claim(client_id, username, packet.clean_start, expiry, will, will_delay, claimed)
+
+
 def _accept(
     ctx: BrokerContext,
     conn: Connection,
@@ -205,6 +252,7 @@ def _accept(
     client_id: str,
     assigned: bool,
     username: str | None,
+    claimed: bool = False,
 ) -> None:
     config = ctx.config
     limits = config.limits
@@ -229,6 +277,11 @@ def _accept(
         expiry = min(requested, max_expiry)
     else:
         requested = expiry = 0 if packet.clean_start else max_expiry
+
+    claims = ctx.session_claims
+    if claims is not None and not claimed:
+        _claim_then_accept(ctx, claims, conn, packet, client_id, assigned, username, expiry)
+        return
 
     router = ctx.router
     now = ctx.now()
@@ -286,9 +339,7 @@ def _accept(
     conn.deadline = now + keepalive * 1.5 if keepalive else 0.0
     conn.rx = False
     conn.will = will
-    conn.will_delay = (
-        will.properties.will_delay_interval or 0 if will is not None and will.properties is not None else 0
-    )
+    conn.will_delay = _will_delay(will)
     rate_limited = limits.messages_per_second_per_client and not limits.is_exempt(username)
     conn.bucket = NOT_STARTED if rate_limited else None
     conn.state = CONNECTED

@@ -70,7 +70,8 @@ def three_brokers(
     cluster_brokers: Callable[..., BrokerProcess], etcd: EtcdTarget
 ) -> Iterator[dict[str, BrokerProcess]]:
     """Brokers ``a``, ``b`` and ``c`` of one cluster, every partition with three in-sync replicas and
-    leadership spread over the three (no leadership move under way when the test starts)."""
+    leadership spread over the three (no leadership move under way when the test starts, so none refuses a
+    publish meanwhile); every test client is closed at the end."""
     from tests.e2e.broker_clients import close_all
     from tests.e2e.cluster.proof import cluster_state, wait_settled, wait_until
 

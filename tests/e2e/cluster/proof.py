@@ -7,6 +7,7 @@
   brokers, moving to the next broker when its connection fails, and never resending: every PUBACKed payload
   is recorded, in order, so the test can check each of them is in the log exactly once.
 - ``check_nothing_acknowledged_was_lost(devices, brokers)``: every acknowledged payload once on each broker.
+- ``session_record(target, client_id)``: the session registry's record of a client id, as etcd holds it.
 - ``EtcdProxy``: a TCP relay between one broker and etcd that the test can cut (connections dropped, new ones
   refused) and mend: the broker really loses etcd while everything else keeps running.
 """
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker_edge.cluster.sessions_records import SessionRecord
 from broker_edge.cluster.view import Member, PartitionState
 from broker_edge.launcher import BrokerProcess
 from broker_edge.protocol import PacketDecoder
@@ -385,3 +387,16 @@ class EtcdProxy:
     def close(self) -> None:
         self.cut()
         self.listener.close()
+
+
+# -- the session registry ---------------------------------------------------------------------------------
+
+
+def session_record(target: EtcdTarget, client_id: str) -> SessionRecord | None:
+    """The registry's record of ``client_id`` as stored in etcd (None when there is none)."""
+    found = [
+        value
+        for key, value in _range(target.url, f"{target.prefix}/sessions/{client_id}")
+        if key.endswith(f"/{client_id}")
+    ]
+    return SessionRecord.from_json(found[0]) if found else None

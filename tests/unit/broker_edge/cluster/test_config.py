@@ -36,6 +36,7 @@ def test_the_issue_example_loads_with_the_documented_defaults() -> None:
         5000,
         "/timestone",
     )
+    assert (cluster.session_save_interval_ms, cluster.session_handover_timeout_ms) == (1000, 5000)
     assert cluster.token is None
     assert cluster.hw_checkpoint_interval_ms == 5000
 
@@ -63,6 +64,8 @@ def test_no_section_means_no_cluster() -> None:
         ({"advertise": {"offsets_api": "127.0.0.1:9884"}}, "cluster.advertise.offsets_api: expected http://"),
         ({"replica_lag_max_ms": True}, "cluster.replica_lag_max_ms: expected int"),
         ({"hw_checkpoint_interval_ms": 0}, "cluster.hw_checkpoint_interval_ms: must be an integer >= 1"),
+        ({"session_save_interval_ms": 0}, "cluster.session_save_interval_ms: must be an integer >= 10"),
+        ({"session_handover_timeout_ms": 5}, "cluster.session_handover_timeout_ms: must be an integer >= 1"),
         ({"bogus": 1}, "cluster.bogus: unknown key"),
     ],
 )
