@@ -6,8 +6,8 @@ broker it reaches:
 
 - the registry names another owner: refused as the standalone broker refuses (``session_owner``);
 - another live member holds the session: it is asked over the peer link (service ``SERVICE_TAKE_OVER``) to
-  give it up. That broker disconnects the client's connection (v5 DISCONNECT 0x8E, whose will is dropped;
-  3.1.1 close, whose will is published) and, unless the new CONNECT starts clean, replies with its state
+  give it up. That broker disconnects the client's connection (v5 DISCONNECT 0x8E, 3.1.1 close; its will
+  handled as by a broker alone) and, unless the new CONNECT starts clean, replies with its state
   (subscriptions, log positions), which this broker restores: the client's resumed session redelivers, from
   this broker's own copy of the log, everything after its last acknowledged offsets (offsets are the same
   on every replica). With a clean start the other broker discards the session;
@@ -67,12 +67,10 @@ SERVICE_TAKE_OVER = 10
 
 
 def _disconnect_taken_over(conn: Connection) -> None:
-    """Another connection claimed the client id [MQTT-3.1.4-3]: MQTT 5 DISCONNECT 0x8E, 3.1.1 close. The
-    will of an MQTT 5 connection is dropped, a new connection for its client id having opened before its
-    Will Delay Interval elapsed [MQTT-3.1.2-8]; 3.1.1 deletes a will only on DISCONNECT, so a 3.1.1
-    connection's will is published [MQTT-3.1.2-8 of 3.1.1]."""
-    if conn.v5:
-        conn.will = None
+    """Another connection claimed the client id [MQTT-3.1.4-3]: MQTT 5 DISCONNECT 0x8E, 3.1.1 close. Its
+    will follows the broker alone's rule (section 3.1.4 sends it on as section 3.1.2.5 says): published now
+    unless delayed; a delayed will is cancelled when the new connection resumes the session and published
+    at once when it starts clean (the local copy of the session is then discarded with its will)."""
     conn.taken_over()
 
 

@@ -96,11 +96,10 @@ def test_a_client_moving_to_another_broker_takes_its_session_and_its_unacknowled
     moved.expect_none(1.0)
     record = session_record(etcd, client_id)
     assert record is not None and record.node == "b"
-    if version == 5:  # the new connection came before the will's delay (0) elapsed: dropped
-        watcher.expect_none(1.0)
-    else:  # 3.1.1 deletes a will only on DISCONNECT: published, once
-        assert [m.payload for m in watcher.expect(1)] == [b"old connection gone"]
-        watcher.expect_none(1.0)
+    # a will without delay is published on a takeover, once, as by a broker alone (v5 section 3.1.4;
+    # 3.1.1 deletes a will only on DISCONNECT)
+    assert [m.payload for m in watcher.expect(1)] == [b"old connection gone"]
+    watcher.expect_none(1.0)
 
 
 @VERSIONS
@@ -244,8 +243,7 @@ def test_a_takeover_on_the_same_broker_of_a_cluster_follows_the_same_rules(three
     assert session_present(again)
     if version == 5:
         assert old.disconnects.get(timeout=10) == ReasonCode.SESSION_TAKEN_OVER
-    else:  # 3.1.1 deletes a will only on DISCONNECT
-        assert [m.payload for m in watcher.expect(1)] == [b"gone"]
+    assert [m.payload for m in watcher.expect(1)] == [b"gone"]  # no delay: published, as by a broker alone
     PahoClient(c.port, f"pub-{client_id}", version=version).publish(f"twice/{version}", b"kept", 1)
     assert payloads(again, 1) == [b"kept"]
-    watcher.expect_none(1.0)  # v5: the will dropped; 3.1.1: published once
+    watcher.expect_none(1.0)  # once
