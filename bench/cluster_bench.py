@@ -36,13 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.sysinfo import cpu_seconds, machine_busy_seconds, machine_info
-from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_broker
+from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_broker, cluster_state, settled
 from broker_edge.cluster.view import partition_of
 from broker_edge.launcher import BrokerProcess
 from broker_edge.protocol import PacketDecoder
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import Connect, PubAck, Publish, Subscribe, Subscription
-from tests.e2e.cluster.proof import cluster_state, settled
 
 BENCH_DIR = Path(__file__).resolve().parent
 NODES = ("a", "b", "c")

@@ -35,9 +35,8 @@ from pathlib import Path
 
 from bench.cluster_bench import NODES, SECTIONS
 from bench.sysinfo import cpu_seconds, machine_busy_seconds, machine_info, raise_fd_limit
-from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_broker
+from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_broker, settled
 from broker_edge.launcher import BrokerProcess
-from tests.e2e.cluster.proof import settled
 
 BENCH_DIR = Path(__file__).resolve().parent
 TOPIC = "bench/fanout"

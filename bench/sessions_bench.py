@@ -30,13 +30,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.sysinfo import cpu_seconds, machine_busy_seconds, machine_info
-from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_broker
+from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_broker, settled, wait_until
 from broker_edge.launcher import BrokerProcess
 from broker_edge.protocol import PacketDecoder
 from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect, Disconnect, SubAck, Subscribe, Subscription
+from broker_edge.protocol.packets import (
+    MQTT_5,
+    ConnAck,
+    Connect,
+    Disconnect,
+    Packet,
+    SubAck,
+    Subscribe,
+    Subscription,
+)
 from broker_edge.protocol.properties import Properties
-from tests.e2e.cluster.proof import settled, wait_until
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROUNDS = 5
@@ -63,8 +71,8 @@ class Client:
         self.decoder = PacketDecoder(role="client", protocol_version=MQTT_5)
         self.pending: list[object] = []
 
-    def send(self, packet: object) -> None:
-        self.sock.sendall(encode(packet, MQTT_5))  # type: ignore[arg-type]
+    def send(self, packet: Packet) -> None:
+        self.sock.sendall(encode(packet, MQTT_5))
 
     def receive(self) -> object:
         while not self.pending:

@@ -26,103 +26,25 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from broker_edge.cluster.local_cluster import (
+    WAIT_S,
+    ClusterState,
+    EtcdTarget,
+    cluster_state,
+    etcd_range,
+    settled,
+    wait_settled,
+    wait_until,
+)
 from broker_edge.cluster.sessions_records import SessionRecord
-from broker_edge.cluster.view import Member, PartitionState
 from broker_edge.launcher import BrokerProcess
 from broker_edge.protocol import PacketDecoder
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import Connect, Disconnect, PubAck, Publish
-from tests.e2e.cluster.conftest import EtcdTarget
 
-WAIT_S = 30.0
-
-
-# -- etcd's record of the cluster ----------------------------------------------------------------------
-
-
-def _b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
-def _range(url: str, prefix: str) -> list[tuple[str, bytes]]:
-    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-    body = json.dumps({"key": _b64(prefix), "range_end": _b64(end)}).encode()
-    request = urllib.request.Request(f"{url}/v3/kv/range", body, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=5) as answer:
-        data = json.loads(answer.read())
-    return [
-        (base64.b64decode(kv["key"]).decode(), base64.b64decode(kv.get("value", "")))
-        for kv in data.get("kvs", [])
-    ]
-
-
-@dataclass
-class ClusterState:
-    members: dict[str, Member] = field(default_factory=dict)
-    partitions: dict[int, PartitionState] = field(default_factory=dict)
-
-    def leaders(self) -> dict[str, int]:
-        """node_id → partitions it leads."""
-        counts: dict[str, int] = {}
-        for state in self.partitions.values():
-            if state.leader is not None:
-                counts[state.leader] = counts.get(state.leader, 0) + 1
-        return counts
-
-
-def cluster_state(target: EtcdTarget) -> ClusterState:
-    state = ClusterState()
-    for _key, value in _range(target.url, f"{target.prefix}/members/"):
-        member = Member.from_json(value)
-        state.members[member.node_id] = member
-    for _key, value in _range(target.url, f"{target.prefix}/partitions/"):
-        partition = PartitionState.from_json(value)
-        state.partitions[partition.partition] = partition
-    return state
-
-
-def wait_settled(target: EtcdTarget, nodes: set[str], replicas: int, timeout: float = WAIT_S) -> None:
-    """Wait until the cluster on ``target`` is ``nodes`` with every partition fully in sync."""
-    wait_until(
-        lambda: settled(target, nodes, replicas),
-        timeout,
-        f"{sorted(nodes)} settled with {replicas} in-sync replicas per partition",
-        lambda: cluster_state(target),
-    )
-
-
-def settled(target: EtcdTarget, nodes: set[str], replicas: int, partitions: int = 16) -> bool:
-    """Every partition led by one of ``nodes``, with ``replicas`` in-sync replicas, all of them live."""
-    state = cluster_state(target)
-    if set(state.members) != nodes or len(state.partitions) != partitions:
-        return False
-    return all(
-        p.leader in nodes and len(p.isr) == replicas and set(p.isr) <= nodes
-        for p in state.partitions.values()
-    )
-
-
-def wait_until(
-    condition: Callable[[], bool],
-    timeout: float = WAIT_S,
-    what: str = "condition",
-    state: Callable[[], object] | None = None,
-) -> None:
-    """Poll ``condition`` until it holds; fail naming ``what`` (and showing ``state()``) after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if condition():
-                return
-        except (OSError, ValueError):
-            pass
-        if time.monotonic() > deadline:
-            shown = f": {state()}" if state is not None else ""
-            raise AssertionError(f"timed out waiting for {what}{shown}")
-        time.sleep(0.1)
+__all__ = ["WAIT_S", "ClusterState", "cluster_state", "settled", "wait_settled", "wait_until"]
 
 
 def cluster_status(target: EtcdTarget) -> dict[str, Any]:
@@ -396,7 +318,7 @@ def session_record(target: EtcdTarget, client_id: str) -> SessionRecord | None:
     """The registry's record of ``client_id`` as stored in etcd (None when there is none)."""
     found = [
         value
-        for key, value in _range(target.url, f"{target.prefix}/sessions/{client_id}")
+        for key, value in etcd_range(target.url, f"{target.prefix}/sessions/{client_id}")
         if key.endswith(f"/{client_id}")
     ]
     return SessionRecord.from_json(found[0]) if found else None

@@ -429,6 +429,7 @@ def test_a_retained_publish_of_any_qos_replaces_the_retained_message(broker, ver
     pub = PahoClient(broker.port, "p", version=version)
     pub.publish("lamp", b"on", 1, retain=True)
     pub.publish("lamp", b"dimmed", 0, retain=True)
+    pub.publish("lamp-sync", b"", 1)  # acknowledged after the broker read the QoS 0 publish before it
     late = PahoClient(broker.port, "late", version=version)
     late.subscribe("lamp", 1)
     [message] = late.expect(1)

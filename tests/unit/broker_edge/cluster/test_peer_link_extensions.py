@@ -103,7 +103,9 @@ async def _test_a_link_that_drops_fails_the_requests_waiting_on_it():
     link = a.link("b")
     call = asyncio.ensure_future(link.request(1, b"", timeout=5))
     await started.wait()
-    link.detach(link._socket)  # type: ignore[arg-type]
+    socket = link._socket
+    assert socket is not None
+    link.detach(socket)
 
     with pytest.raises(PeerLinkDown):
         await call
