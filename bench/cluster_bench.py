@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.sysinfo import cpu_seconds, machine_busy_seconds, machine_info
+from bench.sysinfo import cpu_seconds, machine_busy_seconds, machine_info, machine_load_sentence
 from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_broker, cluster_state, settled
 from broker_edge.cluster.view import partition_of
 from broker_edge.launcher import BrokerProcess
@@ -345,11 +345,7 @@ def render(figures: Figures, command: str) -> str:
     q0 = figures.qos0_latency or []
     share = figures.cluster / figures.single if figures.single else 0.0
     p99 = percentile(q1, 0.99) if q1 else float("inf")
-    shared = (
-        "the machine was shared: the figures are lower than on an idle machine"
-        if figures.other_cpu > 0.1
-        else "the machine was otherwise idle"
-    )
+    shared = machine_load_sentence(figures.other_cpu, "the figures are lower than on an idle machine")
     fanin_verdict = verdict(share >= TARGETS["fanin_share"])
 
     lines = [

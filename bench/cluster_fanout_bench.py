@@ -34,7 +34,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from bench.cluster_bench import NODES, SECTIONS
-from bench.sysinfo import cpu_seconds, machine_busy_seconds, machine_info, raise_fd_limit
+from bench.sysinfo import (
+    cpu_seconds,
+    machine_busy_seconds,
+    machine_info,
+    machine_load_sentence,
+    raise_fd_limit,
+)
 from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_broker, settled
 from broker_edge.launcher import BrokerProcess
 
@@ -375,15 +381,17 @@ def run(root: Path) -> Figures:
 
 def render(figures: Figures, command: str) -> str:
     machine = machine_info()
+    other = statistics.mean(run_.other_cpu_pct for run_ in figures.runs) / 100 if figures.runs else 0.0
+    load = machine_load_sentence(other, "the figures are worse than on an idle machine")
     lines = [
         "## Fanout over a broker cluster",
         "",
         f"Written by `{command}` on {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}, "
         f"{figures.wall_s:.0f} s. Machine: {machine.cpu_model}, {machine.cores} CPUs, "
         f"{machine.memory_gib:.1f} GiB, {machine.kernel}, Python {machine.python}. etcd, three cluster "
-        "brokers, one broker alone and the load processes share the machine (no pinning). **The machine was "
-        "shared with other work during the run** (other test suites and benchmarks): the `other CPU` column "
-        "is what everything else used during each measurement, in % of one CPU.",
+        "brokers, one broker alone and the load processes share the machine (no pinning). Other processes "
+        f"used {other:.0%} of a CPU on average ({load}): the `other CPU` column is what everything else "
+        "used during each measurement, in % of one CPU.",
         "",
         f"1 publisher → {SUBSCRIBERS:,} subscribers on `{TOPIC}`, QoS 1 both ways (MQTT 3.1.1 subscribers, "
         f"every delivery PUBACKed), {PAYLOAD}-byte payloads, the publisher at a fixed rate "

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.sysinfo import cpu_seconds, machine_busy_seconds, machine_info
+from bench.sysinfo import cpu_seconds, machine_busy_seconds, machine_info, machine_load_sentence
 from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_broker, settled, wait_until
 from broker_edge.launcher import BrokerProcess
 from broker_edge.protocol import PacketDecoder
@@ -168,11 +168,7 @@ def run(directory: Path) -> Figures:
 
 def render(figures: Figures, command: str) -> str:
     machine = machine_info()
-    shared = (
-        "the machine was shared: the figures are higher than on an idle machine"
-        if figures.other_cpu > 0.1
-        else "the machine was otherwise idle"
-    )
+    shared = machine_load_sentence(figures.other_cpu, "the figures are higher than on an idle machine")
 
     def row(what: str, alone: list[float], cluster: list[float]) -> str:
         return (

@@ -138,3 +138,15 @@ def split_cpus() -> tuple[set[int] | None, set[int] | None]:
     if len(allowed) < 2:
         return None, None
     return {allowed[0]}, set(allowed[1:])
+
+
+SHARED_MACHINE_CPU = 0.1
+"""Other processes' mean use (in CPUs) above which a result says the machine was shared."""
+
+
+def machine_load_sentence(other_cpu: float, effect: str) -> str:
+    """Whether the run had the machine to itself, for a result's header: ``other_cpu`` is what everything
+    else used on average, in CPUs; ``effect`` says how sharing skews this benchmark's figures."""
+    if other_cpu > SHARED_MACHINE_CPU:
+        return f"the machine was shared: {effect}"
+    return "the machine was otherwise idle"
