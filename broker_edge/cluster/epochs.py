@@ -193,6 +193,12 @@ class LeaderEpochs:
             )
         return cache
 
+    def epoch_at(self, topic: str, offset: int) -> int:
+        """The epoch that appended `topic`'s record at `offset` (`NO_EPOCH` without a log)."""
+        if topic not in self._store:
+            return NO_EPOCH
+        return self.for_topic(topic).epoch_at(offset)
+
     def latest_epoch(self, topic: str) -> int:
         """The epoch of `topic`'s newest record (`NO_EPOCH` without a log)."""
         if topic not in self._store:

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from broker_edge.cluster.config import ClusterConfig
     from broker_edge.cluster.controller import Controller
     from broker_edge.cluster.coordinator import Coordinator
+    from broker_edge.cluster.epochs import LeaderEpochs
     from broker_edge.cluster.etcd import Etcd
     from broker_edge.cluster.follower import Followers
     from broker_edge.cluster.leader import LeaderReplication
@@ -135,6 +136,7 @@ class ClusterNode:
         self.leader: LeaderReplication | None = None
         self.followers: Followers | None = None
         self.sessions: ClusterSessions | None = None
+        self.epochs: LeaderEpochs | None = None
         if not self.static:
             self._build_coordination_and_replication()
             self._build_sessions()
@@ -155,6 +157,8 @@ class ClusterNode:
             cluster.shared_finished_remembered,
             cluster.shared_resend_ms / 1000,
         )
+        if self.epochs is not None:
+            self.shared.epoch_of = self.epochs.epoch_at
         broker.offsets_api_routes.append(self.links.add_routes)
         broker.offsets_api_routes.append(cluster_info_route(self.view))
         self._was_fenced = False
@@ -184,7 +188,7 @@ class ClusterNode:
             self.etcd, keys, view, self.coordinator, self.membership, cluster, token=self.token
         )
         store.enable_replication(cluster.hw_checkpoint_interval_ms / 1000)
-        epochs = LeaderEpochs(store)
+        epochs = self.epochs = LeaderEpochs(store)
         delivery = LocalDelivery(store, broker.router.publish, broker.replays, live_from_ms=_now_ms())
         self.leader = LeaderReplication(
             view,

@@ -155,6 +155,10 @@ class SharedGroups:
         """Deliveries this node assigned to another broker, and when (sent again while unfinished)."""
         self._resend_timer: asyncio.TimerHandle | None = None
         self._led: set[int] = set()
+        self.led_epochs: dict[int, set[int]] = {}
+        """Partition → the epochs in which this node led it (since it started)."""
+        self.epoch_of: Callable[[str, int], int] | None = None
+        """The epoch that appended a topic's record at an offset (set when the node keeps epoch caches)."""
         self._asking: set[asyncio.Task[None]] = set()
         self._started = False
         router.shared_dispatch = self.dispatch
@@ -187,9 +191,8 @@ class SharedGroups:
             return 0
         if message.offset is None:
             return self._dispatch_unlogged(message, groups)
-        view = self.view
-        if not view.leads(view.partition_of(message.topic)):
-            return 0  # the partition's leader assigns it
+        if not self._assigns(message.topic, message.offset):
+            return 0  # the leader that appended it assigns it
         served = 0
         for group in groups:
             key = DeliveryKey(message.topic, message.offset, group.name, group.filter)
@@ -322,10 +325,26 @@ class SharedGroups:
     def _leads(self, topic: str) -> bool:
         return self.view.leads(self.view.partition_of(topic))
 
+    def _assigns(self, topic: str, offset: int) -> bool:
+        """Whether this node assigns the logged record at ``offset``: the node that led its partition in the
+        epoch that appended it, whatever leads now. Deciding by the current leader instead loses the records
+        routed while leadership moves (the old leader routes them after its view moved on, the new one had
+        routed them as a follower before its view showed it leading)."""
+        partition = self.view.partition_of(topic)
+        epoch_of = self.epoch_of
+        if epoch_of is not None:
+            epoch = epoch_of(topic, offset)
+            if epoch >= 0:
+                return epoch in self.led_epochs.get(partition, ()) and not self.view.fenced
+        return self.view.leads(partition)
+
     def _view_changed(self) -> None:
+        view = self.view
+        for partition, state in view.states.items():
+            if state.leader == view.node_id:
+                self.led_epochs.setdefault(partition, set()).add(state.epoch)
         if not self._started:
             return
-        view = self.view
         led = {partition for partition in view.states if view.leads(partition)}
         gained, self._led = led - self._led, led
         if gained:
