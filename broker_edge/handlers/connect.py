@@ -21,6 +21,7 @@ import logging
 import secrets
 from typing import TYPE_CHECKING
 
+from broker_edge.context import SessionClaim
 from broker_edge.delivery import wants_log_offsets
 from broker_edge.limits import NOT_STARTED
 from broker_edge.protocol.codec import encode
@@ -229,7 +230,7 @@ def _claim_then_accept(
     conn.state = AUTHENTICATING
     conn.pause_reading()
     will = packet.will
-    will_delay = _will_delay(will)
+    claim = SessionClaim(client_id, username, packet.clean_start, expiry, will, _will_delay(will))
 
     def claimed(refusal: str | None) -> None:
         if conn.state == CLOSED:
@@ -242,7 +243,7 @@ def _claim_then_accept(
         if conn.state != CLOSED:
             conn.handle_backlog()
 
-    claims.claim(client_id, username, packet.clean_start, expiry, will, will_delay, claimed)
+    claims.claim(claim, claimed)
 
 
 def _accept(
