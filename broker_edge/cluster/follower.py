@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
+from broker_edge import path_trace
 from broker_edge.replay import message_of_record
 from broker_edge.storage.errors import StorageError
 from broker_edge.storage.record import decode_frames
@@ -143,6 +144,8 @@ class Followers:
         self.config = config or FollowerConfig()
         self.epochs = epochs if epochs is not None else LeaderEpochs(store)
         store.enable_replication()
+        if path_trace.ON:
+            path_trace.set_node(view.node_id)
         self._headers = {"Content-Type": CONTENT_TYPE}
         if token is not None:
             self._headers["Authorization"] = f"Bearer {token}"
@@ -276,6 +279,8 @@ class LocalDelivery:
             first = records[0].offset
         if records:
             self.routed[topic] = records[-1].offset + 1
+            if path_trace.ON:
+                path_trace.mark("routed", topic, records[0].offset, records[-1].offset + 1)
         messages = [message_of_record(topic, record) for record in records]
         publish = self.publish
         live_from = self.live_from_ms
@@ -487,6 +492,8 @@ class _Fetcher:
             elif data.frames:
                 frames = data.frames[0] if len(data.frames) == 1 else b"".join(data.frames)
                 store.append_frames(topic, frames)
+                if path_trace.ON:
+                    path_trace.mark("appended", topic, data.first, data.first + data.count)
                 cache = epochs.for_topic(topic)
                 for epoch, start in data.boundaries:
                     cache.assign(epoch, start)
