@@ -356,6 +356,13 @@ class _Fetcher:
         session = 0
         failures = 0
         while True:
+            if session == 0 and not self.observer:
+                try:
+                    await _durable(owner.store)  # a session opens on durable ends: see `request`
+                except StorageError as error:
+                    log.error("replicating from %s failed: %s", self.leader, error)
+                    await asyncio.sleep(owner.config.retry_s)
+                    continue
             request = self.request(session)
             try:
                 response, pushes = await owner.post(self.url, request)
@@ -427,7 +434,14 @@ class _Fetcher:
                 await _durable(owner.store)
 
     def request(self, session: int) -> FetchRequest:
-        """The next request of `session` (0: open one): every position when opening, else those moved."""
+        """The next request of `session` (0: open one): every position when opening, else those moved.
+
+        A replica opens a session only once everything appended here is durable (`_run` waits): the
+        positions it lists are then the ends of its logs, and the leader's epoch checks cover every record
+        it holds. Otherwise a tail still being synced (appended by the fetcher this one replaced when the
+        view changed, from this or another leader) lay beyond the listed end: the leader's answer, sent
+        from that end, would be refused as not continuing the log, and whether that tail matches the
+        leader's records would never have been checked."""
         owner = self.owner
         config = owner.config
         request = FetchRequest(
