@@ -627,8 +627,8 @@ class _PushedSession:
         return None
 
     def _durable(self, watermarks: list[tuple[str, int]], touched: dict[str, None], size: int) -> None:
-        """A push's frames are durable here: commit up to its watermarks, acknowledge (once per loop
-        iteration, for every push that became durable in it)."""
+        """A push's frames are durable here: commit up to its watermarks, acknowledge (once per message on
+        the link, for every push that became durable before it leaves)."""
         self.fetcher.commit(watermarks)
         if self.ended.done():
             return
@@ -636,7 +636,7 @@ class _PushedSession:
         self.durable_bytes += size
         if not self._ack_scheduled:
             self._ack_scheduled = True
-            asyncio.get_running_loop().call_soon(self.acknowledge)
+            self.link.soon(self.acknowledge)  # built as the link's next message leaves
 
     def acknowledge(self) -> None:
         """Tell the leader what is durable here (the topics whose position moved; none for a keepalive)."""

@@ -157,7 +157,8 @@ class _PushStream:
 
     link: PeerLink
     send: Callable[[], None]
-    """Builds and sends the session's next push (called once per loop iteration at most)."""
+    """Builds and sends the session's next push (called once per loop iteration at most, by the link just
+    before its next message leaves, so that the push takes in everything new until then)."""
     sequence: int = 0
     acks: int = 0
     pushed_bytes: int = 0
@@ -168,7 +169,7 @@ class _PushStream:
     def schedule(self) -> None:
         if not self.scheduled:
             self.scheduled = True
-            asyncio.get_running_loop().call_soon(self._run)
+            self.link.soon(self._run)
 
     def _run(self) -> None:
         self.scheduled = False
