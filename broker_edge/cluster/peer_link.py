@@ -330,7 +330,7 @@ class PeerLink:
                 await socket.send_bytes(data)
             except Exception as exc:  # the reader sees the socket close and detaches it
                 log.debug("sending to %s failed: %s", self.peer, exc)
-                return
+                # go on: the builders registered meanwhile are still called
 
     def attach(self, socket: _Socket) -> None:
         """Use ``socket`` from now on (a newer socket replaces an older one, whose forwards fail)."""
