@@ -7,10 +7,10 @@ not) it only routes committed records to its local subscribers. The set of fetch
 
 A replica's fetcher:
 
-1. opens a fetch session listing every local topic of its partitions with `(offset, last_fetched_epoch)`;
-   the leader answers, per topic, frames to append, where to truncate (the epoch rule: the local tail
-   diverged from the leader's log) or where to restart (the leader's log starts later), and the topic's
-   high watermark;
+1. once everything appended here is durable, opens a fetch session listing every local topic of its
+   partitions with `(offset, last_fetched_epoch)`; the leader answers, per topic, frames to append, where
+   to truncate (the epoch rule: the local tail diverged from the leader's log) or where to restart (the
+   leader's log starts later), and the topic's high watermark;
 2. truncates or appends (`LogStore.append_frames`, through the group commit), copies the epoch
    boundaries into its epoch caches, and commits up to the leader's high watermark (readers see records
    once every in-sync replica holds them; never past what is durable here) and routes the newly committed
