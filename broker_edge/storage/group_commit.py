@@ -413,16 +413,16 @@ class GroupCommitter:
         advanced: list[tuple[CommitLog, int]] = []
         for commit_log, pending in job:
             before = commit_log.end_offset
+            durable_before = commit_log.durable_end
             commit_log.complete(pending, self._sync)
             self.bytes_written += pending.bytes
             if commit_log.end_offset > before:
                 advanced.append((commit_log, before))
-        if path_trace.ON and flight is not None and flight.cut_ns:
-            for commit_log, before in advanced:
-                end = commit_log.end_offset
-                path_trace.mark_at("cut", commit_log.topic, before, end, flight.cut_ns)
-                path_trace.mark_at("synced", commit_log.topic, before, end, flight.synced_ns or flight.cut_ns)
-                path_trace.mark("durable", commit_log.topic, before, end)
+            if path_trace.ON and flight is not None and flight.cut_ns:
+                topic, end = commit_log.topic, commit_log.durable_end
+                path_trace.mark_at("cut", topic, durable_before, end, flight.cut_ns)
+                path_trace.mark_at("synced", topic, durable_before, end, flight.synced_ns or flight.cut_ns)
+                path_trace.mark("durable", topic, durable_before, end)
         if job:
             self.jobs_completed += 1
         self._durable = max(self._durable, upto)
