@@ -34,7 +34,6 @@ import asyncio
 import contextlib
 import logging
 import queue
-import sys
 import threading
 import time
 from collections import deque
@@ -62,13 +61,6 @@ ErrorCallback = Callable[[BaseException], object]
 
 PARALLEL_SYNCS = 8
 """Most fdatasyncs of one job issued at the same time (the rest queue behind them)."""
-
-SWITCH_INTERVAL_S = 0.0005
-"""The interpreter's thread switch interval once a writer thread runs (it is never raised). A writer thread
-woken by a job, and again back from its fdatasync, runs only once the event loop's thread hands it the GIL,
-which a busy loop does after the switch interval (5 ms by default): twice per job, on the path of every
-acknowledgement. The writer thread holds the GIL for microseconds at a time, so the loop loses nearly
-nothing to the shorter interval."""
 
 
 @dataclass(slots=True)
@@ -164,8 +156,6 @@ class _WriterThread:
 
     def submit(self, item: _Flight | _Barrier) -> None:
         if self._thread is None:
-            if sys.getswitchinterval() > SWITCH_INTERVAL_S:
-                sys.setswitchinterval(SWITCH_INTERVAL_S)
             self._thread = threading.Thread(target=self._run, name="timestone-log-writer", daemon=True)
             self._thread.start()
         self._queue.put(item)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import sys
 import threading
 from pathlib import Path
 
@@ -331,20 +330,3 @@ def test_the_none_policy_acknowledges_a_window_without_the_writer_thread(tmp_pat
 
 def _writer_threads() -> set[threading.Thread]:
     return {thread for thread in threading.enumerate() if thread.name == "timestone-log-writer"}
-
-
-def test_a_running_writer_thread_gets_the_gil_within_a_short_switch_interval(tmp_path: Path):
-    previous = sys.getswitchinterval()
-    try:
-        sys.setswitchinterval(0.005)  # the interpreter's default
-
-        async def scenario() -> None:
-            store = _open(tmp_path, "group")
-            store.append(TOPIC, make_record(0))
-            await store.wait_durable()
-            store.close()
-
-        asyncio.run(scenario())
-        assert sys.getswitchinterval() <= group_commit.SWITCH_INTERVAL_S
-    finally:
-        sys.setswitchinterval(previous)
