@@ -28,7 +28,7 @@ from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect, Will
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
-from broker_edge.states import AUTHENTICATING, CLOSED, CONNECTED, NEW, NO_LIMIT
+from broker_edge.states import AUTHENTICATING, CLOSED, CONNECTED, NEW, NO_LIMIT, keepalive_deadline
 
 if TYPE_CHECKING:
     from broker_edge.acl import AccessControl
@@ -337,7 +337,7 @@ def _accept(
     if present and ctx.acl is not None:
         _drop_denied_subscriptions(ctx, ctx.acl, session)
     conn.keepalive = _KEEPALIVES.setdefault(keepalive, keepalive)
-    conn.deadline = now + keepalive * 1.5 if keepalive else 0.0
+    conn.deadline = keepalive_deadline(now, keepalive)
     conn.rx = False
     conn.will = will
     conn.will_delay = _will_delay(will)
