@@ -100,7 +100,7 @@ class ActionsEngine:
             return
         with self.lock:
             now = self.clock()
-            known = self._executions([a.id for a in actions])
+            known, counts = self._executions_and_counts([a.id for a in actions])
             changed: list[Execution] = []
             for action in actions:
                 rows_of_action = known.get(action.id, {})
@@ -109,7 +109,8 @@ class ActionsEngine:
                 elif not rows_of_action:
                     changed += self._fan_out(action, now)
             self._write(changed, f"{app_id}/executions", batch_id)
-            self._summarise([a.id for a in actions], f"{app_id}/summary", batch_id)
+            counted = _counts_after(counts, known, changed)
+            self._summarise([a.id for a in actions], f"{app_id}/summary", batch_id, counted)
             log.info(
                 "actions batch %d: %d actions, %d executions written in %.2f s",
                 batch_id,
@@ -128,14 +129,14 @@ class ActionsEngine:
         with self.lock:
             started = self.clock()
             action_ids = sorted({action_id for action_id, _ in by_key})
-            known = self._executions(action_ids, {device_id for _, device_id in by_key})
+            known, counts = self._executions_and_counts(action_ids, {device_id for _, device_id in by_key})
             changed = []
             for (action_id, device_id), device_reports in by_key.items():
                 updated = apply_reports(known.get(action_id, {}).get(device_id), device_reports)
                 if updated is not None:
                     changed.append(updated)
             self._write(changed, f"{app_id}/executions", batch_id)
-            self._summarise(action_ids, f"{app_id}/summary", batch_id)
+            self._summarise(action_ids, f"{app_id}/summary", batch_id, _counts_after(counts, known, changed))
             log.info(
                 "reports batch %d: %d reports, %d executions changed in %.2f s",
                 batch_id,
@@ -159,7 +160,7 @@ class ActionsEngine:
             open_ids = [a for a in self._open_action_ids(actions) if a in clocked]
             if not open_ids:
                 return
-            known = self._executions(open_ids)
+            known, counts = self._executions_and_counts(open_ids)
             changed: list[Execution] = []
             for action_id in open_ids:
                 action, rows = actions[action_id], known.get(action_id, {})
@@ -171,7 +172,10 @@ class ActionsEngine:
             self._tick_batch = max(self._tick_batch + 1, now)
             self._write(changed, f"{self.app_id}/tick/executions", self._tick_batch)
             self._summarise(
-                sorted({row.action_id for row in changed}), f"{self.app_id}/tick/summary", self._tick_batch
+                sorted({row.action_id for row in changed}),
+                f"{self.app_id}/tick/summary",
+                self._tick_batch,
+                _counts_after(counts, known, changed),
             )
 
     # -- fanout ---------------------------------------------------------------------------------------------
@@ -257,11 +261,18 @@ class ActionsEngine:
 
     # -- summaries ------------------------------------------------------------------------------------------
 
-    def _summarise(self, action_ids: list[str], app_id: str, batch_id: int) -> None:
-        """Recompute the summary of ``action_ids``; an action crossing its abort threshold is stopped."""
+    def _summarise(
+        self, action_ids: list[str], app_id: str, batch_id: int, counted: dict[str, Counter] | None = None
+    ) -> None:
+        """Recompute the summary of ``action_ids``; an action crossing its abort threshold is stopped.
+
+        ``counted``: the executions per state of each action as just written (from the batch's own read of
+        the table and its changes), so that the table is not read again; counted from the table when None.
+        """
         actions = {a.id: a for a in self._actions(action_ids)}
         previous = self._summary_states(action_ids)
-        counted = self._state_counts(action_ids)
+        if counted is None:
+            counted = self._state_counts(action_ids)
         now = self.clock()
         summaries, aborted = [], []
         for action_id in action_ids:
@@ -321,39 +332,35 @@ class ActionsEngine:
     def _state_counts(self, action_ids: list[str]) -> dict[str, Counter]:
         """Executions per state of each action, counted in Arrow (no Python object per row)."""
         table = self.store.read_arrow(EXECUTIONS)
-        table = table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
-        grouped = table.group_by(["action_id", "state"]).aggregate([("device_id", "count")])
-        out: dict[str, Counter] = {}
-        for action_id, state, count in zip(
-            grouped["action_id"].to_pylist(),
-            grouped["state"].to_pylist(),
-            grouped["device_id_count"].to_pylist(),
-            strict=True,
-        ):
-            out.setdefault(action_id, state_counts([]))[state] = count
-        return out
+        return _group_counts(table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string()))))
 
     def _executions(
         self, action_ids: list[str], device_ids: Iterable[str] | None = None
     ) -> dict[str, dict[str, Execution]]:
-        """Execution rows of ``action_ids`` (only those of ``device_ids`` when given), by action and device.
+        """Execution rows of ``action_ids`` (only those of ``device_ids`` when given), by action, device."""
+        return self._executions_and_counts(action_ids, device_ids)[0]
+
+    def _executions_and_counts(
+        self, action_ids: list[str], device_ids: Iterable[str] | None = None
+    ) -> tuple[dict[str, dict[str, Execution]], dict[str, Counter]]:
+        """Execution rows of ``action_ids`` (only those of ``device_ids`` when given), by action and device,
+        and every execution of those actions counted per state: from one read of the table.
 
         Filtered and converted in Arrow before any Python object is made: a report batch touches a few
         thousand rows of an action that may have a hundred thousand.
         """
         table = self.store.read_arrow(EXECUTIONS)
-        wanted = pc.is_in(table["action_id"], pa.array(action_ids, pa.string()))
+        table = table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
+        counts = _group_counts(table)
         if device_ids is not None:
-            devices = pc.is_in(table["device_id"], pa.array(list(device_ids), pa.string()))
-            wanted = pc.and_(wanted, devices)
-        table = table.filter(wanted)
+            table = table.filter(pc.is_in(table["device_id"], pa.array(list(device_ids), pa.string())))
         for column in TIME_COLUMNS:  # the table's timestamps → epoch ms, without a datetime per value
             epoch_ms = table[column].cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())
             table = table.set_column(table.schema.get_field_index(column), column, epoch_ms)
         out: dict[str, dict[str, Execution]] = {}
         for row in table.to_pylist():
             out.setdefault(row["action_id"], {})[row["device_id"]] = Execution(**row)
-        return out
+        return out, counts
 
     def _write(self, rows: list[Execution], app_id: str, batch_id: int) -> None:
         if not rows:
@@ -368,3 +375,31 @@ class ActionsEngine:
                 columns[name] = pa.array(values)
         table = pa.table(columns).cast(schema)
         self.store.merge(EXECUTIONS, table, app_id, batch_id, update_when="s.version > t.version")
+
+
+def _group_counts(table: pa.Table) -> dict[str, Counter]:
+    """Executions per state of each action in ``table``, counted in Arrow (no Python object per row)."""
+    grouped = table.group_by(["action_id", "state"]).aggregate([("device_id", "count")])
+    out: dict[str, Counter] = {}
+    for action_id, state, count in zip(
+        grouped["action_id"].to_pylist(),
+        grouped["state"].to_pylist(),
+        grouped["device_id_count"].to_pylist(),
+        strict=True,
+    ):
+        out.setdefault(action_id, state_counts([]))[state] = count
+    return out
+
+
+def _counts_after(
+    counts: dict[str, Counter], known: dict[str, dict[str, Execution]], changed: Iterable[Execution]
+) -> dict[str, Counter]:
+    """``counts`` (read with ``known``) once ``changed`` replaced the rows they update (or were added)."""
+    out = {action_id: Counter(counted) for action_id, counted in counts.items()}
+    for row in changed:
+        counted = out.setdefault(row.action_id, state_counts([]))
+        before = known.get(row.action_id, {}).get(row.device_id)
+        if before is not None:
+            counted[before.state] -= 1
+        counted[row.state] += 1
+    return out
