@@ -52,6 +52,7 @@ EXECUTIONS = "action_executions"
 SUMMARY = "action_summary"
 ACTIONS = "actions"
 DEVICES = "devices"
+_INT64 = pa.int64()
 TIME_COLUMNS = ("queued_at", "published_at", "updated_at", "started_at", "finished_at")
 
 
@@ -84,6 +85,9 @@ class ActionsEngine:
         self.app_id = app_id
         self.lock = threading.Lock()
         self._tick_batch = 0
+        self._cached: pa.Table | None = None
+        """``action_executions`` as of Delta version ``_cached_version`` (timestamps as epoch ms), or None."""
+        self._cached_version = -1
         for name in (ACTIONS, EXECUTIONS, SUMMARY, DEVICES):
             store.ensure(name)
 
@@ -331,7 +335,7 @@ class ActionsEngine:
 
     def _state_counts(self, action_ids: list[str]) -> dict[str, Counter]:
         """Executions per state of each action, counted in Arrow (no Python object per row)."""
-        table = self.store.read_arrow(EXECUTIONS)
+        table = self._execution_table()
         return _group_counts(table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string()))))
 
     def _executions(
@@ -349,32 +353,54 @@ class ActionsEngine:
         Filtered and converted in Arrow before any Python object is made: a report batch touches a few
         thousand rows of an action that may have a hundred thousand.
         """
-        table = self.store.read_arrow(EXECUTIONS)
+        table = self._execution_table()
         table = table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
         counts = _group_counts(table)
         if device_ids is not None:
             table = table.filter(pc.is_in(table["device_id"], pa.array(list(device_ids), pa.string())))
-        for column in TIME_COLUMNS:  # the table's timestamps → epoch ms, without a datetime per value
-            epoch_ms = table[column].cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())
-            table = table.set_column(table.schema.get_field_index(column), column, epoch_ms)
         out: dict[str, dict[str, Execution]] = {}
         for row in table.to_pylist():
             out.setdefault(row["action_id"], {})[row["device_id"]] = Execution(**row)
         return out, counts
 
+    def _execution_table(self) -> pa.Table:
+        """``action_executions`` with its timestamps as epoch ms: read once, then kept up to date by
+        :meth:`_write` as long as the engine's commits are the only ones (read again after any other: only
+        the table's version is looked up per batch, not its data)."""
+        version = self.store.version(EXECUTIONS)  # before a read: a commit after it is seen as foreign
+        if self._cached is None or version != self._cached_version:
+            table = self.store.read_arrow(EXECUTIONS)
+            for column in TIME_COLUMNS:  # the table's timestamps → epoch ms, without a datetime per value
+                epoch_ms = table[column].cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())
+                table = table.set_column(table.schema.get_field_index(column), column, epoch_ms)
+            self._cached, self._cached_version = table, version
+        return self._cached
+
     def _write(self, rows: list[Execution], app_id: str, batch_id: int) -> None:
+        """One merge of ``rows`` keyed by (action, device), each replacing an older version of its row."""
         if not rows:
             return
+        cached, self._cached = self._cached, None  # forgotten unless the merge is known to be the next commit
         schema = self.store.spec(EXECUTIONS).arrow_schema
-        columns = {}
-        for name in schema.names:
-            values = [getattr(row, name) for row in rows]
-            if name in TIME_COLUMNS:  # epoch ms → the table's timestamp type, without a datetime per value
-                columns[name] = pa.array(values, pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
-            else:
-                columns[name] = pa.array(values)
-        table = pa.table(columns).cast(schema)
-        self.store.merge(EXECUTIONS, table, app_id, batch_id, update_when="s.version > t.version")
+        epoch_ms = pa.table(
+            {
+                name: pa.array([getattr(row, name) for row in rows], _INT64 if name in TIME_COLUMNS else None)
+                for name in schema.names
+            }
+        )
+        table = epoch_ms
+        for column in TIME_COLUMNS:  # epoch ms → the table's timestamp type, without a datetime per value
+            stamps = epoch_ms[column].cast(pa.timestamp("ms", tz="UTC"))
+            table = table.set_column(table.schema.get_field_index(column), column, stamps)
+        table = table.cast(schema)
+        written = self.store.merge(EXECUTIONS, table, app_id, batch_id, update_when="s.version > t.version")
+        if cached is None or not written or self.store.version(EXECUTIONS) != self._cached_version + 1:
+            return
+        keys = pc.binary_join_element_wise(cached["action_id"], cached["device_id"], "\x00")
+        replaced = pc.binary_join_element_wise(epoch_ms["action_id"], epoch_ms["device_id"], "\x00")
+        kept = cached.filter(pc.invert(pc.is_in(keys, value_set=replaced)))
+        self._cached = pa.concat_tables([kept, epoch_ms.cast(cached.schema)])
+        self._cached_version += 1
 
 
 def _group_counts(table: pa.Table) -> dict[str, Counter]:
