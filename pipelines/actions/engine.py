@@ -88,6 +88,8 @@ class ActionsEngine:
         self._cached: pa.Table | None = None
         """``action_executions`` as of Delta version ``_cached_version`` (timestamps as epoch ms), or None."""
         self._cached_version = -1
+        self._snapshots: dict[str, tuple[int, pa.Table]] = {}
+        """The other tables as last read, by name: (Delta version, rows)."""
         for name in (ACTIONS, EXECUTIONS, SUMMARY, DEVICES):
             store.ensure(name)
 
@@ -222,7 +224,7 @@ class ActionsEngine:
     def _targets(self, action: Action) -> list[str]:
         if action.device_ids:
             return sorted(set(action.device_ids))
-        devices = self.store.read_arrow(DEVICES)
+        devices = self._read(DEVICES)
         if not action.all_devices and action.group:
             devices = devices.filter(pc.equal(devices["group"], action.group))
         return sorted(set(devices["device_id"].to_pylist()))
@@ -320,7 +322,7 @@ class ActionsEngine:
     # -- table access ---------------------------------------------------------------------------------------
 
     def _actions(self, ids: list[str] | None = None) -> list[Action]:
-        table = self.store.read_arrow(ACTIONS)
+        table = self._read(ACTIONS)
         if ids is not None:
             table = table.filter(pc.is_in(table["id"], pa.array(ids, pa.string())))
         latest: dict[str, dict] = {}
@@ -329,7 +331,7 @@ class ActionsEngine:
         return [Action.from_row(row) for row in latest.values()]
 
     def _summary_states(self, action_ids: list[str]) -> dict[str, str]:
-        table = self.store.read_arrow(SUMMARY)
+        table = self._read(SUMMARY)
         table = table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
         return dict(zip(table["action_id"].to_pylist(), table["action_state"].to_pylist(), strict=True))
 
@@ -362,6 +364,15 @@ class ActionsEngine:
         for row in table.to_pylist():
             out.setdefault(row["action_id"], {})[row["device_id"]] = Execution(**row)
         return out, counts
+
+    def _read(self, name: str) -> pa.Table:
+        """The table ``name`` as of now, read again only when its version moved (the ticker looks every
+        second at ``actions`` and ``action_summary``, which change far less often)."""
+        version = self.store.version(name)  # before the read: a commit after it is read next time
+        snapshot = self._snapshots.get(name)
+        if snapshot is None or snapshot[0] != version:
+            snapshot = self._snapshots[name] = (version, self.store.read_arrow(name))
+        return snapshot[1]
 
     def _execution_table(self) -> pa.Table:
         """``action_executions`` with its timestamps as epoch ms: read once, then kept up to date by
