@@ -63,6 +63,12 @@ class StorageConfig:
     runs, stays open until it returns, so batches grow with the disk's latency)."""
     group_commit_max_bytes: int = 4 * MIB
     """Cut a window early once this many bytes are pending, bounding latency and memory."""
+    inline_sync_max_bytes: int = 16 * KIB
+    """A window of at most this many bytes, in one segment, without a seal or a new directory, cut while the
+    writer thread is idle, is fdatasynced on the event loop: a short fdatasync blocks the loop for less than
+    the handoff to the writer thread and back costs while the loop is busy. Larger windows, and every window
+    while one is being synced, go to the writer thread (the loop keeps accepting appends meanwhile, so
+    batches grow under load); 0 turns this off."""
     syncfs_min_segments: int = 8
     """A window touching at least this many segments is made durable by one syncfs(2) of the store's
     filesystem instead of an fdatasync per segment (Linux >= 5.8, not on FUSE filesystems, where syncfs does

@@ -22,6 +22,12 @@ one per topic), or one syncfs(2) when the job touches many segments (see `fs_syn
 directories. The thread drains everything queued and wakes the loop once per batch. With `none` there
 is nothing to wait for: a job without seals completes on the loop right after its write.
 
+A small job (one segment, no seal, no new directory, at most `inline_sync_max_bytes`) cut while no job is
+in flight is fdatasynced on the loop instead, and completes there at once: the loop blocks for one short
+fdatasync rather than handing the job to the writer and waiting to be woken back, two thread switches that
+each may wait for the GIL while the loop or another thread holds it. Nothing completes before its
+fdatasync either way; under load, jobs are larger or overlap one in flight, and go to the writer thread.
+
 Without a running event loop (scripts, tools) appends stay buffered until `flush()`, except `fsync`,
 which syncs inline. A failed write or fsync is fatal: the store refuses
 further appends (`StorageFailed`) and reports the error to waiting `when_durable` callers, since after a
@@ -212,6 +218,7 @@ class GroupCommitter:
         max_pending_bytes: int,
         pool: FileHandlePool,
         on_durable: DurableHook,
+        inline_sync_max_bytes: int = 0,
     ) -> None:
         if policy not in ("fsync", "group", "none"):
             raise ValueError(f"unknown durability policy {policy!r}")
@@ -220,6 +227,7 @@ class GroupCommitter:
         self._sync = policy != "none"
         self._window_s = window_ms / 1000
         self._max_pending_bytes = max_pending_bytes
+        self._inline_sync_max_bytes = inline_sync_max_bytes if policy == "group" else 0
         self._pool = pool
         self._on_durable = on_durable
         self.sync_plan = SyncPlan(self._sync)
@@ -235,6 +243,8 @@ class GroupCommitter:
         self.failure: StorageFailed | None = None
         self.jobs_completed = 0
         """Jobs written so far (with `group`, the number of windows)."""
+        self.inline_syncs = 0
+        """Jobs fdatasynced on the loop (see the module's docstring)."""
         self.bytes_written = 0
 
     @property
@@ -339,7 +349,7 @@ class GroupCommitter:
         if self._flights:
             self._window_over = True
         else:
-            self._cut()
+            self._cut(complete_now=True)
 
     def _take_job(self) -> tuple[Job, int]:
         job: Job = []
@@ -352,7 +362,9 @@ class GroupCommitter:
         self._window_over = False
         return job, self._appended
 
-    def _cut(self) -> None:
+    def _cut(self, complete_now: bool = False) -> None:
+        """Write the pending appends as one job and hand it on; `complete_now`: the caller is a loop
+        callback of this committer, where a job synced on the loop may complete synchronously."""
         if self.failure is not None:
             return
         loop = _running_loop()
@@ -378,8 +390,35 @@ class GroupCommitter:
             self._flights.append(flight)
             loop.call_soon(self._finished, [flight])
             return
+        if not self._flights and self._syncs_inline(job):
+            try:
+                sync_job(job, self._pool, self.sync_plan)
+            except OSError as error:
+                self._fail(error)
+                return
+            self.inline_syncs += 1
+            if path_trace.ON:
+                flight.synced_ns = time.monotonic_ns()
+            flight.done = True
+            self._flights.append(flight)
+            if complete_now:
+                self._finished([flight])
+            else:
+                loop.call_soon(self._finished, [flight])
+            return
         self._flights.append(flight)
         self._writer.submit(flight)
+
+    def _syncs_inline(self, job: Job) -> bool:
+        """Whether `job` is small enough to be fdatasynced on the loop (the writer being idle)."""
+        limit = self._inline_sync_max_bytes
+        if not limit or len(job) != 1:
+            return False
+        _log, pending = job[0]
+        if pending.bytes > limit or len(pending.writes) != 1:
+            return False
+        write = pending.writes[0]
+        return not write.seals and not write.directories_to_sync
 
     def _finished(self, flights: list[_Flight]) -> None:
         """Process completions in order (on the loop, or in `flush` after the writer went idle)."""
@@ -395,7 +434,7 @@ class GroupCommitter:
                     self._complete(earlier.job, earlier.upto, earlier)
         if self._dirty and not self._flights and self.failure is None:
             if self._window_over or self._pending_bytes >= self._max_pending_bytes:
-                self._cut()
+                self._cut(complete_now=True)
             elif self._timer is None and not self._per_append:
                 self._start_window()
 

@@ -109,6 +109,7 @@ class LogStore:
             self.config.group_commit_max_bytes,
             self._pool,
             self._on_durable,
+            inline_sync_max_bytes=self.config.inline_sync_max_bytes,
         )
         self._logs: dict[str, CommitLog] = {}
         self._created_by: dict[str, int] = {}

@@ -330,3 +330,85 @@ def test_the_none_policy_acknowledges_a_window_without_the_writer_thread(tmp_pat
 
 def _writer_threads() -> set[threading.Thread]:
     return {thread for thread in threading.enumerate() if thread.name == "timestone-log-writer"}
+
+
+async def _one_more_and_wait(store: LogStore, directory: Path, count: int, spy: FsyncSpy) -> dict:
+    """Append a first record and wait (the new segment and its directories go through the writer), then
+    append `count` more in one window and wait for them."""
+    store.append(TOPIC, make_record(0))
+    await store.wait_durable()
+    spy.sizes.clear()
+    spy.threads.clear()
+    before = store.committer.inline_syncs
+    seen: dict = {}
+    done = asyncio.Event()
+
+    def on_durable() -> None:
+        seen["synced_sizes"] = list(spy.sizes)
+        seen["syncing_threads"] = set(spy.threads)
+        seen["bytes"] = store.log_info(TOPIC).bytes
+        seen["on_disk"] = _records_on_disk(directory)
+        done.set()
+
+    for number in range(1, count + 1):
+        store.append(TOPIC, make_record(number))
+    store.when_durable(on_durable)
+    await asyncio.wait_for(done.wait(), 10)
+    seen["inline"] = store.committer.inline_syncs - before
+    return seen
+
+
+def test_a_small_window_is_fdatasynced_on_the_loop_while_the_writer_is_idle(tmp_path: Path, monkeypatch):
+    spy = FsyncSpy(monkeypatch)
+    store = _open(tmp_path, "group")
+
+    seen = asyncio.run(_one_more_and_wait(store, tmp_path, 1, spy))
+
+    assert seen["inline"] == 1
+    assert seen["syncing_threads"] == {threading.main_thread()}
+    assert max(seen["synced_sizes"]) >= seen["bytes"]  # synced before it was acknowledged
+    assert len(seen["on_disk"]) == 2
+    store.close()
+
+
+@pytest.mark.parametrize("settings", [{"inline_sync_max_bytes": 0}, {"inline_sync_max_bytes": 256}])
+def test_a_larger_window_or_inline_syncs_off_goes_to_the_writer_thread(tmp_path: Path, monkeypatch, settings):
+    spy = FsyncSpy(monkeypatch)
+    store = _open(tmp_path, "group", **settings)
+
+    seen = asyncio.run(_one_more_and_wait(store, tmp_path, 20, spy))  # 20 records: over 256 bytes
+
+    assert seen["inline"] == 0
+    assert threading.main_thread() not in seen["syncing_threads"]
+    assert max(seen["synced_sizes"]) >= seen["bytes"]
+    assert len(seen["on_disk"]) == 21
+    store.close()
+
+
+def test_a_failed_fdatasync_on_the_loop_is_reported_and_stops_appends(tmp_path: Path, monkeypatch):
+    real = os.fdatasync
+
+    async def scenario() -> tuple[list, LogStore]:
+        store = _open(tmp_path, "group")
+        store.append(TOPIC, make_record(0))
+        await store.wait_durable()
+
+        def failing(fd: int) -> None:
+            if threading.current_thread() is threading.main_thread():
+                raise OSError(5, "Input/output error")
+            real(fd)
+
+        monkeypatch.setattr(os, "fdatasync", failing)
+        errors: list[BaseException] = []
+        store.append(TOPIC, make_record(1))
+        store.when_durable(lambda: errors.append(AssertionError("must not be called")), errors.append)
+        with pytest.raises(StorageFailed):
+            await store.wait_durable()
+        return errors, store
+
+    errors, store = asyncio.run(scenario())
+
+    assert len(errors) == 1 and isinstance(errors[0], StorageFailed)
+    with pytest.raises(StorageFailed):
+        store.append(TOPIC, make_record(2))
+    assert [record.offset for record in store.read(TOPIC, 0)] == [0]
