@@ -621,9 +621,11 @@ class _PushedSession:
             return self.end("appending failed")
         if appended:
             size = sum(len(frames) for data in _topics(response) for frames in data.frames)
-            self.fetcher.owner.store.when_durable(
+            store = self.fetcher.owner.store
+            store.when_durable(
                 lambda: self._durable(watermarks, touched, size), lambda error: self.end(f"{error}")
             )
+            store.end_window()  # a push is a whole batch: sync it now, acknowledge as soon as it is durable
         return None
 
     def _durable(self, watermarks: list[tuple[str, int]], touched: dict[str, None], size: int) -> None:
@@ -664,4 +666,5 @@ async def _durable(store: LogStore) -> None:
             done.set_exception(error)
 
     store.when_durable(succeed, fail)
+    store.end_window()
     await done

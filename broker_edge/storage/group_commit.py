@@ -307,6 +307,21 @@ class GroupCommitter:
             self._cut()
         await done
 
+    def end_window(self) -> None:
+        """End the current window now rather than with the loop iteration (the caller appended a whole
+        batch): cut it at once when no job is in flight, else as soon as that job completes. A job synced on
+        the loop completes before this returns, so call it where `when_durable` callbacks may run."""
+        if not self._dirty or self._per_append or self.failure is not None:
+            return
+        if self._flights:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._window_over = True
+            return
+        if _running_loop() is not None:
+            self._cut(complete_now=True)
+
     def flush(self) -> None:
         """Write everything buffered in the calling thread, after any job in flight (tools, shutdown)."""
         self._writer.wait_idle()

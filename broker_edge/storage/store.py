@@ -375,6 +375,11 @@ class LogStore:
         """
         self._committer.when_durable(callback, on_error)
 
+    def end_window(self) -> None:
+        """End the group-commit window now (see `GroupCommitter.end_window`): for a caller that appended a
+        whole batch and waits for it, such as a replica applying its leader's push."""
+        self._committer.end_window()
+
     async def wait_durable(self) -> None:
         """Make everything appended so far durable now (cuts the current window) and wait for it."""
         await self._committer.wait_durable()

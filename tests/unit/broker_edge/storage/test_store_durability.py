@@ -412,3 +412,47 @@ def test_a_failed_fdatasync_on_the_loop_is_reported_and_stops_appends(tmp_path: 
     with pytest.raises(StorageFailed):
         store.append(TOPIC, make_record(2))
     assert [record.offset for record in store.read(TOPIC, 0)] == [0]
+
+
+def test_ending_a_window_syncs_it_at_once_or_right_after_the_job_in_flight(tmp_path: Path, monkeypatch):
+    gate = threading.Event()
+    gate.set()
+    real = os.fdatasync
+
+    def gated(fd: int) -> None:
+        gate.wait(10)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", gated)
+
+    async def scenario() -> tuple[list[str], list[str], int]:
+        store = _open(tmp_path, "group", inline_sync_max_bytes=1024)
+        store.append(TOPIC, make_record(0))
+        await store.wait_durable()
+        idle: list[str] = []
+        store.append(TOPIC, make_record(1))
+        store.when_durable(lambda: idle.append("durable"))
+        store.end_window()  # the writer is idle: synced on the loop, complete before it returns
+        idle.append("returned")
+
+        gate.clear()
+        busy: list[str] = []
+        for number in range(2, 40):  # over the inline bound: this window goes to the (held) writer
+            store.append(TOPIC, make_record(number))
+        store.end_window()
+        store.append(TOPIC, make_record(40))  # joins the next window
+        store.when_durable(lambda: busy.append("durable"))
+        store.end_window()  # a job is in flight: this window is cut once it completes
+        busy.append("returned")
+        await asyncio.sleep(0.05)
+        gate.set()
+        await asyncio.wait_for(store.wait_durable(), 10)
+        jobs = store.committer.jobs_completed
+        store.close()
+        return idle, busy, jobs
+
+    idle, busy, jobs = asyncio.run(scenario())
+
+    assert idle == ["durable", "returned"]
+    assert busy == ["returned", "durable"]
+    assert jobs == 4  # the first record, record 1, records 2-39, record 40
