@@ -39,6 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from bench.sysinfo import cpu_seconds, machine_busy_seconds, machine_info, machine_load_sentence
 from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_broker, cluster_state, settled
 from broker_edge.cluster.view import partition_of
@@ -430,7 +432,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--trace", type=Path, help="directory for the path marks; prints where the QoS 1 record's time went"
     )
+    parser.add_argument(
+        "--storage",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a storage setting of every broker (a YAML value), e.g. inline_sync_max_bytes=0; repeatable",
+    )
     args = parser.parse_args(argv)
+    for setting in args.storage:
+        key, _, value = setting.partition("=")
+        storage = SECTIONS.setdefault("storage", {})
+        assert isinstance(storage, dict)
+        storage[key] = yaml.safe_load(value)
     with tempfile.TemporaryDirectory(prefix="timestone-cluster-bench-") as tmp:
         figures = run(Path(tmp), args.latency_only, args.trace)
     command = "flock /tmp/timestone-bench.lock python -m bench.cluster_bench"
