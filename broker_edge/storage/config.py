@@ -63,12 +63,13 @@ class StorageConfig:
     runs, stays open until it returns, so batches grow with the disk's latency)."""
     group_commit_max_bytes: int = 4 * MIB
     """Cut a window early once this many bytes are pending, bounding latency and memory."""
-    inline_sync_max_bytes: int = 16 * KIB
+    inline_sync_max_bytes: int = 0
     """A window of at most this many bytes, in one segment, without a seal or a new directory, cut while the
-    writer thread is idle, is fdatasynced on the event loop: a short fdatasync blocks the loop for less than
-    the handoff to the writer thread and back costs while the loop is busy. Larger windows, and every window
-    while one is being synced, go to the writer thread (the loop keeps accepting appends meanwhile, so
-    batches grow under load); 0 turns this off."""
+    writer thread is idle, is fdatasynced on the event loop instead of in the writer thread (no handoff to
+    the thread and back, but the loop blocks for the fdatasync). Larger windows, and every window while one
+    is being synced, go to the writer thread (the loop keeps accepting appends meanwhile, so batches grow
+    under load). 0, the default: every window goes to the writer thread; measured, syncing on the loop cost
+    the persisted fan-in more than it saved on the replicated path's latency (bench/results/cluster.md)."""
     syncfs_min_segments: int = 8
     """A window touching at least this many segments is made durable by one syncfs(2) of the store's
     filesystem instead of an fdatasync per segment (Linux >= 5.8, not on FUSE filesystems, where syncfs does

@@ -22,11 +22,11 @@ one per topic), or one syncfs(2) when the job touches many segments (see `fs_syn
 directories. The thread drains everything queued and wakes the loop once per batch. With `none` there
 is nothing to wait for: a job without seals completes on the loop right after its write.
 
-A small job (one segment, no seal, no new directory, at most `inline_sync_max_bytes`) cut while no job is
-in flight is fdatasynced on the loop instead, and completes there at once: the loop blocks for one short
-fdatasync rather than handing the job to the writer and waiting to be woken back, two thread switches that
-each may wait for the GIL while the loop or another thread holds it. Nothing completes before its
-fdatasync either way; under load, jobs are larger or overlap one in flight, and go to the writer thread.
+With `inline_sync_max_bytes` set (off by default), a small job (one segment, no seal, no new directory,
+at most that many bytes) cut while no job is in flight is fdatasynced on the loop instead, and completes
+there at once: the loop blocks for one short fdatasync rather than handing the job to the writer and
+waiting to be woken back, two thread switches that each may wait for the GIL. Nothing completes before
+its fdatasync either way; larger jobs, or jobs overlapping one in flight, go to the writer thread.
 
 Without a running event loop (scripts, tools) appends stay buffered until `flush()`, except `fsync`,
 which syncs inline. A failed write or fsync is fatal: the store refuses

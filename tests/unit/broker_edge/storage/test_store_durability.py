@@ -360,7 +360,7 @@ async def _one_more_and_wait(store: LogStore, directory: Path, count: int, spy: 
 
 def test_a_small_window_is_fdatasynced_on_the_loop_while_the_writer_is_idle(tmp_path: Path, monkeypatch):
     spy = FsyncSpy(monkeypatch)
-    store = _open(tmp_path, "group")
+    store = _open(tmp_path, "group", inline_sync_max_bytes=16384)
 
     seen = asyncio.run(_one_more_and_wait(store, tmp_path, 1, spy))
 
@@ -371,7 +371,7 @@ def test_a_small_window_is_fdatasynced_on_the_loop_while_the_writer_is_idle(tmp_
     store.close()
 
 
-@pytest.mark.parametrize("settings", [{"inline_sync_max_bytes": 0}, {"inline_sync_max_bytes": 256}])
+@pytest.mark.parametrize("settings", [{}, {"inline_sync_max_bytes": 256}])
 def test_a_larger_window_or_inline_syncs_off_goes_to_the_writer_thread(tmp_path: Path, monkeypatch, settings):
     spy = FsyncSpy(monkeypatch)
     store = _open(tmp_path, "group", **settings)
@@ -389,7 +389,7 @@ def test_a_failed_fdatasync_on_the_loop_is_reported_and_stops_appends(tmp_path: 
     real = os.fdatasync
 
     async def scenario() -> tuple[list, LogStore]:
-        store = _open(tmp_path, "group")
+        store = _open(tmp_path, "group", inline_sync_max_bytes=16384)
         store.append(TOPIC, make_record(0))
         await store.wait_durable()
 
