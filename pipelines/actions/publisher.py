@@ -25,12 +25,12 @@ log = logging.getLogger(__name__)
 
 QUOTA_EXCEEDED = 0x97
 IMPLEMENTATION_SPECIFIC_ERROR = 0x83
+"""What a cluster member answers while it cannot acknowledge (no leader yet, too few in-sync replicas, the
+link to the leader broke): the publish is not acknowledged and may be sent again."""
 CONNECTIONS = 4
 """Connections per broker for large batches (each with the broker's Receive Maximum in flight)."""
 SHARD_MIN = 256
 """Publishes per connection below which a batch uses fewer connections (one for a single publish)."""
-"""What a cluster member answers while it cannot acknowledge (no leader yet, too few in-sync replicas, the
-link to the leader broke): the publish is not acknowledged and may be sent again."""
 
 
 class Publisher(Protocol):
