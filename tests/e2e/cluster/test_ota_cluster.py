@@ -105,7 +105,12 @@ def test_rollout_survives_the_kill_of_the_broker_the_job_uses(tmp_path, cluster_
             broadcast = create_action(
                 store, NewAction(group="canary", version="2.0.0", url="https://example.invalid/fw2.bin")
             )
-            wait_until(lambda: _completed(store, broadcast), ROLLOUT_S, "the broadcast to complete")
+            wait_until(
+                lambda: _completed(store, broadcast),
+                ROLLOUT_S,
+                "the broadcast to complete",
+                lambda: (summary(store, broadcast), fleet.status(), reports.query.exception()),
+            )
             sent_before, resent_before = publisher.sent, publisher.resent
             fleet_ids = sorted(d for d, group in groups.items() if group == "fleet")
 
