@@ -7,7 +7,9 @@ serialises them in the job's driver process, and every row carries a version tha
 computed from an old read can never move a row backwards.
 
 The engine works on Arrow tables on the driver: an action's executions are one row per targeted device, which
-is small next to telemetry (tens of thousands of rows for a 10,000-device rollout).
+is small next to telemetry (tens of thousands of rows for a 10,000-device rollout). It keeps
+``action_executions`` in memory between its own commits, so a batch costs one merge of the rows it changes
+and a lookup of each table's version, not a read of the tables.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ EXECUTIONS = "action_executions"
 SUMMARY = "action_summary"
 ACTIONS = "actions"
 DEVICES = "devices"
+_INT64 = pa.int64()
 TIME_COLUMNS = ("queued_at", "published_at", "updated_at", "started_at", "finished_at")
 
 
@@ -84,6 +87,11 @@ class ActionsEngine:
         self.app_id = app_id
         self.lock = threading.Lock()
         self._tick_batch = 0
+        self._cached: pa.Table | None = None
+        """``action_executions`` as of Delta version ``_cached_version`` (timestamps as epoch ms), or None."""
+        self._cached_version = -1
+        self._snapshots: dict[str, tuple[int, pa.Table]] = {}
+        """The other tables as last read, by name: (Delta version, rows)."""
         for name in (ACTIONS, EXECUTIONS, SUMMARY, DEVICES):
             store.ensure(name)
 
@@ -100,7 +108,7 @@ class ActionsEngine:
             return
         with self.lock:
             now = self.clock()
-            known = self._executions([a.id for a in actions])
+            known, counts = self._executions_and_counts([a.id for a in actions])
             changed: list[Execution] = []
             for action in actions:
                 rows_of_action = known.get(action.id, {})
@@ -109,7 +117,8 @@ class ActionsEngine:
                 elif not rows_of_action:
                     changed += self._fan_out(action, now)
             self._write(changed, f"{app_id}/executions", batch_id)
-            self._summarise([a.id for a in actions], f"{app_id}/summary", batch_id)
+            counted = _counts_after(counts, known, changed)
+            self._summarise([a.id for a in actions], f"{app_id}/summary", batch_id, counted)
             log.info(
                 "actions batch %d: %d actions, %d executions written in %.2f s",
                 batch_id,
@@ -128,14 +137,14 @@ class ActionsEngine:
         with self.lock:
             started = self.clock()
             action_ids = sorted({action_id for action_id, _ in by_key})
-            known = self._executions(action_ids, {device_id for _, device_id in by_key})
+            known, counts = self._executions_and_counts(action_ids, {device_id for _, device_id in by_key})
             changed = []
             for (action_id, device_id), device_reports in by_key.items():
                 updated = apply_reports(known.get(action_id, {}).get(device_id), device_reports)
                 if updated is not None:
                     changed.append(updated)
             self._write(changed, f"{app_id}/executions", batch_id)
-            self._summarise(action_ids, f"{app_id}/summary", batch_id)
+            self._summarise(action_ids, f"{app_id}/summary", batch_id, _counts_after(counts, known, changed))
             log.info(
                 "reports batch %d: %d reports, %d executions changed in %.2f s",
                 batch_id,
@@ -159,7 +168,7 @@ class ActionsEngine:
             open_ids = [a for a in self._open_action_ids(actions) if a in clocked]
             if not open_ids:
                 return
-            known = self._executions(open_ids)
+            known, counts = self._executions_and_counts(open_ids)
             changed: list[Execution] = []
             for action_id in open_ids:
                 action, rows = actions[action_id], known.get(action_id, {})
@@ -171,7 +180,10 @@ class ActionsEngine:
             self._tick_batch = max(self._tick_batch + 1, now)
             self._write(changed, f"{self.app_id}/tick/executions", self._tick_batch)
             self._summarise(
-                sorted({row.action_id for row in changed}), f"{self.app_id}/tick/summary", self._tick_batch
+                sorted({row.action_id for row in changed}),
+                f"{self.app_id}/tick/summary",
+                self._tick_batch,
+                _counts_after(counts, known, changed),
             )
 
     # -- fanout ---------------------------------------------------------------------------------------------
@@ -214,7 +226,7 @@ class ActionsEngine:
     def _targets(self, action: Action) -> list[str]:
         if action.device_ids:
             return sorted(set(action.device_ids))
-        devices = self.store.read_arrow(DEVICES)
+        devices = self._read(DEVICES)
         if not action.all_devices and action.group:
             devices = devices.filter(pc.equal(devices["group"], action.group))
         return sorted(set(devices["device_id"].to_pylist()))
@@ -257,11 +269,18 @@ class ActionsEngine:
 
     # -- summaries ------------------------------------------------------------------------------------------
 
-    def _summarise(self, action_ids: list[str], app_id: str, batch_id: int) -> None:
-        """Recompute the summary of ``action_ids``; an action crossing its abort threshold is stopped."""
+    def _summarise(
+        self, action_ids: list[str], app_id: str, batch_id: int, counted: dict[str, Counter] | None = None
+    ) -> None:
+        """Recompute the summary of ``action_ids``; an action crossing its abort threshold is stopped.
+
+        ``counted``: the executions per state of each action as just written (from the batch's own read of
+        the table and its changes), so that the table is not read again; counted from the table when None.
+        """
         actions = {a.id: a for a in self._actions(action_ids)}
         previous = self._summary_states(action_ids)
-        counted = self._state_counts(action_ids)
+        if counted is None:
+            counted = self._state_counts(action_ids)
         now = self.clock()
         summaries, aborted = [], []
         for action_id in action_ids:
@@ -305,7 +324,7 @@ class ActionsEngine:
     # -- table access ---------------------------------------------------------------------------------------
 
     def _actions(self, ids: list[str] | None = None) -> list[Action]:
-        table = self.store.read_arrow(ACTIONS)
+        table = self._read(ACTIONS)
         if ids is not None:
             table = table.filter(pc.is_in(table["id"], pa.array(ids, pa.string())))
         latest: dict[str, dict] = {}
@@ -314,57 +333,112 @@ class ActionsEngine:
         return [Action.from_row(row) for row in latest.values()]
 
     def _summary_states(self, action_ids: list[str]) -> dict[str, str]:
-        table = self.store.read_arrow(SUMMARY)
+        table = self._read(SUMMARY)
         table = table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
         return dict(zip(table["action_id"].to_pylist(), table["action_state"].to_pylist(), strict=True))
 
     def _state_counts(self, action_ids: list[str]) -> dict[str, Counter]:
         """Executions per state of each action, counted in Arrow (no Python object per row)."""
-        table = self.store.read_arrow(EXECUTIONS)
-        table = table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
-        grouped = table.group_by(["action_id", "state"]).aggregate([("device_id", "count")])
-        out: dict[str, Counter] = {}
-        for action_id, state, count in zip(
-            grouped["action_id"].to_pylist(),
-            grouped["state"].to_pylist(),
-            grouped["device_id_count"].to_pylist(),
-            strict=True,
-        ):
-            out.setdefault(action_id, state_counts([]))[state] = count
-        return out
+        table = self._execution_table()
+        return _group_counts(table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string()))))
 
     def _executions(
         self, action_ids: list[str], device_ids: Iterable[str] | None = None
     ) -> dict[str, dict[str, Execution]]:
-        """Execution rows of ``action_ids`` (only those of ``device_ids`` when given), by action and device.
+        """Execution rows of ``action_ids`` (only those of ``device_ids`` when given), by action, device."""
+        return self._executions_and_counts(action_ids, device_ids)[0]
+
+    def _executions_and_counts(
+        self, action_ids: list[str], device_ids: Iterable[str] | None = None
+    ) -> tuple[dict[str, dict[str, Execution]], dict[str, Counter]]:
+        """Execution rows of ``action_ids`` (only those of ``device_ids`` when given), by action and device,
+        and every execution of those actions counted per state: from one read of the table.
 
         Filtered and converted in Arrow before any Python object is made: a report batch touches a few
         thousand rows of an action that may have a hundred thousand.
         """
-        table = self.store.read_arrow(EXECUTIONS)
-        wanted = pc.is_in(table["action_id"], pa.array(action_ids, pa.string()))
+        table = self._execution_table()
+        table = table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
+        counts = _group_counts(table)
         if device_ids is not None:
-            devices = pc.is_in(table["device_id"], pa.array(list(device_ids), pa.string()))
-            wanted = pc.and_(wanted, devices)
-        table = table.filter(wanted)
-        for column in TIME_COLUMNS:  # the table's timestamps → epoch ms, without a datetime per value
-            epoch_ms = table[column].cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())
-            table = table.set_column(table.schema.get_field_index(column), column, epoch_ms)
+            table = table.filter(pc.is_in(table["device_id"], pa.array(list(device_ids), pa.string())))
         out: dict[str, dict[str, Execution]] = {}
         for row in table.to_pylist():
             out.setdefault(row["action_id"], {})[row["device_id"]] = Execution(**row)
-        return out
+        return out, counts
+
+    def _read(self, name: str) -> pa.Table:
+        """The table ``name`` as of now, read again only when its version moved (the ticker looks every
+        second at ``actions`` and ``action_summary``, which change far less often)."""
+        version = self.store.version(name)  # before the read: a commit after it is read next time
+        snapshot = self._snapshots.get(name)
+        if snapshot is None or snapshot[0] != version:
+            snapshot = self._snapshots[name] = (version, self.store.read_arrow(name))
+        return snapshot[1]
+
+    def _execution_table(self) -> pa.Table:
+        """``action_executions`` with its timestamps as epoch ms: read once, then kept up to date by
+        :meth:`_write` as long as the engine's commits are the only ones (read again after any other: only
+        the table's version is looked up per batch, not its data)."""
+        version = self.store.version(EXECUTIONS)  # before a read: a commit after it is seen as foreign
+        if self._cached is None or version != self._cached_version:
+            table = self.store.read_arrow(EXECUTIONS)
+            for column in TIME_COLUMNS:  # the table's timestamps → epoch ms, without a datetime per value
+                epoch_ms = table[column].cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())
+                table = table.set_column(table.schema.get_field_index(column), column, epoch_ms)
+            self._cached, self._cached_version = table, version
+        return self._cached
 
     def _write(self, rows: list[Execution], app_id: str, batch_id: int) -> None:
+        """One merge of ``rows`` keyed by (action, device), each replacing an older version of its row."""
         if not rows:
             return
+        cached, self._cached = self._cached, None  # forgotten unless the merge is known to be the next commit
         schema = self.store.spec(EXECUTIONS).arrow_schema
-        columns = {}
-        for name in schema.names:
-            values = [getattr(row, name) for row in rows]
-            if name in TIME_COLUMNS:  # epoch ms → the table's timestamp type, without a datetime per value
-                columns[name] = pa.array(values, pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
-            else:
-                columns[name] = pa.array(values)
-        table = pa.table(columns).cast(schema)
-        self.store.merge(EXECUTIONS, table, app_id, batch_id, update_when="s.version > t.version")
+        epoch_ms = pa.table(
+            {
+                name: pa.array([getattr(row, name) for row in rows], _INT64 if name in TIME_COLUMNS else None)
+                for name in schema.names
+            }
+        )
+        table = epoch_ms
+        for column in TIME_COLUMNS:  # epoch ms → the table's timestamp type, without a datetime per value
+            stamps = epoch_ms[column].cast(pa.timestamp("ms", tz="UTC"))
+            table = table.set_column(table.schema.get_field_index(column), column, stamps)
+        table = table.cast(schema)
+        written = self.store.merge(EXECUTIONS, table, app_id, batch_id, update_when="s.version > t.version")
+        if cached is None or not written or self.store.version(EXECUTIONS) != self._cached_version + 1:
+            return
+        keys = pc.binary_join_element_wise(cached["action_id"], cached["device_id"], "\x00")
+        replaced = pc.binary_join_element_wise(epoch_ms["action_id"], epoch_ms["device_id"], "\x00")
+        kept = cached.filter(pc.invert(pc.is_in(keys, value_set=replaced)))
+        self._cached = pa.concat_tables([kept, epoch_ms.cast(cached.schema)])
+        self._cached_version += 1
+
+
+def _group_counts(table: pa.Table) -> dict[str, Counter]:
+    """Executions per state of each action in ``table``, counted in Arrow (no Python object per row)."""
+    grouped = table.group_by(["action_id", "state"]).aggregate([("device_id", "count")])
+    out: dict[str, Counter] = {}
+    for action_id, state, count in zip(
+        grouped["action_id"].to_pylist(),
+        grouped["state"].to_pylist(),
+        grouped["device_id_count"].to_pylist(),
+        strict=True,
+    ):
+        out.setdefault(action_id, state_counts([]))[state] = count
+    return out
+
+
+def _counts_after(
+    counts: dict[str, Counter], known: dict[str, dict[str, Execution]], changed: Iterable[Execution]
+) -> dict[str, Counter]:
+    """``counts`` (read with ``known``) once ``changed`` replaced the rows they update (or were added)."""
+    out = {action_id: Counter(counted) for action_id, counted in counts.items()}
+    for row in changed:
+        counted = out.setdefault(row.action_id, state_counts([]))
+        before = known.get(row.action_id, {}).get(row.device_id)
+        if before is not None:
+            counted[before.state] -= 1
+        counted[row.state] += 1
+    return out

@@ -105,12 +105,28 @@ class ActionsJob:
             query.processAllAvailable()
 
     def stop(self) -> None:
+        """Stop the ticker, both queries and the publisher: each of them even when stopping another failed
+        (the first failure is raised afterwards), so that no query outlives the job."""
         self._stop.set()
+        steps = (
+            self._join_ticker,
+            lambda: stop_between_batches(self.fanout),
+            self.reports.stop,
+            self.engine.publisher.close,
+        )
+        failure: BaseException | None = None
+        for step in steps:
+            try:
+                step()
+            except BaseException as error:
+                log.exception("stopping the actions job")
+                failure = failure or error
+        if failure is not None:
+            raise failure
+
+    def _join_ticker(self) -> None:
         if self._ticker:
             self._ticker.join(timeout=10)
-        stop_between_batches(self.fanout)
-        self.reports.stop()
-        self.engine.publisher.close()
 
 
 def start_actions_job(
@@ -151,19 +167,30 @@ def start_actions_job(
             .start()
         )
 
-    fanout = (
-        _action_changes(spark, store)
-        .writeStream.queryName("actions-fanout")
-        .foreachBatch(fan_out)
-        .option("checkpointLocation", str(checkpoints / "fanout"))
-        .trigger(processingTime=trigger)
-        .start()
-    )
+    try:
+        fanout = (
+            _action_changes(spark, store)
+            .writeStream.queryName("actions-fanout")
+            .foreachBatch(fan_out)
+            .option("checkpointLocation", str(checkpoints / "fanout"))
+            .trigger(processingTime=trigger)
+            .start()
+        )
+    except BaseException:
+        publisher.close()
+        raise
     reports: ReportStream
-    if cluster:
-        reports = ClusterReports(start_reports, config.brokers)
-    else:
-        reports = BrokerReports(start_reports, config.brokers)
+    try:
+        if cluster:
+            reports = ClusterReports(start_reports, config.brokers)
+        else:
+            reports = BrokerReports(start_reports, config.brokers)
+    except BaseException:  # no query is left running by a job that failed to start
+        try:
+            fanout.stop()
+        finally:
+            publisher.close()
+        raise
     job = ActionsJob(engine, fanout, reports)
     job.start_ticker(config.tick_interval_s)
     return job

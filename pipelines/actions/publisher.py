@@ -3,6 +3,11 @@
 ``MqttPublisher`` publishes to each of several separate brokers; ``ClusterPublisher`` publishes once through
 one live member of a cluster, moving to another member and resending what was not acknowledged when the
 one it uses dies.
+
+A batch of many publishes (one per listed device) is spread over several connections to the same broker, each
+keeping up to the broker's Receive Maximum unacknowledged: the window is the broker's Receive Maximum times
+the connections, and each broker connection is served on its own. A topic always goes over the same
+connection (by a hash of its name), so two messages to one device keep their order.
 """
 
 from __future__ import annotations
@@ -10,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import zlib
 from collections.abc import Coroutine, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from pipelines.fleet.client import MqttClient
 
@@ -21,6 +27,10 @@ QUOTA_EXCEEDED = 0x97
 IMPLEMENTATION_SPECIFIC_ERROR = 0x83
 """What a cluster member answers while it cannot acknowledge (no leader yet, too few in-sync replicas, the
 link to the leader broke): the publish is not acknowledged and may be sent again."""
+CONNECTIONS = 4
+"""Connections per broker for large batches (each with the broker's Receive Maximum in flight)."""
+SHARD_MIN = 256
+"""Publishes per connection below which a batch uses fewer connections (one for a single publish)."""
 
 
 class Publisher(Protocol):
@@ -53,8 +63,9 @@ class MqttPublisher:
 
     A PUBACK from a Timestone broker means the message is in its commitlog under the broker's durability
     policy, so a device that is offline now still gets it from the log when it comes back. Many publishes go
-    out pipelined, up to each broker's Receive Maximum unacknowledged at a time, and are waited for together.
-    The connections live on their own event-loop thread; a dropped one is reopened at the next publish.
+    out pipelined over up to ``connections`` connections per broker, each with up to the broker's Receive
+    Maximum unacknowledged at a time, and are waited for together. The connections live on their own
+    event-loop thread; a dropped one is reopened at the next publish.
     """
 
     def __init__(
@@ -64,8 +75,12 @@ class MqttPublisher:
         username: str | None = None,
         password: str | None = None,
         timeout_s: float = 30.0,
+        connections: int = CONNECTIONS,
     ) -> None:
+        if connections < 1:
+            raise ValueError("connections must be at least 1")
         self.brokers = list(brokers)
+        self.connections = connections
         self.client_id = client_id
         self.username = username
         self.password = password.encode() if password is not None else None
@@ -76,7 +91,8 @@ class MqttPublisher:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="actions-publisher", daemon=True)
         self._thread.start()
-        self._clients: list[MqttClient | None] = [None] * len(self.brokers)
+        self._clients: dict[tuple[int, int], MqttClient] = {}
+        """Open connections by (broker index, slot); slot 0 is always used, the others by large batches."""
         self._run(self._open())
 
     def _run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
@@ -84,29 +100,40 @@ class MqttPublisher:
 
     async def _open(self) -> None:
         """Connect at start, so a wrong address or credentials fail the job at once."""
-        await self._connect_all()
+        await self._connect_all(1)
 
-    async def _connect_all(self) -> list[MqttClient]:
-        """A connected client per broker, reopening any that dropped."""
-        return [
-            await self._connected(index, f"{self.client_id}-{index}") for index in range(len(self.brokers))
-        ]
+    def _client_id(self, index: int, slot: int) -> str:
+        return f"{self.client_id}-{index}" if slot == 0 else f"{self.client_id}-{index}-{slot}"
 
-    async def _connected(self, index: int, client_id: str) -> MqttClient:
-        """The client of broker ``index``, (re)connected if need be."""
-        client = self._clients[index]
+    async def _connect_all(self, slots: int) -> list[list[MqttClient]]:
+        """``slots`` connected clients per broker, reopening any that dropped."""
+        return [await self._slots(index, slots) for index in range(len(self.brokers))]
+
+    async def _slots(self, index: int, slots: int) -> list[MqttClient]:
+        """The first ``slots`` connections to broker ``index``, opened together."""
+        opened = await asyncio.gather(
+            *(self._connected(index, slot) for slot in range(slots)), return_exceptions=True
+        )
+        for result in opened:  # every attempt has ended: none stores a client after a move
+            if isinstance(result, BaseException):
+                raise result
+        return cast(list[MqttClient], opened)
+
+    async def _connected(self, index: int, slot: int) -> MqttClient:
+        """The client of broker ``index`` in ``slot``, (re)connected if need be."""
+        client = self._clients.get((index, slot))
         if client is None or not client.connected:
             host, port = self.brokers[index]
             client = await MqttClient.connect(
                 host,
                 port,
-                client_id,
+                self._client_id(index, slot),
                 username=self.username,
                 password=self.password,
                 keep_alive=30,
                 timeout_s=self.timeout_s,
             )
-            self._clients[index] = client
+            self._clients[index, slot] = client
         return client
 
     def publish(self, topic: str, payload: bytes) -> None:
@@ -119,18 +146,31 @@ class MqttPublisher:
                 self._run(self._publish_many(messages))
 
     async def _publish_many(self, messages: Sequence[tuple[str, bytes]]) -> None:
-        clients = await self._connect_all()
-        sent = [client.publish_many(messages) for client in clients]
-        self.sent += len(messages) * len(clients)
+        shards = _shards(messages, self._slot_count(len(messages)))
+        per_broker = await self._connect_all(len(shards))
+        sent = [
+            client.publish_many([messages[i] for i in shard])
+            for clients in per_broker
+            for client, shard in zip(clients, shards, strict=True)
+        ]
+        self.sent += len(messages) * len(per_broker)
         answers = await asyncio.wait_for(asyncio.gather(*sent), self.timeout_s)
+        shard_of_answer = [shard for _ in per_broker for shard in shards]
         _raise_refused(
-            [(topic, code) for codes in answers for (topic, _), code in zip(messages, codes, strict=True)]
+            [
+                (messages[i][0], code)
+                for shard, codes in zip(shard_of_answer, answers, strict=True)
+                for i, code in zip(shard, codes, strict=True)
+            ]
         )
+
+    def _slot_count(self, messages: int) -> int:
+        return max(1, min(self.connections, messages // SHARD_MIN))
 
     def close(self) -> None:
         async def disconnect() -> None:
-            for client in self._clients:
-                if client is not None and client.connected:
+            for client in self._clients.values():
+                if client.connected:
                     await client.disconnect()
 
         try:
@@ -146,7 +186,9 @@ class ClusterPublisher(MqttPublisher):
 
     It keeps one connection, to the first member that accepts it. When that member dies (the connection
     drops, or a PUBACK takes longer than ``ack_timeout_s``, well above the cluster's failover time), it
-    connects to the next member in the list and resends exactly the messages that were not acknowledged; a
+    connects to the next member in the list and resends exactly the messages that were not acknowledged (a
+    large batch goes over several connections to the member, as ``MqttPublisher`` does: when one of them
+    drops, all of them move, and only what no connection got acknowledged is sent again); a
     publish answered 0x83 (the cluster cannot acknowledge it yet, e.g. while it elects a new leader) is sent
     again after ``retry_s``. A resent message may be in the log twice (its first copy was appended but not
     acknowledged): devices act once per action
@@ -162,6 +204,7 @@ class ClusterPublisher(MqttPublisher):
         timeout_s: float = 120.0,
         ack_timeout_s: float = 30.0,
         retry_s: float = 0.25,
+        connections: int = CONNECTIONS,
     ) -> None:
         self.ack_timeout_s = ack_timeout_s
         self.retry_s = retry_s
@@ -170,16 +213,19 @@ class ClusterPublisher(MqttPublisher):
         self.moves = 0
         """Times the publisher moved to another member."""
         self._member = 0
-        super().__init__(brokers, client_id, username, password, timeout_s)
+        super().__init__(brokers, client_id, username, password, timeout_s, connections)
 
     async def _open(self) -> None:
-        await self._current(self._loop.time() + self.timeout_s)
+        await self._current(self._loop.time() + self.timeout_s, 1)
 
-    async def _current(self, deadline: float) -> MqttClient:
-        """The connection to the member in use, or to the next one that accepts it."""
+    def _client_id(self, index: int, slot: int) -> str:
+        return self.client_id if slot == 0 else f"{self.client_id}-{slot}"
+
+    async def _current(self, deadline: float, slots: int) -> list[MqttClient]:
+        """``slots`` connections to the member in use, or to the next one that accepts them."""
         while True:
             try:
-                return await self._connected(self._member, self.client_id)
+                return await self._slots(self._member, slots)
             except (OSError, TimeoutError, ConnectionError) as error:
                 if self._loop.time() > deadline:
                     raise PublishTimedOut(f"no cluster member accepted a connection: {error}") from error
@@ -188,10 +234,8 @@ class ClusterPublisher(MqttPublisher):
                     await asyncio.sleep(self.retry_s)
 
     def _move(self, why: str) -> None:
-        old = self._clients[self._member]
-        if old is not None:
-            old.abort()
-            self._clients[self._member] = None
+        for key in [key for key in self._clients if key[0] == self._member]:
+            self._clients.pop(key).abort()
         self._member = (self._member + 1) % len(self.brokers)
         self.moves += 1
         host, port = self.brokers[self._member]
@@ -202,8 +246,18 @@ class ClusterPublisher(MqttPublisher):
         pending = list(range(len(messages)))
         answers: list[tuple[str, int | None]] = []
         while pending:
-            client = await self._current(deadline)
-            codes = await client.publish_many_settled([messages[i] for i in pending], self.ack_timeout_s)
+            shards = _shards([messages[i] for i in pending], self._slot_count(len(pending)))
+            clients = await self._current(deadline, len(shards))
+            settled = await asyncio.gather(
+                *(
+                    client.publish_many_settled([messages[pending[i]] for i in shard], self.ack_timeout_s)
+                    for client, shard in zip(clients, shards, strict=True)
+                )
+            )
+            codes: list[int | None] = [None] * len(pending)
+            for shard, shard_codes in zip(shards, settled, strict=True):
+                for i, code in zip(shard, shard_codes, strict=True):
+                    codes[i] = code
             self.sent += len(pending)
             again = []
             for index, code in zip(pending, codes, strict=True):
@@ -224,6 +278,16 @@ class ClusterPublisher(MqttPublisher):
 
 class PublishTimedOut(RuntimeError):
     """Publishes that no cluster member acknowledged in time (they may or may not be in the log)."""
+
+
+def _shards(messages: Sequence[tuple[str, bytes]], count: int) -> list[list[int]]:
+    """The indexes of ``messages`` split into ``count`` lists by a hash of the topic (stable across runs)."""
+    if count == 1:
+        return [list(range(len(messages)))]
+    shards: list[list[int]] = [[] for _ in range(count)]
+    for index, (topic, _) in enumerate(messages):
+        shards[zlib.crc32(topic.encode()) % count].append(index)
+    return shards
 
 
 def _raise_refused(answers: Sequence[tuple[str, int | None]]) -> None:

@@ -40,6 +40,25 @@ from broker_edge.protocol import (
 MessageHandler = Callable[["Message"], None]
 
 
+def _remaining_length(length: int) -> bytes:
+    """MQTT's variable byte integer."""
+    out = bytearray()
+    while True:
+        byte, length = length % 128, length // 128
+        out.append(byte | 0x80 if length else byte)
+        if not length:
+            return bytes(out)
+
+
+def qos1_publish_frame(topic: str, payload: bytes, packet_id: int) -> bytes:
+    """An MQTT 5 QoS 1 PUBLISH without properties, as ``encode`` writes it but without a packet object: a
+    batch of thousands of publishes costs a few byte joins each."""
+    name = topic.encode()
+    body_length = 2 + len(name) + 2 + 1 + len(payload)
+    header = b"\x32" + _remaining_length(body_length) + len(name).to_bytes(2, "big")
+    return b"".join((header, name, packet_id.to_bytes(2, "big"), b"\x00", payload))
+
+
 class ConnectionRefused(ConnectionError):
     """The broker answered CONNECT with a failure reason code."""
 
@@ -263,7 +282,7 @@ class MqttClient(asyncio.Protocol):
                 ack = self._expect("puback", packet_id)
                 ack.add_done_callback(acknowledged)
                 futures.append(ack)
-                frames.append(encode(Publish(topic, payload, 1, packet_id=packet_id), MQTT_5))
+                frames.append(qos1_publish_frame(topic, payload, packet_id))
             index += len(frames)
             in_flight += len(frames)
             acks.extend(futures)

@@ -65,7 +65,20 @@ def _completed(store, action_id: str) -> bool:
     return row is not None and row["action_state"] == "COMPLETED"
 
 
-def test_rollout_survives_the_kill_of_the_broker_the_job_uses(spark, tmp_path, cluster_brokers, etcd):
+@pytest.fixture
+def own_streams(spark):
+    """The test's Spark session; every streaming query the test started and left running (a failure before
+    the job's own stop, or in it) is stopped at its end, so none of them outlives it into later tests."""
+    before = {query.id for query in spark.streams.active}
+    yield spark
+    left = [query for query in spark.streams.active if query.id not in before]
+    for query in left:
+        query.stop()
+    assert not left, f"streaming queries left running: {[query.name for query in left]}"
+
+
+def test_rollout_survives_the_kill_of_the_broker_the_job_uses(tmp_path, cluster_brokers, etcd, own_streams):
+    spark = own_streams
     brokers = {node: cluster_brokers(node, replica_lag_max_ms=2000) for node in NODES}
     wait_settled(etcd, set(NODES), 3)
     store = open_table_store(spark, str(tmp_path / "tables"), backend="delta-rs")
@@ -92,7 +105,12 @@ def test_rollout_survives_the_kill_of_the_broker_the_job_uses(spark, tmp_path, c
             broadcast = create_action(
                 store, NewAction(group="canary", version="2.0.0", url="https://example.invalid/fw2.bin")
             )
-            wait_until(lambda: _completed(store, broadcast), ROLLOUT_S, "the broadcast to complete")
+            wait_until(
+                lambda: _completed(store, broadcast),
+                ROLLOUT_S,
+                "the broadcast to complete",
+                lambda: (summary(store, broadcast), fleet.status(), reports.query.exception()),
+            )
             sent_before, resent_before = publisher.sent, publisher.resent
             fleet_ids = sorted(d for d, group in groups.items() if group == "fleet")
 
