@@ -93,7 +93,12 @@ def demo_main(argv: list[str]) -> int:
     print(f"Timestone demo in {workdir}")
     broker = BrokerProcess(
         workdir / "broker",
-        limits={"max_connections": args.devices + 100, "new_connections_per_second": 1000.0},
+        limits={
+            "max_connections": args.devices + 100,
+            "new_connections_per_second": 1000.0,
+            "new_connections_per_second_per_address": 1000.0,  # the simulated fleet is all on loopback
+            "new_connections_burst_per_address": 2000,
+        },
         logging={"level": "WARNING"},
     ).start()
     print(f"  broker      MQTT 127.0.0.1:{broker.port}, offsets API {broker.offsets_url}")
