@@ -26,19 +26,18 @@ machine's busy time minus that of this process, the brokers and etcd) is reporte
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import datetime as dt
 import os
 import resource
 import statistics
 import struct
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.report import output_parser, run_in_tempdir, write_result
 from bench.sysinfo import cpu_seconds, machine_busy_seconds, machine_info, machine_load_sentence
 from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_broker, cluster_state, settled
 from broker_edge.cluster.view import partition_of
@@ -420,8 +419,7 @@ def render(figures: Figures, command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.cluster_bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--output", type=Path, default=BENCH_DIR / "results" / "cluster.md")
+    parser = output_parser("python -m bench.cluster_bench", __doc__, BENCH_DIR / "results" / "cluster.md")
     parser.add_argument(
         "--latency-only",
         action="store_true",
@@ -431,8 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         "--trace", type=Path, help="directory for the path marks; prints where the QoS 1 record's time went"
     )
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="timestone-cluster-bench-") as tmp:
-        figures = run(Path(tmp), args.latency_only, args.trace)
+    figures = run_in_tempdir("timestone-cluster-bench-", lambda tmp: run(tmp, args.latency_only, args.trace))
     command = "flock /tmp/timestone-bench.lock python -m bench.cluster_bench"
     text = render(figures, command)
     if args.latency_only:
@@ -442,9 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     else:
-        args.output.write_text(text)
-        print(text)
-        print(f"wrote {args.output}", flush=True)
+        write_result(text, args.output)
     if args.trace is not None:
         from bench.cluster_trace import load, rows, table
 
