@@ -187,9 +187,10 @@ class LimitsConfig:
     0 = unlimited (and no per-address bound either)."""
     new_connections_burst: int = 2_000
     """New connections accepted at once above that rate (a whole site reconnecting)."""
-    new_connections_per_second_per_address: float = 200.0
-    """Sustained rate of accepted new connections from one source IP address, within the overall rate above,
-    so one flooding address cannot lock every other device out; 0 = no per-address bound."""
+    new_connections_per_second_per_address: float = 500.0
+    """Sustained rate of accepted new connections from one source IP address, within the overall rate above:
+    half the overall default, so one flooding address leaves at least the other half to every other device;
+    0 = no per-address bound."""
     new_connections_burst_per_address: int = 1_000
     """New connections accepted at once from one source address above its rate (a site behind one NAT)."""
     new_connections_tracked_addresses: int = 10_000
