@@ -26,14 +26,12 @@ machine's busy time minus that of this process, the brokers and etcd) is reporte
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import datetime as dt
 import os
 import resource
 import statistics
 import struct
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +39,7 @@ from pathlib import Path
 
 import yaml
 
+from bench.report import output_parser, run_in_tempdir, write_result
 from bench.sysinfo import cpu_seconds, machine_busy_seconds, machine_info, machine_load_sentence
 from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_broker, cluster_state, settled
 from broker_edge.cluster.view import partition_of
@@ -422,8 +421,7 @@ def render(figures: Figures, command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.cluster_bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--output", type=Path, default=BENCH_DIR / "results" / "cluster.md")
+    parser = output_parser("python -m bench.cluster_bench", __doc__, BENCH_DIR / "results" / "cluster.md")
     parser.add_argument(
         "--latency-only",
         action="store_true",
@@ -445,8 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         storage = SECTIONS.setdefault("storage", {})
         assert isinstance(storage, dict)
         storage[key] = yaml.safe_load(value)
-    with tempfile.TemporaryDirectory(prefix="timestone-cluster-bench-") as tmp:
-        figures = run(Path(tmp), args.latency_only, args.trace)
+    figures = run_in_tempdir("timestone-cluster-bench-", lambda tmp: run(tmp, args.latency_only, args.trace))
     command = "flock /tmp/timestone-bench.lock python -m bench.cluster_bench"
     text = render(figures, command)
     if args.latency_only:
@@ -456,9 +453,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     else:
-        args.output.write_text(text)
-        print(text)
-        print(f"wrote {args.output}", flush=True)
+        write_result(text, args.output)
     if args.trace is not None:
         from bench.cluster_trace import load, rows, table
 

@@ -20,20 +20,19 @@ everything else on the machine used (the machine is shared).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import datetime as dt
 import multiprocessing as mp
 import os
 import statistics
 import struct
-import tempfile
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from bench.cluster_bench import NODES, SECTIONS
+from bench.report import run_and_write
 from bench.sysinfo import (
     cpu_seconds,
     machine_busy_seconds,
@@ -433,18 +432,7 @@ def render(figures: Figures, command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.cluster_fanout_bench", description=(__doc__ or "").split("\n")[0]
-    )
-    parser.add_argument("--output", type=Path, default=BENCH_DIR / "results" / "cluster-fanout.md")
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="timestone-cluster-fanout-") as tmp:
-        figures = run(Path(tmp))
-    text = render(figures, "flock /tmp/timestone-bench.lock python -m bench.cluster_fanout_bench")
-    args.output.write_text(text)
-    print(text)
-    print(f"wrote {args.output}", flush=True)
-    return 0
+    return run_and_write(argv, "cluster-fanout", __doc__, run, render)
 
 
 if __name__ == "__main__":

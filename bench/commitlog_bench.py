@@ -44,6 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.report import write_result
 from broker_edge.offsets_api import serve
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.storage import AppendRecord, LogStore, StorageConfig
@@ -412,10 +413,7 @@ def main() -> None:
         many = bench_many_topics(root, 500, 20_000 // scale)
         reads = bench_reads(root, 200_000 // scale)
     table = render(appends, many, reads, time.perf_counter() - began, args.repeat)
-    print(table)
-    if args.write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(table)
+    write_result(table, RESULTS if args.write else None)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,8 @@ def broker_limits(devices: int) -> dict:
         "max_connections": devices + 100,
         "new_connections_per_second": 5000,
         "new_connections_burst": 5000,
+        "new_connections_per_second_per_address": 5000,  # the whole fleet connects from loopback
+        "new_connections_burst_per_address": 5000,
         "messages_per_second_per_client": 0,
         "max_topics_per_client": 0,
         "receive_maximum": 1024,

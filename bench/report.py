@@ -1,14 +1,63 @@
 """Rendering bench/RESULTS.md: the machine, the brokers, the targets, one table per scenario, and the
-sections other benchmark scripts leave in bench/results/*.md (appended verbatim)."""
+sections other benchmark scripts leave in bench/results/*.md (appended verbatim); and the steps every
+benchmark script's ``main`` shares: parse ``--output``, run in a temporary directory, render, write, print."""
 
 from __future__ import annotations
 
+import argparse
 import math
+import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from bench.scenarios.base import ScenarioResult, Target
 from bench.sysinfo import MachineInfo
+
+F = TypeVar("F")
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def output_parser(prog: str, doc: str | None, default_output: Path) -> argparse.ArgumentParser:
+    """An argument parser described by the first line of ``doc``, with ``--output`` (a markdown file)."""
+    parser = argparse.ArgumentParser(prog=prog, description=(doc or "").split("\n")[0])
+    parser.add_argument(
+        "--output", type=Path, default=default_output, help=f"markdown file (default {default_output})"
+    )
+    return parser
+
+
+def run_in_tempdir(prefix: str, run: Callable[[Path], F]) -> F:
+    """``run(directory)`` in a fresh temporary directory, removed afterwards whatever happens."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        return run(Path(tmp))
+
+
+def write_result(text: str, output: Path | None) -> None:
+    """Print ``text``; with ``output``, also write it there (its folder made) and say so."""
+    print(text)
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+        print(f"wrote {output}", flush=True)
+
+
+def run_and_write(
+    argv: Sequence[str] | None,
+    name: str,
+    doc: str | None,
+    run: Callable[[Path], F],
+    render: Callable[[F, str], str],
+) -> int:
+    """The whole ``main`` of benchmark ``bench/<name>_bench.py`` whose only option is ``--output`` (default
+    ``bench/results/<name>.md``, dashes in ``name`` for the underscores of the module): run in a temporary
+    directory, render the figures with the command that reruns it, write and print them; 0."""
+    module = f"bench.{name.replace('-', '_')}_bench"
+    args = output_parser(f"python -m {module}", doc, RESULTS_DIR / f"{name}.md").parse_args(argv)
+    figures = run_in_tempdir(f"timestone-{name}-bench-", run)
+    write_result(render(figures, f"flock /tmp/timestone-bench.lock python -m {module}"), args.output)
+    return 0
 
 
 @dataclass(frozen=True)

@@ -19,16 +19,15 @@ during the run is reported: a shared machine shows.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import os
 import socket
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.report import run_and_write
 from bench.sysinfo import cpu_seconds, machine_busy_seconds, machine_info, machine_load_sentence
 from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_broker, settled, wait_until
 from broker_edge.launcher import BrokerProcess
@@ -207,18 +206,7 @@ def render(figures: Figures, command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.sessions_bench", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--output", type=Path, default=BENCH_DIR / "results" / "sessions.md")
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="timestone-sessions-bench-") as tmp:
-        figures = run(Path(tmp))
-    text = render(figures, "flock /tmp/timestone-bench.lock python -m bench.sessions_bench")
-    args.output.write_text(text)
-    print(text)
-    print(f"wrote {args.output}", flush=True)
-    return 0
+    return run_and_write(argv, "sessions", __doc__, run, render)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from pyspark.sql.types import StructType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.report import write_result
 from bench.sysinfo import machine_busy_seconds, machine_info, process_tree
 from broker_edge.offsets_api.client import OffsetsClient
 
@@ -379,10 +380,7 @@ def main() -> None:
             broker.stop()
         figures = measure(root, args, per_topic, load_before)
     table = render(args, figures, time.perf_counter() - began)
-    print(table)
-    if args.write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(table)
+    write_result(table, RESULTS if args.write else None)
 
 
 @contextmanager

@@ -56,6 +56,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench import frames  # noqa: E402
+from bench.report import write_result  # noqa: E402
 from bench.sysinfo import machine_busy_seconds, machine_info  # noqa: E402
 from bench.telemetry_ceiling import CeilingRun, run_ceiling  # noqa: E402
 from broker_edge.launcher import BrokerProcess  # noqa: E402
@@ -1183,9 +1184,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     text = render(figures, time.perf_counter() - began, load, started)
-    print(text)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
+    write_result(text, args.output)
     return 1 if figures.failures else 0
 
 

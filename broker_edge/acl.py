@@ -16,7 +16,8 @@ pattern: such a client never matches an allow rule that uses it, and always matc
 it (fail closed).
 
 Publish checks run for every PUBLISH, so decisions are cached per (client, username, topic) in a bounded
-dictionary; reloading the rules means building a new ``AccessControl``.
+dictionary; ``reload`` (SIGHUP) re-reads the rules file and replaces the rules in place, emptying the cache,
+so every holder of this object sees the new rules; a file that does not load leaves the old rules in force.
 """
 
 from __future__ import annotations
@@ -85,6 +86,44 @@ class AclConfig:
     def __post_init__(self) -> None:
         if self.cache_size < 0:
             raise ConfigError("cache_size", f"must be >= 0, got {self.cache_size}")
+
+
+def _configured_rules(config: AclConfig) -> list[AclRule]:
+    rules = list(config.rules)
+    if config.file:
+        rules.extend(_file_rules(Path(config.file)))
+    return rules
+
+
+def _file_rules(path: Path) -> list[AclRule]:
+    """The rules of an ACL file; a ``ConfigError`` names the file and the line of what is wrong."""
+    import yaml  # here: a broker without an ACL file never needs it
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError("file", f"cannot read ACL file {path}: {exc}") from exc
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}, line {mark.line + 1}" if mark is not None else str(path)
+        raise ConfigError(where, f"not valid YAML: {getattr(exc, 'problem', None) or exc}") from exc
+    document = load_yaml_file(path)
+    rules = document.get("rules")
+    if not isinstance(rules, list):
+        return load_dataclass(_AclFile, document, str(path)).rules  # the error names the key
+    lines = [1] * len(rules)
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if key.value == "rules" and isinstance(value, yaml.SequenceNode):
+                lines = [item.start_mark.line + 1 for item in value.value]
+    for index, rule in enumerate(rules):
+        try:
+            load_dataclass(AclRule, rule, f"rules[{index}]")
+        except ConfigError as exc:
+            raise ConfigError(f"{path}, line {lines[index]}", str(exc)) from exc
+    return load_dataclass(_AclFile, document, str(path)).rules
 
 
 def _pattern_problem(pattern: str) -> str | None:
@@ -214,25 +253,35 @@ class AccessControl:
         self, rules: list[AclRule], default: Literal["allow", "deny"] | None = None, cache_size: int = 65_536
     ):
         """``default`` unset: ``allow`` if there are no rules, else ``deny``."""
-        self.rules = list(rules)
-        self.default_allow = (default or ("deny" if self.rules else "allow")) == "allow"
-        self._compiled = [_CompiledRule(rule) for rule in self.rules]
+        self.rules: list[AclRule] = []
+        self.default_allow = True
+        self._compiled: list[_CompiledRule] = []
         self._cache_size = cache_size
         self._publish_cache: dict[tuple[str, str | None, str], bool] = {}
         self._subscribe_cache: dict[tuple[str, str | None, str], bool] = {}
+        self._install(rules, default)
+
+    def _install(self, rules: list[AclRule], default: Literal["allow", "deny"] | None) -> None:
+        compiled = [_CompiledRule(rule) for rule in rules]
+        self.rules = list(rules)
+        self.default_allow = (default or ("deny" if self.rules else "allow")) == "allow"
+        self._compiled = compiled
+        self.clear_cache()
 
     @classmethod
     def from_config(cls, config: AclConfig) -> AccessControl:
-        """Inline rules, then the rules of ``config.file`` (a ``ConfigError`` names the file and field)."""
-        rules = list(config.rules)
-        if config.file:
-            path = Path(config.file)
-            try:
-                document = load_yaml_file(path)
-            except OSError as exc:
-                raise ConfigError("file", f"cannot read ACL file {path}: {exc}") from exc
-            rules.extend(load_dataclass(_AclFile, document, str(path)).rules)
-        return cls(rules, config.default, config.cache_size)
+        """Inline rules, then those of ``config.file`` (a ``ConfigError`` names the file, line and field)."""
+        return cls(_configured_rules(config), config.default, config.cache_size)
+
+    def reload(self, config: AclConfig) -> int:
+        """Re-read ``config.file`` and put its rules (after the inline ones) in force; the number of rules.
+
+        On an unreadable or invalid file a ``ConfigError`` naming the file and line is raised and the rules
+        in force stay as they were. Decisions cached under the old rules are forgotten.
+        """
+        rules = _configured_rules(config)
+        self._install(rules, config.default)
+        return len(rules)
 
     def can_publish(self, client_id: str, username: str | None, topic: str) -> bool:
         """Whether the client may publish to topic name ``topic``."""

@@ -35,7 +35,7 @@ import logging
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from broker_edge.delivery import Message
-from broker_edge.handlers import dispatch_connected, handle_connect
+from broker_edge.handlers import dispatch_connected, handle_connect, handle_puback
 from broker_edge.limits import NOT_STARTED
 from broker_edge.protocol.codec import PacketDecoder, SharedDecoder, encode, shared_decoder
 from broker_edge.protocol.errors import MQTTError, UnsupportedProtocolVersion
@@ -318,7 +318,10 @@ class Connection(asyncio.Protocol):
         if state == CONNECTED:
             session = self.session
             assert session is not None, "a connected connection has a session"
-            dispatch_connected(self.host, self, session, packet)
+            if type(packet) is PubAck:  # one per QoS 1 delivery: straight to its handler, no dispatch hop
+                handle_puback(self.host, self, session, packet)
+            else:
+                dispatch_connected(self.host, self, session, packet)
             return
         if state == AUTHENTICATING:
             if self.backlog is None:
@@ -416,7 +419,8 @@ class Connection(asyncio.Protocol):
             self.host.counters.drop("slow_subscriber")
             return False
         template: PublishTemplate | None
-        offsets = self.session is not None and self.session.log_offsets
+        session = self.session  # once per delivery: look at the session only for a logged message
+        offsets = message.offset is not None and session is not None and session.log_offsets
         if self.aliases_out is None:
             template = message.template(self.v5, qos, retain, subscription_ids, 0, False, offsets)
         else:

@@ -83,6 +83,16 @@ class BrokerCore:
                 conns.append(conn)
         return conns
 
+    def connection_count(self) -> int:
+        """How many connections ``connections`` would list, counted without building that list."""
+        unattached = self._unattached
+        count = len(unattached)
+        for session in self.router.sessions.values():
+            conn = session.connection
+            if conn is not None and conn not in unattached:
+                count += 1
+        return count
+
     # -- the primitives a runtime provides ------------------------------------------------------------------
 
     def now(self) -> float:
@@ -106,7 +116,7 @@ class BrokerCore:
 
     def connection_opened(self, conn: Connection) -> None:
         now = self.now()
-        refusal = self.admission.admit(now)
+        refusal = self.admission.admit(now, conn.peer_host())
         conn.deadline = now + self.config.limits.connect_timeout_s
         self._unattached[conn] = None
         if refusal is not None:

@@ -99,9 +99,10 @@ class Message:
         name when ``alias_only`` (the connection has set it before). ``offsets`` (v5) adds the user property
         ``offset`` to a logged message, for sessions that asked for it.
         """
-        left = self.expiry_left() if v5 else None
-        expiry = None if left is None else max(1, left)
-        offsets = offsets and v5 and self.offset is not None
+        expires_at = self.expires_at  # runs once per delivery: no method call for the common case
+        expiry = None if expires_at is None or not v5 else max(1, math.ceil(expires_at - time.monotonic()))
+        if offsets and (not v5 or self.offset is None):
+            offsets = False
         if subscription_ids or expiry is not None:
             key: object = (v5, qos, retain, subscription_ids, expiry, alias, alias_only, offsets)
         else:  # the common variants: one small int (hashing a tuple per delivery would cost more)

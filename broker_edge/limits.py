@@ -90,35 +90,80 @@ full, so starting it then grants the same as at CONNECT, and a client that never
 class ConnectionAdmission:
     """Decides whether a new TCP/TLS connection may proceed, before any byte of it is parsed.
 
-    Two bounds: the number of open connections (memory, file descriptors) and the rate of new ones
-    (a reconnect storm costs TLS handshakes, password hashing and session lookups). Refusing early is
-    cheaper than refusing after CONNECT. Every successful ``admit`` must be paired with one ``release``
-    when that connection closes.
+    Three bounds: the number of open connections (memory, file descriptors), the rate of new ones from one
+    source address, and the rate of new ones from all addresses together (a reconnect storm costs TLS
+    handshakes, password hashing and session lookups). The per-address bucket is checked before the overall
+    one, so one address flooding the broker is refused on its own bucket and cannot spend the tokens every
+    other device needs. The per-address buckets live in a bounded map: when it is full, the address used
+    least recently gives up its bucket (it gets a full one if it comes back). Refusing early is cheaper than
+    refusing after CONNECT. Every successful ``admit`` must be paired with one ``release`` when that
+    connection closes.
     """
 
-    __slots__ = ("_bucket", "active", "max_connections")
+    __slots__ = (
+        "_address_burst",
+        "_address_rate",
+        "_bucket",
+        "_buckets",
+        "active",
+        "max_addresses",
+        "max_connections",
+    )
 
-    def __init__(self, max_connections: int, new_per_second: float, burst: int) -> None:
-        """``new_per_second == 0`` disables the rate bound; ``max_connections`` must be >= 1."""
+    def __init__(
+        self,
+        max_connections: int,
+        new_per_second: float,
+        burst: int,
+        new_per_second_per_address: float = 0.0,
+        burst_per_address: int = 1,
+        max_addresses: int = 10_000,
+    ) -> None:
+        """``new_per_second == 0`` disables the overall rate bound, ``new_per_second_per_address == 0`` the
+        per-address one; ``max_connections`` must be >= 1."""
         if max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
+        if max_addresses < 1:
+            raise ValueError(f"max_addresses must be >= 1, got {max_addresses}")
         self.max_connections = max_connections
         self.active = 0
         self._bucket = TokenBucket(new_per_second, max(1, burst)) if new_per_second > 0 else None
+        self._address_rate = float(new_per_second_per_address)
+        self._address_burst = max(1, burst_per_address)
+        self.max_addresses = max_addresses
+        self._buckets: dict[str, TokenBucket] = {}
+        """Source address → its bucket, least recently used first."""
 
-    def admit(self, now: float) -> str | None:
-        """``None`` if the connection may proceed (and counts as active), else the refusal reason.
+    @property
+    def tracked_addresses(self) -> int:
+        """Addresses that hold a bucket now (at most ``max_addresses``)."""
+        return len(self._buckets)
+
+    def admit(self, now: float, address: str = "") -> str | None:
+        """``None`` if the connection from ``address`` may proceed (and counts as active), else the refusal.
 
         The reason is ``"max_connections"`` or ``"rate"``; it is the ``reason`` label of
         ``connections_refused_total``. The connection limit is checked first so that a full broker does
-        not also spend rate tokens on connections it refuses.
+        not also spend rate tokens on connections it refuses, then the address's bucket, then the overall one.
         """
         if self.active >= self.max_connections:
             return "max_connections"
+        if self._address_rate > 0 and not self._address_bucket(address).try_acquire(now):
+            return "rate"
         if self._bucket is not None and not self._bucket.try_acquire(now):
             return "rate"
         self.active += 1
         return None
+
+    def _address_bucket(self, address: str) -> TokenBucket:
+        buckets = self._buckets
+        bucket = buckets.pop(address, None)
+        if bucket is None:
+            if len(buckets) >= self.max_addresses:
+                del buckets[next(iter(buckets))]
+            bucket = TokenBucket(self._address_rate, self._address_burst)
+        buckets[address] = bucket  # (re)inserted last: the most recently used
+        return bucket
 
     def release(self) -> None:
         """A previously admitted connection closed."""
@@ -138,9 +183,18 @@ class LimitsConfig:
     """Open client connections, all listeners together; further connections are closed at once (room for a
     10,000-device fleet, the pipelines' own clients and a reconnect storm's sockets not yet closed)."""
     new_connections_per_second: float = 1_000.0
-    """Sustained rate of accepted new connections, all listeners (reconnect storms); 0 = unlimited."""
+    """Sustained rate of accepted new connections, all listeners and addresses together (reconnect storms);
+    0 = unlimited (and no per-address bound either)."""
     new_connections_burst: int = 2_000
     """New connections accepted at once above that rate (a whole site reconnecting)."""
+    new_connections_per_second_per_address: float = 500.0
+    """Sustained rate of accepted new connections from one source IP address, within the overall rate above:
+    half the overall default, so one flooding address leaves at least the other half to every other device;
+    0 = no per-address bound."""
+    new_connections_burst_per_address: int = 1_000
+    """New connections accepted at once from one source address above its rate (a site behind one NAT)."""
+    new_connections_tracked_addresses: int = 10_000
+    """Source addresses whose per-address rate is remembered; beyond it the least recently seen is dropped."""
     connect_timeout_s: float = 10.0
     """Seconds from TCP accept to a complete CONNECT (TLS handshake included) before the socket is closed."""
     max_connect_packet_size: int = 65_536
@@ -195,6 +249,9 @@ class LimitsConfig:
         _at_least(self, "max_connections", 1)
         _at_least(self, "new_connections_per_second", 0)
         _at_least(self, "new_connections_burst", 1)
+        _at_least(self, "new_connections_per_second_per_address", 0)
+        _at_least(self, "new_connections_burst_per_address", 1)
+        _at_least(self, "new_connections_tracked_addresses", 1)
         _positive(self, "connect_timeout_s")
         _between(self, "max_connect_packet_size", 64, MQTT_MAX_PACKET_SIZE)
         _at_least(self, "max_partial_packet_bytes", 1024)
@@ -224,7 +281,12 @@ class LimitsConfig:
     def connection_admission(self) -> ConnectionAdmission:
         """The broker-wide admission control these limits describe."""
         return ConnectionAdmission(
-            self.max_connections, self.new_connections_per_second, self.new_connections_burst
+            self.max_connections,
+            self.new_connections_per_second,
+            self.new_connections_burst,
+            self.new_connections_per_second_per_address if self.new_connections_per_second > 0 else 0.0,
+            self.new_connections_burst_per_address,
+            self.new_connections_tracked_addresses,
         )
 
     def is_exempt(self, username: str | None) -> bool:

@@ -1,8 +1,9 @@
 """``run_broker``: the process around a ``Broker`` (the ``timestone broker --config FILE`` command).
 
 uvloop when available, logging from the config, SIGINT / SIGTERM for a graceful stop (clients told, the
-commitlog flushed), SIGHUP to re-read the password file. Exit status: 0 after a clean stop, 2 for a
-configuration error (the message names the key), 1 if the broker cannot start (e.g. the port is taken).
+commitlog flushed), SIGHUP to re-read the password file and the ACL file. Exit status: 0 after a clean stop,
+2 for a configuration error (the message names the key), 1 if the broker cannot start (e.g. the port is
+taken).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from broker_edge.runtime import tune_garbage_collector
 if TYPE_CHECKING:
     from broker_edge.server import Broker
 
-__all__ = ["run_broker", "serve"]
+__all__ = ["reload_files", "run_broker", "serve"]
 
 log = logging.getLogger("broker_edge.main")
 
@@ -36,7 +37,7 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
     broker = Broker(config)
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, lambda: _reload_passwords(broker))
+    loop.add_signal_handler(signal.SIGHUP, lambda: reload_files(broker))
     await broker.start()
     tune_garbage_collector(config.runtime)
     log.info("broker started: %s", ", ".join(f"{name}={port}" for name, port in broker.ports.items()))
@@ -52,13 +53,21 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
     log.info("broker stopped")
 
 
-def _reload_passwords(broker: Broker) -> None:
-    if broker.passwords is None:
-        return
-    try:
-        broker.passwords.reload()
-    except Exception as exc:  # keep the users in force; say why
-        log.error("password file not reloaded: %s", exc)
+def reload_files(broker: Broker) -> None:
+    """SIGHUP: re-read the password file and the ACL file; a file that does not load keeps the old one."""
+    if broker.passwords is not None:
+        try:
+            broker.passwords.reload()
+        except Exception as exc:  # keep the users in force; say why
+            log.error("password file not reloaded: %s", exc)
+    acl_config = broker.config.acl
+    if broker.acl is not None and acl_config.file:
+        try:
+            count = broker.acl.reload(acl_config)
+        except Exception as exc:  # keep the rules in force; say why (the message names file and line)
+            log.error("ACL file %s not reloaded, the previous rules stay in force: %s", acl_config.file, exc)
+        else:
+            log.info("ACL file %s reloaded: %d rules", acl_config.file, count)
 
 
 def run_broker(config_path: str | None) -> int:

@@ -301,7 +301,7 @@ class Broker(BrokerCore):
         failure = self.store.committer.failure if self.store is not None else None
         return {
             "status": "ok" if not self._stopping and failure is None else "error",
-            "connections": len(self.connections),
+            "connections": self.connection_count(),
             "sessions": len(self.router.sessions),
             "listeners": dict(self.ports),
             "uptime_s": int(time.time() - self.started_at),

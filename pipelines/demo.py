@@ -3,17 +3,21 @@
 It starts an edge broker (a child process), a simulated fleet, the telemetry pipeline and the actions job on
 a local Spark session; waits until the telemetry pipeline has registered the devices; writes one OTA action
 row for the ``canary`` group; shows the rollout as a live bar; prints the outcome per state; and says where
-the Delta tables and notebooks are.
+the Delta tables and notebooks are. SIGTERM, SIGINT and a normal exit all stop the broker it started.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
+import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
+from types import FrameType
 
 from broker_edge.launcher import BrokerProcess
 from pipelines.fleet.background import BackgroundFleet
@@ -61,6 +65,42 @@ class Progress:
             print(self._last, file=self.stream, flush=True)
 
 
+class Children:
+    """The processes the demo started, stopped on SIGTERM, SIGINT and at exit whatever the demo was doing.
+
+    Without this a SIGTERM would end the demo at once and leave its broker running. The first signal stops
+    the children and raises ``SystemExit`` (status 128 + signal) so the demo unwinds; a second one kills the
+    children and leaves at once.
+    """
+
+    def __init__(self) -> None:
+        self.brokers: list[BrokerProcess] = []
+        self.stopping = False
+
+    def install(self) -> None:
+        """Take SIGTERM and SIGINT (again after Spark, whose context takes SIGINT for itself)."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+
+    def add(self, broker: BrokerProcess) -> BrokerProcess:
+        self.brokers.append(broker)
+        return broker
+
+    def stop(self) -> None:
+        for broker in reversed(self.brokers):
+            broker.stop()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.stopping:
+            for broker in self.brokers:
+                broker.kill()
+            os._exit(128 + signum)
+        self.stopping = True
+        print(f"\n{signal.Signals(signum).name}: stopping the demo", file=sys.stderr, flush=True)
+        self.stop()
+        raise SystemExit(128 + signum)
+
+
 def bar(done: int, total: int, width: int = 30) -> str:
     filled = int(width * done / total) if total else 0
     return "[" + "#" * filled + "-" * (width - filled) + f"] {done}/{total}"
@@ -91,11 +131,22 @@ def demo_main(argv: list[str]) -> int:
     deadline = time.monotonic() + args.timeout
 
     print(f"Timestone demo in {workdir}")
-    broker = BrokerProcess(
-        workdir / "broker",
-        limits={"max_connections": args.devices + 100, "new_connections_per_second": 1000.0},
-        logging={"level": "WARNING"},
-    ).start()
+    children = Children()
+    children.install()
+    atexit.register(children.stop)
+    broker = children.add(
+        BrokerProcess(
+            workdir / "broker",
+            limits={
+                "max_connections": args.devices + 100,
+                "new_connections_per_second": 1000.0,
+                "new_connections_per_second_per_address": 1000.0,  # the simulated fleet is all on loopback
+                "new_connections_burst_per_address": 2000,
+            },
+            logging={"level": "WARNING"},
+        )
+    )
+    broker.start()
     print(f"  broker      MQTT 127.0.0.1:{broker.port}, offsets API {broker.offsets_url}")
     spec = FleetSpec(brokers=[broker.address], count=args.devices, groups=["canary", "fleet"], seed=11)
     behaviour = DeviceBehaviour(
@@ -107,13 +158,19 @@ def demo_main(argv: list[str]) -> int:
     try:
         with BackgroundFleet(spec, behaviour) as fleet:
             print(f"  fleet       {fleet.fleet.connected()} simulated devices (groups canary, fleet)")
-            return _run_pipelines(args, broker, fleet, tables, workdir, deadline)
+            return _run_pipelines(args, broker, fleet, tables, workdir, deadline, children)
     finally:
-        broker.stop()
+        children.stop()
 
 
 def _run_pipelines(
-    args, broker: BrokerProcess, fleet: BackgroundFleet, tables: Path, workdir: Path, deadline
+    args,
+    broker: BrokerProcess,
+    fleet: BackgroundFleet,
+    tables: Path,
+    workdir: Path,
+    deadline,
+    children: Children,
 ) -> int:
     from pipelines.actions.config import ActionsConfig, BrokerEndpoint
     from pipelines.actions.job import start_actions_job
@@ -126,6 +183,7 @@ def _run_pipelines(
     print("  spark       starting a local session ...")
     spark = local_spark_session("timestone-demo")
     spark.sparkContext.setLogLevel("ERROR")
+    children.install()
     telemetry_config = load_telemetry_config(
         {
             "source": {"brokers": [f"{broker.name}={broker.offsets_url}"]},
@@ -213,8 +271,9 @@ def _run_pipelines(
             print("               (their default when run from this directory or below: no setting needed)")
         print(f"Follow-up:     timestone ota status --tables-root {tables}")
     finally:
-        fleet.run(fleet.fleet.stop())  # no new data: the queries finish their batch and go idle
-        telemetry.processAllAvailable()
+        if not children.stopping:  # after a signal the broker is gone: nothing left to drain
+            fleet.run(fleet.fleet.stop())  # no new data: the queries finish their batch and go idle
+            telemetry.processAllAvailable()
         actions.stop()
         stop_between_batches(telemetry)
         batch.close()

@@ -69,4 +69,4 @@ def dispatch_connected(ctx: BrokerContext, conn: Connection, session: Session, p
         raise TypeError(f"no handler for {type(packet).__name__} from a connected client")
 
 
-__all__ = ["dispatch_connected", "handle_connect"]
+__all__ = ["dispatch_connected", "handle_connect", "handle_puback"]

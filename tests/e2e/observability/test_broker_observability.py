@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import urllib.error
 import urllib.request
 
@@ -95,6 +96,21 @@ def test_health_endpoint(start_broker):
         urllib.request.urlopen(url, timeout=5)
     assert error.value.code == 503
     broker.call(lambda: setattr(broker.broker, "_stopping", False))
+
+
+def test_health_counts_connections_before_and_after_connect(start_broker):
+    broker = start_broker()
+    PahoClient(broker.port, "c1")
+    PahoClient(broker.port, "c2")
+    waiting = socket.create_connection(("127.0.0.1", broker.port), timeout=5)  # no CONNECT yet
+    try:
+        assert wait_for(lambda: broker.call(lambda: len(broker.broker.connections)) == 3)
+        assert broker.call(broker.broker.connection_count) == 3
+        url = f"http://127.0.0.1:{broker.broker.admin_port}/health"
+        assert json.loads(urllib.request.urlopen(url, timeout=5).read())["connections"] == 3
+    finally:
+        waiting.close()
+    assert wait_for(lambda: broker.call(broker.broker.connection_count) == 2)
 
 
 def test_sys_topics(start_broker):

@@ -185,7 +185,7 @@ def test_rules_file_is_read_after_inline_rules(tmp_path: Path) -> None:
 def test_rules_file_errors_name_the_file_and_field(tmp_path: Path) -> None:
     rules_file = tmp_path / "acl.yaml"
     rules_file.write_text("rules:\n  - {permission: allow, action: publish, topic: 'a/#/b'}\n")
-    with pytest.raises(ConfigError, match=r"acl\.yaml\.rules\[0\]\.topic: '#' must be"):
+    with pytest.raises(ConfigError, match=r"acl\.yaml, line 2: rules\[0\]\.topic: '#' must be"):
         AccessControl.from_config(AclConfig(file=str(rules_file)))
     with pytest.raises(ConfigError, match=r"^file: cannot read ACL file"):
         AccessControl.from_config(AclConfig(file=str(tmp_path / "missing.yaml")))
@@ -290,3 +290,40 @@ def test_coverage_and_overlap_are_exact_for_every_pair_of_small_filters() -> Non
     ]
     assert wrong == []
     assert filter_covers("+/#", "#") and not filter_covers("a/+/#", "a/#")
+
+
+def test_reload_replaces_the_rules_in_place_and_forgets_cached_decisions(tmp_path) -> None:
+    path = tmp_path / "acl.yaml"
+    path.write_text("rules:\n  - {permission: allow, action: publish, topic: open/#}\n")
+    config = AclConfig(file=str(path), default="deny")
+    acl = AccessControl.from_config(config)
+    can_publish = acl.can_publish  # held by others, as the session store holds can_subscribe
+    assert not can_publish("c", None, "secret/a")
+    path.write_text("rules:\n  - {permission: allow, action: publish, topic: secret/#}\n")
+    assert acl.reload(config) == 1
+    assert can_publish("c", None, "secret/a") and not can_publish("c", None, "open/a")
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (
+            "rules:\n  - {permission: allow, action: all, topic: a/#}\n  - {permission: maybe, topic: b/#}\n",
+            "line 3",
+        ),
+        ("rules:\n  - permission: allow\n    topic: [a\n", "line 4"),
+        ("rules:\n  - permission: allow\n    action: all\n    topic: a/#\n    colour: red\n", "line 2"),
+    ],
+)
+def test_a_bad_file_on_reload_names_file_and_line_and_keeps_the_rules(
+    tmp_path, text: str, where: str
+) -> None:
+    path = tmp_path / "acl.yaml"
+    path.write_text("rules:\n  - {permission: allow, action: publish, topic: open/#}\n")
+    config = AclConfig(file=str(path))
+    acl = AccessControl.from_config(config)
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        acl.reload(config)
+    assert f"{path}, {where}" in str(error.value)
+    assert acl.can_publish("c", None, "open/a") and not acl.can_publish("c", None, "b/a")

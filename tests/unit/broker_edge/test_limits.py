@@ -69,6 +69,37 @@ def test_admission_limits_the_rate_of_new_connections() -> None:
     assert admission.admit(5.2) is None
 
 
+def test_admission_rate_is_per_source_address_within_the_overall_cap() -> None:
+    admission = ConnectionAdmission(
+        max_connections=100, new_per_second=1.0, burst=5, new_per_second_per_address=1.0, burst_per_address=2
+    )
+    flood = [admission.admit(0.0, "10.0.0.66") for _ in range(10)]
+    assert flood == [None, None] + ["rate"] * 8, "the flooding address is held to its own bucket"
+    assert [admission.admit(0.0, "10.0.0.1"), admission.admit(0.0, "10.0.0.2")] == [None, None]
+    assert admission.admit(0.0, "10.0.0.3") is None
+    assert admission.admit(0.0, "10.0.0.4") == "rate", "the overall bucket still caps all addresses"
+
+
+def test_admission_forgets_the_least_recently_seen_address_when_full() -> None:
+    admission = ConnectionAdmission(
+        max_connections=100, new_per_second=0, burst=1, new_per_second_per_address=0.001, max_addresses=2
+    )
+    assert admission.admit(0.0, "a") is None
+    assert admission.admit(0.0, "b") is None
+    assert admission.admit(0.0, "a") == "rate"  # "a" is now the most recently seen
+    assert admission.admit(0.0, "c") is None  # forgets "b"
+    assert admission.tracked_addresses == 2
+    assert admission.admit(0.0, "a") == "rate"
+    assert admission.admit(0.0, "b") is None, "a forgotten address starts with a full bucket"
+
+
+def test_overall_rate_zero_turns_the_per_address_bound_off_too() -> None:
+    admission = LimitsConfig(
+        new_connections_per_second=0, new_connections_burst_per_address=1
+    ).connection_admission()
+    assert [admission.admit(0.0, "10.0.0.1") for _ in range(50)] == [None] * 50
+
+
 def test_full_broker_does_not_spend_rate_tokens() -> None:
     admission = ConnectionAdmission(max_connections=1, new_per_second=1.0, burst=1)
     assert admission.admit(0.0) is None
@@ -108,6 +139,9 @@ def test_every_limit_field_is_documented() -> None:
     [
         ("max_connections", 0, "must be >= 1"),
         ("new_connections_per_second", -1, "must be >= 0"),
+        ("new_connections_per_second_per_address", -1, "must be >= 0"),
+        ("new_connections_burst_per_address", 0, "must be >= 1"),
+        ("new_connections_tracked_addresses", 0, "must be >= 1"),
         ("connect_timeout_s", 0, "must be > 0"),
         ("max_packet_size", 300_000_000, "between 64 and 268435455"),
         ("receive_maximum", 0, "between 1 and 65535"),

@@ -1,0 +1,82 @@
+"""Stopping ``timestone demo`` with a signal stops the broker process it started."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_demo_stops_its_broker(tmp_path: Path, signum: int) -> None:
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "demo",
+            "--devices",
+            "5",
+            "--workdir",
+            str(tmp_path / "demo"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        text=True,
+    )
+    brokers: list[int] = []
+    try:
+        assert demo.stdout is not None
+        output = []
+        for line in demo.stdout:
+            output.append(line)
+            if re.search(r"broker\s+MQTT 127\.0\.0\.1:\d+", line):
+                break
+        else:
+            pytest.fail("the demo printed no broker line:\n" + "".join(output))
+        brokers = [
+            pid for pid in children_of(demo.pid) if "broker" in Path(f"/proc/{pid}/cmdline").read_text()
+        ]
+        assert len(brokers) == 1, brokers
+        demo.send_signal(signum)
+        rest, _ = demo.communicate(timeout=60)
+        assert demo.returncode == 128 + signum, "".join(output) + rest
+        deadline = time.monotonic() + 20
+        while running(brokers[0]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not running(brokers[0]), "the broker outlived the demo"
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+        for pid in brokers:  # none may outlive the test, even when it fails
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
