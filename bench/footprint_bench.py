@@ -1,6 +1,7 @@
 """Footprint of an edge broker: start-up, idle RSS, memory per idle connection, install size and a soak.
 
-    .venv/bin/python -m bench.footprint_bench [--write] [--quick] [--soak-seconds S] [--brokers ...]
+    .venv/bin/python -m bench.footprint_bench [--write] [--quick] [--soak-seconds S] [--soak-warmup F]
+        [--brokers ...]
 
 * Start-up: a default broker (`footprint_startup.DefaultTimestone`), Mosquitto and amqtt, each started
   `--starts` times in this run: time to listen, time to serve a CONNECT, CPU used until listening, idle
@@ -71,6 +72,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--devices", type=int, default=5000, help="devices in the soak (1 msg/s each)")
     parser.add_argument("--churn", type=int, default=25, help="devices reconnecting per second in the soak")
     parser.add_argument(
+        "--soak-warmup",
+        type=float,
+        default=0.2,
+        help="fraction of the soak counted as warm-up, left out of the growth trend (default 0.2)",
+    )
+    parser.add_argument(
         "--soak-tail-cache-mib",
         type=int,
         default=32,
@@ -134,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             args.soak_seconds,
             load,
             sample_s=sample_s,
+            warmup_fraction=args.soak_warmup,
             cpus=(broker_cpus, load_cpus),
             storage=storage,
             log=_log,

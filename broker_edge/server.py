@@ -10,8 +10,9 @@ The Broker is the ``ConnectionHost`` (``broker_edge.context``) of every connecti
 through that narrow interface. What happens to a PUBLISH is in ``broker_edge.publish_path``.
 
 There is one periodic callback, ``_sweep``, every second: keepalive and CONNECT timeouts over all
-connections, delayed wills and session expiry (``Router.tick``), counters into Prometheus, ``$SYS`` topics
-and log retention when their intervals come. No connection owns a timer or a task.
+connections, delayed wills and session expiry (``Router.tick``), counters into Prometheus, ``$SYS`` topics,
+log retention and the trim of the C heap (``broker_edge.heap_trim``) when their intervals come. No
+connection owns a timer or a task.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 from broker_edge.config.broker import BrokerConfig
 from broker_edge.core import BrokerCore
 from broker_edge.delivery import Message
+from broker_edge.heap_trim import HeapTrimmer
 from broker_edge.lazy_http import LazyHttpEndpoint
 from broker_edge.listeners import ListenerRuntime, ListenerStats
 from broker_edge.metrics import BrokerMetrics
@@ -81,6 +83,8 @@ class Broker(BrokerCore):
         self._next_retention = 0.0
         self._stopping = False
         self.stopped = asyncio.Event()
+        self.heap_trimmer = HeapTrimmer()
+        """Returns the C heap's free pages to the system every half minute (see ``broker_edge.heap_trim``)."""
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
@@ -146,6 +150,7 @@ class Broker(BrokerCore):
         now = self.loop.time()
         self._next_sys = now + (1.0 if config.sys_topics.enabled else float("inf"))
         self._next_retention = now + config.storage.retention_interval_s
+        self.heap_trimmer.next_at = now + self.heap_trimmer.interval_s
         self._sweep_handle = self.loop.call_later(SWEEP_INTERVAL_S, self._sweep)
 
     def _open_store(self) -> None:
@@ -331,6 +336,7 @@ class Broker(BrokerCore):
                         report.segments_deleted,
                         report.bytes_deleted,
                     )
+            self.heap_trimmer.tick(now)
         except Exception:
             log.exception("broker sweep failed")
         finally:
