@@ -155,3 +155,50 @@ def test_devices_last_seen_only_moves_forward_and_keeps_known_firmware(spark, pi
     assert rows_of(store, "devices", "last_seen", "firmware_version") == [(at(100), "2.0.0")]
     run(records(spark, [telemetry("d", 1, seq=2, seconds=200, firmware=None, group="red")]), 2)
     assert rows_of(store, "devices", "last_seen", "firmware_version", "group") == [(at(200), "2.0.0", "red")]
+
+
+def test_gold_part_left_undone_by_a_dead_driver_is_redone_from_bronze_once(spark, pipeline, monkeypatch):
+    """With the gold part deferred (a processing-time trigger), a call returns once silver is in.
+
+    Spark then commits the batch; a driver dying while the gold part runs leaves some of device_minute,
+    devices and dq_results without it. The next driver's first batch redoes the batch from its bronze rows:
+    the tables that missed it get it, the others are not written twice.
+    """
+    first, store, run = pipeline
+    first.defer_gold = True
+    run(records(spark, [telemetry("d", 0, seq=1, seconds=0)]), 0)
+    merge = store.merge
+
+    def dying_merge(name, data, app_id, batch_id, **options):
+        if name == "devices" and batch_id == 1:
+            raise Boom("the driver dies before the devices merge")
+        return merge(name, data, app_id, batch_id, **options)
+
+    monkeypatch.setattr(store, "merge", dying_merge)
+    run(records(spark, [telemetry("d", 1, seq=2, seconds=1), telemetry("e", 0, seq=1, seconds=2)]), 1)
+    assert store.read("silver_telemetry").count() == 3  # visible before the gold part is done
+    with pytest.raises(Boom):
+        first.settle()  # what the next call would meet; the driver dies instead
+    first.close()
+    monkeypatch.undo()
+    assert rows_of(store, "devices", "device_id") == [("d",)]
+
+    restarted = TelemetryBatch(first.config, store, clock=lambda: at(3600), defer_gold=True)
+    rerun = exactly_once(store, restarted, app_id=APP)
+    rerun(records(spark, [telemetry("e", 1, seq=2, seconds=3)]), 2)  # Spark had committed batch 1
+    restarted.close()
+
+    redone = restarted.reports[0]
+    assert [report.batch_id for report in restarted.reports] == [1, 2]  # batch 1 redone first
+    assert redone.written["devices"] and not redone.written["device_minute"]
+    assert not redone.written["bronze_telemetry"] and not redone.written["dq_results"]
+    assert store.read("bronze_telemetry").count() == 4
+    assert store.read("silver_telemetry").count() == 4
+    assert rows_of(store, "device_minute", "device_id", "count", order=["device_id"]) == [("d", 2), ("e", 2)]
+    assert rows_of(store, "devices", "device_id", "last_seen", order=["device_id"]) == [
+        ("d", at(1)),
+        ("e", at(3)),
+    ]
+    parse_check = store.read("dq_results").where("expectation = 'payload_is_json_of_declared_types'")
+    assert sorted(r["batch_id"] for r in parse_check.collect()) == [0, 1, 2]
+    assert parse_check.groupBy().sum("element_count").first()[0] == 4

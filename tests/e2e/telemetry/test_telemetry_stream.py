@@ -50,7 +50,9 @@ def pipeline_config(tmp_path: Path, brokers: dict[str, EdgeBroker], **source) ->
     )
 
 
-def run_available_now(spark, config: TelemetryConfig, fail_after: str | None = None) -> TelemetryBatch:
+def run_available_now(
+    spark, config: TelemetryConfig, fail_after: str | None = None, defer_gold: bool = False
+) -> TelemetryBatch:
     """One run of the query until it has read everything available (what a restart does, each time)."""
     batch = TelemetryBatch(config, open_store(spark, config))
     batch.ensure_tables()
@@ -61,9 +63,13 @@ def run_available_now(spark, config: TelemetryConfig, fail_after: str | None = N
                 raise RuntimeError(f"injected failure after {step} in batch {batch_id}")
 
         batch.after_step = explode
-    query = start_query(spark, config, batch, available_now=True)
-    query.awaitTermination(180)
-    assert not query.isActive
+    query = start_query(spark, config, batch, available_now=True, defer_gold=defer_gold)
+    try:
+        query.awaitTermination(180)
+        assert not query.isActive
+    finally:
+        if defer_gold:
+            batch.close()  # the last batch's gold part
     return batch
 
 
@@ -114,6 +120,32 @@ def test_failure_after_bronze_then_restart_from_checkpoint_loses_and_duplicates_
     bronze, silver = keys(store, "bronze_telemetry"), keys(store, "silver_telemetry")
     assert len(bronze) == len(set(bronze)) == sent
     assert sorted(silver) == sorted(bronze)
+
+
+def test_gold_part_failing_in_the_background_fails_the_next_batch_and_the_restart_writes_each_table_once(
+    spark, tmp_path, brokers
+):
+    """The gold part deferred as at a processing-time trigger: batch 0's fails after the devices merge, the
+    query fails at batch 1 (whose fast part wrote bronze and silver), and the restart from the checkpoint
+    replays batch 1 and writes every table exactly once."""
+    fleet = Fleet([LogAppendPublisher(name, broker) for name, broker in brokers.items()], devices=6)
+    sent = fleet.send(rounds=10)  # 60 messages: batch 0 reads 40 of them
+    config = pipeline_config(tmp_path, brokers)
+    with pytest.raises(StreamingQueryException, match="injected failure after devices in batch 0"):
+        run_available_now(spark, config, fail_after="devices", defer_gold=True)
+    store = open_store(spark, config)
+    assert store.read("silver_telemetry").count() == sent  # batch 1's fast part ran before it failed
+
+    batch = run_available_now(spark, config, defer_gold=True)
+    assert batch.reports[-1].batch_id == 1 and batch.reports[-1].written["bronze_telemetry"] is False
+    bronze, silver = keys(store, "bronze_telemetry"), keys(store, "silver_telemetry")
+    assert len(bronze) == len(set(bronze)) == sent
+    assert sorted(silver) == sorted(bronze)
+    assert store.read("device_minute").groupBy().sum("count").first()[0] == sent
+    assert store.read("devices").count() == 6
+    parse_check = store.read("dq_results").where("expectation = 'payload_is_json_of_declared_types'")
+    assert sorted(r["batch_id"] for r in parse_check.collect()) == [0, 1]
+    assert parse_check.groupBy().sum("element_count").first()[0] == sent
 
 
 def test_retention_gap_fails_the_query_or_is_skipped_without_fail_on_data_loss(spark, tmp_path, brokers):
