@@ -1086,8 +1086,9 @@ def _render_throughput(figures: Figures) -> list[str]:
         add_batch = statistics.median(d.get("addBatch", 0) for d in progress)
         trigger = statistics.median(d.get("triggerExecution", 0) for d in progress)
         lines += [
-            f"Whole job, {len(progress)} batches: median time of each step per batch (ms; the steps after "
-            "`profile` run concurrently), and the batch's `addBatch`: "
+            f"Whole job, {len(progress)} batches: median time of each step per batch (ms; after `profile`, "
+            "silver and quarantine concurrently, then the gold steps concurrently), and the batch's "
+            "`addBatch`: "
             + ", ".join(f"`{name}` {ms:,.0f}" for name, ms in medians.items())
             + f"; addBatch median {add_batch:,.0f} ms, triggerExecution median {trigger:,.0f} ms.",
             "",
@@ -1134,8 +1135,16 @@ def _render_latency(lat: LatencyRun, s: Settings) -> list[str]:
             if durations
             else ""
         )
-        + "Median step times per batch (ms; bronze first, then `profile`, then the others concurrently): "
+        + "Median step times per batch (ms; the fast part: `bronze_telemetry`, `profile`, then silver and "
+        "quarantine concurrently; then the gold part, `device_minute`, `devices` and `dq_results` "
+        "concurrently, in the background while the next batch's fast part runs): "
         + ", ".join(f"`{name}` {ms:,.0f}" for name, ms in medians.items())
+        + ". Spark's own steps per batch, median ms: "
+        + ", ".join(
+            f"`{key}` {statistics.median(p['durationMs'].get(key, 0) for p in lat.progress):,.0f}"
+            for key in ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets")
+            if lat.progress
+        )
         + ".",
         "",
         f"CPU s during the publishing ({lat.cpu.wall:.0f} s): broker {lat.cpu.broker:.1f}, Spark (JVM + "
