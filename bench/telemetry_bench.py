@@ -1086,9 +1086,8 @@ def _render_throughput(figures: Figures) -> list[str]:
         add_batch = statistics.median(d.get("addBatch", 0) for d in progress)
         trigger = statistics.median(d.get("triggerExecution", 0) for d in progress)
         lines += [
-            f"Whole job, {len(progress)} batches: median time of each step per batch (ms; after `profile`, "
-            "silver and quarantine concurrently, then the gold steps concurrently), and the batch's "
-            "`addBatch`: "
+            f"Whole job, {len(progress)} batches: median time of each step per batch (ms; the steps after "
+            "`profile` run concurrently), and the batch's `addBatch`: "
             + ", ".join(f"`{name}` {ms:,.0f}" for name, ms in medians.items())
             + f"; addBatch median {add_batch:,.0f} ms, triggerExecution median {trigger:,.0f} ms.",
             "",
