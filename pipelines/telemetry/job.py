@@ -132,12 +132,11 @@ class TelemetryBatch:
     The gold part writes device_minute, devices and dq_results (concurrently). With ``defer_gold`` (what
     :func:`start_query` sets at a processing-time trigger) the call returns after the fast part and the gold
     part runs in the background, while the next batch's fast part runs; the next call waits for it before
-    returning, so when Spark commits a batch, the gold part of the batch before it is in. Without it,
-    silver and quarantine run with the gold steps, all at once, and the call returns when all are in.
-    A driver that dies
-    may therefore leave one committed batch without its gold part: the first call of a new instance redoes
-    it from that batch's bronze rows (:meth:`TableStore.appended`), every write skipped where it is in.
-    ``clock`` stamps ``ingested_at``/``updated_at``; tests pass a fixed one.
+    returning, so when Spark commits a batch, the gold part of the batch before it is in. A driver that
+    dies may therefore leave one committed batch without its gold part: the first call of a new instance
+    redoes it from that batch's bronze rows (:meth:`TableStore.appended`), every write skipped where it is
+    in. Without ``defer_gold``, silver and quarantine run with the gold steps, all at once, and the call
+    returns when all are in. ``clock`` stamps ``ingested_at``/``updated_at``; tests pass a fixed one.
     """
 
     def __init__(
