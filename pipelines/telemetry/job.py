@@ -15,13 +15,15 @@ that stays exactly-once). See docs/telemetry-pipeline.md.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -133,10 +135,11 @@ class TelemetryBatch:
     :func:`start_query` sets at a processing-time trigger) the call returns after the fast part and the gold
     part runs in the background, while the next batch's fast part runs; the next call waits for it before
     returning, so when Spark commits a batch, the gold part of the batch before it is in. A driver that
-    dies may therefore leave one committed batch without its gold part: the first call of a new instance
-    redoes it from that batch's bronze rows (:meth:`TableStore.appended`), every write skipped where it is
-    in. Without ``defer_gold``, silver and quarantine run with the gold steps, all at once, and the call
-    returns when all are in. ``clock`` stamps ``ingested_at``/``updated_at``; tests pass a fixed one.
+    dies may therefore leave one committed batch without its gold part: a new instance redoes it from that
+    batch's bronze rows (:meth:`TableStore.appended`), every write skipped where it is in, before its query
+    starts (:meth:`resume`, from the checkpoint) or else at its first call, whatever its trigger. Without
+    ``defer_gold``, silver and quarantine run with the gold steps, all at once, and the call returns when
+    all are in. ``clock`` stamps ``ingested_at``/``updated_at``; tests pass a fixed one.
     """
 
     def __init__(
@@ -187,8 +190,8 @@ class TelemetryBatch:
             self._pool.shutdown(wait=True)
 
     def __call__(self, records: DataFrame, out: BatchWriter) -> None:
-        if self.defer_gold and not self._resumed:
-            self._complete_previous(out)
+        if not self._resumed:  # whatever the trigger: the last instance may have deferred its gold part
+            self._complete_previous(out.app_id, out.batch_id - 1)
         self._resumed = True
         gold = self._fast_part(records, out)
         if not self.defer_gold:
@@ -201,22 +204,34 @@ class TelemetryBatch:
             raise
         self._pending = self._gold.submit(gold.run)
 
-    def _complete_previous(self, out: BatchWriter) -> None:
-        """Redo the batch before ``out``'s from its bronze rows: its gold part may not have run.
+    def resume(self, checkpoint: str) -> None:
+        """Before the query starts: redo the checkpoint's last committed batch where its gold part is missing.
+
+        Spark runs no batch when there is nothing new to read (an availableNow restart of a caught-up
+        query), so the first call cannot be relied on for it. A checkpoint this cannot read (not on the
+        local file system) leaves it to the first call.
+        """
+        committed = last_committed_batch(checkpoint)
+        if committed is not None and not self._resumed:
+            app_id, batch_id = committed
+            self._complete_previous(app_id, batch_id)
+            self._resumed = True  # the first call's batch follows that one (or replays the one after it)
+
+    def _complete_previous(self, app_id: str, previous: int) -> None:
+        """Redo batch ``previous`` from its bronze rows: its gold part may not have run.
 
         Its tables hold it or not; where they do, the write is skipped (its ``txn``), so this only fills in
         what a driver that died while the gold part ran had not written.
         """
-        previous = out.batch_id - 1
         if previous < 0 or not self.store.exists("bronze_telemetry"):
             return
-        if all(self._already_written(name, BatchWriter(self.store, out.app_id, previous)) for name in GOLD):
+        if all(self._already_written(name, BatchWriter(self.store, app_id, previous)) for name in GOLD):
             return  # the usual case: a batch that passed rows writes every one of them
-        rows = self.store.appended("bronze_telemetry", out.app_id, previous)
+        rows = self.store.appended("bronze_telemetry", app_id, previous)
         if rows is None:
             return
-        log.info("telemetry batch %d: redone from its bronze rows before batch %d", previous, out.batch_id)
-        self._fast_part(rows, BatchWriter(self.store, out.app_id, previous)).run()
+        log.info("telemetry batch %d: gold part redone from its bronze rows", previous)
+        self._fast_part(rows, BatchWriter(self.store, app_id, previous)).run()
 
     def _fast_part(self, records: DataFrame, out: BatchWriter) -> _GoldPart:
         """Bronze, the profile, and with ``defer_gold`` silver and quarantine; returns what is left to run.
@@ -268,14 +283,29 @@ class TelemetryBatch:
         return _GoldPart(self, batch, gold, cached, reported=True)
 
     def _run_steps(self, batch: _Batch, steps: Mapping[str, Callable[[], Any]]) -> None:
-        """Run the steps concurrently (each Spark job is mostly fixed overhead); re-raise a failure."""
+        """Run the steps concurrently (each Spark job is mostly fixed overhead); re-raise a failure.
+
+        Every step ends before this returns or raises: the caller releases the cached DataFrames the steps
+        read, and a step still running must not write after its batch failed. The failure raised is the
+        first one that happened (a later one may only follow from it); the batch is then replayed.
+        """
         if len(steps) == 1:
             [(name, work)] = steps.items()
             batch.step(name, work)
             return
-        futures = [self._pool.submit(batch.step, name, work) for name, work in steps.items()]
-        for future in futures:
-            future.result()  # re-raises a step's failure: the batch fails and is replayed
+        failures: list[BaseException] = []
+
+        def run(name: str, work: Callable[[], Any]) -> None:
+            try:
+                batch.step(name, work)
+            except BaseException as exc:
+                failures.append(exc)  # list.append is atomic: the order is the order they failed in
+                raise
+
+        futures = [self._pool.submit(run, name, work) for name, work in steps.items()]
+        wait(futures)
+        if failures:
+            raise failures[0]
 
     def _bronze_data(self, bronze: DataFrame) -> DataFrame | pa.Table:
         """Bronze's rows as the store should append them.
@@ -432,6 +462,7 @@ def start_query(
         .option("checkpointLocation", config.stream.checkpoint)
         .foreachBatch(exactly_once(batch.store, batch, persist=False))  # the batch caches bronze itself
     )
+    batch.resume(config.stream.checkpoint)
     if available_now:
         writer = writer.trigger(availableNow=True)
     else:
@@ -465,6 +496,20 @@ def run(spark: SparkSession, section: Any, options: RunOptions) -> int:
     finally:
         batch.close()
     return 0
+
+
+def last_committed_batch(checkpoint: str) -> tuple[str, int] | None:
+    """The query id and last committed batch id in a streaming checkpoint on the local file system."""
+    path = checkpoint.removeprefix("file:")
+    if "://" in path:
+        return None
+    root = Path(path)
+    try:
+        query_id = json.loads((root / "metadata").read_text().splitlines()[0])["id"]
+        batch_ids = [int(f.name) for f in (root / "commits").iterdir() if f.name.isdigit()]
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+    return (query_id, max(batch_ids)) if batch_ids else None
 
 
 def _unpersist(frames: list[DataFrame]) -> None:

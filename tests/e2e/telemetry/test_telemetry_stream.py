@@ -51,7 +51,11 @@ def pipeline_config(tmp_path: Path, brokers: dict[str, EdgeBroker], **source) ->
 
 
 def run_available_now(
-    spark, config: TelemetryConfig, fail_after: str | None = None, defer_gold: bool = False
+    spark,
+    config: TelemetryConfig,
+    fail_after: str | None = None,
+    defer_gold: bool | None = False,
+    fail_batch: int | None = None,
 ) -> TelemetryBatch:
     """One run of the query until it has read everything available (what a restart does, each time)."""
     batch = TelemetryBatch(config, open_store(spark, config))
@@ -59,7 +63,7 @@ def run_available_now(
     if fail_after is not None:
 
         def explode(step: str, batch_id: int) -> None:
-            if step == fail_after:
+            if step == fail_after and fail_batch in (None, batch_id):
                 raise RuntimeError(f"injected failure after {step} in batch {batch_id}")
 
         batch.after_step = explode
@@ -68,7 +72,7 @@ def run_available_now(
         query.awaitTermination(180)
         assert not query.isActive
     finally:
-        if defer_gold:
+        if batch.defer_gold:
             batch.close()  # the last batch's gold part
     return batch
 
@@ -147,6 +151,40 @@ def test_gold_part_failing_in_the_background_fails_the_next_batch_and_the_restar
     parse_check = store.read("dq_results").where("expectation = 'payload_is_json_of_declared_types'")
     batch_ids = [r["batch_id"] for r in parse_check.collect()]
     assert len(batch_ids) == len(set(batch_ids)) == 3
+    assert parse_check.groupBy().sum("element_count").first()[0] == sent
+
+
+def test_driver_dead_in_a_background_gold_part_then_restarted_with_available_now_writes_gold_once(
+    spark, tmp_path, brokers
+):
+    """Batch 0's gold part, deferred as at a processing-time trigger, dies before device_minute while Spark
+    commits the batch; the restart with availableNow (gold not deferred) has nothing new to read, so Spark
+    runs no batch, and the gold part is still redone before the query starts; a later run adds to it."""
+    edge1 = {"edge1": brokers["edge1"]}
+    fleet = Fleet([LogAppendPublisher("edge1", brokers["edge1"])], devices=4)
+    sent = fleet.send(rounds=10)  # 40 records: one batch
+    config = pipeline_config(tmp_path, edge1, max_records_per_trigger=40)
+    try:  # the failure is logged when the query ends; were the records split, batch 1 fails instead
+        run_available_now(spark, config, fail_after="device_minute", defer_gold=True, fail_batch=0)
+    except StreamingQueryException as exc:
+        assert "injected failure after device_minute in batch 0" in str(exc)
+    store = open_store(spark, config)
+    assert store.read("device_minute").count() == 0
+
+    batch = run_available_now(spark, config, defer_gold=None)  # what --available-now sets: not deferred
+    assert not batch.defer_gold
+    assert store.read("device_minute").groupBy().sum("count").first()[0] == sent
+
+    sent += fleet.send(rounds=2)
+    run_available_now(spark, config, defer_gold=None)
+    bronze, silver = keys(store, "bronze_telemetry"), keys(store, "silver_telemetry")
+    assert len(bronze) == len(set(bronze)) == sent
+    assert sorted(silver) == sorted(bronze)
+    assert store.read("device_minute").groupBy().sum("count").first()[0] == sent
+    assert store.read("devices").count() == 4
+    parse_check = store.read("dq_results").where("expectation = 'payload_is_json_of_declared_types'")
+    batch_ids = [r["batch_id"] for r in parse_check.collect()]
+    assert len(batch_ids) == len(set(batch_ids)) and 0 in batch_ids
     assert parse_check.groupBy().sum("element_count").first()[0] == sent
 
 
