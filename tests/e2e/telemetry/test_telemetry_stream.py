@@ -155,7 +155,7 @@ def test_gold_part_failing_in_the_background_fails_the_next_batch_and_the_restar
 
 
 def test_driver_dead_in_a_background_gold_part_then_restarted_with_available_now_writes_gold_once(
-    spark, tmp_path, brokers
+    spark, tmp_path, brokers, monkeypatch
 ):
     """Batch 0's gold part, deferred as at a processing-time trigger, dies before device_minute while Spark
     commits the batch; the restart with availableNow (gold not deferred) has nothing new to read, so Spark
@@ -164,11 +164,20 @@ def test_driver_dead_in_a_background_gold_part_then_restarted_with_available_now
     fleet = Fleet([LogAppendPublisher("edge1", brokers["edge1"])], devices=4)
     sent = fleet.send(rounds=10)  # 40 records: one batch
     config = pipeline_config(tmp_path, edge1, max_records_per_trigger=40)
-    try:  # the failure is logged when the query ends; were the records split, batch 1 fails instead
-        run_available_now(spark, config, fail_after="device_minute", defer_gold=True, fail_batch=0)
-    except StreamingQueryException as exc:
-        assert "injected failure after device_minute in batch 0" in str(exc)
     store = open_store(spark, config)
+    merge = type(store).merge
+
+    def dying_merge(self, name, data, app_id, batch_id, **options):
+        if name == "device_minute" and batch_id == 0:
+            raise RuntimeError("the driver dies before the device_minute merge of batch 0")
+        return merge(self, name, data, app_id, batch_id, **options)
+
+    monkeypatch.setattr(type(store), "merge", dying_merge)
+    try:  # the failure is logged when the query ends; were the records split, batch 1 fails instead
+        run_available_now(spark, config, defer_gold=True)
+    except StreamingQueryException as exc:
+        assert "the driver dies before the device_minute merge of batch 0" in str(exc)
+    monkeypatch.undo()
     assert store.read("device_minute").count() == 0
 
     batch = run_available_now(spark, config, defer_gold=None)  # what --available-now sets: not deferred
