@@ -1135,8 +1135,16 @@ def _render_latency(lat: LatencyRun, s: Settings) -> list[str]:
             if durations
             else ""
         )
-        + "Median step times per batch (ms; bronze first, then `profile`, then the others concurrently): "
+        + "Median step times per batch (ms; the fast part: `bronze_telemetry`, `profile`, then silver and "
+        "quarantine concurrently; then the gold part, `device_minute`, `devices` and `dq_results` "
+        "concurrently, in the background while the next batch's fast part runs): "
         + ", ".join(f"`{name}` {ms:,.0f}" for name, ms in medians.items())
+        + ". Spark's own steps per batch, median ms: "
+        + ", ".join(
+            f"`{key}` {statistics.median(p['durationMs'].get(key, 0) for p in lat.progress):,.0f}"
+            for key in ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets")
+            if lat.progress
+        )
         + ".",
         "",
         f"CPU s during the publishing ({lat.cpu.wall:.0f} s): broker {lat.cpu.broker:.1f}, Spark (JVM + "
@@ -1148,6 +1156,39 @@ def _render_latency(lat: LatencyRun, s: Settings) -> list[str]:
 
 
 # -- command line ----------------------------------------------------------------------------------------
+
+
+def latency_only(settings: Settings) -> int:
+    """``--latency-only``: the latency phase alone, its section and the load printed (no file written)."""
+    from pipelines.spark_session import local_spark_session
+
+    root = Path(tempfile.mkdtemp(prefix="timestone-telemetry-latency-"))
+    spark = local_spark_session("timestone-telemetry-bench", SPARK_MASTER)
+    spark.sparkContext.setLogLevel("ERROR")
+    spark_pid = spark.sparkContext._gateway.proc.pid
+
+    def meter_for(broker: BrokerProcess) -> CpuMeter:
+        return CpuMeter(broker.process.pid if broker.process else None, spark_pid, list)
+
+    try:
+        with LoadSampler() as load:
+            lat = measure_latency(spark, root, settings, meter_for)
+    finally:
+        spark.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    samples = load.samples
+    print(
+        f"load average (1 min): {samples[0]:.1f} at the start, {statistics.mean(samples):.1f} mean / "
+        f"{max(samples):.1f} max, {samples[-1]:.1f} at the end"
+    )
+    for name, values in (("bronze", lat.bronze), ("silver", lat.silver)):
+        if values:
+            print(
+                f"publish → {name}: p50 {percentile(values, 50):.2f} s, p99 {percentile(values, 99):.2f} s, "
+                f"max {max(values):.2f} s ({len(values):,} readings)"
+            )
+    print("\n".join(_render_latency(lat, settings)))
+    return 0
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -1164,6 +1205,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=None, help="backlog readings (default 500,000)")
     parser.add_argument("--topics", type=int, default=100, help="device topics of the backlog (default 100)")
     parser.add_argument("--output", type=Path, default=RESULTS, help=f"markdown file (default {RESULTS})")
+    parser.add_argument(
+        "--latency-only",
+        action="store_true",
+        help="only the latency phase (~1.5 min; ~1 min with --quick); printed, no file written",
+    )
     parser.add_argument("--cold-job", nargs=2, metavar=("OFFSETS_URL", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     settings = settings_from(args)
@@ -1174,6 +1220,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(run_cold_job(args.cold_job[0], Path(args.cold_job[1])).__dict__))
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: brokers, Spark
+    if args.latency_only:
+        return latency_only(settings)
     started = datetime.now(UTC)
     began = time.perf_counter()
     figures = Figures(settings)

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sinks.arrow_conform import SchemaMismatch
-from sinks.store import TableData, TableStore, check_batch, merge_condition
+from sinks.store import MARKER_PREFIX, TableData, TableStore, check_batch, commit_marker, merge_condition
 from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec
 
 if TYPE_CHECKING:
@@ -31,11 +31,7 @@ if TYPE_CHECKING:
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
-MARKER_PREFIX = "timestone:"
-
-
-def commit_marker(app_id: str, batch_id: int) -> str:
-    return f"{MARKER_PREFIX}{app_id}:{batch_id}"
+__all__ = ["MARKER_PREFIX", "DeltaNativeTableStore", "commit_marker"]
 
 
 class DeltaNativeTableStore(TableStore):
@@ -279,6 +275,25 @@ class DeltaNativeTableStore(TableStore):
         from sinks.arrow_conform import conform
 
         return conform(self.read(name).toArrow(), self.spec(name).arrow_schema, name)
+
+    def appended(self, name: str, app_id: str, batch_id: int) -> DataFrame | None:
+        from pyspark.sql import functions as F
+
+        found = (
+            self._delta_table(name)
+            .history()
+            .where(F.col("userMetadata") == commit_marker(app_id, batch_id))
+            .select("version")
+            .first()
+        )
+        if found is None:
+            return None
+        version = int(found[0])
+        reader = self.spark.read.format("delta").option("readChangeFeed", "true")
+        reader = reader.option("startingVersion", version).option("endingVersion", version)
+        changes = reader.table(self.location(name)) if self.namespace else reader.load(self.location(name))
+        inserted = changes.where(F.col("_change_type") == "insert")
+        return inserted.select(*[f"`{c}`" for c in self.spec(name).column_names])
 
     def version(self, name: str) -> int:
         return int(self._delta_table(name).history(1).select("version").first()[0])

@@ -38,13 +38,23 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from sinks.arrow_conform import SchemaMismatch, conform, to_arrow_table
 from sinks.parquet_files import FileWriter, WrittenFile, remove_files, write_files
-from sinks.store import TableData, TableStore, TableStoreError, check_batch, merge_condition
+from sinks.store import (
+    COMMIT_MARKER_KEY,
+    TableData,
+    TableStore,
+    TableStoreError,
+    check_batch,
+    commit_marker,
+    merge_condition,
+)
 from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 _UNREADABLE_AS_PARQUET = ("deletionVectors", "columnMapping")
+_LISTING_THRESHOLD_CONF = "spark.sql.sources.parallelPartitionDiscovery.threshold"
+_SERIAL_LISTING_FILES = 10_000
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +111,7 @@ class DeltaRsTableStore(TableStore):
         """True (every table), False, or the names of the tables appended from the executors."""
         self.on_append: Callable[[AppendReport], None] | None = None
         self._ensured: set[str] = set()
+        self._serial_listing = False
 
     # -- locations and lifecycle -------------------------------------------------------------------------
 
@@ -330,20 +341,48 @@ class DeltaRsTableStore(TableStore):
     # -- reads -------------------------------------------------------------------------------------------
 
     def read(self, name: str) -> DataFrame:
-        if self.spark is None:
-            raise TableStoreError("read() needs the SparkSession the store was opened with")
-        spec = self.spec(name)
         table = self._open(name)
         _check_plain_parquet(name, table)
-        files = _live_files(table, self.location(name))
+        return self._read_files(name, _live_files(table, self.location(name)))
+
+    def _read_files(self, name: str, files: list[str]) -> DataFrame:
+        """Some data files of the table as a Spark DataFrame with the declared schema."""
+        if self.spark is None:
+            raise TableStoreError("reading into Spark needs the SparkSession the store was opened with")
+        spec = self.spec(name)
         if not files:
             return self.spark.createDataFrame([], spec.read_schema)
+        if not self._serial_listing and _local_directory(self.location(name)) is not None:
+            # Above its threshold (32 paths by default) Spark lists the given files in a Spark job of its
+            # own, on every read: a table passes it after 32 appends. Local files are listed in the driver.
+            self.spark.conf.set(_LISTING_THRESHOLD_CONF, str(_SERIAL_LISTING_FILES))
+            self._serial_listing = True
         frame = (
             self.spark.read.schema(spec.read_schema)
             .option("basePath", self.location(name))  # partition values come from the directory names
             .parquet(*files)
         )
         return frame.to(spec.read_schema)  # declared column order (partition columns come last otherwise)
+
+    def appended(self, name: str, app_id: str, batch_id: int) -> DataFrame | None:
+        table = self._open(name)
+        _check_plain_parquet(name, table)
+        marker = commit_marker(app_id, batch_id)
+        for limit in (100, None):  # the commit looked for is usually one of the latest
+            found = [c["version"] for c in table.history(limit) if c.get(COMMIT_MARKER_KEY) == marker]
+            if found:
+                break
+        else:
+            return None
+        version = int(found[0])
+        location = self.location(name)
+        table.load_as_version(version)
+        files = _live_files(table, location)
+        if version > 0:
+            table.load_as_version(version - 1)
+            earlier = set(_live_files(table, location))
+            files = [f for f in files if f not in earlier]
+        return self._read_files(name, files)
 
     def read_arrow(self, name: str) -> pa.Table:
         spec = self.spec(name)
@@ -394,7 +433,11 @@ def _add_action(f: WrittenFile) -> AddAction:
 
 
 def _txn(app_id: str, batch_id: int) -> CommitProperties:
-    return CommitProperties(app_transactions=[Transaction(app_id, batch_id)])
+    """The batch's ``txn`` action, and its marker in the commit info (what :meth:`appended` looks for)."""
+    return CommitProperties(
+        app_transactions=[Transaction(app_id, batch_id)],
+        custom_metadata={COMMIT_MARKER_KEY: commit_marker(app_id, batch_id)},
+    )
 
 
 def _arrow_schema(table: DeltaTable) -> pa.Schema:

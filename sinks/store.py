@@ -30,6 +30,15 @@ TableData = Any
 
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 
+#: How a write names its batch in its commit's metadata (``userMetadata`` natively, a commitInfo key with
+#: delta-rs), so the commit of a batch can be found again (:meth:`TableStore.appended`).
+MARKER_PREFIX = "timestone:"
+COMMIT_MARKER_KEY = "timestone.batch"
+
+
+def commit_marker(app_id: str, batch_id: int) -> str:
+    return f"{MARKER_PREFIX}{app_id}:{batch_id}"
+
 
 class TableStoreError(RuntimeError):
     """A table operation failed for a reason the caller should see (missing table, unsupported feature)."""
@@ -112,6 +121,15 @@ class TableStore(ABC):
     @abstractmethod
     def read_arrow(self, name: str) -> pa.Table:
         """The current snapshot as Arrow with the declared schema (for small tables and tests)."""
+
+    @abstractmethod
+    def appended(self, name: str, app_id: str, batch_id: int) -> DataFrame | None:
+        """The rows the append of ``(app_id, batch_id)`` added to the table; None when no commit holds it.
+
+        Found by the batch's commit marker; the rows are read from the files that commit added (delta-rs)
+        or from the change data feed of its version (native, which needs the feed on the table). For a
+        pipeline that redoes work of a batch whose input only that table still holds.
+        """
 
     @abstractmethod
     def version(self, name: str) -> int:

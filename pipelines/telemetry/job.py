@@ -6,20 +6,24 @@ same micro-batch, a few hundred milliseconds after bronze. Exactly-once holds pe
 keyed by (query id, batch id) in that table's Delta log (:mod:`sinks.foreach_batch`), so a batch that
 fails half-way is replayed by Spark with the same offsets and writes only the tables it had not written.
 
-Order inside a batch: bronze first (lowest latency for the raw layer); then, concurrently, silver,
-device_minute, quarantine, devices, and dq_results (the Great Expectations validation runs there, so it
-never delays the silver rows of its own batch). See docs/telemetry-pipeline.md.
+Order inside a batch: the fast part first, bronze (lowest latency for the raw layer), one profile
+aggregation, then silver and quarantine concurrently; then the gold part, device_minute, devices and
+dq_results concurrently (the Great Expectations validation runs there). At a processing-time trigger the
+gold part runs in the background while the next batch's fast part runs (see :class:`TelemetryBatch` for why
+that stays exactly-once). See docs/telemetry-pipeline.md.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -39,6 +43,12 @@ if TYPE_CHECKING:
     from pipelines.runner import RunOptions
 
 log = logging.getLogger(__name__)
+
+#: At most this many telemetry rows in the previous batch: bronze is appended from the driver (Arrow).
+SMALL_BATCH_ROWS = 20_000
+
+#: The tables of a batch's gold part (see :class:`TelemetryBatch`).
+GOLD = ("device_minute", "devices", "dq_results")
 
 #: The tables this pipeline writes, in the order a micro-batch writes them.
 TABLES = (
@@ -91,13 +101,45 @@ class _Batch:
         return result
 
 
+@dataclass
+class _GoldPart:
+    """A batch's gold part: its steps, and the cached DataFrames to release once they ran."""
+
+    owner: TelemetryBatch
+    batch: _Batch
+    steps: dict[str, Callable[[], Any]]
+    cached: list[DataFrame]
+    #: whether the batch's report is in ``owner.reports`` already (else it joins once the steps are done)
+    reported: bool = False
+
+    def run(self) -> None:
+        try:
+            self.owner._run_steps(self.batch, self.steps)
+        finally:
+            self.release()
+        if not self.reported:
+            self.owner.reports.append(self.batch.report)
+        log.info("telemetry batch %d: %s", self.batch.out.batch_id, self.batch.report)
+
+    def release(self) -> None:
+        _unpersist(self.cached)
+
+
 class TelemetryBatch:
     """Processes one micro-batch of source records into every table; holds what lives across batches.
 
-    After bronze, one aggregation over the parsed and flagged rows decides which writes the batch needs
-    (and carries the data-quality counts); then silver, device_minute, quarantine, devices and dq_results
-    are written concurrently: each Spark job here is mostly fixed overhead, so overlapping them is what
-    keeps a batch near a second. ``clock`` stamps ``ingested_at``/``updated_at``; tests pass a fixed one.
+    A batch has a fast part and a gold part. The fast part writes bronze, runs one aggregation over the
+    parsed and flagged rows (which decides which writes the batch needs and carries the data-quality
+    counts), then writes silver and quarantine (concurrently): after it, the batch's readings are visible.
+    The gold part writes device_minute, devices and dq_results (concurrently). With ``defer_gold`` (what
+    :func:`start_query` sets at a processing-time trigger) the call returns after the fast part and the gold
+    part runs in the background, while the next batch's fast part runs; the next call waits for it before
+    returning, so when Spark commits a batch, the gold part of the batch before it is in. A driver that
+    dies may therefore leave one committed batch without its gold part: a new instance redoes it from that
+    batch's bronze rows (:meth:`TableStore.appended`), every write skipped where it is in, before its query
+    starts (:meth:`resume`, from the checkpoint) or else at its first call, whatever its trigger. Without
+    ``defer_gold``, silver and quarantine run with the gold steps, all at once, and the call returns when
+    all are in. ``clock`` stamps ``ingested_at``/``updated_at``; tests pass a fixed one.
     """
 
     def __init__(
@@ -106,10 +148,13 @@ class TelemetryBatch:
         store: TableStore,
         clock: Callable[[], datetime] = utc_now,
         gx_validator: Q.GxValidator | None = None,
+        *,
+        defer_gold: bool = False,
     ) -> None:
         self.config = config
         self.store = store
         self.clock = clock
+        self.defer_gold = defer_gold
         self.column_types = {name: t.strip().lower() for name, t in config.payload.fields.items()}
         self.conditions = Q.row_failure_conditions(config.quality.suites, self.column_types)
         self.validator = gx_validator or Q.GxValidator(config.quality.suites, config.quality.gx.engine)
@@ -117,55 +162,162 @@ class TelemetryBatch:
         self.reports: deque[BatchReport] = deque(maxlen=1000)  # the latest batches, for logs and tests
         #: Called after each step with the step's name and the batch id; tests inject failures here.
         self.after_step: Callable[[str, int], None] = lambda step, batch_id: None
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="telemetry-batch")
+        self._pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="telemetry-batch")
+        self._gold = ThreadPoolExecutor(max_workers=1, thread_name_prefix="telemetry-gold")
+        self._pending: Future[None] | None = None
+        self._resumed = False
+        #: telemetry rows of the latest batch (None before the first): small batches append bronze via Arrow
+        self._last_rows: int | None = None
 
     def ensure_tables(self) -> None:
         for name in TABLES:
             self.store.ensure(name)
 
+    def settle(self) -> None:
+        """Wait for the gold part of the latest batch, if it is running; re-raise its failure."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
     def close(self) -> None:
-        """Release the step threads (the query must be stopped)."""
-        self._pool.shutdown(wait=True)
+        """Finish the gold part in flight and release the threads (the query must be stopped)."""
+        try:
+            self.settle()
+        except Exception:  # the next start redoes it (see the class docstring)
+            log.exception("the gold part of the last telemetry batch failed")
+        finally:
+            self._gold.shutdown(wait=True)
+            self._pool.shutdown(wait=True)
 
     def __call__(self, records: DataFrame, out: BatchWriter) -> None:
-        batch = _Batch(out, self.clock(), BatchReport(out.batch_id), self.after_step)
-        bronze = T.to_bronze(records, batch.now)
-        batch.step("bronze_telemetry", lambda: out.append("bronze_telemetry", bronze))
-
-        flagged = T.flag_failures(T.parse_telemetry(bronze, self.config.payload), self.conditions).persist()
-        silver_rows: DataFrame | None = None
+        if not self._resumed:  # whatever the trigger: the last instance may have deferred its gold part
+            self._complete_previous(out.app_id, out.batch_id - 1)
+        self._resumed = True
+        gold = self._fast_part(records, out)
+        if not self.defer_gold:
+            gold.run()
+            return
         try:
+            self.settle()  # the previous batch's gold part ran alongside this batch's fast part
+        except BaseException:
+            gold.release()
+            raise
+        self._pending = self._gold.submit(gold.run)
+
+    def resume(self, checkpoint: str) -> None:
+        """Before the query starts: redo the checkpoint's last committed batch where its gold part is missing.
+
+        Spark runs no batch when there is nothing new to read (an availableNow restart of a caught-up
+        query), so the first call cannot be relied on for it. A checkpoint this cannot read (not on the
+        local file system) leaves it to the first call.
+        """
+        committed = last_committed_batch(checkpoint)
+        if committed is not None and not self._resumed:
+            app_id, batch_id = committed
+            self._complete_previous(app_id, batch_id)
+            self._resumed = True  # the first call's batch follows that one (or replays the one after it)
+
+    def _complete_previous(self, app_id: str, previous: int) -> None:
+        """Redo batch ``previous`` from its bronze rows: its gold part may not have run.
+
+        Its tables hold it or not; where they do, the write is skipped (its ``txn``), so this only fills in
+        what a driver that died while the gold part ran had not written.
+        """
+        if previous < 0 or not self.store.exists("bronze_telemetry"):
+            return
+        if all(self._already_written(name, BatchWriter(self.store, app_id, previous)) for name in GOLD):
+            return  # the usual case: a batch that passed rows writes every one of them
+        rows = self.store.appended("bronze_telemetry", app_id, previous)
+        if rows is None:
+            return
+        log.info("telemetry batch %d: gold part redone from its bronze rows", previous)
+        self._fast_part(rows, BatchWriter(self.store, app_id, previous)).run()
+
+    def _fast_part(self, records: DataFrame, out: BatchWriter) -> _GoldPart:
+        """Bronze, the profile, and with ``defer_gold`` silver and quarantine; returns what is left to run.
+
+        Without ``defer_gold`` silver and quarantine join the gold steps, all running concurrently: when
+        the tables are read only once the call returns (availableNow, a direct call), a catch-up batch of
+        250,000 rows is shortest with every step overlapping.
+        """
+        batch = _Batch(out, self.clock(), BatchReport(out.batch_id), self.after_step)
+        bronze = T.to_bronze(records, batch.now).persist()  # the gold part reads it after the call returns
+        cached = [bronze]
+        try:
+            batch.step("bronze_telemetry", lambda: out.append("bronze_telemetry", self._bronze_data(bronze)))
+            flagged = T.flag_failures(T.parse_telemetry(bronze, self.config.payload), self.conditions)
+            cached.append(flagged.persist())
             quality = Q.expression_aggregates(self.config.quality.suites, self.column_types)
             counts = batch.step(
                 "profile", lambda: _one_row(flagged.agg(*T.profile_aggregates(), *quality)).asDict()
             )
+            self._last_rows = counts["dq_rows"]
             batch.report.passed, batch.report.quarantined = counts["passed"], counts["quarantined"]
             passed = T.passed_rows(flagged)
-            steps: dict[str, Callable[[], Any]] = {}
+            fast: dict[str, Callable[[], Any]] = {}
+            gold: dict[str, Callable[[], Any]] = {}
             if counts["passed"]:
                 low, high = counts["low_us"], counts["high_us"]
                 before = self._silver_before(out, passed)
-                rows = silver_rows = self._silver_rows(passed, before, low, high).persist()
-                steps["silver_telemetry"] = lambda: self._write_silver(out, rows)
-                steps["device_minute"] = lambda: self._write_device_minute(batch, rows, before, low, high)
+                rows = self._silver_rows(passed, before, low, high).persist()
+                cached.append(rows)
+                fast["silver_telemetry"] = lambda: self._write_silver(out, rows)
+                gold["device_minute"] = lambda: self._write_device_minute(batch, rows, before, low, high)
             if counts["quarantined"]:
                 quarantine = T.to_quarantine(flagged, out.app_id, out.batch_id, batch.now)
-                steps["telemetry_quarantine"] = lambda: out.append("telemetry_quarantine", quarantine)
+                fast["telemetry_quarantine"] = lambda: out.append("telemetry_quarantine", quarantine)
             if counts["passed"] or self.config.gold.devices.status_template is not None:
-                steps["devices"] = lambda: self._write_devices(batch, bronze, passed)
+                gold["devices"] = lambda: self._write_devices(batch, bronze, passed)
             if counts["dq_rows"]:
                 outcomes = Q.outcomes_from_counts(counts, self.config.quality.suites)
-                steps["dq_results"] = lambda: self._write_dq(batch, flagged, outcomes)
-            futures = [self._pool.submit(batch.step, name, work) for name, work in steps.items()]
-            for future in futures:
-                future.result()  # re-raises a step's failure: Spark then retries the whole batch
-        finally:
-            if silver_rows is not None:
-                silver_rows.unpersist()
-            flagged.unpersist()
-        batch.report.written = dict(out.results)
+                gold["dq_results"] = lambda: self._write_dq(batch, flagged, outcomes)
+            if self.defer_gold:
+                self._run_steps(batch, fast)
+        except BaseException:
+            _unpersist(cached)
+            raise
+        batch.report.written = out.results  # the gold part's writes join it when they are done
+        if not self.defer_gold:  # nothing is visible before the call returns: every step at once
+            return _GoldPart(self, batch, {**fast, **gold}, cached)
         self.reports.append(batch.report)
-        log.info("telemetry batch %d: %s", out.batch_id, batch.report)
+        return _GoldPart(self, batch, gold, cached, reported=True)
+
+    def _run_steps(self, batch: _Batch, steps: Mapping[str, Callable[[], Any]]) -> None:
+        """Run the steps concurrently (each Spark job is mostly fixed overhead); re-raise a failure.
+
+        Every step ends before this returns or raises: the caller releases the cached DataFrames the steps
+        read, and a step still running must not write after its batch failed. The failure raised is the
+        first one that happened (a later one may only follow from it); the batch is then replayed.
+        """
+        if len(steps) == 1:
+            [(name, work)] = steps.items()
+            batch.step(name, work)
+            return
+        failures: list[BaseException] = []
+
+        def run(name: str, work: Callable[[], Any]) -> None:
+            try:
+                batch.step(name, work)
+            except BaseException as exc:
+                failures.append(exc)  # list.append is atomic: the order is the order they failed in
+                raise
+
+        futures = [self._pool.submit(run, name, work) for name, work in steps.items()]
+        wait(futures)
+        if failures:
+            raise failures[0]
+
+    def _bronze_data(self, bronze: DataFrame) -> DataFrame | pa.Table:
+        """Bronze's rows as the store should append them.
+
+        After a small batch the next is likely small too, and delta-rs appends a few hundred rows
+        collected to the driver several times faster than from the tasks (``tables.executor_writes``);
+        a first batch, or one after a large batch, keeps the configured path.
+        """
+        small = self._last_rows is not None and self._last_rows <= SMALL_BATCH_ROWS
+        if small and self.store.backend == "delta-rs":
+            return bronze.toArrow()
+        return bronze
 
     # -- silver, quarantine and device_minute ------------------------------------------------------------
 
@@ -293,19 +445,24 @@ def start_query(
     batch: TelemetryBatch,
     available_now: bool = False,
     source_options: Mapping[str, str] | None = None,
+    defer_gold: bool | None = None,
 ) -> StreamingQuery:
-    """Start the streaming query (source → foreachBatch); the caller waits for or stops it."""
+    """Start the streaming query (source → foreachBatch); the caller waits for or stops it, then closes
+    ``batch``. ``defer_gold`` (default: at a processing-time trigger) sets ``batch.defer_gold``."""
     from sources import register_sources
 
     register_sources(spark)
     options = dict(config.source_options())
     options.update(source_options or {})
     records = spark.readStream.format("timestone").options(**options).load()
+    # caught up in one go (availableNow), the tables are complete when the query ends
+    batch.defer_gold = not available_now if defer_gold is None else defer_gold
     writer = (
         records.writeStream.queryName(config.stream.query_name)
         .option("checkpointLocation", config.stream.checkpoint)
-        .foreachBatch(exactly_once(batch.store, batch))
+        .foreachBatch(exactly_once(batch.store, batch, persist=False))  # the batch caches bronze itself
     )
+    batch.resume(config.stream.checkpoint)
     if available_now:
         writer = writer.trigger(availableNow=True)
     else:
@@ -339,6 +496,25 @@ def run(spark: SparkSession, section: Any, options: RunOptions) -> int:
     finally:
         batch.close()
     return 0
+
+
+def last_committed_batch(checkpoint: str) -> tuple[str, int] | None:
+    """The query id and last committed batch id in a streaming checkpoint on the local file system."""
+    path = checkpoint.removeprefix("file:")
+    if "://" in path:
+        return None
+    root = Path(path)
+    try:
+        query_id = json.loads((root / "metadata").read_text().splitlines()[0])["id"]
+        batch_ids = [int(f.name) for f in (root / "commits").iterdir() if f.name.isdigit()]
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+    return (query_id, max(batch_ids)) if batch_ids else None
+
+
+def _unpersist(frames: list[DataFrame]) -> None:
+    for frame in frames:
+        frame.unpersist()
 
 
 def _one_row(frame: DataFrame) -> Row:

@@ -7,6 +7,7 @@ called directly, which makes replays and injected failures exact and quick.
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -155,3 +156,125 @@ def test_devices_last_seen_only_moves_forward_and_keeps_known_firmware(spark, pi
     assert rows_of(store, "devices", "last_seen", "firmware_version") == [(at(100), "2.0.0")]
     run(records(spark, [telemetry("d", 1, seq=2, seconds=200, firmware=None, group="red")]), 2)
     assert rows_of(store, "devices", "last_seen", "firmware_version", "group") == [(at(200), "2.0.0", "red")]
+
+
+def test_gold_part_left_undone_by_a_dead_driver_is_redone_from_bronze_once(spark, pipeline, monkeypatch):
+    """With the gold part deferred (a processing-time trigger), a call returns once silver is in.
+
+    Spark then commits the batch; a driver dying while the gold part runs leaves some of device_minute,
+    devices and dq_results without it. The next driver's first batch redoes the batch from its bronze rows:
+    the tables that missed it get it, the others are not written twice.
+    """
+    first, store, run = pipeline
+    first.defer_gold = True
+    run(records(spark, [telemetry("d", 0, seq=1, seconds=0)]), 0)
+    merge = store.merge
+
+    def dying_merge(name, data, app_id, batch_id, **options):
+        if name == "devices" and batch_id == 1:
+            raise Boom("the driver dies before the devices merge")
+        return merge(name, data, app_id, batch_id, **options)
+
+    monkeypatch.setattr(store, "merge", dying_merge)
+    run(records(spark, [telemetry("d", 1, seq=2, seconds=1), telemetry("e", 0, seq=1, seconds=2)]), 1)
+    assert store.read("silver_telemetry").count() == 3  # visible before the gold part is done
+    with pytest.raises(Boom):
+        first.settle()  # what the next call would meet; the driver dies instead
+    first.close()
+    monkeypatch.undo()
+    assert rows_of(store, "devices", "device_id") == [("d",)]
+
+    restarted = TelemetryBatch(first.config, store, clock=lambda: at(3600), defer_gold=True)
+    rerun = exactly_once(store, restarted, app_id=APP)
+    rerun(records(spark, [telemetry("e", 1, seq=2, seconds=3)]), 2)  # Spark had committed batch 1
+    restarted.close()
+
+    redone = restarted.reports[0]
+    assert [report.batch_id for report in restarted.reports] == [1, 2]  # batch 1 redone first
+    assert redone.written["devices"] and not redone.written["device_minute"]
+    assert not redone.written["bronze_telemetry"] and not redone.written["dq_results"]
+    assert store.read("bronze_telemetry").count() == 4
+    assert store.read("silver_telemetry").count() == 4
+    assert rows_of(store, "device_minute", "device_id", "count", order=["device_id"]) == [("d", 2), ("e", 2)]
+    assert rows_of(store, "devices", "device_id", "last_seen", order=["device_id"]) == [
+        ("d", at(1)),
+        ("e", at(3)),
+    ]
+    parse_check = store.read("dq_results").where("expectation = 'payload_is_json_of_declared_types'")
+    assert sorted(r["batch_id"] for r in parse_check.collect()) == [0, 1, 2]
+    assert parse_check.groupBy().sum("element_count").first()[0] == 4
+
+
+def test_gold_part_left_undone_is_redone_by_a_restart_that_does_not_defer_it(spark, pipeline, monkeypatch):
+    """The same dead driver, restarted with ``--available-now`` (its gold part not deferred): the first
+    batch of the new instance still redoes the committed batch whose gold part is missing."""
+    first, store, run = pipeline
+    first.defer_gold = True
+    run(records(spark, [telemetry("d", 0, seq=1, seconds=0)]), 0)
+    merge = store.merge
+
+    def dying_merge(name, data, app_id, batch_id, **options):
+        if name == "device_minute" and batch_id == 1:
+            raise Boom("the driver dies before the device_minute merge")
+        return merge(name, data, app_id, batch_id, **options)
+
+    monkeypatch.setattr(store, "merge", dying_merge)
+    run(records(spark, [telemetry("d", 1, seq=2, seconds=1), telemetry("e", 0, seq=1, seconds=2)]), 1)
+    with pytest.raises(Boom):
+        first.settle()
+    first.close()
+    monkeypatch.undo()
+    assert rows_of(store, "device_minute", "device_id", "count") == [("d", 1)]
+
+    restarted = TelemetryBatch(first.config, store, clock=lambda: at(3600))  # availableNow: not deferred
+    rerun = exactly_once(store, restarted, app_id=APP)
+    rerun(records(spark, [telemetry("e", 1, seq=2, seconds=3)]), 2)
+    restarted.close()
+
+    assert [report.batch_id for report in restarted.reports] == [1, 2]
+    redone = restarted.reports[0]
+    assert redone.written["device_minute"] and not redone.written["silver_telemetry"]
+    assert store.read("bronze_telemetry").count() == 4
+    assert store.read("silver_telemetry").count() == 4
+    assert rows_of(store, "device_minute", "device_id", "count", order=["device_id"]) == [("d", 2), ("e", 2)]
+    assert rows_of(store, "devices", "device_id", "last_seen", order=["device_id"]) == [
+        ("d", at(1)),
+        ("e", at(3)),
+    ]
+    parse_check = store.read("dq_results").where("expectation = 'payload_is_json_of_declared_types'")
+    assert sorted(r["batch_id"] for r in parse_check.collect()) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("defer_gold", [False, True], ids=["all-steps-at-once", "gold-deferred"])
+def test_a_failing_step_fails_the_batch_only_once_its_sibling_steps_have_ended(spark, pipeline, defer_gold):
+    """Silver fails at once while quarantine (and, not deferred, the gold steps) still runs: the batch
+    raises that failure only after every sibling has ended, so none writes after the batch failed or reads
+    a cached DataFrame already released; the replay then writes each table once."""
+    batch, store, run = pipeline
+    batch.defer_gold = defer_gold
+    ended: list[str] = []
+
+    def failing_silver_and_slow_quarantine(step, batch_id):
+        if step == "silver_telemetry":
+            raise Boom("silver failed")
+        if step == "telemetry_quarantine":
+            time.sleep(1.5)  # still running when silver fails
+        ended.append(step)
+
+    batch.after_step = failing_silver_and_slow_quarantine
+    source = [telemetry("d", 0, seq=1, seconds=0), telemetry("e", 0, seq=1, seconds=1, temperature=500.0)]
+    with pytest.raises(Boom, match="silver failed"):
+        run(records(spark, source), 0)
+    assert "telemetry_quarantine" in ended
+    if not defer_gold:
+        assert {"device_minute", "devices", "dq_results"} <= set(ended)
+
+    batch.after_step = lambda step, batch_id: None
+    run(records(spark, source), 0)
+    batch.close()
+    assert store.read("bronze_telemetry").count() == 2
+    assert rows_of(store, "silver_telemetry", "device_id") == [("d",)]
+    assert rows_of(store, "telemetry_quarantine", "device_id") == [("e",)]
+    assert rows_of(store, "device_minute", "device_id", "count") == [("d", 1)]
+    assert rows_of(store, "devices", "device_id") == [("d",)]
+    assert store.read("dq_results").where("expectation = 'payload_is_json_of_declared_types'").count() == 1

@@ -50,20 +50,30 @@ def pipeline_config(tmp_path: Path, brokers: dict[str, EdgeBroker], **source) ->
     )
 
 
-def run_available_now(spark, config: TelemetryConfig, fail_after: str | None = None) -> TelemetryBatch:
+def run_available_now(
+    spark,
+    config: TelemetryConfig,
+    fail_after: str | None = None,
+    defer_gold: bool | None = False,
+    fail_batch: int | None = None,
+) -> TelemetryBatch:
     """One run of the query until it has read everything available (what a restart does, each time)."""
     batch = TelemetryBatch(config, open_store(spark, config))
     batch.ensure_tables()
     if fail_after is not None:
 
         def explode(step: str, batch_id: int) -> None:
-            if step == fail_after:
+            if step == fail_after and fail_batch in (None, batch_id):
                 raise RuntimeError(f"injected failure after {step} in batch {batch_id}")
 
         batch.after_step = explode
-    query = start_query(spark, config, batch, available_now=True)
-    query.awaitTermination(180)
-    assert not query.isActive
+    query = start_query(spark, config, batch, available_now=True, defer_gold=defer_gold)
+    try:
+        query.awaitTermination(180)
+        assert not query.isActive
+    finally:
+        if batch.defer_gold:
+            batch.close()  # the last batch's gold part
     return batch
 
 
@@ -114,6 +124,77 @@ def test_failure_after_bronze_then_restart_from_checkpoint_loses_and_duplicates_
     bronze, silver = keys(store, "bronze_telemetry"), keys(store, "silver_telemetry")
     assert len(bronze) == len(set(bronze)) == sent
     assert sorted(silver) == sorted(bronze)
+
+
+def test_gold_part_failing_in_the_background_fails_the_next_batch_and_the_restart_writes_each_table_once(
+    spark, tmp_path, brokers
+):
+    """The gold part deferred as at a processing-time trigger: batch 0's fails after the devices merge, the
+    query fails at batch 1 (whose fast part wrote bronze and silver), and the restart from the checkpoint
+    replays batch 1 and writes every table exactly once."""
+    fleet = Fleet([LogAppendPublisher(name, broker) for name, broker in brokers.items()], devices=6)
+    sent = fleet.send(rounds=10)  # 60 messages in batches of 20: a batch 1 even if one broker is slow
+    config = pipeline_config(tmp_path, brokers, max_records_per_trigger=20)
+    with pytest.raises(StreamingQueryException, match="injected failure after devices in batch 0"):
+        run_available_now(spark, config, fail_after="devices", defer_gold=True)
+    store = open_store(spark, config)
+    assert store.read("silver_telemetry").count() == 40  # batch 1's fast part ran before it failed
+
+    batch = run_available_now(spark, config, defer_gold=True)
+    replayed = [report for report in batch.reports if report.batch_id == 1]
+    assert replayed and replayed[0].written["bronze_telemetry"] is False
+    bronze, silver = keys(store, "bronze_telemetry"), keys(store, "silver_telemetry")
+    assert len(bronze) == len(set(bronze)) == sent
+    assert sorted(silver) == sorted(bronze)
+    assert store.read("device_minute").groupBy().sum("count").first()[0] == sent
+    assert store.read("devices").count() == 6
+    parse_check = store.read("dq_results").where("expectation = 'payload_is_json_of_declared_types'")
+    batch_ids = [r["batch_id"] for r in parse_check.collect()]
+    assert len(batch_ids) == len(set(batch_ids)) == 3
+    assert parse_check.groupBy().sum("element_count").first()[0] == sent
+
+
+def test_driver_dead_in_a_background_gold_part_then_restarted_with_available_now_writes_gold_once(
+    spark, tmp_path, brokers, monkeypatch
+):
+    """Batch 0's gold part, deferred as at a processing-time trigger, dies before device_minute while Spark
+    commits the batch; the restart with availableNow (gold not deferred) has nothing new to read, so Spark
+    runs no batch, and the gold part is still redone before the query starts; a later run adds to it."""
+    edge1 = {"edge1": brokers["edge1"]}
+    fleet = Fleet([LogAppendPublisher("edge1", brokers["edge1"])], devices=4)
+    sent = fleet.send(rounds=10)  # 40 records: one batch
+    config = pipeline_config(tmp_path, edge1, max_records_per_trigger=40)
+    store = open_store(spark, config)
+    merge = type(store).merge
+
+    def dying_merge(self, name, data, app_id, batch_id, **options):
+        if name == "device_minute" and batch_id == 0:
+            raise RuntimeError("the driver dies before the device_minute merge of batch 0")
+        return merge(self, name, data, app_id, batch_id, **options)
+
+    monkeypatch.setattr(type(store), "merge", dying_merge)
+    try:  # the failure is logged when the query ends; were the records split, batch 1 fails instead
+        run_available_now(spark, config, defer_gold=True)
+    except StreamingQueryException as exc:
+        assert "the driver dies before the device_minute merge of batch 0" in str(exc)
+    monkeypatch.undo()
+    assert store.read("device_minute").count() == 0
+
+    batch = run_available_now(spark, config, defer_gold=None)  # what --available-now sets: not deferred
+    assert not batch.defer_gold
+    assert store.read("device_minute").groupBy().sum("count").first()[0] == sent
+
+    sent += fleet.send(rounds=2)
+    run_available_now(spark, config, defer_gold=None)
+    bronze, silver = keys(store, "bronze_telemetry"), keys(store, "silver_telemetry")
+    assert len(bronze) == len(set(bronze)) == sent
+    assert sorted(silver) == sorted(bronze)
+    assert store.read("device_minute").groupBy().sum("count").first()[0] == sent
+    assert store.read("devices").count() == 4
+    parse_check = store.read("dq_results").where("expectation = 'payload_is_json_of_declared_types'")
+    batch_ids = [r["batch_id"] for r in parse_check.collect()]
+    assert len(batch_ids) == len(set(batch_ids)) and 0 in batch_ids
+    assert parse_check.groupBy().sum("element_count").first()[0] == sent
 
 
 def test_retention_gap_fails_the_query_or_is_skipped_without_fail_on_data_loss(spark, tmp_path, brokers):
