@@ -214,6 +214,8 @@ class ClusterNode:
             retained=RetainedRefresh(broker.router, view, self.links),
         )
         broker.router.subscribe_gate = self.followers.subscribe_gate
+        if broker.replays is not None:
+            broker.replays.log_here = self._log_here
         self.links.on(PUSH, self.followers.pushed)
         timeout = broker.config.offsets_api.request_timeout_s
         broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch, timeout, pushes=True))
@@ -300,6 +302,13 @@ class ClusterNode:
             await self.coordinator.stop()
         if self.etcd is not None:
             await self.etcd.close()
+
+    def _log_here(self, topic: str) -> bool:
+        """Whether this node holds a copy of ``topic``'s partition (an observer's log of it is not
+        complete: its sessions keep that topic's messages while offline instead of reading the log)."""
+        state = self.view.state_of(topic)
+        me = self.view.node_id
+        return state is not None and (state.leader == me or me in state.replicas)
 
     def _observer_status(self) -> dict[str, Any]:
         """What this node observes (``GET /v1/cluster``'s ``observer``)."""
