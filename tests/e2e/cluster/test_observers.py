@@ -185,28 +185,22 @@ def test_a_retained_message_set_while_a_broker_did_not_observe_it_reaches_a_new_
     ((topic, _number),) = topics_unheld_by(etcd, "d", f"kept{version}", 1)
     publisher = PahoClient(a.port, f"retainer-{version}", version=version)
 
-    def new_subscriber(name: str) -> PahoClient:
+    def first_message_of_a_new_subscriber(name: str) -> tuple[bytes, bool]:
+        """(payload, RETAIN) of the first message a new subscriber on d gets; it leaves, and d stops
+        observing the partition."""
         client = PahoClient(d.port, f"{name}-{version}", version=version)
         client.subscribe(topic, 1)
-        return client
+        if name == "third":
+            publisher.publish(topic, b"live", 1)
+        (message,) = client.expect(1)
+        client.disconnect()
+        wait_until(lambda: observer(d)["partitions"] == [], what="d no longer observing")
+        return message.payload, message.retain
 
     publisher.publish(topic, b"r1", 1, retain=True)
     assert observer(d)["partitions"] == []
-    first = new_subscriber("first")
-    (message,) = first.expect(1)
-    assert (message.payload, message.retain) == (b"r1", True)
-    first.disconnect()
-    wait_until(lambda: observer(d)["partitions"] == [], what="d no longer observing")
-
+    assert first_message_of_a_new_subscriber("first") == (b"r1", True)
     publisher.publish(topic, b"r2", 1, retain=True)  # replaced while d does not observe it
-    second = new_subscriber("second")
-    (message,) = second.expect(1)
-    assert (message.payload, message.retain) == (b"r2", True)
-    second.disconnect()
-    wait_until(lambda: observer(d)["partitions"] == [], what="d no longer observing")
-
+    assert first_message_of_a_new_subscriber("second") == (b"r2", True)
     publisher.publish(topic, b"", 1, retain=True)  # cleared while d does not observe it
-    third = new_subscriber("third")
-    publisher.publish(topic, b"live", 1)
-    (message,) = third.expect(1)
-    assert (message.payload, message.retain) == (b"live", False)  # no retained message first
+    assert first_message_of_a_new_subscriber("third") == (b"live", False)  # no retained message first
