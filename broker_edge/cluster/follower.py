@@ -286,7 +286,7 @@ class Followers:
         """Whether a SUBACK must wait for partitions whose observation is starting; runs `send` once they
         are observed (their leader has fixed where this broker's routing of them starts: at their committed
         end then, before the SUBACK), or after `subscribe_wait_s`."""
-        if not self._starting and not self._gated:
+        if not self._starting:
             return False
         entry = (set(self._starting), send)
         self._gated.append(entry)
@@ -295,7 +295,7 @@ class Followers:
         return True
 
     def _gate_expired(self, entry: tuple[set[int], Callable[[], object]]) -> None:
-        if entry[0] and any(waiting is entry for waiting in self._gated):
+        if entry[0] and any(waiting[1] is entry[1] for waiting in self._gated):
             log.warning(
                 "observation of partitions %s not started within %.1f s: acknowledging a SUBSCRIBE anyway",
                 sorted(entry[0]),
@@ -305,13 +305,21 @@ class Followers:
             self._release_gated()
 
     def _release_gated(self, everything: bool = False) -> None:
+        """Send the SUBACKs whose partitions are observed now. One client's SUBACKs keep their order: a
+        later one waits for every partition an earlier one still waits for (and longer)."""
         starting = self._starting
-        while self._gated:
-            waiting, send = self._gated[0]
-            waiting.intersection_update(starting)
-            if waiting and not everything:
-                return
-            self._gated.pop(0)
+        ready: list[Callable[[], object]] = []
+        waiting: list[tuple[set[int], Callable[[], object]]] = []
+        for partitions, send in self._gated:
+            partitions.intersection_update(starting)
+            if partitions and not everything:
+                waiting.append((partitions, send))
+            else:
+                ready.append(send)
+        if not ready:
+            return
+        self._gated = waiting
+        for send in ready:
             send()
 
     def opened(self, fetcher: _Fetcher) -> None:
