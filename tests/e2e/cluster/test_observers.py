@@ -31,7 +31,8 @@ PARTITIONS = 16
 
 
 def balanced(etcd: EtcdTarget) -> bool:
-    """Every partition with two in-sync replicas among the four, each broker holding its share (8)."""
+    """Every partition with two in-sync replicas among the four, each broker holding its share of copies
+    (8) and of leadership (4): nothing moves while the test runs."""
     state = cluster_state(etcd)
     if set(state.members) != set(NODES) or len(state.partitions) != PARTITIONS:
         return False
@@ -41,7 +42,8 @@ def balanced(etcd: EtcdTarget) -> bool:
             return False
         for replica in partition.replicas:
             copies[replica] += 1
-    return max(copies.values()) - min(copies.values()) <= 1
+    leaders = [state.leaders().get(node, 0) for node in NODES]
+    return max(copies.values()) - min(copies.values()) <= 1 and max(leaders) - min(leaders) <= 1
 
 
 @pytest.fixture
@@ -50,7 +52,12 @@ def four_brokers(
 ) -> Iterator[dict[str, BrokerProcess]]:
     brokers = {node: cluster_brokers(node, replication_factor=2) for node in NODES}
     wait_settled(etcd, set(NODES), 2, 60)
-    wait_until(lambda: balanced(etcd), 90, "copies spread over a, b, c, d", lambda: cluster_state(etcd))
+    wait_until(
+        lambda: balanced(etcd),
+        90,
+        "copies and leadership spread over a, b, c, d",
+        lambda: cluster_state(etcd),
+    )
     yield brokers
     close_all()
 
