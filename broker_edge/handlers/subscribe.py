@@ -125,7 +125,8 @@ def handle_subscribe(ctx: BrokerContext, conn: Connection, session: Session, pac
     def released() -> None:
         if conn.state != CLOSED:
             acknowledge()
-            conn.resume_reading()
+            if conn.backlog is None:  # else reading resumes once the held packets are handled
+                conn.resume_reading()
 
     gate = router.subscribe_gate
     if gate is None or not gate(released):
