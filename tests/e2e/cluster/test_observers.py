@@ -32,7 +32,8 @@ PARTITIONS = 16
 
 def balanced(etcd: EtcdTarget) -> bool:
     """Every partition with two in-sync replicas among the four, each broker holding its share of copies
-    (8) and of leadership (4): nothing moves while the test runs."""
+    (8) and of leadership (4, within two: leadership moves only between copies): nothing moves while the
+    test runs."""
     state = cluster_state(etcd)
     if set(state.members) != set(NODES) or len(state.partitions) != PARTITIONS:
         return False
@@ -43,7 +44,7 @@ def balanced(etcd: EtcdTarget) -> bool:
         for replica in partition.replicas:
             copies[replica] += 1
     leaders = [state.leaders().get(node, 0) for node in NODES]
-    return max(copies.values()) - min(copies.values()) <= 1 and max(leaders) - min(leaders) <= 1
+    return max(copies.values()) - min(copies.values()) <= 1 and max(leaders) - min(leaders) <= 2
 
 
 @pytest.fixture
