@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         for broker in [DefaultTimestone(label="timestone (defaults, dev venv)"), *peers]:
             _measure_startup(broker, args, broker_cpus, result)
     if "idle" not in args.skip:
-        for broker in [default_broker("timestone"), TransportFloor(), *peers]:
+        for broker in [default_broker("timestone"), TransportFloor(), TransportFloor(poll=True), *peers]:
             _log(f"idle connections: {broker.label}, {args.connections:,}")
             if _prepared(broker, result):
                 try:
@@ -251,9 +251,18 @@ def _idle_section(idle: list[tuple[str, IdleResult]], targets: list) -> list[str
         total, under = mine.bytes_per_connection, floor.bytes_per_connection
         lines += [
             f"Of Timestone's {total:,.0f} bytes, {under:,.0f} are the uvloop floor (its transport object, "
-            "libuv handle, context copy and entry in the loop's map of transports, with a 1-slot protocol); "
-            f"{total - under:,.0f} are the broker's own: its connection, session, decoder, client id and the "
+            "libuv handle and entry in the loop's map of transports, with a 1-slot protocol); "
+            f"{total - under:,.0f} are the broker's own: its connection, session, client id and the "
             "entries in its maps of connections and sessions.",
+            "",
+        ]
+    polled = next((r for label, r in idle if label == TransportFloor(poll=True).label), None)
+    if mine is not None and floor is not None and polled is not None:
+        own = mine.bytes_per_connection - floor.bytes_per_connection
+        lines += [
+            "A transport of the broker's own on `loop.add_reader` (the poll floor) would start from "
+            f"{polled.bytes_per_connection:,.0f} bytes instead of {floor.bytes_per_connection:,.0f}: with "
+            f"the broker's part as it is, about {own + polled.bytes_per_connection:,.0f} bytes a connection.",
             "",
         ]
     if mine is not None:

@@ -24,6 +24,8 @@ A connection refused before CONNACK 0 always goes through ``refuse``.
 Idle connections are small: every attribute is a slot, containers (topic aliases, the write batch) are
 created on first use, and what most connections never set (a will, incoming topic aliases, a refusal, packets
 held back, ...) are ``RareField`` attributes, kept in a side object made by the first write of one of them.
+Past CONNECT the decoder is shared (``SharedDecoder``) except while a packet is half-read, and keep-alive
+deadlines are shared floats (``states.keepalive_deadline``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 from broker_edge.delivery import Message
 from broker_edge.handlers import dispatch_connected, handle_connect
 from broker_edge.limits import NOT_STARTED
-from broker_edge.protocol.codec import PacketDecoder, encode
+from broker_edge.protocol.codec import PacketDecoder, SharedDecoder, encode, shared_decoder
 from broker_edge.protocol.errors import MQTTError, UnsupportedProtocolVersion
 from broker_edge.protocol.packets import (
     MQTT_5,
@@ -51,7 +53,7 @@ from broker_edge.protocol.packets import (
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
 from broker_edge.rare_fields import RareField, RareSlots
-from broker_edge.states import AUTHENTICATING, CLOSED, CONNECTED, NEW, NO_LIMIT
+from broker_edge.states import AUTHENTICATING, CLOSED, CONNECTED, NEW, NO_LIMIT, keepalive_deadline
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -106,6 +108,19 @@ class _ConnectionRare(RareSlots):
     defaults: ClassVar[dict[str, Any]] = {}
 
 
+class _OwnDecoder(PacketDecoder):
+    """A decoder of one connection's own (until CONNECT, and while a packet is half-read), with the bytes
+    of that packet counted into the host's ``partial_bytes`` and when it started arriving (host time; 0:
+    none)."""
+
+    __slots__ = ("counted", "since")
+
+    def __init__(self, max_packet_size: int, max_connect_size: int) -> None:
+        super().__init__(max_packet_size, max_connect_size=max_connect_size)
+        self.counted = 0
+        self.since = 0.0
+
+
 class Connection(asyncio.Protocol):
     """The broker side of one network connection (see the module docstring)."""
 
@@ -122,8 +137,6 @@ class Connection(asyncio.Protocol):
         "keepalive",
         "listener",
         "max_packet_out",
-        "partial",
-        "partial_since",
         "paused",
         "rx",
         "send_quota",
@@ -158,11 +171,10 @@ class Connection(asyncio.Protocol):
         self.listener = listener
         self.transport: ByteTransport | None = None
         limits = host.config.limits
-        self.decoder = PacketDecoder(limits.max_packet_size, max_connect_size=limits.max_connect_packet_size)
-        self.partial = 0
-        """Bytes of a packet not fully arrived, counted in the host's ``partial_bytes``."""
-        self.partial_since = 0.0
-        """When that packet started arriving (loop time; 0: none)."""
+        self.decoder: PacketDecoder = _OwnDecoder(
+            limits.max_packet_size, max_connect_size=limits.max_connect_packet_size
+        )
+        """An ``_OwnDecoder`` until CONNECT; past it a ``SharedDecoder`` while no packet is half-read."""
         self.session: Session | None = None
         self.client_id = ""
         self.version = 0
@@ -200,12 +212,22 @@ class Connection(asyncio.Protocol):
             return
         self.rx = True
         self.listener.stats.bytes_in += len(data)
+        decoder = self.decoder
         try:
-            packets = self.decoder.feed(data)
+            packets = decoder.feed(data)
         except MQTTError as error:
             packets = error.packets_before
             self.held_error = error
-        if (self.partial or self.decoder.buffered) and not self._count_partial(bool(packets)):
+            if decoder.shared:
+                decoder = self._own_decoder()
+        # A shared decoder holds nothing before a read, and bytes counted as unfinished are in an _OwnDecoder.
+        if (decoder.buffered or not decoder.shared) and not self._settle_decoder(bool(packets)):
+            return
+        if self._rare is None or (self.backlog is None and self.held_error is None):
+            # Nothing waits and no error is held: dispatch alone. Most connections set no ``RareField``,
+            # so this costs them one slot read; every ``RareField`` read is a descriptor call, and a QoS 1
+            # subscriber sends about one PUBACK per read, so they would be paid once per delivery.
+            self._dispatch_all(packets)
             return
         if self.backlog is not None:  # earlier packets still wait (password check, message rate): keep order
             self.backlog.extend(packets)
@@ -242,18 +264,39 @@ class Connection(asyncio.Protocol):
             return False
         return True
 
-    def _count_partial(self, completed: bool) -> bool:
+    def _settle_decoder(self, completed: bool) -> bool:
+        """After a read that left a packet unfinished, or with a decoder of this connection's own: a shared
+        decoder's partial packet moves into one of its own; the unfinished bytes are counted
+        (``_count_partial``); one of its own holding nothing once CONNECT is decoded gives way to the shared
+        one. False once the connection is closed."""
+        decoder = self.decoder
+        own = self._own_decoder() if decoder.shared else cast(_OwnDecoder, decoder)
+        if (own.counted or own.buffered) and not self._count_partial(own, completed):
+            return False
+        if not own.buffered and own.protocol_version is not None and not own.failed:
+            self.decoder = shared_decoder(own.max_packet_size, own.protocol_version)
+        return True
+
+    def _own_decoder(self) -> _OwnDecoder:
+        """Move what a read left in the shared decoder (the start of a packet, an error) into a decoder of
+        this connection's own."""
+        own = cast(SharedDecoder, self.decoder).detach(_OwnDecoder)
+        own.counted, own.since = 0, 0.0
+        self.decoder = own
+        return own
+
+    def _count_partial(self, own: _OwnDecoder, completed: bool) -> bool:
         """Count the bytes of a packet still arriving into the broker-wide budget; False once over it (the
         connection is closed: what it sent is not handled)."""
         host = self.host
-        buffered = self.decoder.buffered
-        host.partial_bytes += buffered - self.partial
-        self.partial = buffered
+        buffered = own.buffered
+        host.partial_bytes += buffered - own.counted
+        own.counted = buffered
         if not buffered:
-            self.partial_since = 0.0
+            own.since = 0.0
             return True
-        if completed or not self.partial_since:  # a new packet started arriving
-            self.partial_since = host.now()
+        if completed or not own.since:  # a new packet started arriving
+            own.since = host.now()
         if host.partial_bytes <= host.config.limits.max_partial_packet_bytes:
             return True
         self.log().warning("closed: packets in progress on all connections exceed max_partial_packet_bytes")
@@ -292,8 +335,11 @@ class Connection(asyncio.Protocol):
         if self.state == CLOSED and self.transport is None:
             return
         was_connected = self.state == CONNECTED
-        self.host.partial_bytes -= self.partial
-        self.partial = 0
+        decoder = self.decoder
+        if not decoder.shared:
+            own = cast(_OwnDecoder, decoder)
+            self.host.partial_bytes -= own.counted
+            own.counted = 0
         if was_connected and log.isEnabledFor(logging.INFO):
             self.log().info("disconnected%s", f" ({exc})" if exc is not None else "")
         self.state = CLOSED
@@ -583,7 +629,9 @@ class Connection(asyncio.Protocol):
 
     def check_timers(self, now: float) -> None:
         state = self.state
-        if self.partial_since and now - self.partial_since > self.host.config.limits.partial_packet_timeout_s:
+        decoder = self.decoder
+        since = 0.0 if decoder.shared else cast(_OwnDecoder, decoder).since
+        if since and now - since > self.host.config.limits.partial_packet_timeout_s:
             self.log().info("a packet took longer than partial_packet_timeout_s to arrive")
             if state == CONNECTED:
                 self.close(ReasonCode.KEEP_ALIVE_TIMEOUT, "a packet took too long to arrive")
@@ -595,7 +643,7 @@ class Connection(asyncio.Protocol):
             if self.rx or self.throttled:  # a client held for its rate is not idle: the broker is not reading
                 self.rx = False
                 if self.keepalive:
-                    self.deadline = now + self.keepalive * 1.5
+                    self.deadline = keepalive_deadline(now, self.keepalive)
             elif self.keepalive and now >= self.deadline:
                 self.log().info("keep alive timeout (%d s)", self.keepalive)
                 self.close(ReasonCode.KEEP_ALIVE_TIMEOUT, "no packet within 1.5 times the keep alive")

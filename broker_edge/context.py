@@ -5,11 +5,13 @@ and session it acts on: the configuration, the router, the ACL, the PUBLISH path
 ``ConnectionHost`` adds what the connection itself needs from its broker: admission, the end-of-iteration
 write flush and timers. ``server.Broker`` implements both over the event loop; the handler unit tests build
 one from the same parts with a clock they move by hand, and feed bytes without a socket or a loop.
+On a cluster node, ``SessionClaims`` takes each CONNECT's ``SessionClaim`` before the session is opened here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -25,23 +27,29 @@ if TYPE_CHECKING:
     from broker_edge.router import Router
     from broker_edge.topic_quota import TopicShares
 
-__all__ = ["BrokerContext", "ConnectionHost", "SessionClaims"]
+__all__ = ["BrokerContext", "ConnectionHost", "SessionClaim", "SessionClaims"]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionClaim:
+    """What a CONNECT on a cluster node claims: its client id's session, for its identity, as it asks."""
+
+    client_id: str
+    username: str | None
+    """The identity the session belongs to (user name, certificate CN, or None: anonymous)."""
+    clean_start: bool
+    expiry_interval: int
+    """The Session Expiry Interval granted (seconds, capped by the broker's maximum)."""
+    will: Will | None
+    will_delay: int
+    """The will's v5 Will Delay Interval (0: none)."""
 
 
 class SessionClaims(Protocol):
     """Sessions held beyond this broker (a cluster: ``broker_edge.cluster.sessions``); None when alone."""
 
-    def claim(
-        self,
-        client_id: str,
-        username: str | None,
-        clean_start: bool,
-        expiry_interval: int,
-        will: Will | None,
-        will_delay: int,
-        done: Callable[[str | None], None],
-    ) -> None:
-        """Make this broker the holder of ``client_id``'s session (moving it here if it is elsewhere);
+    def claim(self, claim: SessionClaim, done: Callable[[str | None], None]) -> None:
+        """Make this broker the holder of ``claim.client_id``'s session (moving it here if it is elsewhere);
         ``done(refusal)`` later on the loop: None to go on, else the CONNECT refusal's name."""
 
     def connection_ended(self, conn: Connection) -> None:

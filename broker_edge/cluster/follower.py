@@ -7,10 +7,10 @@ not) it only routes committed records to its local subscribers. The set of fetch
 
 A replica's fetcher:
 
-1. opens a fetch session listing every local topic of its partitions with `(offset, last_fetched_epoch)`;
-   the leader answers, per topic, frames to append, where to truncate (the epoch rule: the local tail
-   diverged from the leader's log) or where to restart (the leader's log starts later), and the topic's
-   high watermark;
+1. once everything appended here is durable, opens a fetch session listing every local topic of its
+   partitions with `(offset, last_fetched_epoch)`; the leader answers, per topic, frames to append, where
+   to truncate (the epoch rule: the local tail diverged from the leader's log) or where to restart (the
+   leader's log starts later), and the topic's high watermark;
 2. truncates or appends (`LogStore.append_frames`, through the group commit), copies the epoch
    boundaries into its epoch caches, and commits up to the leader's high watermark (readers see records
    once every in-sync replica holds them; never past what is durable here) and routes the newly committed
@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
+from broker_edge import path_trace
 from broker_edge.replay import message_of_record
 from broker_edge.storage.errors import StorageError
 from broker_edge.storage.record import decode_frames
@@ -151,6 +152,8 @@ class Followers:
         self.config = config or FollowerConfig()
         self.epochs = epochs if epochs is not None else LeaderEpochs(store)
         store.enable_replication()
+        if path_trace.ON:
+            path_trace.set_node(view.node_id)
         self._headers = {"Content-Type": CONTENT_TYPE}
         if token is not None:
             self._headers["Authorization"] = f"Bearer {token}"
@@ -426,6 +429,8 @@ class LocalDelivery:
             first = records[0].offset
         if records:
             self.routed[topic] = records[-1].offset + 1
+            if path_trace.ON:
+                path_trace.mark("routed", topic, records[0].offset, records[-1].offset + 1)
         messages = [message_of_record(topic, record) for record in records]
         publish = self.publish
         live_from = self.live_from_ms
@@ -548,6 +553,13 @@ class _Fetcher:
         failures = 0
         opened = False
         while not self.retiring:
+            if session == 0 and not self.observer:
+                try:
+                    await _durable(owner.store)  # a session opens on durable ends: see `request`
+                except StorageError as error:
+                    log.error("replicating from %s failed: %s", self.leader, error)
+                    await asyncio.sleep(owner.config.retry_s)
+                    continue
             request = self.request(session)
             if self.observer:
                 counts = owner.observer_fetches
@@ -632,7 +644,14 @@ class _Fetcher:
                 await _durable(owner.store)
 
     def request(self, session: int) -> FetchRequest:
-        """The next request of `session` (0: open one): every position when opening, else those moved."""
+        """The next request of `session` (0: open one): every position when opening, else those moved.
+
+        A replica opens a session only once everything appended here is durable (`_run` waits): the
+        positions it lists are then the ends of its logs, and the leader's epoch checks cover every record
+        it holds. Otherwise a tail still being synced (appended by the fetcher this one replaced when the
+        view changed, from this or another leader) lay beyond the listed end: the leader's answer, sent
+        from that end, would be refused as not continuing the log, and whether that tail matches the
+        leader's records would never have been checked."""
         owner = self.owner
         config = owner.config
         request = FetchRequest(
@@ -697,6 +716,8 @@ class _Fetcher:
             elif data.frames:
                 frames = data.frames[0] if len(data.frames) == 1 else b"".join(data.frames)
                 store.append_frames(topic, frames)
+                if path_trace.ON:
+                    path_trace.mark("appended", topic, data.first, data.first + data.count)
                 cache = epochs.for_topic(topic)
                 for epoch, start in data.boundaries:
                     cache.assign(epoch, start)
@@ -816,8 +837,8 @@ class _PushedSession:
         return None
 
     def _durable(self, watermarks: list[tuple[str, int]], touched: dict[str, None], size: int) -> None:
-        """A push's frames are durable here: commit up to its watermarks, acknowledge (once per loop
-        iteration, for every push that became durable in it)."""
+        """A push's frames are durable here: commit up to its watermarks, acknowledge (once per message on
+        the link, for every push that became durable before it leaves)."""
         self.fetcher.commit(watermarks)
         if self.ended.done():
             return
@@ -825,7 +846,7 @@ class _PushedSession:
         self.durable_bytes += size
         if not self._ack_scheduled:
             self._ack_scheduled = True
-            asyncio.get_running_loop().call_soon(self.acknowledge)
+            self.link.soon(self.acknowledge)  # built as the link's next message leaves
 
     def acknowledge(self) -> None:
         """Tell the leader what is durable here (the topics whose position moved; none for a keepalive)."""

@@ -19,10 +19,12 @@ acks=all), and unlogged publishes from peers are routed here.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from broker_edge import path_trace
 from broker_edge.publish_path import APPEND, FORWARD, NOT_LEADER, REFUSE, ForwardAck
 
 if TYPE_CHECKING:
@@ -51,6 +53,8 @@ class _Forward:
     done: Callable[[Sequence[ForwardAck]], None]
     deadline: float
     answers: list[ForwardAck | None] = field(default_factory=list)
+    traced_ns: int = 0
+    """When it was handed over (`time.monotonic_ns`), noted only with `path_trace.ON`."""
 
     def unanswered(self) -> list[int]:
         return [index for index, answer in enumerate(self.answers) if answer is None]
@@ -76,6 +80,8 @@ class ClusterForwarding:
         self.loop = loop
         self.min_insync_replicas = min_insync_replicas
         self.forward_timeout_s = forward_timeout_s
+        if path_trace.ON:
+            path_trace.set_node(view.node_id)
         self._waiting: list[_Forward] = []
         self._retry: asyncio.TimerHandle | None = None
 
@@ -103,6 +109,8 @@ class ClusterForwarding:
     ) -> None:
         request = _Forward(topic, messages, done, self.loop.time() + self.forward_timeout_s)
         request.answers = [None] * len(messages)
+        if path_trace.ON:
+            request.traced_ns = time.monotonic_ns()
         self._send(request)
 
     def broadcast(self, message: Message) -> None:
@@ -153,6 +161,8 @@ class ClusterForwarding:
             if self._retry is None:
                 self._retry = self.loop.call_later(RETRY_S, self.retry)
             return
+        if path_trace.ON:
+            _trace_answers("forward", request.topic, request.traced_ns, request.answers)
         request.done([ack if ack is not None else ForwardAck(0x83) for ack in request.answers])
 
     def retry(self) -> None:
@@ -178,7 +188,24 @@ class ClusterForwarding:
     # -- PeerReceiver (what peers send) -----------------------------------------------------------------
 
     def forwarded(self, link: PeerLink, batch: int, messages: list[Message]) -> None:
+        if path_trace.ON and messages:
+            received_ns, topic = time.monotonic_ns(), messages[0].topic
+
+            def answer(acks: Sequence[ForwardAck]) -> None:
+                _trace_answers("received", topic, received_ns, acks)
+                link.answer(batch, acks)
+
+            self.path.accept_forwarded(messages, answer)
+            return
         self.path.accept_forwarded(messages, lambda acks: link.answer(batch, acks))
 
     def unlogged(self, message: Message) -> None:
         self.router.publish(message, groups_served=True)  # the broker it was published on served them
+
+
+def _trace_answers(stage: str, topic: str, at_ns: int, acks: Sequence[ForwardAck | None]) -> None:
+    """Mark the appended publishes of a forward at ``stage`` (at ``at_ns``) and as answered now."""
+    for ack in acks:
+        if ack is not None and ack.offset is not None:
+            path_trace.mark_at(stage, topic, ack.offset, ack.offset + 1, at_ns)
+            path_trace.mark("answered", topic, ack.offset, ack.offset + 1)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import TYPE_CHECKING, Protocol
 
+from broker_edge import path_trace
 from broker_edge.storage.errors import OffsetOutOfRange
 
 from .epochs import NO_EPOCH, LeaderEpochs
@@ -156,7 +157,8 @@ class _PushStream:
 
     link: PeerLink
     send: Callable[[], None]
-    """Builds and sends the session's next push (called once per loop iteration at most)."""
+    """Builds and sends the session's next push (called once per loop iteration at most, by the link just
+    before its next message leaves, so that the push takes in everything new until then)."""
     sequence: int = 0
     acks: int = 0
     pushed_bytes: int = 0
@@ -167,7 +169,7 @@ class _PushStream:
     def schedule(self) -> None:
         if not self.scheduled:
             self.scheduled = True
-            asyncio.get_running_loop().call_soon(self._run)
+            self.link.soon(self._run)
 
     def _run(self) -> None:
         self.scheduled = False
@@ -212,6 +214,8 @@ class LeaderReplication:
         self._clock = clock
         self._route_committed = route_committed
         store.enable_replication()  # from construction on: nothing appended is visible before it is committed
+        if path_trace.ON:
+            path_trace.set_node(view.node_id)
         self._inherited: dict[str, int] = {}
         """topic -> records below this end were not routed here: appended as a follower before this node
         took the lead, or refused; they are routed as the watermark passes them."""
@@ -291,6 +295,8 @@ class LeaderReplication:
             partition = self._partition(topic)
             end = run.first_offset + len(run.messages)
             ends.append((topic, partition, run.first_offset, end))
+            if path_trace.ON:
+                path_trace.mark("replicating", topic, run.first_offset, end)
             if not self.leads(partition):
                 doomed = doomed or NotLeader(f"this broker does not lead partition {partition}")
                 continue
@@ -344,6 +350,8 @@ class LeaderReplication:
         if hw <= before:
             return
         after = store.commit(topic, hw)
+        if path_trace.ON:
+            path_trace.mark("hw", topic, before, after)
         if after >= durable:
             self._uncommitted.pop(topic, None)
         inherited = self._inherited.get(topic)
@@ -694,6 +702,8 @@ class LeaderReplication:
                 session.positions.pop(topic, None)
                 session.sent.pop(topic, None)
                 continue
+            if path_trace.ON and not session.observer:
+                path_trace.mark(f"ack<{session.replica}", topic, session.positions.get(topic, offset), offset)
             session.positions[topic] = offset
             if session.push is None:
                 session.sent[topic] = offset  # a fetch asks from its position; pushes go on from theirs
@@ -750,6 +760,8 @@ class LeaderReplication:
                     continue
                 sent_end = offset + data.count
                 session.sent[topic] = sent_end
+                if path_trace.ON:
+                    path_trace.mark(f"send>{session.replica}", topic, offset, sent_end)
                 budget -= sum(map(len, data.frames))
                 data.boundaries = epochs.for_topic(topic).boundaries(offset, sent_end)
                 if sent_end >= durable:
@@ -758,6 +770,8 @@ class LeaderReplication:
                 del session.dirty[topic]
                 continue
             del session.dirty[topic]
+            if path_trace.ON:
+                path_trace.mark(f"hw>{session.replica}", topic, session.known_hw.get(topic, hw), hw)
             session.known_hw[topic] = hw
             answer.topics.append(data)
             has_news = True

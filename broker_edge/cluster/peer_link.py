@@ -3,7 +3,11 @@
 A link is the WebSocket ``/v1/peer`` of the offsets API (bearer token, the dialing node named in the
 ``X-Timestone-Node`` header). Of each pair the node with the smaller ``node_id`` dials and redials while the
 other is a member; both then send on the one socket. Everything sent to a peer during one loop iteration
-leaves as one binary WebSocket message.
+leaves as one binary WebSocket message, written in the next iteration (the first part sent starts the
+writing task, whose first step joins whatever was sent meanwhile): a part waits one loop iteration, never a
+timer. Senders that want to build their part as late as possible, to take in everything new of the
+iteration (a leader's push, a follower's acknowledgement), register with ``PeerLink.soon`` and are called
+by that task just before it joins the message.
 
 Wire format: a WebSocket message is a sequence of parts ``u8 kind | u32 length | body`` (little endian):
 
@@ -230,7 +234,7 @@ class PeerLink:
         self._loop = loop
         self._socket: _Socket | None = None
         self._out: list[bytes] = []
-        self._flush_scheduled = False
+        self._producers: list[Callable[[], None]] = []
         self._next_batch = 0
         self._waiting: dict[int, tuple[int, Callable[[Sequence[ForwardAck]], None]]] = {}
         self._sending: asyncio.Task[None] | None = None
@@ -287,31 +291,46 @@ class PeerLink:
         finally:
             self._requests.pop(request_id, None)
 
+    def soon(self, produce: Callable[[], None]) -> None:
+        """Call ``produce`` just before the next message to the peer leaves (in the next loop iteration at
+        the latest), so that the parts it sends go with it; while the link is down, in the next loop
+        iteration (what it sends then is dropped)."""
+        if self._socket is None:
+            self._loop.call_soon(produce)
+            return
+        self._producers.append(produce)
+        self._start_writing()
+
     def _send(self, part: bytes) -> None:
         self._out.append(part)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        self._start_writing()
 
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        if not self._out or self._socket is None:
+    def _start_writing(self) -> None:
+        sending = self._sending
+        if sending is None or sending.done():
+            self._sending = self._loop.create_task(self._write())
+
+    async def _write(self) -> None:
+        """Send what is queued as one message, and again while more was queued during a send that waited
+        (for the socket's buffer to drain)."""
+        while True:
+            producers, self._producers = self._producers, []
+            for produce in producers:
+                try:
+                    produce()
+                except Exception:
+                    log.exception("building a part for %s failed", self.peer)
+            socket = self._socket
+            if not self._out or socket is None:
+                self._out = []
+                return
+            data = b"".join(self._out)
             self._out = []
-            return
-        if self._sending is not None and not self._sending.done():
-            return  # the send in progress flushes again when it ends
-        data = b"".join(self._out)
-        self._out = []
-        self._sending = self._loop.create_task(self._write(self._socket, data))
-
-    async def _write(self, socket: _Socket, data: bytes) -> None:
-        try:
-            await socket.send_bytes(data)
-        except Exception as exc:  # the reader sees the socket close and detaches it
-            log.debug("sending to %s failed: %s", self.peer, exc)
-            return
-        if self._out:
-            self._loop.call_soon(self._flush)
+            try:
+                await socket.send_bytes(data)
+            except Exception as exc:  # the reader sees the socket close and detaches it
+                log.debug("sending to %s failed: %s", self.peer, exc)
+                # go on: the builders registered meanwhile are still called
 
     def attach(self, socket: _Socket) -> None:
         """Use ``socket`` from now on (a newer socket replaces an older one, whose forwards fail)."""

@@ -35,6 +35,7 @@ the partition until it catches up), `NOT_REPLICA`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -69,6 +70,8 @@ __all__ = [
     "encode_response",
     "replica_fetch_route",
 ]
+
+log = logging.getLogger(__name__)
 
 PATH = "/v1/replica/fetch"
 MAX_REQUEST_BYTES = 64 << 20
@@ -370,6 +373,9 @@ def replica_fetch_route(
                 ) from None
             except asyncio.IncompleteReadError:
                 raise ApiError(400, codes.BAD_REQUEST, "the body is shorter than its length") from None
+            except ConnectionError as error:  # the replica dropped its fetch (e.g. its view changed)
+                log.debug("a replica fetch closed before its body arrived: %s", error)
+                return web.Response(status=400)
             try:
                 fetch = decode_request(body)
             except WireError as error:

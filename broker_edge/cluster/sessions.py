@@ -53,8 +53,8 @@ if TYPE_CHECKING:
     from broker_edge.cluster.sessions_registry import SessionRegistry
     from broker_edge.cluster.view import ClusterView
     from broker_edge.connection import Connection
+    from broker_edge.context import SessionClaim
     from broker_edge.offsets_types import LogInfo
-    from broker_edge.protocol.packets import Will
     from broker_edge.server import Broker
     from broker_edge.session import Session
 
@@ -136,22 +136,10 @@ class ClusterSessions:
 
     # -- CONNECT ------------------------------------------------------------------------------------------
 
-    def claim(
-        self,
-        client_id: str,
-        username: str | None,
-        clean_start: bool,
-        expiry_interval: int,
-        will: Will | None,
-        will_delay: int,
-        done: Callable[[str | None], None],
-    ) -> None:
-        """Claim ``client_id`` for a CONNECT on this node; ``done(refusal)`` on the loop, None when the
+    def claim(self, claim: SessionClaim, done: Callable[[str | None], None]) -> None:
+        """Claim ``claim.client_id`` for a CONNECT on this node; ``done(refusal)`` on the loop, None when the
         standalone CONNECT handling may go on (the session, if it was elsewhere, is now in the router)."""
-        task = self.tasks.spawn(
-            self._claim_or_refuse(client_id, username, clean_start, expiry_interval, will, will_delay),
-            f"claiming session {client_id}",
-        )
+        task = self.tasks.spawn(self._claim_or_refuse(claim), f"claiming session {claim.client_id}")
 
         def finished(task: asyncio.Task[str | None]) -> None:
             failed = task.cancelled() or task.exception() is not None  # a failure was logged by ``tasks``
@@ -159,54 +147,43 @@ class ClusterSessions:
 
         task.add_done_callback(finished)
 
-    async def _claim_or_refuse(
-        self,
-        client_id: str,
-        username: str | None,
-        clean_start: bool,
-        expiry_interval: int,
-        will: Will | None,
-        will_delay: int,
-    ) -> str | None:
-        """``_claim``, or the refusal ``session_unavailable`` when etcd or the holder does not answer."""
+    async def _claim_or_refuse(self, claim: SessionClaim) -> str | None:
+        """``_claim``, or the refusal ``session_unavailable`` when etcd or the holder does not answer.
+
+        Caught here, inside the task, rather than in ``claim``'s done callback: a task that fails is logged
+        with its traceback by ``tasks``, and these failures are expected (one warning line each)."""
         try:
-            return await self._claim(client_id, username, clean_start, expiry_interval, will, will_delay)
+            return await self._claim(claim)
         except (EtcdError, PeerLinkDown, TimeoutError, RuntimeError) as exc:
-            log.warning(
-                "session of %r not claimed (%s: %s): CONNECT refused", client_id, type(exc).__name__, exc
-            )
+            reason = f"{type(exc).__name__}: {exc}"
+            log.warning("session of %r not claimed (%s): CONNECT refused", claim.client_id, reason)
             return "session_unavailable"
 
-    async def _claim(
-        self,
-        client_id: str,
-        username: str | None,
-        clean_start: bool,
-        expiry_interval: int,
-        will: Will | None,
-        will_delay: int,
-    ) -> str | None:
+    async def _claim(self, claim: SessionClaim) -> str | None:
         if not await self._member():
             return "session_unavailable"  # not (yet, or no longer) a member: it cannot tell who is alive
+        client_id = claim.client_id
         async with self.registry.lock(client_id):
             record, revision = await self.registry.read(client_id)
             local = self.broker.router.sessions.get(client_id)
-            if (record is not None and record.owner != username) or (
-                local is not None and local.username != username
+            if (record is not None and record.owner != claim.username) or (
+                local is not None and local.username != claim.username
             ):
                 return "session_owner"  # neither taken over nor discarded: it is someone else's
-            if self._over_quota(local, expiry_interval):
+            if self._over_quota(local, claim.expiry_interval):
                 return "session_quota"  # checked before the session leaves the broker holding it
-            state, left_behind = await self._bring_here(record, client_id, clean_start)
+            state, left_behind = await self._bring_here(record, client_id, claim.clean_start)
             saved_will = None
-            if will is not None:
-                saved_will = will_to_save(will, client_id, will_delay, expiry_interval, self.broker.now())
-            persistent_state = state if expiry_interval > 0 else None
+            if claim.will is not None:
+                saved_will = will_to_save(
+                    claim.will, client_id, claim.will_delay, claim.expiry_interval, self.broker.now()
+                )
+            persistent_state = state if claim.expiry_interval > 0 else None
             claimed = SessionRecord(
                 self.node_id,
                 (record.generation if record is not None else 0) + 1,
-                username,
-                expiry_interval,
+                claim.username,
+                claim.expiry_interval,
                 saved_will,
                 persistent_state,
                 time.time() if persistent_state is not None else None,
@@ -215,17 +192,17 @@ class ClusterSessions:
                 if await self.registry.write(client_id, claimed, revision):
                     break
                 record, revision = await self.registry.read(client_id)  # a save of the old holder came first
-                if record is not None and record.owner != username:
+                if record is not None and record.owner != claim.username:
                     return "session_owner"
                 claimed = replace(claimed, generation=(record.generation if record is not None else 0) + 1)
             else:
                 return "session_unavailable"
         self.owned[client_id] = claimed.generation
         self._saved.pop(client_id, None)
-        if state is not None and not clean_start:
+        if state is not None and not claim.clean_start:
             self._restore(state)
         now = time.time()
-        if left_behind is not None and (clean_start or left_behind.due(now) <= now):
+        if left_behind is not None and (claim.clean_start or left_behind.due(now) <= now):
             # its session ends now, or its delay has passed: published once, here (a new connection
             # within the Will Delay Interval cancels it, MQTT 5 3.1.3.2.2)
             self.broker.publish_path.publish(will_message(left_behind, self.broker.now()))

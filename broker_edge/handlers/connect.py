@@ -21,13 +21,14 @@ import logging
 import secrets
 from typing import TYPE_CHECKING
 
+from broker_edge.context import SessionClaim
 from broker_edge.delivery import wants_log_offsets
 from broker_edge.limits import NOT_STARTED
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect, Will
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
-from broker_edge.states import AUTHENTICATING, CLOSED, CONNECTED, NEW, NO_LIMIT
+from broker_edge.states import AUTHENTICATING, CLOSED, CONNECTED, NEW, NO_LIMIT, keepalive_deadline
 
 if TYPE_CHECKING:
     from broker_edge.acl import AccessControl
@@ -229,7 +230,7 @@ def _claim_then_accept(
     conn.state = AUTHENTICATING
     conn.pause_reading()
     will = packet.will
-    will_delay = _will_delay(will)
+    claim = SessionClaim(client_id, username, packet.clean_start, expiry, will, _will_delay(will))
 
     def claimed(refusal: str | None) -> None:
         if conn.state == CLOSED:
@@ -242,7 +243,7 @@ def _claim_then_accept(
         if conn.state != CLOSED:
             conn.handle_backlog()
 
-    claims.claim(client_id, username, packet.clean_start, expiry, will, will_delay, claimed)
+    claims.claim(claim, claimed)
 
 
 def _accept(
@@ -336,7 +337,7 @@ def _accept(
     if present and ctx.acl is not None:
         _drop_denied_subscriptions(ctx, ctx.acl, session)
     conn.keepalive = _KEEPALIVES.setdefault(keepalive, keepalive)
-    conn.deadline = now + keepalive * 1.5 if keepalive else 0.0
+    conn.deadline = keepalive_deadline(now, keepalive)
     conn.rx = False
     conn.will = will
     conn.will_delay = _will_delay(will)

@@ -1,6 +1,15 @@
 """The sans-IO MQTT codec: ``PacketDecoder.feed`` (bytes → packets) and ``encode`` (packets → bytes)."""
 
-from .decoder import MAX_PACKET_SIZE, PacketDecoder, Role
+from .decoder import MAX_PACKET_SIZE, PacketDecoder, Role, SharedDecoder, shared_decoder
 from .encoder import PublishTemplate, encode, encode_publish_template
 
-__all__ = ["MAX_PACKET_SIZE", "PacketDecoder", "PublishTemplate", "Role", "encode", "encode_publish_template"]
+__all__ = [
+    "MAX_PACKET_SIZE",
+    "PacketDecoder",
+    "PublishTemplate",
+    "Role",
+    "SharedDecoder",
+    "encode",
+    "encode_publish_template",
+    "shared_decoder",
+]

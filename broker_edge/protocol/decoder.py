@@ -1,5 +1,9 @@
 """Sans-IO MQTT decoder: bytes in, packets out, one decoder per connection (h11 style).
 
+A server connection past CONNECT with no packet half-read needs no decoder of its own: it uses the
+``SharedDecoder`` of its protocol version and packet size (``shared_decoder``) and ``detach``es a decoder of
+its own when a read ends inside a packet.
+
 The decoder owns the CONNECT handshake as far as framing goes: on the server side the first packet must be
 CONNECT (anything else is a ``ProtocolError`` raised from the fixed header alone), the protocol level of that
 CONNECT decides how every later packet is decoded, and a second CONNECT is a ``ProtocolError``. Everything
@@ -8,7 +12,7 @@ maximum, receive maximum, packet ids in flight, topic filter syntax so SUBACK ca
 is left to the session layer.
 """
 
-from typing import Literal
+from typing import ClassVar, Literal, TypeVar
 
 from . import reason_codes as rc
 from .errors import (
@@ -63,6 +67,7 @@ _FROM_SERVER = frozenset(
 _FIXED_FLAGS: dict[int, int] = {_T.PUBREL: 0b0010, _T.SUBSCRIBE: 0b0010, _T.UNSUBSCRIBE: 0b0010}
 _SUPPORTED_VERSIONS = (MQTT_3_1, MQTT_3_1_1, MQTT_5)
 _SHARE_PREFIX = "$share/"
+_Own = TypeVar("_Own", bound="PacketDecoder")
 
 
 def _valid_first_bytes(packet_types: frozenset[int]) -> frozenset[int]:
@@ -98,6 +103,9 @@ class PacketDecoder:
     ``protocol_version`` starts after the handshake (a connection whose CONNECT was decoded elsewhere).
     After a ``MQTTError`` the connection must close; further ``feed`` calls raise the same error.
     """
+
+    shared: ClassVar[bool] = False
+    """True for a ``SharedDecoder`` (see ``shared_decoder``)."""
 
     __slots__ = (
         "_accepted",
@@ -142,6 +150,11 @@ class PacketDecoder:
     def buffered(self) -> int:
         """Bytes held back as the start of a packet that has not fully arrived."""
         return len(self._pending)
+
+    @property
+    def failed(self) -> bool:
+        """A packet was malformed: every further ``feed`` raises."""
+        return self._error is not None
 
     def feed(self, data: bytes) -> list[Packet]:
         """Decode every complete packet in the bytes received so far; keep the partial rest for later."""
@@ -472,6 +485,47 @@ class PacketDecoder:
             properties, pos = decode_properties(buf, view, pos + 1, end, packet_type)
             _check_consumed(pos, end, _T(packet_type).name)
         return code, properties
+
+
+class SharedDecoder(PacketDecoder):
+    """A server decoder past CONNECT holding nothing, shared by the idle connections of one protocol version
+    and maximum packet size (``shared_decoder``): an idle connection then owns no decoder state at all.
+
+    Its ``feed`` decodes like any decoder's, and as long as the bytes end on a packet boundary it stays as it
+    was. When they do not (the start of a packet is held back), or a packet was malformed, the caller moves
+    that state into a decoder of its own with ``detach`` right away, before anything else is fed to it.
+    (A shared decoder never decodes CONNECT: its first bytes refuse it.)
+    """
+
+    __slots__ = ()
+    shared: ClassVar[bool] = True
+
+    def detach(self, into: type[_Own]) -> _Own:
+        """A decoder of the caller's own (of class ``into``, whose own slots are left unset) with what
+        ``feed`` left here (a partial packet, an error); this one holds nothing again."""
+        own = into.__new__(into)
+        own.max_packet_size = self.max_packet_size
+        own.max_connect_size = self.max_connect_size
+        own.role = self.role
+        own.protocol_version = self.protocol_version
+        own._accepted = self._accepted
+        own._pending, own._needed, own._error = self._pending, self._needed, self._error
+        self._pending, self._needed, self._error = b"", 0, None
+        return own
+
+
+_SHARED_DECODERS: dict[tuple[int, int], SharedDecoder] = {}
+
+
+def shared_decoder(max_packet_size: int, protocol_version: int) -> SharedDecoder:
+    """The ``SharedDecoder`` of server connections past a CONNECT of ``protocol_version``."""
+    key = (max_packet_size, protocol_version)
+    decoder = _SHARED_DECODERS.get(key)
+    if decoder is None:
+        if len(_SHARED_DECODERS) >= 64:  # more limits than a process runs with (tests): start over
+            _SHARED_DECODERS.clear()
+        decoder = _SHARED_DECODERS[key] = SharedDecoder(max_packet_size, "server", protocol_version)
+    return decoder
 
 
 _ACK_CLASSES: dict[int, type[PubAck | PubRec | PubRel | PubComp]] = {

@@ -35,11 +35,14 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
+
+from broker_edge import path_trace
 
 from .commitlog import CommitLog, PendingWrite
 from .config import Durability
@@ -124,6 +127,9 @@ class _Flight:
     error: BaseException | None = None
     done: bool = False
     handled: bool = False
+    cut_ns: int = 0
+    """When the job was cut and its sync done (`time.monotonic_ns`), noted only with `path_trace.ON`."""
+    synced_ns: int = 0
 
 
 @dataclass(slots=True, eq=False)
@@ -179,6 +185,8 @@ class _WriterThread:
                         sync_job(item.job, self._pool, self._plan)
                     except BaseException as error:
                         item.error = error
+                    if path_trace.ON:
+                        item.synced_ns = time.monotonic_ns()
                     item.done = True
                     finished.append(item)
                 elif isinstance(item, _Barrier):
@@ -362,6 +370,8 @@ class GroupCommitter:
             self._fail(error)
             return
         flight = _Flight(job, upto, loop)
+        if path_trace.ON:
+            flight.cut_ns = time.monotonic_ns()
         written_is_durable = not self._sync and not any(write.seals for _, p in job for write in p.writes)
         if written_is_durable and all(earlier.done for earlier in self._flights):
             flight.done = True  # `none`: the write to the OS was the whole job
@@ -382,21 +392,27 @@ class GroupCommitter:
                 if earlier.error is not None:
                     self._fail(earlier.error)
                 elif self.failure is None:
-                    self._complete(earlier.job, earlier.upto)
+                    self._complete(earlier.job, earlier.upto, earlier)
         if self._dirty and not self._flights and self.failure is None:
             if self._window_over or self._pending_bytes >= self._max_pending_bytes:
                 self._cut()
             elif self._timer is None and not self._per_append:
                 self._start_window()
 
-    def _complete(self, job: Job, upto: int) -> None:
+    def _complete(self, job: Job, upto: int, flight: _Flight | None = None) -> None:
         advanced: list[tuple[CommitLog, int]] = []
         for commit_log, pending in job:
             before = commit_log.end_offset
+            durable_before = commit_log.durable_end
             commit_log.complete(pending, self._sync)
             self.bytes_written += pending.bytes
             if commit_log.end_offset > before:
                 advanced.append((commit_log, before))
+            if path_trace.ON and flight is not None and flight.cut_ns:
+                topic, end = commit_log.topic, commit_log.durable_end
+                path_trace.mark_at("cut", topic, durable_before, end, flight.cut_ns)
+                path_trace.mark_at("synced", topic, durable_before, end, flight.synced_ns or flight.cut_ns)
+                path_trace.mark("durable", topic, durable_before, end)
         if job:
             self.jobs_completed += 1
         self._durable = max(self._durable, upto)

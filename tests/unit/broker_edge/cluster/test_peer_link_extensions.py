@@ -13,6 +13,7 @@ from broker_edge.cluster.peer_link import (
     PeerLinkDown,
     PeerLinks,
     PeerRequestFailed,
+    decode_parts,
 )
 from broker_edge.delivery import Message
 
@@ -120,3 +121,48 @@ def test_core_kinds_and_duplicate_registrations_are_refused():
     links.on(FIRST_EXTENSION_KIND, lambda link, body: None)
     with pytest.raises(ValueError, match="already"):
         links.on(FIRST_EXTENSION_KIND, lambda link, body: None)
+
+
+def test_what_one_iteration_sends_leaves_as_one_message_in_the_next_with_late_builders_parts():
+    asyncio.run(_test_what_one_iteration_sends_leaves_as_one_message_in_the_next())
+
+
+async def _test_what_one_iteration_sends_leaves_as_one_message_in_the_next():
+    messages: list[bytes] = []
+    release = asyncio.Event()
+
+    class Socket:
+        async def send_bytes(self, data: bytes) -> None:
+            messages.append(data)
+            if len(messages) == 1:
+                await release.wait()  # the first send waits for its buffer to drain
+
+        async def close(self) -> None:
+            return None
+
+    link = PeerLink("b", asyncio.get_running_loop())
+    link.attach(Socket())
+    built: list[int] = []
+
+    def build() -> None:  # a push or an acknowledgement, built as late as possible
+        built.append(len(messages))
+        link.send(FIRST_EXTENSION_KIND, b"late")
+
+    link.send(FIRST_EXTENSION_KIND, b"one")
+    link.soon(build)
+    link.send(FIRST_EXTENSION_KIND, b"two")
+    assert messages == []
+    await asyncio.sleep(0)  # one loop iteration, no timer
+    assert built == [0]
+    assert [bytes(body) for _kind, body in decode_parts(messages[0])] == [b"one", b"two", b"late"]
+
+    link.send(FIRST_EXTENSION_KIND, b"three")  # while the first send waits
+    link.soon(build)
+    link.send(FIRST_EXTENSION_KIND, b"four")
+    await asyncio.sleep(0)
+    assert len(messages) == 1
+    release.set()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert [bytes(body) for _kind, body in decode_parts(messages[1])] == [b"three", b"four", b"late"]
+    assert built == [0, 1]

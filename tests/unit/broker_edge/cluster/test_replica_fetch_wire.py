@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 import pytest
 
 from broker_edge.cluster.replica_fetch import (
@@ -89,3 +92,41 @@ def test_an_empty_replica_or_zero_limits_are_refused() -> None:
         decode_request(encode_request(FetchRequest("", 0, False, 0, 1, 1)))
     with pytest.raises(WireError, match="max_bytes"):
         decode_request(encode_request(FetchRequest("b1", 0, False, 0, 0, 1)))
+
+
+def test_a_fetch_its_replica_drops_before_its_body_arrived_is_logged_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A replica whose fetcher is replaced (its view changed) drops the fetch it was sending: the leader
+    notes it at DEBUG, not as a failed request with a traceback."""
+    from aiohttp import web
+
+    from broker_edge.cluster.replica_fetch import CONTENT_TYPE, PATH, replica_fetch_route
+    from broker_edge.offsets_api.server import json_errors
+
+    async def serve(request: FetchRequest) -> FetchResponse:
+        raise AssertionError("no request is complete")
+
+    async def main() -> None:
+        app = web.Application(middlewares=[json_errors])
+        replica_fetch_route(serve)(app)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            head = f"POST {PATH} HTTP/1.1\r\nHost: leader\r\nContent-Type: {CONTENT_TYPE}\r\n"
+            writer.write((head + "Content-Length: 1000\r\n\r\n").encode() + b"x" * 10)
+            await writer.drain()
+            await asyncio.sleep(0.1)
+            writer.close()  # the rest of the body never comes
+            await asyncio.sleep(0.2)
+        finally:
+            await runner.cleanup()
+
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(main())
+    assert [record for record in caplog.records if record.levelno >= logging.WARNING] == []
+    assert any("closed before its body arrived" in record.getMessage() for record in caplog.records)

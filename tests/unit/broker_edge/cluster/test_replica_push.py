@@ -4,6 +4,8 @@ two peer links back to back, and fetches handed to the leader directly instead o
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -36,6 +38,7 @@ from broker_edge.cluster.view import ClusterView, Member, PartitionState
 from broker_edge.delivery import Message
 from broker_edge.publish_path import AppendedRun, record_fields
 from broker_edge.storage import LogStore, StorageConfig
+from broker_edge.storage.file_pool import FileHandlePool
 from tests.e2e.cluster.inprocess_cluster import StaticIsr
 
 NODES = ("b1", "b2")
@@ -300,3 +303,42 @@ def test_the_window_bounds_what_is_unacknowledged_and_a_gap_in_acknowledgements_
         assert (await pair.leader.fetch(_request(0, [("t", 4)]))).error == OK
 
     _run(tmp_path, body)
+
+
+def test_a_session_opens_only_once_the_replicas_tail_is_durable_so_the_leaders_answer_continues_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tail still being synced (here: appended by a fetcher that a view change replaced) is not left
+    beyond the positions a new session lists: the leader would send from the durable end and the replica
+    refuse the frames as not continuing its log (an error and a reopened session)."""
+    gate = threading.Event()
+    real = FileHandlePool.fdatasync
+
+    def held(self: FileHandlePool, path: str) -> None:
+        gate.wait(10)
+        real(self, path)
+
+    async def body(pair: _Pair) -> None:
+        pair.follower_store.close()
+        pair.follower_store = LogStore(tmp_path / "b2-group", StorageConfig(durability="group"))
+        pair.follower_store.open()
+        monkeypatch.setattr(FileHandlePool, "fdatasync", held)
+        run = await _append(pair.leader_store, "t", [b"one", b"two", b"three"])
+        frames, _count = pair.leader_store.read_frames("t", 0, 1 << 20)
+        pair.follower_store.append_frames("t", b"".join(frames))  # its sync is held
+        followers = pair.follow(FollowerConfig(wait_ms=50))
+        try:
+            await asyncio.sleep(0.1)
+            assert pair.leader.fetches_served == 0  # the session waits for the tail to be durable
+            gate.set()
+            done: list[int] = []
+            pair.leader.when_replicated([run], lambda: done.append(1), pair.refused.append)
+            await _until(lambda: done == [1] and pair.follower_store.committed_end("t") == 3)
+            assert pair.leader.fetches_served == 1  # one session, never reopened
+            assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+        finally:
+            gate.set()
+            await followers.stop()
+
+    with caplog.at_level(logging.INFO):
+        _run(tmp_path, body)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from broker_edge.connection import Connection
+from broker_edge.context import SessionClaim
 from broker_edge.protocol.packets import (
     MQTT_3_1_1,
     MQTT_5,
@@ -30,21 +31,12 @@ class ClaimsInProgress:
     """``SessionClaims`` whose claims the test answers (``answer``), remembering what each was asked."""
 
     def __init__(self) -> None:
-        self.asked: list[tuple[str, str | None, bool, int, Will | None, int]] = []
+        self.asked: list[SessionClaim] = []
         self._done: list[Callable[[str | None], None]] = []
         self.ended: list[tuple[str, Will | None]] = []
 
-    def claim(
-        self,
-        client_id: str,
-        username: str | None,
-        clean_start: bool,
-        expiry_interval: int,
-        will: Will | None,
-        will_delay: int,
-        done: Callable[[str | None], None],
-    ) -> None:
-        self.asked.append((client_id, username, clean_start, expiry_interval, will, will_delay))
+    def claim(self, claim: SessionClaim, done: Callable[[str | None], None]) -> None:
+        self.asked.append(claim)
         self._done.append(done)
 
     def answer(self, refusal: str | None = None) -> None:
@@ -77,7 +69,7 @@ def test_connect_waits_for_its_claim_and_the_packets_behind_it_wait_in_order():
     assert client.send(connect, Subscribe(1, [Subscription("plant/#", 1)]), PingReq()) == []
 
     assert client.transport.reading_paused  # the client's further packets wait in the socket
-    assert claims.asked == [("dev", "alice", False, 600, will, 30)]
+    assert claims.asked == [SessionClaim("dev", "alice", False, 600, will, 30)]
     claims.answer(None)
     answer = client.read()
     assert answer == [ConnAck(False, 0, answer[0].properties), SubAck(1, [1]), PingResp()]
