@@ -259,18 +259,6 @@ def shrink_replicas(
     return result
 
 
-def _dropped_for(state: PartitionState, donor: str, have: list[str], load: Counter[str]) -> str:
-    """The copy step 4 drops once ``state`` has an extra replica given for ``donor``: the donor's, unless
-    the donor leads the partition (a leader is never dropped): then the most loaded other live replica's."""
-    if donor != state.leader:
-        return donor
-    others = [node for node in have if node != state.leader]
-    if not others:
-        return donor  # the only copy: its leadership moves first (step 3)
-    order = {node: index for index, node in enumerate(state.replicas)}
-    return max(others, key=lambda n: (load[n], -order[n], n))
-
-
 def reassign_replicas(
     states: Mapping[int, PartitionState],
     live: Collection[str],
@@ -281,9 +269,8 @@ def reassign_replicas(
     """Step 5 of ``plan``: partition → (new state, reason) for every partition given an extra replica on a
     less loaded member, while a live member holds two replicas more than another. Only partitions with a
     live leader and exactly the factor's live replicas, all of them in sync, are chosen (lowest number
-    first), never one in ``keep``, only where the copy step 4 will then drop (`_dropped_for`) is on a
-    member holding two more than the receiver (else replicas could move around for ever), and at most
-    ``moves_at_once`` partitions have an extra replica at a time (those already moving count)."""
+    first), never one in ``keep``, and at most ``moves_at_once`` partitions have an extra replica at a time
+    (those already moving count)."""
     if moves_at_once < 1:
         raise ValueError(f"moves_at_once: must be >= 1, got {moves_at_once}")
     target = min(replication_factor, len(live))
@@ -314,10 +301,7 @@ def reassign_replicas(
                     or not set(have) <= set(state.isr)
                 ):
                     continue
-                dropped = _dropped_for(state, donor, have, load)
-                if load[dropped] - load[receiver] < 2:
-                    continue
-                chosen = (partition, dropped)
+                chosen = (partition, donor)
                 break
             if chosen is not None:
                 break
