@@ -252,8 +252,8 @@ def _idle_section(idle: list[tuple[str, IdleResult]], targets: list) -> list[str
         lines += [
             f"Of Timestone's {total:,.0f} bytes, {under:,.0f} are the uvloop floor (its transport object, "
             "libuv handle and entry in the loop's map of transports, with a 1-slot protocol); "
-            f"{total - under:,.0f} are the broker's own: its connection, session, client id and the "
-            "entries in its maps of connections and sessions.",
+            f"{total - under:,.0f} are the broker's own: its connection, session, client id and its "
+            "entry in the map of sessions.",
             "",
         ]
     polled = next((r for label, r in idle if label == TransportFloor(poll=True).label), None)

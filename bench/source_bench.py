@@ -41,7 +41,7 @@ from pyspark.sql.types import StructType
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.sysinfo import machine_busy_seconds, process_tree
+from bench.sysinfo import machine_busy_seconds, machine_info, process_tree
 from broker_edge.offsets_api.client import OffsetsClient
 
 RESULTS = Path(__file__).resolve().parent / "results" / "source.md"
@@ -298,6 +298,7 @@ def render(args: argparse.Namespace, figures: Figures, wall: float) -> str:
     cold = statistics.median(run.rate for run in figures.source_cold)
     warm = statistics.median(run.rate for run in figures.source_warm)
     verdict = "meets the target" if cold >= TARGET_ROWS_PER_S else "below the target"
+    machine = machine_info()
     lines = [
         "## Spark source (timestone)",
         "",
@@ -305,8 +306,10 @@ def render(args: argparse.Namespace, figures: Figures, wall: float) -> str:
         f"topics per broker on {args.brokers} broker(s), each a process with a LogStore on disk served by "
         'the offsets API; read by `spark.readStream.format("timestone")` with `trigger(availableNow=True)` '
         f'into `format("noop")`, local[2], maxRecordsPerPartition {args.partition_records:,}, after a '
-        f"warm-up query. {os.cpu_count()} CPUs, load average {figures.load_before:.1f} before and "
-        f"{os.getloadavg()[0]:.1f} after, Python {sys.version.split()[0]}, {wall:.0f} s in all.",
+        f"warm-up query. Measured {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC on "
+        f"{machine.cpu_model}, {machine.cores} CPUs, {machine.memory_gib:.1f} GiB, {machine.kernel}, load "
+        f"average {figures.load_before:.1f} before and {os.getloadavg()[0]:.1f} after, "
+        f"Python {machine.python}, {wall:.0f} s in all.",
         "",
         f"**Source: {cold:,.0f} rows/s reading from a broker that just opened its store** (a query catching "
         f"up on a backlog; median of {len(figures.source_cold)}; target {TARGET_ROWS_PER_S:,}: {verdict}); "

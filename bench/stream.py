@@ -7,6 +7,9 @@ match the expected header every `frame_len` bytes, the run is a valid sequence o
 header says where the next one starts). Anything else (CONNACK, SUBACK, PUBACK, a redelivered PUBLISH with the
 DUP flag, a frame of another length) goes through a plain one-packet-at-a-time parser.
 
+A PUBLISH with the DUP flag is acknowledged but counted apart (`redeliveries`), not as a delivery: it may
+repeat one already counted, and counting it again could hide a message that never arrived.
+
 QoS 1 deliveries are acknowledged with PUBACK frames assembled with the same strided slices.
 """
 
@@ -45,7 +48,17 @@ class FrameScanner:
     those frames sits, and `feed` then returns the PUBACK frames to send for them.
     """
 
-    __slots__ = ("_buf", "_header", "_len", "_pid", "connack_code", "counts", "publishes", "suback_codes")
+    __slots__ = (
+        "_buf",
+        "_header",
+        "_len",
+        "_pid",
+        "connack_code",
+        "counts",
+        "publishes",
+        "redeliveries",
+        "suback_codes",
+    )
 
     def __init__(self, expected_header: bytes, frame_len: int, pid_offset: int | None = None) -> None:
         self._buf = bytearray()
@@ -53,7 +66,8 @@ class FrameScanner:
         self._len = frame_len
         self._pid = pid_offset
         self.counts = [0] * 16  # packets seen, by packet type
-        self.publishes = 0  # PUBLISH packets seen (a shortcut for counts[3])
+        self.publishes = 0  # PUBLISH packets seen without the DUP flag: each a delivery, counted once
+        self.redeliveries = 0  # PUBLISH packets seen with the DUP flag: acknowledged, not deliveries
         self.connack_code: int | None = None  # return code of the CONNACK, once received
         self.suback_codes: list[int] = []  # granted QoS (or 0x80, failure) of each SUBACK received
 
@@ -90,7 +104,10 @@ class FrameScanner:
             kind = first >> 4
             self.counts[kind] += 1
             if kind == 3:
-                self.publishes += 1
+                if first & 0x08:
+                    self.redeliveries += 1
+                else:
+                    self.publishes += 1
                 if (first >> 1) & 3:
                     topic_len = (view[pos + header_len] << 8) | view[pos + header_len + 1]
                     p = pos + header_len + 2 + topic_len

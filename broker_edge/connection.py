@@ -607,6 +607,7 @@ class Connection(asyncio.Protocol):
             self.session = None
             if session.connection is self:
                 session.detach()
+                self.host.connection_detached(self)
                 will, self.will = self.will, None
                 if will is not None:
                     if self.will_delay <= 0:

@@ -112,6 +112,12 @@ class ConnectionHost(BrokerContext, Protocol):
 
     def connection_closed(self, conn: Connection, was_connected: bool) -> None: ...
 
+    def connection_attached(self, conn: Connection) -> None:
+        """``conn`` became its session's connection (CONNECT accepted)."""
+
+    def connection_detached(self, conn: Connection) -> None:
+        """``conn`` let go of its session while still open (taken over)."""
+
     def schedule_flush(self, conn: Connection) -> None:
         """Write ``conn``'s batched packets at the end of this loop iteration."""
 

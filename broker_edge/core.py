@@ -64,10 +64,24 @@ class BrokerCore:
         """Set by a cluster node: CONNECT claims the client id cluster-wide first."""
         self.partial_bytes = 0
         """Bytes of packets not fully arrived, all connections (at most limits.max_partial_packet_bytes)."""
-        self.connections: dict[Connection, None] = {}
-        """Open connections, a dict used as a set: a dict's table grows more densely than a set's."""
+        self._unattached: dict[Connection, None] = {}
+        """Open connections that are not their session's connection: before and during CONNECT, and taken
+        over while they close (a dict used as a set: its table grows more densely than a set's). A connected
+        client is reached through its session (``connections``), so it costs no entry of its own here."""
         self._dirty: list[Connection] = []
         self._flush_scheduled = False
+
+    @property
+    def connections(self) -> list[Connection]:
+        """Open connections: the unattached ones, then those of the sessions (for the sweep, shutdown and
+        counts, never per message)."""
+        unattached = self._unattached
+        conns = list(unattached)
+        for session in self.router.sessions.values():
+            conn = session.connection
+            if conn is not None and conn not in unattached:
+                conns.append(conn)
+        return conns
 
     # -- the primitives a runtime provides ------------------------------------------------------------------
 
@@ -94,7 +108,7 @@ class BrokerCore:
         now = self.now()
         refusal = self.admission.admit(now)
         conn.deadline = now + self.config.limits.connect_timeout_s
-        self.connections[conn] = None
+        self._unattached[conn] = None
         if refusal is not None:
             conn.refused = refusal
             self.counters.refused(refusal)
@@ -104,13 +118,20 @@ class BrokerCore:
                     conn.transport.close()
 
     def connection_closed(self, conn: Connection, was_connected: bool) -> None:
-        self.connections.pop(conn, None)
+        self._unattached.pop(conn, None)
         if conn.refused is None:
             self.admission.release()
         if was_connected:
             conn.listener.metrics.disconnected()
             if self.session_claims is not None:
                 self.session_claims.connection_ended(conn)
+
+    def connection_attached(self, conn: Connection) -> None:
+        self._unattached.pop(conn, None)
+
+    def connection_detached(self, conn: Connection) -> None:
+        if conn.transport is not None:
+            self._unattached[conn] = None
 
     def schedule_flush(self, conn: Connection) -> None:
         """Write ``conn``'s batch at the end of this loop iteration (one call_soon for all connections)."""

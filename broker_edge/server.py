@@ -221,7 +221,7 @@ class Broker(BrokerCore):
             await self.cluster_node.stop()  # leave first: peers take over while the clients are told
         for server in self._servers:
             server.close()
-        for conn in list(self.connections):
+        for conn in self.connections:
             conn.close(ReasonCode.SERVER_SHUTTING_DOWN, "broker shutting down")
         for runner in self._runners:
             await runner.cleanup()
@@ -229,7 +229,7 @@ class Broker(BrokerCore):
             await server.wait_closed()
         if self.connections:
             await asyncio.sleep(0)
-            for conn in list(self.connections):
+            for conn in self.connections:
                 conn.abort()
         if self.session_store is not None:
             await self.session_store.close()
@@ -313,7 +313,7 @@ class Broker(BrokerCore):
     def _sweep(self) -> None:
         now = self.loop.time()
         try:
-            for conn in list(self.connections):
+            for conn in self.connections:
                 conn.check_timers(now)
             self.router.tick(now)
             if self.session_store is not None:

@@ -48,7 +48,7 @@ Delivery = tuple[Message, int, bool, tuple[int, ...]]
 class _SessionRare(RareSlots):
     """The ``RareField`` attributes of a ``Session`` that has set one."""
 
-    __slots__ = ("expires_at", "incoming_qos2", "will", "will_at")
+    __slots__ = ("_expiry_interval", "expires_at", "incoming_qos2", "username", "will", "will_at")
     defaults: ClassVar[dict[str, Any]] = {}
 
 
@@ -61,7 +61,6 @@ class Session:
 
     __slots__ = (
         "__weakref__",
-        "_expiry_interval",
         "_next_packet_id",
         "_rare",
         "client_id",
@@ -73,7 +72,6 @@ class Session:
         "queued_bytes",
         "router",
         "subscriptions",
-        "username",
     )
 
     expires_at: RareField[float | None] = RareField(_SessionRare, None)
@@ -83,15 +81,16 @@ class Session:
     will: RareField[Will | None] = RareField(_SessionRare, None)
     """A will waiting for its v5 Will Delay Interval after the connection ended."""
     will_at: RareField[float | None] = RareField(_SessionRare, None)
+    username: RareField[str | None] = RareField(_SessionRare, None)
+    """Read per message only by an ACL check and when a publish creates a log."""
+    _expiry_interval: RareField[int] = RareField(_SessionRare, 0)
 
     def __init__(self, router: Router, client_id: str, expiry_interval: int = 0) -> None:
         self.router = router
         self.client_id = client_id
         self.connection: Connection | None = None
         self._rare: _SessionRare | None = None
-        self._expiry_interval = 0
         self.expiry_interval = expiry_interval
-        self.username: str | None = None
         self.subscriptions: dict[str, SessionSubscription] | None = None
         """Full filter as subscribed (``$share/...`` included) → ``SessionSubscription``."""
         self.inflight: dict[int, Delivery | Released] | None = None

@@ -86,6 +86,10 @@ class BrokerUnderTest(ABC):
         """The configuration in a few words, for each row of the tables."""
         return ""
 
+    def drop_notice(self, log: str) -> str:
+        """What the broker's own log (`log`: its broker.log) says of messages it dropped ("" if nothing)."""
+        return ""
+
     @property
     def persists(self) -> bool:
         """True when this configuration must leave data in its data directory (a run that left none fails)."""

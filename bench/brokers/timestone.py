@@ -71,8 +71,8 @@ class Timestone(BrokerUnderTest):
             "  new_connections_per_second: 0\n"
             "  messages_per_second_per_client: 0\n"
             "  max_topics_per_client: 0\n"
-            # a subscriber's queue may hold what the load generator lets publishers run ahead (as Mosquitto's
-            # max_queued_messages below); the default 1,000 drops QoS 1 messages of an online subscriber
+            # a subscriber's queue may hold ten times what the load generator lets publishers run ahead;
+            # the default 1,000 drops QoS 1 messages of an online subscriber
             "  max_offline_messages: 100000\n"
             "  max_offline_bytes: 104857600\n"
             "logging:\n  level: WARNING\n"
@@ -84,7 +84,7 @@ class Timestone(BrokerUnderTest):
             "storage in a temp dir; offsets API and admin HTTP on free ports; limits.max_connections "
             "1000000, new_connections_per_second 0, messages_per_second_per_client 0, "
             "max_topics_per_client 0 (unlimited, as Mosquitto by default); max_offline_messages 100000 and "
-            "max_offline_bytes 100 MiB (as Mosquitto's max_queued_messages); logging WARNING; rest default: "
+            "max_offline_bytes 100 MiB (10x the load generator's window); logging WARNING; rest default: "
             "durability group, receive_maximum 64 and max_inflight_out 64, default TCP options (asyncio's: "
             "TCP_NODELAY on)"
         )

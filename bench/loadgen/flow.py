@@ -63,6 +63,7 @@ class FlowResult:
     other_cpu_pct: float  # CPU used by anything else on the machine during the window (100 = one core)
     broker_rss_bytes: int
     loadgen_process_cpu_pct: list[float] = field(default_factory=list)  # each process, 100 = one core
+    redelivered: int = 0  # PUBLISH packets with the DUP flag at the subscribers, not counted in `delivered`
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -167,6 +168,7 @@ def _summarise(
         other_cpu_pct=max(100 * (machine_busy - broker_cpu - loadgen_cpu), 0.0),
         broker_rss_bytes=rss,
         loadgen_process_cpu_pct=[100 * cpu for cpu in per_process],
+        redelivered=sum(r.redelivered for r in subscribers),
         errors=[e for r in reports for e in r.errors][:5],
     )
 

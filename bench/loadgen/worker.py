@@ -72,6 +72,7 @@ class WorkerReport:
     per_client_min: int = 0
     per_client_max: int = 0
     stalls: int = 0
+    redelivered: int = 0  # PUBLISH packets received with the DUP flag (not counted in `received`)
     errors: list[str] = field(default_factory=list)
     samples: list[tuple[float, int, int, int, float]] = field(default_factory=list)
 
@@ -128,6 +129,7 @@ async def _run(spec: WorkerSpec, conn: Connection, shared: Any) -> WorkerReport:
             per_client_min=min(counts, default=0),
             per_client_max=max(counts, default=0),
             stalls=sum(limiter.stalls for limiter in limiters.values()),
+            redelivered=sum(c.scanner.redeliveries for c in clients if isinstance(c, Subscriber)),
             errors=group.errors,
             samples=samples,
         )

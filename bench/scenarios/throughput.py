@@ -56,6 +56,7 @@ class FlowMeasurement:
     figures: list[float]
     spec: FlowSpec  # as finally run (with the process counts it needed)
     invalid: str
+    drop_notice: str  # what the broker's log says about messages it dropped ("" if nothing)
 
 
 def saturation(result: FlowResult, loadgen_cpus: int) -> str:
@@ -98,15 +99,15 @@ def measure_flow(ctx: RunContext, broker: BrokerUnderTest, spec: FlowSpec) -> Fl
     running_spec = spec
     while True:
 
-        def once(running: RunningBroker, spec: FlowSpec = running_spec) -> tuple[FlowResult, int]:
+        def once(running: RunningBroker, spec: FlowSpec = running_spec) -> tuple[FlowResult, int, str]:
             result = run_flow(running, spec, ctx.timing, ctx.loadgen_cpus)
-            return result, dir_bytes(running.data_dir)
+            return result, dir_bytes(running.data_dir), broker.drop_notice(_read_log(running))
 
         outcome = measure(ctx, broker, once, lambda r: r[0].delivered_per_s)
         if not isinstance(outcome, Measured):
             ctx.flows[key] = outcome
             return outcome
-        result, on_disk = outcome.result
+        result, on_disk, drop_notice = outcome.result
         invalid = verdict(result, running_spec, loadgen_cpus)
         wider = (
             more_processes(running_spec, result, loadgen_cpus) if saturation(result, loadgen_cpus) else None
@@ -117,7 +118,7 @@ def measure_flow(ctx: RunContext, broker: BrokerUnderTest, spec: FlowSpec) -> Fl
             f"    {invalid}: again with {wider.publisher_processes}+{wider.subscriber_processes} processes"
         )
         running_spec = wider
-    measured = FlowMeasurement(result, on_disk, outcome.figures, running_spec, invalid)
+    measured = FlowMeasurement(result, on_disk, outcome.figures, running_spec, invalid, drop_notice)
     ctx.flows[key] = measured
     return measured
 
@@ -156,10 +157,17 @@ def flow_row(
             ctx.failures.append(
                 f"{broker.label}: configured to persist but left no data in its data directory"
             )
-    notes = [*r.errors[:2]]
+    notes = [*([measured.drop_notice] if measured.drop_notice else []), *r.errors[:2]]
     if reused:
         notes.append("the same measurement as this configuration's row above")
     return Row(case, broker.label, r.delivered_per_s, cells, note="; ".join(notes), invalid=invalid)
+
+
+def _read_log(running: RunningBroker) -> str:
+    try:
+        return (running.workdir / "broker.log").read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _loadgen_cpu(r: FlowResult) -> str:
@@ -172,6 +180,8 @@ def _undelivered(r: FlowResult) -> str:
     text = f"{r.undelivered:,}" if r.undelivered else "0"
     if r.stalls:
         text += f" (deliveries stalled {r.stalls}x)"
+    if r.redelivered:
+        text += f" ({r.redelivered:,} DUP redeliveries, not counted as deliveries)"
     return text
 
 

@@ -342,7 +342,7 @@ class ClusterNode:
             len(self.broker.connections),
             f", pointing v5 clients at {reference}" if reference else "",
         )
-        for conn in list(self.broker.connections):
+        for conn in self.broker.connections:
             if conn.state != CONNECTED:
                 conn.abort()
                 continue

@@ -356,3 +356,4 @@ def _accept(
             username,
         )
     session.attach(conn)
+    conn.host.connection_attached(conn)

@@ -91,3 +91,16 @@ def test_aedes_delivers_every_acknowledged_message() -> None:
         result = run_flow(broker, FANIN, SHORT, cpus=None)
     assert result.acked == result.sent > 0
     assert result.delivered == result.expected == result.acked
+
+
+def test_mosquitto_queues_without_limit_and_its_drop_notices_are_reported() -> None:
+    """No `max_queued_messages` limit (2.0.11 dropped acknowledged deliveries below its limit), notices
+    logged, and its drop notice recognised in the log; the other brokers recognise none."""
+    with Mosquitto().running() as broker:
+        config = (broker.workdir / "mosquitto.conf").read_text().splitlines()
+    assert "max_queued_messages 0" in config
+    assert "log_type notice" in config
+    log = "1: Outgoing messages are being dropped for client bench-sub0-0.\n" * 2
+    assert Mosquitto().drop_notice(log) == 'Mosquitto logged "Outgoing messages are being dropped" 2x'
+    assert Mosquitto().drop_notice("1: mosquitto version 2.0.11 running\n") == ""
+    assert Aedes().drop_notice(log) == ""

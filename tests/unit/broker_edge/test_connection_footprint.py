@@ -1,9 +1,10 @@
 """What an idle client costs the broker: the Python objects a connection and its session keep, in bytes.
 
 Real connections of a real ``BrokerCore`` (no socket: the bytes of CONNECT are fed to them), counted with
-``tracemalloc``: the budget holds the connection, the session, the client id and their entries in the broker's
-maps of open connections and sessions; a decoder of its own, a float of its own or an empty container made
-per connection would each exceed it. (The transport's own memory is measured by ``bench/footprint_bench.py``.)
+``tracemalloc``: the budget holds the connection, the session, the client id and its entry in the broker's
+map of sessions (a connected client has no entry of its own in a map of connections); a decoder of its own, a
+float of its own or an empty container made per connection would each exceed it. (The transport's own memory
+is measured by ``bench/footprint_bench.py``.)
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, Connect, PingReq, P
 from broker_edge.states import CONNECTED
 from tests.unit.broker_edge.handlers.wire import HandDrivenCore, make_core
 
-BYTES_PER_IDLE_CONNECTION = 512
-"""Room for the connection, the session, a 17-character client id and the entries in two maps, not for one
+BYTES_PER_IDLE_CONNECTION = 448
+"""Room for the connection, the session, a 17-character client id and the entry in one map, not for one
 more object per connection (what it holds now is in docs/broker.md, "Speed and memory")."""
 
 
