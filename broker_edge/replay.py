@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from broker_edge.delivery import Message
@@ -73,6 +73,14 @@ class ReplayManager:
         self.loop = loop
         self._messages = RecentMessages(SHARED_MESSAGES)
         self._scheduled: set[Session] = set()
+        self.log_here: Callable[[str], bool] | None = None
+        """Whether this broker's log of a topic is complete (a cluster node holds no copy of some
+        partitions); None: every topic's is."""
+
+    def reads(self, topic: str) -> bool:
+        """Whether a session can read ``topic`` from the log here later (else it keeps messages instead)."""
+        log_here = self.log_here
+        return log_here is None or log_here(topic)
 
     # -- live routing ---------------------------------------------------------------------------------------
 

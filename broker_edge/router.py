@@ -89,6 +89,11 @@ class Router:
         """Told the topic of every retained message set or cleared."""
         self.retained_gate: Callable[[Callable[[], object]], bool] | None = None
         """True when retained messages cannot be served yet: it runs the given callable once they can."""
+        self.interest_changed: Callable[[str, bool], None] | None = None
+        """Told ``(filter, added)`` when a subscription (shared memberships included) is added or removed."""
+        self.subscribe_gate: Callable[[Callable[[], object]], bool] | None = None
+        """True when a SUBACK must wait (the records of a new subscription are not routed here yet): it runs
+        the given callable once it may go."""
 
     # -- publishing ---------------------------------------------------------------------------------------
 
@@ -175,6 +180,8 @@ class Router:
         existing = subscriptions.get(key)
         joined = self.trie.add(topic_filter, session, options, group)
         subscriptions[key] = SessionSubscription(topic_filter, group, options)
+        if joined and self.interest_changed is not None:
+            self.interest_changed(topic_filter, True)
         if joined and group is not None and self.shared_membership is not None:
             self.shared_membership(group, topic_filter, True)
         return existing is None
@@ -185,6 +192,8 @@ class Router:
         if entry is None:
             return False
         left = self.trie.remove(entry.topic_filter, session, entry.group)
+        if left and self.interest_changed is not None:
+            self.interest_changed(entry.topic_filter, False)
         if left and entry.group is not None and self.shared_membership is not None:
             self.shared_membership(entry.group, entry.topic_filter, False)
         if not subscriptions:

@@ -16,12 +16,16 @@
      is in sync on one of them (and not behind it, when log ends are known), that partition's leadership
      moves to it. Partitions elected in the same pass stay with their new leader.
   4. **shrinking**: a partition with more live replicas than the factor (a reassignment in progress) whose
-     in-sync set has more live members than the factor drops one replica: not the leader, the one on the
-     most loaded member. Its in-sync set keeps at least the factor (and ``min_insync_replicas``) members.
-     Partitions whose leader changes in the same pass wait for the next one.
+     in-sync set has more live members than the factor drops one replica: the one on the most loaded
+     member. When that member leads the partition, its leadership first moves to another in-sync replica
+     (an orderly leader change with the next epoch) and its copy is dropped in the next pass: were another
+     copy dropped instead, the move would only swap two members' counts and start again, for ever. Its
+     in-sync set keeps at least the factor (and ``min_insync_replicas``) members. Partitions whose leader
+     changes in the same pass wait for the next one; step 3 never gives leadership to the copy about to go.
   5. **reassigning**: while a live member holds two replicas more than another, the least loaded member
      becomes an extra replica (replicas: the factor + 1) of a partition of the most loaded one that it does
-     not hold; at most ``moves_at_once`` partitions are in that state at a time. Once the extra replica is
+     not hold; at most ``moves_at_once`` partitions are in that
+     state at a time. Once the extra replica is
      in sync, step 3 may give it the partition's leadership and step 4 drops a replica of the most loaded
      member, so replicas return to the factor and counts even out within one of the fair share.
   The epoch of a partition is +1 exactly when its leader changes (to None included).
@@ -225,31 +229,99 @@ def replica_counts(states: Iterable[PartitionState], live: Collection[str]) -> C
     return counts
 
 
-def shrink_replicas(
+def _drops(
     states: Mapping[int, PartitionState],
     live: Collection[str],
     replication_factor: int,
     min_insync_replicas: int = 1,
     keep: Collection[int] = (),
-) -> dict[int, tuple[PartitionState, str]]:
-    """Step 4 of ``plan``: partition → (new state, reason) for every partition with a surplus replica that
-    can be dropped safely: its leader is live, more of its live replicas are in sync than the factor needs,
-    and the dropped one (never the leader) is on the most loaded member (among equals, not the last added).
-    Partitions in ``keep`` (their leader changes in this pass) are left for the next pass."""
+) -> dict[int, str]:
+    """partition → the replica step 4 drops from it: for every partition with a surplus replica that can
+    be dropped safely (its leader is live, more of its live replicas are in sync than the factor needs),
+    the copy on the most loaded member; among equals not the leader's, then not the last added one. The
+    leader's copy is the one only when its member holds strictly more than every other copy's. Partitions
+    in ``keep`` are left out (and do not count as dropped for the loads of the next ones)."""
     target = min(replication_factor, len(live))
     load = replica_counts(states.values(), live)
-    result: dict[int, tuple[PartitionState, str]] = {}
+    surplus = []
     for partition in sorted(states):
         state = states[partition]
         if partition in keep or state.leader is None or state.leader not in live:
             continue
         have = [node for node in state.replicas if node in live]
         in_sync = [node for node in state.isr if node in live]
-        if len(have) <= target or len(in_sync) <= max(target, min_insync_replicas):
-            continue
+        if len(have) > target and len(in_sync) > max(target, min_insync_replicas):
+            surplus.append((partition, state, have))
+
+    # among equally loaded members, one leading other such partitions first: its copies there can only go
+    # after a leadership change, so it gives up one here instead
+    leading = Counter(state.leader for _, state, _ in surplus)
+
+    def most_loaded(state: PartitionState, have: list[str]) -> str:
         order = {node: index for index, node in enumerate(state.replicas)}
-        victim = max((node for node in have if node != state.leader), key=lambda n: (load[n], -order[n], n))
-        load[victim] -= 1
+        return max(have, key=lambda n: (load[n], n != state.leader, leading[n], -order[n], n))
+
+    result: dict[int, str] = {}
+    # first the partitions whose most loaded copy is not the leader's, then the others with the loads
+    # those drops leave (fewer leadership changes: a leader's copy often is no longer the most loaded)
+    for leaders_too in (False, True):
+        for partition, state, have in surplus:
+            if partition in result:
+                continue
+            victim = most_loaded(state, have)
+            if victim == state.leader and not leaders_too:
+                continue
+            load[victim] -= 1
+            result[partition] = victim
+    return dict(sorted(result.items()))
+
+
+def _behind(log_ends: LogEnds, node: str, leader: str, partition: int) -> bool:
+    """Whether ``node``'s known log end of ``partition`` is behind ``leader``'s (unknown: not behind)."""
+    mine, theirs = log_ends.get(node), log_ends.get(leader)
+    if mine is None or theirs is None:
+        return False
+    return mine.get(partition, 0) < theirs.get(partition, 0)
+
+
+def shrink_replicas(
+    states: Mapping[int, PartitionState],
+    live: Collection[str],
+    replication_factor: int,
+    min_insync_replicas: int = 1,
+    keep: Collection[int] = (),
+    log_ends: LogEnds | None = None,
+) -> dict[int, tuple[PartitionState, str]]:
+    """Step 4 of ``plan``: partition → (new state, reason) for every partition with a surplus replica that
+    can be dropped safely: its leader is live, more of its live replicas are in sync than the factor needs,
+    and the dropped one is on the most loaded member (among equals, not the leader, then not the last
+    added). When that member leads the partition, its leadership first goes to the in-sync replica leading
+    fewest partitions that is not behind it (an orderly leader change: the epoch rises, every acknowledged
+    record is on every in-sync replica); its copy is dropped in a later pass, once it no longer leads.
+    Without such a replica nothing changes. Partitions in ``keep`` (their leader changes in this pass) are
+    left for the next pass."""
+    log_ends = log_ends or {}
+    target = min(replication_factor, len(live))
+    counts = leader_counts(states.values(), live)
+    result: dict[int, tuple[PartitionState, str]] = {}
+    for partition, victim in _drops(states, live, replication_factor, min_insync_replicas, keep).items():
+        state = states[partition]
+        if victim == state.leader:
+            heirs = [
+                node
+                for node in state.isr
+                if node in live and node != victim and not _behind(log_ends, node, victim, partition)
+            ]
+            if not heirs:
+                continue
+            heir = min(heirs, key=lambda node: (counts[node], node))
+            counts[victim] -= 1
+            counts[heir] += 1
+            result[partition] = (
+                replace(state, leader=heir),
+                f"{REASSIGN}: leadership {victim} to {heir} before {victim}'s copy is dropped",
+            )
+            continue
         after = replace(
             state,
             replicas=tuple(n for n in state.replicas if n != victim),
@@ -265,16 +337,19 @@ def reassign_replicas(
     replication_factor: int,
     moves_at_once: int = MOVES_AT_ONCE,
     keep: Collection[int] = (),
+    min_insync_replicas: int = 1,
 ) -> dict[int, tuple[PartitionState, str]]:
     """Step 5 of ``plan``: partition → (new state, reason) for every partition given an extra replica on a
     less loaded member, while a live member holds two replicas more than another. Only partitions with a
     live leader and exactly the factor's live replicas, all of them in sync, are chosen (lowest number
     first), never one in ``keep``, and at most ``moves_at_once`` partitions have an extra replica at a time
-    (those already moving count)."""
+    (those already moving count). A copy that step 4 is about to drop (its leadership just handed over) no
+    longer counts for its member."""
     if moves_at_once < 1:
         raise ValueError(f"moves_at_once: must be >= 1, got {moves_at_once}")
     target = min(replication_factor, len(live))
     load = replica_counts(states.values(), live)
+    load.subtract(_drops(states, live, replication_factor, min_insync_replicas).values())
 
     def live_replicas(state: PartitionState) -> list[str]:
         return [node for node in state.replicas if node in live]
@@ -323,21 +398,27 @@ def balance_leaders(
     live: Collection[str],
     log_ends: LogEnds | None = None,
     keep: Collection[int] = (),
+    replication_factor: int | None = None,
+    min_insync_replicas: int = 1,
 ) -> dict[int, tuple[PartitionState, str]]:
     """Step 3 of ``plan``: partition → (new state, reason) for the leadership moves that leave every live
     member within one leadership of every other one it could take over from. Leadership moves only to an
     in-sync replica, never to one whose known log end is behind the leader's (it would make the leader
-    truncate records it holds), and partitions in ``keep`` (just elected) stay where they are."""
+    truncate records it holds), nor to the copy step 4 is about to drop from a partition with a surplus
+    replica (given ``replication_factor``: it would hand the leadership straight back), and partitions in
+    ``keep`` (just elected) stay where they are."""
     log_ends = log_ends or {}
     current = dict(states)
     counts = leader_counts(current.values(), live)
     result: dict[int, tuple[PartitionState, str]] = {}
+    dropped = (
+        _drops(states, live, replication_factor, min_insync_replicas)
+        if replication_factor is not None
+        else {}
+    )
 
     def behind(node: str, leader: str, partition: int) -> bool:
-        mine, theirs = log_ends.get(node), log_ends.get(leader)
-        if mine is None or theirs is None:
-            return False
-        return mine.get(partition, 0) < theirs.get(partition, 0)
+        return _behind(log_ends, node, leader, partition)
 
     moved = True
     while moved:
@@ -349,7 +430,10 @@ def balance_leaders(
                 targets = [
                     n
                     for n in state.isr
-                    if n in live and counts[n] + 1 < counts[source] and not behind(n, source, partition)
+                    if n in live
+                    and counts[n] + 1 < counts[source]
+                    and not behind(n, source, partition)
+                    and dropped.get(partition) != n
                 ]
                 if not targets:
                     continue
@@ -398,14 +482,16 @@ def plan(
             unclean.add(partition)
     for partition, (state, reason) in fill_replicas(working, live_set, replication_factor).items():
         apply(partition, state, reason)
-    for partition, (state, reason) in balance_leaders(working, live_set, log_ends, elected).items():
+    for partition, (state, reason) in balance_leaders(
+        working, live_set, log_ends, elected, replication_factor, min_insync_replicas
+    ).items():
         apply(partition, state, reason)
     led = {p for p in working if working[p].leader != states[p].leader}
-    shrunk = shrink_replicas(working, live_set, replication_factor, min_insync_replicas, led)
+    shrunk = shrink_replicas(working, live_set, replication_factor, min_insync_replicas, led, log_ends)
     for partition, (state, reason) in shrunk.items():
         apply(partition, state, reason)
     for partition, (state, reason) in reassign_replicas(
-        working, live_set, replication_factor, moves_at_once, reasons.keys()
+        working, live_set, replication_factor, moves_at_once, reasons.keys(), min_insync_replicas
     ).items():
         apply(partition, state, reason)
 

@@ -12,7 +12,12 @@ The answer (``layout_document``)::
                      "isr": ["b2", "b1", "b3"]}, ...]}
 
 ``fenced`` says the answering member cannot prove its etcd lease right now: its picture may be stale, so a
-reader should prefer another member's. ``broker_edge.offsets_api.cluster_client`` reads it back.
+reader should prefer another member's. A member also says what it observes (the partitions it holds no copy
+of and fetches for its subscribers, and the fetches it sent for each)::
+
+    "observer": {"partitions": [3, 7], "fetches": {"3": 41, "7": 12}}
+
+``broker_edge.offsets_api.cluster_client`` reads it back.
 """
 
 from __future__ import annotations
@@ -42,14 +47,20 @@ def layout_document(view: ClusterView) -> dict[str, Any]:
     }
 
 
-def cluster_info_route(view: ClusterView) -> Callable[[web.Application], None]:
-    """A function adding ``GET /v1/cluster`` to an offsets API app (``create_app(routes=[...])``)."""
+def cluster_info_route(
+    view: ClusterView, observer: Callable[[], dict[str, Any]] | None = None
+) -> Callable[[web.Application], None]:
+    """A function adding ``GET /v1/cluster`` to an offsets API app (``create_app(routes=[...])``);
+    ``observer`` gives the document's ``observer`` entry."""
 
     def add(app: web.Application) -> None:
         from aiohttp import web
 
         async def handle(_request: web.Request) -> web.StreamResponse:
-            return web.json_response(layout_document(view))
+            document = layout_document(view)
+            if observer is not None:
+                document["observer"] = observer()
+            return web.json_response(document)
 
         app.router.add_get(CLUSTER_PATH, handle)
 

@@ -239,8 +239,11 @@ class Controller:
         rf, unclean = self.config.replication_factor, self.config.unclean_election
         min_isr = self.config.min_insync_replicas
         changes = plan(states, live, rf, log_ends, unclean, min_isr)
-        if any(change.spreads for change in changes):
-            # leadership moves only to a replica that is not behind: ask every member where it stands
+        if any(
+            change.after.leader != change.before.leader and change.before.leader in live for change in changes
+        ):
+            # a live leader's leadership (spread, or handed over before its copy is dropped) moves only to a
+            # replica that is not behind: ask every member where it stands
             asked = [members[n] for n in sorted(live) if n not in log_ends]
             log_ends = {**log_ends, **await self.log_ends(asked, stored)}
             changes = plan(states, live, rf, log_ends, unclean, min_isr)

@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from broker_edge.storage.record import Record
     from broker_edge.storage.store import LogStore
 
+    from .interest import LocalInterest, RetainedRefresh
     from .peer_link import PeerLink, PeerLinks
     from .view import ClusterView
 
@@ -99,9 +100,11 @@ class FollowerConfig:
     """Pause before reopening a session after an error."""
     timeout_s: float = 10.0
     """Time for a fetch to be answered, beyond `wait_ms`."""
+    subscribe_wait_s: float = 5.0
+    """Longest a SUBACK waits for the observation of a partition its subscription needs to start."""
 
     def __post_init__(self) -> None:
-        for name in ("wait_ms", "max_bytes", "max_topic_bytes", "retry_s", "timeout_s"):
+        for name in ("wait_ms", "max_bytes", "max_topic_bytes", "retry_s", "timeout_s", "subscribe_wait_s"):
             value = getattr(self, name)
             if (
                 isinstance(value, bool)
@@ -132,10 +135,15 @@ class Followers:
         epochs: LeaderEpochs | None = None,
         ssl_context: ssl.SSLContext | None = None,
         links: PeerLinks | None = None,
+        interest: LocalInterest | None = None,
+        retained: RetainedRefresh | None = None,
     ) -> None:
         """`token` is the peers' offsets API bearer token; `ssl_context` verifies peers served over HTTPS;
         with `links`, replicas take pushes over the peer links once their sessions are open (hand the
-        links' `PUSH` parts to `pushed`)."""
+        links' `PUSH` parts to `pushed`). With `interest`, partitions held here in no copy are observed
+        only while local subscriptions want them (else all of them), and `subscribe_gate` holds a SUBACK
+        until the partitions it made wanted are observed; `retained` then brings their retained messages
+        up to date."""
         self.view = view
         self.links = links
         self._ssl_context = ssl_context
@@ -150,10 +158,31 @@ class Followers:
         if token is not None:
             self._headers["Authorization"] = f"Bearer {token}"
         self._fetchers: dict[_FetcherKey, _Fetcher] = {}
+        self._retiring: set[_Fetcher] = set()
+        """Observer fetchers replaced by one of the same leader, finishing their last fetch."""
         self._http: aiohttp.ClientSession | None = None
         self._started = False
         self.fetches_sent = 0
         """HTTP fetches sent (a steady state over the peer link sends none)."""
+        self.interest = interest
+        self.retained = retained
+        self.observer_fetches: dict[int, int] = {}
+        """partition → fetches sent for it as an observer."""
+        self._routing: set[int] = set()
+        """Partitions routed here (led, replicated, or observed once they have a leader) as of the last
+        look at the view."""
+        self._copies: set[int] = set()
+        """Partitions led or replicated here as of the last look at the view."""
+        self._positions: dict[str, int] = {}
+        """Observers' positions in the partitions observed now, kept when their fetcher is replaced."""
+        self._starting: dict[int, dict[str, Message]] = {}
+        """Partitions whose observation is starting (their session not open yet) → this broker's retained
+        messages of them when it started."""
+        self._gated: list[tuple[set[int], Callable[[], object]]] = []
+        """SUBACKs waiting, in order, each for the partitions that were starting when it was ready."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        if interest is not None:
+            interest.on_change(self._view_changed)
 
     def start(self) -> None:
         if self._started:
@@ -166,7 +195,8 @@ class Followers:
 
     async def stop(self) -> None:
         self._started = False
-        fetchers, self._fetchers = list(self._fetchers.values()), {}
+        fetchers, self._fetchers = [*self._fetchers.values(), *self._retiring], {}
+        self._retiring = set()
         for fetcher in fetchers:
             fetcher.cancel()
         for fetcher in fetchers:
@@ -174,35 +204,155 @@ class Followers:
         if self._http is not None:
             await self._http.close()
             self._http = None
+        for task in list(self._tasks):
+            task.cancel()
+        self._starting = {}
+        self._release_gated(everything=True)
 
     @property
     def fetchers(self) -> dict[_FetcherKey, dict[int, int]]:
         """(leader, observer) -> the partitions (-> epoch) each running fetcher covers."""
         return {key: dict(fetcher.partitions) for key, fetcher in self._fetchers.items()}
 
+    @property
+    def observed(self) -> list[int]:
+        """The partitions observed here now."""
+        return sorted(
+            number for (_, observer), f in self._fetchers.items() if observer for number in f.partitions
+        )
+
     def _view_changed(self) -> None:
         if not self._started:
             return
         view = self.view
         me = view.node_id
+        interest = self.interest
         wanted: dict[_FetcherKey, tuple[str, dict[int, int]]] = {}
+        routing: set[int] = set()
+        copies: set[int] = set()
         for number, state in view.states.items():
+            observer = me not in state.replicas and state.leader != me
+            if observer and interest is not None and not interest.wants(number):
+                continue
+            routing.add(number)  # routed here (once it has a leader)
+            if not observer:
+                copies.add(number)
             if state.leader is None or state.leader == me:
                 continue
             member = view.members.get(state.leader)
             if member is None:
                 continue
-            key = (state.leader, me not in state.replicas)
+            key = (state.leader, observer)
             wanted.setdefault(key, (member.offsets_api, {}))[1][number] = state.epoch
+        replaced: dict[_FetcherKey, _Fetcher] = {}
         for key, fetcher in list(self._fetchers.items()):
             if wanted.get(key) != (fetcher.url, fetcher.partitions):
-                fetcher.cancel()
                 del self._fetchers[key]
+                if fetcher.observer:
+                    self._positions.update(fetcher.positions)
+                if key[1] and key in wanted and wanted[key][0] == fetcher.url:
+                    fetcher.retire()  # hands over to the next observer of this leader (no gap)
+                    self._retiring.add(fetcher)
+                    replaced[key] = fetcher
+                else:
+                    fetcher.cancel()
+        previous, self._routing = self._routing, routing
+        previous_copies, self._copies = self._copies, copies
+        for topic in [topic for topic in self._positions if view.partition_of(topic) not in routing]:
+            del self._positions[topic]  # its observation ended: a new one starts from the committed end
+        fresh = {
+            number
+            for (_, observer), (_, partitions) in wanted.items()
+            if observer
+            for number in partitions
+            if number not in previous
+        }
+        if fresh:  # observation starts: SUBACKs wait for it, retained messages are brought up to date
+            retained = self.retained.local(fresh) if self.retained is not None else {}
+            for number in fresh:
+                self._starting[number] = {}
+            for topic, message in retained.items():
+                self._starting[view.partition_of(topic)][topic] = message
+        observed = {number for (_, observer), (_, p) in wanted.items() if observer for number in p}
+        for number in [number for number in self._starting if number not in observed]:
+            del self._starting[number]  # no longer observed (replicated, or no longer wanted)
         for key, (url, partitions) in wanted.items():
             if key not in self._fetchers:
-                fetcher = _Fetcher(self, key[0], url, partitions, key[1])
+                fetcher = _Fetcher(self, key[0], url, partitions, key[1], previous_copies, replaced.get(key))
                 self._fetchers[key] = fetcher
                 fetcher.start()
+        self._release_gated()
+
+    # -- SUBACKs waiting for observation (`Router.subscribe_gate`) -------------------------------------------
+
+    def subscribe_gate(self, send: Callable[[], object]) -> bool:
+        """Whether a SUBACK must wait for partitions whose observation is starting; runs `send` once they
+        are observed (their leader has fixed where this broker's routing of them starts: at their committed
+        end then, before the SUBACK), or after `subscribe_wait_s`."""
+        if not self._starting:
+            return False
+        entry = (set(self._starting), send)
+        self._gated.append(entry)
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.config.subscribe_wait_s, self._gate_expired, entry)
+        return True
+
+    def _gate_expired(self, entry: tuple[set[int], Callable[[], object]]) -> None:
+        if entry[0] and any(waiting[1] is entry[1] for waiting in self._gated):
+            log.warning(
+                "observation of partitions %s not started within %.1f s: acknowledging a SUBSCRIBE anyway",
+                sorted(entry[0]),
+                self.config.subscribe_wait_s,
+            )
+            entry[0].clear()
+            self._release_gated()
+
+    def _release_gated(self, everything: bool = False) -> None:
+        """Send the SUBACKs whose partitions are observed now. One client's SUBACKs keep their order: a
+        later one waits for every partition an earlier one still waits for (and longer)."""
+        starting = self._starting
+        ready: list[Callable[[], object]] = []
+        waiting: list[tuple[set[int], Callable[[], object]]] = []
+        for partitions, send in self._gated:
+            partitions.intersection_update(starting)
+            if partitions and not everything:
+                waiting.append((partitions, send))
+            else:
+                ready.append(send)
+        if not ready:
+            return
+        self._gated = waiting
+        for send in ready:
+            send()
+
+    def opened(self, fetcher: _Fetcher) -> None:
+        """An observer's session is open: its partitions that were starting are routed here from now on;
+        their retained messages are brought up to date before the SUBACKs waiting for them go."""
+        started = {
+            number: self._starting[number] for number in fetcher.partitions if number in self._starting
+        }
+        if not started:
+            return
+        if self.retained is None:
+            for number in started:
+                self._starting.pop(number, None)
+            self._release_gated()
+            return
+        retained = self.retained
+        before = {topic: message for messages in started.values() for topic, message in messages.items()}
+
+        async def refresh() -> None:
+            try:
+                await retained.refresh(set(started), before)
+            finally:
+                for number, messages in started.items():
+                    if self._starting.get(number) is messages:
+                        del self._starting[number]
+                self._release_gated()
+
+        task = asyncio.get_running_loop().create_task(refresh())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -- what fetchers share ------------------------------------------------------------------------------
 
@@ -318,21 +468,42 @@ class _Fetcher:
     """Fetches the partitions one leader leads for this node, in a loop (see the module docstring)."""
 
     def __init__(
-        self, owner: Followers, leader: str, url: str, partitions: dict[int, int], observer: bool
+        self,
+        owner: Followers,
+        leader: str,
+        url: str,
+        partitions: dict[int, int],
+        observer: bool,
+        copies: set[int] | None = None,
+        predecessor: _Fetcher | None = None,
     ) -> None:
+        """An observer goes on from where this node's routing of its partitions ended: as a replica or
+        leader of those in `copies` (before the copy moved away), as an observer of the others if their
+        observation goes on (`predecessor`: the observer of the same leader this one replaces, which
+        handles the answer to its last fetch before this one handles any). A partition whose observation
+        starts now starts at the leader's committed end (routing it from earlier would deliver the past)."""
         self.owner = owner
         self.leader = leader
         self.url = url
         self.partitions = partitions
         self.observer = observer
-        self._positions: dict[str, int] = {}
-        """An observer's next offset per topic (it keeps no log): where this node's routing of it ended,
-        if it routed any (as a replica before its copy moved away, or as an observer before)."""
+        self.predecessor = predecessor
+        self.retiring = False
+        self.positions: dict[str, int] = {}
+        """An observer's next offset per topic (it keeps no log)."""
         if observer:
             view = owner.view
-            for topic, end in owner.delivery.routed.items():
+            copies = copies or set()
+            for topic, end in owner._positions.items():
                 if view.partition_of(topic) in partitions:
-                    self._positions[topic] = end
+                    self.positions[topic] = end
+            if predecessor is not None:
+                for topic, end in predecessor.positions.items():
+                    if view.partition_of(topic) in partitions:
+                        self.positions[topic] = end
+            for topic, end in owner.delivery.routed.items():
+                if view.partition_of(topic) in copies and view.partition_of(topic) in partitions:
+                    self.positions[topic] = end
         self._moved: dict[str, None] = {}
         self._task: asyncio.Task[None] | None = None
         self.pushes: _PushedSession | None = None
@@ -344,6 +515,14 @@ class _Fetcher:
     def cancel(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        if self.predecessor is not None:
+            self.predecessor.cancel()
+
+    def retire(self) -> None:
+        """Stop after handling the answer of the fetch under way (an observer replaced by another)."""
+        self.retiring = True
+        if self._task is not None and self._task.done():
+            self.owner._retiring.discard(self)
 
     async def wait(self) -> None:
         if self._task is not None:
@@ -351,11 +530,29 @@ class _Fetcher:
                 await self._task
 
     async def _run(self) -> None:
+        try:
+            await self._fetch_forever()
+        finally:
+            self.owner._retiring.discard(self)
+
+    async def _handed_over(self) -> None:
+        """Wait for the observer this one replaces to handle its last answer (the leader ended its
+        session when this one's opened), so that the two route every record in order."""
+        predecessor, self.predecessor = self.predecessor, None
+        task = predecessor._task if predecessor is not None else None
+        if predecessor is None or task is None:
+            return
+        done, _ = await asyncio.wait({task}, timeout=self.owner.config.timeout_s)
+        if not done:
+            predecessor.cancel()
+
+    async def _fetch_forever(self) -> None:
         owner = self.owner
         role = "observer" if self.observer else "replica"
         session = 0
         failures = 0
-        while True:
+        opened = False
+        while not self.retiring:
             if session == 0 and not self.observer:
                 try:
                     await _durable(owner.store)  # a session opens on durable ends: see `request`
@@ -364,6 +561,10 @@ class _Fetcher:
                     await asyncio.sleep(owner.config.retry_s)
                     continue
             request = self.request(session)
+            if self.observer:
+                counts = owner.observer_fetches
+                for number in self.partitions:
+                    counts[number] = counts.get(number, 0) + 1
             try:
                 response, pushes = await owner.post(self.url, request)
             except (aiohttp.ClientError, OSError, TimeoutError, FetchFailed, WireError) as error:
@@ -371,8 +572,14 @@ class _Fetcher:
                 if failures == 1 or failures % 50 == 0:
                     log.warning("fetch from %s as %s failed: %s", self.leader, role, error)
                 session = 0
+                await self._handed_over()
                 await asyncio.sleep(owner.config.retry_s)
                 continue
+            await self._handed_over()
+            if self.retiring:
+                if response.error == OK:
+                    self._observe(response)  # its last answer, routed before its successor's
+                return
             failures = 0
             if response.error == UNKNOWN_SESSION:
                 session = 0
@@ -388,6 +595,9 @@ class _Fetcher:
             try:
                 if self.observer:
                     self._observe(response)
+                    if not opened:  # this node's routing of the partitions starts where the leader put it
+                        opened = True
+                        owner.opened(self)
                 else:
                     await self._replicate(response)
             except StorageError as error:
@@ -448,7 +658,7 @@ class _Fetcher:
             owner.view.node_id,
             session,
             self.observer,
-            config.wait_ms,
+            0 if self.observer and session == 0 else config.wait_ms,  # an observer's SUBACKs wait for it
             config.max_bytes,
             config.max_topic_bytes,
             [PartitionFetch(number, epoch) for number, epoch in self.partitions.items()],
@@ -456,7 +666,7 @@ class _Fetcher:
         by_number = {fetch.partition: fetch for fetch in request.partitions}
         topics: list[str]
         if session == 0:
-            topics = list(self._positions) if self.observer else owner.store.topics()
+            topics = list(self.positions) if self.observer else owner.store.topics()
         else:
             topics = list(self._moved)
         view = owner.view
@@ -469,7 +679,7 @@ class _Fetcher:
 
     def _position(self, topic: str) -> TopicPosition:
         if self.observer:
-            return TopicPosition(topic, self._positions.get(topic, 0), NO_EPOCH)
+            return TopicPosition(topic, self.positions.get(topic, 0), NO_EPOCH)
         store = self.owner.store
         end = store.durable_end(topic)
         return TopicPosition(topic, end, self.owner.epochs.latest_epoch(topic) if end else NO_EPOCH)
@@ -554,9 +764,9 @@ class _Fetcher:
         for data in _topics(response):
             topic = data.topic
             if data.kind == DIVERGING:
-                self._positions[topic] = data.diverging_end
+                self.positions[topic] = data.diverging_end
             elif data.kind == RESTART:
-                self._positions[topic] = data.start_offset
+                self.positions[topic] = data.start_offset
             elif data.frames:
                 first = data.first
                 frames = data.frames[0] if len(data.frames) == 1 else b"".join(data.frames)
@@ -566,7 +776,7 @@ class _Fetcher:
                         "%r from %s: frame %d refused (%s)", topic, self.leader, first + len(records), error
                     )
                 owner.delivery.route(topic, first, records)
-                self._positions[topic] = first + len(records)
+                self.positions[topic] = first + len(records)
             else:
                 continue
             self._moved[topic] = None

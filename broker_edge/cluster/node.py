@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from broker_edge.cluster.cluster_info import cluster_info_route
 from broker_edge.cluster.forwarding import ClusterForwarding
@@ -160,7 +160,7 @@ class ClusterNode:
         if self.epochs is not None:
             self.shared.epoch_of = self.epochs.epoch_at
         broker.offsets_api_routes.append(self.links.add_routes)
-        broker.offsets_api_routes.append(cluster_info_route(self.view))
+        broker.offsets_api_routes.append(cluster_info_route(self.view, self._observer_status))
         self._was_fenced = False
         self._started = False
 
@@ -170,6 +170,7 @@ class ClusterNode:
         from broker_edge.cluster.epochs import LeaderEpochs
         from broker_edge.cluster.etcd import ClusterKeys, Etcd
         from broker_edge.cluster.follower import Followers, LocalDelivery
+        from broker_edge.cluster.interest import LocalInterest, RetainedRefresh
         from broker_edge.cluster.leader import LeaderConfig, LeaderReplication
         from broker_edge.cluster.membership import Membership
         from broker_edge.cluster.replica_fetch import replica_fetch_route
@@ -199,7 +200,22 @@ class ClusterNode:
             route_committed=delivery.route_committed,
         )
         self.leader.serve_pushes(self.links)
-        self.followers = Followers(view, store, delivery, self.token, epochs=epochs, links=self.links)
+        interest = LocalInterest(view)
+        interest.count_existing(broker.router.trie.subscriptions())
+        broker.router.interest_changed = interest.changed
+        self.followers = Followers(
+            view,
+            store,
+            delivery,
+            self.token,
+            epochs=epochs,
+            links=self.links,
+            interest=interest,
+            retained=RetainedRefresh(broker.router, view, self.links),
+        )
+        broker.router.subscribe_gate = self.followers.subscribe_gate
+        if broker.replays is not None:
+            broker.replays.log_here = self._log_here
         self.links.on(PUSH, self.followers.pushed)
         timeout = broker.config.offsets_api.request_timeout_s
         broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch, timeout, pushes=True))
@@ -286,6 +302,21 @@ class ClusterNode:
             await self.coordinator.stop()
         if self.etcd is not None:
             await self.etcd.close()
+
+    def _log_here(self, topic: str) -> bool:
+        """Whether this node holds a copy of ``topic``'s partition (an observer's log of it is not
+        complete: its sessions keep that topic's messages while offline instead of reading the log)."""
+        state = self.view.state_of(topic)
+        me = self.view.node_id
+        return state is not None and (state.leader == me or me in state.replicas)
+
+    def _observer_status(self) -> dict[str, Any]:
+        """What this node observes (``GET /v1/cluster``'s ``observer``)."""
+        followers = self.followers
+        if followers is None:
+            return {"partitions": [], "fetches": {}}
+        fetches = {str(number): count for number, count in sorted(followers.observer_fetches.items())}
+        return {"partitions": followers.observed, "fetches": fetches}
 
     def _view_changed(self) -> None:
         if not self._started:

@@ -27,6 +27,7 @@ from broker_edge.protocol.topics import (
     parse_shared,
     validate_topic_filter,
 )
+from broker_edge.states import CLOSED
 from broker_edge.subscriptions import SubscriptionOptions
 
 if TYPE_CHECKING:
@@ -113,8 +114,22 @@ def handle_subscribe(ctx: BrokerContext, conn: Connection, session: Session, pac
     suback = SubAck(packet.packet_id, codes, properties)
     if properties is not None and len(encode(suback, conn.version)) > conn.max_packet_out:
         suback = SubAck(packet.packet_id, codes, None)  # the properties may go, the reason codes not
-    conn.send_packet(suback)
-    for topic_filter, options in retained:
-        router.send_retained(session, topic_filter, options)
-    if replaying and replays is not None:
-        replays.pump(session)
+
+    def acknowledge() -> None:
+        conn.send_packet(suback)
+        for topic_filter, options in retained:
+            router.send_retained(session, topic_filter, options)
+        if replaying and replays is not None:
+            replays.pump(session)
+
+    def released() -> None:
+        if conn.state != CLOSED:
+            acknowledge()
+            if conn.backlog is None:  # else reading resumes once the held packets are handled
+                conn.resume_reading()
+
+    gate = router.subscribe_gate
+    if gate is None or not gate(released):
+        acknowledge()
+        return
+    conn.pause_reading()  # a cluster node routes the new subscriptions' records here from the SUBACK on

@@ -408,3 +408,60 @@ def test_replica_counts_converge_within_one_of_the_fair_share(
     for state in settled.values():
         assert len([n for n in state.replicas if n in live]) == target
         assert state.leader in state.isr
+
+
+def test_a_leader_holding_the_most_copies_hands_its_leadership_over_before_its_copy_is_dropped() -> None:
+    # b holds one copy more than c and d and leads partition 0, which d was added to: dropping c's copy
+    # instead would only swap c's and d's counts, and the move would start again, for ever
+    live = {"a", "b", "c", "d"}
+    states = {
+        0: PartitionState(0, "b", 1, ("b", "c", "d"), ("b", "c", "d")),
+        1: PartitionState(1, "b", 1, ("b", "a"), ("b", "a")),
+        2: PartitionState(2, "c", 1, ("c", "a"), ("c", "a")),
+        3: PartitionState(3, "a", 1, ("a", "b"), ("a", "b")),
+        4: PartitionState(4, "d", 1, ("d", "a"), ("d", "a")),
+        5: PartitionState(5, "c", 1, ("c", "b"), ("c", "b")),
+    }
+    ends = {node: {0: 7} for node in live}
+    first = {change.partition: change for change in plan(states, live, 2, ends, min_insync_replicas=2)}
+    handed = first[0].after
+    assert handed.leader in ("c", "d") and handed.epoch == 2  # an orderly leader change, next epoch
+    assert handed.replicas == states[0].replicas and handed.isr == states[0].isr  # nothing dropped yet
+    assert first[0].reassigns and not first[0].spreads
+    after = apply(states, list(first.values()))
+    second = {change.partition: change for change in plan(after, live, 2, ends, min_insync_replicas=2)}
+    assert set(second[0].after.replicas) == {"c", "d"} and second[0].after.leader == handed.leader
+    settled, passes = settle(apply(after, list(second.values())), live, 2)
+    assert passes < 10
+    assert sorted(replica_counts(settled.values(), live).values()) == [3, 3, 3, 4]  # 13 copies
+
+
+def test_leadership_is_not_handed_to_a_copy_behind_the_leader_nor_back_to_the_copy_being_dropped() -> None:
+    live = {"a", "b", "c", "d"}
+    states = {
+        0: PartitionState(0, "b", 1, ("b", "c", "d"), ("b", "c", "d")),
+        1: PartitionState(1, "a", 1, ("b", "a"), ("b", "a")),
+        2: PartitionState(2, "c", 1, ("c", "a"), ("c", "a")),
+        3: PartitionState(3, "a", 1, ("a", "b"), ("a", "b")),
+    }
+    behind = {"b": {0: 7}, "c": {0: 5}, "d": {0: 6}}
+    assert shrink_replicas(states, live, 2, 2, log_ends=behind) == {}  # both behind b: b keeps leading
+    # handed to c, partition 0's leadership may spread (a and c lead two, b and d none), but never back to
+    # b, whose copy goes next
+    handed = {**states, 0: PartitionState(0, "c", 2, ("b", "c", "d"), ("b", "c", "d"))}
+    spread = balance_leaders(handed, live, None, (), 2, 2)
+    assert all(state.leader != "b" for p, (state, _) in spread.items() if p == 0)
+    assert shrink_replicas(handed, live, 2, 2)[0][0].replicas == ("c", "d")
+
+
+def test_the_oscillating_placement_settles() -> None:
+    # every member holds its share except b (one more) and d (one less), and b leads everything it holds
+    states = {
+        0: PartitionState(0, "b", 1, ("b", "c"), ("b", "c")),
+        1: PartitionState(1, "b", 1, ("b", "d"), ("b", "d")),
+        2: PartitionState(2, "b", 1, ("b", "c"), ("b", "c")),
+    }
+    live = {"b", "c", "d"}
+    settled, passes = settle(states, live, 2)
+    assert passes < 10
+    assert sorted(replica_counts(settled.values(), live).values()) == [2, 2, 2]

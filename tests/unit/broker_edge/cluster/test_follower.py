@@ -64,10 +64,14 @@ def test_records_already_routed_are_not_routed_again_and_an_observer_starts_afte
         assert len(routed) == 4  # offsets 2, 3, then 4, 5: none twice, none of the earlier
         assert delivery.routed == {"t": 6}
         followers = Followers(ClusterView("b2", 1), store, delivery, None)
-        observer = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=True)
-        assert observer._position("t").offset == 6  # it observes from where routing stopped
-        other = _Fetcher(followers, "b1", "http://127.0.0.1:1", {1: 3}, observer=True)
-        assert other._positions == {}  # topics of other partitions are not its business
+        observer = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=True, copies={0})
+        assert (
+            observer._position("t").offset == 6
+        )  # its copy moved away: it observes from where routing stopped
+        other = _Fetcher(followers, "b1", "http://127.0.0.1:1", {1: 3}, observer=True, copies={0})
+        assert other.positions == {}  # topics of other partitions are not its business
+        fresh = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=True)
+        assert fresh.positions == {}  # an observation that starts lists nothing: the leader's committed end
         store.close()
 
     asyncio.run(scenario())
