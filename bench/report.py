@@ -108,7 +108,8 @@ def render(
         out += [
             "## Other benchmark results",
             "",
-            "Sections written by other benchmark scripts, as they wrote them.",
+            "Sections written by other benchmark scripts, as they wrote them, without the earlier runs each "
+            "file in bench/results/ keeps below its own results.",
             "",
         ]
         for name, text in extra_sections:
@@ -228,8 +229,25 @@ def _cell(text: str) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+EARLIER_RUNS = "## Earlier runs"
+"""Heading under which a results file keeps what earlier code measured; RESULTS.md leaves that part out."""
+
+
 def extra_sections(results_dir: Path) -> list[tuple[str, str]]:
-    """(file name, text) of every bench/results/*.md, by name."""
+    """(file name, text) of every bench/results/*.md, by name, each without its earlier runs."""
     if not results_dir.is_dir():
         return []
-    return [(p.name, p.read_text(errors="replace")) for p in sorted(results_dir.glob("*.md")) if p.is_file()]
+    return [
+        (p.name, current_run(p.read_text(errors="replace")))
+        for p in sorted(results_dir.glob("*.md"))
+        if p.is_file()
+    ]
+
+
+def current_run(text: str) -> str:
+    """A results file's text up to its ``## Earlier runs`` heading: the figures the current code measured."""
+    lines = text.splitlines(keepends=True)
+    for index, line in enumerate(lines):
+        if line.rstrip() == EARLIER_RUNS:
+            return "".join(lines[:index]).rstrip("\n") + "\n"
+    return text

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.report import RESULTS_DIR, output_parser, run_and_write
+from bench.report import RESULTS_DIR, extra_sections, output_parser, run_and_write
 
 
 def test_run_and_write_runs_in_a_fresh_directory_renders_writes_and_prints(tmp_path, capsys) -> None:
@@ -39,3 +39,10 @@ def test_the_default_output_is_the_benchmarks_results_file(capsys) -> None:
     with pytest.raises(SystemExit):
         parser.parse_args(["--help"])
     assert "Fanout." in capsys.readouterr().out
+
+
+def test_results_md_takes_each_results_file_without_its_earlier_runs(tmp_path) -> None:
+    (tmp_path / "a.md").write_text("## A\n\nnow 5\n\n## Earlier runs\n\nwhat it held\n\n### A\n\nthen 3\n")
+    (tmp_path / "b.md").write_text("## B\n\nnow 7\n")
+    sections = dict(extra_sections(tmp_path))
+    assert sections == {"a.md": "## A\n\nnow 5\n", "b.md": "## B\n\nnow 7\n"}
