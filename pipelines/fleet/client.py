@@ -36,18 +36,9 @@ from broker_edge.protocol import (
     UnsubAck,
     encode,
 )
+from broker_edge.protocol.wire import encode_varint
 
 MessageHandler = Callable[["Message"], None]
-
-
-def _remaining_length(length: int) -> bytes:
-    """MQTT's variable byte integer."""
-    out = bytearray()
-    while True:
-        byte, length = length % 128, length // 128
-        out.append(byte | 0x80 if length else byte)
-        if not length:
-            return bytes(out)
 
 
 def qos1_publish_frame(topic: str, payload: bytes, packet_id: int) -> bytes:
@@ -55,7 +46,7 @@ def qos1_publish_frame(topic: str, payload: bytes, packet_id: int) -> bytes:
     batch of thousands of publishes costs a few byte joins each."""
     name = topic.encode()
     body_length = 2 + len(name) + 2 + 1 + len(payload)
-    header = b"\x32" + _remaining_length(body_length) + len(name).to_bytes(2, "big")
+    header = b"\x32" + encode_varint(body_length) + len(name).to_bytes(2, "big")
     return b"".join((header, name, packet_id.to_bytes(2, "big"), b"\x00", payload))
 
 
