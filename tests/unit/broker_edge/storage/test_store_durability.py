@@ -222,6 +222,14 @@ def test_callbacks_fire_in_order_and_only_for_what_was_appended_before(tmp_path:
     assert fired[1][1] == 2
 
 
+def assert_stopped_after_record_0(errors: list[BaseException], store: LogStore) -> None:
+    """A failed sync reported StorageFailed once to its waiter, the store refuses appends, record 0 stays."""
+    assert len(errors) == 1 and isinstance(errors[0], StorageFailed)
+    with pytest.raises(StorageFailed):
+        store.append(TOPIC, make_record(2))
+    assert [record.offset for record in store.read(TOPIC, 0)] == [0]
+
+
 def test_a_failed_write_is_reported_and_stops_appends(tmp_path: Path):
     async def scenario() -> tuple[list, LogStore]:
         store = _open(tmp_path, "group", group_commit_ms=20)
@@ -238,10 +246,7 @@ def test_a_failed_write_is_reported_and_stops_appends(tmp_path: Path):
 
     errors, store = asyncio.run(scenario())
 
-    assert len(errors) == 1 and isinstance(errors[0], StorageFailed)
-    with pytest.raises(StorageFailed):
-        store.append(TOPIC, make_record(2))
-    assert [record.offset for record in store.read(TOPIC, 0)] == [0]
+    assert_stopped_after_record_0(errors, store)
 
 
 def test_without_an_event_loop_appends_wait_for_flush(tmp_path: Path):
@@ -408,10 +413,7 @@ def test_a_failed_fdatasync_on_the_loop_is_reported_and_stops_appends(tmp_path: 
 
     errors, store = asyncio.run(scenario())
 
-    assert len(errors) == 1 and isinstance(errors[0], StorageFailed)
-    with pytest.raises(StorageFailed):
-        store.append(TOPIC, make_record(2))
-    assert [record.offset for record in store.read(TOPIC, 0)] == [0]
+    assert_stopped_after_record_0(errors, store)
 
 
 def test_ending_a_window_syncs_it_at_once_or_right_after_the_job_in_flight(tmp_path: Path, monkeypatch):
