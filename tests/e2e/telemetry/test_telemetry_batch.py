@@ -158,6 +158,29 @@ def test_devices_last_seen_only_moves_forward_and_keeps_known_firmware(spark, pi
     assert rows_of(store, "devices", "last_seen", "firmware_version", "group") == [(at(200), "2.0.0", "red")]
 
 
+def driver_dead_in_gold_part(spark, pipeline, monkeypatch, table: str):
+    """Batch 0 written whole; batch 1, its gold part deferred, dies before its ``table`` merge once silver
+    is in (what the next call would meet; the driver dies instead). Returns the dead instance and store."""
+    first, store, run = pipeline
+    first.defer_gold = True
+    run(records(spark, [telemetry("d", 0, seq=1, seconds=0)]), 0)
+    merge = store.merge
+
+    def dying_merge(name, data, app_id, batch_id, **options):
+        if name == table and batch_id == 1:
+            raise Boom(f"the driver dies before the {table} merge")
+        return merge(name, data, app_id, batch_id, **options)
+
+    monkeypatch.setattr(store, "merge", dying_merge)
+    run(records(spark, [telemetry("d", 1, seq=2, seconds=1), telemetry("e", 0, seq=1, seconds=2)]), 1)
+    assert store.read("silver_telemetry").count() == 3  # visible before the gold part is done
+    with pytest.raises(Boom):
+        first.settle()
+    first.close()
+    monkeypatch.undo()
+    return first, store
+
+
 def test_gold_part_left_undone_by_a_dead_driver_is_redone_from_bronze_once(spark, pipeline, monkeypatch):
     """With the gold part deferred (a processing-time trigger), a call returns once silver is in.
 
@@ -165,23 +188,7 @@ def test_gold_part_left_undone_by_a_dead_driver_is_redone_from_bronze_once(spark
     devices and dq_results without it. The next driver's first batch redoes the batch from its bronze rows:
     the tables that missed it get it, the others are not written twice.
     """
-    first, store, run = pipeline
-    first.defer_gold = True
-    run(records(spark, [telemetry("d", 0, seq=1, seconds=0)]), 0)
-    merge = store.merge
-
-    def dying_merge(name, data, app_id, batch_id, **options):
-        if name == "devices" and batch_id == 1:
-            raise Boom("the driver dies before the devices merge")
-        return merge(name, data, app_id, batch_id, **options)
-
-    monkeypatch.setattr(store, "merge", dying_merge)
-    run(records(spark, [telemetry("d", 1, seq=2, seconds=1), telemetry("e", 0, seq=1, seconds=2)]), 1)
-    assert store.read("silver_telemetry").count() == 3  # visible before the gold part is done
-    with pytest.raises(Boom):
-        first.settle()  # what the next call would meet; the driver dies instead
-    first.close()
-    monkeypatch.undo()
+    first, store = driver_dead_in_gold_part(spark, pipeline, monkeypatch, "devices")
     assert rows_of(store, "devices", "device_id") == [("d",)]
 
     restarted = TelemetryBatch(first.config, store, clock=lambda: at(3600), defer_gold=True)
@@ -208,22 +215,7 @@ def test_gold_part_left_undone_by_a_dead_driver_is_redone_from_bronze_once(spark
 def test_gold_part_left_undone_is_redone_by_a_restart_that_does_not_defer_it(spark, pipeline, monkeypatch):
     """The same dead driver, restarted with ``--available-now`` (its gold part not deferred): the first
     batch of the new instance still redoes the committed batch whose gold part is missing."""
-    first, store, run = pipeline
-    first.defer_gold = True
-    run(records(spark, [telemetry("d", 0, seq=1, seconds=0)]), 0)
-    merge = store.merge
-
-    def dying_merge(name, data, app_id, batch_id, **options):
-        if name == "device_minute" and batch_id == 1:
-            raise Boom("the driver dies before the device_minute merge")
-        return merge(name, data, app_id, batch_id, **options)
-
-    monkeypatch.setattr(store, "merge", dying_merge)
-    run(records(spark, [telemetry("d", 1, seq=2, seconds=1), telemetry("e", 0, seq=1, seconds=2)]), 1)
-    with pytest.raises(Boom):
-        first.settle()
-    first.close()
-    monkeypatch.undo()
+    first, store = driver_dead_in_gold_part(spark, pipeline, monkeypatch, "device_minute")
     assert rows_of(store, "device_minute", "device_id", "count") == [("d", 1)]
 
     restarted = TelemetryBatch(first.config, store, clock=lambda: at(3600))  # availableNow: not deferred
