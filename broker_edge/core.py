@@ -11,7 +11,7 @@ sweep; the handler unit tests give them a clock and a queue they drive by hand, 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from broker_edge.acl import AccessControl
@@ -75,23 +75,19 @@ class BrokerCore:
     def connections(self) -> list[Connection]:
         """Open connections: the unattached ones, then those of the sessions (for the sweep, shutdown and
         counts, never per message)."""
-        unattached = self._unattached
-        conns = list(unattached)
-        for session in self.router.sessions.values():
-            conn = session.connection
-            if conn is not None and conn not in unattached:
-                conns.append(conn)
-        return conns
+        return list(self._open_connections())
 
     def connection_count(self) -> int:
         """How many connections ``connections`` would list, counted without building that list."""
+        return sum(1 for _ in self._open_connections())
+
+    def _open_connections(self) -> Iterator[Connection]:
         unattached = self._unattached
-        count = len(unattached)
+        yield from unattached
         for session in self.router.sessions.values():
             conn = session.connection
             if conn is not None and conn not in unattached:
-                count += 1
-        return count
+                yield conn
 
     # -- the primitives a runtime provides ------------------------------------------------------------------
 
