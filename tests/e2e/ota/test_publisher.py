@@ -111,20 +111,26 @@ class Relay:
                     return
                 if sent_hook is not None:
                     sent_hook(packet)
-                if writer.is_closing():
-                    return
-                writer.write(packet)
-            await writer.drain()
+                if not writer.is_closing():
+                    writer.write(packet)
+            # after a drop, what the client still sends is read and discarded until it closes: closing a
+            # socket with unread data would reset it, and the client's kernel would discard PUBACKs it had
+            # received but the client had not read yet
+            if not writer.is_closing():
+                await writer.drain()
         writer.close()
 
     def _drop_all(self) -> None:
         for client, broker in self._writers:
-            client.close()  # the client reads what was forwarded, then end of stream
+            if not client.is_closing():
+                client.write_eof()  # the client reads what was forwarded, then end of stream
             broker.transport.abort()
 
     def close(self) -> None:
         def stop() -> None:
             self._drop_all()
+            for client, _ in self._writers:
+                client.close()
             self._server.close()
 
         self._loop.call_soon_threadsafe(stop)
