@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from broker_edge import path_trace
+from broker_edge.offsets_types import LogInfo
+from broker_edge.protocol.topics import topic_matches
 from broker_edge.replay import message_of_record
 from broker_edge.storage.errors import StorageError
 from broker_edge.storage.record import decode_frames
@@ -52,6 +54,7 @@ from .replica_fetch import (
     DIVERGING,
     ERROR_NAMES,
     FRAMES,
+    LISTS_TOPICS_HEADER,
     OK,
     PATH,
     PUSH_HEADER,
@@ -175,6 +178,10 @@ class Followers:
         """Partitions led or replicated here as of the last look at the view."""
         self._positions: dict[str, int] = {}
         """Observers' positions in the partitions observed now, kept when their fetcher is replaced."""
+        self._listed: set[int] = set()
+        """Observed partitions whose every topic a leader has given this node a position in (the first answer
+        of an observer's session lists them): a topic of theirs not known here since is new, read from its
+        start. Kept across leaders while the observation goes on (a failover, a replaced fetcher)."""
         self._starting: dict[int, dict[str, Message]] = {}
         """Partitions whose observation is starting (their session not open yet) → this broker's retained
         messages of them when it started."""
@@ -258,8 +265,16 @@ class Followers:
                     fetcher.cancel()
         previous, self._routing = self._routing, routing
         previous_copies, self._copies = self._copies, copies
+        routed = self.delivery.routed
+        for topic, end in self._positions.items():
+            number = view.partition_of(topic)
+            if number in copies and number not in previous_copies and routed.get(topic, 0) < end:
+                # observed until now, a copy from now on: the replica copies the log from its start, and
+                # routes none of what this observation had routed or started after
+                routed[topic] = end
         for topic in [topic for topic in self._positions if view.partition_of(topic) not in routing]:
             del self._positions[topic]  # its observation ended: a new one starts from the committed end
+        self._listed = {number for number in self._listed if number in routing and number not in copies}
         fresh = {
             number
             for (_, observer), (_, partitions) in wanted.items()
@@ -373,8 +388,34 @@ class Followers:
             return
         fetcher.pushes.received(link, push)
 
-    async def post(self, url: str, request: FetchRequest) -> tuple[FetchResponse, bool]:
-        """The leader's answer, and whether it pushes sessions over the peer link."""
+    def routing_position(self, topic: str) -> int | None:
+        """Where this node's routing of `topic`, observed here, stands: every record below it has been
+        routed here (or preceded the observation), every one from it on will be. None while it is not
+        known (the observation has not started, or the topic is unknown to it)."""
+        number = self.view.partition_of(topic)
+        for (_, observer), fetcher in self._fetchers.items():
+            if observer and number in fetcher.partitions:
+                return fetcher.positions.get(topic)
+        return self._positions.get(topic) if number in self._routing else None
+
+    def observed_logs(self, topic_filter: str) -> list[LogInfo]:
+        """The topics observed here that `topic_filter` matches, each ending where this node's routing of
+        it stands (what a session caught up on it has had): a session saved on this node is restored
+        elsewhere from there, not from the topic's start."""
+        positions = dict(self._positions)
+        for (_, observer), fetcher in self._fetchers.items():
+            if observer:
+                positions.update(fetcher.positions)
+        if "+" not in topic_filter and "#" not in topic_filter:
+            end = positions.get(topic_filter)
+            matched = [] if end is None else [(topic_filter, end)]
+        else:
+            matched = [(topic, end) for topic, end in positions.items() if topic_matches(topic_filter, topic)]
+        return [LogInfo(topic, 0, end, 0, None) for topic, end in matched]
+
+    async def post(self, url: str, request: FetchRequest) -> tuple[FetchResponse, bool, bool]:
+        """The leader's answer, whether it pushes sessions over the peer link, and whether it lists every
+        topic to a new observer session (`LISTS_TOPICS_HEADER`)."""
         http = self._http
         if http is None:
             raise asyncio.CancelledError
@@ -387,7 +428,8 @@ class Followers:
             if answer.status != 200:
                 raise FetchFailed(f"HTTP {answer.status}: {body[:200].decode(errors='replace')}")
             pushes = answer.headers.get(PUSH_HEADER) == "1"
-        return decode_response(body), pushes
+            lists = answer.headers.get(LISTS_TOPICS_HEADER) == "1"
+        return decode_response(body), pushes, lists
 
 
 class LocalDelivery:
@@ -566,7 +608,7 @@ class _Fetcher:
                 for number in self.partitions:
                     counts[number] = counts.get(number, 0) + 1
             try:
-                response, pushes = await owner.post(self.url, request)
+                response, pushes, lists = await owner.post(self.url, request)
             except (aiohttp.ClientError, OSError, TimeoutError, FetchFailed, WireError) as error:
                 failures += 1
                 if failures == 1 or failures % 50 == 0:
@@ -578,7 +620,7 @@ class _Fetcher:
             await self._handed_over()
             if self.retiring:
                 if response.error == OK:
-                    self._observe(response)  # its last answer, routed before its successor's
+                    self._observe(response, lists)  # its last answer, routed before its successor's
                 return
             failures = 0
             if response.error == UNKNOWN_SESSION:
@@ -594,7 +636,7 @@ class _Fetcher:
             session = response.session
             try:
                 if self.observer:
-                    self._observe(response)
+                    self._observe(response, lists)
                     if not opened:  # this node's routing of the partitions starts where the leader put it
                         opened = True
                         owner.opened(self)
@@ -758,11 +800,26 @@ class _Fetcher:
         )
         owner.epochs.truncate(topic, target)
 
-    def _observe(self, response: FetchResponse) -> None:
-        """Route the committed records an observer was sent; nothing is persisted."""
+    def _observe(self, response: FetchResponse, lists: bool) -> None:
+        """Route the committed records an observer was sent; nothing is persisted. `lists`: the leader
+        lists every topic in the first answer of a session (`LISTS_TOPICS_HEADER`).
+
+        A topic this node does not know yet, of a partition a leader has listed to this observation (the
+        observation goes on: across a failover, or from a fetcher replaced), is new since that listing:
+        it is routed from where this node's routing of it got to (a predecessor's answer), else from its
+        log's start, never from where a new session of the leader put it (its committed end then: the
+        records committed between the two would never be routed here). The next request tells the leader."""
         owner = self.owner
+        listed = owner._listed
+        view = owner.view
         for data in _topics(response):
             topic = data.topic
+            if topic not in self.positions and data.kind != DIVERGING and view.partition_of(topic) in listed:
+                start = owner.delivery.routed.get(topic, data.start_offset)
+                if data.kind != FRAMES or not data.frames or data.first != start:
+                    self.positions[topic] = start
+                    self._moved[topic] = None
+                    continue
             if data.kind == DIVERGING:
                 self.positions[topic] = data.diverging_end
             elif data.kind == RESTART:
@@ -778,8 +835,11 @@ class _Fetcher:
                 owner.delivery.route(topic, first, records)
                 self.positions[topic] = first + len(records)
             else:
+                self.positions.setdefault(topic, data.first)  # where the leader starts this node's routing
                 continue
             self._moved[topic] = None
+        if lists:
+            listed.update(data.partition for data in response.partitions if data.error == OK)
 
 
 class _PushedSession:

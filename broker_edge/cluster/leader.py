@@ -645,9 +645,9 @@ class LeaderReplication:
             for topic in self._topics.get(number, ()):
                 if topic in listed:
                     continue
-                if request.observer:
+                if request.observer:  # starts at the committed end, which the first answer tells it
                     session.positions[topic] = store.committed_end(topic)
-                    session.known_hw[topic] = session.positions[topic]
+                    session.dirty[topic] = None
                 else:
                     session.dirty[topic] = None
                     session.behind[topic] = now

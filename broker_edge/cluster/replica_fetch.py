@@ -26,6 +26,12 @@ A leader that also serves its sessions by pushing them over the peer link (`repl
 every answer with the header `X-Timestone-Replica-Push: 1`; a follower moves a session onto the link only
 then (a leader of an earlier version would not understand its acknowledgements).
 
+An observer's session (an observer holds no copy: it routes committed records to its subscribers) starts
+every topic it does not list at the leader's committed end, and the first answer lists each of those
+topics with that position (no frames), so the observer knows where its routing of every topic of the
+partition starts; a topic it does not know after that was created since. Leaders that do so say it with
+the header `X-Timestone-Observer-Topics: 1`.
+
 A topic's `offset` tells the leader the follower holds every record below it durably. `frames` are the
 records exactly as stored from `offset` on. Errors per partition: `NOT_LEADER`, `STALE_EPOCH` (the
 follower's view is behind: it re-reads it), `NEWER_EPOCH` (the leader's view is behind: it stops leading
@@ -48,6 +54,7 @@ __all__ = [
     "CONTENT_TYPE",
     "DIVERGING",
     "FRAMES",
+    "LISTS_TOPICS_HEADER",
     "NEWER_EPOCH",
     "NOT_LEADER",
     "NOT_REPLICA",
@@ -79,6 +86,10 @@ MAX_REQUEST_BYTES = 64 << 20
 CONTENT_TYPE = "application/x-timestone-replica-fetch"
 PUSH_HEADER = "X-Timestone-Replica-Push"
 """Present (``1``) in the answers of a leader that pushes sessions over the peer link."""
+LISTS_TOPICS_HEADER = "X-Timestone-Observer-Topics"
+"""Present (``1``) in the answers of a leader whose first answer to an observer's session lists every topic
+of its partitions with the position it starts the observer at (a topic an observer does not know after
+that is new to it)."""
 VERSION = 1
 
 OK = 0
@@ -347,7 +358,7 @@ def replica_fetch_route(
     """A function adding `POST /v1/replica/fetch` to an offsets API app (`create_app(routes=[...])`); the
     app's bearer token guards it like every other endpoint. `pushes`: the leader also pushes sessions over
     the peer link (its answers say so)."""
-    headers = {"Content-Type": CONTENT_TYPE}
+    headers = {"Content-Type": CONTENT_TYPE, LISTS_TOPICS_HEADER: "1"}
     if pushes:
         headers[PUSH_HEADER] = "1"
 

@@ -107,9 +107,9 @@ class _Pair:
         delivery = LocalDelivery(self.follower_store, lambda message: routed.append(message.payload), None)
 
         class InMemory(Followers):
-            async def post(self, url: str, request: FetchRequest) -> tuple[FetchResponse, bool]:
+            async def post(self, url: str, request: FetchRequest) -> tuple[FetchResponse, bool, bool]:
                 self.fetches_sent += 1
-                return await leader.fetch(request), pushes
+                return await leader.fetch(request), pushes, True
 
         followers = InMemory(
             self.views["b2"], self.follower_store, delivery, None, config, links=self.links["b2"]
