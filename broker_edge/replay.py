@@ -48,6 +48,8 @@ from broker_edge.storage.errors import CorruptRecord, OffsetOutOfRange, StorageE
 if TYPE_CHECKING:
     import asyncio
 
+    from broker_edge.cluster.remote_reads import RemoteReads as RemoteLogs
+    from broker_edge.connection import Connection
     from broker_edge.offsets_types import LogInfo
     from broker_edge.router import Router
     from broker_edge.session import Session
@@ -76,6 +78,8 @@ class ReplayManager:
         self.log_here: Callable[[str], bool] | None = None
         """Whether this broker's log of a topic is complete (a cluster node holds no copy of some
         partitions); None: every topic's is."""
+        self.remote: RemoteLogs | None = None
+        """Reads the topics a cluster node holds no copy of from another broker (None: none)."""
 
     def reads(self, topic: str) -> bool:
         """Whether a session can read ``topic`` from the log here later (else it keeps messages instead)."""
@@ -125,6 +129,24 @@ class ReplayManager:
         cursors = session.cursors
         if cursors is None:
             cursors = session.cursors = {}
+        remote = self.remote
+        exact = "+" not in topic_filter and "#" not in topic_filter
+        if remote is not None and exact and remote.handles(topic_filter):
+            # no copy here: read from another broker, from the offset asked (its bounds are not known here)
+            if start.kind is OffsetStartKind.EARLIEST:
+                cursors[topic_filter] = 0
+            elif start.kind is OffsetStartKind.OFFSET and start.value is not None:
+                cursors[topic_filter] = start.value
+            else:
+                log.info(
+                    "replay of %r from %s: not held here, delivering from now on",
+                    topic_filter,
+                    start.kind.name.lower(),
+                    extra={"client_id": session.client_id},
+                )
+            if not cursors:
+                session.cursors = None
+            return []
         outside: list[OffsetOutOfRange] = []
         for info in infos:
             if info.topic.startswith("$") and topic_filter[:1] in ("+", "#"):
@@ -196,6 +218,12 @@ class ReplayManager:
                 continue
             sub_qos, no_local, retain_as_published, subscription_ids = entry
             cursor = cursors[topic]
+            remote = self.remote
+            if remote is not None and remote.handles(topic):
+                budget = self._pump_remote(session, conn, topic, entry, budget, remote)
+                if budget < 0:
+                    return
+                continue
             while True:
                 if budget <= 0:
                     self.pump_soon(session)
@@ -255,14 +283,76 @@ class ReplayManager:
         if not cursors:
             session.cursors = None
 
+    def _pump_remote(
+        self,
+        session: Session,
+        conn: Connection,
+        topic: str,
+        entry: tuple[int, bool, bool, tuple[int, ...]],
+        budget: int,
+        remote: RemoteLogs,
+    ) -> int:
+        """``pump`` for a topic this broker holds no copy of: read it from another broker up to where
+        this broker's routing of it stands, then drop the cursor (live delivery goes on from there).
+        Returns the budget left, or -1 when the pump must stop (window full, more to come later)."""
+        cursors = session.cursors
+        assert cursors is not None
+        sub_qos, no_local, retain_as_published, subscription_ids = entry
+        cursor = cursors[topic]
+        while True:
+            end = remote.live_end(topic)
+            if end is None:
+                remote.retry_later(session)  # the observation has not told where its routing starts yet
+                return budget
+            if cursor >= end:
+                if cursor == end:
+                    del cursors[topic]  # caught up: live delivery from here on
+                # else: routing has not reached the cursor yet; live delivery takes over there (``holds``)
+                return budget
+            if budget <= 0:
+                self.pump_soon(session)
+                return -1
+            if conn.paused or session.queue or session.connection is not conn:
+                return -1
+            room = min(budget, end - cursor)
+            if sub_qos:
+                room = min(room, conn.send_quota - session.inflight_count())
+                if room <= 0:
+                    return -1  # the next ack calls drain(), which pumps again
+            records = remote.read(topic, cursor, room, session)
+            if records is None:
+                return budget  # being fetched: this session is pumped again once it is in
+            for record in records[:room]:
+                if record.offset >= end:
+                    break
+                message = self._message(topic, record)
+                qos = sub_qos if sub_qos < record.qos else record.qos
+                if message.expires_at is not None and message.expired():
+                    self.router.count_drop("expired")
+                elif not (no_local and record.client_id == session.client_id):
+                    retain = retain_as_published and record.retain
+                    if qos == 0:
+                        conn.send_message(message, 0, retain, subscription_ids, None)
+                    else:
+                        session._send(conn, message, qos, retain, subscription_ids)
+                cursor = record.offset + 1
+                budget -= 1
+            cursors[topic] = cursor
+
     def _advance(self, session: Session, topic: str, offset: int) -> None:
         cursors = session.cursors
         if cursors is None:
             return
-        try:
-            end = self.store.log_info(topic).end_offset
-        except StorageError:
-            end = offset
+        remote = self.remote
+        if remote is not None and remote.handles(topic):
+            end = remote.live_end(topic)
+            if end is None:
+                end = offset + 1
+        else:
+            try:
+                end = self.store.log_info(topic).end_offset
+            except StorageError:
+                end = offset
         if offset >= end:
             del cursors[topic]
             if not cursors:

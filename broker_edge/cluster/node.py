@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from broker_edge.cluster.follower import Followers
     from broker_edge.cluster.leader import LeaderReplication
     from broker_edge.cluster.membership import Membership
+    from broker_edge.cluster.remote_reads import RemoteReads
     from broker_edge.cluster.sessions import ClusterSessions
     from broker_edge.server import Broker
 
@@ -137,6 +138,7 @@ class ClusterNode:
         self.followers: Followers | None = None
         self.sessions: ClusterSessions | None = None
         self.epochs: LeaderEpochs | None = None
+        self.remote_reads: RemoteReads | None = None
         if not self.static:
             self._build_coordination_and_replication()
             self._build_sessions()
@@ -215,7 +217,11 @@ class ClusterNode:
         )
         broker.router.subscribe_gate = self.followers.subscribe_gate
         if broker.replays is not None:
+            from broker_edge.cluster.remote_reads import RemoteReads
+
             broker.replays.log_here = self._log_here
+            self.remote_reads = RemoteReads(view, self.followers, self._log_here, broker.replays, self.token)
+            broker.replays.remote = self.remote_reads
         self.links.on(PUSH, self.followers.pushed)
         timeout = broker.config.offsets_api.request_timeout_s
         broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch, timeout, pushes=True))
@@ -230,6 +236,8 @@ class ClusterNode:
         broker = self.broker
         registry = SessionRegistry(self.etcd, self.cluster.key_prefix)
         self.sessions = ClusterSessions(broker, registry, self.view, self.links, self.cluster)
+        if self.followers is not None:
+            self.sessions.observed_logs = self.followers.observed_logs
         wills = ClusterWills(
             self.sessions, registry, self.view, broker.publish_path.publish, self.sessions.tasks, broker.loop
         )
@@ -297,6 +305,8 @@ class ClusterNode:
             await self.leader.stop()
         if self.followers is not None:
             await self.followers.stop()
+        if self.remote_reads is not None:
+            await self.remote_reads.stop()
         await self.links.close()
         if self.coordinator is not None:
             await self.coordinator.stop()

@@ -119,6 +119,8 @@ class ClusterSessions:
         self._saved: dict[str, bytes] = {}
         self._saver: asyncio.Task[None] | None = None
         self.tasks = BackgroundTasks()
+        self.observed_logs: Callable[[str], list[LogInfo]] | None = None
+        """The topics this node observes that a filter matches (``Followers.observed_logs``)."""
         self.closed = False
         """Set once this node leaves: its records stay as they are, for the others to act on."""
         links.serve_requests(SERVICE_TAKE_OVER, self._serve_take_over)
@@ -334,9 +336,18 @@ class ClusterSessions:
             _disconnect_taken_over(session.connection)  # first: its state counts what is in flight to it
         state = None
         if not clean_start:  # even a session ending with its connection is resumed by a takeover
-            state = saved_session(session, self._logs, self.broker.now())
+            state = saved_session(session, self._saved_logs, self.broker.now())
         self._discard_local(client_id, fire_will=clean_start)
         return json.dumps({"held": True, "state": state}, separators=(",", ":")).encode()
+
+    def _saved_logs(self, topic_filter: str) -> list[LogInfo]:
+        """What a saved session reads: the logs here, and the topics this node observes (it holds no copy
+        of their partition) ending where its routing of them stands."""
+        logs = self._logs(topic_filter)
+        if self.observed_logs is not None:
+            held = {info.topic for info in logs}
+            logs += [info for info in self.observed_logs(topic_filter) if info.topic not in held]
+        return logs
 
     def _logs(self, topic_filter: str) -> list[LogInfo]:
         """The logs ``topic_filter`` matches (a filter without wildcards is one lookup, not a scan)."""
@@ -411,7 +422,7 @@ class ClusterSessions:
                 continue
             if session.expiry_interval == 0:
                 continue
-            state = saved_session(session, self._logs, self.broker.now())
+            state = saved_session(session, self._saved_logs, self.broker.now())
             encoded = json.dumps(state, sort_keys=True).encode()
             if self._saved.get(client_id) == encoded:
                 continue
