@@ -9,11 +9,12 @@ subscribes there from an offset reads the log from that offset the same way.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Iterator
 
 import pytest
 
-from broker_edge.cluster.local_cluster import EtcdTarget
+from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_broker
 from broker_edge.cluster.view import partition_of
 from broker_edge.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient, close_all
@@ -42,15 +43,34 @@ def spread(etcd: EtcdTarget) -> bool:
     return max(copies.values()) - min(copies.values()) <= 1
 
 
+@pytest.fixture(scope="module")
+def rf2(
+    tmp_path_factory: pytest.TempPathFactory, etcd_server: EtcdServer
+) -> Iterator[tuple[dict[str, BrokerProcess], EtcdTarget]]:
+    """One cluster for the tests of this module (each uses its own client ids and topics)."""
+    target = EtcdTarget(etcd_server, f"/observers-sessions-{os.getpid()}")
+    directory = tmp_path_factory.mktemp("observers-sessions")
+    brokers: dict[str, BrokerProcess] = {}
+    try:
+        for node in NODES:
+            brokers[node] = cluster_broker(directory, target, node, {"replication_factor": 2}).start()
+        wait_settled(target, set(NODES), 2, 60)
+        wait_until(lambda: spread(target), 60, "copies spread over a, b, c", lambda: cluster_state(target))
+        yield brokers, target
+    finally:
+        for broker in brokers.values():
+            broker.stop()
+
+
 @pytest.fixture
-def three_rf2(
-    cluster_brokers: Callable[..., BrokerProcess], etcd: EtcdTarget
-) -> Iterator[dict[str, BrokerProcess]]:
-    brokers = {node: cluster_brokers(node, replication_factor=2) for node in NODES}
-    wait_settled(etcd, set(NODES), 2, 60)
-    wait_until(lambda: spread(etcd), 60, "copies spread over a, b, c", lambda: cluster_state(etcd))
-    yield brokers
+def three_rf2(rf2: tuple[dict[str, BrokerProcess], EtcdTarget]) -> Iterator[dict[str, BrokerProcess]]:
+    yield rf2[0]
     close_all()
+
+
+@pytest.fixture
+def etcd(rf2: tuple[dict[str, BrokerProcess], EtcdTarget]) -> EtcdTarget:
+    return rf2[1]
 
 
 def topic_and_roles(etcd: EtcdTarget, prefix: str) -> tuple[str, str, str, str]:
@@ -164,3 +184,30 @@ def test_a_device_reads_its_offset_on_a_broker_without_a_copy_and_misses_nothing
     [live] = moved.expect(1, timeout=15)
     assert live.payload == b"14"
     moved.expect_none(1.0)
+
+
+@VERSIONS
+@pytest.mark.mqtt5("MQTT-3.1.2-5")
+@pytest.mark.mqtt311("MQTT-3.1.2-4", "MQTT-3.1.2-5")
+def test_a_session_caught_up_on_a_broker_without_a_copy_moves_to_a_replica_without_its_past(
+    three_rf2, etcd, version
+):
+    """A session that had everything on the broker observing its topic moves to a replica: nothing it
+    already had comes again (its positions in the observed topic moved with it), what follows does."""
+    topic, leader, follower, observer = topic_and_roles(etcd, f"caught/{version}")
+    client_id = f"caught-{version}"
+    publisher = PahoClient(three_rf2[leader].port, f"pub-{client_id}", version=version)
+    subscriber = persistent(three_rf2[observer].port, client_id, version)
+    subscriber.subscribe(topic, 1)
+    for n in range(5):
+        publisher.publish(topic, f"m{n}".encode(), 1)
+    assert payloads(subscriber, 5) == [f"m{n}".encode() for n in range(5)]
+    subscriber.disconnect()
+
+    back = persistent(three_rf2[follower].port, client_id, version)
+
+    assert back.connack_result[0].session_present
+    back.expect_none(1.0)  # not m0..m4 again
+    publisher.publish(topic, b"m5", 1)
+    assert payloads(back, 1) == [b"m5"]
+    back.expect_none(0.5)
