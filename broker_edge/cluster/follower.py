@@ -402,16 +402,22 @@ class Followers:
         """The topics observed here that `topic_filter` matches, each ending where this node's routing of
         it stands (what a session caught up on it has had): a session saved on this node is restored
         elsewhere from there, not from the topic's start."""
+        copies = self._copies
+        if "+" not in topic_filter and "#" not in topic_filter:
+            if self.view.partition_of(topic_filter) in copies:
+                return []
+            end = self.routing_position(topic_filter)
+            return [] if end is None else [LogInfo(topic_filter, 0, end, 0, None)]
         positions = dict(self._positions)
         for (_, observer), fetcher in self._fetchers.items():
             if observer:
                 positions.update(fetcher.positions)
-        if "+" not in topic_filter and "#" not in topic_filter:
-            end = positions.get(topic_filter)
-            matched = [] if end is None else [(topic_filter, end)]
-        else:
-            matched = [(topic, end) for topic, end in positions.items() if topic_matches(topic_filter, topic)]
-        return [LogInfo(topic, 0, end, 0, None) for topic, end in matched]
+        partition_of = self.view.partition_of
+        return [
+            LogInfo(topic, 0, end, 0, None)
+            for topic, end in positions.items()
+            if partition_of(topic) not in copies and topic_matches(topic_filter, topic)
+        ]
 
     async def post(self, url: str, request: FetchRequest) -> tuple[FetchResponse, bool, bool]:
         """The leader's answer, whether it pushes sessions over the peer link, and whether it lists every
