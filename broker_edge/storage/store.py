@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from broker_edge import path_trace
 from broker_edge.offsets_types import LogInfo
 from broker_edge.protocol.topics import topic_matches
 
@@ -269,8 +270,12 @@ class LogStore:
         committed = {topic: commit_log.end_offset for topic, commit_log in self._logs.items()}
         if committed == self._checkpointed and os.path.exists(self.layout.meta_file(CHECKPOINT_FILE)):
             return
+        if path_trace.ON:
+            path_trace.mark("checkpoint", "", 0, 1)
         try:
             write_checkpoint(self.layout.meta_file(CHECKPOINT_FILE), committed)
+            if path_trace.ON:
+                path_trace.mark("checkpointed", "", 0, 1)
         except OSError as error:
             log.error("cannot save the committed ends of the logs: %s", error)
             return
