@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CLEAN_SHUTDOWN_MARKER = "CLEAN_SHUTDOWN"
+REPLICATED_SYNC_PIPELINE = 2
+"""Group-commit jobs a replicated store lets be in flight at once (see `GroupCommitter.pipeline`)."""
 INDEX_AT_CLOSE_MIN_BYTES = 1024 * 1024
 """At close, only active segments at least this large get their index written; smaller ones are rescanned
 at open (cheaper than one index write and fsync per log when thousands of logs shut down)."""
@@ -255,6 +257,9 @@ class LogStore:
             raise ValueError(f"checkpoint_interval_s must be positive, got {checkpoint_interval_s}")
         saved = read_checkpoint(self.layout.meta_file(CHECKPOINT_FILE)) if self._opened else None
         self._replicated = True
+        # A replicated record waits for the syncs of two stores in a row (the leader's, then a follower's):
+        # its window is cut as soon as it ends, behind at most one job in flight, rather than after that job.
+        self._committer.pipeline(REPLICATED_SYNC_PIPELINE)
         for topic, commit_log in self._logs.items():
             commit_log.set_replicated(True)
             if saved is not None:
