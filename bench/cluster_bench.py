@@ -62,6 +62,8 @@ RECEIVE_MAXIMUM = 64
 """The broker's default Receive Maximum: a publisher keeps at most this many QoS 1 publishes unacknowledged
 (when acknowledgements lag, the next publish waits and the rate drops below 1,000/s)."""
 TARGETS = {"failover_s": 5.0, "cross_p99_ms": 10.0, "fanin_share": 0.33}
+CLUSTER: dict[str, object] = {"replication_factor": 3}
+"""The cluster section of the three cluster brokers (``--cluster KEY=VALUE`` adds to it)."""
 SECTIONS: dict[str, object] = {
     # as the broker benchmark runs Timestone: no per-client publish rate or topic quota (the defaults guard
     # production brokers against runaway devices, and would cap the load generator)
@@ -313,9 +315,7 @@ def run(root: Path, latency_only: bool = False, trace: Path | None = None) -> Fi
     try:
         target = EtcdTarget(etcd, "/bench")
         for node in NODES:
-            brokers[node] = cluster_broker(
-                root / "cluster", target, node, {"replication_factor": 3}, **SECTIONS
-            )
+            brokers[node] = cluster_broker(root / "cluster", target, node, dict(CLUSTER), **SECTIONS)
             brokers[node].start()
         _wait(lambda: settled(target, set(NODES), 3))
         ports = [brokers[node].port for node in NODES]
@@ -431,6 +431,13 @@ def main(argv: list[str] | None = None) -> int:
         "--trace", type=Path, help="directory for the path marks; prints where the QoS 1 record's time went"
     )
     parser.add_argument(
+        "--cluster",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a cluster setting of every cluster broker (a YAML value), e.g. hw_checkpoint_interval_ms=60000",
+    )
+    parser.add_argument(
         "--storage",
         action="append",
         default=[],
@@ -443,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
         storage = SECTIONS.setdefault("storage", {})
         assert isinstance(storage, dict)
         storage[key] = yaml.safe_load(value)
+    for setting in args.cluster:
+        key, _, value = setting.partition("=")
+        CLUSTER[key] = yaml.safe_load(value)
     figures = run_in_tempdir("timestone-cluster-bench-", lambda tmp: run(tmp, args.latency_only, args.trace))
     command = "flock /tmp/timestone-bench.lock python -m bench.cluster_bench"
     text = render(figures, command)

@@ -9,7 +9,10 @@ Policies (`StorageConfig.durability`):
   meanwhile is cut as soon as that job completes, so the batch grows with the fsync latency instead of
   queueing, and an idle broker acknowledges after one fsync, not after a timer. `group_commit_max_bytes`
   cuts a window early, also while a job is in flight (the new job queues behind it), so a job, and the
-  memory appends hold before their write, stay bounded.
+  memory appends hold before their write, stay bounded. A replicated store (a cluster's, whose records
+  wait for the leader's sync and then a follower's) lets two jobs be in flight (`pipeline`): a window that
+  ends while one job syncs is cut at once and queues behind it, so the writer thread starts its sync as
+  soon as the first is done instead of after a round trip through the loop; a broker alone keeps one.
 * `fsync`: every append is its own job.
 * `none`: like `group` but without fsync: durable means "written to the OS" (the page cache).
 
@@ -240,6 +243,7 @@ class GroupCommitter:
         self._flights: deque[_Flight] = deque()
         self._timer: asyncio.Handle | None = None
         self._window_over = False
+        self._max_flights = 1
         self.failure: StorageFailed | None = None
         self.jobs_completed = 0
         """Jobs written so far (with `group`, the number of windows)."""
@@ -256,6 +260,15 @@ class GroupCommitter:
         """Sync jobs touching at least `min_segments` segments with one syncfs on `fd`'s filesystem."""
         self.sync_plan.syncfs_fd = fd
         self.sync_plan.syncfs_min_segments = min_segments
+
+    def pipeline(self, depth: int) -> None:
+        """Let a window that ends while fewer than `depth` jobs are in flight be cut at once and queue behind
+        them, instead of waiting for the job in flight to complete (1, the default: wait). The writer thread
+        then starts the next job's sync as soon as the previous one is done, without a round trip through
+        the loop in between."""
+        if depth < 1:
+            raise ValueError(f"pipeline depth must be at least 1, got {depth}")
+        self._max_flights = depth
 
     @property
     def in_flight(self) -> int:
@@ -313,7 +326,7 @@ class GroupCommitter:
         the loop completes before this returns, so call it where `when_durable` callbacks may run."""
         if not self._dirty or self._per_append or self.failure is not None:
             return
-        if self._flights:
+        if len(self._flights) >= self._max_flights:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
@@ -361,7 +374,7 @@ class GroupCommitter:
 
     def _window_ended(self) -> None:
         self._timer = None
-        if self._flights:
+        if len(self._flights) >= self._max_flights:
             self._window_over = True
         else:
             self._cut(complete_now=True)
@@ -447,7 +460,7 @@ class GroupCommitter:
                     self._fail(earlier.error)
                 elif self.failure is None:
                     self._complete(earlier.job, earlier.upto, earlier)
-        if self._dirty and not self._flights and self.failure is None:
+        if self._dirty and len(self._flights) < self._max_flights and self.failure is None:
             if self._window_over or self._pending_bytes >= self._max_pending_bytes:
                 self._cut(complete_now=True)
             elif self._timer is None and not self._per_append:

@@ -16,11 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from broker_edge import path_trace
 from broker_edge.offsets_types import LogInfo
 from broker_edge.protocol.topics import topic_matches
 
@@ -45,6 +47,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CLEAN_SHUTDOWN_MARKER = "CLEAN_SHUTDOWN"
+REPLICATED_SYNC_PIPELINE = 2
+"""Group-commit jobs a replicated store lets be in flight at once (see `GroupCommitter.pipeline`)."""
 INDEX_AT_CLOSE_MIN_BYTES = 1024 * 1024
 """At close, only active segments at least this large get their index written; smaller ones are rescanned
 at open (cheaper than one index write and fsync per log when thousands of logs shut down)."""
@@ -119,6 +123,10 @@ class LogStore:
         self._replicated = False
         self._checkpointed: dict[str, int] = {}
         self._checkpoint_timer: asyncio.TimerHandle | None = None
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoints_taken = 0
+        self._checkpoints_written = 0
+        self._checkpoint_writing: asyncio.Future[None] | None = None
         self._syncfs_checked = False
         self._opened = False
         self._closed = False
@@ -247,13 +255,17 @@ class LogStore:
         The logs found at open start committed up to the end the checkpoint saved for them (0 for a log it
         does not list); with no checkpoint at all (a store that was never replicated: everything in it was
         acknowledged alone) up to their durable end. The checkpoint is written at once, then every
-        `checkpoint_interval_s` while an event loop runs, and at close."""
+        `checkpoint_interval_s` while an event loop runs (in a thread of its executor, so that the
+        checkpoint's fsyncs do not hold up the loop), and at close."""
         if self._replicated:
             return
         if checkpoint_interval_s <= 0:
             raise ValueError(f"checkpoint_interval_s must be positive, got {checkpoint_interval_s}")
         saved = read_checkpoint(self.layout.meta_file(CHECKPOINT_FILE)) if self._opened else None
         self._replicated = True
+        # A replicated record waits for the syncs of two stores in a row (the leader's, then a follower's):
+        # its window is cut as soon as it ends, behind at most one job in flight, rather than after that job.
+        self._committer.pipeline(REPLICATED_SYNC_PIPELINE)
         for topic, commit_log in self._logs.items():
             commit_log.set_replicated(True)
             if saved is not None:
@@ -263,18 +275,40 @@ class LogStore:
             self._schedule_checkpoints(checkpoint_interval_s)
 
     def checkpoint_committed(self) -> None:
-        """Save every log's committed end (when one moved since the last checkpoint)."""
+        """Save every log's committed end (when one moved since the last checkpoint), before returning."""
+        taken = self._take_checkpoint()
+        if taken is not None:
+            self._write_checkpoint(*taken)
+
+    def _take_checkpoint(self) -> tuple[int, dict[str, int]] | None:
+        """The committed ends to save now, numbered (None: nothing moved since the last checkpoint)."""
         if not self._replicated or not self._opened:
-            return
+            return None
         committed = {topic: commit_log.end_offset for topic, commit_log in self._logs.items()}
         if committed == self._checkpointed and os.path.exists(self.layout.meta_file(CHECKPOINT_FILE)):
-            return
-        try:
-            write_checkpoint(self.layout.meta_file(CHECKPOINT_FILE), committed)
-        except OSError as error:
-            log.error("cannot save the committed ends of the logs: %s", error)
-            return
-        self._checkpointed = committed
+            return None
+        self._checkpoints_taken += 1
+        return self._checkpoints_taken, committed
+
+    def _write_checkpoint(self, number: int, committed: dict[str, int]) -> None:
+        """Write checkpoint `number` unless a later one is written already (any thread: the periodic one is
+        written in a thread of the loop's executor, so that its fsyncs never hold up the loop; the others,
+        at close or after a truncation, in the caller's). A later checkpoint is never replaced by an
+        earlier one, whichever thread gets there first."""
+        with self._checkpoint_lock:
+            if number <= self._checkpoints_written:
+                return
+            if path_trace.ON:
+                path_trace.mark("checkpoint", "", 0, 1)
+            try:
+                write_checkpoint(self.layout.meta_file(CHECKPOINT_FILE), committed)
+            except OSError as error:
+                log.error("cannot save the committed ends of the logs: %s", error)
+                return
+            if path_trace.ON:
+                path_trace.mark("checkpointed", "", 0, 1)
+            self._checkpoints_written = number
+            self._checkpointed = committed
 
     def _schedule_checkpoints(self, interval_s: float) -> None:
         try:
@@ -285,7 +319,11 @@ class LogStore:
         def tick() -> None:
             if self._closed:
                 return
-            self.checkpoint_committed()
+            writing = self._checkpoint_writing
+            if writing is None or writing.done():
+                taken = self._take_checkpoint()
+                if taken is not None:
+                    self._checkpoint_writing = loop.run_in_executor(None, self._write_checkpoint, *taken)
             self._checkpoint_timer = loop.call_later(interval_s, tick)
 
         self._checkpoint_timer = loop.call_later(interval_s, tick)

@@ -127,3 +127,50 @@ def test_truncating_below_the_committed_end_saves_the_lower_end_at_once(tmp_path
     store.truncate("t", 3)  # only after an unclean election does a replica lose committed records
     assert read_checkpoint(store.layout.meta_file(CHECKPOINT_FILE)) == {"t": 3}
     store.close()
+
+
+def test_the_periodic_checkpoint_is_written_off_the_loop_thread(tmp_path: Path, monkeypatch) -> None:
+    import threading
+
+    from broker_edge.storage import store as store_module
+
+    writers: list[threading.Thread] = []
+    real = store_module.write_checkpoint
+
+    def spying(path: str, committed: dict[str, int]) -> None:
+        writers.append(threading.current_thread())
+        real(path, committed)
+
+    monkeypatch.setattr(store_module, "write_checkpoint", spying)
+
+    async def scenario() -> None:
+        store = _store(tmp_path)
+        store.enable_replication(checkpoint_interval_s=0.05)  # the first one at once, in this thread
+        store.append_batch("t", [RECORD] * 3)
+        await store.wait_durable()
+        store.commit("t", 3)
+        path = store.layout.meta_file(CHECKPOINT_FILE)
+        deadline = asyncio.get_running_loop().time() + 5
+        while read_checkpoint(path) != {"t": 3}:
+            assert asyncio.get_running_loop().time() < deadline, "no checkpoint written"
+            await asyncio.sleep(0.01)
+        store.close()
+
+    asyncio.run(scenario())
+
+    assert writers[0] is threading.main_thread()
+    assert writers[1] is not threading.main_thread()
+
+
+def test_an_earlier_checkpoint_never_replaces_a_later_one(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    store.enable_replication()
+    store.append_batch("t", [RECORD] * 5)
+    store.flush()
+    store.commit("t", 5)
+    earlier = store._take_checkpoint()  # taken for a periodic write that has not run yet
+    assert earlier is not None
+    store.truncate("t", 3)  # saves {"t": 3} at once
+    store._write_checkpoint(*earlier)  # the periodic write runs late: skipped
+    assert read_checkpoint(store.layout.meta_file(CHECKPOINT_FILE)) == {"t": 3}
+    store.close()

@@ -458,3 +458,47 @@ def test_ending_a_window_syncs_it_at_once_or_right_after_the_job_in_flight(tmp_p
     assert idle == ["durable", "returned"]
     assert busy == ["returned", "durable"]
     assert jobs == 4  # the first record, record 1, records 2-39, record 40
+
+
+def test_a_replicated_store_cuts_a_window_behind_one_job_in_flight_but_not_two(tmp_path: Path, monkeypatch):
+    gate = threading.Event()
+    real = os.fdatasync
+
+    def slow_sync(fd: int) -> None:
+        gate.wait(10)  # holds every job in its fsync until the end
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", slow_sync)
+
+    async def scenario() -> tuple[list[int], list[int], list[int]]:
+        store = _open(tmp_path, "group")
+        store.enable_replication()
+        in_flight: list[int] = []
+        pending: list[int] = []
+        durable_at: list[int] = []
+        for window in range(3):  # one window per loop iteration
+            store.append(TOPIC, make_record(window))
+            store.when_durable(lambda: durable_at.append(store.committer.jobs_completed))
+            for _ in range(3):
+                await asyncio.sleep(0)
+            in_flight.append(store.committer.in_flight)
+            pending.append(store.pending_bytes)
+        gate.set()
+        await asyncio.wait_for(store.wait_durable(), 10)
+        store.close()
+        return in_flight, pending, durable_at
+
+    in_flight, pending, durable_at = asyncio.run(scenario())
+
+    assert in_flight == [1, 2, 2]  # the second window queued behind the first, the third waits
+    assert pending[:2] == [0, 0] and pending[2] > 0
+    assert durable_at == [1, 2, 3]  # in order, the third cut once a job completed
+
+
+def test_a_pipeline_depth_below_one_is_refused(tmp_path: Path):
+    store = _open(tmp_path, "group")
+    try:
+        with pytest.raises(ValueError, match="at least 1"):
+            store.committer.pipeline(0)
+    finally:
+        store.close()
