@@ -234,6 +234,21 @@ def run_action(label, store, fleet, broker, sent, clock, devices, target, versio
     )
 
 
+def log_progress(job) -> None:
+    """Each query's micro-batches as Spark timed them (rows, and milliseconds per step), into the job log."""
+    for query in job.queries:
+        for progress in query.recentProgress:
+            durations = " ".join(f"{k}={v}" for k, v in sorted(progress.durationMs.items()))
+            logging.getLogger("pipelines.bench").info(
+                "%s batch %d at %s: %d rows, %s",
+                query.name,
+                progress.batchId,
+                progress.timestamp,
+                progress.numInputRows,
+                durations,
+            )
+
+
 def register_devices(store, spec: FleetSpec) -> None:
     now = datetime.now(UTC)
     rows = [
@@ -271,6 +286,7 @@ def run_fleet(args, workdir: Path) -> tuple[list[ActionRun], dict]:
         facts["connect_s"] = time.monotonic() - started
         facts["connected"] = connected
         spark = local_spark_session("timestone-ota-bench", "local[2]")
+        spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "1000")  # every batch, for the log
         store = open_table_store(spark, str(workdir / "tables"), backend="delta-rs")
         register_devices(store, spec)
         versions = (f"2.{n}.0" for n in itertools.count())
@@ -296,6 +312,7 @@ def run_fleet(args, workdir: Path) -> tuple[list[ActionRun], dict]:
                         runs.append(run)
                         print(f"{label}: {run.stages}", flush=True)
                 finally:
+                    log_progress(job)
                     job.stop()
         spark.stop()
         facts["load_after"] = os.getloadavg()
