@@ -285,6 +285,7 @@ def run_fleet(args, workdir: Path) -> tuple[list[ActionRun], dict]:
         connected = fleet.status()[0]
         facts["connect_s"] = time.monotonic() - started
         facts["connected"] = connected
+        print(f"{connected:,} devices connected in {facts['connect_s']:.1f} s", flush=True)
         spark = local_spark_session("timestone-ota-bench", "local[2]")
         spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "1000")  # every batch, for the log
         store = open_table_store(spark, str(workdir / "tables"), backend="delta-rs")
@@ -310,7 +311,13 @@ def run_fleet(args, workdir: Path) -> tuple[list[ActionRun], dict]:
                             label, store, fleet, broker, sent, clock, devices, target, next(versions)
                         )
                         runs.append(run)
-                        print(f"{label}: {run.stages}", flush=True)
+                        print(
+                            f"{label}: {run.stages}; reached {run.reached}, final in Delta {run.finished}; "
+                            f"CPU % of a core: simulator {run.simulator_cpu:.0f}, "
+                            f"broker {run.broker_cpu:.0f}, job + Spark {run.job_cpu:.0f}; "
+                            f"load {os.getloadavg()[0]:.1f}",
+                            flush=True,
+                        )
                 finally:
                     log_progress(job)
                     job.stop()
