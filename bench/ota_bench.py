@@ -234,6 +234,21 @@ def run_action(label, store, fleet, broker, sent, clock, devices, target, versio
     )
 
 
+def log_progress(job) -> None:
+    """Each query's micro-batches as Spark timed them (rows, and milliseconds per step), into the job log."""
+    for query in job.queries:
+        for progress in query.recentProgress:
+            durations = " ".join(f"{k}={v}" for k, v in sorted(progress.durationMs.items()))
+            logging.getLogger("pipelines.bench").info(
+                "%s batch %d at %s: %d rows, %s",
+                query.name,
+                progress.batchId,
+                progress.timestamp,
+                progress.numInputRows,
+                durations,
+            )
+
+
 def register_devices(store, spec: FleetSpec) -> None:
     now = datetime.now(UTC)
     rows = [
@@ -270,7 +285,9 @@ def run_fleet(args, workdir: Path) -> tuple[list[ActionRun], dict]:
         connected = fleet.status()[0]
         facts["connect_s"] = time.monotonic() - started
         facts["connected"] = connected
+        print(f"{connected:,} devices connected in {facts['connect_s']:.1f} s", flush=True)
         spark = local_spark_session("timestone-ota-bench", "local[2]")
+        spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "1000")  # every batch, for the log
         store = open_table_store(spark, str(workdir / "tables"), backend="delta-rs")
         register_devices(store, spec)
         versions = (f"2.{n}.0" for n in itertools.count())
@@ -294,8 +311,15 @@ def run_fleet(args, workdir: Path) -> tuple[list[ActionRun], dict]:
                             label, store, fleet, broker, sent, clock, devices, target, next(versions)
                         )
                         runs.append(run)
-                        print(f"{label}: {run.stages}", flush=True)
+                        print(
+                            f"{label}: {run.stages}; reached {run.reached}, final in Delta {run.finished}; "
+                            f"CPU % of a core: simulator {run.simulator_cpu:.0f}, "
+                            f"broker {run.broker_cpu:.0f}, job + Spark {run.job_cpu:.0f}; "
+                            f"load {os.getloadavg()[0]:.1f}",
+                            flush=True,
+                        )
                 finally:
+                    log_progress(job)
                     job.stop()
         spark.stop()
         facts["load_after"] = os.getloadavg()

@@ -58,6 +58,21 @@ _SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
 _time_ns = time.time_ns
 
 
+def _make_directory(path: str) -> bool:
+    """Create the log directory `path` (and missing parents); False when it exists already.
+
+    One mkdir for a new log (a burst to thousands of new topics creates thousands), not a stat first."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
+        return False
+    except FileNotFoundError:
+        os.makedirs(path, exist_ok=True)
+    return True
+
+
 def _now_ms() -> int:
     """The broker clock in milliseconds since the epoch (what a record gets when no time is given)."""
     return _time_ns() // 1_000_000
@@ -155,13 +170,12 @@ class CommitLog:
         self._owns_pool = pool is None
         self._pool = pool or FileHandlePool()
         self._cache_budget = cache_budget
-        created = not os.path.isdir(self.directory)
-        os.makedirs(self.directory, exist_ok=True)
+        created = _make_directory(self.directory)
         self._parent_to_sync = [os.path.dirname(os.path.abspath(self.directory))] if created else []
         self._segments: list[Segment] = []
         self._bases: list[int] = []
         self._max_timestamp = NO_TIMESTAMP
-        self.recovery = self._recover()
+        self.recovery = LogRecovery(topic) if created else self._recover()  # a new directory is empty
         self._next_offset = self._segments[-1].end_offset if self._segments else 0
         self._end_offset = self._durable_end = self._next_offset
         self._replicated = False

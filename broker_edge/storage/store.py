@@ -469,13 +469,11 @@ class LogStore:
 
     def logs(self, pattern: str | None = None) -> list[LogInfo]:
         """Every log (or those whose topic matches the MQTT filter `pattern`), sorted by topic."""
-        if pattern is not None:
-            check_filter(pattern)
-        return [
-            _info(commit_log)
-            for topic, commit_log in sorted(self._logs.items())
-            if pattern is None or topic_matches(pattern, topic)
-        ]
+        logs = self._logs
+        if pattern is None:
+            return [_info(logs[topic]) for topic in sorted(logs)]
+        check_filter(pattern)
+        return [_info(logs[topic]) for topic in sorted(_matching(logs, pattern))]
 
     def logs_created_by(self, client_id: str) -> int:
         """Logs created by appends of `client_id` since the store was opened (for per-client topic limits;
@@ -605,6 +603,22 @@ class LogStore:
                     del self._topic_waiters[topic]
         if waiter.pattern is not None:
             self._pattern_waiters.remove(waiter)
+
+
+def _matching(topics: dict[str, CommitLog], pattern: str) -> list[str]:
+    """The topics the MQTT filter `pattern` matches, unsorted. A filter without wildcards is one lookup (a
+    device subscribing to its own topic from an offset); otherwise a topic is matched level by level only
+    when it has the filter's literal start and end, which a string test rules out for most of them."""
+    if "+" not in pattern and "#" not in pattern:
+        return [pattern] if pattern in topics else []
+    first = min(index for index in (pattern.find("+"), pattern.find("#")) if index >= 0)
+    prefix = pattern[:first].rstrip("/")  # `a/#` matches `a` too
+    suffix = "" if "#" in pattern else pattern[pattern.rfind("+") + 1 :]
+    return [
+        topic
+        for topic in topics
+        if topic.startswith(prefix) and topic.endswith(suffix) and topic_matches(pattern, topic)
+    ]
 
 
 def _log_opened(directory: str, report: RecoveryReport) -> None:

@@ -315,7 +315,8 @@ class ActionsEngine:
             ],
             schema=self.store.spec(SUMMARY).arrow_schema,
         )
-        self.store.merge(SUMMARY, table, app_id, batch_id)
+        if self.store.merge(SUMMARY, table, app_id, batch_id):
+            self._replace_rows(SUMMARY, table, "action_id")
 
     def _open_action_ids(self, actions: dict[str, Action]) -> list[str]:
         states = self._summary_states(list(actions))
@@ -376,6 +377,16 @@ class ActionsEngine:
             snapshot = self._snapshots[name] = (version, self.store.read_arrow(name))
         return snapshot[1]
 
+    def _replace_rows(self, name: str, rows: pa.Table, key: str) -> None:
+        """After a merge of ``rows`` (keyed by ``key``) that committed: the snapshot of ``name`` with them in
+        place, as of the version after the snapshot's (see :meth:`_write` for why that guess is safe)."""
+        snapshot = self._snapshots.get(name)
+        if snapshot is None:
+            return
+        version, table = snapshot
+        kept = table.filter(pc.invert(pc.is_in(table[key], value_set=rows[key])))
+        self._snapshots[name] = (version + 1, pa.concat_tables([kept, rows.cast(table.schema)]))
+
     def _execution_table(self) -> pa.Table:
         """``action_executions`` with its timestamps as epoch ms: read once, then kept up to date by
         :meth:`_write` as long as the engine's commits are the only ones (read again after any other: only
@@ -407,8 +418,11 @@ class ActionsEngine:
             table = table.set_column(table.schema.get_field_index(column), column, stamps)
         table = table.cast(schema)
         written = self.store.merge(EXECUTIONS, table, app_id, batch_id, update_when="s.version > t.version")
-        if cached is None or not written or self.store.version(EXECUTIONS) != self._cached_version + 1:
+        if cached is None or not written:
             return
+        # The cache becomes "version + 1" without asking the table: if another writer committed in between,
+        # this merge is a later version, no version ever equals the guess again, and the next batch, seeing
+        # the table's version differ, reads it. Only when this merge was the next commit does the guess hold.
         keys = pc.binary_join_element_wise(cached["action_id"], cached["device_id"], "\x00")
         replaced = pc.binary_join_element_wise(epoch_ms["action_id"], epoch_ms["device_id"], "\x00")
         kept = cached.filter(pc.invert(pc.is_in(keys, value_set=replaced)))

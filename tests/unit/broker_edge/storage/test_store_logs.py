@@ -74,6 +74,35 @@ def test_logs_are_listed_with_their_state_and_filtered_by_pattern(tmp_path: Path
     store.close()
 
 
+def test_every_filter_lists_exactly_the_logs_it_matches(tmp_path: Path):
+    """Exact filters are looked up and wildcard ones pre-checked by their literal start and end: the listing
+    is still exactly the topics the filter matches level by level (`#` takes its parent level, a filter
+    starting with a wildcard skips `$` topics, empty levels count)."""
+    from itertools import product
+
+    from broker_edge.protocol.topics import topic_matches
+
+    store = _store(tmp_path)
+    levels = ["a", "b", "", "$SYS"]
+    topics = [
+        topic for size in (1, 2, 3) for parts in product(levels, repeat=size) if (topic := "/".join(parts))
+    ]
+    for topic in topics:
+        store.append(topic, make_record(0))
+    store.flush()
+    filters = {
+        "/".join(parts)
+        for size in (1, 2, 3)
+        for parts in product([*levels, "+", "#", "c"], repeat=size)
+        if "#" not in parts[:-1] and parts != ("",)
+    }
+
+    for topic_filter in sorted(filters):
+        expected = sorted(topic for topic in topics if topic_matches(topic_filter, topic))
+        assert [info.topic for info in store.logs(topic_filter)] == expected, topic_filter
+    store.close()
+
+
 def test_unknown_topics_raise(tmp_path: Path):
     store = _store(tmp_path)
 
