@@ -84,6 +84,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="storage.tail_cache_total_bytes of the soak broker, MiB (default 32; 0: the broker default)",
     )
     parser.add_argument(
+        "--soak-trace",
+        default="",
+        help="START,FIRST,SECOND seconds: trace the soak broker with tracemalloc from START and report what "
+        "grew between snapshots at FIRST and SECOND (slows the broker: for finding growth, not measuring it)",
+    )
+    parser.add_argument(
         "--skip", default="", help="comma-separated parts to leave out: startup,idle,install,soak"
     )
     parser.add_argument("--write", action="store_true", help=f"save the tables to {RESULTS}")
@@ -144,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             warmup_fraction=args.soak_warmup,
             cpus=(broker_cpus, load_cpus),
             storage=storage,
+            trace_at=_trace_at(args.soak_trace),
             log=_log,
         )
     result.load_after = _load()
@@ -154,6 +161,13 @@ def main(argv: list[str] | None = None) -> int:
         output.write_text(text)
         _log(f"wrote {output}")
     return 0
+
+
+def _trace_at(text: str) -> tuple[float, float, float] | None:
+    if not text:
+        return None
+    start, first, second = (float(part) for part in text.split(","))
+    return start, first, second
 
 
 def _measure_startup(
@@ -322,8 +336,9 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
         f"Warm rates: {soak.rate('published'):,.0f} publishes/s, {soak.rate('acked'):,.0f} PUBACKs/s, "
         f"{soak.rate('delivered'):,.0f} deliveries/s, {soak.rate('reconnects'):,.1f} reconnects/s.",
         "",
-        "| time | RSS | open files | broker CPU | devices connected | acknowledged |",
-        "|---|---|---|---|---|---|",
+        "| time | RSS | anonymous | file-backed | threads | open files | broker CPU | devices connected | "
+        "acknowledged |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     step = max(1, len(soak.samples) // 12)
     shown = soak.samples[::step]
@@ -331,7 +346,8 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
         shown.append(soak.samples[-1])
     for s in shown:
         lines.append(
-            f"| {s.at_s:.0f} s | {s.rss / 2**20:.1f} MiB | {s.open_files} | {s.cpu_s:.0f} s | "
+            f"| {s.at_s:.0f} s | {s.rss / 2**20:.1f} MiB | {s.rss_anon / 2**20:.1f} MiB | "
+            f"{s.rss_file / 2**20:.1f} MiB | {s.threads} | {s.open_files} | {s.cpu_s:.0f} s | "
             f"{s.devices_connected:,} | {s.acked:,} |"
         )
     lines.append("")
@@ -341,7 +357,16 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
             f"{soak.rss_trend_per_hour / 2**20:+.1f} MiB/hour; open files {min(s.open_files for s in warm)}-"
             f"{max(s.open_files for s in warm)}, {warm[-1].open_files} at the end"
         )
-        lines += [rss_text + ".", ""]
+        anon_text = (
+            f"anonymous memory (RssAnon) {warm[0].rss_anon / 2**20:.1f} → "
+            f"{warm[-1].rss_anon / 2**20:.1f} MiB, "
+            f"trend {soak.anon_trend_per_hour / 2**20:+.1f} MiB/hour; file-backed "
+            f"{min(s.rss_file for s in warm) / 2**20:.1f}-{max(s.rss_file for s in warm) / 2**20:.1f} MiB"
+        )
+        lines += [rss_text + "; " + anon_text + ".", ""]
+    if soak.traced:
+        lines += ["What grew between the two `tracemalloc` snapshots of the traced broker:", "", "```"]
+        lines += [*soak.traced, "```", ""]
         targets.append(
             (
                 f"no growth once warm (RSS trend ≤ {MAX_HOURLY_GROWTH:.0%} of the warm RSS per hour, "
