@@ -28,6 +28,7 @@ from pathlib import Path
 from bench.brokers import BROKER_NAMES, BrokerUnavailable, BrokerUnderTest, default_broker
 from bench.footprint_floor import TransportFloor
 from bench.footprint_install import InstallSize, installed
+from bench.footprint_polled import PolledTimestone
 from bench.footprint_startup import DefaultTimestone, StartupResult, measure_startup
 from bench.loadgen.idle import IdleResult, run_idle
 from bench.soak_bench import MAX_HOURLY_GROWTH, SoakResult, run_soak
@@ -90,6 +91,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "grew between snapshots at FIRST and SECOND (slows the broker: for finding growth, not measuring it)",
     )
     parser.add_argument(
+        "--polled",
+        action="store_true",
+        help="also measure the polled transport prototype (bench/footprint_polled.py): idle connections, "
+        "and the soak on it instead of uvloop's transport",
+    )
+    parser.add_argument(
         "--skip", default="", help="comma-separated parts to leave out: startup,idle,install,soak"
     )
     parser.add_argument("--write", action="store_true", help=f"save the tables to {RESULTS}")
@@ -127,7 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         for broker in [DefaultTimestone(label="timestone (defaults, dev venv)"), *peers]:
             _measure_startup(broker, args, broker_cpus, result)
     if "idle" not in args.skip:
-        for broker in [default_broker("timestone"), TransportFloor(), TransportFloor(poll=True), *peers]:
+        polled = [PolledTimestone()] if args.polled else []
+        for broker in [
+            default_broker("timestone"),
+            *polled,
+            TransportFloor(),
+            TransportFloor(poll=True),
+            *peers,
+        ]:
             _log(f"idle connections: {broker.label}, {args.connections:,}")
             if _prepared(broker, result):
                 try:
@@ -151,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             cpus=(broker_cpus, load_cpus),
             storage=storage,
             trace_at=_trace_at(args.soak_trace),
+            polled=args.polled,
             log=_log,
         )
     result.load_after = _load()

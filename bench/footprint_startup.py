@@ -40,6 +40,7 @@ class DefaultTimestone(Timestone):
         label: str = "timestone (defaults)",
         storage: dict[str, int] | None = None,
         traced: Path | None = None,
+        polled: bool = False,
     ) -> None:
         super().__init__(executable=executable)
         self._label = label
@@ -47,6 +48,8 @@ class DefaultTimestone(Timestone):
         """Storage settings other than the defaults (the soak may bound the tail caches)."""
         self.traced = traced
         """Run under `bench.traced_broker` with this control directory (None: the `timestone` command)."""
+        self.polled = polled
+        """Run on the polled transport prototype (`bench.footprint_polled`)."""
 
     @property
     def label(self) -> str:
@@ -61,6 +64,8 @@ class DefaultTimestone(Timestone):
             + "offsets_api:\n  port: 0\n"
             "admin_http:\n  port: 0\n"
         )
+        if self.polled:
+            return [sys.executable, "-m", "bench.footprint_polled", "broker", "--config", str(config)]
         if self.traced is not None:
             return [
                 sys.executable,
@@ -81,7 +86,7 @@ class DefaultTimestone(Timestone):
         runs; the warm-up start of `measure_startup` writes the cache.
         """
         env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
-        if self.traced is not None:
+        if self.traced is not None or self.polled:
             env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
         elif "PYTHONDONTWRITEBYTECODE" not in os.environ:
             return None

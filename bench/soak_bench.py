@@ -110,6 +110,7 @@ def run_soak(
     cpus: tuple[set[int] | None, set[int] | None] = (None, None),
     storage: dict[str, int] | None = None,
     trace_at: tuple[float, float, float] | None = None,
+    polled: bool = False,
     log=print,
 ) -> SoakResult:
     """Run the soak for `duration_s` seconds (broker on `cpus[0]`, load on `cpus[1]`; `storage`: settings
@@ -121,7 +122,7 @@ def run_soak(
     grows, an untraced one measures RSS.
     """
     control = Path(tempfile.mkdtemp(prefix="soak-trace-")) if trace_at else None
-    broker = DefaultTimestone(storage=storage, traced=control)
+    broker = DefaultTimestone(storage=storage, traced=control, polled=polled)
     broker.prepare()
     broker_cpus, load_cpus = cpus
     requests = list(zip(trace_at or (), ("start", "snap-first", "snap-second"), strict=False))
