@@ -10,6 +10,7 @@ third of the warm samples next to those of the first third.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import tempfile
@@ -106,7 +107,7 @@ def run_soak(
     duration_s: float,
     load: SoakLoad | None = None,
     sample_s: float = 5.0,
-    warmup_fraction: float = 0.2,
+    warmup_fraction: float = 0.5,
     cpus: tuple[set[int] | None, set[int] | None] = (None, None),
     storage: dict[str, int] | None = None,
     trace_at: tuple[float, float, float] | None = None,
@@ -117,15 +118,20 @@ def run_soak(
     other than the defaults).
 
     `trace_at` (start, first, second), seconds into the soak: run the broker under `bench.traced_broker`,
-    start `tracemalloc` at `start` and take snapshots at `first` and `second`; what grew between them is in
-    the result's `traced`. Tracing slows the broker and its traces take memory: a traced soak finds what
-    grows, an untraced one measures RSS.
+    start `tracemalloc` at `start` (none if it is negative) and take snapshots at `first` and `second`;
+    what grew between them is in the result's `traced`. Tracing slows the broker and its traces take
+    memory: a traced soak finds what grows, an untraced one measures RSS. Without tracing the snapshots
+    are of the objects by type and of the C heap, which cost the broker a garbage collection each.
     """
     control = Path(tempfile.mkdtemp(prefix="soak-trace-")) if trace_at else None
     broker = DefaultTimestone(storage=storage, traced=control, polled=polled)
     broker.prepare()
     broker_cpus, load_cpus = cpus
-    requests = list(zip(trace_at or (), ("start", "snap-first", "snap-second"), strict=False))
+    requests = [
+        (at, name)
+        for at, name in zip(trace_at or (), ("start", "snap-first", "snap-second"), strict=False)
+        if at >= 0
+    ]
     with broker.running(broker_cpus) as running:
         spec = load or SoakLoad(port=running.port)
         if spec.port != running.port:
@@ -159,9 +165,20 @@ def traced_growth(control: Path, top: int = 15) -> list[str]:
         stats = control / f"{label}.malloc"
         if stats.exists():
             lines.append(f"{label}: {stats.read_text()}")
+    types = [control / f"{label}.types" for label in ("first", "second")]
+    if all(path.exists() for path in types):
+        before_types, after_types = (json.loads(path.read_text()) for path in types)
+        grown_types = sorted(
+            ((after_types.get(name, 0) - before_types.get(name, 0), name) for name in after_types),
+            reverse=True,
+        )
+        lines.append(
+            "objects tracked by the garbage collector, by type, that grew most: "
+            + ", ".join(f"{name} {diff:+,}" for diff, name in grown_types[:10] if diff > 0)
+        )
     first, second = control / "first.snapshot", control / "second.snapshot"
     if not (first.exists() and second.exists()):
-        return [*lines, "no snapshots (the broker did not answer)"]
+        return lines
     before, after = tracemalloc.Snapshot.load(str(first)), tracemalloc.Snapshot.load(str(second))
     before = before.filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
     after = after.filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])

@@ -7,9 +7,14 @@ twice a second for a request file and answers it with a file of the same name an
 
 * `start`: start `tracemalloc` (10 frames). Started once the broker is warm, it traces only what is
   allocated from then on, so the broker runs at full speed through its warm-up.
-* `snap-<name>`: write `<name>.snapshot` (a `tracemalloc` snapshot, after a full garbage collection) and
-  `<name>.malloc` (glibc's `mallinfo2`: bytes in use and free in the C heap, the memory `tracemalloc`
-  itself holds, and the threads of the process).
+* `snap-<name>`: after a full garbage collection, write `<name>.snapshot` (a `tracemalloc` snapshot, if
+  tracing was started), `<name>.malloc` (glibc's `mallinfo2`: bytes in use and free in the C heap, the
+  memory `tracemalloc` itself holds, the threads of the process, the objects the garbage collector tracks)
+  and `<name>.types` (those objects counted by type).
+
+Without `start` the broker is not traced and runs as fast as the `timestone` command: the type counts of
+two snapshots then tell which Python objects grow, at full load (tracing a broker at full load slows it
+until it cannot keep up).
 
 The soak uses it to compare two snapshots taken once warm (`soak_bench.traced_growth`); nothing of it is in
 the broker itself.
@@ -17,6 +22,7 @@ the broker itself.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import gc
 import json
@@ -75,13 +81,15 @@ def _answer(control: Path, request: Path) -> None:
             "gc_objects": len(gc.get_objects()),
         }
         (control / f"{label}.malloc").write_text(json.dumps(stats))
+        types = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+        (control / f"{label}.types").write_text(json.dumps(dict(types)))
     request.rename(control / f"{name}.done")
 
 
 def _watch(control: Path) -> None:
     while True:
         for request in sorted(control.iterdir()):
-            if request.suffix not in (".done", ".snapshot", ".malloc") and request.is_file():
+            if request.suffix not in (".done", ".snapshot", ".malloc", ".types") and request.is_file():
                 _answer(control, request)
         time.sleep(0.5)
 
