@@ -384,9 +384,6 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
             f"{min(s.rss_file for s in warm) / 2**20:.1f}-{max(s.rss_file for s in warm) / 2**20:.1f} MiB"
         )
         lines += [rss_text + "; " + anon_text + ".", ""]
-    if soak.traced:
-        lines += ["What grew between the two snapshots of the broker (`bench/traced_broker.py`):", "", "```"]
-        lines += [*soak.traced, "```", ""]
         targets.append(
             (
                 f"no growth once warm (RSS trend ≤ {MAX_HOURLY_GROWTH:.0%} of the warm RSS per hour, "
@@ -395,6 +392,9 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
                 not soak.rss_grows and not soak.open_files_grow,
             )
         )
+    if soak.traced:
+        lines += ["What grew between the two snapshots of the broker (`bench/traced_broker.py`):", "", "```"]
+        lines += [*soak.traced, "```", ""]
     return lines
 
 
