@@ -50,9 +50,8 @@ class HeldQueue(deque[Delivery]):
 
     __slots__ = ("bytes",)
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.bytes = 0
+    bytes: int
+    """Set when the queue is made (``Session._enqueue``): deque's own constructor, no Python call."""
 
 
 class _SessionRare(RareSlots):
@@ -205,8 +204,10 @@ class Session:
         queue = self.queue
         if queue is None:
             queue = self.queue = HeldQueue()
+            queue.bytes = size
+        else:
+            queue.bytes += size
         queue.append(delivery)
-        queue.bytes += size
 
     def _remember_offset(self, message: Message) -> None:
         """Offline, logged topic: remember where to resume instead of holding the message."""
