@@ -28,6 +28,7 @@ from pathlib import Path
 from bench.brokers import BROKER_NAMES, BrokerUnavailable, BrokerUnderTest, default_broker
 from bench.footprint_floor import TransportFloor
 from bench.footprint_install import InstallSize, installed
+from bench.footprint_polled import PolledTimestone
 from bench.footprint_startup import DefaultTimestone, StartupResult, measure_startup
 from bench.loadgen.idle import IdleResult, run_idle
 from bench.soak_bench import MAX_HOURLY_GROWTH, SoakResult, run_soak
@@ -74,14 +75,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--soak-warmup",
         type=float,
-        default=0.2,
-        help="fraction of the soak counted as warm-up, left out of the growth trend (default 0.2)",
+        default=0.5,
+        help="fraction of the soak counted as warm-up, left out of the growth trend (default 0.5: the RSS of "
+        "a 600 s soak at 5,000 devices rose until about 400 s, with the tail caches full after about 30 s)",
     )
     parser.add_argument(
         "--soak-tail-cache-mib",
         type=int,
         default=32,
         help="storage.tail_cache_total_bytes of the soak broker, MiB (default 32; 0: the broker default)",
+    )
+    parser.add_argument(
+        "--soak-trace",
+        default="",
+        help="START,FIRST,SECOND seconds: trace the soak broker with tracemalloc from START and report what "
+        "grew between snapshots at FIRST and SECOND (slows the broker: for finding growth, not measuring it)",
+    )
+    parser.add_argument(
+        "--polled",
+        action="store_true",
+        help="also measure the polled transport prototype (bench/footprint_polled.py): idle connections, "
+        "and the soak on it instead of uvloop's transport",
     )
     parser.add_argument(
         "--skip", default="", help="comma-separated parts to leave out: startup,idle,install,soak"
@@ -121,7 +135,14 @@ def main(argv: list[str] | None = None) -> int:
         for broker in [DefaultTimestone(label="timestone (defaults, dev venv)"), *peers]:
             _measure_startup(broker, args, broker_cpus, result)
     if "idle" not in args.skip:
-        for broker in [default_broker("timestone"), TransportFloor(), TransportFloor(poll=True), *peers]:
+        polled = [PolledTimestone()] if args.polled else []
+        for broker in [
+            default_broker("timestone"),
+            *polled,
+            TransportFloor(),
+            TransportFloor(poll=True),
+            *peers,
+        ]:
             _log(f"idle connections: {broker.label}, {args.connections:,}")
             if _prepared(broker, result):
                 try:
@@ -144,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             warmup_fraction=args.soak_warmup,
             cpus=(broker_cpus, load_cpus),
             storage=storage,
+            trace_at=_trace_at(args.soak_trace, args.soak_seconds, args.soak_warmup),
+            polled=args.polled,
             log=_log,
         )
     result.load_after = _load()
@@ -154,6 +177,17 @@ def main(argv: list[str] | None = None) -> int:
         output.write_text(text)
         _log(f"wrote {output}")
     return 0
+
+
+def _trace_at(text: str, seconds: float, warmup: float) -> tuple[float, float, float] | None:
+    """`--soak-trace` as given; else, for a soak of 5 minutes or more, snapshots without tracing at the start
+    of the warm window and just before the end."""
+    if not text:
+        if seconds < 300:
+            return None
+        return -1.0, seconds * warmup, seconds - 15.0
+    start, first, second = (float(part) for part in text.split(","))
+    return start, first, second
 
 
 def _measure_startup(
@@ -322,8 +356,9 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
         f"Warm rates: {soak.rate('published'):,.0f} publishes/s, {soak.rate('acked'):,.0f} PUBACKs/s, "
         f"{soak.rate('delivered'):,.0f} deliveries/s, {soak.rate('reconnects'):,.1f} reconnects/s.",
         "",
-        "| time | RSS | open files | broker CPU | devices connected | acknowledged |",
-        "|---|---|---|---|---|---|",
+        "| time | RSS | anonymous | file-backed | threads | open files | broker CPU | devices connected | "
+        "acknowledged |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     step = max(1, len(soak.samples) // 12)
     shown = soak.samples[::step]
@@ -331,7 +366,8 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
         shown.append(soak.samples[-1])
     for s in shown:
         lines.append(
-            f"| {s.at_s:.0f} s | {s.rss / 2**20:.1f} MiB | {s.open_files} | {s.cpu_s:.0f} s | "
+            f"| {s.at_s:.0f} s | {s.rss / 2**20:.1f} MiB | {s.rss_anon / 2**20:.1f} MiB | "
+            f"{s.rss_file / 2**20:.1f} MiB | {s.threads} | {s.open_files} | {s.cpu_s:.0f} s | "
             f"{s.devices_connected:,} | {s.acked:,} |"
         )
     lines.append("")
@@ -341,7 +377,13 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
             f"{soak.rss_trend_per_hour / 2**20:+.1f} MiB/hour; open files {min(s.open_files for s in warm)}-"
             f"{max(s.open_files for s in warm)}, {warm[-1].open_files} at the end"
         )
-        lines += [rss_text + ".", ""]
+        anon_text = (
+            f"anonymous memory (RssAnon) {warm[0].rss_anon / 2**20:.1f} → "
+            f"{warm[-1].rss_anon / 2**20:.1f} MiB, "
+            f"trend {soak.anon_trend_per_hour / 2**20:+.1f} MiB/hour; file-backed "
+            f"{min(s.rss_file for s in warm) / 2**20:.1f}-{max(s.rss_file for s in warm) / 2**20:.1f} MiB"
+        )
+        lines += [rss_text + "; " + anon_text + ".", ""]
         targets.append(
             (
                 f"no growth once warm (RSS trend ≤ {MAX_HOURLY_GROWTH:.0%} of the warm RSS per hour, "
@@ -350,6 +392,9 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
                 not soak.rss_grows and not soak.open_files_grow,
             )
         )
+    if soak.traced:
+        lines += ["What grew between the two snapshots of the broker (`bench/traced_broker.py`):", "", "```"]
+        lines += [*soak.traced, "```", ""]
     return lines
 
 

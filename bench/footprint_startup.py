@@ -14,6 +14,7 @@ import signal
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -38,11 +39,17 @@ class DefaultTimestone(Timestone):
         executable: Path | None = None,
         label: str = "timestone (defaults)",
         storage: dict[str, int] | None = None,
+        traced: Path | None = None,
+        polled: bool = False,
     ) -> None:
         super().__init__(executable=executable)
         self._label = label
         self.storage = storage or {}
         """Storage settings other than the defaults (the soak may bound the tail caches)."""
+        self.traced = traced
+        """Run under `bench.traced_broker` with this control directory (None: the `timestone` command)."""
+        self.polled = polled
+        """Run on the polled transport prototype (`bench.footprint_polled`)."""
 
     @property
     def label(self) -> str:
@@ -57,6 +64,18 @@ class DefaultTimestone(Timestone):
             + "offsets_api:\n  port: 0\n"
             "admin_http:\n  port: 0\n"
         )
+        if self.polled:
+            return [sys.executable, "-m", "bench.footprint_polled", "broker", "--config", str(config)]
+        if self.traced is not None:
+            return [
+                sys.executable,
+                "-m",
+                "bench.traced_broker",
+                str(self.traced),
+                "broker",
+                "--config",
+                str(config),
+            ]
         return [str(self.executable), "broker", "--config", str(config)]
 
     def env(self) -> dict[str, str] | None:
@@ -66,9 +85,12 @@ class DefaultTimestone(Timestone):
         at every start (an installed wheel has its bytecode from pip either way), which is not what a user
         runs; the warm-up start of `measure_startup` writes the cache.
         """
-        if "PYTHONDONTWRITEBYTECODE" not in os.environ:
+        env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+        if self.traced is not None or self.polled:
+            env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+        elif "PYTHONDONTWRITEBYTECODE" not in os.environ:
             return None
-        return {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+        return env
 
     def config_notes(self) -> str:
         changed = "".join(f", storage.{key} {value}" for key, value in self.storage.items())

@@ -10,12 +10,16 @@ third of the warm samples next to those of the first third.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import tempfile
 import time
-from dataclasses import dataclass
+import tracemalloc
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench import traced_broker
 from bench.footprint_startup import DefaultTimestone
 from bench.soak_load import LoadProcesses, SoakLoad
 from bench.sysinfo import cpu_seconds, rss_bytes
@@ -31,6 +35,11 @@ class SoakSample:
     at_s: float
     rss: int
     open_files: int
+    rss_anon: int
+    """RssAnon: the broker's own memory (heap, Python objects, thread stacks)."""
+    rss_file: int
+    """RssFile + RssShmem: mapped files (the interpreter, its extension modules), not the broker's data."""
+    threads: int
     cpu_s: float
     published: int
     acked: int
@@ -53,10 +62,18 @@ class SoakResult:
     def warm(self) -> list[SoakSample]:
         return [s for s in self.samples if s.at_s >= self.warmup_s]
 
+    traced: list[str] = field(default_factory=list)
+    """What grew between the two `tracemalloc` snapshots of a traced soak (`trace_at`), largest first."""
+
     @property
     def rss_trend_per_hour(self) -> float:
         """Bytes per hour of the least-squares line through the warm RSS samples."""
         return _slope([(s.at_s, s.rss) for s in self.warm]) * 3600
+
+    @property
+    def anon_trend_per_hour(self) -> float:
+        """Bytes per hour of the least-squares line through the warm RssAnon samples."""
+        return _slope([(s.at_s, s.rss_anon) for s in self.warm]) * 3600
 
     @property
     def warm_rss(self) -> int:
@@ -90,16 +107,31 @@ def run_soak(
     duration_s: float,
     load: SoakLoad | None = None,
     sample_s: float = 5.0,
-    warmup_fraction: float = 0.2,
+    warmup_fraction: float = 0.5,
     cpus: tuple[set[int] | None, set[int] | None] = (None, None),
     storage: dict[str, int] | None = None,
+    trace_at: tuple[float, float, float] | None = None,
+    polled: bool = False,
     log=print,
 ) -> SoakResult:
     """Run the soak for `duration_s` seconds (broker on `cpus[0]`, load on `cpus[1]`; `storage`: settings
-    other than the defaults)."""
-    broker = DefaultTimestone(storage=storage)
+    other than the defaults).
+
+    `trace_at` (start, first, second), seconds into the soak: run the broker under `bench.traced_broker`,
+    start `tracemalloc` at `start` (none if it is negative) and take snapshots at `first` and `second`;
+    what grew between them is in the result's `traced`. Tracing slows the broker and its traces take
+    memory: a traced soak finds what grows, an untraced one measures RSS. Without tracing the snapshots
+    are of the objects by type and of the C heap, which cost the broker a garbage collection each.
+    """
+    control = Path(tempfile.mkdtemp(prefix="soak-trace-")) if trace_at else None
+    broker = DefaultTimestone(storage=storage, traced=control, polled=polled)
     broker.prepare()
     broker_cpus, load_cpus = cpus
+    requests = [
+        (at, name)
+        for at, name in zip(trace_at or (), ("start", "snap-first", "snap-second"), strict=False)
+        if at >= 0
+    ]
     with broker.running(broker_cpus) as running:
         spec = load or SoakLoad(port=running.port)
         if spec.port != running.port:
@@ -109,6 +141,8 @@ def run_soak(
             started = time.monotonic()
             next_sample = started
             while (now := time.monotonic()) - started <= duration_s:
+                if requests and now - started >= requests[0][0] and control is not None:
+                    traced_broker.request(control, requests.pop(0)[1])
                 if now >= next_sample:
                     samples.append(_sample(running.pid, now - started, processes))
                     next_sample += sample_s
@@ -119,7 +153,45 @@ def run_soak(
                             f"{last.open_files} open files, {last.devices_connected} devices connected"
                         )
                 time.sleep(min(0.2, max(0.0, next_sample - time.monotonic())))
-    return SoakResult(spec, duration_s, duration_s * warmup_fraction, samples, broker.config_notes())
+    traced = traced_growth(control) if control is not None else []
+    return SoakResult(spec, duration_s, duration_s * warmup_fraction, samples, broker.config_notes(), traced)
+
+
+def traced_growth(control: Path, top: int = 15) -> list[str]:
+    """The allocation sites that grew most between the traced broker's two snapshots, with the C heap's
+    figures (glibc) at each snapshot."""
+    lines = []
+    for label in ("first", "second"):
+        stats = control / f"{label}.malloc"
+        if stats.exists():
+            lines.append(f"{label}: {stats.read_text()}")
+    types = [control / f"{label}.types" for label in ("first", "second")]
+    if all(path.exists() for path in types):
+        before_types, after_types = (json.loads(path.read_text()) for path in types)
+        grown_types = sorted(
+            ((after_types.get(name, 0) - before_types.get(name, 0), name) for name in after_types),
+            reverse=True,
+        )
+        lines.append(
+            "objects tracked by the garbage collector, by type, that grew most: "
+            + ", ".join(f"{name} {diff:+,}" for diff, name in grown_types[:10] if diff > 0)
+        )
+    first, second = control / "first.snapshot", control / "second.snapshot"
+    if not (first.exists() and second.exists()):
+        return lines
+    before, after = tracemalloc.Snapshot.load(str(first)), tracemalloc.Snapshot.load(str(second))
+    before = before.filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+    after = after.filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+    grown = after.compare_to(before, "traceback")
+    lines.append(
+        f"traced: {sum(s.size for s in before.statistics('filename')):,} -> "
+        f"{sum(s.size for s in after.statistics('filename')):,} bytes, "
+        f"{sum(s.size_diff for s in grown):+,} bytes"
+    )
+    for stat in grown[:top]:
+        frames = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in reversed(stat.traceback[-4:]))
+        lines.append(f"{stat.size_diff:+,} bytes, {stat.count_diff:+,} blocks: {frames}")
+    return lines
 
 
 def _sample(pid: int, at_s: float, processes: LoadProcesses) -> SoakSample:
@@ -128,6 +200,7 @@ def _sample(pid: int, at_s: float, processes: LoadProcesses) -> SoakSample:
         at_s=at_s,
         rss=rss_bytes(pid),
         open_files=_open_files(pid),
+        **_status(pid),
         cpu_s=cpu_seconds(pid),
         published=totals["published"],
         acked=totals["acked"],
@@ -135,6 +208,23 @@ def _sample(pid: int, at_s: float, processes: LoadProcesses) -> SoakSample:
         reconnects=totals["reconnects"],
         devices_connected=processes.by_role("devices")["connected"],
     )
+
+
+def _status(pid: int) -> dict[str, int]:
+    """RssAnon, RssFile (+ RssShmem) and Threads of the broker process, from /proc/<pid>/status."""
+    fields: dict[str, int] = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name in ("RssAnon", "RssFile", "RssShmem", "Threads"):
+                fields[name] = int(value.split()[0])
+    except OSError:
+        pass
+    return {
+        "rss_anon": fields.get("RssAnon", 0) * 1024,
+        "rss_file": (fields.get("RssFile", 0) + fields.get("RssShmem", 0)) * 1024,
+        "threads": fields.get("Threads", 0),
+    }
 
 
 def _open_files(pid: int) -> int:

@@ -45,6 +45,15 @@ RELEASED = Released()
 Delivery = tuple[Message, int, bool, tuple[int, ...]]
 
 
+class HeldQueue(deque[Delivery]):
+    """A session's queue of held deliveries and the payload bytes it holds (``max_offline_bytes``)."""
+
+    __slots__ = ("bytes",)
+
+    bytes: int
+    """Set when the queue is made (``Session._enqueue``): deque's own constructor, no Python call."""
+
+
 class _SessionRare(RareSlots):
     """The ``RareField`` attributes of a ``Session`` that has set one."""
 
@@ -60,7 +69,6 @@ class Session:
     """
 
     __slots__ = (
-        "__weakref__",
         "_next_packet_id",
         "_rare",
         "client_id",
@@ -69,7 +77,6 @@ class Session:
         "inflight",
         "log_offsets",
         "queue",
-        "queued_bytes",
         "router",
         "subscriptions",
     )
@@ -94,8 +101,7 @@ class Session:
         self.subscriptions: dict[str, SessionSubscription] | None = None
         """Full filter as subscribed (``$share/...`` included) → ``SessionSubscription``."""
         self.inflight: dict[int, Delivery | Released] | None = None
-        self.queue: deque[Delivery] | None = None
-        self.queued_bytes = 0
+        self.queue: HeldQueue | None = None
         self._next_packet_id = 1
         self.cursors: dict[str, int] | None = None
         """Logged topic → next offset to deliver from the log (see ``broker_edge.replay``)."""
@@ -186,7 +192,7 @@ class Session:
         queue = self.queue
         return not (
             (queue is not None and len(queue) >= limits.max_offline_messages)
-            or self.queued_bytes + size > limits.max_offline_bytes
+            or (queue.bytes if queue is not None else 0) + size > limits.max_offline_bytes
             or limits.max_offline_messages == 0
         )
 
@@ -197,9 +203,11 @@ class Session:
             return
         queue = self.queue
         if queue is None:
-            queue = self.queue = deque()
+            queue = self.queue = HeldQueue()
+            queue.bytes = size
+        else:
+            queue.bytes += size
         queue.append(delivery)
-        self.queued_bytes += size
 
     def _remember_offset(self, message: Message) -> None:
         """Offline, logged topic: remember where to resume instead of holding the message."""
@@ -220,14 +228,13 @@ class Session:
             router = self.router
             while queue and not conn.paused and (not self.inflight or len(self.inflight) < quota):
                 message, qos, retain, subscription_ids = queue.popleft()
-                self.queued_bytes -= len(message.payload)
+                queue.bytes -= len(message.payload)
                 if message.expires_at is not None and message.expired():
                     router.count_drop("expired")
                     continue
                 self._send(conn, message, qos, retain, subscription_ids)
             if not queue:
                 self.queue = None
-                self.queued_bytes = 0
         if self.cursors and not self.queue:
             self.router.pump_replays(self)
 
@@ -298,6 +305,5 @@ class Session:
     def clear_outgoing(self) -> None:
         self.inflight = None
         self.queue = None
-        self.queued_bytes = 0
         self.incoming_qos2 = None
         self.cursors = None

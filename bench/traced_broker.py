@@ -1,0 +1,118 @@
+"""`timestone` run with a bench-only hook that looks inside the broker process while it serves.
+
+    python -m bench.traced_broker CONTROL_DIR broker --config FILE
+
+Runs the `timestone` command (`pipelines.cli.main`) unchanged, plus a thread that polls `CONTROL_DIR`
+twice a second for a request file and answers it with a file of the same name and a `.done` suffix:
+
+* `start`: start `tracemalloc` (10 frames). Started once the broker is warm, it traces only what is
+  allocated from then on, so the broker runs at full speed through its warm-up.
+* `snap-<name>`: after a full garbage collection, write `<name>.snapshot` (a `tracemalloc` snapshot, if
+  tracing was started), `<name>.malloc` (glibc's `mallinfo2`: bytes in use and free in the C heap, the
+  memory `tracemalloc` itself holds, the threads of the process, the objects the garbage collector tracks)
+  and `<name>.types` (those objects counted by type).
+
+Without `start` the broker is not traced and runs as fast as the `timestone` command: the type counts of
+two snapshots then tell which Python objects grow, at full load (tracing a broker at full load slows it
+until it cannot keep up).
+
+The soak uses it to compare two snapshots taken once warm (`soak_bench.traced_growth`); nothing of it is in
+the broker itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import gc
+import json
+import sys
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+
+FRAMES = 10
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def malloc_stats() -> dict[str, int]:
+    """glibc's view of the C heap (all arenas): `arena` bytes from sbrk/heaps, `hblkhd` in mmapped blocks,
+    `uordblks` in use, `fordblks` free; empty where there is no `mallinfo2`."""
+    try:
+        function = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return {}
+    function.restype = _MallInfo2
+    info = function()
+    return {name: int(getattr(info, name)) for name, _ in _MallInfo2._fields_}
+
+
+def _answer(control: Path, request: Path) -> None:
+    name = request.name
+    if name == "start":
+        tracemalloc.start(FRAMES)
+    elif name.startswith("snap-"):
+        label = name[len("snap-") :]
+        gc.collect()
+        if tracemalloc.is_tracing():
+            tracemalloc.take_snapshot().dump(str(control / f"{label}.snapshot"))
+        stats = {
+            **malloc_stats(),
+            "tracemalloc_bytes": tracemalloc.get_tracemalloc_memory(),
+            "threads": threading.active_count(),
+            "gc_objects": len(gc.get_objects()),
+        }
+        (control / f"{label}.malloc").write_text(json.dumps(stats))
+        types = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+        (control / f"{label}.types").write_text(json.dumps(dict(types)))
+    request.rename(control / f"{name}.done")
+
+
+def _watch(control: Path) -> None:
+    while True:
+        for request in sorted(control.iterdir()):
+            if request.suffix not in (".done", ".snapshot", ".malloc", ".types") and request.is_file():
+                _answer(control, request)
+        time.sleep(0.5)
+
+
+def request(control: Path, name: str, timeout_s: float = 60.0) -> bool:
+    """Ask the traced broker for `name` (see the module docstring) and wait for its answer."""
+    (control / name).write_text("")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (control / f"{name}.done").exists():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def main(argv: list[str]) -> int:
+    control = Path(argv[0])
+    control.mkdir(parents=True, exist_ok=True)
+    threading.Thread(target=_watch, args=(control,), name="bench-trace", daemon=True).start()
+    from pipelines.cli import main as timestone
+
+    return timestone(argv[1:])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
