@@ -484,6 +484,96 @@ def quiet_great_expectations() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+class StepTrace:
+    """``--trace``: what each step of each batch did, by wrapping the job's step and the store's calls.
+
+    Per (batch, step): the Spark jobs it started and their summed wall time (the jobs carry the step in
+    their description; Spark's status store keeps them), the time spent bringing Spark rows to the
+    driver as Arrow, in delta-rs appends and merges (those include their collect), and the Delta tables
+    opened (each open reads the table's log).
+    """
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        self.local = threading.local()
+        self.parts: dict[tuple[int, str], dict[str, float]] = {}
+        self.lock = threading.Lock()
+
+    def add(self, part: str, seconds: float) -> None:
+        key = getattr(self.local, "key", None)
+        if key is None:
+            return
+        with self.lock:
+            parts = self.parts.setdefault(key, {})
+            parts[part] = parts.get(part, 0.0) + 1000 * seconds
+            parts[part + "_n"] = parts.get(part + "_n", 0.0) + 1
+
+    def install(self) -> None:
+        from pipelines.telemetry import job
+        from sinks import delta_rs
+
+        trace, sc = self, self.spark.sparkContext
+        step = job._Batch.step
+
+        def traced_step(batch: Any, name: str, work: Callable[[], Any]) -> Any:
+            previous = sc.getLocalProperty("spark.job.description")
+            sc.setLocalProperty("spark.job.description", f"trace {batch.out.batch_id} {name}")
+            trace.local.key = (batch.out.batch_id, name)
+            try:
+                return step(batch, name, work)
+            finally:
+                trace.local.key = None
+                sc.setLocalProperty("spark.job.description", previous)
+
+        job._Batch.step = traced_step
+
+        def timed(owner: Any, attr: str, part: str) -> None:
+            original = getattr(owner, attr)
+
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                began = time.perf_counter()
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    trace.add(part, time.perf_counter() - began)
+
+            setattr(owner, attr, wrapper)
+
+        timed(delta_rs, "_as_arrow", "collect")
+        timed(delta_rs.DeltaRsTableStore, "append", "append")
+        timed(delta_rs.DeltaRsTableStore, "merge", "merge")
+        timed(delta_rs.DeltaRsTableStore, "_open", "open")
+
+    def spark_jobs(self) -> None:
+        """Fold the traced Spark jobs (count, summed wall ms) into ``parts``."""
+        jobs = self.spark.sparkContext._jsc.sc().statusStore().jobsList(None)
+        for i in range(jobs.size()):
+            data = jobs.apply(i)
+            described = data.description()
+            if not described.isDefined() or not str(described.get()).startswith("trace "):
+                continue
+            _, batch_id, name = str(described.get()).split(" ", 2)
+            began, ended = data.submissionTime(), data.completionTime()
+            ms = ended.get().getTime() - began.get().getTime() if ended.isDefined() else 0
+            parts = self.parts.setdefault((int(batch_id), name), {})
+            parts["jobs"] = parts.get("jobs", 0.0) + ms
+            parts["jobs_n"] = parts.get("jobs_n", 0.0) + 1
+
+    def render(self, batch_ids: set[int]) -> list[str]:
+        steps = sorted({name for b, name in self.parts if b in batch_ids})
+        columns = ("jobs_n", "jobs", "collect", "append", "merge", "open_n", "open")
+        lines = [
+            "| step (median per batch) | Spark jobs | their ms | collect ms | append ms | merge ms | "
+            "tables opened | open ms |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name in steps:
+            rows = [self.parts.get((b, name), {}) for b in batch_ids if (b, name) in self.parts]
+            cells = [f"{statistics.median(r.get(c, 0.0) for r in rows):,.0f}" for c in columns]
+            lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+        return lines
+
+
 def percentile(values: list[float], pct: float) -> float:
     """Nearest-rank percentile (``pct`` in 0..100) of a non-empty list."""
     ordered = sorted(values)
@@ -1158,8 +1248,9 @@ def _render_latency(lat: LatencyRun, s: Settings) -> list[str]:
 # -- command line ----------------------------------------------------------------------------------------
 
 
-def latency_only(settings: Settings) -> int:
-    """``--latency-only``: the latency phase alone, its section and the load printed (no file written)."""
+def latency_only(settings: Settings, trace: bool = False) -> int:
+    """``--latency-only``: the latency phase alone, its section and the load printed (no file written);
+    with ``trace``, what each step of a batch did (:class:`StepTrace`) and the Delta commits per batch."""
     from pipelines.spark_session import local_spark_session
 
     root = Path(tempfile.mkdtemp(prefix="timestone-telemetry-latency-"))
@@ -1170,9 +1261,23 @@ def latency_only(settings: Settings) -> int:
     def meter_for(broker: BrokerProcess) -> CpuMeter:
         return CpuMeter(broker.process.pid if broker.process else None, spark_pid, list)
 
+    tracer = StepTrace(spark) if trace else None
+    if tracer is not None:
+        tracer.install()
     try:
         with LoadSampler() as load:
             lat = measure_latency(spark, root, settings, meter_for)
+        if tracer is not None:
+            from deltalake import DeltaTable
+
+            from pipelines.telemetry.job import TABLES
+
+            tracer.spark_jobs()
+            batches = {p["batchId"] for p in lat.progress}
+            print("\n".join(tracer.render(batches)))
+            tables = root / "latency" / "tables"
+            commits = {n: DeltaTable(str(tables / n)).version() for n in TABLES if (tables / n).exists()}
+            print(f"Delta versions after the run (all batches): {commits}")
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -1210,6 +1315,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the latency phase (~1.5 min; ~1 min with --quick); printed, no file written",
     )
+    parser.add_argument(
+        "--trace", action="store_true", help="with --latency-only: Spark jobs, collects and writes per step"
+    )
     parser.add_argument("--cold-job", nargs=2, metavar=("OFFSETS_URL", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     settings = settings_from(args)
@@ -1221,7 +1329,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: brokers, Spark
     if args.latency_only:
-        return latency_only(settings)
+        return latency_only(settings, trace=args.trace)
     started = datetime.now(UTC)
     began = time.perf_counter()
     figures = Figures(settings)
