@@ -35,7 +35,7 @@ import logging
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from broker_edge.delivery import Message
-from broker_edge.handlers import dispatch_connected, handle_connect, handle_puback
+from broker_edge.handlers import dispatch_connected, handle_connect, handle_puback, handle_publish
 from broker_edge.limits import NOT_STARTED
 from broker_edge.protocol.codec import PacketDecoder, SharedDecoder, encode, shared_decoder
 from broker_edge.protocol.errors import MQTTError, UnsupportedProtocolVersion
@@ -318,7 +318,11 @@ class Connection(asyncio.Protocol):
         if state == CONNECTED:
             session = self.session
             assert session is not None, "a connected connection has a session"
-            if type(packet) is PubAck:  # one per QoS 1 delivery: straight to its handler, no dispatch hop
+            # The packets of every message, straight to their handlers, no dispatch hop: a PUBLISH per
+            # message in, a PUBACK per QoS 1 delivery out.
+            if type(packet) is Publish:
+                handle_publish(self.host, self, session, packet)
+            elif type(packet) is PubAck:
                 handle_puback(self.host, self, session, packet)
             else:
                 dispatch_connected(self.host, self, session, packet)
