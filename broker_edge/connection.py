@@ -35,7 +35,7 @@ import logging
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from broker_edge.delivery import Message
-from broker_edge.handlers import dispatch_connected, handle_connect, handle_puback
+from broker_edge.handlers import dispatch_connected, handle_connect, handle_puback, handle_publish
 from broker_edge.limits import NOT_STARTED
 from broker_edge.protocol.codec import PacketDecoder, SharedDecoder, encode, shared_decoder
 from broker_edge.protocol.errors import MQTTError, UnsupportedProtocolVersion
@@ -318,7 +318,11 @@ class Connection(asyncio.Protocol):
         if state == CONNECTED:
             session = self.session
             assert session is not None, "a connected connection has a session"
-            if type(packet) is PubAck:  # one per QoS 1 delivery: straight to its handler, no dispatch hop
+            # The packets of every message, straight to their handlers, no dispatch hop: a PUBLISH per
+            # message in, a PUBACK per QoS 1 delivery out.
+            if type(packet) is Publish:
+                handle_publish(self.host, self, session, packet)
+            elif type(packet) is PubAck:
                 handle_puback(self.host, self, session, packet)
             else:
                 dispatch_connected(self.host, self, session, packet)
@@ -422,7 +426,17 @@ class Connection(asyncio.Protocol):
         session = self.session  # once per delivery: look at the session only for a logged message
         offsets = message.offset is not None and session is not None and session.log_offsets
         if self.aliases_out is None:
-            template = message.template(self.v5, qos, retain, subscription_ids, 0, False, offsets)
+            # A plain variant already encoded for another subscriber is looked up here, without the call
+            # to ``template`` (its key as ``Message.templates`` says): one call fewer per delivery.
+            templates = message.templates
+            if (
+                templates is None
+                or offsets
+                or subscription_ids
+                or message.expires_at is not None
+                or (template := templates.get((self.v5 << 3) | (qos << 1) | retain)) is None
+            ):
+                template = message.template(self.v5, qos, retain, subscription_ids, 0, False, offsets)
         else:
             template = self._aliased_template(message, qos, retain, subscription_ids, offsets)
             if template is None:

@@ -37,7 +37,6 @@ class Message:
     """
 
     __slots__ = (
-        "_cache",
         "expires_at",
         "offset",
         "origin",
@@ -45,6 +44,7 @@ class Message:
         "properties",
         "qos",
         "retain",
+        "templates",
         "topic",
     )
 
@@ -67,7 +67,10 @@ class Message:
         self.origin = origin
         self.offset = offset
         self.expires_at = expires_at
-        self._cache: dict | None = None
+        self.templates: dict[object, PublishTemplate] | None = None
+        """The encoded deliveries made so far (``template``), by variant. A plain variant (no alias, no
+        ``offset`` property, no subscription identifier, no expiry to send) has the key
+        ``(v5 << 3) | (qos << 1) | retain``: ``Connection.send_message`` looks those up itself."""
 
     def __repr__(self) -> str:
         return f"Message({self.topic!r}, {len(self.payload)} bytes, qos={self.qos}, offset={self.offset})"
@@ -106,10 +109,12 @@ class Message:
         if subscription_ids or expiry is not None:
             key: object = (v5, qos, retain, subscription_ids, expiry, alias, alias_only, offsets)
         else:  # the common variants: one small int (hashing a tuple per delivery would cost more)
-            key = (alias << 6) | (offsets << 5) | (alias_only << 4) | (v5 << 3) | (qos << 1) | retain
-        cache = self._cache
+            key = (v5 << 3) | (qos << 1) | retain
+            if alias or offsets:
+                key |= (alias << 6) | (offsets << 5) | (alias_only << 4)
+        cache = self.templates
         if cache is None:
-            cache = self._cache = {}
+            cache = self.templates = {}
         else:
             found = cache.get(key)
             if found is not None:

@@ -250,6 +250,11 @@ class _PeerPublisher:
         pass
 
 
+def _never_logged(topic: str, qos: int) -> bool:
+    """``PublishPath.is_logged`` of a broker that keeps no log."""
+    return False
+
+
 class PublishPath:
     """Routes, logs and acknowledges every application message of one broker (see the module docstring)."""
 
@@ -267,6 +272,9 @@ class PublishPath:
         self.replication: Replication = replication if replication is not None else LocalOnly()
         self.store: PublishStore | None = None
         """The commitlog; None when the broker keeps no log (everything is routed at once)."""
+        self.is_logged: Callable[[str, int], bool] = _never_logged
+        """Whether a publish on ``topic`` at ``qos`` goes through the log (the storage rules decide): the
+        store's ``should_persist`` once one is attached, called as is (asked once per publish)."""
         self.replays: ReplayManager | None = None
         self.forwarding: Forwarding | None = None
         """Where the cluster places topics (None: a single broker, every logged publish is appended here)."""
@@ -280,6 +288,7 @@ class PublishPath:
     def attach_store(self, store: PublishStore, replays: ReplayManager | None) -> None:
         """Log from now on into ``store``; ``replays`` learns of every appended run."""
         self.store = store
+        self.is_logged = store.should_persist
         self.replays = replays
 
     def attach_forwarding(self, forwarding: Forwarding | None) -> None:
@@ -288,11 +297,6 @@ class PublishPath:
         self.forwarding = forwarding
 
     # -- 1. accept ----------------------------------------------------------------------------------------
-
-    def is_logged(self, topic: str, qos: int) -> bool:
-        """Whether a publish on ``topic`` at ``qos`` goes through the log (the storage rules decide)."""
-        store = self.store
-        return store is not None and store.should_persist(topic, qos)
 
     def creates_log(self, topic: str) -> bool:
         """Whether logging a publish on ``topic`` would create its log (it has none yet)."""

@@ -4,7 +4,8 @@ Handlers are plain functions called synchronously by ``Connection`` for every de
 only ``handle_connect(ctx, conn, packet)`` runs (the decoder lets nothing else in first); once connected
 every packet goes to ``dispatch_connected(ctx, conn, session, packet)``, where ``session`` is the
 connection's session: a chain of exact type tests, the most frequent packets first, so that the type checker
-verifies every handler against its own packet class. ``ctx`` is the broker as a ``context.BrokerContext``;
+verifies every handler against its own packet class (``Connection`` calls the PUBLISH and PUBACK handlers, one
+per message and one per QoS 1 delivery, directly). ``ctx`` is the broker as a ``context.BrokerContext``;
 effects (write, close, refuse, pause reading) are asked of ``conn``. Nothing here imports ``connection`` at
 run time.
 """
@@ -69,4 +70,4 @@ def dispatch_connected(ctx: BrokerContext, conn: Connection, session: Session, p
         raise TypeError(f"no handler for {type(packet).__name__} from a connected client")
 
 
-__all__ = ["dispatch_connected", "handle_connect", "handle_puback"]
+__all__ = ["dispatch_connected", "handle_connect", "handle_puback", "handle_publish"]

@@ -126,3 +126,42 @@ def test_retain_when_retain_is_disabled_closes_a_v5_client_with_0x9a():
     publisher.connect("pub")
     answer = publisher.send(Publish("t", b"x", retain=True))
     assert [(type(p), p.reason_code) for p in answer] == [(Disconnect, 0x9A)]
+
+
+def test_subscribers_of_one_message_each_get_their_own_variant_of_its_publish_mqtt_3_8_4_6_and_3_3_1_9():
+    """[MQTT-3.8.4-6] A delivery's QoS is the minimum of the publish's and the subscription's; [MQTT-3.3.1-9]
+    RETAIN is 0 on a delivery to an established subscription. Every subscriber of one message gets the
+    encoding of its own variant (protocol version, QoS, subscription identifier), the second subscriber of a
+    variant the same bytes as the first."""
+    core = make_core()
+    subscribers = []
+    for index, (version, qos, props) in enumerate(
+        [
+            (MQTT_3_1_1, 0, None),
+            (MQTT_3_1_1, 0, None),
+            (5, 0, None),
+            (5, 1, None),
+            (5, 1, None),
+            (5, 1, Properties(subscription_identifiers=[7])),
+            (MQTT_3_1_1, 1, None),
+        ]
+    ):
+        subscriber = core.client(version)
+        subscriber.connect(f"sub-{index}")
+        subscriber.send(Subscribe(1, [Subscription("t/#", qos)], properties=props))
+        subscribers.append(subscriber)
+    publisher = core.client()
+    publisher.connect("pub")
+    for round_ in range(2):
+        publisher.send(Publish("t/a", b"payload", 1, packet_id=round_ + 1))
+        delivered = [subscriber.read() for subscriber in subscribers]
+        assert [[(p.topic, p.payload, p.qos, p.retain) for p in packets] for packets in delivered] == [
+            [("t/a", b"payload", qos, False)] for qos in (0, 0, 0, 1, 1, 1, 1)
+        ]
+        ids = [
+            packets[0].properties.subscription_identifiers if packets[0].properties else []
+            for packets in delivered
+        ]
+        assert ids == [[], [], [], [], [], [7], []]
+        assert subscribers[0].received == subscribers[1].received
+        assert subscribers[3].received == subscribers[4].received
