@@ -216,7 +216,7 @@ class ReplayManager:
             if entry is None:
                 del cursors[topic]
                 continue
-            sub_qos, no_local, retain_as_published, subscription_ids = entry
+            sub_qos = entry[0]
             cursor = cursors[topic]
             remote = self.remote
             if remote is not None and remote.handles(topic):
@@ -267,16 +267,7 @@ class ReplayManager:
                     del cursors[topic]  # caught up: live delivery from here on
                     break
                 for record in records:
-                    message = self._message(topic, record)
-                    qos = sub_qos if sub_qos < record.qos else record.qos
-                    if message.expires_at is not None and message.expired():
-                        self.router.count_drop("expired")
-                    elif not (no_local and record.client_id == session.client_id):
-                        retain = retain_as_published and record.retain
-                        if qos == 0:
-                            conn.send_message(message, 0, retain, subscription_ids, None)
-                        else:
-                            session._send(conn, message, qos, retain, subscription_ids)
+                    self._replay_record(session, conn, topic, record, entry)
                     cursor = record.offset + 1
                     budget -= 1
                 cursors[topic] = cursor
@@ -297,7 +288,7 @@ class ReplayManager:
         Returns the budget left, or -1 when the pump must stop (window full, more to come later)."""
         cursors = session.cursors
         assert cursors is not None
-        sub_qos, no_local, retain_as_published, subscription_ids = entry
+        sub_qos = entry[0]
         cursor = cursors[topic]
         while True:
             end = remote.live_end(topic)
@@ -325,19 +316,32 @@ class ReplayManager:
             for record in records[:room]:
                 if record.offset >= end:
                     break
-                message = self._message(topic, record)
-                qos = sub_qos if sub_qos < record.qos else record.qos
-                if message.expires_at is not None and message.expired():
-                    self.router.count_drop("expired")
-                elif not (no_local and record.client_id == session.client_id):
-                    retain = retain_as_published and record.retain
-                    if qos == 0:
-                        conn.send_message(message, 0, retain, subscription_ids, None)
-                    else:
-                        session._send(conn, message, qos, retain, subscription_ids)
+                self._replay_record(session, conn, topic, record, entry)
                 cursor = record.offset + 1
                 budget -= 1
             cursors[topic] = cursor
+
+    def _replay_record(
+        self,
+        session: Session,
+        conn: Connection,
+        topic: str,
+        record: Record,
+        entry: tuple[int, bool, bool, tuple[int, ...]],
+    ) -> None:
+        """Send one logged record to a session catching up, under its subscription ``entry``: not when it
+        expired, nor a record of the session's own client under No Local."""
+        sub_qos, no_local, retain_as_published, subscription_ids = entry
+        message = self._message(topic, record)
+        if message.expires_at is not None and message.expired():
+            self.router.count_drop("expired")
+        elif not (no_local and record.client_id == session.client_id):
+            qos = sub_qos if sub_qos < record.qos else record.qos
+            retain = retain_as_published and record.retain
+            if qos == 0:
+                conn.send_message(message, 0, retain, subscription_ids, None)
+            else:
+                session._send(conn, message, qos, retain, subscription_ids)
 
     def _advance(self, session: Session, topic: str, offset: int) -> None:
         cursors = session.cursors
