@@ -322,3 +322,22 @@ def session_record(target: EtcdTarget, client_id: str) -> SessionRecord | None:
         if key.endswith(f"/{client_id}")
     ]
     return SessionRecord.from_json(found[0]) if found else None
+
+
+# -- placement --------------------------------------------------------------------------------------------
+
+
+def copies_spread(target: EtcdTarget, nodes: tuple[str, ...], partitions: int, replicas: int = 2) -> bool:
+    """Every one of ``partitions`` with ``replicas`` replicas, all in sync and led by one of ``nodes``,
+    and every node within one copy of the others: nothing moves any more."""
+    state = cluster_state(target)
+    if set(state.members) != set(nodes) or len(state.partitions) != partitions:
+        return False
+    copies = dict.fromkeys(nodes, 0)
+    for partition in state.partitions.values():
+        in_sync = len(partition.replicas) == len(partition.isr) == replicas
+        if not in_sync or partition.leader not in nodes:
+            return False
+        for replica in partition.replicas:
+            copies[replica] += 1
+    return max(copies.values()) - min(copies.values()) <= 1

@@ -18,7 +18,7 @@ from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_br
 from broker_edge.cluster.view import partition_of
 from broker_edge.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient, close_all
-from tests.e2e.cluster.proof import cluster_state, wait_settled, wait_until
+from tests.e2e.cluster.proof import cluster_state, copies_spread, wait_settled, wait_until
 from tests.e2e.cluster.test_device_offsets import device_from, numbered
 from tests.e2e.commitlog.e2e_helpers import offset_of
 
@@ -31,16 +31,7 @@ VERSIONS = pytest.mark.parametrize("version", [5, 4], ids=["v5", "v3.1.1"])
 def spread(etcd: EtcdTarget) -> bool:
     """Every partition with two in-sync replicas among the three, copies spread within one: nothing moves
     while the test runs."""
-    state = cluster_state(etcd)
-    if set(state.members) != set(NODES) or len(state.partitions) != PARTITIONS:
-        return False
-    copies = dict.fromkeys(NODES, 0)
-    for partition in state.partitions.values():
-        if len(partition.replicas) != 2 or len(partition.isr) != 2 or partition.leader not in NODES:
-            return False
-        for replica in partition.replicas:
-            copies[replica] += 1
-    return max(copies.values()) - min(copies.values()) <= 1
+    return copies_spread(etcd, NODES, PARTITIONS)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 from broker_edge.cluster.local_cluster import EtcdTarget
 from broker_edge.cluster.view import PartitionState
 from broker_edge.launcher import BrokerProcess
-from tests.e2e.cluster.proof import cluster_state, wait_settled
+from tests.e2e.cluster.proof import cluster_state, copies_spread, wait_settled
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -23,21 +23,6 @@ NODES = ("a", "b", "c", "d")
 PARTITIONS = 16
 QUIET_S = 5.0
 """How long nothing may change once copies are spread."""
-
-
-def copies_spread(etcd: EtcdTarget) -> bool:
-    """Every partition with exactly two replicas, both in sync, and every broker within one copy of the
-    others."""
-    state = cluster_state(etcd)
-    if set(state.members) != set(NODES) or len(state.partitions) != PARTITIONS:
-        return False
-    copies = dict.fromkeys(NODES, 0)
-    for partition in state.partitions.values():
-        if len(partition.replicas) != 2 or len(partition.isr) != 2 or partition.leader not in NODES:
-            return False
-        for replica in partition.replicas:
-            copies[replica] += 1
-    return max(copies.values()) - min(copies.values()) <= 1
 
 
 def placement(etcd: EtcdTarget) -> dict[int, tuple[str | None, int, tuple[str, ...]]]:
@@ -69,7 +54,7 @@ def test_once_copies_are_spread_no_replica_or_leadership_moves_any_more(
                 changes.append((now, partition, placed))
                 quiet_since = now
         last = where
-        if now - quiet_since >= QUIET_S and copies_spread(etcd):
+        if now - quiet_since >= QUIET_S and copies_spread(etcd, NODES, PARTITIONS):
             break
         recent = [(p, placed) for at, p, placed in changes if at > now - 10]
         assert now < deadline, (
