@@ -14,6 +14,26 @@ from broker_edge.storage.hw_checkpoint import CHECKPOINT_FILE, read_checkpoint
 RECORD = (b"reading", 1, False, "device", (), None, None, None, None, None)
 
 
+def _commit_and_wait_for_a_periodic_checkpoint(tmp_path: Path) -> None:
+    """A replicated store checkpointing every 50 ms commits 3 records of ``t``; returns once a periodic
+    checkpoint saved that (fails after 5 s)."""
+
+    async def scenario() -> None:
+        store = _store(tmp_path)
+        store.enable_replication(checkpoint_interval_s=0.05)
+        store.append_batch("t", [RECORD] * 3)
+        await store.wait_durable()
+        store.commit("t", 3)
+        path = store.layout.meta_file(CHECKPOINT_FILE)
+        deadline = asyncio.get_running_loop().time() + 5
+        while read_checkpoint(path) != {"t": 3}:
+            assert asyncio.get_running_loop().time() < deadline, "no checkpoint written"
+            await asyncio.sleep(0.01)
+        store.close()
+
+    asyncio.run(scenario())
+
+
 def _store(path: Path) -> LogStore:
     store = LogStore(path, StorageConfig(durability="fsync"))
     store.open()
@@ -66,20 +86,7 @@ def test_a_crash_shows_at_most_the_last_checkpoint_and_a_log_it_does_not_list_sh
 
 
 def test_the_checkpoint_is_written_periodically_while_the_loop_runs(tmp_path: Path) -> None:
-    async def scenario() -> None:
-        store = _store(tmp_path)
-        store.enable_replication(checkpoint_interval_s=0.05)
-        store.append_batch("t", [RECORD] * 3)
-        await store.wait_durable()
-        store.commit("t", 3)
-        path = store.layout.meta_file(CHECKPOINT_FILE)
-        deadline = asyncio.get_running_loop().time() + 5
-        while read_checkpoint(path) != {"t": 3}:
-            assert asyncio.get_running_loop().time() < deadline, "no checkpoint written"
-            await asyncio.sleep(0.01)
-        store.close()
-
-    asyncio.run(scenario())
+    _commit_and_wait_for_a_periodic_checkpoint(tmp_path)
 
 
 def test_a_store_never_replicated_starts_with_everything_committed(tmp_path: Path) -> None:
@@ -143,22 +150,9 @@ def test_the_periodic_checkpoint_is_written_off_the_loop_thread(tmp_path: Path, 
 
     monkeypatch.setattr(store_module, "write_checkpoint", spying)
 
-    async def scenario() -> None:
-        store = _store(tmp_path)
-        store.enable_replication(checkpoint_interval_s=0.05)  # the first one at once, in this thread
-        store.append_batch("t", [RECORD] * 3)
-        await store.wait_durable()
-        store.commit("t", 3)
-        path = store.layout.meta_file(CHECKPOINT_FILE)
-        deadline = asyncio.get_running_loop().time() + 5
-        while read_checkpoint(path) != {"t": 3}:
-            assert asyncio.get_running_loop().time() < deadline, "no checkpoint written"
-            await asyncio.sleep(0.01)
-        store.close()
+    _commit_and_wait_for_a_periodic_checkpoint(tmp_path)
 
-    asyncio.run(scenario())
-
-    assert writers[0] is threading.main_thread()
+    assert writers[0] is threading.main_thread()  # enabling replication writes the first one at once
     assert writers[1] is not threading.main_thread()
 
 
