@@ -205,7 +205,7 @@ async def start_polled_listener(broker: Any, listener: Any) -> _PolledServer:
             transport = PolledTransport(sock.detach(), connection)
             _peer = address
             try:
-                connection.connection_made(transport)  # type: ignore[arg-type]
+                connection.connection_made(transport)  # type: ignore[arg-type]  # has the methods Connection calls
             finally:
                 _peer = None
             if not transport.flags & _CLOSED:
@@ -234,7 +234,7 @@ class PolledTimestone(Timestone):
 def main(argv: list[str]) -> int:
     from broker_edge.transports import tcp
 
-    tcp.start_tcp_listener = start_polled_listener  # type: ignore[assignment]
+    tcp.start_tcp_listener = start_polled_listener  # type: ignore[assignment]  # this process only
     from pipelines.cli import main as timestone
 
     return timestone(argv)
