@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 import yarl
 
-from broker_edge.storage.record import decode_frames
+from broker_edge.offsets_api.formats import frames_records, topic_path_segment
 
 if TYPE_CHECKING:
     from broker_edge.replay import ReplayManager
@@ -145,7 +145,7 @@ class RemoteReads:
         query = urllib.parse.urlencode(
             {"offset": offset, "max_records": READ_RECORDS, "max_bytes": READ_BYTES, "format": "frames"}
         )
-        url = f"{base.rstrip('/')}/v1/logs/{urllib.parse.quote(topic, safe='')}/records?{query}"
+        url = f"{base.rstrip('/')}/v1/logs/{topic_path_segment(topic)}/records?{query}"
         self.fetches += 1
         try:
             timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
@@ -159,12 +159,13 @@ class RemoteReads:
                 if answer.status != 200:
                     log.debug("reading %r from %s: HTTP %d", topic, base, answer.status)
                     return []
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as error:
+                records, refused = frames_records(body, answer.headers, _MAX_FRAME_BODY)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError) as error:
             log.debug("reading %r from %s failed: %s", topic, base, error)
             return []
-        records, refused = decode_frames(body, offset, _MAX_FRAME_BODY)
         if refused is not None:
-            log.error("%r from %s: frame %d refused (%s)", topic, base, offset + len(records), refused)
+            first_refused = records[-1].offset + 1 if records else offset
+            log.error("%r from %s: frame %d refused (%s)", topic, base, first_refused, refused)
         return records
 
     def _reader(self, topic: str) -> str | None:

@@ -34,9 +34,10 @@ from .errors import (
 from .formats import (
     END_OFFSET_HEADER,
     NEXT_OFFSET_HEADER,
-    RECORD_COUNT_HEADER,
     RESULTS_METADATA_KEY,
     START_OFFSET_HEADER,
+    frames_records,
+    topic_path_segment,
 )
 
 if TYPE_CHECKING:
@@ -61,12 +62,6 @@ Offset = int | Literal["earliest", "latest"]
 T = TypeVar("T")
 _RETRIED_STATUSES = frozenset({502, 503, 504})
 _MAX_FRAME_BODY = 1 << 31
-
-
-def topic_path_segment(topic: str) -> str:
-    """`topic` as one URL path segment (`/` becomes %2F; `.` and `..` escaped so nothing normalises them)."""
-    segment = urllib.parse.quote(topic, safe="")
-    return segment.replace(".", "%2E") if segment in (".", "..") else segment
 
 
 class OffsetsClient:
@@ -148,13 +143,9 @@ class OffsetsClient:
     ) -> Fetched[list[Record]]:
         """Records as stored (raw frames, checksums verified here again): lossless, for peer brokers."""
         data, headers = self._records(topic, offset, max_records, max_bytes, wait_ms, "frames")
-        count = int(headers[RECORD_COUNT_HEADER])
-        first_offset = int(headers[NEXT_OFFSET_HEADER]) - count
-        from broker_edge.storage.record import decode_frames  # the frame format is the log's: only here
-
-        records, error = decode_frames(data, first_offset, _MAX_FRAME_BODY)
-        if error is not None or len(records) != count:
-            raise OffsetsApiError(200, "bad_frames", f"damaged frames from the broker: {error}")
+        records, refused = frames_records(data, headers, _MAX_FRAME_BODY)
+        if refused is not None:
+            raise OffsetsApiError(200, "bad_frames", f"damaged frames from the broker: {refused}")
         return _fetched(records, headers)
 
     def fetch_many(

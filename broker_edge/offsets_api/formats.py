@@ -8,8 +8,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import urllib.parse
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from broker_edge.storage.record import Record
@@ -35,6 +36,32 @@ POSITION_METADATA_KEYS = {
 """Arrow schema metadata of a single-topic fetch (the same values as the response headers)."""
 
 CONTENT_TYPE_PROPERTY = "content_type"
+
+
+class HeaderLookup(Protocol):
+    """Response headers by name (``http.client``'s and aiohttp's both)."""
+
+    def __getitem__(self, name: str, /) -> Any: ...
+
+
+def topic_path_segment(topic: str) -> str:
+    """`topic` as one URL path segment (`/` becomes %2F; `.` and `..` escaped so nothing normalises them)."""
+    segment = urllib.parse.quote(topic, safe="")
+    return segment.replace(".", "%2E") if segment in (".", "..") else segment
+
+
+def frames_records(data: bytes, headers: HeaderLookup, max_body: int) -> tuple[list[Record], str | None]:
+    """The records of a `format=frames` answer, from the first offset its headers give (checksums verified
+    again), and why the rest of it was refused (None: every frame valid, as many as the headers count)."""
+    from broker_edge.storage.record import decode_frames  # the frame format is the log's: only here
+
+    count = int(headers[RECORD_COUNT_HEADER])
+    records, error = decode_frames(data, int(headers[NEXT_OFFSET_HEADER]) - count, max_body)
+    if error is not None:
+        return records, str(error)
+    if len(records) != count:
+        return records, f"{len(records)} frames for {count} records"
+    return records, None
 
 
 def record_properties(record: Record) -> Sequence[tuple[str, str]]:
