@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from broker_edge.cluster.remote_reads import RemoteReads as RemoteLogs
+    from broker_edge.cluster.remote_starts import RemoteStarts
     from broker_edge.connection import Connection
     from broker_edge.offsets_types import LogInfo
     from broker_edge.router import Router
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from broker_edge.storage.record import Record
     from broker_edge.storage.store import LogStore
 
-__all__ = ["ReplayManager", "message_of_record"]
+__all__ = ["ReplayManager", "message_of_record", "start_offset"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,9 @@ class ReplayManager:
         partitions); None: every topic's is."""
         self.remote: RemoteLogs | None = None
         """Reads the topics a cluster node holds no copy of from another broker (None: none)."""
+        self.remote_starts: RemoteStarts | None = None
+        """Positions replays in the topics a cluster node holds no copy of, asking the brokers that hold
+        them (None: none)."""
 
     def reads(self, topic: str) -> bool:
         """Whether a session can read ``topic`` from the log here later (else it keeps messages instead)."""
@@ -96,7 +100,8 @@ class ReplayManager:
         cursors = session.cursors
         cursor = cursors.get(message.topic) if cursors else None
         if cursor is None:
-            return False
+            starts = self.remote_starts
+            return starts is not None and starts.holding(session, message.topic, offset)
         if offset < cursor:
             return True  # already delivered from the log
         if offset == cursor and session.connection is not None and (qos == 0 or session.window_open()):
@@ -116,7 +121,9 @@ class ReplayManager:
 
         Returns the logs where the asked offset is outside the log, each as the ``OffsetOutOfRange`` a
         reader of the log would get: below the start (retention removed it) the replay starts at the
-        start, past the end at the end. The SUBACK tells a v5 client (``out_of_range_properties``).
+        start, past the end at the end. The SUBACK tells a v5 client (``out_of_range_properties``). On a
+        cluster node, the logs it holds no copy of are positioned by asking the brokers holding them
+        (``remote_starts``); ``when_started`` says when that is done.
         """
         store = self.store
         try:
@@ -130,28 +137,13 @@ class ReplayManager:
         if cursors is None:
             cursors = session.cursors = {}
         remote = self.remote
-        exact = "+" not in topic_filter and "#" not in topic_filter
-        if remote is not None and exact and remote.handles(topic_filter):
-            # no copy here: read from another broker, from the offset asked (its bounds are not known here)
-            if start.kind is OffsetStartKind.EARLIEST:
-                cursors[topic_filter] = 0
-            elif start.kind is OffsetStartKind.OFFSET and start.value is not None:
-                cursors[topic_filter] = start.value
-            else:
-                log.info(
-                    "replay of %r from %s: not held here, delivering from now on",
-                    topic_filter,
-                    start.kind.name.lower(),
-                    extra={"client_id": session.client_id},
-                )
-            if not cursors:
-                session.cursors = None
-            return []
         outside: list[OffsetOutOfRange] = []
         for info in infos:
             if info.topic.startswith("$") and topic_filter[:1] in ("+", "#"):
                 continue
-            offset = self._start_offset(info, start)
+            if remote is not None and remote.handles(info.topic):
+                continue  # not a copy: an older part of the log, or nothing (``remote_starts``)
+            offset = start_offset(store, info, start)
             if not info.start_offset <= offset <= info.end_offset:
                 outside.append(OffsetOutOfRange(info.topic, offset, info.start_offset, info.end_offset))
                 log.info(
@@ -164,21 +156,19 @@ class ReplayManager:
                     extra={"client_id": session.client_id},
                 )
             cursors[info.topic] = min(max(offset, info.start_offset), info.end_offset)
-        if not cursors:
-            session.cursors = None
+        starts = self.remote_starts
+        if starts is not None:
+            starts.start(session, topic_filter, start)
+        self._drop_cursors_if_none(session)
         return outside
 
-    def _start_offset(self, info: LogInfo, start: OffsetStart) -> int:
-        kind = start.kind
-        if kind is OffsetStartKind.EARLIEST:
-            return info.start_offset
-        if kind is OffsetStartKind.LATEST:
-            return info.end_offset
-        value = start.value
-        assert value is not None, "an offset or timestamp start carries its value"
-        if kind is OffsetStartKind.TIMESTAMP:
-            return self.store.offset_for_timestamp(info.topic, value)
-        return value
+    def when_started(
+        self, session: Session, outside: list[OffsetOutOfRange], ready: Callable[[], None]
+    ) -> bool:
+        """Whether ``session``'s replays are still being positioned in logs held by other brokers; if so,
+        ``ready()`` runs once they are, after adding to ``outside`` those whose offset was outside them."""
+        starts = self.remote_starts
+        return starts is not None and starts.when_started(session, outside, ready)
 
     @staticmethod
     def out_of_range_properties(outside: list[OffsetOutOfRange]) -> Properties:
@@ -271,8 +261,7 @@ class ReplayManager:
                     cursor = record.offset + 1
                     budget -= 1
                 cursors[topic] = cursor
-        if not cursors:
-            session.cursors = None
+        self._drop_cursors_if_none(session)
 
     def _pump_remote(
         self,
@@ -359,8 +348,7 @@ class ReplayManager:
                 end = offset
         if offset >= end:
             del cursors[topic]
-            if not cursors:
-                session.cursors = None
+            self._drop_cursors_if_none(session)
         else:
             cursors[topic] = offset
 
@@ -423,12 +411,35 @@ class ReplayManager:
         for topic in list(cursors):
             if self._subscription(session, topic) is None:
                 del cursors[topic]
-        if not cursors:
+        self._drop_cursors_if_none(session)
+
+    def _drop_cursors_if_none(self, session: Session) -> None:
+        """No cursor left: the router hands the session live copies again without asking ``holds``
+        (unless a replay is being positioned in logs held elsewhere, whose live messages wait)."""
+        starts = self.remote_starts
+        if not session.cursors and not (starts is not None and starts.pending(session)):
             session.cursors = None
 
     def forget_session(self, session: Session) -> None:
         session.cursors = None
         self._scheduled.discard(session)
+        if self.remote_starts is not None:
+            self.remote_starts.forget(session)
+
+
+def start_offset(store: LogStore, info: LogInfo, start: OffsetStart) -> int:
+    """The offset ``start`` names in the log ``info`` describes, before it is clamped to the log (a time:
+    the first record appended at or after it, else the committed end)."""
+    kind = start.kind
+    if kind is OffsetStartKind.EARLIEST:
+        return info.start_offset
+    if kind is OffsetStartKind.LATEST:
+        return info.end_offset
+    value = start.value
+    assert value is not None, "an offset or timestamp start carries its value"
+    if kind is OffsetStartKind.TIMESTAMP:
+        return min(store.offset_for_timestamp(info.topic, value), info.end_offset)
+    return value
 
 
 def record_properties(record: Record) -> Properties | None:

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from broker_edge.cluster.leader import LeaderReplication
     from broker_edge.cluster.membership import Membership
     from broker_edge.cluster.remote_reads import RemoteReads
+    from broker_edge.cluster.remote_starts import RemoteStarts
     from broker_edge.cluster.sessions import ClusterSessions
     from broker_edge.server import Broker
 
@@ -139,6 +140,7 @@ class ClusterNode:
         self.sessions: ClusterSessions | None = None
         self.epochs: LeaderEpochs | None = None
         self.remote_reads: RemoteReads | None = None
+        self.remote_starts: RemoteStarts | None = None
         if not self.static:
             self._build_coordination_and_replication()
             self._build_sessions()
@@ -217,11 +219,20 @@ class ClusterNode:
         )
         broker.router.subscribe_gate = self.followers.subscribe_gate
         if broker.replays is not None:
+            from broker_edge.cluster.log_starts import LogStarts
             from broker_edge.cluster.remote_reads import RemoteReads
+            from broker_edge.cluster.remote_starts import RemoteStarts
 
             broker.replays.log_here = self._log_here
             self.remote_reads = RemoteReads(view, self.followers, self._log_here, broker.replays, self.token)
             broker.replays.remote = self.remote_reads
+            self.remote_starts = RemoteStarts(
+                view,
+                LogStarts(store, view, self.links),
+                self._log_here,
+                self.followers.observed_logs,
+            )
+            broker.replays.remote_starts = self.remote_starts
         self.links.on(PUSH, self.followers.pushed)
         timeout = broker.config.offsets_api.request_timeout_s
         broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch, timeout, pushes=True))
@@ -307,6 +318,8 @@ class ClusterNode:
             await self.followers.stop()
         if self.remote_reads is not None:
             await self.remote_reads.stop()
+        if self.remote_starts is not None:
+            await self.remote_starts.stop()
         await self.links.close()
         if self.coordinator is not None:
             await self.coordinator.stop()

@@ -16,6 +16,9 @@ position in such a topic is behind, or a device subscribing from an offset, read
   every replica). ``None`` while they are being fetched: the sessions that asked are pumped again once
   they are in. Windows are kept for the last few hundred topics read, shared by the sessions reading them.
 
+Where a device's replay starts in such a topic (a filter's topics, the log's bounds, a time's offset) is
+asked of the leader before the SUBACK (``remote_starts``); its cursors are then read here.
+
 Nothing of this is on the path of a live message: only sessions behind on such a topic cause reads.
 """
 

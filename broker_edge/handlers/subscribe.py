@@ -108,14 +108,14 @@ def handle_subscribe(ctx: BrokerContext, conn: Connection, session: Session, pac
             replaying = True
         elif group is None and (sub.retain_handling == 0 or (sub.retain_handling == 1 and is_new)):
             retained.append((topic_filter, options))
-    properties = None
-    if outside and v5 and conn.problem_information and replays is not None:
-        properties = replays.out_of_range_properties(outside)
-    suback = SubAck(packet.packet_id, codes, properties)
-    if properties is not None and len(encode(suback, conn.version)) > conn.max_packet_out:
-        suback = SubAck(packet.packet_id, codes, None)  # the properties may go, the reason codes not
 
     def acknowledge() -> None:
+        properties = None
+        if outside and v5 and conn.problem_information and replays is not None:
+            properties = replays.out_of_range_properties(outside)
+        suback = SubAck(packet.packet_id, codes, properties)
+        if properties is not None and len(encode(suback, conn.version)) > conn.max_packet_out:
+            suback = SubAck(packet.packet_id, codes, None)  # the properties may go, the reason codes not
         conn.send_packet(suback)
         for topic_filter, options in retained:
             router.send_retained(session, topic_filter, options)
@@ -128,8 +128,20 @@ def handle_subscribe(ctx: BrokerContext, conn: Connection, session: Session, pac
             if conn.backlog is None:  # else reading resumes once the held packets are handled
                 conn.resume_reading()
 
-    gate = router.subscribe_gate
-    if gate is None or not gate(released):
+    def gated() -> bool:
+        """Whether the SUBACK waits for observation (a cluster node routes the new subscriptions' records
+        here from the SUBACK on)."""
+        gate = router.subscribe_gate
+        return gate is not None and gate(released)
+
+    def started() -> None:
+        if not gated():
+            released()
+
+    if replaying and replays is not None and replays.when_started(session, outside, started):
+        conn.pause_reading()  # a cluster node asks the brokers holding the logs where the replays start
+        return
+    if not gated():
         acknowledge()
         return
-    conn.pause_reading()  # a cluster node routes the new subscriptions' records here from the SUBACK on
+    conn.pause_reading()
