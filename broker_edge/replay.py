@@ -86,9 +86,10 @@ class ReplayManager:
         them (None: none)."""
 
     def reads(self, topic: str) -> bool:
-        """Whether a session can read ``topic`` from the log here later (else it keeps messages instead)."""
+        """Whether a session can read ``topic`` from a log later (else it keeps messages instead): from
+        this broker's, or from another broker's when this one holds no copy of it."""
         log_here = self.log_here
-        return log_here is None or log_here(topic)
+        return log_here is None or self.remote is not None or log_here(topic)
 
     # -- live routing ---------------------------------------------------------------------------------------
 
