@@ -9,7 +9,9 @@ SUBSCRIBE (``<offset>``, ``earliest``, ``latest`` or ``time:<epoch-ms>``) or the
 ``$offset/<start>/<filter>``. Replays need the commitlog; without one such a filter is refused (0x80/0x83).
 A v5 SUBACK says when an asked offset is outside a log (``offset_out_of_range``, see ``broker_edge.replay``),
 unless the client set Request Problem Information to 0 [MQTT-3.1.2-29] or the properties would make the
-SUBACK larger than its Maximum Packet Size [MQTT-3.9.2-1, -2].
+SUBACK larger than its Maximum Packet Size [MQTT-3.9.2-1, -2]. On a cluster node the SUBACK waits until the
+replays are positioned in logs other brokers hold (``ReplayManager.when_started``), then until the partitions
+the new subscriptions need are observed (``Router.subscribe_gate``); reading from the client pauses meanwhile.
 """
 
 from __future__ import annotations
