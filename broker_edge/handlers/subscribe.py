@@ -27,7 +27,7 @@ from broker_edge.protocol.topics import (
     parse_shared,
     validate_topic_filter,
 )
-from broker_edge.states import CLOSED
+from broker_edge.states import CLOSED, HELD_FOR_SUBACK
 from broker_edge.subscriptions import SubscriptionOptions
 
 if TYPE_CHECKING:
@@ -125,11 +125,10 @@ def handle_subscribe(ctx: BrokerContext, conn: Connection, session: Session, pac
     def released() -> None:
         if conn.state != CLOSED:
             acknowledge()
-            if conn.backlog is None:  # else reading resumes once the held packets are handled
-                conn.resume_reading()
+            conn.release(HELD_FOR_SUBACK)
 
     gate = router.subscribe_gate
     if gate is None or not gate(released):
         acknowledge()
         return
-    conn.pause_reading()  # a cluster node routes the new subscriptions' records here from the SUBACK on
+    conn.hold(HELD_FOR_SUBACK)  # a cluster node routes the new subscriptions' records here from the SUBACK on
