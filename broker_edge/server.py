@@ -173,6 +173,13 @@ class Broker(BrokerCore):
         self.replays = ReplayManager(self.router, store, self.loop)
         self.router.replays = self.replays
         self.publish_path.attach_store(store, self.replays)
+        budget = store.tail_cache_budget
+        self.metrics.gauge(
+            "tail_cache_bytes", "Memory the commitlog's tail caches hold, as they account it."
+        ).set_function(lambda: budget.bytes)
+        self.metrics.gauge(
+            "tail_cache_max_bytes", "The bound on the tail caches' memory (storage.tail_cache_total_bytes)."
+        ).set(budget.max_bytes)
         if self.config.sessions.persist:
             can_subscribe = self.acl.can_subscribe if self.acl is not None else None
             self.session_store = SessionStore(
