@@ -152,9 +152,10 @@ def test_a_3_1_1_duplicate_qos2_publish_waits_for_its_answer_like_a_publish():
     assert client.conn.incoming_pending == 0
 
 
-def test_an_mqtt_5_client_over_receive_maximum_is_disconnected_not_held_mqtt_3_3_4_9():
-    """[MQTT-3.3.4-9] A v5 client is told Receive Maximum in CONNACK; sending more unacknowledged QoS 1
-    publishes than that while the log is behind is a protocol error: DISCONNECT 0x93, not a pause."""
+def test_an_mqtt_5_client_over_receive_maximum_is_disconnected_0x93_not_held():
+    """A v5 client is told Receive Maximum in CONNACK and must not have more QoS 1/2 publishes unanswered
+    ([MQTT-3.3.4-7], the Client's rule); the Server's answer to one that does, while its log is behind, is
+    DISCONNECT 0x93 (3.3.4), not a pause."""
     core, _ = _core_with_log(receive_maximum=4)
     client = _publisher(core, MQTT_5)
     answer = client.send(*_qos1(1, 5))
