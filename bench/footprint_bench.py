@@ -181,12 +181,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _trace_at(text: str, seconds: float, warmup: float) -> tuple[float, float, float] | None:
-    """`--soak-trace` as given; else, for a soak of 5 minutes or more, snapshots without tracing at the start
-    of the warm window and just before the end."""
+    """`--soak-trace` as given; else, for a soak of 5 minutes or more, snapshots without tracing 30 s before
+    the warm-up ends and after the last sample: each snapshot stops the broker's loop for seconds (a garbage
+    collection, a count of every object), and the backlog that leaves stepped RSS up inside the warm window
+    when the snapshots were taken in it."""
     if not text:
         if seconds < 300:
             return None
-        return -1.0, seconds * warmup, seconds - 15.0
+        return -1.0, max(0.0, seconds * warmup - 30.0), seconds - 1.0
     start, first, second = (float(part) for part in text.split(","))
     return start, first, second
 
