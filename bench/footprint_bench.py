@@ -31,7 +31,7 @@ from bench.footprint_install import InstallSize, installed
 from bench.footprint_polled import PolledTimestone
 from bench.footprint_startup import DefaultTimestone, StartupResult, measure_startup
 from bench.loadgen.idle import IdleResult, run_idle
-from bench.soak_bench import MAX_HOURLY_GROWTH, SoakResult, run_soak
+from bench.soak_bench import CACHES_FULL, MAX_HOURLY_GROWTH, SoakResult, SoakSample, run_soak
 from bench.soak_load import SoakLoad
 from bench.sysinfo import machine_info, raise_fd_limit, split_cpus
 
@@ -77,7 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=0.5,
         help="fraction of the soak counted as warm-up, left out of the growth trend (default 0.5: the RSS of "
-        "a 600 s soak at 5,000 devices rose until about 400 s, with the tail caches full after about 30 s)",
+        "a 600 s soak at 5,000 devices rose until about 400 s); warm starts no earlier than the first sample "
+        "with the broker's tail caches full",
     )
     parser.add_argument(
         "--soak-tail-cache-mib",
@@ -180,12 +181,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _trace_at(text: str, seconds: float, warmup: float) -> tuple[float, float, float] | None:
-    """`--soak-trace` as given; else, for a soak of 5 minutes or more, snapshots without tracing at the start
-    of the warm window and just before the end."""
+    """`--soak-trace` as given; else, for a soak of 5 minutes or more, snapshots without tracing 30 s before
+    the warm-up ends and after the last sample: each snapshot stops the broker's loop for seconds (a garbage
+    collection, a count of every object), and the backlog that leaves stepped RSS up inside the warm window
+    when the snapshots were taken in it."""
     if not text:
         if seconds < 300:
             return None
-        return -1.0, seconds * warmup, seconds - 15.0
+        return -1.0, max(0.0, seconds * warmup - 30.0), seconds - 1.0
     start, first, second = (float(part) for part in text.split(","))
     return start, first, second
 
@@ -348,17 +351,17 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
         f"{soak.duration_s:.0f} s: a default broker with {load.devices:,} devices (persistent sessions) each "
         f"publishing one {load.payload_bytes}-byte QoS 1 message per {load.interval_s:g} s, "
         f"{load.churn_per_s} devices/s dropping their connection and coming back 1-3 s later, one QoS 1 "
-        f"subscriber to every device and {load.groups} QoS 0 group subscribers. The first "
-        f"{soak.warmup_s:.0f} s are warm-up. Broker: {soak.broker_config}. The tail caches (recent records "
-        "kept in memory per log) grow until their store-wide bound of memory: the default bound, 256 MiB, "
-        "takes longer than a short soak to fill at this rate, so the soak bounds them lower.",
+        f"subscriber to every device and {load.groups} QoS 0 group subscribers. Broker: "
+        f"{soak.broker_config}. The tail caches (recent records kept in memory per log) grow until their "
+        "store-wide bound of memory: the default bound, 256 MiB, takes longer than a short soak to fill at "
+        "this rate, so the soak bounds them lower. " + _warm_text(soak),
         "",
         f"Warm rates: {soak.rate('published'):,.0f} publishes/s, {soak.rate('acked'):,.0f} PUBACKs/s, "
         f"{soak.rate('delivered'):,.0f} deliveries/s, {soak.rate('reconnects'):,.1f} reconnects/s.",
         "",
         "| time | RSS | anonymous | file-backed | threads | open files | broker CPU | devices connected | "
-        "acknowledged |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "acknowledged | tail caches |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     step = max(1, len(soak.samples) // 12)
     shown = soak.samples[::step]
@@ -368,7 +371,7 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
         lines.append(
             f"| {s.at_s:.0f} s | {s.rss / 2**20:.1f} MiB | {s.rss_anon / 2**20:.1f} MiB | "
             f"{s.rss_file / 2**20:.1f} MiB | {s.threads} | {s.open_files} | {s.cpu_s:.0f} s | "
-            f"{s.devices_connected:,} | {s.acked:,} |"
+            f"{s.devices_connected:,} | {s.acked:,} | {_caches_text(s)} |"
         )
     lines.append("")
     if warm:
@@ -396,6 +399,24 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
         lines += ["What grew between the two snapshots of the broker (`bench/traced_broker.py`):", "", "```"]
         lines += [*soak.traced, "```", ""]
     return lines
+
+
+def _warm_text(soak: SoakResult) -> str:
+    """Where the warm window starts, and why there."""
+    full_at = soak.caches_full_at
+    if full_at is None:
+        return "The tail caches never reached their bound: there is no warm window, and no verdict on growth."
+    return (
+        f"Warm from {soak.warm_from_s:.0f} s: the later of the end of the warm-up ({soak.warmup_s:.0f} s) "
+        f"and the first sample with the tail caches full (at least {CACHES_FULL:.0%} of their bound, "
+        f"{full_at:.0f} s)."
+    )
+
+
+def _caches_text(sample: SoakSample) -> str:
+    if sample.tail_cache_max_bytes <= 0:
+        return "-"
+    return f"{sample.tail_cache_bytes / 2**20:.1f} of {sample.tail_cache_max_bytes / 2**20:.0f} MiB"
 
 
 def _load() -> str:

@@ -41,6 +41,7 @@ class DefaultTimestone(Timestone):
         storage: dict[str, int] | None = None,
         traced: Path | None = None,
         polled: bool = False,
+        admin_port: int = 0,
     ) -> None:
         super().__init__(executable=executable)
         self._label = label
@@ -50,6 +51,8 @@ class DefaultTimestone(Timestone):
         """Run under `bench.traced_broker` with this control directory (None: the `timestone` command)."""
         self.polled = polled
         """Run on the polled transport prototype (`bench.footprint_polled`)."""
+        self.admin_port = admin_port
+        """The admin HTTP port (/metrics); 0: a free one nobody is told of."""
 
     @property
     def label(self) -> str:
@@ -62,7 +65,7 @@ class DefaultTimestone(Timestone):
             f"storage:\n  directory: {workdir / 'data'}\n"
             + "".join(f"  {key}: {value}\n" for key, value in self.storage.items())
             + "offsets_api:\n  port: 0\n"
-            "admin_http:\n  port: 0\n"
+            f"admin_http:\n  port: {self.admin_port}\n"
         )
         if self.polled:
             return [sys.executable, "-m", "bench.footprint_polled", "broker", "--config", str(config)]

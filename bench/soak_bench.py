@@ -2,10 +2,12 @@
 
 The broker runs with its defaults (`footprint_startup.DefaultTimestone`: free ports, a temporary data
 directory) against `soak_load` (devices at 1 QoS 1 message/s each, subscribers, reconnect churn). Every
-`sample_s` the broker's VmRSS, open file descriptors, CPU time and the load's counters are recorded. The
-first `warmup_fraction` of the run is warm-up (connecting the fleet, filling caches and pools); growth is
-judged on the rest: the least-squares trend of RSS extrapolated to an hour, and the open files of the last
-third of the warm samples next to those of the first third.
+`sample_s` the broker's VmRSS, open file descriptors, CPU time, the memory its tail caches hold against
+their bound (its admin /metrics) and the load's counters are recorded. Warm starts at the later of the end
+of the first `warmup_fraction` of the run (connecting the fleet, filling pools) and the first sample with
+the tail caches full (`CACHES_FULL` of their bound): memory the caches take while they fill is not growth.
+Growth is judged on the warm samples: the least-squares trend of RSS extrapolated to an hour, and the open
+files of the last third of the warm samples next to those of the first third.
 """
 
 from __future__ import annotations
@@ -16,16 +18,19 @@ import statistics
 import tempfile
 import time
 import tracemalloc
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import traced_broker
+from bench import net, traced_broker
 from bench.footprint_startup import DefaultTimestone
 from bench.soak_load import LoadProcesses, SoakLoad
 from bench.sysinfo import cpu_seconds, rss_bytes
 
 MAX_HOURLY_GROWTH = 0.05
 """Growth allowed once warm: the RSS trend may add at most 5 % of the warm RSS per hour."""
+CACHES_FULL = 0.95
+"""The tail caches count as full from this share of their bound on (they drop whole caches when over)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,16 @@ class SoakSample:
     delivered: int
     reconnects: int
     devices_connected: int
+    tail_cache_bytes: int = -1
+    """Memory the broker's tail caches hold (`TailCache.cost`); -1: not read."""
+    tail_cache_max_bytes: int = -1
+    """Their bound, `storage.tail_cache_total_bytes`."""
+
+    @property
+    def caches_full(self) -> bool:
+        return (
+            self.tail_cache_max_bytes > 0 and self.tail_cache_bytes >= CACHES_FULL * self.tail_cache_max_bytes
+        )
 
 
 @dataclass(frozen=True)
@@ -59,8 +74,21 @@ class SoakResult:
     broker_config: str = ""
 
     @property
+    def caches_full_at(self) -> float | None:
+        """Seconds into the soak of the first sample with the tail caches full (None: they never filled)."""
+        return next((s.at_s for s in self.samples if s.caches_full), None)
+
+    @property
+    def warm_from_s(self) -> float | None:
+        """Where the warm window starts: past the warm-up and with the caches full (None: they never filled,
+        there is no warm window)."""
+        full_at = self.caches_full_at
+        return None if full_at is None else max(self.warmup_s, full_at)
+
+    @property
     def warm(self) -> list[SoakSample]:
-        return [s for s in self.samples if s.at_s >= self.warmup_s]
+        start = self.warm_from_s
+        return [] if start is None else [s for s in self.samples if s.at_s >= start]
 
     traced: list[str] = field(default_factory=list)
     """What grew between the two `tracemalloc` snapshots of a traced soak (`trace_at`), largest first."""
@@ -124,7 +152,8 @@ def run_soak(
     are of the objects by type and of the C heap, which cost the broker a garbage collection each.
     """
     control = Path(tempfile.mkdtemp(prefix="soak-trace-")) if trace_at else None
-    broker = DefaultTimestone(storage=storage, traced=control, polled=polled)
+    admin_port = net.free_port()
+    broker = DefaultTimestone(storage=storage, traced=control, polled=polled, admin_port=admin_port)
     broker.prepare()
     broker_cpus, load_cpus = cpus
     requests = [
@@ -144,13 +173,15 @@ def run_soak(
                 if requests and now - started >= requests[0][0] and control is not None:
                     traced_broker.request(control, requests.pop(0)[1])
                 if now >= next_sample:
-                    samples.append(_sample(running.pid, now - started, processes))
+                    samples.append(_sample(running.pid, admin_port, now - started, processes))
                     next_sample += sample_s
                     if len(samples) % max(1, int(60 / sample_s)) == 0:
                         last = samples[-1]
                         log(
                             f"  soak {last.at_s:5.0f} s: RSS {last.rss / 1e6:.1f} MB, "
-                            f"{last.open_files} open files, {last.devices_connected} devices connected"
+                            f"{last.open_files} open files, {last.devices_connected} devices connected, "
+                            f"tail caches {last.tail_cache_bytes / 1e6:.1f} of "
+                            f"{last.tail_cache_max_bytes / 1e6:.1f} MB"
                         )
                 time.sleep(min(0.2, max(0.0, next_sample - time.monotonic())))
     traced = traced_growth(control) if control is not None else []
@@ -194,8 +225,9 @@ def traced_growth(control: Path, top: int = 15) -> list[str]:
     return lines
 
 
-def _sample(pid: int, at_s: float, processes: LoadProcesses) -> SoakSample:
+def _sample(pid: int, admin_port: int, at_s: float, processes: LoadProcesses) -> SoakSample:
     totals = processes.totals()
+    caches = _metrics(admin_port, ("tail_cache_bytes", "tail_cache_max_bytes"))
     return SoakSample(
         at_s=at_s,
         rss=rss_bytes(pid),
@@ -207,7 +239,25 @@ def _sample(pid: int, at_s: float, processes: LoadProcesses) -> SoakSample:
         delivered=totals["delivered"],
         reconnects=totals["reconnects"],
         devices_connected=processes.by_role("devices")["connected"],
+        tail_cache_bytes=caches.get("tail_cache_bytes", -1),
+        tail_cache_max_bytes=caches.get("tail_cache_max_bytes", -1),
     )
+
+
+def _metrics(admin_port: int, names: tuple[str, ...]) -> dict[str, int]:
+    """The broker's gauges `timestone_broker_<name>` from its admin /metrics (those it answered)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return {}
+    wanted = {f"timestone_broker_{name}": name for name in names}
+    found = {}
+    for line in text.splitlines():
+        metric, _, value = line.partition(" ")
+        if metric in wanted:
+            found[wanted[metric]] = int(float(value))
+    return found
 
 
 def _status(pid: int) -> dict[str, int]:

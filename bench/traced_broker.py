@@ -10,7 +10,8 @@ twice a second for a request file and answers it with a file of the same name an
 * `snap-<name>`: after a full garbage collection, write `<name>.snapshot` (a `tracemalloc` snapshot, if
   tracing was started), `<name>.malloc` (glibc's `mallinfo2`: bytes in use and free in the C heap, the
   memory `tracemalloc` itself holds, the threads of the process, the objects the garbage collector tracks)
-  and `<name>.types` (those objects counted by type).
+  and `<name>.types` (those objects counted by type); `.malloc` also names the Python threads and counts
+  glibc's heaps (`malloc_info`).
 
 Without `start` the broker is not traced and runs as fast as the `timestone` command: the type counts of
 two snapshots then tell which Python objects grow, at full load (tracing a broker at full load slows it
@@ -31,6 +32,8 @@ import threading
 import time
 import tracemalloc
 from pathlib import Path
+
+from broker_edge.heap_trim import bound_arenas, heap_count
 
 FRAMES = 10
 
@@ -78,6 +81,8 @@ def _answer(control: Path, request: Path) -> None:
             **malloc_stats(),
             "tracemalloc_bytes": tracemalloc.get_tracemalloc_memory(),
             "threads": threading.active_count(),
+            "thread_names": sorted(thread.name for thread in threading.enumerate()),
+            "heaps": heap_count(),
             "gc_objects": len(gc.get_objects()),
         }
         (control / f"{label}.malloc").write_text(json.dumps(stats))
@@ -108,6 +113,7 @@ def request(control: Path, name: str, timeout_s: float = 60.0) -> bool:
 def main(argv: list[str]) -> int:
     control = Path(argv[0])
     control.mkdir(parents=True, exist_ok=True)
+    bound_arenas()  # as `timestone broker` does first, before this module's thread starts
     threading.Thread(target=_watch, args=(control,), name="bench-trace", daemon=True).start()
     from pipelines.cli import main as timestone
 

@@ -53,7 +53,16 @@ from broker_edge.protocol.packets import (
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
 from broker_edge.rare_fields import RareField, RareSlots
-from broker_edge.states import AUTHENTICATING, CLOSED, CONNECTED, NEW, NO_LIMIT, keepalive_deadline
+from broker_edge.states import (
+    AUTHENTICATING,
+    CLOSED,
+    CONNECTED,
+    HELD_FOR_ACKS,
+    HELD_FOR_RATE,
+    NEW,
+    NO_LIMIT,
+    keepalive_deadline,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -97,11 +106,11 @@ class _ConnectionRare(RareSlots):
         "alias_max_out",
         "aliases_in",
         "backlog",
+        "held",
         "held_error",
         "peer_cn",
         "problem_information",
         "refused",
-        "throttled",
         "will",
         "will_delay",
     )
@@ -152,7 +161,9 @@ class Connection(asyncio.Protocol):
     alias_max_out: RareField[int] = RareField(_ConnectionRare, 0)
     """Outgoing topic aliases this client accepts (with ``aliases_out``)."""
     backlog: RareField[list[Packet] | None] = RareField(_ConnectionRare, None)
-    """Packets read but not handled yet: while the password is checked, or over the message rate."""
+    """Packets read but not handled yet, while reading is held (``hold``)."""
+    held: RareField[int] = RareField(_ConnectionRare, 0)
+    """Why reading is paused: ``states.HELD_*`` bits; it resumes once none is left (``release``)."""
     held_error: RareField[MQTTError | None] = RareField(_ConnectionRare, None)
     """A protocol error read behind the backlog: raised once the packets before it are handled."""
     refused: RareField[str | None] = RareField(_ConnectionRare, None)
@@ -161,8 +172,6 @@ class Connection(asyncio.Protocol):
     """The common name of the client's TLS certificate."""
     problem_information: RareField[bool] = RareField(_ConnectionRare, True)
     """v5 Request Problem Information: False forbids reason strings and user properties on acks."""
-    throttled: RareField[bool] = RareField(_ConnectionRare, False)
-    """Reading is paused for the client's message rate."""
     will: RareField[Will | None] = RareField(_ConnectionRare, None)
     will_delay: RareField[int] = RareField(_ConnectionRare, 0)
 
@@ -229,7 +238,7 @@ class Connection(asyncio.Protocol):
             # subscriber sends about one PUBACK per read, so they would be paid once per delivery.
             self._dispatch_all(packets)
             return
-        if self.backlog is not None:  # earlier packets still wait (password check, message rate): keep order
+        if self.backlog is not None:  # earlier packets still wait (reading is held): keep their order
             self.backlog.extend(packets)
             return
         if self._dispatch_all(packets) and self.backlog is None:
@@ -240,11 +249,18 @@ class Connection(asyncio.Protocol):
 
         A PUBLISH finding the client's message bucket empty stops the loop: it and the packets after it wait
         in ``backlog``, reading pauses (TCP pushes back on the client) and they are handled, in order, once
-        the bucket has refilled (``_release_backlog``). So a client never gets more publishes accepted than
+        the bucket has refilled (``_release_rate``). So a client never gets more publishes accepted than
         ``messages_per_second_per_client`` x seconds + ``messages_burst_per_client``, and none is lost.
+
+        An MQTT 3.1.1 client (no Receive Maximum of its own) whose QoS 1/2 publishes read and not yet
+        answered reach ``limits.receive_maximum`` stops the loop the same way, until the PUBLISH path has
+        answered half of them (``acknowledged``): a broker behind on its log holds at most that many of a
+        client's publishes, not whatever the client sends. An MQTT 5 client is told the number in CONNACK
+        and is disconnected for sending more (0x93, ``handle_publish``).
 
         A handler that raises is a broker bug: it is logged and closes only this connection (0x83).
         """
+        unanswered_max = self.host.config.limits.receive_maximum
         try:
             for index, packet in enumerate(packets):
                 bucket = self.bucket  # set by the CONNECT of this very batch
@@ -258,6 +274,9 @@ class Connection(asyncio.Protocol):
                 self._dispatch(packet)
                 if self.state == CLOSED:
                     return False
+                if self.incoming_pending >= unanswered_max and not self.v5:
+                    self._hold_for_acks(packets[index + 1 :])
+                    return True
         except Exception:
             self.log().exception("internal error while handling a packet, closing the connection")
             self.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "internal error")
@@ -532,16 +551,32 @@ class Connection(asyncio.Protocol):
     def release_qos2(self, packet_id: int) -> None:
         """Forget a held incoming QoS 2 id (its publish was refused): a resend is a new publish."""
         session = self.session
-        if session is not None and session.incoming_qos2:
-            session.incoming_qos2.discard(packet_id)
+        held = session.incoming_qos2 if session is not None else None
+        if held and packet_id in held:
+            held.discard(packet_id)
+            if self.v5 and self.incoming_pending > 0:  # counted until PUBCOMP, and no PUBREL will come
+                self.incoming_pending -= 1
 
     # -- reading ------------------------------------------------------------------------------------------
 
-    def pause_reading(self) -> None:
-        if self.transport is not None:
+    def hold(self, reason: int) -> None:
+        """Stop reading for ``reason`` (a ``states.HELD_*`` bit) until ``release(reason)``."""
+        held = self.held
+        if not held and self.transport is not None:
             self.transport.pause_reading()
+        self.held = held | reason
 
-    def resume_reading(self) -> None:
+    def release(self, reason: int) -> None:
+        """``reason`` no longer holds reading; once no reason does, the packets read meanwhile are handled
+        in order (which may hold reading again), then reading resumes."""
+        held = self.held & ~reason
+        self.held = held
+        if held or self.state == CLOSED:
+            return
+        backlog, self.backlog = self.backlog, None
+        if backlog is not None and (not self._dispatch_all(backlog) or self.held):
+            return
+        self._raise_held_error()
         if self.state != CLOSED and self.transport is not None:
             self.transport.resume_reading()
 
@@ -659,7 +694,7 @@ class Connection(asyncio.Protocol):
                 self.abort()
             return
         if state == CONNECTED:
-            if self.rx or self.throttled:  # a client held for its rate is not idle: the broker is not reading
+            if self.rx or self.held:  # a client whose reading is held is not idle: the broker is not reading
                 self.rx = False
                 if self.keepalive:
                     self.deadline = keepalive_deadline(now, self.keepalive)
@@ -676,24 +711,30 @@ class Connection(asyncio.Protocol):
     def _hold(self, packets: list[Packet], delay: float) -> None:
         """Over its message rate: keep ``packets`` and stop reading until the bucket has a token again."""
         self.backlog = list(packets)
-        self.throttled = True
         self.host.counters.throttled += 1
-        self.pause_reading()
-        self.host.call_later(min(max(delay, 0.001), 60.0), self._release_backlog)
+        self.hold(HELD_FOR_RATE)
+        self.host.call_later(min(max(delay, 0.001), 60.0), self._release_rate)
 
-    def _release_backlog(self) -> None:
-        self.throttled = False
-        if self.state != CLOSED:
-            self.handle_backlog()
+    def _release_rate(self) -> None:
+        self.release(HELD_FOR_RATE)
 
-    def handle_backlog(self) -> None:
-        """Handle the packets read while the password was checked or held for the rate (holding again if
-        the bucket runs dry), then read on."""
-        backlog, self.backlog = self.backlog, None
-        if not self._dispatch_all(backlog or []) or self.backlog is not None:
-            return
-        self._raise_held_error()
-        self.resume_reading()
+    def _hold_for_acks(self, packets: list[Packet]) -> None:
+        """``limits.receive_maximum`` publishes wait for their answer: keep ``packets`` (the rest of the
+        read) and stop reading until the PUBLISH path has answered half of them."""
+        self.backlog = packets
+        self.host.counters.held_for_acks += 1
+        self.hold(HELD_FOR_ACKS)
+        self.host.publish_path.wait_for_answers(self)
+
+    def acknowledged(self) -> bool:
+        """The PUBLISH path answered publishes of this client while it waits (``wait_for_answers``): read on
+        (True) once at most half of ``limits.receive_maximum`` are left unanswered."""
+        if self.state == CLOSED:
+            return True
+        if self.incoming_pending > self.host.config.limits.receive_maximum // 2:
+            return False
+        self.release(HELD_FOR_ACKS)
+        return True
 
     def peer_host(self) -> str:
         """The client's IP address ("" when the transport does not say)."""

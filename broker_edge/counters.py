@@ -16,7 +16,7 @@ __all__ = ["BrokerCounters"]
 class BrokerCounters:
     """Messages dropped, connections refused, clients disconnected by the broker, reads throttled."""
 
-    __slots__ = ("_disconnects", "_drops", "_refused", "throttled")
+    __slots__ = ("_disconnects", "_drops", "_refused", "held_for_acks", "throttled")
 
     def __init__(self) -> None:
         self._drops: dict[str, int] = {}
@@ -24,6 +24,9 @@ class BrokerCounters:
         self._disconnects: dict[str, int] = {}
         self.throttled = 0
         """Times a client's reading was paused for its message rate since the last ``flush_into``."""
+        self.held_for_acks = 0
+        """Times a client's reading was paused for its publishes not yet answered (``limits.receive_maximum``)
+        since the server last took the count."""
 
     def drop(self, reason: str) -> None:
         """A message was not delivered (or not accepted) for ``reason``."""

@@ -1,4 +1,4 @@
-"""Giving the free pages of the C heap back to the system: glibc's ``malloc_trim(0)``, now and then.
+"""Keeping the C heap small: glibc's heaps bounded to two at start, their free pages given back now and then.
 
 Python takes every block above 512 bytes from the C heap: frames and the writes joined from them, index
 arrays, the tables of lists and dicts, read buffers. A broker under steady load allocates and frees such
@@ -7,14 +7,27 @@ holds free inside its heap grows while the memory in use stays flat: on its own 
 free space at the top of its heap, which a single live block above it pins. ``malloc_trim(0)`` also
 releases the whole free pages inside the heap (``madvise``), so the resident size follows what is in use.
 
-``HeapTrimmer.tick`` is called by the broker's one-second sweep and trims every ``interval_s``. ``ctypes``
-is loaded at the first trim, not at start. Where there is no ``malloc_trim`` (musl, macOS) it does nothing.
+``HeapTrimmer.tick`` is called by the broker's one-second sweep and trims every ``interval_s``. Where there
+is no ``malloc_trim`` (musl, macOS) it does nothing.
+
+glibc also gives threads that allocate heaps of their own ("arenas", up to eight per core), each with its
+own free space that the others cannot reuse; a broker's threads (the log writer, its sync pool, the
+password hasher, executors) would each hold one. ``bound_arenas``, called by ``timestone broker`` before
+its first thread starts, sets ``M_ARENA_MAX`` to ``ARENA_MAX``: the main thread's heap and one shared by
+the others. It loads ``ctypes`` for that (``malloc_trim`` uses it too). A ``MALLOC_ARENA_MAX`` in the
+environment is the operator's choice and is left as it is.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
+
+ARENA_MAX = 2
+"""Heaps glibc may create: the main thread's and one for every other thread."""
+_M_ARENA_MAX = -8
+"""``mallopt``'s parameter number for ``M_ARENA_MAX`` (glibc's malloc.h)."""
 
 TRIM_INTERVAL_S = 30.0
 """Seconds between two trims: a trim of a heap of a few hundred MiB takes milliseconds."""
@@ -66,3 +79,50 @@ def malloc_trim_function() -> Callable[[int], int] | None:
     function.argtypes = [ctypes.c_size_t]
     function.restype = ctypes.c_int
     return function
+
+
+def bound_arenas(arenas: int = ARENA_MAX) -> bool:
+    """Let glibc create at most ``arenas`` heaps (``mallopt(M_ARENA_MAX)``); call it before any thread
+    allocates (glibc fixes the bound when the first thread needs a heap). False where it is not set: not
+    glibc, or ``MALLOC_ARENA_MAX`` already in the environment."""
+    if not sys.platform.startswith("linux") or "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        if not hasattr(libc, "gnu_get_libc_version"):  # musl has a mallopt that does nothing
+            return False
+        mallopt = libc.mallopt
+    except (ImportError, OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return mallopt(_M_ARENA_MAX, arenas) == 1
+
+
+def heap_count() -> int:
+    """glibc's heaps (the main one and the arenas of threads), as ``malloc_info`` lists them; -1 where there
+    is no ``malloc_info``. For tests and diagnostics: it writes and reads a temporary file."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        malloc_info, fopen, fclose = libc.malloc_info, libc.fopen, libc.fclose
+    except (ImportError, OSError, AttributeError):
+        return -1
+    import tempfile
+    from pathlib import Path
+
+    fopen.restype = ctypes.c_void_p
+    fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    fclose.argtypes = [ctypes.c_void_p]
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "malloc.xml"
+        stream = fopen(str(path).encode(), b"w")
+        if not stream:
+            return -1
+        malloc_info(0, stream)
+        fclose(stream)
+        return path.read_text().count("<heap nr=")

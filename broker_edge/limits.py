@@ -207,7 +207,8 @@ class LimitsConfig:
     max_packet_size: int = 1_048_576
     """Largest packet accepted from a client, in bytes (advertised as Maximum Packet Size in v5 CONNACK)."""
     receive_maximum: int = 64
-    """QoS 1/2 PUBLISHes a client may have unacknowledged towards the broker (advertised in v5 CONNACK)."""
+    """QoS 1/2 PUBLISHes a client may have unacknowledged towards the broker (advertised in v5 CONNACK; an
+    MQTT 3.1.1 client is not read while it has that many)."""
     max_inflight_out: int = 64
     """QoS 1/2 messages sent to one subscriber and not yet acknowledged; more wait in the session queue."""
     max_subscriptions_per_client: int = 100

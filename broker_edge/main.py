@@ -1,9 +1,9 @@
 """``run_broker``: the process around a ``Broker`` (the ``timestone broker --config FILE`` command).
 
-uvloop when available, logging from the config, SIGINT / SIGTERM for a graceful stop (clients told, the
-commitlog flushed), SIGHUP to re-read the password file and the ACL file. Exit status: 0 after a clean stop,
-2 for a configuration error (the message names the key), 1 if the broker cannot start (e.g. the port is
-taken).
+glibc's heaps bounded (``heap_trim.bound_arenas``) before any thread starts, uvloop when available, logging
+from the config, SIGINT / SIGTERM for a graceful stop (clients told, the commitlog flushed), SIGHUP to
+re-read the password file and the ACL file. Exit status: 0 after a clean stop, 2 for a configuration error
+(the message names the key), 1 if the broker cannot start (e.g. the port is taken).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker_edge.config.broker import BrokerConfig, load_broker_config
 from broker_edge.config.loader import ConfigError
+from broker_edge.heap_trim import bound_arenas
 from broker_edge.logs import configure_logging
 from broker_edge.runtime import tune_garbage_collector
 
@@ -78,6 +79,7 @@ def run_broker(config_path: str | None) -> int:
         print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
         return 2
     configure_logging(config.logging)
+    bound_arenas()  # before the store, the hasher or an executor starts a thread
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency

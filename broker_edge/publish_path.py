@@ -93,7 +93,11 @@ class Publisher(Protocol):
     v5: bool
     state: int
     incoming_pending: int
-    """Incoming QoS 1/2 publishes not yet acknowledged (bounded by Receive Maximum)."""
+    """Its QoS 1/2 publishes read and not yet answered: a QoS 1 publish until its PUBACK; a QoS 2 publish
+    until its PUBCOMP from an MQTT 5 client (as its Receive Maximum counts), until its PUBREC from an
+    older one (whose reading waits on this count, so its PUBRELs must stay readable). Bounded by
+    ``limits.receive_maximum``: an MQTT 5 client sending more is disconnected, an older one is not read
+    while it has that many (``Connection``)."""
 
     def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None: ...
 
@@ -103,6 +107,13 @@ class Publisher(Protocol):
         """Forget a held incoming QoS 2 id: its publish was refused, so a resend is a new publish."""
 
     def close(self, reason_code: int | None = None, reason_string: str | None = None) -> None: ...
+
+
+class HeldReader(Protocol):
+    """A publisher whose reading waits for answers to its publishes (``PublishPath.wait_for_answers``)."""
+
+    def acknowledged(self) -> bool:
+        """Some of its publishes were answered: True once it reads again (or is closed)."""
 
 
 class PublishStore(Protocol):
@@ -284,6 +295,8 @@ class PublishPath:
         self._scheduled = False
         self._turns: dict[Publisher, deque[PendingPublish]] = {}
         """A cluster member's publishes waiting for their acknowledgement, per publisher in arrival order."""
+        self._held_readers: list[HeldReader] = []
+        """Publishers not read until enough of their publishes are answered (``wait_for_answers``)."""
 
     def attach_store(self, store: PublishStore, replays: ReplayManager | None) -> None:
         """Log from now on into ``store``; ``replays`` learns of every appended run."""
@@ -314,7 +327,8 @@ class PublishPath:
         ``logged`` is ``is_logged(message.topic, message.qos)``, which the handler asked already.
         """
         if logged:
-            if message.qos == 1:
+            qos = message.qos
+            if qos == 1 or (qos and not publisher.v5):  # an MQTT 5 QoS 2 publish counts from its id's hold
                 publisher.incoming_pending += 1
             self._queue_message(publisher, message, packet_id)
             return
@@ -353,7 +367,21 @@ class PublishPath:
         if self.store is None:
             _acknowledge(publisher, qos, packet_id, reason_code)
             return
+        if qos == 1 or not publisher.v5:  # waits for its answer as a publish does
+            publisher.incoming_pending += 1
         self._queue(PendingPublish(publisher, None, packet_id, qos, reason_code))
+
+    def wait_for_answers(self, reader: HeldReader) -> None:
+        """``reader`` is not read until enough of its publishes are answered: it is told after every batch
+        answered (``HeldReader.acknowledged``) until it reads again."""
+        self._held_readers.append(reader)
+
+    def _answered(self) -> None:
+        """A batch was answered: tell the held readers; those still held wait for the next batch."""
+        readers, self._held_readers = self._held_readers, []
+        for reader in readers:
+            if not reader.acknowledged():
+                self._held_readers.append(reader)
 
     def _queue_message(self, publisher: Publisher | None, message: Message, packet_id: int | None) -> None:
         queued = self._by_topic.get(message.topic)
@@ -518,6 +546,8 @@ class PublishPath:
             self._route_and_acknowledge(current.entries, current.runs)
         else:
             self._failed(current.entries, current.error, current.reason)
+        if self._held_readers:
+            self._answered()
 
     def _failed(self, batch: list[PendingPublish], exc: BaseException, reason: str) -> None:
         """Writing (``log_failed``) or replicating (``replication_failed``) failed: acknowledge nothing
@@ -560,9 +590,7 @@ class PublishPath:
                 if publisher is None or packet_id is None or publisher.state == CLOSED:
                     continue
                 qos = entry.qos
-                if (
-                    qos == 1 and publisher.incoming_pending > 0
-                ):  # a QoS 1 entry: a logged publish or a refusal
+                if (qos == 1 or not publisher.v5) and publisher.incoming_pending > 0:  # answered now
                     publisher.incoming_pending -= 1
                 _acknowledge(publisher, qos, packet_id, reason_code)
         else:
@@ -610,7 +638,7 @@ class PublishPath:
         if publisher is None or packet_id is None or publisher.state == CLOSED:
             return
         qos = entry.qos
-        if qos == 1 and publisher.incoming_pending > 0:  # a QoS 1 entry is a logged publish or a refusal
+        if (qos == 1 or not publisher.v5) and publisher.incoming_pending > 0:  # answered now
             publisher.incoming_pending -= 1
         if reason_code >= 0x80 and not publisher.v5:
             publisher.close()  # a v3 client cannot be told: it resends after reconnecting

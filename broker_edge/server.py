@@ -61,6 +61,14 @@ class Broker(BrokerCore):
         self.throttled_total = self.metrics.counter(
             "client_throttled", "Times a client's reading was paused for its message rate."
         )
+        self.held_for_acks_total = self.metrics.counter(
+            "client_held_for_acks",
+            "Times an MQTT 3.1.1 client's reading was paused with limits.receive_maximum of its QoS 1/2 "
+            "publishes not yet answered.",
+        )
+        self.metrics.gauge(
+            "publishes_unanswered", "QoS 1/2 publishes read from clients and not yet answered, all clients."
+        ).set_function(self.unanswered_publishes)
         self.store: LogStore | None = None
         self.cluster_node: ClusterNode | None = None
         """This broker's part in its cluster (``cluster:`` configured), after ``start``; None: a broker
@@ -165,6 +173,13 @@ class Broker(BrokerCore):
         self.replays = ReplayManager(self.router, store, self.loop)
         self.router.replays = self.replays
         self.publish_path.attach_store(store, self.replays)
+        budget = store.tail_cache_budget
+        self.metrics.gauge(
+            "tail_cache_bytes", "Memory the commitlog's tail caches hold, as they account it."
+        ).set_function(lambda: budget.bytes)
+        self.metrics.gauge(
+            "tail_cache_max_bytes", "The bound on the tail caches' memory (storage.tail_cache_total_bytes)."
+        ).set(budget.max_bytes)
         if self.config.sessions.persist:
             can_subscribe = self.acl.can_subscribe if self.acl is not None else None
             self.session_store = SessionStore(
@@ -289,6 +304,9 @@ class Broker(BrokerCore):
         throttled = self.counters.flush_into(self.metrics)
         if throttled:
             self.throttled_total.inc(throttled)
+        held, self.counters.held_for_acks = self.counters.held_for_acks, 0
+        if held:
+            self.held_for_acks_total.inc(held)
         for listener in self.listeners:
             listener.stats.flush_into(listener.metrics)
 
@@ -300,6 +318,11 @@ class Broker(BrokerCore):
         metrics.inflight.set_function(router.inflight_count)
         metrics.sessions_online.set_function(router.online_count)
         metrics.sessions_offline.set_function(lambda: len(router.sessions) - router.online_count())
+
+    def unanswered_publishes(self) -> int:
+        """QoS 1/2 publishes read from the open connections and not yet answered (for /metrics, not per
+        message)."""
+        return sum(conn.incoming_pending for conn in self._open_connections())
 
     def health(self) -> dict[str, object]:
         """What /health reports: ok while listening (and the commitlog accepts writes)."""

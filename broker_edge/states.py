@@ -11,12 +11,33 @@ from __future__ import annotations
 import math
 from typing import Final
 
-__all__ = ["AUTHENTICATING", "CLOSED", "CONNECTED", "NEW", "NO_LIMIT", "keepalive_deadline"]
+__all__ = [
+    "AUTHENTICATING",
+    "CLOSED",
+    "CONNECTED",
+    "HELD_FOR_ACKS",
+    "HELD_FOR_CONNECT",
+    "HELD_FOR_RATE",
+    "HELD_FOR_SUBACK",
+    "NEW",
+    "NO_LIMIT",
+    "keepalive_deadline",
+]
 
 NEW: Final = 0
 AUTHENTICATING: Final = 1
 CONNECTED: Final = 2
 CLOSED: Final = 3
+
+HELD_FOR_CONNECT: Final = 1
+"""Why a connection's reading is held (``Connection.hold``; bits, any number at once): the CONNECT is being
+checked (the password, a cluster's claim of the session)."""
+HELD_FOR_RATE: Final = 2
+"""The client's PUBLISH rate (``limits.messages_per_second_per_client``) is used up."""
+HELD_FOR_SUBACK: Final = 4
+"""A cluster node routes new subscriptions' records here only once it may send the SUBACK."""
+HELD_FOR_ACKS: Final = 8
+"""An MQTT 3.1.1 client has ``limits.receive_maximum`` QoS 1/2 publishes read and not yet answered."""
 
 NO_LIMIT: Final = 1 << 62
 """A size bound that never binds (a v3 client states no Maximum Packet Size)."""

@@ -42,7 +42,7 @@ def handle_pubrel(ctx: BrokerContext, conn: Connection, session: Session, packet
         held.discard(packet.packet_id)
         if not held:
             session.incoming_qos2 = None
-        if conn.incoming_pending > 0:
+        if conn.v5 and conn.incoming_pending > 0:  # an older client's count ended with its PUBREC
             conn.incoming_pending -= 1
         conn.send_pubcomp(packet.packet_id)
     else:

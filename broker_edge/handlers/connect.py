@@ -28,7 +28,15 @@ from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect, Will
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
-from broker_edge.states import AUTHENTICATING, CLOSED, CONNECTED, NEW, NO_LIMIT, keepalive_deadline
+from broker_edge.states import (
+    AUTHENTICATING,
+    CLOSED,
+    CONNECTED,
+    HELD_FOR_CONNECT,
+    NEW,
+    NO_LIMIT,
+    keepalive_deadline,
+)
 
 if TYPE_CHECKING:
     from broker_edge.acl import AccessControl
@@ -98,7 +106,7 @@ def handle_connect(ctx: BrokerContext, conn: Connection, packet: Connect) -> Non
         _refuse(conn, "login_backoff")  # no hash spent on a guesser
         return
     conn.state = AUTHENTICATING
-    conn.pause_reading()
+    conn.hold(HELD_FOR_CONNECT)
 
     def checked(ok: bool) -> None:
         _after_password(ctx, conn, packet, client_id, assigned, username, charged, ok)
@@ -126,7 +134,7 @@ def _after_password(
         ctx.login_backoff.succeeded(conn.peer_host(), username)
     _accept(ctx, conn, packet, client_id, assigned, username)
     if conn.state not in (CLOSED, AUTHENTICATING):  # AUTHENTICATING: a cluster claim is under way
-        conn.handle_backlog()  # what arrived meanwhile, then reading resumes
+        conn.release(HELD_FOR_CONNECT)  # what arrived meanwhile, then reading resumes
 
 
 _REFUSALS: dict[str, tuple[int, int, str]] = {
@@ -228,7 +236,7 @@ def _claim_then_accept(
     """A cluster node first makes the client id's session its own (taking it over from the broker that
     holds it, refused as here if it is another user's); the packets that arrive meanwhile wait."""
     conn.state = AUTHENTICATING
-    conn.pause_reading()
+    conn.hold(HELD_FOR_CONNECT)
     will = packet.will
     claim = SessionClaim(client_id, username, packet.clean_start, expiry, will, _will_delay(will))
 
@@ -241,7 +249,7 @@ def _claim_then_accept(
             return
         _accept(ctx, conn, packet, client_id, assigned, username, claimed=True)
         if conn.state != CLOSED:
-            conn.handle_backlog()
+            conn.release(HELD_FOR_CONNECT)
 
     claims.claim(claim, claimed)
 

@@ -122,12 +122,15 @@ def _refuse(
 
 
 def _hold_qos2(conn: Connection, session: Session, packet_id: int) -> None:
-    """Remember an incoming QoS 2 id until PUBREL (exactly once, MQTT 4.3.3)."""
+    """Remember an incoming QoS 2 id until PUBREL (exactly once, MQTT 4.3.3); an MQTT 5 client's publish
+    counts towards its Receive Maximum until then (an older client's only until its PUBREC: the PUBLISH
+    path counts those)."""
     held = session.incoming_qos2
     if held is None:
         held = session.incoming_qos2 = set()
     held.add(packet_id)
-    conn.incoming_pending += 1
+    if conn.v5:
+        conn.incoming_pending += 1
 
 
 def _resolve_alias(ctx: BrokerContext, conn: Connection, alias: int, topic: str) -> str | None:

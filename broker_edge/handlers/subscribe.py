@@ -29,7 +29,7 @@ from broker_edge.protocol.topics import (
     parse_shared,
     validate_topic_filter,
 )
-from broker_edge.states import CLOSED
+from broker_edge.states import CLOSED, HELD_FOR_SUBACK
 from broker_edge.subscriptions import SubscriptionOptions
 
 if TYPE_CHECKING:
@@ -127,8 +127,7 @@ def handle_subscribe(ctx: BrokerContext, conn: Connection, session: Session, pac
     def released() -> None:
         if conn.state != CLOSED:
             acknowledge()
-            if conn.backlog is None:  # else reading resumes once the held packets are handled
-                conn.resume_reading()
+            conn.release(HELD_FOR_SUBACK)
 
     def gated() -> bool:
         """Whether the SUBACK waits for observation (a cluster node routes the new subscriptions' records
@@ -141,9 +140,9 @@ def handle_subscribe(ctx: BrokerContext, conn: Connection, session: Session, pac
             released()
 
     if replaying and replays is not None and replays.when_started(session, outside, started):
-        conn.pause_reading()  # a cluster node asks the brokers holding the logs where the replays start
+        conn.hold(HELD_FOR_SUBACK)  # a cluster node asks the brokers holding the logs where the replays start
         return
     if not gated():
         acknowledge()
         return
-    conn.pause_reading()
+    conn.hold(HELD_FOR_SUBACK)  # a cluster node routes the new subscriptions' records here from the SUBACK on

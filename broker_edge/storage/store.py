@@ -437,6 +437,11 @@ class LogStore:
         return self._committer
 
     @property
+    def tail_cache_budget(self) -> TailCacheBudget:
+        """The bound on the memory all tail caches hold (``bytes`` of ``max_bytes`` held now)."""
+        return self._cache_budget
+
+    @property
     def file_pool(self) -> FileHandlePool:
         return self._pool
 

@@ -128,7 +128,7 @@ async def start_websocket_listener(broker: Broker, listener: ListenerRuntime) ->
         try:
             async for message in ws:
                 if message.type == WSMsgType.BINARY:
-                    while connection.throttled and not ws.closed:
+                    while connection.held and not ws.closed:
                         await asyncio.sleep(0.01)
                     connection.data_received(message.data)
                 elif message.type == WSMsgType.TEXT:

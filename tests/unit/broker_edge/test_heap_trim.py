@@ -9,6 +9,7 @@ and see the trim give it back, and see the broker's sweep trim.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import tempfile
@@ -87,3 +88,53 @@ def test_the_broker_sweep_trims_the_heap():
                 await broker.stop()
 
     assert asyncio.run(run()) == 1
+
+
+ARENAS = """
+import os, sys, threading
+from broker_edge.heap_trim import bound_arenas, heap_count
+
+bounded = bound_arenas() if sys.argv[1] == "bound" else False
+threads = 6
+together = threading.Barrier(threads + 1)
+
+def allocate():
+    size = 4000
+    kept = [b"x" * size for _ in range(100)]  # from the C heap: this thread's arena
+    together.wait()
+    together.wait()
+    del kept
+
+workers = [threading.Thread(target=allocate) for _ in range(threads)]
+for worker in workers:
+    worker.start()
+together.wait()  # every thread has allocated and is still alive
+print(bounded, heap_count())
+together.wait()
+for worker in workers:
+    worker.join()
+"""
+
+
+def _heaps(mode: str) -> tuple[str, int]:
+    env = {key: value for key, value in os.environ.items() if key != "MALLOC_ARENA_MAX"}
+    done = subprocess.run(
+        [sys.executable, "-c", ARENAS, mode], capture_output=True, text=True, timeout=60, env=env, check=True
+    )
+    bounded, heaps = done.stdout.split()
+    return bounded, int(heaps)
+
+
+def test_bounded_arenas_keep_six_allocating_threads_to_two_heaps():
+    """Unbounded, glibc gives each allocating thread a heap of its own; bounded at start, the threads share
+    one besides the main thread's."""
+    assert _heaps("bound") == ("True", 2)
+    bounded, heaps = _heaps("default")
+    assert bounded == "False" and heaps > 2
+
+
+def test_an_arena_bound_in_the_environment_is_left_as_the_operator_set_it():
+    env = dict(os.environ, MALLOC_ARENA_MAX="4")
+    code = "from broker_edge.heap_trim import bound_arenas; print(bound_arenas())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.strip() == "False"

@@ -1,0 +1,103 @@
+"""A broker whose log is slow does not read an MQTT 3.1.1 client's QoS 1 publishes past a bound.
+
+A real broker process (`BrokerProcess`) whose log makes each batch durable only after a group-commit window
+of `storage.group_commit_ms`, and paho speaking MQTT 3.1.1 (no Receive Maximum of its own) with a large
+in-flight window, publishing QoS 1 as fast as it can. The broker's count of publishes read and not yet
+answered (`timestone_broker_publishes_unanswered` on its admin /metrics) never goes above
+`limits.receive_maximum`; every publish is still acknowledged and in the log exactly once. An MQTT 5
+client, told the bound in CONNACK, that sends more is disconnected (0x93) rather than held.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+
+from broker_edge.launcher import BrokerProcess
+from broker_edge.protocol.codec import encode
+from broker_edge.protocol.packets import Publish
+from tests.e2e.broker_clients import PahoClient, RawClient
+
+RECEIVE_MAXIMUM = 16
+PUBLISHES = 600
+TOPIC = "plant/meter-1"
+
+
+def _metric(admin_port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=5) as answer:
+        for line in answer.read().decode().splitlines():
+            metric, _, value = line.partition(" ")
+            if metric == name:
+                return float(value)
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def _logged_payloads(offsets_url: str) -> list[str]:
+    payloads: list[str] = []
+    while True:
+        url = f"{offsets_url}/v1/logs/plant%2Fmeter-1/records?offset={len(payloads)}&format=jsonl"
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            lines = [json.loads(line) for line in answer.read().splitlines()]
+        if not lines:
+            return payloads
+        payloads += [line["payload_text"] for line in lines]
+
+
+@pytest.fixture
+def slow_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker process whose log makes a batch durable only after a 100 ms group-commit window."""
+    with BrokerProcess(
+        tmp_path / "broker", limits={"receive_maximum": RECEIVE_MAXIMUM}, storage={"group_commit_ms": 100}
+    ) as broker:
+        yield broker
+
+
+def test_a_3_1_1_publisher_is_read_only_up_to_receive_maximum_unanswered_publishes(slow_broker):
+    broker = slow_broker
+    publisher = PahoClient(broker.port, "meter-1", version=4, connect=False)
+    publisher.client.max_inflight_messages_set(PUBLISHES)  # paho itself would stop at 20
+    publisher.connect()
+    counts: list[float] = []
+    flooding = threading.Event()
+
+    def watch() -> None:
+        while flooding.is_set():
+            counts.append(_metric(broker.admin_port, "timestone_broker_publishes_unanswered"))
+            time.sleep(0.01)
+
+    flooding.set()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        sent = [publisher.client.publish(TOPIC, str(n).encode(), 1) for n in range(PUBLISHES)]
+        for info in sent:
+            info.wait_for_publish(60)
+    finally:
+        flooding.clear()
+        watcher.join()
+    held = _metric(broker.admin_port, "timestone_broker_client_held_for_acks_total")
+    unanswered_after = _metric(broker.admin_port, "timestone_broker_publishes_unanswered")
+    publisher.disconnect()
+    logged = _logged_payloads(broker.offsets_url)
+
+    assert all(info.rc == mqtt.MQTT_ERR_SUCCESS and info.is_published() for info in sent)
+    assert len(counts) >= 10 and max(counts) <= RECEIVE_MAXIMUM, counts
+    assert held >= 1  # the bound was reached: the client went unread while the log caught up
+    assert unanswered_after == 0
+    assert logged == [str(n) for n in range(PUBLISHES)]
+
+
+def test_an_mqtt_5_publisher_past_receive_maximum_is_disconnected_0x93(slow_broker):
+    """[MQTT-3.3.4-7] is the Client's rule; a v5 client breaking it while the log is behind is answered with
+    DISCONNECT 0x93 (3.3.4), not held like a 3.1.1 client."""
+    raw = RawClient(slow_broker.port, 5)
+    assert raw.connect("flood").properties.receive_maximum == RECEIVE_MAXIMUM
+    raw.send(b"".join(encode(Publish(TOPIC, b"x", 1, packet_id=n), 5) for n in range(1, RECEIVE_MAXIMUM + 2)))
+    raw.expect_disconnect(0x93)
