@@ -211,6 +211,15 @@ def _encode_reason_and_properties(
     return _frame(first_byte, prefix + bytes((reason_code,)) + encode_properties(properties))
 
 
+_PUBACK_SUCCESS = bytes((_T.PUBACK << 4, 2))
+
+
+def encode_puback_success(packet_id: int) -> bytes:
+    """A PUBACK with reason code 0 and no properties, the acknowledgement of every QoS 1 publish accepted:
+    the same four bytes in MQTT 3.1, 3.1.1 and 5 (v5's short form), made without a ``PubAck``."""
+    return _PUBACK_SUCCESS + _packet_id(packet_id)
+
+
 def _publish_ack_encoder(first_byte: int):
     def encode_ack(packet: PubAck | PubRec | PubRel | PubComp, v5: bool) -> bytes:
         return _encode_reason_and_properties(

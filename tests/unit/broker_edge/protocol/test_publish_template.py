@@ -1,4 +1,5 @@
-"""The fanout template: one encoding per message, a packet id per subscriber, same bytes as encode()."""
+"""The fanout template: one encoding per message, a packet id per subscriber, same bytes as encode(); and
+the PUBACK of an accepted publish."""
 
 import pytest
 from hypothesis import given
@@ -8,10 +9,12 @@ from broker_edge.protocol import (
     MQTT_5,
     PacketDecoder,
     Properties,
+    PubAck,
     Publish,
     encode,
     encode_publish_template,
 )
+from broker_edge.protocol.codec import encode_puback_success
 from tests.unit.broker_edge.protocol.mqtt_strategies import properties, topic_names
 
 VERSIONS = [4, MQTT_5]
@@ -133,3 +136,15 @@ def test_a_topic_name_a_receiver_would_refuse_is_not_encoded(topic):
 def test_qos_above_2_is_not_encoded():
     with pytest.raises(ValueError):
         encode_publish_template("a", b"v", 4, qos=3)
+
+
+@pytest.mark.parametrize("version", [3, 4, MQTT_5])
+@pytest.mark.parametrize("packet_id", [1, 255, 256, 0xFFFF])
+def test_a_successful_puback_is_the_same_as_encode(version, packet_id):
+    assert encode_puback_success(packet_id) == encode(PubAck(packet_id, 0), version)
+
+
+@pytest.mark.parametrize("packet_id", [0, 0x10000])
+def test_a_puback_with_an_invalid_packet_id_is_refused(packet_id):
+    with pytest.raises(ValueError):
+        encode_puback_success(packet_id)
