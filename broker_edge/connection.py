@@ -37,7 +37,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 from broker_edge.delivery import Message
 from broker_edge.handlers import dispatch_connected, handle_connect, handle_puback, handle_publish
 from broker_edge.limits import NOT_STARTED
-from broker_edge.protocol.codec import PacketDecoder, SharedDecoder, encode, shared_decoder
+from broker_edge.protocol.codec import (
+    PacketDecoder,
+    SharedDecoder,
+    encode,
+    encode_puback_success,
+    shared_decoder,
+)
 from broker_edge.protocol.errors import MQTTError, UnsupportedProtocolVersion
 from broker_edge.protocol.packets import (
     MQTT_5,
@@ -524,6 +530,9 @@ class Connection(asyncio.Protocol):
         self.write(encode(PubRel(packet_id, reason_code), self.version))
 
     def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None:
+        if not reason_code and reason_string is None:  # an accepted QoS 1 publish: the same in every version
+            self.write(encode_puback_success(packet_id))
+            return
         if reason_string is not None and self.v5:
             self.write(self._with_reason(PubAck(packet_id, reason_code), reason_string))
             return

@@ -659,7 +659,7 @@ def record_fields(message: Message) -> RecordFields:
     """The log record of a publish: payload, QoS, retain, publisher and the properties it is forwarded with
     (what remains of its Message Expiry Interval counts from the record's time)."""
     props = message.properties
-    expiry = message.expiry_left()
+    expiry = None if message.expires_at is None else message.expiry_left()  # a call only when it expires
     if props is None:
         return (
             message.payload,

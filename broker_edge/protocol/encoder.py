@@ -6,7 +6,7 @@ and AUTH use the short v5 forms when the reason code is 0 and there are no prope
 values the receiver would reject as malformed (ValueError), but does not re-check protocol rules.
 """
 
-from dataclasses import dataclass
+from typing import Final
 
 from .packets import (
     MQTT_5,
@@ -54,21 +54,32 @@ def _packet_id(packet_id: int | None) -> bytes:
     return encode_u16(packet_id)
 
 
-def _publish_first_byte(qos: int, retain: bool, dup: bool) -> int:
-    if not 0 <= qos <= 2:
-        raise ValueError(f"QoS must be 0, 1 or 2, got {qos}")
-    return 0x30 | (dup << 3) | (qos << 1) | retain
-
-
 def _publish_header(
     topic: str, payload: bytes, qos: int, retain: bool, dup: bool, properties: Properties | None, v5: bool
 ) -> tuple[bytes, bytes]:
-    """(fixed header + topic name, v5 properties): a PUBLISH frame is these, the packet id, the payload."""
-    topic_bytes = encode_utf8(topic)
-    props = encode_properties(properties) if v5 else b""
-    length = len(topic_bytes) + len(props) + len(payload) + (2 if qos else 0)
-    first = _publish_first_byte(qos, retain, dup and qos > 0)
-    return bytes((first,)) + encode_varint(length) + topic_bytes, props
+    """(fixed header + topic name, v5 properties): a PUBLISH frame is these, the packet id, the payload.
+
+    Runs once per message routed (fan-in encodes every message for its subscriber), so it makes no call to
+    the general helpers in the common case (a topic under 64 KiB without U+0000, a remaining length under
+    128): one ``bytes`` of four values and one concatenation.
+    """
+    if not 0 <= qos <= 2:
+        raise ValueError(f"QoS must be 0, 1 or 2, got {qos}")
+    topic_bytes = topic.encode()
+    size = len(topic_bytes)
+    if size > 0xFFFF or "\x00" in topic:
+        encode_utf8(topic)  # raises ValueError saying why
+    if not v5:
+        props = b""
+    elif properties is None:
+        props = b"\x00"  # property length 0
+    else:
+        props = encode_properties(properties)
+    length = size + 2 + len(props) + len(payload) + (2 if qos else 0)
+    first = 0x30 | ((dup and qos > 0) << 3) | (qos << 1) | retain
+    if length < 0x80:
+        return bytes((first, length, size >> 8, size & 0xFF)) + topic_bytes, props
+    return bytes((first,)) + encode_varint(length) + bytes((size >> 8, size & 0xFF)) + topic_bytes, props
 
 
 def _encode_publish(packet: Publish, v5: bool) -> bytes:
@@ -80,7 +91,6 @@ def _encode_publish(packet: Publish, v5: bool) -> bytes:
     return b"".join((head, props, packet.payload))
 
 
-@dataclass(frozen=True, slots=True)
 class PublishTemplate:
     """One PUBLISH encoded once for many subscribers of the same protocol version.
 
@@ -89,11 +99,29 @@ class PublishTemplate:
     three pieces for ``transport.writelines`` so the payload is never copied per subscriber. v5 properties
     (subscription identifiers, topic alias) belong to the template: subscribers that need different ones
     need their own template.
+
+    Shared by every subscriber of its variant, so never changed once made (``Final``). A plain class with
+    slots rather than a frozen dataclass: one is made per message routed, and a frozen dataclass sets each
+    field through ``object.__setattr__``, a call per field.
     """
 
-    qos: int
-    head: bytes
-    tail: bytes = b""
+    __slots__ = ("head", "qos", "tail")
+
+    def __init__(self, qos: int, head: bytes, tail: bytes = b"") -> None:
+        self.qos: Final = qos
+        self.head: Final = head
+        self.tail: Final = tail
+
+    def __repr__(self) -> str:
+        return f"PublishTemplate(qos={self.qos}, head={self.head!r}, tail={self.tail!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PublishTemplate):
+            return NotImplemented
+        return (self.qos, self.head, self.tail) == (other.qos, other.head, other.tail)
+
+    def __hash__(self) -> int:
+        return hash((self.qos, self.head, self.tail))
 
     @property
     def first_byte(self) -> int:
@@ -181,6 +209,15 @@ def _encode_reason_and_properties(
     if properties is None:
         return _frame(first_byte, prefix + bytes((reason_code,)))
     return _frame(first_byte, prefix + bytes((reason_code,)) + encode_properties(properties))
+
+
+_PUBACK_SUCCESS = bytes((_T.PUBACK << 4, 2))
+
+
+def encode_puback_success(packet_id: int) -> bytes:
+    """A PUBACK with reason code 0 and no properties, the acknowledgement of every QoS 1 publish accepted:
+    the same four bytes in MQTT 3.1, 3.1.1 and 5 (v5's short form), made without a ``PubAck``."""
+    return _PUBACK_SUCCESS + _packet_id(packet_id)
 
 
 def _publish_ack_encoder(first_byte: int):

@@ -1,4 +1,5 @@
-"""The fanout template: one encoding per message, a packet id per subscriber, same bytes as encode()."""
+"""The fanout template: one encoding per message, a packet id per subscriber, same bytes as encode(); and
+the PUBACK of an accepted publish."""
 
 import pytest
 from hypothesis import given
@@ -8,10 +9,12 @@ from broker_edge.protocol import (
     MQTT_5,
     PacketDecoder,
     Properties,
+    PubAck,
     Publish,
     encode,
     encode_publish_template,
 )
+from broker_edge.protocol.codec import encode_puback_success
 from tests.unit.broker_edge.protocol.mqtt_strategies import properties, topic_names
 
 VERSIONS = [4, MQTT_5]
@@ -94,3 +97,54 @@ def test_invalid_packet_id_is_refused(packet_id):
 
     with pytest.raises(ValueError):
         template.frame(packet_id)
+
+
+@given(
+    version=st.sampled_from(VERSIONS),
+    topic=topic_names,
+    payload=st.binary(max_size=300),
+    retain=st.booleans(),
+    props=properties(3),
+)
+def test_qos0_frame_equals_encode(version, topic, payload, retain, props):
+    props = props if version == MQTT_5 else None
+    expected = Publish(topic, payload, 0, retain, False, None, props)
+
+    frame = encode_publish_template(topic, payload, version, retain=retain, properties=props).frame()
+
+    assert frame == encode(expected, version)
+    assert PacketDecoder(role="client", protocol_version=version).feed(frame) == [expected]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("qos", [0, 1])
+def test_remaining_length_either_side_of_one_byte(version, qos):
+    for payload_size in range(100, 140):  # remaining lengths 127 and 128 both among them
+        payload = bytes(payload_size)
+        template = encode_publish_template("a/b", payload, version, qos=qos)
+        expected = Publish("a/b", payload, qos, packet_id=9 if qos else None)
+
+        assert template.frame(9 if qos else None) == encode(expected, version)
+
+
+@pytest.mark.parametrize("topic", ["a\x00b", "t" * 0x10000])
+def test_a_topic_name_a_receiver_would_refuse_is_not_encoded(topic):
+    with pytest.raises(ValueError):
+        encode_publish_template(topic, b"v", 4)
+
+
+def test_qos_above_2_is_not_encoded():
+    with pytest.raises(ValueError):
+        encode_publish_template("a", b"v", 4, qos=3)
+
+
+@pytest.mark.parametrize("version", [3, 4, MQTT_5])
+@pytest.mark.parametrize("packet_id", [1, 255, 256, 0xFFFF])
+def test_a_successful_puback_is_the_same_as_encode(version, packet_id):
+    assert encode_puback_success(packet_id) == encode(PubAck(packet_id, 0), version)
+
+
+@pytest.mark.parametrize("packet_id", [0, 0x10000])
+def test_a_puback_with_an_invalid_packet_id_is_refused(packet_id):
+    with pytest.raises(ValueError):
+        encode_puback_success(packet_id)
