@@ -502,3 +502,44 @@ def test_a_pipeline_depth_below_one_is_refused(tmp_path: Path):
             store.committer.pipeline(0)
     finally:
         store.close()
+
+
+def test_a_written_job_is_told_and_readable_unsynced_before_its_sync_completes(tmp_path: Path, monkeypatch):
+    gate = threading.Event()
+    real = os.fdatasync
+
+    def held(fd: int) -> None:
+        gate.wait(10)  # the writer thread's sync waits until the checks below are done
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", held)
+
+    async def scenario() -> dict:
+        store = _open(tmp_path, "group")
+        store.enable_replication()
+        seen: dict = {"written": []}
+
+        def written(topics: list[str]) -> None:
+            seen["written"].append((list(topics), store.written_end(TOPIC), store.durable_end(TOPIC)))
+
+        store.on_written = written
+        for number in range(3):
+            store.append(TOPIC, make_record(number))
+        store.end_window()
+        seen["ends"] = (store.written_end(TOPIC), store.durable_end(TOPIC))
+        frames, count = store.read_frames(TOPIC, 0, 1 << 20, unsynced=True)
+        seen["unsynced"] = (count, sum(map(len, frames)))
+        seen["synced_only"] = store.read_frames(TOPIC, 0, 1 << 20)[1]
+        gate.set()
+        await asyncio.wait_for(store.wait_durable(), 10)
+        seen["after"] = (store.written_end(TOPIC), store.durable_end(TOPIC))
+        store.close()
+        return seen
+
+    seen = asyncio.run(scenario())
+
+    assert seen["written"] == [([TOPIC], 3, 0)]  # told at the cut, before the sync
+    assert seen["ends"] == (3, 0)
+    assert seen["unsynced"][0] == 3 and seen["unsynced"][1] > 0
+    assert seen["synced_only"] == 0  # without `unsynced` a read still stops at the durable end
+    assert seen["after"] == (3, 3)
