@@ -111,7 +111,7 @@ def run_soak(
     cpus: tuple[set[int] | None, set[int] | None] = (None, None),
     storage: dict[str, int] | None = None,
     trace_at: tuple[float, float, float] | None = None,
-    polled: bool = False,
+    transport: str | None = None,
     log=print,
 ) -> SoakResult:
     """Run the soak for `duration_s` seconds (broker on `cpus[0]`, load on `cpus[1]`; `storage`: settings
@@ -124,7 +124,7 @@ def run_soak(
     are of the objects by type and of the C heap, which cost the broker a garbage collection each.
     """
     control = Path(tempfile.mkdtemp(prefix="soak-trace-")) if trace_at else None
-    broker = DefaultTimestone(storage=storage, traced=control, polled=polled)
+    broker = DefaultTimestone(storage=storage, traced=control, transport=transport)
     broker.prepare()
     broker_cpus, load_cpus = cpus
     requests = [
