@@ -1,10 +1,10 @@
 """The broker's own transport for plain TCP: sockets watched with ``loop.add_reader`` / ``loop.add_writer``.
 
 An idle connection holds its socket, a ``NativeTransport`` of a few slots and the loop's watch of its
-descriptor; nothing is allocated up front for reading or writing. A read is one ``recv`` when the loop says
-the socket is readable; a write goes to the socket at once when nothing waits before it, and only what the
-socket did not take is kept (a list of the unsent pieces, dropped once empty) until the loop says it is
-writable again.
+descriptor; nothing is allocated up front for reading or writing. A read is one ``recv_into`` when the loop
+says the socket is readable, into a buffer the listener's connections share, and the protocol gets a copy of
+exactly the bytes read. A write goes to the socket at once when nothing waits before it; only what the socket
+did not take is kept (a list of the unsent pieces, dropped once empty) until the loop says it is writable.
 
 It behaves as asyncio's selector socket transport towards its protocol: ``connection_made`` first, then
 ``data_received`` per read, ``eof_received`` at the peer's end of stream (the transport closes unless it
@@ -33,7 +33,7 @@ __all__ = ["ACCEPT_BATCH", "ACCEPT_RETRY_DELAY_S", "NativeServer", "NativeTransp
 log = logging.getLogger("broker_edge.transports.native")
 
 READ_SIZE = 256 * 1024
-"""Bytes asked of one ``recv`` (asyncio's ``max_size``)."""
+"""Bytes asked of one read (asyncio's ``max_size``)."""
 ACCEPT_BATCH = 128
 """Connections accepted at most per readiness of the listening socket."""
 ACCEPT_RETRY_DELAY_S = 0.25
@@ -106,18 +106,19 @@ class NativeTransport(asyncio.Transport):
     def _read_ready(self) -> None:
         if self._flags & _LOST:
             return
+        server = self._server
         try:
-            data = self._sock.recv(READ_SIZE)
+            size = self._sock.recv_into(server.read_buffer)
         except (BlockingIOError, InterruptedError):
             return
         except Exception as exc:
             self._fatal_error(exc, "read error")
             return
-        if not data:
+        if not size:
             self._eof_read()
             return
         try:
-            self._protocol.data_received(data)
+            self._protocol.data_received(server.read_view[:size].tobytes())
         except Exception as exc:
             self._fatal_error(exc, "protocol.data_received() failed")
 
@@ -391,6 +392,10 @@ class NativeServer:
         """(high, low) water marks of every transport that was not given its own."""
         self.starting_peer: Any = None
         """The address of the connection whose ``connection_made`` runs now (accept gave it)."""
+        self.read_buffer = bytearray(READ_SIZE)
+        """What every read of this server's transports goes into first; the protocol gets a copy of the
+        bytes read (one allocation of their size, not one of ``READ_SIZE`` shrunk afterwards)."""
+        self.read_view = memoryview(self.read_buffer)
         self._serving = False
         self._retry: asyncio.TimerHandle | None = None
 
