@@ -61,9 +61,9 @@ class _Pending(list[bytes | memoryview]):
 
     __slots__ = ("size",)
 
-    def __init__(self, first: bytes | memoryview) -> None:
-        super().__init__((first,))
-        self.size = len(first)
+    def __init__(self, pieces: list[bytes | memoryview]) -> None:
+        super().__init__(pieces)
+        self.size = sum(map(len, pieces))
 
 
 class NativeTransport(asyncio.Transport):
@@ -176,17 +176,50 @@ class NativeTransport(asyncio.Transport):
         except Exception as exc:
             self._fatal_error(exc, "write error")
             return
-        if sent == len(data):
+        if sent != len(data):
+            self._keep_unsent([data], sent)
+
+    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
+        """Write the pieces in order: one ``sendmsg`` of them all when nothing is pending (no joined copy)."""
+        pieces = list(list_of_data)
+        if len(pieces) == 1:
+            self.write(pieces[0])
             return
-        rest: bytes | memoryview = memoryview(data)[sent:]
-        if data.__class__ is not bytes:
-            rest = bytes(rest)  # the caller may change its buffer before it is sent
+        if self._flags & _WRITE_EOF:
+            raise RuntimeError("Cannot call write() after write_eof()")
+        if not pieces or self._flags & _LOST:
+            return
+        pending = self._pending
+        if pending is not None:
+            for data in pieces:
+                pending.append(data if data.__class__ is bytes else bytes(data))
+                pending.size += len(data)
+            self._maybe_pause_protocol(pending.size)
+            return
+        try:
+            sent = self._sock.sendmsg(pieces if len(pieces) <= MAX_IOV else pieces[:MAX_IOV])
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._fatal_error(exc, "write error")
+            return
+        self._keep_unsent(pieces, sent)
+
+    def _keep_unsent(self, pieces: list[bytes | bytearray | memoryview], sent: int) -> None:
+        """Keep what of ``pieces`` the socket did not take (``sent`` bytes did go) until it is writable."""
+        index = 0
+        while index < len(pieces) and sent >= len(pieces[index]):
+            sent -= len(pieces[index])
+            index += 1
+        if index == len(pieces):
+            return
+        # bytes are kept as they are; other buffers are copied: their owner may change them before they go
+        rest: list[bytes | memoryview] = [p if p.__class__ is bytes else bytes(p) for p in pieces[index:]]
+        if sent:
+            rest[0] = memoryview(rest[0])[sent:]
         self._pending = pending = _Pending(rest)
         self._server.loop.add_writer(self._sock.fileno(), self._write_ready)
         self._maybe_pause_protocol(pending.size)
-
-    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
-        self.write(b"".join(list_of_data))
 
     def _write_ready(self) -> None:
         pending = self._pending

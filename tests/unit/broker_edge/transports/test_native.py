@@ -417,3 +417,25 @@ def test_the_server_pauses_accepting_while_out_of_descriptors_and_then_goes_on(r
         await until(lambda: all("lost" in p.events for p in made))
 
     run(scenario)
+
+
+def test_writelines_sends_many_pieces_in_order_and_keeps_copies_of_changeable_ones(run):
+    async def scenario() -> None:
+        accepted, client = tcp_pair(server_sndbuf=4096, client_rcvbuf=4096)
+        protocol = Recorder()
+        transport = attach(accepted, protocol)
+        data = pattern()
+        pieces: list[bytes | bytearray] = [data[i : i + 1024] for i in range(0, TOTAL, 1024)]  # over IOV max
+        changeable = bytearray(b"kept as written")
+        pieces.append(changeable)
+        transport.writelines(pieces)
+        assert transport.get_write_buffer_size() > 0
+        changeable[:] = b"X" * len(changeable)
+        transport.writelines([b"then", b" more"])
+        expected = data + b"kept as written" + b"then more"
+        assert (await read_all(client, len(expected)))[0] == expected
+        transport.close()
+        await until(lambda: "lost" in protocol.events)
+        client.close()
+
+    run(scenario)
