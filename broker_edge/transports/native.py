@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import os
 import socket
 from asyncio.trsock import TransportSocket
 from collections.abc import Callable, Iterable
@@ -38,8 +39,8 @@ ACCEPT_BATCH = 128
 """Connections accepted at most per readiness of the listening socket."""
 ACCEPT_RETRY_DELAY_S = 0.25
 """How long accepting pauses when the process or the system is out of descriptors or buffers."""
-MAX_IOV = 512
-"""Pieces handed to one ``sendmsg`` at most (the system's limit is 1,024 on Linux)."""
+MAX_IOV = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
+"""Pieces handed to one ``sendmsg`` at most (the system's limit)."""
 DEFAULT_HIGH_WATER = 64 * 1024
 """asyncio's default write-buffer high-water mark (the low one is a quarter of it)."""
 
@@ -196,17 +197,34 @@ class NativeTransport(asyncio.Transport):
                 pending.size += len(data)
             self._maybe_pause_protocol(pending.size)
             return
+        if len(pieces) <= MAX_IOV:
+            self._send_pieces(pieces)
+            return
+        for start in range(0, len(pieces), MAX_IOV):  # as many calls as the system's limit needs
+            chunk = pieces[start : start + MAX_IOV]
+            sent = self._send_pieces(chunk)
+            if sent is None or sent < sum(map(len, chunk)):
+                if sent is not None:
+                    self._keep_unsent(pieces[start + len(chunk) :], 0, append=True)
+                return
+
+    def _send_pieces(self, pieces: list[bytes | bytearray | memoryview]) -> int | None:
+        """``sendmsg`` of ``pieces``, what was not taken kept; the bytes sent, None after an error."""
         try:
-            sent = self._sock.sendmsg(pieces if len(pieces) <= MAX_IOV else pieces[:MAX_IOV])
+            sent = self._sock.sendmsg(pieces)
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as exc:
             self._fatal_error(exc, "write error")
-            return
+            return None
         self._keep_unsent(pieces, sent)
+        return sent
 
-    def _keep_unsent(self, pieces: list[bytes | bytearray | memoryview], sent: int) -> None:
-        """Keep what of ``pieces`` the socket did not take (``sent`` bytes did go) until it is writable."""
+    def _keep_unsent(
+        self, pieces: list[bytes | bytearray | memoryview], sent: int, append: bool = False
+    ) -> None:
+        """Keep what of ``pieces`` the socket did not take (``sent`` bytes did go) until it is writable
+        (``append``: after what is already kept)."""
         index = 0
         while index < len(pieces) and sent >= len(pieces[index]):
             sent -= len(pieces[index])
@@ -217,8 +235,13 @@ class NativeTransport(asyncio.Transport):
         rest: list[bytes | memoryview] = [p if p.__class__ is bytes else bytes(p) for p in pieces[index:]]
         if sent:
             rest[0] = memoryview(rest[0])[sent:]
-        self._pending = pending = _Pending(rest)
-        self._server.loop.add_writer(self._sock.fileno(), self._write_ready)
+        pending = self._pending
+        if append and pending is not None:
+            pending.extend(rest)
+            pending.size += sum(map(len, rest))
+        else:
+            self._pending = pending = _Pending(rest)
+            self._server.loop.add_writer(self._sock.fileno(), self._write_ready)
         self._maybe_pause_protocol(pending.size)
 
     def _write_ready(self) -> None:
