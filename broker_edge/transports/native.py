@@ -158,9 +158,11 @@ class NativeTransport(asyncio.Transport):
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if data.__class__ is not bytes and not isinstance(data, (bytearray, memoryview)):
             raise TypeError(f"data argument must be a bytes-like object, not {type(data).__name__!r}")
-        if self._flags & _WRITE_EOF:
-            raise RuntimeError("Cannot call write() after write_eof()")
-        if not data or self._flags & _LOST:
+        if self._flags & (_WRITE_EOF | _LOST):
+            if self._flags & _WRITE_EOF:
+                raise RuntimeError("Cannot call write() after write_eof()")
+            return
+        if not data:
             return
         pending = self._pending
         if pending is not None:
@@ -182,7 +184,7 @@ class NativeTransport(asyncio.Transport):
 
     def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
         """Write the pieces in order: one ``sendmsg`` of them all when nothing is pending (no joined copy)."""
-        pieces = list(list_of_data)
+        pieces = list_of_data if list_of_data.__class__ is list else list(list_of_data)
         if len(pieces) == 1:
             self.write(pieces[0])
             return
@@ -217,7 +219,8 @@ class NativeTransport(asyncio.Transport):
         except OSError as exc:
             self._fatal_error(exc, "write error")
             return None
-        self._keep_unsent(pieces, sent)
+        if sent != sum(map(len, pieces)):  # the usual case, all sent, costs no loop over the pieces here
+            self._keep_unsent(pieces, sent)
         return sent
 
     def _keep_unsent(
