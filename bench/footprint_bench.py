@@ -91,10 +91,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "grew between snapshots at FIRST and SECOND (slows the broker: for finding growth, not measuring it)",
     )
     parser.add_argument(
-        "--asyncio-transport",
-        action="store_true",
-        help="also measure Timestone with `transport: asyncio` (the event loop's transport instead of the "
-        "broker's own): idle connections, and the soak on it instead of the default",
+        "--transport",
+        choices=("native", "asyncio"),
+        default=None,
+        help="also measure Timestone with its listener's `transport` set to this (idle connections), and run "
+        "the soak on it instead of the default",
     )
     parser.add_argument(
         "--skip", default="", help="comma-separated parts to leave out: startup,idle,install,soak"
@@ -134,10 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         for broker in [DefaultTimestone(label="timestone (defaults, dev venv)"), *peers]:
             _measure_startup(broker, args, broker_cpus, result)
     if "idle" not in args.skip:
-        on_asyncio = [Timestone(transport="asyncio")] if args.asyncio_transport else []
+        variant = [Timestone(transport=args.transport)] if args.transport else []
         for broker in [
             default_broker("timestone"),
-            *on_asyncio,
+            *variant,
             TransportFloor(),
             TransportFloor(poll=True),
             *peers,
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             cpus=(broker_cpus, load_cpus),
             storage=storage,
             trace_at=_trace_at(args.soak_trace, args.soak_seconds, args.soak_warmup),
-            transport="asyncio" if args.asyncio_transport else None,
+            transport=args.transport,
             log=_log,
         )
     result.load_after = _load()
@@ -287,24 +288,24 @@ def _idle_section(idle: list[tuple[str, IdleResult]], targets: list) -> list[str
         )
     lines.append("")
     mine = next((r for label, r in idle if label == "timestone"), None)
-    on_asyncio = next((r for label, r in idle if label == Timestone(transport="asyncio").label), None)
+    native = next((r for label, r in idle if label == Timestone(transport="native").label), None)
     floor = next((r for label, r in idle if label == TransportFloor().label), None)
     polled = next((r for label, r in idle if label == TransportFloor(poll=True).label), None)
-    if mine is not None and polled is not None:
-        total, under = mine.bytes_per_connection, polled.bytes_per_connection
+    if mine is not None and floor is not None:
+        total, under = mine.bytes_per_connection, floor.bytes_per_connection
         lines += [
-            f"Of Timestone's {total:,.0f} bytes (its own transport, the default), {under:,.0f} are the poll "
-            "floor (a socket watched with `loop.add_reader` and a 1-slot object); "
-            f"{total - under:,.0f} are the broker's own: its transport and socket objects, connection, "
-            "session, client id and its entry in the map of sessions.",
+            f"Of Timestone's {total:,.0f} bytes (the default, uvloop's transport), {under:,.0f} are the "
+            "uvloop floor (its transport object, libuv handle and entry in the loop's map of transports, "
+            f"with a 1-slot protocol); {total - under:,.0f} are the broker's own: its connection, session, "
+            "client id and its entry in the map of sessions.",
             "",
         ]
-    if on_asyncio is not None and floor is not None:
-        total, under = on_asyncio.bytes_per_connection, floor.bytes_per_connection
+    if native is not None and polled is not None:
+        total, under = native.bytes_per_connection, polled.bytes_per_connection
         lines += [
-            f"On the event loop's transport (`transport: asyncio`) Timestone holds {total:,.0f} bytes, "
-            f"{under:,.0f} of them the uvloop floor (its transport object, libuv handle and entry in the "
-            "loop's map of transports, with a 1-slot protocol).",
+            f"With `transport: native` (the broker's own transport) Timestone holds {total:,.0f} bytes, "
+            f"{under:,.0f} of them the poll floor (a socket watched with `loop.add_reader` and a 1-slot "
+            "object).",
             "",
         ]
     if mine is not None:

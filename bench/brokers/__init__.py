@@ -9,8 +9,8 @@ from bench.brokers.mosquitto import Mosquitto
 from bench.brokers.timestone import Timestone
 
 BROKER_NAMES = ("timestone", "mosquitto", "aedes", "amqtt")
-VARIANT_NAMES = ("timestone-asyncio",)
-"""Brokers run only when named: Timestone on the event loop's transport instead of its own."""
+VARIANT_NAMES = ("timestone-asyncio", "timestone-native")
+"""Brokers run only when named: Timestone with its listener's ``transport`` set."""
 
 __all__ = [
     "BROKER_NAMES",
@@ -31,6 +31,7 @@ def default_broker(name: str) -> BrokerUnderTest:
     factories = {
         "timestone": Timestone,
         "timestone-asyncio": lambda: Timestone(transport="asyncio"),
+        "timestone-native": lambda: Timestone(transport="native"),
         "mosquitto": Mosquitto,
         "aedes": Aedes,
         "amqtt": Amqtt,

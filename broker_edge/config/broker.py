@@ -61,10 +61,11 @@ class ListenerConfig:
     """Certificate and key of a ``tls`` or ``wss`` listener (optionally client certificates)."""
     allow_anonymous: bool | None = None
     """Accept clients without a username here; unset = ``auth.allow_anonymous``, else only on loopback."""
-    transport: ListenerTransport = "native"
-    """The transport of a ``tcp`` listener's connections: ``native`` (the broker's own, on the event loop's
-    socket watches: the least memory per idle connection) or ``asyncio`` (the event loop's own transport,
-    uvloop's when it runs). ``tls``, ``websocket`` and ``wss`` listeners always use the event loop's."""
+    transport: ListenerTransport = "asyncio"
+    """The transport of a ``tcp`` listener's connections: ``asyncio`` (the event loop's own, uvloop's when it
+    runs) or ``native`` (the broker's own, on the event loop's socket watches: about 400 bytes less per idle
+    connection, more CPU per write, see bench/results/footprint.md). ``tls``, ``websocket`` and ``wss``
+    listeners always use the event loop's."""
 
     def __post_init__(self) -> None:
         if not self.name:

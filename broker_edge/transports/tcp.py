@@ -1,12 +1,12 @@
 """MQTT over TCP and TLS: the ``asyncio.Protocol`` of each socket is its ``Connection``.
 
 No task per connection: the transport calls ``data_received`` and the connection handles the packets in
-place. A plain TCP listener runs on the broker's own transport (``transports.native``) unless its
-``transport`` is ``asyncio``; TLS listeners run on the event loop's. The transport's write-buffer high-water
-mark is ``limits.outgoing_buffer_bytes``, so ``pause_writing`` marks a slow subscriber exactly when its
-unsent bytes pass that bound. For TLS the loop runs the handshake before ``connection_made``;
-``ssl_handshake_timeout`` bounds it by the CONNECT timeout; a failed handshake is counted as a refusal
-(``tls_error``).
+place. A plain TCP listener runs on the event loop's transport unless its ``transport`` is ``native``
+(``transports.native``, the broker's own); TLS listeners always run on the event loop's. The transport's
+write-buffer high-water mark is ``limits.outgoing_buffer_bytes``, so ``pause_writing`` marks a slow
+subscriber exactly when its unsent bytes pass that bound. For TLS the loop runs the handshake before
+``connection_made``; ``ssl_handshake_timeout`` bounds it by the CONNECT timeout; a failed handshake is
+counted as a refusal (``tls_error``).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from broker_edge.transports.native import NativeTransport
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
 
 TWO_LISTENERS = [
-    {"name": "own", "type": "tcp", "host": "127.0.0.1", "port": 0},
+    {"name": "own", "type": "tcp", "host": "127.0.0.1", "port": 0, "transport": "native"},
     {"name": "loop", "type": "tcp", "host": "127.0.0.1", "port": 0, "transport": "asyncio"},
 ]
 
