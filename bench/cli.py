@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.brokers import BROKER_NAMES, BrokerUnavailable, default_broker
+from bench.brokers import BROKER_NAMES, VARIANT_NAMES, BrokerUnavailable, default_broker
 from bench.loadgen.flow import Timing
 from bench.report import BrokerInfo, RunInfo, extra_sections, render
 from bench.scenarios import SCENARIOS
@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--brokers",
         default=",".join(BROKER_NAMES),
-        help=f"comma-separated brokers ({', '.join(BROKER_NAMES)})",
+        help=f"comma-separated brokers ({', '.join(BROKER_NAMES)}; also {', '.join(VARIANT_NAMES)})",
     )
     parser.add_argument(
         "--repeat", type=int, default=None, help="runs per figure, median kept (default 3, quick 1)"
@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.only = _names(args.only, SCENARIOS, parser, "scenario")
-    args.brokers = _names(args.brokers, BROKER_NAMES, parser, "broker")
+    args.brokers = _names(args.brokers, (*BROKER_NAMES, *VARIANT_NAMES), parser, "broker")
     args.repeat = max(1, args.repeat if args.repeat is not None else (1 if args.quick else 3))
     return args
 

@@ -25,10 +25,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.brokers import BROKER_NAMES, BrokerUnavailable, BrokerUnderTest, default_broker
+from bench.brokers import BROKER_NAMES, BrokerUnavailable, BrokerUnderTest, Timestone, default_broker
 from bench.footprint_floor import TransportFloor
 from bench.footprint_install import InstallSize, installed
-from bench.footprint_polled import PolledTimestone
 from bench.footprint_startup import DefaultTimestone, StartupResult, measure_startup
 from bench.loadgen.idle import IdleResult, run_idle
 from bench.soak_bench import CACHES_FULL, MAX_HOURLY_GROWTH, SoakResult, SoakSample, run_soak
@@ -93,10 +92,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "grew between snapshots at FIRST and SECOND (slows the broker: for finding growth, not measuring it)",
     )
     parser.add_argument(
-        "--polled",
-        action="store_true",
-        help="also measure the polled transport prototype (bench/footprint_polled.py): idle connections, "
-        "and the soak on it instead of uvloop's transport",
+        "--transport",
+        choices=("native", "asyncio"),
+        default=None,
+        help="also measure Timestone with its listener's `transport` set to this (idle connections), and run "
+        "the soak on it instead of the default",
     )
     parser.add_argument(
         "--skip", default="", help="comma-separated parts to leave out: startup,idle,install,soak"
@@ -136,10 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         for broker in [DefaultTimestone(label="timestone (defaults, dev venv)"), *peers]:
             _measure_startup(broker, args, broker_cpus, result)
     if "idle" not in args.skip:
-        polled = [PolledTimestone()] if args.polled else []
+        variant = [Timestone(transport=args.transport)] if args.transport else []
         for broker in [
             default_broker("timestone"),
-            *polled,
+            *variant,
             TransportFloor(),
             TransportFloor(poll=True),
             *peers,
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             cpus=(broker_cpus, load_cpus),
             storage=storage,
             trace_at=_trace_at(args.soak_trace, args.soak_seconds, args.soak_warmup),
-            polled=args.polled,
+            transport=args.transport,
             log=_log,
         )
     result.load_after = _load()
@@ -291,23 +291,24 @@ def _idle_section(idle: list[tuple[str, IdleResult]], targets: list) -> list[str
         )
     lines.append("")
     mine = next((r for label, r in idle if label == "timestone"), None)
+    native = next((r for label, r in idle if label == Timestone(transport="native").label), None)
     floor = next((r for label, r in idle if label == TransportFloor().label), None)
+    polled = next((r for label, r in idle if label == TransportFloor(poll=True).label), None)
     if mine is not None and floor is not None:
         total, under = mine.bytes_per_connection, floor.bytes_per_connection
         lines += [
-            f"Of Timestone's {total:,.0f} bytes, {under:,.0f} are the uvloop floor (its transport object, "
-            "libuv handle and entry in the loop's map of transports, with a 1-slot protocol); "
-            f"{total - under:,.0f} are the broker's own: its connection, session, client id and its "
-            "entry in the map of sessions.",
+            f"Of Timestone's {total:,.0f} bytes (the default, uvloop's transport), {under:,.0f} are the "
+            "uvloop floor (its transport object, libuv handle and entry in the loop's map of transports, "
+            f"with a 1-slot protocol); {total - under:,.0f} are the broker's own: its connection, session, "
+            "client id and its entry in the map of sessions.",
             "",
         ]
-    polled = next((r for label, r in idle if label == TransportFloor(poll=True).label), None)
-    if mine is not None and floor is not None and polled is not None:
-        own = mine.bytes_per_connection - floor.bytes_per_connection
+    if native is not None and polled is not None:
+        total, under = native.bytes_per_connection, polled.bytes_per_connection
         lines += [
-            "A transport of the broker's own on `loop.add_reader` (the poll floor) would start from "
-            f"{polled.bytes_per_connection:,.0f} bytes instead of {floor.bytes_per_connection:,.0f}: with "
-            f"the broker's part as it is, about {own + polled.bytes_per_connection:,.0f} bytes a connection.",
+            f"With `transport: native` (the broker's own transport) Timestone holds {total:,.0f} bytes, "
+            f"{under:,.0f} of them the poll floor (a socket watched with `loop.add_reader` and a 1-slot "
+            "object).",
             "",
         ]
     if mine is not None:

@@ -40,17 +40,15 @@ class DefaultTimestone(Timestone):
         label: str = "timestone (defaults)",
         storage: dict[str, int] | None = None,
         traced: Path | None = None,
-        polled: bool = False,
+        transport: str | None = None,
         admin_port: int = 0,
     ) -> None:
-        super().__init__(executable=executable)
+        super().__init__(executable=executable, transport=transport)
         self._label = label
         self.storage = storage or {}
         """Storage settings other than the defaults (the soak may bound the tail caches)."""
         self.traced = traced
         """Run under `bench.traced_broker` with this control directory (None: the `timestone` command)."""
-        self.polled = polled
-        """Run on the polled transport prototype (`bench.footprint_polled`)."""
         self.admin_port = admin_port
         """The admin HTTP port (/metrics); 0: a free one nobody is told of."""
 
@@ -62,13 +60,12 @@ class DefaultTimestone(Timestone):
         config = workdir / "timestone.yaml"
         config.write_text(
             f"listeners:\n  - port: {port}\n"
-            f"storage:\n  directory: {workdir / 'data'}\n"
+            + (f"    transport: {self.transport}\n" if self.transport else "")
+            + f"storage:\n  directory: {workdir / 'data'}\n"
             + "".join(f"  {key}: {value}\n" for key, value in self.storage.items())
             + "offsets_api:\n  port: 0\n"
             f"admin_http:\n  port: {self.admin_port}\n"
         )
-        if self.polled:
-            return [sys.executable, "-m", "bench.footprint_polled", "broker", "--config", str(config)]
         if self.traced is not None:
             return [
                 sys.executable,
@@ -89,7 +86,7 @@ class DefaultTimestone(Timestone):
         runs; the warm-up start of `measure_startup` writes the cache.
         """
         env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
-        if self.traced is not None or self.polled:
+        if self.traced is not None:
             env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
         elif "PYTHONDONTWRITEBYTECODE" not in os.environ:
             return None
@@ -98,7 +95,8 @@ class DefaultTimestone(Timestone):
     def config_notes(self) -> str:
         changed = "".join(f", storage.{key} {value}" for key, value in self.storage.items())
         notes = "embedded defaults; listener, offsets API and admin HTTP on free ports, data in a temp dir"
-        return notes + changed
+        transport = f", listener transport {self.transport}" if self.transport else ""
+        return notes + transport + changed
 
 
 @dataclass(frozen=True)

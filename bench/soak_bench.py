@@ -139,7 +139,7 @@ def run_soak(
     cpus: tuple[set[int] | None, set[int] | None] = (None, None),
     storage: dict[str, int] | None = None,
     trace_at: tuple[float, float, float] | None = None,
-    polled: bool = False,
+    transport: str | None = None,
     log=print,
 ) -> SoakResult:
     """Run the soak for `duration_s` seconds (broker on `cpus[0]`, load on `cpus[1]`; `storage`: settings
@@ -153,7 +153,7 @@ def run_soak(
     """
     control = Path(tempfile.mkdtemp(prefix="soak-trace-")) if trace_at else None
     admin_port = net.free_port()
-    broker = DefaultTimestone(storage=storage, traced=control, polled=polled, admin_port=admin_port)
+    broker = DefaultTimestone(storage=storage, traced=control, transport=transport, admin_port=admin_port)
     broker.prepare()
     broker_cpus, load_cpus = cpus
     requests = [

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from broker_edge.cluster.node import ClusterNode
     from broker_edge.http_guard import GuardedRunner
     from broker_edge.storage import LogStore
+    from broker_edge.transports.tcp import TcpServer
 
 __all__ = ["Broker", "ListenerRuntime", "ListenerStats"]
 
@@ -84,7 +85,7 @@ class Broker(BrokerCore):
         """More offsets API endpoints (a cluster's replica fetch); set before the API's first connection."""
         self.started_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._servers: list[asyncio.Server] = []
+        self._servers: list[TcpServer] = []
         self._runners: list[web.AppRunner | LazyHttpEndpoint] = []
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._next_sys = 0.0

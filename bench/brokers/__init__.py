@@ -9,9 +9,12 @@ from bench.brokers.mosquitto import Mosquitto
 from bench.brokers.timestone import Timestone
 
 BROKER_NAMES = ("timestone", "mosquitto", "aedes", "amqtt")
+VARIANT_NAMES = ("timestone-asyncio", "timestone-native")
+"""Brokers run only when named: Timestone with its listener's ``transport`` set."""
 
 __all__ = [
     "BROKER_NAMES",
+    "VARIANT_NAMES",
     "Aedes",
     "Amqtt",
     "BrokerUnavailable",
@@ -25,7 +28,14 @@ __all__ = [
 
 def default_broker(name: str) -> BrokerUnderTest:
     """The broker of that name in the configuration used by every scenario but the persisted one."""
-    factories = {"timestone": Timestone, "mosquitto": Mosquitto, "aedes": Aedes, "amqtt": Amqtt}
+    factories = {
+        "timestone": Timestone,
+        "timestone-asyncio": lambda: Timestone(transport="asyncio"),
+        "timestone-native": lambda: Timestone(transport="native"),
+        "mosquitto": Mosquitto,
+        "aedes": Aedes,
+        "amqtt": Amqtt,
+    }
     try:
         return factories[name]()
     except KeyError:

@@ -29,19 +29,24 @@ class Timestone(BrokerUnderTest):
     name = "timestone"
     start_timeout = 20.0
 
-    def __init__(self, persist: bool | None = None, executable: Path | None = None) -> None:
+    def __init__(
+        self, persist: bool | None = None, executable: Path | None = None, transport: str | None = None
+    ) -> None:
         self.persist = persist
         self.executable = executable or timestone_executable()
+        self.transport = transport
+        """The listener's ``transport`` (None: the broker's default)."""
 
     @property
     def label(self) -> str:
-        if self.persist is None:
-            return "timestone"
-        return "timestone (persist on)" if self.persist else "timestone (persist off)"
+        label = "timestone"
+        if self.persist is not None:
+            label += " (persist on)" if self.persist else " (persist off)"
+        return label + (f" ({self.transport} transport)" if self.transport else "")
 
     @property
     def config_key(self) -> tuple[str, ...]:
-        return (self.name, "persist off" if self.persist is False else "default")
+        return (self.name, "persist off" if self.persist is False else "default", self.transport or "")
 
     @property
     def summary(self) -> str:
@@ -61,7 +66,8 @@ class Timestone(BrokerUnderTest):
         config = workdir / "timestone.yaml"
         config.write_text(
             f"listeners:\n  - host: 127.0.0.1\n    port: {port}\n"
-            f"storage:\n{storage}"
+            + (f"    transport: {self.transport}\n" if self.transport else "")
+            + f"storage:\n{storage}"
             # the side ports on free ports, so that runs never collide with another broker on this machine
             "offsets_api:\n  port: 0\n"
             "admin_http:\n  port: 0\n"
@@ -88,7 +94,8 @@ class Timestone(BrokerUnderTest):
             "durability group, receive_maximum 64 and max_inflight_out 64, default TCP options (asyncio's: "
             "TCP_NODELAY on)"
         )
-        return notes + (", `storage: {persist: []}`" if self.persist is False else "")
+        notes += ", `storage: {persist: []}`" if self.persist is False else ""
+        return notes + (f", listener transport {self.transport}" if self.transport else "")
 
     def version(self) -> str:
         try:

@@ -40,6 +40,7 @@ __all__ = [
 ]
 
 ListenerType = Literal["tcp", "tls", "websocket", "wss"]
+ListenerTransport = Literal["native", "asyncio"]
 
 
 @dataclass
@@ -60,6 +61,11 @@ class ListenerConfig:
     """Certificate and key of a ``tls`` or ``wss`` listener (optionally client certificates)."""
     allow_anonymous: bool | None = None
     """Accept clients without a username here; unset = ``auth.allow_anonymous``, else only on loopback."""
+    transport: ListenerTransport = "asyncio"
+    """The transport of a ``tcp`` listener's connections: ``asyncio`` (the event loop's own, uvloop's when it
+    runs) or ``native`` (the broker's own, on the event loop's socket watches: about 400 bytes less per idle
+    connection, more CPU per write, see bench/results/footprint.md). ``tls``, ``websocket`` and ``wss``
+    listeners always use the event loop's."""
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -74,6 +80,8 @@ class ListenerConfig:
             raise ConfigError("tls", f"a {self.type} listener does not use TLS (use type tls or wss)")
         if not self.path.startswith("/"):
             raise ConfigError("path", f"must start with '/', got {self.path!r}")
+        if self.transport not in ("native", "asyncio"):
+            raise ConfigError("transport", f"expected native or asyncio, got {self.transport!r}")
 
     @property
     def websocket(self) -> bool:

@@ -1,26 +1,35 @@
 """MQTT over TCP and TLS: the ``asyncio.Protocol`` of each socket is its ``Connection``.
 
-No task per connection: the event loop calls ``data_received`` and the connection handles the packets in
-place. The transport's write-buffer high-water mark is ``limits.outgoing_buffer_bytes``, so
-``pause_writing`` marks a slow subscriber exactly when its unsent bytes pass that bound. For TLS the loop
-runs the handshake before ``connection_made``; ``ssl_handshake_timeout`` bounds it by the CONNECT timeout; a
-failed handshake is counted as a refusal (``tls_error``).
+No task per connection: the transport calls ``data_received`` and the connection handles the packets in
+place. A plain TCP listener runs on the event loop's transport unless its ``transport`` is ``native``
+(``transports.native``, the broker's own); TLS listeners always run on the event loop's. The transport's
+write-buffer high-water mark is ``limits.outgoing_buffer_bytes``, so ``pause_writing`` marks a slow
+subscriber exactly when its unsent bytes pass that bound. For TLS the loop runs the handshake before
+``connection_made``; ``ssl_handshake_timeout`` bounds it by the CONNECT timeout; a failed handshake is
+counted as a refusal (``tls_error``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, cast
+import socket
+from asyncio.trsock import TransportSocket
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from broker_edge.connection import Connection
 from broker_edge.states import NEW
 from broker_edge.tls import peer_common_name
+from broker_edge.transports.native import start_native_server
 
 if TYPE_CHECKING:
     from broker_edge.listeners import ListenerRuntime
     from broker_edge.server import Broker
 
-__all__ = ["TcpConnection", "start_tcp_listener"]
+__all__ = ["BACKLOG", "TcpConnection", "TcpServer", "start_tcp_listener"]
+
+BACKLOG = 1024
+"""Connections the kernel queues for a listener before the broker accepts them."""
 
 
 class TcpConnection(Connection):
@@ -43,11 +52,27 @@ class TcpConnection(Connection):
             self.host.counters.refused("tls_error")
 
 
-async def start_tcp_listener(broker: Broker, listener: ListenerRuntime) -> asyncio.Server:
-    """Bind the listener (plain or TLS) and start accepting; returns the asyncio server."""
+class TcpServer(Protocol):
+    """What the broker uses of a listener's server (an ``asyncio.Server`` or a ``NativeServer``)."""
+
+    @property
+    def sockets(self) -> Sequence[socket.socket | TransportSocket]: ...
+
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
+
+
+async def start_tcp_listener(broker: Broker, listener: ListenerRuntime) -> TcpServer:
+    """Bind the listener (plain or TLS) and start accepting; returns its server."""
     config = listener.config
-    loop = asyncio.get_running_loop()
     ssl_context = listener.ssl_context
+    if ssl_context is None and config.transport == "native":
+        limit = broker.config.limits.outgoing_buffer_bytes
+        return start_native_server(
+            lambda: TcpConnection(broker, listener), config.host, config.port, BACKLOG, (limit, limit // 2)
+        )
+    loop = asyncio.get_running_loop()
     kwargs: dict[str, Any] = {}
     if ssl_context is not None:
         kwargs["ssl_handshake_timeout"] = broker.config.limits.connect_timeout_s
@@ -57,6 +82,6 @@ async def start_tcp_listener(broker: Broker, listener: ListenerRuntime) -> async
         config.port,
         ssl=ssl_context,
         reuse_address=True,
-        backlog=1024,
+        backlog=BACKLOG,
         **kwargs,
     )
