@@ -47,6 +47,12 @@ log = logging.getLogger(__name__)
 #: At most this many telemetry rows in the previous batch: bronze is appended from the driver (Arrow).
 SMALL_BATCH_ROWS = 20_000
 
+#: Spark SQL settings for a batch expected to be small, set on the session of the batch's DataFrame (a
+#: streaming query's own session) and set back for a large one. Adaptive execution runs each shuffle stage
+#: of an action as a Spark job of its own and plans again between them: on a few hundred rows that is
+#: only fixed cost.
+SMALL_BATCH_SQL_CONF = {"spark.sql.adaptive.enabled": "false"}
+
 #: The tables of a batch's gold part (see :class:`TelemetryBatch`).
 GOLD = ("device_minute", "devices", "dq_results")
 
@@ -168,6 +174,9 @@ class TelemetryBatch:
         self._resumed = False
         #: telemetry rows of the latest batch (None before the first): small batches append bronze via Arrow
         self._last_rows: int | None = None
+        #: the values SMALL_BATCH_SQL_CONF replaces (read from the first batch's session; set for large ones)
+        self._large_batch_conf: dict[str, str | None] | None = None
+        self._configured: SparkSession | None = None  # the session of the latest batch
 
     def ensure_tables(self) -> None:
         for name in TABLES:
@@ -188,6 +197,8 @@ class TelemetryBatch:
         finally:
             self._gold.shutdown(wait=True)
             self._pool.shutdown(wait=True)
+            if self._configured is not None and self._large_batch_conf is not None:
+                _set_conf(self._configured, self._large_batch_conf)
 
     def __call__(self, records: DataFrame, out: BatchWriter) -> None:
         if not self._resumed:  # whatever the trigger: the last instance may have deferred its gold part
@@ -241,6 +252,7 @@ class TelemetryBatch:
         250,000 rows is shortest with every step overlapping.
         """
         batch = _Batch(out, self.clock(), BatchReport(out.batch_id), self.after_step)
+        self._configure_session(records.sparkSession)
         bronze = T.to_bronze(records, batch.now).persist()  # the gold part reads it after the call returns
         cached = [bronze]
         try:
@@ -307,15 +319,27 @@ class TelemetryBatch:
         if failures:
             raise failures[0]
 
+    def _expects_small_batch(self) -> bool:
+        """After a small batch the next is likely small too; not a first batch, nor one after a large one."""
+        return self._last_rows is not None and self._last_rows <= SMALL_BATCH_ROWS
+
+    def _configure_session(self, spark: SparkSession) -> None:
+        """Set :data:`SMALL_BATCH_SQL_CONF` for a batch expected small, else the values it replaces.
+
+        Set at every batch: a streaming query hands each batch a new handle on its own session.
+        """
+        if self._large_batch_conf is None:
+            self._large_batch_conf = {key: spark.conf.get(key, None) for key in SMALL_BATCH_SQL_CONF}
+        _set_conf(spark, SMALL_BATCH_SQL_CONF if self._expects_small_batch() else self._large_batch_conf)
+        self._configured = spark
+
     def _bronze_data(self, bronze: DataFrame) -> DataFrame | pa.Table:
         """Bronze's rows as the store should append them.
 
-        After a small batch the next is likely small too, and delta-rs appends a few hundred rows
-        collected to the driver several times faster than from the tasks (``tables.executor_writes``);
-        a first batch, or one after a large batch, keeps the configured path.
+        For a batch expected small, delta-rs appends a few hundred rows collected to the driver several
+        times faster than from the tasks (``tables.executor_writes``); otherwise the configured path.
         """
-        small = self._last_rows is not None and self._last_rows <= SMALL_BATCH_ROWS
-        if small and self.store.backend == "delta-rs":
+        if self._expects_small_batch() and self.store.backend == "delta-rs":
             return bronze.toArrow()
         return bronze
 
@@ -510,6 +534,15 @@ def last_committed_batch(checkpoint: str) -> tuple[str, int] | None:
     except (OSError, ValueError, KeyError, IndexError):
         return None
     return (query_id, max(batch_ids)) if batch_ids else None
+
+
+def _set_conf(spark: SparkSession, conf: Mapping[str, str | None]) -> None:
+    """Set the session's SQL settings to ``conf`` (None: unset)."""
+    for key, value in conf.items():
+        if value is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, value)
 
 
 def _unpersist(frames: list[DataFrame]) -> None:
