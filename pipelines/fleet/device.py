@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_of, bucket_topic
 from pipelines.fleet.client import Message, MqttClient
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "REJECTED", "CANCELED"})
@@ -64,9 +65,11 @@ class SimulatedDevice:
         stats: Counter,
         source_address: str | None = None,
         fallbacks: Sequence[tuple[str, int]] = (),
+        buckets: int = DEFAULT_BUCKETS,
     ) -> None:
         self.device_id = device_id
         self.group = group
+        self.bucket_topic = bucket_topic(bucket_of(device_id, buckets))
         self.brokers = [broker, *fallbacks]
         self.broker = broker
         """The broker this device connects to now."""
@@ -90,8 +93,13 @@ class SimulatedDevice:
         self._stopped = False
 
     @property
-    def action_topics(self) -> tuple[str, str, str]:
-        return (f"actions/devices/{self.device_id}", f"actions/groups/{self.group}", "actions/all")
+    def action_topics(self) -> tuple[str, str, str, str]:
+        return (
+            f"actions/devices/{self.device_id}",
+            self.bucket_topic,
+            f"actions/groups/{self.group}",
+            "actions/all",
+        )
 
     # -- connection -------------------------------------------------------------------------------------
 
@@ -206,8 +214,12 @@ class SimulatedDevice:
             action = json.loads(message.payload)
             action_id = str(action["action_id"])
             kind = action["kind"]
-        except (ValueError, KeyError, TypeError):
+            listed = action.get("device_ids")
+        except (ValueError, KeyError, TypeError, AttributeError):
             self.stats["bad_actions"] += 1
+            return
+        if listed is not None and (not isinstance(listed, list) or self.device_id not in listed):
+            self.stats["actions_not_listed"] += 1  # another device of this bucket's
             return
         self.stats["actions_received"] += 1
         self.received_at.setdefault(action_id, time.time())
