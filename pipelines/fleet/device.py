@@ -1,7 +1,8 @@
 """One simulated device: telemetry, action topics replayed by offset, OTA and commands with status reports.
 
 The device follows docs/device-protocol.md. It holds its own log offsets for the action topics, so it picks
-up where it left off after reconnecting to any broker, and replays from ``earliest`` on first boot. Given
+up where it left off after reconnecting to any broker, and replays from ``earliest`` on first boot. A message
+on its device bucket's topic lists the devices it is for: the device acts on it only when listed. Given
 several brokers (members of one cluster), it moves to the next when its broker stops accepting it. A status
 report the broker did not acknowledge (refused, or the connection dropped first) is sent again: after a
 pause when refused, on reconnecting otherwise.
