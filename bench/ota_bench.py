@@ -4,7 +4,8 @@
 
 A Timestone broker runs as its own process, the fleet in ``--procs`` processes (devices send telemetry every
 ``--telemetry-interval`` seconds), and the actions job on a local Spark session in this one. For each target
-kind (an explicit list of every device id, sent per device; a group holding every device, one broadcast) the
+kind (an explicit list of every device id, one message per device bucket listing its ids, or per device with
+``--buckets 0``; a group holding every device, one broadcast) the
 job is started afresh and, once both its streams have run their first micro-batch, two actions follow: *cold*
 (the first after the job started) and *warm* (the next).
 
@@ -47,6 +48,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.sysinfo import cpu_seconds, machine_info  # noqa: E402
 from broker_edge.launcher import BrokerProcess  # noqa: E402
+from pipelines.actions.buckets import DEFAULT_BUCKETS  # noqa: E402
 from pipelines.fleet.device import DeviceBehaviour  # noqa: E402
 from pipelines.fleet.fleet import FleetSpec  # noqa: E402
 from pipelines.fleet.processes import FleetProcesses, loopback_sources, raise_open_files_limit  # noqa: E402
@@ -71,6 +73,12 @@ def broker_limits(devices: int) -> dict:
         "max_topics_per_client": 0,
         "receive_maximum": 1024,
     }
+
+
+def explicit_ids_scheme(buckets: int) -> str:
+    if buckets:
+        return f"one message per device bucket ({buckets:,} buckets) listing its ids"
+    return "one message per device on its own topic"
 
 
 def percentile(values: list[float], pct: float) -> float | None:
@@ -272,6 +280,7 @@ def run_fleet(args, workdir: Path) -> tuple[list[ActionRun], dict]:
         brokers=[broker.address],
         count=devices,
         groups=[GROUP],
+        buckets=args.buckets,
         connects_per_second=args.connects_per_second,
         source_addresses=loopback_sources(devices),
     )
@@ -299,6 +308,7 @@ def run_fleet(args, workdir: Path) -> tuple[list[ActionRun], dict]:
                     brokers=[BrokerEndpoint(mqtt_port=broker.port, offsets_api=broker.offsets_url)],
                     trigger_interval_s=args.trigger_interval,
                     tick_interval_s=1.0,
+                    device_buckets=args.buckets,
                 )
                 job = start_actions_job(spark, config, store)
                 clock = StageClock()
@@ -374,7 +384,8 @@ def report(args, runs: list[ActionRun], facts: dict) -> str:
         f"{len(loopback_sources(devices))} loopback source address(es)) and Spark (`local[2]`) share the "
         f"2 cores. {facts['connected']:,} devices connected in {facts['connect_s']:.1f} s, each sending "
         f"telemetry every {args.telemetry_interval:g} s (QoS 1, logged); trigger interval "
-        f"{args.trigger_interval:g} s. Broker limits set for the bench: {broker_limits(devices)}.",
+        f"{args.trigger_interval:g} s. Explicit ids: {explicit_ids_scheme(args.buckets)}. Broker limits set "
+        f"for the bench: {broker_limits(devices)}.",
         "",
         "Seconds after the action row's commit (p50 / p95 / p100 over devices; one figure where one event):",
         "",
@@ -432,6 +443,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trigger-interval", type=float, default=0.5)
     parser.add_argument("--connects-per-second", type=float, default=2000.0)
     parser.add_argument("--targets", default="ids,group", help="comma-separated: ids, group")
+    parser.add_argument(
+        "--buckets",
+        type=int,
+        default=DEFAULT_BUCKETS,
+        help="device buckets of explicit-id actions (0: one message per device on its own topic)",
+    )
     parser.add_argument("--no-save", action="store_true", help="print only, do not update the results file")
     args = parser.parse_args(argv)
     args.targets = [t for t in args.targets.split(",") if t]

@@ -36,7 +36,8 @@ __all__ = [
 Offsets = dict[str, dict[str, int]]
 Listings = Mapping[str, Mapping[str, "LogExtent"]]
 
-# A partition's slices go to the broker in one fetch request: bound the request, not only the records.
+# A partition's slices go to the broker in one fetch request: bound the request, not only the records
+# (the default of the source's maxTopicsPerPartition).
 MAX_SLICES_PER_PARTITION = 500
 # minPartitions does not cut a batch into partitions smaller than this: a task of a few records costs a fetch
 # request and Spark's per-task overhead, more than reading them in a neighbouring task.
@@ -287,13 +288,15 @@ def plan_partitions(
     fail_on_data_loss: bool,
     min_partitions: int = 1,
     end_may_lag: bool = False,
+    max_slices_per_partition: int = MAX_SLICES_PER_PARTITION,
 ) -> BatchPlan:
     """Cut the batch ``[start, end)`` into partitions of at most ``max_records_per_partition`` records.
 
-    A topic's range is split into pieces of that size; small ranges of one broker are packed together so a
-    batch over thousands of quiet device topics does not become thousands of Spark tasks. With
-    ``min_partitions`` the pieces shrink to about ``1 / min_partitions`` of the batch (never below
-    MIN_RECORDS_PER_SPLIT records), so a batch keeps that many tasks busy (Kafka's ``minPartitions``).
+    A topic's range is split into pieces of that size; small ranges of one broker are packed together, at
+    most ``max_slices_per_partition`` to a partition, so a batch over thousands of quiet device topics does
+    not become thousands of Spark tasks. With ``min_partitions`` the pieces shrink to about
+    ``1 / min_partitions`` of the batch (never below MIN_RECORDS_PER_SPLIT records), so a batch keeps that
+    many tasks busy (Kafka's ``minPartitions``).
     The plan depends only on the arguments: a replayed batch is cut the same way. ``listings`` may lack
     brokers (down): their ranges are planned from the checkpoint and checked by the reader.
     Raises DataLossError, or records the skipped ranges in the plan, as ``effective_start`` decides.
@@ -319,7 +322,7 @@ def plan_partitions(
     partitions = [
         PartitionPlan(broker, tuple(group))
         for broker, broker_pieces in pieces.items()
-        for group in _pack(broker_pieces, size)
+        for group in _pack(broker_pieces, size, max_slices_per_partition)
     ]
     return BatchPlan(tuple(partitions), tuple(gap for gap in lost if gap.records > 0))
 
@@ -343,12 +346,12 @@ def _split(whole: Slice, size: int) -> Iterable[Slice]:
         yield Slice(whole.topic, offset, min(offset + size, whole.end), whole.from_log_start)
 
 
-def _pack(pieces: list[Slice], capacity: int) -> Iterable[list[Slice]]:
-    """Group consecutive pieces while their total stays within ``capacity`` and MAX_SLICES_PER_PARTITION."""
+def _pack(pieces: list[Slice], capacity: int, max_slices: int) -> Iterable[list[Slice]]:
+    """Group consecutive pieces while their total stays within ``capacity`` and their count ``max_slices``."""
     group: list[Slice] = []
     filled = 0
     for piece in pieces:
-        if group and (filled + piece.records > capacity or len(group) == MAX_SLICES_PER_PARTITION):
+        if group and (filled + piece.records > capacity or len(group) == max_slices):
             yield group
             group, filled = [], 0
         group.append(piece)

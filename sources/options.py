@@ -44,6 +44,8 @@ DEFAULT_RETRY_BACKOFF_MS = 1_000
 DEFAULT_MAX_BYTES_PER_FETCH = 16 * 1024 * 1024
 MAX_BYTES_PER_FETCH = 64 * 1024 * 1024  # what the offsets API accepts (its ApiLimits.max_bytes)
 DEFAULT_MAX_RECORDS_PER_PARTITION = 200_000
+DEFAULT_MAX_TOPICS_PER_PARTITION = 500
+MAX_TOPICS_PER_PARTITION = 10_000  # what one offsets API fetch request accepts (its ApiLimits.max_fetches)
 DEFAULT_CLUSTER_NAME = "cluster"
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -60,6 +62,7 @@ _KNOWN = {
         "startingOffsets",
         "maxRecordsPerTrigger",
         "maxRecordsPerPartition",
+        "maxTopicsPerPartition",
         "minPartitions",
         "failOnDataLoss",
         "fetchTimeoutMs",
@@ -119,6 +122,8 @@ class SourceOptions:
     starting_offsets: StartingOffsets = StartingOffsets(StartKind.LATEST)
     max_records_per_trigger: int | None = None
     max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
+    max_topics_per_partition: int = DEFAULT_MAX_TOPICS_PER_PARTITION
+    """Topics one Spark task reads (one fetch request asks for all of them)."""
     #: None: the source's default (Spark's defaultParallelism when known, see ``timestone_source``)
     min_partitions: int | None = None
     fail_on_data_loss: bool = True
@@ -179,6 +184,13 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         max_records_per_trigger=_optional_int(lowered, "maxRecordsPerTrigger", minimum=1),
         max_records_per_partition=_optional_int(lowered, "maxRecordsPerPartition", minimum=1)
         or DEFAULT_MAX_RECORDS_PER_PARTITION,
+        max_topics_per_partition=_int(
+            lowered,
+            "maxTopicsPerPartition",
+            DEFAULT_MAX_TOPICS_PER_PARTITION,
+            minimum=1,
+            maximum=MAX_TOPICS_PER_PARTITION,
+        ),
         min_partitions=_optional_int(lowered, "minPartitions", minimum=1),
         fail_on_data_loss=_bool(lowered, "failOnDataLoss", default=True),
         fetch_timeout_ms=_int(lowered, "fetchTimeoutMs", DEFAULT_FETCH_TIMEOUT_MS, minimum=1),

@@ -245,6 +245,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             max_records_per_partition=self.options.max_records_per_partition,
             fail_on_data_loss=self.options.fail_on_data_loss,
             min_partitions=self.options.min_partitions or 1,
+            max_slices_per_partition=self.options.max_topics_per_partition,
         )
         _warn_lost(plan)
         return [TimestonePartition(partition, self._fetch[partition.broker]) for partition in plan.partitions]
@@ -268,6 +269,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             max_records_per_partition=self.options.max_records_per_partition,
             fail_on_data_loss=self.options.fail_on_data_loss,
             min_partitions=self.options.min_partitions or 1,
+            max_slices_per_partition=self.options.max_topics_per_partition,
             end_may_lag=True,
         )
         _warn_lost(plan)

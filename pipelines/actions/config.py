@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from broker_edge.config import ConfigError
 from broker_edge.config.endpoints import BrokerEndpoint
+from pipelines.actions.buckets import DEFAULT_BUCKETS
 
 
 @dataclass
@@ -23,10 +24,18 @@ class ActionsConfig:
     ask the brokers when the job starts (``pipelines/actions/cluster.py``)."""
     status_topics: str = "devices/+/actions"
     """Topic filter of the device status reports (docs/device-protocol.md)."""
+    report_topics_per_task: int = 5_000
+    """Report topics one Spark task of the reports stream reads in one fetch (the source's
+    ``maxTopicsPerPartition``, at most 10,000): a device's topic brings a report or two per batch, so a
+    batch over a large fleet is a few large reads rather than one per 500 devices."""
     trigger_interval_s: float = 1.0
     """Micro-batch interval of both streams."""
     tick_interval_s: float = 1.0
     """How often paced rollouts advance and in-progress timeouts are checked."""
+    device_buckets: int = DEFAULT_BUCKETS
+    """Buckets of the fleet's devices (``pipelines/actions/buckets.py``; the devices must use the same count):
+    an explicit-id action is one message per bucket holding a listed device. 0: one message per device on
+    ``actions/devices/<id>`` instead."""
     backend: str = "auto"
     """Table backend: auto (native Delta when the Spark session has it, else delta-rs), delta-rs or native."""
 
@@ -36,5 +45,9 @@ class ActionsConfig:
         for name in ("trigger_interval_s", "tick_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, "must be positive")
+        if not 1 <= self.report_topics_per_task <= 10_000:
+            raise ConfigError("report_topics_per_task", "must be from 1 to 10000")
+        if self.device_buckets < 0:
+            raise ConfigError("device_buckets", "must be 0 (per-device topics) or more")
         if self.backend not in ("auto", "delta-rs", "native"):
             raise ConfigError("backend", f"expected auto, delta-rs or native, got {self.backend!r}")

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_topic, by_bucket
 from pipelines.actions.model import Action, device_topic
 from pipelines.actions.publisher import Publisher
 from pipelines.actions.rollout import rollout_allowance
@@ -72,7 +73,12 @@ def _reached_and_open(row: Execution) -> bool:
 
 
 class ActionsEngine:
-    """Fans actions out and keeps ``action_executions`` and ``action_summary`` up to date."""
+    """Fans actions out and keeps ``action_executions`` and ``action_summary`` up to date.
+
+    An explicit-id action goes out as one message per device bucket listing that bucket's targets
+    (``pipelines/actions/buckets.py``), or with ``device_buckets`` 0 as one message per device on its own
+    topic (for devices that subscribe to that topic only).
+    """
 
     def __init__(
         self,
@@ -80,9 +86,13 @@ class ActionsEngine:
         publisher: Publisher,
         clock: Callable[[], int] = _now_ms,
         app_id: str = "actions",
+        device_buckets: int = DEFAULT_BUCKETS,
     ) -> None:
+        if device_buckets < 0:
+            raise ValueError("device_buckets must be 0 (per-device topics) or more")
         self.store = store
         self.publisher = publisher
+        self.device_buckets = device_buckets
         self.clock = clock
         self.app_id = app_id
         self.lock = threading.Lock()
@@ -196,10 +206,12 @@ class ActionsEngine:
             rows = [queued(action.id, device_id, now, published_at=now) for device_id in targets]
             log.info("action %s broadcast on %s to %d devices", action.id, topic, len(rows))
         elif action.broadcast:
-            message = action.message(now)
-            self.publisher.publish_many([(device_topic(device_id), message) for device_id in targets])
+            messages = self._listed_messages(targets, lambda listed: action.message(now, listed))
+            self.publisher.publish_many(messages)
             rows = [queued(action.id, device_id, now, published_at=now) for device_id in targets]
-            log.info("action %s sent on the topics of %d listed devices", action.id, len(rows))
+            log.info(
+                "action %s sent to %d listed devices in %d messages", action.id, len(rows), len(messages)
+            )
         else:
             rows = [queued(action.id, device_id, now) for device_id in targets]
             log.info(
@@ -223,6 +235,17 @@ class ActionsEngine:
         self.publisher.publish_many([(device_topic(device_id), message) for device_id in turn])
         return [replace(rows[d], published_at=now, version=rows[d].version + 1, updated_at=now) for d in turn]
 
+    def _listed_messages(
+        self, device_ids: list[str], message: Callable[[list[str] | None], bytes]
+    ) -> list[tuple[str, bytes]]:
+        """(topic, payload) reaching exactly ``device_ids``: one per bucket holding any of them, listing
+        them, or one unlisted message per device on its own topic when buckets are off."""
+        if not self.device_buckets:
+            payload = message(None)
+            return [(device_topic(device_id), payload) for device_id in device_ids]
+        groups = by_bucket(device_ids, self.device_buckets)
+        return [(bucket_topic(bucket), message(groups[bucket])) for bucket in sorted(groups)]
+
     def _targets(self, action: Action) -> list[str]:
         if action.device_ids:
             return sorted(set(action.device_ids))
@@ -243,8 +266,8 @@ class ActionsEngine:
                 self.publisher.publish(topic, action.cancel_message(now))
             else:  # devices that have the action and have not finished it
                 reached = [r.device_id for r in rows.values() if _reached_and_open(r)]
-                message = action.cancel_message(now)
-                self.publisher.publish_many([(device_topic(device_id), message) for device_id in reached])
+                listed = self._listed_messages(reached, lambda ids: action.cancel_message(now, ids))
+                self.publisher.publish_many(listed)
         changed = []
         for row in rows.values():
             if row.state == QUEUED:

@@ -57,6 +57,7 @@ def _status_reports(
         spark.readStream.format("timestone")
         .option("topics", config.status_topics)
         .option("startingOffsets", "earliest")
+        .option("maxTopicsPerPartition", config.report_topics_per_task)
     )
     if cluster:  # the source finds each topic's replicas and reads a dead member's ranges from another
         reader = reader.option("bootstrapServers", ",".join(b.offsets_api for b in endpoints))
@@ -141,7 +142,7 @@ def start_actions_job(
     store = store or open_table_store(spark, config.tables_root, backend=backend)
     cluster = config.cluster if config.cluster is not None else brokers_form_a_cluster(config.brokers)
     publisher = publisher or _publisher(config, cluster)
-    engine = ActionsEngine(store, publisher)
+    engine = ActionsEngine(store, publisher, device_buckets=config.device_buckets)
     checkpoints = Path(config.checkpoint_root)
     trigger = f"{config.trigger_interval_s} seconds"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -87,15 +88,23 @@ class Action:
             return ALL_TOPIC
         return group_topic(self.group)
 
-    def message(self, issued_at_ms: int) -> bytes:
-        """The action message devices receive (docs/device-protocol.md)."""
+    def message(self, issued_at_ms: int, listed: Sequence[str] | None = None) -> bytes:
+        """The action message devices receive (docs/device-protocol.md); with ``listed``, only the devices
+        named in its ``device_ids`` act on it (a bucket topic's message)."""
         body: dict[str, Any] = {"action_id": self.id, "kind": self.kind, "issued_at": issued_at_ms}
         body["expires_at"] = (self.created_at_ms or issued_at_ms) + DEFAULT_EXPIRY_S * 1000
         body.update(self.payload)
-        return json.dumps(body, separators=(",", ":")).encode()
+        return _encoded(body, listed)
 
-    def cancel_message(self, issued_at_ms: int) -> bytes:
-        return json.dumps({"action_id": self.id, "kind": "cancel", "issued_at": issued_at_ms}).encode()
+    def cancel_message(self, issued_at_ms: int, listed: Sequence[str] | None = None) -> bytes:
+        """The cancel message; with ``listed``, for the devices named in its ``device_ids`` only."""
+        return _encoded({"action_id": self.id, "kind": "cancel", "issued_at": issued_at_ms}, listed)
+
+
+def _encoded(body: dict[str, Any], listed: Sequence[str] | None) -> bytes:
+    if listed is not None:
+        body["device_ids"] = list(listed)
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def parse_report(payload: bytes) -> StatusReport | None:

@@ -8,6 +8,7 @@ import contextlib
 import signal
 import time
 
+from pipelines.actions.buckets import DEFAULT_BUCKETS
 from pipelines.fleet.device import DeviceBehaviour
 from pipelines.fleet.fleet import Fleet, FleetSpec
 from pipelines.fleet.processes import (
@@ -45,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--groups", default="canary,fleet", help="comma-separated groups, assigned in turn")
     simulate.add_argument("--id-prefix", default="dev")
+    simulate.add_argument(
+        "--buckets",
+        type=int,
+        default=DEFAULT_BUCKETS,
+        help=f"device buckets of the fleet, as the actions job's device_buckets (default {DEFAULT_BUCKETS})",
+    )
     simulate.add_argument("--firmware", default="1.0.0", help="firmware version the devices start with")
     simulate.add_argument("--telemetry-interval", type=float, default=5.0, help="seconds between readings")
     simulate.add_argument("--download-delay", type=float, nargs=2, default=(0.5, 2.0), metavar=("MIN", "MAX"))
@@ -86,6 +93,7 @@ def _fleet(args: argparse.Namespace) -> tuple[FleetSpec, DeviceBehaviour]:
         count=args.count,
         id_prefix=args.id_prefix,
         groups=[g for g in args.groups.split(",") if g],
+        buckets=args.buckets,
         seed=args.seed,
         connects_per_second=args.connects_per_second,
         source_addresses=_source_addresses(args.source_addresses, brokers, args.count),

@@ -1,7 +1,8 @@
 """One simulated device: telemetry, action topics replayed by offset, OTA and commands with status reports.
 
 The device follows docs/device-protocol.md. It holds its own log offsets for the action topics, so it picks
-up where it left off after reconnecting to any broker, and replays from ``earliest`` on first boot. Given
+up where it left off after reconnecting to any broker, and replays from ``earliest`` on first boot. A message
+on its device bucket's topic lists the devices it is for: the device acts on it only when listed. Given
 several brokers (members of one cluster), it moves to the next when its broker stops accepting it. A status
 report the broker did not acknowledge (refused, or the connection dropped first) is sent again: after a
 pause when refused, on reconnecting otherwise.
@@ -17,6 +18,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_of, bucket_topic
 from pipelines.fleet.client import Message, MqttClient
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "REJECTED", "CANCELED"})
@@ -64,9 +66,11 @@ class SimulatedDevice:
         stats: Counter,
         source_address: str | None = None,
         fallbacks: Sequence[tuple[str, int]] = (),
+        buckets: int = DEFAULT_BUCKETS,
     ) -> None:
         self.device_id = device_id
         self.group = group
+        self.bucket_topic = bucket_topic(bucket_of(device_id, buckets))
         self.brokers = [broker, *fallbacks]
         self.broker = broker
         """The broker this device connects to now."""
@@ -90,8 +94,13 @@ class SimulatedDevice:
         self._stopped = False
 
     @property
-    def action_topics(self) -> tuple[str, str, str]:
-        return (f"actions/devices/{self.device_id}", f"actions/groups/{self.group}", "actions/all")
+    def action_topics(self) -> tuple[str, str, str, str]:
+        return (
+            f"actions/devices/{self.device_id}",
+            self.bucket_topic,
+            f"actions/groups/{self.group}",
+            "actions/all",
+        )
 
     # -- connection -------------------------------------------------------------------------------------
 
@@ -206,8 +215,12 @@ class SimulatedDevice:
             action = json.loads(message.payload)
             action_id = str(action["action_id"])
             kind = action["kind"]
-        except (ValueError, KeyError, TypeError):
+            listed = action.get("device_ids")
+        except (ValueError, KeyError, TypeError, AttributeError):
             self.stats["bad_actions"] += 1
+            return
+        if listed is not None and (not isinstance(listed, list) or self.device_id not in listed):
+            self.stats["actions_not_listed"] += 1  # another device of this bucket's
             return
         self.stats["actions_received"] += 1
         self.received_at.setdefault(action_id, time.time())

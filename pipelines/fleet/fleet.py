@@ -7,6 +7,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
+from pipelines.actions.buckets import DEFAULT_BUCKETS
 from pipelines.fleet.device import TERMINAL_STATES, DeviceBehaviour, SimulatedDevice
 
 
@@ -18,6 +19,8 @@ class FleetSpec:
     count: int = 10
     id_prefix: str = "dev"
     groups: list[str] = field(default_factory=lambda: ["canary", "fleet"])
+    buckets: int = DEFAULT_BUCKETS
+    """Device buckets of the fleet (``pipelines/actions/buckets.py``), as the actions job's."""
     connects_per_second: float = 150.0
     """Stay under the broker's new-connection rate limit (200/s by default)."""
     seed: int = 7
@@ -55,6 +58,7 @@ class Fleet:
             SimulatedDevice(
                 device_id=spec.device_id(i),
                 group=spec.groups[i % len(spec.groups)],
+                buckets=spec.buckets,
                 broker=spec.brokers[i % len(spec.brokers)],
                 fallbacks=_others(spec.brokers, i % len(spec.brokers)) if spec.failover else (),
                 behaviour=self.behaviour,

@@ -1,17 +1,21 @@
 """Actions to an explicit list of device ids, on a real Timestone broker with simulated devices.
 
-Each listed device gets one small message on its own topic: what a device receives does not grow with the
-list; devices outside it never see the action; a listed device that was offline, or that first connects
-after the action went out, takes it from its topic's log (it holds its own offset) and reports.
+The action goes out as one message per device bucket, listing the targeted ids of that bucket: what a device
+receives is its bucket's share of the list, not the list; devices outside it never start the action (one in a
+listed device's bucket receives the message and ignores it); a listed device that was offline, or that first
+connects after the action went out, takes it from its bucket topic's log (it holds its own offset) and
+reports. With buckets off, the same holds for one message per device on its own topic.
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
 from broker_edge.launcher import BrokerProcess
+from pipelines.actions.buckets import DEFAULT_BUCKETS, by_bucket
 from pipelines.actions.engine import ActionsEngine
 from pipelines.actions.publisher import MqttPublisher, PublishRefused
 from pipelines.actions.states import SUCCEEDED
@@ -19,11 +23,12 @@ from tests.e2e.ota.conftest import action_row, write_actions
 from tests.fleet_harness import FleetHarness, FleetSpec, quiet_devices
 
 UNLIMITED_PUBLISHER = {"limits": {"messages_per_second_per_client": 0, "max_topics_per_client": 0}}
-"""One publish per listed device: the job's client publishes as many messages as the list is long."""
+"""One publish per bucket (or listed device): the job's client publishes up to as many messages as that."""
 
 
-def fan_out(store, broker: BrokerProcess, row: dict, batch_id: int) -> None:
-    engine = ActionsEngine(store, MqttPublisher([broker.address], client_id="actions-test"))
+def fan_out(store, broker: BrokerProcess, row: dict, batch_id: int, buckets: int = DEFAULT_BUCKETS) -> None:
+    publisher = MqttPublisher([broker.address], client_id="actions-test")
+    engine = ActionsEngine(store, publisher, device_buckets=buckets)
     try:
         write_actions(store, [row], batch_id)
         engine.on_action_rows([row], "fanout", batch_id)
@@ -55,17 +60,23 @@ def absent_ids(count: int) -> list[str]:
     return [f"gone-{i:05d}" for i in range(count)]
 
 
-def test_each_device_receives_the_same_bytes_whether_10_or_1000_are_listed(table_store, tmp_path):
+def listed_bytes(device_id: str, listed: list[str]) -> int:
+    """Bytes of the id list in the message of ``device_id``'s bucket."""
+    share = by_bucket(listed, DEFAULT_BUCKETS)[by_bucket([device_id], DEFAULT_BUCKETS).popitem()[0]]
+    return len(json.dumps(share, separators=(",", ":")))
+
+
+def test_each_device_receives_its_buckets_share_of_the_list_not_the_list(table_store, tmp_path):
     with BrokerProcess(tmp_path / "broker", **UNLIMITED_PUBLISHER) as broker:
         spec = FleetSpec(brokers=[broker.address], count=3, groups=["g"])
         with FleetHarness(broker.address, spec, quiet_devices()) as harness:
             listed, outsider = harness.fleet.devices[:2], harness.fleet.devices[2]
-            received = {}
-            for number, total in enumerate((10, 1000)):
+            received, lists = {}, {}
+            for number, total in enumerate((10, 10_000)):
                 action_id = f"act-{total:05d}"
                 before = settled_bytes_received(harness)
-                ids = [d.device_id for d in listed] + absent_ids(total - len(listed))
-                row = action_row(action_id, version=f"{number + 2}.0.0", device_ids=ids)
+                lists[total] = [d.device_id for d in listed] + absent_ids(total - len(listed))
+                row = action_row(action_id, version=f"{number + 2}.0.0", device_ids=lists[total])
                 fan_out(table_store, broker, row, number)
                 harness.wait_until(lambda a=action_id: succeeded_reports(harness, a) == len(listed))
                 after = settled_bytes_received(harness)
@@ -73,25 +84,40 @@ def test_each_device_receives_the_same_bytes_whether_10_or_1000_are_listed(table
                 assert all(d.actions[action_id].state == SUCCEEDED for d in listed)
                 assert action_id not in outsider.actions and action_id not in outsider.received_at
 
-            # the message, its PUBACKs for two reports: a few hundred bytes, the same for 10 and 1000 ids
-            for device in range(len(listed)):
-                assert 0 < received[1000][device] < 400
-                assert received[1000][device] == received[10][device]
-            assert received[10][2] == received[1000][2] == 0
+            whole_list = len(json.dumps(lists[10_000], separators=(",", ":")))
+            for index, device in enumerate(listed):
+                shares = {total: listed_bytes(device.device_id, ids) for total, ids in lists.items()}
+                # the same message and acknowledgements but for the ids of its own bucket's share
+                assert received[10_000][index] - received[10][index] == shares[10_000] - shares[10]
+                assert received[10_000][index] < 400 + shares[10_000] < whole_list / 100
 
 
+@pytest.mark.parametrize(
+    "buckets",
+    [1, 0],
+    ids=["one bucket: outsiders receive the message and ignore it", "per-device topics"],
+)
 def test_offline_and_late_devices_take_the_action_from_the_log_and_outsiders_never_start_it(
-    table_store, tmp_path
+    table_store, tmp_path, buckets
 ):
     with BrokerProcess(tmp_path / "broker", **UNLIMITED_PUBLISHER) as broker:
         behaviour = quiet_devices()
-        early = FleetSpec(brokers=[broker.address], count=3, groups=["g"], fleet_size=6)
-        late = FleetSpec(brokers=[broker.address], count=3, groups=["g"], fleet_size=6, first_index=3)
+        early = FleetSpec(
+            brokers=[broker.address], count=3, groups=["g"], fleet_size=6, buckets=max(buckets, 1)
+        )
+        late = FleetSpec(
+            brokers=[broker.address],
+            count=3,
+            groups=["g"],
+            fleet_size=6,
+            first_index=3,
+            buckets=max(buckets, 1),
+        )
         with FleetHarness(broker.address, early, behaviour) as harness:
             online, offline, outsider = harness.fleet.devices
             harness.call(lambda: offline.go_offline(3600.0))
             listed = [online.device_id, offline.device_id, late.device_id(3), late.device_id(4)]
-            fan_out(table_store, broker, action_row("act-late", device_ids=listed), 0)
+            fan_out(table_store, broker, action_row("act-late", device_ids=listed), 0, buckets)
             harness.wait_until(lambda: "act-late" in online.actions)
             assert "act-late" not in offline.actions  # it was away when the action went out
             harness.run(offline.start())  # back, resuming from the offsets it holds
@@ -101,16 +127,29 @@ def test_offline_and_late_devices_take_the_action_from_the_log_and_outsiders_nev
                 newcomers.wait_until(lambda: newcomers.fleet.finished("act-late") == 2, timeout_s=30)
                 assert offline.actions["act-late"].state == SUCCEEDED
                 assert all(d.actions["act-late"].state == SUCCEEDED for d in joiners)
-                assert "act-late" not in outsider.actions and "act-late" not in late_outsider.actions
+                for device in (outsider, late_outsider):
+                    assert "act-late" not in device.actions and "act-late" not in device.received_at
+                if buckets:  # both outsiders share the listed devices' bucket: they saw the message
+                    assert harness.fleet.stats["actions_not_listed"] == 1
+                    assert newcomers.fleet.stats["actions_not_listed"] == 1
                 harness.wait_until(lambda: succeeded_reports(harness, "act-late") == len(listed))
                 assert {r.device_id for r in harness.reports if r.state == SUCCEEDED} == set(listed)
 
 
-def test_a_list_beyond_the_brokers_topic_quota_fails_with_a_clear_error(table_store, tmp_path):
+def test_per_device_topics_beyond_the_brokers_topic_quota_fail_with_a_clear_error(table_store, tmp_path):
     with BrokerProcess(tmp_path / "broker", limits={"max_topics_per_client": 5}) as broker:
-        fan_out(table_store, broker, action_row("act-five", device_ids=absent_ids(5)), 0)
+        fan_out(table_store, broker, action_row("act-five", device_ids=absent_ids(5)), 0, buckets=0)
         row = action_row("act-more", device_ids=[f"more-{i}" for i in range(10)])
         with pytest.raises(PublishRefused, match=r"10 publishes refused.*0x97.*max_topics_per_client"):
-            fan_out(table_store, broker, row, 1)
+            fan_out(table_store, broker, row, 1, buckets=0)
         executions = table_store.read_arrow("action_executions")
         assert executions["action_id"].to_pylist() == ["act-five"] * 5
+
+
+def test_bucket_topics_stay_within_the_topic_quota_whatever_the_list(table_store, tmp_path):
+    with BrokerProcess(tmp_path / "broker", limits={"max_topics_per_client": 5}) as broker:
+        for batch, total in enumerate((10, 1_000)):
+            row = action_row(f"act-{total}", device_ids=absent_ids(total))
+            fan_out(table_store, broker, row, batch, buckets=4)
+        executions = table_store.read_arrow("action_executions")
+        assert len(executions) == 1_010

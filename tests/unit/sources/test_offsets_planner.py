@@ -176,6 +176,20 @@ def test_many_quiet_topics_do_not_make_one_task_each_nor_one_huge_request() -> N
     ]
 
 
+def test_max_slices_per_partition_sets_how_many_quiet_topics_one_task_reads() -> None:
+    end = {E1: {f"device/{i:05}": 1 for i in range(2_500)}}
+    listings = {E1: {topic: LogExtent(0, 1) for topic in end[E1]}}
+    plan = plan_partitions(
+        {},
+        end,
+        listings,
+        max_records_per_partition=10**6,
+        fail_on_data_loss=True,
+        max_slices_per_partition=1_000,
+    )
+    assert [len(partition.slices) for partition in plan.partitions] == [1_000, 1_000, 500]
+
+
 def test_min_partitions_splits_one_big_topic_evenly() -> None:
     plan = partitions(
         {E1: {"a": 0}}, {E1: {"a": 10_000}}, {E1: listing(a=(0, 10_000))}, size=10**6, min_partitions=4

@@ -67,6 +67,7 @@ def test_named_brokers_tokens_per_broker_and_a_default_token() -> None:
         ({"maxRecordsPerTrigger": "0"}, "maxRecordsPerTrigger", ">= 1"),
         ({"maxRecordsPerPartition": "many"}, "maxRecordsPerPartition", "'many'"),
         ({"minPartitions": "0"}, "minPartitions", ">= 1"),
+        ({"maxTopicsPerPartition": "10001"}, "maxTopicsPerPartition", "<= 10000"),
         ({"failOnDataLoss": "yes"}, "failOnDataLoss", "true or false"),
         ({"fetchRetries": "-1"}, "fetchRetries", ">= 0"),
         ({"maxBytesPerFetch": str(128 << 20)}, "maxBytesPerFetch", "<= 67108864"),
