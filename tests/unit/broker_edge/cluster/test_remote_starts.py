@@ -114,7 +114,10 @@ def test_a_partition_nobody_can_be_asked_for_starts_at_the_offset_asked_or_the_f
 ) -> None:
     async def scenario() -> None:
         observer = _Observer(tmp_path, None)
-        observer.links_a.link("b").detach(observer.links_a.link("b")._socket)  # type: ignore[arg-type]
+        link = observer.links_a.link("b")
+        socket = link._socket
+        assert socket is not None
+        link.detach(socket)
 
         exact, outside = await observer.start("w/1", EARLIEST)
         timed, _ = await observer.start("w/#", OffsetStart(OffsetStartKind.TIMESTAMP, 1))
