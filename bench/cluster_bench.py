@@ -465,11 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         write_result(text, args.output)
     if args.trace is not None:
-        from bench.cluster_trace import gc_pauses, gc_table, load, rows, table
+        from bench.cluster_trace import load, rows, table
 
         print(table(rows(load(args.trace, figures.traced_topic))))
-        print()
-        print(gc_table(gc_pauses(args.trace)))
     return 0
 
 

@@ -42,7 +42,6 @@ def _chain(publisher: str, leader: str, subscriber: str, other: str) -> list[tup
         ("sent by the device → forwarded by A", "bench:sent", f"{a}:forward"),
         ("forwarded by A → received by leader C (peer link)", f"{a}:forward", f"{c}:received"),
         ("received → C's group commit cuts the job", f"{c}:received", f"{c}:cut"),
-        (f"C's cut → records pushed to {b.upper()} (before C's sync)", f"{c}:cut", f"{c}:send>{b}"),
         ("cut → synced on C (writer thread: queue + fdatasync)", f"{c}:cut", f"{c}:synced"),
         ("synced → durable on C's loop", f"{c}:synced", f"{c}:durable"),
         ("durable → replication stage on C", f"{c}:durable", f"{c}:replicating"),
@@ -95,38 +94,6 @@ def table(measured: list[tuple[str, int, float, float]]) -> str:
     return "\n".join(lines)
 
 
-def gc_pauses(directory: Path) -> list[tuple[str, int, int, float, float]]:
-    """(broker, generation, collections, total ms, longest ms) of the garbage collections the brokers
-    noted (``gc<generation>`` marks, see ``broker_edge/path_trace.py``)."""
-    pauses: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for path in sorted(directory.glob("*.trace")):
-        started: dict[tuple[str, int], int] = {}
-        with path.open(encoding="utf-8") as file:
-            for line in file:
-                stage, name, first, _end, at = line.rstrip("\n").split("\t")
-                node, _, kind = stage.partition(":")
-                if name or not kind.startswith("gc") or not kind[2:].isdigit():
-                    continue
-                key = (node, int(kind[2:]))
-                if first == "0":
-                    started[key] = int(at)
-                elif key in started:
-                    pauses[key].append((int(at) - started.pop(key)) / 1e6)
-    return [
-        (node, generation, len(times), sum(times), max(times))
-        for (node, generation), times in sorted(pauses.items())
-    ]
-
-
-def gc_table(measured: list[tuple[str, int, int, float, float]]) -> str:
-    lines = ["| broker | generation | collections | total (ms) | longest (ms) |", "|---|---:|---:|---:|---:|"]
-    lines += [
-        f"| {node} | {generation} | {count} | {total:.1f} | {longest:.2f} |"
-        for node, generation, count, total, longest in measured
-    ]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cluster_trace", description=__doc__.split("\n")[0])
     parser.add_argument("directory", type=Path)
@@ -137,8 +104,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     stages = load(args.directory, args.topic)
     print(table(rows(stages, args.publisher, args.leader, args.subscriber)))
-    print()
-    print(gc_table(gc_pauses(args.directory)))
     return 0
 
 

@@ -5,16 +5,13 @@ passes (forwarded, received by the leader, its group commit cut and synced, push
 follower, acknowledged, committed, routed), ``(stage, topic, first offset, end offset, CLOCK_MONOTONIC ns)``
 and writes them to ``<directory>/<node>-<pid>.trace`` (tab separated) as they pile up and at exit. The
 clock is shared by the processes of one machine, so marks of several brokers line up by topic and offset;
-``bench/cluster_trace.py`` turns them into the time between stages. Each collection of the garbage
-collector is noted too (``gc<generation>`` at its start and end, topic ``""``), so that loop stalls it
-causes show beside the records they hold up. Without the variable every call site costs one test of
-``ON``.
+``bench/cluster_trace.py`` turns them into the time between stages. Without the variable every call site
+costs one test of ``ON``.
 """
 
 from __future__ import annotations
 
 import atexit
-import gc
 import os
 import time
 from pathlib import Path
@@ -68,12 +65,5 @@ def flush() -> None:
         file.writelines(lines)
 
 
-def _gc_noted(phase: str, info: dict[str, int]) -> None:
-    """`gc.callbacks` hook: a collection of generation ``info["generation"]`` starts or stops."""
-    generation = info.get("generation", 0)
-    mark_at(f"gc{generation}", "", 0 if phase == "start" else 1, 2, time.monotonic_ns())
-
-
 if ON:
     atexit.register(flush)
-    gc.callbacks.append(_gc_noted)

@@ -129,8 +129,6 @@ class PublishStore(Protocol):
 
     def logs_created_by(self, client_id: str) -> int: ...
 
-    def end_window(self) -> None: ...
-
     def __contains__(self, topic: object) -> bool: ...
 
 
@@ -440,8 +438,6 @@ class PublishPath:
         store.when_durable(
             lambda: self._durable(current), lambda exc: self._part_failed(current, exc, "log_failed")
         )
-        if self.forwarding is not None:
-            store.end_window()  # a cluster's batch is whole: its job is cut now, not one loop iteration later
 
     def _place(
         self, current: _Batch, topics: dict[str, list[Message]], forwarding: Forwarding

@@ -273,47 +273,6 @@ class Coordinator:
             state = revision = None  # someone wrote first: read again
         return False
 
-    # -- a new epoch for what this node leads, at each registration ----------------------------------------
-
-    async def lead_under_new_epochs(self) -> None:
-        """Give every partition whose state names this node its leader the next epoch (compare-and-swap,
-        guarded by this node's registration). Run at each registration under a new lease,
-        before unfencing: a broker that starts again, or comes back after losing its lease, never leads under
-        an epoch it led before, so what it appends from then on can never be taken for records a follower
-        got from it earlier under that epoch and it lost (a leader sends records before its own sync).
-        Raises `EtcdError` when a partition could not be given a new epoch (the node stays fenced and tries
-        again at its next renewal)."""
-        me = self.view.node_id
-        for partition, held in sorted(self.view.states.items()):
-            if held.leader != me:
-                continue
-            key = self.keys.partition(partition)
-            state: PartitionState | None = held
-            revision = self.revisions.get(key)
-            for _ in range(CAS_ATTEMPTS):
-                guards = self._guards()
-                if guards is None:
-                    raise EtcdError("not registered: cannot give the partitions it leads a new epoch")
-                if state is None or revision is None:
-                    state, revision = await self._read_state(partition)
-                if state is None or revision is None or state.leader != me:
-                    break  # another leader took it meanwhile: nothing of this node's to renew
-                wanted = replace(state, epoch=state.epoch + 1)
-                written = await self.etcd.compare_and_swap(key, wanted.to_json().encode(), revision, guards)
-                if written is not None:
-                    self._apply(key, wanted.to_json().encode(), written)
-                    log.info("partition %d: led by %s under the new epoch %d", partition, me, wanted.epoch)
-                    break
-                state = revision = None  # someone wrote first: read again
-            else:
-                raise EtcdError(f"partition {partition}: no new epoch after {CAS_ATTEMPTS} attempts")
-        self._schedule_changed()
-
-    async def resync_and_lead_under_new_epochs(self) -> None:
-        """After a lost lease: read the cluster's keys again, then `lead_under_new_epochs`."""
-        await self.resync()
-        await self.lead_under_new_epochs()
-
     def _guards(self) -> list[Guard] | None:
         """What must hold for this node's write to apply: its registration (None: not registered)."""
         if self.membership is None:

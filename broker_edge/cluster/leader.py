@@ -214,7 +214,6 @@ class LeaderReplication:
         self._clock = clock
         self._route_committed = route_committed
         store.enable_replication()  # from construction on: nothing appended is visible before it is committed
-        store.on_written = self._written
         if path_trace.ON:
             path_trace.set_node(view.node_id)
         self._inherited: dict[str, int] = {}
@@ -329,31 +328,6 @@ class LeaderReplication:
             if topic not in session.behind:
                 session.behind[topic] = now
             session.wake()
-
-    def _written(self, topics: list[str]) -> None:
-        """A group-commit job just wrote `topics` here (its sync still to come): what followers may be sent
-        of them grew, so their sessions have news now rather than once the leader's own sync is done."""
-        now = self._clock()
-        store = self.store
-        for topic in topics:
-            partition = self._partition(topic)
-            if self.leads(partition) and self._sendable_end(topic, partition) > store.durable_end(topic):
-                self._appended(topic, partition, now)
-
-    def _sendable_end(self, topic: str, partition: int) -> int:
-        """How far followers may be sent `topic`: everything written here, synced or not, once the records
-        from the start of this leader's epoch on are its own (the topic's newest epoch is the partition's
-        current one: only this leader assigns it); before that, what is durable here.
-
-        Records sent before the leader's own sync can be lost here (an OS crash) while a follower holds
-        them; that is safe because a broker never leads again under an epoch it led before
-        (`Coordinator.lead_under_new_epochs`): whatever it appends after a restart carries a newer epoch,
-        so the epoch rule cuts such a tail from the followers, and the watermark never passes the leader's
-        own durable end."""
-        state = self.view.states.get(partition)
-        if state is not None and self.epochs.for_topic(topic).latest_epoch == state.epoch:
-            return self.store.written_end(topic)
-        return self.store.durable_end(topic)
 
     def _advance_hw(self, topic: str) -> None:
         """Move `topic`'s committed end to what every ISR member holds; tell sessions the new watermark."""
@@ -697,11 +671,11 @@ class LeaderReplication:
             topic = position.topic
             self._partition(topic)
             offset = position.offset
+            end = store.durable_end(topic)
             if topic not in store:
                 if offset > 0:
                     answer.topics.append(TopicData(topic, DIVERGING, 0, 0, diverging_end=0))
                 continue
-            end = self._sendable_end(topic, number)
             diverging = False
             end_epoch = NO_EPOCH
             last = position.last_fetched_epoch
@@ -762,8 +736,8 @@ class LeaderReplication:
                 del session.dirty[topic]
                 continue
             hw = store.committed_end(topic)
-            end = self._sendable_end(topic, answer.partition)
-            limit = hw if session.observer else end
+            durable = store.durable_end(topic)
+            limit = hw if session.observer else durable
             start = store.start_offset(topic)
             offset = session.sent.get(topic, session.positions.get(topic, start))
             data = TopicData(topic, FRAMES, hw, start, first=offset)
@@ -780,7 +754,7 @@ class LeaderReplication:
                     continue
                 try:
                     data.frames, data.count = store.read_frames(
-                        topic, offset, min(budget, session.max_topic_bytes), limit, unsynced=True
+                        topic, offset, min(budget, session.max_topic_bytes), limit
                     )
                 except OffsetOutOfRange:
                     continue
@@ -790,7 +764,7 @@ class LeaderReplication:
                     path_trace.mark(f"send>{session.replica}", topic, offset, sent_end)
                 budget -= sum(map(len, data.frames))
                 data.boundaries = epochs.for_topic(topic).boundaries(offset, sent_end)
-                if sent_end >= end:
+                if sent_end >= durable:
                     session.shown[topic] = (sent_end, now)
             elif hw == session.known_hw.get(topic):
                 del session.dirty[topic]

@@ -278,10 +278,9 @@ class ClusterNode:
                 # The first registration needs no re-read (the coordinator has just read everything); a
                 # re-read restarts the coordinator's watch, and cancelling an etcd watch still being
                 # created can deadlock the etcd client. Later registrations (after a lost lease) re-read.
-                # Every registration gives the partitions this node still leads a new epoch first.
-                self.membership.before_unfence = self.coordinator.lead_under_new_epochs
+                self.membership.before_unfence = None
                 await self.membership.start()
-                self.membership.before_unfence = self.coordinator.resync_and_lead_under_new_epochs
+                self.membership.before_unfence = self.coordinator.resync
                 await self.controller.start()
                 if self.sessions is not None:
                     self.sessions.start()

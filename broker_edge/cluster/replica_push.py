@@ -4,8 +4,7 @@ A follower opens its fetch session over HTTP (`replica_fetch`: the first request
 divergence, restarts and catch-up are answered there). Once the session is open and the peer link to the
 leader is up, the follower sends its first `ACK` on the link, and from then on:
 
-- the leader sends a `PUSH` whenever the session has news (records written on the leader, before its
-  own sync once its epoch's first record is durable there: see `LeaderReplication._sendable_end`; a higher
+- the leader sends a `PUSH` whenever the session has news (records durable on the leader, a higher
   watermark): the body is a fetch response, exactly what a parked fetch would have been answered with.
   Everything new in one event-loop iteration leaves as one push (one WebSocket message with the peer
   link's own batching). Frames are sent from where the previous push ended, without waiting for the

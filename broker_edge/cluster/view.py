@@ -51,10 +51,8 @@ class PartitionState:
     leader: str | None
     """node_id of the leader; None while no in-sync replica is alive (the partition is offline)."""
     epoch: int
-    """Leader epoch: +1 on every change of leader, and whenever its leader registers under a new lease (a
-    broker never leads again under an epoch it led before). Records appended under a leader carry its
-    epoch in the replicas' epoch caches, which is how a replica finds where its log diverges from a new
-    leader's."""
+    """Leader epoch: +1 on every change of leader. Records appended under a leader carry its epoch in the
+    replicas' epoch caches, which is how a replica finds where its log diverges from a new leader's."""
     replicas: tuple[str, ...]
     """The brokers assigned a copy (replication_factor of them, capped at the live members)."""
     isr: tuple[str, ...]

@@ -147,7 +147,6 @@ class CommitLog:
         "_segment_ms",
         "_segments",
         "_write_from",
-        "_written_end",
         "config",
         "directory",
         "last_append_size",
@@ -178,7 +177,7 @@ class CommitLog:
         self._max_timestamp = NO_TIMESTAMP
         self.recovery = LogRecovery(topic) if created else self._recover()  # a new directory is empty
         self._next_offset = self._segments[-1].end_offset if self._segments else 0
-        self._end_offset = self._durable_end = self._written_end = self._next_offset
+        self._end_offset = self._durable_end = self._next_offset
         self._replicated = False
         self._durable_max_timestamp = self._max_timestamp
         self._write_from = max(0, len(self._segments) - 1)
@@ -214,16 +213,6 @@ class CommitLog:
     def durable_end(self) -> int:
         """Offset after the last record durable here (the end a follower has, or a leader may send)."""
         return self._durable_end
-
-    @property
-    def written_end(self) -> int:
-        """Offset after the last record written to the OS here (synced or not): at least `durable_end`."""
-        return max(self._written_end, self._durable_end)
-
-    def note_written(self, pending: PendingWrite) -> None:
-        """The writes of `pending` reached the OS (the page cache); their sync may still be under way."""
-        if pending.end_offset > self._written_end:
-            self._written_end = pending.end_offset
 
     @property
     def replicated(self) -> bool:
@@ -737,16 +726,12 @@ class CommitLog:
         self.last_append_size = size
         return first
 
-    def read_frames(
-        self, offset: int, max_bytes: int, stop: int | None = None, unsynced: bool = False
-    ) -> tuple[list[bytes], int]:
+    def read_frames(self, offset: int, max_bytes: int, stop: int | None = None) -> tuple[list[bytes], int]:
         """Stored frames from `offset` towards `durable_end` (or `stop` before it) within `max_bytes` (at
         least one), as buffers to send as they are, and how many records they hold. Not checked here: the
         replica appending them checks every frame. Raises `OffsetOutOfRange` outside
-        [start_offset, durable_end]. With `unsynced`, the bound is `written_end` instead: records written
-        and not yet synced are read from the tail cache (a read stops at the durable end when the cache no
-        longer holds them)."""
-        end = self.written_end if unsynced else self._durable_end
+        [start_offset, durable_end]."""
+        end = self._durable_end
         if offset < self.start_offset or offset > end:
             raise OffsetOutOfRange(self.topic, offset, self.start_offset, end)
         if stop is not None and stop < end:
@@ -846,7 +831,6 @@ class CommitLog:
         """After a truncation or restart: offsets, the active segment, the caches."""
         self._next_offset = offset
         self._durable_end = min(self._durable_end, offset)
-        self._written_end = min(self._written_end, offset)
         self._end_offset = min(self._end_offset, offset)
         self._active = self._segments[-1] if self._segments else None
         self._write_from = max(0, len(self._segments) - 1)

@@ -17,8 +17,7 @@ Policies (`StorageConfig.durability`):
 * `none`: like `group` but without fsync: durable means "written to the OS" (the page cache).
 
 Cutting a job copies its data into the files right away, on the loop: one pwritev per dirty segment into
-the page cache, microseconds, and no thread hop per file; then `on_written` is told (a cluster leader sends
-its followers what is written without waiting for its own sync) (a writer thread doing thousands of small
+the page cache, microseconds, and no thread hop per file (a writer thread doing thousands of small
 writes would wait for the GIL after each one while the loop is busy). The blocking part runs in one
 writer thread, in order: the fdatasyncs of the dirty segments, issued all at once when there are a few
 (the filesystem joins concurrent syncs into one journal commit, so a window costs about one sync, not
@@ -65,8 +64,6 @@ log = logging.getLogger(__name__)
 Job = list[tuple[CommitLog, PendingWrite]]
 DurableHook = Callable[[list[tuple[CommitLog, int]]], None]
 """Called with (log, end offset before) for every log that just became readable further."""
-WrittenHook = Callable[[list[CommitLog]], None]
-"""Called with the logs of a job just written to the OS (their `written_end` moved), before its sync."""
 Callback = Callable[[], object]
 ErrorCallback = Callable[[BaseException], object]
 
@@ -225,7 +222,6 @@ class GroupCommitter:
         pool: FileHandlePool,
         on_durable: DurableHook,
         inline_sync_max_bytes: int = 0,
-        on_written: WrittenHook | None = None,
     ) -> None:
         if policy not in ("fsync", "group", "none"):
             raise ValueError(f"unknown durability policy {policy!r}")
@@ -237,7 +233,6 @@ class GroupCommitter:
         self._inline_sync_max_bytes = inline_sync_max_bytes if policy == "group" else 0
         self._pool = pool
         self._on_durable = on_durable
-        self._on_written = on_written
         self.sync_plan = SyncPlan(self._sync)
         self._writer = _WriterThread(pool, self.sync_plan, self._finished)
         self._dirty: dict[CommitLog, None] = {}
@@ -414,7 +409,6 @@ class GroupCommitter:
         except OSError as error:
             self._fail(error)
             return
-        self._written(job)
         flight = _Flight(job, upto, loop)
         if path_trace.ON:
             flight.cut_ns = time.monotonic_ns()
@@ -442,16 +436,6 @@ class GroupCommitter:
             return
         self._flights.append(flight)
         self._writer.submit(flight)
-
-    def _written(self, job: Job) -> None:
-        """Note a job's writes on its logs and tell `on_written` (its sync is still to come)."""
-        for commit_log, pending in job:
-            commit_log.note_written(pending)
-        if self._on_written is not None and job:
-            try:
-                self._on_written([commit_log for commit_log, _pending in job])
-            except Exception:
-                log.exception("on_written hook failed")
 
     def _syncs_inline(self, job: Job) -> bool:
         """Whether `job` is small enough to be fdatasynced on the loop (the writer being idle)."""

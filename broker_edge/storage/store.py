@@ -114,11 +114,7 @@ class LogStore:
             self._pool,
             self._on_durable,
             inline_sync_max_bytes=self.config.inline_sync_max_bytes,
-            on_written=self._on_written,
         )
-        self.on_written: Callable[[list[str]], None] | None = None
-        """Called on the loop with the topics whose logs a group-commit job just wrote to the OS, before
-        that job's sync (a leader sends its followers what is written, not only what is durable)."""
         self._logs: dict[str, CommitLog] = {}
         self._created_by: dict[str, int] = {}
         self._topic_waiters: dict[str, list[_Waiter]] = {}
@@ -341,11 +337,6 @@ class LogStore:
         commit_log = self._logs.get(topic)
         return commit_log.durable_end if commit_log is not None else 0
 
-    def written_end(self, topic: str) -> int:
-        """Offset after the last record of `topic` written to the OS here, synced or not (0: no log)."""
-        commit_log = self._logs.get(topic)
-        return commit_log.written_end if commit_log is not None else 0
-
     def start_offset(self, topic: str) -> int:
         """Oldest offset `topic`'s log still stores (0 when it has no log)."""
         commit_log = self._logs.get(topic)
@@ -379,11 +370,11 @@ class LogStore:
         return first
 
     def read_frames(
-        self, topic: str, offset: int, max_bytes: int, stop: int | None = None, unsynced: bool = False
+        self, topic: str, offset: int, max_bytes: int, stop: int | None = None
     ) -> tuple[list[bytes], int]:
-        """Stored frames of `topic` from `offset` up to its durable end (with `unsynced`, its written end),
-        or `stop`: see `CommitLog.read_frames`."""
-        return self._log(topic).read_frames(offset, max_bytes, stop, unsynced)
+        """Stored frames of `topic` from `offset` up to its durable end (or `stop`): see
+        `CommitLog.read_frames`."""
+        return self._log(topic).read_frames(offset, max_bytes, stop)
 
     def truncate(self, topic: str, offset: int) -> None:
         """Drop the records of `topic` at and after `offset` (see `CommitLog.truncate`)."""
@@ -592,11 +583,6 @@ class LogStore:
         if not self._syncfs_checked:
             self._use_syncfs()
         return commit_log
-
-    def _on_written(self, logs: list[CommitLog]) -> None:
-        hook = self.on_written
-        if hook is not None:
-            hook([commit_log.topic for commit_log in logs])
 
     def _on_durable(self, advanced: list[tuple[CommitLog, int]]) -> None:
         topic_waiters = self._topic_waiters

@@ -88,6 +88,7 @@ class Node:
         self.member = Member(node_id, f"127.0.0.1:{free_port()}", api)
         self.membership = Membership(self.etcd, self.keys, self.member, self.view, self.config.lease_ttl_s)
         self.coordinator = Coordinator(self.etcd, self.keys, self.view, self.membership)
+        self.membership.before_unfence = self.coordinator.resync
         self.controller = Controller(
             self.etcd, self.keys, self.view, self.coordinator, self.membership, self.config
         )
@@ -97,12 +98,8 @@ class Node:
         return self.member.node_id
 
     async def start(self) -> Node:
-        """Start as a broker's cluster node does (`ClusterNode.start`): every registration gives the
-        partitions this node leads a new epoch before it unfences, the later ones after a re-read."""
         await self.coordinator.start()
-        self.membership.before_unfence = self.coordinator.lead_under_new_epochs
         await self.membership.start()
-        self.membership.before_unfence = self.coordinator.resync_and_lead_under_new_epochs
         await self.controller.start()
         return self
 
@@ -377,55 +374,6 @@ def test_a_node_that_cannot_reach_etcd_fences_itself_within_the_ttl_and_unfences
         finally:
             private_etcd.server.resume()
             await node.stop()
-
-    run(scenario())
-
-
-def test_a_broker_never_leads_again_under_an_epoch_it_led_before(etcd: EtcdTarget) -> None:
-    async def scenario() -> None:
-        node = await Node(etcd, "b1").start()
-        again: Node | None = None
-        try:
-            await eventually(
-                lambda: len(node.view.states) == 6 and all(node.view.leads(p) for p in range(6)),
-                10,
-                "b1, alone, leads every partition",
-            )
-            first = {p: s.epoch for p, s in node.view.states.items()}
-            await node.die()  # the process ends without a word; the partition states stay in etcd
-            again = await Node(etcd, "b1").start()  # the same broker started again (a new lease)
-            restarted = again
-            await eventually(
-                lambda: not restarted.view.fenced and all(restarted.view.leads(p) for p in range(6)),
-                TTL + 8,
-                "the restarted b1 leads every partition",
-            )
-            second = {p: s.epoch for p, s in again.view.states.items()}
-            assert all(second[p] > first[p] for p in first)  # never under an epoch it led before
-            stored = await read_prefix(etcd)
-            assert {p: stored[f"partitions/{p}"]["epoch"] for p in first} == second
-
-            lease = again.membership.lease_id
-            assert lease is not None
-            outsider = Etcd([etcd.url])
-            try:
-                await outsider.revoke_lease(lease)  # the lease is lost while the process lives on
-            finally:
-                await outsider.close()
-            await eventually(lambda: restarted.membership.lease_id not in (None, lease), TTL + 8, "new lease")
-            await eventually(
-                lambda: (
-                    not restarted.view.fenced
-                    and all(restarted.view.states[p].epoch > second[p] for p in second)
-                ),
-                TTL + 8,
-                "leading again under newer epochs",
-            )
-            assert all(restarted.view.states[p].leader == "b1" for p in second)
-        finally:
-            if again is not None:
-                await again.stop()
-            await node.etcd.close()
 
     run(scenario())
 

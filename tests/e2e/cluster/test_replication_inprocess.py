@@ -10,9 +10,7 @@ fetches, and the fall back to fetching when a peer link drops.
 
 from __future__ import annotations
 
-import os
 import queue
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +30,7 @@ from broker_edge.cluster.replica_fetch import (
     decode_response,
     encode_request,
 )
-from broker_edge.cluster.view import ClusterView, PartitionState, partition_of
+from broker_edge.cluster.view import PartitionState, partition_of
 from broker_edge.storage import LogStore
 from tests.e2e.broker_clients import PahoClient, close_all, wait_for
 from tests.e2e.cluster.inprocess_cluster import TOKEN, InProcessCluster
@@ -513,71 +511,6 @@ def test_records_a_follower_holds_beyond_the_new_leaders_log_are_cut_and_nothing
     reference = cluster["b3"].segment_bytes(TOPIC)
     assert cluster["b2"].segment_bytes(TOPIC) == reference
     assert wait_for(lambda: restarted.segment_bytes(TOPIC) == reference, timeout=10)
-
-
-def _hold_syncs_under(directory: Path, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """Hold every fdatasync of a file under ``directory`` until the returned event is set (the others go
-    through): that broker writes records but does not make them durable."""
-    released = threading.Event()
-    real = os.fdatasync
-    root = str(directory.resolve())
-
-    def held(fd: int) -> None:
-        if os.readlink(f"/proc/self/fd/{fd}").startswith(root):
-            released.wait(30)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", held)
-    return released
-
-
-def _fence(view: ClusterView) -> None:
-    view.fenced = True
-    view.changed()
-
-
-def test_a_leader_that_lost_records_it_pushed_before_its_sync_leads_again_under_a_new_epoch_and_they_are_cut(
-    make_cluster, monkeypatch
-):
-    cluster = make_cluster()
-    cluster.start_replication([_all_in_sync()])
-    device = PahoClient(cluster["b1"].port, "device-40")
-    for number in range(4):
-        device.publish(TOPIC, f"acknowledged {number}".encode(), qos=1)
-    released = _hold_syncs_under(cluster["b1"].directory, monkeypatch)
-    watcher = AckWatcher(cluster["b1"].port, "device-41")
-    for number in range(3):
-        watcher.publish(f"never synced on the leader {number}".encode())
-    # the leader pushes what it has written, before its own sync: both followers hold the three durably
-    assert wait_for(lambda: all(cluster[node].durable_end(TOPIC) == 7 for node in ("b2", "b3")))
-    assert cluster["b1"].durable_end(TOPIC) == 4
-    assert watcher.ack(timeout=0.5) is None  # the watermark waits for the leader's own sync
-    assert all(cluster[node].committed_end(TOPIC) == 4 for node in NODES)
-    device.kill()
-    watcher.client.kill()
-    cluster.call(lambda: _fence(cluster["b1"].view))  # the leader is gone before its sync completes ...
-    released.set()
-    cluster.stop_node("b1")
-    _lose_tail(cluster["b1"].directory, TOPIC, 4)  # ... and its disk lost the unsynced tail
-    late = [watcher.ack(timeout=0.1) for _ in range(3)]
-    assert all(ack is None or ack[1] >= 0x80 for ack in late)  # none of the three was acknowledged
-    # it comes back as the leader under a new epoch (what the coordinator does at every registration)
-    cluster.set_state(_all_in_sync("b1", epoch=2))
-    restarted = cluster.restart_node("b1")
-    new_device = PahoClient(restarted.port, "device-42")
-    for number in range(2):
-        new_device.publish(TOPIC, f"epoch two {number}".encode(), qos=1)
-    expected = [(n, f"acknowledged {n}".encode()) for n in range(4)]
-    expected += [(4 + n, f"epoch two {n}".encode()) for n in range(2)]
-    for node in NODES:  # no replica keeps the old tail under epoch 1: the new records replace it
-        assert wait_for(lambda node=node: cluster[node].payloads(TOPIC) == expected, timeout=10), node
-        assert cluster[node].durable_end(TOPIC) == 6
-    reference = restarted.segment_bytes(TOPIC)
-    assert cluster["b2"].segment_bytes(TOPIC) == reference
-    assert cluster["b3"].segment_bytes(TOPIC) == reference
-    for node in ("b2", "b3"):
-        epochs = cluster.call(lambda node=node: cluster[node].followers.epochs.for_topic(TOPIC).entries)
-        assert epochs == [(1, 0), (2, 4)]
 
 
 def test_leadership_moving_back_and_forth_under_load_loses_no_acknowledged_record(make_cluster):

@@ -57,9 +57,6 @@ class MemoryLog:
     def logs_created_by(self, client_id: str) -> int:
         return 0
 
-    def end_window(self) -> None:
-        pass  # nothing to cut: durability is what the test makes it
-
     def __contains__(self, topic: object) -> bool:
         return topic in self.logs
 

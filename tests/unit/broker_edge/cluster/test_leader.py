@@ -37,10 +37,10 @@ class CountingStore(LogStore):
         self.reads: list[str] = []
 
     def read_frames(
-        self, topic: str, offset: int, max_bytes: int, stop: int | None = None, unsynced: bool = False
+        self, topic: str, offset: int, max_bytes: int, stop: int | None = None
     ) -> tuple[list[bytes], int]:
         self.reads.append(topic)
-        return super().read_frames(topic, offset, max_bytes, stop, unsynced)
+        return super().read_frames(topic, offset, max_bytes, stop)
 
 
 class Outcome:
