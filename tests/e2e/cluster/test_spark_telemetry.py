@@ -56,7 +56,13 @@ class KillingBatch(TelemetryBatch):
 
 
 def _device_topics(target: EtcdTarget, leader: str, count: int) -> list[str]:
-    """``count`` telemetry topics, every other one on a partition ``leader`` leads."""
+    """``count`` telemetry topics, every other one on a partition ``leader`` leads (once it leads one: the
+    controller spreads leadership over the members a few partitions at a time)."""
+    wait_until(
+        lambda: any(p.leader == leader for p in cluster_state(target).partitions.values()),
+        30,
+        f"{leader} leading a partition",
+    )
     state = cluster_state(target)
     partitions = len(state.partitions)
     candidates = [f"devices/dev-{n:03d}/telemetry" for n in range(1000)]
