@@ -204,24 +204,24 @@ class NativeTransport(asyncio.Transport):
             return
         for start in range(0, len(pieces), MAX_IOV):  # as many calls as the system's limit needs
             chunk = pieces[start : start + MAX_IOV]
-            sent = self._send_pieces(chunk)
-            if sent is None or sent < sum(map(len, chunk)):
-                if sent is not None:
+            if not self._send_pieces(chunk):
+                if not self._flags & _LOST:  # the socket is full: the later chunks wait behind the kept rest
                     self._keep_unsent(pieces[start + len(chunk) :], 0, append=True)
                 return
 
-    def _send_pieces(self, pieces: list[bytes | bytearray | memoryview]) -> int | None:
-        """``sendmsg`` of ``pieces``, what was not taken kept; the bytes sent, None after an error."""
+    def _send_pieces(self, pieces: list[bytes | bytearray | memoryview]) -> bool:
+        """``sendmsg`` of ``pieces``, what was not taken kept; whether the socket took them all."""
         try:
             sent = self._sock.sendmsg(pieces)
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError as exc:
             self._fatal_error(exc, "write error")
-            return None
-        if sent != sum(map(len, pieces)):  # the usual case, all sent, costs no loop over the pieces here
-            self._keep_unsent(pieces, sent)
-        return sent
+            return False
+        if sent == sum(map(len, pieces)):
+            return True
+        self._keep_unsent(pieces, sent)
+        return False
 
     def _keep_unsent(
         self, pieces: list[bytes | bytearray | memoryview], sent: int, append: bool = False
