@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +27,28 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def wait_for_port(port: int, host: str = "127.0.0.1", timeout_s: float = 15.0) -> None:
-    """Block until something accepts TCP connections on ``host:port``."""
+def wait_for_port(
+    port: int, host: str = "127.0.0.1", timeout_s: float = 15.0, alive: Callable[[], int | None] | None = None
+) -> None:
+    """Block until something accepts TCP connections on ``host:port``; with ``alive`` (a process's ``poll``),
+    give up as soon as that process has exited."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with socket.socket() as sock:
             if sock.connect_ex((host, port)) == 0:
                 return
+        if alive is not None and alive() is not None:
+            break
         time.sleep(0.05)
     raise TimeoutError(f"nothing listens on {host}:{port}")
+
+
+class _PortTaken(Exception):
+    """The broker could not bind a port chosen for it: another process took it after the probe."""
+
+
+#: how often a first start chooses its ports again when one was taken meanwhile
+_PORT_TRIES = 3
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -60,20 +74,26 @@ class BrokerProcess:
     def __init__(self, directory: Path, name: str = "edge1", **sections: Any) -> None:
         self.directory = Path(directory)
         self.name = name
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.config_path = self.directory / "broker.yaml"
+        self.log_path = self.directory / "broker.log"
+        self.process: subprocess.Popen | None = None
+        self._sections = sections
+        self._started_before = False
+        self._choose_ports()
+
+    def _choose_ports(self) -> None:
+        """Free ports for MQTT, the offsets API and the admin API, written into the config file."""
         self.port = free_port()
         self.offsets_port = free_port()
         self.admin_port = free_port()
-        self.directory.mkdir(parents=True, exist_ok=True)
         config: dict[str, Any] = {
             "listeners": [{"name": "mqtt", "host": "127.0.0.1", "port": self.port}],
             "storage": {"directory": str(self.directory / "data")},
             "offsets_api": {"host": "127.0.0.1", "port": self.offsets_port},
             "admin_http": {"host": "127.0.0.1", "port": self.admin_port},
         }
-        self.config_path = self.directory / "broker.yaml"
-        self.config_path.write_text(yaml.safe_dump(_merge(config, sections)))
-        self.log_path = self.directory / "broker.log"
-        self.process: subprocess.Popen | None = None
+        self.config_path.write_text(yaml.safe_dump(_merge(config, self._sections)))
 
     @property
     def address(self) -> tuple[str, int]:
@@ -84,6 +104,25 @@ class BrokerProcess:
         return f"http://127.0.0.1:{self.offsets_port}"
 
     def start(self, timeout_s: float = 30.0) -> BrokerProcess:
+        """Start the broker and wait until it listens. On its first start, a port that another process took
+        between the probe and the bind is chosen again (up to three tries); a restart keeps its ports."""
+        for attempt in range(_PORT_TRIES):
+            try:
+                self._start_once(timeout_s)
+            except _PortTaken:
+                if self._started_before or not self._ports_are_generated() or attempt == _PORT_TRIES - 1:
+                    raise self._did_not_start() from None
+                self._choose_ports()
+                continue
+            self._started_before = True
+            return self
+        raise AssertionError("unreachable")
+
+    def _ports_are_generated(self) -> bool:
+        return not any(key in self._sections for key in ("listeners", "offsets_api", "admin_http"))
+
+    def _start_once(self, timeout_s: float) -> None:
+        log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -93,12 +132,20 @@ class BrokerProcess:
                 env=env,
             )
         try:
-            wait_for_port(self.port, timeout_s=timeout_s)
-            wait_for_port(self.offsets_port, timeout_s=timeout_s)
+            for port in (self.port, self.offsets_port):
+                wait_for_port(port, timeout_s=timeout_s, alive=self.process.poll)
+            if self.process.poll() is not None:
+                raise TimeoutError("the broker exited")
         except TimeoutError:
             self.stop()
-            raise RuntimeError(f"broker did not start:\n{self.log_path.read_text()[-3000:]}") from None
-        return self
+            with open(self.log_path, "rb") as log:
+                log.seek(log_start)
+                if b"Address already in use" in log.read():
+                    raise _PortTaken from None
+            raise self._did_not_start() from None
+
+    def _did_not_start(self) -> RuntimeError:
+        return RuntimeError(f"broker did not start:\n{self.log_path.read_text()[-3000:]}")
 
     def kill(self) -> None:
         """SIGKILL: no clean shutdown, no flush, as a power cut would leave it."""

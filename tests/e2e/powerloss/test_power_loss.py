@@ -38,17 +38,6 @@ class SyncfsForwardingBroker(BrokerProcess):
     module = "tests.e2e.powerloss.syncfs_forwarding"
 
 
-def start_broker(broker_type: type[BrokerProcess], workdir: Path, sections: dict[str, Any]) -> BrokerProcess:
-    """A started broker; on fresh free ports again when another process took one of them meanwhile."""
-    for attempt in range(3):
-        try:
-            return broker_type(workdir, **sections).start()
-        except RuntimeError as exc:
-            if "address already in use" not in str(exc) or attempt == 2:
-                raise
-    raise AssertionError("unreachable")
-
-
 def publish_then_cut_power(
     mount: LazyMount, workdir: Path, storage: dict[str, Any], broker_type: type[BrokerProcess] = BrokerProcess
 ) -> tuple[dict[str, list[int]], list[dict], dict[str, int]]:
@@ -57,7 +46,7 @@ def publish_then_cut_power(
         "storage": {"directory": str(mount.path / "data"), **storage},
         "limits": {"messages_per_second_per_client": 0},
     }
-    broker = start_broker(broker_type, workdir, sections)
+    broker = broker_type(workdir, **sections).start()
     loop = LoopThread()
     try:
         publishers = [LeanPublisher(f"device-{n}", broker.port, loop) for n in range(PUBLISHERS)]
@@ -71,7 +60,7 @@ def publish_then_cut_power(
         assert everyone_acked, f"publishers got {[len(p.acked) for p in publishers]} PUBACKs before the cut"
 
         mount.remount()
-        broker = start_broker(broker_type, workdir, sections)
+        broker = broker_type(workdir, **sections).start()
         with OffsetsClient(broker.offsets_url, retry_backoff_s=0.2) as client:
             rows = read_log(client, TOPIC)
     finally:
