@@ -20,17 +20,26 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _add_table_options(parser: argparse.ArgumentParser, default: object) -> None:
+    parser.add_argument(
+        "--config",
+        default=default,
+        help="actions YAML (default: conf/actions.yaml if present, else defaults)",
+    )
+    parser.add_argument("--tables-root", default=default, help="override the config's tables_root")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="timestone ota", description="Create and follow OTA/command actions."
     )
-    parser.add_argument(
-        "--config", help="actions YAML (default: conf/actions.yaml if present, else defaults)"
-    )
-    parser.add_argument("--tables-root", help="override the config's tables_root")
+    _add_table_options(parser, default=None)
+    # the same options after the verb too (`timestone ota status --tables-root DIR`, as the demo prints it)
+    after_verb = argparse.ArgumentParser(add_help=False)
+    _add_table_options(after_verb, default=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="verb", required=True)
 
-    create = sub.add_parser("create", help="write a new action row")
+    create = sub.add_parser("create", help="write a new action row", parents=[after_verb])
     create.add_argument("--id", dest="action_id", help="action id (default: generated)")
     create.add_argument("--kind", choices=("ota", "command"), default="ota")
     target = create.add_mutually_exclusive_group(required=True)
@@ -55,10 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--timeout", type=int, help="in-progress timeout per device, seconds")
     create.add_argument("--created-by", default="cli")
 
-    cancel = sub.add_parser("cancel", help="cancel an action")
+    cancel = sub.add_parser("cancel", help="cancel an action", parents=[after_verb])
     cancel.add_argument("action_id")
 
-    status = sub.add_parser("status", help="print action summaries")
+    status = sub.add_parser("status", help="print action summaries", parents=[after_verb])
     status.add_argument("action_id", nargs="?")
     return parser
 

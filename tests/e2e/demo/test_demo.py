@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+import shlex
+import subprocess
+import sys
 
 from pipelines.views.location import DEMO_TABLES
 from sinks import open_table_store
@@ -20,3 +23,20 @@ def test_demo_runs_the_whole_platform_and_every_canary_device_finishes(demo_run)
     store = open_table_store(None, str(demo_run.repository / DEMO_TABLES), backend="delta-rs")
     assert store.read_arrow("devices").num_rows == 20
     assert store.read_arrow("actions")["id"].to_pylist() == [outcome.group(1)]
+
+
+def test_the_follow_up_the_demo_prints_shows_its_rollout(demo_run):
+    out = demo_run.stdout
+    follow_up = re.search(r"^Follow-up:\s+timestone (.+)$", out, re.MULTILINE)
+    assert follow_up, out[-2000:]
+    action_id = re.search(r"Outcome of (\S+):", out).group(1)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *shlex.split(follow_up.group(1))],
+        cwd=demo_run.repository,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    row = next(line for line in result.stdout.splitlines() if line.startswith(action_id))
+    assert row.split()[1] == "COMPLETED"
