@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from pipelines.actions.buckets import REPORT_TOPICS
 from pipelines.actions.states import StatusReport
 from pipelines.fleet.background import BackgroundFleet
 from pipelines.fleet.client import MqttClient
@@ -15,7 +16,8 @@ from pipelines.fleet.fleet import FleetSpec
 
 
 class FleetHarness(BackgroundFleet):
-    """Runs a fleet and records every status report published on ``devices/+/actions``."""
+    """Runs a fleet and records every status report published on the bucket report topics, or on a device's
+    own topic (the earlier protocol)."""
 
     def __init__(self, broker: tuple[str, int], spec: FleetSpec, behaviour: DeviceBehaviour) -> None:
         super().__init__(spec, behaviour)
@@ -29,7 +31,8 @@ class FleetHarness(BackgroundFleet):
         self._listener = await MqttClient.connect(
             host, port, f"report-listener-{id(self):x}", on_message=self._on_report
         )
-        await self._listener.subscribe("devices/+/actions", 1)
+        for topic in (REPORT_TOPICS, "devices/+/actions"):
+            await self._listener.subscribe(topic, 1)
 
     async def on_stop(self) -> None:
         if self._listener:

@@ -5,7 +5,9 @@ its id's UTF-8 bytes modulo the bucket count. The count is a setting of the whol
 partitions of a topic (the job and the devices must agree on it). Each device subscribes to its bucket's
 topic ``actions/buckets/<bucket>``; an explicit-id action is one message per bucket holding a listed device,
 and that message lists the targeted ids of its bucket only. A device starts the action only if its id is
-listed (docs/device-protocol.md).
+listed (docs/device-protocol.md). A device reports on its bucket's report topic ``actions/reports/<bucket>``,
+each report naming its device: a fleet's reports are at most as many logs as it has buckets, however many
+devices it has.
 """
 
 from __future__ import annotations
@@ -22,8 +24,18 @@ def bucket_of(device_id: str, buckets: int) -> int:
     return zlib.crc32(device_id.encode()) % buckets
 
 
+REPORT_TOPICS = "actions/reports/+"
+"""Topic filter of every bucket's status reports."""
+
+
 def bucket_topic(bucket: int) -> str:
+    """The topic of the actions for the devices of ``bucket``."""
     return f"actions/buckets/{bucket}"
+
+
+def report_topic(bucket: int) -> str:
+    """The topic the devices of ``bucket`` send their status reports on."""
+    return f"actions/reports/{bucket}"
 
 
 def by_bucket(device_ids: Iterable[str], buckets: int) -> dict[int, list[str]]:

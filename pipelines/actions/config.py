@@ -22,12 +22,13 @@ class ActionsConfig:
     """Whether ``brokers`` are members of one cluster: then each action is published once, through any live
     member, and reports are read once. False: separate brokers, each gets every action. None (default):
     ask the brokers when the job starts (``pipelines/actions/cluster.py``)."""
-    status_topics: str = "devices/+/actions"
-    """Topic filter of the device status reports (docs/device-protocol.md)."""
+    status_topics: str = "actions/reports/+,devices/+/actions"
+    """Topic filters of the device status reports, comma-separated (docs/device-protocol.md): each device
+    bucket's report topic, and each device's own topic for devices on the earlier protocol."""
     report_topics_per_task: int = 5_000
     """Report topics one Spark task of the reports stream reads in one fetch (the source's
-    ``maxTopicsPerPartition``, at most 10,000): a device's topic brings a report or two per batch, so a
-    batch over a large fleet is a few large reads rather than one per 500 devices."""
+    ``maxTopicsPerPartition``, at most 10,000): a bucket's report topic brings a few devices' reports per
+    batch, so a batch over a large fleet is a few large reads."""
     trigger_interval_s: float = 1.0
     """Micro-batch interval of both streams."""
     tick_interval_s: float = 1.0

@@ -2,7 +2,8 @@
 
 The device follows docs/device-protocol.md. It holds its own log offsets for the action topics, so it picks
 up where it left off after reconnecting to any broker, and replays from ``earliest`` on first boot. A message
-on its device bucket's topic lists the devices it is for: the device acts on it only when listed. Given
+on its device bucket's topic lists the devices it is for: the device acts on it only when listed. It sends
+its status reports on its bucket's report topic (``actions/reports/<bucket>``), each naming the device. Given
 several brokers (members of one cluster), it moves to the next when its broker stops accepting it. A status
 report the broker did not acknowledge (refused, or the connection dropped first) is sent again: after a
 pause when refused, on reconnecting otherwise.
@@ -18,7 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_of, bucket_topic
+from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_of, bucket_topic, report_topic
 from pipelines.fleet.client import Message, MqttClient
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "REJECTED", "CANCELED"})
@@ -70,7 +71,10 @@ class SimulatedDevice:
     ) -> None:
         self.device_id = device_id
         self.group = group
-        self.bucket_topic = bucket_topic(bucket_of(device_id, buckets))
+        bucket = bucket_of(device_id, buckets)
+        self.bucket_topic = bucket_topic(bucket)
+        self.report_topic = report_topic(bucket)
+        """Where this device sends its status reports: its bucket's, shared with the other devices of it."""
         self.brokers = [broker, *fallbacks]
         self.broker = broker
         """The broker this device connects to now."""
@@ -296,7 +300,7 @@ class SimulatedDevice:
             "details": progress.details,
             "firmware": self.firmware,
         }
-        ack = self.client.publish_tracked(f"devices/{self.device_id}/actions", json.dumps(report).encode())
+        ack = self.client.publish_tracked(self.report_topic, json.dumps(report).encode())
         if ack is not None:
             ack.add_done_callback(lambda done: self._report_answered(action_id, progress.seq, done))
 

@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 
+from pipelines.actions.buckets import REPORT_TOPICS
 from pipelines.fleet.client import MqttClient
 from pipelines.fleet.device import DeviceBehaviour
 from pipelines.fleet.fleet import Fleet, FleetSpec
@@ -30,7 +31,7 @@ def test_ota_broadcast_reaches_every_device_and_reports_come_back(mosquitto):
             reports.setdefault(report["device_id"], []).append(report)
 
         operator = await MqttClient.connect(host, port, "operator", on_message=on_report)
-        assert await operator.subscribe("devices/+/actions", 1) == [1]
+        assert await operator.subscribe(REPORT_TOPICS, 1) == [1]
         behaviour = DeviceBehaviour(telemetry_interval_s=0, download_delay_s=(0.01, 0.05), failure_rate=0.0)
         fleet = Fleet(FleetSpec(brokers=[(host, port)], count=20, groups=["g1", "g2"]), behaviour)
         await fleet.start()

@@ -85,10 +85,17 @@ class ActionsStack:
     broker: BrokerProcess
     harness: FleetHarness
     job: ActionsJob
+    spark: object
+    config: ActionsConfig
 
     @property
     def fleet(self):
         return self.harness.fleet
+
+    def restart_job(self) -> None:
+        """Stop the job and start it again from its checkpoints, as after a crash or a redeploy."""
+        self.job.stop()
+        self.job = start_actions_job(self.spark, self.config, self.store)
 
 
 @contextmanager
@@ -106,12 +113,15 @@ def actions_stack(spark, tmp_path, spec_kwargs: dict, behaviour, register: bool 
                 brokers=[BrokerEndpoint(mqtt_port=broker.port, offsets_api=broker.offsets_url)],
                 trigger_interval_s=0.5,
                 tick_interval_s=0.5,
+                device_buckets=spec.buckets,
             )
-            job = start_actions_job(spark, config, store)
+            stack = ActionsStack(
+                store, broker, harness, start_actions_job(spark, config, store), spark, config
+            )
             try:
-                yield ActionsStack(store, broker, harness, job)
+                yield stack
             finally:
-                job.stop()
+                stack.job.stop()
 
 
 def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition") -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from pipelines.actions.buckets import bucket_of, bucket_topic, by_bucket
+from broker_edge.protocol.topics import topic_matches
+from pipelines.actions.buckets import REPORT_TOPICS, bucket_of, bucket_topic, by_bucket, report_topic
+from pipelines.actions.config import ActionsConfig
 from pipelines.actions.model import Action
 
 
@@ -30,3 +32,10 @@ def test_a_bucket_message_lists_its_ids_and_the_unlisted_message_has_no_list() -
     assert listed["device_ids"] == ["dev-00001", "dev-00002"] and listed["command"] == "reboot"
     assert "device_ids" not in json.loads(action.message(1_000))
     assert json.loads(action.cancel_message(1_000, ["dev-00001"]))["device_ids"] == ["dev-00001"]
+
+
+def test_a_device_reports_on_its_buckets_report_topic_which_the_job_reads_with_the_earlier_one() -> None:
+    assert report_topic(bucket_of("dev-00017", 1024)) == "actions/reports/554"
+    assert topic_matches(REPORT_TOPICS, report_topic(554))
+    assert not topic_matches(REPORT_TOPICS, bucket_topic(554))
+    assert ActionsConfig().status_topics.split(",") == [REPORT_TOPICS, "devices/+/actions"]
