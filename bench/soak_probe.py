@@ -6,10 +6,11 @@
 The broker (`timestone broker` with its defaults, under `bench.traced_broker`) serves `soak_load` for
 `--seconds`; every `--every` seconds it is asked for a probe (a full garbage collection, then the objects by
 type, Python's allocated blocks, glibc's `mallinfo2`, VmRSS, the sizes of the containers reachable from the
-`Broker` object, and with `--trace-from` the source lines holding most `tracemalloc`-traced memory). The
-report lists the probes over time, then what grew between the first probe of the second half of the run and
-the last one: growth that follows the clock at a steady load is a leak, whatever the load is. A small load
-for long tells more than a big one briefly, and leaves the machine to others.
+`Broker` object, and with `--trace-from` the source lines holding most `tracemalloc`-traced memory, traced
+with one frame: the cheapest, still several times the broker's CPU). The report lists the probes over time,
+then what grew between the first probe of the second half of the run and the last one: growth that follows the
+clock at a steady load is a leak, whatever the load is. A small load for long tells more than a big one
+briefly, and leaves the machine to others.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             number = 0
             while (at := time.monotonic() - started) <= args.seconds:
                 if not traced and at >= args.trace_from:
-                    traced = traced_broker.request(control, "start")
+                    traced = traced_broker.request(control, "start-1")
                 if at >= number * args.every:
                     label = f"{number:04d}"
                     if traced_broker.request(control, f"probe-{label}"):

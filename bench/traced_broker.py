@@ -5,8 +5,9 @@
 Runs the `timestone` command (`pipelines.cli.main`) unchanged, plus a thread that polls `CONTROL_DIR`
 twice a second for a request file and answers it with a file of the same name and a `.done` suffix:
 
-* `start`: start `tracemalloc` (10 frames). Started once the broker is warm, it traces only what is
-  allocated from then on, so the broker runs at full speed through its warm-up.
+* `start`: start `tracemalloc` (10 frames; `start-<n>`: n frames, 1 being the cheapest). Started once the
+  broker is warm, it traces only what is allocated from then on, so the broker runs at full speed through
+  its warm-up.
 * `probe-<name>`: after a full garbage collection, write `<name>.probe`: the broker's containers by their
   path from the `Broker` object and their sizes (`container_sizes`), the objects the garbage collector
   tracks by type, Python's allocated blocks (`sys.getallocatedblocks`), glibc's `mallinfo2` and VmRSS;
@@ -169,8 +170,8 @@ def _probe(control: Path, label: str) -> None:
 
 def _answer(control: Path, request: Path) -> None:
     name = request.name
-    if name == "start":
-        tracemalloc.start(FRAMES)
+    if name == "start" or name.startswith("start-"):
+        tracemalloc.start(int(name.partition("-")[2] or FRAMES))
     elif name.startswith("probe-"):
         _probe(control, name[len("probe-") :])
     elif name.startswith("snap-"):
