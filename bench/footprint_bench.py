@@ -398,7 +398,7 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
         targets.append((growth_goal, whole + "not judged: " + _no_window_reason(soak), False))
         return lines
     warm = soak.warm
-    measured = "RSS after trim" if soak.trend("rss_after_trim") is not None else "RSS"
+    measured = "RSS after trim" if any(s.rss_after_trim > 0 for s in soak.samples) else "RSS"
     files = soak.trend("open_files")
     lines += [
         "Trends over the warm window (median of its last third minus median of its first third, per hour;",
@@ -466,15 +466,17 @@ def _count(value: int) -> str:
 
 def _warm_text(soak: SoakResult) -> str:
     """Where the warm window starts, and why there."""
-    full_at, steady_at = soak.caches_full_at, soak.sessions_steady_at
+    full_at, steady_at, blocks_at = soak.caches_full_at, soak.sessions_steady_at, soak.blocks_steady_at
     if full_at is None:
         return "The tail caches never reached their bound: there is no warm window, and no verdict on growth."
-    if steady_at is None or soak.warm_from_s is None:
+    if steady_at is None or blocks_at is None or soak.warm_from_s is None:
         return "The sessions never became steady: there is no warm window, and no verdict on growth."
     return (
         f"Warm from {soak.warm_from_s:.0f} s: the first sample with the tail caches full (at least "
-        f"{CACHES_FULL:.0%} of their bound from {full_at:.0f} s) and the sessions steady (within "
-        f"{STEADY_SHARE:.0%} of their count {STEADY_S:.0f} s before, from {steady_at:.0f} s)"
+        f"{CACHES_FULL:.0%} of their bound from {full_at:.0f} s), the sessions steady (within "
+        f"{STEADY_SHARE:.0%} of their count {STEADY_S:.0f} s before, from {steady_at:.0f} s) and Python's "
+        f"allocated blocks at the level they keep to the end (within a range of {STEADY_SHARE:.0%}, from "
+        f"{blocks_at:.0f} s)"
         + (f", past the warm-up of {soak.warmup_s:.0f} s" if soak.warmup_s else "")
         + "."
     )

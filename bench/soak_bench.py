@@ -7,8 +7,9 @@ tail caches hold against their bound, its sessions, its RSS right after its last
 bytes in use and Python's allocated blocks are recorded, with the load's counters.
 
 Warm starts at the first sample (after `warmup_fraction` of the run, if given) with the tail caches full
-(`CACHES_FULL` of their bound) and the map of sessions steady (within `STEADY_SHARE` of its size
-`STEADY_S` earlier): memory the caches and maps take while they fill is not growth.
+(`CACHES_FULL` of their bound), the map of sessions and Python's allocated blocks steady (each within
+`STEADY_SHARE` of its value `STEADY_S` earlier): memory the caches and maps take while they fill is not
+growth.
 
 Growth is judged on what the heap holds, not on the free pages that come and go between trims: the RSS
 read right after each trim of the C heap (one point per trim), by a trend that a sawtooth does not tilt:
@@ -41,6 +42,8 @@ CACHES_FULL = 0.95
 STEADY_S = 60.0
 """The map of sessions is steady when its size is within `STEADY_SHARE` of its size this long before."""
 STEADY_SHARE = 0.01
+MIN_POINTS = 6
+"""Fewest points a trend is drawn from: two in each third."""
 GAUGES = (
     "tail_cache_bytes",
     "tail_cache_max_bytes",
@@ -70,9 +73,9 @@ class Trend:
 
 def robust_trend(points: list[tuple[float, float]]) -> Trend | None:
     """The change per hour between the medians of the first and last third of `points` (time in seconds,
-    value), over the time between the medians of those thirds' times; None with fewer than 3 points."""
+    value), over the time between the medians of those thirds' times; None with fewer than `MIN_POINTS`."""
     third = len(points) // 3
-    if third < 1:
+    if len(points) < MIN_POINTS:
         return None
     head, tail = points[:third], points[-third:]
     first, last = statistics.median(v for _, v in head), statistics.median(v for _, v in tail)
@@ -137,33 +140,52 @@ class SoakResult:
         """Seconds into the soak of the first sample with the tail caches full (None: they never filled)."""
         return next((s.at_s for s in self.samples if s.caches_full), None)
 
-    @property
-    def sessions_steady_at(self) -> float | None:
-        """Seconds into the soak of the first sample whose count of sessions is within `STEADY_SHARE` of
-        the count `STEADY_S` before (None: never, or not read)."""
+    def steady_at(self, field: str) -> float | None:
+        """Seconds into the soak of the first sample whose `field` is within `STEADY_SHARE` of its value
+        `STEADY_S` before (None: never, or not read)."""
         for sample in self.samples:
             earlier = [s for s in self.samples if s.at_s <= sample.at_s - STEADY_S]
-            if earlier and sample.sessions > 0:
-                before = earlier[-1].sessions
-                if abs(sample.sessions - before) <= STEADY_SHARE * max(before, 1):
+            value = getattr(sample, field)
+            if earlier and value > 0:
+                before = getattr(earlier[-1], field)
+                if abs(value - before) <= STEADY_SHARE * max(before, 1):
                     return sample.at_s
         return None
 
     @property
+    def sessions_steady_at(self) -> float | None:
+        """Where the map of sessions is steady (`steady_at`)."""
+        return self.steady_at("sessions")
+
+    @property
+    def blocks_steady_at(self) -> float | None:
+        """Where Python's allocated blocks reach the level they keep: the first sample from which they stay
+        within a range of `STEADY_SHARE` of it to the end (the bounded maps of numbers, strings and byte
+        strings, such as the recent messages by offset, have filled; they fill in steps). A leak of Python
+        objects never settles within the run: then the warm window is at most its last samples, too few
+        for a trend, and there is no verdict of no growth. A broker that does not report its blocks: 0."""
+        if not self.samples or self.samples[0].python_blocks < 0:
+            return 0.0
+        settled: float | None = None
+        low = high = None
+        for sample in reversed(self.samples):
+            blocks = sample.python_blocks
+            low = blocks if low is None else min(low, blocks)
+            high = blocks if high is None else max(high, blocks)
+            if high - low > STEADY_SHARE * blocks:
+                break
+            settled = sample.at_s
+        return settled
+
+    @property
     def warm_from_s(self) -> float | None:
-        """Where the warm window starts: past the warm-up, with the caches full and the sessions steady
-        (None: either never happened, there is no warm window)."""
-        full_at, steady_at = self.caches_full_at, self.sessions_steady_at
-        if full_at is None or steady_at is None:
+        """Where the warm window starts: past the warm-up, with the caches full, the sessions and Python's
+        blocks steady (None: one of them never happened, there is no warm window)."""
+        full_at, steady_at, blocks_at = self.caches_full_at, self.sessions_steady_at, self.blocks_steady_at
+        if full_at is None or steady_at is None or blocks_at is None:
             return None
-        return next(
-            (
-                s.at_s
-                for s in self.samples
-                if s.at_s >= max(self.warmup_s, full_at, steady_at) and s.caches_full
-            ),
-            None,
-        )
+        start = max(self.warmup_s, full_at, steady_at, blocks_at)
+        return next((s.at_s for s in self.samples if s.at_s >= start and s.caches_full), None)
 
     @property
     def warm(self) -> list[SoakSample]:
@@ -195,8 +217,8 @@ class SoakResult:
     def growth(self) -> Trend | None:
         """The trend the verdict uses: of the RSS after each trim where the broker reports it (the raw RSS
         otherwise)."""
-        after_trim = self.trend("rss_after_trim")
-        return after_trim if after_trim is not None else self.trend("rss")
+        reported = any(s.rss_after_trim > 0 for s in self.samples)
+        return self.trend("rss_after_trim" if reported else "rss")
 
     @property
     def warm_rss(self) -> int:
