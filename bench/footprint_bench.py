@@ -30,7 +30,16 @@ from bench.footprint_floor import TransportFloor
 from bench.footprint_install import InstallSize, installed
 from bench.footprint_startup import DefaultTimestone, StartupResult, measure_startup
 from bench.loadgen.idle import IdleResult, run_idle
-from bench.soak_bench import CACHES_FULL, MAX_HOURLY_GROWTH, SoakResult, SoakSample, run_soak
+from bench.soak_bench import (
+    CACHES_FULL,
+    MAX_HOURLY_GROWTH,
+    STEADY_S,
+    STEADY_SHARE,
+    SoakResult,
+    SoakSample,
+    Trend,
+    run_soak,
+)
 from bench.soak_load import SoakLoad
 from bench.sysinfo import machine_info, raise_fd_limit, split_cpus
 
@@ -74,10 +83,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--soak-warmup",
         type=float,
-        default=0.5,
-        help="fraction of the soak counted as warm-up, left out of the growth trend (default 0.5: the RSS of "
-        "a 600 s soak at 5,000 devices rose until about 400 s); warm starts no earlier than the first sample "
-        "with the broker's tail caches full",
+        default=0.0,
+        help="fraction of the soak counted as warm-up at the least (default 0): warm starts at the first "
+        "sample after it with the broker's tail caches full and its sessions steady",
     )
     parser.add_argument(
         "--soak-tail-cache-mib",
@@ -181,14 +189,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _trace_at(text: str, seconds: float, warmup: float) -> tuple[float, float, float] | None:
-    """`--soak-trace` as given; else, for a soak of 5 minutes or more, snapshots without tracing 30 s before
-    the warm-up ends and after the last sample: each snapshot stops the broker's loop for seconds (a garbage
-    collection, a count of every object), and the backlog that leaves stepped RSS up inside the warm window
-    when the snapshots were taken in it."""
+    """`--soak-trace` as given; else, for a soak of 5 minutes or more, snapshots without tracing before the
+    warm window can start (`STEADY_S` in, or 30 s before the end of a longer warm-up) and after the last
+    sample: each snapshot stops the broker's loop for seconds (a garbage collection, a count of every
+    object), and the backlog that leaves stepped RSS up inside the warm window when the snapshots were taken
+    in it."""
     if not text:
         if seconds < 300:
             return None
-        return -1.0, max(0.0, seconds * warmup - 30.0), seconds - 1.0
+        return -1.0, max(STEADY_S - 20.0, seconds * warmup - 30.0), seconds - 1.0
     start, first, second = (float(part) for part in text.split(","))
     return start, first, second
 
@@ -345,7 +354,6 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
     if soak is None:
         return []
     load = soak.load
-    warm = soak.warm
     lines = [
         "### Soak",
         "",
@@ -360,9 +368,13 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
         f"Warm rates: {soak.rate('published'):,.0f} publishes/s, {soak.rate('acked'):,.0f} PUBACKs/s, "
         f"{soak.rate('delivered'):,.0f} deliveries/s, {soak.rate('reconnects'):,.1f} reconnects/s.",
         "",
-        "| time | RSS | anonymous | file-backed | threads | open files | broker CPU | devices connected | "
-        "acknowledged | tail caches |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "*RSS*: VmRSS at the sample; *after trim*: the RSS the broker read right after its last trim of the "
+        "C heap (every 30 s; the free pages that come and go between trims are not in it); *C heap in use*: "
+        "glibc's bytes handed out (`mallinfo2`); *Python blocks*: `sys.getallocatedblocks()`.",
+        "",
+        "| time | RSS | after trim | C heap in use | Python blocks | anonymous | open files | broker CPU | "
+        "devices connected | acknowledged | tail caches |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     step = max(1, len(soak.samples) // 12)
     shown = soak.samples[::step]
@@ -370,8 +382,8 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
         shown.append(soak.samples[-1])
     for s in shown:
         lines.append(
-            f"| {s.at_s:.0f} s | {s.rss / 2**20:.1f} MiB | {s.rss_anon / 2**20:.1f} MiB | "
-            f"{s.rss_file / 2**20:.1f} MiB | {s.threads} | {s.open_files} | {s.cpu_s:.0f} s | "
+            f"| {s.at_s:.0f} s | {_mib(s.rss)} | {_mib(s.rss_after_trim or -1)} | {_mib(s.heap_in_use)} | "
+            f"{_count(s.python_blocks)} | {_mib(s.rss_anon)} | {s.open_files} | {s.cpu_s:.0f} s | "
             f"{s.devices_connected:,} | {s.acked:,} | {_caches_text(s)} |"
         )
     lines.append("")
@@ -379,51 +391,94 @@ def _soak_section(soak: SoakResult | None, targets: list) -> list[str]:
         f"no growth once warm (RSS trend ≤ {MAX_HOURLY_GROWTH:.0%} of the warm RSS per hour, "
         "open files not drifting up while warm)"
     )
-    if warm:
-        rss_text = (
-            f"RSS {warm[0].rss / 2**20:.1f} → {warm[-1].rss / 2**20:.1f} MiB while warm, trend "
-            f"{soak.rss_trend_per_hour / 2**20:+.1f} MiB/hour; open files {min(s.open_files for s in warm)}-"
-            f"{max(s.open_files for s in warm)}, {warm[-1].open_files} at the end"
+    growth = soak.growth
+    if growth is None:
+        first, last = (soak.samples[0], soak.samples[-1]) if soak.samples else (None, None)
+        whole = f"RSS {_mib(first.rss)} → {_mib(last.rss)} over the whole run; " if first and last else ""
+        targets.append((growth_goal, whole + "not judged: " + _no_window_reason(soak), False))
+        return lines
+    warm = soak.warm
+    measured = "RSS after trim" if any(s.rss_after_trim > 0 for s in soak.samples) else "RSS"
+    files = soak.trend("open_files")
+    lines += [
+        "Trends over the warm window (median of its last third minus median of its first third, per hour;",
+        "spread: the larger range within one third):",
+        "",
+    ]
+    for label, trend in (
+        ("RSS after trim (judged)", soak.trend("rss_after_trim")),
+        ("RSS", soak.trend("rss")),
+        ("C heap in use", soak.trend("heap_in_use") if warm[0].heap_in_use >= 0 else None),
+        ("anonymous (RssAnon)", soak.trend("rss_anon")),
+    ):
+        if trend is not None:
+            lines.append(f"- {label}: {_trend_text(trend)}")
+    blocks = soak.trend("python_blocks") if warm[0].python_blocks >= 0 else None
+    if blocks is not None:
+        lines.append(
+            f"- Python blocks: {blocks.first:,.0f} → {blocks.last:,.0f}, {blocks.per_hour:+,.0f}/hour "
+            f"(spread {blocks.spread:,.0f})"
         )
-        anon_text = (
-            f"anonymous memory (RssAnon) {warm[0].rss_anon / 2**20:.1f} → "
-            f"{warm[-1].rss_anon / 2**20:.1f} MiB, "
-            f"trend {soak.anon_trend_per_hour / 2**20:+.1f} MiB/hour; file-backed "
-            f"{min(s.rss_file for s in warm) / 2**20:.1f}-{max(s.rss_file for s in warm) / 2**20:.1f} MiB"
-        )
-        lines += [rss_text + "; " + anon_text + ".", ""]
-        targets.append(
-            (
-                growth_goal,
-                rss_text,
-                not soak.rss_grows and not soak.open_files_grow,
-            )
-        )
-    elif soak.samples:
-        first, last = soak.samples[0], soak.samples[-1]
-        targets.append(
-            (
-                growth_goal,
-                f"RSS {first.rss / 2**20:.1f} → {last.rss / 2**20:.1f} MiB over the whole run; not judged: "
-                "no warm window, the tail caches never came near their bound",
-                False,
-            )
-        )
+    lines += [
+        "- raw RSS, least-squares line through every warm sample: "
+        f"{soak.rss_least_squares_per_hour / 2**20:+.1f} MiB/hour (the trims' sawtooth tilts it)",
+        "",
+    ]
+    verdict = (
+        f"{measured} {growth.first / 2**20:.1f} → {growth.last / 2**20:.1f} MiB (medians of the first and "
+        f"last third of the warm window, {warm[0].at_s:.0f}-{warm[-1].at_s:.0f} s), trend "
+        f"{growth.per_hour / 2**20:+.1f} MiB/hour where {soak.allowed_per_hour / 2**20:.1f} is allowed, "
+        f"spread {growth.spread / 2**20:.1f} MiB; raw RSS {min(s.rss for s in warm) / 2**20:.1f}-"
+        f"{max(s.rss for s in warm) / 2**20:.1f} MiB"
+    )
+    if files is not None:
+        low, high = min(s.open_files for s in warm), max(s.open_files for s in warm)
+        verdict += f"; open files {files.first:,.0f} → {files.last:,.0f} (medians), {low}-{high}"
+    targets.append((growth_goal, verdict, not soak.rss_grows and not soak.open_files_grow))
     if soak.traced:
         lines += ["What grew between the two snapshots of the broker (`bench/traced_broker.py`):", "", "```"]
         lines += [*soak.traced, "```", ""]
     return lines
 
 
+def _trend_text(trend: Trend) -> str:
+    return (
+        f"{trend.first / 2**20:.1f} → {trend.last / 2**20:.1f} MiB, {trend.per_hour / 2**20:+.1f} MiB/hour "
+        f"(spread {trend.spread / 2**20:.1f} MiB, {trend.points} points)"
+    )
+
+
+def _no_window_reason(soak: SoakResult) -> str:
+    if soak.caches_full_at is None:
+        return "no warm window, the tail caches never came near their bound"
+    if soak.sessions_steady_at is None:
+        return "no warm window, the sessions never became steady"
+    return "too few warm samples for a trend"
+
+
+def _mib(value: int) -> str:
+    return "-" if value < 0 else f"{value / 2**20:.1f} MiB"
+
+
+def _count(value: int) -> str:
+    return "-" if value < 0 else f"{value:,}"
+
+
 def _warm_text(soak: SoakResult) -> str:
     """Where the warm window starts, and why there."""
-    full_at = soak.caches_full_at
+    full_at, steady_at, blocks_at = soak.caches_full_at, soak.sessions_steady_at, soak.blocks_steady_at
     if full_at is None:
         return "The tail caches never reached their bound: there is no warm window, and no verdict on growth."
+    if steady_at is None or blocks_at is None or soak.warm_from_s is None:
+        return "The sessions never became steady: there is no warm window, and no verdict on growth."
     return (
-        f"Warm from {soak.warm_from_s:.0f} s: the later of the end of the warm-up ({soak.warmup_s:.0f} s) "
-        f"and the first sample with the tail caches full (at least {CACHES_FULL:.0%} of their bound, "
-        f"{full_at:.0f} s)."
+        f"Warm from {soak.warm_from_s:.0f} s: the first sample with the tail caches full (at least "
+        f"{CACHES_FULL:.0%} of their bound from {full_at:.0f} s), the sessions steady (within "
+        f"{STEADY_SHARE:.0%} of their count {STEADY_S:.0f} s before, from {steady_at:.0f} s) and Python's "
+        f"allocated blocks at the level they keep to the end (within a range of {STEADY_SHARE:.0%}, from "
+        f"{blocks_at:.0f} s)"
+        + (f", past the warm-up of {soak.warmup_s:.0f} s" if soak.warmup_s else "")
+        + "."
     )
 
 

@@ -1,13 +1,21 @@
-"""A broker under a steady mixed load for minutes: its RSS and open files sampled, growth judged once warm.
+"""A broker under a steady mixed load for minutes: its memory and open files sampled, growth judged once warm.
 
 The broker runs with its defaults (`footprint_startup.DefaultTimestone`: free ports, a temporary data
 directory) against `soak_load` (devices at 1 QoS 1 message/s each, subscribers, reconnect churn). Every
-`sample_s` the broker's VmRSS, open file descriptors, CPU time, the memory its tail caches hold against
-their bound (its admin /metrics) and the load's counters are recorded. Warm starts at the later of the end
-of the first `warmup_fraction` of the run (connecting the fleet, filling pools) and the first sample with
-the tail caches full (`CACHES_FULL` of their bound): memory the caches take while they fill is not growth.
-Growth is judged on the warm samples: the least-squares trend of RSS extrapolated to an hour, and the open
-files of the last third of the warm samples next to those of the first third.
+`sample_s` the broker's VmRSS, open file descriptors, CPU time and, from its admin /metrics, the memory its
+tail caches hold against their bound, its sessions, its RSS right after its last heap trim, the C heap's
+bytes in use and Python's allocated blocks are recorded, with the load's counters.
+
+Warm starts at the first sample (after `warmup_fraction` of the run, if given) with the tail caches full
+(`CACHES_FULL` of their bound), the map of sessions and Python's allocated blocks steady (each within
+`STEADY_SHARE` of its value `STEADY_S` earlier): memory the caches and maps take while they fill is not
+growth.
+
+Growth is judged on what the heap holds, not on the free pages that come and go between trims: the RSS
+read right after each trim of the C heap (one point per trim), by a trend that a sawtooth does not tilt:
+the median of the last third of the warm points minus that of the first third, over the time between
+the two thirds' middles, extrapolated to an hour (`robust_trend`). The raw RSS stays in every table, with
+the same trend and the least-squares line through it; open files compare the same thirds.
 """
 
 from __future__ import annotations
@@ -31,6 +39,50 @@ MAX_HOURLY_GROWTH = 0.05
 """Growth allowed once warm: the RSS trend may add at most 5 % of the warm RSS per hour."""
 CACHES_FULL = 0.95
 """The tail caches count as full from this share of their bound on (they drop whole caches when over)."""
+STEADY_S = 60.0
+"""The map of sessions is steady when its size is within `STEADY_SHARE` of its size this long before."""
+STEADY_SHARE = 0.01
+MIN_POINTS = 6
+"""Fewest points a trend is drawn from: two in each third."""
+GAUGES = (
+    "tail_cache_bytes",
+    "tail_cache_max_bytes",
+    "sessions",
+    "heap_trims",
+    "rss_after_trim_bytes",
+    "heap_in_use_bytes",
+    "python_allocated_blocks",
+)
+"""The broker's gauges each sample reads from its admin /metrics (`timestone_broker_<name>`, summed over
+their labels)."""
+
+
+@dataclass(frozen=True)
+class Trend:
+    """A trend per hour from the medians of the first and last third of a series (see `robust_trend`)."""
+
+    per_hour: float
+    first: float
+    """Median of the first third."""
+    last: float
+    """Median of the last third."""
+    spread: float
+    """The larger of the two thirds' ranges (max - min): how much the series moves at a steady level."""
+    points: int
+
+
+def robust_trend(points: list[tuple[float, float]]) -> Trend | None:
+    """The change per hour between the medians of the first and last third of `points` (time in seconds,
+    value), over the time between the medians of those thirds' times; None with fewer than `MIN_POINTS`."""
+    third = len(points) // 3
+    if len(points) < MIN_POINTS:
+        return None
+    head, tail = points[:third], points[-third:]
+    first, last = statistics.median(v for _, v in head), statistics.median(v for _, v in tail)
+    elapsed = statistics.median(t for t, _ in tail) - statistics.median(t for t, _ in head)
+    spread = max(max(v for _, v in part) - min(v for _, v in part) for part in (head, tail))
+    per_hour = (last - first) / elapsed * 3600 if elapsed > 0 else 0.0
+    return Trend(per_hour, first, last, spread, len(points))
 
 
 @dataclass(frozen=True)
@@ -55,6 +107,16 @@ class SoakSample:
     """Memory the broker's tail caches hold (`TailCache.cost`); -1: not read."""
     tail_cache_max_bytes: int = -1
     """Their bound, `storage.tail_cache_total_bytes`."""
+    sessions: int = -1
+    """Sessions the broker holds, online and offline; -1: not read."""
+    heap_trims: int = -1
+    """Trims of the C heap the broker has done; -1: not read."""
+    rss_after_trim: int = 0
+    """The broker's RSS right after its last heap trim; 0: no trim yet (or not read)."""
+    heap_in_use: int = -1
+    """Bytes the C heap has handed out and not got back (glibc `mallinfo2`); -1: not known."""
+    python_blocks: int = -1
+    """Python's allocated blocks (`sys.getallocatedblocks`); -1: not read."""
 
     @property
     def caches_full(self) -> bool:
@@ -78,12 +140,52 @@ class SoakResult:
         """Seconds into the soak of the first sample with the tail caches full (None: they never filled)."""
         return next((s.at_s for s in self.samples if s.caches_full), None)
 
+    def steady_at(self, field: str) -> float | None:
+        """Seconds into the soak of the first sample whose `field` is within `STEADY_SHARE` of its value
+        `STEADY_S` before (None: never, or not read)."""
+        for sample in self.samples:
+            earlier = [s for s in self.samples if s.at_s <= sample.at_s - STEADY_S]
+            value = getattr(sample, field)
+            if earlier and value > 0:
+                before = getattr(earlier[-1], field)
+                if abs(value - before) <= STEADY_SHARE * max(before, 1):
+                    return sample.at_s
+        return None
+
+    @property
+    def sessions_steady_at(self) -> float | None:
+        """Where the map of sessions is steady (`steady_at`)."""
+        return self.steady_at("sessions")
+
+    @property
+    def blocks_steady_at(self) -> float | None:
+        """Where Python's allocated blocks reach the level they keep: the first sample from which they stay
+        within a range of `STEADY_SHARE` of it to the end (the bounded maps of numbers, strings and byte
+        strings, such as the recent messages by offset, have filled; they fill in steps). A leak of Python
+        objects never settles within the run: then the warm window is at most its last samples, too few
+        for a trend, and there is no verdict of no growth. A broker that does not report its blocks: 0."""
+        if not self.samples or self.samples[0].python_blocks < 0:
+            return 0.0
+        settled: float | None = None
+        low = high = None
+        for sample in reversed(self.samples):
+            blocks = sample.python_blocks
+            low = blocks if low is None else min(low, blocks)
+            high = blocks if high is None else max(high, blocks)
+            if high - low > STEADY_SHARE * blocks:
+                break
+            settled = sample.at_s
+        return settled
+
     @property
     def warm_from_s(self) -> float | None:
-        """Where the warm window starts: past the warm-up and with the caches full (None: they never filled,
-        there is no warm window)."""
-        full_at = self.caches_full_at
-        return None if full_at is None else max(self.warmup_s, full_at)
+        """Where the warm window starts: past the warm-up, with the caches full, the sessions and Python's
+        blocks steady (None: one of them never happened, there is no warm window)."""
+        full_at, steady_at, blocks_at = self.caches_full_at, self.sessions_steady_at, self.blocks_steady_at
+        if full_at is None or steady_at is None or blocks_at is None:
+            return None
+        start = max(self.warmup_s, full_at, steady_at, blocks_at)
+        return next((s.at_s for s in self.samples if s.at_s >= start and s.caches_full), None)
 
     @property
     def warm(self) -> list[SoakSample]:
@@ -94,34 +196,50 @@ class SoakResult:
     """What grew between the two `tracemalloc` snapshots of a traced soak (`trace_at`), largest first."""
 
     @property
-    def rss_trend_per_hour(self) -> float:
-        """Bytes per hour of the least-squares line through the warm RSS samples."""
+    def rss_least_squares_per_hour(self) -> float:
+        """Bytes per hour of the least-squares line through the warm raw RSS samples (for comparison: the
+        trims' sawtooth tilts it)."""
         return _slope([(s.at_s, s.rss) for s in self.warm]) * 3600
 
+    def trend(self, measure: str) -> Trend | None:
+        """`robust_trend` of a sample field over the warm window: for `rss_after_trim` one point per trim
+        (the samples where `heap_trims` moved on), for the others every warm sample."""
+        warm = self.warm
+        if measure == "rss_after_trim":
+            warm = [
+                s
+                for i, s in enumerate(warm)
+                if s.rss_after_trim > 0 and (i == 0 or s.heap_trims != warm[i - 1].heap_trims)
+            ]
+        return robust_trend([(s.at_s, getattr(s, measure)) for s in warm])
+
     @property
-    def anon_trend_per_hour(self) -> float:
-        """Bytes per hour of the least-squares line through the warm RssAnon samples."""
-        return _slope([(s.at_s, s.rss_anon) for s in self.warm]) * 3600
+    def growth(self) -> Trend | None:
+        """The trend the verdict uses: of the RSS after each trim where the broker reports it (the raw RSS
+        otherwise)."""
+        reported = any(s.rss_after_trim > 0 for s in self.samples)
+        return self.trend("rss_after_trim" if reported else "rss")
 
     @property
     def warm_rss(self) -> int:
-        return self.warm[0].rss if self.warm else 0
+        """The median raw RSS of the warm window."""
+        return int(statistics.median(s.rss for s in self.warm)) if self.warm else 0
+
+    @property
+    def allowed_per_hour(self) -> float:
+        return MAX_HOURLY_GROWTH * self.warm_rss
 
     @property
     def rss_grows(self) -> bool:
-        return self.rss_trend_per_hour > MAX_HOURLY_GROWTH * self.warm_rss
+        growth = self.growth
+        return growth is not None and growth.per_hour > self.allowed_per_hour
 
     @property
     def open_files_grow(self) -> bool:
         """The median of open files over the last third of the warm samples above that of the first third
         by more than the devices reconnecting per second (those away at a given moment make it wander)."""
-        warm = self.warm
-        third = len(warm) // 3
-        if third < 1:
-            return False
-        first = statistics.median(s.open_files for s in warm[:third])
-        last = statistics.median(s.open_files for s in warm[-third:])
-        return last > first + self.load.churn_per_s
+        trend = self.trend("open_files")
+        return trend is not None and trend.last > trend.first + self.load.churn_per_s
 
     def rate(self, field: str) -> float:
         """Per-second rate of a counter over the warm period."""
@@ -227,7 +345,7 @@ def traced_growth(control: Path, top: int = 15) -> list[str]:
 
 def _sample(pid: int, admin_port: int, at_s: float, processes: LoadProcesses) -> SoakSample:
     totals = processes.totals()
-    caches = _metrics(admin_port, ("tail_cache_bytes", "tail_cache_max_bytes"))
+    gauges = metrics(admin_port, GAUGES)
     return SoakSample(
         at_s=at_s,
         rss=rss_bytes(pid),
@@ -239,24 +357,31 @@ def _sample(pid: int, admin_port: int, at_s: float, processes: LoadProcesses) ->
         delivered=totals["delivered"],
         reconnects=totals["reconnects"],
         devices_connected=processes.by_role("devices")["connected"],
-        tail_cache_bytes=caches.get("tail_cache_bytes", -1),
-        tail_cache_max_bytes=caches.get("tail_cache_max_bytes", -1),
+        tail_cache_bytes=gauges.get("tail_cache_bytes", -1),
+        tail_cache_max_bytes=gauges.get("tail_cache_max_bytes", -1),
+        sessions=gauges.get("sessions", -1),
+        heap_trims=gauges.get("heap_trims", -1),
+        rss_after_trim=gauges.get("rss_after_trim_bytes", 0),
+        heap_in_use=gauges.get("heap_in_use_bytes", -1),
+        python_blocks=gauges.get("python_allocated_blocks", -1),
     )
 
 
-def _metrics(admin_port: int, names: tuple[str, ...]) -> dict[str, int]:
-    """The broker's gauges `timestone_broker_<name>` from its admin /metrics (those it answered)."""
+def metrics(admin_port: int, names: tuple[str, ...]) -> dict[str, int]:
+    """The broker's gauges `timestone_broker_<name>` from its admin /metrics (those it answered; a gauge with
+    labels summed over them)."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=5) as answer:
             text = answer.read().decode()
     except OSError:
         return {}
     wanted = {f"timestone_broker_{name}": name for name in names}
-    found = {}
+    found: dict[str, int] = {}
     for line in text.splitlines():
         metric, _, value = line.partition(" ")
-        if metric in wanted:
-            found[wanted[metric]] = int(float(value))
+        name = wanted.get(metric.partition("{")[0])
+        if name is not None:
+            found[name] = found.get(name, 0) + int(float(value))
     return found
 
 

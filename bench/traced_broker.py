@@ -5,8 +5,14 @@
 Runs the `timestone` command (`pipelines.cli.main`) unchanged, plus a thread that polls `CONTROL_DIR`
 twice a second for a request file and answers it with a file of the same name and a `.done` suffix:
 
-* `start`: start `tracemalloc` (10 frames). Started once the broker is warm, it traces only what is
-  allocated from then on, so the broker runs at full speed through its warm-up.
+* `start`: start `tracemalloc` (10 frames; `start-<n>`: n frames, 1 being the cheapest). Started once the
+  broker is warm, it traces only what is allocated from then on, so the broker runs at full speed through
+  its warm-up.
+* `probe-<name>`: after a full garbage collection, write `<name>.probe`: the broker's containers by their
+  path from the `Broker` object and their sizes (`container_sizes`), the objects the garbage collector
+  tracks by type, Python's allocated blocks (`sys.getallocatedblocks`), glibc's `mallinfo2` and VmRSS;
+  with tracing started, the 40 source lines holding most traced memory. A probe is light enough to repeat
+  every minute of a long run at a small load (`bench.soak_probe`).
 * `snap-<name>`: after a full garbage collection, write `<name>.snapshot` (a `tracemalloc` snapshot, if
   tracing was started), `<name>.malloc` (glibc's `mallinfo2`: bytes in use and free in the C heap, the
   memory `tracemalloc` itself holds, the threads of the process, the objects the garbage collector tracks)
@@ -31,7 +37,9 @@ import sys
 import threading
 import time
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from broker_edge.heap_trim import bound_arenas, heap_count
 
@@ -68,10 +76,104 @@ def malloc_stats() -> dict[str, int]:
     return {name: int(getattr(info, name)) for name, _ in _MallInfo2._fields_}
 
 
+_BROKERS: list[Any] = []
+"""The `Broker` objects made in this process (recorded by `_record_brokers`)."""
+_CONTAINERS = (dict, list, set, frozenset, tuple, bytearray, bytes, collections.deque)
+_LEAVES = (type, type(sys), type(len), str, int, float, bool)
+
+
+def _record_brokers() -> None:
+    """Record every `Broker` made from now on: the probe starts its walk there (the broker's objects are
+    frozen out of the garbage collector's lists once it has started)."""
+    from broker_edge.server import Broker
+
+    made = Broker.__init__
+
+    def init(self: Broker, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **kwargs)
+        _BROKERS.append(self)
+
+    Broker.__init__ = init  # type: ignore[method-assign]  # a bench-only hook on the class, for the probe
+
+
+def _attributes(obj: object) -> Iterator[tuple[str, object]]:
+    names = getattr(obj, "__dict__", None)
+    if isinstance(names, dict):
+        yield from list(names.items())
+    for klass in type(obj).__mro__:
+        for slot in getattr(klass, "__slots__", ()):
+            if hasattr(obj, slot):
+                yield slot, getattr(obj, slot)
+
+
+def container_sizes(root: object, depth: int = 5) -> dict[str, int]:
+    """Sizes of the containers reachable from `root` through attributes (not through container items,
+    except the first value of a dict, named `[*]`, which stands for the objects a map holds), by path."""
+    sizes: dict[str, int] = {}
+    seen: set[int] = set()
+    todo: list[tuple[str, object, int]] = [("broker", root, 0)]
+    while todo:
+        path, obj, level = todo.pop()
+        if id(obj) in seen or obj is None or isinstance(obj, _LEAVES) or (callable(obj) and level):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, _CONTAINERS):
+            try:
+                sizes[path] = len(obj)
+            except TypeError:
+                continue
+            if isinstance(obj, dict) and obj and level < depth:
+                try:
+                    first = next(iter(obj.values()))
+                except (StopIteration, RuntimeError):
+                    continue
+                todo.append((f"{path}[*]", first, level + 1))
+            continue
+        if level < depth:
+            for name, value in _attributes(obj):
+                if not name.startswith("__"):
+                    todo.append((f"{path}.{name}", value, level + 1))
+    return sizes
+
+
+def _rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _probe(control: Path, label: str) -> None:
+    gc.collect()
+    maps: dict[str, int] = {}
+    for number, broker in enumerate(_BROKERS):
+        maps.update({f"{number}:{path}": size for path, size in container_sizes(broker).items()})
+    probe: dict[str, Any] = {
+        "at": time.time(),
+        "rss": _rss(),
+        "allocated_blocks": sys.getallocatedblocks(),
+        "malloc": malloc_stats(),
+        "gc_objects": len(gc.get_objects()),
+        "types": dict(collections.Counter(type(o).__qualname__ for o in gc.get_objects())),
+        "maps": maps,
+    }
+    if tracemalloc.is_tracing():
+        snapshot = tracemalloc.take_snapshot().filter_traces(
+            [tracemalloc.Filter(False, tracemalloc.__file__)]
+        )
+        probe["traced"] = [
+            [f"{Path(s.traceback[0].filename).name}:{s.traceback[0].lineno}", s.size, s.count]
+            for s in snapshot.statistics("lineno")[:40]
+        ]
+    (control / f"{label}.probe").write_text(json.dumps(probe))
+
+
 def _answer(control: Path, request: Path) -> None:
     name = request.name
-    if name == "start":
-        tracemalloc.start(FRAMES)
+    if name == "start" or name.startswith("start-"):
+        tracemalloc.start(int(name.partition("-")[2] or FRAMES))
+    elif name.startswith("probe-"):
+        _probe(control, name[len("probe-") :])
     elif name.startswith("snap-"):
         label = name[len("snap-") :]
         gc.collect()
@@ -94,7 +196,10 @@ def _answer(control: Path, request: Path) -> None:
 def _watch(control: Path) -> None:
     while True:
         for request in sorted(control.iterdir()):
-            if request.suffix not in (".done", ".snapshot", ".malloc", ".types") and request.is_file():
+            if (
+                request.suffix not in (".done", ".snapshot", ".malloc", ".types", ".probe")
+                and request.is_file()
+            ):
                 _answer(control, request)
         time.sleep(0.5)
 
@@ -114,6 +219,7 @@ def main(argv: list[str]) -> int:
     control = Path(argv[0])
     control.mkdir(parents=True, exist_ok=True)
     bound_arenas()  # as `timestone broker` does first, before this module's thread starts
+    _record_brokers()
     threading.Thread(target=_watch, args=(control,), name="bench-trace", daemon=True).start()
     from pipelines.cli import main as timestone
 

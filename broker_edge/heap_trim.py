@@ -16,6 +16,12 @@ password hasher, executors) would each hold one. ``bound_arenas``, called by ``t
 its first thread starts, sets ``M_ARENA_MAX`` to ``ARENA_MAX``: the main thread's heap and one shared by
 the others. It loads ``ctypes`` for that (``malloc_trim`` uses it too). A ``MALLOC_ARENA_MAX`` in the
 environment is the operator's choice and is left as it is.
+
+What says whether a broker's memory grows is not its RSS between trims (free pages come and go with the
+allocation pattern) but what is in use: the trimmer keeps the VmRSS read right after its last trim
+(``rss_after_trim``), and ``heap_in_use`` gives glibc's bytes in use (``mallinfo2``: ``uordblks`` +
+``hblkhd``, all arenas); with Python's allocated blocks (``sys.getallocatedblocks``) the broker publishes
+them as gauges (``broker_edge.server``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 ARENA_MAX = 2
 """Heaps glibc may create: the main thread's and one for every other thread."""
@@ -38,13 +45,15 @@ _NOT_LOADED: Callable[[int], int] = lambda pad: 0  # noqa: E731  (a marker: the 
 class HeapTrimmer:
     """Calls ``malloc_trim(0)`` at most every ``interval_s`` seconds of the caller's clock."""
 
-    __slots__ = ("_trim", "interval_s", "next_at", "trims")
+    __slots__ = ("_trim", "interval_s", "next_at", "rss_after_trim", "trims")
 
     def __init__(self, interval_s: float = TRIM_INTERVAL_S, now: float = 0.0) -> None:
         self.interval_s = interval_s
         self.next_at = now + interval_s
         self.trims = 0
         """Trims done (0 where the C library has no ``malloc_trim``)."""
+        self.rss_after_trim = 0
+        """This process's VmRSS in bytes read right after the last trim (0: no trim yet, or no /proc)."""
         self._trim: Callable[[int], int] | None = _NOT_LOADED
 
     def tick(self, now: float) -> None:
@@ -63,7 +72,69 @@ class HeapTrimmer:
             return False
         trim(0)
         self.trims += 1
+        self.rss_after_trim = resident_bytes()
         return True
+
+
+def resident_bytes() -> int:
+    """This process's VmRSS in bytes, from /proc/self/statm; 0 where there is none."""
+    try:
+        resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return resident_pages * os.sysconf("SC_PAGE_SIZE")
+
+
+_heap_in_use: list[Callable[[], int] | None] = []
+"""``heap_in_use_function()``, once looked up."""
+
+
+def heap_in_use() -> int:
+    """Bytes the C heap has handed out and not got back (``heap_in_use_function``); -1 where that is not
+    known. ``ctypes`` is loaded by the first call."""
+    if not _heap_in_use:
+        _heap_in_use.append(heap_in_use_function())
+    function = _heap_in_use[0]
+    return -1 if function is None else function()
+
+
+def heap_in_use_function() -> Callable[[], int] | None:
+    """A function giving the bytes the C heap has handed out and not got back (glibc's ``mallinfo2``:
+    ``uordblks`` + ``hblkhd``, over all arenas); None without ``mallinfo2`` (glibc before 2.33, musl)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        mallinfo2 = ctypes.CDLL(None).mallinfo2
+    except (ImportError, OSError, AttributeError):
+        return None
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [
+            (name, ctypes.c_size_t)
+            for name in (
+                "arena",
+                "ordblks",
+                "smblks",
+                "hblks",
+                "hblkhd",
+                "usmblks",
+                "fsmblks",
+                "uordblks",
+                "fordblks",
+                "keepcost",
+            )
+        ]
+
+    mallinfo2.argtypes = []
+    mallinfo2.restype = MallInfo2
+
+    def heap_in_use() -> int:
+        info = mallinfo2()
+        return int(info.uordblks) + int(info.hblkhd)
+
+    return heap_in_use
 
 
 def malloc_trim_function() -> Callable[[int], int] | None:

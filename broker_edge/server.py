@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING
 from broker_edge.config.broker import BrokerConfig
 from broker_edge.core import BrokerCore
 from broker_edge.delivery import Message
-from broker_edge.heap_trim import HeapTrimmer
+from broker_edge.heap_trim import HeapTrimmer, heap_in_use
 from broker_edge.lazy_http import LazyHttpEndpoint
 from broker_edge.listeners import ListenerRuntime, ListenerStats
 from broker_edge.metrics import BrokerMetrics
@@ -94,6 +95,23 @@ class Broker(BrokerCore):
         self.stopped = asyncio.Event()
         self.heap_trimmer = HeapTrimmer()
         """Returns the C heap's free pages to the system every half minute (see ``broker_edge.heap_trim``)."""
+        self._bind_memory_gauges()
+
+    def _bind_memory_gauges(self) -> None:
+        """What the process's memory holds beyond its RSS: the RSS after the last heap trim, the C heap's
+        bytes in use, Python's allocated blocks (read on each /metrics request)."""
+        trimmer = self.heap_trimmer
+        gauge = self.metrics.gauge
+        gauge("heap_trims", "Trims of the C heap done (malloc_trim).").set_function(lambda: trimmer.trims)
+        gauge(
+            "rss_after_trim_bytes", "The broker's RSS read right after its last trim of the C heap."
+        ).set_function(lambda: trimmer.rss_after_trim)
+        gauge(
+            "heap_in_use_bytes", "Bytes the C heap has handed out and not got back (glibc mallinfo2)."
+        ).set_function(heap_in_use)
+        gauge(
+            "python_allocated_blocks", "Memory blocks Python's allocator holds (sys.getallocatedblocks)."
+        ).set_function(sys.getallocatedblocks)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 

@@ -57,9 +57,12 @@ def test_footprint_bench_reports_every_part_with_its_targets(tmp_path):
     soak_rows = [line for line in report.splitlines() if re.match(r"\| \d+ s \| [\d.]+ MiB \|", line)]
     assert len(soak_rows) >= 3
     header = next(line for line in report.splitlines() if line.startswith("| time | RSS |"))
-    acknowledged = [cell.strip() for cell in header.split("|")].index("acknowledged")
+    columns = [cell.strip() for cell in header.split("|")]
     last = [cell.strip() for cell in soak_rows[-1].split("|")]
-    assert int(last[acknowledged].replace(",", "")) > 0  # QoS 1 messages acknowledged
+    assert int(last[columns.index("acknowledged")].replace(",", "")) > 0  # QoS 1 messages acknowledged
+    assert last[columns.index("after trim")] == "-", "no trim within 6 s: the broker trims every 30 s"
+    assert 1 < float(last[columns.index("C heap in use")].removesuffix(" MiB")) < 500
+    assert int(last[columns.index("Python blocks")].replace(",", "")) > 10_000
     assert last[-2].endswith(" MiB"), last  # the tail caches' fill against their bound
     targets = report.split("### Targets", 1)[1]
     goals = ("idle RSS ≤ 40 MiB (dev venv)", "listening ≤ 0.3 s (dev venv)", "memory per idle connection")

@@ -16,7 +16,7 @@ import tempfile
 
 from broker_edge.config import load_dataclass
 from broker_edge.config.broker import BrokerConfig
-from broker_edge.heap_trim import HeapTrimmer
+from broker_edge.heap_trim import HeapTrimmer, heap_in_use, resident_bytes
 from broker_edge.server import Broker
 
 MIB = 2**20
@@ -64,6 +64,31 @@ def test_the_trimmer_trims_once_per_interval():
     assert trimmer.trims == 2
 
 
+def test_heap_in_use_follows_what_is_allocated_and_freed():
+    before = heap_in_use()
+    size = 4000  # above pymalloc's 512 bytes: from the C heap
+    blocks = [b"x" * size for _ in range(10_000)]
+    held = heap_in_use()
+    del blocks
+    after = heap_in_use()
+    assert before > 0
+    assert held - before > 35 * MIB, f"{(held - before) / MIB:.1f} MiB for 40 MB of blocks"
+    assert held - after > 35 * MIB
+
+
+def test_a_trim_records_the_rss_right_after_it():
+    trimmer = HeapTrimmer()
+    assert trimmer.rss_after_trim == 0
+    assert trimmer.trim()
+    resident = resident_bytes()
+    assert trimmer.rss_after_trim > 10 * MIB
+    assert abs(trimmer.rss_after_trim - resident) < 8 * MIB, (trimmer.rss_after_trim, resident)
+
+
+def _gauge(broker: Broker, name: str) -> float:
+    return next(f for f in broker.metrics.families if f.name == f"timestone_broker_{name}").total()
+
+
 def test_the_broker_sweep_trims_the_heap():
     async def run() -> int:
         with tempfile.TemporaryDirectory() as tmp:
@@ -81,8 +106,13 @@ def test_the_broker_sweep_trims_the_heap():
             try:
                 assert broker.heap_trimmer.trims == 0
                 assert broker.heap_trimmer.next_at > broker.loop.time() + 20, "not at start"
+                assert _gauge(broker, "rss_after_trim_bytes") == 0, "no trim yet"
                 broker.heap_trimmer.next_at = broker.loop.time()
                 await asyncio.sleep(1.5)  # the sweep runs every second
+                assert _gauge(broker, "heap_trims") == broker.heap_trimmer.trims
+                assert _gauge(broker, "rss_after_trim_bytes") == broker.heap_trimmer.rss_after_trim > 10 * MIB
+                assert _gauge(broker, "heap_in_use_bytes") > MIB
+                assert _gauge(broker, "python_allocated_blocks") > 10_000
                 return broker.heap_trimmer.trims
             finally:
                 await broker.stop()
