@@ -1,4 +1,4 @@
-"""A minimal MQTT 3.1.1 encoder for the few frames the load generator sends.
+"""A minimal MQTT 3.1.1 encoder (and MQTT 5 CONNECT) for the few frames the load generator sends.
 
 Every frame is encoded once, before a run, so the hot loops of the load generator only slice and write bytes.
 This is deliberately not the project's codec: the benchmark must not share code (or bugs) with the broker it
@@ -43,10 +43,12 @@ def _frame(first_byte: int, body: bytes) -> bytes:
     return bytes((first_byte,)) + encode_remaining_length(len(body)) + body
 
 
-def connect(client_id: str, keepalive: int = 600, clean_session: bool = True) -> bytes:
-    """CONNECT for protocol level 4 (MQTT 3.1.1), no will, no credentials."""
+def connect(client_id: str, keepalive: int = 600, clean_session: bool = True, level: int = 4) -> bytes:
+    """CONNECT for protocol ``level`` 4 (MQTT 3.1.1) or 5 (MQTT 5, no properties), no will, no credentials."""
     flags = 0x02 if clean_session else 0x00
-    body = _string("MQTT") + bytes((4, flags)) + struct.pack("!H", keepalive) + _string(client_id)
+    properties = b"\x00" if level == 5 else b""
+    header = _string("MQTT") + bytes((level, flags)) + struct.pack("!H", keepalive) + properties
+    body = header + _string(client_id)
     return _frame(CONNECT, body)
 
 

@@ -63,6 +63,7 @@ from broker_edge.states import (
     AUTHENTICATING,
     CLOSED,
     CONNECTED,
+    HEARD_FROM,
     HELD_FOR_ACKS,
     HELD_FOR_RATE,
     NEW,
@@ -153,13 +154,11 @@ class Connection(asyncio.Protocol):
         "listener",
         "max_packet_out",
         "paused",
-        "rx",
         "send_quota",
         "session",
         "state",
         "transport",
         "v5",
-        "version",
     )
 
     aliases_in: RareField[dict[int, str] | None] = RareField(_ConnectionRare, None)
@@ -192,12 +191,12 @@ class Connection(asyncio.Protocol):
         """An ``_OwnDecoder`` until CONNECT; past it a ``SharedDecoder`` while no packet is half-read."""
         self.session: Session | None = None
         self.client_id = ""
-        self.version = 0
         self.v5 = False
         self.state = NEW
         self.keepalive = 0
-        self.rx = False
         self.deadline = 0.0
+        """While connected: when a silent client is closed (``states.keepalive_deadline``), ``HEARD_FROM``
+        once it sent something since the last sweep; before CONNECT: when it must have arrived."""
         self._out: list[bytes] | None = None
         self.paused = False
         self.send_quota = host.config.limits.max_inflight_out
@@ -208,6 +207,11 @@ class Connection(asyncio.Protocol):
         self.bucket: TokenBucket | None = None
         """The client's PUBLISH rate limiter: ``NOT_STARTED`` until its first PUBLISH, None: unlimited."""
         self._rare: _ConnectionRare | None = None
+
+    @property
+    def version(self) -> int:
+        """The protocol level of the client's CONNECT (0 until it is decoded)."""
+        return self.decoder.protocol_version or 0
 
     def __repr__(self) -> str:
         return f"Connection({self.client_id!r}, listener={self.listener.name!r}, state={self.state})"
@@ -223,9 +227,11 @@ class Connection(asyncio.Protocol):
         self.host.connection_opened(self)
 
     def data_received(self, data: bytes) -> None:
-        if self.state == CLOSED:
+        state = self.state
+        if state == CONNECTED:
+            self.deadline = HEARD_FROM
+        elif state == CLOSED:
             return
-        self.rx = True
         self.listener.stats.bytes_in += len(data)
         decoder = self.decoder
         try:
@@ -703,11 +709,10 @@ class Connection(asyncio.Protocol):
                 self.abort()
             return
         if state == CONNECTED:
-            if self.rx or self.held:  # a client whose reading is held is not idle: the broker is not reading
-                self.rx = False
-                if self.keepalive:
-                    self.deadline = keepalive_deadline(now, self.keepalive)
-            elif self.keepalive and now >= self.deadline:
+            deadline = self.deadline
+            if deadline == HEARD_FROM or self.held:  # a client whose reading is held is not idle either
+                self.deadline = keepalive_deadline(now, self.keepalive)
+            elif self.keepalive and now >= deadline:
                 self.log().info("keep alive timeout (%d s)", self.keepalive)
                 self.close(ReasonCode.KEEP_ALIVE_TIMEOUT, "no packet within 1.5 times the keep alive")
         elif state == NEW and now >= self.deadline:

@@ -15,6 +15,7 @@ __all__ = [
     "AUTHENTICATING",
     "CLOSED",
     "CONNECTED",
+    "HEARD_FROM",
     "HELD_FOR_ACKS",
     "HELD_FOR_CONNECT",
     "HELD_FOR_RATE",
@@ -38,6 +39,10 @@ HELD_FOR_SUBACK: Final = 4
 """A cluster node routes new subscriptions' records here only once it may send the SUBACK."""
 HELD_FOR_ACKS: Final = 8
 """An MQTT 3.1.1 client has ``limits.receive_maximum`` QoS 1/2 publishes read and not yet answered."""
+
+HEARD_FROM: Final = -1.0
+"""A connected client's keep-alive deadline once it has sent something since the broker's last sweep, which
+sets the next deadline from it (one float store per read, no slot of its own)."""
 
 NO_LIMIT: Final = 1 << 62
 """A size bound that never binds (a v3 client states no Maximum Packet Size)."""

@@ -58,7 +58,6 @@ one its CONNECT was decoded into."""
 
 def handle_connect(ctx: BrokerContext, conn: Connection, packet: Connect) -> None:
     limits = ctx.config.limits
-    conn.version = packet.protocol_version
     conn.v5 = v5 = packet.protocol_version == MQTT_5
     props = packet.properties
     if props is not None and props.maximum_packet_size is not None:
@@ -346,7 +345,6 @@ def _accept(
         _drop_denied_subscriptions(ctx, ctx.acl, session)
     conn.keepalive = _KEEPALIVES.setdefault(keepalive, keepalive)
     conn.deadline = keepalive_deadline(now, keepalive)
-    conn.rx = False
     conn.will = will
     conn.will_delay = _will_delay(will)
     rate_limited = limits.messages_per_second_per_client and not limits.is_exempt(username)
