@@ -327,3 +327,18 @@ def test_a_bad_file_on_reload_names_file_and_line_and_keeps_the_rules(
         acl.reload(config)
     assert f"{path}, {where}" in str(error.value)
     assert acl.can_publish("c", None, "open/a") and not acl.can_publish("c", None, "b/a")
+
+
+def test_the_documented_example_lets_a_device_speak_the_device_protocol_and_no_more() -> None:
+    import yaml
+
+    guide = (Path(__file__).parents[3] / "docs" / "security.md").read_text()
+    example = guide.split("## ACL rules (`acl`)")[1].split("```yaml")[1].split("```")[0]
+    control = acl(*yaml.safe_load(example)["acl"]["rules"])
+    for topic in ("actions/devices/d1", "actions/buckets/7", "actions/groups/canary", "devices/d1/config"):
+        assert control.can_subscribe("d1", None, topic), topic
+    assert control.can_publish("d1", None, "actions/reports/7")
+    assert control.can_publish("d1", None, "devices/d1/telemetry")
+    assert not control.can_subscribe("d1", None, "actions/devices/d2")
+    assert not control.can_subscribe("d1", None, "actions/#")
+    assert not control.can_publish("d1", None, "actions/buckets/7"), "only the platform sends actions"
