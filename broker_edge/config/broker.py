@@ -63,8 +63,8 @@ class ListenerConfig:
     """Accept clients without a username here; unset = ``auth.allow_anonymous``, else only on loopback."""
     transport: ListenerTransport = "asyncio"
     """The transport of a ``tcp`` listener's connections: ``asyncio`` (the event loop's own, uvloop's when it
-    runs) or ``native`` (the broker's own, on the event loop's socket watches: about 400 bytes less per idle
-    connection, more CPU per write, see bench/results/footprint.md). ``tls``, ``websocket`` and ``wss``
+    runs) or ``native`` (the broker's own, on the event loop's socket watches: less memory per idle
+    connection, more CPU per write). ``tls``, ``websocket`` and ``wss``
     listeners always use the event loop's."""
 
     def __post_init__(self) -> None:

@@ -68,8 +68,8 @@ class StorageConfig:
     writer thread is idle, is fdatasynced on the event loop instead of in the writer thread (no handoff to
     the thread and back, but the loop blocks for the fdatasync). Larger windows, and every window while one
     is being synced, go to the writer thread (the loop keeps accepting appends meanwhile, so batches grow
-    under load). 0, the default: every window goes to the writer thread; measured, syncing on the loop cost
-    the persisted fan-in more than it saved on the replicated path's latency (bench/results/cluster.md)."""
+    under load). 0, the default: every window goes to the writer thread (syncing on the loop costs the
+    persisted fan-in throughput, since the loop waits for the disk)."""
     syncfs_min_segments: int = 8
     """A window touching at least this many segments is made durable by one syncfs(2) of the store's
     filesystem instead of an fdatasync per segment (Linux >= 5.8, not on FUSE filesystems, where syncfs does
