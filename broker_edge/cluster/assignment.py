@@ -11,7 +11,10 @@
      them).
   2. **filling**: a partition with fewer live replicas than the replication factor (capped at the live
      members) gets the live members holding the fewest replicas; dead replicas outside the in-sync set make
-     room for them.
+     room for them. Not while it is offline, nor in the pass that ends that: a copy given then would start
+     empty with nothing to copy from, and the brokers given it would stop observing the partition (their
+     subscribers' reads from an offset would find no log, and a copy filled later would route the past to
+     them as news); the pass after its election fills it from the leader, as any other.
   3. **balancing** (preferred-leader moves): while a live member leads two partitions more than another that
      is in sync on one of them (and not behind it, when log ends are known), that partition's leadership
      moves to it. Partitions elected in the same pass stay with their new leader.
@@ -190,9 +193,13 @@ def elect_leaders(
 
 
 def fill_replicas(
-    states: Mapping[int, PartitionState], live: Collection[str], replication_factor: int
+    states: Mapping[int, PartitionState],
+    live: Collection[str],
+    replication_factor: int,
+    offline: Collection[int] = (),
 ) -> dict[int, tuple[PartitionState, str]]:
-    """Step 2 of ``plan``: partition → (new state, reason) for every partition given new replicas."""
+    """Step 2 of ``plan``: partition → (new state, reason) for every partition given new replicas, but for
+    those with no leader and those in ``offline`` (they had none when the pass started)."""
     target = min(replication_factor, len(live))
     load: Counter[str] = Counter(dict.fromkeys(live, 0))
     for state in states.values():
@@ -202,6 +209,8 @@ def fill_replicas(
     result: dict[int, tuple[PartitionState, str]] = {}
     for partition in sorted(states):
         state = states[partition]
+        if state.leader is None or partition in offline:
+            continue
         have = [node for node in state.replicas if node in live]
         if len(have) >= target:
             continue
@@ -480,7 +489,8 @@ def plan(
             elected.add(partition)
         if was_unclean:
             unclean.add(partition)
-    for partition, (state, reason) in fill_replicas(working, live_set, replication_factor).items():
+    offline = [partition for partition, state in states.items() if state.leader is None]
+    for partition, (state, reason) in fill_replicas(working, live_set, replication_factor, offline).items():
         apply(partition, state, reason)
     for partition, (state, reason) in balance_leaders(
         working, live_set, log_ends, elected, replication_factor, min_insync_replicas

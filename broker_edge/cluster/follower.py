@@ -178,6 +178,14 @@ class Followers:
         """Partitions led or replicated here as of the last look at the view."""
         self._positions: dict[str, int] = {}
         """Observers' positions in the partitions observed now, kept when their fetcher is replaced."""
+        self._catching_up: dict[int, dict[str, int] | None] = {}
+        """Copies given to this node while it runs (a restart's copies are not): partition → None until its
+        leader's first answer, then topic → where this node's routing of it starts (where its observation
+        had got to, else the leader's committed end then). The records below are the past, not news: they
+        are not routed to subscribers, and reads of them go to the leader, as an observer's do, until the
+        copy here holds them (`copy_complete`)."""
+        self._looked = False
+        """Whether this node has seen the partitions' states since it started."""
         self._listed: set[int] = set()
         """Observed partitions whose every topic a leader has given this node a position in (the first answer
         of an observer's session lists them): a topic of theirs not known here since is new, read from its
@@ -228,6 +236,54 @@ class Followers:
             number for (_, observer), f in self._fetchers.items() if observer for number in f.partitions
         )
 
+    def copy_complete(self, number: int) -> bool:
+        """Whether this node's copy of partition `number` holds every record it routes (a copy given to it
+        while it ran holds the past only once it has caught up: until then its topics are read from the
+        leader)."""
+        return number not in self._catching_up
+
+    def _track_new_copies(self, copies: set[int], previous_copies: set[int]) -> None:
+        """Copies this node was given since its last look at the view catch up (see `_catching_up`)."""
+        catching_up = self._catching_up
+        if self._looked:
+            for number in copies - previous_copies:
+                catching_up.setdefault(number, None)
+        me = self.view.node_id
+        for number in [number for number in catching_up if number not in copies]:
+            del catching_up[number]
+        for number in [n for n in catching_up if self.view.states[n].leader == me]:
+            del catching_up[number]  # led here (an unclean election): its own log is what it serves
+        self._looked = self._looked or bool(self.view.states)
+
+    def _copy_answered(self, response: FetchResponse) -> None:
+        """A replica's answer: a new copy's routing starts where its observation had got to, else at the
+        leader's committed end (the records below were committed before the copy came)."""
+        catching_up = self._catching_up
+        routed = self.delivery.routed
+        for data in response.partitions:
+            number = data.partition
+            if data.error != OK or number not in catching_up or catching_up[number] is not None:
+                continue
+            starts = {t.topic: routed.setdefault(t.topic, t.high_watermark) for t in data.topics}
+            catching_up[number] = starts
+            self._caught_up(list(starts))
+
+    def _caught_up(self, topics: list[str]) -> None:
+        """Drop the topics (and copies) that hold every record below where their routing starts now."""
+        catching_up = self._catching_up
+        store = self.store
+        partition_of = self.view.partition_of
+        for topic in topics:
+            number = partition_of(topic)
+            starts = catching_up.get(number)
+            if not starts or topic not in starts:
+                continue
+            if starts[topic] == 0 or (topic in store and store.committed_end(topic) >= starts[topic]):
+                del starts[topic]
+                if not starts:
+                    del catching_up[number]
+                    log.info("partition %d: the new copy here holds what it routes", number)
+
     def _view_changed(self) -> None:
         if not self._started:
             return
@@ -265,6 +321,7 @@ class Followers:
                     fetcher.cancel()
         previous, self._routing = self._routing, routing
         previous_copies, self._copies = self._copies, copies
+        self._track_new_copies(copies, previous_copies)
         routed = self.delivery.routed
         for topic, end in self._positions.items():
             number = view.partition_of(topic)
@@ -393,6 +450,8 @@ class Followers:
         routed here (or preceded the observation), every one from it on will be. None while it is not
         known (the observation has not started, or the topic is unknown to it)."""
         number = self.view.partition_of(topic)
+        if number in self._catching_up:  # a new copy: its routing starts where its first answer put it
+            return self.delivery.routed.get(topic) if self._catching_up[number] is not None else None
         for (_, observer), fetcher in self._fetchers.items():
             if observer and number in fetcher.partitions:
                 return fetcher.positions.get(topic)
@@ -647,6 +706,8 @@ class _Fetcher:
                         opened = True
                         owner.opened(self)
                 else:
+                    if owner._catching_up:
+                        owner._copy_answered(response)
                     await self._replicate(response)
             except StorageError as error:
                 log.error("replicating from %s failed: %s", self.leader, error)
@@ -779,9 +840,12 @@ class _Fetcher:
         return watermarks, touched, appended
 
     def commit(self, watermarks: list[tuple[str, int]]) -> None:
-        delivery = self.owner.delivery
+        owner = self.owner
+        delivery = owner.delivery
         for topic, high_watermark in watermarks:
             delivery.commit_and_route(topic, high_watermark)
+        if owner._catching_up:
+            owner._caught_up([topic for topic, _ in watermarks])
 
     def moved(self, topics: dict[str, None]) -> None:
         """`topics`' positions moved (what was appended is durable): the next request lists them."""

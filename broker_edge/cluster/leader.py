@@ -621,7 +621,9 @@ class LeaderReplication:
                     self._stepped_down[number] = fetch.epoch
                     self._view_changed()
                 errors[number] = NEWER_EPOCH
-            elif not self.leads(number):
+            elif not self.leads(number) or number not in self._led_since:
+                # not yet taken over (the view changed, `_view_changed` has not run): the tail it holds is
+                # not committed yet, so an observer would start at an old committed end and route the past
                 errors[number] = NOT_LEADER
             elif fetch.epoch < state.epoch:
                 errors[number] = STALE_EPOCH

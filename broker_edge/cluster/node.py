@@ -229,7 +229,7 @@ class ClusterNode:
             self.remote_starts = RemoteStarts(
                 view,
                 LogStarts(store, view, self.links),
-                self._log_here,
+                self._copy_here,
                 self.followers.observed_logs,
             )
             broker.replays.remote_starts = self.remote_starts
@@ -327,11 +327,18 @@ class ClusterNode:
             await self.etcd.close()
 
     def _log_here(self, topic: str) -> bool:
-        """Whether this node holds a copy of ``topic``'s partition (an observer's log of it is not
-        complete: its sessions keep that topic's messages while offline instead of reading the log)."""
-        state = self.view.state_of(topic)
+        """Whether this node's log of ``topic`` is complete: it holds a complete copy of its partition."""
+        return self._copy_here(self.view.partition_of(topic))
+
+    def _copy_here(self, number: int) -> bool:
+        """Whether this node holds a complete copy of partition ``number``: it leads it, or replicates it and
+        has caught up since it was given the copy (an observer's log is not complete: its sessions keep that
+        partition's messages while offline instead of reading the log, and read backlogs from the leader)."""
+        state = self.view.states.get(number)
         me = self.view.node_id
-        return state is not None and (state.leader == me or me in state.replicas)
+        if state is None or (state.leader != me and me not in state.replicas):
+            return False
+        return self.followers is None or self.followers.copy_complete(number)
 
     def _observer_status(self) -> dict[str, Any]:
         """What this node observes (``GET /v1/cluster``'s ``observer``)."""

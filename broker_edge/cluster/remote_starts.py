@@ -79,13 +79,14 @@ class RemoteStarts:
         self,
         view: ClusterView,
         starts: LogStarts,
-        log_here: Callable[[str], bool],
+        copy_here: Callable[[int], bool],
         observed_logs: Callable[[str], list[LogInfo]],
         wait_s: float = WAIT_S,
     ) -> None:
         self.view = view
         self.starts = starts
-        self._log_here = log_here
+        self._copy_here = copy_here
+        """Whether this broker holds a complete copy of a partition (by number)."""
         self._observed_logs = observed_logs
         self.wait_s = wait_s
         self._pending: dict[Session, list[_Start]] = {}
@@ -93,14 +94,13 @@ class RemoteStarts:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def partitions_elsewhere(self, topic_filter: str) -> set[int]:
-        """The partitions ``topic_filter`` can match topics of that this broker holds no copy of."""
+        """The partitions ``topic_filter`` can match topics of that this broker holds no complete copy of."""
         view = self.view
         if not is_wildcard(topic_filter):
-            return set() if self._log_here(topic_filter) else {view.partition_of(topic_filter)}
-        me = view.node_id
-        return {
-            number for number, state in view.states.items() if state.leader != me and me not in state.replicas
-        }
+            number = view.partition_of(topic_filter)
+            return set() if self._copy_here(number) else {number}
+        copy_here = self._copy_here
+        return {number for number in view.states if not copy_here(number)}
 
     def start(self, session: Session, topic_filter: str, start: OffsetStart) -> bool:
         """Position ``session``'s replay of ``topic_filter`` in the logs held elsewhere (asynchronously);
@@ -127,7 +127,7 @@ class RemoteStarts:
         """Whether a live message of ``topic`` at ``offset`` waits for the session's replay to be
         positioned (it is read from the log then)."""
         entries = self._pending.get(session)
-        if not entries or self._log_here(topic):
+        if not entries or self._copy_here(self.view.partition_of(topic)):
             return False
         holding = False
         for entry in entries:

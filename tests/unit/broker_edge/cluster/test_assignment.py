@@ -273,7 +273,10 @@ def test_plan_invariants(
             if unclean:
                 assert not (set(states[p].replicas) & live)
         live_replicas = [n for n in state.replicas if n in live]
-        assert len(live_replicas) >= min(rf, len(live))  # filled up to the factor where members allow
+        if state.leader is not None and states[p].leader is not None:
+            assert len(live_replicas) >= min(rf, len(live))  # filled up to the factor where members allow
+        else:  # offline, or elected back in this pass: filled in the next one, from its leader
+            assert state.replicas == states[p].replicas
         assert len(set(state.replicas)) == len(state.replicas)
     # spreading: no live member could take over from one leading two more than it (partitions elected in
     # this pass excepted: they stay with their new leader for now)
@@ -290,7 +293,8 @@ def test_plan_invariants(
     # elect a replica the first added), or moves replicas
     second = plan(after, live, rf, ends, unclean)
     for change in second:
-        assert change.spreads or change.unclean or change.reassigns
+        filled = states[change.partition].leader is None and change.before.leader is not None
+        assert change.spreads or change.unclean or change.reassigns or filled
     # and the plan settles: a replica moves once leadership has settled, so later passes may still move
     # replicas (or spread the leadership they change), but within a few passes there is nothing left to do
     settled = apply(after, second)
@@ -474,3 +478,23 @@ def test_the_oscillating_placement_settles() -> None:
     settled, passes = settle(states, live, 2)
     assert passes < 10
     assert sorted(replica_counts(settled.values(), live).values()) == [2, 2, 2]
+
+
+# -- no copies while offline ----------------------------------------------------------------------------
+
+
+def test_an_offline_partition_gets_no_new_copies_until_the_pass_after_its_election() -> None:
+    """Every replica of partition 0 is dead: no live member is given an empty copy of it (its brokers go on
+    observing it); b1 returns and leads it again, and only the next pass fills it up to the factor."""
+    states = {0: PartitionState(0, "b1", 3, ("b1", "b2"), ("b1", "b2"))}
+    offline = apply(states, plan(states, {"b3", "b4"}, 2))
+    assert offline[0].leader is None
+    assert offline[0].replicas == ("b1", "b2")
+    assert plan(offline, {"b3", "b4"}, 2) == []
+
+    back = plan(offline, {"b1", "b3", "b4"}, 2)
+    assert [(c.after.leader, c.after.replicas) for c in back] == [("b1", ("b1", "b2"))]
+
+    filled = plan(apply(offline, back), {"b1", "b3", "b4"}, 2)
+    assert [c.after.replicas for c in filled] == [("b1", "b3")]  # b2, dead and out of sync, makes room
+    assert filled[0].after.leader == "b1"

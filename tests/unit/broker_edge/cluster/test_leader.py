@@ -12,6 +12,7 @@ from broker_edge.cluster.replica_fetch import (
     DIVERGING,
     FRAMES,
     NEWER_EPOCH,
+    NOT_LEADER,
     OK,
     STALE_EPOCH,
     UNKNOWN_SESSION,
@@ -230,5 +231,28 @@ def test_a_parked_fetch_is_answered_when_the_watermark_moves(tmp_path: Path) -> 
         assert [(t.topic, t.high_watermark, t.count) for p in answer.partitions for t in p.topics] == [
             ("t", 1, 0)
         ]
+
+    _scenario(tmp_path, body)
+
+
+def test_a_partition_is_served_only_once_the_leader_has_taken_it_over(tmp_path: Path) -> None:
+    """The view says this node leads a partition before it has told the leader (its listeners run later in
+    the loop): until then fetches are told NOT_LEADER, so no observer starts at the committed end the log
+    had before the leader committed the tail it holds; afterwards the tail is committed and served."""
+
+    async def body(leader: LeaderReplication, store: LogStore, isr: StaticIsr) -> None:
+        isr.set(PartitionState(0, "b2", 2, NODES, NODES))  # b2 leads; b1 holds 3 records, uncommitted
+        await _append(store, "t", 3)
+        assert store.committed_end("t") == 0
+        leader.view.states[0] = PartitionState(0, "b1", 3, ("b1",), ("b1",))  # not yet told
+        observer = FetchRequest("b3", 0, True, 0, 1 << 20, 1 << 20, [PartitionFetch(0, 3, [])])
+        early = await leader.fetch(observer)
+        assert [p.error for p in early.partitions] == [NOT_LEADER]
+        leader.view.changed()
+        assert store.committed_end("t") == 3  # the leader alone in sync: its tail is committed
+        answer = await leader.fetch(observer)
+        assert [(t.topic, t.first, t.high_watermark) for p in answer.partitions for t in p.topics] == [
+            ("t", 3, 3)
+        ]  # the observer starts after the records committed before it came
 
     _scenario(tmp_path, body)

@@ -52,7 +52,7 @@ class _Observer:
         self.router = Router(LimitsConfig())
         self.replays = self.router.replays = ReplayManager(self.router, self.store, None)
         starts = LogStarts(self.store, view, self.links_a)
-        self.remote = RemoteStarts(view, starts, lambda topic: False, lambda topic_filter: [], wait_s=1.0)
+        self.remote = RemoteStarts(view, starts, lambda number: False, lambda topic_filter: [], wait_s=1.0)
         self.replays.remote_starts = self.remote
 
     async def start(self, topic_filter: str, start: OffsetStart) -> tuple[Session, list[OffsetOutOfRange]]:
