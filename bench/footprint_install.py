@@ -8,6 +8,7 @@ scaffolding (pip itself) is reported apart from what the install added.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,7 +53,13 @@ def installed(extras: str = "") -> Iterator[InstallSize]:
         before = dir_bytes(venv)
         before_entries = {p.name for p in site.iterdir()}
         target = f"{REPO}[{extras}]" if extras else str(REPO)
-        _run([str(python), "-m", "pip", "install", "--quiet", "--no-warn-script-location", target])
+        build = REPO / "build"
+        built_before = build.exists()
+        try:
+            _run([str(python), "-m", "pip", "install", "--quiet", "--no-warn-script-location", target])
+        finally:
+            if not built_before:  # the wheel's build leaves build/ in the working tree: not ours to keep
+                shutil.rmtree(build, ignore_errors=True)
         added = dir_bytes(venv) - before
         packages = sorted(
             ((p.name, dir_bytes(p) if p.is_dir() else p.stat().st_size) for p in site.iterdir()),

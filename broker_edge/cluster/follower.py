@@ -180,10 +180,14 @@ class Followers:
         """Observers' positions in the partitions observed now, kept when their fetcher is replaced."""
         self._catching_up: dict[int, dict[str, int] | None] = {}
         """Copies given to this node while it runs (a restart's copies are not): partition → None until its
-        leader's first answer, then topic → where this node's routing of it starts (where its observation
-        had got to, else the leader's committed end then). The records below are the past, not news: they
-        are not routed to subscribers, and reads of them go to the leader, as an observer's do, until the
-        copy here holds them (`copy_complete`)."""
+        leader's first answer, then topic → where this node's routing of it starts: where its observation
+        had got to; for a topic the observation did not know, its log's start if a leader had listed the
+        partition's topics to the observation (the topic is new since), else the leader's committed end at
+        that first answer (the observation knew nothing: what was committed before the copy came is the
+        past). The records below are not routed to subscribers, and reads of them go to the leader, as an
+        observer's do, until the copy here holds them (`copy_complete`)."""
+        self._unlisted_copies: set[int] = set()
+        """The partitions of `_catching_up` whose observation no leader had listed when they became copies."""
         self._looked = False
         """Whether this node has seen the partitions' states since it started."""
         self._listed: set[int] = set()
@@ -247,24 +251,31 @@ class Followers:
         catching_up = self._catching_up
         if self._looked:
             for number in copies - previous_copies:
-                catching_up.setdefault(number, None)
+                if number not in catching_up:
+                    catching_up[number] = None
+                    if number not in self._listed:
+                        self._unlisted_copies.add(number)
         me = self.view.node_id
         for number in [number for number in catching_up if number not in copies]:
             del catching_up[number]
         for number in [n for n in catching_up if self.view.states[n].leader == me]:
             del catching_up[number]  # led here (an unclean election): its own log is what it serves
+        self._unlisted_copies.intersection_update(catching_up)
         self._looked = self._looked or bool(self.view.states)
 
     def _copy_answered(self, response: FetchResponse) -> None:
-        """A replica's answer: a new copy's routing starts where its observation had got to, else at the
-        leader's committed end (the records below were committed before the copy came)."""
+        """A replica's answer: where a new copy's routing of each topic starts (see `_catching_up`)."""
         catching_up = self._catching_up
         routed = self.delivery.routed
         for data in response.partitions:
             number = data.partition
             if data.error != OK or number not in catching_up or catching_up[number] is not None:
                 continue
-            starts = {t.topic: routed.setdefault(t.topic, t.high_watermark) for t in data.topics}
+            unlisted = number in self._unlisted_copies
+            self._unlisted_copies.discard(number)
+            starts = {
+                t.topic: routed.setdefault(t.topic, t.high_watermark if unlisted else 0) for t in data.topics
+            }
             catching_up[number] = starts
             self._caught_up(list(starts))
 

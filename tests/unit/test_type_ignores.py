@@ -29,10 +29,15 @@ def _ignores() -> list[tuple[str, int, str]]:
     return found
 
 
+BUILT = {"node_modules", "build", "dist"}
+"""Directories of installed or built copies (npm's, a wheel's build), not the project's own files."""
+
+
 def _python_files() -> Iterator[Path]:
-    """The project's Python files: hidden directories (virtual environments, caches) and npm's left out."""
+    """The project's Python files: hidden directories (virtual environments, caches) and built copies left
+    out."""
     for directory, subdirectories, files in os.walk(ROOT):
-        subdirectories[:] = sorted(d for d in subdirectories if not d.startswith(".") and d != "node_modules")
+        subdirectories[:] = sorted(d for d in subdirectories if not d.startswith(".") and d not in BUILT)
         for name in sorted(files):
             if name.endswith(".py"):
                 yield Path(directory, name)

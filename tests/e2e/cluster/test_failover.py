@@ -45,6 +45,12 @@ def _run_failover(
     """Four devices publish through all brokers; ``fail()`` takes ``victim`` down mid-way. Returns the devices
     and the seconds from the failure to the first acknowledgement of a publish on the victim's partition."""
     order = [brokers[node] for node in NODES]
+    wait_until(  # leadership spreads a few partitions at a time: the victim may lead none yet
+        lambda: cluster_state(target).leaders().get(victim, 0) >= 2,
+        30,
+        f"{victim} leading two partitions",
+        lambda: cluster_state(target),
+    )
     topics = _topics_led_by(target, victim, DEVICES)
     devices = [Device(f"device-{n}", topic, order, start_at=n) for n, topic in enumerate(topics)]
     for device in devices:

@@ -94,3 +94,38 @@ def test_a_new_copy_reads_from_the_leader_until_it_holds_where_its_routing_start
         here.close()
 
     asyncio.run(scenario())
+
+
+def test_a_copy_of_a_partition_whose_topics_a_leader_listed_routes_a_topic_new_since_from_its_start(
+    tmp_path: Path,
+) -> None:
+    """The observation had a listing of the partition's topics (then its leader died); a topic it does not
+    know was created since: once the broker holds a copy, that topic is routed from its start."""
+
+    async def scenario() -> None:
+        leader = LogStore(tmp_path / "leader", StorageConfig(durability="none"))
+        leader.open()
+        leader.append_batch("fresh", [RECORD] * 2)
+        await leader.wait_durable()
+        leader.commit("fresh", 2)
+        here = LogStore(tmp_path / "here", StorageConfig(durability="none"))
+        here.open()
+        routed: list[int | None] = []
+        delivery = LocalDelivery(here, lambda message: routed.append(message.offset), None)
+        view = ClusterView("b3", 1)
+        view.states[0] = PartitionState(0, "b2", 5, ("b2", "b3"), ("b2",))
+        followers = Followers(view, here, delivery, None)
+        followers._looked = True
+        followers._listed = {0}  # a leader of the observation had listed every topic of partition 0
+        followers._track_new_copies({0}, set())
+
+        fetcher = _Fetcher(followers, "b2", "http://127.0.0.1:1", {0: 5}, observer=False)
+        first = _answer(leader, "fresh", 0, 2)
+        followers._copy_answered(first)
+        await fetcher._replicate(first)
+        assert routed == [0, 1]  # new since the listing: news to the subscribers
+        assert followers.copy_complete(0)
+        leader.close()
+        here.close()
+
+    asyncio.run(scenario())
