@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
@@ -385,8 +386,18 @@ class DeltaRsTableStore(TableStore):
         return self._read_files(name, files)
 
     def read_arrow(self, name: str) -> pa.Table:
+        """The snapshot as Arrow. A local table's files are read with Arrow's own file system: delta-rs'
+        ``to_pyarrow_table`` leaves Arrow's I/O threads calling back into its Python file handler, and a
+        process that exits after it aborts about one time in five ("terminate called without an active
+        exception", exit status 134), after its work is done."""
         spec = self.spec(name)
-        snapshot = pa.table(self._open(name).to_pyarrow_table())
+        table = self._open(name)
+        location = self.location(name)
+        directory = _local_directory(location)
+        if directory is not None and not _unreadable_as_parquet(table):
+            snapshot = _read_local_files(_live_files(table, location), directory, spec)
+        else:
+            snapshot = pa.table(table.to_pyarrow_table())
         return conform(snapshot, spec.arrow_schema, name, drop_extra=True)
 
     def version(self, name: str) -> int:
@@ -452,11 +463,27 @@ def _as_arrow(data: TableData) -> pa.Table:
     return data.toArrow() if _is_spark_frame(data) else to_arrow_table(data)
 
 
-def _check_plain_parquet(name: str, table: DeltaTable) -> None:
-    """Refuse tables whose files are not the whole truth (deletion vectors, column mapping)."""
+def _unreadable_as_parquet(table: DeltaTable) -> list[str]:
+    """The table's features that plain parquet reads cannot honour (deletion vectors, column mapping)."""
     features = set(table.protocol().reader_features or []) & set(_UNREADABLE_AS_PARQUET)
     if table.metadata().configuration.get("delta.columnMapping.mode", "none") != "none":
         features.add("columnMapping")
+    return sorted(features)
+
+
+def _read_local_files(files: list[str], directory: str, spec: TableSpec) -> pa.Table:
+    """A local table's data files as one Arrow table, partition values from the directory names."""
+    if not files:
+        return spec.arrow_schema.empty_table()
+    partition_fields = [spec.arrow_schema.field(column) for column in spec.partition_by]
+    partitioning = ds.partitioning(pa.schema(partition_fields), flavor="hive") if partition_fields else None
+    dataset = ds.dataset(files, format="parquet", partitioning=partitioning, partition_base_dir=directory)
+    return dataset.to_table()
+
+
+def _check_plain_parquet(name: str, table: DeltaTable) -> None:
+    """Refuse tables whose files are not the whole truth (deletion vectors, column mapping)."""
+    features = _unreadable_as_parquet(table)
     if features:
         raise TableStoreError(
             f"{name}: uses {sorted(features)}, which plain parquet reads cannot honour; "
