@@ -388,8 +388,8 @@ class DeltaRsTableStore(TableStore):
     def read_arrow(self, name: str) -> pa.Table:
         """The snapshot as Arrow. A local table's files are read with Arrow's own file system: delta-rs'
         ``to_pyarrow_table`` leaves Arrow's I/O threads calling back into its Python file handler, and a
-        process that exits after it aborts about one time in five ("terminate called without an active
-        exception", exit status 134), after its work is done."""
+        process that exits after it may abort ("terminate called without an active exception", exit status
+        134) after its work is done."""
         spec = self.spec(name)
         table = self._open(name)
         location = self.location(name)
@@ -486,6 +486,6 @@ def _check_plain_parquet(name: str, table: DeltaTable) -> None:
     features = _unreadable_as_parquet(table)
     if features:
         raise TableStoreError(
-            f"{name}: uses {sorted(features)}, which plain parquet reads cannot honour; "
+            f"{name}: uses {features}, which plain parquet reads cannot honour; "
             "read it with the native Delta backend"
         )

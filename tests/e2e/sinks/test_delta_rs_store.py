@@ -340,7 +340,7 @@ def test_read_arrow_returns_the_snapshot_with_partition_values_and_only_live_fil
 
 def test_a_process_that_read_a_table_as_arrow_exits_cleanly(tmp_path):
     """`timestone ota status` reads the summaries as Arrow and exits: 20 such processes in a row all exit 0
-    (with delta-rs' own Arrow read about one in five aborted at exit)."""
+    (after delta-rs' own Arrow read, some aborted at exit)."""
     lake = DeltaRsTableStore(None, str(tmp_path / "lake"))
     lake.append("bronze_telemetry", arrow_rows("bronze_telemetry", [bronze_row(0)]), "q", 0)
     script = (
