@@ -21,7 +21,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sinks.arrow_conform import SchemaMismatch
-from sinks.store import MARKER_PREFIX, TableData, TableStore, check_batch, commit_marker, merge_condition
+from sinks.store import (
+    MARKER_PREFIX,
+    TableData,
+    TableStore,
+    TimeRange,
+    check_batch,
+    commit_marker,
+    merge_condition,
+)
 from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec
 
 if TYPE_CHECKING:
@@ -31,6 +39,9 @@ if TYPE_CHECKING:
 TXN_APP_ID_CONF = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+#: Delta's bound on the size of the files OPTIMIZE writes.
+OPTIMIZE_MAX_FILE_SIZE_CONF = "spark.databricks.delta.optimize.maxFileSize"
+
 __all__ = ["MARKER_PREFIX", "DeltaNativeTableStore", "commit_marker"]
 
 
@@ -264,12 +275,28 @@ class DeltaNativeTableStore(TableStore):
             return self.spark.read.table(self.location(name))
         return self.spark.read.format("delta").load(self.location(name))
 
-    def read(self, name: str) -> DataFrame:
+    def read(self, name: str, within: TimeRange | None = None) -> DataFrame:
         """The snapshot as of this call, pinned to its version (a plain Delta read would re-resolve the
-        latest one whenever it runs, unlike the delta-rs store's fixed file list)."""
+        latest one whenever it runs, unlike the delta-rs store's fixed file list). Delta's own data
+        skipping reads only the files ``within`` may need."""
         version = self.version(name)
         pinned = self.spark.sql(f"SELECT * FROM {self._identifier(name)} VERSION AS OF {version}")
-        return pinned.select(*[f"`{c}`" for c in self.spec(name).column_names])
+        frame = pinned.select(*[f"`{c}`" for c in self.spec(name).column_names])
+        return frame if within is None else within.rows(frame)
+
+    def compact(self, name: str, target_bytes: int) -> int:
+        """Delta's ``OPTIMIZE`` (bin-packing), its file size bounded by ``target_bytes``."""
+        session = self.spark
+        previous = session.conf.get(OPTIMIZE_MAX_FILE_SIZE_CONF, None)
+        session.conf.set(OPTIMIZE_MAX_FILE_SIZE_CONF, str(target_bytes))
+        try:
+            metrics = self._delta_table(name).optimize().executeCompaction().first()
+        finally:
+            if previous is None:
+                session.conf.unset(OPTIMIZE_MAX_FILE_SIZE_CONF)
+            else:
+                session.conf.set(OPTIMIZE_MAX_FILE_SIZE_CONF, previous)
+        return int(metrics["metrics"]["numFilesRemoved"]) if metrics is not None else 0
 
     def read_arrow(self, name: str) -> pa.Table:
         from sinks.arrow_conform import conform

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
@@ -44,6 +45,7 @@ from sinks.store import (
     TableData,
     TableStore,
     TableStoreError,
+    TimeRange,
     check_batch,
     commit_marker,
     merge_condition,
@@ -341,10 +343,23 @@ class DeltaRsTableStore(TableStore):
 
     # -- reads -------------------------------------------------------------------------------------------
 
-    def read(self, name: str) -> DataFrame:
+    def read(self, name: str, within: TimeRange | None = None) -> DataFrame:
         table = self._open(name)
         _check_plain_parquet(name, table)
-        return self._read_files(name, _live_files(table, self.location(name)))
+        location = self.location(name)
+        if within is None:
+            return self._read_files(name, _live_files(table, location))
+        return within.rows(self._read_files(name, _files_within(table, location, within)))
+
+    def compact(self, name: str, target_bytes: int) -> int:
+        """delta-rs' bin-packing; a commit lost to a concurrent writer leaves the work to the next call."""
+        table = self._open_for_write(name)
+        try:
+            metrics = table.optimize.compact(target_size=target_bytes)
+        except CommitFailedError:
+            log.debug("compaction of %s lost its commit to a concurrent write", name)
+            return 0
+        return int(metrics.get("numFilesRemoved", 0))
 
     def _read_files(self, name: str, files: list[str]) -> DataFrame:
         """Some data files of the table as a Spark DataFrame with the declared schema."""
@@ -417,6 +432,27 @@ def _live_files(table: DeltaTable, location: str) -> list[str]:
     if directory is None:
         return table.file_uris()
     paths = table.get_add_actions().column("path").to_pylist()
+    return [_local_file(directory, path) for path in paths]
+
+
+def _files_within(table: DeltaTable, location: str, within: TimeRange) -> list[str]:
+    """:func:`_live_files` that may hold rows in ``within``, by each file's min/max statistics.
+
+    Delta keeps timestamp statistics to the millisecond, truncated: a file's true maximum may be up to
+    999 µs above its recorded one. A file without statistics for the column is kept, and so is every file
+    of a table not on a local path (its file URIs are not matched to the statistics).
+    """
+    directory = _local_directory(location)
+    actions = pa.table(table.get_add_actions(flatten=True))
+    columns = (f"min.{within.column}", f"max.{within.column}")
+    if directory is None or not all(name in actions.column_names for name in columns):
+        return _live_files(table, location)
+    low, high = (actions.column(name).cast(pa.timestamp("us", "UTC")).cast(pa.int64()) for name in columns)
+    overlaps = pc.and_kleene(
+        pc.less_equal(low, within.high_us), pc.greater_equal(pc.add(high, 999), within.low_us)
+    )
+    keep = pc.fill_null(overlaps, True)  # no statistics: the file may hold anything
+    paths = actions.column("path").filter(keep).to_pylist()
     return [_local_file(directory, path) for path in paths]
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec
@@ -34,6 +35,30 @@ DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 #: delta-rs), so the commit of a batch can be found again (:meth:`TableStore.appended`).
 MARKER_PREFIX = "timestone:"
 COMMIT_MARKER_KEY = "timestone.batch"
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    """Rows whose timestamp ``column`` lies in [``low_us``, ``high_us``] (epoch microseconds, inclusive).
+
+    Given to :meth:`TableStore.read`, it lets a store open only the files that may hold such rows (by the
+    files' Delta statistics): the cost of a read then follows the rows in the range, not the table's size.
+    """
+
+    column: str
+    low_us: int
+    high_us: int
+
+    def __post_init__(self) -> None:
+        if self.low_us > self.high_us:
+            raise ValueError(f"an empty time range: {self.low_us} > {self.high_us}")
+
+    def rows(self, frame: DataFrame) -> DataFrame:
+        """``frame``'s rows in the range."""
+        from pyspark.sql import functions as F
+
+        low, high = (F.timestamp_micros(F.lit(bound)) for bound in (self.low_us, self.high_us))
+        return frame.where(F.col(self.column).between(low, high))
 
 
 def commit_marker(app_id: str, batch_id: int) -> str:
@@ -111,11 +136,21 @@ class TableStore(ABC):
         """
 
     @abstractmethod
-    def read(self, name: str) -> DataFrame:
+    def read(self, name: str, within: TimeRange | None = None) -> DataFrame:
         """The current snapshot as a Spark DataFrame with the declared schema (empty table: no rows).
 
         The snapshot is the one current when ``read`` is called: commits made after it, even before the
         DataFrame runs, are not in it (pipelines rely on this to read a table "as it was before" a write).
+        With ``within``, only the rows in that range, read from the files whose statistics allow them.
+        """
+
+    @abstractmethod
+    def compact(self, name: str, target_bytes: int) -> int:
+        """Rewrite the table's data files smaller than ``target_bytes`` into fewer, larger ones.
+
+        The rows do not change (a commit without data change: appends and readers carry on, and streams
+        of the table's changes see nothing); files removed stay on disk until ``vacuum``. Returns the number
+        of files removed (0: nothing to do).
         """
 
     @abstractmethod

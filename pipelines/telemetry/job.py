@@ -31,6 +31,7 @@ from pyspark.sql import DataFrame, Row, SparkSession
 
 from broker_edge.config.loader import ConfigError
 from sinks import BatchWriter, TableCatalog, TableStore, build_catalog, exactly_once, open_table_store
+from sinks.store import TimeRange
 from sinks.tables import device_minute
 
 from . import quality as Q
@@ -123,6 +124,7 @@ class _GoldPart:
             self.owner._run_steps(self.batch, self.steps)
         finally:
             self.release()
+        self.owner._compact_when_due(self.batch.out.batch_id)
         if not self.reported:
             self.owner.reports.append(self.batch.report)
         log.info("telemetry batch %d: %s", self.batch.out.batch_id, self.batch.report)
@@ -171,6 +173,8 @@ class TelemetryBatch:
         self._pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="telemetry-batch")
         self._gold = ThreadPoolExecutor(max_workers=1, thread_name_prefix="telemetry-gold")
         self._pending: Future[None] | None = None
+        self._compactor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="telemetry-compact")
+        self._compacting: Future[None] | None = None
         self._resumed = False
         #: telemetry rows of the latest batch (None before the first): small batches append bronze via Arrow
         self._last_rows: int | None = None
@@ -196,6 +200,7 @@ class TelemetryBatch:
             log.exception("the gold part of the last telemetry batch failed")
         finally:
             self._gold.shutdown(wait=True)
+            self._compactor.shutdown(wait=True)
             self._pool.shutdown(wait=True)
             if self._configured is not None and self._large_batch_conf is not None:
                 _set_conf(self._configured, self._large_batch_conf)
@@ -270,7 +275,7 @@ class TelemetryBatch:
             gold: dict[str, Callable[[], Any]] = {}
             if counts["passed"]:
                 low, high = counts["low_us"], counts["high_us"]
-                before = self._silver_before(out, passed)
+                before = self._silver_before(out, passed, self._stored_range(low, high))
                 rows = self._silver_rows(passed, before, low, high).persist()
                 cached.append(rows)
                 fast["silver_telemetry"] = lambda: self._write_silver(out, rows)
@@ -349,16 +354,51 @@ class TelemetryBatch:
         committed = self.store.committed_batch(name, out.app_id) if self.store.exists(name) else None
         return committed is not None and committed >= out.batch_id
 
-    def _silver_before(self, out: BatchWriter, passed: DataFrame) -> DataFrame:
-        """Silver as it was before this batch: a snapshot taken before this batch's silver append starts.
+    def _stored_range(self, low_us: int, high_us: int) -> TimeRange:
+        """The event times of stored silver a batch with these event times compares with: its dedup
+        window and its whole minutes (so a read opens the files of those times only)."""
+        dedup = self.config.dedup
+        window_us = dedup.window_seconds * 1_000_000 if dedup.message_id_fields else 0
+        minute_us = 60_000_000
+        return TimeRange(
+            "event_time",
+            min(low_us - window_us, low_us - low_us % minute_us),
+            max(high_us + window_us, high_us - high_us % minute_us + minute_us),
+        )
+
+    def _silver_before(self, out: BatchWriter, passed: DataFrame, within: TimeRange) -> DataFrame:
+        """Silver as it was before this batch, ``within`` its event times: a snapshot taken before this
+        batch's silver append starts.
 
         When an earlier attempt of the batch already appended to silver, its records are taken out again
         (a row cannot be a duplicate of itself, and a minute must not count it twice); otherwise the
         snapshot cannot hold them, and that join over the batch's keys is not needed.
         """
         replayed = self._already_written("silver_telemetry", out)
-        stored = self.store.read("silver_telemetry")
+        stored = self.store.read("silver_telemetry", within)
         return T.without_records_of(stored, passed) if replayed else stored
+
+    def _compact_when_due(self, batch_id: int) -> None:
+        """Every ``tables.compact_every`` batches, compact silver in the background (none if one runs).
+
+        Each micro-batch adds a file to silver, which the job reads back for every batch (its dedup window
+        and minutes): without compaction those reads open more files the longer the job runs. A
+        compaction changes no rows, so it needs no part in the batch's exactly-once bookkeeping.
+        """
+        tables = self.config.tables
+        if not tables.compact_every or (batch_id + 1) % tables.compact_every:
+            return
+        if self._compacting is not None and not self._compacting.done():
+            return
+        self._compacting = self._compactor.submit(self._compact_silver, tables.compact_target_mb << 20)
+
+    def _compact_silver(self, target_bytes: int) -> None:
+        try:
+            removed = self.store.compact("silver_telemetry", target_bytes)
+        except Exception:  # the rows are all there; the next compaction tries again
+            log.exception("compaction of silver_telemetry failed")
+            return
+        log.debug("silver_telemetry compacted: %d files rewritten", removed)
 
     def _silver_rows(self, passed: DataFrame, before: DataFrame, low_us: int, high_us: int) -> DataFrame:
         """This batch's silver rows: duplicates dropped within the batch and against silver before it."""

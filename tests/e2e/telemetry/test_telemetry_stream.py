@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 from pyspark.errors import StreamingQueryException
 
 from broker_edge.storage import StorageConfig
@@ -248,3 +249,26 @@ def test_devices_publishing_over_mqtt_to_a_real_broker_land_once(spark, tmp_path
     assert len(bronze) == len(set(bronze)) == sent
     assert sorted(keys(store, "silver_telemetry")) == sorted(bronze)
     assert store.read("devices").count() == 5
+
+
+def test_silver_compacted_while_the_query_runs_keeps_every_row_once(spark, tmp_path, brokers):
+    """Compaction every 2 batches, in the background of a query whose gold part is deferred: silver's
+    files are rewritten under the running batches (which read silver back for dedup and minutes), and
+    every table still holds each reading once."""
+    fleet = Fleet([LogAppendPublisher(name, broker) for name, broker in brokers.items()], devices=6)
+    sent = fleet.send(rounds=10)
+    config = pipeline_config(tmp_path, brokers, max_records_per_trigger=10)
+    config.tables.compact_every = 2
+    batch = run_available_now(spark, config, defer_gold=True)
+    store = batch.store
+    assert len(batch.reports) >= 6
+
+    bronze, silver = keys(store, "bronze_telemetry"), keys(store, "silver_telemetry")
+    assert len(bronze) == len(set(bronze)) == sent
+    assert sorted(silver) == sorted(bronze)
+    assert store.read("device_minute").groupBy().sum("count").first()[0] == sent
+    location = store.location("silver_telemetry")
+    operations = [commit["operation"] for commit in DeltaTable(location).history()]
+    assert "OPTIMIZE" in operations
+    live = DeltaTable(location).get_add_actions().column("path").to_pylist()
+    assert len(live) < len(batch.reports), "silver holds fewer files than the batches that appended to it"
