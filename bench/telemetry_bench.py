@@ -296,12 +296,13 @@ def poll_tables(
     """Every ``interval_s``, note when each row of bronze and silver first became visible (delta-rs reads).
 
     Answers ``{"bronze": [(ts_ms, seen_s)], "silver": [...], "polls": [poll seconds]}`` when ``stop`` is set
-    (or after ``limit_s``). Bronze's ``ts`` is parsed from the payload, silver's is its ``event_time``.
+    (or after ``limit_s``). Bronze's ``ts`` is parsed from the payload, silver's is its ``event_time``. A row
+    is its (topic, offset): one that comes back in a file the job's compaction wrote is not seen again.
     """
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
 
-    seen: dict[str, list[tuple[int, float]]] = {"bronze": [], "silver": []}
+    seen: dict[str, dict[tuple[str, int], tuple[float, float]]] = {"bronze": {}, "silver": {}}
     files: dict[str, set[str]] = {"bronze": set(), "silver": set()}
     tables: dict[str, DeltaTable] = {}
     polls: list[float] = []
@@ -323,15 +324,17 @@ def poll_tables(
             for uri in new:
                 files[name].add(uri)
                 path = uri if "://" in uri else unquote(uri)  # delta-rs percent-encodes local paths
-                if name == "bronze":
-                    payloads = pq.read_table(path, columns=["payload"]).column("payload").to_pylist()
-                    seen[name] += [(json.loads(p)["ts"], now) for p in payloads]
-                else:
-                    times = pq.read_table(path, columns=["event_time"]).column("event_time")
-                    seen[name] += [(t.timestamp() * 1000, now) for t in times.to_pylist()]
+                time_column = "payload" if name == "bronze" else "event_time"
+                rows = pq.read_table(path, columns=["topic", "offset", time_column]).to_pylist()
+                for row in rows:
+                    key = (row["topic"], row["offset"])
+                    if key not in seen[name]:
+                        moment = row[time_column]
+                        ts_ms = json.loads(moment)["ts"] if name == "bronze" else moment.timestamp() * 1000
+                        seen[name][key] = (ts_ms, now)
         polls.append(time.perf_counter() - began)
         time.sleep(max(0.0, interval_s - (time.perf_counter() - began)))
-    answers.put({**seen, "polls": polls})
+    answers.put({**{name: list(rows.values()) for name, rows in seen.items()}, "polls": polls})
 
 
 # -- CPU and load accounting -----------------------------------------------------------------------------
