@@ -298,10 +298,10 @@ class DeltaNativeTableStore(TableStore):
                 session.conf.set(OPTIMIZE_MAX_FILE_SIZE_CONF, previous)
         return int(metrics["metrics"]["numFilesRemoved"]) if metrics is not None else 0
 
-    def read_arrow(self, name: str) -> pa.Table:
+    def read_arrow(self, name: str, within: TimeRange | None = None) -> pa.Table:
         from sinks.arrow_conform import conform
 
-        return conform(self.read(name).toArrow(), self.spec(name).arrow_schema, name)
+        return conform(self.read(name, within).toArrow(), self.spec(name).arrow_schema, name)
 
     def appended(self, name: str, app_id: str, batch_id: int) -> DataFrame | None:
         from pyspark.sql import functions as F

@@ -400,7 +400,7 @@ class DeltaRsTableStore(TableStore):
             files = [f for f in files if f not in earlier]
         return self._read_files(name, files)
 
-    def read_arrow(self, name: str) -> pa.Table:
+    def read_arrow(self, name: str, within: TimeRange | None = None) -> pa.Table:
         """The snapshot as Arrow. A local table's files are read with Arrow's own file system: delta-rs'
         ``to_pyarrow_table`` leaves Arrow's I/O threads calling back into its Python file handler, and a
         process that exits after it may abort ("terminate called without an active exception", exit status
@@ -410,10 +410,12 @@ class DeltaRsTableStore(TableStore):
         location = self.location(name)
         directory = _local_directory(location)
         if directory is not None and not _unreadable_as_parquet(table):
-            snapshot = _read_local_files(_live_files(table, location), directory, spec)
+            files = _live_files(table, location) if within is None else _files_within(table, location, within)
+            snapshot = _read_local_files(files, directory, spec)
         else:
             snapshot = pa.table(table.to_pyarrow_table())
-        return conform(snapshot, spec.arrow_schema, name, drop_extra=True)
+        snapshot = conform(snapshot, spec.arrow_schema, name, drop_extra=True)
+        return snapshot if within is None else within.arrow_rows(snapshot)
 
     def version(self, name: str) -> int:
         return self._open(name).version()

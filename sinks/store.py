@@ -60,6 +60,15 @@ class TimeRange:
         low, high = (F.timestamp_micros(F.lit(bound)) for bound in (self.low_us, self.high_us))
         return frame.where(F.col(self.column).between(low, high))
 
+    def arrow_rows(self, table: pa.Table) -> pa.Table:
+        """``table``'s rows in the range."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        micros = table.column(self.column).cast(pa.timestamp("us", "UTC")).cast(pa.int64())
+        inside = pc.and_(pc.greater_equal(micros, self.low_us), pc.less_equal(micros, self.high_us))
+        return table.filter(inside)
+
 
 def commit_marker(app_id: str, batch_id: int) -> str:
     return f"{MARKER_PREFIX}{app_id}:{batch_id}"
@@ -154,8 +163,9 @@ class TableStore(ABC):
         """
 
     @abstractmethod
-    def read_arrow(self, name: str) -> pa.Table:
-        """The current snapshot as Arrow with the declared schema (for small tables and tests)."""
+    def read_arrow(self, name: str, within: TimeRange | None = None) -> pa.Table:
+        """The current snapshot as Arrow with the declared schema (for small tables, small ranges, tests);
+        with ``within``, as :meth:`read` narrows it."""
 
     @abstractmethod
     def appended(self, name: str, app_id: str, batch_id: int) -> DataFrame | None:

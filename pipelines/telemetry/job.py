@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -34,6 +35,7 @@ from sinks import BatchWriter, TableCatalog, TableStore, build_catalog, exactly_
 from sinks.store import TimeRange
 from sinks.tables import device_minute
 
+from . import driver_minutes
 from . import quality as Q
 from . import transforms as T
 from .config import STANDARD_COLUMNS, TelemetryConfig, load_telemetry_config
@@ -275,11 +277,20 @@ class TelemetryBatch:
             gold: dict[str, Callable[[], Any]] = {}
             if counts["passed"]:
                 low, high = counts["low_us"], counts["high_us"]
-                before = self._silver_before(out, passed, self._stored_range(low, high))
+                replayed = self._already_written("silver_telemetry", out)
+                before = self._silver_before(passed, self._stored_range(low, high), replayed)
                 rows = self._silver_rows(passed, before, low, high).persist()
                 cached.append(rows)
-                fast["silver_telemetry"] = lambda: self._write_silver(out, rows)
-                gold["device_minute"] = lambda: self._write_device_minute(batch, rows, before, low, high)
+                if self._in_driver():
+                    collected = _Collected(rows)
+                    stored = self.store.read_arrow("silver_telemetry", _whole_minutes(low, high))
+                    fast["silver_telemetry"] = lambda: self._write_silver(out, collected)
+                    gold["device_minute"] = lambda: self._write_device_minute_in_driver(
+                        batch, collected, stored, replayed
+                    )
+                else:
+                    fast["silver_telemetry"] = lambda: self._write_silver(out, lambda: rows)
+                    gold["device_minute"] = lambda: self._write_device_minute(batch, rows, before, low, high)
             if counts["quarantined"]:
                 quarantine = T.to_quarantine(flagged, out.app_id, out.batch_id, batch.now)
                 fast["telemetry_quarantine"] = lambda: out.append("telemetry_quarantine", quarantine)
@@ -338,15 +349,18 @@ class TelemetryBatch:
         _set_conf(spark, SMALL_BATCH_SQL_CONF if self._expects_small_batch() else self._large_batch_conf)
         self._configured = spark
 
-    def _bronze_data(self, bronze: DataFrame) -> DataFrame | pa.Table:
-        """Bronze's rows as the store should append them.
+    def _in_driver(self) -> bool:
+        """Whether this batch's rows are brought to the driver: a batch expected small, with delta-rs.
 
-        For a batch expected small, delta-rs appends a few hundred rows collected to the driver several
-        times faster than from the tasks (``tables.executor_writes``); otherwise the configured path.
+        delta-rs appends a few hundred rows collected to the driver several times faster than from the
+        tasks (``tables.executor_writes``), and device_minute is then computed there too
+        (:mod:`.driver_minutes`); otherwise the configured paths, in Spark.
         """
-        if self._expects_small_batch() and self.store.backend == "delta-rs":
-            return bronze.toArrow()
-        return bronze
+        return self._expects_small_batch() and self.store.backend == "delta-rs"
+
+    def _bronze_data(self, bronze: DataFrame) -> DataFrame | pa.Table:
+        """Bronze's rows as the store should append them (see :meth:`_in_driver`)."""
+        return bronze.toArrow() if self._in_driver() else bronze
 
     # -- silver, quarantine and device_minute ------------------------------------------------------------
 
@@ -359,22 +373,19 @@ class TelemetryBatch:
         window and its whole minutes (so a read opens the files of those times only)."""
         dedup = self.config.dedup
         window_us = dedup.window_seconds * 1_000_000 if dedup.message_id_fields else 0
-        minute_us = 60_000_000
+        minutes = _whole_minutes(low_us, high_us)
         return TimeRange(
-            "event_time",
-            min(low_us - window_us, low_us - low_us % minute_us),
-            max(high_us + window_us, high_us - high_us % minute_us + minute_us),
+            "event_time", min(low_us - window_us, minutes.low_us), max(high_us + window_us, minutes.high_us)
         )
 
-    def _silver_before(self, out: BatchWriter, passed: DataFrame, within: TimeRange) -> DataFrame:
+    def _silver_before(self, passed: DataFrame, within: TimeRange, replayed: bool) -> DataFrame:
         """Silver as it was before this batch, ``within`` its event times: a snapshot taken before this
         batch's silver append starts.
 
-        When an earlier attempt of the batch already appended to silver, its records are taken out again
-        (a row cannot be a duplicate of itself, and a minute must not count it twice); otherwise the
-        snapshot cannot hold them, and that join over the batch's keys is not needed.
+        When an earlier attempt of the batch already appended to silver (``replayed``), its records are
+        taken out again (a row cannot be a duplicate of itself, and a minute must not count it twice);
+        otherwise the snapshot cannot hold them, and that join over the batch's keys is not needed.
         """
-        replayed = self._already_written("silver_telemetry", out)
         stored = self.store.read("silver_telemetry", within)
         return T.without_records_of(stored, passed) if replayed else stored
 
@@ -410,11 +421,11 @@ class TelemetryBatch:
             rows = T.drop_already_stored(rows, stored, dedup.message_id_fields, dedup.window_seconds)
         return T.to_silver(rows, list(self.config.payload.silver_fields))
 
-    def _write_silver(self, out: BatchWriter, silver_rows: DataFrame) -> None:
+    def _write_silver(self, out: BatchWriter, silver_rows: Callable[[], DataFrame | pa.Table]) -> None:
         if self._already_written("silver_telemetry", out):  # spare computing rows the store would skip
             out.results["silver_telemetry"] = False
             return
-        out.append("silver_telemetry", silver_rows)
+        out.append("silver_telemetry", silver_rows())
 
     def _write_device_minute(
         self, batch: _Batch, silver_rows: DataFrame, before: DataFrame, low_us: int, high_us: int
@@ -426,14 +437,24 @@ class TelemetryBatch:
         deduplicated away is in neither). A recomputed row does not depend on what the table held before,
         so merging it twice changes nothing, and late data just recomputes its minute.
         """
-        minute_us = 60_000_000
-        stored = before.where(
-            T.event_time_between(low_us - low_us % minute_us, high_us - high_us % minute_us + minute_us)
-        )
+        minutes = _whole_minutes(low_us, high_us)
+        stored = before.where(T.event_time_between(minutes.low_us, minutes.high_us))
         metrics = self.config.gold.minute_metrics
         rows = T.touched_minute_aggregates(stored, silver_rows, metrics, batch.now)
         # event_date (a function of minute) in the match lets the merge read only the touched partitions.
         batch.out.merge("device_minute", rows, keys=("event_date", "device_id", "minute"))
+
+    def _write_device_minute_in_driver(
+        self, batch: _Batch, silver_rows: _Collected, stored: pa.Table, replayed: bool
+    ) -> None:
+        """:meth:`_write_device_minute` computed with Arrow: ``stored`` is silver's whole minutes of the
+        batch, read before its silver append could land (less the batch's own records on a replay)."""
+        rows = silver_rows()
+        if replayed:
+            stored = driver_minutes.without_records_of(stored, rows)
+        metrics = self.config.gold.minute_metrics
+        minutes = driver_minutes.touched_minute_aggregates(stored, rows, metrics, batch.now)
+        batch.out.merge("device_minute", minutes, keys=("event_date", "device_id", "minute"))
 
     # -- devices -----------------------------------------------------------------------------------------
 
@@ -574,6 +595,27 @@ def last_committed_batch(checkpoint: str) -> tuple[str, int] | None:
     except (OSError, ValueError, KeyError, IndexError):
         return None
     return (query_id, max(batch_ids)) if batch_ids else None
+
+
+class _Collected:
+    """A DataFrame collected to Arrow once, by whichever step needs it first (steps run concurrently)."""
+
+    def __init__(self, frame: DataFrame) -> None:
+        self._frame = frame
+        self._lock = threading.Lock()
+        self._table: pa.Table | None = None
+
+    def __call__(self) -> pa.Table:
+        with self._lock:
+            if self._table is None:
+                self._table = self._frame.toArrow()
+            return self._table
+
+
+def _whole_minutes(low_us: int, high_us: int) -> TimeRange:
+    """From the start of ``low_us``'s minute to the start of the minute after ``high_us``'s."""
+    minute_us = 60_000_000
+    return TimeRange("event_time", low_us - low_us % minute_us, high_us - high_us % minute_us + minute_us)
 
 
 def _set_conf(spark: SparkSession, conf: Mapping[str, str | None]) -> None:
