@@ -452,6 +452,8 @@ class LatencyRun:
     cpu: CpuUse
     progress: list[dict[str, Any]]
     steps: list[dict[str, float]]
+    #: per batch: the whole fast part and the wait for the previous gold part (ms)
+    calls: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -814,6 +816,11 @@ def measure_latency(
         cpu=use[0],
         progress=in_window,
         steps=[dict(r.step_ms) for r in batch.reports if r.batch_id in batch_ids],
+        calls=[
+            (r.fast_part_ms, r.gold_wait_ms)
+            for r in batch.reports
+            if r.batch_id in batch_ids and r.fast_part_ms is not None and r.gold_wait_ms is not None
+        ],
     )
 
 
@@ -1238,7 +1245,14 @@ def _render_latency(lat: LatencyRun, s: Settings) -> list[str]:
             for key in ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets")
             if lat.progress
         )
-        + ".",
+        + "."
+        + (
+            " `addBatch` is the fast part, in all (its steps and what prepares them) median "
+            f"{statistics.median(fast for fast, _ in lat.calls):,.0f} ms, then the wait for the previous "
+            f"batch's gold part, median {statistics.median(wait for _, wait in lat.calls):,.0f} ms."
+            if lat.calls
+            else ""
+        ),
         "",
         f"CPU s during the publishing ({lat.cpu.wall:.0f} s): broker {lat.cpu.broker:.1f}, Spark (JVM + "
         f"workers) {lat.cpu.spark:.1f}, driver {lat.cpu.driver:.1f}, publisher and poller "

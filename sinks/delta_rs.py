@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Collection, Mapping
@@ -115,6 +116,7 @@ class DeltaRsTableStore(TableStore):
         self.on_append: Callable[[AppendReport], None] | None = None
         self._ensured: set[str] = set()
         self._serial_listing = False
+        self._opened = threading.local()  # each thread's open tables, by name (see _open)
 
     # -- locations and lifecycle -------------------------------------------------------------------------
 
@@ -173,11 +175,28 @@ class DeltaRsTableStore(TableStore):
         if absent:
             self._open(spec.name).alter.set_table_properties(absent, raise_if_not_exists=False)
 
-    def _open(self, name: str) -> DeltaTable:
+    def _open(self, name: str, *, fresh: bool = False) -> DeltaTable:
+        """The table at its latest version.
+
+        Each thread keeps the tables it opened and brings them up to date with the commits made since
+        (``update_incremental``, a fraction of the cost of loading the log again); a table object is never
+        shared between threads. ``fresh``: a new object, for a caller that moves it to an older version.
+        """
+        opened: dict[str, DeltaTable] = self._opened.__dict__
+        table = None if fresh else opened.get(name)
+        if table is not None:
+            try:
+                table.update_incremental()
+                return table
+            except Exception:  # the table is gone or unreadable: load it again, which says why
+                del opened[name]
         try:
-            return DeltaTable(self.location(name), storage_options=self.storage_options)
+            table = DeltaTable(self.location(name), storage_options=self.storage_options)
         except Exception as exc:  # TableNotFoundError, or a storage error worth the same message
             raise TableStoreError(f"{name}: no Delta table at {self.location(name)} ({exc})") from exc
+        if not fresh:
+            opened[name] = table
+        return table
 
     def _open_for_write(self, name: str) -> DeltaTable:
         if name not in self._ensured:
@@ -381,7 +400,7 @@ class DeltaRsTableStore(TableStore):
         return frame.to(spec.read_schema)  # declared column order (partition columns come last otherwise)
 
     def appended(self, name: str, app_id: str, batch_id: int) -> DataFrame | None:
-        table = self._open(name)
+        table = self._open(name, fresh=True)  # loaded at older versions below
         _check_plain_parquet(name, table)
         marker = commit_marker(app_id, batch_id)
         for limit in (100, None):  # the commit looked for is usually one of the latest

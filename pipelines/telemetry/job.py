@@ -90,6 +90,10 @@ class BatchReport:
     written: dict[str, bool] = field(default_factory=dict)
     gx_validated: bool = False
     step_ms: dict[str, float] = field(default_factory=dict)
+    #: the whole fast part (its steps and what prepares them), and how long the call then waited for the
+    #: previous batch's gold part (both None when not measured: a direct call, a redone batch)
+    fast_part_ms: float | None = None
+    gold_wait_ms: float | None = None
 
 
 @dataclass
@@ -105,7 +109,7 @@ class _Batch:
         """Run one step, time it, then call the ``after_step`` hook."""
         started = time.perf_counter()
         result = work()
-        self.report.step_ms[name] = round(1000 * (time.perf_counter() - started), 1)
+        self.report.step_ms[name] = _ms_since(started)
         self.after_step(name, self.out.batch_id)
         return result
 
@@ -211,15 +215,20 @@ class TelemetryBatch:
         if not self._resumed:  # whatever the trigger: the last instance may have deferred its gold part
             self._complete_previous(out.app_id, out.batch_id - 1)
         self._resumed = True
+        began = time.perf_counter()
         gold = self._fast_part(records, out)
+        report = gold.batch.report
+        report.fast_part_ms = _ms_since(began)
         if not self.defer_gold:
             gold.run()
             return
+        began = time.perf_counter()
         try:
             self.settle()  # the previous batch's gold part ran alongside this batch's fast part
         except BaseException:
             gold.release()
             raise
+        report.gold_wait_ms = _ms_since(began)
         self._pending = self._gold.submit(gold.run)
 
     def resume(self, checkpoint: str) -> None:
@@ -262,14 +271,23 @@ class TelemetryBatch:
         self._configure_session(records.sparkSession)
         bronze = T.to_bronze(records, batch.now).persist()  # the gold part reads it after the call returns
         cached = [bronze]
+        appending: Future[Any] | None = None
         try:
-            batch.step("bronze_telemetry", lambda: out.append("bronze_telemetry", self._bronze_data(bronze)))
+            if self._in_driver():  # collected, then appended while the profile runs (delta-rs frees the GIL)
+                collected_bronze = bronze.toArrow()
+                appending = self._pool.submit(
+                    batch.step, "bronze_telemetry", lambda: out.append("bronze_telemetry", collected_bronze)
+                )
+            else:
+                batch.step("bronze_telemetry", lambda: out.append("bronze_telemetry", bronze))
             flagged = T.flag_failures(T.parse_telemetry(bronze, self.config.payload), self.conditions)
             cached.append(flagged.persist())
             quality = Q.expression_aggregates(self.config.quality.suites, self.column_types)
             counts = batch.step(
                 "profile", lambda: _one_row(flagged.agg(*T.profile_aggregates(), *quality)).asDict()
             )
+            if appending is not None:  # bronze is in before anything else is written
+                appending.result()
             self._last_rows = counts["dq_rows"]
             batch.report.passed, batch.report.quarantined = counts["passed"], counts["quarantined"]
             passed = T.passed_rows(flagged)
@@ -279,17 +297,18 @@ class TelemetryBatch:
                 low, high = counts["low_us"], counts["high_us"]
                 replayed = self._already_written("silver_telemetry", out)
                 before = self._silver_before(passed, self._stored_range(low, high), replayed)
-                rows = self._silver_rows(passed, before, low, high).persist()
-                cached.append(rows)
-                if self._in_driver():
+                rows = self._silver_rows(passed, before, low, high)
+                if self._in_driver():  # read once, by whichever of silver and device_minute comes first
                     collected = _Collected(rows)
                     stored = self.store.read_arrow("silver_telemetry", _whole_minutes(low, high))
-                    fast["silver_telemetry"] = lambda: self._write_silver(out, collected)
+                    fast["silver_telemetry"] = lambda: self._write_silver(out, collected, replayed)
                     gold["device_minute"] = lambda: self._write_device_minute_in_driver(
                         batch, collected, stored, replayed
                     )
                 else:
-                    fast["silver_telemetry"] = lambda: self._write_silver(out, lambda: rows)
+                    rows = rows.persist()
+                    cached.append(rows)
+                    fast["silver_telemetry"] = lambda: self._write_silver(out, lambda: rows, replayed)
                     gold["device_minute"] = lambda: self._write_device_minute(batch, rows, before, low, high)
             if counts["quarantined"]:
                 quarantine = T.to_quarantine(flagged, out.app_id, out.batch_id, batch.now)
@@ -302,6 +321,8 @@ class TelemetryBatch:
             if self.defer_gold:
                 self._run_steps(batch, fast)
         except BaseException:
+            if appending is not None:  # no step may outlive its failed batch
+                wait([appending])
             _unpersist(cached)
             raise
         batch.report.written = out.results  # the gold part's writes join it when they are done
@@ -357,10 +378,6 @@ class TelemetryBatch:
         (:mod:`.driver_minutes`); otherwise the configured paths, in Spark.
         """
         return self._expects_small_batch() and self.store.backend == "delta-rs"
-
-    def _bronze_data(self, bronze: DataFrame) -> DataFrame | pa.Table:
-        """Bronze's rows as the store should append them (see :meth:`_in_driver`)."""
-        return bronze.toArrow() if self._in_driver() else bronze
 
     # -- silver, quarantine and device_minute ------------------------------------------------------------
 
@@ -421,8 +438,10 @@ class TelemetryBatch:
             rows = T.drop_already_stored(rows, stored, dedup.message_id_fields, dedup.window_seconds)
         return T.to_silver(rows, list(self.config.payload.silver_fields))
 
-    def _write_silver(self, out: BatchWriter, silver_rows: Callable[[], DataFrame | pa.Table]) -> None:
-        if self._already_written("silver_telemetry", out):  # spare computing rows the store would skip
+    def _write_silver(
+        self, out: BatchWriter, silver_rows: Callable[[], DataFrame | pa.Table], replayed: bool
+    ) -> None:
+        if replayed:  # spare computing rows the store would skip
             out.results["silver_telemetry"] = False
             return
         out.append("silver_telemetry", silver_rows())
@@ -610,6 +629,10 @@ class _Collected:
             if self._table is None:
                 self._table = self._frame.toArrow()
             return self._table
+
+
+def _ms_since(began: float) -> float:
+    return round(1000 * (time.perf_counter() - began), 1)
 
 
 def _whole_minutes(low_us: int, high_us: int) -> TimeRange:
