@@ -455,7 +455,12 @@ class Connection(asyncio.Protocol):
             return False
         template: PublishTemplate | None
         session = self.session  # once per delivery: look at the session only for a logged message
-        offsets = message.offset is not None and session is not None and session.log_offsets
+        offsets = (
+            message.offset is not None
+            and session is not None
+            and (rare := session._rare) is not None
+            and rare.log_offsets
+        )
         if self.aliases_out is None:
             # A plain variant already encoded for another subscriber is looked up here, without the call
             # to ``template`` (its key as ``Message.templates`` says): one call fewer per delivery.

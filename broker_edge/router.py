@@ -129,7 +129,12 @@ class Router:
                 continue
             if qos > message_qos:
                 qos = message_qos
-            if session.cursors is not None and replays is not None and replays.holds(session, message, qos):
+            if (
+                (rare := session._rare) is not None  # a session with none of its rare fields set: one read
+                and rare.cursors is not None
+                and replays is not None
+                and replays.holds(session, message, qos)
+            ):
                 continue
             session.deliver(message, qos, retain and retain_as_published, subscription_ids)
         if dispatch is not None or groups_served:

@@ -7,8 +7,10 @@ that queue while the client is away. It knows nothing about sockets or clocks: i
 ``Connection`` attached to it (``None`` while offline) and is given times as numbers.
 
 Every container is created on first use, and what a session holds only in some states (a delayed will, an
-expiry deadline while offline, incoming QoS 2 ids) are ``RareField`` attributes: an idle session with one
-subscription costs a few hundred bytes.
+expiry deadline while offline, incoming QoS 2 ids, log cursors and the ``offset`` opt-in of a session reading
+logs) are ``RareField`` attributes: an idle session with one subscription costs a few hundred bytes. The
+fanout reads the log fields of a session that has the side object straight from it (``_rare``), one slot
+read more, not a descriptor call.
 """
 
 from __future__ import annotations
@@ -57,8 +59,19 @@ class HeldQueue(deque[Delivery]):
 class _SessionRare(RareSlots):
     """The ``RareField`` attributes of a ``Session`` that has set one."""
 
-    __slots__ = ("_expiry_interval", "expires_at", "incoming_qos2", "username", "will", "will_at")
+    __slots__ = (
+        "_expiry_interval",
+        "cursors",
+        "expires_at",
+        "incoming_qos2",
+        "log_offsets",
+        "username",
+        "will",
+        "will_at",
+    )
     defaults: ClassVar[dict[str, Any]] = {}
+    cursors: dict[str, int] | None
+    log_offsets: bool
 
 
 class Session:
@@ -73,9 +86,7 @@ class Session:
         "_rare",
         "client_id",
         "connection",
-        "cursors",
         "inflight",
-        "log_offsets",
         "queue",
         "router",
         "subscriptions",
@@ -91,6 +102,11 @@ class Session:
     username: RareField[str | None] = RareField(_SessionRare, None)
     """Read per message only by an ACL check and when a publish creates a log."""
     _expiry_interval: RareField[int] = RareField(_SessionRare, 0)
+    cursors: RareField[dict[str, int] | None] = RareField(_SessionRare, None)
+    """Logged topic → next offset to deliver from the log (see ``broker_edge.replay``)."""
+    log_offsets: RareField[bool] = RareField(_SessionRare, False)
+    """The client asked for log delivery (it subscribed from an offset, or opted in on CONNECT): its v5
+    deliveries of logged messages carry the user property ``offset``. Kept until the session ends."""
 
     def __init__(self, router: Router, client_id: str, expiry_interval: int = 0) -> None:
         self.router = router
@@ -103,11 +119,6 @@ class Session:
         self.inflight: dict[int, Delivery | Released] | None = None
         self.queue: HeldQueue | None = None
         self._next_packet_id = 1
-        self.cursors: dict[str, int] | None = None
-        """Logged topic → next offset to deliver from the log (see ``broker_edge.replay``)."""
-        self.log_offsets = False
-        """The client asked for log delivery (it subscribed from an offset, or opted in on CONNECT): its v5
-        deliveries of logged messages carry the user property ``offset``. Kept until the session ends."""
 
     def __repr__(self) -> str:
         state = "online" if self.connection is not None else "offline"
@@ -235,7 +246,7 @@ class Session:
                 self._send(conn, message, qos, retain, subscription_ids)
             if not queue:
                 self.queue = None
-        if self.cursors and not self.queue:
+        if (rare := self._rare) is not None and rare.cursors and not self.queue:
             self.router.pump_replays(self)
 
     def window_open(self) -> bool:
@@ -305,5 +316,6 @@ class Session:
     def clear_outgoing(self) -> None:
         self.inflight = None
         self.queue = None
-        self.incoming_qos2 = None
-        self.cursors = None
+        if self._rare is not None:
+            self.incoming_qos2 = None
+            self.cursors = None
