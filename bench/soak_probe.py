@@ -3,7 +3,8 @@
     .venv/bin/python -m bench.soak_probe [--seconds 1500] [--devices 500] [--churn 10] [--every 60]
         [--trace-from 120] [--tail-cache-mib 4] [--output FILE]
 
-The broker (`timestone broker` with its defaults, under `bench.traced_broker`) serves `soak_load` for
+The broker (`timestone broker` with its defaults, under `bench.traced_broker`, its store holding the devices'
+logs as the soak's does: `soak_bench.LOGS_FROM`) serves `soak_load` for
 `--seconds`; every `--every` seconds it is asked for a probe (a full garbage collection, then the objects by
 type, Python's allocated blocks, glibc's `mallinfo2`, Python's allocator's arenas and their free space,
 VmRSS, the sizes of the containers reachable from the `Broker` object, and with `--trace-from` the source
@@ -25,8 +26,8 @@ from pathlib import Path
 
 from bench import net, traced_broker
 from bench.footprint_startup import DefaultTimestone
-from bench.soak_bench import metrics
-from bench.soak_load import LoadProcesses, SoakLoad
+from bench.soak_bench import LOGS_FROM, metrics
+from bench.soak_load import LoadProcesses, SoakLoad, device_topic
 from bench.sysinfo import cpu_seconds
 
 TOP = 15
@@ -51,7 +52,13 @@ def run(args: argparse.Namespace) -> list[dict]:
     control = Path(tempfile.mkdtemp(prefix="soak-probe-"))
     admin_port = net.free_port()
     storage = {"tail_cache_total_bytes": args.tail_cache_mib * 2**20}
-    broker = DefaultTimestone(storage=storage, traced=control, admin_port=admin_port)
+    broker = DefaultTimestone(
+        storage=storage,
+        traced=control,
+        admin_port=admin_port,
+        logs=[device_topic(index) for index in range(args.devices)],
+        logs_from=LOGS_FROM,
+    )
     broker.prepare()
     probes: list[dict] = []
     with broker.running(None) as running:
