@@ -1,4 +1,4 @@
-"""The store a soak starts from: the devices' logs exist and continue at offsets a broker reaches after days."""
+"""The store a soak starts from: the devices' logs exist and continue at offsets reached after days."""
 
 from __future__ import annotations
 
