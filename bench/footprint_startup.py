@@ -8,6 +8,7 @@ VmRSS `settle_s` after that, with no client connected.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +44,8 @@ class DefaultTimestone(Timestone):
         traced: Path | None = None,
         transport: str | None = None,
         admin_port: int = 0,
+        logs: Sequence[str] = (),
+        logs_from: int = 0,
     ) -> None:
         super().__init__(executable=executable, transport=transport)
         self._label = label
@@ -51,12 +55,18 @@ class DefaultTimestone(Timestone):
         """Run under `bench.traced_broker` with this control directory (None: the `timestone` command)."""
         self.admin_port = admin_port
         """The admin HTTP port (/metrics); 0: a free one nobody is told of."""
+        self.logs = logs
+        """Topics whose logs the data directory holds before the broker starts (`seed_logs`), each
+        continuing at `logs_from`; none: a fresh store."""
+        self.logs_from = logs_from
 
     @property
     def label(self) -> str:
         return self._label
 
     def command(self, port: int, workdir: Path) -> list[str]:
+        if self.logs:
+            seed_logs(workdir / "data", self.logs, self.logs_from)
         config = workdir / "timestone.yaml"
         config.write_text(
             f"listeners:\n  - port: {port}\n"
@@ -96,7 +106,39 @@ class DefaultTimestone(Timestone):
         changed = "".join(f", storage.{key} {value}" for key, value in self.storage.items())
         notes = "embedded defaults; listener, offsets API and admin HTTP on free ports, data in a temp dir"
         transport = f", listener transport {self.transport}" if self.transport else ""
-        return notes + transport + changed
+        seeded = (
+            f", its data directory holding the logs of {len(self.logs):,} topics (the devices'), which "
+            f"continue at offset {self.logs_from:,}"
+            if self.logs
+            else ""
+        )
+        return notes + transport + changed + seeded
+
+
+def seed_logs(directory: Path, topics: Sequence[str], offset: int) -> None:
+    """Make `directory` a store holding a log for each of `topics` that continues at `offset` (one record at
+    `offset`, as after retention removed the older ones).
+
+    A broker that has run for days has logs whose offsets are far beyond CPython's cached small integers
+    (up to 256): everything that holds an offset of such a log (its ends, its caches, the cursors of
+    sessions) holds an integer object of its own. On a fresh store each log reaches that range only after
+    256 records, which at one message a second per topic is minutes into a soak, and Python's allocated
+    blocks step up then: a warm-up of the store, not of the broker.
+    """
+    from broker_edge.storage import LogStore
+    from broker_edge.storage.config import StorageConfig
+
+    quiet = logging.getLogger("broker_edge.storage")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)  # a restart of every log is logged as a warning
+    try:
+        with LogStore(directory, StorageConfig()) as store:
+            for topic in topics:
+                store.restart_at(topic, offset)
+                store.append_message(topic, b"", 1)
+            store.flush()
+    finally:
+        quiet.setLevel(level)
 
 
 @dataclass(frozen=True)

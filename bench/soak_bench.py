@@ -1,10 +1,11 @@
 """A broker under a steady mixed load for minutes: its memory and open files sampled, growth judged once warm.
 
 The broker runs with its defaults (`footprint_startup.DefaultTimestone`: free ports, a temporary data
-directory) against `soak_load` (devices at 1 QoS 1 message/s each, subscribers, reconnect churn). Every
-`sample_s` the broker's VmRSS, open file descriptors, CPU time and, from its admin /metrics, the memory its
-tail caches hold against their bound, its sessions, its RSS right after its last heap trim, the C heap's
-bytes in use and Python's allocated blocks are recorded, with the load's counters.
+directory holding the devices' logs at offsets a broker reaches after days, `LOGS_FROM`) against
+`soak_load` (devices at 1 QoS 1 message/s each, subscribers, reconnect churn). Every `sample_s` the broker's
+VmRSS, open file descriptors, CPU time and, from its admin /metrics, the memory its tail caches hold against
+their bound, its sessions, its RSS right after its last heap trim, the C heap's bytes in use and Python's
+allocated blocks are recorded, with the load's counters.
 
 Warm starts at the first sample (after `warmup_fraction` of the run, if given) with the tail caches full
 (`CACHES_FULL` of their bound), the map of sessions and Python's allocated blocks steady (each within
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from bench import net, traced_broker
 from bench.footprint_startup import DefaultTimestone
-from bench.soak_load import LoadProcesses, SoakLoad
+from bench.soak_load import LoadProcesses, SoakLoad, device_topic
 from bench.sysinfo import cpu_seconds, rss_bytes
 
 MAX_HOURLY_GROWTH = 0.05
@@ -42,6 +43,10 @@ CACHES_FULL = 0.95
 STEADY_S = 60.0
 """The map of sessions is steady when its size is within `STEADY_SHARE` of its size this long before."""
 STEADY_SHARE = 0.01
+LOGS_FROM = 1_000_000
+"""The devices' logs exist when the soak starts and continue at this offset (`footprint_startup.seed_logs`):
+the soak is of a broker whose store has been written to for days (at one message a second, about eleven),
+not of one filling a fresh store, whose every log first holds offsets CPython caches as small integers."""
 MIN_POINTS = 6
 """Fewest points a trend is drawn from: two in each third."""
 GAUGES = (
@@ -271,7 +276,15 @@ def run_soak(
     """
     control = Path(tempfile.mkdtemp(prefix="soak-trace-")) if trace_at else None
     admin_port = net.free_port()
-    broker = DefaultTimestone(storage=storage, traced=control, transport=transport, admin_port=admin_port)
+    devices = (load or SoakLoad(port=0)).devices
+    broker = DefaultTimestone(
+        storage=storage,
+        traced=control,
+        transport=transport,
+        admin_port=admin_port,
+        logs=[device_topic(index) for index in range(devices)],
+        logs_from=LOGS_FROM,
+    )
     broker.prepare()
     broker_cpus, load_cpus = cpus
     requests = [

@@ -3,14 +3,15 @@
     .venv/bin/python -m bench.soak_probe [--seconds 1500] [--devices 500] [--churn 10] [--every 60]
         [--trace-from 120] [--tail-cache-mib 4] [--output FILE]
 
-The broker (`timestone broker` with its defaults, under `bench.traced_broker`) serves `soak_load` for
+The broker (`timestone broker` with its defaults, under `bench.traced_broker`, its store holding the devices'
+logs as the soak's does: `soak_bench.LOGS_FROM`) serves `soak_load` for
 `--seconds`; every `--every` seconds it is asked for a probe (a full garbage collection, then the objects by
-type, Python's allocated blocks, glibc's `mallinfo2`, VmRSS, the sizes of the containers reachable from the
-`Broker` object, and with `--trace-from` the source lines holding most `tracemalloc`-traced memory, traced
-with one frame: the cheapest, still several times the broker's CPU). The report lists the probes over time,
-then what grew between the first probe of the second half of the run and the last one: growth that follows the
-clock at a steady load is a leak, whatever the load is. A small load for long tells more than a big one
-briefly, and leaves the machine to others.
+type, Python's allocated blocks, glibc's `mallinfo2`, Python's allocator's arenas and their free space,
+VmRSS, the sizes of the containers reachable from the `Broker` object, and with `--trace-from` the source
+lines holding most `tracemalloc`-traced memory, traced with one frame: the cheapest, still several times the
+broker's CPU). The report lists the probes over time, then what grew between the first probe of the second
+half of the run and the last one: growth that follows the clock at a steady load is a leak, whatever the
+load is. A small load for long tells more than a big one briefly, and leaves the machine to others.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from pathlib import Path
 
 from bench import net, traced_broker
 from bench.footprint_startup import DefaultTimestone
-from bench.soak_bench import metrics
-from bench.soak_load import LoadProcesses, SoakLoad
+from bench.soak_bench import LOGS_FROM, metrics
+from bench.soak_load import LoadProcesses, SoakLoad, device_topic
 from bench.sysinfo import cpu_seconds
 
 TOP = 15
@@ -51,7 +52,13 @@ def run(args: argparse.Namespace) -> list[dict]:
     control = Path(tempfile.mkdtemp(prefix="soak-probe-"))
     admin_port = net.free_port()
     storage = {"tail_cache_total_bytes": args.tail_cache_mib * 2**20}
-    broker = DefaultTimestone(storage=storage, traced=control, admin_port=admin_port)
+    broker = DefaultTimestone(
+        storage=storage,
+        traced=control,
+        admin_port=admin_port,
+        logs=[device_topic(index) for index in range(args.devices)],
+        logs_from=LOGS_FROM,
+    )
     broker.prepare()
     probes: list[dict] = []
     with broker.running(None) as running:
@@ -90,16 +97,16 @@ def report(probes: list[dict], args: argparse.Namespace) -> str:
         f"{args.seconds:.0f} s, a probe every {args.every:.0f} s, tail caches bounded to "
         f"{args.tail_cache_mib} MiB; load average at the end {os.getloadavg()[0]:.2f}",
         "",
-        "| time | RSS | allocated blocks | malloc in use | malloc free | GC objects | tail caches "
-        "| open files | broker CPU | acknowledged |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| time | RSS | allocated blocks | malloc in use | malloc free | pymalloc arenas | pymalloc free "
+        "| GC objects | tail caches | open files | broker CPU | acknowledged |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in probes:
         malloc = p["malloc"]
         lines.append(
             f"| {p['at_s']:.0f} s | {p['rss'] / 2**20:.1f} MiB | {p['allocated_blocks']:,} | "
             f"{(malloc.get('uordblks', 0) + malloc.get('hblkhd', 0)) / 2**20:.2f} MiB | "
-            f"{malloc.get('fordblks', 0) / 2**20:.2f} MiB | {p['gc_objects']:,} | "
+            f"{malloc.get('fordblks', 0) / 2**20:.2f} MiB | {_pymalloc(p)} | {p['gc_objects']:,} | "
             f"{p['tail_cache_bytes'] / 2**20:.2f} MiB | {p['open_files']} | {p['cpu_s']:.0f} s | "
             f"{p['load']['acked']:,} |"
         )
@@ -115,6 +122,15 @@ def report(probes: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _pymalloc(probe: dict) -> str:
+    """Python's allocator's arenas (MiB) and the free space inside them, in free blocks and unused pools."""
+    stats = probe.get("pymalloc") or {}
+    if "arenas" not in stats:
+        return "- | -"
+    free = stats.get("available_bytes", 0) + stats.get("unused_pool_bytes", 0)
+    return f"{stats['arenas']} | {free / 2**20:.2f} MiB"
+
+
 def _grown(before: dict[str, int], after: dict[str, int]) -> str:
     changes = sorted(((after[k] - before.get(k, 0), k) for k in after), reverse=True)
     shown = [f"{name} {diff:+,}" for diff, name in changes[:TOP] if diff > 0]
@@ -126,7 +142,8 @@ def _line(probe: dict) -> str:
     return (
         f"{probe['at_s']:5.0f} s: RSS {probe['rss'] / 2**20:.1f} MiB, blocks {probe['allocated_blocks']:,}, "
         f"malloc in use {(malloc.get('uordblks', 0) + malloc.get('hblkhd', 0)) / 2**20:.2f} MiB, "
-        f"free {malloc.get('fordblks', 0) / 2**20:.2f} MiB, objects {probe['gc_objects']:,}, "
+        f"free {malloc.get('fordblks', 0) / 2**20:.2f} MiB, pymalloc arenas | free {_pymalloc(probe)}, "
+        f"objects {probe['gc_objects']:,}, "
         f"caches {probe['tail_cache_bytes'] / 2**20:.2f} MiB, fds {probe['open_files']}, "
         f"cpu {probe['cpu_s']:.0f} s"
     )

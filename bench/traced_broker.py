@@ -10,12 +10,14 @@ twice a second for a request file and answers it with a file of the same name an
   its warm-up.
 * `probe-<name>`: after a full garbage collection, write `<name>.probe`: the broker's containers by their
   path from the `Broker` object and their sizes (`container_sizes`), the objects the garbage collector
-  tracks by type, Python's allocated blocks (`sys.getallocatedblocks`), glibc's `mallinfo2` and VmRSS;
+  tracks by type, Python's allocated blocks (`sys.getallocatedblocks`), glibc's `mallinfo2`, Python's
+  own allocator's arenas and the free space inside them (`pymalloc_stats`) and VmRSS;
   with tracing started, the 40 source lines holding most traced memory. A probe is light enough to repeat
   every minute of a long run at a small load (`bench.soak_probe`).
 * `snap-<name>`: after a full garbage collection, write `<name>.snapshot` (a `tracemalloc` snapshot, if
   tracing was started), `<name>.malloc` (glibc's `mallinfo2`: bytes in use and free in the C heap, the
-  memory `tracemalloc` itself holds, the threads of the process, the objects the garbage collector tracks)
+  memory `tracemalloc` itself holds, Python's allocator's arenas (`pymalloc_stats`), the threads of the
+  process, the objects the garbage collector tracks)
   and `<name>.types` (those objects counted by type); `.malloc` also names the Python threads and counts
   glibc's heaps (`malloc_info`).
 
@@ -33,7 +35,9 @@ import collections
 import ctypes
 import gc
 import json
+import os
 import sys
+import tempfile
 import threading
 import time
 import tracemalloc
@@ -74,6 +78,42 @@ def malloc_stats() -> dict[str, int]:
     function.restype = _MallInfo2
     info = function()
     return {name: int(getattr(info, name)) for name, _ in _MallInfo2._fields_}
+
+
+_PYMALLOC_LINES = {
+    "# arenas allocated current": "arenas",
+    "# bytes in allocated blocks": "allocated_bytes",
+    "# bytes in available blocks": "available_bytes",
+    "unused pools": "unused_pool_bytes",
+}
+
+
+def pymalloc_stats() -> dict[str, int]:
+    """Python's own allocator (`sys._debugmallocstats`): its arenas held, the bytes of its blocks in use, the
+    bytes of free blocks in pools in use, and of the unused pools inside its arenas (an arena goes back to
+    the system only when all of its pools are unused: the free blocks and unused pools of arenas still in
+    use are resident memory that holds no object). Empty where the function does not exist."""
+    report = getattr(sys, "_debugmallocstats", None)
+    if report is None:
+        return {}
+    with tempfile.TemporaryFile("w+") as captured:
+        sys.stderr.flush()
+        saved = os.dup(2)  # the report is written to the C library's stderr
+        try:
+            os.dup2(captured.fileno(), 2)
+            report()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        captured.seek(0)
+        text = captured.read()
+    stats: dict[str, int] = {}
+    for line in text.splitlines():
+        label, _, value = line.partition("=")
+        for prefix, name in _PYMALLOC_LINES.items():
+            if prefix in label and name not in stats:
+                stats[name] = int(value.strip().replace(",", ""))
+    return stats
 
 
 _BROKERS: list[Any] = []
@@ -153,6 +193,7 @@ def _probe(control: Path, label: str) -> None:
         "rss": _rss(),
         "allocated_blocks": sys.getallocatedblocks(),
         "malloc": malloc_stats(),
+        "pymalloc": pymalloc_stats(),
         "gc_objects": len(gc.get_objects()),
         "types": dict(collections.Counter(type(o).__qualname__ for o in gc.get_objects())),
         "maps": maps,
@@ -181,6 +222,7 @@ def _answer(control: Path, request: Path) -> None:
             tracemalloc.take_snapshot().dump(str(control / f"{label}.snapshot"))
         stats = {
             **malloc_stats(),
+            **{f"pymalloc_{name}": value for name, value in pymalloc_stats().items()},
             "tracemalloc_bytes": tracemalloc.get_tracemalloc_memory(),
             "threads": threading.active_count(),
             "thread_names": sorted(thread.name for thread in threading.enumerate()),
