@@ -86,6 +86,8 @@ def test_empty_section_means_defaults():
             },
             "telemetry.quality.suites[0].expectations[0].value_set",
         ),
+        ({"tables": {"compact_every": -1}}, "telemetry.tables.compact_every"),
+        ({"tables": {"compact_target_mb": 0}}, "telemetry.tables.compact_target_mb"),
     ],
 )
 def test_errors_name_the_field(section, path):
