@@ -98,7 +98,8 @@ class StorageConfig:
     """Bound of the memory all tail caches hold together (frames, payloads and their Python objects, see
     `TailCache.cost`); the caches of the least recently appended logs are dropped first."""
     read_cache_bytes: int = 8 * MIB
-    """Bound of the blocks of older records read once and shared by all readers catching up; 0 = off."""
+    """Bound of the memory of the blocks of older records read once and shared by all readers catching up
+    (frames, payloads and their Python objects, as `tail_cache_total_bytes` counts them); 0 = off."""
 
     def log_config(self, rule: PersistRule | None) -> LogConfig:
         """The settings of a log whose topic matched `rule` (None: store defaults)."""

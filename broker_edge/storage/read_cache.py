@@ -10,8 +10,10 @@ replaying one range cost one disk read per block, not fifty.
 The block at the log's end grows: a reader reaching past it reads only the new records and the block is
 replaced by the longer one, shared again. A block cut short by its byte bound or by a damaged record stays
 as it is; the offsets after it are read directly. All blocks of a store share one byte budget, least
-recently used dropped first (8 MiB by default: every cached record is a live Python object, and many
-of them cost garbage-collector time on every other allocation of the broker). Blocks below a log's
+recently used dropped first. The budget counts what a block holds in memory (`cache_cost`, as the tail
+caches count theirs: frames, payloads and each record's Python objects), not its frame bytes alone, which
+are a fraction of it for small records; 8 MiB by default: every cached record is a live Python object, and
+many of them cost garbage-collector time on every other allocation of the broker. Blocks below a log's
 start are dropped when retention moves the start, and all of a log's blocks when it closes.
 """
 
@@ -23,6 +25,7 @@ from collections import OrderedDict
 from itertools import accumulate
 
 from .record import Record
+from .tail_cache import cache_cost
 
 BLOCK_RECORDS = 256
 """Records per block: offsets `k * BLOCK_RECORDS` to `(k + 1) * BLOCK_RECORDS - 1` form block `k`."""
@@ -46,6 +49,11 @@ class Block:
     def size(self) -> int:
         """Frame bytes of all its records."""
         return self.ends[-1] if self.ends else 0
+
+    @property
+    def cost(self) -> int:
+        """Memory its records hold (`cache_cost`): what the store's budget counts."""
+        return cache_cost(self.size, len(self.records))
 
     @property
     def end(self) -> int:
@@ -99,7 +107,7 @@ class LogBlocks:
 
 
 class ReadCache:
-    """The store-wide LRU of blocks, bounded by the bytes of their frames."""
+    """The store-wide LRU of blocks, bounded by the memory they hold (`Block.cost`)."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -125,12 +133,13 @@ class ReadCache:
         self._lru.move_to_end((owner, number))
 
     def put(self, owner: LogBlocks, number: int, block: Block) -> None:
-        if block.size > self.max_bytes:
+        cost = block.cost
+        if cost > self.max_bytes:
             return
         self.remove(owner, number)
         owner.blocks[number] = block
-        self._lru[owner, number] = block.size
-        self.bytes += block.size
+        self._lru[owner, number] = cost
+        self.bytes += cost
         while self.bytes > self.max_bytes:
             (old_owner, old_number), size = self._lru.popitem(last=False)
             del old_owner.blocks[old_number]

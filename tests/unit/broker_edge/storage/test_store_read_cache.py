@@ -13,6 +13,7 @@ import pytest
 from broker_edge.storage import CorruptRecord, LogStore, StorageConfig
 from broker_edge.storage.file_pool import FileHandlePool
 from broker_edge.storage.read_cache import BLOCK_RECORDS
+from broker_edge.storage.tail_cache import cache_cost
 from tests.unit.broker_edge.storage.log_helpers import (
     assert_matches,
     flip_byte,
@@ -113,12 +114,15 @@ def test_the_block_at_the_log_end_is_shared_and_grows_with_the_log(tmp_path: Pat
 def test_the_byte_budget_drops_the_least_recently_used_blocks(tmp_path: Path):
     count = 4 * BLOCK_RECORDS + 1
     store = _store(tmp_path, count)
-    block_bytes = max(  # blocks differ a little: records carry different optional fields
-        sum(record.size for record in store.read(TOPIC, block * BLOCK_RECORDS, BLOCK_RECORDS, 10**9))
+    block_cost = max(  # blocks differ a little: records carry different optional fields
+        cache_cost(
+            sum(record.size for record in store.read(TOPIC, block * BLOCK_RECORDS, BLOCK_RECORDS, 10**9)),
+            BLOCK_RECORDS,
+        )
         for block in range(4)
     )
     store.close()
-    store = _store(tmp_path / "again", count, read_cache_bytes=2 * block_bytes + 100)
+    store = _store(tmp_path / "again", count, read_cache_bytes=2 * block_cost + 100)
 
     for number in range(4):
         store.read(TOPIC, number * BLOCK_RECORDS, 10)
