@@ -365,10 +365,8 @@ class DeltaRsTableStore(TableStore):
     def read(self, name: str, within: TimeRange | None = None) -> DataFrame:
         table = self._open(name)
         _check_plain_parquet(name, table)
-        location = self.location(name)
-        if within is None:
-            return self._read_files(name, _live_files(table, location))
-        return within.rows(self._read_files(name, _files_within(table, location, within)))
+        frame = self._read_files(name, _files_within(table, self.location(name), within))
+        return frame if within is None else within.rows(frame)
 
     def compact(self, name: str, target_bytes: int) -> int:
         """delta-rs' bin-packing; a commit lost to a concurrent writer leaves the work to the next call."""
@@ -429,8 +427,7 @@ class DeltaRsTableStore(TableStore):
         location = self.location(name)
         directory = _local_directory(location)
         if directory is not None and not _unreadable_as_parquet(table):
-            files = _live_files(table, location) if within is None else _files_within(table, location, within)
-            snapshot = _read_local_files(files, directory, spec)
+            snapshot = _read_local_files(_files_within(table, location, within), directory, spec)
         else:
             snapshot = pa.table(table.to_pyarrow_table())
         snapshot = conform(snapshot, spec.arrow_schema, name, drop_extra=True)
@@ -456,17 +453,20 @@ def _live_files(table: DeltaTable, location: str) -> list[str]:
     return [_local_file(directory, path) for path in paths]
 
 
-def _files_within(table: DeltaTable, location: str, within: TimeRange) -> list[str]:
-    """:func:`_live_files` that may hold rows in ``within``, by each file's min/max statistics.
+def _files_within(table: DeltaTable, location: str, within: TimeRange | None) -> list[str]:
+    """:func:`_live_files` that may hold rows in ``within`` (None: all of them), by each file's min/max
+    statistics.
 
     Delta keeps timestamp statistics to the millisecond, truncated: a file's true maximum may be up to
     999 µs above its recorded one. A file without statistics for the column is kept, and so is every file
     of a table not on a local path (its file URIs are not matched to the statistics).
     """
     directory = _local_directory(location)
+    if within is None or directory is None:
+        return _live_files(table, location)
     actions = pa.table(table.get_add_actions(flatten=True))
     columns = (f"min.{within.column}", f"max.{within.column}")
-    if directory is None or not all(name in actions.column_names for name in columns):
+    if not all(name in actions.column_names for name in columns):
         return _live_files(table, location)
     low, high = (actions.column(name).cast(pa.timestamp("us", "UTC")).cast(pa.int64()) for name in columns)
     overlaps = pc.and_kleene(
