@@ -159,13 +159,16 @@ def passed_rows(flagged: DataFrame) -> DataFrame:
     return flagged.where(~is_quarantined())
 
 
-def _message_key(id_fields: Sequence[str]) -> Column:
-    """A row's device message id: device id plus the configured payload fields; null if any is missing."""
-    parts = [F.col("device_id"), *[F.col(name).cast("string") for name in id_fields]]
-    missing = F.lit(False)
-    for part in parts:
-        missing = missing | part.isNull()
-    return F.when(~missing, F.to_json(F.array(*parts)))
+def _message_id(id_fields: Sequence[str]) -> list[Column]:
+    """A row's device message id: its device id and the configured payload fields, as columns."""
+    return [F.col("device_id"), *[F.col(name) for name in id_fields]]
+
+
+def _all_set(columns: Sequence[Column]) -> Column:
+    complete = F.lit(True)
+    for column in columns:
+        complete = complete & column.isNotNull()
+    return complete
 
 
 def drop_duplicates_in_batch(rows: DataFrame, id_fields: Sequence[str], window_seconds: int) -> DataFrame:
@@ -175,17 +178,22 @@ def drop_duplicates_in_batch(rows: DataFrame, id_fields: Sequence[str], window_s
     earlier precedes it (ties: earlier broker time, then broker, topic, offset), so what survives does not
     depend on how Spark partitioned the batch. Rows without a complete message id are never merged with
     other messages. One window does both: a record read twice carries the same payload, hence the same
-    message id and event time, and a row without a message id is keyed by its record instead.
+    message id and event time, and a row without a message id is keyed by its record instead. The key is
+    the columns themselves (no string is built per row): a row with a complete id has its id and nulls
+    for the record, one without has nulls for the id and its record, which is never null.
     """
     order = [F.col("event_time"), F.col("timestamp"), F.col("broker"), F.col("topic"), F.col("offset")]
-    record = F.concat(F.lit("record:"), F.to_json(F.array("broker", "topic", F.col("offset").cast("string"))))
-    key = F.coalesce(_message_key(id_fields), record) if id_fields else record
-    keyed = rows.withColumn("_message_key", key)
-    previous = F.lag("event_time").over(Window.partitionBy("_message_key").orderBy(*order))
-    keyed = keyed.withColumn("_previous", previous)
+    record = [F.col("broker"), F.col("topic"), F.col("offset")]
+    key = record
+    if id_fields:
+        message_id = _message_id(id_fields)
+        complete = _all_set(message_id)
+        key = [F.when(complete, c) for c in message_id] + [F.when(~complete, c) for c in record]
+    previous = F.lag("event_time").over(Window.partitionBy(*key).orderBy(*order))
+    keyed = rows.withColumn("_previous", previous)
     elapsed = F.col("event_time").cast("double") - F.col("_previous").cast("double")
     duplicate = F.col("_previous").isNotNull() & (elapsed <= window_seconds)
-    return keyed.where(~duplicate).drop("_message_key", "_previous")
+    return keyed.where(~duplicate).drop("_previous")
 
 
 def drop_already_stored(
@@ -194,19 +202,19 @@ def drop_already_stored(
     """Drop rows whose device message id is already in ``stored`` (silver) within ``window_seconds``.
 
     ``stored`` needs ``device_id``, ``event_time`` and the id fields; the caller narrows it to the event
-    time range of the batch widened by the window, so this stays a small join.
+    time range of the batch widened by the window, so this stays a small join. A row with a part of its id
+    missing matches nothing (null is equal to nothing).
     """
     if not id_fields:
         return rows
-    key = _message_key(id_fields)
-    left = rows.withColumn("_message_key", key).alias("new")
-    right = stored.select(key.alias("_message_key"), F.col("event_time")).where(
-        F.col("_message_key").isNotNull()
-    )
-    right = right.alias("old")
+    names = ["device_id", *id_fields]
+    left = rows.alias("new")
+    right = stored.select(*names, "event_time").where(_all_set(_message_id(id_fields))).alias("old")
     elapsed = F.abs(F.col("new.event_time").cast("double") - F.col("old.event_time").cast("double"))
-    condition = (F.col("new._message_key") == F.col("old._message_key")) & (elapsed <= window_seconds)
-    return left.join(right, condition, "left_anti").drop("_message_key")
+    condition = elapsed <= window_seconds
+    for name in names:
+        condition = (F.col(f"new.{name}") == F.col(f"old.{name}")) & condition
+    return left.join(right, condition, "left_anti")
 
 
 def without_records_of(stored: DataFrame, batch: DataFrame) -> DataFrame:

@@ -163,6 +163,15 @@ def test_drop_already_stored_removes_messages_silver_has_within_window(spark):
     assert T.drop_already_stored(parsed, stored, [], 600).count() == 2
 
 
+def test_a_message_id_with_a_part_missing_matches_nothing(spark):
+    """Neither within the batch nor against silver: a null part is equal to no other value, not even null."""
+    rows = [telemetry("d", 20, seq=None, seconds=0), telemetry("d", 21, seq=None, seconds=0)]
+    parsed = T.parse_telemetry(bronze(spark, rows), PAYLOAD)
+    stored = spark.createDataFrame([("d", at(0), None)], "device_id string, event_time timestamp, seq bigint")
+    assert T.drop_duplicates_in_batch(parsed, ["seq"], 600).count() == 2
+    assert T.drop_already_stored(parsed, stored, ["seq"], 600).count() == 2
+
+
 def test_to_silver_selects_the_declared_columns(spark):
     parsed = T.parse_telemetry(bronze(spark, [telemetry("d", 0, seq=3, seconds=61)]), PAYLOAD)
     silver = T.to_silver(parsed, list(PAYLOAD.silver_fields))
