@@ -22,8 +22,10 @@ broker through ``BrokerContext`` and ask the connection for effects: write, clos
 A connection refused before CONNACK 0 always goes through ``refuse``.
 
 Idle connections are small: every attribute is a slot, containers (topic aliases, the write batch) are
-created on first use, and what most connections never set (a will, incoming topic aliases, a refusal, packets
-held back, ...) are ``RareField`` attributes, kept in a side object made by the first write of one of them.
+created on first use, and what most connections never set (a will, topic aliases, a refusal, packets held
+back, ...) are ``RareField`` attributes, kept in a side object made by the first write of one of them. What
+CONNECT settles (protocol level, keep alive, the client's limits) is a ``Terms`` shared by every connection
+that settled the same, which also leads to the broker and the listener; the client id is the session's.
 Past CONNECT the decoder is shared (``SharedDecoder``) except while a packet is half-read, and keep-alive
 deadlines are shared floats (``states.keepalive_deadline``).
 """
@@ -67,9 +69,9 @@ from broker_edge.states import (
     HELD_FOR_ACKS,
     HELD_FOR_RATE,
     NEW,
-    NO_LIMIT,
     keepalive_deadline,
 )
+from broker_edge.terms import Terms
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -110,13 +112,13 @@ class _ConnectionRare(RareSlots):
     """The ``RareField`` attributes of a ``Connection`` that has set one."""
 
     __slots__ = (
-        "alias_max_out",
         "aliases_in",
+        "aliases_out",
         "backlog",
         "held",
         "held_error",
+        "named",
         "peer_cn",
-        "problem_information",
         "refused",
         "will",
         "will_delay",
@@ -143,28 +145,21 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "_out",
         "_rare",
-        "aliases_out",
         "bucket",
-        "client_id",
         "deadline",
         "decoder",
-        "host",
         "incoming_pending",
-        "keepalive",
-        "listener",
-        "max_packet_out",
-        "paused",
-        "send_quota",
         "session",
         "state",
+        "terms",
         "transport",
-        "v5",
     )
 
     aliases_in: RareField[dict[int, str] | None] = RareField(_ConnectionRare, None)
     """Topic aliases the client has set towards the broker."""
-    alias_max_out: RareField[int] = RareField(_ConnectionRare, 0)
-    """Outgoing topic aliases this client accepts (with ``aliases_out``)."""
+    aliases_out: RareField[dict[str, int] | None] = RareField(_ConnectionRare, None)
+    """Topic → alias sent to this client, least recently used first (None: none sent yet, or no outgoing
+    aliases: ``terms.alias_max_out`` says whether it takes them)."""
     backlog: RareField[list[Packet] | None] = RareField(_ConnectionRare, None)
     """Packets read but not handled yet, while reading is held (``hold``)."""
     held: RareField[int] = RareField(_ConnectionRare, 0)
@@ -175,34 +170,26 @@ class Connection(asyncio.Protocol):
     """Why admission refused this connection (it is closed, or answered once its CONNECT arrives)."""
     peer_cn: RareField[str | None] = RareField(_ConnectionRare, None)
     """The common name of the client's TLS certificate."""
-    problem_information: RareField[bool] = RareField(_ConnectionRare, True)
-    """v5 Request Problem Information: False forbids reason strings and user properties on acks."""
+    named: RareField[str] = RareField(_ConnectionRare, "")
+    """The client id while the connection has no session (a refused CONNECT, after it let go of one)."""
     will: RareField[Will | None] = RareField(_ConnectionRare, None)
     will_delay: RareField[int] = RareField(_ConnectionRare, 0)
 
     def __init__(self, host: ConnectionHost, listener: ListenerRuntime) -> None:
-        self.host = host
-        self.listener = listener
-        self.transport: ByteTransport | None = None
         limits = host.config.limits
+        self.terms = Terms.initial(host, listener, limits.max_inflight_out)
+        """What its CONNECT settled (protocol level, keep alive, the client's limits), shared."""
+        self.transport: ByteTransport | None = None
         self.decoder: PacketDecoder = _OwnDecoder(
             limits.max_packet_size, max_connect_size=limits.max_connect_packet_size
         )
         """An ``_OwnDecoder`` until CONNECT; past it a ``SharedDecoder`` while no packet is half-read."""
         self.session: Session | None = None
-        self.client_id = ""
-        self.v5 = False
         self.state = NEW
-        self.keepalive = 0
         self.deadline = 0.0
         """While connected: when a silent client is closed (``states.keepalive_deadline``), ``HEARD_FROM``
         once it sent something since the last sweep; before CONNECT: when it must have arrived."""
         self._out: list[bytes] | None = None
-        self.paused = False
-        self.send_quota = host.config.limits.max_inflight_out
-        self.max_packet_out = NO_LIMIT
-        self.aliases_out: dict[str, int] | None = None
-        """Topic → alias sent to this client, least recently used first (None: no outgoing aliases)."""
         self.incoming_pending = 0
         self.bucket: TokenBucket | None = None
         """The client's PUBLISH rate limiter: ``NOT_STARTED`` until its first PUBLISH, None: unlimited."""
@@ -212,6 +199,48 @@ class Connection(asyncio.Protocol):
     def version(self) -> int:
         """The protocol level of the client's CONNECT (0 until it is decoded)."""
         return self.decoder.protocol_version or 0
+
+    @property
+    def client_id(self) -> str:
+        """The client id: its session's, else the one its CONNECT gave ("" before it)."""
+        session = self.session
+        return session.client_id if session is not None else self.named
+
+    @property
+    def host(self) -> ConnectionHost:
+        return self.terms.host
+
+    @property
+    def listener(self) -> ListenerRuntime:
+        return self.terms.listener
+
+    @property
+    def v5(self) -> bool:
+        return self.terms.v5
+
+    @property
+    def keepalive(self) -> int:
+        return self.terms.keepalive
+
+    @property
+    def send_quota(self) -> int:
+        return self.terms.send_quota
+
+    @property
+    def max_packet_out(self) -> int:
+        return self.terms.max_packet_out
+
+    @property
+    def paused(self) -> bool:
+        return self.terms.paused
+
+    def let_go_of_session(self) -> Session | None:
+        """Drop the session (keeping its client id for what follows); the session it had, if any."""
+        session = self.session
+        if session is not None:
+            self.named = session.client_id
+            self.session = None
+        return session
 
     def __repr__(self) -> str:
         return f"Connection({self.client_id!r}, listener={self.listener.name!r}, state={self.state})"
@@ -232,7 +261,7 @@ class Connection(asyncio.Protocol):
             self.deadline = HEARD_FROM
         elif state == CLOSED:
             return
-        self.listener.stats.bytes_in += len(data)
+        self.terms.stats.bytes_in += len(data)
         decoder = self.decoder
         try:
             packets = decoder.feed(data)
@@ -272,21 +301,21 @@ class Connection(asyncio.Protocol):
 
         A handler that raises is a broker bug: it is logged and closes only this connection (0x83).
         """
-        unanswered_max = self.host.config.limits.receive_maximum
+        unanswered_max = self.terms.host.config.limits.receive_maximum
         try:
             for index, packet in enumerate(packets):
                 bucket = self.bucket  # set by the CONNECT of this very batch
                 if bucket is not None and type(packet) is Publish and self.state == CONNECTED:
                     if bucket is NOT_STARTED:  # a fresh bucket is full: starting it now changes nothing
-                        bucket = self.bucket = self.host.config.limits.client_message_bucket()
-                    now = self.host.now()
+                        bucket = self.bucket = self.terms.host.config.limits.client_message_bucket()
+                    now = self.terms.host.now()
                     if bucket is not None and not bucket.try_acquire(now):
                         self._hold(packets[index:], bucket.seconds_until(now))
                         return True
                 self._dispatch(packet)
                 if self.state == CLOSED:
                     return False
-                if self.incoming_pending >= unanswered_max and not self.v5:
+                if self.incoming_pending >= unanswered_max and not self.terms.v5:
                     self._hold_for_acks(packets[index + 1 :])
                     return True
         except Exception:
@@ -352,11 +381,11 @@ class Connection(asyncio.Protocol):
             # The packets of every message, straight to their handlers, no dispatch hop: a PUBLISH per
             # message in, a PUBACK per QoS 1 delivery out.
             if type(packet) is Publish:
-                handle_publish(self.host, self, session, packet)
+                handle_publish(self.terms.host, self, session, packet)
             elif type(packet) is PubAck:
-                handle_puback(self.host, self, session, packet)
+                handle_puback(self.terms.host, self, session, packet)
             else:
-                dispatch_connected(self.host, self, session, packet)
+                dispatch_connected(self.terms.host, self, session, packet)
             return
         if state == AUTHENTICATING:
             if self.backlog is None:
@@ -367,7 +396,7 @@ class Connection(asyncio.Protocol):
             self._refuse_admission(packet)
             return
         assert isinstance(packet, Connect), "the decoder lets only CONNECT in first"
-        handle_connect(self.host, self, packet)
+        handle_connect(self.terms.host, self, packet)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.state == CLOSED and self.transport is None:
@@ -383,11 +412,9 @@ class Connection(asyncio.Protocol):
         self.state = CLOSED
         self._out = None
         self.host.connection_closed(self, was_connected)
-        session = self.session
-        if session is not None:
-            self.session = None
-            if session.connection is self:
-                self.host.router.connection_closed(session, self.will, self.will_delay, self.host.now())
+        session = self.let_go_of_session()
+        if session is not None and session.connection is self:
+            self.host.router.connection_closed(session, self.will, self.will_delay, self.host.now())
         self.will = None
         self.transport = None
 
@@ -398,14 +425,14 @@ class Connection(asyncio.Protocol):
         session until the buffer drains; ``disconnect``: the connection is dropped at once (counted as a
         ``slow_subscriber`` disconnect). Either way nothing waits for it.
         """
-        self.paused = True
+        self.terms = self.terms.settle(paused=True)
         if self.host.config.limits.slow_subscriber_policy == "disconnect" and self.state != CLOSED:
             self.log().warning("slow subscriber disconnected (outgoing buffer full)")
             self.host.counters.disconnect("slow_subscriber")
             self.host.call_soon(self.abort)
 
     def resume_writing(self) -> None:
-        self.paused = False
+        self.terms = self.terms.settle(paused=False)
         if self.session is not None and self.state == CONNECTED:
             self.session.drain()
 
@@ -417,7 +444,7 @@ class Connection(asyncio.Protocol):
             if self.state == CLOSED:
                 return
             self._out = [data]
-            self.host.schedule_flush(self)
+            self.terms.host.schedule_flush(self)
         else:
             out.append(data)
 
@@ -431,10 +458,10 @@ class Connection(asyncio.Protocol):
             return
         if len(out) == 1:
             data = out[0]
-            self.listener.stats.bytes_out += len(data)
+            self.terms.stats.bytes_out += len(data)
             transport.write(data)
         else:
-            self.listener.stats.bytes_out += sum(map(len, out))
+            self.terms.stats.bytes_out += sum(map(len, out))
             transport.writelines(out)
 
     def send_packet(self, packet: Packet) -> None:
@@ -450,8 +477,9 @@ class Connection(asyncio.Protocol):
         dup: bool = False,
     ) -> bool:
         """Write one delivery; False when it was dropped (slow subscriber, larger than the client accepts)."""
-        if qos == 0 and self.paused:
-            self.host.counters.drop("slow_subscriber")
+        terms = self.terms
+        if qos == 0 and terms.paused:
+            self.terms.host.counters.drop("slow_subscriber")
             return False
         template: PublishTemplate | None
         session = self.session  # once per delivery: look at the session only for a logged message
@@ -461,7 +489,7 @@ class Connection(asyncio.Protocol):
             and (rare := session._rare) is not None
             and rare.log_offsets
         )
-        if self.aliases_out is None:
+        if not terms.alias_max_out:
             # A plain variant already encoded for another subscriber is looked up here, without the call
             # to ``template`` (its key as ``Message.templates`` says): one call fewer per delivery.
             templates = message.templates
@@ -470,30 +498,30 @@ class Connection(asyncio.Protocol):
                 or offsets
                 or subscription_ids
                 or message.expires_at is not None
-                or (template := templates.get((self.v5 << 3) | (qos << 1) | retain)) is None
+                or (template := templates.get((terms.v5 << 3) | (qos << 1) | retain)) is None
             ):
-                template = message.template(self.v5, qos, retain, subscription_ids, 0, False, offsets)
+                template = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
         else:
             template = self._aliased_template(message, qos, retain, subscription_ids, offsets)
             if template is None:
                 return False
         head = template.head
         if qos == 0:
-            if len(head) > self.max_packet_out:
-                self.host.counters.drop("too_large")
+            if len(head) > terms.max_packet_out:
+                self.terms.host.counters.drop("too_large")
                 return False
             out = self._out
             if out is None:
                 if self.state == CLOSED:
                     return False
                 self._out = [head]
-                self.host.schedule_flush(self)
+                self.terms.host.schedule_flush(self)
             else:
                 out.append(head)
         else:
             tail = template.tail
-            if len(head) + 2 + len(tail) > self.max_packet_out:
-                self.host.counters.drop("too_large")
+            if len(head) + 2 + len(tail) > terms.max_packet_out:
+                self.terms.host.counters.drop("too_large")
                 return False
             if dup:
                 head = bytes((head[0] | 0x08,)) + head[1:]
@@ -502,12 +530,12 @@ class Connection(asyncio.Protocol):
                 if self.state == CLOSED:
                     return False
                 out = self._out = []
-                self.host.schedule_flush(self)
+                self.terms.host.schedule_flush(self)
             out.append(head)
             assert packet_id is not None, "QoS 1/2 deliveries carry a packet id"
             out.append(packet_id.to_bytes(2, "big"))
             out.append(tail)
-        self.listener.stats.sent[qos] += 1
+        terms.stats.sent[qos] += 1
         return True
 
     def _aliased_template(
@@ -519,17 +547,18 @@ class Connection(asyncio.Protocol):
         recorded only once the PUBLISH that sets it is certain to be written.
         """
         aliases = self.aliases_out
-        assert aliases is not None, "only called with outgoing aliases on"
+        if aliases is None:
+            aliases = self.aliases_out = {}
         topic = message.topic
         alias = aliases.get(topic)
         if alias is not None:
             del aliases[topic]  # most recently used last
             aliases[topic] = alias
             return message.template(True, qos, retain, subscription_ids, alias, True, offsets)
-        full = len(aliases) >= self.alias_max_out
+        full = len(aliases) >= self.terms.alias_max_out
         alias = next(iter(aliases.values())) if full else len(aliases) + 1
         template = message.template(True, qos, retain, subscription_ids, alias, False, offsets)
-        if len(template.head) + (len(template.tail) + 2 if qos else 0) > self.max_packet_out:
+        if len(template.head) + (len(template.tail) + 2 if qos else 0) > self.terms.max_packet_out:
             self.host.counters.drop("too_large")
             return None
         if full:
@@ -559,7 +588,7 @@ class Connection(asyncio.Protocol):
         """A v5 acknowledgement with a reason string, unless the client refused them (Request Problem
         Information 0) or the packet would exceed its Maximum Packet Size."""
         plain = encode(packet, MQTT_5)
-        if not self.problem_information:
+        if not self.terms.problem_information:
             return plain
         packet.properties = Properties(reason_string=reason_string)
         framed = encode(packet, MQTT_5)
@@ -675,19 +704,17 @@ class Connection(asyncio.Protocol):
         connection resumes the session, sent at once if it starts clean).
         """
         self.log().info("session taken over by a new connection")
-        session = self.session
-        if session is not None:
-            self.session = None
-            if session.connection is self:
-                session.detach()
-                self.host.connection_detached(self)
-                will, self.will = self.will, None
-                if will is not None:
-                    if self.will_delay <= 0:
-                        self.host.router.publish_will(will, self.client_id)
-                    else:
-                        session.will = will
-                        session.will_at = self.host.now() + self.will_delay
+        session = self.let_go_of_session()
+        if session is not None and session.connection is self:
+            session.detach()
+            self.host.connection_detached(self)
+            will, self.will = self.will, None
+            if will is not None:
+                if self.will_delay <= 0:
+                    self.host.router.publish_will(will, self.client_id)
+                else:
+                    session.will = will
+                    session.will_at = self.host.now() + self.will_delay
         self.close(ReasonCode.SESSION_TAKEN_OVER, "another connection took over this client id")
 
     def _refuse_admission(self, packet: Packet) -> None:
@@ -704,6 +731,7 @@ class Connection(asyncio.Protocol):
     def check_timers(self, now: float) -> None:
         state = self.state
         decoder = self.decoder
+        keepalive = self.terms.keepalive
         since = 0.0 if decoder.shared else cast(_OwnDecoder, decoder).since
         if since and now - since > self.host.config.limits.partial_packet_timeout_s:
             self.log().info("a packet took longer than partial_packet_timeout_s to arrive")
@@ -716,9 +744,9 @@ class Connection(asyncio.Protocol):
         if state == CONNECTED:
             deadline = self.deadline
             if deadline == HEARD_FROM or self.held:  # a client whose reading is held is not idle either
-                self.deadline = keepalive_deadline(now, self.keepalive)
-            elif self.keepalive and now >= deadline:
-                self.log().info("keep alive timeout (%d s)", self.keepalive)
+                self.deadline = keepalive_deadline(now, keepalive)
+            elif keepalive and now >= deadline:
+                self.log().info("keep alive timeout (%d s)", keepalive)
                 self.close(ReasonCode.KEEP_ALIVE_TIMEOUT, "no packet within 1.5 times the keep alive")
         elif state == NEW and now >= self.deadline:
             self.host.counters.refused("connect_timeout")

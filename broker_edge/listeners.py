@@ -11,6 +11,7 @@ if TYPE_CHECKING:
 
     from broker_edge.config.broker import ListenerConfig
     from broker_edge.metrics import ListenerMetrics
+    from broker_edge.terms import Terms
 
 __all__ = ["ListenerRuntime", "ListenerStats"]
 
@@ -46,7 +47,17 @@ class ListenerStats:
 class ListenerRuntime:
     """A listener's config with what connections need at hand: its counters, TLS context, anonymous rule."""
 
-    __slots__ = ("allow_anonymous", "config", "metrics", "name", "port", "ssl_context", "stats", "tls")
+    __slots__ = (
+        "allow_anonymous",
+        "config",
+        "metrics",
+        "name",
+        "port",
+        "ssl_context",
+        "stats",
+        "terms",
+        "tls",
+    )
 
     def __init__(self, config: ListenerConfig, allow_anonymous: bool, metrics: ListenerMetrics) -> None:
         self.config = config
@@ -57,3 +68,5 @@ class ListenerRuntime:
         self.tls = config.tls is not None
         self.ssl_context: ssl.SSLContext | None = server_ssl_context(config.tls) if config.tls else None
         self.port = config.port
+        self.terms: Terms | None = None
+        """What its connections start from before CONNECT (``Terms.initial``)."""

@@ -90,7 +90,9 @@ forwarding side tries the leader it learns of next; devices never see this code)
 class Publisher(Protocol):
     """The side of a client connection the PUBLISH path acknowledges (``Connection`` is one)."""
 
-    v5: bool
+    @property
+    def v5(self) -> bool: ...
+
     state: int
     incoming_pending: int
     """Its QoS 1/2 publishes read and not yet answered: a QoS 1 publish until its PUBACK; a QoS 2 publish

@@ -167,8 +167,8 @@ class Session:
         if (
             conn is None
             or self.queue
-            or conn.paused
-            or (self.inflight and len(self.inflight) >= conn.send_quota)
+            or conn.terms.paused
+            or (self.inflight and len(self.inflight) >= conn.terms.send_quota)
         ):
             replays = self.router.replays
             if (
@@ -235,9 +235,9 @@ class Session:
         if conn is None:
             return
         if queue:
-            quota = conn.send_quota
+            quota = conn.terms.send_quota
             router = self.router
-            while queue and not conn.paused and (not self.inflight or len(self.inflight) < quota):
+            while queue and not conn.terms.paused and (not self.inflight or len(self.inflight) < quota):
                 message, qos, retain, subscription_ids = queue.popleft()
                 queue.bytes -= len(message.payload)
                 if message.expires_at is not None and message.expired():
@@ -252,9 +252,9 @@ class Session:
     def window_open(self) -> bool:
         """True when one more QoS 1/2 message may be sent right now (replays read only while it is)."""
         conn = self.connection
-        if conn is None or conn.paused or self.queue:
+        if conn is None or conn.terms.paused or self.queue:
             return False
-        return not self.inflight or len(self.inflight) < conn.send_quota
+        return not self.inflight or len(self.inflight) < conn.terms.send_quota
 
     # -- acknowledgements from the client -----------------------------------------------------------------
 

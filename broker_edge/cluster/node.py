@@ -376,7 +376,7 @@ class ClusterNode:
             if conn.state != CONNECTED:
                 conn.abort()
                 continue
-            if conn.v5 and reference is not None:
+            if conn.terms.v5 and reference is not None:
                 properties = Properties(reason_string="this broker lost its cluster membership")
                 properties.server_reference = reference
                 conn.write(encode(Disconnect(ReasonCode.USE_ANOTHER_SERVER, properties), MQTT_5))

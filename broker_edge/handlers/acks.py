@@ -33,7 +33,7 @@ def handle_pubrec(ctx: BrokerContext, conn: Connection, session: Session, packet
     if session.on_pubrec(packet.packet_id, failed):
         conn.send_pubrel(packet.packet_id)
     elif not failed and packet.packet_id not in (session.inflight or ()):
-        conn.send_pubrel(packet.packet_id, _NOT_FOUND if conn.v5 else 0)
+        conn.send_pubrel(packet.packet_id, _NOT_FOUND if conn.terms.v5 else 0)
 
 
 def handle_pubrel(ctx: BrokerContext, conn: Connection, session: Session, packet: PubRel) -> None:
@@ -42,7 +42,7 @@ def handle_pubrel(ctx: BrokerContext, conn: Connection, session: Session, packet
         held.discard(packet.packet_id)
         if not held:
             session.incoming_qos2 = None
-        if conn.v5 and conn.incoming_pending > 0:  # an older client's count ended with its PUBREC
+        if conn.terms.v5 and conn.incoming_pending > 0:  # an older client's count ended with its PUBREC
             conn.incoming_pending -= 1
         conn.send_pubcomp(packet.packet_id)
     else:

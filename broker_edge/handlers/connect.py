@@ -51,33 +51,30 @@ _log = logging.getLogger("broker_edge.connection")
 _RC = ReasonCode
 _V3 = ConnectReturnCode
 
-_KEEPALIVES: dict[int, int] = {}
-"""One int object per keep alive in use (at most 65,536): connections share it rather than each keeping the
-one its CONNECT was decoded into."""
-
 
 def handle_connect(ctx: BrokerContext, conn: Connection, packet: Connect) -> None:
     limits = ctx.config.limits
-    conn.v5 = v5 = packet.protocol_version == MQTT_5
+    v5 = packet.protocol_version == MQTT_5
     props = packet.properties
     if props is not None and props.maximum_packet_size is not None:
-        conn.max_packet_out = props.maximum_packet_size  # bounds the CONNACK too (3.1.2.11.4)
+        # bounds the CONNACK too (3.1.2.11.4)
+        conn.terms = conn.terms.settle(v5=v5, max_packet_out=props.maximum_packet_size)
+    elif v5:
+        conn.terms = conn.terms.settle(v5=True)
     client_id = packet.client_id
-    conn.client_id = client_id[: limits.max_client_id_length]  # for the log lines of a refusal
     assigned = False
     if len(client_id) > limits.max_client_id_length or len(client_id.encode()) > limits.max_client_id_length:
-        _refuse(conn, "client_id_invalid")
+        _refuse(conn, "client_id_invalid", client_id[: limits.max_client_id_length])
         return
     if not client_id:
         if not v5 and not packet.clean_start:
             # MQTT 3.1.1 3.1.3-8: a zero-byte client id needs clean session 1.
-            _refuse(conn, "client_id_invalid")
+            _refuse(conn, "client_id_invalid", client_id)
             return
         client_id = "auto-" + secrets.token_hex(8)
         assigned = True
-    conn.client_id = client_id
     if props is not None and props.authentication_method is not None:
-        _refuse(conn, "bad_auth_method")
+        _refuse(conn, "bad_auth_method", client_id)
         return
 
     username = packet.username
@@ -87,7 +84,7 @@ def handle_connect(ctx: BrokerContext, conn: Connection, packet: Connect) -> Non
         return
     if username is None:
         if not conn.listener.allow_anonymous:
-            _refuse(conn, "anonymous")
+            _refuse(conn, "anonymous", client_id)
             return
         _accept(ctx, conn, packet, client_id, assigned, None)
         return
@@ -96,14 +93,15 @@ def handle_connect(ctx: BrokerContext, conn: Connection, packet: Connect) -> Non
         if conn.listener.allow_anonymous:  # no password file: a username is only a label
             _accept(ctx, conn, packet, client_id, assigned, username)
         else:
-            _refuse(conn, "bad_credentials")
+            _refuse(conn, "bad_credentials", client_id)
         return
     charged = not passwords.remembered(username, packet.password)  # a password verified before costs nothing
     if charged and not ctx.login_backoff.admit(
         conn.peer_host(), username if username in passwords else None, ctx.now()
     ):
-        _refuse(conn, "login_backoff")  # no hash spent on a guesser
+        _refuse(conn, "login_backoff", client_id)  # no hash spent on a guesser
         return
+    conn.named = client_id  # for the log lines while the password is checked
     conn.state = AUTHENTICATING
     conn.hold(HELD_FOR_CONNECT)
 
@@ -208,11 +206,15 @@ def _drop_denied_subscriptions(ctx: BrokerContext, acl: AccessControl, session: 
             ctx.counters.drop("subscribe_denied")
 
 
-def _refuse(conn: Connection, reason: str) -> None:
-    """CONNACK with the refusal's code (v5: and its reason string, if the client accepts that size), close."""
+def _refuse(conn: Connection, reason: str, client_id: str | None = None) -> None:
+    """CONNACK with the refusal's code (v5: and its reason string, if the client accepts that size), close.
+
+    ``client_id`` names the connection in the log lines from here on, until it has a session."""
+    if client_id is not None and conn.session is None:
+        conn.named = client_id
     v5_code, v3_code, text = _REFUSALS[reason]
     conn.log().info("connection refused: %s", reason)
-    conn.refuse(reason, v5_code if conn.v5 else v3_code, text)
+    conn.refuse(reason, v5_code if conn.terms.v5 else v3_code, text)
 
 
 def _will_delay(will: Will | None) -> int:
@@ -234,6 +236,7 @@ def _claim_then_accept(
 ) -> None:
     """A cluster node first makes the client id's session its own (taking it over from the broker that
     holds it, refused as here if it is another user's); the packets that arrive meanwhile wait."""
+    conn.named = client_id  # for the log lines while the claim is under way
     conn.state = AUTHENTICATING
     conn.hold(HELD_FOR_CONNECT)
     will = packet.will
@@ -264,17 +267,17 @@ def _accept(
 ) -> None:
     config = ctx.config
     limits = config.limits
-    v5 = conn.v5
+    v5 = conn.terms.v5
     props = packet.properties
     will = packet.will
     if will is not None:
         if will.topic.startswith("$") or (
             ctx.acl is not None and not ctx.acl.can_publish(client_id, username, will.topic)
         ):
-            _refuse(conn, "not_authorized")  # clients never publish to $ topics, not even by will
+            _refuse(conn, "not_authorized", client_id)  # clients never publish to $ topics, not even by will
             return
         if will.retain and not config.retain.enabled:
-            _refuse(conn, "retain_not_supported")
+            _refuse(conn, "retain_not_supported", client_id)
             return
 
     max_expiry = config.sessions.max_session_expiry_s
@@ -295,16 +298,17 @@ def _accept(
     now = ctx.now()
     existing = router.sessions.get(client_id)
     if existing is not None and existing.username != username:
-        _refuse(conn, "session_owner")  # neither taken over nor discarded: it is someone else's
+        _refuse(conn, "session_owner", client_id)  # neither taken over nor discarded: it is someone else's
         return
     max_persistent = config.sessions.max_persistent
     adds_persistent = expiry > 0 and (existing is None or existing.expiry_interval == 0)
     if adds_persistent and max_persistent and router.persistent_count >= max_persistent:
-        _refuse(conn, "session_quota")
+        _refuse(conn, "session_quota", client_id)
         return
 
     keepalive = packet.keep_alive
     ack: Properties | None = None
+    terms = conn.terms
     if v5:
         ack = Properties()
         if keepalive == 0 or keepalive > limits.max_keepalive_s:
@@ -313,13 +317,15 @@ def _accept(
         if expiry != requested:
             ack.session_expiry_interval = expiry
         if props is not None:
-            conn.problem_information = props.request_problem_information != 0
-            if props.receive_maximum is not None:
-                conn.send_quota = min(props.receive_maximum, limits.max_inflight_out)
-            aliases_out = min(props.topic_alias_maximum or 0, config.mqtt.outgoing_topic_aliases)
-            if aliases_out:
-                conn.alias_max_out = aliases_out
-                conn.aliases_out = {}
+            terms = terms.settle(
+                problem_information=props.request_problem_information != 0,
+                send_quota=(
+                    terms.send_quota
+                    if props.receive_maximum is None
+                    else min(props.receive_maximum, limits.max_inflight_out)
+                ),
+                alias_max_out=min(props.topic_alias_maximum or 0, config.mqtt.outgoing_topic_aliases),
+            )
         ack.receive_maximum = limits.receive_maximum
         ack.maximum_packet_size = limits.max_packet_size
         if config.mqtt.topic_alias_maximum:
@@ -328,11 +334,11 @@ def _accept(
             ack.retain_available = 0
         if assigned:
             ack.assigned_client_identifier = client_id
-        if not _fit_connack(ack, conn.max_packet_out):
-            _refuse(conn, "connack_too_large")
+        if not _fit_connack(ack, terms.max_packet_out):
+            _refuse(conn, "connack_too_large", client_id)
             return
     else:
-        conn.max_packet_out = NO_LIMIT
+        terms = terms.settle(max_packet_out=NO_LIMIT)
 
     if existing is not None and existing.connection is not None:
         existing.connection.taken_over()
@@ -343,7 +349,7 @@ def _accept(
         session.log_offsets = True
     if present and ctx.acl is not None:
         _drop_denied_subscriptions(ctx, ctx.acl, session)
-    conn.keepalive = _KEEPALIVES.setdefault(keepalive, keepalive)
+    conn.terms = terms.settle(keepalive=keepalive)
     conn.deadline = keepalive_deadline(now, keepalive)
     conn.will = will
     conn.will_delay = _will_delay(will)

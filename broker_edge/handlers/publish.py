@@ -37,7 +37,7 @@ _QUOTA_EXCEEDED = ReasonCode.QUOTA_EXCEEDED
 
 def handle_publish(ctx: BrokerContext, conn: Connection, session: Session, packet: Publish) -> None:
     qos = packet.qos
-    conn.listener.stats.received[qos] += 1
+    conn.terms.stats.received[qos] += 1
     topic = packet.topic
     props = packet.properties
     if props is not None and props.topic_alias is not None:
@@ -57,19 +57,21 @@ def handle_publish(ctx: BrokerContext, conn: Connection, session: Session, packe
         if held is not None and packet_id in held:
             path.acknowledge_in_turn(conn, packet_id, 2, 0)  # duplicate: PUBREC again, never routed twice
             return
-    if qos and conn.v5 and conn.incoming_pending >= limits.receive_maximum:
+    if qos and conn.terms.v5 and conn.incoming_pending >= limits.receive_maximum:
         conn.close(
             ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, "more unacknowledged QoS 1/2 PUBLISHes than Receive Maximum"
         )
         return
     retain = packet.retain
     if retain and not ctx.config.retain.enabled:
-        if conn.v5:
+        if conn.terms.v5:
             conn.close(ReasonCode.RETAIN_NOT_SUPPORTED, "retained messages are disabled")
             return
         retain = False
     acl = ctx.acl
-    if topic[0] == "$" or (acl is not None and not acl.can_publish(conn.client_id, session.username, topic)):
+    if topic[0] == "$" or (
+        acl is not None and not acl.can_publish(session.client_id, session.username, topic)
+    ):
         _refuse(ctx, conn, session, qos, packet_id, _NOT_AUTHORIZED, "acl_denied")
         return
     logged = path.is_logged(topic, qos)
@@ -83,7 +85,7 @@ def handle_publish(ctx: BrokerContext, conn: Connection, session: Session, packe
         forwarded, expiry = forwarded_properties(props)
         if expiry is not None:
             expires_at = ctx.now() + expiry
-    message = Message(topic, packet.payload, qos, retain, forwarded, conn.client_id, None, expires_at)
+    message = Message(topic, packet.payload, qos, retain, forwarded, session.client_id, None, expires_at)
     if qos == 2 and packet_id is not None:
         _hold_qos2(conn, session, packet_id)
     path.accept(conn, message, packet_id, logged)
@@ -95,7 +97,7 @@ def _may_create_log(ctx: BrokerContext, conn: Connection, session: Session, topi
     if limits.is_exempt(session.username):
         return True
     quota = limits.max_topics_per_client
-    if quota and ctx.publish_path.logs_created_by(conn.client_id) >= quota:
+    if quota and ctx.publish_path.logs_created_by(session.client_id) >= quota:
         return False
     return ctx.topic_shares.take(identity_of(session.username, conn.peer_host()), topic)
 
@@ -116,7 +118,7 @@ def _refuse(
     if qos == 1:
         conn.send_puback(packet_id, reason_code)
     elif qos == 2:
-        if not conn.v5:  # v3: the flow completes normally (PUBREL → PUBCOMP)
+        if not conn.terms.v5:  # v3: the flow completes normally (PUBREL → PUBCOMP)
             _hold_qos2(conn, session, packet_id)
         conn.send_pubrec(packet_id, reason_code)
 
@@ -129,7 +131,7 @@ def _hold_qos2(conn: Connection, session: Session, packet_id: int) -> None:
     if held is None:
         held = session.incoming_qos2 = set()
     held.add(packet_id)
-    if conn.v5:
+    if conn.terms.v5:
         conn.incoming_pending += 1
 
 

@@ -51,7 +51,7 @@ def handle_subscribe(ctx: BrokerContext, conn: Connection, session: Session, pac
     limits = ctx.config.limits
     acl = ctx.acl
     replays = ctx.replays
-    v5 = conn.v5
+    v5 = conn.terms.v5
     props = packet.properties
     subscription_id = None
     offset_text = None
@@ -85,7 +85,7 @@ def handle_subscribe(ctx: BrokerContext, conn: Connection, session: Session, pac
         if topic_over_limits(topic_filter, limits.max_topic_length, limits.max_topic_levels):
             fail(ReasonCode.TOPIC_FILTER_INVALID)
             continue
-        if acl is not None and not acl.can_subscribe(conn.client_id, session.username, topic_filter):
+        if acl is not None and not acl.can_subscribe(session.client_id, session.username, topic_filter):
             ctx.counters.drop("subscribe_denied")
             fail(ReasonCode.NOT_AUTHORIZED)
             continue
@@ -113,10 +113,10 @@ def handle_subscribe(ctx: BrokerContext, conn: Connection, session: Session, pac
 
     def acknowledge() -> None:
         properties = None
-        if outside and v5 and conn.problem_information and replays is not None:
+        if outside and v5 and conn.terms.problem_information and replays is not None:
             properties = replays.out_of_range_properties(outside)
         suback = SubAck(packet.packet_id, codes, properties)
-        if properties is not None and len(encode(suback, conn.version)) > conn.max_packet_out:
+        if properties is not None and len(encode(suback, conn.version)) > conn.terms.max_packet_out:
             suback = SubAck(packet.packet_id, codes, None)  # the properties may go, the reason codes not
         conn.send_packet(suback)
         for topic_filter, options in retained:

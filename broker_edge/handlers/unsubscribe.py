@@ -32,4 +32,4 @@ def handle_unsubscribe(ctx: BrokerContext, conn: Connection, session: Session, p
             continue
         removed = router.unsubscribe(session, key)
         codes.append(ReasonCode.SUCCESS if removed else ReasonCode.NO_SUBSCRIPTION_EXISTED)
-    conn.send_packet(UnsubAck(packet.packet_id, codes if conn.v5 else []))
+    conn.send_packet(UnsubAck(packet.packet_id, codes if conn.terms.v5 else []))

@@ -60,7 +60,11 @@ class WebSocketTransport:
         for part in parts:
             self._pending.append(part)
             self._buffered += len(part)
-        if self._buffered > self.high_water and self._connection is not None and not self._connection.paused:
+        if (
+            self._buffered > self.high_water
+            and self._connection is not None
+            and not self._connection.terms.paused
+        ):
             self._connection.pause_writing()
         if not self._sending:
             self._sending = True
@@ -77,7 +81,7 @@ class WebSocketTransport:
             log.debug("websocket send failed: %s", exc)
         finally:
             self._sending = False
-        if self._connection is not None and self._connection.paused:
+        if self._connection is not None and self._connection.terms.paused:
             self._connection.resume_writing()
         if self._closing and not self._ws.closed:
             await self._ws.close()

@@ -76,4 +76,4 @@ def test_a_will_is_kept_in_the_side_object():
     client.connect("device", will=Will("devices/device/status", b"offline"))
     assert client.conn._rare is not None
     assert client.conn.will == Will("devices/device/status", b"offline")
-    assert client.conn.refused is None and client.conn.problem_information is True
+    assert client.conn.refused is None and client.conn.terms.problem_information is True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from broker_edge.delivery import Message
@@ -17,6 +19,7 @@ class RecordingConnection:
 
     def __init__(self, send_quota: int = 65_535) -> None:
         self.send_quota = send_quota
+        self.terms = SimpleNamespace(paused=False, send_quota=send_quota)
         self.sent: list[tuple] = []
 
     def send_message(self, message, qos, retain, subscription_ids, packet_id, dup=False) -> bool:
