@@ -280,7 +280,9 @@ class TelemetryBatch:
                 )
             else:
                 batch.step("bronze_telemetry", lambda: out.append("bronze_telemetry", bronze))
-            flagged = T.flag_failures(T.parse_telemetry(bronze, self.config.payload), self.conditions)
+            parsed = T.parse_telemetry(bronze, self.config.payload)
+            # cached without the raw columns only quarantine reads (taken from bronze for its rows)
+            flagged = T.flag_failures(T.without_raw_columns(parsed), self.conditions)
             cached.append(flagged.persist())
             quality = Q.expression_aggregates(self.config.quality.suites, self.column_types)
             counts = batch.step(
@@ -311,7 +313,8 @@ class TelemetryBatch:
                     fast["silver_telemetry"] = lambda: self._write_silver(out, lambda: rows, replayed)
                     gold["device_minute"] = lambda: self._write_device_minute(batch, rows, before, low, high)
             if counts["quarantined"]:
-                quarantine = T.to_quarantine(flagged, out.app_id, out.batch_id, batch.now)
+                rejected = T.with_raw_columns(flagged.where(T.is_quarantined()), bronze)
+                quarantine = T.to_quarantine(rejected, out.app_id, out.batch_id, batch.now)
                 fast["telemetry_quarantine"] = lambda: out.append("telemetry_quarantine", quarantine)
             if counts["passed"] or self.config.gold.devices.status_template is not None:
                 gold["devices"] = lambda: self._write_devices(batch, bronze, passed)

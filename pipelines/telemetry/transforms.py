@@ -22,6 +22,8 @@ REASON_UNPARSEABLE = "unparseable_payload"
 REASON_EXPECTATIONS = "failed_expectations"
 
 _CORRUPT = "_corrupt_record"
+#: What identifies a record in a batch (and in a table).
+_RECORD_KEY = ["broker", "topic", "offset"]
 _RECORD_COLUMNS = (
     "broker",
     "topic",
@@ -154,6 +156,23 @@ def to_quarantine(flagged: DataFrame, run_id: str, batch_id: int, quarantined_at
     )
 
 
+#: Record columns only quarantine keeps (the raw message): no other step reads them.
+RAW_COLUMNS = ("client_id", "qos", "retain", "properties", "payload")
+
+
+def without_raw_columns(parsed: DataFrame) -> DataFrame:
+    """Parsed rows without :data:`RAW_COLUMNS`: what a batch caches for every step but quarantine."""
+    return parsed.drop(*RAW_COLUMNS)
+
+
+def with_raw_columns(rows: DataFrame, bronze: DataFrame) -> DataFrame:
+    """``rows`` (parsed, without :data:`RAW_COLUMNS`) with those columns again, from the batch's bronze rows.
+
+    A record is one row of a batch's bronze, by (broker, topic, offset): the source reads each offset once.
+    """
+    return rows.join(bronze.select(*_RECORD_KEY, *RAW_COLUMNS), _RECORD_KEY)
+
+
 def passed_rows(flagged: DataFrame) -> DataFrame:
     """Rows that parsed and met every expectation: the candidates for silver."""
     return flagged.where(~is_quarantined())
@@ -223,8 +242,7 @@ def without_records_of(stored: DataFrame, batch: DataFrame) -> DataFrame:
     What silver held before this batch, whether or not an earlier attempt of the batch already appended
     to it: a row cannot be a duplicate of itself, and a minute must not count it twice.
     """
-    keys = ["broker", "topic", "offset"]
-    return stored.join(F.broadcast(batch.select(*keys)), keys, "left_anti")
+    return stored.join(F.broadcast(batch.select(*_RECORD_KEY)), _RECORD_KEY, "left_anti")
 
 
 def to_silver(rows: DataFrame, silver_fields: Sequence[str]) -> DataFrame:

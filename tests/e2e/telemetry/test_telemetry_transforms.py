@@ -123,6 +123,23 @@ def test_flag_failures_quarantines_with_reasons_and_passes_the_rest(spark):
     assert [r["device_id"] for r in T.passed_rows(flagged).collect()] == ["ok"]
 
 
+def test_quarantine_from_rows_without_raw_columns_takes_them_from_bronze(spark):
+    rows = [
+        telemetry("ok", 0, seq=1),
+        telemetry("hot", 1, seq=1, temperature=300.0),
+        record("devices/bad/telemetry", 2, b"{not json"),
+        record("devices/x/status", 3, b"online"),  # not telemetry: in bronze only
+    ]
+    raw = bronze(spark, rows)
+    conditions = {"s.temp": F.col("temperature") > 100}
+    parsed = T.parse_telemetry(raw, PAYLOAD)
+    whole = T.to_quarantine(T.flag_failures(parsed, conditions), "q-1", 4, INGESTED)
+    slim = T.flag_failures(T.without_raw_columns(parsed), conditions)
+    assert not set(T.RAW_COLUMNS) & set(slim.columns)
+    rejoined = T.with_raw_columns(slim.where(T.is_quarantined()), raw)
+    equal(T.to_quarantine(rejoined, "q-1", 4, INGESTED).select(*whole.columns), whole)
+
+
 def test_drop_duplicates_in_batch_by_offset_and_message_id_within_window(spark):
     rows = [
         telemetry("d", 0, seq=1, seconds=0),
