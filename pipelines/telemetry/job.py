@@ -56,6 +56,10 @@ SMALL_BATCH_ROWS = 20_000
 #: only fixed cost.
 SMALL_BATCH_SQL_CONF = {"spark.sql.adaptive.enabled": "false"}
 
+#: Spark SQL settings for any other batch (a catch-up one, up to ``maxRecordsPerTrigger`` rows). Its cached
+#: rows live for one batch and are read a few times: compressing them costs more than it spares.
+LARGE_BATCH_SQL_CONF = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
+
 #: The tables of a batch's gold part (see :class:`TelemetryBatch`).
 GOLD = ("device_minute", "devices", "dq_results")
 
@@ -184,8 +188,9 @@ class TelemetryBatch:
         self._resumed = False
         #: telemetry rows of the latest batch (None before the first): small batches append bronze via Arrow
         self._last_rows: int | None = None
-        #: the values SMALL_BATCH_SQL_CONF replaces (read from the first batch's session; set for large ones)
-        self._large_batch_conf: dict[str, str | None] | None = None
+        #: the session's own values of what the batch settings replace (read at the first batch, set back
+        #: by ``close``)
+        self._session_conf: dict[str, str | None] | None = None
         self._configured: SparkSession | None = None  # the session of the latest batch
 
     def ensure_tables(self) -> None:
@@ -208,8 +213,8 @@ class TelemetryBatch:
             self._gold.shutdown(wait=True)
             self._compactor.shutdown(wait=True)
             self._pool.shutdown(wait=True)
-            if self._configured is not None and self._large_batch_conf is not None:
-                _set_conf(self._configured, self._large_batch_conf)
+            if self._configured is not None and self._session_conf is not None:
+                _set_conf(self._configured, self._session_conf)
 
     def __call__(self, records: DataFrame, out: BatchWriter) -> None:
         if not self._resumed:  # whatever the trigger: the last instance may have deferred its gold part
@@ -364,13 +369,16 @@ class TelemetryBatch:
         return self._last_rows is not None and self._last_rows <= SMALL_BATCH_ROWS
 
     def _configure_session(self, spark: SparkSession) -> None:
-        """Set :data:`SMALL_BATCH_SQL_CONF` for a batch expected small, else the values it replaces.
+        """Set :data:`SMALL_BATCH_SQL_CONF` for a batch expected small, else :data:`LARGE_BATCH_SQL_CONF`
+        (each over the session's own values of the other's settings).
 
         Set at every batch: a streaming query hands each batch a new handle on its own session.
         """
-        if self._large_batch_conf is None:
-            self._large_batch_conf = {key: spark.conf.get(key, None) for key in SMALL_BATCH_SQL_CONF}
-        _set_conf(spark, SMALL_BATCH_SQL_CONF if self._expects_small_batch() else self._large_batch_conf)
+        if self._session_conf is None:
+            keys = [*SMALL_BATCH_SQL_CONF, *LARGE_BATCH_SQL_CONF]
+            self._session_conf = {key: spark.conf.get(key, None) for key in keys}
+        chosen = SMALL_BATCH_SQL_CONF if self._expects_small_batch() else LARGE_BATCH_SQL_CONF
+        _set_conf(spark, {**self._session_conf, **chosen})
         self._configured = spark
 
     def _in_driver(self) -> bool:
