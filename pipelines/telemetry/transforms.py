@@ -168,9 +168,11 @@ def without_raw_columns(parsed: DataFrame) -> DataFrame:
 def with_raw_columns(rows: DataFrame, bronze: DataFrame) -> DataFrame:
     """``rows`` (parsed, without :data:`RAW_COLUMNS`) with those columns again, from the batch's bronze rows.
 
-    A record is one row of a batch's bronze, by (broker, topic, offset): the source reads each offset once.
+    A record read twice in a batch is one record (same key, same message): each row of ``rows`` gets its
+    columns once. Only the bronze rows of ``rows``' records are kept before that (``rows`` is few).
     """
-    return rows.join(bronze.select(*_RECORD_KEY, *RAW_COLUMNS), _RECORD_KEY)
+    raw = bronze.select(*_RECORD_KEY, *RAW_COLUMNS).join(rows.select(*_RECORD_KEY), _RECORD_KEY, "left_semi")
+    return rows.join(raw.dropDuplicates(_RECORD_KEY), _RECORD_KEY)
 
 
 def passed_rows(flagged: DataFrame) -> DataFrame:

@@ -128,6 +128,7 @@ def test_quarantine_from_rows_without_raw_columns_takes_them_from_bronze(spark):
         telemetry("ok", 0, seq=1),
         telemetry("hot", 1, seq=1, temperature=300.0),
         record("devices/bad/telemetry", 2, b"{not json"),
+        record("devices/bad/telemetry", 2, b"{not json"),  # the same record read twice: two rows, as before
         record("devices/x/status", 3, b"online"),  # not telemetry: in bronze only
     ]
     raw = bronze(spark, rows)
@@ -137,6 +138,7 @@ def test_quarantine_from_rows_without_raw_columns_takes_them_from_bronze(spark):
     slim = T.flag_failures(T.without_raw_columns(parsed), conditions)
     assert not set(T.RAW_COLUMNS) & set(slim.columns)
     rejoined = T.with_raw_columns(slim.where(T.is_quarantined()), raw)
+    assert whole.count() == 3
     equal(T.to_quarantine(rejoined, "q-1", 4, INGESTED).select(*whole.columns), whole)
 
 
