@@ -479,7 +479,7 @@ class Connection(asyncio.Protocol):
         """Write one delivery; False when it was dropped (slow subscriber, larger than the client accepts)."""
         terms = self.terms
         if qos == 0 and terms.paused:
-            self.terms.host.counters.drop("slow_subscriber")
+            terms.host.counters.drop("slow_subscriber")
             return False
         template: PublishTemplate | None
         session = self.session  # once per delivery: look at the session only for a logged message
@@ -508,20 +508,20 @@ class Connection(asyncio.Protocol):
         head = template.head
         if qos == 0:
             if len(head) > terms.max_packet_out:
-                self.terms.host.counters.drop("too_large")
+                terms.host.counters.drop("too_large")
                 return False
             out = self._out
             if out is None:
                 if self.state == CLOSED:
                     return False
                 self._out = [head]
-                self.terms.host.schedule_flush(self)
+                terms.host.schedule_flush(self)
             else:
                 out.append(head)
         else:
             tail = template.tail
             if len(head) + 2 + len(tail) > terms.max_packet_out:
-                self.terms.host.counters.drop("too_large")
+                terms.host.counters.drop("too_large")
                 return False
             if dup:
                 head = bytes((head[0] | 0x08,)) + head[1:]
@@ -530,7 +530,7 @@ class Connection(asyncio.Protocol):
                 if self.state == CLOSED:
                     return False
                 out = self._out = []
-                self.terms.host.schedule_flush(self)
+                terms.host.schedule_flush(self)
             out.append(head)
             assert packet_id is not None, "QoS 1/2 deliveries carry a packet id"
             out.append(packet_id.to_bytes(2, "big"))

@@ -56,11 +56,9 @@ def handle_connect(ctx: BrokerContext, conn: Connection, packet: Connect) -> Non
     limits = ctx.config.limits
     v5 = packet.protocol_version == MQTT_5
     props = packet.properties
-    if props is not None and props.maximum_packet_size is not None:
-        # bounds the CONNACK too (3.1.2.11.4)
-        conn.terms = conn.terms.settle(v5=v5, max_packet_out=props.maximum_packet_size)
-    elif v5:
-        conn.terms = conn.terms.settle(v5=True)
+    # the client's Maximum Packet Size bounds the CONNACK too (3.1.2.11.4)
+    max_packet_out = props.maximum_packet_size if props is not None else None
+    conn.terms = conn.terms.settle(v5=v5, max_packet_out=max_packet_out)
     client_id = packet.client_id
     assigned = False
     if len(client_id) > limits.max_client_id_length or len(client_id.encode()) > limits.max_client_id_length:
@@ -320,7 +318,7 @@ def _accept(
             terms = terms.settle(
                 problem_information=props.request_problem_information != 0,
                 send_quota=(
-                    terms.send_quota
+                    None
                     if props.receive_maximum is None
                     else min(props.receive_maximum, limits.max_inflight_out)
                 ),
