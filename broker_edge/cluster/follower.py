@@ -15,7 +15,8 @@ A replica's fetcher:
    boundaries into its epoch caches, and commits up to the leader's high watermark (readers see records
    once every in-sync replica holds them; never past what is durable here) and routes the newly committed
    records to local subscribers, one `Message` per record shared by all of them, as the leader's PUBLISH
-   path does; then waits until the appended frames are durable and commits again;
+   path does; then waits until the appended frames are durable and commits again (a watermark past what
+   is durable here is kept until then, even when it came in a later answer without frames);
 3. sends its next fetch, listing only the topics whose position moved: that fetch tells the leader the
    appended records are durable here.
 
@@ -562,14 +563,16 @@ class LocalDelivery:
         if self.replays is not None and messages:
             self.replays.appended(topic, first, messages)
 
-    def commit_and_route(self, topic: str, high_watermark: int) -> None:
+    def commit_and_route(self, topic: str, high_watermark: int) -> int:
         """Commit `topic` up to the leader's watermark (capped at what is durable here), route what that
-        made visible."""
+        made visible. Returns the committed end (the watermark itself for a topic without a log here)."""
         store = self.store
         if topic not in store:
-            return
+            return high_watermark
         offset = store.committed_end(topic)
-        self.route_committed(topic, offset, store.commit(topic, high_watermark))
+        committed = store.commit(topic, high_watermark)
+        self.route_committed(topic, offset, committed)
+        return committed
 
     def route_committed(self, topic: str, offset: int, end: int) -> None:
         """Route the committed records of `topic` from `offset` to `end` to local subscribers."""
@@ -623,6 +626,9 @@ class _Fetcher:
                 if view.partition_of(topic) in copies and view.partition_of(topic) in partitions:
                     self.positions[topic] = end
         self._moved: dict[str, None] = {}
+        self._waiting_watermarks: dict[str, int] = {}
+        """A leader's watermark per topic past what is durable here when it came: committed once the
+        records below it are (a later answer, or one whose frames are not durable yet, may not repeat it)."""
         self._task: asyncio.Task[None] | None = None
         self.pushes: _PushedSession | None = None
         """Set while the leader pushes this replica's session over the peer link."""
@@ -851,10 +857,15 @@ class _Fetcher:
         return watermarks, touched, appended
 
     def commit(self, watermarks: list[tuple[str, int]]) -> None:
+        """Commit up to the leader's watermarks what is durable here; a watermark past that waits."""
         owner = self.owner
         delivery = owner.delivery
+        waiting = self._waiting_watermarks
         for topic, high_watermark in watermarks:
-            delivery.commit_and_route(topic, high_watermark)
+            if waiting:
+                high_watermark = max(high_watermark, waiting.pop(topic, 0))
+            if delivery.commit_and_route(topic, high_watermark) < high_watermark:
+                waiting[topic] = high_watermark
         if owner._catching_up:
             owner._caught_up([topic for topic, _ in watermarks])
 

@@ -9,7 +9,7 @@ import pytest
 
 from broker_edge.cluster.follower import FollowerConfig, Followers, LocalDelivery, _Fetcher
 from broker_edge.cluster.leader import LeaderConfig
-from broker_edge.cluster.replica_fetch import DIVERGING, TopicData
+from broker_edge.cluster.replica_fetch import DIVERGING, FRAMES, OK, FetchResponse, PartitionData, TopicData
 from broker_edge.cluster.view import ClusterView
 from broker_edge.storage import LogStore, StorageConfig
 
@@ -72,6 +72,41 @@ def test_records_already_routed_are_not_routed_again_and_an_observer_starts_afte
         assert other.positions == {}  # topics of other partitions are not its business
         fresh = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=True)
         assert fresh.positions == {}  # an observation that starts lists nothing: the leader's committed end
+        store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_watermark_that_comes_before_its_records_are_durable_is_committed_once_they_are(
+    tmp_path: Path,
+) -> None:
+    """A push may bring the leader's newer watermark, alone, while the frames of the push before it are
+    still being synced here: once they are durable, the newer watermark is committed, not the older one."""
+
+    async def scenario() -> None:
+        leader = LogStore(tmp_path / "leader", StorageConfig(durability="none"))
+        leader.open()
+        leader.append_batch("t", [(b"x", 1, False, "c", (), None, None, None, None, None)] * 3)
+        await leader.wait_durable()
+        frames, count = leader.read_frames("t", 0, 1 << 20)
+        store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
+        store.open()
+        followers = Followers(ClusterView("b2", 1), store, LocalDelivery(store, lambda _m: None, None), None)
+        fetcher = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 1}, observer=False)
+
+        def answer(data: TopicData) -> FetchResponse:
+            return FetchResponse(1, OK, [PartitionData(0, OK, 1, [data])])
+
+        records = TopicData("t", FRAMES, 1, 0, [(1, 0)], first=0, count=count, frames=frames)
+        first_watermarks, _touched, appended = fetcher.apply(answer(records))
+        assert appended and store.durable_end("t") < 3  # appended, not yet durable
+        fetcher.apply(answer(TopicData("t", FRAMES, 3, 0, first=3)))  # the watermark alone
+        assert store.committed_end("t") == 0
+        await store.wait_durable()
+        fetcher.commit(first_watermarks)  # what the first push's durability commits
+        assert store.committed_end("t") == 3
+        assert fetcher._waiting_watermarks == {}
+        leader.close()
         store.close()
 
     asyncio.run(scenario())
