@@ -21,7 +21,7 @@ test: $(STAMP) system-deps
 # Every benchmark writes its section into bench/results/ (commitlog, Spark source, telemetry job, OTA, footprint,
 # cluster, cluster fanout),
 # then the broker suite writes bench/RESULTS.md with every bench/results/*.md section appended: one command
-# regenerates every published figure (about 40 minutes on a 2-core machine; run it on a quiet one).
+# regenerates every published figure (about 50 minutes on a 2-core machine; run it on a quiet one).
 bench: $(STAMP) system-deps
 	$(VENV)/bin/python bench/commitlog_bench.py --write
 	$(VENV)/bin/python bench/source_bench.py --write

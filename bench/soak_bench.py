@@ -7,10 +7,13 @@ VmRSS, open file descriptors, CPU time and, from its admin /metrics, the memory 
 their bound, its sessions, its RSS right after its last heap trim, the C heap's bytes in use and Python's
 allocated blocks are recorded, with the load's counters.
 
-Warm starts at the first sample (after `warmup_fraction` of the run, if given) with the tail caches full
-(`CACHES_FULL` of their bound), the map of sessions and Python's allocated blocks steady (each within
-`STEADY_SHARE` of its value `STEADY_S` earlier): memory the caches and maps take while they fill is not
-growth.
+Warm starts at the first sample after the warm-up (`warmup_fraction` of the run, fixed before it starts)
+with the tail caches full (`CACHES_FULL` of their bound), the map of sessions steady (within `STEADY_SHARE`
+of its size `STEADY_S` earlier) and nearly every device back once (`RETURNED_SHARE` of them have dropped
+their connection and resumed their session): memory the caches and maps take while they fill is not
+growth, and neither is the heaps settling in the first minutes (the free space inside glibc's heap and
+Python's arenas grows while what is in use stays flat, then keeps to a level). The warm window is not
+chosen from the series it judges: a broker whose memory never settles is judged on it, and fails.
 
 Growth is judged on what the heap holds, not on the free pages that come and go between trims: the RSS
 read right after each trim of the C heap (one point per trim), by a trend that a sawtooth does not tilt:
@@ -47,6 +50,8 @@ LOGS_FROM = 1_000_000
 """The devices' logs exist when the soak starts and continue at this offset (`footprint_startup.seed_logs`):
 the soak is of a broker whose store has been written to for days (at one message a second, about eleven),
 not of one filling a fresh store, whose every log first holds offsets CPython caches as small integers."""
+RETURNED_SHARE = 0.99
+"""Warm once this share of the devices have dropped their connection and resumed their session."""
 MIN_POINTS = 6
 """Fewest points a trend is drawn from: two in each third."""
 GAUGES = (
@@ -122,6 +127,8 @@ class SoakSample:
     """Bytes the C heap has handed out and not got back (glibc `mallinfo2`); -1: not known."""
     python_blocks: int = -1
     """Python's allocated blocks (`sys.getallocatedblocks`); -1: not read."""
+    devices_returned: int = -1
+    """Devices that have dropped their connection and resumed their session at least once; -1: not read."""
 
     @property
     def caches_full(self) -> bool:
@@ -163,33 +170,22 @@ class SoakResult:
         return self.steady_at("sessions")
 
     @property
-    def blocks_steady_at(self) -> float | None:
-        """Where Python's allocated blocks reach the level they keep: the first sample from which they stay
-        within a range of `STEADY_SHARE` of it to the end (the bounded maps of numbers, strings and byte
-        strings, such as the recent messages by offset, have filled; they fill in steps). A leak of Python
-        objects never settles within the run: then the warm window is at most its last samples, too few
-        for a trend, and there is no verdict of no growth. A broker that does not report its blocks: 0."""
-        if not self.samples or self.samples[0].python_blocks < 0:
+    def returned_at(self) -> float | None:
+        """Seconds into the soak of the first sample where `RETURNED_SHARE` of the devices have come back once
+        (None: never; 0 where the load does not report it)."""
+        if not self.samples or self.samples[0].devices_returned < 0:
             return 0.0
-        settled: float | None = None
-        low = high = None
-        for sample in reversed(self.samples):
-            blocks = sample.python_blocks
-            low = blocks if low is None else min(low, blocks)
-            high = blocks if high is None else max(high, blocks)
-            if high - low > STEADY_SHARE * blocks:
-                break
-            settled = sample.at_s
-        return settled
+        wanted = RETURNED_SHARE * self.load.devices
+        return next((s.at_s for s in self.samples if s.devices_returned >= wanted), None)
 
     @property
     def warm_from_s(self) -> float | None:
-        """Where the warm window starts: past the warm-up, with the caches full, the sessions and Python's
-        blocks steady (None: one of them never happened, there is no warm window)."""
-        full_at, steady_at, blocks_at = self.caches_full_at, self.sessions_steady_at, self.blocks_steady_at
-        if full_at is None or steady_at is None or blocks_at is None:
+        """Where the warm window starts: past the warm-up, with the caches full, the sessions steady and the
+        devices back once (None: one of them never happened, there is no warm window)."""
+        full_at, steady_at, returned_at = self.caches_full_at, self.sessions_steady_at, self.returned_at
+        if full_at is None or steady_at is None or returned_at is None:
             return None
-        start = max(self.warmup_s, full_at, steady_at, blocks_at)
+        start = max(self.warmup_s, full_at, steady_at, returned_at)
         return next((s.at_s for s in self.samples if s.at_s >= start and s.caches_full), None)
 
     @property
@@ -377,6 +373,7 @@ def _sample(pid: int, admin_port: int, at_s: float, processes: LoadProcesses) ->
         rss_after_trim=gauges.get("rss_after_trim_bytes", 0),
         heap_in_use=gauges.get("heap_in_use_bytes", -1),
         python_blocks=gauges.get("python_allocated_blocks", -1),
+        devices_returned=processes.by_role("devices")["returned"],
     )
 
 

@@ -4,7 +4,10 @@ One process runs every device, another every subscriber (`run_load` starts both)
 plain `asyncio.Protocol`s speaking MQTT 3.1.1 through `bench.frames` (not the broker's codec). Devices keep
 persistent sessions (clean session 0) and publish one QoS 1 message per `interval_s` to
 `soak/g<group>/<device>/telemetry`, spread evenly over the interval; every second `churn_per_s` of them
-drop their connection (half with DISCONNECT, half by closing the socket) and come back 1-3 s later.
+drop their connection (half with DISCONNECT, half by closing the socket) and come back 1-3 s later, taken
+in rounds (`_Rotation`): every device drops once per `devices / churn_per_s` seconds, so that after one
+round every session has been resumed at least once (counted as `returned`), where picking devices at
+random each second would leave some untouched for many rounds (after four, one in fifty).
 Subscribers: one on `soak/+/+/telemetry` at QoS 1 (an ingester that sees everything) and one per group at
 QoS 0 (dashboards). Counters go to shared memory once a second.
 """
@@ -18,10 +21,11 @@ import os
 import random
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.sharedctypes import SynchronizedArray
 from multiprocessing.synchronize import Event
+from typing import Generic, Protocol, TypeVar
 
 from bench import frames
 
@@ -29,8 +33,8 @@ HOST = "127.0.0.1"
 GROUP_SIZE = 100
 TICKS_PER_INTERVAL = 10
 
-PUBLISHED, ACKED, DELIVERED, RECONNECTS, FAILED_CONNECTS, CONNECTED = range(6)
-COUNTERS = ("published", "acked", "delivered", "reconnects", "failed_connects", "connected")
+PUBLISHED, ACKED, DELIVERED, RECONNECTS, FAILED_CONNECTS, CONNECTED, RETURNED = range(7)
+COUNTERS = ("published", "acked", "delivered", "reconnects", "failed_connects", "connected", "returned")
 
 
 @dataclass(frozen=True)
@@ -105,12 +109,15 @@ class _Device(_Client):
         self.index = index
         self.counters = counters
         self.next_id = 1
+        self.sessions_resumed = 0
 
     def packet(self, kind: int, first: int, buffer: bytes, start: int, stop: int) -> None:
         if kind == frames.PUBACK:
             self.counters[ACKED] += 1
         else:
             super().packet(kind, first, buffer, start, stop)
+            if kind == frames.CONNACK and self.connected and buffer[start] & 0x01:  # session present
+                self.sessions_resumed += 1
 
     def publish(self, topic: bytes, payload: bytes) -> None:
         if not self.connected or self.transport is None:
@@ -141,6 +148,37 @@ class _Subscriber(_Client):
                 self.transport.write(self.subscribe_frame)
 
 
+class Away(Protocol):
+    connected: bool
+
+
+DeviceT = TypeVar("DeviceT", bound=Away)
+
+
+class Rotation(Generic[DeviceT]):
+    """Which devices drop their connection: each once per round, in an order shuffled anew every round; a
+    device still away at its turn (coming back from an earlier drop) goes at the next call instead."""
+
+    def __init__(self, devices: Sequence[DeviceT], rng: random.Random) -> None:
+        self.devices = devices
+        self.rng = rng
+        self.order: list[DeviceT] = []
+
+    def next(self, count: int) -> list[DeviceT]:
+        """Up to `count` connected devices whose turn it is."""
+        taken: list[DeviceT] = []
+        away: list[DeviceT] = []
+        for _ in range(len(self.devices)):
+            if len(taken) >= count:
+                break
+            if not self.order:
+                self.order = self.rng.sample(list(self.devices), len(self.devices))
+            device = self.order.pop()
+            (taken if device.connected else away).append(device)
+        self.order += away  # the end of the list is taken first
+        return taken
+
+
 async def _connect(loop: asyncio.AbstractEventLoop, port: int, client: _Client, counters: list[int]) -> None:
     try:
         await loop.create_connection(lambda: client, HOST, port)
@@ -169,6 +207,7 @@ async def _devices(load: SoakLoad, shared: SynchronizedArray, stop: Event) -> No
         task.add_done_callback(pending.discard)
 
     devices = [_Device(i, lost, counters) for i in range(load.devices)]
+    churn = Rotation(devices, rng)
     for start in range(0, len(devices), 200):  # connect in steps, as a fleet coming online
         await asyncio.gather(*(_connect(loop, load.port, d, counters) for d in devices[start : start + 200]))
     tick_s = load.interval_s / TICKS_PER_INTERVAL
@@ -181,15 +220,16 @@ async def _devices(load: SoakLoad, shared: SynchronizedArray, stop: Event) -> No
         tick += 1
         if loop.time() >= next_second:
             next_second += 1.0
-            for device in rng.sample(devices, min(load.churn_per_s, len(devices))):
+            for device in churn.next(load.churn_per_s):
                 transport = device.transport
-                if transport is not None and device.connected:
+                if transport is not None:
                     if rng.random() < 0.5:
                         transport.write(frames.DISCONNECT_FRAME)
                         transport.close()
                     else:
                         transport.abort()
             counters[CONNECTED] = sum(1 for d in devices if d.connected)
+            counters[RETURNED] = sum(1 for d in devices if d.sessions_resumed)
             shared[:] = counters
         next_tick += tick_s
         await asyncio.sleep(max(0.0, next_tick - loop.time()))

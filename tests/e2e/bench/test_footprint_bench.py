@@ -63,6 +63,7 @@ def test_footprint_bench_reports_every_part_with_its_targets(tmp_path):
     assert last[columns.index("after trim")] == "-", "no trim within 6 s: the broker trims every 30 s"
     assert 1 < float(last[columns.index("C heap in use")].removesuffix(" MiB")) < 500
     assert int(last[columns.index("Python blocks")].replace(",", "")) > 10_000
+    assert 0 <= int(last[columns.index("devices back once")].replace(",", "")) <= 30  # read from the load
     assert last[-2].endswith(" MiB"), last  # the tail caches' fill against their bound
     targets = report.split("### Targets", 1)[1]
     goals = ("idle RSS ≤ 40 MiB (dev venv)", "listening ≤ 0.3 s (dev venv)", "memory per idle connection")

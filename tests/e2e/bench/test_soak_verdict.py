@@ -1,13 +1,14 @@
 """The soak's verdict on growth: where its warm window starts and the trend it judges.
 
-Samples are built as a soak records them; the rules are what the footprint report states: warm once the
-tail caches are full and the sessions steady, growth judged on the RSS right after each trim by the medians
-of the first and last third of the warm window, not by a line through the raw RSS's sawtooth.
+Samples are built as a soak records them; the rules are what the footprint report states: warm past the
+warm-up fixed before the run, once the tail caches are full, the sessions steady and the devices back once,
+growth judged on the RSS right after each trim by the medians of the first and last third of the warm
+window, not by a line through the raw RSS's sawtooth.
 """
 
 from __future__ import annotations
 
-from bench.soak_bench import MAX_HOURLY_GROWTH, SoakResult, SoakSample, robust_trend
+from bench.soak_bench import MAX_HOURLY_GROWTH, RETURNED_SHARE, SoakResult, SoakSample, robust_trend
 from bench.soak_load import SoakLoad
 
 MIB = 2**20
@@ -21,6 +22,7 @@ def sample(
     sessions: int = 5000,
     full: bool = True,
     blocks: int = 1_000_000,
+    returned: int = 5000,
 ) -> SoakSample:
     return SoakSample(
         at_s=at_s,
@@ -42,11 +44,12 @@ def sample(
         rss_after_trim=int(after_trim),
         heap_in_use=100 * MIB,
         python_blocks=blocks,
+        devices_returned=returned,
     )
 
 
-def soak(samples: list[SoakSample]) -> SoakResult:
-    return SoakResult(SoakLoad(port=1), duration_s=samples[-1].at_s, warmup_s=0.0, samples=samples)
+def soak(samples: list[SoakSample], warmup_s: float = 0.0) -> SoakResult:
+    return SoakResult(SoakLoad(port=1), duration_s=samples[-1].at_s, warmup_s=warmup_s, samples=samples)
 
 
 def sawtooth(at_s: float) -> float:
@@ -107,20 +110,42 @@ def test_without_full_caches_there_is_no_warm_window_and_no_verdict():
     assert not result.rss_grows
 
 
-def test_warm_waits_for_pythons_blocks_to_reach_the_level_they_keep():
-    """Bounded maps of untracked objects fill in steps (a step of 4.6 % at 250 s here): warm from the level
-    they keep to the end, not from the first quiet minute."""
-    samples = [
-        sample(t, 170 * MIB, 168 * MIB, blocks=330_000 if t < 250 else 345_000 + (t % 7) * 500)
-        for t in range(0, 691, 5)
-    ]
+def test_warm_waits_for_the_devices_to_have_come_back_once():
+    """The heaps settle while the connections of the start are replaced: warm once nearly every device has
+    dropped its connection and resumed its session."""
+    samples = [sample(t, 170 * MIB, 168 * MIB, returned=min(5000, 25 * t)) for t in range(0, 400, 5)]
     result = soak(samples)
     assert result.sessions_steady_at == 60
-    assert result.blocks_steady_at == 250
-    assert result.warm_from_s == 250
+    assert result.returned_at == 200 == min(t for t in range(0, 400, 5) if 25 * t >= RETURNED_SHARE * 5000)
+    assert result.warm_from_s == 200
 
 
-def test_a_leak_of_python_objects_leaves_no_warm_window_to_judge():
-    samples = [sample(t, 170 * MIB, 168 * MIB, blocks=300_000 + 100 * t) for t in range(0, 691, 5)]
+def test_warm_starts_no_earlier_than_the_warm_up_fixed_before_the_run():
+    samples = [sample(t, 170 * MIB, 168 * MIB) for t in range(0, 691, 5)]
+    assert soak(samples).warm_from_s == 60
+    assert soak(samples, warmup_s=345.0).warm_from_s == 345
+
+
+def test_too_few_devices_back_leaves_no_warm_window():
+    samples = [sample(t, 170 * MIB, 168 * MIB, returned=4900) for t in range(0, 400, 5)]
     result = soak(samples)
-    assert result.warm[0].at_s > 600 and result.growth is None, "the last minute only: no trend"
+    assert result.returned_at is None and result.warm == [] and result.growth is None
+
+
+def test_a_load_that_does_not_count_returning_devices_is_not_waited_for():
+    samples = [sample(t, 170 * MIB, 168 * MIB, returned=-1) for t in range(0, 400, 5)]
+    assert soak(samples).returned_at == 0.0 and soak(samples).warm_from_s == 60
+
+
+def test_memory_that_never_settles_is_judged_and_fails():
+    """The warm window is not chosen from the series it judges: a leak of Python objects, its blocks and RSS
+    rising from start to end, gets a verdict of growth, not a window too short to judge."""
+    samples = [
+        sample(t, 170 * MIB + t * 4000, 168 * MIB + t * 4000, blocks=300_000 + 100 * t)
+        for t in range(0, 691, 5)
+    ]
+    result = soak(samples, warmup_s=345.0)
+    assert result.warm_from_s == 345
+    growth = result.growth
+    assert growth is not None and growth.points >= 6
+    assert result.rss_grows
