@@ -5,9 +5,9 @@ plain `asyncio.Protocol`s speaking MQTT 3.1.1 through `bench.frames` (not the br
 persistent sessions (clean session 0) and publish one QoS 1 message per `interval_s` to
 `soak/g<group>/<device>/telemetry`, spread evenly over the interval; every second `churn_per_s` of them
 drop their connection (half with DISCONNECT, half by closing the socket) and come back 1-3 s later, taken
-in rounds (`_Rotation`): every device drops once per `devices / churn_per_s` seconds, so that after one
+in rounds (`Rotation`): every device drops once per `devices / churn_per_s` seconds, so that after one
 round every session has been resumed at least once (counted as `returned`), where picking devices at
-random each second would leave some untouched for many rounds (after four, one in fifty).
+random each second would leave some untouched for many rounds (after four, about one in fifty).
 Subscribers: one on `soak/+/+/telemetry` at QoS 1 (an ingester that sees everything) and one per group at
 QoS 0 (dashboards). Counters go to shared memory once a second.
 """
@@ -148,11 +148,13 @@ class _Subscriber(_Client):
                 self.transport.write(self.subscribe_frame)
 
 
-class Away(Protocol):
+class ChurnedDevice(Protocol):
+    """What `Rotation` reads of a device: whether it is connected now."""
+
     connected: bool
 
 
-DeviceT = TypeVar("DeviceT", bound=Away)
+DeviceT = TypeVar("DeviceT", bound=ChurnedDevice)
 
 
 class Rotation(Generic[DeviceT]):
