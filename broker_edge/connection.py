@@ -24,8 +24,10 @@ A connection refused before CONNACK 0 always goes through ``refuse``.
 Idle connections are small: every attribute is a slot, containers (topic aliases, the write batch) are
 created on first use, and what most connections never set (a will, topic aliases, a refusal, packets held
 back, ...) are ``RareField`` attributes, kept in a side object made by the first write of one of them. What
-CONNECT settles (protocol level, keep alive, the client's limits) is a ``Terms`` shared by every connection
-that settled the same, which also leads to the broker and the listener; the client id is the session's.
+CONNECT settles (protocol level, keep alive, the client's limits) and where the connection is in its life
+(``state``) are a ``Terms`` shared by every connection that settled the same, which also leads to the broker
+and the listener; the client id is the session's. The rate limiter and the count of unanswered publishes
+come with the client's first PUBLISH (``Inbound``): a device that only subscribes holds neither.
 Past CONNECT the decoder is shared (``SharedDecoder``) except while a packet is half-read, and keep-alive
 deadlines are shared floats (``states.keepalive_deadline``).
 """
@@ -38,7 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
 
 from broker_edge.delivery import Message
 from broker_edge.handlers import dispatch_connected, handle_connect, handle_puback, handle_publish
-from broker_edge.limits import NOT_STARTED
+from broker_edge.inbound import Inbound
 from broker_edge.protocol.codec import (
     PacketDecoder,
     SharedDecoder,
@@ -77,7 +79,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from broker_edge.context import ConnectionHost
-    from broker_edge.limits import TokenBucket
     from broker_edge.listeners import ListenerRuntime
     from broker_edge.protocol.codec import PublishTemplate
     from broker_edge.protocol.packets import Packet, Will
@@ -145,12 +146,10 @@ class Connection(asyncio.Protocol):
     __slots__ = (
         "_out",
         "_rare",
-        "bucket",
         "deadline",
         "decoder",
-        "incoming_pending",
+        "inbound",
         "session",
-        "state",
         "terms",
         "transport",
     )
@@ -185,14 +184,12 @@ class Connection(asyncio.Protocol):
         )
         """An ``_OwnDecoder`` until CONNECT; past it a ``SharedDecoder`` while no packet is half-read."""
         self.session: Session | None = None
-        self.state = NEW
         self.deadline = 0.0
         """While connected: when a silent client is closed (``states.keepalive_deadline``), ``HEARD_FROM``
         once it sent something since the last sweep; before CONNECT: when it must have arrived."""
         self._out: list[bytes] | None = None
-        self.incoming_pending = 0
-        self.bucket: TokenBucket | None = None
-        """The client's PUBLISH rate limiter: ``NOT_STARTED`` until its first PUBLISH, None: unlimited."""
+        self.inbound: Inbound | None = None
+        """The client's PUBLISH rate limiter and unanswered count, made by its first PUBLISH."""
         self._rare: _ConnectionRare | None = None
 
     @property
@@ -234,6 +231,16 @@ class Connection(asyncio.Protocol):
     def paused(self) -> bool:
         return self.terms.paused
 
+    @property
+    def state(self) -> int:
+        """``states.NEW``, ``AUTHENTICATING``, ``CONNECTED`` or ``CLOSED``: one of the connection's terms,
+        the same for nearly all connections (the hot paths read ``terms.state``)."""
+        return self.terms.state
+
+    @state.setter
+    def state(self, value: int) -> None:
+        self.terms = self.terms.settle(state=value)
+
     def let_go_of_session(self) -> Session | None:
         """Drop the session (keeping its client id for what follows); the session it had, if any."""
         session = self.session
@@ -243,7 +250,7 @@ class Connection(asyncio.Protocol):
         return session
 
     def __repr__(self) -> str:
-        return f"Connection({self.client_id!r}, listener={self.listener.name!r}, state={self.state})"
+        return f"Connection({self.client_id!r}, listener={self.listener.name!r}, state={self.terms.state})"
 
     # -- transport events ---------------------------------------------------------------------------------
 
@@ -256,7 +263,7 @@ class Connection(asyncio.Protocol):
         self.host.connection_opened(self)
 
     def data_received(self, data: bytes) -> None:
-        state = self.state
+        state = self.terms.state
         if state == CONNECTED:
             self.deadline = HEARD_FROM
         elif state == CLOSED:
@@ -304,18 +311,18 @@ class Connection(asyncio.Protocol):
         unanswered_max = self.terms.host.config.limits.receive_maximum
         try:
             for index, packet in enumerate(packets):
-                bucket = self.bucket  # set by the CONNECT of this very batch
-                if bucket is not None and type(packet) is Publish and self.state == CONNECTED:
-                    if bucket is NOT_STARTED:  # a fresh bucket is full: starting it now changes nothing
-                        bucket = self.bucket = self.terms.host.config.limits.client_message_bucket()
-                    now = self.terms.host.now()
-                    if bucket is not None and not bucket.try_acquire(now):
-                        self._hold(packets[index:], bucket.seconds_until(now))
-                        return True
+                if type(packet) is Publish and self.terms.state == CONNECTED:  # maybe CONNECTed this batch
+                    bucket = (self.inbound or self._start_inbound()).bucket
+                    if bucket is not None:
+                        now = self.terms.host.now()
+                        if not bucket.try_acquire(now):
+                            self._hold(packets[index:], bucket.seconds_until(now))
+                            return True
                 self._dispatch(packet)
-                if self.state == CLOSED:
+                if self.terms.state == CLOSED:
                     return False
-                if self.incoming_pending >= unanswered_max and not self.terms.v5:
+                inbound = self.inbound
+                if inbound is not None and inbound.pending >= unanswered_max and not self.terms.v5:
                     self._hold_for_acks(packets[index + 1 :])
                     return True
         except Exception:
@@ -323,6 +330,24 @@ class Connection(asyncio.Protocol):
             self.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "internal error")
             return False
         return True
+
+    def _start_inbound(self) -> Inbound:
+        """The client's first PUBLISH: its rate limiter (none for ``limits.exempt_users``), a zero count."""
+        limits = self.terms.host.config.limits
+        session = self.session
+        exempt = limits.is_exempt(session.username if session is not None else None)
+        inbound = self.inbound = Inbound(None if exempt else limits.client_message_bucket())
+        return inbound
+
+    @property
+    def incoming_pending(self) -> int:
+        """The client's QoS 1/2 publishes read and not yet answered (see ``Publisher.incoming_pending``)."""
+        inbound = self.inbound
+        return inbound.pending if inbound is not None else 0
+
+    @incoming_pending.setter
+    def incoming_pending(self, value: int) -> None:
+        (self.inbound or self._start_inbound()).pending = value
 
     def _settle_decoder(self, completed: bool) -> bool:
         """After a read that left a packet unfinished, or with a decoder of this connection's own: a shared
@@ -360,7 +385,7 @@ class Connection(asyncio.Protocol):
         if host.partial_bytes <= host.config.limits.max_partial_packet_bytes:
             return True
         self.log().warning("closed: packets in progress on all connections exceed max_partial_packet_bytes")
-        if self.state == CONNECTED:
+        if self.terms.state == CONNECTED:
             self.close(ReasonCode.SERVER_BUSY, "too many bytes of unfinished packets on this broker")
         else:
             host.counters.refused("partial_budget")
@@ -370,11 +395,11 @@ class Connection(asyncio.Protocol):
     def _raise_held_error(self) -> None:
         """A malformed packet followed the packets just handled: close for it now."""
         error, self.held_error = self.held_error, None
-        if error is not None and self.state != CLOSED:
+        if error is not None and self.terms.state != CLOSED:
             self.protocol_error(error)
 
     def _dispatch(self, packet: Packet) -> None:
-        state = self.state
+        state = self.terms.state
         if state == CONNECTED:
             session = self.session
             assert session is not None, "a connected connection has a session"
@@ -399,9 +424,9 @@ class Connection(asyncio.Protocol):
         handle_connect(self.terms.host, self, packet)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.state == CLOSED and self.transport is None:
+        if self.terms.state == CLOSED and self.transport is None:
             return
-        was_connected = self.state == CONNECTED
+        was_connected = self.terms.state == CONNECTED
         decoder = self.decoder
         if not decoder.shared:
             own = cast(_OwnDecoder, decoder)
@@ -426,14 +451,14 @@ class Connection(asyncio.Protocol):
         ``slow_subscriber`` disconnect). Either way nothing waits for it.
         """
         self.terms = self.terms.settle(paused=True)
-        if self.host.config.limits.slow_subscriber_policy == "disconnect" and self.state != CLOSED:
+        if self.host.config.limits.slow_subscriber_policy == "disconnect" and self.terms.state != CLOSED:
             self.log().warning("slow subscriber disconnected (outgoing buffer full)")
             self.host.counters.disconnect("slow_subscriber")
             self.host.call_soon(self.abort)
 
     def resume_writing(self) -> None:
         self.terms = self.terms.settle(paused=False)
-        if self.session is not None and self.state == CONNECTED:
+        if self.session is not None and self.terms.state == CONNECTED:
             self.session.drain()
 
     # -- writing ------------------------------------------------------------------------------------------
@@ -441,7 +466,7 @@ class Connection(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         out = self._out
         if out is None:
-            if self.state == CLOSED:
+            if self.terms.state == CLOSED:
                 return
             self._out = [data]
             self.terms.host.schedule_flush(self)
@@ -512,7 +537,7 @@ class Connection(asyncio.Protocol):
                 return False
             out = self._out
             if out is None:
-                if self.state == CLOSED:
+                if self.terms.state == CLOSED:
                     return False
                 self._out = [head]
                 terms.host.schedule_flush(self)
@@ -527,7 +552,7 @@ class Connection(asyncio.Protocol):
                 head = bytes((head[0] | 0x08,)) + head[1:]
             out = self._out
             if out is None:
-                if self.state == CLOSED:
+                if self.terms.state == CLOSED:
                     return False
                 out = self._out = []
                 terms.host.schedule_flush(self)
@@ -620,13 +645,13 @@ class Connection(asyncio.Protocol):
         in order (which may hold reading again), then reading resumes."""
         held = self.held & ~reason
         self.held = held
-        if held or self.state == CLOSED:
+        if held or self.terms.state == CLOSED:
             return
         backlog, self.backlog = self.backlog, None
         if backlog is not None and (not self._dispatch_all(backlog) or self.held):
             return
         self._raise_held_error()
-        if self.state != CLOSED and self.transport is not None:
+        if self.terms.state != CLOSED and self.transport is not None:
             self.transport.resume_reading()
 
     # -- closing ------------------------------------------------------------------------------------------
@@ -637,9 +662,9 @@ class Connection(asyncio.Protocol):
         The reason string is left out when it would make the DISCONNECT larger than the client accepts.
         An error code (0x80 and above) counts as a disconnect by the broker, by reason.
         """
-        if self.state == CLOSED:
+        if self.terms.state == CLOSED:
             return
-        if reason_code is not None and self.state == CONNECTED:
+        if reason_code is not None and self.terms.state == CONNECTED:
             if reason_code >= 0x80:
                 self.host.counters.disconnect(ReasonCode(reason_code).name.lower())
             if self.v5:
@@ -659,7 +684,7 @@ class Connection(asyncio.Protocol):
     def protocol_error(self, error: MQTTError) -> None:
         """A packet broke the protocol: tell a v5 client why (DISCONNECT or CONNACK), then close."""
         self.log().info("protocol error, closing: %s (0x%02X)", error.message, error.reason_code)
-        if self.state == NEW:
+        if self.terms.state == NEW:
             if isinstance(error, UnsupportedProtocolVersion):
                 if error.protocol_version == MQTT_5:
                     self.refuse("protocol_error", ReasonCode.UNSUPPORTED_PROTOCOL_VERSION, version=MQTT_5)
@@ -729,7 +754,7 @@ class Connection(asyncio.Protocol):
     # -- timers (called by the broker's sweep, about once a second) ----------------------------------------
 
     def check_timers(self, now: float) -> None:
-        state = self.state
+        state = self.terms.state
         decoder = self.decoder
         keepalive = self.terms.keepalive
         since = 0.0 if decoder.shared else cast(_OwnDecoder, decoder).since
@@ -776,7 +801,7 @@ class Connection(asyncio.Protocol):
     def acknowledged(self) -> bool:
         """The PUBLISH path answered publishes of this client while it waits (``wait_for_answers``): read on
         (True) once at most half of ``limits.receive_maximum`` are left unanswered."""
-        if self.state == CLOSED:
+        if self.terms.state == CLOSED:
             return True
         if self.incoming_pending > self.host.config.limits.receive_maximum // 2:
             return False

@@ -82,11 +82,6 @@ class TokenBucket:
         self._last = now
 
 
-NOT_STARTED = TokenBucket(1.0, 1)
-"""The bucket of a rate-limited client until its first PUBLISH, which gives it its own: a fresh bucket is
-full, so starting it then grants the same as at CONNECT, and a client that never publishes holds none."""
-
-
 class ConnectionAdmission:
     """Decides whether a new TCP/TLS connection may proceed, before any byte of it is parsed.
 

@@ -65,6 +65,8 @@ class Router:
     ) -> None:
         self.limits = limits
         self.sessions: dict[str, Session] = {}
+        self.session_type = Session.bound_to(self)
+        """The class of this broker's sessions (they reach the router through it)."""
         self.persistent_count = 0
         """Sessions with a Session Expiry Interval > 0 (kept by ``Session.expiry_interval``)."""
         self.trie: SubscriptionTrie[Session] = SubscriptionTrie()
@@ -229,7 +231,7 @@ class Router:
             return old, True
         if old is not None:
             self._end_session(old, now)
-        session = Session(self, client_id, expiry_interval)
+        session = self.session_type(client_id, expiry_interval)
         self.sessions[client_id] = session
         return session, False
 
@@ -238,7 +240,7 @@ class Router:
     ) -> Session:
         """Add an offline session read back at start (``broker_edge.session_snapshot``); it ends at
         ``expires_at`` unless its client reconnects first (None: never)."""
-        session = Session(self, client_id, expiry_interval)
+        session = self.session_type(client_id, expiry_interval)
         session.username = username
         session.expires_at = expires_at
         self.sessions[client_id] = session

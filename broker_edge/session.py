@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from broker_edge.protocol.packets import Will
     from broker_edge.router import Router, SessionSubscription
 
-__all__ = ["NEVER_EXPIRES", "RELEASED", "Released", "Session"]
+__all__ = ["NEVER_EXPIRES", "RELEASED", "Inflight", "Released", "Session"]
 
 NEVER_EXPIRES = 0xFFFFFFFF
 """v5 Session Expiry Interval meaning "does not expire"."""
@@ -45,6 +45,16 @@ RELEASED = Released()
 
 # An in-flight or queued delivery: (message, qos, retain flag, subscription identifiers).
 Delivery = tuple[Message, int, bool, tuple[int, ...]]
+
+
+class Inflight(dict[int, "Delivery | Released"]):
+    """A session's QoS 1/2 deliveries sent and not yet acknowledged, by packet id, and the id to try next
+    (kept here, not on the session: an idle session has no window and pays no slot for it)."""
+
+    __slots__ = ("next_id",)
+
+    next_id: int
+    """Set when the window is made (``Session._send``): dict's own constructor, no Python call."""
 
 
 class HeldQueue(deque[Delivery]):
@@ -82,15 +92,17 @@ class Session:
     """
 
     __slots__ = (
-        "_next_packet_id",
         "_rare",
         "client_id",
         "connection",
         "inflight",
         "queue",
-        "router",
         "subscriptions",
     )
+
+    router: ClassVar[Router]
+    """The router of the broker the session belongs to: a class attribute of the class ``bound_to`` makes
+    for each router, so ten thousand sessions do not hold a slot each for the one value they share."""
 
     expires_at: RareField[float | None] = RareField(_SessionRare, None)
     """When an offline session is discarded (loop time; None: online, or it never expires)."""
@@ -108,17 +120,23 @@ class Session:
     """The client asked for log delivery (it subscribed from an offset, or opted in on CONNECT): its v5
     deliveries of logged messages carry the user property ``offset``. Kept until the session ends."""
 
-    def __init__(self, router: Router, client_id: str, expiry_interval: int = 0) -> None:
-        self.router = router
+    @classmethod
+    def bound_to(cls, router: Router) -> type[Session]:
+        """The session class of ``router``'s broker: ``Session`` with ``router`` as its class attribute."""
+        namespace = {"__slots__": (), "router": router, "__module__": cls.__module__}
+        bound: type[Session] = type(cls.__name__, (cls,), namespace)
+        bound.__qualname__ = cls.__qualname__
+        return bound
+
+    def __init__(self, client_id: str, expiry_interval: int = 0) -> None:
         self.client_id = client_id
         self.connection: Connection | None = None
         self._rare: _SessionRare | None = None
         self.expiry_interval = expiry_interval
         self.subscriptions: dict[str, SessionSubscription] | None = None
         """Full filter as subscribed (``$share/...`` included) → ``SessionSubscription``."""
-        self.inflight: dict[int, Delivery | Released] | None = None
+        self.inflight: Inflight | None = None
         self.queue: HeldQueue | None = None
-        self._next_packet_id = 1
 
     def __repr__(self) -> str:
         state = "online" if self.connection is not None else "offline"
@@ -189,11 +207,12 @@ class Session:
     ) -> None:
         inflight = self.inflight
         if inflight is None:
-            inflight = self.inflight = {}
-        packet_id = self._next_packet_id
+            inflight = self.inflight = Inflight()
+            inflight.next_id = 1
+        packet_id = inflight.next_id
         while packet_id in inflight:
             packet_id = packet_id % 0xFFFF + 1
-        self._next_packet_id = packet_id % 0xFFFF + 1
+        inflight.next_id = packet_id % 0xFFFF + 1
         if conn.send_message(message, qos, retain, subscription_ids, packet_id):
             inflight[packet_id] = (message, qos, retain, subscription_ids)
 

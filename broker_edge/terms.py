@@ -4,7 +4,9 @@ A connection's protocol level, keep alive, the in-flight window and largest pack
 outgoing topic aliases and problem information rule change only at CONNECT, and most clients of a fleet
 settle the same ones: rather than a slot each on every ``Connection``, they are one ``Terms`` per distinct
 combination, found again by value (``settle``). Whether the connection's transport has asked it to stop
-writing (``paused``) is one more term: a slow subscriber swaps its terms for their paused twin and back.
+writing (``paused``) is one more term: a slow subscriber swaps its terms for their paused twin and back. So
+is where the connection is in its life (``state``: ``states.NEW`` to ``CLOSED``), which changes a few times
+per connection and is the same for nearly all of them.
 The broker and the listener (and its counters) come with the terms, so a connection reaches them with no slot
 of its own.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from broker_edge.states import NO_LIMIT
+from broker_edge.states import NEW, NO_LIMIT
 
 if TYPE_CHECKING:
     from broker_edge.context import ConnectionHost
@@ -24,7 +26,7 @@ __all__ = ["Terms"]
 _MAX_VARIANTS = 1024
 """Combinations remembered per listener; past it the table starts again (a connection keeps its own)."""
 
-_Key = tuple[bool, int, int, int, int, bool, bool]
+_Key = tuple[bool, int, int, int, int, bool, bool, int]
 
 
 class Terms:
@@ -40,6 +42,7 @@ class Terms:
         "paused",
         "problem_information",
         "send_quota",
+        "state",
         "stats",
         "v5",
     )
@@ -64,13 +67,15 @@ class Terms:
     """v5 Request Problem Information: False forbids reason strings and user properties on acks."""
     paused: bool
     """The transport's write buffer is full (``Connection.pause_writing``)."""
+    state: int
+    """``states.NEW``, ``AUTHENTICATING``, ``CONNECTED`` or ``CLOSED`` (``Connection.state``)."""
 
     @classmethod
     def initial(cls, host: ConnectionHost, listener: ListenerRuntime, send_quota: int) -> Terms:
         """The terms of a connection to ``host`` on ``listener`` before its CONNECT (shared by them all)."""
         terms = listener.terms
         if terms is None or terms.host is not host or terms.send_quota != send_quota:
-            key: _Key = (False, 0, send_quota, NO_LIMIT, 0, True, False)
+            key: _Key = (False, 0, send_quota, NO_LIMIT, 0, True, False, NEW)
             terms = listener.terms = cls._make(host, listener, key, {})
         return terms
 
@@ -90,6 +95,7 @@ class Terms:
             terms.alias_max_out,
             terms.problem_information,
             terms.paused,
+            terms.state,
         ) = key
         terms._variants = variants
         if len(variants) >= _MAX_VARIANTS:
@@ -107,6 +113,7 @@ class Terms:
         alias_max_out: int | None = None,
         problem_information: bool | None = None,
         paused: bool | None = None,
+        state: int | None = None,
     ) -> Terms:
         """These terms with the given ones changed (the shared object holding them)."""
         key: _Key = (
@@ -117,6 +124,7 @@ class Terms:
             self.alias_max_out if alias_max_out is None else alias_max_out,
             self.problem_information if problem_information is None else problem_information,
             self.paused if paused is None else paused,
+            self.state if state is None else state,
         )
         found = self._variants.get(key)
         return found if found is not None else self._make(self.host, self.listener, key, self._variants)
@@ -125,5 +133,5 @@ class Terms:
         return (
             f"Terms(v5={self.v5}, keepalive={self.keepalive}, send_quota={self.send_quota}, "
             f"max_packet_out={self.max_packet_out}, alias_max_out={self.alias_max_out}, "
-            f"problem_information={self.problem_information}, paused={self.paused})"
+            f"problem_information={self.problem_information}, paused={self.paused}, state={self.state})"
         )

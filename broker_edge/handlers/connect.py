@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 
 from broker_edge.context import SessionClaim
 from broker_edge.delivery import wants_log_offsets
-from broker_edge.limits import NOT_STARTED
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect, Will
 from broker_edge.protocol.properties import Properties
@@ -347,13 +346,10 @@ def _accept(
         session.log_offsets = True
     if present and ctx.acl is not None:
         _drop_denied_subscriptions(ctx, ctx.acl, session)
-    conn.terms = terms.settle(keepalive=keepalive)
+    conn.terms = terms.settle(keepalive=keepalive, state=CONNECTED)
     conn.deadline = keepalive_deadline(now, keepalive)
     conn.will = will
     conn.will_delay = _will_delay(will)
-    rate_limited = limits.messages_per_second_per_client and not limits.is_exempt(username)
-    conn.bucket = NOT_STARTED if rate_limited else None
-    conn.state = CONNECTED
     conn.write(encode(ConnAck(present, 0, ack), conn.version))
     conn.listener.metrics.connected()
     if _log.isEnabledFor(logging.INFO):

@@ -6,8 +6,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from broker_edge.limits import NOT_STARTED, TokenBucket
-from broker_edge.protocol.packets import MQTT_3_1_1, Publish, Will
+from broker_edge.limits import TokenBucket
+from broker_edge.protocol.packets import MQTT_3_1_1, Publish, Subscribe, Subscription, Will
 from broker_edge.rare_fields import RareField, RareSlots
 from tests.unit.broker_edge.handlers.wire import make_core
 
@@ -63,11 +63,24 @@ def test_an_idle_client_holds_no_side_object_and_no_rate_bucket_of_its_own():
     conn = client.conn
     session = core.router.sessions["idle-device"]
     assert conn._rare is None and session._rare is None
-    assert conn.bucket is NOT_STARTED
+    assert conn.inbound is None and conn.incoming_pending == 0
 
     client.send(Publish("plant/meter", b"1"))
-    assert isinstance(conn.bucket, TokenBucket) and conn.bucket is not NOT_STARTED
-    assert conn.bucket.available(core.now()) == 199, "the burst, less the publish just taken"
+    assert conn.inbound is not None and isinstance(conn.inbound.bucket, TokenBucket)
+    assert conn.inbound.bucket.available(core.now()) == 199, "the burst, less the publish just taken"
+
+
+def test_a_client_that_only_subscribes_holds_no_inbound_and_an_exempt_publisher_no_bucket():
+    core = make_core(limits={"exempt_users": ["gateway"]})
+    listener, gateway = core.client(MQTT_3_1_1), core.client(MQTT_3_1_1)
+    listener.connect("listener")
+    listener.send(Subscribe(1, [Subscription("plant/#", 1)]))
+    gateway.connect("gateway", username="gateway")
+    assert listener.conn.inbound is None and gateway.conn.inbound is None
+
+    gateway.send(Publish("plant/meter", b"1", qos=1, packet_id=1))
+    assert listener.conn.inbound is None, "deliveries and their PUBACKs need none"
+    assert gateway.conn.inbound is not None and gateway.conn.inbound.bucket is None, "exempt: unlimited"
 
 
 def test_a_will_is_kept_in_the_side_object():

@@ -15,7 +15,7 @@ from broker_edge.subscriptions import SubscriptionOptions
 def _members(router: Router, *names: str) -> list[Session]:
     sessions = []
     for name in names:
-        session = Session(router, name)
+        session = router.session_type(name)
         router.subscribe(session, "$share/g/jobs/#", "jobs/#", "g", SubscriptionOptions(1))
         sessions.append(session)
     return sessions

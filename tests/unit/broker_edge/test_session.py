@@ -31,7 +31,7 @@ class RecordingConnection:
 
 
 def session_with(connection: RecordingConnection) -> Session:
-    session = Session(Router(LimitsConfig()), "device", expiry_interval=300)
+    session = Router(LimitsConfig()).session_type("device", expiry_interval=300)
     session.attach(connection)
     return session
 
@@ -43,7 +43,8 @@ def test_ids_count_up_and_skip_ids_still_in_flight_after_wrapping():
     session = session_with(connection)
     session.deliver(Message("t", b"a", 1), 1, False)
     session.deliver(Message("t", b"b", 2), 2, False)
-    session._next_packet_id = 0xFFFF  # a long-lived session about to wrap
+    assert session.inflight is not None
+    session.inflight.next_id = 0xFFFF  # a long-lived session about to wrap
     for payload in (b"c", b"d", b"e"):
         session.deliver(Message("t", payload, 1), 1, False)
     assert [sent[2] for sent in connection.sent] == [1, 2, 0xFFFF, 3, 4]  # 1 and 2 are still in flight
@@ -111,3 +112,22 @@ def test_resume_resends_unacknowledged_with_dup_and_pubrel_for_released():
         ("PUBREL", 3),
         (b"offline", 1, 4, False),
     ]
+
+
+def test_each_brokers_sessions_reach_its_router_through_their_class_not_a_slot_each():
+    first, second = Router(LimitsConfig()), Router(LimitsConfig())
+    mine, theirs = first.session_type("a"), second.session_type("a")
+    assert mine.router is first and theirs.router is second
+    assert isinstance(mine, Session) and type(mine) is first.session_type is not second.session_type
+    assert "router" not in Session.__slots__ and first.session_type.__slots__ == ()
+
+
+def test_an_idle_session_has_no_window_and_a_new_window_starts_its_ids_at_one():
+    connection = RecordingConnection()
+    session = session_with(connection)
+    assert session.inflight is None
+    session.deliver(Message("t", b"a", 1), 1, False)
+    assert session.inflight is not None and session.inflight.next_id == 2
+    session.clear_outgoing()
+    session.deliver(Message("t", b"b", 1), 1, False)
+    assert [sent[2] for sent in connection.sent] == [1, 1]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5
+from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, Disconnect
 from broker_edge.protocol.properties import Properties
-from broker_edge.states import NO_LIMIT
+from broker_edge.states import CLOSED, CONNECTED, NEW, NO_LIMIT
 from tests.unit.broker_edge.handlers.wire import make_core
 
 
@@ -42,6 +42,20 @@ def test_paused_writing_swaps_the_terms_for_their_paused_twin_and_back():
     assert client.conn.paused and client.conn.terms.keepalive == settled.keepalive
     client.conn.resume_writing()
     assert client.conn.terms is settled and not client.conn.paused
+
+
+def test_the_state_of_a_connection_is_one_of_its_terms_shared_until_it_changes():
+    core = make_core()
+    first, second = core.client(MQTT_3_1_1), core.client(MQTT_3_1_1)
+    assert first.conn.state == NEW and first.conn.terms is second.conn.terms
+    first.connect("first", keep_alive=60)
+    second.connect("second", keep_alive=60)
+    assert first.conn.state == second.conn.state == CONNECTED and first.conn.terms is second.conn.terms
+    first.send(Disconnect())
+    first.conn.connection_lost(None)  # the transport closed
+    assert first.conn.state == CLOSED and second.conn.state == CONNECTED
+    assert first.conn.terms.keepalive == 60, "closing changed the state and nothing else"
+    assert first.conn.terms is not second.conn.terms
 
 
 def test_the_client_id_is_the_sessions_and_stays_once_the_connection_lets_go_of_it():

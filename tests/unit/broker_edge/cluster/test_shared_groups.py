@@ -81,7 +81,7 @@ async def _two_brokers() -> tuple[_Broker, _Broker, tuple[_Wire, _Wire], dict[tu
 
 
 def _member(broker: _Broker) -> Session:
-    session = Session(broker.router, "worker")
+    session = broker.router.session_type("worker")
     broker.router.subscribe(session, "$share/g/jobs/#", "jobs/#", "g", SubscriptionOptions(1))
     return session
 
