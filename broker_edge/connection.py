@@ -332,11 +332,10 @@ class Connection(asyncio.Protocol):
         return True
 
     def _start_inbound(self) -> Inbound:
-        """The client's first PUBLISH: its rate limiter (none for ``limits.exempt_users``), a zero count."""
-        limits = self.terms.host.config.limits
+        """The client's first PUBLISH: its rate limiter (``limits.client_message_bucket``), a zero count."""
         session = self.session
-        exempt = limits.is_exempt(session.username if session is not None else None)
-        inbound = self.inbound = Inbound(None if exempt else limits.client_message_bucket())
+        username = session.username if session is not None else None
+        inbound = self.inbound = Inbound(self.terms.host.config.limits.client_message_bucket(username))
         return inbound
 
     @property

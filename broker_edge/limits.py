@@ -289,9 +289,10 @@ class LimitsConfig:
         """Whether ``username`` is one of ``exempt_users`` (never true for an anonymous client)."""
         return username is not None and username in self.exempt_users
 
-    def client_message_bucket(self) -> TokenBucket | None:
-        """A fresh per-client PUBLISH rate limiter, or ``None`` when the rate is unlimited."""
-        if self.messages_per_second_per_client == 0:
+    def client_message_bucket(self, username: str | None) -> TokenBucket | None:
+        """A fresh PUBLISH rate limiter for a client of ``username``, or ``None`` when the rate is unlimited
+        or the user is one of ``exempt_users``."""
+        if self.messages_per_second_per_client == 0 or self.is_exempt(username):
             return None
         return TokenBucket(self.messages_per_second_per_client, self.messages_burst_per_client)
 

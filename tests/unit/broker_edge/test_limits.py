@@ -120,9 +120,11 @@ def test_limits_defaults_are_valid_and_build_the_limiters() -> None:
     assert limits.receive_maximum <= 65_535
     admission = limits.connection_admission()
     assert admission.max_connections == limits.max_connections
-    bucket = limits.client_message_bucket()
+    bucket = limits.client_message_bucket(None)
     assert bucket is not None and bucket.burst == limits.messages_burst_per_client
-    assert LimitsConfig(messages_per_second_per_client=0).client_message_bucket() is None
+    assert LimitsConfig(messages_per_second_per_client=0).client_message_bucket(None) is None
+    assert LimitsConfig(exempt_users=["gateway"]).client_message_bucket("gateway") is None
+    assert LimitsConfig(exempt_users=["gateway"]).client_message_bucket("device") is not None
 
 
 def test_every_limit_field_is_documented() -> None:
