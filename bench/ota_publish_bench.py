@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.ota_bench import broker_limits  # noqa: E402
 from bench.sysinfo import cpu_seconds  # noqa: E402
-from broker_edge.launcher import BrokerProcess  # noqa: E402
+from broker_edge.runtime.launcher import BrokerProcess  # noqa: E402
 from pipelines.actions.publisher import MqttPublisher  # noqa: E402
 from pipelines.fleet.device import DeviceBehaviour  # noqa: E402
 from pipelines.fleet.fleet import FleetSpec  # noqa: E402
@@ -60,7 +60,7 @@ class ProfiledBroker(BrokerProcess):
         if self.profile is not None:
             command += ["-m", "cProfile", "-o", self.profile]
         command += ["-m", self.module, "broker", "--config", str(self.config_path)]
-        from broker_edge.launcher import wait_for_port
+        from broker_edge.runtime.launcher import wait_for_port
 
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

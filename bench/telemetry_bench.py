@@ -59,7 +59,7 @@ from bench import frames  # noqa: E402
 from bench.report import write_result  # noqa: E402
 from bench.sysinfo import machine_busy_seconds, machine_info  # noqa: E402
 from bench.telemetry_ceiling import CeilingRun, run_ceiling  # noqa: E402
-from broker_edge.launcher import BrokerProcess  # noqa: E402
+from broker_edge.runtime.launcher import BrokerProcess  # noqa: E402
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue

@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from broker_edge.heap_trim import bound_arenas, heap_count
+from broker_edge.process.heap_trim import bound_arenas, heap_count
 
 FRAMES = 10
 
@@ -125,7 +125,7 @@ _LEAVES = (type, type(sys), type(len), str, int, float, bool)
 def _record_brokers() -> None:
     """Record every `Broker` made from now on: the probe starts its walk there (the broker's objects are
     frozen out of the garbage collector's lists once it has started)."""
-    from broker_edge.server import Broker
+    from broker_edge.runtime.broker import Broker
 
     made = Broker.__init__
 

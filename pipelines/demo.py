@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from broker_edge.launcher import BrokerProcess
+from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.fleet.background import BackgroundFleet
 from pipelines.fleet.device import DeviceBehaviour
 from pipelines.fleet.fleet import FleetSpec

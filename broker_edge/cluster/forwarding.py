@@ -24,17 +24,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from broker_edge import path_trace
-from broker_edge.publish_path import APPEND, FORWARD, NOT_LEADER, REFUSE, ForwardAck
+from broker_edge.engine.publish import APPEND, FORWARD, NOT_LEADER, REFUSE, ForwardAck
+from broker_edge.observe import path_trace
 
 if TYPE_CHECKING:
     import asyncio
 
-    from broker_edge.cluster.peer_link import PeerLink, PeerLinks
+    from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
     from broker_edge.cluster.view import ClusterView
-    from broker_edge.delivery import Message
-    from broker_edge.publish_path import PublishPath
-    from broker_edge.router import Router
+    from broker_edge.engine.message import Message
+    from broker_edge.engine.publish import PublishPath
+    from broker_edge.engine.routing.router import Router
 
 __all__ = ["ClusterForwarding"]
 

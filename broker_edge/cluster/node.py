@@ -28,33 +28,33 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from broker_edge.cluster.cluster_info import cluster_info_route
+from broker_edge.cluster.features.retained_sync import RetainedSync
+from broker_edge.cluster.features.shared_directory import SharedDirectory
+from broker_edge.cluster.features.shared_groups import SharedGroups, log_reader
+from broker_edge.cluster.features.shared_registry import SharedRegistry
 from broker_edge.cluster.forwarding import ClusterForwarding
-from broker_edge.cluster.peer_link import PeerLinks
-from broker_edge.cluster.retained_sync import RetainedSync
-from broker_edge.cluster.shared_directory import SharedDirectory
-from broker_edge.cluster.shared_groups import SharedGroups, log_reader
-from broker_edge.cluster.shared_registry import SharedRegistry
+from broker_edge.cluster.links.peer_link import PeerLinks
 from broker_edge.cluster.view import ClusterView, Member
+from broker_edge.engine.connection.states import CONNECTED
+from broker_edge.engine.publish import AppendedRun, PublishRefused
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import MQTT_5, Disconnect
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ReasonCode
-from broker_edge.publish_path import AppendedRun, PublishRefused
-from broker_edge.states import CONNECTED
 
 if TYPE_CHECKING:
-    from broker_edge.cluster.config import ClusterConfig
-    from broker_edge.cluster.controller import Controller
-    from broker_edge.cluster.coordinator import Coordinator
-    from broker_edge.cluster.epochs import LeaderEpochs
-    from broker_edge.cluster.etcd import Etcd
-    from broker_edge.cluster.follower import Followers
-    from broker_edge.cluster.leader import LeaderReplication
-    from broker_edge.cluster.membership import Membership
-    from broker_edge.cluster.remote_reads import RemoteReads
-    from broker_edge.cluster.remote_starts import RemoteStarts
-    from broker_edge.cluster.sessions import ClusterSessions
-    from broker_edge.server import Broker
+    from broker_edge.cluster.coordination.controller import Controller
+    from broker_edge.cluster.coordination.coordinator import Coordinator
+    from broker_edge.cluster.coordination.etcd import Etcd
+    from broker_edge.cluster.coordination.membership import Membership
+    from broker_edge.cluster.features.sessions import ClusterSessions
+    from broker_edge.cluster.reads.remote_reads import RemoteReads
+    from broker_edge.cluster.reads.remote_starts import RemoteStarts
+    from broker_edge.cluster.replication.epochs import LeaderEpochs
+    from broker_edge.cluster.replication.follower import Followers
+    from broker_edge.cluster.replication.leader import LeaderReplication
+    from broker_edge.runtime.broker import Broker
+    from broker_edge.settings.cluster import ClusterConfig
 
 __all__ = ["ClusterNode", "RefusingReplication", "advertised_member"]
 
@@ -100,7 +100,7 @@ class RefusingReplication:
     def when_replicated(
         self, runs: Sequence[AppendedRun], done: Callable[[], None], failed: Callable[[BaseException], None]
     ) -> None:
-        from broker_edge.cluster.leader import ReplicationRefused
+        from broker_edge.cluster.replication.leader import ReplicationRefused
 
         def refuse(exc: BaseException) -> None:
             failed(PublishRefused(str(exc)) if isinstance(exc, ReplicationRefused) else exc)
@@ -169,16 +169,16 @@ class ClusterNode:
         self._started = False
 
     def _build_coordination_and_replication(self) -> None:
-        from broker_edge.cluster.controller import Controller
-        from broker_edge.cluster.coordinator import Coordinator
-        from broker_edge.cluster.epochs import LeaderEpochs
-        from broker_edge.cluster.etcd import ClusterKeys, Etcd
-        from broker_edge.cluster.follower import Followers, LocalDelivery
-        from broker_edge.cluster.interest import LocalInterest, RetainedRefresh
-        from broker_edge.cluster.leader import LeaderConfig, LeaderReplication
-        from broker_edge.cluster.membership import Membership
-        from broker_edge.cluster.replica_fetch import replica_fetch_route
-        from broker_edge.cluster.replica_push import PUSH
+        from broker_edge.cluster.coordination.controller import Controller
+        from broker_edge.cluster.coordination.coordinator import Coordinator
+        from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd
+        from broker_edge.cluster.coordination.membership import Membership
+        from broker_edge.cluster.reads.interest import LocalInterest, RetainedRefresh
+        from broker_edge.cluster.replication.epochs import LeaderEpochs
+        from broker_edge.cluster.replication.follower import Followers, LocalDelivery
+        from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
+        from broker_edge.cluster.replication.replica_fetch import replica_fetch_route
+        from broker_edge.cluster.replication.replica_push import PUSH
 
         broker, cluster, view = self.broker, self.cluster, self.view
         store = broker.store
@@ -219,9 +219,9 @@ class ClusterNode:
         )
         broker.router.subscribe_gate = self.followers.subscribe_gate
         if broker.replays is not None:
-            from broker_edge.cluster.log_starts import LogStarts
-            from broker_edge.cluster.remote_reads import RemoteReads
-            from broker_edge.cluster.remote_starts import RemoteStarts
+            from broker_edge.cluster.reads.log_starts import LogStarts
+            from broker_edge.cluster.reads.remote_reads import RemoteReads
+            from broker_edge.cluster.reads.remote_starts import RemoteStarts
 
             broker.replays.log_here = self._log_here
             self.remote_reads = RemoteReads(view, self.followers, self._log_here, broker.replays, self.token)
@@ -239,9 +239,9 @@ class ClusterNode:
 
     def _build_sessions(self) -> None:
         """Cluster-wide sessions and wills (``sessions``, ``wills``): CONNECT claims its client id first."""
-        from broker_edge.cluster.sessions import ClusterSessions
-        from broker_edge.cluster.sessions_registry import SessionRegistry
-        from broker_edge.cluster.wills import ClusterWills
+        from broker_edge.cluster.features.sessions import ClusterSessions
+        from broker_edge.cluster.features.sessions_registry import SessionRegistry
+        from broker_edge.cluster.features.wills import ClusterWills
 
         assert self.etcd is not None
         broker = self.broker

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
 
-from broker_edge.http_guard import GuardedRunner, read_body, start_guarded_site
+from broker_edge.http.guard import GuardedRunner, read_body, start_guarded_site
 from broker_edge.storage import (
     CorruptRecord,
     LogInfo,

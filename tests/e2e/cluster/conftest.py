@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_broker
-from broker_edge.launcher import BrokerProcess
+from broker_edge.runtime.launcher import BrokerProcess
+from broker_edge.runtime.local_cluster import EtcdServer, EtcdTarget, cluster_broker
 
 _prefixes = itertools.count(1)
 

@@ -19,16 +19,16 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from broker_edge.cluster.follower import FollowerConfig, Followers, LocalDelivery
-from broker_edge.cluster.leader import LeaderConfig, LeaderReplication
-from broker_edge.cluster.peer_link import PeerLink, PeerLinks
-from broker_edge.cluster.replica_fetch import replica_fetch_route
-from broker_edge.cluster.replica_push import PUSH
+from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
+from broker_edge.cluster.replication.follower import FollowerConfig, Followers, LocalDelivery
+from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
+from broker_edge.cluster.replication.replica_fetch import replica_fetch_route
+from broker_edge.cluster.replication.replica_push import PUSH
 from broker_edge.cluster.view import ClusterView, Member, PartitionState
-from broker_edge.config.broker import BrokerConfig
 from broker_edge.config.loader import load_dataclass
-from broker_edge.delivery import Message
-from broker_edge.server import Broker
+from broker_edge.engine.message import Message
+from broker_edge.runtime.broker import Broker
+from broker_edge.settings.broker import BrokerConfig
 from broker_edge.storage.store import LogStore
 
 T = TypeVar("T")

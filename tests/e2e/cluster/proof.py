@@ -28,7 +28,12 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from broker_edge.cluster.local_cluster import (
+from broker_edge.cluster.features.sessions_records import SessionRecord
+from broker_edge.protocol import PacketDecoder
+from broker_edge.protocol.codec import encode
+from broker_edge.protocol.packets import Connect, Disconnect, PubAck, Publish
+from broker_edge.runtime.launcher import BrokerProcess
+from broker_edge.runtime.local_cluster import (
     WAIT_S,
     ClusterState,
     EtcdTarget,
@@ -38,11 +43,6 @@ from broker_edge.cluster.local_cluster import (
     wait_settled,
     wait_until,
 )
-from broker_edge.cluster.sessions_records import SessionRecord
-from broker_edge.launcher import BrokerProcess
-from broker_edge.protocol import PacketDecoder
-from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import Connect, Disconnect, PubAck, Publish
 
 __all__ = ["WAIT_S", "ClusterState", "cluster_state", "settled", "wait_settled", "wait_until"]
 

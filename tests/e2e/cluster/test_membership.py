@@ -18,15 +18,15 @@ from typing import Any, TypeVar
 
 import pytest
 
-from broker_edge.cluster.assignment import leader_counts
-from broker_edge.cluster.config import ClusterConfig
-from broker_edge.cluster.controller import Controller
-from broker_edge.cluster.coordinator import Coordinator
-from broker_edge.cluster.etcd import ClusterKeys, Etcd
-from broker_edge.cluster.membership import Membership, fence_margin_s
+from broker_edge.cluster.coordination.assignment import leader_counts
+from broker_edge.cluster.coordination.controller import Controller
+from broker_edge.cluster.coordination.coordinator import Coordinator
+from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd
+from broker_edge.cluster.coordination.membership import Membership, fence_margin_s
 from broker_edge.cluster.view import ClusterView, Member, partition_of
-from broker_edge.launcher import BrokerProcess, free_port
 from broker_edge.offsets_api import serve
+from broker_edge.runtime.launcher import BrokerProcess, free_port
+from broker_edge.settings.cluster import ClusterConfig
 from broker_edge.storage import AppendRecord, LogStore, StorageConfig
 from tests.e2e.cluster.conftest import EtcdTarget
 

@@ -19,9 +19,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from broker_edge.cluster.follower import FollowerConfig
-from broker_edge.cluster.leader import LeaderConfig
-from broker_edge.cluster.replica_fetch import (
+from broker_edge.cluster.replication.follower import FollowerConfig
+from broker_edge.cluster.replication.leader import LeaderConfig
+from broker_edge.cluster.replication.replica_fetch import (
     OK,
     PATH,
     FetchRequest,

@@ -10,7 +10,7 @@ from typing import Any
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
-from broker_edge.delivery import OFFSETS_OPT_IN
+from broker_edge.engine.message import OFFSETS_OPT_IN
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.protocol.properties import Properties
 from tests.e2e.broker_clients import PahoClient

@@ -10,9 +10,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
+from broker_edge.engine.publish import AppendedRun, LocalOnly
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import PubAck, Publish
-from broker_edge.publish_path import AppendedRun, LocalOnly
 from tests.e2e.broker_clients import RawClient
 
 TOPIC = "replicated/device-1"

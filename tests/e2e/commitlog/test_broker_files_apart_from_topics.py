@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 
-from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient
 from tests.unit.broker_edge.storage.test_store_layout import as_older_layout
 

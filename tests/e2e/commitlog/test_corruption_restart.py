@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.client import CorruptRecordError, OffsetsClient
+from broker_edge.runtime.launcher import BrokerProcess
 from broker_edge.storage.topic_names import topic_directory_name
 from tests.e2e.broker_clients import PahoClient
 from tests.e2e.commitlog.e2e_helpers import offset_of, read_log, replay_from

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 
-from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.fleet.client import MqttClient
 from tests.e2e.broker_clients import PahoClient, wait_for
 from tests.e2e.commitlog.e2e_helpers import LoopThread, read_log

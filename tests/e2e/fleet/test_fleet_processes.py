@@ -6,8 +6,8 @@ import subprocess
 import sys
 import time
 
-from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.actions.buckets import REPORT_TOPICS, bucket_of, report_topic
 from pipelines.actions.publisher import MqttPublisher
 from pipelines.fleet.fleet import Fleet

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from gmqtt import Client as GmqttClient
 
-from broker_edge.delivery import Message
+from broker_edge.engine.message import Message
 from broker_edge.protocol.packets import PubAck, Publish
 from broker_edge.protocol.properties import Properties
 from tests.e2e.broker_clients import TIMEOUT, PahoClient, RawClient

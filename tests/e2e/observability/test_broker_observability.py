@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker_edge.logs import JsonFormatter
+from broker_edge.observe.logs import JsonFormatter
 from broker_edge.protocol.packets import PubAck, Publish
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
 

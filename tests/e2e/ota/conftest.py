@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from broker_edge.launcher import BrokerProcess
+from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.actions.config import ActionsConfig, BrokerEndpoint
 from pipelines.actions.job import ActionsJob, start_actions_job
 from sinks import open_table_store

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from broker_edge.launcher import BrokerProcess
+from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.actions.buckets import DEFAULT_BUCKETS, by_bucket
 from pipelines.actions.engine import ActionsEngine
 from pipelines.actions.publisher import MqttPublisher, PublishRefused

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.runtime.launcher import BrokerProcess
 from broker_edge.storage.fs_sync import syncfs_available
 from tests.e2e.broker_clients import wait_for
 from tests.e2e.commitlog.e2e_helpers import LoopThread, read_log

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.auth import PasswordFile, passwd_main
+from broker_edge.security.auth import PasswordFile, passwd_main
 
 
 def answers(*replies: str) -> Callable[[str], str]:

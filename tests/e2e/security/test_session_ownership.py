@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from broker_edge.acl import AccessControl, AclConfig, AclRule
-from broker_edge.auth import PasswordFile
 from broker_edge.protocol.packets import Disconnect, Publish
 from broker_edge.protocol.properties import Properties
+from broker_edge.security.acl import AccessControl, AclConfig, AclRule
+from broker_edge.security.auth import PasswordFile
 from tests.e2e.broker_clients import PahoClient, RawClient
 
 ACL = {

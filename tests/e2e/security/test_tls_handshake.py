@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from broker_edge.config import ConfigError, load_dataclass
-from broker_edge.tls import TlsConfig, peer_common_name, server_ssl_context
+from broker_edge.security.tls import TlsConfig, peer_common_name, server_ssl_context
 from tests.tls_certs import PkiPaths, client_ssl_context, make_test_pki
 
 

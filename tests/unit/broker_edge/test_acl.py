@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker_edge.acl import AccessControl, AclConfig, AclRule, filter_covers, filters_overlap
 from broker_edge.config import ConfigError, load_dataclass
 from broker_edge.protocol.topics import topic_matches
+from broker_edge.security.acl import AccessControl, AclConfig, AclRule, filter_covers, filters_overlap
 
 
 def acl(*rules: dict, default: str | None = None) -> AccessControl:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.auth import (
+from broker_edge.config import ConfigError, load_dataclass
+from broker_edge.security.auth import (
     AuthConfig,
     PasswordFile,
     PasswordFileError,
@@ -18,7 +19,6 @@ from broker_edge.auth import (
     is_loopback_host,
     verify_hash,
 )
-from broker_edge.config import ConfigError, load_dataclass
 
 
 @pytest.fixture

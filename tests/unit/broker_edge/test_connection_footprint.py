@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from broker_edge.connection import Connection
+from broker_edge.engine.connection.connection import Connection
+from broker_edge.engine.connection.states import CONNECTED
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.errors import MalformedPacket
 from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, Connect, PingReq, PingResp, Publish
-from broker_edge.states import CONNECTED
 from tests.unit.broker_edge.handlers.wire import HandDrivenCore, make_core
 
 BYTES_PER_IDLE_CONNECTION = 296

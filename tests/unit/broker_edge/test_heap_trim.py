@@ -15,14 +15,14 @@ import sys
 import tempfile
 
 from broker_edge.config import load_dataclass
-from broker_edge.config.broker import BrokerConfig
-from broker_edge.heap_trim import HeapTrimmer, heap_in_use, resident_bytes
-from broker_edge.server import Broker
+from broker_edge.process.heap_trim import HeapTrimmer, heap_in_use, resident_bytes
+from broker_edge.runtime.broker import Broker
+from broker_edge.settings.broker import BrokerConfig
 
 MIB = 2**20
 
 FRAGMENT = """
-from broker_edge.heap_trim import HeapTrimmer
+from broker_edge.process.heap_trim import HeapTrimmer
 
 def rss():
     with open("/proc/self/status") as status:
@@ -122,7 +122,7 @@ def test_the_broker_sweep_trims_the_heap():
 
 ARENAS = """
 import os, sys, threading
-from broker_edge.heap_trim import bound_arenas, heap_count
+from broker_edge.process.heap_trim import bound_arenas, heap_count
 
 bounded = bound_arenas() if sys.argv[1] == "bound" else False
 threads = 6
@@ -165,6 +165,6 @@ def test_bounded_arenas_keep_six_allocating_threads_to_two_heaps():
 
 def test_an_arena_bound_in_the_environment_is_left_as_the_operator_set_it():
     env = dict(os.environ, MALLOC_ARENA_MAX="4")
-    code = "from broker_edge.heap_trim import bound_arenas; print(bound_arenas())"
+    code = "from broker_edge.process.heap_trim import bound_arenas; print(bound_arenas())"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert done.stdout.strip() == "False"

@@ -132,12 +132,14 @@ def test_the_graph_reader_sees_a_cycle_when_there_is_one():
     """The checks above could pass by reading nothing: a known cycle must be found."""
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     graph = _graph(deferred=False)
-    assert "broker_edge.publish_path" in graph["broker_edge.core"]
-    assert "broker_edge.handlers" in graph["broker_edge.connection"]
-    assert "broker_edge.storage" in graph["broker_edge.publish_path"]  # via broker_edge.storage.errors
+    assert "broker_edge.engine.publish" in graph["broker_edge.engine.core"]
+    assert "broker_edge.engine.handlers" in graph["broker_edge.engine.connection.connection"]
+    assert "broker_edge.storage" in graph["broker_edge.engine.publish"]  # via broker_edge.storage.errors
 
 
-@pytest.mark.parametrize("module", ["broker_edge.handlers.connect", "broker_edge.handlers.publish"])
+@pytest.mark.parametrize(
+    "module", ["broker_edge.engine.handlers.connect", "broker_edge.engine.handlers.publish"]
+)
 def test_handlers_do_not_load_the_connection(module):
     """Handlers see the connection only as a type: ``connection`` imports them, never the reverse."""
-    assert "broker_edge.connection" not in _graph(deferred=False)[module]
+    assert "broker_edge.engine.connection.connection" not in _graph(deferred=False)[module]

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from broker_edge.config import ConfigError, load_dataclass
-from broker_edge.limits import ConnectionAdmission, LimitsConfig, TokenBucket
+from broker_edge.security.limits import ConnectionAdmission, LimitsConfig, TokenBucket
 
 
 def test_bucket_starts_full_then_refills_at_the_rate() -> None:

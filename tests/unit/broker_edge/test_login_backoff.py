@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from broker_edge.config import ConfigError
-from broker_edge.login_backoff import LoginBackoff, LoginBackoffConfig
+from broker_edge.security.login_backoff import LoginBackoff, LoginBackoffConfig
 
 CONFIG = LoginBackoffConfig(threshold=3, backoff_s=1.0, max_backoff_s=8.0, forget_s=100.0, max_tracked=1000)
 

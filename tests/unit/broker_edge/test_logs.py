@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from broker_edge.config import ConfigError, load_dataclass
-from broker_edge.logs import LoggingConfig, configure_logging, connection_logger
+from broker_edge.observe.logs import LoggingConfig, configure_logging, connection_logger
 
 
 @pytest.fixture

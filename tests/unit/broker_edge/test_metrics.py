@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker_edge.metrics import DROP_REASONS, BrokerMetrics
+from broker_edge.observe.metrics import DROP_REASONS, BrokerMetrics
 
 
 def samples(metrics: BrokerMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

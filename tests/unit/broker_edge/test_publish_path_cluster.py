@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from broker_edge.delivery import Message
-from broker_edge.protocol.packets import MQTT_5, PubAck, Publish, PubRec
-from broker_edge.publish_path import (
+from broker_edge.engine.message import Message
+from broker_edge.engine.publish import (
     APPEND,
     FORWARD,
     NOT_LEADER,
@@ -21,6 +20,7 @@ from broker_edge.publish_path import (
     ForwardAck,
     PublishRefused,
 )
+from broker_edge.protocol.packets import MQTT_5, PubAck, Publish, PubRec
 from broker_edge.storage.record import RecordFields
 from tests.unit.broker_edge.handlers.wire import HandDrivenCore, WireClient, make_core
 

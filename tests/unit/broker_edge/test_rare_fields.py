@@ -6,9 +6,9 @@ from typing import Any, ClassVar
 
 import pytest
 
-from broker_edge.limits import TokenBucket
+from broker_edge.engine.rare_fields import RareField, RareSlots
 from broker_edge.protocol.packets import MQTT_3_1_1, Publish, Subscribe, Subscription, Will
-from broker_edge.rare_fields import RareField, RareSlots
+from broker_edge.security.limits import TokenBucket
 from tests.unit.broker_edge.handlers.wire import make_core
 
 

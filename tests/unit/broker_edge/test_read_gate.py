@@ -7,6 +7,8 @@ batches durable when the test says so: a store that has fallen behind, as long a
 
 from __future__ import annotations
 
+from broker_edge.engine.connection.states import HELD_FOR_ACKS, HELD_FOR_RATE, HELD_FOR_SUBACK
+from broker_edge.engine.publish import REFUSE
 from broker_edge.protocol.packets import (
     MQTT_5,
     Disconnect,
@@ -18,8 +20,6 @@ from broker_edge.protocol.packets import (
     PubRec,
     PubRel,
 )
-from broker_edge.publish_path import REFUSE
-from broker_edge.states import HELD_FOR_ACKS, HELD_FOR_RATE, HELD_FOR_SUBACK
 from tests.unit.broker_edge.handlers.wire import HandDrivenCore, WireClient, make_core
 from tests.unit.broker_edge.test_publish_path_cluster import HeldForwarding, MemoryLog
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from broker_edge.delivery import Message
-from broker_edge.recent_messages import RecentMessages
+from broker_edge.engine.message import Message
+from broker_edge.engine.recent_messages import RecentMessages
 
 
 def _messages(topic: str, first: int, count: int) -> list[Message]:

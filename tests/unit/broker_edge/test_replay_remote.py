@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from broker_edge.delivery import Message
-from broker_edge.limits import LimitsConfig
-from broker_edge.replay import ReplayManager
-from broker_edge.router import Router
+from broker_edge.engine.cursors import ReplayManager
+from broker_edge.engine.message import Message
+from broker_edge.engine.routing.router import Router
+from broker_edge.engine.routing.subscriptions import SubscriptionOptions
+from broker_edge.security.limits import LimitsConfig
 from broker_edge.storage import LogStore, StorageConfig
 from broker_edge.storage.record import Record
-from broker_edge.subscriptions import SubscriptionOptions
 from tests.unit.broker_edge.test_session import RecordingConnection
 
 

@@ -3,13 +3,13 @@ of retained changes. A broker alone sets none of them and serves its groups itse
 
 from __future__ import annotations
 
-from broker_edge.cluster.shared_directory import SharedDirectory
-from broker_edge.cluster.shared_registry import SharedRegistry
-from broker_edge.delivery import Message
-from broker_edge.limits import LimitsConfig
-from broker_edge.router import Router
-from broker_edge.session import Session
-from broker_edge.subscriptions import SubscriptionOptions
+from broker_edge.cluster.features.shared_directory import SharedDirectory
+from broker_edge.cluster.features.shared_registry import SharedRegistry
+from broker_edge.engine.message import Message
+from broker_edge.engine.routing.router import Router
+from broker_edge.engine.routing.subscriptions import SubscriptionOptions
+from broker_edge.engine.sessions.session import Session
+from broker_edge.security.limits import LimitsConfig
 
 
 def _members(router: Router, *names: str) -> list[Session]:

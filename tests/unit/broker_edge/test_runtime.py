@@ -6,9 +6,9 @@ import gc
 
 import pytest
 
-from broker_edge.config.broker import load_broker_config
 from broker_edge.config.loader import ConfigError
-from broker_edge.runtime import RuntimeConfig, tune_garbage_collector
+from broker_edge.process.gc_tuning import RuntimeConfig, tune_garbage_collector
+from broker_edge.settings.broker import load_broker_config
 
 
 @pytest.fixture

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from broker_edge.delivery import Message
-from broker_edge.limits import LimitsConfig
-from broker_edge.router import Router
-from broker_edge.session import RELEASED, Session
+from broker_edge.engine.message import Message
+from broker_edge.engine.routing.router import Router
+from broker_edge.engine.sessions.session import RELEASED, Session
+from broker_edge.security.limits import LimitsConfig
 
 
 class RecordingConnection:

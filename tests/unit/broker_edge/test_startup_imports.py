@@ -1,9 +1,10 @@
 """What ``timestone broker`` has imported once its MQTT listener accepts: the broker, and nothing more.
 
 Each case runs a real broker in a fresh interpreter (the command's own path: ``pipelines.cli`` routes to
-``broker_edge.main``, whose ``serve`` starts the broker on free ports) and reads ``sys.modules`` the moment
-it is ready. Whatever is in that set was paid for before the first client could connect, so the HTTP stack,
-YAML without a file, the Arrow side and the pipelines' dependencies must not be; each is loaded on first use.
+``broker_edge.runtime.main``, whose ``serve`` starts the broker on free ports) and reads ``sys.modules`` the
+moment it is ready. Whatever is in that set was paid for before the first client could connect, so the HTTP
+stack, YAML without a file, the Arrow side and the pipelines' dependencies must not be; each is loaded on
+first use.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ NEVER_AT_START = {
     "ctypes",  # the store's syncfs question, asked when its first log opens
     "platform",
     "broker_edge.offsets_api.server",
-    "broker_edge.admin_http",
-    "broker_edge.transports.websocket",
+    "broker_edge.runtime.admin_http",
+    "broker_edge.runtime.transports.websocket",
     "pipelines.runner",
     "sources",
     "sinks",
@@ -46,8 +47,8 @@ _START = """
 import asyncio, json, os, signal, sys
 
 import pipelines.cli  # the console script's module, as `timestone broker` runs it
-from broker_edge.config.broker import load_broker_config
-from broker_edge.main import serve
+from broker_edge.settings.broker import load_broker_config
+from broker_edge.runtime.main import serve
 
 config = load_broker_config(sys.argv[2] if len(sys.argv) > 2 else None)
 config.listeners[0].port = 0
@@ -91,9 +92,12 @@ def default_modules(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
 
 def test_a_default_broker_listens_with_the_broker_loaded(default_modules):
     """The set is read from a broker that really started: its own modules and the event loop are in it."""
-    assert {"broker_edge.server", "broker_edge.transports.tcp", "broker_edge.storage", "uvloop"} <= (
-        default_modules
-    )
+    assert {
+        "broker_edge.runtime.broker",
+        "broker_edge.runtime.transports.tcp",
+        "broker_edge.storage",
+        "uvloop",
+    } <= (default_modules)
 
 
 @pytest.mark.parametrize("name", sorted(NEVER_AT_START))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker_edge.retained import RetainedStore
-from broker_edge.subscriptions import SubscriptionOptions, SubscriptionTrie
+from broker_edge.engine.routing.retained import RetainedStore
+from broker_edge.engine.routing.subscriptions import SubscriptionOptions, SubscriptionTrie
 
 
 def subscribers(trie: SubscriptionTrie, topic: str) -> dict:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from broker_edge.config import ConfigError, load_dataclass
-from broker_edge.metrics import BrokerMetrics
+from broker_edge.observe.metrics import BrokerMetrics
+from broker_edge.observe.sys_topics import SysTopicsConfig, sys_topic_messages
 from broker_edge.protocol.topics import topic_matches
-from broker_edge.sys_topics import SysTopicsConfig, sys_topic_messages
 
 
 def test_topics_and_payloads_from_a_snapshot() -> None:

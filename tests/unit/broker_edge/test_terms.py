@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from broker_edge.engine.connection.states import CLOSED, CONNECTED, NEW, NO_LIMIT
 from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, Disconnect
 from broker_edge.protocol.properties import Properties
-from broker_edge.states import CLOSED, CONNECTED, NEW, NO_LIMIT
 from tests.unit.broker_edge.handlers.wire import make_core
 
 

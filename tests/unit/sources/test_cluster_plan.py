@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 
 from broker_edge.cluster.cluster_info import layout_document
+from broker_edge.cluster.discovery import ClusterDiscovery, ClusterLayout, parse_layout
 from broker_edge.cluster.view import ClusterView, Member, PartitionState, partition_of
-from broker_edge.offsets_api.cluster_client import ClusterDiscovery, ClusterLayout, parse_layout
 from broker_edge.offsets_api.errors import OffsetOutOfRangeError, UnknownTopicError
 from broker_edge.offsets_types import BatchFetch, TopicResult
 from sources.cluster_plan import by_reader, readers_for, route_topics

@@ -10,8 +10,8 @@ import sys
 CODE = """
 import asyncio, sys, tempfile
 from broker_edge.config import load_dataclass
-from broker_edge.config.broker import BrokerConfig
-from broker_edge.server import Broker
+from broker_edge.settings.broker import BrokerConfig
+from broker_edge.runtime.broker import Broker
 
 async def main():
     with tempfile.TemporaryDirectory() as tmp:

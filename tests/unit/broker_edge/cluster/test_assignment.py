@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker_edge.cluster.assignment import (
+from broker_edge.cluster.coordination.assignment import (
     MOVES_AT_ONCE,
     Change,
     balance_leaders,

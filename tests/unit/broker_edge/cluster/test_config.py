@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from broker_edge.cluster.config import ClusterConfig, etcd_endpoint
-from broker_edge.cluster.etcd import ClusterKeys, grpc_target
+from broker_edge.cluster.coordination.etcd import ClusterKeys, grpc_target
 from broker_edge.config import ConfigError, load_dataclass
-from broker_edge.config.broker import BrokerConfig
+from broker_edge.settings.broker import BrokerConfig
+from broker_edge.settings.cluster import ClusterConfig, etcd_endpoint
 
 
 def load(**cluster: Any) -> BrokerConfig:
@@ -131,7 +131,7 @@ def test_key_layout() -> None:
 def test_loading_a_config_loads_no_etcd_client() -> None:
     # the single broker's start-up must not pay for gRPC: the section's dataclass lives apart from the client
     code = (
-        "from broker_edge.config.broker import load_broker_config; load_broker_config(); import sys; "
+        "from broker_edge.settings.broker import load_broker_config; load_broker_config(); import sys; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aetcd', 'grpc', 'google')))"
     )
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.cluster.epochs import EPOCHS_FILE, NO_EPOCH, EpochCache, LeaderEpochs
+from broker_edge.cluster.replication.epochs import EPOCHS_FILE, NO_EPOCH, EpochCache, LeaderEpochs
 from broker_edge.storage import LogStore, StorageConfig
 
 

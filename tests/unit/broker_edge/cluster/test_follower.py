@@ -7,9 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.cluster.follower import FollowerConfig, Followers, LocalDelivery, _Fetcher
-from broker_edge.cluster.leader import LeaderConfig
-from broker_edge.cluster.replica_fetch import DIVERGING, FRAMES, OK, FetchResponse, PartitionData, TopicData
+from broker_edge.cluster.replication.follower import FollowerConfig, Followers, LocalDelivery, _Fetcher
+from broker_edge.cluster.replication.leader import LeaderConfig
+from broker_edge.cluster.replication.replica_fetch import (
+    DIVERGING,
+    FRAMES,
+    OK,
+    FetchResponse,
+    PartitionData,
+    TopicData,
+)
 from broker_edge.cluster.view import ClusterView
 from broker_edge.storage import LogStore, StorageConfig
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.cluster.config import ClusterConfig
 from broker_edge.cluster.node import ClusterNode
 from broker_edge.cluster.view import ClusterView, Member, PartitionState, partition_of
 from broker_edge.config import load_dataclass
-from broker_edge.config.broker import BrokerConfig
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import Disconnect, PubAck, Publish
+from broker_edge.settings.broker import BrokerConfig
+from broker_edge.settings.cluster import ClusterConfig
 from tests.e2e.broker_clients import RawClient, close_all, wait_for
 from tests.e2e.conftest import RunningBroker, broker_document
 

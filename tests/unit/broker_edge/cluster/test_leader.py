@@ -7,8 +7,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from broker_edge.cluster.leader import LeaderConfig, LeaderReplication, NotEnoughReplicas, NotLeader
-from broker_edge.cluster.replica_fetch import (
+from broker_edge.cluster.replication.leader import (
+    LeaderConfig,
+    LeaderReplication,
+    NotEnoughReplicas,
+    NotLeader,
+)
+from broker_edge.cluster.replication.replica_fetch import (
     DIVERGING,
     FRAMES,
     NEWER_EPOCH,
@@ -22,8 +27,8 @@ from broker_edge.cluster.replica_fetch import (
     TopicPosition,
 )
 from broker_edge.cluster.view import ClusterView, PartitionState
-from broker_edge.delivery import Message
-from broker_edge.publish_path import AppendedRun, record_fields
+from broker_edge.engine.message import Message
+from broker_edge.engine.publish import AppendedRun, record_fields
 from broker_edge.storage import LogStore, StorageConfig
 from tests.e2e.cluster.inprocess_cluster import StaticIsr
 

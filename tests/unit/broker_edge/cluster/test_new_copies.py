@@ -10,8 +10,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from broker_edge.cluster.follower import Followers, LocalDelivery, _Fetcher
-from broker_edge.cluster.replica_fetch import FRAMES, OK, FetchResponse, PartitionData, TopicData
+from broker_edge.cluster.replication.follower import Followers, LocalDelivery, _Fetcher
+from broker_edge.cluster.replication.replica_fetch import FRAMES, OK, FetchResponse, PartitionData, TopicData
 from broker_edge.cluster.view import ClusterView, PartitionState
 from broker_edge.storage import LogStore, StorageConfig
 

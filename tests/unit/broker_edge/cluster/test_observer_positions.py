@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from broker_edge.cluster.follower import Followers, LocalDelivery, _Fetcher
-from broker_edge.cluster.replica_fetch import FRAMES, OK, FetchResponse, PartitionData, TopicData
+from broker_edge.cluster.replication.follower import Followers, LocalDelivery, _Fetcher
+from broker_edge.cluster.replication.replica_fetch import FRAMES, OK, FetchResponse, PartitionData, TopicData
 from broker_edge.cluster.view import ClusterView
 from broker_edge.storage import LogStore, StorageConfig
 

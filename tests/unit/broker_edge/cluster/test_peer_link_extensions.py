@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from broker_edge.cluster.peer_link import (
+from broker_edge.cluster.links.peer_link import (
     FIRST_EXTENSION_KIND,
     PeerLink,
     PeerLinkDown,
@@ -15,7 +15,7 @@ from broker_edge.cluster.peer_link import (
     PeerRequestFailed,
     decode_parts,
 )
-from broker_edge.delivery import Message
+from broker_edge.engine.message import Message
 
 
 class _Receiver:

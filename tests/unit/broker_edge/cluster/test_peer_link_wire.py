@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from broker_edge.cluster.peer_link import (
+from broker_edge.cluster.links.peer_link import (
     ANSWER,
     FORWARD,
     UNLOGGED,
@@ -19,9 +19,9 @@ from broker_edge.cluster.peer_link import (
     encode_forward,
     encode_unlogged,
 )
-from broker_edge.delivery import Message
+from broker_edge.engine.message import Message
+from broker_edge.engine.publish import ForwardAck
 from broker_edge.protocol.properties import Properties
-from broker_edge.publish_path import ForwardAck
 
 
 def _message(payload: bytes, **properties: Any) -> Message:

@@ -8,18 +8,18 @@ import asyncio
 import time
 from pathlib import Path
 
-from broker_edge.cluster.log_starts import LogStart, LogStarts
-from broker_edge.cluster.remote_starts import RemoteStarts
+from broker_edge.cluster.reads.log_starts import LogStart, LogStarts
+from broker_edge.cluster.reads.remote_starts import RemoteStarts
 from broker_edge.cluster.view import ClusterView, PartitionState
-from broker_edge.delivery import Message
-from broker_edge.limits import LimitsConfig
+from broker_edge.engine.cursors import ReplayManager
+from broker_edge.engine.message import Message
+from broker_edge.engine.routing.router import Router
+from broker_edge.engine.routing.subscriptions import SubscriptionOptions
+from broker_edge.engine.sessions.session import Session
 from broker_edge.protocol.topics import EARLIEST, OffsetStart, OffsetStartKind
-from broker_edge.replay import ReplayManager
-from broker_edge.router import Router
-from broker_edge.session import Session
+from broker_edge.security.limits import LimitsConfig
 from broker_edge.storage import LogStore, StorageConfig
 from broker_edge.storage.errors import OffsetOutOfRange
-from broker_edge.subscriptions import SubscriptionOptions
 from tests.unit.broker_edge.cluster.test_peer_link_extensions import _pair
 
 PARTITIONS = 4

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from broker_edge.cluster.replica_fetch import (
+from broker_edge.cluster.replication.replica_fetch import (
     DIVERGING,
     FRAMES,
     NOT_LEADER,
@@ -101,7 +101,7 @@ def test_a_fetch_its_replica_drops_before_its_body_arrived_is_logged_quietly(
     notes it at DEBUG, not as a failed request with a traceback."""
     from aiohttp import web
 
-    from broker_edge.cluster.replica_fetch import CONTENT_TYPE, PATH, replica_fetch_route
+    from broker_edge.cluster.replication.replica_fetch import CONTENT_TYPE, PATH, replica_fetch_route
     from broker_edge.offsets_api.server import json_errors
 
     async def serve(request: FetchRequest) -> FetchResponse:

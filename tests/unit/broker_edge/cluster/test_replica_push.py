@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.cluster.follower import FollowerConfig, Followers, LocalDelivery
-from broker_edge.cluster.leader import LeaderConfig, LeaderReplication
-from broker_edge.cluster.peer_link import PeerLink, PeerLinks
-from broker_edge.cluster.replica_fetch import (
+from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
+from broker_edge.cluster.replication.follower import FollowerConfig, Followers, LocalDelivery
+from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
+from broker_edge.cluster.replication.replica_fetch import (
     OK,
     UNKNOWN_SESSION,
     FetchRequest,
@@ -24,7 +24,7 @@ from broker_edge.cluster.replica_fetch import (
     TopicPosition,
     WireError,
 )
-from broker_edge.cluster.replica_push import (
+from broker_edge.cluster.replication.replica_push import (
     ACK,
     PUSH,
     Ack,
@@ -35,8 +35,8 @@ from broker_edge.cluster.replica_push import (
     encode_push,
 )
 from broker_edge.cluster.view import ClusterView, Member, PartitionState
-from broker_edge.delivery import Message
-from broker_edge.publish_path import AppendedRun, record_fields
+from broker_edge.engine.message import Message
+from broker_edge.engine.publish import AppendedRun, record_fields
 from broker_edge.storage import LogStore, StorageConfig
 from broker_edge.storage.file_pool import FileHandlePool
 from tests.e2e.cluster.inprocess_cluster import StaticIsr

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import asyncio
 
-from broker_edge.cluster.peer_link import PeerLinks
-from broker_edge.cluster.retained_sync import RetainedSync, decode_snapshot, encode_snapshot, snapshot_page
+from broker_edge.cluster.features.retained_sync import (
+    RetainedSync,
+    decode_snapshot,
+    encode_snapshot,
+    snapshot_page,
+)
+from broker_edge.cluster.links.peer_link import PeerLinks
 from broker_edge.cluster.view import ClusterView
-from broker_edge.delivery import Message
-from broker_edge.limits import LimitsConfig
+from broker_edge.engine.message import Message
+from broker_edge.engine.routing.retained import RetainedStore
+from broker_edge.engine.routing.router import Router
 from broker_edge.protocol.properties import Properties
-from broker_edge.retained import RetainedStore
-from broker_edge.router import Router
+from broker_edge.security.limits import LimitsConfig
 
 
 def test_a_snapshot_carries_every_field_and_offset_but_not_the_brokers_own_sys_topics():

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from broker_edge.cluster.sessions_records import (
+from broker_edge.cluster.features.sessions_records import (
     SavedWill,
     SessionRecord,
     restore_saved_session,
@@ -16,15 +16,15 @@ from broker_edge.cluster.sessions_records import (
     will_message,
     will_to_save,
 )
-from broker_edge.delivery import Message
-from broker_edge.limits import LimitsConfig
+from broker_edge.engine.message import Message
+from broker_edge.engine.routing.router import Router
+from broker_edge.engine.routing.subscriptions import SubscriptionOptions
+from broker_edge.engine.sessions.session import NEVER_EXPIRES
 from broker_edge.offsets_types import LogInfo
 from broker_edge.protocol.packets import Will
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.topics import topic_matches
-from broker_edge.router import Router
-from broker_edge.session import NEVER_EXPIRES
-from broker_edge.subscriptions import SubscriptionOptions
+from broker_edge.security.limits import LimitsConfig
 
 
 def test_a_record_reads_back_as_written():

@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from broker_edge.cluster.shared_directory import Deliveries, DeliveryKey, SharedDirectory, choose
-from broker_edge.cluster.shared_groups_wire import (
+from broker_edge.cluster.features.shared_directory import Deliveries, DeliveryKey, SharedDirectory, choose
+from broker_edge.cluster.features.shared_groups_wire import (
     decode_assign,
     decode_assigned,
     decode_direct,
@@ -22,8 +22,8 @@ from broker_edge.cluster.shared_groups_wire import (
     encode_note,
     encode_partitions,
 )
-from broker_edge.cluster.shared_registry import decode_groups, encode_groups
-from broker_edge.delivery import Message
+from broker_edge.cluster.features.shared_registry import decode_groups, encode_groups
+from broker_edge.engine.message import Message
 from broker_edge.protocol.properties import Properties
 
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import asyncio
 
-from broker_edge.cluster.peer_link import PeerLink, PeerLinks
-from broker_edge.cluster.shared_directory import DeliveryKey, SharedDirectory
-from broker_edge.cluster.shared_groups import SharedGroups
+from broker_edge.cluster.features.shared_directory import DeliveryKey, SharedDirectory
+from broker_edge.cluster.features.shared_groups import SharedGroups
+from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
 from broker_edge.cluster.view import ClusterView, Member, PartitionState
-from broker_edge.delivery import Message
-from broker_edge.limits import LimitsConfig
-from broker_edge.router import Router
-from broker_edge.session import Session
-from broker_edge.subscriptions import SubscriptionOptions
+from broker_edge.engine.message import Message
+from broker_edge.engine.routing.router import Router
+from broker_edge.engine.routing.subscriptions import SubscriptionOptions
+from broker_edge.engine.sessions.session import Session
+from broker_edge.security.limits import LimitsConfig
 
 PARTITIONS = 2
 

@@ -11,7 +11,7 @@ import typing
 from collections.abc import Iterator
 from pathlib import Path
 
-from broker_edge.config.broker import BrokerConfig
+from broker_edge.settings.broker import BrokerConfig
 
 REPO = Path(__file__).resolve().parents[4]
 

@@ -2,7 +2,6 @@
 
 import pytest
 
-from broker_edge.auth import hash_password
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import (
     MQTT_3_1_1,
@@ -15,6 +14,7 @@ from broker_edge.protocol.packets import (
     Will,
 )
 from broker_edge.protocol.properties import Properties
+from broker_edge.security.auth import hash_password
 from tests.unit.broker_edge.handlers.wire import make_core
 
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from broker_edge.connection import Connection
-from broker_edge.context import SessionClaim
+from broker_edge.engine.connection.connection import Connection
+from broker_edge.engine.handlers.context import SessionClaim
 from broker_edge.protocol.packets import (
     MQTT_3_1_1,
     MQTT_5,

@@ -14,15 +14,15 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from broker_edge.config import load_dataclass
-from broker_edge.config.broker import BrokerConfig
-from broker_edge.connection import Connection
-from broker_edge.core import BrokerCore
-from broker_edge.listeners import ListenerRuntime
-from broker_edge.metrics import BrokerMetrics
+from broker_edge.engine.connection.connection import Connection
+from broker_edge.engine.connection.listeners import ListenerRuntime
+from broker_edge.engine.connection.states import CLOSED, CONNECTED
+from broker_edge.engine.core import BrokerCore
+from broker_edge.observe.metrics import BrokerMetrics
 from broker_edge.protocol import PacketDecoder
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import MQTT_5, Connect, Packet
-from broker_edge.states import CLOSED, CONNECTED
+from broker_edge.settings.broker import BrokerConfig
 
 
 class MemoryTransport:

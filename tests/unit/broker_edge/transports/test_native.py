@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from broker_edge.transports.native import (
+from broker_edge.runtime.transports.native import (
     ACCEPT_BATCH,
     DEFAULT_HIGH_WATER,
     NativeServer,

@@ -1,0 +1,272 @@
+"""The controller: one member at a time assigns replicas and elects leaders, applying ``assignment``.
+
+Every member campaigns: it creates ``<prefix>/controller`` (its node_id, bound to its membership lease)
+if the key is absent. The one that created it is the controller until its lease ends (then etcd deletes the
+key and the others campaign again). Each of its writes is a transaction guarded by that key's revision, so
+a controller that lost its lease and does not know yet writes nothing.
+
+The controller creates the cluster (``<prefix>/config`` with the partition count, then every partition's
+initial state), and after every change of members or states it re-reads the cluster's keys and applies
+``assignment.plan``: elections (asking the candidates' offsets API ``GET /v1/logs`` for their log ends),
+replicas for partitions short of the replication factor, leadership moves that spread leadership
+evenly, and replicas moved (an extra one added, caught up, then one dropped) from the most loaded members
+to the least loaded, such as a member that just joined. Every state is written by compare-and-swap on its
+revision; on a conflict it reads again and recomputes. An unclean election is logged at ERROR.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+
+from broker_edge.cluster.coordination.assignment import LogEnds, initial_states, needs_election, plan
+from broker_edge.cluster.coordination.coordinator import Coordinator
+from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd, EtcdError, Guard
+from broker_edge.cluster.coordination.membership import Membership
+from broker_edge.cluster.tasks import stop_task
+from broker_edge.cluster.view import ClusterView, Member, PartitionState, partition_of
+from broker_edge.settings.cluster import ClusterConfig
+
+__all__ = ["Controller", "read_log_ends"]
+
+log = logging.getLogger("broker_edge.cluster.controller")
+
+LOG_ENDS_TIMEOUT_S = 1.0
+"""How long an election waits for a candidate's log ends (one that does not answer is ranked last)."""
+
+RECHECK_INTERVAL_S = 1.0
+"""A controller (or a candidate for it) looks again at least this often, changes or not."""
+
+
+async def read_log_ends(
+    members: Iterable[Member],
+    partitions: int,
+    token: str | None = None,
+    timeout_s: float = LOG_ENDS_TIMEOUT_S,
+) -> dict[str, dict[int, int]]:
+    """node_id → partition → sum of the end offsets of its topics in that partition, from each member's
+    offsets API (``GET /v1/logs``), all asked at once; a member that does not answer in ``timeout_s`` (or
+    answers badly) is left out."""
+    import aiohttp  # here: only a controller's election or a status command asks
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def one(session: aiohttp.ClientSession, member: Member) -> tuple[str, dict[int, int] | None]:
+        try:
+            async with session.get(f"{member.offsets_api.rstrip('/')}/v1/logs", headers=headers) as answer:
+                if answer.status != 200:
+                    return member.node_id, None
+                body = await answer.json()
+            ends: dict[int, int] = {}
+            for entry in body["logs"]:
+                partition = partition_of(str(entry["topic"]), partitions)
+                ends[partition] = ends.get(partition, 0) + int(entry["end_offset"])
+            return member.node_id, ends
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+            log.debug("log ends of %s: %s", member.node_id, exc)
+            return member.node_id, None
+
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        answers = await asyncio.gather(*(one(session, member) for member in members))
+    return {node: ends for node, ends in answers if ends is not None}
+
+
+LogEndsReader = Callable[[list[Member], int], Awaitable[LogEnds]]
+"""(candidates, partition count) → their log ends (``read_log_ends`` with the cluster's token)."""
+
+
+class Controller:
+    """Campaigns for the controller key while this node is a member; while it holds it, keeps the
+    partitions assigned and led (see the module docstring). ``log_ends`` reads candidates' log ends
+    (default: their offsets API, with ``token``)."""
+
+    def __init__(
+        self,
+        etcd: Etcd,
+        keys: ClusterKeys,
+        view: ClusterView,
+        coordinator: Coordinator,
+        membership: Membership,
+        config: ClusterConfig,
+        log_ends: LogEndsReader | None = None,
+        token: str | None = None,
+    ) -> None:
+        self.etcd = etcd
+        self.keys = keys
+        self.view = view
+        self.coordinator = coordinator
+        self.membership = membership
+        self.config = config
+        self.log_ends: LogEndsReader = log_ends or (
+            lambda members, partitions: read_log_ends(members, partitions, token)
+        )
+        self.holding: Guard | None = None
+        """(controller key, its mod_revision) while this node is the controller."""
+        self.changes_applied = 0
+        """Partition state changes this node has written as controller (for tests and logs)."""
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def is_controller(self) -> bool:
+        return self.holding is not None
+
+    async def start(self) -> None:
+        self.view.on_change(self._wake.set)
+        self.membership.on_registered(self._wake.set)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="cluster-controller")
+
+    async def stop(self, resign: bool = True) -> None:
+        """Stop campaigning and controlling; ``resign`` deletes the controller key at once (otherwise it
+        goes with the lease)."""
+        if self._task is not None:
+            await stop_task(self._task)
+            self._task = None
+        with contextlib.suppress(ValueError):
+            self.view._listeners.remove(self._wake.set)
+        holding, self.holding = self.holding, None
+        if holding is not None and resign and not self.view.fenced:
+            with contextlib.suppress(EtcdError):
+                await self.etcd.delete_if(*holding)
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), RECHECK_INTERVAL_S)
+            self._wake.clear()
+            try:
+                again = await self._step()
+            except EtcdError as exc:
+                log.warning("controller step failed: %s", exc)
+                again = False
+                await asyncio.sleep(0.2)
+            except Exception:
+                log.exception("controller step failed")
+                again = False
+                await asyncio.sleep(1.0)
+            if again:
+                self._wake.set()
+
+    async def _step(self) -> bool:
+        """One look: campaign or reconcile. True when it should look again at once (a write conflicted)."""
+        lease = self.membership.lease_id
+        if self.view.fenced or lease is None:
+            if self.holding is not None:
+                log.warning("%s is no longer the controller (fenced)", self.view.node_id)
+                self.holding = None
+            return False
+        if self.holding is not None and self.coordinator.controller != self.view.node_id:
+            current = await self.etcd.get(self.keys.controller)
+            if current is None or current.mod_revision != self.holding[1]:
+                log.warning("%s is no longer the controller", self.view.node_id)
+                self.holding = None
+        if self.holding is None:
+            if self.coordinator.controller is not None and self.coordinator.controller != self.view.node_id:
+                return False
+            revision = await self.etcd.create(self.keys.controller, self.view.node_id.encode(), lease)
+            if revision is None:
+                # held by someone; or by this node under its current lease, if it was fenced for a moment
+                # without losing the lease: then it is still the controller
+                current = await self.etcd.get(self.keys.controller)
+                if current is None or current.lease != lease or current.value != self.view.node_id.encode():
+                    return False
+                revision = current.mod_revision
+            self.holding = (self.keys.controller, revision)
+            log.info("%s is the controller", self.view.node_id)
+        return await self._reconcile(self.holding)
+
+    async def _reconcile(self, holding: Guard) -> bool:
+        kvs, _ = await self.etcd.get_prefix(self.keys.root)
+        members: dict[str, Member] = {}
+        states: dict[int, PartitionState] = {}
+        revisions: dict[int, int] = {}
+        stored: int | None = None
+        for kv in kvs:
+            if kv.key == self.keys.config:
+                stored = int(json.loads(kv.value)["partitions"])
+            elif kv.key.startswith(self.keys.members):
+                member = Member.from_json(kv.value)
+                members[member.node_id] = member
+            else:
+                partition = self.keys.partition_number(kv.key)
+                if partition is not None:
+                    states[partition] = PartitionState.from_json(kv.value)
+                    revisions[partition] = kv.mod_revision
+        guards = [holding]
+        if stored is None:
+            count = self.config.partitions
+            created = await self.etcd.create(
+                self.keys.config, json.dumps({"partitions": count}).encode(), None, guards
+            )
+            if created is None:
+                return True
+            log.info("created the cluster: %d partitions", count)
+            stored = count
+        if not members:
+            return False
+        missing = [p for p in range(stored) if p not in states]
+        if missing:
+            for state in initial_states(missing, members, self.config.replication_factor):
+                created = await self.etcd.create(
+                    self.keys.partition(state.partition), state.to_json().encode(), None, guards
+                )
+                if created is None:
+                    return True
+                self.changes_applied += 1
+            log.info(
+                "assigned %d partitions over %s (replication factor %d)",
+                len(missing),
+                ", ".join(sorted(members)),
+                min(self.config.replication_factor, len(members)),
+            )
+            return True
+        live = set(members)
+        electing = needs_election(states.values(), live)
+        log_ends: LogEnds = {}
+        if electing:
+            candidates: set[str] = set()
+            for p in electing:
+                pool = states[p].replicas if self.config.unclean_election else states[p].isr
+                live_pool = {node for node in pool if node in members}
+                if len(live_pool) > 1:  # one candidate needs no ranking: do not wait for its answer
+                    candidates |= live_pool
+            if candidates:
+                log_ends = await self.log_ends([members[n] for n in sorted(candidates)], stored)
+        rf, unclean = self.config.replication_factor, self.config.unclean_election
+        min_isr = self.config.min_insync_replicas
+        changes = plan(states, live, rf, log_ends, unclean, min_isr)
+        if any(
+            change.after.leader != change.before.leader and change.before.leader in live for change in changes
+        ):
+            # a live leader's leadership (spread, or handed over before its copy is dropped) moves only to a
+            # replica that is not behind: ask every member where it stands
+            asked = [members[n] for n in sorted(live) if n not in log_ends]
+            log_ends = {**log_ends, **await self.log_ends(asked, stored)}
+            changes = plan(states, live, rf, log_ends, unclean, min_isr)
+        conflicted = False
+        for change in changes:
+            partition = change.partition
+            written = await self.etcd.compare_and_swap(
+                self.keys.partition(partition), change.after.to_json().encode(), revisions[partition], guards
+            )
+            if written is None:
+                conflicted = True
+                continue
+            self.changes_applied += 1
+            before, after = change.before, change.after
+            (log.error if change.unclean else log.info)(
+                "partition %d: %s (leader %s epoch %d -> leader %s epoch %d, isr %s, replicas %s)",
+                partition,
+                "; ".join(change.reasons),
+                before.leader,
+                before.epoch,
+                after.leader,
+                after.epoch,
+                ",".join(after.isr),
+                ",".join(after.replicas),
+            )
+        return conflicted
