@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from broker_edge.engine.message import Message
 from broker_edge.engine.recent_messages import RecentMessages
+from broker_edge.engine.records import message_of_record
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.topics import OffsetStart, OffsetStartKind, topic_matches
 from broker_edge.storage.errors import CorruptRecord, OffsetOutOfRange, StorageError, UnknownTopic
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from broker_edge.storage.record import Record
     from broker_edge.storage.store import LogStore
 
-__all__ = ["ReplayManager", "message_of_record", "start_offset"]
+__all__ = ["ReplayManager", "start_offset"]
 
 log = logging.getLogger(__name__)
 
@@ -441,42 +441,3 @@ def start_offset(store: LogStore, info: LogInfo, start: OffsetStart) -> int:
     if kind is OffsetStartKind.TIMESTAMP:
         return min(store.offset_for_timestamp(info.topic, value), info.end_offset)
     return value
-
-
-def record_properties(record: Record) -> Properties | None:
-    """The v5 application properties a logged record is forwarded with (None when it has none)."""
-    if (
-        record.user_properties
-        or record.content_type is not None
-        or record.payload_format_indicator is not None
-        or record.response_topic is not None
-        or record.correlation_data is not None
-    ):
-        return Properties(
-            payload_format_indicator=record.payload_format_indicator,
-            content_type=record.content_type,
-            response_topic=record.response_topic,
-            correlation_data=record.correlation_data,
-            user_properties=list(record.user_properties),
-        )
-    return None
-
-
-def message_of_record(topic: str, record: Record) -> Message:
-    """The routed message of a logged record: its fields, its offset, and what remains of its v5 Message
-    Expiry Interval (which counts from the record's time)."""
-    props = record_properties(record)
-    expires_at = None
-    if record.message_expiry_interval is not None:
-        expires_in = record.timestamp_ms / 1000 + record.message_expiry_interval - time.time()
-        expires_at = time.monotonic() + expires_in
-    return Message(
-        topic,
-        bytes(record.payload),
-        record.qos,
-        record.retain,
-        props,
-        record.client_id,
-        record.offset,
-        expires_at,
-    )

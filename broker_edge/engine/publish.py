@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from broker_edge.engine.connection.states import CLOSED, CONNECTED
 from broker_edge.engine.message import Message
+from broker_edge.engine.records import record_fields
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.storage.errors import StorageError, TooManyTopics
 
@@ -72,7 +73,6 @@ __all__ = [
     "PublishStore",
     "Publisher",
     "Replication",
-    "record_fields",
 ]
 
 log = logging.getLogger("broker_edge.publish_path")
@@ -655,35 +655,3 @@ def _acknowledge(
         publisher.send_puback(packet_id, reason_code, reason_string)
     elif qos == 2:
         publisher.send_pubrec(packet_id, reason_code, reason_string)
-
-
-def record_fields(message: Message) -> RecordFields:
-    """The log record of a publish: payload, QoS, retain, publisher and the properties it is forwarded with
-    (what remains of its Message Expiry Interval counts from the record's time)."""
-    props = message.properties
-    expiry = None if message.expires_at is None else message.expiry_left()  # a call only when it expires
-    if props is None:
-        return (
-            message.payload,
-            message.qos,
-            message.retain,
-            message.origin,
-            (),
-            None,
-            None,
-            expiry,
-            None,
-            None,
-        )
-    return (
-        message.payload,
-        message.qos,
-        message.retain,
-        message.origin,
-        list(props.user_properties),
-        props.content_type,
-        props.payload_format_indicator,
-        expiry,
-        props.response_topic,
-        props.correlation_data,
-    )

@@ -67,8 +67,8 @@ from broker_edge.cluster.features.shared_groups_wire import (
 )
 from broker_edge.cluster.links.peer_link import PeerLinkDown, PeerRequestFailed
 from broker_edge.cluster.tasks import stop_task
-from broker_edge.engine.cursors import message_of_record
 from broker_edge.engine.message import Message
+from broker_edge.engine.records import message_of_record
 from broker_edge.storage.errors import StorageError
 
 if TYPE_CHECKING:

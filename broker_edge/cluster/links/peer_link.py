@@ -37,9 +37,9 @@ import struct
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker_edge.engine.cursors import record_properties
 from broker_edge.engine.message import Message
-from broker_edge.engine.publish import ForwardAck, record_fields
+from broker_edge.engine.publish import ForwardAck
+from broker_edge.engine.records import message_of_frame, record_fields
 from broker_edge.storage.record import PREFIX, PREFIX_SIZE, FrameError, decode_frame, encode_frame
 
 if TYPE_CHECKING:
@@ -173,20 +173,7 @@ def decode_publishes(body: memoryview, now: float, batched: bool) -> tuple[int, 
             record = decode_frame(body[pos:end], len(messages), MAX_RECORD_BODY)
         except FrameError as error:
             raise ValueError(f"bad record frame: {error}") from None
-        properties = record_properties(record)
-        expiry = record.message_expiry_interval
-        messages.append(
-            Message(
-                topic,
-                record.payload,
-                record.qos,
-                record.retain,
-                properties,
-                record.client_id,
-                None,
-                None if expiry is None else now + expiry,
-            )
-        )
+        messages.append(message_of_frame(topic, record, now))
         pos = end
     return batch, messages
 

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from broker_edge.engine.cursors import message_of_record
+from broker_edge.engine.records import message_of_record
 from broker_edge.observe import path_trace
 from broker_edge.offsets_types import LogInfo
 from broker_edge.protocol.topics import topic_matches
