@@ -1,4 +1,9 @@
-"""A broker's part in its cluster: ``ClusterNode`` wires coordination, replication and forwarding into it.
+"""A broker's part in its cluster: ``ClusterNode`` builds the cluster's parts and lets them into the engine.
+
+The node sees its broker through ``BrokerHandle`` (the engine's router, PUBLISH path and cursors, the store,
+the loop, the offsets API's routes) and enters the engine through its ports only: it builds a
+``ClusterPorts`` (``broker_edge.engine.ports``) from its parts and registers it once, when it starts. What a
+broker alone runs is the engine without those ports; what a cluster adds is listed there, one port each.
 
 ``Broker.start`` creates the node once its listeners and offsets API are bound (so the advertised addresses
 default to the bound ports) and starts it; ``Broker.stop`` stops it before anything else closes. The node
@@ -7,14 +12,15 @@ default to the bound ports) and starts it; ``Broker.stop`` stops it before anyth
   before it serves;
 - keeps this node's ``ClusterView`` current: membership under an etcd lease (fencing when it cannot be
   renewed), the coordinator's watches, the controller campaign;
-- makes the PUBLISH path a cluster member's: the leader's ``Replication`` stage (acks=all with
-  ``min_insync_replicas``), the followers' fetchers (which route what becomes committed), and
-  ``ClusterForwarding`` with the peer links for publishes on partitions led elsewhere and unlogged ones;
+- makes the PUBLISH path a cluster member's: the leader's ``replication`` port (acks=all with
+  ``min_insync_replicas``), the followers' fetchers (which route what becomes committed), and the
+  ``forwarding`` port with the peer links for publishes on partitions led elsewhere and unlogged ones;
 - makes sessions and wills cluster-wide (``sessions``, ``wills``): every CONNECT claims its client id in
   etcd first, taking the session over from the broker that holds it; wills are published once;
 - fences: while ``view.fenced`` nothing is acknowledged (placement never appends here, the leader stage
-  fails what it holds) and MQTT clients are disconnected so they move to a live member (v5: DISCONNECT
-  0x9C "use another server" with the Server Reference of a live member when one is known, else 0x8B).
+  fails what it holds) and MQTT clients are sent elsewhere (``BrokerCore.send_clients_elsewhere``: v5
+  DISCONNECT 0x9C "use another server" with the Server Reference of a live member when one is known,
+  else 0x8B).
 
 Only a broker with a ``cluster:`` section imports this module. Given a ``view``, the node runs on it as is
 (no etcd, no replication: forwarding and the peer links alone), which is how the data side is tested.
@@ -25,7 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker_edge.cluster.cluster_info import cluster_info_route
 from broker_edge.cluster.features.retained_sync import RetainedSync
@@ -35,28 +41,34 @@ from broker_edge.cluster.features.shared_registry import SharedRegistry
 from broker_edge.cluster.forwarding import ClusterForwarding
 from broker_edge.cluster.links.peer_link import PeerLinks
 from broker_edge.cluster.view import ClusterView, Member
-from broker_edge.engine.connection.states import CONNECTED
-from broker_edge.engine.publish import AppendedRun, PublishRefused
-from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import MQTT_5, Disconnect
-from broker_edge.protocol.properties import Properties
-from broker_edge.protocol.reason_codes import ReasonCode
+from broker_edge.engine.ports import LOCAL_ONLY, AppendedRun, ClusterPorts, PublishRefused
 
 if TYPE_CHECKING:
+    import asyncio
+
+    from aiohttp import web
+
     from broker_edge.cluster.coordination.controller import Controller
     from broker_edge.cluster.coordination.coordinator import Coordinator
     from broker_edge.cluster.coordination.etcd import Etcd
     from broker_edge.cluster.coordination.membership import Membership
     from broker_edge.cluster.features.sessions import ClusterSessions
+    from broker_edge.cluster.features.wills import ClusterWills
+    from broker_edge.cluster.reads.interest import LocalInterest
     from broker_edge.cluster.reads.remote_reads import RemoteReads
     from broker_edge.cluster.reads.remote_starts import RemoteStarts
     from broker_edge.cluster.replication.epochs import LeaderEpochs
     from broker_edge.cluster.replication.follower import Followers
     from broker_edge.cluster.replication.leader import LeaderReplication
-    from broker_edge.runtime.broker import Broker
+    from broker_edge.engine.cursors import ReplayManager
+    from broker_edge.engine.publish import PublishPath
+    from broker_edge.engine.routing.router import Router
+    from broker_edge.security.acl import AccessControl
+    from broker_edge.settings.broker import BrokerConfig
     from broker_edge.settings.cluster import ClusterConfig
+    from broker_edge.storage.store import LogStore
 
-__all__ = ["ClusterNode", "RefusingReplication", "advertised_member"]
+__all__ = ["BrokerHandle", "ClusterNode", "RefusingReplication", "advertised_member"]
 
 log = logging.getLogger("broker_edge.cluster.node")
 
@@ -69,11 +81,53 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+class BrokerHandle(Protocol):
+    """The broker as its cluster node sees it (``runtime.broker.Broker`` is one): the engine's parts the
+    cluster's parts work with, the runtime's store and loop, the bound ports it advertises, the offsets
+    API it adds endpoints to, and the two calls into the engine's core (joining, sending clients away)."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def store(self) -> LogStore | None: ...
+
+    @property
+    def router(self) -> Router: ...
+
+    @property
+    def publish_path(self) -> PublishPath: ...
+
+    @property
+    def replays(self) -> ReplayManager | None: ...
+
+    @property
+    def acl(self) -> AccessControl | None: ...
+
+    @property
+    def ports(self) -> dict[str, int]:
+        """Listener name → bound port."""
+
+    @property
+    def offsets_port(self) -> int | None: ...
+
+    def now(self) -> float: ...
+
+    def add_offsets_api_routes(self, add: Callable[[web.Application], None]) -> None: ...
+
+    def join_cluster(self, ports: ClusterPorts) -> None: ...
+
+    def send_clients_elsewhere(self, server_reference: str | None, reason: str) -> int: ...
+
+
 def _host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def advertised_member(broker: Broker, cluster: ClusterConfig) -> Member:
+def advertised_member(broker: BrokerHandle, cluster: ClusterConfig) -> Member:
     """This node's ``Member``: the advertised addresses, else the first listener's and the offsets API's
     bound addresses."""
     config = broker.config
@@ -90,9 +144,9 @@ def advertised_member(broker: Broker, cluster: ClusterConfig) -> Member:
 
 
 class RefusingReplication:
-    """The leader's ``Replication`` stage as the PUBLISH path sees it: a batch the leader cannot commit
-    (too few in-sync replicas, leadership lost, fenced) is a refusal (v5 0x83 with the reason), not a
-    failure of the broker."""
+    """The leader's ``Replication`` stage as the PUBLISH path sees it (the ``replication`` port): a batch
+    the leader cannot commit (too few in-sync replicas, leadership lost, fenced) is a refusal (v5 0x83 with
+    the reason), not a failure of the broker."""
 
     def __init__(self, leader: LeaderReplication) -> None:
         self.leader = leader
@@ -111,7 +165,7 @@ class RefusingReplication:
 class ClusterNode:
     """Everything of one broker that is about its cluster (see the module docstring)."""
 
-    def __init__(self, broker: Broker, cluster: ClusterConfig, view: ClusterView | None = None) -> None:
+    def __init__(self, broker: BrokerHandle, cluster: ClusterConfig, view: ClusterView | None = None) -> None:
         self.broker = broker
         self.cluster = cluster
         self.static = view is not None
@@ -138,6 +192,8 @@ class ClusterNode:
         self.leader: LeaderReplication | None = None
         self.followers: Followers | None = None
         self.sessions: ClusterSessions | None = None
+        self.wills: ClusterWills | None = None
+        self.interest: LocalInterest | None = None
         self.epochs: LeaderEpochs | None = None
         self.remote_reads: RemoteReads | None = None
         self.remote_starts: RemoteStarts | None = None
@@ -149,7 +205,6 @@ class ClusterNode:
             cluster.node_id, directory, self.etcd, cluster.key_prefix, self.membership
         )
         self.shared_registry.count_existing(broker.router.trie.subscriptions())
-        broker.router.shared_membership = self.shared_registry.member_changed
         reader = log_reader(broker.store) if broker.store is not None else None
         self.shared = SharedGroups(
             broker.router,
@@ -163,8 +218,8 @@ class ClusterNode:
         )
         if self.epochs is not None:
             self.shared.epoch_of = self.epochs.epoch_at
-        broker.offsets_api_routes.append(self.links.add_routes)
-        broker.offsets_api_routes.append(cluster_info_route(self.view, self._observer_status))
+        broker.add_offsets_api_routes(self.links.add_routes)
+        broker.add_offsets_api_routes(cluster_info_route(self.view, self._observer_status))
         self._was_fenced = False
         self._started = False
 
@@ -204,9 +259,8 @@ class ClusterNode:
             route_committed=delivery.route_committed,
         )
         self.leader.serve_pushes(self.links)
-        interest = LocalInterest(view)
+        interest = self.interest = LocalInterest(view)
         interest.count_existing(broker.router.trie.subscriptions())
-        broker.router.interest_changed = interest.changed
         self.followers = Followers(
             view,
             store,
@@ -217,25 +271,21 @@ class ClusterNode:
             interest=interest,
             retained=RetainedRefresh(broker.router, view, self.links),
         )
-        broker.router.subscribe_gate = self.followers.subscribe_gate
         if broker.replays is not None:
             from broker_edge.cluster.reads.log_starts import LogStarts
             from broker_edge.cluster.reads.remote_reads import RemoteReads
             from broker_edge.cluster.reads.remote_starts import RemoteStarts
 
-            broker.replays.log_here = self._log_here
             self.remote_reads = RemoteReads(view, self.followers, self._log_here, broker.replays, self.token)
-            broker.replays.remote = self.remote_reads
             self.remote_starts = RemoteStarts(
                 view,
                 LogStarts(store, view, self.links),
                 self._copy_here,
                 self.followers.observed_logs,
             )
-            broker.replays.remote_starts = self.remote_starts
         self.links.on(PUSH, self.followers.pushed)
         timeout = broker.config.offsets_api.request_timeout_s
-        broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch, timeout, pushes=True))
+        broker.add_offsets_api_routes(replica_fetch_route(self.leader.fetch, timeout, pushes=True))
 
     def _build_sessions(self) -> None:
         """Cluster-wide sessions and wills (``sessions``, ``wills``): CONNECT claims its client id first."""
@@ -249,23 +299,35 @@ class ClusterNode:
         self.sessions = ClusterSessions(broker, registry, self.view, self.links, self.cluster)
         if self.followers is not None:
             self.sessions.observed_logs = self.followers.observed_logs
-        wills = ClusterWills(
+        wills = self.wills = ClusterWills(
             self.sessions, registry, self.view, broker.publish_path.publish, self.sessions.tasks, broker.loop
         )
-        broker.router.publish_hook = wills.publish_will
-        broker.session_claims = self.sessions
         self.view.on_change(wills.view_changed)
 
+    def ports(self) -> ClusterPorts:
+        """Every port this node lets into the engine: its parts, each where the engine asks."""
+        return ClusterPorts(
+            forwarding=self.forwarding,
+            replication=RefusingReplication(self.leader) if self.leader is not None else LOCAL_ONLY,
+            sessions=self.sessions,
+            wills=self.wills,
+            shared_dispatch=self.shared,
+            shared_members=self.shared_registry,
+            retained_sync=self.retained,
+            interest=self.interest,
+            subscribe_gate=self.followers,
+            remote_logs=self.remote_reads,
+            remote_starts=self.remote_starts,
+        )
+
     async def start(self) -> None:
-        """Serve as a member: the PUBLISH path's cluster stages first (fenced until registered, so nothing
+        """Serve as a member: the engine takes this node's ports first (fenced until registered, so nothing
         is appended here yet), then follow the cluster's state, register, campaign for controller. A node
         that cannot reach etcd starts fenced and keeps trying."""
-        path = self.broker.publish_path
         if self.leader is not None and self.followers is not None:
             self.leader.start()
             self.followers.start()
-            path.replication = RefusingReplication(self.leader)
-        path.attach_forwarding(self.forwarding)
+        self.broker.join_cluster(self.ports())
         self.view.on_change(self._view_changed)
         self._started = True
         self._view_changed()
@@ -364,23 +426,12 @@ class ClusterNode:
         return self.static or self.membership is None or self.membership.proven_until > 0
 
     def _move_clients(self) -> None:
-        """Fenced: disconnect every MQTT client so it reconnects to a live member."""
+        """Fenced: send every MQTT client to a live member."""
         others = [member for node, member in sorted(self.view.members.items()) if node != self.view.node_id]
         reference = others[0].mqtt if others else None
+        moved = self.broker.send_clients_elsewhere(reference, "this broker lost its cluster membership")
         log.warning(
-            "fenced (etcd lease not renewed): disconnecting %d clients%s",
-            len(self.broker.connections),
+            "fenced (etcd lease not renewed): disconnected %d clients%s",
+            moved,
             f", pointing v5 clients at {reference}" if reference else "",
         )
-        for conn in self.broker.connections:
-            if conn.state != CONNECTED:
-                conn.abort()
-                continue
-            if conn.terms.v5 and reference is not None:
-                properties = Properties(reason_string="this broker lost its cluster membership")
-                properties.server_reference = reference
-                conn.write(encode(Disconnect(ReasonCode.USE_ANOTHER_SERVER, properties), MQTT_5))
-                self.broker.counters.disconnect("use_another_server")
-                conn.close()
-            else:
-                conn.close(ReasonCode.SERVER_SHUTTING_DOWN, "this broker lost its cluster membership")

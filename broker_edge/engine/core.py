@@ -1,11 +1,14 @@
 """The broker's shared parts without any I/O: what every connection and handler works with.
 
 ``BrokerCore`` holds the configuration, the router, the PUBLISH path, the ACL, the password file, the
-connection admission and the counters, and implements ``context.ConnectionHost`` on top of three
-primitives: a clock (``now``), "run at the end of this loop iteration" (``call_soon``) and a timer
-(``call_later``). ``server.Broker`` gives them the event loop and adds listeners, storage, HTTP and the
-sweep; the handler unit tests give them a clock and a queue they drive by hand, so bytes can be fed to a
-``Connection`` with no socket and no event loop.
+connection admission and the counters, and implements ``ConnectionHost`` on top of three primitives: a clock
+(``now``), "run at the end of this loop iteration" (``call_soon``) and a timer (``call_later``).
+``server.Broker`` gives them the event loop and adds listeners, storage, HTTP and the sweep; the handler unit
+tests give them a clock and a queue they drive by hand, so bytes can be fed to a ``Connection`` with no socket
+and no event loop.
+
+A cluster enters here and nowhere else: ``join_cluster`` takes its ports (``broker_edge.engine.ports``) once
+and hands each part of the engine those it asks.
 """
 
 from __future__ import annotations
@@ -14,21 +17,25 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from broker_edge.engine.connection.states import CLOSED
+from broker_edge.engine.connection.states import CLOSED, CONNECTED
+from broker_edge.engine.cursors import ReplayManager
+from broker_edge.engine.ports import ALONE, ClusterPorts
 from broker_edge.engine.publish import PublishPath
 from broker_edge.engine.routing.router import Router
 from broker_edge.observe.counters import BrokerCounters
+from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.security.acl import AccessControl
 from broker_edge.security.auth import PasswordFile
 from broker_edge.security.login_backoff import LoginBackoff
 from broker_edge.security.topic_quota import TopicShares
 
 if TYPE_CHECKING:
+    import asyncio
+
     from broker_edge.engine.connection.connection import Connection
-    from broker_edge.engine.cursors import ReplayManager
-    from broker_edge.engine.handlers.context import SessionClaims
     from broker_edge.observe.metrics import BrokerMetrics
     from broker_edge.settings.broker import BrokerConfig
+    from broker_edge.storage.store import LogStore
 
 __all__ = ["BrokerCore"]
 
@@ -48,7 +55,9 @@ class BrokerCore:
             clock=self.now,
         )
         self.publish_path = PublishPath(self.router, self.counters, metrics, self.call_soon)
-        self.router.publish_hook = self.publish_path.publish
+        self.router.publish_through = self.publish_path.publish
+        self.cluster: ClusterPorts = ALONE
+        """The ports of the cluster this broker is a member of (``join_cluster``); ``ALONE`` otherwise."""
         self.acl: AccessControl | None = None
         if config.acl.rules or config.acl.file or config.acl.default:
             self.acl = AccessControl.from_config(config.acl)
@@ -60,8 +69,6 @@ class BrokerCore:
         self.admission = config.limits.connection_admission()
         self.login_backoff = LoginBackoff(config.auth.failed_logins)
         self.topic_shares = TopicShares(config.limits.max_topics_per_identity)
-        self.session_claims: SessionClaims | None = None
-        """Set by a cluster node: CONNECT claims the client id cluster-wide first."""
         self.partial_bytes = 0
         """Bytes of packets not fully arrived, all connections (at most limits.max_partial_packet_bytes)."""
         self._unattached: dict[Connection, None] = {}
@@ -88,6 +95,41 @@ class BrokerCore:
             conn = session.connection
             if conn is not None and conn not in unattached:
                 yield conn
+
+    # -- what the runtime attaches --------------------------------------------------------------------------
+
+    def attach_store(self, store: LogStore, loop: asyncio.AbstractEventLoop | None) -> ReplayManager:
+        """Log into ``store`` from now on: the PUBLISH path appends to it and the log cursors read it (their
+        deferred pumps run on ``loop``)."""
+        replays = self.replays = ReplayManager(store, loop, self.router.count_drop)
+        replays.join_cluster(self.cluster)
+        self.router.replays = replays
+        self.publish_path.attach_store(store, replays)
+        return replays
+
+    def join_cluster(self, ports: ClusterPorts) -> None:
+        """Run as a member of the cluster whose ``ports`` these are; once, before the member serves."""
+        if self.cluster is not ALONE:
+            raise RuntimeError("this broker has joined a cluster already")
+        self.cluster = ports
+        self.router.join_cluster(ports)
+        self.publish_path.join_cluster(ports)
+        if self.replays is not None:
+            self.replays.join_cluster(ports)
+
+    def send_clients_elsewhere(self, server_reference: str | None, reason: str) -> int:
+        """Disconnect every client so that it reconnects to another broker (the cluster fenced this one): v5
+        clients get DISCONNECT 0x9C "use another server" with ``server_reference`` when there is one, else
+        0x8B; returns how many connections there were."""
+        connections = self.connections
+        for conn in connections:
+            if conn.state != CONNECTED:
+                conn.abort()
+            elif conn.terms.v5 and server_reference is not None:
+                conn.redirect(server_reference, reason)
+            else:
+                conn.close(ReasonCode.SERVER_SHUTTING_DOWN, reason)
+        return len(connections)
 
     # -- the primitives a runtime provides ------------------------------------------------------------------
 
@@ -129,8 +171,10 @@ class BrokerCore:
             self.admission.release()
         if was_connected:
             conn.listener.metrics.disconnected()
-            if self.session_claims is not None:
-                self.session_claims.connection_ended(conn)
+            claims = self.cluster.sessions
+            session = conn.session
+            if claims is not None and session is not None and session.connection is conn:
+                claims.connection_ended(session, conn.will)
 
     def connection_attached(self, conn: Connection) -> None:
         self._unattached.pop(conn, None)

@@ -48,10 +48,8 @@ from broker_edge.storage.errors import CorruptRecord, OffsetOutOfRange, StorageE
 if TYPE_CHECKING:
     import asyncio
 
-    from broker_edge.cluster.reads.remote_reads import RemoteReads as RemoteLogs
-    from broker_edge.cluster.reads.remote_starts import RemoteStarts
     from broker_edge.engine.connection.connection import Connection
-    from broker_edge.engine.routing.router import Router
+    from broker_edge.engine.ports import ClusterPorts, RemoteLogs, RemoteStarts
     from broker_edge.engine.sessions.session import Session
     from broker_edge.offsets_types import LogInfo
     from broker_edge.storage.record import Record
@@ -68,28 +66,30 @@ SHARED_MESSAGES = 8192
 
 
 class ReplayManager:
-    """Cursor bookkeeping and log reads for every session (one per broker, owned by the router)."""
+    """Cursor bookkeeping and log reads for every session (one per broker, owned by the router).
 
-    def __init__(self, router: Router, store: LogStore, loop: asyncio.AbstractEventLoop | None) -> None:
-        self.router = router
+    ``count_drop(reason)`` counts a message not delivered (the router's); ``loop`` runs the deferred pumps
+    (None: a pump runs at once)."""
+
+    def __init__(
+        self, store: LogStore, loop: asyncio.AbstractEventLoop | None, count_drop: Callable[[str], None]
+    ) -> None:
         self.store = store
         self.loop = loop
+        self.count_drop = count_drop
         self._messages = RecentMessages(SHARED_MESSAGES)
         self._scheduled: set[Session] = set()
-        self.log_here: Callable[[str], bool] | None = None
-        """Whether this broker's log of a topic is complete (a cluster node holds no copy of some
-        partitions); None: every topic's is."""
         self.remote: RemoteLogs | None = None
-        """Reads the topics a cluster node holds no copy of from another broker (None: none)."""
+        """Reads the topics a cluster node holds no complete copy of from another broker (None: none)."""
         self.remote_starts: RemoteStarts | None = None
-        """Positions replays in the topics a cluster node holds no copy of, asking the brokers that hold
-        them (None: none)."""
+        """Positions replays in the topics a cluster node holds no complete copy of, asking the brokers
+        that hold them (None: none)."""
 
-    def reads(self, topic: str) -> bool:
-        """Whether a session can read ``topic`` from a log later (else it keeps messages instead): from
-        this broker's, or from another broker's when this one holds no copy of it."""
-        log_here = self.log_here
-        return log_here is None or self.remote is not None or log_here(topic)
+    def join_cluster(self, ports: ClusterPorts) -> None:
+        """Read the logs this broker holds no complete copy of through ``ports``
+        (``BrokerCore.join_cluster``)."""
+        self.remote = ports.remote_logs
+        self.remote_starts = ports.remote_starts
 
     # -- live routing ---------------------------------------------------------------------------------------
 
@@ -249,7 +249,7 @@ class ReplayManager:
                         exc,
                         extra={"client_id": session.client_id},
                     )
-                    self.router.count_drop("log_corrupt")
+                    self.count_drop("log_corrupt")
                     cursor = cursors[topic] = exc.next_offset
                     continue
                 except UnknownTopic:
@@ -324,7 +324,7 @@ class ReplayManager:
         sub_qos, no_local, retain_as_published, subscription_ids = entry
         message = self._message(topic, record)
         if message.expires_at is not None and message.expired():
-            self.router.count_drop("expired")
+            self.count_drop("expired")
         elif not (no_local and record.client_id == session.client_id):
             qos = sub_qos if sub_qos < record.qos else record.qos
             retain = retain_as_published and record.retain

@@ -18,16 +18,17 @@ through five stages, each a method below:
    and every publisher acknowledged in the order the publishes arrived. Log readers (``replay``) are given
    the appended runs so sessions catching up share the decoded messages.
 
-In a cluster (``attach_forwarding``) the persist stage asks the ``Forwarding`` where each topic goes: the
-log here (this node leads its partition), the partition's leader (the batch then also waits for the
-leader's answer, which comes once the leader has the records on its in-sync replicas), or nowhere (a
-refusal, e.g. fewer in-sync replicas than ``min_insync_replicas``: v5 publishers get 0x83 with a reason
-string, v3 publishers are disconnected). Unlogged publishes are also handed to the ``Forwarding`` to be
-routed on every other member. Publishes a peer forwarded here enter through ``accept_forwarded``. Batches
-then complete in any order (a forwarded part waits for another broker), so each publisher's
-acknowledgements are kept in its arrival order by a queue per publisher ([MQTT-4.6.0-2..4]). A broker
-without a cluster never calls any of it: its batches complete in the order they were persisted (the log
-makes them durable in that order), and an unlogged publish costs it one test of ``forwarding``.
+On a cluster member (``join_cluster``: the ``forwarding`` and ``replication`` ports of
+``broker_edge.engine.ports``) the persist stage asks the ``Forwarding`` port which topics are appended here;
+the others are handed to it, and each such part of the batch completes when its answers come back (the
+leader's, once it has the records on its in-sync replicas, or a refusal: v5 publishers get 0x83 with a
+reason string, v3 publishers are disconnected). What happens to them meanwhile is the cluster's
+(``broker_edge.cluster.forwarding``). Unlogged publishes are also handed to it, to be routed on every other
+member. Publishes another broker forwarded here enter through ``accept_forwarded``. Batches then complete in
+any order (a forwarded part waits for another broker), so each publisher's acknowledgements are kept in its
+arrival order by a queue per publisher ([MQTT-4.6.0-2..4]). A broker alone never calls any of it: its batches
+complete in the order they were persisted (the log makes them durable in that order), and an unlogged
+publish costs it one test of ``forwarding``.
 
 If writing fails, v5 publishers get 0x80 in their acknowledgement and v3 publishers are disconnected (they
 resend after reconnecting); nothing is acknowledged that is not durable.
@@ -41,50 +42,36 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
-from broker_edge.engine.connection.states import CLOSED, CONNECTED
+from broker_edge.engine.connection.states import CLOSED
 from broker_edge.engine.message import Message
+from broker_edge.engine.ports import LOCAL_ONLY, AppendedRun, ForwardAck, PublishRefused
 from broker_edge.engine.records import record_fields
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.storage.errors import StorageError, TooManyTopics
 
 if TYPE_CHECKING:
     from broker_edge.engine.cursors import ReplayManager
+    from broker_edge.engine.ports import ClusterPorts, Forwarding, Replication
     from broker_edge.engine.routing.router import Router
     from broker_edge.observe.counters import BrokerCounters
     from broker_edge.observe.metrics import BrokerMetrics
     from broker_edge.storage.record import RecordFields
 
 __all__ = [
-    "APPEND",
-    "FORWARD",
-    "NOT_LEADER",
-    "REFUSE",
-    "AppendedRun",
-    "ForwardAck",
-    "Forwarding",
-    "LocalOnly",
     "PendingPublish",
     "PublishPath",
-    "PublishRefused",
     "PublishStore",
     "Publisher",
-    "Replication",
 ]
 
 log = logging.getLogger("broker_edge.publish_path")
 
 _NO_MATCHING = ReasonCode.NO_MATCHING_SUBSCRIBERS
 _REFUSED = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
-
-APPEND, FORWARD, REFUSE = 0, 1, 2
-"""Where a logged publish goes in a cluster (``Forwarding.placement``): the log here, the leader, nowhere."""
-NOT_LEADER = ReasonCode.USE_ANOTHER_SERVER
-"""A peer's answer for a forwarded publish it did not append because it does not lead the partition (the
-forwarding side tries the leader it learns of next; devices never see this code)."""
 
 
 class Publisher(Protocol):
@@ -150,72 +137,8 @@ class PendingPublish:
     """Answered elsewhere (forwarded to the leader, or refused): not routed here, not refused again."""
     ready: bool = False
     """Its answer is known (a cluster member acknowledges it once its publisher's earlier ones are)."""
-
-
-@dataclass(slots=True)
-class AppendedRun:
-    """Messages appended to one topic's log in one batch: record i has offset ``first_offset + i``."""
-
-    topic: str
-    first_offset: int
-    messages: list[Message] = field(default_factory=list)
-
-
-class Replication(Protocol):
-    """The stage between durable and acknowledge: call ``done`` once ``runs`` are replicated enough."""
-
-    def when_replicated(
-        self, runs: Sequence[AppendedRun], done: Callable[[], None], failed: Callable[[BaseException], None]
-    ) -> None: ...
-
-
-class PublishRefused(Exception):
-    """A stage refuses the publishes of a batch (e.g. too few in-sync replicas): v5 publishers get
-    ``reason_code`` with the message as reason string, v3 publishers are disconnected."""
-
-    def __init__(self, message: str, reason_code: int = _REFUSED) -> None:
-        super().__init__(message)
-        self.reason_code = reason_code
-
-
-@dataclass(frozen=True, slots=True)
-class ForwardAck:
-    """The leader's answer for one forwarded publish: its reason code and, once appended, its offset."""
-
-    reason_code: int
-    offset: int | None = None
-    reason_string: str | None = None
-
-
-class Forwarding(Protocol):
-    """The cluster's side of the PUBLISH path: where a topic's logged publishes go, and getting them there."""
-
-    def placement(self, topic: str) -> int:
-        """``APPEND`` (this node leads the topic's partition with enough in-sync replicas), ``FORWARD`` or
-        ``REFUSE``."""
-
-    def refusal(self, topic: str) -> str:
-        """Why publishes on ``topic`` are refused now (the reason string of a ``REFUSE``)."""
-
-    def forward(
-        self, topic: str, messages: list[Message], done: Callable[[Sequence[ForwardAck]], None]
-    ) -> None:
-        """Get ``messages`` appended by the leader; ``done`` is called once, on the loop, with one answer
-        per message in order."""
-
-    def broadcast(self, message: Message) -> None:
-        """Route an unlogged publish on every other member."""
-
-
-class LocalOnly:
-    """A broker without followers: a durable batch is as replicated as it will get."""
-
-    __slots__ = ()
-
-    def when_replicated(
-        self, runs: Sequence[AppendedRun], done: Callable[[], None], failed: Callable[[BaseException], None]
-    ) -> None:
-        done()
+    from_peer: bool = False
+    """Forwarded here by another broker (``accept_forwarded``)."""
 
 
 @dataclass(slots=True)
@@ -228,39 +151,6 @@ class _Batch:
     """Parts not finished: the local part (durable, then replicated) and one per forwarded topic."""
     error: BaseException | None = None
     reason: str = ""
-
-
-class _PeerPublisher:
-    """The publisher of publishes a peer forwarded: gathers one answer per message, then calls ``done``."""
-
-    __slots__ = ("_answers", "_done", "_left", "incoming_pending", "messages", "state", "v5")
-
-    def __init__(self, messages: Sequence[Message], done: Callable[[Sequence[ForwardAck]], None]) -> None:
-        self.v5 = True
-        self.state = CONNECTED
-        self.incoming_pending = 0
-        self.messages = messages
-        self._answers: list[ForwardAck | None] = [None] * len(messages)
-        self._left = len(messages)
-        self._done = done
-
-    def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None:
-        if self._answers[packet_id] is not None:
-            return
-        offset = self.messages[packet_id].offset if reason_code < 0x80 else None
-        self._answers[packet_id] = ForwardAck(reason_code, offset, reason_string)
-        self._left -= 1
-        if not self._left:
-            answers = [answer for answer in self._answers if answer is not None]
-            self._done(answers)
-
-    send_pubrec = send_puback
-
-    def release_qos2(self, packet_id: int) -> None:
-        pass
-
-    def close(self, reason_code: int | None = None, reason_string: str | None = None) -> None:
-        pass
 
 
 def _never_logged(topic: str, qos: int) -> bool:
@@ -277,12 +167,12 @@ class PublishPath:
         counters: BrokerCounters,
         metrics: BrokerMetrics,
         call_soon: Callable[[Callable[[], None]], object],
-        replication: Replication | None = None,
     ) -> None:
         self.router = router
         self.counters = counters
         self.metrics = metrics
-        self.replication: Replication = replication if replication is not None else LocalOnly()
+        self.replication: Replication = LOCAL_ONLY
+        """The stage between durable and acknowledged (``join_cluster``)."""
         self.store: PublishStore | None = None
         """The commitlog; None when the broker keeps no log (everything is routed at once)."""
         self.is_logged: Callable[[str, int], bool] = _never_logged
@@ -290,7 +180,7 @@ class PublishPath:
         store's ``should_persist`` once one is attached, called as is (asked once per publish)."""
         self.replays: ReplayManager | None = None
         self.forwarding: Forwarding | None = None
-        """Where the cluster places topics (None: a single broker, every logged publish is appended here)."""
+        """Where a cluster member's logged publishes go (None: a broker alone, all are appended here)."""
         self._call_soon = call_soon
         self._pending: list[PendingPublish] = []
         self._by_topic: dict[str, list[Message]] = {}
@@ -306,10 +196,12 @@ class PublishPath:
         self.is_logged = store.should_persist
         self.replays = replays
 
-    def attach_forwarding(self, forwarding: Forwarding | None) -> None:
-        """Run as a cluster member from now on (None: alone again): logged publishes go where ``forwarding``
-        places them, unlogged ones are also routed on the other members."""
-        self.forwarding = forwarding
+    def join_cluster(self, ports: ClusterPorts) -> None:
+        """Run as a cluster member from now on (``BrokerCore.join_cluster``): logged publishes go where the
+        ``forwarding`` port places them, unlogged ones are also routed on the other members, and appended
+        batches wait for the ``replication`` port."""
+        self.forwarding = ports.forwarding
+        self.replication = ports.replication
 
     # -- 1. accept ----------------------------------------------------------------------------------------
 
@@ -343,16 +235,16 @@ class PublishPath:
         if packet_id is not None:
             _acknowledge(publisher, message.qos, packet_id, 0 if matched else _NO_MATCHING)
 
-    def accept_forwarded(
-        self, messages: Sequence[Message], done: Callable[[Sequence[ForwardAck]], None]
-    ) -> None:
-        """Take logged publishes a peer forwarded (this node leads their partition, or did when they were
-        sent): appended and acknowledged like a client's, in turn; ``done`` gets one answer per message."""
-        publisher = _PeerPublisher(messages, done)
+    def accept_forwarded(self, publisher: Publisher, messages: Sequence[Message]) -> None:
+        """Take logged publishes another broker forwarded (this node leads their partition, or did when they
+        were sent): appended and acknowledged like a client's, in turn, each as a QoS 1 publish whose packet
+        id is its index (the peer waits for every answer); never forwarded again."""
         pending = self._pending
         for index, message in enumerate(messages):
             self._queue_message(publisher, message, index)
-            pending[-1].qos = 1  # answered as a QoS 1 publish is, whatever its QoS: the peer waits for each
+            entry = pending[-1]
+            entry.qos = 1
+            entry.from_peer = True
 
     def publish(self, message: Message) -> None:
         """Publish as the broker itself (a will, a tool): logged per the rules, never acknowledged."""
@@ -444,39 +336,26 @@ class PublishPath:
     def _place(
         self, current: _Batch, topics: dict[str, list[Message]], forwarding: Forwarding
     ) -> dict[str, list[Message]]:
-        """Split a batch by where its topics go: returns the topics appended here; forwards or refuses the
-        others (their entries are settled once the answer is known)."""
+        """Split a batch by where its topics go: returns the topics appended here; hands the others to the
+        ``forwarding`` port (its answers settle their entries, which are acknowledged in their turn)."""
         local: dict[str, list[Message]] = {}
-        elsewhere: dict[str, int] = {}
+        elsewhere: set[str] = set()
         for topic, messages in topics.items():
-            where = forwarding.placement(topic)
-            if where == APPEND:
+            if forwarding.appends_here(topic):
                 local[topic] = messages
             else:
-                elsewhere[topic] = where
+                elsewhere.add(topic)
         if not elsewhere:
             return local
-        by_topic: dict[str, list[PendingPublish]] = {}
+        parts: dict[tuple[str, bool], list[PendingPublish]] = {}
         for entry in current.entries:
             message = entry.message
             if message is not None and message.topic in elsewhere:
-                by_topic.setdefault(message.topic, []).append(entry)
-        for topic, entries in by_topic.items():
-            if elsewhere[topic] == REFUSE:
-                reason = forwarding.refusal(topic)
-                for entry in entries:
-                    self._settle(entry, ForwardAck(_REFUSED, None, reason))
-                continue
-            from_peers = [entry for entry in entries if isinstance(entry.publisher, _PeerPublisher)]
-            for entry in from_peers:  # never forwarded twice: the peer asks the leader it learns of next
-                self._settle(entry, ForwardAck(NOT_LEADER, None, "not the leader of this partition"))
-            if from_peers:
-                entries = [entry for entry in entries if not entry.settled]
-                if not entries:
-                    continue
+                parts.setdefault((message.topic, entry.from_peer), []).append(entry)
+        for (topic, from_peer), entries in parts.items():
             current.waiting += 1
             messages = [entry.message for entry in entries if entry.message is not None]
-            forwarding.forward(topic, messages, partial(self._forwarded, current, entries))
+            forwarding.forward(topic, messages, from_peer, partial(self._forwarded, current, entries))
         return local
 
     def _forwarded(self, current: _Batch, entries: list[PendingPublish], acks: Sequence[ForwardAck]) -> None:

@@ -83,7 +83,7 @@ class Broker(BrokerCore):
         self.admin_port: int | None = None
         self.offsets_port: int | None = None
         self.offsets_api_routes: list[Callable[[web.Application], None]] = []
-        """More offsets API endpoints (a cluster's replica fetch); set before the API's first connection."""
+        """More offsets API endpoints (``add_offsets_api_routes``)."""
         self.started_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[TcpServer] = []
@@ -112,6 +112,11 @@ class Broker(BrokerCore):
         gauge(
             "python_allocated_blocks", "Memory blocks Python's allocator holds (sys.getallocatedblocks)."
         ).set_function(sys.getallocatedblocks)
+
+    def add_offsets_api_routes(self, add: Callable[[web.Application], None]) -> None:
+        """Serve more endpoints on the offsets API (a cluster's peer link, replica fetch, ``/v1/cluster``):
+        ``add(app)`` adds them, before the API's first connection builds its app."""
+        self.offsets_api_routes.append(add)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
@@ -181,7 +186,6 @@ class Broker(BrokerCore):
         self._sweep_handle = self.loop.call_later(SWEEP_INTERVAL_S, self._sweep)
 
     def _open_store(self) -> None:
-        from broker_edge.engine.cursors import ReplayManager
         from broker_edge.storage import LogStore
 
         directory = Path(self.config.storage.directory)
@@ -189,9 +193,7 @@ class Broker(BrokerCore):
         report = store.open()
         if report.repaired:
             log.warning("commitlog recovery repaired %d logs", len(report.repaired))
-        self.replays = ReplayManager(self.router, store, self.loop)
-        self.router.replays = self.replays
-        self.publish_path.attach_store(store, self.replays)
+        self.attach_store(store, self.loop)
         budget = store.tail_cache_budget
         self.metrics.gauge(
             "tail_cache_bytes", "Memory the commitlog's tail caches hold, as they account it."

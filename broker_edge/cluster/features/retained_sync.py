@@ -6,7 +6,7 @@ the log's order, so every broker ends with the same message per topic), an unlog
 links. So the set is kept up to date with no message of its own. What a broker misses is what happened
 before it started (or while it was down): ``RetainedSync`` asks a live peer for its whole set
 (``RETAINED_SNAPSHOT``, a page per peer-link request, in topic order) when the node starts, and until it
-is applied the retained messages of new subscriptions wait (``Router.retained_gate``), so a subscriber
+is applied the retained messages of new subscriptions wait (``retained_gate``), so a subscriber
 never sees a partial set.
 
 The snapshot never overwrites a topic whose retained message was set or cleared here since the node
@@ -132,8 +132,6 @@ class RetainedSync:
         self._touched: set[str] | None = set()
         self._deferred: list[Callable[[], object]] = []
         self._task: asyncio.Task[None] | None = None
-        router.retained_changed = self._changed
-        router.retained_gate = self._gate
         links.serve_requests(RETAINED_SNAPSHOT, self._serve)
 
     def start(self) -> None:
@@ -143,13 +141,13 @@ class RetainedSync:
         await stop_task(self._task)
         self._task = None
 
-    # -- router hooks -----------------------------------------------------------------------------------
+    # -- the retained_sync port (the router asks) ---------------------------------------------------------
 
-    def _changed(self, topic: str) -> None:
+    def retained_changed(self, topic: str) -> None:
         if self._touched is not None:
             self._touched.add(topic)
 
-    def _gate(self, send: Callable[[], object]) -> bool:
+    def retained_gate(self, send: Callable[[], object]) -> bool:
         if self.loaded:
             return False
         self._deferred.append(send)
@@ -222,7 +220,6 @@ class RetainedSync:
         log.info("retained messages loaded (%s)", how)
         self.loaded = True
         self._touched = None
-        self.router.retained_changed = None
         deferred, self._deferred = self._deferred, []
         for send in deferred:
             send()

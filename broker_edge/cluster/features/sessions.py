@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker_edge.cluster.coordination.etcd import EtcdError
 from broker_edge.cluster.features.sessions_records import (
@@ -52,18 +52,45 @@ if TYPE_CHECKING:
     from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
     from broker_edge.cluster.view import ClusterView
     from broker_edge.engine.connection.connection import Connection
-    from broker_edge.engine.handlers.context import SessionClaim
+    from broker_edge.engine.ports import SessionClaim
+    from broker_edge.engine.publish import PublishPath
+    from broker_edge.engine.routing.router import Router
     from broker_edge.engine.sessions.session import Session
     from broker_edge.offsets_types import LogInfo
-    from broker_edge.runtime.broker import Broker
+    from broker_edge.protocol.packets import Will
+    from broker_edge.security.acl import AccessControl
+    from broker_edge.settings.broker import BrokerConfig
     from broker_edge.settings.cluster import ClusterConfig
+    from broker_edge.storage.store import LogStore
 
-__all__ = ["SERVICE_TAKE_OVER", "ClusterSessions"]
+__all__ = ["SERVICE_TAKE_OVER", "ClusterSessions", "SessionHost"]
 
 log = logging.getLogger("broker_edge.cluster.sessions")
 
 SERVICE_TAKE_OVER = 10
 """Peer service: give up a client id's session to the asking broker (the sessions' services are 10-19)."""
+
+
+class SessionHost(Protocol):
+    """The broker as cluster-wide sessions use it: its router's sessions, its clock, its PUBLISH path (for
+    the wills of brokers that died), the ACL and the store that restored sessions read."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def router(self) -> Router: ...
+
+    @property
+    def publish_path(self) -> PublishPath: ...
+
+    @property
+    def acl(self) -> AccessControl | None: ...
+
+    @property
+    def store(self) -> LogStore | None: ...
+
+    def now(self) -> float: ...
 
 
 def _disconnect_taken_over(conn: Connection) -> None:
@@ -96,12 +123,12 @@ def _with_state(state: dict[str, Any], saved_at: float) -> Change:
 
 
 class ClusterSessions:
-    """This node's side of cluster-wide sessions (see the module docstring): the CONNECT claim, the
-    takeover service, keeping its records current. ``publish`` sends a will as a client publish."""
+    """This node's side of cluster-wide sessions (see the module docstring), the ``sessions`` port: the
+    CONNECT claim, the takeover service, keeping its records current."""
 
     def __init__(
         self,
-        broker: Broker,
+        broker: SessionHost,
         registry: SessionRegistry,
         view: ClusterView,
         links: PeerLinks,
@@ -363,17 +390,17 @@ class ClusterSessions:
 
     # -- keeping this node's records current ---------------------------------------------------------------
 
-    def connection_ended(self, conn: Connection) -> None:
-        """A connected client's connection ended (before its will is handled): a will cancelled by a normal
+    def connection_ended(self, session: Session, will: Will | None) -> None:
+        """A connected client's connection ended (before its will is handled; the engine does not call it
+        for a connection taken over, whose record is the new connection's): a will cancelled by a normal
         DISCONNECT leaves the record (and a non-persistent session's record goes), a delayed one gets its
         due time (a survivor publishes it then, should this node die meanwhile)."""
-        session = conn.session
-        client_id = conn.client_id
+        client_id = session.client_id
         generation = self.owned.get(client_id)
-        if session is None or generation is None or session.connection is not conn or self.closed:
-            return  # taken over (the record is the new connection's), or this node has left
+        if generation is None or self.closed:
+            return  # not claimed here, or this node has left
         change: Change
-        if conn.will is None:
+        if will is None:
             change = _deleted if session.expiry_interval == 0 else SessionRecord.without_will
             if session.expiry_interval == 0:
                 self.owned.pop(client_id, None)

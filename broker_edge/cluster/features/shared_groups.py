@@ -5,7 +5,7 @@ Which brokers have members of which group is in etcd (``SharedRegistry``, a key 
 followed into a ``SharedDirectory``); everything per message moves over the peer links:
 
 - **Logged publishes** (QoS 1/2 by default). Every broker routes every committed record, so a broker's
-  ordinary routing never serves shared groups (``Router.shared_dispatch`` is this object's ``dispatch``):
+  ordinary routing never serves shared groups (this object is the ``shared_dispatch`` port):
   only the partition's leader, the first to know the record and the one place its order is defined, picks
   a broker for each matching group (round robin over the brokers with members whose link is up) and sends
   it the message (``ASSIGN``); that broker picks one of its own members as a broker alone does. The leader
@@ -167,7 +167,6 @@ class SharedGroups:
         """The epoch that appended a topic's record at an offset (set when the node keeps epoch caches)."""
         self._asking: set[asyncio.Task[None]] = set()
         self._started = False
-        router.shared_dispatch = self.dispatch
         links.on(ASSIGN, self._on_assign)
         links.on(NOTE, self._on_note)
         links.on(DONE, self._on_done)
@@ -188,7 +187,7 @@ class SharedGroups:
         for task in list(self._asking):
             await stop_task(task)
 
-    # -- routing (``Router.shared_dispatch``) ----------------------------------------------------------------
+    # -- routing (the ``shared_dispatch`` port) --------------------------------------------------------------
 
     def dispatch(self, message: Message) -> int:
         """Serve the shared groups of a message routed here: how many groups it went to (or will)."""

@@ -71,7 +71,7 @@ class SharedRegistry:
         if membership is not None:
             membership.on_registered(self._dirty.set)
 
-    # -- this broker's members (``Router.shared_membership``) ------------------------------------------------
+    # -- this broker's members (the ``shared_members`` port) ------------------------------------------------
 
     def count_existing(self, subscriptions: Iterable[tuple[str, object, object, str | None]]) -> None:
         """Count the shared subscriptions made before the router told this registry of changes

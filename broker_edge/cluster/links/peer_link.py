@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker_edge.engine.message import Message
-from broker_edge.engine.publish import ForwardAck
+from broker_edge.engine.ports import ForwardAck
 from broker_edge.engine.records import message_of_frame, record_fields
 from broker_edge.storage.record import PREFIX, PREFIX_SIZE, FrameError, decode_frame, encode_frame
 

@@ -8,7 +8,7 @@ filter with a wildcard can match topics of any partition, so it wants them all. 
 their session is online or not (a persistent session's messages are routed to it while it is away), and
 whichever way they arrived (SUBSCRIBE, a session restored at start or moved from another broker).
 
-``LocalInterest`` counts the filters of the router's subscriptions (``Router.interest_changed``) and tells
+``LocalInterest`` counts the filters of the router's subscriptions (it is the ``interest`` port) and tells
 its listeners when the set of wanted partitions changes.
 
 ``RetainedRefresh`` keeps the retained messages of partitions that were not observed right: retained
@@ -91,8 +91,8 @@ class LocalInterest:
         self._check_partition_count()
         return self._wildcards > 0 or partition in self._by_partition
 
-    def changed(self, topic_filter: str, added: bool) -> None:
-        """A subscription with ``topic_filter`` was added or removed (``Router.interest_changed``)."""
+    def interest_changed(self, topic_filter: str, added: bool) -> None:
+        """A subscription with ``topic_filter`` was added or removed (the router tells the port)."""
         if self._count(topic_filter, 1 if added else -1):
             for listener in list(self._listeners):
                 listener()

@@ -366,7 +366,7 @@ class Followers:
                 fetcher.start()
         self._release_gated()
 
-    # -- SUBACKs waiting for observation (`Router.subscribe_gate`) -------------------------------------------
+    # -- SUBACKs waiting for observation (the `subscribe_gate` port) -----------------------------------------
 
     def subscribe_gate(self, send: Callable[[], object]) -> bool:
         """Whether a SUBACK must wait for partitions whose observation is starting; runs `send` once they

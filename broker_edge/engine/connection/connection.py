@@ -721,6 +721,15 @@ class Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def redirect(self, server_reference: str, reason_string: str) -> None:
+        """Send an MQTT 5 client to another broker: DISCONNECT 0x9C "use another server" with the Server
+        Reference and the reason string (counted as a ``use_another_server`` disconnect), then close."""
+        properties = Properties(reason_string=reason_string)
+        properties.server_reference = server_reference
+        self.write(encode(Disconnect(ReasonCode.USE_ANOTHER_SERVER, properties), MQTT_5))
+        self.host.counters.disconnect("use_another_server")
+        self.close()
+
     def taken_over(self) -> None:
         """Another connection claimed this client id (MQTT 3.1.4-3): DISCONNECT 0x8E, let go of the session.
 

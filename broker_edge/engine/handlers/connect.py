@@ -10,9 +10,9 @@ connection reads nothing further (packets that already arrived wait in its ``bac
 is synchronous. CONNACK is written before the session's in-flight messages are resent, as the spec orders.
 Every refusal goes through ``Connection.refuse`` with its codes from ``_REFUSALS``.
 
-On a cluster node (``BrokerContext.session_claims``), the client id is first claimed cluster-wide, which
-moves its session here from the broker that holds it (``broker_edge.cluster.sessions``); the CONNECT waits
-for that as for a password check, then goes on exactly as on a broker alone.
+On a cluster node (the ``sessions`` port of ``BrokerContext.cluster``), the client id is first claimed
+cluster-wide, which moves its session here from the broker that holds it (``broker_edge.cluster.sessions``);
+the CONNECT waits for that as for a password check, then goes on exactly as on a broker alone.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from broker_edge.engine.connection.states import (
     NO_LIMIT,
     keepalive_deadline,
 )
-from broker_edge.engine.handlers.context import SessionClaim
 from broker_edge.engine.message import wants_log_offsets
+from broker_edge.engine.ports import SessionClaim
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect, Will
 from broker_edge.protocol.properties import Properties
@@ -39,7 +39,8 @@ from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
 
 if TYPE_CHECKING:
     from broker_edge.engine.connection.connection import Connection
-    from broker_edge.engine.handlers.context import BrokerContext, SessionClaims
+    from broker_edge.engine.handlers.context import BrokerContext
+    from broker_edge.engine.ports import SessionClaims
     from broker_edge.engine.sessions.session import Session
     from broker_edge.security.acl import AccessControl
 
@@ -286,7 +287,7 @@ def _accept(
     else:
         requested = expiry = 0 if packet.clean_start else max_expiry
 
-    claims = ctx.session_claims
+    claims = ctx.cluster.sessions
     if claims is not None and not claimed:
         _claim_then_accept(ctx, claims, conn, packet, client_id, assigned, username, expiry)
         return

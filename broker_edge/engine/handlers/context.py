@@ -5,55 +5,28 @@ and session it acts on: the configuration, the router, the ACL, the PUBLISH path
 ``ConnectionHost`` adds what the connection itself needs from its broker: admission, the end-of-iteration
 write flush and timers. ``server.Broker`` implements both over the event loop; the handler unit tests build
 one from the same parts with a clock they move by hand, and feed bytes without a socket or a loop.
-On a cluster node, ``SessionClaims`` takes each CONNECT's ``SessionClaim`` before the session is opened here.
+What a cluster lets in is read from ``cluster``, the broker's ports (``broker_edge.engine.ports``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from broker_edge.engine.connection.connection import Connection
     from broker_edge.engine.cursors import ReplayManager
+    from broker_edge.engine.ports import ClusterPorts
     from broker_edge.engine.publish import PublishPath
     from broker_edge.engine.routing.router import Router
     from broker_edge.observe.counters import BrokerCounters
-    from broker_edge.protocol.packets import Will
     from broker_edge.security.acl import AccessControl
     from broker_edge.security.auth import PasswordFile
     from broker_edge.security.login_backoff import LoginBackoff
     from broker_edge.security.topic_quota import TopicShares
     from broker_edge.settings.broker import BrokerConfig
 
-__all__ = ["BrokerContext", "ConnectionHost", "SessionClaim", "SessionClaims"]
-
-
-@dataclass(frozen=True, slots=True)
-class SessionClaim:
-    """What a CONNECT on a cluster node claims: its client id's session, for its identity, as it asks."""
-
-    client_id: str
-    username: str | None
-    """The identity the session belongs to (user name, certificate CN, or None: anonymous)."""
-    clean_start: bool
-    expiry_interval: int
-    """The Session Expiry Interval granted (seconds, capped by the broker's maximum)."""
-    will: Will | None
-    will_delay: int
-    """The will's v5 Will Delay Interval (0: none)."""
-
-
-class SessionClaims(Protocol):
-    """Sessions held beyond this broker (a cluster: ``broker_edge.cluster.sessions``); None when alone."""
-
-    def claim(self, claim: SessionClaim, done: Callable[[str | None], None]) -> None:
-        """Make this broker the holder of ``claim.client_id``'s session (moving it here if it is elsewhere);
-        ``done(refusal)`` later on the loop: None to go on, else the CONNECT refusal's name."""
-
-    def connection_ended(self, conn: Connection) -> None:
-        """A connected client's connection ended (its will not yet handled)."""
+__all__ = ["BrokerContext", "ConnectionHost"]
 
 
 class BrokerContext(Protocol):
@@ -91,8 +64,8 @@ class BrokerContext(Protocol):
         """Topic logs per identity (``limits.max_topics_per_identity``)."""
 
     @property
-    def session_claims(self) -> SessionClaims | None:
-        """Sessions held beyond this broker (a cluster); None for a broker alone."""
+    def cluster(self) -> ClusterPorts:
+        """The ports of the broker's cluster (``ALONE`` for a broker alone)."""
 
     def now(self) -> float:
         """Seconds on the broker's monotonic clock (the one keepalive deadlines and rate buckets use)."""

@@ -8,10 +8,10 @@ A subscription replays a topic's commitlog when it names a start: the v5 user pr
 SUBSCRIBE (``<offset>``, ``earliest``, ``latest`` or ``time:<epoch-ms>``) or the v3 filter form
 ``$offset/<start>/<filter>``. Replays need the commitlog; without one such a filter is refused (0x80/0x83).
 A v5 SUBACK says when an asked offset is outside a log (``offset_out_of_range``, see ``broker_edge.replay``),
-unless the client set Request Problem Information to 0 [MQTT-3.1.2-29] or the properties would make the
-SUBACK larger than its Maximum Packet Size [MQTT-3.9.2-1, -2]. On a cluster node the SUBACK waits until the
-replays are positioned in logs other brokers hold (``ReplayManager.when_started``), then until the partitions
-the new subscriptions need are observed (``Router.subscribe_gate``); reading from the client pauses meanwhile.
+unless the client set Request Problem Information to 0 [MQTT-3.1.2-29] or the properties would make the SUBACK
+larger than its Maximum Packet Size [MQTT-3.9.2-1, -2]. On a cluster node the SUBACK waits until the replays
+are positioned in logs other brokers hold (``ReplayManager.when_started``), then until the partitions the new
+subscriptions need are observed (the ``subscribe_gate`` port); reading from the client pauses meanwhile.
 """
 
 from __future__ import annotations
@@ -132,8 +132,8 @@ def handle_subscribe(ctx: BrokerContext, conn: Connection, session: Session, pac
     def gated() -> bool:
         """Whether the SUBACK waits for observation (a cluster node routes the new subscriptions' records
         here from the SUBACK on)."""
-        gate = router.subscribe_gate
-        return gate is not None and gate(released)
+        gate = ctx.cluster.subscribe_gate
+        return gate is not None and gate.subscribe_gate(released)
 
     def started() -> None:
         if not gated():

@@ -24,6 +24,14 @@ from broker_edge.engine.sessions.session import NEVER_EXPIRES, Session
 
 if TYPE_CHECKING:
     from broker_edge.engine.cursors import ReplayManager
+    from broker_edge.engine.ports import (
+        ClusterPorts,
+        Interest,
+        RetainedSync,
+        SharedDispatch,
+        SharedMembers,
+        Wills,
+    )
     from broker_edge.protocol.packets import Will
     from broker_edge.security.limits import LimitsConfig
 
@@ -76,26 +84,27 @@ class Router:
         self.clock = clock
         """Monotonic seconds, for the expiry deadline of wills (the broker's clock)."""
         self.replays: ReplayManager | None = None
-        """``broker_edge.replay.ReplayManager`` when the broker has a commitlog."""
+        """``broker_edge.engine.cursors.ReplayManager`` when the broker has a commitlog."""
         self._delayed_wills: set[Session] = set()
         self._expiring: set[Session] = set()
-        self.publish_hook: Callable[[Message], None] | None = None
-        """Set by the broker so wills take the same path as client PUBLISHes (log append included)."""
-        # Hooks of a cluster member (``broker_edge.cluster``); all None on a broker alone.
-        self.shared_dispatch: Callable[[Message], int] | None = None
-        """Decides, cluster-wide, which broker's member of each shared group gets a message (it serves
-        this broker's own through ``deliver_to_group``); returns how many groups it served."""
-        self.shared_membership: Callable[[str, str, bool], None] | None = None
-        """Told ``(group, filter, joined)`` when a member joins or leaves a shared group here."""
-        self.retained_changed: Callable[[str], None] | None = None
-        """Told the topic of every retained message set or cleared."""
-        self.retained_gate: Callable[[Callable[[], object]], bool] | None = None
-        """True when retained messages cannot be served yet: it runs the given callable once they can."""
-        self.interest_changed: Callable[[str, bool], None] | None = None
-        """Told ``(filter, added)`` when a subscription (shared memberships included) is added or removed."""
-        self.subscribe_gate: Callable[[Callable[[], object]], bool] | None = None
-        """True when a SUBACK must wait (the records of a new subscription are not routed here yet): it runs
-        the given callable once it may go."""
+        self.publish_through: Callable[[Message], None] | None = None
+        """The PUBLISH path's entry (``BrokerCore`` sets it once), so wills take the path client PUBLISHes
+        take, log append included; None: routed here only."""
+        # The ports of the cluster this broker is a member of (``join_cluster``); all None alone.
+        self._wills: Wills | None = None
+        self._shared_dispatch: SharedDispatch | None = None
+        self._shared_members: SharedMembers | None = None
+        self._retained_sync: RetainedSync | None = None
+        self._interest: Interest | None = None
+
+    def join_cluster(self, ports: ClusterPorts) -> None:
+        """Route as a cluster member from now on (``BrokerCore.join_cluster``): shared groups, retained
+        messages, interest and wills go through ``ports``."""
+        self._wills = ports.wills
+        self._shared_dispatch = ports.shared_dispatch
+        self._shared_members = ports.shared_members
+        self._retained_sync = ports.retained_sync
+        self._interest = ports.interest
 
     # -- publishing ---------------------------------------------------------------------------------------
 
@@ -113,14 +122,14 @@ class Router:
                     self.count_drop("retained_full")
             else:
                 self.retained.clear(message.topic)
-            if self.retained_changed is not None:
-                self.retained_changed(message.topic)
+            if self._retained_sync is not None:
+                self._retained_sync.retained_changed(message.topic)
         match = self.trie.match(message.topic)
-        dispatch = self.shared_dispatch
+        shared = self._shared_dispatch
         served = 0
-        if dispatch is not None and not groups_served:
-            served = dispatch(message)
-        if not match.subscribers and (not match.groups or dispatch is not None or groups_served):
+        if shared is not None and not groups_served:
+            served = shared.dispatch(message)
+        if not match.subscribers and (not match.groups or shared is not None or groups_served):
             return served
         origin = message.origin
         message_qos = message.qos
@@ -139,7 +148,7 @@ class Router:
             ):
                 continue
             session.deliver(message, qos, retain and retain_as_published, subscription_ids)
-        if dispatch is not None or groups_served:
+        if shared is not None or groups_served:
             return len(match.subscribers) + served
         for group in match.groups:
             self.deliver_to_group(group, message)
@@ -166,8 +175,10 @@ class Router:
         """Deliver the retained messages matching a new subscription (RETAIN set, MQTT 3.3.1.3)."""
         if not self.retain_enabled:
             return 0
-        gate = self.retained_gate
-        if gate is not None and gate(lambda: self.send_retained(session, topic_filter, options)):
+        sync = self._retained_sync
+        if sync is not None and sync.retained_gate(
+            lambda: self.send_retained(session, topic_filter, options)
+        ):
             return 0  # sent once the cluster's retained messages are known here
         sub_ids = (options.subscription_id,) if options.subscription_id is not None else ()
         found = self.retained.match(topic_filter)
@@ -187,10 +198,10 @@ class Router:
         existing = subscriptions.get(key)
         joined = self.trie.add(topic_filter, session, options, group)
         subscriptions[key] = SessionSubscription(topic_filter, group, options)
-        if joined and self.interest_changed is not None:
-            self.interest_changed(topic_filter, True)
-        if joined and group is not None and self.shared_membership is not None:
-            self.shared_membership(group, topic_filter, True)
+        if joined and self._interest is not None:
+            self._interest.interest_changed(topic_filter, True)
+        if joined and group is not None and self._shared_members is not None:
+            self._shared_members.member_changed(group, topic_filter, True)
         return existing is None
 
     def unsubscribe(self, session: Session, key: str) -> bool:
@@ -199,10 +210,10 @@ class Router:
         if entry is None:
             return False
         left = self.trie.remove(entry.topic_filter, session, entry.group)
-        if left and self.interest_changed is not None:
-            self.interest_changed(entry.topic_filter, False)
-        if left and entry.group is not None and self.shared_membership is not None:
-            self.shared_membership(entry.group, entry.topic_filter, False)
+        if left and self._interest is not None:
+            self._interest.interest_changed(entry.topic_filter, False)
+        if left and entry.group is not None and self._shared_members is not None:
+            self._shared_members.member_changed(entry.group, entry.topic_filter, False)
         if not subscriptions:
             session.subscriptions = None
         if self.replays is not None:
@@ -291,8 +302,10 @@ class Router:
         message = Message(
             will.topic, will.payload, will.qos, will.retain, forwarded, client_id, None, expires_at
         )
-        if self.publish_hook is not None:
-            self.publish_hook(message)
+        if self._wills is not None:
+            self._wills.publish_will(message)
+        elif self.publish_through is not None:
+            self.publish_through(message)
         else:
             self.publish(message)
 

@@ -188,13 +188,11 @@ class Session:
             or conn.terms.paused
             or (self.inflight and len(self.inflight) >= conn.terms.send_quota)
         ):
-            replays = self.router.replays
             if (
                 message.offset is not None
                 and not shared
-                and replays is not None
+                and self.router.replays is not None
                 and (conn is None or not self._queue_has_room(len(message.payload)))
-                and replays.reads(message.topic)
             ):
                 self._remember_offset(message)
             else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from broker_edge.engine.publish import AppendedRun, LocalOnly
+from broker_edge.engine.ports import AppendedRun, LocalOnly
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import PubAck, Publish
 from tests.e2e.broker_clients import RawClient

@@ -1,90 +1,67 @@
 """The PUBLISH path of a cluster member: forwarded and local parts, acknowledged in arrival order.
 
 Fed through real ``Connection``s of a hand-driven core (``handlers/wire.py``). The log is a ``PublishStore``
-kept in memory that makes batches durable when the test says so, and the cluster is a ``Forwarding`` that
-places topics as the test decides and holds forwarded publishes until the test answers them: so the test
-chooses which part of which batch finishes first, and checks what the publishers receive.
+kept in memory that makes batches durable when the test says so, and the cluster is a ``forwarding`` port
+(``broker_edge.engine.ports``) that places topics as the test decides and holds forwarded publishes until the
+test answers them: so the test chooses which part of which batch finishes first, and checks what the
+publishers receive.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from broker_edge.engine.connection.states import CONNECTED
 from broker_edge.engine.message import Message
-from broker_edge.engine.publish import (
-    APPEND,
-    FORWARD,
-    NOT_LEADER,
-    REFUSE,
+from broker_edge.engine.ports import (
+    LOCAL_ONLY,
     AppendedRun,
+    ClusterPorts,
     ForwardAck,
     PublishRefused,
+    Replication,
 )
 from broker_edge.protocol.packets import MQTT_5, PubAck, Publish, PubRec
-from broker_edge.storage.record import RecordFields
+from tests.memory_log import MemoryLog
 from tests.unit.broker_edge.handlers.wire import HandDrivenCore, WireClient, make_core
 
 LOCAL_TOPIC = "site/led-here"
 REMOTE_TOPIC = "site/led-elsewhere"
 
 
-class MemoryLog:
-    """A ``PublishStore`` in memory: appends at once, durable only when ``make_durable`` is called."""
-
-    def __init__(self) -> None:
-        self.logs: dict[str, list[RecordFields]] = {}
-        self.waiting: list[Callable[[], object]] = []
-
-    def should_persist(self, topic: str, qos: int) -> bool:
-        return qos > 0
-
-    def append_batch(self, topic: str, records: Sequence[RecordFields]) -> int:
-        log = self.logs.setdefault(topic, [])
-        first = len(log)
-        log.extend(records)
-        return first
-
-    def when_durable(
-        self, callback: Callable[[], object], on_error: Callable[[BaseException], object] | None = None
-    ) -> None:
-        self.waiting.append(callback)
-
-    def make_durable(self) -> None:
-        waiting, self.waiting = self.waiting, []
-        for callback in waiting:
-            callback()
-
-    def logs_created_by(self, client_id: str) -> int:
-        return 0
-
-    def __contains__(self, topic: object) -> bool:
-        return topic in self.logs
+Forward = tuple[str, list[Message], bool, Callable[[Sequence[ForwardAck]], None]]
 
 
 class HeldForwarding:
-    """A ``Forwarding`` whose placements the test sets and whose forwards wait for ``answer``."""
+    """A ``forwarding`` port that appends here the topics the test says, refuses at once those it says, and
+    holds the other forwards until the test answers them."""
 
     def __init__(self) -> None:
-        self.placements: dict[str, int] = {LOCAL_TOPIC: APPEND, REMOTE_TOPIC: FORWARD}
-        self.forwarded: list[tuple[str, list[Message], Callable[[Sequence[ForwardAck]], None]]] = []
+        self.here = {LOCAL_TOPIC}
+        self.refused: set[str] = set()
+        self.forwarded: list[Forward] = []
         self.broadcasts: list[Message] = []
 
-    def placement(self, topic: str) -> int:
-        return self.placements[topic]
-
-    def refusal(self, topic: str) -> str:
-        return f"too few in-sync replicas for {topic}"
+    def appends_here(self, topic: str) -> bool:
+        return topic in self.here
 
     def forward(
-        self, topic: str, messages: list[Message], done: Callable[[Sequence[ForwardAck]], None]
+        self,
+        topic: str,
+        messages: list[Message],
+        from_peer: bool,
+        done: Callable[[Sequence[ForwardAck]], None],
     ) -> None:
-        self.forwarded.append((topic, messages, done))
+        if topic in self.refused:
+            done([ForwardAck(0x83, None, f"too few in-sync replicas for {topic}")] * len(messages))
+            return
+        self.forwarded.append((topic, messages, from_peer, done))
 
     def broadcast(self, message: Message) -> None:
         self.broadcasts.append(message)
 
     def answer(self, index: int, reason_code: int = 0, first_offset: int = 100) -> None:
-        _, messages, done = self.forwarded[index]
+        _, messages, _, done = self.forwarded[index]
         done(
             [
                 ForwardAck(reason_code, first_offset + n if reason_code < 0x80 else None)
@@ -93,12 +70,35 @@ class HeldForwarding:
         )
 
 
-def _cluster_core() -> tuple[HandDrivenCore, MemoryLog, HeldForwarding]:
+class PeerAnswers:
+    """The publisher of publishes another broker forwarded: records each answer by packet id (its index)."""
+
+    def __init__(self) -> None:
+        self.v5 = True
+        self.state = CONNECTED
+        self.incoming_pending = 0
+        self.answers: dict[int, int] = {}
+
+    def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None:
+        self.answers[packet_id] = reason_code
+
+    send_pubrec = send_puback
+
+    def release_qos2(self, packet_id: int) -> None:
+        pass
+
+    def close(self, reason_code: int | None = None, reason_string: str | None = None) -> None:
+        pass
+
+
+def _cluster_core(
+    replication: Replication = LOCAL_ONLY,
+) -> tuple[HandDrivenCore, MemoryLog, HeldForwarding]:
     core = make_core()
     store = MemoryLog()
     forwarding = HeldForwarding()
     core.publish_path.attach_store(store, None)
-    core.publish_path.attach_forwarding(forwarding)
+    core.join_cluster(ClusterPorts(forwarding=forwarding, replication=replication))
     return core, store, forwarding
 
 
@@ -116,7 +116,7 @@ def test_acks_keep_arrival_order_when_a_later_forwarded_batch_is_answered_first(
 
     assert client.send(Publish(LOCAL_TOPIC, b"one", 1, packet_id=1)) == []
     assert client.send(Publish(REMOTE_TOPIC, b"two", 1, packet_id=2)) == []
-    assert [topic for topic, _, _ in forwarding.forwarded] == [REMOTE_TOPIC]
+    assert [topic for topic, _, _, _ in forwarding.forwarded] == [REMOTE_TOPIC]
 
     forwarding.answer(0)
     assert client.read() == []  # the earlier local batch is not durable yet
@@ -155,7 +155,7 @@ def test_one_batch_waits_for_both_its_local_and_its_forwarded_part():
     )
     store.make_durable()
     assert client.read() == []
-    assert [len(messages) for _, messages, _ in forwarding.forwarded] == [2]
+    assert [len(messages) for _, messages, _, _ in forwarding.forwarded] == [2]
     forwarding.answer(0, first_offset=7)
     acks = client.read()
     assert [(type(a), a.packet_id, a.reason_code) for a in acks] == [
@@ -172,7 +172,7 @@ def test_a_refused_forward_reaches_a_v5_publisher_as_0x83_with_the_reason():
 
     client.send(Publish(REMOTE_TOPIC, b"x", 1, packet_id=5))
     store.make_durable()
-    _, _, done = forwarding.forwarded[0]
+    _, _, _, done = forwarding.forwarded[0]
     done([ForwardAck(0x83, None, "no leader for partition 3 within forward_timeout_ms")])
     (ack,) = client.read()
     assert (type(ack), ack.packet_id, ack.reason_code) == (PubAck, 5, 0x83)
@@ -182,7 +182,8 @@ def test_a_refused_forward_reaches_a_v5_publisher_as_0x83_with_the_reason():
 
 def test_too_few_in_sync_replicas_refuses_before_appending_and_closes_a_v3_publisher():
     core, store, forwarding = _cluster_core()
-    forwarding.placements[LOCAL_TOPIC] = REFUSE
+    forwarding.here.discard(LOCAL_TOPIC)
+    forwarding.refused.add(LOCAL_TOPIC)
     v5 = _publisher(core)
     v3 = core.client(4)
     v3.connect("old-device")
@@ -198,8 +199,6 @@ def test_too_few_in_sync_replicas_refuses_before_appending_and_closes_a_v3_publi
 
 
 def test_a_replication_refusal_is_0x83_with_its_reason():
-    core, store, _forwarding = _cluster_core()
-
     class Refusing:
         def when_replicated(
             self,
@@ -209,7 +208,7 @@ def test_a_replication_refusal_is_0x83_with_its_reason():
         ) -> None:
             failed(PublishRefused("in-sync replicas fell below min_insync_replicas"))
 
-    core.publish_path.replication = Refusing()
+    core, store, _forwarding = _cluster_core(Refusing())
     client = _publisher(core)
     client.send(Publish(LOCAL_TOPIC, b"x", 1, packet_id=3))
     store.make_durable()
@@ -219,40 +218,43 @@ def test_a_replication_refusal_is_0x83_with_its_reason():
     assert ack.properties.reason_string == "in-sync replicas fell below min_insync_replicas"
 
 
-def test_publishes_a_peer_forwarded_are_appended_and_answered_with_their_offsets():
+def test_publishes_a_peer_forwarded_are_appended_and_answered_in_turn_with_their_offsets():
     core, store, _forwarding = _cluster_core()
-    answers: list[Sequence[ForwardAck]] = []
-    messages = [Message(LOCAL_TOPIC, f"p{n}".encode(), 1, False, None, "far-device") for n in range(3)]
+    peer = PeerAnswers()
+    messages = [Message(LOCAL_TOPIC, f"p{n}".encode(), 2, False, None, "far-device") for n in range(3)]
 
-    core.publish_path.accept_forwarded(messages, answers.append)
+    core.publish_path.accept_forwarded(peer, messages)
     core.run_soon()
-    assert answers == []
+    assert peer.answers == {}
     store.make_durable()
     core.run_soon()
-    assert [list(batch) for batch in answers] == [
-        [ForwardAck(0x10, 0), ForwardAck(0x10, 1), ForwardAck(0x10, 2)]
-    ]
+    assert peer.answers == {0: 0x10, 1: 0x10, 2: 0x10}  # answered as QoS 1 publishes, by index
+    assert [message.offset for message in messages] == [0, 1, 2]
 
 
-def test_a_peer_publish_for_a_partition_led_elsewhere_is_answered_not_leader_never_forwarded_again():
+def test_a_peer_publish_for_a_partition_led_elsewhere_goes_to_the_port_marked_as_a_peers():
+    """The port answers it (a peer's publish is never forwarded twice: ``cluster.forwarding``)."""
     core, store, forwarding = _cluster_core()
-    answers: list[Sequence[ForwardAck]] = []
+    peer = PeerAnswers()
 
-    core.publish_path.accept_forwarded([Message(REMOTE_TOPIC, b"x", 1)], answers.append)
+    core.publish_path.accept_forwarded(peer, [Message(REMOTE_TOPIC, b"x", 1)])
     core.run_soon()
+    assert [(topic, from_peer) for topic, _, from_peer, _ in forwarding.forwarded] == [(REMOTE_TOPIC, True)]
+    forwarding.answer(0, reason_code=0x9C)
     store.make_durable()
     core.run_soon()
-    assert forwarding.forwarded == []
-    assert [ack.reason_code for ack in answers[0]] == [NOT_LEADER]
+    assert peer.answers == {0: 0x9C}
+    assert REMOTE_TOPIC not in store.logs
 
 
 def test_the_brokers_own_logged_publishes_are_forwarded_too():
     core, _store, forwarding = _cluster_core()
     core.publish_path.publish(Message(REMOTE_TOPIC, b"will", 1))
     core.run_soon()
-    assert [(topic, [m.payload for m in messages]) for topic, messages, _ in forwarding.forwarded] == [
-        (REMOTE_TOPIC, [b"will"])
-    ]
+    assert [
+        (topic, [m.payload for m in messages], from_peer)
+        for topic, messages, from_peer, _ in forwarding.forwarded
+    ] == [(REMOTE_TOPIC, [b"will"], False)]
 
 
 def test_unlogged_publishes_are_routed_here_and_broadcast_to_the_other_members():

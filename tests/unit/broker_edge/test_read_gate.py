@@ -8,7 +8,7 @@ batches durable when the test says so: a store that has fallen behind, as long a
 from __future__ import annotations
 
 from broker_edge.engine.connection.states import HELD_FOR_ACKS, HELD_FOR_RATE, HELD_FOR_SUBACK
-from broker_edge.engine.publish import REFUSE
+from broker_edge.engine.ports import ClusterPorts
 from broker_edge.protocol.packets import (
     MQTT_5,
     Disconnect,
@@ -20,8 +20,9 @@ from broker_edge.protocol.packets import (
     PubRec,
     PubRel,
 )
+from tests.memory_log import MemoryLog
 from tests.unit.broker_edge.handlers.wire import HandDrivenCore, WireClient, make_core
-from tests.unit.broker_edge.test_publish_path_cluster import HeldForwarding, MemoryLog
+from tests.unit.broker_edge.test_publish_path_cluster import HeldForwarding
 
 MQTT_3_1_1 = 4
 
@@ -167,8 +168,8 @@ def test_an_mqtt_5_qos2_publish_refused_gives_its_receive_maximum_slot_back():
     """A refused QoS 2 publish (PUBREC 0x83) ends its flow: no PUBREL follows, so it stops counting."""
     core, store = _core_with_log(receive_maximum=1)
     forwarding = HeldForwarding()
-    forwarding.placements["meter"] = REFUSE
-    core.publish_path.attach_forwarding(forwarding)
+    forwarding.refused.add("meter")
+    core.join_cluster(ClusterPorts(forwarding=forwarding))
     client = _publisher(core, MQTT_5)
     for packet_id in (1, 2, 3):
         client.send(Publish("meter", b"x", 2, packet_id=packet_id))

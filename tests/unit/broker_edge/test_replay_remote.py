@@ -8,6 +8,7 @@ from pathlib import Path
 
 from broker_edge.engine.cursors import ReplayManager
 from broker_edge.engine.message import Message
+from broker_edge.engine.ports import ClusterPorts
 from broker_edge.engine.routing.router import Router
 from broker_edge.engine.routing.subscriptions import SubscriptionOptions
 from broker_edge.security.limits import LimitsConfig
@@ -17,7 +18,7 @@ from tests.unit.broker_edge.test_session import RecordingConnection
 
 
 class Elsewhere:
-    """``ReplayManager.remote``: the log of ``t`` read from another broker; ``end`` is where routing here
+    """The ``remote_logs`` port: the log of ``t`` read from another broker; ``end`` is where routing here
     stands (None: not known yet); ``ready`` says whether a read is answered at once."""
 
     def __init__(self, records: list[Record]) -> None:
@@ -55,8 +56,9 @@ def test_a_remote_backlog_joins_live_delivery_without_a_gap_or_a_duplicate(tmp_p
         here = LogStore(tmp_path / "here", StorageConfig(durability="none"))
         here.open()
         router = Router(LimitsConfig())
-        replays = router.replays = ReplayManager(router, here, None)
-        remote = replays.remote = Elsewhere(records)
+        replays = router.replays = ReplayManager(here, None, router.count_drop)
+        remote = Elsewhere(records)
+        replays.join_cluster(ClusterPorts(remote_logs=remote))
         session = router.restore_session("mover", 300, None, None)
         router.subscribe(session, "t", "t", None, SubscriptionOptions(qos=1))
         session.cursors = {"t": 2}  # acknowledged up to offset 1 on the broker it came from

@@ -1,14 +1,15 @@
-"""The router's hooks for a cluster member: who serves shared groups, who hears of group membership and
-of retained changes. A broker alone sets none of them and serves its groups itself."""
+"""The router's ports (``broker_edge.engine.ports``): who serves shared groups, who hears of group
+membership, of retained changes and of interest, who publishes wills. A broker alone has none of them and
+serves its groups itself."""
 
 from __future__ import annotations
 
-from broker_edge.cluster.features.shared_directory import SharedDirectory
-from broker_edge.cluster.features.shared_registry import SharedRegistry
 from broker_edge.engine.message import Message
+from broker_edge.engine.ports import ClusterPorts
 from broker_edge.engine.routing.router import Router
 from broker_edge.engine.routing.subscriptions import SubscriptionOptions
 from broker_edge.engine.sessions.session import Session
+from broker_edge.protocol.packets import Will
 from broker_edge.security.limits import LimitsConfig
 
 
@@ -25,17 +26,60 @@ def _queued(session: Session) -> list[bytes]:
     return [delivery[0].payload for delivery in session.queue or ()]
 
 
+class Told:
+    """Every routing port at once, recording what the router tells it."""
+
+    def __init__(self) -> None:
+        self.dispatched: list[bytes] = []
+        self.members: list[tuple[str, str, bool]] = []
+        self.retained: list[str] = []
+        self.interest: list[tuple[str, bool]] = []
+        self.wills: list[bytes] = []
+
+    def dispatch(self, message: Message) -> int:
+        self.dispatched.append(message.payload)
+        return 1
+
+    def member_changed(self, group: str, topic_filter: str, joined: bool) -> None:
+        self.members.append((group, topic_filter, joined))
+
+    def retained_changed(self, topic: str) -> None:
+        self.retained.append(topic)
+
+    def retained_gate(self, send: object) -> bool:
+        return False
+
+    def interest_changed(self, topic_filter: str, added: bool) -> None:
+        self.interest.append((topic_filter, added))
+
+    def publish_will(self, message: Message) -> None:
+        self.wills.append(message.payload)
+
+
+def _joined(router: Router) -> Told:
+    told = Told()
+    router.join_cluster(
+        ClusterPorts(
+            shared_dispatch=told,
+            shared_members=told,
+            retained_sync=told,
+            interest=told,
+            wills=told,
+        )
+    )
+    return told
+
+
 def test_alone_the_router_serves_its_groups_and_a_cluster_dispatcher_replaces_that():
     router = Router(LimitsConfig())
     first, second = _members(router, "m1", "m2")
     assert router.publish(Message("jobs/1", b"alone", 1)) == 1
     assert _queued(first) + _queued(second) == [b"alone"]
 
-    dispatched: list[bytes] = []
-    router.shared_dispatch = lambda message: dispatched.append(message.payload) or 1
+    told = _joined(router)
     router.publish(Message("jobs/2", b"routed", 1))
     router.publish(Message("jobs/3", b"a peer's unlogged copy", 0), groups_served=True)
-    assert dispatched == [b"routed"]  # the dispatcher decides; a peer's copy is not served again
+    assert told.dispatched == [b"routed"]  # the dispatcher decides; a peer's copy is not served again
     assert _queued(first) + _queued(second) == [b"alone"]
 
     group = router.trie.shared_group("jobs/#", "g")
@@ -44,33 +88,34 @@ def test_alone_the_router_serves_its_groups_and_a_cluster_dispatcher_replaces_th
     assert member is not None and _queued(member)[-1] == b"told"
 
 
-def test_membership_is_told_on_every_join_and_leave_and_the_registry_counts_members_per_group():
+def test_every_join_and_leave_of_a_group_and_of_a_filter_is_told():
     router = Router(LimitsConfig())
-    directory = SharedDirectory()
-    registry = SharedRegistry("a", directory, None, "/timestone", None)
-    router.shared_membership = registry.member_changed
+    told = _joined(router)
     first, second = _members(router, "m1", "m2")
-    assert [set(g.members) for g in directory.match("jobs/1")] == [{"a"}]
     router.unsubscribe(first, "$share/g/jobs/#")
-    assert [set(g.members) for g in directory.match("jobs/1")] == [{"a"}]  # m2 is still a member
     router.unsubscribe(second, "$share/g/jobs/#")
-    assert directory.match("jobs/1") == []
-
-
-def test_a_registry_made_after_subscriptions_were_restored_counts_them():
-    router = Router(LimitsConfig())
-    _members(router, "m1")
-    directory = SharedDirectory()
-    registry = SharedRegistry("a", directory, None, "/timestone", None)
-    registry.count_existing(router.trie.subscriptions())
-    assert [(g.name, g.filter, set(g.members)) for g in directory.match("jobs/1")] == [("g", "jobs/#", {"a"})]
+    assert told.members == [("g", "jobs/#", joined) for joined in (True, True, False, False)]
+    assert told.interest == [("jobs/#", added) for added in (True, True, False, False)]
 
 
 def test_retained_changes_are_told_with_their_topic():
     router = Router(LimitsConfig())
-    changed: list[str] = []
-    router.retained_changed = changed.append
+    told = _joined(router)
     router.publish(Message("r/1", b"set", 1, True))
     router.publish(Message("r/1", b"", 1, True))
     router.publish(Message("r/2", b"not retained", 1, False))
-    assert changed == ["r/1", "r/1"]
+    assert told.retained == ["r/1", "r/1"]
+
+
+def test_a_members_wills_go_to_its_wills_port_a_broker_alones_through_its_publish_path():
+    alone = Router(LimitsConfig())
+    published: list[bytes] = []
+    alone.publish_through = lambda message: published.append(message.payload)
+    alone.publish_will(Will("status/a", b"gone", 1, False), "a")
+    assert published == [b"gone"]
+
+    member = Router(LimitsConfig())
+    member.publish_through = lambda message: published.append(message.payload)
+    told = _joined(member)
+    member.publish_will(Will("status/b", b"gone too", 1, False), "b")
+    assert told.wills == [b"gone too"] and published == [b"gone"]

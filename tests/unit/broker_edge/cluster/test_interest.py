@@ -23,24 +23,24 @@ def test_exact_filters_want_their_partition_and_a_wildcard_wants_all() -> None:
     other = next(number for number in range(16) if number != partition)
     assert not interest.wants(partition)
 
-    interest.changed(topic, True)
-    interest.changed(topic, True)  # a second subscriber of the same topic changes nothing
+    interest.interest_changed(topic, True)
+    interest.interest_changed(topic, True)  # a second subscriber of the same topic changes nothing
     assert interest.wants(partition) and not interest.wants(other)
     assert len(changes) == 1
 
-    interest.changed("plant/+/telemetry", True)
+    interest.interest_changed("plant/+/telemetry", True)
     assert interest.everything and interest.wants(other)
     assert len(changes) == 2
-    interest.changed("plant/+/telemetry", False)
+    interest.interest_changed("plant/+/telemetry", False)
     assert not interest.wants(other) and interest.wants(partition)
     assert len(changes) == 3
 
-    interest.changed(topic, False)
+    interest.interest_changed(topic, False)
     assert interest.wants(partition)  # one subscriber left
-    interest.changed(topic, False)
+    interest.interest_changed(topic, False)
     assert not interest.wants(partition)
     assert len(changes) == 4
-    interest.changed(topic, False)  # never counted: ignored
+    interest.interest_changed(topic, False)  # never counted: ignored
     assert len(changes) == 4
 
 
@@ -49,7 +49,7 @@ def test_existing_subscriptions_count_and_a_new_partition_count_places_them_agai
     interest = LocalInterest(view)
     interest.count_existing([("a/b", object(), None, None), ("c/#", object(), None, "group")])
     assert interest.everything
-    interest.changed("c/#", False)
+    interest.interest_changed("c/#", False)
     assert interest.wants(view.partition_of("a/b"))
     view.partitions = 7  # the count stored in etcd wins over the configuration
     assert interest.wants(view.partition_of("a/b"))
@@ -84,7 +84,7 @@ def test_a_node_observes_only_wanted_partitions_and_a_suback_waits_for_their_obs
         try:
             assert followers.fetchers == {("b1", False): {1: 1}}  # the copy, and nothing observed
             assert not followers.subscribe_gate(lambda: None)
-            interest.changed(topic, True)
+            interest.interest_changed(topic, True)
             assert followers.observed == [0]
             sent: list[float] = []
             loop = asyncio.get_running_loop()
@@ -93,9 +93,9 @@ def test_a_node_observes_only_wanted_partitions_and_a_suback_waits_for_their_obs
             await asyncio.sleep(0.5)
             assert len(sent) == 1 and sent[0] - started >= 0.3  # the leader never answered
             assert followers.observer_fetches.get(0, 0) > 0
-            interest.changed(topic, False)
+            interest.interest_changed(topic, False)
             assert followers.observed == []
-            interest.changed("t/#", True)
+            interest.interest_changed("t/#", True)
             assert followers.observed == [0]
         finally:
             await followers.stop()

@@ -28,7 +28,7 @@ from broker_edge.cluster.replication.replica_fetch import (
 )
 from broker_edge.cluster.view import ClusterView, PartitionState
 from broker_edge.engine.message import Message
-from broker_edge.engine.publish import AppendedRun
+from broker_edge.engine.ports import AppendedRun
 from broker_edge.engine.records import record_fields
 from broker_edge.storage import LogStore, StorageConfig
 from tests.e2e.cluster.inprocess_cluster import StaticIsr

@@ -20,7 +20,7 @@ from broker_edge.cluster.links.peer_link import (
     encode_unlogged,
 )
 from broker_edge.engine.message import Message
-from broker_edge.engine.publish import ForwardAck
+from broker_edge.engine.ports import ForwardAck
 from broker_edge.protocol.properties import Properties
 
 

@@ -13,6 +13,7 @@ from broker_edge.cluster.reads.remote_starts import RemoteStarts
 from broker_edge.cluster.view import ClusterView, PartitionState
 from broker_edge.engine.cursors import ReplayManager
 from broker_edge.engine.message import Message
+from broker_edge.engine.ports import ClusterPorts
 from broker_edge.engine.routing.router import Router
 from broker_edge.engine.routing.subscriptions import SubscriptionOptions
 from broker_edge.engine.sessions.session import Session
@@ -50,10 +51,10 @@ class _Observer:
         self.store.open()
         view = _view("a", leader)
         self.router = Router(LimitsConfig())
-        self.replays = self.router.replays = ReplayManager(self.router, self.store, None)
+        self.replays = self.router.replays = ReplayManager(self.store, None, self.router.count_drop)
         starts = LogStarts(self.store, view, self.links_a)
         self.remote = RemoteStarts(view, starts, lambda number: False, lambda topic_filter: [], wait_s=1.0)
-        self.replays.remote_starts = self.remote
+        self.replays.join_cluster(ClusterPorts(remote_starts=self.remote))
 
     async def start(self, topic_filter: str, start: OffsetStart) -> tuple[Session, list[OffsetOutOfRange]]:
         """A session subscribing to ``topic_filter`` from ``start``, once its replay is positioned."""

@@ -36,7 +36,7 @@ from broker_edge.cluster.replication.replica_push import (
 )
 from broker_edge.cluster.view import ClusterView, Member, PartitionState
 from broker_edge.engine.message import Message
-from broker_edge.engine.publish import AppendedRun
+from broker_edge.engine.ports import AppendedRun
 from broker_edge.engine.records import record_fields
 from broker_edge.storage import LogStore, StorageConfig
 from broker_edge.storage.file_pool import FileHandlePool

@@ -14,6 +14,7 @@ from broker_edge.cluster.features.retained_sync import (
 from broker_edge.cluster.links.peer_link import PeerLinks
 from broker_edge.cluster.view import ClusterView
 from broker_edge.engine.message import Message
+from broker_edge.engine.ports import ClusterPorts
 from broker_edge.engine.routing.retained import RetainedStore
 from broker_edge.engine.routing.router import Router
 from broker_edge.protocol.properties import Properties
@@ -63,9 +64,9 @@ async def _changes_made_while_loading_win():
     router = Router(LimitsConfig())
     view = ClusterView("b", 4)
     sync = RetainedSync(router, view, PeerLinks("b", None, _Receiver()), asyncio.get_running_loop(), 5.0)
+    router.join_cluster(ClusterPorts(retained_sync=sync))
     served: list[str] = []
-    assert router.retained_gate is not None
-    assert router.retained_gate(lambda: served.append("t/#")) is True  # not loaded: waits
+    assert sync.retained_gate(lambda: served.append("t/#")) is True  # not loaded: waits
 
     router.publish(Message("t/cleared", b"", 1, True))  # cleared here while the snapshot travels
     router.publish(Message("t/newer", b"new", 1, True))
@@ -83,8 +84,9 @@ async def _changes_made_while_loading_win():
         "t/other": b"from the peer",
     }
     assert served == ["t/#"]
-    assert router.retained_gate(lambda: served.append("again")) is False  # loaded: served at once
-    assert router.retained_changed is None
+    assert sync.retained_gate(lambda: served.append("again")) is False  # loaded: served at once
+    router.publish(Message("t/later", b"set after loading", 1, True))
+    assert router.retained.count == 3  # changes after loading are the router's alone
 
 
 def test_a_large_retained_set_travels_in_pages_in_topic_order_each_going_on_after_the_last_topic():

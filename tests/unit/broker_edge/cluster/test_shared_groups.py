@@ -8,13 +8,15 @@ import asyncio
 
 from broker_edge.cluster.features.shared_directory import DeliveryKey, SharedDirectory
 from broker_edge.cluster.features.shared_groups import SharedGroups
-from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
+from broker_edge.cluster.links.peer_link import PeerLinks
 from broker_edge.cluster.view import ClusterView, Member, PartitionState
 from broker_edge.engine.message import Message
+from broker_edge.engine.ports import ClusterPorts
 from broker_edge.engine.routing.router import Router
 from broker_edge.engine.routing.subscriptions import SubscriptionOptions
 from broker_edge.engine.sessions.session import Session
 from broker_edge.security.limits import LimitsConfig
+from tests.unit.broker_edge.cluster.memory_links import MemoryWire, link_in_memory
 
 PARTITIONS = 2
 
@@ -25,22 +27,6 @@ class _Receiver:
 
     def unlogged(self, message):  # pragma: no cover - not used
         raise AssertionError
-
-
-class _Wire:
-    """One side's socket: what it sends reaches the other side's link, unless ``lost`` is set."""
-
-    def __init__(self, links: PeerLinks, link: PeerLink) -> None:
-        self.links = links
-        self.link = link
-        self.lost = False
-
-    async def send_bytes(self, data: bytes) -> None:
-        if not self.lost:
-            self.link.received(data, self.links.receiver, self.links._handlers, self.links._services)
-
-    async def close(self) -> None:
-        return None
 
 
 class _Broker:
@@ -59,9 +45,12 @@ class _Broker:
             remembered=100,
             resend_s=3600.0,
         )
+        self.router.join_cluster(ClusterPorts(shared_dispatch=self.shared))
 
 
-async def _two_brokers() -> tuple[_Broker, _Broker, tuple[_Wire, _Wire], dict[tuple[str, int], Message]]:
+async def _two_brokers() -> tuple[
+    _Broker, _Broker, tuple[MemoryWire, MemoryWire], dict[tuple[str, int], Message]
+]:
     log: dict[tuple[str, int], Message] = {}
     a, b = _Broker("a", log), _Broker("b", log)
     members = {node: Member(node, f"{node}:1883", f"http://{node}") for node in "ab"}
@@ -69,10 +58,7 @@ async def _two_brokers() -> tuple[_Broker, _Broker, tuple[_Wire, _Wire], dict[tu
     for broker in (a, b):
         broker.view.members = dict(members)
         broker.view.states = dict(states)
-    a_to_b = _Wire(b.links, b.links.link("a"))
-    b_to_a = _Wire(a.links, a.links.link("b"))
-    a.links.link("b").attach(a_to_b)
-    b.links.link("a").attach(b_to_a)
+    a_to_b, b_to_a = link_in_memory(a.links, b.links)
     a.shared.start()
     b.shared.start()
     for broker in (a, b):

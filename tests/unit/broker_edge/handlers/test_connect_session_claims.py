@@ -1,4 +1,4 @@
-"""CONNECT on a cluster node: the client id is claimed cluster-wide first (``BrokerContext.session_claims``),
+"""CONNECT on a cluster node: the client id is claimed cluster-wide first (the ``sessions`` port),
 then the standalone handling goes on; a refused claim is refused like the standalone refusals. Sans-IO:
 the claim is completed by the test, as the cluster's etcd and peer link would complete it."""
 
@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from broker_edge.engine.connection.connection import Connection
-from broker_edge.engine.handlers.context import SessionClaim
+from broker_edge.engine.ports import ClusterPorts, SessionClaim
+from broker_edge.engine.sessions.session import Session
 from broker_edge.protocol.packets import (
     MQTT_3_1_1,
     MQTT_5,
@@ -42,14 +42,14 @@ class ClaimsInProgress:
     def answer(self, refusal: str | None = None) -> None:
         self._done.pop(0)(refusal)
 
-    def connection_ended(self, conn: Connection) -> None:
-        self.ended.append((conn.client_id, conn.will))
+    def connection_ended(self, session: Session, will: Will | None) -> None:
+        self.ended.append((session.client_id, will))
 
 
 def cluster_core() -> tuple[HandDrivenCore, ClaimsInProgress]:
     core = make_core()
     claims = ClaimsInProgress()
-    core.session_claims = claims
+    core.join_cluster(ClusterPorts(sessions=claims))
     return core, claims
 
 
@@ -124,5 +124,5 @@ def test_the_cluster_hears_of_a_connection_end_before_its_will_is_handled():
 
 def test_a_broker_alone_claims_nothing():
     core = make_core()
-    assert core.session_claims is None
+    assert core.cluster.sessions is None
     assert core.client(MQTT_5).connect("dev").reason_code == 0

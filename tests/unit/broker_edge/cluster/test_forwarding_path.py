@@ -1,0 +1,138 @@
+"""The forwarding broker's path (``broker_edge.cluster.forwarding``) without a broker: two engines (a real
+router and PUBLISH path each, on the event loop, logs in memory) joined by peer links in memory, each with a
+view the test writes. A device's publish on the broker that does not lead the topic's partition is appended
+by the leader and answered with its offset; refusals, "not the leader" answers and the wait for a leader."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from broker_edge.cluster.forwarding import ClusterForwarding
+from broker_edge.cluster.links.peer_link import PeerLinks
+from broker_edge.cluster.view import ClusterView, Member, PartitionState
+from broker_edge.engine.message import Message
+from broker_edge.engine.ports import ClusterPorts
+from tests.unit.broker_edge.cluster.engines import Answers, EngineOnLoop
+from tests.unit.broker_edge.cluster.memory_links import link_in_memory
+
+PARTITIONS = 4
+TOPIC = "plant/line-1/meter"
+
+
+class Node:
+    """One cluster member: its engine, view, peer links and forwarding port (registered as its ports)."""
+
+    def __init__(self, node_id: str, min_insync_replicas: int = 1, forward_timeout_s: float = 2.0) -> None:
+        self.engine = EngineOnLoop()
+        self.view = ClusterView(node_id, PARTITIONS, fenced=False)
+        loop = asyncio.get_running_loop()
+        self.forwarding = ClusterForwarding(
+            self.view,
+            self.engine.publish_path,
+            self.engine.router,
+            None,
+            loop,
+            min_insync_replicas,
+            forward_timeout_s,
+        )
+        self.links = self.forwarding.links = PeerLinks(node_id, None, self.forwarding)
+        self.engine.join_cluster(ClusterPorts(forwarding=self.forwarding))
+
+    def lead(self, leader: str | None, isr: tuple[str, ...] = ("a", "b")) -> None:
+        """Every partition led by ``leader`` (None: no leader), as this member's view says."""
+        self.view.members = {node: Member(node, f"{node}:1883", f"http://{node}") for node in ("a", "b")}
+        self.view.states = {p: PartitionState(p, leader, 1, ("a", "b"), isr) for p in range(PARTITIONS)}
+        self.view.changed()
+
+    def publish(self, device: Answers, payload: bytes, packet_id: int = 1) -> Message:
+        message = Message(TOPIC, payload, 1, False, None, "device")
+        self.engine.publish_path.accept(device, message, packet_id, logged=True)
+        return message
+
+
+async def _answered(device: Answers) -> None:
+    await asyncio.wait_for(device.answered.wait(), 5)
+
+
+def _run(scenario: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(scenario())
+
+
+def test_a_publish_on_a_partition_led_elsewhere_is_appended_by_the_leader_and_answered_with_its_offset():
+    async def scenario() -> None:
+        a, b = Node("a"), Node("b")
+        for member in (a, b):
+            member.lead("b")
+        link_in_memory(a.links, b.links)
+        device = Answers()
+        message = a.publish(device, b"21.5")
+        await _answered(device)
+        assert device.answers == {1: (0x10, None)}  # appended (no subscribers anywhere)
+        assert TOPIC not in a.engine.log.logs and len(b.engine.log.logs[TOPIC]) == 1
+        assert message.offset == 0  # the leader's offset, the same on every replica
+
+    _run(scenario)
+
+
+def test_too_few_in_sync_replicas_on_the_leader_refuses_at_once_with_the_reason():
+    async def scenario() -> None:
+        a = Node("a", min_insync_replicas=2)
+        a.lead("a", isr=("a",))
+        device = Answers()
+        a.publish(device, b"at risk")
+        await _answered(device)
+        ((code, reason),) = device.answers.values()
+        assert code == 0x83
+        assert reason is not None and "1 in-sync replicas, fewer than min_insync_replicas 2" in reason
+        assert a.engine.log.logs == {}
+
+    _run(scenario)
+
+
+def test_a_broker_that_no_longer_leads_answers_not_leader_and_the_publish_follows_the_new_leader():
+    """The forwarding broker's view is behind: it forwards to ``b``, which answers "not the leader" (a
+    publish a peer forwarded is never forwarded again); once the view names the new leader (here: the
+    forwarding broker itself) the publish goes there, within ``forward_timeout_ms``."""
+
+    async def scenario() -> None:
+        a, b = Node("a"), Node("b")
+        a.lead("b")
+        b.lead("a")
+        link_in_memory(a.links, b.links)
+        device = Answers()
+        a.publish(device, b"moved")
+        while not b.engine.counters.drops("forward_refused"):  # b answered it: not the leader
+            await asyncio.sleep(0.005)
+        assert device.answers == {}  # a sends it on rather than refuse it
+        a.lead("a")
+        await _answered(device)
+        assert device.answers == {1: (0x10, None)}
+        assert len(a.engine.log.logs[TOPIC]) == 1 and TOPIC not in b.engine.log.logs
+
+    _run(scenario)
+
+
+def test_without_a_leader_within_forward_timeout_the_publish_is_refused():
+    async def scenario() -> None:
+        a = Node("a", forward_timeout_s=0.1)
+        a.lead(None)
+        device = Answers()
+        a.publish(device, b"nobody leads")
+        await _answered(device)
+        ((code, reason),) = device.answers.values()
+        assert code == 0x83 and reason is not None and "no leader for partition" in reason
+
+    _run(scenario)
+
+
+def test_an_mqtt_3_publisher_refused_elsewhere_is_disconnected_never_acknowledged():
+    async def scenario() -> None:
+        a = Node("a", min_insync_replicas=2)
+        a.lead("a", isr=("a",))
+        device = Answers(v5=False)
+        a.publish(device, b"old device")
+        await _answered(device)
+        assert device.closed and device.answers == {}
+
+    _run(scenario)
