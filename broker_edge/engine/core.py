@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from broker_edge.engine.connection.states import CLOSED, CONNECTED
 from broker_edge.engine.cursors import ReplayManager
@@ -94,7 +94,7 @@ class BrokerCore:
         for session in self.router.sessions.values():
             conn = session.connection
             if conn is not None and conn not in unattached:
-                yield conn
+                yield cast("Connection", conn)  # every session's connection is one of this broker's
 
     # -- what the runtime attaches --------------------------------------------------------------------------
 

@@ -48,9 +48,8 @@ from broker_edge.storage.errors import CorruptRecord, OffsetOutOfRange, StorageE
 if TYPE_CHECKING:
     import asyncio
 
-    from broker_edge.engine.connection.connection import Connection
     from broker_edge.engine.ports import ClusterPorts, RemoteLogs, RemoteStarts
-    from broker_edge.engine.sessions.session import Session
+    from broker_edge.engine.sessions.session import Outlet, Session
     from broker_edge.offsets_types import LogInfo
     from broker_edge.storage.record import Record
     from broker_edge.storage.store import LogStore
@@ -267,7 +266,7 @@ class ReplayManager:
     def _pump_remote(
         self,
         session: Session,
-        conn: Connection,
+        conn: Outlet,
         topic: str,
         entry: tuple[int, bool, bool, tuple[int, ...]],
         budget: int,
@@ -314,7 +313,7 @@ class ReplayManager:
     def _replay_record(
         self,
         session: Session,
-        conn: Connection,
+        conn: Outlet,
         topic: str,
         record: Record,
         entry: tuple[int, bool, bool, tuple[int, ...]],

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from broker_edge.engine.connection.listeners import ListenerRuntime, ListenerStats
+from broker_edge.engine.connection.terms import ListenerRuntime, ListenerStats
 from broker_edge.engine.core import BrokerCore
 from broker_edge.engine.message import Message
 from broker_edge.http.lazy_endpoint import LazyHttpEndpoint

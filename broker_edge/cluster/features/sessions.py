@@ -51,11 +51,10 @@ if TYPE_CHECKING:
     from broker_edge.cluster.features.sessions_registry import SessionRegistry
     from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
     from broker_edge.cluster.view import ClusterView
-    from broker_edge.engine.connection.connection import Connection
     from broker_edge.engine.ports import SessionClaim
     from broker_edge.engine.publish import PublishPath
     from broker_edge.engine.routing.router import Router
-    from broker_edge.engine.sessions.session import Session
+    from broker_edge.engine.sessions.session import Outlet, Session
     from broker_edge.offsets_types import LogInfo
     from broker_edge.protocol.packets import Will
     from broker_edge.security.acl import AccessControl
@@ -93,7 +92,7 @@ class SessionHost(Protocol):
     def now(self) -> float: ...
 
 
-def _disconnect_taken_over(conn: Connection) -> None:
+def _disconnect_taken_over(conn: Outlet) -> None:
     """Another connection claimed the client id [MQTT-3.1.4-3]: MQTT 5 DISCONNECT 0x8E, 3.1.1 close. Its
     will follows the broker alone's rule (section 3.1.4 sends it on as section 3.1.2.5 says): published now
     unless delayed; a delayed will is cancelled when the new connection resumes the session and published

@@ -51,6 +51,7 @@ from broker_edge.engine.connection.states import (
 )
 from broker_edge.engine.connection.terms import Terms
 from broker_edge.engine.handlers import dispatch_connected, handle_connect, handle_puback, handle_publish
+from broker_edge.engine.handlers.context import BrokerContext
 from broker_edge.engine.message import Message
 from broker_edge.engine.rare_fields import RareField, RareSlots
 from broker_edge.protocol.codec import (
@@ -76,15 +77,14 @@ from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
-    from broker_edge.engine.connection.listeners import ListenerRuntime
-    from broker_edge.engine.handlers.context import ConnectionHost
+    from broker_edge.engine.connection.terms import ListenerRuntime
     from broker_edge.engine.sessions.session import Session
     from broker_edge.protocol.codec import PublishTemplate
     from broker_edge.protocol.packets import Packet, Will
 
-__all__ = ["ByteTransport", "Connection"]
+__all__ = ["ByteTransport", "Connection", "ConnectionHost"]
 
 log = logging.getLogger("broker_edge.connection")
 
@@ -107,6 +107,32 @@ class ByteTransport(Protocol):
     def resume_reading(self) -> None: ...
 
     def get_extra_info(self, name: str, default: Any = None) -> Any: ...
+
+
+class ConnectionHost(BrokerContext, Protocol):
+    """The broker as a ``Connection`` sees it (``engine.core.BrokerCore`` is one): its handlers' context plus
+    admission, flushing and timers."""
+
+    partial_bytes: int
+    """Bytes of packets not fully arrived, over all connections (``limits.max_partial_packet_bytes``)."""
+
+    def connection_opened(self, conn: Connection) -> None:
+        """Admit (or refuse) a new connection and start its CONNECT deadline."""
+
+    def connection_closed(self, conn: Connection, was_connected: bool) -> None: ...
+
+    def connection_attached(self, conn: Connection) -> None:
+        """``conn`` became its session's connection (CONNECT accepted)."""
+
+    def connection_detached(self, conn: Connection) -> None:
+        """``conn`` let go of its session while still open (taken over)."""
+
+    def schedule_flush(self, conn: Connection) -> None:
+        """Write ``conn``'s batched packets at the end of this loop iteration."""
+
+    def call_soon(self, callback: Callable[[], None]) -> None: ...
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None: ...
 
 
 class _ConnectionRare(RareSlots):
@@ -240,6 +266,11 @@ class Connection(asyncio.Protocol):
     @state.setter
     def state(self, value: int) -> None:
         self.terms = self.terms.settle(state=value)
+
+    def attached(self) -> None:
+        """Its CONNECT was accepted: it is its session's connection from now on (the broker reaches it through
+        the session, no longer in a table of its own)."""
+        self.host.connection_attached(self)
 
     def let_go_of_session(self) -> Session | None:
         """Drop the session (keeping its client id for what follows); the session it had, if any."""

@@ -38,12 +38,11 @@ from .subscribe import handle_subscribe
 from .unsubscribe import handle_unsubscribe
 
 if TYPE_CHECKING:
-    from broker_edge.engine.connection.connection import Connection
-    from broker_edge.engine.handlers.context import BrokerContext
+    from broker_edge.engine.handlers.context import BrokerContext, Client
     from broker_edge.engine.sessions.session import Session
 
 
-def dispatch_connected(ctx: BrokerContext, conn: Connection, session: Session, packet: Packet) -> None:
+def dispatch_connected(ctx: BrokerContext, conn: Client, session: Session, packet: Packet) -> None:
     """Handle one packet of a connected client; a packet no client may send here raises ``TypeError`` (the
     decoder never lets one through: reaching it is a broker bug, which closes only this connection)."""
     if type(packet) is Publish:

@@ -15,8 +15,7 @@ from broker_edge.protocol.packets import PubAck, PubComp, PubRec, PubRel
 from broker_edge.protocol.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
-    from broker_edge.engine.connection.connection import Connection
-    from broker_edge.engine.handlers.context import BrokerContext
+    from broker_edge.engine.handlers.context import BrokerContext, Client
     from broker_edge.engine.sessions.session import Session
 
 __all__ = ["handle_puback", "handle_pubcomp", "handle_pubrec", "handle_pubrel"]
@@ -24,11 +23,11 @@ __all__ = ["handle_puback", "handle_pubcomp", "handle_pubrec", "handle_pubrel"]
 _NOT_FOUND = ReasonCode.PACKET_IDENTIFIER_NOT_FOUND
 
 
-def handle_puback(ctx: BrokerContext, conn: Connection, session: Session, packet: PubAck) -> None:
+def handle_puback(ctx: BrokerContext, conn: Client, session: Session, packet: PubAck) -> None:
     session.on_puback(packet.packet_id)
 
 
-def handle_pubrec(ctx: BrokerContext, conn: Connection, session: Session, packet: PubRec) -> None:
+def handle_pubrec(ctx: BrokerContext, conn: Client, session: Session, packet: PubRec) -> None:
     failed = packet.reason_code >= 0x80
     if session.on_pubrec(packet.packet_id, failed):
         conn.send_pubrel(packet.packet_id)
@@ -36,7 +35,7 @@ def handle_pubrec(ctx: BrokerContext, conn: Connection, session: Session, packet
         conn.send_pubrel(packet.packet_id, _NOT_FOUND if conn.terms.v5 else 0)
 
 
-def handle_pubrel(ctx: BrokerContext, conn: Connection, session: Session, packet: PubRel) -> None:
+def handle_pubrel(ctx: BrokerContext, conn: Client, session: Session, packet: PubRel) -> None:
     held = session.incoming_qos2
     if held is not None and packet.packet_id in held:
         held.discard(packet.packet_id)
@@ -49,5 +48,5 @@ def handle_pubrel(ctx: BrokerContext, conn: Connection, session: Session, packet
         conn.send_pubcomp(packet.packet_id, _NOT_FOUND)
 
 
-def handle_pubcomp(ctx: BrokerContext, conn: Connection, session: Session, packet: PubComp) -> None:
+def handle_pubcomp(ctx: BrokerContext, conn: Client, session: Session, packet: PubComp) -> None:
     session.on_pubcomp(packet.packet_id)

@@ -12,12 +12,11 @@ from broker_edge.protocol.errors import ProtocolError
 from broker_edge.protocol.packets import Auth
 
 if TYPE_CHECKING:
-    from broker_edge.engine.connection.connection import Connection
-    from broker_edge.engine.handlers.context import BrokerContext
+    from broker_edge.engine.handlers.context import BrokerContext, Client
     from broker_edge.engine.sessions.session import Session
 
 __all__ = ["handle_auth"]
 
 
-def handle_auth(ctx: BrokerContext, conn: Connection, session: Session, packet: Auth) -> None:
+def handle_auth(ctx: BrokerContext, conn: Client, session: Session, packet: Auth) -> None:
     conn.protocol_error(ProtocolError("AUTH without an authentication method in CONNECT"))

@@ -38,8 +38,7 @@ from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
 
 if TYPE_CHECKING:
-    from broker_edge.engine.connection.connection import Connection
-    from broker_edge.engine.handlers.context import BrokerContext
+    from broker_edge.engine.handlers.context import BrokerContext, Client
     from broker_edge.engine.ports import SessionClaims
     from broker_edge.engine.sessions.session import Session
     from broker_edge.security.acl import AccessControl
@@ -52,7 +51,7 @@ _RC = ReasonCode
 _V3 = ConnectReturnCode
 
 
-def handle_connect(ctx: BrokerContext, conn: Connection, packet: Connect) -> None:
+def handle_connect(ctx: BrokerContext, conn: Client, packet: Connect) -> None:
     limits = ctx.config.limits
     v5 = packet.protocol_version == MQTT_5
     props = packet.properties
@@ -111,7 +110,7 @@ def handle_connect(ctx: BrokerContext, conn: Connection, packet: Connect) -> Non
 
 def _after_password(
     ctx: BrokerContext,
-    conn: Connection,
+    conn: Client,
     packet: Connect,
     client_id: str,
     assigned: bool,
@@ -204,7 +203,7 @@ def _drop_denied_subscriptions(ctx: BrokerContext, acl: AccessControl, session: 
             ctx.counters.drop("subscribe_denied")
 
 
-def _refuse(conn: Connection, reason: str, client_id: str | None = None) -> None:
+def _refuse(conn: Client, reason: str, client_id: str | None = None) -> None:
     """CONNACK with the refusal's code (v5: and its reason string, if the client accepts that size), close.
 
     ``client_id`` names the connection in the log lines from here on, until it has a session."""
@@ -225,7 +224,7 @@ def _will_delay(will: Will | None) -> int:
 def _claim_then_accept(
     ctx: BrokerContext,
     claims: SessionClaims,
-    conn: Connection,
+    conn: Client,
     packet: Connect,
     client_id: str,
     assigned: bool,
@@ -256,7 +255,7 @@ def _claim_then_accept(
 
 def _accept(
     ctx: BrokerContext,
-    conn: Connection,
+    conn: Client,
     packet: Connect,
     client_id: str,
     assigned: bool,
@@ -363,4 +362,4 @@ def _accept(
             username,
         )
     session.attach(conn)
-    conn.host.connection_attached(conn)
+    conn.attached()

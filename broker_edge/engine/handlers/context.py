@@ -1,32 +1,40 @@
-"""What the packet handlers and a connection may use of the broker: two narrow, typed interfaces.
+"""What the packet handlers work with besides the session they act on: the broker and the client connection.
 
-``BrokerContext`` is everything a handler in ``broker_edge.handlers`` reads or calls besides the connection
-and session it acts on: the configuration, the router, the ACL, the PUBLISH path, the counters and a clock.
-``ConnectionHost`` adds what the connection itself needs from its broker: admission, the end-of-iteration
-write flush and timers. ``server.Broker`` implements both over the event loop; the handler unit tests build
-one from the same parts with a clock they move by hand, and feed bytes without a socket or a loop.
-What a cluster lets in is read from ``cluster``, the broker's ports (``broker_edge.engine.ports``).
+``BrokerContext`` is everything a handler in ``broker_edge.engine.handlers`` reads or calls of the broker:
+the configuration, the router, the ACL, the PUBLISH path, the counters and a clock; what a cluster lets in
+is read from ``cluster``, the broker's ports (``broker_edge.engine.ports``). ``Client`` is the connection a
+packet came on, as the handlers see it: what they read of it and the effects they ask of it (write, close,
+refuse, hold reading). Both are declared here, where they are used: ``engine.core.BrokerCore`` and
+``engine.connection.connection.Connection`` are what the broker runs with; the handler unit tests build a
+core with a clock they move by hand and feed bytes to real connections, without a socket or a loop.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from broker_edge.engine.publish import HeldReader, Publisher
+from broker_edge.engine.sessions.session import Outlet
 
 if TYPE_CHECKING:
-    from broker_edge.engine.connection.connection import Connection
+    from broker_edge.engine.connection.terms import ListenerRuntime, Terms
     from broker_edge.engine.cursors import ReplayManager
     from broker_edge.engine.ports import ClusterPorts
     from broker_edge.engine.publish import PublishPath
     from broker_edge.engine.routing.router import Router
+    from broker_edge.engine.sessions.session import Session
     from broker_edge.observe.counters import BrokerCounters
+    from broker_edge.protocol.errors import MQTTError
+    from broker_edge.protocol.packets import Packet, Will
     from broker_edge.security.acl import AccessControl
     from broker_edge.security.auth import PasswordFile
     from broker_edge.security.login_backoff import LoginBackoff
     from broker_edge.security.topic_quota import TopicShares
     from broker_edge.settings.broker import BrokerConfig
 
-__all__ = ["BrokerContext", "ConnectionHost"]
+__all__ = ["BrokerContext", "Client"]
 
 
 class BrokerContext(Protocol):
@@ -74,26 +82,54 @@ class BrokerContext(Protocol):
         """Check a password off the loop (hashes are slow on purpose) and call ``done`` with the answer."""
 
 
-class ConnectionHost(BrokerContext, Protocol):
-    """The broker as a ``Connection`` sees it: its handlers' context plus admission, flushing and timers."""
+class Client(Outlet, Publisher, HeldReader, Protocol):
+    """The connection a packet came on, as the handlers see it (it is the session's ``Outlet`` and the PUBLISH
+    path's ``Publisher`` too)."""
 
-    partial_bytes: int
-    """Bytes of packets not fully arrived, over all connections (``limits.max_partial_packet_bytes``)."""
+    terms: Terms[Any]
+    """What CONNECT settled and where the connection is in its life (shared by value: replaced, never
+    changed)."""
+    session: Session | None
+    """Its session once CONNECT is accepted."""
+    deadline: float
+    named: str
+    """The client id while it has no session."""
+    will: Will | None
+    will_delay: int
+    aliases_in: dict[int, str] | None
+    """Topic aliases the client set towards the broker."""
+    peer_cn: str | None
+    """The common name of the client's TLS certificate."""
 
-    def connection_opened(self, conn: Connection) -> None:
-        """Admit (or refuse) a new connection and start its CONNECT deadline."""
+    @property
+    def version(self) -> int:
+        """The protocol level of its CONNECT."""
 
-    def connection_closed(self, conn: Connection, was_connected: bool) -> None: ...
+    @property
+    def listener(self) -> ListenerRuntime: ...
 
-    def connection_attached(self, conn: Connection) -> None:
-        """``conn`` became its session's connection (CONNECT accepted)."""
+    def write(self, data: bytes) -> None: ...
 
-    def connection_detached(self, conn: Connection) -> None:
-        """``conn`` let go of its session while still open (taken over)."""
+    def send_packet(self, packet: Packet) -> None: ...
 
-    def schedule_flush(self, conn: Connection) -> None:
-        """Write ``conn``'s batched packets at the end of this loop iteration."""
+    def send_pubcomp(self, packet_id: int, reason_code: int = 0) -> None: ...
 
-    def call_soon(self, callback: Callable[[], None]) -> None: ...
+    def hold(self, reason: int) -> None:
+        """Stop reading while ``reason`` holds (``states.HELD_*``); the packets read meanwhile wait."""
 
-    def call_later(self, delay: float, callback: Callable[[], None]) -> None: ...
+    def release(self, reason: int) -> None: ...
+
+    def protocol_error(self, error: MQTTError) -> None:
+        """A packet broke the protocol: tell a v5 client why, then close."""
+
+    def refuse(
+        self, reason: str | None, code: int | None, text: str | None = None, version: int | None = None
+    ) -> None:
+        """Refuse the connection before CONNACK 0 (the one place a connection is refused)."""
+
+    def attached(self) -> None:
+        """Its CONNECT was accepted: it is its session's connection from now on."""
+
+    def peer_host(self) -> str: ...
+
+    def log(self) -> logging.LoggerAdapter[logging.Logger]: ...

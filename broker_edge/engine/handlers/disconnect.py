@@ -11,14 +11,13 @@ from broker_edge.protocol.packets import Disconnect
 from broker_edge.protocol.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
-    from broker_edge.engine.connection.connection import Connection
-    from broker_edge.engine.handlers.context import BrokerContext
+    from broker_edge.engine.handlers.context import BrokerContext, Client
     from broker_edge.engine.sessions.session import Session
 
 __all__ = ["handle_disconnect"]
 
 
-def handle_disconnect(ctx: BrokerContext, conn: Connection, session: Session, packet: Disconnect) -> None:
+def handle_disconnect(ctx: BrokerContext, conn: Client, session: Session, packet: Disconnect) -> None:
     props = packet.properties
     if props is not None and props.session_expiry_interval is not None:
         if session.expiry_interval == 0 and props.session_expiry_interval != 0:

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING
 from broker_edge.protocol.packets import PingReq
 
 if TYPE_CHECKING:
-    from broker_edge.engine.connection.connection import Connection
-    from broker_edge.engine.handlers.context import BrokerContext
+    from broker_edge.engine.handlers.context import BrokerContext, Client
     from broker_edge.engine.sessions.session import Session
 
 __all__ = ["handle_pingreq"]
@@ -16,5 +15,5 @@ __all__ = ["handle_pingreq"]
 _PINGRESP = b"\xd0\x00"
 
 
-def handle_pingreq(ctx: BrokerContext, conn: Connection, session: Session, packet: PingReq) -> None:
+def handle_pingreq(ctx: BrokerContext, conn: Client, session: Session, packet: PingReq) -> None:
     conn.write(_PINGRESP)

@@ -25,8 +25,7 @@ from broker_edge.security.limits import topic_over_limits
 from broker_edge.security.topic_quota import identity_of
 
 if TYPE_CHECKING:
-    from broker_edge.engine.connection.connection import Connection
-    from broker_edge.engine.handlers.context import BrokerContext
+    from broker_edge.engine.handlers.context import BrokerContext, Client
     from broker_edge.engine.sessions.session import Session
 
 __all__ = ["handle_publish"]
@@ -35,7 +34,7 @@ _NOT_AUTHORIZED = ReasonCode.NOT_AUTHORIZED
 _QUOTA_EXCEEDED = ReasonCode.QUOTA_EXCEEDED
 
 
-def handle_publish(ctx: BrokerContext, conn: Connection, session: Session, packet: Publish) -> None:
+def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: Publish) -> None:
     qos = packet.qos
     conn.terms.stats.received[qos] += 1
     topic = packet.topic
@@ -91,7 +90,7 @@ def handle_publish(ctx: BrokerContext, conn: Connection, session: Session, packe
     path.accept(conn, message, packet_id, logged)
 
 
-def _may_create_log(ctx: BrokerContext, conn: Connection, session: Session, topic: str) -> bool:
+def _may_create_log(ctx: BrokerContext, conn: Client, session: Session, topic: str) -> bool:
     """Whether the client may create ``topic``'s log: its client id's quota, then its identity's share."""
     limits = ctx.config.limits
     if limits.is_exempt(session.username):
@@ -104,7 +103,7 @@ def _may_create_log(ctx: BrokerContext, conn: Connection, session: Session, topi
 
 def _refuse(
     ctx: BrokerContext,
-    conn: Connection,
+    conn: Client,
     session: Session,
     qos: int,
     packet_id: int | None,
@@ -123,7 +122,7 @@ def _refuse(
         conn.send_pubrec(packet_id, reason_code)
 
 
-def _hold_qos2(conn: Connection, session: Session, packet_id: int) -> None:
+def _hold_qos2(conn: Client, session: Session, packet_id: int) -> None:
     """Remember an incoming QoS 2 id until PUBREL (exactly once, MQTT 4.3.3); an MQTT 5 client's publish
     counts towards its Receive Maximum until then (an older client's only until its PUBREC: the PUBLISH
     path counts those)."""
@@ -135,7 +134,7 @@ def _hold_qos2(conn: Connection, session: Session, packet_id: int) -> None:
         conn.incoming_pending += 1
 
 
-def _resolve_alias(ctx: BrokerContext, conn: Connection, alias: int, topic: str) -> str | None:
+def _resolve_alias(ctx: BrokerContext, conn: Client, alias: int, topic: str) -> str | None:
     """Map a v5 topic alias (MQTT 3.3.2.3.4); an alias out of range or unknown closes the connection."""
     maximum = ctx.config.mqtt.topic_alias_maximum
     if alias > maximum:

@@ -33,8 +33,7 @@ from broker_edge.protocol.topics import (
 from broker_edge.security.limits import topic_over_limits
 
 if TYPE_CHECKING:
-    from broker_edge.engine.connection.connection import Connection
-    from broker_edge.engine.handlers.context import BrokerContext
+    from broker_edge.engine.handlers.context import BrokerContext, Client
     from broker_edge.engine.sessions.session import Session
     from broker_edge.storage.errors import OffsetOutOfRange
 
@@ -46,7 +45,7 @@ def _filter_bytes(session: Session) -> int:
     return sum(len(key.encode()) for key in session.subscriptions or ())
 
 
-def handle_subscribe(ctx: BrokerContext, conn: Connection, session: Session, packet: Subscribe) -> None:
+def handle_subscribe(ctx: BrokerContext, conn: Client, session: Session, packet: Subscribe) -> None:
     router = ctx.router
     limits = ctx.config.limits
     acl = ctx.acl

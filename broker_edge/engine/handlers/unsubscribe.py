@@ -14,14 +14,13 @@ from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.protocol.topics import parse_offset_filter
 
 if TYPE_CHECKING:
-    from broker_edge.engine.connection.connection import Connection
-    from broker_edge.engine.handlers.context import BrokerContext
+    from broker_edge.engine.handlers.context import BrokerContext, Client
     from broker_edge.engine.sessions.session import Session
 
 __all__ = ["handle_unsubscribe"]
 
 
-def handle_unsubscribe(ctx: BrokerContext, conn: Connection, session: Session, packet: Unsubscribe) -> None:
+def handle_unsubscribe(ctx: BrokerContext, conn: Client, session: Session, packet: Unsubscribe) -> None:
     router = ctx.router
     codes: list[int] = []
     for topic_filter in packet.topic_filters:

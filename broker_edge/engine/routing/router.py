@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from broker_edge.engine.message import Message, forwarded_properties
 from broker_edge.engine.routing.retained import RetainedStore
 from broker_edge.engine.routing.subscriptions import SharedGroup, SubscriptionOptions, SubscriptionTrie
-from broker_edge.engine.sessions.session import NEVER_EXPIRES, Session
+from broker_edge.engine.sessions.session import NEVER_EXPIRES, Session, SessionSubscription
 
 if TYPE_CHECKING:
     from broker_edge.engine.cursors import ReplayManager
@@ -35,20 +35,9 @@ if TYPE_CHECKING:
     from broker_edge.protocol.packets import Will
     from broker_edge.security.limits import LimitsConfig
 
-__all__ = ["Router", "SessionSubscription"]
+__all__ = ["Router"]
 
 log = logging.getLogger(__name__)
-
-
-class SessionSubscription:
-    """One subscription as its session remembers it: where it sits in the trie and with which options."""
-
-    __slots__ = ("group", "options", "topic_filter")
-
-    def __init__(self, topic_filter: str, group: str | None, options: SubscriptionOptions) -> None:
-        self.topic_filter = topic_filter
-        self.group = group
-        self.options = options
 
 
 def _is_online(session: Session) -> bool:

@@ -4,7 +4,8 @@ A session owns its subscriptions, the packet ids of QoS 1/2 messages in flight t
 those past PUBREC), the ids of incoming QoS 2 messages not yet released, the queue of messages waiting for
 a free in-flight slot or for the client to come back, and, for logged topics, the log cursors that replace
 that queue while the client is away. It knows nothing about sockets or clocks: it writes through the
-``Connection`` attached to it (``None`` while offline) and is given times as numbers.
+connection attached to it (an ``Outlet``: ``None`` while offline), asks its router through ``SessionOwner``
+(both declared here, what the session uses of them) and is given times as numbers.
 
 Every container is created on first use, and what a session holds only in some states (a delayed will, an
 expiry deadline while offline, incoming QoS 2 ids, log cursors and the ``offset`` opt-in of a session reading
@@ -16,17 +17,26 @@ read more, not a descriptor call.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from broker_edge.engine.message import Message
 from broker_edge.engine.rare_fields import RareField, RareSlots
 
 if TYPE_CHECKING:
-    from broker_edge.engine.connection.connection import Connection
-    from broker_edge.engine.routing.router import Router, SessionSubscription
+    from broker_edge.engine.routing.subscriptions import SubscriptionOptions
     from broker_edge.protocol.packets import Will
+    from broker_edge.security.limits import LimitsConfig
 
-__all__ = ["NEVER_EXPIRES", "RELEASED", "Inflight", "Released", "Session"]
+__all__ = [
+    "NEVER_EXPIRES",
+    "RELEASED",
+    "Inflight",
+    "Outlet",
+    "Released",
+    "Session",
+    "SessionOwner",
+    "SessionSubscription",
+]
 
 NEVER_EXPIRES = 0xFFFFFFFF
 """v5 Session Expiry Interval meaning "does not expire"."""
@@ -45,6 +55,84 @@ RELEASED = Released()
 
 # An in-flight or queued delivery: (message, qos, retain flag, subscription identifiers).
 Delivery = tuple[Message, int, bool, tuple[int, ...]]
+
+
+class OutletTerms(Protocol):
+    """What a session reads of its connection's settled terms."""
+
+    @property
+    def paused(self) -> bool:
+        """The connection's transport asked it to stop writing."""
+
+    @property
+    def send_quota(self) -> int:
+        """QoS 1/2 messages in flight towards the client at most."""
+
+
+class Outlet(Protocol):
+    """The connection a session writes through (``engine.connection.connection.Connection`` is one), as the
+    session and the readers of its log cursors use it."""
+
+    @property
+    def terms(self) -> OutletTerms: ...
+
+    @property
+    def paused(self) -> bool: ...
+
+    @property
+    def send_quota(self) -> int: ...
+
+    def send_message(
+        self,
+        message: Message,
+        qos: int,
+        retain: bool,
+        subscription_ids: tuple[int, ...],
+        packet_id: int | None,
+        dup: bool = False,
+    ) -> bool:
+        """Write one delivery; False when it was dropped (too large for the client)."""
+
+    def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None: ...
+
+    def taken_over(self) -> None:
+        """Another connection claimed the client id: DISCONNECT, and let go of the session."""
+
+
+class LogCursors(Protocol):
+    """The broker's log cursors (``engine.cursors.ReplayManager``), as far as a session asks."""
+
+    def pump_soon(self, session: Session) -> None: ...
+
+
+class SessionOwner(Protocol):
+    """The router of a session's broker (``engine.routing.router.Router`` is one), as the session uses it."""
+
+    persistent_count: int
+    """Sessions with a Session Expiry Interval > 0 (kept by ``Session.expiry_interval``)."""
+
+    @property
+    def limits(self) -> LimitsConfig: ...
+
+    @property
+    def replays(self) -> LogCursors | None:
+        """The log cursors; None without a commitlog (nothing is read from a log later)."""
+
+    def count_drop(self, reason: str) -> None:
+        """A message was not delivered, for ``reason``."""
+
+    def pump_replays(self, session: Session) -> None: ...
+
+
+class SessionSubscription:
+    """One subscription as its session remembers it: where it sits in the trie and with which options."""
+
+    __slots__ = ("group", "options", "topic_filter")
+
+    def __init__(self, topic_filter: str, group: str | None, options: SubscriptionOptions) -> None:
+        self.topic_filter = topic_filter
+        self.group = group
+        self.options = options
 
 
 class Inflight(dict[int, "Delivery | Released"]):
@@ -100,7 +188,7 @@ class Session:
         "subscriptions",
     )
 
-    router: ClassVar[Router]
+    router: ClassVar[SessionOwner]
     """The router of the broker the session belongs to: a class attribute of the class ``bound_to`` makes
     for each router, so ten thousand sessions do not hold a slot each for the one value they share."""
 
@@ -121,7 +209,7 @@ class Session:
     deliveries of logged messages carry the user property ``offset``. Kept until the session ends."""
 
     @classmethod
-    def bound_to(cls, router: Router) -> type[Session]:
+    def bound_to(cls, router: SessionOwner) -> type[Session]:
         """The session class of ``router``'s broker: ``Session`` with ``router`` as its class attribute."""
         namespace = {"__slots__": (), "router": router, "__module__": cls.__module__}
         bound: type[Session] = type(cls.__name__, (cls,), namespace)
@@ -130,7 +218,7 @@ class Session:
 
     def __init__(self, client_id: str, expiry_interval: int = 0) -> None:
         self.client_id = client_id
-        self.connection: Connection | None = None
+        self.connection: Outlet | None = None
         self._rare: _SessionRare | None = None
         self.expiry_interval = expiry_interval
         self.subscriptions: dict[str, SessionSubscription] | None = None
@@ -201,7 +289,7 @@ class Session:
         self._send(conn, message, qos, retain, subscription_ids)
 
     def _send(
-        self, conn: Connection, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]
+        self, conn: Outlet, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]
     ) -> None:
         inflight = self.inflight
         if inflight is None:
@@ -312,7 +400,7 @@ class Session:
 
     # -- connection changes -------------------------------------------------------------------------------
 
-    def attach(self, conn: Connection) -> None:
+    def attach(self, conn: Outlet) -> None:
         """The client (re)connected: resend what was in flight, with DUP, then the queue (MQTT 4.4)."""
         self.connection = conn
         self.expires_at = None

@@ -23,8 +23,8 @@ from broker_edge.runtime.transports.native import start_native_server
 from broker_edge.security.tls import peer_common_name
 
 if TYPE_CHECKING:
-    from broker_edge.engine.connection.listeners import ListenerRuntime
-    from broker_edge.runtime.broker import Broker
+    from broker_edge.engine.connection.connection import ConnectionHost
+    from broker_edge.engine.connection.terms import ListenerRuntime
 
 __all__ = ["BACKLOG", "TcpConnection", "TcpServer", "start_tcp_listener"]
 
@@ -63,7 +63,7 @@ class TcpServer(Protocol):
     async def wait_closed(self) -> None: ...
 
 
-async def start_tcp_listener(broker: Broker, listener: ListenerRuntime) -> TcpServer:
+async def start_tcp_listener(broker: ConnectionHost, listener: ListenerRuntime) -> TcpServer:
     """Bind the listener (plain or TLS) and start accepting; returns its server."""
     config = listener.config
     ssl_context = listener.ssl_context

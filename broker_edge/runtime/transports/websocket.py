@@ -19,8 +19,8 @@ from broker_edge.security.tls import peer_common_name
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from broker_edge.engine.connection.listeners import ListenerRuntime
-    from broker_edge.runtime.broker import Broker
+    from broker_edge.engine.connection.connection import ConnectionHost
+    from broker_edge.engine.connection.terms import ListenerRuntime
 
 __all__ = ["WebSocketTransport", "start_websocket_listener"]
 
@@ -115,7 +115,7 @@ class WebSocketTransport:
         return transport.get_extra_info(name, default) if transport is not None else default
 
 
-async def start_websocket_listener(broker: Broker, listener: ListenerRuntime) -> web.AppRunner:
+async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRuntime) -> web.AppRunner:
     """Serve ``listener.config.path`` on the listener's address; ``runner.cleanup()`` stops it."""
     config = listener.config
     limits = broker.config.limits

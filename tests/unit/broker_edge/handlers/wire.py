@@ -15,8 +15,8 @@ from typing import Any
 
 from broker_edge.config import load_dataclass
 from broker_edge.engine.connection.connection import Connection
-from broker_edge.engine.connection.listeners import ListenerRuntime
 from broker_edge.engine.connection.states import CLOSED, CONNECTED
+from broker_edge.engine.connection.terms import ListenerRuntime
 from broker_edge.engine.core import BrokerCore
 from broker_edge.observe.metrics import BrokerMetrics
 from broker_edge.protocol import PacketDecoder
