@@ -45,8 +45,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import write_result
-from broker_edge.offsets_api import serve
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.offsets_api.server import serve
 from broker_edge.storage import AppendRecord, LogStore, StorageConfig
 
 TOPIC = "plant/line-1/device-0001/telemetry"

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
     from broker_edge.engine.ports import ClusterPorts, RemoteLogs, RemoteStarts
     from broker_edge.engine.sessions.session import Outlet, Session
-    from broker_edge.offsets_types import LogInfo
+    from broker_edge.log_info import LogInfo
     from broker_edge.storage.record import Record
     from broker_edge.storage.store import LogStore
 

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from broker_edge.engine.publish import PublishPath
     from broker_edge.engine.routing.router import Router
     from broker_edge.engine.sessions.session import Outlet, Session
-    from broker_edge.offsets_types import LogInfo
+    from broker_edge.log_info import LogInfo
     from broker_edge.protocol.packets import Will
     from broker_edge.security.acl import AccessControl
     from broker_edge.settings.broker import BrokerConfig

@@ -28,7 +28,7 @@ from broker_edge.engine.sessions.snapshot import FORMAT, FORMAT_VERSION, parse, 
 if TYPE_CHECKING:
     from broker_edge.engine.routing.router import Router
     from broker_edge.engine.sessions.session import Session
-    from broker_edge.offsets_types import LogInfo
+    from broker_edge.log_info import LogInfo
     from broker_edge.protocol.packets import Will
 
 __all__ = [

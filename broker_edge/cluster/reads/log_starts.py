@@ -24,7 +24,7 @@ from .interest import is_wildcard
 if TYPE_CHECKING:
     from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
     from broker_edge.cluster.view import ClusterView
-    from broker_edge.offsets_types import LogInfo
+    from broker_edge.log_info import LogInfo
     from broker_edge.storage.store import LogStore
 
 __all__ = ["LOGS_MATCHING", "LogStart", "LogStarts"]

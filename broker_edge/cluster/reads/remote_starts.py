@@ -37,7 +37,7 @@ from .log_starts import ASK_ERRORS, LogStart, LogStarts
 if TYPE_CHECKING:
     from broker_edge.cluster.view import ClusterView
     from broker_edge.engine.sessions.session import Session
-    from broker_edge.offsets_types import LogInfo
+    from broker_edge.log_info import LogInfo
 
 __all__ = ["RemoteStarts"]
 

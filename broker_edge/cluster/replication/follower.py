@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from broker_edge.engine.records import message_of_record
+from broker_edge.log_info import LogInfo
 from broker_edge.observe import path_trace
-from broker_edge.offsets_types import LogInfo
 from broker_edge.protocol.topics import topic_matches
 from broker_edge.storage.errors import StorageError
 from broker_edge.storage.record import decode_frames

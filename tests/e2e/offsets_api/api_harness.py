@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from broker_edge.offsets_api import serve
+from broker_edge.offsets_api.server import serve
 from broker_edge.storage import AppendRecord, LogStore, StorageConfig
 
 TOKEN = "s3cret-token"

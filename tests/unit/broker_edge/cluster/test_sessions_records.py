@@ -20,7 +20,7 @@ from broker_edge.engine.message import Message
 from broker_edge.engine.routing.router import Router
 from broker_edge.engine.routing.subscriptions import SubscriptionOptions
 from broker_edge.engine.sessions.session import NEVER_EXPIRES
-from broker_edge.offsets_types import LogInfo
+from broker_edge.log_info import LogInfo
 from broker_edge.protocol.packets import Will
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.topics import topic_matches

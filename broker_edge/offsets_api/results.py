@@ -1,8 +1,8 @@
-"""The values the offsets API hands its readers: a log's state, one topic's fetch, a batch fetch.
+"""What the offsets API's client hands its readers: one topic's fetch, a batch fetch and each topic's result.
 
-Here, apart from the client and the storage engine, so that whatever reads the API (the Spark source on an
-executor, a peer broker, a test) gets these types without importing the engine: this module imports nothing of
-``broker_edge.storage`` (a test holds it to that). The storage engine reports ``LogInfo`` in the same shape.
+A log's state is a ``broker_edge.log_info.LogInfo``, the type the store reports. Nothing here imports the
+storage engine, so that whatever reads the API (the Spark source on an executor, a peer broker, a test)
+does not load it (a test holds the client to that).
 """
 
 from __future__ import annotations
@@ -15,20 +15,9 @@ if TYPE_CHECKING:
 
     from broker_edge.offsets_api.errors import OffsetsApiError
 
-__all__ = ["BatchFetch", "Fetched", "LogInfo", "TopicResult"]
+__all__ = ["BatchFetch", "Fetched", "TopicResult"]
 
 T = TypeVar("T")
-
-
-@dataclass(slots=True, frozen=True)
-class LogInfo:
-    """The public state of one log (what the offsets API lists)."""
-
-    topic: str
-    start_offset: int
-    end_offset: int
-    bytes: int
-    last_append_ms: int | None
 
 
 @dataclass(frozen=True, slots=True)
