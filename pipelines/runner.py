@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from broker_edge.config.loader import ConfigError, load_yaml_file
+from pipelines.run_options import RunOptions
 from pipelines.views.location import notebooks_hint
 
 if TYPE_CHECKING:
@@ -51,15 +52,6 @@ PIPELINES: dict[str, Pipeline] = {
     ),
     "actions": Pipeline("pipelines.actions.job", "conf/actions.yaml", tables_root="tables_root"),
 }
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """What the command line decides for any pipeline, beyond its configuration."""
-
-    available_now: bool = False
-    spark_master: str | None = None
-    config_path: str | None = None
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

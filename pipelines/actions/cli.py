@@ -8,7 +8,7 @@ import sys
 from broker_edge.config import ConfigError, load_dataclass, load_yaml_file
 from pipelines.actions.config import ActionsConfig
 from pipelines.actions.operator import NewAction, cancel_action, create_action, summaries
-from sinks.store import open_table_store
+from sinks.backends import open_table_store
 
 STATE_COLUMNS = ("queued", "in_progress", "succeeded", "failed", "timed_out", "rejected", "canceled")
 

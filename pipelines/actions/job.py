@@ -32,8 +32,9 @@ from pipelines.actions.model import parse_report
 from pipelines.actions.publisher import ClusterPublisher, MqttPublisher, Publisher
 from pipelines.actions.reports import CLUSTER_BROKER_ID, BrokerReports, ClusterReports, ReportStream
 from pipelines.spark_session import stop_between_batches
+from sinks.backends import Backend, open_table_store
 from sinks.foreach_batch import streaming_query_id
-from sinks.store import Backend, TableStore, open_table_store
+from sinks.store import TableStore
 from sources import register_sources
 
 log = logging.getLogger(__name__)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from sinks.delta_native import DeltaNativeTableStore, commit_marker
-from sinks.delta_rs import DeltaRsTableStore
-from sinks.store import (
+from sinks.backends import (
     DELTA_EXTENSION,
     choose_backend,
     data_source_resolves,
     delta_format_resolves,
     open_table_store,
 )
+from sinks.delta_native import DeltaNativeTableStore, commit_marker
+from sinks.delta_rs import DeltaRsTableStore
 
 
 def test_auto_picks_native_when_the_session_has_delta():
