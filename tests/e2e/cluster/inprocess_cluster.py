@@ -4,15 +4,13 @@ Every broker is a real `Broker` (MQTT listener, commitlog, offsets API on free p
 event loop in a background thread; each has its own `ClusterView`, the leader's `LeaderReplication` as its
 PUBLISH path's replication stage, `Followers` fetching over the offsets API, the replica fetch endpoint,
 and (unless `peer_links=False`) the peer links over which leaders push steady-state replication.
-`StaticIsr` is the ISR changer of a cluster whose states only the test and the leaders change: a
-compare-and-swap on the partition's epoch, applied to every node's view (what the coordination side does
-through etcd).
+`StaticIsr` (``tests.static_isr``) changes the in-sync sets of this cluster, whose states only the test and
+the leaders change.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Future
@@ -30,39 +28,10 @@ from broker_edge.engine.message import Message
 from broker_edge.runtime.broker import Broker
 from broker_edge.settings.broker import BrokerConfig
 from broker_edge.storage.store import LogStore
+from tests.static_isr import StaticIsr
 
 T = TypeVar("T")
 TOKEN = "cluster-test-token"
-
-
-class StaticIsr:
-    """The ISR changer of a static cluster: CAS on the partition's epoch, applied to every view."""
-
-    def __init__(self) -> None:
-        self.views: list[ClusterView] = []
-        self.changes: list[tuple[str, int, str]] = []
-
-    async def shrink_isr(self, partition: int, expected_epoch: int, node: str) -> bool:
-        return self._change(partition, expected_epoch, node, shrink=True)
-
-    async def expand_isr(self, partition: int, expected_epoch: int, node: str) -> bool:
-        return self._change(partition, expected_epoch, node, shrink=False)
-
-    def _change(self, partition: int, expected_epoch: int, node: str, shrink: bool) -> bool:
-        state = self.views[0].states[partition]
-        if state.epoch != expected_epoch or (node in state.isr) != shrink:
-            return False
-        isr = tuple(m for m in state.isr if m != node) if shrink else (*state.isr, node)
-        self.changes.append(("shrink" if shrink else "expand", partition, node))
-        self.set(dataclasses.replace(state, isr=isr))
-        return True
-
-    def set(self, state: PartitionState) -> None:
-        """Make `state` the partition's state in every view (as an etcd watch would deliver it)."""
-        for view in self.views:
-            view.states[state.partition] = state
-        for view in self.views:
-            view.changed()
 
 
 class _NoPublishes:

@@ -22,52 +22,8 @@ from broker_edge.engine.ports import (
     Replication,
 )
 from broker_edge.protocol.packets import MQTT_5, PubAck, Publish, PubRec
-from tests.memory_log import MemoryLog
 from tests.unit.broker_edge.handlers.wire import HandDrivenCore, WireClient, make_core
-
-LOCAL_TOPIC = "site/led-here"
-REMOTE_TOPIC = "site/led-elsewhere"
-
-
-Forward = tuple[str, list[Message], bool, Callable[[Sequence[ForwardAck]], None]]
-
-
-class HeldForwarding:
-    """A ``forwarding`` port that appends here the topics the test says, refuses at once those it says, and
-    holds the other forwards until the test answers them."""
-
-    def __init__(self) -> None:
-        self.here = {LOCAL_TOPIC}
-        self.refused: set[str] = set()
-        self.forwarded: list[Forward] = []
-        self.broadcasts: list[Message] = []
-
-    def appends_here(self, topic: str) -> bool:
-        return topic in self.here
-
-    def forward(
-        self,
-        topic: str,
-        messages: list[Message],
-        from_peer: bool,
-        done: Callable[[Sequence[ForwardAck]], None],
-    ) -> None:
-        if topic in self.refused:
-            done([ForwardAck(0x83, None, f"too few in-sync replicas for {topic}")] * len(messages))
-            return
-        self.forwarded.append((topic, messages, from_peer, done))
-
-    def broadcast(self, message: Message) -> None:
-        self.broadcasts.append(message)
-
-    def answer(self, index: int, reason_code: int = 0, first_offset: int = 100) -> None:
-        _, messages, _, done = self.forwarded[index]
-        done(
-            [
-                ForwardAck(reason_code, first_offset + n if reason_code < 0x80 else None)
-                for n in range(len(messages))
-            ]
-        )
+from tests.unit.broker_edge.stand_ins import LOCAL_TOPIC, REMOTE_TOPIC, HeldForwarding, MemoryLog
 
 
 class PeerAnswers:

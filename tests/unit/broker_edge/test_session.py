@@ -2,32 +2,13 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from broker_edge.engine.message import Message
 from broker_edge.engine.routing.router import Router
 from broker_edge.engine.sessions.session import RELEASED, Session
 from broker_edge.security.limits import LimitsConfig
-
-
-class RecordingConnection:
-    """What ``Session`` writes through: every delivery and PUBREL, in order."""
-
-    paused = False
-
-    def __init__(self, send_quota: int = 65_535) -> None:
-        self.send_quota = send_quota
-        self.terms = SimpleNamespace(paused=False, send_quota=send_quota)
-        self.sent: list[tuple] = []
-
-    def send_message(self, message, qos, retain, subscription_ids, packet_id, dup=False) -> bool:
-        self.sent.append((message.payload, qos, packet_id, dup))
-        return True
-
-    def send_pubrel(self, packet_id: int) -> None:
-        self.sent.append(("PUBREL", packet_id))
+from tests.unit.broker_edge.stand_ins import RecordingConnection
 
 
 def session_with(connection: RecordingConnection) -> Session:

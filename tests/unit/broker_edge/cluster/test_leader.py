@@ -31,7 +31,7 @@ from broker_edge.engine.message import Message
 from broker_edge.engine.ports import AppendedRun
 from broker_edge.engine.records import record_fields
 from broker_edge.storage import LogStore, StorageConfig
-from tests.e2e.cluster.inprocess_cluster import StaticIsr
+from tests.static_isr import StaticIsr
 
 NODES = ("b1", "b2", "b3")
 

@@ -40,7 +40,7 @@ from broker_edge.engine.ports import AppendedRun
 from broker_edge.engine.records import record_fields
 from broker_edge.storage import LogStore, StorageConfig
 from broker_edge.storage.file_pool import FileHandlePool
-from tests.e2e.cluster.inprocess_cluster import StaticIsr
+from tests.static_isr import StaticIsr
 
 NODES = ("b1", "b2")
 
