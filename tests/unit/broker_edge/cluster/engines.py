@@ -12,7 +12,7 @@ from broker_edge.engine.connection.states import CONNECTED
 from broker_edge.engine.core import BrokerCore
 from broker_edge.observe.metrics import BrokerMetrics
 from broker_edge.settings.broker import BrokerConfig
-from tests.unit.broker_edge.stand_ins import MemoryLog
+from tests.unit.broker_edge.engine.stand_ins import MemoryLog
 
 
 class EngineOnLoop(BrokerCore):

@@ -21,7 +21,7 @@ from broker_edge.engine.connection.states import CONNECTED
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.errors import MalformedPacket
 from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, Connect, PingReq, PingResp, Publish
-from tests.unit.broker_edge.handlers.wire import HandDrivenCore, make_core
+from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, make_core
 
 BYTES_PER_IDLE_CONNECTION = 296
 """Room for the connection, the session, a 17-character client id and the entry in one map, not for one

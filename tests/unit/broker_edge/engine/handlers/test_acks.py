@@ -10,7 +10,7 @@ from broker_edge.protocol.packets import (
     Subscribe,
     Subscription,
 )
-from tests.unit.broker_edge.handlers.wire import make_core
+from tests.unit.broker_edge.engine.handlers.wire import make_core
 
 
 def _pair(sub_qos, *, receive_maximum=None):

@@ -8,7 +8,7 @@ from broker_edge.protocol.packets import (
     Subscription,
 )
 from broker_edge.protocol.properties import Properties
-from tests.unit.broker_edge.handlers.wire import make_core
+from tests.unit.broker_edge.engine.handlers.wire import make_core
 
 
 def test_suback_grants_the_requested_qos_per_filter_in_order_mqtt_3_8_4_6():

@@ -24,7 +24,7 @@ from broker_edge.protocol.packets import (
 )
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ReasonCode
-from tests.unit.broker_edge.handlers.wire import HandDrivenCore, make_core
+from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, make_core
 
 
 class ClaimsInProgress:

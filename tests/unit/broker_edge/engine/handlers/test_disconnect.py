@@ -9,7 +9,7 @@ from broker_edge.protocol.packets import (
     Will,
 )
 from broker_edge.protocol.properties import Properties
-from tests.unit.broker_edge.handlers.wire import make_core
+from tests.unit.broker_edge.engine.handlers.wire import make_core
 
 
 def _watcher(core):

@@ -15,7 +15,7 @@ from broker_edge.protocol.packets import (
 )
 from broker_edge.protocol.properties import Properties
 from broker_edge.security.auth import hash_password
-from tests.unit.broker_edge.handlers.wire import make_core
+from tests.unit.broker_edge.engine.handlers.wire import make_core
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """AUTH: this broker offers no enhanced authentication, so an AUTH packet ends the connection (0x82)."""
 
 from broker_edge.protocol.packets import Auth, Disconnect
-from tests.unit.broker_edge.handlers.wire import make_core
+from tests.unit.broker_edge.engine.handlers.wire import make_core
 
 
 def test_auth_without_an_authentication_method_is_a_protocol_error_mqtt_4_12_0_1():

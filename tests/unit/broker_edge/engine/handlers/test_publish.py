@@ -10,7 +10,7 @@ from broker_edge.protocol.packets import (
     Subscription,
 )
 from broker_edge.protocol.properties import Properties
-from tests.unit.broker_edge.handlers.wire import make_core
+from tests.unit.broker_edge.engine.handlers.wire import make_core
 
 
 def _subscribed(core, topic_filter="t/#", qos=1):

@@ -1,7 +1,7 @@
 """PINGREQ → PINGRESP, fed as bytes to a connection with no socket and no event loop."""
 
 from broker_edge.protocol.packets import MQTT_3_1_1, PingReq, PingResp
-from tests.unit.broker_edge.handlers.wire import make_core
+from tests.unit.broker_edge.engine.handlers.wire import make_core
 
 
 def test_pingreq_is_answered_with_the_two_bytes_of_pingresp_mqtt_3_12_4_1():

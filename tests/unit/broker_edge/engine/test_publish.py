@@ -22,8 +22,8 @@ from broker_edge.engine.ports import (
     Replication,
 )
 from broker_edge.protocol.packets import MQTT_5, PubAck, Publish, PubRec
-from tests.unit.broker_edge.handlers.wire import HandDrivenCore, WireClient, make_core
-from tests.unit.broker_edge.stand_ins import LOCAL_TOPIC, REMOTE_TOPIC, HeldForwarding, MemoryLog
+from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, WireClient, make_core
+from tests.unit.broker_edge.engine.stand_ins import LOCAL_TOPIC, REMOTE_TOPIC, HeldForwarding, MemoryLog
 
 
 class PeerAnswers:

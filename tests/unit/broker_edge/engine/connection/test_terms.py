@@ -5,7 +5,7 @@ from __future__ import annotations
 from broker_edge.engine.connection.states import CLOSED, CONNECTED, NEW, NO_LIMIT
 from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, Disconnect
 from broker_edge.protocol.properties import Properties
-from tests.unit.broker_edge.handlers.wire import make_core
+from tests.unit.broker_edge.engine.handlers.wire import make_core
 
 
 def test_connections_that_settled_the_same_share_their_terms():

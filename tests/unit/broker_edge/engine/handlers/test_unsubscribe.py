@@ -8,7 +8,7 @@ from broker_edge.protocol.packets import (
     UnsubAck,
     Unsubscribe,
 )
-from tests.unit.broker_edge.handlers.wire import make_core
+from tests.unit.broker_edge.engine.handlers.wire import make_core
 
 
 def test_unsuback_has_a_code_per_filter_and_0x11_for_one_not_subscribed_mqtt_3_11_3_1():

@@ -332,7 +332,7 @@ def test_a_bad_file_on_reload_names_file_and_line_and_keeps_the_rules(
 def test_the_documented_example_lets_a_device_speak_the_device_protocol_and_no_more() -> None:
     import yaml
 
-    guide = (Path(__file__).parents[3] / "docs" / "security.md").read_text()
+    guide = (Path(__file__).parents[4] / "docs" / "security.md").read_text()
     example = guide.split("## ACL rules (`acl`)")[1].split("```yaml")[1].split("```")[0]
     control = acl(*yaml.safe_load(example)["acl"]["rules"])
     for topic in ("actions/devices/d1", "actions/buckets/7", "actions/groups/canary", "devices/d1/config"):

@@ -21,7 +21,7 @@ from broker_edge.protocol.topics import EARLIEST, OffsetStart, OffsetStartKind
 from broker_edge.security.limits import LimitsConfig
 from broker_edge.storage import LogStore, StorageConfig
 from broker_edge.storage.errors import OffsetOutOfRange
-from tests.unit.broker_edge.cluster.test_peer_link_extensions import _pair
+from tests.unit.broker_edge.cluster.links.test_peer_link_extensions import _pair
 
 PARTITIONS = 4
 

@@ -9,7 +9,7 @@ import pytest
 from broker_edge.engine.rare_fields import RareField, RareSlots
 from broker_edge.protocol.packets import MQTT_3_1_1, Publish, Subscribe, Subscription, Will
 from broker_edge.security.limits import TokenBucket
-from tests.unit.broker_edge.handlers.wire import make_core
+from tests.unit.broker_edge.engine.handlers.wire import make_core
 
 
 class _Side(RareSlots):

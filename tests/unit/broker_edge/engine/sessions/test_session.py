@@ -8,7 +8,7 @@ from broker_edge.engine.message import Message
 from broker_edge.engine.routing.router import Router
 from broker_edge.engine.sessions.session import RELEASED, Session
 from broker_edge.security.limits import LimitsConfig
-from tests.unit.broker_edge.stand_ins import RecordingConnection
+from tests.unit.broker_edge.engine.stand_ins import RecordingConnection
 
 
 def session_with(connection: RecordingConnection) -> Session:

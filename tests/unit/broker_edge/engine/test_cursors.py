@@ -14,7 +14,7 @@ from broker_edge.engine.routing.subscriptions import SubscriptionOptions
 from broker_edge.security.limits import LimitsConfig
 from broker_edge.storage import LogStore, StorageConfig
 from broker_edge.storage.record import Record
-from tests.unit.broker_edge.stand_ins import RecordingConnection
+from tests.unit.broker_edge.engine.stand_ins import RecordingConnection
 
 
 class Elsewhere:

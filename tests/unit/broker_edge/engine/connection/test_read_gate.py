@@ -20,9 +20,9 @@ from broker_edge.protocol.packets import (
     PubRec,
     PubRel,
 )
-from tests.unit.broker_edge.handlers.wire import HandDrivenCore, WireClient, make_core
-from tests.unit.broker_edge.stand_ins import MemoryLog
-from tests.unit.broker_edge.test_publish_path_cluster import HeldForwarding
+from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, WireClient, make_core
+from tests.unit.broker_edge.engine.stand_ins import MemoryLog
+from tests.unit.broker_edge.engine.test_publish import HeldForwarding
 
 MQTT_3_1_1 = 4
 

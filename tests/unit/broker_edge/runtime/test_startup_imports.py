@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 NEVER_AT_START = {
     "aiohttp",  # the admin endpoint and the offsets API load it with their first connection
