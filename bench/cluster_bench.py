@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -44,7 +45,7 @@ from bench.sysinfo import cpu_seconds, machine_busy_seconds, machine_info, machi
 from broker_edge.cluster.view import partition_of
 from broker_edge.protocol import PacketDecoder
 from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import Connect, PubAck, Publish, Subscribe, Subscription
+from broker_edge.protocol.packets import Connect, Packet, PubAck, Publish, Subscribe, Subscription
 from broker_edge.runtime.launcher import BrokerProcess
 from broker_edge.runtime.local_cluster import EtcdServer, EtcdTarget, cluster_broker, cluster_state, settled
 
@@ -98,7 +99,7 @@ class Client:
             raise ConnectionError(f"{client_id}: not connected to {port}: {connack!r}")
         return client
 
-    async def next(self) -> object | None:
+    async def next(self) -> Any:
         while not self.pending:
             data = await self.reader.read(65536)
             if not data:
@@ -106,7 +107,7 @@ class Client:
             self.pending.extend(self.decoder.feed(data))
         return self.pending.pop(0)
 
-    def send(self, packet: object) -> None:
+    def send(self, packet: Packet) -> None:
         self.writer.write(encode(packet, 5))
 
     def close(self) -> None:

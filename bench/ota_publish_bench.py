@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -44,7 +45,7 @@ class ProfiledBroker(BrokerProcess):
     """A broker process run under cProfile (its stats written to ``profile`` when it stops)."""
 
     def __init__(
-        self, directory: Path, profile: str | None, syncs: str | None = None, **sections: object
+        self, directory: Path, profile: str | None, syncs: str | None = None, **sections: Any
     ) -> None:
         super().__init__(directory, **sections)
         self.profile = profile
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if storage:
         sections["storage"] = storage
-    broker = ProfiledBroker(workdir / "broker", args.profile, args.syncs, **sections).start()
+    broker = ProfiledBroker(workdir / "broker", args.profile, args.syncs, **sections)
+    broker.start()
     fleet = None
     tracer = None
     try:

@@ -77,7 +77,7 @@ def malloc_stats() -> dict[str, int]:
         return {}
     function.restype = _MallInfo2
     info = function()
-    return {name: int(getattr(info, name)) for name, _ in _MallInfo2._fields_}
+    return {name: int(getattr(info, name)) for name, *_ in _MallInfo2._fields_}
 
 
 _PYMALLOC_LINES = {

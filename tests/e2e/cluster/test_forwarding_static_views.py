@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,10 @@ def topic_led_by(leader: str, prefix: str = "site/dev") -> str:
     raise AssertionError("no topic found")
 
 
+def _node_on(running: RunningBroker, view: ClusterView) -> ClusterNode:
+    return ClusterNode(running.broker, static_config(view.node_id), view)
+
+
 class Cluster:
     """Three brokers on threads, joined by ``ClusterNode``s running on static views."""
 
@@ -64,18 +69,16 @@ class Cluster:
                 leader = NODES[partition % len(NODES)]
                 view.states[partition] = PartitionState(partition, leader, 1, NODES, NODES)
             # every node's routes exist before any peer dials (the offsets API builds its app once)
-            self.nodes[node] = running.call(
-                lambda r=running, v=view: ClusterNode(r.broker, static_config(v.node_id), v)
-            )
+            self.nodes[node] = running.call(partial(_node_on, running, view))
         for node, running in self.brokers.items():
             running.broker.cluster_node = self.nodes[node]
             asyncio.run_coroutine_threadsafe(self.nodes[node].start(), running.loop).result(10)
 
     def links_up(self) -> bool:
-        return all(
-            self.brokers[node].call(lambda n=node: all(self.nodes[n].links.up(p) for p in NODES if p != n))
-            for node in NODES
-        )
+        return all(self.brokers[node].call(partial(self._links_of_up, node)) for node in NODES)
+
+    def _links_of_up(self, node: str) -> bool:
+        return all(self.nodes[node].links.up(peer) for peer in NODES if peer != node)
 
     def change(self, change: Callable[[ClusterView], None], nodes: tuple[str, ...] = NODES) -> None:
         """Apply ``change`` to the views of ``nodes``, on their loops, and tell the nodes."""
@@ -232,6 +235,7 @@ def test_a_fenced_node_moves_its_v5_clients_to_a_live_member_with_0x9c(cluster):
     running.call(fence)
     packet = client.recv()
     assert isinstance(packet, Disconnect) and packet.reason_code == 0x9C
+    assert packet.properties is not None
     assert packet.properties.server_reference in (
         f"127.0.0.1:{cluster.brokers['b'].port}",
         f"127.0.0.1:{cluster.brokers['c'].port}",

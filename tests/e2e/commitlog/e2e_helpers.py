@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, Literal
 
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
@@ -55,7 +55,7 @@ def offsets_client(broker: RunningBroker, **options: Any) -> OffsetsClient:
 def read_log(client: OffsetsClient, topic: str) -> list[dict]:
     """Every record of `topic` as the offsets API serves it (Arrow rows), from the start to the end."""
     rows: list[dict] = []
-    offset: int | str = "earliest"
+    offset: int | Literal["earliest"] = "earliest"
     while True:
         fetched = client.fetch(topic, offset, max_records=5000)
         rows += fetched.data.to_pylist()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from broker_edge.engine.ports import AppendedRun, LocalOnly
 from broker_edge.protocol.codec import encode
@@ -44,7 +45,7 @@ class HeldReplication:
             failed(RuntimeError("followers lost"))
 
 
-def _held_broker(brokers) -> tuple[object, HeldReplication]:
+def _held_broker(brokers) -> tuple[Any, HeldReplication]:
     broker = brokers()
     replication = HeldReplication()
     broker.call(lambda: setattr(broker.broker.publish_path, "replication", replication))

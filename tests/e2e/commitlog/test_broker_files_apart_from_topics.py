@@ -35,7 +35,7 @@ def read_all(process: BrokerProcess, topic: str) -> list[bytes]:
 
 def stop_cleanly(process: BrokerProcess) -> int:
     process.stop()
-    return process.process.returncode  # type: ignore[union-attr]  # started above, so never None
+    return process.process.returncode
 
 
 def broker_with_an_offline_device(tmp_path) -> BrokerProcess:

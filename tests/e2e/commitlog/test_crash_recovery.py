@@ -115,9 +115,9 @@ def test_sigkill_keeps_every_acknowledged_message_once_and_in_order(tmp_path: Pa
         for publisher in lean:
             publisher.task.result(timeout=10)
         acked = {p.name: sorted(p.acked) for p in lean}
-        for publisher in paho:
-            publisher.stop()
-            acked[publisher.name] = publisher.acked
+        for paho_publisher in paho:
+            paho_publisher.stop()
+            acked[paho_publisher.name] = paho_publisher.acked
 
         broker.start()
         with OffsetsClient(broker.offsets_url, retry_backoff_s=0.2) as client:

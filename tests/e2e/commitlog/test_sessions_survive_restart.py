@@ -11,6 +11,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,10 @@ from broker_edge.storage.layout import open_layout
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
 from tests.e2e.commitlog.e2e_helpers import OPTED_IN, offset_of, opted_in, publish_numbered
 
-PERSISTENT = {5: {"clean": False, "session_expiry": 300, "connect_properties": OPTED_IN}, 4: {"clean": False}}
+PERSISTENT: dict[int, dict[str, Any]] = {
+    5: {"clean": False, "session_expiry": 300, "connect_properties": OPTED_IN},
+    4: {"clean": False},
+}
 """A persistent session per version: v5 Session Expiry Interval (and the ``offset`` user property on its
 deliveries), v3.1.1 clean session 0."""
 
@@ -166,6 +170,7 @@ def test_subscription_options_and_shared_groups_are_restored(brokers):
     PahoClient(broker.port, "pub").publish("jobs/1", b"job", 1)
     job = again.recv()
     assert isinstance(job, Publish) and job.topic == "jobs/1"  # the only member of its group
+    assert job.packet_id is not None
     again.send_packet(PubAck(job.packet_id))
     PahoClient(broker.port, "pub2").publish("a/b", b"x", 1)
     delivery = again.recv()
@@ -251,7 +256,7 @@ def test_a_restored_session_keeps_its_owner_and_another_user_cannot_resume_it(br
     passwords = tmp_path / "passwd"
     PasswordFile.set_password(passwords, "userA", "pw-a", create=True)
     PasswordFile.set_password(passwords, "userB", "pw-b")
-    secured = {
+    secured: dict[str, Any] = {
         "listeners": [{"name": "tcp", "host": "127.0.0.1", "port": 0, "allow_anonymous": False}],
         "auth": {"password_file": str(passwords)},
         "acl": {"rules": [{"permission": "allow", "action": "all", "topic": "%u/#"}]},

@@ -7,6 +7,7 @@ import http.client
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -92,7 +93,9 @@ def test_a_single_topic_arrow_fetch_equals_the_per_record_batch(
 
 @pytest.mark.parametrize("max_bytes", [1 << 20, 2000, 1])
 def test_a_batch_arrow_fetch_equals_the_json_lines_one(mixed_api: ApiHarness, max_bytes: int):
-    body = {"fetches": [{"topic": "b", "offset": 5}, {"topic": "a", "offset": 10, "max_records": 90}]}
+    body: dict[str, Any] = {
+        "fetches": [{"topic": "b", "offset": 5}, {"topic": "a", "offset": 10, "max_records": 90}]
+    }
     body["max_bytes"] = max_bytes
     arrow = pa.ipc.open_stream(post_fetch(mixed_api, {**body, "format": "arrow"})).read_all()
     lines = [json.loads(line) for line in post_fetch(mixed_api, {**body, "format": "jsonl"}).splitlines()]

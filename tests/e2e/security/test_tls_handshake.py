@@ -6,6 +6,7 @@ import asyncio
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,7 +65,7 @@ def exchange(server_context: ssl.SSLContext, client_context: ssl.SSLContext) -> 
     return asyncio.run(asyncio.wait_for(_exchange(server_context, client_context), 20))
 
 
-def config(pki: PkiPaths, **overrides: object) -> TlsConfig:
+def config(pki: PkiPaths, **overrides: Any) -> TlsConfig:
     return TlsConfig(certfile=str(pki.server_cert), keyfile=str(pki.server_key), **overrides)
 
 

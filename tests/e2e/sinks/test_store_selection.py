@@ -71,6 +71,7 @@ def test_executor_writes_are_chosen_per_table_by_the_pipeline_config(spark, tmp_
 
     off = open_table_store(None, str(tmp_path / "a"), "delta-rs")
     every = open_table_store(None, str(tmp_path / "b"), "delta-rs", executor_writes=True)
+    assert isinstance(off, DeltaRsTableStore) and isinstance(every, DeltaRsTableStore)
     assert not off.writes_on_executors("x") and every.writes_on_executors("x")
 
     def store_with(tables: dict):

@@ -6,7 +6,8 @@ by the leader and answered with its offset; refusals, "not the leader" answers a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from broker_edge.cluster.forwarding import ClusterForwarding
 from broker_edge.cluster.links.peer_link import PeerLinks
@@ -55,7 +56,7 @@ async def _answered(device: Answers) -> None:
     await asyncio.wait_for(device.answered.wait(), 5)
 
 
-def _run(scenario: Callable[[], Awaitable[None]]) -> None:
+def _run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(scenario())
 
 

@@ -63,7 +63,7 @@ def test_a_remote_backlog_joins_live_delivery_without_a_gap_or_a_duplicate(tmp_p
         router.subscribe(session, "t", "t", None, SubscriptionOptions(qos=1))
         session.cursors = {"t": 2}  # acknowledged up to offset 1 on the broker it came from
         connection = RecordingConnection(send_quota=100)
-        session.attach(connection)  # type: ignore[arg-type]  # a recording stand-in for a Connection
+        session.attach(connection)
         assert remote.retries == 1 and connection.sent == []  # where routing stands is not known yet
 
         remote.end = 5  # the observation started at 5

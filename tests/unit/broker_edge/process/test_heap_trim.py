@@ -43,8 +43,8 @@ def test_memory_freed_between_live_blocks_stays_resident_until_the_trim_returns_
     output = subprocess.run(
         [sys.executable, "-c", FRAGMENT], capture_output=True, text=True, check=True, timeout=60
     )
-    start, freed, after_trim, trimmed, _ = output.stdout.split()
-    start, freed, after_trim = int(start), int(freed), int(after_trim)
+    start_text, freed_text, after_trim_text, trimmed, _ = output.stdout.split()
+    start, freed, after_trim = int(start_text), int(freed_text), int(after_trim_text)
     assert trimmed == "True", "a Linux build of glibc has malloc_trim"
     assert freed - start > 30 * MIB, "freeing alone gave the memory back: nothing left to show"
     assert freed - after_trim > 30 * MIB, (

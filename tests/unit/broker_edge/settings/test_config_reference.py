@@ -28,7 +28,11 @@ def _dataclass_in(annotation: object) -> tuple[type | None, bool]:
     if origin is list:
         inner, _ = _dataclass_in(typing.get_args(annotation)[0])
         return inner, inner is not None
-    return (annotation, False) if dataclasses.is_dataclass(annotation) else (None, False)
+    return (
+        (annotation, False)
+        if isinstance(annotation, type) and dataclasses.is_dataclass(annotation)
+        else (None, False)
+    )
 
 
 def config_keys(cls: type = BrokerConfig, prefix: str = "") -> Iterator[tuple[str, type, str]]:

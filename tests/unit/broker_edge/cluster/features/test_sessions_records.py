@@ -19,7 +19,7 @@ from broker_edge.cluster.features.sessions_records import (
 from broker_edge.engine.message import Message
 from broker_edge.engine.routing.router import Router
 from broker_edge.engine.routing.subscriptions import SubscriptionOptions
-from broker_edge.engine.sessions.session import NEVER_EXPIRES
+from broker_edge.engine.sessions.session import NEVER_EXPIRES, Inflight
 from broker_edge.log_info import LogInfo
 from broker_edge.protocol.packets import Will
 from broker_edge.protocol.properties import Properties
@@ -61,7 +61,9 @@ def test_a_will_keeps_its_publish_and_its_delay_never_outlasts_the_session():
     will = Will("status/dev-1", b"offline", 1, True, properties)
 
     saved = will_to_save(will, "dev-1", 60, 3600, now=time.monotonic())
-    message = will_message(SessionRecord.from_json(_record_with(saved).to_json()).will, now=500.0)
+    read_back = SessionRecord.from_json(_record_with(saved).to_json()).will
+    assert read_back is not None
+    message = will_message(read_back, now=500.0)
 
     assert (message.topic, message.payload, message.qos, message.retain) == (
         "status/dev-1",
@@ -93,7 +95,7 @@ def _router_with_session() -> tuple[Router, Message]:
     router.subscribe(session, "news", "news", None, SubscriptionOptions(0))
     router.subscribe(session, "$share/g/jobs", "jobs", "g", SubscriptionOptions(1))
     in_flight = Message("plant/a", b"x", 1, offset=41)
-    session.inflight = {5: (in_flight, 1, False, ())}
+    session.inflight = Inflight({5: (in_flight, 1, False, ())})
     return router, in_flight
 
 

@@ -66,6 +66,10 @@ async def _two_brokers() -> tuple[
     return a, b, (a_to_b, b_to_a), log
 
 
+def _queued(session: Session) -> list[bytes]:
+    return [delivery[0].payload for delivery in session.queue or ()]
+
+
 def _member(broker: _Broker) -> Session:
     session = broker.router.session_type("worker")
     broker.router.subscribe(session, "$share/g/jobs/#", "jobs/#", "g", SubscriptionOptions(1))
@@ -90,7 +94,7 @@ async def _assigned_delivered_finished():
     assert b.router.publish(message) == 0  # a follower routing the record does not serve the group
     assert a.router.publish(message) == 1  # its leader does
     await _settle()
-    assert [delivery[0].payload for delivery in member.queue or ()] == [b"job"]
+    assert _queued(member) == [b"job"]
     assert a.shared.deliveries.assigned == {key: "b"}
 
     member.clear_outgoing()  # acknowledged (or dropped): the session lets go of it
@@ -120,7 +124,7 @@ async def _lost_and_repeated():
     a.shared._sent_at[key] -= a.shared.resend_s  # as if resend_s had passed
     a.shared._resend_unfinished()
     await _settle()
-    assert [delivery[0].payload for delivery in member.queue or ()] == [b"lost once"]
+    assert _queued(member) == [b"lost once"]
     a.shared._sent_at[key] -= a.shared.resend_s
     a.shared._resend_unfinished()  # while b delivers it: ignored
     await _settle()

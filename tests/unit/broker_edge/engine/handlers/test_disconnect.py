@@ -46,8 +46,9 @@ def test_setting_a_session_expiry_when_connect_had_0_is_a_protocol_error_mqtt_3_
     device = make_core().client()
     device.connect("device")
     answer = device.send(Disconnect(0, Properties(session_expiry_interval=60)))
-    assert answer == [Disconnect(0x82, Properties(reason_string=answer[0].properties.reason_string))]
-    assert "session expiry" in answer[0].properties.reason_string
+    reason = answer[0].properties.reason_string
+    assert answer == [Disconnect(0x82, Properties(reason_string=reason))]
+    assert reason is not None and "session expiry" in reason
 
 
 def test_disconnect_may_shorten_the_session_expiry_within_the_broker_maximum():

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from broker_edge.engine.routing.retained import RetainedStore
-from broker_edge.engine.routing.subscriptions import SubscriptionOptions, SubscriptionTrie
+from broker_edge.engine.routing.subscriptions import SharedGroup, SubscriptionOptions, SubscriptionTrie
 
 
 def subscribers(trie: SubscriptionTrie, topic: str) -> dict:
     return {s: (qos, sub_ids) for s, qos, _nl, _rap, sub_ids in trie.match(topic).subscribers}
 
 
+def _picked(group: SharedGroup[str], prefer: Callable[[str], bool]) -> str:
+    picked = group.pick(prefer)
+    assert picked is not None
+    return picked[0]
+
+
 def test_wildcards_dollar_and_parent_match():
-    trie = SubscriptionTrie()
+    trie: SubscriptionTrie[str] = SubscriptionTrie()
     trie.add("a/+/c", "plus", SubscriptionOptions(0))
     trie.add("a/#", "hash", SubscriptionOptions(0))
     trie.add("#", "all", SubscriptionOptions(0))
@@ -26,7 +34,7 @@ def test_wildcards_dollar_and_parent_match():
 
 @pytest.mark.mqtt311("MQTT-3.3.5-1")
 def test_one_entry_per_subscriber_with_max_qos_and_all_identifiers():
-    trie = SubscriptionTrie()
+    trie: SubscriptionTrie[str] = SubscriptionTrie()
     trie.add("x/+", "s", SubscriptionOptions(0, subscription_id=1))
     trie.add("x/#", "s", SubscriptionOptions(2, subscription_id=2))
     trie.add("x/y", "s", SubscriptionOptions(1))
@@ -35,7 +43,7 @@ def test_one_entry_per_subscriber_with_max_qos_and_all_identifiers():
 
 
 def test_cache_is_invalidated_by_changes_and_branches_pruned():
-    trie = SubscriptionTrie()
+    trie: SubscriptionTrie[str] = SubscriptionTrie()
     trie.add("k", "a", SubscriptionOptions(0))
     assert set(subscribers(trie, "k")) == {"a"}
     trie.add("k", "b", SubscriptionOptions(0))
@@ -47,14 +55,14 @@ def test_cache_is_invalidated_by_changes_and_branches_pruned():
 
 
 def test_shared_group_round_robin_prefers_online():
-    trie = SubscriptionTrie()
+    trie: SubscriptionTrie[str] = SubscriptionTrie()
     for member in ("m1", "m2", "m3"):
         trie.add("jobs/#", member, SubscriptionOptions(1), share_group="g")
     [group] = trie.match("jobs/1").groups
     online = {"m1", "m3"}
-    picks = [group.pick(lambda m: m in online)[0] for _ in range(4)]
+    picks = [_picked(group, lambda m: m in online) for _ in range(4)]
     assert picks == ["m1", "m3", "m1", "m3"]
-    assert group.pick(lambda m: False)[0] in {"m1", "m2", "m3"}
+    assert _picked(group, lambda m: False) in {"m1", "m2", "m3"}
 
 
 @pytest.mark.mqtt311("MQTT-3.3.1-11")

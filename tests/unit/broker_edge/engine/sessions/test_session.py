@@ -44,7 +44,7 @@ def test_acks_free_their_ids_and_only_the_right_ack_counts():
     assert session.on_puback(1) is True
     assert session.on_puback(1) is False  # twice: unknown now
     assert session.on_pubrec(2, failed=False) is True
-    assert session.inflight[2] is RELEASED
+    assert session.inflight is not None and session.inflight[2] is RELEASED
     assert session.on_pubrec(2, failed=False) is True  # a repeated PUBREC gets PUBREL again
     assert session.on_pubcomp(2) is True
     assert not session.inflight
@@ -67,7 +67,7 @@ def test_window_full_queues_then_acks_drain_in_order():
     for payload in (b"1", b"2", b"3", b"4"):
         session.deliver(Message("t", payload, 1), 1, False)
     assert [sent[0] for sent in connection.sent] == [b"1", b"2"]
-    assert len(session.queue) == 2
+    assert session.queue is not None and len(session.queue) == 2
     session.on_puback(1)
     session.on_puback(2)
     assert [sent[0] for sent in connection.sent] == [b"1", b"2", b"3", b"4"]
