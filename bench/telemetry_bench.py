@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/telemetry_bench.py [--quick] [--records N] [--topics N] [--output FILE]
 
-Every part is the real one: a Timestone broker process (``broker_edge.launcher.BrokerProcess``, i.e.
+Every part is the real one: a Timestone broker process (``broker_edge.runtime.launcher.BrokerProcess``, i.e.
 ``timestone broker --config``), MQTT publishers on loopback sockets, the ``timestone`` Spark source, Delta
 tables written by delta-rs through ``sinks``, and the telemetry job of ``pipelines/telemetry/job.py``, on a
 local[2] Spark session. Three figures:

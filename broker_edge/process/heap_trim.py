@@ -21,7 +21,7 @@ What says whether a broker's memory grows is not its RSS between trims (free pag
 allocation pattern) but what is in use: the trimmer keeps the VmRSS read right after its last trim
 (``rss_after_trim``), and ``heap_in_use`` gives glibc's bytes in use (``mallinfo2``: ``uordblks`` +
 ``hblkhd``, all arenas); with Python's allocated blocks (``sys.getallocatedblocks``) the broker publishes
-them as gauges (``broker_edge.server``).
+them as gauges (``broker_edge.runtime.broker``).
 """
 
 from __future__ import annotations

@@ -6,12 +6,13 @@ the commitlog. With a ``cluster:`` section, ``start`` then joins the cluster (``
 imported only then) and ``stop`` leaves it before anything else closes. Everything runs on the calling
 event loop; nothing here starts a thread except the store's writer and the password hasher.
 
-The Broker is the ``ConnectionHost`` (``broker_edge.context``) of every connection: handlers see it only
-through that narrow interface. What happens to a PUBLISH is in ``broker_edge.publish_path``.
+The Broker is the ``ConnectionHost`` (``broker_edge.engine.connection.connection``) of every connection:
+handlers see it only through ``BrokerContext``. What happens to a PUBLISH is in
+``broker_edge.engine.publish``.
 
 There is one periodic callback, ``_sweep``, every second: keepalive and CONNECT timeouts over all
 connections, delayed wills and session expiry (``Router.tick``), counters into Prometheus, ``$SYS`` topics,
-log retention and the trim of the C heap (``broker_edge.heap_trim``) when their intervals come. No
+log retention and the trim of the C heap (``broker_edge.process.heap_trim``) when their intervals come. No
 connection owns a timer or a task.
 """
 
@@ -94,7 +95,7 @@ class Broker(BrokerCore):
         self._stopping = False
         self.stopped = asyncio.Event()
         self.heap_trimmer = HeapTrimmer()
-        """Returns the C heap's free pages to the system every half minute (see ``broker_edge.heap_trim``)."""
+        """Returns the C heap's free pages to the system every half minute (``process.heap_trim``)."""
         self._bind_memory_gauges()
 
     def _bind_memory_gauges(self) -> None:

@@ -98,7 +98,7 @@ def run_broker(config_path: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``timestone broker [--config FILE]`` (also ``python -m broker_edge.main``): without a file the
+    """``timestone broker [--config FILE]`` (also ``python -m broker_edge.runtime.main``): without a file the
     defaults serve 127.0.0.1:1883."""
     import argparse
 

@@ -10,7 +10,7 @@ reconnects every few seconds would still cost a hash each time, so successful ve
 an HMAC-SHA256 of the password under a random per-process key: a later CONNECT with the same password is
 checked in microseconds, on the loop. Failed verifications are never cached, so guessing costs the full hash
 every time, and repeated failures from one address or for one user name are refused without a hash for a
-while (``broker_edge.login_backoff``).
+while (``broker_edge.security.login_backoff``).
 """
 
 from __future__ import annotations

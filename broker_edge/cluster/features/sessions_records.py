@@ -9,7 +9,7 @@ restore it after the holder died. Records are written by compare-and-swap only, 
 lease: a persistent session outlives the broker that held it.
 
 Sans-IO: nothing here talks to etcd or reads a clock; times come in as numbers (``wall``: epoch seconds).
-``broker_edge.cluster.sessions`` does the I/O.
+``broker_edge.cluster.features.sessions`` does the I/O.
 """
 
 from __future__ import annotations

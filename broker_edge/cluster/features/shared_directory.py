@@ -1,6 +1,7 @@
 """Which brokers have members of which shared group, which broker gets a message, and what is in flight.
 
-The pure parts of cluster-wide shared subscriptions (``broker_edge.cluster.shared_groups``), with no I/O:
+The pure parts of cluster-wide shared subscriptions (``broker_edge.cluster.features.shared_groups``), with no
+I/O:
 
 - ``SharedDirectory``: broker → the ``(group, filter)`` pairs it has members of (as registered in etcd), held
   in a ``SubscriptionTrie`` whose subscribers are node ids, so matching a topic is the trie's cached lookup;

@@ -16,10 +16,10 @@ handed to the transport with one ``writelines`` at the end of the loop iteration
 ``ConnectionHost``), so a subscriber receiving from a hundred publishers in one iteration costs one system
 call, not a hundred.
 
-Packets go to the handler of their type (``broker_edge.handlers``): before CONNACK only ``handle_connect``,
-afterwards the connected handlers, which are given the session (never None once connected). Handlers see the
-broker through ``BrokerContext`` and ask the connection for effects: write, close, refuse, pause reading.
-A connection refused before CONNACK 0 always goes through ``refuse``.
+Packets go to the handler of their type (``broker_edge.engine.handlers``): before CONNACK only
+``handle_connect``, afterwards the connected handlers, which are given the session (never None once
+connected). Handlers see the broker through ``BrokerContext`` and ask the connection for effects: write,
+close, refuse, pause reading. A connection refused before CONNACK 0 always goes through ``refuse``.
 
 Idle connections are small: every attribute is a slot, containers (topic aliases, the write batch) are
 created on first use, and what most connections never set (a will, topic aliases, a refusal, packets held

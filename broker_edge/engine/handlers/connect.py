@@ -11,8 +11,9 @@ is synchronous. CONNACK is written before the session's in-flight messages are r
 Every refusal goes through ``Connection.refuse`` with its codes from ``_REFUSALS``.
 
 On a cluster node (the ``sessions`` port of ``BrokerContext.cluster``), the client id is first claimed
-cluster-wide, which moves its session here from the broker that holds it (``broker_edge.cluster.sessions``);
-the CONNECT waits for that as for a password check, then goes on exactly as on a broker alone.
+cluster-wide, which moves its session here from the broker that holds it
+(``broker_edge.cluster.features.sessions``); the CONNECT waits for that as for a password check, then goes on
+exactly as on a broker alone.
 """
 
 from __future__ import annotations

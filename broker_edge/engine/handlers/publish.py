@@ -2,15 +2,15 @@
 
 The order matters. A QoS 2 id already held (PUBREC sent or pending, PUBREL not yet received) is answered with
 PUBREC again and never routed twice. A valid, allowed publish is handed to the PUBLISH path
-(``broker_edge.publish_path``): publishes the commitlog keeps are appended first and routed and acknowledged
+(``broker_edge.engine.publish``): publishes the commitlog keeps are appended first and routed and acknowledged
 only once durable, so an acknowledged message is never lost and every delivery already carries its offset;
 everything else is routed at once and acknowledged in the same turn.
 
-ACL-denied publishes follow Mosquitto for v3 (acknowledged normally and dropped) and MQTT 5 for v5
-(PUBACK / PUBREC with 0x87). Topic names starting with ``$`` are the broker's (``$SYS``): treated the same.
-A client that would create more topic logs than ``limits.max_topics_per_client``, or than its identity's share
-(``limits.max_topics_per_identity``, see ``broker_edge.topic_quota``), is refused the same way (0x97 Quota
-exceeded).
+ACL-denied publishes follow Mosquitto for v3 (acknowledged normally and dropped) and MQTT 5 for v5 (PUBACK /
+PUBREC with 0x87). Topic names starting with ``$`` are the broker's (``$SYS``): treated the same. A client
+that would create more topic logs than ``limits.max_topics_per_client``, or than its identity's share
+(``limits.max_topics_per_identity``, see ``broker_edge.security.topic_quota``), is refused the same way (0x97
+Quota exceeded).
 """
 
 from __future__ import annotations

@@ -7,11 +7,12 @@ SUBACK so a client always sees the acknowledgement first.
 A subscription replays a topic's commitlog when it names a start: the v5 user property ``offset`` on the
 SUBSCRIBE (``<offset>``, ``earliest``, ``latest`` or ``time:<epoch-ms>``) or the v3 filter form
 ``$offset/<start>/<filter>``. Replays need the commitlog; without one such a filter is refused (0x80/0x83).
-A v5 SUBACK says when an asked offset is outside a log (``offset_out_of_range``, see ``broker_edge.replay``),
-unless the client set Request Problem Information to 0 [MQTT-3.1.2-29] or the properties would make the SUBACK
-larger than its Maximum Packet Size [MQTT-3.9.2-1, -2]. On a cluster node the SUBACK waits until the replays
-are positioned in logs other brokers hold (``ReplayManager.when_started``), then until the partitions the new
-subscriptions need are observed (the ``subscribe_gate`` port); reading from the client pauses meanwhile.
+A v5 SUBACK says when an asked offset is outside a log (``offset_out_of_range``, see
+``broker_edge.engine.cursors``), unless the client set Request Problem Information to 0 [MQTT-3.1.2-29] or the
+properties would make the SUBACK larger than its Maximum Packet Size [MQTT-3.9.2-1, -2]. On a cluster node the
+SUBACK waits until the replays are positioned in logs other brokers hold (``ReplayManager.when_started``),
+then until the partitions the new subscriptions need are observed (the ``subscribe_gate`` port); reading from
+the client pauses meanwhile.
 """
 
 from __future__ import annotations

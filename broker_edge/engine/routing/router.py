@@ -5,9 +5,10 @@ matches the topic once (cached by the trie) and calls ``Session.deliver`` for ev
 same loop iteration. The router never touches sockets; times come in as numbers (``now``) or from the clock
 it is given (message expiry of wills), and the broker's periodic sweep calls ``tick``.
 
-Logged topics (see ``broker_edge.replay``) are the exception to "deliver at once": a session that is behind
-on a topic's log (a replay, or messages missed while offline) reads that topic from the log until it has
-caught up, and the router does not hand it the live copy meanwhile, so the switch has no gap and no duplicate.
+Logged topics (see ``broker_edge.engine.cursors``) are the exception to "deliver at once": a session that is
+behind on a topic's log (a replay, or messages missed while offline) reads that topic from the log until it
+has caught up, and the router does not hand it the live copy meanwhile, so the switch has no gap and no
+duplicate.
 """
 
 from __future__ import annotations
@@ -238,7 +239,7 @@ class Router:
     def restore_session(
         self, client_id: str, expiry_interval: int, expires_at: float | None, username: str | None
     ) -> Session:
-        """Add an offline session read back at start (``broker_edge.session_snapshot``); it ends at
+        """Add an offline session read back at start (``broker_edge.engine.sessions.snapshot``); it ends at
         ``expires_at`` unless its client reconnects first (None: never)."""
         session = self.session_type(client_id, expiry_interval)
         session.username = username

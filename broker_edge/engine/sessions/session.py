@@ -203,7 +203,7 @@ class Session:
     """Read per message only by an ACL check and when a publish creates a log."""
     _expiry_interval: RareField[int] = RareField(_SessionRare, 0)
     cursors: RareField[dict[str, int] | None] = RareField(_SessionRare, None)
-    """Logged topic → next offset to deliver from the log (see ``broker_edge.replay``)."""
+    """Logged topic → next offset to deliver from the log (see ``broker_edge.engine.cursors``)."""
     log_offsets: RareField[bool] = RareField(_SessionRare, False)
     """The client asked for log delivery (it subscribed from an offset, or opted in on CONNECT): its v5
     deliveries of logged messages carry the user property ``offset``. Kept until the session ends."""
@@ -260,10 +260,10 @@ class Session:
         """Send now if the client is online and its in-flight window is open, else hold it (QoS 1/2).
 
         An online client's held messages wait in its queue, logged or not (cheap: the message and its
-        encodings are already in memory). A logged message for an offline client, or one that does not fit
-        the queue, is not copied: the session remembers its offset and reads the topic's log later
-        (``broker_edge.replay``), so the log is the offline queue. Shared-subscription deliveries are always
-        copied, since the log also holds what the other members of the group received.
+        encodings are already in memory). A logged message for an offline client, or one that does not fit the
+        queue, is not copied: the session remembers its offset and reads the topic's log later
+        (``broker_edge.engine.cursors``), so the log is the offline queue. Shared-subscription deliveries are
+        always copied, since the log also holds what the other members of the group received.
         """
         conn = self.connection
         if qos == 0:

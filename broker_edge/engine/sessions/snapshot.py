@@ -3,7 +3,7 @@
 Sans-IO: ``capture`` turns the router's persistent sessions into a JSON-ready document, ``parse`` checks a
 decoded document and ``restore`` puts its sessions back into a router as offline sessions. Times come in as
 numbers: ``now`` on the loop's clock (deadlines), ``wall`` in epoch seconds (the downtime between a write
-and a read). ``broker_edge.session_store`` owns the file.
+and a read). ``broker_edge.runtime.session_store`` owns the file.
 
 For logged topics a session is saved as log cursors, never as messages: the cursor of a topic is the first
 offset the client has not acknowledged (the session's own cursor, lowered to the oldest logged message in

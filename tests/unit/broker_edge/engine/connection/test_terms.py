@@ -1,4 +1,5 @@
-"""What CONNECT settles is shared by value (``broker_edge.terms``); the client id is the session's."""
+"""What CONNECT settles is shared by value (``broker_edge.engine.connection.terms``); the client id is the
+session's."""
 
 from __future__ import annotations
 
