@@ -1,6 +1,7 @@
 """Stand-ins, in memory, for what the engine's parts write to: a commitlog that is durable when the test says
-so (``MemoryLog``), a cluster's ``forwarding`` port whose answers the test gives (``HeldForwarding``), and a
-session's connection that records what is written (``RecordingConnection``)."""
+so (``MemoryLog``), a cluster's ``forwarding`` port whose answers the test gives (``HeldForwarding``), a
+session's connection that records what is written (``RecordingConnection``); and members of a shared group
+(``group_members``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from types import SimpleNamespace
 
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import ForwardAck
+from broker_edge.engine.routing.router import Router
+from broker_edge.engine.routing.subscriptions import SubscriptionOptions
+from broker_edge.engine.sessions.session import Session
 from broker_edge.storage.record import RecordFields
 
 LOCAL_TOPIC = "site/led-here"
@@ -113,3 +117,13 @@ class RecordingConnection:
 
     def taken_over(self) -> None:
         self.sent.append(("TAKEN OVER",))
+
+
+def group_members(router: Router, *names: str) -> list[Session]:
+    """Sessions of ``router``, one per name, each a member of the shared group ``g`` of ``jobs/#``."""
+    sessions = []
+    for name in names:
+        session = router.session_type(name)
+        router.subscribe(session, "$share/g/jobs/#", "jobs/#", "g", SubscriptionOptions(1))
+        sessions.append(session)
+    return sessions

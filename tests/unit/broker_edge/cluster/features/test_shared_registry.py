@@ -8,9 +8,8 @@ from broker_edge.cluster.features.shared_directory import SharedDirectory
 from broker_edge.cluster.features.shared_registry import SharedRegistry
 from broker_edge.engine.ports import ClusterPorts
 from broker_edge.engine.routing.router import Router
-from broker_edge.engine.routing.subscriptions import SubscriptionOptions
-from broker_edge.engine.sessions.session import Session
 from broker_edge.security.limits import LimitsConfig
+from tests.unit.broker_edge.engine.stand_ins import group_members
 
 
 def test_the_registry_counts_this_brokers_members_per_group_from_the_routers_joins_and_leaves():
@@ -18,7 +17,7 @@ def test_the_registry_counts_this_brokers_members_per_group_from_the_routers_joi
     directory = SharedDirectory()
     registry = SharedRegistry("a", directory, None, "/timestone", None)
     router.join_cluster(ClusterPorts(shared_members=registry))
-    first, second = _members(router, "m1", "m2")
+    first, second = group_members(router, "m1", "m2")
     assert [set(g.members) for g in directory.match("jobs/1")] == [{"a"}]
     router.unsubscribe(first, "$share/g/jobs/#")
     assert [set(g.members) for g in directory.match("jobs/1")] == [{"a"}]  # m2 is still a member
@@ -28,17 +27,8 @@ def test_the_registry_counts_this_brokers_members_per_group_from_the_routers_joi
 
 def test_a_registry_made_after_subscriptions_were_restored_counts_them():
     router = Router(LimitsConfig())
-    _members(router, "m1")
+    group_members(router, "m1")
     directory = SharedDirectory()
     registry = SharedRegistry("a", directory, None, "/timestone", None)
     registry.count_existing(router.trie.subscriptions())
     assert [(g.name, g.filter, set(g.members)) for g in directory.match("jobs/1")] == [("g", "jobs/#", {"a"})]
-
-
-def _members(router: Router, *names: str) -> list[Session]:
-    sessions = []
-    for name in names:
-        session = router.session_type(name)
-        router.subscribe(session, "$share/g/jobs/#", "jobs/#", "g", SubscriptionOptions(1))
-        sessions.append(session)
-    return sessions

@@ -7,19 +7,10 @@ from __future__ import annotations
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import ClusterPorts
 from broker_edge.engine.routing.router import Router
-from broker_edge.engine.routing.subscriptions import SubscriptionOptions
 from broker_edge.engine.sessions.session import Session
 from broker_edge.protocol.packets import Will
 from broker_edge.security.limits import LimitsConfig
-
-
-def _members(router: Router, *names: str) -> list[Session]:
-    sessions = []
-    for name in names:
-        session = router.session_type(name)
-        router.subscribe(session, "$share/g/jobs/#", "jobs/#", "g", SubscriptionOptions(1))
-        sessions.append(session)
-    return sessions
+from tests.unit.broker_edge.engine.stand_ins import group_members
 
 
 def _queued(session: Session) -> list[bytes]:
@@ -72,7 +63,7 @@ def _joined(router: Router) -> Told:
 
 def test_alone_the_router_serves_its_groups_and_a_cluster_dispatcher_replaces_that():
     router = Router(LimitsConfig())
-    first, second = _members(router, "m1", "m2")
+    first, second = group_members(router, "m1", "m2")
     assert router.publish(Message("jobs/1", b"alone", 1)) == 1
     assert _queued(first) + _queued(second) == [b"alone"]
 
@@ -91,7 +82,7 @@ def test_alone_the_router_serves_its_groups_and_a_cluster_dispatcher_replaces_th
 def test_every_join_and_leave_of_a_group_and_of_a_filter_is_told():
     router = Router(LimitsConfig())
     told = _joined(router)
-    first, second = _members(router, "m1", "m2")
+    first, second = group_members(router, "m1", "m2")
     router.unsubscribe(first, "$share/g/jobs/#")
     router.unsubscribe(second, "$share/g/jobs/#")
     assert told.members == [("g", "jobs/#", joined) for joined in (True, True, False, False)]
