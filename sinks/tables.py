@@ -53,8 +53,8 @@ EXECUTION_STATES: tuple[str, ...] = (
     "CANCELED",
 )
 
-#: Values of ``action_summary.action_state``.
-ACTION_STATES: tuple[str, ...] = ("IN_PROGRESS", "COMPLETED", "ABORTED", "CANCELED")
+#: Values of ``action_summary.action_state`` (REJECTED: the row was not a valid action, nothing was sent).
+ACTION_STATES: tuple[str, ...] = ("IN_PROGRESS", "COMPLETED", "ABORTED", "CANCELED", "REJECTED")
 
 #: Silver payload columns used when no configuration names them: what the simulated fleet sends.
 DEFAULT_PAYLOAD_FIELDS: dict[str, str] = {
@@ -449,6 +449,13 @@ def action_summary() -> TableSpec:
             column("total_count", LongType(), False),
             column("action_state", StringType(), False, " | ".join(ACTION_STATES)),
             column("updated_at", TimestampType(), False),
+            column(
+                "reason",
+                StringType(),
+                True,
+                "why the action ended other than completed: the field a rejected row got wrong, the abort "
+                "threshold crossed, a cancel",
+            ),
         ),
         merge_keys=("action_id",),
     )

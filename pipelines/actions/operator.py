@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines.actions.validation import check_action_row
 from sinks.store import TableStore
 
 OPERATOR_APP_ID = "operator"
@@ -40,19 +41,8 @@ class NewAction:
     action_id: str = field(default_factory=lambda: f"act-{uuid.uuid4().hex[:12]}")
 
     def validate(self) -> None:
-        targets = sum((bool(self.device_ids), bool(self.group), self.all_devices))
-        if targets != 1:
-            raise ValueError("give exactly one target: device ids, a group, or all devices")
-        if self.kind == "ota" and not (self.version and self.url):
-            raise ValueError("an OTA action needs a version and a URL")
-        if self.kind == "command" and not self.command:
-            raise ValueError("a command action needs a command")
-        if self.kind not in ("ota", "command"):
-            raise ValueError(f"kind must be ota or command, not {self.kind!r}")
-        if self.max_per_minute is not None and self.max_per_minute <= 0:
-            raise ValueError("max per minute must be positive")
-        if self.failure_pct is not None and not 0 < self.failure_pct <= 100:
-            raise ValueError("abort failure percentage must be in (0, 100]")
+        """Raise :class:`InvalidAction` naming the field, by the rules the actions job applies."""
+        check_action_row(self.row(datetime.now(UTC)))
 
     def row(self, now: datetime) -> dict:
         return {

@@ -33,7 +33,7 @@ from pipelines.fleet.fleet import FleetSpec
 from pipelines.fleet.processes import DeviceTimes, FleetProcesses
 from sinks import open_table_store
 from tests.e2e.cluster.proof import read_log, wait_settled, wait_until
-from tests.e2e.ota.conftest import register_devices, summary
+from tests.e2e.ota.conftest import SHA256, register_devices, summary
 from tests.fleet_harness import quiet_devices
 
 pytestmark = pytest.mark.spark
@@ -103,7 +103,10 @@ def test_rollout_survives_the_kill_of_the_broker_the_job_uses(tmp_path, cluster_
             assert isinstance(reports, ClusterReports)  # one query over the whole cluster
 
             broadcast = create_action(
-                store, NewAction(group="canary", version="2.0.0", url="https://example.invalid/fw2.bin")
+                store,
+                NewAction(
+                    group="canary", version="2.0.0", url="https://example.invalid/fw2.bin", sha256=SHA256
+                ),
             )
             wait_until(
                 lambda: _completed(store, broadcast),
@@ -120,6 +123,7 @@ def test_rollout_survives_the_kill_of_the_broker_the_job_uses(tmp_path, cluster_
                     group="fleet",
                     version="3.0.0",
                     url="https://example.invalid/fw3.bin",
+                    sha256=SHA256,
                     max_per_minute=RATE_PER_MINUTE,
                 ),
             )

@@ -27,6 +27,8 @@ def test_create_is_idempotent_per_action_id(tmp_path, capsys):
         "2.0.0",
         "--url",
         "https://example.invalid/fw.bin",
+        "--sha256",
+        "0" * 64,
         "--max-per-minute",
         "30",
         "--abort-failure-pct",
@@ -46,9 +48,9 @@ def test_create_is_idempotent_per_action_id(tmp_path, capsys):
 def test_bad_actions_are_refused_with_a_reason(tmp_path, capsys):
     root = str(tmp_path / "tables")
     assert main(["ota", "--tables-root", root, "create", "--all", "--version", "2.0.0"]) == 2
-    assert "needs a version and a URL" in capsys.readouterr().err
+    assert "payload.url: required for an ota action" in capsys.readouterr().err
     assert main(["ota", "--tables-root", root, "create", "--kind", "command", "--devices", "d1"]) == 2
-    assert "needs a command" in capsys.readouterr().err
+    assert "payload.command: required for a command action" in capsys.readouterr().err
     assert not open_table_store(None, root, backend="delta-rs").exists("actions")
 
 
