@@ -28,6 +28,7 @@ from broker_edge.config.endpoints import BrokerEndpoint, format_endpoints
 from pipelines.actions.cluster import brokers_form_a_cluster
 from pipelines.actions.config import ActionsConfig
 from pipelines.actions.engine import ACTIONS, ActionsEngine
+from pipelines.actions.heartbeat import HeartbeatWriter
 from pipelines.actions.model import parse_report
 from pipelines.actions.publisher import ClusterPublisher, MqttPublisher, Publisher
 from pipelines.actions.reports import CLUSTER_BROKER_ID, BrokerReports, ClusterReports, ReportStream
@@ -78,6 +79,8 @@ class ActionsJob:
     engine: ActionsEngine
     fanout: StreamingQuery
     reports: ReportStream
+    heartbeat: HeartbeatWriter | None = None
+    """Tells ``timestone ota status`` that a job acts on these tables (``heartbeat.py``)."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _ticker: threading.Thread | None = None
 
@@ -90,12 +93,15 @@ class ActionsJob:
         return bool(self.fanout.isActive) and self.reports.running()
 
     def start_ticker(self, interval_s: float) -> None:
+        self._beat()
+
         def run() -> None:
             while not self._stop.wait(interval_s):
                 try:
                     self.engine.tick()
                 except Exception:  # the next tick retries; a streaming failure stops the job instead
                     log.exception("actions tick failed")
+                self._beat()
 
         self._ticker = threading.Thread(target=run, name="actions-ticker", daemon=True)
         self._ticker.start()
@@ -128,6 +134,15 @@ class ActionsJob:
     def _join_ticker(self) -> None:
         if self._ticker:
             self._ticker.join(timeout=10)
+        self._beat(stopping=True)
+
+    def _beat(self, stopping: bool = False) -> None:
+        if self.heartbeat is None:
+            return
+        try:
+            self.heartbeat.stop() if stopping else self.heartbeat.beat()
+        except OSError as error:  # status cannot tell whether the job runs; the job itself is fine
+            log.warning("cannot write the actions job's heartbeat: %s", error)
 
 
 def start_actions_job(
@@ -192,7 +207,7 @@ def start_actions_job(
         finally:
             publisher.close()
         raise
-    job = ActionsJob(engine, fanout, reports)
+    job = ActionsJob(engine, fanout, reports, HeartbeatWriter(config.tables_root))
     job.start_ticker(config.tick_interval_s)
     return job
 

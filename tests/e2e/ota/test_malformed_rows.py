@@ -15,6 +15,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from broker_edge.offsets_api.client import OffsetsClient
+from pipelines.cli import main
 from tests.e2e.ota.conftest import action_row, actions_stack, summary, wait_for
 from tests.fleet_harness import quiet_devices
 
@@ -46,7 +47,7 @@ def _logged_action_messages(offsets_url: str) -> list[bytes]:
         return payloads
 
 
-def test_malformed_rows_reach_no_device_and_are_rejected_naming_the_field(spark, tmp_path, caplog):
+def test_malformed_rows_reach_no_device_and_are_rejected_naming_the_field(spark, tmp_path, caplog, capsys):
     caplog.set_level(logging.WARNING, logger="pipelines.actions.engine")
     fleet_spec = {"count": 12, "groups": ["canary", "fleet"]}
     with actions_stack(spark, tmp_path, fleet_spec, quiet_devices()) as stack:
@@ -78,6 +79,11 @@ def test_malformed_rows_reach_no_device_and_are_rejected_naming_the_field(spark,
             assert not any(f'"{action_id}"'.encode() in m for m in messages), action_id
         executions = store.read_arrow("action_executions").column("action_id").to_pylist()
         assert set(executions) == {"valid"}
+
+        capsys.readouterr()
+        assert main(["ota", "--tables-root", stack.config.tables_root, "status", "no-url"]) == 0
+        out = capsys.readouterr().out
+        assert "state     REJECTED" in out and "reason    payload.url: required for an ota action" in out
 
 
 def test_a_rejected_action_stays_rejected_when_its_row_is_corrected(spark, tmp_path, caplog):
