@@ -32,6 +32,8 @@ from pipelines.actions.heartbeat import HeartbeatWriter
 from pipelines.actions.model import parse_report
 from pipelines.actions.publisher import ClusterPublisher, MqttPublisher, Publisher
 from pipelines.actions.reports import CLUSTER_BROKER_ID, BrokerReports, ClusterReports, ReportStream
+from pipelines.output_paths import check_output_location
+from pipelines.pipeline_logs import failure_summary
 from pipelines.spark_session import stop_between_batches
 from sinks.foreach_batch import streaming_query_id
 from sinks.store import Backend, TableStore, open_table_store
@@ -221,10 +223,21 @@ def _publisher(config: ActionsConfig, cluster: bool) -> MqttPublisher:
 
 
 def validate(section: object) -> ActionsConfig:
-    """Check the actions config (raises ConfigError naming the field) before Spark starts."""
+    """Check the actions config (raises ConfigError naming the field) before Spark starts, with the places
+    it writes."""
     from broker_edge.config import load_dataclass
 
-    return load_dataclass(ActionsConfig, section or {})
+    config = load_dataclass(ActionsConfig, section or {})
+    check_output_location(config.tables_root, "tables_root")
+    check_output_location(config.checkpoint_root, "checkpoint_root")
+    return config
+
+
+def preflight(config: ActionsConfig, options: object) -> None:
+    """Before Spark starts: whether the brokers form a cluster, when the config does not say (a mix is a
+    ConfigError, no answer at all ``BrokersUnreachable``)."""
+    if config.cluster is None:
+        brokers_form_a_cluster(config.brokers)
 
 
 def run(spark: SparkSession, section: object, options: object) -> int:
@@ -239,9 +252,10 @@ def run(spark: SparkSession, section: object, options: object) -> int:
     try:
         while job.running():
             time.sleep(1)
-        failed = [q for q in job.queries if q.exception() is not None]
-        for query in failed:
-            log.error("actions query %s failed: %s", query.name, query.exception())
+        failed = {q.name: error for q in job.queries if (error := q.exception()) is not None}
+        for name, error in failed.items():
+            log.debug("actions query %s failed: %s", name, error)
+            log.error("actions query %s failed: %s", name, failure_summary(error))
         return 1 if failed else 0
     except KeyboardInterrupt:
         log.info("stopping the actions job")
