@@ -40,13 +40,23 @@ class _StandardError:
         sys.stderr.flush()
 
 
+class _LibraryFilter(logging.Filter):
+    """Drops the libraries' records below ``minimum`` (a filter on the handler: Great Expectations sets its
+    loggers' levels itself when it is first imported, inside a batch)."""
+
+    def __init__(self, minimum: int) -> None:
+        super().__init__()
+        self.minimum = minimum
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= self.minimum or not record.name.startswith(LIBRARY_LOGGERS)
+
+
 def configure_pipeline_logging(level: str = "INFO", log_format: str = "text") -> None:
     """The pipeline's handler on the root logger (broker_edge.logs formats), libraries quietened."""
     config = LoggingConfig(level=level, format=log_format)  # type: ignore[arg-type]  # text|json, checked there
-    configure_logging(config, stream=_StandardError())  # type: ignore[arg-type]  # writes and flushes only
-    library_level = logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING
-    for name in LIBRARY_LOGGERS:
-        logging.getLogger(name).setLevel(library_level)
+    handler = configure_logging(config, stream=_StandardError())  # type: ignore[arg-type]  # writes, flushes
+    handler.addFilter(_LibraryFilter(logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING))
 
 
 def quiet_spark(spark: SparkSession, level: str = "INFO") -> None:
