@@ -26,6 +26,7 @@ from pipelines.actions.operator import (
 )
 from pipelines.actions.status import ActionStatus, describe, describe_job, describe_list, read_statuses
 from pipelines.actions.validation import InvalidAction, problems
+from pipelines.output_paths import check_output_location
 from sinks.store import TableStore, open_table_store
 
 OPTION_OF_FIELD = {
@@ -138,6 +139,12 @@ def ota_main(argv: list[str]) -> int:
         print(f"timestone ota: bad config: {exc}", file=sys.stderr)
         return INVALID
     root = args.tables_root or config.tables_root
+    if args.verb in ("create", "cancel"):
+        try:
+            check_output_location(root, "--tables-root" if args.tables_root else "tables_root")
+        except ConfigError as exc:
+            print(f"timestone ota {args.verb}: {exc}", file=sys.stderr)
+            return INVALID
     store = open_table_store(None, root, backend="delta-rs")
     try:
         if args.verb == "create":

@@ -34,7 +34,7 @@ def _groups(text: str) -> list[str]:
     return groups
 
 
-def _at_least_one(text: str) -> int:
+def at_least_one(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -44,7 +44,7 @@ def _at_least_one(text: str) -> int:
     return value
 
 
-def _rate(text: str) -> float:
+def probability(text: str) -> float:
     value = float(text)
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a probability in [0, 1], got {text}")
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="timestone devices", description="Simulated device fleets.")
     sub = parser.add_subparsers(dest="action", required=True)
     simulate = sub.add_parser("simulate", help="connect N simulated devices and keep them running")
-    simulate.add_argument("--count", type=_at_least_one, default=10, help="number of devices (default 10)")
+    simulate.add_argument("--count", type=at_least_one, default=10, help="number of devices (default 10)")
     simulate.add_argument(
         "--broker",
         type=_broker_address,
@@ -75,8 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--firmware", default="1.0.0", help="firmware version the devices start with")
     simulate.add_argument("--telemetry-interval", type=float, default=5.0, help="seconds between readings")
     simulate.add_argument("--download-delay", type=float, nargs=2, default=(0.5, 2.0), metavar=("MIN", "MAX"))
-    simulate.add_argument("--failure-rate", type=_rate, default=0.0)
-    simulate.add_argument("--reject-rate", type=_rate, default=0.0)
+    simulate.add_argument("--failure-rate", type=probability, default=0.0)
+    simulate.add_argument("--reject-rate", type=probability, default=0.0)
     simulate.add_argument("--offline-rate", type=float, default=0.0, help="disconnects per device per minute")
     simulate.add_argument("--duration", type=float, default=0.0, help="seconds to run (0 = until Ctrl-C)")
     simulate.add_argument("--seed", type=int, default=7)
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--connects-per-second", type=float, default=150.0, help="fleet-wide connection rate (default 150)"
     )
     simulate.add_argument(
-        "--procs", type=_at_least_one, default=1, help="processes to run the devices in (default 1)"
+        "--procs", type=at_least_one, default=1, help="processes to run the devices in (default 1)"
     )
     simulate.add_argument(
         "--failover",

@@ -32,3 +32,10 @@ def test_no_device_connecting_is_a_failure(capsys, procs):
     err = capsys.readouterr().err
     assert err.startswith(f"timestone devices simulate: no device could connect to 127.0.0.1:{port}")
     assert "Traceback" not in err
+
+
+def test_the_demo_refuses_an_empty_fleet(capsys):
+    with pytest.raises(SystemExit) as refused:
+        main(["demo", "--devices", "0"])
+    assert refused.value.code == 2
+    assert "argument --devices: expected 1 or more, got 0" in capsys.readouterr().err

@@ -192,3 +192,9 @@ def test_actions_pipeline_refuses_a_bad_config_naming_the_field(tmp_path, capsys
     config.write_text("tick_interval: 1\n")
     assert main(["pipeline", "actions", "--config", str(config)]) == 2
     assert "tick_interval" in capsys.readouterr().err
+
+
+def test_a_tables_root_that_cannot_be_written_is_refused_by_name(capsys):
+    assert main(["ota", "--tables-root", "/etc/hostname", "create", "--all", *FIRMWARE]) == 2
+    err = capsys.readouterr().err
+    assert err == "timestone ota create: --tables-root: '/etc/hostname' is a file, not a directory\n"
