@@ -13,7 +13,7 @@ import logging
 import os
 import re
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO, cast
 
 from broker_edge.logs import LoggingConfig, configure_logging
 
@@ -54,8 +54,8 @@ class _LibraryFilter(logging.Filter):
 
 def configure_pipeline_logging(level: str = "INFO", log_format: str = "text") -> None:
     """The pipeline's handler on the root logger (broker_edge.logs formats), libraries quietened."""
-    config = LoggingConfig(level=level, format=log_format)  # type: ignore[arg-type]  # text|json, checked there
-    handler = configure_logging(config, stream=_StandardError())  # type: ignore[arg-type]  # writes, flushes
+    config = LoggingConfig(level=level, format="json" if log_format == "json" else "text")
+    handler = configure_logging(config, stream=cast(TextIO, _StandardError()))  # it only writes and flushes
     handler.addFilter(_LibraryFilter(logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING))
 
 
