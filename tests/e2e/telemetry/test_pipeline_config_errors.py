@@ -102,6 +102,12 @@ def test_the_actions_pipeline_refuses_a_missing_file_and_an_unwritable_root(tmp_
     )
     status, err = run(capsys, "actions", "--set", "tables_root=/etc/hostname")
     assert status == 2 and "tables_root: '/etc/hostname' is a file" in err
+    status, err = run(capsys, "actions", "--set", "status_topics=actions/reports/+,dev#/x")
+    assert (status, err) == (
+        2,
+        "timestone pipeline actions: status_topics: 'dev#/x' is not a topic filter: misplaced wildcard in "
+        "topic filter 'dev#/x'\n",
+    )
 
 
 def test_set_indexes_lists_and_appends_at_their_length():
