@@ -69,7 +69,10 @@ def _add_table_options(parser: argparse.ArgumentParser, default: object) -> None
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="timestone ota", description="Create and follow OTA/command actions."
+        prog="timestone ota",
+        description="Create, cancel and follow OTA / command actions (docs/ota.md).",
+        epilog="exit status: 0 done; 1 the tables say no (unknown action, id taken by other content, "
+        "cancel of an ended action); 2 a wrong command line or config; 130 status --watch stopped by Ctrl-C",
     )
     _add_table_options(parser, default=None)
     # the same options after the verb too (`timestone ota status --tables-root DIR`, as the demo prints it)
