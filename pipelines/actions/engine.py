@@ -105,6 +105,10 @@ class ActionsEngine:
         self._cached_version = -1
         self._snapshots: dict[str, tuple[int, pa.Table]] = {}
         """The other tables as last read, by name: (Delta version, rows)."""
+        self._valid: tuple[pa.Table, dict[str, Action]] | None = None
+        """The valid actions of the ``actions`` snapshot they were parsed from (each tick asks for them)."""
+        self._last_valid: dict[str, Action] = {}
+        """Each action as its last valid row had it: what a running action whose row turned invalid keeps."""
         for name in (ACTIONS, EXECUTIONS, SUMMARY, DEVICES):
             store.ensure(name)
 
@@ -131,10 +135,13 @@ class ActionsEngine:
                 rows_of_action = known.get(action_id, {})
                 ended = previous.get(action_id, (None, None))[0] in FINAL_ACTION_STATES
                 invalid = problems(row)
-                if invalid:
+                kept = self._last_valid.get(action_id) if rows_of_action else None
+                if invalid and not (kept is not None and row.get("cancel")):
                     self._refuse(action_id, str(invalid[0]), bool(rows_of_action), ended, rejected)
                     continue
-                action = Action.from_row(row)
+                action = replace(kept, cancel=True) if invalid and kept is not None else Action.from_row(row)
+                if not invalid:
+                    self._last_valid[action_id] = action
                 if action.cancel:
                     changed += self._stop(action, rows_of_action, CANCELED, "canceled by operator", now)
                 elif ended:
@@ -160,9 +167,14 @@ class ActionsEngine:
     def _refuse(
         self, action_id: str, reason: str, fanned_out: bool, ended: bool, rejected: dict[str, str]
     ) -> None:
-        """An invalid row: a new action is rejected; one already sent keeps going as it was sent."""
+        """An invalid row: a new action is rejected; one already sent keeps going as it was sent (a cancel
+        flag on its row still cancels it)."""
         if fanned_out or ended:
-            log.warning("action %s: its row changed to an invalid one, change ignored: %s", action_id, reason)
+            log.warning(
+                "action %s: its row changed to an invalid one, it goes on as it was sent: %s",
+                action_id,
+                reason,
+            )
             return
         log.warning("action %s rejected, nothing published: %s", action_id, reason)
         rejected[action_id] = reason
@@ -402,14 +414,21 @@ class ActionsEngine:
     # -- table access ---------------------------------------------------------------------------------------
 
     def _actions(self, ids: list[str] | None = None) -> list[Action]:
-        """The actions whose latest rows are valid (an invalid row is never acted on, ``on_action_rows``)."""
+        """The actions whose latest rows are valid (an invalid row is never acted on, ``on_action_rows``),
+        parsed and checked once per snapshot of the table."""
         table = self._read(ACTIONS)
-        if ids is not None:
-            table = table.filter(pc.is_in(table["id"], pa.array(ids, pa.string())))
-        latest: dict[str, dict] = {}
-        for row in table.to_pylist():
-            latest[row["id"]] = row
-        return [Action.from_row(row) for row in latest.values() if not problems(row)]
+        if self._valid is None or self._valid[0] is not table:
+            valid = {}
+            for key, row in {row["id"]: row for row in table.to_pylist()}.items():
+                if not problems(row):
+                    valid[key] = self._last_valid[key] = Action.from_row(row)
+                elif key in self._last_valid:  # it goes on as it was sent; its cancel flag still counts
+                    valid[key] = replace(self._last_valid[key], cancel=bool(row.get("cancel")))
+            self._valid = (table, valid)
+        valid = self._valid[1]
+        if ids is None:
+            return list(valid.values())
+        return [valid[key] for key in dict.fromkeys(ids) if key in valid]
 
     def _summary_states(self, action_ids: list[str]) -> dict[str, tuple[str, str | None]]:
         """Each summarised action's state and reason."""

@@ -15,9 +15,18 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from broker_edge.offsets_api.client import OffsetsClient
+from pipelines.actions.engine import ActionsEngine
+from pipelines.actions.publisher import MqttPublisher
 from pipelines.cli import main
-from tests.e2e.ota.conftest import action_row, actions_stack, summary, wait_for
-from tests.fleet_harness import quiet_devices
+from tests.e2e.ota.conftest import (
+    action_row,
+    actions_stack,
+    register_devices,
+    summary,
+    wait_for,
+    write_actions,
+)
+from tests.fleet_harness import FleetHarness, FleetSpec, quiet_devices
 
 
 def _malformed_rows() -> dict[str, tuple[dict, str]]:
@@ -108,3 +117,39 @@ def test_a_rejected_action_stays_rejected_when_its_row_is_corrected(spark, tmp_p
         result = summary(store, "later-fixed")
         assert result["action_state"] == "REJECTED" and result["reason"].startswith("payload.sha256: ")
         assert all("later-fixed" not in d.received_at for d in stack.fleet.devices)
+
+
+def test_a_running_action_whose_row_turns_invalid_goes_on_and_its_cancel_still_counts(
+    table_store, mosquitto, caplog
+):
+    """A row overwritten with an invalid one after its action went out changes nothing of the action (the
+    engine keeps it as it was sent, with a WARNING); a cancel flag set on that row still cancels it."""
+    caplog.set_level(logging.WARNING, logger="pipelines.actions.engine")
+    spec = FleetSpec(brokers=[mosquitto], count=4, groups=["g"])
+    with FleetHarness(mosquitto, spec, quiet_devices(download_delay_s=(60.0, 60.0))) as harness:
+        register_devices(table_store, {d.device_id: d.group for d in harness.fleet.devices})
+        engine = ActionsEngine(table_store, MqttPublisher([mosquitto], client_id="actions-test"))
+        row = action_row("r-1", group="g", timeout_s=3600)
+        write_actions(table_store, [row], 0)
+        engine.on_action_rows([row], "fanout", 0)
+        harness.wait_until(lambda: harness.fleet.states("r-1").get("IN_PROGRESS") == 4)
+
+        broken = dict(row, target={"device_ids": None, "group": None, "all": False})
+        write_actions(table_store, [broken], 1)
+        engine.on_action_rows([broken], "fanout", 1)
+        assert any(
+            "r-1: its row changed to an invalid one, it goes on as it was sent: target:" in r.message
+            for r in caplog.records
+        )
+        engine.on_reports(harness.take_reports(), "reports", 0)
+        engine.tick()
+        current = summary(table_store, "r-1")
+        assert (current["action_state"], current["in_progress_count"]) == ("IN_PROGRESS", 4)
+
+        canceled = dict(broken, cancel=True)
+        write_actions(table_store, [canceled], 2)
+        engine.on_action_rows([canceled], "fanout", 2)
+        harness.wait_until(lambda: harness.fleet.states("r-1").get("CANCELED") == 4)
+        engine.on_reports(harness.take_reports(), "reports", 1)
+        assert summary(table_store, "r-1")["action_state"] == "CANCELED"
+        engine.publisher.close()
