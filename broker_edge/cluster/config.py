@@ -14,7 +14,8 @@ from broker_edge.config.loader import ConfigError
 
 __all__ = ["AdvertiseConfig", "ClusterConfig", "etcd_endpoint"]
 
-_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+"""The form of a node id: 1-63 letters, digits, ``_``, ``.`` or ``-``, starting with a letter or digit."""
 MAX_PARTITIONS = 4096
 """Upper bound of ``partitions``: every partition is one etcd key that every node watches."""
 
@@ -123,7 +124,7 @@ class ClusterConfig:
     (a leadership change, a reordering between peers) never gives it to a second member."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.node_id, str) or not _NODE_ID.match(self.node_id):
+        if not isinstance(self.node_id, str) or not NODE_ID.match(self.node_id):
             raise ConfigError(
                 "node_id", f"must be 1-63 letters, digits, '_', '.' or '-' (not first), got {self.node_id!r}"
             )

@@ -22,10 +22,11 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
-from broker_edge.cluster.assignment import LogEnds, initial_states, needs_election, plan
+from broker_edge.cluster.assignment import Change, LogEnds, initial_states, needs_election, plan
 from broker_edge.cluster.config import ClusterConfig
 from broker_edge.cluster.coordinator import Coordinator
-from broker_edge.cluster.etcd import ClusterKeys, Etcd, EtcdError, Guard
+from broker_edge.cluster.etcd import ClusterKeys, Etcd, EtcdError, Guard, KeyValue
+from broker_edge.cluster.etcd_values import BadValue, StoredCluster, parse_controller, read_cluster
 from broker_edge.cluster.membership import Membership
 from broker_edge.cluster.tasks import stop_task
 from broker_edge.cluster.view import ClusterView, Member, PartitionState, partition_of
@@ -106,6 +107,7 @@ class Controller:
         )
         self.holding: Guard | None = None
         """(controller key, its mod_revision) while this node is the controller."""
+        self.bad_values = coordinator.bad_values
         self.changes_applied = 0
         """Partition state changes this node has written as controller (for tests and logs)."""
         self._wake = asyncio.Event()
@@ -165,39 +167,51 @@ class Controller:
                 log.warning("%s is no longer the controller", self.view.node_id)
                 self.holding = None
         if self.holding is None:
-            if self.coordinator.controller is not None and self.coordinator.controller != self.view.node_id:
+            held_by = self.coordinator.controller
+            if held_by is not None and held_by != self.view.node_id and held_by in self.view.members:
                 return False
             revision = await self.etcd.create(self.keys.controller, self.view.node_id.encode(), lease)
             if revision is None:
                 # held by someone; or by this node under its current lease, if it was fenced for a moment
                 # without losing the lease: then it is still the controller
                 current = await self.etcd.get(self.keys.controller)
-                if current is None or current.lease != lease or current.value != self.view.node_id.encode():
-                    return False
+                if current is None:
+                    return True
+                if current.lease != lease or current.value != self.view.node_id.encode():
+                    return await self._remove_if_bogus(current)
                 revision = current.mod_revision
             self.holding = (self.keys.controller, revision)
             log.info("%s is the controller", self.view.node_id)
         return await self._reconcile(self.holding)
 
+    async def _remove_if_bogus(self, current: KeyValue) -> bool:
+        """The controller key names someone else: a live member holding it under its own lease, or a value
+        no controller wrote (unreadable, not bound to the named member's lease: it would never expire and
+        no member would ever control again), which is deleted. True when it was (campaign again at once)."""
+        try:
+            named = parse_controller(current.value)
+        except BadValue as error:
+            self.bad_values.report(current.key, error)
+            named = None
+        if named is not None:
+            member = await self.etcd.get(self.keys.member(named))
+            if member is not None and member.lease != 0 and member.lease == current.lease:
+                return False
+        if await self.etcd.delete_if(current.key, current.mod_revision):
+            log.error(
+                "deleted a controller key no member holds (%r, lease %x): campaigning again",
+                current.value[:64],
+                current.lease,
+            )
+            return True
+        return False
+
     async def _reconcile(self, holding: Guard) -> bool:
         kvs, _ = await self.etcd.get_prefix(self.keys.root)
-        members: dict[str, Member] = {}
-        states: dict[int, PartitionState] = {}
-        revisions: dict[int, int] = {}
-        stored: int | None = None
-        for kv in kvs:
-            if kv.key == self.keys.config:
-                stored = int(json.loads(kv.value)["partitions"])
-            elif kv.key.startswith(self.keys.members):
-                member = Member.from_json(kv.value)
-                members[member.node_id] = member
-            else:
-                partition = self.keys.partition_number(kv.key)
-                if partition is not None:
-                    states[partition] = PartitionState.from_json(kv.value)
-                    revisions[partition] = kv.mod_revision
+        stored = read_cluster(kvs, self.keys, self.config.partitions, self.bad_values)
+        members, states, revisions = stored.members, stored.states, stored.revisions
         guards = [holding]
-        if stored is None:
+        if not stored.config_present:
             count = self.config.partitions
             created = await self.etcd.create(
                 self.keys.config, json.dumps({"partitions": count}).encode(), None, guards
@@ -205,10 +219,14 @@ class Controller:
             if created is None:
                 return True
             log.info("created the cluster: %d partitions", count)
-            stored = count
+        count = self.config.partitions
         if not members:
             return False
-        missing = [p for p in range(stored) if p not in states]
+        repairs = self._repairable(stored, kvs)
+        for number, (state, revision) in repairs.items():
+            states[number] = state
+            revisions[number] = revision
+        missing = [p for p in range(count) if p not in states and p not in stored.unreadable]
         if missing:
             for state in initial_states(missing, members, self.config.replication_factor):
                 created = await self.etcd.create(
@@ -235,7 +253,7 @@ class Controller:
                 if len(live_pool) > 1:  # one candidate needs no ranking: do not wait for its answer
                     candidates |= live_pool
             if candidates:
-                log_ends = await self.log_ends([members[n] for n in sorted(candidates)], stored)
+                log_ends = await self.log_ends([members[n] for n in sorted(candidates)], count)
         rf, unclean = self.config.replication_factor, self.config.unclean_election
         min_isr = self.config.min_insync_replicas
         changes = plan(states, live, rf, log_ends, unclean, min_isr)
@@ -245,8 +263,14 @@ class Controller:
             # a live leader's leadership (spread, or handed over before its copy is dropped) moves only to a
             # replica that is not behind: ask every member where it stands
             asked = [members[n] for n in sorted(live) if n not in log_ends]
-            log_ends = {**log_ends, **await self.log_ends(asked, stored)}
+            log_ends = {**log_ends, **await self.log_ends(asked, count)}
             changes = plan(states, live, rf, log_ends, unclean, min_isr)
+        changed = {change.partition for change in changes}
+        changes += [
+            Change(state, state, ("its record was unreadable: written again from the last good one",))
+            for number, (state, _) in sorted(repairs.items())
+            if number not in changed
+        ]
         conflicted = False
         for change in changes:
             partition = change.partition
@@ -270,3 +294,21 @@ class Controller:
                 ",".join(after.replicas),
             )
         return conflicted
+
+    def _repairable(
+        self, stored: StoredCluster, kvs: list[KeyValue]
+    ) -> dict[int, tuple[PartitionState, int]]:
+        """Partitions whose record is unreadable now and of which this node holds a good one (the last it
+        took in): that state, and the bad record's revision to swap it over with. The held state is the
+        latest good record this node saw (every write passes its watch in order), so writing it back loses
+        nothing; a partition held by no one stays as it is (nothing is known to write)."""
+        if not stored.unreadable:
+            return {}
+        by_key = {kv.key: kv.mod_revision for kv in kvs}
+        repairs: dict[int, tuple[PartitionState, int]] = {}
+        for number in sorted(stored.unreadable):
+            held = self.view.states.get(number)
+            revision = by_key.get(self.keys.partition(number))
+            if held is not None and revision is not None:
+                repairs[number] = (held, revision)
+        return repairs

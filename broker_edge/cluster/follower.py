@@ -94,6 +94,19 @@ class FetchFailed(Exception):
     """The leader answered a fetch with an HTTP error."""
 
 
+class TruncationRefused(StorageError):
+    """A leader told this replica to cut records it knows were committed (acknowledged): a leader elected
+    without them (an unclean election, or a partition record nobody's controller wrote). Refused unless
+    ``FollowerConfig.unclean_election``: the records stay, and the replica does not follow that leader."""
+
+    def __init__(self, topic: str, leader: str, target: int, committed: int) -> None:
+        super().__init__(
+            f"{topic!r}: leader {leader} would cut this replica's log to {target}, below its committed end "
+            f"{committed}: refused (acknowledged records are never truncated without unclean_election)"
+        )
+        self.topic = topic
+
+
 @dataclass(frozen=True, slots=True)
 class FollowerConfig:
     wait_ms: int = 500
@@ -104,6 +117,9 @@ class FollowerConfig:
     """Pause before reopening a session after an error."""
     timeout_s: float = 10.0
     """Time for a fetch to be answered, beyond `wait_ms`."""
+    unclean_election: bool = False
+    """Whether the cluster elects out-of-sync replicas (``cluster.unclean_election``): only then does a
+    replica follow a leader that lacks records it committed, truncating them."""
     subscribe_wait_s: float = 5.0
     """Longest a SUBACK waits for the observation of a partition its subscription needs to start."""
 
@@ -675,6 +691,7 @@ class _Fetcher:
         role = "observer" if self.observer else "replica"
         session = 0
         failures = 0
+        refusals = 0
         opened = False
         while not self.retiring:
             if session == 0 and not self.observer:
@@ -726,6 +743,13 @@ class _Fetcher:
                     if owner._catching_up:
                         owner._copy_answered(response)
                     await self._replicate(response)
+            except TruncationRefused as error:
+                refusals += 1
+                if refusals == 1 or refusals % 60 == 0:
+                    log.error("replicating from %s: %s", self.leader, error)
+                session = 0
+                await asyncio.sleep(max(owner.config.retry_s, 1.0))
+                continue
             except StorageError as error:
                 log.error("replicating from %s failed: %s", self.leader, error)
                 session = 0
@@ -833,6 +857,9 @@ class _Fetcher:
             if data.kind == DIVERGING:
                 self._truncate(data)
             elif data.kind == RESTART:
+                if topic in store and data.start_offset < store.durable_end(topic):
+                    # a leader restarts a replica only past everything it holds (its retention removed it)
+                    raise TruncationRefused(topic, self.leader, data.start_offset, store.committed_end(topic))
                 log.warning(
                     "%r: the leader's log starts at %d: restarting it there", topic, data.start_offset
                 )
@@ -883,6 +910,9 @@ class _Fetcher:
             cache = owner.epochs.for_topic(topic)
             _epoch, local_end = cache.end_offset_for(data.diverging_epoch, store.durable_end(topic))
             target = min(target, local_end)
+        committed = store.committed_end(topic) if topic in store else 0
+        if target < committed and not owner.config.unclean_election:
+            raise TruncationRefused(topic, self.leader, target, committed)
         log.warning(
             "%r diverged from the leader %s: truncating from %d to %d",
             topic,

@@ -173,7 +173,7 @@ class ClusterNode:
         from broker_edge.cluster.coordinator import Coordinator
         from broker_edge.cluster.epochs import LeaderEpochs
         from broker_edge.cluster.etcd import ClusterKeys, Etcd
-        from broker_edge.cluster.follower import Followers, LocalDelivery
+        from broker_edge.cluster.follower import FollowerConfig, Followers, LocalDelivery
         from broker_edge.cluster.interest import LocalInterest, RetainedRefresh
         from broker_edge.cluster.leader import LeaderConfig, LeaderReplication
         from broker_edge.cluster.membership import Membership
@@ -212,6 +212,7 @@ class ClusterNode:
             store,
             delivery,
             self.token,
+            FollowerConfig(unclean_election=cluster.unclean_election),
             epochs=epochs,
             links=self.links,
             interest=interest,

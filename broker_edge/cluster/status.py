@@ -19,6 +19,7 @@ from typing import Any
 from broker_edge.cluster.config import etcd_endpoint
 from broker_edge.cluster.controller import read_log_ends
 from broker_edge.cluster.etcd import ClusterKeys, Etcd, EtcdError
+from broker_edge.cluster.etcd_values import BadValues, read_cluster
 from broker_edge.cluster.view import Member, PartitionState
 
 __all__ = ["ClusterStatus", "cluster_main", "read_status", "render"]
@@ -67,19 +68,8 @@ async def read_status(
     keys = ClusterKeys(prefix)
     async with Etcd(urls, timeout_s) as etcd:
         kvs, _ = await etcd.get_prefix(keys.root)
-    status = ClusterStatus(prefix, None, None)
-    for kv in kvs:
-        if kv.key == keys.config:
-            status.partitions = int(json.loads(kv.value)["partitions"])
-        elif kv.key == keys.controller:
-            status.controller = kv.value.decode("utf-8")
-        elif kv.key.startswith(keys.members):
-            member = Member.from_json(kv.value)
-            status.members[member.node_id] = member
-        else:
-            partition = keys.partition_number(kv.key)
-            if partition is not None:
-                status.states[partition] = PartitionState.from_json(kv.value)
+    stored = read_cluster(kvs, keys, None, BadValues())
+    status = ClusterStatus(prefix, stored.partitions, stored.controller, stored.members, stored.states)
     if status.partitions is None or not status.members:
         return status
     ends = await read_log_ends(status.members.values(), status.partitions, token, timeout_s)
