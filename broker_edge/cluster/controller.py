@@ -27,6 +27,8 @@ from broker_edge.cluster.config import ClusterConfig
 from broker_edge.cluster.coordinator import Coordinator
 from broker_edge.cluster.etcd import ClusterKeys, Etcd, EtcdError, Guard, KeyValue
 from broker_edge.cluster.etcd_values import BadValue, StoredCluster, parse_controller, read_cluster
+from broker_edge.cluster.member_clients import MemberClients
+from broker_edge.cluster.member_proofs import MemberProofs
 from broker_edge.cluster.membership import Membership
 from broker_edge.cluster.tasks import stop_task
 from broker_edge.cluster.view import ClusterView, Member, PartitionState, partition_of
@@ -47,18 +49,25 @@ async def read_log_ends(
     partitions: int,
     token: str | None = None,
     timeout_s: float = LOG_ENDS_TIMEOUT_S,
+    clients: MemberClients | None = None,
 ) -> dict[str, dict[int, int]]:
-    """node_id → partition → sum of the end offsets of its topics in that partition, from each member's
-    offsets API (``GET /v1/logs``), all asked at once; a member that does not answer in ``timeout_s`` (or
-    answers badly) is left out."""
+    """node_id → partition → sum of the end offsets of its topics in that partition, from each member
+    (``GET /v1/logs``), all asked at once: over its members' endpoint with ``clients`` (a controller: each
+    answer comes from the member it names), else over its offsets API as a reader with ``token`` (a
+    status command). A member that does not answer in ``timeout_s`` (or answers badly) is left out."""
     import aiohttp  # here: only a controller's election or a status command asks
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     timeout = aiohttp.ClientTimeout(total=timeout_s)
 
     async def one(session: aiohttp.ClientSession, member: Member) -> tuple[str, dict[int, int] | None]:
+        base = member.offsets_api if clients is None else member.peer
+        if base is None:
+            return member.node_id, None
+        if clients is not None:
+            session = clients.session(member.node_id)
         try:
-            async with session.get(f"{member.offsets_api.rstrip('/')}/v1/logs", headers=headers) as answer:
+            async with session.get(f"{base.rstrip('/')}/v1/logs", headers=headers, timeout=timeout) as answer:
                 if answer.status != 200:
                     return member.node_id, None
                 body = await answer.json()
@@ -77,13 +86,15 @@ async def read_log_ends(
 
 
 LogEndsReader = Callable[[list[Member], int], Awaitable[LogEnds]]
-"""(candidates, partition count) → their log ends (``read_log_ends`` with the cluster's token)."""
+"""(candidates, partition count) → their log ends (``read_log_ends`` over the members' endpoints)."""
 
 
 class Controller:
     """Campaigns for the controller key while this node is a member; while it holds it, keeps the
     partitions assigned and led (see the module docstring). ``log_ends`` reads candidates' log ends
-    (default: their offsets API, with ``token``)."""
+    (default: their members' endpoints, through ``clients``). With ``proofs``, copies and leaderships go
+    to members that proved their node id only, and a member that does not prove it in time is taken for
+    dead (``member_proofs``)."""
 
     def __init__(
         self,
@@ -94,7 +105,8 @@ class Controller:
         membership: Membership,
         config: ClusterConfig,
         log_ends: LogEndsReader | None = None,
-        token: str | None = None,
+        clients: MemberClients | None = None,
+        proofs: MemberProofs | None = None,
     ) -> None:
         self.etcd = etcd
         self.keys = keys
@@ -103,8 +115,9 @@ class Controller:
         self.membership = membership
         self.config = config
         self.log_ends: LogEndsReader = log_ends or (
-            lambda members, partitions: read_log_ends(members, partitions, token)
+            lambda members, partitions: read_log_ends(members, partitions, clients=clients)
         )
+        self.proofs = proofs
         self.holding: Guard | None = None
         """(controller key, its mod_revision) while this node is the controller."""
         self.bad_values = coordinator.bad_values
@@ -119,6 +132,8 @@ class Controller:
 
     async def start(self) -> None:
         self.view.on_change(self._wake.set)
+        if self.proofs is not None:
+            self.proofs.on_proof(self._wake.set)
         self.membership.on_registered(self._wake.set)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="cluster-controller")
 
@@ -220,7 +235,13 @@ class Controller:
                 return True
             log.info("created the cluster: %d partitions", count)
         count = self.config.partitions
-        if not members:
+        if self.proofs is not None:  # only members that proved who they are get anything
+            alive, proven = self.proofs.alive(), self.proofs.eligible()
+            eligible = {node: member for node, member in members.items() if node in proven}
+            members = {node: member for node, member in members.items() if node in alive}
+        else:
+            eligible = members
+        if not eligible:
             return False
         repairs = self._repairable(stored, kvs)
         for number, (state, revision) in repairs.items():
@@ -228,7 +249,7 @@ class Controller:
             revisions[number] = revision
         missing = [p for p in range(count) if p not in states and p not in stored.unreadable]
         if missing:
-            for state in initial_states(missing, members, self.config.replication_factor):
+            for state in initial_states(missing, eligible, self.config.replication_factor):
                 created = await self.etcd.create(
                     self.keys.partition(state.partition), state.to_json().encode(), None, guards
                 )
@@ -238,8 +259,8 @@ class Controller:
             log.info(
                 "assigned %d partitions over %s (replication factor %d)",
                 len(missing),
-                ", ".join(sorted(members)),
-                min(self.config.replication_factor, len(members)),
+                ", ".join(sorted(eligible)),
+                min(self.config.replication_factor, len(eligible)),
             )
             return True
         live = set(members)
@@ -249,22 +270,22 @@ class Controller:
             candidates: set[str] = set()
             for p in electing:
                 pool = states[p].replicas if self.config.unclean_election else states[p].isr
-                live_pool = {node for node in pool if node in members}
+                live_pool = {node for node in pool if node in eligible}
                 if len(live_pool) > 1:  # one candidate needs no ranking: do not wait for its answer
                     candidates |= live_pool
             if candidates:
                 log_ends = await self.log_ends([members[n] for n in sorted(candidates)], count)
         rf, unclean = self.config.replication_factor, self.config.unclean_election
         min_isr = self.config.min_insync_replicas
-        changes = plan(states, live, rf, log_ends, unclean, min_isr)
+        changes = plan(states, live, rf, log_ends, unclean, min_isr, eligible=set(eligible))
         if any(
             change.after.leader != change.before.leader and change.before.leader in live for change in changes
         ):
             # a live leader's leadership (spread, or handed over before its copy is dropped) moves only to a
             # replica that is not behind: ask every member where it stands
-            asked = [members[n] for n in sorted(live) if n not in log_ends]
+            asked = [eligible[n] for n in sorted(eligible) if n not in log_ends]
             log_ends = {**log_ends, **await self.log_ends(asked, count)}
-            changes = plan(states, live, rf, log_ends, unclean, min_isr)
+            changes = plan(states, live, rf, log_ends, unclean, min_isr, eligible=set(eligible))
         changed = {change.partition for change in changes}
         changes += [
             Change(state, state, ("its record was unreadable: written again from the last good one",))

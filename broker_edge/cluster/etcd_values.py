@@ -143,11 +143,8 @@ def parse_member(node_id: str, value: bytes) -> Member:
     _host_port(mqtt, f"{what}.mqtt")
     offsets_api = _string(document, "offsets_api", what)
     _base_url(offsets_api, f"{what}.offsets_api")
-    peer = document.get("peer")
-    if peer is not None:
-        if not isinstance(peer, str):
-            raise BadValue(f"{what}.peer: expected a string, got {_shown(peer)}")
-        _base_url(peer, f"{what}.peer")
+    peer = _string(document, "peer", what)
+    _base_url(peer, f"{what}.peer")
     return Member(named, mqtt, offsets_api, peer)
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -50,6 +49,7 @@ from broker_edge.storage.errors import StorageError
 from broker_edge.storage.record import decode_frames
 
 from .epochs import NO_EPOCH, LeaderEpochs
+from .member_clients import MemberClients
 from .replica_fetch import (
     CONTENT_TYPE,
     DIVERGING,
@@ -150,23 +150,24 @@ class Followers:
         view: ClusterView,
         store: LogStore,
         delivery: LocalDelivery,
-        token: str | None,
+        clients: MemberClients | None,
         config: FollowerConfig | None = None,
         epochs: LeaderEpochs | None = None,
-        ssl_context: ssl.SSLContext | None = None,
         links: PeerLinks | None = None,
         interest: LocalInterest | None = None,
         retained: RetainedRefresh | None = None,
     ) -> None:
-        """`token` is the peers' offsets API bearer token; `ssl_context` verifies peers served over HTTPS;
-        with `links`, replicas take pushes over the peer links once their sessions are open (hand the
-        links' `PUSH` parts to `pushed`). With `interest`, partitions held here in no copy are observed
+        """`clients` are this node's sessions to the other members (fetches go to a leader's members'
+        endpoint, to that member only; None: plain ones, development on loopback); with `links`, replicas
+        take pushes over the peer links once their sessions are open (hand the links' `PUSH` parts to
+        `pushed`). With `interest`, partitions held here in no copy are observed
         only while local subscriptions want them (else all of them), and `subscribe_gate` holds a SUBACK
         until the partitions it made wanted are observed; `retained` then brings their retained messages
         up to date."""
         self.view = view
         self.links = links
-        self._ssl_context = ssl_context
+        self._own_clients = clients is None
+        self.clients = clients if clients is not None else MemberClients(view.node_id, None)
         self.store = store
         self.delivery = delivery
         self.config = config or FollowerConfig()
@@ -175,12 +176,9 @@ class Followers:
         if path_trace.ON:
             path_trace.set_node(view.node_id)
         self._headers = {"Content-Type": CONTENT_TYPE}
-        if token is not None:
-            self._headers["Authorization"] = f"Bearer {token}"
         self._fetchers: dict[_FetcherKey, _Fetcher] = {}
         self._retiring: set[_Fetcher] = set()
         """Observer fetchers replaced by one of the same leader, finishing their last fetch."""
-        self._http: aiohttp.ClientSession | None = None
         self._started = False
         self.fetches_sent = 0
         """HTTP fetches sent (a steady state over the peer link sends none)."""
@@ -224,8 +222,6 @@ class Followers:
         if self._started:
             return
         self._started = True
-        connector = aiohttp.TCPConnector(ssl=self._ssl_context) if self._ssl_context is not None else None
-        self._http = aiohttp.ClientSession(connector=connector)
         self.view.on_change(self._view_changed)
         self._view_changed()
 
@@ -237,9 +233,8 @@ class Followers:
             fetcher.cancel()
         for fetcher in fetchers:
             await fetcher.wait()
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        if self._own_clients:
+            await self.clients.close()
         for task in list(self._tasks):
             task.cancel()
         self._starting = {}
@@ -331,10 +326,10 @@ class Followers:
             if state.leader is None or state.leader == me:
                 continue
             member = view.members.get(state.leader)
-            if member is None:
+            if member is None or member.peer is None:
                 continue
             key = (state.leader, observer)
-            wanted.setdefault(key, (member.offsets_api, {}))[1][number] = state.epoch
+            wanted.setdefault(key, (member.peer, {}))[1][number] = state.epoch
         replaced: dict[_FetcherKey, _Fetcher] = {}
         for key, fetcher in list(self._fetchers.items()):
             if wanted.get(key) != (fetcher.url, fetcher.partitions):
@@ -506,15 +501,14 @@ class Followers:
             if partition_of(topic) not in copies and topic_matches(topic_filter, topic)
         ]
 
-    async def post(self, url: str, request: FetchRequest) -> tuple[FetchResponse, bool, bool]:
-        """The leader's answer, whether it pushes sessions over the peer link, and whether it lists every
-        topic to a new observer session (`LISTS_TOPICS_HEADER`)."""
-        http = self._http
-        if http is None:
+    async def post(self, leader: str, url: str, request: FetchRequest) -> tuple[FetchResponse, bool, bool]:
+        """The answer of ``leader`` (at ``url``, its members' endpoint), whether it pushes sessions over the
+        peer link, and whether it lists every topic to a new observer session (`LISTS_TOPICS_HEADER`)."""
+        if not self._started:
             raise asyncio.CancelledError
         self.fetches_sent += 1
         timeout = aiohttp.ClientTimeout(total=request.wait_ms / 1000 + self.config.timeout_s)
-        async with http.post(
+        async with self.clients.session(leader).post(
             url.rstrip("/") + PATH, data=encode_request(request), headers=self._headers, timeout=timeout
         ) as answer:
             body = await answer.read()
@@ -707,7 +701,7 @@ class _Fetcher:
                 for number in self.partitions:
                     counts[number] = counts.get(number, 0) + 1
             try:
-                response, pushes, lists = await owner.post(self.url, request)
+                response, pushes, lists = await owner.post(self.leader, self.url, request)
             except (aiohttp.ClientError, OSError, TimeoutError, FetchFailed, WireError) as error:
                 failures += 1
                 if failures == 1 or failures % 50 == 0:

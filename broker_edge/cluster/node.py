@@ -3,8 +3,9 @@
 ``Broker.start`` creates the node once its listeners and offsets API are bound (so the advertised addresses
 default to the bound ports) and starts it; ``Broker.stop`` stops it before anything else closes. The node
 
-- adds the cluster's endpoints to the offsets API (``/v1/replica/fetch``, ``/v1/peer``, ``/v1/cluster``)
-  before it serves;
+- serves the members' endpoint (``member_api``: ``/v1/peer``, ``/v1/replica/fetch`` and the reads members
+  make of each other, for members that prove their node id only) on its own port, and adds
+  ``/v1/cluster`` to the readers' offsets API;
 - keeps this node's ``ClusterView`` current: membership under an etcd lease (fencing when it cannot be
   renewed), the coordinator's watches, the controller campaign;
 - makes the PUBLISH path a cluster member's: the leader's ``Replication`` stage (acks=all with
@@ -29,6 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 from broker_edge.cluster.cluster_info import cluster_info_route
 from broker_edge.cluster.forwarding import ClusterForwarding
+from broker_edge.cluster.member_api import bind_members_endpoint, serve_members_endpoint
+from broker_edge.cluster.member_clients import MemberClients
+from broker_edge.cluster.member_identity import MemberTls
+from broker_edge.cluster.member_proofs import MemberProofs
 from broker_edge.cluster.peer_link import PeerLinks
 from broker_edge.cluster.retained_sync import RetainedSync
 from broker_edge.cluster.shared_directory import SharedDirectory
@@ -43,6 +48,8 @@ from broker_edge.publish_path import AppendedRun, PublishRefused
 from broker_edge.states import CONNECTED
 
 if TYPE_CHECKING:
+    from aiohttp import web
+
     from broker_edge.cluster.config import ClusterConfig
     from broker_edge.cluster.controller import Controller
     from broker_edge.cluster.coordinator import Coordinator
@@ -54,6 +61,7 @@ if TYPE_CHECKING:
     from broker_edge.cluster.remote_reads import RemoteReads
     from broker_edge.cluster.remote_starts import RemoteStarts
     from broker_edge.cluster.sessions import ClusterSessions
+    from broker_edge.http_guard import GuardedRunner
     from broker_edge.server import Broker
 
 __all__ = ["ClusterNode", "RefusingReplication", "advertised_member"]
@@ -73,9 +81,9 @@ def _host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def advertised_member(broker: Broker, cluster: ClusterConfig) -> Member:
-    """This node's ``Member``: the advertised addresses, else the first listener's and the offsets API's
-    bound addresses."""
+def advertised_member(broker: Broker, cluster: ClusterConfig, members_port: int = 0) -> Member:
+    """This node's ``Member``: the advertised addresses, else the first listener's, the offsets API's and
+    the members' endpoint's (bound to ``members_port``) bound addresses."""
     config = broker.config
     mqtt = cluster.advertise.mqtt
     if mqtt is None:
@@ -86,7 +94,16 @@ def advertised_member(broker: Broker, cluster: ClusterConfig) -> Member:
         api = config.offsets_api
         scheme = "https" if api.tls is not None else "http"
         offsets_api = f"{scheme}://{_host(api.host)}:{broker.offsets_port}"
-    return Member(cluster.node_id, mqtt, offsets_api)
+    peer = cluster.advertise.peer
+    if peer is None:
+        scheme = "https" if cluster.tls is not None else "http"
+        peer = f"{scheme}://{_host(members_host(broker, cluster))}:{members_port}"
+    return Member(cluster.node_id, mqtt, offsets_api, peer)
+
+
+def members_host(broker: Broker, cluster: ClusterConfig) -> str:
+    """Where the members' endpoint binds: ``cluster.listen.host``, else the offsets API's host."""
+    return cluster.listen.host if cluster.listen.host is not None else broker.config.offsets_api.host
 
 
 class RefusingReplication:
@@ -116,7 +133,16 @@ class ClusterNode:
         self.cluster = cluster
         self.static = view is not None
         self.view = view if view is not None else ClusterView(cluster.node_id, cluster.partitions)
-        self.token = cluster.token or broker.config.offsets_api.token
+        self.member_tls = MemberTls(cluster.tls, cluster.node_id) if cluster.tls is not None else None
+        self.clients = MemberClients(cluster.node_id, self.member_tls)
+        self.proofs = MemberProofs(self.view, max(5.0, 2.0 * cluster.lease_ttl_s))
+        self.members_sock = bind_members_endpoint(members_host(broker, cluster), cluster.listen.port)
+        self.members_port: int = self.members_sock.getsockname()[1]
+        self.member = advertised_member(broker, cluster, self.members_port)
+        """This node's record: its advertised addresses."""
+        self.members_routes: list[Callable[[web.Application], None]] = []
+        """The members' endpoint's own routes (the peer link, replica fetches)."""
+        self._members_runner: GuardedRunner | None = None
         self.forwarding = ClusterForwarding(
             self.view,
             broker.publish_path,
@@ -126,7 +152,7 @@ class ClusterNode:
             cluster.min_insync_replicas,
             cluster.forward_timeout_ms / 1000,
         )
-        self.links = PeerLinks(cluster.node_id, self.token, self.forwarding)
+        self.links = PeerLinks(cluster.node_id, self.clients, self.forwarding, self.proofs)
         self.forwarding.links = self.links
         self.retained = RetainedSync(
             broker.router, self.view, self.links, broker.loop, cluster.retained_snapshot_timeout_ms / 1000
@@ -163,7 +189,7 @@ class ClusterNode:
         )
         if self.epochs is not None:
             self.shared.epoch_of = self.epochs.epoch_at
-        broker.offsets_api_routes.append(self.links.add_routes)
+        self.members_routes.append(self.links.add_routes)
         broker.offsets_api_routes.append(cluster_info_route(self.view, self._observer_status))
         self._was_fenced = False
         self._started = False
@@ -184,13 +210,19 @@ class ClusterNode:
         store = broker.store
         if store is None:
             raise RuntimeError("a cluster node needs the commitlog (storage.enabled)")
-        self.member = advertised_member(broker, cluster)
         keys = ClusterKeys(cluster.key_prefix)
-        self.etcd = Etcd(cluster.etcd, ETCD_TIMEOUT_S)
+        self.etcd = Etcd(cluster.etcd, ETCD_TIMEOUT_S, cluster.etcd_tls, cluster.etcd_auth)
         self.membership = Membership(self.etcd, keys, self.member, view, cluster.lease_ttl_s)
         self.coordinator = Coordinator(self.etcd, keys, view, self.membership)
         self.controller = Controller(
-            self.etcd, keys, view, self.coordinator, self.membership, cluster, token=self.token
+            self.etcd,
+            keys,
+            view,
+            self.coordinator,
+            self.membership,
+            cluster,
+            clients=self.clients,
+            proofs=self.proofs,
         )
         store.enable_replication(cluster.hw_checkpoint_interval_ms / 1000)
         epochs = self.epochs = LeaderEpochs(store)
@@ -211,7 +243,7 @@ class ClusterNode:
             view,
             store,
             delivery,
-            self.token,
+            self.clients,
             FollowerConfig(unclean_election=cluster.unclean_election),
             epochs=epochs,
             links=self.links,
@@ -225,7 +257,9 @@ class ClusterNode:
             from broker_edge.cluster.remote_starts import RemoteStarts
 
             broker.replays.log_here = self._log_here
-            self.remote_reads = RemoteReads(view, self.followers, self._log_here, broker.replays, self.token)
+            self.remote_reads = RemoteReads(
+                view, self.followers, self._log_here, broker.replays, self.clients
+            )
             broker.replays.remote = self.remote_reads
             self.remote_starts = RemoteStarts(
                 view,
@@ -236,7 +270,7 @@ class ClusterNode:
             broker.replays.remote_starts = self.remote_starts
         self.links.on(PUSH, self.followers.pushed)
         timeout = broker.config.offsets_api.request_timeout_s
-        broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch, timeout, pushes=True))
+        self.members_routes.append(replica_fetch_route(self.leader.fetch, timeout, pushes=True))
 
     def _build_sessions(self) -> None:
         """Cluster-wide sessions and wills (``sessions``, ``wills``): CONNECT claims its client id first."""
@@ -267,6 +301,18 @@ class ClusterNode:
             self.followers.start()
             path.replication = RefusingReplication(self.leader)
         path.attach_forwarding(self.forwarding)
+        store = self.broker.store
+        if store is None:
+            raise RuntimeError("a cluster node needs the commitlog (storage.enabled)")
+        self._members_runner = await serve_members_endpoint(
+            self.members_sock,
+            store,
+            self.view,
+            self.member_tls,
+            self.cluster.listen,
+            self.members_routes,
+            self.broker.http_budget,
+        )
         self.view.on_change(self._view_changed)
         self._started = True
         self._view_changed()
@@ -322,6 +368,9 @@ class ClusterNode:
         if self.remote_starts is not None:
             await self.remote_starts.stop()
         await self.links.close()
+        if self._members_runner is not None:
+            await self._members_runner.cleanup()
+        await self.clients.close()
         if self.coordinator is not None:
             await self.coordinator.stop()
         if self.etcd is not None:
@@ -353,7 +402,8 @@ class ClusterNode:
         if not self._started:
             return
         view = self.view
-        self.links.update({node: member.offsets_api for node, member in view.members.items()})
+        self.proofs.changed()
+        self.links.update({node: member.peer for node, member in view.members.items() if member.peer})
         self.forwarding.retry()
         if view.fenced and not self._was_fenced and self._was_member():
             self._move_clients()

@@ -33,7 +33,6 @@ from broker_edge.cluster.local_cluster import (
     ClusterState,
     EtcdTarget,
     cluster_state,
-    etcd_range,
     settled,
     wait_settled,
     wait_until,
@@ -49,10 +48,8 @@ __all__ = ["WAIT_S", "ClusterState", "cluster_state", "settled", "wait_settled",
 
 def cluster_status(target: EtcdTarget) -> dict[str, Any]:
     """What ``timestone cluster status --json`` prints for this cluster (the operator's view)."""
-    command = [sys.executable, "-m", "pipelines.cli", "cluster", "status", "--etcd", target.url]
-    result = subprocess.run(
-        [*command, "--prefix", target.prefix, "--json"], capture_output=True, text=True, timeout=60
-    )
+    command = [sys.executable, "-m", "pipelines.cli", "cluster", "status", *target.status_options()]
+    result = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     document: dict[str, Any] = json.loads(result.stdout)
     return document
@@ -256,7 +253,7 @@ class EtcdProxy:
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(64)
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.url = f"{parts.scheme}://127.0.0.1:{self.listener.getsockname()[1]}"
         self.open = True
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -318,7 +315,7 @@ def session_record(target: EtcdTarget, client_id: str) -> SessionRecord | None:
     """The registry's record of ``client_id`` as stored in etcd (None when there is none)."""
     found = [
         value
-        for key, value in etcd_range(target.url, f"{target.prefix}/sessions/{client_id}")
+        for key, value in target.server.range(f"{target.prefix}/sessions/{client_id}")
         if key.endswith(f"/{client_id}")
     ]
     return SessionRecord.from_json(found[0]) if found else None

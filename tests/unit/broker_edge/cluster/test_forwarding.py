@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.cluster.config import ClusterConfig
+from broker_edge.cluster.config import ClusterConfig, MemberListenConfig
 from broker_edge.cluster.node import ClusterNode
-from broker_edge.cluster.view import ClusterView, Member, PartitionState, partition_of
+from broker_edge.cluster.view import ClusterView, PartitionState, partition_of
 from broker_edge.config import load_dataclass
 from broker_edge.config.broker import BrokerConfig
 from broker_edge.protocol.codec import encode
@@ -32,7 +32,11 @@ TOKEN = "peer-secret"
 def static_config(node_id: str) -> ClusterConfig:
     """The ``cluster:`` section of a node running on a given view (its etcd is never contacted)."""
     return ClusterConfig(
-        node_id=node_id, etcd=["http://127.0.0.1:9"], partitions=PARTITIONS, forward_timeout_ms=1000
+        node_id=node_id,
+        etcd=["http://127.0.0.1:9"],
+        partitions=PARTITIONS,
+        forward_timeout_ms=1000,
+        listen=MemberListenConfig(port=0),
     )
 
 
@@ -54,12 +58,8 @@ class Cluster:
         for node in NODES:
             document = broker_document(tmp_path / node, offsets_api={"token": TOKEN})
             self.brokers[node] = RunningBroker(load_dataclass(BrokerConfig, document)).start()
-        members = {
-            node: Member(node, f"127.0.0.1:{running.port}", f"http://127.0.0.1:{running.broker.offsets_port}")
-            for node, running in self.brokers.items()
-        }
         for node, running in self.brokers.items():
-            view = ClusterView(node, PARTITIONS, dict(members), fenced=False)
+            view = ClusterView(node, PARTITIONS, fenced=False)
             for partition in range(PARTITIONS):
                 leader = NODES[partition % len(NODES)]
                 view.states[partition] = PartitionState(partition, leader, 1, NODES, NODES)
@@ -67,6 +67,9 @@ class Cluster:
             self.nodes[node] = running.call(
                 lambda r=running, v=view: ClusterNode(r.broker, static_config(v.node_id), v)
             )
+        members = {node: cluster_node.member for node, cluster_node in self.nodes.items()}
+        for cluster_node in self.nodes.values():
+            cluster_node.view.members.update(members)
         for node, running in self.brokers.items():
             running.broker.cluster_node = self.nodes[node]
             asyncio.run_coroutine_threadsafe(self.nodes[node].start(), running.loop).result(10)

@@ -101,14 +101,15 @@ def test_a_fetch_its_replica_drops_before_its_body_arrived_is_logged_quietly(
     notes it at DEBUG, not as a failed request with a traceback."""
     from aiohttp import web
 
+    from broker_edge.access import member_access
     from broker_edge.cluster.replica_fetch import CONTENT_TYPE, PATH, replica_fetch_route
-    from broker_edge.offsets_api.server import json_errors
+    from broker_edge.offsets_api.server import authentication, json_errors
 
     async def serve(request: FetchRequest) -> FetchResponse:
         raise AssertionError("no request is complete")
 
     async def main() -> None:
-        app = web.Application(middlewares=[json_errors])
+        app = web.Application(middlewares=[json_errors, authentication(lambda _r: member_access("b2"))])
         replica_fetch_route(serve)(app)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
