@@ -376,6 +376,20 @@ class ClusterNode:
         if self.etcd is not None:
             await self.etcd.close()
 
+    def reload_credentials(self) -> None:
+        """SIGHUP: read this member's certificate, key and cluster CAs again (new connections between
+        members use them; open ones keep theirs), and open a new etcd channel with etcd's client
+        certificate and password as they are now. A file that does not load keeps the old ones."""
+        if self.member_tls is not None:
+            try:
+                self.member_tls.reload()
+            except Exception as exc:
+                log.error("member certificate not reloaded, the previous one stays in force: %s", exc)
+        if self.etcd is not None and (
+            self.cluster.etcd_tls is not None or self.cluster.etcd_auth is not None
+        ):
+            self.etcd.renew()
+
     def _log_here(self, topic: str) -> bool:
         """Whether this node's log of ``topic`` is complete: it holds a complete copy of its partition."""
         return self._copy_here(self.view.partition_of(topic))
