@@ -223,6 +223,12 @@ class Controller:
 
     async def _reconcile(self, holding: Guard) -> bool:
         kvs, _ = await self.etcd.get_prefix(self.keys.root)
+        if not any(kv.key == holding[0] and kv.mod_revision == holding[1] for kv in kvs):
+            # the key was deleted or written over (by hand: the coordinator may have ignored the value):
+            # every guarded write would fail; campaign again (a bogus key is removed then)
+            log.warning("%s is no longer the controller (its key changed)", self.view.node_id)
+            self.holding = None
+            return True
         stored = read_cluster(kvs, self.keys, self.config.partitions, self.bad_values)
         members, states, revisions = stored.members, stored.states, stored.revisions
         guards = [holding]

@@ -19,6 +19,7 @@ set up as production is (docs/security.md), with throwaway certificates (``local
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -375,13 +376,16 @@ class ClusterState:
 
 
 def cluster_state(target: EtcdTarget) -> ClusterState:
+    """The members and partition records etcd holds (values that are not records are left out)."""
     state = ClusterState()
     for _key, value in target.server.range(f"{target.prefix}/members/"):
-        member = Member.from_json(value)
-        state.members[member.node_id] = member
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            member = Member.from_json(value)
+            state.members[member.node_id] = member
     for _key, value in target.server.range(f"{target.prefix}/partitions/"):
-        partition = PartitionState.from_json(value)
-        state.partitions[partition.partition] = partition
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            partition = PartitionState.from_json(value)
+            state.partitions[partition.partition] = partition
     return state
 
 

@@ -109,7 +109,7 @@ class MemberTls:
             raise ConfigError("cluster.tls.certfile", f"not a PEM certificate: {error}") from None
         if named != self.node_id:
             raise ConfigError(
-                "tls.certfile",
+                "cluster.tls.certfile",
                 f"must name this node as its one URI subject alternative name {member_uri(self.node_id)!r}, "
                 f"names {named!r}",
             )

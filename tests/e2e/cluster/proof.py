@@ -85,15 +85,17 @@ def started(make: Callable[[], BrokerProcess], attempts: int = 3) -> BrokerProce
 # -- reading logs back ------------------------------------------------------------------------------------
 
 
-def read_log(broker: BrokerProcess, topic: str) -> list[tuple[int, bytes]]:
-    """``(offset, payload)`` of every committed record of ``topic`` on ``broker`` ([] while it has none)."""
+def read_log(broker: BrokerProcess, topic: str, token: str | None = None) -> list[tuple[int, bytes]]:
+    """``(offset, payload)`` of every committed record of ``topic`` on ``broker`` ([] while it has none), as
+    a reader (with ``token`` when its offsets API wants one)."""
     records: list[tuple[int, bytes]] = []
     offset = 0
     quoted = urllib.parse.quote(topic, safe="")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     while True:
         url = f"{broker.offsets_url}/v1/logs/{quoted}/records?offset={offset}&max_records=10000&format=jsonl"
         try:
-            with urllib.request.urlopen(url, timeout=10) as answer:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as answer:
                 lines = answer.read().splitlines()
         except urllib.error.HTTPError as error:
             if error.code == 404:
@@ -216,21 +218,26 @@ class Device(threading.Thread):
         self.join(30)
 
 
-def check_nothing_acknowledged_was_lost(devices: list[Device], brokers: list[BrokerProcess]) -> None:
+def check_nothing_acknowledged_was_lost(
+    devices: list[Device], brokers: list[BrokerProcess], token: str | None = None
+) -> None:
     """Every payload each device had acknowledged is in its topic's log on every one of ``brokers``, once,
-    in acknowledgement order, at the same offset on each."""
+    in acknowledgement order, at the same offset on each (read as a reader, with ``token``)."""
     for device in devices:
         assert device.acked, f"{device.client_id} had nothing acknowledged"
 
         def complete(device: Device = device) -> bool:
-            payloads = {payload for _, payload in read_log(brokers[0], device.topic)}
+            payloads = {payload for _, payload in read_log(brokers[0], device.topic, token)}
             return (
-                all(set(device.acked) <= {p for _, p in read_log(broker, device.topic)} for broker in brokers)
+                all(
+                    set(device.acked) <= {p for _, p in read_log(broker, device.topic, token)}
+                    for broker in brokers
+                )
                 and set(device.acked) <= payloads
             )
 
         wait_until(complete, what=f"every acknowledged message of {device.client_id} on every survivor")
-        logs = [read_log(broker, device.topic) for broker in brokers]
+        logs = [read_log(broker, device.topic, token) for broker in brokers]
         acked = set(device.acked)
         placed = [{payload: offset for offset, payload in log if payload in acked} for log in logs]
         for log, where in zip(logs, placed, strict=True):
