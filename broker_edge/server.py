@@ -84,8 +84,15 @@ class Broker(BrokerCore):
         self.offsets_port: int | None = None
         self.offsets_api_routes: list[Callable[[web.Application], None]] = []
         """More offsets API endpoints (a cluster's ``/v1/cluster``); set before the API's first connection."""
-        self.http_budget = config.limits.http_budget()
+        self.http_budget = budget = config.limits.http_budget()
         """The one memory budget of every HTTP endpoint's requests (``broker_edge.http_budget``)."""
+        self.metrics.gauge(
+            "http_buffer_bytes", "Bytes the HTTP endpoints' requests hold now (bodies, answers being sent)."
+        ).set_function(lambda: budget.held)
+        self.metrics.gauge(
+            "http_requests_over_budget",
+            "HTTP requests refused (503) because the HTTP memory budget could not take them.",
+        ).set_function(lambda: budget.refused)
         self.reader_tokens = config.offsets_api.reader_tokens()
         """The offsets API's readers' tokens (None: it asks for none; loopback only); SIGHUP reloads them."""
         self.offsets_tls: ServerContexts | None = None
