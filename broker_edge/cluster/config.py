@@ -208,8 +208,8 @@ class ClusterConfig:
     """In-sync copies that must hold a QoS 1/2 publish before it is acknowledged; with fewer in sync such
     publishes are refused."""
     partitions: int = 16
-    """Partitions of the topic space (each with one leader); fixed when the cluster is created: the count
-    stored in etcd wins over a differing one here."""
+    """Partitions of the topic space (each with one leader); fixed when the cluster is created, and the
+    same on every broker: a stored count that differs from this one is logged and ignored."""
     lease_ttl_s: int = 3
     """Seconds of this node's etcd lease: a node that stops renewing it leaves the cluster after this long,
     and fences itself (acknowledges nothing) a little before (at least 2)."""
