@@ -253,7 +253,7 @@ class Broker(BrokerCore):
 
         async def serve(sock: socket.socket) -> GuardedRunner:
             from broker_edge.http_guard import start_guarded_site
-            from broker_edge.offsets_api.server import ApiLimits, create_app, is_member, reader_authenticator
+            from broker_edge.offsets_api.server import ApiLimits, create_app, reader_authenticator
 
             limits = ApiLimits(max_connections=api.max_connections, request_timeout_s=api.request_timeout_s)
             readers = reader_authenticator(self.reader_tokens)
@@ -266,8 +266,7 @@ class Broker(BrokerCore):
                 limits.max_connections,
                 limits.request_timeout_s,
                 sock=sock,
-                budget=self.http_budget,
-                is_member=is_member,
+                budget=self.http_budget,  # readers: never the members' share
             )
 
         endpoint = await LazyHttpEndpoint.start(serve, api.host, api.port)

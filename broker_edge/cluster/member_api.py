@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from broker_edge.access import Access, member_access
 from broker_edge.cluster.member_clients import NODE_HEADER
 from broker_edge.cluster.member_identity import node_of_certificate
+from broker_edge.lazy_http import listening_socket
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -75,19 +76,10 @@ def member_authenticator(view: ClusterView, tls: MemberTls | None) -> Callable[[
 def bind_members_endpoint(host: str, port: int) -> socket.socket:
     """Bind and listen on ``host:port`` now (0: a free one), so the advertised address knows its port
     before the endpoint serves (``serve_members_endpoint``); ``OSError`` if it cannot."""
-    family, kind, proto, _, address = socket.getaddrinfo(
+    family, _, _, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(128)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    return listening_socket(family, address)
 
 
 async def serve_members_endpoint(

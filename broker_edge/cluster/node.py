@@ -23,6 +23,7 @@ Only a broker with a ``cluster:`` section imports this module. Given a ``view``,
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -193,6 +194,9 @@ class ClusterNode:
         broker.offsets_api_routes.append(cluster_info_route(self.view, self._observer_status))
         self._was_fenced = False
         self._started = False
+        self._sessions_to: set[str] = set()
+        """Members this node may hold HTTP sessions to (their connections are closed when they leave)."""
+        self._closing: set[asyncio.Task[None]] = set()
 
     def _build_coordination_and_replication(self) -> None:
         from broker_edge.cluster.controller import Controller
@@ -418,6 +422,11 @@ class ClusterNode:
         view = self.view
         self.proofs.changed()
         self.links.update({node: member.peer for node, member in view.members.items() if member.peer})
+        for node in self._sessions_to - set(view.members):
+            task = asyncio.get_running_loop().create_task(self.clients.forget(node))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        self._sessions_to = set(view.members)
         self.forwarding.retry()
         if view.fenced and not self._was_fenced and self._was_member():
             self._move_clients()

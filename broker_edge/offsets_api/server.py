@@ -79,6 +79,8 @@ ACCESS: web.RequestKey[Access] = web.RequestKey("access", Access)
 """Where a request's ``Access`` is kept (``request[ACCESS]``)."""
 MAX_JSON_BODY = 1024 * 1024
 """aiohttp's bound on a body read whole (``/v1/fetch``)."""
+ANSWER_OVERHEAD = 64 * 1024
+"""What an answer holds beyond its records (headers, an Arrow schema, results)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,6 +387,17 @@ class _Handlers:
         self.store = store
         self.limits = limits
 
+    def _share(self, topics: Sequence[str], max_bytes: int) -> int:
+        """What a read of ``topics`` within ``max_bytes`` may hold, answer included: ``max_bytes``, or less
+        when the logs are smaller (a device's topic holds kilobytes; its fetch need not hold megabytes)."""
+        stored = 0
+        for topic in topics:
+            info = self._info(topic)
+            stored += info.bytes if info is not None else 0
+            if stored >= max_bytes:
+                return max_bytes
+        return min(max_bytes, 2 * stored + ANSWER_OVERHEAD)
+
     def _info(self, topic: str) -> LogInfo | None:
         return self.store.log_info(topic) if topic in self.store else None
 
@@ -433,12 +446,13 @@ class _Handlers:
         wait_ms = _int_param(query.get("wait_ms"), "wait_ms", 0, 0, limits.max_wait_ms)
         offset = _resolve_offset(query.get("offset"), self.store.log_info(topic))
         read = self.store.read_runs if output == "arrow" else self.store.read
-        hold(request, max_bytes)  # what the read and the answer built from it may hold
+        share = self._share([topic], max_bytes)
+        hold(request, share)  # what the read and the answer built from it may hold
         records = read(topic, offset, max_records, max_bytes)
         if not records and wait_ms:
             settle(request, 0)  # nothing is held while it waits
             await self.store.wait_for_data({topic: offset}, wait_ms / 1000)
-            hold(request, max_bytes)
+            hold(request, self._share([topic], max_bytes))
             records = read(topic, offset, max_records, max_bytes)
         info = self.store.log_info(topic)
         count, next_offset = _count_and_next(records, offset)
@@ -467,13 +481,14 @@ class _Handlers:
         fetches, max_bytes, wait_ms, output, pattern = self._parse_fetch(await self._json_body(request))
         columnar = output == "arrow"
         access = access_of(request)
+        topics = [fetch.topic for fetch in fetches]
         settle(request, 0)
-        hold(request, max_bytes)
+        hold(request, self._share(topics, max_bytes))
         chunks, results, positions = self._fetch_round(fetches, max_bytes, columnar, access)
         if not chunks and wait_ms:
             settle(request, 0)
             await self.store.wait_for_data(positions, wait_ms / 1000, pattern)
-            hold(request, max_bytes)
+            hold(request, self._share(topics, max_bytes))
             chunks, results, _ = self._fetch_round(fetches, max_bytes, columnar, access)
         if columnar:
             metadata = {RESULTS_METADATA_KEY: json.dumps(results).encode()}
