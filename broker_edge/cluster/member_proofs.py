@@ -10,7 +10,9 @@ rewritten (another address) must be proven again, and a link that drops for a mo
 A member registered for ``grace_s`` without proving itself is taken for dead: the controller elects others
 for the partitions it leads, as for a member that left. A member key written into etcd by someone without
 a member certificate therefore gets nothing, and cannot keep a leadership a forged partition record gave
-it.
+it. Unless no other member has proven itself to this node at all: a controller cut off from every other
+member (a network split, a restart into one) cannot tell a forged member from a real one it cannot
+reach, and takes nobody for dead that etcd says is alive.
 """
 
 from __future__ import annotations
@@ -72,8 +74,12 @@ class MemberProofs:
         return {self.view.node_id} | proven
 
     def alive(self) -> set[str]:
-        """Members taken for alive: the eligible ones, and those still within their time to prove it."""
+        """Members taken for alive: the eligible ones, and those still within their time to prove it (every
+        member, while no other one has proven itself to this node)."""
         self.changed()
+        eligible = self.eligible()
+        if eligible == {self.view.node_id}:
+            return set(self.view.members) | eligible
         now = self._clock()
         waiting = {node for node, (_, seen) in self._first_seen.items() if now - seen < self.grace_s}
-        return self.eligible() | waiting
+        return eligible | waiting

@@ -218,6 +218,9 @@ def test_a_member_is_proven_by_a_link_until_its_record_changes_and_taken_for_dea
     woken: list[int] = []
     proofs.on_proof(lambda: woken.append(1))
     assert proofs.eligible() == {"a"} and proofs.alive() == {"a", "b", "evil"}  # within their grace
+    now[0] = 7
+    assert proofs.alive() == {"a", "b", "evil"}  # no link up at all: cut off, a takes nobody for dead
+    now[0] = 0
     proofs.link_up("b")
     assert proofs.eligible() == {"a", "b"} and woken == [1]
     now[0] = 7
@@ -226,4 +229,6 @@ def test_a_member_is_proven_by_a_link_until_its_record_changes_and_taken_for_dea
     proofs.changed()
     assert proofs.eligible() == {"a"} and "b" in proofs.alive()  # must prove itself again, has its grace
     now[0] = 14
-    assert proofs.alive() == {"a"}
+    assert proofs.alive() == {"a", "b", "evil"}  # a proves nothing of anyone now: it takes nobody for dead
+    proofs.link_up("b")
+    assert proofs.alive() == {"a", "b"}
