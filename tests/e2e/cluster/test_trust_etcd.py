@@ -155,7 +155,8 @@ def test_a_partition_record_naming_a_leader_that_never_proved_itself_truncates_n
         )
         assert not recorder.saw(b"/v1/") and not recorder.saw(b"HTTP/1.1")
     wait_until(lambda: len(devices[0].acked) > 10, what="publishes acknowledged again")
-    assert "diverged from the leader" not in logs_of(brokers)  # no replica cut a record
+    # a replica may cut a tail nobody acknowledged (appended by the leader the forged record deposed: the
+    # epoch rule); what was acknowledged is on every broker, once, at one offset
     stop_and_check(devices, list(brokers.values()))
 
 
