@@ -185,7 +185,7 @@ def run_action(label, store, fleet, broker, sent, clock, devices, target, versio
     from pipelines.actions.operator import NewAction, create_action
 
     ids = [fleet.spec.device_id(i) for i in range(devices)]
-    action = NewAction(version=version, url=f"https://example.invalid/fw-{version}.bin")
+    action = NewAction(version=version, url=f"https://example.invalid/fw-{version}.bin", sha256="0" * 64)
     if target == "ids":
         action.device_ids = ids
     else:

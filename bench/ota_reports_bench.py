@@ -117,7 +117,9 @@ def run(args, workdir: Path) -> dict:
         try:
             job.process_available()
             ids = [f"dev-{i:06d}" for i in range(args.devices)]
-            action = NewAction(device_ids=ids, version="2.0.0", url="https://example.invalid/fw-2.0.0.bin")
+            action = NewAction(
+                device_ids=ids, version="2.0.0", url="https://example.invalid/fw-2.0.0.bin", sha256="0" * 64
+            )
             create_action(store, action)
             queued = wait_until(lambda: _summary_total(store, action.action_id) >= args.devices, 120)
             facts["queued"] = queued is not None

@@ -27,7 +27,12 @@ COMMANDS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         ("pipelines", "spark"),
     ),
     "devices": ("pipelines.fleet.cli", "devices_main", "simulate a fleet of devices", ()),
-    "ota": ("pipelines.actions.cli", "ota_main", "create or cancel an OTA / command action", ("pipelines",)),
+    "ota": (
+        "pipelines.actions.cli",
+        "ota_main",
+        "OTA / command actions: timestone ota create | cancel | status [--watch]",
+        ("pipelines",),
+    ),
     "demo": (
         "pipelines.demo",
         "demo_main",
@@ -67,10 +72,21 @@ def missing_extras_message(command: str, module: str) -> str | None:
 
 
 def _usage() -> str:
-    lines = ["usage: timestone <command> [options]", "", "commands:"]
+    lines = ["usage: timestone [--version] <command> [options]", "", "commands:"]
     lines += [f"  {name:<10} {entry[2]}" for name, entry in COMMANDS.items()]
     lines.append("\nRun 'timestone <command> --help' for the options of a command.")
     return "\n".join(lines)
+
+
+def version() -> str:
+    """The installed distribution's version."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("timestone")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0 if args else 2
+    if args[0] in ("--version", "-V"):
+        print(f"timestone {version()}")
+        return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
         print(f"timestone: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)

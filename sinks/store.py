@@ -146,7 +146,10 @@ class TableStore(ABC):
 
     @abstractmethod
     def read(self, name: str, within: TimeRange | None = None) -> DataFrame:
-        """The current snapshot as a Spark DataFrame with the declared schema (empty table: no rows).
+        """The current snapshot as a Spark DataFrame in the table's own schema (empty table: no rows).
+
+        The columns are the table's, as written: a column the catalog does not declare is read too, and one
+        it declares that the table lacks is not made up as nulls (``ensure`` adds declared columns).
 
         The snapshot is the one current when ``read`` is called: commits made after it, even before the
         DataFrame runs, are not in it (pipelines rely on this to read a table "as it was before" a write).
@@ -164,8 +167,8 @@ class TableStore(ABC):
 
     @abstractmethod
     def read_arrow(self, name: str, within: TimeRange | None = None) -> pa.Table:
-        """The current snapshot as Arrow with the declared schema (for small tables, small ranges, tests);
-        with ``within``, as :meth:`read` narrows it."""
+        """The current snapshot as Arrow in the table's own schema, as :meth:`read` (for small tables, small
+        ranges, tests); with ``within``, as :meth:`read` narrows it."""
 
     @abstractmethod
     def appended(self, name: str, app_id: str, batch_id: int) -> DataFrame | None:

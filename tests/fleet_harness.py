@@ -59,10 +59,24 @@ class FleetHarness(BackgroundFleet):
             time.sleep(0.02)
 
 
+def ota_message(action_id: str, version: str, **fields) -> dict:
+    """A well-formed OTA action message (docs/device-protocol.md): devices refuse one without URL or
+    checksum."""
+    return {
+        "action_id": action_id,
+        "kind": "ota",
+        "version": version,
+        "url": f"https://firmware.example.invalid/fw-{version}.bin",
+        "sha256": "0" * 64,
+        "issued_at": int(time.time() * 1000),
+        **fields,
+    }
+
+
 def quiet_devices(**overrides) -> DeviceBehaviour:
     """Devices that send no telemetry and finish OTA quickly unless told otherwise."""
     options = {"telemetry_interval_s": 0, "download_delay_s": (0.01, 0.05)} | overrides
     return DeviceBehaviour(**options)
 
 
-__all__ = ["FleetHarness", "FleetSpec", "quiet_devices"]
+__all__ = ["FleetHarness", "FleetSpec", "ota_message", "quiet_devices"]

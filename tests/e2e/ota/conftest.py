@@ -17,6 +17,9 @@ from pipelines.actions.job import ActionsJob, start_actions_job
 from sinks import open_table_store
 from tests.fleet_harness import FleetHarness, FleetSpec
 
+SHA256 = "0" * 64
+"""The firmware checksum of the test actions (devices refuse an OTA without one)."""
+
 
 @pytest.fixture
 def table_store(tmp_path):
@@ -47,7 +50,7 @@ def action_row(
         "payload": {
             "version": version,
             "url": f"https://example.invalid/fw-{version}.bin",
-            "sha256": "0" * 64,
+            "sha256": SHA256,
             "size": 1024,
             "command": None,
             "args": None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pyarrow.compute as pc
 
 from pipelines.actions.operator import NewAction, cancel_action, create_action
-from tests.e2e.ota.conftest import actions_stack, summary, wait_for
+from tests.e2e.ota.conftest import SHA256, actions_stack, summary, wait_for
 from tests.fleet_harness import quiet_devices
 
 
@@ -32,7 +32,8 @@ def test_broadcast_reaches_every_device_including_one_that_was_offline(spark, tm
         offline = next(d for d in fleet.devices if d.group == "canary")
         stack.harness.run(_go_offline(offline, 3.0))
         action_id = create_action(
-            store, NewAction(group="canary", version="2.0.0", url="https://example.invalid/fw.bin")
+            store,
+            NewAction(group="canary", version="2.0.0", url="https://example.invalid/fw.bin", sha256=SHA256),
         )
         wait_for(
             lambda: (s := summary(store, action_id)) is not None and s["action_state"] == "COMPLETED",
@@ -58,7 +59,10 @@ def test_cancel_through_the_table_stops_devices_that_started(spark, tmp_path):
     with actions_stack(spark, tmp_path, {"count": 20, "groups": ["g"]}, behaviour, register=False) as stack:
         store, fleet = stack.store, stack.fleet
         action_id = create_action(
-            store, NewAction(all_devices=True, version="3.0.0", url="https://example.invalid/fw3.bin")
+            store,
+            NewAction(
+                all_devices=True, version="3.0.0", url="https://example.invalid/fw3.bin", sha256=SHA256
+            ),
         )
         wait_for(lambda: fleet.states(action_id).get("IN_PROGRESS") == 20, what="downloads")
         wait_for(lambda: (summary(store, action_id) or {}).get("in_progress_count") == 20, what="tracking")
