@@ -1,15 +1,17 @@
 """A broker's part in its cluster: ``ClusterNode`` builds the cluster's parts and lets them into the engine.
 
 The node sees its broker through ``BrokerHandle`` (the engine's router, PUBLISH path and cursors, the store,
-the loop, the offsets API's routes) and enters the engine through its ports only: it builds a
-``ClusterPorts`` (``broker_edge.engine.ports``) from its parts and registers it once, when it starts. What a
-broker alone runs is the engine without those ports; what a cluster adds is listed there, one port each.
+the loop, the offsets API's routes, the HTTP memory budget) and enters the engine through its ports only: it
+builds a ``ClusterPorts`` (``broker_edge.engine.ports``) from its parts and registers it once, when it starts.
+What a broker alone runs is the engine without those ports; what a cluster adds is listed there, one port
+each.
 
 ``Broker.start`` creates the node once its listeners and offsets API are bound (so the advertised addresses
 default to the bound ports) and starts it; ``Broker.stop`` stops it before anything else closes. The node
 
-- adds the cluster's endpoints to the offsets API (``/v1/replica/fetch``, ``/v1/peer``, ``/v1/cluster``)
-  before it serves;
+- serves the members' endpoint (``member_api``: ``/v1/peer``, ``/v1/replica/fetch`` and the reads members
+  make of each other, for members that prove their node id only) on its own port, and adds
+  ``/v1/cluster`` to the readers' offsets API;
 - keeps this node's ``ClusterView`` current: membership under an etcd lease (fencing when it cannot be
   renewed), the coordinator's watches, the controller campaign;
 - makes the PUBLISH path a cluster member's: the leader's ``replication`` port (acks=all with
@@ -28,6 +30,7 @@ Only a broker with a ``cluster:`` section imports this module. Given a ``view``,
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -40,12 +43,14 @@ from broker_edge.cluster.features.shared_groups import SharedGroups, log_reader
 from broker_edge.cluster.features.shared_registry import SharedRegistry
 from broker_edge.cluster.forwarding import ClusterForwarding
 from broker_edge.cluster.links.peer_link import PeerLinks
+from broker_edge.cluster.member_api import bind_members_endpoint, serve_members_endpoint
+from broker_edge.cluster.member_clients import MemberClients
+from broker_edge.cluster.member_identity import MemberTls
+from broker_edge.cluster.member_proofs import MemberProofs
 from broker_edge.cluster.view import ClusterView, Member
 from broker_edge.engine.ports import LOCAL_ONLY, AppendedRun, ClusterPorts, PublishRefused
 
 if TYPE_CHECKING:
-    import asyncio
-
     from aiohttp import web
 
     from broker_edge.cluster.coordination.controller import Controller
@@ -63,6 +68,8 @@ if TYPE_CHECKING:
     from broker_edge.engine.cursors import ReplayManager
     from broker_edge.engine.publish import PublishPath
     from broker_edge.engine.routing.router import Router
+    from broker_edge.http.guard import GuardedRunner
+    from broker_edge.http_budget import MemoryBudget
     from broker_edge.security.acl import AccessControl
     from broker_edge.settings.broker import BrokerConfig
     from broker_edge.settings.cluster import ClusterConfig
@@ -84,7 +91,8 @@ def _now_ms() -> int:
 class BrokerHandle(Protocol):
     """The broker as its cluster node sees it (``runtime.broker.Broker`` is one): the engine's parts the
     cluster's parts work with, the runtime's store and loop, the bound ports it advertises, the offsets
-    API it adds endpoints to, and the two calls into the engine's core (joining, sending clients away)."""
+    API it adds endpoints to, the memory budget its members' endpoint shares with the broker's other HTTP
+    endpoints, and the two calls into the engine's core (joining, sending clients away)."""
 
     @property
     def config(self) -> BrokerConfig: ...
@@ -114,6 +122,9 @@ class BrokerHandle(Protocol):
     @property
     def offsets_port(self) -> int | None: ...
 
+    @property
+    def http_budget(self) -> MemoryBudget: ...
+
     def now(self) -> float: ...
 
     def add_offsets_api_routes(self, add: Callable[[web.Application], None]) -> None: ...
@@ -127,9 +138,9 @@ def _host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def advertised_member(broker: BrokerHandle, cluster: ClusterConfig) -> Member:
-    """This node's ``Member``: the advertised addresses, else the first listener's and the offsets API's
-    bound addresses."""
+def advertised_member(broker: BrokerHandle, cluster: ClusterConfig, members_port: int = 0) -> Member:
+    """This node's ``Member``: the advertised addresses, else the first listener's, the offsets API's and
+    the members' endpoint's (bound to ``members_port``) bound addresses."""
     config = broker.config
     mqtt = cluster.advertise.mqtt
     if mqtt is None:
@@ -140,7 +151,16 @@ def advertised_member(broker: BrokerHandle, cluster: ClusterConfig) -> Member:
         api = config.offsets_api
         scheme = "https" if api.tls is not None else "http"
         offsets_api = f"{scheme}://{_host(api.host)}:{broker.offsets_port}"
-    return Member(cluster.node_id, mqtt, offsets_api)
+    peer = cluster.advertise.peer
+    if peer is None:
+        scheme = "https" if cluster.tls is not None else "http"
+        peer = f"{scheme}://{_host(members_host(broker, cluster))}:{members_port}"
+    return Member(cluster.node_id, mqtt, offsets_api, peer)
+
+
+def members_host(broker: BrokerHandle, cluster: ClusterConfig) -> str:
+    """Where the members' endpoint binds: ``cluster.listen.host``, else the offsets API's host."""
+    return cluster.listen.host if cluster.listen.host is not None else broker.config.offsets_api.host
 
 
 class RefusingReplication:
@@ -170,7 +190,16 @@ class ClusterNode:
         self.cluster = cluster
         self.static = view is not None
         self.view = view if view is not None else ClusterView(cluster.node_id, cluster.partitions)
-        self.token = cluster.token or broker.config.offsets_api.token
+        self.member_tls = MemberTls(cluster.tls, cluster.node_id) if cluster.tls is not None else None
+        self.clients = MemberClients(cluster.node_id, self.member_tls)
+        self.proofs = MemberProofs(self.view, max(5.0, 2.0 * cluster.lease_ttl_s))
+        self.members_sock = bind_members_endpoint(members_host(broker, cluster), cluster.listen.port)
+        self.members_port: int = self.members_sock.getsockname()[1]
+        self.member = advertised_member(broker, cluster, self.members_port)
+        """This node's record: its advertised addresses."""
+        self.members_routes: list[Callable[[web.Application], None]] = []
+        """The members' endpoint's own routes (the peer link, replica fetches)."""
+        self._members_runner: GuardedRunner | None = None
         self.forwarding = ClusterForwarding(
             self.view,
             broker.publish_path,
@@ -180,7 +209,7 @@ class ClusterNode:
             cluster.min_insync_replicas,
             cluster.forward_timeout_ms / 1000,
         )
-        self.links = PeerLinks(cluster.node_id, self.token, self.forwarding)
+        self.links = PeerLinks(cluster.node_id, self.clients, self.forwarding, self.proofs)
         self.forwarding.links = self.links
         self.retained = RetainedSync(
             broker.router, self.view, self.links, broker.loop, cluster.retained_snapshot_timeout_ms / 1000
@@ -218,10 +247,13 @@ class ClusterNode:
         )
         if self.epochs is not None:
             self.shared.epoch_of = self.epochs.epoch_at
-        broker.add_offsets_api_routes(self.links.add_routes)
+        self.members_routes.append(self.links.add_routes)
         broker.add_offsets_api_routes(cluster_info_route(self.view, self._observer_status))
         self._was_fenced = False
         self._started = False
+        self._sessions_to: set[str] = set()
+        """Members this node may hold HTTP sessions to (their connections are closed when they leave)."""
+        self._closing: set[asyncio.Task[None]] = set()
 
     def _build_coordination_and_replication(self) -> None:
         from broker_edge.cluster.coordination.controller import Controller
@@ -230,7 +262,7 @@ class ClusterNode:
         from broker_edge.cluster.coordination.membership import Membership
         from broker_edge.cluster.reads.interest import LocalInterest, RetainedRefresh
         from broker_edge.cluster.replication.epochs import LeaderEpochs
-        from broker_edge.cluster.replication.follower import Followers, LocalDelivery
+        from broker_edge.cluster.replication.follower import FollowerConfig, Followers, LocalDelivery
         from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
         from broker_edge.cluster.replication.replica_fetch import replica_fetch_route
         from broker_edge.cluster.replication.replica_push import PUSH
@@ -239,13 +271,19 @@ class ClusterNode:
         store = broker.store
         if store is None:
             raise RuntimeError("a cluster node needs the commitlog (storage.enabled)")
-        self.member = advertised_member(broker, cluster)
         keys = ClusterKeys(cluster.key_prefix)
-        self.etcd = Etcd(cluster.etcd, ETCD_TIMEOUT_S)
+        self.etcd = Etcd(cluster.etcd, ETCD_TIMEOUT_S, cluster.etcd_tls, cluster.etcd_auth)
         self.membership = Membership(self.etcd, keys, self.member, view, cluster.lease_ttl_s)
         self.coordinator = Coordinator(self.etcd, keys, view, self.membership)
         self.controller = Controller(
-            self.etcd, keys, view, self.coordinator, self.membership, cluster, token=self.token
+            self.etcd,
+            keys,
+            view,
+            self.coordinator,
+            self.membership,
+            cluster,
+            clients=self.clients,
+            proofs=self.proofs,
         )
         store.enable_replication(cluster.hw_checkpoint_interval_ms / 1000)
         epochs = self.epochs = LeaderEpochs(store)
@@ -265,7 +303,8 @@ class ClusterNode:
             view,
             store,
             delivery,
-            self.token,
+            self.clients,
+            FollowerConfig(unclean_election=cluster.unclean_election),
             epochs=epochs,
             links=self.links,
             interest=interest,
@@ -276,7 +315,9 @@ class ClusterNode:
             from broker_edge.cluster.reads.remote_reads import RemoteReads
             from broker_edge.cluster.reads.remote_starts import RemoteStarts
 
-            self.remote_reads = RemoteReads(view, self.followers, self._log_here, broker.replays, self.token)
+            self.remote_reads = RemoteReads(
+                view, self.followers, self._log_here, broker.replays, self.clients
+            )
             self.remote_starts = RemoteStarts(
                 view,
                 LogStarts(store, view, self.links),
@@ -285,7 +326,7 @@ class ClusterNode:
             )
         self.links.on(PUSH, self.followers.pushed)
         timeout = broker.config.offsets_api.request_timeout_s
-        broker.add_offsets_api_routes(replica_fetch_route(self.leader.fetch, timeout, pushes=True))
+        self.members_routes.append(replica_fetch_route(self.leader.fetch, timeout, pushes=True))
 
     def _build_sessions(self) -> None:
         """Cluster-wide sessions and wills (``sessions``, ``wills``): CONNECT claims its client id first."""
@@ -328,6 +369,18 @@ class ClusterNode:
             self.leader.start()
             self.followers.start()
         self.broker.join_cluster(self.ports())
+        store = self.broker.store
+        if store is None:
+            raise RuntimeError("a cluster node needs the commitlog (storage.enabled)")
+        self._members_runner = await serve_members_endpoint(
+            self.members_sock,
+            store,
+            self.view,
+            self.member_tls,
+            self.cluster.listen,
+            self.members_routes,
+            self.broker.http_budget,
+        )
         self.view.on_change(self._view_changed)
         self._started = True
         self._view_changed()
@@ -383,10 +436,27 @@ class ClusterNode:
         if self.remote_starts is not None:
             await self.remote_starts.stop()
         await self.links.close()
+        if self._members_runner is not None:
+            await self._members_runner.cleanup()
+        await self.clients.close()
         if self.coordinator is not None:
             await self.coordinator.stop()
         if self.etcd is not None:
             await self.etcd.close()
+
+    def reload_credentials(self) -> None:
+        """SIGHUP: read this member's certificate, key and cluster CAs again (new connections between
+        members use them; open ones keep theirs), and open a new etcd channel with etcd's client
+        certificate and password as they are now. A file that does not load keeps the old ones."""
+        if self.member_tls is not None:
+            try:
+                self.member_tls.reload()
+            except Exception as exc:
+                log.error("member certificate not reloaded, the previous one stays in force: %s", exc)
+        if self.etcd is not None and (
+            self.cluster.etcd_tls is not None or self.cluster.etcd_auth is not None
+        ):
+            self.etcd.renew()
 
     def _log_here(self, topic: str) -> bool:
         """Whether this node's log of ``topic`` is complete: it holds a complete copy of its partition."""
@@ -414,7 +484,13 @@ class ClusterNode:
         if not self._started:
             return
         view = self.view
-        self.links.update({node: member.offsets_api for node, member in view.members.items()})
+        self.proofs.changed()
+        self.links.update({node: member.peer for node, member in view.members.items() if member.peer})
+        for node in self._sessions_to - set(view.members):
+            task = asyncio.get_running_loop().create_task(self.clients.forget(node))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        self._sessions_to = set(view.members)
         self.forwarding.retry()
         if view.fenced and not self._was_fenced and self._was_member():
             self._move_clients()

@@ -17,7 +17,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-__all__ = ["LazyHttpEndpoint", "Serve"]
+__all__ = ["LazyHttpEndpoint", "Serve", "listening_socket"]
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,20 @@ class _Running(Protocol):
 
 Serve = Callable[[socket.socket], Awaitable[_Running]]
 """Starts serving on a listening socket; what it returns is stopped with ``await cleanup()``."""
+
+
+def listening_socket(family: int, address: Any) -> socket.socket:
+    """A non-blocking TCP socket bound to ``address`` and listening (``OSError`` if it cannot bind)."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 class LazyHttpEndpoint:
@@ -52,15 +66,7 @@ class LazyHttpEndpoint:
         family, _, _, _, address = (
             await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         )[0]
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(address)
-            sock.listen(128)
-            sock.setblocking(False)
-        except BaseException:
-            sock.close()
-            raise
+        sock = listening_socket(family, address)
         endpoint = cls(serve, sock)
         loop.add_reader(sock.fileno(), endpoint._first_connection)
         return endpoint

@@ -36,7 +36,7 @@ from broker_edge.observe.sys_topics import sys_topic_messages
 from broker_edge.process.heap_trim import HeapTrimmer, heap_in_use
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.runtime.session_store import SessionStore
-from broker_edge.security.tls import server_ssl_context
+from broker_edge.security.tls import ServerContexts, server_ssl_context
 from broker_edge.settings.broker import BrokerConfig
 
 if TYPE_CHECKING:
@@ -84,7 +84,20 @@ class Broker(BrokerCore):
         self.admin_port: int | None = None
         self.offsets_port: int | None = None
         self.offsets_api_routes: list[Callable[[web.Application], None]] = []
-        """More offsets API endpoints (``add_offsets_api_routes``)."""
+        """More offsets API endpoints (``add_offsets_api_routes``: a cluster's ``/v1/cluster``)."""
+        self.http_budget = budget = config.limits.http_budget()
+        """The one memory budget of every HTTP endpoint's requests (``broker_edge.http_budget``)."""
+        self.metrics.gauge(
+            "http_buffer_bytes", "Bytes the HTTP endpoints' requests hold now (bodies, answers being sent)."
+        ).set_function(lambda: budget.held)
+        self.metrics.gauge(
+            "http_requests_over_budget",
+            "HTTP requests refused (503) because the HTTP memory budget could not take them.",
+        ).set_function(lambda: budget.refused)
+        self.reader_tokens = config.offsets_api.reader_tokens()
+        """The offsets API's readers' tokens (None: it asks for none; loopback only); SIGHUP reloads them."""
+        self.offsets_tls: ServerContexts | None = None
+        """The offsets API's TLS, which SIGHUP reloads."""
         self.started_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[TcpServer] = []
@@ -222,21 +235,32 @@ class Broker(BrokerCore):
         admin = self.config.admin_http
         app = create_admin_app(self.metrics, self.health)
         return await start_guarded_site(
-            app, admin.host, admin.port, None, admin.max_connections, admin.request_timeout_s, sock=sock
+            app,
+            admin.host,
+            admin.port,
+            None,
+            admin.max_connections,
+            admin.request_timeout_s,
+            sock=sock,
+            budget=self.http_budget,
         )
 
     async def _start_offsets_api(self, store: LogStore) -> None:
         """Serve the offsets API over this broker's store on its own port; aiohttp (and the API's code) are
         loaded by its first connection (see ``lazy_http``)."""
         api = self.config.offsets_api
-        ssl_context = server_ssl_context(api.tls) if api.tls else None
+        tls_config = api.tls
+        if tls_config is not None:
+            self.offsets_tls = ServerContexts(lambda: server_ssl_context(tls_config))
+        ssl_context = self.offsets_tls.context if self.offsets_tls is not None else None
 
         async def serve(sock: socket.socket) -> GuardedRunner:
             from broker_edge.http.guard import start_guarded_site
-            from broker_edge.offsets_api.server import ApiLimits, create_app
+            from broker_edge.offsets_api.server import ApiLimits, create_app, reader_authenticator
 
             limits = ApiLimits(max_connections=api.max_connections, request_timeout_s=api.request_timeout_s)
-            app = create_app(store, api.token, limits, self.offsets_api_routes)
+            readers = reader_authenticator(self.reader_tokens)
+            app = create_app(store, limits=limits, routes=self.offsets_api_routes, authenticate=readers)
             return await start_guarded_site(
                 app,
                 api.host,
@@ -245,6 +269,7 @@ class Broker(BrokerCore):
                 limits.max_connections,
                 limits.request_timeout_s,
                 sock=sock,
+                budget=self.http_budget,  # readers: never the members' share
             )
 
         endpoint = await LazyHttpEndpoint.start(serve, api.host, api.port)

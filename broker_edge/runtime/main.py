@@ -2,8 +2,9 @@
 
 glibc's heaps bounded (``heap_trim.bound_arenas``) before any thread starts, uvloop when available, logging
 from the config, SIGINT / SIGTERM for a graceful stop (clients told, the commitlog flushed), SIGHUP to
-re-read the password file and the ACL file. Exit status: 0 after a clean stop, 2 for a configuration error
-(the message names the key), 1 if the broker cannot start (e.g. the port is taken).
+re-read the password file, the ACL file, the readers' tokens file and the certificates (the offsets API's,
+a cluster member's and its CAs, etcd's client certificate). Exit status: 0 after a clean stop, 2 for a
+configuration error (the message names the key), 1 if the broker cannot start (e.g. the port is taken).
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
 
 
 def reload_files(broker: Broker) -> None:
-    """SIGHUP: re-read the password file and the ACL file; a file that does not load keeps the old one."""
+    """SIGHUP: re-read the password file, the ACL file, the readers' tokens and the certificates; a file
+    that does not load keeps the old one in force (logged at ERROR, naming it)."""
     if broker.passwords is not None:
         try:
             broker.passwords.reload()
@@ -69,6 +71,23 @@ def reload_files(broker: Broker) -> None:
             log.error("ACL file %s not reloaded, the previous rules stay in force: %s", acl_config.file, exc)
         else:
             log.info("ACL file %s reloaded: %d rules", acl_config.file, count)
+    tokens = broker.reader_tokens
+    if tokens is not None and tokens.file:
+        try:
+            count = tokens.reload()
+        except Exception as exc:  # keep the tokens in force
+            log.error("readers' tokens not reloaded, the previous ones stay in force: %s", exc)
+        else:
+            log.info("readers' tokens reloaded from %s: %d in force", tokens.file, count)
+    if broker.offsets_tls is not None:
+        try:
+            broker.offsets_tls.reload()
+        except Exception as exc:
+            log.error("offsets API certificate not reloaded, the previous one stays in force: %s", exc)
+        else:
+            log.info("offsets API certificate and CAs reloaded")
+    if broker.cluster_node is not None:
+        broker.cluster_node.reload_credentials()
 
 
 def run_broker(config_path: str | None) -> int:

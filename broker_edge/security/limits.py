@@ -9,9 +9,12 @@ clocks and the caller decides which clock to use (``loop.time()`` in the broker)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from broker_edge.config import ConfigError
+
+if TYPE_CHECKING:
+    from broker_edge.http_budget import MemoryBudget
 
 __all__ = ["ConnectionAdmission", "LimitsConfig", "TokenBucket", "topic_over_limits"]
 
@@ -240,6 +243,13 @@ class LimitsConfig:
     exempt_users: list[str] = field(default_factory=list)
     """User names of trusted backend jobs (the pipelines, the actions job publishing to every device's
     topic): bound by neither topic quota nor the per-client message rate."""
+    http_buffer_bytes: int = 268_435_456
+    """Bytes the HTTP endpoints (offsets API, a cluster's members' endpoint, admin) may hold for requests
+    together: bodies read and answers being built or sent; a request that would pass it is answered 503
+    with Retry-After."""
+    http_buffer_members_bytes: int = 67_108_864
+    """Of ``http_buffer_bytes``, what only members of a cluster may use: readers and the admin endpoint
+    never take it, so replication does not wait for them."""
 
     def __post_init__(self) -> None:
         _at_least(self, "max_connections", 1)
@@ -273,6 +283,20 @@ class LimitsConfig:
         _at_least(self, "messages_burst_per_client", 1)
         _at_least(self, "max_topics_per_client", 0)
         _at_least(self, "max_topics_per_identity", 0)
+        _at_least(self, "http_buffer_bytes", 1_048_576)
+        _at_least(self, "http_buffer_members_bytes", 0)
+        if self.http_buffer_members_bytes >= self.http_buffer_bytes:
+            raise ConfigError(
+                "http_buffer_members_bytes",
+                f"must be below http_buffer_bytes ({self.http_buffer_bytes}), "
+                f"got {self.http_buffer_members_bytes}",
+            )
+
+    def http_budget(self) -> MemoryBudget:
+        """The one memory budget of the broker's HTTP endpoints these limits describe."""
+        from broker_edge.http_budget import MemoryBudget
+
+        return MemoryBudget(self.http_buffer_bytes, self.http_buffer_members_bytes)
 
     def connection_admission(self) -> ConnectionAdmission:
         """The broker-wide admission control these limits describe."""

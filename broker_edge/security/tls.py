@@ -8,13 +8,14 @@ the username. TLS 1.2 is the floor by default because many device TLS stacks sto
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from broker_edge.config import ConfigError
 
-__all__ = ["TlsConfig", "peer_common_name", "server_ssl_context"]
+__all__ = ["ServerContexts", "TlsConfig", "peer_common_name", "server_ssl_context"]
 
 _VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
 
@@ -77,6 +78,30 @@ def server_ssl_context(config: TlsConfig) -> ssl.SSLContext:
     else:
         context.verify_mode = ssl.CERT_NONE
     return context
+
+
+class ServerContexts:
+    """A server's TLS whose certificate, key and CAs can be replaced while it serves (SIGHUP).
+
+    The server is given ``context``, whose only job is its SNI callback: OpenSSL calls it for every
+    ClientHello (with or without a server name), and it switches the handshake to ``current``. ``reload``
+    builds a new ``current`` from the files; connections already open keep theirs, new ones get the new
+    certificate and are checked against the new CAs (during a rotation, a CA file holding the old and the
+    new CA accepts both). A reload that fails raises and leaves ``current`` as it was."""
+
+    def __init__(self, build: Callable[[], ssl.SSLContext]) -> None:
+        self._build = build
+        self.current = build()
+        self.context = build()
+        self.context.sni_callback = self._switch
+        self.reloads = 0
+
+    def _switch(self, ssl_object: ssl.SSLObject, _server_name: str | None, _context: ssl.SSLContext) -> None:
+        ssl_object.context = self.current
+
+    def reload(self) -> None:
+        self.current = self._build()
+        self.reloads += 1
 
 
 def peer_common_name(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str | None:

@@ -19,6 +19,7 @@ from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_fil
 from broker_edge.observe.logs import LoggingConfig
 from broker_edge.observe.sys_topics import SysTopicsConfig
 from broker_edge.process.gc_tuning import RuntimeConfig
+from broker_edge.reader_tokens import ReaderToken, ReaderTokens
 from broker_edge.security.acl import AclConfig
 from broker_edge.security.auth import AuthConfig, anonymous_allowed, is_loopback_host
 from broker_edge.security.limits import LimitsConfig
@@ -190,7 +191,13 @@ class OffsetsApiConfig:
     port: int = 9884
     """TCP port; 0 picks a free one."""
     token: str | None = None
-    """Bearer token every request must carry; unset = no authentication (loopback only)."""
+    """A bearer token that reads every topic (as a ``tokens`` entry named ``token`` with ``#``); unset and
+    no ``tokens`` nor ``tokens_file`` = no authentication (loopback only)."""
+    tokens: list[ReaderToken] = field(default_factory=list)
+    """Readers' tokens, each with a name and the topic filters it may read (docs/offsets-api.md)."""
+    tokens_file: str | None = None
+    """YAML file with a ``tokens:`` list (same layout), re-read on SIGHUP: how tokens rotate without a
+    restart."""
     tls: TlsConfig | None = None
     """Serve HTTPS with this certificate."""
     max_connections: int = 256
@@ -202,8 +209,28 @@ class OffsetsApiConfig:
         if isinstance(self.port, bool) or not 0 <= self.port <= 65_535:
             raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
         check_http_limits(self.max_connections, self.request_timeout_s)
-        if self.enabled and not self.token and not is_loopback_host(self.host):
+        if self.enabled and not self.authenticates and not is_loopback_host(self.host):
             raise ConfigError("token", f"required when the offsets API listens on non-loopback {self.host!r}")
+        if self.token is not None and not self.token:
+            raise ConfigError("token", "must not be empty")
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether readers must present a token."""
+        return bool(self.token or self.tokens or self.tokens_file)
+
+    def reader_tokens(self) -> ReaderTokens | None:
+        """The tokens this configuration sets (None: readers are not asked for one); ``ConfigError`` when
+        ``tokens_file`` does not load."""
+        if not self.authenticates:
+            return None
+        inline = list(self.tokens)
+        if self.token:
+            inline.insert(0, ReaderToken("token", self.token))
+        try:
+            return ReaderTokens(inline, self.tokens_file)
+        except ConfigError as error:
+            raise ConfigError("tokens_file" if self.tokens_file else "tokens", str(error)) from None
 
 
 def check_http_limits(max_connections: object, request_timeout_s: object) -> None:
@@ -306,6 +333,15 @@ class BrokerConfig:
             raise ConfigError(
                 "cluster.advertise.offsets_api", "required when the offsets API binds every interface"
             )
+        members_host = cluster.listen.host if cluster.listen.host is not None else self.offsets_api.host
+        if cluster.advertise.peer is None and members_host in wildcard:
+            raise ConfigError(
+                "cluster.advertise.peer", "required when the members' endpoint binds every interface"
+            )
+        try:
+            cluster.check_members_endpoint(members_host)
+        except ConfigError as error:
+            raise ConfigError(f"cluster.{error.path}", error.detail) from None
 
     def listener_allows_anonymous(self, listener: ListenerConfig) -> bool:
         """The effective anonymous rule of a listener: its own setting, then ``auth``, then loopback-only."""

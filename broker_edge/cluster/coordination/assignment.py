@@ -35,6 +35,11 @@
 
 Each decision is written by compare-and-swap, so a plan computed from a stale view simply fails and is
 recomputed from the fresh one.
+
+``live`` members are those the controller takes for alive (registered, and not failing to prove who they
+are); ``eligible`` ones (by default the same) are those that proved their node id to the controller: only
+they are given a copy or a leadership. A member registered by a write to etcd alone, which cannot prove
+that node id, so never gets anything, and is taken for dead once its time to prove it has passed.
 """
 
 from __future__ import annotations
@@ -153,9 +158,12 @@ def elect_leaders(
     live: Collection[str],
     log_ends: LogEnds | None = None,
     unclean_election: bool = False,
+    eligible: Collection[str] | None = None,
 ) -> dict[int, tuple[PartitionState, str, bool]]:
-    """Step 1 of ``plan``: partition → (new state, reason, unclean) for every partition that changes."""
+    """Step 1 of ``plan``: partition → (new state, reason, unclean) for every partition that changes.
+    Only ``eligible`` members (default: every live one) are elected."""
     log_ends = log_ends or {}
+    eligible = live if eligible is None else eligible
     counts = leader_counts(states.values(), live)
     result: dict[int, tuple[PartitionState, str, bool]] = {}
     for partition in sorted(states):
@@ -166,10 +174,10 @@ def elect_leaders(
                 gone = ", ".join(node for node in state.isr if node not in live)
                 result[partition] = (replace(state, isr=alive), f"dead {gone} left the in-sync set", False)
             continue
-        candidates = [node for node in state.isr if node in live]
+        candidates = [node for node in state.isr if node in live and node in eligible]
         unclean = False
         if not candidates and unclean_election:
-            candidates = [node for node in state.replicas if node in live]
+            candidates = [node for node in state.replicas if node in live and node in eligible]
             unclean = bool(candidates)
         if not candidates:
             if state.leader is not None:
@@ -197,9 +205,12 @@ def fill_replicas(
     live: Collection[str],
     replication_factor: int,
     offline: Collection[int] = (),
+    eligible: Collection[str] | None = None,
 ) -> dict[int, tuple[PartitionState, str]]:
-    """Step 2 of ``plan``: partition → (new state, reason) for every partition given new replicas, but for
-    those with no leader and those in ``offline`` (they had none when the pass started)."""
+    """Step 2 of ``plan``: partition → (new state, reason) for every partition given new replicas (only
+    ``eligible`` members, default every live one), but for those with no leader and those in ``offline``
+    (they had none when the pass started)."""
+    eligible = live if eligible is None else eligible
     target = min(replication_factor, len(live))
     load: Counter[str] = Counter(dict.fromkeys(live, 0))
     for state in states.values():
@@ -214,7 +225,10 @@ def fill_replicas(
         have = [node for node in state.replicas if node in live]
         if len(have) >= target:
             continue
-        spare = sorted((node for node in live if node not in state.replicas), key=lambda n: (load[n], n))
+        spare = sorted(
+            (node for node in live if node not in state.replicas and node in eligible),
+            key=lambda n: (load[n], n),
+        )
         added = spare[: target - len(have)]
         if not added:
             continue
@@ -300,6 +314,7 @@ def shrink_replicas(
     min_insync_replicas: int = 1,
     keep: Collection[int] = (),
     log_ends: LogEnds | None = None,
+    eligible: Collection[str] | None = None,
 ) -> dict[int, tuple[PartitionState, str]]:
     """Step 4 of ``plan``: partition → (new state, reason) for every partition with a surplus replica that
     can be dropped safely: its leader is live, more of its live replicas are in sync than the factor needs,
@@ -310,6 +325,7 @@ def shrink_replicas(
     Without such a replica nothing changes. Partitions in ``keep`` (their leader changes in this pass) are
     left for the next pass."""
     log_ends = log_ends or {}
+    eligible = live if eligible is None else eligible
     target = min(replication_factor, len(live))
     counts = leader_counts(states.values(), live)
     result: dict[int, tuple[PartitionState, str]] = {}
@@ -319,7 +335,7 @@ def shrink_replicas(
             heirs = [
                 node
                 for node in state.isr
-                if node in live and node != victim and not _behind(log_ends, node, victim, partition)
+                if node in eligible and node != victim and not _behind(log_ends, node, victim, partition)
             ]
             if not heirs:
                 continue
@@ -347,6 +363,7 @@ def reassign_replicas(
     moves_at_once: int = MOVES_AT_ONCE,
     keep: Collection[int] = (),
     min_insync_replicas: int = 1,
+    eligible: Collection[str] | None = None,
 ) -> dict[int, tuple[PartitionState, str]]:
     """Step 5 of ``plan``: partition → (new state, reason) for every partition given an extra replica on a
     less loaded member, while a live member holds two replicas more than another. Only partitions with a
@@ -365,8 +382,9 @@ def reassign_replicas(
 
     budget = moves_at_once - sum(1 for s in states.values() if len(live_replicas(s)) > target)
     result: dict[int, tuple[PartitionState, str]] = {}
-    while budget > 0 and load:
-        receiver = min(load, key=lambda node: (load[node], node))
+    receivers = [node for node in load if eligible is None or node in eligible]
+    while budget > 0 and receivers:
+        receiver = min(receivers, key=lambda node: (load[node], node))
         chosen: tuple[int, str] | None = None
         for donor in sorted(load, key=lambda node: (-load[node], node)):
             if load[donor] - load[receiver] < 2:
@@ -409,6 +427,7 @@ def balance_leaders(
     keep: Collection[int] = (),
     replication_factor: int | None = None,
     min_insync_replicas: int = 1,
+    eligible: Collection[str] | None = None,
 ) -> dict[int, tuple[PartitionState, str]]:
     """Step 3 of ``plan``: partition → (new state, reason) for the leadership moves that leave every live
     member within one leadership of every other one it could take over from. Leadership moves only to an
@@ -417,6 +436,7 @@ def balance_leaders(
     replica (given ``replication_factor``: it would hand the leadership straight back), and partitions in
     ``keep`` (just elected) stay where they are."""
     log_ends = log_ends or {}
+    eligible = live if eligible is None else eligible
     current = dict(states)
     counts = leader_counts(current.values(), live)
     result: dict[int, tuple[PartitionState, str]] = {}
@@ -440,6 +460,7 @@ def balance_leaders(
                     n
                     for n in state.isr
                     if n in live
+                    and n in eligible
                     and counts[n] + 1 < counts[source]
                     and not behind(n, source, partition)
                     and dropped.get(partition) != n
@@ -466,12 +487,14 @@ def plan(
     unclean_election: bool = False,
     min_insync_replicas: int = 1,
     moves_at_once: int = MOVES_AT_ONCE,
+    eligible: Collection[str] | None = None,
 ) -> list[Change]:
     """Every change of one controller pass (elections, replica filling, leadership spreading, then the
     shrinking and reassigning that move replicas to less loaded members), merged into at most one change
     per partition, in partition order. ``log_ends`` ranks election candidates and keeps leadership from
     moving to a replica that is behind."""
     live_set = frozenset(live)
+    fit = live_set if eligible is None else live_set & frozenset(eligible)
     working = dict(states)
     reasons: dict[int, list[str]] = {}
     unclean: set[int] = set()
@@ -482,7 +505,7 @@ def plan(
 
     elected = set()
     for partition, (state, reason, was_unclean) in elect_leaders(
-        working, live_set, log_ends, unclean_election
+        working, live_set, log_ends, unclean_election, fit
     ).items():
         apply(partition, state, reason)
         if state.leader != states[partition].leader:
@@ -490,18 +513,20 @@ def plan(
         if was_unclean:
             unclean.add(partition)
     offline = [partition for partition, state in states.items() if state.leader is None]
-    for partition, (state, reason) in fill_replicas(working, live_set, replication_factor, offline).items():
+    for partition, (state, reason) in fill_replicas(
+        working, live_set, replication_factor, offline, fit
+    ).items():
         apply(partition, state, reason)
     for partition, (state, reason) in balance_leaders(
-        working, live_set, log_ends, elected, replication_factor, min_insync_replicas
+        working, live_set, log_ends, elected, replication_factor, min_insync_replicas, fit
     ).items():
         apply(partition, state, reason)
     led = {p for p in working if working[p].leader != states[p].leader}
-    shrunk = shrink_replicas(working, live_set, replication_factor, min_insync_replicas, led, log_ends)
+    shrunk = shrink_replicas(working, live_set, replication_factor, min_insync_replicas, led, log_ends, fit)
     for partition, (state, reason) in shrunk.items():
         apply(partition, state, reason)
     for partition, (state, reason) in reassign_replicas(
-        working, live_set, replication_factor, moves_at_once, reasons.keys(), min_insync_replicas
+        working, live_set, replication_factor, moves_at_once, reasons.keys(), min_insync_replicas, fit
     ).items():
         apply(partition, state, reason)
 

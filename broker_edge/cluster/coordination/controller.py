@@ -22,10 +22,13 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
-from broker_edge.cluster.coordination.assignment import LogEnds, initial_states, needs_election, plan
+from broker_edge.cluster.coordination.assignment import Change, LogEnds, initial_states, needs_election, plan
 from broker_edge.cluster.coordination.coordinator import Coordinator
-from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd, EtcdError, Guard
+from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd, EtcdError, Guard, KeyValue
 from broker_edge.cluster.coordination.membership import Membership
+from broker_edge.cluster.etcd_values import BadValue, StoredCluster, parse_controller, read_cluster
+from broker_edge.cluster.member_clients import MemberClients
+from broker_edge.cluster.member_proofs import MemberProofs
 from broker_edge.cluster.tasks import stop_task
 from broker_edge.cluster.view import ClusterView, Member, PartitionState, partition_of
 from broker_edge.settings.cluster import ClusterConfig
@@ -46,18 +49,25 @@ async def read_log_ends(
     partitions: int,
     token: str | None = None,
     timeout_s: float = LOG_ENDS_TIMEOUT_S,
+    clients: MemberClients | None = None,
 ) -> dict[str, dict[int, int]]:
-    """node_id → partition → sum of the end offsets of its topics in that partition, from each member's
-    offsets API (``GET /v1/logs``), all asked at once; a member that does not answer in ``timeout_s`` (or
-    answers badly) is left out."""
+    """node_id → partition → sum of the end offsets of its topics in that partition, from each member
+    (``GET /v1/logs``), all asked at once: over its members' endpoint with ``clients`` (a controller: each
+    answer comes from the member it names), else over its offsets API as a reader with ``token`` (a
+    status command). A member that does not answer in ``timeout_s`` (or answers badly) is left out."""
     import aiohttp  # here: only a controller's election or a status command asks
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     timeout = aiohttp.ClientTimeout(total=timeout_s)
 
     async def one(session: aiohttp.ClientSession, member: Member) -> tuple[str, dict[int, int] | None]:
+        base = member.offsets_api if clients is None else member.peer
+        if base is None:
+            return member.node_id, None
+        if clients is not None:
+            session = clients.session(member.node_id)
         try:
-            async with session.get(f"{member.offsets_api.rstrip('/')}/v1/logs", headers=headers) as answer:
+            async with session.get(f"{base.rstrip('/')}/v1/logs", headers=headers, timeout=timeout) as answer:
                 if answer.status != 200:
                     return member.node_id, None
                 body = await answer.json()
@@ -76,13 +86,15 @@ async def read_log_ends(
 
 
 LogEndsReader = Callable[[list[Member], int], Awaitable[LogEnds]]
-"""(candidates, partition count) → their log ends (``read_log_ends`` with the cluster's token)."""
+"""(candidates, partition count) → their log ends (``read_log_ends`` over the members' endpoints)."""
 
 
 class Controller:
     """Campaigns for the controller key while this node is a member; while it holds it, keeps the
     partitions assigned and led (see the module docstring). ``log_ends`` reads candidates' log ends
-    (default: their offsets API, with ``token``)."""
+    (default: their members' endpoints, through ``clients``). With ``proofs``, copies and leaderships go
+    to members that proved their node id only, and a member that does not prove it in time is taken for
+    dead (``member_proofs``)."""
 
     def __init__(
         self,
@@ -93,7 +105,8 @@ class Controller:
         membership: Membership,
         config: ClusterConfig,
         log_ends: LogEndsReader | None = None,
-        token: str | None = None,
+        clients: MemberClients | None = None,
+        proofs: MemberProofs | None = None,
     ) -> None:
         self.etcd = etcd
         self.keys = keys
@@ -102,10 +115,12 @@ class Controller:
         self.membership = membership
         self.config = config
         self.log_ends: LogEndsReader = log_ends or (
-            lambda members, partitions: read_log_ends(members, partitions, token)
+            lambda members, partitions: read_log_ends(members, partitions, clients=clients)
         )
+        self.proofs = proofs
         self.holding: Guard | None = None
         """(controller key, its mod_revision) while this node is the controller."""
+        self.bad_values = coordinator.bad_values
         self.changes_applied = 0
         """Partition state changes this node has written as controller (for tests and logs)."""
         self._wake = asyncio.Event()
@@ -117,6 +132,8 @@ class Controller:
 
     async def start(self) -> None:
         self.view.on_change(self._wake.set)
+        if self.proofs is not None:
+            self.proofs.on_proof(self._wake.set)
         self.membership.on_registered(self._wake.set)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="cluster-controller")
 
@@ -165,39 +182,57 @@ class Controller:
                 log.warning("%s is no longer the controller", self.view.node_id)
                 self.holding = None
         if self.holding is None:
-            if self.coordinator.controller is not None and self.coordinator.controller != self.view.node_id:
+            held_by = self.coordinator.controller
+            if held_by is not None and held_by != self.view.node_id and held_by in self.view.members:
                 return False
             revision = await self.etcd.create(self.keys.controller, self.view.node_id.encode(), lease)
             if revision is None:
                 # held by someone; or by this node under its current lease, if it was fenced for a moment
                 # without losing the lease: then it is still the controller
                 current = await self.etcd.get(self.keys.controller)
-                if current is None or current.lease != lease or current.value != self.view.node_id.encode():
-                    return False
+                if current is None:
+                    return True
+                if current.lease != lease or current.value != self.view.node_id.encode():
+                    return await self._remove_if_bogus(current)
                 revision = current.mod_revision
             self.holding = (self.keys.controller, revision)
             log.info("%s is the controller", self.view.node_id)
         return await self._reconcile(self.holding)
 
+    async def _remove_if_bogus(self, current: KeyValue) -> bool:
+        """The controller key names someone else: a live member holding it under its own lease, or a value
+        no controller wrote (unreadable, not bound to the named member's lease: it would never expire and
+        no member would ever control again), which is deleted. True when it was (campaign again at once)."""
+        try:
+            named = parse_controller(current.value)
+        except BadValue as error:
+            self.bad_values.report(current.key, error)
+            named = None
+        if named is not None:
+            member = await self.etcd.get(self.keys.member(named))
+            if member is not None and member.lease != 0 and member.lease == current.lease:
+                return False
+        if await self.etcd.delete_if(current.key, current.mod_revision):
+            log.error(
+                "deleted a controller key no member holds (%r, lease %x): campaigning again",
+                current.value[:64],
+                current.lease,
+            )
+            return True
+        return False
+
     async def _reconcile(self, holding: Guard) -> bool:
         kvs, _ = await self.etcd.get_prefix(self.keys.root)
-        members: dict[str, Member] = {}
-        states: dict[int, PartitionState] = {}
-        revisions: dict[int, int] = {}
-        stored: int | None = None
-        for kv in kvs:
-            if kv.key == self.keys.config:
-                stored = int(json.loads(kv.value)["partitions"])
-            elif kv.key.startswith(self.keys.members):
-                member = Member.from_json(kv.value)
-                members[member.node_id] = member
-            else:
-                partition = self.keys.partition_number(kv.key)
-                if partition is not None:
-                    states[partition] = PartitionState.from_json(kv.value)
-                    revisions[partition] = kv.mod_revision
+        if not any(kv.key == holding[0] and kv.mod_revision == holding[1] for kv in kvs):
+            # the key was deleted or written over (by hand: the coordinator may have ignored the value):
+            # every guarded write would fail; campaign again (a bogus key is removed then)
+            log.warning("%s is no longer the controller (its key changed)", self.view.node_id)
+            self.holding = None
+            return True
+        stored = read_cluster(kvs, self.keys, self.config.partitions, self.bad_values)
+        members, states, revisions = stored.members, stored.states, stored.revisions
         guards = [holding]
-        if stored is None:
+        if not stored.config_present:
             count = self.config.partitions
             created = await self.etcd.create(
                 self.keys.config, json.dumps({"partitions": count}).encode(), None, guards
@@ -205,12 +240,22 @@ class Controller:
             if created is None:
                 return True
             log.info("created the cluster: %d partitions", count)
-            stored = count
-        if not members:
+        count = self.config.partitions
+        if self.proofs is not None:  # only members that proved who they are get anything
+            alive, proven = self.proofs.alive(), self.proofs.eligible()
+            eligible = {node: member for node, member in members.items() if node in proven}
+            members = {node: member for node, member in members.items() if node in alive}
+        else:
+            eligible = members
+        if not eligible:
             return False
-        missing = [p for p in range(stored) if p not in states]
+        repairs = self._repairable(stored, kvs)
+        for number, (state, revision) in repairs.items():
+            states[number] = state
+            revisions[number] = revision
+        missing = [p for p in range(count) if p not in states and p not in stored.unreadable]
         if missing:
-            for state in initial_states(missing, members, self.config.replication_factor):
+            for state in initial_states(missing, eligible, self.config.replication_factor):
                 created = await self.etcd.create(
                     self.keys.partition(state.partition), state.to_json().encode(), None, guards
                 )
@@ -220,8 +265,8 @@ class Controller:
             log.info(
                 "assigned %d partitions over %s (replication factor %d)",
                 len(missing),
-                ", ".join(sorted(members)),
-                min(self.config.replication_factor, len(members)),
+                ", ".join(sorted(eligible)),
+                min(self.config.replication_factor, len(eligible)),
             )
             return True
         live = set(members)
@@ -231,22 +276,28 @@ class Controller:
             candidates: set[str] = set()
             for p in electing:
                 pool = states[p].replicas if self.config.unclean_election else states[p].isr
-                live_pool = {node for node in pool if node in members}
+                live_pool = {node for node in pool if node in eligible}
                 if len(live_pool) > 1:  # one candidate needs no ranking: do not wait for its answer
                     candidates |= live_pool
             if candidates:
-                log_ends = await self.log_ends([members[n] for n in sorted(candidates)], stored)
+                log_ends = await self.log_ends([members[n] for n in sorted(candidates)], count)
         rf, unclean = self.config.replication_factor, self.config.unclean_election
         min_isr = self.config.min_insync_replicas
-        changes = plan(states, live, rf, log_ends, unclean, min_isr)
+        changes = plan(states, live, rf, log_ends, unclean, min_isr, eligible=set(eligible))
         if any(
             change.after.leader != change.before.leader and change.before.leader in live for change in changes
         ):
             # a live leader's leadership (spread, or handed over before its copy is dropped) moves only to a
             # replica that is not behind: ask every member where it stands
-            asked = [members[n] for n in sorted(live) if n not in log_ends]
-            log_ends = {**log_ends, **await self.log_ends(asked, stored)}
-            changes = plan(states, live, rf, log_ends, unclean, min_isr)
+            asked = [eligible[n] for n in sorted(eligible) if n not in log_ends]
+            log_ends = {**log_ends, **await self.log_ends(asked, count)}
+            changes = plan(states, live, rf, log_ends, unclean, min_isr, eligible=set(eligible))
+        changed = {change.partition for change in changes}
+        changes += [
+            Change(state, state, ("its record was unreadable: written again from the last good one",))
+            for number, (state, _) in sorted(repairs.items())
+            if number not in changed
+        ]
         conflicted = False
         for change in changes:
             partition = change.partition
@@ -270,3 +321,21 @@ class Controller:
                 ",".join(after.replicas),
             )
         return conflicted
+
+    def _repairable(
+        self, stored: StoredCluster, kvs: list[KeyValue]
+    ) -> dict[int, tuple[PartitionState, int]]:
+        """Partitions whose record is unreadable now and of which this node holds a good one (the last it
+        took in): that state, and the bad record's revision to swap it over with. The held state is the
+        latest good record this node saw (every write passes its watch in order), so writing it back loses
+        nothing; a partition held by no one stays as it is (nothing is known to write)."""
+        if not stored.unreadable:
+            return {}
+        by_key = {kv.key: kv.mod_revision for kv in kvs}
+        repairs: dict[int, tuple[PartitionState, int]] = {}
+        for number in sorted(stored.unreadable):
+            held = self.view.states.get(number)
+            revision = by_key.get(self.keys.partition(number))
+            if held is not None and revision is not None:
+                repairs[number] = (held, revision)
+        return repairs

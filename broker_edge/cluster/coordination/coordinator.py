@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -31,8 +30,17 @@ from broker_edge.cluster.coordination.etcd import (
     WatchCompacted,
 )
 from broker_edge.cluster.coordination.membership import Membership
+from broker_edge.cluster.etcd_values import (
+    BadValue,
+    BadValues,
+    check_progress,
+    parse_config,
+    parse_controller,
+    parse_member,
+    parse_partition_state,
+)
 from broker_edge.cluster.tasks import stop_task
-from broker_edge.cluster.view import ClusterView, Member, PartitionState
+from broker_edge.cluster.view import ClusterView, PartitionState
 
 __all__ = ["Coordinator"]
 
@@ -61,7 +69,10 @@ class Coordinator:
         self.controller: str | None = None
         """node_id of the current controller (None while there is none)."""
         self.stored_partitions: int | None = None
-        """The partition count stored in etcd (None before the cluster is created)."""
+        """The partition count stored in etcd (None before the cluster is created, or while the stored one
+        is not the configured one: that one is used)."""
+        self.bad_values = BadValues()
+        """Values read from etcd that were ignored (logged at ERROR, rate-limited)."""
         self.revisions: dict[str, int] = {}
         """mod_revision of every key held (the key of a partition state is ``keys.partition(p)``)."""
         self._task: asyncio.Task[None] | None = None
@@ -168,53 +179,49 @@ class Coordinator:
         return revision
 
     def _apply(self, key: str, value: bytes | None, revision: int) -> None:
-        """Take in one key's value (None: deleted) if newer than the one held."""
+        """Take in one key's value (None: deleted) if newer than the one held; a bad value is reported and
+        ignored, and what was held for the key stays (see ``etcd_values``)."""
         held = self.revisions.get(key, 0)
         if revision < held or (value is not None and revision == held):
             return  # older, or the very write already held (a re-read, or this node's own write)
+        try:
+            changed = self._take(key, value)
+        except BadValue as error:
+            self.bad_values.report(key, error)
+            return
+        if not changed:
+            return
         if value is None:
             self.revisions.pop(key, None)
         else:
             self.revisions[key] = revision
-        keys = self.keys
-        view = self.view
-        try:
-            if key == keys.controller:
-                self.controller = None if value is None else value.decode("utf-8")
-            elif key == keys.config:
-                self._apply_config(value)
-            elif key.startswith(keys.members):
-                node_id = key[len(keys.members) :]
-                if value is None:
-                    view.members.pop(node_id, None)
-                else:
-                    view.members[node_id] = Member.from_json(value)
-            else:
-                partition = keys.partition_number(key)
-                if partition is None:
-                    return
-                if value is None:
-                    view.states.pop(partition, None)
-                else:
-                    view.states[partition] = PartitionState.from_json(value)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.error("ignoring unreadable etcd key %s: %s", key, exc)
-            return
         self._change_pending = True
 
-    def _apply_config(self, value: bytes | None) -> None:
-        if value is None:
-            self.stored_partitions = None
-            return
-        partitions = int(json.loads(value)["partitions"])
-        self.stored_partitions = partitions
-        if partitions != self.view.partitions:
-            log.warning(
-                "the cluster was created with %d partitions: using them, not the configured %d",
-                partitions,
-                self.view.partitions,
-            )
-            self.view.partitions = partitions
+    def _take(self, key: str, value: bytes | None) -> bool:
+        """Apply one key's checked value to the view; False for a key that is none of the cluster's."""
+        keys = self.keys
+        view = self.view
+        if key == keys.controller:
+            self.controller = None if value is None else parse_controller(value)
+        elif key == keys.config:
+            self.stored_partitions = None if value is None else parse_config(value, view.partitions)
+        elif key.startswith(keys.members):
+            node_id = key[len(keys.members) :]
+            if value is None:
+                view.members.pop(node_id, None)
+            else:
+                view.members[node_id] = parse_member(node_id, value)
+        else:
+            partition = keys.partition_number(key)
+            if partition is None:
+                return False
+            if value is None:
+                view.states.pop(partition, None)
+            else:
+                state = parse_partition_state(partition, value, view.partitions)
+                check_progress(view.states.get(partition), state)
+                view.states[partition] = state
+        return True
 
     def _schedule_changed(self) -> None:
         if self._change_pending:
@@ -288,9 +295,12 @@ class Coordinator:
         return None if registration is None else [registration]
 
     async def _read_state(self, partition: int) -> tuple[PartitionState | None, int | None]:
+        """The partition's record as etcd holds it now (None, None when there is none or it is bad)."""
         found: KeyValue | None = await self.etcd.get(self.keys.partition(partition))
         if found is None:
             return None, None
         self._apply(found.key, found.value, found.mod_revision)
         self._schedule_changed()
-        return PartitionState.from_json(found.value), found.mod_revision
+        if self.revisions.get(found.key) != found.mod_revision:
+            return None, None  # not taken in: a bad value
+        return self.view.states.get(partition), found.mod_revision

@@ -8,23 +8,30 @@ transactions, and a prefix watch that resumes from the last revision it delivere
 
 Every failure to reach etcd (or a timeout) raises ``EtcdError``; keys are ``str`` (UTF-8), values ``bytes``.
 The layout of the cluster's keys under its prefix is ``ClusterKeys``.
+
+With ``cluster.etcd_tls`` and ``cluster.etcd_auth`` the channel is TLS with a client certificate and the
+calls carry an etcd auth token (``etcd_secure``); a call refused for a token etcd forgot (it restarted) is
+made again once after authenticating anew. ``renew`` (SIGHUP) opens a new channel with the files as they
+are now and lets the old one finish what it carries.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import logging
 import socket
-from collections.abc import AsyncGenerator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aetcd
 import aetcd.exceptions
 
-from broker_edge.settings.cluster import etcd_endpoint
+from broker_edge.cluster.etcd_secure import SecureClient
+from broker_edge.settings.cluster import EtcdAuthConfig, EtcdTlsConfig, etcd_endpoint
 
 __all__ = [
     "ClusterKeys",
@@ -166,31 +173,77 @@ def _key(kv: Any) -> KeyValue:
     return KeyValue(kv.key.decode("utf-8"), bytes(kv.value), int(kv.mod_revision), int(kv.lease))
 
 
-class Etcd:
-    """One gRPC channel to an etcd cluster; ``timeout_s`` bounds every call."""
+RENEWED_CHANNEL_GRACE_S = 30.0
+"""How long the channel a ``renew`` replaced stays open for the calls and watches it still carries."""
 
-    def __init__(self, urls: Sequence[str], timeout_s: float = 2.0) -> None:
+
+class Etcd:
+    """One gRPC channel to an etcd cluster; ``timeout_s`` bounds every call; ``tls`` and ``auth`` as the
+    ``cluster:`` section's ``etcd_tls`` and ``etcd_auth``."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        timeout_s: float = 2.0,
+        tls: EtcdTlsConfig | None = None,
+        auth: EtcdAuthConfig | None = None,
+    ) -> None:
         target = grpc_target(urls)
         host, _, port = target.rpartition(":")
         # aetcd joins host and port with ':'; a multi-address target is split the same way
-        self._client = aetcd.Client(host=host, port=int(port), timeout=timeout_s, options=_CHANNEL_OPTIONS)
+        self._target = (host, int(port))
+        self._tls = tls
+        self._auth = auth
+        self._client = self._new_client(timeout_s)
+        self._retired: set[asyncio.Task[None]] = set()
         self.timeout_s = timeout_s
         self.urls = tuple(urls)
 
-    async def _call(self, operation: Awaitable[T], timeout_s: float | None = None) -> T:
+    def _new_client(self, timeout_s: float) -> SecureClient:
+        host, port = self._target
+        return SecureClient(host, port, timeout_s, _CHANNEL_OPTIONS, self._tls, self._auth)
+
+    async def _call(self, operation: Callable[[], Awaitable[T]], timeout_s: float | None = None) -> T:
+        """Run ``operation()`` on the client; once more after authenticating anew when etcd forgot the
+        token (it restarted)."""
+        bound = (timeout_s or self.timeout_s) + 0.5
         try:
-            return await asyncio.wait_for(operation, (timeout_s or self.timeout_s) + 0.5)
+            try:
+                return await asyncio.wait_for(operation(), bound)
+            except aetcd.exceptions.UnauthenticatedError:
+                if not await self._client.reauthenticate():
+                    raise
+                return await asyncio.wait_for(operation(), bound)
         except aetcd.exceptions.RevisionCompactedError as exc:
             raise WatchCompacted(str(exc)) from exc
         except (aetcd.exceptions.ClientError, TimeoutError) as exc:
             _reraise_cancellation(exc)
             raise EtcdError(f"etcd {','.join(self.urls)}: {type(exc).__name__}: {exc}") from exc
 
-    async def close(self) -> None:
+    def renew(self) -> None:
+        """Use a new channel from now on, made with the TLS files as they are now (SIGHUP); the old one
+        is closed after ``RENEWED_CHANNEL_GRACE_S``, its watches re-made on the new one meanwhile."""
+        old, self._client = self._client, self._new_client(self.timeout_s)
+
+        async def retire() -> None:
+            await asyncio.sleep(RENEWED_CHANNEL_GRACE_S)
+            await self._close(old)
+
+        task = asyncio.get_running_loop().create_task(retire())
+        self._retired.add(task)
+        task.add_done_callback(self._retired.discard)
+        log.info("etcd channel renewed (TLS files and password read again)")
+
+    async def _close(self, client: aetcd.Client) -> None:
         try:
-            await asyncio.wait_for(self._client.close(), self.timeout_s)
+            await asyncio.wait_for(client.close(), self.timeout_s)
         except (aetcd.exceptions.ClientError, TimeoutError):
             log.debug("closing the etcd channel failed", exc_info=True)
+
+    async def close(self) -> None:
+        for task in list(self._retired):
+            task.cancel()
+        await self._close(self._client)
 
     async def __aenter__(self) -> Etcd:
         return self
@@ -201,26 +254,27 @@ class Etcd:
     # -- keys ---------------------------------------------------------------------------------------------
 
     async def get(self, key: str) -> KeyValue | None:
-        found = await self._call(self._client.get(key.encode("utf-8")))
+        found = await self._call(lambda: self._client.get(key.encode("utf-8")))
         return None if found is None else _key(found)
 
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         """Every key under ``prefix`` (sorted by key) and the store's revision they were read at."""
-        found = await self._call(self._client.get_prefix(prefix.encode("utf-8"), sort_order="ascend"))
+        found = await self._call(lambda: self._client.get_prefix(prefix.encode("utf-8"), sort_order="ascend"))
         return [_key(kv) for kv in found.kvs], int(found.header.revision)
 
     async def put(self, key: str, value: bytes, lease: int | None = None) -> int:
         """Write unconditionally; the revision it was written at."""
-        done = await self._call(self._client.put(key.encode("utf-8"), value, lease=lease or None))
+        done = await self._call(lambda: self._client.put(key.encode("utf-8"), value, lease=lease or None))
         return int(done.header.revision)
 
     async def delete(self, key: str) -> bool:
-        done = await self._call(self._client.delete(key.encode("utf-8")))
+        done = await self._call(lambda: self._client.delete(key.encode("utf-8")))
         return done is not None and done.deleted > 0
 
     async def _transaction(self, compare: list[Any], success: list[Any]) -> tuple[bool, int]:
-        request = self._client.transaction(compare=compare, success=success, failure=[])
-        succeeded, responses = await self._call(request)
+        succeeded, responses = await self._call(
+            lambda: self._client.transaction(compare=compare, success=success, failure=[])
+        )
         revision = 0
         for response in responses:
             put = getattr(response, "response_put", None)
@@ -264,19 +318,22 @@ class Etcd:
 
     async def grant_lease(self, ttl_s: int) -> int:
         """A new lease of ``ttl_s`` seconds (etcd's minimum is 2); its ID."""
-        lease = await self._call(self._client.lease(ttl_s))
+        lease = await self._call(lambda: self._client.lease(ttl_s))
         return int(lease.id)
 
     async def keep_alive(self, lease_id: int, timeout_s: float | None = None) -> int:
         """Renew a lease once: its new TTL in seconds, <= 0 when it has already expired."""
-        reply = await self._call(self._client.refresh_lease(lease_id), timeout_s)
+        reply = await self._call(lambda: self._client.refresh_lease(lease_id), timeout_s)
         return int(reply.TTL) if reply is not None else 0
 
     async def revoke_lease(self, lease_id: int) -> None:
         """End a lease now: the keys bound to it are deleted at once."""
-        await self._call(self._client.revoke_lease(lease_id))
+        await self._call(lambda: self._client.revoke_lease(lease_id))
 
     # -- watches ------------------------------------------------------------------------------------------
+
+    def _watch(self, prefix: bytes, start_revision: int) -> Awaitable[Any]:
+        return self._client.watch_prefix(prefix, start_revision=start_revision)
 
     async def watch_prefix(
         self, prefix: str, start_revision: int, retry_delay_s: float = 0.5
@@ -289,7 +346,7 @@ class Etcd:
         failures = 0
         while True:
             try:
-                watch = await self._call(self._client.watch_prefix(encoded, start_revision=next_revision))
+                watch = await self._call(functools.partial(self._watch, encoded, next_revision))
             except WatchCompacted:
                 raise
             except EtcdError as exc:
@@ -311,6 +368,9 @@ class Etcd:
                 raise WatchCompacted(str(exc)) from exc
             except aetcd.exceptions.ClientError as exc:
                 _reraise_cancellation(exc)
+                if isinstance(exc, aetcd.exceptions.UnauthenticatedError):
+                    with contextlib.suppress(aetcd.exceptions.ClientError):
+                        await self._client.reauthenticate()
                 failures += 1
                 (log.warning if failures == 1 else log.debug)(
                     "etcd watch on %s failed (%s); watching again from revision %d",

@@ -18,8 +18,9 @@ from typing import Any
 
 from broker_edge.cluster.coordination.controller import read_log_ends
 from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd, EtcdError
+from broker_edge.cluster.etcd_values import BadValues, read_cluster
 from broker_edge.cluster.view import Member, PartitionState
-from broker_edge.settings.cluster import etcd_endpoint
+from broker_edge.settings.cluster import EtcdAuthConfig, EtcdTlsConfig, etcd_endpoint
 
 __all__ = ["ClusterStatus", "cluster_main", "read_status", "render"]
 
@@ -61,25 +62,21 @@ class ClusterStatus:
 
 
 async def read_status(
-    urls: Sequence[str], prefix: str, token: str | None = None, timeout_s: float = 2.0
+    urls: Sequence[str],
+    prefix: str,
+    token: str | None = None,
+    timeout_s: float = 2.0,
+    tls: EtcdTlsConfig | None = None,
+    auth: EtcdAuthConfig | None = None,
 ) -> ClusterStatus:
-    """The cluster's status (``EtcdError`` if etcd does not answer within ``timeout_s``)."""
+    """The cluster's status (``EtcdError`` if etcd does not answer within ``timeout_s``); ``tls`` and
+    ``auth`` reach an etcd with TLS and user auth on, ``token`` is a reader token of the members' offsets
+    API (for their log ends)."""
     keys = ClusterKeys(prefix)
-    async with Etcd(urls, timeout_s) as etcd:
+    async with Etcd(urls, timeout_s, tls, auth) as etcd:
         kvs, _ = await etcd.get_prefix(keys.root)
-    status = ClusterStatus(prefix, None, None)
-    for kv in kvs:
-        if kv.key == keys.config:
-            status.partitions = int(json.loads(kv.value)["partitions"])
-        elif kv.key == keys.controller:
-            status.controller = kv.value.decode("utf-8")
-        elif kv.key.startswith(keys.members):
-            member = Member.from_json(kv.value)
-            status.members[member.node_id] = member
-        else:
-            partition = keys.partition_number(kv.key)
-            if partition is not None:
-                status.states[partition] = PartitionState.from_json(kv.value)
+    stored = read_cluster(kvs, keys, None, BadValues())
+    status = ClusterStatus(prefix, stored.partitions, stored.controller, stored.members, stored.states)
     if status.partitions is None or not status.members:
         return status
     ends = await read_log_ends(status.members.values(), status.partitions, token, timeout_s)
@@ -152,7 +149,12 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="members, partition leaders and epochs, in-sync sets, lag")
     status.add_argument("--etcd", required=True, action="append", help="etcd client URL (repeatable)")
     status.add_argument("--prefix", default="/timestone", help="the cluster's cluster.key_prefix")
-    status.add_argument("--token", default=None, help="bearer token of the members' offsets API")
+    status.add_argument("--token", default=None, help="a reader token of the members' offsets API")
+    status.add_argument("--etcd-cacert", help="CA of etcd's server certificates (https:// etcd)")
+    status.add_argument("--etcd-cert", help="client certificate for etcd (--client-cert-auth)")
+    status.add_argument("--etcd-key", help="key of --etcd-cert")
+    status.add_argument("--etcd-user", help="etcd user (etcd with auth enabled)")
+    status.add_argument("--etcd-password-file", help="file holding --etcd-user's password")
     status.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for etcd and each member")
     status.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
@@ -162,14 +164,16 @@ def cluster_main(argv: list[str] | None = None) -> int:
     """``timestone cluster status --etcd URL [--prefix P] [--json]``; 0, or 1 when etcd does not answer or
     there is no cluster under the prefix, 2 for bad arguments."""
     args = _parser().parse_args(argv)
-    for url in args.etcd:
-        try:
-            etcd_endpoint(url)
-        except ValueError as exc:
-            print(f"timestone cluster status: --etcd: {exc}", file=sys.stderr)
-            return 2
     try:
-        status = asyncio.run(read_status(args.etcd, args.prefix, args.token, args.timeout))
+        for url in args.etcd:
+            etcd_endpoint(url)
+        tls = EtcdTlsConfig(args.etcd_cacert, args.etcd_cert, args.etcd_key) if args.etcd_cacert else None
+        auth = EtcdAuthConfig(args.etcd_user, args.etcd_password_file) if args.etcd_user else None
+    except (ValueError, TypeError) as exc:  # ConfigError is a ValueError
+        print(f"timestone cluster status: --etcd: {exc}", file=sys.stderr)
+        return 2
+    try:
+        status = asyncio.run(read_status(args.etcd, args.prefix, args.token, args.timeout, tls, auth))
     except EtcdError as exc:
         print(f"timestone cluster status: {exc}", file=sys.stderr)
         return 1

@@ -15,15 +15,18 @@ Sans-IO: nothing here talks to etcd or reads a clock; times come in as numbers (
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from broker_edge.cluster.etcd_values import load_json
 from broker_edge.cluster.links.peer_link import decode_parts, decode_publishes, encode_unlogged
 from broker_edge.engine.message import Message, forwarded_properties
 from broker_edge.engine.sessions.session import NEVER_EXPIRES
 from broker_edge.engine.sessions.snapshot import FORMAT, FORMAT_VERSION, parse, restore, session_document
+from broker_edge.settings.cluster import NODE_ID
 
 if TYPE_CHECKING:
     from broker_edge.engine.routing.router import Router
@@ -69,7 +72,14 @@ class SavedWill:
         due_at = fields.get("due_at")
         if due_at is not None and not isinstance(due_at, (int, float)):
             raise ValueError("will.due_at: expected a number or null")
-        return cls(base64.b64decode(_typed(fields, "publish", str)), _typed(fields, "delay", int), due_at)
+        delay = _typed(fields, "delay", int)
+        if not 0 <= delay <= NEVER_EXPIRES:
+            raise ValueError(f"will.delay: out of range, got {delay}")
+        try:
+            publish = base64.b64decode(_typed(fields, "publish", str), validate=True)
+        except binascii.Error:
+            raise ValueError("will.publish: not base64") from None
+        return cls(publish, delay, due_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +125,7 @@ class SessionRecord:
     @classmethod
     def from_json(cls, data: bytes) -> SessionRecord:
         """Parse a record; ``ValueError`` naming the field when it is not one."""
-        fields = _mapping(json.loads(data), "record")
+        fields = load_json(data, "record")
         owner = fields.get("owner")
         if owner is not None and not isinstance(owner, str):
             raise ValueError("owner: expected a string or null")
@@ -126,11 +136,18 @@ class SessionRecord:
         saved_at = fields.get("saved_at")
         if saved_at is not None and not isinstance(saved_at, (int, float)):
             raise ValueError("saved_at: expected a number or null")
+        node = _typed(fields, "node", str)
+        if not NODE_ID.match(node):
+            raise ValueError(f"node: expected a node id, got {node[:64]!r}")
+        generation = _typed(fields, "generation", int)
+        expiry_interval = _typed(fields, "expiry_interval", int)
+        if not 0 <= generation < 2**63 or not 0 <= expiry_interval <= NEVER_EXPIRES:
+            raise ValueError("generation or expiry_interval: out of range")
         return cls(
-            _typed(fields, "node", str),
-            _typed(fields, "generation", int),
+            node,
+            generation,
             owner,
-            _typed(fields, "expiry_interval", int),
+            expiry_interval,
             None if will is None else SavedWill.from_document(will),
             state,
             saved_at,

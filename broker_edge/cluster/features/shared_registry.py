@@ -20,7 +20,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from broker_edge.cluster.coordination.etcd import EtcdError, WatchCompacted
+from broker_edge.cluster.etcd_values import load_json
 from broker_edge.cluster.tasks import stop_task
+from broker_edge.protocol.errors import InvalidTopic
+from broker_edge.protocol.topics import validate_topic_filter
 
 if TYPE_CHECKING:
     from broker_edge.cluster.coordination.etcd import Etcd
@@ -40,11 +43,18 @@ def encode_groups(groups: set[GroupKey]) -> bytes:
 
 def decode_groups(value: bytes) -> set[GroupKey]:
     """The groups of a registry value (``ValueError`` when it is not one)."""
-    data = json.loads(value)
-    groups = data["groups"] if isinstance(data, dict) else None
-    if not isinstance(groups, list):
+    groups = load_json(value, "shared groups").get("groups")
+    if not isinstance(groups, list) or not all(
+        isinstance(entry, list) and len(entry) == 2 and all(isinstance(part, str) for part in entry)
+        for entry in groups
+    ):
         raise ValueError('expected {"groups": [[group, filter], ...]}')
-    return {(str(group), str(topic_filter)) for group, topic_filter in groups}
+    for group, topic_filter in groups:
+        try:
+            validate_topic_filter(f"$share/{group}/{topic_filter}")
+        except InvalidTopic as error:
+            raise ValueError(str(error)) from None
+    return {(group, topic_filter) for group, topic_filter in groups}
 
 
 class SharedRegistry:

@@ -1,8 +1,10 @@
 """Peer links: one persistent WebSocket between every pair of brokers, carrying publishes and answers.
 
-A link is the WebSocket ``/v1/peer`` of the offsets API (bearer token, the dialing node named in the
-``X-Timestone-Node`` header). Of each pair the node with the smaller ``node_id`` dials and redials while the
-other is a member; both then send on the one socket. Everything sent to a peer during one loop iteration
+A link is the WebSocket ``/v1/peer`` of the members' endpoint (``member_api``): the dialing node is the
+one its certificate names (``member_clients`` checks the other end's before it sends anything), and both
+ends are current members. Of each pair the node with the smaller ``node_id`` dials and redials while the
+other is a member; both then send on the one socket. A link coming up proves the peer's node id
+(``MemberProofs``). Everything sent to a peer during one loop iteration
 leaves as one binary WebSocket message, written in the next iteration (the first part sent starts the
 writing task, whose first step joins whatever was sent meanwhile): a part waits one loop iteration, never a
 timer. Senders that want to build their part as late as possible, to take in everything new of the
@@ -43,7 +45,10 @@ from broker_edge.engine.records import message_of_frame, record_fields
 from broker_edge.storage.record import PREFIX, PREFIX_SIZE, FrameError, decode_frame, encode_frame
 
 if TYPE_CHECKING:
-    from aiohttp import ClientSession, web
+    from aiohttp import web
+
+    from broker_edge.cluster.member_clients import MemberClients
+    from broker_edge.cluster.member_proofs import MemberProofs
 
 __all__ = [
     "ANSWER",
@@ -73,7 +78,6 @@ FORWARD, UNLOGGED, ANSWER, REQUEST, REPLY = 1, 2, 3, 4, 5
 FIRST_EXTENSION_KIND = 16
 """Part kinds from here up belong to features registered with ``PeerLinks.on``."""
 PEER_PATH = "/v1/peer"
-NODE_HEADER = "X-Timestone-Node"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_RECORD_BODY = 64 * 1024 * 1024
 HEARTBEAT_S = 1.0
@@ -411,17 +415,28 @@ class PeerLinks:
     """Every peer link of this node: dials the members it should, accepts the others, routes what arrives.
 
     ``update(members)`` (called on every view change) starts dialing new members whose ``node_id`` is
-    larger than ours and drops the links of members gone.
+    larger than ours and drops the links of members gone. ``clients`` are this node's sessions to the
+    members (without them, plain ones: development on loopback); ``proofs`` learns of every link that
+    comes up.
     """
 
-    def __init__(self, node_id: str, token: str | None, receiver: PeerReceiver) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        clients: MemberClients | None,
+        receiver: PeerReceiver,
+        proofs: MemberProofs | None = None,
+    ) -> None:
+        from broker_edge.cluster.member_clients import MemberClients
+
         self.node_id = node_id
-        self.token = token
+        self._own_clients = clients is None
+        self.clients = clients if clients is not None else MemberClients(node_id, None)
         self.receiver = receiver
+        self.proofs = proofs
         self.links: dict[str, PeerLink] = {}
         self._dialers: dict[str, asyncio.Task[None]] = {}
         self._urls: dict[str, str] = {}
-        self._session: ClientSession | None = None
         self._closed = False
         self._handlers: dict[int, PeerHandler] = {}
         self._services: dict[int, PeerService] = {}
@@ -473,27 +488,19 @@ class PeerLinks:
         for link in self.links.values():
             link.unlogged(message)
 
-    def _headers(self) -> dict[str, str]:
-        headers = {NODE_HEADER: self.node_id}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        return headers
-
     async def _dial(self, peer: str) -> None:
         """Keep a link to ``peer`` open while it is a member: connect, read until it closes, redial."""
         import aiohttp
 
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
         link = self.link(peer)
+        failures = 0
         while not self._closed:
             url = self._urls.get(peer)
             if url is None:
                 return
             try:
-                socket = await self._session.ws_connect(
+                socket = await self.clients.session(peer).ws_connect(
                     url.rstrip("/") + PEER_PATH,
-                    headers=self._headers(),
                     heartbeat=HEARTBEAT_S,
                     max_msg_size=MAX_MESSAGE_BYTES,
                     timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
@@ -501,9 +508,14 @@ class PeerLinks:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.debug("dialing peer %s at %s failed: %s", peer, url, exc)
+                failures += 1
+                if failures in (1, 50) or failures % 1000 == 0:  # a member that cannot prove who it is
+                    log.warning("peer link to %s at %s: %s", peer, url, exc)
+                else:
+                    log.debug("dialing peer %s at %s failed: %s", peer, url, exc)
                 await asyncio.sleep(REDIAL_S)
                 continue
+            failures = 0
             try:
                 await self._read(link, socket)
             finally:
@@ -515,6 +527,8 @@ class PeerLinks:
         import aiohttp
 
         link.attach(socket)
+        if self.proofs is not None:
+            self.proofs.link_up(link.peer)
         async for frame in socket:
             if frame.type != aiohttp.WSMsgType.BINARY:
                 if frame.type == aiohttp.WSMsgType.ERROR:
@@ -527,17 +541,15 @@ class PeerLinks:
                 break
 
     async def serve(self, request: web.Request) -> web.StreamResponse:
-        """The ``/v1/peer`` endpoint: a peer with a smaller node_id dialing in."""
-        import hmac
-
+        """The ``/v1/peer`` endpoint: a member with a smaller node_id dialing in, as the node it proved."""
         from aiohttp import web
 
-        if self.token and not hmac.compare_digest(
-            request.headers.get("Authorization", "").encode(), f"Bearer {self.token}".encode()
-        ):
-            raise web.HTTPUnauthorized()
-        peer = request.headers.get(NODE_HEADER, "")
-        if not peer or peer == self.node_id or self._closed:
+        from broker_edge.offsets_api.server import access_of
+
+        peer = access_of(request).member
+        if peer is None:
+            raise web.HTTPForbidden()  # only on the members' endpoint, whose every request is a member's
+        if peer == self.node_id or self._closed:
             raise web.HTTPBadRequest()
         socket = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=MAX_MESSAGE_BYTES)
         await socket.prepare(request)
@@ -564,5 +576,5 @@ class PeerLinks:
         self._dialers.clear()
         for link in self.links.values():
             await link.close()
-        if self._session is not None:
-            await self._session.close()
+        if self._own_clients:
+            await self.clients.close()

@@ -11,7 +11,7 @@ position in such a topic is behind, or a device subscribing from an offset, read
   cursor is dropped only once it reaches it, so the switch to live delivery is exact, as on a single
   broker: records routed while the cursor was behind were held back for the session and are read too.
 - ``read(topic, offset, ...)``: the committed records from ``offset``, from a window of records fetched
-  from the partition's leader (or another replica while it has none) over the offsets API
+  from the partition's leader (or another replica while it has none) over its members' endpoint
   (``GET /v1/logs/{topic}/records?format=frames``, the records exactly as stored: offsets are the same on
   every replica). ``None`` while they are being fetched: the sessions that asked are pumped again once
   they are in. Windows are kept for the last few hundred topics read, shared by the sessions reading them.
@@ -38,6 +38,7 @@ import yarl
 from broker_edge.offsets_api.formats import frames_records, topic_path_segment
 
 if TYPE_CHECKING:
+    from broker_edge.cluster.member_clients import MemberClients
     from broker_edge.cluster.replication.follower import Followers
     from broker_edge.cluster.view import ClusterView
     from broker_edge.engine.cursors import ReplayManager
@@ -70,18 +71,17 @@ class RemoteReads:
         followers: Followers,
         log_here: Callable[[str], bool],
         replays: ReplayManager,
-        token: str | None,
+        clients: MemberClients,
     ) -> None:
         self.view = view
         self.followers = followers
         self._log_here = log_here
         self.replays = replays
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.clients = clients
         self._windows: dict[str, tuple[int, list[Record]]] = {}
         """topic → (offset asked, the records fetched from it: the first may be later, after retention)."""
         self._fetching: dict[str, asyncio.Task[None]] = {}
         self._waiting: dict[str, set[Session]] = {}
-        self._http: aiohttp.ClientSession | None = None
         self.fetches = 0
         """Reads sent to other brokers."""
 
@@ -117,9 +117,6 @@ class RemoteReads:
         for task in list(self._fetching.values()):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
 
     async def _fetch(self, topic: str, offset: int) -> None:
         try:
@@ -139,11 +136,10 @@ class RemoteReads:
             self.replays.pump_soon(session)
 
     async def _fetch_once(self, topic: str, offset: int) -> list[Record]:
-        base = self._reader(topic)
-        if base is None:
+        reader = self._reader(topic)
+        if reader is None:
             return []
-        if self._http is None:
-            self._http = aiohttp.ClientSession()
+        node, base = reader
         query = urllib.parse.urlencode(
             {"offset": offset, "max_records": READ_RECORDS, "max_bytes": READ_BYTES, "format": "frames"}
         )
@@ -151,9 +147,7 @@ class RemoteReads:
         self.fetches += 1
         try:
             timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
-            async with self._http.get(
-                yarl.URL(url, encoded=True), headers=self._headers, timeout=timeout
-            ) as answer:
+            async with self.clients.session(node).get(yarl.URL(url, encoded=True), timeout=timeout) as answer:
                 body = await answer.read()
                 if answer.status == 416:  # below the log's start (retention): read on from its start
                     start = int(json.loads(body).get("start_offset", offset))
@@ -170,14 +164,14 @@ class RemoteReads:
             log.error("%r from %s: frame %d refused (%s)", topic, base, first_refused, refused)
         return records
 
-    def _reader(self, topic: str) -> str | None:
-        """The offsets API of the partition's leader, else of a live replica (None: none known)."""
+    def _reader(self, topic: str) -> tuple[str, str] | None:
+        """The partition's leader, else a live replica, and its members' endpoint (None: none known)."""
         view = self.view
         state = view.state_of(topic)
         if state is None:
             return None
         for node in (state.leader, *state.replicas):
             member = view.members.get(node) if node is not None else None
-            if member is not None and node != view.node_id:
-                return member.offsets_api
+            if member is not None and member.peer is not None and node != view.node_id:
+                return member.node_id, member.peer
         return None

@@ -35,13 +35,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import aiohttp
 
+from broker_edge.cluster.member_clients import MemberClients
 from broker_edge.engine.records import message_of_record
 from broker_edge.log_info import LogInfo
 from broker_edge.observe import path_trace
@@ -93,6 +93,19 @@ class FetchFailed(Exception):
     """The leader answered a fetch with an HTTP error."""
 
 
+class TruncationRefused(StorageError):
+    """A leader told this replica to cut records it knows were committed (acknowledged): a leader elected
+    without them (an unclean election, or a partition record nobody's controller wrote). Refused unless
+    ``FollowerConfig.unclean_election``: the records stay, and the replica does not follow that leader."""
+
+    def __init__(self, topic: str, leader: str, target: int, committed: int) -> None:
+        super().__init__(
+            f"{topic!r}: leader {leader} would cut this replica's log to {target}, below its committed end "
+            f"{committed}: refused (acknowledged records are never truncated without unclean_election)"
+        )
+        self.topic = topic
+
+
 @dataclass(frozen=True, slots=True)
 class FollowerConfig:
     wait_ms: int = 500
@@ -103,6 +116,9 @@ class FollowerConfig:
     """Pause before reopening a session after an error."""
     timeout_s: float = 10.0
     """Time for a fetch to be answered, beyond `wait_ms`."""
+    unclean_election: bool = False
+    """Whether the cluster elects out-of-sync replicas (``cluster.unclean_election``): only then does a
+    replica follow a leader that lacks records it committed, truncating them."""
     subscribe_wait_s: float = 5.0
     """Longest a SUBACK waits for the observation of a partition its subscription needs to start."""
 
@@ -133,23 +149,24 @@ class Followers:
         view: ClusterView,
         store: LogStore,
         delivery: LocalDelivery,
-        token: str | None,
+        clients: MemberClients | None,
         config: FollowerConfig | None = None,
         epochs: LeaderEpochs | None = None,
-        ssl_context: ssl.SSLContext | None = None,
         links: PeerLinks | None = None,
         interest: LocalInterest | None = None,
         retained: RetainedRefresh | None = None,
     ) -> None:
-        """`token` is the peers' offsets API bearer token; `ssl_context` verifies peers served over HTTPS;
-        with `links`, replicas take pushes over the peer links once their sessions are open (hand the
-        links' `PUSH` parts to `pushed`). With `interest`, partitions held here in no copy are observed
+        """`clients` are this node's sessions to the other members (fetches go to a leader's members'
+        endpoint, to that member only; None: plain ones, development on loopback); with `links`, replicas
+        take pushes over the peer links once their sessions are open (hand the links' `PUSH` parts to
+        `pushed`). With `interest`, partitions held here in no copy are observed
         only while local subscriptions want them (else all of them), and `subscribe_gate` holds a SUBACK
         until the partitions it made wanted are observed; `retained` then brings their retained messages
         up to date."""
         self.view = view
         self.links = links
-        self._ssl_context = ssl_context
+        self._own_clients = clients is None
+        self.clients = clients if clients is not None else MemberClients(view.node_id, None)
         self.store = store
         self.delivery = delivery
         self.config = config or FollowerConfig()
@@ -158,12 +175,9 @@ class Followers:
         if path_trace.ON:
             path_trace.set_node(view.node_id)
         self._headers = {"Content-Type": CONTENT_TYPE}
-        if token is not None:
-            self._headers["Authorization"] = f"Bearer {token}"
         self._fetchers: dict[_FetcherKey, _Fetcher] = {}
         self._retiring: set[_Fetcher] = set()
         """Observer fetchers replaced by one of the same leader, finishing their last fetch."""
-        self._http: aiohttp.ClientSession | None = None
         self._started = False
         self.fetches_sent = 0
         """HTTP fetches sent (a steady state over the peer link sends none)."""
@@ -207,8 +221,6 @@ class Followers:
         if self._started:
             return
         self._started = True
-        connector = aiohttp.TCPConnector(ssl=self._ssl_context) if self._ssl_context is not None else None
-        self._http = aiohttp.ClientSession(connector=connector)
         self.view.on_change(self._view_changed)
         self._view_changed()
 
@@ -220,9 +232,8 @@ class Followers:
             fetcher.cancel()
         for fetcher in fetchers:
             await fetcher.wait()
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        if self._own_clients:
+            await self.clients.close()
         for task in list(self._tasks):
             task.cancel()
         self._starting = {}
@@ -314,10 +325,10 @@ class Followers:
             if state.leader is None or state.leader == me:
                 continue
             member = view.members.get(state.leader)
-            if member is None:
+            if member is None or member.peer is None:
                 continue
             key = (state.leader, observer)
-            wanted.setdefault(key, (member.offsets_api, {}))[1][number] = state.epoch
+            wanted.setdefault(key, (member.peer, {}))[1][number] = state.epoch
         replaced: dict[_FetcherKey, _Fetcher] = {}
         for key, fetcher in list(self._fetchers.items()):
             if wanted.get(key) != (fetcher.url, fetcher.partitions):
@@ -489,15 +500,14 @@ class Followers:
             if partition_of(topic) not in copies and topic_matches(topic_filter, topic)
         ]
 
-    async def post(self, url: str, request: FetchRequest) -> tuple[FetchResponse, bool, bool]:
-        """The leader's answer, whether it pushes sessions over the peer link, and whether it lists every
-        topic to a new observer session (`LISTS_TOPICS_HEADER`)."""
-        http = self._http
-        if http is None:
+    async def post(self, leader: str, url: str, request: FetchRequest) -> tuple[FetchResponse, bool, bool]:
+        """The answer of ``leader`` (at ``url``, its members' endpoint), whether it pushes sessions over the
+        peer link, and whether it lists every topic to a new observer session (`LISTS_TOPICS_HEADER`)."""
+        if not self._started:
             raise asyncio.CancelledError
         self.fetches_sent += 1
         timeout = aiohttp.ClientTimeout(total=request.wait_ms / 1000 + self.config.timeout_s)
-        async with http.post(
+        async with self.clients.session(leader).post(
             url.rstrip("/") + PATH, data=encode_request(request), headers=self._headers, timeout=timeout
         ) as answer:
             body = await answer.read()
@@ -674,6 +684,7 @@ class _Fetcher:
         role = "observer" if self.observer else "replica"
         session = 0
         failures = 0
+        refusals = 0
         opened = False
         while not self.retiring:
             if session == 0 and not self.observer:
@@ -689,7 +700,7 @@ class _Fetcher:
                 for number in self.partitions:
                     counts[number] = counts.get(number, 0) + 1
             try:
-                response, pushes, lists = await owner.post(self.url, request)
+                response, pushes, lists = await owner.post(self.leader, self.url, request)
             except (aiohttp.ClientError, OSError, TimeoutError, FetchFailed, WireError) as error:
                 failures += 1
                 if failures == 1 or failures % 50 == 0:
@@ -725,6 +736,13 @@ class _Fetcher:
                     if owner._catching_up:
                         owner._copy_answered(response)
                     await self._replicate(response)
+            except TruncationRefused as error:
+                refusals += 1
+                if refusals == 1 or refusals % 60 == 0:
+                    log.error("replicating from %s: %s", self.leader, error)
+                session = 0
+                await asyncio.sleep(max(owner.config.retry_s, 1.0))
+                continue
             except StorageError as error:
                 log.error("replicating from %s failed: %s", self.leader, error)
                 session = 0
@@ -832,6 +850,9 @@ class _Fetcher:
             if data.kind == DIVERGING:
                 self._truncate(data)
             elif data.kind == RESTART:
+                if topic in store and data.start_offset < store.durable_end(topic):
+                    # a leader restarts a replica only past everything it holds (its retention removed it)
+                    raise TruncationRefused(topic, self.leader, data.start_offset, store.committed_end(topic))
                 log.warning(
                     "%r: the leader's log starts at %d: restarting it there", topic, data.start_offset
                 )
@@ -882,6 +903,9 @@ class _Fetcher:
             cache = owner.epochs.for_topic(topic)
             _epoch, local_end = cache.end_offset_for(data.diverging_epoch, store.durable_end(topic))
             target = min(target, local_end)
+        committed = store.committed_end(topic) if topic in store else 0
+        if target < committed and not owner.config.unclean_election:
+            raise TruncationRefused(topic, self.leader, target, committed)
         log.warning(
             "%r diverged from the leader %s: truncating from %d to %d",
             topic,

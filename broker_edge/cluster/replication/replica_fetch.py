@@ -83,6 +83,8 @@ log = logging.getLogger(__name__)
 PATH = "/v1/replica/fetch"
 MAX_REQUEST_BYTES = 64 << 20
 """A first fetch lists every topic the follower holds in the leader's partitions."""
+MAX_FETCH_BYTES = 64 << 20
+"""Most frame bytes one fetch may ask for (a follower asks 4 MiB)."""
 CONTENT_TYPE = "application/x-timestone-replica-fetch"
 PUSH_HEADER = "X-Timestone-Replica-Push"
 """Present (``1``) in the answers of a leader that pushes sessions over the peer link."""
@@ -301,8 +303,10 @@ def decode_request(data: bytes) -> FetchRequest:
     if not replica:
         raise WireError("replica fetch request: replica must not be empty")
     session, flags, wait_ms, max_bytes, max_topic_bytes = reader.take(_REQUEST_HEAD, "header")
-    if max_bytes < 1 or max_topic_bytes < 1:
-        raise WireError("replica fetch request: max_bytes and max_topic_bytes must be positive")
+    if not 1 <= max_bytes <= MAX_FETCH_BYTES or not 1 <= max_topic_bytes <= MAX_FETCH_BYTES:
+        raise WireError(
+            f"replica fetch request: max_bytes and max_topic_bytes must be within [1, {MAX_FETCH_BYTES}]"
+        )
     request = FetchRequest(replica, session, bool(flags & 1), wait_ms, max_bytes, max_topic_bytes)
     (count,) = reader.take(_U32, "partitions")
     for _ in range(count):
@@ -355,9 +359,10 @@ FetchServer = Callable[[FetchRequest], Awaitable[FetchResponse]]
 def replica_fetch_route(
     serve: FetchServer, request_timeout_s: float = 10.0, pushes: bool = False
 ) -> Callable[[web.Application], None]:
-    """A function adding `POST /v1/replica/fetch` to an offsets API app (`create_app(routes=[...])`); the
-    app's bearer token guards it like every other endpoint. `pushes`: the leader also pushes sessions over
-    the peer link (its answers say so)."""
+    """A function adding `POST /v1/replica/fetch` to the members' endpoint (`member_api`): a request is
+    served only for the member it comes from (its `replica` is the node its certificate names), within
+    the HTTP memory budget (its body, then the frames it may be answered with). `pushes`: the leader also
+    pushes sessions over the peer link (its answers say so)."""
     headers = {"Content-Type": CONTENT_TYPE, LISTS_TOPICS_HEADER: "1"}
     if pushes:
         headers[PUSH_HEADER] = "1"
@@ -365,10 +370,14 @@ def replica_fetch_route(
     def add(app: web.Application) -> None:
         from aiohttp import web
 
+        from broker_edge.http.guard import hold, settle
         from broker_edge.offsets_api import errors as codes
-        from broker_edge.offsets_api.server import ApiError
+        from broker_edge.offsets_api.server import ApiError, access_of
 
         async def handle(request: web.Request) -> web.StreamResponse:
+            member = access_of(request).member
+            if member is None:
+                raise ApiError(403, "not_a_member", "replica fetches are for members only", close=True)
             length = request.content_length
             if length is None or length > MAX_REQUEST_BYTES:
                 raise ApiError(
@@ -376,6 +385,7 @@ def replica_fetch_route(
                     codes.BAD_REQUEST,
                     f"the body must have a length of at most {MAX_REQUEST_BYTES} bytes",
                 )
+            hold(request, length)
             try:  # not request.read(): a first fetch lists every topic, beyond aiohttp's 1 MiB default
                 body = await asyncio.wait_for(request.content.readexactly(length), request_timeout_s)
             except TimeoutError:
@@ -391,6 +401,16 @@ def replica_fetch_route(
                 fetch = decode_request(body)
             except WireError as error:
                 raise ApiError(400, codes.BAD_REQUEST, str(error), parameter="body") from None
+            if fetch.replica != member:
+                raise ApiError(
+                    403,
+                    "not_a_member",
+                    f"{member} fetches as {fetch.replica}: a member acts only as itself",
+                    close=True,
+                )
+            del body
+            settle(request, 0)
+            hold(request, fetch.max_bytes)  # the frames its answer may carry
             body = b"".join(encode_response(await serve(fetch)))
             return web.Response(body=body, headers=headers)
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 
 from broker_edge.cluster.node import ClusterNode
-from broker_edge.cluster.view import ClusterView, Member, PartitionState, partition_of
+from broker_edge.cluster.view import ClusterView, PartitionState, partition_of
 from broker_edge.config import load_dataclass
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import Disconnect, PubAck, Publish
 from broker_edge.settings.broker import BrokerConfig
-from broker_edge.settings.cluster import ClusterConfig
+from broker_edge.settings.cluster import ClusterConfig, MemberListenConfig
 from tests.e2e.broker_clients import RawClient, close_all, wait_for
 from tests.e2e.conftest import RunningBroker, broker_document
 
@@ -33,7 +33,11 @@ TOKEN = "peer-secret"
 def static_config(node_id: str) -> ClusterConfig:
     """The ``cluster:`` section of a node running on a given view (its etcd is never contacted)."""
     return ClusterConfig(
-        node_id=node_id, etcd=["http://127.0.0.1:9"], partitions=PARTITIONS, forward_timeout_ms=1000
+        node_id=node_id,
+        etcd=["http://127.0.0.1:9"],
+        partitions=PARTITIONS,
+        forward_timeout_ms=1000,
+        listen=MemberListenConfig(port=0),
     )
 
 
@@ -59,17 +63,16 @@ class Cluster:
         for node in NODES:
             document = broker_document(tmp_path / node, offsets_api={"token": TOKEN})
             self.brokers[node] = RunningBroker(load_dataclass(BrokerConfig, document)).start()
-        members = {
-            node: Member(node, f"127.0.0.1:{running.port}", f"http://127.0.0.1:{running.broker.offsets_port}")
-            for node, running in self.brokers.items()
-        }
         for node, running in self.brokers.items():
-            view = ClusterView(node, PARTITIONS, dict(members), fenced=False)
+            view = ClusterView(node, PARTITIONS, fenced=False)
             for partition in range(PARTITIONS):
                 leader = NODES[partition % len(NODES)]
                 view.states[partition] = PartitionState(partition, leader, 1, NODES, NODES)
             # every node's routes exist before any peer dials (the offsets API builds its app once)
             self.nodes[node] = running.call(partial(_node_on, running, view))
+        members = {node: cluster_node.member for node, cluster_node in self.nodes.items()}
+        for cluster_node in self.nodes.values():
+            cluster_node.view.members.update(members)
         for node, running in self.brokers.items():
             running.broker.cluster_node = self.nodes[node]
             asyncio.run_coroutine_threadsafe(self.nodes[node].start(), running.loop).result(10)

@@ -61,7 +61,7 @@ def _layout_matches_etcd(url: str, etcd: EtcdTarget) -> bool:
     recorded = cluster_state(etcd)
     return (
         not layout.fenced
-        and dict(layout.members) == recorded.members
+        and dict(layout.members) == {node: replace(m, peer=None) for node, m in recorded.members.items()}
         and dict(layout.partitions) == recorded.partitions
         and layout.partition_count == len(recorded.partitions)
     )

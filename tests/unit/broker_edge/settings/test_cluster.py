@@ -56,8 +56,33 @@ def test_no_section_means_no_cluster() -> None:
         ({"node_id": "a b"}, "cluster.node_id: must be 1-63 letters"),
         ({"node_id": ""}, "cluster.node_id: must be 1-63 letters"),
         ({"etcd": []}, "cluster.etcd: at least one etcd URL is required"),
-        ({"etcd": ["127.0.0.1:2379"]}, "cluster.etcd[0]: expected http://host:port"),
-        ({"etcd": ["http://a:1", "https://b:2"]}, "cluster.etcd[1]: expected http://host:port"),
+        ({"etcd": ["127.0.0.1:2379"]}, "cluster.etcd[0]: expected https://host:port"),
+        ({"etcd": ["http://127.0.0.1:1", "ftp://b:2"]}, "cluster.etcd[1]: expected https://host:port"),
+        (
+            {"etcd": ["http://10.0.0.5:2379"]},
+            "cluster.etcd[0]: an etcd beyond loopback is reached over https",
+        ),
+        ({"etcd": ["https://10.0.0.5:2379"]}, "cluster.etcd_tls: required for https:// etcd URLs"),
+        (
+            {"etcd": ["http://127.0.0.1:1", "https://10.0.0.5:2"], "etcd_tls": {"cafile": "ca.pem"}},
+            "cluster.etcd: mixes http:// and https://",
+        ),
+        ({"etcd_tls": {"cafile": "ca.pem"}}, "cluster.etcd_tls: set, but the etcd URLs are http://"),
+        (
+            {"etcd": ["https://10.0.0.5:2379"], "etcd_tls": {"cafile": "ca.pem", "certfile": "c.pem"}},
+            "cluster.etcd_tls.keyfile: certfile and keyfile go together",
+        ),
+        ({"etcd_auth": {"username": "", "password_file": "pw"}}, "cluster.etcd_auth.username: must not be"),
+        ({"token": "s3cret"}, "cluster.token: members no longer share a token"),
+        (
+            {"tls": {"certfile": "m.pem", "keyfile": "m.key", "cafile": "ca.pem", "min_version": "TLSv1.1"}},
+            "cluster.tls.min_version: expected TLSv1.2 or TLSv1.3",
+        ),
+        ({"tls": {"certfile": "m.pem", "keyfile": "m.key"}}, "cluster.tls.cafile: required key is missing"),
+        ({"listen": {"host": "10.0.0.5"}}, "cluster.tls: required: the members' endpoint (listen.host"),
+        ({"advertise": {"peer": "http://10.0.0.5:9885"}}, "cluster.tls: required: the members' endpoint"),
+        ({"listen": {"host": "0.0.0.0"}}, "cluster.advertise.peer: required when the members' endpoint"),
+        ({"listen": {"port": 70000}}, "cluster.listen.port: must be between 0 and 65535"),
         ({"key_prefix": "timestone"}, "cluster.key_prefix: must start with '/'"),
         ({"key_prefix": "/t/"}, "cluster.key_prefix: must start with '/'"),
         ({"advertise": {"mqtt": "nohost"}}, "cluster.advertise.mqtt: expected host:port"),
@@ -99,6 +124,24 @@ def test_advertised_addresses_are_required_for_wildcard_binds() -> None:
         load_dataclass(BrokerConfig, {"cluster": section, "offsets_api": {"host": "::", "token": "t"}})
     advertised = {**section, "advertise": {"mqtt": "10.0.0.5:1883"}}
     assert load_dataclass(BrokerConfig, {"cluster": advertised, "listeners": listeners}).cluster is not None
+
+
+def test_members_beyond_loopback_prove_who_they_are_with_tls() -> None:
+    tls = {"certfile": "m.pem", "keyfile": "m.key", "cafile": "ca.pem"}
+    config = load(
+        etcd=["https://10.0.0.5:2379", "https://10.0.0.6:2379"],
+        etcd_tls={"cafile": "etcd-ca.pem", "certfile": "etcd.pem", "keyfile": "etcd.key"},
+        etcd_auth={"username": "timestone-plant", "password_file": "/etc/timestone/etcd-password"},
+        tls=tls,
+        listen={"host": "10.0.0.21", "port": 9885},
+        advertise={"peer": "https://10.0.0.21:9885"},
+    )
+    cluster = config.cluster
+    assert cluster is not None and cluster.tls is not None and cluster.tls.min_version == "TLSv1.3"
+    assert cluster.etcd_auth is not None and cluster.etcd_auth.username == "timestone-plant"
+    with pytest.raises(ConfigError, match=r"^cluster\.advertise\.peer: must be https:// with cluster\.tls"):
+        load(tls=tls, advertise={"peer": "http://127.0.0.1:9885"})
+    assert load().cluster is not None  # loopback, plain: the development setting
 
 
 def test_direct_construction_checks_too() -> None:

@@ -498,3 +498,27 @@ def test_an_offline_partition_gets_no_new_copies_until_the_pass_after_its_electi
     filled = plan(apply(offline, back), {"b1", "b3", "b4"}, 2)
     assert [c.after.replicas for c in filled] == [("b1", "b3")]  # b2, dead and out of sync, makes room
     assert filled[0].after.leader == "b1"
+
+
+def test_a_member_that_has_not_proven_its_node_id_is_given_no_copy_and_no_leadership() -> None:
+    # "evil" is registered in etcd (live) but never proved it is "evil": nothing is given to it, however
+    # the loads compare; the proven members carry on as if it were not there.
+    states = by_partition(initial_states(range(8), ["a", "b", "c"], 3))
+    live, proven = {"a", "b", "c", "evil"}, {"a", "b", "c"}
+    for _ in range(20):  # passes until nothing changes
+        changes = plan(states, live, 3, eligible=proven)
+        if not changes:
+            break
+        states = apply(states, changes)
+    assert changes == []
+    assert not any("evil" in state.replicas for state in states.values())
+    # a leader dies: only proven in-sync replicas are elected, and a copy goes to a proven member only
+    dead_a = {n: s for n, s in states.items()}
+    changes = plan(dead_a, {"b", "c", "evil"}, 3, eligible={"b", "c"})
+    after = apply(dead_a, changes)
+    assert all(state.leader in ("b", "c") for state in after.values())
+    assert not any("evil" in state.replicas for state in after.values())
+    # an unproven in-sync replica does not lead: the partition waits offline for a proven one
+    lone = {0: PartitionState(0, "a", 4, ("a", "b"), ("a", "b"))}
+    (offline,) = plan(lone, {"b"}, 2, eligible=set())
+    assert offline.after.leader is None and offline.after.epoch == 5

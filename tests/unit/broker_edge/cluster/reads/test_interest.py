@@ -72,7 +72,8 @@ def test_a_node_observes_only_wanted_partitions_and_a_suback_waits_for_their_obs
         store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
         store.open()
         view = ClusterView("b3", 2)
-        view.members["b1"] = Member("b1", "127.0.0.1:1", f"http://127.0.0.1:{_closed_port()}")
+        closed = f"http://127.0.0.1:{_closed_port()}"
+        view.members["b1"] = Member("b1", "127.0.0.1:1", closed, closed)
         view.states[0] = PartitionState(0, "b1", 1, ("b1", "b2"), ("b1", "b2"))
         view.states[1] = PartitionState(1, "b1", 1, ("b1", "b3"), ("b1", "b3"))
         interest = LocalInterest(view)

@@ -7,12 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.cluster.replication.follower import FollowerConfig, Followers, LocalDelivery, _Fetcher
+from broker_edge.cluster.replication.follower import (
+    FollowerConfig,
+    Followers,
+    LocalDelivery,
+    TruncationRefused,
+    _Fetcher,
+)
 from broker_edge.cluster.replication.leader import LeaderConfig
 from broker_edge.cluster.replication.replica_fetch import (
     DIVERGING,
     FRAMES,
     OK,
+    RESTART,
     FetchResponse,
     PartitionData,
     TopicData,
@@ -25,6 +32,7 @@ def test_a_diverged_tail_is_cut_where_the_common_epoch_ends_on_either_side(tmp_p
     async def scenario() -> None:
         store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
         store.open()
+        store.enable_replication()  # a cluster node: appended records are committed by the leader's word
         store.append_batch("t", [(b"x", 1, False, "c", (), None, None, None, None, None)] * 12)
         await store.wait_durable()
         followers = Followers(ClusterView("b2", 1), store, LocalDelivery(store, lambda _m: None, None), None)
@@ -37,6 +45,38 @@ def test_a_diverged_tail_is_cut_where_the_common_epoch_ends_on_either_side(tmp_p
         assert cache.entries == [(1, 0)]
         fetcher._truncate(TopicData("t", DIVERGING, 0, 0, diverging_epoch=1, diverging_end=2))
         assert store.durable_end("t") == 2  # the leader's end when it is earlier
+        store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_leader_that_would_cut_committed_records_is_refused_unless_elections_are_unclean(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
+        store.open()
+        store.enable_replication()
+        store.append_batch("t", [(b"x", 1, False, "c", (), None, None, None, None, None)] * 10)
+        await store.wait_durable()
+        store.commit("t", 8)  # 8 records acknowledged; 2 more appended, not yet committed
+        delivery = LocalDelivery(store, lambda _m: None, None)
+        followers = Followers(ClusterView("b2", 1), store, delivery, None)
+        fetcher = _Fetcher(followers, "b3", "http://127.0.0.1:1", {0: 4}, observer=False)
+        with pytest.raises(TruncationRefused, match="below its committed end 8"):
+            fetcher._truncate(TopicData("t", DIVERGING, 0, 0, diverging_end=5))
+        with pytest.raises(TruncationRefused):  # nor emptied by a restart before what it holds
+            fetcher.apply(FetchResponse(1, OK, [PartitionData(0, OK, 4, [TopicData("t", RESTART, 0, 3)])]))
+        assert store.durable_end("t") == 10 and store.committed_end("t") == 8  # nothing was cut
+        fetcher._truncate(TopicData("t", DIVERGING, 0, 0, diverging_end=8))
+        assert store.durable_end("t") == 8  # the uncommitted tail may go: the epoch rule as ever
+        unclean = Followers(
+            ClusterView("b2", 1), store, delivery, None, FollowerConfig(unclean_election=True)
+        )
+        _Fetcher(unclean, "b3", "http://127.0.0.1:1", {0: 4}, observer=False)._truncate(
+            TopicData("t", DIVERGING, 0, 0, diverging_end=5)
+        )
+        assert store.durable_end("t") == 5  # the operator chose availability over those records
         store.close()
 
     asyncio.run(scenario())

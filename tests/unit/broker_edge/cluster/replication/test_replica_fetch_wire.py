@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import pytest
 
@@ -101,14 +102,16 @@ def test_a_fetch_its_replica_drops_before_its_body_arrived_is_logged_quietly(
     notes it at DEBUG, not as a failed request with a traceback."""
     from aiohttp import web
 
+    from broker_edge.access import member_access
     from broker_edge.cluster.replication.replica_fetch import CONTENT_TYPE, PATH, replica_fetch_route
-    from broker_edge.offsets_api.server import json_errors
+    from broker_edge.offsets_api.server import authentication, json_errors
 
     async def serve(request: FetchRequest) -> FetchResponse:
         raise AssertionError("no request is complete")
 
     async def main() -> None:
-        app = web.Application(middlewares=[json_errors])
+        middlewares: list[Any] = [json_errors, authentication(lambda _r: member_access("b2"))]
+        app = web.Application(middlewares=middlewares)
         replica_fetch_route(serve)(app)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()

@@ -84,7 +84,12 @@ class _Pair:
         self.isr = StaticIsr()
         self.views = {node: ClusterView(node, 1, fenced=False) for node in NODES}
         for view in self.views.values():
-            view.members.update({node: Member(node, "127.0.0.1:1", "http://127.0.0.1:1") for node in NODES})
+            view.members.update(
+                {
+                    node: Member(node, "127.0.0.1:1", "http://127.0.0.1:1", "http://127.0.0.1:1")
+                    for node in NODES
+                }
+            )
             view.states[0] = PartitionState(0, "b1", 1, NODES, NODES)
             self.isr.views.append(view)
         self.leader = LeaderReplication(
@@ -108,7 +113,9 @@ class _Pair:
         delivery = LocalDelivery(self.follower_store, lambda message: routed.append(message.payload), None)
 
         class InMemory(Followers):
-            async def post(self, url: str, request: FetchRequest) -> tuple[FetchResponse, bool, bool]:
+            async def post(
+                self, leader_node: str, url: str, request: FetchRequest
+            ) -> tuple[FetchResponse, bool, bool]:
                 self.fetches_sent += 1
                 return await leader.fetch(request), pushes, True
 
