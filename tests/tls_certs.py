@@ -15,7 +15,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from broker_edge.cluster.local_pki import LOOPBACK_NAMES, build_ca, build_leaf, write_key
+from broker_edge.runtime.local_pki import LOOPBACK_NAMES, build_ca, build_leaf, write_key
 
 __all__ = ["PkiPaths", "client_ssl_context", "make_test_pki"]
 

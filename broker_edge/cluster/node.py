@@ -42,11 +42,11 @@ from broker_edge.cluster.features.shared_directory import SharedDirectory
 from broker_edge.cluster.features.shared_groups import SharedGroups, log_reader
 from broker_edge.cluster.features.shared_registry import SharedRegistry
 from broker_edge.cluster.forwarding import ClusterForwarding
+from broker_edge.cluster.links.member_api import bind_members_endpoint, serve_members_endpoint
+from broker_edge.cluster.links.member_clients import MemberClients
+from broker_edge.cluster.links.member_identity import MemberTls
+from broker_edge.cluster.links.member_proofs import MemberProofs
 from broker_edge.cluster.links.peer_link import PeerLinks
-from broker_edge.cluster.member_api import bind_members_endpoint, serve_members_endpoint
-from broker_edge.cluster.member_clients import MemberClients
-from broker_edge.cluster.member_identity import MemberTls
-from broker_edge.cluster.member_proofs import MemberProofs
 from broker_edge.cluster.view import ClusterView, Member
 from broker_edge.engine.ports import LOCAL_ONLY, AppendedRun, ClusterPorts, PublishRefused
 
@@ -69,8 +69,8 @@ if TYPE_CHECKING:
     from broker_edge.engine.publish import PublishPath
     from broker_edge.engine.routing.router import Router
     from broker_edge.http.guard import GuardedRunner
-    from broker_edge.http_budget import MemoryBudget
     from broker_edge.security.acl import AccessControl
+    from broker_edge.security.http_budget import MemoryBudget
     from broker_edge.settings.broker import BrokerConfig
     from broker_edge.settings.cluster import ClusterConfig
     from broker_edge.storage.store import LogStore

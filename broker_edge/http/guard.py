@@ -32,7 +32,7 @@ from typing import Any
 
 from aiohttp import web
 
-from broker_edge.http_budget import BudgetExhausted, MemoryBudget, Reservation
+from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget, Reservation
 from broker_edge.settings.broker import check_http_limits
 
 __all__ = [

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
 
-from broker_edge.access import EVERYONE, Access
 from broker_edge.http.guard import (
     GuardedRunner,
     hold,
@@ -42,8 +41,9 @@ from broker_edge.http.guard import (
     settle,
     start_guarded_site,
 )
-from broker_edge.http_budget import BudgetExhausted, MemoryBudget
-from broker_edge.reader_tokens import ReaderToken, ReaderTokens
+from broker_edge.security.access import EVERYONE, Access
+from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget
+from broker_edge.security.reader_tokens import ReaderToken, ReaderTokens
 from broker_edge.storage import (
     CorruptRecord,
     LogInfo,

@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from broker_edge.cluster.coordination.etcd import Etcd
-from broker_edge.cluster.local_pki import LocalPki
 from broker_edge.cluster.view import Member, PartitionState
 from broker_edge.runtime.launcher import BrokerProcess, free_port
+from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.cluster import EtcdAuthConfig, EtcdTlsConfig
 
 __all__ = [

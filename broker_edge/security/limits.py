@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 from broker_edge.config import ConfigError
 
 if TYPE_CHECKING:
-    from broker_edge.http_budget import MemoryBudget
+    from broker_edge.security.http_budget import MemoryBudget
 
 __all__ = ["ConnectionAdmission", "LimitsConfig", "TokenBucket", "topic_over_limits"]
 
@@ -294,7 +294,7 @@ class LimitsConfig:
 
     def http_budget(self) -> MemoryBudget:
         """The one memory budget of the broker's HTTP endpoints these limits describe."""
-        from broker_edge.http_budget import MemoryBudget
+        from broker_edge.security.http_budget import MemoryBudget
 
         return MemoryBudget(self.http_buffer_bytes, self.http_buffer_members_bytes)
 

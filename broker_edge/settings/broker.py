@@ -19,10 +19,10 @@ from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_fil
 from broker_edge.observe.logs import LoggingConfig
 from broker_edge.observe.sys_topics import SysTopicsConfig
 from broker_edge.process.gc_tuning import RuntimeConfig
-from broker_edge.reader_tokens import ReaderToken, ReaderTokens
 from broker_edge.security.acl import AclConfig
 from broker_edge.security.auth import AuthConfig, anonymous_allowed, is_loopback_host
 from broker_edge.security.limits import LimitsConfig
+from broker_edge.security.reader_tokens import ReaderToken, ReaderTokens
 from broker_edge.security.tls import TlsConfig
 from broker_edge.settings.cluster import ClusterConfig
 from broker_edge.storage.config import StorageConfig

@@ -25,10 +25,15 @@ from collections.abc import Awaitable, Callable, Iterable
 from broker_edge.cluster.coordination.assignment import Change, LogEnds, initial_states, needs_election, plan
 from broker_edge.cluster.coordination.coordinator import Coordinator
 from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd, EtcdError, Guard, KeyValue
+from broker_edge.cluster.coordination.etcd_values import (
+    BadValue,
+    StoredCluster,
+    parse_controller,
+    read_cluster,
+)
 from broker_edge.cluster.coordination.membership import Membership
-from broker_edge.cluster.etcd_values import BadValue, StoredCluster, parse_controller, read_cluster
-from broker_edge.cluster.member_clients import MemberClients
-from broker_edge.cluster.member_proofs import MemberProofs
+from broker_edge.cluster.links.member_clients import MemberClients
+from broker_edge.cluster.links.member_proofs import MemberProofs
 from broker_edge.cluster.tasks import stop_task
 from broker_edge.cluster.view import ClusterView, Member, PartitionState, partition_of
 from broker_edge.settings.cluster import ClusterConfig

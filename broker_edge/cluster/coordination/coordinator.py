@@ -29,8 +29,7 @@ from broker_edge.cluster.coordination.etcd import (
     KeyValue,
     WatchCompacted,
 )
-from broker_edge.cluster.coordination.membership import Membership
-from broker_edge.cluster.etcd_values import (
+from broker_edge.cluster.coordination.etcd_values import (
     BadValue,
     BadValues,
     check_progress,
@@ -39,6 +38,7 @@ from broker_edge.cluster.etcd_values import (
     parse_member,
     parse_partition_state,
 )
+from broker_edge.cluster.coordination.membership import Membership
 from broker_edge.cluster.tasks import stop_task
 from broker_edge.cluster.view import ClusterView, PartitionState
 

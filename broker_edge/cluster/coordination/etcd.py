@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import aetcd
 import aetcd.exceptions
 
-from broker_edge.cluster.etcd_secure import SecureClient
+from broker_edge.cluster.coordination.etcd_secure import SecureClient
 from broker_edge.settings.cluster import EtcdAuthConfig, EtcdTlsConfig, etcd_endpoint
 
 __all__ = [

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from broker_edge.cluster.etcd_values import load_json
+from broker_edge.cluster.coordination.etcd_values import load_json
 from broker_edge.cluster.links.peer_link import decode_parts, decode_publishes, encode_unlogged
 from broker_edge.engine.message import Message, forwarded_properties
 from broker_edge.engine.sessions.session import NEVER_EXPIRES

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from broker_edge.cluster.coordination.etcd import EtcdError, WatchCompacted
-from broker_edge.cluster.etcd_values import load_json
+from broker_edge.cluster.coordination.etcd_values import load_json
 from broker_edge.cluster.tasks import stop_task
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import validate_topic_filter

@@ -47,8 +47,8 @@ from broker_edge.storage.record import PREFIX, PREFIX_SIZE, FrameError, decode_f
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from broker_edge.cluster.member_clients import MemberClients
-    from broker_edge.cluster.member_proofs import MemberProofs
+    from broker_edge.cluster.links.member_clients import MemberClients
+    from broker_edge.cluster.links.member_proofs import MemberProofs
 
 __all__ = [
     "ANSWER",
@@ -427,7 +427,7 @@ class PeerLinks:
         receiver: PeerReceiver,
         proofs: MemberProofs | None = None,
     ) -> None:
-        from broker_edge.cluster.member_clients import MemberClients
+        from broker_edge.cluster.links.member_clients import MemberClients
 
         self.node_id = node_id
         self._own_clients = clients is None

@@ -38,7 +38,7 @@ import yarl
 from broker_edge.offsets_api.formats import frames_records, topic_path_segment
 
 if TYPE_CHECKING:
-    from broker_edge.cluster.member_clients import MemberClients
+    from broker_edge.cluster.links.member_clients import MemberClients
     from broker_edge.cluster.replication.follower import Followers
     from broker_edge.cluster.view import ClusterView
     from broker_edge.engine.cursors import ReplayManager

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from broker_edge.cluster.member_clients import MemberClients
+from broker_edge.cluster.links.member_clients import MemberClients
 from broker_edge.engine.records import message_of_record
 from broker_edge.log_info import LogInfo
 from broker_edge.observe import path_trace

@@ -18,11 +18,10 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
+from broker_edge.cluster.links.member_api import bind_members_endpoint, serve_members_endpoint
+from broker_edge.cluster.links.member_clients import MemberClients
+from broker_edge.cluster.links.member_identity import MemberTls
 from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
-from broker_edge.cluster.local_pki import LocalPki
-from broker_edge.cluster.member_api import bind_members_endpoint, serve_members_endpoint
-from broker_edge.cluster.member_clients import MemberClients
-from broker_edge.cluster.member_identity import MemberTls
 from broker_edge.cluster.replication.follower import FollowerConfig, Followers, LocalDelivery
 from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
 from broker_edge.cluster.replication.replica_fetch import replica_fetch_route
@@ -31,6 +30,7 @@ from broker_edge.cluster.view import ClusterView, Member, PartitionState
 from broker_edge.config.loader import load_dataclass
 from broker_edge.engine.message import Message
 from broker_edge.runtime.broker import Broker
+from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.broker import BrokerConfig
 from broker_edge.settings.cluster import MemberListenConfig, MemberTlsConfig
 from broker_edge.storage.store import LogStore

@@ -19,8 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from broker_edge.cluster.local_pki import LocalPki
-from broker_edge.cluster.member_clients import NODE_HEADER
+from broker_edge.cluster.links.member_clients import NODE_HEADER
 from broker_edge.cluster.replication.replica_fetch import (
     CONTENT_TYPE,
     PATH,
@@ -30,6 +29,7 @@ from broker_edge.cluster.replication.replica_fetch import (
     encode_request,
 )
 from broker_edge.runtime.local_cluster import EtcdTarget, cluster_state
+from broker_edge.runtime.local_pki import LocalPki
 
 __all__ = ["Attempt", "Recorder", "client_context", "forge_fetch", "members_url", "open_peer_link"]
 

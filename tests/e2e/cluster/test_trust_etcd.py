@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from broker_edge.cluster.coordination.etcd import EtcdError
-from broker_edge.cluster.etcd_values import BadValue, parse_partition_state
+from broker_edge.cluster.coordination.etcd_values import BadValue, parse_partition_state
 from broker_edge.cluster.view import Member, PartitionState, partition_of
 from broker_edge.runtime.launcher import BrokerProcess
 from broker_edge.runtime.local_cluster import EtcdTarget

@@ -102,9 +102,9 @@ def test_a_fetch_its_replica_drops_before_its_body_arrived_is_logged_quietly(
     notes it at DEBUG, not as a failed request with a traceback."""
     from aiohttp import web
 
-    from broker_edge.access import member_access
     from broker_edge.cluster.replication.replica_fetch import CONTENT_TYPE, PATH, replica_fetch_route
     from broker_edge.offsets_api.server import authentication, json_errors
+    from broker_edge.security.access import member_access
 
     async def serve(request: FetchRequest) -> FetchResponse:
         raise AssertionError("no request is complete")

@@ -25,18 +25,18 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from broker_edge.access import Access, member_access
-from broker_edge.cluster.member_clients import NODE_HEADER
-from broker_edge.cluster.member_identity import node_of_certificate
+from broker_edge.cluster.links.member_clients import NODE_HEADER
+from broker_edge.cluster.links.member_identity import node_of_certificate
 from broker_edge.http.lazy_endpoint import listening_socket
+from broker_edge.security.access import Access, member_access
 
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from broker_edge.cluster.member_identity import MemberTls
+    from broker_edge.cluster.links.member_identity import MemberTls
     from broker_edge.cluster.view import ClusterView
     from broker_edge.http.guard import GuardedRunner
-    from broker_edge.http_budget import MemoryBudget
+    from broker_edge.security.http_budget import MemoryBudget
     from broker_edge.settings.cluster import MemberListenConfig
     from broker_edge.storage import LogStore
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker_edge.http_budget import BudgetExhausted, MemoryBudget, Reservation
+from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget, Reservation
 
 
 def test_readers_stop_at_the_members_reserve_and_members_use_all_of_it() -> None:

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from broker_edge.cluster.member_identity import member_uri
+from broker_edge.cluster.links.member_identity import member_uri
 
 __all__ = ["LOOPBACK_NAMES", "LocalPki", "PemPair", "build_ca", "build_leaf", "write_key"]
 

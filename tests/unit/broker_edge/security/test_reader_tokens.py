@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from broker_edge.config.loader import ConfigError
-from broker_edge.reader_tokens import ReaderToken, ReaderTokens
+from broker_edge.security.reader_tokens import ReaderToken, ReaderTokens
 
 
 def test_a_token_allows_its_filters_only_and_anything_else_is_no_access() -> None:

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from broker_edge.cluster.coordination.etcd import ClusterKeys, KeyValue
-from broker_edge.cluster.etcd_values import (
+from broker_edge.cluster.coordination.etcd_values import (
     MAX_EPOCH,
     BadValue,
     BadValues,

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from broker_edge.cluster.member_identity import node_of_certificate
+from broker_edge.cluster.links.member_identity import node_of_certificate
 
 if TYPE_CHECKING:
     from aiohttp.client_reqrep import ClientRequest
 
-    from broker_edge.cluster.member_identity import MemberTls
+    from broker_edge.cluster.links.member_identity import MemberTls
 
 __all__ = ["NODE_HEADER", "MemberClients", "NotThatMember"]
 

@@ -24,10 +24,10 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker_edge.access import Access
 from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import validate_topic_filter
+from broker_edge.security.access import Access
 
 __all__ = ["ReaderToken", "ReaderTokens", "TokensFile"]
 

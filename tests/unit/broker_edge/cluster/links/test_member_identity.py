@@ -13,19 +13,19 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from broker_edge.cluster.local_pki import LocalPki, PemPair
-from broker_edge.cluster.member_api import bind_members_endpoint, serve_members_endpoint
-from broker_edge.cluster.member_clients import NODE_HEADER, MemberClients, NotThatMember
-from broker_edge.cluster.member_identity import (
+from broker_edge.cluster.links.member_api import bind_members_endpoint, serve_members_endpoint
+from broker_edge.cluster.links.member_clients import NODE_HEADER, MemberClients, NotThatMember
+from broker_edge.cluster.links.member_identity import (
     MemberTls,
     member_uri,
     node_of_certificate,
     node_of_certificate_file,
 )
-from broker_edge.cluster.member_proofs import MemberProofs
+from broker_edge.cluster.links.member_proofs import MemberProofs
 from broker_edge.cluster.view import ClusterView, Member
 from broker_edge.config.loader import ConfigError
 from broker_edge.offsets_api.server import access_of
+from broker_edge.runtime.local_pki import LocalPki, PemPair
 from broker_edge.settings.cluster import MemberListenConfig, MemberTlsConfig
 from broker_edge.storage import LogStore, StorageConfig
 
