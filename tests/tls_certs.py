@@ -1,7 +1,7 @@
 """Throwaway PKI for tests: a CA, a server certificate for 127.0.0.1/localhost, and a client certificate.
 
 Made with the ``cryptography`` package (the ``cluster`` extra) through the builders of
-``broker_edge.cluster.local_pki``, with EC P-256 keys so it takes milliseconds. Import it from any suite:
+``broker_edge.runtime.local_pki``, with EC P-256 keys so it takes milliseconds. Import it from any suite:
 ``from tests.tls_certs import make_test_pki``.
 """
 

@@ -15,7 +15,7 @@ guard:
   connection is closed after ``keepalive_s``, and the rest of a body nobody waits for any more is read for
   at most ``request_timeout_s``. Handlers that read a body bound that read themselves (``read_body``).
   Requests being handled are not timed: a long poll may wait.
-- **Memory.** With a ``MemoryBudget`` (``broker_edge.http_budget``), every request holds a
+- **Memory.** With a ``MemoryBudget`` (``broker_edge.security.http_budget``), every request holds a
   ``Reservation``: handlers ``hold`` what they are about to read or build, and the answer is written inside
   the request's share, which is given back once it is sent. A request the budget cannot take is answered
   503 with ``Retry-After``.

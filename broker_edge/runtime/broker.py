@@ -86,7 +86,7 @@ class Broker(BrokerCore):
         self.offsets_api_routes: list[Callable[[web.Application], None]] = []
         """More offsets API endpoints (``add_offsets_api_routes``: a cluster's ``/v1/cluster``)."""
         self.http_budget = budget = config.limits.http_budget()
-        """The one memory budget of every HTTP endpoint's requests (``broker_edge.http_budget``)."""
+        """The one memory budget of every HTTP endpoint's requests (``broker_edge.security.http_budget``)."""
         self.metrics.gauge(
             "http_buffer_bytes", "Bytes the HTTP endpoints' requests hold now (bodies, answers being sent)."
         ).set_function(lambda: budget.held)

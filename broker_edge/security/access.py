@@ -2,11 +2,12 @@
 handler runs, and asked by the handlers before they list or read a topic.
 
 Two kinds of callers read a broker's logs over HTTP. Readers (the Spark source, the OTA jobs, notebooks,
-tools) present a bearer token, which may be limited to topic filters (``broker_edge.reader_tokens``); an
-API without tokens (loopback only) lets everyone read everything. Members of a cluster come in on their own
-endpoint, known by their certificate (``broker_edge.cluster.member_api``), and read everything: they hold
-copies of the logs anyway. Nothing else is decided here: member-only endpoints exist only on the members'
-endpoint, so no reader access can reach them.
+tools) present a bearer token, which may be limited to topic filters
+(``broker_edge.security.reader_tokens``); an API without tokens (loopback only) lets everyone read
+everything. Members of a cluster come in on their own endpoint, known by their certificate
+(``broker_edge.cluster.links.member_api``), and read everything: they hold copies of the logs anyway.
+Nothing else is decided here: member-only endpoints exist only on the members' endpoint, so no reader
+access can reach them.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the new token, reloads, moves the readers, removes the old one and reloads again
 between. A file that does not load keeps the tokens in force (the error names the file and the field).
 
 A token never makes its holder a member of a cluster: members prove who they are with their certificate on
-their own endpoint (``broker_edge.cluster.member_api``), which knows nothing of tokens.
+their own endpoint (``broker_edge.cluster.links.member_api``), which knows nothing of tokens.
 
 Secrets are kept as SHA-256 digests and looked up by the digest of what a request presents, so the lookup
 takes the same time whichever token (if any) matches.
