@@ -30,7 +30,7 @@ import json
 import logging
 import urllib.parse
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import aiohttp
 import yarl
@@ -39,7 +39,6 @@ from broker_edge.offsets_api.formats import frames_records, topic_path_segment
 
 if TYPE_CHECKING:
     from broker_edge.cluster.links.member_clients import MemberClients
-    from broker_edge.cluster.replication.follower import Followers
     from broker_edge.cluster.view import ClusterView
     from broker_edge.engine.cursors import ReplayManager
     from broker_edge.engine.sessions.session import Session
@@ -62,13 +61,19 @@ TIMEOUT_S = 10.0
 _MAX_FRAME_BODY = 1 << 28
 
 
+class RoutingPositions(Protocol):
+    """Where the routing of an observed topic stands here (``replication.follower.Followers`` is one)."""
+
+    def routing_position(self, topic: str) -> int | None: ...
+
+
 class RemoteReads:
     """``ReplayManager.remote`` of a cluster node (see the module docstring)."""
 
     def __init__(
         self,
         view: ClusterView,
-        followers: Followers,
+        followers: RoutingPositions,
         log_here: Callable[[str], bool],
         replays: ReplayManager,
         clients: MemberClients,
