@@ -2,14 +2,16 @@
 
 Every config in Timestone (broker, pipelines) is a tree of dataclasses. This module turns a parsed YAML
 mapping into that tree and rejects unknown keys and wrong types with the dotted path of the key, e.g.
-``listeners[1].port: expected int, got str 'abc'``. Defaults come from the dataclasses themselves, so an empty
-or missing file yields a usable configuration.
+``listeners[1].port: expected int, got str 'abc'``; a float field takes finite numbers only (no ``.nan``,
+``.inf``). Defaults come from the dataclasses themselves, so an empty or missing file yields a usable
+configuration.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import types
 import typing
 from pathlib import Path
@@ -114,6 +116,8 @@ def _convert(annotation: Any, value: Any, path: str) -> Any:
             raise ConfigError(path, f"expected one of {choices}, got {_describe(value)}") from None
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # YAML's .nan / .inf would switch a timeout or a rate off
+                raise ConfigError(path, f"expected a finite number, got {value!r}")
             return float(value)
         raise ConfigError(path, f"expected a number, got {_describe(value)}")
     if annotation is int:

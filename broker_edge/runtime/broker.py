@@ -35,6 +35,7 @@ from broker_edge.observe.metrics import BrokerMetrics
 from broker_edge.observe.sys_topics import sys_topic_messages
 from broker_edge.process.heap_trim import HeapTrimmer, heap_in_use
 from broker_edge.protocol.reason_codes import ReasonCode
+from broker_edge.runtime.data_lock import DataDirectoryLock
 from broker_edge.runtime.session_store import SessionStore
 from broker_edge.security.tls import ServerContexts, server_ssl_context
 from broker_edge.settings.broker import BrokerConfig
@@ -76,6 +77,8 @@ class Broker(BrokerCore):
         self.cluster_node: ClusterNode | None = None
         """This broker's part in its cluster (``cluster:`` configured), after ``start``; None: a broker
         alone, nothing of the cluster is loaded."""
+        self.data_lock = DataDirectoryLock(config.storage.directory)
+        """This broker's hold on its data directory (``runtime.data_lock``), store open to store close."""
         self.session_store: SessionStore | None = None
         """Persistent sessions across restarts (``sessions.persist`` with a commitlog)."""
         self.listeners: list[ListenerRuntime] = []
@@ -203,8 +206,14 @@ class Broker(BrokerCore):
         from broker_edge.storage import LogStore
 
         directory = Path(self.config.storage.directory)
+        self.data_lock.acquire()  # before anything in the directory is read or written
         self.store = store = LogStore(directory, self.config.storage)
-        report = store.open()
+        try:
+            report = store.open()
+        except BaseException:
+            self.store = None
+            self.data_lock.release()
+            raise
         if report.repaired:
             log.warning("commitlog recovery repaired %d logs", len(report.repaired))
         self.attach_store(store, self.loop)
@@ -302,6 +311,7 @@ class Broker(BrokerCore):
             await self.session_store.close()
         if self.store is not None:
             self.store.close()
+        self.data_lock.release()
         self.flush_stats()
         self.stopped.set()
 

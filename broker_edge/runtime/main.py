@@ -20,6 +20,7 @@ from broker_edge.config.loader import ConfigError
 from broker_edge.observe.logs import configure_logging
 from broker_edge.process.gc_tuning import tune_garbage_collector
 from broker_edge.process.heap_trim import bound_arenas
+from broker_edge.security.auth import PasswordFileError
 from broker_edge.settings.broker import BrokerConfig, load_broker_config
 
 if TYPE_CHECKING:
@@ -36,7 +37,10 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    broker = Broker(config)
+    try:
+        broker = Broker(config)
+    except PasswordFileError as error:  # read after check_files_of: malformed, or changed meanwhile
+        raise ConfigError("auth.password_file", str(error)) from None
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, lambda: reload_files(broker))

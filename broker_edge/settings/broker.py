@@ -25,6 +25,7 @@ from broker_edge.security.limits import LimitsConfig
 from broker_edge.security.reader_tokens import ReaderToken, ReaderTokens
 from broker_edge.security.tls import TlsConfig
 from broker_edge.settings.cluster import ClusterConfig
+from broker_edge.settings.named_files import check_named_files, check_server_tls
 from broker_edge.storage.config import StorageConfig
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "OffsetsApiConfig",
     "RetainConfig",
     "SessionsConfig",
+    "check_files_of",
     "load_broker_config",
 ]
 
@@ -350,9 +352,46 @@ class BrokerConfig:
         )
         return anonymous_allowed(setting, listener.host)
 
+    def named_files(self) -> list[tuple[str, str | None]]:
+        """Every file a setting names, by dotted key (TLS servers' files apart: see ``server_tls``)."""
+        files: list[tuple[str, str | None]] = [
+            ("auth.password_file", self.auth.password_file),
+            ("acl.file", self.acl.file),
+            ("offsets_api.tokens_file", self.offsets_api.tokens_file if self.offsets_api.enabled else None),
+        ]
+        cluster = self.cluster
+        if cluster is not None:
+            for section, tls_files in (("etcd_tls", cluster.etcd_tls), ("tls", cluster.tls)):
+                for name in ("certfile", "keyfile", "cafile"):
+                    files.append((f"cluster.{section}.{name}", getattr(tls_files, name, None)))
+            auth = cluster.etcd_auth
+            files.append(("cluster.etcd_auth.password_file", auth.password_file if auth else None))
+        return files
+
+    def server_tls(self) -> list[tuple[str, TlsConfig]]:
+        """Every TLS server this configuration runs, by the dotted key of its ``tls`` section."""
+        servers = [
+            (f"listeners[{index}].tls", listener.tls)
+            for index, listener in enumerate(self.listeners)
+            if listener.tls is not None
+        ]
+        if self.offsets_api.enabled and self.offsets_api.tls is not None:
+            servers.append(("offsets_api.tls", self.offsets_api.tls))
+        return servers
+
+
+def check_files_of(config: BrokerConfig) -> None:
+    """Read every file ``config`` names, before anything is opened (``ConfigError`` naming the key)."""
+    check_named_files(config.named_files())
+    for key, tls in config.server_tls():
+        check_server_tls(key, tls)
+
 
 def load_broker_config(path: str | Path | None = None) -> BrokerConfig:
-    """The configuration in ``path`` (YAML), or the defaults when ``path`` is None."""
+    """The configuration in ``path`` (YAML), or the defaults when ``path`` is None; every file it names has
+    been read once (``check_files_of``)."""
     if path is None:
         return BrokerConfig()
-    return load_dataclass(BrokerConfig, load_yaml_file(path))
+    config = load_dataclass(BrokerConfig, load_yaml_file(path))
+    check_files_of(config)
+    return config

@@ -75,7 +75,7 @@ def test_topics_named_like_broker_files_are_plain_logs_and_restarts_keep_working
     finally:
         process.stop()
     data = tmp_path / "data"
-    assert sorted(path.name for path in data.iterdir()) == ["meta", "topics"]
+    assert sorted(path.name for path in data.iterdir()) == [".lock", "meta", "topics"]  # .lock: one broker
     assert not list(data.rglob("*.unreadable-*"))
 
 
@@ -103,5 +103,5 @@ def test_an_older_data_directory_is_moved_at_start_keeping_logs_and_sessions(tmp
         assert "moved to layout 2" in process.log_path.read_text()
     finally:
         process.stop()
-    assert sorted(path.name for path in data.iterdir()) == ["meta", "topics"]
+    assert sorted(path.name for path in data.iterdir()) == [".lock", "meta", "topics"]  # .lock: one broker
     assert (data / "meta" / "LAYOUT").read_text() == "2\n"

@@ -1,0 +1,42 @@
+"""Every file a setting names, checked before the broker opens anything: one error naming the dotted key.
+
+A missing password file, an unreadable ACL or a certificate that does not match its key would otherwise
+surface after the data directory was created and the store opened (or as a traceback), under a bare
+``certfile``. Here each file is opened and read once, and a TLS server's certificate, key and CAs are
+loaded into a context exactly as the listener will load them, so ``run_broker`` exits 2 with e.g.
+``listeners[0].tls.certfile: file not found: /etc/timestone/server.pem`` and nothing on disk changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from broker_edge.config.loader import ConfigError
+from broker_edge.security.tls import TlsConfig, server_ssl_context
+
+__all__ = ["check_named_files", "check_server_tls"]
+
+
+def check_named_files(files: Iterable[tuple[str, str | None]]) -> None:
+    """``ConfigError`` naming the key of the first ``(dotted key, path)`` whose file cannot be read."""
+    for key, path in files:
+        if not path:
+            continue
+        try:
+            with open(path, "rb") as file:
+                file.read(1)
+        except IsADirectoryError:
+            raise ConfigError(key, f"is a directory, not a file: {path}") from None
+        except FileNotFoundError:
+            raise ConfigError(key, f"file not found: {path}") from None
+        except OSError as exc:
+            raise ConfigError(key, f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def check_server_tls(key: str, config: TlsConfig) -> None:
+    """Load ``config`` as a TLS server would (certificate, key, CAs); the error names ``key``'s field."""
+    check_named_files((f"{key}.{name}", getattr(config, name)) for name in ("certfile", "keyfile", "cafile"))
+    try:
+        server_ssl_context(config)
+    except ConfigError as error:
+        raise ConfigError(f"{key}.{error.path}", error.detail) from None

@@ -1,0 +1,85 @@
+"""Settings that would switch a bound off or name a file that is not there: ``timestone broker`` exits 2 with
+one line naming the dotted key, no traceback, and nothing on disk (no data directory, no store opened)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from broker_edge.config import ConfigError, load_dataclass
+from broker_edge.settings.broker import BrokerConfig
+from tests.tls_certs import make_test_pki
+
+
+def refused(tmp_path: Path, text: str) -> str:
+    """Run the broker on config ``text`` from ``tmp_path``; assert exit 2 and no data; return stderr."""
+    config = tmp_path / "broker.yaml"
+    config.write_text(text)
+    command = [sys.executable, "-m", "pipelines.cli", "broker", "--config", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "timestone-data").exists()  # refused before the store was opened
+    return done.stderr
+
+
+@pytest.mark.parametrize(
+    ("document", "key"),
+    [
+        ("limits: {connect_timeout_s: .nan}", "limits.connect_timeout_s"),
+        ("limits: {messages_per_second_per_client: .inf}", "limits.messages_per_second_per_client"),
+        ("limits: {partial_packet_timeout_s: -.inf}", "limits.partial_packet_timeout_s"),
+    ],
+)
+def test_nan_and_infinities_are_refused_naming_the_field(tmp_path, document, key):
+    err = refused(tmp_path, document + "\nadmin_http: {port: 0}\noffsets_api: {port: 0}\n")
+    assert f"configuration error: {key}: expected a finite number" in err
+
+
+def test_a_missing_password_file_is_a_configuration_error(tmp_path):
+    err = refused(tmp_path, f"auth: {{password_file: {tmp_path / 'passwd'}}}\n")
+    assert f"auth.password_file: file not found: {tmp_path / 'passwd'}" in err
+
+
+def test_a_malformed_password_file_names_its_key_and_line(tmp_path):
+    (tmp_path / "passwd").write_text("device-1 has no colon\n")
+    err = refused(tmp_path, f"auth: {{password_file: {tmp_path / 'passwd'}}}\n")
+    assert "auth.password_file: " in err and "passwd:1" in err
+
+
+def tls_listener(certfile: Path, keyfile: Path) -> str:
+    listener: dict[str, Any] = {
+        "name": "devices",
+        "type": "tls",
+        "port": 0,
+        "tls": {"certfile": str(certfile), "keyfile": str(keyfile)},
+    }
+    return yaml.safe_dump({"listeners": [{"name": "local", "port": 0}, listener]})
+
+
+def test_tls_files_are_named_by_their_dotted_key(tmp_path):
+    pki = make_test_pki(tmp_path / "pki")
+    err = refused(tmp_path, tls_listener(tmp_path / "gone.pem", pki.server_key))
+    assert "listeners[1].tls.certfile: file not found" in err
+    err = refused(tmp_path, tls_listener(pki.server_cert, tmp_path / "gone.key"))
+    assert "listeners[1].tls.keyfile: file not found" in err
+    err = refused(tmp_path, tls_listener(pki.client_cert, pki.server_key))  # a key of another certificate
+    assert "listeners[1].tls.certfile: cannot load certificate/key" in err
+
+
+def test_an_acl_file_that_is_a_directory_is_named(tmp_path):
+    err = refused(tmp_path, f"acl: {{file: {tmp_path}}}\n")
+    assert f"acl.file: is a directory, not a file: {tmp_path}" in err
+
+
+def test_the_loader_refuses_nan_wherever_a_float_is_read():
+    expected = r"^sessions\.persist_interval_s: expected a finite number, got nan"
+    with pytest.raises(ConfigError, match=expected):
+        load_dataclass(BrokerConfig, {"sessions": {"persist_interval_s": float("nan")}})
+    config = load_dataclass(BrokerConfig, {"limits": {"connect_timeout_s": 2.5}})
+    assert config.limits.connect_timeout_s == 2.5
