@@ -33,6 +33,14 @@ from broker_edge.engine.message import Message
 from broker_edge.http.lazy_endpoint import LazyHttpEndpoint
 from broker_edge.observe.metrics import BrokerMetrics
 from broker_edge.observe.sys_topics import sys_topic_messages
+from broker_edge.process.descriptors import (
+    RESERVE,
+    DescriptorBudget,
+    describe_cap,
+    open_descriptors,
+    plan_descriptors,
+    raise_descriptor_limit,
+)
 from broker_edge.process.heap_trim import HeapTrimmer, heap_in_use
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.runtime.data_lock import DataDirectoryLock
@@ -56,11 +64,25 @@ BROKER_VERSION = "0.1.0"
 SWEEP_INTERVAL_S = 1.0
 
 
+def budget_descriptors(config: BrokerConfig) -> DescriptorBudget:
+    """Raise the descriptor limit, share it, and cap ``config.limits.max_connections`` (WARNING) to what is
+    left; ``ConfigError`` when the other needs alone do not fit."""
+    needs = {"open at start": open_descriptors(), "reserve": RESERVE, **config.descriptor_needs()}
+    budget = plan_descriptors(raise_descriptor_limit(), config.limits.max_connections, needs)
+    if budget.capped_from is not None:
+        log.warning("%s", describe_cap(budget))
+        config.limits.max_connections = budget.connections
+    return budget
+
+
 class Broker(BrokerCore):
     """An MQTT 3.1.1 / 5.0 broker with a commitlog (see docs/broker.md)."""
 
     def __init__(self, config: BrokerConfig | None = None) -> None:
         config = config if config is not None else BrokerConfig()
+        self.descriptors = budget_descriptors(config)
+        """How the process's file descriptors are shared (``process.descriptors``); ``limits.max_connections``
+        is held within it."""
         super().__init__(config, BrokerMetrics(before_collect=self.flush_stats))  # /metrics is never stale
         self.throttled_total = self.metrics.counter(
             "client_throttled", "Times a client's reading was paused for its message rate."

@@ -71,9 +71,13 @@ class BrokerProcess:
     #: the module run with `python -m` (its command line: `broker --config FILE`)
     module = "pipelines.cli"
 
-    def __init__(self, directory: Path, name: str = "edge1", **sections: Any) -> None:
+    def __init__(
+        self, directory: Path, name: str = "edge1", descriptor_limit: int | None = None, **sections: Any
+    ) -> None:
         self.directory = Path(directory)
         self.name = name
+        self.descriptor_limit = descriptor_limit
+        """The child's ``RLIMIT_NOFILE`` (soft and hard), as a host with a low ``ulimit -n`` gives it."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self.config_path = self.directory / "broker.yaml"
         self.log_path = self.directory / "broker.log"
@@ -130,6 +134,7 @@ class BrokerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
+                preexec_fn=self._limit_descriptors if self.descriptor_limit is not None else None,
             )
         try:
             for port in (self.port, self.offsets_port):
@@ -143,6 +148,14 @@ class BrokerProcess:
                 if b"Address already in use" in log.read():
                     raise _PortTaken from None
             raise self._did_not_start() from None
+
+    def _limit_descriptors(self) -> None:
+        """In the child, before it runs the broker."""
+        import resource
+
+        limit = self.descriptor_limit
+        assert limit is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
     def _did_not_start(self) -> RuntimeError:
         return RuntimeError(f"broker did not start:\n{self.log_path.read_text()[-3000:]}")

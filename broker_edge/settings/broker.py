@@ -352,6 +352,20 @@ class BrokerConfig:
         )
         return anonymous_allowed(setting, listener.host)
 
+    def descriptor_needs(self) -> dict[str, int]:
+        """File descriptors every part but client connections may hold, by the setting that sets them
+        (``broker_edge.process.descriptors`` shares the process's limit with these first)."""
+        needs = {"listeners": len(self.listeners)}
+        if self.storage.enabled:
+            needs["storage.max_open_files"] = self.storage.max_open_files + 2  # + the directory's syncs
+        if self.admin_http.enabled:
+            needs["admin_http.max_connections"] = self.admin_http.max_connections + 1
+        if self.offsets_api.enabled:
+            needs["offsets_api.max_connections"] = self.offsets_api.max_connections + 1
+        if self.cluster is not None:  # members connect in, and this broker out to them
+            needs["cluster.listen.max_connections"] = 2 * self.cluster.listen.max_connections + 1
+        return needs
+
     def named_files(self) -> list[tuple[str, str | None]]:
         """Every file a setting names, by dotted key (TLS servers' files apart: see ``server_tls``)."""
         files: list[tuple[str, str | None]] = [

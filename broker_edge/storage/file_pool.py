@@ -4,17 +4,29 @@ Every segment and index access goes through the pool by path. Descriptors are op
 descriptor serves both the event-loop readers and the writer thread, via pread/pwrite at explicit positions,
 never a shared file position). A descriptor in use is pinned and never closed under its user; the pool may
 briefly exceed its bound while more descriptors than that are pinned at once.
+
+A process out of descriptors (EMFILE, ENFILE) is a passing shortage, not a failed write: the open is retried
+after the pool closed its idle descriptors, or after a short wait (see ``_open_fd``). The process's budget
+(``broker_edge.process.descriptors``) keeps connections from taking the store's share in the first place.
 """
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 _IOV_MAX = 1024
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
+_SHORTAGE_PATIENCE_S = 0.5
+"""The longest single wait for a descriptor (the waits double from 1 ms: about a second in all)."""
+
+log = logging.getLogger(__name__)
 
 
 class _Handle:
@@ -37,6 +49,8 @@ class FileHandlePool:
         self._lock = threading.Lock()
         self.opened_total = 0
         """Descriptors opened since creation (a measure of pool churn)."""
+        self.descriptor_shortages = 0
+        """Opens that found the process out of descriptors (EMFILE, ENFILE) and were retried."""
 
     @property
     def open_count(self) -> int:
@@ -108,8 +122,7 @@ class FileHandlePool:
                 self._handles.move_to_end(path)
                 handle.users += 1
                 return handle
-        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
-        fd = os.open(path, flags, 0o644)
+        fd = self._open_fd(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0))
         to_close: list[int] = []
         with self._lock:
             existing = self._handles.get(path)
@@ -126,6 +139,39 @@ class FileHandlePool:
         for stale in to_close:
             os.close(stale)
         return handle
+
+    def _open_fd(self, path: str, flags: int) -> int:
+        """``os.open``, with the process out of descriptors (EMFILE, ENFILE) taken as a passing shortage:
+        the pool gives back its idle descriptors and retries, waiting a little longer each time (back-pressure
+        on the caller: the loop's appends or the writer thread), up to about a second."""
+        delay = 0.001
+        while True:
+            try:
+                return os.open(path, flags, 0o644)
+            except OSError as error:
+                if error.errno not in _OUT_OF_DESCRIPTORS or delay > _SHORTAGE_PATIENCE_S:
+                    raise
+                self.descriptor_shortages += 1
+                if self.descriptor_shortages == 1 or self.descriptor_shortages % 1000 == 0:
+                    log.warning(
+                        "out of file descriptors opening %s (%s): closing idle ones and retrying "
+                        "(%d shortages so far; see limits.max_connections and storage.max_open_files)",
+                        path,
+                        error.strerror,
+                        self.descriptor_shortages,
+                    )
+                if not self._close_idle():
+                    time.sleep(delay)
+                    delay *= 2
+
+    def _close_idle(self) -> int:
+        """Close every idle descriptor of the pool now; how many were closed."""
+        with self._lock:
+            idle = [path for path, handle in self._handles.items() if handle.users == 0]
+            fds = [self._handles.pop(path).fd for path in idle]
+        for fd in fds:
+            os.close(fd)
+        return len(fds)
 
     def _checkin(self, path: str, handle: _Handle) -> None:
         with self._lock:
