@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from broker_edge.observe.refusal_log import RefusalLog
+
 if TYPE_CHECKING:
     from broker_edge.observe.metrics import BrokerMetrics
 
@@ -16,9 +18,11 @@ __all__ = ["BrokerCounters"]
 class BrokerCounters:
     """Messages dropped, connections refused, clients disconnected by the broker, reads throttled."""
 
-    __slots__ = ("_disconnects", "_drops", "_refused", "held_for_acks", "throttled")
+    __slots__ = ("_disconnects", "_drops", "_refused", "held_for_acks", "refusal_log", "throttled")
 
     def __init__(self) -> None:
+        self.refusal_log = RefusalLog()
+        """The log lines of refusals (ACL, logins, TLS), limited per reason."""
         self._drops: dict[str, int] = {}
         self._refused: dict[str, int] = {}
         self._disconnects: dict[str, int] = {}

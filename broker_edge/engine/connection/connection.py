@@ -145,6 +145,7 @@ class _ConnectionRare(RareSlots):
         "held",
         "held_error",
         "named",
+        "peer",
         "peer_cn",
         "refused",
         "will",
@@ -195,6 +196,9 @@ class Connection(asyncio.Protocol):
     """Why admission refused this connection (it is closed, or answered once its CONNECT arrives)."""
     peer_cn: RareField[str | None] = RareField(_ConnectionRare, None)
     """The common name of the client's TLS certificate."""
+    peer: RareField[str] = RareField(_ConnectionRare, "")
+    """``host:port`` of the client, kept by transports that lose it at close (TLS): the log lines of a
+    closing connection name the peer too."""
     named: RareField[str] = RareField(_ConnectionRare, "")
     """The client id while the connection has no session (a refused CONNECT, after it let go of one)."""
     will: RareField[Will | None] = RareField(_ConnectionRare, None)
@@ -855,8 +859,8 @@ class Connection(asyncio.Protocol):
     def log(self) -> logging.LoggerAdapter:
         from broker_edge.observe.logs import connection_logger
 
-        peer = ""
-        if self.transport is not None:
+        peer = self.peer
+        if not peer and self.transport is not None:
             address = self.transport.get_extra_info("peername")
             if address:
                 peer = f"{address[0]}:{address[1]}"

@@ -62,17 +62,17 @@ def handle_connect(ctx: BrokerContext, conn: Client, packet: Connect) -> None:
     client_id = packet.client_id
     assigned = False
     if len(client_id) > limits.max_client_id_length or len(client_id.encode()) > limits.max_client_id_length:
-        _refuse(conn, "client_id_invalid", client_id[: limits.max_client_id_length])
+        _refuse(ctx, conn, "client_id_invalid", client_id[: limits.max_client_id_length])
         return
     if not client_id:
         if not v5 and not packet.clean_start:
             # MQTT 3.1.1 3.1.3-8: a zero-byte client id needs clean session 1.
-            _refuse(conn, "client_id_invalid", client_id)
+            _refuse(ctx, conn, "client_id_invalid", client_id)
             return
         client_id = "auto-" + secrets.token_hex(8)
         assigned = True
     if props is not None and props.authentication_method is not None:
-        _refuse(conn, "bad_auth_method", client_id)
+        _refuse(ctx, conn, "bad_auth_method", client_id)
         return
 
     username = packet.username
@@ -82,7 +82,7 @@ def handle_connect(ctx: BrokerContext, conn: Client, packet: Connect) -> None:
         return
     if username is None:
         if not conn.listener.allow_anonymous:
-            _refuse(conn, "anonymous", client_id)
+            _refuse(ctx, conn, "anonymous", client_id)
             return
         _accept(ctx, conn, packet, client_id, assigned, None)
         return
@@ -91,13 +91,13 @@ def handle_connect(ctx: BrokerContext, conn: Client, packet: Connect) -> None:
         if conn.listener.allow_anonymous:  # no password file: a username is only a label
             _accept(ctx, conn, packet, client_id, assigned, username)
         else:
-            _refuse(conn, "bad_credentials", client_id)
+            _refuse(ctx, conn, "bad_credentials", client_id, username)
         return
     charged = not passwords.remembered(username, packet.password)  # a password verified before costs nothing
     if charged and not ctx.login_backoff.admit(
         conn.peer_host(), username if username in passwords else None, ctx.now()
     ):
-        _refuse(conn, "login_backoff", client_id)  # no hash spent on a guesser
+        _refuse(ctx, conn, "login_backoff", client_id, username)  # no hash spent on a guesser
         return
     conn.named = client_id  # for the log lines while the password is checked
     conn.state = AUTHENTICATING
@@ -123,7 +123,7 @@ def _after_password(
         return
     conn.state = NEW
     if not ok:
-        _refuse(conn, "bad_credentials")
+        _refuse(ctx, conn, "bad_credentials", username=username)
         return
     if charged:
         ctx.login_backoff.succeeded(conn.peer_host(), username)
@@ -204,14 +204,26 @@ def _drop_denied_subscriptions(ctx: BrokerContext, acl: AccessControl, session: 
             ctx.counters.drop("subscribe_denied")
 
 
-def _refuse(conn: Client, reason: str, client_id: str | None = None) -> None:
+def _refuse(
+    ctx: BrokerContext,
+    conn: Client,
+    reason: str,
+    client_id: str | None = None,
+    username: str | None = None,
+    topic: str | None = None,
+) -> None:
     """CONNACK with the refusal's code (v5: and its reason string, if the client accepts that size), close.
 
-    ``client_id`` names the connection in the log lines from here on, until it has a session."""
+    ``client_id`` names the connection in the log lines from here on, until it has a session; the line
+    (WARNING, rate-limited per reason) names the ``username`` tried, and the will's ``topic`` it was
+    refused for."""
     if client_id is not None and conn.session is None:
         conn.named = client_id
     v5_code, v3_code, text = _REFUSALS[reason]
-    conn.log().info("connection refused: %s", reason)
+    fields = {"action": "connect", "username": username if username is not None else ""}
+    if topic is not None:
+        fields["topic"] = topic
+    ctx.counters.refusal_log.write(conn.log(), ctx.now(), reason, f"connection refused: {reason}", **fields)
     conn.refuse(reason, v5_code if conn.terms.v5 else v3_code, text)
 
 
@@ -245,7 +257,7 @@ def _claim_then_accept(
             return
         conn.state = NEW
         if refusal is not None:
-            _refuse(conn, refusal)
+            _refuse(ctx, conn, refusal, username=username)
             return
         _accept(ctx, conn, packet, client_id, assigned, username, claimed=True)
         if conn.state != CLOSED:
@@ -272,10 +284,12 @@ def _accept(
         if will.topic.startswith("$") or (
             ctx.acl is not None and not ctx.acl.can_publish(client_id, username, will.topic)
         ):
-            _refuse(conn, "not_authorized", client_id)  # clients never publish to $ topics, not even by will
+            _refuse(
+                ctx, conn, "not_authorized", client_id, username, topic=will.topic
+            )  # clients never publish to $ topics, not even by will
             return
         if will.retain and not config.retain.enabled:
-            _refuse(conn, "retain_not_supported", client_id)
+            _refuse(ctx, conn, "retain_not_supported", client_id)
             return
 
     max_expiry = config.sessions.max_session_expiry_s
@@ -296,12 +310,14 @@ def _accept(
     now = ctx.now()
     existing = router.sessions.get(client_id)
     if existing is not None and existing.username != username:
-        _refuse(conn, "session_owner", client_id)  # neither taken over nor discarded: it is someone else's
+        _refuse(
+            ctx, conn, "session_owner", client_id, username
+        )  # neither taken over nor discarded: it is someone else's
         return
     max_persistent = config.sessions.max_persistent
     adds_persistent = expiry > 0 and (existing is None or existing.expiry_interval == 0)
     if adds_persistent and max_persistent and router.persistent_count >= max_persistent:
-        _refuse(conn, "session_quota", client_id)
+        _refuse(ctx, conn, "session_quota", client_id, username)
         return
 
     keepalive = packet.keep_alive
@@ -333,7 +349,7 @@ def _accept(
         if assigned:
             ack.assigned_client_identifier = client_id
         if not _fit_connack(ack, terms.max_packet_out):
-            _refuse(conn, "connack_too_large", client_id)
+            _refuse(ctx, conn, "connack_too_large", client_id)
             return
     else:
         terms = terms.settle(max_packet_out=NO_LIMIT)
@@ -354,13 +370,13 @@ def _accept(
     conn.write(encode(ConnAck(present, 0, ack), conn.version))
     conn.listener.metrics.connected()
     if _log.isEnabledFor(logging.INFO):
-        conn.log().info(
-            "connected: v%d clean=%s keepalive=%d session_present=%s user=%s",
-            conn.version,
-            packet.clean_start,
-            keepalive,
-            present,
-            username,
-        )
+        fields = {
+            "version": conn.version,
+            "clean_start": packet.clean_start,
+            "keepalive": keepalive,
+            "session_present": present,
+            "username": username if username is not None else "",
+        }  # fields, not words of the message: JSON logs carry them as keys (docs/observability.md)
+        conn.log().info("connected", extra=fields)
     session.attach(conn)
     conn.attached()

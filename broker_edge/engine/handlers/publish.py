@@ -71,11 +71,11 @@ def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: P
     if topic[0] == "$" or (
         acl is not None and not acl.can_publish(session.client_id, session.username, topic)
     ):
-        _refuse(ctx, conn, session, qos, packet_id, _NOT_AUTHORIZED, "acl_denied")
+        _refuse(ctx, conn, session, packet, _NOT_AUTHORIZED, "acl_denied")
         return
     logged = path.is_logged(topic, qos)
     if logged and path.creates_log(topic) and not _may_create_log(ctx, conn, session, topic):
-        _refuse(ctx, conn, session, qos, packet_id, _QUOTA_EXCEEDED, "topic_quota")
+        _refuse(ctx, conn, session, packet, _QUOTA_EXCEEDED, "topic_quota")
         return
 
     expires_at = None
@@ -102,16 +102,22 @@ def _may_create_log(ctx: BrokerContext, conn: Client, session: Session, topic: s
 
 
 def _refuse(
-    ctx: BrokerContext,
-    conn: Client,
-    session: Session,
-    qos: int,
-    packet_id: int | None,
-    reason_code: int,
-    drop_reason: str,
+    ctx: BrokerContext, conn: Client, session: Session, packet: Publish, reason_code: int, drop_reason: str
 ) -> None:
-    """Drop a PUBLISH the client may not make: v5 learns why from PUBACK / PUBREC; v3 sees a normal ack."""
+    """Drop a PUBLISH the client may not make: v5 learns why from PUBACK / PUBREC; v3 sees a normal ack, so
+    the log line (rate-limited, naming client, user and topic) is where its owner learns of it."""
     ctx.counters.drop(drop_reason)
+    qos, packet_id = packet.qos, packet.packet_id
+    ctx.counters.refusal_log.write(
+        conn.log(),
+        ctx.now(),
+        drop_reason,
+        f"publish refused: {drop_reason}",
+        action="publish",
+        topic=packet.topic,
+        username=session.username or "",
+        qos=qos,
+    )
     if packet_id is None:
         return
     if qos == 1:

@@ -87,6 +87,15 @@ def handle_subscribe(ctx: BrokerContext, conn: Client, session: Session, packet:
             continue
         if acl is not None and not acl.can_subscribe(session.client_id, session.username, topic_filter):
             ctx.counters.drop("subscribe_denied")
+            ctx.counters.refusal_log.write(
+                conn.log(),
+                ctx.now(),
+                "subscribe_denied",
+                "subscribe refused: subscribe_denied",
+                action="subscribe",
+                topic=topic_filter,
+                username=session.username or "",
+            )
             fail(ReasonCode.NOT_AUTHORIZED)
             continue
         if start is not None and (replays is None or group is not None):

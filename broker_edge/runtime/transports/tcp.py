@@ -12,6 +12,7 @@ counted as a refusal (``tls_error``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from asyncio.trsock import TransportSocket
 from collections.abc import Sequence
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = ["BACKLOG", "TcpConnection", "TcpServer", "start_tcp_listener"]
 
+_log = logging.getLogger("broker_edge.connection")
+
 BACKLOG = 1024
 """Connections the kernel queues for a listener before the broker accepts them."""
 
@@ -42,6 +45,9 @@ class TcpConnection(Connection):
         cast(asyncio.WriteTransport, transport).set_write_buffer_limits(high=limit, low=limit // 2)
         if self.listener.tls:
             self.peer_cn = peer_common_name(transport.get_extra_info("ssl_object"))
+            address = transport.get_extra_info("peername")
+            if address:  # the TLS transport forgets it at close
+                self.peer = f"{address[0]}:{address[1]}"
         super().connection_made(transport)
 
     def __del__(self) -> None:
@@ -49,7 +55,11 @@ class TcpConnection(Connection):
         # only once it succeeded: a TLS connection dropped without ever being made failed its handshake
         # (bad or missing client certificate, not TLS at all, or no handshake within connect_timeout_s).
         if self.state == NEW and self.transport is None and self.listener.tls:
-            self.host.counters.refused("tls_error")
+            counters = self.host.counters
+            counters.refused("tls_error")
+            counters.refusal_log.write(
+                _log, self.host.now(), "tls_error", "TLS handshake failed", listener=self.listener.name
+            )
 
 
 class TcpServer(Protocol):

@@ -34,6 +34,7 @@ class WebSocketTransport:
         "_buffered",
         "_closing",
         "_connection",
+        "_peername",
         "_pending",
         "_request",
         "_sending",
@@ -44,6 +45,10 @@ class WebSocketTransport:
     def __init__(self, ws: web.WebSocketResponse, request: web.Request, high_water: int) -> None:
         self._ws = ws
         self._request = request
+        transport = request.transport
+        self._peername = transport.get_extra_info("peername") if transport is not None else None
+        """The client's address, kept: aiohttp lets go of the request's transport at close, and the log
+        lines of a closing connection name the peer too."""
         self._pending: list[bytes] = []
         self._buffered = 0
         self._sending = False
@@ -111,6 +116,8 @@ class WebSocketTransport:
         pass
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "peername":
+            return self._peername if self._peername is not None else default
         transport = self._request.transport
         return transport.get_extra_info(name, default) if transport is not None else default
 

@@ -1,0 +1,131 @@
+"""Every refusal visible: an MQTT 3.1.1 device publishing outside its ACL (PUBACK 0, as 3.1.1 has no other
+answer), a denied SUBSCRIBE, a refused login and a failed TLS handshake each write a WARNING naming client id,
+user, topic and action, rate-limited per reason, counted by reason; JSON log lines carry them as fields."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import ssl
+
+import pytest
+
+from broker_edge.observe.logs import JsonFormatter
+from broker_edge.observe.refusal_log import LINES_PER_WINDOW, RefusalLog
+from broker_edge.protocol.packets import PubAck, Publish, SubAck
+from broker_edge.security.auth import PasswordFile
+from tests.e2e.broker_clients import RawClient, wait_for
+from tests.tls_certs import make_test_pki
+
+ACL = {"rules": [{"permission": "allow", "action": "all", "topic": "devices/%u/#"}]}
+
+
+@pytest.fixture
+def secured(start_broker, tmp_path):
+    path = tmp_path / "passwd"
+    PasswordFile.set_password(path, "meter-7", "s3cret", create=True)
+    pki = make_test_pki(tmp_path / "pki")
+    tls = {"certfile": str(pki.server_cert), "keyfile": str(pki.server_key)}
+    return start_broker(
+        listeners=[
+            {"name": "tcp", "host": "127.0.0.1", "port": 0, "allow_anonymous": False},
+            {
+                "name": "tls",
+                "type": "tls",
+                "host": "127.0.0.1",
+                "port": 0,
+                "tls": tls,
+                "allow_anonymous": False,
+            },
+        ],
+        auth={"password_file": str(path)},
+        acl=ACL,
+    )
+
+
+def refusals(caplog, reason: str) -> list[logging.LogRecord]:
+    return [
+        r for r in caplog.records if getattr(r, "reason", None) == reason and r.levelno == logging.WARNING
+    ]
+
+
+@pytest.mark.mqtt311("MQTT-3.3.5-2")
+def test_a_publish_outside_the_acl_is_logged_with_client_user_and_topic(secured, caplog):
+    caplog.set_level(logging.INFO)
+    device = RawClient(secured.port, version=4)
+    assert device.connect("meter-7-a", username="meter-7", password=b"s3cret").reason_code == 0
+    device.send_packet(Publish("devices/meter-8/energy", b"42", 1, packet_id=3))
+    assert device.recv() == PubAck(3)  # 3.1.1 cannot say no: the log must
+    assert wait_for(lambda: refusals(caplog, "acl_denied"))
+    [line] = refusals(caplog, "acl_denied")
+    assert (line.client_id, line.username, line.topic, line.action, line.qos) == (
+        "meter-7-a",
+        "meter-7",
+        "devices/meter-8/energy",
+        "publish",
+        1,
+    )
+    assert line.peer.startswith("127.0.0.1:")
+    document = json.loads(JsonFormatter().format(line))
+    assert document["username"] == "meter-7" and document["topic"] == "devices/meter-8/energy"
+    assert secured.drops("acl_denied") == 1
+
+    assert device.subscribe("devices/+/energy", 1) == SubAck(1, [0x80])
+    assert wait_for(lambda: refusals(caplog, "subscribe_denied"))
+    [line] = refusals(caplog, "subscribe_denied")
+    assert (line.client_id, line.username, line.topic, line.action) == (
+        "meter-7-a",
+        "meter-7",
+        "devices/+/energy",
+        "subscribe",
+    )
+    assert secured.drops("subscribe_denied") == 1
+
+
+def test_a_refused_login_names_the_username_tried(secured, caplog):
+    caplog.set_level(logging.INFO)
+    answer = RawClient(secured.port, version=5).connect("intruder", username="admin", password=b"guess")
+    assert answer.reason_code == 0x86
+    assert wait_for(lambda: refusals(caplog, "bad_credentials"))
+    [line] = refusals(caplog, "bad_credentials")
+    assert (line.client_id, line.username, line.action) == ("intruder", "admin", "connect")
+    assert line.getMessage() == "connection refused: bad_credentials"
+    assert secured.refused("bad_credentials") == 1
+
+
+def test_a_failed_tls_handshake_is_logged_and_counted(secured, caplog):
+    caplog.set_level(logging.INFO)
+    with socket.create_connection(("127.0.0.1", secured.port_of("tls")), timeout=5) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: broker\r\n\r\n")  # not TLS at all
+        sock.recv(1024)
+    assert wait_for(lambda: secured.refused("tls_error") == 1)
+    assert wait_for(lambda: refusals(caplog, "tls_error"))
+    assert refusals(caplog, "tls_error")[0].listener == "tls"
+
+
+def test_a_tls_client_is_logged_with_its_address_to_the_end(secured, caplog):
+    caplog.set_level(logging.INFO)
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    raw = context.wrap_socket(socket.create_connection(("127.0.0.1", secured.port_of("tls")), timeout=5))
+    device = RawClient(secured.port_of("tls"), version=5, sock=raw)
+    assert device.connect("meter-7-tls", username="meter-7", password=b"s3cret").reason_code == 0
+    device.close()
+    assert wait_for(lambda: any(r.getMessage().startswith("disconnected") for r in caplog.records))
+    lines = [r for r in caplog.records if getattr(r, "client_id", None) == "meter-7-tls"]
+    assert {r.getMessage() for r in lines} >= {"connected"}
+    assert all(r.peer.startswith("127.0.0.1:") for r in lines), [(r.getMessage(), r.peer) for r in lines]
+    [connected] = [r for r in lines if r.getMessage() == "connected"]
+    assert (connected.username, connected.version, connected.session_present) == ("meter-7", 5, False)
+
+
+def test_refusal_lines_are_limited_per_reason_and_say_how_many_were_held_back(caplog):
+    caplog.set_level(logging.INFO)
+    log = logging.getLogger("test.refusals")
+    refusal_log = RefusalLog()
+    written = [refusal_log.write(log, 0.5, "acl_denied", "publish refused", topic="t") for _ in range(50)]
+    assert written.count(True) == LINES_PER_WINDOW
+    assert refusal_log.write(log, 1.0, "bad_credentials", "connection refused")  # its own allowance
+    assert refusal_log.write(log, 11.0, "acl_denied", "publish refused", topic="t")  # a new window
+    assert caplog.records[-1].suppressed == 50 - LINES_PER_WINDOW
