@@ -193,7 +193,15 @@ class ClusterNode:
         self.member_tls = MemberTls(cluster.tls, cluster.node_id) if cluster.tls is not None else None
         self.clients = MemberClients(cluster.node_id, self.member_tls)
         self.proofs = MemberProofs(self.view, max(5.0, 2.0 * cluster.lease_ttl_s))
-        self.members_sock = bind_members_endpoint(members_host(broker, cluster), cluster.listen.port)
+        host = members_host(broker, cluster)
+        try:
+            self.members_sock = bind_members_endpoint(host, cluster.listen.port)
+        except OSError as error:  # name the endpoint: several brokers on one host collide here first
+            reason = error.strerror or str(error)
+            where = f"{host}:{cluster.listen.port}"
+            raise OSError(
+                error.errno, f"cluster.listen (members) cannot listen on {where}: {reason}"
+            ) from error
         self.members_port: int = self.members_sock.getsockname()[1]
         self.member = advertised_member(broker, cluster, self.members_port)
         """This node's record: its advertised addresses."""

@@ -32,6 +32,7 @@ from typing import Any
 
 from aiohttp import web
 
+from broker_edge.http.json_errors import answer_errors_in_json
 from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget, Reservation
 from broker_edge.settings.broker import check_http_limits
 
@@ -69,6 +70,8 @@ class _Guard:
         self.refused = 0
         self.pushed_out = 0
         """Idle connections that never authenticated, closed to make room for a new one."""
+        self.timed_out = 0
+        """Connections closed because a request (or a TLS handshake) did not arrive in time."""
 
     def admit(self) -> bool:
         """Whether a new connection may open: there is room, or an idle connection that never authenticated
@@ -141,6 +144,7 @@ class _GuardedProtocol(asyncio.Protocol):
     def _expired(self) -> None:
         self.timer = None
         if not self.busy and self.transport is not None:
+            self.guard.timed_out += 1
             self.transport.close()  # a request that never finished arriving
 
 
@@ -284,7 +288,8 @@ async def start_guarded_site(
         if not guard.admit():
             guard.refused += 1
             return _Refused()
-        return _GuardedProtocol(make_handler(), guard)  # type: ignore[misc]  # aiohttp's handler is a protocol
+        handler = answer_errors_in_json(make_handler())  # type: ignore[misc]  # runner.server is set by setup()
+        return _GuardedProtocol(handler, guard)
 
     try:
         loop = asyncio.get_running_loop()

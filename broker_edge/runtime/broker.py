@@ -23,7 +23,8 @@ import logging
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,6 +63,17 @@ log = logging.getLogger("broker_edge.server")
 
 BROKER_VERSION = "0.1.0"
 SWEEP_INTERVAL_S = 1.0
+
+
+@contextmanager
+def naming_endpoint(endpoint: str, host: str, port: int) -> Iterator[None]:
+    """An ``OSError`` of binding ``endpoint`` says which endpoint and address (``Address already in use``
+    alone leaves an operator of several brokers guessing)."""
+    try:
+        yield
+    except OSError as error:
+        reason = error.strerror or str(error)
+        raise OSError(error.errno, f"{endpoint} cannot listen on {host}:{port}: {reason}") from error
 
 
 def budget_descriptors(config: BrokerConfig) -> DescriptorBudget:
@@ -126,7 +138,10 @@ class Broker(BrokerCore):
         self.started_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[TcpServer] = []
-        self._runners: list[web.AppRunner | LazyHttpEndpoint] = []
+        self._runners: list[web.AppRunner | LazyHttpEndpoint | GuardedRunner] = []
+        self._websocket_guards: list[GuardedRunner] = []
+        """The WebSocket listeners' sites: their refusals before the upgrade are counted (``flush_stats``)."""
+        self._websocket_refusals = (0, 0)
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._next_sys = 0.0
         self._next_retention = 0.0
@@ -180,16 +195,20 @@ class Broker(BrokerCore):
                     self.metrics.for_listener(listener_config.name),
                 )
                 self.listeners.append(runtime)
+                label = f"listeners[{len(self.listeners) - 1}] ({runtime.name})"
                 if listener_config.websocket:
                     from broker_edge.runtime.transports.websocket import start_websocket_listener
 
-                    runner = await start_websocket_listener(self, runtime)
+                    with naming_endpoint(label, listener_config.host, listener_config.port):
+                        runner = await start_websocket_listener(self, runtime)
                     self._runners.append(runner)
-                    runtime.port = runner.addresses[0][1]
+                    self._websocket_guards.append(runner)
+                    runtime.port = runner.port
                 else:
                     from broker_edge.runtime.transports.tcp import start_tcp_listener
 
-                    server = await start_tcp_listener(self, runtime)
+                    with naming_endpoint(label, listener_config.host, listener_config.port):
+                        server = await start_tcp_listener(self, runtime)
                     self._servers.append(server)
                     runtime.port = server.sockets[0].getsockname()[1]
                 self.ports[runtime.name] = runtime.port
@@ -202,9 +221,10 @@ class Broker(BrokerCore):
                     "allowed" if runtime.allow_anonymous else "refused",
                 )
             if config.admin_http.enabled:
-                admin = await LazyHttpEndpoint.start(
-                    self._serve_admin, config.admin_http.host, config.admin_http.port
-                )
+                with naming_endpoint("admin_http", config.admin_http.host, config.admin_http.port):
+                    admin = await LazyHttpEndpoint.start(
+                        self._serve_admin, config.admin_http.host, config.admin_http.port
+                    )
                 self.admin_port = admin.port
                 self._runners.append(admin)
             if self.store is not None and config.offsets_api.enabled:
@@ -303,7 +323,8 @@ class Broker(BrokerCore):
                 budget=self.http_budget,  # readers: never the members' share
             )
 
-        endpoint = await LazyHttpEndpoint.start(serve, api.host, api.port)
+        with naming_endpoint("offsets_api", api.host, api.port):
+            endpoint = await LazyHttpEndpoint.start(serve, api.host, api.port)
         self.offsets_port = endpoint.port
         self._runners.append(endpoint)
 
@@ -388,6 +409,20 @@ class Broker(BrokerCore):
             self.held_for_acks_total.inc(held)
         for listener in self.listeners:
             listener.stats.flush_into(listener.metrics)
+        if self._websocket_guards:
+            self._count_websocket_refusals()
+
+    def _count_websocket_refusals(self) -> None:
+        """WebSocket connections closed before their upgrade, as TCP ones refused before CONNECT are:
+        ``connect_timeout`` (no upgrade in time) and ``max_connections`` (503 at the cap)."""
+        guards = [runner.guard for runner in self._websocket_guards]
+        timed_out, refused = sum(g.timed_out for g in guards), sum(g.refused for g in guards)
+        counted_timeouts, counted_refusals = self._websocket_refusals
+        for _ in range(timed_out - counted_timeouts):
+            self.counters.refused("connect_timeout")
+        for _ in range(refused - counted_refusals):
+            self.counters.refused("max_connections")
+        self._websocket_refusals = (timed_out, refused)
 
     def _bind_gauges(self) -> None:
         router = self.router

@@ -14,6 +14,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from broker_edge.config.loader import ConfigError
@@ -46,6 +47,8 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
     loop.add_signal_handler(signal.SIGHUP, lambda: reload_files(broker))
     await broker.start()
     tune_garbage_collector(config.runtime)
+    for line in startup_report(broker):
+        log.info("%s", line)
     log.info("broker started: %s", ", ".join(f"{name}={port}" for name, port in broker.ports.items()))
     if ready is not None:
         ready.set()
@@ -57,6 +60,38 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(signum)
     log.info("broker stopped")
+
+
+def startup_report(broker: Broker) -> list[str]:
+    """The endpoints besides the MQTT listeners (each logged as it binds) and the security files in force:
+    what an operator of several brokers on one host checks first."""
+    config = broker.config
+    lines = []
+    if broker.offsets_port is not None:
+        api = config.offsets_api
+        scheme = "https" if api.tls is not None else "http"
+        readers = "readers' tokens required" if api.authenticates else "no token (loopback only)"
+        lines.append(f"offsets API on {scheme}://{api.host}:{broker.offsets_port} ({readers})")
+    if broker.admin_port is not None:
+        lines.append(f"admin HTTP (/metrics, /health) on http://{config.admin_http.host}:{broker.admin_port}")
+    node = broker.cluster_node
+    if node is not None and config.cluster is not None:
+        lines.append(f"members' endpoint on port {node.members_port} (node {config.cluster.node_id})")
+    passwords = config.auth.password_file
+    users = f"{passwords} ({len(broker.passwords)} users)" if passwords and broker.passwords else "none"
+    acl = broker.acl
+    decision = "allow" if acl is not None and acl.default_allow else "deny"
+    rules = f"{len(acl.rules)} rules, default {decision}" if acl is not None else "none (all allowed)"
+    acl_file = f", file {config.acl.file}" if config.acl.file else ""
+    lines.append(f"security: password file {users}; ACL {rules}{acl_file}")
+    for listener in config.listeners:
+        if listener.tls is not None:
+            tls = listener.tls
+            clients = "client certificates required" if tls.require_client_cert else "no client certificate"
+            lines.append(f"TLS on {listener.name}: {tls.certfile}, key {tls.keyfile} ({clients})")
+    if config.storage.enabled:
+        lines.append(f"data directory {Path(config.storage.directory).resolve()} (locked by this broker)")
+    return lines
 
 
 def reload_files(broker: Broker) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import WSMsgType, web
 
 from broker_edge.engine.connection.connection import Connection
+from broker_edge.http.guard import GuardedRunner, start_guarded_site
 from broker_edge.security.tls import peer_common_name
 
 if TYPE_CHECKING:
@@ -122,8 +123,13 @@ class WebSocketTransport:
         return transport.get_extra_info(name, default) if transport is not None else default
 
 
-async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRuntime) -> web.AppRunner:
-    """Serve ``listener.config.path`` on the listener's address; ``runner.cleanup()`` stops it."""
+async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRuntime) -> GuardedRunner:
+    """Serve ``listener.config.path`` on the listener's address; ``runner.cleanup()`` stops it.
+
+    The same bounds as a TCP listener's before CONNECT: behind the HTTP guard (``broker_edge.http.guard``), a
+    TLS handshake and the upgrade request must arrive within ``limits.connect_timeout_s`` (counted in
+    ``timed_out``), at most ``limits.max_connections`` sockets are open (more are answered 503), and once
+    upgraded the connection goes through the broker's admission and CONNECT timeout like any other."""
     config = listener.config
     limits = broker.config.limits
 
@@ -153,8 +159,11 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
 
     app = web.Application()
     app.router.add_get(config.path, serve)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, ssl_context=listener.ssl_context, reuse_address=True)
-    await site.start()
-    return runner
+    return await start_guarded_site(
+        app,
+        config.host,
+        config.port,
+        listener.ssl_context,
+        limits.max_connections,
+        limits.connect_timeout_s,  # the TLS handshake and the upgrade request, as a TCP listener's CONNECT
+    )

@@ -1,0 +1,84 @@
+"""HTTP requests the parser refuses are answered in JSON with one WARNING, no traceback; a port taken by
+another process names the endpoint that wanted it; the start-up log lists every endpoint and the security
+files in force."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import subprocess
+import sys
+
+import yaml
+
+from broker_edge.runtime.launcher import BrokerProcess, free_port
+from tests.e2e.broker_clients import wait_for
+
+MALFORMED = [
+    b"GET /metrics HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",  # a header without a colon
+    b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 40,  # a TLS ClientHello on plain HTTP
+]
+
+
+def answer_to(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in header_lines)
+    return int(status_line.split()[1]), headers, body
+
+
+def test_parser_errors_are_json_and_leave_no_traceback(start_broker, caplog, tmp_path):
+    caplog.set_level(logging.DEBUG)
+    broker = start_broker(storage={}, offsets_api={"enabled": True, "port": 0})
+    for port in (broker.broker.admin_port, broker.broker.offsets_port):
+        for request in MALFORMED:
+            status, headers, body = answer_to(port, request)
+            assert status == 400, body
+            assert headers["Content-Type"].startswith("application/json")
+            document = json.loads(body)
+            assert document["error"] == "bad_request" and document["message"]
+    assert not [r for r in caplog.records if r.exc_info and r.name.startswith(("aiohttp", "broker_edge"))]
+    refused = [r for r in caplog.records if getattr(r, "reason", None) == "http_bad_request"]
+    assert refused and all(r.levelno == logging.WARNING and r.peer == "127.0.0.1" for r in refused)
+
+
+def test_a_taken_admin_port_is_named_with_its_endpoint(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = {
+            "listeners": [{"name": "mqtt", "port": free_port()}],
+            "admin_http": {"port": port},
+            "offsets_api": {"port": free_port()},
+            "storage": {"directory": str(tmp_path / "data")},
+        }
+        (tmp_path / "broker.yaml").write_text(yaml.safe_dump(config))
+        command = [sys.executable, "-m", "pipelines.cli", "broker", "--config", str(tmp_path / "broker.yaml")]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert f"admin_http cannot listen on 127.0.0.1:{port}: Address already in use" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_start_up_log_lists_every_endpoint_and_the_security_in_force(tmp_path):
+    acl = tmp_path / "acl.yaml"
+    acl.write_text(yaml.safe_dump({"rules": [{"permission": "allow", "action": "all", "topic": "#"}]}))
+    broker = BrokerProcess(tmp_path, acl={"file": str(acl)}).start()
+    try:
+        assert wait_for(lambda: "broker started" in broker.log_path.read_text())
+        text = broker.log_path.read_text()
+    finally:
+        broker.stop()
+    assert f"listening: mqtt tcp on 127.0.0.1:{broker.port}" in text
+    assert f"offsets API on http://127.0.0.1:{broker.offsets_port} (no token (loopback only))" in text
+    assert f"admin HTTP (/metrics, /health) on http://127.0.0.1:{broker.admin_port}" in text
+    assert f"security: password file none; ACL 1 rules, default deny, file {acl}" in text
+    assert f"data directory {tmp_path / 'data'} (locked by this broker)" in text
