@@ -13,6 +13,7 @@ and hands each part of the engine those it asks.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, cast
@@ -21,6 +22,7 @@ from broker_edge.engine.connection.states import CLOSED, CONNECTED
 from broker_edge.engine.cursors import ReplayManager
 from broker_edge.engine.ports import ALONE, ClusterPorts
 from broker_edge.engine.publish import PublishPath
+from broker_edge.engine.routing.retained import RetainedBounds
 from broker_edge.engine.routing.router import Router
 from broker_edge.observe.counters import BrokerCounters
 from broker_edge.protocol.reason_codes import ReasonCode
@@ -33,11 +35,14 @@ if TYPE_CHECKING:
     import asyncio
 
     from broker_edge.engine.connection.connection import Connection
+    from broker_edge.engine.message import Message
     from broker_edge.observe.metrics import BrokerMetrics
     from broker_edge.settings.broker import BrokerConfig
     from broker_edge.storage.store import LogStore
 
 __all__ = ["BrokerCore"]
+
+_refusals_log = logging.getLogger("broker_edge.connection")
 
 
 class BrokerCore:
@@ -47,13 +52,17 @@ class BrokerCore:
         self.config = config
         self.metrics = metrics
         self.counters = BrokerCounters()
+        retain = config.retain
         self.router = Router(
             config.limits,
-            max_retained=config.retain.max_retained,
+            retained=RetainedBounds(
+                retain.max_retained, retain.max_retained_bytes, retain.max_retained_bytes_per_client
+            ),
             retain_enabled=config.retain.enabled,
             count_drop=self.counters.drop,
             clock=self.now,
         )
+        self.router.retained_refused = self._retained_refused
         self.publish_path = PublishPath(self.router, self.counters, metrics, self.call_soon)
         self.router.publish_through = self.publish_path.publish
         self.cluster: ClusterPorts = ALONE
@@ -144,6 +153,19 @@ class BrokerCore:
     def call_later(self, delay: float, callback: Callable[[], None]) -> None:
         """Run ``callback`` in ``delay`` seconds."""
         raise NotImplementedError
+
+    def _retained_refused(self, message: Message, reason: str, size: int) -> None:
+        """A retained message over its bounds: delivered, not kept; said in a rate-limited WARNING."""
+        self.counters.refusal_log.write(
+            _refusals_log,
+            self.now(),
+            reason,
+            f"retained message not kept: {reason}",
+            action="retain",
+            client_id=message.origin,
+            topic=message.topic,
+            bytes=size,
+        )
 
     # -- the ConnectionHost interface -----------------------------------------------------------------------
 

@@ -132,10 +132,18 @@ class RetainConfig:
     """Keep retained messages (when false, v5 CONNACK says Retain Available = 0 and RETAIN is refused)."""
     max_retained: int = 100_000
     """Topics holding a retained message; a new one beyond it is not retained (0 = unlimited)."""
+    max_retained_bytes: int = 268_435_456
+    """Bytes (topic and payload) of all retained messages together; a message that would pass it is not
+    retained (delivered live all the same; 0 = unlimited)."""
+    max_retained_bytes_per_client: int = 16_777_216
+    """Bytes of the retained messages one client id published that are still retained; a message that would
+    pass it is not retained (0 = unlimited)."""
 
     def __post_init__(self) -> None:
-        if self.max_retained < 0:
-            raise ConfigError("max_retained", f"must be >= 0, got {self.max_retained}")
+        for name in ("max_retained", "max_retained_bytes", "max_retained_bytes_per_client"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(name, f"must be an integer >= 0, got {value!r}")
 
 
 @dataclass

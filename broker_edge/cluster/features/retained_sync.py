@@ -209,12 +209,10 @@ class RetainedSync:
 
     def _apply(self, messages: list[Message]) -> None:
         touched = self._touched or set()
-        store = self.router.retained
         for message in messages:
             if message.topic in touched or message.expired():
                 continue
-            if not store.set(message.topic, message):
-                self.router.count_drop("retained_full")
+            self.router.retain(message)
 
     def _loaded(self, how: str) -> None:
         log.info("retained messages loaded (%s)", how)

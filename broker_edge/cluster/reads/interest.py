@@ -221,8 +221,8 @@ class RetainedRefresh:
         fresh = {message.topic: message for message in messages}
         for topic, message in fresh.items():
             unchanged = store.get(topic) is before.get(topic)
-            if unchanged and not message.expired() and not store.set(topic, message):
-                self.router.count_drop("retained_full")
+            if unchanged and not message.expired():
+                self.router.retain(message)
         for topic, message in before.items():
             if topic not in fresh and view.partition_of(topic) in partitions and store.get(topic) is message:
                 store.clear(topic)  # cleared on the leader while this broker did not observe it

@@ -8,38 +8,113 @@ encoding cache), so serving a retained message to many subscribers encodes it on
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RetainedStore"]
+__all__ = ["RetainedBounds", "RetainedStore"]
 
 
 class _Node:
-    __slots__ = ("children", "message")
+    __slots__ = ("children", "message", "owner", "size")
 
     def __init__(self) -> None:
         self.children: dict[str, _Node] | None = None
         self.message: Any = None
+        self.size = 0
+        """Bytes the retained message is counted for (its topic and payload)."""
+        self.owner = ""
+        """The client id it is counted to (its publisher)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedBounds:
+    """What the retained set may hold (0 = unlimited, each)."""
+
+    max_retained: int = 0
+    """Topics holding a retained message."""
+    max_bytes: int = 0
+    """Bytes (topics and payloads) of every retained message together."""
+    max_bytes_per_client: int = 0
+    """Bytes of the retained messages one client id published and that are still retained."""
 
 
 class RetainedStore:
-    """Topic → last retained message; ``max_retained`` bounds how many topics hold one (0 = unlimited).
+    """Topic → last retained message, within ``RetainedBounds``: a count, bytes in all, bytes per client.
 
-    ``is_expired(message)`` lets the store drop messages whose v5 Message Expiry has passed when they are
-    looked up, so expiry needs no timer.
+    Each message is counted (topic + payload bytes) to the client id that published it until it is replaced,
+    cleared or expires, so one device cannot fill the budget of all. ``is_expired(message)`` lets the store
+    drop messages whose v5 Message Expiry has passed when they are looked up, so expiry needs no timer.
     """
 
-    __slots__ = ("_is_expired", "_root", "count", "max_retained")
+    __slots__ = ("_by_owner", "_is_expired", "_root", "bounds", "bytes", "count")
 
-    def __init__(self, max_retained: int = 0, is_expired: Callable[[Any], bool] | None = None) -> None:
+    def __init__(
+        self, bounds: RetainedBounds | None = None, is_expired: Callable[[Any], bool] | None = None
+    ) -> None:
         self._root = _Node()
         self.count = 0
-        self.max_retained = max_retained
+        self.bytes = 0
+        """Bytes of every retained message (topics and payloads)."""
+        self._by_owner: dict[str, int] = {}
+        self.bounds = bounds if bounds is not None else RetainedBounds()
         self._is_expired = is_expired
 
-    def set(self, topic: str, message: Any) -> bool:
-        """Retain ``message`` for ``topic``, replacing the previous one; False if the store is full."""
-        if self.max_retained and self.count >= self.max_retained and self.get(topic) is None:
-            return False
+    @property
+    def max_retained(self) -> int:
+        return self.bounds.max_retained
+
+    def bytes_of(self, owner: str) -> int:
+        """Bytes of the retained messages counted to client id ``owner``."""
+        return self._by_owner.get(owner, 0)
+
+    def set(self, topic: str, message: Any, size: int = 0, owner: str = "") -> str | None:
+        """Retain ``message`` (``size`` bytes, published by ``owner``) for ``topic``, replacing the previous
+        one; None, or why it was not retained: ``retained_full`` (topics), ``retained_bytes`` (all bytes),
+        ``retained_client_bytes`` (the owner's bytes). The message it would replace stays then."""
+        bounds = self.bounds
+        node = self._find(topic)
+        held = node is not None and node.message is not None
+        if bounds.max_retained and self.count >= bounds.max_retained and not held:
+            return "retained_full"
+        freed = node.size if node is not None and held else 0
+        if bounds.max_bytes and self.bytes - freed + size > bounds.max_bytes:
+            return "retained_bytes"
+        if bounds.max_bytes_per_client and owner:
+            own = self.bytes_of(owner) - (freed if node is not None and node.owner == owner else 0)
+            if own + size > bounds.max_bytes_per_client:
+                return "retained_client_bytes"
+        if node is None:
+            node = self._make(topic)
+        if node.message is None:
+            self.count += 1
+        else:
+            self._uncount(node)
+        node.message, node.size, node.owner = message, size, owner
+        self.bytes += size
+        if owner:
+            self._by_owner[owner] = self._by_owner.get(owner, 0) + size
+        return None
+
+    def _uncount(self, node: _Node) -> None:
+        self.bytes -= node.size
+        if node.owner:
+            left = self._by_owner[node.owner] - node.size
+            if left:
+                self._by_owner[node.owner] = left
+            else:
+                del self._by_owner[node.owner]
+        node.size, node.owner = 0, ""
+
+    def _find(self, topic: str) -> _Node | None:
+        node = self._root
+        for level in topic.split("/"):
+            child = node.children.get(level) if node.children else None
+            if child is None:
+                return None
+            node = child
+        return node
+
+    def _make(self, topic: str) -> _Node:
         node = self._root
         for level in topic.split("/"):
             children = node.children
@@ -49,10 +124,7 @@ class RetainedStore:
             if child is None:
                 child = children[level] = _Node()
             node = child
-        if node.message is None:
-            self.count += 1
-        node.message = message
-        return True
+        return node
 
     def clear(self, topic: str) -> bool:
         """Forget the retained message of ``topic`` (a PUBLISH with an empty retained payload)."""
@@ -66,18 +138,14 @@ class RetainedStore:
         if node.message is None:
             return False
         node.message = None
+        self._uncount(node)
         self.count -= 1
         self._prune(levels)
         return True
 
     def get(self, topic: str) -> Any:
-        node = self._root
-        for level in topic.split("/"):
-            child = node.children.get(level) if node.children else None
-            if child is None:
-                return None
-            node = child
-        return node.message
+        node = self._find(topic)
+        return node.message if node is not None else None
 
     def match(self, topic_filter: str) -> list[tuple[str, Any]]:
         """``(topic, message)`` of every retained topic the filter matches ($-topics only explicitly)."""

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from broker_edge.engine.message import Message, forwarded_properties
-from broker_edge.engine.routing.retained import RetainedStore
+from broker_edge.engine.routing.retained import RetainedBounds, RetainedStore
 from broker_edge.engine.routing.subscriptions import SharedGroup, SubscriptionOptions, SubscriptionTrie
 from broker_edge.engine.sessions.session import NEVER_EXPIRES, Session, SessionSubscription
 
@@ -56,7 +56,7 @@ class Router:
         self,
         limits: LimitsConfig,
         *,
-        max_retained: int = 0,
+        retained: RetainedBounds | None = None,
         retain_enabled: bool = True,
         count_drop: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -68,7 +68,9 @@ class Router:
         self.persistent_count = 0
         """Sessions with a Session Expiry Interval > 0 (kept by ``Session.expiry_interval``)."""
         self.trie: SubscriptionTrie[Session] = SubscriptionTrie()
-        self.retained = RetainedStore(max_retained, is_expired=Message.expired)
+        self.retained = RetainedStore(retained, is_expired=Message.expired)
+        self.retained_refused: Callable[[Message, str, int], None] | None = None
+        """Told of a retained message the bounds refused (message, reason, bytes): the broker logs it."""
         self.retain_enabled = retain_enabled
         self.count_drop: Callable[[str], None] = count_drop or (lambda reason: None)
         self.clock = clock
@@ -98,6 +100,18 @@ class Router:
 
     # -- publishing ---------------------------------------------------------------------------------------
 
+    def retain(self, message: Message) -> bool:
+        """Keep ``message`` as its topic's retained message within the bounds, counted (topic and payload
+        bytes) to its publisher; False when refused (counted by reason, and told to ``retained_refused``)."""
+        size = len(message.topic) + len(message.payload)
+        refusal = self.retained.set(message.topic, message, size, message.origin)
+        if refusal is None:
+            return True
+        self.count_drop(refusal)
+        if self.retained_refused is not None:
+            self.retained_refused(message, refusal, size)
+        return False
+
     def publish(self, message: Message, groups_served: bool = False) -> int:
         """Deliver ``message`` to every matching session (and update retained); returns how many matched.
 
@@ -108,8 +122,7 @@ class Router:
         """
         if message.retain and self.retain_enabled:
             if message.payload:
-                if not self.retained.set(message.topic, message):
-                    self.count_drop("retained_full")
+                self.retain(message)  # refused or not, it is delivered live all the same
             else:
                 self.retained.clear(message.topic)
             if self._retained_sync is not None:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from broker_edge.engine.routing.retained import RetainedStore
+from broker_edge.engine.routing.retained import RetainedBounds, RetainedStore
 from broker_edge.engine.routing.subscriptions import SharedGroup, SubscriptionOptions, SubscriptionTrie
 
 
@@ -68,10 +68,12 @@ def test_shared_group_round_robin_prefers_online():
 @pytest.mark.mqtt311("MQTT-3.3.1-11")
 @pytest.mark.mqtt5("MQTT-3.3.1-7")
 def test_retained_store_matching_limits_and_expiry():
-    store = RetainedStore(max_retained=3, is_expired=lambda message: message == "old")
-    assert store.set("a/b", "1") and store.set("a/c", "2") and store.set("$SYS/x", "3")
-    assert not store.set("z", "4")  # full
-    assert store.set("a/b", "1b")  # replacing is always allowed
+    store = RetainedStore(RetainedBounds(max_retained=3), is_expired=lambda message: message == "old")
+    assert (
+        store.set("a/b", "1") is None and store.set("a/c", "2") is None and store.set("$SYS/x", "3") is None
+    )
+    assert store.set("z", "4") == "retained_full"
+    assert store.set("a/b", "1b") is None  # replacing is always allowed
     assert sorted(store.match("a/+")) == [("a/b", "1b"), ("a/c", "2")]
     assert sorted(t for t, _ in store.match("#")) == ["a/b", "a/c"]
     assert store.match("$SYS/#") == [("$SYS/x", "3")]
@@ -79,3 +81,18 @@ def test_retained_store_matching_limits_and_expiry():
     store.set("a/old", "old")
     assert store.match("a/#") == [("a/b", "1b")]
     assert store.get("a/old") is None
+
+
+def test_retained_bytes_are_bounded_in_all_and_per_publishing_client():
+    store = RetainedStore(RetainedBounds(max_bytes=1000, max_bytes_per_client=600))
+    assert store.set("site/1/state", "s1", size=500, owner="meter-1") is None
+    assert store.set("site/1/config", "c1", size=200, owner="meter-1") == "retained_client_bytes"
+    assert store.set("site/1/state", "s1b", size=550, owner="meter-1") is None  # a replacement frees its own
+    assert (store.bytes, store.bytes_of("meter-1")) == (550, 550)
+    assert store.set("site/2/state", "s2", size=500, owner="meter-2") == "retained_bytes"
+    assert store.get("site/2/state") is None
+    assert store.set("site/2/state", "s2", size=450, owner="meter-2") is None
+    assert store.set("site/1/state", "taken", size=100, owner="meter-2") is None  # another client replaces it
+    assert (store.bytes_of("meter-1"), store.bytes_of("meter-2"), store.bytes) == (0, 550, 550)
+    assert store.clear("site/2/state")
+    assert (store.bytes_of("meter-2"), store.bytes, store.count) == (100, 100, 1)
