@@ -351,9 +351,12 @@ class Broker(BrokerCore):
             for conn in self.connections:
                 conn.abort()
         if self.session_store is not None:
-            await self.session_store.close()
+            await self.session_store.close()  # a file it cannot write is logged, the old one stays
         if self.store is not None:
-            self.store.close()
+            try:
+                self.store.close()  # a full disk: logged there, the next start checks the logs
+            except Exception:  # the stop goes on: the lock is released, the process exits
+                log.exception("closing the commitlog failed")
         self.data_lock.release()
         self.flush_stats()
         self.stopped.set()

@@ -28,7 +28,7 @@ from broker_edge.protocol.topics import topic_matches
 
 from .commitlog import CommitLog, LogRecovery
 from .config import StorageConfig
-from .errors import StorageError, TooManyTopics, UnknownTopic
+from .errors import StorageError, StorageFailed, TooManyTopics, UnknownTopic
 from .file_pool import FileHandlePool
 from .fs_sync import syncfs_available
 from .group_commit import GroupCommitter
@@ -169,22 +169,45 @@ class LogStore:
         if self._closed:
             return
         self._closed = True
-        self._committer.close()
+        unwritten: list[str] = []  # what a full or failing disk kept from being written: said, not raised
+        try:
+            self._committer.close()
+        except (OSError, StorageFailed) as error:
+            unwritten.append(f"buffered appends ({error})")
         if self._checkpoint_timer is not None:
             self._checkpoint_timer.cancel()
-        self.checkpoint_committed()
+        try:
+            self.checkpoint_committed()
+        except OSError as error:
+            unwritten.append(f"the committed ends' checkpoint ({error})")
         if self._directory_fd is not None:
             os.close(self._directory_fd)
             self._directory_fd = None
         for commit_log in self._logs.values():
-            commit_log.close(write_index=commit_log.active_segment_bytes >= INDEX_AT_CLOSE_MIN_BYTES)
+            try:
+                commit_log.close(write_index=commit_log.active_segment_bytes >= INDEX_AT_CLOSE_MIN_BYTES)
+            except (OSError, StorageFailed) as error:
+                unwritten.append(f"log {commit_log.topic!r} ({error})")
         self._pool.close()
         for waiters in [*self._topic_waiters.values(), self._pattern_waiters]:
             for waiter in waiters:
                 if not waiter.future.done():
                     waiter.future.set_result([])
-        if self._opened and self._committer.failure is None:
-            _write_marker(self.layout.meta_file(CLEAN_SHUTDOWN_MARKER))
+        if not self._opened:
+            return
+        failure = self._committer.failure
+        if not unwritten and failure is None:
+            try:
+                _write_marker(self.layout.meta_file(CLEAN_SHUTDOWN_MARKER))
+                return
+            except OSError as error:
+                unwritten.append(f"the clean-shutdown marker ({error})")
+        why = "; ".join(unwritten) if unwritten else f"a write failed while running ({failure})"
+        log.error(
+            "store closed without its clean-shutdown marker: not written: %s. Nothing acknowledged is lost "
+            "(it was synced before its acknowledgement); the next start checks every log (crash recovery)",
+            why,
+        )
 
     def __enter__(self) -> LogStore:
         if not self._opened:
