@@ -230,7 +230,9 @@ class PublishPath:
         if forwarding is not None:  # a cluster member: routed on every other member too
             forwarding.broadcast(message)
         matched = self.router.publish(message)
-        if not matched:
+        if forwarding is not None:
+            matched = 1  # subscribers on other members are not known here: 0x00 (docs/cluster.md)
+        elif not matched:
             self.counters.drop("no_subscribers")
         if packet_id is not None:
             _acknowledge(publisher, message.qos, packet_id, 0 if matched else _NO_MATCHING)
@@ -481,8 +483,7 @@ class PublishPath:
                 if message is not None:
                     appends += 1
                     appended_bytes += len(message.payload)
-                    if not router.publish(message):
-                        reason_code = _NO_MATCHING
+                    router.publish(message)  # 0x00 either way: subscribers elsewhere are not known here
                 self._answer_in_turn(entry, reason_code)
         replays = self.replays
         if replays is not None:

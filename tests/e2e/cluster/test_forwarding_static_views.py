@@ -257,3 +257,20 @@ def test_a_peer_without_the_token_is_refused(cluster):
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=5)
     assert refused.value.code == 401
+
+
+def test_a_cluster_answers_0x00_for_a_publish_whose_subscriber_is_on_another_member(cluster):
+    """(Delivery to ``b`` goes through its observation of ``c``'s partition, which these static views do not
+    run: tests/e2e/cluster covers it with etcd.)"""
+    topic = topic_led_by("c")
+    watcher = RawClient(cluster.brokers["b"].port, 5)
+    watcher.connect("watcher-b")
+    watcher.subscribe(topic, 1)
+    publisher = RawClient(cluster.brokers["a"].port, 5)
+    publisher.connect("meter-a")
+
+    publisher.send_packet(Publish(topic, b"7.2", 1, packet_id=5))
+
+    ack = publisher.recv()
+    assert ack == PubAck(5, 0)  # never 0x10: neither a nor the leader c knows of b's subscriber
+    assert wait_for(lambda: cluster.log_end("c", topic) == 1)
