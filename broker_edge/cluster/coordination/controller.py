@@ -23,6 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 
 from broker_edge.cluster.coordination.assignment import Change, LogEnds, initial_states, needs_election, plan
+from broker_edge.cluster.coordination.backoff import Backoff
 from broker_edge.cluster.coordination.coordinator import Coordinator
 from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd, EtcdError, Guard, KeyValue
 from broker_edge.cluster.coordination.etcd_values import (
@@ -129,6 +130,7 @@ class Controller:
         self.changes_applied = 0
         """Partition state changes this node has written as controller (for tests and logs)."""
         self._wake = asyncio.Event()
+        self._backoff = Backoff("the controller's step (etcd)", log)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -163,13 +165,14 @@ class Controller:
             try:
                 again = await self._step()
             except EtcdError as exc:
-                log.warning("controller step failed: %s", exc)
                 again = False
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(self._backoff.failed(exc))
             except Exception:
                 log.exception("controller step failed")
                 again = False
                 await asyncio.sleep(1.0)
+            else:
+                self._backoff.succeeded()
             if again:
                 self._wake.set()
 

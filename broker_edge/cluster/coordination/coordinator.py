@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from broker_edge.cluster.coordination.backoff import Backoff
 from broker_edge.cluster.coordination.etcd import (
     ClusterKeys,
     Etcd,
@@ -78,6 +79,7 @@ class Coordinator:
         self._task: asyncio.Task[None] | None = None
         self._change_pending = False
         self._loaded = asyncio.Event()
+        self._backoff = Backoff("reading the cluster state from etcd", log)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
 
@@ -153,17 +155,20 @@ class Coordinator:
                 log.warning("etcd compacted the watched revisions: reading the cluster state again")
                 revision = await self._load_retrying()
             except EtcdError as exc:
-                log.warning("re-reading the cluster state failed: %s", exc)
+                await asyncio.sleep(self._backoff.failed(exc))
                 revision = await self._load_retrying()
             next_resync = time.monotonic() + self.resync_interval_s
 
     async def _load_retrying(self) -> int:
+        backoff = self._backoff
         while True:
             try:
-                return await self._load()
+                revision = await self._load()
             except EtcdError as exc:
-                log.debug("reading the cluster state failed: %s", exc)
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(backoff.failed(exc))
+            else:
+                backoff.succeeded()
+                return revision
 
     async def _load(self) -> int:
         """Apply a fresh read of every key; forget held keys that it no longer has. Its revision."""

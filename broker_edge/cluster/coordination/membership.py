@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 
@@ -68,6 +69,8 @@ class Membership:
         self._listeners: list[Callable[[], None]] = []
         self._own_leases: set[int] = set()
         self._failures = 0
+        self._register_wait = min(0.5, self.interval_s)
+        """Seconds before the next registration attempt: doubled (with jitter) after each that failed."""
 
     @property
     def interval_s(self) -> float:
@@ -118,8 +121,12 @@ class Membership:
     async def _run(self) -> None:
         while not self._stopping:
             if self.lease_id is None:
-                await asyncio.sleep(min(0.5, self.interval_s))
-                await self._register_once()
+                await asyncio.sleep(self._register_wait)
+                if await self._register_once():
+                    self._register_wait = min(0.5, self.interval_s)
+                else:  # each failure waits longer (doubled, jittered), at most the lease's TTL
+                    doubled = self._register_wait * (1 + random.random())
+                    self._register_wait = min(float(self.ttl_s), max(0.05, doubled))
                 continue
             await asyncio.sleep(self.interval_s)
             await self._renew_once()

@@ -4,6 +4,11 @@ Reads the cluster's keys from etcd, then asks every member's offsets API for its
 and compares each replica's end with its leader's, per partition (the sum over the partition's topics):
 a lag of 0 means the replica holds as much of the partition as its leader; "?" means the replica or the
 leader did not answer (or is not a live member). ``--json`` prints the same as one JSON document.
+
+A node the partitions name but that is not a live member (its etcd lease expired: stopped, crashed, cut off)
+is listed as DOWN, and marked ``(DOWN)`` wherever a partition names it; every node gets a summary (partitions
+it leads, holds, is in sync for). ``--config broker.yaml`` takes etcd's URLs, the prefix, etcd's TLS and user
+from a broker's ``cluster:`` section. Output cut short by a closed pipe (``| head``) ends quietly.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,6 +44,28 @@ class ClusterStatus:
     lags: dict[int, dict[str, int | None]] = field(default_factory=dict)
     """partition → replica → records behind the leader (None: unknown)."""
 
+    @property
+    def down(self) -> list[str]:
+        """Nodes the partitions name (as leader, replica or in sync) that are not live members: their etcd
+        lease expired (stopped, crashed, cut off)."""
+        named = {node for s in self.states.values() for node in (s.leader, *s.replicas, *s.isr) if node}
+        return sorted(named - set(self.members))
+
+    def summary(self) -> dict[str, dict[str, int | bool]]:
+        """Per node, live or down: partitions it leads, holds a replica of, and is in sync for."""
+        nodes = sorted({*self.members, *self.down})
+        counts: dict[str, dict[str, int | bool]] = {
+            node: {"live": node in self.members, "leaders": 0, "replicas": 0, "in_sync": 0} for node in nodes
+        }
+        for state in self.states.values():
+            if state.leader in counts:
+                counts[state.leader]["leaders"] = int(counts[state.leader]["leaders"]) + 1
+            for replica in state.replicas:
+                counts[replica]["replicas"] = int(counts[replica]["replicas"]) + 1
+            for replica in state.isr:
+                counts[replica]["in_sync"] = int(counts[replica]["in_sync"]) + 1
+        return counts
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "prefix": self.prefix,
@@ -47,6 +75,8 @@ class ClusterStatus:
                 {"node_id": m.node_id, "mqtt": m.mqtt, "offsets_api": m.offsets_api}
                 for m in sorted(self.members.values(), key=lambda m: m.node_id)
             ],
+            "down": self.down,
+            "summary": self.summary(),
             "states": [
                 {
                     "partition": s.partition,
@@ -106,19 +136,39 @@ def _number(value: int | None) -> str:
 
 
 def render(status: ClusterStatus, etcd: str) -> str:
-    """The readable form: a summary line, the members, then one line per partition."""
+    """The readable form: a summary line, the members (live and down) with what each holds, then one line
+    per partition, a down node marked wherever it is named, and a legend."""
     if status.partitions is None and not status.members:
         return f"no cluster under {status.prefix} on {etcd}"
     created = f"{status.partitions} partitions" if status.partitions is not None else "not created yet"
+    down = set(status.down)
     lines = [
-        f"cluster {status.prefix} on {etcd}: {len(status.members)} members, {created}, "
-        f"controller {status.controller or '-'}",
+        f"cluster {status.prefix} on {etcd}: {len(status.members)} members live"
+        + (f", {len(down)} DOWN ({', '.join(sorted(down))})" if down else "")
+        + f", {created}, controller {status.controller or '-'}",
         "",
         "members:",
     ]
-    members = [["node", "mqtt", "offsets API"]]
-    members += [[m.node_id, m.mqtt, m.offsets_api] for _, m in sorted(status.members.items())]
+    summary = status.summary()
+    members = [["node", "state", "mqtt", "offsets API", "leads", "replicas", "in sync"]]
+    for node, counts in summary.items():
+        member = status.members.get(node)
+        members.append(
+            [
+                node,
+                "live" if member is not None else "DOWN",
+                member.mqtt if member is not None else "-",
+                member.offsets_api if member is not None else "-",
+                str(counts["leaders"]),
+                str(counts["replicas"]),
+                str(counts["in_sync"]),
+            ]
+        )
     lines += _table(members)
+
+    def named(node: str) -> str:
+        return f"{node}(DOWN)" if node in down else node
+
     if status.states:
         offline = sum(1 for s in status.states.values() if s.leader is None)
         lines += ["", f"partitions ({offline} offline):" if offline else "partitions:"]
@@ -132,14 +182,19 @@ def render(status: ClusterStatus, etcd: str) -> str:
             rows.append(
                 [
                     str(partition),
-                    state.leader or "OFFLINE",
+                    named(state.leader) if state.leader else "OFFLINE",
                     str(state.epoch),
-                    ",".join(state.replicas),
-                    ",".join(state.isr) or "-",
+                    ",".join(named(r) for r in state.replicas),
+                    ",".join(named(r) for r in state.isr) or "-",
                     lag,
                 ]
             )
         lines += _table(rows)
+        lines += [
+            "",
+            "DOWN: named by a partition but not a live member (its lease expired); OFFLINE: no leader; "
+            "lag ?: the replica or its leader did not answer",
+        ]
     return "\n".join(lines)
 
 
@@ -147,8 +202,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="timestone cluster", description="Inspect a broker cluster.")
     commands = parser.add_subparsers(dest="command", required=True)
     status = commands.add_parser("status", help="members, partition leaders and epochs, in-sync sets, lag")
-    status.add_argument("--etcd", required=True, action="append", help="etcd client URL (repeatable)")
-    status.add_argument("--prefix", default="/timestone", help="the cluster's cluster.key_prefix")
+    status.add_argument(
+        "--config",
+        help="a broker's config: etcd URLs, key prefix, etcd TLS and user from its cluster section",
+    )
+    status.add_argument("--etcd", action="append", help="etcd client URL (repeatable)")
+    status.add_argument("--prefix", default=None, help="the cluster's cluster.key_prefix (/timestone)")
     status.add_argument("--token", default=None, help="a reader token of the members' offsets API")
     status.add_argument("--etcd-cacert", help="CA of etcd's server certificates (https:// etcd)")
     status.add_argument("--etcd-cert", help="client certificate for etcd (--client-cert-auth)")
@@ -165,20 +224,52 @@ def cluster_main(argv: list[str] | None = None) -> int:
     there is no cluster under the prefix, 2 for bad arguments."""
     args = _parser().parse_args(argv)
     try:
-        for url in args.etcd:
-            etcd_endpoint(url)
-        tls = EtcdTlsConfig(args.etcd_cacert, args.etcd_cert, args.etcd_key) if args.etcd_cacert else None
-        auth = EtcdAuthConfig(args.etcd_user, args.etcd_password_file) if args.etcd_user else None
-    except (ValueError, TypeError) as exc:  # ConfigError is a ValueError
-        print(f"timestone cluster status: --etcd: {exc}", file=sys.stderr)
+        urls, prefix, tls, auth = _etcd_settings(args)
+    except (ValueError, TypeError, OSError) as exc:  # ConfigError is a ValueError
+        print(f"timestone cluster status: {exc}", file=sys.stderr)
         return 2
     try:
-        status = asyncio.run(read_status(args.etcd, args.prefix, args.token, args.timeout, tls, auth))
+        status = asyncio.run(read_status(urls, prefix, args.token, args.timeout, tls, auth))
     except EtcdError as exc:
         print(f"timestone cluster status: {exc}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(status.to_dict(), indent=2))
-    else:
-        print(render(status, ",".join(args.etcd)))
+    text = json.dumps(status.to_dict(), indent=2) if args.json else render(status, ",".join(urls))
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `| head` closed the pipe: what it read is all that was wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
     return 0 if status.partitions is not None or status.members else 1
+
+
+def _etcd_settings(
+    args: argparse.Namespace,
+) -> tuple[list[str], str, EtcdTlsConfig | None, EtcdAuthConfig | None]:
+    """etcd's URLs, the key prefix, TLS and user: from ``--config`` (a broker's), then the options, which
+    win; a ``ValueError`` names what is wrong."""
+    urls: list[str] = []
+    prefix = "/timestone"
+    tls: EtcdTlsConfig | None = None
+    auth: EtcdAuthConfig | None = None
+    if args.config:
+        from broker_edge.settings.broker import load_broker_config
+
+        cluster = load_broker_config(args.config).cluster
+        if cluster is None:
+            raise ValueError(f"--config {args.config}: no cluster section")
+        urls, prefix, tls, auth = list(cluster.etcd), cluster.key_prefix, cluster.etcd_tls, cluster.etcd_auth
+    if args.etcd:
+        urls = list(args.etcd)
+    if not urls:
+        raise ValueError("give --etcd URL (repeatable) or --config BROKER_YAML")
+    for url in urls:
+        try:
+            etcd_endpoint(url)
+        except ValueError as exc:
+            raise ValueError(f"--etcd: {exc}") from None
+    if args.prefix:
+        prefix = args.prefix
+    if args.etcd_cacert:
+        tls = EtcdTlsConfig(args.etcd_cacert, args.etcd_cert, args.etcd_key)
+    if args.etcd_user:
+        auth = EtcdAuthConfig(args.etcd_user, args.etcd_password_file)
+    return urls, prefix, tls, auth

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from broker_edge.cluster.coordination.backoff import Backoff
 from broker_edge.cluster.coordination.etcd import EtcdError, WatchCompacted
 from broker_edge.cluster.coordination.etcd_values import load_json
 from broker_edge.cluster.tasks import stop_task
@@ -77,6 +78,7 @@ class SharedRegistry:
         self._others: set[str] = set()
         """Other brokers with an entry, as last read."""
         self._dirty = asyncio.Event()
+        self._write_backoff = Backoff("writing this broker's shared groups to etcd", log, first_s=RETRY_S)
         self._tasks: list[asyncio.Task[None]] = []
         if membership is not None:
             membership.on_registered(self._dirty.set)
@@ -130,22 +132,27 @@ class SharedRegistry:
             try:
                 await self.etcd.put(self.prefix + self.node_id, encode_groups(set(self._members)), lease)
             except EtcdError as exc:
-                log.warning("writing this broker's shared groups to etcd failed: %s; retrying", exc)
                 self._dirty.set()
-                await asyncio.sleep(RETRY_S)
+                await asyncio.sleep(self._write_backoff.failed(exc))
+            else:
+                self._write_backoff.succeeded()
 
     async def _follow_forever(self) -> None:
         assert self.etcd is not None
+        backoff = Backoff("following the shared groups in etcd", log, first_s=RETRY_S)
         while True:
             try:
                 revision = await self._load()
+                backoff.succeeded()
                 watch = self.etcd.watch_prefix(self.prefix, revision + 1)
                 async with contextlib.aclosing(watch) as events:
                     async for event in events:
                         self._apply(event.key, event.value)
-            except (WatchCompacted, EtcdError) as exc:
+            except WatchCompacted as exc:
                 log.warning("following the shared groups in etcd: %s; reading them again", exc)
                 await asyncio.sleep(RETRY_S)
+            except EtcdError as exc:
+                await asyncio.sleep(backoff.failed(exc))
 
     async def _load(self) -> int:
         assert self.etcd is not None

@@ -63,10 +63,12 @@ def test_status_shows_members_leaders_epochs_in_sync_sets_and_lag(
     assert answer.returncode == 0, answer.stderr
     text = answer.stdout
     assert text.splitlines()[0] == (
-        f"cluster {etcd.prefix} on {etcd.url}: 2 members, 4 partitions, controller b1"
+        f"cluster {etcd.prefix} on {etcd.url}: 2 members live, 4 partitions, controller b1"
     )
-    assert re.search(rf"^\s+b1\s+127\.0\.0\.1:{b1.port}\s+http://127\.0\.0\.1:{b1.offsets_port}$", text, re.M)
-    assert re.search(rf"^\s+b2\s+127\.0\.0\.1:{b2.port}\s+http://127\.0\.0\.1:{b2.offsets_port}$", text, re.M)
+    # node, state, mqtt, offsets API, then the partitions it leads, holds and is in sync for
+    member_row = r"^\s+{node}\s+live\s+127\.0\.0\.1:{mqtt}\s+http://127\.0\.0\.1:{api}\s+\d+\s+4\s+\d+$"
+    assert re.search(member_row.format(node="b1", mqtt=b1.port, api=b1.offsets_port), text, re.M), text
+    assert re.search(member_row.format(node="b2", mqtt=b2.port, api=b2.offsets_port), text, re.M), text
     # b2 replicates b1's logs: once it is in sync, every row shows it with no lag
     document = wait_for_status(
         etcd,
@@ -83,11 +85,44 @@ def test_status_shows_members_leaders_epochs_in_sync_sets_and_lag(
     assert sorted(cells[4].split(",")) == ["b1", "b2"]
     assert cells[5:] == ["b1:0", "b2:0"]
 
-    b2.kill()  # a replica that is gone: its lag is unknown
-    wait_for_status(etcd, lambda d: [m["node_id"] for m in d["members"]] == ["b1"], TTL + 5)
+    summary = document["summary"]
+    assert sum(int(summary[node]["leaders"]) for node in ("b1", "b2")) == 4
+    assert summary["b1"]["replicas"] == summary["b2"]["replicas"] == 4
+
+    b2.kill()  # a replica that is gone: marked DOWN wherever it is named, its lag unknown
+    document = wait_for_status(etcd, lambda d: [m["node_id"] for m in d["members"]] == ["b1"], TTL + 5)
+    assert document["down"] == ["b2"] and document["summary"]["b2"]["live"] is False
     text = status(etcd).stdout
-    assert "1 members" in text.splitlines()[0]
+    assert "1 members live, 1 DOWN (b2)" in text.splitlines()[0]
+    assert re.search(r"^\s+b2\s+DOWN\s+-\s+-\s+\d+\s+4\s+\d+$", text, re.M), text
+    assert "b2(DOWN)" in row_of(text, partition)[3]
     assert row_of(text, partition)[5:] == ["b1:0", "b2:?"]
+    assert "DOWN: named by a partition but not a live member" in text  # the legend
+
+    # the etcd and prefix of a broker's own config; `| head` ends quietly
+    from_config = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipelines.cli",
+            "cluster",
+            "status",
+            "--config",
+            str(b1.config_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert from_config.returncode == 0, from_config.stderr
+    assert json.loads(from_config.stdout)["prefix"] == etcd.prefix
+    command = [sys.executable, "-m", "pipelines.cli", "cluster", "status", *etcd.status_options()]
+    reader_gone = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert reader_gone.stdout is not None
+    reader_gone.stdout.close()  # as `| head` does once it has its lines, here before the first one
+    _, errors = reader_gone.communicate(timeout=60)
+    assert reader_gone.returncode == 0 and "BrokenPipe" not in errors and "Traceback" not in errors, errors
 
 
 def test_status_of_an_empty_prefix_and_of_an_unreachable_etcd(etcd: EtcdTarget) -> None:
