@@ -15,7 +15,7 @@ from broker_edge.observe.logs import JsonFormatter
 from broker_edge.observe.refusal_log import LINES_PER_WINDOW, RefusalLog
 from broker_edge.protocol.packets import PubAck, Publish, SubAck
 from broker_edge.security.auth import PasswordFile
-from tests.e2e.broker_clients import RawClient, wait_for
+from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
 from tests.tls_certs import make_test_pki
 
 ACL = {"rules": [{"permission": "allow", "action": "all", "topic": "devices/%u/#"}]}
@@ -129,3 +129,14 @@ def test_refusal_lines_are_limited_per_reason_and_say_how_many_were_held_back(ca
     assert refusal_log.write(log, 1.0, "bad_credentials", "connection refused")  # its own allowance
     assert refusal_log.write(log, 11.0, "acl_denied", "publish refused", topic="t")  # a new window
     assert caplog.records[-1].suppressed == 50 - LINES_PER_WINDOW
+
+
+def test_a_websocket_client_is_logged_with_its_address_to_the_end(start_broker, caplog):
+    caplog.set_level(logging.INFO)
+    broker = start_broker(listeners=[{"name": "ws", "type": "websocket", "host": "127.0.0.1", "port": 0}])
+    device = PahoClient(broker.port, "meter-ws", transport="websockets")
+    device.disconnect()
+    assert wait_for(lambda: any(r.getMessage().startswith("disconnected") for r in caplog.records))
+    lines = [r for r in caplog.records if getattr(r, "client_id", None) == "meter-ws"]
+    assert {r.getMessage().split(" ")[0] for r in lines} >= {"connected", "disconnected"}
+    assert all(r.peer.startswith("127.0.0.1:") for r in lines), [(r.getMessage(), r.peer) for r in lines]

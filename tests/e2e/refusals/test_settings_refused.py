@@ -77,6 +77,16 @@ def test_an_acl_file_that_is_a_directory_is_named(tmp_path):
     assert f"acl.file: is a directory, not a file: {tmp_path}" in err
 
 
+def test_settings_whose_descriptors_leave_no_room_for_a_connection_are_refused(tmp_path):
+    err = refused(
+        tmp_path, "storage: {max_open_files: 10000000}\nadmin_http: {port: 0}\noffsets_api: {port: 0}\n"
+    )
+    assert (
+        "configuration error: limits.max_connections: no file descriptor left for client connections" in err
+    )
+    assert "storage.max_open_files 10000002" in err
+
+
 def test_the_loader_refuses_nan_wherever_a_float_is_read():
     expected = r"^sessions\.persist_interval_s: expected a finite number, got nan"
     with pytest.raises(ConfigError, match=expected):
