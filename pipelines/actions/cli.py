@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from datetime import UTC, datetime
@@ -24,6 +25,8 @@ from pipelines.actions.operator import (
     create_action,
     device_groups,
 )
+from pipelines.actions.rollout_options import OPTION_OF_FIELD as ROLLOUT_OPTIONS
+from pipelines.actions.rollout_options import add_rollout_options, rollout_fields
 from pipelines.actions.status import ActionStatus, describe, describe_job, describe_list, read_statuses
 from pipelines.actions.validation import InvalidAction, problems
 from pipelines.output_paths import check_output_location
@@ -45,6 +48,7 @@ OPTION_OF_FIELD = {
     "abort_criteria.failure_pct": "--abort-failure-pct",
     "abort_criteria.min_executed": "--abort-min-executed",
     "in_progress_timeout_s": "--timeout",
+    **ROLLOUT_OPTIONS,
 }
 """The option that sets each field of the row (an error names both)."""
 
@@ -103,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--abort-min-executed", type=int, default=1, help="...after at least this many finished"
     )
     create.add_argument("--timeout", type=int, help="in-progress timeout per device, seconds")
+    add_rollout_options(create)
     create.add_argument("--created-by", default="cli")
     create.add_argument(
         "--allow-unknown-group",
@@ -182,6 +187,7 @@ def _create(store: TableStore, args: argparse.Namespace) -> int:
         min_executed=args.abort_min_executed,
         in_progress_timeout_s=args.timeout,
         created_by=args.created_by,
+        **rollout_fields(args),
     )
     if args.action_id is not None:
         action.action_id = args.action_id
@@ -206,10 +212,20 @@ def _create(store: TableStore, args: argparse.Namespace) -> int:
 def _invalid(found: list[InvalidAction]) -> int:
     """Every problem of the action, each naming its option and the field of the row."""
     for invalid in found:
-        option = OPTION_OF_FIELD.get(invalid.field)
+        option = option_of(invalid.field)
         where = f"{option} ({invalid.field})" if option else invalid.field
         print(f"timestone ota create: {where}: {invalid.problem}", file=sys.stderr)
     return INVALID
+
+
+def option_of(field: str) -> str | None:
+    """The option of a field, or of the nearest field above it (``phases[1].wait_s`` → ``--phase``)."""
+    path = re.sub(r"\[\d+\]", "", field)
+    while path:
+        if path in OPTION_OF_FIELD:
+            return OPTION_OF_FIELD[path]
+        path = path.rpartition(".")[0]
+    return None
 
 
 def _status(store: TableStore, args: argparse.Namespace, root: str) -> int:

@@ -41,6 +41,22 @@ class NewAction:
     in_progress_timeout_s: int | None = None
     created_by: str = "operator"
     action_id: str = field(default_factory=lambda: f"act-{uuid.uuid4().hex[:12]}")
+    exponential_rate: dict[str, Any] | None = None
+    """``base_per_minute``, ``increment_factor``, and ``notified_devices`` or ``succeeded_devices``."""
+    phases: list[dict[str, Any]] = field(default_factory=list)
+    """Each: ``percent`` or ``devices`` (none on the last), ``wait_s``, ``success_pct``."""
+    abort_rules: list[dict[str, Any]] = field(default_factory=list)
+    """Each: ``failure_kind``, ``threshold_pct``, ``min_executed``."""
+    rollback: dict[str, Any] | None = None
+    """``version``, ``url``, ``sha256``, ``size`` of the firmware to send back on abort."""
+    retries: list[dict[str, Any]] = field(default_factory=list)
+    """Each: ``failure_kind``, ``max_retries``, ``backoff_s``, ``backoff_factor``."""
+    start_at: datetime | None = None
+    end_at: datetime | None = None
+    end_behavior: str | None = None
+    maintenance_windows: list[dict[str, Any]] = field(default_factory=list)
+    """Each: ``days`` (None: daily), ``start`` (HH:MM), ``duration_min``, ``time_zone``."""
+    continuous: bool = False
 
     def validate(self) -> None:
         """Raise :class:`InvalidAction` naming the field, by the rules the actions job applies."""
@@ -59,14 +75,44 @@ class NewAction:
                 "command": self.command,
                 "args": self.args or None,
             },
-            "rollout": {"max_per_minute": self.max_per_minute, "broadcast": self.max_per_minute is None},
+            "rollout": {
+                "max_per_minute": self.max_per_minute,
+                "broadcast": self.max_per_minute is None and self.exponential_rate is None,
+            },
             "abort_criteria": {"failure_pct": self.failure_pct, "min_executed": self.min_executed},
             "in_progress_timeout_s": self.in_progress_timeout_s,
             "created_by": self.created_by,
             "created_at": now,
             "cancel": False,
             "updated_at": now,
+            "exponential_rate": _struct(self.exponential_rate, EXPONENTIAL_FIELDS),
+            "phases": [_struct(p, PHASE_FIELDS) for p in self.phases] or None,
+            "abort_rules": [_struct(r, ABORT_RULE_FIELDS) for r in self.abort_rules] or None,
+            "rollback": _struct(self.rollback, ROLLBACK_FIELDS),
+            "retries": [_struct(r, RETRY_FIELDS) for r in self.retries] or None,
+            "schedule": (
+                {"start_at": self.start_at, "end_at": self.end_at, "end_behavior": self.end_behavior}
+                if self.start_at or self.end_at or self.end_behavior
+                else None
+            ),
+            "maintenance_windows": [_struct(w, WINDOW_FIELDS) for w in self.maintenance_windows] or None,
+            "continuous": self.continuous or None,
         }
+
+
+EXPONENTIAL_FIELDS = ("base_per_minute", "increment_factor", "notified_devices", "succeeded_devices")
+PHASE_FIELDS = ("percent", "devices", "wait_s", "success_pct")
+ABORT_RULE_FIELDS = ("failure_kind", "threshold_pct", "min_executed")
+ROLLBACK_FIELDS = ("version", "url", "sha256", "size")
+RETRY_FIELDS = ("failure_kind", "max_retries", "backoff_s", "backoff_factor")
+WINDOW_FIELDS = ("days", "start", "duration_min", "time_zone")
+
+
+def _struct(values: dict[str, Any] | None, names: tuple[str, ...]) -> dict[str, Any] | None:
+    """A struct column's value with every field named, as the table holds it."""
+    if values is None:
+        return None
+    return {**{name: None for name in names}, **values}
 
 
 class ActionRefused(Exception):
@@ -86,7 +132,22 @@ def action_row(store: TableStore, action_id: str) -> dict | None:
     return rows[-1] if rows else None
 
 
-CONTENT_FIELDS = ("kind", "target", "payload", "rollout", "abort_criteria", "in_progress_timeout_s")
+CONTENT_FIELDS = (
+    "kind",
+    "target",
+    "payload",
+    "rollout",
+    "abort_criteria",
+    "in_progress_timeout_s",
+    "exponential_rate",
+    "phases",
+    "abort_rules",
+    "rollback",
+    "retries",
+    "schedule",
+    "maintenance_windows",
+    "continuous",
+)
 """The columns that say what an action does (not who wrote it or when): equal content, the same action."""
 
 
