@@ -553,10 +553,7 @@ class ActionsEngine:
             assert rule is not None  # action_state aborts only when a rule fired
             return {"action_state": state, "reason": rule.reason(counts), "aborted_by": rule.field}
         if state == ACTION_COMPLETED and schedule.ended(now) and counts[CANCELED]:
-            reason = (
-                f"schedule.end_at {_utc(schedule.end_at_ms)} passed: "
-                f"{counts[CANCELED]} devices not sent it by then"
-            )
+            reason = f"schedule.end_at {_utc(schedule.end_at_ms)} passed: {counts[CANCELED]} devices canceled"
             return {"action_state": state, "reason": reason}
         return {"action_state": state}
 
