@@ -24,9 +24,10 @@ from pipelines.actions.operator import (
     cancel_action,
     create_action,
     device_groups,
+    end_action,
 )
 from pipelines.actions.rollout_options import OPTION_OF_FIELD as ROLLOUT_OPTIONS
-from pipelines.actions.rollout_options import add_rollout_options, rollout_fields
+from pipelines.actions.rollout_options import add_rollout_options, instant, rollout_fields
 from pipelines.actions.status import ActionStatus, describe, describe_job, describe_list, read_statuses
 from pipelines.actions.validation import InvalidAction, problems
 from pipelines.output_paths import check_output_location
@@ -76,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="timestone ota",
         description="Create, cancel and follow OTA / command actions (docs/ota.md).",
         epilog="exit status: 0 done; 1 the tables say no (unknown action, id taken by other content, "
-        "cancel of an ended action); 2 a wrong command line or config; 130 status --watch stopped by Ctrl-C",
+        "cancel or end of an ended action); 2 a wrong command line or config; "
+        "130 status --watch stopped by Ctrl-C",
     )
     _add_table_options(parser, default=None)
     # the same options after the verb too (`timestone ota status --tables-root DIR`, as the demo prints it)
@@ -118,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
     cancel = sub.add_parser("cancel", help="cancel an action that has not ended", parents=[after_verb])
     cancel.add_argument("action_id")
 
+    end = sub.add_parser(
+        "end",
+        help="end an action (a continuous one, say): nothing new is sent, devices not sent it are canceled",
+        parents=[after_verb],
+    )
+    end.add_argument("action_id")
+    end.add_argument("--at", type=instant, help="when it ends (ISO time; default now)")
+
     status = sub.add_parser(
         "status",
         help="every action, or one in full (target, state, reason, devices not done)",
@@ -147,7 +157,7 @@ def ota_main(argv: list[str]) -> int:
         print(f"timestone ota: bad config: {exc}", file=sys.stderr)
         return INVALID
     root = args.tables_root or config.tables_root
-    if args.verb in ("create", "cancel"):
+    if args.verb in ("create", "cancel", "end"):
         try:
             check_output_location(root, "--tables-root" if args.tables_root else "tables_root")
         except ConfigError as exc:
@@ -162,6 +172,10 @@ def ota_main(argv: list[str]) -> int:
             print(
                 ("cancel requested for " if requested else "cancel already requested for ") + args.action_id
             )
+            return 0
+        if args.verb == "end":
+            end = end_action(store, args.action_id, args.at)
+            print(f"{args.action_id} ends at {end.isoformat()}")
             return 0
         return _status(store, args, root)
     except ActionRefused as refused:

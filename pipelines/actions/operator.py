@@ -221,6 +221,37 @@ def cancel_action(store: TableStore, action_id: str) -> bool:
     return True
 
 
+def end_action(store: TableStore, action_id: str, at: datetime | None = None) -> datetime:
+    """Set the action's ``schedule.end_at`` (now, by default): from then on nothing new is sent, devices
+    not sent it are canceled, and a continuous action takes in no more devices. Returns the end.
+
+    Raises ``UnknownAction``, or ``ActionRefused`` when the action has ended already or ends earlier.
+    """
+    row = action_row(store, action_id)
+    if row is None:
+        raise UnknownAction(f"no action {action_id!r}")
+    summary = next(iter(summaries(store, action_id)), None)
+    if summary is not None and summary["action_state"] in FINAL_ACTION_STATES:
+        raise ActionRefused(f"action {action_id} has ended ({summary['action_state']}): nothing to end")
+    end = at or datetime.now(UTC)
+    schedule = dict(row.get("schedule") or {"start_at": None, "end_behavior": None})
+    if schedule.get("end_at") is not None and schedule["end_at"] <= end:
+        raise ActionRefused(f"action {action_id} already ends at {schedule['end_at'].isoformat()}")
+    schedule["end_at"] = end
+    updated = dict(row, schedule=schedule, updated_at=datetime.now(UTC))
+    check_action_row(updated)
+    table = pa.Table.from_pylist([updated], schema=store.spec("actions").arrow_schema)
+    store.merge(
+        "actions",
+        table,
+        f"{OPERATOR_APP_ID}/end/{action_id}/{int(end.timestamp() * 1000)}",
+        0,
+        insert=False,
+        update_set={"schedule": "s.schedule", "updated_at": "s.updated_at"},
+    )
+    return end
+
+
 def device_groups(store: TableStore) -> set[str]:
     """The groups of the devices registered in ``devices`` (what a group target can reach now)."""
     if not store.exists("devices"):

@@ -9,7 +9,9 @@ would). Everything the engine writes is read back from the Delta tables.
 from __future__ import annotations
 
 import itertools
+import json
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -64,7 +66,9 @@ class RolloutRun:
     engine: ActionsEngine
     harness: FleetHarness
     clock: ManualClock
+    broker: BrokerProcess
     _batches: Iterator[int] = field(default_factory=itertools.count)
+    _fed: list[StatusReport] = field(default_factory=list)
 
     @property
     def fleet(self):
@@ -82,9 +86,12 @@ class RolloutRun:
         self.engine.tick()
 
     def feed(self, until: Callable[[list[StatusReport]], bool], timeout_s: float = 20.0) -> None:
-        """Wait until the reports published so far satisfy ``until``, then hand them to the engine."""
-        self.harness.wait_until(lambda: until(list(self.harness.reports)), timeout_s)
-        self.engine.on_reports(self.harness.take_reports(), "reports", next(self._batches))
+        """Wait until every report published so far satisfies ``until``, then hand the engine those it has
+        not had yet (one batch)."""
+        self.harness.wait_until(lambda: until(self._fed + list(self.harness.reports)), timeout_s)
+        taken = self.harness.take_reports()
+        self._fed += taken
+        self.engine.on_reports(taken, "reports", next(self._batches))
 
     def executions(self, action_id: str) -> dict[str, dict]:
         table = self.store.read_arrow("action_executions")
@@ -112,6 +119,16 @@ class RolloutRun:
     def received(self, action_id: str) -> set[str]:
         """Devices that have started (or answered) the action."""
         return {d.device_id for d in self.fleet.devices if action_id in d.actions}
+
+    def logged(self) -> dict[str, int]:
+        """Records in the broker's log per topic the platform sends actions on (from its offsets API)."""
+        with urllib.request.urlopen(f"{self.broker.offsets_url}/v1/logs", timeout=10) as answer:
+            logs = json.load(answer)["logs"]
+        return {
+            log["topic"]: log["end_offset"] - log["start_offset"]
+            for log in logs
+            if log["topic"].startswith("actions/") and not log["topic"].startswith("actions/reports/")
+        }
 
     def register(self, devices: dict[str, str], firmware: str = "1.0.0") -> None:
         """Rows of ``devices`` (id -> group), written or updated as the telemetry pipeline does."""
@@ -148,6 +165,6 @@ def rollout_run(
             publisher = MqttPublisher([broker.address], client_id="actions-test")
             engine = ActionsEngine(store, publisher, clock=clock, compliance_interval_s=0)
             try:
-                yield RolloutRun(store, engine, harness, clock)
+                yield RolloutRun(store, engine, harness, clock, broker)
             finally:
                 publisher.close()
