@@ -89,6 +89,10 @@ def _utc(ms: int | None) -> str:
     return "-" if ms is None else f"{_ts(ms):%Y-%m-%d %H:%M:%S} UTC"
 
 
+def _devices(count: int) -> str:
+    return f"{count} device{'' if count == 1 else 's'}"
+
+
 def _retry_message(action: Action, now: int, attempt: int) -> Callable[[list[str] | None], bytes]:
     return lambda listed: action.message(now, listed, attempt)
 
@@ -553,7 +557,9 @@ class ActionsEngine:
             assert rule is not None  # action_state aborts only when a rule fired
             return {"action_state": state, "reason": rule.reason(counts), "aborted_by": rule.field}
         if state == ACTION_COMPLETED and schedule.ended(now) and counts[CANCELED]:
-            reason = f"schedule.end_at {_utc(schedule.end_at_ms)} passed: {counts[CANCELED]} devices canceled"
+            reason = (
+                f"schedule.end_at {_utc(schedule.end_at_ms)} passed: {_devices(counts[CANCELED])} canceled"
+            )
             return {"action_state": state, "reason": reason}
         return {"action_state": state}
 
@@ -586,7 +592,7 @@ class ActionsEngine:
         table = pa.Table.from_pylist([row], schema=self.store.spec(ACTIONS).arrow_schema)
         self.store.merge(ACTIONS, table, f"{self.app_id}/rollback/{action.id}", 0, update=False)
         version = action.rollback.get("version")
-        written = f"rollback {rollback_id(action.id)} to {version} written for {len(installed)} devices"
+        written = f"rollback {rollback_id(action.id)} to {version} written for {_devices(len(installed))}"
         return {"rollback_action_id": rollback_id(action.id), "reason": f"{reason}; {written}"}
 
     def _summary_states(self, action_ids: list[str]) -> dict[str, tuple[str, str | None]]:

@@ -55,7 +55,8 @@ def test_a_phased_rollout_of_a_bad_build_stops_in_its_first_phase_and_rolls_back
         assert summary["reason"] == (
             f"abort_rules[1] (failed) 40 % reached: {len(failing)} of 5 finished devices failed "
             f"({share:.1f} %; abort_rules[1].min_executed 5); "
-            f"rollback ab-1-rollback to 1.0.0 written for {5 - len(failing)} devices"
+            f"rollback ab-1-rollback to 1.0.0 written for {5 - len(failing)} device"
+            + ("" if 5 - len(failing) == 1 else "s")
         )
         executions = run.executions("ab-1")
         for device_id, row in executions.items():
