@@ -604,10 +604,17 @@ class ActionsEngine:
 
     # -- compliance -----------------------------------------------------------------------------------------
 
-    def _keep_compliance(self, now: int) -> None:
+    def refresh_compliance(self) -> None:
+        """Bring ``fleet_compliance`` up to date now, whenever it was last recomputed (the job does when it
+        stops, so that the table does not keep the state of up to ``compliance_interval_s`` before)."""
+        with self.lock:
+            self._keep_compliance(self.clock(), every=0.0)
+
+    def _keep_compliance(self, now: int, every: float | None = None) -> None:
         """Recompute ``fleet_compliance`` when a table it is made from moved, at most every
         ``compliance_interval_s``; groups and versions no device has any more are deleted."""
-        if now - self._compliance_at < self.compliance_interval_s * 1000:
+        interval = self.compliance_interval_s if every is None else every
+        if now - self._compliance_at < interval * 1000:
             return
         inputs = tuple(self.tables.version(name) for name in (DEVICES, EXECUTIONS, SUMMARY, ACTIONS))
         if inputs == self._compliance_inputs:

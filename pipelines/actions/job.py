@@ -136,6 +136,10 @@ class ActionsJob:
     def _join_ticker(self) -> None:
         if self._ticker:
             self._ticker.join(timeout=10)
+        try:
+            self.engine.refresh_compliance()
+        except Exception:  # the table is as the last tick left it; stopping goes on
+            log.exception("bringing fleet_compliance up to date")
         self._beat(stopping=True)
 
     def _beat(self, stopping: bool = False) -> None:

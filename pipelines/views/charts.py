@@ -10,6 +10,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
 from pipelines.views.queries import MINUTE
@@ -25,6 +26,7 @@ STATE_COLOURS = {
     "CANCELED": "#7f7f7f",
 }
 FINAL_STATES = [state for state in EXECUTION_STATES if state not in ("QUEUED", "IN_PROGRESS")]
+DESIRED_COLOUR = "#2ca02c"
 OTHER_VERSION_COLOURS = ["#c7c7c7", "#ff7f0e", "#9467bd", "#8c564b", "#17becf"]
 """Installed versions other than the desired one."""
 
@@ -171,10 +173,13 @@ def rollout_chart(
 
 def compliance_chart(counts: pd.DataFrame) -> Figure:
     """Each group's devices by installed version (the frame of ``queries.compliance``): the desired
-    version first, in green, every other version stacked after it."""
+    version first, in green, every other version stacked after it in a colour of its own."""
     fig, ax = plt.subplots(figsize=(10, 2 + 0.5 * max(1, len(counts))))
     versions = [c for c in counts.columns if c != "desired"]
+    total = int(counts[versions].to_numpy().sum()) if versions else 0
+    widest = max([int(counts[versions].loc[g].sum()) for g in counts.index] or [0])
     on_desired = 0
+    legend: dict[str, BarContainer] = {}
     for position, (_, row) in enumerate(counts.iterrows()):
         desired = row["desired"]
         left = 0
@@ -182,17 +187,26 @@ def compliance_chart(counts: pd.DataFrame) -> Figure:
             number = int(row[version])
             if not number:
                 continue
-            other = OTHER_VERSION_COLOURS[versions.index(version) % len(OTHER_VERSION_COLOURS)]
-            bar = ax.barh(position, number, left=left, color="#2ca02c" if version == desired else other)
-            ax.bar_label(bar, labels=[f"{version}: {number}"], label_type="center", fontsize="small")
+            colour = DESIRED_COLOUR if version == desired else _version_colour(versions, version)
+            bar = ax.barh(position, number, left=left, color=colour, edgecolor="white")
+            legend.setdefault("desired version" if version == desired else version, bar)
+            wide = number >= 0.08 * widest
+            ax.bar_label(
+                bar, labels=[f"{version}: {number}" if wide else ""], label_type="center", fontsize="small"
+            )
             left += number
             on_desired += number if version == desired else 0
         wanted = f"  desired {desired}" if isinstance(desired, str) else "  nothing desired"
         ax.text(left, position, wanted, va="center", fontsize="small")
     ax.set_yticks(range(len(counts)), [str(group) or "(no group)" for group in counts.index])
+    ax.set_xlim(0, widest * 1.25 or 1)
     ax.invert_yaxis()
     ax.set_xlabel("devices")
-    total = int(counts[versions].to_numpy().sum()) if versions else 0
+    ax.legend(list(legend.values()), list(legend.keys()), loc="lower right", fontsize="small")
     ax.set_title(f"Compliance: {on_desired} of {total} devices on their group's desired version")
     fig.tight_layout()
     return fig
+
+
+def _version_colour(versions: list[str], version: str) -> str:
+    return OTHER_VERSION_COLOURS[versions.index(version) % len(OTHER_VERSION_COLOURS)]

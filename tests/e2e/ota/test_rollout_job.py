@@ -61,3 +61,10 @@ def test_the_job_retries_aborts_a_phased_bad_build_and_rolls_it_back(spark, tmp_
             first, "1.0.0"
         )
         assert fleet.stats["retries_received"] == len(failing)
+    # the job, stopped, brought the compliance table up to date: nobody is left on the bad build; an aborted
+    # action is no group's desired version, and a rollback to a list of devices neither
+    compliance = {
+        (r["group"], r["installed_version"]): (r["devices"], r["desired_version"])
+        for r in store.read_arrow("fleet_compliance").to_pylist()
+    }
+    assert compliance == {("g", "1.0.0"): (20, None)}
