@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pipelines.actions.states import SUCCEEDED, Execution
 
-__all__ = ["Phase", "phase_of_devices", "phase_sizes", "phase_starts", "rollout_order"]
+__all__ = ["Phase", "phase_of_devices", "phase_sizes", "phase_starts", "rollout_key", "rollout_order"]
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,16 @@ class Phase:
         return cls(item.get("percent"), item.get("devices"), item.get("wait_s"), item.get("success_pct"))
 
 
-def rollout_order(action_id: str, device_ids: Iterable[str]) -> list[str]:
-    """The order a rollout reaches its devices in: by CRC-32 of the action and device ids, then by id."""
+def rollout_key(action_id: str) -> Callable[[str], tuple[int, str]]:
+    """A device's place in the order a rollout reaches its devices in: by CRC-32 of the action and device
+    ids, then by id."""
     prefix = f"{action_id}\x00".encode()
-    return sorted(device_ids, key=lambda d: (zlib.crc32(prefix + d.encode()), d))
+    return lambda device_id: (zlib.crc32(prefix + device_id.encode()), device_id)
+
+
+def rollout_order(action_id: str, device_ids: Iterable[str]) -> list[str]:
+    """The devices in the order the rollout reaches them."""
+    return sorted(device_ids, key=rollout_key(action_id))
 
 
 def phase_sizes(phases: Sequence[Phase], total: int) -> list[int]:

@@ -9,11 +9,12 @@ phase started; retries go out when due. Nothing new goes out before ``schedule.s
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pipelines.actions.model import Action
-from pipelines.actions.phases import phase_starts, rollout_order
+from pipelines.actions.phases import phase_starts, rollout_key
 from pipelines.actions.states import QUEUED, SUCCEEDED, Execution
 
 __all__ = ["Release", "due", "rollout_start"]
@@ -48,7 +49,11 @@ def due(action: Action, rows: Mapping[str, Execution], now_ms: int) -> Release:
     if not action.schedule.may_send(now_ms):
         return Release([], [], phase)
     retries = sorted(
-        (row for row in rows.values() if row.retry_waiting and (row.retry_at or 0) <= now_ms),
+        (
+            row
+            for row in rows.values()
+            if row.retry_at is not None and row.retry_at <= now_ms and row.retry_waiting
+        ),
         key=lambda row: row.device_id,
     )
     return Release(_first_sends(action, rows, now_ms, phase), retries, phase)
@@ -80,10 +85,10 @@ def _first_sends(action: Action, rows: Mapping[str, Execution], now_ms: int, pha
     else:
         sent = sum(1 for row in rows.values() if row.published_at is not None)
     if not action.pace.paced:
-        return rollout_order(action.id, waiting)
+        return sorted(waiting)  # everyone at once: the order does not matter
     successes = sorted(row.finished_at or row.updated_at for row in rows.values() if row.state == SUCCEEDED)
     allowed = action.pace.allowed(
         start, now_ms, action.schedule.open_ms, sent_before, limit=sent + len(waiting), successes_ms=successes
     )
     turn = max(0, allowed - sent)
-    return rollout_order(action.id, waiting)[:turn] if turn else []
+    return heapq.nsmallest(turn, waiting, key=rollout_key(action.id)) if turn else []
