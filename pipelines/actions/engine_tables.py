@@ -96,7 +96,9 @@ class EngineTables:
         if self._cached is None or version != self._cached_version:
             table = self.store.read_arrow(EXECUTIONS)
             for column in TIME_COLUMNS:  # the table's timestamps → epoch ms, without a datetime per value
-                epoch_ms = table[column].cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())
+                # truncated: a row another writer wrote to the microsecond is read, not refused
+                as_ms = table[column].cast(pa.timestamp("ms", tz="UTC"), safe=False)
+                epoch_ms = as_ms.cast(pa.int64())
                 table = table.set_column(table.schema.get_field_index(column), column, epoch_ms)
             attempts = pc.fill_null(table["attempt"], 1)
             table = table.set_column(table.schema.get_field_index("attempt"), "attempt", attempts)

@@ -78,3 +78,27 @@ def test_at_its_end_what_was_not_sent_is_canceled(tmp_path, behavior, delay_s, o
         canceled = 10 if outcome == "CANCELED" else 7
         assert summary["action_state"] == "COMPLETED"
         assert summary["reason"] == f"{ended}: {canceled} devices canceled"
+
+
+def test_a_retry_due_outside_the_weekly_window_waits_for_the_next_one(tmp_path):
+    saturday = datetime(2026, 11, 28, 10, 0, tzinfo=ZoneInfo("Asia/Tokyo"))
+    window = {"days": ["sat"], "start": "10:00", "duration_min": 60, "time_zone": "Asia/Tokyo"}
+    retry = {"failure_kind": "failed", "max_retries": 1, "backoff_s": 7200, "backoff_factor": None}
+    with rollout_run(
+        tmp_path, quiet_devices(failed_attempts=1), count=2, start_ms=int(saturday.timestamp() * 1000)
+    ) as run:
+        devices = [d.device_id for d in run.fleet.devices]
+        run.create(action_row("wk-1", device_ids=devices, maintenance_windows=[window], retries=[retry]))
+        run.feed(
+            lambda reports: finals(reports, "wk-1", attempt=1) == 2
+        )  # failed at 10:00: retry due at 12:00
+        for seconds in (7200, 6 * DAY_S):  # due, but Saturday noon and Friday are outside the window
+            run.tick_at(seconds)
+            assert run.fleet.stats["retries_received"] == 0
+            assert {(r["state"], r["attempt"]) for r in run.executions("wk-1").values()} == {("QUEUED", 2)}
+        run.tick_at(7 * DAY_S)  # the next Saturday, 10:00 in Tokyo
+        run.feed(lambda reports: finals(reports, "wk-1", attempt=2) == 2)
+        assert {(r["state"], r["attempt"], r["retry_at"]) for r in run.executions("wk-1").values()} == {
+            ("SUCCEEDED", 2, None)
+        }
+        assert run.summary("wk-1")["action_state"] == "COMPLETED"
