@@ -33,8 +33,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.ota_bench import broker_limits, log_progress, terminal_count  # noqa: E402
 from bench.sysinfo import cpu_seconds, machine_info  # noqa: E402
-from broker_edge.launcher import BrokerProcess  # noqa: E402
 from broker_edge.offsets_api.client import OffsetsClient  # noqa: E402
+from broker_edge.runtime.launcher import BrokerProcess  # noqa: E402
 from pipelines.actions.buckets import DEFAULT_BUCKETS, REPORT_TOPICS, bucket_of, report_topic  # noqa: E402
 
 JOB_LOG = REPO / "bench" / "results" / "ota-job.log"

@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.ota_bench import GROUP, RESULTS, broker_limits, percentile, register_devices, save  # noqa: E402
 from bench.sysinfo import cpu_seconds, machine_info  # noqa: E402
-from broker_edge.launcher import BrokerProcess  # noqa: E402
+from broker_edge.runtime.launcher import BrokerProcess  # noqa: E402
 from pipelines.actions.buckets import DEFAULT_BUCKETS  # noqa: E402
 from pipelines.actions.rollout import Pace  # noqa: E402
 from pipelines.fleet.device import DeviceBehaviour  # noqa: E402
@@ -88,6 +88,7 @@ def run(args, workdir: Path, pace: Pace) -> Measured:
     broker = BrokerProcess(
         workdir / "broker", limits=broker_limits(devices), logging={"level": "WARNING"}
     ).start()
+    assert broker.process is not None
     spec = FleetSpec(
         brokers=[broker.address],
         count=devices,

@@ -12,10 +12,20 @@ import sys
 
 # subcommand -> (module, function taking argv and returning an exit code, one-line help, extras it needs)
 COMMANDS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
-    "broker": ("broker_edge.main", "main", "run an edge broker: timestone broker [--config FILE]", ()),
-    "passwd": ("broker_edge.auth", "passwd_main", "add, change or delete a user in a password file", ()),
+    "broker": (
+        "broker_edge.runtime.main",
+        "main",
+        "run an edge broker: timestone broker [--config FILE]",
+        (),
+    ),
+    "passwd": (
+        "broker_edge.security.auth",
+        "passwd_main",
+        "add, change or delete a user in a password file",
+        (),
+    ),
     "cluster": (
-        "broker_edge.cluster.status",
+        "broker_edge.cluster.coordination.status",
         "cluster_main",
         "inspect a broker cluster: timestone cluster status --etcd URL",
         ("cluster",),

@@ -22,7 +22,7 @@ from types import FrameType
 
 import pyarrow.compute as pc
 
-from broker_edge.launcher import BrokerProcess
+from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.fleet.background import BackgroundFleet
 from pipelines.fleet.cli import at_least_one, probability
 from pipelines.fleet.device import DeviceBehaviour

@@ -15,7 +15,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, TextIO, cast
 
-from broker_edge.logs import LoggingConfig, configure_logging
+from broker_edge.observe.logs import LoggingConfig, configure_logging
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -53,7 +53,7 @@ class _LibraryFilter(logging.Filter):
 
 
 def configure_pipeline_logging(level: str = "INFO", log_format: str = "text") -> None:
-    """The pipeline's handler on the root logger (broker_edge.logs formats), libraries quietened."""
+    """The pipeline's handler on the root logger (broker_edge.observe.logs formats), libraries quietened."""
     config = LoggingConfig(level=level, format="json" if log_format == "json" else "text")
     handler = configure_logging(config, stream=cast(TextIO, _StandardError()))  # it only writes and flushes
     handler.addFilter(_LibraryFilter(logging.DEBUG if level.upper() == "DEBUG" else logging.WARNING))

@@ -37,6 +37,7 @@ from pipelines.graceful_stop import StopRequest, stop_on_signals
 from pipelines.overrides import apply_override, key_steps
 from pipelines.pipeline_logs import configure_pipeline_logging, failure_summary, quiet_spark
 from pipelines.preflight import BrokersUnreachable
+from pipelines.run_options import RunOptions
 from pipelines.views.location import notebooks_hint
 
 if TYPE_CHECKING:
@@ -94,15 +95,6 @@ PIPELINES: dict[str, Pipeline] = {
 EXIT_STATUS = """exit status: 0 caught up (--available-now) or stopped (Ctrl-C, SIGTERM);
 1 failed while running; 2 a wrong command line or configuration (naming the dotted key);
 3 optional dependencies missing; 4 with --available-now, the brokers to read did not answer."""
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """What the command line decides for any pipeline, beyond its configuration."""
-
-    available_now: bool = False
-    spark_master: str | None = None
-    config_path: str | None = None
 
 
 def build_parser() -> argparse.ArgumentParser:

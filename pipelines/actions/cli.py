@@ -31,7 +31,8 @@ from pipelines.actions.rollout_options import add_rollout_options, instant, roll
 from pipelines.actions.status import ActionStatus, describe, describe_job, describe_list, read_statuses
 from pipelines.actions.validation import InvalidAction, problems
 from pipelines.output_paths import check_output_location
-from sinks.store import TableStore, open_table_store
+from sinks.backends import open_table_store
+from sinks.store import TableStore
 
 OPTION_OF_FIELD = {
     "id": "--id",

@@ -35,8 +35,9 @@ from pipelines.actions.reports import CLUSTER_BROKER_ID, BrokerReports, ClusterR
 from pipelines.output_paths import check_output_location
 from pipelines.pipeline_logs import failure_summary
 from pipelines.spark_session import stop_between_batches
+from sinks.backends import Backend, open_table_store
 from sinks.foreach_batch import streaming_query_id
-from sinks.store import Backend, TableStore, open_table_store
+from sinks.store import TableStore
 from sources import register_sources
 
 log = logging.getLogger(__name__)

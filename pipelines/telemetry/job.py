@@ -47,7 +47,7 @@ from .config import STANDARD_COLUMNS, TelemetryConfig, load_telemetry_config
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
-    from pipelines.runner import RunOptions
+    from pipelines.run_options import RunOptions
 
 log = logging.getLogger(__name__)
 

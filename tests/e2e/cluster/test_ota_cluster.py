@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pytest
 
 from broker_edge.config import ConfigError
-from broker_edge.launcher import BrokerProcess, free_port
+from broker_edge.runtime.launcher import BrokerProcess, free_port
 from pipelines.actions.cluster import BrokerKind, brokers_form_a_cluster, live_endpoints, probe
 from pipelines.actions.config import ActionsConfig, BrokerEndpoint
 from pipelines.actions.job import start_actions_job

@@ -6,8 +6,8 @@ import json
 import subprocess
 import sys
 
-from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.actions.publisher import MqttPublisher
 from tests.fleet_harness import FleetHarness, FleetSpec, ota_message, quiet_devices
 

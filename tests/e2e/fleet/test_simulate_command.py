@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker_edge.launcher import free_port
+from broker_edge.runtime.launcher import free_port
 from pipelines.cli import main
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import matplotlib
 import pandas as pd
@@ -299,7 +300,7 @@ def test_the_latest_action_is_the_operators_not_the_rollback_the_job_wrote(tmp_p
 
     store = open_table_store(None, str(tmp_path), backend="delta-rs")
     store.ensure("action_summary")
-    firmware = {"version": "2.0.0", "url": "https://fw.example/f", "sha256": "0" * 64}
+    firmware: dict[str, Any] = {"version": "2.0.0", "url": "https://fw.example/f", "sha256": "0" * 64}
     create_action(store, NewAction(action_id="bad", group="g", **firmware))
     create_action(store, NewAction(action_id="bad-rollback", device_ids=["d1"], **firmware))
     assert queries.latest_action_id(store) == "bad-rollback"

@@ -22,12 +22,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from broker_edge.launcher import BrokerProcess
+from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.actions.engine import ActionsEngine
 from pipelines.actions.publisher import MqttPublisher
 from pipelines.actions.states import TERMINAL_STATES, StatusReport
 from pipelines.fleet.device import DeviceBehaviour
-from sinks import open_table_store
+from sinks import TableStore, open_table_store
 from tests.e2e.ota.conftest import register_devices, write_actions
 from tests.fleet_harness import FleetHarness, FleetSpec
 
@@ -62,7 +62,7 @@ def finals(reports: list[StatusReport], action_id: str, attempt: int | None = No
 
 @dataclass
 class RolloutRun:
-    store: object
+    store: TableStore
     engine: ActionsEngine
     harness: FleetHarness
     clock: ManualClock
@@ -98,7 +98,7 @@ class RolloutRun:
         table = table.filter(pc.equal(table["action_id"], action_id))
         return {row["device_id"]: row for row in table.to_pylist()}
 
-    def published(self, action_id: str) -> dict[str, int | None]:
+    def published(self, action_id: str) -> dict[str, float | None]:
         """When each device was first sent the action, in seconds after the clock's start (None: never)."""
         return {
             device_id: None

@@ -48,6 +48,7 @@ def test_broadcast_reaches_every_device_including_one_that_was_offline(spark, tm
         assert final == device_states
         assert final[offline.device_id] in ("SUCCEEDED", "FAILED", "REJECTED")
         counts = summary(store, action_id)
+        assert counts is not None
         assert counts["total_count"] == 100
         for state in ("SUCCEEDED", "FAILED", "REJECTED"):
             assert counts[f"{state.lower()}_count"] == sum(1 for s in final.values() if s == state)
@@ -71,5 +72,6 @@ def test_cancel_through_the_table_stops_devices_that_started(spark, tmp_path):
             lambda: (s := summary(store, action_id)) is not None and s["canceled_count"] == 20,
             what="cancellation",
         )
-        assert summary(store, action_id)["action_state"] == "CANCELED"
+        canceled = summary(store, action_id)
+        assert canceled is not None and canceled["action_state"] == "CANCELED"
         assert {d.firmware for d in fleet.devices} == {"1.0.0"}

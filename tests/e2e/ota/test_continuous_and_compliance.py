@@ -47,7 +47,9 @@ def test_devices_joining_the_group_later_get_a_continuous_action_until_it_ends(t
         assert run.summary("cont-1")["action_state"] == "IN_PROGRESS"
 
         end_action(run.store, "cont-1", at=datetime.fromtimestamp(run.clock.at(20) / 1000, UTC))
-        run.engine.on_action_rows([stored_row(run.store, "cont-1")], "fanout", 500)
+        updated = stored_row(run.store, "cont-1")
+        assert updated is not None and updated["schedule"]["end_at"] is not None
+        run.engine.on_action_rows([updated], "fanout", 500)
         run.register({"dev-registered-after-the-end": "g"})
         run.tick_at(30)
         assert "dev-registered-after-the-end" not in run.executions("cont-1")

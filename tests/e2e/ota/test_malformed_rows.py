@@ -115,6 +115,7 @@ def test_a_rejected_action_stays_rejected_when_its_row_is_corrected(spark, tmp_p
         )
         stack.job.process_available()
         result = summary(store, "later-fixed")
+        assert result is not None
         assert result["action_state"] == "REJECTED" and result["reason"].startswith("payload.sha256: ")
         assert all("later-fixed" not in d.received_at for d in stack.fleet.devices)
 
@@ -144,6 +145,7 @@ def test_a_running_action_whose_row_turns_invalid_goes_on_and_its_cancel_still_c
         engine.on_reports(harness.take_reports(), "reports", 0)
         engine.tick()
         current = summary(table_store, "r-1")
+        assert current is not None
         assert (current["action_state"], current["in_progress_count"]) == ("IN_PROGRESS", 4)
 
         canceled = dict(broken, cancel=True)
@@ -151,5 +153,6 @@ def test_a_running_action_whose_row_turns_invalid_goes_on_and_its_cancel_still_c
         engine.on_action_rows([canceled], "fanout", 2)
         harness.wait_until(lambda: harness.fleet.states("r-1").get("CANCELED") == 4)
         engine.on_reports(harness.take_reports(), "reports", 1)
-        assert summary(table_store, "r-1")["action_state"] == "CANCELED"
+        final = summary(table_store, "r-1")
+        assert final is not None and final["action_state"] == "CANCELED"
         engine.publisher.close()

@@ -7,6 +7,8 @@ the previous version to exactly the devices that installed the bad one. Each fai
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow.compute as pc
 import pytest
 
@@ -17,7 +19,7 @@ from tests.e2e.ota.rollout_harness import finals, rollout_run
 from tests.fleet_harness import quiet_devices
 
 BAD_BUILD = "2.1.0"
-PHASES = [
+PHASES: list[dict[str, Any]] = [
     {"percent": 25.0, "devices": None, "wait_s": 3600, "success_pct": None},
     {"percent": 25.0, "devices": None, "wait_s": 3600, "success_pct": None},
     {"percent": None, "devices": None, "wait_s": None, "success_pct": None},

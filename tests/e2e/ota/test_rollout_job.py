@@ -42,6 +42,7 @@ def test_the_job_retries_aborts_a_phased_bad_build_and_rolls_it_back(spark, tmp_
 
         wait_for(lambda: (summary(store, "job-bad") or {}).get("action_state") == "ABORTED", what="the abort")
         aborted = summary(store, "job-bad")
+        assert aborted is not None
         assert (
             aborted["aborted_by"] == "abort_rules[0]" and aborted["rollback_action_id"] == "job-bad-rollback"
         )
@@ -55,7 +56,8 @@ def test_the_job_retries_aborts_a_phased_bad_build_and_rolls_it_back(spark, tmp_
             what="the rollback",
         )
         installed = first - failing
-        assert summary(store, "job-bad-rollback")["succeeded_count"] == len(installed)
+        rolled_back = summary(store, "job-bad-rollback")
+        assert rolled_back is not None and rolled_back["succeeded_count"] == len(installed)
         assert {d.device_id for d in fleet.devices if "job-bad" in d.actions} == first
         assert {d.device_id: d.firmware for d in fleet.devices if d.device_id in first} == dict.fromkeys(
             first, "1.0.0"

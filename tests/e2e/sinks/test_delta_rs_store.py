@@ -265,7 +265,8 @@ def test_a_store_reads_a_table_in_the_tables_schema_not_its_catalogs(spark, tmp_
     arrow = reader.read_arrow("silver_telemetry")
     assert arrow.column_names[-2:] == ["temperature", "battery"] and "battery_pct" not in arrow.column_names
     assert arrow.column("battery").to_pylist() == [87.5]
-    assert reader.read("silver_telemetry").select("battery").first()[0] == 87.5
+    row = reader.read("silver_telemetry").select("battery").first()
+    assert row is not None and row[0] == 87.5
 
 
 def test_a_column_whose_type_changed_is_refused(spark, tmp_path):

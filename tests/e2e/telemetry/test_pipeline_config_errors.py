@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from broker_edge.config.loader import ConfigError
-from broker_edge.launcher import free_port
+from broker_edge.runtime.launcher import free_port
 from pipelines.cli import main
 from pipelines.overrides import apply_override
 from pipelines.runner import PIPELINES, load_config_document, sections_of

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from broker_edge.cluster.discovery import ClusterLayout
 from broker_edge.cluster.view import Member, PartitionState
-from broker_edge.launcher import free_port
-from broker_edge.offsets_api.cluster_client import ClusterLayout
+from broker_edge.runtime.launcher import free_port
 from sources.cluster_reader import ClusterFetch, ClusterReadError, read_cluster_slices
 from sources.offsets_planner import Slice
 from sources.slice_reader import FetchSettings

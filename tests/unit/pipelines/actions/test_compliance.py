@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from pipelines.actions.compliance import compliance_rows, desired_versions
 from pipelines.actions.model import Action
@@ -37,7 +38,7 @@ def test_the_latest_wanted_version_per_group_counts_and_all_applies_to_every_gro
 
 def test_devices_are_counted_by_the_newer_of_the_registry_and_their_last_success():
     desired = desired_versions([ota("a1", "2.0.0", 100, group="canary")], {})
-    devices = [
+    devices: list[dict[str, Any]] = [
         {
             "device_id": "d1",
             "group": "canary",

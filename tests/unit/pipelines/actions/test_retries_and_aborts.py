@@ -46,7 +46,9 @@ def test_only_the_kinds_a_rule_names_are_retried():
 
 
 def test_a_report_from_an_attempt_that_was_retried_changes_nothing():
-    waiting = replace(retry(failed(), RULES, 0), retry_at=None)
+    retried = retry(failed(), RULES, 0)
+    assert retried is not None
+    waiting = replace(retried, retry_at=None)
     late = StatusReport("a", "d1", FAILED, seq=3, ts=1, details="late", attempt=1)
     assert apply_report(waiting, late) is None
     fresh = apply_report(waiting, StatusReport("a", "d1", IN_PROGRESS, seq=3, ts=2, attempt=2))
