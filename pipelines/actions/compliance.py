@@ -3,7 +3,9 @@
 As Azure Device Update shows it: a group's desired version is the version of the latest OTA action for the
 group (or for all devices) that was not aborted, canceled or rejected; each device's installed version is
 the newer of what the ``devices`` registry says (the telemetry pipeline keeps its ``firmware_version``) and
-the version of the latest OTA action the device SUCCEEDED, by when each was learnt. The actions job keeps
+the version of the latest OTA action the device SUCCEEDED, by when the device said each: the registry row's
+``last_seen`` (the device's own time of its last reading, not when the pipeline wrote the row: telemetry sent
+before a rollback and ingested after it must not undo the rollback) against the execution's ``finished_at``. The actions job keeps
 the result in ``fleet_compliance``, one row per (group, installed version).
 """
 
@@ -57,13 +59,14 @@ def compliance_rows(
 ) -> list[dict[str, Any]]:
     """Rows of ``fleet_compliance``.
 
-    ``devices``: rows of the registry (``device_id``, ``group``, ``firmware_version``, ``updated_at``);
+    ``devices``: rows of the registry (``device_id``, ``group``, ``firmware_version``, ``last_seen``, and
+    ``updated_at``, used only for rows without ``last_seen``);
     ``installed``: per device, (when, version) of the latest OTA it succeeded.
     """
     counts: Counter[tuple[str, str]] = Counter()
     for device in devices:
         version = device.get("firmware_version")
-        seen_ms = to_ms(device.get("updated_at")) or 0
+        seen_ms = to_ms(device.get("last_seen") or device.get("updated_at")) or 0
         succeeded = installed.get(device["device_id"])
         if succeeded is not None and (version is None or succeeded[0] >= seen_ms):
             version = succeeded[1]

@@ -202,7 +202,13 @@ def compliance_chart(counts: pd.DataFrame) -> Figure:
     ax.set_xlim(0, widest * 1.25 or 1)
     ax.invert_yaxis()
     ax.set_xlabel("devices")
-    ax.legend(list(legend.values()), list(legend.keys()), loc="lower right", fontsize="small")
+    ax.legend(
+        list(legend.values()),
+        list(legend.keys()),
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize="small",
+    )
     ax.set_title(f"Compliance: {on_desired} of {total} devices on their group's desired version")
     fig.tight_layout()
     return fig
