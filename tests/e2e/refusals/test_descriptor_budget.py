@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import urllib.request
+from typing import Any
 
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.protocol.packets import ConnAck, PubAck, Publish
@@ -14,7 +15,7 @@ from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import RawClient, close_all
 from tests.e2e.commitlog.e2e_helpers import read_log
 
-LIMITED = {
+LIMITED: dict[str, Any] = {
     "limits": {"max_connections": 5000, "new_connections_per_second": 0},
     "storage": {"max_open_files": 16},
     "admin_http": {"max_connections": 4},
