@@ -113,7 +113,7 @@ class RunningBroker:
         return self.call(lambda: next(c for c in self.broker.connections if c.client_id == client_id))
 
 
-BROKER_FEATURES = ("mqtt", "security", "limits", "observability")
+BROKER_FEATURES = ("mqtt", "security", "limits", "observability", "refusals")
 """Feature folders whose tests drive one broker with MQTT clients (no Spark, no long runs)."""
 
 
