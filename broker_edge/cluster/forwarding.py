@@ -65,6 +65,7 @@ ANSWER_NOT_LEADER = ReasonCode.USE_ANOTHER_SERVER
 """The answer for a forwarded publish that was not appended because this broker does not lead its partition
 (the forwarding broker tries the leader it learns of next; devices never see this code)."""
 _REFUSED = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
+_PUBLISHER_GONE = ForwardAck(0x83, None, "its publisher disconnected while it waited")
 _OVERTAKEN = "a later publish on this topic was appended first: refused rather than stored out of order"
 
 
@@ -113,6 +114,7 @@ class _Forward:
     answers: list[ForwardAck | None] = field(default_factory=list)
     traced_ns: int = 0
     """When it was handed over (`time.monotonic_ns`), noted only with `path_trace.ON`."""
+    wanted: Callable[[], bool] | None = None
 
     def unanswered(self) -> list[int]:
         return [index for index, answer in enumerate(self.answers) if answer is None]
@@ -185,6 +187,7 @@ class ClusterForwarding:
         messages: list[Message],
         from_peer: bool,
         done: Callable[[Sequence[ForwardAck]], None],
+        wanted: Callable[[], bool] | None = None,
     ) -> None:
         view = self.view
         state = view.state_of(topic)
@@ -199,7 +202,7 @@ class ClusterForwarding:
         if from_peer:  # never forwarded twice: the peer asks the leader it learns of next
             done([ForwardAck(ANSWER_NOT_LEADER, None, "not the leader of this partition")] * len(messages))
             return
-        request = _Forward(topic, messages, done, self.loop.time() + self.forward_timeout_s)
+        request = _Forward(topic, messages, done, self.loop.time() + self.forward_timeout_s, wanted=wanted)
         request.answers = [None] * len(messages)
         if path_trace.ON:
             request.traced_ns = time.monotonic_ns()
@@ -222,6 +225,11 @@ class ClusterForwarding:
     def _send(self, lane: _Lane) -> None:
         """Send every unanswered publish of ``lane``, in order, to the current leader in one go, or wait."""
         lane.waiting = False
+        self._drop_unwanted(lane)
+        if not lane.requests:
+            if self._lanes.get(lane.topic) is lane:
+                del self._lanes[lane.topic]
+            return
         view = self.view
         partition = view.partition_of(lane.topic)
         state = view.states.get(partition)
@@ -290,6 +298,20 @@ class ClusterForwarding:
                 self._wait(lane)  # the next leader, after a view change, a link coming up or a tick
         else:
             self._send(lane)  # what queued behind while this was on its way
+
+    @staticmethod
+    def _drop_unwanted(lane: _Lane) -> None:
+        """Refuse the waiting publishes whose publishers are gone: nobody can be told, and their publishers
+        may have sent later ones since, on another connection, which they must not follow."""
+        kept: deque[_Forward] = deque()
+        for request in lane.requests:
+            if request.wanted is not None and not request.wanted():
+                for index in request.unanswered():
+                    request.answers[index] = _PUBLISHER_GONE
+                request.finish()
+            else:
+                kept.append(request)
+        lane.requests = kept
 
     def _wait(self, lane: _Lane) -> None:
         lane.waiting = True

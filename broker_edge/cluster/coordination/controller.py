@@ -13,11 +13,12 @@ evenly, and replicas moved (an extra one added, caught up, then one dropped) fro
 to the least loaded, such as a member that just joined. Every state is written by compare-and-swap on its
 revision; on a conflict it reads again and recomputes. An unclean election is logged at ERROR.
 
-**Grace.** For a grace of one renewal interval plus a second (``grace_s``: 2 s at the default TTL of 3 s)
-after this node becomes the controller, and after etcd answers again (this node was fenced or its calls
-failed), no member is taken for dead: a member whose key is missing then may only be registering again
-(etcd restarted; its renewal or new registration comes within that time). Partitions are led as they are;
-what a member's absence calls for is done once the grace is over, each change logged once with its reason.
+**Grace.** For one renewal interval plus a second after this node becomes the controller (``grace_s``: 2 s
+at the default TTL of 3 s), and for one TTL plus a second after etcd answers again (this node was fenced or
+its calls failed), no member is taken for dead: a member whose key is missing then may only be registering
+again (etcd restores every lease with a full TTL when it restarts: a member renews within it, or, if it
+could not, registers again at once). Partitions are led as they are meanwhile; what a member's absence
+calls for is done once the grace is over, each change logged once with its reason.
 """
 
 from __future__ import annotations
@@ -219,18 +220,17 @@ class Controller:
                     return await self._remove_if_bogus(current)
                 revision = current.mod_revision
             self.holding = (self.keys.controller, revision)
+            if not self._interrupted:
+                self._start_grace("after its election", grace_s(self.membership.ttl_s))
+        if self._interrupted:
             self._interrupted = False
-            self._start_grace("after its election")
-        elif self._interrupted:
-            self._interrupted = False
-            self._start_grace("after etcd answered again")
+            self._start_grace("after etcd answered again", self.membership.ttl_s + 1.0)
         return await self._reconcile(self.holding)
 
-    def _start_grace(self, why: str) -> None:
-        ttl = self.membership.ttl_s
-        self.grace_until = time.monotonic() + ttl
+    def _start_grace(self, why: str, grace: float) -> None:
+        self.grace_until = time.monotonic() + grace
         log.info(
-            "%s is the controller; no member is taken for dead for %d s (%s)", self.view.node_id, ttl, why
+            "%s is the controller; no member is taken for dead for %.1f s (%s)", self.view.node_id, grace, why
         )
 
     def _in_grace(self, states: Iterable[PartitionState]) -> set[str]:

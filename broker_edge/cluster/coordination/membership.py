@@ -126,7 +126,8 @@ class Membership:
                 await asyncio.sleep(min(0.5, self.interval_s))
                 await self._register_once()
                 continue
-            await asyncio.sleep(self.interval_s)
+            # while renewals fail, try again soon: etcd gives a lease it restores one TTL from its restart
+            await asyncio.sleep(self.interval_s if not self._failures else min(0.2, self.interval_s))
             await self._renew_once()
 
     async def _register_once(self) -> bool:
@@ -179,7 +180,10 @@ class Membership:
             return
         sent = time.monotonic()
         try:
-            ttl = await self.etcd.keep_alive(lease, timeout_s=self.interval_s)
+            # after failures the connection is made again (TLS, etcd's auth): allow it the time a TTL gives
+            ttl = await self.etcd.keep_alive(
+                lease, timeout_s=self.interval_s if not self._failures else self.ttl_s
+            )
         except EtcdError as exc:
             # fenced by the timer meanwhile, but the lease is kept: etcd restores leases when it restarts,
             # and only etcd knows whether this one ran out (a new one would look like a death and a birth)

@@ -12,6 +12,7 @@ from typing import Any
 from broker_edge.cluster.forwarding import ClusterForwarding
 from broker_edge.cluster.links.peer_link import PeerLinks
 from broker_edge.cluster.view import ClusterView, Member, PartitionState
+from broker_edge.engine.connection.states import CLOSED
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import ClusterPorts
 from tests.unit.broker_edge.cluster.engines import Answers, EngineOnLoop
@@ -223,5 +224,25 @@ def test_a_publish_that_cannot_keep_its_place_is_refused_with_everything_behind_
         a.publish(device, b"3", packet_id=3)
         await _all_answered(device, 3)
         assert device.answers[3] == (0x10, None) and _payloads(a) == [b"3"]
+
+    _run(scenario)
+
+
+def test_publishes_waiting_when_their_publisher_disconnects_are_refused_not_appended_later():
+    """A device whose connection ends while its publishes wait may already publish again elsewhere: the
+    waiting ones are refused when they would go, never appended behind its newer ones."""
+
+    async def scenario() -> None:
+        a = Node("a")
+        a.lead(None)
+        device = Answers()
+        a.publish(device, b"1", packet_id=1)
+        await asyncio.sleep(0)
+        device.state = CLOSED
+        a.lead("a")
+        a.publish(Answers(), b"another device's", packet_id=1)  # the topic is open again at once
+        await asyncio.sleep(0.1)  # past the retry
+        assert _payloads(a) == [b"another device's"]
+        assert device.answers == {}  # a closed connection is told nothing
 
     _run(scenario)
