@@ -50,6 +50,7 @@ from broker_edge.engine.connection.states import CLOSED
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import LOCAL_ONLY, AppendedRun, ForwardAck, PublishRefused
 from broker_edge.engine.records import record_fields
+from broker_edge.observe.log_summary import LogSummary
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.storage.errors import StorageError, TooManyTopics
 
@@ -181,6 +182,7 @@ class PublishPath:
         self.replays: ReplayManager | None = None
         self.forwarding: Forwarding | None = None
         """Where a cluster member's logged publishes go (None: a broker alone, all are appended here)."""
+        self._refusals = LogSummary(log)
         self._call_soon = call_soon
         self._pending: list[PendingPublish] = []
         self._by_topic: dict[str, list[Message]] = {}
@@ -439,8 +441,18 @@ class PublishPath:
     def _failed(self, batch: list[PendingPublish], exc: BaseException, reason: str) -> None:
         """Writing (``log_failed``) or replicating (``replication_failed``) failed: acknowledge nothing
         appended here (entries answered elsewhere keep their answer); a ``PublishRefused`` says why."""
-        log.error("%s, %d publishes not acknowledged: %s", reason.replace("_", " "), len(batch), exc)
         refused = isinstance(exc, PublishRefused)
+        if refused:  # expected while a partition changes hands: summarised
+            self._refusals.log(
+                logging.WARNING,
+                reason,
+                "%s, %d publishes refused: %s",
+                reason.replace("_", " "),
+                len(batch),
+                exc,
+            )
+        else:
+            log.error("%s, %d publishes not acknowledged: %s", reason.replace("_", " "), len(batch), exc)
         reason_code = exc.reason_code if isinstance(exc, PublishRefused) else ReasonCode.UNSPECIFIED_ERROR
         reason_string = str(exc) if refused else None
         answer = self._answer if self.forwarding is None else self._answer_in_turn
