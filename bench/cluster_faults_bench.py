@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--nemeses: unknown {', '.join(unknown)} (known: {', '.join(NEMESES)})")
     plan = [(n, seed, 3) for seed in range(1, args.seeds + 1) for n in nemeses]
-    plan += [(n, 1000 + seed, 5) for seed in range(1, args.five + 1) for n in nemeses]
+    five = [(n, 1000 + seed, 5) for seed in range(1, args.five + 1) for n in nemeses]
+    plan[len(nemeses) : len(nemeses)] = five  # early, so that a run cut short by --minutes has them too
     command = "python -m bench.cluster_faults_bench " + " ".join(argv if argv is not None else sys.argv[1:])
     started = time.monotonic()
     results: list[RunResult] = []
