@@ -10,8 +10,14 @@ run end to end whose history goes to the checker (``tests.e2e.faults.checker``).
 - nemeses (``NEMESES``): ``kill`` (SIGKILL of the broker leading most partitions, started again), ``pause``
   (SIGSTOP of it for longer than the lease), ``etcd-restart`` (etcd killed for longer than the lease and
   started again on its data), ``rolling`` (every broker stopped and started in turn), ``mixed`` (two of
-  those, chosen by the seed). Each says in which windows a broker must acknowledge nothing.
+  those, chosen by the seed), ``partition`` (``b1`` cut from its peers and etcd for longer than the lease
+  while its clients still reach it). Each says in which windows a broker must acknowledge nothing.
 - ``run_case(nemesis, seed, directory)``: one run; its ``RunResult`` holds the counts and the anomalies.
+- ``run_partitioned(seed, directory)`` (what ``run_case`` does for ``partition``): the run, in a network
+  namespace of its own (``unshare --net``, as root), where ``b1`` runs in a group of its own (``setpriv``)
+  and an iptables rule drops every packet it sends except from its MQTT port: its peers and etcd hear
+  nothing from it, its clients do. The rule lives and dies with the namespace; the machine's own packet
+  filter is never touched.
 
 Used by ``tests/e2e/faults/test_faults.py`` (a short set of seeds) and ``bench/cluster_faults_bench.py``
 (many seeds per nemesis).
@@ -20,14 +26,17 @@ Used by ``tests/e2e/faults/test_faults.py`` (a short set of seeds) and ``bench/c
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +68,8 @@ __all__ = ["NEMESES", "FaultCluster", "Publisher", "RunResult", "Subscriber", "r
 
 LEASE_TTL_S = 2
 TOPIC_ROOT = "faults"
+ISOLATED_GID = 4242
+"""The group ``b1`` runs in when it may be cut off (``partition``)."""
 
 
 # -- clients ---------------------------------------------------------------------------------------------
@@ -230,8 +241,9 @@ def _offset(packet: Publish) -> int | None:
 class FaultCluster:
     """etcd and ``size`` brokers (replication factor 3) on loopback, set up as production is."""
 
-    def __init__(self, directory: Path, size: int = 3) -> None:
+    def __init__(self, directory: Path, size: int = 3, cuttable: bool = False) -> None:
         self.directory = directory
+        self.cuttable = cuttable
         self.etcd = EtcdServer(directory / "etcd")
         self.target = EtcdTarget(self.etcd, "/timestone")
         self.nodes = [f"b{i}" for i in range(1, size + 1)]
@@ -242,6 +254,8 @@ class FaultCluster:
         settings = {"lease_ttl_s": LEASE_TTL_S, "replication_factor": 3}
         for node in self.nodes:
             broker = cluster_broker(self.directory, self.target, node, settings)
+            if self.cuttable and node == "b1":
+                broker.wrapper = ("setpriv", f"--regid={ISOLATED_GID}", "--clear-groups", "--")
             self.brokers.append(broker.start())
         self.wait_settled()
         return self
@@ -323,6 +337,22 @@ def rolling_restart(cluster: FaultCluster, rng: random.Random) -> list[Silence]:
     return silences
 
 
+def partition_b1(cluster: FaultCluster, rng: random.Random) -> list[Silence]:
+    """``b1`` hears its peers and etcd but nothing it sends reaches them; its clients still reach it."""
+    if not cluster.cuttable:
+        raise RuntimeError("partition: the cluster was not started cuttable (run it with run_partitioned)")
+    b1 = cluster.brokers[0]
+    rule = ["OUTPUT", "-o", "lo", "-p", "tcp", "-m", "owner", "--gid-owner", str(ISOLATED_GID)]
+    rule += ["!", "--sport", str(b1.port), "-j", "DROP"]
+    subprocess.run(["iptables", "-A", *rule], check=True)
+    start = time.time()
+    time.sleep(rng.uniform(LEASE_TTL_S + 1.0, LEASE_TTL_S + 3.0))
+    end = time.time()
+    subprocess.run(["iptables", "-D", *rule], check=True)
+    # by a lease after the cut it has fenced itself (it proves nothing to etcd): from then on, silence
+    return [Silence(b1.name, start + LEASE_TTL_S, end, "cut off from its peers and etcd")]
+
+
 def mixed(cluster: FaultCluster, rng: random.Random) -> list[Silence]:
     silences: list[Silence] = []
     for nemesis in rng.sample([kill_leader, pause_leader, restart_etcd], 2):
@@ -337,6 +367,7 @@ NEMESES: dict[str, Nemesis] = {
     "etcd-restart": restart_etcd,
     "rolling": rolling_restart,
     "mixed": mixed,
+    "partition": partition_b1,
 }
 
 
@@ -366,11 +397,15 @@ def run_case(
     publishers: int = 6,
     rate: float = 60.0,
     settle_s: float = 2.0,
+    cuttable: bool = False,
 ) -> RunResult:
     """Start a cluster, load it, apply ``nemesis`` (seeded by ``seed``), heal, wait until the replicas
-    agree, and check the history."""
+    agree, and check the history. ``partition`` runs in a network namespace of its own
+    (``run_partitioned``)."""
+    if nemesis == "partition" and not cuttable:
+        return run_partitioned(seed, directory, brokers)
     rng = random.Random(seed)
-    cluster = FaultCluster(directory, brokers).start()
+    cluster = FaultCluster(directory, brokers, cuttable).start()
     result = RunResult(nemesis, seed, brokers)
     writers: list[Publisher] = []
     readers: list[Subscriber] = []
@@ -439,3 +474,27 @@ def _agreed_logs(
         for name, copy in copies.items():
             logs[name][topic] = copy
     return {name: held for name, held in logs.items() if held}
+
+
+def run_partitioned(seed: int, directory: Path, brokers: int = 3) -> RunResult:
+    """The ``partition`` run in a network namespace of its own (see the module docstring)."""
+    script = (
+        f"ip link set lo up && exec {sys.executable} -m tests.e2e.faults.harness {seed} {directory} {brokers}"
+    )
+    done = subprocess.run(
+        ["unshare", "--net", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=Path(__file__).resolve().parents[3],  # where ``tests`` is a package
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the partitioned run failed:\n{done.stderr[-3000:]}")
+    return RunResult(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+if __name__ == "__main__":  # inside the namespace: one partition run, its result as one JSON line
+    seed_text, directory_text, brokers_text = sys.argv[1:4]
+    outcome = run_case("partition", int(seed_text), Path(directory_text), int(brokers_text), cuttable=True)
+    print(json.dumps(asdict(outcome)))
