@@ -499,8 +499,12 @@ def test_an_etcd_restart_keeps_every_lease_the_controller_and_every_leader(priva
             leases = {n.node_id: n.membership.lease_id for n in nodes}
             controllers = [n.node_id for n in nodes if n.controller.is_controller]
             registrations = {n.node_id: 0 for n in nodes}
+
+            def registered_again(name: str) -> Callable[[], None]:
+                return lambda: registrations.__setitem__(name, registrations[name] + 1)
+
             for node in nodes:
-                node.membership.on_registered(lambda name=node.node_id: registrations.__setitem__(name, 1))
+                node.membership.on_registered(registered_again(node.node_id))
             private_etcd.server.kill()
             await eventually(lambda: all(n.view.fenced for n in nodes), TTL + 2, "every member fenced")
             await asyncio.sleep(TTL)
