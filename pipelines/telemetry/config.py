@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from broker_edge.config.endpoints import parse_endpoint
 from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file
+from pipelines.maintenance.config import MaintenanceConfig
 
 #: Columns every parsed telemetry row has, besides the configured payload fields.
 STANDARD_COLUMNS: tuple[str, ...] = ("device_id", "event_time", "broker", "topic", "offset", "timestamp")
@@ -119,16 +120,8 @@ class TablesConfig:
     namespace: str | None = None
     executor_writes: list[str] = field(default_factory=lambda: ["bronze_telemetry"])
     """delta-rs only: tables whose appends the Spark tasks write (no rows collected to the driver)."""
-    compact_every: int = 10
-    """Compact silver's small files after every this many micro-batches (0: never)."""
-    compact_target_mb: int = 16
-    """Compaction leaves silver's files of at least this size alone and writes files up to it."""
-
-    def __post_init__(self) -> None:
-        if self.compact_every < 0:
-            raise ConfigError("compact_every", "must be >= 0")
-        if self.compact_target_mb < 1:
-            raise ConfigError("compact_target_mb", "must be >= 1")
+    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
+    """Compaction, vacuum and log clean-up of every table the job writes, run by the job itself."""
 
 
 @dataclass

@@ -31,6 +31,8 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, Row, SparkSession
 
 from broker_edge.config.loader import ConfigError
+from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF
+from pipelines.maintenance.scheduler import MaintenanceScheduler
 from sinks import BatchWriter, TableCatalog, TableStore, build_catalog, exactly_once, open_table_store
 from sinks.store import TimeRange
 from sinks.tables import device_minute
@@ -134,7 +136,7 @@ class _GoldPart:
             self.owner._run_steps(self.batch, self.steps)
         finally:
             self.release()
-        self.owner._compact_when_due(self.batch.out.batch_id)
+        self.owner.maintenance.poke()
         if not self.reported:
             self.owner.reports.append(self.batch.report)
         log.info("telemetry batch %d: %s", self.batch.out.batch_id, self.batch.report)
@@ -183,8 +185,8 @@ class TelemetryBatch:
         self._pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="telemetry-batch")
         self._gold = ThreadPoolExecutor(max_workers=1, thread_name_prefix="telemetry-gold")
         self._pending: Future[None] | None = None
-        self._compactor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="telemetry-compact")
-        self._compacting: Future[None] | None = None
+        #: compaction, vacuum and log clean-up of the job's tables, in the background
+        self.maintenance = MaintenanceScheduler(store, TABLES, config.tables.maintenance)
         self._resumed = False
         #: telemetry rows of the latest batch (None before the first): small batches append bronze via Arrow
         self._last_rows: int | None = None
@@ -211,7 +213,7 @@ class TelemetryBatch:
             log.exception("the gold part of the last telemetry batch failed")
         finally:
             self._gold.shutdown(wait=True)
-            self._compactor.shutdown(wait=True)
+            self.maintenance.close()
             self._pool.shutdown(wait=True)
             if self._configured is not None and self._session_conf is not None:
                 _set_conf(self._configured, self._session_conf)
@@ -417,28 +419,6 @@ class TelemetryBatch:
         stored = self.store.read("silver_telemetry", within)
         return T.without_records_of(stored, passed) if replayed else stored
 
-    def _compact_when_due(self, batch_id: int) -> None:
-        """Every ``tables.compact_every`` batches, compact silver in the background (none if one runs).
-
-        Each micro-batch adds a file to silver, which the job reads back for every batch (its dedup window
-        and minutes): without compaction those reads open more files the longer the job runs. A
-        compaction changes no rows, so it needs no part in the batch's exactly-once bookkeeping.
-        """
-        tables = self.config.tables
-        if not tables.compact_every or (batch_id + 1) % tables.compact_every:
-            return
-        if self._compacting is not None and not self._compacting.done():
-            return
-        self._compacting = self._compactor.submit(self._compact_silver, tables.compact_target_mb << 20)
-
-    def _compact_silver(self, target_bytes: int) -> None:
-        try:
-            removed = self.store.compact("silver_telemetry", target_bytes)
-        except Exception:  # the rows are all there; the next compaction tries again
-            log.exception("compaction of silver_telemetry failed")
-            return
-        log.debug("silver_telemetry compacted: %d files rewritten", removed)
-
     def _silver_rows(self, passed: DataFrame, before: DataFrame, low_us: int, high_us: int) -> DataFrame:
         """This batch's silver rows: duplicates dropped within the batch and against silver before it."""
         dedup = self.config.dedup
@@ -567,6 +547,8 @@ def start_query(
     from sources import register_sources
 
     register_sources(spark)
+    # Spark purges the checkpoint's offsets and commits older than this many batches as the query runs
+    spark.conf.set(MIN_BATCHES_TO_RETAIN_CONF, str(config.tables.maintenance.checkpoint_batches))
     options = dict(config.source_options())
     options.update(source_options or {})
     records = spark.readStream.format("timestone").options(**options).load()

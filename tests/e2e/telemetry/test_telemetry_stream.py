@@ -14,6 +14,7 @@ from deltalake import DeltaTable
 from pyspark.errors import StreamingQueryException
 
 from broker_edge.storage import StorageConfig
+from pipelines.maintenance.config import MaintenanceConfig
 from pipelines.telemetry.config import TelemetryConfig, load_telemetry_config
 from pipelines.telemetry.job import TelemetryBatch, open_store, start_query
 from tests.e2e.sources.conftest import EdgeBroker
@@ -251,14 +252,14 @@ def test_devices_publishing_over_mqtt_to_a_real_broker_land_once(spark, tmp_path
     assert store.read("devices").count() == 5
 
 
-def test_silver_compacted_while_the_query_runs_keeps_every_row_once(spark, tmp_path, brokers):
-    """Compaction every 2 batches, in the background of a query whose gold part is deferred: silver's
-    files are rewritten under the running batches (which read silver back for dedup and minutes), and
-    every table still holds each reading once."""
+def test_tables_compacted_while_the_query_runs_keep_every_row_once(spark, tmp_path, brokers):
+    """Compaction after every batch, in the background of a query whose gold part is deferred: the
+    tables' files are rewritten under the running batches (which read silver back for dedup and
+    minutes, and merge the gold tables), and every table still holds each reading once."""
     fleet = Fleet([LogAppendPublisher(name, broker) for name, broker in brokers.items()], devices=6)
     sent = fleet.send(rounds=10)
     config = pipeline_config(tmp_path, brokers, max_records_per_trigger=10)
-    config.tables.compact_every = 2
+    config.tables.maintenance = MaintenanceConfig(compact_interval_s=0.001, min_files=2)
     batch = run_available_now(spark, config, defer_gold=True)
     store = batch.store
     assert len(batch.reports) >= 6
@@ -267,8 +268,10 @@ def test_silver_compacted_while_the_query_runs_keeps_every_row_once(spark, tmp_p
     assert len(bronze) == len(set(bronze)) == sent
     assert sorted(silver) == sorted(bronze)
     assert store.read("device_minute").groupBy().sum("count").first()[0] == sent
-    location = store.location("silver_telemetry")
-    operations = [commit["operation"] for commit in DeltaTable(location).history()]
-    assert "OPTIMIZE" in operations
-    live = DeltaTable(location).get_add_actions().column("path").to_pylist()
-    assert len(live) < len(batch.reports), "silver holds fewer files than the batches that appended to it"
+    compacted = {u.table for u in batch.maintenance.upkeep if u.operation == "compact" and u.count}
+    assert {"bronze_telemetry", "silver_telemetry", "dq_results"} <= compacted
+    for name in ("bronze_telemetry", "silver_telemetry"):
+        location = store.location(name)
+        assert "OPTIMIZE" in [commit["operation"] for commit in DeltaTable(location).history()]
+        live = DeltaTable(location).get_add_actions().column("path").to_pylist()
+        assert len(live) < len(batch.reports), f"{name} holds fewer files than the batches that wrote it"
