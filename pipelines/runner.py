@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from broker_edge.config.loader import ConfigError, load_yaml_file
+from pipelines.metrics import PipelineMetrics
 from pipelines.views.location import notebooks_hint
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ class RunOptions:
     available_now: bool = False
     spark_master: str | None = None
     config_path: str | None = None
+    metrics: PipelineMetrics | None = None
+    """Where the job counts what it reports as metrics (its query restarts); served with --metrics-port."""
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -76,6 +79,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--spark-master",
         default=None,
         help="Spark master of a local session (default: local[*]; on Databricks the cluster's session)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve the job's Prometheus metrics (query restarts) at http://127.0.0.1:PORT/metrics",
     )
     parser.add_argument(
         "--set",
@@ -152,6 +162,9 @@ def pipeline_main(argv: list[str]) -> int:
         return 2
     if validated is not None and pipeline.tables_root:
         print(notebooks_hint(str(attrgetter(pipeline.tables_root)(validated))), flush=True)
-    options = RunOptions(args.available_now, args.spark_master, args.config)
+    metrics = PipelineMetrics()
+    if args.metrics_port is not None:
+        metrics.serve(args.metrics_port)
+    options = RunOptions(args.available_now, args.spark_master, args.config, metrics)
     spark = spark_session(args.spark_master, app_name=f"timestone-{args.name}")
     return int(module.run(spark, config, options) or 0)

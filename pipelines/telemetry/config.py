@@ -17,6 +17,7 @@ from typing import Any, Literal
 from broker_edge.config.endpoints import parse_endpoint
 from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file
 from pipelines.maintenance.config import MaintenanceConfig
+from pipelines.supervisor import RestartConfig
 
 #: Columns every parsed telemetry row has, besides the configured payload fields.
 STANDARD_COLUMNS: tuple[str, ...] = ("device_id", "event_time", "broker", "topic", "offset", "timestamp")
@@ -131,6 +132,8 @@ class StreamConfig:
     query_name: str = "telemetry"
     checkpoint: str = ".timestone/checkpoints/telemetry"
     trigger_interval: str = "1 second"
+    restart: RestartConfig = field(default_factory=RestartConfig)
+    """How a failed query is restarted from its checkpoint (pipelines/supervisor.py)."""
 
 
 @dataclass
