@@ -82,6 +82,25 @@ def vacuum_tables(store: TableStore, names: Iterable[str], policy: RetentionPoli
     return done
 
 
+def maintenance_pass(
+    store: TableStore,
+    names: Iterable[str],
+    policy: RetentionPolicy,
+    *,
+    retention: bool = True,
+    compact: bool = True,
+    vacuum: bool = True,
+) -> list[Upkeep]:
+    """One pass over ``names``, in order: the retention properties, compaction, then vacuum and logs."""
+    names = list(names)
+    done = apply_retention(store, names, policy) if retention else []
+    if compact:
+        done += compact_tables(store, names, policy)
+    if vacuum:
+        done += vacuum_tables(store, names, policy)
+    return done
+
+
 def _run(operation: str, work: Callable[..., int | bool | None], name: str, *args: Any) -> Upkeep:
     """``work(name, *args)``, timed; a failure is logged and recorded, not raised."""
     began = time.perf_counter()

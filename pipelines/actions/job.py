@@ -31,6 +31,7 @@ from pipelines.actions.engine import ACTIONS, EXECUTIONS, SUMMARY, ActionsEngine
 from pipelines.actions.model import parse_report
 from pipelines.actions.publisher import ClusterPublisher, MqttPublisher, Publisher
 from pipelines.actions.reports import CLUSTER_BROKER_ID, BrokerReports, ClusterReports, ReportStream
+from pipelines.maintenance.cli import MaintenanceTarget
 from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF
 from pipelines.maintenance.scheduler import MaintenanceScheduler
 from pipelines.metrics import PipelineMetrics
@@ -237,6 +238,12 @@ def _publisher(config: ActionsConfig, cluster: bool) -> MqttPublisher:
     first = config.brokers[0]
     kind = ClusterPublisher if cluster else MqttPublisher
     return kind(addresses, username=first.username, password=first.password)
+
+
+def maintenance_target(spark: SparkSession | None, config: ActionsConfig) -> MaintenanceTarget:
+    """The tables ``timestone tables maintain actions`` maintains, and how (``maintenance``)."""
+    store = open_table_store(spark, config.tables_root, backend=cast(Backend, config.backend))
+    return MaintenanceTarget(store, MAINTAINED, config.maintenance)
 
 
 def validate(section: object) -> ActionsConfig:

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from sinks.maintenance import Upkeep, apply_retention, compact_tables, vacuum_tables
+from sinks.maintenance import Upkeep, maintenance_pass
 from sinks.store import TableStore
 
 from .config import MaintenanceConfig
@@ -82,14 +82,12 @@ class MaintenanceScheduler:
         self._thread.shutdown(wait=True)
 
     def _pass(self, compact: bool, vacuum: bool) -> list[Upkeep]:
-        done: list[Upkeep] = []
-        if not self._retention_set:
-            done += apply_retention(self.store, self.tables, self.policy)
-            self._retention_set = not any(u.error for u in done)
-        if compact:
-            done += compact_tables(self.store, self.tables, self.policy)
-        if vacuum:
-            done += vacuum_tables(self.store, self.tables, self.policy)
+        retention = not self._retention_set
+        done = maintenance_pass(
+            self.store, self.tables, self.policy, retention=retention, compact=compact, vacuum=vacuum
+        )
+        if retention:
+            self._retention_set = not any(u.error for u in done if u.operation == "retention")
         self.upkeep.extend(done)
         worked = [u for u in done if u.count]
         if worked:

@@ -31,6 +31,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, Row, SparkSession
 
 from broker_edge.config.loader import ConfigError
+from pipelines.maintenance.cli import MaintenanceTarget
 from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF
 from pipelines.maintenance.scheduler import MaintenanceScheduler
 from pipelines.metrics import PipelineMetrics
@@ -522,7 +523,7 @@ class TelemetryBatch:
 # -- the streaming query ---------------------------------------------------------------------------------
 
 
-def open_store(spark: SparkSession, config: TelemetryConfig) -> TableStore:
+def open_store(spark: SparkSession | None, config: TelemetryConfig) -> TableStore:
     tables = config.tables
     for index, name in enumerate(tables.executor_writes):
         if name not in TABLES:
@@ -568,6 +569,11 @@ def start_query(
     else:
         writer = writer.trigger(processingTime=config.stream.trigger_interval)
     return writer.start()
+
+
+def maintenance_target(spark: SparkSession | None, config: TelemetryConfig) -> MaintenanceTarget:
+    """The tables ``timestone tables maintain telemetry`` maintains, and how (``tables.maintenance``)."""
+    return MaintenanceTarget(open_store(spark, config), TABLES, config.tables.maintenance)
 
 
 def validate(section: Any) -> TelemetryConfig:
