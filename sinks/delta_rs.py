@@ -43,6 +43,7 @@ from sinks.arrow_conform import SchemaMismatch, conform, to_arrow_table
 from sinks.parquet_files import FileWriter, WrittenFile, remove_files, write_files
 from sinks.store import (
     COMMIT_MARKER_KEY,
+    MARKER_PREFIX,
     TableData,
     TableStore,
     TableStoreError,
@@ -384,13 +385,19 @@ class DeltaRsTableStore(TableStore):
         return removed
 
     def vacuum(self, name: str, retention_hours: int) -> int | None:
-        """delta-rs' full vacuum (files never committed too); on a local path, the files it deleted are
-        counted on disk (delta-rs lists every file it found unreferenced, deleted before or not)."""
+        """delta-rs' full vacuum (files never committed too), keeping the files of each writer's latest
+        batch however old (:meth:`appended` reads them when a job redoes that batch after a restart, even
+        once compaction replaced them). On a local path, the files it deleted are counted on disk
+        (delta-rs lists every file it found unreferenced, deleted before or not)."""
         table = self._open_for_write(name)
         directory = _local_directory(self.location(name))
         before = _files_on_disk(directory) if directory is not None else None
         listed = table.vacuum(
-            retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False, full=True
+            retention_hours=retention_hours,
+            dry_run=False,
+            enforce_retention_duration=False,
+            full=True,
+            keep_versions=_latest_marked_versions(table) or None,
         )
         if before is None or directory is None:
             return len(listed)
@@ -514,6 +521,20 @@ def _files_within(table: DeltaTable, location: str, within: TimeRange | None) ->
     keep = pc.fill_null(overlaps, True)  # no statistics: the file may hold anything
     paths = actions.column("path").filter(keep).to_pylist()
     return [_local_file(directory, path) for path in paths]
+
+
+def _latest_marked_versions(table: DeltaTable) -> list[int]:
+    """The version of each writer's (app id's) latest batch commit found in the table's history."""
+    latest: dict[str, int] = {}
+    for limit in (100, None):
+        for commit in table.history(limit):
+            marker = commit.get(COMMIT_MARKER_KEY)
+            if isinstance(marker, str) and marker.startswith(MARKER_PREFIX):
+                app_id = marker[len(MARKER_PREFIX) :].rpartition(":")[0]
+                latest[app_id] = max(latest.get(app_id, -1), int(commit["version"]))
+        if latest:
+            break
+    return sorted(set(latest.values()))
 
 
 def _crowded_partitions(

@@ -6,14 +6,12 @@ its place), the query runs with ``availableNow`` from a checkpoint, and the tabl
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 from pyspark.errors import StreamingQueryException
 
-from broker_edge.storage import StorageConfig
 from pipelines.maintenance.config import MaintenanceConfig
 from pipelines.telemetry.config import TelemetryConfig, load_telemetry_config
 from pipelines.telemetry.job import TelemetryBatch, open_store, start_query
@@ -23,17 +21,6 @@ from tests.e2e.telemetry.telemetry_harness import Fleet, LogAppendPublisher, Mqt
 pytestmark = pytest.mark.spark
 
 FAR_FUTURE_MS = 4_102_444_800_000  # 2100-01-01
-
-
-@pytest.fixture
-def brokers(tmp_path: Path) -> Iterator[dict[str, EdgeBroker]]:
-    started = {
-        "edge1": EdgeBroker(tmp_path / "edge1"),
-        "edge2": EdgeBroker(tmp_path / "edge2", StorageConfig(group_commit_ms=1, segment_bytes=2048)),
-    }
-    yield started
-    for broker in started.values():
-        broker.close()
 
 
 def pipeline_config(tmp_path: Path, brokers: dict[str, EdgeBroker], **source) -> TelemetryConfig:
