@@ -119,7 +119,7 @@ class TablesConfig:
     root: str = ".timestone/tables"
     backend: Literal["auto", "delta-rs", "native"] = "auto"
     namespace: str | None = None
-    executor_writes: list[str] = field(default_factory=lambda: ["bronze_telemetry"])
+    executor_writes: list[str] = field(default_factory=list)
     """delta-rs only: tables whose appends the Spark tasks write (no rows collected to the driver)."""
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     """Compaction, vacuum and log clean-up of every table the job writes, run by the job itself."""

@@ -284,7 +284,7 @@ class TelemetryBatch:
         cached = [bronze]
         appending: Future[Any] | None = None
         try:
-            if self._in_driver():  # collected, then appended while the profile runs (delta-rs frees the GIL)
+            if self._collects_bronze():  # appended while the profile runs (delta-rs frees the GIL)
                 collected_bronze = bronze.toArrow()
                 appending = self._pool.submit(
                     batch.step, "bronze_telemetry", lambda: out.append("bronze_telemetry", collected_bronze)
@@ -311,7 +311,7 @@ class TelemetryBatch:
                 replayed = self._already_written("silver_telemetry", out)
                 before = self._silver_before(passed, self._stored_range(low, high), replayed)
                 rows = self._silver_rows(passed, before, low, high)
-                if self._in_driver():  # read once, by whichever of silver and device_minute comes first
+                if self._minutes_in_driver():  # read once, by whichever of silver and device_minute is first
                     collected = _Collected(rows)
                     stored = self.store.read_arrow("silver_telemetry", _whole_minutes(low, high))
                     fast["silver_telemetry"] = lambda: self._write_silver(out, collected, replayed)
@@ -387,14 +387,25 @@ class TelemetryBatch:
         _set_conf(spark, {**self._session_conf, **chosen})
         self._configured = spark
 
-    def _in_driver(self) -> bool:
-        """Whether this batch's rows are brought to the driver: a batch expected small, with delta-rs.
+    def _collects_bronze(self) -> bool:
+        """Whether the batch's bronze rows are collected to the driver and appended by delta-rs there
+        (while the profile runs): with delta-rs, unless bronze is in ``tables.executor_writes`` and the
+        batch is not expected small.
 
-        delta-rs appends a few hundred rows collected to the driver several times faster than from the
-        tasks (``tables.executor_writes``), and device_minute is then computed there too
-        (:mod:`.driver_minutes`); otherwise the configured paths, in Spark.
+        Collecting a catch-up batch of 100,000 rows as Arrow and writing it with delta-rs took about half
+        the time and CPU of writing it from the tasks (Spark's rows cross to Python workers there); a
+        micro-batch of a few hundred rows, several times less.
         """
-        return self._expects_small_batch() and self.store.backend == "delta-rs"
+        if self.store.backend != "delta-rs":
+            return False
+        return self._expects_small_batch() or "bronze_telemetry" not in self.config.tables.executor_writes
+
+    def _minutes_in_driver(self) -> bool:
+        """Whether device_minute is computed with Arrow in the driver (:mod:`.driver_minutes`) from the
+        silver rows collected for silver's own append: with delta-rs, unless silver is written from the
+        tasks. That spares a Spark query (a scan of stored silver, a shuffle, a collect) per batch."""
+        executor_written = "silver_telemetry" in self.config.tables.executor_writes
+        return self.store.backend == "delta-rs" and not executor_written
 
     # -- silver, quarantine and device_minute ------------------------------------------------------------
 
