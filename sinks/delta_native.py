@@ -297,7 +297,7 @@ class DeltaNativeTableStore(TableStore):
         )
         return int(metrics["metrics"]["numFilesRemoved"]) if metrics is not None else 0
 
-    def vacuum(self, name: str, retention_hours: int) -> int | None:
+    def vacuum(self, name: str, retention_hours: float) -> int | None:
         """Delta's ``VACUUM ... RETAIN n HOURS`` (which does not say how many files it deleted)."""
         self._with_conf(
             {RETENTION_CHECK_CONF: "false"}, lambda: self._delta_table(name).vacuum(float(retention_hours))

@@ -29,7 +29,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -43,6 +43,7 @@ from sinks.arrow_conform import SchemaMismatch, conform, to_arrow_table
 from sinks.parquet_files import FileWriter, WrittenFile, remove_files, write_files
 from sinks.store import (
     COMMIT_MARKER_KEY,
+    DELETED_FILE_RETENTION,
     MARKER_PREFIX,
     TableData,
     TableStore,
@@ -51,6 +52,7 @@ from sinks.store import (
     check_batch,
     commit_marker,
     merge_condition,
+    retention_interval,
 )
 from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec
 
@@ -384,7 +386,7 @@ class DeltaRsTableStore(TableStore):
             removed += int(metrics.get("numFilesRemoved", 0))
         return removed
 
-    def vacuum(self, name: str, retention_hours: int) -> int | None:
+    def vacuum(self, name: str, retention_hours: float) -> int | None:
         """delta-rs' full vacuum (files never committed too), keeping the files of each writer's latest
         batch however old (:meth:`appended` reads them when a job redoes that batch after a restart, even
         once compaction replaced them). On a local path, the files it deleted are counted on disk
@@ -392,12 +394,17 @@ class DeltaRsTableStore(TableStore):
         table = self._open_for_write(name)
         directory = _local_directory(self.location(name))
         before = _files_on_disk(directory) if directory is not None else None
+        if float(retention_hours).is_integer():
+            period: dict[str, Any] = {
+                "retention_hours": int(retention_hours),
+                "enforce_retention_duration": False,
+            }
+        else:  # delta-rs takes whole hours, or any period from the table's property
+            self.set_properties(name, {DELETED_FILE_RETENTION: retention_interval(retention_hours)})
+            table = self._open(name)
+            period = {"retention_hours": None, "enforce_retention_duration": True}
         listed = table.vacuum(
-            retention_hours=retention_hours,
-            dry_run=False,
-            enforce_retention_duration=False,
-            full=True,
-            keep_versions=_latest_marked_versions(table) or None,
+            dry_run=False, full=True, keep_versions=_latest_marked_versions(table) or None, **period
         )
         if before is None or directory is None:
             return len(listed)

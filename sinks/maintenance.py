@@ -24,13 +24,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sinks.store import TableStore
+from sinks.store import DELETED_FILE_RETENTION, LOG_RETENTION, TableStore, retention_interval
 
 log = logging.getLogger(__name__)
 
-#: The table properties that carry a :class:`RetentionPolicy`.
-DELETED_FILE_RETENTION = "delta.deletedFileRetentionDuration"
-LOG_RETENTION = "delta.logRetentionDuration"
+__all__ = ["DELETED_FILE_RETENTION", "LOG_RETENTION", "RetentionPolicy", "Upkeep", "maintenance_pass"]
 
 
 @dataclass(frozen=True)
@@ -41,14 +39,14 @@ class RetentionPolicy:
     #: a partition is compacted once it holds this many files under ``target_bytes``
     min_files: int = 10
     #: removed data files stay this long (readers of older snapshots, lagging change feeds, time travel)
-    retention_hours: int = 168
+    retention_hours: float = 168.0
     #: log entries stay this long (time travel and history go back this far)
-    log_retention_hours: int = 48
+    log_retention_hours: float = 48.0
 
     def properties(self) -> dict[str, str]:
         return {
-            DELETED_FILE_RETENTION: f"interval {self.retention_hours} hours",
-            LOG_RETENTION: f"interval {self.log_retention_hours} hours",
+            DELETED_FILE_RETENTION: retention_interval(self.retention_hours),
+            LOG_RETENTION: retention_interval(self.log_retention_hours),
         }
 
 

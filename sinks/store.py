@@ -70,6 +70,17 @@ class TimeRange:
         return table.filter(inside)
 
 
+#: The table property bounding how long removed files stay (what ``vacuum`` keeps by default).
+DELETED_FILE_RETENTION = "delta.deletedFileRetentionDuration"
+#: The table property bounding how long log entries stay.
+LOG_RETENTION = "delta.logRetentionDuration"
+
+
+def retention_interval(hours: float) -> str:
+    """A retention period as a Delta table property value, to the second (``interval 3600 seconds``)."""
+    return f"interval {round(hours * 3600)} seconds"
+
+
 def commit_marker(app_id: str, batch_id: int) -> str:
     return f"{MARKER_PREFIX}{app_id}:{batch_id}"
 
@@ -165,7 +176,7 @@ class TableStore(ABC):
         """
 
     @abstractmethod
-    def vacuum(self, name: str, retention_hours: int) -> int | None:
+    def vacuum(self, name: str, retention_hours: float) -> int | None:
         """Delete the table's data files that no snapshot of the last ``retention_hours`` references:
         files compaction, merges or overwrites removed, and files of writes that never committed.
 

@@ -55,7 +55,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     maintain.add_argument("--no-vacuum", action="store_true", help="compact only: no vacuum, no log clean-up")
     maintain.add_argument(
         "--retention-hours",
-        type=int,
+        type=float,
         default=None,
         help="delete removed files older than this (default: the config's maintenance.retention_hours); "
         "0 deletes every file no snapshot needs, so only while no job writes the tables",
@@ -105,7 +105,7 @@ def tables_main(argv: list[str]) -> int:
 
 
 def maintain(
-    target: MaintenanceTarget, vacuum: bool = True, retention_hours: int | None = None
+    target: MaintenanceTarget, vacuum: bool = True, retention_hours: float | None = None
 ) -> list[Upkeep]:
     """One whole pass over the target's existing tables; ``retention_hours`` overrides the configured one
     for this vacuum (the tables' retention properties keep the configured one)."""

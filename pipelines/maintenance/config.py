@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from broker_edge.config.loader import ConfigError
 from sinks.maintenance import RetentionPolicy
 
+#: Shorter retentions could delete the files of a write still running (or a read of a moment ago).
+MIN_RETENTION_HOURS = 1 / 60
+
 #: Spark keeps this many batches of a streaming query's offsets and commits in its checkpoint.
 MIN_BATCHES_TO_RETAIN_CONF = "spark.sql.streaming.minBatchesToRetain"
 
@@ -26,10 +29,10 @@ class MaintenanceConfig:
     """A partition is compacted once it holds this many files under the target size."""
     vacuum_interval_s: float = 3600.0
     """Seconds between two vacuums (and log checkpoints and clean-ups) of every table the job writes."""
-    retention_hours: int = 168
+    retention_hours: float = 168.0
     """Files compaction or merges replaced are deleted this long after (readers of older snapshots,
     lagging change feeds and time travel need them until then)."""
-    log_retention_hours: int = 48
+    log_retention_hours: float = 48.0
     """Delta log entries are kept this long (history and time travel go back this far)."""
     checkpoint_batches: int = 100
     """Batches a streaming checkpoint keeps the offsets and commits of (Spark's minBatchesToRetain)."""
@@ -38,9 +41,12 @@ class MaintenanceConfig:
         for name in ("compact_interval_s", "vacuum_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, "must be positive")
-        for name in ("target_file_mb", "retention_hours", "log_retention_hours", "checkpoint_batches"):
+        for name in ("target_file_mb", "checkpoint_batches"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, "must be at least 1")
+        for name in ("retention_hours", "log_retention_hours"):
+            if getattr(self, name) < MIN_RETENTION_HOURS:
+                raise ConfigError(name, f"must be at least {MIN_RETENTION_HOURS:.4f} (a minute)")
         if self.min_files < 2:
             raise ConfigError("min_files", "must be at least 2 (one file is already compact)")
 

@@ -9,6 +9,7 @@ markers read back, and a replayed batch written again: it must still be skipped.
 from __future__ import annotations
 
 import os
+import time
 
 import pyarrow as pa
 import pytest
@@ -133,6 +134,16 @@ def test_a_partition_is_compacted_once_it_holds_min_files_small_files(bronze):
     assert bronze.compact("bronze_telemetry", 16 << 20, min_files=2) == 0  # one file a day is left
 
 
+def test_a_retention_of_part_of_an_hour_is_kept_to_the_second(bronze):
+    bronze.compact("bronze_telemetry", 16 << 20)
+    assert bronze.append("bronze_telemetry", rows("bronze_telemetry", [bronze_row(1000)]), "query", 12)
+    assert bronze.vacuum("bronze_telemetry", retention_hours=0.5) == 0  # replaced a moment ago: kept
+    configuration = DeltaTable(bronze.location("bronze_telemetry")).metadata().configuration
+    assert configuration["delta.deletedFileRetentionDuration"] == "interval 1800 seconds"
+    time.sleep(2.5)
+    assert bronze.vacuum("bronze_telemetry", retention_hours=2 / 3600) == 24
+
+
 def test_vacuum_keeps_files_younger_than_the_retention(bronze):
     bronze.compact("bronze_telemetry", 16 << 20)
     assert bronze.vacuum("bronze_telemetry", retention_hours=1) == 0  # replaced a moment ago: kept
@@ -174,6 +185,6 @@ def test_retention_properties_are_set_on_the_table(bronze):
     done = maintenance_pass(bronze, ["bronze_telemetry"], policy, compact=False, vacuum=False)
     assert [(u.operation, u.count) for u in done] == [("retention", 1)]
     configuration = DeltaTable(bronze.location("bronze_telemetry")).metadata().configuration
-    assert configuration["delta.deletedFileRetentionDuration"] == "interval 72 hours"
-    assert configuration["delta.logRetentionDuration"] == "interval 24 hours"
+    assert configuration["delta.deletedFileRetentionDuration"] == "interval 259200 seconds"  # 72 h
+    assert configuration["delta.logRetentionDuration"] == "interval 86400 seconds"  # 24 h
     assert configuration["delta.enableChangeDataFeed"] == "true"  # the declared properties stay

@@ -92,7 +92,7 @@ def test_empty_section_means_defaults():
         ),
         ({"tables": {"maintenance": {"min_files": 1}}}, "telemetry.tables.maintenance.min_files"),
         (
-            {"tables": {"maintenance": {"retention_hours": 0.5}}},
+            {"tables": {"maintenance": {"retention_hours": 0.01}}},
             "telemetry.tables.maintenance.retention_hours",
         ),
     ],
