@@ -43,7 +43,7 @@ setup: $(STAMP) system-deps
 # The virtual environment, rebuilt when the declared dependencies change.
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet -e '.[pipelines,spark,dev,cluster]'
+	$(VENV)/bin/pip install --quiet -e '.[pipelines,spark,dev,cluster,notebooks]'
 	touch $(STAMP)
 
 # Debian packages and npm packages the tests and benchmarks drive (Mosquitto's clients, etcd, MQTT.js).

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from broker_edge.config.loader import ConfigError
 
 from .metrics import PipelineMetrics
+from .pipeline_logs import failure_summary
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
@@ -190,7 +191,14 @@ class Supervisor:
         reason = unrecoverable(error)
         if reason is not None or not self.config.enabled:
             reason = reason or "restarts are off (restart.enabled: false)"
-            log.error("%s query %s failed, not restarted: %s: %s", self.pipeline, watched.name, reason, error)
+            log.debug("%s query %s failed", self.pipeline, watched.name, exc_info=failure)
+            log.error(
+                "%s query %s failed, not restarted: %s: %s",
+                self.pipeline,
+                watched.name,
+                reason,
+                failure_summary(failure),
+            )
             self.gave_up = GaveUp(watched.name, reason, error)
             watched.done = True
             return
@@ -207,5 +215,6 @@ class Supervisor:
             error_name(error),
             delay,
             watched.failures,
-            error,
+            failure_summary(failure),
         )
+        log.debug("%s query %s failed", self.pipeline, watched.name, exc_info=failure)

@@ -257,6 +257,8 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         name = self.options.cluster_name
         if self._cluster is None:
             _, down = self._list_all()
+            if down and start.get(name, {}) == end.get(name, {}):
+                return []  # nothing to read: the stream waits for the cluster, as for a standalone broker
             if down:
                 raise down[name]
         assert self._cluster is not None

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import pyarrow as pa
 
-from broker_edge.offsets_types import BatchFetch, Fetched, LogInfo, TopicResult
+from broker_edge.log_info import LogInfo
+from broker_edge.offsets_api.results import BatchFetch, Fetched, TopicResult
 
 from .arrow_format import read_arrow_stream
 from .errors import (
@@ -26,6 +27,7 @@ from .errors import (
     BadRequestError,
     BrokerUnavailable,
     CorruptRecordError,
+    ForbiddenError,
     OffsetOutOfRangeError,
     OffsetsApiError,
     UnknownTopicError,
@@ -50,6 +52,7 @@ __all__ = [
     "BrokerUnavailable",
     "CorruptRecordError",
     "Fetched",
+    "ForbiddenError",
     "LogInfo",
     "OffsetOutOfRangeError",
     "OffsetsApiError",

@@ -51,7 +51,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 
-from broker_edge import path_trace
+from broker_edge.observe import path_trace
 
 from .commitlog import CommitLog, PendingWrite
 from .config import Durability

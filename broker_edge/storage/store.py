@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from broker_edge import path_trace
-from broker_edge.offsets_types import LogInfo
+from broker_edge.log_info import LogInfo
+from broker_edge.observe import path_trace
 from broker_edge.protocol.topics import topic_matches
 
 from .commitlog import CommitLog, LogRecovery

@@ -28,21 +28,23 @@ from broker_edge.config.endpoints import BrokerEndpoint, format_endpoints
 from pipelines.actions.cluster import brokers_form_a_cluster
 from pipelines.actions.config import ActionsConfig
 from pipelines.actions.engine import ACTIONS, EXECUTIONS, SUMMARY, ActionsEngine
+from pipelines.actions.heartbeat import HeartbeatWriter
 from pipelines.actions.model import parse_report
 from pipelines.actions.publisher import ClusterPublisher, MqttPublisher, Publisher
 from pipelines.actions.reports import CLUSTER_BROKER_ID, BrokerReports, ClusterReports, ReportStream
-from pipelines.maintenance.cli import MaintenanceTarget
-from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF
+from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF, MaintenanceTarget
 from pipelines.maintenance.scheduler import MaintenanceScheduler
 from pipelines.metrics import PipelineMetrics
+from pipelines.output_paths import check_output_location
 from pipelines.spark_session import stop_between_batches
 from pipelines.supervisor import GaveUp, SupervisedQuery, Supervisor
+from sinks.backends import Backend, open_table_store
 from sinks.foreach_batch import streaming_query_id
-from sinks.store import Backend, TableStore, open_table_store
+from sinks.store import TableStore
 from sources import register_sources
 
 if TYPE_CHECKING:
-    from pipelines.runner import RunOptions
+    from pipelines.run_options import RunOptions
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,8 @@ class ActionsJob:
     reports: ReportStream
     supervisor: Supervisor
     maintenance: MaintenanceScheduler
+    heartbeat: HeartbeatWriter | None = None
+    """Tells ``timestone ota status`` that a job acts on these tables (``heartbeat.py``)."""
     _fanout: SupervisedQuery | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _ticker: threading.Thread | None = None
@@ -116,6 +120,7 @@ class ActionsJob:
 
     def start_ticker(self, interval_s: float) -> None:
         """Every ``interval_s``: the engine's tick, a look at the queries, and table maintenance when due."""
+        self._beat()
 
         def run() -> None:
             while not self._stop.wait(interval_s):
@@ -126,6 +131,7 @@ class ActionsJob:
                 if self.supervisor.check() is not None:
                     return  # the job stops (run() sees gave_up)
                 self.maintenance.poke()
+                self._beat()
 
         self._ticker = threading.Thread(target=run, name="actions-ticker", daemon=True)
         self._ticker.start()
@@ -161,6 +167,15 @@ class ActionsJob:
     def _join_ticker(self) -> None:
         if self._ticker:
             self._ticker.join(timeout=10)
+        self._beat(stopping=True)
+
+    def _beat(self, stopping: bool = False) -> None:
+        if self.heartbeat is None:
+            return
+        try:
+            self.heartbeat.stop() if stopping else self.heartbeat.beat()
+        except OSError as error:  # status cannot tell whether the job runs; the job itself is fine
+            log.warning("cannot write the actions job's heartbeat: %s", error)
 
 
 def start_actions_job(
@@ -217,7 +232,7 @@ def start_actions_job(
     supervisor = Supervisor("actions", config.restart, metrics or PipelineMetrics())
     reports: ReportStream = (ClusterReports if cluster else BrokerReports)(start_reports, config.brokers)
     maintenance = MaintenanceScheduler(store, MAINTAINED, config.maintenance)
-    job = ActionsJob(engine, reports, supervisor, maintenance)
+    job = ActionsJob(engine, reports, supervisor, maintenance, HeartbeatWriter(config.tables_root))
     try:
         job._fanout = supervisor.add("actions-fanout", start_fanout)
         supervisor.add("actions-reports", lambda: reports.start())
@@ -247,10 +262,21 @@ def maintenance_target(spark: SparkSession | None, config: ActionsConfig) -> Mai
 
 
 def validate(section: object) -> ActionsConfig:
-    """Check the actions config (raises ConfigError naming the field) before Spark starts."""
+    """Check the actions config (raises ConfigError naming the field) before Spark starts, with the places
+    it writes."""
     from broker_edge.config import load_dataclass
 
-    return load_dataclass(ActionsConfig, section or {})
+    config = load_dataclass(ActionsConfig, section or {})
+    check_output_location(config.tables_root, "tables_root")
+    check_output_location(config.checkpoint_root, "checkpoint_root")
+    return config
+
+
+def preflight(config: ActionsConfig, options: object) -> None:
+    """Before Spark starts: whether the brokers form a cluster, when the config does not say (a mix is a
+    ConfigError, no answer at all ``BrokersUnreachable``)."""
+    if config.cluster is None:
+        brokers_form_a_cluster(config.brokers)
 
 
 def run(spark: SparkSession, section: object, options: RunOptions) -> int:

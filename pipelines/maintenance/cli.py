@@ -14,26 +14,16 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from broker_edge.config.loader import ConfigError
 from sinks.maintenance import Upkeep, maintenance_pass
-from sinks.store import TableStore
 
-from .config import MaintenanceConfig
+from .config import MaintenanceTarget
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-
-@dataclass(frozen=True)
-class MaintenanceTarget:
-    """A pipeline's tables as maintenance sees them: where, which, and how."""
-
-    store: TableStore
-    tables: tuple[str, ...]
-    config: MaintenanceConfig
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

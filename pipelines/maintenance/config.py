@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from broker_edge.config.loader import ConfigError
 from sinks.maintenance import RetentionPolicy
+
+if TYPE_CHECKING:
+    from sinks.store import TableStore
 
 #: Shorter retentions could delete the files of a write still running (or a read of a moment ago).
 MIN_RETENTION_HOURS = 1 / 60
@@ -54,3 +58,13 @@ class MaintenanceConfig:
         return RetentionPolicy(
             self.target_file_mb << 20, self.min_files, self.retention_hours, self.log_retention_hours
         )
+
+
+@dataclass(frozen=True)
+class MaintenanceTarget:
+    """A pipeline's tables as maintenance sees them: where, which, and how (each job's
+    ``maintenance_target``, what ``timestone tables maintain`` maintains)."""
+
+    store: TableStore
+    tables: tuple[str, ...]
+    config: MaintenanceConfig

@@ -31,14 +31,16 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, Row, SparkSession
 
 from broker_edge.config.loader import ConfigError
-from pipelines.maintenance.cli import MaintenanceTarget
-from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF
+from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF, MaintenanceTarget
 from pipelines.maintenance.scheduler import MaintenanceScheduler
 from pipelines.metrics import PipelineMetrics
+from pipelines.output_paths import check_output_location
+from pipelines.preflight import require_brokers
 from pipelines.supervisor import Supervisor
 from sinks import BatchWriter, TableCatalog, TableStore, build_catalog, exactly_once, open_table_store
 from sinks.store import TimeRange
 from sinks.tables import device_minute
+from sources.options import parse_options
 
 from . import driver_minutes
 from . import quality as Q
@@ -48,7 +50,7 @@ from .config import STANDARD_COLUMNS, TelemetryConfig, load_telemetry_config
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
-    from pipelines.runner import RunOptions
+    from pipelines.run_options import RunOptions
 
 log = logging.getLogger(__name__)
 
@@ -589,8 +591,19 @@ def maintenance_target(spark: SparkSession | None, config: TelemetryConfig) -> M
 
 
 def validate(section: Any) -> TelemetryConfig:
-    """Check the ``telemetry`` config section (raises ConfigError naming the field) before Spark starts."""
-    return load_telemetry_config(section)
+    """Check the ``telemetry`` config section (raises ConfigError naming the field) before Spark starts:
+    every key, the source's options, the trigger, and the places it writes."""
+    config = load_telemetry_config(section)
+    check_output_location(config.tables.root, "telemetry.tables.root")
+    check_output_location(config.stream.checkpoint, "telemetry.stream.checkpoint")
+    return config
+
+
+def preflight(config: TelemetryConfig, options: RunOptions) -> None:
+    """With ``--available-now``, the brokers must answer (``pipelines.preflight``): the run reads what they
+    hold now and would otherwise end with nothing from them."""
+    if options.available_now:
+        require_brokers(parse_options(config.source_options()))
 
 
 def run(spark: SparkSession, section: Any, options: RunOptions) -> int:

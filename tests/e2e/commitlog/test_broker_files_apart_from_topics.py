@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 
-from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient
 from tests.unit.broker_edge.storage.test_store_layout import as_older_layout
 
@@ -35,7 +35,7 @@ def read_all(process: BrokerProcess, topic: str) -> list[bytes]:
 
 def stop_cleanly(process: BrokerProcess) -> int:
     process.stop()
-    return process.process.returncode  # type: ignore[union-attr]  # started above, so never None
+    return process.process.returncode
 
 
 def broker_with_an_offline_device(tmp_path) -> BrokerProcess:

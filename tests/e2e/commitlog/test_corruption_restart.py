@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.client import CorruptRecordError, OffsetsClient
+from broker_edge.runtime.launcher import BrokerProcess
 from broker_edge.storage.topic_names import topic_directory_name
 from tests.e2e.broker_clients import PahoClient
 from tests.e2e.commitlog.e2e_helpers import offset_of, read_log, replay_from
@@ -40,7 +42,7 @@ def _expected(offsets) -> dict[int, bytes]:
 
 
 @pytest.fixture(scope="module")
-def damaged(tmp_path_factory) -> dict:
+def damaged(tmp_path_factory) -> Iterator[dict[str, Any]]:
     """A broker restarted over damaged files; what each damage was, and what the API serves now."""
     directory = tmp_path_factory.mktemp("damaged")
     broker = BrokerProcess(
@@ -70,7 +72,7 @@ def damaged(tmp_path_factory) -> dict:
     indexes[1].write_bytes(bytes(data))
 
     broker.start()
-    result = {
+    result: dict[str, Any] = {
         "broker": broker,
         "sealed_damaged": 10,
         "active_damaged": active_base + len(active_positions) // 2,

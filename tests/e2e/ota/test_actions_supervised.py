@@ -32,7 +32,8 @@ def test_each_query_failing_once_is_restarted_and_every_device_counted_once(spar
     restart = RestartConfig(initial_backoff_s=0.2, max_backoff_s=1.0)
     fleet_spec = {"count": 20, "groups": ["g"]}
     with actions_stack(spark, tmp_path, fleet_spec, quiet_devices(), restart=restart) as stack:
-        store, job, failed = stack.store, stack.job, []
+        store, job = stack.store, stack.job
+        failed: list[str] = []
         job.engine.on_action_rows = failing_once_after(job.engine.on_action_rows, "fanout", failed)
         job.engine.on_reports = failing_once_after(job.engine.on_reports, "reports", failed)
         action_id = create_action(
@@ -55,5 +56,6 @@ def test_each_query_failing_once_is_restarted_and_every_device_counted_once(spar
         final = dict(zip(devices, executions["state"].to_pylist(), strict=True))
         assert final == {d.device_id: d.actions[action_id].state for d in stack.fleet.devices}
         counts = summary(store, action_id)
+        assert counts is not None
         assert counts["total_count"] == 20
         assert counts["succeeded_count"] == sum(1 for s in final.values() if s == "SUCCEEDED")

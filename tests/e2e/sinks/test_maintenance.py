@@ -18,6 +18,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql.types import MapType
 
+from sinks import TableStore
 from sinks.delta_rs import DeltaRsTableStore
 from sinks.maintenance import LOG_RETENTION, RetentionPolicy, maintenance_pass
 from sinks.tables import DEFAULT_CATALOG
@@ -62,7 +63,7 @@ def executions(lake: DeltaRsTableStore) -> DeltaRsTableStore:
 FIXTURES = {"bronze_telemetry": "bronze", "action_executions": "executions"}
 
 
-def files_on_disk(store: DeltaRsTableStore, name: str) -> int:
+def files_on_disk(store: TableStore, name: str) -> int:
     location = store.location(name)
     return sum(
         1
@@ -114,7 +115,7 @@ def test_maintenance_keeps_the_rows_and_the_batch_markers_and_deletes_replaced_f
 
     assert write(name, next_batch(name), "query", 12)  # the job goes on
     vacuumed = maintenance_pass(store, [name], AT_ONCE, retention=False, compact=False)
-    assert next(u.count for u in vacuumed if u.operation == "vacuum") >= 12
+    assert next(u.count or 0 for u in vacuumed if u.operation == "vacuum") >= 12
     assert files_on_disk(store, name) == store.data_files(name)  # what was replaced is gone
     assert store.committed_batch(name, "query") == 12
 

@@ -22,7 +22,7 @@ from pipelines.telemetry.job import TelemetryBatch, open_store, supervise
 from sinks import BatchWriter, TableStore
 from tests.e2e.sources.conftest import EdgeBroker
 from tests.e2e.telemetry.telemetry_harness import Fleet, LogAppendPublisher
-from tests.e2e.telemetry.test_telemetry_stream import FAR_FUTURE_MS, keys, pipeline_config
+from tests.e2e.telemetry.test_telemetry_stream import FAR_FUTURE_MS, keys, pipeline_config, total_of
 
 pytestmark = pytest.mark.spark
 
@@ -48,9 +48,9 @@ def assert_each_reading_once(store: TableStore, sent: int) -> None:
     bronze = keys(store, "bronze_telemetry")
     assert len(bronze) == len(set(bronze)) == sent
     assert sorted(keys(store, "silver_telemetry")) == sorted(bronze)
-    assert store.read("device_minute").groupBy().sum("count").first()[0] == sent
+    assert total_of(store.read("device_minute"), "count") == sent
     parse_check = store.read("dq_results").where("expectation = 'payload_is_json_of_declared_types'")
-    assert parse_check.groupBy().sum("element_count").first()[0] == sent
+    assert total_of(parse_check, "element_count") == sent
 
 
 def test_a_batch_failing_after_silver_is_retried_from_the_checkpoint(spark, tmp_path, edge):

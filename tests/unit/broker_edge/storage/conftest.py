@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ def small_segments() -> LogConfig:
 
 
 @pytest.fixture
-def filled_log(tmp_path: Path, small_segments: LogConfig) -> CommitLog:
+def filled_log(tmp_path: Path, small_segments: LogConfig) -> Iterator[CommitLog]:
     """A flushed log of 200 records over several segments."""
     log = CommitLog("plant/line-1/temp", tmp_path / "log", small_segments)
     for number in range(200):

@@ -45,8 +45,8 @@ def test_the_log_reads_back_what_was_flushed(tmp_path_factory, steps, segment_by
             times.append(len(model) - 1)
         elif action == "batch":  # `size` records of growing sizes, one time for all
             payloads = [_payload(len(model) + n, 20 * n) for n in range(size)]
-            records = [(payload, 1, False, "", (), None, None, None, None, None) for payload in payloads]
-            assert log.append_batch(records, timestamp_ms=len(model)) == len(model)
+            batch = [(payload, 1, False, "", (), None, None, None, None, None) for payload in payloads]
+            assert log.append_batch(batch, timestamp_ms=len(model)) == len(model)
             times += [len(model)] * size
             model += payloads
         elif action == "flush":

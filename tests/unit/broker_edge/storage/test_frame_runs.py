@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -74,7 +75,7 @@ def assert_same_read(log: CommitLog, offset: int, max_records: int, max_bytes: i
 
 
 @pytest.fixture
-def mixed_log(tmp_path: Path, small_segments: LogConfig) -> CommitLog:
+def mixed_log(tmp_path: Path, small_segments: LogConfig) -> Iterator[CommitLog]:
     """A flushed log of 120 records of every shape over several segments and the tail cache."""
     log = CommitLog("plant/mixed", tmp_path / "mixed", small_segments)
     for number in range(120):

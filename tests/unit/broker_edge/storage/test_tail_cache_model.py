@@ -39,7 +39,8 @@ def test_the_cache_matches_a_list_of_the_newest_records(sizes, max_records, max_
             offset_asked = first + start % kept
             stop = min(len(appended), offset_asked + count)
             got = cache.slice(offset_asked, stop, budget_bytes)
-            expected, used = [], 0
+            expected: list[int] = []
+            used = 0
             for wanted in range(offset_asked, stop):
                 used += appended[wanted]
                 if used > budget_bytes and expected:
