@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from pipelines.actions.operator import NewAction, create_action
 from pipelines.supervisor import RestartConfig
-from tests.e2e.ota.conftest import actions_stack, summary, wait_for
+from tests.e2e.ota.conftest import SHA256, actions_stack, summary, wait_for
 from tests.fleet_harness import quiet_devices
 
 
@@ -37,7 +37,7 @@ def test_each_query_failing_once_is_restarted_and_every_device_counted_once(spar
         job.engine.on_action_rows = failing_once_after(job.engine.on_action_rows, "fanout", failed)
         job.engine.on_reports = failing_once_after(job.engine.on_reports, "reports", failed)
         action_id = create_action(
-            store, NewAction(group="g", version="2.0.0", url="https://example.invalid/fw.bin")
+            store, NewAction(group="g", version="2.0.0", url="https://example.invalid/fw.bin", sha256=SHA256)
         )
         wait_for(
             lambda: (s := summary(store, action_id)) is not None and s["action_state"] == "COMPLETED",
