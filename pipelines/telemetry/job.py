@@ -191,8 +191,10 @@ class TelemetryBatch:
         self._pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="telemetry-batch")
         self._gold = ThreadPoolExecutor(max_workers=1, thread_name_prefix="telemetry-gold")
         self._pending: Future[None] | None = None
-        #: compaction, vacuum and log clean-up of the job's tables, in the background
+        #: compaction, vacuum and log clean-up of the job's tables, in the background (its own, unless
+        #: :meth:`share_maintenance` gave it one that outlives it)
         self.maintenance = MaintenanceScheduler(store, TABLES, config.tables.maintenance)
+        self._owns_maintenance = True
         self._resumed = False
         #: telemetry rows of the latest batch (None before the first): small batches append bronze via Arrow
         self._last_rows: int | None = None
@@ -200,6 +202,12 @@ class TelemetryBatch:
         #: by ``close``)
         self._session_conf: dict[str, str | None] | None = None
         self._configured: SparkSession | None = None  # the session of the latest batch
+
+    def share_maintenance(self, maintenance: MaintenanceScheduler) -> None:
+        """Poke ``maintenance`` instead of a scheduler of its own, and leave it open when closed: a
+        supervised job's restarts keep one schedule (else a query failing more often than the vacuum
+        interval would never be vacuumed)."""
+        self.maintenance, self._owns_maintenance = maintenance, False
 
     def ensure_tables(self) -> None:
         for name in TABLES:
@@ -219,7 +227,8 @@ class TelemetryBatch:
             log.exception("the gold part of the last telemetry batch failed")
         finally:
             self._gold.shutdown(wait=True)
-            self.maintenance.close()
+            if self._owns_maintenance:
+                self.maintenance.close()
             self._pool.shutdown(wait=True)
             if self._configured is not None and self._session_conf is not None:
                 _set_conf(self._configured, self._session_conf)
@@ -625,13 +634,16 @@ def supervise(
 
     Each start gets a new :class:`TelemetryBatch` (``make_batch``), which redoes the gold part the failed
     one may have left undone (:meth:`TelemetryBatch.resume`); the one before is closed once its query ended.
+    All of them share one maintenance schedule.
     """
     store = open_store(spark, config)
     supervisor = supervisor or Supervisor("telemetry", config.stream.restart, metrics or PipelineMetrics())
     batches: list[TelemetryBatch] = []
+    maintenance = MaintenanceScheduler(store, TABLES, config.tables.maintenance)
 
     def start() -> StreamingQuery:
         batch = make_batch(config, store)
+        batch.share_maintenance(maintenance)
         batch.ensure_tables()
         batches.append(batch)
         query = start_query(spark, config, batch, available_now=available_now)
@@ -652,6 +664,7 @@ def supervise(
             query.stop()
         while batches:
             batches.pop().close()
+        maintenance.close()
 
 
 def last_committed_batch(checkpoint: str) -> tuple[str, int] | None:

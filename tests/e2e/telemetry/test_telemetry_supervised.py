@@ -57,9 +57,11 @@ def test_a_batch_failing_after_silver_is_retried_from_the_checkpoint(spark, tmp_
     sent = Fleet([LogAppendPublisher("edge1", edge)], devices=6).send(rounds=10)  # 60: batches of 20
     config = supervised_config(tmp_path, edge, max_records_per_trigger=20)
     failed: list[int] = []
+    batches: list[TelemetryBatch] = []
 
     def failing_once(config: TelemetryConfig, store: TableStore) -> TelemetryBatch:
         batch = TelemetryBatch(config, store)
+        batches.append(batch)
 
         def explode(step: str, batch_id: int) -> None:
             if step == "silver_telemetry" and batch_id == 1 and not failed:
@@ -74,6 +76,8 @@ def test_a_batch_failing_after_silver_is_retried_from_the_checkpoint(spark, tmp_
 
     assert failed == [1]
     assert metrics.restarts("telemetry", config.stream.query_name) == 1
+    first, second = batches
+    assert first.maintenance is second.maintenance  # one schedule across restarts
     assert_each_reading_once(open_store(spark, config), sent)
 
 
