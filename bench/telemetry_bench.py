@@ -57,7 +57,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench import frames  # noqa: E402
-from bench.report import write_result  # noqa: E402
+from bench.report import section_of, write_result  # noqa: E402
 from bench.sysinfo import machine_busy_seconds, machine_info, spark_process_id  # noqa: E402
 from bench.telemetry_ceiling import CeilingRun, run_ceiling, run_plain  # noqa: E402
 from broker_edge.runtime.launcher import BrokerProcess  # noqa: E402
@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from sinks import BatchWriter, TableStore
 
 RESULTS = REPO / "bench" / "results" / "telemetry.md"
+LONG_RUN_HEADING = "### A compressed day"  # bench/telemetry_longrun.py's section of RESULTS
 SOURCE_RESULTS = REPO / "bench" / "results" / "source.md"
 TARGET_BRONZE_ROWS_PER_S = 150_000
 TARGET_BRONZE_P50_S = 1.0
@@ -330,7 +331,10 @@ def poll_tables(
                 files[name].add(uri)
                 path = uri if "://" in uri else unquote(uri)  # delta-rs percent-encodes local paths
                 time_column = "payload" if name == "bronze" else "event_time"
-                rows = pq.read_table(path, columns=["topic", "offset", time_column]).to_pylist()
+                try:
+                    rows = pq.read_table(path, columns=["topic", "offset", time_column]).to_pylist()
+                except FileNotFoundError:  # vacuumed since the listing: its rows were seen in others
+                    continue
                 for row in rows:
                     key = (row["topic"], row["offset"])
                     if key not in seen[name]:
@@ -1414,7 +1418,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     text = render(figures, time.perf_counter() - began, load, started)
-    write_result(text, args.output)
+    kept = section_of(args.output, LONG_RUN_HEADING)  # bench/telemetry_longrun.py's, from its own run
+    write_result(text + ("\n" + kept if kept else ""), args.output)
     return 1 if figures.failures else 0
 
 
