@@ -430,6 +430,16 @@ def render(figures: LongRun, started: datetime, wall_s: float) -> str:
         f"retention periods were shortened to {figures.retention_minutes:g} minutes for vacuum and log "
         "clean-up to act within the run.",
         "",
+        "What stays bounded, and by what: live data files by compaction (at most `min_files` - 1 small "
+        "files per partition of each table between two compactions, plus the compacted ones); Parquet files "
+        "on disk by vacuum (what compaction and merges replaced within the retention period and the vacuum "
+        "interval, and each writer's latest batch); Delta log entries by log clean-up (the log retention and "
+        "the interval); a streaming checkpoint by `checkpoint_batches` (100 batches of offsets and commits). "
+        "Each of these figures therefore rises to its bound and then goes up and down around it; a table "
+        "nobody maintained would instead gain a file and a log entry with every batch. The start window of "
+        "the latency table begins a minute in, while the job may still be catching up with what arrived "
+        "during its first batches (which compile the code: the longest batch of the first minutes).",
+        "",
         "| minute | telemetry batches | batch s, median / max | live data files (all tables) | "
         "Parquet files on disk | Delta log entries | checkpoint files (actions, telemetry) | restarts "
         "| load |",
