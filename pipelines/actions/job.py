@@ -27,7 +27,8 @@ from pyspark.sql.streaming import StreamingQuery
 from broker_edge.config.endpoints import BrokerEndpoint, format_endpoints
 from pipelines.actions.cluster import brokers_form_a_cluster
 from pipelines.actions.config import ActionsConfig
-from pipelines.actions.engine import ACTIONS, EXECUTIONS, SUMMARY, ActionsEngine
+from pipelines.actions.engine import ActionsEngine
+from pipelines.actions.engine_tables import ACTIONS, COMPLIANCE, EXECUTIONS, SUMMARY
 from pipelines.actions.heartbeat import HeartbeatWriter
 from pipelines.actions.model import parse_report
 from pipelines.actions.publisher import ClusterPublisher, MqttPublisher, Publisher
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: The tables the job maintains: those it writes, and the actions table whose change feed it reads.
-MAINTAINED = (ACTIONS, EXECUTIONS, SUMMARY)
+MAINTAINED = (ACTIONS, EXECUTIONS, SUMMARY, COMPLIANCE)
 
 
 def _action_changes(spark: SparkSession, store: TableStore) -> DataFrame:
@@ -167,6 +168,10 @@ class ActionsJob:
     def _join_ticker(self) -> None:
         if self._ticker:
             self._ticker.join(timeout=10)
+        try:
+            self.engine.refresh_compliance()
+        except Exception:  # the table is as the last tick left it; stopping goes on
+            log.exception("bringing fleet_compliance up to date")
         self._beat(stopping=True)
 
     def _beat(self, stopping: bool = False) -> None:
@@ -191,7 +196,12 @@ def start_actions_job(
     store = store or open_table_store(spark, config.tables_root, backend=backend)
     cluster = config.cluster if config.cluster is not None else brokers_form_a_cluster(config.brokers)
     publisher = publisher or _publisher(config, cluster)
-    engine = ActionsEngine(store, publisher, device_buckets=config.device_buckets)
+    engine = ActionsEngine(
+        store,
+        publisher,
+        device_buckets=config.device_buckets,
+        compliance_interval_s=config.compliance_interval_s,
+    )
     checkpoints = Path(config.checkpoint_root)
     trigger = f"{config.trigger_interval_s} seconds"
     # Spark purges the checkpoints' offsets and commits older than this many batches as the queries run
