@@ -57,7 +57,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench import frames  # noqa: E402
-from bench.report import section_of, write_result  # noqa: E402
+from bench.report import replace_section, section_of, write_result  # noqa: E402
 from bench.sysinfo import machine_busy_seconds, machine_info, spark_process_id  # noqa: E402
 from bench.telemetry_ceiling import CeilingRun, run_ceiling, run_plain  # noqa: E402
 from broker_edge.runtime.launcher import BrokerProcess  # noqa: E402
@@ -112,6 +112,8 @@ class Settings:
     latency_warmup_s: float
     latency_measure_s: float
     quick: bool
+    rates_only: bool = False
+    """Only the ceilings and the job at each batch size, taking turns (no bronze, cold or latency runs)."""
 
 
 # -- payloads and the backlog publisher ------------------------------------------------------------------
@@ -979,6 +981,9 @@ def run(settings: Settings, root: Path, figures: Figures) -> None:
                     if attempt == 2:
                         raise
             files = bronze_files(warm_store)
+            if settings.rates_only:
+                warm_runs(spark, root, broker, meter, files, settings, figures)
+                return
             for number in range(1 if settings.quick else 3):
                 try:
                     result = measure_bronze(spark, root, f"bronze-{number + 1}", broker, meter, 600)
@@ -1376,8 +1381,58 @@ def latency_only(settings: Settings, trace: bool = False) -> int:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     if args.quick:
-        return Settings(args.records or 100_000, args.topics, 50, 200.0, 10.0, 20.0, True)
-    return Settings(args.records or 500_000, args.topics, 50, 200.0, 15.0, 45.0, False)
+        return Settings(args.records or 100_000, args.topics, 50, 200.0, 10.0, 20.0, True, args.rates_only)
+    return Settings(args.records or 500_000, args.topics, 50, 200.0, 15.0, 45.0, False, args.rates_only)
+
+
+RATES_HEADING = "### Catch-up rate by batch size, a run of its own"
+
+
+def render_rates(figures: Figures, wall: float, load: LoadSampler, started: datetime) -> str:
+    """``--rates-only``: the ceilings and the job at each batch size, as a section of its own."""
+    s, machine, samples = figures.settings, machine_info(), load.samples
+    rounds = (
+        "one unmeasured round, then one measured"
+        if s.quick
+        else f"{WARM_ROUNDS} unmeasured, {PAIRS} measured"
+    )
+    lines = [
+        RATES_HEADING,
+        "",
+        f"`bench/telemetry_bench.py --rates-only{' --quick' if s.quick else ''} --records {s.records}`, "
+        f"{started:%Y-%m-%d %H:%M} UTC, {wall:.0f} s in all. {machine.cpu_model}, {machine.cores} cores, "
+        f"{machine.memory_gib:.0f} GiB. Load average (1 min) {samples[0]:.1f} at the start, "
+        f"{statistics.mean(samples):.1f} mean / {max(samples):.1f} max: the machine was shared with other "
+        "engineers' test runs, so every rate is far below the idle machine's; read the shares, measured in "
+        f"the same run with the runs taking turns ({rounds}).",
+        "",
+        f"{s.records:,} readings on {s.topics} device topics, as in *Backlog throughput*; the job with its "
+        "default configuration but `source.max_records_per_trigger` at each batch size, fresh tables each "
+        "run.",
+        "",
+        "| figure | value | target | |",
+        "|---|---:|---|---|",
+        *_ceiling_rows(figures),
+        "",
+        "| run | engine ceiling | plain transforms | "
+        + " | ".join(f"job, {rows:,}-row batches" for rows in sorted(figures.jobs))
+        + " |",
+        "|---|---:|---:|" + "---:|" * len(figures.jobs),
+    ]
+    for number, (ceiling, plain) in enumerate(zip(figures.ceilings, figures.plains, strict=False)):
+        jobs = [
+            figures.jobs[rows][number] for rows in sorted(figures.jobs) if len(figures.jobs[rows]) > number
+        ]
+        lines.append(
+            f"| {number + 1} | {ceiling.rate:,.0f} | {plain.rate:,.0f} | "
+            + " | ".join(
+                f"{job.rate:,.0f} ({sum(1 for p in job.progress if p.get('numInputRows'))} batches)"
+                for job in jobs
+            )
+            + " |"
+        )
+    lines += [f"- **failed**: {failure}" for failure in figures.failures]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1395,6 +1450,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--trace", action="store_true", help="with --latency-only: Spark jobs, collects and writes per step"
+    )
+    parser.add_argument(
+        "--rates-only",
+        action="store_true",
+        help="only the ceilings and the job at each batch size; written as a section of its own",
     )
     parser.add_argument("--cold-job", nargs=2, metavar=("OFFSETS_URL", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -1417,6 +1477,12 @@ def main(argv: list[str] | None = None) -> int:
             run(settings, root, figures)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    if settings.rates_only:
+        replace_section(
+            args.output, RATES_HEADING, render_rates(figures, time.perf_counter() - began, load, started)
+        )
+        print(f"wrote {args.output}")
+        return 1 if figures.failures else 0
     text = render(figures, time.perf_counter() - began, load, started)
     kept = section_of(args.output, LONG_RUN_HEADING)  # bench/telemetry_longrun.py's, from its own run
     write_result(text + ("\n" + kept if kept else ""), args.output)
