@@ -1484,7 +1484,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.output}")
         return 1 if figures.failures else 0
     text = render(figures, time.perf_counter() - began, load, started)
-    kept = section_of(args.output, LONG_RUN_HEADING)  # bench/telemetry_longrun.py's, from its own run
+    # the sections of other runs: bench/telemetry_longrun.py's and --rates-only's
+    kept = "".join(section_of(args.output, heading) for heading in (RATES_HEADING, LONG_RUN_HEADING))
     write_result(text + ("\n" + kept if kept else ""), args.output)
     return 1 if figures.failures else 0
 
