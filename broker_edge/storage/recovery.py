@@ -1,0 +1,376 @@
+"""Opening the partition logs: what the snapshot and the sealed indexes say, then what was not sealed.
+
+1. The catalog (topic names, ids, partitions) is read; a torn entry at its end is cut.
+2. The snapshot gives the sealed state as of some sealed segments; the sealed indexes newer than it are
+   applied (their groups only, never their records).
+3. Segments without a valid sealed index (the active one; one rolled whose seal did not finish; any after
+   a damaged index) are loaded as rows in memory: from their open index up to its durable count, then
+   by scanning the rest, entry by entry, checking each. A torn end is cut (and the segments after it,
+   written in the same or later jobs, removed); a record whose frame fails its CRC between valid entries
+   stays as a hole. Rolled ones go to the sealer once the store runs; the last one is the active segment.
+
+After a clean close step 3 finds nothing (close sealed every segment) and step 2 nothing newer than the
+snapshot: an open reads the catalog, the snapshot and each segment's header and summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from array import array
+from dataclasses import dataclass, field
+
+from .active_index import ActiveIndex
+from .catalog import CATALOG_FILE, TopicCatalog
+from .entry import HEAD_SIZE, MARKER_BIT, RESTART, TRUNCATE, EntryError, Marker, parse_marker
+from .file_pool import FileHandlePool
+from .open_index import read_open_index
+from .partition_log import (
+    PartitionConfig,
+    PartitionLog,
+    SegmentScanner,
+    apply_groups,
+    remove_file,
+    truncate_segment,
+    write_open_header,
+)
+from .recent import RecentWindows
+from .record import PREFIX, PREFIX_SIZE
+from .sealed_index import GroupBlocks, SealedIndex
+from .segment import SEALED, Segment
+from .topic_table import NO_TIME, SNAPSHOT_FILE, SealedState, TopicTable, read_snapshot
+
+__all__ = ["Opened", "PartitionRepair", "open_partitions"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PartitionRepair:
+    """What opening one partition found and repaired."""
+
+    partition: int
+    bytes_dropped: int = 0
+    segments_dropped: int = 0
+    damaged_records: list[tuple[str, int]] = field(default_factory=list)
+    damage: str | None = None
+
+    @property
+    def repaired(self) -> bool:
+        return bool(self.bytes_dropped or self.segments_dropped or self.damaged_records)
+
+
+@dataclass(slots=True)
+class Opened:
+    """Everything `open_partitions` loaded."""
+
+    catalog: TopicCatalog
+    table: TopicTable
+    sealed: SealedState
+    applied: dict[int, tuple[int, int]]
+    partitions: list[PartitionLog]
+    repairs: list[PartitionRepair]
+    catalog_bytes_dropped: int = 0
+    records_scanned: int = 0
+    indexes_rebuilt: int = 0
+    used_snapshot: bool = False
+
+
+def open_partitions(
+    log_directory: str,
+    partitions: int,
+    config: PartitionConfig,
+    pool: FileHandlePool,
+    recent: RecentWindows,
+    blocks: GroupBlocks,
+) -> Opened:
+    """Load (or create) the partition logs of `log_directory` (see the module docstring)."""
+    os.makedirs(log_directory, exist_ok=True)
+    snapshot = read_snapshot(os.path.join(log_directory, SNAPSHOT_FILE))
+    catalog = TopicCatalog(os.path.join(log_directory, CATALOG_FILE))
+    catalog_dropped = (
+        catalog.load(snapshot.catalog_bytes, snapshot.catalog_crc) if snapshot is not None else catalog.load()
+    )
+    count = max(partitions, _existing_partitions(log_directory), max(catalog.partitions, default=-1) + 1, 1)
+    table = TopicTable()
+    parts = [
+        PartitionLog(number, _partition_directory(log_directory, number), table, pool, recent, blocks, config)
+        for number in range(count)
+    ]
+    for part in parts:
+        part.names = catalog.names
+    opened = _load_sealed(parts, catalog, snapshot, blocks, pool)
+    sealed = opened.sealed
+    topics = len(catalog)
+    sealed.grow(topics)
+    start = _column(snapshot.start if snapshot is not None and opened.used_snapshot else array("q"), topics)
+    dropped = _column(
+        snapshot.dropped if snapshot is not None and opened.used_snapshot else array("q"), topics
+    )
+    _shrink(sealed, topics)
+    table.load(catalog.partitions, sealed, start, dropped)
+    for part, unsealed in zip(parts, opened.unsealed_by_partition, strict=True):
+        repair = PartitionRepair(part.number)
+        for number, segment in enumerate(unsealed):
+            last = number == len(unsealed) - 1
+            cut = _load_rows(part, segment, topics, repair, opened, last)
+            if cut:
+                for later in unsealed[number + 1 :]:
+                    later.delete(pool)
+                    repair.segments_dropped += 1
+                break
+        part.resume_active()
+        opened.repairs.append(repair)
+    if opened.unused_snapshot is not None:
+        _keep_what_only_the_snapshot_knows(table, opened.unused_snapshot)
+    return Opened(
+        catalog,
+        table,
+        sealed,
+        opened.applied,
+        parts,
+        opened.repairs,
+        catalog_dropped,
+        opened.records_scanned,
+        opened.indexes_rebuilt,
+        opened.used_snapshot,
+    )
+
+
+def _partition_directory(log_directory: str, number: int) -> str:
+    return os.path.join(log_directory, f"{number:02d}")
+
+
+def _existing_partitions(log_directory: str) -> int:
+    numbers = [int(name) for name in os.listdir(log_directory) if name.isdigit()]
+    return max(numbers) + 1 if numbers else 0
+
+
+def _column(values: array, topics: int) -> array:
+    column = array("q", values[:topics])
+    if len(column) < topics:
+        column.extend(array("q", bytes(8 * (topics - len(column)))))
+    return column
+
+
+def _shrink(sealed: SealedState, topics: int) -> None:
+    """Forget rows past the catalog (topics whose catalog entry a crash cut: never acknowledged)."""
+    for column in sealed.columns():
+        del column[topics:]
+
+
+@dataclass(slots=True)
+class _Loading:
+    sealed: SealedState
+    applied: dict[int, tuple[int, int]]
+    unsealed_by_partition: list[list[Segment]]
+    repairs: list[PartitionRepair] = field(default_factory=list)
+    records_scanned: int = 0
+    indexes_rebuilt: int = 0
+    used_snapshot: bool = False
+    unused_snapshot: object = None
+    """A snapshot that could not be used (see `_keep_what_only_the_snapshot_knows`)."""
+
+
+def _load_sealed(
+    parts: list[PartitionLog], catalog: TopicCatalog, snapshot, blocks: GroupBlocks, pool: FileHandlePool
+) -> _Loading:
+    """Each partition's segments: sealed ones registered (and applied when newer than the snapshot), the
+    unsealed suffix returned per partition. A snapshot that covers a segment whose index is now unusable is
+    not used (every sealed index is applied from scratch)."""
+    found: list[list[tuple[Segment, SealedIndex | None]]] = []
+    for part in parts:
+        segments: list[tuple[Segment, SealedIndex | None]] = []
+        for segment in part.discover():
+            index = SealedIndex(segment.index_path, pool, blocks)
+            size = os.path.getsize(segment.log_path)
+            valid = index.load(segment.number) and index.data_size == size
+            segments.append((segment, index if valid else None))
+        first_unsealed = next((n for n, (_s, index) in enumerate(segments) if index is None), len(segments))
+        found.append([(s, i if n < first_unsealed else None) for n, (s, i) in enumerate(segments)])
+    use_snapshot = (
+        snapshot is not None and len(snapshot.applied) <= len(parts) and len(snapshot.sealed) <= len(catalog)
+    )
+    if use_snapshot:
+        for part, segments in zip(parts, found, strict=True):
+            applied, _end = snapshot.applied[part.number] if part.number < len(snapshot.applied) else (-1, 0)
+            if any(index is None for segment, index in segments if segment.number <= applied):
+                use_snapshot = False  # it counts a segment whose index is gone: apply every index again
+    if snapshot is not None and not use_snapshot:
+        log.error(
+            "the topic table snapshot counts a sealed index that is damaged: applying every index again"
+        )
+    sealed = snapshot.sealed if use_snapshot else SealedState()
+    applied_by = {number: value for number, value in enumerate(snapshot.applied)} if use_snapshot else {}
+    loading = _Loading(sealed, applied_by, [], used_snapshot=use_snapshot)
+    for part in parts:  # numbers and positions are never reused, even when retention deleted every segment
+        if snapshot is not None and part.number < len(snapshot.applied):
+            number, end = snapshot.applied[part.number]
+            part.next_number = max(part.next_number, number + 1)
+            part.next_base = max(part.next_base, end)
+    for part, segments in zip(parts, found, strict=True):
+        unsealed: list[Segment] = []
+        for segment, found_index in segments:
+            if found_index is not None and not unsealed:
+                index = found_index
+                segment.base = index.base
+                segment.sealed = index
+                segment.state = SEALED
+                segment.size = segment.submitted_size = segment.durable_size = index.data_size
+                segment.newest_time = index.newest_time
+                part.add_loaded(segment)
+                if segment.number > loading.applied.get(part.number, (-1, 0))[0]:
+                    apply_groups(sealed, index)
+                    loading.applied[part.number] = (segment.number, index.base + index.rows)
+                remove_file(segment.open_path)
+                continue
+            open_rows = read_open_index(segment.open_path, pool)
+            segment.base = (
+                open_rows.base if open_rows is not None and open_rows.number == segment.number else -1
+            )
+            unsealed.append(segment)
+        loading.indexes_rebuilt += max(0, len(unsealed) - 1)  # only the last one had no index to have
+        loading.unsealed_by_partition.append(unsealed)
+    loading.unused_snapshot = snapshot if snapshot is not None and not use_snapshot else None
+    return loading
+
+
+def _keep_what_only_the_snapshot_knows(table: TopicTable, snapshot) -> None:
+    """After applying every sealed index again (a damaged one made the snapshot unusable): topics no segment
+    holds any more (retention deleted theirs) keep the snapshot's end, so that their offsets go on where
+    they were, and every topic keeps at least the snapshot's start."""
+    old = snapshot.sealed
+    for topic_id in range(min(len(old), len(table))):
+        if table.head_seg[topic_id] < 0 and old.end[topic_id] > table.next[topic_id]:
+            table.next[topic_id] = table.durable[topic_id] = old.end[topic_id]
+            table.head_first[topic_id] = old.end[topic_id]
+            table.total[topic_id] = table.dropped[topic_id] = old.total[topic_id]
+        start = min(snapshot.start[topic_id], table.next[topic_id])
+        if start > table.start[topic_id]:
+            table.start[topic_id] = start
+
+
+def _load_rows(
+    part: PartitionLog, segment: Segment, topics: int, repair: PartitionRepair, loading, last: bool
+) -> bool:
+    """Load an unsealed segment's rows into memory (open index, then a scan); True when its end was torn
+    and cut (the segments after it must go)."""
+    pool = part.pool
+    if segment.base < 0:  # no open index header: it follows the segment before it
+        previous = part.segments[-1] if part.segments else None
+        segment.base = previous.base + previous.row_count if previous is not None else part.next_base
+    segment.rows = ActiveIndex()
+    part.add_loaded(segment)
+    open_rows = read_open_index(segment.open_path, pool)
+    start = 0
+    if open_rows is not None and open_rows.number == segment.number:
+        segment.capacity = open_rows.capacity
+        if len(open_rows.topic_ids):
+            start = _replay_open_rows(part, segment, open_rows, topics)
+    scanner = SegmentScanner(
+        pool, segment.log_path, part.config.max_record_bytes, topics, part.table.next.__getitem__
+    )
+    end, report = scanner.scan(
+        start,
+        lambda topic_id, position, offset, time, size: replay_row(
+            part, segment, topic_id, position, offset, time, size
+        ),
+        lambda marker, position: replay_marker(part, segment, marker, position),  # type: ignore[arg-type]
+    )
+    loading.records_scanned += report.scanned
+    names = part.names
+    repair.damaged_records += [(names[topic_id], offset) for topic_id, offset in report.damaged_records]
+    if report.damaged_records:
+        log.error(
+            "%s: records %s failed their checksum; kept in place, never served (the records around them are)",
+            segment.log_path,
+            [offset for _topic, offset in report.damaged_records],
+        )
+    file_size = os.path.getsize(segment.log_path)
+    segment.size = segment.submitted_size = segment.durable_size = end
+    segment.written_rows = segment.durable_rows = len(segment.rows)
+    cut = end < file_size
+    if cut:
+        truncate_segment(segment, end, pool)
+        repair.bytes_dropped += file_size - end
+        repair.damage = report.damage
+        log.warning(
+            "%s: truncated at byte %d (%s): dropped %d bytes", segment.log_path, end, report.damage,
+            file_size - end,
+        )  # fmt: skip
+    if segment.rows is not None and len(segment.rows) and segment.first_time == NO_TIME:
+        segment.first_time = segment.rows.times[0]
+    if open_rows is None or open_rows.number != segment.number or segment.capacity < len(segment.rows):
+        segment.capacity = max(part.capacity, len(segment.rows))
+        write_open_header(segment, segment.capacity, pool)  # a fresh one, counting no row
+    return cut
+
+
+def _replay_open_rows(part: PartitionLog, segment: Segment, rows, topics: int) -> int:
+    """Replay the open index's durable rows (checked against the data at the last one); returns the byte
+    position after them (0 when they cannot be trusted: everything is scanned)."""
+    pool = part.pool
+    topic_ids, positions, times = rows.topic_ids, rows.positions, rows.times
+    count = len(topic_ids)
+    last_position = positions[count - 1]
+    head = pool.pread(segment.log_path, HEAD_SIZE + PREFIX_SIZE, last_position)
+    if len(head) < HEAD_SIZE + PREFIX_SIZE or int.from_bytes(head[:4], "little") != topic_ids[count - 1]:
+        return 0  # the count on disk does not match the data: scan everything
+    body_length, _crc = PREFIX.unpack_from(head, HEAD_SIZE)
+    end = last_position + HEAD_SIZE + PREFIX_SIZE + body_length
+    table = part.table
+    for row in range(count):
+        position = positions[row]
+        size = (positions[row + 1] if row + 1 < count else end) - position
+        marked = topic_ids[row]
+        if marked >= topics and not marked & MARKER_BIT:
+            return position
+        if marked & MARKER_BIT:
+            data = pool.pread(segment.log_path, size, position)
+            try:
+                marker = parse_marker(data, 0)
+            except EntryError:
+                return position
+            replay_marker(part, segment, marker, position)
+            continue
+        replay_row(part, segment, marked, position, table.next[marked], times[row], size)
+    return end
+
+
+def replay_row(
+    part: PartitionLog, segment: Segment, topic_id: int, position: int, offset: int, time: int, size: int
+) -> None:
+    """A durable record found at open: its row, and the topic's state moved past it."""
+    table = part.table
+    index_time = table.index_ms[topic_id]
+    if time > index_time:
+        index_time = table.index_ms[topic_id] = time
+    part.link(topic_id, segment, [position], offset, index_time)
+    table.next[topic_id] = table.durable[topic_id] = offset + 1
+    table.total[topic_id] += size - HEAD_SIZE
+    if time > table.durable_ms[topic_id]:
+        table.durable_ms[topic_id] = time
+    if segment.first_time == NO_TIME:
+        segment.first_time = index_time
+    if time > segment.newest_time:
+        segment.newest_time = time
+
+
+def replay_marker(part: PartitionLog, segment: Segment, marker: Marker, position: int) -> None:
+    """A truncation or restart found at open: its row, and the topic's log cut or restarted again."""
+    table = part.table
+    topic_id = marker.topic_id
+    rows = segment.rows
+    assert rows is not None
+    rows.add_marker(
+        topic_id, position, marker.offset, marker.kind, marker.dropped, part.marker_prev(topic_id, segment)
+    )
+    if marker.kind == TRUNCATE:
+        part.cut_live(topic_id, marker.offset)
+        table.next[topic_id] = table.durable[topic_id] = marker.offset
+        if table.start[topic_id] > marker.offset:
+            table.start[topic_id] = marker.offset
+            table.dropped[topic_id] = table.total[topic_id]
+    elif marker.kind == RESTART:
+        part.restart_live(topic_id, marker.offset, segment.number)
+        table.next[topic_id] = table.durable[topic_id] = table.start[topic_id] = marker.offset
