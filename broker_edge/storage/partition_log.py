@@ -410,13 +410,13 @@ class PartitionLog:
         pieces: list[Piece] = []
         budget = max_bytes
         expected = offset
-        newer_first = [_first_of(step) for step in steps]  # a group's records end where a newer one starts
+        caps = _live_ends(steps, stop)
         for number in range(len(steps) - 1, -1, -1):
             step = steps[number]
             if expected >= stop:
                 break
             segment = step[0]
-            upto = min(stop, newer_first[number - 1]) if number else stop
+            upto = caps[number]
             if len(step) == 3:
                 found = self._rows_pieces(topic_id, segment, step[1], expected, upto)
             else:
@@ -572,10 +572,10 @@ class PartitionLog:
         dropped_sealed = 0
         dropped_rows = 0
         new_head: tuple[int, int, int] | None = None  # segment, first offset, last row
-        live_end = table.next[topic_id]
-        for step in steps:
+        caps = _live_ends(steps, table.next[topic_id])  # records past a newer group's start are dead already
+        for number, step in enumerate(steps):
             segment = step[0]
-            upto, live_end = live_end, _first_of(step)  # records past a newer group's start are dead already
+            upto = caps[number]
             if len(step) == 3:
                 _segment, last_row, first = step
                 rows = segment.rows
@@ -707,6 +707,16 @@ class PartitionLog:
 def _first_of(step: tuple) -> int:
     """The first offset of a step of `PartitionLog._steps` (rows in memory, or a sealed group)."""
     return step[2] if len(step) == 3 else step[1].first_offset
+
+
+def _live_ends(steps: list[tuple], end: int) -> list[int]:
+    """Where each step's live records end: at the first offset of every newer group (a truncated topic's
+    older groups run past its cut, and the walk may pass groups of records it cut), and at `end`."""
+    caps: list[int] = []
+    for step in steps:
+        caps.append(end)
+        end = min(end, _first_of(step))
+    return caps
 
 
 class SegmentScanner:

@@ -331,12 +331,16 @@ def decode_frames(buf: bytes, first_offset: int, max_body: int) -> tuple[list[Re
 
 
 def decode_frame(buf: bytes | memoryview, expected_offset: int, max_body: int) -> Record:
-    """Decode the single frame that fills `buf` (raises `FrameError`)."""
+    """Decode the single frame that fills `buf` (raises `FrameError`). Given `bytes`, the record keeps them
+    as its frame (a memoryview would cost more than a small frame, and keep a larger buffer alive)."""
     view = memoryview(buf)
     end, timestamp_ms = check_frame(view, 0, expected_offset, max_body)
     if end != len(view):
         raise FrameError("length")
-    return _decode_checked(view, 0, end, expected_offset, timestamp_ms)
+    record = _decode_checked(view, 0, end, expected_offset, timestamp_ms)
+    if isinstance(buf, bytes):
+        record.frame = buf
+    return record
 
 
 V5Extras = tuple[int | None, str | None, bytes | None]

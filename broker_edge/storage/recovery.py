@@ -52,12 +52,16 @@ class PartitionRepair:
     partition: int
     bytes_dropped: int = 0
     segments_dropped: int = 0
+    damaged_segments: list[int] = field(default_factory=list)
+    """Segments damaged beyond their readable part, kept whole (see `_load_rows`)."""
     damaged_records: list[tuple[str, int]] = field(default_factory=list)
     damage: str | None = None
 
     @property
     def repaired(self) -> bool:
-        return bool(self.bytes_dropped or self.segments_dropped or self.damaged_records)
+        return bool(
+            self.bytes_dropped or self.segments_dropped or self.damaged_records or self.damaged_segments
+        )
 
 
 @dataclass(slots=True)
@@ -254,7 +258,14 @@ def _load_rows(
     part: PartitionLog, segment: Segment, topics: int, repair: PartitionRepair, loading, last: bool
 ) -> bool:
     """Load an unsealed segment's rows into memory (open index, then a scan); True when its end was torn
-    and cut (the segments after it must go)."""
+    and cut and the segments after it must go.
+
+    A segment that cannot be scanned to its end is cut there when it was never sealed (the last one, or one
+    rolled whose seal did not finish: it still has its open index): what follows it was written in the same
+    or later jobs, never acknowledged. One that was sealed once and lost its index (damage, or an operator
+    deleting it to have it rebuilt) is kept whole: its readable part is served, the records after the damage
+    are missing (reads of them raise `CorruptRecord` with the next offset each topic still has), and the
+    segments after it stay."""
     pool = part.pool
     if segment.base < 0:  # no open index header: it follows the segment before it
         previous = part.segments[-1] if part.segments else None
@@ -289,6 +300,15 @@ def _load_rows(
     file_size = os.path.getsize(segment.log_path)
     segment.size = segment.submitted_size = segment.durable_size = end
     segment.written_rows = segment.durable_rows = len(segment.rows)
+    never_sealed = open_rows is not None and open_rows.number == segment.number
+    if end < file_size and not (last or never_sealed):
+        repair.damaged_segments.append(segment.number)
+        repair.damage = report.damage
+        log.error(
+            "%s: damaged at byte %d (%s); kept whole, the records after the damage are not served",
+            segment.log_path, end, report.damage,
+        )  # fmt: skip
+        return False
     cut = end < file_size
     if cut:
         truncate_segment(segment, end, pool)

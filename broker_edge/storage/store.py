@@ -773,7 +773,7 @@ class LogStore:
             try:
                 if isinstance(frame, FrameError):
                     raise frame
-                records.append(decode_frame(frame, piece.offset, max_body))
+                records.append(decode_frame(bytes(frame), piece.offset, max_body))
             except FrameError as error:
                 log.error("record %d of %r is damaged (%s)", piece.offset, topic, error.reason)
                 return records, CorruptRecord(topic, piece.offset, piece.offset + 1, error.reason)
@@ -860,7 +860,7 @@ class LogStore:
         upto = end
         for step in part._steps(topic_id, start):
             segment = step[0]
-            end, upto = upto, step[2] if len(step) == 3 else step[1].first_offset
+            end, upto = upto, min(upto, step[2] if len(step) == 3 else step[1].first_offset)
             if len(step) == 3:
                 rows = segment.rows
                 assert rows is not None

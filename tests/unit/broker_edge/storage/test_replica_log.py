@@ -1,0 +1,202 @@
+"""A replica's side of a topic's log in a shared partition log: verbatim frame appends (byte for byte the
+leader's, whatever else the partitions hold), truncation that survives restarts and crashes, restarts at a
+later offset, and the committed end readers see."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from broker_edge.storage import InvalidRecord, LogStore, StorageConfig, StorageError
+from tests.unit.broker_edge.storage.log_helpers import make_record
+
+
+def _store(directory: Path, config: StorageConfig | None = None) -> LogStore:
+    store = LogStore(directory, config or StorageConfig())
+    store.open()
+    return store
+
+
+def _frames(store: LogStore, topic: str, offset: int = 0) -> list[bytes]:
+    frames: list[bytes] = []
+    end = store.durable_end(topic)
+    while offset < end:
+        batch, count = store.read_frames(topic, offset, 1 << 30)
+        frames += [bytes(frame) for frame in batch]
+        offset += count
+    return frames
+
+
+def test_appended_frames_give_identical_offsets_and_bytes_whatever_else_the_partition_holds(
+    tmp_path: Path, small_segments: StorageConfig
+):
+    leader = _store(tmp_path / "leader", small_segments)
+    follower = _store(tmp_path / "follower", small_segments)
+    for number in range(120):
+        leader.append("t", make_record(number))
+        leader.append(f"leader-only/{number % 7}", make_record(number))
+        if number % 3 == 0:
+            follower.append(f"follower-only/{number % 5}", make_record(number))  # interleaved differently
+    leader.flush()
+    offset = 0
+    while offset < leader.durable_end("t"):  # in uneven pieces, as fetches would bring them
+        chunks, count = leader.read_frames("t", offset, 700 + offset * 13)
+        assert follower.append_frames("t", b"".join(chunks)) == offset
+        offset += count
+    follower.flush()
+
+    assert follower.log_info("t").end_offset == leader.log_info("t").end_offset == 120
+    assert _frames(follower, "t") == _frames(leader, "t")  # the record format's bytes, same offsets
+    assert [r.payload for r in follower.read("t", 0, 500, 1 << 30)] == [
+        r.payload for r in leader.read("t", 0, 500, 1 << 30)
+    ]
+    leader.close()
+    follower.close()
+
+
+def test_frames_that_do_not_continue_the_log_or_fail_their_crc_are_refused(tmp_path: Path):
+    leader = _store(tmp_path / "leader")
+    follower = _store(tmp_path / "follower")
+    for number in range(5):
+        leader.append("t", make_record(number))
+    leader.flush()
+    frames = b"".join(_frames(leader, "t"))
+    with pytest.raises(InvalidRecord, match="offset"):
+        follower.append_frames("t", b"".join(_frames(leader, "t", 2)))  # a gap: the follower is at 0
+    damaged = bytearray(frames)
+    damaged[-1] ^= 0xFF
+    with pytest.raises(InvalidRecord, match="checksum"):
+        follower.append_frames("t", bytes(damaged))
+    assert follower.durable_end("t") == 0  # all or nothing
+    follower.append_frames("t", frames)
+    with pytest.raises(InvalidRecord, match="offset"):
+        follower.append_frames("t", frames)  # the same again: offsets must continue
+    follower.flush()
+    assert follower.durable_end("t") == 5
+    leader.close()
+    follower.close()
+
+
+@pytest.mark.parametrize("restart", ["close", "crash"])
+def test_truncate_drops_the_tail_across_shared_segments_and_survives_a_restart(
+    tmp_path: Path, small_segments: StorageConfig, restart: str
+):
+    store = _store(tmp_path, small_segments)
+    for number in range(150):
+        store.append("t", make_record(number))
+        store.append("other", make_record(number))
+    store.flush()
+    store.append("t", make_record(150))
+    with pytest.raises(StorageError):
+        store.truncate("t", 40)  # refused while an append is buffered
+    store.flush()
+    store.truncate("t", 37)
+
+    assert store.durable_end("t") == store.log_info("t").end_offset == 37
+    assert [r.offset for r in store.read("t", 30, 100, 1 << 30)] == list(range(30, 37))
+    store.append("t", make_record(1000))  # the log goes on at the cut
+    store.flush()
+    assert store.read("t", 37, 1, 1 << 20)[0].payload == make_record(1000).payload
+    if restart == "close":
+        store.close()
+    reopened = LogStore(tmp_path, small_segments)
+    report = reopened.open()
+    assert reopened.log_info("t").end_offset == 38
+    assert [r.offset for r in reopened.read("t", 0, 100, 1 << 30)] == list(range(38))
+    assert reopened.read("t", 36, 10, 1 << 20)[-1].payload == make_record(1000).payload
+    assert reopened.log_info("other").end_offset == 150  # the other topic of the segments: untouched
+    assert not report.repaired
+    reopened.close()
+
+
+def test_a_truncation_is_durable_before_it_returns(tmp_path: Path, small_segments: StorageConfig):
+    store = _store(tmp_path, small_segments)
+    for number in range(60):
+        store.append("t", make_record(number))
+    store.flush()
+    store.truncate("t", 10)
+    # crash right here: the marker was fsynced, nothing else happened
+
+    reopened = LogStore(tmp_path, small_segments)
+    reopened.open()
+    assert reopened.log_info("t").end_offset == 10
+    assert [r.offset for r in reopened.read("t", 0, 100, 1 << 30)] == list(range(10))
+    reopened.close()
+
+
+def test_restart_at_empties_the_log_and_continues_at_the_offset(tmp_path: Path):
+    store = _store(tmp_path)
+    for number in range(5):
+        store.append("t", make_record(number))
+    store.flush()
+    store.restart_at("t", 100)
+    info = store.log_info("t")
+    assert (info.start_offset, info.end_offset, info.bytes) == (100, 100, 0)
+    assert store.append("t", make_record(100)) == 100
+    store.close()
+    reopened = _store(tmp_path)
+    assert (reopened.log_info("t").start_offset, reopened.log_info("t").end_offset) == (100, 101)
+    reopened.close()
+
+
+def test_committed_end_gates_readers_of_a_replicated_store(tmp_path: Path):
+    async def scenario() -> None:
+        store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
+        store.open()
+        store.enable_replication()
+        first = store.append_batch("a/b", [make_record(n).batch_fields() for n in range(4)])
+        await store.wait_durable()
+        assert first == 0
+        assert store.durable_end("a/b") == 4
+        assert store.log_info("a/b").end_offset == 0
+        assert store.read("a/b", 0) == []
+        _chunks, count = store.read_frames("a/b", 0, 1 << 20)
+        assert count == 4  # a follower may fetch what is durable here
+        waiting = asyncio.create_task(store.wait_for_data({"a/b": 0}, 5))
+        await asyncio.sleep(0.01)
+        assert not waiting.done()
+        assert store.commit("a/b", 3) == 3
+        assert await waiting == ["a/b"]
+        assert [r.offset for r in store.read("a/b", 0)] == [0, 1, 2]
+        assert store.commit("a/b", 99) == 4  # never past the durable end
+        store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_single_store_commits_what_is_durable(tmp_path: Path):
+    async def scenario() -> None:
+        store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
+        store.open()
+        store.append_batch("a", [make_record(n).batch_fields() for n in range(3)])
+        await store.wait_durable()
+        assert store.log_info("a").end_offset == store.durable_end("a") == 3
+        store.close()
+
+    asyncio.run(scenario())
+
+
+def test_store_append_frames_goes_through_the_group_commit(tmp_path: Path):
+    async def scenario() -> None:
+        leader = LogStore(tmp_path / "leader", StorageConfig(durability="group"))
+        follower = LogStore(tmp_path / "follower", StorageConfig(durability="group"))
+        for store in (leader, follower):
+            store.open()
+            store.enable_replication()
+        leader.append_batch("x", [make_record(n).batch_fields() for n in range(10)])
+        await leader.wait_durable()
+        chunks, _ = leader.read_frames("x", 0, 1 << 20)
+        follower.append_frames("x", b"".join(chunks))
+        assert follower.durable_end("x") == 0
+        done = asyncio.get_running_loop().create_future()
+        follower.when_durable(lambda: done.set_result(True))
+        await done
+        assert follower.durable_end("x") == 10
+        follower.truncate("x", 4)
+        assert follower.durable_end("x") == 4
+        leader.close()
+        follower.close()
+
+    asyncio.run(scenario())
