@@ -16,11 +16,14 @@ Endpoints (see docs/offsets-api.md for examples):
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import importlib.util
+import itertools
 import json
 import logging
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -56,6 +59,11 @@ if TYPE_CHECKING:
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 log = logging.getLogger(__name__)
+
+LIST_CHUNK = 2048
+"""Logs listed between two yields to the event loop."""
+SLICE_S = 0.002
+"""Work a multi-topic fetch does between two yields to the event loop."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,16 +325,26 @@ class _Handlers:
         return self.store.log_info(topic) if topic in self.store else None
 
     async def list_logs(self, request: web.Request) -> web.Response:
+        """Every log matching `pattern`, listed a chunk at a time: the loop serves MQTT between chunks (a
+        listing of 300,000 logs would otherwise hold it for a second), and the JSON is written a chunk at a
+        time for the same reason."""
         pattern = request.query.get("pattern")
         try:
-            logs = self.store.logs(pattern)
+            chunks = self.store.iter_logs(pattern, LIST_CHUNK)
+            first = next(chunks)
         except ValueError as error:
             raise ApiError(400, codes.BAD_REQUEST, f"bad pattern: {error}") from None
-        listed = [_info_json(info) for info in logs]
-        if self.store.replicated:  # a cluster's controller elects the in-sync replica holding the most
-            for item in listed:
-                item["durable_end_offset"] = self.store.durable_end(item["topic"])
-        return web.json_response({"logs": listed})
+        replicated = self.store.replicated
+        parts: list[str] = []
+        for chunk in itertools.chain([first], chunks):
+            listed = [_info_json(info) for info in chunk]
+            if replicated:  # a cluster's controller elects the in-sync replica holding the most
+                for item in listed:
+                    item["durable_end_offset"] = self.store.durable_end(item["topic"])
+            if listed:
+                parts.append(json.dumps(listed)[1:-1])
+            await asyncio.sleep(0)
+        return web.Response(text='{"logs": [' + ", ".join(parts) + "]}", content_type="application/json")
 
     async def log_info(self, request: web.Request) -> web.Response:
         return web.json_response(_info_json(self.store.log_info(request.match_info["topic"])))
@@ -390,10 +408,10 @@ class _Handlers:
     async def fetch_many(self, request: web.Request) -> web.Response:
         fetches, max_bytes, wait_ms, output, pattern = self._parse_fetch(await self._json_body(request))
         columnar = output == "arrow"
-        chunks, results, positions = self._fetch_round(fetches, max_bytes, columnar)
+        chunks, results, positions = await self._fetch_round(fetches, max_bytes, columnar)
         if not chunks and wait_ms:
             await self.store.wait_for_data(positions, wait_ms / 1000, pattern)
-            chunks, results, _ = self._fetch_round(fetches, max_bytes, columnar)
+            chunks, results, _ = await self._fetch_round(fetches, max_bytes, columnar)
         if columnar:
             metadata = {RESULTS_METADATA_KEY: json.dumps(results).encode()}
             body: Any = _arrow_body(chunks, metadata)
@@ -450,20 +468,25 @@ class _Handlers:
             raise ApiError(400, codes.BAD_REQUEST, "pattern must be a string")
         return fetches, max_bytes, wait_ms, output, pattern
 
-    def _fetch_round(
+    async def _fetch_round(
         self, fetches: list[_Fetch], max_bytes: int, columnar: bool
     ) -> tuple[list[tuple[str, list[Any]]], dict[str, dict[str, Any]], dict[str, int]]:
         """Read every fetch within a shared byte budget; only the first non-empty topic may exceed it.
 
         Returns the records per topic (`Record`s, or `FrameRun`s when `columnar`), the per-topic results,
-        and the offset each topic was read from.
+        and the offset each topic was read from. Yields to the loop every `SLICE_S` of work, so that a fetch
+        of 10,000 topics never holds MQTT up for long.
         """
         chunks: list[tuple[str, list[Any]]] = []
         results: dict[str, dict[str, Any]] = {}
         positions: dict[str, int] = {}
         budget = max_bytes
         read = self.store.read_runs if columnar else self.store.read
-        for fetch in fetches:
+        slice_end = time.monotonic() + SLICE_S
+        for number, fetch in enumerate(fetches):
+            if number % 64 == 63 and time.monotonic() >= slice_end:
+                await asyncio.sleep(0)
+                slice_end = time.monotonic() + SLICE_S
             info = self._info(fetch.topic)
             offset = positions[fetch.topic] = _resolve_offset(fetch.offset, info)
             try:

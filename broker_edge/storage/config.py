@@ -54,23 +54,24 @@ class StorageConfig:
     group_commit_max_bytes: int = 4 * MIB
     """Cut a window early once this many bytes are pending, bounding latency and memory."""
     inline_sync_max_bytes: int = 0
-    """A window of at most this many bytes, in one segment, without a seal or a new directory, cut while the
-    writer thread is idle, is fdatasynced on the event loop instead of in the writer thread (no handoff to
-    the thread and back, but the loop blocks for the fdatasync). Larger windows, and every window while one
-    is being synced, go to the writer thread (the loop keeps accepting appends meanwhile, so batches grow
-    under load). 0, the default: every window goes to the writer thread (syncing on the loop costs the
-    persisted fan-in throughput, since the loop waits for the disk)."""
+    """A window of at most this many bytes, in one file and creating none, cut while the writer thread is
+    idle, is fdatasynced on the event loop instead of in the writer thread (no handoff to the thread and
+    back, but the loop blocks for the fdatasync). Larger windows, and every window while one is being
+    synced, go to the writer thread (the loop keeps accepting appends meanwhile, so batches grow under
+    load). 0, the default: every window goes to the writer thread (syncing on the loop costs the persisted
+    fan-in throughput, since the loop waits for the disk)."""
     syncfs_min_segments: int = 8
-    """A window touching at least this many segments is made durable by one syncfs(2) of the store's
-    filesystem instead of an fdatasync per segment (Linux >= 5.8, not on FUSE filesystems, where syncfs does
-    not reach the server); 0 turns this off."""
+    """A window touching at least this many files (segments of several partitions, their open indexes, the
+    catalog) is made durable by one syncfs(2) of the store's filesystem instead of an fdatasync per file
+    (Linux >= 5.8, not on FUSE filesystems, where syncfs does not reach the server); 0 turns this off."""
     persist: list[PersistRule] = field(default_factory=lambda: [PersistRule("#")])
     """Persistence rules, first match wins; a topic no rule matches is not persisted."""
     partitions: int = 1
     """Partition logs that topics are spread over (`crc32c(topic) % partitions`, as a cluster places its
     partitions): each holds the records of its topics interleaved in its own segments. One is best for a
-    broker alone (a window writes one file); a cluster member stores each cluster partition in the storage
-    partition of the same number. An existing topic keeps the partition it was created in."""
+    broker alone (a window writes one file); a cluster member, unless set otherwise, stores each cluster
+    partition in the storage partition of the same number (`cluster.partitions` of them). An existing topic
+    keeps the partition it was created in."""
     segment_bytes: int = 64 * MIB
     """Roll a partition's active segment once it would grow past this size (at most 4 GiB)."""
     segment_ms: int | None = DAY_MS

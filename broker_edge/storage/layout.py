@@ -23,7 +23,6 @@ import logging
 import os
 from dataclasses import dataclass
 
-from .config import StorageConfig
 from .segment import fsync_directory
 
 __all__ = ["LAYOUT_VERSION", "LOG", "DataLayout", "layout_version", "open_layout"]
@@ -70,9 +69,9 @@ def layout_version(root: str | os.PathLike[str]) -> str | None:
         return None
 
 
-def open_layout(root: str | os.PathLike[str], config: StorageConfig | None = None) -> DataLayout:
-    """Create ``root`` in layout 3, or move an older one forward (see the module docstring); returns its paths
-    (raises `OSError` if it cannot)."""
+def open_layout(root: str | os.PathLike[str]) -> DataLayout:
+    """Create ``root`` in layout 3, or move a layout-1 one into layout 2 (see the module docstring); returns
+    its paths (raises `OSError` if it cannot). A layout-2 directory is then upgraded by the store."""
     layout = layout_of(root)
     os.makedirs(layout.root, exist_ok=True)
     version = layout_version(layout.root)
@@ -84,16 +83,8 @@ def open_layout(root: str | os.PathLike[str], config: StorageConfig | None = Non
         version = layout_version(layout.root)
     else:
         _remove_empty_staging(layout.root)
-    if version == "2":
-        from .upgrade import upgrade_layout_2
-
-        upgrade_layout_2(layout, config or StorageConfig())
-    elif version != LAYOUT_VERSION:
+    if version not in ("2", LAYOUT_VERSION):
         raise OSError(f"{layout.root}: unknown data directory layout {version!r} (this version reads 1 to 3)")
-    else:
-        from .upgrade import finish_upgrade
-
-        finish_upgrade(layout)
     return layout
 
 

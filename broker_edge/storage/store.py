@@ -39,7 +39,7 @@ from .file_pool import FileHandlePool
 from .fs_sync import syncfs_available
 from .group_commit import GroupCommitter, Job
 from .hw_checkpoint import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
-from .layout import layout_of, open_layout
+from .layout import layout_of, layout_version, open_layout
 from .partition_log import PartitionConfig, PartitionLog, PartitionPending
 from .persistence import PersistenceRules, check_filter
 from .read_cache import BLOCK_MAX_BYTES, BLOCK_RECORDS, Block, ReadCache
@@ -52,6 +52,7 @@ from .sealer import Sealer
 from .segment import ROLLED, Segment, fsync_directory
 from .topic_order import TopicOrder
 from .topic_table import NO_RULE, NO_TIME, SNAPSHOT_FILE, TopicTable
+from .upgrade import finish_upgrade, upgrade_layout_2
 
 if TYPE_CHECKING:
     from .catalog import TopicCatalog
@@ -215,7 +216,11 @@ class LogStore:
         if self._opened:
             raise RuntimeError("store already open")
         began = time.monotonic()
-        self.layout = open_layout(self.directory, self.config)
+        self.layout = open_layout(self.directory)
+        if layout_version(self.directory) == "2":
+            upgrade_layout_2(self.layout, self.config, LogStore)
+        else:
+            finish_upgrade(self.layout)
         marker = self.layout.meta_file(CLEAN_SHUTDOWN_MARKER)
         report = RecoveryReport(clean_shutdown=os.path.exists(marker))
         opened = open_partitions(
@@ -924,6 +929,12 @@ class LogStore:
                 yield batch
                 batch = []
         yield batch
+
+    def end_offsets(self) -> dict[str, int]:
+        """Every log's end offset by topic, built without a `LogInfo` per log (the broker's sessions file)."""
+        table = self._table
+        ends = table.committed if table.committed is not None else table.durable
+        return dict(zip(self._names, ends, strict=True))
 
     def logs_created_by(self, client_id: str) -> int:
         """Logs created by appends of `client_id` since the store was opened."""

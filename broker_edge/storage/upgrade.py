@@ -24,7 +24,9 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from .config import StorageConfig
 from .epoch_journal import EPOCHS_FILE, EpochJournal
@@ -43,15 +45,14 @@ _FLUSH_BYTES = 16 * 1024 * 1024
 """The copy is flushed (written and synced) every this many bytes."""
 
 
-def upgrade_layout_2(layout: DataLayout, config: StorageConfig) -> None:
-    """Copy every topic of a layout-2 directory into partition logs, then switch to layout 3."""
-    from .store import LogStore  # the store opens this module's caller: imported when needed
-
+def upgrade_layout_2(layout: DataLayout, config: StorageConfig, store_class: Callable[..., Any]) -> None:
+    """Copy every topic of a layout-2 directory into partition logs (a new store of `store_class`, the
+    `LogStore`, which opens this), then switch to layout 3."""
     root = layout.root
     staging = os.path.join(root, STAGING)
     staged_log = os.path.join(staging, LOG)
     if not os.path.isdir(layout.log) or os.path.isdir(staged_log):
-        store = LogStore(staging, replace(config, durability="group"))
+        store = store_class(staging, replace(config, durability="group"))
         store.open()
         try:
             copied, skipped = _copy_topics(layout.topics, store)

@@ -24,18 +24,13 @@ def older_directory(root: Path) -> None:
 
 
 def assert_moved_whole(root: Path) -> None:
-    open_layout(root)
-    assert sorted(path.name for path in root.iterdir()) == ["log", "meta"]
-    assert sorted(path.name for path in (root / "meta").iterdir()) == [
-        "CLEAN_SHUTDOWN",
-        "LAYOUT",
-        "sessions.json",
-    ]
-    assert (root / "meta" / "LAYOUT").read_text() == "3\n"
-    assert (root / "meta" / "sessions.json").read_text() == SESSIONS
     store = LogStore(root)
     report = store.open()
-    assert report.clean_shutdown
+    assert sorted(path.name for path in root.iterdir()) == ["log", "meta"]
+    assert sorted(path.name for path in (root / "meta").iterdir()) == ["LAYOUT", "sessions.json"]
+    assert (root / "meta" / "LAYOUT").read_text() == "3\n"
+    assert (root / "meta" / "sessions.json").read_text() == SESSIONS
+    assert report.clean_shutdown  # the marker was carried over (and read: an open removes it)
     assert sorted(info.topic for info in store.logs()) == sorted(TOPICS)
     for number, topic in enumerate(TOPICS):
         assert_matches(store.read(topic, 0)[0], number, offset=0)
@@ -69,7 +64,9 @@ def test_a_move_interrupted_at_any_rename_is_finished_by_the_next_start(
         real_rename(source, target)
 
     monkeypatch.setattr(os, "rename", crashing_rename)
+    store = LogStore(tmp_path)
     with contextlib.suppress(OSError):
-        open_layout(tmp_path)
+        store.open()  # the move into layout 2, then the upgrade: a crash at any of their renames
+        store.close()  # (past the last rename: the move was whole)
     monkeypatch.setattr(os, "rename", real_rename)
     assert_moved_whole(tmp_path)
