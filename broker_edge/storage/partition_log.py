@@ -481,7 +481,7 @@ class PartitionLog:
             if step[0] is segment:
                 return newer
             newer = min(newer, step[2] if len(step) == 3 else step[1].first_offset)
-        return group.first_offset  # not in the chain at all: every record of it was cut
+        return min(group.first_offset, newer)  # not in the chain at all: every record of it was cut
 
     def _rows_pieces(
         self, topic_id: int, segment: Segment, last_row: int, offset: int, stop: int

@@ -20,7 +20,7 @@ import os
 from array import array
 from dataclasses import dataclass, field
 
-from .active_index import ActiveIndex
+from .active_index import NO_PREVIOUS, UNKNOWN_ROW, ActiveIndex, pointer
 from .catalog import CATALOG_FILE, TopicCatalog
 from .entry import HEAD_SIZE, MARKER_BIT, RESTART, TRUNCATE, EntryError, Marker, parse_marker
 from .file_pool import FileHandlePool
@@ -36,8 +36,8 @@ from .partition_log import (
 )
 from .recent import RecentWindows
 from .record import PREFIX, PREFIX_SIZE
-from .sealed_index import GroupBlocks, SealedIndex
-from .segment import SEALED, Segment
+from .sealed_index import GroupBlocks, SealedIndex, build, write_index
+from .segment import SEALED, Segment, fsync_directory
 from .topic_table import NO_TIME, SNAPSHOT_FILE, SealedState, TopicTable, read_snapshot
 
 __all__ = ["Opened", "PartitionRepair", "open_partitions"]
@@ -114,7 +114,7 @@ def open_partitions(
     _shrink(sealed, topics)
     table.load(catalog.partitions, sealed, start, dropped)
     for part, unsealed in zip(parts, opened.unsealed_by_partition, strict=True):
-        repair = PartitionRepair(part.number)
+        repair = PartitionRepair(part.number, damaged_segments=list(opened.damaged.get(part.number, ())))
         for number, segment in enumerate(unsealed):
             last = number == len(unsealed) - 1
             cut = _load_rows(part, segment, topics, repair, opened, last)
@@ -174,6 +174,8 @@ class _Loading:
     used_snapshot: bool = False
     unused_snapshot: object = None
     """A snapshot that could not be used (see `_keep_what_only_the_snapshot_knows`)."""
+    damaged: dict[int, list[int]] = field(default_factory=dict)
+    """Per partition, segments damaged beyond their readable part whose index was rebuilt."""
 
 
 def _load_sealed(
@@ -190,8 +192,7 @@ def _load_sealed(
             size = os.path.getsize(segment.log_path)
             valid = index.load(segment.number) and index.data_size == size
             segments.append((segment, index if valid else None))
-        first_unsealed = next((n for n, (_s, index) in enumerate(segments) if index is None), len(segments))
-        found.append([(s, i if n < first_unsealed else None) for n, (s, i) in enumerate(segments)])
+        found.append(segments)
     use_snapshot = (
         snapshot is not None and len(snapshot.applied) <= len(parts) and len(snapshot.sealed) <= len(catalog)
     )
@@ -214,7 +215,18 @@ def _load_sealed(
             part.next_base = max(part.next_base, end)
     for part, segments in zip(parts, found, strict=True):
         unsealed: list[Segment] = []
-        for segment, found_index in segments:
+        last_sealed = max((n for n, (_s, index) in enumerate(segments) if index is not None), default=-1)
+        for number, (segment, found_index) in enumerate(segments):
+            if found_index is None and number < last_sealed:  # an index gone between sealed ones
+                if segment.base < 0 or not segment.base:
+                    previous = part.segments[-1] if part.segments else None
+                    segment.base = (
+                        previous.base + previous.row_count if previous is not None else part.next_base
+                    )
+                found_index, damage = _rebuild_index(part, segment, sealed, len(catalog))
+                loading.indexes_rebuilt += 1
+                if damage is not None:
+                    loading.damaged.setdefault(part.number, []).append(segment.number)
             if found_index is not None and not unsealed:
                 index = found_index
                 segment.base = index.base
@@ -252,6 +264,74 @@ def _keep_what_only_the_snapshot_knows(table: TopicTable, snapshot) -> None:
         start = min(snapshot.start[topic_id], table.next[topic_id])
         if start > table.start[topic_id]:
             table.start[topic_id] = start
+
+
+def _rebuild_index(
+    part: PartitionLog, segment: Segment, sealed: SealedState, topics: int
+) -> tuple[SealedIndex, str | None]:
+    """Write again the sealed index of a segment whose index is gone (between sealed ones), from its data,
+    the topics' state before it being `sealed` (as applied so far). A damage it cannot step over ends what
+    the index covers: the rest of the segment is kept, never served."""
+    rows = ActiveIndex()
+    last_rows: dict[int, int] = {}
+    times: dict[int, int] = {}
+
+    def head_pointer(topic_id: int) -> int:
+        head = sealed.head_seg[topic_id] if topic_id < len(sealed) else -1
+        return pointer(head, UNKNOWN_ROW) if head >= 0 else NO_PREVIOUS
+
+    def apply(topic_id: int, position: int, offset: int, time: int, _size: int) -> None:
+        last = last_rows.get(topic_id)
+        index_time = times[topic_id] = max(times.get(topic_id, time), time)
+        if last is None:
+            last_rows[topic_id] = rows.add_rows(
+                topic_id, [position], offset, index_time, head_pointer(topic_id), 0
+            )
+        else:
+            first, _prev = rows.first_offset_of(topic_id, last)
+            last_rows[topic_id] = rows.add_rows(
+                topic_id, [position], offset, index_time, last, offset - first
+            )
+
+    def on_marker(marker: Marker, position: int) -> None:
+        topic_id = marker.topic_id
+        last = last_rows.get(topic_id)
+        prev = pointer(segment.number, last) if last is not None else head_pointer(topic_id)
+        rows.add_marker(topic_id, position, marker.offset, marker.kind, marker.dropped, prev)
+        if last is None:
+            return
+        cut_from = marker.offset if marker.kind == TRUNCATE else -1
+        first, _prev = rows.first_offset_of(topic_id, last)
+        dead, _previous = rows.rows_of(topic_id, last, max(cut_from, first), 2**63 - 1)
+        rows.kill(topic_id, dead)
+        kept, _previous = rows.rows_of(topic_id, last, first, max(cut_from, first))
+        if kept:
+            last_rows[topic_id] = kept[-1]
+        else:
+            del last_rows[topic_id]
+
+    scanner = SegmentScanner(
+        part.pool,
+        segment.log_path,
+        part.config.max_record_bytes,
+        topics,
+        lambda topic_id: sealed.end[topic_id] if topic_id < len(sealed) else 0,
+    )
+    end, report = scanner.scan(0, apply, on_marker)  # type: ignore[arg-type]
+    damage = report.damage if end < os.path.getsize(segment.log_path) else None
+    if damage is not None:
+        log.error(
+            "%s: damaged at byte %d (%s); kept whole, the records after the damage are not served",
+            segment.log_path, end, report.damage,
+        )  # fmt: skip
+    built = build(rows, segment.number, segment.base, end)
+    write_index(segment.index_path, built.data)
+    fsync_directory(part.directory)
+    index = SealedIndex(segment.index_path, part.pool, part.blocks)
+    if not index.load(segment.number):
+        raise OSError(f"{segment.index_path}: the index rebuilt does not read back")
+    log.warning("%s: its sealed index was missing or damaged: rebuilt from the data", segment.log_path)
+    return index, damage
 
 
 def _load_rows(

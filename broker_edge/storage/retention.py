@@ -68,8 +68,8 @@ def retention_pass(
                 if topic_id >= len(table):
                     continue
                 end = part.live_end(topic_id, segment, group)
-                if table.start[topic_id] >= end:
-                    continue
+                if table.start[topic_id] >= end or group.first_offset >= end:
+                    continue  # nothing of it is above the start, or a truncation cut all of it
                 retention_ms = log_config(topic_id).retention_ms
                 if retention_ms is not None and group.newest_time < now_ms - retention_ms and group.count:
                     _move_start(table, segment, group, end, report)
