@@ -697,6 +697,12 @@ class LogStore:
         """Write (and fsync per policy) everything buffered, blocking the caller: for tools and tests."""
         self._committer.flush()
 
+    def wait_sealed(self) -> None:
+        """Block until the sealer has sealed every rolled segment whose data is durable (tools and tests:
+        retention only considers sealed segments, and the sealer works in its own thread)."""
+        if self._sealer is not None:
+            self._sealer.wait_idle()
+
     @property
     def pending_bytes(self) -> int:
         """Bytes appended but not yet handed to the writer thread (a backpressure signal)."""
