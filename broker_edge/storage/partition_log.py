@@ -885,7 +885,12 @@ def apply_groups(state: SealedState, index: SealedIndex) -> None:
     number = index.number
     for group in groups:
         topic_id = group.topic_id
-        head_seg[topic_id] = number
+        if group.count == 0 and group.flags == FLAG_TRUNCATED:
+            # Only a truncation marker: the topic's head stays in the segment its chain goes on in (as
+            # `cut_live` left it), so that retention may delete this segment.
+            head_seg[topic_id] = group.previous_segment
+        else:
+            head_seg[topic_id] = number
         head_first[topic_id] = group.first_offset
         end[topic_id] = group.first_offset + group.count
         if group.flags & FLAG_RESTART:

@@ -145,6 +145,8 @@ def build(rows: ActiveIndex, number: int, base: int, data_size: int) -> Built:
                     if first_offset < 0 or offset < first_offset:
                         first_offset = expected = offset
                         group_entries = []
+                        previous = prevs[row]  # the cut reached below this segment: the chain goes on there
+                        previous_segment = pointed(previous)[0] if previous < -1 else -1
                     else:
                         del group_entries[2 * (offset - first_offset) :]
                         expected = offset

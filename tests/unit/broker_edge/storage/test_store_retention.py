@@ -95,3 +95,44 @@ def test_the_start_offset_survives_a_restart(tmp_path: Path, restart: str):
 
     assert (reopened.start_offset("t"), reopened.log_info("t").end_offset) == (start, 200)
     reopened.close()
+
+
+def _fill(store: LogStore, topic: str, until_segments: int) -> None:
+    """Append to `topic` until the partition has `until_segments` segments."""
+    number = 0
+    while len(store.partition_logs[0].segments) < until_segments:
+        store.append(topic, make_record(number))
+        store.flush()
+        number += 1
+
+
+@pytest.mark.parametrize("restart", ["close", "crash"])
+def test_a_segment_holding_only_a_truncation_marker_of_a_live_topic_may_go(tmp_path: Path, restart: str):
+    """The topic's chain goes from its marker back to the segment of its remaining records: deleting the
+    segment of the marker (nothing else of it alive) loses none of them, before or after a restart."""
+    store = LogStore(tmp_path, StorageConfig(segment_bytes=4096, retention_ms=None))
+    store.open()
+    for number in range(4):
+        store.append("kept", make_record(number))
+    store.flush()
+    _fill(store, "filler", until_segments=2)
+    store.truncate("kept", 1)  # its marker goes into segment 1
+    _fill(store, "gone", until_segments=3)
+    store.truncate("gone", 0)
+    store.truncate("filler", 0)
+    store.wait_sealed()
+
+    report = store.apply_retention(now_ms=BASE_TIME_MS)
+
+    assert report.segments_deleted == 1
+    assert [s.number for s in store.partition_logs[0].segments] == [0, 2]
+    assert_matches(store.read("kept", 0)[0], 0)
+    if restart == "close":
+        store.close()
+    else:
+        store.file_pool.close()
+    reopened = LogStore(tmp_path, StorageConfig(segment_bytes=4096))
+    reopened.open()
+    assert [record.offset for record in reopened.read("kept", 0)] == [0]
+    assert reopened.log_info("kept").end_offset == 1
+    reopened.close()
