@@ -462,15 +462,19 @@ def replay_marker(part: PartitionLog, segment: Segment, marker: Marker, position
     topic_id = marker.topic_id
     rows = segment.rows
     assert rows is not None
-    rows.add_marker(
-        topic_id, position, marker.offset, marker.kind, marker.dropped, part.marker_prev(topic_id, segment)
-    )
     if marker.kind == TRUNCATE:
-        part.cut_live(topic_id, marker.offset)
+        # As `LogStore.truncate` did: the cut first, then the marker's row chained where the cut left the
+        # topic, carrying the bytes cut from segments sealed now (a segment sealed before the crash may be
+        # in memory again, its cut rows dead: its seal will not count them, so neither may the marker).
+        dropped = part.cut_live(topic_id, marker.offset)
+        rows.add_marker(
+            topic_id, position, marker.offset, TRUNCATE, dropped, part.marker_prev(topic_id, segment)
+        )
         table.next[topic_id] = table.durable[topic_id] = marker.offset
         if table.start[topic_id] > marker.offset:
             table.start[topic_id] = marker.offset
             table.dropped[topic_id] = table.total[topic_id]
     elif marker.kind == RESTART:
+        rows.add_marker(topic_id, position, marker.offset, RESTART, 0, part.marker_prev(topic_id, segment))
         part.restart_live(topic_id, marker.offset, segment.number)
         table.next[topic_id] = table.durable[topic_id] = table.start[topic_id] = marker.offset

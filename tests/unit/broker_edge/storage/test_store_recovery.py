@@ -140,3 +140,31 @@ def test_a_repair_is_logged_with_its_counts(tmp_path: Path, caplog):
     )
     assert any("unclean" in message for message in warnings)
     store.close()
+
+
+def test_a_truncation_of_records_whose_seal_a_crash_undid_counts_their_bytes_once(tmp_path: Path):
+    """The marker says it cut bytes from a sealed segment; after the crash that segment is sealed again
+    without the cut records, so replaying the marker must not take their bytes off a second time."""
+    config = StorageConfig(segment_bytes=4096, retention_ms=None)
+    store = LogStore(tmp_path, config)
+    store.open()
+    for number in range(5):
+        store.append("cut", make_record(number))
+    number = 0
+    while len(store.partition_logs[0].segments) < 2:
+        store.append("other", make_record(number))
+        store.flush()
+        number += 1
+    store.wait_sealed()
+    store.truncate("cut", 0)
+    store.file_pool.close()  # a crash, before any snapshot counted the first seal
+    os.unlink(partition_segments(tmp_path, suffix=".index")[0])
+
+    for _restart in range(2):
+        reopened = LogStore(tmp_path, config)
+        reopened.open()
+        assert reopened.log_info("cut").bytes == 0
+        assert reopened.log_info("other").bytes == sum(
+            len(record.frame) for record in reopened.read("other", 0, 10_000, 1 << 30)
+        )
+        reopened.close()
