@@ -14,9 +14,10 @@ from .errors import (
     TooManyTopics,
     UnknownTopic,
 )
+from .partition_reads import PositionOutOfRange
 from .record import AppendRecord, Record
 from .retention import RetentionReport
-from .store import LogInfo, LogStore, PartitionInfo, RecoveryReport
+from .store import LogInfo, LogStore, PartitionInfo, PartitionRecords, RecoveryReport
 
 __all__ = [
     "AppendRecord",
@@ -28,7 +29,9 @@ __all__ = [
     "LogStore",
     "OffsetOutOfRange",
     "PartitionInfo",
+    "PartitionRecords",
     "PersistRule",
+    "PositionOutOfRange",
     "Record",
     "RecordTooLarge",
     "RecoveryReport",

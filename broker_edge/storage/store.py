@@ -41,6 +41,7 @@ from .group_commit import GroupCommitter, Job
 from .hw_checkpoint import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
 from .layout import layout_of, layout_version, open_layout
 from .partition_log import PartitionConfig, PartitionLog, PartitionPending
+from .partition_reads import PositionOutOfRange, TopicFilters, position_for_timestamp, read_entries
 from .persistence import PersistenceRules, check_filter
 from .read_cache import BLOCK_MAX_BYTES, BLOCK_RECORDS, Block, ReadCache
 from .recent import RecentWindows
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LogInfo", "LogStore", "PartitionInfo", "RecoveryReport", "RetentionReport"]
+__all__ = ["LogInfo", "LogStore", "PartitionInfo", "PartitionRecords", "RecoveryReport", "RetentionReport"]
 
 CLEAN_SHUTDOWN_MARKER = "CLEAN_SHUTDOWN"
 REPLICATED_SYNC_PIPELINE = 2
@@ -88,6 +89,20 @@ class RecoveryReport:
     repaired: list = field(default_factory=list)
     """Partitions whose tail was truncated or that hold damaged records (`PartitionRepair`)."""
     seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRecords:
+    """One read of a partition (`LogStore.read_partition`): the frames of the records served, in log order,
+    with their topics; the position to go on from; per topic, the records passed over because retention
+    moved the topic's start past them (data loss for a reader that had not read them); entries passed over
+    because they failed their checks."""
+
+    next_position: int
+    topics: list[str]
+    frames: list[memoryview]
+    lost: dict[str, int]
+    damaged: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +202,7 @@ class LogStore:
         self._ids: dict[str, int] = {}
         self._names: list[str] = []
         self._order = TopicOrder()
+        self._filters = TopicFilters(self._names)
         self._partitions: list[PartitionLog] = []
         self._sealer: Sealer | None = None
         self._log_configs: list[LogConfig] = []
@@ -232,6 +248,7 @@ class LogStore:
         self._ids = opened.catalog.ids
         self._names = opened.catalog.names
         self._order = TopicOrder(self._names)
+        self._filters = TopicFilters(self._names)
         self._table = opened.table
         self._partitions = opened.partitions
         self._sealer = Sealer(
@@ -989,6 +1006,50 @@ class LogStore:
     def partitions(self) -> list[PartitionInfo]:
         """Every partition's bounds in positions."""
         return [PartitionInfo(p.number, p.start_position, p.end_position) for p in self._partitions]
+
+    def read_partition(
+        self,
+        partition: int,
+        position: int,
+        max_entries: int = 100_000,
+        max_bytes: int = 4 * 1024 * 1024,
+        patterns: Sequence[str] | None = None,
+    ) -> PartitionRecords:
+        """The durable records of topics matching `patterns` (MQTT filters; None: every topic) among the
+        partition's entries `[position, position + max_entries)`, in log order, frames totalling at most
+        `max_bytes` but at least one (see `partition_reads`). Raises `PositionOutOfRange`; refused
+        (`StorageError`) on a cluster's store, whose replicas interleave topics differently."""
+        if max_entries < 1 or max_bytes < 1:
+            raise ValueError("max_entries and max_bytes must be positive")
+        for pattern in patterns or ():
+            check_filter(pattern)
+        part = self._partition_for_reads(partition)
+        read = read_entries(
+            part, self._table, position, position + max_entries, max_bytes, self._filters.matcher(patterns),
+            self.config.max_record_bytes,
+        )  # fmt: skip
+        names = self._names
+        return PartitionRecords(
+            read.next_position,
+            [names[topic_id] for topic_id in read.topic_ids],
+            read.frames,
+            {names[topic_id]: count for topic_id, count in read.lost.items()},
+            read.damaged,
+        )
+
+    def position_for_timestamp(self, partition: int, timestamp_ms: int) -> int:
+        """The position of the partition's first record appended at or after `timestamp_ms` (its end if
+        none)."""
+        return position_for_timestamp(
+            self._partition_for_reads(partition), timestamp_ms, self.config.max_record_bytes
+        )
+
+    def _partition_for_reads(self, partition: int) -> PartitionLog:
+        if self._replicated:
+            raise StorageError("a cluster's store is read by topic offsets, not by partition positions")
+        if not 0 <= partition < len(self._partitions):
+            raise PositionOutOfRange(partition, 0, 0, 0)
+        return self._partitions[partition]
 
     @property
     def partition_logs(self) -> list[PartitionLog]:
