@@ -1,4 +1,5 @@
-"""The values the offsets API hands its readers: a log's state, one topic's fetch, a batch fetch.
+"""The values the offsets API hands its readers: a log's state, one topic's fetch, a batch fetch, a
+partition's extent and one read of it.
 
 Here, apart from the client and the storage engine, so that whatever reads the API (the Spark source on an
 executor, a peer broker, a test) gets these types without importing the engine: this module imports nothing of
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
 
     from broker_edge.offsets_api.errors import OffsetsApiError
 
-__all__ = ["BatchFetch", "Fetched", "LogInfo", "TopicResult"]
+__all__ = ["BatchFetch", "Fetched", "LogInfo", "PartitionExtent", "PartitionFetch", "TopicResult"]
 
 T = TypeVar("T")
 
@@ -60,3 +61,26 @@ class BatchFetch:
 
     table: pa.Table
     results: dict[str, TopicResult]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionExtent:
+    """One storage partition's entries `[start_position, end_position)` (every topic's, in log order)."""
+
+    partition: int
+    start_position: int
+    end_position: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionFetch:
+    """Records of a partition's topics in log order (`topic` column) and where to continue."""
+
+    table: pa.Table
+    next_position: int
+    start_position: int
+    end_position: int
+    lost: dict[str, int]
+    """Per topic: records passed over because retention had moved the topic's start past them."""
+    damaged: int
+    """Entries passed over because they failed their checks on the broker."""

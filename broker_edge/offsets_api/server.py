@@ -7,6 +7,7 @@ Endpoints (see docs/offsets-api.md for examples):
     GET  /v1/logs/{topic}/records?offset=&max_records=&max_bytes=&wait_ms=&format=
     GET  /v1/logs/{topic}/offset?timestamp_ms=          offset for a broker time
     POST /v1/fetch                                      many topics in one request
+    GET  /v1/partitions[/{p}/position|/{p}/records]     every topic of a storage partition by position
     POST /v1/replica/fetch                              a cluster's followers (added by the cluster node)
     GET  /v1/cluster                                    a cluster's members and leaders (cluster node)
 
@@ -182,6 +183,9 @@ def create_app(
     app.router.add_get("/v1/logs/{topic}/records", handlers.records)
     app.router.add_get("/v1/logs/{topic}/offset", handlers.offset_for_timestamp)
     app.router.add_post("/v1/fetch", handlers.fetch_many)
+    from .partitions import add_partition_routes  # (it builds on this module's helpers)
+
+    add_partition_routes(app, store, handlers.limits)
     for add_routes in routes:
         add_routes(app)
     return app
