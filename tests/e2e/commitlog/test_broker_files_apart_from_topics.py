@@ -15,8 +15,8 @@ import shutil
 
 from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.client import OffsetsClient
-from tests.e2e.broker_clients import PahoClient
 from broker_edge.storage import AppendRecord
+from tests.e2e.broker_clients import PahoClient
 from tests.unit.broker_edge.storage.layout2 import as_layout_1, write_layout_2
 
 HOSTILE_TOPICS = [

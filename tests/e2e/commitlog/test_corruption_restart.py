@@ -37,7 +37,7 @@ def _expected(offsets) -> dict[int, bytes]:
 
 
 def _offset_of_entry(segments: list[Path], segment: Path, position_in_topic: int, topic_id: int) -> int:
-    """The offset of a topic's `position_in_topic`-th entry in `segment` (its entries in earlier ones first)."""
+    """The offset of a topic's `position_in_topic`-th entry in `segment` (its earlier segments first)."""
     before = sum(len(entry_positions(path, topic_id)) for path in segments[: segments.index(segment)])
     return before + position_in_topic
 
