@@ -84,3 +84,5 @@ class PartitionFetch:
     """Per topic: records passed over because retention had moved the topic's start past them."""
     damaged: int
     """Entries passed over because they failed their checks on the broker."""
+    removed: int
+    """Positions passed over because retention deleted their segment."""

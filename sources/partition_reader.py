@@ -7,7 +7,8 @@ the broker passed over is data loss, handled per ``failOnDataLoss``:
 
 * positions below the partition's start (retention deleted their segment since the batch was planned);
 * records below their topic's start (retention moved it past them while other topics kept the segment),
-  except before the partition's query-start mark: those were gone before the query began;
+  and the positions of a segment retention deleted while older ones stay, except before the partition's
+  query-start mark: those were gone before the query began;
 * entries that failed their checks on the broker.
 """
 
@@ -106,12 +107,15 @@ def _passed_over(
     fetch: FetchSettings, piece: Slice, position: int, fetched: PartitionFetch, strict: bool
 ) -> int:
     """Records the broker passed over in one read that count as data loss (raising per the option)."""
-    lost = sum(fetched.lost.values()) if strict else 0
+    lost = sum(fetched.lost.values()) + fetched.removed if strict else 0
     if not lost and not fetched.damaged:
         return 0
     if fetch.fail_on_data_loss:
         if fetched.damaged:
             why = f"{fetched.damaged} entries from position {position} are corrupt on the broker"
+            raise DataLossError(fetch.broker, piece.topic, position, why)
+        if not fetched.lost:
+            why = f"retention removed a segment not yet read ({fetched.removed} positions)"
             raise DataLossError(fetch.broker, piece.topic, position, why)
         topic, count = next(iter(fetched.lost.items()))
         why = (

@@ -240,6 +240,7 @@ class OffsetsClient:
             int(value["end_position"]),
             json.loads(value["lost"]),
             int(value["damaged"]),
+            int(value["removed"]),
         )
 
     # -- transport -----------------------------------------------------------------------------------

@@ -40,9 +40,11 @@ PARTITION_METADATA_KEYS = {
     "end_position": b"timestone.end_position",
     "lost": b"timestone.lost",
     "damaged": b"timestone.damaged",
+    "removed": b"timestone.removed",
 }
 """Arrow schema metadata of a partition read: positions, then the JSON of records lost per topic (below
-their topic's start) and the count of entries passed over as damaged."""
+their topic's start), the count of entries passed over as damaged and of positions of segments retention
+deleted."""
 
 CONTENT_TYPE_PROPERTY = "content_type"
 

@@ -105,7 +105,7 @@ class _PartitionHandlers:
             message = "a pattern is a non-empty MQTT filter"
             raise ApiError(400, codes.BAD_REQUEST, message, parameter="pattern")
         try:
-            topics, frames, next_position, lost, damaged = await self._read(
+            topics, frames, next_position, lost, damaged, removed = await self._read(
                 partition, position, max_entries, max_bytes, patterns or None
             )
         except PositionOutOfRange as error:
@@ -119,6 +119,7 @@ class _PartitionHandlers:
             "end_position": info.end,
             "lost": json.dumps(lost),
             "damaged": damaged,
+            "removed": removed,
         }
         metadata = {PARTITION_METADATA_KEYS[key]: str(value).encode() for key, value in values.items()}
         body = _arrow_body(topics, frames, metadata)
@@ -126,14 +127,14 @@ class _PartitionHandlers:
 
     async def _read(
         self, partition: int, position: int, max_entries: int, max_bytes: int, patterns: list[str] | None
-    ) -> tuple[list[str], list[memoryview], int, dict[str, int], int]:
+    ) -> tuple[list[str], list[memoryview], int, dict[str, int], int, int]:
         """Read in slices, serving the event loop between them (the read may go on after new appends: it
         stops at `position + max_entries` whatever the partition's end has become)."""
         stop = position + max_entries
         topics: list[str] = []
         frames: list[memoryview] = []
         lost: dict[str, int] = {}
-        damaged = 0
+        damaged = removed = 0
         budget = max_bytes
         slice_end = time.monotonic() + SLICE_S
         while position < stop and budget > 0:
@@ -148,6 +149,7 @@ class _PartitionHandlers:
             for topic, count in read.lost.items():
                 lost[topic] = lost.get(topic, 0) + count
             damaged += read.damaged
+            removed += read.removed
             asked = min(SLICE_ENTRIES, stop - position)
             stopped_early = read.next_position < position + asked  # by the budget, or at the partition's end
             position = read.next_position
@@ -156,7 +158,7 @@ class _PartitionHandlers:
             if time.monotonic() >= slice_end:
                 await asyncio.sleep(0)
                 slice_end = time.monotonic() + SLICE_S
-        return topics, frames, position, lost, damaged
+        return topics, frames, position, lost, damaged, removed
 
 
 def _arrow_body(topics: list[str], frames: list[memoryview], metadata: dict[bytes, bytes]) -> memoryview:

@@ -14,7 +14,9 @@ What a read passes over without serving it:
 * records a truncation cut (only a store that was once a cluster's replica has them): found by the
   topic's index, passed over silently;
 * entries failing their checks (`damaged`): a frame whose CRC fails is stepped over; an entry whose
-  length cannot be trusted ends the read of its segment, the rest of which is counted as damaged.
+  length cannot be trusted ends the read of its segment, the rest of which is counted as damaged;
+* the positions of a segment retention deleted while older ones stay (every record in it was below its
+  topic's start, or cut): counted in `removed`, data loss for a reader that had not read them.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ class PartitionRead:
     """Per topic id: records passed over because they are below the topic's start."""
     damaged: int = 0
     """Entries passed over because they failed their checks."""
+    removed: int = 0
+    """Positions passed over because retention deleted their segment."""
 
     @property
     def size(self) -> int:
@@ -145,8 +149,11 @@ def read_entries(
             read.damaged += stop - position
             position = stop
             break
-        if segment.base > position:  # entries a damaged segment's index does not cover
-            read.damaged += segment.base - position
+        if segment.base > position:  # a segment retention deleted, or the end of a damaged one
+            if _deleted_before(part, segment):
+                read.removed += segment.base - position
+            else:
+                read.damaged += segment.base - position
             position = segment.base
             continue
         rows = segment.durable_rows if segment.in_memory else segment.row_count
@@ -165,6 +172,14 @@ def _segment_from(part: PartitionLog, position: int) -> Segment | None:
         if position < segment.base + segment.row_count:
             return segment
     return None
+
+
+def _deleted_before(part: PartitionLog, segment: Segment) -> bool:
+    """Whether a segment numbered between `segment` and the one before it is gone (segment numbers are
+    consecutive: a gap is a deletion; no gap, the positions missing are what a damaged segment's index does
+    not cover)."""
+    index = part.segments.index(segment)
+    return index > 0 and part.segments[index - 1].number + 1 < segment.number
 
 
 def _data_end(segment: Segment) -> int:

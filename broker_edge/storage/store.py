@@ -103,6 +103,8 @@ class PartitionRecords:
     frames: list[memoryview]
     lost: dict[str, int]
     damaged: int
+    removed: int
+    """Positions of segments retention deleted (every record in them below its topic's start)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1035,6 +1037,7 @@ class LogStore:
             read.frames,
             {names[topic_id]: count for topic_id, count in read.lost.items()},
             read.damaged,
+            read.removed,
         )
 
     def position_for_timestamp(self, partition: int, timestamp_ms: int) -> int:

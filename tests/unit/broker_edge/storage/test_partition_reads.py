@@ -210,3 +210,28 @@ def test_a_clusters_store_refuses_partition_reads(tmp_path: Path):
     with pytest.raises(StorageError, match="topic offsets"):
         store.read_partition(0, 0)
     store.close()
+
+
+def test_the_positions_of_a_segment_retention_deleted_between_others_are_counted_removed(tmp_path: Path):
+    store = _store(tmp_path, retention_ms=60_000)
+    young, old = BASE_TIME_MS + 120_000, BASE_TIME_MS
+    store.append("young", make_record(0, timestamp_ms=young))
+    store.flush()
+    per_segment = 8192 // store.partition_logs[0].active.size  # (records of one size)
+    for topic, time, count in (
+        ("young", young, per_segment - 1),
+        ("old", old, per_segment),
+        ("young", young, 1),
+    ):
+        for _ in range(count):
+            store.append(topic, make_record(0, timestamp_ms=time))
+        store.flush()
+    store.wait_sealed()
+
+    store.apply_retention(now_ms=young)
+
+    assert [s.number for s in store.partition_logs[0].segments] == [0, 2]
+    read = store.read_partition(0, 0, 100_000, 1 << 30)
+    assert (read.removed, read.damaged, read.lost) == (per_segment, 0, {})
+    assert read.topics == ["young"] * (per_segment + 1)
+    store.close()
