@@ -19,7 +19,7 @@ test: $(STAMP) system-deps
 	$(VENV)/bin/pytest
 
 # Every benchmark writes its section into bench/results/ (commitlog, Spark source, telemetry job, OTA, footprint,
-# cluster, cluster fanout),
+# cluster, cluster fanout, many topics),
 # then the broker suite writes bench/RESULTS.md with every bench/results/*.md section appended: one command
 # regenerates every published figure (about 50 minutes on a 2-core machine; run it on a quiet one).
 bench: $(STAMP) system-deps
@@ -31,6 +31,7 @@ bench: $(STAMP) system-deps
 	$(VENV)/bin/python -m bench.cluster_bench
 	$(VENV)/bin/python -m bench.cluster_fanout_bench
 	$(VENV)/bin/python -m bench.sessions_bench
+	$(VENV)/bin/python -m bench.topics_bench
 	$(VENV)/bin/python -m bench
 
 lint: $(STAMP)
@@ -43,7 +44,7 @@ setup: $(STAMP) system-deps
 # The virtual environment, rebuilt when the declared dependencies change.
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet -e '.[pipelines,spark,dev,cluster]'
+	$(VENV)/bin/pip install --quiet -e '.[pipelines,spark,dev,cluster,notebooks]'
 	touch $(STAMP)
 
 # Debian packages and npm packages the tests and benchmarks drive (Mosquitto's clients, etcd, MQTT.js).

@@ -15,6 +15,7 @@ import signal
 import statistics
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from bench.brokers import BROKER_NAMES, VARIANT_NAMES, BrokerUnavailable, default_broker
@@ -54,7 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _names(text: str, known: object, parser: argparse.ArgumentParser, what: str) -> list[str]:
+def _names(text: str, known: Collection[str], parser: argparse.ArgumentParser, what: str) -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in known]
     if unknown or not names:

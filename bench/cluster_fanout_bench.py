@@ -40,8 +40,8 @@ from bench.sysinfo import (
     machine_load_sentence,
     raise_fd_limit,
 )
-from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_broker, settled
-from broker_edge.launcher import BrokerProcess
+from broker_edge.runtime.launcher import BrokerProcess
+from broker_edge.runtime.local_cluster import EtcdServer, EtcdTarget, cluster_broker, settled
 
 BENCH_DIR = Path(__file__).resolve().parent
 TOPIC = "bench/fanout"

@@ -3,7 +3,7 @@
     python -m bench.cluster_trace DIRECTORY --topic TOPIC [--publisher a --leader c --subscriber b]
 
 ``DIRECTORY`` holds the ``*.trace`` files the brokers wrote with ``TIMESTONE_PATH_TRACE`` set (see
-``broker_edge/path_trace.py``) and the bench's own (``bench:sent``, ``bench:delivered``);
+``broker_edge/observe/path_trace.py``) and the bench's own (``bench:sent``, ``bench:delivered``);
 ``bench.cluster_bench --latency-only --trace DIRECTORY`` writes them and prints this table. Each row is the
 time from one stage to the next of every record that passed both (p50 / p99, ms), along the path
 publish on A → forwarded to the leader C → C's group commit → pushed to the followers → their group

@@ -45,9 +45,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import write_result
-from broker_edge.offsets_api import serve
 from broker_edge.offsets_api.client import OffsetsClient
-from broker_edge.storage import AppendRecord, LogStore, StorageConfig
+from broker_edge.offsets_api.server import serve
+from broker_edge.storage import AppendRecord, Durability, LogStore, StorageConfig
 
 TOPIC = "plant/line-1/device-0001/telemetry"
 BURST = 256
@@ -213,7 +213,7 @@ def warm_page_cache(directory: Path, size: int) -> None:
 
 
 def bench_append(
-    root: Path, policy: str, payload_size: int, count: int, repeat: int, batched: bool = True
+    root: Path, policy: Durability, payload_size: int, count: int, repeat: int, batched: bool = True
 ) -> AppendResult:
     """The fastest of `repeat` runs, next to the fastest of `repeat` dd runs with the same pattern.
 
@@ -398,7 +398,11 @@ def main() -> None:
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="commitlog-bench-", dir=args.dir) as tmp:
         root = Path(tmp)
-        plan = [("fsync", 200, 500, True), ("fsync", 200, 500, False), ("fsync", 1024, 500, True)]
+        plan: list[tuple[Durability, int, int, bool]] = [
+            ("fsync", 200, 500, True),
+            ("fsync", 200, 500, False),
+            ("fsync", 1024, 500, True),
+        ]
         plan += [("group", 200, 300_000, True)]
         plan += [
             ("group", 200, 300_000, False),

@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import cast
 
 from bench.brokers.base import BrokerUnderTest
 
@@ -27,7 +28,8 @@ CONNACK = bytes((0x20, 2, 0, 0))
 class _AnswerConnect(asyncio.Protocol):
     __slots__ = ("transport",)
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, base)  # a stream transport: it writes
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:

@@ -36,8 +36,8 @@ import uvloop
 
 from bench.frames import CONNACK, connect
 from broker_edge.config import load_dataclass
-from broker_edge.config.broker import BrokerConfig
-from broker_edge.server import Broker
+from broker_edge.runtime.broker import Broker
+from broker_edge.settings.broker import BrokerConfig
 
 _MODULE = "bench.footprint_objects"
 WARM_CONNECTIONS = 200

@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.sysinfo import cpu_seconds, machine_info  # noqa: E402
-from broker_edge.launcher import BrokerProcess  # noqa: E402
+from broker_edge.runtime.launcher import BrokerProcess  # noqa: E402
 from pipelines.actions.buckets import DEFAULT_BUCKETS  # noqa: E402
 from pipelines.fleet.device import DeviceBehaviour  # noqa: E402
 from pipelines.fleet.fleet import FleetSpec  # noqa: E402
@@ -185,7 +185,7 @@ def run_action(label, store, fleet, broker, sent, clock, devices, target, versio
     from pipelines.actions.operator import NewAction, create_action
 
     ids = [fleet.spec.device_id(i) for i in range(devices)]
-    action = NewAction(version=version, url=f"https://example.invalid/fw-{version}.bin")
+    action = NewAction(version=version, url=f"https://example.invalid/fw-{version}.bin", sha256="0" * 64)
     if target == "ids":
         action.device_ids = ids
     else:

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.ota_bench import broker_limits  # noqa: E402
-from broker_edge.launcher import BrokerProcess  # noqa: E402
+from broker_edge.runtime.launcher import BrokerProcess  # noqa: E402
 from pipelines.actions.buckets import DEFAULT_BUCKETS, REPORT_TOPICS, bucket_of, report_topic  # noqa: E402
 from pipelines.actions.publisher import MqttPublisher  # noqa: E402
 

@@ -24,13 +24,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.ota_bench import broker_limits  # noqa: E402
 from bench.sysinfo import cpu_seconds  # noqa: E402
-from broker_edge.launcher import BrokerProcess  # noqa: E402
+from broker_edge.runtime.launcher import BrokerProcess  # noqa: E402
 from pipelines.actions.publisher import MqttPublisher  # noqa: E402
 from pipelines.fleet.device import DeviceBehaviour  # noqa: E402
 from pipelines.fleet.fleet import FleetSpec  # noqa: E402
@@ -44,7 +45,7 @@ class ProfiledBroker(BrokerProcess):
     """A broker process run under cProfile (its stats written to ``profile`` when it stops)."""
 
     def __init__(
-        self, directory: Path, profile: str | None, syncs: str | None = None, **sections: object
+        self, directory: Path, profile: str | None, syncs: str | None = None, **sections: Any
     ) -> None:
         super().__init__(directory, **sections)
         self.profile = profile
@@ -60,7 +61,7 @@ class ProfiledBroker(BrokerProcess):
         if self.profile is not None:
             command += ["-m", "cProfile", "-o", self.profile]
         command += ["-m", self.module, "broker", "--config", str(self.config_path)]
-        from broker_edge.launcher import wait_for_port
+        from broker_edge.runtime.launcher import wait_for_port
 
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if storage:
         sections["storage"] = storage
-    broker = ProfiledBroker(workdir / "broker", args.profile, args.syncs, **sections).start()
+    broker = ProfiledBroker(workdir / "broker", args.profile, args.syncs, **sections)
+    broker.start()
     fleet = None
     tracer = None
     try:

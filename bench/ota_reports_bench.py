@@ -33,8 +33,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.ota_bench import broker_limits, log_progress, terminal_count  # noqa: E402
 from bench.sysinfo import cpu_seconds, machine_info  # noqa: E402
-from broker_edge.launcher import BrokerProcess  # noqa: E402
 from broker_edge.offsets_api.client import OffsetsClient  # noqa: E402
+from broker_edge.runtime.launcher import BrokerProcess  # noqa: E402
 from pipelines.actions.buckets import DEFAULT_BUCKETS, REPORT_TOPICS, bucket_of, report_topic  # noqa: E402
 
 JOB_LOG = REPO / "bench" / "results" / "ota-job.log"
@@ -117,7 +117,9 @@ def run(args, workdir: Path) -> dict:
         try:
             job.process_available()
             ids = [f"dev-{i:06d}" for i in range(args.devices)]
-            action = NewAction(device_ids=ids, version="2.0.0", url="https://example.invalid/fw-2.0.0.bin")
+            action = NewAction(
+                device_ids=ids, version="2.0.0", url="https://example.invalid/fw-2.0.0.bin", sha256="0" * 64
+            )
             create_action(store, action)
             queued = wait_until(lambda: _summary_total(store, action.action_id) >= args.devices, 120)
             facts["queued"] = queued is not None

@@ -29,8 +29,6 @@ from pathlib import Path
 
 from bench.report import run_and_write
 from bench.sysinfo import cpu_seconds, machine_busy_seconds, machine_info, machine_load_sentence
-from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_broker, settled, wait_until
-from broker_edge.launcher import BrokerProcess
 from broker_edge.protocol import PacketDecoder
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import (
@@ -44,6 +42,8 @@ from broker_edge.protocol.packets import (
     Subscription,
 )
 from broker_edge.protocol.properties import Properties
+from broker_edge.runtime.launcher import BrokerProcess
+from broker_edge.runtime.local_cluster import EtcdServer, EtcdTarget, cluster_broker, settled, wait_until
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROUNDS = 5

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.sharedctypes import SynchronizedArray
 from multiprocessing.synchronize import Event
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, cast
 
 from bench import frames
 
@@ -67,9 +67,10 @@ class _Client(asyncio.Protocol):
         self.connected = False
         self.buffer = b""
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, base)  # a stream transport: it writes
         self.transport = transport
-        self.transport.write(self.connect_frame)
+        transport.write(self.connect_frame)
 
     def data_received(self, data: bytes) -> None:
         buffer = self.buffer + data if self.buffer else data

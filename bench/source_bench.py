@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from pyspark.sql.types import StructType
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.report import write_result
-from bench.sysinfo import machine_busy_seconds, machine_info, process_tree
+from bench.sysinfo import machine_busy_seconds, machine_info, process_tree, spark_process_id
 from broker_edge.offsets_api.client import OffsetsClient
 
 RESULTS = Path(__file__).resolve().parent / "results" / "source.md"
@@ -409,7 +410,7 @@ def measure(root: Path, args: argparse.Namespace, per_topic: int, load: float) -
     spark.sparkContext.setLogLevel("ERROR")
     register_sources(spark)
     spark.dataSource.register(InMemoryArrowSource)
-    spark_pid = spark.sparkContext._gateway.proc.pid
+    spark_pid = spark_process_id(spark)
     checkpoints = (root / f"checkpoint-{number}" for number in itertools.count())
     try:
         with opened_brokers(root, args.brokers) as brokers:  # warm-up: Python workers, modules
@@ -420,8 +421,13 @@ def measure(root: Path, args: argparse.Namespace, per_topic: int, load: float) -
                 for runs in (figures.source_cold, figures.source_warm):
                     checkpoint = next(checkpoints)
                     run = meter.measure(
-                        lambda checkpoint=checkpoint: source_query(
-                            spark, brokers, checkpoint, "bench/+/telemetry", args.partition_records
+                        partial(
+                            source_query,
+                            spark,
+                            brokers,
+                            checkpoint,
+                            "bench/+/telemetry",
+                            args.partition_records,
                         )
                     )
                     runs.append(run)
@@ -439,9 +445,7 @@ def measure(root: Path, args: argparse.Namespace, per_topic: int, load: float) -
                 .load()
             )
             checkpoint = next(checkpoints)
-            figures.spark_alone.append(
-                meter.measure(lambda frame=frame, checkpoint=checkpoint: noop_query(frame, checkpoint))
-            )
+            figures.spark_alone.append(meter.measure(partial(noop_query, frame, checkpoint)))
         return figures
     finally:
         spark.stop()

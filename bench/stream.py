@@ -148,6 +148,7 @@ class FrameScanner:
 
     def _acks_for_run(self, buf: bytes | bytearray, pos: int, run: int) -> bytes:
         """PUBACK frames for `run` QoS 1 PUBLISH frames starting at `pos`, built with strided copies."""
+        assert self._pid is not None  # only QoS 1 runs are acknowledged
         start = pos + self._pid
         stop = pos + run * self._len
         out = bytearray(4 * run)

@@ -8,6 +8,10 @@ import resource
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -56,7 +60,8 @@ def _meminfo_kib(field: str) -> int:
 
 def process_tree(pid: int) -> list[int]:
     """`pid` and all its descendants (a broker may fork workers: they count as the broker)."""
-    seen, todo = [], [pid]
+    seen: list[int] = []
+    todo = [pid]
     while todo and len(seen) < 10_000:
         current = todo.pop()
         seen.append(current)
@@ -150,3 +155,10 @@ def machine_load_sentence(other_cpu: float, effect: str) -> str:
     if other_cpu > SHARED_MACHINE_CPU:
         return f"the machine was shared: {effect}"
     return "the machine was otherwise idle"
+
+
+def spark_process_id(spark: SparkSession) -> int:
+    """The process id of a local SparkSession's JVM (its CPU counts as Spark's)."""
+    gateway = spark.sparkContext._gateway
+    assert gateway is not None, "a local session has its JVM's gateway"
+    return gateway.proc.pid

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/telemetry_bench.py [--quick] [--records N] [--topics N] [--output FILE]
 
-Every part is the real one: a Timestone broker process (``broker_edge.launcher.BrokerProcess``, i.e.
+Every part is the real one: a Timestone broker process (``broker_edge.runtime.launcher.BrokerProcess``, i.e.
 ``timestone broker --config``), MQTT publishers on loopback sockets, the ``timestone`` Spark source, Delta
 tables written by delta-rs through ``sinks``, and the telemetry job of ``pipelines/telemetry/job.py``, on a
 local[2] Spark session. Three figures:
@@ -48,8 +48,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,9 +58,9 @@ sys.path.insert(0, str(REPO))
 
 from bench import frames  # noqa: E402
 from bench.report import write_result  # noqa: E402
-from bench.sysinfo import machine_busy_seconds, machine_info  # noqa: E402
+from bench.sysinfo import machine_busy_seconds, machine_info, spark_process_id  # noqa: E402
 from bench.telemetry_ceiling import CeilingRun, run_ceiling  # noqa: E402
-from broker_edge.launcher import BrokerProcess  # noqa: E402
+from broker_edge.runtime.launcher import BrokerProcess  # noqa: E402
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -158,9 +159,10 @@ class BacklogConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, base)  # a stream transport: it writes
         self.transport = transport
-        self.transport.write(frames.connect(self.client_id))
+        transport.write(frames.connect(self.client_id))
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -213,8 +215,8 @@ async def publish_backlog(port: int, topics: int, per_topic: int, timeout_s: flo
     began = time.perf_counter()
     connections: list[BacklogConnection] = []
     for number, publishes in enumerate(batches):
-        connection = BacklogConnection(device_id(number), publishes, loop.create_future())
-        await loop.create_connection(lambda connection=connection: connection, "127.0.0.1", port)
+        factory = partial(BacklogConnection, device_id(number), publishes, loop.create_future())
+        _, connection = await loop.create_connection(factory, "127.0.0.1", port)
         connections.append(connection)
     try:
         await asyncio.wait_for(asyncio.gather(*(c.done for c in connections)), timeout_s)
@@ -528,9 +530,9 @@ class StepTrace:
                 return step(batch, name, work)
             finally:
                 trace.local.key = None
-                sc.setLocalProperty("spark.job.description", previous)
+                sc.setLocalProperty("spark.job.description", cast(str, previous))  # None unsets it
 
-        job._Batch.step = traced_step
+        job._Batch.step = traced_step  # type: ignore[method-assign, assignment]  # traced while it runs
 
         def timed(owner: Any, attr: str, part: str) -> None:
             original = getattr(owner, attr)
@@ -582,7 +584,7 @@ class StepTrace:
 def percentile(values: list[float], pct: float) -> float:
     """Nearest-rank percentile (``pct`` in 0..100) of a non-empty list."""
     ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, -(-len(ordered) * pct // 100) - 1))]
+    return ordered[max(0, min(len(ordered) - 1, int(-(-len(ordered) * pct // 100)) - 1))]
 
 
 # -- Spark phases ----------------------------------------------------------------------------------------
@@ -644,7 +646,7 @@ def bronze_only_query(
     )
 
 
-def finish(query: StreamingQuery, timeout_s: float) -> list[dict[str, Any]]:
+def finish(query: StreamingQuery, timeout_s: int) -> list[dict[str, Any]]:
     """Wait for an availableNow query (stopping it after ``timeout_s``); its progress reports."""
     if not query.awaitTermination(timeout_s):
         query.stop()
@@ -665,7 +667,7 @@ def table_rows(store: TableStore, name: str) -> int:
 
 
 def measure_bronze(
-    spark: SparkSession, root: Path, label: str, broker: BrokerProcess, meter: CpuMeter, timeout_s: float
+    spark: SparkSession, root: Path, label: str, broker: BrokerProcess, meter: CpuMeter, timeout_s: int
 ) -> ThroughputRun:
     """One source → bronze run over everything the broker holds."""
     from pipelines.telemetry.job import open_store
@@ -687,7 +689,7 @@ def measure_bronze(
 
 
 def measure_job(
-    spark: SparkSession, root: Path, label: str, broker: BrokerProcess, meter: CpuMeter, timeout_s: float
+    spark: SparkSession, root: Path, label: str, broker: BrokerProcess, meter: CpuMeter, timeout_s: int
 ) -> ThroughputRun:
     """The whole telemetry job, availableNow, over everything the broker holds."""
     from pipelines.telemetry.job import TelemetryBatch, open_store, start_query
@@ -893,7 +895,7 @@ def run(settings: Settings, root: Path, figures: Figures) -> None:
     per_topic = settings.records // settings.topics
     spark = local_spark_session("timestone-telemetry-bench", SPARK_MASTER)
     spark.sparkContext.setLogLevel("ERROR")
-    spark_pid = spark.sparkContext._gateway.proc.pid
+    spark_pid = spark_process_id(spark)
     try:
         with BrokerProcess(root / "backlog-broker", **BROKER_SECTIONS) as broker:
             print(f"publishing {per_topic * settings.topics:,} readings on {settings.topics} topics ...")
@@ -926,9 +928,9 @@ def run(settings: Settings, root: Path, figures: Figures) -> None:
                 ("job", lambda: cold_job(broker.offsets_url, root / "job-cold")),
             ):
                 try:
-                    result = cold()
-                    setattr(figures, f"{name}_cold", result)
-                    print(f"{name}, cold (fresh Spark process): {result.rate:,.0f} rows/s")
+                    cold_run = cold()
+                    setattr(figures, f"{name}_cold", cold_run)
+                    print(f"{name}, cold (fresh Spark process): {cold_run.rate:,.0f} rows/s")
                 except Exception as exc:
                     figures.failures.append(f"{name}, cold: {exc}")
             # warm: one unmeasured run of each, then the two take turns
@@ -1273,7 +1275,7 @@ def latency_only(settings: Settings, trace: bool = False) -> int:
     root = Path(tempfile.mkdtemp(prefix="timestone-telemetry-latency-"))
     spark = local_spark_session("timestone-telemetry-bench", SPARK_MASTER)
     spark.sparkContext.setLogLevel("ERROR")
-    spark_pid = spark.sparkContext._gateway.proc.pid
+    spark_pid = spark_process_id(spark)
 
     def meter_for(broker: BrokerProcess) -> CpuMeter:
         return CpuMeter(broker.process.pid if broker.process else None, spark_pid, list)

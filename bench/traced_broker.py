@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from broker_edge.heap_trim import bound_arenas, heap_count
+from broker_edge.process.heap_trim import bound_arenas, heap_count
 
 FRAMES = 10
 
@@ -77,7 +77,7 @@ def malloc_stats() -> dict[str, int]:
         return {}
     function.restype = _MallInfo2
     info = function()
-    return {name: int(getattr(info, name)) for name, _ in _MallInfo2._fields_}
+    return {name: int(getattr(info, name)) for name, *_ in _MallInfo2._fields_}
 
 
 _PYMALLOC_LINES = {
@@ -125,7 +125,7 @@ _LEAVES = (type, type(sys), type(len), str, int, float, bool)
 def _record_brokers() -> None:
     """Record every `Broker` made from now on: the probe starts its walk there (the broker's objects are
     frozen out of the garbage collector's lists once it has started)."""
-    from broker_edge.server import Broker
+    from broker_edge.runtime.broker import Broker
 
     made = Broker.__init__
 

@@ -12,10 +12,20 @@ import sys
 
 # subcommand -> (module, function taking argv and returning an exit code, one-line help, extras it needs)
 COMMANDS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
-    "broker": ("broker_edge.main", "main", "run an edge broker: timestone broker [--config FILE]", ()),
-    "passwd": ("broker_edge.auth", "passwd_main", "add, change or delete a user in a password file", ()),
+    "broker": (
+        "broker_edge.runtime.main",
+        "main",
+        "run an edge broker: timestone broker [--config FILE]",
+        (),
+    ),
+    "passwd": (
+        "broker_edge.security.auth",
+        "passwd_main",
+        "add, change or delete a user in a password file",
+        (),
+    ),
     "cluster": (
-        "broker_edge.cluster.status",
+        "broker_edge.cluster.coordination.status",
         "cluster_main",
         "inspect a broker cluster: timestone cluster status --etcd URL",
         ("cluster",),
@@ -27,7 +37,12 @@ COMMANDS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         ("pipelines", "spark"),
     ),
     "devices": ("pipelines.fleet.cli", "devices_main", "simulate a fleet of devices", ()),
-    "ota": ("pipelines.actions.cli", "ota_main", "create or cancel an OTA / command action", ("pipelines",)),
+    "ota": (
+        "pipelines.actions.cli",
+        "ota_main",
+        "OTA / command actions: timestone ota create | cancel | status [--watch]",
+        ("pipelines",),
+    ),
     "demo": (
         "pipelines.demo",
         "demo_main",
@@ -67,10 +82,21 @@ def missing_extras_message(command: str, module: str) -> str | None:
 
 
 def _usage() -> str:
-    lines = ["usage: timestone <command> [options]", "", "commands:"]
+    lines = ["usage: timestone [--version] <command> [options]", "", "commands:"]
     lines += [f"  {name:<10} {entry[2]}" for name, entry in COMMANDS.items()]
     lines.append("\nRun 'timestone <command> --help' for the options of a command.")
     return "\n".join(lines)
+
+
+def version() -> str:
+    """The installed distribution's version."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("timestone")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0 if args else 2
+    if args[0] in ("--version", "-V"):
+        print(f"timestone {version()}")
+        return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
         print(f"timestone: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)

@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from broker_edge.launcher import BrokerProcess
+from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.fleet.background import BackgroundFleet
+from pipelines.fleet.cli import at_least_one, probability
 from pipelines.fleet.device import DeviceBehaviour
 from pipelines.fleet.fleet import FleetSpec
 from pipelines.views.location import DEMO_WORKDIR, notebooks_hint
@@ -30,13 +31,17 @@ STATES = ("queued", "in_progress", "succeeded", "failed", "rejected", "timed_out
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="timestone demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--devices", type=int, default=200, help="simulated devices (default 200)")
+    parser.add_argument("--devices", type=at_least_one, default=200, help="simulated devices (default 200)")
     parser.add_argument(
         "--workdir", default=str(DEMO_WORKDIR), help=f"where the demo keeps its data (default {DEMO_WORKDIR})"
     )
     parser.add_argument("--timeout", type=float, default=240.0, help="give up after this many seconds")
-    parser.add_argument("--failure-rate", type=float, default=0.05, help="share of devices whose OTA fails")
-    parser.add_argument("--reject-rate", type=float, default=0.02, help="share of devices that reject OTA")
+    parser.add_argument(
+        "--failure-rate", type=probability, default=0.05, help="share of devices whose OTA fails"
+    )
+    parser.add_argument(
+        "--reject-rate", type=probability, default=0.02, help="share of devices that reject OTA"
+    )
     return parser
 
 

@@ -2,13 +2,20 @@
 
 A pipeline is a module with
 
-- ``validate(config: Any) -> object`` (optional): build and check its configuration, raising
-  ``broker_edge.config.loader.ConfigError`` naming the field; called before Spark starts;
+- ``validate(config: Any) -> object`` (optional): build and check its configuration, every value the job
+  will use, raising ``broker_edge.config.loader.ConfigError`` naming the field; called before Spark starts;
+- ``preflight(validated: object, options: RunOptions) -> None`` (optional): what must hold of the world
+  before Spark starts (``pipelines.preflight``: the brokers answer), raising ``BrokersUnreachable``;
 - ``run(spark, config: Any, options: RunOptions) -> int``: run the pipeline, return the exit code.
 
 ``config`` is the parsed YAML of the pipeline's file, or one top-level section of it. Adding a pipeline is
-one line in :data:`PIPELINES`. The same command is what the Databricks bundle runs, so the code path on a
+one entry in :data:`PIPELINES`. The same command is what the Databricks bundle runs, so the code path on a
 cluster is the one tested here; only the SparkSession differs.
+
+Exit status: 0 the pipeline caught up (``--available-now``) or was stopped (Ctrl-C, SIGTERM); 1 it failed
+while running; 2 a wrong command line or configuration (the message names the dotted key); 3 missing
+optional dependencies (``pipelines.cli``); 4 with ``--available-now``, the brokers to read did not answer.
+No user error ends in a traceback: each is one line (``--log-level DEBUG`` logs the details).
 """
 
 from __future__ import annotations
@@ -18,19 +25,27 @@ import importlib
 import logging
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from broker_edge.config.loader import ConfigError, load_yaml_file
+from pipelines.graceful_stop import StopRequest, stop_on_signals
+from pipelines.overrides import apply_override, key_steps
+from pipelines.pipeline_logs import configure_pipeline_logging, failure_summary, quiet_spark
+from pipelines.preflight import BrokersUnreachable
+from pipelines.run_options import RunOptions
 from pipelines.views.location import notebooks_hint
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+FAILED, CONFIG_ERROR, UNREACHABLE = 1, 2, 4
 
 
 @dataclass(frozen=True)
@@ -39,6 +54,10 @@ class Pipeline:
 
     module: str
     default_config: str
+    summary: str
+    """One line for ``timestone pipeline --help``."""
+    description: str
+    """What ``timestone pipeline <name> --help`` says the pipeline does."""
     section: str | None = None  # None: the whole file is the pipeline's config
     tables_root: str | None = None
     """Dotted attribute of the validated config holding the tables root (printed for the notebooks)."""
@@ -47,72 +66,110 @@ class Pipeline:
 #: Every pipeline ``timestone pipeline`` can run.
 PIPELINES: dict[str, Pipeline] = {
     "telemetry": Pipeline(
-        "pipelines.telemetry.job", "conf/pipeline.yaml", section="telemetry", tables_root="tables.root"
+        "pipelines.telemetry.job",
+        "conf/pipeline.yaml",
+        summary="the brokers' logs → bronze → silver (data-quality checked) → gold Delta tables",
+        description=(
+            "Reads the brokers' commitlogs with the timestone Spark source and writes bronze_telemetry, "
+            "silver_telemetry (parsed, deduplicated, checked by Great Expectations; rejects in "
+            "telemetry_quarantine, results in dq_results), device_minute and devices "
+            "(docs/telemetry-pipeline.md). Its configuration is the `telemetry` section of the file."
+        ),
+        section="telemetry",
+        tables_root="tables.root",
     ),
-    "actions": Pipeline("pipelines.actions.job", "conf/actions.yaml", tables_root="tables_root"),
+    "actions": Pipeline(
+        "pipelines.actions.job",
+        "conf/actions.yaml",
+        summary="the OTA / command fanout: actions rows → devices, status reports → action tables",
+        description=(
+            "Streams the `actions` table's change feed, checks every row, publishes each valid action to "
+            "its devices through the brokers, folds the devices' status reports into action_executions "
+            "and action_summary, paces rollouts and aborts them at their thresholds (docs/ota.md). Its "
+            "configuration is the whole file."
+        ),
+        tables_root="tables_root",
+    ),
 }
 
+EXIT_STATUS = """exit status: 0 caught up (--available-now) or stopped (Ctrl-C, SIGTERM);
+1 failed while running; 2 a wrong command line or configuration (naming the dotted key);
+3 optional dependencies missing; 4 with --available-now, the brokers to read did not answer."""
 
-@dataclass(frozen=True)
-class RunOptions:
-    """What the command line decides for any pipeline, beyond its configuration."""
 
-    available_now: bool = False
-    spark_master: str | None = None
-    config_path: str | None = None
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="timestone pipeline",
+        description="Run a streaming pipeline ('timestone pipeline <name> --help': one pipeline's options).",
+    )
+    sub = parser.add_subparsers(dest="name", required=True, metavar="PIPELINE")
+    for name, pipeline in PIPELINES.items():
+        where = f"the `{pipeline.section}` section of " if pipeline.section else ""
+        one = sub.add_parser(
+            name,
+            help=pipeline.summary,
+            description=textwrap.fill(pipeline.description, width=100),
+            epilog=EXIT_STATUS,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        one.add_argument(
+            "--config",
+            "-c",
+            default=None,
+            help=f"YAML config: {where}this file (default: {pipeline.default_config})",
+        )
+        one.add_argument(
+            "--available-now",
+            action="store_true",
+            help="process everything available now, then stop (instead of running continuously)",
+        )
+        one.add_argument(
+            "--spark-master",
+            default=None,
+            help="Spark master of a local session (default: local[*]; on Databricks the cluster's session)",
+        )
+        example = (
+            f"{pipeline.section}.tables.root=/data/lake" if pipeline.section else "tables_root=/data/lake"
+        )
+        one.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help=f"override a config key by its dotted path, lists indexed as key[0] (e.g. {example}); "
+            "VALUE is read as YAML (repeatable)",
+        )
+        one.add_argument("--log-format", choices=("text", "json"), default="text", help="text, or JSON lines")
+        one.add_argument(
+            "--log-level",
+            type=str.upper,
+            choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+            default="INFO",
+            help="lowest level logged (default INFO; DEBUG also shows Spark's, py4j's and GX's own logs)",
+        )
+    return parser
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="timestone pipeline", description="Run a streaming pipeline.")
-    parser.add_argument("name", choices=sorted(PIPELINES), help="the pipeline to run")
-    defaults = ", ".join(f"{name}: {p.default_config}" for name, p in sorted(PIPELINES.items()))
-    parser.add_argument("--config", "-c", default=None, help=f"YAML config (default: {defaults})")
-    parser.add_argument(
-        "--available-now",
-        action="store_true",
-        help="process everything available now, then stop (instead of running continuously)",
-    )
-    parser.add_argument(
-        "--spark-master",
-        default=None,
-        help="Spark master of a local session (default: local[*]; on Databricks the cluster's session)",
-    )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key by its dotted path in the file; VALUE is read as YAML (repeatable)",
-    )
-    return parser.parse_args(list(argv))
+    return build_parser().parse_args(list(argv))
 
 
-def apply_override(document: dict[str, Any], assignment: str) -> None:
-    """Set ``a.b.c=value`` in ``document`` (creating mappings on the way); the value is parsed as YAML."""
-    key, sep, raw = assignment.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(assignment, "expected KEY=VALUE with a dotted KEY")
-    parts = key.strip().split(".")
-    node = document
-    for i, part in enumerate(parts[:-1]):
-        child = node.setdefault(part, {})
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(".".join(parts[: i + 1]), "is not a mapping, cannot set a key inside it")
-        node = child
-    try:
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError as exc:
-        raise ConfigError(key, f"value is not valid YAML: {exc}") from None
+def sections_of(pipeline: Pipeline) -> set[str]:
+    """The top-level sections a pipeline's file may hold: those of every pipeline sharing that file."""
+    shared = [p.section for p in PIPELINES.values() if p.default_config == pipeline.default_config]
+    return {section for section in shared if section}
 
 
-def load_config_document(path: str | None, default: str, overrides: Sequence[str]) -> dict[str, Any]:
+def load_config_document(
+    path: str | None, default: str, overrides: Sequence[str], sections: set[str] | None = None
+) -> dict[str, Any]:
     """The config file as a mapping with overrides applied.
 
     Without ``--config`` the pipeline's default file is read when it exists (running from the repository),
-    else every key takes its default (an installed wheel run from anywhere).
+    else every key takes its default (an installed wheel run from anywhere). With ``sections`` (a file of
+    one section per pipeline), any other top-level key, in the file or an override, is refused by name: a
+    misspelt section would otherwise be ignored and the job run on defaults.
     """
     if path is not None:
         document = load_yaml_file(path)
@@ -121,8 +178,24 @@ def load_config_document(path: str | None, default: str, overrides: Sequence[str
     else:
         document = {}
     for assignment in overrides:
+        if sections:
+            _check_section(assignment, sections)
         apply_override(document, assignment)
+    unknown = [key for key in document if sections and key not in sections]
+    if unknown:
+        known = ", ".join(sorted(sections or ()))
+        raise ConfigError(str(unknown[0]), f"unknown section of {path or default} (known sections: {known})")
     return document
+
+
+def _check_section(assignment: str, sections: set[str]) -> None:
+    key = assignment.partition("=")[0].strip()
+    first = key_steps(key)[0] if key else ""
+    if first not in sections:
+        hint = " or ".join(f"'{section}.{key}'" for section in sorted(sections))
+        raise ConfigError(
+            key, f"unknown key: keys of this file start with a section name (did you mean {hint}?)"
+        )
 
 
 def spark_session(master: str | None, app_name: str) -> SparkSession:
@@ -140,18 +213,47 @@ def pipeline_main(argv: list[str]) -> int:
     """Entry point of ``timestone pipeline``: parse, load config, start Spark, run until done or stopped."""
     args = parse_args(argv)
     pipeline = PIPELINES[args.name]
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_pipeline_logging(args.log_level, args.log_format)
+    prefix = f"timestone pipeline {args.name}"
     module = importlib.import_module(pipeline.module)
+    options = RunOptions(args.available_now, args.spark_master, args.config)
     try:
-        document = load_config_document(args.config, pipeline.default_config, args.overrides)
+        document = load_config_document(
+            args.config, pipeline.default_config, args.overrides, sections_of(pipeline)
+        )
         config = document.get(pipeline.section) if pipeline.section else document
         validate = getattr(module, "validate", None)
         validated = validate(config) if validate is not None else None
+        preflight = getattr(module, "preflight", None)
+        if preflight is not None:
+            preflight(validated, options)
     except ConfigError as exc:
-        print(f"timestone pipeline {args.name}: {exc}", file=sys.stderr)
-        return 2
+        print(f"{prefix}: {exc}", file=sys.stderr)
+        return CONFIG_ERROR
+    except BrokersUnreachable as exc:
+        print(f"{prefix}: {exc}", file=sys.stderr)
+        return UNREACHABLE
     if validated is not None and pipeline.tables_root:
         print(notebooks_hint(str(attrgetter(pipeline.tables_root)(validated))), flush=True)
-    options = RunOptions(args.available_now, args.spark_master, args.config)
-    spark = spark_session(args.spark_master, app_name=f"timestone-{args.name}")
-    return int(module.run(spark, config, options) or 0)
+    request: StopRequest | None = None
+    try:
+        spark = spark_session(args.spark_master, app_name=f"timestone-{args.name}")
+        quiet_spark(spark, args.log_level)
+        request = stop_on_signals(spark, prefix)
+        status = int(module.run(spark, config, options) or 0)
+        if request.asked.is_set():
+            print(f"{prefix}: stopped", file=sys.stderr)
+        return status
+    except KeyboardInterrupt:  # before the handlers were installed
+        print(f"{prefix}: stopped", file=sys.stderr)
+        return 0
+    except ConfigError as exc:  # found only once Spark runs (e.g. the actions job asking the brokers)
+        print(f"{prefix}: {exc}", file=sys.stderr)
+        return CONFIG_ERROR
+    except Exception as exc:
+        log.debug("%s failed", prefix, exc_info=True)
+        print(f"{prefix}: failed: {failure_summary(exc)}", file=sys.stderr)
+        return FAILED
+    finally:
+        if request is not None:
+            request.finished()

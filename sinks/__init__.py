@@ -5,8 +5,9 @@ when chosen, so importing this package needs neither delta-rs nor delta-spark.
 """
 
 from sinks.arrow_conform import SchemaMismatch
+from sinks.backends import open_table_store
 from sinks.foreach_batch import BatchWriter, exactly_once, streaming_query_id
-from sinks.store import TableStore, TableStoreError, open_table_store
+from sinks.store import TableStore, TableStoreError
 from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec, UnknownTable, build_catalog, table_spec
 
 __all__ = [

@@ -280,9 +280,8 @@ class DeltaNativeTableStore(TableStore):
         latest one whenever it runs, unlike the delta-rs store's fixed file list). Delta's own data
         skipping reads only the files ``within`` may need."""
         version = self.version(name)
-        pinned = self.spark.sql(f"SELECT * FROM {self._identifier(name)} VERSION AS OF {version}")
-        frame = pinned.select(*[f"`{c}`" for c in self.spec(name).column_names])
-        return frame if within is None else within.rows(frame)
+        frame = self.spark.sql(f"SELECT * FROM {self._identifier(name)} VERSION AS OF {version}")
+        return frame if within is None else within.rows(frame)  # the table's own columns, as written
 
     def compact(self, name: str, target_bytes: int) -> int:
         """Delta's ``OPTIMIZE`` (bin-packing), its file size bounded by ``target_bytes``."""
@@ -299,9 +298,12 @@ class DeltaNativeTableStore(TableStore):
         return int(metrics["metrics"]["numFilesRemoved"]) if metrics is not None else 0
 
     def read_arrow(self, name: str, within: TimeRange | None = None) -> pa.Table:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
         from sinks.arrow_conform import conform
 
-        return conform(self.read(name, within).toArrow(), self.spec(name).arrow_schema, name)
+        frame = self.read(name, within)
+        return conform(frame.toArrow(), to_arrow_schema(frame.schema, timezone="UTC"), name)
 
     def appended(self, name: str, app_id: str, batch_id: int) -> DataFrame | None:
         from pyspark.sql import functions as F

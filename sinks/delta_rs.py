@@ -38,6 +38,7 @@ from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_de
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.types import StructField, StructType
 
 from sinks.arrow_conform import SchemaMismatch, conform, to_arrow_table
 from sinks.parquet_files import FileWriter, WrittenFile, remove_files, write_files
@@ -51,7 +52,7 @@ from sinks.store import (
     commit_marker,
     merge_condition,
 )
-from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec
+from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec, as_nullable
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -365,7 +366,7 @@ class DeltaRsTableStore(TableStore):
     def read(self, name: str, within: TimeRange | None = None) -> DataFrame:
         table = self._open(name)
         _check_plain_parquet(name, table)
-        frame = self._read_files(name, _files_within(table, self.location(name), within))
+        frame = self._read_files(name, _files_within(table, self.location(name), within), table)
         return frame if within is None else within.rows(frame)
 
     def compact(self, name: str, target_bytes: int) -> int:
@@ -378,24 +379,25 @@ class DeltaRsTableStore(TableStore):
             return 0
         return int(metrics.get("numFilesRemoved", 0))
 
-    def _read_files(self, name: str, files: list[str]) -> DataFrame:
-        """Some data files of the table as a Spark DataFrame with the declared schema."""
+    def _read_files(self, name: str, files: list[str], table: DeltaTable) -> DataFrame:
+        """Some data files of the table as a Spark DataFrame, in the schema of ``table`` (as loaded): the
+        columns as written, whatever this store's catalog declares."""
         if self.spark is None:
             raise TableStoreError("reading into Spark needs the SparkSession the store was opened with")
-        spec = self.spec(name)
+        schema = _read_schema(table)
         if not files:
-            return self.spark.createDataFrame([], spec.read_schema)
+            return self.spark.createDataFrame([], schema)
         if not self._serial_listing and _local_directory(self.location(name)) is not None:
             # Above its threshold (32 paths by default) Spark lists the given files in a Spark job of its
             # own, on every read: a table passes it after 32 appends. Local files are listed in the driver.
             self.spark.conf.set(_LISTING_THRESHOLD_CONF, str(_SERIAL_LISTING_FILES))
             self._serial_listing = True
         frame = (
-            self.spark.read.schema(spec.read_schema)
+            self.spark.read.schema(schema)
             .option("basePath", self.location(name))  # partition values come from the directory names
             .parquet(*files)
         )
-        return frame.to(spec.read_schema)  # declared column order (partition columns come last otherwise)
+        return frame.to(schema)  # the table's column order (partition columns come last otherwise)
 
     def appended(self, name: str, app_id: str, batch_id: int) -> DataFrame | None:
         table = self._open(name, fresh=True)  # loaded at older versions below
@@ -411,26 +413,30 @@ class DeltaRsTableStore(TableStore):
         location = self.location(name)
         table.load_as_version(version)
         files = _live_files(table, location)
+        appended_to = self._open(name, fresh=True)
+        appended_to.load_as_version(version)  # its schema: the one the batch's rows were written in
         if version > 0:
             table.load_as_version(version - 1)
             earlier = set(_live_files(table, location))
             files = [f for f in files if f not in earlier]
-        return self._read_files(name, files)
+        return self._read_files(name, files, appended_to)
 
     def read_arrow(self, name: str, within: TimeRange | None = None) -> pa.Table:
-        """The snapshot as Arrow. A local table's files are read with Arrow's own file system: delta-rs'
-        ``to_pyarrow_table`` leaves Arrow's I/O threads calling back into its Python file handler, and a
-        process that exits after it may abort ("terminate called without an active exception", exit status
-        134) after its work is done."""
-        spec = self.spec(name)
+        """The snapshot as Arrow, in the table's own schema. A local table's files are read with Arrow's own
+        file system: delta-rs' ``to_pyarrow_table`` leaves Arrow's I/O threads calling back into its Python
+        file handler, and a process that exits after it may abort ("terminate called without an active
+        exception", exit status 134) after its work is done."""
         table = self._open(name)
+        schema = _arrow_schema(table)
         location = self.location(name)
         directory = _local_directory(location)
         if directory is not None and not _unreadable_as_parquet(table):
-            snapshot = _read_local_files(_files_within(table, location, within), directory, spec)
+            partition_by = list(table.metadata().partition_columns)
+            files = _files_within(table, location, within)
+            snapshot = _read_local_files(files, directory, schema, partition_by)
         else:
             snapshot = pa.table(table.to_pyarrow_table())
-        snapshot = conform(snapshot, spec.arrow_schema, name, drop_extra=True)
+        snapshot = conform(snapshot, schema, name, drop_extra=True)
         return snapshot if within is None else within.arrow_rows(snapshot)
 
     def version(self, name: str) -> int:
@@ -512,6 +518,17 @@ def _arrow_schema(table: DeltaTable) -> pa.Schema:
     return pa.schema(table.schema().to_arrow())
 
 
+def _read_schema(table: DeltaTable) -> StructType:
+    """The table's own schema as Spark file reads produce it: every field nullable, comments kept."""
+    arrow = _arrow_schema(table)
+    fields = []
+    for spark_field, arrow_field in zip(from_arrow_schema(arrow).fields, arrow, strict=True):
+        comment = (arrow_field.metadata or {}).get(b"comment")
+        metadata = {"comment": comment.decode()} if comment else {}
+        fields.append(StructField(spark_field.name, as_nullable(spark_field.dataType), True, metadata))
+    return StructType(fields)
+
+
 def _is_spark_frame(data: TableData) -> bool:
     return hasattr(data, "toArrow") and hasattr(data, "sparkSession")
 
@@ -528,11 +545,13 @@ def _unreadable_as_parquet(table: DeltaTable) -> list[str]:
     return sorted(features)
 
 
-def _read_local_files(files: list[str], directory: str, spec: TableSpec) -> pa.Table:
+def _read_local_files(
+    files: list[str], directory: str, schema: pa.Schema, partition_by: list[str]
+) -> pa.Table:
     """A local table's data files as one Arrow table, partition values from the directory names."""
     if not files:
-        return spec.arrow_schema.empty_table()
-    partition_fields = [spec.arrow_schema.field(column) for column in spec.partition_by]
+        return schema.empty_table()
+    partition_fields = [schema.field(column) for column in partition_by]
     partitioning = ds.partitioning(pa.schema(partition_fields), flavor="hive") if partition_fields else None
     dataset = ds.dataset(files, format="parquet", partitioning=partitioning, partition_base_dir=directory)
     return dataset.to_table()

@@ -12,24 +12,19 @@ from one checkpoint) and the micro-batch id, so a batch replayed after a crash w
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec
+from sinks.tables import TableCatalog, TableSpec
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import DataFrame, SparkSession
-
-Backend = Literal["auto", "delta-rs", "native"]
+    from pyspark.sql import DataFrame
 
 #: Arrow data or a Spark DataFrame: what ``append`` and ``merge`` accept.
 TableData = Any
-
-DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 
 #: How a write names its batch in its commit's metadata (``userMetadata`` natively, a commitInfo key with
 #: delta-rs), so the commit of a batch can be found again (:meth:`TableStore.appended`).
@@ -146,7 +141,10 @@ class TableStore(ABC):
 
     @abstractmethod
     def read(self, name: str, within: TimeRange | None = None) -> DataFrame:
-        """The current snapshot as a Spark DataFrame with the declared schema (empty table: no rows).
+        """The current snapshot as a Spark DataFrame in the table's own schema (empty table: no rows).
+
+        The columns are the table's, as written: a column the catalog does not declare is read too, and one
+        it declares that the table lacks is not made up as nulls (``ensure`` adds declared columns).
 
         The snapshot is the one current when ``read`` is called: commits made after it, even before the
         DataFrame runs, are not in it (pipelines rely on this to read a table "as it was before" a write).
@@ -164,8 +162,8 @@ class TableStore(ABC):
 
     @abstractmethod
     def read_arrow(self, name: str, within: TimeRange | None = None) -> pa.Table:
-        """The current snapshot as Arrow with the declared schema (for small tables, small ranges, tests);
-        with ``within``, as :meth:`read` narrows it."""
+        """The current snapshot as Arrow in the table's own schema, as :meth:`read` (for small tables, small
+        ranges, tests); with ``within``, as :meth:`read` narrows it."""
 
     @abstractmethod
     def appended(self, name: str, app_id: str, batch_id: int) -> DataFrame | None:
@@ -197,91 +195,3 @@ def check_batch(app_id: str, batch_id: int) -> None:
         raise ValueError("app_id must be a non-empty string (the streaming query id or a stable name)")
     if not isinstance(batch_id, int) or isinstance(batch_id, bool) or batch_id < 0:
         raise ValueError(f"batch_id must be a non-negative int, got {batch_id!r}")
-
-
-def choose_backend(backend: Backend, spark_extensions: str, delta_format_available: bool) -> str:
-    """Pick the backend name: native where Spark has Delta, else the embedded delta-rs."""
-    if backend in ("delta-rs", "native"):
-        return backend
-    if backend != "auto":
-        raise ValueError(f"backend must be 'auto', 'delta-rs' or 'native', got {backend!r}")
-    if DELTA_EXTENSION in spark_extensions or delta_format_available:
-        return "native"
-    return "delta-rs"
-
-
-def session_has_delta(spark: SparkSession) -> tuple[str, bool]:
-    """What :func:`choose_backend` looks at: the session extensions, and whether ``delta`` resolves.
-
-    Databricks runtimes have Delta built in without listing the extension, hence the second check: asking
-    Spark to resolve the ``delta`` data source class. It is only attempted when the runtime says it is
-    Databricks or the delta-spark Python package is importable, so plain local sessions start no JVM work.
-    """
-    extensions = spark.conf.get("spark.sql.extensions", "") or ""
-    if DELTA_EXTENSION in extensions:
-        return extensions, True
-    on_databricks = bool(os.environ.get("DATABRICKS_RUNTIME_VERSION"))
-    if not (on_databricks or _delta_spark_importable()):
-        return extensions, False
-    # Spark Connect has no JVM handle to ask; Databricks always has Delta, so trust its runtime marker.
-    return extensions, delta_format_resolves(spark) or on_databricks
-
-
-def delta_format_resolves(spark: SparkSession) -> bool:
-    """Whether Spark can resolve the ``delta`` data source (its jars are on the classpath)."""
-    return data_source_resolves(spark, "delta")
-
-
-def data_source_resolves(spark: SparkSession, name: str) -> bool:
-    """Whether ``format(name)`` would find a data source class, asked of the JVM without reading anything."""
-    try:
-        jvm: Any = spark.sparkContext._jvm  # py4j's gateway: typed as optional, present on a live session
-        conf = spark._jsparkSession.sessionState().conf()
-        jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(name, conf)
-    except Exception:
-        return False
-    return True
-
-
-def _delta_spark_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("delta") is not None
-
-
-def open_table_store(
-    spark: SparkSession | None,
-    root: str,
-    backend: Backend = "auto",
-    catalog: TableCatalog = DEFAULT_CATALOG,
-    *,
-    namespace: str | None = None,
-    storage_options: dict[str, str] | None = None,
-    executor_writes: bool | Collection[str] = False,
-) -> TableStore:
-    """The table store for this session: tables live at ``<root>/<table name>``.
-
-    ``namespace`` (``catalog.schema``) makes the native backend address tables by name in the metastore
-    instead of by path; ``storage_options`` are delta-rs object-store options (credentials, endpoints);
-    ``executor_writes`` (True, or table names) has delta-rs append Spark DataFrames from the tasks (see
-    ``DeltaRsTableStore``).
-    """
-    if backend == "auto":
-        if spark is None:
-            chosen = "delta-rs"
-        else:
-            extensions, available = session_has_delta(spark)
-            chosen = choose_backend(backend, extensions, available)
-    else:
-        chosen = choose_backend(backend, "", False)
-    if chosen == "native":
-        if spark is None:
-            raise ValueError("the native Delta backend needs a SparkSession")
-        from sinks.delta_native import DeltaNativeTableStore
-
-        return DeltaNativeTableStore(spark, root, catalog, namespace=namespace)
-    from sinks.delta_rs import DeltaRsTableStore
-
-    return DeltaRsTableStore(
-        spark, root, catalog, storage_options=storage_options, executor_writes=executor_writes
-    )

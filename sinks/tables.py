@@ -6,7 +6,8 @@ used by delta-rs is derived from them, so the two can never drift apart.
 
 The silver payload columns (and the per-metric columns of ``device_minute`` that aggregate them) come from
 configuration: :func:`build_catalog` takes them as data and returns a :class:`TableCatalog` with those tables
-extended. ``DEFAULT_CATALOG`` is the catalog built from :data:`DEFAULT_PAYLOAD_FIELDS`.
+extended. ``DEFAULT_CATALOG`` is the catalog of the default telemetry pipeline: :data:`DEFAULT_PAYLOAD_FIELDS`
+and :data:`DEFAULT_MINUTE_METRICS`.
 """
 
 from __future__ import annotations
@@ -53,16 +54,24 @@ EXECUTION_STATES: tuple[str, ...] = (
     "CANCELED",
 )
 
-#: Values of ``action_summary.action_state``.
-ACTION_STATES: tuple[str, ...] = ("IN_PROGRESS", "COMPLETED", "ABORTED", "CANCELED")
+#: Values of ``action_summary.action_state`` (REJECTED: the row was not a valid action, nothing was sent).
+ACTION_STATES: tuple[str, ...] = ("IN_PROGRESS", "COMPLETED", "ABORTED", "CANCELED", "REJECTED")
 
-#: Silver payload columns used when no configuration names them: what the simulated fleet sends.
+#: Silver payload columns used when no configuration names them: what the default telemetry pipeline writes
+#: (``payload.fields`` of conf/pipeline.yaml but ``ts``, which becomes ``event_time``; the simulated fleet
+#: sends these). ``tests/e2e/sinks/test_tables_doc.py`` keeps them equal to the pipeline's defaults.
 DEFAULT_PAYLOAD_FIELDS: dict[str, str] = {
+    "seq": "bigint",
     "temperature": "double",
     "humidity": "double",
-    "battery_pct": "double",
-    "firmware_version": "string",
+    "battery": "double",
+    "firmware": "string",
+    "group": "string",
 }
+
+#: ``device_minute`` metrics used when no configuration names them: the default pipeline's
+#: ``gold.minute_metrics``.
+DEFAULT_MINUTE_METRICS: tuple[str, ...] = ("temperature", "humidity", "battery")
 
 _SIMPLE_TYPES: dict[str, DataType] = {
     "string": StringType(),
@@ -449,6 +458,13 @@ def action_summary() -> TableSpec:
             column("total_count", LongType(), False),
             column("action_state", StringType(), False, " | ".join(ACTION_STATES)),
             column("updated_at", TimestampType(), False),
+            column(
+                "reason",
+                StringType(),
+                True,
+                "why the action ended other than completed: the field a rejected row got wrong, the abort "
+                "threshold crossed, a cancel",
+            ),
         ),
         merge_keys=("action_id",),
     )
@@ -456,12 +472,17 @@ def action_summary() -> TableSpec:
 
 def build_catalog(
     payload_fields: Mapping[str, str | DataType] | Sequence[StructField] | None = None,
+    minute_metrics: Sequence[str] | None = None,
 ) -> TableCatalog:
-    """All tables, with the silver payload columns (and device_minute metrics) taken from configuration."""
+    """All tables, with the silver payload columns and device_minute metrics taken from configuration
+    (without them, the default pipeline's; metrics default to every numeric payload field otherwise)."""
     fields = parse_fields(
         DEFAULT_PAYLOAD_FIELDS if payload_fields is None else payload_fields, "payload_fields"
     )
-    metrics = [f.name for f in fields if isinstance(f.dataType, NumericType)]
+    if minute_metrics is None:
+        minute_metrics = DEFAULT_MINUTE_METRICS if payload_fields is None else None
+    numeric = [f.name for f in fields if isinstance(f.dataType, NumericType)]
+    metrics = list(minute_metrics) if minute_metrics is not None else numeric
     return TableCatalog(
         [
             bronze_telemetry(),

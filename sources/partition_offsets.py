@@ -15,10 +15,7 @@ records there below their topic's start were already removed by retention when t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .offsets_planner import LogExtent
+from typing import Protocol
 
 __all__ = [
     "describe",
@@ -68,7 +65,14 @@ def describe(key: str) -> str:
     return f"topic {key!r}"
 
 
-def query_start_marks(offsets: Mapping[str, int], extents: Mapping[str, LogExtent]) -> dict[str, int]:
+class _HasEnd(Protocol):
+    """What a mark needs of an extent (``offsets_planner.LogExtent``, which builds on this module)."""
+
+    @property
+    def end(self) -> int: ...
+
+
+def query_start_marks(offsets: Mapping[str, int], extents: Mapping[str, _HasEnd]) -> dict[str, int]:
     """The marks of a new query's start: each partition's end, where its start is below it."""
     return {
         mark_key(partition_of(key)): extents[key].end

@@ -306,6 +306,8 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         name = self.options.cluster_name
         if self._cluster is None:
             _, down = self._list_all()
+            if down and start.get(name, {}) == end.get(name, {}):
+                return []  # nothing to read: the stream waits for the cluster, as for a standalone broker
             if down:
                 raise down[name]
         assert self._cluster is not None
@@ -458,13 +460,13 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         try:
             extents = self._fetch[broker].call(client.partitions)
         except OffsetsApiError as error:
-            if error.status != 404:
+            if error.status not in (403, 404):  # 403: a token limited to topic filters reads by topic
                 raise
             if self._by_partition.get(broker):
                 raise RuntimeError(
                     f"timestone source: the checkpoint reads broker {broker!r} by storage partition, but "
-                    "it no longer serves partition reads (a cluster's member, or an older broker): start "
-                    "the query again with a new checkpoint"
+                    "it no longer serves partition reads to this query (a cluster's member, an older broker, "
+                    "or a token limited to topic filters): start the query again with a new checkpoint"
                 ) from error
             self._by_partition[broker] = False
             return None

@@ -10,7 +10,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, settings
 
-from broker_edge.launcher import free_port, wait_for_port
+from broker_edge.runtime.launcher import free_port, wait_for_port
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from pipelines.actions.buckets import REPORT_TOPICS
 from pipelines.actions.states import StatusReport
@@ -25,6 +26,10 @@ class FleetHarness(BackgroundFleet):
         self.reports: list[StatusReport] = []
         self._lock = threading.Lock()
         self._listener: MqttClient | None = None
+
+    def __enter__(self) -> FleetHarness:
+        super().__enter__()
+        return self
 
     async def on_start(self) -> None:
         host, port = self.broker
@@ -59,10 +64,24 @@ class FleetHarness(BackgroundFleet):
             time.sleep(0.02)
 
 
+def ota_message(action_id: str, version: str, **fields) -> dict:
+    """A well-formed OTA action message (docs/device-protocol.md): devices refuse one without URL or
+    checksum."""
+    return {
+        "action_id": action_id,
+        "kind": "ota",
+        "version": version,
+        "url": f"https://firmware.example.invalid/fw-{version}.bin",
+        "sha256": "0" * 64,
+        "issued_at": int(time.time() * 1000),
+        **fields,
+    }
+
+
 def quiet_devices(**overrides) -> DeviceBehaviour:
     """Devices that send no telemetry and finish OTA quickly unless told otherwise."""
-    options = {"telemetry_interval_s": 0, "download_delay_s": (0.01, 0.05)} | overrides
+    options: dict[str, Any] = {"telemetry_interval_s": 0, "download_delay_s": (0.01, 0.05)} | overrides
     return DeviceBehaviour(**options)
 
 
-__all__ = ["FleetHarness", "FleetSpec", "quiet_devices"]
+__all__ = ["FleetHarness", "FleetSpec", "ota_message", "quiet_devices"]

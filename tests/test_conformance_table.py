@@ -54,7 +54,7 @@ def marked_tests() -> tuple[set[str], dict[tuple[str, str], set[str]]]:
                 marker = _marker_name(decorator)
                 if marker in VERSIONS and isinstance(decorator, ast.Call):
                     for argument in decorator.args:
-                        if isinstance(argument, ast.Constant):
+                        if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
                             marked.setdefault((marker, argument.value), set()).add(name)
     return tests, marked
 

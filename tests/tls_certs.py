@@ -1,21 +1,21 @@
 """Throwaway PKI for tests: a CA, a server certificate for 127.0.0.1/localhost, and a client certificate.
 
-Made with the ``cryptography`` package (installed with the project's dependencies), in memory, with EC P-256
-keys so it takes milliseconds. Import it from any suite: ``from tests.tls_certs import make_test_pki``.
+Made with the ``cryptography`` package (the ``cluster`` extra) through the builders of
+``broker_edge.runtime.local_pki``, with EC P-256 keys so it takes milliseconds. Import it from any suite:
+``from tests.tls_certs import make_test_pki``.
 """
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from broker_edge.runtime.local_pki import LOOPBACK_NAMES, build_ca, build_leaf, write_key
 
 __all__ = ["PkiPaths", "client_ssl_context", "make_test_pki"]
 
@@ -39,107 +39,26 @@ class PkiPaths:
     other_client_key: Path
 
 
-def _name(common_name: str) -> x509.Name:
-    return x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Timestone tests"),
-            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-        ]
-    )
-
-
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    path.chmod(0o600)
-
-
 def _write_cert(path: Path, cert: x509.Certificate) -> None:
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-
-
-def _make_ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(common_name))
-        .issuer_name(_name(common_name))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return key, cert
 
 
 def _make_leaf(
     ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, common_name: str, *, server: bool
 ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(common_name))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]
-            ),
-            critical=False,
-        )
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-            critical=False,
-        )
+    return build_leaf(
+        ca_key, ca_cert, common_name, server=server, client=not server, names=LOOPBACK_NAMES if server else ()
     )
-    if server:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName(
-                [
-                    x509.DNSName("localhost"),
-                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                    x509.IPAddress(ipaddress.ip_address("::1")),
-                ]
-            ),
-            critical=False,
-        )
-    return key, builder.sign(ca_key, hashes.SHA256())
 
 
 def make_test_pki(directory: str | Path, client_common_name: str = "device-1") -> PkiPaths:
     """Write a fresh CA, server and client certificates, plus an unrelated CA and client, to ``directory``."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
-    ca_key, ca_cert = _make_ca("Timestone test CA")
+    ca_key, ca_cert = build_ca("Timestone test CA")
     server_key, server_cert = _make_leaf(ca_key, ca_cert, "localhost", server=True)
     client_key, client_cert = _make_leaf(ca_key, ca_cert, client_common_name, server=False)
-    other_ca_key, other_ca_cert = _make_ca("Unrelated test CA")
+    other_ca_key, other_ca_cert = build_ca("Unrelated test CA")
     other_client_key, other_client_cert = _make_leaf(
         other_ca_key, other_ca_cert, client_common_name, server=False
     )
@@ -157,14 +76,14 @@ def make_test_pki(directory: str | Path, client_common_name: str = "device-1") -
         other_client_key=root / "other-client.key",
     )
     _write_cert(paths.ca_cert, ca_cert)
-    _write_key(paths.ca_key, ca_key)
+    write_key(paths.ca_key, ca_key)
     _write_cert(paths.server_cert, server_cert)
-    _write_key(paths.server_key, server_key)
+    write_key(paths.server_key, server_key)
     _write_cert(paths.client_cert, client_cert)
-    _write_key(paths.client_key, client_key)
+    write_key(paths.client_key, client_key)
     _write_cert(paths.other_ca_cert, other_ca_cert)
     _write_cert(paths.other_client_cert, other_client_cert)
-    _write_key(paths.other_client_key, other_client_key)
+    write_key(paths.other_client_key, other_client_key)
     return paths
 
 

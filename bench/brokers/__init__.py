@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from bench.brokers.aedes import Aedes
 from bench.brokers.amqtt import Amqtt
 from bench.brokers.base import BrokerUnavailable, BrokerUnderTest, RunningBroker
@@ -28,7 +30,7 @@ __all__ = [
 
 def default_broker(name: str) -> BrokerUnderTest:
     """The broker of that name in the configuration used by every scenario but the persisted one."""
-    factories = {
+    factories: dict[str, Callable[[], BrokerUnderTest]] = {
         "timestone": Timestone,
         "timestone-asyncio": lambda: Timestone(transport="asyncio"),
         "timestone-native": lambda: Timestone(transport="native"),

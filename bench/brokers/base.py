@@ -18,9 +18,10 @@ import subprocess
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 from bench import net
 
@@ -148,7 +149,7 @@ class BrokerUnderTest(ABC):
     ) -> tuple[subprocess.Popen[bytes], RunningBroker]:
         """Start the process and wait for a handshake; BrokerUnavailable (with the log's tail) if it fails."""
         proc = self.popen(port, workdir, cpus)
-        cmd = [str(arg) for arg in proc.args]
+        cmd = [str(arg) for arg in cast(Sequence[Any], proc.args)]
         log_path = workdir / "broker.log"
         _LIVE[proc.pid] = proc
         deadline = time.monotonic() + self.start_timeout

@@ -12,6 +12,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from bench import frames
 from bench.stream import FrameScanner
@@ -48,13 +49,14 @@ class MqttClient(asyncio.Protocol):
         self.closed = False
         self._closing = False
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, base)  # a stream transport: it writes
         self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.transport.set_write_buffer_limits(high=256 * 1024)
-        self.transport.write(self.connect_frame)
+        transport.set_write_buffer_limits(high=256 * 1024)
+        transport.write(self.connect_frame)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -105,6 +107,7 @@ class Subscriber(MqttClient):
         before = scanner.publishes
         acks = scanner.feed(data)
         if acks:
+            assert self.transport is not None  # data comes after connection_made
             self.transport.write(acks)
         got = scanner.publishes - before
         if got:
@@ -121,6 +124,7 @@ class Subscriber(MqttClient):
         if not self.scanner.counts[9]:
             if not self._subscribe_sent:
                 self._subscribe_sent = True
+                assert self.transport is not None
                 self.transport.write(self.subscribe_frame)
             return
         self._subscribed = True
@@ -252,6 +256,7 @@ class Publisher(MqttClient):
         if n <= 0:
             self._retry_later()
             return
+        assert self.transport is not None
         self.transport.write(self.blob[: n * self.frame_len])
         self.sent += n
         self.group.sent += n

@@ -17,7 +17,7 @@ of and fetches for its subscribers, and the fetches it sent for each)::
 
     "observer": {"partitions": [3, 7], "fetches": {"3": 41, "7": 12}}
 
-``broker_edge.offsets_api.cluster_client`` reads it back.
+``broker_edge.cluster.discovery`` reads it back.
 """
 
 from __future__ import annotations
@@ -42,7 +42,10 @@ def layout_document(view: ClusterView) -> dict[str, Any]:
         "node_id": view.node_id,
         "fenced": view.fenced,
         "partition_count": view.partitions,
-        "members": [json.loads(member.to_json()) for _, member in sorted(view.members.items())],
+        "members": [  # where readers and devices reach each member (not the members' own endpoint)
+            {"node_id": member.node_id, "mqtt": member.mqtt, "offsets_api": member.offsets_api}
+            for _, member in sorted(view.members.items())
+        ],
         "partitions": [json.loads(state.to_json()) for _, state in sorted(view.states.items())],
     }
 

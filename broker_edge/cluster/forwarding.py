@@ -1,19 +1,28 @@
-"""Publish anywhere: where a topic's logged publishes go, getting them to the leader, and answering peers.
+"""Publish anywhere: the forwarding broker's path, from the device's PUBLISH to the leader's answer.
 
-``ClusterForwarding`` is the ``Forwarding`` of a cluster member's PUBLISH path (``publish_path``):
+``ClusterForwarding`` is the ``forwarding`` port (``broker_edge.engine.ports``) of a cluster member's PUBLISH
+path (``broker_edge.engine.publish``). A logged publish on a broker that does not lead its topic's
+partition goes:
 
-- ``placement``: a topic whose partition this node leads (and is not fenced) is appended here, unless its
-  in-sync set is smaller than ``min_insync_replicas`` (refused); any other goes to the leader.
-- ``forward``: publishes go to the leader over its peer link and the leader's answer comes back per batch.
-  While no leader is known or reachable (an election, this node fenced, the link being dialed) they wait, up
-  to ``forward_timeout_ms``, for one; then they are refused. A "not the leader" answer (leadership moved
-  while they travelled) sends them to the leader the view names next, within the same deadline. When this
-  node itself becomes the leader while they wait, they enter its own PUBLISH path.
-- ``broadcast``: unlogged publishes go to every other member, which routes them locally.
+1. ``appends_here``: the PUBLISH path asks, per topic of a batch, whether this node appends it: it leads the
+   partition, is not fenced and has at least ``min_insync_replicas`` in sync. The others are handed to
+   ``forward``, and that part of the batch is acknowledged to the devices when its answers come back.
+2. ``forward``: a partition led here with too few in-sync replicas refuses them at once (0x83 with the
+   reason). Publishes another broker forwarded here are never forwarded again: they are answered
+   ``ANSWER_NOT_LEADER`` and that broker asks the leader it learns of next. The others go to the leader over
+   its peer link (``broker_edge.cluster.links.peer_link``: the ``FORWARD`` part, the records in the log's
+   frame format), the leader's answer coming back per batch (``ANSWER``). While no leader is known or
+   reachable (an election, this node fenced, the link being dialed) they wait, up to
+   ``forward_timeout_ms``, for one; then they are refused. A "not the leader" answer (leadership moved
+   while they travelled) sends them to the leader the view names next, within the same deadline. When this
+   node itself becomes the leader while they wait, they enter its own PUBLISH path.
+3. On the leader, ``forwarded`` (this object is the peer links' ``PeerReceiver``) puts them into the
+   PUBLISH path with a ``PeerPublisher`` as their publisher (``accept_forwarded``): appended, replicated
+   (acks=all) and answered like a device's QoS 1 publishes, in turn; the ``PeerPublisher`` gathers one
+   answer per message and sends them back over the link.
 
-It is also the ``PeerReceiver`` of the peer links: publishes a peer forwarded enter this node's PUBLISH path
-(``accept_forwarded``: the peer is their publisher, answered once the batch is acknowledged, i.e. after
-acks=all), and unlogged publishes from peers are routed here.
+``broadcast``: unlogged publishes go to every other member, which routes them locally (``unlogged``), its
+shared groups left to the broker they were published on.
 """
 
 from __future__ import annotations
@@ -24,24 +33,64 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from broker_edge import path_trace
-from broker_edge.publish_path import APPEND, FORWARD, NOT_LEADER, REFUSE, ForwardAck
+from broker_edge.engine.connection.states import CONNECTED
+from broker_edge.engine.ports import ForwardAck
+from broker_edge.observe import path_trace
+from broker_edge.protocol.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
     import asyncio
 
-    from broker_edge.cluster.peer_link import PeerLink, PeerLinks
+    from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
     from broker_edge.cluster.view import ClusterView
-    from broker_edge.delivery import Message
-    from broker_edge.publish_path import PublishPath
-    from broker_edge.router import Router
+    from broker_edge.engine.message import Message
+    from broker_edge.engine.publish import PublishPath
+    from broker_edge.engine.routing.router import Router
 
-__all__ = ["ClusterForwarding"]
+__all__ = ["ANSWER_NOT_LEADER", "ClusterForwarding", "PeerPublisher"]
 
 log = logging.getLogger("broker_edge.cluster.forwarding")
 
 RETRY_S = 0.02
 """How often publishes waiting for a leader look again (besides every view change and link coming up)."""
+ANSWER_NOT_LEADER = ReasonCode.USE_ANOTHER_SERVER
+"""The answer for a forwarded publish that was not appended because this broker does not lead its partition
+(the forwarding broker tries the leader it learns of next; devices never see this code)."""
+_REFUSED = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
+
+
+class PeerPublisher:
+    """The publisher of publishes another broker forwarded here (the PUBLISH path's ``Publisher``): gathers
+    one answer per message, in order, then calls ``done``."""
+
+    __slots__ = ("_answers", "_done", "_left", "incoming_pending", "messages", "state", "v5")
+
+    def __init__(self, messages: Sequence[Message], done: Callable[[Sequence[ForwardAck]], None]) -> None:
+        self.v5 = True
+        self.state = CONNECTED
+        self.incoming_pending = 0
+        self.messages = messages
+        self._answers: list[ForwardAck | None] = [None] * len(messages)
+        self._left = len(messages)
+        self._done = done
+
+    def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None:
+        if self._answers[packet_id] is not None:
+            return
+        offset = self.messages[packet_id].offset if reason_code < 0x80 else None
+        self._answers[packet_id] = ForwardAck(reason_code, offset, reason_string)
+        self._left -= 1
+        if not self._left:
+            answers = [answer for answer in self._answers if answer is not None]
+            self._done(answers)
+
+    send_pubrec = send_puback
+
+    def release_qos2(self, packet_id: int) -> None:
+        pass
+
+    def close(self, reason_code: int | None = None, reason_string: str | None = None) -> None:
+        pass
 
 
 @dataclass(slots=True)
@@ -61,7 +110,7 @@ class _Forward:
 
 
 class ClusterForwarding:
-    """The PUBLISH path's cluster placement, the forwarding to leaders and the answering of peers."""
+    """The ``forwarding`` port: placement, forwarding to leaders, and the publishes peers forward here."""
 
     def __init__(
         self,
@@ -85,28 +134,37 @@ class ClusterForwarding:
         self._waiting: list[_Forward] = []
         self._retry: asyncio.TimerHandle | None = None
 
-    # -- Forwarding (the PUBLISH path asks) -----------------------------------------------------------------
+    # -- the forwarding port (the PUBLISH path asks) --------------------------------------------------------
 
-    def placement(self, topic: str) -> int:
+    def appends_here(self, topic: str) -> bool:
         view = self.view
         state = view.state_of(topic)
-        if state is None or state.leader != view.node_id or view.fenced:
-            return FORWARD
-        if len(state.isr) < self.min_insync_replicas:
-            return REFUSE
-        return APPEND
-
-    def refusal(self, topic: str) -> str:
-        state = self.view.state_of(topic)
-        in_sync = len(state.isr) if state is not None else 0
         return (
-            f"partition {self.view.partition_of(topic)} has {in_sync} in-sync replicas, "
-            f"fewer than min_insync_replicas {self.min_insync_replicas}"
+            state is not None
+            and state.leader == view.node_id
+            and not view.fenced
+            and len(state.isr) >= self.min_insync_replicas
         )
 
     def forward(
-        self, topic: str, messages: list[Message], done: Callable[[Sequence[ForwardAck]], None]
+        self,
+        topic: str,
+        messages: list[Message],
+        from_peer: bool,
+        done: Callable[[Sequence[ForwardAck]], None],
     ) -> None:
+        view = self.view
+        state = view.state_of(topic)
+        if state is not None and state.leader == view.node_id and not view.fenced:  # too few in sync
+            reason = (
+                f"partition {view.partition_of(topic)} has {len(state.isr)} in-sync replicas, "
+                f"fewer than min_insync_replicas {self.min_insync_replicas}"
+            )
+            done([ForwardAck(_REFUSED, None, reason)] * len(messages))
+            return
+        if from_peer:  # never forwarded twice: the peer asks the leader it learns of next
+            done([ForwardAck(ANSWER_NOT_LEADER, None, "not the leader of this partition")] * len(messages))
+            return
         request = _Forward(topic, messages, done, self.loop.time() + self.forward_timeout_s)
         request.answers = [None] * len(messages)
         if path_trace.ON:
@@ -129,7 +187,8 @@ class ClusterForwarding:
         messages = [request.messages[index] for index in indices]
         if leader is not None and not view.fenced:
             if leader == view.node_id:
-                self.path.accept_forwarded(messages, lambda acks: self._answered(request, indices, acks))
+                answered = PeerPublisher(messages, lambda acks: self._answered(request, indices, acks))
+                self.path.accept_forwarded(answered, messages)
                 return
             links = self.links
             if leader in view.members and links is not None and links.up(leader):
@@ -152,7 +211,7 @@ class ClusterForwarding:
     def _answered(self, request: _Forward, indices: list[int], acks: Sequence[ForwardAck]) -> None:
         retry = False
         for index, ack in zip(indices, acks, strict=True):
-            if ack.reason_code == NOT_LEADER and self.loop.time() < request.deadline:
+            if ack.reason_code == ANSWER_NOT_LEADER and self.loop.time() < request.deadline:
                 retry = True  # not appended there: ask the next leader
             else:
                 request.answers[index] = ack
@@ -195,9 +254,9 @@ class ClusterForwarding:
                 _trace_answers("received", topic, received_ns, acks)
                 link.answer(batch, acks)
 
-            self.path.accept_forwarded(messages, answer)
+            self.path.accept_forwarded(PeerPublisher(messages, answer), messages)
             return
-        self.path.accept_forwarded(messages, lambda acks: link.answer(batch, acks))
+        self.path.accept_forwarded(PeerPublisher(messages, lambda acks: link.answer(batch, acks)), messages)
 
     def unlogged(self, message: Message) -> None:
         self.router.publish(message, groups_served=True)  # the broker it was published on served them

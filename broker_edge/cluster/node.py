@@ -1,20 +1,28 @@
-"""A broker's part in its cluster: ``ClusterNode`` wires coordination, replication and forwarding into it.
+"""A broker's part in its cluster: ``ClusterNode`` builds the cluster's parts and lets them into the engine.
+
+The node sees its broker through ``BrokerHandle`` (the engine's router, PUBLISH path and cursors, the store,
+the loop, the offsets API's routes, the HTTP memory budget) and enters the engine through its ports only: it
+builds a ``ClusterPorts`` (``broker_edge.engine.ports``) from its parts and registers it once, when it starts.
+What a broker alone runs is the engine without those ports; what a cluster adds is listed there, one port
+each.
 
 ``Broker.start`` creates the node once its listeners and offsets API are bound (so the advertised addresses
 default to the bound ports) and starts it; ``Broker.stop`` stops it before anything else closes. The node
 
-- adds the cluster's endpoints to the offsets API (``/v1/replica/fetch``, ``/v1/peer``, ``/v1/cluster``)
-  before it serves;
+- serves the members' endpoint (``member_api``: ``/v1/peer``, ``/v1/replica/fetch`` and the reads members
+  make of each other, for members that prove their node id only) on its own port, and adds
+  ``/v1/cluster`` to the readers' offsets API;
 - keeps this node's ``ClusterView`` current: membership under an etcd lease (fencing when it cannot be
   renewed), the coordinator's watches, the controller campaign;
-- makes the PUBLISH path a cluster member's: the leader's ``Replication`` stage (acks=all with
-  ``min_insync_replicas``), the followers' fetchers (which route what becomes committed), and
-  ``ClusterForwarding`` with the peer links for publishes on partitions led elsewhere and unlogged ones;
+- makes the PUBLISH path a cluster member's: the leader's ``replication`` port (acks=all with
+  ``min_insync_replicas``), the followers' fetchers (which route what becomes committed), and the
+  ``forwarding`` port with the peer links for publishes on partitions led elsewhere and unlogged ones;
 - makes sessions and wills cluster-wide (``sessions``, ``wills``): every CONNECT claims its client id in
   etcd first, taking the session over from the broker that holds it; wills are published once;
 - fences: while ``view.fenced`` nothing is acknowledged (placement never appends here, the leader stage
-  fails what it holds) and MQTT clients are disconnected so they move to a live member (v5: DISCONNECT
-  0x9C "use another server" with the Server Reference of a live member when one is known, else 0x8B).
+  fails what it holds) and MQTT clients are sent elsewhere (``BrokerCore.send_clients_elsewhere``: v5
+  DISCONNECT 0x9C "use another server" with the Server Reference of a live member when one is known,
+  else 0x8B).
 
 Only a broker with a ``cluster:`` section imports this module. Given a ``view``, the node runs on it as is
 (no etcd, no replication: forwarding and the peer links alone), which is how the data side is tested.
@@ -22,41 +30,52 @@ Only a broker with a ``cluster:`` section imports this module. Given a ``view``,
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker_edge.cluster.cluster_info import cluster_info_route
+from broker_edge.cluster.features.retained_sync import RetainedSync
+from broker_edge.cluster.features.shared_directory import SharedDirectory
+from broker_edge.cluster.features.shared_groups import SharedGroups, log_reader
+from broker_edge.cluster.features.shared_registry import SharedRegistry
 from broker_edge.cluster.forwarding import ClusterForwarding
-from broker_edge.cluster.peer_link import PeerLinks
-from broker_edge.cluster.retained_sync import RetainedSync
-from broker_edge.cluster.shared_directory import SharedDirectory
-from broker_edge.cluster.shared_groups import SharedGroups, log_reader
-from broker_edge.cluster.shared_registry import SharedRegistry
+from broker_edge.cluster.links.member_api import bind_members_endpoint, serve_members_endpoint
+from broker_edge.cluster.links.member_clients import MemberClients
+from broker_edge.cluster.links.member_identity import MemberTls
+from broker_edge.cluster.links.member_proofs import MemberProofs
+from broker_edge.cluster.links.peer_link import PeerLinks
 from broker_edge.cluster.view import ClusterView, Member
-from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import MQTT_5, Disconnect
-from broker_edge.protocol.properties import Properties
-from broker_edge.protocol.reason_codes import ReasonCode
-from broker_edge.publish_path import AppendedRun, PublishRefused
-from broker_edge.states import CONNECTED
+from broker_edge.engine.ports import LOCAL_ONLY, AppendedRun, ClusterPorts, PublishRefused
 
 if TYPE_CHECKING:
-    from broker_edge.cluster.config import ClusterConfig
-    from broker_edge.cluster.controller import Controller
-    from broker_edge.cluster.coordinator import Coordinator
-    from broker_edge.cluster.epochs import LeaderEpochs
-    from broker_edge.cluster.etcd import Etcd
-    from broker_edge.cluster.follower import Followers
-    from broker_edge.cluster.leader import LeaderReplication
-    from broker_edge.cluster.membership import Membership
-    from broker_edge.cluster.remote_reads import RemoteReads
-    from broker_edge.cluster.remote_starts import RemoteStarts
-    from broker_edge.cluster.sessions import ClusterSessions
-    from broker_edge.server import Broker
+    from aiohttp import web
 
-__all__ = ["ClusterNode", "RefusingReplication", "advertised_member"]
+    from broker_edge.cluster.coordination.controller import Controller
+    from broker_edge.cluster.coordination.coordinator import Coordinator
+    from broker_edge.cluster.coordination.etcd import Etcd
+    from broker_edge.cluster.coordination.membership import Membership
+    from broker_edge.cluster.features.sessions import ClusterSessions
+    from broker_edge.cluster.features.wills import ClusterWills
+    from broker_edge.cluster.reads.interest import LocalInterest
+    from broker_edge.cluster.reads.remote_reads import RemoteReads
+    from broker_edge.cluster.reads.remote_starts import RemoteStarts
+    from broker_edge.cluster.replication.epochs import LeaderEpochs
+    from broker_edge.cluster.replication.follower import Followers
+    from broker_edge.cluster.replication.leader import LeaderReplication
+    from broker_edge.engine.cursors import ReplayManager
+    from broker_edge.engine.publish import PublishPath
+    from broker_edge.engine.routing.router import Router
+    from broker_edge.http.guard import GuardedRunner
+    from broker_edge.security.acl import AccessControl
+    from broker_edge.security.http_budget import MemoryBudget
+    from broker_edge.settings.broker import BrokerConfig
+    from broker_edge.settings.cluster import ClusterConfig
+    from broker_edge.storage.store import LogStore
+
+__all__ = ["BrokerHandle", "ClusterNode", "RefusingReplication", "advertised_member"]
 
 log = logging.getLogger("broker_edge.cluster.node")
 
@@ -69,13 +88,59 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+class BrokerHandle(Protocol):
+    """The broker as its cluster node sees it (``runtime.broker.Broker`` is one): the engine's parts the
+    cluster's parts work with, the runtime's store and loop, the bound ports it advertises, the offsets
+    API it adds endpoints to, the memory budget its members' endpoint shares with the broker's other HTTP
+    endpoints, and the two calls into the engine's core (joining, sending clients away)."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def store(self) -> LogStore | None: ...
+
+    @property
+    def router(self) -> Router: ...
+
+    @property
+    def publish_path(self) -> PublishPath: ...
+
+    @property
+    def replays(self) -> ReplayManager | None: ...
+
+    @property
+    def acl(self) -> AccessControl | None: ...
+
+    @property
+    def ports(self) -> dict[str, int]:
+        """Listener name → bound port."""
+
+    @property
+    def offsets_port(self) -> int | None: ...
+
+    @property
+    def http_budget(self) -> MemoryBudget: ...
+
+    def now(self) -> float: ...
+
+    def add_offsets_api_routes(self, add: Callable[[web.Application], None]) -> None: ...
+
+    def join_cluster(self, ports: ClusterPorts) -> None: ...
+
+    def send_clients_elsewhere(self, server_reference: str | None, reason: str) -> int: ...
+
+
 def _host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def advertised_member(broker: Broker, cluster: ClusterConfig) -> Member:
-    """This node's ``Member``: the advertised addresses, else the first listener's and the offsets API's
-    bound addresses."""
+def advertised_member(broker: BrokerHandle, cluster: ClusterConfig, members_port: int = 0) -> Member:
+    """This node's ``Member``: the advertised addresses, else the first listener's, the offsets API's and
+    the members' endpoint's (bound to ``members_port``) bound addresses."""
     config = broker.config
     mqtt = cluster.advertise.mqtt
     if mqtt is None:
@@ -86,13 +151,22 @@ def advertised_member(broker: Broker, cluster: ClusterConfig) -> Member:
         api = config.offsets_api
         scheme = "https" if api.tls is not None else "http"
         offsets_api = f"{scheme}://{_host(api.host)}:{broker.offsets_port}"
-    return Member(cluster.node_id, mqtt, offsets_api)
+    peer = cluster.advertise.peer
+    if peer is None:
+        scheme = "https" if cluster.tls is not None else "http"
+        peer = f"{scheme}://{_host(members_host(broker, cluster))}:{members_port}"
+    return Member(cluster.node_id, mqtt, offsets_api, peer)
+
+
+def members_host(broker: BrokerHandle, cluster: ClusterConfig) -> str:
+    """Where the members' endpoint binds: ``cluster.listen.host``, else the offsets API's host."""
+    return cluster.listen.host if cluster.listen.host is not None else broker.config.offsets_api.host
 
 
 class RefusingReplication:
-    """The leader's ``Replication`` stage as the PUBLISH path sees it: a batch the leader cannot commit
-    (too few in-sync replicas, leadership lost, fenced) is a refusal (v5 0x83 with the reason), not a
-    failure of the broker."""
+    """The leader's ``Replication`` stage as the PUBLISH path sees it (the ``replication`` port): a batch
+    the leader cannot commit (too few in-sync replicas, leadership lost, fenced) is a refusal (v5 0x83 with
+    the reason), not a failure of the broker."""
 
     def __init__(self, leader: LeaderReplication) -> None:
         self.leader = leader
@@ -100,7 +174,7 @@ class RefusingReplication:
     def when_replicated(
         self, runs: Sequence[AppendedRun], done: Callable[[], None], failed: Callable[[BaseException], None]
     ) -> None:
-        from broker_edge.cluster.leader import ReplicationRefused
+        from broker_edge.cluster.replication.leader import ReplicationRefused
 
         def refuse(exc: BaseException) -> None:
             failed(PublishRefused(str(exc)) if isinstance(exc, ReplicationRefused) else exc)
@@ -111,12 +185,21 @@ class RefusingReplication:
 class ClusterNode:
     """Everything of one broker that is about its cluster (see the module docstring)."""
 
-    def __init__(self, broker: Broker, cluster: ClusterConfig, view: ClusterView | None = None) -> None:
+    def __init__(self, broker: BrokerHandle, cluster: ClusterConfig, view: ClusterView | None = None) -> None:
         self.broker = broker
         self.cluster = cluster
         self.static = view is not None
         self.view = view if view is not None else ClusterView(cluster.node_id, cluster.partitions)
-        self.token = cluster.token or broker.config.offsets_api.token
+        self.member_tls = MemberTls(cluster.tls, cluster.node_id) if cluster.tls is not None else None
+        self.clients = MemberClients(cluster.node_id, self.member_tls)
+        self.proofs = MemberProofs(self.view, max(5.0, 2.0 * cluster.lease_ttl_s))
+        self.members_sock = bind_members_endpoint(members_host(broker, cluster), cluster.listen.port)
+        self.members_port: int = self.members_sock.getsockname()[1]
+        self.member = advertised_member(broker, cluster, self.members_port)
+        """This node's record: its advertised addresses."""
+        self.members_routes: list[Callable[[web.Application], None]] = []
+        """The members' endpoint's own routes (the peer link, replica fetches)."""
+        self._members_runner: GuardedRunner | None = None
         self.forwarding = ClusterForwarding(
             self.view,
             broker.publish_path,
@@ -126,7 +209,7 @@ class ClusterNode:
             cluster.min_insync_replicas,
             cluster.forward_timeout_ms / 1000,
         )
-        self.links = PeerLinks(cluster.node_id, self.token, self.forwarding)
+        self.links = PeerLinks(cluster.node_id, self.clients, self.forwarding, self.proofs)
         self.forwarding.links = self.links
         self.retained = RetainedSync(
             broker.router, self.view, self.links, broker.loop, cluster.retained_snapshot_timeout_ms / 1000
@@ -138,6 +221,8 @@ class ClusterNode:
         self.leader: LeaderReplication | None = None
         self.followers: Followers | None = None
         self.sessions: ClusterSessions | None = None
+        self.wills: ClusterWills | None = None
+        self.interest: LocalInterest | None = None
         self.epochs: LeaderEpochs | None = None
         self.remote_reads: RemoteReads | None = None
         self.remote_starts: RemoteStarts | None = None
@@ -149,7 +234,6 @@ class ClusterNode:
             cluster.node_id, directory, self.etcd, cluster.key_prefix, self.membership
         )
         self.shared_registry.count_existing(broker.router.trie.subscriptions())
-        broker.router.shared_membership = self.shared_registry.member_changed
         reader = log_reader(broker.store) if broker.store is not None else None
         self.shared = SharedGroups(
             broker.router,
@@ -163,34 +247,43 @@ class ClusterNode:
         )
         if self.epochs is not None:
             self.shared.epoch_of = self.epochs.epoch_at
-        broker.offsets_api_routes.append(self.links.add_routes)
-        broker.offsets_api_routes.append(cluster_info_route(self.view, self._observer_status))
+        self.members_routes.append(self.links.add_routes)
+        broker.add_offsets_api_routes(cluster_info_route(self.view, self._observer_status))
         self._was_fenced = False
         self._started = False
+        self._sessions_to: set[str] = set()
+        """Members this node may hold HTTP sessions to (their connections are closed when they leave)."""
+        self._closing: set[asyncio.Task[None]] = set()
 
     def _build_coordination_and_replication(self) -> None:
-        from broker_edge.cluster.controller import Controller
-        from broker_edge.cluster.coordinator import Coordinator
-        from broker_edge.cluster.epochs import LeaderEpochs
-        from broker_edge.cluster.etcd import ClusterKeys, Etcd
-        from broker_edge.cluster.follower import Followers, LocalDelivery
-        from broker_edge.cluster.interest import LocalInterest, RetainedRefresh
-        from broker_edge.cluster.leader import LeaderConfig, LeaderReplication
-        from broker_edge.cluster.membership import Membership
-        from broker_edge.cluster.replica_fetch import replica_fetch_route
-        from broker_edge.cluster.replica_push import PUSH
+        from broker_edge.cluster.coordination.controller import Controller
+        from broker_edge.cluster.coordination.coordinator import Coordinator
+        from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd
+        from broker_edge.cluster.coordination.membership import Membership
+        from broker_edge.cluster.reads.interest import LocalInterest, RetainedRefresh
+        from broker_edge.cluster.replication.epochs import LeaderEpochs
+        from broker_edge.cluster.replication.follower import FollowerConfig, Followers, LocalDelivery
+        from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
+        from broker_edge.cluster.replication.replica_fetch import replica_fetch_route
+        from broker_edge.cluster.replication.replica_push import PUSH
 
         broker, cluster, view = self.broker, self.cluster, self.view
         store = broker.store
         if store is None:
             raise RuntimeError("a cluster node needs the commitlog (storage.enabled)")
-        self.member = advertised_member(broker, cluster)
         keys = ClusterKeys(cluster.key_prefix)
-        self.etcd = Etcd(cluster.etcd, ETCD_TIMEOUT_S)
+        self.etcd = Etcd(cluster.etcd, ETCD_TIMEOUT_S, cluster.etcd_tls, cluster.etcd_auth)
         self.membership = Membership(self.etcd, keys, self.member, view, cluster.lease_ttl_s)
         self.coordinator = Coordinator(self.etcd, keys, view, self.membership)
         self.controller = Controller(
-            self.etcd, keys, view, self.coordinator, self.membership, cluster, token=self.token
+            self.etcd,
+            keys,
+            view,
+            self.coordinator,
+            self.membership,
+            cluster,
+            clients=self.clients,
+            proofs=self.proofs,
         )
         store.enable_replication(cluster.hw_checkpoint_interval_ms / 1000)
         epochs = self.epochs = LeaderEpochs(store)
@@ -204,44 +297,42 @@ class ClusterNode:
             route_committed=delivery.route_committed,
         )
         self.leader.serve_pushes(self.links)
-        interest = LocalInterest(view)
+        interest = self.interest = LocalInterest(view)
         interest.count_existing(broker.router.trie.subscriptions())
-        broker.router.interest_changed = interest.changed
         self.followers = Followers(
             view,
             store,
             delivery,
-            self.token,
+            self.clients,
+            FollowerConfig(unclean_election=cluster.unclean_election),
             epochs=epochs,
             links=self.links,
             interest=interest,
             retained=RetainedRefresh(broker.router, view, self.links),
         )
-        broker.router.subscribe_gate = self.followers.subscribe_gate
         if broker.replays is not None:
-            from broker_edge.cluster.log_starts import LogStarts
-            from broker_edge.cluster.remote_reads import RemoteReads
-            from broker_edge.cluster.remote_starts import RemoteStarts
+            from broker_edge.cluster.reads.log_starts import LogStarts
+            from broker_edge.cluster.reads.remote_reads import RemoteReads
+            from broker_edge.cluster.reads.remote_starts import RemoteStarts
 
-            broker.replays.log_here = self._log_here
-            self.remote_reads = RemoteReads(view, self.followers, self._log_here, broker.replays, self.token)
-            broker.replays.remote = self.remote_reads
+            self.remote_reads = RemoteReads(
+                view, self.followers, self._log_here, broker.replays, self.clients
+            )
             self.remote_starts = RemoteStarts(
                 view,
                 LogStarts(store, view, self.links),
                 self._copy_here,
                 self.followers.observed_logs,
             )
-            broker.replays.remote_starts = self.remote_starts
         self.links.on(PUSH, self.followers.pushed)
         timeout = broker.config.offsets_api.request_timeout_s
-        broker.offsets_api_routes.append(replica_fetch_route(self.leader.fetch, timeout, pushes=True))
+        self.members_routes.append(replica_fetch_route(self.leader.fetch, timeout, pushes=True))
 
     def _build_sessions(self) -> None:
         """Cluster-wide sessions and wills (``sessions``, ``wills``): CONNECT claims its client id first."""
-        from broker_edge.cluster.sessions import ClusterSessions
-        from broker_edge.cluster.sessions_registry import SessionRegistry
-        from broker_edge.cluster.wills import ClusterWills
+        from broker_edge.cluster.features.sessions import ClusterSessions
+        from broker_edge.cluster.features.sessions_registry import SessionRegistry
+        from broker_edge.cluster.features.wills import ClusterWills
 
         assert self.etcd is not None
         broker = self.broker
@@ -249,23 +340,47 @@ class ClusterNode:
         self.sessions = ClusterSessions(broker, registry, self.view, self.links, self.cluster)
         if self.followers is not None:
             self.sessions.observed_logs = self.followers.observed_logs
-        wills = ClusterWills(
+        wills = self.wills = ClusterWills(
             self.sessions, registry, self.view, broker.publish_path.publish, self.sessions.tasks, broker.loop
         )
-        broker.router.publish_hook = wills.publish_will
-        broker.session_claims = self.sessions
         self.view.on_change(wills.view_changed)
 
+    def ports(self) -> ClusterPorts:
+        """Every port this node lets into the engine: its parts, each where the engine asks."""
+        return ClusterPorts(
+            forwarding=self.forwarding,
+            replication=RefusingReplication(self.leader) if self.leader is not None else LOCAL_ONLY,
+            sessions=self.sessions,
+            wills=self.wills,
+            shared_dispatch=self.shared,
+            shared_members=self.shared_registry,
+            retained_sync=self.retained,
+            interest=self.interest,
+            subscribe_gate=self.followers,
+            remote_logs=self.remote_reads,
+            remote_starts=self.remote_starts,
+        )
+
     async def start(self) -> None:
-        """Serve as a member: the PUBLISH path's cluster stages first (fenced until registered, so nothing
+        """Serve as a member: the engine takes this node's ports first (fenced until registered, so nothing
         is appended here yet), then follow the cluster's state, register, campaign for controller. A node
         that cannot reach etcd starts fenced and keeps trying."""
-        path = self.broker.publish_path
         if self.leader is not None and self.followers is not None:
             self.leader.start()
             self.followers.start()
-            path.replication = RefusingReplication(self.leader)
-        path.attach_forwarding(self.forwarding)
+        self.broker.join_cluster(self.ports())
+        store = self.broker.store
+        if store is None:
+            raise RuntimeError("a cluster node needs the commitlog (storage.enabled)")
+        self._members_runner = await serve_members_endpoint(
+            self.members_sock,
+            store,
+            self.view,
+            self.member_tls,
+            self.cluster.listen,
+            self.members_routes,
+            self.broker.http_budget,
+        )
         self.view.on_change(self._view_changed)
         self._started = True
         self._view_changed()
@@ -321,10 +436,27 @@ class ClusterNode:
         if self.remote_starts is not None:
             await self.remote_starts.stop()
         await self.links.close()
+        if self._members_runner is not None:
+            await self._members_runner.cleanup()
+        await self.clients.close()
         if self.coordinator is not None:
             await self.coordinator.stop()
         if self.etcd is not None:
             await self.etcd.close()
+
+    def reload_credentials(self) -> None:
+        """SIGHUP: read this member's certificate, key and cluster CAs again (new connections between
+        members use them; open ones keep theirs), and open a new etcd channel with etcd's client
+        certificate and password as they are now. A file that does not load keeps the old ones."""
+        if self.member_tls is not None:
+            try:
+                self.member_tls.reload()
+            except Exception as exc:
+                log.error("member certificate not reloaded, the previous one stays in force: %s", exc)
+        if self.etcd is not None and (
+            self.cluster.etcd_tls is not None or self.cluster.etcd_auth is not None
+        ):
+            self.etcd.renew()
 
     def _log_here(self, topic: str) -> bool:
         """Whether this node's log of ``topic`` is complete: it holds a complete copy of its partition."""
@@ -352,7 +484,13 @@ class ClusterNode:
         if not self._started:
             return
         view = self.view
-        self.links.update({node: member.offsets_api for node, member in view.members.items()})
+        self.proofs.changed()
+        self.links.update({node: member.peer for node, member in view.members.items() if member.peer})
+        for node in self._sessions_to - set(view.members):
+            task = asyncio.get_running_loop().create_task(self.clients.forget(node))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        self._sessions_to = set(view.members)
         self.forwarding.retry()
         if view.fenced and not self._was_fenced and self._was_member():
             self._move_clients()
@@ -364,23 +502,12 @@ class ClusterNode:
         return self.static or self.membership is None or self.membership.proven_until > 0
 
     def _move_clients(self) -> None:
-        """Fenced: disconnect every MQTT client so it reconnects to a live member."""
+        """Fenced: send every MQTT client to a live member."""
         others = [member for node, member in sorted(self.view.members.items()) if node != self.view.node_id]
         reference = others[0].mqtt if others else None
+        moved = self.broker.send_clients_elsewhere(reference, "this broker lost its cluster membership")
         log.warning(
-            "fenced (etcd lease not renewed): disconnecting %d clients%s",
-            len(self.broker.connections),
+            "fenced (etcd lease not renewed): disconnected %d clients%s",
+            moved,
             f", pointing v5 clients at {reference}" if reference else "",
         )
-        for conn in self.broker.connections:
-            if conn.state != CONNECTED:
-                conn.abort()
-                continue
-            if conn.terms.v5 and reference is not None:
-                properties = Properties(reason_string="this broker lost its cluster membership")
-                properties.server_reference = reference
-                conn.write(encode(Disconnect(ReasonCode.USE_ANOTHER_SERVER, properties), MQTT_5))
-                self.broker.counters.disconnect("use_another_server")
-                conn.close()
-            else:
-                conn.close(ReasonCode.SERVER_SHUTTING_DOWN, "this broker lost its cluster membership")

@@ -29,15 +29,22 @@ class Member:
     mqtt: str
     """host:port devices and peers reach its MQTT listener at."""
     offsets_api: str
-    """Base URL of its offsets API (peers fetch and forward through it)."""
+    """Base URL of its offsets API, where readers (the Spark source, the OTA jobs) read its logs."""
+    peer: str | None = None
+    """Base URL of its members' endpoint (``cluster.listen``): peer links, replica fetches and the other
+    members' reads go there, and only members get in."""
 
     def to_json(self) -> str:
-        return json.dumps({"node_id": self.node_id, "mqtt": self.mqtt, "offsets_api": self.offsets_api})
+        document = {"node_id": self.node_id, "mqtt": self.mqtt, "offsets_api": self.offsets_api}
+        if self.peer is not None:
+            document["peer"] = self.peer
+        return json.dumps(document)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Member:
         data = json.loads(text)
-        return cls(str(data["node_id"]), str(data["mqtt"]), str(data["offsets_api"]))
+        peer = data.get("peer")
+        return cls(str(data["node_id"]), str(data["mqtt"]), str(data["offsets_api"]), peer and str(peer))
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,12 @@ def load_yaml_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML file whose top level must be a mapping (an empty file is an empty mapping)."""
     import yaml  # here: a broker started without a file never needs it
 
-    text = Path(path).read_text(encoding="utf-8")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read the file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), f"not UTF-8 text: {exc}") from None
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:

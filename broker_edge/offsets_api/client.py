@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import pyarrow as pa
 
-from broker_edge.offsets_types import (
+from broker_edge.log_info import LogInfo
+from broker_edge.offsets_api.results import (
     BatchFetch,
     Fetched,
-    LogInfo,
     PartitionExtent,
     PartitionFetch,
     TopicResult,
@@ -33,6 +33,7 @@ from .errors import (
     BadRequestError,
     BrokerUnavailable,
     CorruptRecordError,
+    ForbiddenError,
     OffsetOutOfRangeError,
     OffsetsApiError,
     PositionOutOfRangeError,
@@ -59,6 +60,7 @@ __all__ = [
     "BrokerUnavailable",
     "CorruptRecordError",
     "Fetched",
+    "ForbiddenError",
     "LogInfo",
     "OffsetOutOfRangeError",
     "OffsetsApiError",

@@ -11,6 +11,8 @@ CORRUPT_RECORD = "corrupt_record"
 POSITION_OUT_OF_RANGE = "position_out_of_range"
 NOT_FOUND = "not_found"
 FORMAT_UNAVAILABLE = "format_unavailable"
+FORBIDDEN = "forbidden"
+BUSY = "busy"
 
 
 class OffsetsApiError(Exception):
@@ -29,6 +31,14 @@ class BadRequestError(OffsetsApiError):
 
 class AuthError(OffsetsApiError):
     """401: the bearer token is missing or wrong."""
+
+
+class ForbiddenError(AuthError):
+    """403: the token may not read that topic (its filters do not match it)."""
+
+    def __init__(self, status: int, code: str, message: str, topic: str) -> None:
+        super().__init__(status, code, message)
+        self.topic = topic
 
 
 class UnknownTopicError(OffsetsApiError):
@@ -83,6 +93,8 @@ def error_from_body(status: int, body: dict) -> OffsetsApiError:
     message = str(body.get("message", ""))
     if status == 401:
         return AuthError(status, code, message)
+    if code == FORBIDDEN:
+        return ForbiddenError(status, code, message, body.get("topic", ""))
     if code == UNKNOWN_TOPIC:
         return UnknownTopicError(status, code, message, body.get("topic", ""))
     if code == OFFSET_OUT_OF_RANGE:

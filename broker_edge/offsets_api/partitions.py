@@ -21,11 +21,12 @@ from typing import Any
 
 from aiohttp import web
 
+from broker_edge.http.guard import hold
 from broker_edge.storage import LogStore, PositionOutOfRange
 
 from . import errors as codes
 from .formats import ARROW_CONTENT_TYPE, PARTITION_METADATA_KEYS
-from .server import ApiError, ApiLimits, _format_param, _int_param
+from .requests import ANSWER_OVERHEAD, ApiError, ApiLimits, access_of, format_param, int_param
 
 __all__ = ["add_partition_routes", "position_out_of_range"]
 
@@ -59,18 +60,22 @@ class _PartitionHandlers:
         self.store = store
         self.limits = limits
 
-    def _check_served(self) -> None:
+    def _check_served(self, request: web.Request) -> None:
         if self.store.replicated:
             message = "a cluster's member is read by topic offsets, not by partition positions"
             raise ApiError(404, codes.NOT_FOUND, message)
+        access = access_of(request)
+        if access.topics is not None:  # a partition holds every topic: only a reader of every topic
+            message = f"{access.name} may read some topics only: it reads by topic offsets, not by partition"
+            raise ApiError(403, codes.FORBIDDEN, message)
 
     def _partition(self, request: web.Request) -> int:
-        self._check_served()
+        self._check_served(request)
         count = len(self.store.partitions())
-        return _int_param(request.match_info["partition"], "partition", 0, 0, count - 1)
+        return int_param(request.match_info["partition"], "partition", 0, 0, count - 1)
 
     async def list_partitions(self, request: web.Request) -> web.Response:
-        self._check_served()
+        self._check_served(request)
         listed = [
             {"partition": info.partition, "start_position": info.start, "end_position": info.end}
             for info in self.store.partitions()
@@ -82,7 +87,7 @@ class _PartitionHandlers:
         value = request.query.get("timestamp_ms")
         if value is None:
             raise ApiError(400, codes.BAD_REQUEST, "timestamp_ms is required (milliseconds since the epoch)")
-        timestamp = _int_param(value, "timestamp_ms", 0, 0, 2**63 - 1)
+        timestamp = int_param(value, "timestamp_ms", 0, 0, 2**63 - 1)
         position = self.store.position_for_timestamp(partition, timestamp)
         return web.json_response({"partition": partition, "timestamp_ms": timestamp, "position": position})
 
@@ -90,20 +95,21 @@ class _PartitionHandlers:
         partition = self._partition(request)
         query = request.query
         limits = self.limits
-        _format_param(query.get("format"), {"arrow": ARROW_CONTENT_TYPE})
-        position = _int_param(query.get("position"), "position", -1, 0, 2**63 - 1)
+        format_param(query.get("format"), {"arrow": ARROW_CONTENT_TYPE})
+        position = int_param(query.get("position"), "position", -1, 0, 2**63 - 1)
         if position < 0:
             raise ApiError(400, codes.BAD_REQUEST, "position is required", parameter="position")
-        max_entries = _int_param(
+        max_entries = int_param(
             query.get("max_entries"), "max_entries", DEFAULT_MAX_ENTRIES, 1, DEFAULT_MAX_ENTRIES
         )
-        max_bytes = _int_param(
+        max_bytes = int_param(
             query.get("max_bytes"), "max_bytes", limits.default_batch_bytes, 1, limits.max_bytes
         )
         patterns = query.getall("pattern", [])
         if any(not pattern for pattern in patterns):
             message = "a pattern is a non-empty MQTT filter"
             raise ApiError(400, codes.BAD_REQUEST, message, parameter="pattern")
+        hold(request, max_bytes + ANSWER_OVERHEAD)  # what the read and the answer built from it may hold
         try:
             topics, frames, next_position, lost, damaged, removed = await self._read(
                 partition, position, max_entries, max_bytes, patterns or None

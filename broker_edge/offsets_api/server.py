@@ -13,13 +13,17 @@ Endpoints (see docs/offsets-api.md for examples):
 
 `{topic}` is one path segment: `/` inside a topic is sent as `%2F`. Offsets may be a number, `earliest` or
 `latest`. Only durable records are ever served. Errors are JSON `{"error": code, "message": ...}`.
+
+Every request is admitted by the app's authenticator first (``Access``, see ``access``): a reader's token
+and the topics it may read, or a member's proven node id on the members' endpoint. A request it does not
+admit is answered 401 and its connection closed at once. Handlers check the topics they list or read
+against the access, and hold their share of the broker's HTTP memory budget before reading
+(``http_guard.hold``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import importlib.util
 import itertools
 import json
 import logging
@@ -31,7 +35,18 @@ from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
 
-from broker_edge.http_guard import GuardedRunner, read_body, start_guarded_site
+from broker_edge.http.guard import (
+    GuardedRunner,
+    hold,
+    mark_authenticated,
+    over_budget_response,
+    read_body,
+    settle,
+    start_guarded_site,
+)
+from broker_edge.security.access import EVERYONE, Access
+from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget
+from broker_edge.security.reader_tokens import ReaderToken, ReaderTokens
 from broker_edge.storage import (
     CorruptRecord,
     LogInfo,
@@ -54,11 +69,24 @@ from .formats import (
     jsonl_body,
     jsonl_record,
 )
+from .requests import (
+    ACCESS,
+    ANSWER_OVERHEAD,
+    MAX_JSON_BODY,
+    ApiError,
+    ApiLimits,
+    access_of,
+    format_param,
+    int_param,
+    is_number,
+)
 
 if TYPE_CHECKING:
     from broker_edge.storage.frame_runs import FrameRun
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Authenticator = Callable[[web.Request], Access]
+"""Admits a request (its ``Access``) or raises ``ApiError`` (401, or 403 with ``close``)."""
 log = logging.getLogger(__name__)
 
 LIST_CHUNK = 2048
@@ -67,40 +95,9 @@ SLICE_S = 0.002
 """Work a multi-topic fetch does between two yields to the event loop."""
 
 
-@dataclass(frozen=True, slots=True)
-class ApiLimits:
-    """Bounds on what one request may ask for (larger values are refused with 400)."""
-
-    default_records: int = 1000
-    max_records: int = 100_000
-    default_bytes: int = 1024 * 1024
-    max_bytes: int = 64 * 1024 * 1024
-    default_batch_bytes: int = 4 * 1024 * 1024
-    max_wait_ms: int = 60_000
-    max_fetches: int = 10_000
-    max_connections: int = 256
-    """Open connections; more are answered 503 and closed."""
-    request_timeout_s: float = 10.0
-    """Seconds for a request's headers, and for its body, to arrive."""
-
-
-class ApiError(Exception):
-    """An error answer: HTTP status, machine-readable code, message and extra JSON fields."""
-
-    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.extra = extra
-
-    def response(self) -> web.Response:
-        headers = {"WWW-Authenticate": 'Bearer realm="timestone"'} if self.status == 401 else None
-        body = {"error": self.code, "message": self.message, **self.extra}
-        response = web.json_response(body, status=self.status, headers=headers)
-        if self.status == 408:
-            response.force_close()  # the rest of that body is not waited for
-        return response
+def forbidden(topic: str, access: Access) -> ApiError:
+    """The error for a topic ``access`` may not read (it says nothing of whether the topic exists)."""
+    return ApiError(403, codes.FORBIDDEN, f"{access.name} may not read {topic!r}", topic=topic)
 
 
 def api_error_for(error: Exception) -> ApiError | None:
@@ -136,6 +133,8 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return await handler(request)
     except ApiError as error:
         return error.response()
+    except BudgetExhausted:
+        return over_budget_response()
     except (UnknownTopic, OffsetOutOfRange, CorruptRecord) as error:
         api_error = api_error_for(error)
         assert api_error is not None
@@ -150,18 +149,40 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return ApiError(500, "internal_error", "the request failed inside the broker").response()
 
 
-def bearer_auth(token: str) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    """A middleware refusing requests without `Authorization: Bearer <token>` (constant-time compare)."""
-    expected = f"Bearer {token}".encode()
+def reader_authenticator(tokens: ReaderTokens | None) -> Authenticator:
+    """Admits readers by their bearer token (``tokens``); without tokens, everyone reads everything."""
+
+    def authenticate(request: web.Request) -> Access:
+        if tokens is None:
+            return EVERYONE
+        access = tokens.access(request.headers.get("Authorization"))
+        if access is None:
+            raise ApiError(401, codes.UNAUTHORIZED, "missing or invalid bearer token")
+        return access
+
+    return authenticate
+
+
+def authentication(
+    authenticate: Authenticator,
+) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """A middleware admitting each request with ``authenticate`` before its handler runs."""
 
     @web.middleware
-    async def check_token(request: web.Request, handler: Handler) -> web.StreamResponse:
-        given = request.headers.get("Authorization", "").encode()
-        if not hmac.compare_digest(given, expected):
-            raise ApiError(401, codes.UNAUTHORIZED, "missing or invalid bearer token")
+    async def admitted(request: web.Request, handler: Handler) -> web.StreamResponse:
+        access = authenticate(request)
+        request[ACCESS] = access
+        if access is not EVERYONE:
+            mark_authenticated(request)
         return await handler(request)
 
-    return check_token
+    return admitted
+
+
+def is_member(request: web.Request) -> bool:
+    """Whether ``request`` came from a member that proved its node id (it may use the members' share of
+    the memory budget)."""
+    return access_of(request).member is not None
 
 
 def create_app(
@@ -169,13 +190,17 @@ def create_app(
     token: str | None = None,
     limits: ApiLimits | None = None,
     routes: Sequence[Callable[[web.Application], None]] = (),
+    authenticate: Authenticator | None = None,
 ) -> web.Application:
-    """The offsets API over `store`; with `token`, every request must carry it as a bearer token.
+    """The offsets API over `store`. Requests are admitted by `authenticate` (a broker's readers' tokens,
+    or a cluster's members); without it, by `token` (one reader token for every topic) when given, else
+    everyone reads everything.
 
-    Each of `routes` adds more endpoints behind the same token (a cluster's replica fetch)."""
-    middlewares: list = [json_errors]
-    if token is not None:
-        middlewares.append(bearer_auth(token))
+    Each of `routes` adds more endpoints behind the same authentication (``GET /v1/cluster``)."""
+    if authenticate is None:
+        tokens = ReaderTokens([ReaderToken("token", token)]) if token is not None else None
+        authenticate = reader_authenticator(tokens)
+    middlewares: list = [json_errors, authentication(authenticate)]
     app = web.Application(middlewares=middlewares)
     handlers = _Handlers(store, limits or ApiLimits())
     app.router.add_get("/v1/logs", handlers.list_logs)
@@ -212,44 +237,25 @@ async def serve_app(
     port: int = 0,
     ssl_context: ssl.SSLContext | None = None,
     limits: ApiLimits | None = None,
+    budget: MemoryBudget | None = None,
 ) -> tuple[GuardedRunner, int]:
-    """Bind an already built app (see `serve`), behind a cap on connections and request time limits."""
+    """Bind an already built app (see `serve`), behind a cap on connections and request time limits, and
+    within `budget` when given."""
     limits = limits or ApiLimits()
     runner = await start_guarded_site(
-        app, host, port, ssl_context, limits.max_connections, limits.request_timeout_s
+        app,
+        host,
+        port,
+        ssl_context,
+        limits.max_connections,
+        limits.request_timeout_s,
+        budget=budget,
+        is_member=is_member,
     )
     return runner, runner.port
 
 
 # -- request parsing ---------------------------------------------------------------------------------
-
-
-_MAX_DIGITS = 20
-"""Longer numbers are refused before they are converted (every bound here fits in 19 digits)."""
-
-
-def _is_number(value: object) -> bool:
-    """An int (not a bool), or a string of ASCII digits only (other Unicode digits are not numbers here)."""
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return True
-    return isinstance(value, str) and 0 < len(value) <= _MAX_DIGITS and value.isascii() and value.isdigit()
-
-
-def _int_param(value: object, name: str, default: int, low: int, high: int) -> int:
-    if value is None:
-        return default
-    if not _is_number(value):
-        shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "..."
-        raise ApiError(400, codes.BAD_REQUEST, f"{name} must be an integer, got {shown!r}", parameter=name)
-    number = int(str(value))
-    if not low <= number <= high:
-        shown = str(number) if number.bit_length() < 64 else "a number that large"
-        raise ApiError(
-            400, codes.BAD_REQUEST, f"{name} must be within [{low}, {high}], got {shown}", parameter=name
-        )
-    return number
 
 
 def _resolve_offset(value: object, info: LogInfo | None) -> int:
@@ -262,7 +268,7 @@ def _resolve_offset(value: object, info: LogInfo | None) -> int:
         raise ApiError(
             400, codes.BAD_OFFSET, "offset is required (a number, 'earliest' or 'latest')", parameter="offset"
         )
-    if not _is_number(value) or int(str(value)) < 0:
+    if not is_number(value) or int(str(value)) < 0:
         shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "..."
         raise ApiError(
             400,
@@ -271,24 +277,6 @@ def _resolve_offset(value: object, info: LogInfo | None) -> int:
             parameter="offset",
         )
     return int(str(value))
-
-
-def _format_param(value: object, allowed: Mapping[str, str] = FORMATS) -> str:
-    name = "arrow" if value is None else value
-    if name not in allowed:
-        raise ApiError(400, codes.BAD_REQUEST, f"format must be one of {sorted(allowed)}, got {value!r}")
-    if name == "arrow" and not _arrow_installed():
-        raise ApiError(
-            501,
-            codes.FORMAT_UNAVAILABLE,
-            "format arrow needs pyarrow and numpy on this broker (pip install 'timestone[arrow]'); "
-            "format jsonl is served",
-        )
-    return str(name)
-
-
-def _arrow_installed() -> bool:
-    return all(importlib.util.find_spec(name) is not None for name in ("pyarrow", "numpy"))
 
 
 def _arrow_body(
@@ -325,6 +313,17 @@ class _Handlers:
         self.store = store
         self.limits = limits
 
+    def _share(self, topics: Sequence[str], max_bytes: int) -> int:
+        """What a read of ``topics`` within ``max_bytes`` may hold, answer included: ``max_bytes``, or less
+        when the logs are smaller (a device's topic holds kilobytes; its fetch need not hold megabytes)."""
+        stored = 0
+        for topic in topics:
+            info = self._info(topic)
+            stored += info.bytes if info is not None else 0
+            if stored >= max_bytes:
+                return max_bytes
+        return min(max_bytes, 2 * stored + ANSWER_OVERHEAD)
+
     def _info(self, topic: str) -> LogInfo | None:
         return self.store.log_info(topic) if topic in self.store else None
 
@@ -338,10 +337,11 @@ class _Handlers:
             first = next(chunks)
         except ValueError as error:
             raise ApiError(400, codes.BAD_REQUEST, f"bad pattern: {error}") from None
+        access = access_of(request)
         replicated = self.store.replicated
         parts: list[str] = []
         for chunk in itertools.chain([first], chunks):
-            listed = [_info_json(info) for info in chunk]
+            listed = [_info_json(info) for info in chunk if access.may_read(info.topic)]
             if replicated:  # a cluster's controller elects the in-sync replica holding the most
                 for item in listed:
                     item["durable_end_offset"] = self.store.durable_end(item["topic"])
@@ -351,10 +351,10 @@ class _Handlers:
         return web.Response(text='{"logs": [' + ", ".join(parts) + "]}", content_type="application/json")
 
     async def log_info(self, request: web.Request) -> web.Response:
-        return web.json_response(_info_json(self.store.log_info(request.match_info["topic"])))
+        return web.json_response(_info_json(self.store.log_info(_readable_topic(request))))
 
     async def offset_for_timestamp(self, request: web.Request) -> web.Response:
-        topic = request.match_info["topic"]
+        topic = _readable_topic(request)
         value = request.query.get("timestamp_ms")
         info = self.store.log_info(topic)
         timestamp: int | str
@@ -366,25 +366,29 @@ class _Handlers:
                 raise ApiError(
                     400, codes.BAD_REQUEST, "timestamp_ms is required (milliseconds since the epoch)"
                 )
-            timestamp = _int_param(value, "timestamp_ms", 0, 0, 2**63 - 1)
+            timestamp = int_param(value, "timestamp_ms", 0, 0, 2**63 - 1)
             offset = self.store.offset_for_timestamp(topic, timestamp)
         return web.json_response({"topic": topic, "timestamp_ms": timestamp, "offset": offset})
 
     async def records(self, request: web.Request) -> web.Response:
-        topic = request.match_info["topic"]
+        topic = _readable_topic(request)
         query = request.query
         limits = self.limits
-        output = _format_param(query.get("format"))
-        max_records = _int_param(
+        output = format_param(query.get("format"))
+        max_records = int_param(
             query.get("max_records"), "max_records", limits.default_records, 1, limits.max_records
         )
-        max_bytes = _int_param(query.get("max_bytes"), "max_bytes", limits.default_bytes, 1, limits.max_bytes)
-        wait_ms = _int_param(query.get("wait_ms"), "wait_ms", 0, 0, limits.max_wait_ms)
+        max_bytes = int_param(query.get("max_bytes"), "max_bytes", limits.default_bytes, 1, limits.max_bytes)
+        wait_ms = int_param(query.get("wait_ms"), "wait_ms", 0, 0, limits.max_wait_ms)
         offset = _resolve_offset(query.get("offset"), self.store.log_info(topic))
         read = self.store.read_runs if output == "arrow" else self.store.read
+        share = self._share([topic], max_bytes)
+        hold(request, share)  # what the read and the answer built from it may hold
         records = read(topic, offset, max_records, max_bytes)
         if not records and wait_ms:
+            settle(request, 0)  # nothing is held while it waits
             await self.store.wait_for_data({topic: offset}, wait_ms / 1000)
+            hold(request, self._share([topic], max_bytes))
             records = read(topic, offset, max_records, max_bytes)
         info = self.store.log_info(topic)
         count, next_offset = _count_and_next(records, offset)
@@ -412,10 +416,16 @@ class _Handlers:
     async def fetch_many(self, request: web.Request) -> web.Response:
         fetches, max_bytes, wait_ms, output, pattern = self._parse_fetch(await self._json_body(request))
         columnar = output == "arrow"
-        chunks, results, positions = await self._fetch_round(fetches, max_bytes, columnar)
+        access = access_of(request)
+        topics = [fetch.topic for fetch in fetches]
+        settle(request, 0)
+        hold(request, self._share(topics, max_bytes))
+        chunks, results, positions = await self._fetch_round(fetches, max_bytes, columnar, access)
         if not chunks and wait_ms:
+            settle(request, 0)
             await self.store.wait_for_data(positions, wait_ms / 1000, pattern)
-            chunks, results, _ = await self._fetch_round(fetches, max_bytes, columnar)
+            hold(request, self._share(topics, max_bytes))
+            chunks, results, _ = await self._fetch_round(fetches, max_bytes, columnar, access)
         if columnar:
             metadata = {RESULTS_METADATA_KEY: json.dumps(results).encode()}
             body: Any = _arrow_body(chunks, metadata)
@@ -426,6 +436,7 @@ class _Handlers:
         return web.Response(body=body, content_type=FORMATS[output])
 
     async def _json_body(self, request: web.Request) -> dict:
+        hold(request, min(request.content_length or MAX_JSON_BODY, MAX_JSON_BODY))
         data = await read_body(request, self.limits.request_timeout_s)
         if data is None:
             raise ApiError(408, codes.BAD_REQUEST, "the body did not arrive in time", parameter="body")
@@ -446,7 +457,7 @@ class _Handlers:
             raise ApiError(
                 400, codes.BAD_REQUEST, f"fetches must be a list of 1 to {limits.max_fetches} objects"
             )
-        default_records = _int_param(
+        default_records = int_param(
             body.get("max_records"), "max_records", limits.default_records, 1, limits.max_records
         )
         fetches: list[_Fetch] = []
@@ -454,7 +465,7 @@ class _Handlers:
         for item in items:
             if not isinstance(item, dict) or not isinstance(item.get("topic"), str) or not item["topic"]:
                 raise ApiError(400, codes.BAD_REQUEST, "each fetch needs a non-empty string topic")
-            max_records = _int_param(
+            max_records = int_param(
                 item.get("max_records"), "max_records", default_records, 1, limits.max_records
             )
             _resolve_offset(item.get("offset"), None)  # validates the form before anything is read
@@ -462,18 +473,18 @@ class _Handlers:
                 raise ApiError(400, codes.BAD_REQUEST, f"topic {item['topic']!r} is fetched twice")
             seen.add(item["topic"])
             fetches.append(_Fetch(item["topic"], item["offset"], max_records))
-        max_bytes = _int_param(
+        max_bytes = int_param(
             body.get("max_bytes"), "max_bytes", limits.default_batch_bytes, 1, limits.max_bytes
         )
-        wait_ms = _int_param(body.get("wait_ms"), "wait_ms", 0, 0, limits.max_wait_ms)
-        output = _format_param(body.get("format"), {name: FORMATS[name] for name in ("arrow", "jsonl")})
+        wait_ms = int_param(body.get("wait_ms"), "wait_ms", 0, 0, limits.max_wait_ms)
+        output = format_param(body.get("format"), {name: FORMATS[name] for name in ("arrow", "jsonl")})
         pattern = body.get("pattern")
         if pattern is not None and not isinstance(pattern, str):
             raise ApiError(400, codes.BAD_REQUEST, "pattern must be a string")
         return fetches, max_bytes, wait_ms, output, pattern
 
     async def _fetch_round(
-        self, fetches: list[_Fetch], max_bytes: int, columnar: bool
+        self, fetches: list[_Fetch], max_bytes: int, columnar: bool, access: Access = EVERYONE
     ) -> tuple[list[tuple[str, list[Any]]], dict[str, dict[str, Any]], dict[str, int]]:
         """Read every fetch within a shared byte budget; only the first non-empty topic may exceed it.
 
@@ -491,6 +502,15 @@ class _Handlers:
             if number % 64 == 63 and time.monotonic() >= slice_end:
                 await asyncio.sleep(0)
                 slice_end = time.monotonic() + SLICE_S
+            if not access.may_read(fetch.topic):
+                refusal = forbidden(fetch.topic, access)
+                results[fetch.topic] = {
+                    "error": refusal.code,
+                    "status": refusal.status,
+                    "message": refusal.message,
+                    **refusal.extra,
+                }
+                continue
             info = self._info(fetch.topic)
             offset = positions[fetch.topic] = _resolve_offset(fetch.offset, info)
             try:
@@ -520,6 +540,15 @@ class _Handlers:
                 "records": count,
             }
         return chunks, results, positions
+
+
+def _readable_topic(request: web.Request) -> str:
+    """The request's ``{topic}``, which its access must allow (403 otherwise, before anything is read)."""
+    topic = request.match_info["topic"]
+    access = access_of(request)
+    if not access.may_read(topic):
+        raise forbidden(topic, access)
+    return topic
 
 
 def _count_and_next(read: Sequence[Record] | Sequence[FrameRun], offset: int) -> tuple[int, int]:

@@ -1,6 +1,7 @@
 """The leader epochs of a partition's topics, kept in one append-only journal (a cluster's replicas).
 
-A replicated topic's log keeps which leader epoch appended which offsets (`broker_edge.cluster.epochs`).
+A replicated topic's log keeps which leader epoch appended which offsets
+(`broker_edge.cluster.replication.epochs`).
 With topics sharing partition logs there is no directory per topic to keep that in: each partition has one
 journal, `log/NN/leader-epochs`. Its first line is the version; every change to a topic's epochs appends
 the topic's whole list, ``<topic id> <epoch> <start> <epoch> <start> ...`` (a topic id alone: none), and

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
-from broker_edge import path_trace
+from broker_edge.observe import path_trace
 
 from .config import Durability
 from .errors import StorageFailed

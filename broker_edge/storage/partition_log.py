@@ -30,6 +30,7 @@ from .entry import (
     HEAD_SIZE,
     MARKER_BIT,
     EntryError,
+    Marker,
     encode_marker,
     head_of,
     parse_head,
@@ -149,12 +150,18 @@ class PartitionLog:
 
     @property
     def end_position(self) -> int:
-        """The position after its last durable entry."""
+        """The position after its last durable entry: a job writes the segments rolled before the active
+        one too, so the first segment still in memory with entries not yet durable ends it."""
         if not self.segments:
             return self.next_base
         last = self.segments[-1]
-        rows = last.durable_rows if last.in_memory else last.row_count
-        return last.base + rows
+        end = last.base + last.row_count
+        for segment in reversed(self.segments):
+            if not segment.in_memory:
+                break
+            if segment.durable_rows < segment.row_count:
+                end = segment.base + segment.durable_rows
+        return end
 
     @property
     def capacity(self) -> int:
@@ -747,7 +754,7 @@ class SegmentScanner:
         self,
         start: int,
         apply: Callable[[int, int, int, int, int], None],
-        on_marker: Callable[[object, int], None],
+        on_marker: Callable[[Marker, int], None],
     ) -> tuple[int, ScanReport]:
         """Scan from byte `start`; returns the position after the last valid entry and the report."""
         report = ScanReport()

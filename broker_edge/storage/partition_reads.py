@@ -158,6 +158,8 @@ def read_entries(
             continue
         rows = segment.durable_rows if segment.in_memory else segment.row_count
         segment_stop = min(stop, segment.base + rows)
+        if segment_stop <= position:  # (never: the partition's end is where its durable entries end)
+            break
         position, budget = _read_segment(part, table, segment, position, segment_stop, budget, wanted,
                                          max_body, read)  # fmt: skip
         if position < segment_stop:

@@ -317,7 +317,7 @@ def _rebuild_index(
         topics,
         lambda topic_id: sealed.end[topic_id] if topic_id < len(sealed) else 0,
     )
-    end, report = scanner.scan(0, apply, on_marker)  # type: ignore[arg-type]
+    end, report = scanner.scan(0, apply, on_marker)
     damage = report.damage if end < os.path.getsize(segment.log_path) else None
     if damage is not None:
         log.error(
@@ -366,7 +366,7 @@ def _load_rows(
         lambda topic_id, position, offset, time, size: replay_row(
             part, segment, topic_id, position, offset, time, size
         ),
-        lambda marker, position: replay_marker(part, segment, marker, position),  # type: ignore[arg-type]
+        lambda marker, position: replay_marker(part, segment, marker, position),
     )
     loading.records_scanned += report.scanned
     names = part.names

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 
 from crc32c import crc32c
 
-from broker_edge import path_trace
-from broker_edge.offsets_types import LogInfo
+from broker_edge.log_info import LogInfo
+from broker_edge.observe import path_trace
 from broker_edge.protocol.topics import topic_matches
 
 from .config import LogConfig, StorageConfig

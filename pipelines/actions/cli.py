@@ -1,16 +1,55 @@
-"""``timestone ota``: create, cancel and inspect actions (each only reads or writes the Delta tables)."""
+"""``timestone ota``: create, cancel and follow actions (each only reads or writes the Delta tables).
+
+Exit status: 0 done; 1 the tables say no (an unknown action, an id taken by another action, an action that
+has ended); 2 the command line or the config is wrong (a value the rules of a valid action refuse, a group
+without devices); 130 ``status --watch`` stopped with Ctrl-C.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
+from datetime import UTC, datetime
 
 from broker_edge.config import ConfigError, load_dataclass, load_yaml_file
 from pipelines.actions.config import ActionsConfig
-from pipelines.actions.operator import NewAction, cancel_action, create_action, summaries
-from sinks.store import open_table_store
+from pipelines.actions.heartbeat import read_heartbeat
+from pipelines.actions.operator import (
+    ActionRefused,
+    NewAction,
+    UnknownAction,
+    cancel_action,
+    create_action,
+    device_groups,
+)
+from pipelines.actions.status import ActionStatus, describe, describe_job, describe_list, read_statuses
+from pipelines.actions.validation import InvalidAction, problems
+from pipelines.output_paths import check_output_location
+from sinks.backends import open_table_store
+from sinks.store import TableStore
 
-STATE_COLUMNS = ("queued", "in_progress", "succeeded", "failed", "timed_out", "rejected", "canceled")
+OPTION_OF_FIELD = {
+    "id": "--id",
+    "kind": "--kind",
+    "target": "--devices, --group or --all",
+    "target.device_ids": "--devices",
+    "target.group": "--group",
+    "payload.version": "--version",
+    "payload.url": "--url",
+    "payload.sha256": "--sha256",
+    "payload.size": "--size",
+    "payload.command": "--command",
+    "payload.args": "--arg",
+    "rollout.max_per_minute": "--max-per-minute",
+    "abort_criteria.failure_pct": "--abort-failure-pct",
+    "abort_criteria.min_executed": "--abort-min-executed",
+    "in_progress_timeout_s": "--timeout",
+}
+"""The option that sets each field of the row (an error names both)."""
+
+REFUSED, INVALID, INTERRUPTED = 1, 2, 130
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -31,7 +70,10 @@ def _add_table_options(parser: argparse.ArgumentParser, default: object) -> None
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="timestone ota", description="Create and follow OTA/command actions."
+        prog="timestone ota",
+        description="Create, cancel and follow OTA / command actions (docs/ota.md).",
+        epilog="exit status: 0 done; 1 the tables say no (unknown action, id taken by other content, "
+        "cancel of an ended action); 2 a wrong command line or config; 130 status --watch stopped by Ctrl-C",
     )
     _add_table_options(parser, default=None)
     # the same options after the verb too (`timestone ota status --tables-root DIR`, as the demo prints it)
@@ -63,19 +105,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     create.add_argument("--timeout", type=int, help="in-progress timeout per device, seconds")
     create.add_argument("--created-by", default="cli")
+    create.add_argument(
+        "--allow-unknown-group",
+        action="store_true",
+        help="write a group action even when no registered device is in the group yet",
+    )
 
-    cancel = sub.add_parser("cancel", help="cancel an action", parents=[after_verb])
+    cancel = sub.add_parser("cancel", help="cancel an action that has not ended", parents=[after_verb])
     cancel.add_argument("action_id")
 
-    status = sub.add_parser("status", help="print action summaries", parents=[after_verb])
+    status = sub.add_parser(
+        "status",
+        help="every action, or one in full (target, state, reason, devices not done)",
+        parents=[after_verb],
+    )
     status.add_argument("action_id", nargs="?")
+    status.add_argument("--watch", action="store_true", help="follow the action until it ends (Ctrl-C stops)")
+    status.add_argument("--interval", type=float, default=2.0, help="seconds between looks with --watch")
+    status.add_argument("--show", type=int, default=10, help="devices not done to list (default 10)")
     return parser
 
 
 def load_actions_config(path: str | None) -> ActionsConfig:
     """The actions config from ``path``, else ``conf/actions.yaml`` when present, else defaults."""
-    import os
-
     if path is None and os.path.exists("conf/actions.yaml"):
         path = "conf/actions.yaml"
     data = load_yaml_file(path) if path else {}
@@ -89,47 +141,122 @@ def ota_main(argv: list[str]) -> int:
         config = load_actions_config(args.config)
     except ConfigError as exc:
         print(f"timestone ota: bad config: {exc}", file=sys.stderr)
-        return 2
-    store = open_table_store(None, args.tables_root or config.tables_root, backend="delta-rs")
-    if args.verb == "create":
-        action = NewAction(
-            kind=args.kind,
-            device_ids=[d for d in (args.devices or "").split(",") if d],
-            group=args.group,
-            all_devices=args.all,
-            version=args.version,
-            url=args.url,
-            sha256=args.sha256,
-            size=args.size,
-            command=args.command,
-            args=dict(args.arg),
-            max_per_minute=args.max_per_minute,
-            failure_pct=args.abort_failure_pct,
-            min_executed=args.abort_min_executed,
-            in_progress_timeout_s=args.timeout,
-            created_by=args.created_by,
-        )
-        if args.action_id:
-            action.action_id = args.action_id
+        return INVALID
+    root = args.tables_root or config.tables_root
+    if args.verb in ("create", "cancel"):
         try:
-            print(create_action(store, action))
-        except ValueError as exc:
-            print(f"timestone ota create: {exc}", file=sys.stderr)
-            return 2
-        return 0
-    if args.verb == "cancel":
-        if not cancel_action(store, args.action_id):
-            print(f"timestone ota cancel: no action {args.action_id!r}", file=sys.stderr)
-            return 1
-        print(f"cancel requested for {args.action_id}")
-        return 0
-    rows = summaries(store, args.action_id)
-    if not rows:
-        print("no action summaries yet" if args.action_id is None else f"no summary for {args.action_id!r}")
-        return 1 if args.action_id else 0
-    header = f"{'action':<20} {'state':<12} " + " ".join(f"{c:>11}" for c in STATE_COLUMNS) + f" {'total':>7}"
-    print(header)
-    for row in rows:
-        counts = " ".join(f"{row[f'{c}_count']:>11}" for c in STATE_COLUMNS)
-        print(f"{row['action_id']:<20} {row['action_state']:<12} {counts} {row['total_count']:>7}")
+            check_output_location(root, "--tables-root" if args.tables_root else "tables_root")
+        except ConfigError as exc:
+            print(f"timestone ota {args.verb}: {exc}", file=sys.stderr)
+            return INVALID
+    store = open_table_store(None, root, backend="delta-rs")
+    try:
+        if args.verb == "create":
+            return _create(store, args)
+        if args.verb == "cancel":
+            requested = cancel_action(store, args.action_id)
+            print(
+                ("cancel requested for " if requested else "cancel already requested for ") + args.action_id
+            )
+            return 0
+        return _status(store, args, root)
+    except ActionRefused as refused:
+        print(f"timestone ota {args.verb}: {refused}", file=sys.stderr)
+        return REFUSED
+
+
+def _create(store: TableStore, args: argparse.Namespace) -> int:
+    devices = [d.strip() for d in (args.devices or "").split(",") if d.strip()]
+    action = NewAction(
+        kind=args.kind,
+        device_ids=devices,
+        group=args.group,
+        all_devices=args.all,
+        version=args.version,
+        url=args.url,
+        sha256=args.sha256,
+        size=args.size,
+        command=args.command,
+        args=dict(args.arg),
+        max_per_minute=args.max_per_minute,
+        failure_pct=args.abort_failure_pct,
+        min_executed=args.abort_min_executed,
+        in_progress_timeout_s=args.timeout,
+        created_by=args.created_by,
+    )
+    if args.action_id is not None:
+        action.action_id = args.action_id
+    if args.devices is not None and not devices:
+        return _invalid([InvalidAction("target.device_ids", "no device id given")])
+    found = problems(action.row(datetime.now(UTC)))
+    if found:
+        return _invalid(found)
+    if action.group is not None and not args.allow_unknown_group:
+        groups = device_groups(store)
+        if action.group not in groups:
+            known = ", ".join(sorted(groups)) or "none: no device is registered yet"
+            problem = (
+                f"no registered device is in group {action.group!r} (groups in the devices table: {known}); "
+                "--allow-unknown-group writes it anyway, for devices that join the group later"
+            )
+            return _invalid([InvalidAction("target.group", problem)])
+    print(create_action(store, action))
     return 0
+
+
+def _invalid(found: list[InvalidAction]) -> int:
+    """Every problem of the action, each naming its option and the field of the row."""
+    for invalid in found:
+        option = OPTION_OF_FIELD.get(invalid.field)
+        where = f"{option} ({invalid.field})" if option else invalid.field
+        print(f"timestone ota create: {where}: {invalid.problem}", file=sys.stderr)
+    return INVALID
+
+
+def _status(store: TableStore, args: argparse.Namespace, root: str) -> int:
+    if args.watch and args.action_id is None:
+        print("timestone ota status: --watch follows one action: give its id", file=sys.stderr)
+        return INVALID
+    if args.interval <= 0 or args.show < 0:
+        print("timestone ota status: --interval must be above 0 and --show at least 0", file=sys.stderr)
+        return INVALID
+    if args.action_id is None:
+        job = describe_job(read_heartbeat(root), _now_ms(), root)
+        statuses = read_statuses(store)
+        print(describe_list(statuses, job) if statuses else f"no actions yet\n{job}")
+        return 0
+    if not args.watch:
+        status = _one(store, args.action_id, args.show)
+        print(describe(status, describe_job(read_heartbeat(root), _now_ms(), root)))
+        return 0
+    try:
+        return _watch(store, args.action_id, args.show, args.interval, root)
+    except KeyboardInterrupt:
+        print()
+        return INTERRUPTED
+
+
+def _one(store: TableStore, action_id: str, show: int) -> ActionStatus:
+    statuses = read_statuses(store, action_id, show)
+    if not statuses:
+        raise UnknownAction(f"no action {action_id!r} in the actions table or its summaries")
+    return statuses[0]
+
+
+def _watch(store: TableStore, action_id: str, show: int, interval_s: float, root: str) -> int:
+    """Print the action whenever it changes (or the job starts or stops) until it ends."""
+    shown = None
+    while True:
+        status, beat, now = _one(store, action_id, show), read_heartbeat(root), _now_ms()
+        seen = (describe(status, ""), beat is not None and beat.running(now))
+        if seen != shown:
+            stamp = time.strftime("%H:%M:%S", time.gmtime(now / 1000))
+            print(f"-- {stamp} UTC\n{describe(status, describe_job(beat, now, root))}\n", flush=True)
+            shown = seen
+        if status.ended:
+            return 0
+        time.sleep(interval_s)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

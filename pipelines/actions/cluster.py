@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from broker_edge.config import ConfigError
 from broker_edge.config.endpoints import BrokerEndpoint
+from pipelines.preflight import BrokersUnreachable
 
 __all__ = ["BrokerKind", "brokers_form_a_cluster", "live_endpoints", "probe"]
 
@@ -47,13 +48,14 @@ def probe(endpoint: BrokerEndpoint, timeout_s: float = PROBE_TIMEOUT_S) -> Broke
 def brokers_form_a_cluster(endpoints: Sequence[BrokerEndpoint], timeout_s: float = PROBE_TIMEOUT_S) -> bool:
     """True when the brokers that answer are all cluster members, False when all are standalone.
 
-    A mix is a configuration error (one job cannot both publish once and publish to each broker), and so is
-    a list of which none answers (nothing can be decided; set ``cluster`` to say)."""
+    A mix is a configuration error (one job cannot both publish once and publish to each broker); a list of
+    which none answers is :class:`BrokersUnreachable` (nothing can be decided; set ``cluster`` to say)."""
     kinds = {endpoint.name: probe(endpoint, timeout_s) for endpoint in endpoints}
     answered = {kind for kind in kinds.values() if kind is not BrokerKind.DOWN}
     if not answered:
-        raise ConfigError(
-            "cluster", f"no broker answered to tell whether they form a cluster: {sorted(kinds)}"
+        raise BrokersUnreachable(
+            f"no broker answered to tell whether they form a cluster: {', '.join(sorted(kinds))} "
+            "(their offsets APIs; set cluster: true or false to start without asking)"
         )
     if len(answered) > 1:
         listed = ", ".join(f"{name}: {kind.value}" for name, kind in sorted(kinds.items()))

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from broker_edge.config import ConfigError
 from broker_edge.config.endpoints import BrokerEndpoint
+from broker_edge.protocol.errors import InvalidTopic
+from broker_edge.protocol.topics import validate_topic_filter
 from pipelines.actions.buckets import DEFAULT_BUCKETS
 
 
@@ -52,3 +54,11 @@ class ActionsConfig:
             raise ConfigError("device_buckets", "must be 0 (per-device topics) or more")
         if self.backend not in ("auto", "delta-rs", "native"):
             raise ConfigError("backend", f"expected auto, delta-rs or native, got {self.backend!r}")
+        filters = [f.strip() for f in self.status_topics.split(",")]
+        for topic_filter in filters:
+            try:
+                validate_topic_filter(topic_filter)
+            except InvalidTopic as exc:
+                raise ConfigError("status_topics", f"{topic_filter!r} is not a topic filter: {exc}") from None
+            if topic_filter.startswith("$share/"):
+                raise ConfigError("status_topics", f"{topic_filter!r}: a shared subscription reads no log")

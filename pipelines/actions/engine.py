@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -42,11 +42,14 @@ from pipelines.actions.states import (
 )
 from pipelines.actions.summary import (
     ACTION_ABORTED,
+    ACTION_CANCELED,
     ACTION_IN_PROGRESS,
+    ACTION_REJECTED,
     FINAL_ACTION_STATES,
     action_state,
     state_counts,
 )
+from pipelines.actions.validation import problems
 from sinks.store import TableStore
 
 log = logging.getLogger(__name__)
@@ -102,6 +105,10 @@ class ActionsEngine:
         self._cached_version = -1
         self._snapshots: dict[str, tuple[int, pa.Table]] = {}
         """The other tables as last read, by name: (Delta version, rows)."""
+        self._valid: tuple[pa.Table, dict[str, Action]] | None = None
+        """The valid actions of the ``actions`` snapshot they were parsed from (each tick asks for them)."""
+        self._last_valid: dict[str, Action] = {}
+        """Each action as its last valid row had it: what a running action whose row turned invalid keeps."""
         for name in (ACTIONS, EXECUTIONS, SUMMARY, DEVICES):
             store.ensure(name)
 
@@ -110,32 +117,67 @@ class ActionsEngine:
     def on_action_rows(self, rows: Iterable[dict], app_id: str, batch_id: int) -> None:
         """New and updated ``actions`` rows (change feed inserts and update post-images, in commit order).
 
-        Only an action's latest row counts: created and canceled in one batch means never fanned out.
+        Only an action's latest row counts: created and canceled in one batch means never fanned out. Every
+        row is checked first (``validation.py``, whoever wrote it): an invalid one is never published and
+        its action ends ``REJECTED``, the summary's reason naming the field. An action that has ended is
+        not fanned out again, whatever its row says now.
         """
         latest = {row["id"]: row for row in rows}
-        actions = [Action.from_row(row) for row in latest.values()]
-        if not actions:
+        if not latest:
             return
         with self.lock:
             now = self.clock()
-            known, counts = self._executions_and_counts([a.id for a in actions])
+            known, counts = self._executions_and_counts(list(latest))
+            previous = self._summary_states(list(latest))
             changed: list[Execution] = []
-            for action in actions:
-                rows_of_action = known.get(action.id, {})
+            rejected: dict[str, str] = {}
+            for action_id, row in latest.items():
+                rows_of_action = known.get(action_id, {})
+                ended = previous.get(action_id, (None, None))[0] in FINAL_ACTION_STATES
+                invalid = problems(row)
+                kept = self._last_valid.get(action_id) if rows_of_action else None
+                if invalid and not (kept is not None and row.get("cancel")):
+                    self._refuse(action_id, str(invalid[0]), bool(rows_of_action), ended, rejected)
+                    continue
+                action = replace(kept, cancel=True) if invalid and kept is not None else Action.from_row(row)
+                if not invalid:
+                    self._last_valid[action_id] = action
                 if action.cancel:
                     changed += self._stop(action, rows_of_action, CANCELED, "canceled by operator", now)
+                elif ended:
+                    log.warning(
+                        "action %s changed after it ended (%s): not fanned out again; write a new action",
+                        action_id,
+                        previous[action_id][0],
+                    )
                 elif not rows_of_action:
                     changed += self._fan_out(action, now)
             self._write(changed, f"{app_id}/executions", batch_id)
             counted = _counts_after(counts, known, changed)
-            self._summarise([a.id for a in actions], f"{app_id}/summary", batch_id, counted)
+            self._summarise(list(latest), f"{app_id}/summary", batch_id, counted, rejected)
             log.info(
-                "actions batch %d: %d actions, %d executions written in %.2f s",
+                "actions batch %d: %d actions (%d rejected), %d executions written in %.2f s",
                 batch_id,
-                len(actions),
+                len(latest),
+                len(rejected),
                 len(changed),
                 (self.clock() - now) / 1000,
             )
+
+    def _refuse(
+        self, action_id: str, reason: str, fanned_out: bool, ended: bool, rejected: dict[str, str]
+    ) -> None:
+        """An invalid row: a new action is rejected; one already sent keeps going as it was sent (a cancel
+        flag on its row still cancels it)."""
+        if fanned_out or ended:
+            log.warning(
+                "action %s: its row changed to an invalid one, it goes on as it was sent: %s",
+                action_id,
+                reason,
+            )
+            return
+        log.warning("action %s rejected, nothing published: %s", action_id, reason)
+        rejected[action_id] = reason
 
     def on_reports(self, reports: Iterable[StatusReport], app_id: str, batch_id: int) -> None:
         """Device status reports from the brokers' logs, folded into the executions."""
@@ -247,10 +289,14 @@ class ActionsEngine:
         return [(bucket_topic(bucket), message(groups[bucket])) for bucket in sorted(groups)]
 
     def _targets(self, action: Action) -> list[str]:
+        """The devices an action is for: listed, every device, or a group's (never every device unless
+        ``all_devices`` says so)."""
         if action.device_ids:
             return sorted(set(action.device_ids))
+        if not (action.all_devices or action.group):
+            return []
         devices = self._read(DEVICES)
-        if not action.all_devices and action.group:
+        if not action.all_devices:
             devices = devices.filter(pc.equal(devices["group"], action.group))
         return sorted(set(devices["device_id"].to_pylist()))
 
@@ -293,38 +339,57 @@ class ActionsEngine:
     # -- summaries ------------------------------------------------------------------------------------------
 
     def _summarise(
-        self, action_ids: list[str], app_id: str, batch_id: int, counted: dict[str, Counter] | None = None
+        self,
+        action_ids: list[str],
+        app_id: str,
+        batch_id: int,
+        counted: dict[str, Counter] | None = None,
+        rejected: Mapping[str, str] | None = None,
     ) -> None:
         """Recompute the summary of ``action_ids``; an action crossing its abort threshold is stopped.
 
         ``counted``: the executions per state of each action as just written (from the batch's own read of
         the table and its changes), so that the table is not read again; counted from the table when None.
+        ``rejected``: actions whose rows were refused, with the reason. A final state and its reason, once
+        written, stay.
         """
+        rejected = rejected or {}
         actions = {a.id: a for a in self._actions(action_ids)}
         previous = self._summary_states(action_ids)
         if counted is None:
             counted = self._state_counts(action_ids)
         now = self.clock()
-        summaries, aborted = [], []
+        summaries: list[tuple[str, Counter, str, str | None]] = []
+        aborted = []
         for action_id in action_ids:
             action = actions.get(action_id)
             counts = counted.get(action_id) or state_counts([])
-            if action is None:
+            before, reason = previous.get(action_id, (None, None))
+            if before in FINAL_ACTION_STATES:
+                state = before
+            elif action_id in rejected:
+                state, reason = ACTION_REJECTED, rejected[action_id]
+            elif action is None:  # reports for an action this job has no valid row of
                 state = ACTION_IN_PROGRESS
             else:
-                state = action_state(previous.get(action_id), counts, action.cancel, action.abort)
-            if state == ACTION_ABORTED and previous.get(action_id) != ACTION_ABORTED and action is not None:
-                aborted.append(action)
-            summaries.append((action_id, counts, state))
+                state = action_state(before, counts, action.cancel, action.abort)
+                if state == ACTION_CANCELED:
+                    reason = "canceled by operator"
+                elif state == ACTION_ABORTED:
+                    reason = action.abort.reason(counts)
+                    aborted.append(action)
+            summaries.append((action_id, counts, state, reason))
         for action in aborted:
             rows = self._executions([action.id]).get(action.id, {})
-            reason = "action aborted: failure threshold reached"
-            stopped = self._stop(action, rows, ACTION_ABORTED, reason, now)
+            details = "action aborted: failure threshold reached"
+            stopped = self._stop(action, rows, ACTION_ABORTED, details, now)
             self._write(stopped, f"{app_id}/abort", batch_id)
             for row in stopped:
                 rows[row.device_id] = row
             index = next(i for i, s in enumerate(summaries) if s[0] == action.id)
-            summaries[index] = (action.id, state_counts([r.state for r in rows.values()]), ACTION_ABORTED)
+            counts = state_counts([r.state for r in rows.values()])
+            summaries[index] = (action.id, counts, ACTION_ABORTED, summaries[index][3])
+            log.warning("action %s aborted: %s", action.id, summaries[index][3])
         table = pa.Table.from_pylist(
             [
                 {
@@ -333,8 +398,9 @@ class ActionsEngine:
                     "total_count": sum(counts.values()),
                     "action_state": state,
                     "updated_at": _ts(now),
+                    "reason": reason,
                 }
-                for action_id, counts, state in summaries
+                for action_id, counts, state, reason in summaries
             ],
             schema=self.store.spec(SUMMARY).arrow_schema,
         )
@@ -343,23 +409,37 @@ class ActionsEngine:
 
     def _open_action_ids(self, actions: dict[str, Action]) -> list[str]:
         states = self._summary_states(list(actions))
-        return sorted(a for a in actions if states.get(a, ACTION_IN_PROGRESS) not in FINAL_ACTION_STATES)
+        return sorted(a for a in actions if states.get(a, (None,))[0] not in FINAL_ACTION_STATES)
 
     # -- table access ---------------------------------------------------------------------------------------
 
     def _actions(self, ids: list[str] | None = None) -> list[Action]:
+        """The actions whose latest rows are valid (an invalid row is never acted on, ``on_action_rows``),
+        parsed and checked once per snapshot of the table."""
         table = self._read(ACTIONS)
-        if ids is not None:
-            table = table.filter(pc.is_in(table["id"], pa.array(ids, pa.string())))
-        latest: dict[str, dict] = {}
-        for row in table.to_pylist():
-            latest[row["id"]] = row
-        return [Action.from_row(row) for row in latest.values()]
+        if self._valid is None or self._valid[0] is not table:
+            valid = {}
+            for key, row in {row["id"]: row for row in table.to_pylist()}.items():
+                if not problems(row):
+                    valid[key] = self._last_valid[key] = Action.from_row(row)
+                elif key in self._last_valid:  # it goes on as it was sent; its cancel flag still counts
+                    valid[key] = replace(self._last_valid[key], cancel=bool(row.get("cancel")))
+            self._valid = (table, valid)
+        valid = self._valid[1]
+        if ids is None:
+            return list(valid.values())
+        return [valid[key] for key in dict.fromkeys(ids) if key in valid]
 
-    def _summary_states(self, action_ids: list[str]) -> dict[str, str]:
+    def _summary_states(self, action_ids: list[str]) -> dict[str, tuple[str, str | None]]:
+        """Each summarised action's state and reason."""
         table = self._read(SUMMARY)
         table = table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
-        return dict(zip(table["action_id"].to_pylist(), table["action_state"].to_pylist(), strict=True))
+        reasons = table["reason"].to_pylist() if "reason" in table.column_names else [None] * len(table)
+        states = table["action_state"].to_pylist()
+        return {
+            action_id: (state, reason)
+            for action_id, state, reason in zip(table["action_id"].to_pylist(), states, reasons, strict=True)
+        }
 
     def _state_counts(self, action_ids: list[str]) -> dict[str, Counter]:
         """Executions per state of each action, counted in Arrow (no Python object per row)."""

@@ -28,12 +28,16 @@ from broker_edge.config.endpoints import BrokerEndpoint, format_endpoints
 from pipelines.actions.cluster import brokers_form_a_cluster
 from pipelines.actions.config import ActionsConfig
 from pipelines.actions.engine import ACTIONS, ActionsEngine
+from pipelines.actions.heartbeat import HeartbeatWriter
 from pipelines.actions.model import parse_report
 from pipelines.actions.publisher import ClusterPublisher, MqttPublisher, Publisher
 from pipelines.actions.reports import CLUSTER_BROKER_ID, BrokerReports, ClusterReports, ReportStream
+from pipelines.output_paths import check_output_location
+from pipelines.pipeline_logs import failure_summary
 from pipelines.spark_session import stop_between_batches
+from sinks.backends import Backend, open_table_store
 from sinks.foreach_batch import streaming_query_id
-from sinks.store import Backend, TableStore, open_table_store
+from sinks.store import TableStore
 from sources import register_sources
 
 log = logging.getLogger(__name__)
@@ -78,6 +82,8 @@ class ActionsJob:
     engine: ActionsEngine
     fanout: StreamingQuery
     reports: ReportStream
+    heartbeat: HeartbeatWriter | None = None
+    """Tells ``timestone ota status`` that a job acts on these tables (``heartbeat.py``)."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _ticker: threading.Thread | None = None
 
@@ -90,12 +96,15 @@ class ActionsJob:
         return bool(self.fanout.isActive) and self.reports.running()
 
     def start_ticker(self, interval_s: float) -> None:
+        self._beat()
+
         def run() -> None:
             while not self._stop.wait(interval_s):
                 try:
                     self.engine.tick()
                 except Exception:  # the next tick retries; a streaming failure stops the job instead
                     log.exception("actions tick failed")
+                self._beat()
 
         self._ticker = threading.Thread(target=run, name="actions-ticker", daemon=True)
         self._ticker.start()
@@ -128,6 +137,15 @@ class ActionsJob:
     def _join_ticker(self) -> None:
         if self._ticker:
             self._ticker.join(timeout=10)
+        self._beat(stopping=True)
+
+    def _beat(self, stopping: bool = False) -> None:
+        if self.heartbeat is None:
+            return
+        try:
+            self.heartbeat.stop() if stopping else self.heartbeat.beat()
+        except OSError as error:  # status cannot tell whether the job runs; the job itself is fine
+            log.warning("cannot write the actions job's heartbeat: %s", error)
 
 
 def start_actions_job(
@@ -192,7 +210,7 @@ def start_actions_job(
         finally:
             publisher.close()
         raise
-    job = ActionsJob(engine, fanout, reports)
+    job = ActionsJob(engine, fanout, reports, HeartbeatWriter(config.tables_root))
     job.start_ticker(config.tick_interval_s)
     return job
 
@@ -206,10 +224,21 @@ def _publisher(config: ActionsConfig, cluster: bool) -> MqttPublisher:
 
 
 def validate(section: object) -> ActionsConfig:
-    """Check the actions config (raises ConfigError naming the field) before Spark starts."""
+    """Check the actions config (raises ConfigError naming the field) before Spark starts, with the places
+    it writes."""
     from broker_edge.config import load_dataclass
 
-    return load_dataclass(ActionsConfig, section or {})
+    config = load_dataclass(ActionsConfig, section or {})
+    check_output_location(config.tables_root, "tables_root")
+    check_output_location(config.checkpoint_root, "checkpoint_root")
+    return config
+
+
+def preflight(config: ActionsConfig, options: object) -> None:
+    """Before Spark starts: whether the brokers form a cluster, when the config does not say (a mix is a
+    ConfigError, no answer at all ``BrokersUnreachable``)."""
+    if config.cluster is None:
+        brokers_form_a_cluster(config.brokers)
 
 
 def run(spark: SparkSession, section: object, options: object) -> int:
@@ -224,9 +253,10 @@ def run(spark: SparkSession, section: object, options: object) -> int:
     try:
         while job.running():
             time.sleep(1)
-        failed = [q for q in job.queries if q.exception() is not None]
-        for query in failed:
-            log.error("actions query %s failed: %s", query.name, query.exception())
+        failed = {q.name: error for q in job.queries if (error := q.exception()) is not None}
+        for name, error in failed.items():
+            log.debug("actions query %s failed: %s", name, error)
+            log.error("actions query %s failed: %s", name, failure_summary(error))
         return 1 if failed else 0
     except KeyboardInterrupt:
         log.info("stopping the actions job")

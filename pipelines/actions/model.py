@@ -32,7 +32,8 @@ def to_ms(value: datetime | int | None) -> int | None:
 
 @dataclass(frozen=True)
 class Action:
-    """One row of ``actions`` (docs/tables.md), with the defaults the fanout applies."""
+    """One valid row of ``actions`` (docs/tables.md; ``validation.py`` says which rows are), with the
+    defaults the fanout applies."""
 
     id: str
     kind: str
@@ -80,13 +81,15 @@ class Action:
         """The one topic a group or ``all`` broadcast goes out on; None when sent per device.
 
         An explicit device list is never sent on a shared topic: every listed device gets the same small
-        message on its own topic, so what a device receives does not grow with the size of the list.
+        message on its own topic, so what a device receives does not grow with the size of the list. Only
+        ``all_devices`` is every device: a row without a target is rejected before it gets here
+        (``validation.py``), and would reach no device.
         """
         if self.device_ids or not self.broadcast:
             return None
-        if self.all_devices or not self.group:
+        if self.all_devices:
             return ALL_TOPIC
-        return group_topic(self.group)
+        return group_topic(self.group) if self.group else None
 
     def message(self, issued_at_ms: int, listed: Sequence[str] | None = None) -> bytes:
         """The action message devices receive (docs/device-protocol.md); with ``listed``, only the devices

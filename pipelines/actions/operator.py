@@ -9,10 +9,13 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines.actions.summary import FINAL_ACTION_STATES
+from pipelines.actions.validation import check_action_row
 from sinks.store import TableStore
 
 OPERATOR_APP_ID = "operator"
@@ -40,19 +43,8 @@ class NewAction:
     action_id: str = field(default_factory=lambda: f"act-{uuid.uuid4().hex[:12]}")
 
     def validate(self) -> None:
-        targets = sum((bool(self.device_ids), bool(self.group), self.all_devices))
-        if targets != 1:
-            raise ValueError("give exactly one target: device ids, a group, or all devices")
-        if self.kind == "ota" and not (self.version and self.url):
-            raise ValueError("an OTA action needs a version and a URL")
-        if self.kind == "command" and not self.command:
-            raise ValueError("a command action needs a command")
-        if self.kind not in ("ota", "command"):
-            raise ValueError(f"kind must be ota or command, not {self.kind!r}")
-        if self.max_per_minute is not None and self.max_per_minute <= 0:
-            raise ValueError("max per minute must be positive")
-        if self.failure_pct is not None and not 0 < self.failure_pct <= 100:
-            raise ValueError("abort failure percentage must be in (0, 100]")
+        """Raise :class:`InvalidAction` naming the field, by the rules the actions job applies."""
+        check_action_row(self.row(datetime.now(UTC)))
 
     def row(self, now: datetime) -> dict:
         return {
@@ -77,23 +69,85 @@ class NewAction:
         }
 
 
+class ActionRefused(Exception):
+    """What the operator asked contradicts the tables (the id is taken, the action ended, is unknown)."""
+
+
+class UnknownAction(ActionRefused):
+    pass
+
+
+def action_row(store: TableStore, action_id: str) -> dict | None:
+    """The latest ``actions`` row of ``action_id``, or None."""
+    if not store.exists("actions"):
+        return None
+    actions = store.read_arrow("actions")
+    rows = actions.filter(pc.equal(actions["id"], action_id)).to_pylist()
+    return rows[-1] if rows else None
+
+
+CONTENT_FIELDS = ("kind", "target", "payload", "rollout", "abort_criteria", "in_progress_timeout_s")
+"""The columns that say what an action does (not who wrote it or when): equal content, the same action."""
+
+
+def _content(row: dict) -> dict:
+    content = {name: row.get(name) for name in CONTENT_FIELDS}
+    payload = dict(content["payload"] or {})
+    if isinstance(payload.get("args"), list):  # Arrow reads a map as key/value pairs
+        payload["args"] = dict(payload["args"])
+    content["payload"] = payload
+    return content
+
+
+def differences(stored: Any, given: Any, path: str = "") -> list[str]:
+    """The dotted fields where two rows' values differ, each with both values."""
+    if isinstance(stored, dict) and isinstance(given, dict):
+        found = []
+        for key in dict.fromkeys([*stored, *given]):
+            found += differences(stored.get(key), given.get(key), f"{path}.{key}" if path else key)
+        return found
+    return [] if stored == given else [f"{path}: {stored!r} in the table, {given!r} here"]
+
+
 def create_action(store: TableStore, action: NewAction) -> str:
-    """Write the action's row (once per action id) and return its id."""
+    """Write the action's row and return its id.
+
+    Checked first against the rules the actions job applies (``InvalidAction`` naming the field). An id
+    already in the table with the same content is a retry and writes nothing; with other content it is
+    refused (``ActionRefused`` naming the fields that differ), so a second action never hides behind the
+    first's id.
+    """
     action.validate()
-    table = pa.Table.from_pylist([action.row(datetime.now(UTC))], schema=store.spec("actions").arrow_schema)
+    schema = store.spec("actions").arrow_schema
+    table = pa.Table.from_pylist([action.row(datetime.now(UTC))], schema=schema)
+    existing = action_row(store, action.action_id)
+    if existing is not None:
+        changed = differences(_content(existing), _content(table.to_pylist()[0]))
+        if changed:
+            raise ActionRefused(
+                f"action {action.action_id} exists with other content ({'; '.join(changed)}): "
+                "give the new action another --id"
+            )
+        return action.action_id
     store.merge("actions", table, f"{OPERATOR_APP_ID}/create/{action.action_id}", 0, update=False)
     return action.action_id
 
 
 def cancel_action(store: TableStore, action_id: str) -> bool:
-    """Set the action's cancel flag; False when there is no such action."""
-    if not store.exists("actions"):
+    """Set the action's cancel flag: True when requested now, False when it already was.
+
+    Raises ``UnknownAction``, or ``ActionRefused`` when the action has ended (completed, aborted, canceled,
+    rejected): there is nothing left to cancel.
+    """
+    row = action_row(store, action_id)
+    if row is None:
+        raise UnknownAction(f"no action {action_id!r}")
+    summary = next(iter(summaries(store, action_id)), None)
+    if summary is not None and summary["action_state"] in FINAL_ACTION_STATES:
+        raise ActionRefused(f"action {action_id} has ended ({summary['action_state']}): nothing to cancel")
+    if row["cancel"]:
         return False
-    actions = store.read_arrow("actions")
-    rows = actions.filter(pc.equal(actions["id"], action_id)).to_pylist()
-    if not rows:
-        return False
-    row = dict(rows[-1], cancel=True, updated_at=datetime.now(UTC))
+    row = dict(row, cancel=True, updated_at=datetime.now(UTC))
     table = pa.Table.from_pylist([row], schema=store.spec("actions").arrow_schema)
     store.merge(
         "actions",
@@ -104,6 +158,14 @@ def cancel_action(store: TableStore, action_id: str) -> bool:
         update_set={"cancel": "s.cancel", "updated_at": "s.updated_at"},
     )
     return True
+
+
+def device_groups(store: TableStore) -> set[str]:
+    """The groups of the devices registered in ``devices`` (what a group target can reach now)."""
+    if not store.exists("devices"):
+        return set()
+    groups = store.read_arrow("devices").column("group").unique().to_pylist()
+    return {group for group in groups if group is not None}
 
 
 def summaries(store: TableStore, action_id: str | None = None) -> list[dict]:

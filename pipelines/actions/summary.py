@@ -1,4 +1,5 @@
-"""An action's overall state from the states of its executions: in progress, completed, aborted, canceled."""
+"""An action's overall state from the states of its executions: in progress, completed, aborted, canceled;
+or rejected, when its row was not a valid action and nothing was published (``validation.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ ACTION_IN_PROGRESS = "IN_PROGRESS"
 ACTION_COMPLETED = "COMPLETED"
 ACTION_ABORTED = "ABORTED"
 ACTION_CANCELED = "CANCELED"
-FINAL_ACTION_STATES = frozenset({ACTION_COMPLETED, ACTION_ABORTED, ACTION_CANCELED})
+ACTION_REJECTED = "REJECTED"
+FINAL_ACTION_STATES = frozenset({ACTION_COMPLETED, ACTION_ABORTED, ACTION_CANCELED, ACTION_REJECTED})
 
 FAILURE_STATES = frozenset({FAILED, TIMED_OUT})
 """Execution states that count as failures for abort criteria (a device REJECTED by policy is not one)."""
@@ -32,6 +34,16 @@ class AbortCriteria:
             return False
         failures = sum(counts[state] for state in FAILURE_STATES)
         return failures * 100.0 >= self.failure_pct * executed
+
+    def reason(self, counts: Counter) -> str:
+        """Why an action was aborted: the threshold crossed and the counts that crossed it."""
+        executed = sum(counts[state] for state in TERMINAL_STATES)
+        failures = sum(counts[state] for state in FAILURE_STATES)
+        share = 100.0 * failures / executed if executed else 0.0
+        return (
+            f"abort_criteria.failure_pct {self.failure_pct:g} % reached: {failures} of {executed} finished "
+            f"devices failed or timed out ({share:.1f} %; abort_criteria.min_executed {self.min_executed})"
+        )
 
 
 def action_state(previous: str | None, counts: Counter, canceled: bool, criteria: AbortCriteria) -> str:

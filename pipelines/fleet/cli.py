@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import sys
 import time
 
 from pipelines.actions.buckets import DEFAULT_BUCKETS
@@ -26,7 +27,24 @@ def _broker_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _rate(text: str) -> float:
+def _groups(text: str) -> list[str]:
+    groups = [group.strip() for group in text.split(",") if group.strip()]
+    if not groups:
+        raise argparse.ArgumentTypeError(f"expected one or more comma-separated group names, got {text!r}")
+    return groups
+
+
+def at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
+    return value
+
+
+def probability(text: str) -> float:
     value = float(text)
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"expected a probability in [0, 1], got {text}")
@@ -37,14 +55,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="timestone devices", description="Simulated device fleets.")
     sub = parser.add_subparsers(dest="action", required=True)
     simulate = sub.add_parser("simulate", help="connect N simulated devices and keep them running")
-    simulate.add_argument("--count", type=int, default=10, help="number of devices (default 10)")
+    simulate.add_argument("--count", type=at_least_one, default=10, help="number of devices (default 10)")
     simulate.add_argument(
         "--broker",
         type=_broker_address,
         action="append",
         help="HOST:PORT, repeatable (default 127.0.0.1:1883)",
     )
-    simulate.add_argument("--groups", default="canary,fleet", help="comma-separated groups, assigned in turn")
+    simulate.add_argument(
+        "--groups", type=_groups, default="canary,fleet", help="comma-separated groups, assigned in turn"
+    )
     simulate.add_argument("--id-prefix", default="dev")
     simulate.add_argument(
         "--buckets",
@@ -55,15 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--firmware", default="1.0.0", help="firmware version the devices start with")
     simulate.add_argument("--telemetry-interval", type=float, default=5.0, help="seconds between readings")
     simulate.add_argument("--download-delay", type=float, nargs=2, default=(0.5, 2.0), metavar=("MIN", "MAX"))
-    simulate.add_argument("--failure-rate", type=_rate, default=0.0)
-    simulate.add_argument("--reject-rate", type=_rate, default=0.0)
+    simulate.add_argument("--failure-rate", type=probability, default=0.0)
+    simulate.add_argument("--reject-rate", type=probability, default=0.0)
     simulate.add_argument("--offline-rate", type=float, default=0.0, help="disconnects per device per minute")
     simulate.add_argument("--duration", type=float, default=0.0, help="seconds to run (0 = until Ctrl-C)")
     simulate.add_argument("--seed", type=int, default=7)
     simulate.add_argument(
         "--connects-per-second", type=float, default=150.0, help="fleet-wide connection rate (default 150)"
     )
-    simulate.add_argument("--procs", type=int, default=1, help="processes to run the devices in (default 1)")
+    simulate.add_argument(
+        "--procs", type=at_least_one, default=1, help="processes to run the devices in (default 1)"
+    )
     simulate.add_argument(
         "--failover",
         action="store_true",
@@ -92,7 +114,7 @@ def _fleet(args: argparse.Namespace) -> tuple[FleetSpec, DeviceBehaviour]:
         brokers=brokers,
         count=args.count,
         id_prefix=args.id_prefix,
-        groups=[g for g in args.groups.split(",") if g],
+        groups=args.groups,
         buckets=args.buckets,
         seed=args.seed,
         connects_per_second=args.connects_per_second,
@@ -116,6 +138,9 @@ def _simulate_in_processes(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.duration if args.duration else None
     with FleetProcesses(spec, behaviour, args.procs) as fleet:
         last_cpu, last_time = 0.0, time.monotonic()
+        if fleet.status()[0] == 0:  # answered once every process has tried to connect its devices
+            print(f"timestone devices simulate: {_nobody(spec)}", file=sys.stderr)
+            return NO_DEVICE_CONNECTED
         with contextlib.suppress(KeyboardInterrupt):
             while deadline is None or time.monotonic() < deadline:
                 connected, stats, cpu = fleet.status()
@@ -137,6 +162,10 @@ async def _simulate(args: argparse.Namespace) -> int:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signum, stop.set)
     await fleet.start()
+    if fleet.connected() == 0:
+        print(f"timestone devices simulate: {_nobody(spec, fleet.connect_error)}", file=sys.stderr)
+        await fleet.stop()
+        return NO_DEVICE_CONNECTED
     print(f"{fleet.connected()} devices connected to {', '.join(f'{h}:{p}' for h, p in spec.brokers)}")
     deadline = time.monotonic() + args.duration if args.duration else None
     while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
@@ -147,6 +176,15 @@ async def _simulate(args: argparse.Namespace) -> int:
         )
     await fleet.stop()
     return 0
+
+
+NO_DEVICE_CONNECTED = 1
+"""Exit status when not one device could connect (the devices would only retry, unseen)."""
+
+
+def _nobody(spec: FleetSpec, reason: str | None = None) -> str:
+    brokers = ", ".join(f"{host}:{port}" for host, port in spec.brokers)
+    return f"no device could connect to {brokers}" + (f" ({reason})" if reason else "")
 
 
 def devices_main(argv: list[str]) -> int:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-from broker_edge.delivery import OFFSETS_OPT_IN
+from broker_edge.engine.message import OFFSETS_OPT_IN
 from broker_edge.protocol import (
     MQTT_5,
     ConnAck,

@@ -20,10 +20,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_of, bucket_topic, report_topic
+from pipelines.actions.validation import http_url, sha256_hex, text
 from pipelines.fleet.client import Message, MqttClient
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "REJECTED", "CANCELED"})
 REPORT_RETRY_S = 0.5
+
+
+def malformed(kind: str, action: dict) -> str | None:
+    """Why a device refuses an action message outright (docs/device-protocol.md), or None.
+
+    A device checks what it receives, whoever sent it: an OTA needs a version, an http(s) URL and the
+    firmware's SHA-256 to check the download against; a command needs its name; other kinds are unknown.
+    """
+    if kind == "ota":
+        for name, check in (("version", text()), ("url", http_url), ("sha256", sha256_hex)):
+            if action.get(name) is None:
+                return f"ota without {name}"
+            problem = check(action[name])
+            if problem is not None:
+                return f"bad {name}: {problem}"
+        return None
+    if kind == "command":
+        return None if text()(action.get("command")) is None else "command without a name"
+    return f"unknown kind {kind!r}"
 
 
 @dataclass
@@ -241,6 +261,11 @@ class SimulatedDevice:
 
     def _begin(self, action_id: str, kind: str, action: dict) -> None:
         behaviour = self.behaviour
+        refused = malformed(kind, action)
+        if refused is not None:
+            self.stats["malformed_actions"] += 1
+            self._report(action_id, "REJECTED", refused)
+            return
         if kind == "ota" and action.get("version") == self.firmware:
             self._report(action_id, "SUCCEEDED", "already at version")
             return

@@ -52,6 +52,8 @@ class Fleet:
         self.spec = spec
         self.behaviour = behaviour or DeviceBehaviour()
         self.stats: Counter = Counter()
+        self.connect_error: str | None = None
+        """Why the last device that failed to connect at start failed (None: none failed)."""
         rng = random.Random(spec.seed + spec.first_index)
         sources: list[str | None] = list(spec.source_addresses) or [None]
         self.devices = [
@@ -78,6 +80,7 @@ class Fleet:
             for device, result in zip(group, results, strict=True):
                 if isinstance(result, BaseException):  # refused or timed out: retry like a real device
                     self.stats["connect_failures"] += 1
+                    self.connect_error = str(result) or type(result).__name__
                     device.retry_later()
             if first + batch < len(self.devices):
                 await asyncio.sleep(0.1)

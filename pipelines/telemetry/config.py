@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from broker_edge.config.endpoints import parse_endpoint
 from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file
+from pipelines.spark_interval import interval_ms
+from sources.options import SourceOptionError, parse_options
 
 #: Columns every parsed telemetry row has, besides the configured payload fields.
 STANDARD_COLUMNS: tuple[str, ...] = ("device_id", "event_time", "broker", "topic", "offset", "timestamp")
@@ -138,6 +140,12 @@ class StreamConfig:
     query_name: str = "telemetry"
     checkpoint: str = ".timestone/checkpoints/telemetry"
     trigger_interval: str = "1 second"
+
+    def __post_init__(self) -> None:
+        try:  # Spark reads it only when the query starts; checked even when --available-now replaces it
+            interval_ms(self.trigger_interval)
+        except ValueError as exc:
+            raise ConfigError("trigger_interval", str(exc)) from None
 
 
 @dataclass
@@ -385,6 +393,7 @@ class TelemetryConfig:
         for i, name in enumerate(devices.tag_fields):
             if name not in self.payload.silver_fields:
                 raise ConfigError(f"gold.devices.tag_fields[{i}]", f"{name!r} is not a payload field")
+        check_source_options(self.source_options(), self.source.options)
         columns = set(STANDARD_COLUMNS) | set(fields)
         for s, suite in enumerate(self.quality.suites):
             for e, expectation in enumerate(suite.expectations):
@@ -423,6 +432,28 @@ class TelemetryConfig:
             options["maxRecordsPerTrigger"] = str(self.source.max_records_per_trigger)
         options.update(self.source.options)
         return options
+
+
+SOURCE_OPTION_KEYS = {
+    "brokers": "source.brokers",
+    "bootstrapServers": "source.bootstrap_servers",
+    "topics": "source.topics",
+    "startingOffsets": "source.starting_offsets",
+    "maxRecordsPerTrigger": "source.max_records_per_trigger",
+    "failOnDataLoss": "source.fail_on_data_loss",
+}
+"""The config key behind each option the source is given; the others come from ``source.options``."""
+
+
+def check_source_options(options: dict[str, str], passed: dict[str, str]) -> None:
+    """Check the options as the ``timestone`` source will (it would refuse them only once Spark runs),
+    and name the config key of a refused one."""
+    try:
+        parse_options(options)
+    except SourceOptionError as exc:
+        given = next((key for key in passed if key.lower() == exc.option.lower()), None)
+        key = f"source.options.{given}" if given else SOURCE_OPTION_KEYS.get(exc.option, "source.options")
+        raise ConfigError(key, str(exc).removeprefix("timestone source option ")) from None
 
 
 def load_telemetry_config(data: Any, path: str = "telemetry") -> TelemetryConfig:

@@ -31,9 +31,13 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, Row, SparkSession
 
 from broker_edge.config.loader import ConfigError
+from pipelines.output_paths import check_output_location
+from pipelines.pipeline_logs import failure_summary
+from pipelines.preflight import require_brokers
 from sinks import BatchWriter, TableCatalog, TableStore, build_catalog, exactly_once, open_table_store
 from sinks.store import TimeRange
 from sinks.tables import device_minute
+from sources.options import parse_options
 
 from . import driver_minutes
 from . import quality as Q
@@ -43,7 +47,7 @@ from .config import STANDARD_COLUMNS, TelemetryConfig, load_telemetry_config
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
-    from pipelines.runner import RunOptions
+    from pipelines.run_options import RunOptions
 
 log = logging.getLogger(__name__)
 
@@ -586,8 +590,19 @@ def start_query(
 
 
 def validate(section: Any) -> TelemetryConfig:
-    """Check the ``telemetry`` config section (raises ConfigError naming the field) before Spark starts."""
-    return load_telemetry_config(section)
+    """Check the ``telemetry`` config section (raises ConfigError naming the field) before Spark starts:
+    every key, the source's options, the trigger, and the places it writes."""
+    config = load_telemetry_config(section)
+    check_output_location(config.tables.root, "telemetry.tables.root")
+    check_output_location(config.stream.checkpoint, "telemetry.stream.checkpoint")
+    return config
+
+
+def preflight(config: TelemetryConfig, options: RunOptions) -> None:
+    """With ``--available-now``, the brokers must answer (``pipelines.preflight``): the run reads what they
+    hold now and would otherwise end with nothing from them."""
+    if options.available_now:
+        require_brokers(parse_options(config.source_options()))
 
 
 def run(spark: SparkSession, section: Any, options: RunOptions) -> int:
@@ -606,7 +621,8 @@ def run(spark: SparkSession, section: Any, options: RunOptions) -> int:
         log.info("stopping telemetry query %s", query.id)
         query.stop()
     except StreamingQueryException as exc:
-        log.error("telemetry query %s failed: %s", query.id, exc)
+        log.debug("telemetry query %s failed", query.id, exc_info=True)
+        log.error("telemetry query %s failed: %s", query.id, failure_summary(exc))
         return 1
     finally:
         batch.close()

@@ -22,8 +22,8 @@ import pytest
 import uvloop
 
 from broker_edge.config import load_dataclass
-from broker_edge.config.broker import BrokerConfig
-from broker_edge.server import Broker
+from broker_edge.runtime.broker import Broker
+from broker_edge.settings.broker import BrokerConfig
 from tests.e2e.broker_clients import close_all
 
 

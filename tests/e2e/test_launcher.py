@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.launcher import BrokerProcess
+from broker_edge.runtime.launcher import BrokerProcess
 
 
 def _bind(port: int) -> socket.socket:

@@ -1,7 +1,7 @@
 """``type: ignore`` stays rare and explained: a code, a reason on the same line, at most ten in the tree.
 
-mypy checks ``broker_edge``, ``sources``, ``sinks`` and ``pipelines`` (``make lint``, ``make test``) and flags
-an ignore that is no longer needed; this test keeps the rest of the tree (tests, benchmarks) to the same rule.
+mypy checks the four packages, their tests and the benchmarks (``make lint``, ``make test``) and flags an
+ignore that is no longer needed; this test keeps each one explained, and their number small.
 """
 
 from __future__ import annotations

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 
 from bench.commitlog_bench import bench_append
+from broker_edge.storage import Durability
 from broker_edge.storage.record import encode_frame
 
 
 @pytest.mark.parametrize("policy", ["group", "none"])
-def test_appends_are_measured_next_to_dd_in_their_pattern(tmp_path, policy: str) -> None:
+def test_appends_are_measured_next_to_dd_in_their_pattern(tmp_path, policy: Durability) -> None:
     result = bench_append(tmp_path, policy, 200, 2000, repeat=2)
     frame_bytes = len(encode_frame(0, 0, b"x" * 200, 1, False, "bench-device-0001", (), None, None))
     assert result.records == 2000 and result.bytes == 2000 * frame_bytes

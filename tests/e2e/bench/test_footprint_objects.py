@@ -21,9 +21,9 @@ def test_a_default_broker_keeps_three_objects_per_idle_connection():
     per_connection = [site for site in result.sites if site.owner == "broker" and site.blocks >= 0.9]
     files = sorted(site.where.rsplit(":", 1)[0] for site in per_connection)
     assert files == [
+        "broker_edge/engine/routing/router.py",
         "broker_edge/protocol/wire.py",
-        "broker_edge/router.py",
-        "broker_edge/transports/tcp.py",
+        "broker_edge/runtime/transports/tcp.py",
     ], [f"{site.where} {site.block_size} B x {site.blocks:.2f}" for site in per_connection]
     assert sum(site.block_size for site in per_connection) <= OWN_BLOCKS_BYTES
     assert all(0.9 <= site.blocks <= 1.01 for site in per_connection), "one of each per connection"

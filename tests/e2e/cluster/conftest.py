@@ -1,11 +1,14 @@
 """Fixtures of the cluster suite: a real etcd (Debian's ``/usr/bin/etcd``) and real broker processes.
 
 - ``etcd_server`` (session): one etcd on free loopback ports (client and peer), data directory of mode 0700,
-  ``--logger=zap``; shared by the tests, each of which works under its own key prefix.
+  ``--logger=zap``, with TLS, client certificates and user auth on (as production runs it); shared by the
+  tests, each of which works under its own key prefix as its own etcd user.
 - ``etcd`` → ``EtcdTarget(url, prefix)``: that server and a prefix nobody else uses.
 - ``private_etcd``: an etcd of the test's own, for tests that stop or pause it (SIGSTOP).
 - ``cluster_brokers(node_id, **cluster)`` → a started ``BrokerProcess`` (``timestone broker --config``)
-  whose YAML has a ``cluster:`` section pointing at ``etcd`` (free ports for MQTT, offsets API and admin);
+  whose YAML has a ``cluster:`` section pointing at ``etcd`` (free ports for MQTT, offsets API, admin and
+  the members' endpoint; members prove who they are with certificates of one cluster CA, kept in
+  ``tmp_path/cluster-pki``); ``sections={...}`` adds other sections (e.g. the offsets API's tokens);
   stopped at the end of the test. ``.stop()`` is SIGTERM, ``.kill()`` SIGKILL.
 """
 
@@ -19,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from broker_edge.cluster.local_cluster import EtcdServer, EtcdTarget, cluster_broker
-from broker_edge.launcher import BrokerProcess
+from broker_edge.runtime.launcher import BrokerProcess
+from broker_edge.runtime.local_cluster import EtcdServer, EtcdTarget, cluster_broker
 
 _prefixes = itertools.count(1)
 
@@ -55,8 +58,10 @@ def cluster_brokers(tmp_path: Path, etcd: EtcdTarget) -> Iterator[Callable[..., 
     """``cluster_brokers("b1", replication_factor=3)`` → a started broker joining this test's cluster."""
     started: list[BrokerProcess] = []
 
-    def start(node_id: str, target: EtcdTarget | None = None, **cluster: Any) -> BrokerProcess:
-        broker = cluster_broker(tmp_path, target or etcd, node_id, cluster)
+    def start(
+        node_id: str, target: EtcdTarget | None = None, sections: dict[str, Any] | None = None, **cluster: Any
+    ) -> BrokerProcess:
+        broker = cluster_broker(tmp_path, target or etcd, node_id, cluster, **(sections or {}))
         started.append(broker)
         return broker.start()
 

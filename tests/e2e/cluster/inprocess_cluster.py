@@ -2,67 +2,41 @@
 
 Every broker is a real `Broker` (MQTT listener, commitlog, offsets API on free ports) running on one
 event loop in a background thread; each has its own `ClusterView`, the leader's `LeaderReplication` as its
-PUBLISH path's replication stage, `Followers` fetching over the offsets API, the replica fetch endpoint,
-and (unless `peer_links=False`) the peer links over which leaders push steady-state replication.
-`StaticIsr` is the ISR changer of a cluster whose states only the test and the leaders change: a
-compare-and-swap on the partition's epoch, applied to every node's view (what the coordination side does
-through etcd).
+PUBLISH path's replication stage, `Followers` fetching from the leaders' members' endpoints (mutual TLS
+under one cluster CA, as in production), the replica fetch endpoint there, and (unless
+`peer_links=False`) the peer links over which leaders push steady-state replication.
+`StaticIsr` (``tests.static_isr``) changes the in-sync sets of this cluster, whose states only the test and
+the leaders change.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from broker_edge.cluster.follower import FollowerConfig, Followers, LocalDelivery
-from broker_edge.cluster.leader import LeaderConfig, LeaderReplication
-from broker_edge.cluster.peer_link import PeerLink, PeerLinks
-from broker_edge.cluster.replica_fetch import replica_fetch_route
-from broker_edge.cluster.replica_push import PUSH
+from broker_edge.cluster.links.member_api import bind_members_endpoint, serve_members_endpoint
+from broker_edge.cluster.links.member_clients import MemberClients
+from broker_edge.cluster.links.member_identity import MemberTls
+from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
+from broker_edge.cluster.replication.follower import FollowerConfig, Followers, LocalDelivery
+from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
+from broker_edge.cluster.replication.replica_fetch import replica_fetch_route
+from broker_edge.cluster.replication.replica_push import PUSH
 from broker_edge.cluster.view import ClusterView, Member, PartitionState
-from broker_edge.config.broker import BrokerConfig
 from broker_edge.config.loader import load_dataclass
-from broker_edge.delivery import Message
-from broker_edge.server import Broker
+from broker_edge.engine.message import Message
+from broker_edge.runtime.broker import Broker
+from broker_edge.runtime.local_pki import LocalPki
+from broker_edge.settings.broker import BrokerConfig
+from broker_edge.settings.cluster import MemberListenConfig, MemberTlsConfig
 from broker_edge.storage.store import LogStore
+from tests.static_isr import StaticIsr
 
 T = TypeVar("T")
-TOKEN = "cluster-test-token"
-
-
-class StaticIsr:
-    """The ISR changer of a static cluster: CAS on the partition's epoch, applied to every view."""
-
-    def __init__(self) -> None:
-        self.views: list[ClusterView] = []
-        self.changes: list[tuple[str, int, str]] = []
-
-    async def shrink_isr(self, partition: int, expected_epoch: int, node: str) -> bool:
-        return self._change(partition, expected_epoch, node, shrink=True)
-
-    async def expand_isr(self, partition: int, expected_epoch: int, node: str) -> bool:
-        return self._change(partition, expected_epoch, node, shrink=False)
-
-    def _change(self, partition: int, expected_epoch: int, node: str, shrink: bool) -> bool:
-        state = self.views[0].states[partition]
-        if state.epoch != expected_epoch or (node in state.isr) != shrink:
-            return False
-        isr = tuple(m for m in state.isr if m != node) if shrink else (*state.isr, node)
-        self.changes.append(("shrink" if shrink else "expand", partition, node))
-        self.set(dataclasses.replace(state, isr=isr))
-        return True
-
-    def set(self, state: PartitionState) -> None:
-        """Make `state` the partition's state in every view (as an etcd watch would deliver it)."""
-        for view in self.views:
-            view.states[state.partition] = state
-        for view in self.views:
-            view.changed()
 
 
 class _NoPublishes:
@@ -86,7 +60,7 @@ class Node:
         document: dict[str, Any] = {
             "listeners": [{"name": "tcp", "type": "tcp", "host": "127.0.0.1", "port": 0}],
             "admin_http": {"enabled": False},
-            "offsets_api": {"host": "127.0.0.1", "port": 0, "token": TOKEN},
+            "offsets_api": {"host": "127.0.0.1", "port": 0, "token": "reader-token"},
             "sys_topics": {"enabled": False},
             "limits": {"messages_per_second_per_client": 0},
             "storage": {"directory": str(directory), "durability": "group", **settings.get("storage", {})},
@@ -97,6 +71,12 @@ class Node:
         self.leader: LeaderReplication | None = None
         self.followers: Followers | None = None
         self.links: PeerLinks | None = None
+        member = cluster.pki.member(node_id)
+        tls_config = MemberTlsConfig(str(member.cert), str(member.key), str(cluster.pki.ca.cert))
+        self.tls = MemberTls(tls_config, node_id)
+        self.clients = MemberClients(node_id, self.tls)
+        self.members_sock = bind_members_endpoint("127.0.0.1", 0)
+        self.members_runner: Any = None
 
     @property
     def store(self) -> LogStore:
@@ -109,7 +89,13 @@ class Node:
 
     @property
     def member(self) -> Member:
-        return Member(self.node_id, f"127.0.0.1:{self.port}", f"http://127.0.0.1:{self.broker.offsets_port}")
+        members_port = self.members_sock.getsockname()[1]
+        return Member(
+            self.node_id,
+            f"127.0.0.1:{self.port}",
+            f"http://127.0.0.1:{self.broker.offsets_port}",
+            f"https://127.0.0.1:{members_port}",
+        )
 
     def start_replication(self) -> None:
         """Install the leader stage and the fetch endpoint, start the followers (on the loop)."""
@@ -122,11 +108,10 @@ class Node:
             cluster.leader_config,
             route_committed=self.delivery.route_committed,
         )
-        fetch_route = replica_fetch_route(self.leader.fetch, pushes=cluster.peer_links)
-        self.broker.offsets_api_routes.append(fetch_route)
+        routes = [replica_fetch_route(self.leader.fetch, pushes=cluster.peer_links)]
         if cluster.peer_links:
-            links = self.links = PeerLinks(self.node_id, TOKEN, _NoPublishes())
-            self.broker.offsets_api_routes.append(links.add_routes)
+            links = self.links = PeerLinks(self.node_id, self.clients, _NoPublishes())
+            routes.append(links.add_routes)
             self.leader.serve_pushes(links)
             links.on(PUSH, lambda link, body: self.followers.pushed(link, body) if self.followers else None)
             self.view.on_change(self._members_changed)
@@ -135,13 +120,29 @@ class Node:
         self.leader.start()
         self.start_followers()
 
+        async def serve() -> None:
+            self.members_runner = await serve_members_endpoint(
+                self.members_sock,
+                self.store,
+                self.view,
+                self.tls,
+                MemberListenConfig(port=0),
+                routes,
+                self.broker.http_budget,
+            )
+
+        asyncio.get_running_loop().create_task(serve())
+
     def _members_changed(self) -> None:
         if self.links is not None:
-            self.links.update({node: member.offsets_api for node, member in self.view.members.items()})
+            self.links.update({node: str(member.peer) for node, member in self.view.members.items()})
 
     async def stop_links(self) -> None:
         if self.links is not None:
             await self.links.close()
+        if self.members_runner is not None:
+            await self.members_runner.cleanup()
+        await self.clients.close()
 
     def start_followers(self) -> None:
         assert self.leader is not None
@@ -149,7 +150,7 @@ class Node:
             self.view,
             self.store,
             self.delivery,
-            TOKEN,
+            self.clients,
             self.cluster.follower_config,
             epochs=self.leader.epochs,
             links=self.links,
@@ -210,6 +211,7 @@ class InProcessCluster:
     ) -> None:
         self.partitions = partitions
         self.peer_links = peer_links
+        self.pki = LocalPki(directory / "cluster-pki")
         self.isr = StaticIsr()
         self.leader_config = leader_config or LeaderConfig(min_insync_replicas=2, replica_lag_max_ms=10_000)
         self.follower_config = follower_config or FollowerConfig(wait_ms=500)

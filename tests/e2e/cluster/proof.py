@@ -28,31 +28,28 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from broker_edge.cluster.local_cluster import (
+from broker_edge.cluster.features.sessions_records import SessionRecord
+from broker_edge.protocol import PacketDecoder
+from broker_edge.protocol.codec import encode
+from broker_edge.protocol.packets import Connect, Disconnect, PubAck, Publish
+from broker_edge.runtime.launcher import BrokerProcess
+from broker_edge.runtime.local_cluster import (
     WAIT_S,
     ClusterState,
     EtcdTarget,
     cluster_state,
-    etcd_range,
     settled,
     wait_settled,
     wait_until,
 )
-from broker_edge.cluster.sessions_records import SessionRecord
-from broker_edge.launcher import BrokerProcess
-from broker_edge.protocol import PacketDecoder
-from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import Connect, Disconnect, PubAck, Publish
 
 __all__ = ["WAIT_S", "ClusterState", "cluster_state", "settled", "wait_settled", "wait_until"]
 
 
 def cluster_status(target: EtcdTarget) -> dict[str, Any]:
     """What ``timestone cluster status --json`` prints for this cluster (the operator's view)."""
-    command = [sys.executable, "-m", "pipelines.cli", "cluster", "status", "--etcd", target.url]
-    result = subprocess.run(
-        [*command, "--prefix", target.prefix, "--json"], capture_output=True, text=True, timeout=60
-    )
+    command = [sys.executable, "-m", "pipelines.cli", "cluster", "status", *target.status_options()]
+    result = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     document: dict[str, Any] = json.loads(result.stdout)
     return document
@@ -88,15 +85,17 @@ def started(make: Callable[[], BrokerProcess], attempts: int = 3) -> BrokerProce
 # -- reading logs back ------------------------------------------------------------------------------------
 
 
-def read_log(broker: BrokerProcess, topic: str) -> list[tuple[int, bytes]]:
-    """``(offset, payload)`` of every committed record of ``topic`` on ``broker`` ([] while it has none)."""
+def read_log(broker: BrokerProcess, topic: str, token: str | None = None) -> list[tuple[int, bytes]]:
+    """``(offset, payload)`` of every committed record of ``topic`` on ``broker`` ([] while it has none), as
+    a reader (with ``token`` when its offsets API wants one)."""
     records: list[tuple[int, bytes]] = []
     offset = 0
     quoted = urllib.parse.quote(topic, safe="")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     while True:
         url = f"{broker.offsets_url}/v1/logs/{quoted}/records?offset={offset}&max_records=10000&format=jsonl"
         try:
-            with urllib.request.urlopen(url, timeout=10) as answer:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as answer:
                 lines = answer.read().splitlines()
         except urllib.error.HTTPError as error:
             if error.code == 404:
@@ -219,21 +218,26 @@ class Device(threading.Thread):
         self.join(30)
 
 
-def check_nothing_acknowledged_was_lost(devices: list[Device], brokers: list[BrokerProcess]) -> None:
+def check_nothing_acknowledged_was_lost(
+    devices: list[Device], brokers: list[BrokerProcess], token: str | None = None
+) -> None:
     """Every payload each device had acknowledged is in its topic's log on every one of ``brokers``, once,
-    in acknowledgement order, at the same offset on each."""
+    in acknowledgement order, at the same offset on each (read as a reader, with ``token``)."""
     for device in devices:
         assert device.acked, f"{device.client_id} had nothing acknowledged"
 
         def complete(device: Device = device) -> bool:
-            payloads = {payload for _, payload in read_log(brokers[0], device.topic)}
+            payloads = {payload for _, payload in read_log(brokers[0], device.topic, token)}
             return (
-                all(set(device.acked) <= {p for _, p in read_log(broker, device.topic)} for broker in brokers)
+                all(
+                    set(device.acked) <= {p for _, p in read_log(broker, device.topic, token)}
+                    for broker in brokers
+                )
                 and set(device.acked) <= payloads
             )
 
         wait_until(complete, what=f"every acknowledged message of {device.client_id} on every survivor")
-        logs = [read_log(broker, device.topic) for broker in brokers]
+        logs = [read_log(broker, device.topic, token) for broker in brokers]
         acked = set(device.acked)
         placed = [{payload: offset for offset, payload in log if payload in acked} for log in logs]
         for log, where in zip(logs, placed, strict=True):
@@ -256,7 +260,7 @@ class EtcdProxy:
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(64)
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.url = f"{parts.scheme}://127.0.0.1:{self.listener.getsockname()[1]}"
         self.open = True
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -318,7 +322,7 @@ def session_record(target: EtcdTarget, client_id: str) -> SessionRecord | None:
     """The registry's record of ``client_id`` as stored in etcd (None when there is none)."""
     found = [
         value
-        for key, value in etcd_range(target.url, f"{target.prefix}/sessions/{client_id}")
+        for key, value in target.server.range(f"{target.prefix}/sessions/{client_id}")
         if key.endswith(f"/{client_id}")
     ]
     return SessionRecord.from_json(found[0]) if found else None

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 from broker_edge.cluster.view import partition_of
-from broker_edge.launcher import BrokerProcess
+from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.cluster.conftest import EtcdTarget, cluster_broker
 from tests.e2e.cluster.proof import (
     Device,
@@ -95,7 +96,7 @@ def test_a_leader_that_loses_etcd_stops_acknowledging_and_loses_nothing(tmp_path
         for node in NODES:
             urls = [proxy.url] if node == "b" else [etcd.url]
             section = {"etcd": urls, "replica_lag_max_ms": 2000}
-            brokers[node] = started(lambda n=node, c=section: cluster_broker(tmp_path, etcd, n, c))
+            brokers[node] = started(partial(cluster_broker, tmp_path, etcd, node, section))
         wait_settled(etcd, set(NODES), 3)
 
         devices, recovered = _run_failover(brokers, etcd, "b", proxy.cut)

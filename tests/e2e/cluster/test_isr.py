@@ -5,8 +5,11 @@ refused (v5: 0x83 with a reason string; v3.1.1: the connection closes), never ac
 
 from __future__ import annotations
 
+from functools import partial
+
 from broker_edge.cluster.view import partition_of
 from broker_edge.protocol.packets import PubAck, Publish, PubRec
+from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient, RawClient, close_all
 from tests.e2e.cluster.proof import (
     cluster_state,
@@ -19,6 +22,10 @@ from tests.e2e.cluster.proof import (
 
 NODES = ("a", "b", "c")
 LAG_MS = 1000
+
+
+def _same_log(one: BrokerProcess, other: BrokerProcess, topic: str) -> bool:
+    return read_log(one, topic) == read_log(other, topic)
 
 
 def test_a_stopped_follower_leaves_the_in_sync_set_and_rejoins_after_restart(cluster_brokers, etcd):
@@ -50,9 +57,7 @@ def test_a_stopped_follower_leaves_the_in_sync_set_and_rejoins_after_restart(clu
     assert status_in_sync(cluster_status(etcd), "c") == len(cluster_state(etcd).partitions)
     for n in range(5):
         topic = f"isr/dev-{n}"
-        wait_until(
-            lambda t=topic: read_log(brokers["c"], t) == read_log(brokers["a"], t), what=f"{topic} on c"
-        )
+        wait_until(partial(_same_log, brokers["c"], brokers["a"], topic), what=f"{topic} on c")
         assert len(read_log(brokers["c"], topic)) == 10
     close_all()
 

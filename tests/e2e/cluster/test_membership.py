@@ -18,15 +18,15 @@ from typing import Any, TypeVar
 
 import pytest
 
-from broker_edge.cluster.assignment import leader_counts
-from broker_edge.cluster.config import ClusterConfig
-from broker_edge.cluster.controller import Controller
-from broker_edge.cluster.coordinator import Coordinator
-from broker_edge.cluster.etcd import ClusterKeys, Etcd
-from broker_edge.cluster.membership import Membership, fence_margin_s
+from broker_edge.cluster.coordination.assignment import leader_counts
+from broker_edge.cluster.coordination.controller import Controller
+from broker_edge.cluster.coordination.coordinator import Coordinator
+from broker_edge.cluster.coordination.etcd import ClusterKeys
+from broker_edge.cluster.coordination.membership import Membership, fence_margin_s
 from broker_edge.cluster.view import ClusterView, Member, partition_of
-from broker_edge.launcher import BrokerProcess, free_port
-from broker_edge.offsets_api import serve
+from broker_edge.offsets_api.server import serve
+from broker_edge.runtime.launcher import BrokerProcess, free_port
+from broker_edge.settings.cluster import ClusterConfig
 from broker_edge.storage import AppendRecord, LogStore, StorageConfig
 from tests.e2e.cluster.conftest import EtcdTarget
 
@@ -56,7 +56,7 @@ async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout_s: flo
 
 async def read_prefix(target: EtcdTarget) -> dict[str, Any]:
     """Every key of the test's cluster, JSON-decoded where it is JSON."""
-    etcd = Etcd([target.url])
+    etcd = target.client()
     try:
         kvs, _ = await etcd.get_prefix(f"{target.prefix}/")
     finally:
@@ -79,13 +79,15 @@ class Node:
     ) -> None:
         settings: dict[str, Any] = {"lease_ttl_s": TTL, "partitions": 6, "key_prefix": target.prefix}
         settings.update(cluster)
-        self.config = ClusterConfig(node_id, [target.url], **settings)
+        self.config = ClusterConfig(
+            node_id, [target.url], etcd_tls=target.server.tls, etcd_auth=target.auth, **settings
+        )
         self.view = ClusterView(node_id, self.config.partitions)
         self.keys = ClusterKeys(target.prefix)
-        self.etcd = Etcd([target.url], timeout_s=1.0)
+        self.etcd = target.client(timeout_s=1.0)
         # nothing listens at an address from free_port(): such a member does not answer for its log ends
         api = offsets_api or f"http://127.0.0.1:{free_port()}"
-        self.member = Member(node_id, f"127.0.0.1:{free_port()}", api)
+        self.member = Member(node_id, f"127.0.0.1:{free_port()}", api, f"https://127.0.0.1:{free_port()}")
         self.membership = Membership(self.etcd, self.keys, self.member, self.view, self.config.lease_ttl_s)
         self.coordinator = Coordinator(self.etcd, self.keys, self.view, self.membership)
         self.membership.before_unfence = self.coordinator.resync
@@ -173,11 +175,14 @@ def test_a_broker_registers_its_bound_addresses_and_vanishes_with_its_lease(
 
         await eventually(lambda: _has(members(), {"b1", "b2"}), 15, "both brokers registered")
         registered = await members()
+        peer = registered["b1"].pop("peer")
         assert registered["b1"] == {
             "node_id": "b1",
             "mqtt": f"127.0.0.1:{b1.port}",
             "offsets_api": f"http://127.0.0.1:{b1.offsets_port}",
         }
+        # the members' endpoint, on its own port: TLS with the cluster CA (the tests run as production does)
+        assert peer.startswith("https://127.0.0.1:") and peer != f"https://127.0.0.1:{b1.offsets_port}"
         b1.kill()  # SIGKILL: its lease is renewed by nobody
         killed_for = await eventually(lambda: _lacks(members(), "b1"), TTL + 5, "b1 gone after kill -9")
         b2.stop()  # SIGTERM: it revokes its lease on the way out

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pytest
 
 from broker_edge.config import ConfigError
-from broker_edge.launcher import BrokerProcess, free_port
+from broker_edge.runtime.launcher import BrokerProcess, free_port
 from pipelines.actions.cluster import BrokerKind, brokers_form_a_cluster, live_endpoints, probe
 from pipelines.actions.config import ActionsConfig, BrokerEndpoint
 from pipelines.actions.job import start_actions_job
@@ -31,9 +31,10 @@ from pipelines.actions.reports import ClusterReports
 from pipelines.actions.states import TERMINAL_STATES
 from pipelines.fleet.fleet import FleetSpec
 from pipelines.fleet.processes import DeviceTimes, FleetProcesses
+from pipelines.preflight import BrokersUnreachable
 from sinks import open_table_store
 from tests.e2e.cluster.proof import read_log, wait_settled, wait_until
-from tests.e2e.ota.conftest import register_devices, summary
+from tests.e2e.ota.conftest import SHA256, register_devices, summary
 from tests.fleet_harness import quiet_devices
 
 pytestmark = pytest.mark.spark
@@ -103,7 +104,10 @@ def test_rollout_survives_the_kill_of_the_broker_the_job_uses(tmp_path, cluster_
             assert isinstance(reports, ClusterReports)  # one query over the whole cluster
 
             broadcast = create_action(
-                store, NewAction(group="canary", version="2.0.0", url="https://example.invalid/fw2.bin")
+                store,
+                NewAction(
+                    group="canary", version="2.0.0", url="https://example.invalid/fw2.bin", sha256=SHA256
+                ),
             )
             wait_until(
                 lambda: _completed(store, broadcast),
@@ -120,6 +124,7 @@ def test_rollout_survives_the_kill_of_the_broker_the_job_uses(tmp_path, cluster_
                     group="fleet",
                     version="3.0.0",
                     url="https://example.invalid/fw3.bin",
+                    sha256=SHA256,
                     max_per_minute=RATE_PER_MINUTE,
                 ),
             )
@@ -181,6 +186,8 @@ def test_the_job_tells_cluster_members_from_standalone_brokers(tmp_path, cluster
         assert not brokers_form_a_cluster([alone, down])
         with pytest.raises(ConfigError, match=r"^brokers: cluster members and standalone brokers mixed"):
             brokers_form_a_cluster([member, alone])
-        with pytest.raises(ConfigError, match=r"^cluster: no broker answered"):
+        with pytest.raises(
+            BrokersUnreachable, match=r"^no broker answered to tell whether they form a cluster"
+        ):
             brokers_form_a_cluster([down])
         assert live_endpoints([down, member]) == [member]

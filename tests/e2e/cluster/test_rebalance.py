@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import pytest
 
-from broker_edge.cluster.local_cluster import EtcdTarget
 from broker_edge.cluster.view import PartitionState
-from broker_edge.launcher import BrokerProcess
+from broker_edge.runtime.launcher import BrokerProcess
+from broker_edge.runtime.local_cluster import EtcdTarget
 from tests.e2e.cluster.proof import cluster_state, copies_spread, wait_settled
 
 pytestmark = pytest.mark.timeout(180)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker_edge.delivery import OFFSETS_OPT_IN
+from broker_edge.engine.message import OFFSETS_OPT_IN
 from broker_edge.protocol.packets import Connect, Disconnect, PingReq, PingResp, PubAck, Will
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ReasonCode

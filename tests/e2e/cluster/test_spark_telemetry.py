@@ -46,7 +46,8 @@ class KillingBatch(TelemetryBatch):
 
     def __init__(self, *args, victim: Callable[[], None], due: Callable[[], bool], **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.victim, self.due, self.killed_in = victim, due, None
+        self.victim, self.due = victim, due
+        self.killed_in: int | None = None
 
     def __call__(self, records, out: BatchWriter) -> None:
         if self.killed_in is None and self.due():

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 
 from broker_edge.cluster.view import partition_of
-from broker_edge.launcher import BrokerProcess
+from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient, close_all
 from tests.e2e.cluster.conftest import EtcdTarget
 
@@ -18,17 +18,7 @@ TTL = 2
 
 
 def status(etcd: EtcdTarget, *options: str) -> subprocess.CompletedProcess[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "pipelines.cli",
-        "cluster",
-        "status",
-        "--etcd",
-        etcd.url,
-        "--prefix",
-        etcd.prefix,
-    ]
+    command = [sys.executable, "-m", "pipelines.cli", "cluster", "status", *etcd.status_options()]
     return subprocess.run([*command, *options], capture_output=True, text=True, timeout=60)
 
 
@@ -110,4 +100,4 @@ def test_status_of_an_empty_prefix_and_of_an_unreachable_etcd(etcd: EtcdTarget) 
     assert unreachable.stderr.startswith("timestone cluster status: etcd http://127.0.0.1:1")
     bad = subprocess.run([*command[:-1], "127.0.0.1:2379"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
-    assert "--etcd: expected http://host:port" in bad.stderr
+    assert "--etcd: expected https://host:port" in bad.stderr

@@ -75,7 +75,7 @@ def test_the_will_of_a_client_of_a_killed_broker_is_published_once_by_a_survivor
     topic = f"wills/killed/{version}"
     seen = watchers({node: three_brokers[node] for node in ("b", "c")}, topic, version)
     client_id = f"orphan-{version}"
-    with_will(three_brokers["a"].port, client_id, topic, version, 1, 60)
+    with_will(three_brokers["a"].port, client_id, topic, version, 1)
     wait_until(
         lambda: (r := session_record(etcd, client_id)) is not None and r.will is not None,
         what="the will in etcd",

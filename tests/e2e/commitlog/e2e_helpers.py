@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, Literal
 
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties as PahoProperties
 
-from broker_edge.delivery import OFFSETS_OPT_IN
+from broker_edge.engine.message import OFFSETS_OPT_IN
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.protocol.properties import Properties
 from tests.e2e.broker_clients import PahoClient
@@ -55,7 +55,7 @@ def offsets_client(broker: RunningBroker, **options: Any) -> OffsetsClient:
 def read_log(client: OffsetsClient, topic: str) -> list[dict]:
     """Every record of `topic` as the offsets API serves it (Arrow rows), from the start to the end."""
     rows: list[dict] = []
-    offset: int | str = "earliest"
+    offset: int | Literal["earliest"] = "earliest"
     while True:
         fetched = client.fetch(topic, offset, max_records=5000)
         rows += fetched.data.to_pylist()

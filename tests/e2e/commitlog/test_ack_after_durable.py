@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.config.broker import BrokerConfig
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import PubAck, Publish, PubRec
+from broker_edge.settings.broker import BrokerConfig
 from tests.e2e.broker_clients import RawClient
 from tests.e2e.commitlog.e2e_helpers import offsets_client
 

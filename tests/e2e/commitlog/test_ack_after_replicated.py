@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
+from broker_edge.engine.ports import AppendedRun, LocalOnly
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import PubAck, Publish
-from broker_edge.publish_path import AppendedRun, LocalOnly
 from tests.e2e.broker_clients import RawClient
 
 TOPIC = "replicated/device-1"
@@ -44,7 +45,7 @@ class HeldReplication:
             failed(RuntimeError("followers lost"))
 
 
-def _held_broker(brokers) -> tuple[object, HeldReplication]:
+def _held_broker(brokers) -> tuple[Any, HeldReplication]:
     broker = brokers()
     replication = HeldReplication()
     broker.call(lambda: setattr(broker.broker.publish_path, "replication", replication))

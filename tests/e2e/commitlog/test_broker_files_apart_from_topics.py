@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import shutil
 
-from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.runtime.launcher import BrokerProcess
 from broker_edge.storage import AppendRecord
 from tests.e2e.broker_clients import PahoClient
 from tests.unit.broker_edge.storage.layout2 import as_layout_1, write_layout_2
@@ -43,7 +43,7 @@ def read_all(process: BrokerProcess, topic: str) -> list[bytes]:
 
 def stop_cleanly(process: BrokerProcess) -> int:
     process.stop()
-    return process.process.returncode  # type: ignore[union-attr]  # started above, so never None
+    return process.process.returncode
 
 
 def broker_with_an_offline_device(tmp_path) -> BrokerProcess:

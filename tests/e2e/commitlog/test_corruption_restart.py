@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import os
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.client import CorruptRecordError, OffsetsClient
+from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient
 from tests.e2e.commitlog.e2e_helpers import offset_of, read_log, replay_from
 from tests.unit.broker_edge.storage.log_helpers import entry_positions, flip_byte, partition_segments
@@ -43,7 +45,7 @@ def _offset_of_entry(segments: list[Path], segment: Path, position_in_topic: int
 
 
 @pytest.fixture(scope="module")
-def damaged(tmp_path_factory) -> dict:
+def damaged(tmp_path_factory) -> Iterator[dict[str, Any]]:
     """A broker restarted over damaged files; what each damage was, and what the API serves now."""
     directory = tmp_path_factory.mktemp("damaged")
     broker = BrokerProcess(
@@ -72,7 +74,7 @@ def damaged(tmp_path_factory) -> dict:
     partition_segments(data, suffix=".index")[2].unlink()  # rebuilt from its data
 
     broker.start()
-    result = {
+    result: dict[str, Any] = {
         "broker": broker,
         "torn_topic": TOPICS[torn_topic],
         "sealed_damaged": sealed_damaged,

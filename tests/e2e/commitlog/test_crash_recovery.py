@@ -18,8 +18,8 @@ from pathlib import Path
 
 import paho.mqtt.client as mqtt
 
-from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.fleet.client import MqttClient
 from tests.e2e.broker_clients import PahoClient, wait_for
 from tests.e2e.commitlog.e2e_helpers import LoopThread, read_log
@@ -115,9 +115,9 @@ def test_sigkill_keeps_every_acknowledged_message_once_and_in_order(tmp_path: Pa
         for publisher in lean:
             publisher.task.result(timeout=10)
         acked = {p.name: sorted(p.acked) for p in lean}
-        for publisher in paho:
-            publisher.stop()
-            acked[publisher.name] = publisher.acked
+        for paho_publisher in paho:
+            paho_publisher.stop()
+            acked[paho_publisher.name] = paho_publisher.acked
 
         broker.start()
         with OffsetsClient(broker.offsets_url, retry_backoff_s=0.2) as client:

@@ -15,7 +15,7 @@ import pytest
 
 from broker_edge.storage.file_pool import FileHandlePool
 from broker_edge.storage.read_cache import BLOCK_RECORDS
-from pipelines.fleet.client import MqttClient
+from pipelines.fleet.client import Message, MqttClient
 from tests.e2e.broker_clients import wait_for
 from tests.e2e.commitlog.e2e_helpers import LoopThread
 
@@ -54,12 +54,13 @@ async def _replay_all(port: int) -> list[list[int]]:
     offsets: list[list[int]] = [[] for _ in range(SUBSCRIBERS)]
     clients = []
     for number in range(SUBSCRIBERS):
-        client = await MqttClient.connect(
-            "127.0.0.1",
-            port,
-            f"viewer-{number}",
-            on_message=lambda m, seen=offsets[number]: seen.append(m.offset),
-        )
+        seen = offsets[number]
+
+        def note(message: Message, seen: list[int] = seen) -> None:
+            assert message.offset is not None  # a logged topic's deliveries carry their offset
+            seen.append(message.offset)
+
+        client = await MqttClient.connect("127.0.0.1", port, f"viewer-{number}", on_message=note)
         clients.append(client)
     await asyncio.gather(
         *(client.subscribe(TOPIC, 1, user_properties=[("offset", "earliest")]) for client in clients)

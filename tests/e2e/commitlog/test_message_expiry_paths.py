@@ -9,6 +9,7 @@ MQTT 5 clients; a topic outside the persistence rules takes the in-memory queue 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 from paho.mqtt.packettypes import PacketTypes
@@ -20,7 +21,7 @@ from tests.e2e.broker_clients import PahoClient, RawClient
 from tests.e2e.commitlog.e2e_helpers import replay_from
 
 OFFLINE_S = 2.0
-PERSISTENT = {"clean": False, "session_expiry": 300}
+PERSISTENT: dict[str, Any] = {"clean": False, "session_expiry": 300}
 QUEUED_ONLY = {"storage": {"persist": [{"pattern": "logged/#", "qos": [1, 2]}]}}
 """Persistence rules that leave ``queued/...`` topics out of the log: their offline copies wait in memory."""
 
@@ -50,7 +51,8 @@ def expiry_of(message) -> int | None:
 def assert_only_the_long_lived_one(messages, subscriber) -> None:
     [message] = messages
     assert message.payload == b"long"
-    assert expiry_of(message) is not None and expiry_of(message) <= 10 - OFFLINE_S
+    expiry = expiry_of(message)
+    assert expiry is not None and expiry <= 10 - OFFLINE_S
     subscriber.expect_none()
 
 

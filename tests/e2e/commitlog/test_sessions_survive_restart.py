@@ -11,22 +11,26 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from broker_edge.config import ConfigError, load_dataclass
-from broker_edge.config.broker import BrokerConfig
-from broker_edge.launcher import BrokerProcess
+from broker_edge.engine.routing.subscriptions import SubscriptionOptions
+from broker_edge.engine.sessions.snapshot import FORMAT, FORMAT_VERSION
 from broker_edge.protocol.packets import ConnAck, PubAck, Publish
 from broker_edge.protocol.properties import Properties
-from broker_edge.session_snapshot import FORMAT, FORMAT_VERSION
-from broker_edge.session_store import SESSIONS_FILE
+from broker_edge.runtime.launcher import BrokerProcess
+from broker_edge.runtime.session_store import SESSIONS_FILE
+from broker_edge.settings.broker import BrokerConfig
 from broker_edge.storage.layout import open_layout
-from broker_edge.subscriptions import SubscriptionOptions
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
 from tests.e2e.commitlog.e2e_helpers import OPTED_IN, offset_of, opted_in, publish_numbered
 
-PERSISTENT = {5: {"clean": False, "session_expiry": 300, "connect_properties": OPTED_IN}, 4: {"clean": False}}
+PERSISTENT: dict[int, dict[str, Any]] = {
+    5: {"clean": False, "session_expiry": 300, "connect_properties": OPTED_IN},
+    4: {"clean": False},
+}
 """A persistent session per version: v5 Session Expiry Interval (and the ``offset`` user property on its
 deliveries), v3.1.1 clean session 0."""
 
@@ -107,7 +111,7 @@ def test_a_session_that_expires_during_the_downtime_is_gone(brokers, caplog):
     broker.stop()
     time.sleep(1.1)
 
-    with caplog.at_level(logging.INFO, logger="broker_edge.session_store"):
+    with caplog.at_level(logging.INFO, logger="broker_edge.runtime.session_store"):
         broker = brokers()
     assert "restored 1 persistent sessions" in caplog.text and "(1 expired" in caplog.text
     long = PahoClient(broker.port, "long", clean=False, session_expiry=300)
@@ -166,6 +170,7 @@ def test_subscription_options_and_shared_groups_are_restored(brokers):
     PahoClient(broker.port, "pub").publish("jobs/1", b"job", 1)
     job = again.recv()
     assert isinstance(job, Publish) and job.topic == "jobs/1"  # the only member of its group
+    assert job.packet_id is not None
     again.send_packet(PubAck(job.packet_id))
     PahoClient(broker.port, "pub2").publish("a/b", b"x", 1)
     delivery = again.recv()
@@ -175,7 +180,7 @@ def test_subscription_options_and_shared_groups_are_restored(brokers):
 def test_a_corrupt_sessions_file_is_moved_aside_and_the_broker_starts_without_it(brokers, tmp_path, caplog):
     directory = Path(open_layout(tmp_path / "a").meta)
     (directory / SESSIONS_FILE).write_bytes(b'{"format": "timestone-sessions", "version": 1, "sess')
-    with caplog.at_level(logging.ERROR, logger="broker_edge.session_store"):
+    with caplog.at_level(logging.ERROR, logger="broker_edge.runtime.session_store"):
         broker = brokers()
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and str(directory / SESSIONS_FILE) in errors[0] and "corrupt" in errors[0]
@@ -194,7 +199,7 @@ def test_a_sessions_file_from_a_newer_broker_is_refused_and_kept(brokers, tmp_pa
     directory = Path(open_layout(tmp_path / "a").meta)
     newer = {"format": FORMAT, "version": FORMAT_VERSION + 1, "written_at": time.time(), "sessions": []}
     (directory / SESSIONS_FILE).write_text(json.dumps(newer))
-    with caplog.at_level(logging.ERROR, logger="broker_edge.session_store"):
+    with caplog.at_level(logging.ERROR, logger="broker_edge.runtime.session_store"):
         broker = brokers()
     assert f"format version {FORMAT_VERSION + 1} is newer than this broker reads" in caplog.text
     assert [json.loads(p.read_text()) for p in directory.glob(f"{SESSIONS_FILE}.newer-*")] == [newer]
@@ -246,12 +251,12 @@ def test_a_restored_session_keeps_its_owner_and_another_user_cannot_resume_it(br
     """[MQTT-3.1.4-3] within one identity, across a restart: the sessions file keeps each session's user,
     so after the restart user A still gets "not authorized" for B's client id, and B resumes its session
     with the message queued before the restart."""
-    from broker_edge.auth import PasswordFile
+    from broker_edge.security.auth import PasswordFile
 
     passwords = tmp_path / "passwd"
     PasswordFile.set_password(passwords, "userA", "pw-a", create=True)
     PasswordFile.set_password(passwords, "userB", "pw-b")
-    secured = {
+    secured: dict[str, Any] = {
         "listeners": [{"name": "tcp", "host": "127.0.0.1", "port": 0, "allow_anonymous": False}],
         "auth": {"password_file": str(passwords)},
         "acl": {"rules": [{"permission": "allow", "action": "all", "topic": "%u/#"}]},
@@ -283,7 +288,7 @@ def test_a_restart_restores_no_more_persistent_sessions_than_the_bound(brokers, 
     broker = brokers()
     for n in range(5):
         PahoClient(broker.port, f"dev-{n}", clean=False, session_expiry=300).disconnect()
-    with caplog.at_level(logging.WARNING, logger="broker_edge.session_store"):
+    with caplog.at_level(logging.WARNING, logger="broker_edge.runtime.session_store"):
         broker = restarted(broker, brokers, sessions={"max_persistent": 3})
     assert broker.call(lambda: broker.broker.router.persistent_count) == 3
     assert "2 persistent sessions not restored: sessions.max_persistent is 3" in caplog.text

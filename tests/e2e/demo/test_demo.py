@@ -39,4 +39,5 @@ def test_the_follow_up_the_demo_prints_shows_its_rollout(demo_run):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     row = next(line for line in result.stdout.splitlines() if line.startswith(action_id))
-    assert row.split()[1] == "COMPLETED"
+    assert row.split()[1:3] == ["ota", "COMPLETED"]
+    assert "group canary" in row and "actions job: stopped on " in result.stdout

@@ -6,10 +6,10 @@ import json
 import subprocess
 import sys
 
-from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.actions.publisher import MqttPublisher
-from tests.fleet_harness import FleetHarness, FleetSpec, quiet_devices
+from tests.fleet_harness import FleetHarness, FleetSpec, ota_message, quiet_devices
 
 
 def test_devices_simulate_command_publishes_telemetry(tmp_path):
@@ -55,7 +55,7 @@ def test_offline_device_gets_an_action_from_its_held_offset_after_a_broker_resta
             assert held == 1  # the device stored the next offset of the group topic's log
 
             harness.call(lambda: devices[0].go_offline(3600))  # away for good, unless it reconnects itself
-            second = {"action_id": "a-2", "kind": "ota", "version": "2.0.0"}
+            second = ota_message("a-2", "2.0.0")
             publisher = MqttPublisher([broker.address], client_id="operator-2")
             publisher.publish("actions/groups/g", json.dumps(second).encode())
             publisher.close()

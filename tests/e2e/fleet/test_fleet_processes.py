@@ -6,8 +6,8 @@ import subprocess
 import sys
 import time
 
-from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.actions.buckets import REPORT_TOPICS, bucket_of, report_topic
 from pipelines.actions.publisher import MqttPublisher
 from pipelines.fleet.fleet import Fleet
@@ -35,7 +35,11 @@ def test_processes_split_the_fleet_with_the_ids_of_one_process_and_time_each_act
             times = fleet.times("x1")
             assert [t.device_id for t in times] == expected
             assert {t.device_id for t in times if t.received_at is not None} == in_group_a
-            assert all(t.finished_at >= t.received_at for t in times if t.device_id in in_group_a)
+            assert all(
+                t.finished_at is not None and t.received_at is not None and t.finished_at >= t.received_at
+                for t in times
+                if t.device_id in in_group_a
+            )
         offsets_api = OffsetsClient(broker.offsets_url)
         report_logs = {log.topic for log in offsets_api.list_logs(REPORT_TOPICS)}
         assert report_logs == {report_topic(bucket_of(d, spec.buckets)) for d in in_group_a}

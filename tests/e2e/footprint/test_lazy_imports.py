@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.launcher import BrokerProcess, wait_for_port
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.runtime.launcher import BrokerProcess, wait_for_port
 from tests.e2e.broker_clients import PahoClient
 
 HEAVY = {"numpy", "pandas", "pyarrow", "pyspark", "deltalake", "great_expectations"}

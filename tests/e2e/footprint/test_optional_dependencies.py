@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from broker_edge.launcher import free_port, wait_for_port
+from broker_edge.runtime.launcher import free_port, wait_for_port
 from tests.e2e.broker_clients import PahoClient
 
 REPO = Path(__file__).resolve().parents[3]

@@ -329,7 +329,10 @@ def _raw_connack(port: int, client_id: str, maximum_packet_size: int) -> tuple[b
     finally:
         sock.close()
     packets = PacketDecoder(role="client", protocol_version=5).feed(data)
-    return data, (packets[0] if packets else None)
+    if not packets:
+        return data, None
+    assert isinstance(packets[0], ConnAck)
+    return data, packets[0]
 
 
 @pytest.mark.parametrize("maximum", [10, 11, 13, 16, 100])

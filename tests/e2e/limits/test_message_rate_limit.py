@@ -132,7 +132,7 @@ def test_a_throttled_client_is_not_taken_for_idle_by_its_keep_alive(start_broker
 def test_an_exempt_account_is_not_held_to_the_rate_but_everyone_else_still_is(start_broker, tmp_path):
     """The actions job publishes one message per targeted device in a burst: its account, named in
     ``limits.exempt_users``, is not paced, while another user flooding the same broker still is."""
-    from broker_edge.auth import PasswordFile
+    from broker_edge.security.auth import PasswordFile
 
     passwords = tmp_path / "passwd"
     for user in ("actions-job", "device"):

@@ -6,6 +6,8 @@ filters as it is allowed.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from broker_edge.protocol.packets import Disconnect, SubAck, Subscribe, Subscription
@@ -16,7 +18,7 @@ PERSISTENT = {5: {"clean_start": False, "properties": Properties(session_expiry_
 REFUSED = {5: 0x97, 4: 0x03}
 
 
-def connect(broker, client_id: str, version: int, **fields) -> tuple[RawClient, object]:
+def connect(broker, client_id: str, version: int, **fields) -> tuple[RawClient, Any]:
     client = RawClient(broker.port, version)
     fields = {**({"clean_start": False} if version == 4 else PERSISTENT[5]), **fields}
     return client, client.connect(client_id, **fields)

@@ -154,7 +154,7 @@ def test_many_client_ids_of_one_user_share_its_topic_quota_and_leave_room_for_ot
     """The attack: one user with 20 client ids tries to create 100 logs. Its identity's share stops it at 12,
     so another user's first publish to a new topic is still accepted; an exempt pipeline account is not
     bound by either quota."""
-    from broker_edge.auth import PasswordFile
+    from broker_edge.security.auth import PasswordFile
 
     passwords = tmp_path / "passwd"
     for user in ("mallory", "alice", "pipeline"):

@@ -20,9 +20,9 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 
-from broker_edge.launcher import BrokerProcess
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import Publish
+from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient, RawClient
 
 RECEIVE_MAXIMUM = 16

@@ -203,12 +203,12 @@ def test_auth_packet_without_method_is_protocol_error(broker, bystander):
 @pytest.mark.mqtt311("MQTT-4.8.0-2")
 def test_a_handler_that_raises_closes_only_its_connection(broker, bystander, monkeypatch):
     """The safety net for broker bugs: logged, that client gets 0x83, everyone else goes on."""
-    import broker_edge.handlers
+    import broker_edge.engine.handlers
 
     def broken(ctx, conn, session, packet):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(broker_edge.handlers, "handle_pingreq", broken)
+    monkeypatch.setattr(broker_edge.engine.handlers, "handle_pingreq", broken)
     raw = connected(broker)
     raw.send_packet(PingReq())
     raw.expect_disconnect(0x83)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from broker_edge.protocol.packets import Publish, Subscribe, Subscription, Will
@@ -126,7 +128,7 @@ def test_no_local(broker):
     assert sorted(m.payload for m in other.expect(2)) == [b"mine", b"theirs"]
 
 
-APPLICATION_PROPERTIES = {
+APPLICATION_PROPERTIES: dict[str, Any] = {
     "response_topic": "resp/1",
     "correlation_data": b"\x01\x02",
     "content_type": "application/json",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from broker_edge.protocol.packets import Disconnect, Will
@@ -102,7 +104,7 @@ def test_no_will_after_normal_disconnect_but_0x04_sends_it(broker):
 def test_will_delay_cancelled_by_reconnect_and_sent_after_delay(broker):
     watcher = PahoClient(broker.port, "watcher")
     watcher.subscribe("wills/#", 1)
-    will = {"clean": False, "session_expiry": 300, "will_delay": 100}
+    will: dict[str, Any] = {"clean": False, "session_expiry": 300, "will_delay": 100}
     flaky = PahoClient(broker.port, "flaky", will=("wills/flaky", b"gone", 1, False), **will)
     flaky.kill()
     assert wait_for(lambda: not broker.connected("flaky"))

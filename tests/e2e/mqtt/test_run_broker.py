@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from broker_edge.auth import anonymous_allowed
 from broker_edge.config import ConfigError
-from broker_edge.config.broker import BrokerConfig, load_broker_config
+from broker_edge.security.auth import anonymous_allowed
+from broker_edge.settings.broker import BrokerConfig, load_broker_config
 from tests.conftest import free_port
 from tests.e2e.broker_clients import PahoClient
 

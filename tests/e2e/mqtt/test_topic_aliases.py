@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from gmqtt import Client as GmqttClient
 
-from broker_edge.delivery import Message
+from broker_edge.engine.message import Message
 from broker_edge.protocol.packets import PubAck, Publish
 from broker_edge.protocol.properties import Properties
 from tests.e2e.broker_clients import TIMEOUT, PahoClient, RawClient
@@ -101,7 +101,7 @@ def test_retained_messages_and_a_new_connection_start_with_fresh_aliases(broker)
 def test_gmqtt_receives_aliased_publishes(broker):
     """gmqtt resolves the broker's aliases; it must see full topic names on every message."""
 
-    async def scenario() -> list:
+    async def scenario() -> tuple[list, dict[str, int]]:
         received: list = []
         done = asyncio.Event()
         client = GmqttClient("gmqtt-aliases", topic_alias_maximum=8)

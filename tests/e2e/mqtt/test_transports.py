@@ -12,7 +12,7 @@ import struct
 import pytest
 
 from broker_edge.protocol.packets import ConnAck, Connect, SubAck, Subscribe, Subscription, Will
-from broker_edge.transports.native import NativeTransport
+from broker_edge.runtime.transports.native import NativeTransport
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
 
 TWO_LISTENERS = [

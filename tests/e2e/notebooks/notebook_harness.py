@@ -68,7 +68,7 @@ def describe(figure: Figure) -> Chart:
             if isinstance(collection, LineCollection):
                 segments += len(collection.get_segments())
             elif isinstance(collection, PolyCollection):
-                areas += sum(1 for path in collection.get_paths() if _area(path.vertices) > 0)
+                areas += sum(1 for path in collection.get_paths() if _area(np.asarray(path.vertices)) > 0)
     titles = [ax.get_title() for ax in axes]
     return Chart(suptitle or titles[0], titles, points, bars, segments, areas)
 

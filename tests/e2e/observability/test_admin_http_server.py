@@ -11,10 +11,15 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker_edge.admin_http import DEFAULT_ADMIN_PORT, AdminHttpConfig, create_admin_app, start_admin_server
 from broker_edge.config import ConfigError, load_dataclass
-from broker_edge.metrics import BrokerMetrics
-from broker_edge.tls import TlsConfig, server_ssl_context
+from broker_edge.observe.metrics import BrokerMetrics
+from broker_edge.runtime.admin_http import (
+    DEFAULT_ADMIN_PORT,
+    AdminHttpConfig,
+    create_admin_app,
+    start_admin_server,
+)
+from broker_edge.security.tls import TlsConfig, server_ssl_context
 from tests.tls_certs import client_ssl_context, make_test_pki
 
 

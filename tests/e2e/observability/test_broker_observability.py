@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker_edge.logs import JsonFormatter
+from broker_edge.observe.logs import JsonFormatter
 from broker_edge.protocol.packets import PubAck, Publish
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
 
@@ -124,7 +124,7 @@ def test_sys_topics(start_broker):
     broker.call(broker.broker.publish_sys_topics)
     watcher.subscribe("$SYS/broker/#", 0)  # retained: the figures come on SUBSCRIBE
     watcher.subscribe("#", 0)  # and a root wildcard does not see them
-    figures = {}
+    figures: dict[str, str] = {}
     while len(figures) < 17:
         message = watcher.expect(1)[0]
         assert message.topic.startswith("$SYS/broker/") and message.retain
@@ -137,12 +137,22 @@ def test_sys_topics(start_broker):
     watcher.expect_none(0.2)
 
 
+class _Keeping(logging.Handler):
+    """Keeps the records it is given (INFO and above)."""
+
+    def __init__(self, records: list[logging.LogRecord]) -> None:
+        super().__init__(logging.INFO)
+        self.records = records
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 @pytest.fixture
 def broker_records():
     """Every record the broker's loggers write during the test (INFO and above)."""
     records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = records.append  # type: ignore[method-assign]  # keeps the records the handler formats
+    handler = _Keeping(records)
     logger = logging.getLogger("broker_edge")
     previous = logger.level
     logger.setLevel(logging.INFO)

@@ -13,9 +13,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
-from broker_edge.offsets_api import serve
+from broker_edge.http.guard import GuardedRunner
+from broker_edge.offsets_api.server import serve
 from broker_edge.storage import AppendRecord, LogStore, StorageConfig
 
 TOKEN = "s3cret-token"
@@ -73,7 +72,7 @@ class ApiHarness:
         self._thread = threading.Thread(target=self._loop.run_forever, name="offsets-api-test", daemon=True)
         self._thread.start()
         self.store: LogStore = self.run(self._open_store())
-        self.runner: web.AppRunner
+        self.runner: GuardedRunner
         self.port: int
         self.runner, self.port = self.run(self._serve())
 
@@ -122,5 +121,5 @@ class ApiHarness:
     async def _close_store(self) -> None:
         self.store.close()
 
-    async def _serve(self, port: int = 0) -> tuple[web.AppRunner, int]:
+    async def _serve(self, port: int = 0) -> tuple[GuardedRunner, int]:
         return await serve(self.store, "127.0.0.1", port, self._token, self._ssl_context)

@@ -6,6 +6,7 @@ import base64
 import http.client
 import json
 import threading
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -169,7 +170,9 @@ def test_batch_fetch_as_json_lines_starts_with_the_results(api: ApiHarness):
 
 
 def test_batch_fetch_shares_one_byte_budget(api: ApiHarness):
-    body = {"fetches": [{"topic": "plant/1/temp", "offset": 0}, {"topic": "plant/2/temp", "offset": 0}]}
+    body: dict[str, Any] = {
+        "fetches": [{"topic": "plant/1/temp", "offset": 0}, {"topic": "plant/2/temp", "offset": 0}]
+    }
     body["max_bytes"] = 1
 
     _, _, data = request(api, "POST", "/v1/fetch", body)

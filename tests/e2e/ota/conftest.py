@@ -10,12 +10,16 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from pyspark.sql import SparkSession
 
-from broker_edge.launcher import BrokerProcess
+from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.actions.config import ActionsConfig, BrokerEndpoint
 from pipelines.actions.job import ActionsJob, start_actions_job
-from sinks import open_table_store
+from sinks import TableStore, open_table_store
 from tests.fleet_harness import FleetHarness, FleetSpec
+
+SHA256 = "0" * 64
+"""The firmware checksum of the test actions (devices refuse an OTA without one)."""
 
 
 @pytest.fixture
@@ -47,7 +51,7 @@ def action_row(
         "payload": {
             "version": version,
             "url": f"https://example.invalid/fw-{version}.bin",
-            "sha256": "0" * 64,
+            "sha256": SHA256,
             "size": 1024,
             "command": None,
             "args": None,
@@ -81,11 +85,11 @@ def register_devices(store, devices: dict[str, str]) -> None:
 class ActionsStack:
     """A broker process, a simulated fleet on it, and the actions job on the shared Spark session."""
 
-    store: object
+    store: TableStore
     broker: BrokerProcess
     harness: FleetHarness
     job: ActionsJob
-    spark: object
+    spark: SparkSession
     config: ActionsConfig
 
     @property

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pyarrow.compute as pc
 
 from pipelines.actions.operator import NewAction, cancel_action, create_action
-from tests.e2e.ota.conftest import actions_stack, summary, wait_for
+from tests.e2e.ota.conftest import SHA256, actions_stack, summary, wait_for
 from tests.fleet_harness import quiet_devices
 
 
@@ -32,7 +32,8 @@ def test_broadcast_reaches_every_device_including_one_that_was_offline(spark, tm
         offline = next(d for d in fleet.devices if d.group == "canary")
         stack.harness.run(_go_offline(offline, 3.0))
         action_id = create_action(
-            store, NewAction(group="canary", version="2.0.0", url="https://example.invalid/fw.bin")
+            store,
+            NewAction(group="canary", version="2.0.0", url="https://example.invalid/fw.bin", sha256=SHA256),
         )
         wait_for(
             lambda: (s := summary(store, action_id)) is not None and s["action_state"] == "COMPLETED",
@@ -47,6 +48,7 @@ def test_broadcast_reaches_every_device_including_one_that_was_offline(spark, tm
         assert final == device_states
         assert final[offline.device_id] in ("SUCCEEDED", "FAILED", "REJECTED")
         counts = summary(store, action_id)
+        assert counts is not None
         assert counts["total_count"] == 100
         for state in ("SUCCEEDED", "FAILED", "REJECTED"):
             assert counts[f"{state.lower()}_count"] == sum(1 for s in final.values() if s == state)
@@ -58,7 +60,10 @@ def test_cancel_through_the_table_stops_devices_that_started(spark, tmp_path):
     with actions_stack(spark, tmp_path, {"count": 20, "groups": ["g"]}, behaviour, register=False) as stack:
         store, fleet = stack.store, stack.fleet
         action_id = create_action(
-            store, NewAction(all_devices=True, version="3.0.0", url="https://example.invalid/fw3.bin")
+            store,
+            NewAction(
+                all_devices=True, version="3.0.0", url="https://example.invalid/fw3.bin", sha256=SHA256
+            ),
         )
         wait_for(lambda: fleet.states(action_id).get("IN_PROGRESS") == 20, what="downloads")
         wait_for(lambda: (summary(store, action_id) or {}).get("in_progress_count") == 20, what="tracking")
@@ -67,5 +72,6 @@ def test_cancel_through_the_table_stops_devices_that_started(spark, tmp_path):
             lambda: (s := summary(store, action_id)) is not None and s["canceled_count"] == 20,
             what="cancellation",
         )
-        assert summary(store, action_id)["action_state"] == "CANCELED"
+        canceled = summary(store, action_id)
+        assert canceled is not None and canceled["action_state"] == "CANCELED"
         assert {d.firmware for d in fleet.devices} == {"1.0.0"}

@@ -18,7 +18,7 @@ from pipelines.actions.buckets import REPORT_TOPICS, bucket_of, report_topic
 from pipelines.actions.operator import NewAction, create_action
 from pipelines.actions.publisher import MqttPublisher
 from pipelines.actions.states import SUCCEEDED
-from tests.e2e.ota.conftest import actions_stack, summary, wait_for
+from tests.e2e.ota.conftest import SHA256, actions_stack, summary, wait_for
 from tests.fleet_harness import quiet_devices
 
 DEVICES = 60
@@ -58,7 +58,12 @@ def test_reports_of_n_devices_land_in_bucket_logs_and_reach_delta_once(spark, tm
         listed = [d.device_id for d in stack.fleet.devices]
         action_id = create_action(
             store,
-            NewAction(device_ids=[*listed, EARLIER_DEVICE], version="2.0.0", url="https://x.invalid/fw"),
+            NewAction(
+                device_ids=[*listed, EARLIER_DEVICE],
+                version="2.0.0",
+                url="https://x.invalid/fw",
+                sha256=SHA256,
+            ),
         )
         harness.wait_until(lambda: stack.fleet.finished(action_id) == DEVICES, timeout_s=60)
         publisher = MqttPublisher([stack.broker.address], client_id="earlier-protocol-device")

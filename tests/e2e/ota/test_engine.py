@@ -96,7 +96,12 @@ def test_failures_abort_a_paced_rollout_and_cancel_the_rest(table_store, mosquit
         final = executions(table_store, "a-2")
         states = sorted(r["state"] for r in final.values())
         assert states == [CANCELED] * 4 + [FAILED] * 2
-        assert summary(table_store, "a-2")["action_state"] == "ABORTED"
+        aborted = summary(table_store, "a-2")
+        assert aborted["action_state"] == "ABORTED"
+        assert aborted["reason"] == (
+            "abort_criteria.failure_pct 50 % reached: 2 of 2 finished devices failed or timed out "
+            "(100.0 %; abort_criteria.min_executed 2)"
+        )
         clock.now += 60_000
         engine.tick()  # an aborted rollout publishes nothing more
         assert sum(r["published_at"] is not None for r in executions(table_store, "a-2").values()) == 2
@@ -128,5 +133,6 @@ def test_in_progress_timeout_and_operator_cancel(table_store, mosquitto):
         harness.wait_until(lambda: sum(r.state == CANCELED for r in harness.reports) == 2)
         engine.on_reports(harness.take_reports(), "reports", 1)
         assert {r["state"] for r in executions(table_store, "a-4").values()} == {CANCELED}
-        assert summary(table_store, "a-4")["action_state"] == "CANCELED"
+        canceled = summary(table_store, "a-4")
+        assert (canceled["action_state"], canceled["reason"]) == ("CANCELED", "canceled by operator")
         engine.publisher.close()

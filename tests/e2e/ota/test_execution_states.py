@@ -12,6 +12,7 @@ from pipelines.actions.states import (
     QUEUED,
     SUCCEEDED,
     TIMED_OUT,
+    Execution,
     StatusReport,
     apply_report,
     apply_reports,
@@ -34,11 +35,18 @@ def report(state: str, seq: int, ts: int = 1_000) -> StatusReport:
     return StatusReport("a1", "d1", state, seq, ts, state.lower())
 
 
+def applied(row: Execution | None, report: StatusReport) -> Execution:
+    """The row after ``report``, which the test expects to change it."""
+    changed = apply_report(row, report)
+    assert changed is not None
+    return changed
+
+
 def test_queued_to_in_progress_to_succeeded_bumps_version_and_times():
     row = queued("a1", "d1", 500)
-    row = apply_report(row, report(IN_PROGRESS, 1, 1_000))
+    row = applied(row, report(IN_PROGRESS, 1, 1_000))
     assert (row.state, row.version, row.started_at, row.finished_at) == (IN_PROGRESS, 2, 1_000, None)
-    row = apply_report(row, report(SUCCEEDED, 2, 2_000))
+    row = applied(row, report(SUCCEEDED, 2, 2_000))
     assert (row.state, row.version, row.started_at, row.finished_at) == (SUCCEEDED, 3, 1_000, 2_000)
 
 
@@ -61,8 +69,9 @@ def test_late_joiner_report_creates_the_row():
 
 
 def test_platform_transitions_only_from_unfinished_rows():
-    row = apply_report(queued("a1", "d1", 0), report(IN_PROGRESS, 1))
+    row = applied(queued("a1", "d1", 0), report(IN_PROGRESS, 1))
     timed_out = platform_transition(row, TIMED_OUT, "no report within 60 s", 9_000)
+    assert timed_out is not None
     assert (timed_out.state, timed_out.version, timed_out.finished_at) == (TIMED_OUT, row.version + 1, 9_000)
     assert platform_transition(timed_out, CANCELED, "canceled", 9_500) is None
     assert platform_transition(row, QUEUED, "back", 1) is None

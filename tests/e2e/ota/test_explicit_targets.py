@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
+from typing import Any
 
 import pytest
 
-from broker_edge.launcher import BrokerProcess
+from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.actions.buckets import DEFAULT_BUCKETS, by_bucket
 from pipelines.actions.engine import ActionsEngine
 from pipelines.actions.publisher import MqttPublisher, PublishRefused
@@ -22,7 +24,9 @@ from pipelines.actions.states import SUCCEEDED
 from tests.e2e.ota.conftest import action_row, write_actions
 from tests.fleet_harness import FleetHarness, FleetSpec, quiet_devices
 
-UNLIMITED_PUBLISHER = {"limits": {"messages_per_second_per_client": 0, "max_topics_per_client": 0}}
+UNLIMITED_PUBLISHER: dict[str, Any] = {
+    "limits": {"messages_per_second_per_client": 0, "max_topics_per_client": 0}
+}
 """One publish per bucket (or listed device): the job's client publishes up to as many messages as that."""
 
 
@@ -55,6 +59,10 @@ def succeeded_reports(harness: FleetHarness, action_id: str) -> int:
     return sum(r.action_id == action_id and r.state == SUCCEEDED for r in harness.reports)
 
 
+def all_succeeded(harness: FleetHarness, action_id: str, devices: int) -> bool:
+    return succeeded_reports(harness, action_id) == devices
+
+
 def absent_ids(count: int) -> list[str]:
     """Listed devices that are not connected (offline or not yet installed), all ids of one length."""
     return [f"gone-{i:05d}" for i in range(count)]
@@ -78,7 +86,7 @@ def test_each_device_receives_its_buckets_share_of_the_list_not_the_list(table_s
                 lists[total] = [d.device_id for d in listed] + absent_ids(total - len(listed))
                 row = action_row(action_id, version=f"{number + 2}.0.0", device_ids=lists[total])
                 fan_out(table_store, broker, row, number)
-                harness.wait_until(lambda a=action_id: succeeded_reports(harness, a) == len(listed))
+                harness.wait_until(partial(all_succeeded, harness, action_id, len(listed)))
                 after = settled_bytes_received(harness)
                 received[total] = [b - a for a, b in zip(before, after, strict=True)]
                 assert all(d.actions[action_id].state == SUCCEEDED for d in listed)

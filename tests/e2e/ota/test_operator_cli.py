@@ -1,39 +1,37 @@
-"""``timestone ota`` writes exactly one row per action, cancels by flag, and reads summaries."""
+"""``timestone ota``: one row per action, refused values named by option and field, an id never reused for
+other content, no cancel of an ended action, and a status that says what waits for what."""
 
 from __future__ import annotations
 
-import pyarrow.compute as pc
+import time
+from datetime import UTC, datetime
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from pipelines.actions.heartbeat import Heartbeat, write_heartbeat
 from pipelines.cli import main
 from sinks import open_table_store
+from tests.e2e.ota.conftest import SHA256, register_devices
+
+FIRMWARE = ["--version", "2.0.0", "--url", "https://example.invalid/fw.bin", "--sha256", SHA256]
 
 
 def actions(root: str) -> list[dict]:
     return open_table_store(None, root, backend="delta-rs").read_arrow("actions").to_pylist()
 
 
+def ota(root, *argv: str) -> int:
+    return main(["ota", "--tables-root", root, *argv])
+
+
 def test_create_is_idempotent_per_action_id(tmp_path, capsys):
     root = str(tmp_path / "tables")
-    argv = [
-        "ota",
-        "--tables-root",
-        root,
-        "create",
-        "--id",
-        "fw-2",
-        "--group",
-        "canary",
-        "--version",
-        "2.0.0",
-        "--url",
-        "https://example.invalid/fw.bin",
-        "--max-per-minute",
-        "30",
-        "--abort-failure-pct",
-        "20",
-    ]
-    assert main(argv) == 0
-    assert main(argv) == 0
+    argv = ["create", "--id", "fw-2", "--group", "canary", "--allow-unknown-group", *FIRMWARE]
+    argv += ["--max-per-minute", "30", "--abort-failure-pct", "20"]
+    assert ota(root, *argv) == 0
+    assert ota(root, *argv) == 0
     rows = actions(root)
     assert len(rows) == 1
     row = rows[0]
@@ -43,48 +41,147 @@ def test_create_is_idempotent_per_action_id(tmp_path, capsys):
     assert capsys.readouterr().out.split() == ["fw-2", "fw-2"]
 
 
-def test_bad_actions_are_refused_with_a_reason(tmp_path, capsys):
+def test_an_existing_id_with_other_content_is_refused_naming_what_differs(tmp_path, capsys):
     root = str(tmp_path / "tables")
-    assert main(["ota", "--tables-root", root, "create", "--all", "--version", "2.0.0"]) == 2
-    assert "needs a version and a URL" in capsys.readouterr().err
-    assert main(["ota", "--tables-root", root, "create", "--kind", "command", "--devices", "d1"]) == 2
-    assert "needs a command" in capsys.readouterr().err
-    assert not open_table_store(None, root, backend="delta-rs").exists("actions")
+    assert ota(root, "create", "--id", "fw-3", "--all", *FIRMWARE) == 0
+    other = [*FIRMWARE[:1], "2.0.1", *FIRMWARE[2:]]
+    assert ota(root, "create", "--id", "fw-3", "--all", *other) == 1
+    err = capsys.readouterr().err
+    assert "action fw-3 exists with other content" in err
+    assert "payload.version: '2.0.0' in the table, '2.0.1' here" in err and "another --id" in err
+    assert [r["payload"]["version"] for r in actions(root)] == ["2.0.0"]
 
 
-def test_cancel_sets_the_flag_and_unknown_ids_fail(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--all", *FIRMWARE, "--size", "-5"], "--size (payload.size): must be from 1 to "),
+        (["--all", *FIRMWARE[:3], "notaurl", *FIRMWARE[4:]], "--url (payload.url): not an http(s) URL"),
+        (["--all", *FIRMWARE, "--timeout", "-1"], "--timeout (in_progress_timeout_s): must be from 1"),
+        (["--all", *FIRMWARE[:5], "9f2c"], "--sha256 (payload.sha256): expected 64 hexadecimal digits"),
+        (["--devices", "d1,d2,d1", *FIRMWARE], "--devices (target.device_ids): lists d1 more than once"),
+        (["--devices", "", *FIRMWARE], "--devices (target.device_ids): no device id given"),
+        (
+            ["--group", "nobody", *FIRMWARE],
+            "--group (target.group): no registered device is in group 'nobody'",
+        ),
+        (["--all", *FIRMWARE, "--max-per-minute", "0"], "--max-per-minute (rollout.max_per_minute): must be"),
+        (
+            ["--all", *FIRMWARE, "--abort-failure-pct", "120"],
+            "--abort-failure-pct (abort_criteria.failure_pct)",
+        ),
+        (["--all", "--version", "2.0.0"], "--url (payload.url): required for an ota action"),
+        (
+            ["--kind", "command", "--devices", "d1"],
+            "--command (payload.command): required for a command action",
+        ),
+    ],
+)
+def test_impossible_values_are_refused_naming_the_option_and_the_field(tmp_path, capsys, argv, message):
     root = str(tmp_path / "tables")
-    assert (
-        main(
-            [
-                "ota",
-                "--tables-root",
-                root,
-                "create",
-                "--id",
-                "c-1",
-                "--kind",
-                "command",
-                "--command",
-                "reboot",
-                "--arg",
-                "delay=5",
-                "--devices",
-                "d1,d2",
-            ]
-        )
-        == 0
-    )
-    assert main(["ota", "--tables-root", root, "cancel", "c-1"]) == 0
-    assert main(["ota", "--tables-root", root, "cancel", "nope"]) == 1
+    store = open_table_store(None, root, backend="delta-rs")
+    register_devices(store, {"dev-1": "canary", "dev-2": "fleet"})
+    assert ota(root, "create", *argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("timestone ota create: ") and message in err, err
+    assert "Traceback" not in err
+    assert not store.exists("actions")
+
+
+def test_every_problem_of_an_action_is_listed(tmp_path, capsys):
+    root = str(tmp_path / "tables")
+    argv = ["create", "--all", "--version", "2.0.0", "--url", "notaurl", "--sha256", "abc", "--size", "-5"]
+    assert ota(root, *argv) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[1].strip() for line in lines] == [
+        "--url (payload.url)",
+        "--sha256 (payload.sha256)",
+        "--size (payload.size)",
+    ]
+
+
+def test_a_group_is_checked_against_the_devices_table(tmp_path, capsys):
+    root = str(tmp_path / "tables")
+    store = open_table_store(None, root, backend="delta-rs")
+    register_devices(store, {"dev-1": "canary", "dev-2": "fleet"})
+    assert ota(root, "create", "--group", "canary", *FIRMWARE) == 0
+    assert ota(root, "create", "--group", "later", *FIRMWARE) == 2
+    assert "groups in the devices table: canary, fleet" in capsys.readouterr().err
+    assert ota(root, "create", "--group", "later", "--allow-unknown-group", *FIRMWARE) == 0
+    assert sorted(r["target"]["group"] for r in actions(root)) == ["canary", "later"]
+
+
+def _summarised(store, action_id: str, state: str) -> None:
+    """The summary row the actions job writes when an action ends."""
+    counts = {f"{s.lower()}_count": 0 for s in ("QUEUED", "IN_PROGRESS", "FAILED", "TIMED_OUT", "REJECTED")}
+    now = datetime.now(UTC)
+    row = {
+        "action_id": action_id,
+        **counts,
+        "succeeded_count": 2,
+        "canceled_count": 0,
+        "total_count": 2,
+        "action_state": state,
+        "updated_at": now,
+    }
+    table = pa.Table.from_pylist([row], schema=store.spec("action_summary").arrow_schema)
+    store.merge("action_summary", table, "tests/summary", int(time.time() * 1000))
+
+
+def test_cancel_sets_the_flag_once_and_refuses_unknown_and_ended_actions(tmp_path, capsys):
+    root = str(tmp_path / "tables")
+    argv = ["create", "--id", "c-1", "--kind", "command", "--command", "reboot", "--arg", "delay=5"]
+    assert ota(root, *argv, "--devices", "d1,d2") == 0
+    assert ota(root, "cancel", "c-1") == 0
+    assert ota(root, "cancel", "c-1") == 0
+    out = capsys.readouterr().out
+    assert "cancel requested for c-1" in out and "cancel already requested for c-1" in out
+    assert ota(root, "cancel", "nope") == 1
+    assert "no action 'nope'" in capsys.readouterr().err
     table = open_table_store(None, root, backend="delta-rs").read_arrow("actions")
     row = table.filter(pc.equal(table["id"], "c-1")).to_pylist()
     assert len(row) == 1 and row[0]["cancel"] is True
     assert row[0]["target"]["device_ids"] == ["d1", "d2"] and dict(row[0]["payload"]["args"]) == {
         "delay": "5"
     }
-    assert main(["ota", "--tables-root", root, "status"]) == 0
-    assert "no action summaries yet" in capsys.readouterr().out
+
+    store = open_table_store(None, root, backend="delta-rs")
+    assert ota(root, "create", "--id", "done", "--devices", "d1,d2", *FIRMWARE) == 0
+    _summarised(store, "done", "COMPLETED")
+    assert ota(root, "cancel", "done") == 1
+    assert "action done has ended (COMPLETED): nothing to cancel" in capsys.readouterr().err
+    assert [r["cancel"] for r in actions(root) if r["id"] == "done"] == [False]
+
+
+def test_status_says_an_action_waits_for_the_job_and_whether_one_runs(tmp_path, capsys):
+    root = str(tmp_path / "tables")
+    assert ota(root, "status") == 0
+    assert "no actions yet" in capsys.readouterr().out
+    assert ota(root, "create", "--id", "w-1", "--devices", "dev-1", *FIRMWARE, "--timeout", "600") == 0
+    capsys.readouterr()
+
+    assert ota(root, "status", "w-1") == 0
+    out = capsys.readouterr().out
+    assert "target    1 device: dev-1" in out and "firmware 2.0.0 from https://example.invalid/fw.bin" in out
+    assert "timeout 600 s per device" in out and "created   20" in out
+    assert "state     WAITING: the actions job has not picked it up yet" in out
+    assert "actions job: no actions job has run against" in out and "timestone pipeline actions" in out
+
+    now = int(time.time() * 1000)
+    write_heartbeat(root, Heartbeat("edge-host", 4242, now - 3_600_000, now - 120_000))
+    assert ota(root, "status") == 0
+    out = capsys.readouterr().out
+    assert "w-1" in out and "WAITING" in out
+    assert "actions job: not running (no heartbeat for over 30 s) on edge-host (pid 4242)" in out
+
+    write_heartbeat(root, Heartbeat("edge-host", 4242, now - 3_600_000, now))
+    assert ota(root, "status", "w-1") == 0
+    assert "actions job: running on edge-host (pid 4242), last heartbeat" in capsys.readouterr().out
+
+    assert ota(root, "status", "nope") == 1
+    assert "no action 'nope'" in capsys.readouterr().err
+    assert ota(root, "status", "--watch") == 2
+    assert "--watch follows one action" in capsys.readouterr().err
 
 
 def test_actions_pipeline_refuses_a_bad_config_naming_the_field(tmp_path, capsys):
@@ -95,3 +192,9 @@ def test_actions_pipeline_refuses_a_bad_config_naming_the_field(tmp_path, capsys
     config.write_text("tick_interval: 1\n")
     assert main(["pipeline", "actions", "--config", str(config)]) == 2
     assert "tick_interval" in capsys.readouterr().err
+
+
+def test_a_tables_root_that_cannot_be_written_is_refused_by_name(capsys):
+    assert main(["ota", "--tables-root", "/etc/hostname", "create", "--all", *FIRMWARE]) == 2
+    err = capsys.readouterr().err
+    assert err == "timestone ota create: --tables-root: '/etc/hostname' is a file, not a directory\n"

@@ -20,6 +20,7 @@ def test_notebook_creates_an_action_when_asked_and_plots_its_rollout(spark, tmp_
         assert len(actions) == 1 and actions[0]["created_by"] == "notebook"
         action_id = actions[0]["id"]
         result = summary(stack.store, action_id)
+        assert result is not None
         assert result["succeeded_count"] == 30 and result["action_state"] == "COMPLETED"
         chart = run.charts["new_rollout_chart"]
         assert chart.title == f"Rollout of {action_id}: COMPLETED, 30 devices"

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from bench.stream import parse_fixed_header
-from broker_edge.launcher import BrokerProcess
+from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.actions.model import device_topic
 from pipelines.actions.publisher import ClusterPublisher, MqttPublisher
 from pipelines.fleet.client import Message, MqttClient

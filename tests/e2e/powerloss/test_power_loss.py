@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from broker_edge.launcher import BrokerProcess
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.runtime.launcher import BrokerProcess
 from broker_edge.storage.fs_sync import syncfs_available
 from tests.e2e.broker_clients import wait_for
 from tests.e2e.commitlog.e2e_helpers import LoopThread, read_log
@@ -42,7 +42,7 @@ def publish_then_cut_power(
     mount: LazyMount, workdir: Path, storage: dict[str, Any], broker_type: type[BrokerProcess] = BrokerProcess
 ) -> tuple[dict[str, list[int]], list[dict], dict[str, int]]:
     """(acknowledged seqs per publisher, the log after the restart, syncs the layer saw before the cut)."""
-    sections = {
+    sections: dict[str, Any] = {
         "storage": {"directory": str(mount.path / "data"), **storage},
         "limits": {"messages_per_second_per_client": 0},
     }

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from broker_edge.launcher import BrokerProcess
 from broker_edge.protocol.packets import PubAck, Publish
+from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import RawClient, wait_for
 
 NOT_AUTHORIZED = 0x87

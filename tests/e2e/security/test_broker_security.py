@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from broker_edge.auth import PasswordFile
 from broker_edge.config import ConfigError, load_dataclass
-from broker_edge.config.broker import BrokerConfig
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import Connect, PubAck, Publish, SubAck, Subscribe, Subscription
 from broker_edge.protocol.properties import Properties
+from broker_edge.security.auth import PasswordFile
+from broker_edge.settings.broker import BrokerConfig
 from tests.e2e.broker_clients import TIMEOUT, PahoClient, RawClient, wait_for
 from tests.tls_certs import client_ssl_context, make_test_pki
 

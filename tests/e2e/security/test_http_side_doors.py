@@ -1,8 +1,10 @@
 """The broker's HTTP endpoints (offsets API, admin /metrics and /health) against hostile clients.
 
-Written as the attack on a real broker: many idle or half-sent connections (capped, and closed once their
-request takes too long to arrive), and malformed inputs that must each get a 4xx JSON error naming the
-parameter, never a plain-text 500 or a number read from non-ASCII digits.
+Written as the attack on a real broker: many idle or half-sent connections (capped, pushed out by
+newcomers while they never authenticated, and closed once their request takes too long to arrive), a
+request without a token (401, its connection closed at once), requests beyond the memory budget (503 with
+Retry-After), and malformed inputs that must each get a 4xx JSON error naming the parameter, never a
+plain-text 500 or a number read from non-ASCII digits.
 """
 
 from __future__ import annotations
@@ -62,18 +64,97 @@ def broker(brokers):
 
 
 @pytest.mark.parametrize("endpoint", ["offsets", "admin"])
-def test_idle_connections_are_capped_and_closed_when_no_request_arrives(broker, endpoint):
+def test_idle_connections_are_pushed_out_by_newcomers_and_closed_when_no_request_arrives(broker, endpoint):
     port = broker.broker.offsets_port if endpoint == "offsets" else broker.broker.admin_port
-    held = [raw_socket(port) for _ in range(10)]
+    held = [raw_socket(port) for _ in range(10)]  # the cap: none has sent anything
     time.sleep(0.2)
-    extra = raw_socket(port)
-    refusal = read_until_closed(extra)
-    assert refusal.startswith(b"HTTP/1.1 503") and b'"too_many_connections"' in refusal
+    newcomer = raw_socket(port)  # takes the place of the oldest idle one
+    assert read_until_closed(held[0]) == b""
+    path = "/health" if endpoint == "admin" else "/v1/logs"
+    newcomer.sendall(f"GET {path} HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n".encode())
+    assert read_until_closed(newcomer).startswith(b"HTTP/1.1 200")
     started = time.monotonic()
-    for sock in held:  # none sends a request: each is closed after request_timeout_s
+    for sock in held[1:]:  # none sends a request: each is closed after request_timeout_s
         assert read_until_closed(sock) == b""
     assert time.monotonic() - started < 4
-    assert get(port, "/health" if endpoint == "admin" else "/v1/logs")[0] == 200  # room again
+    assert get(port, path)[0] == 200  # room again
+
+
+def test_connections_that_authenticated_stay_and_beyond_them_a_newcomer_gets_503(brokers):
+    running = brokers(offsets_api={**HTTP_LIMITS, "request_timeout_s": 5.0, "token": "reader"})
+    port = running.broker.offsets_port
+    readers = []
+    for _ in range(10):  # ten readers, each kept alive after an authenticated request
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        connection.request("GET", "/v1/logs", headers={"Authorization": "Bearer reader"})
+        assert connection.getresponse().read() and True
+        readers.append(connection)
+    refusal = read_until_closed(raw_socket(port))
+    assert refusal.startswith(b"HTTP/1.1 503") and b'"too_many_connections"' in refusal
+    for connection in readers:  # none of them was pushed out
+        connection.request("GET", "/v1/logs", headers={"Authorization": "Bearer reader"})
+        assert connection.getresponse().status == 200
+        connection.close()
+
+
+def test_a_request_without_its_token_gets_401_and_its_connection_closed_at_once(brokers):
+    running = brokers(offsets_api={**HTTP_LIMITS, "request_timeout_s": 30.0, "token": "reader"})
+    sock = raw_socket(running.broker.offsets_port)
+    started = time.monotonic()
+    sock.sendall(b"GET /v1/logs HTTP/1.1\r\nHost: b\r\nAuthorization: Bearer guess\r\n\r\n")
+    answer = read_until_closed(sock)  # the broker closes it: nothing waits for the 30 s timeout
+    assert answer.startswith(b"HTTP/1.1 401") and b"Connection: close" in answer
+    assert time.monotonic() - started < 2
+
+
+def test_strangers_holding_every_connection_never_keep_a_reader_out(brokers):
+    running = brokers(offsets_api={**HTTP_LIMITS, "request_timeout_s": 30.0, "token": "reader"})
+    port = running.broker.offsets_port
+    strangers = [raw_socket(port) for _ in range(40)]  # four times the cap, holding on, saying nothing
+    time.sleep(0.2)
+    status, body = get(port, "/v1/logs", {"Authorization": "Bearer reader"})
+    assert status == 200 and isinstance(body, dict) and body["logs"] == []
+    pushed_out = sum(read_until_closed(sock) == b"" for sock in strangers[:30])
+    assert pushed_out == 30  # the oldest ones made room for the newer, and for the reader
+    for sock in strangers:
+        sock.close()
+
+
+def test_requests_beyond_the_memory_budget_get_503_with_retry_after_and_hold_nothing(brokers):
+    budget = {"http_buffer_bytes": 12 << 20, "http_buffer_members_bytes": 2 << 20}
+    running = brokers(limits={"messages_per_second_per_client": 0, **budget})
+    publisher = PahoClient(running.port, "pub")
+    for number in range(32):
+        publisher.publish("big", bytes([65 + number % 26]) * 200_000, 1)
+    port = running.broker.offsets_port
+    query = "/v1/logs/big/records?offset=0&max_bytes=8388608&format=frames"
+    # a fetch may hold 8 MiB, readers have 10 MiB of the budget (2 MiB are the members'): one large fetch at a
+    # time. A client that does not read its answer (6.4 MB, more than the sockets buffer) keeps it held.
+    slow = socket.socket()
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.connect(("127.0.0.1", port))
+    slow.sendall(f"GET {query} HTTP/1.1\r\nHost: b\r\n\r\n".encode())
+    deadline = time.monotonic() + 5
+    while running.broker.http_budget.held < 6_000_000 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    connection.request("GET", query)
+    refused = connection.getresponse()
+    assert refused.status == 503 and refused.getheader("Retry-After") == "1"
+    assert json.loads(refused.read())["error"] == "busy"
+    assert running.broker.http_budget.refused >= 1
+    small = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    small.request("GET", "/v1/logs/big/records?offset=0&max_bytes=65536&format=frames")
+    assert small.getresponse().status == 200  # a small fetch fits beside it
+    slow.close()
+    deadline = time.monotonic() + 5
+    while running.broker.http_budget.held and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running.broker.http_budget.held == 0  # given back once the slow answer ended
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    connection.request("GET", query)
+    answer = connection.getresponse()
+    assert answer.status == 200 and len(answer.read()) > 6_000_000
 
 
 @pytest.mark.parametrize("endpoint", ["offsets", "admin"])

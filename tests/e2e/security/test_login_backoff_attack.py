@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from broker_edge.auth import PasswordFile
+from broker_edge.security.auth import PasswordFile
 from tests.e2e.broker_clients import TIMEOUT, RawClient
 
 THRESHOLD = 5

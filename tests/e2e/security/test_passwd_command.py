@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from broker_edge.auth import PasswordFile, passwd_main
+from broker_edge.security.auth import PasswordFile, passwd_main
 
 
-def answers(*replies: str) -> Callable[[str], str]:
+class Answers:
     """A prompt that types ``replies`` in turn, recording the questions asked."""
-    queue = list(replies)
-    asked: list[str] = []
 
-    def prompt(question: str) -> str:
-        asked.append(question)
-        return queue.pop(0)
+    def __init__(self, *replies: str) -> None:
+        self.queue = list(replies)
+        self.asked: list[str] = []
 
-    prompt.asked = asked
-    return prompt
+    def __call__(self, question: str) -> str:
+        self.asked.append(question)
+        return self.queue.pop(0)
 
 
 def test_create_then_update_then_delete(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -38,7 +36,7 @@ def test_create_then_update_then_delete(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_prompts_twice_and_stores_the_typed_password(tmp_path: Path) -> None:
     path = tmp_path / "passwd"
-    prompt = answers("typed secret", "typed secret")
+    prompt = Answers("typed secret", "typed secret")
     assert passwd_main(["-c", str(path), "bob"], prompt=prompt) == 0
     assert prompt.asked == ["Password: ", "Reenter password: "]
     assert PasswordFile.load(path).verify("bob", b"typed secret")
@@ -46,13 +44,13 @@ def test_prompts_twice_and_stores_the_typed_password(tmp_path: Path) -> None:
 
 def test_mismatched_prompts_change_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "passwd"
-    assert passwd_main(["-c", str(path), "bob"], prompt=answers("one", "two")) == 1
+    assert passwd_main(["-c", str(path), "bob"], prompt=Answers("one", "two")) == 1
     assert "passwords do not match" in capsys.readouterr().err
     assert not path.exists()
 
 
 def test_empty_password_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert passwd_main(["-c", str(tmp_path / "p"), "bob"], prompt=answers("", "")) == 1
+    assert passwd_main(["-c", str(tmp_path / "p"), "bob"], prompt=Answers("", "")) == 1
     assert "must not be empty" in capsys.readouterr().err
 
 

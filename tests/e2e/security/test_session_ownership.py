@@ -7,22 +7,27 @@ subscriptions, its queued messages) or to kick B off; it gets CONNACK "not autho
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from broker_edge.acl import AccessControl, AclConfig, AclRule
-from broker_edge.auth import PasswordFile
 from broker_edge.protocol.packets import Disconnect, Publish
 from broker_edge.protocol.properties import Properties
+from broker_edge.security.acl import AccessControl, AclConfig, AclRule
+from broker_edge.security.auth import PasswordFile
 from tests.e2e.broker_clients import PahoClient, RawClient
 
-ACL = {
+ACL: dict[str, Any] = {
     "rules": [
         {"permission": "allow", "action": "all", "topic": "a/#", "users": ["userA"]},
         {"permission": "allow", "action": "all", "topic": "b/#", "users": ["userB"]},
     ]
 }
 NOT_AUTHORIZED = {5: 0x87, 4: 0x05}
-PERSISTENT = {5: {"clean_start": False, "properties": Properties(session_expiry_interval=600)}, 4: {}}
+PERSISTENT: dict[int, dict[str, Any]] = {
+    5: {"clean_start": False, "properties": Properties(session_expiry_interval=600)},
+    4: {},
+}
 """A persistent session per version (v3.1.1: clean session 0 is the codec's default for clean_start)."""
 
 
@@ -44,9 +49,9 @@ def secured(start_broker, password_file, acl=ACL):
 
 def connect(
     broker, version: int, user: str, password: bytes, client_id: str = "devB"
-) -> tuple[RawClient, object]:
+) -> tuple[RawClient, Any]:
     raw = RawClient(broker.port, version)
-    fields = {"clean_start": False} if version == 4 else PERSISTENT[5]
+    fields: dict[str, Any] = {"clean_start": False} if version == 4 else PERSISTENT[5]
     return raw, raw.connect(client_id, username=user, password=password, **fields)
 
 

@@ -6,11 +6,12 @@ import asyncio
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from broker_edge.config import ConfigError, load_dataclass
-from broker_edge.tls import TlsConfig, peer_common_name, server_ssl_context
+from broker_edge.security.tls import TlsConfig, peer_common_name, server_ssl_context
 from tests.tls_certs import PkiPaths, client_ssl_context, make_test_pki
 
 
@@ -64,7 +65,7 @@ def exchange(server_context: ssl.SSLContext, client_context: ssl.SSLContext) -> 
     return asyncio.run(asyncio.wait_for(_exchange(server_context, client_context), 20))
 
 
-def config(pki: PkiPaths, **overrides: object) -> TlsConfig:
+def config(pki: PkiPaths, **overrides: Any) -> TlsConfig:
     return TlsConfig(certfile=str(pki.server_cert), keyfile=str(pki.server_key), **overrides)
 
 

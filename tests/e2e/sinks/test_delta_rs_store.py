@@ -242,17 +242,31 @@ def test_missing_nullable_columns_are_written_as_nulls(lake):
 def test_ensure_adds_configured_columns_to_an_existing_table(spark, tmp_path):
     root = str(tmp_path / "lake")
     old = DeltaRsTableStore(spark, root)
-    old.append("silver_telemetry", pa.table(_silver_row()), "q", 0)
+    old.append("silver_telemetry", pa.table(_silver_row() | {"humidity": [40.0]}), "q", 0)
     wider = build_catalog({"temperature": "double", "co2": "int"})
     new = DeltaRsTableStore(spark, root, wider)
     new.ensure("silver_telemetry")
     new.append("silver_telemetry", pa.table(_silver_row(offset=1) | {"co2": [415]}), "q", 1)
     rows = {r.offset: r for r in new.read("silver_telemetry").collect()}
     assert rows[0].co2 is None and rows[1].co2 == 415
-    assert "humidity" not in new.read("silver_telemetry").columns
-    assert "humidity" in old.read("silver_telemetry").columns, (
-        "columns the new config drops stay in the table"
-    )
+    # a table is read as written: a column the new catalog no longer declares is read with its data
+    assert rows[0].humidity == 40.0 and rows[1].humidity is None
+    assert new.read_arrow("silver_telemetry").sort_by("offset").column("humidity").to_pylist() == [40.0, None]
+    assert "co2" in old.read("silver_telemetry").columns  # and a store of the old catalog reads the new one
+
+
+def test_a_store_reads_a_table_in_the_tables_schema_not_its_catalogs(spark, tmp_path):
+    """Silver written with the pipeline's payload, read through a store opened with another catalog: the
+    columns and data are the table's, none made up as nulls and none left out."""
+    root = str(tmp_path / "lake")
+    writer = DeltaRsTableStore(spark, root, build_catalog({"temperature": "double", "battery": "double"}))
+    writer.append("silver_telemetry", pa.table(_silver_row() | {"battery": [87.5]}), "q", 0)
+    reader = DeltaRsTableStore(spark, root, build_catalog({"temperature": "double", "battery_pct": "double"}))
+    arrow = reader.read_arrow("silver_telemetry")
+    assert arrow.column_names[-2:] == ["temperature", "battery"] and "battery_pct" not in arrow.column_names
+    assert arrow.column("battery").to_pylist() == [87.5]
+    row = reader.read("silver_telemetry").select("battery").first()
+    assert row is not None and row[0] == 87.5
 
 
 def test_a_column_whose_type_changed_is_refused(spark, tmp_path):

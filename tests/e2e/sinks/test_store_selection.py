@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from sinks.delta_native import DeltaNativeTableStore, commit_marker
-from sinks.delta_rs import DeltaRsTableStore
-from sinks.store import (
+from sinks.backends import (
     DELTA_EXTENSION,
     choose_backend,
     data_source_resolves,
     delta_format_resolves,
     open_table_store,
 )
+from sinks.delta_native import DeltaNativeTableStore, commit_marker
+from sinks.delta_rs import DeltaRsTableStore
 
 
 def test_auto_picks_native_when_the_session_has_delta():
@@ -71,6 +71,7 @@ def test_executor_writes_are_chosen_per_table_by_the_pipeline_config(spark, tmp_
 
     off = open_table_store(None, str(tmp_path / "a"), "delta-rs")
     every = open_table_store(None, str(tmp_path / "b"), "delta-rs", executor_writes=True)
+    assert isinstance(off, DeltaRsTableStore) and isinstance(every, DeltaRsTableStore)
     assert not off.writes_on_executors("x") and every.writes_on_executors("x")
 
     def store_with(tables: dict):

@@ -38,3 +38,61 @@ def test_documented_columns_match_the_declaration(name):
         assert "Not partitioned" in section
     for key, value in spec.properties.items():
         assert f"`{key}={value}`" in section
+
+
+def test_the_default_catalog_is_what_the_default_pipeline_writes():
+    """The documented (default) catalog is the telemetry pipeline's with its shipped config and its
+    built-in defaults: a read in docs/tables.md names the columns the pipeline writes."""
+    from pipelines.telemetry.config import load_telemetry_config, load_telemetry_config_file
+    from pipelines.telemetry.job import telemetry_catalog
+
+    shipped = telemetry_catalog(load_telemetry_config_file(DOC.parents[1] / "conf" / "pipeline.yaml"))
+    built_in = telemetry_catalog(load_telemetry_config({}))
+    for name, spec in DEFAULT_CATALOG.items():
+        assert shipped[name].schema == spec.schema, name
+        assert built_in[name].schema == spec.schema, name
+
+
+def test_the_documented_columns_are_those_of_the_tables_the_demo_wrote(demo_run):
+    """The demo runs the default pipelines: every table it wrote has exactly the documented columns."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from pipelines.views.location import DEMO_TABLES
+
+    root = demo_run.repository / DEMO_TABLES
+    written = sorted(path.name for path in root.iterdir() if (path / "_delta_log").is_dir())
+    assert set(written) == set(DEFAULT_CATALOG)
+    for name in written:
+        table = DeltaTable(str(root / name))
+        schema = from_arrow_schema(pa.schema(table.schema().to_arrow()))
+        columns = [(f.name, f.dataType.simpleString(), "yes" if f.nullable else "no") for f in schema.fields]
+        section = documented_tables()[name]
+        assert [m.groups() for line in section.splitlines() if (m := ROW.match(line))] == columns, name
+
+
+def _reading_example() -> str:
+    section = DOC.read_text(encoding="utf-8").split("## Reading the tables", 1)[1].split("\n## ", 1)[0]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_documented_reads_return_data_in_every_column(demo_run, spark):
+    """The reading example of docs/tables.md, as written, against the demo's tables."""
+    from pipelines.views.location import DEMO_TABLES
+
+    namespace = {"root": str(demo_run.repository / DEMO_TABLES), "spark": spark}
+    exec(_reading_example(), namespace)
+    silver = namespace["silver"]
+    assert silver.num_rows > 0
+    assert silver.column_names == DEFAULT_CATALOG["silver_telemetry"].column_names
+    assert {name: silver[name].null_count < silver.num_rows for name in silver.column_names} == dict.fromkeys(
+        silver.column_names, True
+    )
+    weak = namespace["weak"]
+    assert list(weak.columns) == DEFAULT_CATALOG["device_minute"].column_names
+    readings = namespace["readings"].toPandas()
+    assert len(readings) == silver.num_rows and readings.notna().all().all()
+    fleet = namespace["fleet"].toPandas()
+    assert set(fleet["group"]) == {"canary", "fleet"} and fleet["firmware_version"].notna().all()
+    assert fleet["count"].sum() == len(set(silver["device_id"].to_pylist()))

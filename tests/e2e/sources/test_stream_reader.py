@@ -146,13 +146,13 @@ def test_min_partitions_defaults_to_the_sessions_parallelism_else_the_planners_c
 
     from pyspark import cloudpickle
 
-    from sources.timestone_source import SCHEMA, TimestoneDataSource
+    from sources.timestone_source import SCHEMA, TimestoneDataSource, TimestoneStreamReader
 
     options = {"brokers": "http://127.0.0.1:1", "topics": "plant/+/temp"}
     plain = TimestoneDataSource(options).streamReader(SCHEMA)
-    assert plain.options.min_partitions == os.cpu_count()
+    assert isinstance(plain, TimestoneStreamReader) and plain.options.min_partitions == os.cpu_count()
     given = TimestoneDataSource({**options, "minPartitions": "7"}).streamReader(SCHEMA)
-    assert given.options.min_partitions == 7
+    assert isinstance(given, TimestoneStreamReader) and given.options.min_partitions == 7
 
     spark_source = TimestoneDataSource.for_session(spark)
     shipped = cloudpickle.loads(cloudpickle.dumps(spark_source))  # how Spark sends it to its planner

@@ -8,6 +8,7 @@ import itertools
 import json
 import pickle
 from pathlib import Path
+from typing import cast
 
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
@@ -15,7 +16,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from broker_edge.storage import StorageConfig
 from sources.offsets_planner import DataLossError
 from sources.options import parse_options
-from sources.timestone_source import TimestoneStreamReader
+from sources.timestone_source import TimestonePartition, TimestoneStreamReader
 from tests.e2e.sources.conftest import BASE_TIME_MS, EdgeBroker, telemetry
 
 
@@ -92,7 +93,7 @@ def test_a_batch_is_cut_into_position_ranges_by_min_partitions(edge: EdgeBroker)
     start = roundtrip(source.initialOffset())
     end = roundtrip(source.latestOffset(start, ReadAllAvailable()))
 
-    partitions = source.partitions(start, end)
+    partitions = [cast(TimestonePartition, p) for p in source.partitions(start, end)]
 
     assert [[(s.start, s.end) for s in p.plan.slices] for p in partitions] == [
         [(0, 2000)], [(2000, 4000)], [(4000, 6000)], [(6000, 8000)]

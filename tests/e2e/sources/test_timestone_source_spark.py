@@ -118,7 +118,9 @@ def test_available_now_reads_every_record_of_many_topics_on_two_brokers_once(
     assert sample.properties == {"seq": "10"}
     assert (sample.client_id, sample.qos, sample.retain) == ("device-1", 1, True)
     assert int(sample.timestamp.timestamp() * 1000) == BASE_TIME_MS + 10
-    end_offset = json.loads(query.lastProgress["sources"][0]["endOffset"])
+    progress = query.lastProgress
+    assert progress is not None
+    end_offset = json.loads(progress["sources"][0]["endOffset"])
     assert end_offset["south"] == {"#p0": 450}  # read by partition: one position, whatever the topics
 
 

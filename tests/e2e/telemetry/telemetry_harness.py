@@ -32,7 +32,7 @@ def ms(moment: datetime) -> int:
     return int(moment.timestamp() * 1000)
 
 
-def reading(device: str = "dev-1", seq: int = 1, seconds: float = 0.0, **fields: Any) -> bytes:
+def reading(device: str = "dev-1", seq: int | None = 1, seconds: float = 0.0, **fields: Any) -> bytes:
     """A telemetry payload as the simulated fleet sends it (docs/device-protocol.md)."""
     body = {
         "ts": ms(at(seconds)),
@@ -64,7 +64,7 @@ def records(spark: SparkSession, rows: list[tuple]) -> DataFrame:
 
 
 def telemetry(
-    device: str, offset: int, seq: int, seconds: float = 0.0, broker: str = "edge1", **fields
+    device: str, offset: int, seq: int | None, seconds: float = 0.0, broker: str = "edge1", **fields
 ) -> tuple:
     """A source row on ``devices/<device>/telemetry`` whose event time is ``seconds`` after T0."""
     return record(

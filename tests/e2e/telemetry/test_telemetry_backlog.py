@@ -35,7 +35,7 @@ def brokers(tmp_path: Path) -> Iterator[dict[str, EdgeBroker]]:
 def publish_backlog(brokers: dict[str, EdgeBroker]) -> list[tuple[str, str, int]]:
     """The backlog; returns every record's (broker, topic, offset)."""
     a, b, c = (f"devices/{d}/telemetry" for d in ("dev-a", "dev-b", "dev-c"))
-    backlog = {
+    backlog: dict[str, list[tuple[str, bytes, float]]] = {
         "edge1": [
             (a, reading("dev-a", 1, 1, temperature=10.0), 1),
             (a, reading("dev-a", 2, 2, temperature=20.0), 2),

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from databricks.bundles.jobs import Job
+from databricks.bundles.jobs import Job, Task
 
 from broker_edge.config.loader import load_yaml_file
 from pipelines.runner import apply_override, parse_args
@@ -78,11 +78,13 @@ def test_jobs_load_in_databricks_bundles_for_each_target(target):
     for name, definition in jobs.items():
         job = Job.from_dict(resolve(definition, target))
         assert job.continuous.pause_status.value == ("UNPAUSED" if target == "prod" else "PAUSED")
+        assert isinstance(job.tasks, list)
         (task,) = job.tasks
+        assert isinstance(task, Task)
         wheel = task.python_wheel_task
         assert (wheel.package_name, wheel.entry_point) == ("timestone", "timestone")
         assert wheel.entry_point in scripts  # the console script `timestone` routes `pipeline <name>`
-        assert wheel.parameters[:2] == ["pipeline", name]
+        assert isinstance(wheel.parameters, list) and wheel.parameters[:2] == ["pipeline", name]
         assert [lib.whl for lib in task.libraries if lib.whl] == ["./dist/*.whl"]
         # a wheel library installs no extras: the job lists the `pipelines` extra itself, exactly
         assert [lib.pypi.package for lib in task.libraries if lib.pypi] == pipelines_extra

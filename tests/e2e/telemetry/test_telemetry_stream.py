@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame
 
 from broker_edge.storage import StorageConfig
 from pipelines.telemetry.config import TelemetryConfig, load_telemetry_config
@@ -83,6 +84,13 @@ def keys(store, name: str) -> list[tuple]:
     return [tuple(row) for row in rows]
 
 
+def _total(frame: DataFrame, column: str) -> int:
+    """The sum of ``column`` over ``frame``."""
+    row = frame.groupBy().sum(column).first()
+    assert row is not None
+    return row[0]
+
+
 def test_messages_on_many_topics_of_two_brokers_land_once_in_bronze_and_silver(spark, tmp_path, brokers):
     fleet = Fleet([LogAppendPublisher(name, broker) for name, broker in brokers.items()], devices=12)
     sent = fleet.send(rounds=5)  # 60 messages on 12 topics, over 2 brokers
@@ -97,7 +105,7 @@ def test_messages_on_many_topics_of_two_brokers_land_once_in_bronze_and_silver(s
     assert {b for b, _, _ in bronze} == {"edge1", "edge2"}
     assert store.read("devices").count() == 12
     assert store.read("telemetry_quarantine").count() == 0
-    minutes = store.read("device_minute").groupBy().sum("count").first()[0]
+    minutes = _total(store.read("device_minute"), "count")
     assert minutes == sent
     assert store.read("dq_results").select("run_id").distinct().count() == 1  # the streaming query id
 
@@ -147,12 +155,12 @@ def test_gold_part_failing_in_the_background_fails_the_next_batch_and_the_restar
     bronze, silver = keys(store, "bronze_telemetry"), keys(store, "silver_telemetry")
     assert len(bronze) == len(set(bronze)) == sent
     assert sorted(silver) == sorted(bronze)
-    assert store.read("device_minute").groupBy().sum("count").first()[0] == sent
+    assert _total(store.read("device_minute"), "count") == sent
     assert store.read("devices").count() == 6
     parse_check = store.read("dq_results").where("expectation = 'payload_is_json_of_declared_types'")
     batch_ids = [r["batch_id"] for r in parse_check.collect()]
     assert len(batch_ids) == len(set(batch_ids)) == 3
-    assert parse_check.groupBy().sum("element_count").first()[0] == sent
+    assert _total(parse_check, "element_count") == sent
 
 
 def test_driver_dead_in_a_background_gold_part_then_restarted_with_available_now_writes_gold_once(
@@ -183,19 +191,19 @@ def test_driver_dead_in_a_background_gold_part_then_restarted_with_available_now
 
     batch = run_available_now(spark, config, defer_gold=None)  # what --available-now sets: not deferred
     assert not batch.defer_gold
-    assert store.read("device_minute").groupBy().sum("count").first()[0] == sent
+    assert _total(store.read("device_minute"), "count") == sent
 
     sent += fleet.send(rounds=2)
     run_available_now(spark, config, defer_gold=None)
     bronze, silver = keys(store, "bronze_telemetry"), keys(store, "silver_telemetry")
     assert len(bronze) == len(set(bronze)) == sent
     assert sorted(silver) == sorted(bronze)
-    assert store.read("device_minute").groupBy().sum("count").first()[0] == sent
+    assert _total(store.read("device_minute"), "count") == sent
     assert store.read("devices").count() == 4
     parse_check = store.read("dq_results").where("expectation = 'payload_is_json_of_declared_types'")
     batch_ids = [r["batch_id"] for r in parse_check.collect()]
     assert len(batch_ids) == len(set(batch_ids)) and 0 in batch_ids
-    assert parse_check.groupBy().sum("element_count").first()[0] == sent
+    assert _total(parse_check, "element_count") == sent
 
 
 def test_retention_gap_fails_the_query_or_is_skipped_without_fail_on_data_loss(spark, tmp_path, brokers):
@@ -266,7 +274,7 @@ def test_silver_compacted_while_the_query_runs_keeps_every_row_once(spark, tmp_p
     bronze, silver = keys(store, "bronze_telemetry"), keys(store, "silver_telemetry")
     assert len(bronze) == len(set(bronze)) == sent
     assert sorted(silver) == sorted(bronze)
-    assert store.read("device_minute").groupBy().sum("count").first()[0] == sent
+    assert _total(store.read("device_minute"), "count") == sent
     location = store.location("silver_telemetry")
     operations = [commit["operation"] for commit in DeltaTable(location).history()]
     assert "OPTIMIZE" in operations

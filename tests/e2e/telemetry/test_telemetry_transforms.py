@@ -119,7 +119,8 @@ def test_flag_failures_quarantines_with_reasons_and_passes_the_rest(spark):
         "batch_id bigint, quarantine_date date",
     )
     equal(quarantine.select(*expected.columns), expected)
-    assert quarantine.where("offset = 3").first()["payload"] == b"[1, 2]"
+    quarantined = quarantine.where("offset = 3").first()
+    assert quarantined is not None and quarantined["payload"] == b"[1, 2]"
     assert [r["device_id"] for r in T.passed_rows(flagged).collect()] == ["ok"]
 
 
@@ -299,6 +300,7 @@ def test_event_time_bounds(spark):
         bronze(spark, [telemetry("d", 0, seq=1, seconds=5), telemetry("d", 1, seq=2, seconds=-5)]), PAYLOAD
     )
     low, high = T.event_time_bounds(parsed)
+    assert low is not None and high is not None
     assert (ms(low), ms(high)) == (ms(at(-5)), ms(at(5)))
     assert T.event_time_bounds(parsed.limit(0)) == (None, None)
 

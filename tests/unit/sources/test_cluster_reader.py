@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from broker_edge.cluster.discovery import ClusterLayout
 from broker_edge.cluster.view import Member, PartitionState
-from broker_edge.launcher import free_port
-from broker_edge.offsets_api.cluster_client import ClusterLayout
+from broker_edge.runtime.launcher import free_port
 from sources.cluster_reader import ClusterFetch, ClusterReadError, read_cluster_slices
 from sources.offsets_planner import Slice
 from sources.slice_reader import FetchSettings
@@ -44,3 +44,30 @@ def test_a_checkpoint_of_standalone_brokers_is_not_continued_as_a_clusters() -> 
         ValueError, match=r"offsets of 'edge1', not of the cluster 'plant' \(option clusterName\)"
     ):
         reader.latestOffset({"edge1": {"a/b": 3}}, ReadAllAvailable())
+
+
+def test_a_continuous_query_waits_for_a_cluster_that_is_down_as_for_a_standalone_broker() -> None:
+    """Every member down: the planner keeps the offsets and plans no task (the query carries on and reads
+    the cluster when it answers); only records it must read from a cluster it cannot reach fail."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from sources.options import parse_options
+    from sources.slice_reader import BrokerUnreachableError
+    from sources.timestone_source import TimestoneStreamReader
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    options = {
+        "bootstrapServers": dead,
+        "topics": "a/+",
+        "clusterName": "plant",
+        "startingOffsets": "earliest",
+        "fetchRetries": "0",
+    }
+    reader = TimestoneStreamReader(parse_options(options))
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end.get("plant", {}) == start.get("plant", {})
+    assert reader.partitions(start, end) == []
+    reader._cluster = None  # a batch replayed after a restart, with records to read
+    with pytest.raises(BrokerUnreachableError, match="broker 'plant'"):
+        reader.partitions({"plant": {"a/b": 0}}, {"plant": {"a/b": 3}})

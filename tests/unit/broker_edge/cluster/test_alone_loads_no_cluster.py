@@ -1,6 +1,6 @@
-"""A broker without a ``cluster:`` section runs alone and loads nothing of the cluster's machinery: no etcd
-client, no gRPC, none of coordination, replication or forwarding (only the section's dataclass, which its
-configuration names)."""
+"""A broker without a ``cluster:`` section runs alone and loads nothing of the cluster: no etcd client, no
+gRPC, nothing of ``broker_edge.cluster`` (the section's dataclass, which its configuration names, is in
+``broker_edge.settings.cluster``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import sys
 CODE = """
 import asyncio, sys, tempfile
 from broker_edge.config import load_dataclass
-from broker_edge.config.broker import BrokerConfig
-from broker_edge.server import Broker
+from broker_edge.settings.broker import BrokerConfig
+from broker_edge.runtime.broker import Broker
 
 async def main():
     with tempfile.TemporaryDirectory() as tmp:
@@ -28,10 +28,10 @@ async def main():
         await broker.stop()
 
 asyncio.run(main())
-allowed = {"broker_edge.cluster.config"}
+assert "broker_edge.settings.cluster" in sys.modules
 loaded = sorted(
     m for m in sys.modules
-    if m.split(".")[0] in ("aetcd", "grpc") or (m.startswith("broker_edge.cluster.") and m not in allowed)
+    if m.split(".")[0] in ("aetcd", "grpc") or (m + ".").startswith("broker_edge.cluster.")
 )
 print(loaded)
 """

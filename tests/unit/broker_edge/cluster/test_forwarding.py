@@ -1,252 +1,139 @@
-"""Publish anywhere over real peer links: three in-process brokers, each with a hand-built ``ClusterView``.
-
-No etcd: the views are static (every partition led by a chosen broker, the in-sync set as the test says),
-so what is tested is the data side alone: the ``/v1/peer`` WebSockets between the brokers' offsets APIs,
-forwarding a logged publish to its leader and acknowledging the device with the leader's answer, the
-refusals, and unlogged publishes routed on every member. Real brokers, real sockets, real MQTT clients.
-"""
+"""The forwarding broker's path (``broker_edge.cluster.forwarding``) without a broker: two engines (a real
+router and PUBLISH path each, on the event loop, logs in memory) joined by peer links in memory, each with a
+view the test writes. A device's publish on the broker that does not lead the topic's partition is appended
+by the leader and answered with its offset; refusals, "not the leader" answers and the wait for a leader."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable, Coroutine
+from typing import Any
 
-import pytest
+from broker_edge.cluster.forwarding import ClusterForwarding
+from broker_edge.cluster.links.peer_link import PeerLinks
+from broker_edge.cluster.view import ClusterView, Member, PartitionState
+from broker_edge.engine.message import Message
+from broker_edge.engine.ports import ClusterPorts
+from tests.unit.broker_edge.cluster.engines import Answers, EngineOnLoop
+from tests.unit.broker_edge.cluster.memory_links import link_in_memory
 
-from broker_edge.cluster.config import ClusterConfig
-from broker_edge.cluster.node import ClusterNode
-from broker_edge.cluster.view import ClusterView, Member, PartitionState, partition_of
-from broker_edge.config import load_dataclass
-from broker_edge.config.broker import BrokerConfig
-from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import Disconnect, PubAck, Publish
-from tests.e2e.broker_clients import RawClient, close_all, wait_for
-from tests.e2e.conftest import RunningBroker, broker_document
-
-PARTITIONS = 8
-NODES = ("a", "b", "c")
-TOKEN = "peer-secret"
+PARTITIONS = 4
+TOPIC = "plant/line-1/meter"
 
 
-def static_config(node_id: str) -> ClusterConfig:
-    """The ``cluster:`` section of a node running on a given view (its etcd is never contacted)."""
-    return ClusterConfig(
-        node_id=node_id, etcd=["http://127.0.0.1:9"], partitions=PARTITIONS, forward_timeout_ms=1000
-    )
+class Node:
+    """One cluster member: its engine, view, peer links and forwarding port (registered as its ports)."""
 
-
-def topic_led_by(leader: str, prefix: str = "site/dev") -> str:
-    """A topic whose partition the test's views give to ``leader``."""
-    for n in range(1000):
-        topic = f"{prefix}-{n}"
-        if NODES[partition_of(topic, PARTITIONS) % len(NODES)] == leader:
-            return topic
-    raise AssertionError("no topic found")
-
-
-class Cluster:
-    """Three brokers on threads, joined by ``ClusterNode``s running on static views."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.brokers: dict[str, RunningBroker] = {}
-        self.nodes: dict[str, ClusterNode] = {}
-        for node in NODES:
-            document = broker_document(tmp_path / node, offsets_api={"token": TOKEN})
-            self.brokers[node] = RunningBroker(load_dataclass(BrokerConfig, document)).start()
-        members = {
-            node: Member(node, f"127.0.0.1:{running.port}", f"http://127.0.0.1:{running.broker.offsets_port}")
-            for node, running in self.brokers.items()
-        }
-        for node, running in self.brokers.items():
-            view = ClusterView(node, PARTITIONS, dict(members), fenced=False)
-            for partition in range(PARTITIONS):
-                leader = NODES[partition % len(NODES)]
-                view.states[partition] = PartitionState(partition, leader, 1, NODES, NODES)
-            # every node's routes exist before any peer dials (the offsets API builds its app once)
-            self.nodes[node] = running.call(
-                lambda r=running, v=view: ClusterNode(r.broker, static_config(v.node_id), v)
-            )
-        for node, running in self.brokers.items():
-            running.broker.cluster_node = self.nodes[node]
-            asyncio.run_coroutine_threadsafe(self.nodes[node].start(), running.loop).result(10)
-
-    def links_up(self) -> bool:
-        return all(
-            self.brokers[node].call(lambda n=node: all(self.nodes[n].links.up(p) for p in NODES if p != n))
-            for node in NODES
+    def __init__(self, node_id: str, min_insync_replicas: int = 1, forward_timeout_s: float = 2.0) -> None:
+        self.engine = EngineOnLoop()
+        self.view = ClusterView(node_id, PARTITIONS, fenced=False)
+        loop = asyncio.get_running_loop()
+        self.forwarding = ClusterForwarding(
+            self.view,
+            self.engine.publish_path,
+            self.engine.router,
+            None,
+            loop,
+            min_insync_replicas,
+            forward_timeout_s,
         )
+        self.links = self.forwarding.links = PeerLinks(node_id, None, self.forwarding)
+        self.engine.join_cluster(ClusterPorts(forwarding=self.forwarding))
 
-    def change(self, change: Callable[[ClusterView], None], nodes: tuple[str, ...] = NODES) -> None:
-        """Apply ``change`` to the views of ``nodes``, on their loops, and tell the nodes."""
-        for node in nodes:
-            running = self.brokers[node]
-            view = self.nodes[node].view
+    def lead(self, leader: str | None, isr: tuple[str, ...] = ("a", "b")) -> None:
+        """Every partition led by ``leader`` (None: no leader), as this member's view says."""
+        self.view.members = {node: Member(node, f"{node}:1883", f"http://{node}") for node in ("a", "b")}
+        self.view.states = {p: PartitionState(p, leader, 1, ("a", "b"), isr) for p in range(PARTITIONS)}
+        self.view.changed()
 
-            def apply(view: ClusterView = view) -> None:
-                change(view)
-                view.changed()
-
-            running.call(apply)
-
-    def log_end(self, node: str, topic: str) -> int:
-        store = self.brokers[node].broker.store
-        assert store is not None
-        return self.brokers[node].call(lambda: store.log_info(topic).end_offset if topic in store else 0)
-
-    def stop(self) -> None:
-        for running in self.brokers.values():
-            running.stop()
+    def publish(self, device: Answers, payload: bytes, packet_id: int = 1) -> Message:
+        message = Message(TOPIC, payload, 1, False, None, "device")
+        self.engine.publish_path.accept(device, message, packet_id, logged=True)
+        return message
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    running = Cluster(tmp_path)
-    assert wait_for(running.links_up, 10), "peer links did not come up"
-    yield running
-    close_all()
-    running.stop()
+async def _answered(device: Answers) -> None:
+    await asyncio.wait_for(device.answered.wait(), 5)
 
 
-def test_a_publish_on_a_follower_is_appended_by_the_leader_and_acknowledged_with_its_answer(cluster):
-    topic = topic_led_by("b")
-    client = RawClient(cluster.brokers["a"].port, 5)
-    client.connect("device-on-a")
-
-    client.send(b"".join(encode(Publish(topic, f"m{n}".encode(), 1, packet_id=n + 1), 5) for n in range(5)))
-    acks = [client.recv() for _ in range(5)]
-
-    assert [(type(ack), ack.packet_id) for ack in acks] == [(PubAck, n + 1) for n in range(5)]
-    assert all(ack.reason_code in (0, 0x10) for ack in acks)
-    assert cluster.log_end("b", topic) == 5
-    assert cluster.log_end("a", topic) == 0  # appended by the leader only
+def _run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(scenario())
 
 
-def test_acks_keep_order_across_topics_led_here_and_elsewhere_mqtt_4_6_0_2(cluster):
-    here, there = topic_led_by("a"), topic_led_by("c")
-    client = RawClient(cluster.brokers["a"].port, 5)
-    client.connect("mixed")
+def test_a_publish_on_a_partition_led_elsewhere_is_appended_by_the_leader_and_answered_with_its_offset():
+    async def scenario() -> None:
+        a, b = Node("a"), Node("b")
+        for member in (a, b):
+            member.lead("b")
+        link_in_memory(a.links, b.links)
+        device = Answers()
+        message = a.publish(device, b"21.5")
+        await _answered(device)
+        assert device.answers == {1: (0x10, None)}  # appended (no subscribers anywhere)
+        assert TOPIC not in a.engine.log.logs and len(b.engine.log.logs[TOPIC]) == 1
+        assert message.offset == 0  # the leader's offset, the same on every replica
 
-    packets = [Publish(there if n % 2 else here, f"m{n}".encode(), 1, packet_id=n + 1) for n in range(40)]
-    for packet in packets:  # one read each: many batches, forwarded and local interleaved
-        client.send_packet(packet)
-    acks = [client.recv() for _ in range(40)]
-
-    assert [ack.packet_id for ack in acks] == list(range(1, 41))
-    assert all(ack.reason_code in (0, 0x10) for ack in acks)
-    assert cluster.log_end("a", here) == 20 and cluster.log_end("c", there) == 20
-
-
-def test_a_leader_with_too_few_in_sync_replicas_refuses_a_forwarded_publish_with_0x83(cluster):
-    topic = topic_led_by("b")
-    partition = partition_of(topic, PARTITIONS)
-    cluster.change(
-        lambda view: view.states.__setitem__(partition, PartitionState(partition, "b", 2, NODES, ("b",)))
-    )
-    client = RawClient(cluster.brokers["a"].port, 5)
-    client.connect("at-risk")
-
-    client.send_packet(Publish(topic, b"x", 1, packet_id=7))
-    ack = client.recv()
-
-    assert (type(ack), ack.packet_id, ack.reason_code) == (PubAck, 7, 0x83)
-    assert "min_insync_replicas" in ack.properties.reason_string
-    assert cluster.log_end("b", topic) == 0
+    _run(scenario)
 
 
-def test_without_a_leader_a_publish_waits_then_is_refused_after_forward_timeout(cluster):
-    topic = topic_led_by("b")
-    partition = partition_of(topic, PARTITIONS)
-    cluster.change(
-        lambda view: view.states.__setitem__(partition, PartitionState(partition, None, 2, NODES, ("a", "c")))
-    )
-    client = RawClient(cluster.brokers["a"].port, 4)
-    client.connect("v3-device")
+def test_too_few_in_sync_replicas_on_the_leader_refuses_at_once_with_the_reason():
+    async def scenario() -> None:
+        a = Node("a", min_insync_replicas=2)
+        a.lead("a", isr=("a",))
+        device = Answers()
+        a.publish(device, b"at risk")
+        await _answered(device)
+        ((code, reason),) = device.answers.values()
+        assert code == 0x83
+        assert reason is not None and "1 in-sync replicas, fewer than min_insync_replicas 2" in reason
+        assert a.engine.log.logs == {}
 
-    client.send_packet(Publish(topic, b"x", 1, packet_id=3))
-    assert client.closed(5)  # v3 cannot be told: the connection closes, never a PUBACK
-
-
-def test_a_publish_waiting_for_a_leader_goes_to_the_one_elected_in_time(cluster):
-    topic = topic_led_by("b")
-    partition = partition_of(topic, PARTITIONS)
-    cluster.change(
-        lambda view: view.states.__setitem__(partition, PartitionState(partition, None, 2, NODES, ("a", "c")))
-    )
-    client = RawClient(cluster.brokers["a"].port, 5)
-    client.connect("patient")
-    client.send_packet(Publish(topic, b"x", 1, packet_id=3))
-    client.recv_none(0.3)
-
-    cluster.change(
-        lambda view: view.states.__setitem__(partition, PartitionState(partition, "c", 3, NODES, ("a", "c")))
-    )
-    ack = client.recv()
-    assert ack.packet_id == 3 and ack.reason_code in (0, 0x10)
-    assert cluster.log_end("c", topic) == 1
+    _run(scenario)
 
 
-def test_a_publish_sent_to_a_former_leader_goes_to_the_leader_learnt_next(cluster):
-    topic = topic_led_by("b")
-    partition = partition_of(topic, PARTITIONS)
-    moved = PartitionState(partition, "c", 2, NODES, NODES)
-    cluster.change(lambda view: view.states.__setitem__(partition, moved), ("b", "c"))  # a has not heard yet
-    client = RawClient(cluster.brokers["a"].port, 5)
-    client.connect("stale-view")
+def test_a_broker_that_no_longer_leads_answers_not_leader_and_the_publish_follows_the_new_leader():
+    """The forwarding broker's view is behind: it forwards to ``b``, which answers "not the leader" (a
+    publish a peer forwarded is never forwarded again); once the view names the new leader (here: the
+    forwarding broker itself) the publish goes there, within ``forward_timeout_ms``."""
 
-    client.send_packet(Publish(topic, b"x", 1, packet_id=4))
-    client.recv_none(0.3)  # b answers "not the leader": a keeps it until it learns of the new leader
-    cluster.change(lambda view: view.states.__setitem__(partition, moved), ("a",))
-    ack = client.recv()
+    async def scenario() -> None:
+        a, b = Node("a"), Node("b")
+        a.lead("b")
+        b.lead("a")
+        link_in_memory(a.links, b.links)
+        device = Answers()
+        a.publish(device, b"moved")
+        while not b.engine.counters.drops("forward_refused"):  # b answered it: not the leader
+            await asyncio.sleep(0.005)
+        assert device.answers == {}  # a sends it on rather than refuse it
+        a.lead("a")
+        await _answered(device)
+        assert device.answers == {1: (0x10, None)}
+        assert len(a.engine.log.logs[TOPIC]) == 1 and TOPIC not in b.engine.log.logs
 
-    assert ack.packet_id == 4 and ack.reason_code in (0, 0x10)
-    assert cluster.log_end("c", topic) == 1 and cluster.log_end("b", topic) == 0
-
-
-def test_unlogged_publishes_reach_subscribers_on_every_member(cluster):
-    subscribers = {node: RawClient(cluster.brokers[node].port, 5) for node in ("b", "c")}
-    for node, client in subscribers.items():
-        client.connect(f"listener-{node}")
-        client.subscribe("live/#", 0)
-    publisher = RawClient(cluster.brokers["a"].port, 5)
-    publisher.connect("talker")
-
-    publisher.send_packet(Publish("live/temperature", b"21.5", 0))
-
-    for client in subscribers.values():
-        delivery = client.recv()
-        assert (delivery.topic, delivery.payload) == ("live/temperature", b"21.5")
+    _run(scenario)
 
 
-def test_a_fenced_node_moves_its_v5_clients_to_a_live_member_with_0x9c(cluster):
-    client = RawClient(cluster.brokers["a"].port, 5)
-    client.connect("mover")
+def test_without_a_leader_within_forward_timeout_the_publish_is_refused():
+    async def scenario() -> None:
+        a = Node("a", forward_timeout_s=0.1)
+        a.lead(None)
+        device = Answers()
+        a.publish(device, b"nobody leads")
+        await _answered(device)
+        ((code, reason),) = device.answers.values()
+        assert code == 0x83 and reason is not None and "no leader for partition" in reason
 
-    running = cluster.brokers["a"]
-    view = cluster.nodes["a"].view
-
-    def fence() -> None:
-        view.fenced = True
-        view.changed()
-
-    running.call(fence)
-    packet = client.recv()
-    assert isinstance(packet, Disconnect) and packet.reason_code == 0x9C
-    assert packet.properties.server_reference in (
-        f"127.0.0.1:{cluster.brokers['b'].port}",
-        f"127.0.0.1:{cluster.brokers['c'].port}",
-    )
-    assert client.closed()
+    _run(scenario)
 
 
-def test_a_peer_without_the_token_is_refused(cluster):
-    import urllib.error
-    import urllib.request
+def test_an_mqtt_3_publisher_refused_elsewhere_is_disconnected_never_acknowledged():
+    async def scenario() -> None:
+        a = Node("a", min_insync_replicas=2)
+        a.lead("a", isr=("a",))
+        device = Answers(v5=False)
+        a.publish(device, b"old device")
+        await _answered(device)
+        assert device.closed and device.answers == {}
 
-    port = cluster.brokers["b"].broker.offsets_port
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/peer", headers={"X-Timestone-Node": "intruder"}
-    )
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(request, timeout=5)
-    assert refused.value.code == 401
+    _run(scenario)

@@ -1,5 +1,7 @@
 """Hand-built MQTT frames and one-shot decoding, for feeding the decoder bytes no encoder writes."""
 
+from typing import Literal
+
 import pytest
 
 from broker_edge.protocol import MQTTError, Packet, PacketDecoder
@@ -18,12 +20,16 @@ def string(text: str | bytes) -> bytes:
     return len(raw).to_bytes(2, "big") + raw
 
 
-def decode_all(data: bytes, protocol_version: int | None, role: str = "server") -> list[Packet]:
+def decode_all(
+    data: bytes, protocol_version: int | None, role: Literal["server", "client"] = "server"
+) -> list[Packet]:
     """Decode bytes with a fresh decoder (already past the handshake when a version is given)."""
     return PacketDecoder(role=role, protocol_version=protocol_version).feed(data)
 
 
-def decode_error(data: bytes, protocol_version: int | None, role: str = "server") -> MQTTError:
+def decode_error(
+    data: bytes, protocol_version: int | None, role: Literal["server", "client"] = "server"
+) -> MQTTError:
     """The error a fresh decoder raises on ``data``; fails the test when there is none."""
     with pytest.raises(MQTTError) as caught:
         decode_all(data, protocol_version, role)

@@ -28,11 +28,11 @@ from broker_edge.protocol import reason_codes as rc
 from broker_edge.protocol.packets import PROTOCOL_NAMES
 from broker_edge.protocol.properties import PROPERTY_SPECS, WILL, PropertyType
 
-texts = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=12)
+texts = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=12)
 binaries = st.binary(max_size=24)
 packet_ids = st.integers(1, 0xFFFF)
 qos_levels = st.integers(0, 2)
-_topic_chars = st.characters(exclude_categories=("Cs",), exclude_characters="\x00+#")
+_topic_chars = st.characters(exclude_categories=["Cs"], exclude_characters="\x00+#")
 topic_names = st.text(_topic_chars, min_size=1, max_size=16)
 topic_filters = st.one_of(
     topic_names,

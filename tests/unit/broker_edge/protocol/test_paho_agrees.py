@@ -3,6 +3,7 @@ served by our decoder and encoder, and paho's bytes re-encode to exactly the sam
 
 import socket
 import threading
+from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
@@ -57,9 +58,10 @@ class ScriptedBroker:
                 self.raw += chunk
                 for packet in decoder.feed(chunk):
                     self.received.append(packet)
-                    self.version = decoder.protocol_version
+                    version = self.version = decoder.protocol_version
+                    assert version is not None  # decoded: the version is known
                     for reply in self._replies(packet):
-                        connection.sendall(encode(reply, self.version))
+                        connection.sendall(encode(reply, version))
                     if isinstance(packet, Disconnect):
                         return
 
@@ -74,9 +76,9 @@ class ScriptedBroker:
                 return [SubAck(packet_id, [sub.qos for sub in subscriptions]), self.delivery]
             case Unsubscribe(packet_id=packet_id, topic_filters=filters):
                 return [UnsubAck(packet_id, [0] * len(filters) if v5 else [])]
-            case Publish(qos=1, packet_id=packet_id):
+            case Publish(qos=1, packet_id=int(packet_id)):
                 return [PubAck(packet_id)]
-            case Publish(qos=2, packet_id=packet_id):
+            case Publish(qos=2, packet_id=int(packet_id)):
                 return [PubRec(packet_id)]
             case PubRel(packet_id=packet_id):
                 return [PubComp(packet_id)]
@@ -106,11 +108,21 @@ def run_paho_session(version: int, delivery: Publish) -> tuple[ScriptedBroker, l
         protocol=paho.MQTTv5 if v5 else paho.MQTTv311,
     )
     connected, subscribed, unsubscribed, got_message = (threading.Event() for _ in range(4))
-    messages, connack_codes = [], []
-    client.on_connect = lambda c, u, flags, code, props: (connack_codes.append(code.value), connected.set())
+    messages: list[Any] = []
+    connack_codes: list[int] = []
+
+    def on_connect(client: Any, userdata: Any, flags: Any, code: Any, properties: Any) -> None:
+        connack_codes.append(code.value)
+        connected.set()
+
+    def on_message(client: Any, userdata: Any, message: Any) -> None:
+        messages.append(message)
+        got_message.set()
+
+    client.on_connect = on_connect
     client.on_subscribe = lambda *args: subscribed.set()
     client.on_unsubscribe = lambda *args: unsubscribed.set()
-    client.on_message = lambda c, u, message: (messages.append(message), got_message.set())
+    client.on_message = on_message
     client.username_pw_set("device", "secret")
     will_props = paho_properties(PacketTypes.WILLMESSAGE, WillDelayInterval=5) if v5 else None
     client.will_set("plant/1/status", b"offline", qos=1, retain=True, properties=will_props)

@@ -3,7 +3,7 @@ for an empty property set or a QoS 0 PUBLISH, and topic matching without normali
 
 import pytest
 
-from broker_edge.delivery import Message
+from broker_edge.engine.message import Message
 from broker_edge.protocol import MQTT_5, MalformedPacket, Publish, encode
 from broker_edge.protocol.topics import topic_matches
 from tests.unit.broker_edge.protocol.frames import decode_all, decode_error, frame, string

@@ -7,6 +7,7 @@ from broker_edge.protocol import (
     MQTT_5,
     Connect,
     Disconnect,
+    Packet,
     PacketDecoder,
     PingReq,
     Properties,
@@ -20,7 +21,7 @@ from broker_edge.protocol import (
 )
 from tests.unit.broker_edge.protocol.mqtt_strategies import client_packets, connects
 
-SESSION = [
+SESSION: list[Packet] = [
     Connect(protocol_version=MQTT_5, client_id="dev-1", properties=Properties(session_expiry_interval=60)),
     Publish("plant/1/temp", b"21.5", 1, packet_id=1, properties=Properties(user_properties=[("unit", "C")])),
     Publish("plant/1/big", bytes(300), 0),

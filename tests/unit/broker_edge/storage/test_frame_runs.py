@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -76,7 +77,7 @@ def assert_same_read(store: LogStore, offset: int, max_records: int, max_bytes: 
 
 
 @pytest.fixture
-def mixed_log(tmp_path: Path, small_segments: StorageConfig) -> LogStore:
+def mixed_log(tmp_path: Path, small_segments: StorageConfig) -> Iterator[LogStore]:
     """A flushed store whose topic holds 120 records of every shape over several segments, another topic's
     records between them."""
     store = LogStore(tmp_path / "mixed", small_segments)

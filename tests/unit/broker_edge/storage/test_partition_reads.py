@@ -40,7 +40,9 @@ def _fill(store: LogStore, records: int, topics: list[str] = TOPICS, time_of=lam
 def _read_all(store: LogStore, position: int = 0, max_bytes: int = 3000, patterns=None):
     """(topic, offset, frame) of every record served from `position` to the end, in pieces."""
     end = store.partitions()[0].end
-    found, lost, damaged = [], {}, 0
+    found: list[tuple[str, int, bytes]] = []
+    lost: dict[str, int] = {}
+    damaged = 0
     while position < end:
         read = store.read_partition(0, position, 10_000, max_bytes, patterns)
         assert read.next_position > position
@@ -234,4 +236,20 @@ def test_the_positions_of_a_segment_retention_deleted_between_others_are_counted
     read = store.read_partition(0, 0, 100_000, 1 << 30)
     assert (read.removed, read.damaged, read.lost) == (per_segment, 0, {})
     assert read.topics == ["young"] * (per_segment + 1)
+    store.close()
+
+
+def test_entries_of_a_segment_rolled_before_they_are_written_are_not_read_before_they_are_durable(
+    tmp_path: Path,
+):
+    store = _store(tmp_path, segment_bytes=1024)
+    for number in range(30):  # several segments rolled, nothing written yet
+        store.append(f"t/{number % 3}", make_record(number, payload_size=100))
+    assert len(store.partition_logs[0].segments) > 2
+
+    assert store.partitions()[0].end == 0
+    assert store.read_partition(0, 0, 100, 1 << 20).topics == []
+    store.flush()
+    assert store.partitions()[0].end == 30
+    assert len(store.read_partition(0, 0, 100, 1 << 20).topics) == 30
     store.close()

@@ -103,6 +103,26 @@ def test_oversized_strings_are_refused_at_encode():
         encode_record(0, 0, AppendRecord(b"", client_id="x" * 70_000))
 
 
+def _append_record(fields: tuple) -> AppendRecord:
+    """The ``AppendRecord`` of one ``append_batch`` entry (the same fields, and no time of its own)."""
+    payload, qos, retain, client_id, user_properties, content_type, payload_format, expiry, response, data = (
+        fields
+    )
+    return AppendRecord(
+        payload,
+        qos,
+        retain,
+        client_id,
+        list(user_properties),
+        content_type,
+        payload_format,
+        None,
+        expiry,
+        response,
+        data,
+    )
+
+
 @given(
     first=st.integers(0, 2**40),
     records=st.lists(
@@ -125,7 +145,7 @@ def test_a_batch_encodes_exactly_as_its_records_one_by_one(first, records):
     frames = encode_frames(first, 1_700_000_000_123, records)
 
     expected = [
-        encode_record(first + n, 1_700_000_000_123, AppendRecord(*fields[:7], None, *fields[7:]))
+        encode_record(first + n, 1_700_000_000_123, _append_record(fields))
         for n, fields in enumerate(records)
     ]
     assert frames == expected

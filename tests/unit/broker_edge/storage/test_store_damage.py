@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.storage import CorruptRecord, LogStore, StorageConfig
+from broker_edge.storage import CorruptRecord, LogStore, RecoveryReport, StorageConfig
 from tests.unit.broker_edge.storage.log_helpers import (
     assert_matches,
     entry_positions,
@@ -35,7 +35,7 @@ def _filled(directory: Path, config: StorageConfig, count: int = 200) -> LogStor
     return store
 
 
-def _reopen(directory: Path, config: StorageConfig) -> tuple[LogStore, object]:
+def _reopen(directory: Path, config: StorageConfig) -> tuple[LogStore, RecoveryReport]:
     store = LogStore(directory, config)
     return store, store.open()
 

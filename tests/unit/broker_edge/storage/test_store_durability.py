@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.storage import LogStore, StorageConfig, StorageFailed, group_commit
+from broker_edge.storage import Durability, LogStore, StorageConfig, StorageFailed, group_commit
 from broker_edge.storage.fs_sync import syncfs_available
 from tests.unit.broker_edge.storage.log_helpers import assert_matches, make_record
 
@@ -38,7 +38,7 @@ class FsyncSpy:
         monkeypatch.setattr(os, "fdatasync", spying)
 
 
-def _open(directory: Path, durability: str, **settings) -> LogStore:
+def _open(directory: Path, durability: Durability, **settings) -> LogStore:
     store = LogStore(directory, StorageConfig(durability=durability, **settings))
     store.open()
     return store
@@ -83,7 +83,7 @@ async def _append_and_wait(
 
 
 @pytest.mark.parametrize("durability", ["group", "fsync"])
-def test_when_durable_fires_on_the_loop_after_fsync(tmp_path: Path, monkeypatch, durability: str):
+def test_when_durable_fires_on_the_loop_after_fsync(tmp_path: Path, monkeypatch, durability: Durability):
     spy = FsyncSpy(monkeypatch)
     store = _open(tmp_path, durability, group_commit_ms=5)
 

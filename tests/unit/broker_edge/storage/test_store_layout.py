@@ -55,7 +55,7 @@ def test_a_move_interrupted_at_any_rename_is_finished_by_the_next_start(
 ):
     older_directory(tmp_path)
     real_rename = os.rename
-    done = []
+    done: list[str] = []
 
     def crashing_rename(source, target):
         if len(done) == renames_before_the_crash:

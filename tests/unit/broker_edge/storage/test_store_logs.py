@@ -232,11 +232,13 @@ def test_the_windows_written_last_are_read_from_memory_and_older_ones_from_disk(
         store.flush()
     preads: list[str] = []
     real = FileHandlePool.pread
-    monkeypatch.setattr(
-        FileHandlePool,
-        "pread",
-        lambda pool, path, *args: (path.endswith(".log") and preads.append(path)) or real(pool, path, *args),
-    )
+
+    def counted(pool: FileHandlePool, path: str, *args: int) -> bytes:
+        if path.endswith(".log"):
+            preads.append(path)
+        return real(pool, path, *args)
+
+    monkeypatch.setattr(FileHandlePool, "pread", counted)
 
     new = store.read("new", 35)
     from_memory = len(preads)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import gc
 import os
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -20,10 +22,11 @@ from broker_edge.storage.read_cache import BLOCK_RECORDS
 from tests.unit.broker_edge.storage.log_helpers import BASE_TIME_MS
 
 TOPICS = 20_000
+T = TypeVar("T")
 NAME = "devices/{:06d}/telemetry"  # 24 characters, as fleets name them
 
 
-def _traced(action) -> int:
+def _traced(action: Callable[[], T]) -> tuple[int, T]:
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]

@@ -1,0 +1,1 @@
+"""Coordination through etcd: membership, the view of the cluster, the controller."""

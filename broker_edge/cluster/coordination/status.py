@@ -1,0 +1,184 @@
+"""``timestone cluster status``: members, partition leaders and epochs, in-sync sets and replica lag.
+
+Reads the cluster's keys from etcd, then asks every member's offsets API for its log ends (``GET /v1/logs``)
+and compares each replica's end with its leader's, per partition (the sum over the partition's topics):
+a lag of 0 means the replica holds as much of the partition as its leader; "?" means the replica or the
+leader did not answer (or is not a live member). ``--json`` prints the same as one JSON document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker_edge.cluster.coordination.controller import read_log_ends
+from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd, EtcdError
+from broker_edge.cluster.coordination.etcd_values import BadValues, read_cluster
+from broker_edge.cluster.view import Member, PartitionState
+from broker_edge.settings.cluster import EtcdAuthConfig, EtcdTlsConfig, etcd_endpoint
+
+__all__ = ["ClusterStatus", "cluster_main", "read_status", "render"]
+
+
+@dataclass
+class ClusterStatus:
+    """What ``timestone cluster status`` shows."""
+
+    prefix: str
+    partitions: int | None
+    """The partition count stored at creation (None: no cluster under this prefix yet)."""
+    controller: str | None
+    members: dict[str, Member] = field(default_factory=dict)
+    states: dict[int, PartitionState] = field(default_factory=dict)
+    lags: dict[int, dict[str, int | None]] = field(default_factory=dict)
+    """partition → replica → records behind the leader (None: unknown)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prefix": self.prefix,
+            "partitions": self.partitions,
+            "controller": self.controller,
+            "members": [
+                {"node_id": m.node_id, "mqtt": m.mqtt, "offsets_api": m.offsets_api}
+                for m in sorted(self.members.values(), key=lambda m: m.node_id)
+            ],
+            "states": [
+                {
+                    "partition": s.partition,
+                    "leader": s.leader,
+                    "epoch": s.epoch,
+                    "replicas": list(s.replicas),
+                    "isr": list(s.isr),
+                    "lag": self.lags.get(s.partition, {}),
+                }
+                for _, s in sorted(self.states.items())
+            ],
+        }
+
+
+async def read_status(
+    urls: Sequence[str],
+    prefix: str,
+    token: str | None = None,
+    timeout_s: float = 2.0,
+    tls: EtcdTlsConfig | None = None,
+    auth: EtcdAuthConfig | None = None,
+) -> ClusterStatus:
+    """The cluster's status (``EtcdError`` if etcd does not answer within ``timeout_s``); ``tls`` and
+    ``auth`` reach an etcd with TLS and user auth on, ``token`` is a reader token of the members' offsets
+    API (for their log ends)."""
+    keys = ClusterKeys(prefix)
+    async with Etcd(urls, timeout_s, tls, auth) as etcd:
+        kvs, _ = await etcd.get_prefix(keys.root)
+    stored = read_cluster(kvs, keys, None, BadValues())
+    status = ClusterStatus(prefix, stored.partitions, stored.controller, stored.members, stored.states)
+    if status.partitions is None or not status.members:
+        return status
+    ends = await read_log_ends(status.members.values(), status.partitions, token, timeout_s)
+    for partition, state in status.states.items():
+        leader_ends = ends.get(state.leader) if state.leader is not None else None
+        lags: dict[str, int | None] = {}
+        for replica in state.replicas:
+            replica_ends = ends.get(replica)
+            if leader_ends is None or replica_ends is None:
+                lags[replica] = None
+            else:
+                lags[replica] = max(0, leader_ends.get(partition, 0) - replica_ends.get(partition, 0))
+        status.lags[partition] = lags
+    return status
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def _number(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def render(status: ClusterStatus, etcd: str) -> str:
+    """The readable form: a summary line, the members, then one line per partition."""
+    if status.partitions is None and not status.members:
+        return f"no cluster under {status.prefix} on {etcd}"
+    created = f"{status.partitions} partitions" if status.partitions is not None else "not created yet"
+    lines = [
+        f"cluster {status.prefix} on {etcd}: {len(status.members)} members, {created}, "
+        f"controller {status.controller or '-'}",
+        "",
+        "members:",
+    ]
+    members = [["node", "mqtt", "offsets API"]]
+    members += [[m.node_id, m.mqtt, m.offsets_api] for _, m in sorted(status.members.items())]
+    lines += _table(members)
+    if status.states:
+        offline = sum(1 for s in status.states.values() if s.leader is None)
+        lines += ["", f"partitions ({offline} offline):" if offline else "partitions:"]
+        rows = [["partition", "leader", "epoch", "replicas", "in sync", "lag (records behind the leader)"]]
+        for partition, state in sorted(status.states.items()):
+            lags = status.lags.get(partition, {})
+            lag = " ".join(
+                f"{replica}:{'?' if lags.get(replica) is None else lags[replica]}"
+                for replica in state.replicas
+            )
+            rows.append(
+                [
+                    str(partition),
+                    state.leader or "OFFLINE",
+                    str(state.epoch),
+                    ",".join(state.replicas),
+                    ",".join(state.isr) or "-",
+                    lag,
+                ]
+            )
+        lines += _table(rows)
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="timestone cluster", description="Inspect a broker cluster.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    status = commands.add_parser("status", help="members, partition leaders and epochs, in-sync sets, lag")
+    status.add_argument("--etcd", required=True, action="append", help="etcd client URL (repeatable)")
+    status.add_argument("--prefix", default="/timestone", help="the cluster's cluster.key_prefix")
+    status.add_argument("--token", default=None, help="a reader token of the members' offsets API")
+    status.add_argument("--etcd-cacert", help="CA of etcd's server certificates (https:// etcd)")
+    status.add_argument("--etcd-cert", help="client certificate for etcd (--client-cert-auth)")
+    status.add_argument("--etcd-key", help="key of --etcd-cert")
+    status.add_argument("--etcd-user", help="etcd user (etcd with auth enabled)")
+    status.add_argument("--etcd-password-file", help="file holding --etcd-user's password")
+    status.add_argument("--timeout", type=float, default=2.0, help="seconds to wait for etcd and each member")
+    status.add_argument("--json", action="store_true", help="print one JSON document")
+    return parser
+
+
+def cluster_main(argv: list[str] | None = None) -> int:
+    """``timestone cluster status --etcd URL [--prefix P] [--json]``; 0, or 1 when etcd does not answer or
+    there is no cluster under the prefix, 2 for bad arguments."""
+    args = _parser().parse_args(argv)
+    try:
+        for url in args.etcd:
+            etcd_endpoint(url)
+        tls = EtcdTlsConfig(args.etcd_cacert, args.etcd_cert, args.etcd_key) if args.etcd_cacert else None
+        auth = EtcdAuthConfig(args.etcd_user, args.etcd_password_file) if args.etcd_user else None
+    except (ValueError, TypeError) as exc:  # ConfigError is a ValueError
+        print(f"timestone cluster status: --etcd: {exc}", file=sys.stderr)
+        return 2
+    try:
+        status = asyncio.run(read_status(args.etcd, args.prefix, args.token, args.timeout, tls, auth))
+    except EtcdError as exc:
+        print(f"timestone cluster status: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(status.to_dict(), indent=2))
+    else:
+        print(render(status, ",".join(args.etcd)))
+    return 0 if status.partitions is not None or status.members else 1

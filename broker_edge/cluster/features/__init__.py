@@ -1,0 +1,1 @@
+"""The broker's features across brokers: sessions, wills, retained messages, shared subscriptions."""

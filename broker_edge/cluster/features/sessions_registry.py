@@ -1,0 +1,160 @@
+"""The session registry's etcd side: each client id's record read, created, swapped or deleted by
+compare-and-swap, one writer at a time per client id on this node (the record format is
+``sessions_records``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from broker_edge.cluster.coordination.etcd import EtcdError
+from broker_edge.cluster.features.sessions_records import SessionRecord
+from broker_edge.cluster.tasks import stop_task
+
+if TYPE_CHECKING:
+    from broker_edge.cluster.coordination.etcd import Etcd
+
+__all__ = ["BackgroundTasks", "Change", "SessionRegistry"]
+
+log = logging.getLogger("broker_edge.cluster.sessions")
+
+T = TypeVar("T")
+
+Change = Callable[[SessionRecord], "SessionRecord | None"]
+"""A change of a record: the new record, or None to delete it."""
+
+
+class BackgroundTasks:
+    """Tasks started from callbacks of the loop: kept referenced until done, failures logged."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coroutine: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+        task = asyncio.get_running_loop().create_task(coroutine, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s failed", task.get_name(), exc_info=task.exception())
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            await stop_task(task)
+
+
+class SessionRegistry:
+    """The registry's etcd side: one client id's record read, created, swapped or deleted, writers on this
+    node serialized per client id (``lock``)."""
+
+    def __init__(self, etcd: Etcd, key_prefix: str, retry_s: float = 1.0) -> None:
+        self.etcd = etcd
+        self.prefix = f"{key_prefix}/sessions/"
+        self.retry_s = retry_s
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._known: dict[str, tuple[SessionRecord, int]] = {}
+        """Client id → the record this node last wrote and its revision: an update tries a
+        compare-and-swap on it first, without a read."""
+
+    def key(self, client_id: str) -> str:
+        return self.prefix + client_id
+
+    @contextlib.asynccontextmanager
+    async def lock(self, client_id: str) -> Any:
+        """Serialize this node's reads and writes of one client id's record."""
+        lock = self._locks.get(client_id)
+        if lock is None:
+            lock = self._locks[client_id] = asyncio.Lock()
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and self._locks.get(client_id) is lock:
+                del self._locks[client_id]
+
+    async def read(self, client_id: str) -> tuple[SessionRecord | None, int]:
+        """The record and its revision (None, 0 when there is none; an unreadable record counts as none and
+        is logged: the next CONNECT writes a good one over it)."""
+        found = await self.etcd.get(self.key(client_id))
+        if found is None:
+            return None, 0
+        try:
+            return SessionRecord.from_json(found.value), found.mod_revision
+        except ValueError as exc:
+            log.error("session record of %r is not readable (%s); replacing it", client_id, exc)
+            return None, found.mod_revision
+
+    async def records(self) -> list[tuple[str, SessionRecord, int]]:
+        """Every readable record: (client id, record, revision)."""
+        found, _ = await self.etcd.get_prefix(self.prefix)
+        records: list[tuple[str, SessionRecord, int]] = []
+        for kv in found:
+            with contextlib.suppress(ValueError):
+                record = SessionRecord.from_json(kv.value)
+                records.append((kv.key[len(self.prefix) :], record, kv.mod_revision))
+        return records
+
+    async def write(self, client_id: str, record: SessionRecord, revision: int) -> bool:
+        """Create the record (``revision`` 0) or swap it for the one at ``revision``; False if someone else
+        wrote first."""
+        key = self.key(client_id)
+        if revision == 0:
+            written = await self.etcd.create(key, record.to_json())
+        else:
+            written = await self.etcd.compare_and_swap(key, record.to_json(), revision)
+        if written is None:
+            return False
+        self._known[client_id] = (record, written)
+        return True
+
+    async def update(
+        self, client_id: str, node: str, generation: int, change: Change
+    ) -> SessionRecord | None:
+        """Apply ``change`` while the record is still ``node``'s for CONNECT ``generation`` (retrying when
+        another write of that record came between); the record as it was before, or None when it is no
+        longer theirs (gone, or taken by a newer CONNECT). Call it holding ``lock(client_id)``."""
+        known = self._known.pop(client_id, None)
+        while True:
+            if known is not None and known[0].held_by(node, generation):
+                record, revision = known  # most likely still current: try it without a read
+            else:
+                found, revision = await self.read(client_id)
+                if found is None or not found.held_by(node, generation):
+                    return None
+                record = found
+            known = None
+            changed = change(record)
+            key = self.key(client_id)
+            if changed is None:
+                if await self.etcd.delete_if(key, revision):
+                    return record
+            else:
+                written = await self.etcd.compare_and_swap(key, changed.to_json(), revision)
+                if written is not None:
+                    self._known[client_id] = (changed, written)
+                    return record
+
+    async def update_until_done(
+        self, client_id: str, node: str, generation: int, change: Change, stopped: Callable[[], bool]
+    ) -> SessionRecord | None:
+        """``update`` under the client id's lock, retried every ``retry_s`` while etcd cannot be reached
+        (until ``stopped()``, then ``EtcdError``): the compare-and-swap decides whatever happened meanwhile,
+        so a late update never undoes a newer one."""
+        while True:
+            try:
+                async with self.lock(client_id):
+                    return await self.update(client_id, node, generation, change)
+            except EtcdError:
+                if stopped():
+                    raise
+            await asyncio.sleep(self.retry_s)
+
+    def forget(self, client_id: str) -> None:
+        """Another node writes this record from now on."""
+        self._known.pop(client_id, None)

@@ -1,0 +1,448 @@
+"""Shared subscriptions cluster-wide: each message of a ``$share/<group>/<filter>`` goes to one member of
+the group, whichever broker its members are connected to.
+
+Which brokers have members of which group is in etcd (``SharedRegistry``, a key per broker under its lease,
+followed into a ``SharedDirectory``); everything per message moves over the peer links:
+
+- **Logged publishes** (QoS 1/2 by default). Every broker routes every committed record, so a broker's
+  ordinary routing never serves shared groups (this object is the ``shared_dispatch`` port):
+  only the partition's leader, the first to know the record and the one place its order is defined, picks
+  a broker for each matching group (round robin over the brokers with members whose link is up) and sends
+  it the message (``ASSIGN``); that broker picks one of its own members as a broker alone does. The leader
+  tells every other broker who got it (``NOTE``). When the member has acknowledged it (or the broker drops
+  it as a broker alone would: its session ended, its queue was full, it expired) the broker tells everyone
+  (``DONE``); a broker with no member left declines it (``DONE``, declined) and the leader picks another.
+- **A broker dies** (its member lease expires). Every broker knows the deliveries in flight to it: the
+  leader of each record's partition gives them to members on other brokers, reading the record from its
+  own log. A new leader first asks its peers for the deliveries they know of in the partitions it took
+  over (``ASSIGNED``), so the deliveries of a leader that died with its partitions are not forgotten.
+  So under failure a message can reach two members (the dead broker's member may have had it without its
+  acknowledgement reaching anyone): at least once, never lost while a broker that knew of its delivery
+  survives.
+- **Unlogged publishes** (QoS 0 by default) are picked for by the broker they were published on, which
+  sends the message to the chosen broker (``DIRECT``); the copies it broadcasts to every broker for their
+  ordinary subscribers do not serve shared groups there (``Router.publish(groups_served=True)``). At most
+  once, as every unlogged publish.
+
+A delivery is known to be finished when the copy handed to the member's session is released: the session
+holds it until the member acknowledges it (QoS 1 PUBACK; QoS 2 PUBREC, from which on the member holds
+it), or drops it, and a QoS 0 delivery is written at once. The copy is a ``Message`` with a weak
+reference (``weakref.finalize``), so sessions need no hook of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from broker_edge.cluster.features.shared_directory import (
+    Deliveries,
+    DeliveryKey,
+    GroupKey,
+    SharedDirectory,
+    choose,
+)
+from broker_edge.cluster.features.shared_groups_wire import (
+    ASSIGN,
+    ASSIGNED,
+    DIRECT,
+    DONE,
+    NOTE,
+    decode_assign,
+    decode_assigned,
+    decode_direct,
+    decode_done,
+    decode_note,
+    decode_partitions,
+    encode_assign,
+    encode_assigned,
+    encode_direct,
+    encode_done,
+    encode_note,
+    encode_partitions,
+)
+from broker_edge.cluster.links.peer_link import PeerLinkDown, PeerRequestFailed
+from broker_edge.cluster.tasks import stop_task
+from broker_edge.engine.message import Message
+from broker_edge.engine.records import message_of_record
+from broker_edge.storage.errors import StorageError
+
+if TYPE_CHECKING:
+    from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
+    from broker_edge.cluster.view import ClusterView
+    from broker_edge.engine.routing.router import Router
+    from broker_edge.engine.routing.subscriptions import SharedGroup
+    from broker_edge.storage.store import LogStore
+
+__all__ = ["ReadRecord", "SharedGroups", "log_reader"]
+
+log = logging.getLogger("broker_edge.cluster.shared_groups")
+
+ReadRecord = Callable[[str, int], "Message | None"]
+"""The committed record of ``(topic, offset)`` in this broker's log as a message; None while it is not
+committed here yet; ``LookupError`` when the log no longer has it."""
+RETRY_S = 0.2
+"""How often deliveries that could not be given to another broker yet are tried again."""
+ASK_TIMEOUT_S = 1.0
+"""How long a new leader waits for each peer's list of deliveries in flight."""
+LOCAL_ONLY_PREFIX = "$SYS/"
+"""Each broker's own statistics: their shared groups are served by the broker alone."""
+
+
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+
+
+def log_reader(store: LogStore) -> ReadRecord:
+    """``ReadRecord`` over this broker's commitlog."""
+
+    def read(topic: str, offset: int) -> Message | None:
+        if topic not in store or offset >= store.committed_end(topic):
+            return None
+        try:
+            records = store.read(topic, offset, 1, MAX_RECORD_BYTES)
+        except StorageError as exc:
+            raise LookupError(str(exc)) from exc
+        if not records or records[0].offset != offset:
+            raise LookupError(f"offset {offset} of {topic!r} is not in the log")
+        return message_of_record(topic, records[0])
+
+    return read
+
+
+class _TrackedMessage(Message):
+    """The copy of a message handed to a member: its release tells that the delivery is finished."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _copy(message: Message) -> _TrackedMessage:
+    return _TrackedMessage(
+        message.topic,
+        message.payload,
+        message.qos,
+        message.retain,
+        message.properties,
+        message.origin,
+        message.offset,
+        message.expires_at,
+    )
+
+
+class SharedGroups:
+    """This broker's part in cluster-wide shared subscriptions (see the module docstring)."""
+
+    def __init__(
+        self,
+        router: Router,
+        view: ClusterView,
+        links: PeerLinks,
+        directory: SharedDirectory,
+        loop: asyncio.AbstractEventLoop,
+        read_record: ReadRecord | None,
+        remembered: int,
+        resend_s: float,
+    ) -> None:
+        self.router = router
+        self.view = view
+        self.links = links
+        self.directory = directory
+        self.loop = loop
+        self.read_record = read_record
+        self.deliveries = Deliveries(remembered)
+        self._here: set[DeliveryKey] = set()
+        """Deliveries handed to a member of this broker and not finished."""
+        self._retry_timer: asyncio.TimerHandle | None = None
+        self.resend_s = resend_s
+        self._sent_at: dict[DeliveryKey, float] = {}
+        """Deliveries this node assigned to another broker, and when (sent again while unfinished)."""
+        self._resend_timer: asyncio.TimerHandle | None = None
+        self._led: set[int] = set()
+        self.led_epochs: dict[int, set[int]] = {}
+        """Partition → the epochs in which this node led it (since it started)."""
+        self.epoch_of: Callable[[str, int], int] | None = None
+        """The epoch that appended a topic's record at an offset (set when the node keeps epoch caches)."""
+        self._asking: set[asyncio.Task[None]] = set()
+        self._started = False
+        links.on(ASSIGN, self._on_assign)
+        links.on(NOTE, self._on_note)
+        links.on(DONE, self._on_done)
+        links.on(DIRECT, self._on_direct)
+        links.serve_requests(ASSIGNED, self._serve_assigned)
+
+    def start(self) -> None:
+        self._started = True
+        self.view.on_change(self._view_changed)
+        self._view_changed()
+        self._resend_timer = self.loop.call_later(self.resend_s / 2, self._resend_unfinished)
+
+    async def stop(self) -> None:
+        self._started = False
+        for timer in (self._retry_timer, self._resend_timer):
+            if timer is not None:
+                timer.cancel()
+        for task in list(self._asking):
+            await stop_task(task)
+
+    # -- routing (the ``shared_dispatch`` port) --------------------------------------------------------------
+
+    def dispatch(self, message: Message) -> int:
+        """Serve the shared groups of a message routed here: how many groups it went to (or will)."""
+        groups = self.directory.match(message.topic)
+        if not groups:
+            return 0
+        if message.offset is None:
+            return self._dispatch_unlogged(message, groups)
+        if not self._assigns(message.topic, message.offset):
+            return 0  # the leader that appended it assigns it
+        served = 0
+        for group in groups:
+            key = DeliveryKey(message.topic, message.offset, group.name, group.filter)
+            if not self.deliveries.known(key):
+                self._assign(key, message, group, set())
+                served += 1
+        return served
+
+    def _dispatch_unlogged(self, message: Message, groups: list[SharedGroup[str]]) -> int:
+        me = self.view.node_id
+        local_only = message.topic.startswith(LOCAL_ONLY_PREFIX)
+        served = 0
+        for group in groups:
+            node = choose(group, (lambda n: n == me) if local_only else self._usable)
+            if node is None:
+                continue
+            served += 1
+            if node == me:
+                self._deliver_here((group.name, group.filter), message, None)
+            else:
+                self.links.link(node).send(DIRECT, encode_direct(group.name, group.filter, message))
+        return served
+
+    def _usable(self, node: str, excluded: set[str] | None = None) -> bool:
+        if excluded and node in excluded:
+            return False
+        return node == self.view.node_id or (node in self.view.members and self.links.up(node))
+
+    def _assign(
+        self, key: DeliveryKey, message: Message, group: SharedGroup[str] | None, excluded: set[str]
+    ) -> None:
+        """Give ``key`` to a broker of ``group`` (this one included) and tell the others."""
+        if group is None or not group.members:
+            self._finished(key)  # no member left anywhere: dropped, as a broker alone drops it
+            return
+        node = choose(group, lambda n: self._usable(n, excluded))
+        if node is None:  # no link up to a broker with members: tried again shortly
+            self.deliveries.hold(key)
+            self._retry_later()
+            return
+        if not self.deliveries.assign(key, node):
+            return
+        note = encode_note(key, node)
+        for peer, link in self.links.links.items():
+            if peer != node and peer in self.view.members:
+                link.send(NOTE, note)
+        if node == self.view.node_id:
+            self._deliver_here((key.group, key.topic_filter), message, key)
+        else:
+            self.links.link(node).send(ASSIGN, encode_assign(key, message))
+            self._sent_at[key] = self.loop.time()
+
+    # -- delivering here ----------------------------------------------------------------------------------
+
+    def _deliver_here(self, group_key: GroupKey, message: Message, key: DeliveryKey | None) -> None:
+        """Deliver to one member of the group here; a logged delivery is tracked until it is finished."""
+        group = self.router.trie.shared_group(group_key[1], group_key[0])
+        copy = _copy(message)
+        member = self.router.deliver_to_group(group, copy) if group is not None else None
+        if key is None:
+            return
+        if member is None:
+            self._decline(key)
+            return
+        self._here.add(key)
+        weakref.finalize(copy, self._released, key)
+
+    def _released(self, key: DeliveryKey) -> None:
+        """The member's session let go of its copy (it may be in the middle of handling an ack)."""
+        if not self.loop.is_closed():
+            self.loop.call_soon(self._delivered, key)
+
+    def _delivered(self, key: DeliveryKey) -> None:
+        self._here.discard(key)
+        self._finished(key)
+
+    def _finished(self, key: DeliveryKey) -> None:
+        self.deliveries.finish(key)
+        self._sent_at.pop(key, None)
+        self._tell_others(DONE, encode_done(key, False))
+
+    def _decline(self, key: DeliveryKey) -> None:
+        """No member of the group here (any more): the leader gives it to another broker."""
+        if self._leads(key.topic):
+            self._reassign(key, self.deliveries.decline(key, self.view.node_id))
+        else:
+            self.deliveries.decline(key, self.view.node_id)
+            self._tell_others(DONE, encode_done(key, True))
+
+    def _tell_others(self, kind: int, body: bytes) -> None:
+        for peer, link in self.links.links.items():
+            if peer in self.view.members:
+                link.send(kind, body)
+
+    # -- what peers send ----------------------------------------------------------------------------------
+
+    def _on_assign(self, link: PeerLink, body: memoryview) -> None:
+        key, message = decode_assign(body, self.loop.time())
+        if key in self._here:
+            return  # sent again while its delivery here goes on
+        if not self.deliveries.assign(key, self.view.node_id):
+            link.send(DONE, encode_done(key, False))  # finished: the first notice did not get through
+            return
+        self._deliver_here((key.group, key.topic_filter), message, key)
+
+    def _on_note(self, link: PeerLink, body: memoryview) -> None:
+        key, node = decode_note(body)
+        self.deliveries.assign(key, node)
+
+    def _on_done(self, link: PeerLink, body: memoryview) -> None:
+        key, declined = decode_done(body)
+        if not declined:
+            self.deliveries.finish(key)
+            self._sent_at.pop(key, None)
+            return
+        excluded = self.deliveries.decline(key, link.peer)
+        if excluded and self._leads(key.topic):
+            self._reassign(key, excluded)
+
+    def _on_direct(self, link: PeerLink, body: memoryview) -> None:
+        group, topic_filter, message = decode_direct(body, self.loop.time())
+        self._deliver_here((group, topic_filter), message, None)
+
+    async def _serve_assigned(self, link: PeerLink, body: memoryview) -> bytes:
+        partitions = decode_partitions(body)
+        return encode_assigned(self.deliveries.in_partitions(self.view.partition_of, partitions))
+
+    # -- brokers leaving, leaders changing ----------------------------------------------------------------
+
+    def _leads(self, topic: str) -> bool:
+        return self.view.leads(self.view.partition_of(topic))
+
+    def _assigns(self, topic: str, offset: int) -> bool:
+        """Whether this node assigns the logged record at ``offset``: the node that led its partition in the
+        epoch that appended it, whatever leads now. Deciding by the current leader instead loses the records
+        routed while leadership moves (the old leader routes them after its view moved on, the new one had
+        routed them as a follower before its view showed it leading)."""
+        partition = self.view.partition_of(topic)
+        epoch_of = self.epoch_of
+        if epoch_of is not None:
+            epoch = epoch_of(topic, offset)
+            if epoch >= 0:
+                return epoch in self.led_epochs.get(partition, ()) and not self.view.fenced
+        return self.view.leads(partition)
+
+    def _view_changed(self) -> None:
+        view = self.view
+        for partition, state in view.states.items():
+            if state.leader == view.node_id:
+                self.led_epochs.setdefault(partition, set()).add(state.epoch)
+        if not self._started:
+            return
+        led = {partition for partition in view.states if view.leads(partition)}
+        gained, self._led = led - self._led, led
+        if gained:
+            task = self.loop.create_task(self._ask_then_reassign(gained), name="cluster-shared-takeover")
+            self._asking.add(task)
+            task.add_done_callback(self._asking.discard)
+        else:
+            self._reassign_orphans()
+
+    async def _ask_then_reassign(self, partitions: set[int]) -> None:
+        """Learn the deliveries in flight in partitions this node now leads, then move the orphaned ones."""
+        me = self.view.node_id
+        peers = [peer for peer in self.view.members if peer != me and self.links.up(peer)]
+        request = encode_partitions(partitions)
+        replies = await asyncio.gather(
+            *(self.links.link(peer).request(ASSIGNED, request, ASK_TIMEOUT_S) for peer in peers),
+            return_exceptions=True,
+        )
+        for peer, reply in zip(peers, replies, strict=True):
+            if isinstance(reply, PeerLinkDown | PeerRequestFailed | TimeoutError):
+                log.info("deliveries in flight from %s not known: %s", peer, reply)
+                continue
+            if isinstance(reply, BaseException):
+                raise reply
+            try:
+                entries = decode_assigned(reply)
+            except (ValueError, struct.error) as exc:
+                log.error("deliveries in flight from %s are not readable: %s", peer, exc)
+                continue
+            for key, node in entries:
+                if not self.deliveries.known(key):
+                    self.deliveries.assign(key, node)
+        self._reassign_orphans()
+
+    def _reassign_orphans(self) -> None:
+        members = self.view.members
+        me = self.view.node_id
+        for key in self.deliveries.orphans(lambda node: node == me or node in members, self._leads):
+            node = self.deliveries.assigned.get(key)
+            excluded = set(self.deliveries.declined.get(key, ()))
+            if node is not None:
+                excluded.add(node)
+                log.info(
+                    "%s %s@%d: its broker %s is gone, giving it to another",
+                    key.group,
+                    key.topic,
+                    key.offset,
+                    node,
+                )
+            self._reassign(key, excluded)
+
+    def _reassign(self, key: DeliveryKey, excluded: set[str]) -> None:
+        read = self.read_record
+        try:
+            message = read(key.topic, key.offset) if read is not None else None
+        except LookupError as exc:
+            log.warning(
+                "%s@%d for group %s cannot be delivered again: %s", key.topic, key.offset, key.group, exc
+            )
+            self._finished(key)
+            return
+        if message is None:  # not committed here yet (a new leader's watermark is still behind)
+            self.deliveries.hold(key)
+            self._retry_later()
+            return
+        self._assign(key, message, self.directory.group((key.group, key.topic_filter)), excluded)
+
+    def _resend_unfinished(self) -> None:
+        """Send again the assignments to live brokers unfinished for ``resend_s`` (one, or its completion
+        notice, may have been lost on a peer link that dropped): the broker delivers it if it never got
+        it, ignores it while delivering it, and repeats its notice if it has finished it."""
+        now = self.loop.time()
+        self._resend_timer = self.loop.call_later(self.resend_s / 2, self._resend_unfinished)
+        assigned = self.deliveries.assigned
+        for key, sent in list(self._sent_at.items()):
+            node = assigned.get(key)
+            if node is None or node == self.view.node_id or not self._leads(key.topic):
+                del self._sent_at[key]  # finished, moved, or no longer this node's to watch
+                continue
+            if now - sent < self.resend_s or not self._usable(node):
+                continue
+            try:
+                message = self.read_record(key.topic, key.offset) if self.read_record is not None else None
+            except LookupError:
+                message = None
+            if message is not None:
+                self._sent_at[key] = now
+                self.links.link(node).send(ASSIGN, encode_assign(key, message))
+
+    def _retry_later(self) -> None:
+        if self._retry_timer is None and self._started:
+            self._retry_timer = self.loop.call_later(RETRY_S, self._retry_now)
+
+    def _retry_now(self) -> None:
+        self._retry_timer = None
+        self._reassign_orphans()

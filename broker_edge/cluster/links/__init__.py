@@ -1,0 +1,1 @@
+"""Peer links: one WebSocket between every pair of brokers."""

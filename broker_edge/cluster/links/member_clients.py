@@ -1,0 +1,111 @@
+"""HTTP clients to the other members: one session per member, which talks to that member only.
+
+Everything a broker asks of another member over HTTP (the peer link's WebSocket, replica fetches, log
+ends for an election, reads of a topic it holds no copy of) goes through ``MemberClients.session(node)``.
+Each session's connector, with ``cluster.tls``, connects to the address etcd gives for the node, checks in
+the TLS handshake that the certificate chains to the cluster CA (presenting this broker's own), and then,
+before the request is written, that the certificate names that node id (``member_identity``): a stranger
+at that address, or another member, gets no request, no header, no record. A session is bound to its
+node, so a pooled connection verified as one node is never used for another, whatever etcd says later.
+
+Requests say which node sends them (``X-Timestone-Node``); with TLS the other side believes the
+certificate, not the header, and refuses a header that differs. Without ``cluster.tls`` (development, on
+loopback only) there is nothing to check and the header is believed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from broker_edge.cluster.links.member_identity import node_of_certificate
+
+if TYPE_CHECKING:
+    from aiohttp.client_reqrep import ClientRequest
+
+    from broker_edge.cluster.links.member_identity import MemberTls
+
+__all__ = ["NODE_HEADER", "MemberClients", "NotThatMember"]
+
+NODE_HEADER = "X-Timestone-Node"
+"""The node id a member's request comes from (checked against its certificate)."""
+
+
+class NotThatMember(aiohttp.ServerFingerprintMismatch):
+    """The certificate at a member's address does not name that member (nothing was sent)."""
+
+    def __str__(self) -> str:
+        return (
+            f"the certificate at {self.host}:{self.port} names {self.got.decode() or 'no member'}, "
+            f"not {self.expected.decode()}: nothing sent"
+        )
+
+
+class _NodeCheck:
+    """What aiohttp runs on a new connection right after its TLS handshake (in place of a certificate
+    fingerprint): the certificate must name ``node_id``."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+
+    def check(self, transport: asyncio.Transport) -> None:
+        named = node_of_certificate(transport.get_extra_info("peercert"))
+        if named != self.node_id:
+            host, port, *_ = transport.get_extra_info("peername") or ("?", 0)
+            raise NotThatMember(self.node_id.encode(), (named or "").encode(), host, port)
+
+
+class _MemberConnector(aiohttp.TCPConnector):
+    """A connector to one member: the cluster's client certificate and CAs (read again after a reload),
+    and the node check before anything is sent. Plain http:// is refused when members use TLS."""
+
+    def __init__(self, node_id: str, tls: MemberTls | None, **options: Any) -> None:
+        super().__init__(**options)
+        self._node_check = _NodeCheck(node_id)
+        self._tls = tls
+
+    def _get_ssl_context(self, req: ClientRequest) -> ssl.SSLContext | None:
+        if self._tls is None:
+            return super()._get_ssl_context(req)
+        if not req.is_ssl():
+            raise aiohttp.ClientConnectionError(
+                f"{req.url.host}:{req.url.port}: members are reached over https:// only (cluster.tls)"
+            )
+        return self._tls.client_context
+
+    def _get_fingerprint(self, req: ClientRequest) -> Any:
+        return self._node_check if self._tls is not None else None
+
+
+class MemberClients:
+    """This node's sessions to the other members (see the module docstring)."""
+
+    def __init__(self, node_id: str, tls: MemberTls | None) -> None:
+        self.node_id = node_id
+        self.tls = tls
+        self._sessions: dict[str, aiohttp.ClientSession] = {}
+        self.headers = {NODE_HEADER: node_id}
+
+    def session(self, node_id: str) -> aiohttp.ClientSession:
+        """The session to ``node_id`` (made on first use, on the running loop)."""
+        session = self._sessions.get(node_id)
+        if session is None or session.closed:
+            connector = _MemberConnector(node_id, self.tls, limit=0, enable_cleanup_closed=True)
+            session = self._sessions[node_id] = aiohttp.ClientSession(
+                connector=connector, headers=self.headers
+            )
+        return session
+
+    async def forget(self, node_id: str) -> None:
+        """``node_id`` left the cluster: close its session (its connections with it)."""
+        session = self._sessions.pop(node_id, None)
+        if session is not None:
+            await session.close()
+
+    async def close(self) -> None:
+        sessions, self._sessions = self._sessions, {}
+        for session in sessions.values():
+            await session.close()

@@ -1,0 +1,580 @@
+"""Peer links: one persistent WebSocket between every pair of brokers, carrying publishes and answers.
+
+A link is the WebSocket ``/v1/peer`` of the members' endpoint (``member_api``): the dialing node is the
+one its certificate names (``member_clients`` checks the other end's before it sends anything), and both
+ends are current members. Of each pair the node with the smaller ``node_id`` dials and redials while the
+other is a member; both then send on the one socket. A link coming up proves the peer's node id
+(``MemberProofs``). Everything sent to a peer during one loop iteration
+leaves as one binary WebSocket message, written in the next iteration (the first part sent starts the
+writing task, whose first step joins whatever was sent meanwhile): a part waits one loop iteration, never a
+timer. Senders that want to build their part as late as possible, to take in everything new of the
+iteration (a leader's push, a follower's acknowledgement), register with ``PeerLink.soon`` and are called
+by that task just before it joins the message.
+
+Wire format: a WebSocket message is a sequence of parts ``u8 kind | u32 length | body`` (little endian):
+
+- ``FORWARD``: ``u32 batch | u16 topic length | topic | record frames``. Logged publishes for the peer to
+  append as their partition's leader; each publish is the commitlog's record frame
+  (``storage/record.py``: payload, QoS, retain, publisher, MQTT 5 properties, what remains of the expiry)
+  with the publish's index in the batch as its offset.
+- ``UNLOGGED``: ``u16 topic length | topic | one record frame``: route it locally, log nothing.
+- ``ANSWER``: ``u32 batch | u16 count | (u8 reason code | i64 offset or -1 | u16 length | reason)*``: the
+  leader's answer to a ``FORWARD``, sent once the batch is acknowledged by its PUBLISH path.
+- ``REQUEST``: ``u32 id | u8 service | body`` and ``REPLY``: ``u32 id | u8 status (0 ok, 1 error) | body``:
+  a call to a service a feature registered with ``PeerLinks.serve_requests`` (``PeerLink.request``).
+- Kinds from ``FIRST_EXTENSION_KIND`` up: one-way messages of features that registered a handler with
+  ``PeerLinks.on`` (``PeerLink.send``). Each feature keeps its kinds, and their body formats, in its own
+  module.
+
+A link that drops fails the forwards it was waiting for (they may or may not have been appended: the
+device is told the publish failed and resends).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from broker_edge.engine.message import Message
+from broker_edge.engine.ports import ForwardAck
+from broker_edge.engine.records import message_of_frame, record_fields
+from broker_edge.storage.record import PREFIX, PREFIX_SIZE, FrameError, decode_frame, encode_frame
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from broker_edge.cluster.links.member_clients import MemberClients
+    from broker_edge.cluster.links.member_proofs import MemberProofs
+
+__all__ = [
+    "ANSWER",
+    "FIRST_EXTENSION_KIND",
+    "FORWARD",
+    "REPLY",
+    "REQUEST",
+    "UNLOGGED",
+    "PeerHandler",
+    "PeerLink",
+    "PeerLinkDown",
+    "PeerLinks",
+    "PeerReceiver",
+    "PeerRequestFailed",
+    "PeerService",
+    "decode_answer",
+    "decode_parts",
+    "decode_publishes",
+    "encode_answer",
+    "encode_forward",
+    "encode_unlogged",
+]
+
+log = logging.getLogger("broker_edge.cluster.peer_link")
+
+FORWARD, UNLOGGED, ANSWER, REQUEST, REPLY = 1, 2, 3, 4, 5
+FIRST_EXTENSION_KIND = 16
+"""Part kinds from here up belong to features registered with ``PeerLinks.on``."""
+PEER_PATH = "/v1/peer"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_RECORD_BODY = 64 * 1024 * 1024
+HEARTBEAT_S = 1.0
+REDIAL_S = 0.2
+
+_PART = struct.Struct("<BI")
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_ACK = struct.Struct("<BqH")
+_CALL = struct.Struct("<IB")
+_LOST = ForwardAck(0x83, None, "connection to the partition leader was lost")
+_OK, _ERROR = 0, 1
+
+PeerHandler = Callable[["PeerLink", memoryview], None]
+"""Handles one extension part from a peer: ``(link it came on, body)``."""
+
+PeerService = Callable[["PeerLink", memoryview], Awaitable[bytes]]
+"""Answers one ``REQUEST`` from a peer with the reply's body (an exception becomes an error reply)."""
+
+
+class PeerLinkDown(ConnectionError):
+    """The link to the peer is down, or went down before the peer replied."""
+
+
+class PeerRequestFailed(RuntimeError):
+    """The peer's service raised (its message is the peer's error text)."""
+
+
+# -- wire format ------------------------------------------------------------------------------------------
+
+
+def _part(kind: int, body: bytes) -> bytes:
+    return _PART.pack(kind, len(body)) + body
+
+
+def _topic(topic: str) -> bytes:
+    raw = topic.encode()
+    return _U16.pack(len(raw)) + raw
+
+
+def encode_forward(batch: int, topic: str, messages: Sequence[Message]) -> bytes:
+    """The ``FORWARD`` part of ``messages`` (all on ``topic``) as batch ``batch``."""
+    frames = [encode_frame(index, 0, *record_fields(message)) for index, message in enumerate(messages)]
+    return _part(FORWARD, _U32.pack(batch) + _topic(topic) + b"".join(frames))
+
+
+def encode_unlogged(message: Message) -> bytes:
+    """The ``UNLOGGED`` part of ``message``."""
+    return _part(UNLOGGED, _topic(message.topic) + encode_frame(0, 0, *record_fields(message)))
+
+
+def encode_answer(batch: int, acks: Sequence[ForwardAck]) -> bytes:
+    """The ``ANSWER`` part for batch ``batch``."""
+    parts = [_U32.pack(batch), _U16.pack(len(acks))]
+    for ack in acks:
+        reason = (ack.reason_string or "").encode()[:0xFFFF]
+        parts.append(_ACK.pack(ack.reason_code, -1 if ack.offset is None else ack.offset, len(reason)))
+        parts.append(reason)
+    return _part(ANSWER, b"".join(parts))
+
+
+def decode_parts(data: bytes) -> list[tuple[int, memoryview]]:
+    """The ``(kind, body)`` parts of one WebSocket message (``ValueError`` if it is not well formed)."""
+    view = memoryview(data)
+    parts: list[tuple[int, memoryview]] = []
+    pos = 0
+    while pos < len(view):
+        if pos + _PART.size > len(view):
+            raise ValueError("truncated part header")
+        kind, length = _PART.unpack_from(view, pos)
+        pos += _PART.size
+        if pos + length > len(view):
+            raise ValueError("truncated part body")
+        parts.append((kind, view[pos : pos + length]))
+        pos += length
+    return parts
+
+
+def decode_publishes(body: memoryview, now: float, batched: bool) -> tuple[int, list[Message]]:
+    """``(batch, messages)`` of a ``FORWARD`` (``batched``) or ``UNLOGGED`` body; expiry deadlines count
+    from ``now`` (the loop's clock). Raises ``ValueError`` on a malformed body or a bad record frame."""
+    pos = 0
+    batch = 0
+    if batched:
+        (batch,) = _U32.unpack_from(body, 0)
+        pos = _U32.size
+    (length,) = _U16.unpack_from(body, pos)
+    topic = str(body[pos + 2 : pos + 2 + length], "utf-8")
+    pos += 2 + length
+    messages: list[Message] = []
+    while pos < len(body):
+        if pos + PREFIX_SIZE > len(body):
+            raise ValueError("truncated record frame")
+        (body_length, _crc) = PREFIX.unpack_from(body, pos)
+        end = pos + PREFIX_SIZE + body_length
+        try:
+            record = decode_frame(body[pos:end], len(messages), MAX_RECORD_BODY)
+        except FrameError as error:
+            raise ValueError(f"bad record frame: {error}") from None
+        messages.append(message_of_frame(topic, record, now))
+        pos = end
+    return batch, messages
+
+
+def decode_answer(body: memoryview) -> tuple[int, list[ForwardAck]]:
+    """``(batch, answers)`` of an ``ANSWER`` body."""
+    batch, count = _U32.unpack_from(body, 0)[0], _U16.unpack_from(body, _U32.size)[0]
+    pos = _U32.size + _U16.size
+    acks: list[ForwardAck] = []
+    for _ in range(count):
+        code, offset, length = _ACK.unpack_from(body, pos)
+        pos += _ACK.size
+        reason = str(body[pos : pos + length], "utf-8") if length else None
+        pos += length
+        acks.append(ForwardAck(code, None if offset < 0 else offset, reason))
+    return batch, acks
+
+
+# -- links --------------------------------------------------------------------------------------------
+
+
+class _Socket(Protocol):
+    """What a link uses of an aiohttp WebSocket (client or server side)."""
+
+    async def send_bytes(self, data: bytes) -> None: ...
+
+    async def close(self) -> Any: ...
+
+
+class PeerReceiver(Protocol):
+    """What a node does with what its peers send."""
+
+    def forwarded(self, link: PeerLink, batch: int, messages: list[Message]) -> None:
+        """Append ``messages`` (forwarded by ``link``'s peer) and answer with ``link.answer(batch, ...)``."""
+
+    def unlogged(self, message: Message) -> None:
+        """Route an unlogged publish a peer received."""
+
+
+class PeerLink:
+    """This node's end of the link to one peer: batches what is sent, matches answers to forwards."""
+
+    def __init__(self, peer: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.peer = peer
+        self._loop = loop
+        self._socket: _Socket | None = None
+        self._out: list[bytes] = []
+        self._producers: list[Callable[[], None]] = []
+        self._next_batch = 0
+        self._waiting: dict[int, tuple[int, Callable[[Sequence[ForwardAck]], None]]] = {}
+        self._sending: asyncio.Task[None] | None = None
+        self._next_request = 0
+        self._requests: dict[int, asyncio.Future[bytes]] = {}
+        self._serving: set[asyncio.Task[None]] = set()
+
+    @property
+    def up(self) -> bool:
+        """Whether the socket to the peer is open."""
+        return self._socket is not None
+
+    def forward(
+        self, topic: str, messages: Sequence[Message], done: Callable[[Sequence[ForwardAck]], None]
+    ) -> None:
+        """Send logged publishes for the peer to append; ``done`` gets its answer (or a refusal per message
+        when the link drops first)."""
+        if self._socket is None:
+            self._loop.call_soon(done, [_LOST] * len(messages))
+            return
+        self._next_batch = batch = (self._next_batch + 1) & 0xFFFFFFFF
+        self._waiting[batch] = (len(messages), done)
+        self._send(encode_forward(batch, topic, messages))
+
+    def unlogged(self, message: Message) -> None:
+        """Send an unlogged publish for the peer to route (dropped while the link is down: at most once)."""
+        if self._socket is not None:
+            self._send(encode_unlogged(message))
+
+    def answer(self, batch: int, acks: Sequence[ForwardAck]) -> None:
+        """Answer a ``FORWARD`` of the peer."""
+        if self._socket is not None:
+            self._send(encode_answer(batch, acks))
+
+    def send(self, kind: int, body: bytes) -> None:
+        """Send one extension part (a kind registered with ``PeerLinks.on`` on the peer); dropped while the
+        link is down, as unlogged publishes are."""
+        if self._socket is not None:
+            self._send(_part(kind, body))
+
+    async def request(self, service: int, body: bytes, timeout: float) -> bytes:
+        """Call ``service`` (registered with ``PeerLinks.serve_requests`` on the peer) and return its reply.
+
+        Raises ``PeerLinkDown`` when the link is down or drops first, ``PeerRequestFailed`` when the peer's
+        service raised, ``TimeoutError`` after ``timeout`` seconds."""
+        if self._socket is None:
+            raise PeerLinkDown(f"no link to {self.peer}")
+        self._next_request = request_id = (self._next_request + 1) & 0xFFFFFFFF
+        future: asyncio.Future[bytes] = self._loop.create_future()
+        self._requests[request_id] = future
+        self._send(_part(REQUEST, _CALL.pack(request_id, service) + body))
+        try:
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._requests.pop(request_id, None)
+
+    def soon(self, produce: Callable[[], None]) -> None:
+        """Call ``produce`` just before the next message to the peer leaves (in the next loop iteration at
+        the latest), so that the parts it sends go with it; while the link is down, in the next loop
+        iteration (what it sends then is dropped)."""
+        if self._socket is None:
+            self._loop.call_soon(produce)
+            return
+        self._producers.append(produce)
+        self._start_writing()
+
+    def _send(self, part: bytes) -> None:
+        self._out.append(part)
+        self._start_writing()
+
+    def _start_writing(self) -> None:
+        sending = self._sending
+        if sending is None or sending.done():
+            self._sending = self._loop.create_task(self._write())
+
+    async def _write(self) -> None:
+        """Send what is queued as one message, and again while more was queued during a send that waited
+        (for the socket's buffer to drain)."""
+        while True:
+            producers, self._producers = self._producers, []
+            for produce in producers:
+                try:
+                    produce()
+                except Exception:
+                    log.exception("building a part for %s failed", self.peer)
+            socket = self._socket
+            if not self._out or socket is None:
+                self._out = []
+                return
+            data = b"".join(self._out)
+            self._out = []
+            try:
+                await socket.send_bytes(data)
+            except Exception as exc:  # the reader sees the socket close and detaches it
+                log.debug("sending to %s failed: %s", self.peer, exc)
+                # go on: the builders registered meanwhile are still called
+
+    def attach(self, socket: _Socket) -> None:
+        """Use ``socket`` from now on (a newer socket replaces an older one, whose forwards fail)."""
+        if self._socket is not None:
+            self.detach(self._socket)
+        self._socket = socket
+        log.info("peer link to %s up", self.peer)
+
+    def detach(self, socket: _Socket) -> None:
+        """``socket`` closed: fail the forwards waiting on it."""
+        if self._socket is not socket:
+            return
+        self._socket = None
+        self._out = []
+        waiting, self._waiting = self._waiting, {}
+        for count, done in waiting.values():
+            done([_LOST] * count)
+        requests, self._requests = self._requests, {}
+        for future in requests.values():
+            if not future.done():
+                future.set_exception(PeerLinkDown(f"link to {self.peer} dropped"))
+        log.info("peer link to %s down", self.peer)
+
+    async def close(self) -> None:
+        """Close the socket (its forwards fail)."""
+        socket = self._socket
+        if socket is not None:
+            self.detach(socket)
+            await socket.close()
+
+    def received(
+        self,
+        data: bytes,
+        receiver: PeerReceiver,
+        handlers: dict[int, PeerHandler] | None = None,
+        services: dict[int, PeerService] | None = None,
+    ) -> None:
+        """Handle one WebSocket message from the peer: publishes and answers go to ``receiver``, extension
+        parts to ``handlers`` by kind, requests to ``services`` by service number."""
+        now = self._loop.time()
+        for kind, body in decode_parts(data):
+            if kind == ANSWER:
+                batch, acks = decode_answer(body)
+                waiting = self._waiting.pop(batch, None)
+                if waiting is not None:
+                    waiting[1](acks)
+            elif kind == FORWARD:
+                batch, messages = decode_publishes(body, now, True)
+                receiver.forwarded(self, batch, messages)
+            elif kind == UNLOGGED:
+                _, messages = decode_publishes(body, now, False)
+                for message in messages:
+                    receiver.unlogged(message)
+            elif kind == REQUEST:
+                request_id, service = _CALL.unpack_from(body, 0)
+                self._serve(request_id, (services or {}).get(service), service, body[_CALL.size :])
+            elif kind == REPLY:
+                request_id, status = _CALL.unpack_from(body, 0)
+                future = self._requests.pop(request_id, None)
+                if future is not None and not future.done():
+                    reply = bytes(body[_CALL.size :])
+                    if status == _OK:
+                        future.set_result(reply)
+                    else:
+                        future.set_exception(PeerRequestFailed(reply.decode("utf-8", "replace")))
+            else:
+                handler = (handlers or {}).get(kind)
+                if handler is None:
+                    raise ValueError(f"unknown part kind {kind}")
+                handler(self, body)
+
+    def _serve(self, request_id: int, service: PeerService | None, number: int, body: memoryview) -> None:
+        """Run one request's service and send its reply (an error reply if it raises or is unknown)."""
+
+        async def run() -> None:
+            try:
+                if service is None:
+                    raise LookupError(f"no peer service {number}")
+                reply, status = await service(self, body), _OK
+            except Exception as exc:
+                reply, status = f"{type(exc).__name__}: {exc}".encode(), _ERROR
+            if self._socket is not None:
+                self._send(_part(REPLY, _CALL.pack(request_id, status) + reply))
+
+        task = self._loop.create_task(run())
+        self._serving.add(task)
+        task.add_done_callback(self._serving.discard)
+
+
+class PeerLinks:
+    """Every peer link of this node: dials the members it should, accepts the others, routes what arrives.
+
+    ``update(members)`` (called on every view change) starts dialing new members whose ``node_id`` is
+    larger than ours and drops the links of members gone. ``clients`` are this node's sessions to the
+    members (without them, plain ones: development on loopback); ``proofs`` learns of every link that
+    comes up.
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        clients: MemberClients | None,
+        receiver: PeerReceiver,
+        proofs: MemberProofs | None = None,
+    ) -> None:
+        from broker_edge.cluster.links.member_clients import MemberClients
+
+        self.node_id = node_id
+        self._own_clients = clients is None
+        self.clients = clients if clients is not None else MemberClients(node_id, None)
+        self.receiver = receiver
+        self.proofs = proofs
+        self.links: dict[str, PeerLink] = {}
+        self._dialers: dict[str, asyncio.Task[None]] = {}
+        self._urls: dict[str, str] = {}
+        self._closed = False
+        self._handlers: dict[int, PeerHandler] = {}
+        self._services: dict[int, PeerService] = {}
+
+    def on(self, kind: int, handler: PeerHandler) -> None:
+        """Hand parts of ``kind`` (``>= FIRST_EXTENSION_KIND``) that peers send to ``handler``."""
+        if kind < FIRST_EXTENSION_KIND:
+            raise ValueError(f"part kind {kind} is reserved (extensions start at {FIRST_EXTENSION_KIND})")
+        if kind in self._handlers:
+            raise ValueError(f"part kind {kind} already has a handler")
+        self._handlers[kind] = handler
+
+    def serve_requests(self, service: int, handler: PeerService) -> None:
+        """Answer peers' ``PeerLink.request(service, ...)`` calls with ``handler``."""
+        if not 0 <= service <= 0xFF:
+            raise ValueError(f"service numbers are 0-255, got {service}")
+        if service in self._services:
+            raise ValueError(f"peer service {service} already has a handler")
+        self._services[service] = handler
+
+    def link(self, peer: str) -> PeerLink:
+        """The link to ``peer`` (created down if new)."""
+        link = self.links.get(peer)
+        if link is None:
+            link = self.links[peer] = PeerLink(peer, asyncio.get_running_loop())
+        return link
+
+    def up(self, peer: str) -> bool:
+        link = self.links.get(peer)
+        return link is not None and link.up
+
+    def update(self, members: dict[str, str]) -> None:
+        """``members``: node_id → offsets API base URL of every live member (this node included)."""
+        if self._closed:
+            return
+        for peer, url in members.items():
+            if peer == self.node_id:
+                continue
+            self._urls[peer] = url
+            self.link(peer)
+            if peer > self.node_id and peer not in self._dialers:
+                self._dialers[peer] = asyncio.get_running_loop().create_task(self._dial(peer))
+        for peer in [peer for peer in self._dialers if peer not in members]:
+            self._dialers.pop(peer).cancel()
+            self._urls.pop(peer, None)
+
+    def broadcast(self, message: Message) -> None:
+        """Send an unlogged publish to every peer whose link is up."""
+        for link in self.links.values():
+            link.unlogged(message)
+
+    async def _dial(self, peer: str) -> None:
+        """Keep a link to ``peer`` open while it is a member: connect, read until it closes, redial."""
+        import aiohttp
+
+        link = self.link(peer)
+        failures = 0
+        while not self._closed:
+            url = self._urls.get(peer)
+            if url is None:
+                return
+            try:
+                socket = await self.clients.session(peer).ws_connect(
+                    url.rstrip("/") + PEER_PATH,
+                    heartbeat=HEARTBEAT_S,
+                    max_msg_size=MAX_MESSAGE_BYTES,
+                    timeout=aiohttp.ClientWSTimeout(ws_close=1.0),
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                if failures in (1, 50) or failures % 1000 == 0:  # a member that cannot prove who it is
+                    log.warning("peer link to %s at %s: %s", peer, url, exc)
+                else:
+                    log.debug("dialing peer %s at %s failed: %s", peer, url, exc)
+                await asyncio.sleep(REDIAL_S)
+                continue
+            failures = 0
+            try:
+                await self._read(link, socket)
+            finally:
+                link.detach(socket)
+                await socket.close()
+            await asyncio.sleep(REDIAL_S)
+
+    async def _read(self, link: PeerLink, socket: Any) -> None:
+        import aiohttp
+
+        link.attach(socket)
+        if self.proofs is not None:
+            self.proofs.link_up(link.peer)
+        async for frame in socket:
+            if frame.type != aiohttp.WSMsgType.BINARY:
+                if frame.type == aiohttp.WSMsgType.ERROR:
+                    break
+                continue
+            try:
+                link.received(frame.data, self.receiver, self._handlers, self._services)
+            except (ValueError, struct.error) as exc:
+                log.error("malformed message from peer %s, closing the link: %s", link.peer, exc)
+                break
+
+    async def serve(self, request: web.Request) -> web.StreamResponse:
+        """The ``/v1/peer`` endpoint: a member with a smaller node_id dialing in, as the node it proved."""
+        from aiohttp import web
+
+        from broker_edge.offsets_api.server import access_of
+
+        peer = access_of(request).member
+        if peer is None:
+            raise web.HTTPForbidden()  # only on the members' endpoint, whose every request is a member's
+        if peer == self.node_id or self._closed:
+            raise web.HTTPBadRequest()
+        socket = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=MAX_MESSAGE_BYTES)
+        await socket.prepare(request)
+        link = self.link(peer)
+        try:
+            await self._read(link, socket)
+        finally:
+            link.detach(socket)
+            await socket.close()
+        return socket
+
+    def add_routes(self, app: web.Application) -> None:
+        """Serve ``/v1/peer`` on ``app`` (the offsets API)."""
+        app.router.add_get(PEER_PATH, self.serve)
+
+    async def close(self) -> None:
+        """Stop dialing and close every link."""
+        self._closed = True
+        for task in self._dialers.values():
+            task.cancel()
+        for task in self._dialers.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._dialers.clear()
+        for link in self.links.values():
+            await link.close()
+        if self._own_clients:
+            await self.clients.close()

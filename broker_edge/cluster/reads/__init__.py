@@ -1,0 +1,1 @@
+"""Reads of logs this broker holds no copy of: observed partitions, remote backlogs and replay starts."""

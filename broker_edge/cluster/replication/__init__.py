@@ -1,0 +1,1 @@
+"""The replicated log: the leader's side, the followers' fetchers, leader epochs."""

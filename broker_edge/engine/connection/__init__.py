@@ -1,0 +1,1 @@
+"""A client connection and the state it shares with others: terms, states, inbound."""

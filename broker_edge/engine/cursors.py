@@ -1,0 +1,442 @@
+"""Log cursors: subscribers that read a topic from its commitlog until they have caught up with live traffic.
+
+A session has a cursor on a logged topic (``Session.cursors[topic] = next offset to deliver``) when
+
+* it subscribed from an offset (a replay: the v5 user property ``offset`` or the v3 filter form
+  ``$offset/<start>/<filter>``);
+* a message for it arrived while it was offline, or while its in-flight window was full: instead of copying
+  the message into a queue, the session remembers the offset (the log *is* the offline queue).
+
+While a cursor exists the router does not hand that session live copies of the topic (``holds``): the pump
+reads the log from the cursor, in order, as fast as the session's in-flight window and write buffer allow
+(``pump``, called again on every ack and when writing resumes). The switch to live delivery is exact: a live
+message whose offset equals the cursor is delivered directly and advances it; one below the cursor was
+already delivered from the log; one above it is still to be read. Live messages are routed only once they are
+durable, in offset order, and the log serves only durable records, so the two paths see the same sequence.
+When the cursor reaches the log's end it is dropped and the session is live again.
+
+Reads are shared: a small cache of decoded messages by (topic, offset), fed by live routing and by reads,
+means many sessions catching up on the same topic share the record and its encodings (the store's tail cache
+already spares the disk for recent records).
+
+An offset below the log start (retention removed it) starts at the log start; an offset past the end starts at
+the end. Never silently: the broker log says so, and a v5 client finds it in the SUBACK (a reason string and a
+user property ``offset_out_of_range`` per log, with the log's current start and end).
+
+A message whose v5 Message Expiry Interval has passed (the log keeps the interval with the record's time)
+is not delivered from the log: the cursor steps over it (counted as the drop ``expired``)
+[MQTT-3.3.2-5]; the others go out with what remains of their interval [MQTT-3.3.2-6].
+
+A record that fails its checksum is never delivered: the cursor steps over it (logged, counted as the drop
+``log_corrupt``) so one damaged record cannot stall a replay.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from broker_edge.engine.message import Message
+from broker_edge.engine.recent_messages import RecentMessages
+from broker_edge.engine.records import message_of_record
+from broker_edge.protocol.properties import Properties
+from broker_edge.protocol.topics import OffsetStart, OffsetStartKind, topic_matches
+from broker_edge.storage.errors import CorruptRecord, OffsetOutOfRange, StorageError, UnknownTopic
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from broker_edge.engine.ports import ClusterPorts, RemoteLogs, RemoteStarts
+    from broker_edge.engine.sessions.session import Outlet, Session
+    from broker_edge.log_info import LogInfo
+    from broker_edge.storage.record import Record
+    from broker_edge.storage.store import LogStore
+
+__all__ = ["ReplayManager", "start_offset"]
+
+log = logging.getLogger(__name__)
+
+PUMP_BATCH_RECORDS = 512
+"""Records one pump call delivers to one session before yielding the loop to others."""
+READ_MAX_BYTES = 1 << 20
+SHARED_MESSAGES = 8192
+
+
+class ReplayManager:
+    """Cursor bookkeeping and log reads for every session (one per broker, owned by the router).
+
+    ``count_drop(reason)`` counts a message not delivered (the router's); ``loop`` runs the deferred pumps
+    (None: a pump runs at once)."""
+
+    def __init__(
+        self, store: LogStore, loop: asyncio.AbstractEventLoop | None, count_drop: Callable[[str], None]
+    ) -> None:
+        self.store = store
+        self.loop = loop
+        self.count_drop = count_drop
+        self._messages = RecentMessages(SHARED_MESSAGES)
+        self._scheduled: set[Session] = set()
+        self.remote: RemoteLogs | None = None
+        """Reads the topics a cluster node holds no complete copy of from another broker (None: none)."""
+        self.remote_starts: RemoteStarts | None = None
+        """Positions replays in the topics a cluster node holds no complete copy of, asking the brokers
+        that hold them (None: none)."""
+
+    def join_cluster(self, ports: ClusterPorts) -> None:
+        """Read the logs this broker holds no complete copy of through ``ports``
+        (``BrokerCore.join_cluster``)."""
+        self.remote = ports.remote_logs
+        self.remote_starts = ports.remote_starts
+
+    # -- live routing ---------------------------------------------------------------------------------------
+
+    def holds(self, session: Session, message: Message, qos: int) -> bool:
+        """True if the live copy must not be delivered because the session reads this topic from the log."""
+        offset = message.offset
+        if offset is None:
+            return False
+        cursors = session.cursors
+        cursor = cursors.get(message.topic) if cursors else None
+        if cursor is None:
+            starts = self.remote_starts
+            return starts is not None and starts.holding(session, message.topic, offset)
+        if offset < cursor:
+            return True  # already delivered from the log
+        if offset == cursor and session.connection is not None and (qos == 0 or session.window_open()):
+            self._advance(session, message.topic, offset + 1)
+            return False
+        return True
+
+    def appended(self, topic: str, first_offset: int, messages: Sequence[Message]) -> None:
+        """Logged messages of `topic` from `first_offset` on were routed: keep them for sessions about to
+        read the same offsets."""
+        self._messages.add(topic, first_offset, messages)
+
+    # -- replays ------------------------------------------------------------------------------------------
+
+    def start(self, session: Session, topic_filter: str, start: OffsetStart) -> list[OffsetOutOfRange]:
+        """Position the session on every existing log its filter matches (reading starts with ``pump``).
+
+        Returns the logs where the asked offset is outside the log, each as the ``OffsetOutOfRange`` a
+        reader of the log would get: below the start (retention removed it) the replay starts at the
+        start, past the end at the end. The SUBACK tells a v5 client (``out_of_range_properties``). On a
+        cluster node, the logs it holds no copy of are positioned by asking the brokers holding them
+        (``remote_starts``); ``when_started`` says when that is done.
+        """
+        store = self.store
+        try:
+            infos = store.logs(pattern=topic_filter)
+        except (StorageError, ValueError) as exc:
+            log.warning(
+                "replay of %r not started: %s", topic_filter, exc, extra={"client_id": session.client_id}
+            )
+            return []
+        cursors = session.cursors
+        if cursors is None:
+            cursors = session.cursors = {}
+        remote = self.remote
+        outside: list[OffsetOutOfRange] = []
+        for info in infos:
+            if info.topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+                continue
+            if remote is not None and remote.handles(info.topic):
+                continue  # not a copy: an older part of the log, or nothing (``remote_starts``)
+            offset = start_offset(store, info, start)
+            if not info.start_offset <= offset <= info.end_offset:
+                outside.append(OffsetOutOfRange(info.topic, offset, info.start_offset, info.end_offset))
+                log.info(
+                    "replay of %r from %d: outside [%d, %d], starting at %d",
+                    info.topic,
+                    offset,
+                    info.start_offset,
+                    info.end_offset,
+                    min(max(offset, info.start_offset), info.end_offset),
+                    extra={"client_id": session.client_id},
+                )
+            cursors[info.topic] = min(max(offset, info.start_offset), info.end_offset)
+        starts = self.remote_starts
+        if starts is not None:
+            starts.start(session, topic_filter, start)
+        self._drop_cursors_if_none(session)
+        return outside
+
+    def when_started(
+        self, session: Session, outside: list[OffsetOutOfRange], ready: Callable[[], None]
+    ) -> bool:
+        """Whether ``session``'s replays are still being positioned in logs held by other brokers; if so,
+        ``ready()`` runs once they are, after adding to ``outside`` those whose offset was outside them."""
+        starts = self.remote_starts
+        return starts is not None and starts.when_started(session, outside, ready)
+
+    @staticmethod
+    def out_of_range_properties(outside: list[OffsetOutOfRange]) -> Properties:
+        """v5 SUBACK properties telling a device where its replay really starts: a reason string and one
+        user property ``offset_out_of_range`` per log, whose JSON value has the fields of the offsets
+        API's 416 answer (topic, offset, start_offset, end_offset)."""
+        first = outside[0]
+        more = f" (and {len(outside) - 1} more logs)" if len(outside) > 1 else ""
+        reason = f"{first}: replaying from {min(max(first.offset, first.start), first.end)}{more}"
+        return Properties(
+            reason_string=reason,
+            user_properties=[
+                (
+                    "offset_out_of_range",
+                    json.dumps(
+                        {"topic": o.topic, "offset": o.offset, "start_offset": o.start, "end_offset": o.end}
+                    ),
+                )
+                for o in outside
+            ],
+        )
+
+    # -- reading ------------------------------------------------------------------------------------------
+
+    def pump(self, session: Session) -> None:
+        """Deliver from the log to ``session`` while its window and buffer allow; drop caught-up cursors."""
+        cursors = session.cursors
+        conn = session.connection
+        if not cursors or conn is None:
+            return
+        store = self.store
+        budget = PUMP_BATCH_RECORDS
+        for topic in list(cursors):
+            entry = self._subscription(session, topic)
+            if entry is None:
+                del cursors[topic]
+                continue
+            sub_qos = entry[0]
+            cursor = cursors[topic]
+            remote = self.remote
+            if remote is not None and remote.handles(topic):
+                budget = self._pump_remote(session, conn, topic, entry, budget, remote)
+                if budget < 0:
+                    return
+                continue
+            while True:
+                if budget <= 0:
+                    self.pump_soon(session)
+                    return
+                if conn.paused or session.queue or session.connection is not conn:
+                    return
+                room = budget
+                if sub_qos:
+                    room = min(room, conn.send_quota - session.inflight_count())
+                    if room <= 0:
+                        return  # the next ack calls drain(), which pumps again
+                try:
+                    records = store.read(topic, cursor, room, READ_MAX_BYTES)
+                except OffsetOutOfRange as exc:
+                    if cursor < exc.start:
+                        log.info(
+                            "log of %r starts at %d, after the cursor %d (retention): continuing there",
+                            topic,
+                            exc.start,
+                            cursor,
+                            extra={"client_id": session.client_id},
+                        )
+                        cursor = cursors[topic] = exc.start
+                        continue
+                    records = []
+                except CorruptRecord as exc:
+                    log.error(
+                        "skipping records %d to %d of %r for the replay: %s",
+                        exc.offset,
+                        exc.next_offset - 1,
+                        topic,
+                        exc,
+                        extra={"client_id": session.client_id},
+                    )
+                    self.count_drop("log_corrupt")
+                    cursor = cursors[topic] = exc.next_offset
+                    continue
+                except UnknownTopic:
+                    records = []
+                if not records:
+                    del cursors[topic]  # caught up: live delivery from here on
+                    break
+                for record in records:
+                    self._replay_record(session, conn, topic, record, entry)
+                    cursor = record.offset + 1
+                    budget -= 1
+                cursors[topic] = cursor
+        self._drop_cursors_if_none(session)
+
+    def _pump_remote(
+        self,
+        session: Session,
+        conn: Outlet,
+        topic: str,
+        entry: tuple[int, bool, bool, tuple[int, ...]],
+        budget: int,
+        remote: RemoteLogs,
+    ) -> int:
+        """``pump`` for a topic this broker holds no copy of: read it from another broker up to where
+        this broker's routing of it stands, then drop the cursor (live delivery goes on from there).
+        Returns the budget left, or -1 when the pump must stop (window full, more to come later)."""
+        cursors = session.cursors
+        assert cursors is not None
+        sub_qos = entry[0]
+        cursor = cursors[topic]
+        while True:
+            end = remote.live_end(topic)
+            if end is None:
+                remote.retry_later(session)  # the observation has not told where its routing starts yet
+                return budget
+            if cursor >= end:
+                if cursor == end:
+                    del cursors[topic]  # caught up: live delivery from here on
+                # else: routing has not reached the cursor yet; live delivery takes over there (``holds``)
+                return budget
+            if budget <= 0:
+                self.pump_soon(session)
+                return -1
+            if conn.paused or session.queue or session.connection is not conn:
+                return -1
+            room = min(budget, end - cursor)
+            if sub_qos:
+                room = min(room, conn.send_quota - session.inflight_count())
+                if room <= 0:
+                    return -1  # the next ack calls drain(), which pumps again
+            records = remote.read(topic, cursor, room, session)
+            if records is None:
+                return budget  # being fetched: this session is pumped again once it is in
+            for record in records[:room]:
+                if record.offset >= end:
+                    break
+                self._replay_record(session, conn, topic, record, entry)
+                cursor = record.offset + 1
+                budget -= 1
+            cursors[topic] = cursor
+
+    def _replay_record(
+        self,
+        session: Session,
+        conn: Outlet,
+        topic: str,
+        record: Record,
+        entry: tuple[int, bool, bool, tuple[int, ...]],
+    ) -> None:
+        """Send one logged record to a session catching up, under its subscription ``entry``: not when it
+        expired, nor a record of the session's own client under No Local."""
+        sub_qos, no_local, retain_as_published, subscription_ids = entry
+        message = self._message(topic, record)
+        if message.expires_at is not None and message.expired():
+            self.count_drop("expired")
+        elif not (no_local and record.client_id == session.client_id):
+            qos = sub_qos if sub_qos < record.qos else record.qos
+            retain = retain_as_published and record.retain
+            if qos == 0:
+                conn.send_message(message, 0, retain, subscription_ids, None)
+            else:
+                session._send(conn, message, qos, retain, subscription_ids)
+
+    def _advance(self, session: Session, topic: str, offset: int) -> None:
+        cursors = session.cursors
+        if cursors is None:
+            return
+        remote = self.remote
+        if remote is not None and remote.handles(topic):
+            end = remote.live_end(topic)
+            if end is None:
+                end = offset + 1
+        else:
+            try:
+                end = self.store.log_info(topic).end_offset
+            except StorageError:
+                end = offset
+        if offset >= end:
+            del cursors[topic]
+            self._drop_cursors_if_none(session)
+        else:
+            cursors[topic] = offset
+
+    def pump_soon(self, session: Session) -> None:
+        """Pump ``session`` once at the end of this loop iteration, however often it is asked.
+
+        Acks arrive many per socket read; pumping after each would read the log once per ack for one
+        record each time. Deferred, the acks of one read make room together and one read fills it.
+        """
+        if self.loop is None:
+            self.pump(session)
+            return
+        if session in self._scheduled:
+            return
+        self._scheduled.add(session)
+
+        def again() -> None:
+            self._scheduled.discard(session)
+            if not session.queue:
+                self.pump(session)
+
+        self.loop.call_soon(again)
+
+    def _message(self, topic: str, record: Record) -> Message:
+        message = self._messages.get(topic, record.offset)
+        if message is not None:
+            return message
+        message = message_of_record(topic, record)
+        self._messages.add(topic, record.offset, (message,))
+        return message
+
+    @staticmethod
+    def _subscription(session: Session, topic: str) -> tuple[int, bool, bool, tuple[int, ...]] | None:
+        """The session's own (non-shared) subscriptions matching ``topic``, merged like the trie does."""
+        matched = False
+        qos, no_local, retain_as_published = 0, True, False
+        subscription_ids: list[int] = []
+        for entry in (session.subscriptions or {}).values():
+            if entry.group is not None or not topic_matches(entry.topic_filter, topic):
+                continue
+            options = entry.options
+            matched = True
+            qos = max(qos, options.qos)
+            no_local = no_local and options.no_local
+            retain_as_published = retain_as_published or options.retain_as_published
+            sub_id = options.subscription_id
+            if sub_id is not None and sub_id not in subscription_ids:
+                subscription_ids.append(sub_id)
+        if not matched:
+            return None
+        return qos, no_local, retain_as_published, tuple(subscription_ids)
+
+    # -- cleanup ------------------------------------------------------------------------------------------
+
+    def forget_filter(self, session: Session, topic_filter: str) -> None:
+        """After UNSUBSCRIBE: drop cursors no remaining subscription of the session matches."""
+        cursors = session.cursors
+        if not cursors:
+            return
+        for topic in list(cursors):
+            if self._subscription(session, topic) is None:
+                del cursors[topic]
+        self._drop_cursors_if_none(session)
+
+    def _drop_cursors_if_none(self, session: Session) -> None:
+        """No cursor left: the router hands the session live copies again without asking ``holds``
+        (unless a replay is being positioned in logs held elsewhere, whose live messages wait)."""
+        starts = self.remote_starts
+        if not session.cursors and not (starts is not None and starts.pending(session)):
+            session.cursors = None
+
+    def forget_session(self, session: Session) -> None:
+        session.cursors = None
+        self._scheduled.discard(session)
+        if self.remote_starts is not None:
+            self.remote_starts.forget(session)
+
+
+def start_offset(store: LogStore, info: LogInfo, start: OffsetStart) -> int:
+    """The offset ``start`` names in the log ``info`` describes, before it is clamped to the log (a time:
+    the first record appended at or after it, else the committed end)."""
+    kind = start.kind
+    if kind is OffsetStartKind.EARLIEST:
+        return info.start_offset
+    if kind is OffsetStartKind.LATEST:
+        return info.end_offset
+    value = start.value
+    assert value is not None, "an offset or timestamp start carries its value"
+    if kind is OffsetStartKind.TIMESTAMP:
+        return min(store.offset_for_timestamp(info.topic, value), info.end_offset)
+    return value

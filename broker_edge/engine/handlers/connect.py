@@ -1,0 +1,366 @@
+"""CONNECT: client id, authentication, session takeover or resume, keepalive, will, CONNACK (MQTT 3.1, 3.2).
+
+A session belongs to the identity that created it (its user name, the client certificate's CN, or none for
+an anonymous client): a CONNECT of another identity with the same client id is refused with "not
+authorized" (v5 0x87, v3 0x05) and the session and its connection are left alone. A resumed session keeps
+only the subscriptions the ACL still allows (see docs/security.md).
+
+Password checks hash on purpose, so they run off the loop (``BrokerContext.verify_password``) while the
+connection reads nothing further (packets that already arrived wait in its ``backlog``). Everything else
+is synchronous. CONNACK is written before the session's in-flight messages are resent, as the spec orders.
+Every refusal goes through ``Connection.refuse`` with its codes from ``_REFUSALS``.
+
+On a cluster node (the ``sessions`` port of ``BrokerContext.cluster``), the client id is first claimed
+cluster-wide, which moves its session here from the broker that holds it
+(``broker_edge.cluster.features.sessions``); the CONNECT waits for that as for a password check, then goes on
+exactly as on a broker alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import TYPE_CHECKING
+
+from broker_edge.engine.connection.states import (
+    AUTHENTICATING,
+    CLOSED,
+    CONNECTED,
+    HELD_FOR_CONNECT,
+    NEW,
+    NO_LIMIT,
+    keepalive_deadline,
+)
+from broker_edge.engine.message import wants_log_offsets
+from broker_edge.engine.ports import SessionClaim
+from broker_edge.protocol.codec import encode
+from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect, Will
+from broker_edge.protocol.properties import Properties
+from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
+
+if TYPE_CHECKING:
+    from broker_edge.engine.handlers.context import BrokerContext, Client
+    from broker_edge.engine.ports import SessionClaims
+    from broker_edge.engine.sessions.session import Session
+    from broker_edge.security.acl import AccessControl
+
+__all__ = ["handle_connect"]
+
+_log = logging.getLogger("broker_edge.connection")
+
+_RC = ReasonCode
+_V3 = ConnectReturnCode
+
+
+def handle_connect(ctx: BrokerContext, conn: Client, packet: Connect) -> None:
+    limits = ctx.config.limits
+    v5 = packet.protocol_version == MQTT_5
+    props = packet.properties
+    # the client's Maximum Packet Size bounds the CONNACK too (3.1.2.11.4)
+    max_packet_out = props.maximum_packet_size if props is not None else None
+    conn.terms = conn.terms.settle(v5=v5, max_packet_out=max_packet_out)
+    client_id = packet.client_id
+    assigned = False
+    if len(client_id) > limits.max_client_id_length or len(client_id.encode()) > limits.max_client_id_length:
+        _refuse(conn, "client_id_invalid", client_id[: limits.max_client_id_length])
+        return
+    if not client_id:
+        if not v5 and not packet.clean_start:
+            # MQTT 3.1.1 3.1.3-8: a zero-byte client id needs clean session 1.
+            _refuse(conn, "client_id_invalid", client_id)
+            return
+        client_id = "auto-" + secrets.token_hex(8)
+        assigned = True
+    if props is not None and props.authentication_method is not None:
+        _refuse(conn, "bad_auth_method", client_id)
+        return
+
+    username = packet.username
+    if username is None and conn.peer_cn is not None:
+        username = conn.peer_cn  # authenticated by its client certificate
+        _accept(ctx, conn, packet, client_id, assigned, username)
+        return
+    if username is None:
+        if not conn.listener.allow_anonymous:
+            _refuse(conn, "anonymous", client_id)
+            return
+        _accept(ctx, conn, packet, client_id, assigned, None)
+        return
+    passwords = ctx.passwords
+    if passwords is None:
+        if conn.listener.allow_anonymous:  # no password file: a username is only a label
+            _accept(ctx, conn, packet, client_id, assigned, username)
+        else:
+            _refuse(conn, "bad_credentials", client_id)
+        return
+    charged = not passwords.remembered(username, packet.password)  # a password verified before costs nothing
+    if charged and not ctx.login_backoff.admit(
+        conn.peer_host(), username if username in passwords else None, ctx.now()
+    ):
+        _refuse(conn, "login_backoff", client_id)  # no hash spent on a guesser
+        return
+    conn.named = client_id  # for the log lines while the password is checked
+    conn.state = AUTHENTICATING
+    conn.hold(HELD_FOR_CONNECT)
+
+    def checked(ok: bool) -> None:
+        _after_password(ctx, conn, packet, client_id, assigned, username, charged, ok)
+
+    ctx.verify_password(username, packet.password, checked)
+
+
+def _after_password(
+    ctx: BrokerContext,
+    conn: Client,
+    packet: Connect,
+    client_id: str,
+    assigned: bool,
+    username: str,
+    charged: bool,
+    ok: bool,
+) -> None:
+    if conn.state == CLOSED:
+        return
+    conn.state = NEW
+    if not ok:
+        _refuse(conn, "bad_credentials")
+        return
+    if charged:
+        ctx.login_backoff.succeeded(conn.peer_host(), username)
+    _accept(ctx, conn, packet, client_id, assigned, username)
+    if conn.state not in (CLOSED, AUTHENTICATING):  # AUTHENTICATING: a cluster claim is under way
+        conn.release(HELD_FOR_CONNECT)  # what arrived meanwhile, then reading resumes
+
+
+_REFUSALS: dict[str, tuple[int, int, str]] = {
+    "client_id_invalid": (
+        _RC.CLIENT_IDENTIFIER_NOT_VALID,
+        _V3.IDENTIFIER_REJECTED,
+        "client identifier too long, or empty without a clean session",
+    ),
+    "bad_auth_method": (
+        _RC.BAD_AUTHENTICATION_METHOD,
+        _V3.NOT_AUTHORIZED,
+        "enhanced authentication not offered",
+    ),
+    "anonymous": (_RC.NOT_AUTHORIZED, _V3.NOT_AUTHORIZED, "this listener requires a user name"),
+    "bad_credentials": (
+        _RC.BAD_USER_NAME_OR_PASSWORD,
+        _V3.BAD_USERNAME_OR_PASSWORD,
+        "bad user name or password",
+    ),
+    "not_authorized": (_RC.NOT_AUTHORIZED, _V3.NOT_AUTHORIZED, "will topic not allowed"),
+    "login_backoff": (
+        _RC.CONNECTION_RATE_EXCEEDED,
+        _V3.SERVER_UNAVAILABLE,
+        "too many failed logins; retry later",
+    ),
+    "session_owner": (
+        _RC.NOT_AUTHORIZED,
+        _V3.NOT_AUTHORIZED,
+        "this client identifier's session belongs to another user",
+    ),
+    "session_unavailable": (
+        _RC.SERVER_UNAVAILABLE,
+        _V3.SERVER_UNAVAILABLE,
+        "this client identifier's session could not be moved here; retry",
+    ),
+    "session_quota": (
+        _RC.QUOTA_EXCEEDED,
+        _V3.SERVER_UNAVAILABLE,
+        "too many persistent sessions on this broker",
+    ),
+    "retain_not_supported": (_RC.RETAIN_NOT_SUPPORTED, _V3.NOT_AUTHORIZED, "retained messages are disabled"),
+    "connack_too_large": (
+        _RC.PACKET_TOO_LARGE,
+        _V3.NOT_AUTHORIZED,
+        "the CONNACK does not fit the client's Maximum Packet Size",
+    ),
+}
+"""Refusal (``reason`` label of ``connections_refused_total``) → v5 code, v3 return code, reason string."""
+
+
+_LEFT_OUT_WHEN_TOO_LARGE = ("topic_alias_maximum", "maximum_packet_size", "receive_maximum")
+"""CONNACK properties left out, in this order, while the CONNACK is larger than the client's Maximum Packet
+Size [MQTT-3.1.2-24]. Without them the client assumes no topic aliases, no size limit and 65,535 in flight;
+the broker enforces its limits all the same (DISCONNECT 0x95, 0x93)."""
+
+
+def _fit_connack(ack: Properties, max_packet_out: int) -> bool:
+    """Leave properties out of a successful CONNACK until it fits ``max_packet_out``; False if it cannot
+    (what is left is needed: an assigned client id, a changed keep alive or expiry, retain unavailable)."""
+    for name in _LEFT_OUT_WHEN_TOO_LARGE:
+        if len(encode(ConnAck(True, 0, ack), MQTT_5)) <= max_packet_out:
+            return True
+        setattr(ack, name, None)
+    return len(encode(ConnAck(True, 0, ack), MQTT_5)) <= max_packet_out
+
+
+def _drop_denied_subscriptions(ctx: BrokerContext, acl: AccessControl, session: Session) -> None:
+    """A resumed session keeps only the subscriptions the ACL allows its identity now (rules change)."""
+    for key, entry in list((session.subscriptions or {}).items()):
+        if not acl.can_subscribe(session.client_id, session.username, entry.topic_filter):
+            ctx.router.unsubscribe(session, key)
+            ctx.counters.drop("subscribe_denied")
+
+
+def _refuse(conn: Client, reason: str, client_id: str | None = None) -> None:
+    """CONNACK with the refusal's code (v5: and its reason string, if the client accepts that size), close.
+
+    ``client_id`` names the connection in the log lines from here on, until it has a session."""
+    if client_id is not None and conn.session is None:
+        conn.named = client_id
+    v5_code, v3_code, text = _REFUSALS[reason]
+    conn.log().info("connection refused: %s", reason)
+    conn.refuse(reason, v5_code if conn.terms.v5 else v3_code, text)
+
+
+def _will_delay(will: Will | None) -> int:
+    """The v5 Will Delay Interval of a CONNECT's will (0: none, or no will)."""
+    if will is None or will.properties is None:
+        return 0
+    return will.properties.will_delay_interval or 0
+
+
+def _claim_then_accept(
+    ctx: BrokerContext,
+    claims: SessionClaims,
+    conn: Client,
+    packet: Connect,
+    client_id: str,
+    assigned: bool,
+    username: str | None,
+    expiry: int,
+) -> None:
+    """A cluster node first makes the client id's session its own (taking it over from the broker that
+    holds it, refused as here if it is another user's); the packets that arrive meanwhile wait."""
+    conn.named = client_id  # for the log lines while the claim is under way
+    conn.state = AUTHENTICATING
+    conn.hold(HELD_FOR_CONNECT)
+    will = packet.will
+    claim = SessionClaim(client_id, username, packet.clean_start, expiry, will, _will_delay(will))
+
+    def claimed(refusal: str | None) -> None:
+        if conn.state == CLOSED:
+            return
+        conn.state = NEW
+        if refusal is not None:
+            _refuse(conn, refusal)
+            return
+        _accept(ctx, conn, packet, client_id, assigned, username, claimed=True)
+        if conn.state != CLOSED:
+            conn.release(HELD_FOR_CONNECT)
+
+    claims.claim(claim, claimed)
+
+
+def _accept(
+    ctx: BrokerContext,
+    conn: Client,
+    packet: Connect,
+    client_id: str,
+    assigned: bool,
+    username: str | None,
+    claimed: bool = False,
+) -> None:
+    config = ctx.config
+    limits = config.limits
+    v5 = conn.terms.v5
+    props = packet.properties
+    will = packet.will
+    if will is not None:
+        if will.topic.startswith("$") or (
+            ctx.acl is not None and not ctx.acl.can_publish(client_id, username, will.topic)
+        ):
+            _refuse(conn, "not_authorized", client_id)  # clients never publish to $ topics, not even by will
+            return
+        if will.retain and not config.retain.enabled:
+            _refuse(conn, "retain_not_supported", client_id)
+            return
+
+    max_expiry = config.sessions.max_session_expiry_s
+    if v5:
+        requested = (
+            props.session_expiry_interval if props and props.session_expiry_interval is not None else 0
+        )
+        expiry = min(requested, max_expiry)
+    else:
+        requested = expiry = 0 if packet.clean_start else max_expiry
+
+    claims = ctx.cluster.sessions
+    if claims is not None and not claimed:
+        _claim_then_accept(ctx, claims, conn, packet, client_id, assigned, username, expiry)
+        return
+
+    router = ctx.router
+    now = ctx.now()
+    existing = router.sessions.get(client_id)
+    if existing is not None and existing.username != username:
+        _refuse(conn, "session_owner", client_id)  # neither taken over nor discarded: it is someone else's
+        return
+    max_persistent = config.sessions.max_persistent
+    adds_persistent = expiry > 0 and (existing is None or existing.expiry_interval == 0)
+    if adds_persistent and max_persistent and router.persistent_count >= max_persistent:
+        _refuse(conn, "session_quota", client_id)
+        return
+
+    keepalive = packet.keep_alive
+    ack: Properties | None = None
+    terms = conn.terms
+    if v5:
+        ack = Properties()
+        if keepalive == 0 or keepalive > limits.max_keepalive_s:
+            keepalive = limits.max_keepalive_s
+            ack.server_keep_alive = keepalive
+        if expiry != requested:
+            ack.session_expiry_interval = expiry
+        if props is not None:
+            terms = terms.settle(
+                problem_information=props.request_problem_information != 0,
+                send_quota=(
+                    None
+                    if props.receive_maximum is None
+                    else min(props.receive_maximum, limits.max_inflight_out)
+                ),
+                alias_max_out=min(props.topic_alias_maximum or 0, config.mqtt.outgoing_topic_aliases),
+            )
+        ack.receive_maximum = limits.receive_maximum
+        ack.maximum_packet_size = limits.max_packet_size
+        if config.mqtt.topic_alias_maximum:
+            ack.topic_alias_maximum = config.mqtt.topic_alias_maximum
+        if not config.retain.enabled:
+            ack.retain_available = 0
+        if assigned:
+            ack.assigned_client_identifier = client_id
+        if not _fit_connack(ack, terms.max_packet_out):
+            _refuse(conn, "connack_too_large", client_id)
+            return
+    else:
+        terms = terms.settle(max_packet_out=NO_LIMIT)
+
+    if existing is not None and existing.connection is not None:
+        existing.connection.taken_over()
+    session, present = router.open_session(client_id, packet.clean_start, expiry, now)
+    session.username = username
+    conn.session = session
+    if v5 and wants_log_offsets(props):
+        session.log_offsets = True
+    if present and ctx.acl is not None:
+        _drop_denied_subscriptions(ctx, ctx.acl, session)
+    conn.terms = terms.settle(keepalive=keepalive, state=CONNECTED)
+    conn.deadline = keepalive_deadline(now, keepalive)
+    conn.will = will
+    conn.will_delay = _will_delay(will)
+    conn.write(encode(ConnAck(present, 0, ack), conn.version))
+    conn.listener.metrics.connected()
+    if _log.isEnabledFor(logging.INFO):
+        conn.log().info(
+            "connected: v%d clean=%s keepalive=%d session_present=%s user=%s",
+            conn.version,
+            packet.clean_start,
+            keepalive,
+            present,
+            username,
+        )
+    session.attach(conn)
+    conn.attached()

@@ -1,0 +1,31 @@
+"""DISCONNECT from a client (MQTT 3.14): a normal one discards the will; v5 0x04 keeps it.
+
+A v5 DISCONNECT may change the Session Expiry Interval, except from 0 to non-zero (a protocol error, 0x82).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from broker_edge.protocol.packets import Disconnect
+from broker_edge.protocol.reason_codes import ReasonCode
+
+if TYPE_CHECKING:
+    from broker_edge.engine.handlers.context import BrokerContext, Client
+    from broker_edge.engine.sessions.session import Session
+
+__all__ = ["handle_disconnect"]
+
+
+def handle_disconnect(ctx: BrokerContext, conn: Client, session: Session, packet: Disconnect) -> None:
+    props = packet.properties
+    if props is not None and props.session_expiry_interval is not None:
+        if session.expiry_interval == 0 and props.session_expiry_interval != 0:
+            conn.close(
+                ReasonCode.PROTOCOL_ERROR, "session expiry cannot be set on DISCONNECT when CONNECT had 0"
+            )
+            return
+        session.expiry_interval = min(props.session_expiry_interval, ctx.config.sessions.max_session_expiry_s)
+    if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
+        conn.will = None
+    conn.close()

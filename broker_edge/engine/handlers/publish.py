@@ -1,0 +1,155 @@
+"""PUBLISH from a client: topic alias, limits, ACL, QoS 2 de-duplication, commitlog, routing, ack (MQTT 3.3).
+
+The order matters. A QoS 2 id already held (PUBREC sent or pending, PUBREL not yet received) is answered with
+PUBREC again and never routed twice. A valid, allowed publish is handed to the PUBLISH path
+(``broker_edge.engine.publish``): publishes the commitlog keeps are appended first and routed and acknowledged
+only once durable, so an acknowledged message is never lost and every delivery already carries its offset;
+everything else is routed at once and acknowledged in the same turn.
+
+ACL-denied publishes follow Mosquitto for v3 (acknowledged normally and dropped) and MQTT 5 for v5 (PUBACK /
+PUBREC with 0x87). Topic names starting with ``$`` are the broker's (``$SYS``): treated the same. A client
+that would create more topic logs than ``limits.max_topics_per_client``, or than its identity's share
+(``limits.max_topics_per_identity``, see ``broker_edge.security.topic_quota``), is refused the same way (0x97
+Quota exceeded).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from broker_edge.engine.message import Message, forwarded_properties
+from broker_edge.protocol.errors import ProtocolError
+from broker_edge.protocol.packets import Publish
+from broker_edge.protocol.reason_codes import ReasonCode
+from broker_edge.security.limits import topic_over_limits
+from broker_edge.security.topic_quota import identity_of
+
+if TYPE_CHECKING:
+    from broker_edge.engine.handlers.context import BrokerContext, Client
+    from broker_edge.engine.sessions.session import Session
+
+__all__ = ["handle_publish"]
+
+_NOT_AUTHORIZED = ReasonCode.NOT_AUTHORIZED
+_QUOTA_EXCEEDED = ReasonCode.QUOTA_EXCEEDED
+
+
+def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: Publish) -> None:
+    qos = packet.qos
+    conn.terms.stats.received[qos] += 1
+    topic = packet.topic
+    props = packet.properties
+    if props is not None and props.topic_alias is not None:
+        aliased = _resolve_alias(ctx, conn, props.topic_alias, topic)
+        if aliased is None:
+            return
+        topic = aliased
+    limits = ctx.config.limits
+    if topic_over_limits(topic, limits.max_topic_length, limits.max_topic_levels):
+        conn.close(ReasonCode.TOPIC_NAME_INVALID, "topic name longer or deeper than the broker allows")
+        return
+    packet_id = packet.packet_id
+    path = ctx.publish_path
+    if qos == 2:
+        assert packet_id is not None, "the decoder gives every QoS 1/2 PUBLISH a packet id"
+        held = session.incoming_qos2
+        if held is not None and packet_id in held:
+            path.acknowledge_in_turn(conn, packet_id, 2, 0)  # duplicate: PUBREC again, never routed twice
+            return
+    if qos and conn.terms.v5 and conn.incoming_pending >= limits.receive_maximum:
+        conn.close(
+            ReasonCode.RECEIVE_MAXIMUM_EXCEEDED, "more unacknowledged QoS 1/2 PUBLISHes than Receive Maximum"
+        )
+        return
+    retain = packet.retain
+    if retain and not ctx.config.retain.enabled:
+        if conn.terms.v5:
+            conn.close(ReasonCode.RETAIN_NOT_SUPPORTED, "retained messages are disabled")
+            return
+        retain = False
+    acl = ctx.acl
+    if topic[0] == "$" or (
+        acl is not None and not acl.can_publish(session.client_id, session.username, topic)
+    ):
+        _refuse(ctx, conn, session, qos, packet_id, _NOT_AUTHORIZED, "acl_denied")
+        return
+    logged = path.is_logged(topic, qos)
+    if logged and path.creates_log(topic) and not _may_create_log(ctx, conn, session, topic):
+        _refuse(ctx, conn, session, qos, packet_id, _QUOTA_EXCEEDED, "topic_quota")
+        return
+
+    expires_at = None
+    forwarded = props
+    if props is not None:
+        forwarded, expiry = forwarded_properties(props)
+        if expiry is not None:
+            expires_at = ctx.now() + expiry
+    message = Message(topic, packet.payload, qos, retain, forwarded, session.client_id, None, expires_at)
+    if qos == 2 and packet_id is not None:
+        _hold_qos2(conn, session, packet_id)
+    path.accept(conn, message, packet_id, logged)
+
+
+def _may_create_log(ctx: BrokerContext, conn: Client, session: Session, topic: str) -> bool:
+    """Whether the client may create ``topic``'s log: its client id's quota, then its identity's share."""
+    limits = ctx.config.limits
+    if limits.is_exempt(session.username):
+        return True
+    quota = limits.max_topics_per_client
+    if quota and ctx.publish_path.logs_created_by(session.client_id) >= quota:
+        return False
+    return ctx.topic_shares.take(identity_of(session.username, conn.peer_host()), topic)
+
+
+def _refuse(
+    ctx: BrokerContext,
+    conn: Client,
+    session: Session,
+    qos: int,
+    packet_id: int | None,
+    reason_code: int,
+    drop_reason: str,
+) -> None:
+    """Drop a PUBLISH the client may not make: v5 learns why from PUBACK / PUBREC; v3 sees a normal ack."""
+    ctx.counters.drop(drop_reason)
+    if packet_id is None:
+        return
+    if qos == 1:
+        conn.send_puback(packet_id, reason_code)
+    elif qos == 2:
+        if not conn.terms.v5:  # v3: the flow completes normally (PUBREL → PUBCOMP)
+            _hold_qos2(conn, session, packet_id)
+        conn.send_pubrec(packet_id, reason_code)
+
+
+def _hold_qos2(conn: Client, session: Session, packet_id: int) -> None:
+    """Remember an incoming QoS 2 id until PUBREL (exactly once, MQTT 4.3.3); an MQTT 5 client's publish
+    counts towards its Receive Maximum until then (an older client's only until its PUBREC: the PUBLISH
+    path counts those)."""
+    held = session.incoming_qos2
+    if held is None:
+        held = session.incoming_qos2 = set()
+    held.add(packet_id)
+    if conn.terms.v5:
+        conn.incoming_pending += 1
+
+
+def _resolve_alias(ctx: BrokerContext, conn: Client, alias: int, topic: str) -> str | None:
+    """Map a v5 topic alias (MQTT 3.3.2.3.4); an alias out of range or unknown closes the connection."""
+    maximum = ctx.config.mqtt.topic_alias_maximum
+    if alias > maximum:
+        conn.protocol_error(
+            ProtocolError(f"topic alias {alias} above the maximum {maximum}", ReasonCode.TOPIC_ALIAS_INVALID)
+        )
+        return None
+    aliases = conn.aliases_in
+    if topic:
+        if aliases is None:
+            aliases = conn.aliases_in = {}
+        aliases[alias] = topic
+        return topic
+    known = aliases.get(alias) if aliases else None
+    if known is None:
+        conn.protocol_error(ProtocolError(f"topic alias {alias} was never set", ReasonCode.PROTOCOL_ERROR))
+        return None
+    return known

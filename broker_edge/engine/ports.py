@@ -1,0 +1,292 @@
+"""The seam: every point where the engine lets a cluster in, and what a broker alone does there.
+
+As EMQX lets a cluster or an extension in through one small behaviour (``emqx_external_broker``: a few
+callbacks, one registration, nothing when none is registered), the engine declares each point here as a
+small ``Protocol`` and ``ClusterPorts`` holds one implementation of each. A broker alone runs with ``ALONE``;
+a cluster node (``broker_edge.cluster.node``) builds its ports and registers them once, with
+``BrokerCore.join_cluster``, which hands each engine part the ports it asks. Nothing else of the engine is
+set from outside, and nothing of the engine imports the cluster.
+
+A port left ``None`` is absent: the engine then does what a broker alone does, at the cost of one test on
+the paths that run per message. ``Replication`` alone is an object, ``LOCAL_ONLY``, since every logged batch
+passes through it.
+
+==================  =================================================  =======================================
+port                asked by                                           a broker alone
+==================  =================================================  =======================================
+``forwarding``      the PUBLISH path: is a logged publish appended     everything logged is appended here,
+                    here, else get it to the leader; an unlogged one   routed here only
+                    is routed on the other members too
+``replication``     the PUBLISH path, between durable and              ``LOCAL_ONLY``: done at once
+                    acknowledged (acks=all on a leader)
+``sessions``        CONNECT claims its client id first; a connected    the session is opened here
+                    client's connection ended
+``wills``           the router, when a will is to be published         through the PUBLISH path
+``shared_dispatch`` the router, per message: who serves ``$share``     the groups' members here, round robin
+                    groups (the partition's leader picks a broker)
+``shared_members``  the router: a member joined or left a group here   nothing
+``retained_sync``   the router: a retained message changed; whether    nothing; retained messages at once
+                    retained messages can be sent yet
+``interest``        the router: a filter was subscribed or dropped     nothing
+``subscribe_gate``  SUBSCRIBE: whether the SUBACK waits (the new       the SUBACK goes at once
+                    subscriptions' partitions are not routed here yet)
+``remote_logs``     the cursors: topics whose log this broker holds    every log is here
+                    no complete copy of, read from another broker
+``remote_starts``   the cursors: replays positioned in logs held       every log is here
+                    elsewhere, before the SUBACK
+==================  =================================================  =======================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from broker_edge.protocol.reason_codes import ReasonCode
+
+if TYPE_CHECKING:
+    from broker_edge.engine.message import Message
+    from broker_edge.engine.sessions.session import Session
+    from broker_edge.protocol.packets import Will
+    from broker_edge.protocol.topics import OffsetStart
+    from broker_edge.storage.errors import OffsetOutOfRange
+    from broker_edge.storage.record import Record
+
+__all__ = [
+    "ALONE",
+    "LOCAL_ONLY",
+    "AppendedRun",
+    "ClusterPorts",
+    "ForwardAck",
+    "Forwarding",
+    "Interest",
+    "LocalOnly",
+    "PublishRefused",
+    "RemoteLogs",
+    "RemoteStarts",
+    "Replication",
+    "RetainedSync",
+    "SessionClaim",
+    "SessionClaims",
+    "SharedDispatch",
+    "SharedMembers",
+    "SubscribeGate",
+    "Wills",
+]
+
+
+# -- the PUBLISH path -------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class AppendedRun:
+    """Messages appended to one topic's log in one batch: record i has offset ``first_offset + i``."""
+
+    topic: str
+    first_offset: int
+    messages: list[Message] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardAck:
+    """The answer for one publish forwarded to another broker: its reason code and, once appended there,
+    its offset (a reason code of 0x80 or more refuses it, with the reason string)."""
+
+    reason_code: int
+    offset: int | None = None
+    reason_string: str | None = None
+
+
+class PublishRefused(Exception):
+    """A stage refuses the publishes of a batch (e.g. too few in-sync replicas): v5 publishers get
+    ``reason_code`` with the message as reason string, v3 publishers are disconnected."""
+
+    def __init__(self, message: str, reason_code: int = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR) -> None:
+        super().__init__(message)
+        self.reason_code = reason_code
+
+
+class Forwarding(Protocol):
+    """Where a cluster member's logged publishes go, and getting them there."""
+
+    def appends_here(self, topic: str) -> bool:
+        """Whether logged publishes on ``topic`` are appended to this broker's log now (it leads the topic's
+        partition); the others are handed to ``forward``. Asked once per topic of a batch."""
+
+    def forward(
+        self,
+        topic: str,
+        messages: list[Message],
+        from_peer: bool,
+        done: Callable[[Sequence[ForwardAck]], None],
+    ) -> None:
+        """Get ``messages`` (all on ``topic``) appended where they belong, or refuse them; ``done`` is called
+        once, on the loop (possibly at once), with one answer per message in order. ``from_peer``: another
+        broker forwarded them here (``PublishPath.accept_forwarded``)."""
+
+    def broadcast(self, message: Message) -> None:
+        """Route an unlogged publish on every other member."""
+
+
+class Replication(Protocol):
+    """The stage between durable and acknowledged: call ``done`` once ``runs`` are replicated enough."""
+
+    def when_replicated(
+        self, runs: Sequence[AppendedRun], done: Callable[[], None], failed: Callable[[BaseException], None]
+    ) -> None: ...
+
+
+class LocalOnly:
+    """A broker without followers: a durable batch is as replicated as it will get."""
+
+    __slots__ = ()
+
+    def when_replicated(
+        self, runs: Sequence[AppendedRun], done: Callable[[], None], failed: Callable[[BaseException], None]
+    ) -> None:
+        done()
+
+
+LOCAL_ONLY = LocalOnly()
+
+
+# -- sessions and wills -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SessionClaim:
+    """What a CONNECT on a cluster node claims: its client id's session, for its identity, as it asks."""
+
+    client_id: str
+    username: str | None
+    """The identity the session belongs to (user name, certificate CN, or None: anonymous)."""
+    clean_start: bool
+    expiry_interval: int
+    """The Session Expiry Interval granted (seconds, capped by the broker's maximum)."""
+    will: Will | None
+    will_delay: int
+    """The will's v5 Will Delay Interval (0: none)."""
+
+
+class SessionClaims(Protocol):
+    """Sessions held beyond this broker: one client id, one session, cluster-wide."""
+
+    def claim(self, claim: SessionClaim, done: Callable[[str | None], None]) -> None:
+        """Make this broker the holder of ``claim.client_id``'s session (moving it here if it is elsewhere);
+        ``done(refusal)`` later on the loop: None to go on, else the CONNECT refusal's name."""
+
+    def connection_ended(self, session: Session, will: Will | None) -> None:
+        """The connection of ``session``'s client ended, ``will`` still to be handled (None: a normal
+        DISCONNECT, or none was given)."""
+
+
+class Wills(Protocol):
+    """Publishing a will (each once, cluster-wide)."""
+
+    def publish_will(self, message: Message) -> None: ...
+
+
+# -- routing ----------------------------------------------------------------------------------------------
+
+
+class SharedDispatch(Protocol):
+    """Who serves a message's ``$share`` groups."""
+
+    def dispatch(self, message: Message) -> int:
+        """Serve the shared groups of ``message`` (this broker's members through
+        ``Router.deliver_to_group``); returns how many groups it went to, or will."""
+
+
+class SharedMembers(Protocol):
+    def member_changed(self, group: str, topic_filter: str, joined: bool) -> None:
+        """A member joined (``joined``) or the last one left ``group`` of ``topic_filter`` here."""
+
+
+class RetainedSync(Protocol):
+    """Retained messages held cluster-wide."""
+
+    def retained_changed(self, topic: str) -> None:
+        """The retained message of ``topic`` was set or cleared here."""
+
+    def retained_gate(self, send: Callable[[], object]) -> bool:
+        """True when retained messages cannot be sent yet: ``send`` runs once they can."""
+
+
+class Interest(Protocol):
+    def interest_changed(self, topic_filter: str, added: bool) -> None:
+        """A subscription (shared memberships included) to ``topic_filter`` was added or removed."""
+
+
+class SubscribeGate(Protocol):
+    def subscribe_gate(self, send: Callable[[], object]) -> bool:
+        """True when a SUBACK must wait (the records of its new subscriptions are not routed here yet):
+        ``send`` runs once it may go."""
+
+
+# -- log cursors ------------------------------------------------------------------------------------------
+
+
+class RemoteLogs(Protocol):
+    """Reads of the topics whose log this broker holds no complete copy of, from a broker that does."""
+
+    def handles(self, topic: str) -> bool:
+        """Whether ``topic`` is read from another broker (this one holds no complete copy of it)."""
+
+    def live_end(self, topic: str) -> int | None:
+        """Where this broker's routing of ``topic`` stands (None: not known yet)."""
+
+    def read(self, topic: str, offset: int, max_records: int, session: Session) -> list[Record] | None:
+        """Committed records of ``topic`` from ``offset``, or None while they are fetched (``session`` is
+        pumped again then)."""
+
+    def retry_later(self, session: Session) -> None:
+        """``session`` waits for something not known yet: pump it again soon."""
+
+
+class RemoteStarts(Protocol):
+    """Replays from an offset positioned in logs held by other brokers, before the SUBACK."""
+
+    def start(self, session: Session, topic_filter: str, start: OffsetStart) -> bool:
+        """Position ``session``'s replay of ``topic_filter`` in the logs held elsewhere (asynchronously);
+        False when there are none."""
+
+    def pending(self, session: Session) -> bool:
+        """Whether replays of ``session`` are being positioned."""
+
+    def holding(self, session: Session, topic: str, offset: int) -> bool:
+        """Whether a live message of ``topic`` at ``offset`` waits for the session's replay to be
+        positioned (it is read from the log then)."""
+
+    def when_started(
+        self, session: Session, outside: list[OffsetOutOfRange], ready: Callable[[], None]
+    ) -> bool:
+        """Whether ``session`` has replays being positioned; if so, ``ready()`` runs once they all are,
+        after adding to ``outside`` the logs whose asked offset was outside them."""
+
+    def forget(self, session: Session) -> None:
+        """The session ended."""
+
+
+# -- the ports together -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterPorts:
+    """One implementation of every port (see the module docstring); ``None`` where it is absent."""
+
+    forwarding: Forwarding | None = None
+    replication: Replication = LOCAL_ONLY
+    sessions: SessionClaims | None = None
+    wills: Wills | None = None
+    shared_dispatch: SharedDispatch | None = None
+    shared_members: SharedMembers | None = None
+    retained_sync: RetainedSync | None = None
+    interest: Interest | None = None
+    subscribe_gate: SubscribeGate | None = None
+    remote_logs: RemoteLogs | None = None
+    remote_starts: RemoteStarts | None = None
+
+
+ALONE = ClusterPorts()
+"""A broker alone: every port absent, replication local only."""

@@ -1,0 +1,58 @@
+"""The latest logged messages by (topic, offset), shared by the sessions reading a log near its end.
+
+Sessions catching up on the same topic ask for the same offsets; handing them one `Message` (and so one
+set of its encodings) spares a decode per session. Live routing adds a whole batch of one topic at a time
+(a C-level dict update, nothing per message in Python), reads add what they decode.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from itertools import count, islice
+
+from broker_edge.engine.message import Message
+
+__all__ = ["RecentMessages"]
+
+
+class RecentMessages:
+    """At most `max_messages` messages; the topics added to least recently are dropped first, whole."""
+
+    def __init__(self, max_messages: int) -> None:
+        self.max_messages = max_messages
+        self._topics: OrderedDict[str, dict[int, Message]] = OrderedDict()
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, topic: str, first_offset: int, messages: Sequence[Message]) -> None:
+        """Keep `messages`, the records of `topic` from `first_offset` on, in order."""
+        topics = self._topics
+        by_offset = topics.get(topic)
+        if by_offset is None:
+            by_offset = topics[topic] = {}
+        elif topics[next(reversed(topics))] is not by_offset:
+            topics.move_to_end(topic)
+        before = len(by_offset)
+        by_offset.update(zip(count(first_offset), messages))
+        self._count += len(by_offset) - before
+        if self._count > self.max_messages:
+            self._shrink()
+
+    def get(self, topic: str, offset: int) -> Message | None:
+        by_offset = self._topics.get(topic)
+        return None if by_offset is None else by_offset.get(offset)
+
+    def _shrink(self) -> None:
+        """Drop the least recent topics; if the newest alone is over, keep the half of it added last."""
+        topics = self._topics
+        while self._count > self.max_messages and len(topics) > 1:
+            _, dropped = topics.popitem(last=False)
+            self._count -= len(dropped)
+        if self._count > self.max_messages:
+            topic, by_offset = topics.popitem()
+            kept = dict(islice(by_offset.items(), len(by_offset) - self.max_messages // 2, None))
+            topics[topic] = kept
+            self._count = len(kept)

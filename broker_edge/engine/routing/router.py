@@ -1,0 +1,323 @@
+"""The router: sessions, subscriptions, retained messages and wills, called synchronously by the handlers.
+
+There is one router per broker and no queue in front of it: a PUBLISH handler calls ``publish`` which
+matches the topic once (cached by the trie) and calls ``Session.deliver`` for every matching session, in the
+same loop iteration. The router never touches sockets; times come in as numbers (``now``) or from the clock
+it is given (message expiry of wills), and the broker's periodic sweep calls ``tick``.
+
+Logged topics (see ``broker_edge.engine.cursors``) are the exception to "deliver at once": a session that is
+behind on a topic's log (a replay, or messages missed while offline) reads that topic from the log until it
+has caught up, and the router does not hand it the live copy meanwhile, so the switch has no gap and no
+duplicate.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from broker_edge.engine.message import Message, forwarded_properties
+from broker_edge.engine.routing.retained import RetainedStore
+from broker_edge.engine.routing.subscriptions import SharedGroup, SubscriptionOptions, SubscriptionTrie
+from broker_edge.engine.sessions.session import NEVER_EXPIRES, Session, SessionSubscription
+
+if TYPE_CHECKING:
+    from broker_edge.engine.cursors import ReplayManager
+    from broker_edge.engine.ports import (
+        ClusterPorts,
+        Interest,
+        RetainedSync,
+        SharedDispatch,
+        SharedMembers,
+        Wills,
+    )
+    from broker_edge.protocol.packets import Will
+    from broker_edge.security.limits import LimitsConfig
+
+__all__ = ["Router"]
+
+log = logging.getLogger(__name__)
+
+
+def _is_online(session: Session) -> bool:
+    return session.connection is not None
+
+
+class Router:
+    """Sessions by client id, the subscription trie, retained messages, delayed wills, expiring sessions.
+
+    ``count_drop(reason)`` is called for every message not delivered (the broker binds it to its metrics);
+    ``replays`` is the ``ReplayManager`` when a commitlog is attached, else None.
+    """
+
+    def __init__(
+        self,
+        limits: LimitsConfig,
+        *,
+        max_retained: int = 0,
+        retain_enabled: bool = True,
+        count_drop: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limits = limits
+        self.sessions: dict[str, Session] = {}
+        self.session_type = Session.bound_to(self)
+        """The class of this broker's sessions (they reach the router through it)."""
+        self.persistent_count = 0
+        """Sessions with a Session Expiry Interval > 0 (kept by ``Session.expiry_interval``)."""
+        self.trie: SubscriptionTrie[Session] = SubscriptionTrie()
+        self.retained = RetainedStore(max_retained, is_expired=Message.expired)
+        self.retain_enabled = retain_enabled
+        self.count_drop: Callable[[str], None] = count_drop or (lambda reason: None)
+        self.clock = clock
+        """Monotonic seconds, for the expiry deadline of wills (the broker's clock)."""
+        self.replays: ReplayManager | None = None
+        """``broker_edge.engine.cursors.ReplayManager`` when the broker has a commitlog."""
+        self._delayed_wills: set[Session] = set()
+        self._expiring: set[Session] = set()
+        self.publish_through: Callable[[Message], None] | None = None
+        """The PUBLISH path's entry (``BrokerCore`` sets it once), so wills take the path client PUBLISHes
+        take, log append included; None: routed here only."""
+        # The ports of the cluster this broker is a member of (``join_cluster``); all None alone.
+        self._wills: Wills | None = None
+        self._shared_dispatch: SharedDispatch | None = None
+        self._shared_members: SharedMembers | None = None
+        self._retained_sync: RetainedSync | None = None
+        self._interest: Interest | None = None
+
+    def join_cluster(self, ports: ClusterPorts) -> None:
+        """Route as a cluster member from now on (``BrokerCore.join_cluster``): shared groups, retained
+        messages, interest and wills go through ``ports``."""
+        self._wills = ports.wills
+        self._shared_dispatch = ports.shared_dispatch
+        self._shared_members = ports.shared_members
+        self._retained_sync = ports.retained_sync
+        self._interest = ports.interest
+
+    # -- publishing ---------------------------------------------------------------------------------------
+
+    def publish(self, message: Message, groups_served: bool = False) -> int:
+        """Deliver ``message`` to every matching session (and update retained); returns how many matched.
+
+        ``message.retain`` is the RETAIN flag of the incoming PUBLISH: the message becomes the topic's
+        retained message (an empty payload clears it). Live deliveries carry RETAIN only to subscriptions
+        with Retain As Published (MQTT 3.3.1.3). ``groups_served``: its shared groups were served where it
+        was published (a cluster peer's unlogged publish), only ordinary subscriptions get it here.
+        """
+        if message.retain and self.retain_enabled:
+            if message.payload:
+                if not self.retained.set(message.topic, message):
+                    self.count_drop("retained_full")
+            else:
+                self.retained.clear(message.topic)
+            if self._retained_sync is not None:
+                self._retained_sync.retained_changed(message.topic)
+        match = self.trie.match(message.topic)
+        shared = self._shared_dispatch
+        served = 0
+        if shared is not None and not groups_served:
+            served = shared.dispatch(message)
+        if not match.subscribers and (not match.groups or shared is not None or groups_served):
+            return served
+        origin = message.origin
+        message_qos = message.qos
+        retain = message.retain
+        replays = self.replays
+        for session, qos, no_local, retain_as_published, subscription_ids in match.subscribers:
+            if no_local and session.client_id == origin:
+                continue
+            if qos > message_qos:
+                qos = message_qos
+            if (
+                (rare := session._rare) is not None  # a session with none of its rare fields set: one read
+                and rare.cursors is not None
+                and replays is not None
+                and replays.holds(session, message, qos)
+            ):
+                continue
+            session.deliver(message, qos, retain and retain_as_published, subscription_ids)
+        if shared is not None or groups_served:
+            return len(match.subscribers) + served
+        for group in match.groups:
+            self.deliver_to_group(group, message)
+        return len(match.subscribers) + len(match.groups)
+
+    def deliver_to_group(self, group: SharedGroup[Session], message: Message) -> Session | None:
+        """Deliver ``message`` to one member of a shared group (round robin, online members first); the
+        member it went to, None if the group is empty."""
+        picked = group.pick(_is_online)
+        if picked is None:
+            return None
+        member, options = picked
+        sub_id = options.subscription_id
+        member.deliver(
+            message,
+            options.qos if options.qos < message.qos else message.qos,
+            message.retain and options.retain_as_published,
+            (sub_id,) if sub_id is not None else (),
+            True,
+        )
+        return member
+
+    def send_retained(self, session: Session, topic_filter: str, options: SubscriptionOptions) -> int:
+        """Deliver the retained messages matching a new subscription (RETAIN set, MQTT 3.3.1.3)."""
+        if not self.retain_enabled:
+            return 0
+        sync = self._retained_sync
+        if sync is not None and sync.retained_gate(
+            lambda: self.send_retained(session, topic_filter, options)
+        ):
+            return 0  # sent once the cluster's retained messages are known here
+        sub_ids = (options.subscription_id,) if options.subscription_id is not None else ()
+        found = self.retained.match(topic_filter)
+        for _topic, message in found:
+            session.deliver(message, min(options.qos, message.qos), True, sub_ids)
+        return len(found)
+
+    # -- subscriptions ------------------------------------------------------------------------------------
+
+    def subscribe(
+        self, session: Session, key: str, topic_filter: str, group: str | None, options: SubscriptionOptions
+    ) -> bool:
+        """Add or replace the subscription ``key`` (the filter as subscribed); True if it is new."""
+        subscriptions = session.subscriptions
+        if subscriptions is None:
+            subscriptions = session.subscriptions = {}
+        existing = subscriptions.get(key)
+        joined = self.trie.add(topic_filter, session, options, group)
+        subscriptions[key] = SessionSubscription(topic_filter, group, options)
+        if joined and self._interest is not None:
+            self._interest.interest_changed(topic_filter, True)
+        if joined and group is not None and self._shared_members is not None:
+            self._shared_members.member_changed(group, topic_filter, True)
+        return existing is None
+
+    def unsubscribe(self, session: Session, key: str) -> bool:
+        subscriptions = session.subscriptions
+        entry = subscriptions.pop(key, None) if subscriptions else None
+        if entry is None:
+            return False
+        left = self.trie.remove(entry.topic_filter, session, entry.group)
+        if left and self._interest is not None:
+            self._interest.interest_changed(entry.topic_filter, False)
+        if left and entry.group is not None and self._shared_members is not None:
+            self._shared_members.member_changed(entry.group, entry.topic_filter, False)
+        if not subscriptions:
+            session.subscriptions = None
+        if self.replays is not None:
+            self.replays.forget_filter(session, entry.topic_filter)
+        return True
+
+    def subscription_count(self, session: Session) -> int:
+        return len(session.subscriptions) if session.subscriptions else 0
+
+    # -- session lifecycle --------------------------------------------------------------------------------
+
+    def open_session(
+        self, client_id: str, clean_start: bool, expiry_interval: int, now: float
+    ) -> tuple[Session, bool]:
+        """The session for a CONNECT: the existing one (session present) unless ``clean_start``.
+
+        The caller has already taken over any connection still attached to the old session.
+        """
+        old = self.sessions.get(client_id)
+        if old is not None and not clean_start:
+            self._delayed_wills.discard(old)
+            old.will = old.will_at = None  # a new connection before the delay cancels the will (3.1.2.5)
+            self._expiring.discard(old)
+            old.expires_at = None
+            old.expiry_interval = expiry_interval
+            return old, True
+        if old is not None:
+            self._end_session(old, now)
+        session = self.session_type(client_id, expiry_interval)
+        self.sessions[client_id] = session
+        return session, False
+
+    def restore_session(
+        self, client_id: str, expiry_interval: int, expires_at: float | None, username: str | None
+    ) -> Session:
+        """Add an offline session read back at start (``broker_edge.engine.sessions.snapshot``); it ends at
+        ``expires_at`` unless its client reconnects first (None: never)."""
+        session = self.session_type(client_id, expiry_interval)
+        session.username = username
+        session.expires_at = expires_at
+        self.sessions[client_id] = session
+        if expires_at is not None:
+            self._expiring.add(session)
+        return session
+
+    def connection_closed(self, session: Session, will: Will | None, will_delay: int, now: float) -> None:
+        """The session's connection ended; ``will`` is None after a normal DISCONNECT."""
+        session.detach()
+        if self.sessions.get(session.client_id) is not session:
+            if will is not None:
+                self.publish_will(will, session.client_id)
+            return
+        if will is not None:
+            if will_delay <= 0 or session.expiry_interval == 0:
+                self.publish_will(will, session.client_id)
+            else:
+                session.will = will
+                session.will_at = now + will_delay
+                self._delayed_wills.add(session)
+        if session.expiry_interval == 0:
+            self._end_session(session, now)
+        elif session.expiry_interval != NEVER_EXPIRES:
+            session.expires_at = now + session.expiry_interval
+            self._expiring.add(session)
+
+    def _end_session(self, session: Session, now: float) -> None:
+        """Discard a session: its subscriptions, queues and a will still waiting (sent now, 3.1.2.5)."""
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+            session.expiry_interval = 0  # no longer counted as persistent
+        self._expiring.discard(session)
+        if session.will is not None:
+            self._delayed_wills.discard(session)
+            will, session.will, session.will_at = session.will, None, None
+            self.publish_will(will, session.client_id)
+        if session.subscriptions:
+            for key in list(session.subscriptions):
+                self.unsubscribe(session, key)
+        if self.replays is not None:
+            self.replays.forget_session(session)
+        session.clear_outgoing()
+
+    def publish_will(self, will: Will, client_id: str) -> None:
+        forwarded, expiry = forwarded_properties(will.properties)
+        expires_at = self.clock() + expiry if expiry is not None else None
+        message = Message(
+            will.topic, will.payload, will.qos, will.retain, forwarded, client_id, None, expires_at
+        )
+        if self._wills is not None:
+            self._wills.publish_will(message)
+        elif self.publish_through is not None:
+            self.publish_through(message)
+        else:
+            self.publish(message)
+
+    def tick(self, now: float) -> None:
+        """Fire delayed wills and expire offline sessions whose time has come (called about once a second)."""
+        if self._delayed_wills:
+            for session in [s for s in self._delayed_wills if s.will_at is not None and s.will_at <= now]:
+                self._delayed_wills.discard(session)
+                will, session.will, session.will_at = session.will, None, None
+                if will is not None:
+                    self.publish_will(will, session.client_id)
+        if self._expiring:
+            for session in [s for s in self._expiring if s.expires_at is not None and s.expires_at <= now]:
+                log.info("session expired", extra={"client_id": session.client_id})
+                self._end_session(session, now)
+
+    def online_count(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.connection is not None)
+
+    def inflight_count(self) -> int:
+        return sum(s.inflight_count() for s in self.sessions.values())
+
+    def pump_replays(self, session: Session) -> None:
+        if self.replays is not None:
+            self.replays.pump_soon(session)

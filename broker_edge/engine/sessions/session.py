@@ -1,0 +1,426 @@
+"""Session state: what survives a client's connection (MQTT 4.1) and the outgoing flow control.
+
+A session owns its subscriptions, the packet ids of QoS 1/2 messages in flight towards the client (and
+those past PUBREC), the ids of incoming QoS 2 messages not yet released, the queue of messages waiting for
+a free in-flight slot or for the client to come back, and, for logged topics, the log cursors that replace
+that queue while the client is away. It knows nothing about sockets or clocks: it writes through the
+connection attached to it (an ``Outlet``: ``None`` while offline), asks its router through ``SessionOwner``
+(both declared here, what the session uses of them) and is given times as numbers.
+
+Every container is created on first use, and what a session holds only in some states (a delayed will, an
+expiry deadline while offline, incoming QoS 2 ids, log cursors and the ``offset`` opt-in of a session reading
+logs) are ``RareField`` attributes: an idle session with one subscription costs a few hundred bytes. The
+fanout reads the log fields of a session that has the side object straight from it (``_rare``), one slot
+read more, not a descriptor call.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from broker_edge.engine.message import Message
+from broker_edge.engine.rare_fields import RareField, RareSlots
+
+if TYPE_CHECKING:
+    from broker_edge.engine.routing.subscriptions import SubscriptionOptions
+    from broker_edge.protocol.packets import Will
+    from broker_edge.security.limits import LimitsConfig
+
+__all__ = [
+    "NEVER_EXPIRES",
+    "RELEASED",
+    "Inflight",
+    "Outlet",
+    "Released",
+    "Session",
+    "SessionOwner",
+    "SessionSubscription",
+]
+
+NEVER_EXPIRES = 0xFFFFFFFF
+"""v5 Session Expiry Interval meaning "does not expire"."""
+
+
+class Released:
+    """Marks an outgoing QoS 2 packet id past PUBREC: PUBREL was sent, PUBCOMP is awaited."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "RELEASED"
+
+
+RELEASED = Released()
+
+# An in-flight or queued delivery: (message, qos, retain flag, subscription identifiers).
+Delivery = tuple[Message, int, bool, tuple[int, ...]]
+
+
+class OutletTerms(Protocol):
+    """What a session reads of its connection's settled terms."""
+
+    @property
+    def paused(self) -> bool:
+        """The connection's transport asked it to stop writing."""
+
+    @property
+    def send_quota(self) -> int:
+        """QoS 1/2 messages in flight towards the client at most."""
+
+
+class Outlet(Protocol):
+    """The connection a session writes through (``engine.connection.connection.Connection`` is one), as the
+    session and the readers of its log cursors use it."""
+
+    @property
+    def terms(self) -> OutletTerms: ...
+
+    @property
+    def paused(self) -> bool: ...
+
+    @property
+    def send_quota(self) -> int: ...
+
+    def send_message(
+        self,
+        message: Message,
+        qos: int,
+        retain: bool,
+        subscription_ids: tuple[int, ...],
+        packet_id: int | None,
+        dup: bool = False,
+    ) -> bool:
+        """Write one delivery; False when it was dropped (too large for the client)."""
+
+    def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None: ...
+
+    def taken_over(self) -> None:
+        """Another connection claimed the client id: DISCONNECT, and let go of the session."""
+
+
+class LogCursors(Protocol):
+    """The broker's log cursors (``engine.cursors.ReplayManager``), as far as a session asks."""
+
+    def pump_soon(self, session: Session) -> None: ...
+
+
+class SessionOwner(Protocol):
+    """The router of a session's broker (``engine.routing.router.Router`` is one), as the session uses it."""
+
+    persistent_count: int
+    """Sessions with a Session Expiry Interval > 0 (kept by ``Session.expiry_interval``)."""
+
+    @property
+    def limits(self) -> LimitsConfig: ...
+
+    @property
+    def replays(self) -> LogCursors | None:
+        """The log cursors; None without a commitlog (nothing is read from a log later)."""
+
+    def count_drop(self, reason: str) -> None:
+        """A message was not delivered, for ``reason``."""
+
+    def pump_replays(self, session: Session) -> None: ...
+
+
+class SessionSubscription:
+    """One subscription as its session remembers it: where it sits in the trie and with which options."""
+
+    __slots__ = ("group", "options", "topic_filter")
+
+    def __init__(self, topic_filter: str, group: str | None, options: SubscriptionOptions) -> None:
+        self.topic_filter = topic_filter
+        self.group = group
+        self.options = options
+
+
+class Inflight(dict[int, "Delivery | Released"]):
+    """A session's QoS 1/2 deliveries sent and not yet acknowledged, by packet id, and the id to try next
+    (kept here, not on the session: an idle session has no window and pays no slot for it)."""
+
+    __slots__ = ("next_id",)
+
+    next_id: int
+    """Set when the window is made (``Session._send``): dict's own constructor, no Python call."""
+
+
+class HeldQueue(deque[Delivery]):
+    """A session's queue of held deliveries and the payload bytes it holds (``max_offline_bytes``)."""
+
+    __slots__ = ("bytes",)
+
+    bytes: int
+    """Set when the queue is made (``Session._enqueue``): deque's own constructor, no Python call."""
+
+
+class _SessionRare(RareSlots):
+    """The ``RareField`` attributes of a ``Session`` that has set one."""
+
+    __slots__ = (
+        "_expiry_interval",
+        "cursors",
+        "expires_at",
+        "incoming_qos2",
+        "log_offsets",
+        "username",
+        "will",
+        "will_at",
+    )
+    defaults: ClassVar[dict[str, Any]] = {}
+    cursors: dict[str, int] | None
+    log_offsets: bool
+
+
+class Session:
+    """The broker side of one client id.
+
+    ``expiry_interval`` is seconds after disconnect until the session is discarded (0 = at disconnect,
+    ``NEVER_EXPIRES`` = never, capped by the broker's maximum); ``expires_at`` is the deadline while offline.
+    """
+
+    __slots__ = (
+        "_rare",
+        "client_id",
+        "connection",
+        "inflight",
+        "queue",
+        "subscriptions",
+    )
+
+    router: ClassVar[SessionOwner]
+    """The router of the broker the session belongs to: a class attribute of the class ``bound_to`` makes
+    for each router, so ten thousand sessions do not hold a slot each for the one value they share."""
+
+    expires_at: RareField[float | None] = RareField(_SessionRare, None)
+    """When an offline session is discarded (loop time; None: online, or it never expires)."""
+    incoming_qos2: RareField[set[int] | None] = RareField(_SessionRare, None)
+    """Ids of incoming QoS 2 messages received and not yet released by PUBREL."""
+    will: RareField[Will | None] = RareField(_SessionRare, None)
+    """A will waiting for its v5 Will Delay Interval after the connection ended."""
+    will_at: RareField[float | None] = RareField(_SessionRare, None)
+    username: RareField[str | None] = RareField(_SessionRare, None)
+    """Read per message only by an ACL check and when a publish creates a log."""
+    _expiry_interval: RareField[int] = RareField(_SessionRare, 0)
+    cursors: RareField[dict[str, int] | None] = RareField(_SessionRare, None)
+    """Logged topic → next offset to deliver from the log (see ``broker_edge.engine.cursors``)."""
+    log_offsets: RareField[bool] = RareField(_SessionRare, False)
+    """The client asked for log delivery (it subscribed from an offset, or opted in on CONNECT): its v5
+    deliveries of logged messages carry the user property ``offset``. Kept until the session ends."""
+
+    @classmethod
+    def bound_to(cls, router: SessionOwner) -> type[Session]:
+        """The session class of ``router``'s broker: ``Session`` with ``router`` as its class attribute."""
+        namespace = {"__slots__": (), "router": router, "__module__": cls.__module__}
+        bound: type[Session] = type(cls.__name__, (cls,), namespace)
+        bound.__qualname__ = cls.__qualname__
+        return bound
+
+    def __init__(self, client_id: str, expiry_interval: int = 0) -> None:
+        self.client_id = client_id
+        self.connection: Outlet | None = None
+        self._rare: _SessionRare | None = None
+        self.expiry_interval = expiry_interval
+        self.subscriptions: dict[str, SessionSubscription] | None = None
+        """Full filter as subscribed (``$share/...`` included) → ``SessionSubscription``."""
+        self.inflight: Inflight | None = None
+        self.queue: HeldQueue | None = None
+
+    def __repr__(self) -> str:
+        state = "online" if self.connection is not None else "offline"
+        return f"Session({self.client_id!r}, {state})"
+
+    @property
+    def expiry_interval(self) -> int:
+        return self._expiry_interval
+
+    @expiry_interval.setter
+    def expiry_interval(self, value: int) -> None:
+        """Persistent (> 0) or not: the router counts persistent sessions (``sessions.max_persistent``)."""
+        self.router.persistent_count += (value > 0) - (self._expiry_interval > 0)
+        self._expiry_interval = value
+
+    @property
+    def online(self) -> bool:
+        return self.connection is not None
+
+    def inflight_count(self) -> int:
+        return len(self.inflight) if self.inflight else 0
+
+    # -- outgoing: the router calls deliver() for every matching subscription ----------------------------
+
+    def deliver(
+        self,
+        message: Message,
+        qos: int,
+        retain: bool,
+        subscription_ids: tuple[int, ...] = (),
+        shared: bool = False,
+    ) -> None:
+        """Send now if the client is online and its in-flight window is open, else hold it (QoS 1/2).
+
+        An online client's held messages wait in its queue, logged or not (cheap: the message and its
+        encodings are already in memory). A logged message for an offline client, or one that does not fit the
+        queue, is not copied: the session remembers its offset and reads the topic's log later
+        (``broker_edge.engine.cursors``), so the log is the offline queue. Shared-subscription deliveries are
+        always copied, since the log also holds what the other members of the group received.
+        """
+        conn = self.connection
+        if qos == 0:
+            if conn is not None:
+                conn.send_message(message, 0, retain, subscription_ids, None)
+            return
+        if (
+            conn is None
+            or self.queue
+            or conn.terms.paused
+            or (self.inflight and len(self.inflight) >= conn.terms.send_quota)
+        ):
+            if (
+                message.offset is not None
+                and not shared
+                and self.router.replays is not None
+                and (conn is None or not self._queue_has_room(len(message.payload)))
+            ):
+                self._remember_offset(message)
+            else:
+                self._enqueue((message, qos, retain, subscription_ids))
+            return
+        self._send(conn, message, qos, retain, subscription_ids)
+
+    def _send(
+        self, conn: Outlet, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]
+    ) -> None:
+        inflight = self.inflight
+        if inflight is None:
+            inflight = self.inflight = Inflight()
+            inflight.next_id = 1
+        packet_id = inflight.next_id
+        while packet_id in inflight:
+            packet_id = packet_id % 0xFFFF + 1
+        inflight.next_id = packet_id % 0xFFFF + 1
+        if conn.send_message(message, qos, retain, subscription_ids, packet_id):
+            inflight[packet_id] = (message, qos, retain, subscription_ids)
+
+    def _queue_has_room(self, size: int) -> bool:
+        """Whether one more message of ``size`` payload bytes fits ``max_offline_messages`` / ``_bytes``."""
+        limits = self.router.limits
+        queue = self.queue
+        return not (
+            (queue is not None and len(queue) >= limits.max_offline_messages)
+            or (queue.bytes if queue is not None else 0) + size > limits.max_offline_bytes
+            or limits.max_offline_messages == 0
+        )
+
+    def _enqueue(self, delivery: Delivery) -> None:
+        size = len(delivery[0].payload)
+        if not self._queue_has_room(size):
+            self.router.count_drop("queue_full")
+            return
+        queue = self.queue
+        if queue is None:
+            queue = self.queue = HeldQueue()
+            queue.bytes = size
+        else:
+            queue.bytes += size
+        queue.append(delivery)
+
+    def _remember_offset(self, message: Message) -> None:
+        """Offline, logged topic: remember where to resume instead of holding the message."""
+        cursors = self.cursors
+        if cursors is None:
+            cursors = self.cursors = {}
+        if message.topic not in cursors and message.offset is not None:
+            cursors[message.topic] = message.offset
+
+    def drain(self) -> None:
+        """Move queued messages into the in-flight window while it has room (after an ack or a resume)."""
+        conn = self.connection
+        queue = self.queue
+        if conn is None:
+            return
+        if queue:
+            quota = conn.terms.send_quota
+            router = self.router
+            while queue and not conn.terms.paused and (not self.inflight or len(self.inflight) < quota):
+                message, qos, retain, subscription_ids = queue.popleft()
+                queue.bytes -= len(message.payload)
+                if message.expires_at is not None and message.expired():
+                    router.count_drop("expired")
+                    continue
+                self._send(conn, message, qos, retain, subscription_ids)
+            if not queue:
+                self.queue = None
+        if (rare := self._rare) is not None and rare.cursors and not self.queue:
+            self.router.pump_replays(self)
+
+    def window_open(self) -> bool:
+        """True when one more QoS 1/2 message may be sent right now (replays read only while it is)."""
+        conn = self.connection
+        if conn is None or conn.terms.paused or self.queue:
+            return False
+        return not self.inflight or len(self.inflight) < conn.terms.send_quota
+
+    # -- acknowledgements from the client -----------------------------------------------------------------
+
+    def on_puback(self, packet_id: int) -> bool:
+        """QoS 1 delivery complete; False if the id was not a QoS 1 message in flight."""
+        inflight = self.inflight
+        if not inflight:
+            return False
+        entry = inflight.get(packet_id)
+        if entry is None or isinstance(entry, Released) or entry[1] != 1:
+            return False
+        del inflight[packet_id]
+        self.drain()
+        return True
+
+    def on_pubrec(self, packet_id: int, failed: bool) -> bool:
+        """QoS 2 step 1: True if PUBREL must be sent (False: unknown id, or an error code ended the flow)."""
+        inflight = self.inflight
+        if not inflight:
+            return False
+        entry = inflight.get(packet_id)
+        if entry is None or entry is RELEASED:
+            return entry is RELEASED  # a repeated PUBREC is answered with PUBREL again
+        if failed:
+            del inflight[packet_id]
+            self.drain()
+            return False
+        inflight[packet_id] = RELEASED
+        return True
+
+    def on_pubcomp(self, packet_id: int) -> bool:
+        inflight = self.inflight
+        if not inflight or inflight.get(packet_id) is not RELEASED:
+            return False
+        del inflight[packet_id]
+        self.drain()
+        return True
+
+    # -- connection changes -------------------------------------------------------------------------------
+
+    def attach(self, conn: Outlet) -> None:
+        """The client (re)connected: resend what was in flight, with DUP, then the queue (MQTT 4.4)."""
+        self.connection = conn
+        self.expires_at = None
+        inflight = self.inflight
+        if inflight:
+            for packet_id, entry in list(inflight.items()):
+                if isinstance(entry, Released):
+                    conn.send_pubrel(packet_id)
+                else:
+                    message, qos, retain, subscription_ids = entry
+                    if not conn.send_message(message, qos, retain, subscription_ids, packet_id, dup=True):
+                        del inflight[packet_id]
+        self.drain()
+
+    def detach(self) -> None:
+        self.connection = None
+
+    def clear_outgoing(self) -> None:
+        self.inflight = None
+        self.queue = None
+        if self._rare is not None:
+            self.incoming_qos2 = None
+            self.cursors = None

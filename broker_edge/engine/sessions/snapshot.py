@@ -1,0 +1,308 @@
+"""Persistent sessions as plain data: what a restart reads back (the format is in docs/broker.md).
+
+Sans-IO: ``capture`` turns the router's persistent sessions into a JSON-ready document, ``parse`` checks a
+decoded document and ``restore`` puts its sessions back into a router as offline sessions. Times come in as
+numbers: ``now`` on the loop's clock (deadlines), ``wall`` in epoch seconds (the downtime between a write
+and a read). ``broker_edge.runtime.session_store`` owns the file.
+
+For logged topics a session is saved as log cursors, never as messages: the cursor of a topic is the first
+offset the client has not acknowledged (the session's own cursor, lowered to the oldest logged message in
+flight or queued), so a restored session reads everything after its last acknowledgement from the log.
+Messages of topics that are not logged (QoS 0, topics outside the persistence rules) and shared-subscription
+deliveries only ever lived in memory and are not saved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from broker_edge.engine.routing.subscriptions import SubscriptionOptions
+from broker_edge.engine.sessions.session import NEVER_EXPIRES, Released, Session
+from broker_edge.protocol.errors import MQTTError
+from broker_edge.protocol.topics import parse_shared, topic_matches
+
+if TYPE_CHECKING:
+    from broker_edge.engine.routing.router import Router
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "NewerSnapshotVersion",
+    "SavedSession",
+    "Snapshot",
+    "SnapshotError",
+    "capture",
+    "parse",
+    "restore",
+    "session_document",
+]
+
+FORMAT = "timestone-sessions"
+FORMAT_VERSION = 1
+"""Bumped when the document changes shape; a broker refuses a snapshot with a higher version."""
+
+
+class SnapshotError(ValueError):
+    """The document is not a sessions snapshot this broker can read."""
+
+
+class NewerSnapshotVersion(SnapshotError):
+    """The snapshot was written by a broker with a newer format (a downgrade): refused, never guessed at."""
+
+
+@dataclass(slots=True)
+class SavedSubscription:
+    key: str
+    """The filter as subscribed (``$share/<group>/<filter>`` included): the session's key for it."""
+    group: str | None
+    topic_filter: str
+    options: SubscriptionOptions
+
+
+@dataclass(slots=True)
+class SavedSession:
+    client_id: str
+    username: str | None
+    expiry_interval: int
+    expires_in_s: float | None
+    """Seconds left at ``Snapshot.written_at`` (None: never expires)."""
+    subscriptions: list[SavedSubscription]
+    cursors: dict[str, int]
+    """Logged topic → first offset the client has not acknowledged."""
+    log_offsets: bool = False
+    """The client asked for the ``offset`` user property on deliveries (``Session.log_offsets``)."""
+
+
+@dataclass(slots=True)
+class Snapshot:
+    written_at: float
+    log_ends: dict[str, int]
+    """Every log's end offset when written: records past it were appended later (before a crash), so the
+    sessions that were caught up on that topic read them from there."""
+    sessions: list[SavedSession]
+
+
+# -- capture ----------------------------------------------------------------------------------------------
+
+
+def capture(router: Router, log_ends: dict[str, int], now: float, wall: float) -> dict[str, Any]:
+    """The document of every persistent session (Session Expiry Interval > 0), online or not."""
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "written_at": wall,
+        "log_ends": log_ends,
+        "sessions": [session_document(s, now) for s in router.sessions.values() if s.expiry_interval > 0],
+    }
+
+
+def session_document(session: Session, now: float) -> dict[str, Any]:
+    """One session's entry of the document (also what a cluster hands to the broker its client moves to)."""
+    expiry = session.expiry_interval
+    if expiry == NEVER_EXPIRES:
+        expires_in = None
+    elif session.expires_at is None:
+        expires_in = float(expiry)  # online: the countdown starts when its connection ends
+    else:
+        expires_in = max(0.0, session.expires_at - now)
+    document = {
+        "client_id": session.client_id,
+        "username": session.username,
+        "expiry_interval": expiry,
+        "expires_in_s": expires_in,
+        "subscriptions": [
+            _subscription_document(key, entry.options) for key, entry in (session.subscriptions or {}).items()
+        ],
+        "cursors": _unacknowledged_offsets(session),
+    }
+    if session.log_offsets:
+        document["log_offsets"] = True
+    return document
+
+
+_OPTION_DEFAULTS = SubscriptionOptions()
+_OPTIONS = ("no_local", "retain_as_published", "retain_handling", "subscription_id")
+
+
+def _subscription_document(key: str, options: SubscriptionOptions) -> dict[str, Any]:
+    document: dict[str, Any] = {"filter": key, "qos": options.qos}
+    for name in _OPTIONS:  # options at their default are left out: most subscriptions are two fields
+        value = getattr(options, name)
+        if value != getattr(_OPTION_DEFAULTS, name):
+            document[name] = value
+    return document
+
+
+def _unacknowledged_offsets(session: Session) -> dict[str, int]:
+    """Logged topic → first offset not acknowledged: the log cursor, lowered to the oldest logged message
+    in flight (sent, no PUBACK/PUBREC yet) or queued, so those are delivered again from the log."""
+    offsets = dict(session.cursors or {})
+    held = [entry for entry in (session.inflight or {}).values() if not isinstance(entry, Released)]
+    held.extend(session.queue or ())
+    for message, *_ in held:
+        offset = message.offset
+        if offset is None or not _reads_log(session, message.topic):
+            continue
+        current = offsets.get(message.topic)
+        if current is None or offset < current:
+            offsets[message.topic] = offset
+    return offsets
+
+
+def _reads_log(session: Session, topic: str, min_qos: int = 0) -> bool:
+    """Whether a log cursor on ``topic`` would deliver anything: a non-shared subscription of at least
+    ``min_qos`` matches it (shared deliveries never come from a cursor)."""
+    return any(
+        entry.group is None and entry.options.qos >= min_qos and topic_matches(entry.topic_filter, topic)
+        for entry in (session.subscriptions or {}).values()
+    )
+
+
+# -- parse ------------------------------------------------------------------------------------------------
+
+
+def parse(document: Any) -> Snapshot:
+    """Check a decoded document field by field; raises ``SnapshotError`` (``NewerSnapshotVersion``)."""
+    top = _mapping(document, "document")
+    if top.get("format") != FORMAT:
+        raise SnapshotError(f"not a sessions snapshot (format {top.get('format')!r})")
+    version = _typed(top, "version", int, "document")
+    if version > FORMAT_VERSION:
+        raise NewerSnapshotVersion(
+            f"format version {version} is newer than this broker reads (up to {FORMAT_VERSION})"
+        )
+    if version < 1:
+        raise SnapshotError(f"unknown format version {version}")
+    log_ends = _offsets(top.get("log_ends"), "log_ends")
+    sessions = top.get("sessions")
+    if not isinstance(sessions, list):
+        raise SnapshotError("sessions: expected a list")
+    return Snapshot(
+        float(_typed(top, "written_at", (int, float), "document")),
+        log_ends,
+        [_parse_session(entry, index) for index, entry in enumerate(sessions)],
+    )
+
+
+def _parse_session(entry: Any, index: int) -> SavedSession:
+    where = f"sessions[{index}]"
+    fields = _mapping(entry, where)
+    cursors = _offsets(fields.get("cursors", {}), f"{where}.cursors")
+    subscriptions = fields.get("subscriptions", [])
+    if not isinstance(subscriptions, list):
+        raise SnapshotError(f"{where}.subscriptions: expected a list")
+    expires_in = _typed(fields, "expires_in_s", (int, float, type(None)), where)
+    return SavedSession(
+        _typed(fields, "client_id", str, where),
+        _typed(fields, "username", (str, type(None)), where),
+        _typed(fields, "expiry_interval", int, where),
+        None if expires_in is None else float(expires_in),
+        [_parse_subscription(sub, f"{where}.subscriptions[{i}]") for i, sub in enumerate(subscriptions)],
+        cursors,
+        _typed(fields, "log_offsets", bool, where, False),
+    )
+
+
+def _parse_subscription(entry: Any, where: str) -> SavedSubscription:
+    fields = _mapping(entry, where)
+    key = _typed(fields, "filter", str, where)
+    try:
+        group, topic_filter = parse_shared(key)
+    except MQTTError as exc:
+        raise SnapshotError(f"{where}.filter: {exc}") from None
+    options = SubscriptionOptions(
+        _typed(fields, "qos", int, where),
+        _typed(fields, "no_local", bool, where, False),
+        _typed(fields, "retain_as_published", bool, where, False),
+        _typed(fields, "retain_handling", int, where, 0),
+        _typed(fields, "subscription_id", (int, type(None)), where, None),
+    )
+    if not 0 <= options.qos <= 2:
+        raise SnapshotError(f"{where}.qos: expected 0, 1 or 2, got {options.qos}")
+    return SavedSubscription(key, group, topic_filter, options)
+
+
+_REQUIRED = object()
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise SnapshotError(f"{where}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _offsets(value: Any, where: str) -> dict[str, int]:
+    """A mapping of topic → offset."""
+    offsets = _mapping(value, where)
+    for topic in offsets:
+        _typed(offsets, topic, int, where)
+    return offsets
+
+
+def _typed(fields: dict[str, Any], name: str, kinds: Any, where: str, default: Any = _REQUIRED) -> Any:
+    """``fields[name]`` if it has one of ``kinds`` (a bool is not an int here), else ``SnapshotError``."""
+    value = fields.get(name, default)
+    if value is _REQUIRED:
+        raise SnapshotError(f"{where}.{name}: missing")
+    allowed = kinds if isinstance(kinds, tuple) else (kinds,)
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        raise SnapshotError(f"{where}.{name}: unexpected {type(value).__name__} {value!r}")
+    return value
+
+
+# -- restore ----------------------------------------------------------------------------------------------
+
+
+def restore(
+    router: Router,
+    snapshot: Snapshot,
+    log_ends: dict[str, int],
+    now: float,
+    wall: float,
+    max_expiry_s: int,
+    can_subscribe: Callable[[str, str | None, str], bool] | None = None,
+    max_persistent: int = 0,
+) -> tuple[int, int, int]:
+    """Put the snapshot's sessions into ``router`` as offline sessions; returns (restored, expired, over
+    the bound): at most ``max_persistent`` persistent sessions in all (0: no bound), the first ones kept.
+
+    Deadlines continue from the snapshot (the downtime counts), capped by the current ``max_expiry_s``.
+    ``log_ends`` are the logs' end offsets now; a log that grew past its end in the snapshot (appends between
+    the last write and a crash) is read from there by every session subscribed to it without a cursor.
+    ``can_subscribe`` (the current ACL) drops subscriptions it no longer allows.
+    """
+    elapsed = max(0.0, wall - snapshot.written_at)
+    grown = {
+        topic: snapshot.log_ends.get(topic, 0)
+        for topic, end in log_ends.items()
+        if end > snapshot.log_ends.get(topic, 0)
+    }
+    restored = expired = over = 0
+    for saved in snapshot.sessions:
+        if saved.client_id in router.sessions:
+            continue
+        if max_persistent and router.persistent_count >= max_persistent:
+            over += 1
+            continue
+        expiry = min(saved.expiry_interval, max_expiry_s)
+        expires_at: float | None = None
+        if expiry != NEVER_EXPIRES:
+            left = expiry if saved.expires_in_s is None else min(saved.expires_in_s, expiry)
+            if left - elapsed <= 0:
+                expired += 1
+                continue
+            expires_at = now + left - elapsed
+        session = router.restore_session(saved.client_id, expiry, expires_at, saved.username)
+        session.log_offsets = saved.log_offsets
+        for sub in saved.subscriptions:
+            if can_subscribe is None or can_subscribe(saved.client_id, saved.username, sub.topic_filter):
+                router.subscribe(session, sub.key, sub.topic_filter, sub.group, sub.options)
+        cursors = dict(saved.cursors)
+        for topic, since in grown.items():
+            if topic not in cursors and _reads_log(session, topic, min_qos=1):  # QoS 0 is not kept offline
+                cursors[topic] = since
+        session.cursors = cursors or None
+        restored += 1
+    return restored, expired, over

@@ -1,0 +1,1 @@
+"""What every HTTP endpoint of a broker shares: bounds on connections and requests, lazy loading."""

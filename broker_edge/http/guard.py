@@ -1,0 +1,316 @@
+"""HTTP endpoints bounded like the MQTT listeners: a cap on open connections, a time limit for a request,
+one memory budget for what requests hold.
+
+``start_guarded_site`` serves an aiohttp app on its own asyncio server whose connections pass through a
+guard:
+
+- **Connections.** At ``max_connections`` open, a new connection takes the place of the oldest idle one
+  that has not authenticated (``mark_authenticated``: a request of it carried valid credentials), which is
+  closed; when every open connection has authenticated or is busy, the new one is answered 503 (a JSON
+  error) and closed. So strangers holding connections open cannot keep readers out: they only push each
+  other out. (A member of a cluster has its own endpoint, which strangers cannot even finish a TLS
+  handshake with.)
+- **Time.** A connection must deliver each request's headers within ``request_timeout_s`` of its first
+  byte (or of the connection opening), and a TLS client its handshake, or it is closed; an idle kept-alive
+  connection is closed after ``keepalive_s``, and the rest of a body nobody waits for any more is read for
+  at most ``request_timeout_s``. Handlers that read a body bound that read themselves (``read_body``).
+  Requests being handled are not timed: a long poll may wait.
+- **Memory.** With a ``MemoryBudget`` (``broker_edge.security.http_budget``), every request holds a
+  ``Reservation``: handlers ``hold`` what they are about to read or build, and the answer is written inside
+  the request's share, which is given back once it is sent. A request the budget cannot take is answered
+  503 with ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget, Reservation
+from broker_edge.settings.broker import check_http_limits
+
+__all__ = [
+    "GuardedRunner",
+    "check_http_limits",
+    "hold",
+    "mark_authenticated",
+    "over_budget_response",
+    "read_body",
+    "settle",
+    "start_guarded_site",
+]
+
+_GUARD_KEY: web.AppKey[_Guard] = web.AppKey("http_guard")
+_RESERVATION: web.RequestKey[Reservation] = web.RequestKey("reservation", Reservation)
+"""Where a request's ``Reservation`` is kept (``request[_RESERVATION]``)."""
+_BUSY = 503
+_REFUSAL = json.dumps({"error": "too_many_connections", "message": "too many open connections"}).encode()
+_OVER_BUDGET = json.dumps(
+    {"error": "busy", "message": "the broker holds as much as it may for HTTP requests now; retry later"}
+)
+
+
+class _Guard:
+    """What the connections of one site share: the count, the limits, the protocols by transport."""
+
+    def __init__(self, max_connections: int, request_timeout_s: float) -> None:
+        self.max_connections = max_connections
+        self.request_timeout_s = request_timeout_s
+        self.open: dict[Any, _GuardedProtocol] = {}
+        """Open connections, oldest first."""
+        self.closing = 0
+        """Connections pushed out for a newcomer whose close has not completed yet."""
+        self.refused = 0
+        self.pushed_out = 0
+        """Idle connections that never authenticated, closed to make room for a new one."""
+
+    def admit(self) -> bool:
+        """Whether a new connection may open: there is room, or an idle connection that never authenticated
+        is closed to make some (the oldest of them)."""
+        if len(self.open) - self.closing < self.max_connections:
+            return True
+        for protocol in self.open.values():
+            if not protocol.authenticated and not protocol.busy and not protocol.closing:
+                protocol.push_out()
+                self.pushed_out += 1
+                return True
+        return False
+
+
+class _GuardedProtocol(asyncio.Protocol):
+    """aiohttp's request handler behind a timer: closed when a request does not arrive in time."""
+
+    def __init__(self, inner: Any, guard: _Guard) -> None:
+        self.inner = inner
+        self.guard = guard
+        self.transport: Any = None
+        self.busy = False
+        self.authenticated = False
+        """A request on this connection carried valid credentials: it is never pushed out for a newcomer."""
+        self.closing = False
+        self.timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        self.guard.open[transport] = self
+        self.inner.connection_made(transport)
+        self.arm()
+
+    def data_received(self, data: bytes) -> None:
+        if not self.busy and self.timer is None:
+            self.arm()
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.disarm()
+        if self.closing:
+            self.guard.closing -= 1
+            self.closing = False
+        self.guard.open.pop(self.transport, None)
+        self.inner.connection_lost(exc)
+
+    def push_out(self) -> None:
+        """Close this idle connection to make room for a new one."""
+        self.closing = True
+        self.guard.closing += 1
+        self.transport.close()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def arm(self) -> None:
+        self.timer = asyncio.get_running_loop().call_later(self.guard.request_timeout_s, self._expired)
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _expired(self) -> None:
+        self.timer = None
+        if not self.busy and self.transport is not None:
+            self.transport.close()  # a request that never finished arriving
+
+
+class _Refused(asyncio.Protocol):
+    """A connection beyond the cap: one 503 with a JSON error, then closed."""
+
+    def connection_made(self, transport: Any) -> None:
+        transport.write(
+            f"HTTP/1.1 {_BUSY} Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(_REFUSAL)}\r\nConnection: close\r\nRetry-After: 1\r\n\r\n".encode()
+            + _REFUSAL
+        )
+        transport.close()
+
+
+@web.middleware
+async def _request_started(request: web.Request, handler: Any) -> web.StreamResponse:
+    """The request's headers arrived: stop its connection's timer while it is handled."""
+    guarded = request.app[_GUARD_KEY].open.get(request.transport)
+    if guarded is None:
+        return await handler(request)
+    guarded.busy = True
+    guarded.disarm()
+    try:
+        return await handler(request)
+    finally:
+        guarded.busy = False
+
+
+def mark_authenticated(request: web.Request) -> None:
+    """The request carried valid credentials: its connection is a known client's from now on."""
+    guarded = request.app[_GUARD_KEY].open.get(request.transport) if _GUARD_KEY in request.app else None
+    if guarded is not None:
+        guarded.authenticated = True
+
+
+def hold(request: web.Request, size: int) -> None:
+    """Take ``size`` more bytes of the memory budget for this request before reading or building them
+    (``BudgetExhausted`` when the budget cannot take them; nothing when the site has no budget)."""
+    reservation = request.get(_RESERVATION)
+    if reservation is not None:
+        reservation.grow(size)
+
+
+def settle(request: web.Request, size: int) -> None:
+    """This request holds ``size`` bytes from now on (what it read or built really is)."""
+    reservation = request.get(_RESERVATION)
+    if reservation is not None:
+        reservation.settle(size)
+
+
+def over_budget_response() -> web.Response:
+    """The answer to a request the memory budget cannot take now."""
+    return web.Response(
+        status=_BUSY,
+        text=_OVER_BUDGET,
+        content_type="application/json",
+        headers={"Retry-After": "1"},
+    )
+
+
+def _budget_middleware(budget: MemoryBudget, is_member: Callable[[web.Request], bool]) -> Any:
+    """Hold each request's share of ``budget`` until its answer is written (inside it, so that a client
+    slow to read keeps its answer counted), then give it back."""
+
+    @web.middleware
+    async def within_budget(request: web.Request, handler: Any) -> web.StreamResponse:
+        reservation = Reservation(budget, is_member(request))
+        request[_RESERVATION] = reservation
+        try:
+            try:
+                response = await handler(request)
+            except BudgetExhausted:
+                return over_budget_response()
+            if isinstance(response, web.Response) and not response.prepared:
+                body = response.body
+                if isinstance(body, bytes | bytearray | memoryview):
+                    reservation.settle(memoryview(body).nbytes)
+                try:
+                    await response.prepare(request)
+                    await response.write_eof()
+                except ConnectionError:
+                    pass  # the client went away: aiohttp ends the request as it would have
+
+            return response
+        finally:
+            reservation.release()
+
+    return within_budget
+
+
+class GuardedRunner:
+    """The running site: ``await cleanup()`` stops it (as ``web.AppRunner.cleanup`` does)."""
+
+    def __init__(self, runner: web.AppRunner, server: asyncio.base_events.Server, guard: _Guard) -> None:
+        self.runner = runner
+        self.server = server
+        self.guard = guard
+
+    @property
+    def port(self) -> int:
+        return self.server.sockets[0].getsockname()[1]
+
+    @property
+    def open_connections(self) -> int:
+        return len(self.guard.open)
+
+    async def cleanup(self) -> None:
+        self.server.close()
+        await self.runner.cleanup()
+
+
+async def start_guarded_site(
+    app: web.Application,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None,
+    max_connections: int,
+    request_timeout_s: float,
+    keepalive_s: float = 60.0,
+    sock: socket.socket | None = None,
+    budget: MemoryBudget | None = None,
+    is_member: Callable[[web.Request], bool] = lambda _request: False,
+) -> GuardedRunner:
+    """Serve ``app`` on ``host:port`` (0: a free port), or on the listening ``sock`` when given, behind the
+    guard; ``OSError`` if it cannot bind. With ``budget``, every request holds its share of it;
+    ``is_member(request)`` tells (after the app's own middlewares authenticated it) whether it may use the
+    members' reserve."""
+    guard = _Guard(max_connections, request_timeout_s)
+    app[_GUARD_KEY] = guard
+    app.middlewares.insert(0, _request_started)
+    if budget is not None:
+        app.middlewares.append(_budget_middleware(budget, is_member))
+    runner = web.AppRunner(
+        app, access_log=None, keepalive_timeout=keepalive_s, lingering_time=request_timeout_s
+    )
+    await runner.setup()
+    make_handler = runner.server
+
+    def protocol() -> asyncio.Protocol:
+        if not guard.admit():
+            guard.refused += 1
+            return _Refused()
+        return _GuardedProtocol(make_handler(), guard)  # type: ignore[misc]  # aiohttp's handler is a protocol
+
+    try:
+        loop = asyncio.get_running_loop()
+        handshake_s = request_timeout_s if ssl_context is not None else None
+        if sock is None:
+            server = await loop.create_server(
+                protocol,
+                host,
+                port,
+                ssl=ssl_context,
+                reuse_address=True,
+                ssl_handshake_timeout=handshake_s,
+            )
+        else:
+            server = await loop.create_server(
+                protocol, sock=sock, ssl=ssl_context, ssl_handshake_timeout=handshake_s
+            )
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return GuardedRunner(runner, server, guard)
+
+
+async def read_body(request: web.Request, timeout_s: float) -> bytes | None:
+    """The request body, or None when it did not arrive within ``timeout_s``."""
+    try:
+        return await asyncio.wait_for(request.read(), timeout_s)
+    except TimeoutError:
+        return None

@@ -1,0 +1,66 @@
+"""Plain-integer counters the packet path bumps, added into Prometheus once a second (no lock per packet).
+
+Reasons are free-form labels (``metrics.DROP_REASONS`` and friends are only pre-bound so they show as 0).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from broker_edge.observe.metrics import BrokerMetrics
+
+__all__ = ["BrokerCounters"]
+
+
+class BrokerCounters:
+    """Messages dropped, connections refused, clients disconnected by the broker, reads throttled."""
+
+    __slots__ = ("_disconnects", "_drops", "_refused", "held_for_acks", "throttled")
+
+    def __init__(self) -> None:
+        self._drops: dict[str, int] = {}
+        self._refused: dict[str, int] = {}
+        self._disconnects: dict[str, int] = {}
+        self.throttled = 0
+        """Times a client's reading was paused for its message rate since the last ``flush_into``."""
+        self.held_for_acks = 0
+        """Times a client's reading was paused for its publishes not yet answered (``limits.receive_maximum``)
+        since the server last took the count."""
+
+    def drop(self, reason: str) -> None:
+        """A message was not delivered (or not accepted) for ``reason``."""
+        self._drops[reason] = self._drops.get(reason, 0) + 1
+
+    def refused(self, reason: str) -> None:
+        """A connection was refused before it was connected."""
+        self._refused[reason] = self._refused.get(reason, 0) + 1
+
+    def disconnect(self, reason: str) -> None:
+        """The broker closed a connected client (keep alive, protocol error, slow subscriber, ...)."""
+        self._disconnects[reason] = self._disconnects.get(reason, 0) + 1
+
+    def drops(self, reason: str) -> int:
+        """Drops for ``reason`` not yet added into Prometheus (for tests of one packet's effect)."""
+        return self._drops.get(reason, 0)
+
+    def refusals(self, reason: str) -> int:
+        """Refusals for ``reason`` not yet added into Prometheus."""
+        return self._refused.get(reason, 0)
+
+    def flush_into(self, metrics: BrokerMetrics) -> int:
+        """Add every count into ``metrics`` and start again from zero; returns the throttled count taken."""
+        if self._drops:
+            drops, self._drops = self._drops, {}
+            for reason, count in drops.items():
+                metrics.dropped(reason).inc(count)
+        if self._refused:
+            refused, self._refused = self._refused, {}
+            for reason, count in refused.items():
+                metrics.refused(reason).inc(count)
+        if self._disconnects:
+            disconnects, self._disconnects = self._disconnects, {}
+            for reason, count in disconnects.items():
+                metrics.disconnected(reason).inc(count)
+        throttled, self.throttled = self.throttled, 0
+        return throttled

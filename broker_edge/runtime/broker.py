@@ -1,0 +1,419 @@
+"""The Broker: wires config, listeners, router, PUBLISH path, commitlog, metrics and HTTP; runs the one timer.
+
+``Broker(config)`` then ``await broker.start()`` binds every listener (``broker.ports`` has the bound ports,
+so port 0 works) and ``await broker.stop()`` closes them, tells v5 clients why (DISCONNECT 0x8B) and flushes
+the commitlog. With a ``cluster:`` section, ``start`` then joins the cluster (``broker_edge.cluster.node``,
+imported only then) and ``stop`` leaves it before anything else closes. Everything runs on the calling
+event loop; nothing here starts a thread except the store's writer and the password hasher.
+
+The Broker is the ``ConnectionHost`` (``broker_edge.engine.connection.connection``) of every connection:
+handlers see it only through ``BrokerContext``. What happens to a PUBLISH is in
+``broker_edge.engine.publish``.
+
+There is one periodic callback, ``_sweep``, every second: keepalive and CONNECT timeouts over all
+connections, delayed wills and session expiry (``Router.tick``), counters into Prometheus, ``$SYS`` topics,
+log retention and the trim of the C heap (``broker_edge.process.heap_trim``) when their intervals come. No
+connection owns a timer or a task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from broker_edge.engine.connection.terms import ListenerRuntime, ListenerStats
+from broker_edge.engine.core import BrokerCore
+from broker_edge.engine.message import Message
+from broker_edge.http.lazy_endpoint import LazyHttpEndpoint
+from broker_edge.observe.metrics import BrokerMetrics
+from broker_edge.observe.sys_topics import sys_topic_messages
+from broker_edge.process.heap_trim import HeapTrimmer, heap_in_use
+from broker_edge.protocol.reason_codes import ReasonCode
+from broker_edge.runtime.session_store import SessionStore
+from broker_edge.security.tls import ServerContexts, server_ssl_context
+from broker_edge.settings.broker import BrokerConfig
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from broker_edge.cluster.node import ClusterNode
+    from broker_edge.http.guard import GuardedRunner
+    from broker_edge.runtime.transports.tcp import TcpServer
+    from broker_edge.storage import LogStore
+
+__all__ = ["Broker", "ListenerRuntime", "ListenerStats"]
+
+log = logging.getLogger("broker_edge.server")
+
+BROKER_VERSION = "0.1.0"
+SWEEP_INTERVAL_S = 1.0
+
+
+class Broker(BrokerCore):
+    """An MQTT 3.1.1 / 5.0 broker with a commitlog (see docs/broker.md)."""
+
+    def __init__(self, config: BrokerConfig | None = None) -> None:
+        config = config if config is not None else BrokerConfig()
+        super().__init__(config, BrokerMetrics(before_collect=self.flush_stats))  # /metrics is never stale
+        self.throttled_total = self.metrics.counter(
+            "client_throttled", "Times a client's reading was paused for its message rate."
+        )
+        self.held_for_acks_total = self.metrics.counter(
+            "client_held_for_acks",
+            "Times an MQTT 3.1.1 client's reading was paused with limits.receive_maximum of its QoS 1/2 "
+            "publishes not yet answered.",
+        )
+        self.metrics.gauge(
+            "publishes_unanswered", "QoS 1/2 publishes read from clients and not yet answered, all clients."
+        ).set_function(self.unanswered_publishes)
+        self.store: LogStore | None = None
+        self.cluster_node: ClusterNode | None = None
+        """This broker's part in its cluster (``cluster:`` configured), after ``start``; None: a broker
+        alone, nothing of the cluster is loaded."""
+        self.session_store: SessionStore | None = None
+        """Persistent sessions across restarts (``sessions.persist`` with a commitlog)."""
+        self.listeners: list[ListenerRuntime] = []
+        self.ports: dict[str, int] = {}
+        """Listener name → bound port (after ``start``)."""
+        self.admin_port: int | None = None
+        self.offsets_port: int | None = None
+        self.offsets_api_routes: list[Callable[[web.Application], None]] = []
+        """More offsets API endpoints (``add_offsets_api_routes``: a cluster's ``/v1/cluster``)."""
+        self.http_budget = budget = config.limits.http_budget()
+        """The one memory budget of every HTTP endpoint's requests (``broker_edge.security.http_budget``)."""
+        self.metrics.gauge(
+            "http_buffer_bytes", "Bytes the HTTP endpoints' requests hold now (bodies, answers being sent)."
+        ).set_function(lambda: budget.held)
+        self.metrics.gauge(
+            "http_requests_over_budget",
+            "HTTP requests refused (503) because the HTTP memory budget could not take them.",
+        ).set_function(lambda: budget.refused)
+        self.reader_tokens = config.offsets_api.reader_tokens()
+        """The offsets API's readers' tokens (None: it asks for none; loopback only); SIGHUP reloads them."""
+        self.offsets_tls: ServerContexts | None = None
+        """The offsets API's TLS, which SIGHUP reloads."""
+        self.started_at = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._servers: list[TcpServer] = []
+        self._runners: list[web.AppRunner | LazyHttpEndpoint] = []
+        self._sweep_handle: asyncio.TimerHandle | None = None
+        self._next_sys = 0.0
+        self._next_retention = 0.0
+        self._retention: asyncio.Task | None = None
+        self._stopping = False
+        self.stopped = asyncio.Event()
+        self.heap_trimmer = HeapTrimmer()
+        """Returns the C heap's free pages to the system every half minute (``process.heap_trim``)."""
+        self._bind_memory_gauges()
+
+    def _bind_memory_gauges(self) -> None:
+        """What the process's memory holds beyond its RSS: the RSS after the last heap trim, the C heap's
+        bytes in use, Python's allocated blocks (read on each /metrics request)."""
+        trimmer = self.heap_trimmer
+        gauge = self.metrics.gauge
+        gauge("heap_trims", "Trims of the C heap done (malloc_trim).").set_function(lambda: trimmer.trims)
+        gauge(
+            "rss_after_trim_bytes", "The broker's RSS read right after its last trim of the C heap."
+        ).set_function(lambda: trimmer.rss_after_trim)
+        gauge(
+            "heap_in_use_bytes", "Bytes the C heap has handed out and not got back (glibc mallinfo2)."
+        ).set_function(heap_in_use)
+        gauge(
+            "python_allocated_blocks", "Memory blocks Python's allocator holds (sys.getallocatedblocks)."
+        ).set_function(sys.getallocatedblocks)
+
+    def add_offsets_api_routes(self, add: Callable[[web.Application], None]) -> None:
+        """Serve more endpoints on the offsets API (a cluster's peer link, replica fetch, ``/v1/cluster``):
+        ``add(app)`` adds them, before the API's first connection builds its app."""
+        self.offsets_api_routes.append(add)
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the broker runs on (set by ``start``)."""
+        if self._loop is None:
+            raise RuntimeError("the broker has not been started")
+        return self._loop
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.started_at = time.time()
+        config = self.config
+        if config.storage.enabled:
+            self._open_store()
+        try:
+            for listener_config in config.listeners:
+                runtime = ListenerRuntime(
+                    listener_config,
+                    config.listener_allows_anonymous(listener_config),
+                    self.metrics.for_listener(listener_config.name),
+                )
+                self.listeners.append(runtime)
+                if listener_config.websocket:
+                    from broker_edge.runtime.transports.websocket import start_websocket_listener
+
+                    runner = await start_websocket_listener(self, runtime)
+                    self._runners.append(runner)
+                    runtime.port = runner.addresses[0][1]
+                else:
+                    from broker_edge.runtime.transports.tcp import start_tcp_listener
+
+                    server = await start_tcp_listener(self, runtime)
+                    self._servers.append(server)
+                    runtime.port = server.sockets[0].getsockname()[1]
+                self.ports[runtime.name] = runtime.port
+                log.info(
+                    "listening: %s %s on %s:%d (anonymous %s)",
+                    runtime.name,
+                    listener_config.type,
+                    listener_config.host,
+                    runtime.port,
+                    "allowed" if runtime.allow_anonymous else "refused",
+                )
+            if config.admin_http.enabled:
+                admin = await LazyHttpEndpoint.start(
+                    self._serve_admin, config.admin_http.host, config.admin_http.port
+                )
+                self.admin_port = admin.port
+                self._runners.append(admin)
+            if self.store is not None and config.offsets_api.enabled:
+                await self._start_offsets_api(self.store)
+            if config.cluster is not None:
+                from broker_edge.cluster.node import ClusterNode
+
+                self.cluster_node = ClusterNode(self, config.cluster)
+                await self.cluster_node.start()
+        except BaseException:
+            await self.stop()
+            raise
+        self._bind_gauges()
+        now = self.loop.time()
+        self._next_sys = now + (1.0 if config.sys_topics.enabled else float("inf"))
+        self._next_retention = now + config.storage.retention_interval_s
+        self.heap_trimmer.next_at = now + self.heap_trimmer.interval_s
+        self._sweep_handle = self.loop.call_later(SWEEP_INTERVAL_S, self._sweep)
+
+    def _open_store(self) -> None:
+        from broker_edge.storage import LogStore
+
+        directory = Path(self.config.storage.directory)
+        self.store = store = LogStore(directory, self.config.storage)
+        report = store.open()
+        if report.repaired:
+            log.warning("commitlog recovery repaired %d logs", len(report.repaired))
+        self.attach_store(store, self.loop)
+        budget = store.tail_cache_budget
+        self.metrics.gauge(
+            "tail_cache_bytes", "Memory the commitlog's tail caches hold, as they account it."
+        ).set_function(lambda: budget.bytes)
+        self.metrics.gauge(
+            "tail_cache_max_bytes", "The bound on the tail caches' memory (storage.tail_cache_total_bytes)."
+        ).set(budget.max_bytes)
+        if self.config.sessions.persist:
+            can_subscribe = self.acl.can_subscribe if self.acl is not None else None
+            self.session_store = SessionStore(
+                Path(store.layout.meta),
+                self.router,
+                store,
+                self.config.sessions,
+                self.loop,
+                can_subscribe,
+            )
+            self.session_store.restore()
+
+    async def _serve_admin(self, sock: socket.socket) -> GuardedRunner:
+        """The admin endpoint on its listening socket (run by its first connection: see ``lazy_http``)."""
+        from broker_edge.http.guard import start_guarded_site
+        from broker_edge.runtime.admin_http import create_admin_app
+
+        admin = self.config.admin_http
+        app = create_admin_app(self.metrics, self.health)
+        return await start_guarded_site(
+            app,
+            admin.host,
+            admin.port,
+            None,
+            admin.max_connections,
+            admin.request_timeout_s,
+            sock=sock,
+            budget=self.http_budget,
+        )
+
+    async def _start_offsets_api(self, store: LogStore) -> None:
+        """Serve the offsets API over this broker's store on its own port; aiohttp (and the API's code) are
+        loaded by its first connection (see ``lazy_http``)."""
+        api = self.config.offsets_api
+        tls_config = api.tls
+        if tls_config is not None:
+            self.offsets_tls = ServerContexts(lambda: server_ssl_context(tls_config))
+        ssl_context = self.offsets_tls.context if self.offsets_tls is not None else None
+
+        async def serve(sock: socket.socket) -> GuardedRunner:
+            from broker_edge.http.guard import start_guarded_site
+            from broker_edge.offsets_api.server import ApiLimits, create_app, reader_authenticator
+
+            limits = ApiLimits(max_connections=api.max_connections, request_timeout_s=api.request_timeout_s)
+            readers = reader_authenticator(self.reader_tokens)
+            app = create_app(store, limits=limits, routes=self.offsets_api_routes, authenticate=readers)
+            return await start_guarded_site(
+                app,
+                api.host,
+                api.port,
+                ssl_context,
+                limits.max_connections,
+                limits.request_timeout_s,
+                sock=sock,
+                budget=self.http_budget,  # readers: never the members' share
+            )
+
+        endpoint = await LazyHttpEndpoint.start(serve, api.host, api.port)
+        self.offsets_port = endpoint.port
+        self._runners.append(endpoint)
+
+    async def stop(self) -> None:
+        """Stop accepting, DISCONNECT 0x8B to v5 clients, close every connection, save the persistent
+        sessions, flush the commitlog."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+        if self.cluster_node is not None:
+            await self.cluster_node.stop()  # leave first: peers take over while the clients are told
+        for server in self._servers:
+            server.close()
+        for conn in self.connections:
+            conn.close(ReasonCode.SERVER_SHUTTING_DOWN, "broker shutting down")
+        for runner in self._runners:
+            await runner.cleanup()
+        for server in self._servers:
+            await server.wait_closed()
+        if self.connections:
+            await asyncio.sleep(0)
+            for conn in self.connections:
+                conn.abort()
+        if self.session_store is not None:
+            await self.session_store.close()
+        if self._retention is not None and not self._retention.done():
+            self._retention.cancel()
+        if self.store is not None:
+            self.store.close()
+        self.flush_stats()
+        self.stopped.set()
+
+    async def __aenter__(self) -> Broker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- the event loop as the core's runtime ----------------------------------------------------------------
+
+    def now(self) -> float:
+        """The loop's clock (the one the sweep's keepalive and will deadlines are compared with)."""
+        loop = self._loop
+        return loop.time() if loop is not None else time.monotonic()
+
+    def verify_password(self, username: str, password: bytes | None, done: Callable[[bool], None]) -> None:
+        """Check the password in the hasher's threads; ``done(ok)`` runs on the loop (never raises)."""
+        passwords = self.passwords
+        if passwords is None:
+            done(False)
+            return
+        task = self.loop.create_task(passwords.verify_async(username, password))
+
+        def finished(task: asyncio.Task[bool]) -> None:
+            done(not task.cancelled() and task.exception() is None and task.result())
+
+        task.add_done_callback(finished)
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        self.loop.call_soon(callback)
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> None:
+        self.loop.call_later(delay, callback)
+
+    # -- publishing from inside the broker ----------------------------------------------------------------
+
+    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False) -> None:
+        """Publish as the broker itself (tools, tests): routed like a client PUBLISH, logged per rules."""
+        self.publish_path.publish(Message(topic, payload, qos, retain, None, "", None, None))
+
+    # -- counters -----------------------------------------------------------------------------------------
+
+    def flush_stats(self) -> None:
+        """Add the plain counters gathered since the last call into the Prometheus metrics."""
+        throttled = self.counters.flush_into(self.metrics)
+        if throttled:
+            self.throttled_total.inc(throttled)
+        held, self.counters.held_for_acks = self.counters.held_for_acks, 0
+        if held:
+            self.held_for_acks_total.inc(held)
+        for listener in self.listeners:
+            listener.stats.flush_into(listener.metrics)
+
+    def _bind_gauges(self) -> None:
+        router = self.router
+        metrics = self.metrics
+        metrics.subscriptions.set_function(lambda: router.trie.count)
+        metrics.retained_messages.set_function(lambda: router.retained.count)
+        metrics.inflight.set_function(router.inflight_count)
+        metrics.sessions_online.set_function(router.online_count)
+        metrics.sessions_offline.set_function(lambda: len(router.sessions) - router.online_count())
+
+    def unanswered_publishes(self) -> int:
+        """QoS 1/2 publishes read from the open connections and not yet answered (for /metrics, not per
+        message)."""
+        return sum(conn.incoming_pending for conn in self._open_connections())
+
+    def health(self) -> dict[str, object]:
+        """What /health reports: ok while listening (and the commitlog accepts writes)."""
+        failure = self.store.committer.failure if self.store is not None else None
+        return {
+            "status": "ok" if not self._stopping and failure is None else "error",
+            "connections": self.connection_count(),
+            "sessions": len(self.router.sessions),
+            "listeners": dict(self.ports),
+            "uptime_s": int(time.time() - self.started_at),
+            "commitlog": None if self.store is None else ("failed: " + str(failure) if failure else "ok"),
+        }
+
+    # -- the one timer ------------------------------------------------------------------------------------
+
+    def _sweep(self) -> None:
+        now = self.loop.time()
+        try:
+            for conn in self.connections:
+                conn.check_timers(now)
+            self.router.tick(now)
+            if self.session_store is not None:
+                self.session_store.tick(now)
+            self.flush_stats()
+            if now >= self._next_sys:
+                self._next_sys = now + self.config.sys_topics.interval_s
+                self.publish_sys_topics()
+            if self.store is not None and now >= self._next_retention:
+                self._next_retention = now + self.config.storage.retention_interval_s
+                if self._retention is None or self._retention.done():  # a slice per loop iteration
+                    self._retention = self.loop.create_task(self.store.apply_retention_async())
+            self.heap_trimmer.tick(now)
+        except Exception:
+            log.exception("broker sweep failed")
+        finally:
+            if not self._stopping:
+                self._sweep_handle = self.loop.call_later(SWEEP_INTERVAL_S, self._sweep)
+
+    def publish_sys_topics(self) -> None:
+        """Publish every ``$SYS/broker/...`` topic now (retained); the sweep calls it every interval."""
+        self.flush_stats()
+        messages = sys_topic_messages(self.metrics.snapshot(), BROKER_VERSION, self.started_at, time.time())
+        for topic, payload in messages.items():
+            self.router.publish(Message(topic, payload, 0, True))

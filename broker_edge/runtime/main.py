@@ -1,0 +1,130 @@
+"""``run_broker``: the process around a ``Broker`` (the ``timestone broker --config FILE`` command).
+
+glibc's heaps bounded (``heap_trim.bound_arenas``) before any thread starts, uvloop when available, logging
+from the config, SIGINT / SIGTERM for a graceful stop (clients told, the commitlog flushed), SIGHUP to
+re-read the password file, the ACL file, the readers' tokens file and the certificates (the offsets API's,
+a cluster member's and its CAs, etcd's client certificate). Exit status: 0 after a clean stop, 2 for a
+configuration error (the message names the key), 1 if the broker cannot start (e.g. the port is taken).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from broker_edge.config.loader import ConfigError
+from broker_edge.observe.logs import configure_logging
+from broker_edge.process.gc_tuning import tune_garbage_collector
+from broker_edge.process.heap_trim import bound_arenas
+from broker_edge.settings.broker import BrokerConfig, load_broker_config
+
+if TYPE_CHECKING:
+    from broker_edge.runtime.broker import Broker
+
+__all__ = ["reload_files", "run_broker", "serve"]
+
+log = logging.getLogger("broker_edge.main")
+
+
+async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> None:
+    """Run a broker with ``config`` until SIGINT or SIGTERM."""
+    from broker_edge.runtime.broker import Broker
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    broker = Broker(config)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, lambda: reload_files(broker))
+    await broker.start()
+    tune_garbage_collector(config.runtime)
+    log.info("broker started: %s", ", ".join(f"{name}={port}" for name, port in broker.ports.items()))
+    if ready is not None:
+        ready.set()
+    try:
+        await stop.wait()
+    finally:
+        log.info("stopping")
+        await broker.stop()
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.remove_signal_handler(signum)
+    log.info("broker stopped")
+
+
+def reload_files(broker: Broker) -> None:
+    """SIGHUP: re-read the password file, the ACL file, the readers' tokens and the certificates; a file
+    that does not load keeps the old one in force (logged at ERROR, naming it)."""
+    if broker.passwords is not None:
+        try:
+            broker.passwords.reload()
+        except Exception as exc:  # keep the users in force; say why
+            log.error("password file not reloaded: %s", exc)
+    acl_config = broker.config.acl
+    if broker.acl is not None and acl_config.file:
+        try:
+            count = broker.acl.reload(acl_config)
+        except Exception as exc:  # keep the rules in force; say why (the message names file and line)
+            log.error("ACL file %s not reloaded, the previous rules stay in force: %s", acl_config.file, exc)
+        else:
+            log.info("ACL file %s reloaded: %d rules", acl_config.file, count)
+    tokens = broker.reader_tokens
+    if tokens is not None and tokens.file:
+        try:
+            count = tokens.reload()
+        except Exception as exc:  # keep the tokens in force
+            log.error("readers' tokens not reloaded, the previous ones stay in force: %s", exc)
+        else:
+            log.info("readers' tokens reloaded from %s: %d in force", tokens.file, count)
+    if broker.offsets_tls is not None:
+        try:
+            broker.offsets_tls.reload()
+        except Exception as exc:
+            log.error("offsets API certificate not reloaded, the previous one stays in force: %s", exc)
+        else:
+            log.info("offsets API certificate and CAs reloaded")
+    if broker.cluster_node is not None:
+        broker.cluster_node.reload_credentials()
+
+
+def run_broker(config_path: str | None) -> int:
+    """Load the config (defaults without a file), run the broker until a signal, return the exit status."""
+    try:
+        config = load_broker_config(config_path)
+    except (ConfigError, OSError) as exc:
+        print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(config.logging)
+    bound_arenas()  # before the store, the hasher or an executor starts a thread
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        asyncio_run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
+    else:
+        asyncio_run = uvloop.run
+    try:
+        asyncio_run(serve(config))
+    except ConfigError as exc:
+        print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``timestone broker [--config FILE]`` (also ``python -m broker_edge.runtime.main``): without a file the
+    defaults serve 127.0.0.1:1883."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="timestone broker", description="Run a Timestone edge broker.")
+    parser.add_argument("--config", "-c", help="broker YAML config (default: embedded defaults)")
+    return run_broker(parser.parse_args(argv).config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

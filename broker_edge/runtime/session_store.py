@@ -1,0 +1,167 @@
+"""The sessions file: persistent sessions survive a broker restart (see docs/broker.md).
+
+``SessionStore`` reads ``meta/sessions.json`` in the storage directory once at start and puts its sessions
+back into the router as offline sessions, writes it every ``sessions.persist_interval_s`` (encoded and
+written off the loop), and a last time at stop, once the commitlog has routed everything it acknowledged.
+Every write is atomic: a temporary file, fsync, rename over the old one, fsync of the directory, so a crash
+leaves the old snapshot or the new one, never part of one.
+
+A file that cannot be read (corrupt, truncated, not a snapshot) or that a newer broker wrote never stops the
+broker: the error is logged with the file's name, the file is moved aside (kept for inspection, never
+overwritten by the next write) and the broker starts without persisted sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from broker_edge.engine.sessions.snapshot import NewerSnapshotVersion, Snapshot, capture, parse, restore
+from broker_edge.storage.segment import fsync_directory
+
+if TYPE_CHECKING:
+    from broker_edge.engine.routing.router import Router
+    from broker_edge.settings.broker import SessionsConfig
+
+__all__ = ["SESSIONS_FILE", "SessionStore"]
+
+log = logging.getLogger(__name__)
+
+SESSIONS_FILE = "sessions.json"
+
+
+class SessionStore:
+    """Persistent sessions of ``router`` in ``directory/sessions.json`` (the store's ``meta`` directory, apart
+    from the topic logs of ``log_store``: no topic name can reach it).
+
+    ``can_subscribe(client_id, username, filter)`` is the current ACL: a restored subscription it no longer
+    allows is dropped.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        router: Router,
+        log_store: Any,
+        config: SessionsConfig,
+        loop: asyncio.AbstractEventLoop,
+        can_subscribe: Callable[[str, str | None, str], bool] | None = None,
+    ) -> None:
+        self.path = directory / SESSIONS_FILE
+        self.router = router
+        self.log_store = log_store
+        self.config = config
+        self.loop = loop
+        self.can_subscribe = can_subscribe
+        self._next_write = loop.time() + config.persist_interval_s
+        self._writing: asyncio.Future[None] | None = None
+
+    # -- start ----------------------------------------------------------------------------------------------
+
+    def restore(self) -> int:
+        """Read the file (if any) and restore its sessions; returns how many were restored."""
+        snapshot = self._read()
+        if snapshot is None:
+            return 0
+        restored, expired, over = restore(
+            self.router,
+            snapshot,
+            self._log_ends(),
+            self.loop.time(),
+            time.time(),
+            self.config.max_session_expiry_s,
+            self.can_subscribe,
+            self.config.max_persistent,
+        )
+        if over:
+            log.warning(
+                "%d persistent sessions not restored: sessions.max_persistent is %d",
+                over,
+                self.config.max_persistent,
+            )
+        log.info(
+            "restored %d persistent sessions from %s (%d expired while the broker was down)",
+            restored,
+            self.path,
+            expired,
+        )
+        return restored
+
+    def _read(self) -> Snapshot | None:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self._refuse(f"cannot be read ({exc})", "unreadable")
+            return None
+        try:
+            return parse(json.loads(data))
+        except NewerSnapshotVersion as exc:
+            self._refuse(f"was written by a newer broker: {exc}", "newer")
+        except (ValueError, RecursionError) as exc:  # JSON, UTF-8 and SnapshotError are ValueErrors
+            self._refuse(f"is corrupt ({exc})", "corrupt")
+        return None
+
+    def _refuse(self, why: str, suffix: str) -> None:
+        aside = self.path.with_name(f"{self.path.name}.{suffix}-{time.strftime('%Y%m%dT%H%M%S')}")
+        try:
+            os.replace(self.path, aside)
+            fsync_directory(str(self.path.parent))
+            where = f"moved to {aside}"
+        except OSError as exc:
+            where = f"could not be moved aside ({exc})"
+        log.error("persistent sessions not restored: %s %s; %s; starting without them", self.path, why, where)
+
+    # -- writing --------------------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Write a snapshot in the background when the interval has passed (the broker's sweep calls it)."""
+        if now < self._next_write or (self._writing is not None and not self._writing.done()):
+            return
+        self._next_write = now + self.config.persist_interval_s
+        self._writing = self.loop.run_in_executor(None, self._write, self._capture())
+
+    async def close(self) -> None:
+        """At stop: let the commitlog route what it acknowledged, then write the last snapshot.
+
+        Call after the connections are closed and before the log store is."""
+        for _ in range(2):  # connections closing (their wills), then the appends they queued
+            await asyncio.sleep(0)
+        with contextlib.suppress(Exception):  # a failed store has nothing more to route
+            await self.log_store.wait_durable()
+        await asyncio.sleep(0)  # the routing callbacks of those appends
+        if self._writing is not None:
+            await self._writing
+        self._write(self._capture())
+
+    def _capture(self) -> dict[str, Any]:
+        """The document, built on the loop (the router is not thread-safe); plain data from here on."""
+        sessions = self.router.sessions
+        log_ends = self._log_ends() if any(s.expiry_interval > 0 for s in sessions.values()) else {}
+        return capture(self.router, log_ends, self.loop.time(), time.time())
+
+    def _log_ends(self) -> dict[str, int]:
+        return self.log_store.end_offsets()
+
+    def _write(self, document: dict[str, Any]) -> None:
+        """Replace the file atomically with ``document``; a failure is logged (the old file stays)."""
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        try:
+            data = json.dumps(document, separators=(",", ":")).encode()
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # user names
+            with os.fdopen(descriptor, "wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, self.path)
+            fsync_directory(str(self.path.parent))
+        except (OSError, ValueError) as exc:
+            log.error("writing persistent sessions to %s failed: %s", self.path, exc)

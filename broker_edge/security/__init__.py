@@ -1,0 +1,1 @@
+"""Who may connect and do what: passwords, ACLs, limits and quotas, TLS."""

@@ -1,0 +1,525 @@
+"""Client authentication: a password file of salted, slow hashes, and the ``timestone passwd`` command.
+
+One line per user, ``username:$scrypt$ln=14,r=8,p=1$<salt>$<hash>`` (or ``$pbkdf2-sha512$i=N$...``): salt and
+cost parameters travel in the line, so costs can be raised later without invalidating existing lines.
+
+Cost: each verification is slow and memory-hard on purpose (docs/security.md has the measured time per
+algorithm). That is far too long to run on the broker's event loop, so the broker calls ``verify_async``,
+which runs the hash in a small dedicated thread pool (hashlib releases the GIL while hashing). A device that
+reconnects every few seconds would still cost a hash each time, so successful verifications are remembered as
+an HMAC-SHA256 of the password under a random per-process key: a later CONNECT with the same password is
+checked in microseconds, on the loop. Failed verifications are never cached, so guessing costs the full hash
+every time, and repeated failures from one address or for one user name are refused without a hash for a
+while (``broker_edge.security.login_backoff``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import ipaddress
+import logging
+import os
+import secrets
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from broker_edge.config import ConfigError
+from broker_edge.security.login_backoff import LoginBackoffConfig
+
+if TYPE_CHECKING:
+    import argparse
+
+__all__ = [
+    "AuthConfig",
+    "PasswordFile",
+    "PasswordFileError",
+    "anonymous_allowed",
+    "hash_password",
+    "is_loopback_host",
+    "passwd_main",
+    "verify_hash",
+]
+
+log = logging.getLogger(__name__)
+
+SCRYPT_LOG2_N = 14
+SCRYPT_R = 8
+SCRYPT_P = 1
+PBKDF2_ITERATIONS = 210_000
+SALT_BYTES = 16
+HASH_BYTES = 32
+# Bounds on parameters read from a file: a corrupt or hostile line must not make one verification take
+# minutes or gigabytes.
+_MAX_SCRYPT_LOG2_N = 20
+_MAX_SCRYPT_R = 32
+_MAX_SCRYPT_P = 16
+_MAX_PBKDF2_ITERATIONS = 10_000_000
+_SCRYPT_MAXMEM = 1 << 30
+ALGORITHMS = ("scrypt", "pbkdf2-sha512")
+
+
+@dataclass
+class AuthConfig:
+    """Who may connect: the password file, and whether clients without credentials are accepted."""
+
+    password_file: str | None = None
+    """Path of the password file (``timestone passwd`` writes it); unset = no password logins."""
+    allow_anonymous: bool | None = None
+    """Accept clients without a username; unset = only on listeners bound to loopback addresses."""
+    failed_logins: LoginBackoffConfig = field(default_factory=LoginBackoffConfig)
+    """Backoff after failed password logins, per client address and per user name."""
+
+    def __post_init__(self) -> None:
+        if self.password_file is not None and not self.password_file.strip():
+            raise ConfigError("password_file", "must be a path or left out")
+
+
+class PasswordFileError(ValueError):
+    """The password file is missing, unreadable or malformed (``line`` is 1-based, 0 = the whole file)."""
+
+    def __init__(self, path: str | Path, line: int, message: str) -> None:
+        self.path = str(path)
+        self.line = line
+        self.detail = message
+        where = f"{path}:{line}" if line else str(path)
+        super().__init__(f"{where}: {message}")
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a listener bound to ``host`` is reachable only from this machine (127.0.0.0/8, ::1, localhost).
+
+    The wildcard addresses (``0.0.0.0``, ``::``, ``""``) are not loopback: they accept from every interface.
+    """
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def anonymous_allowed(allow_anonymous: bool | None, listener_host: str) -> bool:
+    """The anonymous-access rule: an explicit setting wins, otherwise anonymous only on loopback listeners.
+
+    A broker reachable over a network must not be open by accident; a broker on loopback is a development
+    or sidecar setup where requiring credentials only gets in the way.
+    """
+    if allow_anonymous is not None:
+        return allow_anonymous
+    return is_loopback_host(listener_host)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii").rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+
+
+def hash_password(password: bytes | str, algorithm: str = "scrypt") -> str:
+    """A new salted hash of ``password`` in the password-file format (the part after ``username:``)."""
+    secret = password.encode() if isinstance(password, str) else password
+    salt = secrets.token_bytes(SALT_BYTES)
+    if algorithm == "scrypt":
+        digest = _scrypt(secret, salt, SCRYPT_LOG2_N, SCRYPT_R, SCRYPT_P, HASH_BYTES)
+        params = f"ln={SCRYPT_LOG2_N},r={SCRYPT_R},p={SCRYPT_P}"
+    elif algorithm == "pbkdf2-sha512":
+        digest = hashlib.pbkdf2_hmac("sha512", secret, salt, PBKDF2_ITERATIONS, HASH_BYTES)
+        params = f"i={PBKDF2_ITERATIONS}"
+    else:
+        raise ValueError(f"unknown algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
+    return f"${algorithm}${params}${_b64(salt)}${_b64(digest)}"
+
+
+def _scrypt(secret: bytes, salt: bytes, log2_n: int, r: int, p: int, length: int) -> bytes:
+    return hashlib.scrypt(secret, salt=salt, n=1 << log2_n, r=r, p=p, maxmem=_SCRYPT_MAXMEM, dklen=length)
+
+
+@dataclass(frozen=True, slots=True)
+class _ParsedHash:
+    algorithm: str
+    params: dict[str, int]
+    salt: bytes
+    digest: bytes
+
+
+def _parse_hash(text: str) -> _ParsedHash:
+    """Parse and bound-check one stored hash; ``ValueError`` says what is wrong."""
+    parts = text.split("$")
+    if len(parts) != 5 or parts[0] != "":
+        raise ValueError("expected $algorithm$parameters$salt$hash")
+    _, algorithm, param_text, salt_text, digest_text = parts
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r} (known: {', '.join(ALGORITHMS)})")
+    params: dict[str, int] = {}
+    for item in param_text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not value.isdigit():
+            raise ValueError(f"bad parameter {item!r}")
+        params[key] = int(value)
+    if algorithm == "scrypt":
+        if set(params) != {"ln", "r", "p"}:
+            raise ValueError("scrypt needs parameters ln, r and p")
+        if not (1 <= params["ln"] <= _MAX_SCRYPT_LOG2_N and 1 <= params["r"] <= _MAX_SCRYPT_R):
+            raise ValueError("scrypt parameters out of range")
+        if not 1 <= params["p"] <= _MAX_SCRYPT_P:
+            raise ValueError("scrypt parameters out of range")
+    else:
+        if set(params) != {"i"} or not 1_000 <= params["i"] <= _MAX_PBKDF2_ITERATIONS:
+            raise ValueError("pbkdf2-sha512 needs parameter i (iterations) between 1000 and 10000000")
+    try:
+        salt, digest = _unb64(salt_text), _unb64(digest_text)
+    except ValueError:
+        raise ValueError("salt or hash is not valid base64") from None
+    if len(salt) < 8 or not 16 <= len(digest) <= 64:
+        raise ValueError("salt or hash has an implausible length")
+    return _ParsedHash(algorithm, params, salt, digest)
+
+
+def verify_hash(stored: str, password: bytes | str) -> bool:
+    """Whether ``password`` matches ``stored`` (``$algorithm$...``); a malformed ``stored`` is False."""
+    try:
+        parsed = _parse_hash(stored)
+    except ValueError:
+        return False
+    return _verify_parsed(parsed, password.encode() if isinstance(password, str) else password)
+
+
+def _verify_parsed(parsed: _ParsedHash, secret: bytes) -> bool:
+    p = parsed.params
+    if parsed.algorithm == "scrypt":
+        candidate = _scrypt(secret, parsed.salt, p["ln"], p["r"], p["p"], len(parsed.digest))
+    else:
+        candidate = hashlib.pbkdf2_hmac("sha512", secret, parsed.salt, p["i"], len(parsed.digest))
+    return hmac.compare_digest(candidate, parsed.digest)
+
+
+# Verified against unknown usernames so that "no such user" costs as long as "wrong password".
+_DUMMY = _ParsedHash(
+    "scrypt", {"ln": SCRYPT_LOG2_N, "r": SCRYPT_R, "p": SCRYPT_P}, b"\0" * SALT_BYTES, b"\0" * HASH_BYTES
+)
+
+_executor: ThreadPoolExecutor | None = None
+
+
+def _hash_executor() -> ThreadPoolExecutor:
+    """Two threads: enough to overlap hashing with the loop, few enough that a storm cannot eat every core."""
+    global _executor
+    if _executor is None:
+        _executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="timestone-auth")
+    return _executor
+
+
+def _check_username(username: str) -> None:
+    if not username:
+        raise ValueError("username must not be empty")
+    if ":" in username:
+        raise ValueError("username must not contain ':'")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in username):
+        raise ValueError("username must not contain control characters")
+    if username.startswith("#") or username != username.strip():
+        raise ValueError("username must not start with '#' or start or end with whitespace")
+
+
+def _file_stamp(path: Path) -> tuple[int, int, int, int]:
+    st = path.stat()
+    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
+
+
+def _parse_file(path: Path) -> tuple[dict[str, _ParsedHash], tuple[int, int, int, int]]:
+    try:
+        stamp = _file_stamp(path)
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PasswordFileError(path, 0, "file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PasswordFileError(path, 0, f"cannot read: {exc}") from exc
+    entries: dict[str, _ParsedHash] = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        username, sep, stored = line.partition(":")
+        if not sep:
+            raise PasswordFileError(path, number, "expected username:$algorithm$parameters$salt$hash")
+        try:
+            _check_username(username)
+            parsed = _parse_hash(stored.strip())
+        except ValueError as exc:
+            raise PasswordFileError(path, number, str(exc)) from None
+        if username in entries:
+            raise PasswordFileError(path, number, f"user {username!r} appears twice")
+        entries[username] = parsed
+    return entries, stamp
+
+
+class PasswordFile:
+    """The users and password hashes of one file, kept in memory and re-read when the file changes."""
+
+    def __init__(self, path: str | Path, *, cache: bool = True) -> None:
+        """Prefer ``PasswordFile.load(path)``; ``cache=False`` disables remembering successful checks."""
+        self.path = Path(path)
+        self._entries: dict[str, _ParsedHash] = {}
+        self._stamp: tuple[int, int, int, int] | None = None
+        self._cache_enabled = cache
+        self._cache_key = secrets.token_bytes(32)
+        self._cache: dict[str, tuple[_ParsedHash, bytes]] = {}
+
+    @classmethod
+    def load(cls, path: str | Path, *, cache: bool = True) -> PasswordFile:
+        """Read the file; ``PasswordFileError`` names the line of any malformed entry."""
+        instance = cls(path, cache=cache)
+        instance._entries, instance._stamp = _parse_file(instance.path)
+        instance._warn_if_readable()
+        return instance
+
+    @property
+    def users(self) -> list[str]:
+        """User names in file order."""
+        return list(self._entries)
+
+    def __contains__(self, username: object) -> bool:
+        return username in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def reload(self) -> bool:
+        """Re-read the file if it changed since the last read; True if it was re-read.
+
+        On a broken or missing file the previous users stay in force and ``PasswordFileError`` is raised,
+        so a bad edit followed by SIGHUP does not lock every device out.
+        """
+        try:
+            if self._stamp == _file_stamp(self.path):
+                return False
+        except OSError:
+            pass  # reported by _parse_file below
+        entries, stamp = _parse_file(self.path)
+        self._entries, self._stamp = entries, stamp
+        self._cache = {}
+        self._warn_if_readable()
+        log.info("password file %s reloaded: %d users", self.path, len(entries))
+        return True
+
+    def _warn_if_readable(self) -> None:
+        try:
+            mode = self.path.stat().st_mode
+        except OSError:
+            return
+        if mode & 0o077:
+            log.warning(
+                "password file %s is readable by other users (mode %o); use 0600", self.path, mode & 0o777
+            )
+
+    def _cached(self, username: str, parsed: _ParsedHash, password: bytes) -> bool:
+        """Whether ``password`` was verified before against this very stored hash (not a replaced one)."""
+        if not self._cache_enabled:
+            return False
+        hit = self._cache.get(username)
+        if hit is None or hit[0] is not parsed:
+            return False
+        digest = hmac.new(self._cache_key, password, hashlib.sha256).digest()
+        return hmac.compare_digest(hit[1], digest)
+
+    def _remember(self, username: str, parsed: _ParsedHash, password: bytes) -> None:
+        if self._cache_enabled:
+            digest = hmac.new(self._cache_key, password, hashlib.sha256).digest()
+            self._cache[username] = (parsed, digest)
+
+    def remembered(self, username: str, password: bytes | None) -> bool:
+        """Whether ``password`` is one verified before for ``username`` (microseconds, no hash)."""
+        parsed = self._entries.get(username)
+        return password is not None and parsed is not None and self._cached(username, parsed, password)
+
+    def verify(self, username: str, password: bytes | None) -> bool:
+        """Whether ``username`` exists and ``password`` is theirs; blocks for one hash unless cached.
+
+        A missing password, or an unknown user, is False (the latter after a dummy hash, so timing does
+        not reveal which user names exist).
+        """
+        if password is None:
+            return False
+        parsed = self._entries.get(username)
+        if parsed is None:
+            _verify_parsed(_DUMMY, password)
+            return False
+        if self._cached(username, parsed, password):
+            return True
+        if _verify_parsed(parsed, password):
+            self._remember(username, parsed, password)
+            return True
+        return False
+
+    async def verify_async(self, username: str, password: bytes | None) -> bool:
+        """``verify`` without blocking the event loop: cache hits answer at once, hashes run in a thread."""
+        if password is None:
+            return False
+        parsed = self._entries.get(username)
+        if parsed is not None and self._cached(username, parsed, password):
+            return True
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(_hash_executor(), self.verify, username, password)
+
+    @staticmethod
+    def set_password(
+        path: str | Path,
+        username: str,
+        password: bytes | str,
+        *,
+        create: bool = False,
+        algorithm: str = "scrypt",
+    ) -> bool:
+        """Add ``username`` or replace their hash, rewriting the file atomically with mode 0600.
+
+        Returns True if the user was added, False if updated. Other lines (comments included) are kept.
+        The file must exist unless ``create`` is true, so that a mistyped path does not silently start a
+        new, empty user database.
+        """
+        _check_username(username)
+        secret = password.encode() if isinstance(password, str) else password
+        if not secret:
+            raise ValueError("password must not be empty")
+        target = Path(path)
+        lines = _read_lines(target, create)
+        new_line = f"{username}:{hash_password(secret, algorithm)}"
+        added = True
+        for i, line in enumerate(lines):
+            if _line_user(line) == username:
+                lines[i] = new_line
+                added = False
+                break
+        else:
+            lines.append(new_line)
+        _write_atomically(target, lines)
+        return added
+
+    @staticmethod
+    def delete_user(path: str | Path, username: str) -> bool:
+        """Remove ``username``; True if they were there (the file is rewritten atomically), else False."""
+        target = Path(path)
+        lines = _read_lines(target, create=False)
+        kept = [line for line in lines if _line_user(line) != username]
+        if len(kept) == len(lines):
+            return False
+        _write_atomically(target, kept)
+        return True
+
+
+def _line_user(line: str) -> str | None:
+    stripped = line.strip()
+    if not stripped or stripped.startswith("#"):
+        return None
+    username, sep, _ = line.partition(":")
+    return username if sep else None
+
+
+def _read_lines(path: Path, create: bool) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        if create:
+            return []
+        raise PasswordFileError(path, 0, "file not found (use -c to create it)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PasswordFileError(path, 0, f"cannot read: {exc}") from exc
+
+
+def _write_atomically(path: Path, lines: list[str]) -> None:
+    """Temp file in the same directory, fsync, rename: readers see the old file or the new one, never half."""
+    import tempfile  # the passwd command's, not the broker's
+
+    directory = path.parent if str(path.parent) else Path(".")
+    fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write("".join(f"{line}\n" for line in lines))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp_name)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _parser() -> argparse.ArgumentParser:
+    import argparse  # the passwd command's, not the broker's
+
+    parser = argparse.ArgumentParser(
+        prog="timestone passwd",
+        description="Add, update or delete a user in a Timestone broker password file.",
+        epilog="Exit status: 0 done, 1 error (file, user, password), 2 bad usage. The broker re-reads the "
+        "file on SIGHUP.",
+    )
+    parser.add_argument("file", metavar="FILE", help="password file")
+    parser.add_argument("username", metavar="USERNAME")
+    parser.add_argument("-c", "--create", action="store_true", help="create FILE if it does not exist")
+    parser.add_argument("--delete", action="store_true", help="remove USERNAME from FILE")
+    parser.add_argument(
+        "--password", metavar="P", help="the password (visible in the process list; default: prompt twice)"
+    )
+    parser.add_argument("--algorithm", choices=ALGORITHMS, default="scrypt", help="hash (default: scrypt)")
+    return parser
+
+
+def passwd_main(argv: list[str], *, prompt: Callable[[str], str] | None = None) -> int:
+    """``timestone passwd FILE USERNAME [--password P] [--delete] [-c]``; returns the exit status.
+
+    ``prompt`` reads a password without echo (``getpass`` by default; tests hand in their own).
+    """
+    if prompt is None:
+        import getpass
+
+        prompt = getpass.getpass
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse has printed usage / help already
+        return 0 if exc.code == 0 else 2
+    if args.delete and (args.password is not None or args.create):
+        parser.print_usage(sys.stderr)
+        print("timestone passwd: error: --delete takes no --password or -c", file=sys.stderr)
+        return 2
+    try:
+        if args.delete:
+            if not PasswordFile.delete_user(args.file, args.username):
+                return _fail(f"no user {args.username!r} in {args.file}")
+            print(f"deleted user {args.username!r} from {args.file}")
+            return 0
+        password = args.password
+        if password is None:
+            password = prompt("Password: ")
+            if password != prompt("Reenter password: "):
+                return _fail("passwords do not match")
+        if not password:
+            return _fail("password must not be empty")
+        added = PasswordFile.set_password(
+            args.file, args.username, password, create=args.create, algorithm=args.algorithm
+        )
+    except (PasswordFileError, ValueError, OSError) as exc:
+        return _fail(str(exc))
+    except (EOFError, KeyboardInterrupt):
+        return _fail("no password given")
+    print(f"{'added' if added else 'updated'} user {args.username!r} in {args.file}")
+    return 0
+
+
+def _fail(message: str) -> int:
+    print(f"timestone passwd: error: {message}", file=sys.stderr)
+    return 1

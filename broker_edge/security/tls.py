@@ -1,0 +1,122 @@
+"""TLS for MQTT listeners and the admin endpoint: one place that turns configuration into an ``SSLContext``.
+
+Devices authenticate the broker by its certificate; the broker may authenticate devices by theirs (mutual
+TLS, ``require_client_cert``), in which case ``peer_common_name`` gives the identity the broker can use as
+the username. TLS 1.2 is the floor by default because many device TLS stacks stop there.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from broker_edge.config import ConfigError
+
+__all__ = ["ServerContexts", "TlsConfig", "peer_common_name", "server_ssl_context"]
+
+_VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
+
+
+@dataclass
+class TlsConfig:
+    """Server side TLS of one listener."""
+
+    certfile: str
+    """PEM file with the server certificate (then any intermediate certificates)."""
+    keyfile: str
+    """PEM file with the server's private key (unencrypted; protect it with file permissions)."""
+    cafile: str | None = None
+    """PEM file of the CA certificates that client certificates must chain to."""
+    require_client_cert: bool = False
+    """Refuse clients without a certificate signed by ``cafile`` (mutual TLS); needs ``cafile``."""
+    min_version: Literal["TLSv1.2", "TLSv1.3"] = "TLSv1.2"
+    """Oldest TLS version accepted."""
+
+    def __post_init__(self) -> None:
+        for name in ("certfile", "keyfile"):
+            if not getattr(self, name):
+                raise ConfigError(name, "must name a PEM file")
+        if self.min_version not in _VERSIONS:
+            raise ConfigError(
+                "min_version", f"expected one of {', '.join(_VERSIONS)}, got {self.min_version!r}"
+            )
+        if self.require_client_cert and not self.cafile:
+            raise ConfigError(
+                "cafile",
+                "required when require_client_cert is true (client certificates are checked against it)",
+            )
+
+
+def server_ssl_context(config: TlsConfig) -> ssl.SSLContext:
+    """A server ``SSLContext`` for ``config``; errors name the config field of the file that is wrong.
+
+    With a ``cafile`` but without ``require_client_cert`` a client certificate is optional but, when sent,
+    must verify: a bad certificate fails the handshake instead of being silently ignored.
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = _VERSIONS[config.min_version]
+    context.options |= ssl.OP_NO_COMPRESSION
+    for name in ("certfile", "keyfile", "cafile"):
+        path = getattr(config, name)
+        if path is not None and not Path(path).is_file():
+            raise ConfigError(name, f"file not found: {path}")
+    try:
+        context.load_cert_chain(config.certfile, config.keyfile)
+    except ssl.SSLError as exc:
+        raise ConfigError(
+            "certfile", f"cannot load certificate/key ({config.certfile}, {config.keyfile}): {exc}"
+        ) from exc
+    if config.cafile:
+        try:
+            context.load_verify_locations(cafile=config.cafile)
+        except ssl.SSLError as exc:
+            raise ConfigError("cafile", f"cannot load CA certificates from {config.cafile}: {exc}") from exc
+        context.verify_mode = ssl.CERT_REQUIRED if config.require_client_cert else ssl.CERT_OPTIONAL
+    else:
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+class ServerContexts:
+    """A server's TLS whose certificate, key and CAs can be replaced while it serves (SIGHUP).
+
+    The server is given ``context``, whose only job is its SNI callback: OpenSSL calls it for every
+    ClientHello (with or without a server name), and it switches the handshake to ``current``. ``reload``
+    builds a new ``current`` from the files; connections already open keep theirs, new ones get the new
+    certificate and are checked against the new CAs (during a rotation, a CA file holding the old and the
+    new CA accepts both). A reload that fails raises and leaves ``current`` as it was."""
+
+    def __init__(self, build: Callable[[], ssl.SSLContext]) -> None:
+        self._build = build
+        self.current = build()
+        self.context = build()
+        self.context.sni_callback = self._switch
+        self.reloads = 0
+
+    def _switch(self, ssl_object: ssl.SSLObject, _server_name: str | None, _context: ssl.SSLContext) -> None:
+        ssl_object.context = self.current
+
+    def reload(self) -> None:
+        self.current = self._build()
+        self.reloads += 1
+
+
+def peer_common_name(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str | None:
+    """The subject CN of the verified client certificate, or ``None`` when the client sent none.
+
+    Only meaningful when the context verifies client certificates (``cafile`` set): with ``CERT_NONE``
+    Python does not expose the peer certificate at all.
+    """
+    if ssl_object is None:
+        return None
+    certificate = ssl_object.getpeercert()
+    if not certificate:
+        return None
+    for rdn in certificate.get("subject", ()):
+        for attribute in rdn:  # (name, value) pairs
+            if attribute[0] == "commonName":
+                return str(attribute[1])
+    return None

@@ -1,0 +1,1 @@
+"""The broker's configuration, composed from every section."""

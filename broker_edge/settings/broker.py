@@ -1,0 +1,382 @@
+"""The broker's configuration schema: one dataclass tree, loaded from YAML by ``load_broker_config``.
+
+Every section embeds the dataclass of the module that uses it (``LimitsConfig`` from ``limits``,
+``TlsConfig`` from ``tls``, ...), so a key is documented once, next to the code that reads it; the
+commented ``conf/broker.yaml`` lists every key with its default. No file at all gives a broker that works at
+once: one plain TCP listener on 127.0.0.1:1883 that accepts anonymous clients because only this machine can
+reach it (the Mosquitto 2 rule). A listener on any other address requires authentication unless it says
+``allow_anonymous: true``; one that would accept nobody (no password file, no client certificates, anonymous
+refused) is a configuration error naming that listener.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file
+from broker_edge.observe.logs import LoggingConfig
+from broker_edge.observe.sys_topics import SysTopicsConfig
+from broker_edge.process.gc_tuning import RuntimeConfig
+from broker_edge.security.acl import AclConfig
+from broker_edge.security.auth import AuthConfig, anonymous_allowed, is_loopback_host
+from broker_edge.security.limits import LimitsConfig
+from broker_edge.security.reader_tokens import ReaderToken, ReaderTokens
+from broker_edge.security.tls import TlsConfig
+from broker_edge.settings.cluster import ClusterConfig
+from broker_edge.storage.config import StorageConfig
+
+__all__ = [
+    "DEFAULT_ADMIN_PORT",
+    "AdminHttpConfig",
+    "BrokerConfig",
+    "BrokerStorageConfig",
+    "ListenerConfig",
+    "MqttConfig",
+    "OffsetsApiConfig",
+    "RetainConfig",
+    "SessionsConfig",
+    "load_broker_config",
+]
+
+ListenerType = Literal["tcp", "tls", "websocket", "wss"]
+ListenerTransport = Literal["native", "asyncio"]
+
+
+@dataclass
+class ListenerConfig:
+    """One address the broker accepts MQTT clients on."""
+
+    name: str = "default"
+    """Unique name; it labels metrics and log lines."""
+    type: ListenerType = "tcp"
+    """``tcp`` (plain MQTT), ``tls`` (MQTT over TLS), ``websocket`` or ``wss`` (MQTT over WebSocket)."""
+    host: str = "127.0.0.1"
+    """Address to bind; ``0.0.0.0`` / ``::`` accept from every interface (then authentication is required)."""
+    port: int = 1883
+    """TCP port; 0 picks a free one (tests read it back from ``Broker.ports``)."""
+    path: str = "/mqtt"
+    """HTTP path of a WebSocket listener (subprotocol ``mqtt``)."""
+    tls: TlsConfig | None = None
+    """Certificate and key of a ``tls`` or ``wss`` listener (optionally client certificates)."""
+    allow_anonymous: bool | None = None
+    """Accept clients without a username here; unset = ``auth.allow_anonymous``, else only on loopback."""
+    transport: ListenerTransport = "asyncio"
+    """The transport of a ``tcp`` listener's connections: ``asyncio`` (the event loop's own, uvloop's when it
+    runs) or ``native`` (the broker's own, on the event loop's socket watches: less memory per idle
+    connection, more CPU per write). ``tls``, ``websocket`` and ``wss``
+    listeners always use the event loop's."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("name", "must not be empty")
+        if self.type not in ("tcp", "tls", "websocket", "wss"):
+            raise ConfigError("type", f"expected tcp, tls, websocket or wss, got {self.type!r}")
+        if isinstance(self.port, bool) or not 0 <= self.port <= 65_535:
+            raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
+        if self.type in ("tls", "wss") and self.tls is None:
+            raise ConfigError("tls", f"a {self.type} listener needs tls.certfile and tls.keyfile")
+        if self.type in ("tcp", "websocket") and self.tls is not None:
+            raise ConfigError("tls", f"a {self.type} listener does not use TLS (use type tls or wss)")
+        if not self.path.startswith("/"):
+            raise ConfigError("path", f"must start with '/', got {self.path!r}")
+        if self.transport not in ("native", "asyncio"):
+            raise ConfigError("transport", f"expected native or asyncio, got {self.transport!r}")
+
+    @property
+    def websocket(self) -> bool:
+        return self.type in ("websocket", "wss")
+
+
+@dataclass
+class SessionsConfig:
+    """How long sessions of disconnected clients are kept, and whether they survive a restart."""
+
+    max_session_expiry_s: int = 7 * 24 * 3600
+    """Upper bound of any session's expiry (v5 Session Expiry Interval is capped to it); also how long an
+    MQTT 3.1.1 session with clean session 0 lives after its client disconnects."""
+    persist: bool = True
+    """Keep persistent sessions (subscriptions, log cursors, expiry) across a broker restart: written to
+    sessions.json in the storage directory at stop and every persist_interval_s, read back at start (needs
+    storage.enabled; see docs/broker.md, What survives a restart)."""
+    persist_interval_s: float = 60.0
+    """Seconds between two snapshots of the persistent sessions while the broker runs (a crash loses at
+    most what changed since the last one)."""
+    max_persistent: int = 20_000
+    """Persistent sessions (expiry > 0) kept, online or not; a CONNECT that would add one more is refused
+    (v5 0x97, v3 0x03); 0 = unlimited."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_session_expiry_s, bool) or not 0 <= self.max_session_expiry_s <= 0xFFFFFFFF:
+            raise ConfigError(
+                "max_session_expiry_s", f"must be between 0 and 4294967295, got {self.max_session_expiry_s!r}"
+            )
+        if (
+            isinstance(self.max_persistent, bool)
+            or not isinstance(self.max_persistent, int)
+            or self.max_persistent < 0
+        ):
+            raise ConfigError("max_persistent", f"must be an integer >= 0, got {self.max_persistent!r}")
+        if not self.persist_interval_s > 0:
+            raise ConfigError("persist_interval_s", f"must be > 0, got {self.persist_interval_s!r}")
+
+
+@dataclass
+class RetainConfig:
+    """Retained messages."""
+
+    enabled: bool = True
+    """Keep retained messages (when false, v5 CONNACK says Retain Available = 0 and RETAIN is refused)."""
+    max_retained: int = 100_000
+    """Topics holding a retained message; a new one beyond it is not retained (0 = unlimited)."""
+
+    def __post_init__(self) -> None:
+        if self.max_retained < 0:
+            raise ConfigError("max_retained", f"must be >= 0, got {self.max_retained}")
+
+
+@dataclass
+class MqttConfig:
+    """Protocol features the broker offers to MQTT 5 clients."""
+
+    topic_alias_maximum: int = 64
+    """Topic aliases a client may use towards the broker (advertised in CONNACK; 0 = none)."""
+    outgoing_topic_aliases: int = 64
+    """Topic aliases the broker assigns per connection towards a client (at most the client's own Topic
+    Alias Maximum; least recently used reassigned first); 0 = always send topic names."""
+
+    def __post_init__(self) -> None:
+        for name in ("topic_alias_maximum", "outgoing_topic_aliases"):
+            value = getattr(self, name)
+            if not 0 <= value <= 0xFFFF:
+                raise ConfigError(name, f"must be between 0 and 65535, got {value}")
+
+
+MAX_STORAGE_PARTITIONS = 9999
+"""Most storage partitions (a directory each under ``<data>/log/``)."""
+
+
+@dataclass(slots=True)
+class BrokerStorageConfig(StorageConfig):
+    """The commitlog: ``StorageConfig`` (persistence rules, durability, retention) plus where it lives."""
+
+    enabled: bool = True
+    """Append QoS 1/2 publishes (per ``persist`` rules) to their topics' logs before acknowledging them."""
+    directory: str = "timestone-data"
+    """Directory of the logs (created if missing); relative paths are relative to the working directory."""
+    retention_interval_s: float = 60.0
+    """Seconds between two retention passes (each topic's start moves past its records past retention;
+    segments nothing is kept of are deleted)."""
+
+    def __post_init__(self) -> None:
+        if self.enabled and not self.directory:
+            raise ConfigError("directory", "must name a directory when storage is enabled")
+        if self.retention_interval_s <= 0:
+            raise ConfigError("retention_interval_s", f"must be > 0, got {self.retention_interval_s}")
+        if self.group_commit_ms < 0:
+            raise ConfigError("group_commit_ms", f"must be >= 0, got {self.group_commit_ms}")
+        for name in (
+            "group_commit_max_bytes",
+            "segment_bytes",
+            "max_record_bytes",
+            "max_topics",
+            "index_checkpoint_bytes",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.partitions <= MAX_STORAGE_PARTITIONS:
+            raise ConfigError(
+                "partitions", f"must be within [1, {MAX_STORAGE_PARTITIONS}], got {self.partitions}"
+            )
+        if self.segment_bytes >= 2**32:
+            raise ConfigError("segment_bytes", f"must be below 4 GiB (4294967296), got {self.segment_bytes}")
+        for name in ("tail_cache_total_bytes", "read_cache_bytes", "sealed_cache_bytes"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
+        if not self.refusal_log_interval_s > 0:
+            raise ConfigError("refusal_log_interval_s", f"must be > 0, got {self.refusal_log_interval_s}")
+        for name in ("segment_ms", "retention_bytes", "retention_ms"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(name, f"must be >= 1 (or null for no limit), got {value}")
+
+
+@dataclass
+class OffsetsApiConfig:
+    """The HTTP offsets API over the commitlog (Spark source, peers, tools), on its own port."""
+
+    enabled: bool = True
+    """Serve the API (needs ``storage.enabled``)."""
+    host: str = "127.0.0.1"
+    """Address to bind; a non-loopback address requires ``token``."""
+    port: int = 9884
+    """TCP port; 0 picks a free one."""
+    token: str | None = None
+    """A bearer token that reads every topic (as a ``tokens`` entry named ``token`` with ``#``); unset and
+    no ``tokens`` nor ``tokens_file`` = no authentication (loopback only)."""
+    tokens: list[ReaderToken] = field(default_factory=list)
+    """Readers' tokens, each with a name and the topic filters it may read (docs/offsets-api.md)."""
+    tokens_file: str | None = None
+    """YAML file with a ``tokens:`` list (same layout), re-read on SIGHUP: how tokens rotate without a
+    restart."""
+    tls: TlsConfig | None = None
+    """Serve HTTPS with this certificate."""
+    max_connections: int = 256
+    """Open connections; more are answered 503 and closed."""
+    request_timeout_s: float = 10.0
+    """Seconds for a request's headers, and for its body, to arrive; a connection still sending is closed."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.port, bool) or not 0 <= self.port <= 65_535:
+            raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
+        check_http_limits(self.max_connections, self.request_timeout_s)
+        if self.enabled and not self.authenticates and not is_loopback_host(self.host):
+            raise ConfigError("token", f"required when the offsets API listens on non-loopback {self.host!r}")
+        if self.token is not None and not self.token:
+            raise ConfigError("token", "must not be empty")
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether readers must present a token."""
+        return bool(self.token or self.tokens or self.tokens_file)
+
+    def reader_tokens(self) -> ReaderTokens | None:
+        """The tokens this configuration sets (None: readers are not asked for one); ``ConfigError`` when
+        ``tokens_file`` does not load."""
+        if not self.authenticates:
+            return None
+        inline = list(self.tokens)
+        if self.token:
+            inline.insert(0, ReaderToken("token", self.token))
+        try:
+            return ReaderTokens(inline, self.tokens_file)
+        except ConfigError as error:
+            raise ConfigError("tokens_file" if self.tokens_file else "tokens", str(error)) from None
+
+
+def check_http_limits(max_connections: object, request_timeout_s: object) -> None:
+    """Raise ``ConfigError`` naming the field unless both bounds of an HTTP endpoint are usable."""
+    if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+        raise ConfigError("max_connections", f"must be an integer >= 1, got {max_connections!r}")
+    if isinstance(request_timeout_s, bool) or not isinstance(request_timeout_s, (int, float)):
+        raise ConfigError("request_timeout_s", f"must be a number, got {request_timeout_s!r}")
+    if not request_timeout_s > 0:
+        raise ConfigError("request_timeout_s", f"must be > 0, got {request_timeout_s!r}")
+
+
+DEFAULT_ADMIN_PORT = 9883
+"""1883 (MQTT) + 8000: easy to remember, clear of MQTT's 1883/8883 and of the usual Prometheus exporters."""
+
+
+@dataclass
+class AdminHttpConfig:
+    """Where the admin endpoint listens."""
+
+    enabled: bool = True
+    """Serve ``/metrics`` and ``/health``."""
+    host: str = "127.0.0.1"
+    """Address to bind; loopback by default because the endpoint has no authentication."""
+    port: int = DEFAULT_ADMIN_PORT
+    """TCP port; 0 picks a free one (tests)."""
+    max_connections: int = 64
+    """Open connections; more are answered 503 and closed."""
+    request_timeout_s: float = 10.0
+    """Seconds for a request's headers to arrive; a connection still sending them is closed."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65_535:
+            raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
+        if not self.host:
+            raise ConfigError("host", "must not be empty")
+        check_http_limits(self.max_connections, self.request_timeout_s)
+
+
+def _default_listeners() -> list[ListenerConfig]:
+    return [ListenerConfig()]
+
+
+@dataclass
+class BrokerConfig:
+    """Everything a broker reads at start; each section is documented in docs/configuration.md."""
+
+    listeners: list[ListenerConfig] = field(default_factory=_default_listeners)
+    """MQTT listeners (at least one)."""
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    acl: AclConfig = field(default_factory=AclConfig)
+    storage: BrokerStorageConfig = field(default_factory=BrokerStorageConfig)
+    offsets_api: OffsetsApiConfig = field(default_factory=OffsetsApiConfig)
+    admin_http: AdminHttpConfig = field(default_factory=AdminHttpConfig)
+    sys_topics: SysTopicsConfig = field(default_factory=SysTopicsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    sessions: SessionsConfig = field(default_factory=SessionsConfig)
+    retain: RetainConfig = field(default_factory=RetainConfig)
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    cluster: ClusterConfig | None = None
+    """Join a cluster of brokers coordinated by etcd (docs/cluster.md); unset = run alone."""
+
+    def __post_init__(self) -> None:
+        if not self.listeners:
+            raise ConfigError("listeners", "at least one listener is required")
+        seen: set[str] = set()
+        for index, listener in enumerate(self.listeners):
+            if listener.name in seen:
+                raise ConfigError(f"listeners[{index}].name", f"duplicate listener name {listener.name!r}")
+            seen.add(listener.name)
+            if not self.listener_allows_anonymous(listener) and not self.auth.password_file:
+                client_certs = listener.tls is not None and listener.tls.require_client_cert
+                if not client_certs:
+                    raise ConfigError(
+                        f"listeners[{index}]",
+                        f"listener {listener.name!r} on {listener.host} would accept nobody: it requires "
+                        "authentication (not loopback) but there is no auth.password_file and no client "
+                        "certificates; set allow_anonymous: true to accept anonymous clients",
+                    )
+        if self.cluster is not None:
+            self._check_cluster(self.cluster)
+        if self.offsets_api.enabled and not self.storage.enabled:
+            self.offsets_api.enabled = False
+
+    def _check_cluster(self, cluster: ClusterConfig) -> None:
+        if not self.storage.enabled:
+            raise ConfigError("cluster", "a cluster node needs its commitlog: set storage.enabled: true")
+        if self.storage.partitions == 1:  # the default: store each cluster partition's topics apart
+            self.storage.partitions = min(cluster.partitions, MAX_STORAGE_PARTITIONS)
+        if not self.offsets_api.enabled:
+            raise ConfigError(
+                "cluster", "peers replicate through the offsets API: set offsets_api.enabled: true"
+            )
+        wildcard = ("0.0.0.0", "::", "")
+        if cluster.advertise.mqtt is None and self.listeners[0].host in wildcard:
+            raise ConfigError(
+                "cluster.advertise.mqtt", "required when the first listener binds every interface"
+            )
+        if cluster.advertise.offsets_api is None and self.offsets_api.host in wildcard:
+            raise ConfigError(
+                "cluster.advertise.offsets_api", "required when the offsets API binds every interface"
+            )
+        members_host = cluster.listen.host if cluster.listen.host is not None else self.offsets_api.host
+        if cluster.advertise.peer is None and members_host in wildcard:
+            raise ConfigError(
+                "cluster.advertise.peer", "required when the members' endpoint binds every interface"
+            )
+        try:
+            cluster.check_members_endpoint(members_host)
+        except ConfigError as error:
+            raise ConfigError(f"cluster.{error.path}", error.detail) from None
+
+    def listener_allows_anonymous(self, listener: ListenerConfig) -> bool:
+        """The effective anonymous rule of a listener: its own setting, then ``auth``, then loopback-only."""
+        setting = (
+            listener.allow_anonymous if listener.allow_anonymous is not None else self.auth.allow_anonymous
+        )
+        return anonymous_allowed(setting, listener.host)
+
+
+def load_broker_config(path: str | Path | None = None) -> BrokerConfig:
+    """The configuration in ``path`` (YAML), or the defaults when ``path`` is None."""
+    if path is None:
+        return BrokerConfig()
+    return load_dataclass(BrokerConfig, load_yaml_file(path))

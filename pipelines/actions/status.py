@@ -1,0 +1,229 @@
+"""What ``timestone ota status`` tells an operator: each action as written, where it stands, what is left.
+
+An action is a row in ``actions`` before it is anything else: until the actions job has seen it there is no
+summary, and the status says so, with whether a job is running against these tables (its heartbeat,
+``heartbeat.py``). Once summarised, the status adds the counts per state, the reason an action ended
+otherwise than completed (the rejected field, the abort threshold crossed), and the devices that have not
+finished (the first few, and how many).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.actions.heartbeat import STALE_AFTER_S, Heartbeat
+from pipelines.actions.states import ALL_STATES, IN_PROGRESS, QUEUED
+from pipelines.actions.summary import FINAL_ACTION_STATES
+from sinks.store import TableStore
+
+__all__ = ["WAITING", "ActionStatus", "describe", "describe_job", "describe_list", "read_statuses"]
+
+WAITING = "WAITING"
+"""Shown for an action the actions job has not summarised yet (not a value of ``action_state``)."""
+OPEN_STATES = (QUEUED, IN_PROGRESS)
+
+
+@dataclass
+class ActionStatus:
+    """One action: its latest row, its summary, and its devices that have not finished."""
+
+    action_id: str
+    row: dict[str, Any] | None
+    summary: dict[str, Any] | None
+    open_devices: list[dict[str, Any]] = field(default_factory=list)
+    """The first few executions still QUEUED or IN_PROGRESS, by device id."""
+    open_count: int = 0
+
+    @property
+    def state(self) -> str:
+        return WAITING if self.summary is None else str(self.summary["action_state"])
+
+    @property
+    def ended(self) -> bool:
+        return self.state in FINAL_ACTION_STATES
+
+
+def _latest_rows(table: pa.Table, key: str) -> dict[str, dict]:
+    return {row[key]: row for row in table.to_pylist()}
+
+
+def read_statuses(
+    store: TableStore, action_id: str | None = None, open_limit: int = 10
+) -> list[ActionStatus]:
+    """The status of ``action_id`` (empty when no table knows it), or of every action, newest first; the
+    not-finished devices are listed only for one action."""
+    rows = _read(store, "actions", "id", action_id)
+    summaries = _read(store, "action_summary", "action_id", action_id)
+    statuses = [
+        ActionStatus(key, rows.get(key), summaries.get(key)) for key in dict.fromkeys([*rows, *summaries])
+    ]
+    if action_id is not None:
+        for status in statuses:
+            status.open_devices, status.open_count = _open_executions(store, action_id, open_limit)
+    epoch = datetime.min.replace(tzinfo=UTC)
+    return sorted(
+        statuses, key=lambda s: ((s.row or {}).get("created_at") or epoch, s.action_id), reverse=True
+    )
+
+
+def _read(store: TableStore, name: str, key: str, value: str | None) -> dict[str, dict]:
+    if not store.exists(name):
+        return {}
+    table = store.read_arrow(name)
+    if value is not None:
+        table = table.filter(pc.equal(table[key], value))
+    return _latest_rows(table, key)
+
+
+def _open_executions(store: TableStore, action_id: str, limit: int) -> tuple[list[dict], int]:
+    if not store.exists("action_executions"):
+        return [], 0
+    table = store.read_arrow("action_executions")
+    table = table.filter(pc.equal(table["action_id"], action_id))
+    table = table.filter(pc.is_in(table["state"], pa.array(OPEN_STATES, pa.string())))
+    table = table.sort_by("device_id")
+    return table.slice(0, limit).to_pylist(), table.num_rows
+
+
+# -- text -----------------------------------------------------------------------------------------------
+
+
+def _time(value: datetime | None) -> str:
+    return "-" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _ago(ms: int, now_ms: int) -> str:
+    seconds = max(0, (now_ms - ms) // 1000)
+    if seconds < 120:
+        return f"{seconds} s ago"
+    if seconds < 7200:
+        return f"{seconds // 60} min ago"
+    return f"{seconds // 3600} h ago"
+
+
+def describe_job(beat: Heartbeat | None, now_ms: int, tables_root: str) -> str:
+    """Whether an actions job is running against these tables, from its heartbeat."""
+    if beat is None:
+        return (
+            f"actions job: no actions job has run against {tables_root} "
+            "(start one: timestone pipeline actions)"
+        )
+    where = f"on {beat.host} (pid {beat.pid})"
+    if beat.running(now_ms):
+        return f"actions job: running {where}, last heartbeat {_ago(beat.beat_at_ms, now_ms)}"
+    how = "stopped" if beat.stopped else f"not running (no heartbeat for over {STALE_AFTER_S:.0f} s)"
+    return (
+        f"actions job: {how} {where}, last heartbeat {_ago(beat.beat_at_ms, now_ms)} "
+        "(start one: timestone pipeline actions)"
+    )
+
+
+def _target(row: dict) -> str:
+    target = row.get("target") or {}
+    if target.get("device_ids"):
+        ids = target["device_ids"]
+        shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        return f"{len(ids)} device{'s' if len(ids) != 1 else ''}: {shown}"
+    if target.get("group") is not None:
+        return f"group {target['group']}"
+    return "all devices" if target.get("all") else "none"
+
+
+def _what(row: dict) -> str:
+    payload = row.get("payload") or {}
+    if row.get("kind") == "ota":
+        return f"firmware {payload.get('version')} from {payload.get('url')}"
+    if row.get("kind") == "command":
+        args = payload.get("args") or []
+        pairs = args.items() if isinstance(args, dict) else args
+        shown = " ".join(f"{k}={v}" for k, v in pairs)
+        return f"command {payload.get('command')}" + (f" {shown}" if shown else "")
+    return f"kind {row.get('kind')!r}"
+
+
+def _rollout(row: dict) -> str:
+    rollout = row.get("rollout") or {}
+    abort = row.get("abort_criteria") or {}
+    parts = [f"{rollout['max_per_minute']} devices/min" if rollout.get("max_per_minute") else "broadcast"]
+    if abort.get("failure_pct") is not None:
+        parts.append(
+            f"abort at {abort['failure_pct']:g} % failed after {abort.get('min_executed') or 1} finished"
+        )
+    if row.get("in_progress_timeout_s"):
+        parts.append(f"timeout {row['in_progress_timeout_s']} s per device")
+    return "; ".join(parts)
+
+
+def _counts(summary: dict) -> str:
+    counts = " ".join(f"{state.lower()}={summary[f'{state.lower()}_count']}" for state in ALL_STATES)
+    return f"{counts} total={summary['total_count']}"
+
+
+def describe(status: ActionStatus, job: str) -> str:
+    """One action in full (``job``: :func:`describe_job`'s line, shown while the action has not ended)."""
+    lines = [f"action    {status.action_id}"]
+    row = status.row
+    if row is not None:
+        lines += [
+            f"created   {_time(row.get('created_at'))} by {row.get('created_by') or '-'}",
+            f"target    {_target(row)}",
+            f"what      {_what(row)}",
+            f"rollout   {_rollout(row)}",
+        ]
+    else:
+        lines.append("row       not in the actions table (only its summary is)")
+    summary = status.summary
+    if summary is None:
+        canceled = " (cancel requested)" if row is not None and row.get("cancel") else ""
+        lines.append(f"state     {WAITING}: the actions job has not picked it up yet{canceled}")
+    else:
+        state = status.state
+        if row is not None and row.get("cancel") and not status.ended:
+            state += " (cancel requested)"
+        lines.append(f"state     {state}, updated {_time(summary.get('updated_at'))}")
+        lines.append(f"devices   {_counts(summary)}")
+        if summary.get("reason"):
+            lines.append(f"reason    {summary['reason']}")
+    if status.open_count:
+        lines.append(f"not done  {status.open_count} device{'s' if status.open_count != 1 else ''}:")
+        for execution in status.open_devices:
+            details = f" ({execution['status_details']})" if execution.get("status_details") else ""
+            since = execution.get("started_at") or execution.get("published_at") or execution.get("queued_at")
+            lines.append(
+                f"          {execution['device_id']} {execution['state']}{details} since {_time(since)}"
+            )
+        if status.open_count > len(status.open_devices):
+            lines.append(f"          ... and {status.open_count - len(status.open_devices)} more")
+    if not status.ended:
+        lines.append(job)
+    return "\n".join(lines)
+
+
+def describe_list(statuses: Iterable[ActionStatus], job: str) -> str:
+    """Every action, one line each (newest first), then whether the job runs."""
+    header = f"{'action':<22} {'kind':<8} {'state':<12} {'done':>11}  {'created':<23} target"
+    lines = [header]
+    for status in statuses:
+        row = status.row or {}
+        summary = status.summary
+        done = (
+            "-" if summary is None else f"{summary['total_count'] - _open(summary)}/{summary['total_count']}"
+        )
+        kind = str(row.get("kind", "-"))[:8]
+        target = _target(row) if row else "-"
+        created = _time(row.get("created_at"))
+        lines.append(
+            f"{status.action_id:<22} {kind:<8} {status.state:<12} {done:>11}  {created:<23} {target}"
+        )
+    lines.append(job)
+    return "\n".join(lines)
+
+
+def _open(summary: dict) -> int:
+    return sum(int(summary[f"{state.lower()}_count"]) for state in OPEN_STATES)

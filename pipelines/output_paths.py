@@ -1,0 +1,36 @@
+"""Where a pipeline writes (a tables root, a checkpoint), checked before Spark starts.
+
+A local path that is a file, or lies under one, or under a directory this process cannot write, would
+otherwise fail inside the first micro-batch as a Java or delta-rs stack. Object-store URIs (``s3://``,
+``abfss://``, ``dbfs:/``...) are left to the store that opens them: whether they are writable is only
+known by writing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from broker_edge.config.loader import ConfigError
+
+__all__ = ["check_output_location"]
+
+
+def check_output_location(location: str, key: str) -> None:
+    """Raise ConfigError naming ``key`` when a local ``location`` cannot be a directory written here."""
+    if not location.strip():
+        raise ConfigError(key, "must not be empty")
+    if location.startswith("file://"):
+        location = location.removeprefix("file://")
+    elif "://" in location or location.startswith("dbfs:"):
+        return
+    path = Path(location).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(key, f"{location!r} is a file, not a directory")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(key, f"{location!r} cannot be created: {str(existing)!r} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(key, f"{location!r} cannot be written: no write permission on {str(existing)!r}")

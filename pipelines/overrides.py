@@ -1,0 +1,101 @@
+"""``--set KEY=VALUE``: one value of a parsed YAML config document, addressed as errors name it.
+
+A key is the dotted path a configuration error prints, list items included: ``telemetry.tables.root``,
+``telemetry.quality.suites[0].expectations[1].column``. The value is read as YAML, so ``[a, b]`` is a list
+and ``null`` is None. Mappings missing on the way are created; a list item is replaced, or appended when
+its index is the list's length; a list the file does not hold cannot be indexed (its default is not in the
+file to change), and the error says to set the whole list instead.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from broker_edge.config.loader import ConfigError
+
+__all__ = ["apply_override", "key_steps"]
+
+_KEY = re.compile(r"^[^.\[\]=\s]+(\[\d+\])*(\.[^.\[\]=\s]+(\[\d+\])*)*$")
+_STEP = re.compile(r"[^.\[\]]+|\[(\d+)\]")
+
+Step = str | int
+
+
+def key_steps(key: str) -> list[Step]:
+    """``a.b[0].c`` as ``["a", "b", 0, "c"]``; ConfigError for anything else."""
+    if not _KEY.match(key):
+        raise ConfigError(
+            key, "expected a dotted key such as telemetry.tables.root, lists indexed as suites[0]"
+        )
+    return [int(m.group(1)) if m.group(1) is not None else m.group(0) for m in _STEP.finditer(key)]
+
+
+def _path(steps: list[Step]) -> str:
+    text = ""
+    for step in steps:
+        text += f"[{step}]" if isinstance(step, int) else (f".{step}" if text else step)
+    return text
+
+
+def _child(node: Any, steps: list[Step], index: int) -> Any:
+    """The container at ``steps[index]`` inside ``node``, created when it is a missing mapping."""
+    step, where, following = steps[index], _path(steps[: index + 1]), steps[index + 1]
+    _check_container(node, steps, index)
+    if isinstance(step, int):
+        if step == len(node):
+            node.append({})
+        child = node[step]
+    else:
+        child = node.get(step)
+        if child is None:
+            if isinstance(following, int):
+                raise ConfigError(
+                    where,
+                    f"is not in the file (its default applies), so it has no item [{following}] to set: "
+                    f"set the whole list, e.g. --set '{where}=[...]'",
+                )
+            child = node[step] = {}
+    if not isinstance(child, dict | list):
+        raise ConfigError(
+            where, f"is {type(child).__name__} {child!r}, not a mapping or a list: cannot set inside it"
+        )
+    return child
+
+
+def _check_container(node: Any, steps: list[Step], index: int) -> None:
+    step, parent = steps[index], _path(steps[:index])
+    if isinstance(step, int):
+        if not isinstance(node, list):
+            raise ConfigError(parent, "is a mapping, not a list: name its keys, not an index")
+        if step > len(node):
+            raise ConfigError(
+                _path(steps[: index + 1]),
+                f"index out of range: {parent} has {len(node)} items ([{len(node)}] adds one)",
+            )
+    elif isinstance(node, list):
+        example = f"{parent}[{step}]" if step.isdigit() else f"{parent}[0].{step}"
+        raise ConfigError(parent, f"is a list: index its items, as {example}")
+
+
+def apply_override(document: dict[str, Any], assignment: str) -> None:
+    """Set ``KEY=VALUE`` in ``document`` (see the module docstring for what KEY may be)."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(assignment, "expected KEY=VALUE with a dotted KEY")
+    steps = key_steps(key.strip())
+    node: Any = document
+    for index in range(len(steps) - 1):
+        node = _child(node, steps, index)
+    _check_container(node, steps, len(steps) - 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(key.strip(), f"value is not valid YAML: {exc}") from None
+    last = steps[-1]
+    if isinstance(last, int) and last == len(node):
+        node.append(value)
+    else:
+        node[last] = value

@@ -1,0 +1,59 @@
+"""What a pipeline checks of the world before Spark starts: that the brokers it must read answer.
+
+A run with ``--available-now`` reads what the brokers hold now and stops. The ``timestone`` source itself
+carries on past a broker that does not answer (a continuous query must outlive a broker restart), so such
+a run would end "successfully" with no records from it; reading a cluster, it would fail deep inside Spark.
+Both are one error here instead, before anything starts: every standalone broker must answer, and at
+least one member of a cluster (the source finds the others).
+"""
+
+from __future__ import annotations
+
+from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.offsets_api.errors import OffsetsApiError
+from sources.options import SourceOptions
+
+__all__ = ["PROBE_TIMEOUT_S", "BrokersUnreachable", "require_brokers"]
+
+PROBE_TIMEOUT_S = 5.0
+
+
+class BrokersUnreachable(Exception):
+    """The brokers a run must read did not answer; the message names each and why."""
+
+
+def _answer(url: str, token: str | None, pattern: str | None, timeout_s: float) -> str | None:
+    """Why the offsets API at ``url`` cannot be read, or None when it answered."""
+    try:
+        with OffsetsClient(url, token=token, timeout_s=timeout_s, retries=0) as client:
+            client.list_logs(pattern)
+    except OffsetsApiError as error:
+        return "it refused the token" if error.status == 401 else str(error)
+    except Exception as error:  # BrokerUnavailable, with the refused connection or timeout as its cause
+        cause = error.__cause__
+        why = getattr(cause, "strerror", None) or str(cause or error).removeprefix(f"{url}: ")
+        return str(why)
+    return None
+
+
+def require_brokers(options: SourceOptions, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """Raise :class:`BrokersUnreachable` unless the brokers of ``options`` can be read now."""
+    pattern = options.topics[0] if len(options.topics) == 1 else None
+    if options.reads_cluster:
+        reasons = {
+            url: _answer(url, options.auth_token, pattern, timeout_s) for url in options.bootstrap_servers
+        }
+        if all(reasons.values()):
+            listed = "; ".join(f"{url}: {why}" for url, why in reasons.items())
+            raise BrokersUnreachable(f"no member of the cluster answered (bootstrap_servers: {listed})")
+        return
+    down = {}
+    for broker in options.brokers:
+        why = _answer(broker.offsets_api, broker.token, pattern, timeout_s)
+        if why is not None:
+            down[broker.name] = f"{broker.name} ({broker.offsets_api}): {why}"
+    if down:
+        raise BrokersUnreachable(
+            f"broker{'s' if len(down) > 1 else ''} not answering: {'; '.join(down.values())}; "
+            "a run with --available-now reads every broker or none"
+        )

@@ -1,0 +1,215 @@
+"""Fair HTTP endpoints on a real cluster: strangers holding every connection they can get, and a reader's
+token asking for the largest answers it can, starve neither readers nor members.
+
+- Strangers without a token hold twice the offsets API's and the admin endpoint's connections on every
+  broker, reopening each one the broker closes, some sending requests without a token (401, closed at
+  once): readers with a token are still served, /metrics still answers, a member killed meanwhile rejoins
+  every in-sync set it was in (members have their own endpoint), and QoS 1 publishes are acknowledged
+  throughout, none lost.
+- A token holder asks a dozen times at once for fetches of up to 64 MiB and reads the answers slowly: the
+  broker holds at most its HTTP memory budget (the rest get 503 with Retry-After), its memory stays
+  bounded, and replication, which has the members' share of the budget, goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from broker_edge.runtime.launcher import BrokerProcess
+from tests.e2e.broker_clients import PahoClient
+from tests.e2e.cluster.conftest import EtcdTarget
+from tests.e2e.cluster.intruders import READER_TOKEN
+from tests.e2e.cluster.proof import (
+    Device,
+    check_nothing_acknowledged_was_lost,
+    cluster_state,
+    settled,
+    wait_settled,
+    wait_until,
+)
+from tests.e2e.cluster.test_trust_members import topic_led_by
+
+pytestmark = pytest.mark.timeout(240)
+
+NODES = ("a", "b", "c")
+
+
+class Strangers(threading.Thread):
+    """Holds ``count`` connections to ``port`` open without a token, opening a new one for each the broker
+    closes; every fifth asks for ``/v1/logs`` without a token."""
+
+    def __init__(self, port: int, count: int) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.count = count
+        self.stopping = threading.Event()
+        self.opened = 0
+        self.refused_401 = 0
+
+    def run(self) -> None:
+        held: list[socket.socket] = []
+        while not self.stopping.is_set():
+            while len(held) < self.count and not self.stopping.is_set():
+                try:
+                    sock = socket.create_connection(("127.0.0.1", self.port), timeout=2)
+                except OSError:
+                    time.sleep(0.05)  # the broker is restarting
+                    break
+                self.opened += 1
+                sock.setblocking(False)
+                if self.opened % 5 == 0:
+                    sock.sendall(b"GET /v1/logs HTTP/1.1\r\nHost: b\r\n\r\n")
+                held.append(sock)
+            for sock in list(held):
+                with contextlib.suppress(BlockingIOError):
+                    try:
+                        data = sock.recv(4096)
+                    except OSError:
+                        data = b""
+                    if data.startswith(b"HTTP/1.1 401"):
+                        self.refused_401 += 1
+                    if not data or b"Connection: close" in data:
+                        held.remove(sock)
+                        sock.close()
+            time.sleep(0.02)
+        for sock in held:
+            sock.close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(10)
+
+
+def reader_get(port: int, path: str) -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("GET", path, headers={"Authorization": f"Bearer {READER_TOKEN}"})
+        answer = connection.getresponse()
+        answer.read()
+        return answer.status
+    finally:
+        connection.close()
+
+
+def test_strangers_holding_every_connection_starve_neither_readers_nor_members(
+    cluster_brokers: Callable[..., BrokerProcess], etcd: EtcdTarget
+) -> None:
+    limits = {"max_connections": 32, "request_timeout_s": 30.0}
+    sections = {
+        "offsets_api": {"tokens": [{"name": "notebook", "token": READER_TOKEN}], **limits},
+        "admin_http": {"max_connections": 16, "request_timeout_s": 30.0},
+    }
+    brokers = {node: cluster_brokers(node, sections=sections, lease_ttl_s=2) for node in NODES}
+    wait_settled(etcd, set(NODES), 3)
+    order = [brokers[node] for node in NODES]
+    devices = [
+        Device(f"flood-{n}", topic_led_by(etcd, node, f"flood/{node}")[0], order, start_at=n)
+        for n, node in enumerate(NODES)
+    ]
+    for device in devices:
+        device.start()
+    strangers = [Strangers(broker.offsets_port, 64) for broker in order]
+    strangers += [Strangers(broker.admin_port, 32) for broker in order]
+    for flood in strangers:
+        flood.start()
+    try:
+        wait_until(lambda: all(flood.opened >= flood.count for flood in strangers), what="the flood up")
+        for broker in order:
+            assert reader_get(broker.offsets_port, "/v1/logs") == 200
+            assert reader_get(broker.offsets_port, "/v1/cluster") == 200
+            assert reader_get(broker.admin_port, "/metrics") == 200
+        # a member dies and comes back while strangers hold everything readers can reach
+        brokers["c"].kill()
+        wait_until(lambda: "c" not in cluster_state(etcd).members, 20, "c gone")
+        brokers["c"].start()
+        wait_until(lambda: settled(etcd, set(NODES), 3), 60, "c back in every in-sync set")
+        assert reader_get(brokers["c"].offsets_port, "/v1/logs") == 200
+    finally:
+        for flood in strangers:
+            flood.stop()
+    assert all(flood.refused_401 > 0 for flood in strangers[:3])  # answered 401, and closed
+    for device in devices:
+        device.stop()
+    check_nothing_acknowledged_was_lost(devices, order, READER_TOKEN)
+
+
+def _rss(broker: BrokerProcess) -> int:
+    assert broker.process is not None
+    with open(f"/proc/{broker.process.pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def _metric(broker: BrokerProcess, name: str) -> float:
+    connection = http.client.HTTPConnection("127.0.0.1", broker.admin_port, timeout=10)
+    connection.request("GET", "/metrics")
+    for line in connection.getresponse().read().decode().splitlines():
+        if line.startswith(f"timestone_broker_{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def test_oversized_fetches_hold_at_most_the_budget_and_replication_goes_on(
+    cluster_brokers: Callable[..., BrokerProcess], etcd: EtcdTarget
+) -> None:
+    budget = {"http_buffer_bytes": 24 << 20, "http_buffer_members_bytes": 8 << 20}
+    sections = {
+        "offsets_api": {"tokens": [{"name": "notebook", "token": READER_TOKEN}]},
+        "limits": {"messages_per_second_per_client": 0, **budget},
+    }
+    brokers = {node: cluster_brokers(node, sections=sections) for node in NODES}
+    wait_settled(etcd, set(NODES), 3)
+    topic, _ = topic_led_by(etcd, "a", "bulk")
+    loader = PahoClient(brokers["a"].port, "loader")
+    for number in range(40):  # 8 MB in one log
+        loader.publish(topic, bytes([65 + number % 26]) * 200_000, 1)
+    order = [brokers[node] for node in NODES]
+    devices = [
+        Device(f"busy-{n}", topic_led_by(etcd, "a", f"busy/{n}")[0], order, start_at=n) for n in range(3)
+    ]
+    for device in devices:
+        device.start()
+    before = _rss(brokers["a"])
+    statuses: list[int | None] = []
+    readers: list[socket.socket] = []
+    for max_bytes in [64 << 20] * 6 + [8 << 20] * 6:  # the attack's size, and one the budget can take
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that takes its time
+        sock.connect(("127.0.0.1", brokers["a"].offsets_port))
+        path = f"/v1/logs/{topic.replace('/', '%2F')}/records?offset=0&max_bytes={max_bytes}&format=frames"
+        request = f"GET {path} HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {READER_TOKEN}\r\n\r\n"
+        sock.sendall(request.encode())
+        readers.append(sock)
+    time.sleep(1.0)
+    for sock in readers:
+        sock.settimeout(5)
+        head = sock.recv(4096)
+        statuses.append(int(head.split()[1]) if head.startswith(b"HTTP/1.1") else None)
+        if b" 503 " in head[:16]:
+            assert b"Retry-After: 1" in head
+    held = _metric(brokers["a"], "http_buffer_bytes")
+    grown = _rss(brokers["a"]) - before
+    counts = [len(device.acked) for device in devices]
+    wait_until(  # replication goes on meanwhile: the members' share of the budget is theirs
+        lambda: all(len(d.acked) > count + 10 for d, count in zip(devices, counts, strict=True)),
+        what="publishes acknowledged during the fetches",
+    )
+    for sock in readers:
+        sock.close()
+    assert statuses.count(503) >= 10  # at most 16 MiB for readers: two 8 MiB fetches, no 64 MiB one
+    assert 200 in statuses
+    assert held <= 24 << 20
+    assert grown < 96 << 20, f"the broker grew by {grown >> 20} MiB"  # the attack once took +723 MiB
+    assert _metric(brokers["a"], "http_requests_over_budget") >= 10
+    for device in devices:
+        device.stop()
+    check_nothing_acknowledged_was_lost(devices, order, READER_TOKEN)

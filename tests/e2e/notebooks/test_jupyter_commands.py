@@ -1,0 +1,52 @@
+"""The Jupyter commands docs/notebooks.md gives, run as written on the demo's tables: each notebook executes
+top to bottom in the `.venv`'s kernel and its HTML holds what it printed and the charts it drew."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+DOC = REPO / "docs" / "notebooks.md"
+BIN = Path(sys.executable).parent
+
+
+def documented_commands() -> list[list[str]]:
+    """The ``.venv/bin/jupyter ...`` lines of the doc's "Opening and running them" block."""
+    section = DOC.read_text(encoding="utf-8").split("## Opening and running them", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [
+        shlex.split(line.split("#", 1)[0]) for line in block.splitlines() if line.startswith(".venv/bin/")
+    ]
+
+
+def test_jupyter_lab_and_nbconvert_are_installed():
+    commands = documented_commands()
+    assert [command[:2] for command in commands] == [
+        [".venv/bin/jupyter", "lab"],
+        [".venv/bin/jupyter", "nbconvert"],
+        [".venv/bin/jupyter", "nbconvert"],
+    ]
+    for tool in ("lab", "nbconvert"):
+        assert subprocess.run([str(BIN / "jupyter"), tool, "--version"], capture_output=True).returncode == 0
+
+
+@pytest.mark.parametrize("notebook", ["telemetry", "ota_rollout"])
+def test_the_documented_nbconvert_command_runs_a_notebook_on_the_demo_tables(demo_run, tmp_path, notebook):
+    command = next(c for c in documented_commands() if f"notebooks/{notebook}.ipynb" in c)
+    shutil.copy(REPO / "notebooks" / f"{notebook}.ipynb", demo_run.repository / "notebooks")
+    argv = [str(BIN / "jupyter"), *command[1:]]
+    argv[argv.index("/tmp/notebooks")] = str(tmp_path)
+    result = subprocess.run(argv, cwd=demo_run.repository, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    html = (tmp_path / f"{notebook}.html").read_text(encoding="utf-8")
+    assert f"tables under {demo_run.repository / '.timestone' / 'demo' / 'tables'} (delta-rs)" in html
+    assert html.count('src="data:image/png;base64,') >= (3 if notebook == "telemetry" else 1)
+    assert "Traceback" not in html
+    if notebook == "ota_rollout":
+        assert demo_run.action_id in html

@@ -1,0 +1,158 @@
+"""Rows written to ``actions`` by another tool are checked by the actions job before anything is sent.
+
+Each malformed row is written straight to the table with delta-rs (``write_deltalake``, in the table's own
+schema, as a notebook or another writer would): the job never publishes it, no device receives anything, and
+its summary ends ``REJECTED`` with a reason naming the field. A valid row written in the same commit still
+reaches its devices and completes.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from broker_edge.offsets_api.client import OffsetsClient
+from pipelines.actions.engine import ActionsEngine
+from pipelines.actions.publisher import MqttPublisher
+from pipelines.cli import main
+from tests.e2e.ota.conftest import (
+    action_row,
+    actions_stack,
+    register_devices,
+    summary,
+    wait_for,
+    write_actions,
+)
+from tests.fleet_harness import FleetHarness, FleetSpec, quiet_devices
+
+
+def _malformed_rows() -> dict[str, tuple[dict, str]]:
+    """Action id -> (row, the field its summary must name)."""
+    no_target = action_row("no-target")  # device_ids null, group null, all false
+    no_url = action_row("no-url", all_devices=True)
+    no_url["payload"]["url"] = None
+    firmware = action_row("kind-firmware", kind="firmware", all_devices=True)
+    unsafe_group = action_row("group-wildcard", group="canary/+")
+    return {
+        "no-target": (no_target, "target"),
+        "no-url": (no_url, "payload.url"),
+        "kind-firmware": (firmware, "kind"),
+        "group-wildcard": (unsafe_group, "target.group"),
+    }
+
+
+def _logged_action_messages(offsets_url: str) -> list[bytes]:
+    """Every message any action topic of the broker's log holds."""
+    with OffsetsClient(offsets_url) as client:
+        payloads: list[bytes] = []
+        for log in client.list_logs("actions/#"):
+            if log.topic.startswith("actions/reports/"):
+                continue
+            table = client.fetch_arrow(log.topic, log.start_offset, max_records=10_000)
+            payloads += table.column("payload").to_pylist()
+        return payloads
+
+
+def test_malformed_rows_reach_no_device_and_are_rejected_naming_the_field(spark, tmp_path, caplog, capsys):
+    caplog.set_level(logging.WARNING, logger="pipelines.actions.engine")
+    fleet_spec = {"count": 12, "groups": ["canary", "fleet"]}
+    with actions_stack(spark, tmp_path, fleet_spec, quiet_devices()) as stack:
+        store, fleet = stack.store, stack.fleet
+        malformed = _malformed_rows()
+        valid = action_row("valid", group="canary")
+        location = store.location("actions")
+        schema = pa.schema(DeltaTable(location).schema().to_arrow())  # the table's own schema
+        rows = [row for row, _ in malformed.values()] + [valid]
+        write_deltalake(location, pa.Table.from_pylist(rows, schema=schema), mode="append")
+
+        wait_for(lambda: (summary(store, "valid") or {}).get("action_state") == "COMPLETED", what="valid")
+        canary = {d.device_id for d in fleet.devices if d.group == "canary"}
+        assert {d.device_id for d in fleet.devices if "valid" in d.actions} == canary
+
+        for action_id, (_, field) in malformed.items():
+            result = summary(store, action_id)
+            assert result is not None, f"{action_id} has no summary"
+            assert result["action_state"] == "REJECTED", result
+            assert result["reason"].startswith(f"{field}: "), result["reason"]
+            assert result["total_count"] == 0
+            assert all(action_id not in d.received_at for d in fleet.devices), action_id
+            assert any(action_id in r.message and field in r.message for r in caplog.records), action_id
+        assert fleet.stats["bad_actions"] == 0 and "actions_received" in fleet.stats
+
+        messages = _logged_action_messages(stack.broker.offsets_url)
+        assert any(b'"valid"' in m for m in messages)
+        for action_id in malformed:
+            assert not any(f'"{action_id}"'.encode() in m for m in messages), action_id
+        executions = store.read_arrow("action_executions").column("action_id").to_pylist()
+        assert set(executions) == {"valid"}
+
+        capsys.readouterr()
+        assert main(["ota", "--tables-root", stack.config.tables_root, "status", "no-url"]) == 0
+        out = capsys.readouterr().out
+        assert "state     REJECTED" in out and "reason    payload.url: required for an ota action" in out
+
+
+def test_a_rejected_action_stays_rejected_when_its_row_is_corrected(spark, tmp_path, caplog):
+    """A corrected row under the id of a rejected action is not sent: the operator writes a new action."""
+    caplog.set_level(logging.WARNING, logger="pipelines.actions.engine")
+    with actions_stack(spark, tmp_path, {"count": 4, "groups": ["g"]}, quiet_devices()) as stack:
+        store = stack.store
+        broken = action_row("later-fixed", group="g")
+        broken["payload"]["sha256"] = "not-a-checksum"
+        table = pa.Table.from_pylist([broken], schema=store.spec("actions").arrow_schema)
+        store.merge("actions", table, "tests/actions", 0)
+        wait_for(
+            lambda: (summary(store, "later-fixed") or {}).get("action_state") == "REJECTED", what="reject"
+        )
+
+        fixed = dict(action_row("later-fixed", group="g"), updated_at=datetime.now(UTC))
+        store.merge("actions", pa.Table.from_pylist([fixed], schema=table.schema), "tests/actions", 1)
+        wait_for(
+            lambda: any("changed after it ended" in r.message for r in caplog.records), what="the warning"
+        )
+        stack.job.process_available()
+        result = summary(store, "later-fixed")
+        assert result is not None
+        assert result["action_state"] == "REJECTED" and result["reason"].startswith("payload.sha256: ")
+        assert all("later-fixed" not in d.received_at for d in stack.fleet.devices)
+
+
+def test_a_running_action_whose_row_turns_invalid_goes_on_and_its_cancel_still_counts(
+    table_store, mosquitto, caplog
+):
+    """A row overwritten with an invalid one after its action went out changes nothing of the action (the
+    engine keeps it as it was sent, with a WARNING); a cancel flag set on that row still cancels it."""
+    caplog.set_level(logging.WARNING, logger="pipelines.actions.engine")
+    spec = FleetSpec(brokers=[mosquitto], count=4, groups=["g"])
+    with FleetHarness(mosquitto, spec, quiet_devices(download_delay_s=(60.0, 60.0))) as harness:
+        register_devices(table_store, {d.device_id: d.group for d in harness.fleet.devices})
+        engine = ActionsEngine(table_store, MqttPublisher([mosquitto], client_id="actions-test"))
+        row = action_row("r-1", group="g", timeout_s=3600)
+        write_actions(table_store, [row], 0)
+        engine.on_action_rows([row], "fanout", 0)
+        harness.wait_until(lambda: harness.fleet.states("r-1").get("IN_PROGRESS") == 4)
+
+        broken = dict(row, target={"device_ids": None, "group": None, "all": False})
+        write_actions(table_store, [broken], 1)
+        engine.on_action_rows([broken], "fanout", 1)
+        assert any(
+            "r-1: its row changed to an invalid one, it goes on as it was sent: target:" in r.message
+            for r in caplog.records
+        )
+        engine.on_reports(harness.take_reports(), "reports", 0)
+        engine.tick()
+        current = summary(table_store, "r-1")
+        assert current is not None
+        assert (current["action_state"], current["in_progress_count"]) == ("IN_PROGRESS", 4)
+
+        canceled = dict(broken, cancel=True)
+        write_actions(table_store, [canceled], 2)
+        engine.on_action_rows([canceled], "fanout", 2)
+        harness.wait_until(lambda: harness.fleet.states("r-1").get("CANCELED") == 4)
+        engine.on_reports(harness.take_reports(), "reports", 1)
+        final = summary(table_store, "r-1")
+        assert final is not None and final["action_state"] == "CANCELED"
+        engine.publisher.close()

@@ -1,0 +1,52 @@
+"""``timestone ota status`` against a running actions job: the devices that keep an action open are named,
+the job's heartbeat says it runs (and later that it stopped), and ``--watch`` follows an action to its end."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pyarrow as pa
+
+from pipelines.cli import main
+from tests.e2e.ota.conftest import SHA256, actions_stack, summary, wait_for
+from tests.fleet_harness import quiet_devices
+
+FIRMWARE = ["--version", "2.0.0", "--url", "https://example.invalid/fw.bin", "--sha256", SHA256]
+OFFLINE = ["dev-offline-0", "dev-offline-1", "dev-offline-2"]
+
+
+def test_status_names_the_devices_not_done_and_watch_follows_the_action_to_its_end(spark, tmp_path, capsys):
+    with actions_stack(spark, tmp_path, {"count": 4, "groups": ["g"]}, quiet_devices()) as stack:
+        store, root = stack.store, stack.config.tables_root
+        now = datetime.now(UTC)
+        registered = [{"device_id": d, "group": "g", "last_seen": now} for d in OFFLINE]  # never connect
+        store.append(
+            "devices", pa.Table.from_pylist(registered, schema=store.spec("devices").arrow_schema), "o", 0
+        )
+
+        def ota(*argv: str) -> int:
+            return main(["ota", "--tables-root", root, *argv])
+
+        assert ota("create", "--id", "s-1", "--group", "g", *FIRMWARE) == 0
+        wait_for(lambda: (summary(store, "s-1") or {}).get("succeeded_count") == 4, what="the online devices")
+        capsys.readouterr()
+
+        assert ota("status", "s-1", "--show", "2") == 0
+        out = capsys.readouterr().out
+        assert "target    group g" in out and "state     IN_PROGRESS" in out
+        assert "queued=3 in_progress=0 succeeded=4" in out and "total=7" in out
+        assert "not done  3 devices:\n          dev-offline-0 QUEUED since " in out
+        assert "dev-offline-1 QUEUED" in out and "dev-offline-2" not in out and "... and 1 more" in out
+        assert "actions job: running on " in out
+
+        assert ota("cancel", "s-1") == 0
+        assert ota("status", "s-1", "--watch", "--interval", "0.2") == 0
+        blocks = capsys.readouterr().out.strip().split("\n\n")
+        assert "state     CANCELED" in blocks[-1] and "reason    canceled by operator" in blocks[-1]
+        assert "not done" not in blocks[-1] and "actions job" not in blocks[-1]
+        assert all(block.startswith(("cancel requested", "-- ")) for block in blocks)
+
+    assert main(["ota", "--tables-root", root, "status"]) == 0
+    out = capsys.readouterr().out
+    assert "s-1" in out and "CANCELED" in out and "7/7" in out
+    assert "actions job: stopped on " in out

@@ -1,0 +1,167 @@
+"""``timestone pipeline``: every configuration mistake is refused before Spark starts, by its dotted key,
+with exit status 2 and one line; brokers that do not answer end an ``--available-now`` run with exit status 4,
+the same for standalone brokers and a cluster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker_edge.config.loader import ConfigError
+from broker_edge.runtime.launcher import free_port
+from pipelines.cli import main
+from pipelines.overrides import apply_override
+from pipelines.runner import PIPELINES, load_config_document, sections_of
+
+REPO = Path(__file__).resolve().parents[3]
+PIPELINE_YAML = str(REPO / "conf" / "pipeline.yaml")
+
+
+def run(capsys, *argv: str) -> tuple[int, str]:
+    status = main(["pipeline", *argv])
+    captured = capsys.readouterr()
+    return status, captured.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--config", "/nope.yaml"], "/nope.yaml: cannot read the file: No such file or directory"),
+        (
+            ["--set", "source.brokers=[edge9=http://h:1]"],
+            "source.brokers: unknown key: keys of this file start with a section name "
+            "(did you mean 'telemetry.source.brokers'?)",
+        ),
+        (
+            ["--set", "telemetry.source.starting_offsets=earlist"],
+            "telemetry.source.starting_offsets: 'startingOffsets': expected earliest, latest",
+        ),
+        (
+            ["--set", "telemetry.stream.trigger_interval=fast"],
+            "telemetry.stream.trigger_interval: 'fast': expected a number and a unit",
+        ),
+        (
+            ["--available-now", "--set", "telemetry.stream.trigger_interval=1 min"],
+            "telemetry.stream.trigger_interval: '1 min': unknown unit 'min'",
+        ),
+        (
+            ["--set", "telemetry.source.options={startingOffset: earliest}"],
+            "telemetry.source.options.startingOffset: 'startingoffset': unknown option",
+        ),
+        (
+            ["--set", "telemetry.source.options={fetchTimeoutMs: '-3'}"],
+            "telemetry.source.options.fetchTimeoutMs: 'fetchTimeoutMs': expected an integer >= 1",
+        ),
+        (
+            ["--set", "telemetry.source.brokers=[edge1=notaurl]"],
+            "telemetry.source.brokers[0]:",
+        ),
+        (
+            ["--set", "telemetry.quality.suites.0.name=x"],
+            "telemetry.quality.suites: is a list: index its items, as telemetry.quality.suites[0]",
+        ),
+        (
+            ["--set", "telemetry.quality.suites[3].name=x"],
+            "telemetry.quality.suites[3]: index out of range: telemetry.quality.suites has 1 items",
+        ),
+        (
+            ["--set", "telemetry.quality.suites[0].expectations[0].column=nope"],
+            "telemetry.quality.suites[0].expectations[0].column: unknown column 'nope'",
+        ),
+        (
+            ["--set", "telemetry.tables.root=/etc/hostname"],
+            "telemetry.tables.root: '/etc/hostname' is a file",
+        ),
+        (
+            ["--set", "telemetry.stream.checkpoint=/etc/hostname/cp"],
+            "telemetry.stream.checkpoint: '/etc/hostname/cp' cannot be created: '/etc/hostname' is a file",
+        ),
+    ],
+)
+def test_a_config_mistake_is_refused_by_its_key_before_spark_starts(capsys, argv, message):
+    status, err = run(capsys, "telemetry", "--config", PIPELINE_YAML, *argv)
+    assert status == 2, err
+    assert err.startswith(f"timestone pipeline telemetry: {message}"), err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_misspelt_section_in_a_file_is_refused(tmp_path, capsys):
+    config = tmp_path / "pipeline.yaml"
+    config.write_text("telemtry:\n  tables:\n    root: /data/lake\n")
+    status, err = run(capsys, "telemetry", "--config", str(config))
+    assert status == 2
+    assert f"telemtry: unknown section of {config} (known sections: telemetry)" in err
+
+
+def test_the_actions_pipeline_refuses_a_missing_file_and_an_unwritable_root(tmp_path, capsys):
+    missing = tmp_path / "nope.yaml"
+    assert run(capsys, "actions", "--config", str(missing)) == (
+        2,
+        f"timestone pipeline actions: {missing}: cannot read the file: No such file or directory\n",
+    )
+    status, err = run(capsys, "actions", "--set", "tables_root=/etc/hostname")
+    assert status == 2 and "tables_root: '/etc/hostname' is a file" in err
+    status, err = run(capsys, "actions", "--set", "status_topics=actions/reports/+,dev#/x")
+    assert (status, err) == (
+        2,
+        "timestone pipeline actions: status_topics: 'dev#/x' is not a topic filter: misplaced wildcard in "
+        "topic filter 'dev#/x'\n",
+    )
+
+
+def test_set_indexes_lists_and_appends_at_their_length():
+    document = load_config_document(PIPELINE_YAML, "", [], sections_of(PIPELINES["telemetry"]))
+    apply_override(document, "telemetry.quality.suites[0].expectations[1].regex=^dev-[0-9]+$")
+    apply_override(document, "telemetry.quality.suites[1]={name: extra, expectations: []}")
+    apply_override(document, "telemetry.source.topics=[a/+/b]")
+    apply_override(document, "telemetry.source.topics[1]=c/#")
+    suites = document["telemetry"]["quality"]["suites"]
+    assert suites[0]["expectations"][1]["regex"] == "^dev-[0-9]+$"
+    assert suites[1] == {"name": "extra", "expectations": []}
+    assert document["telemetry"]["source"]["topics"] == ["a/+/b", "c/#"]
+    with pytest.raises(ConfigError, match=r"telemetry\.tables: is a mapping, not a list"):
+        apply_override(document, "telemetry.tables[0]=x")
+    with pytest.raises(ConfigError, match="expected a dotted key"):
+        apply_override(document, "telemetry..root=x")
+
+
+def test_unreachable_brokers_end_an_available_now_run_the_same_way_standalone_or_cluster(tmp_path, capsys):
+    dead, other = free_port(), free_port()
+    where = [
+        "--set",
+        f"telemetry.tables.root={tmp_path / 'tables'}",
+        "--set",
+        f"telemetry.stream.checkpoint={tmp_path / 'checkpoint'}",
+    ]
+    standalone = ["--set", f"telemetry.source.brokers=[edge1=http://127.0.0.1:{dead}]"]
+    status, err = run(capsys, "telemetry", "--config", PIPELINE_YAML, "--available-now", *where, *standalone)
+    assert status == 4
+    assert err == (
+        f"timestone pipeline telemetry: broker not answering: edge1 (http://127.0.0.1:{dead}): Connection "
+        "refused; a run with --available-now reads every broker or none\n"
+    )
+    cluster = [
+        "--set",
+        f"telemetry.source.bootstrap_servers=[http://127.0.0.1:{dead}, http://127.0.0.1:{other}]",
+    ]
+    status, err = run(capsys, "telemetry", "--config", PIPELINE_YAML, "--available-now", *where, *cluster)
+    assert status == 4
+    assert err == (
+        "timestone pipeline telemetry: no member of the cluster answered (bootstrap_servers: "
+        f"http://127.0.0.1:{dead}: Connection refused; http://127.0.0.1:{other}: Connection refused)\n"
+    )
+    assert not (tmp_path / "tables").exists() and not (tmp_path / "checkpoint").exists()
+
+
+def test_the_actions_job_without_any_broker_answering_stops_before_spark(tmp_path, capsys):
+    dead = free_port()
+    brokers = f"brokers=[{{name: edge1, mqtt_port: {dead}, offsets_api: 'http://127.0.0.1:{dead}'}}]"
+    argv = ["actions", "--set", brokers, "--set", f"tables_root={tmp_path / 't'}"]
+    argv += ["--set", f"checkpoint_root={tmp_path / 'c'}"]
+    status, err = run(capsys, *argv)
+    assert status == 4
+    assert err == (
+        "timestone pipeline actions: no broker answered to tell whether they form a cluster: edge1 (their "
+        "offsets APIs; set cluster: true or false to start without asking)\n"
+    )

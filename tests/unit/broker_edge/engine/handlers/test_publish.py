@@ -1,0 +1,167 @@
+"""PUBLISH from a client: acknowledgement codes, QoS 2 de-duplication, aliases, ACL, limits (MQTT 3.3)."""
+
+from broker_edge.protocol.packets import (
+    MQTT_3_1_1,
+    Disconnect,
+    PubAck,
+    Publish,
+    PubRec,
+    Subscribe,
+    Subscription,
+)
+from broker_edge.protocol.properties import Properties
+from tests.unit.broker_edge.engine.handlers.wire import make_core
+
+
+def _subscribed(core, topic_filter="t/#", qos=1):
+    subscriber = core.client()
+    subscriber.connect("sub")
+    subscriber.send(Subscribe(1, [Subscription(topic_filter, qos)]))
+    return subscriber
+
+
+def test_qos1_publish_is_delivered_and_acknowledged_with_puback_mqtt_4_3_2_2():
+    """[MQTT-4.3.2-2] The receiver MUST respond with PUBACK containing the PUBLISH's packet identifier."""
+    core = make_core()
+    subscriber = _subscribed(core)
+    publisher = core.client(MQTT_3_1_1)
+    publisher.connect("pub")
+    assert publisher.send_bytes(b"\x32\x09\x00\x03t/a\x00\x07hi") == [PubAck(7)]
+    assert publisher.received == b"\x40\x02\x00\x07"
+    delivered = subscriber.read()
+    assert [(p.topic, p.payload, p.qos) for p in delivered] == [("t/a", b"hi", 1)]
+
+
+def test_v5_puback_says_0x10_when_nobody_subscribed():
+    core = make_core()
+    publisher = core.client()
+    publisher.connect("pub")
+    assert publisher.send(Publish("nobody/here", b"x", 1, packet_id=3)) == [PubAck(3, 0x10)]
+    assert core.counters.drops("no_subscribers") == 1
+
+
+def test_a_qos2_resend_before_pubrel_is_acknowledged_again_and_never_routed_twice_mqtt_4_3_3_3():
+    """[MQTT-4.3.3-3] Until PUBREL, a PUBLISH with the same packet id is not delivered again."""
+    core = make_core()
+    subscriber = _subscribed(core, qos=2)
+    publisher = core.client()
+    publisher.connect("pub")
+    assert publisher.send(Publish("t/a", b"once", 2, packet_id=4)) == [PubRec(4)]
+    assert publisher.send(Publish("t/a", b"once", 2, dup=True, packet_id=4)) == [PubRec(4)]
+    assert [p.payload for p in subscriber.read()] == [b"once"]
+
+
+def test_a_topic_alias_is_set_then_used_mqtt_3_3_2_12():
+    """[MQTT-3.3.2-12] A PUBLISH with a Topic Alias and an empty topic uses the alias's topic."""
+    core = make_core()
+    subscriber = _subscribed(core, qos=0)
+    publisher = core.client()
+    publisher.connect("pub")
+    publisher.send(Publish("t/long/name", b"1", properties=Properties(topic_alias=1)))
+    publisher.send(Publish("", b"2", properties=Properties(topic_alias=1)))
+    assert [(p.topic, p.payload) for p in subscriber.read()] == [("t/long/name", b"1"), ("t/long/name", b"2")]
+
+
+def test_an_unknown_topic_alias_is_a_protocol_error_mqtt_3_3_4_7():
+    core = make_core()
+    publisher = core.client()
+    publisher.connect("pub")
+    answer = publisher.send(Publish("", b"x", properties=Properties(topic_alias=2)))
+    assert [(type(p), p.reason_code) for p in answer] == [(Disconnect, 0x82)]
+    assert publisher.closed
+
+
+def test_acl_denied_publish_gets_0x87_in_v5_and_a_normal_ack_in_v3():
+    core = make_core(
+        acl={"rules": [{"permission": "allow", "action": "publish", "topic": "ok/#"}], "default": "deny"}
+    )
+    v5 = core.client()
+    v5.connect("v5")
+    assert v5.send(Publish("secret", b"x", 1, packet_id=1)) == [PubAck(1, 0x87)]
+    v3 = core.client(MQTT_3_1_1)
+    v3.connect("v3")
+    assert v3.send(Publish("secret", b"x", 1, packet_id=1)) == [PubAck(1)]
+    assert core.counters.drops("acl_denied") == 2
+
+
+def test_clients_never_publish_to_dollar_topics_mqtt_4_7_2_1():
+    """[MQTT-4.7.2-1] Topics starting with $ are the Server's: a client's PUBLISH there is refused."""
+    core = make_core()
+    publisher = core.client()
+    publisher.connect("pub")
+    assert publisher.send(Publish("$SYS/fake", b"x", 1, packet_id=1)) == [PubAck(1, 0x87)]
+
+
+def test_more_unacknowledged_qos1_than_receive_maximum_closes_with_0x93_mqtt_3_3_4_9():
+    """[MQTT-3.3.4-9] The Server MUST NOT have more QoS 1/2 PUBLISHes unacknowledged than Receive Maximum."""
+    core = make_core(limits={"receive_maximum": 1})
+    publisher = core.client()
+    publisher.connect("pub")
+    answer = publisher.send(Publish("t", b"1", 2, packet_id=1), Publish("t", b"2", 2, packet_id=2))
+    assert [(type(p), p.reason_code) for p in answer] == [(PubRec, 0x10), (Disconnect, 0x93)]
+
+
+def test_a_topic_longer_than_the_limit_closes_the_connection_0x90():
+    core = make_core(limits={"max_topic_length": 8})
+    publisher = core.client()
+    publisher.connect("pub")
+    answer = publisher.send(Publish("a/b/c/d/e/f", b"x"))
+    assert [(type(p), p.reason_code) for p in answer] == [(Disconnect, 0x90)]
+
+
+def test_over_its_message_rate_a_client_stops_being_read_until_a_token_is_back():
+    core = make_core(limits={"messages_per_second_per_client": 1, "messages_burst_per_client": 1})
+    publisher = core.client()
+    publisher.connect("pub")
+    publisher.send(Publish("t", b"1"), Publish("t", b"2"))
+    assert publisher.transport.reading_paused
+    assert core.counters.throttled == 1
+    core.advance(2)
+    assert not publisher.transport.reading_paused
+
+
+def test_retain_when_retain_is_disabled_closes_a_v5_client_with_0x9a():
+    core = make_core(retain={"enabled": False})
+    publisher = core.client()
+    publisher.connect("pub")
+    answer = publisher.send(Publish("t", b"x", retain=True))
+    assert [(type(p), p.reason_code) for p in answer] == [(Disconnect, 0x9A)]
+
+
+def test_subscribers_of_one_message_each_get_their_own_variant_of_its_publish_mqtt_3_8_4_6_and_3_3_1_9():
+    """[MQTT-3.8.4-6] A delivery's QoS is the minimum of the publish's and the subscription's; [MQTT-3.3.1-9]
+    RETAIN is 0 on a delivery to an established subscription. Every subscriber of one message gets the
+    encoding of its own variant (protocol version, QoS, subscription identifier), the second subscriber of a
+    variant the same bytes as the first."""
+    core = make_core()
+    subscribers = []
+    for index, (version, qos, props) in enumerate(
+        [
+            (MQTT_3_1_1, 0, None),
+            (MQTT_3_1_1, 0, None),
+            (5, 0, None),
+            (5, 1, None),
+            (5, 1, None),
+            (5, 1, Properties(subscription_identifiers=[7])),
+            (MQTT_3_1_1, 1, None),
+        ]
+    ):
+        subscriber = core.client(version)
+        subscriber.connect(f"sub-{index}")
+        subscriber.send(Subscribe(1, [Subscription("t/#", qos)], properties=props))
+        subscribers.append(subscriber)
+    publisher = core.client()
+    publisher.connect("pub")
+    for round_ in range(2):
+        publisher.send(Publish("t/a", b"payload", 1, packet_id=round_ + 1))
+        delivered = [subscriber.read() for subscriber in subscribers]
+        assert [[(p.topic, p.payload, p.qos, p.retain) for p in packets] for packets in delivered] == [
+            [("t/a", b"payload", qos, False)] for qos in (0, 0, 0, 1, 1, 1, 1)
+        ]
+        ids = [
+            packets[0].properties.subscription_identifiers if packets[0].properties else []
+            for packets in delivered
+        ]
+        assert ids == [[], [], [], [], [], [7], []]
+        assert subscribers[0].received == subscribers[1].received
+        assert subscribers[3].received == subscribers[4].received

@@ -1,0 +1,129 @@
+"""Stand-ins, in memory, for what the engine's parts write to: a commitlog that is durable when the test says
+so (``MemoryLog``), a cluster's ``forwarding`` port whose answers the test gives (``HeldForwarding``), a
+session's connection that records what is written (``RecordingConnection``); and members of a shared group
+(``group_members``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+
+from broker_edge.engine.message import Message
+from broker_edge.engine.ports import ForwardAck
+from broker_edge.engine.routing.router import Router
+from broker_edge.engine.routing.subscriptions import SubscriptionOptions
+from broker_edge.engine.sessions.session import Session
+from broker_edge.storage.record import RecordFields
+
+LOCAL_TOPIC = "site/led-here"
+REMOTE_TOPIC = "site/led-elsewhere"
+
+
+class MemoryLog:
+    """A ``PublishStore`` in memory: appends at once, durable only when ``make_durable`` is called (or, given
+    ``durable_soon``, at the end of the loop iteration it is asked in, as a store that keeps up)."""
+
+    def __init__(self, durable_soon: Callable[[Callable[[], object]], object] | None = None) -> None:
+        self.logs: dict[str, list[RecordFields]] = {}
+        self.waiting: list[Callable[[], object]] = []
+        self.durable_soon = durable_soon
+
+    def should_persist(self, topic: str, qos: int) -> bool:
+        return qos > 0
+
+    def append_batch(self, topic: str, records: Sequence[RecordFields]) -> int:
+        log = self.logs.setdefault(topic, [])
+        first = len(log)
+        log.extend(records)
+        return first
+
+    def when_durable(
+        self, callback: Callable[[], object], on_error: Callable[[BaseException], object] | None = None
+    ) -> None:
+        if self.durable_soon is not None:
+            self.durable_soon(callback)
+        else:
+            self.waiting.append(callback)
+
+    def make_durable(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for callback in waiting:
+            callback()
+
+    def logs_created_by(self, client_id: str) -> int:
+        return 0
+
+    def __contains__(self, topic: object) -> bool:
+        return topic in self.logs
+
+
+Forward = tuple[str, list[Message], bool, Callable[[Sequence[ForwardAck]], None]]
+
+
+class HeldForwarding:
+    """A ``forwarding`` port that appends here the topics the test says, refuses at once those it says, and
+    holds the other forwards until the test answers them."""
+
+    def __init__(self) -> None:
+        self.here = {LOCAL_TOPIC}
+        self.refused: set[str] = set()
+        self.forwarded: list[Forward] = []
+        self.broadcasts: list[Message] = []
+
+    def appends_here(self, topic: str) -> bool:
+        return topic in self.here
+
+    def forward(
+        self,
+        topic: str,
+        messages: list[Message],
+        from_peer: bool,
+        done: Callable[[Sequence[ForwardAck]], None],
+    ) -> None:
+        if topic in self.refused:
+            done([ForwardAck(0x83, None, f"too few in-sync replicas for {topic}")] * len(messages))
+            return
+        self.forwarded.append((topic, messages, from_peer, done))
+
+    def broadcast(self, message: Message) -> None:
+        self.broadcasts.append(message)
+
+    def answer(self, index: int, reason_code: int = 0, first_offset: int = 100) -> None:
+        _, messages, _, done = self.forwarded[index]
+        done(
+            [
+                ForwardAck(reason_code, first_offset + n if reason_code < 0x80 else None)
+                for n in range(len(messages))
+            ]
+        )
+
+
+class RecordingConnection:
+    """What ``Session`` writes through: every delivery and PUBREL, in order."""
+
+    paused = False
+
+    def __init__(self, send_quota: int = 65_535) -> None:
+        self.send_quota = send_quota
+        self.terms = SimpleNamespace(paused=False, send_quota=send_quota)
+        self.sent: list[tuple] = []
+
+    def send_message(self, message, qos, retain, subscription_ids, packet_id, dup=False) -> bool:
+        self.sent.append((message.payload, qos, packet_id, dup))
+        return True
+
+    def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None:
+        self.sent.append(("PUBREL", packet_id))
+
+    def taken_over(self) -> None:
+        self.sent.append(("TAKEN OVER",))
+
+
+def group_members(router: Router, *names: str) -> list[Session]:
+    """Sessions of ``router``, one per name, each a member of the shared group ``g`` of ``jobs/#``."""
+    sessions = []
+    for name in names:
+        session = router.session_type(name)
+        router.subscribe(session, "$share/g/jobs/#", "jobs/#", "g", SubscriptionOptions(1))
+        sessions.append(session)
+    return sessions

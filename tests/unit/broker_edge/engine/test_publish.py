@@ -1,0 +1,233 @@
+"""The PUBLISH path of a cluster member: forwarded and local parts, acknowledged in arrival order.
+
+Fed through real ``Connection``s of a hand-driven core (``handlers/wire.py``). The log is a ``PublishStore``
+kept in memory that makes batches durable when the test says so, and the cluster is a ``forwarding`` port
+(``broker_edge.engine.ports``) that places topics as the test decides and holds forwarded publishes until the
+test answers them: so the test chooses which part of which batch finishes first, and checks what the
+publishers receive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from broker_edge.engine.connection.states import CONNECTED
+from broker_edge.engine.message import Message
+from broker_edge.engine.ports import (
+    LOCAL_ONLY,
+    AppendedRun,
+    ClusterPorts,
+    ForwardAck,
+    PublishRefused,
+    Replication,
+)
+from broker_edge.protocol.packets import MQTT_5, PubAck, Publish, PubRec
+from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, WireClient, make_core
+from tests.unit.broker_edge.engine.stand_ins import LOCAL_TOPIC, REMOTE_TOPIC, HeldForwarding, MemoryLog
+
+
+class PeerAnswers:
+    """The publisher of publishes another broker forwarded: records each answer by packet id (its index)."""
+
+    def __init__(self) -> None:
+        self.v5 = True
+        self.state = CONNECTED
+        self.incoming_pending = 0
+        self.answers: dict[int, int] = {}
+
+    def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None:
+        self.answers[packet_id] = reason_code
+
+    send_pubrec = send_puback
+
+    def release_qos2(self, packet_id: int) -> None:
+        pass
+
+    def close(self, reason_code: int | None = None, reason_string: str | None = None) -> None:
+        pass
+
+
+def _cluster_core(
+    replication: Replication = LOCAL_ONLY,
+) -> tuple[HandDrivenCore, MemoryLog, HeldForwarding]:
+    core = make_core()
+    store = MemoryLog()
+    forwarding = HeldForwarding()
+    core.publish_path.attach_store(store, None)
+    core.join_cluster(ClusterPorts(forwarding=forwarding, replication=replication))
+    return core, store, forwarding
+
+
+def _publisher(core: HandDrivenCore, version: int = MQTT_5) -> WireClient:
+    client = core.client(version)
+    client.connect("publisher")
+    return client
+
+
+def test_acks_keep_arrival_order_when_a_later_forwarded_batch_is_answered_first():
+    """[MQTT-4.6.0-2..4] as the server keeps it: PUBACKs leave in the order the PUBLISHes came, across a
+    batch appended here (durable late) and a later batch forwarded to the leader (answered early)."""
+    core, store, forwarding = _cluster_core()
+    client = _publisher(core)
+
+    assert client.send(Publish(LOCAL_TOPIC, b"one", 1, packet_id=1)) == []
+    assert client.send(Publish(REMOTE_TOPIC, b"two", 1, packet_id=2)) == []
+    assert [topic for topic, _, _, _ in forwarding.forwarded] == [REMOTE_TOPIC]
+
+    forwarding.answer(0)
+    assert client.read() == []  # the earlier local batch is not durable yet
+    store.make_durable()
+    acks = client.read()
+    assert [(type(a), a.packet_id) for a in acks] == [(PubAck, 1), (PubAck, 2)]
+    assert len(store.logs[LOCAL_TOPIC]) == 1
+    assert REMOTE_TOPIC not in store.logs  # forwarded publishes are appended by the leader only
+
+
+def test_a_publisher_is_not_held_behind_another_publishers_forwarded_publish():
+    """Only a publisher's own publishes keep their turn: a batch waiting for a leader elsewhere (which may
+    be waiting for this broker in turn) holds back nobody else's acknowledgement."""
+    core, store, forwarding = _cluster_core()
+    far = _publisher(core)
+    near = core.client()
+    near.connect("near")
+
+    far.send(Publish(REMOTE_TOPIC, b"far", 1, packet_id=1))
+    near.send(Publish(LOCAL_TOPIC, b"near", 1, packet_id=2))
+    store.make_durable()
+    assert [(a.packet_id, a.reason_code) for a in near.read()] == [(2, 0x10)]
+    assert far.read() == []
+    forwarding.answer(0)
+    assert [a.packet_id for a in far.read()] == [1]
+
+
+def test_one_batch_waits_for_both_its_local_and_its_forwarded_part():
+    core, store, forwarding = _cluster_core()
+    client = _publisher(core)
+
+    client.send(
+        Publish(REMOTE_TOPIC, b"a", 1, packet_id=1),
+        Publish(LOCAL_TOPIC, b"b", 2, packet_id=2),
+        Publish(REMOTE_TOPIC, b"c", 1, packet_id=3),
+    )
+    store.make_durable()
+    assert client.read() == []
+    assert [len(messages) for _, messages, _, _ in forwarding.forwarded] == [2]
+    forwarding.answer(0, first_offset=7)
+    acks = client.read()
+    assert [(type(a), a.packet_id, a.reason_code) for a in acks] == [
+        (PubAck, 1, 0),
+        (PubRec, 2, 0x10),
+        (PubAck, 3, 0),
+    ]
+    assert [m.offset for m in forwarding.forwarded[0][1]] == [7, 8]
+
+
+def test_a_refused_forward_reaches_a_v5_publisher_as_0x83_with_the_reason():
+    core, store, forwarding = _cluster_core()
+    client = _publisher(core)
+
+    client.send(Publish(REMOTE_TOPIC, b"x", 1, packet_id=5))
+    store.make_durable()
+    _, _, _, done = forwarding.forwarded[0]
+    done([ForwardAck(0x83, None, "no leader for partition 3 within forward_timeout_ms")])
+    (ack,) = client.read()
+    assert (type(ack), ack.packet_id, ack.reason_code) == (PubAck, 5, 0x83)
+    assert ack.properties is not None
+    assert ack.properties.reason_string == "no leader for partition 3 within forward_timeout_ms"
+
+
+def test_too_few_in_sync_replicas_refuses_before_appending_and_closes_a_v3_publisher():
+    core, store, forwarding = _cluster_core()
+    forwarding.here.discard(LOCAL_TOPIC)
+    forwarding.refused.add(LOCAL_TOPIC)
+    v5 = _publisher(core)
+    v3 = core.client(4)
+    v3.connect("old-device")
+
+    v5.send(Publish(LOCAL_TOPIC, b"at risk", 2, packet_id=1))
+    v3.send(Publish(LOCAL_TOPIC, b"at risk", 1, packet_id=2))
+    store.make_durable()
+    (ack,) = v5.read()
+    assert (type(ack), ack.packet_id, ack.reason_code) == (PubRec, 1, 0x83)
+    assert ack.properties is not None and "in-sync" in (ack.properties.reason_string or "")
+    assert v3.read() == [] and v3.closed  # v3 has no way to be told: never a PUBACK
+    assert LOCAL_TOPIC not in store.logs
+
+
+def test_a_replication_refusal_is_0x83_with_its_reason():
+    class Refusing:
+        def when_replicated(
+            self,
+            runs: Sequence[AppendedRun],
+            done: Callable[[], None],
+            failed: Callable[[BaseException], None],
+        ) -> None:
+            failed(PublishRefused("in-sync replicas fell below min_insync_replicas"))
+
+    core, store, _forwarding = _cluster_core(Refusing())
+    client = _publisher(core)
+    client.send(Publish(LOCAL_TOPIC, b"x", 1, packet_id=3))
+    store.make_durable()
+    (ack,) = client.read()
+    assert (ack.packet_id, ack.reason_code) == (3, 0x83)
+    assert ack.properties is not None
+    assert ack.properties.reason_string == "in-sync replicas fell below min_insync_replicas"
+
+
+def test_publishes_a_peer_forwarded_are_appended_and_answered_in_turn_with_their_offsets():
+    core, store, _forwarding = _cluster_core()
+    peer = PeerAnswers()
+    messages = [Message(LOCAL_TOPIC, f"p{n}".encode(), 2, False, None, "far-device") for n in range(3)]
+
+    core.publish_path.accept_forwarded(peer, messages)
+    core.run_soon()
+    assert peer.answers == {}
+    store.make_durable()
+    core.run_soon()
+    assert peer.answers == {0: 0x10, 1: 0x10, 2: 0x10}  # answered as QoS 1 publishes, by index
+    assert [message.offset for message in messages] == [0, 1, 2]
+
+
+def test_a_peer_publish_for_a_partition_led_elsewhere_goes_to_the_port_marked_as_a_peers():
+    """The port answers it (a peer's publish is never forwarded twice: ``cluster.forwarding``)."""
+    core, store, forwarding = _cluster_core()
+    peer = PeerAnswers()
+
+    core.publish_path.accept_forwarded(peer, [Message(REMOTE_TOPIC, b"x", 1)])
+    core.run_soon()
+    assert [(topic, from_peer) for topic, _, from_peer, _ in forwarding.forwarded] == [(REMOTE_TOPIC, True)]
+    forwarding.answer(0, reason_code=0x9C)
+    store.make_durable()
+    core.run_soon()
+    assert peer.answers == {0: 0x9C}
+    assert REMOTE_TOPIC not in store.logs
+
+
+def test_the_brokers_own_logged_publishes_are_forwarded_too():
+    core, _store, forwarding = _cluster_core()
+    core.publish_path.publish(Message(REMOTE_TOPIC, b"will", 1))
+    core.run_soon()
+    assert [
+        (topic, [m.payload for m in messages], from_peer)
+        for topic, messages, from_peer, _ in forwarding.forwarded
+    ] == [(REMOTE_TOPIC, [b"will"], False)]
+
+
+def test_unlogged_publishes_are_routed_here_and_broadcast_to_the_other_members():
+    core, _store, forwarding = _cluster_core()
+    subscriber = core.client()
+    subscriber.connect("listener")
+    from broker_edge.protocol.packets import Subscribe, Subscription
+
+    subscriber.send(Subscribe(1, [Subscription("site/#", 0)]))
+    client = _publisher(core)
+    client.send(Publish(LOCAL_TOPIC, b"telemetry", 0))
+    assert [m.payload for m in forwarding.broadcasts] == [b"telemetry"]
+    (delivery,) = subscriber.read()
+    assert delivery.payload == b"telemetry"
+
+
+def test_a_single_broker_path_has_no_cluster_step():
+    core = make_core()
+    assert core.publish_path.forwarding is None
+    assert "accept" not in vars(core.publish_path)  # the plain method: no per-publish cluster check

@@ -1,0 +1,47 @@
+"""The shared cache of recent logged messages: batches per topic, bounded, least recent topics dropped."""
+
+from __future__ import annotations
+
+from broker_edge.engine.message import Message
+from broker_edge.engine.recent_messages import RecentMessages
+
+
+def _messages(topic: str, first: int, count: int) -> list[Message]:
+    return [Message(topic, b"%d" % n, 1, False, None, "c", n, None) for n in range(first, first + count)]
+
+
+def test_a_batch_is_found_by_offset_and_the_same_object_is_shared():
+    recent = RecentMessages(100)
+    batch = _messages("a", 10, 5)
+    recent.add("a", 10, batch)
+    assert [recent.get("a", n) for n in range(10, 15)] == batch
+    assert recent.get("a", 12) is batch[2]
+    assert recent.get("a", 9) is None and recent.get("a", 15) is None and recent.get("b", 10) is None
+    assert len(recent) == 5
+
+
+def test_over_the_bound_the_topic_added_to_least_recently_goes_first():
+    recent = RecentMessages(10)
+    recent.add("old", 0, _messages("old", 0, 4))
+    recent.add("new", 0, _messages("new", 0, 4))
+    recent.add("old", 4, _messages("old", 4, 2))  # "old" is now the most recent topic
+    recent.add("new", 4, _messages("new", 4, 2))
+    assert len(recent) <= 10
+    assert recent.get("old", 0) is None  # dropped whole
+    assert recent.get("new", 5) is not None and recent.get("new", 0) is not None
+
+
+def test_one_topic_over_the_bound_keeps_its_latest_half():
+    recent = RecentMessages(10)
+    recent.add("t", 0, _messages("t", 0, 8))
+    recent.add("t", 8, _messages("t", 8, 8))
+    assert len(recent) == 5
+    assert [n for n in range(16) if recent.get("t", n) is not None] == [11, 12, 13, 14, 15]
+
+
+def test_adding_an_offset_again_replaces_it_without_counting_twice():
+    recent = RecentMessages(10)
+    recent.add("t", 0, _messages("t", 0, 3))
+    again = _messages("t", 1, 1)
+    recent.add("t", 1, again)
+    assert len(recent) == 3 and recent.get("t", 1) is again[0]

@@ -1,0 +1,46 @@
+"""The ``timestone`` command's own surface: its version, the commands its help lists, per-pipeline help."""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+
+import pytest
+
+from pipelines.cli import main
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"timestone {version('timestone')}\n"
+
+
+def test_help_lists_every_command_and_the_ota_verbs(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in ("broker", "passwd", "cluster", "pipeline", "devices", "ota", "demo"):
+        assert f"\n  {command} " in out
+    assert "timestone ota create | cancel | status [--watch]" in out and "--version" in out
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("telemetry", ["bronze_telemetry", "silver_telemetry", "the `telemetry` section of this file"]),
+        ("actions", ["change feed", "action_summary", "conf/actions.yaml"]),
+    ],
+)
+def test_each_pipeline_has_its_own_help(capsys, name, words):
+    with pytest.raises(SystemExit) as done:
+        main(["pipeline", name, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: timestone pipeline {name} ")
+    for word in [*words, "--available-now", "--log-format {text,json}", "exit status: 0 caught up"]:
+        assert word in out, word
+
+
+def test_pipeline_help_lists_the_pipelines(capsys):
+    with pytest.raises(SystemExit):
+        main(["pipeline", "--help"])
+    out = capsys.readouterr().out
+    assert "telemetry" in out and "actions" in out and "the OTA / command fanout" in out
