@@ -388,25 +388,38 @@ class PublishPath:
 
     def _append_one(self, store: PublishStore, entry: PendingPublish) -> None:
         """Append one publish of a batch that failed. A failed append becomes a refusal, acknowledged in its
-        turn with the reason (v5), so that acknowledgements keep the order of the publishes."""
+        turn with the reason (v5), so that acknowledgements keep the order of the publishes.
+
+        At the broker's topic limit (`storage.max_topics`) a v3.1.1 publisher cannot be told why: its publish
+        is not acknowledged at all and its connection stays open, so it keeps the message (nothing is lost)
+        and does not resend it on this connection ([MQTT-4.4.0-1]); it resends once when it reconnects. The
+        store counts and logs these refusals once per interval, not once per publish."""
         message = entry.message
         assert message is not None
         try:
             message.offset = store.append_batch(message.topic, [record_fields(message)])
         except StorageError as exc:
-            self.counters.drop("log_failed")
-            log.warning(
-                "append to %r failed: %s", message.topic, exc, extra={"client_id": message.origin or "-"}
-            )
             entry.message = None
             entry.settled = True
-            entry.reason_code = (
-                ReasonCode.QUOTA_EXCEEDED if isinstance(exc, TooManyTopics) else ReasonCode.UNSPECIFIED_ERROR
-            )
             publisher = entry.publisher
-            if publisher is not None and not publisher.v5:
-                publisher.close()  # a v3 client cannot be told: it resends after reconnecting
-            elif publisher is not None and entry.qos == 2 and entry.packet_id is not None:
+            if isinstance(exc, TooManyTopics):
+                self.counters.drop("topic_limit")
+                entry.reason_code = ReasonCode.QUOTA_EXCEEDED
+                if publisher is not None and not publisher.v5:
+                    if publisher.incoming_pending > 0:  # answered with silence: its slot is free again
+                        publisher.incoming_pending -= 1
+                    entry.packet_id = None
+                    return
+            else:
+                self.counters.drop("log_failed")
+                log.warning(
+                    "append to %r failed: %s", message.topic, exc, extra={"client_id": message.origin or "-"}
+                )
+                entry.reason_code = ReasonCode.UNSPECIFIED_ERROR
+                if publisher is not None and not publisher.v5:
+                    publisher.close()  # a v3 client cannot be told: it resends after reconnecting
+                    return
+            if publisher is not None and entry.qos == 2 and entry.packet_id is not None:
                 publisher.release_qos2(entry.packet_id)
 
     # -- 3. durable ---------------------------------------------------------------------------------------
