@@ -70,8 +70,10 @@ _KNOWN = {
         "retryBackoffMs",
         "authToken",
         "maxBytesPerFetch",
+        "readBy",
     )
 }
+READ_BY = ("partitions", "topics")
 # Options Spark itself may pass to any source.
 _IGNORED = {"path"}
 
@@ -131,6 +133,9 @@ class SourceOptions:
     fetch_retries: int = DEFAULT_FETCH_RETRIES
     retry_backoff_ms: int = DEFAULT_RETRY_BACKOFF_MS
     max_bytes_per_fetch: int = DEFAULT_MAX_BYTES_PER_FETCH
+    read_by: str = "partitions"
+    """``partitions``: a new query reads a standalone broker by storage partition positions when the broker
+    serves them and the start allows (earliest, latest, a time); ``topics``: always by topic offsets."""
 
     @property
     def reads_cluster(self) -> bool:
@@ -203,6 +208,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
             minimum=1024,
             maximum=MAX_BYTES_PER_FETCH,
         ),
+        read_by=_choice(lowered, "readBy", READ_BY),
     )
 
 
@@ -282,6 +288,17 @@ def _int(
             name, f"expected an integer <= {maximum} (the offsets API's limit), got {value}"
         )
     return default if value is None else value
+
+
+def _choice(options: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """One of `choices` (the first is the default), case-insensitive."""
+    raw = options.get(name.lower())
+    if raw is None:
+        return choices[0]
+    text = raw.strip().lower()
+    if text not in choices:
+        raise SourceOptionError(name, f"expected one of {', '.join(choices)}, got {raw!r}")
+    return text
 
 
 def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
