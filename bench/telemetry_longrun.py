@@ -223,7 +223,7 @@ def run(args: argparse.Namespace, root: Path) -> LongRun:
         spark = local_spark_session("timestone-longrun", SPARK_MASTER)
         spark.sparkContext.setLogLevel("ERROR")
         spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "200")
-        jvm_pid = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]
+        jvm_pid = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]  # py4j types the gateway loosely; a local session has its process
         quiet_great_expectations()
         metrics = PipelineMetrics()
         telemetry = load_telemetry_config(

@@ -18,8 +18,7 @@ import os
 import struct
 from array import array
 
-from crc32c import crc32c
-
+from . import record
 from .segment import FileWrite, fsync_directory
 
 __all__ = ["CATALOG_FILE", "CatalogDamaged", "TopicCatalog"]
@@ -30,6 +29,8 @@ CATALOG_FILE = "catalog"
 MAGIC = b"TSCT"
 VERSION = 1
 HEADER = struct.Struct("<4sH10x")
+EMPTY_CRC = 0xDD1C82DA
+"""CRC32C of a catalog that is only its header: a new data directory opens without loading `crc32c`."""
 PREFIX = struct.Struct("<II")
 BODY_HEAD = struct.Struct("<IH")
 
@@ -73,7 +74,7 @@ class TopicCatalog:
         if (
             trusted_crc is not None
             and HEADER.size < trusted_bytes <= len(data)
-            and crc32c(memoryview(data)[:trusted_bytes]) == trusted_crc
+            and record.crc32c(memoryview(data)[:trusted_bytes]) == trusted_crc
         ):
             verified = trusted_bytes
         end = self._parse(data, verified)
@@ -102,7 +103,7 @@ class TopicCatalog:
             end = body + length
             if length < BODY_HEAD.size or end > size:
                 break
-            if end > verified and crc32c(view[body:end]) != checksum:
+            if end > verified and record.crc32c(view[body:end]) != checksum:
                 break
             topic_id, partition = unpack_body(data, body)
             if topic_id != len(names):
@@ -136,7 +137,7 @@ class TopicCatalog:
         topic_id = len(self.names)
         raw = name.encode("utf-8")
         body = BODY_HEAD.pack(topic_id, partition) + raw
-        self._pending.append(PREFIX.pack(len(body), crc32c(body)) + body)
+        self._pending.append(PREFIX.pack(len(body), record.crc32c(body)) + body)
         self.names.append(name)
         self.ids[name] = topic_id
         self.partitions.append(partition)

@@ -20,8 +20,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from crc32c import crc32c
-
+from . import record
 from .record import PREFIX, PREFIX_SIZE, EntryHead
 
 __all__ = [
@@ -70,7 +69,7 @@ class Marker:
 
 def check_of(topic_id: int, frame_crc: int) -> int:
     """The check of an entry holding a frame whose CRC field is `frame_crc`."""
-    return crc32c(_TOPIC_ID.pack(topic_id), frame_crc)
+    return record.crc32c(_TOPIC_ID.pack(topic_id), frame_crc)
 
 
 def head_of(topic_id: int) -> EntryHead:
@@ -79,7 +78,7 @@ def head_of(topic_id: int) -> EntryHead:
     pack = ENTRY_HEAD.pack
 
     def head(frame_crc: int) -> bytes:
-        return pack(topic_id, crc32c(raw, frame_crc))
+        return pack(topic_id, record.crc32c(raw, frame_crc))
 
     return head
 
@@ -100,7 +99,7 @@ def parse_head(buf: bytes | memoryview, pos: int, max_body: int) -> tuple[int, i
     end = pos + HEAD_SIZE + PREFIX_SIZE + body_length
     if end > size:
         raise EntryError("torn")
-    if check != crc32c(_TOPIC_ID.pack(topic_id), frame_crc):
+    if check != record.crc32c(_TOPIC_ID.pack(topic_id), frame_crc):
         raise EntryError("check")
     return topic_id, end
 
@@ -108,7 +107,7 @@ def parse_head(buf: bytes | memoryview, pos: int, max_body: int) -> tuple[int, i
 def encode_marker(topic_id: int, kind: int, offset: int, dropped: int = 0) -> bytes:
     """The entry of a marker of `topic_id` (see the module docstring)."""
     body = _MARKER_BODY.pack(kind, offset, dropped)
-    frame_crc = crc32c(body)
+    frame_crc = record.crc32c(body)
     marked = topic_id | MARKER_BIT
     return ENTRY_HEAD.pack(marked, check_of(marked, frame_crc)) + PREFIX.pack(len(body), frame_crc) + body
 
@@ -118,7 +117,7 @@ def parse_marker(buf: bytes | memoryview, pos: int) -> Marker:
     marked, _check = ENTRY_HEAD.unpack_from(buf, pos)
     body_start = pos + HEAD_SIZE + PREFIX_SIZE
     _length, frame_crc = PREFIX.unpack_from(buf, pos + HEAD_SIZE)
-    if crc32c(memoryview(buf)[body_start : body_start + _MARKER_BODY.size]) != frame_crc:
+    if record.crc32c(memoryview(buf)[body_start : body_start + _MARKER_BODY.size]) != frame_crc:
         raise EntryError("checksum")
     kind, offset, dropped = _MARKER_BODY.unpack_from(buf, body_start)
     if kind not in (TRUNCATE, RESTART):

@@ -25,10 +25,9 @@ import struct
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
-from crc32c import crc32c
-
 from broker_edge.protocol.topics import topic_matches
 
+from . import record
 from .entry import HEAD_SIZE, MARKER_BIT, EntryError, parse_head
 from .errors import CorruptRecord, StorageError
 from .partition_log import PartitionLog
@@ -287,7 +286,7 @@ def _record(
     view = memoryview(buffer)
     _length, frame_crc = PREFIX.unpack_from(buffer, at + HEAD_SIZE)
     version, offset = _VERSION_AND_OFFSET.unpack_from(buffer, at + _BODY_AT)
-    if version != FORMAT_VERSION or crc32c(view[at + _BODY_AT : entry_end]) != frame_crc:
+    if version != FORMAT_VERSION or record.crc32c(view[at + _BODY_AT : entry_end]) != frame_crc:
         read.damaged += 1
         return None
     if offset < table.start[topic_id]:

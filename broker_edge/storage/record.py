@@ -25,18 +25,19 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 
-def _load_crc32c(data: bytes | memoryview) -> int:
+def _load_crc32c(data: bytes | memoryview, value: int = 0) -> int:
     """The first checksum: imports the `crc32c` package (which reads its own version through
     importlib.metadata, not worth paying to open an empty data directory) and binds its function."""
     global crc32c
     from crc32c import crc32c as function
 
     crc32c = function
-    return function(data)
+    return function(data, value)
 
 
-crc32c: Callable[[bytes | memoryview], int] = _load_crc32c
-"""CRC32C of a buffer (the `crc32c` package's function once the first checksum has loaded it)."""
+crc32c: Callable[..., int] = _load_crc32c
+"""CRC32C of a buffer, continued from ``value`` (the `crc32c` package's function once the first checksum has
+loaded it). Other modules call it as ``record.crc32c`` so that they see the bound function."""
 
 FORMAT_VERSION = 1
 PREFIX = struct.Struct("<II")

@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from crc32c import crc32c
-
 from broker_edge.log_info import LogInfo
 from broker_edge.observe import path_trace
 from broker_edge.protocol.topics import topic_matches
 
+from . import record
+from .catalog import EMPTY_CRC
+from .catalog import HEADER as CATALOG_HEADER
 from .config import LogConfig, StorageConfig
 from .entry import MAX_TOPIC_ID, RESTART, TRUNCATE
 from .epoch_journal import EPOCHS_FILE
@@ -157,7 +158,7 @@ class _Catalogue:
             return None
         size, crc = self.taken
         for data in write.data:
-            crc = crc32c(data, crc)
+            crc = record.crc32c(data, crc)
             size += len(data)
         self.taken = (size, crc)
         return PartitionPending([write], [], [], size - write.position, self.taken)
@@ -174,8 +175,10 @@ class _Catalogue:
 
 
 def _file_crc(path: str, size: int) -> int:
+    if size == CATALOG_HEADER.size:  # a new catalog: its header's, without loading the package
+        return EMPTY_CRC
     with open(path, "rb") as file:
-        return crc32c(file.read(size))
+        return record.crc32c(file.read(size))
 
 
 class LogStore:
@@ -1224,7 +1227,7 @@ def _partition_of(topic: str, partitions: int) -> int:
     """A new topic's partition: what a cluster computes for its partitions (`cluster.view.partition_of`)."""
     if partitions == 1:
         return 0
-    return crc32c(topic.encode("utf-8")) % partitions
+    return record.crc32c(topic.encode("utf-8")) % partitions
 
 
 def _literal_prefix(pattern: str | None) -> str:

@@ -18,8 +18,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from crc32c import crc32c
-
+from . import record
 from .segment import fsync_directory
 
 __all__ = ["NO_RULE", "NO_TIME", "SNAPSHOT_FILE", "SealedState", "Snapshot", "TopicTable"]
@@ -187,7 +186,7 @@ def write_snapshot(path: str, snapshot: Snapshot, sync: bool = True) -> None:
     parts = [applied.tobytes(), *(column.tobytes() for column in columns), truncated.tobytes()]
     checksum = 0
     for part in parts:
-        checksum = crc32c(part, checksum)
+        checksum = record.crc32c(part, checksum)
     header = _HEADER.pack(
         _MAGIC,
         _VERSION,
@@ -226,7 +225,7 @@ def read_snapshot(path: str) -> Snapshot | None:
     expected = _HEADER.size + 16 * partitions + topics * (4 + 8 * 6)
     if magic != _MAGIC or version != _VERSION or len(data) < expected or (len(data) - expected) % 4:
         return None
-    if crc32c(memoryview(data)[_HEADER.size :]) != checksum:
+    if record.crc32c(memoryview(data)[_HEADER.size :]) != checksum:
         return None
     position = _HEADER.size
     applied = array("q")
