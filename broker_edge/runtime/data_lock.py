@@ -16,10 +16,9 @@ import socket
 import time
 
 from broker_edge.config.loader import ConfigError
+from broker_edge.storage.layout import LOCK_FILE
 
-__all__ = ["LOCK_FILE", "DataDirectoryLock"]
-
-LOCK_FILE = ".lock"
+__all__ = ["DataDirectoryLock"]
 
 
 class DataDirectoryLock:

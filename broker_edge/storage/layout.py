@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from .segment import fsync_directory
 
-__all__ = ["LAYOUT_VERSION", "LOG", "DataLayout", "layout_version", "open_layout"]
+__all__ = ["LAYOUT_VERSION", "LOCK_FILE", "LOG", "DataLayout", "layout_version", "open_layout"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,9 @@ TOPICS = "topics"
 META = "meta"
 LAYOUT_FILE = "LAYOUT"
 STAGING = ".layout-2"
+LOCK_FILE = ".lock"
+"""The broker's lock on the directory (``broker_edge.runtime.data_lock``), taken before the store opens: no
+part of any layout (a dot name, as no topic's)."""
 _LAYOUT_1_BROKER_FILES = ("CLEAN_SHUTDOWN", "sessions.json")
 """Files of the broker in a layout-1 directory (``sessions.json`` with its ``.tmp`` and set-aside copies)."""
 
@@ -89,8 +92,9 @@ def open_layout(root: str | os.PathLike[str]) -> DataLayout:
 
 
 def _is_fresh(root: str) -> bool:
-    """Nothing of any layout: an empty directory (an interrupted move's staging is not nothing)."""
-    return not os.listdir(root)
+    """Nothing of any layout: an empty directory but for the broker's lock file (an interrupted move's
+    staging is not nothing)."""
+    return not [name for name in os.listdir(root) if name != LOCK_FILE]
 
 
 def _create(layout: DataLayout) -> None:
