@@ -172,7 +172,7 @@ def test_a_publish_answered_not_the_leader_is_retried_ahead_of_the_publishes_sen
         a.publish(device, b"395", packet_id=2)
         a.publish(device, b"396", packet_id=3)
         await _all_answered(device, 3)
-        assert device.answers == {1: (0x10, None), 2: (0x10, None), 3: (0x10, None)}
+        assert device.answers == {1: (0x00, None), 2: (0x00, None), 3: (0x00, None)}
         assert _payloads(b) == [b"394", b"395", b"396"]
 
     _run(scenario)
@@ -190,7 +190,7 @@ def test_publishes_sent_while_an_earlier_one_waits_for_its_link_go_behind_it():
         a.publish(device, b"2", packet_id=2)  # the link is up: still behind the first
         await _all_answered(device, 2)
         assert _payloads(b) == [b"1", b"2"]
-        assert [code for code, _ in device.answers.values()] == [0x10, 0x10]
+        assert [code for code, _ in device.answers.values()] == [0x00, 0x00]
 
     _run(scenario)
 
@@ -223,7 +223,7 @@ def test_a_publish_that_cannot_keep_its_place_is_refused_with_everything_behind_
         a.lead("a")
         a.publish(device, b"3", packet_id=3)
         await _all_answered(device, 3)
-        assert device.answers[3] == (0x10, None) and _payloads(a) == [b"3"]
+        assert device.answers[3] == (0x00, None) and _payloads(a) == [b"3"]
 
     _run(scenario)
 
