@@ -1,0 +1,442 @@
+"""The site's side of the uplink: one connection it dials to the hub, carrying its logs by (topic, offset).
+
+The site never keeps its own idea of what the hub holds: each connection starts by asking (``HELLO`` →
+``ENDS``) and sends every topic from the hub's durable end, so after an outage or a restart on either side
+every record crosses once. Records go only once durable (committed, in a cluster) here, verbatim (their
+stored frames); the hub acknowledges a batch once it is durable there.
+
+Batches take topics in turn (a topic with a backlog gives way to the others after its share), each topic
+oldest first: live records keep flowing while a backlog catches up. The bandwidth limit holds what is sent
+(``throttle``); up to ``max_batches_in_flight`` batches are unanswered at once. Records the site's retention
+would delete before they are sent raise a WARNING and a metric; records it deleted are skipped, and the
+hub records the gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import ssl
+import time
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, TypeVar
+
+from broker_edge.protocol.topics import topic_matches
+from broker_edge.settings.uplink import UplinkConfig
+from broker_edge.storage import OffsetOutOfRange, UnknownTopic
+from broker_edge.uplink.throttle import Throttle
+from broker_edge.uplink.wire import (
+    ACK,
+    ENDS,
+    ERROR,
+    HELLO,
+    STATE,
+    VERSION,
+    Batch,
+    BatchTopic,
+    WireError,
+    decode,
+    encode,
+    encode_batch,
+    join_frames,
+)
+
+if TYPE_CHECKING:
+    from aiohttp import ClientWebSocketResponse, web
+
+    from broker_edge.observe.metrics import BrokerMetrics
+    from broker_edge.storage import LogStore
+
+__all__ = ["SiteLink", "client_ssl_context"]
+
+log = logging.getLogger("broker_edge.uplink.site_link")
+
+T = TypeVar("T")
+
+MIN_TOPIC_SHARE = 64 * 1024
+"""Stored bytes one topic may put in a batch before the others get their turn (at least)."""
+HANDSHAKE_TIMEOUT_S = 30.0
+
+
+def client_ssl_context(config: UplinkConfig) -> ssl.SSLContext:
+    tls = config.tls
+    context = ssl.create_default_context(cafile=tls.cafile)
+    context.check_hostname = tls.check_hostname
+    context.load_cert_chain(tls.certfile, tls.keyfile)
+    return context
+
+
+class SiteLink:
+    """Sends ``store``'s logs matching ``config.topics`` to the hub until stopped."""
+
+    def __init__(
+        self, store: LogStore, config: UplinkConfig, metrics: BrokerMetrics, retention_ms: int | None
+    ) -> None:
+        self.store = store
+        self.config = config
+        self.retention_ms = retention_ms
+        self.hub_ends: dict[str, int] = {}
+        """What the hub holds of each topic, durable (its last answer)."""
+        self.connected = False
+        self.hub: str | None = None
+        self.last_contact = 0.0
+        self.sent_bytes = 0
+        self.sent_records = 0
+        self.stored_bytes = 0
+        """Bytes of the records sent as stored, before compression."""
+        self.gap_records = 0
+        self.at_risk_records = 0
+        self._task: asyncio.Task[None] | None = None
+        self._reported: dict[str, int] = {}
+        self._bind(metrics)
+
+    def _bind(self, metrics: BrokerMetrics) -> None:
+        for name, documentation, read in (
+            ("uplink_connected", "1 while the uplink to the hub is open.", lambda: float(self.connected)),
+            ("uplink_sent_bytes", "Bytes of batches sent to the hub (compressed).", lambda: self.sent_bytes),
+            ("uplink_sent_records", "Records sent to the hub.", lambda: self.sent_records),
+            (
+                "uplink_stored_bytes_sent",
+                "Stored bytes of the records sent (before compression).",
+                lambda: self.stored_bytes,
+            ),
+            ("uplink_lag_records", "Records here the hub has not acknowledged.", lambda: self.lag()[0]),
+            (
+                "uplink_lag_seconds",
+                "Age of the oldest record the hub has not acknowledged.",
+                lambda: self.lag()[1],
+            ),
+            (
+                "uplink_last_contact_timestamp",
+                "Wall time of the hub's last message.",
+                lambda: self.last_contact,
+            ),
+            (
+                "uplink_gap_records",
+                "Records retention deleted before they were sent.",
+                lambda: self.gap_records,
+            ),
+            (
+                "uplink_unsent_at_risk_records",
+                "Unsent records older than uplink.retention_warning_ratio of storage.retention_ms.",
+                lambda: self.at_risk_records,
+            ),
+        ):
+            metrics.gauge(name, documentation).set_function(read)
+
+    # -- what is sent ----------------------------------------------------------------------------------
+
+    def topics(self) -> list[str]:
+        """This site's logs the uplink carries (no ``$`` topics: they are the broker's own)."""
+        found: dict[str, None] = {}
+        for topic_filter in self.config.topics:
+            for info in self.store.logs(topic_filter):
+                if not info.topic.startswith("$"):
+                    found[info.topic] = None
+        return list(found)
+
+    def lag(self) -> tuple[int, float]:
+        """Records the hub has not acknowledged, and the age in seconds of the oldest of them."""
+        store = self.store
+        records = 0
+        oldest_ms: int | None = None
+        for topic in self.topics():
+            end = store.committed_end(topic)
+            held = max(self.hub_ends.get(topic, 0), store.start_offset(topic))
+            if end > held:
+                records += end - held
+                timestamp = self._timestamp(topic, held)
+                if timestamp is not None and (oldest_ms is None or timestamp < oldest_ms):
+                    oldest_ms = timestamp
+        seconds = max(0.0, time.time() - oldest_ms / 1000) if oldest_ms is not None else 0.0
+        return records, seconds
+
+    def _timestamp(self, topic: str, offset: int) -> int | None:
+        try:
+            records = self.store.read(topic, offset, 1)
+        except (OffsetOutOfRange, UnknownTopic):
+            return None
+        return records[0].timestamp_ms if records else None
+
+    def check_retention(self) -> None:
+        """Warn about unsent records retention is about to delete (their age past the warning share)."""
+        if self.retention_ms is None:
+            return
+        limit_ms = self.retention_ms * self.config.retention_warning_ratio
+        now_ms = time.time() * 1000
+        at_risk = 0
+        store = self.store
+        for topic in self.topics():
+            held = max(self.hub_ends.get(topic, 0), store.start_offset(topic))
+            timestamp = self._timestamp(topic, held)
+            if timestamp is not None and now_ms - timestamp > limit_ms:
+                unsent = store.committed_end(topic) - held
+                at_risk += unsent
+                log.warning(
+                    "uplink: %d records of %r not yet sent are %.0f s old; retention deletes them at %.0f s",
+                    unsent,
+                    topic,
+                    (now_ms - timestamp) / 1000,
+                    self.retention_ms / 1000,
+                )
+        self.at_risk_records = at_risk
+
+    def status(self) -> dict[str, object]:
+        records, seconds = self.lag()
+        return {
+            "site": self.config.site_id,
+            "hub": self.hub,
+            "connected": self.connected,
+            "last_contact": self.last_contact or None,
+            "sent_bytes": self.sent_bytes,
+            "sent_records": self.sent_records,
+            "stored_bytes_sent": self.stored_bytes,
+            "gap_records": self.gap_records,
+            "unsent_at_risk_records": self.at_risk_records,
+            "lag_records": records,
+            "lag_seconds": round(seconds, 3),
+            "topics": len(self.topics()),
+        }
+
+    def add_status_route(self, app: web.Application) -> None:
+        """``GET /v1/uplink/sites``: this site's link (on the offsets API: ``timestone uplink status``)."""
+        from aiohttp import web
+
+        async def site(_request: web.Request) -> web.Response:
+            return web.json_response({"role": "site", "site": self.status()})
+
+        app.router.add_get("/v1/uplink/sites", site)
+
+    # -- running ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="uplink")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        import aiohttp
+
+        config = self.config
+        context = client_ssl_context(config)
+        delay = config.reconnect_min_s
+        attempt = 0
+        while True:
+            hub = config.hubs[attempt % len(config.hubs)]
+            attempt += 1
+            try:
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.ws_connect(
+                        hub,
+                        ssl=context,
+                        proxy=config.proxy,
+                        heartbeat=15.0,
+                        max_msg_size=16 * 1024 * 1024,
+                        timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
+                    ) as ws,
+                ):
+                    self.hub = hub
+                    await self._converse(ws)
+            except (aiohttp.ClientError, OSError, TimeoutError, WireError, ConnectionError) as error:
+                log.warning("uplink to %s: %s; again in %.1f s", hub, error or type(error).__name__, delay)
+            finally:
+                if self.connected:
+                    delay = config.reconnect_min_s
+                self.connected = False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, config.reconnect_max_s)
+
+    async def _converse(self, ws: ClientWebSocketResponse) -> None:
+        config = self.config
+        await ws.send_bytes(encode(HELLO, {"version": VERSION, "site": config.site_id}))
+        answer = decode(await ws.receive_bytes(timeout=HANDSHAKE_TIMEOUT_S))
+        if answer.kind == ERROR:
+            raise WireError(f"the hub refused: {answer.header.get('message')}")
+        if answer.kind != ENDS or not isinstance(answer.header.get("ends"), dict):
+            raise WireError("the hub did not answer HELLO with its ends")
+        self.hub_ends = {str(topic): int(end) for topic, end in answer.header["ends"].items()}
+        self._check_hub_ends()
+        self.connected = True
+        self.last_contact = time.time()
+        self._reported = {}
+        log.info("uplink: connected to %s as site %s", self.hub, config.site_id)
+        window = _Window(config.max_batches_in_flight)
+        reader = asyncio.get_running_loop().create_task(self._read_acks(ws, window))
+        try:
+            await self._send(ws, window, reader)
+        finally:
+            reader.cancel()
+
+    def _check_hub_ends(self) -> None:
+        store = self.store
+        for topic, end in self.hub_ends.items():
+            if topic in store and store.committed_end(topic) < end:
+                log.error(
+                    "uplink: the hub holds %r up to %d, this site only to %d: this site's log was lost or "
+                    "replaced; its records below %d are not sent again",
+                    topic,
+                    end,
+                    store.committed_end(topic),
+                    end,
+                )
+
+    async def _read_acks(self, ws: ClientWebSocketResponse, window: _Window) -> None:
+        import aiohttp
+
+        async for message in ws:
+            if message.type != aiohttp.WSMsgType.BINARY:
+                break
+            decoded = decode(message.data)
+            self.last_contact = time.time()
+            if decoded.kind == ACK:
+                for topic, end in decoded.header.get("ends", {}).items():
+                    self.hub_ends[topic] = max(self.hub_ends.get(topic, 0), int(end))
+                window.acknowledged(int(decoded.header.get("seq", -1)))
+            elif decoded.kind == ERROR:
+                raise WireError(f"the hub refused: {decoded.header.get('message')}")
+            else:
+                raise WireError(f"unexpected message kind {decoded.kind} from the hub")
+        raise ConnectionError("the hub closed the uplink")
+
+    async def _send(self, ws: ClientWebSocketResponse, window: _Window, reader: asyncio.Task[None]) -> None:
+        config = self.config
+        store = self.store
+        loop = asyncio.get_running_loop()
+        throttle = Throttle(config.bandwidth_bytes_per_s, loop.time())
+        positions = dict(self.hub_ends)
+        pending: collections.OrderedDict[str, None] = collections.OrderedDict.fromkeys(self.topics())
+        seq = 0
+        next_state = loop.time()
+        while True:
+            await _until(window.free(), reader)
+            batch = self._build(seq, positions, pending)
+            if batch is None:
+                if loop.time() >= next_state:
+                    await ws.send_bytes(encode(STATE, {"site_ends": self._changed_ends()}))
+                    next_state = loop.time() + config.heartbeat_s
+                    self.check_retention()
+                waiting = {topic: positions.get(topic, 0) for topic in self.topics()}
+                wait = store.wait_for_data(waiting, config.heartbeat_s, "#")
+                woken = await _until(wait, reader)
+                pending.update(dict.fromkeys(topic for topic in woken if self._carries(topic)))
+                if not woken:
+                    pending.update(dict.fromkeys(self.topics()))
+                continue
+            if loop.time() >= next_state:
+                batch.site_ends = self._changed_ends()
+                next_state = loop.time() + config.heartbeat_s
+            data = encode_batch(batch, config.compression)
+            pause = throttle.delay(len(data), loop.time())
+            if pause:
+                await _until(asyncio.sleep(pause), reader)
+            window.sent(seq)
+            await ws.send_bytes(data)
+            seq += 1
+            self.sent_bytes += len(data)
+            self.stored_bytes += len(batch.frames)
+            self.sent_records += sum(part.count for part in batch.topics)
+
+    def _carries(self, topic: str) -> bool:
+        return not topic.startswith("$") and any(topic_matches(f, topic) for f in self.config.topics)
+
+    def _build(
+        self, seq: int, positions: dict[str, int], pending: collections.OrderedDict[str, None]
+    ) -> Batch | None:
+        """The next batch from the topics that may have records to send, each its share in turn."""
+        store = self.store
+        budget = self.config.batch_bytes
+        share = max(MIN_TOPIC_SHARE, budget // max(1, min(len(pending), 16)))
+        parts: list[BatchTopic] = []
+        chunks: list[bytes] = []
+        for topic in list(pending):
+            if budget <= 0:
+                break
+            end = store.committed_end(topic)
+            start = store.start_offset(topic)
+            position = positions.get(topic, 0)
+            if position < start:
+                log.warning(
+                    "uplink: %r records [%d, %d) were deleted by retention before they were sent",
+                    topic,
+                    position,
+                    start,
+                )
+                self.gap_records += start - position
+                position = start
+            if position >= end:
+                del pending[topic]
+                continue
+            try:
+                frames, count = store.read_frames(topic, position, min(share, budget), end)
+            except OffsetOutOfRange:
+                continue  # retention ran meanwhile: the next round starts at the new start
+            if not count:
+                del pending[topic]
+                continue
+            size = sum(len(frame) for frame in frames)
+            parts.append(BatchTopic(topic, position, count, size))
+            chunks.extend(frames)
+            budget -= size
+            positions[topic] = position + count
+            if position + count >= end:
+                del pending[topic]
+            else:
+                pending.move_to_end(topic)
+        if not parts:
+            return None
+        return Batch(seq, parts, join_frames(chunks))
+
+    def _changed_ends(self) -> dict[str, list[int]]:
+        store = self.store
+        changed: dict[str, list[int]] = {}
+        for topic in self.topics():
+            end = store.committed_end(topic)
+            if self._reported.get(topic) != end:
+                self._reported[topic] = end
+                changed[topic] = [end, store.log_info(topic).last_append_ms or 0]
+        return changed
+
+
+class _Window:
+    """Batches sent and not yet acknowledged, at most ``size``."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.unanswered: collections.deque[int] = collections.deque()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def sent(self, seq: int) -> None:
+        self.unanswered.append(seq)
+        if len(self.unanswered) >= self.size:
+            self._room.clear()
+
+    def acknowledged(self, seq: int) -> None:
+        while self.unanswered and self.unanswered[0] <= seq:
+            self.unanswered.popleft()
+        if len(self.unanswered) < self.size:
+            self._room.set()
+
+    async def free(self) -> None:
+        await self._room.wait()
+
+
+async def _until(work: Awaitable[T], reader: asyncio.Task[None]) -> T:
+    """``work``'s result, unless the connection's reader ends first: then its error (the link is gone)."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.wait({task, reader}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        return task.result()
+    error = None if reader.cancelled() else reader.exception()
+    raise error if error is not None else ConnectionError("the uplink closed")
