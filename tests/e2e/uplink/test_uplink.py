@@ -1,0 +1,146 @@
+"""A site sends its logs to a hub over one connection it dials: the hub holds them at the site's offsets,
+byte for byte, once, through cuts of the link; strangers and devices cannot write a site's namespace."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from broker_edge.runtime.local_pki import LocalPki
+from broker_edge.settings.uplink import site_topic
+from tests.e2e.broker_clients import PahoClient, wait_for
+from tests.e2e.conftest import RunningBroker
+from tests.e2e.uplink.uplink_harness import (
+    WanRelay,
+    hub_port,
+    hub_section,
+    log_frames,
+    mirrored,
+    pki_in,
+    site_section,
+)
+
+pytestmark = pytest.mark.timeout(90)
+
+Brokers = Callable[..., RunningBroker]
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> LocalPki:
+    return pki_in(tmp_path)
+
+
+def publish(site: RunningBroker, topic: str, payloads: list[bytes]) -> None:
+    """Publishes logged at QoS 1 through the broker's own path (what a device's publish becomes)."""
+
+    def send() -> None:
+        for payload in payloads:
+            site.broker.publish(topic, payload, qos=1)
+
+    site.call(send)
+
+
+def held(broker: RunningBroker, topic: str) -> tuple[int, int, bytes]:
+    store = broker.broker.store
+    assert store is not None
+    return broker.call(lambda: log_frames(store, topic))
+
+
+def same_logs(site: RunningBroker, hub: RunningBroker, site_id: str, topics: list[str]) -> bool:
+    site_store, hub_store = site.broker.store, hub.broker.store
+    assert site_store is not None and hub_store is not None
+    return bool(hub.call(lambda: site.call(lambda: mirrored(site_store, hub_store, site_id, topics))))
+
+
+def status(broker: RunningBroker) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.broker.offsets_port}/v1/uplink/sites") as answer:
+        return json.load(answer)
+
+
+def test_a_sites_logs_reach_the_hub_at_the_same_offsets_byte_for_byte(
+    brokers: Brokers, pki: LocalPki
+) -> None:
+    hub = brokers("hub", uplink_hub=hub_section(pki))
+    site = brokers("site", uplink=site_section(pki, "plant-1", hub_port(hub), compression="zlib"))
+    device = PahoClient(site.port, "sensor-1")
+    for n in range(30):
+        device.publish("telemetry/sensor-1", f"reading {n}".encode(), qos=1)
+    publish(site, "telemetry/sensor-2", [bytes([n]) * n for n in range(1, 200)])
+    topics = ["telemetry/sensor-1", "telemetry/sensor-2"]
+
+    assert wait_for(lambda: same_logs(site, hub, "plant-1", topics), timeout=20)
+    start, end, data = held(hub, site_topic("plant-1", "telemetry/sensor-2"))
+    assert (start, end) == (0, 199) and len(data) > sum(range(1, 200))
+    assert wait_for(lambda: status(hub)["sites"][0]["lag_records"] == 0, timeout=10)
+    hub_view = status(hub)["sites"][0]
+    assert hub_view["site"] == "plant-1" and hub_view["connected"] is True
+    assert hub_view["received_records"] == 229 and hub_view["duplicate_records"] == 0
+    site_view = status(site)["site"]
+    assert site_view["connected"] is True and site_view["lag_records"] == 0
+    assert site_view["sent_records"] == 229 and site_view["sent_bytes"] < site_view["stored_bytes_sent"]
+
+
+def test_a_cut_link_resumes_from_the_hubs_ends_and_sends_every_record_once(
+    brokers: Brokers, pki: LocalPki
+) -> None:
+    hub = brokers("hub", uplink_hub=hub_section(pki))
+    wan = WanRelay(hub_port(hub))
+    try:
+        site = brokers("site", uplink=site_section(pki, "plant-2", wan.port, batch_bytes=4096))
+        topics = [f"line/{n}/temperature" for n in range(20)]
+        for round_ in range(12):
+            for topic in topics:
+                publish(site, topic, [f"{topic} {round_} {n}".encode() * 8 for n in range(10)])
+            wan.cut(down=round_ % 4 == 3)  # mid-stream; now and then the link stays down a while
+            if round_ % 4 == 3:
+                time.sleep(0.3)
+                wan.heal()
+        assert wait_for(lambda: same_logs(site, hub, "plant-2", topics), timeout=30)
+        sites = status(hub)["sites"]
+        assert wan.cuts == 12
+        assert sites[0]["received_records"] == 20 * 12 * 10  # each appended once; resends were skipped
+    finally:
+        wan.close()
+
+
+def test_a_hub_sees_a_sites_backlog_sent_after_it_starts_late(brokers: Brokers, pki: LocalPki) -> None:
+    hub = brokers("hub", uplink_hub=hub_section(pki))
+    port = hub_port(hub)
+    hub.stop()  # the hub is away: the site keeps its logs and dials again and again
+    site = brokers("site", uplink=site_section(pki, "plant-3", port))
+    publish(site, "telemetry/a", [b"x" * 100] * 500)
+    hub = brokers("hub", uplink_hub=hub_section(pki, port=port))
+    assert wait_for(lambda: same_logs(site, hub, "plant-3", ["telemetry/a"]), timeout=20)
+
+
+def test_a_certificate_naming_no_site_is_refused(brokers: Brokers, pki: LocalPki, tmp_path: Path) -> None:
+    hub = brokers("hub", uplink_hub=hub_section(pki, sites=["plant-1"]))
+    stranger = pki.client("stranger")
+    context = ssl.create_default_context(cafile=str(pki.ca.cert))
+    context.load_cert_chain(str(stranger.cert), str(stranger.key))
+    request = urllib.request.Request(f"https://127.0.0.1:{hub_port(hub)}/v1/uplink")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, context=context)
+    assert refused.value.code == 403
+    site = brokers("site", uplink=site_section(pki, "plant-9", hub_port(hub)))  # not admitted
+    publish(site, "telemetry/a", [b"x"])
+    time.sleep(1.0)
+    assert status(site)["site"]["connected"] is False
+    assert status(hub)["sites"] == []
+
+
+def test_devices_on_the_hub_cannot_write_a_sites_namespace(brokers: Brokers, pki: LocalPki) -> None:
+    hub = brokers("hub", uplink_hub=hub_section(pki))
+    device = PahoClient(hub.port, "intruder")
+    for _ in range(3):
+        device.client.publish(site_topic("plant-1", "telemetry/a"), b"forged", qos=1).wait_for_publish(5)
+    assert wait_for(lambda: hub.drops("acl_denied") == 3)
+    store = hub.broker.store
+    assert store is not None
+    assert hub.call(lambda: store.logs("$site/#")) == []
