@@ -142,7 +142,7 @@ class UplinkHubConfig:
     """The endpoint's certificate, and ``cafile``, the CA of the sites' certificates (always required)."""
     host: str = "127.0.0.1"
     """Address to bind."""
-    port: int = 9885
+    port: int = 9886
     """TCP port; 0 picks a free one."""
     path: str = "/v1/uplink"
     """HTTP path of the WebSocket sites connect to."""
