@@ -124,6 +124,8 @@ def decompress(codec: str, data: bytes, limit: int) -> bytes:
         import zstandard
 
         try:
+            if zstandard.frame_content_size(data) > limit:  # -1: not written, then max_output_size holds
+                raise WireError(f"body decompresses past {limit} bytes")
             out = zstandard.ZstdDecompressor().decompress(data, max_output_size=limit)
         except zstandard.ZstdError as error:
             raise WireError(f"zstd body does not decompress within {limit} bytes: {error}") from None
