@@ -14,6 +14,7 @@ import pytest
 
 from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.uplink import site_topic
+from broker_edge.uplink.status_cli import uplink_main
 from tests.e2e.broker_clients import PahoClient, wait_for
 from tests.e2e.conftest import RunningBroker
 from tests.e2e.uplink.uplink_harness import (
@@ -52,10 +53,13 @@ def held(broker: RunningBroker, topic: str) -> tuple[int, int, bytes]:
     return broker.call(lambda: log_frames(store, topic))
 
 
-def same_logs(site: RunningBroker, hub: RunningBroker, site_id: str, topics: list[str]) -> bool:
+def same_logs(site: RunningBroker, hub: RunningBroker, site_id: str, topics: list[str], records: int) -> bool:
+    """Whether the hub holds the site's ``records`` records of ``topics`` as the site does."""
     site_store, hub_store = site.broker.store, hub.broker.store
     assert site_store is not None and hub_store is not None
-    return bool(hub.call(lambda: site.call(lambda: mirrored(site_store, hub_store, site_id, topics))))
+    return bool(
+        hub.call(lambda: site.call(lambda: mirrored(site_store, hub_store, site_id, topics, records)))
+    )
 
 
 def status(broker: RunningBroker) -> dict:
@@ -74,7 +78,7 @@ def test_a_sites_logs_reach_the_hub_at_the_same_offsets_byte_for_byte(
     publish(site, "telemetry/sensor-2", [bytes([n]) * n for n in range(1, 200)])
     topics = ["telemetry/sensor-1", "telemetry/sensor-2"]
 
-    assert wait_for(lambda: same_logs(site, hub, "plant-1", topics), timeout=20)
+    assert wait_for(lambda: same_logs(site, hub, "plant-1", topics, 229), timeout=20)
     start, end, data = held(hub, site_topic("plant-1", "telemetry/sensor-2"))
     assert (start, end) == (0, 199) and len(data) > sum(range(1, 200))
     assert wait_for(lambda: status(hub)["sites"][0]["lag_records"] == 0, timeout=10)
@@ -84,6 +88,32 @@ def test_a_sites_logs_reach_the_hub_at_the_same_offsets_byte_for_byte(
     site_view = status(site)["site"]
     assert site_view["connected"] is True and site_view["lag_records"] == 0
     assert site_view["sent_records"] == 229 and site_view["sent_bytes"] < site_view["stored_bytes_sent"]
+    assert hub.metric("timestone_broker_uplink_site_received_records", site="plant-1") == 229
+    assert site.metric("timestone_broker_uplink_lag_records") == 0
+
+
+def test_timestone_uplink_status_shows_a_hubs_sites_and_a_sites_link(
+    brokers: Brokers, pki: LocalPki, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hub = brokers("hub", uplink_hub=hub_section(pki))
+    site = brokers("site", uplink=site_section(pki, "plant-7", hub_port(hub)))
+    publish(site, "telemetry/a", [b"x"] * 10)
+    assert wait_for(lambda: same_logs(site, hub, "plant-7", ["telemetry/a"], 10), timeout=20)
+    assert uplink_main(["status", "--broker", f"http://127.0.0.1:{hub.broker.offsets_port}"]) == 0
+    hub_table = capsys.readouterr().out.splitlines()
+    assert hub_table[0] == "hub: 1 site(s)" and hub_table[2].split()[:6] == [
+        "plant-7",
+        "yes",
+        "0",
+        "s",
+        "ago",
+        "0",
+    ]
+    assert uplink_main(["status", "--broker", f"http://127.0.0.1:{site.broker.offsets_port}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["site"]["sent_records"] == 10
+    hub.stop()
+    assert uplink_main(["status", "--broker", f"http://127.0.0.1:{hub.broker.offsets_port}"]) == 1
+    assert "cannot reach" in capsys.readouterr().err
 
 
 def test_a_cut_link_resumes_from_the_hubs_ends_and_sends_every_record_once(
@@ -101,7 +131,7 @@ def test_a_cut_link_resumes_from_the_hubs_ends_and_sends_every_record_once(
             if round_ % 4 == 3:
                 time.sleep(0.3)
                 wan.heal()
-        assert wait_for(lambda: same_logs(site, hub, "plant-2", topics), timeout=30)
+        assert wait_for(lambda: same_logs(site, hub, "plant-2", topics, 20 * 12 * 10), timeout=30)
         sites = status(hub)["sites"]
         assert wan.cuts == 12
         assert sites[0]["received_records"] == 20 * 12 * 10  # each appended once; resends were skipped
@@ -116,7 +146,7 @@ def test_a_hub_sees_a_sites_backlog_sent_after_it_starts_late(brokers: Brokers, 
     site = brokers("site", uplink=site_section(pki, "plant-3", port))
     publish(site, "telemetry/a", [b"x" * 100] * 500)
     hub = brokers("hub", uplink_hub=hub_section(pki, port=port))
-    assert wait_for(lambda: same_logs(site, hub, "plant-3", ["telemetry/a"]), timeout=20)
+    assert wait_for(lambda: same_logs(site, hub, "plant-3", ["telemetry/a"], 500), timeout=20)
 
 
 def test_a_certificate_naming_no_site_is_refused(brokers: Brokers, pki: LocalPki, tmp_path: Path) -> None:

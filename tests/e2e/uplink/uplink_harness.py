@@ -53,11 +53,14 @@ def log_frames(store: LogStore, topic: str) -> tuple[int, int, bytes]:
     return start, end, b"".join(chunks)
 
 
-def mirrored(site_store: LogStore, hub_store: LogStore, site_id: str, topics: list[str]) -> bool:
-    """Whether the hub holds each of ``topics`` exactly as the site does: same offsets, same bytes."""
-    return all(
-        log_frames(site_store, topic) == log_frames(hub_store, site_topic(site_id, topic)) for topic in topics
-    )
+def mirrored(
+    site_store: LogStore, hub_store: LogStore, site_id: str, topics: list[str], records: int
+) -> bool:
+    """Whether the site holds ``records`` records in ``topics`` and the hub each of them exactly as the site
+    does: same offsets, same bytes."""
+    site_logs = [log_frames(site_store, topic) for topic in topics]
+    hub_logs = [log_frames(hub_store, site_topic(site_id, topic)) for topic in topics]
+    return sum(end - start for start, end, _ in site_logs) == records and site_logs == hub_logs
 
 
 class WanRelay:
