@@ -70,6 +70,7 @@ _KNOWN = {
         "retryBackoffMs",
         "authToken",
         "maxBytesPerFetch",
+        "sites",
     )
 }
 # Options Spark itself may pass to any source.
@@ -131,6 +132,9 @@ class SourceOptions:
     fetch_retries: int = DEFAULT_FETCH_RETRIES
     retry_backoff_ms: int = DEFAULT_RETRY_BACKOFF_MS
     max_bytes_per_fetch: int = DEFAULT_MAX_BYTES_PER_FETCH
+    sites: bool = False
+    """The brokers are uplink hubs: each site's topic ``$site/<site_id>/<topic>`` is read as broker
+    ``<site_id>``, topic ``<topic>`` (docs/uplink.md)."""
 
     @property
     def reads_cluster(self) -> bool:
@@ -193,6 +197,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         ),
         min_partitions=_optional_int(lowered, "minPartitions", minimum=1),
         fail_on_data_loss=_bool(lowered, "failOnDataLoss", default=True),
+        sites=_parse_sites(lowered, bootstrap),
         fetch_timeout_ms=_int(lowered, "fetchTimeoutMs", DEFAULT_FETCH_TIMEOUT_MS, minimum=1),
         fetch_retries=_int(lowered, "fetchRetries", DEFAULT_FETCH_RETRIES, minimum=0),
         retry_backoff_ms=_int(lowered, "retryBackoffMs", DEFAULT_RETRY_BACKOFF_MS, minimum=0),
@@ -282,6 +287,13 @@ def _int(
             name, f"expected an integer <= {maximum} (the offsets API's limit), got {value}"
         )
     return default if value is None else value
+
+
+def _parse_sites(options: Mapping[str, str], bootstrap: tuple[str, ...]) -> bool:
+    sites = _bool(options, "sites", default=False)
+    if sites and bootstrap:
+        raise SourceOptionError("sites", "hubs are brokers alone: name them in brokers, not bootstrapServers")
+    return sites
 
 
 def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:

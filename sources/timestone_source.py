@@ -41,6 +41,7 @@ from pyspark.sql.types import (
 
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.offsets_api.errors import UnknownTopicError
+from broker_edge.settings.uplink import site_topic
 
 from .cluster_listing import ClusterLister, ClusterListing
 from .cluster_plan import by_reader
@@ -154,6 +155,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 options.max_bytes_per_fetch,
                 options.fail_on_data_loss,
                 "the option authToken (shared by the cluster's members)" if options.reads_cluster else None,
+                options.sites,
             )
             for name, url, token in sources
         }
@@ -370,7 +372,8 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         fetch = self._fetch[broker]
         logs: dict[str, LogExtent] = {}
         try:
-            for pattern in self.options.topics:
+            for topic_filter in self.options.topics:
+                pattern = site_topic("+", topic_filter) if self.options.sites else topic_filter
                 for info in fetch.call(partial(client.list_logs, pattern)):
                     logs[info.topic] = LogExtent(info.start_offset, info.end_offset)
         finally:
