@@ -88,7 +88,7 @@ class SiteLink:
         """Bytes of the records sent as stored, before compression."""
         self.gap_records = 0
         self.at_risk_records = 0
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._reported: dict[str, int] = {}
         self._bind(metrics)
 
@@ -212,13 +212,24 @@ class SiteLink:
     # -- running ---------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="uplink")
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._run(), name="uplink"),
+            loop.create_task(self._watch_retention(), name="uplink-retention"),
+        ]
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
+
+    async def _watch_retention(self) -> None:
+        """Check unsent records against retention every ``heartbeat_s``, link up or down (an outage is
+        when it matters)."""
+        while True:
+            await asyncio.sleep(self.config.heartbeat_s)
+            self.check_retention()
 
     async def _run(self) -> None:
         import aiohttp
@@ -321,7 +332,6 @@ class SiteLink:
                 if loop.time() >= next_state:
                     await ws.send_bytes(encode(STATE, {"site_ends": self._changed_ends()}))
                     next_state = loop.time() + config.heartbeat_s
-                    self.check_retention()
                 waiting = {topic: positions.get(topic, 0) for topic in self.topics()}
                 wait = store.wait_for_data(waiting, config.heartbeat_s, "#")
                 woken = await _until(wait, reader)
