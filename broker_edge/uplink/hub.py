@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import socket
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,7 @@ from aiohttp import WSMsgType, web
 from broker_edge.http.guard import GuardedRunner, start_guarded_site
 from broker_edge.security.tls import ServerContexts, server_ssl_context
 from broker_edge.settings.uplink import UplinkHubConfig, site_topic
-from broker_edge.uplink.hub_store import Gap, apply_batch, site_ends
+from broker_edge.uplink.mirror import Gap, apply_batch, site_ends
 from broker_edge.uplink.site_identity import site_of_certificate
 from broker_edge.uplink.site_status import SitesStatus, SiteStatus
 from broker_edge.uplink.wire import (
@@ -149,7 +150,7 @@ class UplinkHub:
             elif decoded.kind == BATCH:
                 batch = decode_batch(decoded, limit)
                 gaps: list[Gap] = []
-                applied = apply_batch(store, site, batch, gaps)
+                applied = apply_batch(store, batch, gaps, partial(site_topic, site))
                 await store.wait_durable()
                 status.received_bytes += len(message.data)
                 status.received_records += applied.records

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, TypeVar
 from broker_edge.protocol.topics import topic_matches
 from broker_edge.settings.uplink import UplinkConfig
 from broker_edge.storage import OffsetOutOfRange, UnknownTopic
+from broker_edge.uplink.batches import next_batch
 from broker_edge.uplink.throttle import Throttle
 from broker_edge.uplink.wire import (
     ACK,
@@ -35,12 +36,10 @@ from broker_edge.uplink.wire import (
     STATE,
     VERSION,
     Batch,
-    BatchTopic,
     WireError,
     decode,
     encode,
     encode_batch,
-    join_frames,
 )
 
 if TYPE_CHECKING:
@@ -55,8 +54,6 @@ log = logging.getLogger("broker_edge.uplink.site_link")
 
 T = TypeVar("T")
 
-MIN_TOPIC_SHARE = 64 * 1024
-"""Stored bytes one topic may put in a batch before the others get their turn (at least)."""
 HANDSHAKE_TIMEOUT_S = 30.0
 
 
@@ -359,49 +356,16 @@ class SiteLink:
     def _build(
         self, seq: int, positions: dict[str, int], pending: collections.OrderedDict[str, None]
     ) -> Batch | None:
-        """The next batch from the topics that may have records to send, each its share in turn."""
-        store = self.store
-        budget = self.config.batch_bytes
-        share = max(MIN_TOPIC_SHARE, budget // max(1, min(len(pending), 16)))
-        parts: list[BatchTopic] = []
-        chunks: list[bytes] = []
-        for topic in list(pending):
-            if budget <= 0:
-                break
-            end = store.committed_end(topic)
-            start = store.start_offset(topic)
-            position = positions.get(topic, 0)
-            if position < start:
-                log.warning(
-                    "uplink: %r records [%d, %d) were deleted by retention before they were sent",
-                    topic,
-                    position,
-                    start,
-                )
-                self.gap_records += start - position
-                position = start
-            if position >= end:
-                del pending[topic]
-                continue
-            try:
-                frames, count = store.read_frames(topic, position, min(share, budget), end)
-            except OffsetOutOfRange:
-                continue  # retention ran meanwhile: the next round starts at the new start
-            if not count:
-                del pending[topic]
-                continue
-            size = sum(len(frame) for frame in frames)
-            parts.append(BatchTopic(topic, position, count, size))
-            chunks.extend(frames)
-            budget -= size
-            positions[topic] = position + count
-            if position + count >= end:
-                del pending[topic]
-            else:
-                pending.move_to_end(topic)
-        if not parts:
-            return None
-        return Batch(seq, parts, join_frames(chunks))
+        return next_batch(self.store, seq, positions, pending, self.config.batch_bytes, self._gap)
+
+    def _gap(self, topic: str, position: int, start: int) -> None:
+        log.warning(
+            "uplink: %r records [%d, %d) were deleted by retention before they were sent",
+            topic,
+            position,
+            start,
+        )
+        self.gap_records += start - position
 
     def _changed_ends(self) -> dict[str, list[int]]:
         store = self.store

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from broker_edge.settings.uplink import site_topic
 from broker_edge.storage import LogStore, StorageConfig
-from broker_edge.uplink.hub_store import Applied, Gap, apply_batch, site_ends
+from broker_edge.uplink.mirror import Applied, Gap, apply_batch, site_ends
 from broker_edge.uplink.site_identity import site_of_certificate, site_uri
 from broker_edge.uplink.wire import Batch, BatchTopic, WireError
 from tests.unit.broker_edge.storage.log_helpers import make_record
+
+HUB_NAME = partial(site_topic, "p1")
 
 
 @pytest.fixture
@@ -31,7 +35,7 @@ def hub_store(tmp_path: Path) -> Iterator[LogStore]:
 
 def apply(hub_store: LogStore, batch: Batch, gaps: list[Gap]) -> Applied:
     """As the hub does: apply, then wait until it is durable before the next batch."""
-    applied = apply_batch(hub_store, "p1", batch, gaps)
+    applied = apply_batch(hub_store, batch, gaps, HUB_NAME)
     hub_store.flush()
     return applied
 
@@ -86,7 +90,7 @@ def test_a_site_cannot_name_topics_outside_its_namespace(
     batch = part(site_store, "telemetry/a", 0, 2)
     batch.topics[0].topic = topic
     with pytest.raises(WireError):
-        apply_batch(hub_store, "p1", batch, [])
+        apply_batch(hub_store, batch, [], HUB_NAME)
     assert hub_store.logs("$site/#") == []
 
 
@@ -94,7 +98,7 @@ def test_damaged_frames_append_nothing(site_store: LogStore, hub_store: LogStore
     batch = part(site_store, "telemetry/a", 0, 4)
     batch.frames = batch.frames[:-1] + bytes([batch.frames[-1] ^ 1])
     with pytest.raises(WireError, match="refused at offset 3"):
-        apply_batch(hub_store, "p1", batch, [])
+        apply_batch(hub_store, batch, [], HUB_NAME)
     hub_store.flush()
     assert hub_store.durable_end("$site/p1/telemetry/a") == 0
 

@@ -1,4 +1,6 @@
-"""A site's batch into the hub's store, at the site's offsets: the hub's half of "every record once".
+"""Another broker's records into this store at that broker's offsets: a site's batch into its hub's store
+under ``$site/<site_id>/`` (the hub's half of "every record once"), and the hub's downlinked topics into a
+site's store under their own names.
 
 Each topic's frames are appended verbatim (``LogStore.append_frames`` checks every frame's CRC and that it
 continues the log exactly, as a replica appending its leader's frames). What the hub already holds is
@@ -10,6 +12,7 @@ the gap is returned for the caller to record. Nothing here waits: the caller wai
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker_edge.protocol.errors import InvalidTopic
@@ -39,8 +42,8 @@ class Applied:
     """Records the hub already held."""
 
 
-def apply_batch(store: LogStore, site_id: str, batch: Batch, gaps: list[Gap]) -> Applied:
-    """Append ``batch`` under ``site_id``'s namespace; every gap found is appended to ``gaps``.
+def apply_batch(store: LogStore, batch: Batch, gaps: list[Gap], local_name: Callable[[str], str]) -> Applied:
+    """Append ``batch``, each topic as ``local_name(topic)`` here; every gap found is appended to ``gaps``.
 
     Raises ``WireError`` for a topic name a site may not use or frames that do not continue the log (the
     topics before it in the batch stay appended: they are whole and at their right offsets)."""
@@ -51,7 +54,7 @@ def apply_batch(store: LogStore, site_id: str, batch: Batch, gaps: list[Gap]) ->
         chunk = frames[position : position + part.size]
         position += part.size
         _check_topic(part.topic)
-        topic = site_topic(site_id, part.topic)
+        topic = local_name(part.topic)
         held = store.durable_end(topic) if topic in store else 0
         first = part.first
         if first > held:
@@ -85,7 +88,7 @@ def _check_topic(topic: str) -> None:
     except InvalidTopic as error:
         raise WireError(f"topic {topic!r}: {error}") from None
     if topic.startswith("$"):
-        raise WireError(f"topic {topic!r}: a site sends no '$' topics")
+        raise WireError(f"topic {topic!r}: the uplink carries no '$' topics")
 
 
 def _frames_end(chunk: memoryview, count: int) -> int:
