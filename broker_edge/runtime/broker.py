@@ -249,9 +249,29 @@ class Broker(BrokerCore):
         if config.uplink is not None:
             from broker_edge.uplink.site_link import SiteLink
 
-            self.site_link = SiteLink(store, config.uplink, self.metrics, config.storage.retention_ms)
+            self.site_link = SiteLink(
+                store, config.uplink, self.metrics, config.storage.retention_ms, self.route_logged
+            )
             self.add_offsets_api_routes(self.site_link.add_status_route)
             self.site_link.start()
+
+    def route_logged(self, topic: str, start: int, end: int) -> None:
+        """Route the durable records ``[start, end)`` of ``topic`` that another broker wrote into the log
+        (the uplink's downlink) to this broker's subscribers and log readers, as the PUBLISH path does."""
+        from broker_edge.engine.records import message_of_record
+
+        store = self.store
+        assert store is not None
+        while start < end:
+            records = store.read(topic, start, end - start, 1 << 20)
+            if not records:
+                return
+            messages = [message_of_record(topic, record) for record in records]
+            for message in messages:
+                self.router.publish(message)
+            if self.replays is not None:
+                self.replays.appended(topic, start, messages)
+            start = records[-1].offset + 1
 
     async def _serve_admin(self, sock: socket.socket) -> GuardedRunner:
         """The admin endpoint on its listening socket (run by its first connection: see ``lazy_http``)."""

@@ -64,6 +64,10 @@ def _default_topics() -> list[str]:
     return ["#"]
 
 
+def _default_downlink() -> list[str]:
+    return ["actions/all", "actions/groups/#", "actions/buckets/#", "actions/devices/#"]
+
+
 @dataclass
 class UplinkConfig:
     """This broker is a site: it sends its logs to a hub over one connection it opens (docs/uplink.md)."""
@@ -76,6 +80,10 @@ class UplinkConfig:
     """The site's certificate and key, and the CA of the hub's certificate."""
     topics: list[str] = field(default_factory=_default_topics)
     """Topic filters of the logs sent up (default ``#``: every log this broker persists)."""
+    downlink: list[str] = field(default_factory=_default_downlink)
+    """Topic filters of the hub's logs mirrored into this site's log at the hub's offsets (default: the
+    actions job's action topics; devices' reports on ``actions/reports/...`` go up); written only by the hub
+    here, never sent up; ``[]`` = none."""
     compression: Compression = "zstd"
     """How batches travel: ``zstd``, ``zlib`` or ``none``."""
     bandwidth_bytes_per_s: int | None = None
@@ -112,6 +120,13 @@ class UplinkConfig:
                 validate_topic_filter(topic_filter)
             except InvalidTopic as error:
                 raise ConfigError(f"topics[{index}]", str(error)) from None
+        for index, topic_filter in enumerate(self.downlink):
+            try:
+                validate_topic_filter(topic_filter)
+            except InvalidTopic as error:
+                raise ConfigError(f"downlink[{index}]", str(error)) from None
+            if topic_filter.startswith("$"):
+                raise ConfigError(f"downlink[{index}]", f"the hub's '$' topics are its own: {topic_filter!r}")
         if self.compression not in ("zstd", "zlib", "none"):
             raise ConfigError("compression", f"expected zstd, zlib or none, got {self.compression!r}")
         if self.bandwidth_bytes_per_s is not None and not _positive_int(self.bandwidth_bytes_per_s):

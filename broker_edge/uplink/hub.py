@@ -10,6 +10,7 @@ The status of every site is served as JSON by ``status_routes`` (on the offsets 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import socket
@@ -20,14 +21,18 @@ from typing import TYPE_CHECKING
 from aiohttp import WSMsgType, web
 
 from broker_edge.http.guard import GuardedRunner, start_guarded_site
+from broker_edge.protocol.errors import InvalidTopic
+from broker_edge.protocol.topics import validate_topic_filter
 from broker_edge.security.tls import ServerContexts, server_ssl_context
 from broker_edge.settings.uplink import UplinkHubConfig, site_topic
+from broker_edge.uplink.batches import next_batch
 from broker_edge.uplink.mirror import Gap, apply_batch, site_ends
 from broker_edge.uplink.site_identity import site_of_certificate
 from broker_edge.uplink.site_status import SitesStatus, SiteStatus
 from broker_edge.uplink.wire import (
     ACK,
     BATCH,
+    DOWN,
     ENDS,
     ERROR,
     HELLO,
@@ -37,6 +42,7 @@ from broker_edge.uplink.wire import (
     decode,
     decode_batch,
     encode,
+    encode_batch,
     site_ends_of,
 )
 
@@ -50,6 +56,8 @@ log = logging.getLogger("broker_edge.uplink.hub")
 
 HEARTBEAT_S = 15.0
 GAPS_FILE = "uplink-gaps.jsonl"
+DOWN_BATCH_BYTES = 256 * 1024
+DOWN_IDLE_S = 5.0
 
 
 class UplinkHub:
@@ -64,6 +72,7 @@ class UplinkHub:
         self._runner: GuardedRunner | None = None
         self._sockets: dict[str, web.WebSocketResponse] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._downlinks: dict[str, asyncio.Task[None]] = {}
         self._gaps_path = Path(store.layout.meta) / GAPS_FILE
 
     async def start(self, sock: socket.socket | None = None) -> None:
@@ -130,6 +139,14 @@ class UplinkHub:
         return ws
 
     async def _converse(self, ws: web.WebSocketResponse, site: str, status: SiteStatus) -> None:
+        try:
+            await self._read_site(ws, site, status)
+        finally:
+            downlink = self._downlinks.pop(site, None)
+            if downlink is not None:
+                downlink.cancel()
+
+    async def _read_site(self, ws: web.WebSocketResponse, site: str, status: SiteStatus) -> None:
         store = self.store
         limit = self.config.max_message_bytes
         first = True
@@ -147,6 +164,11 @@ class UplinkHub:
                 await ws.send_bytes(encode(ENDS, {"ends": site_ends(store, site)}))
                 log.info("site %s connected (%d topics held)", site, len(status.site_ends))
                 first = False
+                down = _downlink_request(decoded.header)
+                if down is not None:
+                    self._downlinks[site] = asyncio.get_running_loop().create_task(
+                        self._send_down(ws, *down), name=f"downlink-{site}"
+                    )
             elif decoded.kind == BATCH:
                 batch = decode_batch(decoded, limit)
                 gaps: list[Gap] = []
@@ -166,6 +188,27 @@ class UplinkHub:
             else:
                 raise WireError(f"unexpected message kind {decoded.kind}")
 
+    async def _send_down(
+        self, ws: web.WebSocketResponse, filters: list[str], positions: dict[str, int], codec: str
+    ) -> None:
+        """The hub's topics matching ``filters`` to the site, from where its copies end (``positions``),
+        until the connection ends; the WebSocket's flow control paces it."""
+        store = self.store
+        seq = 0
+        try:
+            while not ws.closed:
+                topics = _own_topics(store, filters)
+                pending = collections.OrderedDict.fromkeys(topics)
+                batch = next_batch(store, seq, positions, pending, DOWN_BATCH_BYTES, _skip)
+                if batch is not None:
+                    await ws.send_bytes(encode_batch(batch, codec, DOWN))
+                    seq += 1
+                    continue
+                waiting = {topic: positions.get(topic, 0) for topic in topics}
+                await store.wait_for_data(waiting, DOWN_IDLE_S, "#")
+        except (ConnectionError, RuntimeError) as error:  # the connection closed under a send
+            log.debug("downlink ended: %s", error)
+
     def _record_gaps(self, site: str, status: SiteStatus, gaps: list[Gap]) -> None:
         with self._gaps_path.open("a") as journal:
             for gap in gaps:
@@ -182,6 +225,43 @@ class UplinkHub:
                 journal.write(
                     json.dumps({"site": site, "topic": gap.topic, "start": gap.start, "end": gap.end}) + "\n"
                 )
+
+
+def _downlink_request(header: dict[str, object]) -> tuple[list[str], dict[str, int], str] | None:
+    """The downlink a HELLO asks for: topic filters (none of the hub's ``$`` topics), where the site's
+    copies end, and the codec; None when it asks for none."""
+    request = header.get("downlink")
+    if request is None:
+        return None
+    try:
+        assert isinstance(request, dict)
+        filters = [str(topic_filter) for topic_filter in request["filters"]]
+        for topic_filter in filters:
+            validate_topic_filter(topic_filter)
+            if topic_filter.startswith("$"):
+                raise WireError(f"the downlink cannot ask for the hub's '$' topics: {topic_filter!r}")
+        ends = {str(topic): int(end) for topic, end in request["ends"].items()}
+        codec = str(request.get("codec", "none"))
+    except (AssertionError, KeyError, TypeError, ValueError, AttributeError, InvalidTopic) as error:
+        raise WireError(f"bad downlink request: {error!r}") from None
+    if codec not in ("zstd", "zlib", "none"):
+        raise WireError(f"unknown codec {codec!r}")
+    return (filters, ends, codec) if filters else None
+
+
+def _own_topics(store: LogStore, filters: list[str]) -> list[str]:
+    found: dict[str, None] = {}
+    for topic_filter in filters:
+        for info in store.logs(topic_filter):
+            if not info.topic.startswith("$"):
+                found[info.topic] = None
+    return list(found)
+
+
+def _skip(topic: str, position: int, start: int) -> None:
+    log.warning(
+        "downlink: %r records [%d, %d) were deleted here before the site had them", topic, position, start
+    )
 
 
 def _refuse(status: int, message: str) -> web.Response:

@@ -20,16 +20,18 @@ import contextlib
 import logging
 import ssl
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from broker_edge.protocol.topics import topic_matches
 from broker_edge.settings.uplink import UplinkConfig
 from broker_edge.storage import OffsetOutOfRange, UnknownTopic
 from broker_edge.uplink.batches import next_batch
+from broker_edge.uplink.mirror import Gap, apply_batch
 from broker_edge.uplink.throttle import Throttle
 from broker_edge.uplink.wire import (
     ACK,
+    DOWN,
     ENDS,
     ERROR,
     HELLO,
@@ -38,6 +40,7 @@ from broker_edge.uplink.wire import (
     Batch,
     WireError,
     decode,
+    decode_batch,
     encode,
     encode_batch,
 )
@@ -55,6 +58,8 @@ log = logging.getLogger("broker_edge.uplink.site_link")
 T = TypeVar("T")
 
 HANDSHAKE_TIMEOUT_S = 30.0
+MAX_DOWN_BYTES = 16 * 1024 * 1024
+"""Largest downlink batch taken from the hub, once decompressed (the hub sends 256 KiB ones)."""
 
 
 def client_ssl_context(config: UplinkConfig) -> ssl.SSLContext:
@@ -69,9 +74,18 @@ class SiteLink:
     """Sends ``store``'s logs matching ``config.topics`` to the hub until stopped."""
 
     def __init__(
-        self, store: LogStore, config: UplinkConfig, metrics: BrokerMetrics, retention_ms: int | None
+        self,
+        store: LogStore,
+        config: UplinkConfig,
+        metrics: BrokerMetrics,
+        retention_ms: int | None,
+        deliver: Callable[[str, int, int], None],
     ) -> None:
         self.store = store
+        self.deliver = deliver
+        """Routes a downlinked topic's records ``[start, end)`` to this broker's subscribers, once durable."""
+        self.received_down = 0
+        """Records the hub sent down (appended here)."""
         self.config = config
         self.retention_ms = retention_ms
         self.hub_ends: dict[str, int] = {}
@@ -130,9 +144,24 @@ class SiteLink:
         found: dict[str, None] = {}
         for topic_filter in self.config.topics:
             for info in self.store.logs(topic_filter):
-                if not info.topic.startswith("$"):
+                if not info.topic.startswith("$") and not self._downlinked(info.topic):
                     found[info.topic] = None
         return list(found)
+
+    def _downlinked(self, topic: str) -> bool:
+        return any(topic_matches(topic_filter, topic) for topic_filter in self.config.downlink)
+
+    def _downlink_request(self) -> dict[str, object] | None:
+        downlink = self.config.downlink
+        if not downlink:
+            return None
+        ends = {
+            info.topic: info.end_offset
+            for topic_filter in downlink
+            for info in self.store.logs(topic_filter)
+            if not info.topic.startswith("$")
+        }
+        return {"filters": downlink, "ends": ends, "codec": self.config.compression}
 
     def lag(self) -> tuple[int, float]:
         """Records the hub has not acknowledged, and the age in seconds of the oldest of them."""
@@ -195,6 +224,7 @@ class SiteLink:
             "lag_records": records,
             "lag_seconds": round(seconds, 3),
             "topics": len(self.topics()),
+            "downlink_records": self.received_down,
         }
 
     def add_status_route(self, app: web.Application) -> None:
@@ -263,7 +293,11 @@ class SiteLink:
 
     async def _converse(self, ws: ClientWebSocketResponse) -> None:
         config = self.config
-        await ws.send_bytes(encode(HELLO, {"version": VERSION, "site": config.site_id}))
+        hello: dict[str, object] = {"version": VERSION, "site": config.site_id}
+        downlink = self._downlink_request()
+        if downlink is not None:
+            hello["downlink"] = downlink
+        await ws.send_bytes(encode(HELLO, hello))
         answer = decode(await ws.receive_bytes(timeout=HANDSHAKE_TIMEOUT_S))
         if answer.kind == ERROR:
             raise WireError(f"the hub refused: {answer.header.get('message')}")
@@ -307,11 +341,32 @@ class SiteLink:
                 for topic, end in decoded.header.get("ends", {}).items():
                     self.hub_ends[topic] = max(self.hub_ends.get(topic, 0), int(end))
                 window.acknowledged(int(decoded.header.get("seq", -1)))
+            elif decoded.kind == DOWN:
+                await self._apply_down(decode_batch(decoded, MAX_DOWN_BYTES))
             elif decoded.kind == ERROR:
                 raise WireError(f"the hub refused: {decoded.header.get('message')}")
             else:
                 raise WireError(f"unexpected message kind {decoded.kind} from the hub")
         raise ConnectionError("the hub closed the uplink")
+
+    async def _apply_down(self, batch: Batch) -> None:
+        """The hub's records of downlinked topics, at the hub's offsets, then to this broker's subscribers
+        once durable; the hub can write nothing else here."""
+        store = self.store
+        for part in batch.topics:
+            if not self._downlinked(part.topic) or part.topic.startswith("$"):
+                raise WireError(f"the hub sent {part.topic!r}, which is not downlinked here")
+        before = {part.topic: store.committed_end(part.topic) for part in batch.topics}
+        gaps: list[Gap] = []
+        applied = apply_batch(store, batch, gaps, str)
+        for gap in gaps:
+            log.warning(
+                "downlink: %r records [%d, %d) never reached this site", gap.topic, gap.start, gap.end
+            )
+        await store.wait_durable()
+        self.received_down += applied.records
+        for topic, start in before.items():
+            self.deliver(topic, max(start, store.start_offset(topic)), store.committed_end(topic))
 
     async def _send(self, ws: ClientWebSocketResponse, window: _Window, reader: asyncio.Task[None]) -> None:
         config = self.config
@@ -351,7 +406,11 @@ class SiteLink:
             self.sent_records += sum(part.count for part in batch.topics)
 
     def _carries(self, topic: str) -> bool:
-        return not topic.startswith("$") and any(topic_matches(f, topic) for f in self.config.topics)
+        return (
+            not topic.startswith("$")
+            and any(topic_matches(f, topic) for f in self.config.topics)
+            and not self._downlinked(topic)
+        )
 
     def _build(
         self, seq: int, positions: dict[str, int], pending: collections.OrderedDict[str, None]

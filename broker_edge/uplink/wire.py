@@ -12,6 +12,9 @@ The conversation (docs/uplink.md):
 - site → hub ``BATCH`` {seq, codec, topics: [[topic, first, count, size]], site_ends}; hub → site ``ACK``
   {seq, ends} once the batch is durable on the hub (or ``ERROR`` {message}, then the hub closes).
 - site → hub ``STATE`` {site_ends} when idle: the site's log ends, so the hub knows its lag.
+- The downlink: ``HELLO`` also carries {downlink: {filters, ends}}, the hub's topics the site mirrors and
+  where the site's copies end; the hub sends them from there as ``DOWN`` (a batch's layout, never
+  acknowledged: the next ``HELLO`` says where to resume).
 
 ``site_ends`` is ``{topic: [end, last_append_ms]}`` of the site's logs (the ones changed since the last
 report), which the hub turns into lag in records and seconds.
@@ -29,6 +32,7 @@ from typing import Any
 __all__ = [
     "ACK",
     "BATCH",
+    "DOWN",
     "ENDS",
     "ERROR",
     "HELLO",
@@ -49,8 +53,8 @@ __all__ = [
 ]
 
 VERSION = 1
-HELLO, ENDS, BATCH, ACK, STATE, ERROR = 1, 2, 3, 4, 5, 6
-_KINDS = {HELLO, ENDS, BATCH, ACK, STATE, ERROR}
+HELLO, ENDS, BATCH, ACK, STATE, ERROR, DOWN = 1, 2, 3, 4, 5, 6, 7
+_KINDS = {HELLO, ENDS, BATCH, ACK, STATE, ERROR, DOWN}
 _PREFIX = struct.Struct(">BI")
 
 
@@ -145,14 +149,14 @@ def decompress(codec: str, data: bytes, limit: int) -> bytes:
     return out
 
 
-def encode_batch(batch: Batch, codec: str) -> bytes:
+def encode_batch(batch: Batch, codec: str, kind: int = BATCH) -> bytes:
     header = {
         "seq": batch.seq,
         "codec": codec,
         "topics": [[part.topic, part.first, part.count, part.size] for part in batch.topics],
         "site_ends": batch.site_ends,
     }
-    return encode(BATCH, header, compress(codec, batch.frames))
+    return encode(kind, header, compress(codec, batch.frames))
 
 
 def decode_batch(message: Message, limit: int) -> Batch:

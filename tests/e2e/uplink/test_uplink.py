@@ -209,3 +209,27 @@ def test_unsent_records_near_retention_warn_and_records_it_deleted_are_a_gap_on_
         "start": 0,
         "end": gaps,
     }
+
+
+def test_an_action_published_on_the_hub_reaches_the_sites_devices_and_their_reports_come_back(
+    brokers: Brokers, pki: LocalPki
+) -> None:
+    hub = brokers("hub", uplink_hub=hub_section(pki))
+    site = brokers("site", uplink=site_section(pki, "plant-d", hub_port(hub)))
+    device = PahoClient(site.port, "device-1")
+    device.subscribe("actions/all", qos=1)
+    publish(
+        hub, "actions/all", [b'{"action": "ota-1"}', b'{"action": "ota-2"}']
+    )  # the actions job's publishes
+
+    received = device.expect(2, timeout=10)
+    assert [message.payload for message in received] == [b'{"action": "ota-1"}', b'{"action": "ota-2"}']
+    hub_store, site_store = hub.broker.store, site.broker.store
+    assert hub_store is not None and site_store is not None
+    assert wait_for(
+        lambda: site.call(lambda: log_frames(site_store, "actions/all")) == held(hub, "actions/all")
+    )
+    device.publish("actions/reports/0", b'{"device": "device-1", "state": "done"}', qos=1)
+    assert wait_for(lambda: same_logs(site, hub, "plant-d", ["actions/reports/0"], 1), timeout=10)
+    assert hub.call(lambda: site_topic("plant-d", "actions/all") not in hub_store)  # never sent back up
+    assert status(site)["site"]["downlink_records"] == 2
