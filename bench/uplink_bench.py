@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import statistics
 import sys
@@ -190,8 +191,8 @@ def render(results: dict[str, Any], command: str) -> str:
         "## Edge uplink",
         "",
         f"Run with `{command}` on {machine.cores} CPUs ({machine.cpu_model}), Python {machine.python}, "
-        f"{time.strftime('%Y-%m-%d', time.gmtime())}. **The machine was shared with other engineers' test "
-        "runs while this ran**: absolute figures are low and noisy; compare rows of one run. The hub is a "
+        f"{time.strftime('%Y-%m-%d', time.gmtime())}, load average {os.getloadavg()[0]:.1f} at the end. "
+        "**The machine was shared with other engineers' test runs while this ran**: absolute figures are low and noisy; compare rows of one run. The hub is a "
         "broker in its own process, the sites run in this one (one event loop), both `durability: group` on "
         "one disk.",
         "",

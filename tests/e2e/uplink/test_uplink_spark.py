@@ -11,6 +11,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from tests.e2e.broker_clients import wait_for
 from tests.e2e.conftest import RunningBroker
+from tests.e2e.sources.test_timestone_source_spark import run_available_now
 from tests.e2e.uplink.uplink_harness import hub_port, hub_section, mirrored, pki_in, site_section
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
@@ -56,14 +57,7 @@ def read_hub(spark: SparkSession, hub: RunningBroker, checkpoint: Path) -> list[
         .option("startingOffsets", "earliest")
         .load()
     )
-    query = (
-        frame.writeStream.foreachBatch(collect)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination(120)
-    assert not query.isActive
+    run_available_now(frame, checkpoint, collect)
     return sorted(rows)
 
 
