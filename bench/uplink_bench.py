@@ -42,6 +42,11 @@ DEVICES = 100
 SITES = 20
 LATENCY_SAMPLES = 300
 MB = 1_000_000
+SHARED_MACHINE = (
+    "**The machine was shared with other engineers' test runs while this ran**: absolute figures are low "
+    "and noisy; compare rows of one run. The hub is a broker in its own process, the sites run in this "
+    "one (one event loop), both `durability: group` on one disk."
+)
 
 
 def reading(device: int, second: int, rng: random.Random) -> bytes:
@@ -192,9 +197,7 @@ def render(results: dict[str, Any], command: str) -> str:
         "",
         f"Run with `{command}` on {machine.cores} CPUs ({machine.cpu_model}), Python {machine.python}, "
         f"{time.strftime('%Y-%m-%d', time.gmtime())}, load average {os.getloadavg()[0]:.1f} at the end. "
-        "**The machine was shared with other engineers' test runs while this ran**: absolute figures are low and noisy; compare rows of one run. The hub is a "
-        "broker in its own process, the sites run in this one (one event loop), both `durability: group` on "
-        "one disk.",
+        + SHARED_MACHINE,
         "",
         f"An hour's backlog of one site ({HOUR_OF_READINGS:,} JSON readings, {DEVICES} topics), sent from a "
         "standing start until the hub acknowledged every record (durable there):",
