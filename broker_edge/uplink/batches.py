@@ -14,10 +14,13 @@ from collections.abc import Callable
 from broker_edge.storage import LogStore, OffsetOutOfRange
 from broker_edge.uplink.wire import Batch, BatchTopic, join_frames
 
-__all__ = ["MIN_TOPIC_SHARE", "next_batch"]
+__all__ = ["MAX_TOPICS", "MIN_TOPIC_SHARE", "next_batch"]
 
 MIN_TOPIC_SHARE = 64 * 1024
 """Stored bytes one topic may put in a batch before the others get their turn (at least)."""
+MAX_TOPICS = 256
+"""Topics in one batch, at most: a receiver creating a log per new topic (a fleet's first records, one
+topic per device) appends one batch between two turns of its event loop, so a batch stays short."""
 
 
 def next_batch(
@@ -36,7 +39,7 @@ def next_batch(
     parts: list[BatchTopic] = []
     chunks: list[bytes] = []
     for topic in list(pending):
-        if budget <= 0:
+        if budget <= 0 or len(parts) >= MAX_TOPICS:
             break
         end = store.committed_end(topic)
         start = store.start_offset(topic)

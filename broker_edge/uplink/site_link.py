@@ -374,7 +374,8 @@ class SiteLink:
         loop = asyncio.get_running_loop()
         throttle = Throttle(config.bandwidth_bytes_per_s, loop.time())
         positions = dict(self.hub_ends)
-        pending: collections.OrderedDict[str, None] = collections.OrderedDict.fromkeys(self.topics())
+        known = self.topics()  # listed again only when a new topic appears or the link is idle a while
+        pending: collections.OrderedDict[str, None] = collections.OrderedDict.fromkeys(known)
         seq = 0
         next_state = loop.time()
         while True:
@@ -384,12 +385,12 @@ class SiteLink:
                 if loop.time() >= next_state:
                     await ws.send_bytes(encode(STATE, {"site_ends": self._changed_ends()}))
                     next_state = loop.time() + config.heartbeat_s
-                waiting = {topic: positions.get(topic, 0) for topic in self.topics()}
+                waiting = {topic: positions.get(topic, 0) for topic in known}
                 wait = store.wait_for_data(waiting, config.heartbeat_s, "#")
-                woken = await _until(wait, reader)
-                pending.update(dict.fromkeys(topic for topic in woken if self._carries(topic)))
-                if not woken:
-                    pending.update(dict.fromkeys(self.topics()))
+                woken = [topic for topic in await _until(wait, reader) if self._carries(topic)]
+                if not woken or any(topic not in waiting for topic in woken):
+                    known = self.topics()
+                pending.update(dict.fromkeys(woken or known))
                 continue
             if loop.time() >= next_state:
                 batch.site_ends = self._changed_ends()
