@@ -27,6 +27,7 @@ bench: $(STAMP) system-deps
 	$(VENV)/bin/python bench/source_bench.py --write
 	$(VENV)/bin/python bench/telemetry_bench.py
 	$(VENV)/bin/python bench/ota_bench.py
+	$(VENV)/bin/python bench/rollout_bench.py
 	$(VENV)/bin/python -m bench.footprint_bench --write
 	$(VENV)/bin/python -m bench.cluster_bench
 	$(VENV)/bin/python -m bench.cluster_fanout_bench

@@ -420,19 +420,19 @@ def report(args, runs: list[ActionRun], facts: dict) -> str:
     return "\n".join(lines)
 
 
-def save(section: str, devices: int) -> None:
-    """Replace this fleet size's section of the results file, keeping the others (smallest fleet first)."""
+def save(section: str, heading: str) -> None:
+    """Replace the section under ``heading`` of the results file, keeping the others: fleet sizes first,
+    smallest first, then the other sections (the exponential rollout's, ``bench/rollout_bench.py``)."""
     text = RESULTS.read_text() if RESULTS.exists() else "# OTA fanout\n"
     parts = [p.rstrip() + "\n" for p in re.split(r"(?m)^(?=## )", text) if p.strip()]
-    heading = f"## {devices:,} devices"
     intro = [p for p in parts if not p.startswith("## ")]
     sections = [p for p in parts if p.startswith("## ") and not p.startswith(heading)] + [section]
 
-    def size(part: str) -> int:
+    def order(part: str) -> tuple[bool, int]:
         digits = re.match(r"## ([\d,]+) devices", part)
-        return int(digits.group(1).replace(",", "")) if digits else 0
+        return (digits is None, int(digits.group(1).replace(",", "")) if digits else 0)
 
-    RESULTS.write_text("\n".join(intro + sorted(sections, key=size)))
+    RESULTS.write_text("\n".join(intro + sorted(sections, key=order)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -468,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     section = report(args, runs, facts)
     if not args.no_save:
-        save(section, args.devices)
+        save(section, f"## {args.devices:,} devices")
     print(section)
     return 0
 

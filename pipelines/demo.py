@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import logging
+import math
 import os
 import shutil
 import signal
@@ -18,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
+
+import pyarrow.compute as pc
 
 from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.fleet.background import BackgroundFleet
@@ -124,6 +127,92 @@ def _wait(predicate, timeout_s: float, progress: Progress, describe) -> bool:
     return False
 
 
+def _state(store, action_id: str) -> dict:
+    from pipelines.actions.operator import summaries
+
+    rows = summaries(store, action_id)
+    return rows[0] if rows else {}
+
+
+def _describe(summary: dict) -> str:
+    """One progress line of an action: its state, a bar of devices done, its phase and counts."""
+    if not summary:
+        return "  waiting for the fanout job ..."
+    done = sum(summary[f"{state}_count"] for state in STATES[2:])
+    phase = f"  phase {summary['phase']}" if summary.get("phase") is not None else ""
+    return (
+        f"  {summary['action_state']:<11} "
+        + bar(done, summary["total_count"])
+        + phase
+        + f"  ok={summary['succeeded_count']} failed={summary['failed_count']}"
+        + f" rejected={summary['rejected_count']}"
+    )
+
+
+def _follow(store, action_id: str, deadline: float, progress: Progress) -> dict:
+    """Show the action's progress until it has ended (or the demo's time is up); its final summary."""
+    _wait(
+        lambda: (
+            _state(store, action_id).get("action_state", "IN_PROGRESS") not in ("IN_PROGRESS", "SCHEDULED")
+        ),
+        deadline - time.monotonic(),
+        progress,
+        lambda: _describe(_state(store, action_id)),
+    )
+    return _state(store, action_id)
+
+
+BAD_BUILD = "2.1.0"
+"""A version the demo's devices fail to install on a share of them (``version_failure_rates``)."""
+
+
+def _phased_bad_build(store, in_fleet: int, deadline: float, progress: Progress) -> bool:
+    """A phased rollout of a bad build to group fleet (``in_fleet`` devices) that stops on its abort rule
+    and rolls back: True when it did."""
+    from pipelines.actions.operator import NewAction, create_action
+
+    first_phase = max(1, math.ceil(0.2 * in_fleet))
+    action_id = create_action(
+        store,
+        NewAction(
+            group="fleet",
+            version=BAD_BUILD,
+            url=f"https://firmware.example.invalid/fw-{BAD_BUILD}.bin",
+            sha256="7d1e" + "0" * 60,
+            phases=[{"percent": 20.0, "success_pct": 100.0}, {"percent": 30.0, "wait_s": 5}, {}],
+            abort_rules=[{"failure_kind": "failed", "threshold_pct": 10.0, "min_executed": first_phase}],
+            retries=[{"failure_kind": "failed", "max_retries": 1, "backoff_s": 2}],
+            rollback={
+                "version": "1.0.0",
+                "url": "https://firmware.example.invalid/fw-1.0.0.bin",
+                "sha256": "0" * 64,
+            },
+            in_progress_timeout_s=60,
+            created_by="demo",
+        ),
+    )
+    print(
+        f"\nWrote OTA action {action_id} (firmware {BAD_BUILD}, a bad build → group fleet): phases of 20 % "
+        f"(the next only once all of it succeeded), 30 % and the rest; one retry after a failure; abort once "
+        f"10 % of at least {first_phase} finished devices failed; roll back to 1.0.0:"
+    )
+    final = _follow(store, action_id, deadline, progress)
+    print(f"\nOutcome of {action_id}: {final.get('action_state', 'unknown')} in phase {final.get('phase')}")
+    print(f"  reason: {final.get('reason')}")
+    rollback = final.get("rollback_action_id")
+    if final.get("action_state") != "ABORTED":
+        return False
+    if rollback is None:
+        return True
+    print(f"\nThe actions job wrote the rollback {rollback}:")
+    done = _follow(store, rollback, deadline, progress)
+    print(
+        f"Outcome of the rollback: {done.get('action_state')}, {done.get('succeeded_count')} of "
+        f"{done.get('total_count')} devices back on 1.0.0"
+    )
+    return done.get("action_state") == "COMPLETED"
+
+
 def demo_main(argv: list[str]) -> int:
     """Entry point of ``timestone demo``."""
     args = build_parser().parse_args(argv)
@@ -159,6 +248,7 @@ def demo_main(argv: list[str]) -> int:
         download_delay_s=(1.0, 4.0),
         failure_rate=args.failure_rate,
         reject_rate=args.reject_rate,
+        version_failure_rates={BAD_BUILD: 0.4},
     )
     try:
         with BackgroundFleet(spec, behaviour) as fleet:
@@ -179,7 +269,7 @@ def _run_pipelines(
 ) -> int:
     from pipelines.actions.config import ActionsConfig, BrokerEndpoint
     from pipelines.actions.job import start_actions_job
-    from pipelines.actions.operator import NewAction, create_action, summaries
+    from pipelines.actions.operator import NewAction, create_action
     from pipelines.spark_session import local_spark_session, stop_between_batches
     from pipelines.telemetry.config import load_telemetry_config
     from pipelines.telemetry.job import TelemetryBatch, open_store, start_query
@@ -240,37 +330,22 @@ def _run_pipelines(
             ),
         )
         print(f"\nWrote OTA action {action_id} (firmware 2.0.0 → group canary) to the actions table:")
-
-        def state() -> dict:
-            rows = summaries(store, action_id)
-            return rows[0] if rows else {}
-
-        def describe() -> str:
-            s = state()
-            if not s:
-                return "  waiting for the fanout job ..."
-            finished = s["succeeded_count"] + s["failed_count"] + s["rejected_count"] + s["timed_out_count"]
-            finished += s["canceled_count"]
-            return (
-                f"  {s['action_state']:<11} "
-                + bar(finished, s["total_count"])
-                + (f"  ok={s['succeeded_count']} failed={s['failed_count']} rejected={s['rejected_count']}")
-            )
-
-        completed = _wait(
-            lambda: state().get("action_state", "IN_PROGRESS") != "IN_PROGRESS",
-            deadline - time.monotonic(),
-            progress,
-            describe,
-        )
-        final = state()
+        final = _follow(store, action_id, deadline, progress)
+        completed = final.get("action_state") == "COMPLETED"
         print(f"\nOutcome of {action_id}: {final.get('action_state', 'unknown')}")
         for name in STATES:
             print(f"  {name:<12} {final.get(f'{name}_count', 0):>6}")
+        if completed:
+            devices = store.read_arrow("devices")
+            in_fleet = devices.filter(pc.equal(devices["group"], "fleet")).num_rows
+            completed = _phased_bad_build(store, in_fleet, deadline, progress)
         print(
             f"\nDelta tables:  {tables}/<table> (bronze_telemetry, silver_telemetry, device_minute, devices,"
         )
-        print("               actions, action_executions, action_summary, dq_results, telemetry_quarantine)")
+        print(
+            "               actions, action_executions, action_summary, fleet_compliance, dq_results,"
+            " telemetry_quarantine)"
+        )
         print(notebooks_hint(str(tables)))
         if workdir == DEMO_WORKDIR.resolve():
             print("               (their default when run from this directory or below: no setting needed)")

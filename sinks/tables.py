@@ -54,8 +54,9 @@ EXECUTION_STATES: tuple[str, ...] = (
     "CANCELED",
 )
 
-#: Values of ``action_summary.action_state`` (REJECTED: the row was not a valid action, nothing was sent).
-ACTION_STATES: tuple[str, ...] = ("IN_PROGRESS", "COMPLETED", "ABORTED", "CANCELED", "REJECTED")
+#: Values of ``action_summary.action_state`` (SCHEDULED: waiting for ``schedule.start_at``; REJECTED: the row
+#: was not a valid action, nothing was sent).
+ACTION_STATES: tuple[str, ...] = ("SCHEDULED", "IN_PROGRESS", "COMPLETED", "ABORTED", "CANCELED", "REJECTED")
 
 #: Silver payload columns used when no configuration names them: what the default telemetry pipeline writes
 #: (``payload.fields`` of conf/pipeline.yaml but ``ts``, which becomes ``event_time``; the simulated fleet
@@ -420,6 +421,97 @@ def actions() -> TableSpec:
             column("created_at", TimestampType(), False),
             column("cancel", BooleanType(), False),
             column("updated_at", TimestampType()),
+            # Columns added later than the ones above: a table written before them reads them as null, the
+            # defaults (``ensure`` adds them; docs/ota.md says what each null means).
+            column(
+                "exponential_rate",
+                struct(
+                    column("base_per_minute", IntegerType()),
+                    column("increment_factor", DoubleType()),
+                    column("notified_devices", IntegerType()),
+                    column("succeeded_devices", IntegerType()),
+                ),
+                True,
+                "rate grows by increment_factor every notified_devices (or succeeded_devices) devices, "
+                "up to rollout.max_per_minute",
+            ),
+            column(
+                "phases",
+                ArrayType(
+                    struct(
+                        column("percent", DoubleType()),
+                        column("devices", IntegerType()),
+                        column("wait_s", LongType()),
+                        column("success_pct", DoubleType()),
+                    ),
+                    True,
+                ),
+                True,
+                "a share of the target each (the last takes the rest); wait_s and success_pct gate the next",
+            ),
+            column(
+                "abort_rules",
+                ArrayType(
+                    struct(
+                        column("failure_kind", StringType()),
+                        column("threshold_pct", DoubleType()),
+                        column("min_executed", IntegerType()),
+                    ),
+                    True,
+                ),
+                True,
+                "failure_kind: failed | rejected | timed_out | any",
+            ),
+            column(
+                "rollback",
+                struct(
+                    column("version", StringType()),
+                    column("url", StringType()),
+                    column("sha256", StringType()),
+                    column("size", LongType()),
+                ),
+                True,
+                "the firmware an abort sends back to the devices that installed this one",
+            ),
+            column(
+                "retries",
+                ArrayType(
+                    struct(
+                        column("failure_kind", StringType()),
+                        column("max_retries", IntegerType()),
+                        column("backoff_s", LongType()),
+                        column("backoff_factor", DoubleType()),
+                    ),
+                    True,
+                ),
+                True,
+                "failure_kind: failed | timed_out | any",
+            ),
+            column(
+                "schedule",
+                struct(
+                    column("start_at", TimestampType()),
+                    column("end_at", TimestampType()),
+                    column("end_behavior", StringType()),
+                ),
+                True,
+                "end_behavior: stop | cancel",
+            ),
+            column(
+                "maintenance_windows",
+                ArrayType(
+                    struct(
+                        column("days", ArrayType(StringType(), True)),
+                        column("start", StringType()),
+                        column("duration_min", IntegerType()),
+                        column("time_zone", StringType()),
+                    ),
+                    True,
+                ),
+                True,
+                "days: null (daily) or mon..sun; start HH:MM in time_zone (IANA)",
+            ),
+            column("continuous", BooleanType(), True, "devices joining the target group later get it too"),
         ),
         properties=CHANGE_DATA_FEED,
         merge_keys=("id",),
@@ -442,6 +534,11 @@ def action_executions() -> TableSpec:
             column("published_at", TimestampType(), True, "when the action message went out to the device"),
             column("started_at", TimestampType()),
             column("finished_at", TimestampType()),
+            column(
+                "attempt", IntegerType(), True, "1, then one more per retry (null in rows before retries: 1)"
+            ),
+            column("phase", IntegerType(), True, "the rollout phase of the device, from 1 (null: no phases)"),
+            column("retry_at", TimestampType(), True, "when a retry is due (a QUEUED row after a failure)"),
         ),
         properties=CHANGE_DATA_FEED,
         merge_keys=("action_id", "device_id"),
@@ -463,10 +560,36 @@ def action_summary() -> TableSpec:
                 StringType(),
                 True,
                 "why the action ended other than completed: the field a rejected row got wrong, the abort "
-                "threshold crossed, a cancel",
+                "threshold crossed, a cancel, the schedule's end",
             ),
+            column("aborted_by", StringType(), True, "the abort criterion that fired (abort_rules[2])"),
+            column("rollback_action_id", StringType(), True, "the action written to roll back an abort"),
+            column("phase", IntegerType(), True, "the rollout phase devices are being sent now, from 1"),
+            column("retries_count", LongType(), True, "retries sent or due, over every device"),
         ),
         merge_keys=("action_id",),
+    )
+
+
+def fleet_compliance() -> TableSpec:
+    return TableSpec(
+        name="fleet_compliance",
+        description="Per group: devices by installed firmware version against the one desired for the group.",
+        schema=struct(
+            column("group", StringType(), False, "the devices' group (devices.group; '' for none)"),
+            column("installed_version", StringType(), False, "what the devices run ('unknown': not known)"),
+            column("devices", LongType(), False),
+            column(
+                "desired_version",
+                StringType(),
+                True,
+                "of the group's latest OTA action that was not aborted, canceled or rejected (null: none)",
+            ),
+            column("desired_action_id", StringType()),
+            column("on_desired", BooleanType(), False, "installed_version is desired_version"),
+            column("updated_at", TimestampType(), False),
+        ),
+        merge_keys=("group", "installed_version"),
     )
 
 
@@ -494,6 +617,7 @@ def build_catalog(
             actions(),
             action_executions(),
             action_summary(),
+            fleet_compliance(),
         ]
     )
 

@@ -46,7 +46,13 @@ class FleetHarness(BackgroundFleet):
     def _on_report(self, message) -> None:
         data = json.loads(message.payload)
         report = StatusReport(
-            data["action_id"], data["device_id"], data["state"], data["seq"], data["ts"], data["details"]
+            data["action_id"],
+            data["device_id"],
+            data["state"],
+            data["seq"],
+            data["ts"],
+            data["details"],
+            data.get("attempt"),
         )
         with self._lock:
             self.reports.append(report)

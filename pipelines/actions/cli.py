@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from datetime import UTC, datetime
@@ -23,7 +24,10 @@ from pipelines.actions.operator import (
     cancel_action,
     create_action,
     device_groups,
+    end_action,
 )
+from pipelines.actions.rollout_options import OPTION_OF_FIELD as ROLLOUT_OPTIONS
+from pipelines.actions.rollout_options import add_rollout_options, instant, rollout_fields
 from pipelines.actions.status import ActionStatus, describe, describe_job, describe_list, read_statuses
 from pipelines.actions.validation import InvalidAction, problems
 from pipelines.output_paths import check_output_location
@@ -46,6 +50,7 @@ OPTION_OF_FIELD = {
     "abort_criteria.failure_pct": "--abort-failure-pct",
     "abort_criteria.min_executed": "--abort-min-executed",
     "in_progress_timeout_s": "--timeout",
+    **ROLLOUT_OPTIONS,
 }
 """The option that sets each field of the row (an error names both)."""
 
@@ -73,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="timestone ota",
         description="Create, cancel and follow OTA / command actions (docs/ota.md).",
         epilog="exit status: 0 done; 1 the tables say no (unknown action, id taken by other content, "
-        "cancel of an ended action); 2 a wrong command line or config; 130 status --watch stopped by Ctrl-C",
+        "cancel or end of an ended action); 2 a wrong command line or config; "
+        "130 status --watch stopped by Ctrl-C",
     )
     _add_table_options(parser, default=None)
     # the same options after the verb too (`timestone ota status --tables-root DIR`, as the demo prints it)
@@ -104,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--abort-min-executed", type=int, default=1, help="...after at least this many finished"
     )
     create.add_argument("--timeout", type=int, help="in-progress timeout per device, seconds")
+    add_rollout_options(create)
     create.add_argument("--created-by", default="cli")
     create.add_argument(
         "--allow-unknown-group",
@@ -113,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     cancel = sub.add_parser("cancel", help="cancel an action that has not ended", parents=[after_verb])
     cancel.add_argument("action_id")
+
+    end = sub.add_parser(
+        "end",
+        help="end an action (a continuous one, say): nothing new is sent, devices not sent it are canceled",
+        parents=[after_verb],
+    )
+    end.add_argument("action_id")
+    end.add_argument("--at", type=instant, help="when it ends (ISO time; default now)")
 
     status = sub.add_parser(
         "status",
@@ -143,7 +158,7 @@ def ota_main(argv: list[str]) -> int:
         print(f"timestone ota: bad config: {exc}", file=sys.stderr)
         return INVALID
     root = args.tables_root or config.tables_root
-    if args.verb in ("create", "cancel"):
+    if args.verb in ("create", "cancel", "end"):
         try:
             check_output_location(root, "--tables-root" if args.tables_root else "tables_root")
         except ConfigError as exc:
@@ -158,6 +173,10 @@ def ota_main(argv: list[str]) -> int:
             print(
                 ("cancel requested for " if requested else "cancel already requested for ") + args.action_id
             )
+            return 0
+        if args.verb == "end":
+            end = end_action(store, args.action_id, args.at)
+            print(f"{args.action_id} ends at {end.isoformat()}")
             return 0
         return _status(store, args, root)
     except ActionRefused as refused:
@@ -183,6 +202,7 @@ def _create(store: TableStore, args: argparse.Namespace) -> int:
         min_executed=args.abort_min_executed,
         in_progress_timeout_s=args.timeout,
         created_by=args.created_by,
+        **rollout_fields(args),
     )
     if args.action_id is not None:
         action.action_id = args.action_id
@@ -207,10 +227,20 @@ def _create(store: TableStore, args: argparse.Namespace) -> int:
 def _invalid(found: list[InvalidAction]) -> int:
     """Every problem of the action, each naming its option and the field of the row."""
     for invalid in found:
-        option = OPTION_OF_FIELD.get(invalid.field)
+        option = option_of(invalid.field)
         where = f"{option} ({invalid.field})" if option else invalid.field
         print(f"timestone ota create: {where}: {invalid.problem}", file=sys.stderr)
     return INVALID
+
+
+def option_of(field: str) -> str | None:
+    """The option of a field, or of the nearest field above it (``phases[1].wait_s`` → ``--phase``)."""
+    path = re.sub(r"\[\d+\]", "", field)
+    while path:
+        if path in OPTION_OF_FIELD:
+            return OPTION_OF_FIELD[path]
+        path = path.rpartition(".")[0]
+    return None
 
 
 def _status(store: TableStore, args: argparse.Namespace, root: str) -> int:

@@ -34,7 +34,10 @@ class ActionsConfig:
     trigger_interval_s: float = 1.0
     """Micro-batch interval of both streams."""
     tick_interval_s: float = 1.0
-    """How often paced rollouts advance and in-progress timeouts are checked."""
+    """How often rollouts advance (rates, phases, schedules, windows, retries, devices joining continuous
+    actions) and in-progress timeouts are checked."""
+    compliance_interval_s: float = 10.0
+    """At most how often ``fleet_compliance`` is recomputed (only when a table it is made from changed)."""
     device_buckets: int = DEFAULT_BUCKETS
     """Buckets of the fleet's devices (``pipelines/actions/buckets.py``; the devices must use the same count):
     an explicit-id action is one message per bucket holding a listed device. 0: one message per device on
@@ -45,7 +48,7 @@ class ActionsConfig:
     def __post_init__(self) -> None:
         if not self.brokers:
             raise ConfigError("brokers", "at least one broker is needed")
-        for name in ("trigger_interval_s", "tick_interval_s"):
+        for name in ("trigger_interval_s", "tick_interval_s", "compliance_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, "must be positive")
         if not 1 <= self.report_topics_per_task <= 10_000:

@@ -1,15 +1,15 @@
 """The fanout engine: actions in, executions and summaries out, messages to the brokers.
 
 Three inputs drive it, each from its own thread of the job: new or changed ``actions`` rows (a stream over
-the table's change feed), device status reports (a stream over the brokers' logs), and a clock tick (rollout
-pacing, timeouts). All three read and write ``action_executions`` and ``action_summary``; one lock
-serialises them in the job's driver process, and every row carries a version that only grows, so a write
-computed from an old read can never move a row backwards.
+the table's change feed), device status reports (a stream over the brokers' logs), and a clock tick
+(rollouts sent over time or later, timeouts, retries, devices joining a continuous action, the compliance
+table). All three read and write ``action_executions`` and ``action_summary``; one lock serialises them in
+the job's driver process, and every row carries a version that only grows, so a write computed from an old
+read can never move a row backwards.
 
-The engine works on Arrow tables on the driver: an action's executions are one row per targeted device, which
-is small next to telemetry (tens of thousands of rows for a 10,000-device rollout). It keeps
-``action_executions`` in memory between its own commits, so a batch costs one merge of the rows it changes
-and a lookup of each table's version, not a read of the tables.
+What is sent when is decided by ``release.py`` from the rows alone; the engine sends it and records it.
+The engine works on Arrow tables on the driver (``engine_tables.py``): an action's executions are one row
+per targeted device, small next to telemetry (tens of thousands of rows for a 10,000-device rollout).
 """
 
 from __future__ import annotations
@@ -25,14 +25,31 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines.actions.abort import first_fired
 from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_topic, by_bucket
+from pipelines.actions.compliance import compliance_rows, desired_versions
+from pipelines.actions.engine_tables import (
+    ACTIONS,
+    COMPLIANCE,
+    DEVICES,
+    EXECUTIONS,
+    SUMMARY,
+    EngineTables,
+    counts_after,
+)
 from pipelines.actions.model import Action, device_topic
+from pipelines.actions.phases import phase_of_devices
 from pipelines.actions.publisher import Publisher
-from pipelines.actions.rollout import rollout_allowance
+from pipelines.actions.release import Release, due
+from pipelines.actions.retries import retry
+from pipelines.actions.rollback import rollback_id, rollback_row
+from pipelines.actions.schedule import END_CANCEL
 from pipelines.actions.states import (
     CANCELED,
+    FAILED,
     IN_PROGRESS,
     QUEUED,
+    SUCCEEDED,
     TIMED_OUT,
     Execution,
     StatusReport,
@@ -43,74 +60,89 @@ from pipelines.actions.states import (
 from pipelines.actions.summary import (
     ACTION_ABORTED,
     ACTION_CANCELED,
+    ACTION_COMPLETED,
     ACTION_IN_PROGRESS,
     ACTION_REJECTED,
+    ACTION_SCHEDULED,
     FINAL_ACTION_STATES,
     action_state,
     state_counts,
 )
 from pipelines.actions.validation import problems
-from sinks.store import TableStore
 
 log = logging.getLogger(__name__)
 
-EXECUTIONS = "action_executions"
-SUMMARY = "action_summary"
-ACTIONS = "actions"
-DEVICES = "devices"
-_INT64 = pa.int64()
-TIME_COLUMNS = ("queued_at", "published_at", "updated_at", "started_at", "finished_at")
+__all__ = ["ACTIONS", "DEVICES", "EXECUTIONS", "SUMMARY", "ActionsEngine"]
+
+COMPLIANCE_INTERVAL_S = 10.0
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _ts(ms: int | None) -> datetime | None:
-    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+def _ts(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def _utc(ms: int | None) -> str:
+    return "-" if ms is None else f"{_ts(ms):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def _devices(count: int) -> str:
+    return f"{count} device{'' if count == 1 else 's'}"
+
+
+def _retry_message(action: Action, now: int, attempt: int) -> Callable[[list[str] | None], bytes]:
+    return lambda listed: action.message(now, listed, attempt)
 
 
 def _reached_and_open(row: Execution) -> bool:
     """The device has (or may have) the action message and has not reported a final state."""
-    return row.state == IN_PROGRESS or (row.state == QUEUED and row.published_at is not None)
+    sent = row.state == QUEUED and row.published_at is not None and row.retry_at is None
+    return row.state == IN_PROGRESS or sent
 
 
 class ActionsEngine:
-    """Fans actions out and keeps ``action_executions`` and ``action_summary`` up to date.
+    """Fans actions out and keeps ``action_executions``, ``action_summary`` and ``fleet_compliance`` up to
+    date.
 
-    An explicit-id action goes out as one message per device bucket listing that bucket's targets
-    (``pipelines/actions/buckets.py``), or with ``device_buckets`` 0 as one message per device on its own
-    topic (for devices that subscribe to that topic only).
+    An action to a group or all devices sent to everyone at once is one message on the group's topic.
+    Otherwise devices are sent the action as one message per device bucket listing the bucket's devices
+    of the turn (``pipelines/actions/buckets.py``), or with ``device_buckets`` 0 as one message per device
+    on its own topic (for devices that subscribe to that topic only).
     """
 
     def __init__(
         self,
-        store: TableStore,
+        store,
         publisher: Publisher,
         clock: Callable[[], int] = _now_ms,
         app_id: str = "actions",
         device_buckets: int = DEFAULT_BUCKETS,
+        compliance_interval_s: float = COMPLIANCE_INTERVAL_S,
     ) -> None:
         if device_buckets < 0:
             raise ValueError("device_buckets must be 0 (per-device topics) or more")
         self.store = store
+        self.tables = EngineTables(store)
         self.publisher = publisher
         self.device_buckets = device_buckets
         self.clock = clock
         self.app_id = app_id
+        self.compliance_interval_s = compliance_interval_s
         self.lock = threading.Lock()
         self._tick_batch = 0
-        self._cached: pa.Table | None = None
-        """``action_executions`` as of Delta version ``_cached_version`` (timestamps as epoch ms), or None."""
-        self._cached_version = -1
-        self._snapshots: dict[str, tuple[int, pa.Table]] = {}
-        """The other tables as last read, by name: (Delta version, rows)."""
         self._valid: tuple[pa.Table, dict[str, Action]] | None = None
         """The valid actions of the ``actions`` snapshot they were parsed from (each tick asks for them)."""
         self._last_valid: dict[str, Action] = {}
         """Each action as its last valid row had it: what a running action whose row turned invalid keeps."""
-        for name in (ACTIONS, EXECUTIONS, SUMMARY, DEVICES):
-            store.ensure(name)
+        self._phases: dict[str, int | None] = {}
+        """The phase each phased action was last seen sending (for its summary)."""
+        self._ended: set[str] = set()
+        """Actions whose ``schedule.end_at`` this engine has acted on (the cancel messages went out)."""
+        self._compliance_inputs: tuple[int, ...] | None = None
+        self._compliance_at = 0.0
 
     # -- inputs ---------------------------------------------------------------------------------------------
 
@@ -127,7 +159,7 @@ class ActionsEngine:
             return
         with self.lock:
             now = self.clock()
-            known, counts = self._executions_and_counts(list(latest))
+            known, counts = self.tables.executions_and_counts(list(latest))
             previous = self._summary_states(list(latest))
             changed: list[Execution] = []
             rejected: dict[str, str] = {}
@@ -152,8 +184,8 @@ class ActionsEngine:
                     )
                 elif not rows_of_action:
                     changed += self._fan_out(action, now)
-            self._write(changed, f"{app_id}/executions", batch_id)
-            counted = _counts_after(counts, known, changed)
+            self.tables.write_executions(changed, f"{app_id}/executions", batch_id)
+            counted = counts_after(counts, known, changed)
             self._summarise(list(latest), f"{app_id}/summary", batch_id, counted, rejected)
             log.info(
                 "actions batch %d: %d actions (%d rejected), %d executions written in %.2f s",
@@ -180,7 +212,8 @@ class ActionsEngine:
         rejected[action_id] = reason
 
     def on_reports(self, reports: Iterable[StatusReport], app_id: str, batch_id: int) -> None:
-        """Device status reports from the brokers' logs, folded into the executions."""
+        """Device status reports from the brokers' logs, folded into the executions; a failure that a retry
+        rule covers is queued again in the same write."""
         by_key: dict[tuple[str, str], list[StatusReport]] = {}
         for report in reports:
             by_key.setdefault((report.action_id, report.device_id), []).append(report)
@@ -189,14 +222,18 @@ class ActionsEngine:
         with self.lock:
             started = self.clock()
             action_ids = sorted({action_id for action_id, _ in by_key})
-            known, counts = self._executions_and_counts(action_ids, {device_id for _, device_id in by_key})
+            known, counts = self.tables.executions_and_counts(
+                action_ids, {device_id for _, device_id in by_key}
+            )
+            retrying = self._retrying(action_ids)
             changed = []
             for (action_id, device_id), device_reports in by_key.items():
                 updated = apply_reports(known.get(action_id, {}).get(device_id), device_reports)
                 if updated is not None:
-                    changed.append(updated)
-            self._write(changed, f"{app_id}/executions", batch_id)
-            self._summarise(action_ids, f"{app_id}/summary", batch_id, _counts_after(counts, known, changed))
+                    action = retrying.get(action_id)
+                    changed.append(self._after_failure(action, updated, started) if action else updated)
+            self.tables.write_executions(changed, f"{app_id}/executions", batch_id)
+            self._summarise(action_ids, f"{app_id}/summary", batch_id, counts_after(counts, known, changed))
             log.info(
                 "reports batch %d: %d reports, %d executions changed in %.2f s",
                 batch_id,
@@ -206,82 +243,133 @@ class ActionsEngine:
             )
 
     def tick(self) -> None:
-        """Pace rollouts, time out executions; summarise (and maybe abort) the actions that changed.
+        """Send what is due, time executions out, retry, take in devices that joined; summarise (and maybe
+        abort) the actions that changed; keep the compliance table.
 
-        Only actions with something to do on a clock (a paced rollout or an in-progress timeout) are read:
-        a broadcast without a timeout changes only on reports, which summarise it themselves.
+        Only actions with something to do on a clock are read (``Action.clocked``): a broadcast without a
+        timeout, retries or schedule changes only on reports, which summarise it themselves.
         """
         with self.lock:
             now = self.clock()
-            actions = {a.id: a for a in self._actions() if not a.cancel}
-            clocked = {
-                a for a, action in actions.items() if not action.broadcast or action.in_progress_timeout_s
-            }
-            open_ids = [a for a in self._open_action_ids(actions) if a in clocked]
-            if not open_ids:
-                return
-            known, counts = self._executions_and_counts(open_ids)
-            changed: list[Execution] = []
-            for action_id in open_ids:
-                action, rows = actions[action_id], known.get(action_id, {})
-                changed += self._time_out(action, rows, now)
-                if not action.broadcast:
-                    changed += self._pace(action, rows, now)
-            if not changed:
-                return
-            self._tick_batch = max(self._tick_batch + 1, now)
-            self._write(changed, f"{self.app_id}/tick/executions", self._tick_batch)
-            self._summarise(
-                sorted({row.action_id for row in changed}),
-                f"{self.app_id}/tick/summary",
-                self._tick_batch,
-                _counts_after(counts, known, changed),
-            )
+            self._tick(now)
+            self._keep_compliance(now)
+
+    def _tick(self, now: int) -> None:
+        actions = {a.id: a for a in self._actions() if not a.cancel}
+        clocked = {a for a, action in actions.items() if action.clocked}
+        previous = self._summary_states(sorted(clocked))
+        open_ids = [a for a in sorted(clocked) if previous.get(a, (None,))[0] not in FINAL_ACTION_STATES]
+        if not open_ids:
+            return
+        known, counts = self.tables.executions_and_counts(open_ids)
+        changed: list[Execution] = []
+        summarised = set()
+        for action_id in open_ids:
+            action = actions[action_id]
+            moved = self._advance(action, dict(known.get(action_id, {})), now)
+            changed += moved
+            before = previous.get(action_id, (None,))[0]
+            starts = before == ACTION_SCHEDULED and action.schedule.started(now)
+            if moved or before is None or starts or action.schedule.ended(now):
+                summarised.add(action_id)
+        if not summarised:
+            return
+        self._tick_batch = max(self._tick_batch + 1, now)
+        self.tables.write_executions(changed, f"{self.app_id}/tick/executions", self._tick_batch)
+        self._summarise(
+            sorted(summarised),
+            f"{self.app_id}/tick/summary",
+            self._tick_batch,
+            counts_after(counts, known, changed),
+        )
+
+    def _advance(self, action: Action, rows: dict[str, Execution], now: int) -> list[Execution]:
+        """One tick of one action: joiners queued, timeouts (and their retries), the schedule's end, what is
+        due sent. Returns the rows it changed, each once."""
+        changed: dict[str, Execution] = {}
+
+        def put(row: Execution) -> None:
+            changed[row.device_id] = rows[row.device_id] = row
+
+        if action.continuous and not action.schedule.ended(now):
+            last_phase = len(action.phases) if len(action.phases) > 1 else None
+            for device_id in self._targets(action):
+                if device_id not in rows:
+                    put(queued(action.id, device_id, now, phase=last_phase))
+        for row in self._time_out(action, rows, now):
+            put(self._after_failure(action, row, now))
+        if action.schedule.ended(now):
+            for row in self._end(action, rows, now):
+                put(row)
+        else:
+            for row in self._send(action, rows, now):
+                put(row)
+        return list(changed.values())
 
     # -- fanout ---------------------------------------------------------------------------------------------
 
     def _fan_out(self, action: Action, now: int) -> list[Execution]:
+        """Queue a new action's targets (with their phases) and send what is due now."""
         targets = self._targets(action)
+        phases = phase_of_devices(action.id, action.phases, targets) if len(action.phases) > 1 else {}
+        rows = {d: queued(action.id, d, now, phase=phases.get(d)) for d in targets}
         topic = action.shared_topic
-        if topic is not None:
-            self.publisher.publish(topic, action.message(now))
-            rows = [queued(action.id, device_id, now, published_at=now) for device_id in targets]
-            log.info("action %s broadcast on %s to %d devices", action.id, topic, len(rows))
-        elif action.broadcast:
-            messages = self._listed_messages(targets, lambda listed: action.message(now, listed))
-            self.publisher.publish_many(messages)
-            rows = [queued(action.id, device_id, now, published_at=now) for device_id in targets]
-            log.info(
-                "action %s sent to %d listed devices in %d messages", action.id, len(rows), len(messages)
-            )
-        else:
-            rows = [queued(action.id, device_id, now) for device_id in targets]
-            log.info(
-                "action %s rolls out to %d devices at %d/min", action.id, len(rows), action.max_per_minute
-            )
-            rows = self._pace(action, {row.device_id: row for row in rows}, now)
-            published = {row.device_id for row in rows}
-            rows += [queued(action.id, d, now) for d in targets if d not in published]
-        return rows
-
-    def _pace(self, action: Action, rows: dict[str, Execution], now: int) -> list[Execution]:
-        """Publish to the next devices a paced rollout may reach by now (paced from its first queued row)."""
-        if action.max_per_minute is None or not rows:
+        if not rows and topic is not None and action.schedule.may_send(now):
+            self.publisher.publish(topic, action.message(now))  # for devices that join the group later
+            log.info("action %s broadcast on %s, which has no registered device yet", action.id, topic)
             return []
-        published = sum(1 for row in rows.values() if row.published_at is not None)
-        start = min(row.queued_at for row in rows.values())
-        allowance = rollout_allowance(action.max_per_minute, start, now, published)
-        waiting = sorted(d for d, row in rows.items() if row.published_at is None and row.state == QUEUED)
-        turn = waiting[:allowance]
-        message = action.message(now)
-        self.publisher.publish_many([(device_topic(device_id), message) for device_id in turn])
-        return [replace(rows[d], published_at=now, version=rows[d].version + 1, updated_at=now) for d in turn]
+        sent = {row.device_id: row for row in self._send(action, rows, now)}
+        log.info(
+            "action %s queued for %d devices, %d sent now%s",
+            action.id,
+            len(rows),
+            len(sent),
+            f" ({action.max_per_minute}/min)" if action.max_per_minute else "",
+        )
+        return [sent.get(device_id, row) for device_id, row in rows.items()]
+
+    def _send(self, action: Action, rows: Mapping[str, Execution], now: int) -> list[Execution]:
+        """Send what ``release.due`` says is due and record it: first messages, then retries."""
+        release = due(action, rows, now)
+        if release.phase is not None:
+            self._phases[action.id] = release.phase
+        if not release:
+            return []
+        self._publish_first(action, rows, release, now)
+        for attempt in sorted({row.attempt for row in release.retries}):
+            ids = [row.device_id for row in release.retries if row.attempt == attempt]
+            self.publisher.publish_many(self._listed_messages(ids, _retry_message(action, now, attempt)))
+        sent = [
+            replace(rows[d], published_at=now, version=rows[d].version + 1, updated_at=now)
+            for d in release.first
+        ]
+        sent += [
+            replace(row, retry_at=None, version=row.version + 1, updated_at=now) for row in release.retries
+        ]
+        return sent
+
+    def _publish_first(
+        self, action: Action, rows: Mapping[str, Execution], release: Release, now: int
+    ) -> None:
+        if not release.first:
+            return
+        topic = action.shared_topic
+        untouched = all(row.published_at is None for row in rows.values())
+        if topic is not None and untouched and len(release.first) == len(rows):
+            self.publisher.publish(topic, action.message(now))
+            log.info("action %s broadcast on %s to %d devices", action.id, topic, len(rows))
+            return
+        self.publisher.publish_many(
+            self._listed_messages(release.first, lambda ids: action.message(now, ids))
+        )
 
     def _listed_messages(
         self, device_ids: list[str], message: Callable[[list[str] | None], bytes]
     ) -> list[tuple[str, bytes]]:
         """(topic, payload) reaching exactly ``device_ids``: one per bucket holding any of them, listing
         them, or one unlisted message per device on its own topic when buckets are off."""
+        if not device_ids:
+            return []
         if not self.device_buckets:
             payload = message(None)
             return [(device_topic(device_id), payload) for device_id in device_ids]
@@ -295,32 +383,75 @@ class ActionsEngine:
             return sorted(set(action.device_ids))
         if not (action.all_devices or action.group):
             return []
-        devices = self._read(DEVICES)
+        devices = self.tables.read(DEVICES)
         if not action.all_devices:
             devices = devices.filter(pc.equal(devices["group"], action.group))
         return sorted(set(devices["device_id"].to_pylist()))
 
-    # -- stopping -------------------------------------------------------------------------------------------
+    # -- failures and stopping ------------------------------------------------------------------------------
+
+    def _retrying(self, action_ids: list[str]) -> dict[str, Action]:
+        """The actions of ``action_ids`` with retry rules that may still send something."""
+        actions = {a.id: a for a in self._actions(action_ids) if a.retries and not a.cancel}
+        states = self._summary_states(list(actions))
+        return {
+            a: action
+            for a, action in actions.items()
+            if states.get(a, (None,))[0] not in FINAL_ACTION_STATES
+            and not action.schedule.ended(self.clock())
+        }
+
+    @staticmethod
+    def _after_failure(action: Action | None, row: Execution, now: int) -> Execution:
+        """A failed or timed-out row, queued again when a retry rule of ``action`` covers it."""
+        if action is None or row.state not in (FAILED, TIMED_OUT):
+            return row
+        return retry(row, action.retries, now) or row
 
     def _stop(
         self, action: Action, rows: dict[str, Execution], state: str, details: str, now: int
     ) -> list[Execution]:
         """Cancel what has not started; ask devices that have started to stop (they report CANCELED)."""
-        if any(row.state == IN_PROGRESS or row.published_at is not None for row in rows.values()):
-            topic = action.shared_topic
-            if topic:
-                self.publisher.publish(topic, action.cancel_message(now))
-            else:  # devices that have the action and have not finished it
-                reached = [r.device_id for r in rows.values() if _reached_and_open(r)]
-                listed = self._listed_messages(reached, lambda ids: action.cancel_message(now, ids))
-                self.publisher.publish_many(listed)
+        self._cancel_started(action, rows, now)
+        changed = self._cancel_queued(rows, details, now)
+        log.info("action %s stopped (%s): %d queued executions canceled", action.id, state, len(changed))
+        return changed
+
+    def _cancel_started(self, action: Action, rows: Mapping[str, Execution], now: int) -> None:
+        """The cancel message to devices that have the action and have not finished it."""
+        topic = action.shared_topic
+        if topic and any(row.published_at is not None for row in rows.values()):
+            self.publisher.publish(topic, action.cancel_message(now))  # late joiners took it from there too
+            return
+        reached = [r.device_id for r in rows.values() if _reached_and_open(r)]
+        listed = self._listed_messages(reached, lambda ids: action.cancel_message(now, ids))
+        self.publisher.publish_many(listed)
+
+    @staticmethod
+    def _cancel_queued(
+        rows: Mapping[str, Execution], details: str, now: int, unsent_only: bool = False
+    ) -> list[Execution]:
+        """QUEUED rows canceled: all of them, or only those not sent the action (or waiting for a retry)."""
         changed = []
         for row in rows.values():
-            if row.state == QUEUED:
-                updated = platform_transition(row, CANCELED, details, now)
-                if updated is not None:
-                    changed.append(updated)
-        log.info("action %s stopped (%s): %d queued executions canceled", action.id, state, len(changed))
+            if row.state != QUEUED or (unsent_only and row.published_at is not None and row.retry_at is None):
+                continue
+            updated = platform_transition(row, CANCELED, details, now)
+            if updated is not None:
+                changed.append(updated)
+        return changed
+
+    def _end(self, action: Action, rows: dict[str, Execution], now: int) -> list[Execution]:
+        """``schedule.end_at`` passed: nothing new goes out. ``end_behavior`` stop: devices not sent the
+        action are canceled, the others may still do it; cancel: every device not done is told to stop."""
+        details = f"schedule.end_at {_utc(action.schedule.end_at_ms)} passed"
+        stop_all = action.schedule.end_behavior == END_CANCEL
+        changed = self._cancel_queued(rows, details, now, unsent_only=not stop_all)
+        if action.id not in self._ended:
+            self._ended.add(action.id)
+            if stop_all:
+                self._cancel_started(action, rows, now)
+            log.info("action %s reached its schedule's end: %d devices canceled", action.id, len(changed))
         return changed
 
     def _time_out(self, action: Action, rows: dict[str, Execution], now: int) -> list[Execution]:
@@ -346,7 +477,8 @@ class ActionsEngine:
         counted: dict[str, Counter] | None = None,
         rejected: Mapping[str, str] | None = None,
     ) -> None:
-        """Recompute the summary of ``action_ids``; an action crossing its abort threshold is stopped.
+        """Recompute the summary of ``action_ids``; an action crossing an abort threshold is stopped (and
+        rolled back when it says so).
 
         ``counted``: the executions per state of each action as just written (from the batch's own read of
         the table and its changes), so that the table is not read again; counted from the table when None.
@@ -355,68 +487,189 @@ class ActionsEngine:
         """
         rejected = rejected or {}
         actions = {a.id: a for a in self._actions(action_ids)}
-        previous = self._summary_states(action_ids)
+        previous = self.tables.summary_rows(action_ids)
         if counted is None:
-            counted = self._state_counts(action_ids)
+            counted = self.tables.state_counts(action_ids)
         now = self.clock()
-        summaries: list[tuple[str, Counter, str, str | None]] = []
+        summaries: dict[str, dict] = {}
         aborted = []
         for action_id in action_ids:
             action = actions.get(action_id)
             counts = counted.get(action_id) or state_counts([])
-            before, reason = previous.get(action_id, (None, None))
-            if before in FINAL_ACTION_STATES:
-                state = before
+            before = previous.get(action_id, {})
+            summary = {
+                "action_state": before.get("action_state"),
+                "reason": before.get("reason"),
+                "aborted_by": before.get("aborted_by"),
+                "rollback_action_id": before.get("rollback_action_id"),
+                "phase": self._phases.get(action_id, before.get("phase")),
+            }
+            if summary["action_state"] in FINAL_ACTION_STATES:
+                pass
             elif action_id in rejected:
-                state, reason = ACTION_REJECTED, rejected[action_id]
+                summary.update(action_state=ACTION_REJECTED, reason=rejected[action_id])
             elif action is None:  # reports for an action this job has no valid row of
-                state = ACTION_IN_PROGRESS
+                summary["action_state"] = ACTION_IN_PROGRESS
             else:
-                state = action_state(before, counts, action.cancel, action.abort)
-                if state == ACTION_CANCELED:
-                    reason = "canceled by operator"
-                elif state == ACTION_ABORTED:
-                    reason = action.abort.reason(counts)
+                summary.update(self._state_of(action, before.get("action_state"), counts, now))
+                if summary["action_state"] == ACTION_ABORTED:
                     aborted.append(action)
-            summaries.append((action_id, counts, state, reason))
+            summaries[action_id] = {"counts": counts, **summary}
         for action in aborted:
-            rows = self._executions([action.id]).get(action.id, {})
-            details = "action aborted: failure threshold reached"
-            stopped = self._stop(action, rows, ACTION_ABORTED, details, now)
-            self._write(stopped, f"{app_id}/abort", batch_id)
-            for row in stopped:
-                rows[row.device_id] = row
-            index = next(i for i, s in enumerate(summaries) if s[0] == action.id)
-            counts = state_counts([r.state for r in rows.values()])
-            summaries[index] = (action.id, counts, ACTION_ABORTED, summaries[index][3])
-            log.warning("action %s aborted: %s", action.id, summaries[index][3])
+            summaries[action.id].update(self._abort(action, summaries[action.id], app_id, batch_id, now))
+        retries = self.tables.retries(action_ids)
         table = pa.Table.from_pylist(
             [
                 {
                     "action_id": action_id,
-                    **{f"{state.lower()}_count": counts[state] for state in counts},
-                    "total_count": sum(counts.values()),
-                    "action_state": state,
+                    **{f"{state.lower()}_count": s["counts"][state] for state in s["counts"]},
+                    "total_count": sum(s["counts"].values()),
+                    "action_state": s["action_state"],
                     "updated_at": _ts(now),
-                    "reason": reason,
+                    "reason": s["reason"],
+                    "aborted_by": s["aborted_by"],
+                    "rollback_action_id": s["rollback_action_id"],
+                    "phase": s["phase"],
+                    "retries_count": retries.get(action_id, 0),
                 }
-                for action_id, counts, state, reason in summaries
+                for action_id, s in summaries.items()
             ],
             schema=self.store.spec(SUMMARY).arrow_schema,
         )
-        if self.store.merge(SUMMARY, table, app_id, batch_id):
-            self._replace_rows(SUMMARY, table, "action_id")
+        self.tables.merge_summary(table, app_id, batch_id)
 
-    def _open_action_ids(self, actions: dict[str, Action]) -> list[str]:
-        states = self._summary_states(list(actions))
-        return sorted(a for a in actions if states.get(a, (None,))[0] not in FINAL_ACTION_STATES)
+    @staticmethod
+    def _state_of(action: Action, before: str | None, counts: Counter, now: int) -> dict:
+        """The summary's state, reason and abort rule of a valid action that had not ended."""
+        schedule = action.schedule
+        state = action_state(
+            before,
+            counts,
+            action.cancel,
+            action.abort_rules,
+            before_start=not schedule.started(now),
+            open_ended=action.continuous and not schedule.ended(now),
+        )
+        if state == ACTION_CANCELED:
+            return {"action_state": state, "reason": "canceled by operator"}
+        if state == ACTION_ABORTED:
+            rule = first_fired(action.abort_rules, counts)
+            assert rule is not None  # action_state aborts only when a rule fired
+            return {"action_state": state, "reason": rule.reason(counts), "aborted_by": rule.field}
+        if state == ACTION_COMPLETED and schedule.ended(now) and counts[CANCELED]:
+            reason = (
+                f"schedule.end_at {_utc(schedule.end_at_ms)} passed: {_devices(counts[CANCELED])} canceled"
+            )
+            return {"action_state": state, "reason": reason}
+        return {"action_state": state}
 
-    # -- table access ---------------------------------------------------------------------------------------
+    def _abort(self, action: Action, summary: dict, app_id: str, batch_id: int, now: int) -> dict:
+        """Stop an aborted action and write its rollback; the summary's fields that change."""
+        rows = self.tables.executions([action.id]).get(action.id, {})
+        stopped = self._stop(
+            action, rows, ACTION_ABORTED, f"action aborted: {summary['aborted_by']} reached", now
+        )
+        self.tables.write_executions(stopped, f"{app_id}/abort", batch_id)
+        for row in stopped:
+            rows[row.device_id] = row
+        changes: dict = {"counts": state_counts([r.state for r in rows.values()])}
+        if action.rollback is not None:
+            installed = [d for d, r in rows.items() if r.state == SUCCEEDED]
+            changes.update(self._roll_back(action, installed, summary["reason"], now))
+        log.warning("action %s aborted: %s", action.id, changes.get("reason", summary["reason"]))
+        return changes
+
+    def _roll_back(self, action: Action, installed: list[str], reason: str, now: int) -> dict:
+        """Write the rollback action for the devices that installed ``action`` (``rollback.py``)."""
+        if not installed:
+            return {"reason": f"{reason}; no device had installed it: nothing to roll back"}
+        assert action.rollback is not None
+        row = rollback_row(action.id, action.rollback, installed, action.in_progress_timeout_s, _ts(now))
+        invalid = problems(row)
+        if invalid:
+            log.error("action %s: its rollback is not a valid action, not written: %s", action.id, invalid[0])
+            return {"reason": f"{reason}; rollback not written: {invalid[0]}"}
+        table = pa.Table.from_pylist([row], schema=self.store.spec(ACTIONS).arrow_schema)
+        self.store.merge(ACTIONS, table, f"{self.app_id}/rollback/{action.id}", 0, update=False)
+        version = action.rollback.get("version")
+        written = f"rollback {rollback_id(action.id)} to {version} written for {_devices(len(installed))}"
+        return {"rollback_action_id": rollback_id(action.id), "reason": f"{reason}; {written}"}
+
+    def _summary_states(self, action_ids: list[str]) -> dict[str, tuple[str, str | None]]:
+        """Each summarised action's state and reason."""
+        return {
+            action_id: (row["action_state"], row.get("reason"))
+            for action_id, row in self.tables.summary_rows(action_ids).items()
+        }
+
+    # -- compliance -----------------------------------------------------------------------------------------
+
+    def refresh_compliance(self) -> None:
+        """Bring ``fleet_compliance`` up to date now, whenever it was last recomputed (the job does when it
+        stops, so that the table does not keep the state of up to ``compliance_interval_s`` before)."""
+        with self.lock:
+            self._keep_compliance(self.clock(), every=0.0)
+
+    def _keep_compliance(self, now: int, every: float | None = None) -> None:
+        """Recompute ``fleet_compliance`` when a table it is made from moved, at most every
+        ``compliance_interval_s``; groups and versions no device has any more are deleted."""
+        interval = self.compliance_interval_s if every is None else every
+        if now - self._compliance_at < interval * 1000:
+            return
+        inputs = tuple(self.tables.version(name) for name in (DEVICES, EXECUTIONS, SUMMARY, ACTIONS))
+        if inputs == self._compliance_inputs:
+            return
+        actions = self._actions()
+        states = {a: s for a, (s, _) in self._summary_states([a.id for a in actions]).items()}
+        desired = desired_versions(actions, states)
+        rows = compliance_rows(
+            self.tables.read(DEVICES).to_pylist(), desired, self._installed(actions), _ts(now)
+        )
+        fresh = {(row["group"], row["installed_version"]) for row in rows}
+        held = self.tables.read(COMPLIANCE)
+        gone = zip(held["group"].to_pylist(), held["installed_version"].to_pylist(), strict=True)
+        rows += [
+            {"group": g, "installed_version": v, "devices": 0, "on_desired": False, "updated_at": _ts(now)}
+            for g, v in gone
+            if (g, v) not in fresh
+        ]
+        if rows:
+            self._tick_batch = max(self._tick_batch + 1, now)
+            table = pa.Table.from_pylist(rows, schema=self.store.spec(COMPLIANCE).arrow_schema)
+            self.store.merge(
+                COMPLIANCE,
+                table,
+                f"{self.app_id}/compliance",
+                self._tick_batch,
+                delete_when="s.devices = 0",
+                insert_when="s.devices > 0",
+            )
+        self._compliance_inputs, self._compliance_at = inputs, now
+
+    def _installed(self, actions: list[Action]) -> dict[str, tuple[int, str]]:
+        """Per device, (when, version) of the latest OTA action it succeeded."""
+        versions = {a.id: str(a.payload.get("version")) for a in actions if a.kind == "ota"}
+        table = self.tables.execution_table()
+        table = table.filter(pc.equal(table["state"], SUCCEEDED))
+        table = table.filter(pc.is_in(table["action_id"], pa.array(list(versions), pa.string())))
+        out: dict[str, tuple[int, str]] = {}
+        for action_id, device_id, finished in zip(
+            table["action_id"].to_pylist(),
+            table["device_id"].to_pylist(),
+            table["finished_at"].to_pylist(),
+            strict=True,
+        ):
+            at = finished or 0
+            if device_id not in out or at >= out[device_id][0]:
+                out[device_id] = (at, versions[action_id])
+        return out
+
+    # -- actions --------------------------------------------------------------------------------------------
 
     def _actions(self, ids: list[str] | None = None) -> list[Action]:
         """The actions whose latest rows are valid (an invalid row is never acted on, ``on_action_rows``),
         parsed and checked once per snapshot of the table."""
-        table = self._read(ACTIONS)
+        table = self.tables.read(ACTIONS)
         if self._valid is None or self._valid[0] is not table:
             valid = {}
             for key, row in {row["id"]: row for row in table.to_pylist()}.items():
@@ -429,133 +682,3 @@ class ActionsEngine:
         if ids is None:
             return list(valid.values())
         return [valid[key] for key in dict.fromkeys(ids) if key in valid]
-
-    def _summary_states(self, action_ids: list[str]) -> dict[str, tuple[str, str | None]]:
-        """Each summarised action's state and reason."""
-        table = self._read(SUMMARY)
-        table = table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
-        reasons = table["reason"].to_pylist() if "reason" in table.column_names else [None] * len(table)
-        states = table["action_state"].to_pylist()
-        return {
-            action_id: (state, reason)
-            for action_id, state, reason in zip(table["action_id"].to_pylist(), states, reasons, strict=True)
-        }
-
-    def _state_counts(self, action_ids: list[str]) -> dict[str, Counter]:
-        """Executions per state of each action, counted in Arrow (no Python object per row)."""
-        table = self._execution_table()
-        return _group_counts(table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string()))))
-
-    def _executions(
-        self, action_ids: list[str], device_ids: Iterable[str] | None = None
-    ) -> dict[str, dict[str, Execution]]:
-        """Execution rows of ``action_ids`` (only those of ``device_ids`` when given), by action, device."""
-        return self._executions_and_counts(action_ids, device_ids)[0]
-
-    def _executions_and_counts(
-        self, action_ids: list[str], device_ids: Iterable[str] | None = None
-    ) -> tuple[dict[str, dict[str, Execution]], dict[str, Counter]]:
-        """Execution rows of ``action_ids`` (only those of ``device_ids`` when given), by action and device,
-        and every execution of those actions counted per state: from one read of the table.
-
-        Filtered and converted in Arrow before any Python object is made: a report batch touches a few
-        thousand rows of an action that may have a hundred thousand.
-        """
-        table = self._execution_table()
-        table = table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
-        counts = _group_counts(table)
-        if device_ids is not None:
-            table = table.filter(pc.is_in(table["device_id"], pa.array(list(device_ids), pa.string())))
-        out: dict[str, dict[str, Execution]] = {}
-        for row in table.to_pylist():
-            out.setdefault(row["action_id"], {})[row["device_id"]] = Execution(**row)
-        return out, counts
-
-    def _read(self, name: str) -> pa.Table:
-        """The table ``name`` as of now, read again only when its version moved (the ticker looks every
-        second at ``actions`` and ``action_summary``, which change far less often)."""
-        version = self.store.version(name)  # before the read: a commit after it is read next time
-        snapshot = self._snapshots.get(name)
-        if snapshot is None or snapshot[0] != version:
-            snapshot = self._snapshots[name] = (version, self.store.read_arrow(name))
-        return snapshot[1]
-
-    def _replace_rows(self, name: str, rows: pa.Table, key: str) -> None:
-        """After a merge of ``rows`` (keyed by ``key``) that committed: the snapshot of ``name`` with them in
-        place, as of the version after the snapshot's (see :meth:`_write` for why that guess is safe)."""
-        snapshot = self._snapshots.get(name)
-        if snapshot is None:
-            return
-        version, table = snapshot
-        kept = table.filter(pc.invert(pc.is_in(table[key], value_set=rows[key])))
-        self._snapshots[name] = (version + 1, pa.concat_tables([kept, rows.cast(table.schema)]))
-
-    def _execution_table(self) -> pa.Table:
-        """``action_executions`` with its timestamps as epoch ms: read once, then kept up to date by
-        :meth:`_write` as long as the engine's commits are the only ones (read again after any other: only
-        the table's version is looked up per batch, not its data)."""
-        version = self.store.version(EXECUTIONS)  # before a read: a commit after it is seen as foreign
-        if self._cached is None or version != self._cached_version:
-            table = self.store.read_arrow(EXECUTIONS)
-            for column in TIME_COLUMNS:  # the table's timestamps → epoch ms, without a datetime per value
-                epoch_ms = table[column].cast(pa.timestamp("ms", tz="UTC")).cast(pa.int64())
-                table = table.set_column(table.schema.get_field_index(column), column, epoch_ms)
-            self._cached, self._cached_version = table, version
-        return self._cached
-
-    def _write(self, rows: list[Execution], app_id: str, batch_id: int) -> None:
-        """One merge of ``rows`` keyed by (action, device), each replacing an older version of its row."""
-        if not rows:
-            return
-        cached, self._cached = self._cached, None  # forgotten unless the merge is known to be the next commit
-        schema = self.store.spec(EXECUTIONS).arrow_schema
-        epoch_ms = pa.table(
-            {
-                name: pa.array([getattr(row, name) for row in rows], _INT64 if name in TIME_COLUMNS else None)
-                for name in schema.names
-            }
-        )
-        table = epoch_ms
-        for column in TIME_COLUMNS:  # epoch ms → the table's timestamp type, without a datetime per value
-            stamps = epoch_ms[column].cast(pa.timestamp("ms", tz="UTC"))
-            table = table.set_column(table.schema.get_field_index(column), column, stamps)
-        table = table.cast(schema)
-        written = self.store.merge(EXECUTIONS, table, app_id, batch_id, update_when="s.version > t.version")
-        if cached is None or not written:
-            return
-        # The cache becomes "version + 1" without asking the table: if another writer committed in between,
-        # this merge is a later version, no version ever equals the guess again, and the next batch, seeing
-        # the table's version differ, reads it. Only when this merge was the next commit does the guess hold.
-        keys = pc.binary_join_element_wise(cached["action_id"], cached["device_id"], "\x00")
-        replaced = pc.binary_join_element_wise(epoch_ms["action_id"], epoch_ms["device_id"], "\x00")
-        kept = cached.filter(pc.invert(pc.is_in(keys, value_set=replaced)))
-        self._cached = pa.concat_tables([kept, epoch_ms.cast(cached.schema)])
-        self._cached_version += 1
-
-
-def _group_counts(table: pa.Table) -> dict[str, Counter]:
-    """Executions per state of each action in ``table``, counted in Arrow (no Python object per row)."""
-    grouped = table.group_by(["action_id", "state"]).aggregate([("device_id", "count")])
-    out: dict[str, Counter] = {}
-    for action_id, state, count in zip(
-        grouped["action_id"].to_pylist(),
-        grouped["state"].to_pylist(),
-        grouped["device_id_count"].to_pylist(),
-        strict=True,
-    ):
-        out.setdefault(action_id, state_counts([]))[state] = count
-    return out
-
-
-def _counts_after(
-    counts: dict[str, Counter], known: dict[str, dict[str, Execution]], changed: Iterable[Execution]
-) -> dict[str, Counter]:
-    """``counts`` (read with ``known``) once ``changed`` replaced the rows they update (or were added)."""
-    out = {action_id: Counter(counted) for action_id, counted in counts.items()}
-    for row in changed:
-        counted = out.setdefault(row.action_id, state_counts([]))
-        before = known.get(row.action_id, {}).get(row.device_id)
-        if before is not None:
-            counted[before.state] -= 1
-        counted[row.state] += 1
-    return out

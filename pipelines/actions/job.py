@@ -137,6 +137,10 @@ class ActionsJob:
     def _join_ticker(self) -> None:
         if self._ticker:
             self._ticker.join(timeout=10)
+        try:
+            self.engine.refresh_compliance()
+        except Exception:  # the table is as the last tick left it; stopping goes on
+            log.exception("bringing fleet_compliance up to date")
         self._beat(stopping=True)
 
     def _beat(self, stopping: bool = False) -> None:
@@ -160,7 +164,12 @@ def start_actions_job(
     store = store or open_table_store(spark, config.tables_root, backend=backend)
     cluster = config.cluster if config.cluster is not None else brokers_form_a_cluster(config.brokers)
     publisher = publisher or _publisher(config, cluster)
-    engine = ActionsEngine(store, publisher, device_buckets=config.device_buckets)
+    engine = ActionsEngine(
+        store,
+        publisher,
+        device_buckets=config.device_buckets,
+        compliance_interval_s=config.compliance_interval_s,
+    )
     checkpoints = Path(config.checkpoint_root)
     trigger = f"{config.trigger_interval_s} seconds"
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
+from pipelines.actions.abort import AbortRule, abort_rules
+from pipelines.actions.phases import Phase
+from pipelines.actions.retries import RetryRule
+from pipelines.actions.rollout import Pace
+from pipelines.actions.schedule import Schedule, to_ms
 from pipelines.actions.states import DEVICE_REPORTED_STATES, StatusReport
-from pipelines.actions.summary import AbortCriteria
 
 ALL_TOPIC = "actions/all"
 DEFAULT_EXPIRY_S = 24 * 3600
@@ -23,17 +26,10 @@ def device_topic(device_id: str) -> str:
     return f"actions/devices/{device_id}"
 
 
-def to_ms(value: datetime | int | None) -> int | None:
-    """Epoch milliseconds of a table timestamp (timezone-aware datetimes from Arrow)."""
-    if value is None or isinstance(value, int):
-        return value
-    return int(value.timestamp() * 1000)
-
-
 @dataclass(frozen=True)
 class Action:
     """One valid row of ``actions`` (docs/tables.md; ``validation.py`` says which rows are), with the
-    defaults the fanout applies."""
+    defaults the fanout applies (a null column is the behaviour from before it existed)."""
 
     id: str
     kind: str
@@ -41,8 +37,14 @@ class Action:
     group: str | None = None
     all_devices: bool = False
     payload: dict[str, Any] = field(default_factory=dict)
-    max_per_minute: int | None = None
-    abort: AbortCriteria = field(default_factory=AbortCriteria)
+    pace: Pace = field(default_factory=Pace)
+    phases: tuple[Phase, ...] = ()
+    abort_rules: tuple[AbortRule, ...] = ()
+    retries: tuple[RetryRule, ...] = ()
+    schedule: Schedule = field(default_factory=Schedule)
+    continuous: bool = False
+    rollback: dict[str, Any] | None = None
+    """The firmware an abort sends back to the devices that installed this one (``rollback.py``)."""
     in_progress_timeout_s: int | None = None
     created_at_ms: int = 0
     cancel: bool = False
@@ -50,13 +52,10 @@ class Action:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Action:
         target = row.get("target") or {}
-        rollout = row.get("rollout") or {}
-        abort = row.get("abort_criteria") or {}
         payload = {k: v for k, v in (row.get("payload") or {}).items() if v is not None}
         if isinstance(payload.get("args"), list):  # Arrow returns map<string,string> as key/value pairs
             payload["args"] = dict(payload["args"])
-        broadcast = rollout.get("broadcast")
-        max_per_minute = rollout.get("max_per_minute")
+        rollback = {k: v for k, v in (row.get("rollback") or {}).items() if v is not None}
         return cls(
             id=row["id"],
             kind=row["kind"],
@@ -64,17 +63,43 @@ class Action:
             group=target.get("group"),
             all_devices=bool(target.get("all")),
             payload=payload,
-            max_per_minute=None if broadcast or not max_per_minute else int(max_per_minute),
-            abort=AbortCriteria(abort.get("failure_pct"), int(abort.get("min_executed") or 1)),
+            pace=Pace.from_row(row),
+            phases=tuple(Phase.from_row(item) for item in row.get("phases") or ()),
+            abort_rules=abort_rules(row),
+            retries=tuple(RetryRule.from_row(item) for item in row.get("retries") or ()),
+            schedule=Schedule.from_row(row),
+            continuous=bool(row.get("continuous")),
+            rollback=rollback or None,
             in_progress_timeout_s=row.get("in_progress_timeout_s"),
             created_at_ms=to_ms(row.get("created_at")) or 0,
             cancel=bool(row.get("cancel")),
         )
 
     @property
+    def max_per_minute(self) -> int | None:
+        return self.pace.max_per_minute
+
+    @property
+    def staged(self) -> bool:
+        """Sent over time rather than to every target at once: a rate, or phases."""
+        return self.pace.paced or len(self.phases) > 1
+
+    @property
+    def clocked(self) -> bool:
+        """Whether the ticker has anything to do for it: send over time or later, time devices out, retry
+        them, take in devices that join."""
+        return (
+            self.staged
+            or self.schedule.timed
+            or bool(self.in_progress_timeout_s)
+            or bool(self.retries)
+            or self.continuous
+        )
+
+    @property
     def broadcast(self) -> bool:
-        """Sent to every target at once rather than as a paced per-device rollout."""
-        return self.max_per_minute is None
+        """Sent to every target at once (when its schedule lets it) rather than staged."""
+        return not self.staged
 
     @property
     def shared_topic(self) -> str | None:
@@ -91,11 +116,17 @@ class Action:
             return ALL_TOPIC
         return group_topic(self.group) if self.group else None
 
-    def message(self, issued_at_ms: int, listed: Sequence[str] | None = None) -> bytes:
+    def message(self, issued_at_ms: int, listed: Sequence[str] | None = None, attempt: int = 1) -> bytes:
         """The action message devices receive (docs/device-protocol.md); with ``listed``, only the devices
-        named in its ``device_ids`` act on it (a bucket topic's message)."""
+        named in its ``device_ids`` act on it (a bucket topic's message); a retry says its ``attempt``.
+
+        It expires a day after it was issued (or the action created, if later): a device that comes back
+        after that does not act on it from the log.
+        """
         body: dict[str, Any] = {"action_id": self.id, "kind": self.kind, "issued_at": issued_at_ms}
-        body["expires_at"] = (self.created_at_ms or issued_at_ms) + DEFAULT_EXPIRY_S * 1000
+        body["expires_at"] = max(self.created_at_ms, issued_at_ms) + DEFAULT_EXPIRY_S * 1000
+        if attempt > 1:
+            body["attempt"] = attempt
         body.update(self.payload)
         return _encoded(body, listed)
 
@@ -121,6 +152,7 @@ def parse_report(payload: bytes) -> StatusReport | None:
             seq=int(data["seq"]),
             ts=int(data["ts"]),
             details=str(data.get("details", ""))[:1000],
+            attempt=int(data["attempt"]) if data.get("attempt") is not None else None,
         )
     except (ValueError, KeyError, TypeError):
         return None

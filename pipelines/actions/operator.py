@@ -41,6 +41,22 @@ class NewAction:
     in_progress_timeout_s: int | None = None
     created_by: str = "operator"
     action_id: str = field(default_factory=lambda: f"act-{uuid.uuid4().hex[:12]}")
+    exponential_rate: dict[str, Any] | None = None
+    """``base_per_minute``, ``increment_factor``, and ``notified_devices`` or ``succeeded_devices``."""
+    phases: list[dict[str, Any]] = field(default_factory=list)
+    """Each: ``percent`` or ``devices`` (none on the last), ``wait_s``, ``success_pct``."""
+    abort_rules: list[dict[str, Any]] = field(default_factory=list)
+    """Each: ``failure_kind``, ``threshold_pct``, ``min_executed``."""
+    rollback: dict[str, Any] | None = None
+    """``version``, ``url``, ``sha256``, ``size`` of the firmware to send back on abort."""
+    retries: list[dict[str, Any]] = field(default_factory=list)
+    """Each: ``failure_kind``, ``max_retries``, ``backoff_s``, ``backoff_factor``."""
+    start_at: datetime | None = None
+    end_at: datetime | None = None
+    end_behavior: str | None = None
+    maintenance_windows: list[dict[str, Any]] = field(default_factory=list)
+    """Each: ``days`` (None: daily), ``start`` (HH:MM), ``duration_min``, ``time_zone``."""
+    continuous: bool = False
 
     def validate(self) -> None:
         """Raise :class:`InvalidAction` naming the field, by the rules the actions job applies."""
@@ -59,14 +75,44 @@ class NewAction:
                 "command": self.command,
                 "args": self.args or None,
             },
-            "rollout": {"max_per_minute": self.max_per_minute, "broadcast": self.max_per_minute is None},
+            "rollout": {
+                "max_per_minute": self.max_per_minute,
+                "broadcast": self.max_per_minute is None and self.exponential_rate is None,
+            },
             "abort_criteria": {"failure_pct": self.failure_pct, "min_executed": self.min_executed},
             "in_progress_timeout_s": self.in_progress_timeout_s,
             "created_by": self.created_by,
             "created_at": now,
             "cancel": False,
             "updated_at": now,
+            "exponential_rate": _struct(self.exponential_rate, EXPONENTIAL_FIELDS),
+            "phases": [_struct(p, PHASE_FIELDS) for p in self.phases] or None,
+            "abort_rules": [_struct(r, ABORT_RULE_FIELDS) for r in self.abort_rules] or None,
+            "rollback": _struct(self.rollback, ROLLBACK_FIELDS),
+            "retries": [_struct(r, RETRY_FIELDS) for r in self.retries] or None,
+            "schedule": (
+                {"start_at": self.start_at, "end_at": self.end_at, "end_behavior": self.end_behavior}
+                if self.start_at or self.end_at or self.end_behavior
+                else None
+            ),
+            "maintenance_windows": [_struct(w, WINDOW_FIELDS) for w in self.maintenance_windows] or None,
+            "continuous": self.continuous or None,
         }
+
+
+EXPONENTIAL_FIELDS = ("base_per_minute", "increment_factor", "notified_devices", "succeeded_devices")
+PHASE_FIELDS = ("percent", "devices", "wait_s", "success_pct")
+ABORT_RULE_FIELDS = ("failure_kind", "threshold_pct", "min_executed")
+ROLLBACK_FIELDS = ("version", "url", "sha256", "size")
+RETRY_FIELDS = ("failure_kind", "max_retries", "backoff_s", "backoff_factor")
+WINDOW_FIELDS = ("days", "start", "duration_min", "time_zone")
+
+
+def _struct(values: dict[str, Any] | None, names: tuple[str, ...]) -> dict[str, Any] | None:
+    """A struct column's value with every field named, as the table holds it."""
+    if values is None:
+        return None
+    return {**{name: None for name in names}, **values}
 
 
 class ActionRefused(Exception):
@@ -86,7 +132,22 @@ def action_row(store: TableStore, action_id: str) -> dict | None:
     return rows[-1] if rows else None
 
 
-CONTENT_FIELDS = ("kind", "target", "payload", "rollout", "abort_criteria", "in_progress_timeout_s")
+CONTENT_FIELDS = (
+    "kind",
+    "target",
+    "payload",
+    "rollout",
+    "abort_criteria",
+    "in_progress_timeout_s",
+    "exponential_rate",
+    "phases",
+    "abort_rules",
+    "rollback",
+    "retries",
+    "schedule",
+    "maintenance_windows",
+    "continuous",
+)
 """The columns that say what an action does (not who wrote it or when): equal content, the same action."""
 
 
@@ -158,6 +219,37 @@ def cancel_action(store: TableStore, action_id: str) -> bool:
         update_set={"cancel": "s.cancel", "updated_at": "s.updated_at"},
     )
     return True
+
+
+def end_action(store: TableStore, action_id: str, at: datetime | None = None) -> datetime:
+    """Set the action's ``schedule.end_at`` (now, by default): from then on nothing new is sent, devices
+    not sent it are canceled, and a continuous action takes in no more devices. Returns the end.
+
+    Raises ``UnknownAction``, or ``ActionRefused`` when the action has ended already or ends earlier.
+    """
+    row = action_row(store, action_id)
+    if row is None:
+        raise UnknownAction(f"no action {action_id!r}")
+    summary = next(iter(summaries(store, action_id)), None)
+    if summary is not None and summary["action_state"] in FINAL_ACTION_STATES:
+        raise ActionRefused(f"action {action_id} has ended ({summary['action_state']}): nothing to end")
+    end = at or datetime.now(UTC)
+    schedule = dict(row.get("schedule") or {"start_at": None, "end_behavior": None})
+    if schedule.get("end_at") is not None and schedule["end_at"] <= end:
+        raise ActionRefused(f"action {action_id} already ends at {schedule['end_at'].isoformat()}")
+    schedule["end_at"] = end
+    updated = dict(row, schedule=schedule, updated_at=datetime.now(UTC))
+    check_action_row(updated)
+    table = pa.Table.from_pylist([updated], schema=store.spec("actions").arrow_schema)
+    store.merge(
+        "actions",
+        table,
+        f"{OPERATOR_APP_ID}/end/{action_id}/{int(end.timestamp() * 1000)}",
+        0,
+        insert=False,
+        update_set={"schedule": "s.schedule", "updated_at": "s.updated_at"},
+    )
+    return end
 
 
 def device_groups(store: TableStore) -> set[str]:

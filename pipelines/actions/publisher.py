@@ -209,7 +209,7 @@ class ClusterPublisher(MqttPublisher):
         self.ack_timeout_s = ack_timeout_s
         self.retry_s = retry_s
         self.resent = 0
-        """Messages sent again (after a refusal 0x83 or a lost connection)."""
+        """Messages sent again (after a refusal 0x83 or a lost connection), counted when they go out."""
         self.moves = 0
         """Times the publisher moved to another member."""
         self._member = 0
@@ -245,6 +245,7 @@ class ClusterPublisher(MqttPublisher):
         deadline = self._loop.time() + self.timeout_s
         pending = list(range(len(messages)))
         answers: list[tuple[str, int | None]] = []
+        first_round = True
         while pending:
             shards = _shards([messages[i] for i in pending], self._slot_count(len(pending)))
             clients = await self._current(deadline, len(shards))
@@ -259,6 +260,8 @@ class ClusterPublisher(MqttPublisher):
                 for i, code in zip(shard, shard_codes, strict=True):
                     codes[i] = code
             self.sent += len(pending)
+            self.resent += 0 if first_round else len(pending)
+            first_round = False
             again = []
             for index, code in zip(pending, codes, strict=True):
                 if code is None or code == IMPLEMENTATION_SPECIFIC_ERROR:
@@ -271,7 +274,6 @@ class ClusterPublisher(MqttPublisher):
                 self._move(f"{codes.count(None)} publishes not acknowledged")
             elif again:
                 await asyncio.sleep(self.retry_s)
-            self.resent += len(again)
             pending = again
         _raise_refused(answers)
 

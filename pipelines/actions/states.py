@@ -2,7 +2,11 @@
 
 Modelled on AWS IoT Jobs executions. A row only ever moves forward: QUEUED → IN_PROGRESS → a terminal state,
 or straight from QUEUED to a terminal state. A report for a row that is already terminal, or one older than
-what the row has seen (by the device's report sequence), changes nothing.
+what the row has seen (by the device's report sequence, or from an earlier attempt), changes nothing.
+
+One move goes back, and only the platform makes it: a retry (``retries.py``) takes a FAILED or TIMED_OUT
+row to QUEUED as its next ``attempt``, in the same write as the failure, so no reader sees a failure that is
+about to be retried as final.
 """
 
 from __future__ import annotations
@@ -38,8 +42,9 @@ class Execution:
     """One row of ``action_executions``.
 
     ``version`` grows by one with every change; ``report_seq`` is the highest device report sequence applied;
-    ``published_at`` is when the action message went out for this device (one broadcast, or its turn in a
-    paced rollout).
+    ``published_at`` is when the action message first went out for this device (one broadcast, or its turn
+    in a paced rollout); ``attempt`` counts from 1 and grows with every retry; ``retry_at`` is when a retry
+    is due (None once it went out); ``phase`` is the device's phase of a phased rollout (from 1).
     """
 
     action_id: str
@@ -53,10 +58,18 @@ class Execution:
     published_at: int | None = None
     started_at: int | None = None
     finished_at: int | None = None
+    attempt: int = 1
+    phase: int | None = None
+    retry_at: int | None = None
 
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    @property
+    def retry_waiting(self) -> bool:
+        """A retry is due (or will be) and has not gone out yet."""
+        return self.state == QUEUED and self.retry_at is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,11 +82,15 @@ class StatusReport:
     seq: int
     ts: int
     details: str = ""
+    attempt: int | None = None
+    """The attempt the device worked on (None: a device that does not say, on the earlier protocol)."""
 
 
-def queued(action_id: str, device_id: str, now_ms: int, published_at: int | None = None) -> Execution:
+def queued(
+    action_id: str, device_id: str, now_ms: int, published_at: int | None = None, phase: int | None = None
+) -> Execution:
     """The first row of an execution, written when the action is fanned out."""
-    return Execution(action_id, device_id, QUEUED, 1, 0, "", now_ms, now_ms, published_at)
+    return Execution(action_id, device_id, QUEUED, 1, 0, "", now_ms, now_ms, published_at, phase=phase)
 
 
 def apply_report(current: Execution | None, report: StatusReport) -> Execution | None:
@@ -89,6 +106,8 @@ def apply_report(current: Execution | None, report: StatusReport) -> Execution |
         current = replace(current, version=0)
     if report.seq <= current.report_seq or not is_legal_transition(current.state, report.state):
         return None
+    if report.attempt is not None and report.attempt < current.attempt:
+        return None  # about an attempt that has been retried since
     started_at = current.started_at
     if started_at is None and report.state == IN_PROGRESS:
         started_at = report.ts

@@ -148,16 +148,83 @@ def _what(row: dict) -> str:
 
 
 def _rollout(row: dict) -> str:
+    """How the action goes out: rate, growth, phases, aborts, retries, timeout."""
     rollout = row.get("rollout") or {}
-    abort = row.get("abort_criteria") or {}
+    growth = row.get("exponential_rate") or {}
     parts = [f"{rollout['max_per_minute']} devices/min" if rollout.get("max_per_minute") else "broadcast"]
-    if abort.get("failure_pct") is not None:
-        parts.append(
-            f"abort at {abort['failure_pct']:g} % failed after {abort.get('min_executed') or 1} finished"
+    if growth.get("base_per_minute"):
+        every = growth.get("notified_devices") or growth.get("succeeded_devices")
+        trigger = "notified" if growth.get("notified_devices") else "succeeded"
+        ceiling = f" up to {rollout['max_per_minute']}" if rollout.get("max_per_minute") else ""
+        parts[0] = (
+            f"from {growth['base_per_minute']} devices/min, x{growth.get('increment_factor'):g} every "
+            f"{every} {trigger}{ceiling}"
         )
+    if row.get("phases"):
+        parts.append("phases " + ", ".join(_phase(p) for p in row["phases"]))
+    parts += [_abort(rule) for rule in _abort_rules(row)]
+    for retry in row.get("retries") or ():
+        backoff = f" after {retry['backoff_s']} s" if retry.get("backoff_s") else ""
+        factor = f" (x{retry['backoff_factor']:g})" if retry.get("backoff_factor") not in (None, 1.0) else ""
+        parts.append(f"retry {retry['failure_kind']} up to {retry['max_retries']}x{backoff}{factor}")
     if row.get("in_progress_timeout_s"):
         parts.append(f"timeout {row['in_progress_timeout_s']} s per device")
+    if (row.get("rollback") or {}).get("version"):
+        parts.append(f"rollback to {row['rollback']['version']} on abort")
     return "; ".join(parts)
+
+
+def _phase(phase: dict) -> str:
+    if phase.get("percent") is not None:
+        share = f"{phase['percent']:g} %"
+    elif phase.get("devices") is not None:
+        share = str(phase["devices"])
+    else:
+        share = "rest"
+    holds = []
+    if phase.get("wait_s"):
+        holds.append(f"wait {phase['wait_s']} s")
+    if phase.get("success_pct"):
+        holds.append(f"{phase['success_pct']:g} % succeeded")
+    return share + (f" ({', '.join(holds)})" if holds else "")
+
+
+def _abort_rules(row: dict) -> list[dict]:
+    legacy = row.get("abort_criteria") or {}
+    rules = [dict(rule) for rule in row.get("abort_rules") or ()]
+    if legacy.get("failure_pct") is not None:
+        rules.insert(
+            0,
+            {
+                "failure_kind": "failed or timed out",
+                "threshold_pct": legacy["failure_pct"],
+                "min_executed": legacy.get("min_executed"),
+            },
+        )
+    return rules
+
+
+def _abort(rule: dict) -> str:
+    minimum = rule.get("min_executed") or 1
+    return f"abort at {rule['threshold_pct']:g} % {rule['failure_kind']} after {minimum} finished"
+
+
+def _when(row: dict) -> str | None:
+    """The schedule and windows, when there are any."""
+    schedule = row.get("schedule") or {}
+    parts = []
+    if schedule.get("start_at"):
+        parts.append(f"from {_time(schedule['start_at'])}")
+    if schedule.get("end_at"):
+        behavior = " (then cancel)" if schedule.get("end_behavior") == "cancel" else ""
+        parts.append(f"until {_time(schedule['end_at'])}{behavior}")
+    for window in row.get("maintenance_windows") or ():
+        days = ",".join(window["days"]) if window.get("days") else "daily"
+        zone = window.get("time_zone") or "UTC"
+        parts.append(f"window {days} {window['start']} for {window['duration_min']} min {zone}")
+    if row.get("continuous"):
+        parts.append("continuous (devices joining the group get it too)")
+    return "; ".join(parts) or None
 
 
 def _counts(summary: dict) -> str:
@@ -176,6 +243,9 @@ def describe(status: ActionStatus, job: str) -> str:
             f"what      {_what(row)}",
             f"rollout   {_rollout(row)}",
         ]
+        when = _when(row)
+        if when:
+            lines.append(f"when      {when}")
     else:
         lines.append("row       not in the actions table (only its summary is)")
     summary = status.summary
@@ -188,6 +258,9 @@ def describe(status: ActionStatus, job: str) -> str:
             state += " (cancel requested)"
         lines.append(f"state     {state}, updated {_time(summary.get('updated_at'))}")
         lines.append(f"devices   {_counts(summary)}")
+        progress = _progress(summary, row or {})
+        if progress:
+            lines.append(f"progress  {progress}")
         if summary.get("reason"):
             lines.append(f"reason    {summary['reason']}")
     if status.open_count:
@@ -203,6 +276,19 @@ def describe(status: ActionStatus, job: str) -> str:
     if not status.ended:
         lines.append(job)
     return "\n".join(lines)
+
+
+def _progress(summary: dict, row: dict) -> str | None:
+    parts = []
+    if summary.get("phase") is not None:
+        parts.append(f"phase {summary['phase']} of {len(row.get('phases') or ()) or '?'}")
+    if summary.get("retries_count"):
+        parts.append(f"{summary['retries_count']} retries")
+    if summary.get("aborted_by"):
+        parts.append(f"aborted by {summary['aborted_by']}")
+    if summary.get("rollback_action_id"):
+        parts.append(f"rollback {summary['rollback_action_id']}")
+    return ", ".join(parts) or None
 
 
 def describe_list(statuses: Iterable[ActionStatus], job: str) -> str:

@@ -8,48 +8,74 @@ that breaks one is never published: the job gives the action the final state ``R
 
 The rules are data. :data:`KINDS` says which payload fields each kind of action uses and needs;
 :data:`FIELD_RULES` checks one field's value wherever it is set; :data:`ROW_RULES` checks fields that only
-make sense together (exactly one target). A new column of the row (a rollout phase, a schedule, a
-maintenance window) or a new kind of action is one more entry in these tables, and both the job and the
-command line check it from then on.
+make sense together (exactly one target); :data:`LIST_RULES` checks every item of an array column (the
+phases of a rollout, its abort rules, retries, maintenance windows), naming the item (``phases[1].percent``,
+counted from 0 as Spark SQL indexes arrays). A new column of the row or a new kind of action is one more
+entry in these tables, and both the job and the command line check it from then on. The value checks
+themselves are in ``checks.py``.
 """
 
 from __future__ import annotations
 
-import re
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+
+from pipelines.actions.checks import (
+    MAX_DEVICE_IDS,
+    MAX_ID_LENGTH,
+    Check,
+    boolean,
+    clock_time,
+    command_args,
+    device_ids,
+    http_url,
+    integer,
+    number,
+    one_of,
+    percentage,
+    sha256_hex,
+    text,
+    time_zone,
+    timestamp,
+    topic_level,
+    weekdays,
+)
 
 __all__ = [
+    "ABORT_KINDS",
     "FIELD_RULES",
     "KINDS",
+    "LIST_RULES",
+    "MAX_DEVICE_IDS",
+    "RETRY_KINDS",
     "ROW_RULES",
     "ActionKind",
     "FieldRule",
     "InvalidAction",
+    "ListRule",
     "RowRule",
     "check_action_row",
     "field_value",
+    "given",
     "problems",
 ]
 
-Check = Callable[[Any], str | None]
-"""A value in, what is wrong with it out (None: nothing)."""
-
-MAX_DEVICE_IDS = 100_000
-"""Devices one explicit-id action may list; a larger target is a group (``devices.group``)."""
-MAX_ID_LENGTH = 128
-MAX_TEXT_LENGTH = 256
-MAX_URL_LENGTH = 2048
-MAX_COMMAND_ARGS = 64
 MAX_FIRMWARE_BYTES = 1 << 40
 MAX_PER_MINUTE = 1_000_000
 MAX_TIMEOUT_S = 30 * 24 * 3600
+MAX_PHASE_DEVICES = 10_000_000
+MAX_WAIT_S = 365 * 24 * 3600
+MAX_BACKOFF_S = 7 * 24 * 3600
+MAX_RETRIES = 10
+"""Retries of one device for one failure kind, as AWS IoT Jobs allows."""
+MINUTES_PER_DAY = 24 * 60
 
-_TOPIC_UNSAFE = re.compile(r"[/+#\x00-\x1f\x7f]")
-_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+ABORT_KINDS = ("failed", "rejected", "timed_out", "any")
+"""What an abort rule counts: FAILED, REJECTED or TIMED_OUT executions, or all three (``any``)."""
+RETRY_KINDS = ("failed", "timed_out", "any")
+"""What a retry rule retries (a device that rejected an action refused it: it is not retried)."""
+END_BEHAVIORS = ("stop", "cancel")
 
 
 class InvalidAction(ValueError):
@@ -59,102 +85,6 @@ class InvalidAction(ValueError):
         super().__init__(f"{field}: {problem}")
         self.field = field
         self.problem = problem
-
-
-# -- checks of one value (each skips None: whether a field must be set is said apart) -------------------
-
-
-def text(max_length: int = MAX_TEXT_LENGTH) -> Check:
-    """A non-blank string of at most ``max_length`` characters without control characters."""
-
-    def check(value: Any) -> str | None:
-        if not isinstance(value, str):
-            return f"expected a string, got {type(value).__name__}"
-        if not value.strip():
-            return "must not be empty"
-        if len(value) > max_length:
-            return f"longer than {max_length} characters"
-        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
-            return "contains control characters"
-        return None
-
-    return check
-
-
-def topic_level(value: Any) -> str | None:
-    """A name that becomes one MQTT topic level (``actions/groups/<group>``, ``actions/devices/<id>``)."""
-    problem = text(MAX_ID_LENGTH)(value)
-    if problem is None and _TOPIC_UNSAFE.search(value):
-        return f"{value!r} contains '/', '+' or '#', which cannot be part of one topic level"
-    return problem
-
-
-def integer(minimum: int, maximum: int) -> Check:
-    def check(value: Any) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, int):
-            return f"expected an integer, got {type(value).__name__}"
-        if not minimum <= value <= maximum:
-            return f"must be from {minimum} to {maximum}, got {value}"
-        return None
-
-    return check
-
-
-def percentage(value: Any) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"expected a number, got {type(value).__name__}"
-    if not 0 < value <= 100:
-        return f"must be above 0 and at most 100, got {value}"
-    return None
-
-
-def http_url(value: Any) -> str | None:
-    """An absolute http(s) URL with a host: what a device can download from."""
-    problem = text(MAX_URL_LENGTH)(value)
-    if problem is not None:
-        return problem
-    try:
-        parts = urlsplit(value)
-    except ValueError as exc:
-        return f"not a URL: {value!r} ({exc})"
-    if parts.scheme not in ("http", "https") or not parts.hostname or " " in value:
-        return f"not an http(s) URL with a host: {value!r}"
-    return None
-
-
-def sha256_hex(value: Any) -> str | None:
-    if not isinstance(value, str) or not _SHA256.match(value):
-        return f"expected 64 hexadecimal digits (a SHA-256), got {value!r}"
-    return None
-
-
-def device_ids(value: Any) -> str | None:
-    """A non-empty list of device ids, each a topic level, none twice, at most :data:`MAX_DEVICE_IDS`."""
-    if not isinstance(value, list | tuple):
-        return f"expected a list of device ids, got {type(value).__name__}"
-    if len(value) > MAX_DEVICE_IDS:
-        return f"lists {len(value)} devices, more than {MAX_DEVICE_IDS} (target a group instead)"
-    for index, device_id in enumerate(value):
-        problem = topic_level(device_id)
-        if problem is not None:
-            return f"[{index}]: {problem}"
-    if len(set(value)) < len(value):
-        twice = sorted(d for d, n in Counter(value).items() if n > 1)
-        return f"lists {', '.join(twice[:5])}{' ...' if len(twice) > 5 else ''} more than once"
-    return None
-
-
-def command_args(value: Any) -> str | None:
-    pairs = list(value.items()) if isinstance(value, Mapping) else value
-    if not isinstance(pairs, list):
-        return f"expected a map of strings, got {type(value).__name__}"
-    if len(pairs) > MAX_COMMAND_ARGS:
-        return f"has {len(pairs)} arguments, more than {MAX_COMMAND_ARGS}"
-    for key, argument in pairs:
-        problem = text()(key) or (None if argument is None else text(MAX_URL_LENGTH)(argument))
-        if problem is not None:
-            return f"[{key!r}]: {problem}"
-    return None
 
 
 # -- the definition -----------------------------------------------------------------------------------
@@ -186,18 +116,38 @@ class FieldRule:
 
 
 @dataclass(frozen=True)
-class RowRule:
-    """A check of fields that only make sense together; ``field`` is the one a problem is reported on."""
+class ListRule:
+    """The checks of every item of an array column: its own fields' rules, the fields it cannot do
+    without, and how many items it may have."""
 
     field: str
-    check: Callable[[Mapping[str, Any]], str | None]
+    max_items: int
+    items: tuple[FieldRule, ...]
+    required: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RowRule:
+    """A check of fields that only make sense together; ``field`` is the one a problem is reported on,
+    unless the check names another (an item of an array: ``phases[2].wait_s``)."""
+
+    field: str
+    check: Callable[[Mapping[str, Any]], str | InvalidAction | None]
+
+
+def given(value: Any) -> bool:
+    """Whether a value is set: not null, and for a struct, not a struct of nulls only (what a SQL writer's
+    ``named_struct`` of nulls gives)."""
+    if isinstance(value, Mapping):
+        return any(given(v) for v in value.values())
+    return value is not None
 
 
 def _one_target(row: Mapping[str, Any]) -> str | None:
     listed = field_value(row, "target.device_ids")
     group = field_value(row, "target.group")
     every = field_value(row, "target.all")
-    given = [
+    named = [
         name
         for name, set_ in (
             ("device_ids", listed is not None and len(listed) > 0),
@@ -206,20 +156,139 @@ def _one_target(row: Mapping[str, Any]) -> str | None:
         )
         if set_
     ]
-    if not given:
+    if not named:
         return "no target: set device_ids, a group, or all = true (an empty target is never every device)"
-    if len(given) > 1:
-        return f"sets {' and '.join(given)}: give exactly one target"
+    if len(named) > 1:
+        return f"sets {' and '.join(named)}: give exactly one target"
     return None
 
 
 def _rollout_agrees(row: Mapping[str, Any]) -> str | None:
     broadcast = field_value(row, "rollout.broadcast")
     rate = field_value(row, "rollout.max_per_minute")
-    if broadcast is True and rate is not None:
-        return f"broadcast is true but max_per_minute is {rate}: a broadcast has no rate"
-    if broadcast is False and rate is None:
+    exponential = given(row.get("exponential_rate"))
+    if broadcast is True and (rate is not None or exponential):
+        paced = f"max_per_minute is {rate}" if rate is not None else "exponential_rate is set"
+        return f"broadcast is true but {paced}: a broadcast has no rate"
+    if broadcast is False and rate is None and not exponential:
         return "broadcast is false but max_per_minute is not set: a paced rollout needs a rate"
+    return None
+
+
+def _exponential_complete(row: Mapping[str, Any]) -> str | InvalidAction | None:
+    growth = row.get("exponential_rate")
+    if not isinstance(growth, Mapping) or not given(growth):
+        return None
+    for name in ("base_per_minute", "increment_factor"):
+        if growth.get(name) is None:
+            return InvalidAction(f"exponential_rate.{name}", "required for an exponential rollout")
+    triggers = [name for name in ("notified_devices", "succeeded_devices") if growth.get(name) is not None]
+    if len(triggers) != 1:
+        return "give exactly one of notified_devices and succeeded_devices: what makes the rate grow"
+    ceiling = field_value(row, "rollout.max_per_minute")
+    base = growth["base_per_minute"]
+    if isinstance(ceiling, int) and isinstance(base, int) and base > ceiling:
+        return InvalidAction(
+            "exponential_rate.base_per_minute",
+            f"{base} is above rollout.max_per_minute {ceiling}, the rate's ceiling",
+        )
+    return None
+
+
+def _phases_share_the_target(row: Mapping[str, Any]) -> str | InvalidAction | None:
+    """Each phase but the last names its share (a percentage or a count); the last takes the rest."""
+    phases = row.get("phases")
+    if not isinstance(phases, list | tuple) or not phases or not all(isinstance(p, Mapping) for p in phases):
+        return None
+    last = len(phases) - 1
+    for index, phase in enumerate(phases[:last]):
+        shares = [name for name in ("percent", "devices") if phase.get(name) is not None]
+        if len(shares) != 1:
+            return InvalidAction(f"phases[{index}]", "give exactly one of percent and devices: its share")
+    final = phases[last]
+    if final.get("devices") is not None:
+        return InvalidAction(f"phases[{last}].devices", "the last phase takes every device left: no count")
+    for name in ("wait_s", "success_pct"):
+        if final.get(name) is not None:
+            return InvalidAction(f"phases[{last}].{name}", "the last phase has no next phase to hold back")
+    percents = [p.get("percent") for p in phases[:last] if p.get("percent") is not None]
+    before_last = sum(v for v in percents if isinstance(v, int | float))
+    if before_last >= 100:
+        return f"the phases before the last take {before_last:g} % of the target: leave some for the last"
+    if isinstance(final.get("percent"), int | float):
+        every_percent = len(percents) == last
+        if not every_percent or abs(before_last + final["percent"] - 100) > 1e-9:
+            return InvalidAction(
+                f"phases[{last}].percent",
+                "the last phase takes every device left: leave its percent null, or make every phase a "
+                "percentage adding up to 100",
+            )
+    return None
+
+
+def _rollback_usable(row: Mapping[str, Any]) -> str | InvalidAction | None:
+    rollback = row.get("rollback")
+    if not isinstance(rollback, Mapping) or not given(rollback):
+        return None
+    if row.get("kind") != "ota":
+        return "only an ota action is rolled back (to a firmware version)"
+    for name in ("version", "url", "sha256"):
+        if rollback.get(name) in (None, ""):
+            return InvalidAction(f"rollback.{name}", "required to roll back")
+    aborts = given(row.get("abort_rules")) or field_value(row, "abort_criteria.failure_pct") is not None
+    if not aborts:
+        return "a rollback happens on abort: give abort_rules (or abort_criteria.failure_pct)"
+    if rollback.get("version") == field_value(row, "payload.version"):
+        return InvalidAction("rollback.version", "is the version this action installs")
+    return None
+
+
+def _retries_distinct(row: Mapping[str, Any]) -> str | None:
+    rules = row.get("retries")
+    if not isinstance(rules, list | tuple):
+        return None
+    kinds = [rule.get("failure_kind") for rule in rules if isinstance(rule, Mapping)]
+    if len(set(kinds)) < len(kinds):
+        return "a failure kind is given twice: one rule per kind"
+    if "any" in kinds and len(kinds) > 1:
+        return "'any' retries every failure kind: give it alone"
+    return None
+
+
+def _schedule_in_order(row: Mapping[str, Any]) -> InvalidAction | None:
+    start, end = field_value(row, "schedule.start_at"), field_value(row, "schedule.end_at")
+    created = row.get("created_at")
+    if end is None or timestamp(end) is not None:
+        return None
+    if start is not None and timestamp(start) is None and end <= start:
+        return InvalidAction("schedule.end_at", f"{end.isoformat()} is not after schedule.start_at")
+    if created is not None and timestamp(created) is None and end <= created:
+        return InvalidAction("schedule.end_at", f"{end.isoformat()} is not after the action's created_at")
+    return None
+
+
+def _continuous_target(row: Mapping[str, Any]) -> str | None:
+    if row.get("continuous") is True and not (
+        field_value(row, "target.group") is not None or field_value(row, "target.all") is True
+    ):
+        return "a continuous action targets a group or all devices: a list of devices does not grow"
+    return None
+
+
+def _windows_fit(row: Mapping[str, Any]) -> InvalidAction | None:
+    windows = row.get("maintenance_windows")
+    if not isinstance(windows, list | tuple):
+        return None
+    for index, window in enumerate(windows):
+        if not isinstance(window, Mapping):
+            continue
+        duration = window.get("duration_min")
+        daily = window.get("days") is None
+        if daily and isinstance(duration, int) and duration > MINUTES_PER_DAY:
+            return InvalidAction(
+                f"maintenance_windows[{index}].duration_min",
+                f"a daily window lasts at most {MINUTES_PER_DAY} minutes, got {duration}",
+            )
     return None
 
 
@@ -237,12 +306,77 @@ FIELD_RULES: tuple[FieldRule, ...] = (
     FieldRule("abort_criteria.failure_pct", (percentage,)),
     FieldRule("abort_criteria.min_executed", (integer(1, MAX_DEVICE_IDS),)),
     FieldRule("in_progress_timeout_s", (integer(1, MAX_TIMEOUT_S),)),
+    FieldRule("exponential_rate.base_per_minute", (integer(1, MAX_PER_MINUTE),)),
+    FieldRule("exponential_rate.increment_factor", (number(1, 5),)),
+    FieldRule("exponential_rate.notified_devices", (integer(1, MAX_PHASE_DEVICES),)),
+    FieldRule("exponential_rate.succeeded_devices", (integer(1, MAX_PHASE_DEVICES),)),
+    FieldRule("rollback.version", (text(64),)),
+    FieldRule("rollback.url", (http_url,)),
+    FieldRule("rollback.sha256", (sha256_hex,)),
+    FieldRule("rollback.size", (integer(1, MAX_FIRMWARE_BYTES),)),
+    FieldRule("schedule.start_at", (timestamp,)),
+    FieldRule("schedule.end_at", (timestamp,)),
+    FieldRule("schedule.end_behavior", (one_of(*END_BEHAVIORS),)),
+    FieldRule("continuous", (boolean,)),
 )
 """The checks of each field's value (dotted paths into the row, as ``docs/tables.md`` lists them)."""
+
+LIST_RULES: tuple[ListRule, ...] = (
+    ListRule(
+        "phases",
+        100,
+        (
+            FieldRule("percent", (percentage,)),
+            FieldRule("devices", (integer(1, MAX_PHASE_DEVICES),)),
+            FieldRule("wait_s", (integer(0, MAX_WAIT_S),)),
+            FieldRule("success_pct", (percentage,)),
+        ),
+    ),
+    ListRule(
+        "abort_rules",
+        16,
+        (
+            FieldRule("failure_kind", (one_of(*ABORT_KINDS),)),
+            FieldRule("threshold_pct", (percentage,)),
+            FieldRule("min_executed", (integer(1, MAX_PHASE_DEVICES),)),
+        ),
+        required=("failure_kind", "threshold_pct"),
+    ),
+    ListRule(
+        "retries",
+        len(RETRY_KINDS),
+        (
+            FieldRule("failure_kind", (one_of(*RETRY_KINDS),)),
+            FieldRule("max_retries", (integer(1, MAX_RETRIES),)),
+            FieldRule("backoff_s", (integer(0, MAX_BACKOFF_S),)),
+            FieldRule("backoff_factor", (number(0.999999, 10),)),
+        ),
+        required=("failure_kind", "max_retries"),
+    ),
+    ListRule(
+        "maintenance_windows",
+        32,
+        (
+            FieldRule("days", (weekdays,)),
+            FieldRule("start", (clock_time,)),
+            FieldRule("duration_min", (integer(1, 7 * MINUTES_PER_DAY),)),
+            FieldRule("time_zone", (time_zone,)),
+        ),
+        required=("start", "duration_min"),
+    ),
+)
+"""The checks of every item of each array column."""
 
 ROW_RULES: tuple[RowRule, ...] = (
     RowRule("target", _one_target),
     RowRule("rollout", _rollout_agrees),
+    RowRule("exponential_rate", _exponential_complete),
+    RowRule("phases", _phases_share_the_target),
+    RowRule("rollback", _rollback_usable),
+    RowRule("retries", _retries_distinct),
+    RowRule("schedule", _schedule_in_order),
+    RowRule("continuous", _continuous_target),
+    RowRule("maintenance_windows", _windows_fit),
 )
 """Checks across fields."""
 
@@ -276,6 +410,35 @@ def _a(kind: str) -> str:
     return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind}"
 
 
+def _value_problem(checks: tuple[Check, ...], value: Any) -> str | None:
+    for check in checks:
+        problem = check(value)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _list_problems(rule: ListRule, items: Any) -> Iterable[InvalidAction]:
+    if not isinstance(items, list | tuple):
+        yield InvalidAction(rule.field, f"expected a list, got {type(items).__name__}")
+        return
+    if len(items) > rule.max_items:
+        yield InvalidAction(rule.field, f"has {len(items)} items, more than {rule.max_items}")
+    for index, item in enumerate(items):
+        where = f"{rule.field}[{index}]"
+        if not isinstance(item, Mapping):
+            yield InvalidAction(where, f"expected a struct, got {type(item).__name__}")
+            continue
+        for name in rule.required:
+            if item.get(name) is None:
+                yield InvalidAction(f"{where}.{name}", "required")
+        for item_rule in rule.items:
+            value = item.get(item_rule.field)
+            problem = None if value is None else _value_problem(item_rule.checks, value)
+            if problem is not None:
+                yield InvalidAction(f"{where}.{item_rule.field}", problem)
+
+
 def problems(row: Mapping[str, Any]) -> list[InvalidAction]:
     """Everything wrong with an ``actions`` row (as read from the table, or about to be written)."""
     found: list[InvalidAction] = []
@@ -286,17 +449,19 @@ def problems(row: Mapping[str, Any]) -> list[InvalidAction]:
     found += _kind_problems(row)
     for rule in ROW_RULES:
         problem = rule.check(row)
-        if problem is not None:
+        if isinstance(problem, InvalidAction):
+            found.append(problem)
+        elif problem is not None:
             found.append(InvalidAction(rule.field, problem))
     for field_rule in FIELD_RULES:
         value = field_value(row, field_rule.field)
-        if value is None:
-            continue
-        for check in field_rule.checks:
-            problem = check(value)
-            if problem is not None:
-                found.append(InvalidAction(field_rule.field, problem))
-                break
+        problem = None if value is None else _value_problem(field_rule.checks, value)
+        if problem is not None:
+            found.append(InvalidAction(field_rule.field, problem))
+    for list_rule in LIST_RULES:
+        items = row.get(list_rule.field)
+        if items is not None:
+            found += _list_problems(list_rule, items)
     return found
 
 

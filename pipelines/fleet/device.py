@@ -3,7 +3,9 @@
 The device follows docs/device-protocol.md. It holds its own log offsets for the action topics, so it picks
 up where it left off after reconnecting to any broker, and replays from ``earliest`` on first boot. A message
 on its device bucket's topic lists the devices it is for: the device acts on it only when listed. It sends
-its status reports on its bucket's report topic (``actions/reports/<bucket>``), each naming the device. Given
+its status reports on its bucket's report topic (``actions/reports/<bucket>``), each naming the device and
+the attempt it is about. A message for an action it has seen with a higher ``attempt`` is a retry notice: it
+starts the action again. Given
 several brokers (members of one cluster), it moves to the next when its broker stops accepting it. A status
 report the broker did not acknowledge (refused, or the connection dropped first) is sent again: after a
 pause when refused, on reconnecting otherwise.
@@ -15,12 +17,13 @@ import asyncio
 import json
 import random
 import time
+import zlib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_of, bucket_topic, report_topic
-from pipelines.actions.validation import http_url, sha256_hex, text
+from pipelines.actions.checks import http_url, sha256_hex, text
 from pipelines.fleet.client import Message, MqttClient
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "REJECTED", "CANCELED"})
@@ -59,6 +62,17 @@ class DeviceBehaviour:
     offline_rate_per_min: float = 0.0
     offline_duration_s: tuple[float, float] = (1.0, 5.0)
     keep_alive_s: int = 60
+    failed_attempts: int = 0
+    """Attempts of each action that fail before one may succeed (a download that fails, then works)."""
+    silent_attempts: int = 0
+    """Attempts of each action that hang after IN_PROGRESS and never report again (a stuck download)."""
+    version_failure_rates: dict[str, float] = field(default_factory=dict)
+    """Share of devices on which a firmware version fails to install, by version (a bad build): the same
+    devices every time, chosen by a hash of the device id and the version."""
+
+    def fails_version(self, device_id: str, version: str) -> bool:
+        rate = self.version_failure_rates.get(version, 0.0)
+        return zlib.crc32(f"{device_id}/{version}".encode()) / 2**32 < rate
 
 
 @dataclass
@@ -69,6 +83,7 @@ class ActionProgress:
     seq: int
     details: str = ""
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    attempt: int = 1
 
 
 class SimulatedDevice:
@@ -251,11 +266,28 @@ class SimulatedDevice:
         if kind == "cancel":
             self._cancel(action_id)
             return
-        if action_id in self.actions:
-            return
+        attempt = action.get("attempt", 1)
+        progress = self.actions.get(action_id)
+        if progress is not None and (not isinstance(attempt, int) or attempt <= progress.attempt):
+            return  # seen already (a replay, or a copy resent after a failover)
         expires_at = action.get("expires_at")
         if expires_at and expires_at < time.time() * 1000:
             self.stats["expired_actions"] += 1
+            return
+        if progress is None:
+            self._begin(action_id, kind, action)
+        else:
+            self._retry(action_id, kind, action, progress, attempt)
+
+    def _retry(self, action_id: str, kind: str, action: dict, progress: ActionProgress, attempt: int) -> None:
+        """A retry notice: start again, or say again that it is done (the platform may not have heard)."""
+        self.stats["retries_received"] += 1
+        progress.attempt = attempt
+        if progress.timer:
+            progress.timer.cancel()
+            progress.timer = None
+        if progress.state in ("SUCCEEDED", "CANCELED", "REJECTED"):
+            self._report(action_id, progress.state, progress.details)
             return
         self._begin(action_id, kind, action)
 
@@ -273,6 +305,8 @@ class SimulatedDevice:
             self._report(action_id, "REJECTED", "rejected by device policy")
             return
         self._report(action_id, "IN_PROGRESS", "downloading" if kind == "ota" else "executing")
+        if self.actions[action_id].attempt <= behaviour.silent_attempts:
+            return  # stuck: no final report for this attempt
         delay_range = behaviour.download_delay_s if kind == "ota" else behaviour.command_delay_s
         delay = self.rng.uniform(*delay_range)
         loop = asyncio.get_running_loop()
@@ -283,7 +317,9 @@ class SimulatedDevice:
         progress.timer = None
         if progress.state != "IN_PROGRESS":
             return
-        if self.rng.random() < self.behaviour.failure_rate:
+        bad_build = kind == "ota" and self.behaviour.fails_version(self.device_id, str(action.get("version")))
+        failing = progress.attempt <= self.behaviour.failed_attempts or bad_build
+        if failing or self.rng.random() < self.behaviour.failure_rate:
             self._report(action_id, "FAILED", "checksum mismatch" if kind == "ota" else "command failed")
             return
         if kind == "ota":
@@ -324,6 +360,7 @@ class SimulatedDevice:
             "ts": int(time.time() * 1000),
             "details": progress.details,
             "firmware": self.firmware,
+            "attempt": progress.attempt,
         }
         ack = self.client.publish_tracked(self.report_topic, json.dumps(report).encode())
         if ack is not None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.container import BarContainer
 from matplotlib.figure import Figure
 
 from pipelines.views.queries import MINUTE
@@ -25,6 +26,9 @@ STATE_COLOURS = {
     "CANCELED": "#7f7f7f",
 }
 FINAL_STATES = [state for state in EXECUTION_STATES if state not in ("QUEUED", "IN_PROGRESS")]
+DESIRED_COLOUR = "#2ca02c"
+OTHER_VERSION_COLOURS = ["#c7c7c7", "#ff7f0e", "#9467bd", "#8c564b", "#17becf"]
+"""Installed versions other than the desired one."""
 
 
 def _utc(times: pd.Series) -> pd.Series:
@@ -119,8 +123,14 @@ def quality_chart(batches: pd.DataFrame) -> Figure:
     return fig
 
 
-def rollout_chart(action_id: str, states: pd.DataFrame, summary: dict[str, Any] | None) -> Figure:
-    """An action's devices per state over time (left) and its final counts from ``action_summary`` (right)."""
+def rollout_chart(
+    action_id: str,
+    states: pd.DataFrame,
+    summary: dict[str, Any] | None,
+    phases: pd.Series | None = None,
+) -> Figure:
+    """An action's devices per state over time (left; when each phase started, dashed) and its final counts
+    from ``action_summary`` (right); an aborted action's rule that fired is in the title."""
     fig, (timeline, totals) = plt.subplots(
         1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 1]}, layout="constrained"
     )
@@ -137,6 +147,12 @@ def rollout_chart(action_id: str, states: pd.DataFrame, summary: dict[str, Any] 
             labels=drawn,
             colors=[STATE_COLOURS[state] for state in drawn],
         )
+        for number, started in (phases if phases is not None else pd.Series(dtype=object)).items():
+            at = (pd.Timestamp(started) - states.index[0]).total_seconds()
+            timeline.axvline(at, color="black", linestyle="--", linewidth=1)
+            timeline.annotate(
+                f"phase {number}", (at, 0), xytext=(3, 3), textcoords="offset points", fontsize="small"
+            )
         timeline.legend(loc="upper left", fontsize="small")
     timeline.set_xlabel("seconds since the first device was queued")
     timeline.set_ylabel("devices")
@@ -150,5 +166,53 @@ def rollout_chart(action_id: str, states: pd.DataFrame, summary: dict[str, Any] 
     totals.set_title("final counts (action_summary)")
     outcome = summary["action_state"] if summary else "no summary yet"
     total = int(summary["total_count"]) if summary else 0
-    fig.suptitle(f"Rollout of {action_id}: {outcome}, {total} devices")
+    fired = f" by {summary['aborted_by']}" if summary and summary.get("aborted_by") else ""
+    fig.suptitle(f"Rollout of {action_id}: {outcome}{fired}, {total} devices")
     return fig
+
+
+def compliance_chart(counts: pd.DataFrame) -> Figure:
+    """Each group's devices by installed version (the frame of ``queries.compliance``): the desired
+    version first, in green, every other version stacked after it in a colour of its own."""
+    fig, ax = plt.subplots(figsize=(10, 2 + 0.5 * max(1, len(counts))))
+    versions = [c for c in counts.columns if c != "desired"]
+    total = int(counts[versions].to_numpy().sum()) if versions else 0
+    widest = max([int(counts[versions].loc[g].sum()) for g in counts.index] or [0])
+    on_desired = 0
+    legend: dict[str, BarContainer] = {}
+    for position, (_, row) in enumerate(counts.iterrows()):
+        desired = row["desired"]
+        left = 0
+        for version in sorted(versions, key=lambda v: (v != desired, v)):
+            number = int(row[version])
+            if not number:
+                continue
+            colour = DESIRED_COLOUR if version == desired else _version_colour(versions, version)
+            bar = ax.barh(position, number, left=left, color=colour, edgecolor="white")
+            legend.setdefault("desired version" if version == desired else version, bar)
+            wide = number >= 0.08 * widest
+            ax.bar_label(
+                bar, labels=[f"{version}: {number}" if wide else ""], label_type="center", fontsize="small"
+            )
+            left += number
+            on_desired += number if version == desired else 0
+        wanted = f"  desired {desired}" if isinstance(desired, str) else "  nothing desired"
+        ax.text(left, position, wanted, va="center", fontsize="small")
+    ax.set_yticks(range(len(counts)), [str(group) or "(no group)" for group in counts.index])
+    ax.set_xlim(0, widest * 1.25 or 1)
+    ax.invert_yaxis()
+    ax.set_xlabel("devices")
+    ax.legend(
+        list(legend.values()),
+        list(legend.keys()),
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize="small",
+    )
+    ax.set_title(f"Compliance: {on_desired} of {total} devices on their group's desired version")
+    fig.tight_layout()
+    return fig
+
+
+def _version_colour(versions: list[str], version: str) -> str:
+    return OTHER_VERSION_COLOURS[versions.index(version) % len(OTHER_VERSION_COLOURS)]

@@ -84,8 +84,12 @@ def quality_by_batch(store: TableStore) -> pd.DataFrame:
 
 
 def latest_action_id(store: TableStore) -> str | None:
-    """The action written most recently to ``actions`` (by ``created_at``), or None when there is none."""
+    """The action written most recently to ``actions`` (by ``created_at``), not counting the rollbacks the
+    actions job writes when an action is aborted; None when there is none."""
     actions = read_frame(store, "actions")
+    summaries = read_frame(store, "action_summary")
+    if "rollback_action_id" in summaries:
+        actions = actions[~actions["id"].isin(summaries["rollback_action_id"].dropna())]
     if actions.empty:
         return None
     return str(actions.sort_values(["created_at", "id"]).iloc[-1]["id"])
@@ -123,6 +127,30 @@ def rollout_states(executions: pd.DataFrame) -> pd.DataFrame:
     counts = deltas.pivot_table(index="at", columns="state", values="delta", aggfunc="sum", fill_value=0)
     counts = counts.reindex(columns=list(EXECUTION_STATES), fill_value=0).sort_index().cumsum()
     return counts.astype(int)
+
+
+def phase_starts(executions: pd.DataFrame) -> pd.Series:
+    """When each phase of a phased rollout was first sent (index: phase number), from ``action_executions``
+    rows of one action; empty when it has no phases."""
+    if executions.empty or "phase" not in executions or executions["phase"].isna().all():
+        return pd.Series(dtype="datetime64[ns, UTC]")
+    sent = executions.dropna(subset=["phase", "published_at"])
+    return sent.groupby(sent["phase"].astype(int))["published_at"].min().sort_index()
+
+
+def compliance(store: TableStore) -> pd.DataFrame:
+    """``fleet_compliance``: per group (rows) devices by installed version (columns), and each group's
+    desired version (column ``desired``; None when no OTA action asks for one)."""
+    rows = read_frame(store, "fleet_compliance")
+    if rows.empty:
+        return pd.DataFrame(columns=["desired"])
+    counts = rows.pivot_table(
+        index="group", columns="installed_version", values="devices", aggfunc="sum", fill_value=0
+    )
+    desired = rows.groupby("group")["desired_version"].first()
+    counts.columns = [str(c) for c in counts.columns]
+    counts["desired"] = desired.reindex(counts.index)
+    return counts.sort_index()
 
 
 def rollout(store: TableStore, action_id: str) -> tuple[pd.DataFrame, dict[str, Any] | None]:

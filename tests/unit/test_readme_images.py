@@ -10,7 +10,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_every_image_the_readme_shows_is_in_the_repository():
     images = re.findall(r"!\[[^\]]+\]\(([^)]+\.png)\)", (REPO / "README.md").read_text())
-    assert {Path(image).name for image in images} == {"rollout.png", "device.png", "fleet.png", "quality.png"}
+    assert {Path(image).name for image in images} == {
+        "rollout.png",
+        "compliance.png",
+        "device.png",
+        "fleet.png",
+        "quality.png",
+    }
     for image in images:
         data = (REPO / image).read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 10_000, image

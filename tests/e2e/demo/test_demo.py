@@ -22,7 +22,34 @@ def test_demo_runs_the_whole_platform_and_every_canary_device_finishes(demo_run)
     assert bronze > 0
     store = open_table_store(None, str(demo_run.repository / DEMO_TABLES), backend="delta-rs")
     assert store.read_arrow("devices").num_rows == 20
-    assert store.read_arrow("actions")["id"].to_pylist() == [outcome.group(1)]
+    assert outcome.group(1) in store.read_arrow("actions")["id"].to_pylist()
+
+
+def test_demo_stops_a_phased_bad_build_on_its_abort_rule_and_rolls_back_the_devices_that_installed_it(
+    demo_run,
+):
+    store = open_table_store(None, str(demo_run.repository / DEMO_TABLES), backend="delta-rs")
+    phased = demo_run.phased_action_id
+    summary = next(r for r in store.read_arrow("action_summary").to_pylist() if r["action_id"] == phased)
+    assert (summary["action_state"], summary["aborted_by"]) == ("ABORTED", "abort_rules[0]")
+    assert summary["reason"].startswith("abort_rules[0] (failed) 10 % reached: ")
+    executions = [r for r in store.read_arrow("action_executions").to_pylist() if r["action_id"] == phased]
+    assert len(executions) == 10  # group fleet
+    sent = [r for r in executions if r["published_at"] is not None]
+    assert all(r["phase"] <= summary["phase"] for r in sent)  # no phase after the one it stopped in
+    assert all(r["state"] == "CANCELED" for r in executions if r["published_at"] is None)
+    installed = sorted(r["device_id"] for r in executions if r["state"] == "SUCCEEDED")
+    rows = {r["id"]: r for r in store.read_arrow("actions").to_pylist()}
+    assert set(rows) == {demo_run.action_id, phased} | ({f"{phased}-rollback"} if installed else set())
+    if installed:  # the rollback targets exactly the devices that had installed the bad build
+        assert summary["rollback_action_id"] == f"{phased}-rollback"
+        assert rows[f"{phased}-rollback"]["target"]["device_ids"] == installed
+        assert (
+            f"Outcome of the rollback: COMPLETED, {len(installed)} of {len(installed)} devices"
+            in demo_run.stdout
+        )
+    else:
+        assert summary["reason"].endswith("no device had installed it: nothing to roll back")
 
 
 def test_the_follow_up_the_demo_prints_shows_its_rollout(demo_run):

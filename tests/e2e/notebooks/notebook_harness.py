@@ -123,7 +123,13 @@ class DemoRun:
 
     @property
     def action_id(self) -> str:
+        """The demo's first action: the canary group's rollout."""
         return re.search(r"Outcome of (\S+):", self.stdout).group(1)
+
+    @property
+    def phased_action_id(self) -> str:
+        """The demo's phased rollout of a bad build, stopped by its abort rule."""
+        return re.search(r"Outcome of (\S+): ABORTED in phase", self.stdout).group(1)
 
     @property
     def printed_tables(self) -> str:

@@ -46,7 +46,7 @@ def test_the_documented_nbconvert_command_runs_a_notebook_on_the_demo_tables(dem
     assert result.returncode == 0, result.stderr[-3000:]
     html = (tmp_path / f"{notebook}.html").read_text(encoding="utf-8")
     assert f"tables under {demo_run.repository / '.timestone' / 'demo' / 'tables'} (delta-rs)" in html
-    assert html.count('src="data:image/png;base64,') >= (3 if notebook == "telemetry" else 1)
+    assert html.count('src="data:image/png;base64,') >= (3 if notebook == "telemetry" else 2)
     assert "Traceback" not in html
     if notebook == "ota_rollout":
-        assert demo_run.action_id in html
+        assert demo_run.phased_action_id in html

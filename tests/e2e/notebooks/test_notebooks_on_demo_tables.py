@@ -30,7 +30,15 @@ def scratch(tmp_path, monkeypatch):
 
 def demo_tables(demo_run) -> dict[str, pd.DataFrame]:
     store = open_table_store(None, str(demo_run.repository / DEMO_TABLES), backend="delta-rs")
-    names = ("devices", "silver_telemetry", "device_minute", "dq_results", "actions", "action_summary")
+    names = (
+        "devices",
+        "silver_telemetry",
+        "device_minute",
+        "dq_results",
+        "actions",
+        "action_summary",
+        "fleet_compliance",
+    )
     return {name: store.read_arrow(name).to_pandas() for name in names}
 
 
@@ -61,22 +69,34 @@ def test_telemetry_notebook_with_no_setting_draws_the_demo_fleet_a_device_and_da
     assert quality.points >= 2 * batches > 0  # rows validated and unexpected rows, per batch
 
 
-def test_ota_notebook_with_no_setting_draws_the_demo_rollout_and_writes_nothing(demo_run, scratch):
+def test_ota_notebook_with_no_setting_draws_the_demos_phased_abort_and_compliance_and_writes_nothing(
+    demo_run, scratch
+):
     run = run_notebook("ota_rollout.ipynb", demo_run.repository / "notebooks", scratch)
     tables = demo_tables(demo_run)
-    summary = tables["action_summary"].query("action_id == @demo_run.action_id").iloc[0]
-    assert set(run.charts) == {"rollout_chart"}
-    assert len(run.images()) == 1
+    phased = demo_run.phased_action_id
+    summary = tables["action_summary"].query("action_id == @phased").iloc[0]
+    assert set(run.charts) == {"rollout_chart", "compliance_chart"}
+    assert len(run.images()) == 2
     chart = run.charts["rollout_chart"]
-    assert chart.title == f"Rollout of {demo_run.action_id}: COMPLETED, {summary['total_count']} devices"
+    assert chart.title == f"Rollout of {phased}: ABORTED by abort_rules[0], {summary['total_count']} devices"
     assert chart.axes_titles == ["states over time (action_executions)", "final counts (action_summary)"]
     assert chart.areas > 0
+    assert chart.points == 2 * summary["phase"]  # a dashed line where each phase it reached started
     final_states = [
-        c for c in summary.index if c.endswith("_count") and c != "total_count" and summary[c] > 0
+        c
+        for c in summary.index
+        if c.endswith("_count") and c not in ("total_count", "retries_count") and summary[c] > 0
     ]
     assert chart.bars == len(final_states) > 0
+    assert f"ABORTED: {summary['reason']}" in run.printed
+    compliance = run.charts["compliance_chart"]
+    groups = tables["fleet_compliance"]
+    on_desired = int(groups[groups["on_desired"]]["devices"].sum())
+    assert compliance.title == f"Compliance: {on_desired} of 20 devices on their group's desired version"
+    assert compliance.bars == len(groups) > 0
     assert "No action written" in run.printed
-    assert tables["actions"]["id"].tolist() == [demo_run.action_id]
+    assert len(tables["actions"]) in (2, 3)  # the demo's two, and the rollback the job wrote for one of them
 
 
 def test_the_demos_printed_setting_points_the_notebooks_at_its_tables(demo_run, scratch, monkeypatch):
@@ -85,5 +105,5 @@ def test_the_demos_printed_setting_points_the_notebooks_at_its_tables(demo_run, 
     elsewhere.mkdir()
     monkeypatch.setenv("TIMESTONE_TABLES", demo_run.printed_tables)
     run = run_notebook("ota_rollout.ipynb", elsewhere, scratch)
-    assert run.charts["rollout_chart"].title.startswith(f"Rollout of {demo_run.action_id}: COMPLETED")
+    assert run.charts["rollout_chart"].title.startswith(f"Rollout of {demo_run.phased_action_id}: ABORTED")
     assert f"tables under {demo_run.repository / DEMO_TABLES} (delta-rs)" in run.printed

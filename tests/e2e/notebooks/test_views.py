@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import matplotlib
 import pandas as pd
@@ -210,3 +211,110 @@ def test_quality_chart_draws_every_batch_and_marks_failed_ones():
     chart = describe(charts.quality_chart(batches))
     assert chart.title == "Data quality: 3 batches validated, 1 with a failed expectation"
     assert chart.points == 3 + 3 + 1
+
+
+def test_a_phased_rollout_chart_marks_when_each_phase_started_and_the_rule_that_fired():
+    executions = pd.DataFrame(
+        [
+            {
+                "queued_at": at(0),
+                "published_at": at(p * 60),
+                "started_at": None,
+                "finished_at": at(p * 60 + 5),
+                "updated_at": at(p * 60 + 5),
+                "state": "FAILED" if p == 2 else "SUCCEEDED",
+                "phase": p,
+            }
+            for p in (1, 1, 2)
+        ]
+        + [
+            {
+                "queued_at": at(0),
+                "published_at": None,
+                "started_at": None,
+                "finished_at": at(130),
+                "updated_at": at(130),
+                "state": "CANCELED",
+                "phase": 3,
+            }
+        ]
+    )
+    phases = queries.phase_starts(executions)
+    assert phases.to_dict() == {1: at(60), 2: at(120)}
+    summary = {f"{s.lower()}_count": 0 for s in charts.STATE_COLOURS} | {
+        "succeeded_count": 2,
+        "failed_count": 1,
+        "canceled_count": 1,
+        "total_count": 4,
+        "action_state": "ABORTED",
+        "aborted_by": "abort_rules[0]",
+    }
+    chart = describe(charts.rollout_chart("act-9", queries.rollout_states(executions), summary, phases))
+    assert chart.title == "Rollout of act-9: ABORTED by abort_rules[0], 4 devices"
+    assert chart.points == 4  # two dashed lines, one per phase started
+    assert queries.phase_starts(executions.drop(columns="phase")).empty
+
+
+def test_compliance_frame_and_chart_put_each_groups_desired_version_first(tmp_path):
+    store = open_table_store(None, str(tmp_path), backend="delta-rs")
+    store.ensure("fleet_compliance")
+    rows = [
+        {
+            "group": "canary",
+            "installed_version": "2.0.0",
+            "devices": 90,
+            "desired_version": "2.0.0",
+            "on_desired": True,
+        },
+        {
+            "group": "canary",
+            "installed_version": "1.0.0",
+            "devices": 10,
+            "desired_version": "2.0.0",
+            "on_desired": False,
+        },
+        {
+            "group": "fleet",
+            "installed_version": "1.0.0",
+            "devices": 100,
+            "desired_version": None,
+            "on_desired": False,
+        },
+    ]
+    table = pa.Table.from_pylist(
+        [row | {"updated_at": T0} for row in rows], schema=store.spec("fleet_compliance").arrow_schema
+    )
+    store.append("fleet_compliance", table, "tests", 0)
+    frame = queries.compliance(store)
+    assert frame.to_dict("index") == {
+        "canary": {"1.0.0": 10, "2.0.0": 90, "desired": "2.0.0"},
+        "fleet": {"1.0.0": 100, "2.0.0": 0, "desired": None},
+    }
+    chart = describe(charts.compliance_chart(frame))
+    assert chart.title == "Compliance: 90 of 200 devices on their group's desired version"
+    assert chart.bars == 3
+
+
+def test_the_latest_action_is_the_operators_not_the_rollback_the_job_wrote(tmp_path):
+    from pipelines.actions.operator import NewAction, create_action
+
+    store = open_table_store(None, str(tmp_path), backend="delta-rs")
+    store.ensure("action_summary")
+    firmware: dict[str, Any] = {"version": "2.0.0", "url": "https://fw.example/f", "sha256": "0" * 64}
+    create_action(store, NewAction(action_id="bad", group="g", **firmware))
+    create_action(store, NewAction(action_id="bad-rollback", device_ids=["d1"], **firmware))
+    assert queries.latest_action_id(store) == "bad-rollback"
+    summary = {f"{s.lower()}_count": 0 for s in EXECUTION_STATES} | {
+        "action_id": "bad",
+        "total_count": 0,
+        "action_state": "ABORTED",
+        "updated_at": T0,
+        "rollback_action_id": "bad-rollback",
+    }
+    store.append(
+        "action_summary",
+        pa.Table.from_pylist([summary], schema=store.spec("action_summary").arrow_schema),
+        "t",
+        0,
+    )
+    assert queries.latest_action_id(store) == "bad"

@@ -41,8 +41,10 @@ def action_row(
     min_executed: int = 1,
     timeout_s: int | None = None,
     cancel: bool = False,
+    **columns,
 ) -> dict:
-    """One ``actions`` row as an operator would write it."""
+    """One ``actions`` row as an operator would write it; ``columns``: the rollout columns (``phases``,
+    ``abort_rules``, ``retries``, ``schedule``, ...) as the table holds them."""
     now = datetime.now(UTC)
     return {
         "id": action_id,
@@ -56,13 +58,17 @@ def action_row(
             "command": None,
             "args": None,
         },
-        "rollout": {"max_per_minute": max_per_minute, "broadcast": max_per_minute is None},
+        "rollout": {
+            "max_per_minute": max_per_minute,
+            "broadcast": max_per_minute is None and not columns.get("exponential_rate"),
+        },
         "abort_criteria": {"failure_pct": failure_pct, "min_executed": min_executed},
         "in_progress_timeout_s": timeout_s,
         "created_by": "tests",
         "created_at": now,
         "cancel": cancel,
         "updated_at": now,
+        **columns,
     }
 
 

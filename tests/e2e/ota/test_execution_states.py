@@ -4,7 +4,8 @@ from collections import Counter
 
 import pytest
 
-from pipelines.actions.rollout import rollout_allowance
+from pipelines.actions.abort import AbortRule
+from pipelines.actions.rollout import Pace
 from pipelines.actions.states import (
     CANCELED,
     FAILED,
@@ -25,7 +26,6 @@ from pipelines.actions.summary import (
     ACTION_CANCELED,
     ACTION_COMPLETED,
     ACTION_IN_PROGRESS,
-    AbortCriteria,
     action_state,
     state_counts,
 )
@@ -86,7 +86,7 @@ def test_transition_table(current, new, legal):
 
 
 def test_action_state_completes_aborts_and_cancels():
-    criteria = AbortCriteria(failure_pct=50.0, min_executed=4)
+    criteria = (AbortRule("abort_criteria", "failed_or_timed_out", 50.0, 4),)
     assert action_state(None, state_counts([SUCCEEDED, IN_PROGRESS]), False, criteria) == ACTION_IN_PROGRESS
     assert action_state(None, state_counts([SUCCEEDED, SUCCEEDED]), False, criteria) == ACTION_COMPLETED
     three_failed = state_counts([FAILED, FAILED, FAILED, QUEUED])
@@ -97,10 +97,14 @@ def test_action_state_completes_aborts_and_cancels():
     assert action_state(None, Counter({QUEUED: 3}), True, criteria) == ACTION_CANCELED
 
 
-def test_rollout_allowance_follows_the_rate_from_the_start():
-    assert rollout_allowance(60, 0, 0, 0) == 1
-    assert rollout_allowance(60, 0, 10_000, 1) == 10
-    assert rollout_allowance(60, 0, 10_000, 11) == 0
-    assert rollout_allowance(600, 0, 60_000, 0) == 601
-    with pytest.raises(ValueError):
-        rollout_allowance(0, 0, 0, 0)
+def test_a_constant_rate_is_a_straight_line_from_the_start():
+    pace = Pace(max_per_minute=60)
+
+    def allowed(now_ms: int) -> int:
+        return pace.allowed(0, now_ms, lambda start, end: end - start, sent_before=0, limit=1_000)
+
+    assert allowed(0) == 1
+    assert allowed(10_000) == 11
+    assert Pace(max_per_minute=600).allowed(0, 60_000, lambda a, b: b - a, 0, 10_000) == 601
+    assert pace.allowed(0, 600_000, lambda a, b: b - a, 0, limit=20) == 20
+    assert Pace().allowed(0, 0, lambda a, b: b - a, 0, limit=500) == 500  # unpaced: everyone at once

@@ -1,0 +1,202 @@
+"""The actions engine's view of its Delta tables: snapshots read again only when a table moved, the
+executions kept in memory between the engine's own commits, and versioned merges.
+
+Each batch (actions, reports or tick) looks up a table's Delta version and reads it again only after a
+commit the engine did not make (another writer, a restart); after its own merge it takes the next version
+as the one it holds, which a commit by anyone else in between can never match, so that case is read again
+too. Rows are filtered and converted in Arrow before any Python object is made: a report batch touches a
+few thousand rows of an action that may have a hundred thousand.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipelines.actions.states import Execution
+from pipelines.actions.summary import state_counts
+from sinks.store import TableStore
+
+__all__ = [
+    "ACTIONS",
+    "COMPLIANCE",
+    "DEVICES",
+    "EXECUTIONS",
+    "SUMMARY",
+    "EngineTables",
+    "counts_after",
+]
+
+EXECUTIONS = "action_executions"
+SUMMARY = "action_summary"
+ACTIONS = "actions"
+DEVICES = "devices"
+COMPLIANCE = "fleet_compliance"
+_INT64 = pa.int64()
+TIME_COLUMNS = ("queued_at", "published_at", "updated_at", "started_at", "finished_at", "retry_at")
+
+
+class EngineTables:
+    """The tables of one engine; not thread-safe (the engine's lock serialises its callers)."""
+
+    def __init__(self, store: TableStore) -> None:
+        self.store = store
+        self._cached: pa.Table | None = None
+        """``action_executions`` as of Delta version ``_cached_version`` (timestamps as epoch ms), or None."""
+        self._cached_version = -1
+        self._snapshots: dict[str, tuple[int, pa.Table]] = {}
+        """The other tables as last read, by name: (Delta version, rows)."""
+        for name in (ACTIONS, EXECUTIONS, SUMMARY, DEVICES, COMPLIANCE):
+            store.ensure(name)
+
+    def read(self, name: str) -> pa.Table:
+        """The table ``name`` as of now, read again only when its version moved (the ticker looks every
+        second at ``actions`` and ``action_summary``, which change far less often)."""
+        version = self.store.version(name)  # before the read: a commit after it is read next time
+        snapshot = self._snapshots.get(name)
+        if snapshot is None or snapshot[0] != version:
+            snapshot = self._snapshots[name] = (version, self.store.read_arrow(name))
+        return snapshot[1]
+
+    def version(self, name: str) -> int:
+        return self.store.version(name)
+
+    def summary_rows(self, action_ids: list[str]) -> dict[str, dict]:
+        """Each summarised action's ``action_summary`` row."""
+        table = self.read(SUMMARY)
+        table = table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
+        return {row["action_id"]: row for row in table.to_pylist()}
+
+    def merge_summary(self, rows: pa.Table, app_id: str, batch_id: int) -> None:
+        if self.store.merge(SUMMARY, rows, app_id, batch_id):
+            self._replace_rows(SUMMARY, rows, "action_id")
+
+    def _replace_rows(self, name: str, rows: pa.Table, key: str) -> None:
+        """After a merge of ``rows`` (keyed by ``key``) that committed: the snapshot of ``name`` with them in
+        place, as of the version after the snapshot's (see :meth:`write_executions` for why that guess is
+        safe)."""
+        snapshot = self._snapshots.get(name)
+        if snapshot is None:
+            return
+        version, table = snapshot
+        kept = table.filter(pc.invert(pc.is_in(table[key], value_set=rows[key])))
+        self._snapshots[name] = (version + 1, pa.concat_tables([kept, rows.cast(table.schema)]))
+
+    # -- executions -----------------------------------------------------------------------------------------
+
+    def execution_table(self) -> pa.Table:
+        """``action_executions`` with its timestamps as epoch ms: read once, then kept up to date by
+        :meth:`write_executions` as long as the engine's commits are the only ones (read again after any
+        other: only the table's version is looked up per batch, not its data). A row written before
+        retries existed is its first attempt."""
+        version = self.store.version(EXECUTIONS)  # before a read: a commit after it is seen as foreign
+        if self._cached is None or version != self._cached_version:
+            table = self.store.read_arrow(EXECUTIONS)
+            for column in TIME_COLUMNS:  # the table's timestamps → epoch ms, without a datetime per value
+                # truncated: a row another writer wrote to the microsecond is read, not refused
+                as_ms = table[column].cast(pa.timestamp("ms", tz="UTC"), safe=False)
+                epoch_ms = as_ms.cast(pa.int64())
+                table = table.set_column(table.schema.get_field_index(column), column, epoch_ms)
+            attempts = pc.fill_null(table["attempt"], 1)
+            table = table.set_column(table.schema.get_field_index("attempt"), "attempt", attempts)
+            self._cached, self._cached_version = table, version
+        return self._cached
+
+    def executions_and_counts(
+        self, action_ids: list[str], device_ids: Iterable[str] | None = None
+    ) -> tuple[dict[str, dict[str, Execution]], dict[str, Counter]]:
+        """Execution rows of ``action_ids`` (only those of ``device_ids`` when given), by action and device,
+        and every execution of those actions counted per state: from one read of the table."""
+        table = self._of_actions(action_ids)
+        counts = _group_counts(table)
+        if device_ids is not None:
+            table = table.filter(pc.is_in(table["device_id"], pa.array(list(device_ids), pa.string())))
+        out: dict[str, dict[str, Execution]] = {}
+        for row in table.to_pylist():
+            out.setdefault(row["action_id"], {})[row["device_id"]] = Execution(**row)
+        return out, counts
+
+    def executions(self, action_ids: list[str]) -> dict[str, dict[str, Execution]]:
+        return self.executions_and_counts(action_ids)[0]
+
+    def state_counts(self, action_ids: list[str]) -> dict[str, Counter]:
+        """Executions per state of each action, counted in Arrow (no Python object per row)."""
+        return _group_counts(self._of_actions(action_ids))
+
+    def retries(self, action_ids: list[str]) -> dict[str, int]:
+        """Retries of each action so far, over its devices (their attempts beyond the first)."""
+        table = self._of_actions(action_ids)
+        grouped = table.group_by("action_id").aggregate([("attempt", "sum"), ("attempt", "count")])
+        return {
+            action_id: int(total - count)
+            for action_id, total, count in zip(
+                grouped["action_id"].to_pylist(),
+                grouped["attempt_sum"].to_pylist(),
+                grouped["attempt_count"].to_pylist(),
+                strict=True,
+            )
+        }
+
+    def _of_actions(self, action_ids: list[str]) -> pa.Table:
+        table = self.execution_table()
+        return table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
+
+    def write_executions(self, rows: list[Execution], app_id: str, batch_id: int) -> None:
+        """One merge of ``rows`` keyed by (action, device), each replacing an older version of its row."""
+        if not rows:
+            return
+        cached, self._cached = self._cached, None  # forgotten unless the merge is known to be the next commit
+        schema = self.store.spec(EXECUTIONS).arrow_schema
+        epoch_ms = pa.table(
+            {
+                name: pa.array([getattr(row, name) for row in rows], _INT64 if name in TIME_COLUMNS else None)
+                for name in schema.names
+            }
+        )
+        table = epoch_ms
+        for column in TIME_COLUMNS:  # epoch ms → the table's timestamp type, without a datetime per value
+            stamps = epoch_ms[column].cast(pa.timestamp("ms", tz="UTC"))
+            table = table.set_column(table.schema.get_field_index(column), column, stamps)
+        table = table.cast(schema)
+        written = self.store.merge(EXECUTIONS, table, app_id, batch_id, update_when="s.version > t.version")
+        if cached is None or not written:
+            return
+        # The cache becomes "version + 1" without asking the table: if another writer committed in between,
+        # this merge is a later version, no version ever equals the guess again, and the next batch, seeing
+        # the table's version differ, reads it. Only when this merge was the next commit does the guess hold.
+        keys = pc.binary_join_element_wise(cached["action_id"], cached["device_id"], "\x00")
+        replaced = pc.binary_join_element_wise(epoch_ms["action_id"], epoch_ms["device_id"], "\x00")
+        kept = cached.filter(pc.invert(pc.is_in(keys, value_set=replaced)))
+        self._cached = pa.concat_tables([kept, epoch_ms.cast(cached.schema)])
+        self._cached_version += 1
+
+
+def _group_counts(table: pa.Table) -> dict[str, Counter]:
+    """Executions per state of each action in ``table``, counted in Arrow (no Python object per row)."""
+    grouped = table.group_by(["action_id", "state"]).aggregate([("device_id", "count")])
+    out: dict[str, Counter] = {}
+    for action_id, state, count in zip(
+        grouped["action_id"].to_pylist(),
+        grouped["state"].to_pylist(),
+        grouped["device_id_count"].to_pylist(),
+        strict=True,
+    ):
+        out.setdefault(action_id, state_counts([]))[state] = count
+    return out
+
+
+def counts_after(
+    counts: dict[str, Counter], known: dict[str, dict[str, Execution]], changed: Iterable[Execution]
+) -> dict[str, Counter]:
+    """``counts`` (read with ``known``) once ``changed`` replaced the rows they update (or were added)."""
+    out = {action_id: Counter(counted) for action_id, counted in counts.items()}
+    for row in changed:
+        counted = out.setdefault(row.action_id, state_counts([]))
+        before = known.get(row.action_id, {}).get(row.device_id)
+        if before is not None:
+            counted[before.state] -= 1
+        counted[row.state] += 1
+    return out

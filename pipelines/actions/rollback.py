@@ -1,0 +1,61 @@
+"""The action an abort writes to roll its devices back: the previous firmware, to the devices that installed.
+
+An ``ota`` action with a ``rollback`` (version, URL, checksum of the firmware to go back to) and abort
+rules gets, when it is aborted, a second row in ``actions``: the same kind of action, targeting the devices
+whose execution had SUCCEEDED, sent to them at once. It is an action like any other: checked by
+``validation.py``, fanned out by the job from the table's change feed, followed with ``timestone ota
+status``. Its id is the aborted action's with ``-rollback`` (shortened with a hash when that is too long),
+so writing it again (a replayed batch, a restarted job) finds it there and writes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from pipelines.actions.checks import MAX_DEVICE_IDS, MAX_ID_LENGTH
+
+__all__ = ["rollback_id", "rollback_row"]
+
+SUFFIX = "-rollback"
+
+
+def rollback_id(action_id: str) -> str:
+    plain = action_id + SUFFIX
+    if len(plain) <= MAX_ID_LENGTH:
+        return plain
+    digest = hashlib.sha256(action_id.encode()).hexdigest()[:12]
+    return f"{action_id[: MAX_ID_LENGTH - len(SUFFIX) - 13]}-{digest}{SUFFIX}"
+
+
+def rollback_row(
+    action_id: str,
+    firmware: Mapping[str, Any],
+    installed: Sequence[str],
+    in_progress_timeout_s: int | None,
+    now: datetime,
+) -> dict[str, Any]:
+    """The ``actions`` row sending ``firmware`` back to the devices that ``installed`` the aborted action
+    (at most as many as one action may list; the first by id when more)."""
+    return {
+        "id": rollback_id(action_id),
+        "kind": "ota",
+        "target": {"device_ids": sorted(installed)[:MAX_DEVICE_IDS], "group": None, "all": False},
+        "payload": {
+            "version": firmware.get("version"),
+            "url": firmware.get("url"),
+            "sha256": firmware.get("sha256"),
+            "size": firmware.get("size"),
+            "command": None,
+            "args": None,
+        },
+        "rollout": {"max_per_minute": None, "broadcast": True},
+        "abort_criteria": None,
+        "in_progress_timeout_s": in_progress_timeout_s,
+        "created_by": f"actions job: rollback of {action_id}",
+        "created_at": now,
+        "cancel": False,
+        "updated_at": now,
+    }

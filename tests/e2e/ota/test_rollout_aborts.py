@@ -1,0 +1,131 @@
+"""Abort rules per failure kind and the rollback an abort writes, with a simulated fleet on a real broker.
+
+A phased rollout of a bad build stops on its abort rule in its first phase: the later phases are never sent
+(their devices never hear of it), the summary names the rule and the counts, and the rollback action sends
+the previous version to exactly the devices that installed the bad one. Each failure kind fires its own rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow.compute as pc
+import pytest
+
+from pipelines.actions.phases import Phase, phase_of_devices
+from pipelines.actions.rollback import rollback_id
+from tests.e2e.ota.conftest import SHA256, action_row
+from tests.e2e.ota.rollout_harness import finals, rollout_run
+from tests.fleet_harness import quiet_devices
+
+BAD_BUILD = "2.1.0"
+PHASES: list[dict[str, Any]] = [
+    {"percent": 25.0, "devices": None, "wait_s": 3600, "success_pct": None},
+    {"percent": 25.0, "devices": None, "wait_s": 3600, "success_pct": None},
+    {"percent": None, "devices": None, "wait_s": None, "success_pct": None},
+]
+ROLLBACK = {"version": "1.0.0", "url": "https://example.invalid/fw-1.0.0.bin", "sha256": SHA256, "size": 1024}
+
+
+def rule(kind: str, pct: float, minimum: int) -> dict:
+    return {"failure_kind": kind, "threshold_pct": pct, "min_executed": minimum}
+
+
+def test_a_phased_rollout_of_a_bad_build_stops_in_its_first_phase_and_rolls_back(tmp_path):
+    behaviour = quiet_devices(version_failure_rates={BAD_BUILD: 0.4})
+    with rollout_run(tmp_path, behaviour, count=20) as run:
+        devices = [d.device_id for d in run.fleet.devices]
+        phase = phase_of_devices("ab-1", [Phase.from_row(p) for p in PHASES], devices)
+        first = sorted(d for d in devices if phase[d] == 1)
+        failing = {d for d in first if behaviour.fails_version(d, BAD_BUILD)}
+        assert len(first) == 5 and 2 <= len(failing) < 5  # the simulator's bad build, on these ids
+
+        rules = [rule("rejected", 50.0, 1), rule("failed", 40.0, 5)]
+        run.create(
+            action_row(
+                "ab-1", group="g", version=BAD_BUILD, phases=PHASES, abort_rules=rules, rollback=ROLLBACK
+            )
+        )
+        run.feed(lambda reports: finals(reports, "ab-1") == 5)
+        summary = run.summary("ab-1")
+        assert (summary["action_state"], summary["aborted_by"], summary["phase"]) == (
+            "ABORTED",
+            "abort_rules[1]",
+            1,
+        )
+        share = 100 * len(failing) / 5
+        assert summary["reason"] == (
+            f"abort_rules[1] (failed) 40 % reached: {len(failing)} of 5 finished devices failed "
+            f"({share:.1f} %; abort_rules[1].min_executed 5); "
+            f"rollback ab-1-rollback to 1.0.0 written for {5 - len(failing)} device"
+            + ("" if 5 - len(failing) == 1 else "s")
+        )
+        executions = run.executions("ab-1")
+        for device_id, row in executions.items():
+            if phase[device_id] == 1:
+                assert row["state"] == ("FAILED" if device_id in failing else "SUCCEEDED")
+            else:  # never sent: canceled where they were queued
+                assert (row["state"], row["published_at"]) == ("CANCELED", None)
+                assert row["status_details"] == "action aborted: abort_rules[1] reached"
+        run.tick_at(10 * 3600)  # the later phases' waits are long over: nothing more goes out
+        assert run.received("ab-1") == set(first)
+        after = run.summary("ab-1")
+        assert (after["action_state"], after["canceled_count"], after["total_count"]) == ("ABORTED", 15, 20)
+
+        actions = run.store.read_arrow("actions")
+        rollback = actions.filter(pc.equal(actions["id"], rollback_id("ab-1"))).to_pylist()
+        assert len(rollback) == 1 and summary["rollback_action_id"] == "ab-1-rollback"
+        installed = sorted(set(first) - failing)
+        assert rollback[0]["target"]["device_ids"] == installed
+        assert rollback[0]["payload"]["version"] == "1.0.0"
+        assert {d.firmware for d in run.fleet.devices if d.device_id in installed} == {BAD_BUILD}
+
+        run.engine.on_action_rows(rollback, "fanout", 99)  # as the job's change feed hands it over
+        run.feed(lambda reports: finals(reports, "ab-1-rollback") == len(installed))
+        assert run.summary("ab-1-rollback")["action_state"] == "COMPLETED"
+        assert {d.device_id: d.firmware for d in run.fleet.devices if d.device_id in set(first)} == {
+            d: "1.0.0" for d in first
+        }
+        assert run.received("ab-1-rollback") == set(installed)
+
+
+@pytest.mark.parametrize(
+    ("kind", "behaviour", "timeout_s"),
+    [
+        ("failed", {"failure_rate": 1.0}, None),
+        ("rejected", {"reject_rate": 1.0}, None),
+        ("timed_out", {"silent_attempts": 99}, 60),
+    ],
+)
+def test_each_failure_kind_fires_its_own_rule(tmp_path, kind, behaviour, timeout_s):
+    rules = [rule("failed", 50.0, 3), rule("rejected", 50.0, 3), rule("timed_out", 50.0, 3)]
+    with rollout_run(tmp_path, quiet_devices(**behaviour), count=3) as run:
+        devices = [d.device_id for d in run.fleet.devices]
+        run.create(action_row("k-1", device_ids=devices, abort_rules=rules, timeout_s=timeout_s))
+        if timeout_s:
+            run.feed(lambda reports: sum(r.state == "IN_PROGRESS" for r in reports) == 3)
+            run.tick_at(timeout_s + 1)
+        else:
+            run.feed(lambda reports: finals(reports, "k-1") == 3)
+        summary = run.summary("k-1")
+        index = ["failed", "rejected", "timed_out"].index(kind)
+        assert (summary["action_state"], summary["aborted_by"]) == ("ABORTED", f"abort_rules[{index}]")
+        assert summary["reason"].startswith(
+            f"abort_rules[{index}] ({kind}) 50 % reached: 3 of 3 finished devices"
+        )
+        assert summary["rollback_action_id"] is None
+
+
+def test_any_failure_kind_counts_failures_rejections_and_timeouts_together(tmp_path):
+    with rollout_run(tmp_path, quiet_devices(failure_rate=0.5, reject_rate=0.5), count=8) as run:
+        devices = [d.device_id for d in run.fleet.devices]
+        rules = [rule("failed", 90.0, 8), rule("rejected", 90.0, 8), rule("any", 60.0, 8)]
+        run.create(action_row("k-any", device_ids=devices, abort_rules=rules))
+        run.feed(lambda reports: finals(reports, "k-any") == 8)
+        outcome = run.fleet.states("k-any")
+        bad = outcome["FAILED"] + outcome["REJECTED"]
+        assert max(outcome["FAILED"], outcome["REJECTED"]) < 8 * 0.9 <= 8  # neither kind alone is enough
+        assert bad * 100 >= 60 * 8  # this fleet's seed: together they cross the 60 % of the rule on "any"
+        summary = run.summary("k-any")
+        assert (summary["action_state"], summary["aborted_by"]) == ("ABORTED", "abort_rules[2]")
+        assert f"{bad} of 8 finished devices failed, rejected it or timed out" in summary["reason"]

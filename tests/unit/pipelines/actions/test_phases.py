@@ -1,0 +1,49 @@
+"""Phases of a rollout: their sizes, which devices are in each, and when each starts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pipelines.actions.phases import Phase, phase_of_devices, phase_sizes, phase_starts
+from pipelines.actions.states import FAILED, SUCCEEDED, queued
+
+MENDER = (Phase(percent=5.0, wait_s=86_400), Phase(percent=15.0, wait_s=86_400), Phase())
+
+
+def test_sizes_round_up_on_the_running_share_and_the_last_takes_the_rest():
+    assert phase_sizes(MENDER, 100) == [5, 15, 80]
+    assert phase_sizes(MENDER, 10) == [1, 1, 8]
+    assert phase_sizes(MENDER, 0) == [0, 0, 0]
+    counted = (Phase(devices=10), Phase(percent=30.0), Phase())
+    assert phase_sizes(counted, 100) == [10, 30, 60]
+    assert phase_sizes(counted, 5) == [5, 0, 0]
+
+
+def test_each_phase_is_a_spread_sample_the_same_every_time():
+    devices = [f"dev-{i:05d}" for i in range(100)]
+    phases = phase_of_devices("act-1", MENDER, devices)
+    first = sorted(d for d, p in phases.items() if p == 1)
+    assert len(first) == 5 and first != devices[:5]
+    assert phase_of_devices("act-1", MENDER, reversed(devices)) == phases
+    assert phase_of_devices("act-2", MENDER, devices) != phases
+
+
+def row(device: str, phase: int, published: int | None, state: str = "QUEUED", finished: int | None = None):
+    return replace(
+        queued("a", device, 0, published_at=published, phase=phase), state=state, finished_at=finished
+    )
+
+
+def test_the_next_phase_waits_for_every_device_sent_its_wait_and_its_success_share():
+    phases = (Phase(devices=4, wait_s=60, success_pct=50.0), Phase())
+    sent = [row(f"d{i}", 1, 1_000 + i) for i in range(3)] + [row("d3", 1, None)]
+    assert phase_starts(phases, sent, 0, 10**9) == [0]  # d3 not sent yet
+    all_sent = [*sent[:3], row("d3", 1, 4_000)]
+    assert phase_starts(phases, all_sent, 0, 10**9) == [0]  # no device succeeded
+    one = [row("d0", 1, 1_000, SUCCEEDED, 9_000), row("d1", 1, 1_001, FAILED, 9_500), *all_sent[2:]]
+    assert phase_starts(phases, one, 0, 10**9) == [0]  # 1 of 4 succeeded, 2 needed
+    two = [row("d2", 1, 1_002, SUCCEEDED, 70_000), *one[:2], all_sent[3]]
+    assert phase_starts(phases, two, 0, 10**9) == [0, 70_000]  # the second success, after the wait
+    assert phase_starts(phases, two, 0, 69_999) == [0]  # not yet
+    early = [row(r.device_id, 1, r.published_at, r.state, 20_000) if r.state == SUCCEEDED else r for r in two]
+    assert phase_starts(phases, early, 0, 10**9) == [0, 60_000]  # successes early: the wait holds it

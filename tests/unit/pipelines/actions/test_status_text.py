@@ -1,0 +1,56 @@
+"""What ``timestone ota status`` prints of an action's rollout settings and progress."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from pipelines.actions.operator import NewAction
+from pipelines.actions.status import ActionStatus, describe
+
+NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+
+
+def test_status_shows_the_rollout_shape_time_rules_and_what_fired():
+    row = NewAction(
+        action_id="a-1",
+        group="fleet",
+        version="2.1.0",
+        url="https://fw.example/f",
+        sha256="0" * 64,
+        max_per_minute=600,
+        exponential_rate={"base_per_minute": 50, "increment_factor": 2.0, "succeeded_devices": 100},
+        phases=[{"percent": 5.0, "wait_s": 86_400, "success_pct": 95.0}, {"devices": 500}, {}],
+        abort_rules=[{"failure_kind": "failed", "threshold_pct": 10.0, "min_executed": 20}],
+        retries=[{"failure_kind": "timed_out", "max_retries": 2, "backoff_s": 600, "backoff_factor": 2.0}],
+        rollback={"version": "2.0.0", "url": "https://fw.example/g", "sha256": "1" * 64},
+        start_at=NOW,
+        maintenance_windows=[
+            {"days": ["sat"], "start": "22:00", "duration_min": 120, "time_zone": "Europe/Berlin"}
+        ],
+        continuous=True,
+    ).row(NOW)
+    summary = {
+        **{
+            f"{s}_count": 0
+            for s in ("queued", "in_progress", "succeeded", "failed", "timed_out", "rejected", "canceled")
+        },
+        "total_count": 0,
+        "action_state": "ABORTED",
+        "updated_at": NOW,
+        "reason": "abort_rules[0] (failed) 10 % reached: ...",
+        "aborted_by": "abort_rules[0]",
+        "rollback_action_id": "a-1-rollback",
+        "phase": 1,
+        "retries_count": 3,
+    }
+    text = describe(ActionStatus("a-1", row, summary), "")
+    assert (
+        "rollout   from 50 devices/min, x2 every 100 succeeded up to 600; "
+        "phases 5 % (wait 86400 s, 95 % succeeded), 500, rest; abort at 10 % failed after 20 finished; "
+        "retry timed_out up to 2x after 600 s (x2); rollback to 2.0.0 on abort"
+    ) in text
+    assert (
+        "when      from 2026-11-25 12:00:00 UTC; window sat 22:00 for 120 min Europe/Berlin; "
+        "continuous (devices joining the group get it too)"
+    ) in text
+    assert "progress  phase 1 of 3, 3 retries, aborted by abort_rules[0], rollback a-1-rollback" in text
