@@ -262,13 +262,13 @@ class SiteLink:
         import aiohttp
 
         config = self.config
-        context = client_ssl_context(config)
         delay = config.reconnect_min_s
         attempt = 0
         while True:
             hub = config.hubs[attempt % len(config.hubs)]
             attempt += 1
             try:
+                context = client_ssl_context(config)  # read at each dial: rotated files are taken
                 async with (
                     aiohttp.ClientSession() as session,
                     session.ws_connect(
@@ -282,7 +282,14 @@ class SiteLink:
                 ):
                     self.hub = hub
                     await self._converse(ws)
-            except (aiohttp.ClientError, OSError, TimeoutError, WireError, ConnectionError) as error:
+            except (
+                aiohttp.ClientError,
+                OSError,
+                TimeoutError,
+                WireError,
+                ConnectionError,
+                ssl.SSLError,
+            ) as error:
                 log.warning("uplink to %s: %s; again in %.1f s", hub, error or type(error).__name__, delay)
             finally:
                 if self.connected:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from broker_edge.runtime.local_pki import LocalPki
+from broker_edge.runtime.main import reload_files
 from broker_edge.settings.uplink import site_topic
 from broker_edge.uplink.status_cli import uplink_main
 from tests.e2e.broker_clients import PahoClient, wait_for
@@ -233,3 +234,16 @@ def test_an_action_published_on_the_hub_reaches_the_sites_devices_and_their_repo
     assert wait_for(lambda: same_logs(site, hub, "plant-d", ["actions/reports/0"], 1), timeout=10)
     assert hub.call(lambda: site_topic("plant-d", "actions/all") not in hub_store)  # never sent back up
     assert status(site)["site"]["downlink_records"] == 2
+
+
+def test_sighup_rereads_the_hubs_certificate_and_sites_connect_after_it(
+    brokers: Brokers, pki: LocalPki
+) -> None:
+    hub = brokers("hub", uplink_hub=hub_section(pki))
+    uplink_hub = hub.broker.uplink_hub
+    assert uplink_hub is not None
+    hub.call(lambda: reload_files(hub.broker))
+    assert uplink_hub.tls.reloads == 1
+    site = brokers("site", uplink=site_section(pki, "plant-h", hub_port(hub)))
+    publish(site, "telemetry/a", [b"after the reload"])
+    assert wait_for(lambda: same_logs(site, hub, "plant-h", ["telemetry/a"], 1), timeout=20)
