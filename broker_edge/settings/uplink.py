@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 from broker_edge.config.loader import ConfigError
 from broker_edge.protocol.errors import InvalidTopic
-from broker_edge.protocol.topics import validate_topic_filter
+from broker_edge.protocol.topics import topic_matches, validate_topic_filter
 from broker_edge.security.tls import TlsConfig
 
 __all__ = [
@@ -147,6 +147,10 @@ class UplinkConfig:
             raise ConfigError(
                 "retention_warning_ratio", f"must be in (0, 1], got {self.retention_warning_ratio!r}"
             )
+
+    def downlinked(self, topic: str) -> bool:
+        """Whether ``topic`` is one the hub writes here (devices may not publish to it)."""
+        return any(topic_matches(topic_filter, topic) for topic_filter in self.downlink)
 
 
 @dataclass

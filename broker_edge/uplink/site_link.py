@@ -149,7 +149,7 @@ class SiteLink:
         return list(found)
 
     def _downlinked(self, topic: str) -> bool:
-        return any(topic_matches(topic_filter, topic) for topic_filter in self.config.downlink)
+        return self.config.downlinked(topic)
 
     def _downlink_request(self) -> dict[str, object] | None:
         downlink = self.config.downlink

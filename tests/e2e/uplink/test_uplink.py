@@ -234,6 +234,11 @@ def test_an_action_published_on_the_hub_reaches_the_sites_devices_and_their_repo
     assert wait_for(lambda: same_logs(site, hub, "plant-d", ["actions/reports/0"], 1), timeout=10)
     assert hub.call(lambda: site_topic("plant-d", "actions/all") not in hub_store)  # never sent back up
     assert status(site)["site"]["downlink_records"] == 2
+    device.client.publish("actions/all", b"forged on the site", qos=1).wait_for_publish(
+        5
+    )  # only the hub writes
+    assert wait_for(lambda: site.drops("acl_denied") == 1)
+    assert site.call(lambda: site_store.durable_end("actions/all")) == 2
 
 
 def test_sighup_rereads_the_hubs_certificate_and_sites_connect_after_it(
