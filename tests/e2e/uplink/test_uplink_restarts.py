@@ -35,7 +35,12 @@ class Telemetry:
     def _run(self) -> None:
         sequence = 0
         while not self._stop.is_set():
-            client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="", protocol=mqtt.MQTTv5)
+            client = mqtt.Client(
+                mqtt.CallbackAPIVersion.VERSION2,
+                client_id="",
+                protocol=mqtt.MQTTv5,
+                reconnect_on_failure=False,
+            )
             try:
                 client.connect("127.0.0.1", self.port)
             except OSError:
@@ -97,8 +102,8 @@ def test_a_killed_and_restarted_site_loses_nothing_it_acknowledged_and_sends_not
         telemetry.stop()
     assert wait_for(lambda: telemetry.acknowledged <= set(hub_payloads(hub, "plant-k")), timeout=30)
     site.stop()
-    payloads = hub_payloads(hub, "plant-k")
-    assert len(payloads) == len(set(payloads))  # none twice
+    # None twice: the hub's logs are the site's, offset for offset (a device's QoS 1 resend after a kill is
+    # the device's duplicate, at its own offset on the site, and so on the hub).
     hub_store = hub.broker.store
     assert hub_store is not None
     hub_logs = hub.call(lambda: [log_frames(hub_store, site_topic("plant-k", topic)) for topic in TOPICS])
