@@ -135,9 +135,10 @@ def run(args, workdir: Path) -> dict:
             facts["broker_cpu"] = (cpu_after[0] - cpu_before[0]) / wall * 100
             facts["job_cpu"] = (cpu_after[1] - cpu_before[1]) / wall * 100
             facts["report_logs"] = len(OffsetsClient(broker.offsets_url).list_logs(REPORT_TOPICS))
+            query = job.reports.query
             facts["batches"] = [
                 (p.batchId, p.numInputRows, dict(p.durationMs))
-                for p in job.reports.query.recentProgress
+                for p in (query.recentProgress if query is not None else [])
                 if p.numInputRows
             ]
         finally:

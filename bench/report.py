@@ -43,6 +43,37 @@ def write_result(text: str, output: Path | None) -> None:
         print(f"wrote {output}", flush=True)
 
 
+def section_of(path: Path, heading: str) -> str:
+    """The section of markdown file ``path`` that starts with the line ``heading``, up to the next heading
+    of the same or a higher level (empty when the file or the section is missing)."""
+    try:
+        lines = path.read_text().splitlines(keepends=True)
+    except OSError:
+        return ""
+    level = len(heading) - len(heading.lstrip("#"))
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == heading), None)
+    if start is None:
+        return ""
+    end = start + 1
+    while end < len(lines):
+        marks = len(lines[end]) - len(lines[end].lstrip("#"))
+        if 0 < marks <= level and lines[end][marks : marks + 1] == " ":
+            break
+        end += 1
+    return "".join(lines[start:end])
+
+
+def replace_section(path: Path, heading: str, text: str) -> None:
+    """Write ``text`` as the section ``heading`` of ``path`` (see :func:`section_of`): in place of the one
+    there, else at the end; the rest of the file is kept."""
+    current = path.read_text() if path.exists() else ""
+    old = section_of(path, heading)
+    new = text.rstrip("\n") + "\n\n"
+    updated = current.replace(old, new) if old else current.rstrip("\n") + "\n\n" + new
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(updated.rstrip("\n") + "\n")
+
+
 def run_and_write(
     argv: Sequence[str] | None,
     name: str,

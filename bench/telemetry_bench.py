@@ -57,9 +57,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench import frames  # noqa: E402
-from bench.report import write_result  # noqa: E402
+from bench.report import replace_section, section_of, write_result  # noqa: E402
 from bench.sysinfo import machine_busy_seconds, machine_info, spark_process_id  # noqa: E402
-from bench.telemetry_ceiling import CeilingRun, run_ceiling  # noqa: E402
+from bench.telemetry_ceiling import CeilingRun, run_ceiling, run_plain  # noqa: E402
 from broker_edge.runtime.launcher import BrokerProcess  # noqa: E402
 
 if TYPE_CHECKING:
@@ -73,14 +73,18 @@ if TYPE_CHECKING:
     from sinks import BatchWriter, TableStore
 
 RESULTS = REPO / "bench" / "results" / "telemetry.md"
+LONG_RUN_HEADING = "### A compressed day"  # bench/telemetry_longrun.py's section of RESULTS
 SOURCE_RESULTS = REPO / "bench" / "results" / "source.md"
 TARGET_BRONZE_ROWS_PER_S = 150_000
 TARGET_BRONZE_P50_S = 1.0
 TARGET_SILVER_P50_S = 1.5
 TARGET_SILVER_P99_S = 2.5
-TARGET_JOB_SHARE_OF_CEILING = 0.6  # whole job warm rate / engine ceiling warm rate, at least
+#: The job's catch-up batch sizes (``source.max_records_per_trigger``) and, for each, the least share of a
+#: ceiling's warm rate the whole job's warm rate should reach (against both ceilings, in the same run).
+TARGET_JOB_SHARE = {100_000: 0.5, 250_000: 0.6}
 TARGET_FIRST_BATCH_OF_CEILING_COLD = 2.0  # job's cold first batch / ceiling's cold run, at most
-PAIRS = 3  # ceiling and job runs, taking turns
+PAIRS = 3  # measured rounds: each ceiling and the job at each batch size, taking turns
+WARM_ROUNDS = 3  # unmeasured rounds before them: the JVM compiles the code of every kind of run meanwhile
 #: Two cores; a failed task is tried up to 4 times (Spark's default on a cluster; local mode's is once), as a
 #: loaded machine can delay a Python worker's start past Spark's fixed 10 s wait for it.
 SPARK_MASTER = "local[2,4]"
@@ -108,6 +112,8 @@ class Settings:
     latency_warmup_s: float
     latency_measure_s: float
     quick: bool
+    rates_only: bool = False
+    """Only the ceilings and the job at each batch size, taking turns (no bronze, cold or latency runs)."""
 
 
 # -- payloads and the backlog publisher ------------------------------------------------------------------
@@ -327,7 +333,10 @@ def poll_tables(
                 files[name].add(uri)
                 path = uri if "://" in uri else unquote(uri)  # delta-rs percent-encodes local paths
                 time_column = "payload" if name == "bronze" else "event_time"
-                rows = pq.read_table(path, columns=["topic", "offset", time_column]).to_pylist()
+                try:
+                    rows = pq.read_table(path, columns=["topic", "offset", time_column]).to_pylist()
+                except FileNotFoundError:  # vacuumed since the listing: its rows were seen in others
+                    continue
                 for row in rows:
                     key = (row["topic"], row["offset"])
                     if key not in seen[name]:
@@ -477,8 +486,10 @@ class Figures:
     settings: Settings
     fill_seconds: float = 0.0
     bronze: list[ThroughputRun] = field(default_factory=list)
-    jobs: list[ThroughputRun] = field(default_factory=list)
+    #: the whole job's warm runs, by catch-up batch size
+    jobs: dict[int, list[ThroughputRun]] = field(default_factory=dict)
     ceilings: list[CeilingRun] = field(default_factory=list)
+    plains: list[CeilingRun] = field(default_factory=list)
     job_cold: ColdJob | None = None
     ceiling_cold: CeilingRun | None = None
     latency: LatencyRun | None = None
@@ -590,13 +601,19 @@ def percentile(values: list[float], pct: float) -> float:
 # -- Spark phases ----------------------------------------------------------------------------------------
 
 
-def telemetry_config(root: Path, label: str, offsets_url: str) -> TelemetryConfig:
-    """The job's default configuration with this run's broker, tables and checkpoint."""
+def telemetry_config(
+    root: Path, label: str, offsets_url: str, batch_rows: int | None = None
+) -> TelemetryConfig:
+    """The job's default configuration with this run's broker, tables and checkpoint (and catch-up batch
+    size, ``source.max_records_per_trigger``, when given)."""
     from pipelines.telemetry.config import load_telemetry_config
 
+    source: dict[str, Any] = {"brokers": [f"edge1={offsets_url}"]}
+    if batch_rows is not None:
+        source["max_records_per_trigger"] = batch_rows
     return load_telemetry_config(
         {
-            "source": {"brokers": [f"edge1={offsets_url}"]},
+            "source": source,
             "tables": {"root": str(root / label / "tables"), "backend": "delta-rs"},
             "stream": {"checkpoint": str(root / label / "checkpoint"), "query_name": f"telemetry-{label}"},
         }
@@ -646,9 +663,9 @@ def bronze_only_query(
     )
 
 
-def finish(query: StreamingQuery, timeout_s: int) -> list[dict[str, Any]]:
+def finish(query: StreamingQuery, timeout_s: float) -> list[dict[str, Any]]:
     """Wait for an availableNow query (stopping it after ``timeout_s``); its progress reports."""
-    if not query.awaitTermination(timeout_s):
+    if not query.awaitTermination(int(timeout_s)):
         query.stop()
         raise TimeoutError(f"query {query.name} did not finish within {timeout_s:.0f} s")
     if query.exception() is not None:
@@ -689,12 +706,19 @@ def measure_bronze(
 
 
 def measure_job(
-    spark: SparkSession, root: Path, label: str, broker: BrokerProcess, meter: CpuMeter, timeout_s: int
+    spark: SparkSession,
+    root: Path,
+    label: str,
+    broker: BrokerProcess,
+    meter: CpuMeter,
+    timeout_s: float,
+    batch_rows: int | None = None,
 ) -> ThroughputRun:
-    """The whole telemetry job, availableNow, over everything the broker holds."""
+    """The whole telemetry job, availableNow, over everything the broker holds, until every table is
+    complete (batches of ``batch_rows`` records, else the job's default)."""
     from pipelines.telemetry.job import TelemetryBatch, open_store, start_query
 
-    config = telemetry_config(root, label, broker.offsets_url)
+    config = telemetry_config(root, label, broker.offsets_url, batch_rows)
     store = open_store(spark, config)
     batch = TelemetryBatch(config, store)
     batch.ensure_tables()
@@ -703,6 +727,7 @@ def measure_job(
         with meter.measure() as use:
             began = time.perf_counter()
             progress = finish(start_query(spark, config, batch, available_now=True), timeout_s)
+            batch.settle()  # a gold part still running: the tables are complete once it is in
             seconds = time.perf_counter() - began
     finally:
         batch.close()
@@ -874,6 +899,7 @@ def run_cold_job(offsets_url: str, root: Path) -> ColdJob:
         quiet_great_expectations()
         began = time.perf_counter()
         progress = finish(start_query(spark, config, batch, available_now=True), 900)
+        batch.settle()  # the last batch's gold part: the tables are complete
         seconds = time.perf_counter() - began
         batch.close()
     finally:
@@ -885,6 +911,45 @@ def run_cold_job(offsets_url: str, root: Path) -> ColdJob:
         first_batch_s=first["durationMs"].get("triggerExecution", 0) / 1000,
         first_batch_rows=first["numInputRows"],
     )
+
+
+def warm_runs(
+    spark: SparkSession,
+    root: Path,
+    broker: BrokerProcess,
+    meter: CpuMeter,
+    files: list[str],
+    settings: Settings,
+    figures: Figures,
+) -> None:
+    """The ceilings and the job at each batch size taking turns: ``WARM_ROUNDS`` rounds unmeasured, then
+    ``PAIRS`` measured (one each with ``--quick``). A run that fails becomes a 'failed' line."""
+    warm_rounds, rounds = (1, 1) if settings.quick else (WARM_ROUNDS, PAIRS)
+    for number in range(warm_rounds + rounds):
+        measured = number >= warm_rounds
+        label = f"{number - warm_rounds + 1}" if measured else f"warm-up-{number + 1}"
+        try:
+            ceiling = run_ceiling(spark, files, str(root / f"ceiling-{label}"))
+            plain = run_plain(spark, files, str(root / f"plain-{label}"))
+            jobs = {
+                rows: measure_job(spark, root, f"job-{rows // 1000}k-{label}", broker, meter, 900, rows)
+                for rows in TARGET_JOB_SHARE
+            }
+        except Exception as exc:
+            figures.failures.append(f"warm round {label}: {exc}")
+            continue
+        if not measured:
+            print(f"warm-up round {number + 1} done")
+            continue
+        figures.ceilings.append(ceiling)
+        figures.plains.append(plain)
+        for rows, job in jobs.items():
+            figures.jobs.setdefault(rows, []).append(job)
+        print(
+            f"round {label}: engine ceiling {ceiling.rate:,.0f}, plain transforms {plain.rate:,.0f}, "
+            + ", ".join(f"job at {rows:,}-row batches {job.rate:,.0f}" for rows, job in jobs.items())
+            + " rows/s"
+        )
 
 
 def run(settings: Settings, root: Path, figures: Figures) -> None:
@@ -916,6 +981,9 @@ def run(settings: Settings, root: Path, figures: Figures) -> None:
                     if attempt == 2:
                         raise
             files = bronze_files(warm_store)
+            if settings.rates_only:
+                warm_runs(spark, root, broker, meter, files, settings, figures)
+                return
             for number in range(1 if settings.quick else 3):
                 try:
                     result = measure_bronze(spark, root, f"bronze-{number + 1}", broker, meter, 600)
@@ -933,20 +1001,7 @@ def run(settings: Settings, root: Path, figures: Figures) -> None:
                     print(f"{name}, cold (fresh Spark process): {cold_run.rate:,.0f} rows/s")
                 except Exception as exc:
                     figures.failures.append(f"{name}, cold: {exc}")
-            # warm: one unmeasured run of each, then the two take turns
-            for number in range(1 if settings.quick else PAIRS):
-                try:
-                    if number == 0:
-                        run_ceiling(spark, files, str(root / "ceiling-warm-up"))
-                        measure_job(spark, root, "job-warm-up", broker, meter, 900)
-                    ceiling = run_ceiling(spark, files, str(root / f"ceiling-{number + 1}"))
-                    figures.ceilings.append(ceiling)
-                    print(f"engine ceiling, run {number + 1}: {ceiling.rate:,.0f} rows/s")
-                    job = measure_job(spark, root, f"job-{number + 1}", broker, meter, 900)
-                    figures.jobs.append(job)
-                    print(f"whole job, run {number + 1}: {job.rate:,.0f} rows/s ({job.checked})")
-                except Exception as exc:
-                    figures.failures.append(f"ceiling/job pair {number + 1}: {exc}")
+            warm_runs(spark, root, broker, meter, files, settings, figures)
         try:
             figures.latency = measure_latency(
                 spark,
@@ -1062,26 +1117,29 @@ def _met(ok: bool) -> str:
 
 
 def _ceiling_rows(figures: Figures) -> list[str]:
-    """The engine ceiling and the whole job, warm (medians of the interleaved runs) and cold."""
+    """Both ceilings and the whole job at each batch size, warm (medians of the interleaved runs, and the
+    job's share of each ceiling), then the cold figures."""
     rows = []
-    ceiling = statistics.median(c.rate for c in figures.ceilings) if figures.ceilings else None
-    job = statistics.median(j.rate for j in figures.jobs) if figures.jobs else None
-    if ceiling is not None:
+    ceilings = {
+        "engine ceiling (the job's work as plain Spark, Parquet → Parquet)": figures.ceilings,
+        "plain transforms (parse, dedup, silver, minutes, devices; no quality checks)": figures.plains,
+    }
+    medians = {name: statistics.median(c.rate for c in runs) for name, runs in ceilings.items() if runs}
+    for name, rate in medians.items():
+        rows.append(f"| {name}, warm, median of {len(ceilings[name])} | {rate:,.0f} rows/s | — | |")
+    for batch_rows, runs in sorted(figures.jobs.items()):
+        job = statistics.median(j.rate for j in runs)
         rows.append(
-            f"| engine ceiling (plain Spark, Parquet → Parquet), warm, median of {len(figures.ceilings)} "
-            f"| {ceiling:,.0f} rows/s | — | |"
+            f"| whole job (every table, data quality included), {batch_rows:,}-row batches, warm, median of "
+            f"{len(runs)} | {job:,.0f} rows/s | — | |"
         )
-    if job is not None:
-        rows.append(
-            f"| whole job (every table, data quality included), availableNow, warm, median of "
-            f"{len(figures.jobs)} | {job:,.0f} rows/s | — | |"
-        )
-    if ceiling and job is not None:
-        share = job / ceiling
-        rows.append(
-            f"| whole job warm / engine ceiling warm | {share:.0%} | ≥ {TARGET_JOB_SHARE_OF_CEILING:.0%} | "
-            f"{_met(share >= TARGET_JOB_SHARE_OF_CEILING)} |"
-        )
+        target = TARGET_JOB_SHARE[batch_rows]
+        for name, rate in medians.items():
+            share, short = job / rate, name.split(" (")[0]
+            rows.append(
+                f"| job at {batch_rows:,}-row batches / {short} | {share:.0%} | ≥ {target:.0%} | "
+                f"{_met(share >= target)} |"
+            )
     cold, first = figures.ceiling_cold, figures.job_cold
     if cold is not None:
         rows.append(
@@ -1124,25 +1182,27 @@ def _render_throughput(figures: Figures) -> list[str]:
         f"topics, published as QoS 1 frames over {s.topics} connections ({WINDOW} in flight each) in "
         f"{figures.fill_seconds:.1f} s ({per_topic * s.topics / max(figures.fill_seconds, 1e-9):,.0f} "
         "msg/s, not a figure of this benchmark), then read from offset 0 with `trigger(availableNow=True)` "
-        f"and the job's source options (`maxRecordsPerTrigger` {default_trigger_limit()}, `minPartitions` "
-        "Spark's defaultParallelism). *source → bronze* runs the job's bronze step alone in `foreachBatch` "
+        "and the job's source options (`minPartitions` Spark's defaultParallelism; `maxRecordsPerTrigger` "
+        f"{default_trigger_limit()} by default, and {', '.join(f'{n:,}' for n in TARGET_JOB_SHARE)} "
+        "for the job's catch-up runs). *source → bronze* runs the job's bronze step alone in `foreachBatch` "
         "(`to_bronze`, `exactly_once` without caching the batch, which only bronze reads, delta-rs "
         "append) after a warm-up "
         "query doing the same over the whole backlog into scratch tables; *job* is "
-        "`start_query(..., available_now=True)` with a new `TelemetryBatch` and fresh tables, after one "
-        "unmeasured run of it (the Great Expectations context, the first compilation of its plans). "
-        "Rows/s is rows / wall time from `start()` to termination. The *engine ceiling* "
-        "(`bench/telemetry_ceiling.py`) reads the warm-up's bronze files "
-        f"(the same {per_topic * s.topics:,} rows) and writes "
-        "silver, quarantine, device minutes and devices as plain Parquet; its runs take turns with the job's "
-        "in the same Spark session, after one unmeasured run. *Cold* runs are each the first work of a "
+        "`start_query(..., available_now=True)` with a new `TelemetryBatch` and fresh tables, at each batch "
+        "size. Rows/s is rows / wall time from `start()` until every table is complete. The *engine "
+        "ceiling* and the *plain transforms* (`bench/telemetry_ceiling.py`) read the warm-up's bronze files "
+        f"(the same {per_topic * s.topics:,} rows) at once: the ceiling writes silver, quarantine, device "
+        "minutes and devices as plain Parquet; the plain transforms only parse, deduplicate and write "
+        "silver, minutes and devices. The ceilings and the job at each batch size take turns in the same "
+        f"Spark session: {WARM_ROUNDS} rounds unmeasured (the JVM keeps compiling Spark's code for "
+        f"minutes), then {PAIRS} measured. *Cold* runs are each the first work of a "
         "fresh local[2] Spark process (its start not counted), one for the ceiling, one for the job.",
         "",
         "| run | rows | s | rows/s | batches (s each) | CPU s: broker | Spark (JVM + workers) | driver "
         "| other work | tables afterwards |",
         "|---|---:|---:|---:|---|---:|---:|---:|---:|---|",
     ]
-    runs = [*figures.bronze, *figures.jobs]
+    runs = [*figures.bronze, *[run for rows in sorted(figures.jobs) for run in figures.jobs[rows]]]
     for r in runs:
         each = ", ".join(f"{p['durationMs'].get('triggerExecution', 0) / 1000:.1f}" for p in r.progress)
         lines.append(
@@ -1150,16 +1210,18 @@ def _render_throughput(figures: Figures) -> list[str]:
             f"{_cpu_cells(r.cpu)} | {r.checked} |"
         )
     lines.append("")
-    if figures.ceilings:
+    if figures.ceilings or figures.plains:
         lines += [
-            "| engine ceiling run | rows | s | rows/s | silver | device minutes | devices | quarantined |",
+            "| ceiling run | rows | s | rows/s | silver | device minutes | devices | quarantined |",
             "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
-        for number, c in enumerate(figures.ceilings, 1):
-            lines.append(
-                f"| ceiling-{number} | {c.rows:,} | {c.seconds:.1f} | {c.rate:,.0f} | {c.silver:,} | "
-                f"{c.minutes:,} | {c.devices:,} | {c.quarantined:,} |"
-            )
+        named = [("ceiling", figures.ceilings), ("plain", figures.plains)]
+        for kind, ceiling_runs in named:
+            for number, c in enumerate(ceiling_runs, 1):
+                lines.append(
+                    f"| {kind}-{number} | {c.rows:,} | {c.seconds:.1f} | {c.rate:,.0f} | {c.silver:,} | "
+                    f"{c.minutes:,} | {c.devices:,} | {c.quarantined:,} |"
+                )
         lines.append("")
     if figures.bronze:
         lines += [
@@ -1183,14 +1245,16 @@ def _render_throughput(figures: Figures) -> list[str]:
                 f"{r.rows / job if job else 0:,.0f} |"
             )
         lines.append("")
-    if figures.jobs and figures.jobs[0].steps:
-        medians = _median_steps([step for run in figures.jobs for step in run.steps], skip_first=False)
-        progress = [p["durationMs"] for run in figures.jobs for p in run.progress]
+    for batch_rows, job_runs in sorted(figures.jobs.items()):
+        medians = _median_steps([step for run in job_runs for step in run.steps], skip_first=False)
+        progress = [p["durationMs"] for run in job_runs for p in run.progress]
+        if not medians or not progress:
+            continue
         add_batch = statistics.median(d.get("addBatch", 0) for d in progress)
         trigger = statistics.median(d.get("triggerExecution", 0) for d in progress)
         lines += [
-            f"Whole job, {len(progress)} batches: median time of each step per batch (ms; the steps after "
-            "`profile` run concurrently), and the batch's `addBatch`: "
+            f"Whole job at {batch_rows:,}-row batches, {len(progress)} batches: median time of each step per "
+            "batch (ms; the steps after `profile` run concurrently), and the batch's `addBatch`: "
             + ", ".join(f"`{name}` {ms:,.0f}" for name, ms in medians.items())
             + f"; addBatch median {add_batch:,.0f} ms, triggerExecution median {trigger:,.0f} ms.",
             "",
@@ -1317,8 +1381,58 @@ def latency_only(settings: Settings, trace: bool = False) -> int:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     if args.quick:
-        return Settings(args.records or 100_000, args.topics, 50, 200.0, 10.0, 20.0, True)
-    return Settings(args.records or 500_000, args.topics, 50, 200.0, 15.0, 45.0, False)
+        return Settings(args.records or 100_000, args.topics, 50, 200.0, 10.0, 20.0, True, args.rates_only)
+    return Settings(args.records or 500_000, args.topics, 50, 200.0, 15.0, 45.0, False, args.rates_only)
+
+
+RATES_HEADING = "### Catch-up rate by batch size, a run of its own"
+
+
+def render_rates(figures: Figures, wall: float, load: LoadSampler, started: datetime) -> str:
+    """``--rates-only``: the ceilings and the job at each batch size, as a section of its own."""
+    s, machine, samples = figures.settings, machine_info(), load.samples
+    rounds = (
+        "one unmeasured round, then one measured"
+        if s.quick
+        else f"{WARM_ROUNDS} unmeasured, {PAIRS} measured"
+    )
+    lines = [
+        RATES_HEADING,
+        "",
+        f"`bench/telemetry_bench.py --rates-only{' --quick' if s.quick else ''} --records {s.records}`, "
+        f"{started:%Y-%m-%d %H:%M} UTC, {wall:.0f} s in all. {machine.cpu_model}, {machine.cores} cores, "
+        f"{machine.memory_gib:.0f} GiB. Load average (1 min) {samples[0]:.1f} at the start, "
+        f"{statistics.mean(samples):.1f} mean / {max(samples):.1f} max: the machine was shared with other "
+        "engineers' test runs, so every rate is far below the idle machine's; read the shares, measured in "
+        f"the same run with the runs taking turns ({rounds}).",
+        "",
+        f"{s.records:,} readings on {s.topics} device topics, as in *Backlog throughput*; the job with its "
+        "default configuration but `source.max_records_per_trigger` at each batch size, fresh tables each "
+        "run.",
+        "",
+        "| figure | value | target | |",
+        "|---|---:|---|---|",
+        *_ceiling_rows(figures),
+        "",
+        "| run | engine ceiling | plain transforms | "
+        + " | ".join(f"job, {rows:,}-row batches" for rows in sorted(figures.jobs))
+        + " |",
+        "|---|---:|---:|" + "---:|" * len(figures.jobs),
+    ]
+    for number, (ceiling, plain) in enumerate(zip(figures.ceilings, figures.plains, strict=False)):
+        jobs = [
+            figures.jobs[rows][number] for rows in sorted(figures.jobs) if len(figures.jobs[rows]) > number
+        ]
+        lines.append(
+            f"| {number + 1} | {ceiling.rate:,.0f} | {plain.rate:,.0f} | "
+            + " | ".join(
+                f"{job.rate:,.0f} ({sum(1 for p in job.progress if p.get('numInputRows'))} batches)"
+                for job in jobs
+            )
+            + " |"
+        )
+    lines += [f"- **failed**: {failure}" for failure in figures.failures]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1336,6 +1450,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--trace", action="store_true", help="with --latency-only: Spark jobs, collects and writes per step"
+    )
+    parser.add_argument(
+        "--rates-only",
+        action="store_true",
+        help="only the ceilings and the job at each batch size; written as a section of its own",
     )
     parser.add_argument("--cold-job", nargs=2, metavar=("OFFSETS_URL", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -1358,8 +1477,16 @@ def main(argv: list[str] | None = None) -> int:
             run(settings, root, figures)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    if settings.rates_only:
+        replace_section(
+            args.output, RATES_HEADING, render_rates(figures, time.perf_counter() - began, load, started)
+        )
+        print(f"wrote {args.output}")
+        return 1 if figures.failures else 0
     text = render(figures, time.perf_counter() - began, load, started)
-    write_result(text, args.output)
+    # the sections of other runs: bench/telemetry_longrun.py's and --rates-only's
+    kept = "".join(section_of(args.output, heading) for heading in (RATES_HEADING, LONG_RUN_HEADING))
+    write_result(text + ("\n" + kept if kept else ""), args.output)
     return 1 if figures.failures else 0
 
 

@@ -42,6 +42,12 @@ COMMANDS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "run a streaming pipeline (telemetry, actions)",
         ("pipelines", "spark"),
     ),
+    "tables": (
+        "pipelines.maintenance.cli",
+        "tables_main",
+        "maintain the Delta tables: timestone tables maintain [telemetry|actions]",
+        ("pipelines",),
+    ),
     "devices": ("pipelines.fleet.cli", "devices_main", "simulate a fleet of devices", ()),
     "ota": (
         "pipelines.actions.cli",

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipelines.metrics import PipelineMetrics
+
 __all__ = ["RunOptions"]
 
 
@@ -17,3 +19,5 @@ class RunOptions:
     available_now: bool = False
     spark_master: str | None = None
     config_path: str | None = None
+    metrics: PipelineMetrics | None = None
+    """Where the job counts what it reports as metrics (its query restarts); served with --metrics-port."""

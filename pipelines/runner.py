@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker_edge.config.loader import ConfigError, load_yaml_file
 from pipelines.graceful_stop import StopRequest, stop_on_signals
+from pipelines.metrics import PipelineMetrics
 from pipelines.overrides import apply_override, key_steps
 from pipelines.pipeline_logs import configure_pipeline_logging, failure_summary, quiet_spark
 from pipelines.preflight import BrokersUnreachable
@@ -140,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"override a config key by its dotted path, lists indexed as key[0] (e.g. {example}); "
             "VALUE is read as YAML (repeatable)",
         )
+        one.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            metavar="PORT",
+            help="serve the job's Prometheus metrics (query restarts) at http://127.0.0.1:PORT/metrics",
+        )
         one.add_argument("--log-format", choices=("text", "json"), default="text", help="text, or JSON lines")
         one.add_argument(
             "--log-level",
@@ -216,7 +224,7 @@ def pipeline_main(argv: list[str]) -> int:
     configure_pipeline_logging(args.log_level, args.log_format)
     prefix = f"timestone pipeline {args.name}"
     module = importlib.import_module(pipeline.module)
-    options = RunOptions(args.available_now, args.spark_master, args.config)
+    options = RunOptions(args.available_now, args.spark_master, args.config, PipelineMetrics())
     try:
         document = load_config_document(
             args.config, pipeline.default_config, args.overrides, sections_of(pipeline)
@@ -235,6 +243,8 @@ def pipeline_main(argv: list[str]) -> int:
         return UNREACHABLE
     if validated is not None and pipeline.tables_root:
         print(notebooks_hint(str(attrgetter(pipeline.tables_root)(validated))), flush=True)
+    if args.metrics_port is not None and options.metrics is not None:
+        options.metrics.serve(args.metrics_port)
     request: StopRequest | None = None
     try:
         spark = spark_session(args.spark_master, app_name=f"timestone-{args.name}")

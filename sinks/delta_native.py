@@ -41,6 +41,10 @@ TXN_VERSION_CONF = "spark.databricks.delta.write.txnVersion"
 USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
 #: Delta's bound on the size of the files OPTIMIZE writes.
 OPTIMIZE_MAX_FILE_SIZE_CONF = "spark.databricks.delta.optimize.maxFileSize"
+#: Files below this size are what OPTIMIZE compacts.
+OPTIMIZE_MIN_FILE_SIZE_CONF = "spark.databricks.delta.optimize.minFileSize"
+#: Delta's refusal of a VACUUM retention below the table's ``delta.deletedFileRetentionDuration``.
+RETENTION_CHECK_CONF = "spark.databricks.delta.retentionDurationCheck.enabled"
 
 __all__ = ["MARKER_PREFIX", "DeltaNativeTableStore", "commit_marker"]
 
@@ -283,19 +287,55 @@ class DeltaNativeTableStore(TableStore):
         frame = self.spark.sql(f"SELECT * FROM {self._identifier(name)} VERSION AS OF {version}")
         return frame if within is None else within.rows(frame)  # the table's own columns, as written
 
-    def compact(self, name: str, target_bytes: int) -> int:
-        """Delta's ``OPTIMIZE`` (bin-packing), its file size bounded by ``target_bytes``."""
-        session = self.spark
-        previous = session.conf.get(OPTIMIZE_MAX_FILE_SIZE_CONF, None)
-        session.conf.set(OPTIMIZE_MAX_FILE_SIZE_CONF, str(target_bytes))
-        try:
-            metrics = self._delta_table(name).optimize().executeCompaction().first()
-        finally:
-            if previous is None:
-                session.conf.unset(OPTIMIZE_MAX_FILE_SIZE_CONF)
-            else:
-                session.conf.set(OPTIMIZE_MAX_FILE_SIZE_CONF, previous)
+    def compact(self, name: str, target_bytes: int, min_files: int = 2) -> int:
+        """Delta's ``OPTIMIZE`` (bin-packing) of the files under ``target_bytes`` into files of up to that
+        size. Delta has no setting for ``min_files``: it compacts any partition with two such files."""
+        metrics = self._with_conf(
+            {OPTIMIZE_MAX_FILE_SIZE_CONF: str(target_bytes), OPTIMIZE_MIN_FILE_SIZE_CONF: str(target_bytes)},
+            lambda: self._delta_table(name).optimize().executeCompaction().first(),
+        )
         return int(metrics["metrics"]["numFilesRemoved"]) if metrics is not None else 0
+
+    def vacuum(self, name: str, retention_hours: float) -> int | None:
+        """Delta's ``VACUUM ... RETAIN n HOURS`` (which does not say how many files it deleted)."""
+        self._with_conf(
+            {RETENTION_CHECK_CONF: "false"}, lambda: self._delta_table(name).vacuum(float(retention_hours))
+        )
+        return None
+
+    def tidy_log(self, name: str) -> int | None:
+        """Nothing to do: native Delta checkpoints its log itself (every ``delta.checkpointInterval``
+        commits) and deletes the entries older than ``delta.logRetentionDuration`` when it does."""
+        return None
+
+    def set_properties(self, name: str, properties: Mapping[str, str]) -> bool:
+        self._ensure_once(name)
+        detail = self._delta_table(name).detail().select("properties").first()
+        current = dict(detail["properties"] or {}) if detail is not None else {}
+        changed = {k: v for k, v in properties.items() if current.get(k) != v}
+        if changed:
+            assignments = ", ".join(f"'{k}' = '{v}'" for k, v in changed.items())
+            self.spark.sql(f"ALTER TABLE {self._identifier(name)} SET TBLPROPERTIES ({assignments})")
+        return bool(changed)
+
+    def data_files(self, name: str) -> int:
+        detail = self._delta_table(name).detail().select("numFiles").first()
+        return int(detail["numFiles"]) if detail is not None else 0
+
+    def _with_conf(self, conf: Mapping[str, str], work: Any) -> Any:
+        """``work()`` with the session's ``conf`` set, then the session's own values back."""
+        session = self.spark
+        previous = {key: session.conf.get(key, None) for key in conf}
+        try:
+            for key, value in conf.items():
+                session.conf.set(key, value)
+            return work()
+        finally:
+            for key, earlier in previous.items():
+                if earlier is None:
+                    session.conf.unset(key)
+                else:
+                    session.conf.set(key, earlier)
 
     def read_arrow(self, name: str, within: TimeRange | None = None) -> pa.Table:
         from pyspark.sql.pandas.types import to_arrow_schema

@@ -29,7 +29,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -44,6 +44,8 @@ from sinks.arrow_conform import SchemaMismatch, conform, to_arrow_table
 from sinks.parquet_files import FileWriter, WrittenFile, remove_files, write_files
 from sinks.store import (
     COMMIT_MARKER_KEY,
+    DELETED_FILE_RETENTION,
+    MARKER_PREFIX,
     TableData,
     TableStore,
     TableStoreError,
@@ -51,6 +53,7 @@ from sinks.store import (
     check_batch,
     commit_marker,
     merge_condition,
+    retention_interval,
 )
 from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec, as_nullable
 
@@ -369,15 +372,65 @@ class DeltaRsTableStore(TableStore):
         frame = self._read_files(name, _files_within(table, self.location(name), within), table)
         return frame if within is None else within.rows(frame)
 
-    def compact(self, name: str, target_bytes: int) -> int:
-        """delta-rs' bin-packing; a commit lost to a concurrent writer leaves the work to the next call."""
+    def compact(self, name: str, target_bytes: int, min_files: int = 2) -> int:
+        """delta-rs' bin-packing, one call per crowded partition; a commit lost to a concurrent write
+        leaves that partition to the next call."""
         table = self._open_for_write(name)
-        try:
-            metrics = table.optimize.compact(target_size=target_bytes)
-        except CommitFailedError:
-            log.debug("compaction of %s lost its commit to a concurrent write", name)
-            return 0
-        return int(metrics.get("numFilesRemoved", 0))
+        removed = 0
+        for filters in _crowded_partitions(table, target_bytes, min_files):
+            try:
+                metrics = table.optimize.compact(partition_filters=filters, target_size=target_bytes)
+            except CommitFailedError:
+                log.debug("compaction of %s lost its commit to a concurrent write", name)
+                table = self._open(name, fresh=True)
+                continue
+            removed += int(metrics.get("numFilesRemoved", 0))
+        return removed
+
+    def vacuum(self, name: str, retention_hours: float) -> int | None:
+        """delta-rs' full vacuum (files never committed too), keeping the files of each writer's latest
+        batch however old (:meth:`appended` reads them when a job redoes that batch after a restart, even
+        once compaction replaced them). On a local path, the files it deleted are counted on disk
+        (delta-rs lists every file it found unreferenced, deleted before or not)."""
+        table = self._open_for_write(name)
+        directory = _local_directory(self.location(name))
+        before = _files_on_disk(directory) if directory is not None else None
+        if float(retention_hours).is_integer():
+            period: dict[str, Any] = {
+                "retention_hours": int(retention_hours),
+                "enforce_retention_duration": False,
+            }
+        else:  # delta-rs takes whole hours, or any period from the table's property
+            self.set_properties(name, {DELETED_FILE_RETENTION: retention_interval(retention_hours)})
+            table = self._open(name)
+            period = {"retention_hours": None, "enforce_retention_duration": True}
+        listed = table.vacuum(
+            dry_run=False, full=True, keep_versions=_latest_marked_versions(table) or None, **period
+        )
+        if before is None or directory is None:
+            return len(listed)
+        return len(before - _files_on_disk(directory))
+
+    def tidy_log(self, name: str) -> int | None:
+        table = self._open_for_write(name)
+        directory = _local_directory(self.location(name))
+        before = _log_entries(directory) if directory is not None else None
+        table.create_checkpoint()
+        table.cleanup_metadata()
+        if before is None or directory is None:
+            return None
+        return before - _log_entries(directory)
+
+    def set_properties(self, name: str, properties: Mapping[str, str]) -> bool:
+        table = self._open_for_write(name)
+        configuration = table.metadata().configuration
+        changed = {k: v for k, v in properties.items() if configuration.get(k) != v}
+        if changed:
+            table.alter.set_table_properties(changed, raise_if_not_exists=False)
+        return bool(changed)
+
+    def data_files(self, name: str) -> int:
+        return int(self._open(name).get_add_actions().num_rows)
 
     def _read_files(self, name: str, files: list[str], table: DeltaTable) -> DataFrame:
         """Some data files of the table as a Spark DataFrame, in the schema of ``table`` (as loaded): the
@@ -481,6 +534,60 @@ def _files_within(table: DeltaTable, location: str, within: TimeRange | None) ->
     keep = pc.fill_null(overlaps, True)  # no statistics: the file may hold anything
     paths = actions.column("path").filter(keep).to_pylist()
     return [_local_file(directory, path) for path in paths]
+
+
+def _latest_marked_versions(table: DeltaTable) -> list[int]:
+    """The version of each writer's (app id's) latest batch commit found in the table's history."""
+    latest: dict[str, int] = {}
+    for limit in (100, None):
+        for commit in table.history(limit):
+            marker = commit.get(COMMIT_MARKER_KEY)
+            if isinstance(marker, str) and marker.startswith(MARKER_PREFIX):
+                app_id = marker[len(MARKER_PREFIX) :].rpartition(":")[0]
+                latest[app_id] = max(latest.get(app_id, -1), int(commit["version"]))
+        if latest:
+            break
+    return sorted(set(latest.values()))
+
+
+def _crowded_partitions(
+    table: DeltaTable, target_bytes: int, min_files: int
+) -> list[list[tuple[str, str, str]] | None]:
+    """The partition filters of the partitions holding at least ``min_files`` files under
+    ``target_bytes`` (None: the whole table, unpartitioned or with a null partition value, which
+    delta-rs cannot filter on)."""
+    columns = list(table.metadata().partition_columns)
+    actions = pa.table(table.get_add_actions(flatten=True))
+    small = actions.filter(pc.less(actions.column("size_bytes"), target_bytes))
+    if not columns:
+        return [None] if small.num_rows >= min_files else []
+    keys = [f"partition.{c}" for c in columns]
+    counts = small.group_by(keys, use_threads=False).aggregate([("path", "count")])
+    crowded = counts.filter(pc.greater_equal(counts.column("path_count"), min_files)).select(keys)
+    filters: list[list[tuple[str, str, str]] | None] = []
+    for values in crowded.to_pylist():
+        if any(value is None for value in values.values()):
+            return [None]
+        filters.append([(c, "=", str(values[f"partition.{c}"])) for c in columns])
+    return filters
+
+
+def _files_on_disk(directory: str) -> set[str]:
+    """The data files under a local table directory (its log excluded)."""
+    found: set[str] = set()
+    for folder, subfolders, names in os.walk(directory):
+        subfolders[:] = [d for d in subfolders if not d.startswith("_")]
+        found.update(os.path.join(folder, n) for n in names if n.endswith(".parquet"))
+    return found
+
+
+def _log_entries(directory: str) -> int:
+    """Commit and checkpoint files in a local table's ``_delta_log``."""
+    try:
+        names = os.listdir(os.path.join(directory, "_delta_log"))
+    except OSError:
+        return 0
+    return sum(1 for n in names if n.endswith((".json", ".parquet")))
 
 
 def _local_file(directory: str, path: str) -> str:

@@ -65,6 +65,17 @@ class TimeRange:
         return table.filter(inside)
 
 
+#: The table property bounding how long removed files stay (what ``vacuum`` keeps by default).
+DELETED_FILE_RETENTION = "delta.deletedFileRetentionDuration"
+#: The table property bounding how long log entries stay.
+LOG_RETENTION = "delta.logRetentionDuration"
+
+
+def retention_interval(hours: float) -> str:
+    """A retention period as a Delta table property value, to the second (``interval 3600 seconds``)."""
+    return f"interval {round(hours * 3600)} seconds"
+
+
 def commit_marker(app_id: str, batch_id: int) -> str:
     return f"{MARKER_PREFIX}{app_id}:{batch_id}"
 
@@ -152,13 +163,41 @@ class TableStore(ABC):
         """
 
     @abstractmethod
-    def compact(self, name: str, target_bytes: int) -> int:
+    def compact(self, name: str, target_bytes: int, min_files: int = 2) -> int:
         """Rewrite the table's data files smaller than ``target_bytes`` into fewer, larger ones.
 
-        The rows do not change (a commit without data change: appends and readers carry on, and streams
-        of the table's changes see nothing); files removed stay on disk until ``vacuum``. Returns the number
-        of files removed (0: nothing to do).
+        Files are bin-packed within their partition; a partition is left alone until it holds at least
+        ``min_files`` such files (so a growing file is not rewritten for every new one). The rows and the
+        batch markers do not change (a commit without data change: appends and readers carry on, and
+        streams of the table's changes see nothing); files removed stay on disk until :meth:`vacuum`.
+        Returns the number of files removed (0: nothing to do).
         """
+
+    @abstractmethod
+    def vacuum(self, name: str, retention_hours: float) -> int | None:
+        """Delete the table's data files that no snapshot of the last ``retention_hours`` references:
+        files compaction, merges or overwrites removed, and files of writes that never committed.
+
+        A reader of a snapshot younger than that still finds its files. Returns the number of files
+        deleted (None when the backend does not say).
+        """
+
+    @abstractmethod
+    def tidy_log(self, name: str) -> int | None:
+        """Checkpoint the table's Delta log and delete the log entries older than its
+        ``delta.logRetentionDuration`` that the checkpoint makes unnecessary.
+
+        The batch markers (``txn``) live on in the checkpoint. Returns the number of log entries deleted
+        (None when the backend does not say, or does this itself).
+        """
+
+    @abstractmethod
+    def set_properties(self, name: str, properties: Mapping[str, str]) -> bool:
+        """Set table properties whose value differs (one commit); False when all already had it."""
+
+    @abstractmethod
+    def data_files(self, name: str) -> int:
+        """How many data files the current snapshot holds."""
 
     @abstractmethod
     def read_arrow(self, name: str, within: TimeRange | None = None) -> pa.Table:

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from .options import EARLIEST, LATEST, StartingOffsets, StartKind
+from .partition_offsets import describe, is_partition_key
 
 __all__ = [
     "BatchPlan",
@@ -124,8 +125,9 @@ class DataLossError(RuntimeError):
         log_end: int | None = None,
     ) -> None:
         holds = f", the log now holds [{log_start}, {log_end})" if log_start is not None else ""
+        unit = "position" if is_partition_key(topic) else "offset"
         super().__init__(
-            f"timestone source: data loss on broker {broker!r} topic {topic!r}: {why} (next offset to read "
+            f"timestone source: data loss on broker {broker!r} {describe(topic)}: {why} (next {unit} to read "
             f"{expected}{holds}). Set failOnDataLoss=false to skip lost records and continue."
         )
         self.broker = broker

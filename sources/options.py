@@ -70,9 +70,11 @@ _KNOWN = {
         "retryBackoffMs",
         "authToken",
         "maxBytesPerFetch",
+        "readBy",
         "sites",
     )
 }
+READ_BY = ("partitions", "topics")
 # Options Spark itself may pass to any source.
 _IGNORED = {"path"}
 
@@ -132,6 +134,9 @@ class SourceOptions:
     fetch_retries: int = DEFAULT_FETCH_RETRIES
     retry_backoff_ms: int = DEFAULT_RETRY_BACKOFF_MS
     max_bytes_per_fetch: int = DEFAULT_MAX_BYTES_PER_FETCH
+    read_by: str = "partitions"
+    """``partitions``: a new query reads a standalone broker by storage partition positions when the broker
+    serves them and the start allows (earliest, latest, a time); ``topics``: always by topic offsets."""
     sites: bool = False
     """The brokers are uplink hubs: each site's topic ``$site/<site_id>/<topic>`` is read as broker
     ``<site_id>``, topic ``<topic>`` (docs/uplink.md)."""
@@ -208,6 +213,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
             minimum=1024,
             maximum=MAX_BYTES_PER_FETCH,
         ),
+        read_by=_choice(lowered, "readBy", READ_BY),
     )
 
 
@@ -287,6 +293,17 @@ def _int(
             name, f"expected an integer <= {maximum} (the offsets API's limit), got {value}"
         )
     return default if value is None else value
+
+
+def _choice(options: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """One of `choices` (the first is the default), case-insensitive."""
+    raw = options.get(name.lower())
+    if raw is None:
+        return choices[0]
+    text = raw.strip().lower()
+    if text not in choices:
+        raise SourceOptionError(name, f"expected one of {', '.join(choices)}, got {raw!r}")
+    return text
 
 
 def _parse_sites(options: Mapping[str, str], bootstrap: tuple[str, ...]) -> bool:

@@ -2,11 +2,16 @@
 
 Spark runs ``initialOffset`` / ``latestOffset`` / ``partitions`` / ``commit`` in one long-lived Python process
 per query (not the driver), and ``read`` in executor workers on a freshly unpickled reader. So the reader
-keeps only caches in memory (the last log listings), the checkpointed offsets carry the state
-(``{broker id: {topic: next offset}}``; reading a cluster, ``{cluster name: {topic: next offset}}``), and each
-``TimestonePartition`` carries everything its task needs. Rules live elsewhere: planning in
-``offsets_planner``, options in ``options``, fetching in ``slice_reader``; for a cluster, listing in
-``cluster_listing``, routing in ``cluster_plan`` and fetching from live replicas in ``cluster_reader``.
+keeps only caches in memory (the last listings, how each broker is read), the checkpointed offsets carry the
+state, and each ``TimestonePartition`` carries everything its task needs.
+
+A standalone broker is read by storage partition (``{broker id: {"#p0": position, ...}}``, see
+``partition_offsets``) when it serves partition reads and the query starts at ``earliest``, ``latest`` or a
+time (``readBy=partitions``, the default); otherwise, and for a query whose checkpoint has them, by topic
+offsets (``{broker id: {topic: next offset}}``). A cluster is read by topic offsets (``{cluster name: {topic:
+next offset}}``). Rules live elsewhere: planning in ``offsets_planner``, options in ``options``, fetching
+in ``slice_reader`` and ``partition_reader``; for a cluster, listing in ``cluster_listing``, routing in
+``cluster_plan`` and fetching from live replicas in ``cluster_reader``.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.offsets_api.client import OffsetsApiError, OffsetsClient
 from broker_edge.offsets_api.errors import UnknownTopicError
 from broker_edge.settings.uplink import site_topic
 
@@ -50,11 +55,23 @@ from .offsets_planner import (
     BatchPlan,
     LogExtent,
     PartitionPlan,
+    canonical,
     plan_end_offsets,
     plan_partitions,
     starting_offsets,
 )
 from .options import SourceOptions, StartKind, parse_options
+from .partition_offsets import (
+    describe,
+    drop_passed_marks,
+    is_partition_key,
+    marks_of,
+    partition_of,
+    position_key,
+    query_start_marks,
+    reads_partitions,
+)
+from .partition_reader import read_positions
 from .slice_reader import BrokerUnreachableError, FetchSettings, read_slices
 
 if TYPE_CHECKING:
@@ -82,15 +99,25 @@ Listings = dict[str, dict[str, LogExtent]]
 
 
 class TimestonePartition(InputPartition):
-    """One Spark task: slices of one broker's logs (or a cluster's: ``cluster``), and how to fetch them."""
+    """One Spark task: slices of one broker's logs (or a cluster's: ``cluster``), and how to fetch them.
+
+    Slices of a broker read by partition are position ranges, read with the query's ``patterns`` and the
+    partitions' query-start ``marks`` (see ``partition_reader``)."""
 
     def __init__(
-        self, plan: PartitionPlan, fetch: FetchSettings, cluster: ClusterFetch | None = None
+        self,
+        plan: PartitionPlan,
+        fetch: FetchSettings,
+        cluster: ClusterFetch | None = None,
+        patterns: tuple[str, ...] = (),
+        marks: dict[int, int] | None = None,
     ) -> None:
         super().__init__(None)
         self.plan = plan
         self.fetch = fetch
         self.cluster = cluster
+        self.patterns = patterns
+        self.marks = marks or {}
 
     def __repr__(self) -> str:  # InputPartition's repr lists every attribute; keep the token out of logs
         return f"TimestonePartition({self.plan!r}, url={self.fetch.url!r})"
@@ -170,6 +197,9 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._listings: Listings = {}
         self._down: set[str] = set()
         self._target: dict[str, dict[str, int]] | None = None
+        self._target_by_partition: dict[str, bool | None] = {}
+        self._by_partition: dict[str, bool] = {}
+        """How each broker is read (True: by partition): from its checkpointed offsets, or on listing."""
         self._lister: ClusterLister | None = None
         self._cluster: ClusterListing | None = None
 
@@ -195,7 +225,11 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 }
                 for broker, logs in listings.items()
             }
-        return starting_offsets(start, listings, resolved)
+        offsets = starting_offsets(start, listings, resolved)
+        for broker, keys in offsets.items():
+            if self._by_partition.get(broker):
+                keys.update(query_start_marks(keys, listings[broker]))
+        return canonical(offsets)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.options.max_records_per_trigger
@@ -205,18 +239,23 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         listings, down = self._list_all()
         for broker, error in down.items():
             log.warning("broker %r is down: this availableNow run does not read it: %s", broker, error)
-        self._target = {
-            broker: {topic: extent.end for topic, extent in logs.items()} for broker, logs in listings.items()
-        }
+        self._target = _ends(listings)
+        self._target_by_partition = {broker: self._by_partition.get(broker) for broker in listings}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         self._check_checkpoint(start)
+        self._note_how_read(start)
         listings, down = self._list_all()
         for broker, error in down.items():
             log.warning(
                 "broker %r is down: its offsets stay where they are for this batch: %s", broker, error
             )
-        return plan_end_offsets(
+        if self._target is not None:  # a broker listed before its checkpoint said how it is read
+            for broker, logs in listings.items():
+                if broker in self._target and self._target_by_partition[broker] != self._by_partition[broker]:
+                    self._target[broker] = _ends({broker: logs})[broker]
+                    self._target_by_partition[broker] = self._by_partition[broker]
+        end = plan_end_offsets(
             start,
             listings,
             max_records=limit.max_rows if isinstance(limit, ReadMaxRows) else None,
@@ -224,6 +263,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             target=self._target,
             end_may_lag=self.options.reads_cluster,
         )
+        return {broker: drop_passed_marks(keys) for broker, keys in end.items()}
 
     def reportLatestOffset(self) -> dict | None:
         if not self._listings:
@@ -237,6 +277,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if self.options.reads_cluster:
             return self._cluster_partitions(start, end)
         # A batch replayed after a restart is planned before any latestOffset: list what is not cached.
+        self._note_how_read(end)
         missing = [broker for broker in end if broker in self._fetch and broker not in self._listings]
         if missing:
             self._list_all(missing)
@@ -250,7 +291,15 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             max_slices_per_partition=self.options.max_topics_per_partition,
         )
         _warn_lost(plan)
-        return [TimestonePartition(partition, self._fetch[partition.broker]) for partition in plan.partitions]
+        return [
+            TimestonePartition(
+                partition,
+                self._fetch[partition.broker],
+                patterns=self.options.topics,
+                marks=marks_of(start.get(partition.broker, {})),
+            )
+            for partition in plan.partitions
+        ]
 
     def _cluster_partitions(self, start: dict, end: dict) -> list[InputPartition]:
         """The batch cut per member: each topic goes to the member its listing came from (see cluster_plan).
@@ -312,7 +361,10 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         assert isinstance(partition, TimestonePartition)
         if partition.cluster is not None:
             return read_cluster_slices(partition.cluster, partition.plan.slices)
-        return read_slices(partition.fetch, partition.plan.slices)
+        slices = partition.plan.slices
+        if slices and is_partition_key(slices[0].topic):
+            return read_positions(partition.fetch, slices, partition.patterns, partition.marks)
+        return read_slices(partition.fetch, slices)
 
     # -- helpers -------------------------------------------------------------------------------------------
 
@@ -368,24 +420,73 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def _probe(self, broker: str) -> OffsetsClient:
         return replace(self._fetch[broker], retries=0).client()
 
+    def _note_how_read(self, offsets: dict) -> None:
+        """Brokers whose offsets are checkpointed keep being read as they were (by partition or topic)."""
+        for broker, keys in offsets.items():
+            by_partition = reads_partitions(keys)
+            if by_partition is not None:
+                self._by_partition[broker] = by_partition
+
     def _list_broker(self, broker: str, client: OffsetsClient) -> dict[str, LogExtent]:
-        fetch = self._fetch[broker]
-        logs: dict[str, LogExtent] = {}
+        """A broker's partitions (read by partition) or its logs matching the topics (read by topic)."""
         try:
+            extents = self._list_partitions(broker, client)
+            if extents is not None:
+                return extents
+            fetch = self._fetch[broker]
+            logs: dict[str, LogExtent] = {}
             for topic_filter in self.options.topics:
                 pattern = site_topic("+", topic_filter) if self.options.sites else topic_filter
                 for info in fetch.call(partial(client.list_logs, pattern)):
                     logs[info.topic] = LogExtent(info.start_offset, info.end_offset)
+            return logs
         finally:
             if client is not self._clients.get(broker):
                 client.close()
-        return logs
+
+    def _list_partitions(self, broker: str, client: OffsetsClient) -> dict[str, LogExtent] | None:
+        """The broker's partitions when it is read by partition, else None (it is read by topic).
+
+        A broker not decided yet is read by partition when the options allow it and it serves partition
+        reads (an older broker, or a cluster's member, answers 404)."""
+        by_partition = self._by_partition.get(broker)
+        if by_partition is None:
+            options = self.options
+            by_partition = (
+                options.read_by == "partitions"
+                and not options.reads_cluster
+                and options.starting_offsets.kind is not StartKind.SPECIFIC
+            )
+        if not by_partition:
+            self._by_partition[broker] = False
+            return None
+        try:
+            extents = self._fetch[broker].call(client.partitions)
+        except OffsetsApiError as error:
+            if error.status not in (403, 404):  # 403: a token limited to topic filters reads by topic
+                raise
+            if self._by_partition.get(broker):
+                raise RuntimeError(
+                    f"timestone source: the checkpoint reads broker {broker!r} by storage partition, but "
+                    "it no longer serves partition reads to this query (a cluster's member, an older broker, "
+                    "or a token limited to topic filters): start the query again with a new checkpoint"
+                ) from error
+            self._by_partition[broker] = False
+            return None
+        self._by_partition[broker] = True
+        return {
+            position_key(extent.partition): LogExtent(extent.start_position, extent.end_position)
+            for extent in extents
+        }
 
     def _offset_for_timestamp(self, broker: str, topic: str, timestamp_ms: int) -> int:
         """The broker's offset for the time (0 for a log deleted since listed: then its listed start).
 
         Reading a cluster, the member the topic was listed from answers (offsets are the same on all)."""
         fetch = self._fetch[broker]
+        if is_partition_key(topic):
+            client = self._client(broker)
+            return fetch.call(lambda: client.position_for_timestamp(partition_of(topic), timestamp_ms))
         if self._cluster is not None:
             layout, routes = self._cluster
             node = routes[topic].readers[0]
@@ -399,10 +500,14 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return 0
 
 
+def _ends(listings: Listings) -> dict[str, dict[str, int]]:
+    return {broker: {key: extent.end for key, extent in logs.items()} for broker, logs in listings.items()}
+
+
 def _warn_lost(plan: BatchPlan) -> None:
     if plan.lost:
         log.warning(
             "timestone source: skipping %d records lost to retention (failOnDataLoss=false): %s",
             plan.lost_records,
-            ", ".join(f"{gap.broker} {gap.topic} [{gap.start}, {gap.end})" for gap in plan.lost),
+            ", ".join(f"{gap.broker} {describe(gap.topic)} [{gap.start}, {gap.end})" for gap in plan.lost),
         )

@@ -50,6 +50,7 @@ from broker_edge.engine.connection.states import CLOSED
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import LOCAL_ONLY, AppendedRun, ForwardAck, PublishRefused
 from broker_edge.engine.records import record_fields
+from broker_edge.observe.log_summary import LogSummary
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.storage.errors import StorageError, TooManyTopics
 
@@ -181,6 +182,7 @@ class PublishPath:
         self.replays: ReplayManager | None = None
         self.forwarding: Forwarding | None = None
         """Where a cluster member's logged publishes go (None: a broker alone, all are appended here)."""
+        self._refusals = LogSummary(log)
         self._call_soon = call_soon
         self._pending: list[PendingPublish] = []
         self._by_topic: dict[str, list[Message]] = {}
@@ -355,7 +357,13 @@ class PublishPath:
         for (topic, from_peer), entries in parts.items():
             current.waiting += 1
             messages = [entry.message for entry in entries if entry.message is not None]
-            forwarding.forward(topic, messages, from_peer, partial(self._forwarded, current, entries))
+            forwarding.forward(
+                topic,
+                messages,
+                from_peer,
+                partial(self._forwarded, current, entries),
+                partial(_wanted, entries),
+            )
         return local
 
     def _forwarded(self, current: _Batch, entries: list[PendingPublish], acks: Sequence[ForwardAck]) -> None:
@@ -380,25 +388,38 @@ class PublishPath:
 
     def _append_one(self, store: PublishStore, entry: PendingPublish) -> None:
         """Append one publish of a batch that failed. A failed append becomes a refusal, acknowledged in its
-        turn with the reason (v5), so that acknowledgements keep the order of the publishes."""
+        turn with the reason (v5), so that acknowledgements keep the order of the publishes.
+
+        At the broker's topic limit (`storage.max_topics`) a v3.1.1 publisher cannot be told why: its publish
+        is not acknowledged at all and its connection stays open, so it keeps the message (nothing is lost)
+        and does not resend it on this connection ([MQTT-4.4.0-1]); it resends once when it reconnects. The
+        store counts and logs these refusals once per interval, not once per publish."""
         message = entry.message
         assert message is not None
         try:
             message.offset = store.append_batch(message.topic, [record_fields(message)])
         except StorageError as exc:
-            self.counters.drop("log_failed")
-            log.warning(
-                "append to %r failed: %s", message.topic, exc, extra={"client_id": message.origin or "-"}
-            )
             entry.message = None
             entry.settled = True
-            entry.reason_code = (
-                ReasonCode.QUOTA_EXCEEDED if isinstance(exc, TooManyTopics) else ReasonCode.UNSPECIFIED_ERROR
-            )
             publisher = entry.publisher
-            if publisher is not None and not publisher.v5:
-                publisher.close()  # a v3 client cannot be told: it resends after reconnecting
-            elif publisher is not None and entry.qos == 2 and entry.packet_id is not None:
+            if isinstance(exc, TooManyTopics):
+                self.counters.drop("topic_limit")
+                entry.reason_code = ReasonCode.QUOTA_EXCEEDED
+                if publisher is not None and not publisher.v5:
+                    if publisher.incoming_pending > 0:  # answered with silence: its slot is free again
+                        publisher.incoming_pending -= 1
+                    entry.packet_id = None
+                    return
+            else:
+                self.counters.drop("log_failed")
+                log.warning(
+                    "append to %r failed: %s", message.topic, exc, extra={"client_id": message.origin or "-"}
+                )
+                entry.reason_code = ReasonCode.UNSPECIFIED_ERROR
+                if publisher is not None and not publisher.v5:
+                    publisher.close()  # a v3 client cannot be told: it resends after reconnecting
+                    return
+            if publisher is not None and entry.qos == 2 and entry.packet_id is not None:
                 publisher.release_qos2(entry.packet_id)
 
     # -- 3. durable ---------------------------------------------------------------------------------------
@@ -433,8 +454,18 @@ class PublishPath:
     def _failed(self, batch: list[PendingPublish], exc: BaseException, reason: str) -> None:
         """Writing (``log_failed``) or replicating (``replication_failed``) failed: acknowledge nothing
         appended here (entries answered elsewhere keep their answer); a ``PublishRefused`` says why."""
-        log.error("%s, %d publishes not acknowledged: %s", reason.replace("_", " "), len(batch), exc)
         refused = isinstance(exc, PublishRefused)
+        if refused:  # expected while a partition changes hands: summarised
+            self._refusals.log(
+                logging.WARNING,
+                reason,
+                "%s, %d publishes refused: %s",
+                reason.replace("_", " "),
+                len(batch),
+                exc,
+            )
+        else:
+            log.error("%s, %d publishes not acknowledged: %s", reason.replace("_", " "), len(batch), exc)
         reason_code = exc.reason_code if isinstance(exc, PublishRefused) else ReasonCode.UNSPECIFIED_ERROR
         reason_string = str(exc) if refused else None
         answer = self._answer if self.forwarding is None else self._answer_in_turn
@@ -534,3 +565,8 @@ def _acknowledge(
         publisher.send_puback(packet_id, reason_code, reason_string)
     elif qos == 2:
         publisher.send_pubrec(packet_id, reason_code, reason_string)
+
+
+def _wanted(entries: list[PendingPublish]) -> bool:
+    """Whether a publisher of ``entries`` is still connected (or the broker itself published one)."""
+    return any(entry.publisher is None or entry.publisher.state != CLOSED for entry in entries)

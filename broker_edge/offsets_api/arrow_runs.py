@@ -36,13 +36,32 @@ def arrow_batch_of_runs(topic_runs: Sequence[tuple[str, Sequence[FrameRun]]]) ->
     runs = [run for _, chunk in topic_runs for run in chunk]
     if not runs:
         return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
-    columns = frame_columns(runs)
+    counts = [sum(len(run) for run in chunk) for _, chunk in topic_runs]
+    topic_rows = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+    return _batch(frame_columns(runs), [topic for topic, _ in topic_runs], topic_rows)
+
+
+def arrow_batch_of_rows(topics: Sequence[str], run: FrameRun) -> pa.RecordBatch:
+    """One record batch of a run of frames of many topics (`topics`: each frame's), in log order."""
+    if not len(run):
+        return pa.RecordBatch.from_pylist([], schema=ARROW_SCHEMA)
+    names: dict[str, int] = {}
+    topic_rows = np.fromiter((names.setdefault(topic, len(names)) for topic in topics), np.int32, len(topics))
+    return _batch(frame_columns([run]), list(names), topic_rows)
+
+
+def _batch(columns: FrameColumns, names: list[str], topic_rows: np.ndarray) -> pa.RecordBatch:
     data = pa.py_buffer(columns.data)
     buffer = np.frombuffer(columns.data, np.uint8)
     rows = len(columns)
+    topic_column = (
+        pa.repeat(pa.scalar(names[0], pa.string()), rows)
+        if len(names) == 1
+        else pa.DictionaryArray.from_arrays(topic_rows, pa.array(names, pa.string())).cast(pa.string())
+    )
     return pa.RecordBatch.from_arrays(
         [
-            _topic_column(topic_runs, rows),
+            topic_column,
             pa.array(columns.offsets, pa.int64()),
             pa.Array.from_buffers(_TIMESTAMP_TYPE, rows, [None, pa.py_buffer(columns.timestamps_ms)]),
             _values(pa.string(), data, buffer, columns.client_id_starts, columns.client_id_lengths),
@@ -53,15 +72,6 @@ def arrow_batch_of_runs(topic_runs: Sequence[tuple[str, Sequence[FrameRun]]]) ->
         ],
         schema=ARROW_SCHEMA,
     )
-
-
-def _topic_column(topic_runs: Sequence[tuple[str, Sequence[FrameRun]]], rows: int) -> pa.Array:
-    if len(topic_runs) == 1:
-        return pa.repeat(pa.scalar(topic_runs[0][0], pa.string()), rows)
-    counts = [sum(len(run) for run in chunk) for _, chunk in topic_runs]
-    indices = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
-    topics = pa.array([topic for topic, _ in topic_runs], pa.string())
-    return pa.DictionaryArray.from_arrays(indices, topics).cast(pa.string())
 
 
 def _values(

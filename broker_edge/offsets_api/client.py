@@ -13,13 +13,19 @@ import json
 import ssl
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import pyarrow as pa
 
 from broker_edge.log_info import LogInfo
-from broker_edge.offsets_api.results import BatchFetch, Fetched, TopicResult
+from broker_edge.offsets_api.results import (
+    BatchFetch,
+    Fetched,
+    PartitionExtent,
+    PartitionFetch,
+    TopicResult,
+)
 
 from .arrow_format import read_arrow_stream
 from .errors import (
@@ -30,12 +36,14 @@ from .errors import (
     ForbiddenError,
     OffsetOutOfRangeError,
     OffsetsApiError,
+    PositionOutOfRangeError,
     UnknownTopicError,
     error_from_body,
 )
 from .formats import (
     END_OFFSET_HEADER,
     NEXT_OFFSET_HEADER,
+    PARTITION_METADATA_KEYS,
     RESULTS_METADATA_KEY,
     START_OFFSET_HEADER,
     frames_records,
@@ -57,6 +65,9 @@ __all__ = [
     "OffsetOutOfRangeError",
     "OffsetsApiError",
     "OffsetsClient",
+    "PartitionExtent",
+    "PartitionFetch",
+    "PositionOutOfRangeError",
     "TopicResult",
     "UnknownTopicError",
 ]
@@ -189,6 +200,51 @@ class OffsetsClient:
         raw_results = json.loads((table.schema.metadata or {})[RESULTS_METADATA_KEY])
         return BatchFetch(table, {topic: _topic_result(topic, item) for topic, item in raw_results.items()})
 
+    def partitions(self) -> list[PartitionExtent]:
+        """The broker's storage partitions and their extents in positions (`NotFound`-coded
+        `OffsetsApiError` from a cluster's member or a broker without partition reads)."""
+        body = self._json("GET", "/v1/partitions", {})
+        return [
+            PartitionExtent(item["partition"], item["start_position"], item["end_position"])
+            for item in body["partitions"]
+        ]
+
+    def position_for_timestamp(self, partition: int, timestamp_ms: int) -> int:
+        """The position of the partition's first record appended at or after `timestamp_ms`."""
+        path = f"/v1/partitions/{partition}/position"
+        return int(self._json("GET", path, {"timestamp_ms": timestamp_ms})["position"])
+
+    def read_partition(
+        self,
+        partition: int,
+        position: int,
+        max_entries: int = 100_000,
+        max_bytes: int = 4 << 20,
+        patterns: Sequence[str] = (),
+    ) -> PartitionFetch:
+        """Records of the partition's topics matching `patterns` (every topic when empty) among its entries
+        from `position`, in log order (raises `PositionOutOfRangeError`)."""
+        query: list[tuple[str, object]] = [
+            ("position", position),
+            ("max_entries", max_entries),
+            ("max_bytes", max_bytes),
+            *(("pattern", pattern) for pattern in patterns),
+        ]
+        status, _, data = self._request("GET", f"/v1/partitions/{partition}/records", query, None, 0)
+        self._raise_for(status, data)
+        table = read_arrow_stream(data)
+        metadata = table.schema.metadata or {}
+        value = {key: metadata[name] for key, name in PARTITION_METADATA_KEYS.items()}
+        return PartitionFetch(
+            table,
+            int(value["next_position"]),
+            int(value["start_position"]),
+            int(value["end_position"]),
+            json.loads(value["lost"]),
+            int(value["damaged"]),
+            int(value["removed"]),
+        )
+
     # -- transport -----------------------------------------------------------------------------------
 
     def _records(
@@ -222,7 +278,12 @@ class OffsetsClient:
         raise error_from_body(status, body)
 
     def _request(
-        self, method: str, path: str, query: Mapping[str, object], body: bytes | None, wait_ms: int
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, object] | Sequence[tuple[str, object]],
+        body: bytes | None,
+        wait_ms: int,
     ) -> tuple[int, http.client.HTTPMessage, bytes]:
         target = self._prefix + path + ("?" + urllib.parse.urlencode(query) if query else "")
         headers = dict(self._headers)

@@ -8,6 +8,7 @@ UNAUTHORIZED = "unauthorized"
 UNKNOWN_TOPIC = "unknown_topic"
 OFFSET_OUT_OF_RANGE = "offset_out_of_range"
 CORRUPT_RECORD = "corrupt_record"
+POSITION_OUT_OF_RANGE = "position_out_of_range"
 NOT_FOUND = "not_found"
 FORMAT_UNAVAILABLE = "format_unavailable"
 FORBIDDEN = "forbidden"
@@ -69,6 +70,19 @@ class CorruptRecordError(OffsetsApiError):
         self.next_offset = next_offset
 
 
+class PositionOutOfRangeError(OffsetsApiError):
+    """416: the position is outside the partition's [start, end]; `start` tells where it begins now."""
+
+    def __init__(
+        self, status: int, code: str, message: str, partition: int, position: int, start: int, end: int
+    ) -> None:
+        super().__init__(status, code, message)
+        self.partition = partition
+        self.position = position
+        self.start = start
+        self.end = end
+
+
 class BrokerUnavailable(Exception):
     """The broker could not be reached (or kept failing) after the configured retries."""
 
@@ -92,6 +106,16 @@ def error_from_body(status: int, body: dict) -> OffsetsApiError:
             body["offset"],
             body["start_offset"],
             body["end_offset"],
+        )
+    if code == POSITION_OUT_OF_RANGE:
+        return PositionOutOfRangeError(
+            status,
+            code,
+            message,
+            body["partition"],
+            body["position"],
+            body["start_position"],
+            body["end_position"],
         )
     if code == CORRUPT_RECORD:
         return CorruptRecordError(

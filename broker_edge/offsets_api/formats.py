@@ -34,6 +34,17 @@ POSITION_METADATA_KEYS = {
     "end_offset": b"timestone.end_offset",
 }
 """Arrow schema metadata of a single-topic fetch (the same values as the response headers)."""
+PARTITION_METADATA_KEYS = {
+    "next_position": b"timestone.next_position",
+    "start_position": b"timestone.start_position",
+    "end_position": b"timestone.end_position",
+    "lost": b"timestone.lost",
+    "damaged": b"timestone.damaged",
+    "removed": b"timestone.removed",
+}
+"""Arrow schema metadata of a partition read: positions, then the JSON of records lost per topic (below
+their topic's start), the count of entries passed over as damaged and of positions of segments retention
+deleted."""
 
 CONTENT_TYPE_PROPERTY = "content_type"
 

@@ -1,4 +1,5 @@
-"""What the offsets API's client hands its readers: one topic's fetch, a batch fetch and each topic's result.
+"""What the offsets API's client hands its readers: one topic's fetch, a batch fetch and each topic's result,
+a storage partition's extent and one read of it.
 
 A log's state is a ``broker_edge.log_info.LogInfo``, the type the store reports. Nothing here imports the
 storage engine, so that whatever reads the API (the Spark source on an executor, a peer broker, a test)
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
 
     from broker_edge.offsets_api.errors import OffsetsApiError
 
-__all__ = ["BatchFetch", "Fetched", "TopicResult"]
+__all__ = ["BatchFetch", "Fetched", "PartitionExtent", "PartitionFetch", "TopicResult"]
 
 T = TypeVar("T")
 
@@ -49,3 +50,28 @@ class BatchFetch:
 
     table: pa.Table
     results: dict[str, TopicResult]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionExtent:
+    """One storage partition's entries `[start_position, end_position)` (every topic's, in log order)."""
+
+    partition: int
+    start_position: int
+    end_position: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionFetch:
+    """Records of a partition's topics in log order (`topic` column) and where to continue."""
+
+    table: pa.Table
+    next_position: int
+    start_position: int
+    end_position: int
+    lost: dict[str, int]
+    """Per topic: records passed over because retention had moved the topic's start past them."""
+    damaged: int
+    """Entries passed over because they failed their checks on the broker."""
+    removed: int
+    """Positions passed over because retention deleted their segment."""

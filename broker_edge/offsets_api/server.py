@@ -7,6 +7,7 @@ Endpoints (see docs/offsets-api.md for examples):
     GET  /v1/logs/{topic}/records?offset=&max_records=&max_bytes=&wait_ms=&format=
     GET  /v1/logs/{topic}/offset?timestamp_ms=          offset for a broker time
     POST /v1/fetch                                      many topics in one request
+    GET  /v1/partitions[/{p}/position|/{p}/records]     every topic of a storage partition by position
     POST /v1/replica/fetch                              a cluster's followers (added by the cluster node)
     GET  /v1/cluster                                    a cluster's members and leaders (cluster node)
 
@@ -22,10 +23,12 @@ against the access, and hold their share of the broker's HTTP memory budget befo
 
 from __future__ import annotations
 
-import importlib.util
+import asyncio
+import itertools
 import json
 import logging
 import ssl
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -66,6 +69,17 @@ from .formats import (
     jsonl_body,
     jsonl_record,
 )
+from .requests import (
+    ACCESS,
+    ANSWER_OVERHEAD,
+    MAX_JSON_BODY,
+    ApiError,
+    ApiLimits,
+    access_of,
+    format_param,
+    int_param,
+    is_number,
+)
 
 if TYPE_CHECKING:
     from broker_edge.storage.frame_runs import FrameRun
@@ -75,50 +89,10 @@ Authenticator = Callable[[web.Request], Access]
 """Admits a request (its ``Access``) or raises ``ApiError`` (401, or 403 with ``close``)."""
 log = logging.getLogger(__name__)
 
-ACCESS: web.RequestKey[Access] = web.RequestKey("access", Access)
-"""Where a request's ``Access`` is kept (``request[ACCESS]``)."""
-MAX_JSON_BODY = 1024 * 1024
-"""aiohttp's bound on a body read whole (``/v1/fetch``)."""
-ANSWER_OVERHEAD = 64 * 1024
-"""What an answer holds beyond its records (headers, an Arrow schema, results)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ApiLimits:
-    """Bounds on what one request may ask for (larger values are refused with 400)."""
-
-    default_records: int = 1000
-    max_records: int = 100_000
-    default_bytes: int = 1024 * 1024
-    max_bytes: int = 64 * 1024 * 1024
-    default_batch_bytes: int = 4 * 1024 * 1024
-    max_wait_ms: int = 60_000
-    max_fetches: int = 10_000
-    max_connections: int = 256
-    """Open connections; more are answered 503 and closed."""
-    request_timeout_s: float = 10.0
-    """Seconds for a request's headers, and for its body, to arrive."""
-
-
-class ApiError(Exception):
-    """An error answer: HTTP status, machine-readable code, message and extra JSON fields. ``close``: close
-    the connection once it is sent (always for 401: a stranger keeps nothing open)."""
-
-    def __init__(self, status: int, code: str, message: str, close: bool = False, **extra: Any) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.close = close or status in (401, 408)  # 408: the rest of that body is not waited for
-        self.extra = extra
-
-    def response(self) -> web.Response:
-        headers = {"WWW-Authenticate": 'Bearer realm="timestone"'} if self.status == 401 else None
-        body = {"error": self.code, "message": self.message, **self.extra}
-        response = web.json_response(body, status=self.status, headers=headers)
-        if self.close:
-            response.force_close()
-        return response
+LIST_CHUNK = 2048
+"""Logs listed between two yields to the event loop."""
+SLICE_S = 0.002
+"""Work a multi-topic fetch does between two yields to the event loop."""
 
 
 def forbidden(topic: str, access: Access) -> ApiError:
@@ -205,11 +179,6 @@ def authentication(
     return admitted
 
 
-def access_of(request: web.Request) -> Access:
-    """What ``request`` may read (set by ``authentication``)."""
-    return request.get(ACCESS, EVERYONE)
-
-
 def is_member(request: web.Request) -> bool:
     """Whether ``request`` came from a member that proved its node id (it may use the members' share of
     the memory budget)."""
@@ -239,6 +208,9 @@ def create_app(
     app.router.add_get("/v1/logs/{topic}/records", handlers.records)
     app.router.add_get("/v1/logs/{topic}/offset", handlers.offset_for_timestamp)
     app.router.add_post("/v1/fetch", handlers.fetch_many)
+    from .partitions import add_partition_routes  # (it builds on this module's helpers)
+
+    add_partition_routes(app, store, handlers.limits)
     for add_routes in routes:
         add_routes(app)
     return app
@@ -286,34 +258,6 @@ async def serve_app(
 # -- request parsing ---------------------------------------------------------------------------------
 
 
-_MAX_DIGITS = 20
-"""Longer numbers are refused before they are converted (every bound here fits in 19 digits)."""
-
-
-def _is_number(value: object) -> bool:
-    """An int (not a bool), or a string of ASCII digits only (other Unicode digits are not numbers here)."""
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return True
-    return isinstance(value, str) and 0 < len(value) <= _MAX_DIGITS and value.isascii() and value.isdigit()
-
-
-def _int_param(value: object, name: str, default: int, low: int, high: int) -> int:
-    if value is None:
-        return default
-    if not _is_number(value):
-        shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "..."
-        raise ApiError(400, codes.BAD_REQUEST, f"{name} must be an integer, got {shown!r}", parameter=name)
-    number = int(str(value))
-    if not low <= number <= high:
-        shown = str(number) if number.bit_length() < 64 else "a number that large"
-        raise ApiError(
-            400, codes.BAD_REQUEST, f"{name} must be within [{low}, {high}], got {shown}", parameter=name
-        )
-    return number
-
-
 def _resolve_offset(value: object, info: LogInfo | None) -> int:
     """A numeric offset, or `earliest` / `latest` resolved against the log (0 for a log not there yet)."""
     if value == "earliest":
@@ -324,7 +268,7 @@ def _resolve_offset(value: object, info: LogInfo | None) -> int:
         raise ApiError(
             400, codes.BAD_OFFSET, "offset is required (a number, 'earliest' or 'latest')", parameter="offset"
         )
-    if not _is_number(value) or int(str(value)) < 0:
+    if not is_number(value) or int(str(value)) < 0:
         shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "..."
         raise ApiError(
             400,
@@ -333,24 +277,6 @@ def _resolve_offset(value: object, info: LogInfo | None) -> int:
             parameter="offset",
         )
     return int(str(value))
-
-
-def _format_param(value: object, allowed: Mapping[str, str] = FORMATS) -> str:
-    name = "arrow" if value is None else value
-    if name not in allowed:
-        raise ApiError(400, codes.BAD_REQUEST, f"format must be one of {sorted(allowed)}, got {value!r}")
-    if name == "arrow" and not _arrow_installed():
-        raise ApiError(
-            501,
-            codes.FORMAT_UNAVAILABLE,
-            "format arrow needs pyarrow and numpy on this broker (pip install 'timestone[arrow]'); "
-            "format jsonl is served",
-        )
-    return str(name)
-
-
-def _arrow_installed() -> bool:
-    return all(importlib.util.find_spec(name) is not None for name in ("pyarrow", "numpy"))
 
 
 def _arrow_body(
@@ -402,17 +328,27 @@ class _Handlers:
         return self.store.log_info(topic) if topic in self.store else None
 
     async def list_logs(self, request: web.Request) -> web.Response:
+        """Every log matching `pattern`, listed a chunk at a time: the loop serves MQTT between chunks (a
+        listing of 300,000 logs would otherwise hold it for a second), and the JSON is written a chunk at a
+        time for the same reason."""
         pattern = request.query.get("pattern")
         try:
-            logs = self.store.logs(pattern)
+            chunks = self.store.iter_logs(pattern, LIST_CHUNK)
+            first = next(chunks)
         except ValueError as error:
             raise ApiError(400, codes.BAD_REQUEST, f"bad pattern: {error}") from None
         access = access_of(request)
-        listed = [_info_json(info) for info in logs if access.may_read(info.topic)]
-        if self.store.replicated:  # a cluster's controller elects the in-sync replica holding the most
-            for item in listed:
-                item["durable_end_offset"] = self.store.durable_end(item["topic"])
-        return web.json_response({"logs": listed})
+        replicated = self.store.replicated
+        parts: list[str] = []
+        for chunk in itertools.chain([first], chunks):
+            listed = [_info_json(info) for info in chunk if access.may_read(info.topic)]
+            if replicated:  # a cluster's controller elects the in-sync replica holding the most
+                for item in listed:
+                    item["durable_end_offset"] = self.store.durable_end(item["topic"])
+            if listed:
+                parts.append(json.dumps(listed)[1:-1])
+            await asyncio.sleep(0)
+        return web.Response(text='{"logs": [' + ", ".join(parts) + "]}", content_type="application/json")
 
     async def log_info(self, request: web.Request) -> web.Response:
         return web.json_response(_info_json(self.store.log_info(_readable_topic(request))))
@@ -430,7 +366,7 @@ class _Handlers:
                 raise ApiError(
                     400, codes.BAD_REQUEST, "timestamp_ms is required (milliseconds since the epoch)"
                 )
-            timestamp = _int_param(value, "timestamp_ms", 0, 0, 2**63 - 1)
+            timestamp = int_param(value, "timestamp_ms", 0, 0, 2**63 - 1)
             offset = self.store.offset_for_timestamp(topic, timestamp)
         return web.json_response({"topic": topic, "timestamp_ms": timestamp, "offset": offset})
 
@@ -438,12 +374,12 @@ class _Handlers:
         topic = _readable_topic(request)
         query = request.query
         limits = self.limits
-        output = _format_param(query.get("format"))
-        max_records = _int_param(
+        output = format_param(query.get("format"))
+        max_records = int_param(
             query.get("max_records"), "max_records", limits.default_records, 1, limits.max_records
         )
-        max_bytes = _int_param(query.get("max_bytes"), "max_bytes", limits.default_bytes, 1, limits.max_bytes)
-        wait_ms = _int_param(query.get("wait_ms"), "wait_ms", 0, 0, limits.max_wait_ms)
+        max_bytes = int_param(query.get("max_bytes"), "max_bytes", limits.default_bytes, 1, limits.max_bytes)
+        wait_ms = int_param(query.get("wait_ms"), "wait_ms", 0, 0, limits.max_wait_ms)
         offset = _resolve_offset(query.get("offset"), self.store.log_info(topic))
         read = self.store.read_runs if output == "arrow" else self.store.read
         share = self._share([topic], max_bytes)
@@ -484,12 +420,12 @@ class _Handlers:
         topics = [fetch.topic for fetch in fetches]
         settle(request, 0)
         hold(request, self._share(topics, max_bytes))
-        chunks, results, positions = self._fetch_round(fetches, max_bytes, columnar, access)
+        chunks, results, positions = await self._fetch_round(fetches, max_bytes, columnar, access)
         if not chunks and wait_ms:
             settle(request, 0)
             await self.store.wait_for_data(positions, wait_ms / 1000, pattern)
             hold(request, self._share(topics, max_bytes))
-            chunks, results, _ = self._fetch_round(fetches, max_bytes, columnar, access)
+            chunks, results, _ = await self._fetch_round(fetches, max_bytes, columnar, access)
         if columnar:
             metadata = {RESULTS_METADATA_KEY: json.dumps(results).encode()}
             body: Any = _arrow_body(chunks, metadata)
@@ -521,7 +457,7 @@ class _Handlers:
             raise ApiError(
                 400, codes.BAD_REQUEST, f"fetches must be a list of 1 to {limits.max_fetches} objects"
             )
-        default_records = _int_param(
+        default_records = int_param(
             body.get("max_records"), "max_records", limits.default_records, 1, limits.max_records
         )
         fetches: list[_Fetch] = []
@@ -529,7 +465,7 @@ class _Handlers:
         for item in items:
             if not isinstance(item, dict) or not isinstance(item.get("topic"), str) or not item["topic"]:
                 raise ApiError(400, codes.BAD_REQUEST, "each fetch needs a non-empty string topic")
-            max_records = _int_param(
+            max_records = int_param(
                 item.get("max_records"), "max_records", default_records, 1, limits.max_records
             )
             _resolve_offset(item.get("offset"), None)  # validates the form before anything is read
@@ -537,30 +473,35 @@ class _Handlers:
                 raise ApiError(400, codes.BAD_REQUEST, f"topic {item['topic']!r} is fetched twice")
             seen.add(item["topic"])
             fetches.append(_Fetch(item["topic"], item["offset"], max_records))
-        max_bytes = _int_param(
+        max_bytes = int_param(
             body.get("max_bytes"), "max_bytes", limits.default_batch_bytes, 1, limits.max_bytes
         )
-        wait_ms = _int_param(body.get("wait_ms"), "wait_ms", 0, 0, limits.max_wait_ms)
-        output = _format_param(body.get("format"), {name: FORMATS[name] for name in ("arrow", "jsonl")})
+        wait_ms = int_param(body.get("wait_ms"), "wait_ms", 0, 0, limits.max_wait_ms)
+        output = format_param(body.get("format"), {name: FORMATS[name] for name in ("arrow", "jsonl")})
         pattern = body.get("pattern")
         if pattern is not None and not isinstance(pattern, str):
             raise ApiError(400, codes.BAD_REQUEST, "pattern must be a string")
         return fetches, max_bytes, wait_ms, output, pattern
 
-    def _fetch_round(
+    async def _fetch_round(
         self, fetches: list[_Fetch], max_bytes: int, columnar: bool, access: Access = EVERYONE
     ) -> tuple[list[tuple[str, list[Any]]], dict[str, dict[str, Any]], dict[str, int]]:
         """Read every fetch within a shared byte budget; only the first non-empty topic may exceed it.
 
         Returns the records per topic (`Record`s, or `FrameRun`s when `columnar`), the per-topic results,
-        and the offset each topic was read from.
+        and the offset each topic was read from. Yields to the loop every `SLICE_S` of work, so that a fetch
+        of 10,000 topics never holds MQTT up for long.
         """
         chunks: list[tuple[str, list[Any]]] = []
         results: dict[str, dict[str, Any]] = {}
         positions: dict[str, int] = {}
         budget = max_bytes
         read = self.store.read_runs if columnar else self.store.read
-        for fetch in fetches:
+        slice_end = time.monotonic() + SLICE_S
+        for number, fetch in enumerate(fetches):
+            if number % 64 == 63 and time.monotonic() >= slice_end:
+                await asyncio.sleep(0)
+                slice_end = time.monotonic() + SLICE_S
             if not access.may_read(fetch.topic):
                 refusal = forbidden(fetch.topic, access)
                 results[fetch.topic] = {

@@ -111,6 +111,7 @@ class Broker(BrokerCore):
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._next_sys = 0.0
         self._next_retention = 0.0
+        self._retention: asyncio.Task | None = None
         self._stopping = False
         self.stopped = asyncio.Event()
         self.heap_trimmer = HeapTrimmer()
@@ -350,6 +351,8 @@ class Broker(BrokerCore):
                 conn.abort()
         if self.session_store is not None:
             await self.session_store.close()
+        if self._retention is not None and not self._retention.done():
+            self._retention.cancel()
         if self.store is not None:
             self.store.close()
         self.flush_stats()
@@ -449,13 +452,8 @@ class Broker(BrokerCore):
                 self.publish_sys_topics()
             if self.store is not None and now >= self._next_retention:
                 self._next_retention = now + self.config.storage.retention_interval_s
-                report = self.store.apply_retention()
-                if report.segments_deleted:
-                    log.info(
-                        "retention deleted %d segments (%d bytes)",
-                        report.segments_deleted,
-                        report.bytes_deleted,
-                    )
+                if self._retention is None or self._retention.done():  # a slice per loop iteration
+                    self._retention = self.loop.create_task(self.store.apply_retention_async())
             self.heap_trimmer.tick(now)
         except Exception:
             log.exception("broker sweep failed")

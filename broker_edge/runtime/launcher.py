@@ -70,6 +70,9 @@ class BrokerProcess:
 
     #: the module run with `python -m` (its command line: `broker --config FILE`)
     module = "pipelines.cli"
+    #: a command the broker runs under (e.g. `setpriv` giving it a group of its own, which a test's packet
+    #: filter can then tell apart)
+    wrapper: tuple[str, ...] = ()
 
     def __init__(self, directory: Path, name: str = "edge1", **sections: Any) -> None:
         self.directory = Path(directory)
@@ -126,7 +129,15 @@ class BrokerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", self.module, "broker", "--config", str(self.config_path)],
+                [
+                    *self.wrapper,
+                    sys.executable,
+                    "-m",
+                    self.module,
+                    "broker",
+                    "--config",
+                    str(self.config_path),
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

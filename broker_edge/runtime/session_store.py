@@ -149,7 +149,7 @@ class SessionStore:
         return capture(self.router, log_ends, self.loop.time(), time.time())
 
     def _log_ends(self) -> dict[str, int]:
-        return {info.topic: info.end_offset for info in self.log_store.logs()}
+        return self.log_store.end_offsets()
 
     def _write(self, document: dict[str, Any]) -> None:
         """Replace the file atomically with ``document``; a failure is logged (the old file stays)."""

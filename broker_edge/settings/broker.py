@@ -154,16 +154,21 @@ class MqttConfig:
                 raise ConfigError(name, f"must be between 0 and 65535, got {value}")
 
 
+MAX_STORAGE_PARTITIONS = 9999
+"""Most storage partitions (a directory each under ``<data>/log/``)."""
+
+
 @dataclass(slots=True)
 class BrokerStorageConfig(StorageConfig):
     """The commitlog: ``StorageConfig`` (persistence rules, durability, retention) plus where it lives."""
 
     enabled: bool = True
-    """Append QoS 1/2 publishes (per ``persist`` rules) to per-topic logs before acknowledging them."""
+    """Append QoS 1/2 publishes (per ``persist`` rules) to their topics' logs before acknowledging them."""
     directory: str = "timestone-data"
     """Directory of the logs (created if missing); relative paths are relative to the working directory."""
     retention_interval_s: float = 60.0
-    """Seconds between two passes that delete segments past their retention."""
+    """Seconds between two retention passes (each topic's start moves past its records past retention;
+    segments nothing is kept of are deleted)."""
 
     def __post_init__(self) -> None:
         if self.enabled and not self.directory:
@@ -172,9 +177,26 @@ class BrokerStorageConfig(StorageConfig):
             raise ConfigError("retention_interval_s", f"must be > 0, got {self.retention_interval_s}")
         if self.group_commit_ms < 0:
             raise ConfigError("group_commit_ms", f"must be >= 0, got {self.group_commit_ms}")
-        for name in ("group_commit_max_bytes", "segment_bytes", "max_record_bytes", "max_topics"):
+        for name in (
+            "group_commit_max_bytes",
+            "segment_bytes",
+            "max_record_bytes",
+            "max_topics",
+            "index_checkpoint_bytes",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.partitions <= MAX_STORAGE_PARTITIONS:
+            raise ConfigError(
+                "partitions", f"must be within [1, {MAX_STORAGE_PARTITIONS}], got {self.partitions}"
+            )
+        if self.segment_bytes >= 2**32:
+            raise ConfigError("segment_bytes", f"must be below 4 GiB (4294967296), got {self.segment_bytes}")
+        for name in ("tail_cache_total_bytes", "read_cache_bytes", "sealed_cache_bytes"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
+        if not self.refusal_log_interval_s > 0:
+            raise ConfigError("refusal_log_interval_s", f"must be > 0, got {self.refusal_log_interval_s}")
         for name in ("segment_ms", "retention_bytes", "retention_ms"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -332,6 +354,8 @@ class BrokerConfig:
     def _check_cluster(self, cluster: ClusterConfig) -> None:
         if not self.storage.enabled:
             raise ConfigError("cluster", "a cluster node needs its commitlog: set storage.enabled: true")
+        if self.storage.partitions == 1:  # the default: store each cluster partition's topics apart
+            self.storage.partitions = min(cluster.partitions, MAX_STORAGE_PARTITIONS)
         if not self.offsets_api.enabled:
             raise ConfigError(
                 "cluster", "peers replicate through the offsets API: set offsets_api.enabled: true"

@@ -1,9 +1,8 @@
-"""Durable per-topic commitlogs of an edge broker (see docs/commitlog.md).
+"""Durable per-topic commitlogs of an edge broker, stored in partition logs (see docs/commitlog.md).
 
 `frame_runs` (columnar reads, numpy) is left out here: it is loaded by the first columnar read.
 """
 
-from .commitlog import CommitLog, LogRecovery, RetentionResult
 from .config import Durability, LogConfig, PersistRule, StorageConfig
 from .errors import (
     CorruptRecord,
@@ -15,26 +14,28 @@ from .errors import (
     TooManyTopics,
     UnknownTopic,
 )
+from .partition_reads import PositionOutOfRange
 from .record import AppendRecord, Record
-from .store import LogInfo, LogStore, RecoveryReport, RetentionReport
+from .retention import RetentionReport
+from .store import LogInfo, LogStore, PartitionInfo, PartitionRecords, RecoveryReport
 
 __all__ = [
     "AppendRecord",
-    "CommitLog",
     "CorruptRecord",
     "Durability",
     "InvalidRecord",
     "LogConfig",
     "LogInfo",
-    "LogRecovery",
     "LogStore",
     "OffsetOutOfRange",
+    "PartitionInfo",
+    "PartitionRecords",
     "PersistRule",
+    "PositionOutOfRange",
     "Record",
     "RecordTooLarge",
     "RecoveryReport",
     "RetentionReport",
-    "RetentionResult",
     "StorageConfig",
     "StorageError",
     "StorageFailed",

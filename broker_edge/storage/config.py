@@ -16,22 +16,12 @@ MQTT_MAX_PAYLOAD = 268_435_455
 
 @dataclass(slots=True)
 class LogConfig:
-    """Settings of one topic's log (the store derives them from `StorageConfig` and the matching rule)."""
+    """What one topic's log may keep (the store derives it from `StorageConfig` and the matching rule)."""
 
-    segment_bytes: int = 64 * MIB
-    """Roll to a new segment once the active one would grow past this size."""
-    segment_ms: int | None = DAY_MS
-    """Roll once the active segment's first record is this old, so age retention can reclaim slow topics."""
     retention_bytes: int | None = None
-    """Delete the oldest whole segments while the log is larger than this (None: no size limit)."""
+    """Its oldest records go while the log is larger than this (None: no size limit)."""
     retention_ms: int | None = 7 * DAY_MS
-    """Delete whole segments whose newest record is older than this (None: keep forever)."""
-    max_record_bytes: int = MQTT_MAX_PAYLOAD + 64 * KIB
-    """Largest encoded record accepted; also the sanity bound on a length prefix during recovery."""
-    tail_cache_records: int = 1024
-    """Most recent records kept decoded in memory for caught-up readers."""
-    tail_cache_bytes: int = 1 * MIB
-    """Byte bound of that per-log tail cache (encoded size)."""
+    """Its records go once older than this (None: keep forever)."""
 
 
 @dataclass(slots=True)
@@ -64,45 +54,61 @@ class StorageConfig:
     group_commit_max_bytes: int = 4 * MIB
     """Cut a window early once this many bytes are pending, bounding latency and memory."""
     inline_sync_max_bytes: int = 0
-    """A window of at most this many bytes, in one segment, without a seal or a new directory, cut while the
-    writer thread is idle, is fdatasynced on the event loop instead of in the writer thread (no handoff to
-    the thread and back, but the loop blocks for the fdatasync). Larger windows, and every window while one
-    is being synced, go to the writer thread (the loop keeps accepting appends meanwhile, so batches grow
-    under load). 0, the default: every window goes to the writer thread (syncing on the loop costs the
-    persisted fan-in throughput, since the loop waits for the disk)."""
+    """A window of at most this many bytes, in one file and creating none, cut while the writer thread is
+    idle, is fdatasynced on the event loop instead of in the writer thread (no handoff to the thread and
+    back, but the loop blocks for the fdatasync). Larger windows, and every window while one is being
+    synced, go to the writer thread (the loop keeps accepting appends meanwhile, so batches grow under
+    load). 0, the default: every window goes to the writer thread (syncing on the loop costs the persisted
+    fan-in throughput, since the loop waits for the disk)."""
     syncfs_min_segments: int = 8
-    """A window touching at least this many segments is made durable by one syncfs(2) of the store's
-    filesystem instead of an fdatasync per segment (Linux >= 5.8, not on FUSE filesystems, where syncfs does
-    not reach the server); 0 turns this off."""
+    """A window touching at least this many files (segments of several partitions, their open indexes, the
+    catalog) is made durable by one syncfs(2) of the store's filesystem instead of an fdatasync per file
+    (Linux >= 5.8, not on FUSE filesystems, where syncfs does not reach the server); 0 turns this off."""
     persist: list[PersistRule] = field(default_factory=lambda: [PersistRule("#")])
     """Persistence rules, first match wins; a topic no rule matches is not persisted."""
+    partitions: int = 1
+    """Partition logs that topics are spread over (`crc32c(topic) % partitions`, as a cluster places its
+    partitions): each holds the records of its topics interleaved in its own segments. One is best for a
+    broker alone (a window writes one file); a cluster member, unless set otherwise, stores each cluster
+    partition in the storage partition of the same number (`cluster.partitions` of them). An existing topic
+    keeps the partition it was created in."""
     segment_bytes: int = 64 * MIB
-    """See `LogConfig.segment_bytes`."""
+    """Roll a partition's active segment once it would grow past this size (at most 4 GiB)."""
     segment_ms: int | None = DAY_MS
-    """See `LogConfig.segment_ms`."""
+    """Roll once the active segment's first record is this old, so age retention can reclaim quiet
+    partitions (None: roll by size only)."""
     retention_bytes: int | None = None
     """Default size bound per log (a rule may override it)."""
     retention_ms: int | None = 7 * DAY_MS
     """Default age bound per log (a rule may override it)."""
     max_record_bytes: int = MQTT_MAX_PAYLOAD + 64 * KIB
-    """See `LogConfig.max_record_bytes`."""
-    max_topics: int = 100_000
-    """Most logs one broker keeps; appending to a new topic beyond it raises `TooManyTopics`."""
+    """Largest encoded record accepted; also the sanity bound on a length prefix during recovery."""
+    max_topics: int = 1_000_000
+    """Most logs one broker keeps; appending to a new topic beyond it raises `TooManyTopics` (counted, and
+    logged once per `refusal_log_interval_s`)."""
+    refusal_log_interval_s: float = 60.0
+    """Appends refused at `max_topics` are logged at most once per this many seconds, with their count."""
     max_open_files: int = 1024
     """Segment and index file descriptors kept open (LRU); the rest are reopened on demand."""
     tail_cache_records: int = 1024
-    """See `LogConfig.tail_cache_records`."""
+    """No longer used (there is no per-topic tail cache: see `tail_cache_total_bytes`); accepted so that
+    existing configurations keep loading."""
     tail_cache_bytes: int = 1 * MIB
-    """See `LogConfig.tail_cache_bytes`."""
-    tail_cache_total_bytes: int = 256 * MIB
-    """Bound of the memory all tail caches hold together (frames, payloads and their Python objects, see
-    `TailCache.cost`); the caches of the least recently appended logs are dropped first."""
+    """No longer used (see `tail_cache_records`)."""
+    tail_cache_total_bytes: int = 8 * MIB
+    """Bytes of the windows written last kept in memory for caught-up readers (shared by every topic, the
+    oldest dropped first); 0 = off."""
     read_cache_bytes: int = 8 * MIB
-    """Bound of the memory of the blocks of older records read once and shared by all readers catching up
-    (frames, payloads and their Python objects, as `tail_cache_total_bytes` counts them); 0 = off."""
+    """Bound of the memory of the blocks of records read once and shared by every reader of the same range
+    (frames, payloads and their Python objects); 0 = off."""
+    sealed_cache_bytes: int = 4 * MIB
+    """Bytes of blocks of topic groups read from sealed indexes kept in memory (least recently used go)."""
+    index_checkpoint_bytes: int = 4 * MIB
+    """The active segment's index is checkpointed to its open index every this many bytes of records, so a
+    crash rescans at most about this much of each partition."""
 
     def log_config(self, rule: PersistRule | None) -> LogConfig:
-        """The settings of a log whose topic matched `rule` (None: store defaults)."""
+        """The retention of a log whose topic matched `rule` (None: store defaults)."""
         retention_bytes = self.retention_bytes
         retention_ms = self.retention_ms
         if rule is not None:
@@ -110,12 +116,4 @@ class StorageConfig:
                 retention_bytes = rule.retention_bytes
             if rule.retention_ms is not None:
                 retention_ms = rule.retention_ms
-        return LogConfig(
-            segment_bytes=self.segment_bytes,
-            segment_ms=self.segment_ms,
-            retention_bytes=retention_bytes,
-            retention_ms=retention_ms,
-            max_record_bytes=self.max_record_bytes,
-            tail_cache_records=self.tail_cache_records,
-            tail_cache_bytes=self.tail_cache_bytes,
-        )
+        return LogConfig(retention_bytes=retention_bytes, retention_ms=retention_ms)

@@ -50,20 +50,40 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any, Protocol
 
 from broker_edge.observe import path_trace
 
-from .commitlog import CommitLog, PendingWrite
 from .config import Durability
 from .errors import StorageFailed
 from .file_pool import FileHandlePool
 from .fs_sync import sync_filesystem
+from .segment import FileWrite
 
 log = logging.getLogger(__name__)
 
-Job = list[tuple[CommitLog, PendingWrite]]
-DurableHook = Callable[[list[tuple[CommitLog, int]]], None]
-"""Called with (log, end offset before) for every log that just became readable further."""
+
+class Pending(Protocol):
+    """What a write source buffered since its last take: its file writes, in order, and their bytes."""
+
+    writes: list[FileWrite]
+    bytes: int
+
+
+class WriteSource(Protocol):
+    """A part of the store that buffers appends (a partition log, the topic catalog)."""
+
+    def take_pending(self) -> Any: ...
+
+    def complete(self, pending: Any, synced: bool) -> list[tuple[int, int]]: ...
+
+    def trace(self, pending: Any) -> list[tuple[str, int, int]]: ...
+
+
+Job = list[tuple[WriteSource, Pending]]
+DurableHook = Callable[[list[tuple[int, int]], Job], None]
+"""Called after every completed job with (topic id, readable end before) for every topic that just became
+readable further, and the job itself."""
 Callback = Callable[[], object]
 ErrorCallback = Callable[[BaseException], object]
 
@@ -81,6 +101,7 @@ class SyncPlan:
     syncfs_fd: int | None = None
     """A descriptor on the store's filesystem, when syncfs may be used."""
     syncfs_min_segments: int = 0
+    """Files a job must touch for one syncfs to replace their fdatasyncs."""
     syncfs_calls: int = 0
     parallel_syncs: int = 0
     """Jobs whose segments were fdatasynced concurrently."""
@@ -101,29 +122,32 @@ class SyncPlan:
 
 
 def write_job(job: Job, pool: FileHandlePool) -> None:
-    """Copy a job's data into its files (the page cache), one pwritev per segment (on the loop)."""
-    for _log, pending in job:
+    """Copy a job's data into its files (the page cache), one pwritev per file (on the loop)."""
+    for _source, pending in job:
         for write in pending.writes:
             write.write(pool)
 
 
 def sync_job(job: Job, pool: FileHandlePool, plan: SyncPlan) -> None:
-    """Make a written job durable per `plan`: fdatasyncs or one syncfs, seals (in the writer thread)."""
-    writes = [write for _log, pending in job for write in pending.writes]
-    if plan.sync and plan.syncfs_fd is not None and len(writes) >= plan.syncfs_min_segments:
+    """Make a written job durable per `plan`: fdatasyncs, or one syncfs (in the writer thread)."""
+    writes = [write for _source, pending in job for write in pending.writes]
+    if not plan.sync:
         for write in writes:
-            write.make_durable(pool, sync=False)
+            if write.always_sync:
+                write.make_durable(pool, True)
+        return
+    if plan.syncfs_fd is not None and len(writes) >= plan.syncfs_min_segments:
         sync_filesystem(plan.syncfs_fd)
         plan.syncfs_calls += 1
         return
-    to_sync = [write for write in writes if plan.sync or write.needs_data_sync]
-    if len(to_sync) > 1:
-        plan.sync_all(pool, [write.log_path for write in to_sync])
+    paths = list(dict.fromkeys(write.path for write in writes))
+    if len(paths) > 1:
+        plan.sync_all(pool, paths)
         for write in writes:
-            write.make_durable(pool, plan.sync, data_synced=True)
+            write.make_durable(pool, True, data_synced=True)
         return
-    for write in writes:
-        write.make_durable(pool, plan.sync)
+    for number, write in enumerate(writes):
+        write.make_durable(pool, True, data_synced=number > 0)
 
 
 @dataclass(slots=True, eq=False)
@@ -235,7 +259,7 @@ class GroupCommitter:
         self._on_durable = on_durable
         self.sync_plan = SyncPlan(self._sync)
         self._writer = _WriterThread(pool, self.sync_plan, self._finished)
-        self._dirty: dict[CommitLog, None] = {}
+        self._dirty: dict[WriteSource, None] = {}
         self._pending_bytes = 0
         self._appended = 0
         self._durable = 0
@@ -275,9 +299,9 @@ class GroupCommitter:
         """Jobs handed to the writer thread and not yet completed."""
         return len(self._flights)
 
-    def appended(self, commit_log: CommitLog, size: int) -> None:
-        """Note one append of `size` bytes to `commit_log` (called right after `CommitLog.append`)."""
-        self._dirty[commit_log] = None
+    def appended(self, source: WriteSource, size: int) -> None:
+        """Note one append of `size` bytes buffered by `source` (a partition log, the catalog)."""
+        self._dirty[source] = None
         self._appended += 1
         self._pending_bytes += size
         if self._per_append:
@@ -287,10 +311,14 @@ class GroupCommitter:
         elif self._pending_bytes >= self._max_pending_bytes:
             self._cut()
 
-    def appended_many(self, commit_log: CommitLog, count: int, size: int) -> None:
-        """Note `count` appends of `size` bytes in all to `commit_log` (after `CommitLog.append_batch`)."""
+    def appended_many(self, source: WriteSource, count: int, size: int) -> None:
+        """Note `count` appends of `size` bytes in all buffered by `source`."""
         self._appended += count - 1
-        self.appended(commit_log, size)
+        self.appended(source, size)
+
+    def touched(self, source: WriteSource) -> None:
+        """`source` buffered something to write with the next job (a new topic's catalog entry)."""
+        self._dirty[source] = None
 
     def when_durable(self, callback: Callback, on_error: ErrorCallback | None = None) -> None:
         """Call `callback` on the loop once everything appended before this call is durable."""
@@ -381,10 +409,10 @@ class GroupCommitter:
 
     def _take_job(self) -> tuple[Job, int]:
         job: Job = []
-        for commit_log in self._dirty:
-            pending = commit_log.take_pending()
+        for source in self._dirty:
+            pending = source.take_pending()
             if pending is not None:
-                job.append((commit_log, pending))
+                job.append((source, pending))
         self._dirty = {}
         self._pending_bytes = 0
         self._window_over = False
@@ -412,8 +440,8 @@ class GroupCommitter:
         flight = _Flight(job, upto, loop)
         if path_trace.ON:
             flight.cut_ns = time.monotonic_ns()
-        written_is_durable = not self._sync and not any(write.seals for _, p in job for write in p.writes)
-        if written_is_durable and all(earlier.done for earlier in self._flights):
+        always = any(write.always_sync for _source, pending in job for write in pending.writes)
+        if not self._sync and not always and all(earlier.done for earlier in self._flights):
             flight.done = True  # `none`: the write to the OS was the whole job
             self._flights.append(flight)
             loop.call_soon(self._finished, [flight])
@@ -442,11 +470,10 @@ class GroupCommitter:
         limit = self._inline_sync_max_bytes
         if not limit or len(job) != 1:
             return False
-        _log, pending = job[0]
+        _source, pending = job[0]
         if pending.bytes > limit or len(pending.writes) != 1:
             return False
-        write = pending.writes[0]
-        return not write.seals and not write.directories_to_sync
+        return not pending.writes[0].directories_to_sync
 
     def _finished(self, flights: list[_Flight]) -> None:
         """Process completions in order (on the loop, or in `flush` after the writer went idle)."""
@@ -467,24 +494,19 @@ class GroupCommitter:
                 self._start_window()
 
     def _complete(self, job: Job, upto: int, flight: _Flight | None = None) -> None:
-        advanced: list[tuple[CommitLog, int]] = []
-        for commit_log, pending in job:
-            before = commit_log.end_offset
-            durable_before = commit_log.durable_end
-            commit_log.complete(pending, self._sync)
+        advanced: list[tuple[int, int]] = []
+        for source, pending in job:
+            advanced += source.complete(pending, self._sync)
             self.bytes_written += pending.bytes
-            if commit_log.end_offset > before:
-                advanced.append((commit_log, before))
             if path_trace.ON and flight is not None and flight.cut_ns:
-                topic, end = commit_log.topic, commit_log.durable_end
-                path_trace.mark_at("cut", topic, durable_before, end, flight.cut_ns)
-                path_trace.mark_at("synced", topic, durable_before, end, flight.synced_ns or flight.cut_ns)
-                path_trace.mark("durable", topic, durable_before, end)
+                for topic, before, end in source.trace(pending):
+                    path_trace.mark_at("cut", topic, before, end, flight.cut_ns)
+                    path_trace.mark_at("synced", topic, before, end, flight.synced_ns or flight.cut_ns)
+                    path_trace.mark("durable", topic, before, end)
         if job:
             self.jobs_completed += 1
         self._durable = max(self._durable, upto)
-        if advanced:
-            self._on_durable(advanced)
+        self._on_durable(advanced, job)
         callbacks = self._callbacks
         while callbacks and callbacks[0][0] <= self._durable:
             _, callback, _ = callbacks.popleft()

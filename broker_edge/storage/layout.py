@@ -1,21 +1,20 @@
-"""The data directory: topic logs and the broker's own files in two namespaces no topic name can cross.
+"""The data directory: the partition logs and the broker's own files, apart.
 
 ::
 
     <data>/
-      topics/<encoded topic>/...   one directory per topic log (names from `topic_names`)
-      meta/LAYOUT                  the layout version ("2")
+      log/                         the partition logs: catalog, topic table snapshot, partitions (layout 3)
+      meta/LAYOUT                  the layout version ("3")
       meta/CLEAN_SHUTDOWN          present only between a clean close and the next open
       meta/sessions.json           persistent sessions (and sessions.json.tmp while it is replaced)
 
-Every topic directory is a child of `topics/`, so a topic called `CLEAN_SHUTDOWN`, `sessions.json` or
-`meta` is just another log and never touches a broker file.
+Topic names never become paths in layout 3 (they are in the catalog), so no topic name can reach a file.
 
-Layout 1 (before `meta/LAYOUT` existed) kept both side by side in `<data>`. `open_layout` moves such a
-directory into layout 2 at start, losing nothing: every subdirectory is a topic log and goes to `topics/`,
-the broker's files (`CLEAN_SHUTDOWN`, `sessions.json*`) go to `meta/`. The move is staged in
-`<data>/.layout-2` (a name no topic encoding produces: encoded names never start with a dot) and finished by
-two renames and the `LAYOUT` file, last; a start interrupted at any point resumes the move on the next start.
+Older layouts are moved forward at open, losing nothing. Layout 1 (before `meta/LAYOUT` existed) kept
+topic directories and the broker's files side by side in `<data>`: they are first moved into layout 2
+(`topics/<encoded topic>/` per topic, the broker's files in `meta/`), staged in `<data>/.layout-2` (a name no
+topic encoding produces) and finished by two renames and the `LAYOUT` file, last. Layout 2 is then copied
+into partition logs by `upgrade` (staged in `<data>/.layout-3`). A start interrupted at any point resumes.
 """
 
 from __future__ import annotations
@@ -26,11 +25,12 @@ from dataclasses import dataclass
 
 from .segment import fsync_directory
 
-__all__ = ["LAYOUT_VERSION", "DataLayout", "open_layout"]
+__all__ = ["LAYOUT_VERSION", "LOG", "DataLayout", "layout_version", "open_layout"]
 
 log = logging.getLogger(__name__)
 
-LAYOUT_VERSION = "2"
+LAYOUT_VERSION = "3"
+LOG = "log"
 TOPICS = "topics"
 META = "meta"
 LAYOUT_FILE = "LAYOUT"
@@ -41,11 +41,13 @@ _LAYOUT_1_BROKER_FILES = ("CLEAN_SHUTDOWN", "sessions.json")
 
 @dataclass(frozen=True, slots=True)
 class DataLayout:
-    """The paths of one data directory in layout 2."""
+    """The paths of one data directory."""
 
     root: str
     topics: str
+    """Layout 2's topic directories (read by the upgrade only)."""
     meta: str
+    log: str
 
     def meta_file(self, name: str) -> str:
         """The path of one broker file (``CLEAN_SHUTDOWN``, ``sessions.json``)."""
@@ -53,21 +55,51 @@ class DataLayout:
 
 
 def layout_of(root: str | os.PathLike[str]) -> DataLayout:
-    """The layout-2 paths under ``root`` (nothing is created)."""
+    """The paths under ``root`` (nothing is created)."""
     root = os.fspath(root)
-    return DataLayout(root, os.path.join(root, TOPICS), os.path.join(root, META))
+    return DataLayout(root, os.path.join(root, TOPICS), os.path.join(root, META), os.path.join(root, LOG))
+
+
+def layout_version(root: str | os.PathLike[str]) -> str | None:
+    """The version ``meta/LAYOUT`` names (None: no such file)."""
+    try:
+        with open(os.path.join(os.fspath(root), META, LAYOUT_FILE), encoding="ascii") as file:
+            return file.read().strip()
+    except FileNotFoundError:
+        return None
 
 
 def open_layout(root: str | os.PathLike[str]) -> DataLayout:
-    """Create or migrate ``root`` into layout 2 and return its paths (raises `OSError` if it cannot)."""
+    """Create ``root`` in layout 3, or move a layout-1 one into layout 2 (see the module docstring); returns
+    its paths (raises `OSError` if it cannot). A layout-2 directory is then upgraded by the store."""
     layout = layout_of(root)
     os.makedirs(layout.root, exist_ok=True)
-    marker = layout.meta_file(LAYOUT_FILE)
-    if os.path.exists(marker):
-        _remove_empty_staging(layout.root)
-    else:
+    version = layout_version(layout.root)
+    if version is None:
+        if _is_fresh(layout.root):
+            _create(layout)
+            return layout
         _migrate(layout)
+        version = layout_version(layout.root)
+    else:
+        _remove_empty_staging(layout.root)
+    if version not in ("2", LAYOUT_VERSION):
+        raise OSError(f"{layout.root}: unknown data directory layout {version!r} (this version reads 1 to 3)")
     return layout
+
+
+def _is_fresh(root: str) -> bool:
+    """Nothing of any layout: an empty directory (an interrupted move's staging is not nothing)."""
+    return not os.listdir(root)
+
+
+def _create(layout: DataLayout) -> None:
+    """A new data directory in layout 3: `meta/` with `LAYOUT`, written last, and `log/`."""
+    os.makedirs(layout.log, exist_ok=True)
+    os.makedirs(layout.meta, exist_ok=True)
+    fsync_directory(layout.root)
+    write_layout_file(layout.meta, LAYOUT_VERSION)
+    _remove_empty_staging(layout.root)
 
 
 def _migrate(layout: DataLayout) -> None:
@@ -94,12 +126,12 @@ def _migrate(layout: DataLayout) -> None:
                     os.rename(entry.path, os.path.join(staged_meta, entry.name))
         for directory in (staged_topics, staged_meta, staging, root):
             fsync_directory(directory)
-        _write_layout_file(staged_meta)  # the staging is complete: what is left is two renames
+        write_layout_file(staged_meta, "2")  # the staging is complete: what is left is two renames
         if moved or os.listdir(staged_meta) != [LAYOUT_FILE]:
             log.warning(
                 "data directory %s moved to layout %s: %d topic logs into %s/, the broker's files into %s/",
                 root,
-                LAYOUT_VERSION,
+                "2",
                 moved,
                 TOPICS,
                 META,
@@ -119,11 +151,12 @@ def _remove_empty_staging(root: str) -> None:
         fsync_directory(root)
 
 
-def _write_layout_file(meta: str) -> None:
+def write_layout_file(meta: str, version: str) -> None:
+    """Write `meta/LAYOUT` naming `version`, atomically and durably."""
     path = os.path.join(meta, LAYOUT_FILE)
     temporary = path + ".tmp"
     with open(temporary, "w", encoding="ascii") as file:
-        file.write(LAYOUT_VERSION + "\n")
+        file.write(version + "\n")
         file.flush()
         os.fsync(file.fileno())
     os.replace(temporary, path)

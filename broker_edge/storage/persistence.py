@@ -8,7 +8,10 @@ from broker_edge.protocol.topics import topic_matches, validate_topic_filter
 from .config import PersistRule
 
 _NO_RULE = -1
-_CACHE_LIMIT = 65_536
+_CACHE_LIMIT = 4096
+"""Topics without a log whose rule is remembered (a topic with a log keeps its rule in the topic table)."""
+NO_MATCH = 254
+"""`rule_number` of a topic no rule matches (fits the topic table's one-byte column)."""
 
 
 def check_filter(topic_filter: str) -> None:
@@ -23,6 +26,8 @@ class PersistenceRules:
     """Ordered rules with a bounded per-topic cache (every publish asks, most topics repeat)."""
 
     def __init__(self, rules: list[PersistRule]) -> None:
+        if len(rules) >= NO_MATCH:
+            raise ValueError(f"at most {NO_MATCH - 1} persistence rules, got {len(rules)}")
         for rule in rules:
             check_filter(rule.pattern)
             if not set(rule.qos) <= {0, 1, 2}:
@@ -30,6 +35,18 @@ class PersistenceRules:
         self.rules = list(rules)
         self._qos_sets = [frozenset(rule.qos) for rule in rules]
         self._cache: dict[str, int] = {}
+
+    def rule_number(self, topic: str) -> int:
+        """The number of the first rule matching `topic` (`NO_MATCH` when none does), not cached (a topic with
+        a log keeps it in its column)."""
+        for number, rule in enumerate(self.rules):
+            if topic_matches(rule.pattern, topic):
+                return number
+        return NO_MATCH
+
+    def rule_qos(self, number: int) -> frozenset[int]:
+        """The QoS levels rule `number` persists (none for `NO_MATCH`)."""
+        return self._qos_sets[number] if number < len(self._qos_sets) else frozenset()
 
     def rule_for(self, topic: str) -> PersistRule | None:
         """The first rule matching `topic` (None when none does)."""

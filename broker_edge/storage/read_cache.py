@@ -14,7 +14,7 @@ recently used dropped first. The budget counts what a block holds in memory (`ca
 caches count theirs: frames, payloads and each record's Python objects), not its frame bytes alone, which
 are a fraction of it for small records; 8 MiB by default: every cached record is a live Python object, and
 many of them cost garbage-collector time on every other allocation of the broker. Blocks below a log's
-start are dropped when retention moves the start, and all of a log's blocks when it closes.
+start are dropped when retention moves the start, and a topic's blocks when it is truncated.
 """
 
 from __future__ import annotations
@@ -22,10 +22,21 @@ from __future__ import annotations
 import bisect
 from array import array
 from collections import OrderedDict
+from collections.abc import Callable
 from itertools import accumulate
 
 from .record import Record
-from .tail_cache import cache_cost
+
+RECORD_OVERHEAD = 272
+"""Bytes a cached record holds besides its frame and its payload: the `Record`, the frame's and the payload's
+object headers, the list slot."""
+
+
+def cache_cost(frame_bytes: int, records: int) -> int:
+    """What `records` cached records of `frame_bytes` frame bytes in all hold in memory (an estimate that
+    errs high: each payload is counted as large as its frame)."""
+    return 2 * frame_bytes + records * RECORD_OVERHEAD
+
 
 BLOCK_RECORDS = 256
 """Records per block: offsets `k * BLOCK_RECORDS` to `(k + 1) * BLOCK_RECORDS - 1` form block `k`."""
@@ -78,41 +89,13 @@ class Block:
         return self.records[start:last], ends[last - 1] - before
 
 
-class LogBlocks:
-    """The cached blocks of one log (owned by the log, accounted by the store's `ReadCache`)."""
-
-    __slots__ = ("blocks", "cache")
-
-    def __init__(self, cache: ReadCache) -> None:
-        self.cache = cache
-        self.blocks: dict[int, Block] = {}
-
-    def get(self, number: int) -> Block | None:
-        block = self.blocks.get(number)
-        if block is not None:
-            self.cache.touch(self, number)
-        return block
-
-    def put(self, number: int, block: Block) -> None:
-        self.cache.put(self, number, block)
-
-    def drop_below(self, offset: int) -> None:
-        """Drop the blocks that end at or before `offset` (retention moved the log start)."""
-        for number in [n for n, block in self.blocks.items() if block.first + len(block.records) <= offset]:
-            self.cache.remove(self, number)
-
-    def clear(self) -> None:
-        for number in list(self.blocks):
-            self.cache.remove(self, number)
-
-
 class ReadCache:
-    """The store-wide LRU of blocks, bounded by the memory they hold (`Block.cost`)."""
+    """The store-wide LRU of blocks, keyed by (topic id, block number), bounded by the memory they hold."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._lru: OrderedDict[tuple[LogBlocks, int], int] = OrderedDict()
+        self._lru: OrderedDict[tuple[int, int], Block] = OrderedDict()
         self.hits = 0
         """Reads served from a cached block."""
         self.fills = 0
@@ -122,31 +105,43 @@ class ReadCache:
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
-    def for_log(self) -> LogBlocks:
-        return LogBlocks(self)
-
     def __len__(self) -> int:
         return len(self._lru)
 
-    def touch(self, owner: LogBlocks, number: int) -> None:
-        self.hits += 1
-        self._lru.move_to_end((owner, number))
+    def get(self, topic_id: int, number: int) -> Block | None:
+        block = self._lru.get((topic_id, number))
+        if block is not None:
+            self.hits += 1
+            self._lru.move_to_end((topic_id, number))
+        return block
 
-    def put(self, owner: LogBlocks, number: int, block: Block) -> None:
+    def put(self, topic_id: int, number: int, block: Block) -> None:
         cost = block.cost
         if cost > self.max_bytes:
             return
-        self.remove(owner, number)
-        owner.blocks[number] = block
-        self._lru[owner, number] = cost
+        self.remove(topic_id, number)
+        self._lru[topic_id, number] = block
         self.bytes += cost
         while self.bytes > self.max_bytes:
-            (old_owner, old_number), size = self._lru.popitem(last=False)
-            del old_owner.blocks[old_number]
-            self.bytes -= size
+            _key, old = self._lru.popitem(last=False)
+            self.bytes -= old.cost
 
-    def remove(self, owner: LogBlocks, number: int) -> None:
-        size = self._lru.pop((owner, number), None)
-        if size is not None:
-            del owner.blocks[number]
-            self.bytes -= size
+    def remove(self, topic_id: int, number: int) -> None:
+        block = self._lru.pop((topic_id, number), None)
+        if block is not None:
+            self.bytes -= block.cost
+
+    def clear(self) -> None:
+        self._lru.clear()
+        self.bytes = 0
+
+    def drop_topic(self, topic_id: int, below: int | None = None) -> None:
+        """Drop a topic's blocks (those ending at or before `below` when given: retention moved its start)."""
+        for key in [key for key, block in self._lru.items() if key[0] == topic_id]:
+            if below is None or self._lru[key].end <= below:
+                self.remove(*key)
+
+    def drop_below(self, starts: Callable[[int], int]) -> None:
+        """Drop every block that ends at or before its topic's start (after a retention pass)."""
+        for key in [key for key, block in self._lru.items() if block.end <= starts(key[0])]:
+            self.remove(*key)

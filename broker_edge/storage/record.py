@@ -25,18 +25,19 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 
-def _load_crc32c(data: bytes | memoryview) -> int:
+def _load_crc32c(data: bytes | memoryview, value: int = 0) -> int:
     """The first checksum: imports the `crc32c` package (which reads its own version through
     importlib.metadata, not worth paying to open an empty data directory) and binds its function."""
     global crc32c
     from crc32c import crc32c as function
 
     crc32c = function
-    return function(data)
+    return function(data, value)
 
 
-crc32c: Callable[[bytes | memoryview], int] = _load_crc32c
-"""CRC32C of a buffer (the `crc32c` package's function once the first checksum has loaded it)."""
+crc32c: Callable[..., int] = _load_crc32c
+"""CRC32C of a buffer, continued from ``value`` (the `crc32c` package's function once the first checksum has
+loaded it). Other modules call it as ``record.crc32c`` so that they see the bound function."""
 
 FORMAT_VERSION = 1
 PREFIX = struct.Struct("<II")
@@ -59,6 +60,9 @@ FLAG_RESPONSE_TOPIC = 0x40
 FLAG_CORRELATION_DATA = 0x80
 _U16_MAX = 0xFFFF
 
+
+EntryHead = Callable[[int], bytes]
+"""The header a partition log stores before a frame, given the frame's CRC (see `entry.head_of`)."""
 
 RecordFields = tuple[
     bytes,
@@ -229,11 +233,19 @@ def encode_frame(
 
 
 def encode_frames(first_offset: int, timestamp_ms: int, records: Iterable[RecordFields]) -> list[bytes]:
-    """The frames of `records` stored from `first_offset` on, all at `timestamp_ms` (`append_batch`).
+    """The frames of `records` stored from `first_offset` on, all at `timestamp_ms`.
 
     Same format and errors as `encode_frame`; a record without MQTT 5 fields costs one struct pack, two
     concatenations and one CRC, without a call per record.
     """
+    return encode_framed(first_offset, timestamp_ms, records, None)
+
+
+def encode_framed(
+    first_offset: int, timestamp_ms: int, records: Iterable[RecordFields], head: EntryHead | None
+) -> list[bytes]:
+    """`encode_frames`, each frame prefixed with `head(frame_crc)` when given (a partition log's entry
+    header, see `entry`): one loop and one buffer per record either way."""
     frames: list[bytes] = []
     append = frames.append
     pack_head, pack_prefix, checksum = _pack_head, _pack_prefix, crc32c
@@ -249,7 +261,8 @@ def encode_frames(first_offset: int, timestamp_ms: int, records: Iterable[Record
             or response is not None
             or correlation is not None
         ):
-            append(encode_frame(offset, timestamp_ms, *fields))
+            frame = encode_frame(offset, timestamp_ms, *fields)
+            append(frame if head is None else head(U32.unpack_from(frame, 4)[0]) + frame)
             continue
         if client_id is not last_id:
             last_id, raw_id = client_id, client_id.encode()
@@ -257,7 +270,11 @@ def encode_frames(first_offset: int, timestamp_ms: int, records: Iterable[Record
                 raise ValueError(f"client id of {len(raw_id)} bytes does not fit a record (max {_U16_MAX})")
         body = pack_head(FORMAT_VERSION, offset, timestamp_ms, qos, FLAG_RETAIN if retain else 0, len(raw_id))
         body += raw_id + payload
-        append(pack_prefix(len(body), checksum(body)) + body)
+        crc = checksum(body)
+        if head is None:
+            append(pack_prefix(len(body), crc) + body)
+        else:
+            append(head(crc) + pack_prefix(len(body), crc) + body)
     return frames
 
 
@@ -315,12 +332,16 @@ def decode_frames(buf: bytes, first_offset: int, max_body: int) -> tuple[list[Re
 
 
 def decode_frame(buf: bytes | memoryview, expected_offset: int, max_body: int) -> Record:
-    """Decode the single frame that fills `buf` (raises `FrameError`)."""
+    """Decode the single frame that fills `buf` (raises `FrameError`). Given `bytes`, the record keeps them
+    as its frame (a memoryview would cost more than a small frame, and keep a larger buffer alive)."""
     view = memoryview(buf)
     end, timestamp_ms = check_frame(view, 0, expected_offset, max_body)
     if end != len(view):
         raise FrameError("length")
-    return _decode_checked(view, 0, end, expected_offset, timestamp_ms)
+    record = _decode_checked(view, 0, end, expected_offset, timestamp_ms)
+    if isinstance(buf, bytes):
+        record.frame = buf
+    return record
 
 
 V5Extras = tuple[int | None, str | None, bytes | None]

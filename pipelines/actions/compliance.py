@@ -5,8 +5,8 @@ group (or for all devices) that was not aborted, canceled or rejected; each devi
 the newer of what the ``devices`` registry says (the telemetry pipeline keeps its ``firmware_version``) and
 the version of the latest OTA action the device SUCCEEDED, by when the device said each: the registry row's
 ``last_seen`` (the device's own time of its last reading, not when the pipeline wrote the row: telemetry sent
-before a rollback and ingested after it must not undo the rollback) against the execution's ``finished_at``. The actions job keeps
-the result in ``fleet_compliance``, one row per (group, installed version).
+before a rollback and ingested after it must not undo the rollback) against the execution's ``finished_at``.
+The actions job keeps the result in ``fleet_compliance``, one row per (group, installed version).
 """
 
 from __future__ import annotations

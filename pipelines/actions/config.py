@@ -9,6 +9,8 @@ from broker_edge.config.endpoints import BrokerEndpoint
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import validate_topic_filter
 from pipelines.actions.buckets import DEFAULT_BUCKETS
+from pipelines.maintenance.config import MaintenanceConfig
+from pipelines.supervisor import RestartConfig
 
 
 @dataclass
@@ -44,6 +46,10 @@ class ActionsConfig:
     ``actions/devices/<id>`` instead."""
     backend: str = "auto"
     """Table backend: auto (native Delta when the Spark session has it, else delta-rs), delta-rs or native."""
+    restart: RestartConfig = field(default_factory=RestartConfig)
+    """How a failed query (fanout or reports) is restarted from its checkpoint (pipelines/supervisor.py)."""
+    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
+    """Compaction, vacuum and log clean-up of the actions, action_executions and action_summary tables."""
 
     def __post_init__(self) -> None:
         if not self.brokers:

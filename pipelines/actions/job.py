@@ -18,7 +18,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -27,20 +27,30 @@ from pyspark.sql.streaming import StreamingQuery
 from broker_edge.config.endpoints import BrokerEndpoint, format_endpoints
 from pipelines.actions.cluster import brokers_form_a_cluster
 from pipelines.actions.config import ActionsConfig
-from pipelines.actions.engine import ACTIONS, ActionsEngine
+from pipelines.actions.engine import ActionsEngine
+from pipelines.actions.engine_tables import ACTIONS, COMPLIANCE, EXECUTIONS, SUMMARY
 from pipelines.actions.heartbeat import HeartbeatWriter
 from pipelines.actions.model import parse_report
 from pipelines.actions.publisher import ClusterPublisher, MqttPublisher, Publisher
 from pipelines.actions.reports import CLUSTER_BROKER_ID, BrokerReports, ClusterReports, ReportStream
+from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF, MaintenanceTarget
+from pipelines.maintenance.scheduler import MaintenanceScheduler
+from pipelines.metrics import PipelineMetrics
 from pipelines.output_paths import check_output_location
-from pipelines.pipeline_logs import failure_summary
 from pipelines.spark_session import stop_between_batches
+from pipelines.supervisor import GaveUp, SupervisedQuery, Supervisor
 from sinks.backends import Backend, open_table_store
 from sinks.foreach_batch import streaming_query_id
 from sinks.store import TableStore
 from sources import register_sources
 
+if TYPE_CHECKING:
+    from pipelines.run_options import RunOptions
+
 log = logging.getLogger(__name__)
+
+#: The tables the job maintains: those it writes, and the actions table whose change feed it reads.
+MAINTAINED = (ACTIONS, EXECUTIONS, SUMMARY, COMPLIANCE)
 
 
 def _action_changes(spark: SparkSession, store: TableStore) -> DataFrame:
@@ -77,33 +87,51 @@ def _status_reports(
 
 @dataclass
 class ActionsJob:
-    """The running job: its queries and ticker; :meth:`stop` ends all of them."""
+    """The running job: its two queries (restarted from their checkpoints when they fail), the ticker that
+    also watches them and maintains the tables; :meth:`stop` ends all of them."""
 
     engine: ActionsEngine
-    fanout: StreamingQuery
     reports: ReportStream
+    supervisor: Supervisor
+    maintenance: MaintenanceScheduler
     heartbeat: HeartbeatWriter | None = None
     """Tells ``timestone ota status`` that a job acts on these tables (``heartbeat.py``)."""
+    _fanout: SupervisedQuery | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _ticker: threading.Thread | None = None
 
     @property
+    def fanout(self) -> StreamingQuery | None:
+        """The fanout query running now (None from its failure until its restart)."""
+        return self._fanout.query if self._fanout is not None else None
+
+    @property
     def queries(self) -> list[StreamingQuery]:
-        """The streaming queries running now (the reports query changes when it moves to another member)."""
-        return [self.fanout, self.reports.query]
+        """The streaming queries running now."""
+        return self.supervisor.running()
+
+    @property
+    def gave_up(self) -> GaveUp | None:
+        """A query that failed in a way a restart cannot fix, once one has."""
+        return self.supervisor.gave_up
 
     def running(self) -> bool:
-        return bool(self.fanout.isActive) and self.reports.running()
+        """Whether the job goes on: no query failed for good, and not every query was stopped."""
+        return self.gave_up is None and not all(w.done for w in self.supervisor.queries)
 
     def start_ticker(self, interval_s: float) -> None:
+        """Every ``interval_s``: the engine's tick, a look at the queries, and table maintenance when due."""
         self._beat()
 
         def run() -> None:
             while not self._stop.wait(interval_s):
                 try:
                     self.engine.tick()
-                except Exception:  # the next tick retries; a streaming failure stops the job instead
+                except Exception:  # the next tick retries; a streaming failure is the supervisor's
                     log.exception("actions tick failed")
+                if self.supervisor.check() is not None:
+                    return  # the job stops (run() sees gave_up)
+                self.maintenance.poke()
                 self._beat()
 
         self._ticker = threading.Thread(target=run, name="actions-ticker", daemon=True)
@@ -115,13 +143,16 @@ class ActionsJob:
             query.processAllAvailable()
 
     def stop(self) -> None:
-        """Stop the ticker, both queries and the publisher: each of them even when stopping another failed
-        (the first failure is raised afterwards), so that no query outlives the job."""
+        """Stop the ticker, both queries, the maintenance and the publisher: each of them even when stopping
+        another failed (the first failure is raised afterwards), so that no query outlives the job."""
         self._stop.set()
+        self.supervisor.stop()
+        fanout = self.fanout
         steps = (
             self._join_ticker,
-            lambda: stop_between_batches(self.fanout),
+            lambda: stop_between_batches(fanout) if fanout is not None else None,
             self.reports.stop,
+            self.maintenance.close,
             self.engine.publisher.close,
         )
         failure: BaseException | None = None
@@ -157,6 +188,7 @@ def start_actions_job(
     config: ActionsConfig,
     store: TableStore | None = None,
     publisher: Publisher | None = None,
+    metrics: PipelineMetrics | None = None,
 ) -> ActionsJob:
     """Start both streams and the ticker; returns at once with the running :class:`ActionsJob`."""
     register_sources(spark)
@@ -172,6 +204,8 @@ def start_actions_job(
     )
     checkpoints = Path(config.checkpoint_root)
     trigger = f"{config.trigger_interval_s} seconds"
+    # Spark purges the checkpoints' offsets and commits older than this many batches as the queries run
+    spark.conf.set(MIN_BATCHES_TO_RETAIN_CONF, str(config.maintenance.checkpoint_batches))
 
     def fan_out(batch: DataFrame, batch_id: int) -> None:
         ordered = batch.orderBy("_commit_version")
@@ -195,8 +229,8 @@ def start_actions_job(
             .start()
         )
 
-    try:
-        fanout = (
+    def start_fanout() -> StreamingQuery:
+        return (
             _action_changes(spark, store)
             .writeStream.queryName("actions-fanout")
             .foreachBatch(fan_out)
@@ -204,22 +238,21 @@ def start_actions_job(
             .trigger(processingTime=trigger)
             .start()
         )
-    except BaseException:
-        publisher.close()
-        raise
-    reports: ReportStream
+
+    supervisor = Supervisor("actions", config.restart, metrics or PipelineMetrics())
+    reports: ReportStream = (ClusterReports if cluster else BrokerReports)(start_reports, config.brokers)
+    maintenance = MaintenanceScheduler(store, MAINTAINED, config.maintenance)
+    job = ActionsJob(engine, reports, supervisor, maintenance, HeartbeatWriter(config.tables_root))
     try:
-        if cluster:
-            reports = ClusterReports(start_reports, config.brokers)
-        else:
-            reports = BrokerReports(start_reports, config.brokers)
+        job._fanout = supervisor.add("actions-fanout", start_fanout)
+        supervisor.add("actions-reports", lambda: reports.start())
     except BaseException:  # no query is left running by a job that failed to start
         try:
-            fanout.stop()
+            for query in supervisor.running():
+                query.stop()
         finally:
             publisher.close()
         raise
-    job = ActionsJob(engine, fanout, reports, HeartbeatWriter(config.tables_root))
     job.start_ticker(config.tick_interval_s)
     return job
 
@@ -230,6 +263,12 @@ def _publisher(config: ActionsConfig, cluster: bool) -> MqttPublisher:
     first = config.brokers[0]
     kind = ClusterPublisher if cluster else MqttPublisher
     return kind(addresses, username=first.username, password=first.password)
+
+
+def maintenance_target(spark: SparkSession | None, config: ActionsConfig) -> MaintenanceTarget:
+    """The tables ``timestone tables maintain actions`` maintains, and how (``maintenance``)."""
+    store = open_table_store(spark, config.tables_root, backend=cast(Backend, config.backend))
+    return MaintenanceTarget(store, MAINTAINED, config.maintenance)
 
 
 def validate(section: object) -> ActionsConfig:
@@ -250,23 +289,19 @@ def preflight(config: ActionsConfig, options: object) -> None:
         brokers_form_a_cluster(config.brokers)
 
 
-def run(spark: SparkSession, section: object, options: object) -> int:
-    """``timestone pipeline actions``: run the job until interrupted."""
+def run(spark: SparkSession, section: object, options: RunOptions) -> int:
+    """``timestone pipeline actions``: run the job until interrupted or a query fails for good."""
     import time
 
     config = validate(section)
-    job = start_actions_job(spark, config)
+    job = start_actions_job(spark, config, metrics=options.metrics)
     log.info(
         "actions job started: tables at %s, brokers %s", config.tables_root, [b.name for b in config.brokers]
     )
     try:
         while job.running():
             time.sleep(1)
-        failed = {q.name: error for q in job.queries if (error := q.exception()) is not None}
-        for name, error in failed.items():
-            log.debug("actions query %s failed: %s", name, error)
-            log.error("actions query %s failed: %s", name, failure_summary(error))
-        return 1 if failed else 0
+        return 1 if job.gave_up is not None else 0
     except KeyboardInterrupt:
         log.info("stopping the actions job")
         return 0

@@ -9,7 +9,6 @@ name ``cluster``: they stay valid whichever member serves them.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 from pyspark.sql.streaming import StreamingQuery
 
@@ -25,38 +24,32 @@ StartQuery = Callable[[Sequence[BrokerEndpoint]], StreamingQuery]
 """Starts the reports query over the given endpoints (their names are the checkpoint's broker ids)."""
 
 
-class ReportStream(Protocol):
-    @property
-    def query(self) -> StreamingQuery: ...
-
-    def running(self) -> bool: ...
-
-    def stop(self) -> None: ...
-
-
 class BrokerReports:
-    """One query over every broker: each holds its own devices' reports."""
+    """One query over every broker: each holds its own devices' reports. :meth:`start` starts it, again after
+    a failure (the supervisor of the job calls it)."""
 
     def __init__(self, start: StartQuery, brokers: Sequence[BrokerEndpoint]) -> None:
-        self.query = start(brokers)
+        self._start = start
+        self._brokers = list(brokers)
+        self.query: StreamingQuery | None = None
+
+    def start(self) -> StreamingQuery:
+        self.query = self._start(self._brokers)
+        return self.query
 
     def running(self) -> bool:
-        return bool(self.query.isActive)
+        return self.query is not None and bool(self.query.isActive)
 
     def stop(self) -> None:
-        stop_between_batches(self.query)
+        if self.query is not None:
+            stop_between_batches(self.query)
 
 
-class ClusterReports:
+class ClusterReports(BrokerReports):
     """One query over a whole cluster: the ``timestone`` source reads it through ``bootstrapServers``, finds
     each topic's replicas itself and reads a dead member's ranges from another replica, so the query
     outlives any one member."""
 
-    def __init__(self, start: StartQuery, members: Sequence[BrokerEndpoint]) -> None:
-        self.query = start(members)
 
-    def running(self) -> bool:
-        return bool(self.query.isActive)
-
-    def stop(self) -> None:
-        stop_between_batches(self.query)
+ReportStream = BrokerReports
+"""Either kind: what the job holds."""

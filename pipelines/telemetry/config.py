@@ -16,7 +16,9 @@ from typing import Any, Literal
 
 from broker_edge.config.endpoints import parse_endpoint
 from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file
+from pipelines.maintenance.config import MaintenanceConfig
 from pipelines.spark_interval import interval_ms
+from pipelines.supervisor import RestartConfig
 from sources.options import SourceOptionError, parse_options
 
 #: Columns every parsed telemetry row has, besides the configured payload fields.
@@ -119,18 +121,10 @@ class TablesConfig:
     root: str = ".timestone/tables"
     backend: Literal["auto", "delta-rs", "native"] = "auto"
     namespace: str | None = None
-    executor_writes: list[str] = field(default_factory=lambda: ["bronze_telemetry"])
+    executor_writes: list[str] = field(default_factory=list)
     """delta-rs only: tables whose appends the Spark tasks write (no rows collected to the driver)."""
-    compact_every: int = 10
-    """Compact silver's small files after every this many micro-batches (0: never)."""
-    compact_target_mb: int = 16
-    """Compaction leaves silver's files of at least this size alone and writes files up to it."""
-
-    def __post_init__(self) -> None:
-        if self.compact_every < 0:
-            raise ConfigError("compact_every", "must be >= 0")
-        if self.compact_target_mb < 1:
-            raise ConfigError("compact_target_mb", "must be >= 1")
+    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
+    """Compaction, vacuum and log clean-up of every table the job writes, run by the job itself."""
 
 
 @dataclass
@@ -140,6 +134,8 @@ class StreamConfig:
     query_name: str = "telemetry"
     checkpoint: str = ".timestone/checkpoints/telemetry"
     trigger_interval: str = "1 second"
+    restart: RestartConfig = field(default_factory=RestartConfig)
+    """How a failed query is restarted from its checkpoint (pipelines/supervisor.py)."""
 
     def __post_init__(self) -> None:
         try:  # Spark reads it only when the query starts; checked even when --available-now replaces it

@@ -12,6 +12,13 @@ replicas for partitions short of the replication factor, leadership moves that s
 evenly, and replicas moved (an extra one added, caught up, then one dropped) from the most loaded members
 to the least loaded, such as a member that just joined. Every state is written by compare-and-swap on its
 revision; on a conflict it reads again and recomputes. An unclean election is logged at ERROR.
+
+**Grace.** For one renewal interval plus a second after this node becomes the controller (``grace_s``: 2 s
+at the default TTL of 3 s), and for one TTL plus a second after etcd answers again (this node was fenced or
+its calls failed), no member is taken for dead: a member whose key is missing then may only be registering
+again (etcd restores every lease with a full TTL when it restarts: a member renews within it, or, if it
+could not, registers again at once). Partitions are led as they are meanwhile; what a member's absence
+calls for is done once the grace is over, each change logged once with its reason.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 
 from broker_edge.cluster.coordination.assignment import Change, LogEnds, initial_states, needs_election, plan
@@ -38,7 +46,7 @@ from broker_edge.cluster.tasks import stop_task
 from broker_edge.cluster.view import ClusterView, Member, PartitionState, partition_of
 from broker_edge.settings.cluster import ClusterConfig
 
-__all__ = ["Controller", "read_log_ends"]
+__all__ = ["Controller", "grace_s", "read_log_ends"]
 
 log = logging.getLogger("broker_edge.cluster.controller")
 
@@ -90,6 +98,12 @@ async def read_log_ends(
     return {node: ends for node, ends in answers if ends is not None}
 
 
+def grace_s(lease_ttl_s: float) -> float:
+    """How long a controller takes nobody for dead after its election or etcd's return: a member renews
+    within a third of the TTL, or registers again within a second of learning its lease is gone."""
+    return lease_ttl_s / 3 + 1.0
+
+
 LogEndsReader = Callable[[list[Member], int], Awaitable[LogEnds]]
 """(candidates, partition count) → their log ends (``read_log_ends`` over the members' endpoints)."""
 
@@ -130,6 +144,9 @@ class Controller:
         """Partition state changes this node has written as controller (for tests and logs)."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.grace_until = 0.0
+        """``time.monotonic()`` until which no member is taken for dead (see the module docstring)."""
+        self._interrupted = False
 
     @property
     def is_controller(self) -> bool:
@@ -163,7 +180,8 @@ class Controller:
             try:
                 again = await self._step()
             except EtcdError as exc:
-                log.warning("controller step failed: %s", exc)
+                (log.debug if self._interrupted else log.warning)("controller step failed: %s", exc)
+                self._interrupted = True
                 again = False
                 await asyncio.sleep(0.2)
             except Exception:
@@ -177,6 +195,7 @@ class Controller:
         """One look: campaign or reconcile. True when it should look again at once (a write conflicted)."""
         lease = self.membership.lease_id
         if self.view.fenced or lease is None:
+            self._interrupted = True
             if self.holding is not None:
                 log.warning("%s is no longer the controller (fenced)", self.view.node_id)
                 self.holding = None
@@ -201,8 +220,29 @@ class Controller:
                     return await self._remove_if_bogus(current)
                 revision = current.mod_revision
             self.holding = (self.keys.controller, revision)
-            log.info("%s is the controller", self.view.node_id)
+            if not self._interrupted:
+                self._start_grace("after its election", grace_s(self.membership.ttl_s))
+        if self._interrupted:
+            self._interrupted = False
+            self._start_grace("after etcd answered again", self.membership.ttl_s + 1.0)
         return await self._reconcile(self.holding)
+
+    def _start_grace(self, why: str, grace: float) -> None:
+        self.grace_until = time.monotonic() + grace
+        log.info(
+            "%s is the controller; no member is taken for dead for %.1f s (%s)", self.view.node_id, grace, why
+        )
+
+    def _in_grace(self, states: Iterable[PartitionState]) -> set[str]:
+        """During the grace: every member a partition names as leader or in sync, taken as alive."""
+        if time.monotonic() >= self.grace_until:
+            return set()
+        named: set[str] = set()
+        for state in states:
+            named.update(state.isr)
+            if state.leader is not None:
+                named.add(state.leader)
+        return named
 
     async def _remove_if_bogus(self, current: KeyValue) -> bool:
         """The controller key names someone else: a live member holding it under its own lease, or a value
@@ -274,7 +314,7 @@ class Controller:
                 min(self.config.replication_factor, len(eligible)),
             )
             return True
-        live = set(members)
+        live = set(members) | self._in_grace(states.values())
         electing = needs_election(states.values(), live)
         log_ends: LogEnds = {}
         if electing:

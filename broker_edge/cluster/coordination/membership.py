@@ -10,6 +10,11 @@ has succeeded for TTL minus a margin, this node can no longer prove it is a memb
 have taken over its partitions. It unfences when a renewal proves the same lease still alive, or, when the
 lease is lost, after registering again under a new lease (and after ``before_unfence``, e.g. a re-read of
 the cluster's state, has run).
+
+**An unreachable etcd is not a lost lease.** While renewals fail (etcd restarting, out of reach) the node
+is fenced but keeps renewing the same lease; it registers anew only when etcd answers that the lease is
+gone. etcd restores leases when it restarts (each with its full TTL), so after an etcd restart every
+member is still registered under its own lease and nobody looks dead.
 """
 
 from __future__ import annotations
@@ -121,7 +126,8 @@ class Membership:
                 await asyncio.sleep(min(0.5, self.interval_s))
                 await self._register_once()
                 continue
-            await asyncio.sleep(self.interval_s)
+            # while renewals fail, try again soon: etcd gives a lease it restores one TTL from its restart
+            await asyncio.sleep(self.interval_s if not self._failures else min(0.2, self.interval_s))
             await self._renew_once()
 
     async def _register_once(self) -> bool:
@@ -174,11 +180,16 @@ class Membership:
             return
         sent = time.monotonic()
         try:
-            ttl = await self.etcd.keep_alive(lease, timeout_s=self.interval_s)
+            # after failures the connection is made again (TLS, etcd's auth): allow it the time a TTL gives
+            ttl = await self.etcd.keep_alive(
+                lease, timeout_s=self.interval_s if not self._failures else self.ttl_s
+            )
         except EtcdError as exc:
+            # fenced by the timer meanwhile, but the lease is kept: etcd restores leases when it restarts,
+            # and only etcd knows whether this one ran out (a new one would look like a death and a birth)
             self._failed(f"lease {lease:x} renewal failed: {exc}")
-            if time.monotonic() >= self.proven_until:
-                self._lose_lease("lease not renewed within its TTL")
+            if "lease not found" in str(exc):
+                self._lose_lease("etcd no longer knows the lease")
             return
         if ttl <= 0:
             self._lose_lease("lease expired")

@@ -518,9 +518,12 @@ class PeerLinks:
             failures = 0
             try:
                 await self._read(link, socket)
+            except ConnectionError as exc:
+                log.info("peer link to %s closed: %s", peer, exc)
             finally:
                 link.detach(socket)
-                await socket.close()
+                with contextlib.suppress(ConnectionError):
+                    await socket.close()
             await asyncio.sleep(REDIAL_S)
 
     async def _read(self, link: PeerLink, socket: Any) -> None:
@@ -556,9 +559,12 @@ class PeerLinks:
         link = self.link(peer)
         try:
             await self._read(link, socket)
+        except ConnectionError as exc:  # the transport closed under it (a peer paused, cut off, gone)
+            log.info("peer link to %s closed: %s", peer, exc)
         finally:
             link.detach(socket)
-            await socket.close()
+            with contextlib.suppress(ConnectionError):  # "Cannot write to closing transport"
+                await socket.close()
         return socket
 
     def add_routes(self, app: web.Application) -> None:

@@ -1,72 +1,60 @@
 """Leader epochs per topic log: which leader epoch appended which range of offsets (Kafka's KIP-101/320).
 
-Each replicated log keeps a small file `leader-epochs` in its directory: `(epoch, start_offset)` pairs, one
-per epoch under which records were appended, in increasing order of both. A leader adds a pair when it
-first appends to a topic under a new epoch; a follower copies its leader's pairs from fetch responses. A
-replica asking a (new) leader to go on from `(offset, last_fetched_epoch)` is told where that epoch ends on
-the leader (`end_offset_for`): when it ends before `offset`, the replica's tail diverged (records a former
-leader appended and never committed) and is truncated there before following.
+Each replicated log keeps `(epoch, start_offset)` pairs, one per epoch under which records were appended,
+in increasing order of both. A leader adds a pair when it first appends to a topic under a new epoch; a
+follower copies its leader's pairs from fetch responses. A replica asking a (new) leader to go on from
+`(offset, last_fetched_epoch)` is told where that epoch ends on the leader (`end_offset_for`): when it ends
+before `offset`, the replica's tail diverged (records a former leader appended and never committed) and is
+truncated there before following.
 
-The file is rewritten whole (temporary file, rename): it changes once per topic per leader change, and a
-first publish on a new device topic must not wait for a disk sync on the event loop, so the fsyncs of the
-file and its directory run in a worker thread. Losing the newest pairs in a crash is safe: a replica whose
-cache lacks an epoch reports an older `last_fetched_epoch` (or none), which ends earlier on the leader, so
-it truncates earlier than needed and fetches those records again. A file that cannot be read is logged
-and treated as empty, with the same effect. A broker that is not in a cluster writes none.
+The pairs are kept in the journal of the topic's storage partition (`broker_edge.storage.epoch_journal`):
+a change appends the topic's list, once per topic per leader change, and a first publish on a new device
+topic must not wait for a disk sync on the event loop, so the journal's fsync runs in a worker thread.
+Losing the newest pairs in a crash is safe: a replica whose cache lacks an epoch reports an older
+`last_fetched_epoch` (or none), which ends earlier on the leader, so it truncates earlier than needed and
+fetches those records again. A journal that cannot be read is logged and treated as empty, with the same
+effect. A broker that is not in a cluster writes none.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 from bisect import bisect_right
 from typing import TYPE_CHECKING
 
-from broker_edge.storage.segment import fsync_directory
+from broker_edge.storage.epoch_journal import EpochJournal
 
 if TYPE_CHECKING:
     from broker_edge.storage.store import LogStore
 
-__all__ = ["EPOCHS_FILE", "NO_EPOCH", "EpochCache", "LeaderEpochs"]
+__all__ = ["NO_EPOCH", "EpochCache", "LeaderEpochs"]
 
 log = logging.getLogger(__name__)
 
-EPOCHS_FILE = "leader-epochs"
 NO_EPOCH = -1
 """The epoch of an empty log (or of records older than any known epoch)."""
-_VERSION = "1"
 
 
 class EpochCache:
-    """The `(epoch, start_offset)` pairs of one topic's log, kept in `directory/leader-epochs`."""
+    """The `(epoch, start_offset)` pairs of one topic's log, kept in its partition's journal."""
 
-    __slots__ = ("_epochs", "_starts", "directory")
+    __slots__ = ("_epochs", "_starts", "journal", "topic_id")
 
-    def __init__(self, directory: str, entries: list[tuple[int, int]] | None = None) -> None:
-        self.directory = directory
+    def __init__(
+        self, journal: EpochJournal, topic_id: int, entries: list[tuple[int, int]] | None = None
+    ) -> None:
+        self.journal = journal
+        self.topic_id = topic_id
         self._epochs = [epoch for epoch, _ in entries or ()]
         self._starts = [start for _, start in entries or ()]
 
     @classmethod
-    def load(cls, directory: str, log_end: int) -> EpochCache:
-        """Read the file (none: no epochs yet); pairs starting at or past `log_end` are dropped (a crash
-        between a truncation of the log and of its epochs)."""
-        path = os.path.join(directory, EPOCHS_FILE)
-        entries: list[tuple[int, int]] = []
-        try:
-            with open(path, encoding="ascii") as file:
-                lines = file.read().split("\n")
-        except FileNotFoundError:
-            return cls(directory)
-        try:
-            entries = _parse(path, lines)
-        except ValueError as error:
-            log.error("%s; the log's replicas will compare it from its start", error)
-            entries = []
-        cache = cls(directory, entries)
-        if entries and entries[-1][1] >= log_end:
+    def load(cls, journal: EpochJournal, topic_id: int, log_end: int) -> EpochCache:
+        """The topic's pairs from the journal (none: no epochs yet); pairs starting at or past `log_end` are
+        dropped (a crash between a truncation of the log and of its epochs)."""
+        cache = cls(journal, topic_id, journal.entries(topic_id))
+        if cache._starts and cache._starts[-1] >= log_end:
             cache.truncate_from(log_end)
         return cache
 
@@ -128,52 +116,20 @@ class EpochCache:
             del self._starts[keep:]
             self._write()
 
+    def clear(self) -> None:
+        """Forget every epoch (the log restarted empty at a later offset)."""
+        self._epochs.clear()
+        self._starts.clear()
+        self._write()
+
     def _write(self) -> None:
-        path = os.path.join(self.directory, EPOCHS_FILE)
-        temporary = path + ".tmp"
-        lines = [
-            _VERSION,
-            *(f"{epoch} {start}" for epoch, start in zip(self._epochs, self._starts, strict=True)),
-        ]
-        with open(temporary, "w", encoding="ascii") as file:
-            file.write("\n".join(lines) + "\n")
-        os.replace(temporary, path)
+        self.journal.record(self.topic_id, self.entries)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            _sync(path)
+            self.journal.sync()
             return
-        loop.run_in_executor(None, _sync, path)
-
-
-def _sync(path: str) -> None:
-    """Make a rewritten epoch file durable: its data, then the rename (its directory)."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-        fsync_directory(os.path.dirname(path))
-    except OSError as error:
-        log.error("cannot sync %s: %s", path, error)
-
-
-def _parse(path: str, lines: list[str]) -> list[tuple[int, int]]:
-    if not lines or lines[0] != _VERSION:
-        raise ValueError(f"{path}: not a leader epoch file of version {_VERSION}")
-    entries: list[tuple[int, int]] = []
-    for number, line in enumerate(lines[1:], 2):
-        if not line:
-            continue
-        parts = line.split(" ")
-        if len(parts) != 2 or not all(part.isdigit() for part in parts):
-            raise ValueError(f"{path}:{number}: expected 'epoch start_offset', got {line!r}")
-        epoch, start = int(parts[0]), int(parts[1])
-        if entries and (epoch <= entries[-1][0] or start < entries[-1][1]):
-            raise ValueError(f"{path}:{number}: epochs and offsets must increase")
-        entries.append((epoch, start))
-    return entries
+        loop.run_in_executor(None, self.journal.sync)
 
 
 class LeaderEpochs:
@@ -182,6 +138,7 @@ class LeaderEpochs:
     def __init__(self, store: LogStore) -> None:
         self._store = store
         self._caches: dict[str, EpochCache] = {}
+        self._journals: dict[int, EpochJournal] = {}
 
     def for_topic(self, topic: str) -> EpochCache:
         """The cache of `topic`'s log (which must exist)."""
@@ -189,9 +146,15 @@ class LeaderEpochs:
         if cache is None:
             store = self._store
             cache = self._caches[topic] = EpochCache.load(
-                store.log_directory(topic), store.durable_end(topic)
+                self._journal(store.partition_of(topic)), store.topic_id(topic), store.durable_end(topic)
             )
         return cache
+
+    def _journal(self, partition: int) -> EpochJournal:
+        journal = self._journals.get(partition)
+        if journal is None:
+            journal = self._journals[partition] = EpochJournal(self._store.epochs_path(partition))
+        return journal
 
     def epoch_at(self, topic: str, offset: int) -> int:
         """The epoch that appended `topic`'s record at `offset` (`NO_EPOCH` without a log)."""
@@ -214,6 +177,4 @@ class LeaderEpochs:
     def restart_at(self, topic: str, offset: int) -> None:
         """Empty `topic`'s log (and epochs) to continue at `offset`."""
         self._store.restart_at(topic, offset)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(self._store.log_directory(topic), EPOCHS_FILE))
-        self._caches.pop(topic, None)
+        self.for_topic(topic).clear()

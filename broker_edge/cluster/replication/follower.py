@@ -686,6 +686,7 @@ class _Fetcher:
         failures = 0
         refusals = 0
         opened = False
+        last_said, repeats = "", 0
         while not self.retiring:
             if session == 0 and not self.observer:
                 try:
@@ -720,11 +721,17 @@ class _Fetcher:
                 continue
             broken = [data for data in response.partitions if data.error != OK]
             if broken:
-                log.info(
-                    "fetch from %s: %s",
-                    self.leader,
-                    ", ".join(f"partition {d.partition} {ERROR_NAMES.get(d.error, d.error)}" for d in broken),
+                said = ", ".join(
+                    f"partition {d.partition} {ERROR_NAMES.get(d.error, d.error)}" for d in broken
                 )
+                repeats = repeats + 1 if said == last_said else 0
+                if not repeats:  # said once, then summarised: a fenced leader answers so every retry
+                    log.info("fetch from %s: %s", self.leader, said)
+                elif repeats % 100 == 0:
+                    log.info("fetch from %s: %s (still, %d times since)", self.leader, said, repeats)
+                last_said = said
+            else:
+                last_said, repeats = "", 0
             session = response.session
             try:
                 if self.observer:

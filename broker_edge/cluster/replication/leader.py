@@ -794,9 +794,12 @@ class LeaderReplication:
         """Shrink the ISR of the partitions led here by followers lagging too long; expand it by those
         caught up (run periodically; the changes go through the ISR changer). A partition just taken over
         gives its followers `replica_lag_max_ms` to show up."""
+        if self.view.fenced:  # no change could be written: none is tried (and logged)
+            return
         now = self._clock()
         lag_max = self.config.replica_lag_max_ms / 1000
         me = self.view.node_id
+        members = self.view.members
         lagging_since = self._lagging_since()
         for number, state in self.view.states.items():
             led_since = self._led_since.get(number)
@@ -815,7 +818,13 @@ class LeaderReplication:
                 too_far = since is not None and now - max(since, led_since) > lag_max
                 if replica in state.isr and (not alive or too_far):
                     self._change_isr(number, state.epoch, replica, shrink=True)
-                elif replica not in state.isr and serving and now - contact <= lag_max and since is None:
+                elif (
+                    replica not in state.isr
+                    and replica in members  # one whose lease ended is never added back (the controller's)
+                    and serving
+                    and now - contact <= lag_max
+                    and since is None
+                ):
                     self._change_isr(number, state.epoch, replica, shrink=False)
 
     def _lagging_since(self) -> dict[tuple[str, int], float]:
@@ -838,16 +847,23 @@ class LeaderReplication:
         self._isr_calls.add(key)
 
         async def change() -> None:
+            change = "removed from" if shrink else "added to"
             try:
                 if shrink:
-                    log.warning("removing %s from the in-sync replicas of partition %d", replica, partition)
                     changed = await self.isr_changer.shrink_isr(partition, epoch, replica)
                 else:
-                    log.info("adding %s to the in-sync replicas of partition %d", replica, partition)
                     changed = await self.isr_changer.expand_isr(partition, epoch, replica)
-                if not changed:
-                    log.info(
-                        "in-sync replica change of partition %d not applied (its state moved on)", partition
+                if changed:
+                    (log.warning if shrink else log.info)(
+                        "%s %s the in-sync replicas of partition %d", replica, change, partition
+                    )
+                else:
+                    log.debug(
+                        "%s not %s the in-sync replicas of partition %d: %s",
+                        replica,
+                        change,
+                        partition,
+                        self._why_not_changed(partition, epoch, replica),
                     )
             finally:
                 self._isr_calls.discard(key)
@@ -855,6 +871,17 @@ class LeaderReplication:
         task = asyncio.get_running_loop().create_task(change())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _why_not_changed(self, partition: int, epoch: int, replica: str) -> str:
+        view = self.view
+        if view.fenced:
+            return "this broker is fenced"
+        if replica not in view.members:
+            return f"{replica} is not a live member"
+        state = view.states.get(partition)
+        if state is None or state.leader != view.node_id or state.epoch != epoch:
+            return "the partition's leader or epoch changed"
+        return "its state changed meanwhile"
 
     # -- topics ---------------------------------------------------------------------------------------
 

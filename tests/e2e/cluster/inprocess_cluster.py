@@ -178,13 +178,20 @@ class Node:
 
         return self.cluster.call(read)
 
-    def segment_bytes(self, topic: str) -> dict[str, bytes]:
-        """The segment files of `topic`'s log, by name (after making everything durable)."""
+    def frames(self, topic: str) -> list[bytes]:
+        """The stored frames of `topic`'s records, in offset order (after making everything durable): what
+        the record format defines, whatever the other topics of its partition log are."""
 
-        async def read() -> dict[str, bytes]:
+        async def read() -> list[bytes]:
             await self.store.wait_durable()
-            directory = Path(self.store.log_directory(topic))
-            return {path.name: path.read_bytes() for path in sorted(directory.glob("*.log"))}
+            store = self.store
+            offset, end = store.start_offset(topic), store.durable_end(topic)
+            frames: list[bytes] = []
+            while offset < end:
+                batch, count = store.read_frames(topic, offset, 1 << 20)
+                frames += [bytes(frame) for frame in batch]
+                offset += count
+            return frames
 
         return self.cluster.run(read())
 

@@ -480,3 +480,46 @@ def test_a_controller_fenced_for_a_moment_without_losing_its_lease_is_the_contro
             await node.stop()
 
     run(scenario())
+
+
+# -- an etcd restart moves nothing ---------------------------------------------------------------------------
+
+
+def test_an_etcd_restart_keeps_every_lease_the_controller_and_every_leader(private_etcd: EtcdTarget) -> None:
+    """etcd killed for longer than the leases' TTL, then started again on its data: every member is fenced
+    meanwhile, then renews the lease it had (etcd restores leases on restart), so nobody registers anew, the
+    controller stays, and no partition gets a new leader or epoch."""
+
+    async def scenario() -> None:
+        nodes = await start_nodes(private_etcd, ["b1", "b2", "b3"], partitions=3)
+        try:
+            await settled(nodes, 3, 3)
+            await eventually(lambda: all(spread(n.view) == [1, 1, 1] for n in nodes), 20, "leadership spread")
+            before = dict(nodes[0].view.states)
+            leases = {n.node_id: n.membership.lease_id for n in nodes}
+            controllers = [n.node_id for n in nodes if n.controller.is_controller]
+            registrations = {n.node_id: 0 for n in nodes}
+
+            def registered_again(name: str) -> Callable[[], None]:
+                return lambda: registrations.__setitem__(name, registrations[name] + 1)
+
+            for node in nodes:
+                node.membership.on_registered(registered_again(node.node_id))
+            private_etcd.server.kill()
+            await eventually(lambda: all(n.view.fenced for n in nodes), TTL + 2, "every member fenced")
+            await asyncio.sleep(TTL)
+            private_etcd.server.start()
+            await eventually(lambda: not any(n.view.fenced for n in nodes), 20, "every member unfenced")
+            await asyncio.sleep(TTL + 1)  # past the controller's grace: a move would have been made by now
+            assert {n.node_id: n.membership.lease_id for n in nodes} == leases
+            assert registrations == {"b1": 0, "b2": 0, "b3": 0}
+            assert [n.node_id for n in nodes if n.controller.is_controller] == controllers
+            for node in nodes:
+                assert {p: (s.leader, s.epoch) for p, s in node.view.states.items()} == {
+                    p: (s.leader, s.epoch) for p, s in before.items()
+                }
+        finally:
+            for node in nodes:
+                await node.stop()
+
+    run(scenario(), 120)

@@ -92,10 +92,10 @@ def test_every_replica_holds_the_same_records_at_the_same_offsets_byte_for_byte(
     assert all(cluster[node].durable_end(TOPIC) == 200 for node in NODES)
     received = [message.payload for message in subscriber.expect(200)]
     assert received == sent  # routed on a follower once committed, once each, in order
-    segments = cluster["b1"].segment_bytes(TOPIC)
-    assert len(segments) > 2
-    assert cluster["b2"].segment_bytes(TOPIC) == segments
-    assert cluster["b3"].segment_bytes(TOPIC) == segments
+    frames = cluster["b1"].frames(TOPIC)
+    assert len(frames) == 200
+    assert cluster["b2"].frames(TOPIC) == frames  # the same records at the same offsets, byte for byte
+    assert cluster["b3"].frames(TOPIC) == frames
     assert wait_for(lambda: all(cluster[node].committed_end(TOPIC) == 200 for node in NODES))
     assert cluster["b2"].payloads(TOPIC) == list(enumerate(sent))
 
@@ -148,7 +148,7 @@ def test_a_follower_stopped_and_restarted_leaves_and_rejoins_the_in_sync_set(mak
     cluster.call(cluster["b3"].start_followers)
     assert wait_for(lambda: set(cluster.state().isr) == set(NODES), timeout=10)
     assert cluster["b3"].durable_end(TOPIC) == 51
-    assert cluster["b3"].segment_bytes(TOPIC) == cluster["b1"].segment_bytes(TOPIC)
+    assert cluster["b3"].frames(TOPIC) == cluster["b1"].frames(TOPIC)
     assert ("shrink", 0, "b3") in cluster.isr.changes and ("expand", 0, "b3") in cluster.isr.changes
 
 
@@ -169,7 +169,7 @@ def test_a_replica_truncates_records_past_the_last_acknowledged_one_under_a_new_
     expected = [(n, f"acknowledged {n}".encode()) for n in range(5)]
     expected += [(5 + n, f"new leader {n}".encode()) for n in range(2)]
     assert wait_for(lambda: cluster["b1"].payloads(TOPIC) == expected, timeout=10)
-    assert cluster["b1"].segment_bytes(TOPIC) == cluster["b2"].segment_bytes(TOPIC)
+    assert cluster["b1"].frames(TOPIC) == cluster["b2"].frames(TOPIC)
     assert wait_for(lambda: set(cluster.state().isr) == set(NODES), timeout=10)  # b1 rejoins
 
 
@@ -243,10 +243,10 @@ def test_in_the_steady_state_records_and_watermarks_are_pushed_without_any_fetch
     after_fetches, after_pushes = _counts(cluster)
     assert after_fetches == fetches  # no HTTP fetch: the watermark reached b2 and b3 by push
     assert after_pushes - pushes >= 2 * 150  # records and watermarks, to each of two followers
-    segments = cluster["b1"].segment_bytes(TOPIC)
-    assert len(segments) > 2
-    assert cluster["b2"].segment_bytes(TOPIC) == segments
-    assert cluster["b3"].segment_bytes(TOPIC) == segments
+    frames = cluster["b1"].frames(TOPIC)
+    assert len(frames) == 151
+    assert cluster["b2"].frames(TOPIC) == frames  # the same records at the same offsets, byte for byte
+    assert cluster["b3"].frames(TOPIC) == frames
 
 
 def test_a_replica_whose_peer_link_drops_fetches_over_http_and_loses_nothing(make_cluster):
@@ -268,7 +268,7 @@ def test_a_replica_whose_peer_link_drops_fetches_over_http_and_loses_nothing(mak
     assert _counts(cluster)[0] > fetches
     assert [m.payload for m in subscriber.expect(20)] == sent
     assert wait_for(lambda: cluster["b2"].committed_end(TOPIC) == 20)
-    assert cluster["b2"].segment_bytes(TOPIC) == cluster["b1"].segment_bytes(TOPIC)
+    assert cluster["b2"].frames(TOPIC) == cluster["b1"].frames(TOPIC)
     assert _pushed(cluster, "b3")  # the other follower is still pushed
     assert set(cluster.state().isr) == set(NODES)
 
@@ -300,8 +300,8 @@ def test_each_leader_replicates_its_own_partitions_to_the_others(make_cluster):
         ]
         for node in NODES:
             assert cluster[node].durable_end(topic) == 10
-        assert cluster["b3"].segment_bytes(topic) == cluster["b1"].segment_bytes(topic)
-        assert cluster["b2"].segment_bytes(topic) == cluster["b1"].segment_bytes(topic)
+        assert cluster["b3"].frames(topic) == cluster["b1"].frames(topic)
+        assert cluster["b2"].frames(topic) == cluster["b1"].frames(topic)
 
 
 def test_a_new_leader_delivers_the_records_it_held_as_a_follower_once_they_are_committed(make_cluster):
@@ -389,7 +389,7 @@ def test_a_replica_broker_restarted_on_its_directory_catches_up_and_rejoins(make
     restarted = cluster.restart_node("b3")
     assert wait_for(lambda: set(cluster.state().isr) == set(NODES), timeout=10)
     assert restarted.durable_end(TOPIC) == 40
-    assert restarted.segment_bytes(TOPIC) == cluster["b1"].segment_bytes(TOPIC)
+    assert restarted.frames(TOPIC) == cluster["b1"].frames(TOPIC)
     subscriber = PahoClient(restarted.port, "watcher-6")  # once caught up: a replica catching up
     subscriber.subscribe(TOPIC, qos=1)  # delivers what it receives, late but in order and once
     device.publish(TOPIC, b"after the restart", qos=1)
@@ -430,7 +430,7 @@ def test_a_new_replica_of_a_log_retention_shortened_starts_where_the_leader_star
     cluster.call(cluster["b3"].start_followers)
     assert wait_for(lambda: cluster["b3"].durable_end(TOPIC) == 100, timeout=10)
     assert cluster.call(lambda: cluster["b3"].store.log_info(TOPIC).start_offset) == start
-    assert cluster["b3"].segment_bytes(TOPIC) == cluster["b1"].segment_bytes(TOPIC)
+    assert cluster["b3"].frames(TOPIC) == cluster["b1"].frames(TOPIC)
     assert wait_for(lambda: set(cluster.state().isr) == set(NODES), timeout=10)
 
 
@@ -454,7 +454,7 @@ def test_a_former_leader_restarted_reads_its_epochs_from_disk_and_truncates_what
     assert wait_for(
         lambda: restarted.durable_end(TOPIC) == 7 and restarted.payloads(TOPIC) == expected, timeout=10
     )
-    assert restarted.segment_bytes(TOPIC) == cluster["b2"].segment_bytes(TOPIC)
+    assert restarted.frames(TOPIC) == cluster["b2"].frames(TOPIC)
     epochs = cluster.call(lambda: restarted.followers.epochs.for_topic(TOPIC).entries)
     assert epochs == [(1, 0), (2, 4)]
 
@@ -515,9 +515,9 @@ def test_records_a_follower_holds_beyond_the_new_leaders_log_are_cut_and_nothing
     assert wait_for(lambda: cluster["b2"].payloads(TOPIC) == expected, timeout=10)
     restarted = cluster.restart_node("b1")
     assert wait_for(lambda: restarted.payloads(TOPIC) == expected, timeout=10)
-    reference = cluster["b3"].segment_bytes(TOPIC)
-    assert cluster["b2"].segment_bytes(TOPIC) == reference
-    assert wait_for(lambda: restarted.segment_bytes(TOPIC) == reference, timeout=10)
+    reference = cluster["b3"].frames(TOPIC)
+    assert cluster["b2"].frames(TOPIC) == reference
+    assert wait_for(lambda: restarted.frames(TOPIC) == reference, timeout=10)
 
 
 def test_leadership_moving_back_and_forth_under_load_loses_no_acknowledged_record(make_cluster):
@@ -554,4 +554,4 @@ def test_leadership_moving_back_and_forth_under_load_loses_no_acknowledged_recor
     first_seen = list(dict.fromkeys(p for p in stored if p in set(acknowledged)))
     assert first_seen == acknowledged  # in the order they were published
     for node in NODES:
-        assert cluster[node].segment_bytes(TOPIC) == leader.segment_bytes(TOPIC)
+        assert cluster[node].frames(TOPIC) == leader.frames(TOPIC)

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from broker_edge.protocol.properties import Properties
-from broker_edge.storage.topic_names import topic_directory_name
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
 from tests.e2e.commitlog.e2e_helpers import (
     OPTED_IN,
@@ -28,7 +27,7 @@ from tests.e2e.commitlog.e2e_helpers import (
     read_log,
     replay_from,
 )
-from tests.unit.broker_edge.storage.log_helpers import frame_positions, segment_files
+from tests.unit.broker_edge.storage.log_helpers import entry_positions, partition_segments
 
 
 def crc32c_reference(data: bytes) -> int:
@@ -47,8 +46,8 @@ def _records_json(broker, topic: str) -> list[dict]:
         return [json.loads(line) for line in answer.read().splitlines()]
 
 
-def _log_dir(broker, topic: str) -> Path:
-    return Path(broker.config.storage.directory) / "topics" / topic_directory_name(topic)
+def _data(broker) -> Path:
+    return Path(broker.config.storage.directory)
 
 
 def test_a_record_keeps_what_matters_downstream_and_the_broker_time(brokers):
@@ -79,12 +78,12 @@ def test_the_stored_frame_carries_a_crc32c_of_its_body(brokers):
     broker = brokers()
     publish_numbered(broker, "crc/check", 3)
     broker.stop()
-    segment = segment_files(_log_dir(broker, "crc/check"))[0]
+    segment = partition_segments(_data(broker))[0]
     data = segment.read_bytes()
 
-    for number, position in enumerate(frame_positions(segment)):
-        length, stored = struct.unpack_from("<II", data, position)
-        body = data[position + 8 : position + 8 + length]
+    for number, position in enumerate(entry_positions(segment)):
+        length, stored = struct.unpack_from("<II", data, position + 8)  # the frame, after its entry header
+        body = data[position + 16 : position + 16 + length]
         assert stored == crc32c_reference(body)
         assert stored != zlib.crc32(body)  # Castagnoli, not the zlib polynomial
         assert body.endswith(str(number).encode())
@@ -101,14 +100,14 @@ def test_segments_roll_by_size_with_an_index_each_and_lookups_by_time(brokers):
     with offsets_client(broker) as api:
         at_time = api.offset_for_timestamp("roll/a", middle)
         rows = read_log(api, "roll/a")
-    logs = segment_files(_log_dir(broker, "roll/a"))
-    indexes = segment_files(_log_dir(broker, "roll/a"), ".index")
+    logs = partition_segments(_data(broker))
+    indexes = partition_segments(_data(broker), suffix=".index")
 
     assert len(logs) >= 3
     assert all(path.stat().st_size <= 1024 for path in logs)
-    bases = [int(path.stem) for path in logs]
-    assert bases == [struct.unpack_from("<Q", path.read_bytes(), 9)[0] for path in logs]  # first offsets
-    assert bases[0] == 0
+    firsts = [struct.unpack_from("<Q", path.read_bytes(), 8 + 9)[0] for path in logs]  # first record offsets
+    counts = [len(entry_positions(path)) for path in logs]
+    assert firsts == [sum(counts[:number]) for number in range(len(logs))]  # dense across segments
     assert [path.stem for path in indexes] == [path.stem for path in logs[:-1]]  # each sealed segment
     assert at_time == 5
     assert [row["payload"] for row in rows] == [str(n).encode() for n in range(60)]
@@ -139,31 +138,37 @@ def test_persistence_rules_pick_topics_and_qos_levels(brokers):
     assert all("offset" not in dict(getattr(m.properties, "UserProperty", [])) for m in unlogged)
 
 
-def test_retention_per_pattern_by_bytes_and_by_age_in_whole_segments(brokers):
+def test_retention_per_pattern_by_bytes_and_by_age_in_segments_the_topics_share(brokers):
+    """The three topics' records share segments: each topic's start moves by its own rule (whole groups:
+    its records in one segment), and the segments stay while `kept/a` still has records in them."""
     rules = [
         {"pattern": "small/#", "retention_bytes": 1500},
         {"pattern": "brief/#", "retention_ms": 1},
         {"pattern": "#"},
     ]
     broker = brokers(storage={"persist": rules, "segment_bytes": 600, "retention_interval_s": 0.1})
-    for topic in ("small/a", "brief/a", "kept/a"):
-        publish_numbered(broker, topic, 60)
+    publisher = PahoClient(broker.port, "interleaving")
+    for number in range(60):  # the three topics' records interleaved: every segment holds each topic's
+        for topic in ("small/a", "brief/a", "kept/a"):
+            publisher.publish(topic, str(number), 1)
+    publisher.disconnect()
+    segments = len(partition_segments(_data(broker)))
 
-    brief_segments = _log_dir(broker, "brief/a")
     with offsets_client(broker) as api:
-        # age: every segment but the active one goes once its newest record is older than 1 ms
+        # age: every group of brief/a but the active segment's goes once its newest record is older than 1 ms
         assert wait_for(
-            lambda: api.log_info("small/a").start_offset > 0 and len(segment_files(brief_segments)) == 1
+            lambda: api.log_info("small/a").start_offset > 0 and api.log_info("brief/a").start_offset > 0
         )
         small, brief, kept = (api.log_info(topic) for topic in ("small/a", "brief/a", "kept/a"))
         first_kept_small = read_log(api, "small/a")[0]
+        kept_brief = read_log(api, "brief/a")
 
-    segments = segment_files(_log_dir(broker, "small/a"))
     assert small.bytes <= 1500 + 600 and small.end_offset == 60
-    assert int(segments[0].stem) == small.start_offset == first_kept_small["offset"]  # whole segments
-    assert brief.start_offset == int(segment_files(brief_segments)[0].stem) > 0
+    assert small.start_offset == first_kept_small["offset"]
     assert brief.end_offset == 60
+    assert brief.start_offset == kept_brief[0]["offset"] > 0  # its groups in the active segment are kept
     assert kept.start_offset == 0
+    assert len(partition_segments(_data(broker))) == segments  # kept/a's records keep every segment
 
 
 def test_a_reader_below_the_start_gets_out_of_range_with_the_start_never_a_jump(brokers):

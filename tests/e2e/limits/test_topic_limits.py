@@ -8,7 +8,7 @@ keep working for everyone.
 from __future__ import annotations
 
 from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import PubAck, Publish
+from broker_edge.protocol.packets import PingReq, PingResp, PubAck, Publish
 from tests.e2e.broker_clients import RawClient
 from tests.e2e.commitlog.e2e_helpers import offsets_client
 
@@ -67,7 +67,9 @@ def test_other_clients_may_still_use_topics_that_have_a_log(brokers):
     assert _publish(other, "own/second", 3).reason_code == QUOTA_EXCEEDED
 
 
-def test_the_broker_wide_topic_limit_answers_0x97_to_v5_and_closes_v311(brokers):
+def test_the_broker_wide_topic_limit_answers_0x97_to_v5_and_keeps_v311_unacknowledged_and_connected(brokers):
+    """A v3.1.1 publisher cannot be told why: its publish is not acknowledged, and its connection stays open,
+    so it keeps the message and sends it again only when it reconnects ([MQTT-4.4.0-1]), not for ever."""
     broker = brokers(storage={"max_topics": 2}, limits={"max_topics_per_client": 0})
     v5 = RawClient(broker.port, 5)
     v5.connect("device-a")
@@ -78,12 +80,49 @@ def test_the_broker_wide_topic_limit_answers_0x97_to_v5_and_closes_v311(brokers)
     v311 = RawClient(broker.port, 4)
     v311.connect("device-b")
     v311.send_packet(Publish("b/1", b"reading", 1, packet_id=1))
+    v311.send_packet(PingReq())
 
     assert refused == QUOTA_EXCEEDED
-    assert v311.closed()  # it cannot be told why: it resends after reconnecting
-    assert broker.drops("log_failed") == 2
+    assert isinstance(v311.recv(), PingResp)  # no PUBACK came before it, and the connection is open
+    assert _publish(v311, "a/1", 2).reason_code == 0  # its publishes to existing topics are acknowledged
+    v311.recv_none()  # nor does the refused one come later
+    assert broker.drops("topic_limit") == 2
+    assert broker.drops("log_failed") == 0
     assert _logs(broker) == ["a/1", "a/2"]
     assert _publish(v5, "a/1", 4).reason_code == 0x10
+
+
+def test_a_v311_publisher_refused_at_the_topic_limit_sends_once_per_connection(brokers):
+    broker = brokers(storage={"max_topics": 1}, limits={"max_topics_per_client": 0})
+    first = RawClient(broker.port, 4)
+    first.connect("fills-the-broker")
+    _publish(first, "only/topic", 1)
+    for attempt in range(3):  # the device reconnects (as after a network loss) and resends, once each time
+        device = RawClient(broker.port, 4)
+        device.connect("device-c", clean_start=False)
+        device.send_packet(Publish("device-c/status", b"up", 1, packet_id=7, dup=attempt > 0))
+        device.send_packet(PingReq())
+        assert isinstance(device.recv(), PingResp)
+        device.close()
+    assert broker.drops("topic_limit") == 3
+    assert _logs(broker) == ["only/topic"]
+
+
+def test_refusals_at_the_topic_limit_are_logged_once_per_interval_with_their_count(brokers, caplog):
+    broker = brokers(
+        storage={"max_topics": 1, "refusal_log_interval_s": 3600}, limits={"max_topics_per_client": 0}
+    )
+    v5 = RawClient(broker.port, 5)
+    v5.connect("runaway")
+    _publish(v5, "first", 1)
+    codes = [_publish(v5, f"junk/{n}", n + 2).reason_code for n in range(50)]
+
+    lines = [record for record in caplog.records if "appends to new topics refused" in record.getMessage()]
+    assert codes == [QUOTA_EXCEEDED] * 50
+    assert broker.drops("topic_limit") == 50
+    assert len(lines) == 1  # one line for the interval, not one per refusal
+    assert lines[0].getMessage().startswith("1 appends to new topics refused")
+    assert "storage.max_topics" in lines[0].getMessage()
 
 
 def test_in_a_batch_only_the_publish_that_cannot_be_stored_is_refused(brokers):

@@ -47,7 +47,7 @@ def write_damaged_log(directory: Path, topic: str = "t") -> StorageConfig:
     for number in range(3):
         store.append(topic, sample_record(number))
     store.close()
-    sealed = directory / "topics" / topic / f"{1:020d}.log"
+    sealed = directory / "log" / "00" / f"{1:020d}.log"  # the second segment: record 1 alone
     data = bytearray(sealed.read_bytes())
     data[-3] ^= 0xFF
     sealed.write_bytes(bytes(data))

@@ -17,7 +17,12 @@ from broker_edge.offsets_api.arrow_runs import arrow_batch_of_runs
 from broker_edge.offsets_api.client import CorruptRecordError, OffsetsClient
 from broker_edge.storage import AppendRecord, LogStore, StorageConfig
 from tests.e2e.offsets_api.api_harness import ApiHarness, sample_record, write_damaged_log
-from tests.unit.broker_edge.storage.log_helpers import flip_byte, frame_positions, odd_record, segment_files
+from tests.unit.broker_edge.storage.log_helpers import (
+    entry_positions,
+    flip_byte,
+    odd_record,
+    partition_segments,
+)
 
 
 @pytest.fixture
@@ -154,8 +159,8 @@ def test_a_byte_flipped_mid_segment_cuts_the_fetch_before_it_as_json_lines_does(
     for number in range(200):
         store.append("t", odd_record(number))
     store.close()
-    segment = segment_files(tmp_path / "topics" / "t")[0]
-    flip_byte(segment, frame_positions(segment)[120] + 20)  # inside the body of record 120
+    segment = partition_segments(tmp_path)[0]
+    flip_byte(segment, entry_positions(segment)[120] + 8 + 20)  # inside the body of record 120
     harness = ApiHarness(tmp_path, config=config)
     try:
         with OffsetsClient(harness.base_url) as client:

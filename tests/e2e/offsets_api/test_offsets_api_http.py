@@ -267,6 +267,7 @@ def test_an_offset_deleted_by_retention_answers_416_with_the_new_start(tmp_path)
         harness.append("t", *(sample_record(n) for n in range(30)))
 
         async def retention() -> None:
+            harness.store.wait_sealed()  # retention considers sealed segments only
             harness.store.apply_retention()
 
         harness.run(retention())

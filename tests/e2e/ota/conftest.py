@@ -109,8 +109,12 @@ class ActionsStack:
 
 
 @contextmanager
-def actions_stack(spark, tmp_path, spec_kwargs: dict, behaviour, register: bool = True):
-    """Start everything the actions job needs for real, and stop it all afterwards."""
+def actions_stack(spark, tmp_path, spec_kwargs: dict, behaviour, register: bool = True, job=None, **settings):
+    """Start everything the actions job needs for real, and stop it all afterwards.
+
+    ``settings`` are further ``ActionsConfig`` fields; ``job`` (``start_actions_job``'s signature) starts
+    the job instead, e.g. after wrapping what it calls.
+    """
     store = open_table_store(spark, str(tmp_path / "tables"), backend="delta-rs")
     with BrokerProcess(tmp_path / "broker") as broker:
         spec = FleetSpec(brokers=[broker.address], **spec_kwargs)
@@ -124,9 +128,10 @@ def actions_stack(spark, tmp_path, spec_kwargs: dict, behaviour, register: bool 
                 trigger_interval_s=0.5,
                 tick_interval_s=0.5,
                 device_buckets=spec.buckets,
+                **settings,
             )
             stack = ActionsStack(
-                store, broker, harness, start_actions_job(spark, config, store), spark, config
+                store, broker, harness, (job or start_actions_job)(spark, config, store), spark, config
             )
             try:
                 yield stack

@@ -68,6 +68,10 @@ def test_a_token_lists_and_reads_only_the_topics_its_filters_match(brokers):
         refusal = batch.results["plant-b/m1/telemetry"].error
         assert isinstance(refusal, ForbiddenError) and batch.table.num_rows == 1
         assert batch.results["plant-a/m1/telemetry"].next_offset == 1
+        with pytest.raises(ForbiddenError):  # a partition holds every topic's records
+            notebook.read_partition(0, 0)
+    assert http_get(f"{base}/v1/partitions", "nb-5d1c")[0] == 403
+    assert http_get(f"{base}/v1/partitions", "ops-9a4f")[1]["partitions"][0]["end_position"] == 3
     with OffsetsClient(base, token="not-a-token") as stranger, pytest.raises(AuthError):
         stranger.list_logs()
 

@@ -81,9 +81,10 @@ def test_executor_writes_are_chosen_per_table_by_the_pipeline_config(spark, tmp_
 
     default = store_with({})
     assert isinstance(default, DeltaRsTableStore)
-    assert default.writes_on_executors("bronze_telemetry")
+    assert not default.writes_on_executors("bronze_telemetry")
     assert not default.writes_on_executors("silver_telemetry")
-    none = store_with({"executor_writes": []})
-    assert not none.writes_on_executors("bronze_telemetry")
+    bronze = store_with({"executor_writes": ["bronze_telemetry"]})
+    assert bronze.writes_on_executors("bronze_telemetry")
+    assert not bronze.writes_on_executors("silver_telemetry")
     with pytest.raises(ConfigError, match=r"tables\.executor_writes\[0\]"):
         store_with({"executor_writes": ["bronze"]})

@@ -80,6 +80,7 @@ class EdgeBroker:
         """Apply retention as of ``now_ms``; returns the number of segments deleted."""
 
         async def retention() -> int:
+            self.store.wait_sealed()  # retention looks at sealed segments (the sealer runs in a thread)
             return self.store.apply_retention(now_ms).segments_deleted
 
         return self.run(retention())

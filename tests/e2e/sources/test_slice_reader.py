@@ -105,9 +105,11 @@ def test_without_fail_on_data_loss_removed_records_are_skipped(small_segments_ed
     small_segments_edge.fill("plant/a", 200)
     small_segments_edge.fill("plant/b", 3)
     small_segments_edge.apply_retention(FAR_FUTURE_MS)
-    log_start = small_segments_edge.store.log_info("plant/a").start_offset
+    a_start = small_segments_edge.store.log_info("plant/a").start_offset
+    b_start = small_segments_edge.store.log_info("plant/b").start_offset  # (its first may share a segment)
     table = read(settings(small_segments_edge, fail=False), Slice("plant/a", 0, 200), Slice("plant/b", 0, 3))
-    expected = [("plant/a", offset) for offset in range(log_start, 200)] + [("plant/b", o) for o in range(3)]
+    expected = [("plant/a", o) for o in range(a_start, 200)] + [("plant/b", o) for o in range(b_start, 3)]
+    assert a_start > 0
     assert keys(table) == sorted(expected)
 
 

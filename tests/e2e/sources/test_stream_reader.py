@@ -1,4 +1,5 @@
-"""The timestone stream reader's offset calls against real brokers, called the way Spark calls them.
+"""The timestone stream reader's offset calls against real brokers read by topic, called the way Spark calls
+them.
 
 Spark runs these in a planner process; here they are called directly, which keeps each case fast. The
 end-to-end behaviour under Spark is in test_timestone_source_spark.py.
@@ -22,7 +23,13 @@ from tests.e2e.sources.conftest import BASE_TIME_MS, EdgeBroker
 
 def reader(*brokers: EdgeBroker, **options: str) -> TimestoneStreamReader:
     urls = ",".join(f"e{number}={broker.url}" for number, broker in enumerate(brokers, 1))
-    base = {"brokers": urls, "topics": "plant/+/temp", "fetchRetries": "1", "retryBackoffMs": "20"}
+    base = {
+        "brokers": urls,
+        "topics": "plant/+/temp",
+        "fetchRetries": "1",
+        "retryBackoffMs": "20",
+        "readBy": "topics",  # (reads by partition: test_stream_reader_partitions.py)
+    }
     return TimestoneStreamReader(parse_options({**base, **options}))
 
 

@@ -64,7 +64,14 @@ def publish_backlog(brokers: dict[str, EdgeBroker]) -> list[tuple[str, str, int]
     return keys
 
 
-def test_backlog_with_duplicates_and_bad_rows_fills_every_table_exactly(spark, tmp_path, brokers):
+@pytest.mark.parametrize(
+    "executor_writes",
+    [[], ["bronze_telemetry", "silver_telemetry"]],
+    ids=["rows-to-the-driver", "files-from-the-tasks"],  # device_minute in Arrow, or in Spark
+)
+def test_backlog_with_duplicates_and_bad_rows_fills_every_table_exactly(
+    spark, tmp_path, brokers, executor_writes
+):
     keys = publish_backlog(brokers)
     config = load_telemetry_config(
         {
@@ -74,7 +81,7 @@ def test_backlog_with_duplicates_and_bad_rows_fills_every_table_exactly(spark, t
                 # patient with brokers that answer slowly on a busy machine: the test is about the tables
                 "options": {"fetchTimeoutMs": "30000", "fetchRetries": "6"},
             },
-            "tables": {"root": str(tmp_path / "tables")},
+            "tables": {"root": str(tmp_path / "tables"), "executor_writes": executor_writes},
             "stream": {"checkpoint": str(tmp_path / "checkpoint")},
             "quality": {"gx": {"schedule": "never"}},
         }

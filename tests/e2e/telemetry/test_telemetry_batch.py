@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 import pytest
 
 from pipelines.telemetry.config import load_telemetry_config
-from pipelines.telemetry.job import LARGE_BATCH_SQL_CONF, SMALL_BATCH_SQL_CONF, TelemetryBatch, open_store
+from pipelines.telemetry.job import BATCH_SQL_CONF, LARGE_BATCH_SQL_CONF, TelemetryBatch, open_store
 from sinks import exactly_once
 from tests.e2e.telemetry.telemetry_harness import at, record, records, telemetry
 
@@ -274,15 +274,15 @@ def test_a_failing_step_fails_the_batch_only_once_its_sibling_steps_have_ended(s
 
 def test_batch_settings_follow_the_batch_size_and_close_sets_the_session_back(spark, pipeline):
     batch, _, run = pipeline
-    keys = [*SMALL_BATCH_SQL_CONF, *LARGE_BATCH_SQL_CONF]
+    keys = [*BATCH_SQL_CONF, *LARGE_BATCH_SQL_CONF]
     before = {key: spark.conf.get(key, None) for key in keys}
     seen: list[dict[str, str | None]] = []
     batch.after_step = lambda step, batch_id: seen.append({key: spark.conf.get(key, None) for key in keys})
     run(records(spark, [telemetry("dev-1", 0, seq=1, seconds=1)]), 0)  # a first batch: not expected small
     run(records(spark, [telemetry("dev-1", 1, seq=2, seconds=2)]), 1)  # after a small one: small
     large, small = seen[0], seen[-1]
-    assert all(large[key] == value for key, value in LARGE_BATCH_SQL_CONF.items())
-    assert all(small[key] == value for key, value in SMALL_BATCH_SQL_CONF.items())
+    assert all(large[key] == value for key, value in {**BATCH_SQL_CONF, **LARGE_BATCH_SQL_CONF}.items())
+    assert all(small[key] == value for key, value in BATCH_SQL_CONF.items())
     assert all(small[key] == before[key] for key in LARGE_BATCH_SQL_CONF)
     batch.close()
     assert {key: spark.conf.get(key, None) for key in keys} == before

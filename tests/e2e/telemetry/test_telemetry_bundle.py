@@ -17,6 +17,7 @@ import yaml
 from databricks.bundles.jobs import Job, Task
 
 from broker_edge.config.loader import load_yaml_file
+from pipelines.maintenance import cli as tables_cli
 from pipelines.runner import apply_override, parse_args
 from pipelines.telemetry.config import load_telemetry_config
 
@@ -70,7 +71,7 @@ def test_every_variable_used_is_declared_and_every_declared_one_is_used():
 
 @pytest.mark.parametrize("target", ["dev", "prod"])
 def test_jobs_load_in_databricks_bundles_for_each_target(target):
-    jobs = BUNDLE["resources"]["jobs"]
+    jobs = {name: job for name, job in BUNDLE["resources"]["jobs"].items() if name != "maintenance"}
     assert set(jobs) == {"telemetry", "actions"}
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     scripts = project["scripts"]
@@ -111,3 +112,29 @@ def test_telemetry_task_command_is_what_the_runner_runs(target):
     assert config.tables.backend == "native"
     assert config.stream.checkpoint == f"{variables['checkpoint_root']}/telemetry"
     assert config.source.brokers == yaml.safe_load(variables["telemetry_brokers"])
+    assert config.tables.maintenance.enabled is False  # the maintenance job maintains the tables
+
+
+@pytest.mark.parametrize("target", ["dev", "prod"])
+def test_maintenance_job_maintains_the_tables_each_streaming_job_writes(target):
+    """A scheduled job runs `timestone tables maintain` for each pipeline with the very config file and
+    overrides its streaming job runs with (so the same tables), and the streaming jobs leave their tables
+    to it."""
+    definition = resolve(BUNDLE["resources"]["jobs"]["maintenance"], target)
+    job = Job.from_dict(definition)
+    assert job.schedule is not None and job.continuous is None
+    assert job.schedule.pause_status is not None
+    assert job.schedule.pause_status.value == ("UNPAUSED" if target == "prod" else "PAUSED")
+    assert job.schedule.timezone_id == "UTC"
+    assert len(job.schedule.quartz_cron_expression.split()) == 6  # Quartz: seconds first
+    jobs = resolve(BUNDLE["resources"]["jobs"], target)
+    tasks = {task["task_key"]: task["python_wheel_task"]["parameters"] for task in definition["tasks"]}
+    assert set(tasks) == {"telemetry_tables", "actions_tables"}
+    for pipeline in ("telemetry", "actions"):
+        args = tables_cli.parse_args(tasks[f"{pipeline}_tables"][1:])  # after `timestone tables`
+        assert (args.command, args.pipelines) == ("maintain", [pipeline])
+        streaming = parse_args(jobs[pipeline]["tasks"][0]["python_wheel_task"]["parameters"][1:])
+        assert args.config == streaming.config
+        switch = [o for o in streaming.overrides if o.partition("=")[0].endswith("maintenance.enabled")]
+        assert switch and yaml.safe_load(switch[0].partition("=")[2]) is False
+        assert args.overrides == [o for o in streaming.overrides if o not in switch]

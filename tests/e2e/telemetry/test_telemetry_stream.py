@@ -6,7 +6,6 @@ its place), the query runs with ``availableNow`` from a checkpoint, and the tabl
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from deltalake import DeltaTable
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame
 
-from broker_edge.storage import StorageConfig
+from pipelines.maintenance.config import MaintenanceConfig
 from pipelines.telemetry.config import TelemetryConfig, load_telemetry_config
 from pipelines.telemetry.job import TelemetryBatch, open_store, start_query
 from tests.e2e.sources.conftest import EdgeBroker
@@ -23,17 +22,6 @@ from tests.e2e.telemetry.telemetry_harness import Fleet, LogAppendPublisher, Mqt
 pytestmark = pytest.mark.spark
 
 FAR_FUTURE_MS = 4_102_444_800_000  # 2100-01-01
-
-
-@pytest.fixture
-def brokers(tmp_path: Path) -> Iterator[dict[str, EdgeBroker]]:
-    started = {
-        "edge1": EdgeBroker(tmp_path / "edge1"),
-        "edge2": EdgeBroker(tmp_path / "edge2", StorageConfig(group_commit_ms=1, segment_bytes=2048)),
-    }
-    yield started
-    for broker in started.values():
-        broker.close()
 
 
 def pipeline_config(tmp_path: Path, brokers: dict[str, EdgeBroker], **source) -> TelemetryConfig:
@@ -84,7 +72,7 @@ def keys(store, name: str) -> list[tuple]:
     return [tuple(row) for row in rows]
 
 
-def _total(frame: DataFrame, column: str) -> int:
+def total_of(frame: DataFrame, column: str) -> int:
     """The sum of ``column`` over ``frame``."""
     row = frame.groupBy().sum(column).first()
     assert row is not None
@@ -105,7 +93,7 @@ def test_messages_on_many_topics_of_two_brokers_land_once_in_bronze_and_silver(s
     assert {b for b, _, _ in bronze} == {"edge1", "edge2"}
     assert store.read("devices").count() == 12
     assert store.read("telemetry_quarantine").count() == 0
-    minutes = _total(store.read("device_minute"), "count")
+    minutes = total_of(store.read("device_minute"), "count")
     assert minutes == sent
     assert store.read("dq_results").select("run_id").distinct().count() == 1  # the streaming query id
 
@@ -155,12 +143,12 @@ def test_gold_part_failing_in_the_background_fails_the_next_batch_and_the_restar
     bronze, silver = keys(store, "bronze_telemetry"), keys(store, "silver_telemetry")
     assert len(bronze) == len(set(bronze)) == sent
     assert sorted(silver) == sorted(bronze)
-    assert _total(store.read("device_minute"), "count") == sent
+    assert total_of(store.read("device_minute"), "count") == sent
     assert store.read("devices").count() == 6
     parse_check = store.read("dq_results").where("expectation = 'payload_is_json_of_declared_types'")
     batch_ids = [r["batch_id"] for r in parse_check.collect()]
     assert len(batch_ids) == len(set(batch_ids)) == 3
-    assert _total(parse_check, "element_count") == sent
+    assert total_of(parse_check, "element_count") == sent
 
 
 def test_driver_dead_in_a_background_gold_part_then_restarted_with_available_now_writes_gold_once(
@@ -189,21 +177,20 @@ def test_driver_dead_in_a_background_gold_part_then_restarted_with_available_now
     monkeypatch.undo()
     assert store.read("device_minute").count() == 0
 
-    batch = run_available_now(spark, config, defer_gold=None)  # what --available-now sets: not deferred
-    assert not batch.defer_gold
-    assert _total(store.read("device_minute"), "count") == sent
+    run_available_now(spark, config, defer_gold=False)  # a restart that does not defer its gold part
+    assert total_of(store.read("device_minute"), "count") == sent
 
     sent += fleet.send(rounds=2)
-    run_available_now(spark, config, defer_gold=None)
+    run_available_now(spark, config, defer_gold=None)  # what the runner sets: deferred, settled at close
     bronze, silver = keys(store, "bronze_telemetry"), keys(store, "silver_telemetry")
     assert len(bronze) == len(set(bronze)) == sent
     assert sorted(silver) == sorted(bronze)
-    assert _total(store.read("device_minute"), "count") == sent
+    assert total_of(store.read("device_minute"), "count") == sent
     assert store.read("devices").count() == 4
     parse_check = store.read("dq_results").where("expectation = 'payload_is_json_of_declared_types'")
     batch_ids = [r["batch_id"] for r in parse_check.collect()]
     assert len(batch_ids) == len(set(batch_ids)) and 0 in batch_ids
-    assert _total(parse_check, "element_count") == sent
+    assert total_of(parse_check, "element_count") == sent
 
 
 def test_retention_gap_fails_the_query_or_is_skipped_without_fail_on_data_loss(spark, tmp_path, brokers):
@@ -259,14 +246,14 @@ def test_devices_publishing_over_mqtt_to_a_real_broker_land_once(spark, tmp_path
     assert store.read("devices").count() == 5
 
 
-def test_silver_compacted_while_the_query_runs_keeps_every_row_once(spark, tmp_path, brokers):
-    """Compaction every 2 batches, in the background of a query whose gold part is deferred: silver's
-    files are rewritten under the running batches (which read silver back for dedup and minutes), and
-    every table still holds each reading once."""
+def test_tables_compacted_while_the_query_runs_keep_every_row_once(spark, tmp_path, brokers):
+    """Compaction after every batch, in the background of a query whose gold part is deferred: the
+    tables' files are rewritten under the running batches (which read silver back for dedup and
+    minutes, and merge the gold tables), and every table still holds each reading once."""
     fleet = Fleet([LogAppendPublisher(name, broker) for name, broker in brokers.items()], devices=6)
     sent = fleet.send(rounds=10)
     config = pipeline_config(tmp_path, brokers, max_records_per_trigger=10)
-    config.tables.compact_every = 2
+    config.tables.maintenance = MaintenanceConfig(compact_interval_s=0.001, min_files=2)
     batch = run_available_now(spark, config, defer_gold=True)
     store = batch.store
     assert len(batch.reports) >= 6
@@ -274,9 +261,11 @@ def test_silver_compacted_while_the_query_runs_keeps_every_row_once(spark, tmp_p
     bronze, silver = keys(store, "bronze_telemetry"), keys(store, "silver_telemetry")
     assert len(bronze) == len(set(bronze)) == sent
     assert sorted(silver) == sorted(bronze)
-    assert _total(store.read("device_minute"), "count") == sent
-    location = store.location("silver_telemetry")
-    operations = [commit["operation"] for commit in DeltaTable(location).history()]
-    assert "OPTIMIZE" in operations
-    live = DeltaTable(location).get_add_actions().column("path").to_pylist()
-    assert len(live) < len(batch.reports), "silver holds fewer files than the batches that appended to it"
+    assert total_of(store.read("device_minute"), "count") == sent
+    compacted = {u.table for u in batch.maintenance.upkeep if u.operation == "compact" and u.count}
+    assert {"bronze_telemetry", "silver_telemetry", "dq_results"} <= compacted
+    for name in ("bronze_telemetry", "silver_telemetry"):
+        location = store.location(name)
+        assert "OPTIMIZE" in [commit["operation"] for commit in DeltaTable(location).history()]
+        live = DeltaTable(location).get_add_actions().column("path").to_pylist()
+        assert len(live) < len(batch.reports), f"{name} holds fewer files than the batches that wrote it"

@@ -30,6 +30,13 @@ def test_defaults_mirror_the_kafka_source() -> None:
     assert options.min_partitions is None  # the source decides (Spark's defaultParallelism)
 
 
+def test_read_by_partitions_unless_told_topics() -> None:
+    assert parse().read_by == "partitions"
+    assert parse(readBy="Topics").read_by == "topics"
+    with pytest.raises(SourceOptionError, match="'readBy': expected one of partitions, topics"):
+        parse(readBy="offsets")
+
+
 def test_min_partitions_is_a_positive_integer() -> None:
     assert parse(minPartitions="4").min_partitions == 4
     assert parse(MINPARTITIONS="1").min_partitions == 1

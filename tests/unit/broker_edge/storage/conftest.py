@@ -1,4 +1,4 @@
-"""Fixtures of the storage tests: small segments, and a flushed log spanning several of them."""
+"""Fixtures of the storage tests: small segments, and a flushed store whose topics span several of them."""
 
 from __future__ import annotations
 
@@ -7,22 +7,27 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.storage import CommitLog, LogConfig
+from broker_edge.storage import LogStore, StorageConfig
 from tests.unit.broker_edge.storage.log_helpers import make_record
 
+FILLED_TOPIC = "plant/line-1/temp"
+
 
 @pytest.fixture
-def small_segments() -> LogConfig:
+def small_segments() -> StorageConfig:
     """Segments of ~4 KiB so a few dozen records span several segments."""
-    return LogConfig(segment_bytes=4096, tail_cache_records=8, tail_cache_bytes=2048, retention_ms=None)
+    return StorageConfig(segment_bytes=4096, retention_ms=None, index_checkpoint_bytes=1024)
 
 
 @pytest.fixture
-def filled_log(tmp_path: Path, small_segments: LogConfig) -> Iterator[CommitLog]:
-    """A flushed log of 200 records over several segments."""
-    log = CommitLog("plant/line-1/temp", tmp_path / "log", small_segments)
+def filled_store(tmp_path: Path, small_segments: StorageConfig) -> Iterator[LogStore]:
+    """A flushed store whose topic `FILLED_TOPIC` holds 200 records over several segments, interleaved with
+    another topic's."""
+    store = LogStore(tmp_path / "data", small_segments)
+    store.open()
     for number in range(200):
-        log.append(make_record(number))
-    log.flush()
-    yield log
-    log.close()
+        store.append(FILLED_TOPIC, make_record(number))
+        store.append("plant/line-2/temp", make_record(number + 1000))
+    store.flush()
+    yield store
+    store.close()

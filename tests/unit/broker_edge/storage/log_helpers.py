@@ -71,14 +71,21 @@ def flip_byte(path: Path, position: int) -> None:
         file.write(bytes([value ^ 0xFF]))
 
 
-def frame_positions(path: Path) -> list[int]:
-    """Start position of each frame in a segment file (walking the length prefixes)."""
+def entry_positions(path: Path, topic_id: int | None = None) -> list[int]:
+    """Start position of each entry in a segment file (walking the length prefixes); with `topic_id`, only
+    that topic's records (no marker). A frame starts 8 bytes after its entry."""
     data = path.read_bytes()
     positions, position = [], 0
-    while position + 8 <= len(data):
-        positions.append(position)
-        position += 8 + int.from_bytes(data[position : position + 4], "little")
+    while position + 16 <= len(data):
+        if topic_id is None or int.from_bytes(data[position : position + 4], "little") == topic_id:
+            positions.append(position)
+        position += 16 + int.from_bytes(data[position + 8 : position + 12], "little")
     return positions
+
+
+def partition_segments(data: Path, partition: int = 0, suffix: str = ".log") -> list[Path]:
+    """The segment files (or indexes) of one partition of a store in `data`."""
+    return segment_files(data / "log" / f"{partition:02d}", suffix)
 
 
 def open_fd_count() -> int:

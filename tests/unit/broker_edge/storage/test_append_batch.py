@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.storage import CommitLog, InvalidRecord, LogConfig, LogStore, RecordTooLarge, StorageConfig
-from tests.unit.broker_edge.storage.log_helpers import make_record
+from broker_edge.storage import InvalidRecord, LogStore, RecordTooLarge, StorageConfig
+from tests.unit.broker_edge.storage.log_helpers import make_record, partition_segments
 
 TOPIC = "plant/line-2/pressure"
 
@@ -17,16 +17,22 @@ def _fields(number: int, payload_size: int = 40) -> tuple:
     return make_record(number, payload_size).batch_fields()
 
 
-def test_a_batch_reads_back_with_every_field_at_dense_offsets(tmp_path: Path):
-    log = CommitLog(TOPIC, tmp_path, LogConfig(tail_cache_records=8))
-    log.append(make_record(0))
-    first = log.append_batch([_fields(number) for number in range(1, 40)], timestamp_ms=1_234)
-    log.flush()
+def _store(directory: Path, **settings) -> LogStore:
+    store = LogStore(directory, StorageConfig(**settings))
+    store.open()
+    return store
 
-    from_cache = log.read(30, 100)  # the newest records come from the tail cache
-    log.close()
-    reopened = CommitLog(TOPIC, tmp_path, LogConfig())
-    from_disk = reopened.read(0, 100)
+
+def test_a_batch_reads_back_with_every_field_at_dense_offsets(tmp_path: Path):
+    store = _store(tmp_path)
+    store.append(TOPIC, make_record(0))
+    first = store.append_batch(TOPIC, [_fields(number) for number in range(1, 40)], timestamp_ms=1_234)
+    store.flush()
+
+    from_cache = store.read(TOPIC, 30, 100)  # the newest records come from the window written last
+    store.close()
+    reopened = _store(tmp_path)
+    from_disk = reopened.read(TOPIC, 0, 100)
     reopened.close()
 
     assert first == 1
@@ -42,36 +48,40 @@ def test_a_batch_reads_back_with_every_field_at_dense_offsets(tmp_path: Path):
         )  # fmt: skip
         assert record.timestamp_ms == 1_234
     assert [record.offset for record in from_cache] == list(range(30, 40))
-    assert [record.frame for record in from_cache] == [bytes(record.frame) for record in from_disk[30:]]
+    assert [bytes(record.frame) for record in from_cache] == [
+        bytes(record.frame) for record in from_disk[30:]
+    ]
 
 
-def test_a_batch_that_crosses_the_segment_size_rolls_like_single_appends(tmp_path: Path):
-    log = CommitLog(TOPIC, tmp_path, LogConfig(segment_bytes=1_000))
-    log.append_batch([_fields(number) for number in range(30)])
-    log.flush()
+def test_a_batch_larger_than_a_segment_fills_a_segment_of_its_own(tmp_path: Path):
+    store = _store(tmp_path, segment_bytes=1_000)
+    store.append(TOPIC, make_record(0))
+    store.append_batch(TOPIC, [_fields(number) for number in range(1, 31)])
+    store.append(TOPIC, make_record(31))
+    store.flush()
 
-    segments = log.segment_count
-    records = log.read(0, 100, 10**6)
-    log.close()
+    segments = partition_segments(tmp_path)
+    records = store.read(TOPIC, 0, 100, 10**6)
+    store.close()
 
-    assert segments > 1
-    assert [record.payload for record in records] == [make_record(n).payload for n in range(30)]
+    assert len(segments) == 3  # a batch is never split: it rolls whole into a new segment, which rolls next
+    assert [record.payload for record in records] == [make_record(n).payload for n in range(32)]
 
 
 def test_a_batch_with_one_bad_record_appends_nothing(tmp_path: Path):
-    log = CommitLog(TOPIC, tmp_path, LogConfig(max_record_bytes=500))
-    log.append_batch([_fields(0)])
+    store = _store(tmp_path, max_record_bytes=500)
+    store.append_batch(TOPIC, [_fields(0)])
     too_large = [_fields(1), _fields(2, payload_size=600), _fields(3)]
     unencodable = [_fields(1), (b"x", 1, False, "c" * 70_000, (), None, None, None, None, None)]
 
     with pytest.raises(RecordTooLarge):
-        log.append_batch(too_large)
+        store.append_batch(TOPIC, too_large)
     with pytest.raises(InvalidRecord):
-        log.append_batch(unencodable)
-    log.append_batch([_fields(1)])
-    log.flush()
-    records = log.read(0, 100)
-    log.close()
+        store.append_batch(TOPIC, unencodable)
+    store.append_batch(TOPIC, [_fields(1)])
+    store.flush()
+    records = store.read(TOPIC, 0, 100)
+    store.close()
 
     assert [record.payload for record in records] == [make_record(n).payload for n in range(2)]
 

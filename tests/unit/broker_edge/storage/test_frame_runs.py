@@ -1,4 +1,4 @@
-"""Columnar reads (`CommitLog.read_runs`): the same records as `read`, field by field, and the same damage."""
+"""Columnar reads (`LogStore.read_runs`): the same records as `read`, field by field, and the same damage."""
 
 from __future__ import annotations
 
@@ -9,15 +9,17 @@ from pathlib import Path
 import pytest
 from crc32c import crc32c
 
-from broker_edge.storage import AppendRecord, CommitLog, CorruptRecord, LogConfig
+from broker_edge.storage import AppendRecord, CorruptRecord, LogStore, StorageConfig
 from broker_edge.storage.frame_runs import FrameRun, frame_columns
 from tests.unit.broker_edge.storage.log_helpers import (
+    entry_positions,
     flip_byte,
-    frame_positions,
     make_record,
     odd_record,
-    segment_files,
+    partition_segments,
 )
+
+TOPIC = "plant/mixed"
 
 Row = tuple[int, int, str, int, bool, bytes, list[tuple[str, str]], str | None]
 
@@ -65,9 +67,9 @@ def rows_of_records(records) -> list[Row]:
     ]
 
 
-def assert_same_read(log: CommitLog, offset: int, max_records: int, max_bytes: int) -> list[FrameRun]:
-    records = log.read(offset, max_records, max_bytes)
-    runs = log.read_runs(offset, max_records, max_bytes)
+def assert_same_read(store: LogStore, offset: int, max_records: int, max_bytes: int) -> list[FrameRun]:
+    records = store.read(TOPIC, offset, max_records, max_bytes)
+    runs = store.read_runs(TOPIC, offset, max_records, max_bytes)
     assert rows_of_runs(runs) == rows_of_records(records)
     assert b"".join(run.data for run in runs) == b"".join(bytes(record.frame) for record in records)
     assert [run.first for run in runs] == sorted(run.first for run in runs)
@@ -75,14 +77,17 @@ def assert_same_read(log: CommitLog, offset: int, max_records: int, max_bytes: i
 
 
 @pytest.fixture
-def mixed_log(tmp_path: Path, small_segments: LogConfig) -> Iterator[CommitLog]:
-    """A flushed log of 120 records of every shape over several segments and the tail cache."""
-    log = CommitLog("plant/mixed", tmp_path / "mixed", small_segments)
+def mixed_log(tmp_path: Path, small_segments: StorageConfig) -> Iterator[LogStore]:
+    """A flushed store whose topic holds 120 records of every shape over several segments, another topic's
+    records between them."""
+    store = LogStore(tmp_path / "mixed", small_segments)
+    store.open()
     for number in range(120):
-        log.append(odd_record(number) if number % 2 else make_record(number))
-    log.flush()
-    yield log
-    log.close()
+        store.append(TOPIC, odd_record(number) if number % 2 else make_record(number))
+        store.append("other", make_record(number))
+    store.flush()
+    yield store
+    store.close()
 
 
 @pytest.mark.parametrize(
@@ -90,57 +95,63 @@ def mixed_log(tmp_path: Path, small_segments: LogConfig) -> Iterator[CommitLog]:
     [(0, 1000, 1 << 20), (3, 40, 1 << 20), (50, 7, 1 << 20), (110, 100, 1 << 20), (0, 1000, 700), (17, 5, 1)],
 )
 def test_runs_hold_the_records_read_returns(
-    mixed_log: CommitLog, offset: int, max_records: int, max_bytes: int
+    mixed_log: LogStore, offset: int, max_records: int, max_bytes: int
 ):
     runs = assert_same_read(mixed_log, offset, max_records, max_bytes)
     assert runs and runs[0].first == offset
 
 
-def test_a_read_across_segments_is_one_run_per_segment(mixed_log: CommitLog):
+def test_a_read_across_segments_is_one_run_of_the_topics_frames(mixed_log: LogStore):
     runs = assert_same_read(mixed_log, 0, 1000, 1 << 20)
-    assert len(runs) == mixed_log.segment_count > 1
-    assert sum(len(run) for run in runs) == 120
-    assert [run.first for run in runs[1:]] == [run.end for run in runs[:-1]]
+    assert len(mixed_log.partition_logs[0].segments) > 1
+    assert [(run.first, run.end) for run in runs] == [(0, 120)]
 
 
-def test_records_of_the_tail_cache_are_joined_from_memory(mixed_log: CommitLog):
-    first = mixed_log.tail_cache.first_offset
-    assert first > 0
-    os.truncate(segment_files(Path(mixed_log.directory))[-1], 0)  # so nothing can come from the disk
-    runs = assert_same_read(mixed_log, first, 1000, 1 << 20)
-    assert [(run.first, run.end) for run in runs] == [(first, 120)]
+def test_records_of_the_window_written_last_are_read_from_memory(mixed_log: LogStore, tmp_path: Path):
+    for segment in partition_segments(tmp_path / "mixed"):
+        os.truncate(segment, 0)  # so nothing can come from the disk
+    runs = assert_same_read(mixed_log, 100, 1000, 1 << 20)
+    assert [(run.first, run.end) for run in runs] == [(100, 120)]
 
 
-def test_a_byte_bound_smaller_than_a_record_still_returns_one(mixed_log: CommitLog):
+def test_a_byte_bound_smaller_than_a_record_still_returns_one(mixed_log: LogStore):
     runs = assert_same_read(mixed_log, 10, 100, 1)
     assert sum(len(run) for run in runs) == 1
 
 
-def test_a_read_at_the_end_returns_nothing(mixed_log: CommitLog):
-    assert mixed_log.read_runs(mixed_log.end_offset) == []
+def test_a_read_at_the_end_returns_nothing(mixed_log: LogStore):
+    assert mixed_log.read_runs(TOPIC, 120) == []
 
 
-def _reopened(log: CommitLog, config: LogConfig) -> CommitLog:
-    log.close()
-    return CommitLog(log.topic, log.directory, config)
+def _reopened(store: LogStore, config: StorageConfig) -> LogStore:
+    store.close()
+    reopened = LogStore(store.directory, StorageConfig(**{**_settings(config), "tail_cache_total_bytes": 0}))
+    reopened.open()
+    return reopened
+
+
+def _settings(config: StorageConfig) -> dict:
+    return {
+        name: getattr(config, name) for name in ("segment_bytes", "retention_ms", "index_checkpoint_bytes")
+    }
 
 
 def test_a_flipped_byte_mid_range_stops_the_run_before_it_like_read(
-    mixed_log: CommitLog, small_segments: LogConfig
+    mixed_log: LogStore, small_segments: StorageConfig, tmp_path: Path
 ):
     log = _reopened(mixed_log, small_segments)
-    segment = segment_files(Path(log.directory))[1]
-    base = int(segment.name.split(".")[0])
-    positions = frame_positions(segment)
+    segments = partition_segments(tmp_path / "mixed")
+    base = len(entry_positions(segments[0], 0))  # the topic's first offset in the second segment
+    positions = entry_positions(segments[1], 0)
     damaged = base + 3
-    flip_byte(segment, positions[3] + 40)
+    flip_byte(segments[1], positions[3] + 8 + 40)
     try:
         runs = assert_same_read(log, base, 1000, 1 << 20)
         assert runs[-1].end == damaged
         with pytest.raises(CorruptRecord) as by_runs:
-            log.read_runs(damaged)
+            log.read_runs(TOPIC, damaged)
         with pytest.raises(CorruptRecord) as by_records:
-            log.read(damaged)
+            log.read(TOPIC, damaged)
         assert (
             (by_runs.value.offset, by_runs.value.next_offset, by_runs.value.reason)
             == (
@@ -155,41 +166,49 @@ def test_a_flipped_byte_mid_range_stops_the_run_before_it_like_read(
         log.close()
 
 
-def test_a_torn_frame_stops_the_run_before_it_like_read(mixed_log: CommitLog, small_segments: LogConfig):
+def test_a_torn_frame_stops_the_run_before_it_like_read(
+    mixed_log: LogStore, small_segments: StorageConfig, tmp_path: Path
+):
     log = _reopened(mixed_log, small_segments)
-    segment = segment_files(Path(log.directory))[0]
-    positions = frame_positions(segment)
-    os.truncate(segment, positions[-1] + 10)  # the file shrinks under the open log: its last frame is torn
+    segment = partition_segments(tmp_path / "mixed")[0]
+    positions = entry_positions(segment, 0)
+    os.truncate(segment, positions[-1] + 8 + 10)  # the file shrinks under the open store: a frame is torn
     last = len(positions) - 1
     try:
         runs = assert_same_read(log, 0, 1000, 1 << 20)
         assert runs[-1].end == last
         with pytest.raises(CorruptRecord) as caught:
-            log.read_runs(last)
-        assert (caught.value.offset, caught.value.reason) == (last, "torn")
+            log.read_runs(TOPIC, last)
+        assert caught.value.offset == last
     finally:
         log.close()
 
 
 def test_a_frame_with_a_valid_checksum_but_a_broken_client_id_is_not_served(tmp_path: Path):
-    config = LogConfig(retention_ms=None)
-    log = CommitLog("t", tmp_path / "t", config)
+    config = StorageConfig(retention_ms=None, tail_cache_total_bytes=0)
+    log = LogStore(tmp_path / "t", config)
+    log.open()
     for number in range(5):
-        log.append(AppendRecord(b"x" * number, client_id="device-1", timestamp_ms=number))
+        log.append(TOPIC, AppendRecord(b"x" * number, client_id="device-1", timestamp_ms=number))
     log.close()
-    segment = segment_files(tmp_path / "t")[0]
+    segment = partition_segments(tmp_path / "t")[0]
     data = bytearray(segment.read_bytes())
-    position = frame_positions(segment)[2]
+    position = entry_positions(segment)[2] + 8  # the frame of record 2
     data[position + 29] = 0xFF  # the client id's first byte: not UTF-8
     end = position + 8 + int.from_bytes(data[position : position + 4], "little")
-    data[position + 4 : position + 8] = crc32c(bytes(data[position + 8 : end])).to_bytes(4, "little")
+    crc = crc32c(bytes(data[position + 8 : end]))
+    data[position + 4 : position + 8] = crc.to_bytes(4, "little")
+    data[position - 4 : position] = crc32c(bytes(data[position - 8 : position - 4]), crc).to_bytes(
+        4, "little"
+    )
     segment.write_bytes(bytes(data))
-    log = CommitLog("t", tmp_path / "t", config)
+    log = LogStore(tmp_path / "t", config)
+    log.open()
     try:
         runs = assert_same_read(log, 0, 100, 1 << 20)
         assert runs[-1].end == 2
         with pytest.raises(CorruptRecord) as caught:
-            log.read_runs(2)
+            log.read_runs(TOPIC, 2)
         assert (caught.value.offset, caught.value.reason) == (2, "fields")
         assert_same_read(log, 3, 100, 1 << 20)
     finally:

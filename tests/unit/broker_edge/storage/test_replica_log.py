@@ -1,121 +1,144 @@
-"""A replica's side of a log: verbatim frame appends, truncation, and the committed end readers see."""
+"""A replica's side of a topic's log in a shared partition log: verbatim frame appends (byte for byte the
+leader's, whatever else the partitions hold), truncation that survives restarts and crashes, restarts at a
+later offset, and the committed end readers see."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import pytest
 
-from broker_edge.storage import CommitLog, InvalidRecord, LogConfig, LogStore, StorageConfig, StorageError
+from broker_edge.storage import InvalidRecord, LogStore, StorageConfig, StorageError
 from tests.unit.broker_edge.storage.log_helpers import make_record
 
 
-def _frames(log: CommitLog, offset: int = 0) -> bytes:
-    chunks, _count = log.read_frames(offset, 1 << 30)
-    return b"".join(chunks)
+def _store(directory: Path, config: StorageConfig | None = None) -> LogStore:
+    store = LogStore(directory, config or StorageConfig())
+    store.open()
+    return store
 
 
-def _segment_files(directory: Path) -> dict[str, bytes]:
-    return {path.name: path.read_bytes() for path in sorted(directory.glob("*.log"))}
+def _frames(store: LogStore, topic: str, offset: int = 0) -> list[bytes]:
+    frames: list[bytes] = []
+    end = store.durable_end(topic)
+    while offset < end:
+        batch, count = store.read_frames(topic, offset, 1 << 30)
+        frames += [bytes(frame) for frame in batch]
+        offset += count
+    return frames
 
 
-def test_appended_frames_give_identical_offsets_and_segment_files(tmp_path: Path, small_segments: LogConfig):
-    leader = CommitLog("t", tmp_path / "leader", small_segments)
-    follower = CommitLog("t", tmp_path / "follower", small_segments)
+def test_appended_frames_give_identical_offsets_and_bytes_whatever_else_the_partition_holds(
+    tmp_path: Path, small_segments: StorageConfig
+):
+    leader = _store(tmp_path / "leader", small_segments)
+    follower = _store(tmp_path / "follower", small_segments)
     for number in range(120):
-        leader.append(make_record(number))
+        leader.append("t", make_record(number))
+        leader.append(f"leader-only/{number % 7}", make_record(number))
+        if number % 3 == 0:
+            follower.append(f"follower-only/{number % 5}", make_record(number))  # interleaved differently
     leader.flush()
     offset = 0
-    while offset < leader.durable_end:  # in uneven pieces, as fetches would bring them
-        chunks, count = leader.read_frames(offset, 700 + offset * 13)
-        assert follower.append_frames(b"".join(chunks)) == offset
+    while offset < leader.durable_end("t"):  # in uneven pieces, as fetches would bring them
+        chunks, count = leader.read_frames("t", offset, 700 + offset * 13)
+        assert follower.append_frames("t", b"".join(chunks)) == offset
         offset += count
     follower.flush()
-    assert follower.end_offset == leader.end_offset == 120
-    assert leader.segment_count >= 3
-    assert _segment_files(tmp_path / "follower") == _segment_files(tmp_path / "leader")
-    assert [r.payload for r in follower.read(0, 500, 1 << 30)] == [
-        r.payload for r in leader.read(0, 500, 1 << 30)
+
+    assert follower.log_info("t").end_offset == leader.log_info("t").end_offset == 120
+    assert _frames(follower, "t") == _frames(leader, "t")  # the record format's bytes, same offsets
+    assert [r.payload for r in follower.read("t", 0, 500, 1 << 30)] == [
+        r.payload for r in leader.read("t", 0, 500, 1 << 30)
     ]
     leader.close()
     follower.close()
 
 
 def test_frames_that_do_not_continue_the_log_or_fail_their_crc_are_refused(tmp_path: Path):
-    leader = CommitLog("t", tmp_path / "leader")
-    follower = CommitLog("t", tmp_path / "follower")
+    leader = _store(tmp_path / "leader")
+    follower = _store(tmp_path / "follower")
     for number in range(5):
-        leader.append(make_record(number))
+        leader.append("t", make_record(number))
     leader.flush()
-    frames = _frames(leader)
+    frames = b"".join(_frames(leader, "t"))
     with pytest.raises(InvalidRecord, match="offset"):
-        follower.append_frames(_frames(leader, 2))  # a gap: the follower is at 0
+        follower.append_frames("t", b"".join(_frames(leader, "t", 2)))  # a gap: the follower is at 0
     damaged = bytearray(frames)
     damaged[-1] ^= 0xFF
     with pytest.raises(InvalidRecord, match="checksum"):
-        follower.append_frames(bytes(damaged))
-    assert follower.next_offset == 0  # all or nothing
-    follower.append_frames(frames)
+        follower.append_frames("t", bytes(damaged))
+    assert follower.durable_end("t") == 0  # all or nothing
+    follower.append_frames("t", frames)
     with pytest.raises(InvalidRecord, match="offset"):
-        follower.append_frames(frames)  # the same again: offsets must continue
-    assert follower.next_offset == 5
+        follower.append_frames("t", frames)  # the same again: offsets must continue
+    follower.flush()
+    assert follower.durable_end("t") == 5
     leader.close()
     follower.close()
 
 
-def test_truncate_drops_the_tail_across_segments_and_survives_a_reopen(
-    tmp_path: Path, small_segments: LogConfig
+@pytest.mark.parametrize("restart", ["close", "crash"])
+def test_truncate_drops_the_tail_across_shared_segments_and_survives_a_restart(
+    tmp_path: Path, small_segments: StorageConfig, restart: str
 ):
-    log = CommitLog("t", tmp_path / "log", small_segments)
+    store = _store(tmp_path, small_segments)
     for number in range(150):
-        log.append(make_record(number))
-    log.flush()
-    segments_before = log.segment_count
+        store.append("t", make_record(number))
+        store.append("other", make_record(number))
+    store.flush()
+    store.append("t", make_record(150))
     with pytest.raises(StorageError):
-        log.append(make_record(150))
-        log.truncate(40)  # refused while an append is buffered
-    log.flush()
-    log.truncate(37)
-    assert log.next_offset == log.durable_end == log.end_offset == 37
-    assert log.segment_count < segments_before
-    assert [r.offset for r in log.read(30, 100, 1 << 30)] == list(range(30, 37))
-    log.append(make_record(1000))  # the log goes on at the cut
-    log.flush()
-    assert log.read(37, 1, 1 << 20)[0].payload == make_record(1000).payload
-    log.close()
-    reopened = CommitLog("t", tmp_path / "log", small_segments)
-    assert reopened.end_offset == 38
-    assert reopened.read(36, 10, 1 << 20)[-1].payload == make_record(1000).payload
-    assert not reopened.recovery.repaired
+        store.truncate("t", 40)  # refused while an append is buffered
+    store.flush()
+    store.truncate("t", 37)
+
+    assert store.durable_end("t") == store.log_info("t").end_offset == 37
+    assert [r.offset for r in store.read("t", 30, 100, 1 << 30)] == list(range(30, 37))
+    store.append("t", make_record(1000))  # the log goes on at the cut
+    store.flush()
+    assert store.read("t", 37, 1, 1 << 20)[0].payload == make_record(1000).payload
+    if restart == "close":
+        store.close()
+    reopened = LogStore(tmp_path, small_segments)
+    report = reopened.open()
+    assert reopened.log_info("t").end_offset == 38
+    assert [r.offset for r in reopened.read("t", 0, 100, 1 << 30)] == list(range(38))
+    assert reopened.read("t", 36, 10, 1 << 20)[-1].payload == make_record(1000).payload
+    assert reopened.log_info("other").end_offset == 150  # the other topic of the segments: untouched
+    assert not report.repaired
     reopened.close()
 
 
-def test_truncate_cut_but_unsynced_index_is_rebuilt_at_open(tmp_path: Path, small_segments: LogConfig):
-    log = CommitLog("t", tmp_path / "log", small_segments)
+def test_a_truncation_is_durable_before_it_returns(tmp_path: Path, small_segments: StorageConfig):
+    store = _store(tmp_path, small_segments)
     for number in range(60):
-        log.append(make_record(number))
-    log.flush()
-    log.truncate(10)
-    # crash right here: no close, no index for the cut segment
-    names = sorted(os.listdir(tmp_path / "log"))
-    assert names == ["00000000000000000000.log"]
-    reopened = CommitLog("t", tmp_path / "log", small_segments)
-    assert reopened.end_offset == 10
-    assert [r.offset for r in reopened.read(0, 100, 1 << 30)] == list(range(10))
+        store.append("t", make_record(number))
+    store.flush()
+    store.truncate("t", 10)
+    # crash right here: the marker was fsynced, nothing else happened
+
+    reopened = LogStore(tmp_path, small_segments)
+    reopened.open()
+    assert reopened.log_info("t").end_offset == 10
+    assert [r.offset for r in reopened.read("t", 0, 100, 1 << 30)] == list(range(10))
     reopened.close()
-    log.close()
 
 
 def test_restart_at_empties_the_log_and_continues_at_the_offset(tmp_path: Path):
-    log = CommitLog("t", tmp_path / "log")
+    store = _store(tmp_path)
     for number in range(5):
-        log.append(make_record(number))
-    log.flush()
-    log.restart_at(100)
-    assert log.start_offset == log.end_offset == log.next_offset == 100
-    log.close()
+        store.append("t", make_record(number))
+    store.flush()
+    store.restart_at("t", 100)
+    info = store.log_info("t")
+    assert (info.start_offset, info.end_offset, info.bytes) == (100, 100, 0)
+    assert store.append("t", make_record(100)) == 100
+    store.close()
+    reopened = _store(tmp_path)
+    assert (reopened.log_info("t").start_offset, reopened.log_info("t").end_offset) == (100, 101)
+    reopened.close()
 
 
 def test_committed_end_gates_readers_of_a_replicated_store(tmp_path: Path):

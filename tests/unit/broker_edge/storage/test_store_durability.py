@@ -1,7 +1,8 @@
 """Durability policies: when_durable fires on the loop only after the data is written (and fsynced).
 
 A spy wraps `os.fdatasync` (the real call still happens) to see what was synced before a callback ran; a
-second LogStore opened on the same directory from inside the callback proves the records are in the files.
+second LogStore opened on a copy of the directory, taken inside the callback, proves the records are in the
+files (a store opened on the live directory would seal its segments when it closes).
 """
 
 from __future__ import annotations
@@ -43,15 +44,25 @@ def _open(directory: Path, durability: Durability, **settings) -> LogStore:
     return store
 
 
+def _copy_of_files(directory: Path) -> LogStore:
+    """A store opened on a copy of what the files of `directory` hold now."""
+    copy = directory.with_name(directory.name + "-copy")
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(directory, copy)
+    return _open(copy, "none")
+
+
 def _records_on_disk(directory: Path) -> list:
-    other = _open(directory, "group")
+    other = _copy_of_files(directory)
     try:
         return other.read(TOPIC, 0, max_records=10_000, max_bytes=10**9)
     finally:
         other.close()
 
 
-async def _append_and_wait(store: LogStore, directory: Path, count: int, spy: FsyncSpy) -> dict:
+async def _append_and_wait(
+    store: LogStore, directory: Path, count: int, spy: FsyncSpy, first: int = 0
+) -> dict:
     seen: dict = {}
     done = asyncio.Event()
 
@@ -64,7 +75,7 @@ async def _append_and_wait(store: LogStore, directory: Path, count: int, spy: Fs
         seen["on_disk"] = _records_on_disk(directory)
         done.set()
 
-    for number in range(count):
+    for number in range(first, first + count):
         store.append(TOPIC, make_record(number))
     store.when_durable(on_durable)
     await asyncio.wait_for(done.wait(), 10)
@@ -102,7 +113,7 @@ def test_fsync_policy_syncs_every_append_and_group_policy_batches(tmp_path: Path
     group_store.close()
 
     assert per_append >= 20
-    assert grouped <= 3  # one window: the data file (and the new directories) once
+    assert grouped <= 3  # one window: the segment, its open index and the catalog (a new topic) once each
 
 
 def test_default_window_closes_with_its_loop_iteration_and_grows_while_a_sync_runs(
@@ -174,13 +185,16 @@ def test_a_window_over_its_byte_bound_is_cut_even_while_a_sync_runs(tmp_path: Pa
     assert end == 200
 
 
-def test_none_policy_writes_without_fsync(tmp_path: Path, monkeypatch):
+def test_none_policy_writes_records_without_fsync_and_syncs_only_a_new_topics_catalog_entry(
+    tmp_path: Path, monkeypatch
+):
     spy = FsyncSpy(monkeypatch)
     store = _open(tmp_path, "none", group_commit_ms=5)
 
     seen = asyncio.run(_append_and_wait(store, tmp_path, 10, spy))
+    catalog_size = (tmp_path / "log" / "catalog").stat().st_size
 
-    assert seen["synced_sizes"] == []
+    assert seen["synced_sizes"] == [catalog_size]  # the topic exists after a power cut; its records may not
     assert len(seen["on_disk"]) == 10
     store.close()
 
@@ -232,13 +246,13 @@ def assert_stopped_after_record_0(errors: list[BaseException], store: LogStore) 
 
 def test_a_failed_write_is_reported_and_stops_appends(tmp_path: Path):
     async def scenario() -> tuple[list, LogStore]:
-        store = _open(tmp_path, "group", group_commit_ms=20)
+        store = _open(tmp_path, "group", group_commit_ms=20, segment_bytes=100)  # a segment per record
         store.append(TOPIC, make_record(0))
         await store.wait_durable()
         errors: list[BaseException] = []
         store.append(TOPIC, make_record(1))
         store.append("other/topic", make_record(0))
-        shutil.rmtree(tmp_path / "topics" / "other%2Ftopic")  # the next write cannot create its segment
+        shutil.rmtree(tmp_path / "log" / "00")  # the next write cannot create its segment
         store.when_durable(lambda: errors.append(AssertionError("must not be called")), errors.append)
         with pytest.raises(StorageFailed):
             await store.wait_durable()
@@ -281,7 +295,7 @@ async def _one_record_per_topic(store: LogStore, directory: Path, topics: list[s
     def on_durable() -> None:
         seen["fdatasyncs"] = len(fsync_spy.sizes)
         seen["syncfs"] = syncfs_spy.calls
-        other = _open(directory, "group")
+        other = _copy_of_files(directory)
         seen["on_disk"] = {topic: len(other.read(topic, 0)) for topic in topics}
         other.close()
         done.set()
@@ -293,11 +307,12 @@ async def _one_record_per_topic(store: LogStore, directory: Path, topics: list[s
     return seen
 
 
-def test_a_window_touching_many_segments_is_made_durable_by_one_syncfs(tmp_path: Path, monkeypatch):
+def test_a_window_touching_many_files_is_made_durable_by_one_syncfs(tmp_path: Path, monkeypatch):
+    """A cluster member's window may touch many partitions (and each new segment's open index)."""
     assert syncfs_available()  # Linux >= 5.8, as on every machine this project targets
     spies = FsyncSpy(monkeypatch), SyncfsSpy(monkeypatch)
     topics = [f"device/{number}/telemetry" for number in range(10)]
-    store = _open(tmp_path, "group", group_commit_ms=20, syncfs_min_segments=4)
+    store = _open(tmp_path, "group", group_commit_ms=20, syncfs_min_segments=4, partitions=8)
 
     seen = asyncio.run(_one_record_per_topic(store, tmp_path, topics, spies))
 
@@ -306,9 +321,10 @@ def test_a_window_touching_many_segments_is_made_durable_by_one_syncfs(tmp_path:
     store.close()
 
 
-def test_a_window_touching_few_segments_fdatasyncs_them_all_at_once(tmp_path: Path, monkeypatch):
+def test_a_window_touching_few_files_fdatasyncs_them_all_at_once(tmp_path: Path, monkeypatch):
+    """Ten topics in one partition: one segment (and its open index, new) and the catalog (new topics)."""
     spies = FsyncSpy(monkeypatch), SyncfsSpy(monkeypatch)
-    topics = ["a", "b", "c"]
+    topics = [f"device/{number}/telemetry" for number in range(10)]
     store = _open(tmp_path, "group", group_commit_ms=20, syncfs_min_segments=4)
 
     seen = asyncio.run(_one_record_per_topic(store, tmp_path, topics, spies))
@@ -321,13 +337,19 @@ def test_a_window_touching_few_segments_fdatasyncs_them_all_at_once(tmp_path: Pa
 
 
 def test_the_none_policy_acknowledges_a_window_without_the_writer_thread(tmp_path: Path, monkeypatch):
+    """Records are only written; a new topic's catalog entry would be synced (by the writer thread), so the
+    topic is created by an earlier run."""
+    earlier = _open(tmp_path, "none")
+    earlier.append(TOPIC, make_record(0))
+    earlier.close()
     spy = FsyncSpy(monkeypatch)
     writers_before = _writer_threads()
     store = _open(tmp_path, "none", group_commit_ms=1)
 
-    seen = asyncio.run(_append_and_wait(store, tmp_path, 5, spy))
+    seen = asyncio.run(_append_and_wait(store, tmp_path, 5, spy, first=1))
 
-    assert len(seen["on_disk"]) == 5  # written to the OS: another reader of the files sees them
+    assert len(seen["on_disk"]) == 6  # written to the OS: another reader of the files sees them
+    assert spy.sizes == []
     assert threading.main_thread() is seen["thread"]
     assert _writer_threads() == writers_before
     store.close()

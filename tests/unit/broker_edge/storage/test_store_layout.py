@@ -1,5 +1,5 @@
-"""The data directory's layout: topic logs under ``topics/``, the store's files under ``meta/``, and the move
-of an older directory (both side by side) into it, which a crash at any step leaves resumable."""
+"""The data directory's layout: partition logs under ``log/``, the store's files under ``meta/``; the move of
+a layout-1 directory (logs and files side by side) forward, which a crash at any step leaves resumable."""
 
 from __future__ import annotations
 
@@ -11,49 +11,26 @@ import pytest
 
 from broker_edge.storage import LogStore
 from broker_edge.storage.layout import open_layout
+from tests.unit.broker_edge.storage.layout2 import SESSIONS, as_layout_1, write_layout_2
 from tests.unit.broker_edge.storage.log_helpers import assert_matches, make_record
 
-TOPICS = ["a/b", "topics", "meta", "sessions.json.tmp"]
+TOPICS = ["a/b", "topics", "meta", "sessions.json.tmp", "log"]
 
 
 def older_directory(root: Path) -> None:
     """A data directory as brokers before ``meta/`` left it after a clean stop (logs and files together)."""
-    store = LogStore(root)
-    store.open()
-    for number, topic in enumerate(TOPICS):
-        store.append(topic, make_record(number))
-    store.close()
-    (root / "meta" / "sessions.json").write_text('{"kept": true}')
-    as_older_layout(root)
-
-
-def as_older_layout(root: Path) -> None:
-    """Rearrange a data directory the way brokers before ``meta/`` kept it: every topic log directory and
-    the store's files (``CLEAN_SHUTDOWN``, ``sessions.json``) side by side at the top."""
-    (root / "topics").rename(root / "new-topics")  # old logs may be called "topics" or "meta" themselves
-    (root / "meta").rename(root / "new-meta")
-    for log_directory in (root / "new-topics").iterdir():
-        log_directory.rename(root / log_directory.name)
-    for name in ("CLEAN_SHUTDOWN", "sessions.json"):
-        if (root / "new-meta" / name).exists():
-            (root / "new-meta" / name).rename(root / name)
-    (root / "new-meta" / "LAYOUT").unlink()
-    (root / "new-meta").rmdir()
-    (root / "new-topics").rmdir()
+    write_layout_2(root, {topic: [make_record(number)] for number, topic in enumerate(TOPICS)})
+    as_layout_1(root)
 
 
 def assert_moved_whole(root: Path) -> None:
-    open_layout(root)
-    assert sorted(path.name for path in root.iterdir()) == ["meta", "topics"]
-    assert sorted(path.name for path in (root / "meta").iterdir()) == [
-        "CLEAN_SHUTDOWN",
-        "LAYOUT",
-        "sessions.json",
-    ]
-    assert (root / "meta" / "sessions.json").read_text() == '{"kept": true}'
     store = LogStore(root)
     report = store.open()
-    assert report.clean_shutdown
+    assert sorted(path.name for path in root.iterdir()) == ["log", "meta"]
+    assert sorted(path.name for path in (root / "meta").iterdir()) == ["LAYOUT", "sessions.json"]
+    assert (root / "meta" / "LAYOUT").read_text() == "3\n"
+    assert (root / "meta" / "sessions.json").read_text() == SESSIONS
+    assert report.clean_shutdown  # the marker was carried over (and read: an open removes it)
     assert sorted(info.topic for info in store.logs()) == sorted(TOPICS)
     for number, topic in enumerate(TOPICS):
         assert_matches(store.read(topic, 0)[0], number, offset=0)
@@ -62,9 +39,9 @@ def assert_moved_whole(root: Path) -> None:
 
 def test_a_new_directory_gets_the_layout(tmp_path: Path):
     layout = open_layout(tmp_path / "data")
-    assert sorted(os.listdir(layout.root)) == ["meta", "topics"]
-    assert os.listdir(layout.topics) == []
-    assert Path(layout.meta_file("LAYOUT")).read_text() == "2\n"
+    assert sorted(os.listdir(layout.root)) == ["log", "meta"]
+    assert os.listdir(layout.log) == []
+    assert Path(layout.meta_file("LAYOUT")).read_text() == "3\n"
 
 
 def test_an_older_directory_is_moved_with_every_log_and_file(tmp_path: Path):
@@ -72,7 +49,7 @@ def test_an_older_directory_is_moved_with_every_log_and_file(tmp_path: Path):
     assert_moved_whole(tmp_path)
 
 
-@pytest.mark.parametrize("renames_before_the_crash", range(12))
+@pytest.mark.parametrize("renames_before_the_crash", range(14))
 def test_a_move_interrupted_at_any_rename_is_finished_by_the_next_start(
     tmp_path: Path, monkeypatch, renames_before_the_crash: int
 ):
@@ -87,7 +64,9 @@ def test_a_move_interrupted_at_any_rename_is_finished_by_the_next_start(
         real_rename(source, target)
 
     monkeypatch.setattr(os, "rename", crashing_rename)
+    store = LogStore(tmp_path)
     with contextlib.suppress(OSError):
-        open_layout(tmp_path)
+        store.open()  # the move into layout 2, then the upgrade: a crash at any of their renames
+        store.close()  # (past the last rename: the move was whole)
     monkeypatch.setattr(os, "rename", real_rename)
     assert_moved_whole(tmp_path)

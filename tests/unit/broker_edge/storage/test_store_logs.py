@@ -1,4 +1,4 @@
-"""LogStore: topics as directories, persistence rules, limits, pooled descriptors, shared tail caches."""
+"""LogStore: any topic name, listings, persistence rules, limits, pooled descriptors, shared reads."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ from broker_edge.storage import (
     AppendRecord,
     InvalidRecord,
     LogStore,
+    OffsetOutOfRange,
     PersistRule,
     StorageConfig,
     StorageError,
     TooManyTopics,
     UnknownTopic,
 )
+from broker_edge.storage.file_pool import FileHandlePool
 from tests.unit.broker_edge.storage.log_helpers import assert_matches, make_record, open_fd_count
 
 ODD_TOPICS = [
@@ -51,7 +53,7 @@ def test_any_topic_name_gets_its_own_log_and_survives_a_restart(tmp_path: Path):
     assert sorted(info.topic for info in reopened.logs()) == sorted(ODD_TOPICS)
     for number, topic in enumerate(ODD_TOPICS):
         assert_matches(reopened.read(topic, 0)[0], number, offset=0)
-    assert all(len(path.name) <= 200 for path in (tmp_path / "topics").iterdir())
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["log", "meta"]  # no name reached a path
     reopened.close()
 
 
@@ -135,19 +137,42 @@ def test_a_topic_no_rule_matches_is_not_persisted(tmp_path: Path):
     assert not store.should_persist("office/a", 1)
 
 
-def test_retention_follows_the_matching_rule(tmp_path: Path):
+def test_retention_follows_the_matching_rule_in_segments_both_topics_share(tmp_path: Path):
     rules = [PersistRule("short/#", retention_bytes=5000), PersistRule("#")]
     store = _store(tmp_path, persist=rules, segment_bytes=2048, retention_ms=None)
     for number in range(100):
         store.append("short/a", make_record(number))
         store.append("long/a", make_record(number))
-    store.flush()
+        store.flush()
 
     report = store.apply_retention()
 
-    assert report.segments_deleted > 0
-    assert store.log_info("short/a").start_offset > 0
-    assert store.log_info("long/a").start_offset == 0
+    short, long_ = store.log_info("short/a"), store.log_info("long/a")
+    assert report.topics_moved > 0
+    assert report.segments_deleted == 0  # every segment still holds records of long/a
+    assert short.start_offset > 0 and short.bytes <= 5000 + 2048  # its newest groups are kept whole
+    assert long_.start_offset == 0 and long_.bytes == sum(r.size for r in store.read("long/a", 0, 1000))
+    assert [r.offset for r in store.read("short/a", short.start_offset, 1000)] == list(
+        range(short.start_offset, 100)
+    )
+    with pytest.raises(OffsetOutOfRange):
+        store.read("short/a", short.start_offset - 1)
+    store.close()
+
+
+def test_a_segment_goes_once_every_topic_in_it_is_past_its_retention(tmp_path: Path):
+    store = _store(tmp_path, segment_bytes=2048, retention_ms=1000)
+    for number in range(60):
+        store.append("a", make_record(number, timestamp_ms=1_000 + number))
+        store.append("b", make_record(number, timestamp_ms=1_000 + number))
+        store.flush()
+    segments = len(store.partition_logs[0].segments)
+
+    report = store.apply_retention(now_ms=1_000 + 60 + 1000 + 1)
+
+    assert report.segments_deleted == segments - 1  # all but the active one
+    assert store.log_info("a").start_offset == store.log_info("b").start_offset > 0
+    assert len(list((tmp_path / "log" / "00").glob("*.log"))) == 1
     store.close()
 
 
@@ -167,7 +192,7 @@ def test_the_topic_limit_refuses_new_logs_but_not_existing_ones(tmp_path: Path):
 
 def test_hundreds_of_topics_stay_within_a_small_descriptor_pool(tmp_path: Path):
     fds_before = open_fd_count()
-    store = _store(tmp_path, max_open_files=16, segment_bytes=600, tail_cache_records=1)
+    store = _store(tmp_path, max_open_files=16, segment_bytes=600, tail_cache_total_bytes=0)
     topics = [f"device/{number}/telemetry" for number in range(600)]
     for round_number in range(3):
         for topic in topics:
@@ -199,20 +224,31 @@ def test_caught_up_readers_share_cached_records(tmp_path: Path):
     store.close()
 
 
-def test_the_tail_cache_budget_drops_the_least_recently_appended_logs(tmp_path: Path):
-    store = _store(tmp_path, tail_cache_bytes=4000, tail_cache_total_bytes=6000, read_cache_bytes=0)
+def test_the_windows_written_last_are_read_from_memory_and_older_ones_from_disk(tmp_path: Path, monkeypatch):
+    store = _store(tmp_path, tail_cache_total_bytes=8000, read_cache_bytes=0)  # one window of 6.6 kB
     for topic in ("old", "new"):
         for number in range(40):
             store.append(topic, make_record(number, payload_size=100))
-    store.flush()
+        store.flush()
+    preads: list[str] = []
+    real = FileHandlePool.pread
 
-    old_reads = store.read("old", 35), store.read("old", 35)
-    new_reads = store.read("new", 35), store.read("new", 35)
+    def counted(pool: FileHandlePool, path: str, *args: int) -> bytes:
+        if path.endswith(".log"):
+            preads.append(path)
+        return real(pool, path, *args)
 
-    assert not any(a is b for a, b in zip(*old_reads, strict=True))  # served from disk
-    assert all(a is b for a, b in zip(*new_reads, strict=True))  # served from memory
-    for reads in (old_reads, new_reads):
-        for offset, record in enumerate(reads[0], start=35):
+    monkeypatch.setattr(FileHandlePool, "pread", counted)
+
+    new = store.read("new", 35)
+    from_memory = len(preads)
+    old = store.read("old", 35)
+
+    assert from_memory == 0
+    assert len(preads) == 1  # the old window was dropped (the budget), one pread for its 5 neighbours
+    assert store.tail_cache_budget.bytes <= 8000
+    for reads in (old, new):
+        for offset, record in enumerate(reads, start=35):
             assert_matches(record, offset, payload_size=100)
     store.close()
 
@@ -237,14 +273,13 @@ def test_records_that_do_not_fit_the_format_are_storage_errors(tmp_path: Path):
     store.close()
 
 
-def test_a_log_directory_that_cannot_be_created_is_a_storage_error(tmp_path: Path):
+def test_an_empty_topic_name_is_refused_and_creates_no_log(tmp_path: Path):
     store = _store(tmp_path)
-    (tmp_path / "topics" / "blocked").write_text("a file where the topic's directory would go")
 
-    with pytest.raises(StorageError, match="cannot create"):
-        store.append("blocked", make_record(0))
+    with pytest.raises(InvalidRecord):
+        store.append("", make_record(0))
 
-    assert "blocked" not in store
+    assert "" not in store and len(store) == 0
     store.close()
 
 

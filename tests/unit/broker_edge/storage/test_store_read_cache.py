@@ -1,7 +1,8 @@
 """Shared reads: readers catching up on the same older range are served from one disk read per block.
 
 A spy counts the preads of segment files (the real read still happens), so the tests see exactly how
-often the disk was asked, not just that the answers were right.
+often the disk was asked, not just that the answers were right. The windows written last are not kept in
+memory here (`tail_cache_total_bytes: 0`), so that every read the cache does not serve goes to the disk.
 """
 
 from __future__ import annotations
@@ -12,14 +13,13 @@ import pytest
 
 from broker_edge.storage import CorruptRecord, LogStore, StorageConfig
 from broker_edge.storage.file_pool import FileHandlePool
-from broker_edge.storage.read_cache import BLOCK_RECORDS
-from broker_edge.storage.tail_cache import cache_cost
+from broker_edge.storage.read_cache import BLOCK_RECORDS, cache_cost
 from tests.unit.broker_edge.storage.log_helpers import (
     assert_matches,
+    entry_positions,
     flip_byte,
-    frame_positions,
     make_record,
-    segment_files,
+    partition_segments,
 )
 
 TOPIC = "plant/line-1/temp"
@@ -41,7 +41,7 @@ class SegmentReadSpy:
 
 
 def _store(directory: Path, count: int, **settings) -> LogStore:
-    settings = {"tail_cache_records": 16, "segment_bytes": 64 * 1024, "retention_ms": None, **settings}
+    settings = {"tail_cache_total_bytes": 0, "segment_bytes": 64 * 1024, "retention_ms": None, **settings}
     store = LogStore(directory, StorageConfig(**settings))
     store.open()
     for number in range(count):
@@ -140,10 +140,10 @@ def test_the_byte_budget_drops_the_least_recently_used_blocks(tmp_path: Path):
 def test_a_damaged_record_is_never_served_from_a_shared_block(tmp_path: Path):
     store = _store(tmp_path, 2 * BLOCK_RECORDS + 5, segment_bytes=1 << 20)
     store.close()
-    segment = segment_files(tmp_path / "topics" / "plant%2Fline-1%2Ftemp")[0]
+    segment = partition_segments(tmp_path)[0]
     damaged = 100
-    flip_byte(segment, frame_positions(segment)[damaged] + 20)
-    store = LogStore(tmp_path, StorageConfig(tail_cache_records=16, retention_ms=None))
+    flip_byte(segment, entry_positions(segment)[damaged] + 8 + 20)
+    store = LogStore(tmp_path, StorageConfig(tail_cache_total_bytes=0, retention_ms=None))
     store.open()
 
     before = _replay(store, 0, damaged, batch=30)

@@ -86,8 +86,15 @@ def test_empty_section_means_defaults():
             },
             "telemetry.quality.suites[0].expectations[0].value_set",
         ),
-        ({"tables": {"compact_every": -1}}, "telemetry.tables.compact_every"),
-        ({"tables": {"compact_target_mb": 0}}, "telemetry.tables.compact_target_mb"),
+        (
+            {"tables": {"maintenance": {"compact_interval_s": 0}}},
+            "telemetry.tables.maintenance.compact_interval_s",
+        ),
+        ({"tables": {"maintenance": {"min_files": 1}}}, "telemetry.tables.maintenance.min_files"),
+        (
+            {"tables": {"maintenance": {"retention_hours": 0.01}}},
+            "telemetry.tables.maintenance.retention_hours",
+        ),
     ],
 )
 def test_errors_name_the_field(section, path):

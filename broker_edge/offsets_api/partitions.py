@@ -1,0 +1,176 @@
+"""The offsets API's reads by storage partition: every topic's records in log order, by position.
+
+    GET /v1/partitions                                     each partition's [start, end) in positions
+    GET /v1/partitions/{p}/position?timestamp_ms=          the position of the first record at or after a time
+    GET /v1/partitions/{p}/records?position=&max_entries=&max_bytes=&pattern=...   (Arrow)
+
+A reader of many topics (the Spark source over 100,000 device topics) keeps one position per partition
+instead of an offset per topic (docs/offsets-api.md, docs/commitlog.md "Whole partitions"). Positions are
+a broker's own: a cluster's member answers 404 here, and its readers use topic offsets.
+
+A read is done in slices of `SLICE_S` of work with the event loop served between them, so a read of 4 MiB
+never holds MQTT up for long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from aiohttp import web
+
+from broker_edge.http.guard import hold
+from broker_edge.storage import LogStore, PositionOutOfRange
+
+from . import errors as codes
+from .formats import ARROW_CONTENT_TYPE, PARTITION_METADATA_KEYS
+from .requests import ANSWER_OVERHEAD, ApiError, ApiLimits, access_of, format_param, int_param
+
+__all__ = ["add_partition_routes", "position_out_of_range"]
+
+SLICE_ENTRIES = 1024
+"""Entries read between two looks at the clock."""
+SLICE_S = 0.002
+DEFAULT_MAX_ENTRIES = 100_000
+
+
+def add_partition_routes(app: web.Application, store: LogStore, limits: ApiLimits) -> None:
+    handlers = _PartitionHandlers(store, limits)
+    app.router.add_get("/v1/partitions", handlers.list_partitions)
+    app.router.add_get("/v1/partitions/{partition}/position", handlers.position_for_timestamp)
+    app.router.add_get("/v1/partitions/{partition}/records", handlers.records)
+
+
+def position_out_of_range(error: PositionOutOfRange) -> ApiError:
+    return ApiError(
+        416,
+        codes.POSITION_OUT_OF_RANGE,
+        str(error),
+        partition=error.partition,
+        position=error.position,
+        start_position=error.start,
+        end_position=error.end,
+    )
+
+
+class _PartitionHandlers:
+    def __init__(self, store: LogStore, limits: ApiLimits) -> None:
+        self.store = store
+        self.limits = limits
+
+    def _check_served(self, request: web.Request) -> None:
+        if self.store.replicated:
+            message = "a cluster's member is read by topic offsets, not by partition positions"
+            raise ApiError(404, codes.NOT_FOUND, message)
+        access = access_of(request)
+        if access.topics is not None and "#" not in access.topics:  # a partition holds every topic's records
+            message = f"{access.name} may read some topics only: it reads by topic offsets, not by partition"
+            raise ApiError(403, codes.FORBIDDEN, message)
+
+    def _partition(self, request: web.Request) -> int:
+        self._check_served(request)
+        count = len(self.store.partitions())
+        return int_param(request.match_info["partition"], "partition", 0, 0, count - 1)
+
+    async def list_partitions(self, request: web.Request) -> web.Response:
+        self._check_served(request)
+        listed = [
+            {"partition": info.partition, "start_position": info.start, "end_position": info.end}
+            for info in self.store.partitions()
+        ]
+        return web.json_response({"partitions": listed})
+
+    async def position_for_timestamp(self, request: web.Request) -> web.Response:
+        partition = self._partition(request)
+        value = request.query.get("timestamp_ms")
+        if value is None:
+            raise ApiError(400, codes.BAD_REQUEST, "timestamp_ms is required (milliseconds since the epoch)")
+        timestamp = int_param(value, "timestamp_ms", 0, 0, 2**63 - 1)
+        position = self.store.position_for_timestamp(partition, timestamp)
+        return web.json_response({"partition": partition, "timestamp_ms": timestamp, "position": position})
+
+    async def records(self, request: web.Request) -> web.Response:
+        partition = self._partition(request)
+        query = request.query
+        limits = self.limits
+        format_param(query.get("format"), {"arrow": ARROW_CONTENT_TYPE})
+        position = int_param(query.get("position"), "position", -1, 0, 2**63 - 1)
+        if position < 0:
+            raise ApiError(400, codes.BAD_REQUEST, "position is required", parameter="position")
+        max_entries = int_param(
+            query.get("max_entries"), "max_entries", DEFAULT_MAX_ENTRIES, 1, DEFAULT_MAX_ENTRIES
+        )
+        max_bytes = int_param(
+            query.get("max_bytes"), "max_bytes", limits.default_batch_bytes, 1, limits.max_bytes
+        )
+        patterns = query.getall("pattern", [])
+        if any(not pattern for pattern in patterns):
+            message = "a pattern is a non-empty MQTT filter"
+            raise ApiError(400, codes.BAD_REQUEST, message, parameter="pattern")
+        hold(request, max_bytes + ANSWER_OVERHEAD)  # what the read and the answer built from it may hold
+        try:
+            topics, frames, next_position, lost, damaged, removed = await self._read(
+                partition, position, max_entries, max_bytes, patterns or None
+            )
+        except PositionOutOfRange as error:
+            raise position_out_of_range(error) from None
+        except ValueError as error:
+            raise ApiError(400, codes.BAD_REQUEST, f"bad pattern: {error}", parameter="pattern") from None
+        info = self.store.partitions()[partition]
+        values: dict[str, Any] = {
+            "next_position": next_position,
+            "start_position": info.start,
+            "end_position": info.end,
+            "lost": json.dumps(lost),
+            "damaged": damaged,
+            "removed": removed,
+        }
+        metadata = {PARTITION_METADATA_KEYS[key]: str(value).encode() for key, value in values.items()}
+        body = _arrow_body(topics, frames, metadata)
+        return web.Response(body=body, content_type=ARROW_CONTENT_TYPE)
+
+    async def _read(
+        self, partition: int, position: int, max_entries: int, max_bytes: int, patterns: list[str] | None
+    ) -> tuple[list[str], list[memoryview], int, dict[str, int], int, int]:
+        """Read in slices, serving the event loop between them (the read may go on after new appends: it
+        stops at `position + max_entries` whatever the partition's end has become)."""
+        stop = position + max_entries
+        topics: list[str] = []
+        frames: list[memoryview] = []
+        lost: dict[str, int] = {}
+        damaged = removed = 0
+        budget = max_bytes
+        slice_end = time.monotonic() + SLICE_S
+        while position < stop and budget > 0:
+            read = self.store.read_partition(
+                partition, position, min(SLICE_ENTRIES, stop - position), budget, patterns
+            )
+            if read.frames and frames and sum(len(frame) for frame in read.frames) > budget:
+                break  # a frame larger than the rest of the budget: the next read starts with it
+            topics += read.topics
+            frames += read.frames
+            budget -= sum(len(frame) for frame in read.frames)
+            for topic, count in read.lost.items():
+                lost[topic] = lost.get(topic, 0) + count
+            damaged += read.damaged
+            removed += read.removed
+            asked = min(SLICE_ENTRIES, stop - position)
+            stopped_early = read.next_position < position + asked  # by the budget, or at the partition's end
+            position = read.next_position
+            if stopped_early:
+                break
+            if time.monotonic() >= slice_end:
+                await asyncio.sleep(0)
+                slice_end = time.monotonic() + SLICE_S
+        return topics, frames, position, lost, damaged, removed
+
+
+def _arrow_body(topics: list[str], frames: list[memoryview], metadata: dict[bytes, bytes]) -> memoryview:
+    from broker_edge.storage.frame_runs import run_of_frames
+
+    from .arrow_format import arrow_stream
+    from .arrow_runs import arrow_batch_of_rows
+
+    return memoryview(arrow_stream(arrow_batch_of_rows(topics, run_of_frames(frames, 0)), metadata))

@@ -1,0 +1,125 @@
+"""What every offsets API endpoint shares about one request: its bounds, its error answer, its access and
+its parameters, apart from the endpoints so that each group of them (topics in ``server``, partitions in
+``partitions``) builds on them without importing the others."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from broker_edge.security.access import EVERYONE, Access
+
+from . import errors as codes
+from .formats import FORMATS
+
+__all__ = [
+    "ACCESS",
+    "ANSWER_OVERHEAD",
+    "MAX_JSON_BODY",
+    "ApiError",
+    "ApiLimits",
+    "access_of",
+    "format_param",
+    "int_param",
+    "is_number",
+]
+
+ACCESS: web.RequestKey[Access] = web.RequestKey("access", Access)
+"""Where a request's ``Access`` is kept (``request[ACCESS]``)."""
+MAX_JSON_BODY = 1024 * 1024
+"""aiohttp's bound on a body read whole (``/v1/fetch``)."""
+ANSWER_OVERHEAD = 64 * 1024
+"""What an answer holds beyond its records (headers, an Arrow schema, results)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApiLimits:
+    """Bounds on what one request may ask for (larger values are refused with 400)."""
+
+    default_records: int = 1000
+    max_records: int = 100_000
+    default_bytes: int = 1024 * 1024
+    max_bytes: int = 64 * 1024 * 1024
+    default_batch_bytes: int = 4 * 1024 * 1024
+    max_wait_ms: int = 60_000
+    max_fetches: int = 10_000
+    max_connections: int = 256
+    """Open connections; more are answered 503 and closed."""
+    request_timeout_s: float = 10.0
+    """Seconds for a request's headers, and for its body, to arrive."""
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, machine-readable code, message and extra JSON fields. ``close``: close
+    the connection once it is sent (always for 401: a stranger keeps nothing open)."""
+
+    def __init__(self, status: int, code: str, message: str, close: bool = False, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.close = close or status in (401, 408)  # 408: the rest of that body is not waited for
+        self.extra = extra
+
+    def response(self) -> web.Response:
+        headers = {"WWW-Authenticate": 'Bearer realm="timestone"'} if self.status == 401 else None
+        body = {"error": self.code, "message": self.message, **self.extra}
+        response = web.json_response(body, status=self.status, headers=headers)
+        if self.close:
+            response.force_close()
+        return response
+
+
+def access_of(request: web.Request) -> Access:
+    """What ``request`` may read (set by ``authentication``)."""
+    return request.get(ACCESS, EVERYONE)
+
+
+_MAX_DIGITS = 20
+"""Longer numbers are refused before they are converted (every bound here fits in 19 digits)."""
+
+
+def is_number(value: object) -> bool:
+    """An int (not a bool), or a string of ASCII digits only (other Unicode digits are not numbers here)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, str) and 0 < len(value) <= _MAX_DIGITS and value.isascii() and value.isdigit()
+
+
+def int_param(value: object, name: str, default: int, low: int, high: int) -> int:
+    if value is None:
+        return default
+    if not is_number(value):
+        shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "..."
+        raise ApiError(400, codes.BAD_REQUEST, f"{name} must be an integer, got {shown!r}", parameter=name)
+    number = int(str(value))
+    if not low <= number <= high:
+        shown = str(number) if number.bit_length() < 64 else "a number that large"
+        raise ApiError(
+            400, codes.BAD_REQUEST, f"{name} must be within [{low}, {high}], got {shown}", parameter=name
+        )
+    return number
+
+
+def format_param(value: object, allowed: Mapping[str, str] = FORMATS) -> str:
+    name = "arrow" if value is None else value
+    if name not in allowed:
+        raise ApiError(400, codes.BAD_REQUEST, f"format must be one of {sorted(allowed)}, got {value!r}")
+    if name == "arrow" and not _arrow_installed():
+        raise ApiError(
+            501,
+            codes.FORMAT_UNAVAILABLE,
+            "format arrow needs pyarrow and numpy on this broker (pip install 'timestone[arrow]'); "
+            "format jsonl is served",
+        )
+    return str(name)
+
+
+def _arrow_installed() -> bool:
+    return all(importlib.util.find_spec(name) is not None for name in ("pyarrow", "numpy"))

@@ -1,0 +1,162 @@
+"""The topic catalog: every topic's name, dense id and partition, in one append-only file.
+
+File layout (little endian): a 16-byte header (``TSCT``, u16 version, zeros), then one entry per topic in id
+order::
+
+    u32 body_length | u32 crc32c(body) | body = u32 topic_id | u16 partition | name (UTF-8)
+
+A new topic's entry is buffered like an append and written and synced by the same group-commit job as the
+topic's first record (`take_write`), so a record that was acknowledged never names an id the file lost.
+At open a torn or damaged entry at the end is cut off (with the records naming ids past it, which were
+never acknowledged either). Names never reach a path: any MQTT topic name is fine here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from array import array
+
+from . import record
+from .segment import FileWrite, fsync_directory
+
+__all__ = ["CATALOG_FILE", "CatalogDamaged", "TopicCatalog"]
+
+log = logging.getLogger(__name__)
+
+CATALOG_FILE = "catalog"
+MAGIC = b"TSCT"
+VERSION = 1
+HEADER = struct.Struct("<4sH10x")
+EMPTY_CRC = 0xDD1C82DA
+"""CRC32C of a catalog that is only its header: a new data directory opens without loading `crc32c`."""
+PREFIX = struct.Struct("<II")
+BODY_HEAD = struct.Struct("<IH")
+
+
+class CatalogDamaged(Exception):
+    """The catalog file is not one (a foreign file, or its header is damaged): nothing can be trusted."""
+
+
+class TopicCatalog:
+    """Topic names <-> ids, and each topic's partition; the file is only ever appended to."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.names: list[str] = []
+        """Topic names by id."""
+        self.ids: dict[str, int] = {}
+        self.partitions = array("H")
+        """Each topic's partition, by id."""
+        self._size = HEADER.size
+        """Bytes of the file once everything taken for writing is written."""
+        self._pending: list[bytes] = []
+        self._created = False
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def load(self, trusted_bytes: int = 0, trusted_crc: int | None = None) -> int:
+        """Read the file (create it when missing); returns the bytes cut from a torn or damaged end.
+
+        `trusted_bytes` of the file whose CRC32C is `trusted_crc` (a snapshot's record of it) are checked with
+        one CRC, not entry by entry."""
+        try:
+            with open(self.path, "rb") as file:
+                data = file.read()
+        except FileNotFoundError:
+            self._create()
+            return 0
+        if len(data) < HEADER.size or HEADER.unpack_from(data) != (MAGIC, VERSION):
+            raise CatalogDamaged(f"{self.path} is not a topic catalog of version {VERSION}")
+        verified = 0
+        if (
+            trusted_crc is not None
+            and HEADER.size < trusted_bytes <= len(data)
+            and record.crc32c(memoryview(data)[:trusted_bytes]) == trusted_crc
+        ):
+            verified = trusted_bytes
+        end = self._parse(data, verified)
+        if end < len(data):
+            log.warning("%s: cut %d bytes of a torn or damaged entry at its end", self.path, len(data) - end)
+            os.truncate(self.path, end)
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self._size = end
+        self._created = True
+        return len(data) - end
+
+    def _parse(self, data: bytes, verified: int) -> int:
+        """Add the entries of `data` (those before `verified` known good); returns where the good ones end."""
+        view = memoryview(data)
+        names, partitions = self.names, self.partitions
+        unpack_prefix, unpack_body = PREFIX.unpack_from, BODY_HEAD.unpack_from
+        position = HEADER.size
+        size = len(data)
+        while position + PREFIX.size + BODY_HEAD.size <= size:
+            length, checksum = unpack_prefix(data, position)
+            body = position + PREFIX.size
+            end = body + length
+            if length < BODY_HEAD.size or end > size:
+                break
+            if end > verified and record.crc32c(view[body:end]) != checksum:
+                break
+            topic_id, partition = unpack_body(data, body)
+            if topic_id != len(names):
+                break
+            try:
+                name = str(view[body + BODY_HEAD.size : end], "utf-8")
+            except UnicodeDecodeError:
+                break
+            names.append(name)
+            partitions.append(partition)
+            position = end
+        self.ids = {name: number for number, name in enumerate(names)}
+        if len(self.ids) != len(names):
+            raise CatalogDamaged(f"{self.path} names a topic twice")
+        return position
+
+    def _create(self) -> None:
+        directory = os.path.dirname(self.path)
+        temporary = self.path + ".tmp"
+        with open(temporary, "wb") as file:
+            file.write(HEADER.pack(MAGIC, VERSION))
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, self.path)
+        fsync_directory(directory)
+        self._size = HEADER.size
+        self._created = True
+
+    def add(self, name: str, partition: int) -> int:
+        """Give `name` the next id (its entry is written with the next job); returns the id."""
+        topic_id = len(self.names)
+        raw = name.encode("utf-8")
+        body = BODY_HEAD.pack(topic_id, partition) + raw
+        self._pending.append(PREFIX.pack(len(body), record.crc32c(body)) + body)
+        self.names.append(name)
+        self.ids[name] = topic_id
+        self.partitions.append(partition)
+        return topic_id
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+    def take_write(self) -> FileWrite | None:
+        """The entries added since the last take, as one write at the end of the file (None: nothing)."""
+        if not self._pending:
+            return None
+        data, self._pending = self._pending, []
+        write = FileWrite(self.path, data, self._size, always_sync=True)
+        self._size += sum(map(len, data))
+        return write
+
+    @property
+    def size(self) -> int:
+        """Bytes of the file once every entry taken is written."""
+        return self._size

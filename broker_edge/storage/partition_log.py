@@ -1,0 +1,911 @@
+"""One partition log: the segments holding the records of its topics, interleaved, and how to find them.
+
+Writing is split in three steps so that the store can keep disk work off its event loop:
+
+    offset = part.append(topic_id, records, time)   # buffered in memory, offsets assigned (never change)
+    pending = part.take_pending()                     # hand the buffered bytes to a writer (positions fixed)
+    for write in pending.writes: write.write(pool); write.make_durable(pool, sync=True)   # in order
+    part.complete(pending)                            # the topics' durable ends advance
+
+A topic's state lives in the store's `TopicTable` (columns by topic id). Its newest segment and its last
+row there are the head of a chain: rows in memory point at the previous row of the same topic
+(`active_index`), sealed segments hold a group per topic pointing at the topic's previous segment
+(`sealed_index`). `locate` walks that chain back from the head to the group holding an offset (a read near
+the end stops at once) and returns where each wanted record is.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate
+
+from .active_index import NO_PREVIOUS, UNKNOWN_ROW, ActiveIndex, pointed, pointer
+from .entry import (
+    HEAD_SIZE,
+    MARKER_BIT,
+    EntryError,
+    Marker,
+    encode_marker,
+    head_of,
+    parse_head,
+    parse_marker,
+)
+from .errors import CorruptRecord, InvalidRecord, RecordTooLarge
+from .file_pool import FileHandlePool
+from .open_index import capacity_for, header_bytes
+from .recent import RecentWindows
+from .record import PREFIX, PREFIX_SIZE, FrameError, RecordFields, check_frame, encode_framed
+from .sealed_index import FLAG_RESTART, FLAG_TRUNCATED, MISSING, GroupBlocks, SealedIndex
+from .segment import ACTIVE, ROLLED, SEALED, FileWrite, Segment
+from .topic_table import NO_SEGMENT, NO_TIME, SealedState, TopicTable
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PartitionConfig", "PartitionLog", "PartitionPending", "Piece", "ScanReport"]
+
+_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|open)$")
+MAX_SEGMENT_BYTES = 2**32 - 1
+_SCAN_CHUNK = 4 * 1024 * 1024
+_MERGE_GAP = 16 * 1024
+"""Entries at most this far apart are read with one pread."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionConfig:
+    segment_bytes: int
+    segment_ms: int | None
+    max_record_bytes: int
+
+
+@dataclass(slots=True)
+class PartitionPending:
+    """What a partition buffered since the previous take: run `writes` in order, then `complete` it."""
+
+    writes: list[FileWrite]
+    marks: list[tuple[Segment, int, int]]
+    runs: list[tuple[int, int, int, int]]
+    bytes: int
+    coverage: tuple[int, int] = (0, 0)
+    """For the catalog's job: its durable bytes and their CRC32C once this is written."""
+
+
+@dataclass(slots=True)
+class Piece:
+    """One record to read: its segment, its entry's position and size, its offset."""
+
+    segment: Segment
+    position: int
+    size: int
+    offset: int
+
+
+@dataclass(slots=True)
+class ScanReport:
+    """What scanning a segment at open found."""
+
+    records: int = 0
+    bytes_dropped: int = 0
+    damaged_records: list[tuple[int, int]] = field(default_factory=list)
+    """(topic id, offset) of records kept in place as holes (their frame failed its CRC)."""
+    damage: str | None = None
+    scanned: int = 0
+    skipped: int = 0
+    """Entries stepped over: a damaged topic id, or a record repeating an offset."""
+
+
+class PartitionLog:
+    """The segments of one partition and the appends of its topics."""
+
+    def __init__(
+        self,
+        number: int,
+        directory: str,
+        table: TopicTable,
+        pool: FileHandlePool,
+        recent: RecentWindows,
+        blocks: GroupBlocks,
+        config: PartitionConfig,
+    ) -> None:
+        self.number = number
+        self.directory = directory
+        self.table = table
+        self.pool = pool
+        self.recent = recent
+        self.blocks = blocks
+        self.config = config
+        self.segments: list[Segment] = []
+        self.by_number: dict[int, Segment] = {}
+        self.names: list[str] = []
+        """Topic names by id (the catalog's list), for errors and traces."""
+        self.active: Segment | None = None
+        self.next_number = 0
+        self.next_base = 0
+        """The base position of a first segment (when retention deleted every earlier one)."""
+        self._runs: list[tuple[int, int, int, int]] = []
+        self._rolled: list[Segment] = []
+        """Rolled segments whose last data is not durable yet (then they go to the sealer)."""
+        self._created: list[Segment] = []
+        """Segments created since the last take (their open index header goes with their first data)."""
+        self._directory_new = False
+        self._roll_at = float("inf")
+        self.last_append_size = 0
+        self.pending_bytes = 0
+        self.replicated = False
+        """A cluster's store: readers see up to the committed ends, which `LogStore.commit` moves."""
+        self._max_body = config.max_record_bytes
+        self._capacity = capacity_for(min(config.segment_bytes, MAX_SEGMENT_BYTES))
+
+    # -- state ---------------------------------------------------------------------------------------
+
+    @property
+    def start_position(self) -> int:
+        """The first position the partition still holds."""
+        return self.segments[0].base if self.segments else self.end_position
+
+    @property
+    def end_position(self) -> int:
+        """The position after its last durable entry: a job writes the segments rolled before the active
+        one too, so the first segment still in memory with entries not yet durable ends it."""
+        if not self.segments:
+            return self.next_base
+        last = self.segments[-1]
+        end = last.base + last.row_count
+        for segment in reversed(self.segments):
+            if not segment.in_memory:
+                break
+            if segment.durable_rows < segment.row_count:
+                end = segment.base + segment.durable_rows
+        return end
+
+    @property
+    def capacity(self) -> int:
+        """Rows a segment can hold (its open index's capacity)."""
+        return self._capacity
+
+    def trace(self, pending: PartitionPending) -> list[tuple[str, int, int]]:
+        """(topic, first offset, end) of the appends `pending` holds (for `path_trace`)."""
+        names = self.names
+        return [(names[topic_id], end - 1, end) for topic_id, end, _size, _newest in pending.runs]
+
+    def segment_in_memory(self, number: int) -> bool:
+        segment = self.by_number.get(number)
+        return segment is not None and segment.rows is not None
+
+    # -- writing -------------------------------------------------------------------------------------
+
+    def append(self, topic_id: int, records: Sequence[RecordFields], timestamp: int) -> int:
+        """Append `records` of one topic with one broker time; returns the first offset. All or nothing."""
+        table = self.table
+        offset = table.next[topic_id]
+        if not records:
+            return offset
+        try:
+            entries = encode_framed(offset, timestamp, records, head_of(topic_id))
+        except (ValueError, OverflowError) as error:
+            raise InvalidRecord(f"record cannot be stored: {error}") from error
+        return self._add(topic_id, entries, offset, [timestamp] * len(entries), timestamp)
+
+    def append_frames(self, topic_id: int, frames: list[memoryview], times: list[int]) -> int:
+        """Append checked frames of one topic verbatim (a leader's); returns the first offset."""
+        offset = self.table.next[topic_id]
+        head = head_of(topic_id)
+        entries = [head(PREFIX.unpack_from(frame, 0)[1]) + frame for frame in frames]
+        return self._add(topic_id, entries, offset, times, max(times))
+
+    def _add(
+        self, topic_id: int, entries: list[bytes], offset: int, times: Sequence[int], newest: int
+    ) -> int:
+        sizes = list(map(len, entries))
+        largest = max(sizes) - HEAD_SIZE
+        if largest > self._max_body + PREFIX_SIZE:
+            raise RecordTooLarge(largest, self._max_body)
+        total = sum(sizes)
+        count = len(entries)
+        segment = self.active
+        if (
+            segment is None
+            or (
+                segment.size
+                and (
+                    segment.size + total > self.config.segment_bytes
+                    or newest >= self._roll_at
+                    or len(segment.rows or ()) + count > segment.capacity
+                )
+            )
+            or segment.size + total > MAX_SEGMENT_BYTES
+        ):
+            segment = self._roll(count)
+        table = self.table
+        positions = list(accumulate(sizes, initial=segment.size))
+        positions.pop()
+        segment.pending += entries
+        segment.pending_rows += count
+        segment.size += total
+        index_time = table.index_ms[topic_id]
+        if newest > index_time:
+            index_time = table.index_ms[topic_id] = newest
+        if segment.first_time == NO_TIME:
+            segment.first_time = newest
+            if self.config.segment_ms is not None:
+                self._roll_at = newest + self.config.segment_ms
+        if newest > segment.newest_time:
+            segment.newest_time = newest
+        self.link(topic_id, segment, positions, offset, index_time)
+        end = offset + count
+        table.next[topic_id] = end
+        self._runs.append((topic_id, end, total - HEAD_SIZE * count, newest))
+        self.pending_bytes += total
+        self.last_append_size = total
+        return offset
+
+    def link(
+        self, topic_id: int, segment: Segment, positions: list[int], offset: int, index_time: int
+    ) -> None:
+        """Add rows for the topic's records at `positions` (offsets from `offset`) to `segment`, chained to
+        the topic's previous ones, and make them its head."""
+        rows = segment.rows
+        assert rows is not None, "the segment holds its rows"
+        table = self.table
+        number = segment.number
+        head = table.head_seg[topic_id]
+        if head == number:
+            last = table.head_last[topic_id]
+            prev = last if last >= 0 else NO_PREVIOUS
+            count_before = offset - table.head_first[topic_id]
+        else:
+            if head == NO_SEGMENT:
+                prev = NO_PREVIOUS
+            elif self.segment_in_memory(head):
+                last = table.head_last[topic_id]
+                prev = pointer(head, last) if last >= 0 else NO_PREVIOUS  # an empty group: a restart
+            else:
+                prev = pointer(head, UNKNOWN_ROW)
+            count_before = 0
+            table.head_seg[topic_id] = number
+            table.head_first[topic_id] = offset
+        table.head_last[topic_id] = rows.add_rows(topic_id, positions, offset, index_time, prev, count_before)
+
+    def marker_prev(self, topic_id: int, segment: Segment) -> int:
+        """The `prev` of a marker row of the topic in `segment` (where its chain was when the marker came)."""
+        table = self.table
+        head = table.head_seg[topic_id]
+        last = table.head_last[topic_id]
+        if head == NO_SEGMENT:
+            return NO_PREVIOUS
+        if self.segment_in_memory(head):
+            return pointer(head, last) if last >= 0 else NO_PREVIOUS
+        return pointer(head, UNKNOWN_ROW)
+
+    def append_marker(self, topic_id: int, kind: int, offset: int, dropped: int) -> None:
+        """Buffer a marker of the topic (made durable by the caller's flush)."""
+        entry = encode_marker(topic_id, kind, offset, dropped)
+        segment = self.active
+        if (
+            segment is None
+            or segment.size + len(entry) > MAX_SEGMENT_BYTES
+            or len(segment.rows or ()) + 1 > segment.capacity
+        ):
+            segment = self._roll(1)
+        rows = segment.rows
+        assert rows is not None
+        prev = self.marker_prev(topic_id, segment)
+        rows.add_marker(topic_id, segment.size, offset, kind, dropped, prev)
+        segment.pending.append(entry)
+        segment.pending_rows += 1
+        segment.size += len(entry)
+        self.pending_bytes += len(entry)
+
+    def _roll(self, rows: int) -> Segment:
+        """Start a new active segment with room for at least `rows` rows (an oversized first batch)."""
+        previous = self.active
+        if previous is not None:
+            previous.state = ROLLED
+            self._rolled.append(previous)
+        base = previous.base + len(previous.rows or ()) if previous is not None else self._base_after_last()
+        segment = Segment(self.directory, self.next_number, base, max(self._capacity, rows))
+        segment.rows = ActiveIndex()
+        self.next_number += 1
+        self.segments.append(segment)
+        self.by_number[segment.number] = segment
+        self.active = segment
+        self._created.append(segment)
+        self._roll_at = float("inf")
+        return segment
+
+    def _base_after_last(self) -> int:
+        if not self.segments:
+            return self.next_base
+        last = self.segments[-1]
+        return last.base + last.row_count
+
+    def take_pending(self) -> PartitionPending | None:
+        """Detach everything buffered for a writer; None if nothing."""
+        writes: list[FileWrite] = []
+        marks: list[tuple[Segment, int, int]] = []
+        created = set(self._created)
+        self._created = []
+        for segment in self._writable():
+            if segment in created:
+                directories = [self.directory]
+                if self._directory_new:
+                    directories.append(os.path.dirname(self.directory))
+                    self._directory_new = False
+                header = header_bytes(segment.number, segment.base, segment.capacity)
+                writes.append(FileWrite(segment.open_path, [header], 0))
+            else:
+                directories = []
+            position = segment.submitted_size
+            write = segment.take_write()
+            if write is None:
+                if directories:
+                    writes.append(FileWrite(segment.log_path, [b""], 0, directories))
+                continue
+            if len(write.data) > 1:
+                write.data = [b"".join(write.data)]
+            self.recent.add((self.number, segment.number), position, bytes(write.data[0]))
+            write.directories_to_sync = directories
+            writes.append(write)
+            marks.append((segment, segment.size, segment.written_rows))
+        if not writes:
+            return None
+        runs, self._runs = self._runs, []
+        pending = PartitionPending(writes, marks, runs, self.pending_bytes)
+        self.pending_bytes = 0
+        return pending
+
+    def _writable(self) -> list[Segment]:
+        """Segments with buffered data: the rolled ones waiting, then the active one."""
+        segments = [segment for segment in self._rolled if segment.pending]
+        if self.active is not None and (self.active.pending or self.active in self._created):
+            segments.append(self.active)
+        for segment in self._created:  # a segment rolled before any data reached it
+            if segment not in segments:
+                segments.append(segment)
+        return segments
+
+    def complete(self, pending: PartitionPending, synced: bool) -> list[tuple[int, int]]:
+        """The writes of `pending` are done (and fsynced if `synced`): durable ends advance. Returns (topic
+        id, readable end before) for every topic whose readable end moved (none when `replicated`: there
+        `commit` moves them)."""
+        replicated = self.replicated
+        for segment, size, rows in pending.marks:
+            if size > segment.durable_size:
+                segment.durable_size = size
+                segment.durable_rows = rows
+        table = self.table
+        durable, total, durable_ms = table.durable, table.total, table.durable_ms
+        advanced: list[tuple[int, int]] = []
+        for topic_id, end, size, newest in pending.runs:
+            before = durable[topic_id]
+            if end > before:
+                durable[topic_id] = end
+                if not replicated:
+                    advanced.append((topic_id, before))
+            total[topic_id] += size
+            if newest > durable_ms[topic_id]:
+                durable_ms[topic_id] = newest
+        return advanced
+
+    def ready_to_seal(self) -> list[Segment]:
+        """Rolled segments whose data is all durable (and no longer waited for): hand them to the sealer."""
+        ready = [s for s in self._rolled if not s.pending and s.durable_size == s.size]
+        if ready:
+            self._rolled = [s for s in self._rolled if s not in ready]
+        return ready
+
+    def sealed(self, segment: Segment, index: SealedIndex) -> None:
+        """The sealer wrote `segment`'s sealed index: readers use it from now on, its rows go."""
+        segment.sealed = index
+        segment.state = SEALED
+        segment.rows = None
+        segment.open_index = None
+
+    # -- locating records ----------------------------------------------------------------------------
+
+    def locate(
+        self, topic_id: int, offset: int, stop: int, max_bytes: int, at_least_one: bool
+    ) -> list[Piece]:
+        """Where the topic's records `[offset, stop)` are, as many as fit `max_bytes` of frames (at least
+        one when `at_least_one`). Raises `CorruptRecord` when `offset` itself is missing (lost to damage)."""
+        steps = self._steps(topic_id, offset)
+        pieces: list[Piece] = []
+        budget = max_bytes
+        expected = offset
+        caps = _live_ends(steps, stop)
+        for number in range(len(steps) - 1, -1, -1):
+            step = steps[number]
+            if expected >= stop:
+                break
+            segment = step[0]
+            upto = caps[number]
+            if len(step) == 3:
+                found = self._rows_pieces(topic_id, segment, step[1], expected, upto)
+            else:
+                found = self._group_pieces(segment, step[1], expected, upto)
+            for piece in found:
+                if piece.offset != expected or piece.position == MISSING:
+                    break
+                frame_bytes = piece.size - HEAD_SIZE
+                if frame_bytes > budget and (pieces or not at_least_one):
+                    return pieces
+                pieces.append(piece)
+                budget -= frame_bytes
+                expected += 1
+            else:
+                continue
+            break
+        if not pieces and at_least_one and offset < stop:
+            raise CorruptRecord("", offset, self._next_present(topic_id, steps, offset, stop), "missing")
+        return pieces
+
+    def _steps(self, topic_id: int, offset: int) -> list[tuple]:
+        """The topic's groups from its newest back to the first starting at or below `offset`: (segment, last
+        row, first offset) for segments in memory, (segment, group) for sealed ones."""
+        table = self.table
+        number = table.head_seg[topic_id]
+        row = table.head_last[topic_id]
+        steps: list[tuple] = []
+        while number >= 0:
+            segment = self.by_number.get(number)
+            if segment is None:
+                break
+            rows = segment.rows
+            if rows is not None:
+                if row < 0:
+                    break  # an empty group (the log restarted here): nothing older
+                first, previous = rows.first_offset_of(topic_id, row)
+                steps.append((segment, row, first))
+                if first <= offset:
+                    break
+                if previous == NO_PREVIOUS or previous >= 0:
+                    break
+                number, row = pointed(previous)
+                continue
+            sealed = segment.sealed
+            group = sealed.find(topic_id) if sealed is not None else None
+            if group is None:
+                break
+            steps.append((segment, group))
+            if group.first_offset <= offset:
+                break
+            number, row = group.previous_segment, UNKNOWN_ROW
+        return steps
+
+    def live_end(self, topic_id: int, segment: Segment, group) -> int:
+        """The end of a sealed group's records that are still the topic's (a truncated topic's group may run
+        past them): the first offset of the next newer group of its chain, or its end."""
+        end = group.first_offset + group.count
+        if topic_id not in self.table.truncated:
+            return end
+        newer = min(self.table.next[topic_id], end)
+        for step in self._steps(topic_id, group.first_offset):
+            if step[0] is segment:
+                return newer
+            newer = min(newer, step[2] if len(step) == 3 else step[1].first_offset)
+        return min(group.first_offset, newer)  # not in the chain at all: every record of it was cut
+
+    def _rows_pieces(
+        self, topic_id: int, segment: Segment, last_row: int, offset: int, stop: int
+    ) -> list[Piece]:
+        rows = segment.rows
+        assert rows is not None
+        found, _previous = rows.rows_of(topic_id, last_row, offset, stop)
+        positions, offsets = rows.positions, rows.offsets
+        size = segment.size
+        return [Piece(segment, positions[row], rows.size_of(row, size), offsets[row]) for row in found]
+
+    def _group_pieces(self, segment: Segment, group, offset: int, stop: int) -> list[Piece]:
+        sealed = segment.sealed
+        assert sealed is not None
+        first = max(offset - group.first_offset, 0)
+        last = min(stop - group.first_offset, group.count)
+        entries = sealed.entries_of(group, first, last)
+        base = group.first_offset + first
+        return [
+            Piece(segment, entries[2 * n] & 0xFFFFFFFF, entries[2 * n] >> 32, base + n)
+            for n in range(len(entries) // 2)
+        ]
+
+    def _next_present(self, topic_id: int, steps: list[tuple], offset: int, stop: int) -> int:
+        """The first offset after a missing `offset` the topic still has (`CorruptRecord.next_offset`)."""
+        for step in reversed(steps):
+            segment = step[0]
+            if len(step) == 3:
+                found = self._rows_pieces(topic_id, segment, step[1], offset + 1, stop)
+            else:
+                found = self._group_pieces(segment, step[1], offset + 1, stop)
+            for piece in found:
+                if piece.position != MISSING and piece.offset > offset:
+                    return piece.offset
+        return stop
+
+    def frames(self, topic_id: int, pieces: list[Piece]) -> list[memoryview | FrameError]:
+        """The frames of `pieces` (from the recent windows, or preads merging neighbours), without their
+        entry headers; a `FrameError` in place of one whose entry is not the topic's."""
+        views: list[memoryview | None] = [None] * len(pieces)
+        partition = self.number
+        recent = self.recent
+        to_read: list[int] = []
+        for index, piece in enumerate(pieces):
+            view = recent.slice((partition, piece.segment.number), piece.position, piece.size)
+            if view is None:
+                to_read.append(index)
+            else:
+                views[index] = view
+        start = 0
+        while start < len(to_read):
+            first = pieces[to_read[start]]
+            end = start + 1
+            while (
+                end < len(to_read)
+                and pieces[to_read[end]].segment is first.segment
+                and pieces[to_read[end]].position
+                - (pieces[to_read[end - 1]].position + pieces[to_read[end - 1]].size)
+                <= _MERGE_GAP
+            ):
+                end += 1
+            last = pieces[to_read[end - 1]]
+            span = last.position + last.size - first.position
+            data = memoryview(self.pool.pread(first.segment.log_path, span, first.position))
+            for index in to_read[start:end]:
+                piece = pieces[index]
+                at = piece.position - first.position
+                views[index] = data[at : at + piece.size]
+            start = end
+        result: list[memoryview | FrameError] = []
+        for view in views:
+            assert view is not None
+            if len(view) < HEAD_SIZE + PREFIX_SIZE or int.from_bytes(view[:4], "little") != topic_id:
+                result.append(FrameError("index"))
+            else:
+                result.append(view[HEAD_SIZE:])
+        return result
+
+    # -- truncation ----------------------------------------------------------------------------------
+
+    def cut_live(self, topic_id: int, offset: int) -> int:
+        """Cut the topic's log to `[.., offset)` in memory (rows killed, head moved back); returns the bytes
+        of
+        its records cut from sealed segments (what a truncation marker carries). The caller moved nothing."""
+        table = self.table
+        table.truncated.add(topic_id)
+        steps = self._steps(topic_id, offset - 1) if offset > 0 else self._steps(topic_id, -1)
+        dropped_sealed = 0
+        dropped_rows = 0
+        new_head: tuple[int, int, int] | None = None  # segment, first offset, last row
+        caps = _live_ends(steps, table.next[topic_id])  # records past a newer group's start are dead already
+        for number, step in enumerate(steps):
+            segment = step[0]
+            upto = caps[number]
+            if len(step) == 3:
+                _segment, last_row, first = step
+                rows = segment.rows
+                assert rows is not None
+                found, _previous = rows.rows_of(topic_id, last_row, offset, upto)
+                if found:
+                    dropped_rows += sum(rows.size_of(row, segment.size) - HEAD_SIZE for row in found)
+                    rows.kill(topic_id, found)
+                if first < offset:
+                    kept, _ = rows.rows_of(topic_id, last_row, first, offset)
+                    new_head = (segment.number, first, kept[-1] if kept else -1)
+                    break
+            else:
+                group = step[1]
+                cut_to = min(group.count, upto - group.first_offset)
+                if group.first_offset + cut_to > offset:
+                    cut_from = max(offset - group.first_offset, 0)
+                    entries = segment.sealed.entries_of(group, cut_from, cut_to)
+                    dropped_sealed += sum(
+                        (entries[2 * n] >> 32) - HEAD_SIZE
+                        for n in range(len(entries) // 2)
+                        if entries[2 * n] & 0xFFFFFFFF != MISSING
+                    )
+                if group.first_offset < offset or (group.count == 0 and group.first_offset == offset):
+                    new_head = (segment.number, group.first_offset, UNKNOWN_ROW)
+                    break
+        if new_head is None:
+            table.head_seg[topic_id] = NO_SEGMENT
+            table.head_first[topic_id] = offset
+            table.head_last[topic_id] = -1
+        else:
+            table.head_seg[topic_id], table.head_first[topic_id], table.head_last[topic_id] = new_head
+        table.total[topic_id] -= dropped_sealed + dropped_rows
+        return dropped_sealed
+
+    def restart_live(self, topic_id: int, offset: int, number: int) -> None:
+        """Empty the topic's log in memory to go on at `offset` (its rows in memory killed); its (empty)
+        head is segment `number`, the one holding the restart marker."""
+        table = self.table
+        for step in self._steps(topic_id, -1):
+            if len(step) == 3:
+                segment, last_row, first = step
+                rows = segment.rows
+                assert rows is not None
+                found, _previous = rows.rows_of(topic_id, last_row, first, 2**63 - 1)
+                rows.kill(topic_id, found)
+        table.head_seg[topic_id] = number
+        table.head_first[topic_id] = offset
+        table.head_last[topic_id] = -1
+        table.total[topic_id] = 0
+        table.dropped[topic_id] = 0
+
+    # -- whole-partition reads -------------------------------------------------------------------------
+
+    def segment_at(self, position: int) -> Segment | None:
+        """The segment holding the entry at `position` (None past the end or below the start)."""
+        bases = [segment.base for segment in self.segments]
+        index = bisect.bisect_right(bases, position) - 1
+        if index < 0:
+            return None
+        segment = self.segments[index]
+        return segment if position < segment.base + segment.row_count else None
+
+    def byte_position(self, segment: Segment, row: int) -> int:
+        """The byte position of `row` of `segment` (a sealed one: from its sparse rows, then its entries)."""
+        rows = segment.rows
+        if rows is not None:
+            return rows.positions[row] if row < len(rows) else segment.size
+        sealed = segment.sealed
+        assert sealed is not None
+        if row >= sealed.rows:
+            return sealed.data_size
+        sparse = sealed.sparse_rows()
+        at = row // 256
+        position = sparse[2 * at]
+        skip = row - at * 256
+        while skip:
+            head = self.pool.pread(segment.log_path, HEAD_SIZE + PREFIX_SIZE, position)
+            body_length, _crc = PREFIX.unpack_from(head, HEAD_SIZE)
+            position += HEAD_SIZE + PREFIX_SIZE + body_length
+            skip -= 1
+        return position
+
+    # -- recovery ------------------------------------------------------------------------------------
+
+    def discover(self) -> list[Segment]:
+        """The partition's segments found on disk (in number order), strays removed."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            os.makedirs(self.directory, exist_ok=True)
+            self._directory_new = True
+            return []
+        found: dict[int, set[str]] = {}
+        for name in names:
+            match = _SEGMENT_FILE.match(name)
+            if match is None:
+                if name.endswith(".tmp"):
+                    os.unlink(os.path.join(self.directory, name))
+                continue
+            found.setdefault(int(match.group(1)), set()).add(match.group(2))
+        segments: list[Segment] = []
+        for number in sorted(found):
+            kinds = found[number]
+            if "log" not in kinds:
+                for kind in kinds:
+                    os.unlink(os.path.join(self.directory, f"{number:020d}.{kind}"))
+                continue
+            segments.append(Segment(self.directory, number, 0))
+        return segments
+
+    def add_loaded(self, segment: Segment) -> None:
+        self.segments.append(segment)
+        self.by_number[segment.number] = segment
+        self.next_number = max(self.next_number, segment.number + 1)
+
+    def resume_active(self) -> None:
+        """After open: the last segment, if it holds rows in memory, is the active one."""
+        if self.segments and self.segments[-1].rows is not None:
+            active = self.active = self.segments[-1]
+            active.state = ACTIVE
+            if active.first_time != NO_TIME and self.config.segment_ms is not None:
+                self._roll_at = active.first_time + self.config.segment_ms
+        for segment in self.segments[:-1]:
+            if segment.rows is not None:
+                segment.state = ROLLED
+
+
+def _first_of(step: tuple) -> int:
+    """The first offset of a step of `PartitionLog._steps` (rows in memory, or a sealed group)."""
+    return step[2] if len(step) == 3 else step[1].first_offset
+
+
+def _live_ends(steps: list[tuple], end: int) -> list[int]:
+    """Where each step's live records end: at the first offset of every newer group (a truncated topic's
+    older groups run past its cut, and the walk may pass groups of records it cut), and at `end`."""
+    caps: list[int] = []
+    for step in steps:
+        caps.append(end)
+        end = min(end, _first_of(step))
+    return caps
+
+
+class SegmentScanner:
+    """Reads a segment's entries from a position, checking each, into rows (recovery).
+
+    `next_offsets` gives each topic's next offset before the segment (what its records must continue);
+    `apply(topic_id, position, offset, time, size)` is called for each valid record, `on_marker(marker,
+    position)` for each marker. Scanning stops at an entry that cannot be stepped over (the caller truncates
+    a tail there); a record whose frame fails its CRC between valid ones is reported as a hole and applied.
+    """
+
+    def __init__(
+        self,
+        pool: FileHandlePool,
+        path: str,
+        max_body: int,
+        topics: int,
+        next_offset: Callable[[int], int],
+    ) -> None:
+        self.pool = pool
+        self.path = path
+        self.max_body = max_body
+        self.topics = topics
+        self.next_offset = next_offset
+        self.expected: dict[int, int] = {}
+
+    def scan(
+        self,
+        start: int,
+        apply: Callable[[int, int, int, int, int], None],
+        on_marker: Callable[[Marker, int], None],
+    ) -> tuple[int, ScanReport]:
+        """Scan from byte `start`; returns the position after the last valid entry and the report."""
+        report = ScanReport()
+        file_size = os.path.getsize(self.path)
+        position = start
+        chunk_start = start
+        view = memoryview(b"")
+        expected = self.expected
+        max_body = self.max_body
+        while position < file_size:
+            at = position - chunk_start
+            try:
+                marked, end = parse_head(view, at, max_body)
+            except EntryError as error:
+                if error.reason == "torn" and chunk_start + len(view) < file_size:
+                    chunk_start = position
+                    needed = self._entry_size(position) or _SCAN_CHUNK
+                    view = memoryview(
+                        self.pool.pread(
+                            self.path, min(max(_SCAN_CHUNK, needed), file_size - position), position
+                        )
+                    )
+                    if len(view) < needed and needed != _SCAN_CHUNK:
+                        report.damage = "torn"
+                        return position, report
+                    continue
+                report.damage = error.reason
+                if error.reason == "check" and self._valid_after(position, file_size):
+                    position += self._entry_size(position) or 0  # an entry whose topic id is damaged: skipped
+                    report.skipped += 1
+                    continue
+                return position, report
+            size = end - at
+            report.scanned += 1
+            if marked & MARKER_BIT:
+                try:
+                    marker = parse_marker(view, at)
+                except EntryError as error:
+                    report.damage = error.reason
+                    return position, report
+                on_marker(marker, position)
+                expected[marker.topic_id] = marker.offset
+                position += size
+                continue
+            topic_id = marked
+            if topic_id >= self.topics:
+                report.damage = "unknown topic"
+                return position, report
+            want = expected.get(topic_id)
+            if want is None:
+                want = self.next_offset(topic_id)
+            try:
+                _end, timestamp = check_frame(view, at + HEAD_SIZE, want, max_body)
+            except FrameError as error:
+                if error.reason == "offset":
+                    found = int.from_bytes(view[at + HEAD_SIZE + 9 : at + HEAD_SIZE + 17], "little")
+                    if found > want:  # records lost to damage before this one: a gap, then this record
+                        try:
+                            _end, timestamp = check_frame(view, at + HEAD_SIZE, found, max_body)
+                        except FrameError:
+                            report.damage = "offset"
+                            return position, report
+                        want = found
+                    else:  # an offset going back without a marker: a stray entry, skipped
+                        log.error(
+                            "%s: entry at %d repeats offset %d of topic %d; skipped",
+                            self.path,
+                            position,
+                            found,
+                            topic_id,
+                        )
+                        report.skipped += 1
+                        position += size
+                        continue
+                elif error.reason == "checksum" and self._valid_after(position + size, file_size):
+                    report.damaged_records.append((topic_id, want))
+                    timestamp = NO_TIME
+                else:
+                    report.damage = error.reason
+                    return position, report
+            apply(topic_id, position, want, timestamp, size)
+            expected[topic_id] = want + 1
+            report.records += 1
+            position += size
+        report.damage = None
+        return position, report
+
+    def _entry_size(self, position: int) -> int | None:
+        head = self.pool.pread(self.path, HEAD_SIZE + PREFIX_SIZE, position)
+        if len(head) < HEAD_SIZE + PREFIX_SIZE:
+            return None
+        body_length, _crc = PREFIX.unpack_from(head, HEAD_SIZE)
+        return HEAD_SIZE + PREFIX_SIZE + body_length if body_length <= self.max_body else None
+
+    def _valid_after(self, position: int, file_size: int) -> bool:
+        """Whether a checked entry starts at `position` (a resync point after a damaged one), or the file
+        ends exactly there."""
+        if position == file_size:
+            return False
+        size = self._entry_size(position)
+        if size is None or position + size > file_size:
+            return False
+        data = self.pool.pread(self.path, size, position)
+        try:
+            parse_head(data, 0, self.max_body)
+        except EntryError:
+            return False
+        return True
+
+
+def write_open_header(segment: Segment, capacity: int, pool: FileHandlePool) -> None:
+    """(Re)write a segment's open index header with no durable rows (recovery: its rows are rescanned)."""
+    pool.pwritev(segment.open_path, [header_bytes(segment.number, segment.base, capacity)], 0)
+    pool.fdatasync(segment.open_path)
+
+
+def truncate_segment(segment: Segment, size: int, pool: FileHandlePool) -> None:
+    """Cut a segment file to `size` bytes, durably (recovery of a torn end)."""
+    pool.forget(segment.log_path)
+    os.truncate(segment.log_path, size)
+    pool.fdatasync(segment.log_path)
+
+
+def remove_file(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def apply_groups(state: SealedState, index: SealedIndex) -> None:
+    """Apply a sealed segment's groups to the sealed state (segments in order)."""
+    groups = index.all_groups()
+    if groups:
+        state.grow(groups[-1].topic_id + 1)
+    head_seg, head_first, end, total, newest_ms = state.columns()
+    number = index.number
+    for group in groups:
+        topic_id = group.topic_id
+        if group.count == 0 and group.flags == FLAG_TRUNCATED:
+            # Only a truncation marker: the topic's head stays in the segment its chain goes on in (as
+            # `cut_live` left it), so that retention may delete this segment.
+            head_seg[topic_id] = group.previous_segment
+        else:
+            head_seg[topic_id] = number
+        head_first[topic_id] = group.first_offset
+        end[topic_id] = group.first_offset + group.count
+        if group.flags & FLAG_RESTART:
+            total[topic_id] = group.bytes
+            state.restarts[topic_id] = group.first_offset
+        else:
+            total[topic_id] += group.bytes - group.dropped
+        if group.newest_time > newest_ms[topic_id]:
+            newest_ms[topic_id] = group.newest_time
+        if group.flags & FLAG_TRUNCATED:
+            state.truncated.add(topic_id)

@@ -1,0 +1,480 @@
+"""Opening the partition logs: what the snapshot and the sealed indexes say, then what was not sealed.
+
+1. The catalog (topic names, ids, partitions) is read; a torn entry at its end is cut.
+2. The snapshot gives the sealed state as of some sealed segments; the sealed indexes newer than it are
+   applied (their groups only, never their records).
+3. Segments without a valid sealed index (the active one; one rolled whose seal did not finish; any after
+   a damaged index) are loaded as rows in memory: from their open index up to its durable count, then
+   by scanning the rest, entry by entry, checking each. A torn end is cut (and the segments after it,
+   written in the same or later jobs, removed); a record whose frame fails its CRC between valid entries
+   stays as a hole. Rolled ones go to the sealer once the store runs; the last one is the active segment.
+
+After a clean close step 3 finds nothing (close sealed every segment) and step 2 nothing newer than the
+snapshot: an open reads the catalog, the snapshot and each segment's header and summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from array import array
+from dataclasses import dataclass, field
+
+from .active_index import NO_PREVIOUS, UNKNOWN_ROW, ActiveIndex, pointer
+from .catalog import CATALOG_FILE, TopicCatalog
+from .entry import HEAD_SIZE, MARKER_BIT, RESTART, TRUNCATE, EntryError, Marker, parse_marker
+from .file_pool import FileHandlePool
+from .open_index import read_open_index
+from .partition_log import (
+    PartitionConfig,
+    PartitionLog,
+    SegmentScanner,
+    apply_groups,
+    remove_file,
+    truncate_segment,
+    write_open_header,
+)
+from .recent import RecentWindows
+from .record import PREFIX, PREFIX_SIZE
+from .sealed_index import GroupBlocks, SealedIndex, build, write_index
+from .segment import SEALED, Segment, fsync_directory
+from .topic_table import NO_TIME, SNAPSHOT_FILE, SealedState, TopicTable, read_snapshot
+
+__all__ = ["Opened", "PartitionRepair", "open_partitions"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PartitionRepair:
+    """What opening one partition found and repaired."""
+
+    partition: int
+    bytes_dropped: int = 0
+    segments_dropped: int = 0
+    damaged_segments: list[int] = field(default_factory=list)
+    """Segments damaged beyond their readable part, kept whole (see `_load_rows`)."""
+    damaged_records: list[tuple[str, int]] = field(default_factory=list)
+    damage: str | None = None
+
+    @property
+    def repaired(self) -> bool:
+        return bool(
+            self.bytes_dropped or self.segments_dropped or self.damaged_records or self.damaged_segments
+        )
+
+
+@dataclass(slots=True)
+class Opened:
+    """Everything `open_partitions` loaded."""
+
+    catalog: TopicCatalog
+    table: TopicTable
+    sealed: SealedState
+    applied: dict[int, tuple[int, int]]
+    partitions: list[PartitionLog]
+    repairs: list[PartitionRepair]
+    catalog_bytes_dropped: int = 0
+    records_scanned: int = 0
+    indexes_rebuilt: int = 0
+    used_snapshot: bool = False
+
+
+def open_partitions(
+    log_directory: str,
+    partitions: int,
+    config: PartitionConfig,
+    pool: FileHandlePool,
+    recent: RecentWindows,
+    blocks: GroupBlocks,
+) -> Opened:
+    """Load (or create) the partition logs of `log_directory` (see the module docstring)."""
+    os.makedirs(log_directory, exist_ok=True)
+    snapshot = read_snapshot(os.path.join(log_directory, SNAPSHOT_FILE))
+    catalog = TopicCatalog(os.path.join(log_directory, CATALOG_FILE))
+    catalog_dropped = (
+        catalog.load(snapshot.catalog_bytes, snapshot.catalog_crc) if snapshot is not None else catalog.load()
+    )
+    count = max(partitions, _existing_partitions(log_directory), max(catalog.partitions, default=-1) + 1, 1)
+    table = TopicTable()
+    parts = [
+        PartitionLog(number, _partition_directory(log_directory, number), table, pool, recent, blocks, config)
+        for number in range(count)
+    ]
+    for part in parts:
+        part.names = catalog.names
+    opened = _load_sealed(parts, catalog, snapshot, blocks, pool)
+    sealed = opened.sealed
+    topics = len(catalog)
+    sealed.grow(topics)
+    start = _column(snapshot.start if snapshot is not None and opened.used_snapshot else array("q"), topics)
+    dropped = _column(
+        snapshot.dropped if snapshot is not None and opened.used_snapshot else array("q"), topics
+    )
+    _shrink(sealed, topics)
+    table.load(catalog.partitions, sealed, start, dropped)
+    for part, unsealed in zip(parts, opened.unsealed_by_partition, strict=True):
+        repair = PartitionRepair(part.number, damaged_segments=list(opened.damaged.get(part.number, ())))
+        for number, segment in enumerate(unsealed):
+            last = number == len(unsealed) - 1
+            cut = _load_rows(part, segment, topics, repair, opened, last)
+            if cut:
+                for later in unsealed[number + 1 :]:
+                    later.delete(pool)
+                    repair.segments_dropped += 1
+                break
+        part.resume_active()
+        opened.repairs.append(repair)
+    if opened.unused_snapshot is not None:
+        _keep_what_only_the_snapshot_knows(table, opened.unused_snapshot)
+    return Opened(
+        catalog,
+        table,
+        sealed,
+        opened.applied,
+        parts,
+        opened.repairs,
+        catalog_dropped,
+        opened.records_scanned,
+        opened.indexes_rebuilt,
+        opened.used_snapshot,
+    )
+
+
+def _partition_directory(log_directory: str, number: int) -> str:
+    return os.path.join(log_directory, f"{number:02d}")
+
+
+def _existing_partitions(log_directory: str) -> int:
+    numbers = [int(name) for name in os.listdir(log_directory) if name.isdigit()]
+    return max(numbers) + 1 if numbers else 0
+
+
+def _column(values: array, topics: int) -> array:
+    column = array("q", values[:topics])
+    if len(column) < topics:
+        column.extend(array("q", bytes(8 * (topics - len(column)))))
+    return column
+
+
+def _shrink(sealed: SealedState, topics: int) -> None:
+    """Forget rows past the catalog (topics whose catalog entry a crash cut: never acknowledged)."""
+    for column in sealed.columns():
+        del column[topics:]
+
+
+@dataclass(slots=True)
+class _Loading:
+    sealed: SealedState
+    applied: dict[int, tuple[int, int]]
+    unsealed_by_partition: list[list[Segment]]
+    repairs: list[PartitionRepair] = field(default_factory=list)
+    records_scanned: int = 0
+    indexes_rebuilt: int = 0
+    used_snapshot: bool = False
+    unused_snapshot: object = None
+    """A snapshot that could not be used (see `_keep_what_only_the_snapshot_knows`)."""
+    damaged: dict[int, list[int]] = field(default_factory=dict)
+    """Per partition, segments damaged beyond their readable part whose index was rebuilt."""
+
+
+def _load_sealed(
+    parts: list[PartitionLog], catalog: TopicCatalog, snapshot, blocks: GroupBlocks, pool: FileHandlePool
+) -> _Loading:
+    """Each partition's segments: sealed ones registered (and applied when newer than the snapshot), the
+    unsealed suffix returned per partition. A snapshot that covers a segment whose index is now unusable is
+    not used (every sealed index is applied from scratch)."""
+    found: list[list[tuple[Segment, SealedIndex | None]]] = []
+    for part in parts:
+        segments: list[tuple[Segment, SealedIndex | None]] = []
+        for segment in part.discover():
+            index = SealedIndex(segment.index_path, pool, blocks)
+            size = os.path.getsize(segment.log_path)
+            valid = index.load(segment.number) and index.data_size == size
+            segments.append((segment, index if valid else None))
+        found.append(segments)
+    use_snapshot = (
+        snapshot is not None and len(snapshot.applied) <= len(parts) and len(snapshot.sealed) <= len(catalog)
+    )
+    if use_snapshot:
+        for part, segments in zip(parts, found, strict=True):
+            applied, _end = snapshot.applied[part.number] if part.number < len(snapshot.applied) else (-1, 0)
+            if any(index is None for segment, index in segments if segment.number <= applied):
+                use_snapshot = False  # it counts a segment whose index is gone: apply every index again
+    if snapshot is not None and not use_snapshot:
+        log.error(
+            "the topic table snapshot counts a sealed index that is damaged: applying every index again"
+        )
+    sealed = snapshot.sealed if use_snapshot else SealedState()
+    applied_by = {number: value for number, value in enumerate(snapshot.applied)} if use_snapshot else {}
+    loading = _Loading(sealed, applied_by, [], used_snapshot=use_snapshot)
+    for part in parts:  # numbers and positions are never reused, even when retention deleted every segment
+        if snapshot is not None and part.number < len(snapshot.applied):
+            number, end = snapshot.applied[part.number]
+            part.next_number = max(part.next_number, number + 1)
+            part.next_base = max(part.next_base, end)
+    for part, segments in zip(parts, found, strict=True):
+        unsealed: list[Segment] = []
+        last_sealed = max((n for n, (_s, index) in enumerate(segments) if index is not None), default=-1)
+        for number, (segment, found_index) in enumerate(segments):
+            if found_index is None and number < last_sealed:  # an index gone between sealed ones
+                if segment.base < 0 or not segment.base:
+                    previous = part.segments[-1] if part.segments else None
+                    segment.base = (
+                        previous.base + previous.row_count if previous is not None else part.next_base
+                    )
+                found_index, damage = _rebuild_index(part, segment, sealed, len(catalog))
+                loading.indexes_rebuilt += 1
+                if damage is not None:
+                    loading.damaged.setdefault(part.number, []).append(segment.number)
+            if found_index is not None and not unsealed:
+                index = found_index
+                segment.base = index.base
+                segment.sealed = index
+                segment.state = SEALED
+                segment.size = segment.submitted_size = segment.durable_size = index.data_size
+                segment.newest_time = index.newest_time
+                part.add_loaded(segment)
+                if segment.number > loading.applied.get(part.number, (-1, 0))[0]:
+                    apply_groups(sealed, index)
+                    loading.applied[part.number] = (segment.number, index.base + index.rows)
+                remove_file(segment.open_path)
+                continue
+            open_rows = read_open_index(segment.open_path, pool)
+            segment.base = (
+                open_rows.base if open_rows is not None and open_rows.number == segment.number else -1
+            )
+            unsealed.append(segment)
+        loading.indexes_rebuilt += max(0, len(unsealed) - 1)  # only the last one had no index to have
+        loading.unsealed_by_partition.append(unsealed)
+    loading.unused_snapshot = snapshot if snapshot is not None and not use_snapshot else None
+    return loading
+
+
+def _keep_what_only_the_snapshot_knows(table: TopicTable, snapshot) -> None:
+    """After applying every sealed index again (a damaged one made the snapshot unusable): topics no segment
+    holds any more (retention deleted theirs) keep the snapshot's end, so that their offsets go on where
+    they were, and every topic keeps at least the snapshot's start."""
+    old = snapshot.sealed
+    for topic_id in range(min(len(old), len(table))):
+        if table.head_seg[topic_id] < 0 and old.end[topic_id] > table.next[topic_id]:
+            table.next[topic_id] = table.durable[topic_id] = old.end[topic_id]
+            table.head_first[topic_id] = old.end[topic_id]
+            table.total[topic_id] = table.dropped[topic_id] = old.total[topic_id]
+        start = min(snapshot.start[topic_id], table.next[topic_id])
+        if start > table.start[topic_id]:
+            table.start[topic_id] = start
+
+
+def _rebuild_index(
+    part: PartitionLog, segment: Segment, sealed: SealedState, topics: int
+) -> tuple[SealedIndex, str | None]:
+    """Write again the sealed index of a segment whose index is gone (between sealed ones), from its data,
+    the topics' state before it being `sealed` (as applied so far). A damage it cannot step over ends what
+    the index covers: the rest of the segment is kept, never served."""
+    rows = ActiveIndex()
+    last_rows: dict[int, int] = {}
+    times: dict[int, int] = {}
+
+    def head_pointer(topic_id: int) -> int:
+        head = sealed.head_seg[topic_id] if topic_id < len(sealed) else -1
+        return pointer(head, UNKNOWN_ROW) if head >= 0 else NO_PREVIOUS
+
+    def apply(topic_id: int, position: int, offset: int, time: int, _size: int) -> None:
+        last = last_rows.get(topic_id)
+        index_time = times[topic_id] = max(times.get(topic_id, time), time)
+        if last is None:
+            last_rows[topic_id] = rows.add_rows(
+                topic_id, [position], offset, index_time, head_pointer(topic_id), 0
+            )
+        else:
+            first, _prev = rows.first_offset_of(topic_id, last)
+            last_rows[topic_id] = rows.add_rows(
+                topic_id, [position], offset, index_time, last, offset - first
+            )
+
+    def on_marker(marker: Marker, position: int) -> None:
+        topic_id = marker.topic_id
+        last = last_rows.get(topic_id)
+        prev = pointer(segment.number, last) if last is not None else head_pointer(topic_id)
+        rows.add_marker(topic_id, position, marker.offset, marker.kind, marker.dropped, prev)
+        if last is None:
+            return
+        cut_from = marker.offset if marker.kind == TRUNCATE else -1
+        first, _prev = rows.first_offset_of(topic_id, last)
+        dead, _previous = rows.rows_of(topic_id, last, max(cut_from, first), 2**63 - 1)
+        rows.kill(topic_id, dead)
+        kept, _previous = rows.rows_of(topic_id, last, first, max(cut_from, first))
+        if kept:
+            last_rows[topic_id] = kept[-1]
+        else:
+            del last_rows[topic_id]
+
+    scanner = SegmentScanner(
+        part.pool,
+        segment.log_path,
+        part.config.max_record_bytes,
+        topics,
+        lambda topic_id: sealed.end[topic_id] if topic_id < len(sealed) else 0,
+    )
+    end, report = scanner.scan(0, apply, on_marker)
+    damage = report.damage if end < os.path.getsize(segment.log_path) else None
+    if damage is not None:
+        log.error(
+            "%s: damaged at byte %d (%s); kept whole, the records after the damage are not served",
+            segment.log_path, end, report.damage,
+        )  # fmt: skip
+    built = build(rows, segment.number, segment.base, end)
+    write_index(segment.index_path, built.data)
+    fsync_directory(part.directory)
+    index = SealedIndex(segment.index_path, part.pool, part.blocks)
+    if not index.load(segment.number):
+        raise OSError(f"{segment.index_path}: the index rebuilt does not read back")
+    log.warning("%s: its sealed index was missing or damaged: rebuilt from the data", segment.log_path)
+    return index, damage
+
+
+def _load_rows(
+    part: PartitionLog, segment: Segment, topics: int, repair: PartitionRepair, loading, last: bool
+) -> bool:
+    """Load an unsealed segment's rows into memory (open index, then a scan); True when its end was torn
+    and cut and the segments after it must go.
+
+    A segment that cannot be scanned to its end is cut there when it was never sealed (the last one, or one
+    rolled whose seal did not finish: it still has its open index): what follows it was written in the same
+    or later jobs, never acknowledged. One that was sealed once and lost its index (damage, or an operator
+    deleting it to have it rebuilt) is kept whole: its readable part is served, the records after the damage
+    are missing (reads of them raise `CorruptRecord` with the next offset each topic still has), and the
+    segments after it stay."""
+    pool = part.pool
+    if segment.base < 0:  # no open index header: it follows the segment before it
+        previous = part.segments[-1] if part.segments else None
+        segment.base = previous.base + previous.row_count if previous is not None else part.next_base
+    segment.rows = ActiveIndex()
+    part.add_loaded(segment)
+    open_rows = read_open_index(segment.open_path, pool)
+    start = 0
+    if open_rows is not None and open_rows.number == segment.number:
+        segment.capacity = open_rows.capacity
+        if len(open_rows.topic_ids):
+            start = _replay_open_rows(part, segment, open_rows, topics)
+    scanner = SegmentScanner(
+        pool, segment.log_path, part.config.max_record_bytes, topics, part.table.next.__getitem__
+    )
+    end, report = scanner.scan(
+        start,
+        lambda topic_id, position, offset, time, size: replay_row(
+            part, segment, topic_id, position, offset, time, size
+        ),
+        lambda marker, position: replay_marker(part, segment, marker, position),
+    )
+    loading.records_scanned += report.scanned
+    names = part.names
+    repair.damaged_records += [(names[topic_id], offset) for topic_id, offset in report.damaged_records]
+    if report.damaged_records:
+        log.error(
+            "%s: records %s failed their checksum; kept in place, never served (the records around them are)",
+            segment.log_path,
+            [offset for _topic, offset in report.damaged_records],
+        )
+    file_size = os.path.getsize(segment.log_path)
+    segment.size = segment.submitted_size = segment.durable_size = end
+    segment.written_rows = segment.durable_rows = len(segment.rows)
+    never_sealed = open_rows is not None and open_rows.number == segment.number
+    if end < file_size and not (last or never_sealed):
+        repair.damaged_segments.append(segment.number)
+        repair.damage = report.damage
+        log.error(
+            "%s: damaged at byte %d (%s); kept whole, the records after the damage are not served",
+            segment.log_path, end, report.damage,
+        )  # fmt: skip
+        return False
+    cut = end < file_size
+    if cut:
+        truncate_segment(segment, end, pool)
+        repair.bytes_dropped += file_size - end
+        repair.damage = report.damage
+        log.warning(
+            "%s: truncated at byte %d (%s): dropped %d bytes", segment.log_path, end, report.damage,
+            file_size - end,
+        )  # fmt: skip
+    if segment.rows is not None and len(segment.rows) and segment.first_time == NO_TIME:
+        segment.first_time = segment.rows.times[0]
+    if open_rows is None or open_rows.number != segment.number or segment.capacity < len(segment.rows):
+        segment.capacity = max(part.capacity, len(segment.rows))
+        write_open_header(segment, segment.capacity, pool)  # a fresh one, counting no row
+    return cut
+
+
+def _replay_open_rows(part: PartitionLog, segment: Segment, rows, topics: int) -> int:
+    """Replay the open index's durable rows (checked against the data at the last one); returns the byte
+    position after them (0 when they cannot be trusted: everything is scanned)."""
+    pool = part.pool
+    topic_ids, positions, times = rows.topic_ids, rows.positions, rows.times
+    count = len(topic_ids)
+    last_position = positions[count - 1]
+    head = pool.pread(segment.log_path, HEAD_SIZE + PREFIX_SIZE, last_position)
+    if len(head) < HEAD_SIZE + PREFIX_SIZE or int.from_bytes(head[:4], "little") != topic_ids[count - 1]:
+        return 0  # the count on disk does not match the data: scan everything
+    body_length, _crc = PREFIX.unpack_from(head, HEAD_SIZE)
+    end = last_position + HEAD_SIZE + PREFIX_SIZE + body_length
+    table = part.table
+    for row in range(count):
+        position = positions[row]
+        size = (positions[row + 1] if row + 1 < count else end) - position
+        marked = topic_ids[row]
+        if marked >= topics and not marked & MARKER_BIT:
+            return position
+        if marked & MARKER_BIT:
+            data = pool.pread(segment.log_path, size, position)
+            try:
+                marker = parse_marker(data, 0)
+            except EntryError:
+                return position
+            replay_marker(part, segment, marker, position)
+            continue
+        replay_row(part, segment, marked, position, table.next[marked], times[row], size)
+    return end
+
+
+def replay_row(
+    part: PartitionLog, segment: Segment, topic_id: int, position: int, offset: int, time: int, size: int
+) -> None:
+    """A durable record found at open: its row, and the topic's state moved past it."""
+    table = part.table
+    index_time = table.index_ms[topic_id]
+    if time > index_time:
+        index_time = table.index_ms[topic_id] = time
+    part.link(topic_id, segment, [position], offset, index_time)
+    table.next[topic_id] = table.durable[topic_id] = offset + 1
+    table.total[topic_id] += size - HEAD_SIZE
+    if time > table.durable_ms[topic_id]:
+        table.durable_ms[topic_id] = time
+    if segment.first_time == NO_TIME:
+        segment.first_time = index_time
+    if time > segment.newest_time:
+        segment.newest_time = time
+
+
+def replay_marker(part: PartitionLog, segment: Segment, marker: Marker, position: int) -> None:
+    """A truncation or restart found at open: its row, and the topic's log cut or restarted again."""
+    table = part.table
+    topic_id = marker.topic_id
+    rows = segment.rows
+    assert rows is not None
+    if marker.kind == TRUNCATE:
+        # As `LogStore.truncate` did: the cut first, then the marker's row chained where the cut left the
+        # topic, carrying the bytes cut from segments sealed now (a segment sealed before the crash may be
+        # in memory again, its cut rows dead: its seal will not count them, so neither may the marker).
+        dropped = part.cut_live(topic_id, marker.offset)
+        rows.add_marker(
+            topic_id, position, marker.offset, TRUNCATE, dropped, part.marker_prev(topic_id, segment)
+        )
+        table.next[topic_id] = table.durable[topic_id] = marker.offset
+        if table.start[topic_id] > marker.offset:
+            table.start[topic_id] = marker.offset
+            table.dropped[topic_id] = table.total[topic_id]
+    elif marker.kind == RESTART:
+        rows.add_marker(topic_id, position, marker.offset, RESTART, 0, part.marker_prev(topic_id, segment))
+        part.restart_live(topic_id, marker.offset, segment.number)
+        table.next[topic_id] = table.durable[topic_id] = table.start[topic_id] = marker.offset

@@ -1,0 +1,142 @@
+"""Retention when topics share segments: per topic by groups, then whole segments.
+
+A topic's records in one sealed segment form a group. By age, a group whose newest record is older than
+its topic's `retention_ms` is past retention; by size, a topic's oldest groups are, while its log is larger
+than its `retention_bytes`. The topic's start offset then moves past them (reads below it raise
+`OffsetOutOfRange`, as when a topic's own segments were deleted) and their bytes stop counting. A segment
+goes when every group in it is past retention or below its topic's start (a truncated or restarted topic's
+dead records stay until then). Never the active segment, nor one still being sealed.
+
+The pass is a generator that yields after every `SLICE_GROUPS` groups, so the broker runs it on the event
+loop a slice per iteration (`LogStore.apply_retention_async`); `apply_retention` runs it through.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from .config import LogConfig
+from .entry import HEAD_SIZE
+from .partition_log import PartitionLog
+from .sealed_index import MISSING, Group
+from .segment import SEALED, Segment
+from .topic_table import TopicTable
+
+__all__ = ["SLICE_GROUPS", "RetentionReport", "retention_pass"]
+
+log = logging.getLogger(__name__)
+
+SLICE_GROUPS = 4096
+"""Groups looked at between two yields of a pass."""
+
+
+@dataclass(slots=True)
+class RetentionReport:
+    """What one retention pass removed."""
+
+    segments_deleted: int = 0
+    bytes_deleted: int = 0
+    topics_moved: int = 0
+    """Topics whose start offset moved."""
+
+
+def retention_pass(
+    partitions: list[PartitionLog],
+    table: TopicTable,
+    log_config: Callable[[int], LogConfig],
+    now_ms: int,
+    delete: Callable[[PartitionLog, list[Segment]], None],
+    size_limits: bool,
+) -> Iterator[RetentionReport]:
+    """One pass over every partition; yields the report so far after each slice (the last yield is final)."""
+    report = RetentionReport()
+    examined = 0
+    touched: dict[int, set[Segment]] = {}
+    for part in partitions:
+        for segment in [s for s in part.segments if s.state == SEALED]:
+            sealed = segment.sealed
+            assert sealed is not None
+            groups = sealed.all_groups()
+            alive = False
+            for group in groups:
+                examined += 1
+                if examined % SLICE_GROUPS == 0:
+                    yield report
+                topic_id = group.topic_id
+                if topic_id >= len(table):
+                    continue
+                end = part.live_end(topic_id, segment, group)
+                if table.start[topic_id] >= end or group.first_offset >= end:
+                    continue  # nothing of it is above the start, or a truncation cut all of it
+                retention_ms = log_config(topic_id).retention_ms
+                if retention_ms is not None and group.newest_time < now_ms - retention_ms and group.count:
+                    _move_start(table, segment, group, end, report)
+                else:
+                    alive = True
+            if not alive and groups:
+                touched.setdefault(part.number, set()).add(segment)
+    if size_limits:
+        for topic_id in range(len(table)):
+            if topic_id % SLICE_GROUPS == 0:
+                yield report
+            limit = log_config(topic_id).retention_bytes
+            if limit is None or table.total[topic_id] - table.dropped[topic_id] <= limit:
+                continue
+            part = partitions[table.partition[topic_id]]
+            for segment, group in _oldest_groups(part, topic_id, table.start[topic_id]):
+                if table.total[topic_id] - table.dropped[topic_id] <= limit:
+                    break
+                _move_start(table, segment, group, part.live_end(topic_id, segment, group), report)
+                touched.setdefault(part.number, set()).add(segment)
+    for part in partitions:
+        candidates = touched.get(part.number)
+        if not candidates:
+            continue
+        dead = [
+            s for s in part.segments if s in candidates and s.state == SEALED and _all_dead(part, s, table)
+        ]
+        if dead:
+            for segment in dead:
+                report.segments_deleted += 1
+                report.bytes_deleted += segment.size
+            delete(part, dead)
+    yield report
+
+
+def _oldest_groups(part: PartitionLog, topic_id: int, start: int) -> list[tuple[Segment, Group]]:
+    """The topic's sealed groups from the one holding `start` on, oldest first (in-memory ones left out)."""
+    steps = part._steps(topic_id, start)
+    return [(step[0], step[1]) for step in reversed(steps) if len(step) == 2]
+
+
+def _move_start(table: TopicTable, segment: Segment, group: Group, end: int, report: RetentionReport) -> None:
+    """Move the topic's start to `end` (past `group`'s live records), counting the bytes of its records that
+    were still above it."""
+    topic_id = group.topic_id
+    start = table.start[topic_id]
+    if start <= group.first_offset and end == group.first_offset + group.count:
+        dropped = group.bytes
+    else:
+        sealed = segment.sealed
+        assert sealed is not None
+        entries = sealed.entries_of(group, max(start - group.first_offset, 0), end - group.first_offset)
+        dropped = sum(
+            (entries[2 * n] >> 32) - HEAD_SIZE
+            for n in range(len(entries) // 2)
+            if entries[2 * n] & 0xFFFFFFFF != MISSING
+        )
+    table.start[topic_id] = end
+    table.dropped[topic_id] = min(table.dropped[topic_id] + dropped, table.total[topic_id])
+    report.topics_moved += 1
+
+
+def _all_dead(part: PartitionLog, segment: Segment, table: TopicTable) -> bool:
+    sealed = segment.sealed
+    assert sealed is not None
+    start = table.start
+    return all(
+        group.topic_id >= len(table) or start[group.topic_id] >= part.live_end(group.topic_id, segment, group)
+        for group in sealed.all_groups()
+    )

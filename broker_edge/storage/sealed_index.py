@@ -1,0 +1,354 @@
+"""A sealed segment's index: its records grouped per topic, sorted by topic id, read with small preads.
+
+File layout (little endian)::
+
+    header   64 bytes: "TSGI", u16 version, u8 state, u8 0, i32 segment number, u64 base position,
+             u64 entries, u64 data bytes, u32 groups, u32 rows, u32 sparse rows, i64 newest time, 8 zero bytes
+    summary  u32 topic id of every 64th group (what the store keeps in memory)
+    groups   48 bytes each, sorted by topic id: u32 topic_id | u32 count | u64 first_offset |
+             u32 first_entry | u32 flags | i32 previous_segment | u32 bytes | u64 dropped | i64 newest time
+    entries  16 bytes per record, group after group, by offset: u32 position | u32 size | i64 index time
+             (position MISSING: a record lost to damage, never served)
+    sparse   16 bytes per 256th row of the segment in log order: u32 position | u32 0 | i64 time
+
+A group holds the topic's records in this segment, offsets `[first_offset, first_offset + count)`,
+dense; `previous_segment` is the newest older segment holding the topic (-1: none, or the log restarted
+here), `bytes` their frames' bytes, `dropped` the bytes a truncation cut from older segments, flag RESTART
+that the topic's log restarted here. A topic whose only entries here were cut by a truncation has a group of
+count 0 whose `first_offset` is where its log ends.
+
+`build` makes the file's bytes from a segment's rows (`active_index`) in the sealer thread: the rows are
+sorted by topic in chunks of `SORT_CHUNK`, so no single call holds the interpreter for long while the event
+loop waits for it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import os
+import struct
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .active_index import ActiveIndex, pointed
+from .entry import HEAD_SIZE, MARKER_BIT, RESTART, TRUNCATE
+from .file_pool import FileHandlePool
+
+__all__ = [
+    "FLAG_RESTART",
+    "MISSING",
+    "Group",
+    "GroupBlocks",
+    "SealedIndex",
+    "build",
+    "write_index",
+]
+
+MAGIC = b"TSGI"
+VERSION = 1
+STATE_SEALED = 1
+HEADER = struct.Struct("<4sHBxiQQQIIIq8x")
+GROUP = struct.Struct("<IIQIIiIQq")
+ENTRY_SIZE = 16
+SUMMARY_EVERY = 64
+SPARSE_EVERY = 256
+SORT_CHUNK = 16384
+MISSING = 0xFFFFFFFF
+FLAG_RESTART = 1
+FLAG_TRUNCATED = 2
+"""The topic was truncated in this segment: groups of it in older segments may hold dead records."""
+_TOPIC_MASK = ~MARKER_BIT & 0xFFFFFFFF
+_TOPIC_IDS_PER_GROUP = GROUP.size // 4
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One topic's records in one sealed segment."""
+
+    topic_id: int
+    count: int
+    first_offset: int
+    first_entry: int
+    flags: int
+    previous_segment: int
+    bytes: int
+    dropped: int
+    newest_time: int
+
+    @property
+    def end(self) -> int:
+        return self.first_offset + self.count
+
+
+@dataclass(slots=True)
+class Built:
+    """What `build` made: the file's bytes and what the store keeps of it in memory."""
+
+    data: bytes
+    groups: list[Group]
+    newest_time: int
+
+
+def _sorted_rows(rows: ActiveIndex) -> list[int]:
+    """Every row as `topic_id << 32 | row`, sorted (markers with their topic, in log order)."""
+    topic_ids = rows.topic_ids
+    count = len(topic_ids)
+    runs: list[list[int]] = []
+    for start in range(0, count, SORT_CHUNK):
+        chunk = topic_ids[start : start + SORT_CHUNK]
+        runs.append(
+            sorted([(topic_id & _TOPIC_MASK) << 32 | row for row, topic_id in enumerate(chunk, start)])
+        )
+    if len(runs) == 1:
+        return runs[0]
+    return list(heapq.merge(*runs))
+
+
+def build(rows: ActiveIndex, number: int, base: int, data_size: int) -> Built:
+    """The sealed index of segment `number` (base position `base`, `data_size` bytes) from its rows."""
+    topic_ids, positions, offsets, times, prevs = (
+        rows.topic_ids, rows.positions, rows.offsets, rows.times, rows.prevs
+    )  # fmt: skip
+    dead = rows.dead
+    row_count = len(topic_ids)
+    keys = _sorted_rows(rows)
+    groups: list[Group] = []
+    entries: list[int] = []
+    newest = -(2**63)
+    index = 0
+    while index < len(keys):
+        topic_id = keys[index] >> 32
+        end = index
+        while end < len(keys) and keys[end] >> 32 == topic_id:
+            end += 1
+        first_row = keys[index] & 0xFFFFFFFF
+        previous = prevs[first_row]
+        previous_segment = pointed(previous)[0] if previous < -1 else -1
+        flags = dropped = size = 0
+        group_entries: list[int] = []
+        first_offset = -1
+        expected = -1
+        for key in keys[index:end]:  # (islice would step over the `index` keys before: quadratic)
+            row = key & 0xFFFFFFFF
+            if topic_ids[row] & MARKER_BIT:
+                kind, offset = times[row], offsets[row]
+                if kind == RESTART:
+                    flags, dropped, size, previous_segment = FLAG_RESTART | (flags & FLAG_TRUNCATED), 0, 0, -1
+                    group_entries = []
+                    first_offset = expected = offset
+                elif kind == TRUNCATE:
+                    flags |= FLAG_TRUNCATED
+                    dropped += rows.marker_dropped.get(row, 0)
+                    if first_offset < 0 or offset < first_offset:
+                        first_offset = expected = offset
+                        group_entries = []
+                        previous = prevs[row]  # the cut reached below this segment: the chain goes on there
+                        previous_segment = pointed(previous)[0] if previous < -1 else -1
+                    else:
+                        del group_entries[2 * (offset - first_offset) :]
+                        expected = offset
+                continue
+            if row in dead:
+                continue
+            offset = offsets[row]
+            if first_offset < 0:
+                first_offset = expected = offset
+            while expected < offset:  # records lost to damage keep their offsets, never served
+                group_entries += (MISSING, times[row])
+                expected += 1
+            entry_end = positions[row + 1] if row + 1 < row_count else data_size
+            entry_size = entry_end - positions[row]
+            group_entries += (positions[row] | (entry_size << 32), times[row])
+            size += entry_size - HEAD_SIZE
+            expected += 1
+        index = end
+        if first_offset < 0:
+            continue  # every row of the topic here was cut (its truncation marker is in a newer segment)
+        count = len(group_entries) // 2
+        group_newest = group_entries[-1] if group_entries else -(2**63)
+        newest = max(newest, group_newest)
+        groups.append(
+            Group(topic_id, count, first_offset, len(entries) // 2, flags, previous_segment, size, dropped,
+                  group_newest)
+        )  # fmt: skip
+        entries += group_entries
+    sparse: list[int] = []
+    for row in range(0, row_count, SPARSE_EVERY):
+        sparse += (positions[row], 0 if topic_ids[row] & MARKER_BIT else times[row])
+    summary = array("I", (group.topic_id for group in groups[::SUMMARY_EVERY]))
+    header = HEADER.pack(
+        MAGIC, VERSION, STATE_SEALED, number, base, len(entries) // 2, data_size, len(groups), row_count,
+        len(sparse) // 2, newest
+    )  # fmt: skip
+    pack = GROUP.pack
+    parts = [
+        header,
+        summary.tobytes(),
+        b"".join(
+            pack(
+                g.topic_id,
+                g.count,
+                g.first_offset,
+                g.first_entry,
+                g.flags,
+                g.previous_segment,
+                g.bytes,
+                g.dropped,
+                g.newest_time,
+            )
+            for g in groups
+        ),
+        array("q", entries).tobytes(),
+        array("q", sparse).tobytes(),
+    ]
+    return Built(b"".join(parts), groups, newest)
+
+
+def write_index(path: str, data: bytes, sync: bool = True) -> None:
+    """Write a sealed index whole: temporary file, fdatasync (unless not `sync`: the `none` policy), rename
+    (the caller syncs the directory)."""
+    temporary = path + ".tmp"
+    with open(temporary, "wb") as file:
+        file.write(data)
+        file.flush()
+        if sync:
+            os.fdatasync(file.fileno())
+    os.replace(temporary, path)
+
+
+class GroupBlocks:
+    """An LRU of blocks of groups read from sealed indexes, bounded in bytes (shared by a store)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._blocks: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+
+    def get(self, key: tuple[str, int]) -> bytes | None:
+        data = self._blocks.get(key)
+        if data is not None:
+            self._blocks.move_to_end(key)
+        return data
+
+    def put(self, key: tuple[str, int], data: bytes) -> None:
+        if len(data) > self.max_bytes:
+            return
+        self._blocks[key] = data
+        self.bytes += len(data)
+        while self.bytes > self.max_bytes:
+            _key, old = self._blocks.popitem(last=False)
+            self.bytes -= len(old)
+
+    def forget(self, path: str) -> None:
+        for key in [key for key in self._blocks if key[0] == path]:
+            self.bytes -= len(self._blocks.pop(key))
+
+
+class SealedIndex:
+    """Read access to one sealed index: its header and summary in memory, groups and entries by pread."""
+
+    __slots__ = (
+        "base",
+        "blocks",
+        "data_size",
+        "entries",
+        "groups",
+        "newest_time",
+        "number",
+        "path",
+        "pool",
+        "rows",
+        "sparse",
+        "summary",
+    )
+
+    def __init__(self, path: str, pool: FileHandlePool, blocks: GroupBlocks) -> None:
+        self.path = path
+        self.pool = pool
+        self.blocks = blocks
+        self.number = -1
+        self.base = 0
+        self.entries = 0
+        self.data_size = 0
+        self.groups = 0
+        self.rows = 0
+        self.sparse = 0
+        self.newest_time = -(2**63)
+        self.summary = array("I")
+
+    def load(self, expected_number: int) -> bool:
+        """Read the header and summary; False when the file is not a sealed index of that segment."""
+        try:
+            file_size = os.path.getsize(self.path)
+        except FileNotFoundError:
+            return False
+        head = self.pool.pread(self.path, HEADER.size, 0)
+        if len(head) < HEADER.size:
+            return False
+        (magic, version, state, number, base, entries, data_size, groups, rows, sparse,
+         newest) = HEADER.unpack_from(head)  # fmt: skip
+        summary_count = -(-groups // SUMMARY_EVERY)
+        expected = HEADER.size + 4 * summary_count + GROUP.size * groups + ENTRY_SIZE * (entries + sparse)
+        if (magic, version, state, number) != (MAGIC, VERSION, STATE_SEALED, expected_number):
+            return False
+        if file_size != expected:
+            return False
+        self.number, self.base, self.entries, self.data_size = number, base, entries, data_size
+        self.groups, self.rows, self.sparse, self.newest_time = groups, rows, sparse, newest
+        self.summary = array("I")
+        self.summary.frombytes(self.pool.pread(self.path, 4 * summary_count, HEADER.size))
+        return True
+
+    @property
+    def _groups_at(self) -> int:
+        return HEADER.size + 4 * len(self.summary)
+
+    @property
+    def _entries_at(self) -> int:
+        return self._groups_at + GROUP.size * self.groups
+
+    def find(self, topic_id: int) -> Group | None:
+        """The topic's group here (None: the segment holds none of its records)."""
+        block = bisect.bisect_right(self.summary, topic_id) - 1
+        if block < 0:
+            return None
+        data = self._block(block)
+        ids = memoryview(data).cast("I")[::_TOPIC_IDS_PER_GROUP]
+        position = bisect.bisect_left(ids, topic_id)
+        if position >= len(ids) or ids[position] != topic_id:
+            return None
+        return Group(*GROUP.unpack_from(data, position * GROUP.size))
+
+    def _block(self, block: int) -> bytes:
+        key = (self.path, block)
+        data = self.blocks.get(key)
+        if data is None:
+            count = min(SUMMARY_EVERY, self.groups - block * SUMMARY_EVERY)
+            at = self._groups_at + block * SUMMARY_EVERY * GROUP.size
+            data = self.pool.pread(self.path, count * GROUP.size, at)
+            self.blocks.put(key, data)
+        return data
+
+    def all_groups(self) -> list[Group]:
+        """Every group (retention, the sealer applying the segment): one pread of the groups."""
+        data = self.pool.pread(self.path, GROUP.size * self.groups, self._groups_at)
+        return [Group(*fields) for fields in GROUP.iter_unpack(data)]
+
+    def entries_of(self, group: Group, first: int, stop: int) -> array:
+        """Entries `first .. stop - 1` of a group (numbers within it): (position | size << 32, time) pairs."""
+        count = stop - first
+        if count <= 0:
+            return array("q")
+        at = self._entries_at + (group.first_entry + first) * ENTRY_SIZE
+        result = array("q")
+        result.frombytes(self.pool.pread(self.path, count * ENTRY_SIZE, at))
+        return result
+
+    def sparse_rows(self) -> array:
+        """(position, time) of every `SPARSE_EVERY`th row, in log order."""
+        at = self._entries_at + self.entries * ENTRY_SIZE
+        result = array("q")
+        result.frombytes(self.pool.pread(self.path, self.sparse * ENTRY_SIZE, at))
+        return result

@@ -1,0 +1,259 @@
+"""The sealer thread: everything about indexes that must not hold up an acknowledgement or the event loop.
+
+* **Seals.** A rolled segment whose data is durable is sorted by topic into its sealed index
+  (`sealed_index.build`), written and fsynced; its groups are applied to the sealed state; its open index is
+  deleted; the loop is told (`PartitionLog.sealed`) and drops the segment's rows.
+* **Open-index checkpoints.** The rows of the active segment whose jobs completed are appended to its open
+  index, and fsynced with their count every `index_checkpoint_bytes` of records.
+* **Snapshots** of the sealed state (with the live start and dropped columns), after seals at most every
+  `SNAPSHOT_INTERVAL_S` and on demand; segments retention gave up are deleted only after the next one.
+
+Tasks run in order. Without a running event loop (tools, tests) each task runs at once in the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .file_pool import FileHandlePool
+from .open_index import OpenIndex
+from .partition_log import PartitionLog, apply_groups, remove_file
+from .sealed_index import GroupBlocks, SealedIndex, build, write_index
+from .segment import Segment, fsync_directory
+from .topic_table import SealedState, Snapshot, TopicTable, write_snapshot
+
+__all__ = ["SNAPSHOT_INTERVAL_S", "Sealer"]
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_INTERVAL_S = 30.0
+"""At most this long after a seal before the snapshot records it."""
+
+
+@dataclass(slots=True)
+class _Seal:
+    partition: PartitionLog
+    segment: Segment
+
+
+@dataclass(slots=True)
+class _Checkpoint:
+    segment: Segment
+    rows: int
+    capacity: int
+
+
+@dataclass(slots=True)
+class _Snapshot:
+    done: threading.Event
+
+
+@dataclass(slots=True)
+class _Delete:
+    segments: list[Segment]
+
+
+_STOP = object()
+
+
+class Sealer:
+    """Seals, open-index checkpoints, the sealed state and its snapshot, in one thread (see the module)."""
+
+    def __init__(
+        self,
+        pool: FileHandlePool,
+        blocks: GroupBlocks,
+        state: SealedState,
+        applied: dict[int, tuple[int, int]],
+        snapshot_path: str,
+        table: TopicTable,
+        catalog_coverage: Callable[[], tuple[int, int]],
+        partitions: int,
+        sync: bool = True,
+    ) -> None:
+        self.pool = pool
+        self.blocks = blocks
+        self.state = state
+        self.applied = applied
+        """Per partition, the newest segment the sealed state includes, and the position after it."""
+        self.snapshot_path = snapshot_path
+        self.table = table
+        self.catalog_coverage = catalog_coverage
+        self.partitions = partitions
+        self.sync = sync
+        """fsync what it writes (not with the `none` policy, under which nothing is promised durable)."""
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._unsnapshotted = 0
+        self._last_snapshot = time.monotonic()
+        self._to_delete: list[Segment] = []
+        self._reports: deque[tuple[Callable[..., object], tuple[object, ...]]] = deque()
+        self.failure: BaseException | None = None
+        self.seals = 0
+        self.snapshots = 0
+        self.checkpoints = 0
+
+    # -- the loop's side ---------------------------------------------------------------------------------
+
+    def seal(self, partition: PartitionLog, segment: Segment) -> None:
+        self._submit(_Seal(partition, segment))
+
+    def checkpoint(self, segment: Segment, rows: int, capacity: int) -> None:
+        """Append the segment's rows up to `rows` (durable) to its open index and make them durable."""
+        self._submit(_Checkpoint(segment, rows, capacity))
+
+    def delete_after_snapshot(self, segments: list[Segment]) -> None:
+        """Delete these segments' files once a snapshot recording the starts that passed them is durable."""
+        self._submit(_Delete(segments))
+
+    def snapshot(self) -> None:
+        """Write a snapshot now and wait for it (close)."""
+        done = threading.Event()
+        self._submit(_Snapshot(done))
+        done.wait()
+
+    def wait_idle(self) -> None:
+        """Block until every task submitted so far is done (the loop blocks: for close and truncations)."""
+        if self._thread is not None:
+            done = threading.Event()
+            self._queue.put(done)
+            done.wait()
+        self.apply_reports()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join()
+            self._thread = None
+
+    def _submit(self, task: object) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None and self._thread is None:
+            self._run_task(task)
+            return
+        if self._thread is None:
+            self._loop = loop
+            self._thread = threading.Thread(target=self._run, name="timestone-log-sealer", daemon=True)
+            self._thread.start()
+        self._queue.put(task)
+
+    # -- the thread's side -------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            task = self._queue.get()
+            if task is _STOP:
+                return
+            if isinstance(task, threading.Event):
+                task.set()
+                continue
+            try:
+                self._run_task(task)
+            except BaseException as error:  # a failed index write: logged, the segment stays in memory
+                self.failure = error
+                log.exception("sealer task failed: %s", task)
+                if isinstance(task, _Snapshot):
+                    task.done.set()
+
+    def _run_task(self, task: object) -> None:
+        if isinstance(task, _Seal):
+            self._seal(task.partition, task.segment)
+        elif isinstance(task, _Checkpoint):
+            self._checkpoint(task)
+        elif isinstance(task, _Delete):
+            self._to_delete += task.segments
+            self._write_snapshot()
+        elif isinstance(task, _Snapshot):
+            self._write_snapshot()
+            task.done.set()
+
+    def _seal(self, partition: PartitionLog, segment: Segment) -> None:
+        rows = segment.rows
+        if rows is None:
+            return
+        built = build(rows, segment.number, segment.base, segment.size)
+        write_index(segment.index_path, built.data, self.sync)
+        if self.sync:
+            fsync_directory(partition.directory)
+        index = SealedIndex(segment.index_path, self.pool, self.blocks)
+        if not index.load(segment.number):
+            raise OSError(f"{segment.index_path}: the index just written does not read back")
+        apply_groups(self.state, index)
+        self.applied[partition.number] = (segment.number, segment.base + index.rows)
+        self.pool.forget(segment.open_path)
+        remove_file(segment.open_path)
+        self.seals += 1
+        self._unsnapshotted += 1
+        self._report(partition.sealed, segment, index)
+        if time.monotonic() - self._last_snapshot >= SNAPSHOT_INTERVAL_S:
+            self._write_snapshot()
+
+    def _checkpoint(self, task: _Checkpoint) -> None:
+        segment = task.segment
+        rows = segment.rows
+        if rows is None:
+            return  # sealed meanwhile
+        index = segment.open_index
+        if index is None:
+            index = segment.open_index = OpenIndex(segment.open_path, self.pool, task.capacity)
+        first = index.written
+        if task.rows > first:
+            index.append(rows.topic_ids[first : task.rows], rows.positions[first : task.rows],
+                         rows.times[first : task.rows])  # fmt: skip
+        index.checkpoint(self.sync)
+        self.checkpoints += 1
+
+    def _write_snapshot(self) -> None:
+        table = self.table
+        catalog_bytes, catalog_crc = self.catalog_coverage()
+        topics = len(self.state)
+        snapshot = Snapshot(
+            self.state,
+            table.start[:topics],
+            table.dropped[:topics],
+            [self.applied.get(number, (-1, 0)) for number in range(self.partitions)],
+            catalog_bytes,
+            catalog_crc,
+        )
+        write_snapshot(self.snapshot_path, snapshot, self.sync)
+        self.snapshots += 1
+        self._unsnapshotted = 0
+        self._last_snapshot = time.monotonic()
+        deleting, self._to_delete = self._to_delete, []
+        for segment in deleting:
+            segment.delete(self.pool)
+            self.blocks.forget(segment.index_path)
+        directories = {segment.log_path.rsplit("/", 1)[0] for segment in deleting}
+        for directory in directories if self.sync else ():
+            with contextlib.suppress(FileNotFoundError):
+                fsync_directory(directory)
+
+    def _report(self, callback: Callable[..., object], *args: object) -> None:
+        """Run `callback(*args)` on the loop (at once when the task ran in the caller)."""
+        if threading.current_thread() is not self._thread:
+            callback(*args)
+            return
+        self._reports.append((callback, args))
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # a closed loop: close() applies what is left
+                loop.call_soon_threadsafe(self.apply_reports)
+
+    def apply_reports(self) -> None:
+        """Apply what the thread finished (on the loop, or after `wait_idle`)."""
+        reports = self._reports
+        while reports:
+            callback, args = reports.popleft()
+            callback(*args)

@@ -1,0 +1,220 @@
+"""Streaming queries that restart themselves: a failed query starts again from its checkpoint, with backoff.
+
+A query of either job may fail for reasons a second attempt does not meet: a Python worker that missed
+Spark's fixed wait on an overloaded machine, a broker that was restarting, a commit that lost too many
+races. Every write of both jobs is idempotent per (query, batch) and Spark replays the failed batch with
+the same offsets, so starting the query again from its checkpoint loses and duplicates nothing. The
+:class:`Supervisor` does that for each query it watches: it logs why the query failed, counts the restart
+in ``timestone_pipeline_query_restarts_total``, waits (1 s, doubling up to a minute, back to 1 s once a
+query has run a while) and starts it again.
+
+It gives up only on failures a restart cannot fix (:func:`unrecoverable`): bad configuration (a source
+option, a config value, a table whose schema or features do not match, a query that does not analyse, a
+token the broker refuses) and data loss under ``failOnDataLoss``. The job then stops with exit status 1,
+naming the reason, rather than failing the same way forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from broker_edge.config.loader import ConfigError
+
+from .metrics import PipelineMetrics
+from .pipeline_logs import failure_summary
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+#: What in a failed query's error says a restart cannot fix it, and how the job names the reason. Errors
+#: reach the driver as text (a Python traceback inside a Spark error), hence names, not types.
+UNRECOVERABLE: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"\bDataLossError\b|timestone source: data loss"), "data loss (failOnDataLoss)"),
+    (re.compile(r"\bSourceOptionError\b|timestone source option '"), "bad source option"),
+    (re.compile(r"\bConfigError\b"), "bad configuration"),
+    (re.compile(r"\bSchemaMismatch\b"), "table schema does not match its declaration"),
+    (re.compile(r"\bTableStoreError\b"), "table unusable by this store"),
+    (re.compile(r"\bBrokerAuthError\b|refused the token"), "broker refused the token"),
+    (re.compile(r"\bAnalysisException\b|\[UNRESOLVED_COLUMN|\[DATATYPE_MISMATCH"), "query does not analyse"),
+)
+
+#: An exception named as a traceback's last line or a Java stack trace's first one names it: ``Name: why``.
+_ERROR_NAME = re.compile(r"\b([A-Z][A-Za-z0-9]*(?:Error|Exception)): ")
+#: Exceptions that only carry another (a Python error inside a Spark one): never the name of a failure.
+_WRAPPERS = frozenset({"StreamingQueryException", "PythonException", "SparkException", "Py4JJavaError"})
+
+
+def unrecoverable(error: str) -> str | None:
+    """Why a query that failed with ``error`` (its text) cannot be fixed by a restart; None if it can."""
+    for pattern, reason in UNRECOVERABLE:
+        if pattern.search(error):
+            return reason
+    return None
+
+
+def error_name(error: str) -> str:
+    """The first exception in ``error`` that is not a wrapper of another (the metric's ``error`` label)."""
+    names = [name for name in _ERROR_NAME.findall(error) if name not in _WRAPPERS]
+    return names[0] if names else "error"
+
+
+@dataclass
+class RestartConfig:
+    """How a job restarts its failed queries (``stream.restart`` / ``restart`` in the job's config)."""
+
+    enabled: bool = True
+    """False: a failed query stops the job (exit status 1), as a batch job's would."""
+    initial_backoff_s: float = 1.0
+    """Wait before the first restart; it doubles with each failure that follows, up to ``max_backoff_s``."""
+    max_backoff_s: float = 60.0
+    healthy_after_s: float = 300.0
+    """A query that has run this long since it (re)started waits ``initial_backoff_s`` again."""
+
+    def __post_init__(self) -> None:
+        for name in ("initial_backoff_s", "max_backoff_s", "healthy_after_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(name, "must be positive")
+        if self.max_backoff_s < self.initial_backoff_s:
+            raise ConfigError("max_backoff_s", "must be at least initial_backoff_s")
+
+
+@dataclass
+class SupervisedQuery:
+    """One query the supervisor keeps running: how to start it, and what to do once it has ended."""
+
+    name: str
+    start: Callable[[], StreamingQuery]
+    #: called with the query each time it has ended (failed, stopped or finished), before any restart
+    ended: Callable[[StreamingQuery], None] = lambda query: None
+    query: StreamingQuery | None = None
+    started_at: float = 0.0
+    failures: int = 0  # consecutive failures, for the backoff
+    restart_at: float | None = None
+    done: bool = False
+
+
+@dataclass(frozen=True)
+class GaveUp:
+    """A query failed in a way a restart cannot fix."""
+
+    query: str
+    reason: str
+    error: str
+
+
+@dataclass
+class Supervisor:
+    """Watches a job's queries and restarts those that fail (see the module docstring).
+
+    ``clock`` and ``sleep`` are monotonic seconds and a pause (tests pass fast ones).
+    """
+
+    pipeline: str
+    config: RestartConfig = field(default_factory=RestartConfig)
+    metrics: PipelineMetrics = field(default_factory=PipelineMetrics)
+    clock: Callable[[], float] = time.monotonic
+    queries: list[SupervisedQuery] = field(default_factory=list)
+    gave_up: GaveUp | None = None
+    _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+
+    def add(
+        self,
+        name: str,
+        start: Callable[[], StreamingQuery],
+        ended: Callable[[StreamingQuery], None] | None = None,
+    ) -> SupervisedQuery:
+        """Start the query now and watch it from then on."""
+        watched = SupervisedQuery(name, start, ended or (lambda query: None))
+        self._start(watched)
+        self.queries.append(watched)
+        return watched
+
+    def check(self) -> GaveUp | None:
+        """One look at every query: note those that ended, restart those whose wait is over."""
+        now = self.clock()
+        for watched in self.queries:
+            query = watched.query
+            if watched.done:
+                continue
+            if query is not None and not query.isActive:
+                self._ended(watched, query, now)
+                if self.gave_up is not None:
+                    return self.gave_up
+            if watched.restart_at is not None and now >= watched.restart_at:
+                self._start(watched)
+        return None
+
+    def run(self, poll_s: float = 0.5) -> int:
+        """Watch until every query has ended on its own (0), one failed for good (1) or :meth:`stop`."""
+        while not self._stop.is_set():
+            if self.check() is not None:
+                return 1
+            if all(watched.done for watched in self.queries):
+                return 0
+            self._stop.wait(poll_s)
+        return 0
+
+    def stop(self) -> None:
+        """End :meth:`run`; the caller stops the queries."""
+        self._stop.set()
+
+    def running(self) -> list[StreamingQuery]:
+        """The queries running now."""
+        return [w.query for w in self.queries if w.query is not None and w.query.isActive]
+
+    def _start(self, watched: SupervisedQuery) -> None:
+        watched.restart_at = None
+        watched.query = watched.start()
+        watched.started_at = self.clock()
+        self.metrics.query_up.labels(self.pipeline, watched.name).set(1)
+
+    def _ended(self, watched: SupervisedQuery, query: StreamingQuery, now: float) -> None:
+        self.metrics.query_up.labels(self.pipeline, watched.name).set(0)
+        watched.query = None
+        failure = query.exception()
+        try:
+            watched.ended(query)
+        except Exception:  # cleaning up after a query must not stop the others
+            log.exception("%s query %s: cleaning up after it ended failed", self.pipeline, watched.name)
+        if failure is None:  # stopped, or an availableNow query that read everything
+            watched.done = True
+            return
+        error = str(failure)
+        reason = unrecoverable(error)
+        if reason is not None or not self.config.enabled:
+            reason = reason or "restarts are off (restart.enabled: false)"
+            log.debug("%s query %s failed", self.pipeline, watched.name, exc_info=failure)
+            log.error(
+                "%s query %s failed, not restarted: %s: %s",
+                self.pipeline,
+                watched.name,
+                reason,
+                failure_summary(failure),
+            )
+            self.gave_up = GaveUp(watched.name, reason, error)
+            watched.done = True
+            return
+        if now - watched.started_at >= self.config.healthy_after_s:
+            watched.failures = 0
+        delay = min(self.config.max_backoff_s, self.config.initial_backoff_s * 2**watched.failures)
+        watched.failures += 1
+        watched.restart_at = now + delay
+        self.metrics.query_restarts.labels(self.pipeline, watched.name, error_name(error)).inc()
+        log.warning(
+            "%s query %s failed (%s); restarting it from its checkpoint in %.1f s (restart %d in a row): %s",
+            self.pipeline,
+            watched.name,
+            error_name(error),
+            delay,
+            watched.failures,
+            failure_summary(failure),
+        )
+        log.debug("%s query %s failed", self.pipeline, watched.name, exc_info=failure)

@@ -1,0 +1,99 @@
+"""Offsets of a broker read by storage partition: one position per partition instead of one offset per topic.
+
+A broker's offsets in the checkpoint are either per topic (``{"plant/1/temp": 12, ...}``) or, when the query
+reads it by partition, ``{"#p0": 51234, "#p1": 50877}``: the position (an entry number of the partition's
+log, every topic's) to read next. MQTT topic names cannot hold ``#``, so the two never mix up. Positions
+behave like a topic's offsets for the planner (a start, an end, a next value; retention moving the start
+past the next value is data loss), so ``offsets_planner`` plans both with the same rules, and Spark's offset
+log stays a few bytes per broker whatever the number of topics.
+
+``#e<n>``, next to ``#p<n>`` until the query has read past it, is the partition's end when the query began:
+records there below their topic's start were already removed by retention when the query started (an
+``earliest`` or time start), so they are not data loss; later records are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+__all__ = [
+    "describe",
+    "drop_passed_marks",
+    "is_partition_key",
+    "mark_key",
+    "marks_of",
+    "partition_of",
+    "position_key",
+    "query_start_marks",
+    "reads_partitions",
+]
+
+POSITION_PREFIX = "#p"
+MARK_PREFIX = "#e"
+
+
+def position_key(partition: int) -> str:
+    return f"{POSITION_PREFIX}{partition}"
+
+
+def mark_key(partition: int) -> str:
+    return f"{MARK_PREFIX}{partition}"
+
+
+def is_partition_key(key: str) -> bool:
+    """Whether an offsets key is a partition's position (or its query-start mark), not a topic."""
+    return key.startswith((POSITION_PREFIX, MARK_PREFIX))
+
+
+def partition_of(key: str) -> int:
+    return int(key[len(POSITION_PREFIX) :])
+
+
+def reads_partitions(offsets: Mapping[str, int]) -> bool | None:
+    """How a broker's checkpointed offsets read it: by partition (True), by topic (False), unknown (None:
+    nothing checkpointed for it yet)."""
+    for key in offsets:
+        return is_partition_key(key)
+    return None
+
+
+def describe(key: str) -> str:
+    """How errors name a key: the topic, or the partition."""
+    if key.startswith(POSITION_PREFIX):
+        return f"partition {partition_of(key)} (positions)"
+    return f"topic {key!r}"
+
+
+class _HasEnd(Protocol):
+    """What a mark needs of an extent (``offsets_planner.LogExtent``, which builds on this module)."""
+
+    @property
+    def end(self) -> int: ...
+
+
+def query_start_marks(offsets: Mapping[str, int], extents: Mapping[str, _HasEnd]) -> dict[str, int]:
+    """The marks of a new query's start: each partition's end, where its start is below it."""
+    return {
+        mark_key(partition_of(key)): extents[key].end
+        for key, position in offsets.items()
+        if key.startswith(POSITION_PREFIX) and key in extents and position < extents[key].end
+    }
+
+
+def marks_of(offsets: Mapping[str, int]) -> dict[int, int]:
+    """Each partition's query-start mark (absent: 0, every record of it came after the query started)."""
+    return {
+        int(key[len(MARK_PREFIX) :]): value for key, value in offsets.items() if key.startswith(MARK_PREFIX)
+    }
+
+
+def drop_passed_marks(offsets: Mapping[str, int]) -> dict[str, int]:
+    """`offsets` without the marks its positions have reached (they carry nothing any more)."""
+    return {
+        key: value
+        for key, value in offsets.items()
+        if not (
+            key.startswith(MARK_PREFIX) and offsets.get(POSITION_PREFIX + key[len(MARK_PREFIX) :], 0) >= value
+        )
+    }

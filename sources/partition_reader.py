@@ -1,0 +1,126 @@
+"""The executor side of a broker read by storage partition: planned position ranges, fetched completely.
+
+A Spark task gets slices whose "topic" is a partition key (``#p<n>``, see ``partition_offsets``) and whose
+range is positions; it reads each range front to back with ``GET /v1/partitions/{n}/records`` (every
+matching topic's records in log order, as Arrow) until the broker says it has passed the range's end. What
+the broker passed over is data loss, handled per ``failOnDataLoss``:
+
+* positions below the partition's start (retention deleted their segment since the batch was planned);
+* records below their topic's start (retention moved it past them while other topics kept the segment),
+  and the positions of a segment retention deleted while older ones stay, except before the partition's
+  query-start mark: those were gone before the query began;
+* entries that failed their checks on the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
+
+import pyarrow as pa
+
+from broker_edge.offsets_api.client import OffsetsClient, PartitionFetch, PositionOutOfRangeError
+
+from .offsets_planner import DataLossError, Slice
+from .partition_offsets import partition_of
+from .slice_reader import FetchSettings, log_lost, to_source_batch
+
+__all__ = ["MAX_ENTRIES_PER_REQUEST", "read_positions"]
+
+log = logging.getLogger(__name__)
+
+MAX_ENTRIES_PER_REQUEST = 100_000
+"""What the offsets API accepts for one partition read."""
+
+
+def read_positions(
+    fetch: FetchSettings, slices: Sequence[Slice], patterns: Sequence[str], marks: Mapping[int, int]
+) -> Iterator[pa.RecordBatch]:
+    """Yield the records of topics matching `patterns` in the position ranges `slices` (one broker's), as
+    batches of the source's schema. `marks`: each partition's query-start mark (see the module docstring)."""
+    client = fetch.client()
+    lost = 0
+    try:
+        for piece in slices:
+            partition = partition_of(piece.topic)
+            mark = 0 if piece.from_log_start else marks.get(partition, 0)
+            position = piece.start
+            while position < piece.end:
+                upto = min(piece.end, mark) if position < mark else piece.end
+                try:
+                    fetched = _read(fetch, client, partition, position, upto, patterns)
+                except PositionOutOfRangeError as error:
+                    resume = _past_the_start(fetch, piece, position, error)
+                    lost += resume - position
+                    position = resume
+                    continue
+                if fetched.next_position <= position:
+                    raise RuntimeError(
+                        f"timestone source: broker {fetch.broker!r} partition {partition} returned nothing "
+                        f"from position {position} although it was listed up to {piece.end}"
+                    )
+                strict = position >= mark and not piece.from_log_start
+                lost += _passed_over(fetch, piece, position, fetched, strict)
+                position = fetched.next_position
+                for batch in fetched.table.to_batches():
+                    if batch.num_rows:
+                        yield to_source_batch(batch, fetch.broker)
+    finally:
+        client.close()
+    log_lost(lost, fetch.broker)
+
+
+def _read(
+    fetch: FetchSettings,
+    client: OffsetsClient,
+    partition: int,
+    position: int,
+    upto: int,
+    patterns: Sequence[str],
+) -> PartitionFetch:
+    entries = min(MAX_ENTRIES_PER_REQUEST, upto - position)
+    return fetch.call(
+        partial(client.read_partition, partition, position, entries, fetch.max_bytes, tuple(patterns))
+    )
+
+
+def _past_the_start(fetch: FetchSettings, piece: Slice, position: int, error: PositionOutOfRangeError) -> int:
+    """Where to go on when `position` is no longer in the partition (raises `DataLossError` per the option).
+
+    Below its start: retention deleted the segment since planning (a range planned from the log's start of
+    a broker that was down is not loss). Past its end: the broker's data directory was replaced."""
+    if position < error.start:
+        resume = min(error.start, piece.end)
+        if piece.from_log_start and position == piece.start:
+            return resume
+        why = "retention removed records not yet read"
+    else:
+        resume = piece.end
+        why = "the partition ends before this range"
+    if fetch.fail_on_data_loss:
+        raise DataLossError(fetch.broker, piece.topic, position, why, error.start, error.end)
+    return resume
+
+
+def _passed_over(
+    fetch: FetchSettings, piece: Slice, position: int, fetched: PartitionFetch, strict: bool
+) -> int:
+    """Records the broker passed over in one read that count as data loss (raising per the option)."""
+    lost = sum(fetched.lost.values()) + fetched.removed if strict else 0
+    if not lost and not fetched.damaged:
+        return 0
+    if fetch.fail_on_data_loss:
+        if fetched.damaged:
+            why = f"{fetched.damaged} entries from position {position} are corrupt on the broker"
+            raise DataLossError(fetch.broker, piece.topic, position, why)
+        if not fetched.lost:
+            why = f"retention removed a segment not yet read ({fetched.removed} positions)"
+            raise DataLossError(fetch.broker, piece.topic, position, why)
+        topic, count = next(iter(fetched.lost.items()))
+        why = (
+            f"retention removed {count} records of topic {topic!r} not yet read (positions "
+            f"[{position}, {fetched.next_position}))"
+        )
+        raise DataLossError(fetch.broker, piece.topic, position, why)
+    return lost + fetched.damaged

@@ -1,0 +1,210 @@
+"""Damage found at open or at read: torn and corrupt tails cut, damaged records kept as holes and never
+served, a sealed segment whose index is gone rebuilt (and, when damaged, kept whole), and another topic's
+records around the damage untouched.
+
+"Crash" here means the store is dropped without `close()`: the files are exactly what the writes left, as
+after a process kill (the page cache still holds them; power loss is the power-cut test's business).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from broker_edge.storage import CorruptRecord, LogStore, RecoveryReport, StorageConfig
+from tests.unit.broker_edge.storage.log_helpers import (
+    assert_matches,
+    entry_positions,
+    flip_byte,
+    make_record,
+    partition_segments,
+)
+
+TOPIC_ID = 0  # "t", created first; "u" (id 1) is interleaved with it
+
+
+def _filled(directory: Path, config: StorageConfig, count: int = 200) -> LogStore:
+    store = LogStore(directory, config)
+    store.open()
+    for number in range(count):
+        store.append("t", make_record(number))
+        store.append("u", make_record(number + 500))
+    store.flush()
+    return store
+
+
+def _reopen(directory: Path, config: StorageConfig) -> tuple[LogStore, RecoveryReport]:
+    store = LogStore(directory, config)
+    return store, store.open()
+
+
+def _offsets(store: LogStore, topic: str, offset: int) -> list[int]:
+    return [record.offset for record in store.read(topic, offset, max_records=10_000, max_bytes=10**9)]
+
+
+UNCHECKPOINTED = StorageConfig(segment_bytes=4096, retention_ms=None, index_checkpoint_bytes=1 << 30)
+"""Small segments whose active one is never checkpointed: a crash rescans all of it."""
+
+
+def test_a_corrupt_last_record_is_cut(tmp_path: Path):
+    small_segments = UNCHECKPOINTED
+    _filled(tmp_path, small_segments)
+    tail = partition_segments(tmp_path)[-1]
+    last = entry_positions(tail)[-1]  # "u"'s record 199
+    size_before = tail.stat().st_size
+    flip_byte(tail, last + 8 + 20)
+
+    store, report = _reopen(tmp_path, small_segments)
+
+    assert store.log_info("u").end_offset == 199
+    assert store.log_info("t").end_offset == 200
+    assert report.bytes_dropped == size_before - last
+    assert tail.stat().st_size == last
+    assert _offsets(store, "u", 0) == list(range(199))
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("closed", "checkpoint"),
+    [(False, 1 << 30), (False, 1024), (True, 1 << 30)],
+    ids=["found by the scan after a crash", "past a checkpoint, at read", "after a clean close, at read"],
+)
+def test_a_record_damaged_between_valid_ones_is_a_hole_never_served(
+    tmp_path: Path, closed: bool, checkpoint: int
+):
+    small_segments = StorageConfig(segment_bytes=4096, retention_ms=None, index_checkpoint_bytes=checkpoint)
+    store = _filled(tmp_path, small_segments)
+    if closed:
+        store.close()  # the active segment is sealed: the damage is found by the CRC at read
+    tail = partition_segments(tmp_path)[-1]
+    positions = entry_positions(tail, TOPIC_ID)
+    damaged = 200 - len(positions) + len(positions) // 2
+    size_before = tail.stat().st_size
+    flip_byte(tail, positions[len(positions) // 2] + 8 + 20)
+
+    store, report = _reopen(tmp_path, small_segments)
+
+    if not closed and checkpoint > 4096:  # the active segment was scanned: reported at open
+        assert [repair.damaged_records for repair in report.repaired] == [[("t", damaged)]]
+    assert report.bytes_dropped == 0
+    assert tail.stat().st_size == size_before  # the valid records after it are not cut away
+    assert store.log_info("t").end_offset == 200
+    with pytest.raises(CorruptRecord) as caught:
+        store.read("t", damaged)
+    assert (caught.value.offset, caught.value.next_offset) == (damaged, damaged + 1)
+    assert _offsets(store, "t", 0) == list(range(damaged))  # a read stops before it
+    after = store.read("t", damaged + 1, max_records=1000)
+    assert [record.offset for record in after] == list(range(damaged + 1, 200))
+    assert_matches(after[-1], 199)
+    assert _offsets(store, "u", 0) == list(range(200))  # the other topic's records are all served
+    assert store.append("t", make_record(200)) == 200
+    store.close()
+
+
+def test_a_flipped_byte_in_a_sealed_segment_fails_reads_of_that_record_only(
+    tmp_path: Path, small_segments: StorageConfig
+):
+    _filled(tmp_path, small_segments).close()
+    first = partition_segments(tmp_path)[0]
+    flip_byte(first, entry_positions(first, TOPIC_ID)[3] + 8 + 12)
+
+    store, report = _reopen(tmp_path, small_segments)
+
+    assert report.indexes_rebuilt == 0
+    assert _offsets(store, "t", 0) == [0, 1, 2]
+    with pytest.raises(CorruptRecord):
+        store.read("t", 3)
+    assert_matches(store.read("t", 4, max_records=1)[0], 4)
+    store.close()
+
+
+def test_a_sealed_segment_whose_index_is_gone_is_rebuilt(tmp_path: Path, small_segments: StorageConfig):
+    _filled(tmp_path, small_segments).close()
+    partition_segments(tmp_path, suffix=".index")[1].unlink()
+
+    store, report = _reopen(tmp_path, small_segments)
+
+    assert report.indexes_rebuilt >= 1
+    records = store.read("t", 0, max_records=1000, max_bytes=10**9)
+    assert len(records) == 200
+    for number, record in enumerate(records):
+        assert_matches(record, number)
+    store.close()
+    again, report = _reopen(tmp_path, small_segments)
+    assert report.indexes_rebuilt == 0  # the rebuilt index is written by the sealer
+    again.close()
+
+
+def test_a_damaged_sealed_segment_without_its_index_is_kept_whole_and_served_up_to_the_damage(
+    tmp_path: Path, small_segments: StorageConfig
+):
+    _filled(tmp_path, small_segments).close()
+    first = partition_segments(tmp_path)[0]
+    size = first.stat().st_size
+    t_in_first = len(entry_positions(first, TOPIC_ID))
+    flip_byte(first, entry_positions(first, TOPIC_ID)[2] + 9)  # a length prefix: what follows is lost
+    partition_segments(tmp_path, suffix=".index")[0].unlink()
+
+    store, report = _reopen(tmp_path, small_segments)
+
+    assert [repair.damaged_segments for repair in report.repaired] == [[0]]
+    assert first.stat().st_size == size  # kept whole for inspection
+    assert _offsets(store, "t", 0) == [0, 1]
+    for offset in (2, t_in_first - 1):
+        with pytest.raises(CorruptRecord) as caught:
+            store.read("t", offset)
+        assert caught.value.next_offset == t_in_first  # the first record of the next segment
+    assert_matches(store.read("t", t_in_first, max_records=1)[0], t_in_first)
+    assert store.log_info("t").end_offset == 200
+    assert _offsets(store, "t", 199) == [199]
+    store.close()
+
+
+def test_an_unclosed_store_replays_what_its_active_segment_holds(
+    tmp_path: Path, small_segments: StorageConfig
+):
+    _filled(tmp_path, small_segments)
+
+    store, report = _reopen(tmp_path, small_segments)
+
+    assert (report.indexes_rebuilt, report.bytes_dropped) == (0, 0)
+    records = store.read("t", 0, max_records=1000, max_bytes=10**9)
+    assert len(records) == 200
+    for number, record in enumerate(records):
+        assert_matches(record, number)
+    store.close()
+
+
+def test_appends_after_a_clean_close_are_recovered_after_a_crash(tmp_path: Path):
+    config = StorageConfig(segment_bytes=1 << 20)
+    _filled(tmp_path, config, count=10).close()
+    store, _report = _reopen(tmp_path, config)
+    for number in range(10, 15):
+        store.append("t", make_record(number))
+    store.flush()  # crash
+
+    reopened, report = _reopen(tmp_path, config)
+
+    assert not report.clean_shutdown
+    assert _offsets(reopened, "t", 0) == list(range(15))
+    reopened.close()
+
+
+def test_a_torn_write_of_a_new_segment_leaves_the_earlier_ones_as_they_were(
+    tmp_path: Path, small_segments: StorageConfig
+):
+    store = _filled(tmp_path, small_segments)
+    segments = partition_segments(tmp_path)
+    tail = segments[-1]
+    os.truncate(tail, 7)  # the active segment's first entry torn
+    del store
+
+    reopened, report = _reopen(tmp_path, small_segments)
+
+    kept = reopened.log_info("t").end_offset
+    assert report.bytes_dropped == 7
+    assert _offsets(reopened, "t", 0) == list(range(kept))
+    assert kept < 200
+    reopened.close()

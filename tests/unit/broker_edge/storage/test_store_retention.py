@@ -1,0 +1,138 @@
+"""Retention of one topic by size and by age: its start moves by whole groups (its records in one segment),
+never into the active segment, and survives a restart; segments go once nothing in them is kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker_edge.storage import LogStore, OffsetOutOfRange, StorageConfig
+from tests.unit.broker_edge.storage.log_helpers import (
+    BASE_TIME_MS,
+    assert_matches,
+    make_record,
+    partition_segments,
+)
+
+
+def _store(directory: Path, **limits) -> LogStore:
+    limits.setdefault("retention_ms", None)
+    store = LogStore(directory, StorageConfig(segment_bytes=4096, **limits))
+    store.open()
+    for number in range(200):
+        store.append("t", make_record(number))
+    store.flush()
+    return store
+
+
+def test_retention_by_bytes_moves_the_start_and_deletes_the_oldest_segments(tmp_path: Path):
+    store = _store(tmp_path, retention_bytes=10_000)
+    segments_before = partition_segments(tmp_path)
+
+    report = store.apply_retention(now_ms=BASE_TIME_MS)
+
+    info = store.log_info("t")
+    assert report.segments_deleted == len(segments_before) - len(partition_segments(tmp_path)) > 0
+    assert info.bytes <= 10_000
+    assert (
+        len(store.read("t", info.start_offset, max_records=1000, max_bytes=10**9)) == 200 - info.start_offset
+    )
+    store.close()
+
+
+def test_reading_below_the_start_raises_with_the_current_bounds(tmp_path: Path):
+    store = _store(tmp_path, retention_bytes=10_000)
+    store.apply_retention(now_ms=BASE_TIME_MS)
+    start = store.start_offset("t")
+
+    with pytest.raises(OffsetOutOfRange) as caught:
+        store.read("t", 0)
+
+    assert caught.value.start == start > 0
+    assert caught.value.end == 200
+    assert_matches(store.read("t", start, max_records=1)[0], start)
+    store.close()
+
+
+def test_retention_by_age_drops_the_groups_whose_newest_record_is_too_old(tmp_path: Path):
+    store = _store(tmp_path, retention_ms=1000)
+    first_segment_records = (
+        len(store.read("t", 0, 1000, 10**9)) - store.partition_logs[0].segments[0].row_count
+    )
+    second = store.partition_logs[0].segments[1]
+    newest_of_first = BASE_TIME_MS + (200 - first_segment_records) - 1
+
+    report = store.apply_retention(now_ms=newest_of_first + 1000 + 1)
+
+    assert report.segments_deleted == 1
+    assert store.start_offset("t") == 200 - first_segment_records
+    assert store.start_offset("t") == second.base  # one topic: positions and offsets agree
+    store.close()
+
+
+def test_the_active_segment_is_never_deleted(tmp_path: Path):
+    store = _store(tmp_path, retention_bytes=1, retention_ms=1)
+
+    store.apply_retention(now_ms=BASE_TIME_MS + 10**9)
+
+    assert len(partition_segments(tmp_path)) == 1
+    assert store.start_offset("t") == store.partition_logs[0].segments[0].base
+    assert store.read("t", 199, max_records=1)[0].offset == 199
+    store.close()
+
+
+@pytest.mark.parametrize("restart", ["close", "crash"])
+def test_the_start_offset_survives_a_restart(tmp_path: Path, restart: str):
+    store = _store(tmp_path, retention_bytes=10_000)
+    store.apply_retention(now_ms=BASE_TIME_MS)
+    start = store.start_offset("t")
+    if restart == "close":
+        store.close()
+
+    reopened = LogStore(tmp_path, StorageConfig(segment_bytes=4096))
+    reopened.open()
+
+    assert (reopened.start_offset("t"), reopened.log_info("t").end_offset) == (start, 200)
+    reopened.close()
+
+
+def _fill(store: LogStore, topic: str, until_segments: int) -> None:
+    """Append to `topic` until the partition has `until_segments` segments."""
+    number = 0
+    while len(store.partition_logs[0].segments) < until_segments:
+        store.append(topic, make_record(number))
+        store.flush()
+        number += 1
+
+
+@pytest.mark.parametrize("restart", ["close", "crash"])
+def test_a_segment_holding_only_a_truncation_marker_of_a_live_topic_may_go(tmp_path: Path, restart: str):
+    """The topic's chain goes from its marker back to the segment of its remaining records: deleting the
+    segment of the marker (nothing else of it alive) loses none of them, before or after a restart."""
+    store = LogStore(tmp_path, StorageConfig(segment_bytes=4096, retention_ms=None))
+    store.open()
+    for number in range(4):
+        store.append("kept", make_record(number))
+    store.flush()
+    _fill(store, "filler", until_segments=2)
+    store.truncate("kept", 1)  # its marker goes into segment 1
+    _fill(store, "gone", until_segments=3)
+    store.truncate("gone", 0)
+    store.truncate("filler", 0)
+    store.wait_sealed()
+
+    report = store.apply_retention(now_ms=BASE_TIME_MS)
+
+    assert report.segments_deleted == 1
+    assert [s.number for s in store.partition_logs[0].segments] == [0, 2]
+    assert_matches(store.read("kept", 0)[0], 0)
+    if restart == "close":
+        store.close()
+    else:
+        store.file_pool.close()
+    reopened = LogStore(tmp_path, StorageConfig(segment_bytes=4096))
+    reopened.open()
+    assert [record.offset for record in reopened.read("kept", 0)] == [0]
+    assert reopened.log_info("kept").end_offset == 1
+    reopened.close()

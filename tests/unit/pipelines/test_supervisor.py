@@ -1,0 +1,150 @@
+"""The supervisor's decisions: which failures it restarts and after what wait, which it names and gives up on.
+
+The queries here are stand-ins holding what the supervisor reads of a Spark ``StreamingQuery`` (whether it is
+active, the exception it ended with); the clock is the test's. Real queries failing in real jobs are the
+end-to-end tests' (``tests/e2e/telemetry/test_telemetry_supervised.py``,
+``tests/e2e/ota/test_actions_supervised.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from broker_edge.config.loader import ConfigError
+from pipelines.metrics import PipelineMetrics
+from pipelines.supervisor import RestartConfig, Supervisor, error_name, unrecoverable
+
+WORKER_LOST = (
+    "[FOREACH_BATCH_USER_FUNCTION_ERROR] An error occurred in the user provided function in foreach batch "
+    "sink. "
+    "Caused by: org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 164.0 "
+    "failed 1 times, most recent failure: java.io.IOException: Stream closed"
+)
+DATA_LOSS = (
+    "[PYTHON_STREAMING_DATA_SOURCE_RUNTIME_ERROR] Failed when Python streaming data source perform "
+    "latestOffset: Traceback (most recent call last):\n  ...\nsources.errors.DataLossError: "
+    "timestone source: data loss on edge1 devices/d1/telemetry: offsets 0-99 were deleted by retention"
+)
+
+
+class StandInQuery:
+    """What the supervisor reads of a streaming query."""
+
+    def __init__(self) -> None:
+        self.isActive = True
+        self.error: str | None = None
+        self.stopped = False
+
+    def exception(self) -> Exception | None:
+        return RuntimeError(self.error) if self.error is not None else None
+
+    def fail(self, error: str) -> None:
+        self.error, self.isActive = error, False
+
+    def stop(self) -> None:
+        self.stopped, self.isActive = True, False
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def supervised(config: RestartConfig | None = None) -> tuple[Supervisor, list[StandInQuery], Clock]:
+    clock = Clock()
+    started: list[StandInQuery] = []
+
+    def start() -> Any:
+        started.append(StandInQuery())
+        return started[-1]
+
+    supervisor = Supervisor("telemetry", config or RestartConfig(), PipelineMetrics(), clock=clock)
+    supervisor.add("telemetry", cast(Any, start))
+    return supervisor, started, clock
+
+
+def test_a_lost_worker_is_restarted_after_a_wait_that_doubles_and_is_counted():
+    supervisor, started, clock = supervised(RestartConfig(initial_backoff_s=1.0, max_backoff_s=3.0))
+    waits: list[float] = []
+    for _ in range(4):
+        failed_at = clock.now
+        started[-1].fail(WORKER_LOST)
+        supervisor.check()
+        while len(started) == len(waits) + 1:  # not restarted yet
+            clock.now += 0.25
+            supervisor.check()
+        waits.append(clock.now - failed_at)
+    assert waits == [1.0, 2.0, 3.0, 3.0]  # doubling, up to max_backoff_s
+    assert supervisor.metrics.restarts("telemetry", "telemetry") == 4
+    assert supervisor.gave_up is None and supervisor.running() == [started[-1]]
+
+
+def test_a_query_that_ran_long_enough_waits_the_first_wait_again():
+    supervisor, started, clock = supervised(RestartConfig(initial_backoff_s=1.0, healthy_after_s=60.0))
+    for _ in range(3):
+        started[-1].fail(WORKER_LOST)
+        supervisor.check()
+        clock.now += 10
+        supervisor.check()
+    clock.now += 120  # healthy since its last start
+    started[-1].fail(WORKER_LOST)
+    supervisor.check()
+    clock.now += 1.0
+    supervisor.check()
+    assert len(started) == 5
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (DATA_LOSS, "data loss (failOnDataLoss)"),
+        ("ConfigError: tables.root: not writable", "bad configuration"),
+        ("sources.options.SourceOptionError: timestone source option 'fetchRetries'", "bad source option"),
+        ("[UNRESOLVED_COLUMN.WITH_SUGGESTION] A column ... cannot be resolved", "query does not analyse"),
+    ],
+)
+def test_what_a_restart_cannot_fix_stops_the_job_naming_it(error, reason):
+    supervisor, started, clock = supervised()
+    started[-1].fail(error)
+    assert supervisor.run(poll_s=0.01) == 1
+    gave_up = supervisor.gave_up
+    assert gave_up is not None and (gave_up.query, gave_up.reason) == ("telemetry", reason)
+    clock.now += 3600
+    supervisor.check()
+    assert len(started) == 1 and supervisor.metrics.restarts("telemetry") == 0
+
+
+def test_restarts_turned_off_stop_the_job_at_the_first_failure():
+    supervisor, started, _ = supervised(RestartConfig(enabled=False))
+    started[-1].fail(WORKER_LOST)
+    gave_up = supervisor.check()
+    assert gave_up is not None and "restart.enabled: false" in gave_up.reason
+
+
+def test_a_query_stopped_or_finished_is_not_restarted():
+    supervisor, started, clock = supervised()
+    started[-1].stop()
+    assert supervisor.run(poll_s=0.01) == 0
+    clock.now += 3600
+    supervisor.check()
+    assert len(started) == 1 and supervisor.gave_up is None
+
+
+def test_the_failure_is_named_by_its_innermost_error_and_transient_ones_are_restarted():
+    assert error_name(WORKER_LOST) == "IOException"
+    assert error_name("py4j.protocol.Py4JJavaError: An error occurred") == "error"
+    assert unrecoverable(WORKER_LOST) is None
+    assert unrecoverable("BrokerUnreachableError: edge1 did not answer") is None
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("initial_backoff_s", 0.0), ("max_backoff_s", 0.5), ("healthy_after_s", -1.0)]
+)
+def test_restart_settings_are_checked(key, value):
+    with pytest.raises(ConfigError, match=key):
+        RestartConfig(**{key: value})
