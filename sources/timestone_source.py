@@ -454,6 +454,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             options = self.options
             by_partition = (
                 options.read_by == "partitions"
+                and not options.sites  # a hub's sites are told apart by topic name
                 and not options.reads_cluster
                 and options.starting_offsets.kind is not StartKind.SPECIFIC
             )
