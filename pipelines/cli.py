@@ -30,6 +30,12 @@ COMMANDS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "inspect a broker cluster: timestone cluster status --etcd URL",
         ("cluster",),
     ),
+    "uplink": (
+        "broker_edge.uplink.status_cli",
+        "uplink_main",
+        "the edge uplink: timestone uplink status [--broker URL]",
+        (),
+    ),
     "pipeline": (
         "pipelines.runner",
         "pipeline_main",

@@ -71,6 +71,7 @@ _KNOWN = {
         "authToken",
         "maxBytesPerFetch",
         "readBy",
+        "sites",
     )
 }
 READ_BY = ("partitions", "topics")
@@ -136,6 +137,9 @@ class SourceOptions:
     read_by: str = "partitions"
     """``partitions``: a new query reads a standalone broker by storage partition positions when the broker
     serves them and the start allows (earliest, latest, a time); ``topics``: always by topic offsets."""
+    sites: bool = False
+    """The brokers are uplink hubs: each site's topic ``$site/<site_id>/<topic>`` is read as broker
+    ``<site_id>``, topic ``<topic>`` (docs/uplink.md)."""
 
     @property
     def reads_cluster(self) -> bool:
@@ -198,6 +202,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         ),
         min_partitions=_optional_int(lowered, "minPartitions", minimum=1),
         fail_on_data_loss=_bool(lowered, "failOnDataLoss", default=True),
+        sites=_parse_sites(lowered, bootstrap),
         fetch_timeout_ms=_int(lowered, "fetchTimeoutMs", DEFAULT_FETCH_TIMEOUT_MS, minimum=1),
         fetch_retries=_int(lowered, "fetchRetries", DEFAULT_FETCH_RETRIES, minimum=0),
         retry_backoff_ms=_int(lowered, "retryBackoffMs", DEFAULT_RETRY_BACKOFF_MS, minimum=0),
@@ -299,6 +304,13 @@ def _choice(options: Mapping[str, str], name: str, choices: tuple[str, ...]) -> 
     if text not in choices:
         raise SourceOptionError(name, f"expected one of {', '.join(choices)}, got {raw!r}")
     return text
+
+
+def _parse_sites(options: Mapping[str, str], bootstrap: tuple[str, ...]) -> bool:
+    sites = _bool(options, "sites", default=False)
+    if sites and bootstrap:
+        raise SourceOptionError("sites", "hubs are brokers alone: name them in brokers, not bootstrapServers")
+    return sites
 
 
 def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:

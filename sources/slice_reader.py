@@ -41,6 +41,7 @@ __all__ = [
     "log_lost",
     "pending_slices",
     "read_slices",
+    "site_columns",
     "take_answer",
     "to_source_batch",
 ]
@@ -104,6 +105,8 @@ class FetchSettings:
     fail_on_data_loss: bool
     token_option: str | None = None
     """The option that set ``auth_token``, for errors (None: ``authToken`` or ``authToken.<broker>``)."""
+    sites: bool = False
+    """The broker is an uplink hub: rows of ``$site/<site_id>/<topic>`` show the site and its topic."""
 
     def client(self) -> OffsetsClient:
         """A client retrying transient failures ``retries`` times, backing off exponentially."""
@@ -155,7 +158,7 @@ def read_slices(fetch: FetchSettings, slices: Sequence[Slice]) -> Iterator[pa.Re
                     f"{', '.join(f'{t} from {o}' for t, o in wanted.items())} although they were listed"
                 )
             if taken.batch is not None:
-                yield to_source_batch(taken.batch, fetch.broker)
+                yield to_source_batch(taken.batch, fetch.broker, fetch.sites)
     finally:
         client.close()
     log_lost(lost, fetch.broker)
@@ -308,12 +311,27 @@ def _skip_lost(fetch: FetchSettings, progress: SliceProgress, result: TopicResul
     return resume - offset
 
 
-def to_source_batch(batch: pa.RecordBatch, broker: str) -> pa.RecordBatch:
-    """An offsets API record batch in the source's schema: a broker column first, cheap casts only."""
-    columns = [pa.repeat(broker, batch.num_rows)]
+def to_source_batch(batch: pa.RecordBatch, broker: str, sites: bool = False) -> pa.RecordBatch:
+    """An offsets API record batch in the source's schema: a broker column first, cheap casts only. From a
+    hub (``sites``), the broker column is each row's site and the topic the site's own."""
+    broker_column: pa.Array = pa.repeat(broker, batch.num_rows)
+    topic_column = None
+    if sites:
+        broker_column, topic_column = site_columns(batch.column("topic"))
+    columns = [broker_column]
     for target in SOURCE_ARROW_SCHEMA:
         if target.name == "broker":
             continue
-        column = batch.column(target.name)
+        column = (
+            topic_column if target.name == "topic" and topic_column is not None else batch.column(target.name)
+        )
         columns.append(column if column.type == target.type else column.cast(target.type))
     return pa.RecordBatch.from_arrays(columns, schema=SOURCE_ARROW_SCHEMA)
+
+
+def site_columns(topics: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """``$site/<site_id>/<topic>`` names split into the site ids and the sites' topics."""
+    import pyarrow.compute as pc
+
+    parts = pc.split_pattern(topics.cast(pa.string()), "/", max_splits=2)
+    return pc.list_element(parts, 1), pc.list_element(parts, 2)

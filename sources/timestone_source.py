@@ -46,6 +46,7 @@ from pyspark.sql.types import (
 
 from broker_edge.offsets_api.client import OffsetsApiError, OffsetsClient
 from broker_edge.offsets_api.errors import UnknownTopicError
+from broker_edge.settings.uplink import site_topic
 
 from .cluster_listing import ClusterLister, ClusterListing
 from .cluster_plan import by_reader
@@ -181,6 +182,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 options.max_bytes_per_fetch,
                 options.fail_on_data_loss,
                 "the option authToken (shared by the cluster's members)" if options.reads_cluster else None,
+                options.sites,
             )
             for name, url, token in sources
         }
@@ -433,7 +435,8 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 return extents
             fetch = self._fetch[broker]
             logs: dict[str, LogExtent] = {}
-            for pattern in self.options.topics:
+            for topic_filter in self.options.topics:
+                pattern = site_topic("+", topic_filter) if self.options.sites else topic_filter
                 for info in fetch.call(partial(client.list_logs, pattern)):
                     logs[info.topic] = LogExtent(info.start_offset, info.end_offset)
             return logs
@@ -451,6 +454,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             options = self.options
             by_partition = (
                 options.read_by == "partitions"
+                and not options.sites  # a hub's sites are told apart by topic name
                 and not options.reads_cluster
                 and options.starting_offsets.kind is not StartKind.SPECIFIC
             )

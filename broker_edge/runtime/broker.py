@@ -56,6 +56,8 @@ if TYPE_CHECKING:
     from broker_edge.http.guard import GuardedRunner
     from broker_edge.runtime.transports.tcp import TcpServer
     from broker_edge.storage import LogStore
+    from broker_edge.uplink.hub import UplinkHub
+    from broker_edge.uplink.site_link import SiteLink
 
 __all__ = ["Broker", "ListenerRuntime", "ListenerStats"]
 
@@ -113,6 +115,10 @@ class Broker(BrokerCore):
         alone, nothing of the cluster is loaded."""
         self.data_lock = DataDirectoryLock(config.storage.directory)
         """This broker's hold on its data directory (``runtime.data_lock``), store open to store close."""
+        self.uplink_hub: UplinkHub | None = None
+        """Sites' uplinks into this broker (``uplink_hub:`` configured), after ``start``."""
+        self.site_link: SiteLink | None = None
+        """This site's uplink to its hub (``uplink:`` configured), after ``start``."""
         self.session_store: SessionStore | None = None
         """Persistent sessions across restarts (``sessions.persist`` with a commitlog)."""
         self.listeners: list[ListenerRuntime] = []
@@ -228,6 +234,8 @@ class Broker(BrokerCore):
                     )
                 self.admin_port = admin.port
                 self._runners.append(admin)
+            if self.store is not None:
+                await self._start_uplink(self.store)
             if self.store is not None and config.offsets_api.enabled:
                 await self._start_offsets_api(self.store)
             if config.cluster is not None:
@@ -278,6 +286,44 @@ class Broker(BrokerCore):
                 can_subscribe,
             )
             self.session_store.restore()
+
+    async def _start_uplink(self, store: LogStore) -> None:
+        """The hub's endpoint for sites and/or this site's link to its hub, when configured (their status
+        at ``/v1/uplink/sites`` on the offsets API)."""
+        config = self.config
+        if config.uplink_hub is not None:
+            from broker_edge.uplink.hub import UplinkHub
+
+            self.uplink_hub = UplinkHub(store, config.uplink_hub, self.metrics)
+            await self.uplink_hub.start()
+            self.add_offsets_api_routes(self.uplink_hub.add_status_route)
+            log.info("uplink hub: sites connect on %s:%d", config.uplink_hub.host, self.uplink_hub.port)
+        if config.uplink is not None:
+            from broker_edge.uplink.site_link import SiteLink
+
+            self.site_link = SiteLink(
+                store, config.uplink, self.metrics, config.storage.retention_ms, self.route_logged
+            )
+            self.add_offsets_api_routes(self.site_link.add_status_route)
+            self.site_link.start()
+
+    def route_logged(self, topic: str, start: int, end: int) -> None:
+        """Route the durable records ``[start, end)`` of ``topic`` that another broker wrote into the log
+        (the uplink's downlink) to this broker's subscribers and log readers, as the PUBLISH path does."""
+        from broker_edge.engine.records import message_of_record
+
+        store = self.store
+        assert store is not None
+        while start < end:
+            records = store.read(topic, start, end - start, 1 << 20)
+            if not records:
+                return
+            messages = [message_of_record(topic, record) for record in records]
+            for message in messages:
+                self.router.publish(message)
+            if self.replays is not None:
+                self.replays.appended(topic, start, messages)
+            start = records[-1].offset + 1
 
     async def _serve_admin(self, sock: socket.socket) -> GuardedRunner:
         """The admin endpoint on its listening socket (run by its first connection: see ``lazy_http``)."""
@@ -339,6 +385,10 @@ class Broker(BrokerCore):
             self._sweep_handle.cancel()
         if self.cluster_node is not None:
             await self.cluster_node.stop()  # leave first: peers take over while the clients are told
+        if self.site_link is not None:
+            await self.site_link.stop()
+        if self.uplink_hub is not None:
+            await self.uplink_hub.stop()
         for server in self._servers:
             server.close()
         for conn in self.connections:

@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from broker_edge.cluster.links.member_identity import member_uri
+from broker_edge.uplink.site_identity import site_uri
 
 __all__ = ["LOOPBACK_NAMES", "LocalPki", "PemPair", "build_ca", "build_leaf", "write_key"]
 
@@ -169,6 +170,11 @@ class LocalPki:
         """A member's certificate for ``node_id`` (made once, then reused)."""
         names = (x509.UniformResourceIdentifier(member_uri(node_id)), *LOOPBACK_NAMES)
         return self._issue(f"member-{node_id}", node_id, server=True, client=True, names=names)
+
+    def site(self, site_id: str) -> PemPair:
+        """A site's uplink certificate for ``site_id`` (made once, then reused)."""
+        names = (x509.UniformResourceIdentifier(site_uri(site_id)),)
+        return self._issue(f"site-{site_id}", site_id, server=False, client=True, names=names)
 
     def server(self, name: str) -> PemPair:
         """A server certificate for loopback (good for connecting too: etcd's JSON gateway connects to

@@ -125,6 +125,13 @@ def reload_files(broker: Broker) -> None:
             log.error("offsets API certificate not reloaded, the previous one stays in force: %s", exc)
         else:
             log.info("offsets API certificate and CAs reloaded")
+    if broker.uplink_hub is not None:
+        try:
+            broker.uplink_hub.tls.reload()
+        except Exception as exc:
+            log.error("uplink hub certificate not reloaded, the previous one stays in force: %s", exc)
+        else:
+            log.info("uplink hub certificate and sites' CAs reloaded")
     if broker.cluster_node is not None:
         broker.cluster_node.reload_credentials()
 

@@ -26,6 +26,7 @@ from broker_edge.security.reader_tokens import ReaderToken, ReaderTokens
 from broker_edge.security.tls import TlsConfig
 from broker_edge.settings.cluster import ClusterConfig
 from broker_edge.settings.named_files import check_named_files, check_server_tls
+from broker_edge.settings.uplink import UplinkConfig, UplinkHubConfig
 from broker_edge.storage.config import StorageConfig
 
 __all__ = [
@@ -326,6 +327,10 @@ class BrokerConfig:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     cluster: ClusterConfig | None = None
     """Join a cluster of brokers coordinated by etcd (docs/cluster.md); unset = run alone."""
+    uplink: UplinkConfig | None = None
+    """Send this broker's logs to a hub over a connection it opens (docs/uplink.md); unset = no uplink."""
+    uplink_hub: UplinkHubConfig | None = None
+    """Take sites' uplinks and hold their logs at their offsets (docs/uplink.md); unset = not a hub."""
 
     def __post_init__(self) -> None:
         if not self.listeners:
@@ -346,6 +351,13 @@ class BrokerConfig:
                     )
         if self.cluster is not None:
             self._check_cluster(self.cluster)
+        for name in ("uplink", "uplink_hub"):
+            if getattr(self, name) is not None and not self.storage.enabled:
+                raise ConfigError(name, "the uplink carries the commitlog: set storage.enabled: true")
+        if self.uplink_hub is not None and self.cluster is not None:
+            raise ConfigError("uplink_hub", "a hub is a broker alone for now (no cluster: section)")
+        if self.uplink is not None and self.cluster is not None:
+            raise ConfigError("uplink", "a site is a broker alone for now (no cluster: section)")
         if self.offsets_api.enabled and not self.storage.enabled:
             self.offsets_api.enabled = False
 

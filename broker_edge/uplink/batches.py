@@ -1,0 +1,71 @@
+"""The next batch of stored frames from topics taken in turn: what both ends of the uplink send (a site its
+logs, a hub its downlinked topics).
+
+Each topic gives at most its share of a batch, then the next one has its turn, so a topic with a long
+backlog never holds back the live records of the others; within a topic, oldest first. Only committed
+records go (durable here, and replicated in a cluster).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+from broker_edge.storage import LogStore, OffsetOutOfRange
+from broker_edge.uplink.wire import Batch, BatchTopic, join_frames
+
+__all__ = ["MAX_TOPICS", "MIN_TOPIC_SHARE", "next_batch"]
+
+MIN_TOPIC_SHARE = 64 * 1024
+"""Stored bytes one topic may put in a batch before the others get their turn (at least)."""
+MAX_TOPICS = 256
+"""Topics in one batch, at most: a receiver creating a log per new topic (a fleet's first records, one
+topic per device) appends one batch between two turns of its event loop, so a batch stays short."""
+
+
+def next_batch(
+    store: LogStore,
+    seq: int,
+    positions: dict[str, int],
+    pending: collections.OrderedDict[str, None],
+    budget: int,
+    on_gap: Callable[[str, int, int], None],
+) -> Batch | None:
+    """The next batch from the topics of ``pending`` (those that may have records to send), from their
+    ``positions``, which it advances; a topic sent up to its end leaves ``pending``, one that has more goes
+    to its back. ``on_gap(topic, position, start)`` is told of records retention deleted before they were
+    sent. None: nothing to send."""
+    share = max(MIN_TOPIC_SHARE, budget // max(1, min(len(pending), 16)))
+    parts: list[BatchTopic] = []
+    chunks: list[bytes] = []
+    for topic in list(pending):
+        if budget <= 0 or len(parts) >= MAX_TOPICS:
+            break
+        end = store.committed_end(topic)
+        start = store.start_offset(topic)
+        position = positions.get(topic, 0)
+        if position < start:
+            on_gap(topic, position, start)
+            position = start
+        if position >= end:
+            del pending[topic]
+            continue
+        try:
+            frames, count = store.read_frames(topic, position, min(share, budget), end)
+        except OffsetOutOfRange:
+            continue  # retention ran meanwhile: the next round starts at the new start
+        if not count:
+            del pending[topic]
+            continue
+        size = sum(len(frame) for frame in frames)
+        parts.append(BatchTopic(topic, position, count, size))
+        chunks.extend(frames)
+        budget -= size
+        positions[topic] = position + count
+        if position + count >= end:
+            del pending[topic]
+        else:
+            pending.move_to_end(topic)
+    if not parts:
+        return None
+    return Batch(seq, parts, join_frames(chunks))

@@ -1,0 +1,268 @@
+"""The hub's uplink endpoint: sites dial in (WebSocket over mutual TLS), each writes only its own namespace.
+
+A site is the site id its certificate names (``site_identity``); nothing it says can change that. One
+connection per site at a time: a new one replaces the old, whose batch in progress finishes first, so a
+site's topics have one writer. Each batch is appended at the site's offsets (``hub_store``) and
+acknowledged once durable here, with the hub's ends of its topics; the site sends from those ends.
+The status of every site is served as JSON by ``status_routes`` (on the offsets API) and as metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import socket
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aiohttp import WSMsgType, web
+
+from broker_edge.http.guard import GuardedRunner, start_guarded_site
+from broker_edge.protocol.errors import InvalidTopic
+from broker_edge.protocol.topics import validate_topic_filter
+from broker_edge.security.tls import ServerContexts, server_ssl_context
+from broker_edge.settings.uplink import UplinkHubConfig, site_topic
+from broker_edge.uplink.batches import next_batch
+from broker_edge.uplink.mirror import Gap, apply_batch, site_ends
+from broker_edge.uplink.site_identity import site_of_certificate
+from broker_edge.uplink.site_status import SitesStatus, SiteStatus
+from broker_edge.uplink.wire import (
+    ACK,
+    BATCH,
+    DOWN,
+    ENDS,
+    ERROR,
+    HELLO,
+    STATE,
+    VERSION,
+    WireError,
+    decode,
+    decode_batch,
+    encode,
+    encode_batch,
+    site_ends_of,
+)
+
+if TYPE_CHECKING:
+    from broker_edge.observe.metrics import BrokerMetrics
+    from broker_edge.storage import LogStore
+
+__all__ = ["UplinkHub"]
+
+log = logging.getLogger("broker_edge.uplink.hub")
+
+HEARTBEAT_S = 15.0
+GAPS_FILE = "uplink-gaps.jsonl"
+DOWN_BATCH_BYTES = 256 * 1024
+DOWN_IDLE_S = 5.0
+
+
+class UplinkHub:
+    """Sites' uplinks into ``store``; ``start`` binds the endpoint (``port`` then holds the bound port)."""
+
+    def __init__(self, store: LogStore, config: UplinkHubConfig, metrics: BrokerMetrics) -> None:
+        self.store = store
+        self.config = config
+        self.status = SitesStatus(store, metrics)
+        self.tls = ServerContexts(lambda: server_ssl_context(config.tls))
+        self.port = 0
+        self._runner: GuardedRunner | None = None
+        self._sockets: dict[str, web.WebSocketResponse] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._downlinks: dict[str, asyncio.Task[None]] = {}
+        self._gaps_path = Path(store.layout.meta) / GAPS_FILE
+
+    async def start(self, sock: socket.socket | None = None) -> None:
+        app = web.Application()
+        app.router.add_get(self.config.path, self._serve)
+        config = self.config
+        self._runner = await start_guarded_site(
+            app,
+            config.host,
+            config.port,
+            self.tls.context,
+            config.max_connections,
+            config.request_timeout_s,
+            sock=sock,
+        )
+        self.port = self._runner.port
+
+    async def stop(self) -> None:
+        for ws in list(self._sockets.values()):
+            await ws.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def add_status_route(self, app: web.Application) -> None:
+        """``GET /v1/uplink/sites``: every site's status (on the offsets API: ``timestone uplink status``)."""
+
+        async def sites(_request: web.Request) -> web.Response:
+            return web.json_response({"role": "hub", **self.status.as_json()})
+
+        app.router.add_get("/v1/uplink/sites", sites)
+
+    async def _serve(self, request: web.Request) -> web.StreamResponse:
+        transport = request.transport
+        site = site_of_certificate(transport.get_extra_info("peercert") if transport else None)
+        if site is None:
+            return _refuse(403, "the client certificate names no site (timestone://site/<site_id>)")
+        allowed = self.config.sites
+        if allowed is not None and site not in allowed:
+            return _refuse(403, f"site {site!r} is not admitted here")
+        ws = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=self.config.max_message_bytes)
+        await ws.prepare(request)
+        previous = self._sockets.get(site)
+        if previous is not None:
+            log.info("site %s connected again: closing its previous connection", site)
+            await previous.close()
+        lock = self._locks.setdefault(site, asyncio.Lock())
+        async with lock:
+            if ws.closed:
+                return ws
+            self._sockets[site] = ws
+            status = self.status.site(site)
+            status.connected = True
+            try:
+                await self._converse(ws, site, status)
+            except WireError as error:
+                log.warning("site %s: %s: closing its connection", site, error)
+                if not ws.closed:
+                    await ws.send_bytes(encode(ERROR, {"message": str(error)}))
+            finally:
+                if self._sockets.get(site) is ws:
+                    del self._sockets[site]
+                    status.connected = False
+                await ws.close()
+        return ws
+
+    async def _converse(self, ws: web.WebSocketResponse, site: str, status: SiteStatus) -> None:
+        try:
+            await self._read_site(ws, site, status)
+        finally:
+            downlink = self._downlinks.pop(site, None)
+            if downlink is not None:
+                downlink.cancel()
+
+    async def _read_site(self, ws: web.WebSocketResponse, site: str, status: SiteStatus) -> None:
+        store = self.store
+        limit = self.config.max_message_bytes
+        first = True
+        async for message in ws:
+            if message.type != WSMsgType.BINARY:
+                if message.type == WSMsgType.TEXT:
+                    raise WireError("text message on the uplink")
+                break
+            self.status.contact(status)
+            decoded = decode(message.data)
+            if first:
+                if decoded.kind != HELLO or decoded.header.get("version") != VERSION:
+                    raise WireError(f"expected HELLO version {VERSION} first")
+                await store.wait_durable()  # a previous connection's appends count in the ends
+                await ws.send_bytes(encode(ENDS, {"ends": site_ends(store, site)}))
+                log.info("site %s connected (%d topics held)", site, len(status.site_ends))
+                first = False
+                down = _downlink_request(decoded.header)
+                if down is not None:
+                    self._downlinks[site] = asyncio.get_running_loop().create_task(
+                        self._send_down(ws, *down), name=f"downlink-{site}"
+                    )
+            elif decoded.kind == BATCH:
+                batch = decode_batch(decoded, limit)
+                gaps: list[Gap] = []
+                applied = apply_batch(store, batch, gaps, partial(site_topic, site))
+                await store.wait_durable()
+                status.received_bytes += len(message.data)
+                status.received_records += applied.records
+                status.duplicate_records += applied.duplicates
+                if gaps:
+                    self._record_gaps(site, status, gaps)
+                if batch.site_ends:
+                    status.site_ends.update(batch.site_ends)
+                ends = {part.topic: store.durable_end(site_topic(site, part.topic)) for part in batch.topics}
+                await ws.send_bytes(encode(ACK, {"seq": batch.seq, "ends": ends}))
+            elif decoded.kind == STATE:
+                status.site_ends.update(site_ends_of(decoded.header.get("site_ends", {})))
+            else:
+                raise WireError(f"unexpected message kind {decoded.kind}")
+
+    async def _send_down(
+        self, ws: web.WebSocketResponse, filters: list[str], positions: dict[str, int], codec: str
+    ) -> None:
+        """The hub's topics matching ``filters`` to the site, from where its copies end (``positions``),
+        until the connection ends; the WebSocket's flow control paces it."""
+        store = self.store
+        seq = 0
+        try:
+            while not ws.closed:
+                topics = _own_topics(store, filters)
+                pending = collections.OrderedDict.fromkeys(topics)
+                batch = next_batch(store, seq, positions, pending, DOWN_BATCH_BYTES, _skip)
+                if batch is not None:
+                    await ws.send_bytes(encode_batch(batch, codec, DOWN))
+                    seq += 1
+                    continue
+                waiting = {topic: positions.get(topic, 0) for topic in topics}
+                await store.wait_for_data(waiting, DOWN_IDLE_S, "#")
+        except (ConnectionError, RuntimeError) as error:  # the connection closed under a send
+            log.debug("downlink ended: %s", error)
+
+    def _record_gaps(self, site: str, status: SiteStatus, gaps: list[Gap]) -> None:
+        with self._gaps_path.open("a") as journal:
+            for gap in gaps:
+                status.gap_records += gap.end - gap.start
+                log.warning(
+                    "site %s topic %r: records [%d, %d) never reached the hub (the site's retention deleted "
+                    "them): the hub's copy continues at %d",
+                    site,
+                    gap.topic,
+                    gap.start,
+                    gap.end,
+                    gap.end,
+                )
+                journal.write(
+                    json.dumps({"site": site, "topic": gap.topic, "start": gap.start, "end": gap.end}) + "\n"
+                )
+
+
+def _downlink_request(header: dict[str, object]) -> tuple[list[str], dict[str, int], str] | None:
+    """The downlink a HELLO asks for: topic filters (none of the hub's ``$`` topics), where the site's
+    copies end, and the codec; None when it asks for none."""
+    request = header.get("downlink")
+    if request is None:
+        return None
+    try:
+        assert isinstance(request, dict)
+        filters = [str(topic_filter) for topic_filter in request["filters"]]
+        for topic_filter in filters:
+            validate_topic_filter(topic_filter)
+            if topic_filter.startswith("$"):
+                raise WireError(f"the downlink cannot ask for the hub's '$' topics: {topic_filter!r}")
+        ends = {str(topic): int(end) for topic, end in request["ends"].items()}
+        codec = str(request.get("codec", "none"))
+    except (AssertionError, KeyError, TypeError, ValueError, AttributeError, InvalidTopic) as error:
+        raise WireError(f"bad downlink request: {error!r}") from None
+    if codec not in ("zstd", "zlib", "none"):
+        raise WireError(f"unknown codec {codec!r}")
+    return (filters, ends, codec) if filters else None
+
+
+def _own_topics(store: LogStore, filters: list[str]) -> list[str]:
+    found: dict[str, None] = {}
+    for topic_filter in filters:
+        for info in store.logs(topic_filter):
+            if not info.topic.startswith("$"):
+                found[info.topic] = None
+    return list(found)
+
+
+def _skip(topic: str, position: int, start: int) -> None:
+    log.warning(
+        "downlink: %r records [%d, %d) were deleted here before the site had them", topic, position, start
+    )
+
+
+def _refuse(status: int, message: str) -> web.Response:
+    return web.json_response({"error": "forbidden", "message": message}, status=status)

@@ -1,0 +1,34 @@
+"""Who a site is: the site id its certificate names, the hub's only proof of which namespace a site writes.
+
+As a cluster member is named by ``timestone://node/<node_id>`` (``cluster.links.member_identity``), a site's
+certificate carries one URI subject alternative name ``timestone://site/<site_id>``, issued by the CA the
+hub trusts for sites (``uplink_hub.tls.cafile``). The subject CN is not used: other tools read it as a host
+or user name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker_edge.settings.uplink import SITE_ID
+
+__all__ = ["SITE_URI_PREFIX", "site_of_certificate", "site_uri"]
+
+SITE_URI_PREFIX = "timestone://site/"
+
+
+def site_uri(site_id: str) -> str:
+    """The URI subject alternative name a site's certificate carries."""
+    return f"{SITE_URI_PREFIX}{site_id}"
+
+
+def site_of_certificate(peercert: dict[str, Any] | None) -> str | None:
+    """The site id a verified peer certificate names (``SSLObject.getpeercert()``), or None (none, or
+    several: a certificate names one site)."""
+    if not peercert:
+        return None
+    uris = [str(value) for kind, value in peercert.get("subjectAltName", ()) if kind == "URI"]
+    named = [uri[len(SITE_URI_PREFIX) :] for uri in uris if uri.startswith(SITE_URI_PREFIX)]
+    if len(named) != 1 or not SITE_ID.match(named[0]):
+        return None
+    return named[0]

@@ -1,0 +1,483 @@
+"""The site's side of the uplink: one connection it dials to the hub, carrying its logs by (topic, offset).
+
+The site never keeps its own idea of what the hub holds: each connection starts by asking (``HELLO`` →
+``ENDS``) and sends every topic from the hub's durable end, so after an outage or a restart on either side
+every record crosses once. Records go only once durable (committed, in a cluster) here, verbatim (their
+stored frames); the hub acknowledges a batch once it is durable there.
+
+Batches take topics in turn (a topic with a backlog gives way to the others after its share), each topic
+oldest first: live records keep flowing while a backlog catches up. The bandwidth limit holds what is sent
+(``throttle``); up to ``max_batches_in_flight`` batches are unanswered at once. Records the site's retention
+would delete before they are sent raise a WARNING and a metric; records it deleted are skipped, and the
+hub records the gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from broker_edge.protocol.topics import topic_matches
+from broker_edge.settings.uplink import UplinkConfig
+from broker_edge.storage import OffsetOutOfRange, UnknownTopic
+from broker_edge.uplink.batches import next_batch
+from broker_edge.uplink.mirror import Gap, apply_batch
+from broker_edge.uplink.throttle import Throttle
+from broker_edge.uplink.wire import (
+    ACK,
+    DOWN,
+    ENDS,
+    ERROR,
+    HELLO,
+    STATE,
+    VERSION,
+    Batch,
+    WireError,
+    decode,
+    decode_batch,
+    encode,
+    encode_batch,
+)
+
+if TYPE_CHECKING:
+    from aiohttp import ClientWebSocketResponse, web
+
+    from broker_edge.observe.metrics import BrokerMetrics
+    from broker_edge.storage import LogStore
+
+__all__ = ["SiteLink", "client_ssl_context"]
+
+log = logging.getLogger("broker_edge.uplink.site_link")
+
+T = TypeVar("T")
+
+HANDSHAKE_TIMEOUT_S = 30.0
+MAX_DOWN_BYTES = 16 * 1024 * 1024
+"""Largest downlink batch taken from the hub, once decompressed (the hub sends 256 KiB ones)."""
+
+
+def client_ssl_context(config: UplinkConfig) -> ssl.SSLContext:
+    tls = config.tls
+    context = ssl.create_default_context(cafile=tls.cafile)
+    context.check_hostname = tls.check_hostname
+    context.load_cert_chain(tls.certfile, tls.keyfile)
+    return context
+
+
+class SiteLink:
+    """Sends ``store``'s logs matching ``config.topics`` to the hub until stopped."""
+
+    def __init__(
+        self,
+        store: LogStore,
+        config: UplinkConfig,
+        metrics: BrokerMetrics,
+        retention_ms: int | None,
+        deliver: Callable[[str, int, int], None],
+    ) -> None:
+        self.store = store
+        self.deliver = deliver
+        """Routes a downlinked topic's records ``[start, end)`` to this broker's subscribers, once durable."""
+        self.received_down = 0
+        """Records the hub sent down (appended here)."""
+        self.config = config
+        self.retention_ms = retention_ms
+        self.hub_ends: dict[str, int] = {}
+        """What the hub holds of each topic, durable (its last answer)."""
+        self.connected = False
+        self.hub: str | None = None
+        self.last_contact = 0.0
+        self.sent_bytes = 0
+        self.sent_records = 0
+        self.stored_bytes = 0
+        """Bytes of the records sent as stored, before compression."""
+        self.gap_records = 0
+        self.at_risk_records = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reported: dict[str, int] = {}
+        self._bind(metrics)
+
+    def _bind(self, metrics: BrokerMetrics) -> None:
+        for name, documentation, read in (
+            ("uplink_connected", "1 while the uplink to the hub is open.", lambda: float(self.connected)),
+            ("uplink_sent_bytes", "Bytes of batches sent to the hub (compressed).", lambda: self.sent_bytes),
+            ("uplink_sent_records", "Records sent to the hub.", lambda: self.sent_records),
+            (
+                "uplink_stored_bytes_sent",
+                "Stored bytes of the records sent (before compression).",
+                lambda: self.stored_bytes,
+            ),
+            ("uplink_lag_records", "Records here the hub has not acknowledged.", lambda: self.lag()[0]),
+            (
+                "uplink_lag_seconds",
+                "Age of the oldest record the hub has not acknowledged.",
+                lambda: self.lag()[1],
+            ),
+            (
+                "uplink_last_contact_timestamp",
+                "Wall time of the hub's last message.",
+                lambda: self.last_contact,
+            ),
+            (
+                "uplink_gap_records",
+                "Records retention deleted before they were sent.",
+                lambda: self.gap_records,
+            ),
+            (
+                "uplink_unsent_at_risk_records",
+                "Unsent records older than uplink.retention_warning_ratio of storage.retention_ms.",
+                lambda: self.at_risk_records,
+            ),
+        ):
+            metrics.gauge(name, documentation).set_function(read)
+
+    # -- what is sent ----------------------------------------------------------------------------------
+
+    def topics(self) -> list[str]:
+        """This site's logs the uplink carries (no ``$`` topics: they are the broker's own)."""
+        found: dict[str, None] = {}
+        for topic_filter in self.config.topics:
+            for info in self.store.logs(topic_filter):
+                if not info.topic.startswith("$") and not self._downlinked(info.topic):
+                    found[info.topic] = None
+        return list(found)
+
+    def _downlinked(self, topic: str) -> bool:
+        return self.config.downlinked(topic)
+
+    def _downlink_request(self) -> dict[str, object] | None:
+        downlink = self.config.downlink
+        if not downlink:
+            return None
+        ends = {
+            info.topic: info.end_offset
+            for topic_filter in downlink
+            for info in self.store.logs(topic_filter)
+            if not info.topic.startswith("$")
+        }
+        return {"filters": downlink, "ends": ends, "codec": self.config.compression}
+
+    def lag(self) -> tuple[int, float]:
+        """Records the hub has not acknowledged, and the age in seconds of the oldest of them."""
+        store = self.store
+        records = 0
+        oldest_ms: int | None = None
+        for topic in self.topics():
+            end = store.committed_end(topic)
+            held = max(self.hub_ends.get(topic, 0), store.start_offset(topic))
+            if end > held:
+                records += end - held
+                timestamp = self._timestamp(topic, held)
+                if timestamp is not None and (oldest_ms is None or timestamp < oldest_ms):
+                    oldest_ms = timestamp
+        seconds = max(0.0, time.time() - oldest_ms / 1000) if oldest_ms is not None else 0.0
+        return records, seconds
+
+    def _timestamp(self, topic: str, offset: int) -> int | None:
+        try:
+            records = self.store.read(topic, offset, 1)
+        except (OffsetOutOfRange, UnknownTopic):
+            return None
+        return records[0].timestamp_ms if records else None
+
+    def check_retention(self) -> None:
+        """Warn about unsent records retention is about to delete (their age past the warning share)."""
+        if self.retention_ms is None:
+            return
+        limit_ms = self.retention_ms * self.config.retention_warning_ratio
+        now_ms = time.time() * 1000
+        at_risk = 0
+        store = self.store
+        for topic in self.topics():
+            held = max(self.hub_ends.get(topic, 0), store.start_offset(topic))
+            timestamp = self._timestamp(topic, held)
+            if timestamp is not None and now_ms - timestamp > limit_ms:
+                unsent = store.committed_end(topic) - held
+                at_risk += unsent
+                log.warning(
+                    "uplink: %d records of %r not yet sent are %.0f s old; retention deletes them at %.0f s",
+                    unsent,
+                    topic,
+                    (now_ms - timestamp) / 1000,
+                    self.retention_ms / 1000,
+                )
+        self.at_risk_records = at_risk
+
+    def status(self) -> dict[str, object]:
+        records, seconds = self.lag()
+        return {
+            "site": self.config.site_id,
+            "hub": self.hub,
+            "connected": self.connected,
+            "last_contact": self.last_contact or None,
+            "sent_bytes": self.sent_bytes,
+            "sent_records": self.sent_records,
+            "stored_bytes_sent": self.stored_bytes,
+            "gap_records": self.gap_records,
+            "unsent_at_risk_records": self.at_risk_records,
+            "lag_records": records,
+            "lag_seconds": round(seconds, 3),
+            "topics": len(self.topics()),
+            "downlink_records": self.received_down,
+        }
+
+    def add_status_route(self, app: web.Application) -> None:
+        """``GET /v1/uplink/sites``: this site's link (on the offsets API: ``timestone uplink status``)."""
+        from aiohttp import web
+
+        async def site(_request: web.Request) -> web.Response:
+            return web.json_response({"role": "site", "site": self.status()})
+
+        app.router.add_get("/v1/uplink/sites", site)
+
+    # -- running ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._run(), name="uplink"),
+            loop.create_task(self._watch_retention(), name="uplink-retention"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _watch_retention(self) -> None:
+        """Check unsent records against retention every ``heartbeat_s``, link up or down (an outage is
+        when it matters)."""
+        while True:
+            await asyncio.sleep(self.config.heartbeat_s)
+            self.check_retention()
+
+    async def _run(self) -> None:
+        import aiohttp
+
+        config = self.config
+        delay = config.reconnect_min_s
+        attempt = 0
+        while True:
+            hub = config.hubs[attempt % len(config.hubs)]
+            attempt += 1
+            try:
+                context = client_ssl_context(config)  # read at each dial: rotated files are taken
+                async with (
+                    aiohttp.ClientSession() as session,
+                    session.ws_connect(
+                        hub,
+                        ssl=context,
+                        proxy=config.proxy,
+                        heartbeat=15.0,
+                        max_msg_size=16 * 1024 * 1024,
+                        timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
+                    ) as ws,
+                ):
+                    self.hub = hub
+                    await self._converse(ws)
+            except (
+                aiohttp.ClientError,
+                OSError,
+                TimeoutError,
+                WireError,
+                ConnectionError,
+                ssl.SSLError,
+            ) as error:
+                log.warning("uplink to %s: %s; again in %.1f s", hub, error or type(error).__name__, delay)
+            finally:
+                if self.connected:
+                    delay = config.reconnect_min_s
+                self.connected = False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, config.reconnect_max_s)
+
+    async def _converse(self, ws: ClientWebSocketResponse) -> None:
+        config = self.config
+        hello: dict[str, object] = {"version": VERSION, "site": config.site_id}
+        downlink = self._downlink_request()
+        if downlink is not None:
+            hello["downlink"] = downlink
+        await ws.send_bytes(encode(HELLO, hello))
+        answer = decode(await ws.receive_bytes(timeout=HANDSHAKE_TIMEOUT_S))
+        if answer.kind == ERROR:
+            raise WireError(f"the hub refused: {answer.header.get('message')}")
+        if answer.kind != ENDS or not isinstance(answer.header.get("ends"), dict):
+            raise WireError("the hub did not answer HELLO with its ends")
+        self.hub_ends = {str(topic): int(end) for topic, end in answer.header["ends"].items()}
+        self._check_hub_ends()
+        self.connected = True
+        self.last_contact = time.time()
+        self._reported = {}
+        log.info("uplink: connected to %s as site %s", self.hub, config.site_id)
+        window = _Window(config.max_batches_in_flight)
+        reader = asyncio.get_running_loop().create_task(self._read_acks(ws, window))
+        try:
+            await self._send(ws, window, reader)
+        finally:
+            reader.cancel()
+
+    def _check_hub_ends(self) -> None:
+        store = self.store
+        for topic, end in self.hub_ends.items():
+            if topic in store and store.committed_end(topic) < end:
+                log.error(
+                    "uplink: the hub holds %r up to %d, this site only to %d: this site's log was lost or "
+                    "replaced; its records below %d are not sent again",
+                    topic,
+                    end,
+                    store.committed_end(topic),
+                    end,
+                )
+
+    async def _read_acks(self, ws: ClientWebSocketResponse, window: _Window) -> None:
+        import aiohttp
+
+        async for message in ws:
+            if message.type != aiohttp.WSMsgType.BINARY:
+                break
+            decoded = decode(message.data)
+            self.last_contact = time.time()
+            if decoded.kind == ACK:
+                for topic, end in decoded.header.get("ends", {}).items():
+                    self.hub_ends[topic] = max(self.hub_ends.get(topic, 0), int(end))
+                window.acknowledged(int(decoded.header.get("seq", -1)))
+            elif decoded.kind == DOWN:
+                await self._apply_down(decode_batch(decoded, MAX_DOWN_BYTES))
+            elif decoded.kind == ERROR:
+                raise WireError(f"the hub refused: {decoded.header.get('message')}")
+            else:
+                raise WireError(f"unexpected message kind {decoded.kind} from the hub")
+        raise ConnectionError("the hub closed the uplink")
+
+    async def _apply_down(self, batch: Batch) -> None:
+        """The hub's records of downlinked topics, at the hub's offsets, then to this broker's subscribers
+        once durable; the hub can write nothing else here."""
+        store = self.store
+        for part in batch.topics:
+            if not self._downlinked(part.topic) or part.topic.startswith("$"):
+                raise WireError(f"the hub sent {part.topic!r}, which is not downlinked here")
+        before = {part.topic: store.committed_end(part.topic) for part in batch.topics}
+        gaps: list[Gap] = []
+        applied = apply_batch(store, batch, gaps, str)
+        for gap in gaps:
+            log.warning(
+                "downlink: %r records [%d, %d) never reached this site", gap.topic, gap.start, gap.end
+            )
+        await store.wait_durable()
+        self.received_down += applied.records
+        for topic, start in before.items():
+            self.deliver(topic, max(start, store.start_offset(topic)), store.committed_end(topic))
+
+    async def _send(self, ws: ClientWebSocketResponse, window: _Window, reader: asyncio.Task[None]) -> None:
+        config = self.config
+        store = self.store
+        loop = asyncio.get_running_loop()
+        throttle = Throttle(config.bandwidth_bytes_per_s, loop.time())
+        positions = dict(self.hub_ends)
+        known = self.topics()  # listed again only when a new topic appears or the link is idle a while
+        pending: collections.OrderedDict[str, None] = collections.OrderedDict.fromkeys(known)
+        seq = 0
+        next_state = loop.time()
+        while True:
+            await _until(window.free(), reader)
+            batch = self._build(seq, positions, pending)
+            if batch is None:
+                if loop.time() >= next_state:
+                    await ws.send_bytes(encode(STATE, {"site_ends": self._changed_ends()}))
+                    next_state = loop.time() + config.heartbeat_s
+                waiting = {topic: positions.get(topic, 0) for topic in known}
+                wait = store.wait_for_data(waiting, config.heartbeat_s, "#")
+                woken = [topic for topic in await _until(wait, reader) if self._carries(topic)]
+                if not woken or any(topic not in waiting for topic in woken):
+                    known = self.topics()
+                pending.update(dict.fromkeys(woken or known))
+                continue
+            if loop.time() >= next_state:
+                batch.site_ends = self._changed_ends()
+                next_state = loop.time() + config.heartbeat_s
+            data = encode_batch(batch, config.compression)
+            pause = throttle.delay(len(data), loop.time())
+            if pause:
+                await _until(asyncio.sleep(pause), reader)
+            window.sent(seq)
+            await ws.send_bytes(data)
+            seq += 1
+            self.sent_bytes += len(data)
+            self.stored_bytes += len(batch.frames)
+            self.sent_records += sum(part.count for part in batch.topics)
+
+    def _carries(self, topic: str) -> bool:
+        return (
+            not topic.startswith("$")
+            and any(topic_matches(f, topic) for f in self.config.topics)
+            and not self._downlinked(topic)
+        )
+
+    def _build(
+        self, seq: int, positions: dict[str, int], pending: collections.OrderedDict[str, None]
+    ) -> Batch | None:
+        return next_batch(self.store, seq, positions, pending, self.config.batch_bytes, self._gap)
+
+    def _gap(self, topic: str, position: int, start: int) -> None:
+        log.warning(
+            "uplink: %r records [%d, %d) were deleted by retention before they were sent",
+            topic,
+            position,
+            start,
+        )
+        self.gap_records += start - position
+
+    def _changed_ends(self) -> dict[str, list[int]]:
+        store = self.store
+        changed: dict[str, list[int]] = {}
+        for topic in self.topics():
+            end = store.committed_end(topic)
+            if self._reported.get(topic) != end:
+                self._reported[topic] = end
+                changed[topic] = [end, store.log_info(topic).last_append_ms or 0]
+        return changed
+
+
+class _Window:
+    """Batches sent and not yet acknowledged, at most ``size``."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.unanswered: collections.deque[int] = collections.deque()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def sent(self, seq: int) -> None:
+        self.unanswered.append(seq)
+        if len(self.unanswered) >= self.size:
+            self._room.clear()
+
+    def acknowledged(self, seq: int) -> None:
+        while self.unanswered and self.unanswered[0] <= seq:
+            self.unanswered.popleft()
+        if len(self.unanswered) < self.size:
+            self._room.set()
+
+    async def free(self) -> None:
+        await self._room.wait()
+
+
+async def _until(work: Awaitable[T], reader: asyncio.Task[None]) -> T:
+    """``work``'s result, unless the connection's reader ends first: then its error (the link is gone)."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.wait({task, reader}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+    if task.done() and not task.cancelled():
+        return task.result()
+    error = None if reader.cancelled() else reader.exception()
+    raise error if error is not None else ConnectionError("the uplink closed")

@@ -1,0 +1,119 @@
+"""What a hub knows of each site: connected or not, last contact, bytes and records received, gaps, and lag
+(records the site holds that the hub does not, and how old the oldest of them is), for ``/metrics`` and
+``timestone uplink status``."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from broker_edge.settings.uplink import site_topic
+
+if TYPE_CHECKING:
+    from broker_edge.observe.metrics import BrokerMetrics
+    from broker_edge.storage import LogStore
+
+__all__ = ["SiteStatus", "SitesStatus"]
+
+
+@dataclass
+class SiteStatus:
+    site_id: str
+    connected: bool = False
+    last_contact: float = 0.0
+    """Wall time of the last message from the site (0: never)."""
+    received_bytes: int = 0
+    """Bytes of batches received, as they travelled (compressed)."""
+    received_records: int = 0
+    duplicate_records: int = 0
+    gap_records: int = 0
+    site_ends: dict[str, list[int]] = field(default_factory=dict)
+    """The site's last report: topic → [end, last append ms]."""
+
+    def lag(self, store: LogStore) -> tuple[int, float]:
+        """Records the site reported that the hub does not hold, and the seconds between the site's newest
+        record and the hub's newest of a lagging topic (the largest)."""
+        records = 0
+        seconds = 0.0
+        for topic, (end, last_ms) in self.site_ends.items():
+            name = site_topic(self.site_id, topic)
+            held = store.durable_end(name) if name in store else 0
+            if end > held:
+                records += end - held
+                hub_ms = store.log_info(name).last_append_ms if name in store else None
+                behind = (last_ms - hub_ms) / 1000 if hub_ms is not None else 0.0
+                seconds = max(seconds, behind, 0.0)
+        return records, seconds
+
+    def as_json(self, store: LogStore) -> dict[str, object]:
+        records, seconds = self.lag(store)
+        return {
+            "site": self.site_id,
+            "connected": self.connected,
+            "last_contact": self.last_contact or None,
+            "received_bytes": self.received_bytes,
+            "received_records": self.received_records,
+            "duplicate_records": self.duplicate_records,
+            "gap_records": self.gap_records,
+            "lag_records": records,
+            "lag_seconds": round(seconds, 3),
+            "topics": len(store.logs(site_topic(self.site_id, "#"))),
+        }
+
+
+class SitesStatus:
+    """Every site this hub heard from, and their metrics (one series per site)."""
+
+    def __init__(self, store: LogStore, metrics: BrokerMetrics) -> None:
+        self.store = store
+        self.sites: dict[str, SiteStatus] = {}
+        self._lag_records = metrics.gauge(
+            "uplink_site_lag_records",
+            "Records a site holds that the hub does not (its last report).",
+            ["site"],
+        )
+        self._lag_seconds = metrics.gauge(
+            "uplink_site_lag_seconds",
+            "How far the hub's copy of a site is behind the site, in seconds.",
+            ["site"],
+        )
+        self._bytes = metrics.gauge(
+            "uplink_site_received_bytes", "Bytes of batches received from a site (as sent).", ["site"]
+        )
+        self._records = metrics.gauge(
+            "uplink_site_received_records", "Records received from a site.", ["site"]
+        )
+        self._gaps = metrics.gauge(
+            "uplink_site_gap_records",
+            "Records a site's retention deleted before they reached the hub.",
+            ["site"],
+        )
+        self._contact = metrics.gauge(
+            "uplink_site_last_contact_timestamp", "Wall time of the last message from a site.", ["site"]
+        )
+        self._connected = metrics.gauge("uplink_site_connected", "1 while a site is connected.", ["site"])
+
+    def site(self, site_id: str) -> SiteStatus:
+        status = self.sites.get(site_id)
+        if status is None:
+            status = self.sites[site_id] = SiteStatus(site_id)
+            self._bind(status)
+        return status
+
+    def contact(self, status: SiteStatus) -> None:
+        status.last_contact = time.time()
+
+    def _bind(self, status: SiteStatus) -> None:
+        site = status.site_id
+        store = self.store
+        self._lag_records.labels(site).set_function(lambda: status.lag(store)[0])
+        self._lag_seconds.labels(site).set_function(lambda: status.lag(store)[1])
+        self._bytes.labels(site).set_function(lambda: status.received_bytes)
+        self._records.labels(site).set_function(lambda: status.received_records)
+        self._gaps.labels(site).set_function(lambda: status.gap_records)
+        self._contact.labels(site).set_function(lambda: status.last_contact)
+        self._connected.labels(site).set_function(lambda: float(status.connected))
+
+    def as_json(self) -> dict[str, object]:
+        return {"sites": [self.sites[site].as_json(self.store) for site in sorted(self.sites)]}

@@ -1,0 +1,81 @@
+"""``timestone uplink status``: a hub's sites, or a site's link, as the broker's offsets API reports them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+__all__ = ["format_status", "uplink_main"]
+
+_SITE_COLUMNS = ("site", "connected", "last contact", "lag records", "lag s", "records", "bytes", "gaps")
+
+
+def uplink_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="timestone uplink", description="The edge uplink.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    status = commands.add_parser("status", help="a hub's sites, or a site's link to its hub")
+    status.add_argument("--broker", default="http://127.0.0.1:9884", help="the broker's offsets API URL")
+    status.add_argument("--token", default=None, help="a reader's token, when the offsets API asks for one")
+    status.add_argument("--json", action="store_true", help="print the broker's answer as JSON")
+    args = parser.parse_args(argv)
+    request = urllib.request.Request(args.broker.rstrip("/") + "/v1/uplink/sites")
+    if args.token:
+        request.add_header("Authorization", f"Bearer {args.token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            document = json.load(answer)
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            print(
+                f"timestone uplink: {args.broker} has no uplink (neither uplink: nor uplink_hub:)",
+                file=sys.stderr,
+            )
+        else:
+            print(f"timestone uplink: {args.broker} answered {error.code}", file=sys.stderr)
+        return 1
+    except (urllib.error.URLError, OSError) as error:
+        print(f"timestone uplink: cannot reach {args.broker}: {error}", file=sys.stderr)
+        return 1
+    print(json.dumps(document, indent=2) if args.json else format_status(document, time.time()))
+    return 0
+
+
+def format_status(document: dict[str, Any], now: float) -> str:
+    """The answer of ``/v1/uplink/sites`` as a table: one row per site (a hub) or the one link (a site)."""
+    if document.get("role") == "site":
+        site = document["site"]
+        rows = [
+            _row(
+                {**site, "received_records": site["sent_records"], "received_bytes": site["sent_bytes"]}, now
+            )
+        ]
+        title = f"site {site['site']} -> {site.get('hub') or '(no hub reached yet)'}"
+    else:
+        rows = [_row(site, now) for site in document.get("sites", [])]
+        title = f"hub: {len(rows)} site(s)"
+    widths = [max(len(column), *(len(row[i]) for row in rows)) for i, column in enumerate(_SITE_COLUMNS)]
+    lines = [
+        title,
+        "  ".join(column.ljust(width) for column, width in zip(_SITE_COLUMNS, widths, strict=True)),
+    ]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(lines)
+
+
+def _row(site: dict[str, Any], now: float) -> list[str]:
+    contact = site.get("last_contact")
+    return [
+        str(site["site"]),
+        "yes" if site["connected"] else "no",
+        f"{now - contact:.0f} s ago" if contact else "never",
+        str(site["lag_records"]),
+        f"{site['lag_seconds']:.1f}",
+        str(site["received_records"]),
+        str(site["received_bytes"]),
+        str(site["gap_records"]),
+    ]

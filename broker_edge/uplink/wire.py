@@ -1,0 +1,194 @@
+"""The uplink's messages, sans-IO: one WebSocket binary message each, bytes in and out, no socket or clock.
+
+A message is ``kind`` (1 byte), the length of a JSON header (4 bytes, big endian), the header, then a body.
+Only a batch has a body: the stored frames of its records (``storage.record``'s format, which carries each
+record's offset, time and CRC), topic after topic, compressed as a whole. The hub appends those frames
+verbatim, so its copy holds the site's bytes at the site's offsets.
+
+The conversation (docs/uplink.md):
+
+- site → hub ``HELLO`` {version, site}; hub → site ``ENDS`` {ends: {topic: end}}: where each of the site's
+  topics ends on the hub, durable. The site sends every record from there: nothing twice, nothing skipped.
+- site → hub ``BATCH`` {seq, codec, topics: [[topic, first, count, size]], site_ends}; hub → site ``ACK``
+  {seq, ends} once the batch is durable on the hub (or ``ERROR`` {message}, then the hub closes).
+- site → hub ``STATE`` {site_ends} when idle: the site's log ends, so the hub knows its lag.
+- The downlink: ``HELLO`` also carries {downlink: {filters, ends}}, the hub's topics the site mirrors and
+  where the site's copies end; the hub sends them from there as ``DOWN`` (a batch's layout, never
+  acknowledged: the next ``HELLO`` says where to resume).
+
+``site_ends`` is ``{topic: [end, last_append_ms]}`` of the site's logs (the ones changed since the last
+report), which the hub turns into lag in records and seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ACK",
+    "BATCH",
+    "DOWN",
+    "ENDS",
+    "ERROR",
+    "HELLO",
+    "STATE",
+    "VERSION",
+    "Batch",
+    "BatchTopic",
+    "Message",
+    "WireError",
+    "compress",
+    "decode",
+    "decode_batch",
+    "decompress",
+    "encode",
+    "encode_batch",
+    "join_frames",
+    "site_ends_of",
+]
+
+VERSION = 1
+HELLO, ENDS, BATCH, ACK, STATE, ERROR, DOWN = 1, 2, 3, 4, 5, 6, 7
+_KINDS = {HELLO, ENDS, BATCH, ACK, STATE, ERROR, DOWN}
+_PREFIX = struct.Struct(">BI")
+
+
+class WireError(ValueError):
+    """A message that does not decode: the connection is closed, nothing of it is applied."""
+
+
+@dataclass(slots=True)
+class Message:
+    kind: int
+    header: dict[str, Any]
+    body: bytes = b""
+
+
+@dataclass(slots=True)
+class BatchTopic:
+    """One topic's part of a batch: ``count`` records from offset ``first``, ``size`` bytes of frames."""
+
+    topic: str
+    first: int
+    count: int
+    size: int
+
+
+@dataclass(slots=True)
+class Batch:
+    seq: int
+    topics: list[BatchTopic]
+    frames: bytes
+    site_ends: dict[str, list[int]] = field(default_factory=dict)
+
+
+def encode(kind: int, header: dict[str, Any], body: bytes = b"") -> bytes:
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return _PREFIX.pack(kind, len(head)) + head + body
+
+
+def decode(data: bytes) -> Message:
+    if len(data) < _PREFIX.size:
+        raise WireError(f"a message of {len(data)} bytes is shorter than its prefix")
+    kind, length = _PREFIX.unpack_from(data)
+    if kind not in _KINDS:
+        raise WireError(f"unknown message kind {kind}")
+    end = _PREFIX.size + length
+    if end > len(data):
+        raise WireError(f"header of {length} bytes overruns a message of {len(data)}")
+    try:
+        header = json.loads(data[_PREFIX.size : end])
+    except ValueError as error:
+        raise WireError(f"header is not JSON: {error}") from None
+    if not isinstance(header, dict):
+        raise WireError("header is not a JSON object")
+    return Message(kind, header, bytes(data[end:]))
+
+
+def compress(codec: str, data: bytes) -> bytes:
+    if codec == "zstd":
+        import zstandard
+
+        return zstandard.ZstdCompressor(level=3).compress(data)
+    if codec == "zlib":
+        return zlib.compress(data, 6)
+    if codec == "none":
+        return data
+    raise WireError(f"unknown codec {codec!r}")
+
+
+def decompress(codec: str, data: bytes, limit: int) -> bytes:
+    """``data`` decompressed, refused past ``limit`` bytes (a small message must not unpack into GBs)."""
+    if codec == "zstd":
+        import zstandard
+
+        try:
+            if zstandard.frame_content_size(data) > limit:  # -1: not written, then max_output_size holds
+                raise WireError(f"body decompresses past {limit} bytes")
+            out = zstandard.ZstdDecompressor().decompress(data, max_output_size=limit)
+        except zstandard.ZstdError as error:
+            raise WireError(f"zstd body does not decompress within {limit} bytes: {error}") from None
+        return out
+    try:
+        if codec == "zlib":
+            inflater = zlib.decompressobj()
+            out = inflater.decompress(data, limit + 1)
+        elif codec == "none":
+            out = data
+        else:
+            raise WireError(f"unknown codec {codec!r}")
+    except zlib.error as error:
+        raise WireError(f"{codec} body does not decompress: {error}") from None
+    if len(out) > limit:
+        raise WireError(f"body decompresses past {limit} bytes")
+    return out
+
+
+def encode_batch(batch: Batch, codec: str, kind: int = BATCH) -> bytes:
+    header = {
+        "seq": batch.seq,
+        "codec": codec,
+        "topics": [[part.topic, part.first, part.count, part.size] for part in batch.topics],
+        "site_ends": batch.site_ends,
+    }
+    return encode(kind, header, compress(codec, batch.frames))
+
+
+def decode_batch(message: Message, limit: int) -> Batch:
+    header = message.header
+    try:
+        seq = int(header["seq"])
+        codec = str(header["codec"])
+        topics = [BatchTopic(str(t), int(f), int(c), int(s)) for t, f, c, s in header["topics"]]
+        site_ends = _site_ends(header.get("site_ends", {}))
+    except (KeyError, TypeError, ValueError) as error:
+        raise WireError(f"bad batch header: {error!r}") from None
+    frames = decompress(codec, message.body, limit)
+    if sum(part.size for part in topics) != len(frames):
+        raise WireError("the batch's topics do not add up to its frames")
+    if any(part.count < 1 or part.first < 0 or part.size < 1 for part in topics):
+        raise WireError("a batch topic with no records or a negative offset")
+    return Batch(seq, topics, frames, site_ends)
+
+
+def _site_ends(value: object) -> dict[str, list[int]]:
+    if not isinstance(value, dict):
+        raise TypeError("site_ends is not an object")
+    return {str(topic): [int(end), int(last)] for topic, (end, last) in value.items()}
+
+
+def site_ends_of(value: object) -> dict[str, list[int]]:
+    """A STATE's or BATCH's ``site_ends``, checked (``WireError`` otherwise)."""
+    try:
+        return _site_ends(value)
+    except (TypeError, ValueError) as error:
+        raise WireError(f"bad site_ends: {error!r}") from None
+
+
+def join_frames(parts: Sequence[bytes]) -> bytes:
+    return parts[0] if len(parts) == 1 else b"".join(parts)

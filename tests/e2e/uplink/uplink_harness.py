@@ -1,0 +1,141 @@
+"""What the uplink tests share: a CA for the hub and its sites, the two config sections, a TCP relay between a
+site and its hub that a test can cut (the WAN), and the check that a hub holds a site's logs exactly."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any
+
+from broker_edge.runtime.local_pki import LocalPki
+from broker_edge.settings.uplink import site_topic
+from broker_edge.storage import LogStore
+from tests.e2e.conftest import RunningBroker
+
+
+def hub_section(pki: LocalPki, **overrides: Any) -> dict[str, Any]:
+    server = pki.server("hub")
+    tls = {"certfile": str(server.cert), "keyfile": str(server.key), "cafile": str(pki.ca.cert)}
+    return {"tls": tls, "host": "127.0.0.1", "port": 0, **overrides}
+
+
+def site_section(pki: LocalPki, site_id: str, hub_port: int, **overrides: Any) -> dict[str, Any]:
+    pair = pki.site(site_id)
+    return {
+        "hubs": [f"wss://127.0.0.1:{hub_port}/v1/uplink"],
+        "site_id": site_id,
+        "tls": {"certfile": str(pair.cert), "keyfile": str(pair.key), "cafile": str(pki.ca.cert)},
+        "reconnect_min_s": 0.05,
+        "reconnect_max_s": 0.5,
+        "heartbeat_s": 0.5,
+        **overrides,
+    }
+
+
+def hub_port(hub: RunningBroker) -> int:
+    uplink_hub = hub.broker.uplink_hub
+    assert uplink_hub is not None
+    return uplink_hub.port
+
+
+def log_frames(store: LogStore, topic: str) -> tuple[int, int, bytes]:
+    """A log's start, end and every stored byte of its records (call on the broker's loop)."""
+    if topic not in store:
+        return 0, 0, b""
+    start, end = store.start_offset(topic), store.durable_end(topic)
+    chunks: list[bytes] = []
+    offset = start
+    while offset < end:
+        frames, count = store.read_frames(topic, offset, 1 << 20)
+        chunks.extend(frames)
+        offset += count
+    return start, end, b"".join(chunks)
+
+
+def mirrored(
+    site_store: LogStore, hub_store: LogStore, site_id: str, topics: list[str], records: int
+) -> bool:
+    """Whether the site holds ``records`` records in ``topics`` and the hub each of them exactly as the site
+    does: same offsets, same bytes."""
+    site_logs = [log_frames(site_store, topic) for topic in topics]
+    hub_logs = [log_frames(hub_store, site_topic(site_id, topic)) for topic in topics]
+    return sum(end - start for start, end, _ in site_logs) == records and site_logs == hub_logs
+
+
+class WanRelay:
+    """A TCP relay on 127.0.0.1 to ``port``; ``cut()`` drops every connection through it (both ends see the
+    link die mid-stream) and, with ``down``, refuses new ones until ``heal()``."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.loop = asyncio.new_event_loop()
+        self.down = False
+        self.cuts = 0
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="wan-relay")
+        self._thread.start()
+        self._ready.wait(5)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self._server = self.loop.run_until_complete(asyncio.start_server(self._relay, "127.0.0.1", 0))
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self.loop.run_forever()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.down:
+            writer.close()
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            writer.close()
+            return
+        self._writers.update((writer, up_writer))
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+            try:
+                while data := await source.read(65536):
+                    sink.write(data)
+                    await sink.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                sink.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        self._writers.difference_update((writer, up_writer))
+
+    def cut(self, down: bool = False) -> None:
+        def drop() -> None:
+            self.down = down
+            self.cuts += 1
+            for writer in list(self._writers):
+                writer.transport.abort()
+
+        self.loop.call_soon_threadsafe(drop)
+
+    def heal(self) -> None:
+        self.loop.call_soon_threadsafe(setattr, self, "down", False)
+
+    def close(self) -> None:
+        async def shut() -> None:
+            self._server.close()
+            for writer in list(self._writers):
+                writer.transport.abort()
+            await asyncio.sleep(0.05)
+            tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shut(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+
+
+def pki_in(directory: Path) -> LocalPki:
+    return LocalPki(directory / "pki", name="uplink-ca")

@@ -1,0 +1,117 @@
+"""The ``uplink:`` and ``uplink_hub:`` sections: defaults, and every check naming its dotted field."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker_edge.config import ConfigError, load_dataclass
+from broker_edge.settings.broker import BrokerConfig
+
+TLS = {"certfile": "site.pem", "keyfile": "site.key", "cafile": "ca.pem"}
+
+
+def site(**uplink: Any) -> BrokerConfig:
+    section = {"hubs": ["wss://hub.example.com:9886/v1/uplink"], "site_id": "plant-1", "tls": TLS, **uplink}
+    return load_dataclass(BrokerConfig, {"uplink": section})
+
+
+def hub(**uplink_hub: Any) -> BrokerConfig:
+    return load_dataclass(BrokerConfig, {"uplink_hub": {"tls": TLS, **uplink_hub}})
+
+
+def test_a_site_loads_with_the_documented_defaults() -> None:
+    uplink = site().uplink
+    assert uplink is not None
+    assert (uplink.topics, uplink.compression, uplink.bandwidth_bytes_per_s) == (["#"], "zstd", None)
+    assert (uplink.batch_bytes, uplink.max_batches_in_flight, uplink.proxy) == (1_048_576, 4, None)
+    assert BrokerConfig().uplink is None and BrokerConfig().uplink_hub is None
+
+
+def test_a_hub_always_requires_client_certificates() -> None:
+    uplink_hub = hub(port=0).uplink_hub
+    assert uplink_hub is not None
+    assert uplink_hub.tls.require_client_cert is True
+    assert (uplink_hub.port, uplink_hub.path, uplink_hub.sites) == (0, "/v1/uplink", None)
+
+
+@pytest.mark.parametrize(
+    ("uplink", "message"),
+    [
+        ({"hubs": []}, "uplink.hubs: at least one hub address"),
+        ({"hubs": ["https://hub:9886/v1/uplink"]}, "uplink.hubs[0]: expected wss://host:port/path"),
+        ({"site_id": "plant/1"}, "uplink.site_id: letters, digits"),
+        ({"site_id": "$plant"}, "uplink.site_id: letters, digits"),
+        ({"topics": ["telemetry/#/x"]}, "uplink.topics[0]:"),
+        ({"topics": []}, "uplink.topics: at least one topic filter"),
+        ({"compression": "lz4"}, "uplink.compression: expected one of 'zstd', 'zlib', 'none'"),
+        ({"bandwidth_bytes_per_s": 0}, "uplink.bandwidth_bytes_per_s: must be an integer >= 1 or null"),
+        ({"batch_bytes": 0}, "uplink.batch_bytes: must be an integer >= 1"),
+        ({"reconnect_min_s": 5, "reconnect_max_s": 1}, "uplink.reconnect_max_s: must be >= reconnect_min_s"),
+        ({"retention_warning_ratio": 1.5}, "uplink.retention_warning_ratio: must be in (0, 1]"),
+        ({"tls": {"certfile": "a", "keyfile": "b"}}, "uplink.tls.cafile: required key is missing"),
+        ({"bogus": 1}, "uplink.bogus: unknown key"),
+    ],
+)
+def test_bad_site_values_name_the_field(uplink: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        site(**uplink)
+    assert str(raised.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("uplink_hub", "message"),
+    [
+        ({"tls": {"certfile": "a", "keyfile": "b"}}, "uplink_hub.tls.cafile: required"),
+        ({"port": 70000}, "uplink_hub.port: must be between 0 and 65535"),
+        ({"path": "uplink"}, "uplink_hub.path: must start with '/'"),
+        ({"sites": ["ok", "not ok"]}, "uplink_hub.sites[1]: not a site id"),
+        ({"max_message_bytes": 0}, "uplink_hub.max_message_bytes: must be an integer >= 1"),
+    ],
+)
+def test_bad_hub_values_name_the_field(uplink_hub: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        hub(**uplink_hub)
+    assert str(raised.value).startswith(message)
+
+
+def test_the_uplink_needs_the_commitlog_and_sites_and_hubs_run_alone() -> None:
+    with pytest.raises(ConfigError, match=r"^uplink: the uplink carries the commitlog"):
+        load_dataclass(
+            BrokerConfig,
+            {
+                "storage": {"enabled": False},
+                "uplink": {"hubs": ["wss://h:1/u"], "site_id": "s", "tls": TLS},
+            },
+        )
+    cluster = {"node_id": "b1", "etcd": ["http://127.0.0.1:2379"]}
+    with pytest.raises(ConfigError, match=r"^uplink: a site is a broker alone"):
+        load_dataclass(
+            BrokerConfig,
+            {"uplink": {"hubs": ["wss://h:1/u"], "site_id": "s", "tls": TLS}, "cluster": cluster},
+        )
+    with pytest.raises(ConfigError, match=r"^uplink_hub: a hub is a broker alone"):
+        load_dataclass(
+            BrokerConfig,
+            {"uplink_hub": {"tls": TLS}, "cluster": {"node_id": "b1", "etcd": ["http://127.0.0.1:2379"]}},
+        )
+
+
+def test_the_broker_command_exits_2_naming_the_field(tmp_path: Path) -> None:
+    config = tmp_path / "broker.yaml"
+    config.write_text(
+        "uplink:\n  hubs: [wss://hub:9886/v1/uplink]\n  site_id: a/b\n"
+        "  tls: {certfile: a, keyfile: b, cafile: c}\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "broker", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "uplink.site_id" in result.stderr

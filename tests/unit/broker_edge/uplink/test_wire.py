@@ -1,0 +1,81 @@
+"""The uplink's messages: what is encoded decodes the same, and every malformed message is a ``WireError``."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+
+from broker_edge.uplink.wire import (
+    BATCH,
+    HELLO,
+    Batch,
+    BatchTopic,
+    WireError,
+    decode,
+    decode_batch,
+    encode,
+    encode_batch,
+)
+
+
+@pytest.mark.parametrize("codec", ["zstd", "zlib", "none"])
+def test_a_batch_comes_back_as_it_was_sent(codec: str) -> None:
+    frames = b"a" * 300 + b"b" * 200
+    batch = Batch(7, [BatchTopic("t/a", 10, 3, 300), BatchTopic("t/b", 0, 2, 200)], frames, {"t/a": [13, 99]})
+    data = encode_batch(batch, codec)
+    assert decode_batch(decode(data), limit=1000) == batch
+    if codec != "none":
+        assert len(data) < len(frames)
+
+
+def test_a_header_travels_as_json() -> None:
+    message = decode(encode(HELLO, {"version": 1, "site": "plant-1"}))
+    assert (message.kind, message.header, message.body) == (HELLO, {"version": 1, "site": "plant-1"}, b"")
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"\x01\x00", "shorter than its prefix"),
+        (b"\x63\x00\x00\x00\x02{}", "unknown message kind 99"),
+        (b"\x01\x00\x00\x00\x09{}", "overruns"),
+        (b"\x01\x00\x00\x00\x02[]", "not a JSON object"),
+        (b"\x01\x00\x00\x00\x02{x", "not JSON"),
+    ],
+)
+def test_a_malformed_message_is_refused(data: bytes, why: str) -> None:
+    with pytest.raises(WireError, match=why):
+        decode(data)
+
+
+def test_a_batch_that_unpacks_past_the_limit_is_refused() -> None:
+    for codec in ("zstd", "zlib"):
+        data = encode_batch(Batch(0, [BatchTopic("t", 0, 1, 10_000)], b"\0" * 10_000), codec)
+        with pytest.raises(WireError, match="past 4096"):
+            decode_batch(decode(data), limit=4096)
+
+
+@pytest.mark.parametrize(
+    ("header", "body", "why"),
+    [
+        ({"seq": 1, "codec": "none", "topics": [["t", 0, 1, 5]]}, b"1234", "do not add up"),
+        ({"seq": 1, "codec": "none", "topics": [["t", -1, 1, 4]]}, b"1234", "negative offset"),
+        ({"seq": 1, "codec": "none", "topics": [["t", 0, 0, 4]]}, b"1234", "no records"),
+        ({"seq": 1, "codec": "lz4", "topics": [["t", 0, 1, 4]]}, b"1234", "unknown codec"),
+        ({"seq": 1, "codec": "zlib", "topics": [["t", 0, 1, 4]]}, b"1234", "does not decompress"),
+        ({"codec": "none", "topics": []}, b"", "bad batch header"),
+        ({"seq": 1, "codec": "none", "topics": [["t", 0]]}, b"", "bad batch header"),
+        ({"seq": 1, "codec": "none", "topics": [], "site_ends": {"t": 3}}, b"", "bad batch header"),
+    ],
+)
+def test_a_bad_batch_is_refused(header: dict, body: bytes, why: str) -> None:
+    with pytest.raises(WireError, match=why):
+        decode_batch(decode(encode(BATCH, header, body)), limit=1000)
+
+
+def test_zlib_stops_inflating_at_the_limit() -> None:
+    bomb = zlib.compress(b"\0" * 1_000_000)
+    message = decode(encode(BATCH, {"seq": 0, "codec": "zlib", "topics": [["t", 0, 1, 1_000_000]]}, bomb))
+    with pytest.raises(WireError, match="past 1000"):
+        decode_batch(message, limit=1000)
