@@ -424,6 +424,11 @@ class BrokerConfig:
                     files.append((f"cluster.{section}.{name}", getattr(tls_files, name, None)))
             auth = cluster.etcd_auth
             files.append(("cluster.etcd_auth.password_file", auth.password_file if auth else None))
+        if self.uplink is not None:
+            files += [
+                (f"uplink.tls.{name}", getattr(self.uplink.tls, name))
+                for name in ("certfile", "keyfile", "cafile")
+            ]
         return files
 
     def server_tls(self) -> list[tuple[str, TlsConfig]]:
@@ -435,6 +440,8 @@ class BrokerConfig:
         ]
         if self.offsets_api.enabled and self.offsets_api.tls is not None:
             servers.append(("offsets_api.tls", self.offsets_api.tls))
+        if self.uplink_hub is not None:
+            servers.append(("uplink_hub.tls", self.uplink_hub.tls))
         return servers
 
 

@@ -93,3 +93,26 @@ def test_the_loader_refuses_nan_wherever_a_float_is_read():
         load_dataclass(BrokerConfig, {"sessions": {"persist_interval_s": float("nan")}})
     config = load_dataclass(BrokerConfig, {"limits": {"connect_timeout_s": 2.5}})
     assert config.limits.connect_timeout_s == 2.5
+
+
+def test_the_uplinks_files_are_named_by_their_dotted_key(tmp_path):
+    pki = make_test_pki(tmp_path / "pki")
+    site_tls = {
+        "certfile": str(pki.client_cert),
+        "keyfile": str(tmp_path / "gone.key"),
+        "cafile": str(pki.ca_cert),
+    }
+    err = refused(
+        tmp_path,
+        yaml.safe_dump(
+            {"uplink": {"hubs": ["wss://127.0.0.1:1/v1/uplink"], "site_id": "s1", "tls": site_tls}}
+        ),
+    )
+    assert "uplink.tls.keyfile: file not found" in err
+    hub_tls = {
+        "certfile": str(tmp_path / "gone.pem"),
+        "keyfile": str(pki.server_key),
+        "cafile": str(pki.ca_cert),
+    }
+    err = refused(tmp_path, yaml.safe_dump({"uplink_hub": {"port": 0, "tls": hub_tls}}))
+    assert "uplink_hub.tls.certfile: file not found" in err
