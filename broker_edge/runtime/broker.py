@@ -295,7 +295,8 @@ class Broker(BrokerCore):
             from broker_edge.uplink.hub import UplinkHub
 
             self.uplink_hub = UplinkHub(store, config.uplink_hub, self.metrics)
-            await self.uplink_hub.start()
+            with naming_endpoint("uplink_hub", config.uplink_hub.host, config.uplink_hub.port):
+                await self.uplink_hub.start()
             self.add_offsets_api_routes(self.uplink_hub.add_status_route)
             log.info("uplink hub: sites connect on %s:%d", config.uplink_hub.host, self.uplink_hub.port)
         if config.uplink is not None:

@@ -77,6 +77,12 @@ def startup_report(broker: Broker) -> list[str]:
     node = broker.cluster_node
     if node is not None and config.cluster is not None:
         lines.append(f"members' endpoint on port {node.members_port} (node {config.cluster.node_id})")
+    if broker.uplink_hub is not None and config.uplink_hub is not None:
+        hub = config.uplink_hub
+        address = f"wss://{hub.host}:{broker.uplink_hub.port}{hub.path}"
+        lines.append(f"uplink hub for sites on {address} (sites' CA {hub.tls.cafile})")
+    if config.uplink is not None:
+        lines.append(f"uplink of site {config.uplink.site_id} to {', '.join(config.uplink.hubs)}")
     passwords = config.auth.password_file
     users = f"{passwords} ({len(broker.passwords)} users)" if passwords and broker.passwords else "none"
     acl = broker.acl
