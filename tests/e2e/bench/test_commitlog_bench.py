@@ -6,6 +6,7 @@ import pytest
 
 from bench.commitlog_bench import bench_append
 from broker_edge.storage import Durability
+from broker_edge.storage.entry import HEAD_SIZE
 from broker_edge.storage.record import encode_frame
 
 
@@ -13,7 +14,8 @@ from broker_edge.storage.record import encode_frame
 def test_appends_are_measured_next_to_dd_in_their_pattern(tmp_path, policy: Durability) -> None:
     result = bench_append(tmp_path, policy, 200, 2000, repeat=2)
     frame_bytes = len(encode_frame(0, 0, b"x" * 200, 1, False, "bench-device-0001", (), None, None))
-    assert result.records == 2000 and result.bytes == 2000 * frame_bytes
+    # each record is an entry of its partition log: the entry's head (topic id, check), then the frame
+    assert result.records == 2000 and result.bytes == 2000 * (HEAD_SIZE + frame_bytes)
     assert 1 <= result.windows <= 2000
     flags = "oflag=dsync" if policy == "group" else "conv=fdatasync"
     assert result.disk_pattern.startswith("dd bs=") and result.disk_pattern.endswith(flags)
