@@ -359,13 +359,7 @@ class PublishPath:
         for (topic, from_peer), entries in parts.items():
             current.waiting += 1
             messages = [entry.message for entry in entries if entry.message is not None]
-            forwarding.forward(
-                topic,
-                messages,
-                from_peer,
-                partial(self._forwarded, current, entries),
-                partial(_wanted, entries),
-            )
+            forwarding.forward(topic, messages, from_peer, partial(self._forwarded, current, entries))
         return local
 
     def _forwarded(self, current: _Batch, entries: list[PendingPublish], acks: Sequence[ForwardAck]) -> None:
@@ -566,8 +560,3 @@ def _acknowledge(
         publisher.send_puback(packet_id, reason_code, reason_string)
     elif qos == 2:
         publisher.send_pubrec(packet_id, reason_code, reason_string)
-
-
-def _wanted(entries: list[PendingPublish]) -> bool:
-    """Whether a publisher of ``entries`` is still connected (or the broker itself published one)."""
-    return any(entry.publisher is None or entry.publisher.state != CLOSED for entry in entries)
