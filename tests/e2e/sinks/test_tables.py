@@ -26,6 +26,7 @@ ALL_TABLES = {
     "actions",
     "action_executions",
     "action_summary",
+    "fleet_compliance",
 }
 
 
@@ -100,6 +101,7 @@ def test_action_summary_counts_every_execution_state():
         "rejected_count",
         "canceled_count",
         "total_count",
+        "retries_count",  # executions queued again by a retry rule, not a state
     ]
     assert len(EXECUTION_STATES) == 7
     assert table_spec("action_executions").merge_keys == ("action_id", "device_id")

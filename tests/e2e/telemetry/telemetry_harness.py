@@ -13,6 +13,8 @@ from typing import Any, Protocol
 from pyspark.sql import DataFrame, SparkSession
 
 from broker_edge.storage import AppendRecord
+from pipelines.telemetry.config import TelemetryConfig
+from pipelines.telemetry.job import TelemetryBatch, open_store, start_query
 from tests.e2e.sources.conftest import EdgeBroker
 
 SOURCE_DDL = (
@@ -164,3 +166,16 @@ class MqttPublisher:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
+
+
+def run_available_now(spark: SparkSession, config: TelemetryConfig, timeout_s: int) -> TelemetryBatch:
+    """Run the telemetry job over what the brokers hold (``availableNow``) to the end; its batch, closed."""
+    batch = TelemetryBatch(config, open_store(spark, config))
+    batch.ensure_tables()
+    query = start_query(spark, config, batch, available_now=True)
+    try:
+        assert query.awaitTermination(timeout_s), "the query did not finish"
+        assert query.exception() is None
+    finally:
+        batch.close()
+    return batch

@@ -15,9 +15,8 @@ from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
 from pipelines.telemetry.config import load_telemetry_config
-from pipelines.telemetry.job import TelemetryBatch, open_store, start_query
 from tests.e2e.sources.conftest import EdgeBroker
-from tests.e2e.telemetry.telemetry_harness import LogAppendPublisher, at, ms, reading
+from tests.e2e.telemetry.telemetry_harness import LogAppendPublisher, at, ms, reading, run_available_now
 
 pytestmark = pytest.mark.spark
 
@@ -86,14 +85,7 @@ def test_backlog_with_duplicates_and_bad_rows_fills_every_table_exactly(
             "quality": {"gx": {"schedule": "never"}},
         }
     )
-    batch = TelemetryBatch(config, open_store(spark, config))
-    batch.ensure_tables()
-    query = start_query(spark, config, batch, available_now=True)
-    try:
-        assert query.awaitTermination(300), "the query did not finish"
-        assert query.exception() is None
-    finally:
-        batch.close()
+    batch = run_available_now(spark, config, 300)
     assert len(batch.reports) >= 3  # the backlog took several batches
     store = batch.store
 

@@ -11,10 +11,9 @@ import pytest
 from pyspark.sql import SparkSession
 
 from pipelines.telemetry.config import load_telemetry_config
-from pipelines.telemetry.job import TelemetryBatch, open_store, start_query
 from tests.e2e.broker_clients import wait_for
 from tests.e2e.conftest import RunningBroker
-from tests.e2e.telemetry.telemetry_harness import reading
+from tests.e2e.telemetry.telemetry_harness import reading, run_available_now
 from tests.e2e.uplink.uplink_harness import hub_port, hub_section, mirrored, pki_in, site_section
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
@@ -55,14 +54,7 @@ def run_job(spark: SparkSession, hub: RunningBroker, tmp_path: Path) -> list[Key
             "quality": {"gx": {"schedule": "never"}},
         }
     )
-    batch = TelemetryBatch(config, open_store(spark, config))
-    batch.ensure_tables()
-    query = start_query(spark, config, batch, available_now=True)
-    try:
-        assert query.awaitTermination(240), "the query did not finish"
-        assert query.exception() is None
-    finally:
-        batch.close()
+    batch = run_available_now(spark, config, 240)
     rows = batch.store.read("bronze_telemetry").select("broker", "topic", "offset").collect()
     return sorted((row.broker, row.topic, row.offset) for row in rows)
 
