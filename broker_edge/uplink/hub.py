@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import socket
@@ -130,7 +131,10 @@ class UplinkHub:
             except WireError as error:
                 log.warning("site %s: %s: closing its connection", site, error)
                 if not ws.closed:
-                    await ws.send_bytes(encode(ERROR, {"message": str(error)}))
+                    with contextlib.suppress(ConnectionError):
+                        await ws.send_bytes(encode(ERROR, {"message": str(error)}))
+            except ConnectionError as error:  # the link was cut while this hub answered: the site resumes
+                log.info("site %s: connection lost: %s", site, error)
             finally:
                 if self._sockets.get(site) is ws:
                     del self._sockets[site]
