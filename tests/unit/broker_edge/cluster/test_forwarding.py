@@ -53,6 +53,14 @@ class Node:
         return message
 
 
+def _led_by_b() -> tuple[Node, Node]:
+    """Members ``a`` and ``b``, both seeing ``b`` lead every partition (not linked yet)."""
+    a, b = Node("a"), Node("b")
+    for member in (a, b):
+        member.lead("b")
+    return a, b
+
+
 async def _answered(device: Answers) -> None:
     await asyncio.wait_for(device.answered.wait(), 5)
 
@@ -63,9 +71,7 @@ def _run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 def test_a_publish_on_a_partition_led_elsewhere_is_appended_by_the_leader_and_answered_with_its_offset():
     async def scenario() -> None:
-        a, b = Node("a"), Node("b")
-        for member in (a, b):
-            member.lead("b")
+        a, b = _led_by_b()
         link_in_memory(a.links, b.links)
         device = Answers()
         message = a.publish(device, b"21.5")
@@ -159,9 +165,7 @@ def test_a_publish_answered_not_the_leader_is_retried_ahead_of_the_publishes_sen
     order the device sent them (before, the second was appended at once and the first 20 ms later)."""
 
     async def scenario() -> None:
-        a, b = Node("a"), Node("b")
-        for member in (a, b):
-            member.lead("b")
+        a, b = _led_by_b()
         link_in_memory(a.links, b.links)
         device = Answers()
         b.view.fenced = True
@@ -180,9 +184,7 @@ def test_a_publish_answered_not_the_leader_is_retried_ahead_of_the_publishes_sen
 
 def test_publishes_sent_while_an_earlier_one_waits_for_its_link_go_behind_it():
     async def scenario() -> None:
-        a, b = Node("a"), Node("b")
-        for member in (a, b):
-            member.lead("b")
+        a, b = _led_by_b()
         device = Answers()
         a.publish(device, b"1", packet_id=1)  # no link to b yet: waits
         await asyncio.sleep(0.03)
