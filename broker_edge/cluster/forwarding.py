@@ -34,6 +34,7 @@ shared groups left to the broker they were published on.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import deque
@@ -47,8 +48,6 @@ from broker_edge.observe import path_trace
 from broker_edge.protocol.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
-    import asyncio
-
     from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
     from broker_edge.cluster.view import ClusterView
     from broker_edge.engine.message import Message
@@ -331,6 +330,27 @@ class ClusterForwarding:
             for index in request.unanswered():
                 request.answers[index] = refusal
             request.finish()
+
+    def carries(self, client_id: str) -> bool:
+        """Whether a publish of ``client_id`` waits in a lane or is on its way to its leader."""
+        return any(
+            request.messages[index].origin == client_id
+            for lane in self._lanes.values()
+            for request in lane.requests
+            for index in request.unanswered()
+        )
+
+    async def settle(self, client_id: str, timeout_s: float) -> bool:
+        """Wait until no publish of ``client_id`` is left in a lane (each appended or refused), at most
+        ``timeout_s`` (False then). A session taken over by another broker waits for it: its client
+        publishes there only once the publishes of its old connection have their place in the log, so a
+        publisher that reconnects elsewhere keeps its order."""
+        deadline = self.loop.time() + timeout_s
+        while self.carries(client_id):
+            if self.loop.time() >= deadline:
+                return False
+            await asyncio.sleep(RETRY_S)
+        return True
 
     def retry(self) -> None:
         """Send waiting publishes to the leader now known (the view changed, a link came up, or a tick)."""

@@ -28,7 +28,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -149,6 +149,9 @@ class ClusterSessions:
         """The topics this node observes that a filter matches (``Followers.observed_logs``)."""
         self.closed = False
         """Set once this node leaves: its records stay as they are, for the others to act on."""
+        self.forwards_settled: Callable[[str], Awaitable[bool]] | None = None
+        """Waits until no publish of a client id is still being forwarded from here
+        (``ClusterForwarding.settle``): a takeover answers after it."""
         links.serve_requests(SERVICE_TAKE_OVER, self._serve_take_over)
 
     def start(self) -> None:
@@ -355,11 +358,14 @@ class ClusterSessions:
         self.registry.forget(client_id)
         router = self.broker.router
         session = router.sessions.get(client_id)
+        if session is not None and session.connection is not None:
+            _disconnect_taken_over(session.connection)  # first: its state counts what is in flight to it
+        if self.forwards_settled is not None and not await self.forwards_settled(client_id):
+            log.warning("handing session %r over with publishes of it still on their way", client_id)
+        session = router.sessions.get(client_id)
         if session is None:
             return b'{"held":false}'  # lost (a restart without it): the asking broker uses the saved state
         log.info("handing session %r over to %s (clean start: %s)", client_id, link.peer, clean_start)
-        if session.connection is not None:
-            _disconnect_taken_over(session.connection)  # first: its state counts what is in flight to it
         state = None
         if not clean_start:  # even a session ending with its connection is resumed by a takeover
             state = saved_session(session, self._saved_logs, self.broker.now())

@@ -248,3 +248,26 @@ def test_publishes_waiting_when_their_publisher_disconnects_are_refused_not_appe
         assert device.answers == {}  # a closed connection is told nothing
 
     _run(scenario)
+
+
+def test_a_takeover_waits_until_the_old_connections_forwarded_publishes_have_their_place():
+    """A session taken over elsewhere answers only once its client's publishes still travelling from here
+    are appended or refused (``ClusterSessions`` awaits ``settle``), so a device that reconnects to
+    another broker cannot have its next publish appended ahead of them."""
+
+    async def scenario() -> None:
+        a, b = _led_by_b()
+        device = Answers()
+        a.publish(device, b"1", packet_id=1)  # no link to b yet: waits in its lane
+        await asyncio.sleep(0.001)  # persisted at the next turn of the loop
+        assert a.forwarding.carries("device") and not a.forwarding.carries("another")
+        assert await a.forwarding.settle("device", timeout_s=0.05) is False
+        settled = asyncio.ensure_future(a.forwarding.settle("device", timeout_s=2))
+        await asyncio.sleep(0.03)
+        assert not settled.done()
+        link_in_memory(a.links, b.links)
+        assert await settled is True
+        assert _payloads(b) == [b"1"]
+        assert await a.forwarding.settle("another", timeout_s=0) is True
+
+    _run(scenario)
