@@ -15,7 +15,7 @@ from bench.brokers import Aedes, Mosquitto, Timestone
 from bench.brokers.base import BrokerUnderTest
 from bench.loadgen.flow import FlowSpec, Timing
 from bench.scenarios.base import RunContext, ScenarioResult, Target, ratio_target
-from bench.scenarios.throughput import COLUMNS, flow_row
+from bench.scenarios.throughput import flow_row, persisted_result
 
 DEVICES = 10_000
 QUICK_DEVICES = 500
@@ -69,10 +69,10 @@ def run(ctx: RunContext, devices: int = DEVICES) -> ScenarioResult:
     timed = dataclasses.replace(ctx, timing=QUICK_TIMING if ctx.quick else TIMING)
     rows = [flow_row(timed, broker, CASE, fleet, data_dir_size=True) for broker in variants(ctx)]
     ctx.failures += [f for f in timed.failures if f not in ctx.failures]
-    result = ScenarioResult(
-        key="fleet",
-        title=f"A fleet: {devices:,} devices, each publishing QoS 1 on its own topic",
-        description=(
+    result = persisted_result(
+        "fleet",
+        f"A fleet: {devices:,} devices, each publishing QoS 1 on its own topic",
+        (
             f"{devices:,} connections (devices), device i publishing {PAYLOAD}-byte QoS 1 messages on "
             f"`fleet/device-<i>/telemetry` with at most {WINDOW} unacknowledged (the same window for every "
             "broker), one consumer on `fleet/+/telemetry` at QoS 1 PUBACKing every delivery; the devices "
@@ -86,11 +86,7 @@ def run(ctx: RunContext, devices: int = DEVICES) -> ScenarioResult:
             "consumer equals the PUBACKs/s of the devices in steady state (both are shown). A row is invalid "
             "when the load generator saturated its CPU or an acknowledged message never reached the consumer."
         ),
-        figure_name="delivered/s",
-        higher_is_better=True,
-        columns=[*COLUMNS, "data on disk"],
-        rows=rows,
-        reference="timestone (persist on)",
+        rows,
     )
     mine = result.figure(CASE, "timestone (persist on)")
     for peer in ("mosquitto (persistence on)", "aedes (LevelDB persistence)", "aedes"):
