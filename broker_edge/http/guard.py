@@ -15,6 +15,9 @@ guard:
   connection is closed after ``keepalive_s``, and the rest of a body nobody waits for any more is read for
   at most ``request_timeout_s``. Handlers that read a body bound that read themselves (``read_body``).
   Requests being handled are not timed: a long poll may wait.
+- **Bytes of an upgraded socket.** ``watch_bytes`` hands every byte count the socket reads (after TLS) to a
+  callable, before aiohttp buffers them: a WebSocket listener bounds what a client sends before its CONNECT
+  that way, whatever its frames declare.
 - **Memory.** With a ``MemoryBudget`` (``broker_edge.security.http_budget``), every request holds a
   ``Reservation``: handlers ``hold`` what they are about to read or build, and the answer is written inside
   the request's share, which is given back once it is sent. A request the budget cannot take is answered
@@ -37,6 +40,7 @@ from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget, Rese
 from broker_edge.settings.broker import check_http_limits
 
 __all__ = [
+    "ByteWatch",
     "GuardedRunner",
     "check_http_limits",
     "hold",
@@ -45,7 +49,11 @@ __all__ = [
     "read_body",
     "settle",
     "start_guarded_site",
+    "watch_bytes",
 ]
+
+ByteWatch = Callable[[int], bool | None]
+"""What ``watch_bytes`` calls with each read's size: True aborts the connection, None stops the calls."""
 
 _GUARD_KEY: web.AppKey[_Guard] = web.AppKey("http_guard")
 _RESERVATION: web.RequestKey[Reservation] = web.RequestKey("reservation", Reservation)
@@ -98,6 +106,8 @@ class _GuardedProtocol(asyncio.Protocol):
         """A request on this connection carried valid credentials: it is never pushed out for a newcomer."""
         self.closing = False
         self.timer: asyncio.TimerHandle | None = None
+        self.watch: ByteWatch | None = None
+        """Told of every read's size (``watch_bytes``) until it answers None."""
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -108,6 +118,15 @@ class _GuardedProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if not self.busy and self.timer is None:
             self.arm()
+        watch = self.watch
+        if watch is not None:
+            verdict = watch(len(data))
+            if verdict is None:
+                self.watch = None
+            elif verdict:
+                self.watch = None
+                self.transport.abort()  # over its bound: nothing of this read is handed on
+                return
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -179,6 +198,14 @@ def mark_authenticated(request: web.Request) -> None:
     guarded = request.app[_GUARD_KEY].open.get(request.transport) if _GUARD_KEY in request.app else None
     if guarded is not None:
         guarded.authenticated = True
+
+
+def watch_bytes(request: web.Request, watch: ByteWatch) -> None:
+    """Tell ``watch`` the size of every read of the request's connection from now on: it answers True to
+    have the connection aborted (the read is dropped), None to stop being told, False to go on."""
+    guarded = request.app[_GUARD_KEY].open.get(request.transport) if _GUARD_KEY in request.app else None
+    if guarded is not None:
+        guarded.watch = watch
 
 
 def hold(request: web.Request, size: int) -> None:

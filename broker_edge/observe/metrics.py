@@ -50,6 +50,7 @@ REFUSAL_REASONS = (
     "not_authorized",
     "anonymous",
     "protocol_error",
+    "connect_too_large",
     "connect_timeout",
     "client_id_invalid",
     "tls_error",
