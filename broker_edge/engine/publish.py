@@ -52,7 +52,7 @@ from broker_edge.engine.ports import LOCAL_ONLY, AppendedRun, ForwardAck, Publis
 from broker_edge.engine.records import record_fields
 from broker_edge.observe.log_summary import LogSummary
 from broker_edge.protocol.reason_codes import ReasonCode
-from broker_edge.storage.errors import StorageError, TooManyTopics
+from broker_edge.storage.errors import DescriptorShortage, StorageError, TooManyTopics
 
 if TYPE_CHECKING:
     from broker_edge.engine.cursors import ReplayManager
@@ -389,7 +389,8 @@ class PublishPath:
         At the broker's topic limit (`storage.max_topics`) a v3.1.1 publisher cannot be told why: its publish
         is not acknowledged at all and its connection stays open, so it keeps the message (nothing is lost)
         and does not resend it on this connection ([MQTT-4.4.0-1]); it resends once when it reconnects. The
-        store counts and logs these refusals once per interval, not once per publish."""
+        store counts and logs these refusals once per interval, not once per publish. So are the refusals
+        of a store short of file descriptors (``descriptor_shortage``): 0x80, a v3.1.1 publisher closed."""
         message = entry.message
         assert message is not None
         try:
@@ -407,10 +408,17 @@ class PublishPath:
                     entry.packet_id = None
                     return
             else:
-                self.counters.drop("log_failed")
-                log.warning(
-                    "append to %r failed: %s", message.topic, exc, extra={"client_id": message.origin or "-"}
-                )
+                if isinstance(exc, DescriptorShortage):  # passing, and every publish meets it: summarised
+                    self.counters.drop("descriptor_shortage")
+                    self._refusals.log(logging.WARNING, "descriptor_shortage", "publish refused: %s", exc)
+                else:
+                    self.counters.drop("log_failed")
+                    log.warning(
+                        "append to %r failed: %s",
+                        message.topic,
+                        exc,
+                        extra={"client_id": message.origin or "-"},
+                    )
                 entry.reason_code = ReasonCode.UNSPECIFIED_ERROR
                 if publisher is not None and not publisher.v5:
                     publisher.close()  # a v3 client cannot be told: it resends after reconnecting
@@ -450,8 +458,10 @@ class PublishPath:
     def _failed(self, batch: list[PendingPublish], exc: BaseException, reason: str) -> None:
         """Writing (``log_failed``) or replicating (``replication_failed``) failed: acknowledge nothing
         appended here (entries answered elsewhere keep their answer); a ``PublishRefused`` says why."""
-        refused = isinstance(exc, PublishRefused)
-        if refused:  # expected while a partition changes hands: summarised
+        if isinstance(exc, DescriptorShortage):
+            reason = "descriptor_shortage"
+        refused = isinstance(exc, PublishRefused | DescriptorShortage)
+        if refused:  # expected while a partition changes hands, passing with descriptors: summarised
             self._refusals.log(
                 logging.WARNING,
                 reason,
