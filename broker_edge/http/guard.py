@@ -37,6 +37,7 @@ from aiohttp import web
 
 from broker_edge.http.json_errors import answer_errors_in_json
 from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget, Reservation
+from broker_edge.security.tls_accept import HandshakeFailure, TlsServer, start_tls_server
 from broker_edge.settings.broker import check_http_limits
 
 __all__ = [
@@ -266,7 +267,9 @@ def _budget_middleware(budget: MemoryBudget, is_member: Callable[[web.Request], 
 class GuardedRunner:
     """The running site: ``await cleanup()`` stops it (as ``web.AppRunner.cleanup`` does)."""
 
-    def __init__(self, runner: web.AppRunner, server: asyncio.base_events.Server, guard: _Guard) -> None:
+    def __init__(
+        self, runner: web.AppRunner, server: asyncio.base_events.Server | TlsServer, guard: _Guard
+    ) -> None:
         self.runner = runner
         self.server = server
         self.guard = guard
@@ -295,11 +298,13 @@ async def start_guarded_site(
     sock: socket.socket | None = None,
     budget: MemoryBudget | None = None,
     is_member: Callable[[web.Request], bool] = lambda _request: False,
+    on_tls_failure: HandshakeFailure | None = None,
 ) -> GuardedRunner:
     """Serve ``app`` on ``host:port`` (0: a free port), or on the listening ``sock`` when given, behind the
     guard; ``OSError`` if it cannot bind. With ``budget``, every request holds its share of it;
     ``is_member(request)`` tells (after the app's own middlewares authenticated it) whether it may use the
-    members' reserve."""
+    members' reserve. With TLS the site accepts its sockets itself (``security.tls_accept``): a failed
+    handshake is told to ``on_tls_failure`` with the peer and why."""
     guard = _Guard(max_connections, request_timeout_s)
     app[_GUARD_KEY] = guard
     app.middlewares.insert(0, _request_started)
@@ -318,22 +323,23 @@ async def start_guarded_site(
         handler = answer_errors_in_json(make_handler())  # type: ignore[misc]  # runner.server is set by setup()
         return _GuardedProtocol(handler, guard)
 
+    server: asyncio.base_events.Server | TlsServer
     try:
         loop = asyncio.get_running_loop()
-        handshake_s = request_timeout_s if ssl_context is not None else None
-        if sock is None:
-            server = await loop.create_server(
+        if ssl_context is not None:
+            server = await start_tls_server(
                 protocol,
                 host,
                 port,
-                ssl=ssl_context,
-                reuse_address=True,
-                ssl_handshake_timeout=handshake_s,
+                ssl_context,
+                request_timeout_s,
+                on_tls_failure or (lambda _peer, _reason, _error: None),
+                sock=sock,
             )
+        elif sock is None:
+            server = await loop.create_server(protocol, host, port, reuse_address=True)
         else:
-            server = await loop.create_server(
-                protocol, sock=sock, ssl=ssl_context, ssl_handshake_timeout=handshake_s
-            )
+            server = await loop.create_server(protocol, sock=sock)
     except BaseException:
         await runner.cleanup()
         raise

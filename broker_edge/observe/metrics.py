@@ -232,6 +232,11 @@ class BrokerMetrics:
         self.connections_refused_total = counter(
             "connections_refused", "Connections refused, by reason.", ["reason"]
         )
+        self.tls_handshake_failures_total = counter(
+            "tls_handshake_failures",
+            "TLS handshakes that failed, by listener and reason (timeout, closed, OpenSSL's reason).",
+            ["listener", "reason"],
+        )
         self.disconnects_total = counter(
             "disconnects",
             "Connected clients the broker disconnected, by reason.",

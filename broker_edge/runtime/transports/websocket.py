@@ -16,6 +16,7 @@ from aiohttp import WSMsgType, web
 from broker_edge.engine.connection.connection import Connection
 from broker_edge.engine.connection.states import NEW
 from broker_edge.http.guard import GuardedRunner, start_guarded_site, watch_bytes
+from broker_edge.runtime.transports.tcp import report_tls_failures
 from broker_edge.security.tls import peer_common_name
 
 if TYPE_CHECKING:
@@ -159,7 +160,8 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
 
     The same bounds as a TCP listener's before CONNECT: behind the HTTP guard (``broker_edge.http.guard``), a
     TLS handshake and the upgrade request must arrive within ``limits.connect_timeout_s`` (counted in
-    ``timed_out``), at most ``limits.max_connections`` sockets are open (more are answered 503), once
+    ``timed_out``; a failed handshake is counted and logged with its peer and reason as a TCP listener's
+    is), at most ``limits.max_connections`` sockets are open (more are answered 503), once
     upgraded the connection goes through the broker's admission and CONNECT timeout like any other, and it
     may send no more than ``PreConnectBytes`` before its CONNECT is read."""
     config = listener.config
@@ -199,4 +201,5 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
         listener.ssl_context,
         limits.max_connections,
         limits.connect_timeout_s,  # the TLS handshake and the upgrade request, as a TCP listener's CONNECT
+        on_tls_failure=report_tls_failures(broker, listener.name),
     )
