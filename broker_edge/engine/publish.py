@@ -50,7 +50,7 @@ from broker_edge.engine.connection.states import CLOSED
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import LOCAL_ONLY, AppendedRun, ForwardAck, PublishRefused
 from broker_edge.engine.records import record_fields
-from broker_edge.observe.log_summary import LogSummary
+from broker_edge.observe.refusal_log import LogSummary
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.storage.errors import DescriptorShortage, StorageError, TooManyTopics
 

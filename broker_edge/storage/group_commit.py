@@ -63,7 +63,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from broker_edge.observe import path_trace
-from broker_edge.observe.log_summary import LogSummary
+from broker_edge.observe.refusal_log import LogSummary
 
 from .config import Durability
 from .errors import DescriptorShortage, StorageFailed
