@@ -54,38 +54,38 @@ class TlsServer:
 
     def __init__(
         self,
-        sock: socket.socket,
+        sockets: list[socket.socket],
         protocol_factory: Callable[[], asyncio.BaseProtocol],
         ssl_context: ssl.SSLContext,
         handshake_timeout_s: float,
         on_failure: HandshakeFailure,
     ) -> None:
-        self.sockets = [sock]
-        self._sock = sock
+        self.sockets = sockets
         self._protocol_factory = protocol_factory
         self._ssl_context = ssl_context
         self._handshake_timeout_s = handshake_timeout_s
         self._on_failure = on_failure
         self._handshakes: set[asyncio.Task[None]] = set()
-        self._accepting = asyncio.get_running_loop().create_task(self._accept())
+        loop = asyncio.get_running_loop()
+        self._accepting = [loop.create_task(self._accept(sock)) for sock in sockets]
 
     def close(self) -> None:
-        self._accepting.cancel()
-        for task in self._handshakes:
+        for task in (*self._accepting, *self._handshakes):
             task.cancel()
-        self._sock.close()
+        for sock in self.sockets:
+            sock.close()
 
     async def wait_closed(self) -> None:
-        await asyncio.gather(self._accepting, *self._handshakes, return_exceptions=True)
+        await asyncio.gather(*self._accepting, *self._handshakes, return_exceptions=True)
 
-    async def _accept(self) -> None:
+    async def _accept(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                conn, address = await loop.sock_accept(self._sock)
+                conn, address = await loop.sock_accept(sock)
             except OSError as error:
                 if error.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    if self._sock.fileno() < 0:
+                    if sock.fileno() < 0:
                         return  # closed
                     log.warning("accepting a TLS connection failed: %s", error)
                 else:
@@ -121,20 +121,30 @@ async def start_tls_server(
     backlog: int = 1024,
     sock: socket.socket | None = None,
 ) -> TlsServer:
-    """Listen on ``host:port`` (or the listening ``sock``) and serve TLS connections; ``OSError`` if it
-    cannot bind."""
-    if sock is None:
-        infos = await asyncio.get_running_loop().getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-        family, kind, proto, _name, address = infos[0]
-        sock = socket.socket(family, kind, proto)
-        try:
+    """Listen on every address of ``host:port``, as ``loop.create_server`` does (or on the listening
+    ``sock``), and serve TLS connections; ``OSError`` if it cannot bind."""
+    sockets = [sock] if sock is not None else await _listen(host, port, backlog)
+    for listening in sockets:
+        listening.setblocking(False)
+    return TlsServer(sockets, protocol_factory, ssl_context, handshake_timeout_s, on_failure)
+
+
+async def _listen(host: str, port: int, backlog: int) -> list[socket.socket]:
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _name, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # its IPv4 twin binds too
             sock.bind(address)
             sock.listen(backlog)
-        except BaseException:
+    except BaseException:
+        for sock in sockets:
             sock.close()
-            raise
-    sock.setblocking(False)
-    return TlsServer(sock, protocol_factory, ssl_context, handshake_timeout_s, on_failure)
+        raise
+    return sockets
