@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 ACCEPT_PAUSE_S = 1.0
 """How long accepting pauses when the process has no descriptor left for a new socket."""
+ACCEPT_BATCH = 100
+"""Connections accepted at once beyond the one awaited, when that many wait (as the loop's servers do)."""
 
 HandshakeFailure = Callable[[str, str, BaseException], None]
 """``on_failure(peer "host:port", reason, error)``: a handshake failed (``reason``: ``failure_reason``)."""
@@ -92,9 +94,21 @@ class TlsServer:
                     log.warning("accepting paused for %.0f s: %s", ACCEPT_PAUSE_S, error.strerror)
                 await asyncio.sleep(ACCEPT_PAUSE_S)
                 continue
-            task = loop.create_task(self._handshake(conn, address))
-            self._handshakes.add(task)
-            task.add_done_callback(self._handshakes.discard)
+            self._start_handshake(conn, address)
+            for _ in range(ACCEPT_BATCH):  # the others already waiting, without a wait each
+                try:
+                    conn, address = sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    break  # said by sock_accept on the next turn
+                self._start_handshake(conn, address)
+
+    def _start_handshake(self, conn: socket.socket, address: tuple[str, int] | str) -> None:
+        conn.setblocking(False)
+        task = asyncio.get_running_loop().create_task(self._handshake(conn, address))
+        self._handshakes.add(task)
+        task.add_done_callback(self._handshakes.discard)
 
     async def _handshake(self, conn: socket.socket, address: tuple[str, int] | str) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
