@@ -146,7 +146,7 @@ class Sealer:
         except RuntimeError:
             loop = None
         if loop is None and self._thread is None:
-            self._run_task(task)
+            self._run_task_patiently(task)
             return
         if self._thread is None:
             self._loop = loop
