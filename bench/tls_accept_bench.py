@@ -1,5 +1,5 @@
 """TLS handshakes a listener completes per second: the broker accepting its TLS sockets itself
-(``broker_edge.security.tls_accept``, so that a failed handshake is known with its peer and reason) against
+(``broker_edge.http.tls_accept``, so that a failed handshake is known with its peer and reason) against
 the event loop's own TLS server (``loop.create_server(ssl=...)``, which drops a failed handshake unseen).
 
 Both servers run in this process on uvloop (as the broker does), with a protocol that takes the connection
@@ -27,8 +27,8 @@ from typing import Any
 import uvloop
 
 from bench.sysinfo import machine_busy_seconds, machine_info, machine_load_sentence
+from broker_edge.http.tls_accept import start_tls_server
 from broker_edge.security.tls import TlsConfig, server_ssl_context
-from broker_edge.security.tls_accept import start_tls_server
 from tests.tls_certs import make_test_pki
 
 RESULTS = Path(__file__).parent / "results" / "tls-accept.md"
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| the loop's own (`create_server(ssl=...)`) | {loop_rate:,.0f} | "
         + ", ".join(f"{r:,.0f}" for r in rates["loop"])
         + " |",
-        f"| the broker's (`security.tls_accept`) | {broker_rate:,.0f} | "
+        f"| the broker's (`http.tls_accept`) | {broker_rate:,.0f} | "
         + ", ".join(f"{r:,.0f}" for r in rates["broker"])
         + " |",
         "",

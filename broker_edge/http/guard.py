@@ -36,8 +36,8 @@ from typing import Any
 from aiohttp import web
 
 from broker_edge.http.json_errors import answer_errors_in_json
+from broker_edge.http.tls_accept import HandshakeFailure, TlsServer, start_tls_server
 from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget, Reservation
-from broker_edge.security.tls_accept import HandshakeFailure, TlsServer, start_tls_server
 from broker_edge.settings.broker import check_http_limits
 
 __all__ = [
@@ -303,7 +303,7 @@ async def start_guarded_site(
     """Serve ``app`` on ``host:port`` (0: a free port), or on the listening ``sock`` when given, behind the
     guard; ``OSError`` if it cannot bind. With ``budget``, every request holds its share of it;
     ``is_member(request)`` tells (after the app's own middlewares authenticated it) whether it may use the
-    members' reserve. With TLS the site accepts its sockets itself (``security.tls_accept``): a failed
+    members' reserve. With TLS the site accepts its sockets itself (``http.tls_accept``): a failed
     handshake is told to ``on_tls_failure`` with the peer and why."""
     guard = _Guard(max_connections, request_timeout_s)
     app[_GUARD_KEY] = guard

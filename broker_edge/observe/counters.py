@@ -54,7 +54,7 @@ class BrokerCounters:
         self._disconnects[reason] = self._disconnects.get(reason, 0) + 1
 
     def tls_failed(self, listener: str, reason: str) -> None:
-        """A TLS handshake on ``listener`` failed for ``reason`` (``security.tls_accept.failure_reason``);
+        """A TLS handshake on ``listener`` failed for ``reason`` (``http.tls_accept.failure_reason``);
         counted as a ``tls_error`` refusal too."""
         self.refused("tls_error")
         key = (listener, reason)

@@ -5,7 +5,7 @@ place. A plain TCP listener runs on the event loop's transport unless its ``tran
 (``transports.native``, the broker's own); TLS listeners always run on the event loop's. The transport's
 write-buffer high-water mark is ``limits.outgoing_buffer_bytes``, so ``pause_writing`` marks a slow
 subscriber exactly when its unsent bytes pass that bound. TLS listeners accept their sockets themselves
-(``security.tls_accept``), the handshake bounded by the CONNECT timeout, so that a failed handshake is
+(``http.tls_accept``), the handshake bounded by the CONNECT timeout, so that a failed handshake is
 known with its peer and reason: counted (``tls_error``, and ``tls_handshake_failures_total`` by listener
 and reason) and logged as a refusal (``report_tls_failures``).
 """
@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, cast
 
 from broker_edge.engine.connection.connection import Connection
+from broker_edge.http.tls_accept import HandshakeFailure, start_tls_server
 from broker_edge.runtime.transports.native import start_native_server
 from broker_edge.security.tls import peer_common_name
-from broker_edge.security.tls_accept import HandshakeFailure, start_tls_server
 
 if TYPE_CHECKING:
     from broker_edge.engine.connection.connection import ConnectionHost

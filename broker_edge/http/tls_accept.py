@@ -22,6 +22,8 @@ import socket
 import ssl
 from collections.abc import Callable
 
+from broker_edge.process.sockets import listening_sockets
+
 __all__ = ["ACCEPT_PAUSE_S", "HandshakeFailure", "TlsServer", "failure_reason", "start_tls_server"]
 
 log = logging.getLogger(__name__)
@@ -137,28 +139,7 @@ async def start_tls_server(
 ) -> TlsServer:
     """Listen on every address of ``host:port``, as ``loop.create_server`` does (or on the listening
     ``sock``), and serve TLS connections; ``OSError`` if it cannot bind."""
-    sockets = [sock] if sock is not None else await _listen(host, port, backlog)
-    for listening in sockets:
-        listening.setblocking(False)
+    if sock is not None:
+        sock.setblocking(False)
+    sockets = [sock] if sock is not None else listening_sockets(host, port, backlog)
     return TlsServer(sockets, protocol_factory, ssl_context, handshake_timeout_s, on_failure)
-
-
-async def _listen(host: str, port: int, backlog: int) -> list[socket.socket]:
-    infos = await asyncio.get_running_loop().getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )
-    sockets: list[socket.socket] = []
-    try:
-        for family, kind, proto, _name, address in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # its IPv4 twin binds too
-            sock.bind(address)
-            sock.listen(backlog)
-    except BaseException:
-        for sock in sockets:
-            sock.close()
-        raise
-    return sockets
