@@ -32,7 +32,6 @@ the broker itself.
 from __future__ import annotations
 
 import collections
-import ctypes
 import gc
 import json
 import os
@@ -45,39 +44,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from broker_edge.process.heap_trim import bound_arenas, heap_count
+from broker_edge.process.heap_trim import MALLINFO2_FIELDS, bound_arenas, heap_count, mallinfo2_function
 
 FRAMES = 10
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
 
 
 def malloc_stats() -> dict[str, int]:
     """glibc's view of the C heap (all arenas): `arena` bytes from sbrk/heaps, `hblkhd` in mmapped blocks,
     `uordblks` in use, `fordblks` free; empty where there is no `mallinfo2`."""
-    try:
-        function = ctypes.CDLL(None).mallinfo2
-    except (OSError, AttributeError):
+    mallinfo2 = mallinfo2_function()
+    if mallinfo2 is None:
         return {}
-    function.restype = _MallInfo2
-    info = function()
-    return {name: int(getattr(info, name)) for name, *_ in _MallInfo2._fields_}
+    info = mallinfo2()
+    return {name: int(getattr(info, name)) for name in MALLINFO2_FIELDS}
 
 
 _PYMALLOC_LINES = {

@@ -50,9 +50,9 @@ from broker_edge.engine.connection.states import CLOSED
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import LOCAL_ONLY, AppendedRun, ForwardAck, PublishRefused
 from broker_edge.engine.records import record_fields
-from broker_edge.observe.log_summary import LogSummary
+from broker_edge.observe.refusal_log import LogSummary
 from broker_edge.protocol.reason_codes import ReasonCode
-from broker_edge.storage.errors import StorageError, TooManyTopics
+from broker_edge.storage.errors import DescriptorShortage, StorageError, TooManyTopics
 
 if TYPE_CHECKING:
     from broker_edge.engine.cursors import ReplayManager
@@ -73,6 +73,25 @@ log = logging.getLogger("broker_edge.publish_path")
 
 _NO_MATCHING = ReasonCode.NO_MATCHING_SUBSCRIBERS
 _REFUSED = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
+_NOT_KEPT = {
+    "retained_full": "the broker holds as many retained messages as it may (retain.max_retained)",
+    "retained_bytes": "the retained messages' bytes are at their bound (retain.max_retained_bytes)",
+    "retained_client_bytes": (
+        "this client's retained bytes are at their bound (retain.max_retained_bytes_per_client)"
+    ),
+}
+"""Why a retained message was not kept, as its MQTT 5 publisher is told (a PUBACK / PUBREC reason string)."""
+
+
+def retained_not_kept(router: Router, message: Message) -> str | None:
+    """The reason string of the acknowledgement of ``message``, just routed: None, unless it was a retained
+    message the bounds did not keep. It was accepted, logged and delivered all the same, so the reason code
+    stays a success (0x00, or 0x10); only a v5 client that did not set Request Problem Information to 0
+    gets the string ([MQTT-3.1.2-29], ``Connection.send_puback``)."""
+    refusal = router.retained_refusal
+    if refusal is None or not message.retain or not message.payload:
+        return None
+    return f"retained message not kept: {_NOT_KEPT.get(refusal, refusal)}; delivered and logged all the same"
 
 
 class Publisher(Protocol):
@@ -235,7 +254,8 @@ class PublishPath:
         elif not matched:
             self.counters.drop("no_subscribers")
         if packet_id is not None:
-            _acknowledge(publisher, message.qos, packet_id, 0 if matched else _NO_MATCHING)
+            note = retained_not_kept(self.router, message) if message.retain else None
+            _acknowledge(publisher, message.qos, packet_id, 0 if matched else _NO_MATCHING, note)
 
     def accept_forwarded(self, publisher: Publisher, messages: Sequence[Message]) -> None:
         """Take logged publishes another broker forwarded (this node leads their partition, or did when they
@@ -403,7 +423,8 @@ class PublishPath:
         At the broker's topic limit (`storage.max_topics`) a v3.1.1 publisher cannot be told why: its publish
         is not acknowledged at all and its connection stays open, so it keeps the message (nothing is lost)
         and does not resend it on this connection ([MQTT-4.4.0-1]); it resends once when it reconnects. The
-        store counts and logs these refusals once per interval, not once per publish."""
+        store counts and logs these refusals once per interval, not once per publish. So are the refusals
+        of a store short of file descriptors (``descriptor_shortage``): 0x80, a v3.1.1 publisher closed."""
         message = entry.message
         assert message is not None
         try:
@@ -421,10 +442,17 @@ class PublishPath:
                     entry.packet_id = None
                     return
             else:
-                self.counters.drop("log_failed")
-                log.warning(
-                    "append to %r failed: %s", message.topic, exc, extra={"client_id": message.origin or "-"}
-                )
+                if isinstance(exc, DescriptorShortage):  # passing, and every publish meets it: summarised
+                    self.counters.drop("descriptor_shortage")
+                    self._refusals.log(logging.WARNING, "descriptor_shortage", "publish refused: %s", exc)
+                else:
+                    self.counters.drop("log_failed")
+                    log.warning(
+                        "append to %r failed: %s",
+                        message.topic,
+                        exc,
+                        extra={"client_id": message.origin or "-"},
+                    )
                 entry.reason_code = ReasonCode.UNSPECIFIED_ERROR
                 if publisher is not None and not publisher.v5:
                     publisher.close()  # a v3 client cannot be told: it resends after reconnecting
@@ -454,8 +482,10 @@ class PublishPath:
         """Writing (``log_failed``) or replicating (``replication_failed``) failed: acknowledge nothing
         appended here (entries answered otherwise keep their answer); a ``PublishRefused`` says why."""
         batch = current.entries
-        refused = isinstance(exc, PublishRefused)
-        if refused:  # expected while a partition changes hands: summarised
+        if isinstance(exc, DescriptorShortage):
+            reason = "descriptor_shortage"
+        refused = isinstance(exc, PublishRefused | DescriptorShortage)
+        if refused:  # expected while a partition changes hands, passing with descriptors: summarised
             self._refusals.log(
                 logging.WARNING,
                 reason,
@@ -494,11 +524,14 @@ class PublishPath:
             for entry in batch:
                 message = entry.message
                 reason_code = entry.reason_code
+                note = None
                 if message is not None:
                     appends += 1
                     appended_bytes += len(message.payload)
                     if not router.publish(message):
                         reason_code = _NO_MATCHING
+                    if message.retain:
+                        note = retained_not_kept(router, message)
                 publisher = entry.publisher
                 packet_id = entry.packet_id
                 if publisher is None or packet_id is None or publisher.state == CLOSED:
@@ -506,7 +539,7 @@ class PublishPath:
                 qos = entry.qos
                 if (qos == 1 or not publisher.v5) and publisher.incoming_pending > 0:  # answered now
                     publisher.incoming_pending -= 1
-                _acknowledge(publisher, qos, packet_id, reason_code)
+                _acknowledge(publisher, qos, packet_id, reason_code, note)
         else:
             for entry in batch:
                 message = entry.message
@@ -515,6 +548,8 @@ class PublishPath:
                     appends += 1
                     appended_bytes += len(message.payload)
                     router.publish(message)  # 0x00 either way: subscribers elsewhere are not known here
+                    if message.retain:
+                        entry.reason_string = retained_not_kept(router, message)
                 self._answer_in_turn(entry, reason_code)
         replays = self.replays
         if replays is not None:

@@ -15,6 +15,9 @@ guard:
   connection is closed after ``keepalive_s``, and the rest of a body nobody waits for any more is read for
   at most ``request_timeout_s``. Handlers that read a body bound that read themselves (``read_body``).
   Requests being handled are not timed: a long poll may wait.
+- **Bytes of an upgraded socket.** ``watch_bytes`` hands every byte count the socket reads (after TLS) to a
+  callable, before aiohttp buffers them: a WebSocket listener bounds what a client sends before its CONNECT
+  that way, whatever its frames declare.
 - **Memory.** With a ``MemoryBudget`` (``broker_edge.security.http_budget``), every request holds a
   ``Reservation``: handlers ``hold`` what they are about to read or build, and the answer is written inside
   the request's share, which is given back once it is sent. A request the budget cannot take is answered
@@ -33,10 +36,12 @@ from typing import Any
 from aiohttp import web
 
 from broker_edge.http.json_errors import answer_errors_in_json
+from broker_edge.http.tls_accept import HandshakeFailure, TlsServer, start_tls_server
 from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget, Reservation
 from broker_edge.settings.broker import check_http_limits
 
 __all__ = [
+    "ByteWatch",
     "GuardedRunner",
     "check_http_limits",
     "hold",
@@ -45,7 +50,11 @@ __all__ = [
     "read_body",
     "settle",
     "start_guarded_site",
+    "watch_bytes",
 ]
+
+ByteWatch = Callable[[int], bool | None]
+"""What ``watch_bytes`` calls with each read's size: True aborts the connection, None stops the calls."""
 
 _GUARD_KEY: web.AppKey[_Guard] = web.AppKey("http_guard")
 _RESERVATION: web.RequestKey[Reservation] = web.RequestKey("reservation", Reservation)
@@ -98,6 +107,8 @@ class _GuardedProtocol(asyncio.Protocol):
         """A request on this connection carried valid credentials: it is never pushed out for a newcomer."""
         self.closing = False
         self.timer: asyncio.TimerHandle | None = None
+        self.watch: ByteWatch | None = None
+        """Told of every read's size (``watch_bytes``) until it answers None."""
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -108,6 +119,15 @@ class _GuardedProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if not self.busy and self.timer is None:
             self.arm()
+        watch = self.watch
+        if watch is not None:
+            verdict = watch(len(data))
+            if verdict is None:
+                self.watch = None
+            elif verdict:
+                self.watch = None
+                self.transport.abort()  # over its bound: nothing of this read is handed on
+                return
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -181,6 +201,14 @@ def mark_authenticated(request: web.Request) -> None:
         guarded.authenticated = True
 
 
+def watch_bytes(request: web.Request, watch: ByteWatch) -> None:
+    """Tell ``watch`` the size of every read of the request's connection from now on: it answers True to
+    have the connection aborted (the read is dropped), None to stop being told, False to go on."""
+    guarded = request.app[_GUARD_KEY].open.get(request.transport) if _GUARD_KEY in request.app else None
+    if guarded is not None:
+        guarded.watch = watch
+
+
 def hold(request: web.Request, size: int) -> None:
     """Take ``size`` more bytes of the memory budget for this request before reading or building them
     (``BudgetExhausted`` when the budget cannot take them; nothing when the site has no budget)."""
@@ -239,7 +267,9 @@ def _budget_middleware(budget: MemoryBudget, is_member: Callable[[web.Request], 
 class GuardedRunner:
     """The running site: ``await cleanup()`` stops it (as ``web.AppRunner.cleanup`` does)."""
 
-    def __init__(self, runner: web.AppRunner, server: asyncio.base_events.Server, guard: _Guard) -> None:
+    def __init__(
+        self, runner: web.AppRunner, server: asyncio.base_events.Server | TlsServer, guard: _Guard
+    ) -> None:
         self.runner = runner
         self.server = server
         self.guard = guard
@@ -268,11 +298,13 @@ async def start_guarded_site(
     sock: socket.socket | None = None,
     budget: MemoryBudget | None = None,
     is_member: Callable[[web.Request], bool] = lambda _request: False,
+    on_tls_failure: HandshakeFailure | None = None,
 ) -> GuardedRunner:
     """Serve ``app`` on ``host:port`` (0: a free port), or on the listening ``sock`` when given, behind the
     guard; ``OSError`` if it cannot bind. With ``budget``, every request holds its share of it;
     ``is_member(request)`` tells (after the app's own middlewares authenticated it) whether it may use the
-    members' reserve."""
+    members' reserve. With TLS the site accepts its sockets itself (``http.tls_accept``): a failed
+    handshake is told to ``on_tls_failure`` with the peer and why."""
     guard = _Guard(max_connections, request_timeout_s)
     app[_GUARD_KEY] = guard
     app.middlewares.insert(0, _request_started)
@@ -291,22 +323,23 @@ async def start_guarded_site(
         handler = answer_errors_in_json(make_handler())  # type: ignore[misc]  # runner.server is set by setup()
         return _GuardedProtocol(handler, guard)
 
+    server: asyncio.base_events.Server | TlsServer
     try:
         loop = asyncio.get_running_loop()
-        handshake_s = request_timeout_s if ssl_context is not None else None
-        if sock is None:
-            server = await loop.create_server(
+        if ssl_context is not None:
+            server = await start_tls_server(
                 protocol,
                 host,
                 port,
-                ssl=ssl_context,
-                reuse_address=True,
-                ssl_handshake_timeout=handshake_s,
+                ssl_context,
+                request_timeout_s,
+                on_tls_failure or (lambda _peer, _reason, _error: None),
+                sock=sock,
             )
+        elif sock is None:
+            server = await loop.create_server(protocol, host, port, reuse_address=True)
         else:
-            server = await loop.create_server(
-                protocol, sock=sock, ssl=ssl_context, ssl_handshake_timeout=handshake_s
-            )
+            server = await loop.create_server(protocol, sock=sock)
     except BaseException:
         await runner.cleanup()
         raise

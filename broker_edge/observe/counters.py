@@ -18,7 +18,15 @@ __all__ = ["BrokerCounters"]
 class BrokerCounters:
     """Messages dropped, connections refused, clients disconnected by the broker, reads throttled."""
 
-    __slots__ = ("_disconnects", "_drops", "_refused", "held_for_acks", "refusal_log", "throttled")
+    __slots__ = (
+        "_disconnects",
+        "_drops",
+        "_refused",
+        "_tls_failures",
+        "held_for_acks",
+        "refusal_log",
+        "throttled",
+    )
 
     def __init__(self) -> None:
         self.refusal_log = RefusalLog()
@@ -26,6 +34,7 @@ class BrokerCounters:
         self._drops: dict[str, int] = {}
         self._refused: dict[str, int] = {}
         self._disconnects: dict[str, int] = {}
+        self._tls_failures: dict[tuple[str, str], int] = {}
         self.throttled = 0
         """Times a client's reading was paused for its message rate since the last ``flush_into``."""
         self.held_for_acks = 0
@@ -43,6 +52,13 @@ class BrokerCounters:
     def disconnect(self, reason: str) -> None:
         """The broker closed a connected client (keep alive, protocol error, slow subscriber, ...)."""
         self._disconnects[reason] = self._disconnects.get(reason, 0) + 1
+
+    def tls_failed(self, listener: str, reason: str) -> None:
+        """A TLS handshake on ``listener`` failed for ``reason`` (``http.tls_accept.failure_reason``);
+        counted as a ``tls_error`` refusal too."""
+        self.refused("tls_error")
+        key = (listener, reason)
+        self._tls_failures[key] = self._tls_failures.get(key, 0) + 1
 
     def drops(self, reason: str) -> int:
         """Drops for ``reason`` not yet added into Prometheus (for tests of one packet's effect)."""
@@ -66,5 +82,9 @@ class BrokerCounters:
             disconnects, self._disconnects = self._disconnects, {}
             for reason, count in disconnects.items():
                 metrics.disconnected(reason).inc(count)
+        if self._tls_failures:
+            failures, self._tls_failures = self._tls_failures, {}
+            for (listener, reason), count in failures.items():
+                metrics.tls_handshake_failures_total.labels(listener, reason).inc(count)
         throttled, self.throttled = self.throttled, 0
         return throttled

@@ -50,6 +50,7 @@ REFUSAL_REASONS = (
     "not_authorized",
     "anonymous",
     "protocol_error",
+    "connect_too_large",
     "connect_timeout",
     "client_id_invalid",
     "tls_error",
@@ -230,6 +231,11 @@ class BrokerMetrics:
         )
         self.connections_refused_total = counter(
             "connections_refused", "Connections refused, by reason.", ["reason"]
+        )
+        self.tls_handshake_failures_total = counter(
+            "tls_handshake_failures",
+            "TLS handshakes that failed, by listener and reason (timeout, closed, OpenSSL's reason).",
+            ["listener", "reason"],
         )
         self.disconnects_total = counter(
             "disconnects",

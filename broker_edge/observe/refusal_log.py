@@ -1,34 +1,69 @@
-"""Every refusal said in the log, at a bounded rate: a device publishing outside its ACL a hundred times a
-second must be visible without filling the disk.
+"""Refusals said in the log at a bounded rate: a device publishing outside its ACL a hundred times a second,
+or a store refusing every batch while a partition changes hands, must be visible without filling the disk.
 
-Each reason (``acl_denied``, ``subscribe_denied``, ``bad_credentials``, ``tls_error``, ...) may write
-``LINES_PER_WINDOW`` lines per ``WINDOW_S``; the lines held back after that are counted, and the first
-line of a later window carries their number as ``suppressed``. Sans-IO: the caller hands in the time.
-Every line is a WARNING with the fields of the refusal (``reason``, ``action``, ``topic``, ``username``, and
-the connection's ``client_id``, ``listener``, ``peer``): fields in JSON logs, ``key=value`` in text.
+Two shapes of one rule (``_Allowance``: so many lines per window per kind, the lines held back counted and
+told with the next line written):
+
+- ``RefusalLog``, one per broker, for refusals of a client: each reason (``acl_denied``,
+  ``subscribe_denied``, ``bad_credentials``, ``tls_error``, ...) may write ``LINES_PER_WINDOW`` lines per
+  ``WINDOW_S``; the first line of a later window carries the number held back as ``suppressed``. Every line
+  is a WARNING with the fields of the refusal (``reason``, ``action``, ``topic``, ``username``, and the
+  connection's ``client_id``, ``listener``, ``peer``): fields in JSON logs, ``key=value`` in text.
+- ``LogSummary``, for expected conditions that repeat (publishes refused while a partition changes hands, a
+  store short of file descriptors): one line per interval per kind, the next one saying how many were left
+  out since the last.
+
+Sans-IO: ``RefusalLog`` is handed the time, ``LogSummary`` reads its clock.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["LINES_PER_WINDOW", "WINDOW_S", "RefusalLog"]
+__all__ = ["LINES_PER_WINDOW", "WINDOW_S", "LogSummary", "RefusalLog"]
 
 LINES_PER_WINDOW = 20
 WINDOW_S = 10.0
 
 
-class RefusalLog:
-    """The refusal lines of one broker, limited per reason."""
+class _Allowance:
+    """Lines allowed per window, per kind."""
 
     __slots__ = ("_windows", "lines_per_window", "window_s")
 
-    def __init__(self, lines_per_window: int = LINES_PER_WINDOW, window_s: float = WINDOW_S) -> None:
+    def __init__(self, lines_per_window: int, window_s: float) -> None:
         self.lines_per_window = lines_per_window
         self.window_s = window_s
         self._windows: dict[str, list[float]] = {}
-        """Reason → [window start, lines written in it, lines held back since the last one written]."""
+        """Kind → [window start, lines written in it, lines held back since the last one written]."""
+
+    def take(self, kind: str, now: float) -> int | None:
+        """None when a line of ``kind`` now is over the allowance (it is counted as held back); else how many
+        were held back since the last line written."""
+        window = self._windows.get(kind)
+        if window is None:
+            window = self._windows[kind] = [now, 0, 0]
+        elif now - window[0] >= self.window_s:
+            window[0], window[1] = now, 0
+        if window[1] >= self.lines_per_window:
+            window[2] += 1
+            return None
+        window[1] += 1
+        held_back = int(window[2])
+        window[2] = 0
+        return held_back
+
+
+class RefusalLog:
+    """The refusal lines of one broker, limited per reason."""
+
+    __slots__ = ("_allowance",)
+
+    def __init__(self, lines_per_window: int = LINES_PER_WINDOW, window_s: float = WINDOW_S) -> None:
+        self._allowance = _Allowance(lines_per_window, window_s)
 
     def write(
         self,
@@ -40,18 +75,38 @@ class RefusalLog:
     ) -> bool:
         """Write ``message`` with ``fields`` (and ``reason``) unless this reason's lines are over their rate;
         whether it was written."""
-        window = self._windows.get(reason)
-        if window is None:
-            window = self._windows[reason] = [now, 0, 0]
-        elif now - window[0] >= self.window_s:
-            window[0], window[1] = now, 0
-        if window[1] >= self.lines_per_window:
-            window[2] += 1
+        held_back = self._allowance.take(reason, now)
+        if held_back is None:
             return False
-        window[1] += 1
         extra: dict[str, Any] = {"reason": reason, **fields}
-        if window[2]:
-            extra["suppressed"] = int(window[2])
-            window[2] = 0
+        if held_back:
+            extra["suppressed"] = held_back
         log.warning(message, extra=extra)
         return True
+
+
+class LogSummary:
+    """``log(level, kind, message, *args)``: at most one line per ``interval_s`` per ``kind``; the next line
+    of a kind says how many were left out since the last one."""
+
+    __slots__ = ("_allowance", "clock", "logger")
+
+    def __init__(
+        self, logger: logging.Logger, interval_s: float = 5.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.logger = logger
+        self.clock = clock
+        self._allowance = _Allowance(1, interval_s)
+
+    @property
+    def interval_s(self) -> float:
+        return self._allowance.window_s
+
+    def log(self, level: int, kind: str, message: str, *args: object) -> None:
+        left_out = self._allowance.take(kind, self.clock())
+        if left_out is None:
+            return
+        if left_out:
+            message += " (and %d more like it since the last such line)"
+            args = (*args, left_out)
+        self.logger.log(level, message, *args)

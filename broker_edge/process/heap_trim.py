@@ -30,6 +30,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ARENA_MAX = 2
 """Heaps glibc may create: the main thread's and one for every other thread."""
@@ -98,9 +99,25 @@ def heap_in_use() -> int:
     return -1 if function is None else function()
 
 
-def heap_in_use_function() -> Callable[[], int] | None:
-    """A function giving the bytes the C heap has handed out and not got back (glibc's ``mallinfo2``:
-    ``uordblks`` + ``hblkhd``, over all arenas); None without ``mallinfo2`` (glibc before 2.33, musl)."""
+MALLINFO2_FIELDS = (
+    "arena",
+    "ordblks",
+    "smblks",
+    "hblks",
+    "hblkhd",
+    "usmblks",
+    "fsmblks",
+    "uordblks",
+    "fordblks",
+    "keepcost",
+)
+"""The members of glibc's ``struct mallinfo2``, in order (each a ``size_t``)."""
+
+
+def mallinfo2_function() -> Callable[[], Any] | None:
+    """glibc's ``mallinfo2`` through ctypes, returning the struct (its fields: ``MALLINFO2_FIELDS``); None
+    without it (glibc before 2.33, musl, not Linux). ctypes is loaded here, not at import: a broker that
+    never asks never loads it."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -111,24 +128,19 @@ def heap_in_use_function() -> Callable[[], int] | None:
         return None
 
     class MallInfo2(ctypes.Structure):
-        _fields_ = [
-            (name, ctypes.c_size_t)
-            for name in (
-                "arena",
-                "ordblks",
-                "smblks",
-                "hblks",
-                "hblkhd",
-                "usmblks",
-                "fsmblks",
-                "uordblks",
-                "fordblks",
-                "keepcost",
-            )
-        ]
+        _fields_ = [(name, ctypes.c_size_t) for name in MALLINFO2_FIELDS]
 
     mallinfo2.argtypes = []
     mallinfo2.restype = MallInfo2
+    return mallinfo2
+
+
+def heap_in_use_function() -> Callable[[], int] | None:
+    """A function giving the bytes the C heap has handed out and not got back (glibc's ``mallinfo2``:
+    ``uordblks`` + ``hblkhd``, over all arenas); None without ``mallinfo2`` (glibc before 2.33, musl)."""
+    mallinfo2 = mallinfo2_function()
+    if mallinfo2 is None:
+        return None
 
     def heap_in_use() -> int:
         info = mallinfo2()

@@ -46,6 +46,7 @@ from broker_edge.process.heap_trim import HeapTrimmer, heap_in_use
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.runtime.data_lock import DataDirectoryLock
 from broker_edge.runtime.session_store import SessionStore
+from broker_edge.security.limits import DEFAULT_MAX_CONNECTIONS
 from broker_edge.security.tls import ServerContexts, server_ssl_context
 from broker_edge.settings.broker import BrokerConfig
 
@@ -79,12 +80,14 @@ def naming_endpoint(endpoint: str, host: str, port: int) -> Iterator[None]:
 
 
 def budget_descriptors(config: BrokerConfig) -> DescriptorBudget:
-    """Raise the descriptor limit, share it, and cap ``config.limits.max_connections`` (WARNING) to what is
-    left; ``ConfigError`` when the other needs alone do not fit."""
+    """Raise the descriptor limit, share it, and cap ``config.limits.max_connections`` to what is left;
+    ``ConfigError`` when the other needs alone do not fit. The cap of the default is expected where the limit
+    is about as large (INFO); a value the operator chose above what fits is a WARNING."""
     needs = {"open at start": open_descriptors(), "reserve": RESERVE, **config.descriptor_needs()}
     budget = plan_descriptors(raise_descriptor_limit(), config.limits.max_connections, needs)
     if budget.capped_from is not None:
-        log.warning("%s", describe_cap(budget))
+        chosen = budget.capped_from != DEFAULT_MAX_CONNECTIONS
+        log.log(logging.WARNING if chosen else logging.INFO, "%s", describe_cap(budget))
         config.limits.max_connections = budget.connections
     return budget
 

@@ -16,7 +16,13 @@ from broker_edge.config import ConfigError
 if TYPE_CHECKING:
     from broker_edge.security.http_budget import MemoryBudget
 
-__all__ = ["ConnectionAdmission", "LimitsConfig", "TokenBucket", "topic_over_limits"]
+__all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
+    "ConnectionAdmission",
+    "LimitsConfig",
+    "TokenBucket",
+    "topic_over_limits",
+]
 
 MQTT_MAX_PACKET_SIZE = 268_435_455  # largest Remaining Length plus fixed header the protocol can express
 
@@ -170,6 +176,10 @@ class ConnectionAdmission:
         self.active -= 1
 
 
+DEFAULT_MAX_CONNECTIONS = 20_000
+"""``LimitsConfig.max_connections`` unless set: a cap of it to the descriptor budget is expected (INFO)."""
+
+
 @dataclass
 class LimitsConfig:
     """Every limit the broker enforces; the defaults suit a production edge broker of a few thousand devices.
@@ -177,7 +187,7 @@ class LimitsConfig:
     A value of 0 means "unlimited" only where the field's description says so.
     """
 
-    max_connections: int = 20_000
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
     """Open client connections, all listeners together; further connections are closed at once (room for a
     10,000-device fleet, the pipelines' own clients and a reconnect storm's sockets not yet closed)."""
     new_connections_per_second: float = 1_000.0

@@ -66,3 +66,10 @@ class InvalidRecord(StorageError):
 
 class StorageFailed(StorageError):
     """A write or fsync failed; the store stops accepting appends (durability can no longer be promised)."""
+
+
+class DescriptorShortage(StorageError):
+    """The process is out of file descriptors (EMFILE, ENFILE): this append is refused, nothing of it kept.
+
+    A passing condition, never a failed store: what the store already holds is retried until it is
+    written, and appends are taken again once it is (``GroupCommitter.shortage``)."""

@@ -6,7 +6,8 @@ never a shared file position). A descriptor in use is pinned and never closed un
 briefly exceed its bound while more descriptors than that are pinned at once.
 
 A process out of descriptors (EMFILE, ENFILE) is a passing shortage, not a failed write: the open is retried
-after the pool closed its idle descriptors, or after a short wait (see ``_open_fd``). The process's budget
+after the pool closed its idle descriptors, or after a short wait (see ``_open_fd``); a shortage that outlasts
+those retries is the group commit's to ride out (``out_of_descriptors``). The process's budget
 (``broker_edge.process.descriptors``) keeps connections from taking the store's share in the first place.
 """
 
@@ -27,6 +28,11 @@ _SHORTAGE_PATIENCE_S = 0.5
 """The longest single wait for a descriptor (the waits double from 1 ms: about a second in all)."""
 
 log = logging.getLogger(__name__)
+
+
+def out_of_descriptors(error: BaseException) -> bool:
+    """Whether ``error`` says the process (EMFILE) or the system (ENFILE) has no descriptor left."""
+    return isinstance(error, OSError) and error.errno in _OUT_OF_DESCRIPTORS
 
 
 class _Handle:

@@ -35,6 +35,16 @@ Without a running event loop (scripts, tools) appends stay buffered until `flush
 which syncs inline. A failed write or fsync is fatal: the store refuses
 further appends (`StorageFailed`) and reports the error to waiting `when_durable` callers, since after a
 failed fsync the kernel may have dropped the data.
+
+Except a process out of descriptors (EMFILE, ENFILE) once the pool's own retries are spent: that is a
+passing shortage (`shortage`), not a failure. Every `when_durable` caller waiting then is told
+`DescriptorShortage` at once (the broker refuses those publishes rather than leave every client waiting for
+descriptors), and the store refuses new appends while it lasts. What was appended stays the log's: the job
+that met it goes to the writer thread, which retries its writes and syncs with a growing pause (up to
+`RETRY_MAX_S`) until they pass, and the jobs after it follow in order, so the log keeps no hole and a
+publish refused this way may still be in it (at least once: a client that sends it again makes a
+duplicate, never a loss). Appends are taken again as soon as that job is durable. Logged once per
+`SHORTAGE_LOG_S` while it lasts, and once when it ends.
 """
 
 from __future__ import annotations
@@ -53,10 +63,11 @@ from functools import partial
 from typing import Any, Protocol
 
 from broker_edge.observe import path_trace
+from broker_edge.observe.refusal_log import LogSummary
 
 from .config import Durability
-from .errors import StorageFailed
-from .file_pool import FileHandlePool
+from .errors import DescriptorShortage, StorageFailed
+from .file_pool import FileHandlePool, out_of_descriptors
 from .fs_sync import sync_filesystem
 from .segment import FileWrite
 
@@ -87,6 +98,14 @@ readable further, and the job itself."""
 Callback = Callable[[], object]
 ErrorCallback = Callable[[BaseException], object]
 
+
+RETRY_FIRST_S = 0.01
+RETRY_MAX_S = 1.0
+"""The writer thread's pauses between tries of a job that found no descriptor: doubling up to this."""
+CLOSING_PATIENCE_S = 5.0
+"""How long a closing store still retries such a job before it gives up (and says what it could not write)."""
+SHORTAGE_LOG_S = 10.0
+"""At most one line per this many seconds while descriptors are short."""
 
 PARALLEL_SYNCS = 8
 """Most fdatasyncs of one job issued at the same time (the rest queue behind them)."""
@@ -160,6 +179,10 @@ class _Flight:
     error: BaseException | None = None
     done: bool = False
     handled: bool = False
+    unwritten: bool = False
+    """Its writes did not all reach the files on the loop (the writer thread writes them first)."""
+    short: bool = False
+    """It met a descriptor shortage (and was retried until it passed)."""
     cut_ns: int = 0
     """When the job was cut and its sync done (`time.monotonic_ns`), noted only with `path_trace.ON`."""
     synced_ns: int = 0
@@ -179,13 +202,20 @@ class _WriterThread:
     """One thread running jobs in order; finished jobs are reported to their loop in one call per batch."""
 
     def __init__(
-        self, pool: FileHandlePool, plan: SyncPlan, on_done: Callable[[list[_Flight]], None]
+        self,
+        pool: FileHandlePool,
+        plan: SyncPlan,
+        on_done: Callable[[list[_Flight]], None],
+        on_short: Callable[[OSError], None],
     ) -> None:
         self._pool = pool
         self._plan = plan
         self._on_done = on_done
+        self._on_short = on_short
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self.closing = False
+        """Set by a closing store: a job short of descriptors is retried for ``CLOSING_PATIENCE_S`` more."""
 
     def submit(self, item: _Flight | _Barrier) -> None:
         if self._thread is None:
@@ -214,10 +244,7 @@ class _WriterThread:
             finished: list[_Flight] = []
             for item in batch:
                 if isinstance(item, _Flight):
-                    try:
-                        sync_job(item.job, self._pool, self._plan)
-                    except BaseException as error:
-                        item.error = error
+                    self._run_flight(item)
                     if path_trace.ON:
                         item.synced_ns = time.monotonic_ns()
                     item.done = True
@@ -227,6 +254,32 @@ class _WriterThread:
             self._report(finished)
             if _STOP in batch:
                 return
+
+    def _run_flight(self, flight: _Flight) -> None:
+        """Write (if the loop could not) and sync ``flight``'s job; a shortage of descriptors is waited out
+        with growing pauses (the loop is told once), any other error is the flight's."""
+        delay, closing_waited = RETRY_FIRST_S, 0.0
+        while True:
+            try:
+                if flight.unwritten:
+                    write_job(flight.job, self._pool)
+                    flight.unwritten = False
+                sync_job(flight.job, self._pool, self._plan)
+                return
+            except BaseException as error:
+                if not out_of_descriptors(error) or closing_waited > CLOSING_PATIENCE_S:
+                    flight.error = error
+                    return
+                assert isinstance(error, OSError)
+                if not flight.short:
+                    flight.short = True
+                    if flight.loop is not None:
+                        with contextlib.suppress(RuntimeError):
+                            flight.loop.call_soon_threadsafe(self._on_short, error)
+            time.sleep(delay)
+            if self.closing:
+                closing_waited += delay
+            delay = min(delay * 2, RETRY_MAX_S)
 
     def _report(self, finished: list[_Flight]) -> None:
         loop = finished[-1].loop if finished else None
@@ -258,7 +311,7 @@ class GroupCommitter:
         self._pool = pool
         self._on_durable = on_durable
         self.sync_plan = SyncPlan(self._sync)
-        self._writer = _WriterThread(pool, self.sync_plan, self._finished)
+        self._writer = _WriterThread(pool, self.sync_plan, self._finished, self._short_of_descriptors)
         self._dirty: dict[WriteSource, None] = {}
         self._pending_bytes = 0
         self._appended = 0
@@ -269,6 +322,11 @@ class GroupCommitter:
         self._window_over = False
         self._max_flights = 1
         self.failure: StorageFailed | None = None
+        self.shortage: DescriptorShortage | None = None
+        """Set while a job waits for descriptors (EMFILE, ENFILE): the store refuses appends meanwhile."""
+        self.shortages = 0
+        """Descriptor shortages ridden out (or being) since the start."""
+        self._shortage_log = LogSummary(log, SHORTAGE_LOG_S)
         self.jobs_completed = 0
         """Jobs written so far (with `group`, the number of windows)."""
         self.inline_syncs = 0
@@ -322,9 +380,10 @@ class GroupCommitter:
 
     def when_durable(self, callback: Callback, on_error: ErrorCallback | None = None) -> None:
         """Call `callback` on the loop once everything appended before this call is durable."""
-        if self.failure is not None:
+        refusal = self.failure or self.shortage
+        if refusal is not None:
             if on_error is not None:
-                _call_soon(partial(on_error, self.failure))
+                _call_soon(partial(on_error, refusal))
             return
         if self._appended <= self._durable:
             _call_soon(callback)
@@ -383,6 +442,7 @@ class GroupCommitter:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._writer.closing = True
         try:
             if self.failure is None:
                 self.flush()
@@ -432,12 +492,16 @@ class GroupCommitter:
             self._timer.cancel()
             self._timer = None
         job, upto = self._take_job()
+        flight = _Flight(job, upto, loop)
         try:
             write_job(job, self._pool)
         except OSError as error:
-            self._fail(error)
+            if not out_of_descriptors(error):
+                self._fail(error)
+                return
+            flight.unwritten = True
+            self._retry_in_writer(flight, error)
             return
-        flight = _Flight(job, upto, loop)
         if path_trace.ON:
             flight.cut_ns = time.monotonic_ns()
         always = any(write.always_sync for _source, pending in job for write in pending.writes)
@@ -450,7 +514,10 @@ class GroupCommitter:
             try:
                 sync_job(job, self._pool, self.sync_plan)
             except OSError as error:
-                self._fail(error)
+                if not out_of_descriptors(error):
+                    self._fail(error)
+                    return
+                self._retry_in_writer(flight, error)
                 return
             self.inline_syncs += 1
             if path_trace.ON:
@@ -464,6 +531,36 @@ class GroupCommitter:
             return
         self._flights.append(flight)
         self._writer.submit(flight)
+
+    def _retry_in_writer(self, flight: _Flight, error: OSError) -> None:
+        """The loop found no descriptor for ``flight``'s job: the writer thread retries it until it passes."""
+        flight.short = True
+        self._short_of_descriptors(error)
+        self._flights.append(flight)
+        self._writer.submit(flight)
+
+    def _short_of_descriptors(self, error: OSError) -> None:
+        """A job found the process out of descriptors (on the loop): its waiting callers are told, appends
+        are refused until it is durable."""
+        if self.shortage is None:
+            self.shortages += 1
+            self.shortage = DescriptorShortage(
+                f"out of file descriptors ({error.strerror}): appends refused until the log is written"
+            )
+        self._fail_callbacks(self.shortage)
+        self._shortage_log.log(
+            logging.WARNING,
+            "short",
+            "out of file descriptors writing the log (%s): refusing appends and retrying what it holds "
+            "(see limits.max_connections, storage.max_open_files and ulimit -n)",
+            error.strerror,
+        )
+
+    def _descriptors_back(self) -> None:
+        """Every job that met the shortage is durable: take appends again."""
+        if self.shortage is not None and not any(flight.short for flight in self._flights):
+            self.shortage = None
+            log.warning("file descriptors available again: the log is written, appends are taken again")
 
     def _syncs_inline(self, job: Job) -> bool:
         """Whether `job` is small enough to be fdatasynced on the loop (the writer being idle)."""
@@ -487,6 +584,8 @@ class GroupCommitter:
                     self._fail(earlier.error)
                 elif self.failure is None:
                     self._complete(earlier.job, earlier.upto, earlier)
+                    if earlier.short:
+                        self._descriptors_back()
         if self._dirty and len(self._flights) < self._max_flights and self.failure is None:
             if self._window_over or self._pending_bytes >= self._max_pending_bytes:
                 self._cut(complete_now=True)
@@ -522,14 +621,18 @@ class GroupCommitter:
             log.error("log write failed, refusing further appends: %s", error)
             failure = self.failure = StorageFailed(f"log write failed: {error}")
             failure.__cause__ = error
+        self._fail_callbacks(failure)
+        return failure
+
+    def _fail_callbacks(self, error: StorageFailed | DescriptorShortage) -> None:
+        """Tell every waiting `when_durable` caller ``error`` instead."""
         callbacks, self._callbacks = self._callbacks, deque()
         for _, _, on_error in callbacks:
             if on_error is not None:
                 try:
-                    on_error(failure)
+                    on_error(error)
                 except Exception:
                     log.exception("when_durable error callback failed")
-        return failure
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

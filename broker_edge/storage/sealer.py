@@ -9,6 +9,9 @@
   `SNAPSHOT_INTERVAL_S` and on demand; segments retention gave up are deleted only after the next one.
 
 Tasks run in order. Without a running event loop (tools, tests) each task runs at once in the caller.
+A task that finds the process out of file descriptors (EMFILE, ENFILE) is tried again, pausing 10 ms, 20 ms,
+... up to a second, for at most `SHORTAGE_PATIENCE_S` (every task fails at an open before it changes any
+state, so running it again is safe): a shortage delays indexes, it does not fail them.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .file_pool import FileHandlePool
+from .file_pool import FileHandlePool, out_of_descriptors
 from .open_index import OpenIndex
 from .partition_log import PartitionLog, apply_groups, remove_file
 from .sealed_index import GroupBlocks, SealedIndex, build, write_index
@@ -36,6 +39,8 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_INTERVAL_S = 30.0
 """At most this long after a seal before the snapshot records it."""
+SHORTAGE_PATIENCE_S = 60.0
+"""How long a task short of descriptors is retried before it fails (logged, its segment kept in memory)."""
 
 
 @dataclass(slots=True)
@@ -141,7 +146,7 @@ class Sealer:
         except RuntimeError:
             loop = None
         if loop is None and self._thread is None:
-            self._run_task(task)
+            self._run_task_patiently(task)
             return
         if self._thread is None:
             self._loop = loop
@@ -160,12 +165,32 @@ class Sealer:
                 task.set()
                 continue
             try:
-                self._run_task(task)
+                self._run_task_patiently(task)
             except BaseException as error:  # a failed index write: logged, the segment stays in memory
                 self.failure = error
                 log.exception("sealer task failed: %s", task)
                 if isinstance(task, _Snapshot):
                     task.done.set()
+
+    def _run_task_patiently(self, task: object) -> None:
+        """``_run_task``, tried again while the process is out of descriptors (see the module docstring)."""
+        pause, waited = 0.01, 0.0
+        while True:
+            try:
+                self._run_task(task)
+                return
+            except OSError as error:
+                if not out_of_descriptors(error) or waited >= SHORTAGE_PATIENCE_S:
+                    raise
+                if not waited:
+                    log.warning(
+                        "out of file descriptors (%s): the index task %s waits for some",
+                        error.strerror,
+                        type(task).__name__.strip("_").lower(),
+                    )
+            time.sleep(pause)
+            waited += pause
+            pause = min(pause * 2, 1.0)
 
     def _run_task(self, task: object) -> None:
         if isinstance(task, _Seal):

@@ -37,6 +37,7 @@ from .entry import MAX_TOPIC_ID, RESTART, TRUNCATE
 from .epoch_journal import EPOCHS_FILE
 from .errors import (
     CorruptRecord,
+    DescriptorShortage,
     InvalidRecord,
     OffsetOutOfRange,
     StorageError,
@@ -409,8 +410,8 @@ class LogStore:
         topic_id = self._ids.get(topic)
         if topic_id is None:
             topic_id = self._create(topic, records[0][3] if records else "")
-        elif self._committer.failure is not None:
-            raise self._committer.failure
+        elif self._committer.failure is not None or self._committer.shortage is not None:
+            self._check_writable()
         if not records:
             return self._table.next[topic_id]
         part = self._partitions[self._table.partition[topic_id]]
@@ -419,12 +420,20 @@ class LogStore:
         self._committer.appended_many(part, len(records), part.last_append_size)
         return first
 
+    def _check_writable(self) -> None:
+        """Raise why an append cannot be taken now: a failed write (``StorageFailed``, for good) or a
+        shortage of file descriptors (``DescriptorShortage``, until the log is written)."""
+        committer = self._committer
+        if committer.failure is not None:
+            raise committer.failure
+        if committer.shortage is not None:
+            raise DescriptorShortage(str(committer.shortage))
+
     def _create(self, topic: str, client_id: str) -> int:
         """A new topic's id (its catalog entry goes with the next job); raises `TooManyTopics`."""
         if not self._opened or self._closed:
             raise StorageError("the store is not open")
-        if self._committer.failure is not None:
-            raise self._committer.failure
+        self._check_writable()
         if len(self._names) >= self.config.max_topics:
             self._refused(topic)
             raise TooManyTopics(topic, self.config.max_topics)
@@ -584,8 +593,8 @@ class LogStore:
         topic_id = self._ids.get(topic)
         if topic_id is None:
             topic_id = self._create(topic, "")
-        elif self._committer.failure is not None:
-            raise self._committer.failure
+        elif self._committer.failure is not None or self._committer.shortage is not None:
+            self._check_writable()
         first = self._table.next[topic_id]
         view = memoryview(frames)
         size = len(view)

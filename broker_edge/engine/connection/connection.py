@@ -61,7 +61,7 @@ from broker_edge.protocol.codec import (
     encode_puback_success,
     shared_decoder,
 )
-from broker_edge.protocol.errors import MQTTError, UnsupportedProtocolVersion
+from broker_edge.protocol.errors import MQTTError, PacketTooLarge, UnsupportedProtocolVersion
 from broker_edge.protocol.packets import (
     MQTT_5,
     ConnAck,
@@ -724,12 +724,31 @@ class Connection(asyncio.Protocol):
                     self.refuse("protocol_error", ReasonCode.UNSUPPORTED_PROTOCOL_VERSION, version=MQTT_5)
                 else:
                     self.refuse("protocol_error", ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION, version=4)
+            elif isinstance(error, PacketTooLarge):
+                v5 = self.decoder.protocol_version == MQTT_5
+                self.refuse_connect_too_large(error.message, error.reason_code if v5 else None)
             elif self.decoder.protocol_version == MQTT_5:
                 self.refuse("protocol_error", error.reason_code, version=MQTT_5)
             else:
                 self.refuse("protocol_error", None)
             return
         self.close(error.reason_code, error.message)
+
+    def refuse_connect_too_large(self, detail: str, code: int | None = None, **fields: Any) -> None:
+        """More than ``limits.max_connect_packet_size`` before the CONNECT was read (a first packet declaring
+        more, a WebSocket client's frames): a refusal counted and logged as ``connect_too_large``, then
+        closed (``code``: the v5 CONNACK's, when the client's protocol level is known)."""
+        host = self.host
+        host.counters.refusal_log.write(
+            self.log(),
+            host.now(),
+            "connect_too_large",
+            f"connection refused: connect_too_large ({detail})",
+            action="connect",
+            limit=host.config.limits.max_connect_packet_size,
+            **fields,
+        )
+        self.refuse("connect_too_large", code, version=MQTT_5 if code is not None else None)
 
     def refuse(
         self, reason: str | None, code: int | None, text: str | None = None, version: int | None = None

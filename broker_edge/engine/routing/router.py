@@ -71,6 +71,8 @@ class Router:
         self.retained = RetainedStore(retained, is_expired=Message.expired)
         self.retained_refused: Callable[[Message, str, int], None] | None = None
         """Told of a retained message the bounds refused (message, reason, bytes): the broker logs it."""
+        self.retained_refusal: str | None = None
+        """Why the last message ``retain`` was given was not kept (None: it was); its publisher is told."""
         self.retain_enabled = retain_enabled
         self.count_drop: Callable[[str], None] = count_drop or (lambda reason: None)
         self.clock = clock
@@ -104,7 +106,7 @@ class Router:
         """Keep ``message`` as its topic's retained message within the bounds, counted (topic and payload
         bytes) to its publisher; False when refused (counted by reason, and told to ``retained_refused``)."""
         size = len(message.topic) + len(message.payload)
-        refusal = self.retained.set(message.topic, message, size, message.origin)
+        refusal = self.retained_refusal = self.retained.set(message.topic, message, size, message.origin)
         if refusal is None:
             return True
         self.count_drop(refusal)

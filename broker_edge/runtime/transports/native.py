@@ -29,6 +29,8 @@ from asyncio.trsock import TransportSocket
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
+from broker_edge.process.sockets import listening_sockets
+
 __all__ = ["ACCEPT_BATCH", "ACCEPT_RETRY_DELAY_S", "NativeServer", "NativeTransport", "start_native_server"]
 
 log = logging.getLogger("broker_edge.transports.native")
@@ -528,28 +530,6 @@ class NativeServer:
     def _resume_accepting(self) -> None:
         self._retry = None
         self.start_serving()
-
-
-def listening_sockets(host: str | None, port: int, backlog: int) -> list[socket.socket]:
-    """Non-blocking sockets bound to every address of ``host`` (None or "": all interfaces) at ``port``,
-    as asyncio's ``create_server`` binds them (``SO_REUSEADDR``, IPv6 sockets IPv6 only)."""
-    infos = socket.getaddrinfo(host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
-    sockets: list[socket.socket] = []
-    try:
-        for family, kind, proto, _, address in dict.fromkeys(infos):
-            sock = socket.socket(family, kind, proto)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(address)
-            sock.listen(backlog)
-            sock.setblocking(False)
-    except BaseException:
-        for sock in sockets:
-            sock.close()
-        raise
-    return sockets
 
 
 def start_native_server(

@@ -4,9 +4,10 @@ No task per connection: the transport calls ``data_received`` and the connection
 place. A plain TCP listener runs on the event loop's transport unless its ``transport`` is ``native``
 (``transports.native``, the broker's own); TLS listeners always run on the event loop's. The transport's
 write-buffer high-water mark is ``limits.outgoing_buffer_bytes``, so ``pause_writing`` marks a slow
-subscriber exactly when its unsent bytes pass that bound. For TLS the loop runs the handshake before
-``connection_made``; ``ssl_handshake_timeout`` bounds it by the CONNECT timeout; a failed handshake is
-counted as a refusal (``tls_error``).
+subscriber exactly when its unsent bytes pass that bound. TLS listeners accept their sockets themselves
+(``http.tls_accept``), the handshake bounded by the CONNECT timeout, so that a failed handshake is
+known with its peer and reason: counted (``tls_error``, and ``tls_handshake_failures_total`` by listener
+and reason) and logged as a refusal (``report_tls_failures``).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import logging
 import socket
 from asyncio.trsock import TransportSocket
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from broker_edge.engine.connection.connection import Connection
-from broker_edge.engine.connection.states import NEW
+from broker_edge.http.tls_accept import HandshakeFailure, start_tls_server
 from broker_edge.runtime.transports.native import start_native_server
 from broker_edge.security.tls import peer_common_name
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from broker_edge.engine.connection.connection import ConnectionHost
     from broker_edge.engine.connection.terms import ListenerRuntime
 
-__all__ = ["BACKLOG", "TcpConnection", "TcpServer", "start_tcp_listener"]
+__all__ = ["BACKLOG", "TcpConnection", "TcpServer", "report_tls_failures", "start_tcp_listener"]
 
 _log = logging.getLogger("broker_edge.connection")
 
@@ -50,16 +51,27 @@ class TcpConnection(Connection):
                 self.peer = f"{address[0]}:{address[1]}"
         super().connection_made(transport)
 
-    def __del__(self) -> None:
-        # The loop creates the protocol at accept, before the TLS handshake, and calls connection_made
-        # only once it succeeded: a TLS connection dropped without ever being made failed its handshake
-        # (bad or missing client certificate, not TLS at all, or no handshake within connect_timeout_s).
-        if self.state == NEW and self.transport is None and self.listener.tls:
-            counters = self.host.counters
-            counters.refused("tls_error")
-            counters.refusal_log.write(
-                _log, self.host.now(), "tls_error", "TLS handshake failed", listener=self.listener.name
-            )
+
+def report_tls_failures(broker: ConnectionHost, listener: str) -> HandshakeFailure:
+    """What a TLS listener does with a failed handshake (a bad or missing client certificate, not TLS at
+    all, none within ``limits.connect_timeout_s``): count it by reason and write a refusal line naming the
+    listener, the peer and why."""
+
+    def failed(peer: str, reason: str, error: BaseException) -> None:
+        counters = broker.counters
+        counters.tls_failed(listener, reason)
+        counters.refusal_log.write(
+            _log,
+            broker.now(),
+            "tls_error",
+            f"TLS handshake failed: {reason}",
+            listener=listener,
+            peer=peer,
+            tls_reason=reason,
+            error=str(error) or type(error).__name__,
+        )
+
+    return failed
 
 
 class TcpServer(Protocol):
@@ -82,16 +94,20 @@ async def start_tcp_listener(broker: ConnectionHost, listener: ListenerRuntime) 
         return start_native_server(
             lambda: TcpConnection(broker, listener), config.host, config.port, BACKLOG, (limit, limit // 2)
         )
-    loop = asyncio.get_running_loop()
-    kwargs: dict[str, Any] = {}
     if ssl_context is not None:
-        kwargs["ssl_handshake_timeout"] = broker.config.limits.connect_timeout_s
-    return await loop.create_server(
+        return await start_tls_server(
+            lambda: TcpConnection(broker, listener),
+            config.host,
+            config.port,
+            ssl_context,
+            broker.config.limits.connect_timeout_s,
+            report_tls_failures(broker, listener.name),
+            BACKLOG,
+        )
+    return await asyncio.get_running_loop().create_server(
         lambda: TcpConnection(broker, listener),
         config.host,
         config.port,
-        ssl=ssl_context,
         reuse_address=True,
         backlog=BACKLOG,
-        **kwargs,
     )

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import WSMsgType, web
 
 from broker_edge.engine.connection.connection import Connection
-from broker_edge.http.guard import GuardedRunner, start_guarded_site
+from broker_edge.engine.connection.states import NEW
+from broker_edge.http.guard import GuardedRunner, start_guarded_site, watch_bytes
+from broker_edge.runtime.transports.tcp import report_tls_failures
 from broker_edge.security.tls import peer_common_name
 
 if TYPE_CHECKING:
@@ -123,13 +125,45 @@ class WebSocketTransport:
         return transport.get_extra_info(name, default) if transport is not None else default
 
 
+FRAME_HEAD_MAX = 14
+"""The longest WebSocket frame header a client sends (2 bytes, 8 of length, 4 of mask)."""
+
+
+class PreConnectBytes:
+    """What a WebSocket client may send before its CONNECT is read: ``limits.max_connect_packet_size`` and
+    one frame header, counted as the socket reads them (frames and all), before aiohttp gathers a message.
+    A TCP client can send no more: its first packet's length prefix is checked as it arrives. Past it the
+    connection is refused as ``connect_too_large``; once the CONNECT is read the count stops."""
+
+    __slots__ = ("budget", "connection", "received")
+
+    def __init__(self, connection: Connection, budget: int) -> None:
+        self.connection = connection
+        self.budget = budget + FRAME_HEAD_MAX
+        self.received = 0
+
+    def __call__(self, size: int) -> bool | None:
+        connection = self.connection
+        if connection.state != NEW:
+            return None
+        self.received += size
+        if self.received <= self.budget:
+            return False
+        connection.refuse_connect_too_large(
+            f"{self.received} bytes before CONNECT on a WebSocket", bytes=self.received
+        )
+        return True
+
+
 async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRuntime) -> GuardedRunner:
     """Serve ``listener.config.path`` on the listener's address; ``runner.cleanup()`` stops it.
 
     The same bounds as a TCP listener's before CONNECT: behind the HTTP guard (``broker_edge.http.guard``), a
     TLS handshake and the upgrade request must arrive within ``limits.connect_timeout_s`` (counted in
-    ``timed_out``), at most ``limits.max_connections`` sockets are open (more are answered 503), and once
-    upgraded the connection goes through the broker's admission and CONNECT timeout like any other."""
+    ``timed_out``; a failed handshake is counted and logged with its peer and reason as a TCP listener's
+    is), at most ``limits.max_connections`` sockets are open (more are answered 503), once
+    upgraded the connection goes through the broker's admission and CONNECT timeout like any other, and it
+    may send no more than ``PreConnectBytes`` before its CONNECT is read."""
     config = listener.config
     limits = broker.config.limits
 
@@ -142,6 +176,7 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
         if listener.tls and request.transport is not None:
             connection.peer_cn = peer_common_name(request.transport.get_extra_info("ssl_object"))
         connection.attach_transport(transport)
+        watch_bytes(request, PreConnectBytes(connection, limits.max_connect_packet_size))
         try:
             async for message in ws:
                 if message.type == WSMsgType.BINARY:
@@ -166,4 +201,5 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
         listener.ssl_context,
         limits.max_connections,
         limits.connect_timeout_s,  # the TLS handshake and the upgrade request, as a TCP listener's CONNECT
+        on_tls_failure=report_tls_failures(broker, listener.name),
     )

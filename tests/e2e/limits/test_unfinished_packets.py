@@ -45,7 +45,7 @@ def test_half_a_large_connect_is_refused_at_its_header_and_holds_nothing(start_b
         assert answer in (b"", b"\x20\x03\x00\x95\x00")
         sock.close()
     assert partial_bytes(broker) == 0
-    assert broker.refused("protocol_error") == 50
+    assert broker.refused("connect_too_large") == 50
     ok = RawClient(broker.port, 5)  # a CONNECT of normal size is still welcome
     assert ok.connect("device", password=b"p" * 1000, username="u").reason_code == 0
 

@@ -9,6 +9,8 @@ import re
 import urllib.request
 from typing import Any
 
+import pytest
+
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.protocol.packets import ConnAck, PubAck, Publish
 from broker_edge.runtime.launcher import BrokerProcess
@@ -71,4 +73,28 @@ def test_connections_stop_at_the_budget_and_publishes_keep_being_stored(tmp_path
                     str(number).encode()
                 ]
     finally:
+        broker.stop()
+
+
+@pytest.mark.parametrize(
+    ("limits", "level"),
+    [({}, "INFO"), ({"max_connections": 5000}, "WARNING")],
+    ids=["default-is-info", "chosen-is-warning"],
+)
+def test_a_cap_of_the_default_is_info_and_of_a_chosen_value_a_warning(tmp_path, limits, level):
+    broker = BrokerProcess(
+        tmp_path, descriptor_limit=512, limits=limits, storage={"max_open_files": 16}
+    ).start()
+    try:
+        asked = limits.get("max_connections", 20_000)
+        [line] = [
+            line
+            for line in broker.log_path.read_text().splitlines()
+            if f"limits.max_connections {asked} does not fit" in line
+        ]
+        assert f" {level} broker_edge.server: " in line
+        client = RawClient(broker.port, version=5)
+        assert client.connect("meter-1").reason_code == 0  # capped, not refused
+    finally:
+        close_all()
         broker.stop()

@@ -17,7 +17,7 @@ from broker_edge.observe.refusal_log import LINES_PER_WINDOW, RefusalLog
 from broker_edge.protocol.packets import PubAck, Publish, SubAck
 from broker_edge.security.auth import PasswordFile
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
-from tests.tls_certs import make_test_pki
+from tests.tls_certs import client_ssl_context, make_test_pki
 
 ACL = {"rules": [{"permission": "allow", "action": "all", "topic": "devices/%u/#"}]}
 
@@ -104,6 +104,60 @@ def test_a_failed_tls_handshake_is_logged_and_counted(secured, caplog):
     assert wait_for(lambda: secured.refused("tls_error") == 1)
     assert wait_for(lambda: bool(refusals(caplog, "tls_error")))
     assert refusals(caplog, "tls_error")[0].listener == "tls"
+
+
+def tls_failures(broker, listener: str, reason: str) -> int:
+    return int(
+        broker.metric("timestone_broker_tls_handshake_failures_total", listener=listener, reason=reason)
+    )
+
+
+def test_failed_tls_handshakes_name_the_peer_the_listener_and_why(start_broker, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    pki = make_test_pki(tmp_path / "pki")
+    tls = {"certfile": str(pki.server_cert), "keyfile": str(pki.server_key)}
+    broker = start_broker(
+        listeners=[
+            {"name": "tls", "type": "tls", "host": "127.0.0.1", "port": 0, "tls": tls},
+            {"name": "wss", "type": "wss", "host": "127.0.0.1", "port": 0, "tls": tls},
+        ],
+        limits={"connect_timeout_s": 0.5, "new_connections_per_second": 0},
+    )
+    peers = {}
+    for listener in ("tls", "wss"):
+        with socket.create_connection(("127.0.0.1", broker.port_of(listener)), timeout=5) as sock:
+            peers[listener] = f"127.0.0.1:{sock.getsockname()[1]}"
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: broker\r\n\r\n")  # not TLS: OpenSSL says http_request
+            sock.recv(1024)
+    distrustful = client_ssl_context(pki, certificate=False, trust=pki.other_ca_cert)
+    with (
+        socket.create_connection(("127.0.0.1", broker.port_of("tls")), timeout=5) as sock,
+        pytest.raises(ssl.SSLError),
+    ):
+        peers["distrust"] = f"127.0.0.1:{sock.getsockname()[1]}"
+        distrustful.wrap_socket(sock, server_hostname="localhost")
+    with socket.create_connection(("127.0.0.1", broker.port_of("wss")), timeout=5) as sock:
+        peers["silent"] = f"127.0.0.1:{sock.getsockname()[1]}"
+        assert sock.recv(1024) == b""  # no handshake within connect_timeout_s: closed
+
+    assert wait_for(lambda: len(refusals(caplog, "tls_error")) == 4)
+    lines = {line.peer: line for line in refusals(caplog, "tls_error")}
+    assert set(lines) == set(peers.values())
+    said = {(lines[peer].listener, lines[peer].tls_reason) for peer in peers.values()}
+    assert said == {
+        ("tls", "http_request"),
+        ("wss", "http_request"),
+        ("tls", "tlsv1_alert_unknown_ca"),
+        ("wss", "timeout"),
+    }
+    assert lines[peers["tls"]].getMessage() == "TLS handshake failed: http_request"
+    assert broker.refused("tls_error") == 4
+    assert tls_failures(broker, "tls", "http_request") == 1
+    assert tls_failures(broker, "wss", "timeout") == 1
+    device = PahoClient(
+        broker.port_of("wss"), "meter-wss", transport="websockets", tls_context=client_ssl_context(pki)
+    )
+    assert device.connack_result[1] == 0  # the listener still serves
 
 
 def test_a_tls_client_is_logged_with_its_address_to_the_end(secured, caplog):

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from broker_edge.observe.log_summary import LogSummary
+from broker_edge.observe.refusal_log import LogSummary
 
 
 def test_repeats_within_the_interval_are_left_out_and_counted_in_the_next_line(

@@ -1,0 +1,145 @@
+"""TLS listeners that know who failed a handshake: the broker accepts their sockets itself.
+
+An event loop serving TLS (``create_server(ssl=...)``) runs the handshake before it tells the protocol
+anything, and drops a connection whose handshake fails without a word: neither the peer's address nor why
+ever reach the broker. So a TLS listener's socket is accepted here (``loop.sock_accept``, the address in
+hand) and each connection's handshake is run by ``loop.connect_accepted_socket``, whose failure is an
+exception: ``on_failure(peer, listener's reason, error)`` is told, the socket closed. Both the MQTT TLS
+listeners (``transports.tcp``) and the HTTPS sites of the guard (``http.guard``: WSS listeners, the offsets
+API and admin endpoints with TLS) serve this way.
+
+Accepting costs one task for the listener and one per handshake in progress (until it ends, within the
+handshake timeout). A process out of descriptors (EMFILE, ENFILE) pauses accepting for ``ACCEPT_PAUSE_S``,
+as asyncio's own servers do, the connections waiting in the kernel's backlog meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import socket
+import ssl
+from collections.abc import Callable
+
+from broker_edge.process.sockets import listening_sockets
+
+__all__ = ["ACCEPT_PAUSE_S", "HandshakeFailure", "TlsServer", "failure_reason", "start_tls_server"]
+
+log = logging.getLogger(__name__)
+
+ACCEPT_PAUSE_S = 1.0
+"""How long accepting pauses when the process has no descriptor left for a new socket."""
+ACCEPT_BATCH = 100
+"""Connections accepted at once beyond the one awaited, when that many wait (as the loop's servers do)."""
+
+HandshakeFailure = Callable[[str, str, BaseException], None]
+"""``on_failure(peer "host:port", reason, error)``: a handshake failed (``reason``: ``failure_reason``)."""
+
+
+def failure_reason(error: BaseException) -> str:
+    """A short label for why a handshake failed: ``timeout``, ``closed`` (the peer hung up), OpenSSL's
+    reason in lower case (``wrong_version_number``: not TLS at all; ``tlsv1_alert_unknown_ca``: the client
+    does not trust the broker; ``peer_did_not_return_a_certificate``, ``certificate_verify_failed``, ...),
+    else ``error``."""
+    if isinstance(error, TimeoutError | asyncio.TimeoutError) or (
+        isinstance(error, ConnectionAbortedError) and "handshake" in str(error)
+    ):
+        return "timeout"
+    if isinstance(error, ssl.SSLEOFError | ssl.SSLZeroReturnError | ConnectionResetError | BrokenPipeError):
+        return "closed"
+    if isinstance(error, ssl.SSLError) and error.reason:
+        return str(error.reason).lower()
+    return "error"
+
+
+class TlsServer:
+    """A listening TLS socket accepted by the broker (see the module docstring); ``close`` stops it."""
+
+    def __init__(
+        self,
+        sockets: list[socket.socket],
+        protocol_factory: Callable[[], asyncio.BaseProtocol],
+        ssl_context: ssl.SSLContext,
+        handshake_timeout_s: float,
+        on_failure: HandshakeFailure,
+    ) -> None:
+        self.sockets = sockets
+        self._protocol_factory = protocol_factory
+        self._ssl_context = ssl_context
+        self._handshake_timeout_s = handshake_timeout_s
+        self._on_failure = on_failure
+        self._handshakes: set[asyncio.Task[None]] = set()
+        loop = asyncio.get_running_loop()
+        self._accepting = [loop.create_task(self._accept(sock)) for sock in sockets]
+
+    def close(self) -> None:
+        for task in (*self._accepting, *self._handshakes):
+            task.cancel()
+        for sock in self.sockets:
+            sock.close()
+
+    async def wait_closed(self) -> None:
+        await asyncio.gather(*self._accepting, *self._handshakes, return_exceptions=True)
+
+    async def _accept(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, address = await loop.sock_accept(sock)
+            except OSError as error:
+                if error.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    if sock.fileno() < 0:
+                        return  # closed
+                    log.warning("accepting a TLS connection failed: %s", error)
+                else:
+                    log.warning("accepting paused for %.0f s: %s", ACCEPT_PAUSE_S, error.strerror)
+                await asyncio.sleep(ACCEPT_PAUSE_S)
+                continue
+            self._start_handshake(conn, address)
+            for _ in range(ACCEPT_BATCH):  # the others already waiting, without a wait each
+                try:
+                    conn, address = sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    break  # said by sock_accept on the next turn
+                self._start_handshake(conn, address)
+
+    def _start_handshake(self, conn: socket.socket, address: tuple[str, int] | str) -> None:
+        conn.setblocking(False)
+        task = asyncio.get_running_loop().create_task(self._handshake(conn, address))
+        self._handshakes.add(task)
+        task.add_done_callback(self._handshakes.discard)
+
+    async def _handshake(self, conn: socket.socket, address: tuple[str, int] | str) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                self._protocol_factory,
+                conn,
+                ssl=self._ssl_context,
+                ssl_handshake_timeout=self._handshake_timeout_s,
+            )
+        except (OSError, TimeoutError) as error:
+            conn.close()
+            peer = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+            self._on_failure(peer, failure_reason(error), error)
+
+
+async def start_tls_server(
+    protocol_factory: Callable[[], asyncio.BaseProtocol],
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext,
+    handshake_timeout_s: float,
+    on_failure: HandshakeFailure,
+    backlog: int = 1024,
+    sock: socket.socket | None = None,
+) -> TlsServer:
+    """Listen on every address of ``host:port``, as ``loop.create_server`` does (or on the listening
+    ``sock``), and serve TLS connections; ``OSError`` if it cannot bind."""
+    if sock is not None:
+        sock.setblocking(False)
+    sockets = [sock] if sock is not None else listening_sockets(host, port, backlog)
+    return TlsServer(sockets, protocol_factory, ssl_context, handshake_timeout_s, on_failure)
