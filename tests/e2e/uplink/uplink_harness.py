@@ -40,7 +40,8 @@ def hub_port(hub: RunningBroker) -> int:
 
 
 def log_frames(store: LogStore, topic: str) -> tuple[int, int, bytes]:
-    """A log's start, end and every stored byte of its records (call on the broker's loop)."""
+    """A log's start, end and every stored byte of its records up to a gap, if it has one (call on the
+    broker's loop)."""
     if topic not in store:
         return 0, 0, b""
     start, end = store.start_offset(topic), store.durable_end(topic)
@@ -48,6 +49,8 @@ def log_frames(store: LogStore, topic: str) -> tuple[int, int, bytes]:
     offset = start
     while offset < end:
         frames, count = store.read_frames(topic, offset, 1 << 20)
+        if not count:
+            break
         chunks.extend(frames)
         offset += count
     return start, end, b"".join(chunks)
