@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,24 @@ def mirrored(
     site_logs = [log_frames(site_store, topic) for topic in topics]
     hub_logs = [log_frames(hub_store, site_topic(site_id, topic)) for topic in topics]
     return sum(end - start for start, end, _ in site_logs) == records and site_logs == hub_logs
+
+
+def wait_while_progressing(
+    done: Callable[[], bool], progress: Callable[[], float], stall_s: float = 20.0
+) -> bool:
+    """Poll ``done()`` until it holds (True), or until ``progress()`` has not moved for ``stall_s`` (False):
+    a loaded machine (other tests' fsyncs) moves slowly, a stuck link not at all."""
+    last = progress()
+    stalled_at = time.monotonic() + stall_s
+    while not done():
+        now = time.monotonic()
+        current = progress()
+        if current != last:
+            last, stalled_at = current, now + stall_s
+        elif now > stalled_at:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 class WanRelay:
