@@ -1162,6 +1162,10 @@ class LogStore:
         assert self._sealer is not None
         self._sealer.delete_after_snapshot(segments)
 
+    def retention_of(self, topic: str) -> LogConfig:
+        """The retention `topic`'s log is kept under (its persist rule's, or the store's)."""
+        return self._log_config(self._id(topic))
+
     def _log_config(self, topic_id: int) -> LogConfig:
         configs = self._log_configs
         if not configs:

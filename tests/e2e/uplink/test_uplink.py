@@ -198,6 +198,24 @@ def test_unsent_records_near_retention_raise_a_warning_and_a_metric_while_the_hu
     assert "not yet sent are" in caplog.text
 
 
+def test_unsent_records_in_the_bytes_size_retention_takes_first_raise_a_warning_and_a_metric(
+    brokers: Brokers, pki: LocalPki, caplog: pytest.LogCaptureFixture
+) -> None:
+    hub = brokers("hub", uplink_hub=hub_section(pki))
+    port = hub_port(hub)
+    hub.stop()  # an outage: the site cannot send
+    storage = {"retention_bytes": 20_000}
+    site = brokers(
+        "site", storage=storage, uplink=site_section(pki, "plant-b", port, retention_warning_ratio=0.5)
+    )
+    publish(site, "telemetry/a", [b"s" * 200] * 40)  # about 9.6 KB: under half of retention_bytes
+    publish(site, "telemetry/a", [b"s" * 200] * 40)  # about 19 KB: the oldest 9 KB are at risk
+    assert wait_for(lambda: site.metric("timestone_broker_uplink_unsent_at_risk_records") > 0, timeout=10)
+    at_risk = site.metric("timestone_broker_uplink_unsent_at_risk_records")
+    assert 30 <= at_risk <= 50  # the oldest records, about half of the 80: not every unsent one
+    assert "in the oldest bytes of a log" in caplog.text
+
+
 def test_an_action_published_on_the_hub_reaches_the_sites_devices_and_their_reports_come_back(
     brokers: Brokers, pki: LocalPki
 ) -> None:
