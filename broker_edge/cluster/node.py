@@ -34,6 +34,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker_edge.cluster.cluster_info import cluster_info_route
@@ -346,6 +347,11 @@ class ClusterNode:
         broker = self.broker
         registry = SessionRegistry(self.etcd, self.cluster.key_prefix)
         self.sessions = ClusterSessions(broker, registry, self.view, self.links, self.cluster)
+        self.sessions.forwards_settled = partial(
+            self.forwarding.settle,
+            timeout_s=min(self.cluster.forward_timeout_ms, self.cluster.session_handover_timeout_ms // 2)
+            / 1000,
+        )
         if self.followers is not None:
             self.sessions.observed_logs = self.followers.observed_logs
         wills = self.wills = ClusterWills(

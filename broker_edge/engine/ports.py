@@ -120,10 +120,13 @@ class Forwarding(Protocol):
         messages: list[Message],
         from_peer: bool,
         done: Callable[[Sequence[ForwardAck]], None],
+        wanted: Callable[[], bool] | None = None,
     ) -> None:
         """Get ``messages`` (all on ``topic``) appended where they belong, or refuse them; ``done`` is called
         once, on the loop (possibly at once), with one answer per message in order. ``from_peer``: another
-        broker forwarded them here (``PublishPath.accept_forwarded``)."""
+        broker forwarded them here (``PublishPath.accept_forwarded``). ``wanted()`` false: their publishers
+        are gone, so publishes still waiting are refused rather than appended behind the ones their
+        publishers sent since, on another connection."""
 
     def broadcast(self, message: Message) -> None:
         """Route an unlogged publish on every other member."""

@@ -144,14 +144,12 @@ class PendingPublish:
 
 @dataclass(slots=True)
 class _Batch:
-    """One persisted batch until it completes: its parts still running, and the first failure."""
+    """The part of one persisted batch appended here, until it is durable and replicated."""
 
     entries: list[PendingPublish]
+    """What it answers: every publish of the batch on a broker alone; on a cluster member, those not handed
+    to the ``forwarding`` port (each forwarded part is answered when its own answers come back)."""
     runs: list[AppendedRun]
-    waiting: int = 1
-    """Parts not finished: the local part (durable, then replicated) and one per forwarded topic."""
-    error: BaseException | None = None
-    reason: str = ""
 
 
 def _never_logged(topic: str, qos: int) -> bool:
@@ -334,14 +332,19 @@ class PublishPath:
                 if entry.message is not None and entry.message.topic in retry:
                     self._append_one(store, entry)
         store.when_durable(
-            lambda: self._durable(current), lambda exc: self._part_failed(current, exc, "log_failed")
+            lambda: self._durable(current), lambda exc: self._failed(current, exc, "log_failed")
         )
 
     def _place(
         self, current: _Batch, topics: dict[str, list[Message]], forwarding: Forwarding
     ) -> dict[str, list[Message]]:
-        """Split a batch by where its topics go: returns the topics appended here; hands the others to the
-        ``forwarding`` port (its answers settle their entries, which are acknowledged in their turn)."""
+        """Split a batch by where its topics go: returns the topics appended here, and keeps in ``current``
+        only their entries; hands the others to the ``forwarding`` port, whose answers settle their entries,
+        acknowledged in their turn as soon as they come back.
+
+        A forwarded part never waits for the part appended here, nor the other way round: the answers to
+        publishes another broker forwarded here must not wait for this broker's own forwards, which may wait
+        for that broker (its forwards of a topic are sent one after the other, to keep their order)."""
         local: dict[str, list[Message]] = {}
         elsewhere: set[str] = set()
         for topic, messages in topics.items():
@@ -352,20 +355,31 @@ class PublishPath:
         if not elsewhere:
             return local
         parts: dict[tuple[str, bool], list[PendingPublish]] = {}
+        here: list[PendingPublish] = []
         for entry in current.entries:
             message = entry.message
             if message is not None and message.topic in elsewhere:
                 parts.setdefault((message.topic, entry.from_peer), []).append(entry)
+            else:
+                here.append(entry)
+        current.entries = here
         for (topic, from_peer), entries in parts.items():
-            current.waiting += 1
             messages = [entry.message for entry in entries if entry.message is not None]
-            forwarding.forward(topic, messages, from_peer, partial(self._forwarded, current, entries))
+            forwarding.forward(
+                topic,
+                messages,
+                from_peer,
+                partial(self._forwarded, entries),
+                partial(_wanted, entries),
+            )
         return local
 
-    def _forwarded(self, current: _Batch, entries: list[PendingPublish], acks: Sequence[ForwardAck]) -> None:
+    def _forwarded(self, entries: list[PendingPublish], acks: Sequence[ForwardAck]) -> None:
         for entry, ack in zip(entries, acks, strict=True):
             self._settle(entry, ack)
-        self._part_done(current)
+            self._answer_in_turn(entry, entry.reason_code)
+        if self._held_readers:
+            self._answered()
 
     def _settle(self, entry: PendingPublish, ack: ForwardAck) -> None:
         """Record the answer for an entry answered elsewhere; it is acknowledged in its turn."""
@@ -422,34 +436,24 @@ class PublishPath:
 
     def _durable(self, current: _Batch) -> None:
         if not current.runs and self.forwarding is not None:
-            self._part_done(current)  # everything went elsewhere: nothing here to replicate
+            self._done(current)  # everything went elsewhere: nothing here to replicate
             return
         self.replication.when_replicated(
             current.runs,
-            lambda: self._part_done(current),
-            lambda exc: self._part_failed(current, exc, "replication_failed"),
+            lambda: self._done(current),
+            lambda exc: self._failed(current, exc, "replication_failed"),
         )
 
-    def _part_failed(self, current: _Batch, exc: BaseException, reason: str) -> None:
-        if current.error is None:
-            current.error, current.reason = exc, reason
-        self._part_done(current)
-
-    def _part_done(self, current: _Batch) -> None:
-        """One part of ``current`` finished; once all have, route and acknowledge it (or refuse it)."""
-        current.waiting -= 1
-        if current.waiting:
-            return
-        if current.error is None:
-            self._route_and_acknowledge(current.entries, current.runs)
-        else:
-            self._failed(current.entries, current.error, current.reason)
+    def _done(self, current: _Batch) -> None:
+        """``current`` is durable (and replicated): route and acknowledge it."""
+        self._route_and_acknowledge(current.entries, current.runs)
         if self._held_readers:
             self._answered()
 
-    def _failed(self, batch: list[PendingPublish], exc: BaseException, reason: str) -> None:
+    def _failed(self, current: _Batch, exc: BaseException, reason: str) -> None:
         """Writing (``log_failed``) or replicating (``replication_failed``) failed: acknowledge nothing
-        appended here (entries answered elsewhere keep their answer); a ``PublishRefused`` says why."""
+        appended here (entries answered otherwise keep their answer); a ``PublishRefused`` says why."""
+        batch = current.entries
         refused = isinstance(exc, PublishRefused)
         if refused:  # expected while a partition changes hands: summarised
             self._refusals.log(
@@ -472,6 +476,8 @@ class PublishPath:
                 entry.reason_code = reason_code
                 entry.reason_string = reason_string
             answer(entry, entry.reason_code)
+        if self._held_readers:
+            self._answered()
 
     # -- 4. route and acknowledge -------------------------------------------------------------------------
 
@@ -520,9 +526,9 @@ class PublishPath:
 
     def _answer_in_turn(self, entry: PendingPublish, reason_code: int) -> None:
         """A cluster member's acknowledgement: sent once every earlier publish of the same publisher is
-        acknowledged ([MQTT-4.6.0-2..4]). Batches complete in any order here (a forwarded part waits for
-        another broker), so only a publisher's own publishes wait for each other: a batch never waits for
-        one that waits on a peer, which could wait on this broker in turn."""
+        acknowledged ([MQTT-4.6.0-2..4]). Batches, and the parts of a batch, complete in any order here (a
+        forwarded part waits for another broker), so only a publisher's own publishes wait for each other:
+        nothing waits for a part that waits on a peer, which could wait on this broker in turn."""
         entry.reason_code = reason_code
         entry.ready = True
         publisher = entry.publisher
@@ -560,3 +566,8 @@ def _acknowledge(
         publisher.send_puback(packet_id, reason_code, reason_string)
     elif qos == 2:
         publisher.send_pubrec(packet_id, reason_code, reason_string)
+
+
+def _wanted(entries: list[PendingPublish]) -> bool:
+    """Whether a publisher of ``entries`` is still connected (or the broker itself published one)."""
+    return any(entry.publisher is None or entry.publisher.state != CLOSED for entry in entries)

@@ -10,7 +10,9 @@ broker it reaches:
   handled as by a broker alone) and, unless the new CONNECT starts clean, replies with its state
   (subscriptions, log positions), which this broker restores: the client's resumed session redelivers, from
   this broker's own copy of the log, everything after its last acknowledged offsets (offsets are the same
-  on every replica). With a clean start the other broker discards the session;
+  on every replica). With a clean start the other broker discards the session. It answers once the
+  client's publishes it is still forwarding are appended or refused, so that they keep their place ahead of
+  what the client publishes next (it keeps the record of a session whose connection ended until then, too);
 - the holder is no longer a member (it died): the state it last saved in the registry is restored (at
   most ``session_save_interval_ms`` old: messages acknowledged since may be delivered again);
 - then the record is compare-and-swapped to this node with the next generation and the new will.
@@ -28,7 +30,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -149,6 +151,9 @@ class ClusterSessions:
         """The topics this node observes that a filter matches (``Followers.observed_logs``)."""
         self.closed = False
         """Set once this node leaves: its records stay as they are, for the others to act on."""
+        self.forwards_settled: Callable[[str], Awaitable[bool]] | None = None
+        """Waits until no publish of a client id is still being forwarded from here
+        (``ClusterForwarding.settle``): a takeover answers after it."""
         links.serve_requests(SERVICE_TAKE_OVER, self._serve_take_over)
 
     def start(self) -> None:
@@ -355,11 +360,14 @@ class ClusterSessions:
         self.registry.forget(client_id)
         router = self.broker.router
         session = router.sessions.get(client_id)
+        if session is not None and session.connection is not None:
+            _disconnect_taken_over(session.connection)  # first: its state counts what is in flight to it
+        if self.forwards_settled is not None and not await self.forwards_settled(client_id):
+            log.warning("handing session %r over with publishes of it still on their way", client_id)
+        session = router.sessions.get(client_id)
         if session is None:
             return b'{"held":false}'  # lost (a restart without it): the asking broker uses the saved state
         log.info("handing session %r over to %s (clean start: %s)", client_id, link.peer, clean_start)
-        if session.connection is not None:
-            _disconnect_taken_over(session.connection)  # first: its state counts what is in flight to it
         state = None
         if not clean_start:  # even a session ending with its connection is resumed by a takeover
             state = saved_session(session, self._saved_logs, self.broker.now())
@@ -407,7 +415,15 @@ class ClusterSessions:
             return  # published at once: taking it out of the record removes the record (``ClusterWills``)
         else:
             change = _will_due(time.time())
-        self.tasks.spawn(self._update(client_id, generation, change), f"session {client_id} ended")
+        self.tasks.spawn(self._ended(client_id, generation, change), f"session {client_id} ended")
+
+    async def _ended(self, client_id: str, generation: int, change: Change) -> None:
+        """Change the record of a session whose connection ended once the client's publishes still being
+        forwarded from here are appended or refused: until then a CONNECT elsewhere finds this node in the
+        record and asks it to hand over, which waits for them too."""
+        if self.forwards_settled is not None:
+            await self.forwards_settled(client_id)
+        await self._update(client_id, generation, change)
 
     async def _update(self, client_id: str, generation: int, change: Change) -> SessionRecord | None:
         """Change this node's record of ``client_id``, retried while etcd cannot be reached (until this

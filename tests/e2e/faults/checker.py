@@ -16,10 +16,6 @@ from dataclasses import dataclass, field
 __all__ = ["Ack", "Delivery", "History", "Silence", "anomalies", "payload", "sequence_of"]
 
 
-OUT_OF_ORDER = "out of the publisher's order"
-"""The anomaly of a publish appended before one its publisher sent earlier (a known gap: docs/cluster.md)."""
-
-
 def payload(publisher: str, sequence: int) -> bytes:
     return f"{publisher}:{sequence}".encode()
 
@@ -119,7 +115,7 @@ def _in_order(topic: str, log: list[tuple[int, bytes]], acks: list[Ack]) -> list
     sequences = [sequence_of(data) for _, data in log]
     for (offset, _), before, after in zip(log[1:], sequences, sequences[1:], strict=False):
         if after <= before:
-            found.append(f"{topic}: {after} at offset {offset} after {before}: {OUT_OF_ORDER}")
+            found.append(f"{topic}: {after} at offset {offset} after {before}: out of the publisher's order")
     acked = [ack.sequence for ack in acks]
     for before, after in itertools.pairwise(acked):
         if after <= before:

@@ -12,6 +12,7 @@ from typing import Any
 from broker_edge.cluster.forwarding import ClusterForwarding
 from broker_edge.cluster.links.peer_link import PeerLinks
 from broker_edge.cluster.view import ClusterView, Member, PartitionState
+from broker_edge.engine.connection.states import CLOSED
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import ClusterPorts
 from tests.unit.broker_edge.cluster.engines import Answers, EngineOnLoop
@@ -52,6 +53,14 @@ class Node:
         return message
 
 
+def _led_by_b() -> tuple[Node, Node]:
+    """Members ``a`` and ``b``, both seeing ``b`` lead every partition (not linked yet)."""
+    a, b = Node("a"), Node("b")
+    for member in (a, b):
+        member.lead("b")
+    return a, b
+
+
 async def _answered(device: Answers) -> None:
     await asyncio.wait_for(device.answered.wait(), 5)
 
@@ -62,9 +71,7 @@ def _run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 def test_a_publish_on_a_partition_led_elsewhere_is_appended_by_the_leader_and_answered_with_its_offset():
     async def scenario() -> None:
-        a, b = Node("a"), Node("b")
-        for member in (a, b):
-            member.lead("b")
+        a, b = _led_by_b()
         link_in_memory(a.links, b.links)
         device = Answers()
         message = a.publish(device, b"21.5")
@@ -152,6 +159,59 @@ async def _all_answered(device: Answers, count: int) -> None:
         device.answered.clear()
 
 
+def test_a_publish_answered_not_the_leader_is_retried_ahead_of_the_publishes_sent_after_it():
+    """The leader is fenced for a moment: it answers the first publish "not the leader", then unfences
+    before the second arrives. The second waits behind the first's retry, so the log holds them in the
+    order the device sent them (before, the second was appended at once and the first 20 ms later)."""
+
+    async def scenario() -> None:
+        a, b = _led_by_b()
+        link_in_memory(a.links, b.links)
+        device = Answers()
+        b.view.fenced = True
+        a.publish(device, b"394", packet_id=1)
+        while not b.engine.counters.drops("forward_refused"):
+            await asyncio.sleep(0.001)
+        b.view.fenced = False
+        a.publish(device, b"395", packet_id=2)
+        a.publish(device, b"396", packet_id=3)
+        await _all_answered(device, 3)
+        assert device.answers == {1: (0x00, None), 2: (0x00, None), 3: (0x00, None)}
+        assert _payloads(b) == [b"394", b"395", b"396"]
+
+    _run(scenario)
+
+
+def test_publishes_sent_while_an_earlier_one_waits_for_its_link_go_behind_it():
+    async def scenario() -> None:
+        a, b = _led_by_b()
+        device = Answers()
+        a.publish(device, b"1", packet_id=1)  # no link to b yet: waits
+        await asyncio.sleep(0.03)
+        link_in_memory(a.links, b.links)
+        a.publish(device, b"2", packet_id=2)  # the link is up: still behind the first
+        await _all_answered(device, 2)
+        assert _payloads(b) == [b"1", b"2"]
+        assert [code for code, _ in device.answers.values()] == [0x00, 0x00]
+
+    _run(scenario)
+
+
+def test_when_this_broker_becomes_the_leader_a_later_publish_is_not_appended_ahead_of_one_waiting():
+    async def scenario() -> None:
+        a = Node("a")
+        a.lead(None)
+        device = Answers()
+        a.publish(device, b"first", packet_id=1)  # no leader: waits
+        await asyncio.sleep(0)
+        a.lead("a")
+        a.publish(device, b"second", packet_id=2)  # a leads now, but "first" is still waiting
+        await _all_answered(device, 2)
+        assert _payloads(a) == [b"first", b"second"]
+
+    _run(scenario)
+
+
 def test_a_publish_that_cannot_keep_its_place_is_refused_with_everything_behind_it():
     async def scenario() -> None:
         a = Node("a", forward_timeout_s=0.05)
@@ -166,5 +226,48 @@ def test_a_publish_that_cannot_keep_its_place_is_refused_with_everything_behind_
         a.publish(device, b"3", packet_id=3)
         await _all_answered(device, 3)
         assert device.answers[3] == (0x00, None) and _payloads(a) == [b"3"]
+
+    _run(scenario)
+
+
+def test_publishes_waiting_when_their_publisher_disconnects_are_refused_not_appended_later():
+    """A device whose connection ends while its publishes wait may already publish again elsewhere: the
+    waiting ones are refused when they would go, never appended behind its newer ones."""
+
+    async def scenario() -> None:
+        a = Node("a")
+        a.lead(None)
+        device = Answers()
+        a.publish(device, b"1", packet_id=1)
+        await asyncio.sleep(0)
+        device.state = CLOSED
+        a.lead("a")
+        a.publish(Answers(), b"another device's", packet_id=1)  # the topic is open again at once
+        await asyncio.sleep(0.1)  # past the retry
+        assert _payloads(a) == [b"another device's"]
+        assert device.answers == {}  # a closed connection is told nothing
+
+    _run(scenario)
+
+
+def test_a_takeover_waits_until_the_old_connections_forwarded_publishes_have_their_place():
+    """A session taken over elsewhere answers only once its client's publishes still travelling from here
+    are appended or refused (``ClusterSessions`` awaits ``settle``), so a device that reconnects to
+    another broker cannot have its next publish appended ahead of them."""
+
+    async def scenario() -> None:
+        a, b = _led_by_b()
+        device = Answers()
+        a.publish(device, b"1", packet_id=1)  # no link to b yet: waits in its lane
+        await asyncio.sleep(0.001)  # persisted at the next turn of the loop
+        assert a.forwarding.carries("device") and not a.forwarding.carries("another")
+        assert await a.forwarding.settle("device", timeout_s=0.05) is False
+        settled = asyncio.ensure_future(a.forwarding.settle("device", timeout_s=2))
+        await asyncio.sleep(0.03)
+        assert not settled.done()
+        link_in_memory(a.links, b.links)
+        assert await settled is True
+        assert _payloads(b) == [b"1"]
+        assert await a.forwarding.settle("another", timeout_s=0) is True
 
     _run(scenario)

@@ -79,6 +79,7 @@ class HeldForwarding:
         messages: list[Message],
         from_peer: bool,
         done: Callable[[Sequence[ForwardAck]], None],
+        wanted: Callable[[], bool] | None = None,
     ) -> None:
         if topic in self.refused:
             done([ForwardAck(0x83, None, f"too few in-sync replicas for {topic}")] * len(messages))

@@ -100,7 +100,7 @@ def test_a_publisher_is_not_held_behind_another_publishers_forwarded_publish():
     assert [a.packet_id for a in far.read()] == [1]
 
 
-def test_one_batch_waits_for_both_its_local_and_its_forwarded_part():
+def test_a_publishers_acks_wait_for_both_the_local_and_the_forwarded_part_of_its_batch():
     core, store, forwarding = _cluster_core()
     client = _publisher(core)
 
@@ -144,10 +144,10 @@ def test_too_few_in_sync_replicas_refuses_before_appending_and_closes_a_v3_publi
     v3 = core.client(4)
     v3.connect("old-device")
 
-    v5.send(Publish(LOCAL_TOPIC, b"at risk", 2, packet_id=1))
+    answer = v5.send(Publish(LOCAL_TOPIC, b"at risk", 2, packet_id=1))  # refused at once
     v3.send(Publish(LOCAL_TOPIC, b"at risk", 1, packet_id=2))
     store.make_durable()
-    (ack,) = v5.read()
+    (ack,) = answer + v5.read()
     assert (type(ack), ack.packet_id, ack.reason_code) == (PubRec, 1, 0x83)
     assert ack.properties is not None and "in-sync" in (ack.properties.reason_string or "")
     assert v3.read() == [] and v3.closed  # v3 has no way to be told: never a PUBACK
@@ -186,6 +186,26 @@ def test_publishes_a_peer_forwarded_are_appended_and_answered_in_turn_with_their
     core.run_soon()
     assert peer.answers == {0: 0, 1: 0, 2: 0}  # answered as QoS 1 publishes, by index
     assert [message.offset for message in messages] == [0, 1, 2]
+
+
+def test_answers_to_a_peers_publishes_do_not_wait_for_a_forward_persisted_with_them():
+    """Two brokers forwarding to each other must never wait on each other: the answers to publishes a peer
+    forwarded here go back once they are durable (and replicated) here, although the batch they were
+    persisted with holds a device's publish still waiting for that peer's answer (a topic's forwards go one
+    after the other, so that answer can wait for these)."""
+    core, store, forwarding = _cluster_core()
+    client = _publisher(core)
+    peer = PeerAnswers()
+
+    core.publish_path.accept_forwarded(peer, [Message(LOCAL_TOPIC, b"theirs", 1)])
+    client.send(Publish(REMOTE_TOPIC, b"mine", 1, packet_id=1))  # the same batch
+    assert [topic for topic, _, _, _ in forwarding.forwarded] == [REMOTE_TOPIC]
+    store.make_durable()
+    core.run_soon()
+    assert peer.answers == {0: 0}
+    assert client.read() == []  # its forward is not answered yet
+    forwarding.answer(0)
+    assert [(a.packet_id, a.reason_code) for a in client.read()] == [(1, 0)]
 
 
 def test_a_peer_publish_for_a_partition_led_elsewhere_goes_to_the_port_marked_as_a_peers():

@@ -172,9 +172,9 @@ def test_an_mqtt_5_qos2_publish_refused_gives_its_receive_maximum_slot_back():
     core.join_cluster(ClusterPorts(forwarding=forwarding))
     client = _publisher(core, MQTT_5)
     for packet_id in (1, 2, 3):
-        client.send(Publish("meter", b"x", 2, packet_id=packet_id))
+        answer = client.send(Publish("meter", b"x", 2, packet_id=packet_id))  # refused at once
         store.make_durable()
-        answer = client.read()
+        answer += client.read()
         assert [(type(packet), packet.reason_code) for packet in answer] == [(PubRec, 0x83)]
     assert client.conn.incoming_pending == 0
     assert not client.closed
