@@ -327,6 +327,8 @@ class SiteLink:
                 ssl.SSLError,
             ) as error:
                 log.warning("uplink to %s: %s; again in %.1f s", hub, error or type(error).__name__, delay)
+            except Exception:  # never let the link end for good: whatever it was, dial again
+                log.exception("uplink to %s failed; again in %.1f s", hub, delay)
             finally:
                 if self.connected:
                     delay = config.reconnect_min_s
@@ -335,13 +337,18 @@ class SiteLink:
             delay = min(delay * 2, config.reconnect_max_s)
 
     async def _converse(self, ws: ClientWebSocketResponse) -> None:
+        import aiohttp
+
         config = self.config
         hello: dict[str, object] = {"version": VERSION, "site": config.site_id}
         downlink = self._downlink_request()
         if downlink is not None:
             hello["downlink"] = downlink
         await ws.send_bytes(encode(HELLO, hello))
-        answer = decode(await ws.receive_bytes(timeout=HANDSHAKE_TIMEOUT_S))
+        message = await ws.receive(timeout=HANDSHAKE_TIMEOUT_S)
+        if message.type != aiohttp.WSMsgType.BINARY:  # closed under the HELLO (a link cut): dial again
+            raise ConnectionError(f"the hub's connection ended before it answered ({message.type.name})")
+        answer = decode(message.data)
         if answer.kind == ERROR:
             raise WireError(f"the hub refused: {answer.header.get('message')}")
         if answer.kind != ENDS or not isinstance(answer.header.get("ends"), dict):
@@ -463,7 +470,7 @@ class SiteLink:
 
     def _gap(self, topic: str, position: int, start: int) -> None:
         log.warning(
-            "uplink: %r records [%d, %d) were deleted by retention before they were sent",
+            "uplink: %r records [%d, %d) are gone before they were sent (retention, or damage)",
             topic,
             position,
             start,

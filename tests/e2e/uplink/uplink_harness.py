@@ -4,11 +4,14 @@ site and its hub that a test can cut (the WAN), and the check that a hub holds a
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from aiohttp import web
 
 from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.uplink import site_topic
@@ -162,3 +165,44 @@ class WanRelay:
 
 def pki_in(directory: Path) -> LocalPki:
     return LocalPki(directory / "pki", name="uplink-ca")
+
+
+class HelloClosingHub:
+    """A stand-in hub on 127.0.0.1 (TLS, ``server``'s certificate) that takes a site's WebSocket, reads its
+    first message (the HELLO) and closes the connection without answering; ``hellos`` counts them."""
+
+    def __init__(self, pki: LocalPki) -> None:
+        server = pki.server("hub")
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(str(server.cert), str(server.key))
+        self.hellos = 0
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="closing-hub")
+        self._thread.start()
+        self._ready.wait(5)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_get("/v1/uplink", self._serve)
+        self._runner = web.AppRunner(app)
+        self.loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self.context)
+        self.loop.run_until_complete(site.start())
+        self.port = self._runner.addresses[0][1]
+        self._ready.set()
+        self.loop.run_forever()
+
+    async def _serve(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.receive()
+        self.hellos += 1
+        await ws.close()
+        return ws
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
