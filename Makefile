@@ -19,7 +19,7 @@ test: $(STAMP) system-deps
 	$(VENV)/bin/pytest
 
 # Every benchmark writes its section into bench/results/ (commitlog, Spark source, telemetry job, OTA, footprint,
-# cluster, cluster fanout, cluster under faults, many topics, uplink),
+# cluster, cluster fanout, cluster under faults, many topics, a fleet against Mosquitto and Aedes, uplink),
 # then the broker suite writes bench/RESULTS.md with every bench/results/*.md section appended: one command
 # regenerates every published figure (about 50 minutes on a 2-core machine; run it on a quiet one).
 bench: $(STAMP) system-deps
@@ -34,6 +34,7 @@ bench: $(STAMP) system-deps
 	$(VENV)/bin/python -m bench.cluster_faults_bench
 	$(VENV)/bin/python -m bench.sessions_bench
 	$(VENV)/bin/python -m bench.topics_bench
+	$(VENV)/bin/python -m bench.fleet_bench
 	$(VENV)/bin/python -m bench.uplink_bench
 	$(VENV)/bin/python -m bench
 

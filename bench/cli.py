@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         command=" ".join(["python -m bench", *(sys.argv[1:] if argv is None else argv)]),
         quick=args.quick,
         repeat=args.repeat,
-        cpu_split=_cpu_split(broker_cpus, loadgen_cpus),
+        cpu_split=cpu_split(broker_cpus, loadgen_cpus),
         load_average=" ".join(f"{x:.2f}" for x in os.getloadavg()),
     )
     for broker in ctx.brokers:
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         load_average_end=" ".join(f"{x:.2f}" for x in os.getloadavg()),
         other_cpu_mean=statistics.fmean(ctx.other_cpu) if ctx.other_cpu else None,
     )
-    text = render(run, machine_info(), _broker_infos(ctx), results, extra_sections(BENCH_DIR / "results"))
+    text = render(run, machine_info(), broker_infos(ctx), results, extra_sections(BENCH_DIR / "results"))
     args.output.write_text(text)
     _log(f"wrote {args.output} after {time.monotonic() - started:.0f} s")
     for failure in ctx.failures:
@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if ctx.failures else 0
 
 
-def _broker_infos(ctx: RunContext) -> list[BrokerInfo]:
+def broker_infos(ctx: RunContext) -> list[BrokerInfo]:
+    """Every broker configuration of the run: version, whether it was measured, how it was configured."""
     infos = []
     brokers = {b.label: b for b in ctx.brokers} | ctx.seen
     for label, broker in brokers.items():
@@ -130,7 +131,8 @@ def _broker_infos(ctx: RunContext) -> list[BrokerInfo]:
     return infos
 
 
-def _cpu_split(broker: set[int] | None, loadgen: set[int] | None) -> str:
+def cpu_split(broker: set[int] | None, loadgen: set[int] | None) -> str:
+    """Which CPUs the broker and the load generator were pinned to, in words."""
     if not broker or not loadgen:
         return "no pinning (a single CPU is available): broker and load generator share it"
     return (

@@ -114,6 +114,8 @@ class Settings:
     quick: bool
     rates_only: bool = False
     """Only the ceilings and the job at each batch size, taking turns (no bronze, cold or latency runs)."""
+    rounds: int | None = None
+    """Measured rounds of the ceilings and the job (default ``PAIRS``, one with ``--quick``)."""
 
 
 # -- payloads and the backlog publisher ------------------------------------------------------------------
@@ -925,6 +927,7 @@ def warm_runs(
     """The ceilings and the job at each batch size taking turns: ``WARM_ROUNDS`` rounds unmeasured, then
     ``PAIRS`` measured (one each with ``--quick``). A run that fails becomes a 'failed' line."""
     warm_rounds, rounds = (1, 1) if settings.quick else (WARM_ROUNDS, PAIRS)
+    rounds = settings.rounds or rounds
     for number in range(warm_rounds + rounds):
         measured = number >= warm_rounds
         label = f"{number - warm_rounds + 1}" if measured else f"warm-up-{number + 1}"
@@ -1381,8 +1384,12 @@ def latency_only(settings: Settings, trace: bool = False) -> int:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     if args.quick:
-        return Settings(args.records or 100_000, args.topics, 50, 200.0, 10.0, 20.0, True, args.rates_only)
-    return Settings(args.records or 500_000, args.topics, 50, 200.0, 15.0, 45.0, False, args.rates_only)
+        return Settings(
+            args.records or 100_000, args.topics, 50, 200.0, 10.0, 20.0, True, args.rates_only, args.rounds
+        )
+    return Settings(
+        args.records or 500_000, args.topics, 50, 200.0, 15.0, 45.0, False, args.rates_only, args.rounds
+    )
 
 
 RATES_HEADING = "### Catch-up rate by batch size, a run of its own"
@@ -1391,15 +1398,14 @@ RATES_HEADING = "### Catch-up rate by batch size, a run of its own"
 def render_rates(figures: Figures, wall: float, load: LoadSampler, started: datetime) -> str:
     """``--rates-only``: the ceilings and the job at each batch size, as a section of its own."""
     s, machine, samples = figures.settings, machine_info(), load.samples
-    rounds = (
-        "one unmeasured round, then one measured"
-        if s.quick
-        else f"{WARM_ROUNDS} unmeasured, {PAIRS} measured"
-    )
+    warm, measured = (1, 1) if s.quick else (WARM_ROUNDS, PAIRS)
+    measured = s.rounds or measured
+    rounds = f"{warm} unmeasured round(s), then {measured} measured"
+    options = (" --quick" if s.quick else "") + (f" --rounds {s.rounds}" if s.rounds else "")
     lines = [
         RATES_HEADING,
         "",
-        f"`bench/telemetry_bench.py --rates-only{' --quick' if s.quick else ''} --records {s.records}`, "
+        f"`bench/telemetry_bench.py --rates-only{options} --records {s.records}`, "
         f"{started:%Y-%m-%d %H:%M} UTC, {wall:.0f} s in all. {machine.cpu_model}, {machine.cores} cores, "
         f"{machine.memory_gib:.0f} GiB. Load average (1 min) {samples[0]:.1f} at the start, "
         f"{statistics.mean(samples):.1f} mean / {max(samples):.1f} max: the machine was shared with other "
@@ -1426,7 +1432,8 @@ def render_rates(figures: Figures, wall: float, load: LoadSampler, started: date
         lines.append(
             f"| {number + 1} | {ceiling.rate:,.0f} | {plain.rate:,.0f} | "
             + " | ".join(
-                f"{job.rate:,.0f} ({sum(1 for p in job.progress if p.get('numInputRows'))} batches)"
+                f"{job.rate:,.0f} ({sum(1 for p in job.progress if p.get('numInputRows'))} batches, "
+                f"{job.rate / plain.rate:.0%} of this round's plain transforms)"
                 for job in jobs
             )
             + " |"
@@ -1455,6 +1462,9 @@ def main(argv: list[str] | None = None) -> int:
         "--rates-only",
         action="store_true",
         help="only the ceilings and the job at each batch size; written as a section of its own",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="measured rounds (default 3; 1 with --quick)"
     )
     parser.add_argument("--cold-job", nargs=2, metavar=("OFFSETS_URL", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -17,7 +17,8 @@ This module cannot run on machines without the Delta jars; docs/tables.md lists 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from sinks.arrow_conform import SchemaMismatch
@@ -46,7 +47,25 @@ OPTIMIZE_MIN_FILE_SIZE_CONF = "spark.databricks.delta.optimize.minFileSize"
 #: Delta's refusal of a VACUUM retention below the table's ``delta.deletedFileRetentionDuration``.
 RETENTION_CHECK_CONF = "spark.databricks.delta.retentionDurationCheck.enabled"
 
-__all__ = ["MARKER_PREFIX", "DeltaNativeTableStore", "commit_marker"]
+__all__ = ["MARKER_PREFIX", "DeltaNativeTableStore", "commit_marker", "session_conf"]
+
+
+@contextmanager
+def session_conf(session: SparkSession, conf: Mapping[str, str]) -> Iterator[None]:
+    """The session's SQL settings ``conf`` for the block, then its own values back (unset where it had
+    none), whether the block ends or raises: Delta takes a write's transaction ids and OPTIMIZE's and
+    VACUUM's bounds from the session, which other writes of the same session must not inherit."""
+    previous = {key: session.conf.get(key, None) for key in conf}
+    try:
+        for key, value in conf.items():
+            session.conf.set(key, value)
+        yield
+    finally:
+        for key, earlier in previous.items():
+            if earlier is None:
+                session.conf.unset(key)
+            else:
+                session.conf.set(key, earlier)
 
 
 class DeltaNativeTableStore(TableStore):
@@ -212,17 +231,8 @@ class DeltaNativeTableStore(TableStore):
             TXN_VERSION_CONF: str(batch_id),
             USER_METADATA_CONF: commit_marker(app_id, batch_id),
         }
-        previous: dict[str, str | None] = {key: session.conf.get(key, None) for key in confs}
-        try:
-            for key, value in confs.items():
-                session.conf.set(key, value)
+        with session_conf(session, confs):
             self._with_retries(run)
-        finally:
-            for key, earlier in previous.items():
-                if earlier is None:
-                    session.conf.unset(key)
-                else:
-                    session.conf.set(key, earlier)
         return self._committed_since(name, before, app_id, batch_id)
 
     def _frame(self, name: str, data: TableData) -> DataFrame:
@@ -290,17 +300,15 @@ class DeltaNativeTableStore(TableStore):
     def compact(self, name: str, target_bytes: int, min_files: int = 2) -> int:
         """Delta's ``OPTIMIZE`` (bin-packing) of the files under ``target_bytes`` into files of up to that
         size. Delta has no setting for ``min_files``: it compacts any partition with two such files."""
-        metrics = self._with_conf(
-            {OPTIMIZE_MAX_FILE_SIZE_CONF: str(target_bytes), OPTIMIZE_MIN_FILE_SIZE_CONF: str(target_bytes)},
-            lambda: self._delta_table(name).optimize().executeCompaction().first(),
-        )
+        size = str(target_bytes)
+        with session_conf(self.spark, {OPTIMIZE_MAX_FILE_SIZE_CONF: size, OPTIMIZE_MIN_FILE_SIZE_CONF: size}):
+            metrics = self._delta_table(name).optimize().executeCompaction().first()
         return int(metrics["metrics"]["numFilesRemoved"]) if metrics is not None else 0
 
     def vacuum(self, name: str, retention_hours: float) -> int | None:
         """Delta's ``VACUUM ... RETAIN n HOURS`` (which does not say how many files it deleted)."""
-        self._with_conf(
-            {RETENTION_CHECK_CONF: "false"}, lambda: self._delta_table(name).vacuum(float(retention_hours))
-        )
+        with session_conf(self.spark, {RETENTION_CHECK_CONF: "false"}):
+            self._delta_table(name).vacuum(float(retention_hours))
         return None
 
     def tidy_log(self, name: str) -> int | None:
@@ -321,21 +329,6 @@ class DeltaNativeTableStore(TableStore):
     def data_files(self, name: str) -> int:
         detail = self._delta_table(name).detail().select("numFiles").first()
         return int(detail["numFiles"]) if detail is not None else 0
-
-    def _with_conf(self, conf: Mapping[str, str], work: Any) -> Any:
-        """``work()`` with the session's ``conf`` set, then the session's own values back."""
-        session = self.spark
-        previous = {key: session.conf.get(key, None) for key in conf}
-        try:
-            for key, value in conf.items():
-                session.conf.set(key, value)
-            return work()
-        finally:
-            for key, earlier in previous.items():
-                if earlier is None:
-                    session.conf.unset(key)
-                else:
-                    session.conf.set(key, earlier)
 
     def read_arrow(self, name: str, within: TimeRange | None = None) -> pa.Table:
         from pyspark.sql.pandas.types import to_arrow_schema

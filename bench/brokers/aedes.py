@@ -1,7 +1,8 @@
 """Aedes (the Node.js MQTT broker from npm), run by Node with a small launcher script.
 
 `.ci/system-deps` installs it from the lock file in `bench/brokers/aedes/` (as it installs MQTT.js for the
-interop tests); `launch.mjs` there starts it on a loopback port with its defaults.
+interop tests), with aedes-persistence-level and level (LevelDB, prebuilt for Linux x64); `launch.mjs` there
+starts it on a loopback port with its default in-memory persistence or with its LevelDB one.
 """
 
 from __future__ import annotations
@@ -18,38 +19,59 @@ LAUNCHER = PACKAGE_DIR / "launch.mjs"
 
 
 class Aedes(BrokerUnderTest):
-    """Aedes 1.x with its defaults: in-memory persistence (nothing on disk), Node's default TCP options."""
+    """Aedes 1.x with Node's default TCP options and its in-memory persistence (nothing on disk), or with
+    `persistence=True` aedes-persistence-level: subscriptions, retained messages and the QoS 1 messages
+    owed to subscribers in a LevelDB database in the data directory."""
 
     name = "aedes"
 
-    def __init__(self, node: str | None = None, tcp_nodelay: bool = False) -> None:
+    def __init__(self, node: str | None = None, tcp_nodelay: bool = False, persistence: bool = False) -> None:
         self.node = node or shutil.which("node") or "node"
         self.tcp_nodelay = tcp_nodelay
+        self.persistence = persistence
 
     def with_tcp_nodelay(self) -> Aedes:
-        return Aedes(self.node, tcp_nodelay=True)
+        return Aedes(self.node, tcp_nodelay=True, persistence=self.persistence)
+
+    @property
+    def label(self) -> str:
+        return "aedes (LevelDB persistence)" if self.persistence else "aedes"
+
+    @property
+    def persists(self) -> bool:
+        return self.persistence
 
     @property
     def config_key(self) -> tuple[str, ...]:
-        return (self.name, "nodelay" if self.tcp_nodelay else "default")
+        return (self.name, "nodelay" if self.tcp_nodelay else "default", "level" if self.persistence else "")
 
     def prepare(self) -> None:
         if shutil.which(self.node) is None:
             raise BrokerUnavailable(f"`{self.node}` not found (Debian package `nodejs`)")
-        if not (PACKAGE_DIR / "node_modules" / "aedes").is_dir():
-            raise BrokerUnavailable(f"aedes is not installed in {PACKAGE_DIR} (bash .ci/system-deps does it)")
+        packages = ("aedes", "aedes-persistence-level", "level") if self.persistence else ("aedes",)
+        for package in packages:
+            if not (PACKAGE_DIR / "node_modules" / package).is_dir():
+                raise BrokerUnavailable(
+                    f"{package} is not installed in {PACKAGE_DIR} (bash .ci/system-deps does it)"
+                )
 
     def command(self, port: int, workdir: Path) -> list[str]:
-        return [self.node, str(LAUNCHER), str(port), "nodelay" if self.tcp_nodelay else "default"]
+        command = [self.node, str(LAUNCHER), str(port), "nodelay" if self.tcp_nodelay else "default"]
+        return command + (["level", str(workdir / "data" / "leveldb")] if self.persistence else ["memory"])
 
     @property
     def summary(self) -> str:
         tcp = "TCP_NODELAY" if self.tcp_nodelay else "Nagle on (default)"
-        return f"no in-flight limit, {tcp}, in memory"
+        return f"no in-flight limit, {tcp}, {'LevelDB' if self.persistence else 'in memory'}"
 
     def config_notes(self) -> str:
+        persistence = (
+            "aedes-persistence-level on a LevelDB database (level) in its data directory"
+            if self.persistence
+            else "in-memory persistence aedes-persistence"
+        )
         return (
-            "Aedes.createBroker() with its defaults (in-memory persistence aedes-persistence, concurrency "
+            f"Aedes.createBroker() with its defaults ({persistence}, concurrency "
             "100, no limit on QoS 1 messages in flight to a subscriber), served by net.createServer with "
             + ("noDelay: true" if self.tcp_nodelay else "Node's default TCP options (Nagle on)")
             + "; Node "

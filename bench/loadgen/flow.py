@@ -16,7 +16,7 @@ from typing import Any
 
 from bench.brokers.base import RunningBroker
 from bench.loadgen.processes import WorkerSet
-from bench.loadgen.worker import WorkerReport, WorkerSpec
+from bench.loadgen.worker import BLOB_FRAMES, WorkerReport, WorkerSpec
 from bench.sysinfo import cpu_seconds, machine_busy_seconds, rss_bytes
 
 
@@ -34,6 +34,7 @@ class FlowSpec:
     ahead: int = 2000  # messages the publishers may be ahead of the average subscriber
     subscriber_processes: int = 1
     publisher_processes: int = 1
+    blob_frames: int = BLOB_FRAMES  # frames pre-built per topic (thousands of topics: fewer)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ def run_flow(broker: RunningBroker, spec: FlowSpec, timing: Timing, cpus: set[in
                 topics=spec.topics[turn:] + spec.topics[:turn],
                 window=spec.window,
                 ahead=spec.ahead,
+                blob_frames=spec.blob_frames,
                 subscribers_total=spec.subscribers,
                 publisher_share=count / spec.publishers,
             )

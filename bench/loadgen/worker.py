@@ -58,6 +58,7 @@ class WorkerSpec:
     cpus: tuple[int, ...] | None = None
     sample_interval_s: float = 0.02
     idle_gap_s: float = 2.0
+    blob_frames: int = BLOB_FRAMES  # frames per pre-built blob of each topic (more than `window`)
 
 
 @dataclass
@@ -170,8 +171,8 @@ def _factory(spec: WorkerSpec, group: ClientGroup, shared: Any) -> Callable[[int
             max(1, round(spec.ahead * share)), spec.subscribers_total, lambda: int(sum(shared) * share)
         )
         payload = bytes(spec.payload_size)
-        blobs = [frames.publish_run(topic, payload, spec.qos, 1, BLOB_FRAMES) for topic in spec.topics]
-        frame_len = len(blobs[0]) // BLOB_FRAMES
+        blobs = [frames.publish_run(topic, payload, spec.qos, 1, spec.blob_frames) for topic in spec.topics]
+        frame_len = len(blobs[0]) // spec.blob_frames
         return lambda i: Publisher(
             group,
             frames.connect(f"{prefix}{i}", spec.keepalive),

@@ -6,7 +6,7 @@ from bench.brokers import Aedes, Mosquitto, Timestone
 from bench.brokers.base import BrokerUnderTest
 from bench.scenarios import fanin
 from bench.scenarios.base import RunContext, ScenarioResult, Target, ratio_target
-from bench.scenarios.throughput import COLUMNS, flow_row
+from bench.scenarios.throughput import flow_row, persisted_result
 
 CASE = "QoS 1"
 
@@ -28,10 +28,10 @@ def variants(ctx: RunContext) -> list[BrokerUnderTest]:
 def run(ctx: RunContext) -> ScenarioResult:
     """Measure the fan-in QoS 1 flow for each variant, reporting the bytes each wrote to its data dir."""
     rows = [flow_row(ctx, broker, CASE, fanin.spec(1), data_dir_size=True) for broker in variants(ctx)]
-    result = ScenarioResult(
-        key="persisted",
-        title="Persisted QoS 1 fan-in",
-        description=(
+    result = persisted_result(
+        "persisted",
+        "Persisted QoS 1 fan-in",
+        (
             "The fan-in QoS 1 flow (4 publishers → 1 subscriber, 64 in flight per publisher) against "
             "Timestone with its default persistence (QoS 1 appended to the commitlog with group commit "
             "before the PUBACK) and with `storage: {persist: []}`, and against Mosquitto with persistence "
@@ -43,11 +43,7 @@ def run(ctx: RunContext) -> ScenarioResult:
             "configured to persist that left nothing fails the run. Configurations also measured in the "
             "fan-in scenario show that same measurement."
         ),
-        figure_name="delivered/s",
-        higher_is_better=True,
-        columns=[*COLUMNS, "data on disk"],
-        rows=rows,
-        reference="timestone (persist on)",
+        rows,
     )
     for row in rows:
         if row.broker == "timestone (persist off)" and _megabytes(row.cells.get("data on disk", "")) > 1.0:

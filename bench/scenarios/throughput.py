@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from bench.brokers.base import BrokerUnderTest, RunningBroker
 from bench.loadgen.flow import FlowResult, FlowSpec, run_flow
-from bench.scenarios.base import Measured, Row, RunContext, measure, spread
+from bench.scenarios.base import Measured, Row, RunContext, ScenarioResult, measure, spread
 from bench.sysinfo import dir_bytes
 
 COLUMNS = [
@@ -57,6 +57,21 @@ class FlowMeasurement:
     spec: FlowSpec  # as finally run (with the process counts it needed)
     invalid: str
     drop_notice: str  # what the broker's log says about messages it dropped ("" if nothing)
+
+
+def persisted_result(key: str, title: str, description: str, rows: list[Row]) -> ScenarioResult:
+    """The table of a scenario that compares persisting configurations: deliveries/s, what each left on
+    disk, ratios against Timestone with its persistence on."""
+    return ScenarioResult(
+        key=key,
+        title=title,
+        description=description,
+        figure_name="delivered/s",
+        higher_is_better=True,
+        columns=[*COLUMNS, "data on disk"],
+        rows=rows,
+        reference="timestone (persist on)",
+    )
 
 
 def saturation(result: FlowResult, loadgen_cpus: int) -> str:

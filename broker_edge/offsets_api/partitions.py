@@ -9,7 +9,9 @@ instead of an offset per topic (docs/offsets-api.md, docs/commitlog.md "Whole pa
 a broker's own: a cluster's member answers 404 here, and its readers use topic offsets.
 
 A read is done in slices of `SLICE_S` of work with the event loop served between them, so a read of 4 MiB
-never holds MQTT up for long.
+never holds MQTT up for long; its Arrow answer (tens of milliseconds of CPU for 50,000 rows of as many
+topics) is built in a thread of the loop's executor, which the loop's thread takes the interpreter back from
+every switch interval (5 ms).
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from .requests import ANSWER_OVERHEAD, ApiError, ApiLimits, access_of, format_pa
 
 __all__ = ["add_partition_routes", "position_out_of_range"]
 
-SLICE_ENTRIES = 1024
-"""Entries read between two looks at the clock."""
+SLICE_ENTRIES = 256
+"""Entries read between two looks at the clock (about 1.5 ms of CPU with a topic per entry)."""
 SLICE_S = 0.002
 DEFAULT_MAX_ENTRIES = 100_000
 
@@ -128,7 +130,8 @@ class _PartitionHandlers:
             "removed": removed,
         }
         metadata = {PARTITION_METADATA_KEYS[key]: str(value).encode() for key, value in values.items()}
-        body = _arrow_body(topics, frames, metadata)
+        # the frames are slices of bytes read from the segments (immutable): a thread may read them
+        body = await asyncio.get_running_loop().run_in_executor(None, _arrow_body, topics, frames, metadata)
         return web.Response(body=body, content_type=ARROW_CONTENT_TYPE)
 
     async def _read(

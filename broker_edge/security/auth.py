@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -93,10 +94,13 @@ class PasswordFileError(ValueError):
         super().__init__(f"{where}: {message}")
 
 
+@functools.lru_cache(maxsize=4096)
 def is_loopback_host(host: str) -> bool:
     """Whether a listener bound to ``host`` is reachable only from this machine (127.0.0.0/8, ::1, localhost).
 
     The wildcard addresses (``0.0.0.0``, ``::``, ``""``) are not loopback: they accept from every interface.
+    Cached: every publish that creates a topic's log asks it of its client's address (parsing the address
+    was a visible share of the first-time-topic path with a topic per device).
     """
     if host.lower() == "localhost":
         return True

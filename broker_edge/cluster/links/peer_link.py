@@ -330,6 +330,10 @@ class PeerLink:
         self._socket = socket
         log.info("peer link to %s up", self.peer)
 
+    def uses(self, socket: _Socket) -> bool:
+        """Whether ``socket`` is the link's current one (not replaced by a newer socket, nor closed)."""
+        return self._socket is socket
+
     def detach(self, socket: _Socket) -> None:
         """``socket`` closed: fail the forwards waiting on it."""
         if self._socket is not socket:
@@ -533,6 +537,10 @@ class PeerLinks:
         if self.proofs is not None:
             self.proofs.link_up(link.peer)
         async for frame in socket:
+            if not link.uses(socket):
+                # A newer socket replaced this one: the peer failed what it sent here (its forwards
+                # refused), so none of it is appended now, after what the peer sends on the new socket.
+                break
             if frame.type != aiohttp.WSMsgType.BINARY:
                 if frame.type == aiohttp.WSMsgType.ERROR:
                     break

@@ -88,3 +88,50 @@ def test_executor_writes_are_chosen_per_table_by_the_pipeline_config(spark, tmp_
     assert not bronze.writes_on_executors("silver_telemetry")
     with pytest.raises(ConfigError, match=r"tables\.executor_writes\[0\]"):
         store_with({"executor_writes": ["bronze"]})
+
+
+def test_session_conf_holds_for_the_block_and_gives_the_session_its_own_values_back(spark):
+    from sinks.delta_native import OPTIMIZE_MAX_FILE_SIZE_CONF, RETENTION_CHECK_CONF, session_conf
+
+    spark.conf.set(RETENTION_CHECK_CONF, "true")
+    spark.conf.unset(OPTIMIZE_MAX_FILE_SIZE_CONF)
+    try:
+        with session_conf(spark, {RETENTION_CHECK_CONF: "false", OPTIMIZE_MAX_FILE_SIZE_CONF: "1024"}):
+            assert spark.conf.get(RETENTION_CHECK_CONF) == "false"
+            assert spark.conf.get(OPTIMIZE_MAX_FILE_SIZE_CONF) == "1024"
+        assert spark.conf.get(RETENTION_CHECK_CONF) == "true"
+        assert spark.conf.get(OPTIMIZE_MAX_FILE_SIZE_CONF, None) is None, "a setting it lacked is unset again"
+        with (
+            pytest.raises(RuntimeError, match="OPTIMIZE failed"),
+            session_conf(spark, {RETENTION_CHECK_CONF: "x"}),
+        ):
+            raise RuntimeError("OPTIMIZE failed")
+        assert spark.conf.get(RETENTION_CHECK_CONF) == "true", (
+            "a failed operation leaves the session as it was"
+        )
+    finally:
+        spark.conf.unset(RETENTION_CHECK_CONF)
+
+
+def test_native_maintenance_without_the_delta_jars_is_recorded_per_table_and_changes_no_setting(spark):
+    """The native store's OPTIMIZE and VACUUM need the Delta jars, which this machine cannot load: a pass
+    over it records each table's failure (the next pass tries again) and leaves the session's settings."""
+    from sinks.delta_native import OPTIMIZE_MAX_FILE_SIZE_CONF, RETENTION_CHECK_CONF
+    from sinks.maintenance import RetentionPolicy, maintenance_pass
+
+    store = DeltaNativeTableStore(spark, "/nonexistent/lake")
+    done = maintenance_pass(store, ["bronze_telemetry", "devices"], RetentionPolicy(), retention=False)
+    assert [(u.table, u.operation) for u in done] == [
+        ("bronze_telemetry", "compact"),
+        ("devices", "compact"),
+        ("bronze_telemetry", "vacuum"),
+        ("bronze_telemetry", "tidy_log"),
+        ("devices", "vacuum"),
+        ("devices", "tidy_log"),
+    ]
+    failed = {(u.table, u.operation): u.error for u in done if u.error}
+    assert set(failed) == {(t, op) for t in ("bronze_telemetry", "devices") for op in ("compact", "vacuum")}
+    tidied = [u for u in done if u.operation == "tidy_log"]
+    assert all(u.error is None and u.count is None for u in tidied), "native Delta tidies its own log"
+    assert spark.conf.get(OPTIMIZE_MAX_FILE_SIZE_CONF, None) is None
+    assert spark.conf.get(RETENTION_CHECK_CONF, None) is None

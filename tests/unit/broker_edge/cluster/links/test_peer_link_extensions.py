@@ -4,6 +4,8 @@ requests answered by a registered service; a link that drops fails the calls wai
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,7 @@ from broker_edge.cluster.links.peer_link import (
     PeerLinks,
     PeerRequestFailed,
     decode_parts,
+    encode_forward,
 )
 from broker_edge.engine.message import Message
 
@@ -166,3 +169,61 @@ async def _test_what_one_iteration_sends_leaves_as_one_message_in_the_next():
     await asyncio.sleep(0)
     assert [bytes(body) for _kind, body in decode_parts(messages[1])] == [b"three", b"four", b"late"]
     assert built == [0, 1]
+
+
+class _Frames:
+    """A socket the test feeds WebSocket frames to (``None`` ends it)."""
+
+    def __init__(self) -> None:
+        self.frames: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    def __aiter__(self) -> _Frames:
+        return self
+
+    async def __anext__(self) -> Any:
+        import aiohttp
+
+        data = await self.frames.get()
+        if data is None:
+            raise StopAsyncIteration
+        return SimpleNamespace(type=aiohttp.WSMsgType.BINARY, data=data)
+
+    async def send_bytes(self, data: bytes) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class _Forwards(_Receiver):
+    def __init__(self) -> None:
+        self.payloads: list[bytes] = []
+
+    def forwarded(self, link: PeerLink, batch: int, messages: list[Message]) -> None:
+        self.payloads += [message.payload for message in messages]
+
+
+def test_what_arrives_on_a_replaced_socket_is_dropped_not_appended_after_the_new_sockets():
+    """The peer redials after its socket failed (its forwards on it refused); what the old socket still
+    delivers must not be appended behind what comes on the new one, out of the publisher's order."""
+
+    async def scenario() -> None:
+        receiver = _Forwards()
+        links = PeerLinks("b", None, receiver)
+        link = links.link("a")
+        old, new = _Frames(), _Frames()
+        reading_old = asyncio.create_task(links._read(link, old))
+        await asyncio.sleep(0)
+        reading_new = asyncio.create_task(links._read(link, new))
+        await asyncio.sleep(0)
+        assert link.uses(new) and not link.uses(old)
+        topic = "plant/meter"
+        await new.frames.put(encode_forward(1, topic, [Message(topic, b"52", 1)]))
+        await asyncio.sleep(0.01)
+        await old.frames.put(encode_forward(9, topic, [Message(topic, b"51", 1)]))
+        await old.frames.put(None)
+        await new.frames.put(None)
+        await asyncio.wait_for(asyncio.gather(reading_old, reading_new), 2)
+        assert receiver.payloads == [b"52"]
+
+    asyncio.run(scenario())
