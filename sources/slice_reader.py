@@ -296,7 +296,10 @@ def _skip_lost(fetch: FetchSettings, progress: SliceProgress, result: TopicResul
         why = "retention removed records not yet read" if below_start else "the log ends before this range"
     elif isinstance(error, CorruptRecordError):
         resume = min(error.next_offset, piece.end)
-        why = f"records [{offset}, {error.next_offset}) are corrupt on the broker"
+        why = (
+            f"records [{offset}, {error.next_offset}) are missing on the broker (damaged, or a site lost "
+            "them before its uplink sent them)"
+        )
     elif isinstance(error, UnknownTopicError):
         resume = piece.end
         why = "the log no longer exists"

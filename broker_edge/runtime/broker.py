@@ -305,9 +305,7 @@ class Broker(BrokerCore):
         if config.uplink is not None:
             from broker_edge.uplink.site_link import SiteLink
 
-            self.site_link = SiteLink(
-                store, config.uplink, self.metrics, config.storage.retention_ms, self.route_logged
-            )
+            self.site_link = SiteLink(store, config.uplink, self.metrics, self.route_logged)
             self.add_offsets_api_routes(self.site_link.add_status_route)
             self.site_link.start()
 

@@ -101,8 +101,10 @@ class UplinkConfig:
     proxy: str | None = None
     """An HTTP proxy the connection goes through (``http://proxy:3128``); null = direct."""
     retention_warning_ratio: float = 0.8
-    """Warn (and count in ``uplink_unsent_at_risk_records``) when a log's unsent records are older than
-    this share of ``storage.retention_ms``, before retention would delete them."""
+    """Warn (and count in ``uplink_unsent_at_risk_records``) before retention would delete unsent records:
+    when a log's unsent records are older than this share of its ``retention_ms``, or lie in the oldest
+    bytes it would lose once larger than this share of its ``retention_bytes`` (``storage`` or its
+    ``persist`` rule's)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.hubs, list) or not self.hubs:

@@ -301,6 +301,14 @@ class PartitionLog:
         segment.size += len(entry)
         self.pending_bytes += len(entry)
 
+    def leave_active_segment(self, topic_id: int) -> None:
+        """Roll the active segment when it holds the topic's newest records, before the topic continues past
+        a gap in its offsets: the gap then falls between two segments' groups (a sealed group is dense, and
+        would hold an entry for every offset of the gap)."""
+        active = self.active
+        if active is not None and self.table.head_seg[topic_id] == active.number:
+            self._roll(1)
+
     def _roll(self, rows: int) -> Segment:
         """Start a new active segment with room for at least `rows` rows (an oversized first batch)."""
         previous = self.active

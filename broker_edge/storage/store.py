@@ -584,18 +584,29 @@ class LogStore:
             self._wake([(topic_id, before)])
         return committed[topic_id]
 
-    def append_frames(self, topic: str, frames: bytes | memoryview) -> int:
+    def append_frames(self, topic: str, frames: bytes | memoryview, at: int | None = None) -> int:
         """Append a leader's frames verbatim to `topic`'s log (created on first use), through the group
         commit like any append; returns the first offset.
 
         Every frame is checked (framing, CRC, version) and must continue the log exactly: the first one at
-        its next offset, the next ones dense. All or nothing: `InvalidRecord` names the first bad frame."""
+        its next offset (or `at`, below), the next ones dense. All or nothing: `InvalidRecord` names the
+        first bad frame.
+
+        `at` past the log's next offset: the records between were lost at the source before they came here
+        (a mirror's gap, docs/uplink.md). The records held stay readable and the log continues at `at`;
+        the offsets between are a gap, never served (a read of one raises `CorruptRecord` naming `at`, as
+        for records lost to damage). A log that holds nothing restarts at `at` instead."""
         topic_id = self._ids.get(topic)
         if topic_id is None:
             topic_id = self._create(topic, "")
         elif self._committer.failure is not None or self._committer.shortage is not None:
             self._check_writable()
-        first = self._table.next[topic_id]
+        table = self._table
+        first = table.next[topic_id]
+        if at is not None and at > first:
+            if table.start[topic_id] >= first:
+                self.restart_at(topic, at)
+            first = at
         view = memoryview(frames)
         size = len(view)
         max_body = self.config.max_record_bytes
@@ -617,7 +628,11 @@ class LogStore:
             ) from None
         if not checked:
             return first
-        part = self._partitions[self._table.partition[topic_id]]
+        part = self._partitions[table.partition[topic_id]]
+        if first > table.next[topic_id]:  # a gap: its marker says where the log goes on, through any restart
+            part.leave_active_segment(topic_id)
+            part.append_marker(topic_id, TRUNCATE, first, 0)
+            table.next[topic_id] = first
         part.append_frames(topic_id, checked, times)
         self._committer.appended_many(part, len(checked), part.last_append_size)
         return first
@@ -1155,6 +1170,10 @@ class LogStore:
             self._recent.forget((part.number, segment.number))
         assert self._sealer is not None
         self._sealer.delete_after_snapshot(segments)
+
+    def retention_of(self, topic: str) -> LogConfig:
+        """The retention `topic`'s log is kept under (its persist rule's, or the store's)."""
+        return self._log_config(self._id(topic))
 
     def _log_config(self, topic_id: int) -> LogConfig:
         configs = self._log_configs

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable
 
-from broker_edge.storage import LogStore, OffsetOutOfRange
+from broker_edge.storage import CorruptRecord, LogStore, OffsetOutOfRange
 from broker_edge.uplink.wire import Batch, BatchTopic, join_frames
 
 __all__ = ["MAX_TOPICS", "MIN_TOPIC_SHARE", "next_batch"]
@@ -34,7 +34,8 @@ def next_batch(
     """The next batch from the topics of ``pending`` (those that may have records to send), from their
     ``positions``, which it advances; a topic sent up to its end leaves ``pending``, one that has more goes
     to its back. ``on_gap(topic, position, start)`` is told of records retention deleted before they were
-    sent. None: nothing to send."""
+    sent, or that are missing in the log (damaged, or a gap it holds), which are stepped over. None:
+    nothing to send."""
     share = max(MIN_TOPIC_SHARE, budget // max(1, min(len(pending), 16)))
     parts: list[BatchTopic] = []
     chunks: list[bytes] = []
@@ -51,10 +52,11 @@ def next_batch(
             del pending[topic]
             continue
         try:
-            frames, count = store.read_frames(topic, position, min(share, budget), end)
+            position, frames, count = _read_over_gaps(store, topic, position, min(share, budget), end, on_gap)
         except OffsetOutOfRange:
             continue  # retention ran meanwhile: the next round starts at the new start
         if not count:
+            positions[topic] = position
             del pending[topic]
             continue
         size = sum(len(frame) for frame in frames)
@@ -69,3 +71,27 @@ def next_batch(
     if not parts:
         return None
     return Batch(seq, parts, join_frames(chunks))
+
+
+def _read_over_gaps(
+    store: LogStore,
+    topic: str,
+    position: int,
+    max_bytes: int,
+    end: int,
+    on_gap: Callable[[str, int, int], None],
+) -> tuple[int, list[bytes], int]:
+    """Frames of ``topic`` from ``position``, stepping over records missing in the log (damaged, or a gap
+    it holds: ``on_gap`` is told, and the receiver records the gap); the position they start at."""
+    while True:
+        frames, count = store.read_frames(topic, position, max_bytes, end)
+        if count or position >= end:
+            return position, frames, count
+        try:
+            store.read(topic, position, end - position)  # raises at once: `position` is missing
+        except CorruptRecord as missing:
+            after = min(missing.next_offset, end)
+            on_gap(topic, position, after)
+            position = after
+            continue
+        return position, frames, count

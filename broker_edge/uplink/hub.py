@@ -264,7 +264,10 @@ def _own_topics(store: LogStore, filters: list[str]) -> list[str]:
 
 def _skip(topic: str, position: int, start: int) -> None:
     log.warning(
-        "downlink: %r records [%d, %d) were deleted here before the site had them", topic, position, start
+        "downlink: %r records [%d, %d) are gone here before the site had them (retention, or damage)",
+        topic,
+        position,
+        start,
     )
 
 

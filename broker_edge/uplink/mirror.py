@@ -5,9 +5,10 @@ site's store under their own names.
 Each topic's frames are appended verbatim (``LogStore.append_frames`` checks every frame's CRC and that it
 continues the log exactly, as a replica appending its leader's frames). What the hub already holds is
 skipped (a batch sent again after its acknowledgement was lost); a batch starting past the hub's end is a
-gap (the site's retention deleted records before they were sent): the hub's copy restarts at the site's
-offset, so a reader behind it sees its log start move past it (the Spark source's ``failOnDataLoss``), and
-the gap is returned for the caller to record. Nothing here waits: the caller waits for durability.
+gap (the site's retention deleted records before they were sent): the hub keeps what it holds and its copy
+goes on at the site's offset, the offsets between missing (``LogStore.append_frames``' ``at``), so a reader
+meets them as lost records (the Spark source's ``failOnDataLoss``), and the gap is returned for the caller
+to record. Nothing here waits: the caller waits for durability.
 """
 
 from __future__ import annotations
@@ -57,10 +58,10 @@ def apply_batch(store: LogStore, batch: Batch, gaps: list[Gap], local_name: Call
         topic = local_name(part.topic)
         held = store.durable_end(topic) if topic in store else 0
         first = part.first
+        at = None
         if first > held:
             gaps.append(Gap(part.topic, held, first))
-            store.restart_at(topic, first)
-            held = first
+            at = held = first
         skip = held - first
         if skip >= part.count:
             applied.duplicates += part.count
@@ -69,7 +70,7 @@ def apply_batch(store: LogStore, batch: Batch, gaps: list[Gap], local_name: Call
             chunk = chunk[_frames_end(chunk, skip) :]
             applied.duplicates += skip
         try:
-            store.append_frames(topic, bytes(chunk))
+            store.append_frames(topic, bytes(chunk), at)
         except InvalidRecord as error:
             raise WireError(str(error)) from None
         applied.records += part.count - skip

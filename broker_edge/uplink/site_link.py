@@ -18,6 +18,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -78,7 +79,6 @@ class SiteLink:
         store: LogStore,
         config: UplinkConfig,
         metrics: BrokerMetrics,
-        retention_ms: int | None,
         deliver: Callable[[str, int, int], None],
     ) -> None:
         self.store = store
@@ -87,7 +87,6 @@ class SiteLink:
         self.received_down = 0
         """Records the hub sent down (appended here)."""
         self.config = config
-        self.retention_ms = retention_ms
         self.hub_ends: dict[str, int] = {}
         """What the hub holds of each topic, durable (its last answer)."""
         self.connected = False
@@ -131,7 +130,7 @@ class SiteLink:
             ),
             (
                 "uplink_unsent_at_risk_records",
-                "Unsent records older than uplink.retention_warning_ratio of storage.retention_ms.",
+                "Unsent records retention is about to delete (uplink.retention_warning_ratio).",
                 lambda: self.at_risk_records,
             ),
         ):
@@ -187,27 +186,64 @@ class SiteLink:
         return records[0].timestamp_ms if records else None
 
     def check_retention(self) -> None:
-        """Warn about unsent records retention is about to delete (their age past the warning share)."""
-        if self.retention_ms is None:
-            return
-        limit_ms = self.retention_ms * self.config.retention_warning_ratio
-        now_ms = time.time() * 1000
+        """Warn about unsent records retention is about to delete (each log by its own retention, from
+        its persist rule or the store's): by age, or by size."""
+        ratio = self.config.retention_warning_ratio
         at_risk = 0
         store = self.store
         for topic in self.topics():
-            held = max(self.hub_ends.get(topic, 0), store.start_offset(topic))
-            timestamp = self._timestamp(topic, held)
-            if timestamp is not None and now_ms - timestamp > limit_ms:
-                unsent = store.committed_end(topic) - held
-                at_risk += unsent
-                log.warning(
-                    "uplink: %d records of %r not yet sent are %.0f s old; retention deletes them at %.0f s",
-                    unsent,
-                    topic,
-                    (now_ms - timestamp) / 1000,
-                    self.retention_ms / 1000,
-                )
+            retention = store.retention_of(topic)
+            start = store.start_offset(topic)
+            held = max(self.hub_ends.get(topic, 0), start)
+            unsent = store.committed_end(topic) - held
+            if unsent > 0:
+                by_age = self._at_risk_by_age(topic, retention.retention_ms, ratio, held, unsent)
+                by_size = self._at_risk_by_size(topic, retention.retention_bytes, ratio, start, held, unsent)
+                at_risk += max(by_age, by_size)
         self.at_risk_records = at_risk
+
+    def _at_risk_by_age(
+        self, topic: str, retention_ms: int | None, ratio: float, held: int, unsent: int
+    ) -> int:
+        """All unsent records once the oldest is older than ``ratio`` of ``retention_ms``."""
+        timestamp = self._timestamp(topic, held) if retention_ms is not None else None
+        if timestamp is None or retention_ms is None:
+            return 0
+        age_ms = time.time() * 1000 - timestamp
+        if age_ms <= retention_ms * ratio:
+            return 0
+        log.warning(
+            "uplink: %d records of %r not yet sent are %.0f s old; retention deletes them at %.0f s",
+            unsent,
+            topic,
+            age_ms / 1000,
+            retention_ms / 1000,
+        )
+        return unsent
+
+    def _at_risk_by_size(
+        self, topic: str, retention_bytes: int | None, ratio: float, start: int, held: int, unsent: int
+    ) -> int:
+        """Unsent records among the oldest bytes of a log larger than ``ratio`` of its ``retention_bytes``
+        (the bytes size retention takes first), by the log's mean record size."""
+        if retention_bytes is None:
+            return 0
+        info = self.store.log_info(topic)
+        records = info.end_offset - start
+        excess = info.bytes - retention_bytes * ratio
+        if excess <= 0 or records <= 0:
+            return 0
+        at_risk = max(0, min(unsent, math.ceil(excess * records / info.bytes) - (held - start)))
+        if at_risk:
+            log.warning(
+                "uplink: %d records of %r not yet sent are in the oldest bytes of a log of %d bytes; "
+                "retention keeps %d",
+                at_risk,
+                topic,
+                info.bytes,
+                retention_bytes,
+            )
+        return at_risk
 
     def status(self) -> dict[str, object]:
         records, seconds = self.lag()
@@ -291,6 +327,8 @@ class SiteLink:
                 ssl.SSLError,
             ) as error:
                 log.warning("uplink to %s: %s; again in %.1f s", hub, error or type(error).__name__, delay)
+            except Exception:  # never let the link end for good: whatever it was, dial again
+                log.exception("uplink to %s failed; again in %.1f s", hub, delay)
             finally:
                 if self.connected:
                     delay = config.reconnect_min_s
@@ -299,13 +337,18 @@ class SiteLink:
             delay = min(delay * 2, config.reconnect_max_s)
 
     async def _converse(self, ws: ClientWebSocketResponse) -> None:
+        import aiohttp
+
         config = self.config
         hello: dict[str, object] = {"version": VERSION, "site": config.site_id}
         downlink = self._downlink_request()
         if downlink is not None:
             hello["downlink"] = downlink
         await ws.send_bytes(encode(HELLO, hello))
-        answer = decode(await ws.receive_bytes(timeout=HANDSHAKE_TIMEOUT_S))
+        message = await ws.receive(timeout=HANDSHAKE_TIMEOUT_S)
+        if message.type != aiohttp.WSMsgType.BINARY:  # closed under the HELLO (a link cut): dial again
+            raise ConnectionError(f"the hub's connection ended before it answered ({message.type.name})")
+        answer = decode(message.data)
         if answer.kind == ERROR:
             raise WireError(f"the hub refused: {answer.header.get('message')}")
         if answer.kind != ENDS or not isinstance(answer.header.get("ends"), dict):
@@ -427,7 +470,7 @@ class SiteLink:
 
     def _gap(self, topic: str, position: int, start: int) -> None:
         log.warning(
-            "uplink: %r records [%d, %d) were deleted by retention before they were sent",
+            "uplink: %r records [%d, %d) are gone before they were sent (retention, or damage)",
             topic,
             position,
             start,

@@ -26,6 +26,10 @@ class ActionsConfig:
     """Whether ``brokers`` are members of one cluster: then each action is published once, through any live
     member, and reports are read once. False: separate brokers, each gets every action. None (default):
     ask the brokers when the job starts (``pipelines/actions/cluster.py``)."""
+    sites: bool = False
+    """Whether ``brokers`` are uplink hubs whose devices are at the sites (docs/uplink.md): actions are
+    published to the hub (its downlink takes them to every site), and reports are read from every site's
+    logs on the hub (``$site/<site_id>/<status topic>``, the source's ``sites`` option), not the hub's own."""
     status_topics: str = "actions/reports/+,devices/+/actions"
     """Topic filters of the device status reports, comma-separated (docs/device-protocol.md): each device
     bucket's report topic, and each device's own topic for devices on the earlier protocol."""
@@ -63,6 +67,8 @@ class ActionsConfig:
             raise ConfigError("device_buckets", "must be 0 (per-device topics) or more")
         if self.backend not in ("auto", "delta-rs", "native"):
             raise ConfigError("backend", f"expected auto, delta-rs or native, got {self.backend!r}")
+        if self.sites and self.cluster:
+            raise ConfigError("sites", "an uplink hub is a broker alone, not a cluster's member")
         filters = [f.strip() for f in self.status_topics.split(",")]
         for topic_filter in filters:
             try:

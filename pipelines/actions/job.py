@@ -79,6 +79,8 @@ def _status_reports(
         token = next((b.token for b in endpoints if b.token), None)
         return (reader.option("authToken", token) if token else reader).load().select("payload")
     reader = reader.option("brokers", format_endpoints(endpoints))
+    if config.sites:  # a hub: each site's reports, under $site/<site_id>/ (docs/uplink.md)
+        reader = reader.option("sites", "true")
     for broker in endpoints:
         if broker.token:
             reader = reader.option(f"authToken.{broker.name}", broker.token)

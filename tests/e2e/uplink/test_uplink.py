@@ -8,6 +8,7 @@ import ssl
 import time
 import urllib.request
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from broker_edge.uplink.status_cli import uplink_main
 from tests.e2e.broker_clients import PahoClient, wait_for
 from tests.e2e.conftest import RunningBroker
 from tests.e2e.uplink.uplink_harness import (
+    HelloClosingHub,
     WanRelay,
     hub_port,
     hub_section,
@@ -26,6 +28,7 @@ from tests.e2e.uplink.uplink_harness import (
     mirrored,
     pki_in,
     site_section,
+    wait_while_progressing,
 )
 
 pytestmark = pytest.mark.timeout(90)
@@ -117,6 +120,7 @@ def test_timestone_uplink_status_shows_a_hubs_sites_and_a_sites_link(
     assert "cannot reach" in capsys.readouterr().err
 
 
+@pytest.mark.timeout(180)
 def test_a_cut_link_resumes_from_the_hubs_ends_and_sends_every_record_once(
     brokers: Brokers, pki: LocalPki
 ) -> None:
@@ -132,12 +136,27 @@ def test_a_cut_link_resumes_from_the_hubs_ends_and_sends_every_record_once(
             if round_ % 4 == 3:
                 time.sleep(0.3)
                 wan.heal()
-        assert wait_for(lambda: same_logs(site, hub, "plant-2", topics, 20 * 12 * 10), timeout=30)
+        # each of the ~140 batches waits for the hub's fsync: on a loaded disk that takes a while, so the
+        # wait lasts while the hub receives records, and fails once they stop coming
+        received = partial(hub.metric, "timestone_broker_uplink_site_received_records", site="plant-2")
+        assert wait_while_progressing(lambda: same_logs(site, hub, "plant-2", topics, 20 * 12 * 10), received)
         sites = status(hub)["sites"]
         assert wan.cuts == 12
         assert sites[0]["received_records"] == 20 * 12 * 10  # each appended once; resends were skipped
     finally:
         wan.close()
+
+
+def test_a_site_dials_again_when_the_hub_closes_the_connection_before_answering_its_hello(
+    brokers: Brokers, pki: LocalPki
+) -> None:
+    hub = HelloClosingHub(pki)  # a link cut between the HELLO and the hub's ENDS, every time
+    try:
+        site = brokers("site", uplink=site_section(pki, "plant-c", hub.port))
+        assert wait_for(lambda: hub.hellos >= 3, timeout=20)  # the link goes on dialling
+        assert status(site)["site"]["connected"] is False
+    finally:
+        hub.close()
 
 
 def test_a_hub_sees_a_sites_backlog_sent_after_it_starts_late(brokers: Brokers, pki: LocalPki) -> None:
@@ -177,19 +196,36 @@ def test_devices_on_the_hub_cannot_write_a_sites_namespace(brokers: Brokers, pki
     assert hub.call(lambda: store.logs("$site/#")) == []
 
 
+def site_while_the_hub_is_away(
+    brokers: Brokers, pki: LocalPki, site_id: str, storage: dict, warning_ratio: float
+) -> RunningBroker:
+    """A site whose hub is down (an outage: it cannot send), its logs kept under ``storage``'s retention."""
+    hub = brokers("hub", uplink_hub=hub_section(pki))
+    port = hub_port(hub)
+    hub.stop()
+    uplink = site_section(pki, site_id, port, retention_warning_ratio=warning_ratio)
+    return brokers("site", storage=storage, uplink=uplink)
+
+
 def test_unsent_records_near_retention_raise_a_warning_and_a_metric_while_the_hub_is_away(
     brokers: Brokers, pki: LocalPki, caplog: pytest.LogCaptureFixture
 ) -> None:
-    hub = brokers("hub", uplink_hub=hub_section(pki))
-    port = hub_port(hub)
-    hub.stop()  # an outage: the site cannot send
-    storage = {"retention_ms": 1500}
-    site = brokers(
-        "site", storage=storage, uplink=site_section(pki, "plant-r", port, retention_warning_ratio=0.1)
-    )
+    site = site_while_the_hub_is_away(brokers, pki, "plant-r", {"retention_ms": 1500}, 0.1)
     publish(site, "telemetry/a", [b"r" * 100] * 40)
     assert wait_for(lambda: site.metric("timestone_broker_uplink_unsent_at_risk_records") > 0, timeout=10)
     assert "not yet sent are" in caplog.text
+
+
+def test_unsent_records_in_the_bytes_size_retention_takes_first_raise_a_warning_and_a_metric(
+    brokers: Brokers, pki: LocalPki, caplog: pytest.LogCaptureFixture
+) -> None:
+    site = site_while_the_hub_is_away(brokers, pki, "plant-b", {"retention_bytes": 20_000}, 0.5)
+    publish(site, "telemetry/a", [b"s" * 200] * 40)  # about 9.6 KB: under half of retention_bytes
+    publish(site, "telemetry/a", [b"s" * 200] * 40)  # about 19 KB: the oldest 9 KB are at risk
+    assert wait_for(lambda: site.metric("timestone_broker_uplink_unsent_at_risk_records") > 0, timeout=10)
+    at_risk = site.metric("timestone_broker_uplink_unsent_at_risk_records")
+    assert 30 <= at_risk <= 50  # the oldest records, about half of the 80: not every unsent one
+    assert "in the oldest bytes of a log" in caplog.text
 
 
 def test_an_action_published_on_the_hub_reaches_the_sites_devices_and_their_reports_come_back(

@@ -4,9 +4,14 @@ site and its hub that a test can cut (the WAN), and the check that a hub holds a
 from __future__ import annotations
 
 import asyncio
+import ssl
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from aiohttp import web
 
 from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.uplink import site_topic
@@ -40,7 +45,8 @@ def hub_port(hub: RunningBroker) -> int:
 
 
 def log_frames(store: LogStore, topic: str) -> tuple[int, int, bytes]:
-    """A log's start, end and every stored byte of its records (call on the broker's loop)."""
+    """A log's start, end and every stored byte of its records up to a gap, if it has one (call on the
+    broker's loop)."""
     if topic not in store:
         return 0, 0, b""
     start, end = store.start_offset(topic), store.durable_end(topic)
@@ -48,6 +54,8 @@ def log_frames(store: LogStore, topic: str) -> tuple[int, int, bytes]:
     offset = start
     while offset < end:
         frames, count = store.read_frames(topic, offset, 1 << 20)
+        if not count:
+            break
         chunks.extend(frames)
         offset += count
     return start, end, b"".join(chunks)
@@ -61,6 +69,24 @@ def mirrored(
     site_logs = [log_frames(site_store, topic) for topic in topics]
     hub_logs = [log_frames(hub_store, site_topic(site_id, topic)) for topic in topics]
     return sum(end - start for start, end, _ in site_logs) == records and site_logs == hub_logs
+
+
+def wait_while_progressing(
+    done: Callable[[], bool], progress: Callable[[], float], stall_s: float = 20.0
+) -> bool:
+    """Poll ``done()`` until it holds (True), or until ``progress()`` has not moved for ``stall_s`` (False):
+    a loaded machine (other tests' fsyncs) moves slowly, a stuck link not at all."""
+    last = progress()
+    stalled_at = time.monotonic() + stall_s
+    while not done():
+        now = time.monotonic()
+        current = progress()
+        if current != last:
+            last, stalled_at = current, now + stall_s
+        elif now > stalled_at:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 class WanRelay:
@@ -139,3 +165,44 @@ class WanRelay:
 
 def pki_in(directory: Path) -> LocalPki:
     return LocalPki(directory / "pki", name="uplink-ca")
+
+
+class HelloClosingHub:
+    """A stand-in hub on 127.0.0.1 (TLS, ``server``'s certificate) that takes a site's WebSocket, reads its
+    first message (the HELLO) and closes the connection without answering; ``hellos`` counts them."""
+
+    def __init__(self, pki: LocalPki) -> None:
+        server = pki.server("hub")
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(str(server.cert), str(server.key))
+        self.hellos = 0
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="closing-hub")
+        self._thread.start()
+        self._ready.wait(5)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_get("/v1/uplink", self._serve)
+        self._runner = web.AppRunner(app)
+        self.loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self.context)
+        self.loop.run_until_complete(site.start())
+        self.port = self._runner.addresses[0][1]
+        self._ready.set()
+        self.loop.run_forever()
+
+    async def _serve(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.receive()
+        self.hellos += 1
+        await ws.close()
+        return ws
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)

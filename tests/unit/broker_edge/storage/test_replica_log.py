@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.storage import InvalidRecord, LogStore, StorageConfig, StorageError
+from broker_edge.storage import CorruptRecord, InvalidRecord, LogStore, StorageConfig, StorageError
 from tests.unit.broker_edge.storage.log_helpers import make_record
 
 
@@ -200,3 +200,62 @@ def test_store_append_frames_goes_through_the_group_commit(tmp_path: Path):
         follower.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("restart", ["close", "crash", "rolled"])
+def test_frames_appended_past_the_logs_end_keep_what_it_holds_and_leave_a_gap(
+    tmp_path: Path, small_segments: StorageConfig, restart: str
+):
+    source = _store(tmp_path / "source", small_segments)
+    for number in range(40):
+        source.append("t", make_record(number))
+    source.flush()
+    mirror = _store(tmp_path / "mirror", small_segments)
+    mirror.append_frames("t", b"".join(source.read_frames("t", 0, 1 << 30, 12)[0]))
+    mirror.append("other", make_record(1))  # the partition goes on with another topic
+    after_gap = b"".join(source.read_frames("t", 30, 1 << 30)[0])
+    with pytest.raises(InvalidRecord):  # frames not at `at` are refused, and leave no gap
+        mirror.append_frames("t", after_gap, at=29)
+    assert mirror.append_frames("t", after_gap, at=30) == 30
+    mirror.flush()
+    if restart == "rolled":  # the gap's segment rolls and is sealed, then a crash
+        for number in range(80):
+            mirror.append("other", make_record(number))
+        mirror.flush()
+        mirror.wait_sealed()
+    if restart == "close":
+        mirror.close()
+    mirror = _store(tmp_path / "mirror", small_segments)
+
+    info = mirror.log_info("t")
+    assert (info.start_offset, info.end_offset) == (0, 40)
+    assert [r.offset for r in mirror.read("t", 0, 100, 1 << 30)] == list(range(12))
+    with pytest.raises(CorruptRecord) as missing:
+        mirror.read("t", 12, 100, 1 << 30)
+    assert missing.value.next_offset == 30
+    assert mirror.read_frames("t", 0, 1 << 30) == source.read_frames("t", 0, 1 << 30, 12)
+    assert mirror.read_frames("t", 12, 1 << 30) == ([], 0)  # frames are never served from the gap
+    assert _frames(mirror, "t", 30) == _frames(source, "t", 30)
+    mirror.close()
+    source.close()
+
+
+def test_a_gap_costs_its_sealed_index_nothing_however_long(tmp_path: Path, small_segments: StorageConfig):
+    source = _store(tmp_path / "source", small_segments)
+    source.restart_at("t", 10_000_000)
+    for number in range(5):
+        source.append("t", make_record(number))
+    source.flush()
+    mirror = _store(tmp_path / "mirror", small_segments)
+    mirror.append("t", make_record(0))
+    mirror.append_frames("t", b"".join(source.read_frames("t", 10_000_000, 1 << 30)[0]), at=10_000_000)
+    mirror.close()  # sealed: each segment's index holds only the records it has
+    indexes = sum(path.stat().st_size for path in (tmp_path / "mirror").rglob("*.index"))
+    assert indexes < 4096
+    reopened = _store(tmp_path / "mirror", small_segments)
+    assert reopened.log_info("t").end_offset == 10_000_005
+    assert [r.offset for r in reopened.read("t", 10_000_000, 10, 1 << 30)] == list(
+        range(10_000_000, 10_000_005)
+    )
+    reopened.close()
+    source.close()

@@ -66,3 +66,24 @@ def test_nothing_to_send_is_no_batch(store: LogStore) -> None:
     store.append("a", make_record(0))
     store.flush()
     assert next_batch(store, 0, {"a": 1}, collections.OrderedDict.fromkeys(["a"]), 1000, no_gap) is None
+
+
+def test_records_missing_in_the_log_are_a_gap_stepped_over_not_a_topic_held_back(
+    store: LogStore, tmp_path: Path
+) -> None:
+    store.append("a", make_record(0))
+    with LogStore(tmp_path / "source", StorageConfig(durability="none")) as source:
+        source.restart_at("a", 5)
+        source.append("a", make_record(5))
+        source.flush()
+        store.append_frames("a", b"".join(source.read_frames("a", 5, 1 << 20)[0]), at=5)
+    store.flush()
+    gaps: list[tuple[str, int, int]] = []
+    positions: dict[str, int] = {}
+    pending = collections.OrderedDict.fromkeys(["a"])
+    sent = []
+    while (
+        batch := next_batch(store, 0, positions, pending, 1000, lambda *gap: gaps.append(gap))
+    ) is not None:
+        sent += [(part.first, part.count) for part in batch.topics]
+    assert sent == [(0, 1), (5, 1)] and gaps == [("a", 1, 5)] and positions == {"a": 6}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from broker_edge.settings.uplink import site_topic
-from broker_edge.storage import LogStore, StorageConfig
+from broker_edge.storage import CorruptRecord, LogStore, StorageConfig
 from broker_edge.uplink.mirror import Applied, Gap, apply_batch, site_ends
 from broker_edge.uplink.site_identity import site_of_certificate, site_uri
 from broker_edge.uplink.wire import Batch, BatchTopic, WireError
@@ -65,22 +65,29 @@ def test_records_land_at_the_sites_offsets_and_a_resend_is_skipped(
     assert site_ends(hub_store, "p2") == {}
 
 
-def test_a_batch_past_the_hubs_end_is_a_recorded_gap(site_store: LogStore, hub_store: LogStore) -> None:
+def test_a_batch_past_the_hubs_end_is_a_recorded_gap_and_the_hub_keeps_what_it_held(
+    site_store: LogStore, hub_store: LogStore
+) -> None:
     gaps: list[Gap] = []
     apply(hub_store, part(site_store, "telemetry/a", 0, 5), gaps)
     apply(hub_store, part(site_store, "telemetry/a", 9, 20), gaps)
-    hub_store.flush()
     assert gaps == [Gap("telemetry/a", 5, 9)]
-    assert (
-        hub_store.start_offset("$site/p1/telemetry/a"),
-        hub_store.durable_end("$site/p1/telemetry/a"),
-    ) == (9, 20)
+    topic = "$site/p1/telemetry/a"
+    assert (hub_store.start_offset(topic), hub_store.durable_end(topic)) == (0, 20)
+    assert hub_store.read_frames(topic, 0, 1 << 20) == site_store.read_frames("telemetry/a", 0, 1 << 20, 5)
+    with pytest.raises(CorruptRecord) as lost:  # the gap: no record, the next one named
+        hub_store.read(topic, 5)
+    assert lost.value.next_offset == 9
+    assert hub_store.read_frames(topic, 9, 1 << 20) == site_store.read_frames("telemetry/a", 9, 1 << 20)
+    again = apply(hub_store, part(site_store, "telemetry/a", 9, 20), gaps)  # the ACK was lost: no new gap
+    assert (again.records, again.duplicates, len(gaps)) == (0, 11, 1)
 
 
 def test_a_new_topic_starting_late_is_a_gap_from_zero(site_store: LogStore, hub_store: LogStore) -> None:
     gaps: list[Gap] = []
     apply(hub_store, part(site_store, "telemetry/a", 3, 20), gaps)
     assert gaps == [Gap("telemetry/a", 0, 3)]
+    assert hub_store.start_offset("$site/p1/telemetry/a") == 3  # it held nothing: its log starts there
 
 
 @pytest.mark.parametrize("topic", ["$SYS/x", "a/+/b", "a/#", ""])

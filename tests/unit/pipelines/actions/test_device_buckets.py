@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from broker_edge.protocol.topics import topic_matches
 from pipelines.actions.buckets import REPORT_TOPICS, bucket_of, bucket_topic, by_bucket, report_topic
 from pipelines.actions.config import ActionsConfig
@@ -39,3 +41,13 @@ def test_a_device_reports_on_its_buckets_report_topic_which_the_job_reads_with_t
     assert topic_matches(REPORT_TOPICS, report_topic(554))
     assert not topic_matches(REPORT_TOPICS, bucket_topic(554))
     assert ActionsConfig().status_topics.split(",") == [REPORT_TOPICS, "devices/+/actions"]
+
+
+def test_a_hub_read_for_its_sites_reports_is_no_cluster_member() -> None:
+    from broker_edge.config import ConfigError
+    from pipelines.actions.job import validate
+
+    assert validate({"sites": True}).sites is True
+    with pytest.raises(ConfigError) as refused:
+        validate({"sites": True, "cluster": True})
+    assert refused.value.path == "sites"
