@@ -15,6 +15,8 @@ class StaticIsr:
     def __init__(self) -> None:
         self.views: list[ClusterView] = []
         self.changes: list[tuple[str, int, str]] = []
+        self.expansions_allowed = True
+        """False: no replica joins an ISR (a test holding a partition below ``min_insync_replicas``)."""
 
     async def shrink_isr(self, partition: int, expected_epoch: int, node: str) -> bool:
         return self._change(partition, expected_epoch, node, shrink=True)
@@ -25,6 +27,8 @@ class StaticIsr:
     def _change(self, partition: int, expected_epoch: int, node: str, shrink: bool) -> bool:
         state = self.views[0].states[partition]
         if state.epoch != expected_epoch or (node in state.isr) != shrink:
+            return False
+        if not shrink and not self.expansions_allowed:
             return False
         isr = tuple(m for m in state.isr if m != node) if shrink else (*state.isr, node)
         self.changes.append(("shrink" if shrink else "expand", partition, node))
