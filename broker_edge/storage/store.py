@@ -1157,6 +1157,8 @@ class LogStore:
             yield report
         if report.topics_moved:
             self._read_cache.drop_below(self._table.start.__getitem__)
+            if not report.segments_deleted and self._sealer is not None:
+                self._sealer.delete_after_snapshot([])  # the moved starts are saved now, not at the next one
         if report.segments_deleted:
             log.info(
                 "retention deleted %d segments (%d bytes)", report.segments_deleted, report.bytes_deleted

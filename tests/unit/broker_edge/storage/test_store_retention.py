@@ -136,3 +136,27 @@ def test_a_segment_holding_only_a_truncation_marker_of_a_live_topic_may_go(tmp_p
     assert [record.offset for record in reopened.read("kept", 0)] == [0]
     assert reopened.log_info("kept").end_offset == 1
     reopened.close()
+
+
+def test_a_start_moved_inside_a_segment_that_stays_survives_a_crash(tmp_path: Path):
+    """Retention can move a topic's start without deleting a segment (another topic's records in it are
+    kept): the pass saves the moved start at once, so a crash does not bring the expired records back."""
+    store = LogStore(tmp_path, StorageConfig(segment_bytes=4096, retention_ms=1000))
+    store.open()
+    for number in range(3):
+        store.append("expired", make_record(number, timestamp_ms=BASE_TIME_MS))
+        store.append("kept", make_record(number, timestamp_ms=BASE_TIME_MS + 10_000))
+    store.flush()
+    _fill(store, "filler", until_segments=2)  # the first segment is sealed, its groups can be judged
+    store.wait_sealed()
+
+    report = store.apply_retention(now_ms=BASE_TIME_MS + 5_000)
+    store.wait_sealed()
+    store.file_pool.close()  # a crash: the store is dropped without closing
+
+    assert report.segments_deleted == 0 and store.start_offset("expired") == 3
+    reopened = LogStore(tmp_path, StorageConfig(segment_bytes=4096, retention_ms=1000))
+    assert not reopened.open().clean_shutdown
+    assert reopened.start_offset("expired") == 3
+    assert reopened.start_offset("kept") == 0
+    reopened.close()
