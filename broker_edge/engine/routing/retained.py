@@ -128,19 +128,13 @@ class RetainedStore:
 
     def clear(self, topic: str) -> bool:
         """Forget the retained message of ``topic`` (a PUBLISH with an empty retained payload)."""
-        levels = topic.split("/")
-        node = self._root
-        for level in levels:
-            child = node.children.get(level) if node.children else None
-            if child is None:
-                return False
-            node = child
-        if node.message is None:
+        node = self._find(topic)
+        if node is None or node.message is None:
             return False
         node.message = None
         self._uncount(node)
         self.count -= 1
-        self._prune(levels)
+        self._prune(topic.split("/"))
         return True
 
     def get(self, topic: str) -> Any:
