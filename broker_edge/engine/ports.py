@@ -34,7 +34,13 @@ port                asked by                                           a broker 
                     no complete copy of, read from another broker
 ``remote_starts``   the cursors: replays positioned in logs held       every log is here
                     elsewhere, before the SUBACK
+``mirror_logs``     the uplink hub: a site's frames appended at its    appended here, acknowledged once
+                    offsets on their partition's leader, acknowledged  durable (``LocalMirrorLogs``)
+                    once replicated; the ends committed there
 ==================  =================================================  =======================================
+
+``mirror_logs`` is asked by the uplink (beside the cluster, above the engine), not by the engine itself: the
+port is how the uplink reaches a cluster without importing it.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from broker_edge.protocol.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
     from broker_edge.engine.message import Message
+    from broker_edge.engine.mirror_logs import MirrorAppend
     from broker_edge.engine.sessions.session import Session
     from broker_edge.protocol.packets import Will
     from broker_edge.protocol.topics import OffsetStart
@@ -62,6 +69,7 @@ __all__ = [
     "Forwarding",
     "Interest",
     "LocalOnly",
+    "MirrorLogs",
     "PublishRefused",
     "RemoteLogs",
     "RemoteStarts",
@@ -81,11 +89,19 @@ __all__ = [
 
 @dataclass(slots=True)
 class AppendedRun:
-    """Messages appended to one topic's log in one batch: record i has offset ``first_offset + i``."""
+    """Records appended to one topic's log in one batch: record i has offset ``first_offset + i``. They are
+    ``messages`` (the PUBLISH path's) or, for another broker's frames appended verbatim, ``frames`` records
+    with no ``Message``."""
 
     topic: str
     first_offset: int
     messages: list[Message] = field(default_factory=list)
+    frames: int = 0
+
+    @property
+    def end_offset(self) -> int:
+        """The offset after the run."""
+        return self.first_offset + len(self.messages) + self.frames
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +287,22 @@ class RemoteStarts(Protocol):
         """The session ended."""
 
 
+# -- mirrored logs (the uplink hub) ----------------------------------------------------------------------
+
+
+class MirrorLogs(Protocol):
+    """Logs holding another broker's records at its offsets (``broker_edge.engine.mirror_logs``)."""
+
+    async def append(self, topic: str, first: int, count: int, frames: bytes | memoryview) -> MirrorAppend:
+        """Append ``count`` stored frames of ``topic`` starting at offset ``first`` (``append_mirrored``)
+        where the log is written, and return once they are acknowledged (``end``: the log's acknowledged
+        end). ``InvalidRecord``: bad frames, nothing appended; ``MirrorRefused``: not acknowledged now."""
+
+    async def ends(self, prefix: str) -> dict[str, int]:
+        """The acknowledged end of every log whose topic starts with ``prefix``; ``MirrorRefused`` when
+        one cannot be known now."""
+
+
 # -- the ports together -----------------------------------------------------------------------------------
 
 
@@ -289,6 +321,7 @@ class ClusterPorts:
     subscribe_gate: SubscribeGate | None = None
     remote_logs: RemoteLogs | None = None
     remote_starts: RemoteStarts | None = None
+    mirror_logs: MirrorLogs | None = None
 
 
 ALONE = ClusterPorts()

@@ -2,8 +2,12 @@
 
 A site is the site id its certificate names (``site_identity``); nothing it says can change that. One
 connection per site at a time: a new one replaces the old, whose batch in progress finishes first, so a
-site's topics have one writer. Each batch is appended at the site's offsets (``hub_store``) and
-acknowledged once durable here, with the hub's ends of its topics; the site sends from those ends.
+site's topics have one writer. Each batch is appended at the site's offsets through the ``mirror_logs``
+port (``broker_edge.engine.ports``): on a broker alone here, acknowledged once durable; on a cluster member
+on each topic's partition leader, acknowledged once the in-sync replicas hold it. The ACK carries the
+acknowledged ends of its topics and ``ENDS`` the acknowledged end of every topic of the site; the site
+sends from those ends. A batch that cannot be acknowledged now (an election) is answered ``ERROR``: the
+site dials again (another hub address, when it has several) and resends from the ends it is given.
 The status of every site is served as JSON by ``status_routes`` (on the offsets API) and as metrics.
 """
 
@@ -21,13 +25,14 @@ from typing import TYPE_CHECKING
 
 from aiohttp import WSMsgType, web
 
+from broker_edge.engine.mirror_logs import MirrorRefused
 from broker_edge.http.guard import GuardedRunner, start_guarded_site
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import validate_topic_filter
 from broker_edge.security.tls import ServerContexts, server_ssl_context
 from broker_edge.settings.uplink import UplinkHubConfig, site_topic
 from broker_edge.uplink.batches import next_batch
-from broker_edge.uplink.mirror import Gap, apply_batch, site_ends
+from broker_edge.uplink.mirror import Gap, mirror_batch, mirrored_ends
 from broker_edge.uplink.site_identity import site_of_certificate
 from broker_edge.uplink.site_status import SitesStatus, SiteStatus
 from broker_edge.uplink.wire import (
@@ -48,6 +53,7 @@ from broker_edge.uplink.wire import (
 )
 
 if TYPE_CHECKING:
+    from broker_edge.engine.ports import MirrorLogs
     from broker_edge.observe.metrics import BrokerMetrics
     from broker_edge.storage import LogStore
 
@@ -62,10 +68,14 @@ DOWN_IDLE_S = 5.0
 
 
 class UplinkHub:
-    """Sites' uplinks into ``store``; ``start`` binds the endpoint (``port`` then holds the bound port)."""
+    """Sites' uplinks into ``store``, written through ``logs``; ``start`` binds the endpoint (``port`` then
+    holds the bound port)."""
 
-    def __init__(self, store: LogStore, config: UplinkHubConfig, metrics: BrokerMetrics) -> None:
+    def __init__(
+        self, store: LogStore, logs: MirrorLogs, config: UplinkHubConfig, metrics: BrokerMetrics
+    ) -> None:
         self.store = store
+        self.logs = logs
         self.config = config
         self.status = SitesStatus(store, metrics)
         self.tls = ServerContexts(lambda: server_ssl_context(config.tls))
@@ -128,7 +138,7 @@ class UplinkHub:
             status.connected = True
             try:
                 await self._converse(ws, site, status)
-            except WireError as error:
+            except (WireError, MirrorRefused) as error:
                 log.warning("site %s: %s: closing its connection", site, error)
                 if not ws.closed:
                     with contextlib.suppress(ConnectionError):
@@ -151,8 +161,8 @@ class UplinkHub:
                 downlink.cancel()
 
     async def _read_site(self, ws: web.WebSocketResponse, site: str, status: SiteStatus) -> None:
-        store = self.store
         limit = self.config.max_message_bytes
+        prefix = site_topic(site, "")
         first = True
         async for message in ws:
             if message.type != WSMsgType.BINARY:
@@ -164,8 +174,8 @@ class UplinkHub:
             if first:
                 if decoded.kind != HELLO or decoded.header.get("version") != VERSION:
                     raise WireError(f"expected HELLO version {VERSION} first")
-                await store.wait_durable()  # a previous connection's appends count in the ends
-                await ws.send_bytes(encode(ENDS, {"ends": site_ends(store, site)}))
+                ends = await mirrored_ends(self.logs, prefix)  # a previous connection's appends count
+                await ws.send_bytes(encode(ENDS, {"ends": ends}))
                 log.info("site %s connected (%d topics held)", site, len(status.site_ends))
                 first = False
                 down = _downlink_request(decoded.header)
@@ -176,8 +186,7 @@ class UplinkHub:
             elif decoded.kind == BATCH:
                 batch = decode_batch(decoded, limit)
                 gaps: list[Gap] = []
-                applied = apply_batch(store, batch, gaps, partial(site_topic, site))
-                await store.wait_durable()
+                applied, ends = await mirror_batch(self.logs, batch, gaps, partial(site_topic, site))
                 status.received_bytes += len(message.data)
                 status.received_records += applied.records
                 status.duplicate_records += applied.duplicates
@@ -185,7 +194,6 @@ class UplinkHub:
                     self._record_gaps(site, status, gaps)
                 if batch.site_ends:
                     status.site_ends.update(batch.site_ends)
-                ends = {part.topic: store.durable_end(site_topic(site, part.topic)) for part in batch.topics}
                 await ws.send_bytes(encode(ACK, {"seq": batch.seq, "ends": ends}))
             elif decoded.kind == STATE:
                 status.site_ends.update(site_ends_of(decoded.header.get("site_ends", {})))

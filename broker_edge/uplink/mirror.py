@@ -1,29 +1,32 @@
-"""Another broker's records into this store at that broker's offsets: a site's batch into its hub's store
-under ``$site/<site_id>/`` (the hub's half of "every record once"), and the hub's downlinked topics into a
+"""Another broker's records into this store at that broker's offsets: a site's batch into its hub under
+``$site/<site_id>/`` (the hub's half of "every record once"), and the hub's downlinked topics into a
 site's store under their own names.
 
-Each topic's frames are appended verbatim (``LogStore.append_frames`` checks every frame's CRC and that it
-continues the log exactly, as a replica appending its leader's frames). What the hub already holds is
-skipped (a batch sent again after its acknowledgement was lost); a batch starting past the hub's end is a
-gap (the site's retention deleted records before they were sent): the hub keeps what it holds and its copy
-goes on at the site's offset, the offsets between missing (``LogStore.append_frames``' ``at``), so a reader
-meets them as lost records (the Spark source's ``failOnDataLoss``), and the gap is returned for the caller
-to record. Nothing here waits: the caller waits for durability.
+Each topic's frames go through ``append_mirrored`` (``broker_edge.engine.mirror_logs``): what is already
+held is skipped, frames past the log's end leave a gap (returned for the caller to record), the rest is
+appended verbatim and checked. A site applies a downlink batch to its own store (``apply_batch``; the caller
+waits for durability); a hub hands each topic of a site's batch to its ``mirror_logs`` port
+(``mirror_batch``), which appends it where the log is written (here, or on its partition's leader) and
+returns once it is acknowledged there.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from broker_edge.engine.mirror_logs import MirrorAppend, append_mirrored
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import validate_topic_name
-from broker_edge.settings.uplink import site_topic
 from broker_edge.storage import InvalidRecord, LogStore
-from broker_edge.storage.record import PREFIX, PREFIX_SIZE
-from broker_edge.uplink.wire import Batch, WireError
+from broker_edge.uplink.wire import Batch, BatchTopic, WireError
 
-__all__ = ["Applied", "Gap", "apply_batch", "site_ends"]
+if TYPE_CHECKING:
+    from broker_edge.engine.ports import MirrorLogs
+
+__all__ = ["Applied", "Gap", "apply_batch", "mirror_batch", "mirrored_ends"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,43 +47,71 @@ class Applied:
 
 
 def apply_batch(store: LogStore, batch: Batch, gaps: list[Gap], local_name: Callable[[str], str]) -> Applied:
-    """Append ``batch``, each topic as ``local_name(topic)`` here; every gap found is appended to ``gaps``.
+    """Append ``batch`` to ``store``, each topic as ``local_name(topic)``; every gap found is appended to
+    ``gaps``. Nothing here waits for durability.
 
     Raises ``WireError`` for a topic name a site may not use or frames that do not continue the log (the
     topics before it in the batch stay appended: they are whole and at their right offsets)."""
     applied = Applied()
-    frames = memoryview(batch.frames)
-    position = 0
-    for part in batch.topics:
-        chunk = frames[position : position + part.size]
-        position += part.size
-        _check_topic(part.topic)
-        topic = local_name(part.topic)
-        held = store.durable_end(topic) if topic in store else 0
-        first = part.first
-        at = None
-        if first > held:
-            gaps.append(Gap(part.topic, held, first))
-            at = held = first
-        skip = held - first
-        if skip >= part.count:
-            applied.duplicates += part.count
-            continue
-        if skip:
-            chunk = chunk[_frames_end(chunk, skip) :]
-            applied.duplicates += skip
+    for part, chunk in _parts(batch):
         try:
-            store.append_frames(topic, bytes(chunk), at)
+            appended = append_mirrored(store, local_name(part.topic), part.first, part.count, chunk)
         except InvalidRecord as error:
             raise WireError(str(error)) from None
-        applied.records += part.count - skip
+        _count(applied, gaps, part.topic, appended)
     return applied
 
 
-def site_ends(store: LogStore, site_id: str) -> dict[str, int]:
-    """Where each of the site's topics ends on the hub (site's names), durable."""
-    prefix = site_topic(site_id, "")
-    return {info.topic[len(prefix) :]: info.end_offset for info in store.logs(prefix + "#")}
+async def mirror_batch(
+    logs: MirrorLogs, batch: Batch, gaps: list[Gap], local_name: Callable[[str], str]
+) -> tuple[Applied, dict[str, int]]:
+    """Append ``batch`` through ``logs``, each topic as ``local_name(topic)``, its topics at once, and
+    return once every one is acknowledged, with each topic's acknowledged end (by the batch's names).
+
+    Raises ``WireError`` as ``apply_batch`` does, or ``MirrorRefused`` when a topic is not acknowledged now
+    (the others may be: whole, at their right offsets, and skipped when sent again)."""
+    parts = _parts(batch)
+    results = await asyncio.gather(
+        *(logs.append(local_name(part.topic), part.first, part.count, chunk) for part, chunk in parts),
+        return_exceptions=True,
+    )
+    errors = [result for result in results if isinstance(result, BaseException)]
+    for error in errors:
+        if isinstance(error, InvalidRecord):
+            raise WireError(str(error)) from None
+    if errors:
+        raise errors[0]
+    applied = Applied()
+    ends: dict[str, int] = {}
+    for (part, _chunk), appended in zip(parts, results, strict=True):
+        assert isinstance(appended, MirrorAppend)
+        _count(applied, gaps, part.topic, appended)
+        ends[part.topic] = appended.end
+    return applied, ends
+
+
+async def mirrored_ends(logs: MirrorLogs, prefix: str) -> dict[str, int]:
+    """Where each log under ``prefix`` ends, acknowledged, by its name without ``prefix``."""
+    return {topic[len(prefix) :]: end for topic, end in (await logs.ends(prefix)).items()}
+
+
+def _parts(batch: Batch) -> list[tuple[BatchTopic, memoryview]]:
+    """Each topic of ``batch`` with its frames; ``WireError`` for a topic name a site may not use."""
+    frames = memoryview(batch.frames)
+    position = 0
+    parts = []
+    for part in batch.topics:
+        _check_topic(part.topic)
+        parts.append((part, frames[position : position + part.size]))
+        position += part.size
+    return parts
+
+
+def _count(applied: Applied, gaps: list[Gap], topic: str, appended: MirrorAppend) -> None:
+    applied.records += appended.records
+    applied.duplicates += appended.duplicates
+    if appended.gap is not None:
+        gaps.append(Gap(topic, *appended.gap))
 
 
 def _check_topic(topic: str) -> None:
@@ -90,14 +121,3 @@ def _check_topic(topic: str) -> None:
         raise WireError(f"topic {topic!r}: {error}") from None
     if topic.startswith("$"):
         raise WireError(f"topic {topic!r}: the uplink carries no '$' topics")
-
-
-def _frames_end(chunk: memoryview, count: int) -> int:
-    """The position after the first ``count`` frames of ``chunk``."""
-    position = 0
-    for _ in range(count):
-        if position + PREFIX_SIZE > len(chunk):
-            raise WireError("a batch's frames end before its count")
-        body_length, _checksum = PREFIX.unpack_from(chunk, position)
-        position += PREFIX_SIZE + body_length
-    return position

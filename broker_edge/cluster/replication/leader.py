@@ -292,7 +292,7 @@ class LeaderReplication:
         for run in runs:
             topic = run.topic
             partition = self._partition(topic)
-            end = run.first_offset + len(run.messages)
+            end = run.end_offset
             ends.append((topic, partition, run.first_offset, end))
             if path_trace.ON:
                 path_trace.mark("replicating", topic, run.first_offset, end)

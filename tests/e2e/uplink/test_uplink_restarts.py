@@ -3,11 +3,9 @@ reaches the hub once, at the site's offsets, byte for byte."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import paho.mqtt.client as mqtt
 import pytest
 
 from broker_edge.runtime.launcher import BrokerProcess
@@ -15,56 +13,18 @@ from broker_edge.settings.uplink import site_topic
 from broker_edge.storage import LogStore
 from tests.e2e.broker_clients import wait_for
 from tests.e2e.conftest import RunningBroker
-from tests.e2e.uplink.uplink_harness import hub_port, hub_section, log_frames, pki_in, site_section
+from tests.e2e.uplink.uplink_harness import (
+    Telemetry,
+    hub_port,
+    hub_section,
+    log_frames,
+    pki_in,
+    site_section,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
 TOPICS = [f"telemetry/dev-{n}" for n in range(5)]
-
-
-class Telemetry:
-    """Devices publishing QoS 1 until stopped; ``acknowledged`` holds every payload the broker PUBACKed."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.acknowledged: set[bytes] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        sequence = 0
-        while not self._stop.is_set():
-            client = mqtt.Client(
-                mqtt.CallbackAPIVersion.VERSION2,
-                client_id="",
-                protocol=mqtt.MQTTv5,
-                reconnect_on_failure=False,
-            )
-            try:
-                client.connect("127.0.0.1", self.port)
-            except OSError:
-                self._stop.wait(0.1)
-                continue
-            client.loop_start()
-            try:
-                while not self._stop.is_set():
-                    payload = f"reading {sequence}".encode()
-                    info = client.publish(TOPICS[sequence % len(TOPICS)], payload, qos=1)
-                    sequence += 1
-                    info.wait_for_publish(2)
-                    if not info.is_published():
-                        break
-                    self.acknowledged.add(payload)
-            except (RuntimeError, ValueError):
-                pass  # the broker went away mid-publish: not acknowledged
-            finally:
-                client.loop_stop()
-                client.disconnect()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
 
 
 def hub_payloads(hub: RunningBroker, site_id: str) -> list[bytes]:
@@ -88,7 +48,7 @@ def test_a_killed_and_restarted_site_loses_nothing_it_acknowledged_and_sends_not
     pki = pki_in(tmp_path)
     hub = brokers("hub", uplink_hub=hub_section(pki))
     site = BrokerProcess(tmp_path / "site", uplink=site_section(pki, "plant-k", hub_port(hub))).start()
-    telemetry = Telemetry(site.port)
+    telemetry = Telemetry(site.port, TOPICS)
     try:
         assert wait_for(lambda: len(telemetry.acknowledged) >= 200, timeout=20)
         site.kill()

@@ -1,5 +1,6 @@
 """What the uplink tests share: a CA for the hub and its sites, the two config sections, a TCP relay between a
-site and its hub that a test can cut (the WAN), and the check that a hub holds a site's logs exactly."""
+site and its hub that a test can cut (the WAN), devices publishing continuously, and the check that a hub
+holds a site's logs exactly."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import paho.mqtt.client as mqtt
 from aiohttp import web
 
 from broker_edge.runtime.local_pki import LocalPki
@@ -161,6 +163,53 @@ class WanRelay:
         asyncio.run_coroutine_threadsafe(shut(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
+
+
+class Telemetry:
+    """Devices publishing QoS 1 on ``topics`` in turn until stopped; ``acknowledged`` holds every payload
+    the broker PUBACKed."""
+
+    def __init__(self, port: int, topics: list[str]) -> None:
+        self.port = port
+        self.topics = topics
+        self.acknowledged: set[bytes] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        sequence = 0
+        while not self._stop.is_set():
+            client = mqtt.Client(
+                mqtt.CallbackAPIVersion.VERSION2,
+                client_id="",
+                protocol=mqtt.MQTTv5,
+                reconnect_on_failure=False,
+            )
+            try:
+                client.connect("127.0.0.1", self.port)
+            except OSError:
+                self._stop.wait(0.1)
+                continue
+            client.loop_start()
+            try:
+                while not self._stop.is_set():
+                    payload = f"reading {sequence}".encode()
+                    info = client.publish(self.topics[sequence % len(self.topics)], payload, qos=1)
+                    sequence += 1
+                    info.wait_for_publish(2)
+                    if not info.is_published():
+                        break
+                    self.acknowledged.add(payload)
+            except (RuntimeError, ValueError):
+                pass  # the broker went away mid-publish: not acknowledged
+            finally:
+                client.loop_stop()
+                client.disconnect()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
 
 
 def pki_in(directory: Path) -> LocalPki:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
 import pytest
 
+from broker_edge.engine.mirror_logs import LocalMirrorLogs
 from broker_edge.settings.uplink import site_topic
 from broker_edge.storage import CorruptRecord, LogStore, StorageConfig
-from broker_edge.uplink.mirror import Applied, Gap, apply_batch, site_ends
+from broker_edge.uplink.mirror import Applied, Gap, apply_batch, mirrored_ends
 from broker_edge.uplink.site_identity import site_of_certificate, site_uri
 from broker_edge.uplink.wire import Batch, BatchTopic, WireError
 from tests.unit.broker_edge.storage.log_helpers import make_record
@@ -61,8 +63,9 @@ def test_records_land_at_the_sites_offsets_and_a_resend_is_skipped(
     assert (again.records, again.duplicates) == (8, 7)
     assert gaps == []
     assert hub_bytes(hub_store, "$site/p1/telemetry/a") == hub_bytes(site_store, "telemetry/a")
-    assert site_ends(hub_store, "p1") == {"telemetry/a": 20}
-    assert site_ends(hub_store, "p2") == {}
+    logs = LocalMirrorLogs(hub_store)
+    assert asyncio.run(mirrored_ends(logs, site_topic("p1", ""))) == {"telemetry/a": 20}
+    assert asyncio.run(mirrored_ends(logs, site_topic("p2", ""))) == {}
 
 
 def test_a_batch_past_the_hubs_end_is_a_recorded_gap_and_the_hub_keeps_what_it_held(
