@@ -60,6 +60,7 @@ if TYPE_CHECKING:
     from broker_edge.cluster.coordination.membership import Membership
     from broker_edge.cluster.features.sessions import ClusterSessions
     from broker_edge.cluster.features.wills import ClusterWills
+    from broker_edge.cluster.mirror_logs import ClusterMirrorLogs
     from broker_edge.cluster.reads.interest import LocalInterest
     from broker_edge.cluster.reads.remote_reads import RemoteReads
     from broker_edge.cluster.reads.remote_starts import RemoteStarts
@@ -235,6 +236,7 @@ class ClusterNode:
         self.epochs: LeaderEpochs | None = None
         self.remote_reads: RemoteReads | None = None
         self.remote_starts: RemoteStarts | None = None
+        self.mirror_logs: ClusterMirrorLogs | None = None
         if not self.static:
             self._build_coordination_and_replication()
             self._build_sessions()
@@ -336,6 +338,23 @@ class ClusterNode:
         self.links.on(PUSH, self.followers.pushed)
         timeout = broker.config.offsets_api.request_timeout_s
         self.members_routes.append(replica_fetch_route(self.leader.fetch, timeout, pushes=True))
+        self._build_mirror_logs(store, self.leader)
+
+    def _build_mirror_logs(self, store: LogStore, leader: LeaderReplication) -> None:
+        """The ``mirror_logs`` port (an uplink hub's sites' logs, on their partitions' leaders) and its
+        members' endpoint routes."""
+        from broker_edge.cluster.mirror_logs import ClusterMirrorLogs
+
+        cluster = self.cluster
+        self.mirror_logs = ClusterMirrorLogs(
+            self.view,
+            store,
+            leader,
+            leader.refusal,
+            self.clients,
+            (cluster.forward_timeout_ms / 1000) + cluster.lease_ttl_s,
+        )
+        self.members_routes.append(self.mirror_logs.add_routes)
 
     def _build_sessions(self) -> None:
         """Cluster-wide sessions and wills (``sessions``, ``wills``): CONNECT claims its client id first."""
@@ -373,6 +392,7 @@ class ClusterNode:
             subscribe_gate=self.followers,
             remote_logs=self.remote_reads,
             remote_starts=self.remote_starts,
+            mirror_logs=self.mirror_logs,
         )
 
     async def start(self) -> None:

@@ -1,0 +1,177 @@
+"""A site's frames on a cluster hub: appended on their partition's leader at the site's offsets, answered only
+once every in-sync replica holds them, handed to the leader over the members' endpoint (real HTTP on
+loopback) by a member that does not lead, and the ends taken from the leader."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from broker_edge.cluster.links.member_api import bind_members_endpoint, serve_members_endpoint
+from broker_edge.cluster.links.member_clients import MemberClients
+from broker_edge.cluster.mirror_logs import ClusterMirrorLogs
+from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
+from broker_edge.cluster.replication.replica_fetch import FetchRequest, PartitionFetch, TopicPosition
+from broker_edge.cluster.view import ClusterView, Member, PartitionState
+from broker_edge.engine.mirror_logs import MirrorRefused, frames_end
+from broker_edge.settings.cluster import MemberListenConfig
+from broker_edge.storage import InvalidRecord, LogStore, StorageConfig
+from tests.static_isr import StaticIsr
+from tests.unit.broker_edge.storage.log_helpers import make_record
+
+TOPIC = "$site/p1/telemetry/a"
+NODES = ("b1", "b2", "b3")
+
+
+def site_frames(tmp_path: Path, count: int) -> tuple[bytes, LogStore]:
+    """``count`` records stored on a site, as the frames it sends (and its store, to compare with)."""
+    store = LogStore(tmp_path / "site", StorageConfig(durability="none"))
+    store.open()
+    for n in range(count):
+        store.append("telemetry/a", make_record(n))
+    store.flush()
+    frames, held = store.read_frames("telemetry/a", 0, 1 << 20)
+    assert held == count
+    return b"".join(frames), store
+
+
+def fetch(replica: str, session: int, offset: int) -> FetchRequest:
+    """A follower's fetch of partition 0 (epoch 1) from ``offset`` of ``TOPIC``."""
+    topics = [TopicPosition(TOPIC, offset, 1 if offset else -1)] if offset else []
+    return FetchRequest(replica, session, False, 0, 1 << 20, 1 << 20, [PartitionFetch(0, 1, topics)])
+
+
+@dataclass
+class Node:
+    view: ClusterView
+    store: LogStore
+    mirror: ClusterMirrorLogs
+    leader: LeaderReplication
+
+
+@asynccontextmanager
+async def member(
+    tmp_path: Path, node: str, leader: str, isr: tuple[str, ...], min_insync: int, timeout_s: float = 2.0
+) -> AsyncIterator[Node]:
+    """Cluster member ``node`` of a one-partition cluster led by ``leader``, serving its members' endpoint."""
+    store = LogStore(tmp_path / node, StorageConfig(durability="none"))
+    store.open()
+    view = ClusterView(node, 1, fenced=False)
+    view.states[0] = PartitionState(0, leader, 1, NODES, isr)
+    changer = StaticIsr()
+    changer.views.append(view)
+    replication = LeaderReplication(
+        view, store, changer, LeaderConfig(min_insync_replicas=min_insync, replica_lag_max_ms=60_000)
+    )
+    replication.start()
+    clients = MemberClients(node, None)
+    mirror = ClusterMirrorLogs(view, store, replication, replication.refusal, clients, timeout_s)
+    sock = bind_members_endpoint("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    runner = await serve_members_endpoint(
+        sock, store, view, None, MemberListenConfig(), [mirror.add_routes], None
+    )
+    view.members[node] = Member(node, "127.0.0.1:1", "http://127.0.0.1:1", f"http://127.0.0.1:{port}")
+    try:
+        yield Node(view, store, mirror, replication)
+    finally:
+        await runner.cleanup()
+        await clients.close()
+        await replication.stop()
+        store.close()
+
+
+def introduce(*members: Node) -> None:
+    """Every member knows every other (as etcd's membership would tell them)."""
+    for one in members:
+        for other in members:
+            one.view.members[other.view.node_id] = other.view.members[other.view.node_id]
+
+
+def run(body: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(body())
+
+
+def test_the_leader_answers_only_once_every_in_sync_replica_holds_the_frames(tmp_path: Path) -> None:
+    frames, site = site_frames(tmp_path, 5)
+
+    async def body() -> None:
+        async with member(tmp_path, "b1", "b1", NODES, 2) as b1:
+            appending = asyncio.create_task(b1.mirror.append(TOPIC, 0, 5, frames))
+            await asyncio.sleep(0.05)
+            assert not appending.done() and b1.store.durable_end(TOPIC) == 5  # durable, not replicated
+            first = await b1.leader.fetch(fetch("b2", 0, 0))
+            third = await b1.leader.fetch(fetch("b3", 0, 0))
+            await b1.leader.fetch(fetch("b2", first.session, 5))
+            await asyncio.sleep(0.05)
+            assert not appending.done()  # b3, in sync, does not hold them yet
+            await b1.leader.fetch(fetch("b3", third.session, 5))
+            appended = await asyncio.wait_for(appending, 2)
+            assert (appended.first, appended.records, appended.duplicates, appended.end) == (0, 5, 0, 5)
+            assert b1.store.read_frames(TOPIC, 0, 1 << 20) == site.read_frames("telemetry/a", 0, 1 << 20)
+            again = await asyncio.wait_for(b1.mirror.append(TOPIC, 2, 3, frames[len(frames) // 2 :]), 2)
+            assert (again.records, again.duplicates, again.end) == (0, 3, 5)  # the ACK was lost: skipped
+
+    try:
+        run(body)
+    finally:
+        site.close()
+
+
+def test_a_member_that_does_not_lead_hands_the_frames_to_the_leader_and_reads_ends_there(
+    tmp_path: Path,
+) -> None:
+    frames, site = site_frames(tmp_path, 6)
+    four = frames_end(memoryview(frames), 4)
+
+    async def body() -> None:
+        async with (
+            member(tmp_path, "b1", "b1", ("b1",), 1) as b1,
+            member(tmp_path, "b2", "b1", ("b1",), 1) as b2,
+        ):
+            introduce(b1, b2)
+            b2.store.append_frames(TOPIC, frames[: frames_end(memoryview(frames), 1)])  # a stale copy here
+            await b2.store.wait_durable()
+            appended = await b2.mirror.append(TOPIC, 0, 4, frames[:four])
+            assert (appended.records, appended.end) == (4, 4)
+            assert b1.store.read_frames(TOPIC, 0, 1 << 20) == site.read_frames("telemetry/a", 0, 1 << 20, 4)
+            assert await b2.mirror.ends("$site/p1/") == {TOPIC: 4}  # the leader's, not b2's copy
+            assert await b2.mirror.ends("$site/p2/") == {}
+            damaged = frames[four:-1] + bytes([frames[-1] ^ 1])
+            with pytest.raises(InvalidRecord):
+                await b2.mirror.append(TOPIC, 4, 2, damaged)
+            assert b1.store.durable_end(TOPIC) == 4
+
+    try:
+        run(body)
+    finally:
+        site.close()
+
+
+def test_no_leader_within_the_timeout_is_a_refusal_and_nothing_is_appended(tmp_path: Path) -> None:
+    frames, site = site_frames(tmp_path, 2)
+
+    async def body() -> None:
+        async with (
+            member(tmp_path, "b1", "b2", NODES, 1, timeout_s=0.3) as b1,  # b1 thinks b2 leads
+            member(tmp_path, "b2", "b1", NODES, 1, timeout_s=0.3) as b2,  # and b2 that b1 does
+        ):
+            introduce(b1, b2)
+            with pytest.raises(MirrorRefused, match="not acknowledged within"):
+                await b1.mirror.append(TOPIC, 0, 2, frames)
+            assert TOPIC not in b1.store and TOPIC not in b2.store
+            b2.store.append_frames(TOPIC, frames)  # a replica's copy, its leader gone
+            b1.view.states[0] = b2.view.states[0] = PartitionState(0, None, 2, NODES, NODES)
+            with pytest.raises(MirrorRefused, match="no leader answered"):
+                await b1.mirror.ends("$site/p1/")
+            assert await b1.mirror.ends("$site/p2/") == {}
+
+    try:
+        run(body)
+    finally:
+        site.close()
