@@ -697,6 +697,24 @@ class LogStore:
             good.append(frame)
         return good, len(good)
 
+    def next_held(self, topic: str, offset: int, stop: int | None = None) -> int:
+        """``offset``, or, when the log holds no record there (a gap ``append_frames``' ``at`` left, or a
+        record lost to damage), the offset of the next record it holds, at most ``stop`` (or the durable
+        end): where a replica of the log goes on."""
+        topic_id = self._id(topic)
+        table = self._table
+        end = table.durable[topic_id]
+        if stop is not None and stop < end:
+            end = stop
+        if offset >= end or offset < table.start[topic_id]:
+            return offset
+        part = self._partitions[table.partition[topic_id]]
+        try:
+            part.locate(topic_id, offset, end, 1, True)
+        except CorruptRecord as missing:
+            return min(max(missing.next_offset, offset), end)
+        return offset
+
     def truncate(self, topic: str, offset: int) -> None:
         """Drop the records of `topic` at and after `offset` (a replica's tail its new leader does not
         have), durably: a truncation marker is written and fsynced before this returns."""

@@ -46,7 +46,7 @@ from broker_edge.engine.records import message_of_record
 from broker_edge.log_info import LogInfo
 from broker_edge.observe import path_trace
 from broker_edge.protocol.topics import topic_matches
-from broker_edge.storage.errors import StorageError
+from broker_edge.storage.errors import CorruptRecord, StorageError
 from broker_edge.storage.record import decode_frames
 
 from .epochs import NO_EPOCH, LeaderEpochs
@@ -55,6 +55,7 @@ from .replica_fetch import (
     DIVERGING,
     ERROR_NAMES,
     FRAMES,
+    GAP,
     LISTS_TOPICS_HEADER,
     OK,
     PATH,
@@ -587,7 +588,11 @@ class LocalDelivery:
         """Route the committed records of `topic` from `offset` to `end` to local subscribers."""
         store = self.store
         while offset < end:
-            records = store.read(topic, offset, end - offset, _ROUTE_READ_BYTES)
+            try:
+                records = store.read(topic, offset, end - offset, _ROUTE_READ_BYTES)
+            except CorruptRecord as missing:  # no record there (a mirror's gap): nothing to route
+                offset = max(offset + 1, missing.next_offset)
+                continue
             if not records:
                 break
             self.route(topic, offset, records)
@@ -868,7 +873,17 @@ class _Fetcher:
                     epochs.for_topic(topic).assign(epoch, max(start, data.start_offset))
             elif data.frames:
                 frames = data.frames[0] if len(data.frames) == 1 else b"".join(data.frames)
-                store.append_frames(topic, frames)
+                at = None
+                if data.kind == GAP:  # the leader's log holds no records below `first`: nor will this one
+                    at = data.first
+                    log.warning(
+                        "%r: the leader's log holds no records from this copy's end up to %d (a gap): this "
+                        "copy goes on at %d, the gap missing here too",
+                        topic,
+                        at,
+                        at,
+                    )
+                store.append_frames(topic, frames, at)
                 if path_trace.ON:
                     path_trace.mark("appended", topic, data.first, data.first + data.count)
                 cache = epochs.for_topic(topic)
@@ -938,7 +953,7 @@ class _Fetcher:
             topic = data.topic
             if topic not in self.positions and data.kind != DIVERGING and view.partition_of(topic) in listed:
                 start = owner.delivery.routed.get(topic, data.start_offset)
-                if data.kind != FRAMES or not data.frames or data.first != start:
+                if data.kind not in (FRAMES, GAP) or not data.frames or data.first != start:
                     self.positions[topic] = start
                     self._moved[topic] = None
                     continue
@@ -1004,7 +1019,7 @@ class _PushedSession:
         for data in response.partitions:
             if data.error != OK:
                 return self.end(f"partition {data.partition} {ERROR_NAMES.get(data.error, data.error)}")
-        if any(data.kind != FRAMES for data in _topics(response)):
+        if any(data.kind not in (FRAMES, GAP) for data in _topics(response)):
             return self.end("the leader's log and this one differ")
         try:
             watermarks, touched, appended = self.fetcher.apply(response)

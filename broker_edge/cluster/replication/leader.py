@@ -42,6 +42,7 @@ from .epochs import NO_EPOCH, LeaderEpochs
 from .replica_fetch import (
     DIVERGING,
     FRAMES,
+    GAP,
     NEWER_EPOCH,
     NOT_LEADER,
     NOT_REPLICA,
@@ -754,9 +755,7 @@ class LeaderReplication:
                         has_news = True
                     continue
                 try:
-                    data.frames, data.count = store.read_frames(
-                        topic, offset, min(budget, session.max_topic_bytes), limit
-                    )
+                    offset = _read_into(store, data, offset, min(budget, session.max_topic_bytes), limit)
                 except OffsetOutOfRange:
                     continue
                 sent_end = offset + data.count
@@ -896,6 +895,23 @@ class LeaderReplication:
         """(replica, partition) -> seconds it has been behind (for status and metrics)."""
         now = self._clock()
         return {key: now - since for key, since in self._lagging_since().items()}
+
+
+def _read_into(store: LogStore, data: TopicData, offset: int, max_bytes: int, limit: int) -> int:
+    """Frames of ``data.topic`` from ``offset`` into ``data``; where they start. When the log holds no
+    record at ``offset`` (a mirror's gap, ``LogStore.append_frames``' ``at``) they start after it, and
+    ``data`` says ``GAP``: the replica's log goes on at the same offset."""
+    topic = data.topic
+    data.frames, data.count = store.read_frames(topic, offset, max_bytes, limit)
+    if data.count:
+        return offset
+    held = store.next_held(topic, offset, limit)
+    if held != offset:
+        frames, count = store.read_frames(topic, held, max_bytes, limit)
+        if count:
+            data.kind, data.first, data.frames, data.count = GAP, held, frames, count
+            return held
+    return offset
 
 
 def _positions(request: FetchRequest) -> list[tuple[int, TopicPosition]]:

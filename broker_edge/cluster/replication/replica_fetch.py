@@ -13,6 +13,8 @@ One request covers every partition a leader leads for one follower (or observer)
                | kind DIVERGING: i64 epoch | u64 end_offset       (truncate to end_offset, then go on)
                | kind RESTART: u32 boundaries | (i64 epoch | u64 start)*
                              (empty the log, go on at start_offset, under the epoch given)
+               | kind GAP: as FRAMES; the leader's log holds no records from the position asked to `first`
+                           (a mirror's gap, docs/uplink.md): the replica's log goes on at `first`
     str = u16 length | UTF-8
 
 Fetch sessions keep the requests small: a request with session 0 opens one and lists every topic the
@@ -54,6 +56,7 @@ __all__ = [
     "CONTENT_TYPE",
     "DIVERGING",
     "FRAMES",
+    "GAP",
     "LISTS_TOPICS_HEADER",
     "NEWER_EPOCH",
     "NOT_LEADER",
@@ -112,6 +115,7 @@ ERROR_NAMES = {
 FRAMES = 0
 DIVERGING = 1
 RESTART = 2
+GAP = 3
 
 _U8 = struct.Struct("<B")
 _U16 = struct.Struct("<H")
@@ -239,7 +243,7 @@ def encode_response(response: FetchResponse) -> list[bytes]:
             if topic.kind != DIVERGING:
                 parts.append(_U32.pack(len(topic.boundaries)))
                 parts += [_BOUNDARY.pack(epoch, start) for epoch, start in topic.boundaries]
-            if topic.kind == FRAMES:
+            if topic.kind in (FRAMES, GAP):
                 parts.append(_FRAMES_HEAD.pack(topic.first, topic.count, sum(map(len, topic.frames))))
                 parts += topic.frames
             elif topic.kind == DIVERGING:
@@ -334,10 +338,10 @@ def decode_response(data: bytes) -> FetchResponse:
             name = reader.string("topic")
             kind, high_watermark, start = reader.take(_TOPIC_HEAD, "topic")
             topic = TopicData(name, kind, high_watermark, start)
-            if kind in (FRAMES, RESTART):
+            if kind in (FRAMES, RESTART, GAP):
                 (boundaries,) = reader.take(_U32, "boundaries")
                 topic.boundaries = [reader.take(_BOUNDARY, "boundary") for _ in range(boundaries)]
-            if kind == FRAMES:
+            if kind in (FRAMES, GAP):
                 topic.first, topic.count, length = reader.take(_FRAMES_HEAD, "frames")
                 topic.frames = [reader.raw(length, "frames")] if length else []
             elif kind == DIVERGING:

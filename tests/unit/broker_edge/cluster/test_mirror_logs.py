@@ -16,7 +16,7 @@ from broker_edge.cluster.links.member_api import bind_members_endpoint, serve_me
 from broker_edge.cluster.links.member_clients import MemberClients
 from broker_edge.cluster.mirror_logs import ClusterMirrorLogs
 from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
-from broker_edge.cluster.replication.replica_fetch import FetchRequest, PartitionFetch, TopicPosition
+from broker_edge.cluster.replication.replica_fetch import GAP, FetchRequest, PartitionFetch, TopicPosition
 from broker_edge.cluster.view import ClusterView, Member, PartitionState
 from broker_edge.engine.mirror_logs import MirrorRefused, frames_end
 from broker_edge.settings.cluster import MemberListenConfig
@@ -116,6 +116,38 @@ def test_the_leader_answers_only_once_every_in_sync_replica_holds_the_frames(tmp
             assert b1.store.read_frames(TOPIC, 0, 1 << 20) == site.read_frames("telemetry/a", 0, 1 << 20)
             again = await asyncio.wait_for(b1.mirror.append(TOPIC, 2, 3, frames[len(frames) // 2 :]), 2)
             assert (again.records, again.duplicates, again.end) == (0, 3, 5)  # the ACK was lost: skipped
+
+    try:
+        run(body)
+    finally:
+        site.close()
+
+
+def test_a_gap_is_replicated_as_a_gap_and_answered_once_the_replicas_hold_what_follows(
+    tmp_path: Path,
+) -> None:
+    frames, site = site_frames(tmp_path, 8)
+    view = memoryview(frames)
+    three, six = frames_end(view, 3), frames_end(view, 6)
+
+    async def body() -> None:
+        async with member(tmp_path, "b1", "b1", ("b1", "b2"), 2) as b1:
+            appending = asyncio.create_task(b1.mirror.append(TOPIC, 0, 3, frames[:three]))
+            await asyncio.sleep(0.05)
+            first = await b1.leader.fetch(fetch("b2", 0, 0))
+            await b1.leader.fetch(fetch("b2", first.session, 3))
+            assert (await appending).end == 3
+            appending = asyncio.create_task(b1.mirror.append(TOPIC, 6, 2, frames[six:]))  # 3-5: retention
+            await asyncio.sleep(0.05)
+            answer = await b1.leader.fetch(fetch("b2", first.session, 3))
+            sent = [(t.kind, t.first, t.count) for p in answer.partitions for t in p.topics]
+            assert sent == [(GAP, 6, 2)]
+            assert b"".join(answer.partitions[0].topics[0].frames) == frames[six:]
+            await asyncio.sleep(0.05)
+            assert not appending.done()
+            await b1.leader.fetch(fetch("b2", first.session, 8))
+            appended = await asyncio.wait_for(appending, 2)
+            assert (appended.gap, appended.records, appended.end) == ((3, 6), 2, 8)
 
     try:
         run(body)

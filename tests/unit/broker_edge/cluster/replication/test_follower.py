@@ -18,6 +18,7 @@ from broker_edge.cluster.replication.leader import LeaderConfig
 from broker_edge.cluster.replication.replica_fetch import (
     DIVERGING,
     FRAMES,
+    GAP,
     OK,
     RESTART,
     FetchResponse,
@@ -25,7 +26,7 @@ from broker_edge.cluster.replication.replica_fetch import (
     TopicData,
 )
 from broker_edge.cluster.view import ClusterView
-from broker_edge.storage import LogStore, StorageConfig
+from broker_edge.storage import CorruptRecord, LogStore, StorageConfig
 
 
 def test_a_diverged_tail_is_cut_where_the_common_epoch_ends_on_either_side(tmp_path: Path) -> None:
@@ -155,5 +156,46 @@ def test_a_watermark_that_comes_before_its_records_are_durable_is_committed_once
         assert fetcher._waiting_watermarks == {}
         leader.close()
         store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_gap_in_the_leaders_log_is_a_gap_in_the_copy_at_the_same_offsets(tmp_path: Path) -> None:
+    """A mirror's gap (``append_frames``' ``at``, docs/uplink.md) travels as ``GAP``: the copy goes on at
+    the leader's offset, the records on both sides byte for byte, the gap missing here too."""
+
+    async def scenario() -> None:
+        source = LogStore(tmp_path / "source", StorageConfig(durability="none"))
+        source.open()
+        source.append_batch("t", [(b"x", 1, False, "c", (), None, None, None, None, None)] * 8)
+        await source.wait_durable()
+        leader = LogStore(tmp_path / "leader", StorageConfig(durability="none"))
+        leader.open()
+        before, _ = source.read_frames("t", 0, 1 << 20, 3)
+        after, _ = source.read_frames("t", 6, 1 << 20)
+        leader.append_frames("t", b"".join(before))
+        leader.append_frames("t", b"".join(after), at=6)
+        await leader.wait_durable()
+        assert leader.next_held("t", 3) == 6 and leader.next_held("t", 2) == 2
+        store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
+        store.open()
+        followers = Followers(ClusterView("b2", 1), store, LocalDelivery(store, lambda _m: None, None), None)
+        fetcher = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 1}, observer=False)
+
+        def answer(data: TopicData) -> FetchResponse:
+            return FetchResponse(1, OK, [PartitionData(0, OK, 1, [data])])
+
+        fetcher.apply(answer(TopicData("t", FRAMES, 3, 0, first=0, count=3, frames=before)))
+        fetcher.apply(answer(TopicData("t", GAP, 8, 0, first=6, count=2, frames=after)))
+        await store.wait_durable()
+        fetcher.commit([("t", 8)])
+        assert store.durable_end("t") == store.committed_end("t") == 8
+        assert store.read_frames("t", 0, 1 << 20) == leader.read_frames("t", 0, 1 << 20)
+        assert store.read_frames("t", 6, 1 << 20) == leader.read_frames("t", 6, 1 << 20)
+        with pytest.raises(CorruptRecord) as missing:
+            store.read("t", 4)
+        assert missing.value.next_offset == 6
+        for opened in (source, leader, store):
+            opened.close()
 
     asyncio.run(scenario())
