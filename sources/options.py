@@ -309,7 +309,9 @@ def _choice(options: Mapping[str, str], name: str, choices: tuple[str, ...]) -> 
 def _parse_sites(options: Mapping[str, str], bootstrap: tuple[str, ...]) -> bool:
     sites = _bool(options, "sites", default=False)
     if sites and bootstrap:
-        raise SourceOptionError("sites", "hubs are brokers alone: name them in brokers, not bootstrapServers")
+        raise SourceOptionError(
+            "sites", "sites are read from a hub named in brokers; from a cluster it is not built yet"
+        )
     return sites
 
 

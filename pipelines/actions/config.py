@@ -68,7 +68,7 @@ class ActionsConfig:
         if self.backend not in ("auto", "delta-rs", "native"):
             raise ConfigError("backend", f"expected auto, delta-rs or native, got {self.backend!r}")
         if self.sites and self.cluster:
-            raise ConfigError("sites", "an uplink hub is a broker alone, not a cluster's member")
+            raise ConfigError("sites", "sites are read from a hub in brokers; from a cluster: not built yet")
         filters = [f.strip() for f in self.status_topics.split(",")]
         for topic_filter in filters:
             try:

@@ -43,7 +43,7 @@ def test_a_device_reports_on_its_buckets_report_topic_which_the_job_reads_with_t
     assert ActionsConfig().status_topics.split(",") == [REPORT_TOPICS, "devices/+/actions"]
 
 
-def test_a_hub_read_for_its_sites_reports_is_no_cluster_member() -> None:
+def test_sites_reports_are_read_from_a_hub_in_brokers_not_from_a_cluster_yet() -> None:
     from broker_edge.config import ConfigError
     from pipelines.actions.job import validate
 
