@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from broker_edge.engine.mirror_logs import MirrorAppend, MirrorRefused, append_mirrored
+from broker_edge.engine.mirror_logs import DurableTogether, MirrorAppend, MirrorRefused, append_mirrored
 from broker_edge.engine.ports import AppendedRun
 from broker_edge.storage import InvalidRecord
 
@@ -84,6 +84,7 @@ class ClusterMirrorLogs:
         self.refusal = refusal
         self.clients = clients
         self.timeout_s = timeout_s
+        self.durable = DurableTogether(store)
 
     # -- the port ------------------------------------------------------------------------------------------
 
@@ -143,7 +144,7 @@ class ClusterMirrorLogs:
         if refusal is not None:
             raise _NotHere(refusal)
         appended = append_mirrored(self.store, topic, first, count, frames)
-        await self.store.wait_durable()
+        await self.durable.wait()
         replicated: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def done() -> None:

@@ -14,6 +14,7 @@ acknowledges once the in-sync replicas hold them (``broker_edge.cluster.mirror_l
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,14 @@ from broker_edge.storage.record import PREFIX, PREFIX_SIZE
 if TYPE_CHECKING:
     from broker_edge.storage import LogStore
 
-__all__ = ["LocalMirrorLogs", "MirrorAppend", "MirrorRefused", "append_mirrored", "frames_end"]
+__all__ = [
+    "DurableTogether",
+    "LocalMirrorLogs",
+    "MirrorAppend",
+    "MirrorRefused",
+    "append_mirrored",
+    "frames_end",
+]
 
 
 class MirrorRefused(Exception):
@@ -80,15 +88,37 @@ def frames_end(chunk: memoryview, count: int) -> int:
     return position
 
 
+class DurableTogether:
+    """Waits for durability shared by the appends of one turn of the event loop: a batch's topics, appended
+    one by one and each waiting, cost one cut of the group commit (``LogStore.wait_durable``), not one
+    each."""
+
+    def __init__(self, store: LogStore) -> None:
+        self.store = store
+        self._cut: asyncio.Future[None] | None = None
+
+    async def wait(self) -> None:
+        """Return once everything appended before this call is durable."""
+        if self._cut is None:
+            self._cut = asyncio.ensure_future(self._cut_soon())
+        await asyncio.shield(self._cut)
+
+    async def _cut_soon(self) -> None:
+        await asyncio.sleep(0)  # the other appends of this turn join
+        self._cut = None  # appends from now on wait for the next cut
+        await self.store.wait_durable()
+
+
 class LocalMirrorLogs:
     """The ``mirror_logs`` port of a broker alone: appended here, acknowledged once durable here."""
 
     def __init__(self, store: LogStore) -> None:
         self.store = store
+        self.durable = DurableTogether(store)
 
     async def append(self, topic: str, first: int, count: int, frames: bytes | memoryview) -> MirrorAppend:
         appended = append_mirrored(self.store, topic, first, count, frames)
-        await self.store.wait_durable()
+        await self.durable.wait()
         appended.end = self.store.durable_end(topic)
         return appended
 

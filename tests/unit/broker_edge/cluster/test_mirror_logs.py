@@ -5,10 +5,11 @@ loopback) by a member that does not lead, and the ends taken from the leader."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,7 +94,7 @@ def introduce(*members: Node) -> None:
             one.view.members[other.view.node_id] = other.view.members[other.view.node_id]
 
 
-def run(body: Callable[[], Awaitable[None]]) -> None:
+def run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(body())
 
 
