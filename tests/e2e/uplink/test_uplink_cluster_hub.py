@@ -1,12 +1,17 @@
-"""A hub that is a cluster of three brokers (etcd, replication factor 3) loses the leader of its site's logs
-under continuous telemetry: afterwards every surviving replica holds every record the devices had
-acknowledged, at the site's offsets, byte for byte with the site's log, none twice."""
+"""A hub that is a cluster of three brokers (etcd, replication factor 3).
+
+- It loses the leader of its site's logs under continuous telemetry: afterwards every surviving replica
+  holds every record the devices had acknowledged, at the site's offsets, byte for byte with the site's
+  log, none twice.
+- A site's retention gap: every replica holds the same gap at the same offsets, and the records on both
+  sides of it byte for byte."""
 
 from __future__ import annotations
 
 import json
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +26,19 @@ from broker_edge.runtime.local_cluster import (
     cluster_state,
     wait_settled,
 )
+from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.uplink import site_topic
-from broker_edge.storage import LogStore, StorageConfig
+from broker_edge.storage import CorruptRecord, LogStore, StorageConfig
 from tests.e2e.broker_clients import wait_for
-from tests.e2e.uplink.uplink_harness import Telemetry, hub_section, log_frames, pki_in, site_section
+from tests.e2e.conftest import RunningBroker
+from tests.e2e.uplink.uplink_harness import (
+    Telemetry,
+    WanRelay,
+    hub_section,
+    log_frames,
+    pki_in,
+    site_section,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,6 +46,45 @@ SITE = "plant-c"
 NODES = ("h1", "h2", "h3")
 PARTITIONS = 16
 TOPIC_COUNT = 4
+
+
+def hub_cluster(
+    tmp_path: Path, pki: LocalPki
+) -> tuple[EtcdServer, EtcdTarget, dict[str, int], dict[str, BrokerProcess]]:
+    """etcd and the hub's members, started and settled (every partition with three in-sync replicas), each
+    with its ``uplink_hub`` port; the caller kills them."""
+    etcd = EtcdServer(tmp_path / "etcd").start()
+    target = EtcdTarget(etcd, "/timestone")
+    ports = {node: free_port() for node in NODES}
+    hubs = {
+        node: cluster_broker(
+            tmp_path,
+            target,
+            node,
+            {"lease_ttl_s": 2, "replication_factor": 3},
+            uplink_hub=hub_section(pki, port=ports[node]),
+        )
+        for node in NODES
+    }
+    try:
+        for hub in hubs.values():
+            hub.start()
+        wait_settled(target, set(NODES), 3)
+    except BaseException:
+        for hub in hubs.values():
+            hub.kill()
+        etcd.kill()
+        raise
+    return etcd, target, ports, hubs
+
+
+def hub_url(port: int) -> str:
+    return f"wss://127.0.0.1:{port}/v1/uplink"
+
+
+def member_store(tmp_path: Path, node: str) -> LogStore:
+    """A stopped member's store, opened as the member lays it out (a storage partition per cluster one)."""
+    return LogStore(tmp_path / node / "data", StorageConfig(partitions=PARTITIONS))
 
 
 def led_by(target: EtcdTarget, node: str) -> list[str]:
@@ -58,34 +111,23 @@ def payloads(store: LogStore, topics: list[str]) -> list[bytes]:
     ]
 
 
+@pytest.mark.parametrize("connected_to", ["leader", "follower"])
 def test_a_cluster_hub_losing_the_leader_of_a_sites_logs_holds_every_acknowledged_record_once(
-    tmp_path: Path,
+    tmp_path: Path, connected_to: str
 ) -> None:
+    """``leader``: the site is connected to the member it loses (it fails over to another); ``follower``:
+    to a member that hands its batches to the leader, and goes on to hand them to the next one."""
     pki = pki_in(tmp_path)
-    etcd = EtcdServer(tmp_path / "etcd").start()
-    target = EtcdTarget(etcd, "/timestone")
-    ports = {node: free_port() for node in NODES}
-    hubs = {
-        node: cluster_broker(
-            tmp_path,
-            target,
-            node,
-            {"lease_ttl_s": 2, "replication_factor": 3},
-            uplink_hub=hub_section(pki, port=ports[node]),
-        )
-        for node in NODES
-    }
+    etcd, target, ports, hubs = hub_cluster(tmp_path, pki)
     site: BrokerProcess | None = None  # configured once the hub's leaders are known
     try:
-        for hub in hubs.values():
-            hub.start()
-        wait_settled(target, set(NODES), 3)
         victim = NODES[0]
         topics = led_by(target, victim)
         assert len(topics) == TOPIC_COUNT
         others = [node for node in NODES if node != victim]
-        uplink = site_section(pki, SITE, ports[victim])  # the leader first: the site is on it when it dies
-        uplink["hubs"] = [f"wss://127.0.0.1:{ports[node]}/v1/uplink" for node in (victim, *others)]
+        order = [victim, *others] if connected_to == "leader" else [others[0], victim, others[1]]
+        uplink = site_section(pki, SITE, ports[order[0]])
+        uplink["hubs"] = [hub_url(ports[node]) for node in order]
         site = running_site = BrokerProcess(tmp_path / "site", uplink=uplink).start()
         telemetry = Telemetry(site.port, topics)
         try:
@@ -106,7 +148,7 @@ def test_a_cluster_hub_losing_the_leader_of_a_sites_logs_holds_every_acknowledge
 
         assert wait_for(caught_up, timeout=30), status
         recovered_s = time.monotonic() - killed_at
-        assert status["hub"] != uplink["hubs"][0]  # it failed over to another member
+        assert status["hub"] != hub_url(ports[victim])  # on a survivor now
         site.stop()
         for node in others:
             hubs[node].stop()
@@ -123,13 +165,69 @@ def test_a_cluster_hub_losing_the_leader_of_a_sites_logs_holds_every_acknowledge
     assert set(telemetry.acknowledged) <= set(site_payloads)
     assert len(site_payloads) == len(set(site_payloads))
     for node in others:  # every surviving replica: the site's logs, offset for offset, byte for byte
-        with LogStore(tmp_path / node / "data", StorageConfig(partitions=PARTITIONS)) as store:
+        with member_store(tmp_path, node) as store:
             hub_topics = [site_topic(SITE, topic) for topic in topics]
             assert [log_frames(store, topic) for topic in hub_topics] == site_logs, node
             held = payloads(store, hub_topics)
         assert set(telemetry.acknowledged) <= set(held), node
         assert len(held) == len(set(held)), node
     print(
-        f"\n{len(telemetry.acknowledged)} acknowledged, {len(site_payloads)} on the site; "
-        f"the site caught up {recovered_s:.1f} s after the leader was killed"
+        f"\nconnected to the {connected_to}: {len(telemetry.acknowledged)} acknowledged, "
+        f"{len(site_payloads)} on the site; caught up {recovered_s:.1f} s after the leader was killed"
     )
+
+
+def test_a_sites_retention_gap_is_the_same_gap_on_every_replica_of_a_cluster_hub(
+    brokers: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    pki = pki_in(tmp_path)
+    etcd, _target, ports, hubs = hub_cluster(tmp_path, pki)
+    wan = WanRelay(ports[NODES[1]])
+    topic = "telemetry/gap"
+    try:
+        storage = {"retention_ms": 3000, "retention_interval_s": 0.2, "segment_bytes": 1024}
+        uplink = site_section(pki, SITE, wan.port)
+        site = brokers("site", storage=storage, uplink=uplink)
+        site_store = site.broker.store
+        link = site.broker.site_link
+        assert site_store is not None and link is not None
+
+        def publish(first: int, count: int) -> None:
+            def send() -> None:
+                for n in range(first, first + count):
+                    site.broker.publish(topic, f"r{n}".encode().ljust(100), qos=1)
+
+            site.call(send)
+
+        def caught_up() -> bool:
+            return bool(site.call(lambda: link.connected and link.lag()[0] == 0))
+
+        publish(0, 10)
+        assert wait_for(lambda: site.call(lambda: link.hub_ends.get(topic)) == 10, timeout=30)
+        before_gap = b"".join(site.call(lambda: site_store.read_frames(topic, 0, 1 << 20))[0])
+        wan.cut(down=True)  # records 10.. wait on the site, and its retention deletes them
+        publish(10, 20)
+        site.call(lambda: site.broker.publish("telemetry/roll", b"x" * 1024, qos=1))  # rolls 10..29's segment
+        assert wait_for(lambda: site.call(lambda: site_store.start_offset(topic)) >= 30, timeout=15)
+        lost_end = site.call(lambda: site_store.start_offset(topic))
+        publish(30, 10)
+        wan.heal()
+        assert wait_for(caught_up, timeout=30)
+        assert site.call(lambda: link.hub_ends[topic]) == 40
+        after_gap = site.call(lambda: site_store.read_frames(topic, lost_end, 1 << 20))
+        for hub in hubs.values():
+            hub.stop()
+    finally:
+        wan.close()
+        for hub in hubs.values():
+            hub.kill()
+        etcd.kill()
+
+    hub_topic = site_topic(SITE, topic)
+    for node in NODES:  # every replica: the records before the gap, the gap, the records after it
+        with member_store(tmp_path, node) as store:
+            assert log_frames(store, hub_topic) == (0, 40, before_gap), node
+            with pytest.raises(CorruptRecord) as lost:
+                store.read(hub_topic, 10)
+            assert lost.value.next_offset == lost_end, node
+            assert store.read_frames(hub_topic, lost_end, 1 << 20) == after_gap, node
