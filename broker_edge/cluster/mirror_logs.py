@@ -3,14 +3,15 @@ leader of their log's partition, verbatim at the sender's offsets, and acknowled
 replicas hold them.
 
 Any member takes a site's uplink. Each topic of a batch goes to the leader of its partition: appended here
-when this member leads it, else handed to the leader over the members' endpoint (``POST /v1/mirror/append``:
-the frames as they are, with their first offset and count). Forwarding MQTT publishes is no use here: the
-leader would give them offsets of its own. The leader applies ``append_mirrored`` (what it holds is
-skipped, frames past its end leave a gap), waits until they are durable, then until its ``Replication``
-stage says every in-sync replica holds the log up to its end (acks=all with ``min_insync_replicas``), and
-answers with the log's committed end. A member that does not lead the partition answers 409, and the
-sender asks the leader it learns of next; while there is none (an election) it waits, up to ``timeout_s``,
-then refuses (``MirrorRefused``): the hub tells the site, which sends again from the ends it is given next.
+when this member leads it, else handed to the leader over the members' endpoint (``POST /v1/mirror/append``,
+one request per leader and batch: the frames as they are, with each topic's first offset and count,
+``encode_parts``). Forwarding MQTT publishes is no use here: the leader would give them offsets of its own.
+The leader applies ``append_mirrored`` (what it holds is skipped, frames past its end leave a gap), waits
+until they are durable, then until its ``Replication`` stage says every in-sync replica holds each log up to
+its end (acks=all with ``min_insync_replicas``), and answers with the logs' committed ends. A member that
+does not lead a partition answers 409, and the sender asks the leader it learns of next; while there is
+none (an election) it waits, up to ``timeout_s``, then refuses (``MirrorRefused``): the hub tells the
+site, which sends again from the ends it is given next.
 
 ``ends`` is the committed end of each of the logs under a prefix, as its partition's leader has it: every
 member lists the logs it holds (``GET /v1/mirror/ends``), with their committed ends for the partitions it
@@ -21,12 +22,15 @@ leader's tail that was not replicated, and that its successor truncated, is sent
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from typing import TYPE_CHECKING
+import struct
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from broker_edge.engine.mirror_logs import DurableTogether, MirrorAppend, MirrorRefused, append_mirrored
+from broker_edge.engine.mirror_logs import MirrorAppend, MirrorPart, MirrorRefused, append_mirrored
 from broker_edge.engine.ports import AppendedRun
 from broker_edge.storage import InvalidRecord
 
@@ -51,6 +55,7 @@ RETRY_S = 0.05
 REQUEST_TIMEOUT_S = 10.0
 """Bound of one request to another member (an append waits for replication there)."""
 MAX_BODY_BYTES = 64 * 1024 * 1024
+_HEADER = struct.Struct(">I")
 NOT_LEADER = 409
 INVALID_FRAMES = 400
 
@@ -84,32 +89,61 @@ class ClusterMirrorLogs:
         self.refusal = refusal
         self.clients = clients
         self.timeout_s = timeout_s
-        self.durable = DurableTogether(store)
 
     # -- the port ------------------------------------------------------------------------------------------
 
-    async def append(self, topic: str, first: int, count: int, frames: bytes | memoryview) -> MirrorAppend:
+    async def append(self, parts: Sequence[MirrorPart]) -> list[MirrorAppend]:
+        """Each leader gets its parts of the batch in one go (this member's own in one append and one wait
+        for replication); parts refused ("not the leader", none known, no answer) go again to the leaders
+        known then, until ``timeout_s``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
-        body = bytes(frames)
+        results: list[MirrorAppend | None] = [None] * len(parts)
+        waiting = list(range(len(parts)))
         while True:
-            view = self.view
-            partition = view.partition_of(topic)
-            state = view.states.get(partition)
-            leader = state.leader if state is not None else None
-            try:
-                if leader == view.node_id:
-                    return await self.append_here(topic, first, count, body)
-                if leader is not None and leader in view.members and not view.fenced:
-                    return await self._append_at(leader, topic, first, count, body)
-                reason = "this member is fenced" if view.fenced else f"no leader for partition {partition}"
-            except _NotHere as refused:
-                reason = str(refused)
-            except (aiohttp.ClientError, OSError, TimeoutError) as error:
-                reason = f"{leader} did not answer: {error or type(error).__name__}"
+            groups: dict[str | None, list[int]] = {}
+            for index in waiting:
+                groups.setdefault(self._leader_of(parts[index].topic), []).append(index)
+            outcomes = await asyncio.gather(
+                *(self._append_group(leader, [parts[i] for i in group]) for leader, group in groups.items()),
+                return_exceptions=True,
+            )
+            waiting = []
+            reason = ""
+            for (leader, group), outcome in zip(groups.items(), outcomes, strict=True):
+                if isinstance(outcome, _NotHere | aiohttp.ClientError | OSError | TimeoutError):
+                    waiting += group
+                    reason = str(outcome) or f"{leader} did not answer ({type(outcome).__name__})"
+                elif isinstance(outcome, BaseException):
+                    raise outcome  # InvalidRecord: the sender's frames are bad
+                else:
+                    for index, appended in zip(group, outcome, strict=True):
+                        results[index] = appended
+            if not waiting:
+                return [result for result in results if result is not None]
             if loop.time() >= deadline:
+                topic = parts[waiting[0]].topic
                 raise MirrorRefused(f"{topic!r} not acknowledged within {self.timeout_s:.0f} s: {reason}")
             await asyncio.sleep(RETRY_S)
+
+    def _leader_of(self, topic: str) -> str | None:
+        """The member leading ``topic``'s partition, as this member knows it (None: none, or fenced)."""
+        view = self.view
+        state = view.states.get(view.partition_of(topic))
+        leader = state.leader if state is not None else None
+        if view.fenced or leader is None or (leader != view.node_id and leader not in view.members):
+            return None
+        return leader
+
+    async def _append_group(self, leader: str | None, parts: list[MirrorPart]) -> list[MirrorAppend]:
+        if leader is None:
+            partition = self.view.partition_of(parts[0].topic)
+            raise _NotHere(
+                "this member is fenced" if self.view.fenced else f"no leader for partition {partition}"
+            )
+        if leader == self.view.node_id:
+            return await self.append_here(parts)
+        return await self._append_at(leader, parts)
 
     async def ends(self, prefix: str) -> dict[str, int]:
         loop = asyncio.get_running_loop()
@@ -138,13 +172,16 @@ class ClusterMirrorLogs:
 
     # -- on the leader -------------------------------------------------------------------------------------
 
-    async def append_here(self, topic: str, first: int, count: int, frames: bytes) -> MirrorAppend:
-        """Append on this member, which leads the partition of ``topic``; return once replicated."""
-        refusal = self.refusal(topic)
-        if refusal is not None:
-            raise _NotHere(refusal)
-        appended = append_mirrored(self.store, topic, first, count, frames)
-        await self.durable.wait()
+    async def append_here(self, parts: Sequence[MirrorPart]) -> list[MirrorAppend]:
+        """Append ``parts`` on this member, which leads their partitions; return once replicated (all of
+        them, or ``_NotHere`` with nothing appended when one partition is not led here now)."""
+        for part in parts:
+            refusal = self.refusal(part.topic)
+            if refusal is not None:
+                raise _NotHere(refusal)
+        store = self.store
+        appended = [append_mirrored(store, part.topic, part.first, part.count, part.frames) for part in parts]
+        await store.wait_durable()
         replicated: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def done() -> None:
@@ -155,13 +192,17 @@ class ClusterMirrorLogs:
             if not replicated.done():
                 replicated.set_exception(_NotHere(str(error)))
 
-        run = AppendedRun(topic, appended.first, frames=appended.records)
-        self.replication.when_replicated([run], done, failed)
+        runs = [
+            AppendedRun(part.topic, result.first, frames=result.records)
+            for part, result in zip(parts, appended, strict=True)
+        ]
+        self.replication.when_replicated(runs, done, failed)
         try:
             await asyncio.wait_for(replicated, REQUEST_TIMEOUT_S)
         except TimeoutError:
-            raise _NotHere(f"{topic!r} not replicated within {REQUEST_TIMEOUT_S:.0f} s") from None
-        appended.end = self.store.committed_end(topic)
+            raise _NotHere(f"not replicated within {REQUEST_TIMEOUT_S:.0f} s") from None
+        for part, result in zip(parts, appended, strict=True):
+            result.end = store.committed_end(part.topic)
         return appended
 
     def led_ends(self, prefix: str) -> dict[str, tuple[int, bool]]:
@@ -174,11 +215,10 @@ class ClusterMirrorLogs:
 
     # -- other members -------------------------------------------------------------------------------------
 
-    async def _append_at(self, node: str, topic: str, first: int, count: int, frames: bytes) -> MirrorAppend:
-        params = {"topic": topic, "first": str(first), "count": str(count)}
+    async def _append_at(self, node: str, parts: list[MirrorPart]) -> list[MirrorAppend]:
         timeout = aiohttp.ClientTimeout(total=2 * REQUEST_TIMEOUT_S)
         async with self.clients.session(node).post(
-            self._url(node, APPEND_PATH), params=params, data=frames, timeout=timeout
+            self._url(node, APPEND_PATH), data=encode_parts(parts), timeout=timeout
         ) as answer:
             body = await answer.json(content_type=None)
         if answer.status == NOT_LEADER:
@@ -189,14 +229,7 @@ class ClusterMirrorLogs:
             raise aiohttp.ClientResponseError(
                 answer.request_info, (), status=answer.status, message=str(body.get("message", body))
             )
-        gap = body.get("gap")
-        return MirrorAppend(
-            int(body["first"]),
-            int(body["records"]),
-            int(body["duplicates"]),
-            (int(gap[0]), int(gap[1])) if gap else None,
-            int(body["end"]),
-        )
+        return [_appended_of(item) for item in body["appended"]]
 
     async def _ends_of(self, node: str, prefix: str) -> dict[str, tuple[int, bool]] | None:
         """What ``node`` holds under ``prefix`` (None: it did not answer)."""
@@ -241,29 +274,18 @@ class ClusterMirrorLogs:
             length = request.content_length
             if length is None or length > MAX_BODY_BYTES:
                 return _error(413, "too_large", f"the body must have a length of at most {MAX_BODY_BYTES}")
-            try:
-                topic = request.query["topic"]
-                first = int(request.query["first"])
-                count = int(request.query["count"])
-            except (KeyError, ValueError) as error:
-                return _error(400, "bad_request", f"topic, first and count are required: {error!r}")
             hold(request, length)
-            frames = await request.content.readexactly(length)
             try:
-                appended = await self.append_here(topic, first, count, frames)
+                parts = decode_parts(await request.content.readexactly(length))
+            except (ValueError, asyncio.IncompleteReadError) as error:
+                return _error(400, "bad_request", f"not a batch of frames: {error}")
+            try:
+                appended = await self.append_here(parts)
             except _NotHere as refused:
                 return _error(NOT_LEADER, "not_leader", str(refused))
             except InvalidRecord as error:
                 return _error(INVALID_FRAMES, "invalid_frames", str(error))
-            return web.json_response(
-                {
-                    "first": appended.first,
-                    "records": appended.records,
-                    "duplicates": appended.duplicates,
-                    "gap": list(appended.gap) if appended.gap is not None else None,
-                    "end": appended.end,
-                }
-            )
+            return web.json_response({"appended": [_json_of(result) for result in appended]})
 
         async def ends(request: web.Request) -> web.Response:
             member_of(request)
@@ -273,6 +295,48 @@ class ClusterMirrorLogs:
 
         app.router.add_post(APPEND_PATH, append)
         app.router.add_get(ENDS_PATH, ends)
+
+
+def encode_parts(parts: Sequence[MirrorPart]) -> bytes:
+    """A leader's parts of a batch as one request body: the length of a JSON header (u32, big endian), the
+    header ``[[topic, first, count, size], ...]``, then every part's frames in order."""
+    header = json.dumps([[part.topic, part.first, part.count, len(part.frames)] for part in parts]).encode()
+    return b"".join([_HEADER.pack(len(header)), header, *(bytes(part.frames) for part in parts)])
+
+
+def decode_parts(body: bytes) -> list[MirrorPart]:
+    """The parts of a request body (``encode_parts``); ``ValueError`` naming what does not add up."""
+    if len(body) < _HEADER.size:
+        raise ValueError("no header")
+    (length,) = _HEADER.unpack_from(body)
+    start = _HEADER.size + length
+    try:
+        header = json.loads(body[_HEADER.size : start])
+        described = [(str(topic), int(first), int(count), int(size)) for topic, first, count, size in header]
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"bad header: {error}") from None
+    if start + sum(size for *_, size in described) != len(body):
+        raise ValueError("the sizes do not add up to the frames")
+    view = memoryview(body)
+    parts = []
+    for topic, first, count, size in described:
+        if first < 0 or count < 1 or size < 1:
+            raise ValueError(f"{topic!r}: first {first}, count {count}, size {size}")
+        parts.append(MirrorPart(topic, first, count, view[start : start + size]))
+        start += size
+    return parts
+
+
+def _json_of(appended: MirrorAppend) -> list[object]:
+    gap = appended.gap
+    return [appended.first, appended.records, appended.duplicates, gap and list(gap), appended.end]
+
+
+def _appended_of(item: list[Any]) -> MirrorAppend:
+    first, records, duplicates, gap, end = item
+    return MirrorAppend(
+        int(first), int(records), int(duplicates), (int(gap[0]), int(gap[1])) if gap else None, int(end)
+    )
 
 
 def _error(status: int, code: str, message: str) -> web.Response:

@@ -14,7 +14,7 @@ acknowledges once the in-sync replicas hold them (``broker_edge.cluster.mirror_l
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,9 +25,9 @@ if TYPE_CHECKING:
     from broker_edge.storage import LogStore
 
 __all__ = [
-    "DurableTogether",
     "LocalMirrorLogs",
     "MirrorAppend",
+    "MirrorPart",
     "MirrorRefused",
     "append_mirrored",
     "frames_end",
@@ -37,6 +37,16 @@ __all__ = [
 class MirrorRefused(Exception):
     """Frames that cannot be acknowledged now (no leader for their partition, too few in-sync replicas,
     leadership moved): nothing is lost, the sender sends them again from the ends it is given next."""
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorPart:
+    """One log's part of a batch: ``count`` stored frames that start at the sender's offset ``first``."""
+
+    topic: str
+    first: int
+    count: int
+    frames: bytes | memoryview
 
 
 @dataclass(slots=True)
@@ -88,38 +98,18 @@ def frames_end(chunk: memoryview, count: int) -> int:
     return position
 
 
-class DurableTogether:
-    """Waits for durability shared by the appends of one turn of the event loop: a batch's topics, appended
-    one by one and each waiting, cost one cut of the group commit (``LogStore.wait_durable``), not one
-    each."""
-
-    def __init__(self, store: LogStore) -> None:
-        self.store = store
-        self._cut: asyncio.Future[None] | None = None
-
-    async def wait(self) -> None:
-        """Return once everything appended before this call is durable."""
-        if self._cut is None:
-            self._cut = asyncio.ensure_future(self._cut_soon())
-        await asyncio.shield(self._cut)
-
-    async def _cut_soon(self) -> None:
-        await asyncio.sleep(0)  # the other appends of this turn join
-        self._cut = None  # appends from now on wait for the next cut
-        await self.store.wait_durable()
-
-
 class LocalMirrorLogs:
     """The ``mirror_logs`` port of a broker alone: appended here, acknowledged once durable here."""
 
     def __init__(self, store: LogStore) -> None:
         self.store = store
-        self.durable = DurableTogether(store)
 
-    async def append(self, topic: str, first: int, count: int, frames: bytes | memoryview) -> MirrorAppend:
-        appended = append_mirrored(self.store, topic, first, count, frames)
-        await self.durable.wait()
-        appended.end = self.store.durable_end(topic)
+    async def append(self, parts: Sequence[MirrorPart]) -> list[MirrorAppend]:
+        store = self.store
+        appended = [append_mirrored(store, part.topic, part.first, part.count, part.frames) for part in parts]
+        await store.wait_durable()  # the batch's topics together: one cut of the group commit
+        for part, result in zip(parts, appended, strict=True):
+            result.end = store.durable_end(part.topic)
         return appended
 
     async def ends(self, prefix: str) -> dict[str, int]:

@@ -53,7 +53,7 @@ from broker_edge.protocol.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
     from broker_edge.engine.message import Message
-    from broker_edge.engine.mirror_logs import MirrorAppend
+    from broker_edge.engine.mirror_logs import MirrorAppend, MirrorPart
     from broker_edge.engine.sessions.session import Session
     from broker_edge.protocol.packets import Will
     from broker_edge.protocol.topics import OffsetStart
@@ -293,10 +293,11 @@ class RemoteStarts(Protocol):
 class MirrorLogs(Protocol):
     """Logs holding another broker's records at its offsets (``broker_edge.engine.mirror_logs``)."""
 
-    async def append(self, topic: str, first: int, count: int, frames: bytes | memoryview) -> MirrorAppend:
-        """Append ``count`` stored frames of ``topic`` starting at offset ``first`` (``append_mirrored``)
-        where the log is written, and return once they are acknowledged (``end``: the log's acknowledged
-        end). ``InvalidRecord``: bad frames, nothing appended; ``MirrorRefused``: not acknowledged now."""
+    async def append(self, parts: Sequence[MirrorPart]) -> list[MirrorAppend]:
+        """Append each part (``append_mirrored``) where its log is written, and return once every one is
+        acknowledged, in order (``end``: the log's acknowledged end). ``InvalidRecord``: bad frames, that
+        part appends nothing; ``MirrorRefused``: not acknowledged now. Parts appended before either stay:
+        whole, at their offsets, and skipped when sent again."""
 
     async def ends(self, prefix: str) -> dict[str, int]:
         """The acknowledged end of every log whose topic starts with ``prefix``; ``MirrorRefused`` when

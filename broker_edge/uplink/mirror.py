@@ -12,12 +12,11 @@ returns once it is acknowledged there.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker_edge.engine.mirror_logs import MirrorAppend, append_mirrored
+from broker_edge.engine.mirror_logs import MirrorAppend, MirrorPart, append_mirrored
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import validate_topic_name
 from broker_edge.storage import InvalidRecord, LogStore
@@ -65,26 +64,21 @@ def apply_batch(store: LogStore, batch: Batch, gaps: list[Gap], local_name: Call
 async def mirror_batch(
     logs: MirrorLogs, batch: Batch, gaps: list[Gap], local_name: Callable[[str], str]
 ) -> tuple[Applied, dict[str, int]]:
-    """Append ``batch`` through ``logs``, each topic as ``local_name(topic)``, its topics at once, and
-    return once every one is acknowledged, with each topic's acknowledged end (by the batch's names).
+    """Append ``batch`` through ``logs``, each topic as ``local_name(topic)``, and return once every topic
+    is acknowledged, with each topic's acknowledged end (by the batch's names).
 
     Raises ``WireError`` as ``apply_batch`` does, or ``MirrorRefused`` when a topic is not acknowledged now
     (the others may be: whole, at their right offsets, and skipped when sent again)."""
     parts = _parts(batch)
-    results = await asyncio.gather(
-        *(logs.append(local_name(part.topic), part.first, part.count, chunk) for part, chunk in parts),
-        return_exceptions=True,
-    )
-    errors = [result for result in results if isinstance(result, BaseException)]
-    for error in errors:
-        if isinstance(error, InvalidRecord):
-            raise WireError(str(error)) from None
-    if errors:
-        raise errors[0]
+    try:
+        results = await logs.append(
+            [MirrorPart(local_name(part.topic), part.first, part.count, chunk) for part, chunk in parts]
+        )
+    except InvalidRecord as error:
+        raise WireError(str(error)) from None
     applied = Applied()
     ends: dict[str, int] = {}
     for (part, _chunk), appended in zip(parts, results, strict=True):
-        assert isinstance(appended, MirrorAppend)
         _count(applied, gaps, part.topic, appended)
         ends[part.topic] = appended.end
     return applied, ends

@@ -15,11 +15,11 @@ import pytest
 
 from broker_edge.cluster.links.member_api import bind_members_endpoint, serve_members_endpoint
 from broker_edge.cluster.links.member_clients import MemberClients
-from broker_edge.cluster.mirror_logs import ClusterMirrorLogs
+from broker_edge.cluster.mirror_logs import ClusterMirrorLogs, decode_parts, encode_parts
 from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
 from broker_edge.cluster.replication.replica_fetch import GAP, FetchRequest, PartitionFetch, TopicPosition
 from broker_edge.cluster.view import ClusterView, Member, PartitionState
-from broker_edge.engine.mirror_logs import MirrorRefused, frames_end
+from broker_edge.engine.mirror_logs import MirrorAppend, MirrorPart, MirrorRefused, frames_end
 from broker_edge.settings.cluster import MemberListenConfig
 from broker_edge.storage import InvalidRecord, LogStore, StorageConfig
 from tests.static_isr import StaticIsr
@@ -94,6 +94,11 @@ def introduce(*members: Node) -> None:
             one.view.members[other.view.node_id] = other.view.members[other.view.node_id]
 
 
+async def one(mirror: ClusterMirrorLogs, first: int, count: int, frames: bytes) -> MirrorAppend:
+    """Append ``TOPIC``'s frames alone through ``mirror``."""
+    return (await mirror.append([MirrorPart(TOPIC, first, count, frames)]))[0]
+
+
 def run(body: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(body())
 
@@ -103,7 +108,7 @@ def test_the_leader_answers_only_once_every_in_sync_replica_holds_the_frames(tmp
 
     async def body() -> None:
         async with member(tmp_path, "b1", "b1", NODES, 2) as b1:
-            appending = asyncio.create_task(b1.mirror.append(TOPIC, 0, 5, frames))
+            appending = asyncio.create_task(one(b1.mirror, 0, 5, frames))
             await asyncio.sleep(0.05)
             assert not appending.done() and b1.store.durable_end(TOPIC) == 5  # durable, not replicated
             first = await b1.leader.fetch(fetch("b2", 0, 0))
@@ -115,7 +120,8 @@ def test_the_leader_answers_only_once_every_in_sync_replica_holds_the_frames(tmp
             appended = await asyncio.wait_for(appending, 2)
             assert (appended.first, appended.records, appended.duplicates, appended.end) == (0, 5, 0, 5)
             assert b1.store.read_frames(TOPIC, 0, 1 << 20) == site.read_frames("telemetry/a", 0, 1 << 20)
-            again = await asyncio.wait_for(b1.mirror.append(TOPIC, 2, 3, frames[len(frames) // 2 :]), 2)
+            from_two = frames[frames_end(memoryview(frames), 2) :]
+            again = await asyncio.wait_for(one(b1.mirror, 2, 3, from_two), 2)
             assert (again.records, again.duplicates, again.end) == (0, 3, 5)  # the ACK was lost: skipped
 
     try:
@@ -133,12 +139,12 @@ def test_a_gap_is_replicated_as_a_gap_and_answered_once_the_replicas_hold_what_f
 
     async def body() -> None:
         async with member(tmp_path, "b1", "b1", ("b1", "b2"), 2) as b1:
-            appending = asyncio.create_task(b1.mirror.append(TOPIC, 0, 3, frames[:three]))
+            appending = asyncio.create_task(one(b1.mirror, 0, 3, frames[:three]))
             await asyncio.sleep(0.05)
             first = await b1.leader.fetch(fetch("b2", 0, 0))
             await b1.leader.fetch(fetch("b2", first.session, 3))
             assert (await appending).end == 3
-            appending = asyncio.create_task(b1.mirror.append(TOPIC, 6, 2, frames[six:]))  # 3-5: retention
+            appending = asyncio.create_task(one(b1.mirror, 6, 2, frames[six:]))  # 3-5: retention
             await asyncio.sleep(0.05)
             answer = await b1.leader.fetch(fetch("b2", first.session, 3))
             sent = [(t.kind, t.first, t.count) for p in answer.partitions for t in p.topics]
@@ -170,14 +176,19 @@ def test_a_member_that_does_not_lead_hands_the_frames_to_the_leader_and_reads_en
             introduce(b1, b2)
             b2.store.append_frames(TOPIC, frames[: frames_end(memoryview(frames), 1)])  # a stale copy here
             await b2.store.wait_durable()
-            appended = await b2.mirror.append(TOPIC, 0, 4, frames[:four])
+            appended = await one(b2.mirror, 0, 4, frames[:four])
             assert (appended.records, appended.end) == (4, 4)
             assert b1.store.read_frames(TOPIC, 0, 1 << 20) == site.read_frames("telemetry/a", 0, 1 << 20, 4)
-            assert await b2.mirror.ends("$site/p1/") == {TOPIC: 4}  # the leader's, not b2's copy
+            other = "$site/p1/telemetry/b"
+            both = await b2.mirror.append(
+                [MirrorPart(TOPIC, 0, 4, frames[:four]), MirrorPart(other, 0, 6, frames)]
+            )  # one request to the leader: the first part is held, the second new
+            assert [(a.records, a.duplicates, a.end) for a in both] == [(0, 4, 4), (6, 0, 6)]
+            assert await b2.mirror.ends("$site/p1/") == {TOPIC: 4, other: 6}  # the leader's, not b2's copy
             assert await b2.mirror.ends("$site/p2/") == {}
             damaged = frames[four:-1] + bytes([frames[-1] ^ 1])
             with pytest.raises(InvalidRecord):
-                await b2.mirror.append(TOPIC, 4, 2, damaged)
+                await one(b2.mirror, 4, 2, damaged)
             assert b1.store.durable_end(TOPIC) == 4
 
     try:
@@ -196,7 +207,7 @@ def test_no_leader_within_the_timeout_is_a_refusal_and_nothing_is_appended(tmp_p
         ):
             introduce(b1, b2)
             with pytest.raises(MirrorRefused, match="not acknowledged within"):
-                await b1.mirror.append(TOPIC, 0, 2, frames)
+                await one(b1.mirror, 0, 2, frames)
             assert TOPIC not in b1.store and TOPIC not in b2.store
             b2.store.append_frames(TOPIC, frames)  # a replica's copy, its leader gone
             b1.view.states[0] = b2.view.states[0] = PartitionState(0, None, 2, NODES, NODES)
@@ -208,3 +219,21 @@ def test_no_leader_within_the_timeout_is_a_refusal_and_nothing_is_appended(tmp_p
         run(body)
     finally:
         site.close()
+
+
+def test_a_request_body_that_does_not_add_up_is_refused_naming_why() -> None:
+    parts = [MirrorPart("a", 0, 1, b"xyz"), MirrorPart("b", 5, 2, b"uvw")]
+    body = encode_parts(parts)
+    decoded = decode_parts(body)
+    assert [(p.topic, p.first, p.count, bytes(p.frames)) for p in decoded] == [
+        ("a", 0, 1, b"xyz"),
+        ("b", 5, 2, b"uvw"),
+    ]
+    with pytest.raises(ValueError, match="do not add up"):
+        decode_parts(body[:-1])
+    with pytest.raises(ValueError, match="bad header"):
+        decode_parts(b"\x00\x00\x00\x02{]")
+    with pytest.raises(ValueError, match="no header"):
+        decode_parts(b"\x00")
+    with pytest.raises(ValueError, match="count 0"):
+        decode_parts(encode_parts([MirrorPart("a", 0, 0, b"x")]))

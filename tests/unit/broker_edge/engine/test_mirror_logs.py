@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from broker_edge.engine.mirror_logs import LocalMirrorLogs
+from broker_edge.engine.mirror_logs import LocalMirrorLogs, MirrorPart
 from broker_edge.storage import LogStore, StorageConfig
 from tests.unit.broker_edge.storage.log_helpers import make_record
 
@@ -38,11 +38,11 @@ def test_the_topics_of_one_batch_are_made_durable_together_and_answered_with_the
         store.open()
         logs = LocalMirrorLogs(store)
         try:
-            appended = await asyncio.gather(*(logs.append(t, 0, 4, frames[t]) for t in ("a", "b", "c")))
+            appended = await logs.append([MirrorPart(t, 0, 4, frames[t]) for t in ("a", "b", "c")])
             assert store.cuts == 1
             assert [(a.records, a.end) for a in appended] == [(4, 4)] * 3
             assert [store.durable_end(topic) for topic in ("a", "b", "c")] == [4, 4, 4]
-            again = await logs.append("a", 0, 4, frames["a"])  # a later turn: a cut of its own
+            (again,) = await logs.append([MirrorPart("a", 0, 4, frames["a"])])  # sent again: all held
             assert (again.duplicates, again.end, store.cuts) == (4, 4, 2)
         finally:
             store.close()
