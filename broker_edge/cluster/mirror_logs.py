@@ -220,7 +220,10 @@ class ClusterMirrorLogs:
         async with self.clients.session(node).post(
             self._url(node, APPEND_PATH), data=encode_parts(parts), timeout=timeout
         ) as answer:
-            body = await answer.json(content_type=None)
+            try:
+                body = await answer.json(content_type=None)
+            except ValueError:
+                raise _NotHere(f"{node} answered {answer.status}, not in JSON") from None
         if answer.status == NOT_LEADER:
             raise _NotHere(f"{node}: {body.get('message')}")
         if answer.status == INVALID_FRAMES:

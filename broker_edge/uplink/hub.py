@@ -176,7 +176,7 @@ class UplinkHub:
                     raise WireError(f"expected HELLO version {VERSION} first")
                 ends = await mirrored_ends(self.logs, prefix)  # a previous connection's appends count
                 await ws.send_bytes(encode(ENDS, {"ends": ends}))
-                log.info("site %s connected (%d topics held)", site, len(status.site_ends))
+                log.info("site %s connected (%d topics held)", site, len(ends))
                 first = False
                 down = _downlink_request(decoded.header)
                 if down is not None:
