@@ -238,7 +238,7 @@ class Broker(BrokerCore):
                 self.admin_port = admin.port
                 self._runners.append(admin)
             if self.store is not None:
-                self._start_site_link(self.store)
+                self._prepare_uplink(self.store)
             if self.store is not None and config.offsets_api.enabled:
                 await self._start_offsets_api(self.store)
             if config.cluster is not None:
@@ -246,8 +246,7 @@ class Broker(BrokerCore):
 
                 self.cluster_node = ClusterNode(self, config.cluster)
                 await self.cluster_node.start()
-            if self.store is not None:
-                await self._start_uplink_hub(self.store)
+            await self._start_uplink_hub()
         except BaseException:
             await self.stop()
             raise
@@ -292,32 +291,32 @@ class Broker(BrokerCore):
             )
             self.session_store.restore()
 
-    async def _start_uplink_hub(self, store: LogStore) -> None:
-        """The hub's endpoint for sites, when configured (their status at ``/v1/uplink/sites`` on the offsets
-        API). Started once a cluster member has joined: the sites' logs are written through its
-        ``mirror_logs`` port (on their partitions' leaders), a broker alone's into its own store."""
+    def _prepare_uplink(self, store: LogStore) -> None:
+        """This site's link to its hub, and the hub's endpoint for sites (not yet serving), when configured;
+        their status at ``/v1/uplink/sites`` on the offsets API."""
         config = self.config
-        if config.uplink_hub is None:
-            return
-        from broker_edge.engine.mirror_logs import LocalMirrorLogs
-        from broker_edge.uplink.hub import UplinkHub
+        if config.uplink_hub is not None:
+            from broker_edge.uplink.hub import UplinkHub
 
-        logs = self.cluster.mirror_logs or LocalMirrorLogs(store)
-        self.uplink_hub = UplinkHub(store, logs, config.uplink_hub, self.metrics)
-        with naming_endpoint("uplink_hub", config.uplink_hub.host, config.uplink_hub.port):
-            await self.uplink_hub.start()
-        self.add_offsets_api_routes(self.uplink_hub.add_status_route)
-        log.info("uplink hub: sites connect on %s:%d", config.uplink_hub.host, self.uplink_hub.port)
-
-    def _start_site_link(self, store: LogStore) -> None:
-        """This site's link to its hub, when configured (its status at ``/v1/uplink/sites``)."""
-        config = self.config
+            self.uplink_hub = UplinkHub(store, config.uplink_hub, self.metrics)
+            self.add_offsets_api_routes(self.uplink_hub.add_status_route)
         if config.uplink is not None:
             from broker_edge.uplink.site_link import SiteLink
 
             self.site_link = SiteLink(store, config.uplink, self.metrics, self.route_logged)
             self.add_offsets_api_routes(self.site_link.add_status_route)
             self.site_link.start()
+
+    async def _start_uplink_hub(self) -> None:
+        """Serve the hub's endpoint, once a cluster member has joined: the sites' logs are then written
+        through its ``mirror_logs`` port (on their partitions' leaders), a broker alone's into its store."""
+        hub = self.uplink_hub
+        config = self.config.uplink_hub
+        if hub is None or config is None:
+            return
+        with naming_endpoint("uplink_hub", config.host, config.port):
+            await hub.start(self.cluster.mirror_logs)
+        log.info("uplink hub: sites connect on %s:%d", config.host, hub.port)
 
     def route_logged(self, topic: str, start: int, end: int) -> None:
         """Route the durable records ``[start, end)`` of ``topic`` that another broker wrote into the log

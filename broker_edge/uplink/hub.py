@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import WSMsgType, web
 
-from broker_edge.engine.mirror_logs import MirrorRefused
+from broker_edge.engine.mirror_logs import LocalMirrorLogs, MirrorRefused
 from broker_edge.http.guard import GuardedRunner, start_guarded_site
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import validate_topic_filter
@@ -68,14 +68,12 @@ DOWN_IDLE_S = 5.0
 
 
 class UplinkHub:
-    """Sites' uplinks into ``store``, written through ``logs``; ``start`` binds the endpoint (``port`` then
-    holds the bound port)."""
+    """Sites' uplinks into ``store``, written through ``logs`` (a broker alone's unless ``start`` is given
+    a cluster member's); ``start`` binds the endpoint (``port`` then holds the bound port)."""
 
-    def __init__(
-        self, store: LogStore, logs: MirrorLogs, config: UplinkHubConfig, metrics: BrokerMetrics
-    ) -> None:
+    def __init__(self, store: LogStore, config: UplinkHubConfig, metrics: BrokerMetrics) -> None:
         self.store = store
-        self.logs = logs
+        self.logs: MirrorLogs = LocalMirrorLogs(store)
         self.config = config
         self.status = SitesStatus(store, metrics)
         self.tls = ServerContexts(lambda: server_ssl_context(config.tls))
@@ -86,7 +84,9 @@ class UplinkHub:
         self._downlinks: dict[str, asyncio.Task[None]] = {}
         self._gaps_path = Path(store.layout.meta) / GAPS_FILE
 
-    async def start(self, sock: socket.socket | None = None) -> None:
+    async def start(self, logs: MirrorLogs | None = None, sock: socket.socket | None = None) -> None:
+        if logs is not None:
+            self.logs = logs
         app = web.Application()
         app.router.add_get(self.config.path, self._serve)
         config = self.config
