@@ -20,6 +20,7 @@ from array import array
 
 from . import record
 from .segment import FileWrite, fsync_directory
+from .topic_ids import TopicIds
 
 __all__ = ["CATALOG_FILE", "CatalogDamaged", "TopicCatalog"]
 
@@ -46,7 +47,7 @@ class TopicCatalog:
         self.path = path
         self.names: list[str] = []
         """Topic names by id."""
-        self.ids: dict[str, int] = {}
+        self.ids = TopicIds(self.names)
         self.partitions = array("H")
         """Each topic's partition, by id."""
         self._size = HEADER.size
@@ -115,9 +116,10 @@ class TopicCatalog:
             names.append(name)
             partitions.append(partition)
             position = end
-        self.ids = {name: number for number, name in enumerate(names)}
-        if len(self.ids) != len(names):
-            raise CatalogDamaged(f"{self.path} names a topic twice")
+        try:
+            self.ids = TopicIds(names)
+        except ValueError:
+            raise CatalogDamaged(f"{self.path} names a topic twice") from None
         return position
 
     def _create(self) -> None:
@@ -139,7 +141,7 @@ class TopicCatalog:
         body = BODY_HEAD.pack(topic_id, partition) + raw
         self._pending.append(PREFIX.pack(len(body), record.crc32c(body)) + body)
         self.names.append(name)
-        self.ids[name] = topic_id
+        self.ids.added(topic_id)
         self.partitions.append(partition)
         return topic_id
 
