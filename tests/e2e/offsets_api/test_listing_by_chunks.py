@@ -33,7 +33,7 @@ def _chunked_body(port: int, target: str) -> tuple[bytes, list[bytes]]:
         while more := sock.recv(1 << 16):
             data += more
     head, _, rest = data.partition(b"\r\n\r\n")
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         size_line, _, rest = rest.partition(b"\r\n")
         size = int(size_line, 16)
