@@ -8,7 +8,8 @@ Runs the `timestone` command (`pipelines.cli.main`) unchanged, plus, once the br
   two wake-ups (what the loop itself spent without serving anyone else) and how late it woke (wall time:
   also the other threads holding the interpreter, and the machine's other work);
 * `gc.callbacks` timing every collection per generation;
-* a sampling thread recording the loop thread's stack whenever the task is late by more than 15 ms.
+* a sampling thread recording every thread's stack (the loop thread's deeper) whenever the task is late by
+  more than 15 ms: where the loop was, and which other thread may have held the interpreter's lock.
 
 Every half second `STATS_FILE` is rewritten (JSON). Writing a phase name into `STATS_FILE.phase` starts a
 new phase: the figures restart from zero. A PINGREQ round trip mixes the broker's pauses with waiting for a
@@ -94,12 +95,16 @@ class LoopProbe:
             time.sleep(0.003)
             if time.perf_counter() - self._beat <= LATE_S:
                 continue
-            frame = sys._current_frames().get(self._loop_thread)
-            if frame is None:
-                continue
-            stack = traceback.extract_stack(frame)[-10:]
-            key = " <- ".join(f"{Path(f.filename).name}:{f.lineno}:{f.name}" for f in reversed(stack))
-            self.phase.stacks[key] = self.phase.stacks.get(key, 0) + 1
+            names = {thread.ident: thread.name for thread in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                name = names.get(ident, "?")
+                if name.startswith("bench-"):
+                    continue
+                stack = traceback.extract_stack(frame)[-(10 if ident == self._loop_thread else 3) :]
+                key = f"[{name}] " + " <- ".join(
+                    f"{Path(f.filename).name}:{f.lineno}:{f.name}" for f in reversed(stack)
+                )
+                self.phase.stacks[key] = self.phase.stacks.get(key, 0) + 1
 
     def write(self) -> None:
         phase_file = Path(f"{self.path}.phase")
@@ -112,7 +117,7 @@ class LoopProbe:
             if name and name != self.phase.name:
                 self.phase = Phase(name)
             stats = asdict(self.phase)
-            stats["stacks"] = sorted(stats["stacks"].items(), key=lambda item: -item[1])[:10]
+            stats["stacks"] = sorted(stats["stacks"].items(), key=lambda item: -item[1])[:16]
             temporary = Path(f"{self.path}.tmp")
             temporary.write_text(json.dumps(stats))
             os.replace(temporary, self.path)

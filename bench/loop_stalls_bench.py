@@ -78,7 +78,7 @@ class Phases:
             f"{pings}collections: {collections or 'none'}",
             flush=True,
         )
-        for stack, count in seen["stacks"][:5]:
+        for stack, count in seen["stacks"][:12]:
             print(f"    {count:4d} {stack}")
 
 
