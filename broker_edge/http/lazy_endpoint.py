@@ -5,13 +5,16 @@ runs, yet most edge brokers serve MQTT for hours before anyone scrapes or fetche
 part of a bare broker's memory and start-up time. So the socket is bound and listening at once; the first
 connection only wakes a reader callback, which runs the endpoint's `serve(sock)`: it imports aiohttp, builds
 the app and serves it on the listening socket (behind `http_guard`), so the waiting connection is then
-accepted like any other.
+accepted like any other. The modules it needs are imported in the loop's executor first: importing aiohttp
+(its client's TLS context reads the system's CA certificates) held the event loop for over 100 ms, a
+stall every MQTT client of the broker saw when the first reader came.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable
@@ -51,8 +54,10 @@ class LazyHttpEndpoint:
     `await endpoint.cleanup()` stops it, whether or not it was ever served.
     """
 
-    def __init__(self, serve: Serve, sock: socket.socket) -> None:
+    def __init__(self, serve: Serve, sock: socket.socket, modules: tuple[str, ...] = ()) -> None:
         self._serve_on = serve
+        self._modules = modules
+        """What `serve` imports: imported off the loop before it runs."""
         self._sock = sock
         self._loop = asyncio.get_running_loop()
         self._serving: asyncio.Task[Any] | None = None
@@ -60,14 +65,17 @@ class LazyHttpEndpoint:
         self.port: int = sock.getsockname()[1]
 
     @classmethod
-    async def start(cls, serve: Serve, host: str, port: int) -> LazyHttpEndpoint:
-        """Bind and listen on `host:port`; nothing of aiohttp is loaded yet."""
+    async def start(
+        cls, serve: Serve, host: str, port: int, modules: tuple[str, ...] = ()
+    ) -> LazyHttpEndpoint:
+        """Bind and listen on `host:port`; nothing of aiohttp is loaded yet. `modules`: what `serve` imports
+        (loaded in the loop's executor when the first connection comes, before `serve` runs)."""
         loop = asyncio.get_running_loop()
         family, _, _, _, address = (
             await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         )[0]
         sock = listening_socket(family, address)
-        endpoint = cls(serve, sock)
+        endpoint = cls(serve, sock, modules)
         loop.add_reader(sock.fileno(), endpoint._first_connection)
         return endpoint
 
@@ -82,6 +90,8 @@ class LazyHttpEndpoint:
 
     async def _serve(self) -> None:
         try:
+            for module in self._modules:
+                await self._loop.run_in_executor(None, importlib.import_module, module)
             self._running = await self._serve_on(self._sock)
         except Exception:
             log.exception("HTTP endpoint on port %d could not start", self.port)

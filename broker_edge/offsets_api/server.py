@@ -89,8 +89,8 @@ Authenticator = Callable[[web.Request], Access]
 """Admits a request (its ``Access``) or raises ``ApiError`` (401, or 403 with ``close``)."""
 log = logging.getLogger(__name__)
 
-LIST_CHUNK = 2048
-"""Logs listed between two yields to the event loop."""
+LIST_CHUNK = 1024
+"""Logs listed between two yields to the event loop (about 4 ms of CPU: their `LogInfo`s, JSON and write)."""
 SLICE_S = 0.002
 """Work a multi-topic fetch does between two yields to the event loop."""
 
@@ -327,10 +327,12 @@ class _Handlers:
     def _info(self, topic: str) -> LogInfo | None:
         return self.store.log_info(topic) if topic in self.store else None
 
-    async def list_logs(self, request: web.Request) -> web.Response:
-        """Every log matching `pattern`, listed a chunk at a time: the loop serves MQTT between chunks (a
-        listing of 300,000 logs would otherwise hold it for a second), and the JSON is written a chunk at a
-        time for the same reason."""
+    async def list_logs(self, request: web.Request) -> web.StreamResponse:
+        """Every log matching `pattern`, listed and sent a chunk at a time, the loop served between chunks.
+
+        A listing of 300,000 logs built whole held the loop for a second; built by chunks but joined and
+        sent as one body (12 MB at 100,000 logs), it still held it for 30 ms at the end. So each chunk's JSON
+        is written as it is made (chunked transfer encoding) and nothing holds the whole answer."""
         pattern = request.query.get("pattern")
         try:
             chunks = self.store.iter_logs(pattern, LIST_CHUNK)
@@ -339,16 +341,23 @@ class _Handlers:
             raise ApiError(400, codes.BAD_REQUEST, f"bad pattern: {error}") from None
         access = access_of(request)
         replicated = self.store.replicated
-        parts: list[str] = []
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(b'{"logs": [')
+        separator = b""
         for chunk in itertools.chain([first], chunks):
             listed = [_info_json(info) for info in chunk if access.may_read(info.topic)]
             if replicated:  # a cluster's controller elects the in-sync replica holding the most
                 for item in listed:
                     item["durable_end_offset"] = self.store.durable_end(item["topic"])
             if listed:
-                parts.append(json.dumps(listed)[1:-1])
+                await response.write(separator + json.dumps(listed)[1:-1].encode())
+                separator = b", "
             await asyncio.sleep(0)
-        return web.Response(text='{"logs": [' + ", ".join(parts) + "]}", content_type="application/json")
+        await response.write(b"]}")
+        await response.write_eof()
+        return response
 
     async def log_info(self, request: web.Request) -> web.Response:
         return web.json_response(_info_json(self.store.log_info(_readable_topic(request))))

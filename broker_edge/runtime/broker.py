@@ -233,7 +233,10 @@ class Broker(BrokerCore):
             if config.admin_http.enabled:
                 with naming_endpoint("admin_http", config.admin_http.host, config.admin_http.port):
                     admin = await LazyHttpEndpoint.start(
-                        self._serve_admin, config.admin_http.host, config.admin_http.port
+                        self._serve_admin,
+                        config.admin_http.host,
+                        config.admin_http.port,
+                        ("broker_edge.http.guard", "broker_edge.runtime.admin_http"),
                     )
                 self.admin_port = admin.port
                 self._runners.append(admin)
@@ -382,7 +385,9 @@ class Broker(BrokerCore):
             )
 
         with naming_endpoint("offsets_api", api.host, api.port):
-            endpoint = await LazyHttpEndpoint.start(serve, api.host, api.port)
+            endpoint = await LazyHttpEndpoint.start(
+                serve, api.host, api.port, ("broker_edge.http.guard", "broker_edge.offsets_api.server")
+            )
         self.offsets_port = endpoint.port
         self._runners.append(endpoint)
 

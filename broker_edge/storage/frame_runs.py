@@ -182,9 +182,13 @@ def _fields_valid(data: bytes, positions: np.ndarray, headers: np.ndarray) -> bo
 
 def run_of_frames(frames: Sequence[bytes | memoryview], first: int) -> FrameRun:
     """A run of frames known to be valid (the records of a log's tail cache, or decoded ones)."""
-    data = b"".join(frames)
-    positions = np.zeros(len(frames) + 1, np.int64)
-    np.cumsum([len(frame) for frame in frames], out=positions[1:])
+    return run_of_joined(b"".join(frames), [len(frame) for frame in frames], first)
+
+
+def run_of_joined(data: bytes, sizes: Sequence[int], first: int) -> FrameRun:
+    """A run of valid frames already joined into `data`, of `sizes` bytes each."""
+    positions = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=positions[1:])
     return FrameRun(first, data, positions, frame_headers(data, positions))
 
 

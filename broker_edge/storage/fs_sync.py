@@ -26,10 +26,9 @@ def _calls() -> tuple[Any, Any]:
     if not sys.platform.startswith("linux"):
         return None, None
     import ctypes
-    import platform
 
-    try:
-        major, minor = (int(part) for part in platform.release().split(".")[:2])
+    try:  # (os.uname, not platform.release: the platform module costs milliseconds to import)
+        major, minor = (int(part) for part in os.uname().release.split(".")[:2])
     except ValueError:
         return None, None
     if (major, minor) < _MIN_KERNEL:

@@ -61,6 +61,7 @@ from .retention import RetentionReport, retention_pass
 from .sealed_index import GroupBlocks
 from .sealer import Sealer
 from .segment import ROLLED, Segment, fsync_directory
+from .topic_ids import TopicIds
 from .topic_order import TopicOrder
 from .topic_table import NO_RULE, NO_TIME, SNAPSHOT_FILE, TopicTable
 from .upgrade import finish_upgrade, upgrade_layout_2
@@ -213,8 +214,8 @@ class LogStore:
         self._table = TopicTable()
         self._catalog: TopicCatalog | None = None
         self._catalogue: _Catalogue | None = None
-        self._ids: dict[str, int] = {}
         self._names: list[str] = []
+        self._ids = TopicIds(self._names)
         self._order = TopicOrder()
         self._filters = TopicFilters(self._names)
         self._partitions: list[PartitionLog] = []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from broker_edge.engine.message import Message
-from broker_edge.engine.recent_messages import RecentMessages
+from broker_edge.engine.recent_messages import TOPIC_WEIGHT, RecentMessages
 
 
 def _messages(topic: str, first: int, count: int) -> list[Message]:
@@ -21,7 +21,7 @@ def test_a_batch_is_found_by_offset_and_the_same_object_is_shared():
 
 
 def test_over_the_bound_the_topic_added_to_least_recently_goes_first():
-    recent = RecentMessages(10)
+    recent = RecentMessages(10 + 2 * TOPIC_WEIGHT)
     recent.add("old", 0, _messages("old", 0, 4))
     recent.add("new", 0, _messages("new", 0, 4))
     recent.add("old", 4, _messages("old", 4, 2))  # "old" is now the most recent topic
@@ -45,3 +45,13 @@ def test_adding_an_offset_again_replaces_it_without_counting_twice():
     again = _messages("t", 1, 1)
     recent.add("t", 1, again)
     assert len(recent) == 3 and recent.get("t", 1) is again[0]
+
+
+def test_a_topic_weighs_against_the_bound_like_a_message():
+    recent = RecentMessages(10)
+    for number in range(10):  # a topic per message, as a fleet with a topic per device publishes
+        recent.add(f"device/{number}", 0, _messages(f"device/{number}", 0, 1))
+
+    kept = [number for number in range(10) if recent.get(f"device/{number}", 0) is not None]
+    assert kept == list(range(10 - 10 // (1 + TOPIC_WEIGHT), 10))
+    assert len(recent) == len(kept)

@@ -253,3 +253,23 @@ def test_entries_of_a_segment_rolled_before_they_are_written_are_not_read_before
     assert store.partitions()[0].end == 30
     assert len(store.read_partition(0, 0, 100, 1 << 20).topics) == 30
     store.close()
+
+
+@pytest.mark.parametrize("sealed", [False, True])
+def test_a_read_of_a_few_entries_reads_about_their_bytes_not_its_byte_budget(tmp_path: Path, sealed: bool):
+    # the offsets API reads 256 entries at a time with the request's whole budget (64 MiB): each slice read
+    # the rest of the segment, megabytes copied on the event loop for a few kilobytes served
+    store = _store(tmp_path, segment_bytes=64 << 20)
+    _fill(store, 20_000)
+    if sealed:
+        store.close()
+        store = _store(tmp_path, segment_bytes=64 << 20)
+    segment_bytes = partition_segments(tmp_path)[0].stat().st_size
+
+    read = store.read_partition(0, 10_000, 256, 64 << 20)
+
+    buffers = {id(frame.obj): memoryview(frame.obj).nbytes for frame in read.frames}  # the preads they view
+    served = sum(map(len, read.frames))
+    assert len(read.frames) == 256
+    assert sum(buffers.values()) < max(2 * served, 32 << 10) < segment_bytes // 10
+    store.close()

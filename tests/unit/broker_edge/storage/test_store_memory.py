@@ -54,8 +54,10 @@ def test_a_quiet_topic_costs_a_few_hundred_bytes(tmp_path: Path):
     sealed, _ = _traced(reopened.open)
 
     assert len(reopened) == TOPICS
-    assert active / TOPICS < 400, f"{active / TOPICS:.0f} bytes per topic with a record in the active segment"
-    assert sealed / TOPICS < 300, f"{sealed / TOPICS:.0f} bytes per topic after a restart"
+    # measured: 315 and 219 (its name 80, its columns and the sealer's 112, its id's slots, the listing
+    # order's and the names' references); a dict from name to id made them 351 and 254
+    assert active / TOPICS < 335, f"{active / TOPICS:.0f} bytes per topic with a record in the active segment"
+    assert sealed / TOPICS < 240, f"{sealed / TOPICS:.0f} bytes per topic after a restart"
     reopened.close()
 
 
