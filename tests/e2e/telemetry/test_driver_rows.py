@@ -61,7 +61,7 @@ def batch_records(seed: int, count: int = 400) -> list[tuple]:
         device = f"d{rng.randrange(6)}"
         seq = rng.choice([None, *range(1, 40)])
         seconds = rng.choice([0, 1, 2, 600, 601, 1200, rng.uniform(0, 1800)])
-        fields = {}
+        fields: dict[str, object] = {}
         if rng.random() < 0.1:
             fields["temperature"] = rng.choice([None, 500.0, float("nan"), -41.0])
         if rng.random() < 0.1:
