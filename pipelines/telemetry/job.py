@@ -10,7 +10,9 @@ Order inside a batch: the fast part first, bronze (lowest latency for the raw la
 aggregation, then silver and quarantine concurrently; then the gold part, device_minute, devices and
 dq_results concurrently (the Great Expectations validation runs there). At a processing-time trigger the
 gold part runs in the background while the next batch's fast part runs (see :class:`TelemetryBatch` for why
-that stays exactly-once). See docs/telemetry-pipeline.md.
+that stays exactly-once). With delta-rs a batch is one Spark job, its records read, parsed and collected as
+Arrow, and every step works on that in the driver (:meth:`TelemetryBatch._rows_in_driver`). See
+docs/telemetry-pipeline.md.
 """
 
 from __future__ import annotations
