@@ -1257,7 +1257,8 @@ def _render_throughput(figures: Figures) -> list[str]:
         trigger = statistics.median(d.get("triggerExecution", 0) for d in progress)
         lines += [
             f"Whole job at {batch_rows:,}-row batches, {len(progress)} batches: median time of each step per "
-            "batch (ms; the steps after `profile` run concurrently), and the batch's `addBatch`: "
+            "batch (ms; `collect` is the batch's one Spark job, bronze's append runs beside `profile` and "
+            "`dedup`, the steps after them concurrently), and the batch's `addBatch`: "
             + ", ".join(f"`{name}` {ms:,.0f}" for name, ms in medians.items())
             + f"; addBatch median {add_batch:,.0f} ms, triggerExecution median {trigger:,.0f} ms.",
             "",
@@ -1304,8 +1305,9 @@ def _render_latency(lat: LatencyRun, s: Settings) -> list[str]:
             if durations
             else ""
         )
-        + "Median step times per batch (ms; the fast part: `bronze_telemetry`, `profile`, then silver and "
-        "quarantine concurrently; then the gold part, `device_minute`, `devices` and `dq_results` "
+        + "Median step times per batch (ms; the fast part: `collect`, the batch's one Spark job, then "
+        "`bronze_telemetry` beside `profile` and `dedup`, then silver and quarantine concurrently; then the "
+        "gold part, `device_minute`, `devices` and `dq_results` "
         "concurrently, in the background while the next batch's fast part runs): "
         + ", ".join(f"`{name}` {ms:,.0f}" for name, ms in medians.items())
         + ". Spark's own steps per batch, median ms: "

@@ -9,6 +9,7 @@ batch's gold part.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -45,7 +46,8 @@ def touched_minute_aggregates(
     tagged = tagged.append_column("minute", minute)
     stats: list[tuple[str, str]] = [("event_time", "count"), ("_new", "max")]
     for metric in metrics:
-        stats += [(metric, "min"), (metric, "max"), (metric, "mean")]
+        stats += [(metric, "min"), (metric, "max"), (metric, "mean"), (f"_nan_{metric}", "max")]
+        tagged = tagged.append_column(f"_nan_{metric}", pc.fill_null(pc.is_nan(tagged.column(metric)), False))
     grouped = tagged.group_by(["device_id", "minute"], use_threads=False).aggregate(stats)
     grouped = grouped.filter(grouped.column("_new_max"))
     minutes = grouped.column("minute")
@@ -58,6 +60,9 @@ def touched_minute_aggregates(
     for metric in metrics:
         for stat, arrow_stat in (("min", "min"), ("max", "max"), ("avg", "mean")):
             out[f"{metric}_{stat}"] = grouped.column(f"{metric}_{arrow_stat}")
+        # Spark orders NaN above every number (Arrow's max skips it unless all are NaN)
+        nan = grouped.column(f"_nan_{metric}_max")
+        out[f"{metric}_max"] = pc.if_else(nan, math.nan, out[f"{metric}_max"])
     out["updated_at"] = pa.array([updated_at] * grouped.num_rows, pa.timestamp("us", "UTC"))
     return pa.table(out)
 

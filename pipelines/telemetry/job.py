@@ -10,7 +10,9 @@ Order inside a batch: the fast part first, bronze (lowest latency for the raw la
 aggregation, then silver and quarantine concurrently; then the gold part, device_minute, devices and
 dq_results concurrently (the Great Expectations validation runs there). At a processing-time trigger the
 gold part runs in the background while the next batch's fast part runs (see :class:`TelemetryBatch` for why
-that stays exactly-once). See docs/telemetry-pipeline.md.
+that stays exactly-once). With delta-rs a batch is one Spark job, its records read, parsed and collected as
+Arrow, and every step works on that in the driver (:meth:`TelemetryBatch._rows_in_driver`). See
+docs/telemetry-pipeline.md.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from sinks.store import TimeRange
 from sinks.tables import device_minute
 from sources.options import parse_options
 
-from . import driver_minutes
+from . import driver_devices, driver_minutes, driver_rows, driver_silver
 from . import quality as Q
 from . import transforms as T
 from .config import STANDARD_COLUMNS, TelemetryConfig, load_telemetry_config
@@ -290,6 +292,82 @@ class TelemetryBatch:
         """
         batch = _Batch(out, self.clock(), BatchReport(out.batch_id), self.after_step)
         self._configure_session(records.sparkSession)
+        if self._rows_in_driver():
+            return self._driver_fast_part(records, batch)
+        return self._spark_fast_part(records, batch)
+
+    def _driver_fast_part(self, records: DataFrame, batch: _Batch) -> _GoldPart:
+        """:meth:`_fast_part` with one Spark job: the source read, parsed and flagged, collected as Arrow;
+        every table's rows are then computed from it in the driver (:mod:`.driver_rows`,
+        :mod:`.driver_silver`, :mod:`.driver_minutes`, :mod:`.driver_devices`)."""
+        out = batch.out
+        bronze = T.to_bronze(records, batch.now)
+        frame = T.flag_failures(T.parse_records(bronze, self.config.payload), self.conditions)
+        collected = batch.step("collect", frame.toArrow)
+        bronze_rows = driver_rows.bronze_rows(collected, bronze.columns)
+        appending = self._pool.submit(  # while the rest is computed (delta-rs frees the GIL)
+            batch.step, "bronze_telemetry", lambda: out.append("bronze_telemetry", bronze_rows)
+        )
+        try:
+            telemetry = driver_rows.telemetry_rows(collected)
+            suites = self.config.quality.suites
+            counts = batch.step("profile", lambda: driver_rows.profile(telemetry, suites, self.column_types))
+            fast, gold = self._driver_steps(batch, telemetry, frame, counts)
+            appending.result()  # bronze is in before anything else is written
+            return self._finish_fast_part(batch, counts, fast, gold, [])
+        except BaseException:
+            wait([appending])  # no step may outlive its failed batch
+            raise
+
+    def _driver_steps(
+        self, batch: _Batch, telemetry: pa.Table, frame: DataFrame, counts: Mapping[str, Any]
+    ) -> tuple[dict[str, Callable[[], Any]], dict[str, Callable[[], Any]]]:
+        """The writes of :meth:`_driver_fast_part`'s batch: silver and quarantine, then the gold part."""
+        out = batch.out
+        fast: dict[str, Callable[[], Any]] = {}
+        gold: dict[str, Callable[[], Any]] = {}
+        passed = driver_rows.passed_rows(telemetry)
+        if counts["passed"]:
+            low, high = counts["low_us"], counts["high_us"]
+            replayed = self._already_written("silver_telemetry", out)
+            stored = self.store.read_arrow("silver_telemetry", self._stored_range(low, high))
+            if replayed:  # a row is not its own duplicate, and a minute must not count it twice
+                stored = driver_minutes.without_records_of(stored, passed)
+            dedup, fields = self.config.dedup, list(self.config.payload.silver_fields)
+            silver = batch.step(
+                "dedup",
+                lambda: driver_silver.silver_rows(
+                    passed, stored, dedup.message_id_fields, dedup.window_seconds, fields
+                ),
+            )
+            minutes = _whole_minutes(low, high).arrow_rows(stored)
+            devices = self.config.gold.devices
+            fast["silver_telemetry"] = lambda: self._write_silver(out, lambda: silver, replayed)
+            gold["device_minute"] = lambda: self._merge_device_minute(batch, minutes, silver)
+            gold["devices"] = lambda: self._merge_devices(
+                batch, driver_devices.device_updates(passed, devices, batch.now)
+            )
+        if counts["quarantined"]:
+            fast["telemetry_quarantine"] = lambda: out.append(
+                "telemetry_quarantine",
+                driver_rows.quarantine_rows(telemetry, out.app_id, out.batch_id, batch.now),
+            )
+        if counts["dq_rows"]:
+            outcomes = Q.outcomes_from_counts(counts, self.config.quality.suites)
+            schema = frame.select(*self._gx_columns()).schema
+            timezone = frame.sparkSession.conf.get("spark.sql.session.timeZone", None)
+            max_rows = self.config.quality.gx.max_rows
+
+            def validate() -> tuple[list[Q.ExpectationOutcome], int]:
+                parsed = driver_rows.parsed_rows(telemetry)
+                return Q.gx_outcomes_of_arrow(self.validator, parsed, schema, timezone, max_rows)
+
+            gold["dq_results"] = lambda: self._write_dq(batch, outcomes, validate)
+        return fast, gold
+
+    def _spark_fast_part(self, records: DataFrame, batch: _Batch) -> _GoldPart:
+        """:meth:`_fast_part` with the batch's rows cached in Spark and each table's rows a Spark query."""
+        out = batch.out
         bronze = T.to_bronze(records, batch.now).persist()  # the gold part reads it after the call returns
         cached = [bronze]
         appending: Future[Any] | None = None
@@ -311,8 +389,6 @@ class TelemetryBatch:
             )
             if appending is not None:  # bronze is in before anything else is written
                 appending.result()
-            self._last_rows = counts["dq_rows"]
-            batch.report.passed, batch.report.quarantined = counts["passed"], counts["quarantined"]
             passed = T.passed_rows(flagged)
             fast: dict[str, Callable[[], Any]] = {}
             gold: dict[str, Callable[[], Any]] = {}
@@ -341,15 +417,33 @@ class TelemetryBatch:
                 gold["devices"] = lambda: self._write_devices(batch, bronze, passed)
             if counts["dq_rows"]:
                 outcomes = Q.outcomes_from_counts(counts, self.config.quality.suites)
-                gold["dq_results"] = lambda: self._write_dq(batch, flagged, outcomes)
-            if self.defer_gold:
-                self._run_steps(batch, fast)
+                max_rows = self.config.quality.gx.max_rows
+                gold["dq_results"] = lambda: self._write_dq(
+                    batch,
+                    outcomes,
+                    lambda: Q.gx_outcomes(self.validator, flagged, self._gx_columns(), max_rows),
+                )
+            return self._finish_fast_part(batch, counts, fast, gold, cached)
         except BaseException:
             if appending is not None:  # no step may outlive its failed batch
                 wait([appending])
             _unpersist(cached)
             raise
-        batch.report.written = out.results  # the gold part's writes join it when they are done
+
+    def _finish_fast_part(
+        self,
+        batch: _Batch,
+        counts: Mapping[str, Any],
+        fast: dict[str, Callable[[], Any]],
+        gold: dict[str, Callable[[], Any]],
+        cached: list[DataFrame],
+    ) -> _GoldPart:
+        """Note the batch's counts; with ``defer_gold`` run the fast steps; what is left to run."""
+        self._last_rows = counts["dq_rows"]
+        batch.report.passed, batch.report.quarantined = counts["passed"], counts["quarantined"]
+        if self.defer_gold:
+            self._run_steps(batch, fast)
+        batch.report.written = batch.out.results  # the gold part's writes join it when they are done
         if not self.defer_gold:  # nothing is visible before the call returns: every step at once
             return _GoldPart(self, batch, {**fast, **gold}, cached)
         self.reports.append(batch.report)
@@ -409,6 +503,28 @@ class TelemetryBatch:
         if self.store.backend != "delta-rs":
             return False
         return self._expects_small_batch() or "bronze_telemetry" not in self.config.tables.executor_writes
+
+    def _rows_in_driver(self) -> bool:
+        """Whether the batch is collected to the driver in one Spark job and every table's rows computed
+        there with Arrow (:meth:`_driver_fast_part`): with delta-rs, when neither bronze nor silver is
+        written from the tasks, and for what the Arrow steps compute as Spark does (devices from telemetry
+        only, with string attributes; expectations named apart; GX on pandas).
+
+        A catch-up batch of 100,000 rows ran six Spark jobs the other way (bronze's collect, the profile,
+        silver's deduplication, the GX sample, devices); here one, and the driver's Arrow work is a few
+        hundred milliseconds of it.
+        """
+        tables = self.config.tables.executor_writes
+        on_tasks = "bronze_telemetry" in tables or "silver_telemetry" in tables
+        payload, quality = self.config.payload, self.config.quality
+        return (
+            self.store.backend == "delta-rs"
+            and not on_tasks
+            and driver_devices.supported(self.config.gold.devices, self.column_types)
+            and driver_rows.supported(quality.suites)
+            and quality.gx.engine == "pandas"
+            and not set(payload.fields) & set(T.PARSED_RECORD_COLUMNS)
+        )
 
     def _minutes_in_driver(self) -> bool:
         """Whether device_minute is computed with Arrow in the driver (:mod:`.driver_minutes`) from the
@@ -487,34 +603,49 @@ class TelemetryBatch:
         rows = silver_rows()
         if replayed:
             stored = driver_minutes.without_records_of(stored, rows)
+        self._merge_device_minute(batch, stored, rows)
+
+    def _merge_device_minute(self, batch: _Batch, stored: pa.Table, silver_rows: pa.Table) -> None:
+        """Merge the minutes ``silver_rows`` touch, recomputed with ``stored`` (silver before the batch,
+        its whole minutes) in the driver."""
         metrics = self.config.gold.minute_metrics
-        minutes = driver_minutes.touched_minute_aggregates(stored, rows, metrics, batch.now)
+        minutes = driver_minutes.touched_minute_aggregates(stored, silver_rows, metrics, batch.now)
         batch.out.merge("device_minute", minutes, keys=("event_date", "device_id", "minute"))
 
     # -- devices -----------------------------------------------------------------------------------------
 
     def _write_devices(self, batch: _Batch, bronze: DataFrame, passed: DataFrame) -> None:
-        """Upsert the devices seen; ``last_seen`` only moves forward, known attributes are kept.
-
-        An attribute the batch does not carry (null) keeps its stored value inside the merge itself, so
-        the stored table is not read into Spark first.
-        """
+        """Upsert the devices seen (:meth:`_merge_devices`), from the telemetry and the status rows."""
         devices = self.config.gold.devices
         sightings = T.telemetry_sightings(passed, devices)
         if devices.status_template is not None:
             sightings = sightings.unionByName(T.parse_status(bronze, devices))
-        updates = T.device_updates(sightings, batch.now)
+        self._merge_devices(batch, T.device_updates(sightings, batch.now))
+
+    def _merge_devices(self, batch: _Batch, updates: DataFrame | pa.Table) -> None:
+        """Merge ``devices`` rows; ``last_seen`` only moves forward, known attributes are kept.
+
+        An attribute the batch does not carry (null) keeps its stored value inside the merge itself, so
+        the stored table is not read into Spark first.
+        """
+        columns = updates.columns if isinstance(updates, DataFrame) else updates.column_names
         batch.out.merge(
             "devices",
             updates,
             update_when="s.last_seen >= t.last_seen",
-            update_set=T.device_update_set(updates.columns),
+            update_set=T.device_update_set(columns),
         )
 
     # -- data quality ------------------------------------------------------------------------------------
 
-    def _write_dq(self, batch: _Batch, flagged: DataFrame, outcomes: list[Q.ExpectationOutcome]) -> None:
-        """One dq_results row per expectation: from GX when it validates this batch, else the expressions'.
+    def _write_dq(
+        self,
+        batch: _Batch,
+        outcomes: list[Q.ExpectationOutcome],
+        validate: Callable[[], tuple[list[Q.ExpectationOutcome], int]],
+    ) -> None:
+        """One dq_results row per expectation: from GX when it validates this batch (``validate``: its
+        outcomes and the rows it saw), else the expressions'.
 
         GX is skipped on a replay whose results are already in the table.
         """
@@ -524,12 +655,8 @@ class TelemetryBatch:
         suites = self.config.quality.suites
         due = any(suite.expectations for suite in suites) and self.schedule.due(out.batch_id)
         if due and not self._already_written("dq_results", out):
-            fields = self.config.payload.fields
-            columns = [*STANDARD_COLUMNS, *[f for f in fields if f not in STANDARD_COLUMNS]]
             try:
-                gx, validated = Q.gx_outcomes(
-                    self.validator, flagged, columns, self.config.quality.gx.max_rows
-                )
+                gx, validated = validate()
                 self.schedule.ran()
             except Exception:  # a broken validation must not stop ingestion; the expressions still count
                 log.exception("Great Expectations validation of batch %d failed", out.batch_id)
@@ -539,6 +666,11 @@ class TelemetryBatch:
             "dq_results", pa.Table.from_pylist(rows, schema=self.store.spec("dq_results").arrow_schema)
         )
         batch.report.gx_validated = gx is not None
+
+    def _gx_columns(self) -> list[str]:
+        """The columns GX validates: the standard ones, then the payload's."""
+        fields = self.config.payload.fields
+        return [*STANDARD_COLUMNS, *[f for f in fields if f not in STANDARD_COLUMNS]]
 
 
 # -- the streaming query ---------------------------------------------------------------------------------

@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from .config import ExpectationConfig, GxRunConfig, SuiteConfig
 
@@ -34,7 +36,8 @@ ENGINE_GX = "great_expectations"
 PIPELINE_SUITE = "pipeline"
 PARSEABLE_PAYLOAD = "payload_is_json_of_declared_types"
 
-_FLOATING = {"float", "double"}
+#: Column types whose NaN counts as missing (as GX's pandas engine counts it).
+FLOATING = frozenset({"float", "double"})
 
 
 def qualified_name(suite: SuiteConfig, expectation: ExpectationConfig) -> str:
@@ -44,7 +47,7 @@ def qualified_name(suite: SuiteConfig, expectation: ExpectationConfig) -> str:
 
 def _missing(expectation: ExpectationConfig, column_types: Mapping[str, str]) -> Column:
     value = F.col(expectation.column)
-    if column_types.get(expectation.column, "") in _FLOATING:
+    if column_types.get(expectation.column, "") in FLOATING:
         return value.isNull() | F.isnan(value)
     return value.isNull()
 
@@ -298,6 +301,23 @@ def gx_outcomes(
         return validator.validate(cached), cached.count()
     finally:
         cached.unpersist()
+
+
+def gx_outcomes_of_arrow(
+    validator: GxValidator, parsed: pa.Table, schema: StructType, timezone: str | None, max_rows: int
+) -> tuple[list[ExpectationOutcome], int]:
+    """:func:`gx_outcomes` on parsed rows already in the driver as Arrow (``schema``: their Spark schema).
+
+    The pandas frame is made by PySpark's own conversion of ``toPandas`` (its session ``timezone``), so GX
+    sees the same values and types as from a Spark sample; the first ``max_rows`` rows are validated.
+    """
+    from pyspark.sql.pandas.conversion import _convert_arrow_table_to_pandas
+
+    if validator.engine != "pandas":
+        raise ValueError("validating Arrow rows needs the pandas engine")
+    sample = parsed.select(schema.names).slice(0, max_rows)
+    frame = _convert_arrow_table_to_pandas(sample, schema, timezone=timezone, date_as_object=True)
+    return validator.validate(frame), len(frame)
 
 
 def merge_outcomes(

@@ -93,22 +93,51 @@ def parse_telemetry(bronze: DataFrame, payload: PayloadConfig) -> DataFrame:
     bronze. A payload that is not a JSON object of the declared types keeps null fields and is flagged
     ``parse_error``; the payload columns come from ``payload.fields`` in their declared types.
     """
-    template = payload.template
+    parsed = bronze.where(topic_matches(payload.template)).withColumn("_json", _payload_json(payload))
+    parsed_columns = [column.alias(name) for name, column in _parsed_columns(payload)]
+    return parsed.select(*[F.col(c) for c in _RECORD_COLUMNS], F.col("ingested_at"), *parsed_columns)
+
+
+#: Bronze's columns (:func:`to_bronze`).
+BRONZE_COLUMNS = (*_RECORD_COLUMNS, "ingest_date", "ingested_at")
+#: Whether a row of :func:`parse_records` is on a telemetry topic.
+IS_TELEMETRY = "is_telemetry"
+#: The columns of flagged :func:`parse_records` rows besides the payload fields (which must not clash).
+PARSED_RECORD_COLUMNS = (*BRONZE_COLUMNS, IS_TELEMETRY, "topic_tags", "parse_error", "failed_expectations")
+
+
+def parse_records(bronze: DataFrame, payload: PayloadConfig) -> DataFrame:
+    """Every bronze row, with ``is_telemetry`` and, on telemetry rows, :func:`parse_telemetry`'s columns.
+
+    One frame for both bronze and everything derived from the parsed rows, so a batch whose rows all go to
+    the driver reads its source once (other rows have null parsed columns and are only bronze).
+    """
+    telemetry = topic_matches(payload.template)
+    parsed = bronze.withColumn("_json", F.when(telemetry, _payload_json(payload)))
+    return parsed.select(
+        *bronze.columns,
+        telemetry.alias(IS_TELEMETRY),
+        *[F.when(telemetry, column).alias(name) for name, column in _parsed_columns(payload)],
+    )
+
+
+def _payload_json(payload: PayloadConfig) -> Column:
     field_ddl = ", ".join(f"`{name}` {type_name}" for name, type_name in payload.fields.items())
     schema = f"{field_ddl}, `{_CORRUPT}` string"
-    parsed = bronze.where(topic_matches(template)).withColumn(
-        "_json",
-        F.from_json(F.col("payload").cast("string"), schema, {"columnNameOfCorruptRecord": _CORRUPT}),
-    )
-    return parsed.select(
-        *[F.col(c) for c in _RECORD_COLUMNS],
-        F.col("ingested_at"),
-        _placeholder(template, "device_id").alias("device_id"),
-        _topic_tags(template).alias("topic_tags"),
-        _event_time(payload).alias("event_time"),
-        *[F.col("_json").getField(name).alias(name) for name in payload.fields],
-        (F.col("_json").isNull() | F.col("_json").getField(_CORRUPT).isNotNull()).alias("parse_error"),
-    )
+    return F.from_json(F.col("payload").cast("string"), schema, {"columnNameOfCorruptRecord": _CORRUPT})
+
+
+def _parsed_columns(payload: PayloadConfig) -> list[tuple[str, Column]]:
+    """What parsing adds to a record (given its ``_json``), by name."""
+    template = payload.template
+    columns = [
+        ("device_id", _placeholder(template, "device_id")),
+        ("topic_tags", _topic_tags(template)),
+        ("event_time", _event_time(payload)),
+        *[(name, F.col("_json").getField(name)) for name in payload.fields],
+        ("parse_error", F.col("_json").isNull() | F.col("_json").getField(_CORRUPT).isNotNull()),
+    ]
+    return columns
 
 
 def flag_failures(parsed: DataFrame, failure_conditions: Mapping[str, Column]) -> DataFrame:

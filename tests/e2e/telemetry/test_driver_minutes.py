@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from datetime import UTC, datetime, timedelta
 
@@ -75,3 +76,34 @@ def test_without_records_of_drops_the_batch_own_records():
     left = driver_minutes.without_records_of(stored, batch)
     assert left.column("offset").to_pylist() == [0, 1, 2, 7, 8, 9]
     assert driver_minutes.without_records_of(stored, batch.slice(0, 0)) == stored
+
+
+def test_a_nan_metric_orders_as_spark_orders_it(spark):
+    """Spark's max of a minute holding NaN is NaN, its min the smallest number; NaN alone is NaN."""
+    rows = silver_rows(random.Random(8), 6, 0, range(0, 1)).to_pylist()
+    rows[0]["temperature"], rows[1]["temperature"] = float("nan"), 20.0
+    rows[2]["humidity"] = rows[3]["humidity"] = rows[4]["humidity"] = rows[5]["humidity"] = float("nan")
+    rows[0]["humidity"] = rows[1]["humidity"] = float("nan")
+    for row in rows:
+        row["device_id"] = "d0"
+    schema = silver_rows(random.Random(8), 0, 0, range(1)).schema
+    new = pa.Table.from_pylist(rows, schema=schema)
+    empty = new.slice(0, 0)
+    in_driver = driver_minutes.touched_minute_aggregates(empty, new, METRICS, UPDATED).to_pylist()
+    in_spark = (
+        T.touched_minute_aggregates(
+            spark.createDataFrame(empty), spark.createDataFrame(new), METRICS, UPDATED
+        )
+        .toArrow()
+        .to_pylist()
+    )
+    [driver], [expected] = in_driver, in_spark
+    assert math.isnan(expected["temperature_max"]) and expected["temperature_min"] < 100
+    assert math.isnan(expected["humidity_min"]) and math.isnan(expected["humidity_max"])
+    for column, value in expected.items():
+        if isinstance(value, float) and math.isnan(value):
+            assert math.isnan(driver[column]), column
+        elif isinstance(value, float):
+            assert driver[column] == pytest.approx(value, rel=1e-12), column
+        else:
+            assert driver[column] == value, column
