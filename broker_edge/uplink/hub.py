@@ -32,6 +32,7 @@ from broker_edge.protocol.topics import validate_topic_filter
 from broker_edge.security.tls import ServerContexts, server_ssl_context
 from broker_edge.settings.uplink import UplinkHubConfig, site_topic
 from broker_edge.uplink.batches import next_batch
+from broker_edge.uplink.batches_elsewhere import batch_elsewhere
 from broker_edge.uplink.mirror import Gap, mirror_batch, mirrored_ends
 from broker_edge.uplink.site_identity import site_of_certificate
 from broker_edge.uplink.site_status import SitesStatus, SiteStatus
@@ -65,6 +66,8 @@ HEARTBEAT_S = 15.0
 GAPS_FILE = "uplink-gaps.jsonl"
 DOWN_BATCH_BYTES = 256 * 1024
 DOWN_IDLE_S = 5.0
+DOWN_POLL_S = 0.5
+"""How often a cluster member asks again for downlinked logs it holds no copy of (nothing wakes it)."""
 
 
 class UplinkHub:
@@ -204,20 +207,26 @@ class UplinkHub:
         self, ws: web.WebSocketResponse, filters: list[str], positions: dict[str, int], codec: str
     ) -> None:
         """The hub's topics matching ``filters`` to the site, from where its copies end (``positions``),
-        until the connection ends; the WebSocket's flow control paces it."""
-        store = self.store
+        until the connection ends; the WebSocket's flow control paces it. The logs held here are read here;
+        on a cluster hub, those this member holds no copy of are read from a member that does (polled)."""
+        store, logs = self.store, self.logs
         seq = 0
         try:
             while not ws.closed:
-                topics = _own_topics(store, filters)
+                topics = [topic for topic in _own_topics(store, filters) if logs.holds(topic)]
                 pending = collections.OrderedDict.fromkeys(topics)
                 batch = next_batch(store, seq, positions, pending, DOWN_BATCH_BYTES, _skip)
+                elsewhere = False
+                if batch is None:
+                    batch, elsewhere = await batch_elsewhere(
+                        logs, seq, filters, positions, DOWN_BATCH_BYTES, _skip
+                    )
                 if batch is not None:
                     await ws.send_bytes(encode_batch(batch, codec, DOWN))
                     seq += 1
                     continue
                 waiting = {topic: positions.get(topic, 0) for topic in topics}
-                await store.wait_for_data(waiting, DOWN_IDLE_S, "#")
+                await store.wait_for_data(waiting, DOWN_POLL_S if elsewhere else DOWN_IDLE_S, "#")
         except (ConnectionError, RuntimeError) as error:  # the connection closed under a send
             log.debug("downlink ended: %s", error)
 
