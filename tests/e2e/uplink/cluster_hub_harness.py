@@ -5,7 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from broker_edge.runtime.launcher import BrokerProcess, free_port
-from broker_edge.runtime.local_cluster import EtcdServer, EtcdTarget, cluster_broker, wait_settled
+from broker_edge.runtime.local_cluster import (
+    EtcdServer,
+    EtcdTarget,
+    cluster_broker,
+    cluster_state,
+    wait_settled,
+    wait_until,
+)
 from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.storage import LogStore, StorageConfig
 from tests.e2e.uplink.uplink_harness import hub_section
@@ -17,8 +24,8 @@ PARTITIONS = 16
 def hub_cluster(
     tmp_path: Path, pki: LocalPki, replication_factor: int = 3, min_insync_replicas: int = 2
 ) -> tuple[EtcdServer, EtcdTarget, dict[str, int], dict[str, BrokerProcess]]:
-    """etcd and the hub's members, started and settled (every partition with ``replication_factor`` in-sync
-    replicas), each with its ``uplink_hub`` port; the caller kills them."""
+    """etcd and the hub's members, started and settled (every partition with ``replication_factor`` replicas,
+    all in sync), each with its ``uplink_hub`` port; the caller kills them."""
     etcd = EtcdServer(tmp_path / "etcd").start()
     target = EtcdTarget(etcd, "/timestone")
     ports = {node: free_port() for node in NODES}
@@ -35,6 +42,13 @@ def hub_cluster(
         for hub in hubs.values():
             hub.start()
         wait_settled(target, set(NODES), replication_factor)
+        wait_until(  # copies moved while members joined are dropped from the old replicas
+            lambda: all(
+                len(state.replicas) == replication_factor
+                for state in cluster_state(target).partitions.values()
+            ),
+            what=f"{replication_factor} replicas per partition",
+        )
     except BaseException:
         for hub in hubs.values():
             hub.kill()
