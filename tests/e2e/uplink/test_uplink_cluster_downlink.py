@@ -59,7 +59,7 @@ def test_a_member_with_no_copy_of_a_downlinked_topic_sends_it_from_its_leader(
         for n in range(3, 6):  # live, while the site is connected
             publisher.publish(remote, f"remote {n}".encode(), qos=1)
         assert wait_for(lambda: held(remote, 6), timeout=30)
-        on_site = {topic: site.call(lambda t=topic: log_frames(store, t)) for topic in (remote, local)}
+        on_site = site.call(lambda: {topic: log_frames(store, topic) for topic in (remote, local)})
         records = site.call(lambda: [r.payload for r in store.read(remote, 0, 100, 1 << 20)])
         publisher.disconnect()
         for hub in hubs.values():
