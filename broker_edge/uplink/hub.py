@@ -8,6 +8,8 @@ on each topic's partition leader, acknowledged once the in-sync replicas hold it
 acknowledged ends of its topics and ``ENDS`` the acknowledged end of every topic of the site; the site
 sends from those ends. A batch that cannot be acknowledged now (an election) is answered ``ERROR``: the
 site dials again (another hub address, when it has several) and resends from the ends it is given.
+The downlink sends the hub's matching topics at the hub's offsets: from this broker's copies, and on a
+cluster member those it holds no copy of read through the same port from a member that does.
 The status of every site is served as JSON by ``status_routes`` (on the offsets API) and as metrics.
 """
 
@@ -208,19 +210,27 @@ class UplinkHub:
     ) -> None:
         """The hub's topics matching ``filters`` to the site, from where its copies end (``positions``),
         until the connection ends; the WebSocket's flow control paces it. The logs held here are read here;
-        on a cluster hub, those this member holds no copy of are read from a member that does (polled)."""
+        on a cluster hub, those this member holds no copy of are read from a member that does (polled), the
+        two taking turns so that a backlog of either never holds back the other."""
         store, logs = self.store, self.logs
         seq = 0
+        turn_elsewhere = False
         try:
             while not ws.closed:
                 topics = [topic for topic in _own_topics(store, filters) if logs.holds(topic)]
                 pending = collections.OrderedDict.fromkeys(topics)
-                batch = next_batch(store, seq, positions, pending, DOWN_BATCH_BYTES, _skip)
-                elsewhere = False
-                if batch is None:
+                batch, elsewhere = None, False
+                if turn_elsewhere:
                     batch, elsewhere = await batch_elsewhere(
                         logs, seq, filters, positions, DOWN_BATCH_BYTES, _skip
                     )
+                if batch is None:
+                    batch = next_batch(store, seq, positions, pending, DOWN_BATCH_BYTES, _skip)
+                if batch is None and not turn_elsewhere:
+                    batch, elsewhere = await batch_elsewhere(
+                        logs, seq, filters, positions, DOWN_BATCH_BYTES, _skip
+                    )
+                turn_elsewhere = not turn_elsewhere
                 if batch is not None:
                     await ws.send_bytes(encode_batch(batch, codec, DOWN))
                     seq += 1
