@@ -193,7 +193,7 @@ def read_cluster_slices(cluster: ClusterFetch, slices: Sequence[Slice]) -> Itera
                 for topic in taken.lagging:  # long-polled by the next round, or moved to another reader
                     router.lagging(topic, node, lag_timeout_s, pending[topic].offset)
                 if taken.batch is not None:
-                    yield to_source_batch(taken.batch, cluster.cluster)
+                    yield to_source_batch(taken.batch, cluster.cluster, cluster.settings.sites)
     finally:
         for client in clients.values():
             client.close()

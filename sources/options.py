@@ -24,6 +24,7 @@ from broker_edge.config.endpoints import BrokerEndpoint, parse_endpoints
 from broker_edge.config.loader import ConfigError
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import SHARE_PREFIX, validate_topic_filter
+from broker_edge.settings.uplink import site_topic
 
 __all__ = [
     "EARLIEST",
@@ -138,8 +139,14 @@ class SourceOptions:
     """``partitions``: a new query reads a standalone broker by storage partition positions when the broker
     serves them and the start allows (earliest, latest, a time); ``topics``: always by topic offsets."""
     sites: bool = False
-    """The brokers are uplink hubs: each site's topic ``$site/<site_id>/<topic>`` is read as broker
-    ``<site_id>``, topic ``<topic>`` (docs/uplink.md)."""
+    """The brokers (or the cluster) are an uplink hub: each site's topic ``$site/<site_id>/<topic>`` is read
+    as broker ``<site_id>``, topic ``<topic>`` (docs/uplink.md)."""
+
+    @property
+    def log_patterns(self) -> tuple[str, ...]:
+        """The filters the brokers' logs are listed with: ``topics``, or on a hub (``sites``) each of them
+        under every site (``$site/+/<filter>``)."""
+        return tuple(site_topic("+", topic) for topic in self.topics) if self.sites else self.topics
 
     @property
     def reads_cluster(self) -> bool:
@@ -202,7 +209,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         ),
         min_partitions=_optional_int(lowered, "minPartitions", minimum=1),
         fail_on_data_loss=_bool(lowered, "failOnDataLoss", default=True),
-        sites=_parse_sites(lowered, bootstrap),
+        sites=_bool(lowered, "sites", default=False),
         fetch_timeout_ms=_int(lowered, "fetchTimeoutMs", DEFAULT_FETCH_TIMEOUT_MS, minimum=1),
         fetch_retries=_int(lowered, "fetchRetries", DEFAULT_FETCH_RETRIES, minimum=0),
         retry_backoff_ms=_int(lowered, "retryBackoffMs", DEFAULT_RETRY_BACKOFF_MS, minimum=0),
@@ -304,15 +311,6 @@ def _choice(options: Mapping[str, str], name: str, choices: tuple[str, ...]) -> 
     if text not in choices:
         raise SourceOptionError(name, f"expected one of {', '.join(choices)}, got {raw!r}")
     return text
-
-
-def _parse_sites(options: Mapping[str, str], bootstrap: tuple[str, ...]) -> bool:
-    sites = _bool(options, "sites", default=False)
-    if sites and bootstrap:
-        raise SourceOptionError(
-            "sites", "sites are read from a hub named in brokers; from a cluster it is not built yet"
-        )
-    return sites
 
 
 def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:

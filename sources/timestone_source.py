@@ -46,7 +46,6 @@ from pyspark.sql.types import (
 
 from broker_edge.offsets_api.client import OffsetsApiError, OffsetsClient
 from broker_edge.offsets_api.errors import UnknownTopicError
-from broker_edge.settings.uplink import site_topic
 
 from .cluster_listing import ClusterLister, ClusterListing
 from .cluster_plan import by_reader
@@ -410,7 +409,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if self._lister is None:
             self._lister = ClusterLister(name, self.options.bootstrap_servers, self._fetch[name])
         try:
-            self._cluster = self._lister.list(self.options.topics)
+            self._cluster = self._lister.list(self.options.log_patterns)
         except BrokerUnreachableError as error:
             return {}, {name: error}
         listings: Listings = {name: {topic: route.extent for topic, route in self._cluster[1].items()}}
@@ -435,8 +434,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 return extents
             fetch = self._fetch[broker]
             logs: dict[str, LogExtent] = {}
-            for topic_filter in self.options.topics:
-                pattern = site_topic("+", topic_filter) if self.options.sites else topic_filter
+            for pattern in self.options.log_patterns:
                 for info in fetch.call(partial(client.list_logs, pattern)):
                     logs[info.topic] = LogExtent(info.start_offset, info.end_offset)
             return logs

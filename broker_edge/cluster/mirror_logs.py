@@ -17,6 +17,9 @@ site, which sends again from the ends it is given next.
 member lists the logs it holds (``GET /v1/mirror/ends``), with their committed ends for the partitions it
 leads. A site resuming on another member after a failover so starts where the cluster is durable; a
 leader's tail that was not replicated, and that its successor truncated, is sent again at the same offsets.
+
+The hub's downlink reads the logs this member holds a copy of from its store, and the others (fewer
+replicas than members) through ``LogsElsewhere``: from their partitions' leaders, verbatim, at their offsets.
 """
 
 from __future__ import annotations
@@ -40,9 +43,11 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from broker_edge.cluster.links.member_clients import MemberClients
+    from broker_edge.cluster.reads.logs_elsewhere import LogsElsewhere
     from broker_edge.cluster.view import ClusterView
     from broker_edge.engine.ports import Replication
     from broker_edge.storage import LogStore
+    from broker_edge.storage.record import Record
 
 __all__ = ["APPEND_PATH", "ENDS_PATH", "ClusterMirrorLogs"]
 
@@ -80,15 +85,18 @@ class ClusterMirrorLogs:
         refusal: Callable[[str], str | None],
         clients: MemberClients,
         timeout_s: float,
+        elsewhere: LogsElsewhere | None = None,
     ) -> None:
         """``refusal(topic)``: why a logged append on ``topic`` would be refused here now (None: this member
-        leads its partition with enough in-sync replicas)."""
+        leads its partition with enough in-sync replicas). ``elsewhere``: the downlinked logs held by other
+        members (None: every log is read here)."""
         self.view = view
         self.store = store
         self.replication = replication
         self.refusal = refusal
         self.clients = clients
         self.timeout_s = timeout_s
+        self.elsewhere = elsewhere
 
     # -- the port ------------------------------------------------------------------------------------------
 
@@ -169,6 +177,15 @@ class ClusterMirrorLogs:
                     f"{self.timeout_s:.0f} s (e.g. {min(missing)!r})"
                 )
             await asyncio.sleep(RETRY_S)
+
+    def holds(self, topic: str) -> bool:
+        return self.elsewhere is None or self.elsewhere.holds(topic)
+
+    async def logs_elsewhere(self, filters: Sequence[str]) -> dict[str, tuple[int, int]]:
+        return {} if self.elsewhere is None else await self.elsewhere.matching(filters)
+
+    async def read_elsewhere(self, topic: str, offset: int, max_bytes: int) -> list[Record]:
+        return [] if self.elsewhere is None else await self.elsewhere.read(topic, offset, max_bytes)
 
     # -- on the leader -------------------------------------------------------------------------------------
 

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from broker_edge.cluster.features.wills import ClusterWills
     from broker_edge.cluster.mirror_logs import ClusterMirrorLogs
     from broker_edge.cluster.reads.interest import LocalInterest
+    from broker_edge.cluster.reads.log_starts import LogStarts
     from broker_edge.cluster.reads.remote_reads import RemoteReads
     from broker_edge.cluster.reads.remote_starts import RemoteStarts
     from broker_edge.cluster.replication.epochs import LeaderEpochs
@@ -235,6 +236,7 @@ class ClusterNode:
         self.interest: LocalInterest | None = None
         self.epochs: LeaderEpochs | None = None
         self.remote_reads: RemoteReads | None = None
+        self.log_starts: LogStarts | None = None
         self.remote_starts: RemoteStarts | None = None
         self.mirror_logs: ClusterMirrorLogs | None = None
         if not self.static:
@@ -329,9 +331,10 @@ class ClusterNode:
             self.remote_reads = RemoteReads(
                 view, self.followers, self._log_here, broker.replays, self.clients
             )
+            self.log_starts = LogStarts(store, view, self.links)
             self.remote_starts = RemoteStarts(
                 view,
-                LogStarts(store, view, self.links),
+                self.log_starts,
                 self._copy_here,
                 self.followers.observed_logs,
             )
@@ -344,8 +347,10 @@ class ClusterNode:
         """The ``mirror_logs`` port (an uplink hub's sites' logs, on their partitions' leaders) and its
         members' endpoint routes."""
         from broker_edge.cluster.mirror_logs import ClusterMirrorLogs
+        from broker_edge.cluster.reads.logs_elsewhere import LogsElsewhere
 
         cluster = self.cluster
+        starts = self.log_starts
         self.mirror_logs = ClusterMirrorLogs(
             self.view,
             store,
@@ -353,6 +358,7 @@ class ClusterNode:
             leader.refusal,
             self.clients,
             (cluster.forward_timeout_ms / 1000) + cluster.lease_ttl_s,
+            LogsElsewhere(self.view, starts, self._copy_here, self.clients) if starts is not None else None,
         )
         self.members_routes.append(self.mirror_logs.add_routes)
 

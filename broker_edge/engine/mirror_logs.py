@@ -8,8 +8,9 @@ on at the sender's offset, ``LogStore.append_frames``' ``at``), the rest is appe
 as a replica checks its leader's.
 
 ``LocalMirrorLogs`` is the ``mirror_logs`` port (``broker_edge.engine.ports``) of a broker alone: appended
-here, acknowledged once durable. A cluster member's appends on the leader of each log's partition and
-acknowledges once the in-sync replicas hold them (``broker_edge.cluster.mirror_logs``).
+here, acknowledged once durable, and every log the hub's downlink reads is here. A cluster member's appends
+on the leader of each log's partition, acknowledges once the in-sync replicas hold them, and reads the
+downlinked logs it holds no copy of from a member that does (``broker_edge.cluster.mirror_logs``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from broker_edge.storage.record import PREFIX, PREFIX_SIZE
 
 if TYPE_CHECKING:
     from broker_edge.storage import LogStore
+    from broker_edge.storage.record import Record
 
 __all__ = [
     "LocalMirrorLogs",
@@ -115,3 +117,12 @@ class LocalMirrorLogs:
     async def ends(self, prefix: str) -> dict[str, int]:
         await self.store.wait_durable()  # appends still in flight count in the ends
         return {info.topic: info.end_offset for info in self.store.logs(prefix + "#")}
+
+    def holds(self, topic: str) -> bool:
+        return True
+
+    async def logs_elsewhere(self, filters: Sequence[str]) -> dict[str, tuple[int, int]]:
+        return {}
+
+    async def read_elsewhere(self, topic: str, offset: int, max_bytes: int) -> list[Record]:
+        return []

@@ -35,8 +35,9 @@ port                asked by                                           a broker 
 ``remote_starts``   the cursors: replays positioned in logs held       every log is here
                     elsewhere, before the SUBACK
 ``mirror_logs``     the uplink hub: a site's frames appended at its    appended here, acknowledged once
-                    offsets on their partition's leader, acknowledged  durable (``LocalMirrorLogs``)
-                    once replicated; the ends committed there
+                    offsets on their partition's leader, acknowledged  durable (``LocalMirrorLogs``); every
+                    once replicated; the ends committed there; the     downlinked log is here
+                    downlinked logs held elsewhere, read from a copy
 ==================  =================================================  =======================================
 
 ``mirror_logs`` is asked by the uplink (beside the cluster, above the engine), not by the engine itself: the
@@ -302,6 +303,17 @@ class MirrorLogs(Protocol):
     async def ends(self, prefix: str) -> dict[str, int]:
         """The acknowledged end of every log whose topic starts with ``prefix``; ``MirrorRefused`` when
         one cannot be known now."""
+
+    def holds(self, topic: str) -> bool:
+        """Whether this broker holds a complete copy of ``topic``'s log (the hub's downlink reads it here)."""
+
+    async def logs_elsewhere(self, filters: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """The logs matching ``filters`` (no ``$`` topics) that this broker holds no copy of, each with its
+        start and committed end as a broker holding it has them (a broker alone: none)."""
+
+    async def read_elsewhere(self, topic: str, offset: int, max_bytes: int) -> list[Record]:
+        """Committed records of ``topic`` from ``offset`` (later after retention), exactly as stored, from a
+        broker holding its log ([]: none answered, or nothing there yet)."""
 
 
 # -- the ports together -----------------------------------------------------------------------------------

@@ -8,6 +8,8 @@ on each topic's partition leader, acknowledged once the in-sync replicas hold it
 acknowledged ends of its topics and ``ENDS`` the acknowledged end of every topic of the site; the site
 sends from those ends. A batch that cannot be acknowledged now (an election) is answered ``ERROR``: the
 site dials again (another hub address, when it has several) and resends from the ends it is given.
+The downlink sends the hub's matching topics at the hub's offsets: from this broker's copies, and on a
+cluster member those it holds no copy of read through the same port from a member that does.
 The status of every site is served as JSON by ``status_routes`` (on the offsets API) and as metrics.
 """
 
@@ -32,6 +34,7 @@ from broker_edge.protocol.topics import validate_topic_filter
 from broker_edge.security.tls import ServerContexts, server_ssl_context
 from broker_edge.settings.uplink import UplinkHubConfig, site_topic
 from broker_edge.uplink.batches import next_batch
+from broker_edge.uplink.batches_elsewhere import batch_elsewhere
 from broker_edge.uplink.mirror import Gap, mirror_batch, mirrored_ends
 from broker_edge.uplink.site_identity import site_of_certificate
 from broker_edge.uplink.site_status import SitesStatus, SiteStatus
@@ -65,6 +68,8 @@ HEARTBEAT_S = 15.0
 GAPS_FILE = "uplink-gaps.jsonl"
 DOWN_BATCH_BYTES = 256 * 1024
 DOWN_IDLE_S = 5.0
+DOWN_POLL_S = 0.5
+"""How often a cluster member asks again for downlinked logs it holds no copy of (nothing wakes it)."""
 
 
 class UplinkHub:
@@ -204,20 +209,34 @@ class UplinkHub:
         self, ws: web.WebSocketResponse, filters: list[str], positions: dict[str, int], codec: str
     ) -> None:
         """The hub's topics matching ``filters`` to the site, from where its copies end (``positions``),
-        until the connection ends; the WebSocket's flow control paces it."""
-        store = self.store
+        until the connection ends; the WebSocket's flow control paces it. The logs held here are read here;
+        on a cluster hub, those this member holds no copy of are read from a member that does (polled), the
+        two taking turns so that a backlog of either never holds back the other."""
+        store, logs = self.store, self.logs
         seq = 0
+        turn_elsewhere = False
         try:
             while not ws.closed:
-                topics = _own_topics(store, filters)
+                topics = [topic for topic in _own_topics(store, filters) if logs.holds(topic)]
                 pending = collections.OrderedDict.fromkeys(topics)
-                batch = next_batch(store, seq, positions, pending, DOWN_BATCH_BYTES, _skip)
+                batch, elsewhere = None, False
+                if turn_elsewhere:
+                    batch, elsewhere = await batch_elsewhere(
+                        logs, seq, filters, positions, DOWN_BATCH_BYTES, _skip
+                    )
+                if batch is None:
+                    batch = next_batch(store, seq, positions, pending, DOWN_BATCH_BYTES, _skip)
+                if batch is None and not turn_elsewhere:
+                    batch, elsewhere = await batch_elsewhere(
+                        logs, seq, filters, positions, DOWN_BATCH_BYTES, _skip
+                    )
+                turn_elsewhere = not turn_elsewhere
                 if batch is not None:
                     await ws.send_bytes(encode_batch(batch, codec, DOWN))
                     seq += 1
                     continue
                 waiting = {topic: positions.get(topic, 0) for topic in topics}
-                await store.wait_for_data(waiting, DOWN_IDLE_S, "#")
+                await store.wait_for_data(waiting, DOWN_POLL_S if elsewhere else DOWN_IDLE_S, "#")
         except (ConnectionError, RuntimeError) as error:  # the connection closed under a send
             log.debug("downlink ended: %s", error)
 

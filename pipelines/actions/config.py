@@ -27,9 +27,10 @@ class ActionsConfig:
     member, and reports are read once. False: separate brokers, each gets every action. None (default):
     ask the brokers when the job starts (``pipelines/actions/cluster.py``)."""
     sites: bool = False
-    """Whether ``brokers`` are uplink hubs whose devices are at the sites (docs/uplink.md): actions are
-    published to the hub (its downlink takes them to every site), and reports are read from every site's
-    logs on the hub (``$site/<site_id>/<status topic>``, the source's ``sites`` option), not the hub's own."""
+    """Whether ``brokers`` are an uplink hub (a broker alone, or the members of a cluster hub) whose devices
+    are at the sites (docs/uplink.md): actions are published to the hub (its downlink takes them to every
+    site), and reports are read from every site's logs on the hub (``$site/<site_id>/<status topic>``, the
+    source's ``sites`` option), not the hub's own."""
     status_topics: str = "actions/reports/+,devices/+/actions"
     """Topic filters of the device status reports, comma-separated (docs/device-protocol.md): each device
     bucket's report topic, and each device's own topic for devices on the earlier protocol."""
@@ -67,8 +68,6 @@ class ActionsConfig:
             raise ConfigError("device_buckets", "must be 0 (per-device topics) or more")
         if self.backend not in ("auto", "delta-rs", "native"):
             raise ConfigError("backend", f"expected auto, delta-rs or native, got {self.backend!r}")
-        if self.sites and self.cluster:
-            raise ConfigError("sites", "sites are read from a hub in brokers; from a cluster: not built yet")
         filters = [f.strip() for f in self.status_topics.split(",")]
         for topic_filter in filters:
             try:

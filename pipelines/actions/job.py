@@ -73,14 +73,14 @@ def _status_reports(
         .option("startingOffsets", "earliest")
         .option("maxTopicsPerPartition", config.report_topics_per_task)
     )
+    if config.sites:  # a hub: each site's reports, under $site/<site_id>/ (docs/uplink.md)
+        reader = reader.option("sites", "true")
     if cluster:  # the source finds each topic's replicas and reads a dead member's ranges from another
         reader = reader.option("bootstrapServers", ",".join(b.offsets_api for b in endpoints))
         reader = reader.option("clusterName", CLUSTER_BROKER_ID).option("fetchTimeoutMs", 5000)
         token = next((b.token for b in endpoints if b.token), None)
         return (reader.option("authToken", token) if token else reader).load().select("payload")
     reader = reader.option("brokers", format_endpoints(endpoints))
-    if config.sites:  # a hub: each site's reports, under $site/<site_id>/ (docs/uplink.md)
-        reader = reader.option("sites", "true")
     for broker in endpoints:
         if broker.token:
             reader = reader.option(f"authToken.{broker.name}", broker.token)

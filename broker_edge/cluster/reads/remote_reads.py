@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from broker_edge.engine.sessions.session import Session
     from broker_edge.storage.record import Record
 
-__all__ = ["RemoteReads"]
+__all__ = ["RemoteReads", "read_committed"]
 
 log = logging.getLogger(__name__)
 
@@ -141,42 +141,51 @@ class RemoteReads:
             self.replays.pump_soon(session)
 
     async def _fetch_once(self, topic: str, offset: int) -> list[Record]:
-        reader = self._reader(topic)
-        if reader is None:
-            return []
-        node, base = reader
-        query = urllib.parse.urlencode(
-            {"offset": offset, "max_records": READ_RECORDS, "max_bytes": READ_BYTES, "format": "frames"}
-        )
-        url = f"{base.rstrip('/')}/v1/logs/{topic_path_segment(topic)}/records?{query}"
         self.fetches += 1
-        try:
-            timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
-            async with self.clients.session(node).get(yarl.URL(url, encoded=True), timeout=timeout) as answer:
-                body = await answer.read()
-                if answer.status == 416:  # below the log's start (retention): read on from its start
-                    start = int(json.loads(body).get("start_offset", offset))
-                    return await self._fetch_once(topic, start) if start > offset else []
-                if answer.status != 200:
-                    log.debug("reading %r from %s: HTTP %d", topic, base, answer.status)
-                    return []
-                records, refused = frames_records(body, answer.headers, _MAX_FRAME_BODY)
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError) as error:
-            log.debug("reading %r from %s failed: %s", topic, base, error)
-            return []
-        if refused is not None:
-            first_refused = records[-1].offset + 1 if records else offset
-            log.error("%r from %s: frame %d refused (%s)", topic, base, first_refused, refused)
-        return records
+        return await read_committed(self.view, self.clients, topic, offset)
 
-    def _reader(self, topic: str) -> tuple[str, str] | None:
-        """The partition's leader, else a live replica, and its members' endpoint (None: none known)."""
-        view = self.view
-        state = view.state_of(topic)
-        if state is None:
-            return None
-        for node in (state.leader, *state.replicas):
-            member = view.members.get(node) if node is not None else None
-            if member is not None and member.peer is not None and node != view.node_id:
-                return member.node_id, member.peer
+
+async def read_committed(
+    view: ClusterView, clients: MemberClients, topic: str, offset: int, max_bytes: int = READ_BYTES
+) -> list[Record]:
+    """Committed records of ``topic`` from ``offset`` (from its start when retention removed ``offset``),
+    exactly as stored, from the partition's leader, else a live replica (not this member); [] when none
+    answered or it has nothing yet."""
+    reader = _reader(view, topic)
+    if reader is None:
+        return []
+    node, base = reader
+    query = urllib.parse.urlencode(
+        {"offset": offset, "max_records": READ_RECORDS, "max_bytes": max_bytes, "format": "frames"}
+    )
+    url = f"{base.rstrip('/')}/v1/logs/{topic_path_segment(topic)}/records?{query}"
+    try:
+        timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
+        async with clients.session(node).get(yarl.URL(url, encoded=True), timeout=timeout) as answer:
+            body = await answer.read()
+            if answer.status == 416:  # below the log's start (retention): read on from its start
+                start = int(json.loads(body).get("start_offset", offset))
+                return await read_committed(view, clients, topic, start, max_bytes) if start > offset else []
+            if answer.status != 200:
+                log.debug("reading %r from %s: HTTP %d", topic, base, answer.status)
+                return []
+            records, refused = frames_records(body, answer.headers, _MAX_FRAME_BODY)
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError) as error:
+        log.debug("reading %r from %s failed: %s", topic, base, error)
+        return []
+    if refused is not None:
+        first_refused = records[-1].offset + 1 if records else offset
+        log.error("%r from %s: frame %d refused (%s)", topic, base, first_refused, refused)
+    return records
+
+
+def _reader(view: ClusterView, topic: str) -> tuple[str, str] | None:
+    """The partition's leader, else a live replica, and its members' endpoint (None: none known)."""
+    state = view.state_of(topic)
+    if state is None:
         return None
+    for node in (state.leader, *state.replicas):
+        member = view.members.get(node) if node is not None else None
+        if member is not None and member.peer is not None and node != view.node_id:
+            return member.node_id, member.peer
+    return None

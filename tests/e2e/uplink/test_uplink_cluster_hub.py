@@ -18,23 +18,16 @@ from typing import Any
 import pytest
 
 from broker_edge.cluster.view import partition_of
-from broker_edge.runtime.launcher import BrokerProcess, free_port
-from broker_edge.runtime.local_cluster import (
-    EtcdServer,
-    EtcdTarget,
-    cluster_broker,
-    cluster_state,
-    wait_settled,
-)
-from broker_edge.runtime.local_pki import LocalPki
+from broker_edge.runtime.launcher import BrokerProcess
+from broker_edge.runtime.local_cluster import EtcdTarget, cluster_state
 from broker_edge.settings.uplink import site_topic
-from broker_edge.storage import CorruptRecord, LogStore, StorageConfig
+from broker_edge.storage import CorruptRecord, LogStore
 from tests.e2e.broker_clients import wait_for
 from tests.e2e.conftest import RunningBroker
+from tests.e2e.uplink.cluster_hub_harness import NODES, PARTITIONS, hub_cluster, hub_url, member_store
 from tests.e2e.uplink.uplink_harness import (
     Telemetry,
     WanRelay,
-    hub_section,
     log_frames,
     pki_in,
     site_section,
@@ -43,48 +36,7 @@ from tests.e2e.uplink.uplink_harness import (
 pytestmark = pytest.mark.timeout(120)
 
 SITE = "plant-c"
-NODES = ("h1", "h2", "h3")
-PARTITIONS = 16
 TOPIC_COUNT = 4
-
-
-def hub_cluster(
-    tmp_path: Path, pki: LocalPki
-) -> tuple[EtcdServer, EtcdTarget, dict[str, int], dict[str, BrokerProcess]]:
-    """etcd and the hub's members, started and settled (every partition with three in-sync replicas), each
-    with its ``uplink_hub`` port; the caller kills them."""
-    etcd = EtcdServer(tmp_path / "etcd").start()
-    target = EtcdTarget(etcd, "/timestone")
-    ports = {node: free_port() for node in NODES}
-    hubs = {
-        node: cluster_broker(
-            tmp_path,
-            target,
-            node,
-            {"lease_ttl_s": 2, "replication_factor": 3},
-            uplink_hub=hub_section(pki, port=ports[node]),
-        )
-        for node in NODES
-    }
-    try:
-        for hub in hubs.values():
-            hub.start()
-        wait_settled(target, set(NODES), 3)
-    except BaseException:
-        for hub in hubs.values():
-            hub.kill()
-        etcd.kill()
-        raise
-    return etcd, target, ports, hubs
-
-
-def hub_url(port: int) -> str:
-    return f"wss://127.0.0.1:{port}/v1/uplink"
-
-
-def member_store(tmp_path: Path, node: str) -> LogStore:
-    """A stopped member's store, opened as the member lays it out (a storage partition per cluster one)."""
-    return LogStore(tmp_path / node / "data", StorageConfig(partitions=PARTITIONS))
 
 
 def led_by(target: EtcdTarget, node: str) -> list[str]:

@@ -66,15 +66,6 @@ def site_rows(site_id: str) -> list[Row]:
     return [*line_1, (site_id, "plant/line-2/temp", 0, f"{site_id} only".encode())]
 
 
-@pytest.fixture
-def timestone_spark(spark: SparkSession) -> SparkSession:
-    """The shared SparkSession with the timestone source registered (registering again is harmless)."""
-    from sources import register_sources
-
-    register_sources(spark)
-    return spark
-
-
 def test_the_source_reads_every_site_from_the_hub_as_its_own_broker(
     timestone_spark: SparkSession, brokers: Callable[..., RunningBroker], tmp_path: Path
 ) -> None:

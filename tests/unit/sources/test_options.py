@@ -134,6 +134,14 @@ def test_a_clusters_json_start_is_keyed_by_topic() -> None:
     assert start.starting_offsets.specific == {"p": {"a/b": 5, "c": -2}}
 
 
+def test_sites_are_listed_under_every_site_from_a_hub_alone_or_a_cluster_hub() -> None:
+    hub = parse_options({**CLUSTER, "topics": "plant/+/telemetry,alarms", "sites": "true"})
+    assert hub.reads_cluster and hub.sites
+    assert hub.log_patterns == ("$site/+/plant/+/telemetry", "$site/+/alarms")
+    assert parse_options({**CLUSTER, "topics": "alarms"}).log_patterns == ("alarms",)
+    assert parse(sites="true").log_patterns == ("$site/+/plant/+/telemetry",)
+
+
 @pytest.mark.parametrize(
     ("extra", "option", "fragment"),
     [

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from broker_edge.protocol.topics import topic_matches
 from pipelines.actions.buckets import REPORT_TOPICS, bucket_of, bucket_topic, by_bucket, report_topic
 from pipelines.actions.config import ActionsConfig
@@ -43,11 +41,9 @@ def test_a_device_reports_on_its_buckets_report_topic_which_the_job_reads_with_t
     assert ActionsConfig().status_topics.split(",") == [REPORT_TOPICS, "devices/+/actions"]
 
 
-def test_sites_reports_are_read_from_a_hub_in_brokers_not_from_a_cluster_yet() -> None:
-    from broker_edge.config import ConfigError
+def test_sites_reports_are_read_from_a_hub_alone_or_a_cluster_hub() -> None:
     from pipelines.actions.job import validate
 
     assert validate({"sites": True}).sites is True
-    with pytest.raises(ConfigError) as refused:
-        validate({"sites": True, "cluster": True})
-    assert refused.value.path == "sites"
+    on_cluster = validate({"sites": True, "cluster": True})
+    assert on_cluster.sites is True and on_cluster.cluster is True

@@ -1,0 +1,122 @@
+"""The ``timestone`` source reads every site from a hub that is a cluster (three members on etcd, each
+partition on two of them), given one member: each site's topics as that site's, at the site's offsets,
+each record once, before and after the leader of a site's log is killed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from broker_edge.cluster.view import partition_of
+from broker_edge.runtime.local_cluster import EtcdTarget, cluster_state
+from broker_edge.runtime.local_pki import LocalPki
+from broker_edge.settings.uplink import site_topic
+from tests.e2e.broker_clients import wait_for
+from tests.e2e.conftest import RunningBroker
+from tests.e2e.sources.test_timestone_source_spark import run_available_now
+from tests.e2e.uplink.cluster_hub_harness import NODES, PARTITIONS, hub_cluster, hub_url
+from tests.e2e.uplink.uplink_harness import pki_in, site_section
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
+
+Row = tuple[str, str, int, bytes]  # broker, topic, offset, payload
+TOPICS = ("plant/line-1/temp", "plant/line-2/temp")
+
+
+def start_site(
+    brokers: Callable[..., RunningBroker], pki: LocalPki, ports: dict[str, int], site_id: str
+) -> RunningBroker:
+    uplink = site_section(pki, site_id, ports[NODES[0]])
+    uplink["hubs"] = [hub_url(ports[node]) for node in NODES]
+    return brokers(site_id, uplink=uplink)
+
+
+def publish(site: RunningBroker, site_id: str, first: int, count: int) -> None:
+    """``count`` records on each of TOPICS, then wait until the hub acknowledged them (replicated)."""
+
+    def send() -> None:
+        for n in range(first, first + count):
+            for topic in TOPICS:
+                site.broker.publish(topic, f"{site_id} {topic} {n}".encode(), qos=1)
+
+    site.call(send)
+    link = site.broker.site_link
+    assert link is not None
+    assert wait_for(
+        lambda: site.call(
+            lambda: (
+                link.connected
+                and link.lag()[0] == 0
+                and all(link.hub_ends.get(topic) == first + count for topic in TOPICS)
+            )
+        ),
+        timeout=60,
+    )
+
+
+def rows_of(site_id: str, offsets: range) -> list[Row]:
+    return sorted((site_id, topic, n, f"{site_id} {topic} {n}".encode()) for topic in TOPICS for n in offsets)
+
+
+def read_hub(spark: SparkSession, member_url: str, checkpoint: Path) -> list[Row]:
+    rows: list[Row] = []
+
+    def collect(frame: DataFrame, _batch_id: int) -> None:
+        rows.extend(
+            (row.broker, row.topic, row.offset, bytes(row.payload))
+            for row in frame.select("broker", "topic", "offset", "payload").collect()
+        )
+
+    frame = (
+        spark.readStream.format("timestone")
+        .option("bootstrapServers", member_url)
+        .option("clusterName", "hub")
+        .option("topics", "plant/+/temp")
+        .option("sites", "true")
+        .option("startingOffsets", "earliest")
+        .option("fetchTimeoutMs", 5000)
+        .load()
+    )
+    run_available_now(frame, checkpoint, collect)
+    return sorted(rows)
+
+
+def leader_of(target: EtcdTarget, topic: str) -> str | None:
+    return cluster_state(target).partitions[partition_of(topic, PARTITIONS)].leader
+
+
+def test_the_source_reads_every_site_from_a_cluster_hub_once_across_a_leader_change(
+    timestone_spark: SparkSession, brokers: Callable[..., RunningBroker], tmp_path: Path
+) -> None:
+    pki = pki_in(tmp_path)
+    etcd, target, ports, hubs = hub_cluster(tmp_path, pki, replication_factor=2, min_insync_replicas=1)
+    try:
+        sites = {site_id: start_site(brokers, pki, ports, site_id) for site_id in ("plant-a", "plant-b")}
+        for site_id, site in sites.items():
+            publish(site, site_id, 0, 5)
+        # Some member holds no copy of a site's log: the source reads it from the members that do.
+        hub_topic = site_topic("plant-a", TOPICS[0])
+        holders = set(cluster_state(target).partitions[partition_of(hub_topic, PARTITIONS)].replicas)
+        assert len(holders) == 2
+        victim = leader_of(target, hub_topic)
+        assert victim is not None
+        survivor = next(node for node in NODES if node != victim)
+        checkpoint = tmp_path / "checkpoint"
+
+        first = read_hub(timestone_spark, hubs[victim].offsets_url, checkpoint)
+        assert first == rows_of("plant-a", range(5)) + rows_of("plant-b", range(5))
+
+        hubs[victim].kill()  # the leader of plant-a's first log: another replica takes it over
+        assert wait_for(lambda: leader_of(target, hub_topic) not in (None, victim), timeout=30)
+        for site_id, site in sites.items():
+            publish(site, site_id, 5, 5)
+
+        second = read_hub(timestone_spark, hubs[survivor].offsets_url, checkpoint)
+        assert second == rows_of("plant-a", range(5, 10)) + rows_of("plant-b", range(5, 10))
+    finally:
+        for hub in hubs.values():
+            hub.kill()
+        etcd.kill()
