@@ -40,6 +40,7 @@ from broker_edge.cluster.coordination.etcd_values import (
     parse_controller,
     read_cluster,
 )
+from broker_edge.cluster.coordination.lease_claim import claim_key
 from broker_edge.cluster.coordination.membership import Membership
 from broker_edge.cluster.links.member_clients import MemberClients
 from broker_edge.cluster.links.member_proofs import MemberProofs
@@ -212,17 +213,10 @@ class Controller:
             held_by = self.coordinator.controller
             if held_by is not None and held_by != self.view.node_id and held_by in self.view.members:
                 return False
-            revision = await self.etcd.create(self.keys.controller, self.view.node_id.encode(), lease)
-            if revision is None:
-                # held by someone; or by this node under its current lease, if it was fenced for a moment
-                # without losing the lease: then it is still the controller
-                current = await self.etcd.get(self.keys.controller)
-                if current is None:
-                    return True
-                if current.lease != lease or current.value != self.view.node_id.encode():
-                    return await self._remove_if_bogus(current)
-                revision = current.mod_revision
-            self.holding = (self.keys.controller, revision)
+            claim = await claim_key(self.etcd, self.keys.controller, self.view.node_id.encode(), lease)
+            if claim.revision is None:
+                return True if claim.holder is None else await self._remove_if_bogus(claim.holder)
+            self.holding = (self.keys.controller, claim.revision)
             if not self._interrupted:
                 self._start_grace("after its election", grace_s(self.membership.ttl_s))
         if self._interrupted:

@@ -114,6 +114,11 @@ class ClusterKeys:
         return f"{self.prefix}/controller"
 
     @property
+    def uplink(self) -> str:
+        """node_id of the member holding a site cluster's uplink, bound to its lease."""
+        return f"{self.prefix}/uplink"
+
+    @property
     def members(self) -> str:
         return f"{self.prefix}/members/"
 
