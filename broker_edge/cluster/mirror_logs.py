@@ -28,7 +28,7 @@ import asyncio
 import json
 import logging
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -86,10 +86,13 @@ class ClusterMirrorLogs:
         clients: MemberClients,
         timeout_s: float,
         elsewhere: LogsElsewhere | None = None,
+        routed: Callable[[str, int, int], None] | None = None,
     ) -> None:
         """``refusal(topic)``: why a logged append on ``topic`` would be refused here now (None: this member
         leads its partition with enough in-sync replicas). ``elsewhere``: the downlinked logs held by other
-        members (None: every log is read here)."""
+        members (None: every log is read here). ``routed(topic, start, end)``: routes what this leader
+        appended, once replicated, to its subscribers (a site's downlink; its replicas route what they
+        commit)."""
         self.view = view
         self.store = store
         self.replication = replication
@@ -97,6 +100,7 @@ class ClusterMirrorLogs:
         self.clients = clients
         self.timeout_s = timeout_s
         self.elsewhere = elsewhere
+        self.routed = routed
 
     # -- the port ------------------------------------------------------------------------------------------
 
@@ -220,6 +224,8 @@ class ClusterMirrorLogs:
             raise _NotHere(f"not replicated within {REQUEST_TIMEOUT_S:.0f} s") from None
         for part, result in zip(parts, appended, strict=True):
             result.end = store.committed_end(part.topic)
+            if self.routed is not None and result.records:
+                self.routed(part.topic, result.first, result.first + result.records)
         return appended
 
     def led_ends(self, prefix: str) -> dict[str, tuple[int, bool]]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from broker_edge.cluster.coordination.controller import Controller
     from broker_edge.cluster.coordination.coordinator import Coordinator
     from broker_edge.cluster.coordination.etcd import Etcd
+    from broker_edge.cluster.coordination.link_holder import LinkHolder
     from broker_edge.cluster.coordination.membership import Membership
     from broker_edge.cluster.features.sessions import ClusterSessions
     from broker_edge.cluster.features.wills import ClusterWills
@@ -127,6 +128,9 @@ class BrokerHandle(Protocol):
 
     @property
     def http_budget(self) -> MemoryBudget: ...
+
+    def route_logged(self, topic: str, start: int, end: int) -> None:
+        """Route committed records another broker wrote into the log (a site's downlink)."""
 
     def now(self) -> float: ...
 
@@ -239,6 +243,8 @@ class ClusterNode:
         self.log_starts: LogStarts | None = None
         self.remote_starts: RemoteStarts | None = None
         self.mirror_logs: ClusterMirrorLogs | None = None
+        self.link_holder: LinkHolder | None = None
+        """On a site: campaigns for its uplink, run by the member holding it (``hold_uplink``)."""
         if not self.static:
             self._build_coordination_and_replication()
             self._build_sessions()
@@ -359,6 +365,7 @@ class ClusterNode:
             self.clients,
             (cluster.forward_timeout_ms / 1000) + cluster.lease_ttl_s,
             LogsElsewhere(self.view, starts, self._copy_here, self.clients) if starts is not None else None,
+            self.broker.route_logged if self.broker.config.uplink is not None else None,
         )
         self.members_routes.append(self.mirror_logs.add_routes)
 
@@ -451,12 +458,35 @@ class ClusterNode:
                 self.cluster.key_prefix,
             )
 
+    def hold_uplink(self, hold: Callable[[], None], release: Callable[[], Awaitable[None]]) -> None:
+        """Run a site's uplink (``hold()``) while this member holds it, one member of the cluster at a time
+        (``coordination.link_holder``); ``release()`` stops it."""
+        from broker_edge.cluster.coordination.etcd import ClusterKeys
+        from broker_edge.cluster.coordination.link_holder import LinkHolder
+
+        membership = self.membership
+        if self.etcd is None or membership is None:
+            raise RuntimeError("a site's uplink on a cluster needs etcd")
+        view = self.view
+        self.link_holder = LinkHolder(
+            self.etcd,
+            ClusterKeys(self.cluster.key_prefix).uplink,
+            self.cluster.node_id,
+            lambda: None if view.fenced else membership.lease_id,
+            hold,
+            release,
+            membership.interval_s / 2,
+        )
+        self.link_holder.start()
+
     async def stop(self) -> None:
         """Leave the cluster now (the lease is revoked, so the others need not wait for it to expire), then
         stop replicating and forwarding."""
         if not self._started:
             return
         self._started = False
+        if self.link_holder is not None:
+            await self.link_holder.stop()
         if self.sessions is not None:
             await self.sessions.stop()
         if self.controller is not None:

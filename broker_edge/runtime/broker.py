@@ -250,6 +250,7 @@ class Broker(BrokerCore):
                 self.cluster_node = ClusterNode(self, config.cluster)
                 await self.cluster_node.start()
             await self._start_uplink_hub()
+            self._start_site_link()
         except BaseException:
             await self.stop()
             raise
@@ -308,7 +309,19 @@ class Broker(BrokerCore):
 
             self.site_link = SiteLink(store, config.uplink, self.metrics, self.route_logged)
             self.add_offsets_api_routes(self.site_link.add_status_route)
-            self.site_link.start()
+
+    def _start_site_link(self) -> None:
+        """Dial the hub: a broker alone at once; a cluster member while it holds the site's link, one member
+        at a time, reading the logs it holds no copy of from their leaders and appending the downlink on
+        them (through its ``mirror_logs`` port)."""
+        link, node = self.site_link, self.cluster_node
+        if link is None:
+            return
+        if node is None:
+            link.start()
+            return
+        link.logs = node.mirror_logs
+        node.hold_uplink(link.start, link.stop)
 
     async def _start_uplink_hub(self) -> None:
         """Serve the hub's endpoint, once a cluster member has joined: the sites' logs are then written

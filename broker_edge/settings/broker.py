@@ -354,8 +354,6 @@ class BrokerConfig:
         for name in ("uplink", "uplink_hub"):
             if getattr(self, name) is not None and not self.storage.enabled:
                 raise ConfigError(name, "the uplink carries the commitlog: set storage.enabled: true")
-        if self.uplink is not None and self.cluster is not None:
-            raise ConfigError("uplink", "a site is a broker alone for now (no cluster: section)")
         if self.offsets_api.enabled and not self.storage.enabled:
             self.offsets_api.enabled = False
 

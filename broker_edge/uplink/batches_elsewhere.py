@@ -29,10 +29,12 @@ async def batch_elsewhere(
     positions: dict[str, int],
     budget: int,
     on_gap: Callable[[str, int, int], None],
-) -> tuple[Batch | None, bool]:
-    """The next batch of the logs matching ``filters`` held elsewhere, from their ``positions``, which it
-    advances; and whether any such log exists (the caller then polls for more, as nothing here wakes it)."""
-    bounds = await logs.logs_elsewhere(filters)
+    keep: Callable[[str], bool] = lambda _topic: True,
+) -> tuple[Batch | None, dict[str, tuple[int, int]]]:
+    """The next batch of the logs matching ``filters`` held elsewhere (those ``keep`` keeps), from their
+    ``positions``, which it advances; and those logs with their start and committed end (while any exist,
+    the caller polls for more, as nothing here wakes it)."""
+    bounds = {topic: ends for topic, ends in (await logs.logs_elsewhere(filters)).items() if keep(topic)}
     behind = [topic for topic, (_start, end) in sorted(bounds.items()) if positions.get(topic, 0) < end]
     share = max(MIN_TOPIC_SHARE, budget // max(1, min(len(behind), 16)))
     parts: list[BatchTopic] = []
@@ -54,7 +56,7 @@ async def batch_elsewhere(
         budget -= size
         positions[topic] = first + len(records)
     batch = Batch(seq, parts, join_frames(chunks)) if parts else None
-    return batch, bool(bounds)
+    return batch, bounds
 
 
 def _consecutive(records: list[Record]) -> list[Record]:

@@ -47,6 +47,7 @@ from broker_edge.uplink.wire import (
     HELLO,
     STATE,
     VERSION,
+    Batch,
     WireError,
     decode,
     decode_batch,
@@ -219,7 +220,8 @@ class UplinkHub:
             while not ws.closed:
                 topics = [topic for topic in _own_topics(store, filters) if logs.holds(topic)]
                 pending = collections.OrderedDict.fromkeys(topics)
-                batch, elsewhere = None, False
+                batch: Batch | None = None
+                elsewhere: dict[str, tuple[int, int]] = {}
                 if turn_elsewhere:
                     batch, elsewhere = await batch_elsewhere(
                         logs, seq, filters, positions, DOWN_BATCH_BYTES, _skip

@@ -24,11 +24,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from broker_edge.engine.mirror_logs import MirrorRefused
 from broker_edge.protocol.topics import topic_matches
 from broker_edge.settings.uplink import UplinkConfig
 from broker_edge.storage import OffsetOutOfRange, UnknownTopic
 from broker_edge.uplink.batches import next_batch
-from broker_edge.uplink.mirror import Gap, apply_batch
+from broker_edge.uplink.batches_elsewhere import batch_elsewhere
+from broker_edge.uplink.mirror import Gap, apply_batch, mirror_batch
 from broker_edge.uplink.throttle import Throttle
 from broker_edge.uplink.wire import (
     ACK,
@@ -49,6 +51,7 @@ from broker_edge.uplink.wire import (
 if TYPE_CHECKING:
     from aiohttp import ClientWebSocketResponse, web
 
+    from broker_edge.engine.ports import MirrorLogs
     from broker_edge.observe.metrics import BrokerMetrics
     from broker_edge.storage import LogStore
 
@@ -61,6 +64,9 @@ T = TypeVar("T")
 HANDSHAKE_TIMEOUT_S = 30.0
 MAX_DOWN_BYTES = 16 * 1024 * 1024
 """Largest downlink batch taken from the hub, once decompressed (the hub sends 256 KiB ones)."""
+ELSEWHERE_POLL_S = 0.5
+"""How often a cluster site's link holder looks again at the logs it holds no copy of (nothing wakes it
+when another member appends to them)."""
 
 
 def client_ssl_context(config: UplinkConfig) -> ssl.SSLContext:
@@ -98,6 +104,12 @@ class SiteLink:
         """Bytes of the records sent as stored, before compression."""
         self.gap_records = 0
         self.at_risk_records = 0
+        self.logs: MirrorLogs | None = None
+        """A cluster member's ``mirror_logs`` port (None: a broker alone, whose store holds every log): the
+        logs this member holds no copy of are read from their leaders, the downlink appended on them."""
+        self.elsewhere_ends: dict[str, int] = {}
+        """The committed ends of the logs carried that this member holds no copy of (its last look)."""
+        self._turn_elsewhere = False
         self._tasks: list[asyncio.Task[None]] = []
         self._reported: dict[str, int] = {}
         self._bind(metrics)
@@ -143,23 +155,38 @@ class SiteLink:
         found: dict[str, None] = {}
         for topic_filter in self.config.topics:
             for info in self.store.logs(topic_filter):
-                if not info.topic.startswith("$") and not self._downlinked(info.topic):
+                if (
+                    not info.topic.startswith("$")
+                    and not self._downlinked(info.topic)
+                    and self._held(info.topic)
+                ):
                     found[info.topic] = None
         return list(found)
+
+    def _held(self, topic: str) -> bool:
+        """Whether this broker holds a complete copy of ``topic``'s log (a broker alone holds every one)."""
+        return self.logs is None or self.logs.holds(topic)
 
     def _downlinked(self, topic: str) -> bool:
         return self.config.downlinked(topic)
 
-    def _downlink_request(self) -> dict[str, object] | None:
+    async def _downlink_request(self) -> dict[str, object] | None:
+        """The downlink's filters and where the copies end: committed here, or (on a cluster, the logs this
+        member holds no copy of) on their leaders. An end too low only has the hub send records again, which
+        are skipped."""
         downlink = self.config.downlink
         if not downlink:
             return None
+        store = self.store
         ends = {
-            info.topic: info.end_offset
+            info.topic: store.committed_end(info.topic)
             for topic_filter in downlink
-            for info in self.store.logs(topic_filter)
-            if not info.topic.startswith("$")
+            for info in store.logs(topic_filter)
+            if not info.topic.startswith("$") and self._held(info.topic)
         }
+        if self.logs is not None:
+            for topic, (_start, end) in (await self.logs.logs_elsewhere(downlink)).items():
+                ends.setdefault(topic, end)
         return {"filters": downlink, "ends": ends, "codec": self.config.compression}
 
     def lag(self) -> tuple[int, float]:
@@ -175,6 +202,8 @@ class SiteLink:
                 timestamp = self._timestamp(topic, held)
                 if timestamp is not None and (oldest_ms is None or timestamp < oldest_ms):
                     oldest_ms = timestamp
+        for topic, end in self.elsewhere_ends.items():  # counted, not aged: their records are elsewhere
+            records += max(0, end - self.hub_ends.get(topic, 0))
         seconds = max(0.0, time.time() - oldest_ms / 1000) if oldest_ms is not None else 0.0
         return records, seconds
 
@@ -286,6 +315,8 @@ class SiteLink:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._tasks = []
+        self.connected = False
 
     async def _watch_retention(self) -> None:
         """Check unsent records against retention every ``heartbeat_s``, link up or down (an outage is
@@ -341,7 +372,7 @@ class SiteLink:
 
         config = self.config
         hello: dict[str, object] = {"version": VERSION, "site": config.site_id}
-        downlink = self._downlink_request()
+        downlink = await self._downlink_request()
         if downlink is not None:
             hello["downlink"] = downlink
         await ws.send_bytes(encode(HELLO, hello))
@@ -401,11 +432,16 @@ class SiteLink:
 
     async def _apply_down(self, batch: Batch) -> None:
         """The hub's records of downlinked topics, at the hub's offsets, then to this broker's subscribers
-        once durable; the hub can write nothing else here."""
+        once durable; the hub can write nothing else here. On a cluster they are appended on each topic's
+        leader and acknowledged once replicated, and every member routes them as it routes what its
+        partitions commit."""
         store = self.store
         for part in batch.topics:
             if not self._downlinked(part.topic) or part.topic.startswith("$"):
                 raise WireError(f"the hub sent {part.topic!r}, which is not downlinked here")
+        if self.logs is not None:
+            await self._mirror_down(self.logs, batch)
+            return
         before = {part.topic: store.committed_end(part.topic) for part in batch.topics}
         gaps: list[Gap] = []
         applied = apply_batch(store, batch, gaps, str)
@@ -417,6 +453,18 @@ class SiteLink:
         self.received_down += applied.records
         for topic, start in before.items():
             self.deliver(topic, max(start, store.start_offset(topic)), store.committed_end(topic))
+
+    async def _mirror_down(self, logs: MirrorLogs, batch: Batch) -> None:
+        gaps: list[Gap] = []
+        try:
+            applied, _ends = await mirror_batch(logs, batch, gaps, str)
+        except MirrorRefused as error:  # the next HELLO says where the copies end: the hub resends from there
+            raise ConnectionError(f"the downlink could not be appended: {error}") from None
+        for gap in gaps:
+            log.warning(
+                "downlink: %r records [%d, %d) never reached this site", gap.topic, gap.start, gap.end
+            )
+        self.received_down += applied.records
 
     async def _send(self, ws: ClientWebSocketResponse, window: _Window, reader: asyncio.Task[None]) -> None:
         config = self.config
@@ -430,13 +478,14 @@ class SiteLink:
         next_state = loop.time()
         while True:
             await _until(window.free(), reader)
-            batch = self._build(seq, positions, pending)
+            batch = await self._build(seq, positions, pending)
             if batch is None:
                 if loop.time() >= next_state:
                     await ws.send_bytes(encode(STATE, {"site_ends": self._changed_ends()}))
                     next_state = loop.time() + config.heartbeat_s
                 waiting = {topic: positions.get(topic, 0) for topic in known}
-                wait = store.wait_for_data(waiting, config.heartbeat_s, "#")
+                idle_s = ELSEWHERE_POLL_S if self.elsewhere_ends else config.heartbeat_s
+                wait = store.wait_for_data(waiting, idle_s, "#")
                 woken = [topic for topic in await _until(wait, reader) if self._carries(topic)]
                 if not woken or any(topic not in waiting for topic in woken):
                     known = self.topics()
@@ -463,10 +512,30 @@ class SiteLink:
             and not self._downlinked(topic)
         )
 
-    def _build(
+    async def _build(
         self, seq: int, positions: dict[str, int], pending: collections.OrderedDict[str, None]
     ) -> Batch | None:
-        return next_batch(self.store, seq, positions, pending, self.config.batch_bytes, self._gap)
+        """The next batch: from this store, and on a cluster taking turns with the logs held elsewhere, so
+        a backlog of either never holds back the other."""
+        if self.logs is None:
+            return next_batch(self.store, seq, positions, pending, self.config.batch_bytes, self._gap)
+        self._turn_elsewhere = not self._turn_elsewhere
+        if self._turn_elsewhere:
+            batch = await self._build_elsewhere(self.logs, seq, positions)
+            if batch is not None:
+                return batch
+        here = next_batch(self.store, seq, positions, pending, self.config.batch_bytes, self._gap)
+        if here is not None or self._turn_elsewhere:
+            return here
+        return await self._build_elsewhere(self.logs, seq, positions)
+
+    async def _build_elsewhere(self, logs: MirrorLogs, seq: int, positions: dict[str, int]) -> Batch | None:
+        """A batch of the logs this member holds no copy of, read from their leaders (committed only)."""
+        batch, bounds = await batch_elsewhere(
+            logs, seq, self.config.topics, positions, self.config.batch_bytes, self._gap, self._carries
+        )
+        self.elsewhere_ends = {topic: end for topic, (_start, end) in bounds.items()}
+        return batch
 
     def _gap(self, topic: str, position: int, start: int) -> None:
         log.warning(

@@ -4,7 +4,7 @@ member holding them, at their offsets, topics in turn, from the site's positions
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -55,11 +55,17 @@ def site(tmp_path: Path) -> Iterator[LogStore]:
 
 
 def batch_of(
-    holder: LogStore, positions: dict[str, int], budget: int, gaps: list[tuple[str, int, int]]
-) -> tuple[Batch | None, bool]:
+    holder: LogStore,
+    positions: dict[str, int],
+    budget: int,
+    gaps: list[tuple[str, int, int]],
+    keep: Callable[[str], bool] = lambda _topic: True,
+) -> tuple[Batch | None, dict[str, tuple[int, int]]]:
     logs = HeldElsewhere(holder)
     filters = ["actions/all", "actions/groups/#"]
-    return asyncio.run(batch_elsewhere(logs, 0, filters, positions, budget, lambda *gap: gaps.append(gap)))
+    return asyncio.run(
+        batch_elsewhere(logs, 0, filters, positions, budget, lambda *gap: gaps.append(gap), keep)
+    )
 
 
 def frames(store: LogStore, topic: str) -> bytes:
@@ -115,5 +121,17 @@ def test_records_gone_before_the_site_had_them_are_a_gap_told_once(holder: LogSt
     assert batch is not None and gaps == [("actions/all", 2, 5)]
     assert [(part.topic, part.first, part.count) for part in batch.topics] == [("actions/all", 5, 3)]
     assert positions == {"actions/all": 8}
-    assert batch_of(holder, positions, 100_000, gaps) == (None, True)  # nothing more, but logs exist there
+    assert batch_of(holder, positions, 100_000, gaps) == (None, {"actions/all": (5, 8)})  # logs exist there
     assert gaps == [("actions/all", 2, 5)]
+
+
+def test_only_the_logs_kept_are_listed_and_sent(holder: LogStore) -> None:
+    for topic in ("actions/all", "actions/groups/a"):
+        holder.append(topic, make_record(0))
+    holder.flush()
+    positions: dict[str, int] = {}
+
+    batch, bounds = batch_of(holder, positions, 100_000, [], lambda topic: topic != "actions/all")
+
+    assert batch is not None and [part.topic for part in batch.topics] == ["actions/groups/a"]
+    assert bounds == {"actions/groups/a": (0, 1)} and positions == {"actions/groups/a": 1}
