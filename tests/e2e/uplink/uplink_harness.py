@@ -167,11 +167,13 @@ class WanRelay:
 
 class Telemetry:
     """Devices publishing QoS 1 on ``topics`` in turn until stopped; ``acknowledged`` holds every payload
-    the broker PUBACKed."""
+    the broker PUBACKed with success (a cluster refuses some with 0x83 while too few replicas are in sync).
+    ``label`` starts every payload (several devices' payloads stay apart)."""
 
-    def __init__(self, port: int, topics: list[str]) -> None:
+    def __init__(self, port: int, topics: list[str], label: str = "reading") -> None:
         self.port = port
         self.topics = topics
+        self.label = label
         self.acknowledged: set[bytes] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -191,16 +193,18 @@ class Telemetry:
             except OSError:
                 self._stop.wait(0.1)
                 continue
+            refused = _refusals(client)
             client.loop_start()
             try:
                 while not self._stop.is_set():
-                    payload = f"reading {sequence}".encode()
+                    payload = f"{self.label} {sequence}".encode()
                     info = client.publish(self.topics[sequence % len(self.topics)], payload, qos=1)
                     sequence += 1
                     info.wait_for_publish(2)
                     if not info.is_published():
                         break
-                    self.acknowledged.add(payload)
+                    if info.mid not in refused:
+                        self.acknowledged.add(payload)
             except (RuntimeError, ValueError):
                 pass  # the broker went away mid-publish: not acknowledged
             finally:
@@ -210,6 +214,18 @@ class Telemetry:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(10)
+
+
+def _refusals(client: mqtt.Client) -> set[int]:
+    """The message ids ``client``'s broker answers with a failure reason code, as they come."""
+    refused: set[int] = set()
+
+    def published(_client: object, _userdata: object, mid: int, code: Any, _properties: object) -> None:
+        if code.is_failure:
+            refused.add(mid)
+
+    client.on_publish = published
+    return refused
 
 
 def pki_in(directory: Path) -> LocalPki:
