@@ -124,6 +124,7 @@ def test_a_site_cluster_losing_the_member_holding_its_link_sends_every_acknowled
         actor = PahoClient(hub.port, "actions-job")
         actor.client.publish("actions/all", b'{"action": "ota-k"}', qos=1).wait_for_publish(5)
         assert [message.payload for message in device.expect(1, timeout=20)] == [b'{"action": "ota-k"}']
+        device.expect_none(1.0)  # once
     finally:
         for telemetry in devices:
             telemetry.stop()
