@@ -38,7 +38,11 @@ class PersistenceRules:
 
     def rule_number(self, topic: str) -> int:
         """The number of the first rule matching `topic` (`NO_MATCH` when none does), not cached (a topic with
-        a log keeps it in its column)."""
+        a log keeps it in its column); a new topic's first publish asked `should_persist` already, whose
+        cached answer is taken rather than matching every rule again."""
+        cached = self._cache.get(topic)
+        if cached is not None:
+            return NO_MATCH if cached == _NO_RULE else cached
         for number, rule in enumerate(self.rules):
             if topic_matches(rule.pattern, topic):
                 return number
