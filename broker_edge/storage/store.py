@@ -446,6 +446,9 @@ class LogStore:
         partition = _partition_of(topic, self.config.partitions)
         topic_id = self._catalog.add(topic, partition)
         self._table.add(partition)
+        # its rule now, while the rules still cache the answer `should_persist` gave this publish (at its
+        # next publish, a topic per device later, that cache has long moved on and every rule is matched)
+        self._table.rule[topic_id] = self.rules.rule_number(topic)
         self._order.add(topic)
         self._created_by[client_id] = self._created_by.get(client_id, 0) + 1
         self._committer.touched(self._catalogue)
