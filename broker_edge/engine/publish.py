@@ -8,7 +8,8 @@ through five stages, each a method below:
 1. **accept** (``accept``): queued as a ``PendingPublish``. An acknowledgement that must keep its turn
    behind logged publishes (a QoS 2 duplicate's PUBREC, a refusal) is queued as an entry without a message.
 2. **persist** (``_persist``): at the start of the next loop iteration the queued messages are appended,
-   one batch per topic (one encode loop and one bookkeeping step per topic), into the group committer.
+   one batch per topic (one encode loop and one bookkeeping step per topic), all in one call
+   (``append_batches``: the group committer learns of them once per partition, not once per topic).
    A topic whose batch fails is retried one message at a time, so only the publishes that fail are refused.
 3. **durable** (``_durable``): the store calls back on the loop once the batch is on disk (its policy).
 4. **replicated** (``_replicated``): the ``Replication`` stage. A single broker has nothing to wait for
@@ -131,6 +132,10 @@ class PublishStore(Protocol):
     def should_persist(self, topic: str, qos: int) -> bool: ...
 
     def append_batch(self, topic: str, records: Sequence[RecordFields]) -> int: ...
+
+    def append_batches(
+        self, batches: Sequence[tuple[str, Sequence[RecordFields]]]
+    ) -> list[int | StorageError]: ...
 
     def when_durable(
         self, callback: Callable[[], object], on_error: Callable[[BaseException], object] | None = None
@@ -338,14 +343,18 @@ class PublishPath:
             topics = self._place(current, topics, self.forwarding)
         retry: set[str] = set()
         runs = current.runs
-        for topic, messages in topics.items():
-            try:
-                first = store.append_batch(topic, [record_fields(message) for message in messages])
-            except StorageError:
+        firsts = store.append_batches(
+            [(topic, [record_fields(message) for message in messages]) for topic, messages in topics.items()]
+        )
+        for (topic, messages), first in zip(topics.items(), firsts, strict=True):
+            if isinstance(first, StorageError):
                 retry.add(topic)  # one by one below, so that only the publishes that fail are refused
                 continue
-            for offset, message in enumerate(messages, first):
-                message.offset = offset
+            if len(messages) == 1:  # a topic per device: most batches hold one message
+                messages[0].offset = first
+            else:
+                for offset, message in enumerate(messages, first):
+                    message.offset = offset
             runs.append(AppendedRun(topic, first, messages))
         if retry:
             for entry in batch:

@@ -421,6 +421,55 @@ class LogStore:
         self._committer.appended_many(part, len(records), part.last_append_size)
         return first
 
+    def append_batches(
+        self, batches: Sequence[tuple[str, Sequence[RecordFields]]]
+    ) -> list[int | StorageError]:
+        """`append_batch` of each (topic, records), with one broker time: the first offset of each, or the
+        `StorageError` that refused that batch alone (the others are appended all the same).
+
+        A publish path with a topic per device has a batch per message; the group committer then learns of
+        them once per partition, not once per topic, so what a loop turn's appends cost beyond encoding and
+        indexing does not grow with the topics they touch. `fsync` durability (a job per append) takes them
+        one by one."""
+        if self.config.durability == "fsync":
+            return [self._append_or_error(topic, records, None) for topic, records in batches]
+        timestamp = _time_ns() // 1_000_000
+        ids, partitions, partition_of = self._ids, self._partitions, self._table.partition
+        committer = self._committer
+        results: list[int | StorageError] = []
+        notes: dict[PartitionLog, list[int]] = {}
+        for topic, records in batches:
+            try:
+                topic_id = ids.get(topic)
+                if topic_id is None:
+                    topic_id = self._create(topic, records[0][3] if records else "")
+                elif committer.failure is not None or committer.shortage is not None:
+                    self._check_writable()
+                part = partitions[partition_of[topic_id]]
+                first = part.append(topic_id, records, timestamp)
+            except StorageError as error:
+                results.append(error)
+                continue
+            results.append(first)
+            if records:
+                note = notes.get(part)
+                if note is None:
+                    notes[part] = [len(records), part.last_append_size]
+                else:
+                    note[0] += len(records)
+                    note[1] += part.last_append_size
+        for part, (count, size) in notes.items():
+            committer.appended_many(part, count, size)
+        return results
+
+    def _append_or_error(
+        self, topic: str, records: Sequence[RecordFields], timestamp_ms: int | None
+    ) -> int | StorageError:
+        try:
+            return self.append_batch(topic, records, timestamp_ms)
+        except StorageError as error:
+            return error
+
     def _check_writable(self) -> None:
         """Raise why an append cannot be taken now: a failed write (``StorageFailed``, for good) or a
         shortage of file descriptors (``DescriptorShortage``, until the log is written)."""
