@@ -54,6 +54,7 @@ from broker_edge.engine.records import record_fields
 from broker_edge.observe.refusal_log import LogSummary
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.storage.errors import DescriptorShortage, StorageError, TooManyTopics
+from broker_edge.storage.persistence import NOT_LOGGED
 
 if TYPE_CHECKING:
     from broker_edge.engine.cursors import ReplayManager
@@ -131,6 +132,9 @@ class PublishStore(Protocol):
 
     def should_persist(self, topic: str, qos: int) -> bool: ...
 
+    def persist_as(self, topic: str, qos: int) -> int:
+        """``NOT_LOGGED``, ``LOGGED`` or ``CREATES_LOG`` (``broker_edge.storage.persistence``)."""
+
     def append_batch(self, topic: str, records: Sequence[RecordFields]) -> int: ...
 
     def append_batches(
@@ -181,6 +185,11 @@ def _never_logged(topic: str, qos: int) -> bool:
     return False
 
 
+def _never_persisted(topic: str, qos: int) -> int:
+    """``PublishPath.persist_as`` of a broker that keeps no log."""
+    return NOT_LOGGED
+
+
 class PublishPath:
     """Routes, logs and acknowledges every application message of one broker (see the module docstring)."""
 
@@ -201,6 +210,9 @@ class PublishPath:
         self.is_logged: Callable[[str, int], bool] = _never_logged
         """Whether a publish on ``topic`` at ``qos`` goes through the log (the storage rules decide): the
         store's ``should_persist`` once one is attached, called as is (asked once per publish)."""
+        self.persist_as: Callable[[str, int], int] = _never_persisted
+        """``is_logged``, telling too whether the publish creates its topic's log (``NOT_LOGGED``, ``LOGGED``
+        or ``CREATES_LOG``): the store's ``persist_as``, what a client's publish handler asks."""
         self.replays: ReplayManager | None = None
         self.forwarding: Forwarding | None = None
         """Where a cluster member's logged publishes go (None: a broker alone, all are appended here)."""
@@ -218,6 +230,7 @@ class PublishPath:
         """Log from now on into ``store``; ``replays`` learns of every appended run."""
         self.store = store
         self.is_logged = store.should_persist
+        self.persist_as = store.persist_as
         self.replays = replays
 
     def join_cluster(self, ports: ClusterPorts) -> None:
@@ -229,11 +242,6 @@ class PublishPath:
 
     # -- 1. accept ----------------------------------------------------------------------------------------
 
-    def creates_log(self, topic: str) -> bool:
-        """Whether logging a publish on ``topic`` would create its log (it has none yet)."""
-        store = self.store
-        return store is not None and topic not in store
-
     def logs_created_by(self, client_id: str) -> int:
         """Logs ``client_id`` created (its topic quota counts them)."""
         store = self.store
@@ -242,7 +250,7 @@ class PublishPath:
     def accept(self, publisher: Publisher, message: Message, packet_id: int | None, logged: bool) -> None:
         """Take a client's publish: logged, it waits for the log; otherwise it is routed and acknowledged now.
 
-        ``logged`` is ``is_logged(message.topic, message.qos)``, which the handler asked already.
+        ``logged`` is what ``persist_as(message.topic, message.qos)`` told the handler (not ``NOT_LOGGED``).
         """
         if logged:
             qos = message.qos

@@ -12,6 +12,8 @@ _CACHE_LIMIT = 4096
 """Topics without a log whose rule is remembered (a topic with a log keeps its rule in the topic table)."""
 NO_MATCH = 254
 """`rule_number` of a topic no rule matches (fits the topic table's one-byte column)."""
+NOT_LOGGED, LOGGED, CREATES_LOG = 0, 1, 2
+"""`LogStore.persist_as`: a publish not logged; logged to its topic's log; logged, creating the log."""
 
 
 def check_filter(topic_filter: str) -> None:

@@ -52,7 +52,7 @@ from .hw_checkpoint import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
 from .layout import layout_of, layout_version, open_layout
 from .partition_log import PartitionConfig, PartitionLog, PartitionPending
 from .partition_reads import PositionOutOfRange, TopicFilters, position_for_timestamp, read_entries
-from .persistence import PersistenceRules, check_filter
+from .persistence import CREATES_LOG, LOGGED, NOT_LOGGED, PersistenceRules, check_filter
 from .read_cache import BLOCK_MAX_BYTES, BLOCK_RECORDS, Block, ReadCache
 from .recent import RecentWindows
 from .record import FrameError, Record, RecordFields, check_frame, decode_frame
@@ -371,10 +371,16 @@ class LogStore:
 
     def should_persist(self, topic: str, qos: int) -> bool:
         """Whether a publish on `topic` with `qos` goes to the log (the persistence rules decide)."""
+        return self.persist_as(topic, qos) != NOT_LOGGED
+
+    def persist_as(self, topic: str, qos: int) -> int:
+        """`should_persist`, and whether appending would create the topic's log, with one lookup of the
+        topic: `NOT_LOGGED`, `LOGGED` or `CREATES_LOG` (a publish handler checks a client's topic quota for
+        the last only; asking `in` apart looked every topic up once more per publish)."""
         topic_id = self._ids.get(topic)
         if topic_id is not None:
-            return qos in self.rules.rule_qos(self._rule_of(topic_id))
-        return self.rules.should_persist(topic, qos)
+            return LOGGED if qos in self.rules.rule_qos(self._rule_of(topic_id)) else NOT_LOGGED
+        return CREATES_LOG if self.rules.should_persist(topic, qos) else NOT_LOGGED
 
     def append(self, topic: str, record) -> int:
         """Append to `topic`'s log (created on first use) and return the offset; ack after `when_durable`."""

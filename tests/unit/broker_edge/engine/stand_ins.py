@@ -14,6 +14,7 @@ from broker_edge.engine.routing.router import Router
 from broker_edge.engine.routing.subscriptions import SubscriptionOptions
 from broker_edge.engine.sessions.session import Session
 from broker_edge.storage.errors import StorageError
+from broker_edge.storage.persistence import CREATES_LOG, LOGGED, NOT_LOGGED
 from broker_edge.storage.record import RecordFields
 
 LOCAL_TOPIC = "site/led-here"
@@ -31,6 +32,11 @@ class MemoryLog:
 
     def should_persist(self, topic: str, qos: int) -> bool:
         return qos > 0
+
+    def persist_as(self, topic: str, qos: int) -> int:
+        if not self.should_persist(topic, qos):
+            return NOT_LOGGED
+        return LOGGED if topic in self.logs else CREATES_LOG
 
     def append_batch(self, topic: str, records: Sequence[RecordFields]) -> int:
         log = self.logs.setdefault(topic, [])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from broker_edge.storage import LogStore, StorageConfig
 from broker_edge.storage.config import PersistRule
-from broker_edge.storage.persistence import NO_MATCH, PersistenceRules
+from broker_edge.storage.persistence import CREATES_LOG, LOGGED, NO_MATCH, NOT_LOGGED, PersistenceRules
 from broker_edge.storage.topic_table import NO_RULE
 
 
@@ -32,3 +32,17 @@ def test_a_new_log_holds_its_rule_number_from_its_first_append(tmp_path: Path):
             store.append_message(topic, b"{}")
         held = [store._table.rule[store.topic_id(topic)] for topic in ("fleet/device-1", "x/alarm")]
     assert held == [0, 1] and NO_RULE not in held
+
+
+def test_persist_as_tells_a_publish_that_creates_its_log_from_one_that_has_one(tmp_path: Path):
+    rules = [PersistRule("fleet/#", qos=(1,))]
+    with LogStore(tmp_path / "data", StorageConfig(persist=rules)) as store:
+        before = store.persist_as("fleet/device-1", 1)
+        store.append_message("fleet/device-1", b"{}")
+        answers = [
+            before,
+            store.persist_as("fleet/device-1", 1),
+            store.persist_as("fleet/device-1", 0),
+            store.persist_as("office/door", 1),
+        ]
+    assert answers == [CREATES_LOG, LOGGED, NOT_LOGGED, NOT_LOGGED]
