@@ -220,7 +220,7 @@ class PartitionLog:
                 and (
                     segment.size + total > self.config.segment_bytes
                     or newest >= self._roll_at
-                    or len(segment.rows or ()) + count > segment.capacity
+                    or (0 if segment.rows is None else len(segment.rows)) + count > segment.capacity
                 )
             )
             or segment.size + total > MAX_SEGMENT_BYTES
