@@ -8,7 +8,8 @@ through five stages, each a method below:
 1. **accept** (``accept``): queued as a ``PendingPublish``. An acknowledgement that must keep its turn
    behind logged publishes (a QoS 2 duplicate's PUBREC, a refusal) is queued as an entry without a message.
 2. **persist** (``_persist``): at the start of the next loop iteration the queued messages are appended,
-   one batch per topic (one encode loop and one bookkeeping step per topic), into the group committer.
+   one batch per topic (one encode loop and one bookkeeping step per topic), all in one call
+   (``append_batches``: the group committer learns of them once per partition, not once per topic).
    A topic whose batch fails is retried one message at a time, so only the publishes that fail are refused.
 3. **durable** (``_durable``): the store calls back on the loop once the batch is on disk (its policy).
 4. **replicated** (``_replicated``): the ``Replication`` stage. A single broker has nothing to wait for
@@ -53,6 +54,7 @@ from broker_edge.engine.records import record_fields
 from broker_edge.observe.refusal_log import LogSummary
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.storage.errors import DescriptorShortage, StorageError, TooManyTopics
+from broker_edge.storage.persistence import NOT_LOGGED
 
 if TYPE_CHECKING:
     from broker_edge.engine.cursors import ReplayManager
@@ -130,7 +132,14 @@ class PublishStore(Protocol):
 
     def should_persist(self, topic: str, qos: int) -> bool: ...
 
+    def persist_as(self, topic: str, qos: int) -> int:
+        """``NOT_LOGGED``, ``LOGGED`` or ``CREATES_LOG`` (``broker_edge.storage.persistence``)."""
+
     def append_batch(self, topic: str, records: Sequence[RecordFields]) -> int: ...
+
+    def append_batches(
+        self, batches: Sequence[tuple[str, Sequence[RecordFields]]]
+    ) -> list[int | StorageError]: ...
 
     def when_durable(
         self, callback: Callable[[], object], on_error: Callable[[BaseException], object] | None = None
@@ -176,6 +185,11 @@ def _never_logged(topic: str, qos: int) -> bool:
     return False
 
 
+def _never_persisted(topic: str, qos: int) -> int:
+    """``PublishPath.persist_as`` of a broker that keeps no log."""
+    return NOT_LOGGED
+
+
 class PublishPath:
     """Routes, logs and acknowledges every application message of one broker (see the module docstring)."""
 
@@ -196,6 +210,9 @@ class PublishPath:
         self.is_logged: Callable[[str, int], bool] = _never_logged
         """Whether a publish on ``topic`` at ``qos`` goes through the log (the storage rules decide): the
         store's ``should_persist`` once one is attached, called as is (asked once per publish)."""
+        self.persist_as: Callable[[str, int], int] = _never_persisted
+        """``is_logged``, telling too whether the publish creates its topic's log (``NOT_LOGGED``, ``LOGGED``
+        or ``CREATES_LOG``): the store's ``persist_as``, what a client's publish handler asks."""
         self.replays: ReplayManager | None = None
         self.forwarding: Forwarding | None = None
         """Where a cluster member's logged publishes go (None: a broker alone, all are appended here)."""
@@ -213,6 +230,7 @@ class PublishPath:
         """Log from now on into ``store``; ``replays`` learns of every appended run."""
         self.store = store
         self.is_logged = store.should_persist
+        self.persist_as = store.persist_as
         self.replays = replays
 
     def join_cluster(self, ports: ClusterPorts) -> None:
@@ -224,11 +242,6 @@ class PublishPath:
 
     # -- 1. accept ----------------------------------------------------------------------------------------
 
-    def creates_log(self, topic: str) -> bool:
-        """Whether logging a publish on ``topic`` would create its log (it has none yet)."""
-        store = self.store
-        return store is not None and topic not in store
-
     def logs_created_by(self, client_id: str) -> int:
         """Logs ``client_id`` created (its topic quota counts them)."""
         store = self.store
@@ -237,7 +250,7 @@ class PublishPath:
     def accept(self, publisher: Publisher, message: Message, packet_id: int | None, logged: bool) -> None:
         """Take a client's publish: logged, it waits for the log; otherwise it is routed and acknowledged now.
 
-        ``logged`` is ``is_logged(message.topic, message.qos)``, which the handler asked already.
+        ``logged`` is what ``persist_as(message.topic, message.qos)`` told the handler (not ``NOT_LOGGED``).
         """
         if logged:
             qos = message.qos
@@ -338,14 +351,18 @@ class PublishPath:
             topics = self._place(current, topics, self.forwarding)
         retry: set[str] = set()
         runs = current.runs
-        for topic, messages in topics.items():
-            try:
-                first = store.append_batch(topic, [record_fields(message) for message in messages])
-            except StorageError:
+        firsts = store.append_batches(
+            [(topic, [record_fields(message) for message in messages]) for topic, messages in topics.items()]
+        )
+        for (topic, messages), first in zip(topics.items(), firsts, strict=True):
+            if isinstance(first, StorageError):
                 retry.add(topic)  # one by one below, so that only the publishes that fail are refused
                 continue
-            for offset, message in enumerate(messages, first):
-                message.offset = offset
+            if len(messages) == 1:  # a topic per device: most batches hold one message
+                messages[0].offset = first
+            else:
+                for offset, message in enumerate(messages, first):
+                    message.offset = offset
             runs.append(AppendedRun(topic, first, messages))
         if retry:
             for entry in batch:

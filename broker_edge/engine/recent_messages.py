@@ -39,6 +39,13 @@ class RecentMessages:
         """Keep `messages`, the records of `topic` from `first_offset` on, in order."""
         topics = self._topics
         by_offset = topics.get(topic)
+        if by_offset is None and len(messages) == 1:  # a topic per device: a new entry of one message
+            topics[topic] = {first_offset: messages[0]}
+            self._count += 1
+            self._weight += TOPIC_WEIGHT + 1
+            if self._weight > self.max_messages:
+                self._shrink()
+            return
         if by_offset is None:
             by_offset = topics[topic] = {}
             self._weight += TOPIC_WEIGHT

@@ -201,12 +201,17 @@ class PartitionLog:
     def _add(
         self, topic_id: int, entries: list[bytes], offset: int, times: Sequence[int], newest: int
     ) -> int:
-        sizes = list(map(len, entries))
-        largest = max(sizes) - HEAD_SIZE
+        count = len(entries)
+        if count == 1:  # a topic per device: nearly every append holds one record
+            sizes = None
+            total = len(entries[0])
+            largest = total - HEAD_SIZE
+        else:
+            sizes = list(map(len, entries))
+            largest = max(sizes) - HEAD_SIZE
+            total = sum(sizes)
         if largest > self._max_body + PREFIX_SIZE:
             raise RecordTooLarge(largest, self._max_body)
-        total = sum(sizes)
-        count = len(entries)
         segment = self.active
         if (
             segment is None
@@ -215,15 +220,18 @@ class PartitionLog:
                 and (
                     segment.size + total > self.config.segment_bytes
                     or newest >= self._roll_at
-                    or len(segment.rows or ()) + count > segment.capacity
+                    or (0 if segment.rows is None else len(segment.rows)) + count > segment.capacity
                 )
             )
             or segment.size + total > MAX_SEGMENT_BYTES
         ):
             segment = self._roll(count)
         table = self.table
-        positions = list(accumulate(sizes, initial=segment.size))
-        positions.pop()
+        if sizes is None:
+            positions = [segment.size]
+        else:
+            positions = list(accumulate(sizes, initial=segment.size))
+            positions.pop()
         segment.pending += entries
         segment.pending_rows += count
         segment.size += total

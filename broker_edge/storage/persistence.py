@@ -12,6 +12,8 @@ _CACHE_LIMIT = 4096
 """Topics without a log whose rule is remembered (a topic with a log keeps its rule in the topic table)."""
 NO_MATCH = 254
 """`rule_number` of a topic no rule matches (fits the topic table's one-byte column)."""
+NOT_LOGGED, LOGGED, CREATES_LOG = 0, 1, 2
+"""`LogStore.persist_as`: a publish not logged; logged to its topic's log; logged, creating the log."""
 
 
 def check_filter(topic_filter: str) -> None:
@@ -38,7 +40,11 @@ class PersistenceRules:
 
     def rule_number(self, topic: str) -> int:
         """The number of the first rule matching `topic` (`NO_MATCH` when none does), not cached (a topic with
-        a log keeps it in its column)."""
+        a log keeps it in its column); a new topic's first publish asked `should_persist` already, whose
+        cached answer is taken rather than matching every rule again."""
+        cached = self._cache.get(topic)
+        if cached is not None:
+            return NO_MATCH if cached == _NO_RULE else cached
         for number, rule in enumerate(self.rules):
             if topic_matches(rule.pattern, topic):
                 return number

@@ -52,7 +52,7 @@ from .hw_checkpoint import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
 from .layout import layout_of, layout_version, open_layout
 from .partition_log import PartitionConfig, PartitionLog, PartitionPending
 from .partition_reads import PositionOutOfRange, TopicFilters, position_for_timestamp, read_entries
-from .persistence import PersistenceRules, check_filter
+from .persistence import CREATES_LOG, LOGGED, NOT_LOGGED, PersistenceRules, check_filter
 from .read_cache import BLOCK_MAX_BYTES, BLOCK_RECORDS, Block, ReadCache
 from .recent import RecentWindows
 from .record import FrameError, Record, RecordFields, check_frame, decode_frame
@@ -371,10 +371,16 @@ class LogStore:
 
     def should_persist(self, topic: str, qos: int) -> bool:
         """Whether a publish on `topic` with `qos` goes to the log (the persistence rules decide)."""
+        return self.persist_as(topic, qos) != NOT_LOGGED
+
+    def persist_as(self, topic: str, qos: int) -> int:
+        """`should_persist`, and whether appending would create the topic's log, with one lookup of the
+        topic: `NOT_LOGGED`, `LOGGED` or `CREATES_LOG` (a publish handler checks a client's topic quota for
+        the last only; asking `in` apart looked every topic up once more per publish)."""
         topic_id = self._ids.get(topic)
         if topic_id is not None:
-            return qos in self.rules.rule_qos(self._rule_of(topic_id))
-        return self.rules.should_persist(topic, qos)
+            return LOGGED if qos in self.rules.rule_qos(self._rule_of(topic_id)) else NOT_LOGGED
+        return CREATES_LOG if self.rules.should_persist(topic, qos) else NOT_LOGGED
 
     def append(self, topic: str, record) -> int:
         """Append to `topic`'s log (created on first use) and return the offset; ack after `when_durable`."""
@@ -421,6 +427,55 @@ class LogStore:
         self._committer.appended_many(part, len(records), part.last_append_size)
         return first
 
+    def append_batches(
+        self, batches: Sequence[tuple[str, Sequence[RecordFields]]]
+    ) -> list[int | StorageError]:
+        """`append_batch` of each (topic, records), with one broker time: the first offset of each, or the
+        `StorageError` that refused that batch alone (the others are appended all the same).
+
+        A publish path with a topic per device has a batch per message; the group committer then learns of
+        them once per partition, not once per topic, so what a loop turn's appends cost beyond encoding and
+        indexing does not grow with the topics they touch. `fsync` durability (a job per append) takes them
+        one by one."""
+        if self.config.durability == "fsync":
+            return [self._append_or_error(topic, records, None) for topic, records in batches]
+        timestamp = _time_ns() // 1_000_000
+        ids, partitions, partition_of = self._ids, self._partitions, self._table.partition
+        committer = self._committer
+        results: list[int | StorageError] = []
+        notes: dict[PartitionLog, list[int]] = {}
+        for topic, records in batches:
+            try:
+                topic_id = ids.get(topic)
+                if topic_id is None:
+                    topic_id = self._create(topic, records[0][3] if records else "")
+                elif committer.failure is not None or committer.shortage is not None:
+                    self._check_writable()
+                part = partitions[partition_of[topic_id]]
+                first = part.append(topic_id, records, timestamp)
+            except StorageError as error:
+                results.append(error)
+                continue
+            results.append(first)
+            if records:
+                note = notes.get(part)
+                if note is None:
+                    notes[part] = [len(records), part.last_append_size]
+                else:
+                    note[0] += len(records)
+                    note[1] += part.last_append_size
+        for part, (count, size) in notes.items():
+            committer.appended_many(part, count, size)
+        return results
+
+    def _append_or_error(
+        self, topic: str, records: Sequence[RecordFields], timestamp_ms: int | None
+    ) -> int | StorageError:
+        try:
+            return self.append_batch(topic, records, timestamp_ms)
+        except StorageError as error:
+            return error
+
     def _check_writable(self) -> None:
         """Raise why an append cannot be taken now: a failed write (``StorageFailed``, for good) or a
         shortage of file descriptors (``DescriptorShortage``, until the log is written)."""
@@ -446,6 +501,9 @@ class LogStore:
         partition = _partition_of(topic, self.config.partitions)
         topic_id = self._catalog.add(topic, partition)
         self._table.add(partition)
+        # its rule now, while the rules still cache the answer `should_persist` gave this publish (at its
+        # next publish, a topic per device later, that cache has long moved on and every rule is matched)
+        self._table.rule[topic_id] = self.rules.rule_number(topic)
         self._order.add(topic)
         self._created_by[client_id] = self._created_by.get(client_id, 0) + 1
         self._committer.touched(self._catalogue)

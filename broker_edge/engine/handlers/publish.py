@@ -23,6 +23,7 @@ from broker_edge.protocol.packets import Publish
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.security.limits import topic_over_limits
 from broker_edge.security.topic_quota import identity_of
+from broker_edge.storage.persistence import CREATES_LOG, NOT_LOGGED
 
 if TYPE_CHECKING:
     from broker_edge.engine.handlers.context import BrokerContext, Client
@@ -76,10 +77,11 @@ def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: P
     ):
         _refuse(ctx, conn, session, packet, _NOT_AUTHORIZED, "acl_denied")
         return
-    logged = path.is_logged(topic, qos)
-    if logged and path.creates_log(topic) and not _may_create_log(ctx, conn, session, topic):
+    persisted = path.persist_as(topic, qos)
+    if persisted == CREATES_LOG and not _may_create_log(ctx, conn, session, topic):
         _refuse(ctx, conn, session, packet, _QUOTA_EXCEEDED, "topic_quota")
         return
+    logged = persisted != NOT_LOGGED
 
     expires_at = None
     forwarded = props

@@ -224,7 +224,12 @@ class SubscriptionTrie(Generic[S]):
         return node.shared.get(group) if node.shared else None
 
     def match(self, topic: str) -> Match[S]:
-        """Every subscriber of ``topic`` (a topic name, no wildcards), merged per session; cached."""
+        """Every subscriber of ``topic`` (a topic name, no wildcards), merged per session; cached.
+
+        Without any subscription the answer is known without a walk, and caching it would only fill the
+        cache with one entry per topic published to (a fleet with a topic per device never hits it)."""
+        if not self.count:
+            return _EMPTY_MATCH
         cached = self._cache.get(topic)
         if cached is not None:
             return cached

@@ -13,6 +13,8 @@ from broker_edge.engine.ports import ForwardAck
 from broker_edge.engine.routing.router import Router
 from broker_edge.engine.routing.subscriptions import SubscriptionOptions
 from broker_edge.engine.sessions.session import Session
+from broker_edge.storage.errors import StorageError
+from broker_edge.storage.persistence import CREATES_LOG, LOGGED, NOT_LOGGED
 from broker_edge.storage.record import RecordFields
 
 LOCAL_TOPIC = "site/led-here"
@@ -31,11 +33,27 @@ class MemoryLog:
     def should_persist(self, topic: str, qos: int) -> bool:
         return qos > 0
 
+    def persist_as(self, topic: str, qos: int) -> int:
+        if not self.should_persist(topic, qos):
+            return NOT_LOGGED
+        return LOGGED if topic in self.logs else CREATES_LOG
+
     def append_batch(self, topic: str, records: Sequence[RecordFields]) -> int:
         log = self.logs.setdefault(topic, [])
         first = len(log)
         log.extend(records)
         return first
+
+    def append_batches(
+        self, batches: Sequence[tuple[str, Sequence[RecordFields]]]
+    ) -> list[int | StorageError]:
+        results: list[int | StorageError] = []
+        for topic, records in batches:
+            try:
+                results.append(self.append_batch(topic, records))
+            except StorageError as error:  # as ``LogStore``: that batch alone is refused
+                results.append(error)
+        return results
 
     def when_durable(
         self, callback: Callable[[], object], on_error: Callable[[BaseException], object] | None = None

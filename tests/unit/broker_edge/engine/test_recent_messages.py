@@ -55,3 +55,16 @@ def test_a_topic_weighs_against_the_bound_like_a_message():
     kept = [number for number in range(10) if recent.get(f"device/{number}", 0) is not None]
     assert kept == list(range(10 - 10 // (1 + TOPIC_WEIGHT), 10))
     assert len(recent) == len(kept)
+
+
+def test_a_topic_begun_by_one_message_weighs_as_one_begun_by_a_batch():
+    def kept(recent: RecentMessages) -> list[tuple[str, int]]:
+        recent.add("b", 0, _messages("b", 0, 5))  # over the bound: the least recent topic goes
+        return [(topic, n) for topic in "ab" for n in range(5) if recent.get(topic, n) is not None]
+
+    one, batch = RecentMessages(6 + 2 * TOPIC_WEIGHT), RecentMessages(6 + 2 * TOPIC_WEIGHT)
+    one.add("a", 0, _messages("a", 0, 1))
+    one.add("a", 1, _messages("a", 1, 2))
+    batch.add("a", 0, _messages("a", 0, 3))
+    assert len(one) == len(batch) == 3
+    assert kept(one) == kept(batch) == [("b", n) for n in range(5)]

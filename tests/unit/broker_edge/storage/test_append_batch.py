@@ -105,3 +105,29 @@ def test_the_store_makes_a_batch_durable_as_one_append_and_counts_it_for_the_top
     assert fired == [10]  # the callback registered after the batch fired once all of it was readable
     assert created == 1  # the batch's first record was device-0's: the new log counts for it
     assert jobs == 1
+
+
+@pytest.mark.parametrize("durability", ["group", "fsync"])
+def test_batches_of_many_topics_append_each_and_refuse_only_the_batch_that_fails(
+    tmp_path: Path, durability: str
+):
+    store = _store(tmp_path, durability=durability, max_record_bytes=200)
+    store.append("fleet/device-0", make_record(0))
+    batches = [
+        ("fleet/device-0", [_fields(1), _fields(2)]),
+        ("fleet/device-1", [_fields(0)]),
+        ("fleet/device-2", [_fields(0, payload_size=1_000)]),  # over max_record_bytes
+        ("fleet/device-3", [_fields(0)]),
+    ]
+    results = store.append_batches(batches)
+    store.flush()
+    store.close()
+    reopened = _store(tmp_path, durability=durability, max_record_bytes=200)
+    held = {topic: [record.offset for record in reopened.read(topic, 0, 10)] for topic in reopened.topics()}
+    reopened.close()
+
+    assert results[:2] == [1, 0] and results[3] == 0
+    assert isinstance(results[2], RecordTooLarge)
+    assert held == {  # the refused batch's topic was created (as `append_batch` leaves it), empty
+        "fleet/device-0": [0, 1, 2], "fleet/device-1": [0], "fleet/device-2": [], "fleet/device-3": [0]
+    }  # fmt: skip

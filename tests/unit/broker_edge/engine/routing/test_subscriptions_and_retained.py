@@ -96,3 +96,14 @@ def test_retained_bytes_are_bounded_in_all_and_per_publishing_client():
     assert (store.bytes_of("meter-1"), store.bytes_of("meter-2"), store.bytes) == (0, 550, 550)
     assert store.clear("site/2/state")
     assert (store.bytes_of("meter-2"), store.bytes, store.count) == (100, 100, 1)
+
+
+def test_without_subscriptions_topics_match_nothing_and_are_not_cached():
+    trie: SubscriptionTrie[str] = SubscriptionTrie(cache_size=4)
+    for number in range(10):
+        assert trie.match(f"fleet/device-{number}").subscribers == []
+    assert trie.cached_topics() == 0
+    trie.add("fleet/+", "s", SubscriptionOptions(0))
+    assert set(subscribers(trie, "fleet/device-1")) == {"s"}
+    assert trie.remove("fleet/+", "s")
+    assert trie.match("fleet/device-1").subscribers == []
