@@ -7,16 +7,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 from tests.e2e.broker_clients import wait_for
 from tests.e2e.conftest import RunningBroker
-from tests.e2e.sources.test_timestone_source_spark import run_available_now
+from tests.e2e.uplink.spark_reads import Row, read_sites
 from tests.e2e.uplink.uplink_harness import hub_port, hub_section, mirrored, pki_in, site_section
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
-
-Row = tuple[str, str, int, bytes]  # broker, topic, offset, payload
 
 
 def start_site(
@@ -41,24 +39,7 @@ def start_site(
 
 
 def read_hub(spark: SparkSession, hub: RunningBroker, checkpoint: Path) -> list[Row]:
-    rows: list[Row] = []
-
-    def collect(frame: DataFrame, _batch_id: int) -> None:
-        rows.extend(
-            (row.broker, row.topic, row.offset, bytes(row.payload))
-            for row in frame.select("broker", "topic", "offset", "payload").collect()
-        )
-
-    frame = (
-        spark.readStream.format("timestone")
-        .option("brokers", f"hub=http://127.0.0.1:{hub.broker.offsets_port}")
-        .option("topics", "plant/+/temp")
-        .option("sites", "true")
-        .option("startingOffsets", "earliest")
-        .load()
-    )
-    run_available_now(frame, checkpoint, collect)
-    return sorted(rows)
+    return read_sites(spark, checkpoint, {"brokers": f"hub=http://127.0.0.1:{hub.broker.offsets_port}"})
 
 
 def site_rows(site_id: str) -> list[Row]:

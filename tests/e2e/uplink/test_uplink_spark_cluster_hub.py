@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 from broker_edge.cluster.view import partition_of
 from broker_edge.runtime.local_cluster import EtcdTarget, cluster_state
@@ -16,13 +16,12 @@ from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.uplink import site_topic
 from tests.e2e.broker_clients import wait_for
 from tests.e2e.conftest import RunningBroker
-from tests.e2e.sources.test_timestone_source_spark import run_available_now
 from tests.e2e.uplink.cluster_hub_harness import NODES, PARTITIONS, hub_cluster, hub_url
+from tests.e2e.uplink.spark_reads import Row, read_sites
 from tests.e2e.uplink.uplink_harness import pki_in, site_section
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
 
-Row = tuple[str, str, int, bytes]  # broker, topic, offset, payload
 TOPICS = ("plant/line-1/temp", "plant/line-2/temp")
 
 
@@ -62,26 +61,8 @@ def rows_of(site_id: str, offsets: range) -> list[Row]:
 
 
 def read_hub(spark: SparkSession, member_url: str, checkpoint: Path) -> list[Row]:
-    rows: list[Row] = []
-
-    def collect(frame: DataFrame, _batch_id: int) -> None:
-        rows.extend(
-            (row.broker, row.topic, row.offset, bytes(row.payload))
-            for row in frame.select("broker", "topic", "offset", "payload").collect()
-        )
-
-    frame = (
-        spark.readStream.format("timestone")
-        .option("bootstrapServers", member_url)
-        .option("clusterName", "hub")
-        .option("topics", "plant/+/temp")
-        .option("sites", "true")
-        .option("startingOffsets", "earliest")
-        .option("fetchTimeoutMs", 5000)
-        .load()
-    )
-    run_available_now(frame, checkpoint, collect)
-    return sorted(rows)
+    options = {"bootstrapServers": member_url, "clusterName": "hub", "fetchTimeoutMs": "5000"}
+    return read_sites(spark, checkpoint, options)
 
 
 def leader_of(target: EtcdTarget, topic: str) -> str | None:
