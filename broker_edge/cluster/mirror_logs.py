@@ -38,8 +38,6 @@ from broker_edge.engine.ports import AppendedRun
 from broker_edge.storage import InvalidRecord
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from aiohttp import web
 
     from broker_edge.cluster.links.member_clients import MemberClients
@@ -299,18 +297,18 @@ class ClusterMirrorLogs:
             member_of(request)
             length = request.content_length
             if length is None or length > MAX_BODY_BYTES:
-                return _error(413, "too_large", f"the body must have a length of at most {MAX_BODY_BYTES}")
+                raise ApiError(413, "too_large", f"the body must have a length of at most {MAX_BODY_BYTES}")
             hold(request, length)
             try:
                 parts = decode_parts(await request.content.readexactly(length))
             except (ValueError, asyncio.IncompleteReadError) as error:
-                return _error(400, "bad_request", f"not a batch of frames: {error}")
+                raise ApiError(400, "bad_request", f"not a batch of frames: {error}") from None
             try:
                 appended = await self.append_here(parts)
             except _NotHere as refused:
-                return _error(NOT_LEADER, "not_leader", str(refused))
+                raise ApiError(NOT_LEADER, "not_leader", str(refused)) from None
             except InvalidRecord as error:
-                return _error(INVALID_FRAMES, "invalid_frames", str(error))
+                raise ApiError(INVALID_FRAMES, "invalid_frames", str(error)) from None
             return web.json_response({"appended": [_json_of(result) for result in appended]})
 
         async def ends(request: web.Request) -> web.Response:
@@ -363,9 +361,3 @@ def _appended_of(item: list[Any]) -> MirrorAppend:
     return MirrorAppend(
         int(first), int(records), int(duplicates), (int(gap[0]), int(gap[1])) if gap else None, int(end)
     )
-
-
-def _error(status: int, code: str, message: str) -> web.Response:
-    from aiohttp import web
-
-    return web.json_response({"error": code, "message": message}, status=status)
