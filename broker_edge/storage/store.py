@@ -414,11 +414,7 @@ class LogStore:
     ) -> int:
         """Append `records` to `topic`'s log with one broker time; returns the first offset (record i gets
         it + i). All or nothing; a new log counts for the first record's client id."""
-        topic_id = self._ids.get(topic)
-        if topic_id is None:
-            topic_id = self._create(topic, records[0][3] if records else "")
-        elif self._committer.failure is not None or self._committer.shortage is not None:
-            self._check_writable()
+        topic_id = self._writable_id(topic, records[0][3] if records else "")
         if not records:
             return self._table.next[topic_id]
         part = self._partitions[self._table.partition[topic_id]]
@@ -440,17 +436,13 @@ class LogStore:
         if self.config.durability == "fsync":
             return [self._append_or_error(topic, records, None) for topic, records in batches]
         timestamp = _time_ns() // 1_000_000
-        ids, partitions, partition_of = self._ids, self._partitions, self._table.partition
+        writable_id, partitions, partition_of = self._writable_id, self._partitions, self._table.partition
         committer = self._committer
         results: list[int | StorageError] = []
         notes: dict[PartitionLog, list[int]] = {}
         for topic, records in batches:
             try:
-                topic_id = ids.get(topic)
-                if topic_id is None:
-                    topic_id = self._create(topic, records[0][3] if records else "")
-                elif committer.failure is not None or committer.shortage is not None:
-                    self._check_writable()
+                topic_id = writable_id(topic, records[0][3] if records else "")
                 part = partitions[partition_of[topic_id]]
                 first = part.append(topic_id, records, timestamp)
             except StorageError as error:
@@ -475,6 +467,16 @@ class LogStore:
             return self.append_batch(topic, records, timestamp_ms)
         except StorageError as error:
             return error
+
+    def _writable_id(self, topic: str, client_id: str) -> int:
+        """`topic`'s id, its log created (counted to `client_id`) on first use; raises why an append to
+        an existing log cannot be taken now (`_check_writable`: a new log's creation checks it itself)."""
+        topic_id = self._ids.get(topic)
+        if topic_id is None:
+            return self._create(topic, client_id)
+        if self._committer.failure is not None or self._committer.shortage is not None:
+            self._check_writable()
+        return topic_id
 
     def _check_writable(self) -> None:
         """Raise why an append cannot be taken now: a failed write (``StorageFailed``, for good) or a
@@ -655,11 +657,7 @@ class LogStore:
         (a mirror's gap, docs/uplink.md). The records held stay readable and the log continues at `at`;
         the offsets between are a gap, never served (a read of one raises `CorruptRecord` naming `at`, as
         for records lost to damage). A log that holds nothing restarts at `at` instead."""
-        topic_id = self._ids.get(topic)
-        if topic_id is None:
-            topic_id = self._create(topic, "")
-        elif self._committer.failure is not None or self._committer.shortage is not None:
-            self._check_writable()
+        topic_id = self._writable_id(topic, "")
         table = self._table
         first = table.next[topic_id]
         if at is not None and at > first:
