@@ -29,6 +29,7 @@ from tests.e2e.uplink.uplink_harness import (
     Telemetry,
     WanRelay,
     log_frames,
+    payloads,
     pki_in,
     site_section,
 )
@@ -52,15 +53,6 @@ def site_status(site: BrokerProcess) -> dict[str, Any]:
     with urllib.request.urlopen(f"{site.offsets_url}/v1/uplink/sites", timeout=5) as answer:
         status: dict[str, Any] = json.loads(answer.read())["site"]
     return status
-
-
-def payloads(store: LogStore, topics: list[str]) -> list[bytes]:
-    return [
-        record.payload
-        for topic in topics
-        if topic in store
-        for record in store.read(topic, store.start_offset(topic), 1_000_000, 1 << 30)
-    ]
 
 
 @pytest.mark.parametrize("connected_to", ["leader", "follower"])

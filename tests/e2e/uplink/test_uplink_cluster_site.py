@@ -32,7 +32,7 @@ from broker_edge.settings.uplink import site_topic
 from broker_edge.storage import LogStore
 from tests.e2e.broker_clients import PahoClient, wait_for
 from tests.e2e.uplink.cluster_hub_harness import PARTITIONS, member_store
-from tests.e2e.uplink.uplink_harness import Telemetry, hub_section, log_frames, pki_in, site_section
+from tests.e2e.uplink.uplink_harness import Telemetry, hub_section, log_frames, payloads, pki_in, site_section
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,15 +70,6 @@ def hub_end(hub: BrokerProcess, topic: str) -> int:
             return int(json.loads(answer.read())["end_offset"])
     except urllib.error.HTTPError:
         return 0
-
-
-def payloads(store: LogStore, topics: list[str]) -> list[bytes]:
-    return [
-        record.payload
-        for topic in topics
-        if topic in store
-        for record in store.read(topic, store.start_offset(topic), 1_000_000, 1 << 30)
-    ]
 
 
 def test_a_site_cluster_losing_the_member_holding_its_link_sends_every_acknowledged_record_once(

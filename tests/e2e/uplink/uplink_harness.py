@@ -63,6 +63,16 @@ def log_frames(store: LogStore, topic: str) -> tuple[int, int, bytes]:
     return start, end, b"".join(chunks)
 
 
+def payloads(store: LogStore, topics: list[str]) -> list[bytes]:
+    """Every payload the logs of ``topics`` hold, log after log, in offset order."""
+    return [
+        record.payload
+        for topic in topics
+        if topic in store
+        for record in store.read(topic, store.start_offset(topic), 1_000_000, 1 << 30)
+    ]
+
+
 def mirrored(
     site_store: LogStore, hub_store: LogStore, site_id: str, topics: list[str], records: int
 ) -> bool:
