@@ -29,6 +29,17 @@ from broker_edge.cluster.view import ClusterView
 from broker_edge.storage import CorruptRecord, LogStore, StorageConfig
 
 
+def _fetcher_of_b1(store: LogStore) -> _Fetcher:
+    """b2's fetcher from b1, leader of partition 0 in epoch 1, appending into ``store``."""
+    followers = Followers(ClusterView("b2", 1), store, LocalDelivery(store, lambda _m: None, None), None)
+    return _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 1}, observer=False)
+
+
+def _answer(data: TopicData) -> FetchResponse:
+    """b1's answer for partition 0: ``data`` alone."""
+    return FetchResponse(1, OK, [PartitionData(0, OK, 1, [data])])
+
+
 def test_a_diverged_tail_is_cut_where_the_common_epoch_ends_on_either_side(tmp_path: Path) -> None:
     async def scenario() -> None:
         store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
@@ -139,16 +150,11 @@ def test_a_watermark_that_comes_before_its_records_are_durable_is_committed_once
         frames, count = leader.read_frames("t", 0, 1 << 20)
         store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
         store.open()
-        followers = Followers(ClusterView("b2", 1), store, LocalDelivery(store, lambda _m: None, None), None)
-        fetcher = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 1}, observer=False)
-
-        def answer(data: TopicData) -> FetchResponse:
-            return FetchResponse(1, OK, [PartitionData(0, OK, 1, [data])])
-
+        fetcher = _fetcher_of_b1(store)
         records = TopicData("t", FRAMES, 1, 0, [(1, 0)], first=0, count=count, frames=frames)
-        first_watermarks, _touched, appended = fetcher.apply(answer(records))
+        first_watermarks, _touched, appended = fetcher.apply(_answer(records))
         assert appended and store.durable_end("t") < 3  # appended, not yet durable
-        fetcher.apply(answer(TopicData("t", FRAMES, 3, 0, first=3)))  # the watermark alone
+        fetcher.apply(_answer(TopicData("t", FRAMES, 3, 0, first=3)))  # the watermark alone
         assert store.committed_end("t") == 0
         await store.wait_durable()
         fetcher.commit(first_watermarks)  # what the first push's durability commits
@@ -179,14 +185,9 @@ def test_a_gap_in_the_leaders_log_is_a_gap_in_the_copy_at_the_same_offsets(tmp_p
         assert leader.next_held("t", 3) == 6 and leader.next_held("t", 2) == 2
         store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
         store.open()
-        followers = Followers(ClusterView("b2", 1), store, LocalDelivery(store, lambda _m: None, None), None)
-        fetcher = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 1}, observer=False)
-
-        def answer(data: TopicData) -> FetchResponse:
-            return FetchResponse(1, OK, [PartitionData(0, OK, 1, [data])])
-
-        fetcher.apply(answer(TopicData("t", FRAMES, 3, 0, first=0, count=3, frames=before)))
-        fetcher.apply(answer(TopicData("t", GAP, 8, 0, first=6, count=2, frames=after)))
+        fetcher = _fetcher_of_b1(store)
+        fetcher.apply(_answer(TopicData("t", FRAMES, 3, 0, first=0, count=3, frames=before)))
+        fetcher.apply(_answer(TopicData("t", GAP, 8, 0, first=6, count=2, frames=after)))
         await store.wait_durable()
         fetcher.commit([("t", 8)])
         assert store.durable_end("t") == store.committed_end("t") == 8
