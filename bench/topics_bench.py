@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import net
 from bench.brokers.timestone import Timestone
 from bench.report import RESULTS_DIR, output_parser, write_result
-from bench.sysinfo import machine_busy_seconds, machine_info, process_tree, rss_bytes, split_cpus
+from bench.sysinfo import cpu_seconds, machine_busy_seconds, machine_info, rss_bytes, split_cpus
 from bench.topic_load import Pinger, PublishResult, percentile, publish_rounds
 
 PAYLOAD = b'{"t":21.5,"h":40.1,"v":3.31}'
@@ -163,18 +163,6 @@ class Case:
     spark: dict[str, SparkRun] = field(default_factory=dict)
     restart_clean: float = 0.0
     restart_killed: float = 0.0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU seconds of the process tree rooted at `pid`."""
-    ticks = 0
-    for member in process_tree(pid):
-        try:
-            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def disk_usage(path: Path) -> tuple[int, int]:
