@@ -273,3 +273,23 @@ def test_a_read_of_a_few_entries_reads_about_their_bytes_not_its_byte_budget(tmp
     assert len(read.frames) == 256
     assert sum(buffers.values()) < max(2 * served, 32 << 10) < segment_bytes // 10
     store.close()
+
+
+def test_a_read_from_any_position_of_sealed_segments_starts_at_that_record(tmp_path: Path):
+    # segments of more than 256 rows (a sparse row every 256) holding entries of very different sizes, some
+    # larger than the chunk a short skip reads: every position is found by stepping over the entries
+    # between its sparse row and it
+    store = _store(tmp_path, segment_bytes=600 * 1024)
+    for number in range(900):
+        size = 70_000 if number % 64 == 0 else number * 37 % 500 + 20
+        store.append(TOPICS[number % len(TOPICS)], make_record(number, payload_size=size))
+    store.flush()
+    store.wait_sealed()
+    whole, _, _ = _read_all(store, max_bytes=1 << 30)
+    sealed = [segment for segment in store.partition_logs[0].segments if segment.sealed is not None]
+    assert sealed and all(segment.row_count > 256 for segment in sealed)
+
+    for position in [*range(0, 900, 37), 255, 256, 257, 258, 511, 513, 899]:
+        read = store.read_partition(0, position, 1, 1 << 30)
+        assert (read.topics[0], bytes(read.frames[0])) == (whole[position][0], whole[position][2])
+    store.close()
