@@ -27,6 +27,7 @@ __all__ = [
     "ENTRY_HEAD",
     "HEAD_SIZE",
     "MARKER_BIT",
+    "MARKER_BODY_SIZE",
     "RESTART",
     "TRUNCATE",
     "EntryError",
@@ -45,7 +46,8 @@ MARKER_BIT = 0x80000000
 TRUNCATE = 1
 RESTART = 2
 _MARKER_BODY = struct.Struct("<BQQ")
-MARKER_FRAME_SIZE = PREFIX_SIZE + _MARKER_BODY.size
+MARKER_BODY_SIZE = _MARKER_BODY.size
+MARKER_FRAME_SIZE = PREFIX_SIZE + MARKER_BODY_SIZE
 MAX_TOPIC_ID = MARKER_BIT - 1
 
 
@@ -94,12 +96,12 @@ def parse_head(buf: bytes | memoryview, pos: int, max_body: int) -> tuple[int, i
         raise EntryError("torn")
     topic_id, check = ENTRY_HEAD.unpack_from(buf, pos)
     body_length, frame_crc = PREFIX.unpack_from(buf, pos + HEAD_SIZE)
-    if body_length > max_body or (topic_id & MARKER_BIT and body_length != _MARKER_BODY.size):
+    if body_length > max_body or (topic_id & MARKER_BIT and body_length != MARKER_BODY_SIZE):
         raise EntryError("length")
     end = pos + HEAD_SIZE + PREFIX_SIZE + body_length
     if end > size:
         raise EntryError("torn")
-    if check != record.crc32c(_TOPIC_ID.pack(topic_id), frame_crc):
+    if check != check_of(topic_id, frame_crc):
         raise EntryError("check")
     return topic_id, end
 
