@@ -79,6 +79,8 @@ REPLICATED_SYNC_PIPELINE = 2
 """Group-commit jobs a replicated store lets be in flight at once (see `GroupCommitter.pipeline`)."""
 
 _time_ns = time.time_ns
+_PartitionAppends = tuple[list[tuple[int, Sequence[RecordFields]]], list[int]]
+"""A loop turn's appends to one partition, (topic id, records) each, and the index of each's batch."""
 
 
 @dataclass(slots=True)
@@ -429,36 +431,47 @@ class LogStore:
         """`append_batch` of each (topic, records), with one broker time: the first offset of each, or the
         `StorageError` that refused that batch alone (the others are appended all the same).
 
-        A publish path with a topic per device has a batch per message; the group committer then learns of
-        them once per partition, not once per topic, so what a loop turn's appends cost beyond encoding and
-        indexing does not grow with the topics they touch. `fsync` durability (a job per append) takes them
-        one by one."""
+        A publish path with a topic per device has a batch per message: each partition takes its share in one
+        call (`PartitionLog.append_many`: one loop encodes and indexes them), and the group committer learns
+        of them once per partition, not once per topic. `fsync` durability (a job per append) takes them one
+        by one."""
         if self.config.durability == "fsync":
             return [self._append_or_error(topic, records, None) for topic, records in batches]
         timestamp = _time_ns() // 1_000_000
-        writable_id, partitions, partition_of = self._writable_id, self._partitions, self._table.partition
+        results, groups = self._writable_groups(batches)
         committer = self._committer
+        for number, (appends, indexes) in groups.items():
+            part = self._partitions[number]
+            firsts, count, size = part.append_many(appends, timestamp)
+            for index, first in zip(indexes, firsts, strict=True):
+                results[index] = first
+            if count:
+                committer.appended_many(part, count, size)
+        return results
+
+    def _writable_groups(
+        self, batches: Sequence[tuple[str, Sequence[RecordFields]]]
+    ) -> tuple[list[int | StorageError], dict[int, _PartitionAppends]]:
+        """The batches' topic ids (logs created on first use) grouped by partition, each (topic id, records)
+        with its batch's index; and a result per batch: the `StorageError` of a topic that cannot be written
+        now, a placeholder otherwise."""
+        writable_id, partition_of = self._writable_id, self._table.partition
         results: list[int | StorageError] = []
-        notes: dict[PartitionLog, list[int]] = {}
-        for topic, records in batches:
+        groups: dict[int, _PartitionAppends] = {}
+        for index, (topic, records) in enumerate(batches):
             try:
                 topic_id = writable_id(topic, records[0][3] if records else "")
-                part = partitions[partition_of[topic_id]]
-                first = part.append(topic_id, records, timestamp)
             except StorageError as error:
                 results.append(error)
                 continue
-            results.append(first)
-            if records:
-                note = notes.get(part)
-                if note is None:
-                    notes[part] = [len(records), part.last_append_size]
-                else:
-                    note[0] += len(records)
-                    note[1] += part.last_append_size
-        for part, (count, size) in notes.items():
-            committer.appended_many(part, count, size)
-        return results
+            results.append(topic_id)
+            number = partition_of[topic_id]
+            group = groups.get(number)
+            if group is None:
+                group = groups[number] = ([], [])
+            group[0].append((topic_id, records))
+            group[1].append(index)
+        return results, groups
 
     def _append_or_error(
         self, topic: str, records: Sequence[RecordFields], timestamp_ms: int | None
