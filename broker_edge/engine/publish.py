@@ -570,8 +570,7 @@ class PublishPath:
                 self._answer_in_turn(entry, reason_code)
         replays = self.replays
         if replays is not None:
-            for run in runs:
-                replays.appended(run.topic, run.first_offset, run.messages)
+            replays.appended_runs(runs)
         if appends:
             self.metrics.log_appends_total.inc(appends)
             self.metrics.log_bytes_total.inc(appended_bytes)

@@ -8,10 +8,14 @@ set of its encodings) spares a decode per session. Live routing adds a whole bat
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import count, islice
+from typing import TYPE_CHECKING
 
 from broker_edge.engine.message import Message
+
+if TYPE_CHECKING:
+    from broker_edge.engine.ports import AppendedRun
 
 __all__ = ["TOPIC_WEIGHT", "RecentMessages"]
 
@@ -37,14 +41,28 @@ class RecentMessages:
 
     def add(self, topic: str, first_offset: int, messages: Sequence[Message]) -> None:
         """Keep `messages`, the records of `topic` from `first_offset` on, in order."""
+        self._put(topic, first_offset, messages)
+        if self._weight > self.max_messages:
+            self._shrink()
+
+    def add_runs(self, runs: Iterable[AppendedRun]) -> None:
+        """`add` of each run of a loop turn, the bound applied once after them all (least recent topics
+        dropped first): with a topic per device, a turn drops topics in one pass, not one per message. A
+        topic the turn adds to may keep messages that adding each run alone would have dropped with it."""
+        put = self._put
+        for run in runs:
+            put(run.topic, run.first_offset, run.messages)
+        if self._weight > self.max_messages:
+            self._shrink()
+
+    def _put(self, topic: str, first_offset: int, messages: Sequence[Message]) -> None:
+        """`add` without applying the bound."""
         topics = self._topics
         by_offset = topics.get(topic)
         if by_offset is None and len(messages) == 1:  # a topic per device: a new entry of one message
             topics[topic] = {first_offset: messages[0]}
             self._count += 1
             self._weight += TOPIC_WEIGHT + 1
-            if self._weight > self.max_messages:
-                self._shrink()
             return
         if by_offset is None:
             by_offset = topics[topic] = {}
@@ -56,8 +74,6 @@ class RecentMessages:
         added = len(by_offset) - before
         self._count += added
         self._weight += added
-        if self._weight > self.max_messages:
-            self._shrink()
 
     def get(self, topic: str, offset: int) -> Message | None:
         by_offset = self._topics.get(topic)
