@@ -454,23 +454,37 @@ class LogStore:
     ) -> tuple[list[int | StorageError], dict[int, _PartitionAppends]]:
         """The batches' topic ids (logs created on first use) grouped by partition, each (topic id, records)
         with its batch's index; and a result per batch: the `StorageError` of a topic that cannot be written
-        now, a placeholder otherwise."""
-        writable_id, partition_of = self._writable_id, self._table.partition
+        now, a placeholder otherwise. The turn's new topics get their rows in the topic table together."""
+        ids_get, committer = self._ids.get, self._committer
+        # (every topic's partition, new ones included; before open no topic exists and `_register` refuses)
+        partition_of = self._table.partition if self._catalog is None else self._catalog.partitions
+        refusing = committer.failure is not None or committer.shortage is not None
         results: list[int | StorageError] = []
         groups: dict[int, _PartitionAppends] = {}
-        for index, (topic, records) in enumerate(batches):
-            try:
-                topic_id = writable_id(topic, records[0][3] if records else "")
-            except StorageError as error:
-                results.append(error)
-                continue
-            results.append(topic_id)
-            number = partition_of[topic_id]
-            group = groups.get(number)
-            if group is None:
-                group = groups[number] = ([], [])
-            group[0].append((topic_id, records))
-            group[1].append(index)
+        new_partitions, new_rules = array("H"), array("B")
+        try:
+            for index, (topic, records) in enumerate(batches):
+                topic_id = ids_get(topic)
+                try:
+                    if topic_id is None:
+                        topic_id = self._register(
+                            topic, records[0][3] if records else "", new_partitions, new_rules
+                        )
+                    elif refusing:
+                        self._check_writable()
+                except StorageError as error:
+                    results.append(error)
+                    continue
+                results.append(topic_id)
+                number = partition_of[topic_id]
+                group = groups.get(number)
+                if group is None:
+                    group = groups[number] = ([], [])
+                group[0].append((topic_id, records))
+                group[1].append(index)
+        finally:
+            if new_partitions:
+                self._add_rows(new_partitions, new_rules)
         return results, groups
 
     def _append_or_error(
@@ -502,6 +516,14 @@ class LogStore:
 
     def _create(self, topic: str, client_id: str) -> int:
         """A new topic's id (its catalog entry goes with the next job); raises `TooManyTopics`."""
+        partitions, rules = array("H"), array("B")
+        topic_id = self._register(topic, client_id, partitions, rules)
+        self._add_rows(partitions, rules)
+        return topic_id
+
+    def _register(self, topic: str, client_id: str, partitions: array, rules: array) -> int:
+        """`_create` but for the topic's row in the topic table: its partition and persistence rule are
+        appended to `partitions` and `rules`, for `_add_rows` (a loop turn's new topics at once)."""
         if not self._opened or self._closed:
             raise StorageError("the store is not open")
         self._check_writable()
@@ -512,19 +534,24 @@ class LogStore:
             raise InvalidRecord("an MQTT topic name is at least one character")
         if len(self._names) >= MAX_TOPIC_ID:
             raise TooManyTopics(topic, MAX_TOPIC_ID)
-        assert self._catalog is not None and self._catalogue is not None
+        assert self._catalog is not None
         partition = _partition_of(topic, self.config.partitions)
         topic_id = self._catalog.add(topic, partition)
-        self._table.add(partition)
+        partitions.append(partition)
         # its rule now, while the rules still cache the answer `should_persist` gave this publish (at its
         # next publish, a topic per device later, that cache has long moved on and every rule is matched)
-        self._table.rule[topic_id] = self.rules.rule_number(topic)
+        rules.append(self.rules.rule_number(topic))
         self._order.add(topic)
         self._created_by[client_id] = self._created_by.get(client_id, 0) + 1
+        return topic_id
+
+    def _add_rows(self, partitions: array, rules: array) -> None:
+        """The topic table's rows of the topics `_register` just gave ids to, in id order."""
+        assert self._catalogue is not None
+        self._table.add_many(partitions, rules)
         self._committer.touched(self._catalogue)
         if not self._syncfs_checked:
             self._use_syncfs()
-        return topic_id
 
     def _refused(self, topic: str) -> None:
         """Count a refusal at `max_topics`; log once per `refusal_log_interval_s` with the count since."""
