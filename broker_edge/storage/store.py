@@ -144,6 +144,18 @@ class _Waiter:
             self.future.set_result([topic])
 
 
+class _NewTopics:
+    """Topics given ids in the catalog whose rows in the topic table and places in the listing are still to
+    be added (`LogStore._add_new`), in id order."""
+
+    __slots__ = ("names", "partitions", "rules")
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.partitions = array("H")
+        self.rules = array("B")
+
+
 class _Catalogue:
     """The catalog as a write source of the group commit (its new entries go with the next job), and what of
     it is durable (bytes and their CRC32C, which the snapshot records)."""
@@ -461,15 +473,13 @@ class LogStore:
         refusing = committer.failure is not None or committer.shortage is not None
         results: list[int | StorageError] = []
         groups: dict[int, _PartitionAppends] = {}
-        new_partitions, new_rules = array("H"), array("B")
+        new = _NewTopics()
         try:
             for index, (topic, records) in enumerate(batches):
                 topic_id = ids_get(topic)
                 try:
                     if topic_id is None:
-                        topic_id = self._register(
-                            topic, records[0][3] if records else "", new_partitions, new_rules
-                        )
+                        topic_id = self._register(topic, records[0][3] if records else "", new)
                     elif refusing:
                         self._check_writable()
                 except StorageError as error:
@@ -483,8 +493,8 @@ class LogStore:
                 group[0].append((topic_id, records))
                 group[1].append(index)
         finally:
-            if new_partitions:
-                self._add_rows(new_partitions, new_rules)
+            if new.names:
+                self._add_new(new)
         return results, groups
 
     def _append_or_error(
@@ -516,14 +526,14 @@ class LogStore:
 
     def _create(self, topic: str, client_id: str) -> int:
         """A new topic's id (its catalog entry goes with the next job); raises `TooManyTopics`."""
-        partitions, rules = array("H"), array("B")
-        topic_id = self._register(topic, client_id, partitions, rules)
-        self._add_rows(partitions, rules)
+        new = _NewTopics()
+        topic_id = self._register(topic, client_id, new)
+        self._add_new(new)
         return topic_id
 
-    def _register(self, topic: str, client_id: str, partitions: array, rules: array) -> int:
-        """`_create` but for the topic's row in the topic table: its partition and persistence rule are
-        appended to `partitions` and `rules`, for `_add_rows` (a loop turn's new topics at once)."""
+    def _register(self, topic: str, client_id: str, new: _NewTopics) -> int:
+        """`_create` but for the topic's row in the topic table and its place in the listing, which `new`
+        keeps for `_add_new` (a loop turn's new topics at once)."""
         if not self._opened or self._closed:
             raise StorageError("the store is not open")
         self._check_writable()
@@ -537,18 +547,19 @@ class LogStore:
         assert self._catalog is not None
         partition = _partition_of(topic, self.config.partitions)
         topic_id = self._catalog.add(topic, partition)
-        partitions.append(partition)
+        new.names.append(topic)
+        new.partitions.append(partition)
         # its rule now, while the rules still cache the answer `should_persist` gave this publish (at its
         # next publish, a topic per device later, that cache has long moved on and every rule is matched)
-        rules.append(self.rules.rule_number(topic))
-        self._order.add(topic)
+        new.rules.append(self.rules.rule_number(topic))
         self._created_by[client_id] = self._created_by.get(client_id, 0) + 1
         return topic_id
 
-    def _add_rows(self, partitions: array, rules: array) -> None:
-        """The topic table's rows of the topics `_register` just gave ids to, in id order."""
+    def _add_new(self, new: _NewTopics) -> None:
+        """The topic table's rows and the listing's places of the topics `_register` just gave ids to."""
         assert self._catalogue is not None
-        self._table.add_many(partitions, rules)
+        self._table.add_many(new.partitions, new.rules)
+        self._order.add_many(new.names)
         self._committer.touched(self._catalogue)
         if not self._syncfs_checked:
             self._use_syncfs()
