@@ -275,7 +275,7 @@ class PartitionLog:
                 or segment.rows is None
                 or segment.size + total > room
                 or timestamp >= self._roll_at
-                or len(segment.rows) >= segment.capacity
+                or len(segment.rows.topic_ids) >= segment.capacity
             ):
                 segment = self._segment_for(total, 1, timestamp)
             if segment is not stamped:

@@ -464,15 +464,30 @@ class LogStore:
     def _writable_groups(
         self, batches: Sequence[tuple[str, Sequence[RecordFields]]]
     ) -> tuple[list[int | StorageError], dict[int, _PartitionAppends]]:
-        """The batches' topic ids (logs created on first use) grouped by partition, each (topic id, records)
-        with its batch's index; and a result per batch: the `StorageError` of a topic that cannot be written
-        now, a placeholder otherwise. The turn's new topics get their rows in the topic table together."""
+        """`_writable_ids` of the batches, grouped by partition: each (topic id, records) with its batch's
+        index."""
+        results, appends, indexes = self._writable_ids(batches)
+        if len(self._partitions) == 1:
+            return results, {0: (appends, indexes)} if appends else {}
+        partition_of = self._table.partition
+        groups: dict[int, _PartitionAppends] = {}
+        for append, index in zip(appends, indexes, strict=True):
+            group = groups.setdefault(partition_of[append[0]], ([], []))
+            group[0].append(append)
+            group[1].append(index)
+        return results, groups
+
+    def _writable_ids(
+        self, batches: Sequence[tuple[str, Sequence[RecordFields]]]
+    ) -> tuple[list[int | StorageError], list[tuple[int, Sequence[RecordFields]]], list[int]]:
+        """A result per batch: the `StorageError` of a topic that cannot be written now, a placeholder
+        otherwise; and the others' (topic id, records) (logs created on first use) with their batch's index.
+        The turn's new topics get their rows in the topic table and places in the listing together."""
         ids_get, committer = self._ids.get, self._committer
-        # (every topic's partition, new ones included; before open no topic exists and `_register` refuses)
-        partition_of = self._table.partition if self._catalog is None else self._catalog.partitions
         refusing = committer.failure is not None or committer.shortage is not None
         results: list[int | StorageError] = []
-        groups: dict[int, _PartitionAppends] = {}
+        appends: list[tuple[int, Sequence[RecordFields]]] = []
+        indexes: list[int] = []
         new = _NewTopics()
         try:
             for index, (topic, records) in enumerate(batches):
@@ -486,16 +501,12 @@ class LogStore:
                     results.append(error)
                     continue
                 results.append(topic_id)
-                number = partition_of[topic_id]
-                group = groups.get(number)
-                if group is None:
-                    group = groups[number] = ([], [])
-                group[0].append((topic_id, records))
-                group[1].append(index)
+                appends.append((topic_id, records))
+                indexes.append(index)
         finally:
             if new.names:
                 self._add_new(new)
-        return results, groups
+        return results, appends, indexes
 
     def _append_or_error(
         self, topic: str, records: Sequence[RecordFields], timestamp_ms: int | None
