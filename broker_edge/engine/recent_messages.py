@@ -49,9 +49,17 @@ class RecentMessages:
         """`add` of each run of a loop turn, the bound applied once after them all (least recent topics
         dropped first): with a topic per device, a turn drops topics in one pass, not one per message. A
         topic the turn adds to may keep messages that adding each run alone would have dropped with it."""
-        put = self._put
+        topics, put = self._topics, self._put
+        singles = 0  # a topic per device: a new entry of one message, made here and counted after the loop
         for run in runs:
-            put(run.topic, run.first_offset, run.messages)
+            messages = run.messages
+            if len(messages) == 1 and run.topic not in topics:
+                topics[run.topic] = {run.first_offset: messages[0]}
+                singles += 1
+            else:
+                put(run.topic, run.first_offset, messages)
+        self._count += singles
+        self._weight += singles * (TOPIC_WEIGHT + 1)
         if self._weight > self.max_messages:
             self._shrink()
 
