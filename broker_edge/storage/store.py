@@ -236,6 +236,9 @@ class LogStore:
         self._sealer: Sealer | None = None
         self._log_configs: list[LogConfig] = []
         self._created_by: dict[str, int] = {}
+        self._asked: dict[str, int] = {}
+        """The ids `persist_as` found for logged publishes since the last `append_batches`, which takes them
+        rather than probing the name -> id table again (a topic's id never changes)."""
         self._topic_waiters: dict[str, list[_Waiter]] = {}
         self._pattern_waiters: list[_Waiter] = []
         self._directory_fd: int | None = None
@@ -392,9 +395,12 @@ class LogStore:
         topic: `NOT_LOGGED`, `LOGGED` or `CREATES_LOG` (a publish handler checks a client's topic quota for
         the last only; asking `in` apart looked every topic up once more per publish)."""
         topic_id = self._ids.get(topic)
-        if topic_id is not None:
-            return LOGGED if qos in self.rules.rule_qos(self._rule_of(topic_id)) else NOT_LOGGED
-        return CREATES_LOG if self.rules.should_persist(topic, qos) else NOT_LOGGED
+        if topic_id is None:
+            return CREATES_LOG if self.rules.should_persist(topic, qos) else NOT_LOGGED
+        if qos not in self.rules.rule_qos(self._rule_of(topic_id)):
+            return NOT_LOGGED
+        self._asked[topic] = topic_id
+        return LOGGED
 
     def append(self, topic: str, record) -> int:
         """Append to `topic`'s log (created on first use) and return the offset; ack after `when_durable`."""
@@ -448,6 +454,7 @@ class LogStore:
         of them once per partition, not once per topic. `fsync` durability (a job per append) takes them one
         by one."""
         if self.config.durability == "fsync":
+            self._asked = {}
             return [self._append_or_error(topic, records, None) for topic, records in batches]
         timestamp = _time_ns() // 1_000_000
         results, groups = self._writable_groups(batches)
@@ -484,6 +491,8 @@ class LogStore:
         otherwise; and the others' (topic id, records) (logs created on first use) with their batch's index.
         The turn's new topics get their rows in the topic table and places in the listing together."""
         ids_get, committer = self._ids.get, self._committer
+        asked, self._asked = self._asked, {}
+        asked_get = asked.get
         refusing = committer.failure is not None or committer.shortage is not None
         results: list[int | StorageError] = []
         appends: list[tuple[int, Sequence[RecordFields]]] = []
@@ -491,7 +500,9 @@ class LogStore:
         new = _NewTopics()
         try:
             for index, (topic, records) in enumerate(batches):
-                topic_id = ids_get(topic)
+                topic_id = asked_get(topic)
+                if topic_id is None:
+                    topic_id = ids_get(topic)
                 try:
                     if topic_id is None:
                         topic_id = self._register(topic, records[0][3] if records else "", new)

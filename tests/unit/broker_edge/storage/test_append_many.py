@@ -9,6 +9,7 @@ import pytest
 
 from broker_edge.storage import InvalidRecord, LogStore, RecordTooLarge, StorageConfig, TooManyTopics
 from broker_edge.storage import store as store_module
+from broker_edge.storage.persistence import LOGGED
 from tests.unit.broker_edge.storage.log_helpers import make_record, odd_record
 
 NOW_MS = 1_700_000_123_456
@@ -152,3 +153,26 @@ def test_new_topics_of_one_turn_get_ids_in_order_and_survive_a_restart(tmp_path:
     assert ids == list(range(50))
     assert held == [[f"reading-{number}".encode()] for number in range(50)]
     assert created == 0  # counted since open only
+
+
+@pytest.mark.parametrize("durability", ["group", "fsync"])
+def test_the_ids_persist_as_found_go_to_the_next_append_and_no_further(tmp_path: Path, durability: str):
+    store = _open(tmp_path, partitions=3, durability=durability)
+    topics = [f"fleet/device-{number}" for number in range(6)]
+    store.append_batches([(topic, [_plain(0)]) for topic in topics])
+    asked = [store.persist_as(topic, 1) for topic in reversed(topics)]
+    results = store.append_batches(
+        [(topic, [_plain(1)]) for topic in topics[::2]] + [("fleet/new", [_plain(1)])]
+    )
+    left = dict(store._asked)
+    store.flush()
+    held = {topic: [record.payload for record in store.read(topic, 0, 10)] for topic in topics}
+    store.close()
+
+    assert asked == [LOGGED] * 6
+    assert results == [1, 1, 1, 0]
+    assert left == {}
+    assert held == {
+        topic: [b"reading-0", b"reading-1"] if number % 2 == 0 else [b"reading-0"]
+        for number, topic in enumerate(topics)
+    }
