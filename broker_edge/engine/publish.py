@@ -352,7 +352,15 @@ class PublishPath:
         retry: set[str] = set()
         runs = current.runs
         firsts = store.append_batches(
-            [(topic, [record_fields(message) for message in messages]) for topic, messages in topics.items()]
+            [
+                (
+                    topic,
+                    [record_fields(messages[0])]
+                    if len(messages) == 1
+                    else list(map(record_fields, messages)),
+                )
+                for topic, messages in topics.items()
+            ]  # (a topic per device: one message each, and no inner comprehension per topic)
         )
         for (topic, messages), first in zip(topics.items(), firsts, strict=True):
             if isinstance(first, StorageError):

@@ -241,7 +241,8 @@ class PartitionLog:
         max_body, room = self._max_body, min(self.config.segment_bytes, MAX_SEGMENT_BYTES)
         records_added = bytes_added = inline_bytes = 0
         last_client, raw_id = None, b""
-        stamped: Segment | None = None
+        hoisted: Segment | None = None  # the segment whose columns' appends and next row the locals hold
+        row = 0
         for topic_id, records in appends:
             body = None
             if len(records) == 1:
@@ -259,6 +260,7 @@ class PartitionLog:
                         body = None
             if body is None or len(body) > max_body:
                 first = self._append_alone(topic_id, records, timestamp)
+                hoisted = None
                 result(first)
                 if records and not isinstance(first, StorageError):
                     records_added += len(records)
@@ -272,15 +274,20 @@ class PartitionLog:
             segment = self.active
             if (
                 segment is None
-                or segment.rows is None
+                or segment is not hoisted
                 or segment.size + total > room
                 or timestamp >= self._roll_at
-                or len(segment.rows.topic_ids) >= segment.capacity
+                or row >= segment.capacity
             ):
                 segment = self._segment_for(total, 1, timestamp)
-            if segment is not stamped:
-                self._stamp(segment, timestamp)
-                stamped = segment
+                if segment is not hoisted:  # (a new segment, or rows added outside this loop)
+                    hoisted = segment
+                    self._stamp(segment, timestamp)
+                    rows = segment.rows
+                    assert rows is not None
+                    columns = rows.topic_ids, rows.positions, rows.offsets, rows.times, rows.prevs
+                    add_topic, add_position, add_offset, add_time, add_prev = (c.append for c in columns)
+                    hot, number, row = rows.hot, segment.number, len(rows.topic_ids)
             position = segment.size
             segment.pending.append(entry)
             segment.pending_rows += 1
@@ -288,19 +295,26 @@ class PartitionLog:
             index_time = index_ms[topic_id]
             if timestamp > index_time:
                 index_time = index_ms[topic_id] = timestamp
-            number = segment.number
             head = head_seg[topic_id]
-            rows = segment.rows
-            assert rows is not None
             if head == NO_SEGMENT:  # the topic's first record (in memory)
-                head_seg[topic_id], head_first[topic_id] = number, offset
-                head_last[topic_id] = rows.add_one(topic_id, position, offset, index_time, NO_PREVIOUS)
+                head_seg[topic_id], head_first[topic_id], prev = number, offset, NO_PREVIOUS
             elif head == number and head_last[topic_id] >= 0 and offset - head_first[topic_id] < HOT - 1:
-                head_last[topic_id] = rows.add_one(
-                    topic_id, position, offset, index_time, head_last[topic_id]
-                )
+                prev = head_last[topic_id]
             else:
+                prev = None
+            if prev is None:
                 self.link(topic_id, segment, [position], offset, index_time)
+                hoisted = None
+            else:  # `ActiveIndex.add_one`, its columns' appends hoisted
+                add_topic(topic_id)
+                add_position(position)
+                add_offset(offset)
+                add_time(index_time)
+                add_prev(prev)
+                if hot and topic_id in hot:
+                    hot[topic_id].append(row)
+                head_last[topic_id] = row
+                row += 1
             next_offsets[topic_id] = offset + 1
             add_run((topic_id, offset + 1, total - HEAD_SIZE, timestamp))
             result(offset)

@@ -462,8 +462,11 @@ class LogStore:
         for number, (appends, indexes) in groups.items():
             part = self._partitions[number]
             firsts, count, size = part.append_many(appends, timestamp)
-            for index, first in zip(indexes, firsts, strict=True):
-                results[index] = first
+            if len(firsts) == len(results):  # every batch, in order: one partition, no topic refused
+                results = firsts
+            else:
+                for index, first in zip(indexes, firsts, strict=True):
+                    results[index] = first
             if count:
                 committer.appended_many(part, count, size)
         return results
