@@ -3,6 +3,7 @@
 Writing is split in three steps so that the store can keep disk work off its event loop:
 
     offset = part.append(topic_id, records, time)   # buffered in memory, offsets assigned (never change)
+    firsts, count, size = part.append_many([(topic_id, records), ...], time)   # a loop turn's, many topics
     pending = part.take_pending()                     # hand the buffered bytes to a writer (positions fixed)
     for write in pending.writes: write.write(pool); write.make_durable(pool, sync=True)   # in order
     part.complete(pending)                            # the topics' durable ends advance
@@ -69,7 +70,7 @@ _SCAN_CHUNK = 4 * 1024 * 1024
 _MERGE_GAP = 16 * 1024
 """Entries at most this far apart are read with one pread."""
 _NO_FIELDS = (None, None, None, None, None)
-"""The MQTT 5 fields of a record without them, but its user properties."""
+"""(content type, payload format, expiry, response topic, correlation data) of a record that has none."""
 
 
 @dataclass(frozen=True, slots=True)

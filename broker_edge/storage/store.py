@@ -238,7 +238,8 @@ class LogStore:
         self._created_by: dict[str, int] = {}
         self._asked: dict[str, int] = {}
         """The ids `persist_as` found for logged publishes since the last `append_batches`, which takes them
-        rather than probing the name -> id table again (a topic's id never changes)."""
+        rather than probing the name -> id table again (a topic's id never changes). The publish path appends
+        what it asked about at its next loop turn; a caller that never appends holds one entry per topic."""
         self._topic_waiters: dict[str, list[_Waiter]] = {}
         self._pattern_waiters: list[_Waiter] = []
         self._directory_fd: int | None = None
