@@ -15,13 +15,13 @@ from tests.unit.broker_edge.storage.log_helpers import make_record, odd_record
 NOW_MS = 1_700_000_123_456
 
 
-def _plain(number: int, client_id: str | None = None, retain: bool = False) -> tuple:
+def _plain(number: int, retain: bool = False) -> tuple:
     """A record without MQTT 5 fields (what a device's QoS 1 publish is)."""
     return (
         f"reading-{number}".encode(),
         1,
         retain,
-        client_id or f"device-{number % 5}",
+        f"device-{number % 5}",
         (),
         None,
         None,
