@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from broker_edge.engine.message import Message
@@ -48,7 +48,7 @@ from broker_edge.storage.errors import CorruptRecord, OffsetOutOfRange, StorageE
 if TYPE_CHECKING:
     import asyncio
 
-    from broker_edge.engine.ports import ClusterPorts, RemoteLogs, RemoteStarts
+    from broker_edge.engine.ports import AppendedRun, ClusterPorts, RemoteLogs, RemoteStarts
     from broker_edge.engine.sessions.session import Outlet, Session
     from broker_edge.log_info import LogInfo
     from broker_edge.storage.record import Record
@@ -113,6 +113,10 @@ class ReplayManager:
         """Logged messages of `topic` from `first_offset` on were routed: keep them for sessions about to
         read the same offsets."""
         self._messages.add(topic, first_offset, messages)
+
+    def appended_runs(self, runs: Iterable[AppendedRun]) -> None:
+        """`appended` of each run of a loop turn (the shared messages' bound applied once)."""
+        self._messages.add_runs(runs)
 
     # -- replays ------------------------------------------------------------------------------------------
 

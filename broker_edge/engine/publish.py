@@ -352,7 +352,15 @@ class PublishPath:
         retry: set[str] = set()
         runs = current.runs
         firsts = store.append_batches(
-            [(topic, [record_fields(message) for message in messages]) for topic, messages in topics.items()]
+            [
+                (
+                    topic,
+                    [record_fields(messages[0])]
+                    if len(messages) == 1
+                    else list(map(record_fields, messages)),
+                )
+                for topic, messages in topics.items()
+            ]  # (a topic per device: one message each, and no inner comprehension per topic)
         )
         for (topic, messages), first in zip(topics.items(), firsts, strict=True):
             if isinstance(first, StorageError):
@@ -570,8 +578,7 @@ class PublishPath:
                 self._answer_in_turn(entry, reason_code)
         replays = self.replays
         if replays is not None:
-            for run in runs:
-                replays.appended(run.topic, run.first_offset, run.messages)
+            replays.appended_runs(runs)
         if appends:
             self.metrics.log_appends_total.inc(appends)
             self.metrics.log_bytes_total.inc(appended_bytes)

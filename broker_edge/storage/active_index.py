@@ -65,10 +65,10 @@ class ActiveIndex:
     ) -> int:
         """Rows for `len(positions)` consecutive records of a topic; `prev` is the row (or `pointer`) before
         the first, `count_before` the topic's rows already here. Returns the last row."""
-        first_row = len(self.topic_ids)
         count = len(positions)
         if count == 1 and count_before + 1 < HOT:
-            return self._add_one(topic_id, positions[0], first_offset, time, prev, first_row)
+            return self.add_one(topic_id, positions[0], first_offset, time, prev)
+        first_row = len(self.topic_ids)
         self.topic_ids.extend(repeat(topic_id, count))
         self.positions.extend(positions)
         self.offsets.extend(range(first_offset, first_offset + count))
@@ -85,9 +85,11 @@ class ActiveIndex:
             self.hot[topic_id] = self._chain(last_row)
         return last_row
 
-    def _add_one(self, topic_id: int, position: int, offset: int, time: int, prev: int, row: int) -> int:
-        """`add_rows` of a single record of a topic not hot: with a topic per device nearly every append is
-        one, and appending to each column costs a third of extending it from iterators."""
+    def add_one(self, topic_id: int, position: int, offset: int, time: int, prev: int) -> int:
+        """`add_rows` of a single record of a topic with fewer than `HOT` rows here before it: with a topic
+        per device nearly every append is one, and appending to each column costs a third of extending it
+        from iterators."""
+        row = len(self.topic_ids)
         self.topic_ids.append(topic_id)
         self.positions.append(position)
         self.offsets.append(offset)

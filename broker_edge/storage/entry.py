@@ -29,6 +29,7 @@ __all__ = [
     "MARKER_BIT",
     "MARKER_BODY_SIZE",
     "RESTART",
+    "TOPIC_ID",
     "TRUNCATE",
     "EntryError",
     "Marker",
@@ -41,7 +42,8 @@ __all__ = [
 
 ENTRY_HEAD = struct.Struct("<II")
 HEAD_SIZE = ENTRY_HEAD.size
-_TOPIC_ID = struct.Struct("<I")
+TOPIC_ID = struct.Struct("<I")
+"""A topic id as the check starts from it."""
 MARKER_BIT = 0x80000000
 TRUNCATE = 1
 RESTART = 2
@@ -71,12 +73,12 @@ class Marker:
 
 def check_of(topic_id: int, frame_crc: int) -> int:
     """The check of an entry holding a frame whose CRC field is `frame_crc`."""
-    return record.crc32c(_TOPIC_ID.pack(topic_id), frame_crc)
+    return record.crc32c(TOPIC_ID.pack(topic_id), frame_crc)
 
 
 def head_of(topic_id: int) -> EntryHead:
     """The entry header maker of one topic (`record.encode_framed` calls it with each frame's CRC)."""
-    raw = _TOPIC_ID.pack(topic_id)
+    raw = TOPIC_ID.pack(topic_id)
     pack = ENTRY_HEAD.pack
 
     def head(frame_crc: int) -> bytes:
@@ -101,7 +103,7 @@ def parse_head(buf: bytes | memoryview, pos: int, max_body: int) -> tuple[int, i
     end = pos + HEAD_SIZE + PREFIX_SIZE + body_length
     if end > size:
         raise EntryError("torn")
-    if check != check_of(topic_id, frame_crc):
+    if check != record.crc32c(TOPIC_ID.pack(topic_id), frame_crc):
         raise EntryError("check")
     return topic_id, end
 

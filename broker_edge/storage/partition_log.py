@@ -3,6 +3,7 @@
 Writing is split in three steps so that the store can keep disk work off its event loop:
 
     offset = part.append(topic_id, records, time)   # buffered in memory, offsets assigned (never change)
+    firsts, count, size = part.append_many([(topic_id, records), ...], time)   # a loop turn's, many topics
     pending = part.take_pending()                     # hand the buffered bytes to a writer (positions fixed)
     for write in pending.writes: write.write(pool); write.make_durable(pool, sync=True)   # in order
     part.complete(pending)                            # the topics' durable ends advance
@@ -21,14 +22,18 @@ import contextlib
 import logging
 import os
 import re
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
-from .active_index import NO_PREVIOUS, UNKNOWN_ROW, ActiveIndex, pointed, pointer
+from . import record
+from .active_index import HOT, NO_PREVIOUS, UNKNOWN_ROW, ActiveIndex, pointed, pointer
 from .entry import (
+    ENTRY_HEAD,
     HEAD_SIZE,
     MARKER_BIT,
+    TOPIC_ID,
     EntryError,
     Marker,
     encode_marker,
@@ -36,11 +41,21 @@ from .entry import (
     parse_head,
     parse_marker,
 )
-from .errors import CorruptRecord, InvalidRecord, RecordTooLarge
+from .errors import CorruptRecord, InvalidRecord, RecordTooLarge, StorageError
 from .file_pool import FileHandlePool
 from .open_index import capacity_for, header_bytes
 from .recent import RecentWindows
-from .record import PREFIX, PREFIX_SIZE, FrameError, RecordFields, check_frame, encode_framed
+from .record import (
+    BODY_HEAD,
+    FLAG_RETAIN,
+    FORMAT_VERSION,
+    PREFIX,
+    PREFIX_SIZE,
+    FrameError,
+    RecordFields,
+    check_frame,
+    encode_framed,
+)
 from .sealed_index import FLAG_RESTART, FLAG_TRUNCATED, MISSING, GroupBlocks, SealedIndex
 from .segment import ACTIVE, ROLLED, SEALED, FileWrite, Segment
 from .topic_table import NO_SEGMENT, NO_TIME, SealedState, TopicTable
@@ -54,6 +69,8 @@ MAX_SEGMENT_BYTES = 2**32 - 1
 _SCAN_CHUNK = 4 * 1024 * 1024
 _MERGE_GAP = 16 * 1024
 """Entries at most this far apart are read with one pread."""
+_NO_FIELDS = (None, None, None, None, None)
+"""(content type, payload format, expiry, response topic, correlation data) of a record that has none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,20 +215,128 @@ class PartitionLog:
         entries = [head(PREFIX.unpack_from(frame, 0)[1]) + frame for frame in frames]
         return self._add(topic_id, entries, offset, times, max(times))
 
-    def _add(
-        self, topic_id: int, entries: list[bytes], offset: int, times: Sequence[int], newest: int
-    ) -> int:
-        count = len(entries)
-        if count == 1:  # a topic per device: nearly every append holds one record
-            sizes = None
-            total = len(entries[0])
-            largest = total - HEAD_SIZE
-        else:
-            sizes = list(map(len, entries))
-            largest = max(sizes) - HEAD_SIZE
-            total = sum(sizes)
-        if largest > self._max_body + PREFIX_SIZE:
-            raise RecordTooLarge(largest, self._max_body)
+    def append_many(
+        self, appends: Sequence[tuple[int, Sequence[RecordFields]]], timestamp: int
+    ) -> tuple[list[int | StorageError], int, int]:
+        """`append` of each (topic id, records), in order, with one broker time: the first offset of each or
+        the `StorageError` that refused it alone, and the records and bytes appended in all.
+
+        A loop turn of a topic per device appends one record to each of many topics: such an append (a
+        record without MQTT 5 fields, to a topic with fewer than `HOT` rows in the active segment) is
+        encoded, indexed and accounted in this one loop, with the bytes, rows and offsets `append` gives;
+        any other goes through `append`."""
+        results: list[int | StorageError] = []
+        result = results.append
+        # Hoisted locals and the single record's path inlined: with a topic per device this body runs once
+        # per publish, where a call chain per record cost more than the encoding itself.
+        table = self.table
+        next_offsets, index_ms = table.next, table.index_ms
+        head_seg, head_first, head_last = table.head_seg, table.head_first, table.head_last
+        pack_body, pack_prefix, pack_entry, pack_id = (
+            BODY_HEAD.pack,
+            PREFIX.pack,
+            ENTRY_HEAD.pack,
+            TOPIC_ID.pack,
+        )
+        checksum, add_run = record.crc32c, self._runs.append
+        max_body, room = self._max_body, min(self.config.segment_bytes, MAX_SEGMENT_BYTES)
+        records_added = bytes_added = inline_bytes = 0
+        last_client, raw_id = None, b""
+        hoisted: Segment | None = None  # the segment whose columns' appends and next row the locals hold
+        row = 0
+        for topic_id, records in appends:
+            body = None
+            if len(records) == 1:
+                (payload, qos, retain, client_id, properties, content_type,
+                 indicator, expiry, response, correlation) = records[0]  # fmt: skip
+                if not properties and (content_type, indicator, expiry, response, correlation) == _NO_FIELDS:
+                    offset = next_offsets[topic_id]
+                    try:
+                        if client_id is not last_client:
+                            last_client, raw_id = client_id, client_id.encode()
+                        flags = FLAG_RETAIN if retain else 0
+                        body = pack_body(FORMAT_VERSION, offset, timestamp, qos, flags, len(raw_id)) + raw_id
+                        body += payload
+                    except (ValueError, OverflowError, struct.error):  # `append` raises what it means
+                        body = None
+            if body is None or len(body) > max_body:
+                first = self._append_alone(topic_id, records, timestamp)
+                hoisted = None
+                result(first)
+                if records and not isinstance(first, StorageError):
+                    records_added += len(records)
+                    bytes_added += self.last_append_size
+                continue
+            crc = checksum(body)
+            entry = (
+                pack_entry(topic_id, checksum(pack_id(topic_id), crc)) + pack_prefix(len(body), crc) + body
+            )
+            total = len(entry)
+            segment = self.active
+            if (
+                segment is None
+                or segment is not hoisted
+                or segment.size + total > room
+                or timestamp >= self._roll_at
+                or row >= segment.capacity
+            ):
+                segment = self._segment_for(total, 1, timestamp)
+                if segment is not hoisted:  # (a new segment, or rows added outside this loop)
+                    hoisted = segment
+                    self._stamp(segment, timestamp)
+                    rows = segment.rows
+                    assert rows is not None
+                    columns = rows.topic_ids, rows.positions, rows.offsets, rows.times, rows.prevs
+                    add_topic, add_position, add_offset, add_time, add_prev = (c.append for c in columns)
+                    hot, number, row = rows.hot, segment.number, len(rows.topic_ids)
+            position = segment.size
+            segment.pending.append(entry)
+            segment.pending_rows += 1
+            segment.size = position + total
+            index_time = index_ms[topic_id]
+            if timestamp > index_time:
+                index_time = index_ms[topic_id] = timestamp
+            head = head_seg[topic_id]
+            if head == NO_SEGMENT:  # the topic's first record (in memory)
+                head_seg[topic_id], head_first[topic_id], prev = number, offset, NO_PREVIOUS
+            elif head == number and head_last[topic_id] >= 0 and offset - head_first[topic_id] < HOT - 1:
+                prev = head_last[topic_id]
+            else:
+                prev = None
+            if prev is None:
+                self.link(topic_id, segment, [position], offset, index_time)
+                hoisted = None
+            else:  # `ActiveIndex.add_one`, its columns' appends hoisted
+                add_topic(topic_id)
+                add_position(position)
+                add_offset(offset)
+                add_time(index_time)
+                add_prev(prev)
+                if hot and topic_id in hot:
+                    hot[topic_id].append(row)
+                head_last[topic_id] = row
+                row += 1
+            next_offsets[topic_id] = offset + 1
+            add_run((topic_id, offset + 1, total - HEAD_SIZE, timestamp))
+            result(offset)
+            records_added += 1
+            inline_bytes += total
+        self.pending_bytes += inline_bytes
+        self.last_append_size = bytes_added = bytes_added + inline_bytes
+        return results, records_added, bytes_added
+
+    def _append_alone(
+        self, topic_id: int, records: Sequence[RecordFields], timestamp: int
+    ) -> int | StorageError:
+        """`append`, or the `StorageError` that refused it."""
+        try:
+            return self.append(topic_id, records, timestamp)
+        except StorageError as error:
+            return error
+
+    def _segment_for(self, total: int, count: int, newest: int) -> Segment:
+        """The active segment, rolled first when `count` entries of `total` bytes at time `newest` do not
+        belong in it (its size, its age or its rows' room)."""
         segment = self.active
         if (
             segment is None
@@ -226,6 +351,32 @@ class PartitionLog:
             or segment.size + total > MAX_SEGMENT_BYTES
         ):
             segment = self._roll(count)
+        return segment
+
+    def _stamp(self, segment: Segment, newest: int) -> None:
+        """`segment` takes records of time `newest`: its first time (and roll time) and newest time."""
+        if segment.first_time == NO_TIME:
+            segment.first_time = newest
+            if self.config.segment_ms is not None:
+                self._roll_at = newest + self.config.segment_ms
+        if newest > segment.newest_time:
+            segment.newest_time = newest
+
+    def _add(
+        self, topic_id: int, entries: list[bytes], offset: int, times: Sequence[int], newest: int
+    ) -> int:
+        count = len(entries)
+        if count == 1:  # a topic per device: nearly every append holds one record
+            sizes = None
+            total = len(entries[0])
+            largest = total - HEAD_SIZE
+        else:
+            sizes = list(map(len, entries))
+            largest = max(sizes) - HEAD_SIZE
+            total = sum(sizes)
+        if largest > self._max_body + PREFIX_SIZE:
+            raise RecordTooLarge(largest, self._max_body)
+        segment = self._segment_for(total, count, newest)
         table = self.table
         if sizes is None:
             positions = [segment.size]
@@ -238,12 +389,7 @@ class PartitionLog:
         index_time = table.index_ms[topic_id]
         if newest > index_time:
             index_time = table.index_ms[topic_id] = newest
-        if segment.first_time == NO_TIME:
-            segment.first_time = newest
-            if self.config.segment_ms is not None:
-                self._roll_at = newest + self.config.segment_ms
-        if newest > segment.newest_time:
-            segment.newest_time = newest
+        self._stamp(segment, newest)
         self.link(topic_id, segment, positions, offset, index_time)
         end = offset + count
         table.next[topic_id] = end

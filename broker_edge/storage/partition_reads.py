@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from broker_edge.protocol.topics import topic_matches
 
 from . import record
-from .entry import ENTRY_HEAD, HEAD_SIZE, MARKER_BIT, MARKER_BODY_SIZE, EntryError, check_of, parse_head
+from .entry import ENTRY_HEAD, HEAD_SIZE, MARKER_BIT, MARKER_BODY_SIZE, TOPIC_ID, EntryError, parse_head
 from .errors import CorruptRecord, StorageError
 from .partition_log import PartitionLog
 from .record import FORMAT_VERSION, PREFIX, PREFIX_SIZE
@@ -261,6 +261,7 @@ class _ChunkScan:
             self.max_body,
         )
         ids, frames = read.topic_ids, read.frames
+        crc32c, pack_id = record.crc32c, TOPIC_ID.pack
         view = memoryview(buffer)
         size = len(buffer)
         last_head = size - _BODY_AT
@@ -273,14 +274,14 @@ class _ChunkScan:
             end = at + _BODY_AT + body_length
             if end > size:
                 break  # it goes on past this chunk: the next chunk starts with it
-            if check != check_of(topic_id, frame_crc):
+            if check != crc32c(pack_id(topic_id), frame_crc):
                 raise EntryError("check")
             if not topic_id & MARKER_BIT:
                 if topic_id >= topics:
                     read.damaged += 1
                 elif wanted(topic_id):
                     version, offset = _VERSION_AND_OFFSET.unpack_from(buffer, at + _BODY_AT)
-                    if version != FORMAT_VERSION or record.crc32c(view[at + _BODY_AT : end]) != frame_crc:
+                    if version != FORMAT_VERSION or crc32c(view[at + _BODY_AT : end]) != frame_crc:
                         read.damaged += 1
                     elif offset < starts[topic_id]:
                         read.lost[topic_id] = read.lost.get(topic_id, 0) + 1

@@ -36,6 +36,7 @@ class PersistenceRules:
                 raise ValueError(f"rule {rule.pattern!r}: qos must be within 0, 1, 2 (got {rule.qos})")
         self.rules = list(rules)
         self._qos_sets = [frozenset(rule.qos) for rule in rules]
+        self._patterns = [rule.pattern for rule in rules]
         self._cache: dict[str, int] = {}
 
     def rule_number(self, topic: str) -> int:
@@ -43,12 +44,9 @@ class PersistenceRules:
         a log keeps it in its column); a new topic's first publish asked `should_persist` already, whose
         cached answer is taken rather than matching every rule again."""
         cached = self._cache.get(topic)
-        if cached is not None:
-            return NO_MATCH if cached == _NO_RULE else cached
-        for number, rule in enumerate(self.rules):
-            if topic_matches(rule.pattern, topic):
-                return number
-        return NO_MATCH
+        if cached is None:
+            cached = self._match(topic)
+        return NO_MATCH if cached == _NO_RULE else cached
 
     def rule_qos(self, number: int) -> frozenset[int]:
         """The QoS levels rule `number` persists (none for `NO_MATCH`)."""
@@ -67,10 +65,20 @@ class PersistenceRules:
     def _rule_number(self, topic: str) -> int:
         number = self._cache.get(topic)
         if number is None:
-            number = next(
-                (n for n, rule in enumerate(self.rules) if topic_matches(rule.pattern, topic)), _NO_RULE
-            )
+            number = self._match(topic)
             if len(self._cache) >= _CACHE_LIMIT:
                 self._cache.clear()
             self._cache[topic] = number
         return number
+
+    def _match(self, topic: str) -> int:
+        """The number of the first rule matching `topic` (`_NO_RULE` when none does): a new topic per device
+        asks this once, and the default rule (`#`, every topic but the broker's `$` ones) answers without
+        splitting the topic into levels."""
+        for number, pattern in enumerate(self._patterns):
+            if pattern == "#":
+                if topic[:1] != "$":
+                    return number
+            elif topic_matches(pattern, topic):
+                return number
+        return _NO_RULE

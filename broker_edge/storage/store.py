@@ -79,6 +79,8 @@ REPLICATED_SYNC_PIPELINE = 2
 """Group-commit jobs a replicated store lets be in flight at once (see `GroupCommitter.pipeline`)."""
 
 _time_ns = time.time_ns
+_PartitionAppends = tuple[list[tuple[int, Sequence[RecordFields]]], list[int]]
+"""A loop turn's appends to one partition, (topic id, records) each, and the index of each's batch."""
 
 
 @dataclass(slots=True)
@@ -142,6 +144,18 @@ class _Waiter:
             self.future.set_result([topic])
 
 
+class _NewTopics:
+    """Topics given ids in the catalog whose rows in the topic table and places in the listing are still to
+    be added (`LogStore._add_new`), in id order."""
+
+    __slots__ = ("names", "partitions", "rules")
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.partitions = array("H")
+        self.rules = array("B")
+
+
 class _Catalogue:
     """The catalog as a write source of the group commit (its new entries go with the next job), and what of
     it is durable (bytes and their CRC32C, which the snapshot records)."""
@@ -158,11 +172,11 @@ class _Catalogue:
         write = self.catalog.take_write()
         if write is None:
             return None
+        if len(write.data) > 1:  # a turn of new topics: their entries joined once, and one CRC over them
+            write.data = [b"".join(write.data)]
+        data = write.data[0]
         size, crc = self.taken
-        for data in write.data:
-            crc = record.crc32c(data, crc)
-            size += len(data)
-        self.taken = (size, crc)
+        self.taken = (size + len(data), record.crc32c(data, crc))
         return PartitionPending([write], [], [], size - write.position, self.taken)
 
     def complete(self, pending: PartitionPending, synced: bool) -> list[tuple[int, int]]:
@@ -222,6 +236,10 @@ class LogStore:
         self._sealer: Sealer | None = None
         self._log_configs: list[LogConfig] = []
         self._created_by: dict[str, int] = {}
+        self._asked: dict[str, int] = {}
+        """The ids `persist_as` found for logged publishes since the last `append_batches`, which takes them
+        rather than probing the name -> id table again (a topic's id never changes). The publish path appends
+        what it asked about at its next loop turn; a caller that never appends holds one entry per topic."""
         self._topic_waiters: dict[str, list[_Waiter]] = {}
         self._pattern_waiters: list[_Waiter] = []
         self._directory_fd: int | None = None
@@ -378,9 +396,12 @@ class LogStore:
         topic: `NOT_LOGGED`, `LOGGED` or `CREATES_LOG` (a publish handler checks a client's topic quota for
         the last only; asking `in` apart looked every topic up once more per publish)."""
         topic_id = self._ids.get(topic)
-        if topic_id is not None:
-            return LOGGED if qos in self.rules.rule_qos(self._rule_of(topic_id)) else NOT_LOGGED
-        return CREATES_LOG if self.rules.should_persist(topic, qos) else NOT_LOGGED
+        if topic_id is None:
+            return CREATES_LOG if self.rules.should_persist(topic, qos) else NOT_LOGGED
+        if qos not in self.rules.rule_qos(self._rule_of(topic_id)):
+            return NOT_LOGGED
+        self._asked[topic] = topic_id
+        return LOGGED
 
     def append(self, topic: str, record) -> int:
         """Append to `topic`'s log (created on first use) and return the offset; ack after `when_durable`."""
@@ -429,36 +450,78 @@ class LogStore:
         """`append_batch` of each (topic, records), with one broker time: the first offset of each, or the
         `StorageError` that refused that batch alone (the others are appended all the same).
 
-        A publish path with a topic per device has a batch per message; the group committer then learns of
-        them once per partition, not once per topic, so what a loop turn's appends cost beyond encoding and
-        indexing does not grow with the topics they touch. `fsync` durability (a job per append) takes them
-        one by one."""
+        A publish path with a topic per device has a batch per message: each partition takes its share in one
+        call (`PartitionLog.append_many`: one loop encodes and indexes them), and the group committer learns
+        of them once per partition, not once per topic. `fsync` durability (a job per append) takes them one
+        by one."""
         if self.config.durability == "fsync":
+            self._asked = {}
             return [self._append_or_error(topic, records, None) for topic, records in batches]
         timestamp = _time_ns() // 1_000_000
-        writable_id, partitions, partition_of = self._writable_id, self._partitions, self._table.partition
+        results, groups = self._writable_groups(batches)
         committer = self._committer
-        results: list[int | StorageError] = []
-        notes: dict[PartitionLog, list[int]] = {}
-        for topic, records in batches:
-            try:
-                topic_id = writable_id(topic, records[0][3] if records else "")
-                part = partitions[partition_of[topic_id]]
-                first = part.append(topic_id, records, timestamp)
-            except StorageError as error:
-                results.append(error)
-                continue
-            results.append(first)
-            if records:
-                note = notes.get(part)
-                if note is None:
-                    notes[part] = [len(records), part.last_append_size]
-                else:
-                    note[0] += len(records)
-                    note[1] += part.last_append_size
-        for part, (count, size) in notes.items():
-            committer.appended_many(part, count, size)
+        for number, (appends, indexes) in groups.items():
+            part = self._partitions[number]
+            firsts, count, size = part.append_many(appends, timestamp)
+            if len(firsts) == len(results):  # every batch, in order: one partition, no topic refused
+                results = firsts
+            else:
+                for index, first in zip(indexes, firsts, strict=True):
+                    results[index] = first
+            if count:
+                committer.appended_many(part, count, size)
         return results
+
+    def _writable_groups(
+        self, batches: Sequence[tuple[str, Sequence[RecordFields]]]
+    ) -> tuple[list[int | StorageError], dict[int, _PartitionAppends]]:
+        """`_writable_ids` of the batches, grouped by partition: each (topic id, records) with its batch's
+        index."""
+        results, appends, indexes = self._writable_ids(batches)
+        if len(self._partitions) == 1:
+            return results, {0: (appends, indexes)} if appends else {}
+        partition_of = self._table.partition
+        groups: dict[int, _PartitionAppends] = {}
+        for append, index in zip(appends, indexes, strict=True):
+            group = groups.setdefault(partition_of[append[0]], ([], []))
+            group[0].append(append)
+            group[1].append(index)
+        return results, groups
+
+    def _writable_ids(
+        self, batches: Sequence[tuple[str, Sequence[RecordFields]]]
+    ) -> tuple[list[int | StorageError], list[tuple[int, Sequence[RecordFields]]], list[int]]:
+        """A result per batch: the `StorageError` of a topic that cannot be written now, a placeholder
+        otherwise; and the others' (topic id, records) (logs created on first use) with their batch's index.
+        The turn's new topics get their rows in the topic table and places in the listing together."""
+        ids_get, committer = self._ids.get, self._committer
+        asked, self._asked = self._asked, {}
+        asked_get = asked.get
+        refusing = committer.failure is not None or committer.shortage is not None
+        results: list[int | StorageError] = []
+        appends: list[tuple[int, Sequence[RecordFields]]] = []
+        indexes: list[int] = []
+        new = _NewTopics()
+        try:
+            for index, (topic, records) in enumerate(batches):
+                topic_id = asked_get(topic)
+                if topic_id is None:
+                    topic_id = ids_get(topic)
+                try:
+                    if topic_id is None:
+                        topic_id = self._register(topic, records[0][3] if records else "", new)
+                    elif refusing:
+                        self._check_writable()
+                except StorageError as error:
+                    results.append(error)
+                    continue
+                results.append(topic_id)
+                appends.append((topic_id, records))
+                indexes.append(index)
+        finally:
+            if new.names:
+                self._add_new(new)
+        return results, appends, indexes
 
     def _append_or_error(
         self, topic: str, records: Sequence[RecordFields], timestamp_ms: int | None
@@ -489,6 +552,14 @@ class LogStore:
 
     def _create(self, topic: str, client_id: str) -> int:
         """A new topic's id (its catalog entry goes with the next job); raises `TooManyTopics`."""
+        new = _NewTopics()
+        topic_id = self._register(topic, client_id, new)
+        self._add_new(new)
+        return topic_id
+
+    def _register(self, topic: str, client_id: str, new: _NewTopics) -> int:
+        """`_create` but for the topic's row in the topic table and its place in the listing, which `new`
+        keeps for `_add_new` (a loop turn's new topics at once)."""
         if not self._opened or self._closed:
             raise StorageError("the store is not open")
         self._check_writable()
@@ -499,19 +570,25 @@ class LogStore:
             raise InvalidRecord("an MQTT topic name is at least one character")
         if len(self._names) >= MAX_TOPIC_ID:
             raise TooManyTopics(topic, MAX_TOPIC_ID)
-        assert self._catalog is not None and self._catalogue is not None
+        assert self._catalog is not None
         partition = _partition_of(topic, self.config.partitions)
         topic_id = self._catalog.add(topic, partition)
-        self._table.add(partition)
+        new.names.append(topic)
+        new.partitions.append(partition)
         # its rule now, while the rules still cache the answer `should_persist` gave this publish (at its
         # next publish, a topic per device later, that cache has long moved on and every rule is matched)
-        self._table.rule[topic_id] = self.rules.rule_number(topic)
-        self._order.add(topic)
+        new.rules.append(self.rules.rule_number(topic))
         self._created_by[client_id] = self._created_by.get(client_id, 0) + 1
+        return topic_id
+
+    def _add_new(self, new: _NewTopics) -> None:
+        """The topic table's rows and the listing's places of the topics `_register` just gave ids to."""
+        assert self._catalogue is not None
+        self._table.add_many(new.partitions, new.rules)
+        self._order.add_many(new.names)
         self._committer.touched(self._catalogue)
         if not self._syncfs_checked:
             self._use_syncfs()
-        return topic_id
 
     def _refused(self, topic: str) -> None:
         """Count a refusal at `max_topics`; log once per `refusal_log_interval_s` with the count since."""

@@ -39,14 +39,44 @@ class TopicOrder:
             self._lasts.append(name)
             return
         position = min(bisect.bisect_left(self._lasts, name), len(self._chunks) - 1)
+        bisect.insort(self._chunks[position], name)
+        self._settle(position)
+
+    def add_many(self, names: Iterable[str]) -> None:
+        """Insert names not yet in the order (a loop turn's new topics): each chunk they fall in is extended
+        and sorted once (names of a fleet mostly land in one), not bisected into name by name."""
+        ordered = sorted(names)
+        if len(ordered) < 2:  # (one name: bisected into its chunk, which sorting would walk whole)
+            for name in ordered:
+                self.add(name)
+            return
+        self._size += len(ordered)
+        chunks, lasts = self._chunks, self._lasts
+        if not chunks:
+            chunks.append([])
+            lasts.append(ordered[-1])
+        touched: list[int] = []
+        start, last = 0, len(chunks) - 1
+        while start < len(ordered):
+            position = min(bisect.bisect_left(lasts, ordered[start]), last)
+            end = len(ordered) if position == last else bisect.bisect_right(ordered, lasts[position], start)
+            chunk = chunks[position]
+            chunk += ordered[start:end]
+            chunk.sort()
+            touched.append(position)
+            start = end
+        for position in reversed(touched):  # (splitting one moves the chunks after it)
+            self._settle(position)
+
+    def _settle(self, position: int) -> None:
+        """After names went into chunk `position`: its last name, and halves of `CHUNK` once it is full."""
         chunk = self._chunks[position]
-        bisect.insort(chunk, name)
-        if len(chunk) >= CHUNK:
-            half = len(chunk) // 2
-            self._chunks[position : position + 1] = [chunk[:half], chunk[half:]]
-            self._lasts[position : position + 1] = [chunk[half - 1], chunk[-1]]
-        else:
+        if len(chunk) < CHUNK:
             self._lasts[position] = chunk[-1]
+            return
+        pieces = [chunk[start : start + CHUNK // 2] for start in range(0, len(chunk), CHUNK // 2)]
+        self._chunks[position : position + 1] = pieces
+        self._lasts[position : position + 1] = [piece[-1] for piece in pieces]
 
     def chunks_from(self, prefix: str = "") -> Iterator[list[str]]:
         """The sorted names starting with `prefix`, a list per chunk (the last one may be cut short).

@@ -88,17 +88,25 @@ class TopicTable:
 
     def add(self, partition: int) -> int:
         """A row for a new topic (an empty log at offset 0); returns its id."""
+        return self.add_many(array("H", (partition,)), array("B", (NO_RULE,)))
+
+    def add_many(self, partitions: array, rules: array) -> int:
+        """Rows for new topics (empty logs at offset 0) of `partitions` and persistence `rules` (`NO_RULE`:
+        not looked up yet), one extension per column; returns the first one's id."""
         topic_id = len(self.next)
-        self.partition.append(partition)
+        count = len(partitions)
+        self.partition.extend(partitions)
+        zeros = array("q", bytes(8 * count))
         for column in (self.next, self.durable, self.start, self.head_first, self.total, self.dropped):
-            column.append(0)
+            column.extend(zeros)
         if self.committed is not None:
-            self.committed.append(0)
-        self.head_seg.append(NO_SEGMENT)
-        self.head_last.append(-1)
-        self.index_ms.append(NO_TIME)
-        self.durable_ms.append(NO_TIME)
-        self.rule.append(NO_RULE)
+            self.committed.extend(zeros)
+        self.head_seg.extend(array("i", (NO_SEGMENT,)) * count)
+        self.head_last.extend(array("i", (-1,)) * count)
+        times = array("q", (NO_TIME,)) * count
+        self.index_ms.extend(times)
+        self.durable_ms.extend(times)
+        self.rule.extend(rules)
         return topic_id
 
     def load(self, partitions: Sequence[int], sealed: SealedState, start: array, dropped: array) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from broker_edge.engine.message import Message
+from broker_edge.engine.ports import AppendedRun
 from broker_edge.engine.recent_messages import TOPIC_WEIGHT, RecentMessages
 
 
@@ -68,3 +69,26 @@ def test_a_topic_begun_by_one_message_weighs_as_one_begun_by_a_batch():
     batch.add("a", 0, _messages("a", 0, 3))
     assert len(one) == len(batch) == 3
     assert kept(one) == kept(batch) == [("b", n) for n in range(5)]
+
+
+def test_a_turns_runs_added_at_once_keep_what_adding_each_keeps():
+    def turn(number: int) -> list[AppendedRun]:  # a topic per device: each topic once per turn
+        return [
+            AppendedRun(f"device/{number}-{n}", n, _messages(f"device/{number}-{n}", n, 1 + n % 3))
+            for n in range(9)
+        ]
+
+    def kept(recent: RecentMessages, runs: list[AppendedRun]) -> list[tuple[str, int]]:
+        offsets = [(run.topic, n) for run in runs for n in range(run.first_offset, run.end_offset)]
+        return [(topic, n) for topic, n in offsets if recent.get(topic, n) is not None]
+
+    each, at_once = RecentMessages(12), RecentMessages(12)
+    turns = [turn(number) for number in range(3)]
+    for runs in turns:
+        for run in runs:
+            each.add(run.topic, run.first_offset, run.messages)
+        at_once.add_runs(runs)
+
+    every = [run for runs in turns for run in runs]
+    assert kept(at_once, every) == kept(each, every) == kept(each, turns[-1][-5:])
+    assert len(at_once) == len(each) <= 12

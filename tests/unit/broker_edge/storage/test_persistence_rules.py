@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from broker_edge.protocol.topics import topic_matches
 from broker_edge.storage import LogStore, StorageConfig
 from broker_edge.storage.config import PersistRule
 from broker_edge.storage.persistence import CREATES_LOG, LOGGED, NO_MATCH, NOT_LOGGED, PersistenceRules
@@ -46,3 +47,17 @@ def test_persist_as_tells_a_publish_that_creates_its_log_from_one_that_has_one(t
             store.persist_as("office/door", 1),
         ]
     assert answers == [CREATES_LOG, LOGGED, NOT_LOGGED, NOT_LOGGED]
+
+
+def test_the_catch_all_rule_matches_what_the_topic_filter_matches():
+    rules = PersistenceRules(
+        [PersistRule("$SYS/#", qos=(0,)), PersistRule("#", qos=(1,)), PersistRule("+/x")]
+    )
+    topics = ["a", "a/b/c", "/", "$SYS/broker/load", "$other", "+x", "#"]
+    expected = [
+        next((n for n, rule in enumerate(rules.rules) if topic_matches(rule.pattern, topic)), NO_MATCH)
+        for topic in topics
+    ]
+
+    assert [rules.rule_number(topic) for topic in topics] == expected == [1, 1, 1, 0, NO_MATCH, 1, 1]
+    assert [rules.should_persist(topic, 1) for topic in topics] == [True] * 3 + [False] * 2 + [True] * 2
