@@ -1451,9 +1451,9 @@ def render_rates(figures: Figures, wall: float, load: LoadSampler, started: date
         f"`bench/telemetry_bench.py --rates-only{options} --records {s.records}`, "
         f"{started:%Y-%m-%d %H:%M} UTC, {wall:.0f} s in all. {machine.cpu_model}, {machine.cores} cores, "
         f"{machine.memory_gib:.0f} GiB. Load average (1 min) {samples[0]:.1f} at the start, "
-        f"{statistics.mean(samples):.1f} mean / {max(samples):.1f} max: the machine was shared with other "
-        "engineers' test runs, so every rate is far below the idle machine's; read the shares, measured in "
-        f"the same run with the runs taking turns ({rounds}).",
+        f"{statistics.mean(samples):.1f} mean / {max(samples):.1f} max (the machine may be shared with "
+        "other work: the higher the load, the further every rate falls below the idle machine's); read the "
+        f"shares, measured in the same run with the runs taking turns ({rounds}).",
         "",
         f"{s.records:,} readings on {s.topics} device topics, as in *Backlog throughput*; the job with its "
         "default configuration but `source.max_records_per_trigger` at each batch size, fresh tables each "

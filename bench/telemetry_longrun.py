@@ -417,8 +417,8 @@ def render(figures: LongRun, started: datetime, wall_s: float) -> str:
         f"`bench/telemetry_longrun.py --minutes {figures.minutes:g}`, {started:%Y-%m-%d %H:%M} UTC, "
         f"{wall_s / 60:.0f} min in all. {machine.cpu_model}, {machine.cores} cores, "
         f"{machine.memory_gib:.0f} GiB. Load average (1 min) {loads[0]:.1f} at the start, "
-        f"{statistics.mean(loads):.1f} mean / {max(loads):.1f} max: the machine was shared with other "
-        "engineers' test runs all along, so durations are as loaded as the machine was; the figures to "
+        f"{statistics.mean(loads):.1f} mean / {max(loads):.1f} max (the machine may be shared with "
+        "other work: durations are as loaded as the machine was); the figures to "
         "read are the start against the end of the same run.",
         "",
         f"{figures.devices} simulated devices, a reading a second each (about {figures.devices} "

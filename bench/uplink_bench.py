@@ -43,7 +43,7 @@ SITES = 20
 LATENCY_SAMPLES = 300
 MB = 1_000_000
 SHARED_MACHINE = (
-    "**The machine was shared with other engineers' test runs while this ran**: absolute figures are low "
+    "**The machine was shared with other work while this ran**: absolute figures are low "
     "and noisy; compare rows of one run. The hub is a broker in its own process, the sites run in this "
     "one (one event loop), both `durability: group` on one disk."
 )
