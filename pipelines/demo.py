@@ -168,7 +168,9 @@ BAD_BUILD = "2.1.0"
 
 def _phased_bad_build(store, in_fleet: int, deadline: float, progress: Progress) -> bool:
     """A phased rollout of a bad build to group fleet (``in_fleet`` devices) that stops on its abort rule
-    and rolls back: True when it did."""
+    and rolls back: True when it did. The first phase opens the next once half of its devices succeeded:
+    the demo's devices reject an action at ``--reject-rate``, and a device that rejected never succeeds (a
+    gate of all of them would hold the rollout until the demo's time ran out)."""
     from pipelines.actions.operator import NewAction, create_action
 
     first_phase = max(1, math.ceil(0.2 * in_fleet))
@@ -179,7 +181,7 @@ def _phased_bad_build(store, in_fleet: int, deadline: float, progress: Progress)
             version=BAD_BUILD,
             url=f"https://firmware.example.invalid/fw-{BAD_BUILD}.bin",
             sha256="7d1e" + "0" * 60,
-            phases=[{"percent": 20.0, "success_pct": 100.0}, {"percent": 30.0, "wait_s": 5}, {}],
+            phases=[{"percent": 20.0, "success_pct": 50.0}, {"percent": 30.0, "wait_s": 5}, {}],
             abort_rules=[{"failure_kind": "failed", "threshold_pct": 10.0, "min_executed": first_phase}],
             retries=[{"failure_kind": "failed", "max_retries": 1, "backoff_s": 2}],
             rollback={
@@ -193,7 +195,7 @@ def _phased_bad_build(store, in_fleet: int, deadline: float, progress: Progress)
     )
     print(
         f"\nWrote OTA action {action_id} (firmware {BAD_BUILD}, a bad build → group fleet): phases of 20 % "
-        f"(the next only once all of it succeeded), 30 % and the rest; one retry after a failure; abort once "
+        f"(the next once half of it succeeded), 30 % and the rest; one retry after a failure; abort once "
         f"10 % of at least {first_phase} finished devices failed; roll back to 1.0.0:"
     )
     final = _follow(store, action_id, deadline, progress)
