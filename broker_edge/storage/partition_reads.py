@@ -298,9 +298,6 @@ class _ChunkScan:
             at = end
         return at, position, budget
 
-    def live(self, topic_id: int, offset: int, byte: int) -> bool:
-        return _live(self.part, topic_id, offset, self.segment, byte)
-
 
 def _chunk_for(segment: Segment, entries: int, data_end: int, most: int) -> int:
     """Bytes to read at once for `entries` entries: about what they hold (the segment's average entry, a
