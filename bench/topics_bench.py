@@ -36,7 +36,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,21 @@ def shares(topics: list[str], messages: int) -> list[list[str]]:
     return [sequence[number::CONNECTIONS] for number in range(CONNECTIONS)]
 
 
+@contextmanager
+def fresh_process(broker: BenchTimestone, prefix: str, cpus: set[int] | None) -> Iterator[Process]:
+    """A broker `Process` on a new work directory (its data directory made), not started; on the way out
+    it is killed if it still runs and the directory is removed."""
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
+    (workdir / "data").mkdir()
+    process = Process(broker, workdir, net.free_port(), cpus)
+    try:
+        yield process
+    finally:
+        if process.proc is not None:
+            process.stop(signal.SIGKILL)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def run_case(
     label: str,
     topics: list[str],
@@ -194,11 +210,8 @@ def run_case(
 ) -> Case:
     """A fresh broker: two rounds of `messages` over `topics`, then its memory and disk (and `extra`)."""
     broker_cpus, load_cpus = cpus
-    workdir = Path(tempfile.mkdtemp(prefix="bench-topics-"))
-    (workdir / "data").mkdir()
-    process = Process(BenchTimestone(net.free_port()), workdir, net.free_port(), broker_cpus)
     case = Case(label, len(topics), messages)
-    try:
+    with fresh_process(BenchTimestone(net.free_port()), "bench-topics-", broker_cpus) as process:
         process.start()
         work = shares(topics, messages)
         pinger = Pinger(process.port, cpus=load_cpus).start() if ping else None
@@ -216,10 +229,6 @@ def run_case(
         process.stop(signal.SIGKILL)
         case.restart_killed = process.start()
         process.stop(signal.SIGTERM)
-    finally:
-        if process.proc is not None:
-            process.stop(signal.SIGKILL)
-        shutil.rmtree(workdir, ignore_errors=True)
     return case
 
 
@@ -321,11 +330,9 @@ def run_million(topics: int, cpus: tuple[set[int] | None, set[int] | None]) -> M
     from broker_edge.storage import AppendRecord, LogStore, StorageConfig
 
     broker_cpus, load_cpus = cpus
-    workdir = Path(tempfile.mkdtemp(prefix="bench-million-"))
-    process = Process(BenchTimestone(net.free_port()), workdir, net.free_port(), broker_cpus)
-    try:
+    with fresh_process(BenchTimestone(net.free_port()), "bench-million-", broker_cpus) as process:
         began = time.perf_counter()
-        store = LogStore(workdir / "data", StorageConfig(durability="none"))
+        store = LogStore(process.data, StorageConfig(durability="none"))
         store.open()
         record = AppendRecord(PAYLOAD, qos=1, client_id="bench-filler")
         for number in range(topics):
@@ -348,10 +355,6 @@ def run_million(topics: int, cpus: tuple[set[int] | None, set[int] | None]) -> M
         process.stop(signal.SIGTERM)
         disk, inodes = disk_usage(process.data)
         return Million(topics, fill, clean, killed, cpu_clean, cpu_killed, rss, disk, inodes)
-    finally:
-        if process.proc is not None:
-            process.stop(signal.SIGKILL)
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def topic_name(number: int) -> str:

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import net
 from bench.sysinfo import split_cpus
 from bench.topic_load import publish_rounds
-from bench.topics_bench import PAYLOAD, WINDOW, BenchTimestone, Process, shares, topic_name
+from bench.topics_bench import PAYLOAD, WINDOW, BenchTimestone, fresh_process, shares, topic_name
 
 
 @dataclass(frozen=True)
@@ -65,11 +63,10 @@ def _user_system(pid: int) -> tuple[float, float]:
 def run_rounds(topics: list[str], messages: int, profile: Path | None) -> list[Round]:
     """Two rounds of `messages` QoS 1 publishes over `topics` on a fresh broker: its CPU in each."""
     broker_cpus, load_cpus = split_cpus()
-    workdir = Path(tempfile.mkdtemp(prefix="bench-topics-cpu-"))
-    (workdir / "data").mkdir()
-    process = Process(ProfiledTimestone(net.free_port(), profile), workdir, net.free_port(), broker_cpus)
     rounds: list[Round] = []
-    try:
+    with fresh_process(
+        ProfiledTimestone(net.free_port(), profile), "bench-topics-cpu-", broker_cpus
+    ) as process:
         process.start()
         work = shares(topics, messages)
         for _ in range(2):
@@ -78,10 +75,6 @@ def run_rounds(topics: list[str], messages: int, profile: Path | None) -> list[R
             after_user, after_system = _user_system(process.pid)
             rounds.append(Round(after_user - user, after_system - system, result.rate))
         process.stop(signal.SIGTERM)
-    finally:
-        if process.proc is not None:
-            process.stop(signal.SIGKILL)
-        shutil.rmtree(workdir, ignore_errors=True)
     return rounds
 
 
