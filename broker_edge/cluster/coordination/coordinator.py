@@ -41,7 +41,8 @@ from broker_edge.cluster.coordination.etcd_values import (
 )
 from broker_edge.cluster.coordination.membership import Membership
 from broker_edge.cluster.tasks import stop_task
-from broker_edge.cluster.view import ClusterView, PartitionState
+from broker_edge.cluster.view import ClusterView
+from broker_edge.placement import PartitionState
 
 __all__ = ["Coordinator"]
 

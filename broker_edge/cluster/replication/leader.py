@@ -61,8 +61,9 @@ from .replica_push import ACK, PUSH, Push, decode_ack, encode_push
 
 if TYPE_CHECKING:
     from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
-    from broker_edge.cluster.view import ClusterView, PartitionState
+    from broker_edge.cluster.view import ClusterView
     from broker_edge.engine.ports import AppendedRun
+    from broker_edge.placement import PartitionState
     from broker_edge.storage.store import LogStore
 
 __all__ = [
