@@ -106,10 +106,6 @@ class Coordinator:
         await self.stop()
         self._start_watch(revision)
 
-    def revision_of(self, partition: int) -> int | None:
-        """mod_revision of the partition's state as held (None if no state is known)."""
-        return self.revisions.get(self.keys.partition(partition))
-
     async def until(self, condition: Callable[[ClusterView], bool], timeout_s: float) -> bool:
         """Wait until ``condition(view)`` holds (checked after every change); False after ``timeout_s``."""
         if condition(self.view):

@@ -892,11 +892,6 @@ class LeaderReplication:
             self._topics.setdefault(partition, set()).add(topic)
         return partition
 
-    def isr_lag(self) -> dict[tuple[str, int], float]:
-        """(replica, partition) -> seconds it has been behind (for status and metrics)."""
-        now = self._clock()
-        return {key: now - since for key, since in self._lagging_since().items()}
-
 
 def _read_into(store: LogStore, data: TopicData, offset: int, max_bytes: int, limit: int) -> int:
     """Frames of ``data.topic`` from ``offset`` into ``data``; where they start. When the log holds no
