@@ -54,7 +54,7 @@ from broker_edge.protocol import PacketDecoder
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import Connect, Packet, PubAck, Publish, Subscribe, Subscription
 from broker_edge.runtime.launcher import BrokerProcess
-from tests.local_cluster import EtcdServer, EtcdTarget, cluster_broker, cluster_state, settled
+from tests.harness.local_cluster import EtcdServer, EtcdTarget, cluster_broker, cluster_state, settled
 
 BENCH_DIR = Path(__file__).resolve().parent
 NODES = ("a", "b", "c")

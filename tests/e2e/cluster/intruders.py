@@ -29,7 +29,7 @@ from broker_edge.cluster.replication.replica_fetch import (
     encode_request,
 )
 from broker_edge.runtime.local_pki import LocalPki
-from tests.local_cluster import EtcdTarget, cluster_state
+from tests.harness.local_cluster import EtcdTarget, cluster_state
 
 __all__ = ["Attempt", "Recorder", "client_context", "forge_fetch", "members_url", "open_peer_link"]
 

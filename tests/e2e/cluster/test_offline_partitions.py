@@ -22,7 +22,7 @@ from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient, close_all
 from tests.e2e.cluster.proof import cluster_state, copies_spread, wait_settled, wait_until
 from tests.e2e.cluster.test_device_offsets import device_from, numbered
-from tests.local_cluster import EtcdServer, EtcdTarget, cluster_broker
+from tests.harness.local_cluster import EtcdServer, EtcdTarget, cluster_broker
 
 NODES = ("a", "b", "c")
 PARTITIONS = 16

@@ -15,7 +15,7 @@ import pytest
 from broker_edge.placement import PartitionState
 from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.cluster.proof import cluster_state, copies_spread, wait_settled
-from tests.local_cluster import EtcdTarget
+from tests.harness.local_cluster import EtcdTarget
 
 pytestmark = pytest.mark.timeout(180)
 

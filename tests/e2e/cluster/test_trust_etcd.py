@@ -36,7 +36,7 @@ from tests.e2e.cluster.proof import (
     wait_until,
 )
 from tests.e2e.cluster.test_trust_members import topic_led_by
-from tests.local_cluster import EtcdTarget
+from tests.harness.local_cluster import EtcdTarget
 
 pytestmark = pytest.mark.timeout(180)
 

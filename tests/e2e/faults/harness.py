@@ -55,7 +55,7 @@ from broker_edge.protocol.properties import Properties
 from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.cluster.proof import read_log
 from tests.e2e.faults.checker import Ack, Delivery, History, Silence, anomalies, payload
-from tests.local_cluster import (
+from tests.harness.local_cluster import (
     EtcdServer,
     EtcdTarget,
     cluster_broker,

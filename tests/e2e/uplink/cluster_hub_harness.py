@@ -8,7 +8,7 @@ from broker_edge.runtime.launcher import BrokerProcess, free_port
 from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.storage import LogStore, StorageConfig
 from tests.e2e.uplink.uplink_harness import hub_section
-from tests.local_cluster import (
+from tests.harness.local_cluster import (
     EtcdServer,
     EtcdTarget,
     cluster_broker,

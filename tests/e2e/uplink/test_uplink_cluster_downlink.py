@@ -14,7 +14,7 @@ from tests.e2e.broker_clients import PahoClient, wait_for
 from tests.e2e.conftest import RunningBroker
 from tests.e2e.uplink.cluster_hub_harness import PARTITIONS, hub_cluster, member_store
 from tests.e2e.uplink.uplink_harness import log_frames, pki_in, site_section
-from tests.local_cluster import EtcdTarget, cluster_state
+from tests.harness.local_cluster import EtcdTarget, cluster_state
 
 pytestmark = pytest.mark.timeout(120)
 

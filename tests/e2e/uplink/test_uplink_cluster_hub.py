@@ -32,7 +32,7 @@ from tests.e2e.uplink.uplink_harness import (
     pki_in,
     site_section,
 )
-from tests.local_cluster import EtcdTarget, cluster_state
+from tests.harness.local_cluster import EtcdTarget, cluster_state
 
 pytestmark = pytest.mark.timeout(120)
 

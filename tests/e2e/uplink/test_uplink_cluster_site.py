@@ -26,7 +26,7 @@ from broker_edge.storage import LogStore
 from tests.e2e.broker_clients import PahoClient, wait_for
 from tests.e2e.uplink.cluster_hub_harness import PARTITIONS, member_store
 from tests.e2e.uplink.uplink_harness import Telemetry, hub_section, log_frames, payloads, pki_in, site_section
-from tests.local_cluster import (
+from tests.harness.local_cluster import (
     EtcdServer,
     EtcdTarget,
     cluster_broker,

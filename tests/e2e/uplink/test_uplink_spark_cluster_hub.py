@@ -18,7 +18,7 @@ from tests.e2e.conftest import RunningBroker
 from tests.e2e.uplink.cluster_hub_harness import NODES, PARTITIONS, hub_cluster, hub_url
 from tests.e2e.uplink.spark_reads import Row, read_sites
 from tests.e2e.uplink.uplink_harness import pki_in, site_section
-from tests.local_cluster import EtcdTarget, cluster_state
+from tests.harness.local_cluster import EtcdTarget, cluster_state
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
 
