@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from broker_edge.log_info import LogInfo
 from broker_edge.observe import path_trace
+from broker_edge.placement import partition_of
 from broker_edge.protocol.topics import topic_matches
 
 from . import record
@@ -571,7 +572,7 @@ class LogStore:
         if len(self._names) >= MAX_TOPIC_ID:
             raise TooManyTopics(topic, MAX_TOPIC_ID)
         assert self._catalog is not None
-        partition = _partition_of(topic, self.config.partitions)
+        partition = partition_of(topic, self.config.partitions)
         topic_id = self._catalog.add(topic, partition)
         new.names.append(topic)
         new.partitions.append(partition)
@@ -1403,13 +1404,6 @@ class LogStore:
                     del self._topic_waiters[topic]
         if waiter.pattern is not None:
             self._pattern_waiters.remove(waiter)
-
-
-def _partition_of(topic: str, partitions: int) -> int:
-    """A new topic's partition: what a cluster computes for its partitions (`cluster.view.partition_of`)."""
-    if partitions == 1:
-        return 0
-    return record.crc32c(topic.encode("utf-8")) % partitions
 
 
 def _literal_prefix(pattern: str | None) -> str:
