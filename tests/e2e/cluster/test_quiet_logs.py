@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable
 
 from broker_edge.runtime.launcher import BrokerProcess
-from broker_edge.runtime.local_cluster import EtcdTarget, wait_settled
+from tests.harness.local_cluster import EtcdTarget, wait_settled
 
 ALARM = re.compile(r" (WARNING|ERROR) ")
 REFUSED = re.compile(r"403|not_a_member|not a member")
