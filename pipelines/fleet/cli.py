@@ -51,10 +51,20 @@ def probability(text: str) -> float:
     return value
 
 
+EXIT_STATUS = (
+    "exit status: 0 ran for --duration, or stopped (Ctrl-C, SIGTERM); 1 not one device could connect; "
+    "2 a wrong command line"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="timestone devices", description="Simulated device fleets.")
+    parser = argparse.ArgumentParser(
+        prog="timestone devices", description="Simulated device fleets.", epilog=EXIT_STATUS
+    )
     sub = parser.add_subparsers(dest="action", required=True)
-    simulate = sub.add_parser("simulate", help="connect N simulated devices and keep them running")
+    simulate = sub.add_parser(
+        "simulate", help="connect N simulated devices and keep them running", epilog=EXIT_STATUS
+    )
     simulate.add_argument("--count", type=at_least_one, default=10, help="number of devices (default 10)")
     simulate.add_argument(
         "--broker",
@@ -65,7 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument(
         "--groups", type=_groups, default="canary,fleet", help="comma-separated groups, assigned in turn"
     )
-    simulate.add_argument("--id-prefix", default="dev")
+    simulate.add_argument(
+        "--id-prefix",
+        default="dev",
+        help="device ids are PREFIX-00000, PREFIX-00001, ... (a prefix ending in '-', '_' or '.' is kept as "
+        "it is: site1- gives site1-00000; default dev)",
+    )
     simulate.add_argument(
         "--buckets",
         type=int,
