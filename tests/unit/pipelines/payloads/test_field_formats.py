@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+from typing import Any
 
 import cbor2
 import pyarrow as pa
@@ -127,7 +128,7 @@ def test_protobuf_enums_timestamps_and_imports_of_a_users_own_schema(tmp_path):
         "message Reading { google.protobuf.Timestamp at = 1; Phase phase = 2; uint32 watts = 3; }\n"
     )
     cls = message_class(compile_proto(tmp_path, "meter.proto", tmp_path / "meter.desc"), "acme.Reading")
-    reading = cls(phase=2, watts=1500)
+    reading: Any = cls(phase=2, watts=1500)
     reading.at.seconds, reading.at.nanos = 1_700_000_000, 250_000_000
     payload = reading.SerializeToString()
     fields = {"at": "timestamp", "phase": "string", "watts": "int"}
