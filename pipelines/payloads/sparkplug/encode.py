@@ -20,18 +20,23 @@ REBIRTH = "Node Control/Rebirth"
 
 @dataclass(frozen=True)
 class MetricOut:
-    """A metric to send: a birth gives its name, datatype and alias; data may give the alias alone."""
+    """A metric to send: a birth gives its name, datatype and alias; data may give the alias alone.
+
+    ``datatype`` picks the value field the value travels in; ``with_datatype`` False leaves it out of the
+    message (data messages may: the birth declared it).
+    """
 
     value: Any
-    datatype: str | None = None
+    datatype: str
     name: str | None = None
     alias: int | None = None
     timestamp_ms: int | None = None
     is_null: bool = False
+    with_datatype: bool = True
 
 
 def encode(metrics: Iterable[MetricOut], *, timestamp_ms: int | None, seq: int | None) -> bytes:
-    """A Sparkplug B payload; a metric without a datatype goes in the value field its Python type picks."""
+    """A Sparkplug B payload of ``metrics``."""
     message: Any = payload_class()()
     if timestamp_ms is not None:
         message.timestamp = timestamp_ms
@@ -45,27 +50,13 @@ def encode(metrics: Iterable[MetricOut], *, timestamp_ms: int | None, seq: int |
             metric.alias = out.alias
         if out.timestamp_ms is not None:
             metric.timestamp = out.timestamp_ms
-        if out.datatype is not None:
+        if out.with_datatype:
             metric.datatype = DATATYPE_NUMBERS[out.datatype]
         if out.is_null or out.value is None:
             metric.is_null = True
             continue
-        datatype = out.datatype or _datatype_of(out.value)
-        _set_value(metric, datatype, out.value)
+        _set_value(metric, out.datatype, out.value)
     return bytes(message.SerializeToString())
-
-
-def _datatype_of(value: Any) -> str:
-    """A data metric sent without its datatype: the value field follows from the Python value."""
-    if isinstance(value, bool):
-        return "Boolean"
-    if isinstance(value, int):
-        return "Int64"
-    if isinstance(value, float):
-        return "Double"
-    if isinstance(value, str):
-        return "String"
-    return "Bytes"
 
 
 def _set_value(metric: Any, datatype: str, value: Any) -> None:
