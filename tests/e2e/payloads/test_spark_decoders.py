@@ -43,7 +43,7 @@ def test_protobuf_payloads_are_read_with_the_descriptor_set_shipped_to_the_worke
     payloads = [cls(ts=5, seq=n, temperature=20.0 + n, firmware="2.0").SerializeToString() for n in range(50)]
     protobuf = FieldFormat("protobuf", example_descriptor_set(), EXAMPLE_MESSAGE)
     frame = with_decoded_fields(records(spark, payloads).repartition(3), protobuf, FIELDS)
-    summary = frame.agg(F.count("*"), F.sum("seq"), F.max("temperature"), F.count("decode_error")).first()
+    [summary] = frame.agg(F.count("*"), F.sum("seq"), F.max("temperature"), F.count("decode_error")).collect()
     assert tuple(summary) == (50, sum(range(50)), 69.0, 0)
 
 
