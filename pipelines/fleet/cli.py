@@ -18,6 +18,8 @@ from pipelines.fleet.processes import (
     loopback_sources,
     raise_open_files_limit,
 )
+from pipelines.fleet.readings import READING_FORMATS
+from pipelines.fleet.sparkplug_node import SparkplugBehaviour, SparkplugFleet
 
 
 def _broker_address(text: str) -> tuple[str, int]:
@@ -92,6 +94,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="the --broker addresses are members of one cluster: a device whose broker fails moves on",
     )
     simulate.add_argument(
+        "--payload",
+        choices=(*READING_FORMATS, "sparkplug_b"),
+        default="json",
+        help="how readings are written (default json); sparkplug_b: --count Sparkplug B edge nodes of "
+        "--devices-per-node devices each, in group --group-id",
+    )
+    simulate.add_argument("--devices-per-node", type=at_least_one, default=2, help="sparkplug_b (default 2)")
+    simulate.add_argument(
+        "--group-id", default="fleet", help="sparkplug_b: the Sparkplug group (default fleet)"
+    )
+    simulate.add_argument(
         "--source-addresses",
         default="auto",
         help="comma-separated local addresses to connect from; auto: one 127.0.0.x per 20,000 devices "
@@ -128,6 +141,7 @@ def _fleet(args: argparse.Namespace) -> tuple[FleetSpec, DeviceBehaviour]:
         failure_rate=args.failure_rate,
         reject_rate=args.reject_rate,
         offline_rate_per_min=args.offline_rate,
+        payload_format=args.payload,
     )
     return spec, behaviour
 
@@ -154,6 +168,8 @@ def _simulate_in_processes(args: argparse.Namespace) -> int:
 
 
 async def _simulate(args: argparse.Namespace) -> int:
+    if args.payload == "sparkplug_b":
+        return await _simulate_sparkplug(args)
     spec, behaviour = _fleet(args)
     fleet = Fleet(spec, behaviour)
     stop = asyncio.Event()
@@ -178,6 +194,38 @@ async def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _simulate_sparkplug(args: argparse.Namespace) -> int:
+    brokers = args.broker or [("127.0.0.1", 1883)]
+    behaviour = SparkplugBehaviour(data_interval_s=args.telemetry_interval)
+    fleet = SparkplugFleet(brokers, args.count, args.devices_per_node, args.group_id, behaviour, args.seed)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signum, stop.set)
+    await fleet.start()
+    if fleet.connected() == 0:
+        print(
+            f"timestone devices simulate: no edge node could connect to {_addresses(brokers)}",
+            file=sys.stderr,
+        )
+        await fleet.stop()
+        return NO_DEVICE_CONNECTED
+    print(f"{fleet.connected()} Sparkplug B edge nodes connected to {_addresses(brokers)}", flush=True)
+    deadline = time.monotonic() + args.duration if args.duration else None
+    while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 5.0)
+        counters = " ".join(f"{k}={v}" for k, v in sorted(fleet.stats.items()))
+        print(f"connected={fleet.connected()} {counters}", flush=True)
+    await fleet.stop()
+    return 0
+
+
+def _addresses(brokers: list[tuple[str, int]]) -> str:
+    return ", ".join(f"{host}:{port}" for host, port in brokers)
+
+
 NO_DEVICE_CONNECTED = 1
 """Exit status when not one device could connect (the devices would only retry, unseen)."""
 
@@ -191,6 +239,8 @@ def devices_main(argv: list[str]) -> int:
     """Entry point of ``timestone devices``."""
     args = build_parser().parse_args(argv)
     raise_open_files_limit()
+    if args.procs > 1 and args.payload == "sparkplug_b":
+        build_parser().error("--payload sparkplug_b runs in one process (--procs 1)")
     if args.procs > 1:
         return _simulate_in_processes(args)
     return asyncio.run(_simulate(args))
