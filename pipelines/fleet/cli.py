@@ -19,10 +19,9 @@ from pipelines.fleet.processes import (
     raise_open_files_limit,
 )
 from pipelines.fleet.readings import READING_FORMATS
-from pipelines.fleet.sparkplug_node import SparkplugBehaviour, SparkplugFleet
 
 
-def _broker_address(text: str) -> tuple[str, int]:
+def broker_address(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit():
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
@@ -60,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--count", type=at_least_one, default=10, help="number of devices (default 10)")
     simulate.add_argument(
         "--broker",
-        type=_broker_address,
+        type=broker_address,
         action="append",
         help="HOST:PORT, repeatable (default 127.0.0.1:1883)",
     )
@@ -195,6 +194,8 @@ async def _simulate(args: argparse.Namespace) -> int:
 
 
 async def _simulate_sparkplug(args: argparse.Namespace) -> int:
+    from pipelines.fleet.sparkplug_node import SparkplugBehaviour, SparkplugFleet  # needs protobuf
+
     brokers = args.broker or [("127.0.0.1", 1883)]
     behaviour = SparkplugBehaviour(data_interval_s=args.telemetry_interval)
     fleet = SparkplugFleet(brokers, args.count, args.devices_per_node, args.group_id, behaviour, args.seed)

@@ -11,11 +11,6 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-import cbor2
-
-from pipelines.payloads.descriptors import message_class
-from pipelines.payloads.protobuf import EXAMPLE_MESSAGE, example_descriptor_set
-
 #: The formats a simulated fleet's devices can send their readings in (Sparkplug B has its own edge nodes).
 READING_FORMATS = ("json", "cbor", "protobuf")
 
@@ -27,9 +22,14 @@ def reading_encoder(payload_format: str) -> Encoder:
     """How a device of a fleet sending ``payload_format`` writes its reading (one per process)."""
     if payload_format == "json":
         return lambda reading: json.dumps(reading).encode()
-    if payload_format == "cbor":
+    if payload_format == "cbor":  # cbor2 and protobuf come with timestone[pipelines]: imported when asked for
+        import cbor2
+
         return cbor2.dumps
     if payload_format == "protobuf":
+        from pipelines.payloads.descriptors import message_class
+        from pipelines.payloads.protobuf import EXAMPLE_MESSAGE, example_descriptor_set
+
         telemetry = message_class(example_descriptor_set(), EXAMPLE_MESSAGE)
         return lambda reading: bytes(telemetry(**reading).SerializeToString())
     raise ValueError(f"unknown reading format {payload_format!r}; one of {', '.join(READING_FORMATS)}")

@@ -1,0 +1,45 @@
+"""``timestone sparkplug-host``: Timestone's Sparkplug B host application on one MQTT server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+
+from pipelines.fleet.cli import broker_address
+from pipelines.sparkplug_host.host import SparkplugHost
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="timestone sparkplug-host",
+        description="Publish this host application's Sparkplug B STATE (online while it runs, its will "
+        "offline) and ask edge nodes whose births it has not seen for a rebirth.",
+    )
+    parser.add_argument("--broker", type=broker_address, default=("127.0.0.1", 1883), help="HOST:PORT")
+    parser.add_argument("--host-id", default="timestone", help="the Sparkplug host id (default timestone)")
+    parser.add_argument(
+        "--rebirth-interval", type=float, default=30.0, help="seconds between two requests to one node"
+    )
+    return parser
+
+
+async def _run(args: argparse.Namespace) -> int:
+    host, port = args.broker
+    sparkplug = SparkplugHost(host, port, args.host_id, rebirth_interval_s=args.rebirth_interval)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signum, stop.set)
+    await sparkplug.start()
+    print(f"Sparkplug B host {args.host_id} online on {host}:{port} ({sparkplug.topic})", flush=True)
+    await stop.wait()
+    await sparkplug.stop()
+    return 0
+
+
+def sparkplug_host_main(argv: list[str]) -> int:
+    """Entry point of ``timestone sparkplug-host``."""
+    return asyncio.run(_run(build_parser().parse_args(argv)))
