@@ -121,15 +121,6 @@ def test_a_host_applications_retained_state_is_what_a_late_edge_node_reads_and_i
     asyncio.run(scenario())
 
 
-@pytest.mark.sparkplug(
-    "tck-id-operational-behavior-data-commands-ncmd-rebirth-verb",
-    "tck-id-operational-behavior-data-commands-ncmd-rebirth-name",
-    "tck-id-operational-behavior-data-commands-ncmd-rebirth-value",
-    "tck-id-payloads-ncmd-qos",
-    "tck-id-payloads-ncmd-retain",
-    "tck-id-payloads-ncmd-seq",
-    "tck-id-payloads-ncmd-timestamp",
-)
 def test_a_rebirth_request_brings_the_births_again_on_the_same_connection(broker):
     watcher = PahoClient(broker.port, "watcher")
     watcher.subscribe("spBv1.0/plant1/+/gw1/#", 0)

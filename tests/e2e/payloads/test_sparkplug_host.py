@@ -64,6 +64,7 @@ def host(port: int) -> SparkplugHost:
     "tck-id-payloads-state-subscribe",
     "tck-id-payloads-state-birth",
     "tck-id-payloads-state-birth-payload",
+    "tck-id-operational-behavior-primary-application-state-with-multiple-servers-state",
 )
 def test_the_host_is_online_by_its_retained_birth_and_offline_by_its_will(broker):
     watcher = PahoClient(broker.port, "edge-node-watching")
@@ -139,6 +140,8 @@ def test_a_stray_offline_state_is_answered_and_a_clean_stop_publishes_the_death(
     "tck-id-operational-behavior-data-commands-ncmd-rebirth-name",
     "tck-id-operational-behavior-data-commands-ncmd-rebirth-value",
     "tck-id-operational-behavior-data-commands-ncmd-verb",
+    "tck-id-operational-behavior-data-commands-ncmd-metric-name",
+    "tck-id-operational-behavior-data-commands-ncmd-metric-value",
     "tck-id-topics-ncmd-topic",
     "tck-id-topics-ncmd-mqtt",
     "tck-id-topics-ncmd-timestamp",

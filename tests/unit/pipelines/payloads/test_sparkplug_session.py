@@ -158,6 +158,10 @@ def test_a_millisecond_whose_numbers_straddle_the_wrap_is_read_255_first():
     assert [(r["seq"], r["seq_gap"]) for r in rows] == [(255, False), (0, False)]
 
 
+@pytest.mark.sparkplug(
+    "tck-id-operational-behavior-edge-node-termination-host-action-ndeath-node-offline",
+    "tck-id-operational-behavior-edge-node-termination-host-action-ndeath-devices-offline",
+)
 def test_the_will_ends_the_node_and_its_devices_and_a_stale_will_is_ignored():
     session = EdgeNodeSession()
     session.process([nbirth(1000, bdseq=3), dbirth("pump7", 1001, seq=1), dbirth("pump8", 1002, seq=2)])
@@ -182,6 +186,7 @@ def test_a_rebirth_redefines_the_aliases_and_voids_the_devices_births():
     assert kinds(session.process([dbirth("pump7", 2200, seq=2)]), REJECTED) == []
 
 
+@pytest.mark.sparkplug("tck-id-operational-behavior-edge-node-termination-host-action-ddeath-devices-offline")
 def test_a_device_death_ends_that_device_only():
     session = EdgeNodeSession()
     session.process([nbirth(1000), dbirth("pump7", 1001, seq=1), dbirth("pump8", 1002, seq=2)])
