@@ -43,16 +43,10 @@ from pipelines.payloads.json_payloads import read_json
 from pipelines.payloads.protobuf import EXAMPLE_MESSAGE, ProtobufReader, example_descriptor_set
 from pipelines.payloads.sparkplug.encode import MetricOut, bdseq_metric, encode
 from pipelines.payloads.sparkplug.session import EdgeNodeSession, Record
+from pipelines.telemetry.config import PayloadConfig
 
-FIELDS = {
-    "ts": "bigint",
-    "seq": "bigint",
-    "temperature": "double",
-    "humidity": "double",
-    "battery": "double",
-    "firmware": "string",
-    "group": "string",
-}
+FIELDS = PayloadConfig().fields
+"""The default telemetry configuration's payload fields: the simulated fleet's reading."""
 FORMATS = ("json", "cbor", "protobuf")
 METRICS = (("temperature", "Double", 1), ("humidity", "Double", 2), ("battery", "Double", 3))
 DEVICE = "spBv1.0/bench/{}/node1/dev1"

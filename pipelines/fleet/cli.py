@@ -8,6 +8,9 @@ import contextlib
 import signal
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Protocol
 
 from pipelines.actions.buckets import DEFAULT_BUCKETS
 from pipelines.fleet.device import DeviceBehaviour
@@ -171,49 +174,42 @@ async def _simulate(args: argparse.Namespace) -> int:
         return await _simulate_sparkplug(args)
     spec, behaviour = _fleet(args)
     fleet = Fleet(spec, behaviour)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signum, stop.set)
-    await fleet.start()
-    if fleet.connected() == 0:
-        print(f"timestone devices simulate: {_nobody(spec, fleet.connect_error)}", file=sys.stderr)
-        await fleet.stop()
-        return NO_DEVICE_CONNECTED
-    print(f"{fleet.connected()} devices connected to {', '.join(f'{h}:{p}' for h, p in spec.brokers)}")
-    deadline = time.monotonic() + args.duration if args.duration else None
-    while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 5.0)
-        print(
-            f"connected={fleet.connected()} " + " ".join(f"{k}={v}" for k, v in sorted(fleet.stats.items()))
-        )
-    await fleet.stop()
-    return 0
+    nobody = lambda: _nobody(spec, fleet.connect_error)  # noqa: E731
+    return await _run(fleet, "devices", spec.brokers, args.duration, nobody)
 
 
 async def _simulate_sparkplug(args: argparse.Namespace) -> int:
     from pipelines.fleet.sparkplug_node import SparkplugBehaviour, SparkplugFleet  # needs protobuf
 
     brokers = args.broker or [("127.0.0.1", 1883)]
-    behaviour = SparkplugBehaviour(data_interval_s=args.telemetry_interval)
-    fleet = SparkplugFleet(brokers, args.count, args.devices_per_node, args.group_id, behaviour, args.seed)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signum, stop.set)
+    sparkplug = SparkplugBehaviour(data_interval_s=args.telemetry_interval)
+    nodes = SparkplugFleet(brokers, args.count, args.devices_per_node, args.group_id, sparkplug, args.seed)
+    nobody = f"no edge node could connect to {_addresses(brokers)}"
+    return await _run(nodes, "Sparkplug B edge nodes", brokers, args.duration, lambda: nobody)
+
+
+class RunningFleet(Protocol):
+    """What :func:`_run` needs of a fleet (devices, or Sparkplug B edge nodes)."""
+
+    stats: Counter
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    def connected(self) -> int: ...
+
+
+async def _run(
+    fleet: RunningFleet, noun: str, brokers: list[tuple[str, int]], duration: float, nobody: Callable[[], str]
+) -> int:
+    """Start the fleet, print its counters every 5 s until ``duration`` (0: a signal), stop it."""
+    stop = signal_stop()
     await fleet.start()
     if fleet.connected() == 0:
-        print(
-            f"timestone devices simulate: no edge node could connect to {_addresses(brokers)}",
-            file=sys.stderr,
-        )
+        print(f"timestone devices simulate: {nobody()}", file=sys.stderr)
         await fleet.stop()
         return NO_DEVICE_CONNECTED
-    print(f"{fleet.connected()} Sparkplug B edge nodes connected to {_addresses(brokers)}", flush=True)
-    deadline = time.monotonic() + args.duration if args.duration else None
+    print(f"{fleet.connected()} {noun} connected to {_addresses(brokers)}", flush=True)
+    deadline = time.monotonic() + duration if duration else None
     while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 5.0)
@@ -221,6 +217,16 @@ async def _simulate_sparkplug(args: argparse.Namespace) -> int:
         print(f"connected={fleet.connected()} {counters}", flush=True)
     await fleet.stop()
     return 0
+
+
+def signal_stop() -> asyncio.Event:
+    """An event the running loop sets on SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signum, stop.set)
+    return stop
 
 
 def _addresses(brokers: list[tuple[str, int]]) -> str:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import signal
 
-from pipelines.fleet.cli import broker_address
+from pipelines.fleet.cli import broker_address, signal_stop
 from pipelines.sparkplug_host.host import SparkplugHost
 
 
@@ -28,11 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 async def _run(args: argparse.Namespace) -> int:
     host, port = args.broker
     sparkplug = SparkplugHost(host, port, args.host_id, rebirth_interval_s=args.rebirth_interval)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signum, stop.set)
+    stop = signal_stop()
     await sparkplug.start()
     print(f"Sparkplug B host {args.host_id} online on {host}:{port} ({sparkplug.topic})", flush=True)
     await stop.wait()
