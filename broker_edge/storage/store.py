@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from broker_edge.bounds import MAX_OFFSET
 from broker_edge.log_info import LogInfo
 from broker_edge.observe import path_trace
 from broker_edge.protocol.topics import topic_matches
@@ -734,6 +735,8 @@ class LogStore:
         (a mirror's gap, docs/uplink.md). The records held stay readable and the log continues at `at`;
         the offsets between are a gap, never served (a read of one raises `CorruptRecord` naming `at`, as
         for records lost to damage). A log that holds nothing restarts at `at` instead."""
+        if at is not None and not 0 <= at <= MAX_OFFSET:
+            raise InvalidRecord(f"frames for {topic!r} refused: offset {at} is past what a log holds")
         topic_id = self._writable_id(topic, "")
         table = self._table
         first = table.next[topic_id]
@@ -762,6 +765,8 @@ class LogStore:
             ) from None
         if not checked:
             return first
+        if offset > MAX_OFFSET:
+            raise InvalidRecord(f"frames for {topic!r} refused: they end at {offset}, past {MAX_OFFSET}")
         part = self._partitions[table.partition[topic_id]]
         if first > table.next[topic_id]:  # a gap: its marker says where the log goes on, through any restart
             part.leave_active_segment(topic_id)
@@ -790,6 +795,7 @@ class LogStore:
 
     def import_start(self, topic: str, offset: int) -> None:
         """Start an empty log of `topic` at `offset` (a restart marker, made durable by the next flush)."""
+        _check_offset(topic, offset)
         topic_id = self._ids.get(topic)
         if topic_id is None:
             topic_id = self._create(topic, "")
@@ -879,7 +885,8 @@ class LogStore:
             self.checkpoint_committed()
 
     def restart_at(self, topic: str, offset: int) -> None:
-        """Empty `topic`'s log (created if absent) and continue it at `offset`."""
+        """Empty `topic`'s log (created if absent) and continue it at `offset` (at most `MAX_OFFSET`)."""
+        _check_offset(topic, offset)
         topic_id = self._ids.get(topic)
         if topic_id is None:
             topic_id = self._create(topic, "")
@@ -1403,6 +1410,11 @@ class LogStore:
                     del self._topic_waiters[topic]
         if waiter.pattern is not None:
             self._pattern_waiters.remove(waiter)
+
+
+def _check_offset(topic: str, offset: int) -> None:
+    if not 0 <= offset <= MAX_OFFSET:
+        raise StorageError(f"{topic!r} cannot go on at offset {offset}: a log ends at {MAX_OFFSET} at most")
 
 
 def _partition_of(topic: str, partitions: int) -> int:
