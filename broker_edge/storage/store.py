@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from broker_edge.bounds import MAX_OFFSET
 from broker_edge.log_info import LogInfo
 from broker_edge.observe import path_trace
+from broker_edge.placement import partition_of
 from broker_edge.protocol.topics import topic_matches
 
 from . import record
@@ -572,7 +573,7 @@ class LogStore:
         if len(self._names) >= MAX_TOPIC_ID:
             raise TooManyTopics(topic, MAX_TOPIC_ID)
         assert self._catalog is not None
-        partition = _partition_of(topic, self.config.partitions)
+        partition = partition_of(topic, self.config.partitions)
         topic_id = self._catalog.add(topic, partition)
         new.names.append(topic)
         new.partitions.append(partition)
@@ -1415,13 +1416,6 @@ class LogStore:
 def _check_offset(topic: str, offset: int) -> None:
     if not 0 <= offset <= MAX_OFFSET:
         raise StorageError(f"{topic!r} cannot go on at offset {offset}: a log ends at {MAX_OFFSET} at most")
-
-
-def _partition_of(topic: str, partitions: int) -> int:
-    """A new topic's partition: what a cluster computes for its partitions (`cluster.view.partition_of`)."""
-    if partitions == 1:
-        return 0
-    return record.crc32c(topic.encode("utf-8")) % partitions
 
 
 def _literal_prefix(pattern: str | None) -> str:

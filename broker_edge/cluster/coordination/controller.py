@@ -46,7 +46,8 @@ from broker_edge.cluster.coordination.membership import Membership
 from broker_edge.cluster.links.member_clients import MemberClients
 from broker_edge.cluster.links.member_proofs import MemberProofs
 from broker_edge.cluster.tasks import stop_task
-from broker_edge.cluster.view import ClusterView, Member, PartitionState, partition_of
+from broker_edge.cluster.view import ClusterView
+from broker_edge.placement import Member, PartitionState, partition_of
 from broker_edge.settings.cluster import ClusterConfig
 
 __all__ = ["Controller", "grace_s", "read_log_ends"]

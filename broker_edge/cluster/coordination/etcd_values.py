@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from broker_edge import bounds
-from broker_edge.cluster.view import Member, PartitionState
+from broker_edge.placement import Member, PartitionState
 from broker_edge.settings.cluster import MAX_PARTITIONS, NODE_ID
 
 __all__ = [

@@ -18,8 +18,9 @@ from broker_edge.cluster.links.member_clients import MemberClients
 from broker_edge.cluster.mirror_logs import ClusterMirrorLogs, decode_parts, encode_parts
 from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
 from broker_edge.cluster.replication.replica_fetch import GAP, FetchRequest, PartitionFetch, TopicPosition
-from broker_edge.cluster.view import ClusterView, Member, PartitionState
+from broker_edge.cluster.view import ClusterView
 from broker_edge.engine.mirror_logs import MirrorAppend, MirrorPart, MirrorRefused, frames_end
+from broker_edge.placement import Member, PartitionState
 from broker_edge.settings.cluster import MemberListenConfig
 from broker_edge.storage import InvalidRecord, LogStore, StorageConfig
 from tests.static_isr import StaticIsr

@@ -20,7 +20,7 @@ from broker_edge.cluster.coordination.etcd_values import (
     parse_partition_state,
     read_cluster,
 )
-from broker_edge.cluster.view import Member, PartitionState
+from broker_edge.placement import Member, PartitionState
 
 MEMBER = {
     "node_id": "b1",
