@@ -245,18 +245,17 @@ def pki_in(directory: Path) -> LocalPki:
     return LocalPki(directory / "pki", name="uplink-ca")
 
 
-class HelloClosingHub:
-    """A stand-in hub on 127.0.0.1 (TLS, ``server``'s certificate) that takes a site's WebSocket, reads its
-    first message (the HELLO) and closes the connection without answering; ``hellos`` counts them."""
+class StandInHub:
+    """A stand-in hub on 127.0.0.1 (TLS, ``server``'s certificate) on its own thread's loop: it takes a
+    site's WebSocket and hands it to ``converse``, what each kind of stand-in does with a site."""
 
     def __init__(self, pki: LocalPki) -> None:
         server = pki.server("hub")
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.context.load_cert_chain(str(server.cert), str(server.key))
-        self.hellos = 0
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="closing-hub")
+        self._thread = threading.Thread(target=self._run, daemon=True, name=type(self).__name__)
         self._thread.start()
         self._ready.wait(5)
 
@@ -275,15 +274,48 @@ class HelloClosingHub:
     async def _serve(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse()
         await ws.prepare(request)
-        await ws.receive()
-        self.hellos += 1
-        await ws.close()
+        await self.converse(ws)
         return ws
+
+    async def converse(self, ws: web.WebSocketResponse) -> None:
+        raise NotImplementedError
 
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
+
+
+class HelloClosingHub(StandInHub):
+    """Reads a site's first message (the HELLO) and closes the connection without answering; ``hellos``
+    counts them."""
+
+    hellos = 0
+
+    async def converse(self, ws: web.WebSocketResponse) -> None:
+        await ws.receive()
+        self.hellos += 1
+        await ws.close()
+
+
+class ScriptedHub(StandInHub):
+    """Answers a site's HELLO with empty ENDS, then sends ``script`` (each a whole uplink message, a DOWN at
+    an absurd offset), and reads until the site closes; ``closed_by_site`` counts the connections the site
+    closed."""
+
+    def __init__(self, pki: LocalPki, script: list[bytes]) -> None:
+        self.script = script
+        self.closed_by_site = 0
+        super().__init__(pki)
+
+    async def converse(self, ws: web.WebSocketResponse) -> None:
+        await ws.receive()  # the HELLO
+        await ws.send_bytes(encode(ENDS, {"ends": {}}))
+        for message in self.script:
+            await ws.send_bytes(message)
+        async for _message in ws:
+            pass
+        self.closed_by_site += 1
 
 
 def converse_as_site(
@@ -349,56 +381,6 @@ def decode_frames_loosely(frames: bytes) -> list[int]:
         (length,) = struct.unpack_from("<I", frames, position)
         position += 8 + length
     return starts
-
-
-class ScriptedHub:
-    """A stand-in hub on 127.0.0.1 (TLS, ``server``'s certificate) that answers a site's HELLO with empty
-    ENDS, then sends ``script`` (each a whole uplink message, a DOWN at an absurd offset), and reads until
-    the site closes; ``connections`` counts the sites that dialled, ``closed_by_site`` those the site
-    closed."""
-
-    def __init__(self, pki: LocalPki, script: list[bytes]) -> None:
-        server = pki.server("hub")
-        self.script = script
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.context.load_cert_chain(str(server.cert), str(server.key))
-        self.connections = 0
-        self.closed_by_site = 0
-        self.loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="scripted-hub")
-        self._thread.start()
-        self._ready.wait(5)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
-        app.router.add_get("/v1/uplink", self._serve)
-        self._runner = web.AppRunner(app)
-        self.loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self.context)
-        self.loop.run_until_complete(site.start())
-        self.port = self._runner.addresses[0][1]
-        self._ready.set()
-        self.loop.run_forever()
-
-    async def _serve(self, request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse()
-        await ws.prepare(request)
-        self.connections += 1
-        await ws.receive()  # the HELLO
-        await ws.send_bytes(encode(ENDS, {"ends": {}}))
-        for message in self.script:
-            await ws.send_bytes(message)
-        async for _message in ws:
-            pass
-        self.closed_by_site += 1
-        return ws
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(5)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5)
 
 
 def raw_message(kind: int, header: str, body: bytes = b"") -> bytes:
