@@ -33,6 +33,8 @@ SITE_PREFIX = "$site/"
 """The hub's namespace of sites' logs: ``$site/<site_id>/<topic>`` (devices cannot publish under ``$``)."""
 
 Compression = Literal["zstd", "zlib", "none"]
+MIN_KEEPALIVE_S = 1.0
+MAX_KEEPALIVE_S = 3600.0
 
 
 def site_topic(site_id: str, topic: str) -> str:
@@ -98,6 +100,9 @@ class UplinkConfig:
     """Longest wait between two attempts to reach the hub."""
     heartbeat_s: float = 5.0
     """Seconds between two reports of this site's log ends when nothing else is sent (the hub's lag)."""
+    keepalive_s: float = 15.0
+    """Seconds the link may stay silent before the site pings the hub; a hub that does not answer within
+    half of that is taken for gone and the site dials again, so a silent cut is noticed within 1.5 x this."""
     proxy: str | None = None
     """An HTTP proxy the connection goes through (``http://proxy:3128``); null = direct."""
     retention_warning_ratio: float = 0.8
@@ -137,6 +142,13 @@ class UplinkConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(name, f"must be a number > 0, got {value!r}")
+        if isinstance(self.keepalive_s, bool) or not isinstance(self.keepalive_s, (int, float)):
+            raise ConfigError("keepalive_s", f"must be a number, got {self.keepalive_s!r}")
+        if not MIN_KEEPALIVE_S <= self.keepalive_s <= MAX_KEEPALIVE_S:
+            raise ConfigError(
+                "keepalive_s",
+                f"must be within [{MIN_KEEPALIVE_S:g}, {MAX_KEEPALIVE_S:g}] s, got {self.keepalive_s!r}",
+            )
         if self.reconnect_max_s < self.reconnect_min_s:
             raise ConfigError("reconnect_max_s", "must be >= reconnect_min_s")
         if not 0 < self.retention_warning_ratio <= 1:

@@ -106,12 +106,14 @@ def wait_while_progressing(
 
 class WanRelay:
     """A TCP relay on 127.0.0.1 to ``port``; ``cut()`` drops every connection through it (both ends see the
-    link die mid-stream) and, with ``down``, refuses new ones until ``heal()``."""
+    link die mid-stream) and, with ``down``, refuses new ones until ``heal()``; ``silence()`` loses every
+    byte from then on while the connections stay open (a cut neither end is told of)."""
 
     def __init__(self, port: int) -> None:
         self.target = port
         self.loop = asyncio.new_event_loop()
         self.down = False
+        self.silent = False
         self.cuts = 0
         self._writers: set[asyncio.StreamWriter] = set()
         self._ready = threading.Event()
@@ -140,8 +142,9 @@ class WanRelay:
         async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
             try:
                 while data := await source.read(65536):
-                    sink.write(data)
-                    await sink.drain()
+                    if not self.silent:
+                        sink.write(data)
+                        await sink.drain()
             except (ConnectionError, OSError):
                 pass
             finally:
@@ -159,8 +162,12 @@ class WanRelay:
 
         self.loop.call_soon_threadsafe(drop)
 
+    def silence(self) -> None:
+        self.loop.call_soon_threadsafe(setattr, self, "silent", True)
+
     def heal(self) -> None:
         self.loop.call_soon_threadsafe(setattr, self, "down", False)
+        self.loop.call_soon_threadsafe(setattr, self, "silent", False)
 
     def close(self) -> None:
         async def shut() -> None:
