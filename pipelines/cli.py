@@ -49,6 +49,12 @@ COMMANDS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         ("pipelines",),
     ),
     "devices": ("pipelines.fleet.cli", "devices_main", "simulate a fleet of devices", ()),
+    "sparkplug-host": (
+        "pipelines.sparkplug_host.cli",
+        "sparkplug_host_main",
+        "the Sparkplug B host application: its STATE, rebirth requests",
+        ("pipelines",),
+    ),
     "ota": (
         "pipelines.actions.cli",
         "ota_main",
@@ -71,6 +77,8 @@ OPTIONAL_MODULES = {
     "pyarrow": "pipelines",
     "numpy": "pipelines",
     "paho": "pipelines",
+    "cbor2": "pipelines",
+    "google": "pipelines",
     "aetcd": "cluster",
     "grpc": "cluster",
 }

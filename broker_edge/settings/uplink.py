@@ -127,13 +127,7 @@ class UplinkConfig:
                 validate_topic_filter(topic_filter)
             except InvalidTopic as error:
                 raise ConfigError(f"topics[{index}]", str(error)) from None
-        for index, topic_filter in enumerate(self.downlink):
-            try:
-                validate_topic_filter(topic_filter)
-            except InvalidTopic as error:
-                raise ConfigError(f"downlink[{index}]", str(error)) from None
-            if topic_filter.startswith("$"):
-                raise ConfigError(f"downlink[{index}]", f"the hub's '$' topics are its own: {topic_filter!r}")
+        _check_downlink(self.downlink, "downlink")
         if self.compression not in ("zstd", "zlib", "none"):
             raise ConfigError("compression", f"expected zstd, zlib or none, got {self.compression!r}")
         if self.bandwidth_bytes_per_s is not None and not _positive_int(self.bandwidth_bytes_per_s):
@@ -187,6 +181,16 @@ class UplinkHubConfig:
     """Seconds for a connection's request to arrive before it is closed."""
     max_message_bytes: int = 64 * 1024 * 1024
     """Largest batch a site may send (compressed, and once decompressed)."""
+    downlink: list[str] = field(default_factory=_default_downlink)
+    """Topic filters of this hub's logs sent down to every site (default: the actions job's action topics);
+    a site's ``HELLO`` may ask for less, never more; ``[]`` = none."""
+    site_downlink: dict[str, list[str]] = field(default_factory=dict)
+    """Per site id, the topic filters sent down to that site instead of ``downlink`` (what is meant for
+    it: ``{plant-1: [actions/all, actions/groups/line-1]}``)."""
+
+    def downlink_of(self, site: str) -> list[str]:
+        """The topic filters of this hub's logs that ``site`` is sent, whatever it asks for."""
+        return self.site_downlink.get(site, self.downlink)
 
     def __post_init__(self) -> None:
         if not self.tls.cafile:
@@ -204,6 +208,28 @@ class UplinkHubConfig:
                 raise ConfigError(name, f"must be an integer >= 1, got {getattr(self, name)!r}")
         if not self.request_timeout_s > 0:
             raise ConfigError("request_timeout_s", f"must be > 0, got {self.request_timeout_s!r}")
+        _check_downlink(self.downlink, "downlink")
+        if not isinstance(self.site_downlink, dict):
+            raise ConfigError("site_downlink", "must map site ids to lists of topic filters")
+        for site, filters in self.site_downlink.items():
+            if not isinstance(site, str) or not SITE_ID.match(site):
+                raise ConfigError(f"site_downlink.{site}", f"not a site id: {site!r}")
+            _check_downlink(filters, f"site_downlink.{site}")
+
+
+def _check_downlink(filters: object, name: str) -> None:
+    """Topic filters of a hub's own logs (none of its ``$`` topics), or a ``ConfigError`` naming the one."""
+    if not isinstance(filters, list):
+        raise ConfigError(name, f"must be a list of topic filters, got {filters!r}")
+    for index, topic_filter in enumerate(filters):
+        try:
+            if not isinstance(topic_filter, str):
+                raise InvalidTopic(f"not a string: {topic_filter!r}")
+            validate_topic_filter(topic_filter)
+        except InvalidTopic as error:
+            raise ConfigError(f"{name}[{index}]", str(error)) from None
+        if topic_filter.startswith("$"):
+            raise ConfigError(f"{name}[{index}]", f"the hub's '$' topics are its own: {topic_filter!r}")
 
 
 def _positive_int(value: object) -> bool:

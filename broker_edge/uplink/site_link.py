@@ -47,6 +47,8 @@ from broker_edge.uplink.wire import (
     decode_batch,
     encode,
     encode_batch,
+    ends_of,
+    seq_of,
 )
 
 if TYPE_CHECKING:
@@ -383,9 +385,9 @@ class SiteLink:
         answer = decode(message.data)
         if answer.kind == ERROR:
             raise WireError(f"the hub refused: {answer.header.get('message')}")
-        if answer.kind != ENDS or not isinstance(answer.header.get("ends"), dict):
+        if answer.kind != ENDS:
             raise WireError("the hub did not answer HELLO with its ends")
-        self.hub_ends = {str(topic): int(end) for topic, end in answer.header["ends"].items()}
+        self.hub_ends = ends_of(answer.header.get("ends"), "the hub's ends")
         self._check_hub_ends()
         self.connected = True
         self.last_contact = time.time()
@@ -420,9 +422,10 @@ class SiteLink:
             decoded = decode(message.data)
             self.last_contact = time.time()
             if decoded.kind == ACK:
-                for topic, end in decoded.header.get("ends", {}).items():
-                    self.hub_ends[topic] = max(self.hub_ends.get(topic, 0), int(end))
-                window.acknowledged(int(decoded.header.get("seq", -1)))
+                seq = seq_of(decoded.header.get("seq"))
+                for topic, end in ends_of(decoded.header.get("ends", {}), "the ACK's ends").items():
+                    self.hub_ends[topic] = max(self.hub_ends.get(topic, 0), end)
+                window.acknowledged(seq)
             elif decoded.kind == DOWN:
                 await self._apply_down(decode_batch(decoded, MAX_DOWN_BYTES))
             elif decoded.kind == ERROR:

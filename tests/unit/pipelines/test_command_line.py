@@ -84,3 +84,23 @@ def test_every_command_says_its_exit_statuses_in_its_help(capsys: pytest.Capture
     assert silent == []
     assert main(["--help"]) == 0
     assert "exit status: 0" in capsys.readouterr().out
+
+
+def test_the_sparkplug_host_and_the_simulators_payload_formats_are_on_the_command_line(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["sparkplug-host", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert (
+        out.startswith("usage: timestone sparkplug-host ")
+        and "--host-id" in out
+        and "--rebirth-interval" in out
+    )
+    with pytest.raises(SystemExit) as done:
+        main(["devices", "simulate", "--help"])
+    out = capsys.readouterr().out
+    assert "--payload {json,cbor,protobuf,sparkplug_b}" in out and "--devices-per-node" in out
+    with pytest.raises(SystemExit) as done:
+        main(["devices", "simulate", "--payload", "sparkplug_b", "--procs", "2"])
+    assert done.value.code == 2
+    assert "--payload sparkplug_b runs in one process (--procs 1)" in capsys.readouterr().err
