@@ -101,6 +101,19 @@ def test_bytes_that_are_no_json_object_are_refused_not_raised_as_anything_else(v
         parse_partition_state(3, value, 16)
 
 
+@pytest.mark.parametrize(
+    ("epoch", "shown"),
+    [(b"1e400", "got inf"), (b"NaN", "got nan"), (b"7.0", "got 7.0"), (b"-Infinity", "got -inf")],
+)
+def test_a_number_json_cannot_give_as_an_integer_is_refused_naming_the_field(
+    epoch: bytes, shown: str
+) -> None:
+    value = encoded(STATE).replace(b'"epoch": 7', b'"epoch": ' + epoch)
+    assert value != encoded(STATE)
+    with pytest.raises(BadValue, match=f"partition 3.epoch must be an integer, {shown}"):
+        parse_partition_state(3, value, 16)
+
+
 def test_epochs_never_go_back_and_one_epoch_names_one_leader() -> None:
     held = PartitionState(3, "b2", 7, ("b1", "b2"), ("b1", "b2"))
     check_progress(held, PartitionState(3, "b1", 8, ("b1", "b2"), ("b1",)))  # an election
