@@ -24,6 +24,12 @@ COMMANDS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "add, change or delete a user in a password file",
         (),
     ),
+    "pki": (
+        "broker_edge.pki.cli",
+        "pki_main",
+        "certificates: a CA, then listeners', members', etcd's, sites': timestone pki ca | issue | renew",
+        (),
+    ),
     "cluster": (
         "broker_edge.cluster.coordination.status",
         "cluster_main",

@@ -2,9 +2,10 @@
 
 glibc's heaps bounded (``heap_trim.bound_arenas``) before any thread starts, uvloop when available, logging
 from the config, SIGINT / SIGTERM for a graceful stop (clients told, the commitlog flushed), SIGHUP to
-re-read the password file, the ACL file, the readers' tokens file and the certificates (the offsets API's,
-a cluster member's and its CAs, etcd's client certificate). Exit status: 0 after a clean stop, 2 for a
-configuration error (the message names the key), 1 if the broker cannot start (e.g. the port is taken).
+re-read the password file, the ACL file, the readers' tokens file and the certificates (the TLS listeners',
+the offsets API's, the uplink hub's, a cluster member's and its CAs, etcd's client certificate). Exit
+status: 0 after a clean stop, 2 for a configuration error (the message names the key), 1 if the broker
+cannot start (e.g. the port is taken).
 """
 
 from __future__ import annotations
@@ -152,6 +153,19 @@ def reload_files(broker: Broker) -> None:
             log.error("readers' tokens not reloaded, the previous ones stay in force: %s", exc)
         else:
             log.info("readers' tokens reloaded from %s: %d in force", tokens.file, count)
+    for listener in broker.listeners:
+        if listener.tls_contexts is None:
+            continue
+        try:
+            listener.tls_contexts.reload()
+        except Exception as exc:
+            log.error(
+                "listener %s: certificate not reloaded, the previous one stays in force: %s",
+                listener.name,
+                exc,
+            )
+        else:
+            log.info("listener %s: certificate and CAs reloaded", listener.name)
     if broker.offsets_tls is not None:
         try:
             broker.offsets_tls.reload()
