@@ -66,7 +66,8 @@ def test_telemetry_notebook_with_no_setting_draws_the_demo_fleet_a_device_and_da
     across = run.charts["fleet_metric_chart"]
     minutes_of_fleet = tables["device_minute"].dropna(subset=["temperature_avg"])
     reporting = minutes_of_fleet.groupby("minute").size()
-    assert across.title == f"Fleet: temperature of up to {reporting.max()} devices over {len(reporting)} minutes"
+    expected = f"Fleet: temperature of up to {reporting.max()} devices over {len(reporting)} minutes"
+    assert across.title == expected
     assert across.points == 2 * len(reporting) > 0  # the median and the devices reporting, every minute
 
     quality = run.charts["quality_chart"]
