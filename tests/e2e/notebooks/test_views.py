@@ -144,7 +144,11 @@ def test_fleet_counts_devices_by_firmware_and_group(tmp_path):
 
 def test_one_metric_across_the_fleet_per_minute_and_its_chart(tmp_path):
     store = open_tables(None, str(tmp_path))
-    averages = {"d1": [20.0, 21.0, 22.0], "d2": [30.0, 31.0], "d3": [10.0, None, 12.0]}
+    averages: dict[str, list[float | None]] = {
+        "d1": [20.0, 21.0, 22.0],
+        "d2": [30.0, 31.0],
+        "d3": [10.0, None, 12.0],
+    }
     rows = [
         {"device_id": d, "minute": at(60 * m), "event_date": at(0).date(), "count": 1, "temperature_avg": v}
         for d, values in averages.items()
