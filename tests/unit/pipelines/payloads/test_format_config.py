@@ -83,8 +83,8 @@ def test_a_mistake_names_its_key(entries, key, message):
 
 
 def protobuf_entry(descriptor_set: str, message: str = EXAMPLE_MESSAGE) -> list[TopicFormat]:
-    entry = {"topic_template": T, "format": "protobuf"}
-    entry["protobuf"] = {"descriptor_set": descriptor_set, "message": message}
+    protobuf = {"descriptor_set": descriptor_set, "message": message}
+    entry = {"topic_template": T, "format": "protobuf", "protobuf": protobuf}
     return load_dataclass(Section, {"formats": [entry]}).formats
 
 
