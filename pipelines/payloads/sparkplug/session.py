@@ -47,7 +47,9 @@ class Record:
     payload: bytes | None
 
 
-#: The columns of every row :meth:`EdgeNodeSession.process` returns, whatever its kind (unused ones None).
+#: The columns of every row :meth:`EdgeNodeSession.process` returns, whatever its kind (unused ones None). A
+#: metric row is identified by its record (broker, topic, offset) and ``metric_index``, its place in the
+#: payload (a payload may carry one metric several times: historical values).
 ROW_COLUMNS = (
     "kind",
     "broker",
@@ -60,6 +62,7 @@ ROW_COLUMNS = (
     "message_type",
     "seq",
     "seq_gap",
+    "metric_index",
     "metric",
     "alias",
     "datatype",
@@ -228,6 +231,7 @@ class EdgeNodeSession:
             name, datatype = resolved
             value = metric_value(metric, datatype)
             row = _row(record, topic, METRIC, seq=payload.seq, seq_gap=seq_gap)
+            row["metric_index"] = metric.index
             row["metric"] = name
             row["alias"] = metric.alias
             row["datatype"] = datatype
