@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 
 from pipelines.fleet.cli import broker_address, signal_stop
 from pipelines.sparkplug_host.host import SparkplugHost
@@ -14,6 +15,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="timestone sparkplug-host",
         description="Publish this host application's Sparkplug B STATE (online while it runs, its will "
         "offline) and ask edge nodes whose births it has not seen for a rebirth.",
+        epilog="exit status: 0 stopped (Ctrl-C, SIGTERM); 1 the broker cannot be reached; 2 a wrong command "
+        "line; 3 optional dependencies missing",
     )
     parser.add_argument("--broker", type=broker_address, default=("127.0.0.1", 1883), help="HOST:PORT")
     parser.add_argument("--host-id", default="timestone", help="the Sparkplug host id (default timestone)")
@@ -27,7 +30,11 @@ async def _run(args: argparse.Namespace) -> int:
     host, port = args.broker
     sparkplug = SparkplugHost(host, port, args.host_id, rebirth_interval_s=args.rebirth_interval)
     stop = signal_stop()
-    await sparkplug.start()
+    try:
+        await sparkplug.start()
+    except OSError as error:
+        print(f"timestone sparkplug-host: cannot reach {host}:{port}: {error}", file=sys.stderr)
+        return 1
     print(f"Sparkplug B host {args.host_id} online on {host}:{port} ({sparkplug.topic})", flush=True)
     await stop.wait()
     await sparkplug.stop()

@@ -29,6 +29,8 @@ def test_devices_simulate_command_publishes_telemetry(tmp_path):
                 "0.3",
                 "--duration",
                 "3",
+                "--id-prefix",
+                "site1-",  # ends in a separator: kept as it is
             ],
             capture_output=True,
             text=True,
@@ -37,7 +39,8 @@ def test_devices_simulate_command_publishes_telemetry(tmp_path):
         assert result.returncode == 0, result.stderr
         assert "5 devices connected" in result.stdout
         logs = OffsetsClient(broker.offsets_url).list_logs("devices/+/telemetry")
-        assert len(logs) == 5 and all(log.end_offset >= 1 for log in logs)
+        assert sorted(log.topic for log in logs) == [f"devices/site1-{n:05d}/telemetry" for n in range(5)]
+        assert all(log.end_offset >= 1 for log in logs)
 
 
 def test_offline_device_gets_an_action_from_its_held_offset_after_a_broker_restart(tmp_path):
