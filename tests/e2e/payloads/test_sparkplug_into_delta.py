@@ -10,17 +10,14 @@ fails after its append and is replayed.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
-from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
 
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.runtime.launcher import BrokerProcess
+from pipelines.fleet.background import LoopThread
 from pipelines.fleet.sparkplug_node import DEVICE_METRICS, NODE_METRICS
 from pipelines.payloads.spark_sparkplug import sparkplug_rows, with_times
 from pipelines.payloads.sparkplug.encode import rebirth_request
@@ -33,28 +30,6 @@ pytestmark = pytest.mark.spark
 
 BIRTH_ROWS = 2 + len(NODE_METRICS) + 2 * len(DEVICE_METRICS)  # bdSeq, Node Control/Rebirth; two devices
 DATA_ROWS = 2 * len(DEVICE_METRICS)  # one DDATA per device
-
-
-class Loop:
-    """An event loop on a thread of its own: the edge node lives on it across the test's steps."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, work: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(work, self.loop).result(30)
-
-    def call(self, function: Callable[[], Any]) -> Any:
-        async def call() -> Any:
-            return function()
-
-        return self.run(call())
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
 
 
 def logged(broker: BrokerProcess) -> dict[str, int]:
@@ -77,7 +52,8 @@ def test_an_edge_node_into_sparkplug_metrics_exactly_once_through_a_death_a_brok
     store = open_table_store(None, str(tmp_path / "tables"), "delta-rs", TableCatalog([sparkplug_metrics()]))
     store.ensure(SPARKPLUG_METRICS)
     broker = BrokerProcess(tmp_path / "broker").start()
-    loop = Loop()
+    loop = LoopThread("edge-node")
+    loop.start()
     presence: list[tuple[str | None, bool]] = []
     fail_once = {"armed": False}
 
