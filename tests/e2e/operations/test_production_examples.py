@@ -33,3 +33,22 @@ def test_a_production_broker_starts_as_written_and_serves_devices_and_readers(tm
     (log,) = done.logs.values()
     assert "listening: devices tls on 0.0.0.0:8883 (anonymous refused)" in log
     assert " WARNING " not in log and " ERROR " not in log
+
+
+CLUSTER_HOSTS = {f"b{n}.plant.example": f"10.0.0.1{n}" for n in (1, 2, 3)}
+
+
+def test_a_cluster_of_three_on_etcd_with_tls_and_auth_starts_as_written(tmp_path: Path) -> None:
+    done = run_as_written(commands(DOC, "cluster"), CLUSTER_HOSTS, tmp_path, timeout_s=360)
+    assert done.returncode == 0, done.output[-5000:]
+    lines = done.output.splitlines()
+    assert "22.5" in lines  # published on b1, read on b3
+    assert any("3 members live, 16 partitions" in line for line in lines)
+    assert "root" in lines and "timestone-plant" in lines  # `user list` after auth enable, as root by its CN
+    brokers = {command: log for command, log in done.logs.items() if command.startswith("timestone broker")}
+    etcds = {command: log for command, log in done.logs.items() if command.startswith("etcd ")}
+    assert len(brokers) == 3 and len(etcds) == 3
+    for log in brokers.values():
+        assert "members' endpoint on port 9885" in log
+        alarms = [line for line in log.splitlines() if " WARNING " in line or " ERROR " in line]
+        assert [line for line in alarms if "403" in line or "not_a_member" in line] == []
