@@ -12,8 +12,8 @@ one: a network namespace with a bridge (10.0.0.0/24, this side 10.0.0.254) on wh
 (``hosts``: name -> address, written to ``/etc/hosts``) is a network namespace of its own, where a block
 marked ``host=NAME`` runs; and a mount namespace, shared by all, where ``/etc``, ``/var/lib`` and ``/opt``
 are overlays whose changes land in a directory of the test (so ``/etc/timestone`` and ``/var/lib/timestone``
-are the doc's own paths). The working directory is this checkout (the doc's ``conf/examples/...``) and ``timestone`` is its command. Needs
-root (namespaces, mounts).
+are the doc's own paths). The working directory is this checkout (the doc's ``conf/examples/...``) and
+``timestone`` is its command. Needs root (namespaces, mounts).
 """
 
 from __future__ import annotations
