@@ -18,8 +18,10 @@ are the doc's own paths). The working directory is this checkout (the doc's ``co
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -69,7 +71,7 @@ ip addr add 10.0.0.254/24 dev lan
 ip link set lan up
 declare -A host_pid
 add_host() {{  # a network namespace of its own, on the bridge: a host of the doc
-    unshare --net sleep infinity &
+    unshare --net sleep infinity > /dev/null 2>&1 &
     host_pid[$1]=$!
     ip link add "v$!" type veth peer name eth0 netns "$!"
     ip link set "v$!" master lan up
@@ -156,15 +158,22 @@ def run_as_written(
     logs.mkdir()
     script = directory / "commands.sh"
     script.write_text(_script(blocks, hosts, roots, logs))
-    done = subprocess.run(
+    process = subprocess.Popen(
         ["unshare", "--net", "--mount", "--propagation", "private", "bash", str(script)],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=timeout_s,
+        start_new_session=True,
     )
+    try:
+        output, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:  # everything the doc started goes with it
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        output += f"\n(stopped after {timeout_s} s)"
     served = {
         path.with_suffix(".log.command").read_text().strip(): path.read_text()
         for path in sorted(logs.glob("served-*.log"))
         if path.with_suffix(".log.command").exists()
     }
-    return Done(done.returncode, done.stdout + done.stderr, served)
+    return Done(process.returncode, output, served)

@@ -52,3 +52,17 @@ def test_a_cluster_of_three_on_etcd_with_tls_and_auth_starts_as_written(tmp_path
         assert "members' endpoint on port 9885" in log
         alarms = [line for line in log.splitlines() if " WARNING " in line or " ERROR " in line]
         assert [line for line in alarms if "403" in line or "not_a_member" in line] == []
+
+
+def test_a_hub_and_a_site_start_as_written_and_the_sites_records_reach_the_hub(tmp_path: Path) -> None:
+    hosts = {"hub.example.com": "10.0.0.20", "gw.plant-1.example": "10.0.0.21"}
+    done = run_as_written(commands(DOC, "uplink"), hosts, tmp_path)
+    assert done.returncode == 0, done.output[-5000:]
+    listing = json.loads(next(line for line in done.output.splitlines() if line.startswith('{"logs"')))
+    assert [(log["topic"], log["end_offset"]) for log in listing["logs"]] == [
+        ("$site/plant-1/devices/device-1/temp", 1)
+    ]
+    status = done.output[done.output.index("site     connected") :].splitlines()[1].split()
+    assert status[:2] == ["plant-1", "yes"]  # `timestone uplink status` on the site
+    for log in done.logs.values():
+        assert " ERROR " not in log
