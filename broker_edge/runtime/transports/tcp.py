@@ -20,15 +20,17 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, cast
 
 from broker_edge.engine.connection.connection import Connection
+from broker_edge.engine.connection.states import CLOSED
 from broker_edge.http.tls_accept import HandshakeFailure, start_tls_server
 from broker_edge.runtime.transports.native import start_native_server
+from broker_edge.runtime.transports.turns import ReadTurns
 from broker_edge.security.tls import peer_common_name
 
 if TYPE_CHECKING:
     from broker_edge.engine.connection.connection import ConnectionHost
     from broker_edge.engine.connection.terms import ListenerRuntime
 
-__all__ = ["BACKLOG", "TcpConnection", "TcpServer", "report_tls_failures", "start_tcp_listener"]
+__all__ = ["BACKLOG", "TcpConnection", "TcpServer", "TurnsHost", "report_tls_failures", "start_tcp_listener"]
 
 _log = logging.getLogger("broker_edge.connection")
 
@@ -36,10 +38,47 @@ BACKLOG = 1024
 """Connections the kernel queues for a listener before the broker accepts them."""
 
 
+class TurnsHost(Protocol):
+    """What a TCP connection reads of its broker besides ``ConnectionHost``: the loop's read turns."""
+
+    read_turns: ReadTurns
+
+
 class TcpConnection(Connection):
-    """A ``Connection`` whose transport is an asyncio TCP (or TLS) transport."""
+    """A ``Connection`` whose transport is an asyncio TCP (or TLS) transport, its reads bounded per turn of
+    the event loop (``turns.ReadTurns``)."""
 
     __slots__ = ()
+
+    def data_received(self, data: bytes) -> None:
+        now = cast(TurnsHost, self.terms.host).read_turns.take(self, data)
+        if now is not None:
+            Connection.data_received(self, now)
+
+    def handle_bytes(self, data: bytes) -> None:
+        Connection.data_received(self, data)
+
+    def pause_for_turn(self) -> None:
+        transport = self.transport
+        if transport is not None:
+            transport.pause_reading()
+
+    def resume_after_turn(self) -> None:
+        transport = self.transport
+        if transport is not None and not self.held and self.terms.state != CLOSED:
+            transport.resume_reading()
+
+    def may_read(self) -> bool:
+        return not self.held and self.terms.state != CLOSED
+
+    def release(self, reason: int) -> None:
+        super().release(reason)
+        if not self.held:
+            cast(TurnsHost, self.terms.host).read_turns.wake(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        cast(TurnsHost, self.terms.host).read_turns.forget(self)
+        super().connection_lost(exc)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         limit = self.host.config.limits.outgoing_buffer_bytes
