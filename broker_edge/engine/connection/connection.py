@@ -81,6 +81,7 @@ if TYPE_CHECKING:
 
     from broker_edge.engine.connection.terms import ListenerRuntime
     from broker_edge.engine.sessions.session import Session
+    from broker_edge.engine.slow_subscribers import SlowSubscribers
     from broker_edge.protocol.codec import PublishTemplate
     from broker_edge.protocol.packets import Packet, Will
 
@@ -115,6 +116,8 @@ class ConnectionHost(BrokerContext, Protocol):
 
     partial_bytes: int
     """Bytes of packets not fully arrived, over all connections (``limits.max_partial_packet_bytes``)."""
+    slow_subscribers: SlowSubscribers
+    """What becomes of QoS 0 messages for a connection whose write buffer is full."""
 
     def connection_opened(self, conn: Connection) -> None:
         """Admit (or refuse) a new connection and start its CONNECT deadline."""
@@ -478,20 +481,16 @@ class Connection(asyncio.Protocol):
         self.transport = None
 
     def pause_writing(self) -> None:
-        """The transport's buffer passed ``limits.outgoing_buffer_bytes``: this subscriber is slow.
-
-        Policy ``drop_qos0``: its QoS 0 messages are dropped (counted per message) and QoS 1/2 wait in the
-        session until the buffer drains; ``disconnect``: the connection is dropped at once (counted as a
-        ``slow_subscriber`` disconnect). Either way nothing waits for it.
-        """
+        """The transport's buffer passed ``limits.outgoing_buffer_bytes``: this subscriber is slow. QoS 1/2
+        wait in the session until the buffer drains; its QoS 0 messages go as the broker's slow-subscriber
+        policy says (``engine.slow_subscribers``: its publishers held, or dropped, or it is disconnected)."""
         self.terms = self.terms.settle(paused=True)
-        if self.host.config.limits.slow_subscriber_policy == "disconnect" and self.terms.state != CLOSED:
-            self.log().warning("slow subscriber disconnected (outgoing buffer full)")
-            self.host.counters.disconnect("slow_subscriber")
-            self.host.call_soon(self.abort)
+        if self.terms.state != CLOSED:
+            self.host.slow_subscribers.paused(self)
 
     def resume_writing(self) -> None:
         self.terms = self.terms.settle(paused=False)
+        self.host.slow_subscribers.resumed(self)
         if self.session is not None and self.terms.state == CONNECTED:
             self.session.drain()
 
@@ -537,8 +536,7 @@ class Connection(asyncio.Protocol):
     ) -> bool:
         """Write one delivery; False when it was dropped (slow subscriber, larger than the client accepts)."""
         terms = self.terms
-        if qos == 0 and terms.paused:
-            terms.host.counters.drop("slow_subscriber")
+        if qos == 0 and terms.paused and not terms.host.slow_subscribers.deliver(self, message):
             return False
         template: PublishTemplate | None
         session = self.session  # once per delivery: look at the session only for a logged message
@@ -567,7 +565,7 @@ class Connection(asyncio.Protocol):
         head = template.head
         if qos == 0:
             if len(head) > terms.max_packet_out:
-                terms.host.counters.drop("too_large")
+                self._too_large(message)
                 return False
             out = self._out
             if out is None:
@@ -580,7 +578,7 @@ class Connection(asyncio.Protocol):
         else:
             tail = template.tail
             if len(head) + 2 + len(tail) > terms.max_packet_out:
-                terms.host.counters.drop("too_large")
+                self._too_large(message)
                 return False
             if dup:
                 head = bytes((head[0] | 0x08,)) + head[1:]
@@ -618,12 +616,25 @@ class Connection(asyncio.Protocol):
         alias = next(iter(aliases.values())) if full else len(aliases) + 1
         template = message.template(True, qos, retain, subscription_ids, alias, False, offsets)
         if len(template.head) + (len(template.tail) + 2 if qos else 0) > self.terms.max_packet_out:
-            self.host.counters.drop("too_large")
+            self._too_large(message)
             return None
         if full:
             del aliases[next(iter(aliases))]
         aliases[topic] = alias
         return template
+
+    def _too_large(self, message: Message) -> None:
+        """A delivery larger than the client's Maximum Packet Size: dropped ([MQTT-3.1.2-25]), counted and
+        said."""
+        host = self.host
+        host.counters.drop_for(
+            "too_large",
+            host.now(),
+            self.log,
+            "message dropped: larger than the subscriber's Maximum Packet Size",
+            topic=message.topic,
+            limit=self.terms.max_packet_out,
+        )
 
     def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None:
         self.write(encode(PubRel(packet_id, reason_code), self.version))
