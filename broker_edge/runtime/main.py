@@ -1,10 +1,11 @@
 """``run_broker``: the process around a ``Broker`` (the ``timestone broker --config FILE`` command).
 
-glibc's heaps bounded (``heap_trim.bound_arenas``) before any thread starts, uvloop when available, logging
-from the config, SIGINT / SIGTERM for a graceful stop (clients told, the commitlog flushed), SIGHUP to
-re-read the password file, the ACL file, the readers' tokens file and the certificates (the offsets API's,
-a cluster member's and its CAs, etcd's client certificate). Exit status: 0 after a clean stop, 2 for a
-configuration error (the message names the key), 1 if the broker cannot start (e.g. the port is taken).
+glibc's heaps bounded (``heap_trim.bound_arenas``) before any thread starts, the event loop the ``runtime``
+section names (uvloop by default), logging from the config, SIGINT / SIGTERM for a graceful stop (clients
+told, the commitlog flushed), SIGHUP to re-read the password file, the ACL file, the readers' tokens file and
+the certificates (the offsets API's, a cluster member's and its CAs, etcd's client certificate). Exit status:
+0 after a clean stop, 2 for a configuration error (the message names the key), 1 if the broker cannot start
+(e.g. the port is taken).
 """
 
 from __future__ import annotations
@@ -151,11 +152,10 @@ def run_broker(config_path: str | None) -> int:
         return 2
     configure_logging(config.logging)
     bound_arenas()  # before the store, the hasher or an executor starts a thread
-    try:
+    asyncio_run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
+    if config.runtime.event_loop == "uvloop":
         import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        asyncio_run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
-    else:
+
         asyncio_run = uvloop.run
     try:
         asyncio_run(serve(config))
