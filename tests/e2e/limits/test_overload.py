@@ -15,8 +15,8 @@ import threading
 import urllib.request
 
 from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import PingReq, PingResp, Publish
-from tests.e2e.broker_clients import TIMEOUT, PahoClient, RawClient, wait_for
+from broker_edge.protocol.packets import PingReq, PingResp, Publish, Subscription
+from tests.e2e.broker_clients import TIMEOUT, PahoClient, RawClient, stalled_subscriber, wait_for
 
 NO_RATE_LIMITS = {"messages_per_second_per_client": 0, "new_connections_per_second": 0}
 PUBLISHERS = 16
@@ -98,25 +98,13 @@ def test_a_qos0_flood_from_16_publishers_reaches_its_subscriber_while_the_broker
     assert broker.metric("timestone_broker_read_turns_cut_total") > 0  # the flood was read over many turns
 
 
-def stalled(broker, client_id: str, topic: str) -> RawClient:
-    """A v3.1.1 subscriber of ``topic`` (QoS 0) with a small receive window, that the test does not read."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
-    sock.settimeout(TIMEOUT)
-    sock.connect(("127.0.0.1", broker.port))
-    client = RawClient(broker.port, 4, sock=sock)
-    client.connect(client_id)
-    client.subscribe(topic, 0)
-    return client
-
-
 MANY = 16_000
 BIG = b"b" * 1024
 
 
 def test_a_slow_subscriber_slows_its_publishers_down_and_loses_nothing(start_broker):
     broker = start_broker(limits={**NO_RATE_LIMITS, "outgoing_buffer_bytes": 65_536})
-    slow = stalled(broker, "slow", "data/#")
+    slow = stalled_subscriber(broker.port, "slow", [Subscription("data/#", 0)], 4)
     publisher = RawClient(broker.port, 4)
     publisher.connect("publisher")
     publisher.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65_536)
@@ -150,7 +138,7 @@ def test_a_subscriber_that_stops_reading_lets_its_publishers_go_and_every_drop_i
     broker = start_broker(
         limits={**NO_RATE_LIMITS, "outgoing_buffer_bytes": 65_536, "slow_subscriber_hold_s": 0.5}
     )
-    stuck = stalled(broker, "stuck", "data/#")
+    stuck = stalled_subscriber(broker.port, "stuck", [Subscription("data/#", 0)], 4)
     healthy = PahoClient(broker.port, "healthy")
     healthy.subscribe("data/#", 0)
     publisher = PahoClient(broker.port, "publisher")
