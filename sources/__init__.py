@@ -14,10 +14,15 @@ def register_sources(spark: SparkSession) -> None:
     """Register ``timestone`` (MQTT records from the brokers' commitlogs) and ``delta_cdf`` with ``spark``.
 
     Imports happen here so that importing ``sources.options`` or the planner does not pull in pyspark.
-    ``timestone`` takes the session's ``defaultParallelism`` as its default ``minPartitions``.
+    ``timestone`` takes the session's ``defaultParallelism`` as its default ``minPartitions``. A local
+    session's workers are given a Python that imports this package first (``worker_python``): one that
+    cannot is an error now, not in the middle of the first batch.
     """
     from .delta_cdf import DeltaCdfDataSource
     from .timestone_source import TimestoneDataSource
+    from .worker_python import choose_worker_python
+
+    choose_worker_python(spark)
 
     spark.dataSource.register(TimestoneDataSource.for_session(spark))
     spark.dataSource.register(DeltaCdfDataSource)

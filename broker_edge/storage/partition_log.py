@@ -17,7 +17,6 @@ the end stops at once) and returns where each wanted record is.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import logging
 import os
@@ -798,15 +797,6 @@ class PartitionLog:
         table.dropped[topic_id] = 0
 
     # -- whole-partition reads -------------------------------------------------------------------------
-
-    def segment_at(self, position: int) -> Segment | None:
-        """The segment holding the entry at `position` (None past the end or below the start)."""
-        bases = [segment.base for segment in self.segments]
-        index = bisect.bisect_right(bases, position) - 1
-        if index < 0:
-            return None
-        segment = self.segments[index]
-        return segment if position < segment.base + segment.row_count else None
 
     def byte_position(self, segment: Segment, row: int) -> int:
         """The byte position of `row` of `segment` (a sealed one: from its sparse rows, then its entries)."""

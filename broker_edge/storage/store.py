@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from broker_edge.bounds import MAX_OFFSET
 from broker_edge.log_info import LogInfo
 from broker_edge.observe import path_trace
+from broker_edge.placement import partition_of
 from broker_edge.protocol.topics import topic_matches
 
 from . import record
@@ -571,7 +573,7 @@ class LogStore:
         if len(self._names) >= MAX_TOPIC_ID:
             raise TooManyTopics(topic, MAX_TOPIC_ID)
         assert self._catalog is not None
-        partition = _partition_of(topic, self.config.partitions)
+        partition = partition_of(topic, self.config.partitions)
         topic_id = self._catalog.add(topic, partition)
         new.names.append(topic)
         new.partitions.append(partition)
@@ -734,6 +736,8 @@ class LogStore:
         (a mirror's gap, docs/uplink.md). The records held stay readable and the log continues at `at`;
         the offsets between are a gap, never served (a read of one raises `CorruptRecord` naming `at`, as
         for records lost to damage). A log that holds nothing restarts at `at` instead."""
+        if at is not None and not 0 <= at <= MAX_OFFSET:
+            raise InvalidRecord(f"frames for {topic!r} refused: offset {at} is past what a log holds")
         topic_id = self._writable_id(topic, "")
         table = self._table
         first = table.next[topic_id]
@@ -762,6 +766,8 @@ class LogStore:
             ) from None
         if not checked:
             return first
+        if offset > MAX_OFFSET:
+            raise InvalidRecord(f"frames for {topic!r} refused: they end at {offset}, past {MAX_OFFSET}")
         part = self._partitions[table.partition[topic_id]]
         if first > table.next[topic_id]:  # a gap: its marker says where the log goes on, through any restart
             part.leave_active_segment(topic_id)
@@ -790,6 +796,7 @@ class LogStore:
 
     def import_start(self, topic: str, offset: int) -> None:
         """Start an empty log of `topic` at `offset` (a restart marker, made durable by the next flush)."""
+        _check_offset(topic, offset)
         topic_id = self._ids.get(topic)
         if topic_id is None:
             topic_id = self._create(topic, "")
@@ -879,7 +886,8 @@ class LogStore:
             self.checkpoint_committed()
 
     def restart_at(self, topic: str, offset: int) -> None:
-        """Empty `topic`'s log (created if absent) and continue it at `offset`."""
+        """Empty `topic`'s log (created if absent) and continue it at `offset` (at most `MAX_OFFSET`)."""
+        _check_offset(topic, offset)
         topic_id = self._ids.get(topic)
         if topic_id is None:
             topic_id = self._create(topic, "")
@@ -1405,11 +1413,9 @@ class LogStore:
             self._pattern_waiters.remove(waiter)
 
 
-def _partition_of(topic: str, partitions: int) -> int:
-    """A new topic's partition: what a cluster computes for its partitions (`cluster.view.partition_of`)."""
-    if partitions == 1:
-        return 0
-    return record.crc32c(topic.encode("utf-8")) % partitions
+def _check_offset(topic: str, offset: int) -> None:
+    if not 0 <= offset <= MAX_OFFSET:
+        raise StorageError(f"{topic!r} cannot go on at offset {offset}: a log ends at {MAX_OFFSET} at most")
 
 
 def _literal_prefix(pattern: str | None) -> str:

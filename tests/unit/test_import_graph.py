@@ -36,7 +36,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("broker_edge.settings",),
     ("broker_edge.security", "broker_edge.storage", "broker_edge.process"),
     ("broker_edge.observe",),
-    ("broker_edge.config", "broker_edge.protocol", "broker_edge.log_info"),
+    ("broker_edge.config", "broker_edge.protocol", "broker_edge.log_info", "broker_edge.placement"),
+    ("broker_edge.bounds",),
     ("broker_edge",),
 )
 """The parts of the four packages, top layer first; a part is a folder (or a module) and what it holds."""

@@ -48,7 +48,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from broker_edge.cluster.view import PartitionState
+from broker_edge.placement import PartitionState
 
 __all__ = [
     "MOVES_AT_ONCE",

@@ -25,7 +25,7 @@ from typing import Any
 from broker_edge.cluster.coordination.controller import read_log_ends
 from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd, EtcdError
 from broker_edge.cluster.coordination.etcd_values import BadValues, read_cluster
-from broker_edge.cluster.view import Member, PartitionState
+from broker_edge.placement import Member, PartitionState
 from broker_edge.settings.cluster import EtcdAuthConfig, EtcdTlsConfig, etcd_endpoint
 
 __all__ = ["ClusterStatus", "cluster_main", "read_status", "render"]

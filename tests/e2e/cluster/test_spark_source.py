@@ -20,7 +20,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from broker_edge.cluster.discovery import ClusterDiscovery
+from broker_edge.offsets_api.discovery import ClusterDiscovery
 from broker_edge.runtime.launcher import BrokerProcess
 from sources.cluster_reader import ClusterFetch, read_cluster_slices
 from sources.offsets_planner import Slice

@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from broker_edge.cluster.view import partition_of
+from broker_edge.placement import partition_of
 from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient, close_all
 from tests.e2e.cluster.conftest import EtcdTarget

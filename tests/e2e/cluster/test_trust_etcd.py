@@ -22,9 +22,8 @@ import pytest
 
 from broker_edge.cluster.coordination.etcd import EtcdError
 from broker_edge.cluster.coordination.etcd_values import BadValue, parse_partition_state
-from broker_edge.cluster.view import Member, PartitionState, partition_of
+from broker_edge.placement import Member, PartitionState, partition_of
 from broker_edge.runtime.launcher import BrokerProcess
-from broker_edge.runtime.local_cluster import EtcdTarget
 from tests.e2e.broker_clients import PahoClient, wait_for
 from tests.e2e.cluster.intruders import READER_SECTIONS, READER_TOKEN, Recorder
 from tests.e2e.cluster.proof import (
@@ -37,6 +36,7 @@ from tests.e2e.cluster.proof import (
     wait_until,
 )
 from tests.e2e.cluster.test_trust_members import topic_led_by
+from tests.harness.local_cluster import EtcdTarget
 
 pytestmark = pytest.mark.timeout(180)
 

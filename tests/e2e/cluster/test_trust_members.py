@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.cluster.view import partition_of
+from broker_edge.placement import partition_of
 from broker_edge.runtime.launcher import BrokerProcess
 from broker_edge.runtime.local_pki import LocalPki
 from tests.e2e.broker_clients import PahoClient, wait_for

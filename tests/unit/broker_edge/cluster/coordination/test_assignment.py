@@ -23,7 +23,7 @@ from broker_edge.cluster.coordination.assignment import (
     replica_counts,
     shrink_replicas,
 )
-from broker_edge.cluster.view import PartitionState
+from broker_edge.placement import PartitionState
 
 
 def by_partition(states: list[PartitionState]) -> dict[int, PartitionState]:
