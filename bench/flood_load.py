@@ -87,9 +87,7 @@ class _Client(asyncio.Protocol):
             return
         if self.scanner.connack_code not in (None, 0):
             self.ready.set_exception(ConnectionRefusedError(f"CONNACK {self.scanner.connack_code}"))
-        elif self.scanner.connack_code == 0 and self.subscribe is None:
-            self.ready.set_result(None)
-        elif self.scanner.suback_codes:
+        elif (self.scanner.connack_code == 0 and self.subscribe is None) or self.scanner.suback_codes:
             self.ready.set_result(None)
         elif self.scanner.connack_code == 0 and not self.subscribed:
             assert self.transport is not None and self.subscribe is not None
