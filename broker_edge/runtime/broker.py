@@ -233,7 +233,8 @@ class Broker(BrokerCore):
                     from broker_edge.runtime.transports.tcp import start_tcp_listener
 
                     with naming_endpoint(label, listener_config.host, listener_config.port):
-                        server = await start_tcp_listener(self, runtime)
+                        # a cluster member accepts clients once it has joined (see below)
+                        server = await start_tcp_listener(self, runtime, serving=config.cluster is None)
                     self._servers.append(server)
                     runtime.port = server.sockets[0].getsockname()[1]
                 self.ports[runtime.name] = runtime.port
@@ -261,9 +262,12 @@ class Broker(BrokerCore):
                 await self._start_offsets_api(self.store)
             if config.cluster is not None:
                 from broker_edge.cluster.node import ClusterNode
+                from broker_edge.runtime.transports.tcp import start_accepting
 
                 self.cluster_node = ClusterNode(self, config.cluster)
                 await self.cluster_node.start()
+                for server in self._servers:  # only now: a publish is never taken as a broker alone's
+                    await start_accepting(server)
             await self._start_uplink_hub()
             self._start_site_link()
         except BaseException:

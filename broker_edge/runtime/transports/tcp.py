@@ -13,6 +13,7 @@ and reason) and logged as a refusal (``report_tls_failures``).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import socket
 from asyncio.trsock import TransportSocket
@@ -30,7 +31,15 @@ if TYPE_CHECKING:
     from broker_edge.engine.connection.connection import ConnectionHost
     from broker_edge.engine.connection.terms import ListenerRuntime
 
-__all__ = ["BACKLOG", "TcpConnection", "TcpServer", "TurnsHost", "report_tls_failures", "start_tcp_listener"]
+__all__ = [
+    "BACKLOG",
+    "TcpConnection",
+    "TcpServer",
+    "TurnsHost",
+    "report_tls_failures",
+    "start_accepting",
+    "start_tcp_listener",
+]
 
 _log = logging.getLogger("broker_edge.connection")
 
@@ -121,17 +130,28 @@ class TcpServer(Protocol):
 
     def close(self) -> None: ...
 
+    def start_serving(self) -> object: ...
+
     async def wait_closed(self) -> None: ...
 
 
-async def start_tcp_listener(broker: ConnectionHost, listener: ListenerRuntime) -> TcpServer:
-    """Bind the listener (plain or TLS) and start accepting; returns its server."""
+async def start_tcp_listener(
+    broker: ConnectionHost, listener: ListenerRuntime, serving: bool = True
+) -> TcpServer:
+    """Bind the listener (plain or TLS) and start accepting (``serving=False``: once ``start_accepting``
+    says so); returns its server."""
     config = listener.config
     ssl_context = listener.ssl_context
     if ssl_context is None and config.transport == "native":
         limit = broker.config.limits.outgoing_buffer_bytes
         return start_native_server(
-            lambda: TcpConnection(broker, listener), config.host, config.port, BACKLOG, (limit, limit // 2)
+            lambda: TcpConnection(broker, listener),
+            config.host,
+            config.port,
+            BACKLOG,
+            (limit, limit // 2),
+            config.reuse_port,
+            serving,
         )
     if ssl_context is not None:
         return await start_tls_server(
@@ -142,11 +162,23 @@ async def start_tcp_listener(broker: ConnectionHost, listener: ListenerRuntime) 
             broker.config.limits.connect_timeout_s,
             report_tls_failures(broker, listener.name),
             BACKLOG,
+            reuse_port=config.reuse_port,
+            serving=serving,
         )
     return await asyncio.get_running_loop().create_server(
         lambda: TcpConnection(broker, listener),
         config.host,
         config.port,
         reuse_address=True,
+        reuse_port=config.reuse_port or None,
         backlog=BACKLOG,
+        start_serving=serving,
     )
+
+
+async def start_accepting(server: TcpServer) -> None:
+    """Accept on a listener started with ``serving=False`` (the loop's servers start serving in a
+    coroutine, the broker's own at once)."""
+    started = server.start_serving()
+    if inspect.isawaitable(started):
+        await started

@@ -206,4 +206,5 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
         limits.max_connections,
         limits.connect_timeout_s,  # the TLS handshake and the upgrade request, as a TCP listener's CONNECT
         on_tls_failure=report_tls_failures(broker, listener.name),
+        reuse_port=config.reuse_port,
     )
