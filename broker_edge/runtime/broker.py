@@ -302,6 +302,10 @@ class Broker(BrokerCore):
         self.metrics.gauge(
             "tail_cache_max_bytes", "The bound on the tail caches' memory (storage.tail_cache_total_bytes)."
         ).set(budget.max_bytes)
+        self.metrics.gauge(
+            "storage_quarantined_logs",
+            "Logs set aside at open: they could not be opened, and are neither read nor written.",
+        ).set(len(report.quarantined))
         if self.config.sessions.persist:
             can_subscribe = self.acl.can_subscribe if self.acl is not None else None
             self.session_store = SessionStore(
@@ -555,6 +559,10 @@ class Broker(BrokerCore):
             "listeners": dict(self.ports),
             "uptime_s": int(time.time() - self.started_at),
             "commitlog": None if self.store is None else ("failed: " + str(failure) if failure else "ok"),
+            "quarantined_logs": [
+                {"topic": entry.topic, "reason": entry.reason, "since_ms": entry.since_ms}
+                for entry in (self.store.quarantined() if self.store is not None else [])
+            ],
         }
 
     # -- the one timer ------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from typing import Any
 
 from broker_edge.config.loader import ConfigError, load_yaml_file
 from broker_edge.process.parent_death import die_with_parent
+from broker_edge.runtime import stop_signals
 from broker_edge.settings.broker import BrokerConfig, load_broker_config
 from broker_edge.settings.cluster import ClusterConfig
 
@@ -250,12 +251,12 @@ class Member:
 
 def _member_process(run: RunBroker, config_path: str, node: str, parent: int) -> None:
     """The forked member: its own session (the command decides when it stops; SIGTERM if the command dies),
-    the signals as a fresh process has them, then ``timestone broker``."""
+    SIGINT and SIGTERM noted until its loop takes them (``stop_signals``, as ``timestone broker`` has them
+    from its start), then ``timestone broker``."""
     code = 1
     try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-            signal.signal(signum, signal.SIG_DFL)
         os.setsid()
         die_with_parent(signal.SIGTERM, parent)
         code = run(config_path, node)
@@ -333,6 +334,8 @@ def supervise(document: dict[str, Any], config: BrokerConfig, workers: int, run:
     base = Path(config.storage.directory) / WORKERS_DIRECTORY
     base.mkdir(parents=True, exist_ok=True)
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # taken by sigtimedwait below, never by a handler
+    if stop_signals.requested():  # before they were blocked: stopped before anything started
+        return 0
     etcd = LocalEtcd(base) if config.cluster is None else None
     try:
         etcd_url = etcd.start() if etcd is not None else None

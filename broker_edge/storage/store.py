@@ -55,6 +55,7 @@ from .layout import layout_of, layout_version, open_layout
 from .partition_log import PartitionConfig, PartitionLog, PartitionPending
 from .partition_reads import PositionOutOfRange, TopicFilters, position_for_timestamp, read_entries
 from .persistence import CREATES_LOG, LOGGED, NOT_LOGGED, PersistenceRules, check_filter
+from .quarantine import QUARANTINE_FILE, LogQuarantined, QuarantinedLog, set_aside
 from .read_cache import BLOCK_MAX_BYTES, BLOCK_RECORDS, Block, ReadCache
 from .recent import RecentWindows
 from .record import FrameError, Record, RecordFields, check_frame, decode_frame
@@ -103,6 +104,9 @@ class RecoveryReport:
     """Entries read and checked one by one (the tail after the last open-index checkpoint)."""
     repaired: list = field(default_factory=list)
     """Partitions whose tail was truncated or that hold damaged records (`PartitionRepair`)."""
+    quarantined: list[QuarantinedLog] = field(default_factory=list)
+    """Logs set aside: they could not be opened (now or at an earlier open), and are neither read nor
+    written (`quarantine`)."""
     seconds: float = 0.0
 
 
@@ -255,6 +259,8 @@ class LogStore:
         self._syncfs_checked = False
         self._opened = False
         self._closed = False
+        self._quarantined: dict[int, QuarantinedLog] = {}
+        """The logs set aside at open, by topic id."""
         self.refusals = 0
         """Appends refused because `max_topics` logs exist (counted since open)."""
         self._refusals_logged = 0
@@ -279,6 +285,13 @@ class LogStore:
             self._groups,
         )  # fmt: skip
         self._catalog = opened.catalog
+        self._quarantined = set_aside(
+            opened.quarantine,
+            opened.catalog.names,
+            opened.catalog.ids,
+            self.layout.meta_file(QUARANTINE_FILE),
+        )
+        report.quarantined = self.quarantined()
         self._catalogue = _Catalogue(opened.catalog)
         self._ids = opened.catalog.ids
         self._names = opened.catalog.names
@@ -318,6 +331,15 @@ class LogStore:
         report.seconds = time.monotonic() - began
         _log_opened(self.directory, report)
         return report
+
+    def quarantined(self) -> list[QuarantinedLog]:
+        """The logs set aside at open, neither read nor written (`quarantine`)."""
+        return list(self._quarantined.values())
+
+    def _refuse_quarantined(self, topic: str, topic_id: int) -> None:
+        entry = self._quarantined.get(topic_id)
+        if entry is not None:
+            raise LogQuarantined(topic, entry.reason)
 
     def close(self) -> None:
         """Write, fsync and seal everything, save the snapshot, leave a clean-shutdown marker."""
@@ -499,7 +521,7 @@ class LogStore:
         ids_get, committer = self._ids.get, self._committer
         asked, self._asked = self._asked, {}
         asked_get = asked.get
-        refusing = committer.failure is not None or committer.shortage is not None
+        refusing = committer.failure is not None or committer.shortage is not None or bool(self._quarantined)
         results: list[int | StorageError] = []
         appends: list[tuple[int, Sequence[RecordFields]]] = []
         indexes: list[int] = []
@@ -514,6 +536,7 @@ class LogStore:
                         topic_id = self._register(topic, records[0][3] if records else "", new)
                     elif refusing:
                         self._check_writable()
+                        self._refuse_quarantined(topic, topic_id)
                 except StorageError as error:
                     results.append(error)
                     continue
@@ -541,6 +564,8 @@ class LogStore:
             return self._create(topic, client_id)
         if self._committer.failure is not None or self._committer.shortage is not None:
             self._check_writable()
+        if self._quarantined:
+            self._refuse_quarantined(topic, topic_id)
         return topic_id
 
     def _check_writable(self) -> None:
@@ -1158,9 +1183,10 @@ class LogStore:
         if pattern is not None:
             check_filter(pattern)
         ids = self._ids
+        hidden = self._quarantined
         if pattern is not None and "+" not in pattern and "#" not in pattern:
             topic_id = ids.get(pattern)
-            yield [] if topic_id is None else [self._info(topic_id)]
+            yield [] if topic_id is None or topic_id in hidden else [self._info(topic_id)]
             return
         prefix = _literal_prefix(pattern)
         suffix = "" if pattern is None or "#" in pattern else pattern[pattern.rfind("+") + 1 :]
@@ -1168,7 +1194,9 @@ class LogStore:
         for names in self._order.chunks_from(prefix):
             for name in names:
                 if pattern is None or (name.endswith(suffix) and topic_matches(pattern, name)):
-                    batch.append(self._info(ids[name]))
+                    topic_id = ids[name]
+                    if not hidden or topic_id not in hidden:
+                        batch.append(self._info(topic_id))
             if len(batch) >= chunk:
                 yield batch
                 batch = []
@@ -1245,8 +1273,12 @@ class LogStore:
         for pattern in patterns or ():
             check_filter(pattern)
         part = self._partition_for_reads(partition)
+        wanted = self._filters.matcher(patterns)
+        if self._quarantined:  # logs set aside are not served, by partition either
+            hidden, matches = self._quarantined, wanted
+            wanted = lambda topic_id: topic_id not in hidden and matches(topic_id)  # noqa: E731
         read = read_entries(
-            part, self._table, position, position + max_entries, max_bytes, self._filters.matcher(patterns),
+            part, self._table, position, position + max_entries, max_bytes, wanted,
             self.config.max_record_bytes,
         )  # fmt: skip
         names = self._names
@@ -1358,6 +1390,8 @@ class LogStore:
         topic_id = self._ids.get(topic)
         if topic_id is None:
             raise UnknownTopic(topic)
+        if self._quarantined:
+            self._refuse_quarantined(topic, topic_id)
         return topic_id
 
     def _use_syncfs(self) -> None:

@@ -39,8 +39,8 @@ from typing import Any
 from broker_edge.cluster.coordination.etcd import Etcd
 from broker_edge.placement import Member, PartitionState
 from broker_edge.runtime.launcher import BrokerProcess, free_port
-from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.cluster import EtcdAuthConfig, EtcdTlsConfig
+from tests.harness.local_pki import LocalPki
 
 __all__ = [
     "ETCD_BINARY",

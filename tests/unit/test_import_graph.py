@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sources",),
     ("sinks",),
     ("broker_edge.runtime",),
+    ("broker_edge.pki",),
     ("broker_edge.cluster", "broker_edge.uplink"),
     ("broker_edge.offsets_api",),
     ("broker_edge.http",),
