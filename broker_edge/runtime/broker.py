@@ -445,6 +445,7 @@ class Broker(BrokerCore):
             server.close()
         for conn in self.connections:
             conn.close(ReasonCode.SERVER_SHUTTING_DOWN, "broker shutting down")
+            conn.flush()
         for runner in self._runners:
             await runner.cleanup()
         for server in self._servers:
@@ -453,6 +454,7 @@ class Broker(BrokerCore):
             await asyncio.sleep(0)
             for conn in self.connections:
                 conn.abort()
+                conn.flush()
         if self.session_store is not None:
             await self.session_store.close()  # a file it cannot write is logged, the old one stays
         if self._retention is not None and not self._retention.done():

@@ -1,4 +1,4 @@
-"""MQTT over TCP and TLS: the ``asyncio.Protocol`` of each socket is its ``Connection``.
+"""MQTT over TCP and TLS: the ``asyncio.Protocol`` of each socket is its connection's adapter (``stream``).
 
 No task per connection: the transport calls ``data_received`` and the connection handles the packets in
 place. A plain TCP listener runs on the event loop's transport unless its ``transport`` is ``native``
@@ -20,10 +20,10 @@ from asyncio.trsock import TransportSocket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, cast
 
-from broker_edge.engine.connection.connection import Connection
-from broker_edge.engine.connection.states import CLOSED
+from broker_edge.engine.connection.states import CLOSED, HELD_FOR_TURN
 from broker_edge.http.tls_accept import HandshakeFailure, start_tls_server
 from broker_edge.runtime.transports.native import start_native_server
+from broker_edge.runtime.transports.stream import StreamConnection
 from broker_edge.runtime.transports.turns import ReadTurns
 from broker_edge.security.tls import peer_common_name
 
@@ -53,36 +53,34 @@ class TurnsHost(Protocol):
     read_turns: ReadTurns
 
 
-class TcpConnection(Connection):
-    """A ``Connection`` whose transport is an asyncio TCP (or TLS) transport, its reads bounded per turn of
-    the event loop (``turns.ReadTurns``)."""
+class TcpConnection(StreamConnection):
+    """A connection whose transport is an asyncio TCP (or TLS) transport, its reads bounded per turn of the
+    event loop (``turns.ReadTurns``: bytes kept for a later turn hold its reading, ``HELD_FOR_TURN``)."""
 
     __slots__ = ()
 
     def data_received(self, data: bytes) -> None:
         now = cast(TurnsHost, self.terms.host).read_turns.take(self, data)
         if now is not None:
-            Connection.data_received(self, now)
+            StreamConnection.data_received(self, now)
 
     def handle_bytes(self, data: bytes) -> None:
-        Connection.data_received(self, data)
+        StreamConnection.data_received(self, data)
 
     def pause_for_turn(self) -> None:
-        transport = self.transport
-        if transport is not None:
-            transport.pause_reading()
+        self.hold(HELD_FOR_TURN)
+        self._follow_hold()
 
     def resume_after_turn(self) -> None:
-        transport = self.transport
-        if transport is not None and not self.held and self.terms.state != CLOSED:
-            transport.resume_reading()
+        self.release(HELD_FOR_TURN)
+        self._follow_hold()
 
     def may_read(self) -> bool:
-        return not self.held and self.terms.state != CLOSED
+        return not self.held & ~HELD_FOR_TURN and self.terms.state != CLOSED
 
     def release(self, reason: int) -> None:
         super().release(reason)
-        if not self.held:
+        if not self.held & ~HELD_FOR_TURN:  # its bytes kept are handed back from the next turn
             cast(TurnsHost, self.terms.host).read_turns.wake(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -90,9 +88,9 @@ class TcpConnection(Connection):
         super().connection_lost(exc)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        limit = self.host.config.limits.outgoing_buffer_bytes
+        limit = self.terms.host.config.limits.outgoing_buffer_bytes
         cast(asyncio.WriteTransport, transport).set_write_buffer_limits(high=limit, low=limit // 2)
-        if self.listener.tls:
+        if self.terms.listener.tls:
             self.peer_cn = peer_common_name(transport.get_extra_info("ssl_object"))
             address = transport.get_extra_info("peername")
             if address:  # the TLS transport forgets it at close
