@@ -1,11 +1,11 @@
 """``run_broker``: the process around a ``Broker`` (the ``timestone broker --config FILE`` command).
 
-glibc's heaps bounded (``heap_trim.bound_arenas``) before any thread starts, uvloop when available, logging
-from the config, SIGINT / SIGTERM for a graceful stop (clients told, the commitlog flushed), SIGHUP to
-re-read the password file, the ACL file, the readers' tokens file and the certificates (the TLS listeners',
-the offsets API's, the uplink hub's, a cluster member's and its CAs, etcd's client certificate). Exit
-status: 0 after a clean stop, 2 for a configuration error (the message names the key), 1 if the broker
-cannot start (e.g. the port is taken).
+glibc's heaps bounded (``heap_trim.bound_arenas``) before any thread starts, the event loop the ``runtime``
+section names (uvloop by default), logging from the config, SIGINT / SIGTERM for a graceful stop (clients
+told, the commitlog flushed), SIGHUP to re-read the password file, the ACL file, the readers' tokens file and
+the certificates (the TLS listeners', the offsets API's, the uplink hub's, a cluster member's and its CAs,
+etcd's client certificate). Exit status: 0 after a clean stop, 2 for a configuration error (the message
+names the key), 1 if the broker cannot start (e.g. the port is taken).
 """
 
 from __future__ import annotations
@@ -184,20 +184,20 @@ def reload_files(broker: Broker) -> None:
         broker.cluster_node.reload_credentials()
 
 
-def run_broker(config_path: str | None) -> int:
-    """Load the config (defaults without a file), run the broker until a signal, return the exit status."""
+def run_broker(config_path: str | None, node: str | None = None) -> int:
+    """Load the config (defaults without a file), run the broker until a signal, return the exit status;
+    ``node``: the member of ``--workers`` it is, named on every log line."""
     try:
         config = load_broker_config(config_path)
     except (ConfigError, OSError) as exc:
         print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
         return 2
-    configure_logging(config.logging)
+    configure_logging(config.logging, node=node)
     bound_arenas()  # before the store, the hasher or an executor starts a thread
-    try:
+    asyncio_run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
+    if config.runtime.event_loop == "uvloop":
         import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        asyncio_run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
-    else:
+
         asyncio_run = uvloop.run
     try:
         asyncio_run(serve(config))
@@ -211,8 +211,9 @@ def run_broker(config_path: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``timestone broker [--config FILE]`` (also ``python -m broker_edge.runtime.main``): without a file the
-    defaults serve 127.0.0.1:1883."""
+    """``timestone broker [--config FILE] [--workers N]`` (also ``python -m broker_edge.runtime.main``):
+    without a file the defaults serve 127.0.0.1:1883; with ``--workers`` N member processes serve it
+    together (``runtime.workers``)."""
     import argparse
 
     stop_signals.catch_early_stops()  # `timestone broker` did it before this module was imported
@@ -225,7 +226,21 @@ def main(argv: list[str] | None = None) -> int:
         "SIGHUP re-reads the password, ACL and tokens files and the certificates.",
     )
     parser.add_argument("--config", "-c", help="broker YAML config (default: embedded defaults)")
-    return run_broker(parser.parse_args(argv).config)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="member processes serving the same listeners as one broker, a cluster on this host (default 1: "
+        "one broker process); see docs/broker.md",
+    )
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers: must be at least 1, got {args.workers}")
+    if args.workers > 1:
+        from broker_edge.runtime.workers import run_workers
+
+        return run_workers(args.config, args.workers, run_broker)
+    return run_broker(args.config)
 
 
 if __name__ == "__main__":
