@@ -10,10 +10,12 @@ members of an etcd cluster are ready together).
 test) inside namespaces of the test's own, which give the doc the machines it assumes without touching this
 one: a network namespace with a bridge (10.0.0.0/24, this side 10.0.0.254) on which each of the doc's hosts
 (``hosts``: name -> address, written to ``/etc/hosts``) is a network namespace of its own, where a block
-marked ``host=NAME`` runs; and a mount namespace, shared by all, where ``/etc``, ``/var/lib`` and ``/opt``
-are overlays whose changes land in a directory of the test (so ``/etc/timestone`` and ``/var/lib/timestone``
-are the doc's own paths). The working directory is this checkout (the doc's ``conf/examples/...``) and
-``timestone`` is its command. Needs root (namespaces, mounts).
+marked ``host=NAME`` runs; and a mount namespace, shared by all, where ``/etc``, ``/var/lib``, ``/opt`` and
+``/usr/local`` are overlays whose changes land in a directory of the test (so ``/etc/timestone`` and
+``/var/lib/timestone`` are the doc's own paths). The working directory is this checkout (the doc's
+``conf/examples/...``) and ``timestone`` is its command unless the doc installs one. ``environment`` adds
+variables (what the test gives the doc's commands that its namespaces cannot reach, e.g. pip's wheels).
+Needs root.
 """
 
 from __future__ import annotations
@@ -79,12 +81,12 @@ add_host() {{  # a network namespace of its own, on the bridge: a host of the do
         "ip link set lo up && ip addr add $2/24 dev eth0 && ip link set eth0 up"
 }}
 {addresses}
-for dir in /etc /var/lib /opt; do
+for dir in /etc /var/lib /opt /usr/local; do
     mkdir -p "$ROOTS/upper$dir" "$ROOTS/work$dir"
     mount -t overlay overlay -o "lowerdir=$dir,upperdir=$ROOTS/upper$dir,workdir=$ROOTS/work$dir" "$dir"
 done
 printf '%s\n' {host_lines} >> /etc/hosts
-export PATH="{bin}:$PATH"
+export PATH="$PATH:{bin}"  # a `timestone` the doc installs comes first
 cd {checkout}
 served=()
 starting=()
@@ -122,7 +124,9 @@ trap stop_served EXIT
 """
 
 
-def _script(blocks: list[Block], hosts: dict[str, str], roots: Path, logs: Path) -> str:
+def _script(
+    blocks: list[Block], hosts: dict[str, str], roots: Path, logs: Path, environment: dict[str, str]
+) -> str:
     prelude = _PRELUDE.format(
         addresses="\n".join(f"add_host {name} {address}" for name, address in hosts.items()),
         host_lines=" ".join(shlex.quote(f"{address} {name}") for name, address in hosts.items()) or "''",
@@ -130,7 +134,8 @@ def _script(blocks: list[Block], hosts: dict[str, str], roots: Path, logs: Path)
         checkout=shlex.quote(str(ROOT)),
         ready=" -e ".join(shlex.quote(line) for line in READY),
     )
-    parts = [f"ROOTS={shlex.quote(str(roots))}\nLOGS={shlex.quote(str(logs))}\n", prelude]
+    exports = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in environment.items())
+    parts = [f"ROOTS={shlex.quote(str(roots))}\nLOGS={shlex.quote(str(logs))}\n", prelude, exports]
     for block in blocks:
         if block.serve:
             assert block.host is not None, "a served block names its host"
@@ -149,7 +154,11 @@ def _logical_lines(text: str) -> list[str]:
 
 
 def run_as_written(
-    blocks: list[Block], hosts: dict[str, str], directory: Path, timeout_s: float = 300
+    blocks: list[Block],
+    hosts: dict[str, str],
+    directory: Path,
+    timeout_s: float = 300,
+    environment: dict[str, str] | None = None,
 ) -> Done:
     """Run ``blocks`` as the doc gives them (see the module docstring); ``directory`` keeps the overlays'
     changes and the served commands' logs."""
@@ -157,7 +166,7 @@ def run_as_written(
     roots.mkdir(parents=True)
     logs.mkdir()
     script = directory / "commands.sh"
-    script.write_text(_script(blocks, hosts, roots, logs))
+    script.write_text(_script(blocks, hosts, roots, logs, environment or {}))
     process = subprocess.Popen(
         ["unshare", "--net", "--mount", "--propagation", "private", "bash", str(script)],
         stdout=subprocess.PIPE,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,26 @@ def test_a_hub_and_a_site_start_as_written_and_the_sites_records_reach_the_hub(t
     assert status[:2] == ["plant-1", "yes"]  # `timestone uplink status` on the site
     for log in done.logs.values():
         assert " ERROR " not in log
+
+
+def test_a_gateway_installs_as_written_with_the_base_install_only(tmp_path: Path) -> None:
+    """The wheels a checkout makes (``pip wheel``) stand in for PyPI: the doc's namespaces have no network."""
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels), str(ROOT)],
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
+    environment = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}
+    done = run_as_written(commands(DOC, "install"), {}, tmp_path / "run", environment=environment)
+    assert done.returncode == 0, done.output[-4000:]
+    assert "timestone 0.1.0" in done.output.splitlines()  # the installed command, not this checkout's
+    assert "wrote /etc/timestone/pki/try-ca/ca.pem" in done.output  # `timestone pki` on the base install
+    assert "(timestone) gid=" in done.output  # the system user of the units
+    installed = {
+        p.name.split("-")[0].lower()
+        for p in (tmp_path / "run" / "roots" / "upper" / "opt").rglob("*.dist-info")
+    }
+    assert {"timestone", "cryptography", "aiohttp", "uvloop"} <= installed
+    assert not installed & {"pyspark", "pyarrow", "pandas", "deltalake", "aetcd"}  # the Spark side is extras
