@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -70,16 +68,11 @@ def test_a_hub_and_a_site_start_as_written_and_the_sites_records_reach_the_hub(t
         assert " ERROR " not in log
 
 
-def test_a_gateway_installs_as_written_with_the_base_install_only(tmp_path: Path) -> None:
+def test_a_gateway_installs_as_written_with_the_base_install_only(
+    tmp_path: Path, project_wheels: Path
+) -> None:
     """The wheels a checkout makes (``pip wheel``) stand in for PyPI: the doc's namespaces have no network."""
-    wheels = tmp_path / "wheels"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels), str(ROOT)],
-        check=True,
-        timeout=600,
-        capture_output=True,
-    )
-    environment = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}
+    environment = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(project_wheels)}
     done = run_as_written(commands(DOC, "install"), {}, tmp_path / "run", environment=environment)
     assert done.returncode == 0, done.output[-4000:]
     assert "timestone 0.1.0" in done.output.splitlines()  # the installed command, not this checkout's

@@ -48,8 +48,11 @@ def podman(*arguments: str, timeout: float = 120) -> subprocess.CompletedProcess
     return subprocess.run(["podman", *arguments], capture_output=True, text=True, timeout=timeout)
 
 
-def test_the_image_builds_from_debian_packages_and_serves_mqtt_and_health(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHON=sys.executable, PODMAN_BUILD_OPTIONS=" ".join(runtime_options()))
+def test_the_image_builds_from_debian_packages_and_serves_mqtt_and_health(
+    tmp_path: Path, project_wheels: Path
+) -> None:
+    options = " ".join(runtime_options())
+    env = dict(os.environ, PYTHON=sys.executable, PODMAN_BUILD_OPTIONS=options, WHEELS=str(project_wheels))
     built = subprocess.run(
         [str(ROOT / "conf" / "container" / "build"), TAG],
         capture_output=True,
