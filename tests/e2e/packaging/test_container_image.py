@@ -98,7 +98,8 @@ def test_the_image_builds_from_debian_packages_and_serves_mqtt_and_health(
                 return None
 
         assert wait_for(lambda: health() is not None, timeout=60), podman("logs", name).stdout[-3000:]
-        assert health()["status"] == "ok"  # type: ignore[index]
+        answer = health()
+        assert answer is not None and answer["status"] == "ok"
         device = PahoClient(mqtt_port, client_id="device-1", username="device-1", password="s3cret")
         device.subscribe("plant/#", qos=1)
         device.publish("plant/1/temp", b"21.5", qos=1)
