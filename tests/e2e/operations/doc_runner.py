@@ -75,6 +75,7 @@ declare -A host_pid
 add_host() {{  # a network namespace of its own, on the bridge: a host of the doc
     unshare --net sleep infinity > /dev/null 2>&1 &
     host_pid[$1]=$!
+    until [ "$(readlink /proc/$!/ns/net)" != "$(readlink /proc/self/ns/net)" ]; do sleep 0.01; done
     ip link add "v$!" type veth peer name eth0 netns "$!"
     ip link set "v$!" master lan up
     nsenter --net=/proc/$!/ns/net sh -c \
