@@ -24,8 +24,9 @@ from pipelines.payloads.formats import FieldFormat
 from pipelines.payloads.protobuf import EXAMPLE_MESSAGE, example_descriptor_set
 from pipelines.payloads.spark_fields import decoded_struct
 from pipelines.telemetry.config import PayloadConfig
-from sinks import BatchWriter, TableCatalog, exactly_once, open_table_store
+from sinks import BatchWriter, TableCatalog, open_table_store
 from sinks.tables import parse_fields, silver_telemetry
+from tests.e2e.payloads.stream_runs import FailOnce, run_available_now
 
 pytestmark = pytest.mark.spark
 
@@ -57,7 +58,7 @@ def test_a_fleet_into_silver_exactly_once_through_a_broker_restart(spark, tmp_pa
     store = open_table_store(None, str(tmp_path / "tables"), "delta-rs", TableCatalog([spec]))
     store.ensure("silver_telemetry")
     broker = BrokerProcess(tmp_path / "broker").start()
-    fail_once = {"armed": False}
+    fail_once = FailOnce()
     errors: list[str] = []
 
     def write(batch, out: BatchWriter) -> None:
@@ -81,28 +82,10 @@ def test_a_fleet_into_silver_exactly_once_through_a_broker_restart(spark, tmp_pa
         )
         out.append("silver_telemetry", rows)
         parsed.unpersist()
-        if fail_once["armed"]:
-            fail_once["armed"] = False
-            raise RuntimeError("the batch fails after its append (simulated)")
+        fail_once.after_writes()
 
     def run_query() -> None:
-        records = (
-            spark.readStream.format("timestone")
-            .option("brokers", f"edge1={broker.offsets_url}")
-            .option("topics", PAYLOAD.template.topic_filter)
-            .option("startingOffsets", "earliest")
-            .load()
-        )
-        query = (
-            records.writeStream.foreachBatch(exactly_once(store, write, persist=False))
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        try:
-            query.awaitTermination(180)
-        finally:
-            query.stop()
+        run_available_now(spark, broker, PAYLOAD.template.topic_filter, store, write, tmp_path / "checkpoint")
 
     try:
         run_fleet(broker, payload_format, 0)
@@ -112,7 +95,7 @@ def test_a_fleet_into_silver_exactly_once_through_a_broker_restart(spark, tmp_pa
         broker.stop()
         broker.start()  # same ports, same log directory
         run_fleet(broker, payload_format, 3)  # three more devices
-        fail_once["armed"] = True
+        fail_once.armed = True
         with pytest.raises(Exception, match="simulated"):
             run_query()
         run_query()  # the failed batch again, same id: its append is not repeated
