@@ -15,7 +15,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker_edge.engine.publish import HeldReader, Publisher
+from broker_edge.engine.answers import Publisher
+from broker_edge.engine.publish import HeldReader
 from broker_edge.engine.sessions.session import Outlet
 
 if TYPE_CHECKING:
