@@ -76,6 +76,11 @@ class BrokerContext(Protocol):
     def cluster(self) -> ClusterPorts:
         """The ports of the broker's cluster (``ALONE`` for a broker alone)."""
 
+    @property
+    def reserved_topics(self) -> Callable[[str], bool] | None:
+        """Whether a topic is written here by another writer only (a site's downlink, which its hub alone
+        writes): a client's PUBLISH to one is refused (None: no topic is)."""
+
     def now(self) -> float:
         """Seconds on the broker's monotonic clock (the one keepalive deadlines and rate buckets use)."""
 
