@@ -305,7 +305,7 @@ class ClusterNode:
             clients=self.clients,
             proofs=self.proofs,
         )
-        store.enable_replication(cluster.hw_checkpoint_interval_ms / 1000)
+        store.replicated_log.enable(cluster.hw_checkpoint_interval_ms / 1000)
         epochs = self.epochs = LeaderEpochs(store)
         delivery = LocalDelivery(store, broker.router.publish, broker.replays, live_from_ms=_now_ms())
         self.leader = LeaderReplication(

@@ -11,7 +11,7 @@ A replica's fetcher:
    partitions with `(offset, last_fetched_epoch)`; the leader answers, per topic, frames to append, where
    to truncate (the epoch rule: the local tail diverged from the leader's log) or where to restart (the
    leader's log starts later), and the topic's high watermark;
-2. truncates or appends (`LogStore.append_frames`, through the group commit), copies the epoch
+2. truncates or appends (`ReplicatedLog.append_at`, through the group commit), copies the epoch
    boundaries into its epoch caches, and commits up to the leader's high watermark (readers see records
    once every in-sync replica holds them; never past what is durable here) and routes the newly committed
    records to local subscribers, one `Message` per record shared by all of them, as the leader's PUBLISH
@@ -177,7 +177,7 @@ class Followers:
         self.delivery = delivery
         self.config = config or FollowerConfig()
         self.epochs = epochs if epochs is not None else LeaderEpochs(store)
-        store.enable_replication()
+        store.replicated_log.enable()
         if path_trace.ON:
             path_trace.set_node(view.node_id)
         self._headers = {"Content-Type": CONTENT_TYPE}
@@ -585,7 +585,7 @@ class LocalDelivery:
         if topic not in store:
             return high_watermark
         offset = store.committed_end(topic)
-        committed = store.commit(topic, high_watermark)
+        committed = store.replicated_log.commit_to(topic, high_watermark)
         self.route_committed(topic, offset, committed)
         return committed
 
@@ -890,7 +890,7 @@ class _Fetcher:
                         at,
                         at,
                     )
-                store.append_frames(topic, frames, at)
+                store.replicated_log.append_at(topic, frames, at)
                 if path_trace.ON:
                     path_trace.mark("appended", topic, data.first, data.first + data.count)
                 cache = epochs.for_topic(topic)

@@ -214,7 +214,7 @@ class LeaderReplication:
         self.epochs = epochs if epochs is not None else LeaderEpochs(store)
         self._clock = clock
         self._route_committed = route_committed
-        store.enable_replication()  # from construction on: nothing appended is visible before it is committed
+        store.replicated_log.enable()  # from construction on: nothing appended is seen before it is committed
         if path_trace.ON:
             path_trace.set_node(view.node_id)
         self._inherited: dict[str, int] = {}
@@ -350,7 +350,7 @@ class LeaderReplication:
         before = store.committed_end(topic)
         if hw <= before:
             return
-        after = store.commit(topic, hw)
+        after = store.replicated_log.commit_to(topic, hw)
         if path_trace.ON:
             path_trace.mark("hw", topic, before, after)
         if after >= durable:
@@ -895,15 +895,15 @@ class LeaderReplication:
 
 def _read_into(store: LogStore, data: TopicData, offset: int, max_bytes: int, limit: int) -> int:
     """Frames of ``data.topic`` from ``offset`` into ``data``; where they start. When the log holds no
-    record at ``offset`` (a mirror's gap, ``LogStore.append_frames``' ``at``) they start after it, and
+    record at ``offset`` (a mirror's gap, ``ReplicatedLog.append_at``' ``at``) they start after it, and
     ``data`` says ``GAP``: the replica's log goes on at the same offset."""
     topic = data.topic
-    data.frames, data.count = store.read_frames(topic, offset, max_bytes, limit)
+    data.frames, data.count = store.replicated_log.read_frames(topic, offset, max_bytes, limit)
     if data.count:
         return offset
-    held = store.next_held(topic, offset, limit)
+    held = store.replicated_log.next_held(topic, offset, limit)
     if held != offset:
-        frames, count = store.read_frames(topic, held, max_bytes, limit)
+        frames, count = store.replicated_log.read_frames(topic, held, max_bytes, limit)
         if count:
             data.kind, data.first, data.frames, data.count = GAP, held, frames, count
             return held

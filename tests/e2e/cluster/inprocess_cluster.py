@@ -189,7 +189,7 @@ class Node:
             offset, end = store.start_offset(topic), store.durable_end(topic)
             frames: list[bytes] = []
             while offset < end:
-                batch, count = store.read_frames(topic, offset, 1 << 20)
+                batch, count = store.replicated_log.read_frames(topic, offset, 1 << 20)
                 frames += [bytes(frame) for frame in batch]
                 offset += count
             return frames

@@ -483,7 +483,7 @@ def _lose_tail(directory: Path, topic: str, end: int) -> None:
     store = LogStore(directory)
     store.open()
     try:
-        store.truncate(topic, end)
+        store.replicated_log.truncate_to(topic, end)
     finally:
         store.close()
 

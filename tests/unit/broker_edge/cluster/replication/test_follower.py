@@ -44,7 +44,7 @@ def test_a_diverged_tail_is_cut_where_the_common_epoch_ends_on_either_side(tmp_p
     async def scenario() -> None:
         store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
         store.open()
-        store.enable_replication()  # a cluster node: appended records are committed by the leader's word
+        store.replicated_log.enable()  # a cluster node: appended records are committed by the leader's word
         store.append_batch("t", [(b"x", 1, False, "c", (), None, None, None, None, None)] * 12)
         await store.wait_durable()
         followers = Followers(ClusterView("b2", 1), store, LocalDelivery(store, lambda _m: None, None), None)
@@ -68,10 +68,10 @@ def test_a_leader_that_would_cut_committed_records_is_refused_unless_elections_a
     async def scenario() -> None:
         store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
         store.open()
-        store.enable_replication()
+        store.replicated_log.enable()
         store.append_batch("t", [(b"x", 1, False, "c", (), None, None, None, None, None)] * 10)
         await store.wait_durable()
-        store.commit("t", 8)  # 8 records acknowledged; 2 more appended, not yet committed
+        store.replicated_log.commit_to("t", 8)  # 8 records acknowledged; 2 more appended, not yet committed
         delivery = LocalDelivery(store, lambda _m: None, None)
         followers = Followers(ClusterView("b2", 1), store, delivery, None)
         fetcher = _Fetcher(followers, "b3", "http://127.0.0.1:1", {0: 4}, observer=False)
@@ -114,7 +114,7 @@ def test_records_already_routed_are_not_routed_again_and_an_observer_starts_afte
         store.open()
         store.append_batch("t", [(b"x", 1, False, "c", (), None, None, None, None, None)] * 6)
         await store.wait_durable()
-        store.commit("t", 6)
+        store.replicated_log.commit_to("t", 6)
         routed: list[bytes] = []
         delivery = LocalDelivery(store, lambda message: routed.append(message.payload), None)
         records = store.read("t", 0, 6, 1 << 20)
@@ -147,7 +147,7 @@ def test_a_watermark_that_comes_before_its_records_are_durable_is_committed_once
         leader.open()
         leader.append_batch("t", [(b"x", 1, False, "c", (), None, None, None, None, None)] * 3)
         await leader.wait_durable()
-        frames, count = leader.read_frames("t", 0, 1 << 20)
+        frames, count = leader.replicated_log.read_frames("t", 0, 1 << 20)
         store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
         store.open()
         fetcher = _fetcher_of_b1(store)
@@ -177,12 +177,12 @@ def test_a_gap_in_the_leaders_log_is_a_gap_in_the_copy_at_the_same_offsets(tmp_p
         await source.wait_durable()
         leader = LogStore(tmp_path / "leader", StorageConfig(durability="none"))
         leader.open()
-        before, _ = source.read_frames("t", 0, 1 << 20, 3)
-        after, _ = source.read_frames("t", 6, 1 << 20)
-        leader.append_frames("t", b"".join(before))
-        leader.append_frames("t", b"".join(after), at=6)
+        before, _ = source.replicated_log.read_frames("t", 0, 1 << 20, 3)
+        after, _ = source.replicated_log.read_frames("t", 6, 1 << 20)
+        leader.replicated_log.append_at("t", b"".join(before))
+        leader.replicated_log.append_at("t", b"".join(after), at=6)
         await leader.wait_durable()
-        assert leader.next_held("t", 3) == 6 and leader.next_held("t", 2) == 2
+        assert leader.replicated_log.next_held("t", 3) == 6 and leader.replicated_log.next_held("t", 2) == 2
         store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
         store.open()
         fetcher = _fetcher_of_b1(store)
@@ -191,8 +191,12 @@ def test_a_gap_in_the_leaders_log_is_a_gap_in_the_copy_at_the_same_offsets(tmp_p
         await store.wait_durable()
         fetcher.commit([("t", 8)])
         assert store.durable_end("t") == store.committed_end("t") == 8
-        assert store.read_frames("t", 0, 1 << 20) == leader.read_frames("t", 0, 1 << 20)
-        assert store.read_frames("t", 6, 1 << 20) == leader.read_frames("t", 6, 1 << 20)
+        assert store.replicated_log.read_frames("t", 0, 1 << 20) == leader.replicated_log.read_frames(
+            "t", 0, 1 << 20
+        )
+        assert store.replicated_log.read_frames("t", 6, 1 << 20) == leader.replicated_log.read_frames(
+            "t", 6, 1 << 20
+        )
         with pytest.raises(CorruptRecord) as missing:
             store.read("t", 4)
         assert missing.value.next_offset == 6

@@ -32,7 +32,7 @@ async def _stores(
     try:
         leader.append_batch(topic, [RECORD] * appended)
         await leader.wait_durable()
-        leader.commit(topic, committed)
+        leader.replicated_log.commit_to(topic, committed)
         yield leader, here
     finally:
         leader.close()
@@ -40,7 +40,7 @@ async def _stores(
 
 
 def _answer(leader: LogStore, topic: str, first: int, stop: int) -> FetchResponse:
-    frames, count = leader.read_frames(topic, first, 1 << 20, stop)
+    frames, count = leader.replicated_log.read_frames(topic, first, 1 << 20, stop)
     data = TopicData(topic, FRAMES, stop, 0, first=first, count=count, frames=frames)
     return FetchResponse(1, OK, [PartitionData(0, OK, 4, [data])])
 
@@ -72,7 +72,7 @@ def test_a_copy_given_while_running_routes_only_what_its_leader_commits_after_it
             assert followers.copy_complete(0)  # it holds everything below where its routing starts
             assert delivery.routed == {"t": 10}
 
-            leader.commit("t", 11)
+            leader.replicated_log.commit_to("t", 11)
             await fetcher._replicate(_answer(leader, "t", 10, 11))
             assert routed == [10]  # news: committed after the copy came
 

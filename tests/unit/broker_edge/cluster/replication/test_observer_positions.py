@@ -19,8 +19,8 @@ def test_a_topic_unknown_to_a_going_observation_is_routed_from_its_start_not_fro
         leader.open()
         leader.append_batch("new", [(b"x", 1, False, "c", (), None, None, None, None, None)] * 3)
         await leader.wait_durable()
-        leader.commit("new", 3)
-        frames, count = leader.read_frames("new", 0, 1 << 20)
+        leader.replicated_log.commit_to("new", 3)
+        frames, count = leader.replicated_log.read_frames("new", 0, 1 << 20)
         here = LogStore(tmp_path / "here", StorageConfig(durability="none"))
         here.open()
         routed: list[str] = []
