@@ -23,9 +23,10 @@ from broker_edge.cluster.links.member_clients import MemberClients
 from broker_edge.cluster.links.member_identity import MemberTls
 from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
 from broker_edge.cluster.replication.follower import FollowerConfig, Followers, LocalDelivery
-from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
+from broker_edge.cluster.replication.leader import LeaderReplication
 from broker_edge.cluster.replication.replica_fetch import replica_fetch_route
 from broker_edge.cluster.replication.replica_push import PUSH
+from broker_edge.cluster.replication.stage import LeaderConfig
 from broker_edge.cluster.view import ClusterView
 from broker_edge.config.loader import load_dataclass
 from broker_edge.engine.message import Message

@@ -20,7 +20,6 @@ import aiohttp
 import pytest
 
 from broker_edge.cluster.replication.follower import FollowerConfig
-from broker_edge.cluster.replication.leader import LeaderConfig
 from broker_edge.cluster.replication.replica_fetch import (
     OK,
     PATH,
@@ -30,6 +29,7 @@ from broker_edge.cluster.replication.replica_fetch import (
     decode_response,
     encode_request,
 )
+from broker_edge.cluster.replication.stage import LeaderConfig
 from broker_edge.placement import PartitionState, partition_of
 from broker_edge.storage import LogStore
 from tests.e2e.broker_clients import PahoClient, close_all, wait_for

@@ -16,8 +16,9 @@ import pytest
 from broker_edge.cluster.links.member_api import bind_members_endpoint, serve_members_endpoint
 from broker_edge.cluster.links.member_clients import MemberClients
 from broker_edge.cluster.mirror_logs import ClusterMirrorLogs, decode_parts, encode_parts
-from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
+from broker_edge.cluster.replication.leader import LeaderReplication
 from broker_edge.cluster.replication.replica_fetch import GAP, FetchRequest, PartitionFetch, TopicPosition
+from broker_edge.cluster.replication.stage import LeaderConfig
 from broker_edge.cluster.view import ClusterView
 from broker_edge.engine.ports import MirrorPart, MirrorRefused
 from broker_edge.placement import Member, PartitionState

@@ -14,7 +14,6 @@ from broker_edge.cluster.replication.follower import (
     TruncationRefused,
     _Fetcher,
 )
-from broker_edge.cluster.replication.leader import LeaderConfig
 from broker_edge.cluster.replication.replica_fetch import (
     DIVERGING,
     FRAMES,
@@ -25,6 +24,7 @@ from broker_edge.cluster.replication.replica_fetch import (
     PartitionData,
     TopicData,
 )
+from broker_edge.cluster.replication.stage import LeaderConfig
 from broker_edge.cluster.view import ClusterView
 from broker_edge.storage import CorruptRecord, LogStore, StorageConfig
 

@@ -7,12 +7,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from broker_edge.cluster.replication.leader import (
-    LeaderConfig,
-    LeaderReplication,
-    NotEnoughReplicas,
-    NotLeader,
-)
+from broker_edge.cluster.replication.leader import LeaderReplication
 from broker_edge.cluster.replication.replica_fetch import (
     DIVERGING,
     FRAMES,
@@ -26,6 +21,7 @@ from broker_edge.cluster.replication.replica_fetch import (
     PartitionFetch,
     TopicPosition,
 )
+from broker_edge.cluster.replication.stage import LeaderConfig, NotEnoughReplicas, NotLeader
 from broker_edge.cluster.view import ClusterView
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import AppendedRun

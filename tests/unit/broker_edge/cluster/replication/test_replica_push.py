@@ -13,7 +13,7 @@ import pytest
 
 from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
 from broker_edge.cluster.replication.follower import FollowerConfig, Followers, LocalDelivery
-from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
+from broker_edge.cluster.replication.leader import LeaderReplication
 from broker_edge.cluster.replication.replica_fetch import (
     OK,
     UNKNOWN_SESSION,
@@ -34,6 +34,7 @@ from broker_edge.cluster.replication.replica_push import (
     encode_ack,
     encode_push,
 )
+from broker_edge.cluster.replication.stage import LeaderConfig
 from broker_edge.cluster.view import ClusterView
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import AppendedRun
@@ -308,7 +309,7 @@ def test_the_window_bounds_what_is_unacknowledged_and_a_gap_in_acknowledgements_
         before = len(pushes)
         to_leader.send(ACK, encode_ack(Ack(4, 0, _request(opened.session, []))))  # ack 3 was lost
         await _until(lambda: len(pushes) > before and pushes[-1].response.error == UNKNOWN_SESSION)
-        assert pair.leader._sessions[("b2", False)].push is None  # b2 must reopen over HTTP
+        assert pair.leader.fetches.sessions[("b2", False)].push is None  # b2 must reopen over HTTP
         assert (await pair.leader.fetch(_request(0, [("t", 4)]))).error == OK
 
     _run(tmp_path, body)
