@@ -281,8 +281,10 @@ class ClusterNode:
         from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd
         from broker_edge.cluster.coordination.membership import Membership
         from broker_edge.cluster.reads.interest import LocalInterest, RetainedRefresh
+        from broker_edge.cluster.replication.delivery import LocalDelivery
         from broker_edge.cluster.replication.epochs import LeaderEpochs
-        from broker_edge.cluster.replication.follower import FollowerConfig, Followers, LocalDelivery
+        from broker_edge.cluster.replication.fetcher import FollowerConfig
+        from broker_edge.cluster.replication.follower import Followers
         from broker_edge.cluster.replication.leader import LeaderReplication
         from broker_edge.cluster.replication.replica_fetch import replica_fetch_route
         from broker_edge.cluster.replication.replica_push import PUSH

@@ -22,7 +22,9 @@ from broker_edge.cluster.links.member_api import bind_members_endpoint, serve_me
 from broker_edge.cluster.links.member_clients import MemberClients
 from broker_edge.cluster.links.member_identity import MemberTls
 from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
-from broker_edge.cluster.replication.follower import FollowerConfig, Followers, LocalDelivery
+from broker_edge.cluster.replication.delivery import LocalDelivery
+from broker_edge.cluster.replication.fetcher import FollowerConfig
+from broker_edge.cluster.replication.follower import Followers
 from broker_edge.cluster.replication.leader import LeaderReplication
 from broker_edge.cluster.replication.replica_fetch import replica_fetch_route
 from broker_edge.cluster.replication.replica_push import PUSH

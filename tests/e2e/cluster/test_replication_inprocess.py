@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from broker_edge.cluster.replication.follower import FollowerConfig
+from broker_edge.cluster.replication.fetcher import FollowerConfig
 from broker_edge.cluster.replication.replica_fetch import (
     OK,
     PATH,

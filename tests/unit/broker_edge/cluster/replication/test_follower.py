@@ -7,13 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.cluster.replication.follower import (
-    FollowerConfig,
-    Followers,
-    LocalDelivery,
-    TruncationRefused,
-    _Fetcher,
-)
+from broker_edge.cluster.replication.delivery import LocalDelivery
+from broker_edge.cluster.replication.fetcher import Fetcher, FollowerConfig, TruncationRefused
+from broker_edge.cluster.replication.follower import Followers
 from broker_edge.cluster.replication.replica_fetch import (
     DIVERGING,
     FRAMES,
@@ -29,10 +25,10 @@ from broker_edge.cluster.view import ClusterView
 from broker_edge.storage import CorruptRecord, LogStore, StorageConfig
 
 
-def _fetcher_of_b1(store: LogStore) -> _Fetcher:
+def _fetcher_of_b1(store: LogStore) -> Fetcher:
     """b2's fetcher from b1, leader of partition 0 in epoch 1, appending into ``store``."""
     followers = Followers(ClusterView("b2", 1), store, LocalDelivery(store, lambda _m: None, None), None)
-    return _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 1}, observer=False)
+    return Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 1}, observer=False)
 
 
 def _answer(data: TopicData) -> FetchResponse:
@@ -51,7 +47,7 @@ def test_a_diverged_tail_is_cut_where_the_common_epoch_ends_on_either_side(tmp_p
         cache = followers.epochs.for_topic("t")
         cache.assign(1, 0)
         cache.assign(2, 6)  # here epoch 1 ends at 6; the leader says its epoch 1 ends at 9
-        fetcher = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=False)
+        fetcher = Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=False)
         fetcher._truncate(TopicData("t", DIVERGING, 0, 0, diverging_epoch=1, diverging_end=9))
         assert store.durable_end("t") == 6  # the earlier of the two ends
         assert cache.entries == [(1, 0)]
@@ -74,7 +70,7 @@ def test_a_leader_that_would_cut_committed_records_is_refused_unless_elections_a
         store.replicated_log.commit_to("t", 8)  # 8 records acknowledged; 2 more appended, not yet committed
         delivery = LocalDelivery(store, lambda _m: None, None)
         followers = Followers(ClusterView("b2", 1), store, delivery, None)
-        fetcher = _Fetcher(followers, "b3", "http://127.0.0.1:1", {0: 4}, observer=False)
+        fetcher = Fetcher(followers, "b3", "http://127.0.0.1:1", {0: 4}, observer=False)
         with pytest.raises(TruncationRefused, match="below its committed end 8"):
             fetcher._truncate(TopicData("t", DIVERGING, 0, 0, diverging_end=5))
         with pytest.raises(TruncationRefused):  # nor emptied by a restart before what it holds
@@ -85,7 +81,7 @@ def test_a_leader_that_would_cut_committed_records_is_refused_unless_elections_a
         unclean = Followers(
             ClusterView("b2", 1), store, delivery, None, FollowerConfig(unclean_election=True)
         )
-        _Fetcher(unclean, "b3", "http://127.0.0.1:1", {0: 4}, observer=False)._truncate(
+        Fetcher(unclean, "b3", "http://127.0.0.1:1", {0: 4}, observer=False)._truncate(
             TopicData("t", DIVERGING, 0, 0, diverging_end=5)
         )
         assert store.durable_end("t") == 5  # the operator chose availability over those records
@@ -123,13 +119,13 @@ def test_records_already_routed_are_not_routed_again_and_an_observer_starts_afte
         assert len(routed) == 4  # offsets 2, 3, then 4, 5: none twice, none of the earlier
         assert delivery.routed == {"t": 6}
         followers = Followers(ClusterView("b2", 1), store, delivery, None)
-        observer = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=True, copies={0})
+        observer = Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=True, copies={0})
         assert (
             observer._position("t").offset == 6
         )  # its copy moved away: it observes from where routing stopped
-        other = _Fetcher(followers, "b1", "http://127.0.0.1:1", {1: 3}, observer=True, copies={0})
+        other = Fetcher(followers, "b1", "http://127.0.0.1:1", {1: 3}, observer=True, copies={0})
         assert other.positions == {}  # topics of other partitions are not its business
-        fresh = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=True)
+        fresh = Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=True)
         assert fresh.positions == {}  # an observation that starts lists nothing: the leader's committed end
         store.close()
 

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
-from broker_edge.cluster.replication.follower import FollowerConfig, Followers, LocalDelivery
+from broker_edge.cluster.replication.delivery import LocalDelivery
+from broker_edge.cluster.replication.fetcher import FollowerConfig
+from broker_edge.cluster.replication.follower import Followers
 from broker_edge.cluster.replication.leader import LeaderReplication
 from broker_edge.cluster.replication.replica_fetch import (
     OK,
