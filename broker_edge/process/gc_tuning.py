@@ -3,9 +3,8 @@
 A broker holds a large heap that lives as long as the process (modules, the subscription trie, log indexes,
 sessions) and allocates short-lived objects per publish, many of which outlive a few event-loop iterations (a
 logged publish waits for its window to be durable). With the interpreter's defaults a young collection runs
-every 700 allocations, those survivors are promoted, and every full collection walks the whole heap again: in
-a persisted QoS 1 fan-in that was a visible share of the broker's CPU (`perf`: ``gc_collect_main``,
-``visit_decref``, ``visit_reachable``; the measured share is in docs/commitlog.md). Freezing the heap built at
+every 700 allocations, those survivors are promoted, and every full collection walks the whole heap again (a
+share of the broker's CPU under load: docs/commitlog.md). Freezing the heap built at
 start (`gc.freeze`) takes it out of every later collection, and a larger young-generation threshold makes
 collections rarer. Reference counting still frees nearly everything at once; the collector only finds cycles,
 a little later.

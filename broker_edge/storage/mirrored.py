@@ -4,7 +4,7 @@ site's of the hub's downlink).
 ``append_mirrored`` is the one rule, the same on a broker alone and on a cluster partition's leader: what
 the log already holds is skipped (a batch sent again after its acknowledgement was lost), frames starting
 past the log's end leave a gap (the sender's retention deleted records before they were sent: the log goes
-on at the sender's offset, ``LogStore.append_frames``' ``at``), the rest is appended, every frame checked
+on at the sender's offset, ``ReplicatedLog.append_at``' ``at``), the rest is appended, every frame checked
 as a replica checks its leader's. Nothing here waits for durability.
 """
 
@@ -56,7 +56,7 @@ def append_mirrored(
     chunk = memoryview(frames)
     if skip:
         chunk = chunk[frames_end(chunk, skip) :]
-    appended_at = store.append_frames(topic, bytes(chunk), at)
+    appended_at = store.replicated_log.append_at(topic, bytes(chunk), at)
     return MirrorAppend(appended_at, count - skip, skip, gap)
 
 

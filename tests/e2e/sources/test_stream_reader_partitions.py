@@ -179,8 +179,8 @@ def test_a_broker_without_partition_reads_is_read_by_topic(edge: EdgeBroker) -> 
     edge.fill("plant/1/temp", 5)
 
     async def as_a_cluster_member() -> None:
-        edge.store.enable_replication()
-        edge.store.commit("plant/1/temp", 5)
+        edge.store.replicated_log.enable()
+        edge.store.replicated_log.commit_to("plant/1/temp", 5)
 
     edge.run(as_a_cluster_member())
 
