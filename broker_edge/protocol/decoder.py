@@ -326,6 +326,7 @@ class PacketDecoder:
         return ConnAck(bool(flags), code, properties)
 
     def _decode_publish(self, first: int, buf, view: memoryview, pos: int, end: int) -> Publish:
+        body = pos
         if pos + 2 > end:
             raise MalformedPacket("PUBLISH ends inside the topic length")
         stop = pos + 2 + ((buf[pos] << 8) | buf[pos + 1])
@@ -355,8 +356,13 @@ class PacketDecoder:
                     raise ProtocolError("a client PUBLISH must not carry a subscription identifier")
         if not topic or "+" in topic or "#" in topic or "\x00" in topic:
             self._reject_topic_name(topic, properties)
+        head = None
+        if not first & 0x09 and properties is None:  # as a subscriber of its version and QoS gets it
+            length = end - body
+            start = body - (2 if length < 0x80 else 3 if length < 0x4000 else 4 if length < 0x200000 else 5)
+            head = bytes(view[start:stop])
         return Publish(
-            topic, bytes(view[pos:end]), qos, bool(first & 1), bool(first & 8), packet_id, properties
+            topic, bytes(view[pos:end]), qos, bool(first & 1), bool(first & 8), packet_id, properties, head
         )
 
     def _reject_topic_name(self, topic: str, properties: Properties | None) -> None:
