@@ -38,7 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import frames
-from bench.report import write_result
+from bench.report import RESULTS_DIR, write_result
 from bench.stream import FrameScanner
 from bench.sysinfo import machine_info
 from broker_edge.config import load_dataclass
@@ -284,7 +284,7 @@ def render(figures: dict[str, float], rounds: int, load: tuple[float, float, flo
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.ingest_floor", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--output", type=Path, default=None, help="also write the section to this file")
+    parser.add_argument("--output", type=Path, default=RESULTS_DIR / "ingest-floor.md")
     args = parser.parse_args(argv)
     load = os.getloadavg()
     figures = asyncio.run(measure(args.rounds))
