@@ -77,6 +77,9 @@ class BrokerCore:
         self.router.publish_through = self.publish_path.publish
         self.cluster: ClusterPorts = ALONE
         """The ports of the cluster this broker is a member of (``join_cluster``); ``ALONE`` otherwise."""
+        self.reserved_topics: Callable[[str], bool] | None = None
+        """Topics only another writer writes here (a site's link sets the downlink its hub writes): a client's
+        PUBLISH to one is refused as not authorized."""
         self.acl: AccessControl | None = None
         if config.acl.rules or config.acl.file or config.acl.default:
             self.acl = AccessControl.from_config(config.acl)

@@ -331,6 +331,7 @@ class Broker(BrokerCore):
             from broker_edge.uplink.site_link import SiteLink
 
             self.site_link = SiteLink(store, config.uplink, self.metrics, self.route_logged)
+            self.reserved_topics = self.site_link.downlinked
             self.add_offsets_api_routes(self.site_link.add_status_route)
 
     def _start_site_link(self) -> None:

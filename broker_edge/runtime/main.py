@@ -41,6 +41,7 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
     from broker_edge.runtime.broker import Broker
 
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(quiet_closed_transports)
     stop = asyncio.Event()
     try:
         broker = Broker(config)
@@ -71,6 +72,22 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
             loop.remove_signal_handler(signum)
         stop_signals.catch_early_stops()  # noted, not a KeyboardInterrupt, until the process has exited
     log.info("broker stopped")
+
+
+def quiet_closed_transports(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's handler of errors nothing awaited: uvloop's TLS layer writing to a connection that had
+    just closed under it (a peer that went away mid-handshake or mid-close) is said at DEBUG, not as an ERROR
+    with a traceback, since nothing is lost: the connection was gone. Anything else goes to asyncio's own
+    handler."""
+    error = context.get("exception")
+    if (
+        context.get("message") == "Fatal error on SSL protocol"
+        and isinstance(error, RuntimeError)
+        and "the handler is closed" in str(error)
+    ):
+        log.debug("TLS write on a connection already closed: %s", error)
+        return
+    loop.default_exception_handler(context)
 
 
 async def _start_unless_stopped(broker: Broker, stop: asyncio.Event) -> bool:

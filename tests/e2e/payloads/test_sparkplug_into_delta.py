@@ -10,51 +10,27 @@ fails after its append and is replayed.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
-from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
-from typing import Any
 
 import pytest
 
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.runtime.launcher import BrokerProcess
+from pipelines.fleet.background import LoopThread
 from pipelines.fleet.sparkplug_node import DEVICE_METRICS, NODE_METRICS
 from pipelines.payloads.spark_sparkplug import sparkplug_rows, with_times
 from pipelines.payloads.sparkplug.encode import rebirth_request
 from pipelines.payloads.sparkplug_tables import SPARKPLUG_METRICS, metric_rows, sparkplug_metrics
-from sinks import BatchWriter, TableCatalog, exactly_once, open_table_store
+from sinks import BatchWriter, TableCatalog, open_table_store
 from tests.e2e.broker_clients import PahoClient
+from tests.e2e.payloads.stream_runs import FailOnce, run_available_now
 from tests.e2e.payloads.test_sparkplug_broker import edge_node
 
 pytestmark = pytest.mark.spark
 
 BIRTH_ROWS = 2 + len(NODE_METRICS) + 2 * len(DEVICE_METRICS)  # bdSeq, Node Control/Rebirth; two devices
 DATA_ROWS = 2 * len(DEVICE_METRICS)  # one DDATA per device
-
-
-class Loop:
-    """An event loop on a thread of its own: the edge node lives on it across the test's steps."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, work: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(work, self.loop).result(30)
-
-    def call(self, function: Callable[[], Any]) -> Any:
-        async def call() -> Any:
-            return function()
-
-        return self.run(call())
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
 
 
 def logged(broker: BrokerProcess) -> dict[str, int]:
@@ -77,38 +53,20 @@ def test_an_edge_node_into_sparkplug_metrics_exactly_once_through_a_death_a_brok
     store = open_table_store(None, str(tmp_path / "tables"), "delta-rs", TableCatalog([sparkplug_metrics()]))
     store.ensure(SPARKPLUG_METRICS)
     broker = BrokerProcess(tmp_path / "broker").start()
-    loop = Loop()
+    loop = LoopThread("edge-node")
+    loop.start()
     presence: list[tuple[str | None, bool]] = []
-    fail_once = {"armed": False}
+    fail_once = FailOnce()
 
     def write(batch, out: BatchWriter) -> None:
         rows = with_times(batch).cache()
         out.append(SPARKPLUG_METRICS, metric_rows(rows, datetime.now(UTC)))
         presence.extend((r["device_id"], r["online"]) for r in rows.where("kind = 'presence'").collect())
         rows.unpersist()
-        if fail_once["armed"]:
-            fail_once["armed"] = False
-            raise RuntimeError("the batch fails after its append (simulated)")
+        fail_once.after_writes()
 
     def run_query() -> None:
-        records = (
-            spark.readStream.format("timestone")
-            .option("brokers", f"edge1={broker.offsets_url}")
-            .option("topics", "spBv1.0/#")
-            .option("startingOffsets", "earliest")
-            .load()
-        )
-        query = (
-            sparkplug_rows(records)
-            .writeStream.foreachBatch(exactly_once(store, write, persist=False))
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        try:
-            query.awaitTermination(180)
-        finally:
-            query.stop()
+        run_available_now(spark, broker, "spBv1.0/#", store, write, tmp_path / "checkpoint", sparkplug_rows)
 
     def table() -> list[dict]:
         return store.read_arrow(SPARKPLUG_METRICS).to_pylist()
@@ -139,7 +97,7 @@ def test_an_edge_node_into_sparkplug_metrics_exactly_once_through_a_death_a_brok
         wait_for_log(broker, "spBv1.0/plant1/DDATA/gw1/pump8", 4)
         host.close()
 
-        fail_once["armed"] = True
+        fail_once.armed = True
         with pytest.raises(Exception, match="simulated"):
             run_query()
         run_query()  # from the checkpoint: the failed batch again, same id: its append is not repeated
