@@ -31,41 +31,13 @@ from bench.brokers import BrokerUnavailable, Mosquitto, Timestone
 from bench.brokers.base import BrokerUnderTest
 from bench.loadgen.flow import FlowSpec, Timing
 from bench.report import RESULTS_DIR, write_result
+from bench.scenarios import fanin, fleet
 from bench.scenarios.base import RunContext
-from bench.scenarios.fleet import device_topic
 from bench.scenarios.throughput import FlowMeasurement, measure_flow
 from bench.sysinfo import machine_info, raise_fd_limit, split_cpus
 
 TIMING = Timing(warmup_s=1.5, measure_s=4.0, drain_s=15.0, connect_timeout_s=120.0)
 FAN_IN = (4, 8, 16)
-PAYLOAD = 64
-
-
-def fan_in(publishers: int, qos: int) -> FlowSpec:
-    return FlowSpec(
-        publishers=publishers,
-        subscribers=1,
-        qos=qos,
-        topics=tuple(f"ingest/{n:02}" for n in range(publishers)),
-        subscription="ingest/+",
-        payload_size=PAYLOAD,
-        window=64,
-        ahead=10_000,
-    )
-
-
-def fleet(devices: int) -> FlowSpec:
-    return FlowSpec(
-        publishers=devices,
-        subscribers=1,
-        qos=1,
-        topics=tuple(device_topic(n) for n in range(devices)),
-        subscription="fleet/+/telemetry",
-        payload_size=100,
-        window=1,
-        ahead=2 * devices,
-        blob_frames=16,
-    )
 
 
 @dataclass
@@ -116,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         except BrokerUnavailable as exc:
             _log(f"{broker.label}: not available: {exc}")
             return 1
-    shapes = [(f"fan-in {p} → 1, QoS 0", fan_in(p, 0)) for p in FAN_IN]
-    shapes += [(f"fan-in {p} → 1, QoS 1", fan_in(p, 1)) for p in FAN_IN]
-    shapes.append((f"fleet: {args.devices:,} devices, QoS 1, 1 in flight", fleet(args.devices)))
+    shapes = [(f"fan-in {p} → 1, QoS 0", fanin.spec(0, p)) for p in FAN_IN]
+    shapes += [(f"fan-in {p} → 1, QoS 1", fanin.spec(1, p)) for p in FAN_IN]
+    shapes.append((f"fleet: {args.devices:,} devices, QoS 1, 1 in flight", fleet.spec(args.devices)))
     load_before = os.getloadavg()
     figures: dict[tuple[str, str], list[Figure]] = {}
     for round_number in range(args.rounds):

@@ -21,7 +21,6 @@ import asyncio
 import datetime as dt
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import frames, net
+from bench.brokers.base import stop_process_group
 from bench.brokers.timestone import timestone_executable
 from bench.report import RESULTS_DIR, write_result
 from bench.stream import FrameScanner
@@ -99,12 +99,7 @@ def started(workers: int, replication: int, cpus: set[int] | None) -> Iterator[t
             _wait_settled(port, process, directory)
             yield port, process.pid
         finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            stop_process_group(process, grace=60)
     finally:
         if etcd is not None:
             etcd.kill()
