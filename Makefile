@@ -20,7 +20,8 @@ test: $(STAMP) system-deps
 
 # Every benchmark writes its section into bench/results/ (commitlog, Spark source, telemetry job, OTA, footprint,
 # cluster, cluster fanout, cluster under faults, many topics, a fleet against Mosquitto and Aedes, ingest per
-# core and a QoS 0 flood against Mosquitto, the engine's CPU per message, members on one host, uplink, TLS accept), and the uplink's WAN cut of five minutes (the suite's test with a longer cut: a check, not a figure),
+# core and a QoS 0 flood against Mosquitto, the engine's CPU per message, members on one host, uplink, TLS
+# accept), and the uplink's WAN cut of five minutes (the suite's test with a longer cut: a check, not a figure),
 # then the broker suite writes bench/RESULTS.md with every bench/results/*.md section appended: one command
 # regenerates every published figure (about 50 minutes on a 2-core machine; run it on a quiet one).
 bench: $(STAMP) system-deps
