@@ -19,8 +19,9 @@ test: $(STAMP) system-deps
 	$(VENV)/bin/pytest
 
 # Every benchmark writes its section into bench/results/ (commitlog, Spark source, telemetry job, OTA, footprint,
-# cluster, cluster fanout, cluster under faults, many topics, a fleet against Mosquitto and Aedes, uplink,
-# TLS accept), and the uplink's WAN cut of five minutes (the suite's test with a longer cut: a check, not a figure),
+# cluster, cluster fanout, cluster under faults, many topics, a fleet against Mosquitto and Aedes, ingest per
+# core and a QoS 0 flood against Mosquitto, the engine's CPU per message, members on one host, uplink, TLS
+# accept), and the uplink's WAN cut of five minutes (the suite's test with a longer cut: a check, not a figure),
 # then the broker suite writes bench/RESULTS.md with every bench/results/*.md section appended: one command
 # regenerates every published figure (about 50 minutes on a 2-core machine; run it on a quiet one).
 bench: $(STAMP) system-deps
@@ -36,6 +37,10 @@ bench: $(STAMP) system-deps
 	$(VENV)/bin/python -m bench.sessions_bench
 	$(VENV)/bin/python -m bench.topics_bench
 	$(VENV)/bin/python -m bench.fleet_bench
+	$(VENV)/bin/python -m bench.ingest_bench --variants
+	$(VENV)/bin/python -m bench.flood_bench
+	$(VENV)/bin/python -m bench.ingest_floor
+	$(VENV)/bin/python -m bench.workers_bench
 	$(VENV)/bin/python -m bench.uplink_bench
 	TIMESTONE_WAN_CUT_S=300 $(VENV)/bin/pytest -q -p no:cacheprovider tests/e2e/uplink/test_uplink_wan.py
 	$(VENV)/bin/python -m bench.tls_accept_bench

@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -93,6 +94,7 @@ class FloodRun:
 
     label: str
     flood: FloodResult
+    broker_cpu_s: float
     broker_cpu_pct: float
     other_cpu_pct: float
     ping_ms: list[float]
@@ -101,6 +103,11 @@ class FloodRun:
     loop: dict[str, float]
     drops: dict[str, int]
     drop_lines: int
+
+    @property
+    def per_core(self) -> float:
+        """Messages delivered per second of the broker's CPU: what one core of it would deliver."""
+        return self.flood.delivered / self.broker_cpu_s if self.broker_cpu_s > 0 else 0.0
 
     @property
     def voided(self) -> str:
@@ -200,6 +207,7 @@ def _measure_running(
     return FloodRun(
         label=broker.label,
         flood=flood,
+        broker_cpu_s=broker_cpu,
         broker_cpu_pct=100.0 * broker_cpu / wall,
         other_cpu_pct=100.0 * other / wall,
         ping_ms=[rtt * 1000 for rtt in rtts],
@@ -252,7 +260,8 @@ def summary_line(run: FloodRun) -> str:
     flood = run.flood
     return (
         f"{run.label}: {flood.delivered:,} of {flood.sent:,} delivered ({flood.delivered_pct:.2f} %) at "
-        f"{flood.rate:,.0f}/s; PINGREQ p99 {percentile(run.ping_ms, 0.99):.1f} ms max "
+        f"{flood.rate:,.0f}/s ({run.per_core:,.0f} per broker CPU second); "
+        f"PINGREQ p99 {percentile(run.ping_ms, 0.99):.1f} ms max "
         f"{max(run.ping_ms, default=0):.1f}; /metrics max {max(run.metrics_ms, default=0):.0f} ms "
         f"({run.metrics_failed} failed); loop lag p99 {run.loop.get('late_p99_ms', float('nan')):.1f} ms; "
         f"drops {run.drops or 'none'}; broker CPU {run.broker_cpu_pct:.0f} %, other {run.other_cpu_pct:.0f} %"
@@ -281,9 +290,9 @@ def render(
         "every 20 ms. `/metrics`: a GET every 250 ms, the slowest answer. Each configuration in every round, "
         "in alternating order; every run listed.",
         "",
-        "| broker | delivered | delivered/s | loop lag p99 ms | PINGREQ p99 / max ms | /metrics max ms "
-        "(failed) | drops by reason | broker CPU | subscriber CPU | other CPU | note |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| broker | delivered | delivered/s | per broker CPU second | loop lag p99 ms | PINGREQ p99 / max ms "
+        "| /metrics max ms (failed) | drops by reason | broker CPU | subscriber CPU | other CPU | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, measured in runs.items():
         for run in measured:
@@ -299,15 +308,19 @@ def render(
             drops = ", ".join(f"{reason} {count:,}" for reason, count in sorted(run.drops.items())) or "none"
             lines.append(
                 f"| {run.label} | {flood.delivered:,} of {flood.sent:,} ({flood.delivered_pct:.2f} %) | "
-                f"{flood.rate:,.0f} | {loop_lag} | {percentile(run.ping_ms, 0.99):.1f} / "
+                f"{flood.rate:,.0f} | {run.per_core:,.0f} | {loop_lag} | "
+                f"{percentile(run.ping_ms, 0.99):.1f} / "
                 f"{max(run.ping_ms, default=0):.1f} | {metrics} | {drops} | {run.broker_cpu_pct:.0f} % | "
                 f"{flood.subscriber_cpu_pct:.0f} % | {run.other_cpu_pct:.0f} % | "
                 f"{('VOID: ' + run.voided) if run.voided else ''} |"
             )
         del name
-    ratios = _ratios(runs)
+    ratios = _ratios(runs, lambda run: run.flood.rate)
     if ratios:
         lines += ["", "Median delivered/s of the valid runs against Mosquitto's: " + "; ".join(ratios) + "."]
+    per_core = _ratios(runs, lambda run: run.per_core)
+    if per_core:
+        lines += ["", "Per broker CPU second, against Mosquitto's: " + "; ".join(per_core) + "."]
     lines += [
         "",
         f"`bench/flood_bench.py`, measured {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on "
@@ -318,14 +331,14 @@ def render(
     return "\n".join(lines) + "\n"
 
 
-def _ratios(runs: dict[str, list[FloodRun]]) -> list[str]:
-    mosquitto = [r.flood.rate for r in runs.get("mosquitto", []) if not r.voided]
+def _ratios(runs: dict[str, list[FloodRun]], figure: Callable[[FloodRun], float]) -> list[str]:
+    mosquitto = [figure(r) for r in runs.get("mosquitto", []) if not r.voided]
     if not mosquitto:
         return []
     reference = statistics.median(mosquitto)
     out = []
     for name, measured in runs.items():
-        valid = [r.flood.rate for r in measured if not r.voided]
+        valid = [figure(r) for r in measured if not r.voided]
         if name != "mosquitto" and valid:
             out.append(f"{measured[0].label} {statistics.median(valid) / reference:.2f}x")
     return out

@@ -118,8 +118,11 @@ class ClusterForwarding:
         loop: asyncio.AbstractEventLoop,
         min_insync_replicas: int,
         forward_timeout_s: float,
+        redirect_publishers: bool = False,
     ) -> None:
         self.view = view
+        self.redirect_publishers = redirect_publishers
+        """``cluster.redirect_publishers``: ``server_for`` names leaders."""
         self.path = path
         self.router = router
         self.links = links
@@ -134,6 +137,13 @@ class ClusterForwarding:
         self._stopped: str | None = None
 
     # -- the forwarding port (the PUBLISH path asks) --------------------------------------------------------
+
+    def server_for(self, topic: str) -> str | None:
+        if not self.redirect_publishers:
+            return None
+        view = self.view
+        leader = view.leader_of(view.partition_of(topic))
+        return leader.mqtt if leader is not None and leader.node_id != view.node_id else None
 
     def appends_here(self, topic: str) -> bool:
         view = self.view

@@ -224,6 +224,7 @@ class ClusterNode:
             broker.loop,
             cluster.min_insync_replicas,
             cluster.forward_timeout_ms / 1000,
+            cluster.redirect_publishers,
         )
         self.links = PeerLinks(cluster.node_id, self.clients, self.forwarding, self.proofs)
         self.forwarding.links = self.links

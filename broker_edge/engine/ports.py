@@ -154,6 +154,10 @@ class Forwarding(Protocol):
     def broadcast(self, message: Message) -> None:
         """Route an unlogged publish on every other member."""
 
+    def server_for(self, topic: str) -> str | None:
+        """The MQTT address of the member a client publishing on ``topic`` is better connected to (the
+        leader of its partition), when this member sends publishers there; None otherwise."""
+
 
 class Replication(Protocol):
     """The stage between durable and acknowledged: call ``done`` once ``runs`` are replicated enough."""

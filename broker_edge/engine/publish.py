@@ -355,6 +355,9 @@ class PublishPath:
                 parts.setdefault((message.topic, entry.batch is not None), []).append(entry)
             else:
                 here.append(entry)
+                inbound = getattr(entry.publisher, "inbound", None)  # a client's (a peer has none)
+                if inbound is not None:
+                    inbound.appended_here = True
         current.entries = here
         for (topic, from_peer), entries in parts.items():
             messages = [entry.message for entry in entries if entry.message is not None]
@@ -362,18 +365,47 @@ class PublishPath:
                 topic,
                 messages,
                 from_peer,
-                partial(self._forwarded, entries),
+                partial(self._forwarded, topic, entries),
                 partial(_wanted, entries),
             )
         return local
 
-    def _forwarded(self, entries: list[PendingPublish], acks: Sequence[ForwardAck]) -> None:
+    def _forwarded(self, topic: str, entries: list[PendingPublish], acks: Sequence[ForwardAck]) -> None:
         ready = self._answers.ready
         for entry, ack in zip(entries, acks, strict=True):
             self._settle(entry, ack)
             ready(entry)
+        forwarding = self.forwarding
+        address = forwarding.server_for(topic) if forwarding is not None else None
+        if address is not None:
+            self._send_elsewhere(entries, address)
         if self._held_readers:
             self._answered()
+
+    @staticmethod
+    def _send_elsewhere(entries: list[PendingPublish], address: str) -> None:
+        """MQTT 5 publishers whose publishes the leader at ``address`` acknowledged are sent there
+        (``cluster.redirect_publishers``) once all their publishes are answered, unless this member appended
+        one of theirs: a device publishing on topics led by several members stays where it is rather than
+        being sent back and forth."""
+        sent: set[int] = set()
+        for entry in entries:
+            publisher = entry.publisher
+            if (
+                publisher is None  # the broker's own, or another broker's (in a batch)
+                or entry.reason_code >= 0x80
+                or not publisher.v5
+                or publisher.state == CLOSED
+                or publisher.incoming_pending  # answers still to write: they go first, then it is sent
+                or id(publisher) in sent
+            ):
+                continue
+            inbound = getattr(publisher, "inbound", None)
+            redirect = getattr(publisher, "redirect", None)
+            if inbound is None or inbound.appended_here or redirect is None:
+                continue
+            sent.add(id(publisher))
+            redirect(address, "the member leading this topic's partition appends its publishes")
 
     def _settle(self, entry: PendingPublish, ack: ForwardAck) -> None:
         """Record the answer for an entry answered elsewhere; it is acknowledged in its turn."""

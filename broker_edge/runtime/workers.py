@@ -98,17 +98,34 @@ def member_documents(
         node = node_id(config, index)
         member = copy.deepcopy(document)
         listeners = member.get("listeners") or [{}]
-        member["listeners"] = [{**listener, "reuse_port": True} for listener in listeners]
+        shared = [{**listener, "reuse_port": True} for listener in listeners]
+        own = _own_listener(listeners[0], config.listeners[0].host, node)
+        member["listeners"] = [own, *shared] if own is not None else shared
         member["storage"] = {**member.get("storage", {}), "directory": str(base / node)}
         if index:  # the first member keeps the configured side ports, the others take free ones
-            for section in ("offsets_api", "admin_http"):
-                member[section] = {**(member.get(section) or {}), "port": 0}
-        member["cluster"] = _cluster_section(member.get("cluster"), node, etcd_url)
+            for side in ("offsets_api", "admin_http"):
+                member[side] = {**(member.get(side) or {}), "port": 0}
+        cluster = member["cluster"] = _cluster_section(member.get("cluster"), node, etcd_url, own is not None)
+        if own is None and "mqtt" not in cluster.setdefault("advertise", {}):
+            # every interface: the devices' way to the shared listener is this host's name, as best known
+            cluster["advertise"]["mqtt"] = f"{socket.getfqdn()}:{config.listeners[0].port}"
         members.append((node, member))
     return members
 
 
-def _cluster_section(configured: dict[str, Any] | None, node: str, etcd_url: str | None) -> dict[str, Any]:
+def _own_listener(first: dict[str, Any], host: str, node: str) -> dict[str, Any] | None:
+    """A listener of this member alone, like the first one on a free port: the address the cluster
+    advertises for it (where a configured ``cluster.redirect_publishers`` sends devices, and a fenced member
+    sends its clients). None when the first listener binds every interface: then no address of the host is
+    known to be the devices' way to it."""
+    if host in ("0.0.0.0", "::", ""):
+        return None
+    return {**first, "name": node, "port": 0, "reuse_port": False}
+
+
+def _cluster_section(
+    configured: dict[str, Any] | None, node: str, etcd_url: str | None, own_address: bool
+) -> dict[str, Any]:
     if configured is None:
         assert etcd_url is not None, "a cluster without a configured one runs on the command's etcd"
         return {
@@ -122,7 +139,7 @@ def _cluster_section(configured: dict[str, Any] | None, node: str, etcd_url: str
     section["node_id"] = node
     section["listen"] = {**(section.get("listen") or {}), "port": 0}
     advertise = {**(section.get("advertise") or {})}
-    for own in ("offsets_api", "peer"):  # each member's own address, from what it binds
+    for own in ("offsets_api", "peer", *(("mqtt",) if own_address else ())):  # each member's own, bound
         advertise.pop(own, None)
     section["advertise"] = advertise
     return section

@@ -72,8 +72,9 @@ class TcpConnection(StreamConnection):
         self._follow_hold()
 
     def resume_after_turn(self) -> None:
-        self.release(HELD_FOR_TURN)
-        self._follow_hold()
+        if self.held & HELD_FOR_TURN:
+            self.release(HELD_FOR_TURN)
+            self._follow_hold()
 
     def may_read(self) -> bool:
         return not self.held & ~HELD_FOR_TURN and self.terms.state != CLOSED

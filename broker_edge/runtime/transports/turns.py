@@ -42,7 +42,8 @@ class TurnReader(Protocol):
         """Stop reading the socket: it has bytes kept."""
 
     def resume_after_turn(self) -> None:
-        """Its bytes are all handled: read the socket again, unless something else holds its reading."""
+        """Its bytes are all handled: read the socket again (if it was paused), unless something else holds
+        its reading."""
 
     def may_read(self) -> bool:
         """False while its reading is held for another reason (or it is closed): its bytes wait."""
@@ -69,13 +70,16 @@ class ReadTurns:
 
     def take(self, reader: TurnReader, data: bytes) -> bytes | None:
         """What of ``data`` (just read by ``reader``) to handle now: all of it, the part that fits this
-        turn, or None; the rest is kept, and ``reader`` paused, until a later turn hands it back."""
+        turn, or None; the rest is kept until a later turn hands it back, and ``reader`` paused once it has
+        more than ``MIN_SHARE`` kept (a device that sent one packet is not paused and resumed for it: two
+        system calls more than the packet's own read)."""
         kept = self._kept
         if kept:
             waiting = kept.get(reader)
             if waiting is not None:  # bytes of this connection are kept already: these go behind them
                 waiting += data
-                reader.pause_for_turn()
+                if len(waiting) > MIN_SHARE:
+                    reader.pause_for_turn()
                 return None
         if not self._scheduled:
             self._scheduled = True
@@ -89,11 +93,13 @@ class ReadTurns:
             self.turns_cut += 1
         if left <= 0:
             kept[reader] = bytearray(data)
-            reader.pause_for_turn()
+            if size > MIN_SHARE:
+                reader.pause_for_turn()
             return None
         self.left = 0
         kept[reader] = bytearray(data[left:])
-        reader.pause_for_turn()
+        if size - left > MIN_SHARE:
+            reader.pause_for_turn()
         return data[:left]
 
     def spend(self, size: int) -> bool:

@@ -30,9 +30,10 @@ import pytest
 from broker_edge.placement import partition_of
 from broker_edge.protocol import PacketDecoder
 from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import Connect, PubAck, Publish
+from broker_edge.protocol.packets import Connect, Disconnect, PubAck, Publish
 from broker_edge.runtime.launcher import free_port
-from tests.harness.local_cluster import wait_until
+from tests.e2e.broker_clients import RawClient
+from tests.harness.local_cluster import EtcdServer, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -173,10 +174,11 @@ def read_topic(offsets_api: str, topic: str) -> list[bytes]:
         payloads += [base64.b64decode(json.loads(line)["payload"]) for line in lines]
 
 
-def start_workers(directory: Path) -> tuple[subprocess.Popen[bytes], int, str]:
-    """``timestone broker --workers 2`` on free ports, without a cluster section (it runs its own etcd),
-    once its two members show themselves on the port; started again on other ports when another process
-    took one of them in between (the machine is shared)."""
+def start_workers(directory: Path, cluster: str = "") -> tuple[subprocess.Popen[bytes], int, str]:
+    """``timestone broker --workers 2`` on free ports, without a cluster section (it runs its own etcd) or
+    with ``cluster``, once its two members show themselves on the port; started again on other ports when
+    another process took one of them in between (the machine is shared)."""
+    nodes = ["w0", "w1"] if not cluster else ["w-0", "w-1"]
     for _ in range(3):
         port, api, admin = free_port(), free_port(), free_port()
         config = directory / "broker.yaml"
@@ -185,7 +187,7 @@ def start_workers(directory: Path) -> tuple[subprocess.Popen[bytes], int, str]:
             f"storage: {{directory: {directory / 'data'}}}\n"
             f"offsets_api: {{port: {api}}}\n"
             f"admin_http: {{port: {admin}}}\n"
-            "limits: {messages_per_second_per_client: 0}\n"
+            "limits: {messages_per_second_per_client: 0}\n" + cluster
         )
         with open(directory / "workers.log", "ab") as log:
             process = subprocess.Popen(
@@ -201,10 +203,7 @@ def start_workers(directory: Path) -> tuple[subprocess.Popen[bytes], int, str]:
                 members = cluster_members(offsets_api)
             except OSError:
                 members = []
-            if sorted((m["node_id"], m["mqtt"]) for m in members) == [
-                ("w0", f"127.0.0.1:{port}"),
-                ("w1", f"127.0.0.1:{port}"),
-            ]:
+            if sorted(m["node_id"] for m in members) == nodes and _answers(port):
                 return process, port, offsets_api
             if b"Address already in use" in (directory / "workers.log").read_bytes():
                 break
@@ -212,6 +211,11 @@ def start_workers(directory: Path) -> tuple[subprocess.Popen[bytes], int, str]:
         stop_workers(process)
         (directory / "workers.log").rename(directory / f"workers-{process.pid}.log")
     raise AssertionError("timestone broker --workers 2 did not start")
+
+
+def _answers(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def stop_workers(process: subprocess.Popen[bytes]) -> None:
@@ -297,3 +301,61 @@ def test_a_member_killed_under_qos1_load_loses_nothing_and_its_clients_publish_a
     process.send_signal(signal.SIGTERM)
     assert process.wait(60) == 0
     assert not member_pids(workers_dir)  # every member stopped with the command
+
+
+@pytest.fixture
+def redirecting_workers(tmp_path):
+    """``--workers 2`` joining an etcd of the test's with ``cluster.redirect_publishers`` on."""
+    etcd = EtcdServer(tmp_path / "etcd", secure=False).start()
+    cluster = (
+        f"cluster: {{node_id: w, etcd: [{etcd.url}], replication_factor: 1, min_insync_replicas: 1,\n"
+        "          redirect_publishers: true}\n"
+    )
+    try:
+        process, port, offsets_api = start_workers(tmp_path, cluster)
+        try:
+            yield port, offsets_api
+        finally:
+            stop_workers(process)
+    finally:
+        etcd.kill()
+
+
+def test_a_v5_device_publishing_through_another_member_is_sent_to_its_partitions_leader(redirecting_workers):
+    """Every member has an address of its own besides the shared one, which the cluster advertises for it;
+    with ``cluster.redirect_publishers`` a v5 device whose publish a member forwarded to the leader of its
+    topic's partition is acknowledged, then sent there: DISCONNECT 0x9C (use another server) with the
+    leader's address as Server Reference [MQTT 5 3.14.2.2.2]. There, its publishes are appended where it is
+    connected and it stays."""
+    port, offsets_api = redirecting_workers
+    wait_until(  # leadership spreads over the members a few partitions at a time
+        lambda: {p["leader"] for p in cluster_layout(offsets_api)["partitions"]} == {"w-0", "w-1"},
+        60,
+        "both members leading partitions",
+    )
+    layout = cluster_layout(offsets_api)
+    addresses = {member["node_id"]: member["mqtt"] for member in layout["members"]}
+    assert len(set(addresses.values())) == 2 and f"127.0.0.1:{port}" not in addresses.values()
+    partitions = layout["partitions"]
+    topics = (f"plant/d-{n}/telemetry" for n in range(1000))
+    topic = next(t for t in topics if leader_of(partitions, t) == "w-1")
+    follower = RawClient(int(addresses["w-0"].rsplit(":", 1)[1]), 5)
+    assert follower.connect("d-redirected").reason_code == 0
+    follower.send_packet(Publish(topic, b"first", 1, packet_id=1))
+    assert follower.recv() == PubAck(1)
+    disconnect = follower.recv()
+    assert isinstance(disconnect, Disconnect) and disconnect.reason_code == 0x9C
+    assert disconnect.properties.server_reference == addresses["w-1"]
+    assert follower.closed()
+    leader = RawClient(int(disconnect.properties.server_reference.rsplit(":", 1)[1]), 5)
+    assert leader.connect("d-redirected").reason_code == 0
+    for packet_id in range(2, 6):
+        leader.send_packet(Publish(topic, b"next", 1, packet_id=packet_id))
+        assert leader.recv() == PubAck(packet_id)
+    leader.recv_none(0.5)
+    wait_until(lambda: read_topic(offsets_api, topic) == [b"first", b"next", b"next", b"next", b"next"], 30)
+
+
+def leader_of(partitions: list[dict[str, Any]], topic: str) -> str:
+    leader: str = partitions[partition_of(topic, len(partitions))]["leader"]
+    return leader

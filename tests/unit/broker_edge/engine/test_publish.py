@@ -21,7 +21,7 @@ from broker_edge.engine.ports import (
     PublishRefused,
     Replication,
 )
-from broker_edge.protocol.packets import MQTT_5, PubAck, Publish, PubRec
+from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, PubAck, Publish, PubRec
 from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, WireClient, make_core
 from tests.unit.broker_edge.engine.stand_ins import LOCAL_TOPIC, REMOTE_TOPIC, HeldForwarding, MemoryLog
 
@@ -230,3 +230,35 @@ def test_a_single_broker_path_has_no_cluster_step():
     core = make_core()
     assert core.publish_path.forwarding is None
     assert "accept" not in vars(core.publish_path)  # the plain method: no per-publish cluster check
+
+
+def test_a_v5_publisher_whose_publish_was_forwarded_is_sent_to_the_leader_once_acknowledged():
+    """``cluster.redirect_publishers``: the publish is acknowledged, then DISCONNECT 0x9C (use another
+    server, MQTT 5 3.14.2.2.2) with the leader's address as Server Reference."""
+    core, _, forwarding = _cluster_core()
+    forwarding.leaders[REMOTE_TOPIC] = "127.0.0.1:18830"
+    client = _publisher(core)
+    client.send(Publish(REMOTE_TOPIC, b"reading", 1, packet_id=4))
+    forwarding.answer(0)
+    answer = client.read()
+    assert [type(packet).__name__ for packet in answer] == ["PubAck", "Disconnect"]
+    disconnect = answer[1]
+    assert disconnect.reason_code == 0x9C
+    assert disconnect.properties.server_reference == "127.0.0.1:18830"
+    assert client.closed
+
+
+def test_a_publisher_with_a_publish_appended_here_or_of_mqtt_3_is_not_sent_elsewhere():
+    core, store, forwarding = _cluster_core()
+    forwarding.leaders[REMOTE_TOPIC] = "127.0.0.1:18830"
+    both = _publisher(core)
+    both.send(Publish(LOCAL_TOPIC, b"here", 1, packet_id=1), Publish(REMOTE_TOPIC, b"there", 1, packet_id=2))
+    v3 = core.client(MQTT_3_1_1)
+    v3.connect("v3")
+    v3.send(Publish(REMOTE_TOPIC, b"there", 1, packet_id=3))
+    store.make_durable()
+    forwarding.answer(0)
+    forwarding.answer(1)
+    assert [type(packet).__name__ for packet in both.read()] == ["PubAck", "PubAck"]
+    assert [type(packet).__name__ for packet in v3.read()] == ["PubAck"]
+    assert not both.closed and not v3.closed

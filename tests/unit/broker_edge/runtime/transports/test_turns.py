@@ -61,30 +61,53 @@ class Turns:
             callback()
 
 
+K = MIN_SHARE
+"""Sizes in the tests below are multiples of it: a connection with more than it kept stops reading."""
+
+
 def test_a_turn_handles_its_budget_and_keeps_the_rest_in_order():
-    t = Turns(budget=100)
+    t = Turns(budget=100 * K)
     a, b = t.reader("a"), t.reader("b")
-    t.read(a, b"x" * 60)
-    t.read(b, b"y" * 60)  # crosses the budget: 40 now, 20 kept
-    t.read(a, b"z" * 10)  # the turn's bytes are spent: kept whole
-    assert t.handled == [("a", b"x" * 60), ("b", b"y" * 40)]
+    t.read(a, b"x" * 60 * K)
+    t.read(b, b"y" * 60 * K)  # crosses the budget: 40 now, 20 kept
+    t.read(a, b"z" * 10 * K)  # the turn's bytes are spent: kept whole
+    assert t.handled == [("a", b"x" * 60 * K), ("b", b"y" * 40 * K)]
     assert not a.reading and not b.reading
     t.handled.clear()
     t.end_turn()
-    assert t.handled == [("b", b"y" * 20), ("a", b"z" * 10)]  # in the order they were put off
+    assert t.handled == [("b", b"y" * 20 * K), ("a", b"z" * 10 * K)]  # in the order they were put off
     assert a.reading and b.reading
 
 
+def test_a_small_read_kept_for_the_next_turn_leaves_its_connection_reading():
+    """A device's one packet put off to the next turn does not cost it a pause and a resume of its socket
+    (two system calls); a second read behind it is kept too, and a connection with more than ``MIN_SHARE``
+    kept stops reading."""
+    t = Turns(budget=K)
+    flood, device = t.reader("flood"), t.reader("device")
+    t.read(flood, b"f" * K)
+    t.read(device, b"\x32\x0c packet")
+    assert device.reading
+    t.read(device, b"d" * 2 * K)
+    assert not device.reading
+    t.end_turn()
+    t.end_turn()
+    t.end_turn()
+    assert b"".join(data for name, data in t.handled if name == "device") == b"\x32\x0c packet" + b"d" * 2 * K
+    assert device.reading
+
+
 def test_a_connection_with_bytes_kept_puts_its_next_reads_behind_them():
-    t = Turns(budget=10)
+    t = Turns(budget=10 * K)
     a = t.reader("a")
-    t.read(a, b"1" * 10)
-    t.read(a, b"2" * 5)
+    t.read(a, b"1" * 10 * K)
+    t.read(a, b"2" * 5 * K)
     a.reading = True  # its reading resumed for another reason (a rate hold released)
-    t.read(a, b"3" * 5)
+    t.read(a, b"3" * 5 * K)
     assert not a.reading
     t.end_turn()
-    assert b"".join(data for _, data in t.handled) == b"1" * 10 + b"2" * 5 + b"3" * 5
+    t.end_turn()
+    assert b"".join(data for _, data in t.handled) == b"1" * 10 * K + b"2" * 5 * K + b"3" * 5 * K
 
 
 def test_connections_with_bytes_kept_share_a_turn_so_a_small_read_is_not_behind_large_ones():
