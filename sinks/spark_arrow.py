@@ -1,0 +1,37 @@
+"""Spark and Arrow schemas converted the same way on every supported pyspark (4.0 to 4.3).
+
+pyspark's own converters changed in 4.2: ``to_arrow_schema`` takes the session time zone as ``timezone=``
+where 4.0 and 4.1 take ``timestamp_utc=True``, and ``from_arrow_schema`` reads a timestamp without a time
+zone as ``TIMESTAMP_NTZ`` by default where 4.0 and 4.1 read it as ``TIMESTAMP``. Tables, sources and
+pipelines convert through here, so a table's schema does not depend on the Spark it was read with.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.pandas import types as _pyspark_types
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+__all__ = ["to_arrow", "to_spark"]
+
+_to_arrow_schema: Any = _pyspark_types.to_arrow_schema
+_TAKES_TIMEZONE = "timezone" in inspect.signature(_to_arrow_schema).parameters
+
+
+def to_arrow(schema: StructType) -> pa.Schema:
+    """``schema`` as Arrow: timestamps in microseconds, UTC (as Spark hands rows to Python, and Delta
+    stores them); ``TIMESTAMP_NTZ`` without a time zone."""
+    if _TAKES_TIMEZONE:
+        return _to_arrow_schema(schema, timezone="UTC")
+    return _to_arrow_schema(schema, timestamp_utc=True)
+
+
+def to_spark(schema: pa.Schema) -> StructType:
+    """``schema`` as Spark types: a timestamp with a time zone is ``TIMESTAMP``, one without
+    ``TIMESTAMP_NTZ``."""
+    return _pyspark_types.from_arrow_schema(schema, prefer_timestamp_ntz=True)
