@@ -49,12 +49,12 @@ import yaml
 
 from bench.report import output_parser, run_in_tempdir, write_result
 from bench.sysinfo import cpu_seconds, machine_busy_seconds, machine_info, machine_load_sentence
-from broker_edge.cluster.view import partition_of
+from broker_edge.placement import partition_of
 from broker_edge.protocol import PacketDecoder
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import Connect, Packet, PubAck, Publish, Subscribe, Subscription
 from broker_edge.runtime.launcher import BrokerProcess
-from broker_edge.runtime.local_cluster import EtcdServer, EtcdTarget, cluster_broker, cluster_state, settled
+from tests.harness.local_cluster import EtcdServer, EtcdTarget, cluster_broker, cluster_state, settled
 
 BENCH_DIR = Path(__file__).resolve().parent
 NODES = ("a", "b", "c")

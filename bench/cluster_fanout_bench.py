@@ -41,7 +41,7 @@ from bench.sysinfo import (
     raise_fd_limit,
 )
 from broker_edge.runtime.launcher import BrokerProcess
-from broker_edge.runtime.local_cluster import EtcdServer, EtcdTarget, cluster_broker, settled
+from tests.harness.local_cluster import EtcdServer, EtcdTarget, cluster_broker, settled
 
 BENCH_DIR = Path(__file__).resolve().parent
 TOPIC = "bench/fanout"

@@ -43,7 +43,7 @@ from broker_edge.protocol.packets import (
 )
 from broker_edge.protocol.properties import Properties
 from broker_edge.runtime.launcher import BrokerProcess
-from broker_edge.runtime.local_cluster import EtcdServer, EtcdTarget, cluster_broker, settled, wait_until
+from tests.harness.local_cluster import EtcdServer, EtcdTarget, cluster_broker, settled, wait_until
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROUNDS = 5

@@ -24,6 +24,12 @@ COMMANDS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "add, change or delete a user in a password file",
         (),
     ),
+    "pki": (
+        "broker_edge.pki.cli",
+        "pki_main",
+        "certificates: a CA, then listeners', members', etcd's, sites': timestone pki ca | issue | renew",
+        (),
+    ),
     "cluster": (
         "broker_edge.cluster.coordination.status",
         "cluster_main",
@@ -49,6 +55,12 @@ COMMANDS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         ("pipelines",),
     ),
     "devices": ("pipelines.fleet.cli", "devices_main", "simulate a fleet of devices", ()),
+    "sparkplug-host": (
+        "pipelines.sparkplug_host.cli",
+        "sparkplug_host_main",
+        "the Sparkplug B host application: its STATE, rebirth requests",
+        ("pipelines",),
+    ),
     "ota": (
         "pipelines.actions.cli",
         "ota_main",
@@ -71,6 +83,8 @@ OPTIONAL_MODULES = {
     "pyarrow": "pipelines",
     "numpy": "pipelines",
     "paho": "pipelines",
+    "cbor2": "pipelines",
+    "google": "pipelines",
     "aetcd": "cluster",
     "grpc": "cluster",
 }
@@ -97,6 +111,11 @@ def _usage() -> str:
     lines = ["usage: timestone [--version] <command> [options]", "", "commands:"]
     lines += [f"  {name:<10} {entry[2]}" for name, entry in COMMANDS.items()]
     lines.append("\nRun 'timestone <command> --help' for the options of a command.")
+    lines.append(
+        "\nexit status: 0 done; 2 an unknown command or a wrong command line; "
+        f"{MISSING_EXTRA_STATUS} the command's optional dependencies are not installed (the message names "
+        "the extra); each command's others in its --help."
+    )
     return "\n".join(lines)
 
 
@@ -125,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"timestone: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module_name, function_name, _, _ = COMMANDS[name]
+    if name == "broker":  # a Ctrl-C while the broker's modules load is a clean stop, not a traceback
+        from broker_edge.runtime.stop_signals import catch_early_stops
+
+        catch_early_stops()
     try:
         function = getattr(importlib.import_module(module_name), function_name)
         return int(function(rest) or 0)

@@ -33,7 +33,12 @@ STATES = ("queued", "in_progress", "succeeded", "failed", "rejected", "timed_out
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="timestone demo", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="timestone demo",
+        description=__doc__.split("\n")[0],
+        epilog="exit status: 0 the demo ran to its end; 1 a step did not finish within --timeout (it says "
+        "which); 2 a wrong command line; 3 optional dependencies missing",
+    )
     parser.add_argument("--devices", type=at_least_one, default=200, help="simulated devices (default 200)")
     parser.add_argument(
         "--workdir", default=str(DEMO_WORKDIR), help=f"where the demo keeps its data (default {DEMO_WORKDIR})"

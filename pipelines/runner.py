@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="timestone pipeline",
         description="Run a streaming pipeline ('timestone pipeline <name> --help': one pipeline's options).",
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="name", required=True, metavar="PIPELINE")
     for name, pipeline in PIPELINES.items():

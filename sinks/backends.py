@@ -7,7 +7,6 @@ chosen, so that opening a store needs neither delta-spark nor delta-rs unless it
 from __future__ import annotations
 
 import os
-from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Literal
 
 from sinks.tables import DEFAULT_CATALOG, TableCatalog
@@ -90,14 +89,12 @@ def open_table_store(
     *,
     namespace: str | None = None,
     storage_options: dict[str, str] | None = None,
-    executor_writes: bool | Collection[str] = False,
 ) -> TableStore:
     """The table store for this session: tables live at ``<root>/<table name>``.
 
     ``namespace`` (``catalog.schema``) makes the native backend address tables by name in the metastore
-    instead of by path; ``storage_options`` are delta-rs object-store options (credentials, endpoints);
-    ``executor_writes`` (True, or table names) has delta-rs append Spark DataFrames from the tasks (see
-    ``DeltaRsTableStore``).
+    instead of by path; ``storage_options`` are delta-rs object-store options (credentials, endpoints), which
+    the Spark tasks writing a table's files read too.
     """
     if backend == "auto":
         if spark is None:
@@ -115,6 +112,4 @@ def open_table_store(
         return DeltaNativeTableStore(spark, root, catalog, namespace=namespace)
     from sinks.delta_rs import DeltaRsTableStore
 
-    return DeltaRsTableStore(
-        spark, root, catalog, storage_options=storage_options, executor_writes=executor_writes
-    )
+    return DeltaRsTableStore(spark, root, catalog, storage_options=storage_options)

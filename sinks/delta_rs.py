@@ -2,21 +2,23 @@
 
 No Delta jars are needed, which is what lets the pipelines run on a laptop and in CI.
 
-Appends of a Spark DataFrame to a table on a local path chosen by ``executor_writes`` never bring rows
-to the driver: the Spark tasks write the Parquet files themselves (:mod:`sinks.parquet_files`), return one
-small row per file (path, size, partition values, stats), and the driver commits all of them as one Delta
-commit with delta-rs (``DeltaTable.create_write_transaction``). Arrow input, tables on object stores and
-``merge`` go through ``DataFrame.toArrow()`` (which collects to the driver) and ``write_deltalake`` /
-``DeltaTable.merge``. Data comes back out by reading exactly the parquet files of the current snapshot:
-reading the table directory instead would also return files that an overwrite or merge has removed.
+An append of a Spark DataFrame never brings rows to the driver: the Spark tasks write the Parquet files
+themselves (:mod:`sinks.parquet_files`, to a local path or an S3 bucket with the table's storage options),
+return one small row per file (path, size, partition values, stats), and the driver commits all of them as
+one Delta commit with delta-rs (``DeltaTable.create_write_transaction``). Arrow input (a few rows built in
+the driver) is written by ``write_deltalake``; a merge collects its source (``DataFrame.toArrow()``), so its
+callers hand it aggregates, not a batch's rows, and delta-rs merges them into the target in the driver.
+Data comes back out by reading exactly the parquet files of the current snapshot: reading the table
+directory instead would also return files that an overwrite or merge has removed.
 
 Concurrent writers (two streaming queries appending to one table, or merging) are normal: a commit that
 loses the race raises ``CommitFailedError``; the store reloads the table, checks again whether its batch is
 already in (another attempt of the same query may have won), and retries with a growing, jittered pause.
-An executor-side append writes its files once and retries only the commit, with the same files; files of an
-append that does not commit (a replay found in the log, a failed job or commit) are deleted, and files left
-by a crash between writing and committing are referenced by no commit: ``DeltaTable.vacuum`` removes them
-once they are older than its retention period.
+An executor-side append writes its files once and retries only the commit, with the same files; it commits
+exactly the files its one Spark job returned (a task attempt that failed or lost to another returned
+nothing). Files of an append that does not commit (a replay found in the log, a failed job or commit) are
+deleted where that is cheap, and files left by a crash between writing and committing are referenced by no
+commit: ``DeltaTable.vacuum`` removes them once they are older than its retention period.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import random
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +42,7 @@ from deltalake.transaction import AddAction
 from pyspark.sql.types import StructField, StructType
 
 from sinks.arrow_conform import SchemaMismatch, conform, to_arrow_table
+from sinks.object_store import FileLocation, UnsupportedLocation, local_directory
 from sinks.parquet_files import FileWriter, WrittenFile, remove_files, write_files
 from sinks.spark_arrow import to_arrow, to_spark
 from sinks.store import (
@@ -72,29 +75,26 @@ class AppendReport:
     """What one append that committed rows did (for logs and benchmarks)."""
 
     table: str
-    #: whether the Spark tasks wrote the files (else the rows were collected to the driver and written there)
+    #: whether the Spark tasks wrote the files (a Spark DataFrame; else Arrow rows written by the driver)
     on_executors: bool
     rows: int
-    #: files written by the tasks (None on the driver path, where delta-rs decides)
+    #: files written by the tasks (None for Arrow input, where delta-rs decides)
     files: int | None
-    #: the Spark job: computing the DataFrame (source reads included), then writing its files in the tasks
-    #: or collecting it to the driver (0 for Arrow input)
+    #: the Spark job: computing the DataFrame (source reads included) and writing its files in the tasks
+    #: (0 for Arrow input)
     spark_s: float
-    #: on the driver: the Delta commit of the tasks' files, or writing and committing the collected rows
+    #: on the driver: the Delta commit of the tasks' files, or writing and committing the Arrow rows
     driver_s: float
 
 
 class DeltaRsTableStore(TableStore):
-    """:class:`~sinks.store.TableStore` over delta-rs; ``spark`` is needed only by :meth:`read`.
+    """:class:`~sinks.store.TableStore` over delta-rs; ``spark`` is needed by :meth:`read` and by appends
+    of Spark DataFrames.
 
-    ``executor_writes`` (True for every table, or the names of the tables) lets :meth:`append` of a Spark
-    DataFrame to a table on a local path (or ``file://``) write the data files in the Spark tasks and commit
-    them from the driver: no rows in the driver's memory, and the files written in parallel, which pays for
-    large batches; for a micro-batch of a few hundred rows it takes about four times as long as collecting
-    (see docs/tables.md). Off (the default), or for Arrow input or an object-store table, the rows are
-    collected to the driver and written by delta-rs. The executors must see the table directory at the same
-    path as the driver (local mode, or a shared mount). ``on_append``, when set, is called with an
-    :class:`AppendReport` after each append that committed rows.
+    Tables live on a local path (which every executor must see at the same path: local mode, or a shared
+    mount) or in an S3 bucket (``s3://``; ``storage_options`` as delta-rs takes them, which the tasks'
+    pyarrow writers read too). ``on_append``, when set, is called with an :class:`AppendReport` after each
+    append that committed rows.
     """
 
     backend = "delta-rs"
@@ -107,7 +107,6 @@ class DeltaRsTableStore(TableStore):
         *,
         storage_options: dict[str, str] | None = None,
         max_commit_attempts: int = 12,
-        executor_writes: bool | Collection[str] = False,
     ) -> None:
         super().__init__(catalog)
         self.spark = spark
@@ -115,8 +114,6 @@ class DeltaRsTableStore(TableStore):
         self.root = root if "://" in root else os.path.abspath(root)
         self.storage_options = storage_options
         self.max_commit_attempts = max_commit_attempts
-        self.executor_writes = executor_writes
-        """True (every table), False, or the names of the tables appended from the executors."""
         self.on_append: Callable[[AppendReport], None] | None = None
         self._ensured: set[str] = set()
         self._serial_listing = False
@@ -211,12 +208,9 @@ class DeltaRsTableStore(TableStore):
 
     def append(self, name: str, data: TableData, app_id: str, batch_id: int) -> bool:
         check_batch(app_id, batch_id)
-        directory = _local_directory(self.location(name))
-        if self.writes_on_executors(name) and directory is not None and _is_spark_frame(data):
-            return self._append_from_executors(name, data, directory, app_id, batch_id)
-        began = time.perf_counter()
-        rows = _as_arrow(data)
-        spark_s = time.perf_counter() - began if _is_spark_frame(data) else 0.0
+        if _is_spark_frame(data):
+            return self._append_from_executors(name, data, self.file_location(name), app_id, batch_id)
+        rows = to_arrow_table(data)
         written: list[AppendReport] = []
 
         def attempt(table: DeltaTable) -> bool:
@@ -230,9 +224,7 @@ class DeltaRsTableStore(TableStore):
                 mode="append",
                 commit_properties=_txn(app_id, batch_id),
             )
-            written.append(
-                AppendReport(name, False, batch.num_rows, None, spark_s, time.perf_counter() - began)
-            )
+            written.append(AppendReport(name, False, batch.num_rows, None, 0.0, time.perf_counter() - began))
             return True
 
         done = self._idempotent(name, app_id, batch_id, attempt)
@@ -240,13 +232,15 @@ class DeltaRsTableStore(TableStore):
             self._report(written[-1])
         return done
 
-    def writes_on_executors(self, name: str) -> bool:
-        """Whether appends of Spark DataFrames to `name` (on a local path) are written by the tasks."""
-        wanted = self.executor_writes
-        return wanted if isinstance(wanted, bool) else name in wanted
+    def file_location(self, name: str) -> FileLocation:
+        """Where the tasks write the table's data files; an error for a location they cannot write to."""
+        try:
+            return FileLocation(self.location(name), dict(self.storage_options or {}))
+        except UnsupportedLocation as exc:
+            raise TableStoreError(f"{name}: {exc}") from None
 
     def _append_from_executors(
-        self, name: str, frame: DataFrame, directory: str, app_id: str, batch_id: int
+        self, name: str, frame: DataFrame, location: FileLocation, app_id: str, batch_id: int
     ) -> bool:
         """The Spark tasks write the files once; their add actions are committed (and retried) together.
 
@@ -263,7 +257,7 @@ class DeltaRsTableStore(TableStore):
             if writer is None:
                 schema = _arrow_schema(table)
                 conform(to_arrow(frame.schema).empty_table(), schema, name)
-                writer = FileWriter(directory, schema, tuple(table.metadata().partition_columns), name)
+                writer = FileWriter(location, schema, tuple(table.metadata().partition_columns), name)
                 written = write_files(frame, writer)
                 timing[0] = time.perf_counter() - began
                 began = time.perf_counter()
@@ -284,11 +278,11 @@ class DeltaRsTableStore(TableStore):
             done = self._idempotent(name, app_id, batch_id, attempt)
         except BaseException:
             if writer is not None and not self._committed_now(name, app_id, batch_id):
-                remove_files(directory, writer.write_id, written)
+                remove_files(location, writer.write_id, written)
             raise
         if not done:
             if writer is not None:  # another attempt committed this batch meanwhile
-                remove_files(directory, writer.write_id, written)
+                remove_files(location, writer.write_id, written)
             return False
         if written:
             rows = sum(f.rows for f in written)
@@ -393,7 +387,7 @@ class DeltaRsTableStore(TableStore):
         once compaction replaced them). On a local path, the files it deleted are counted on disk
         (delta-rs lists every file it found unreferenced, deleted before or not)."""
         table = self._open_for_write(name)
-        directory = _local_directory(self.location(name))
+        directory = local_directory(self.location(name))
         before = _files_on_disk(directory) if directory is not None else None
         if float(retention_hours).is_integer():
             period: dict[str, Any] = {
@@ -413,7 +407,7 @@ class DeltaRsTableStore(TableStore):
 
     def tidy_log(self, name: str) -> int | None:
         table = self._open_for_write(name)
-        directory = _local_directory(self.location(name))
+        directory = local_directory(self.location(name))
         before = _log_entries(directory) if directory is not None else None
         table.create_checkpoint()
         table.cleanup_metadata()
@@ -440,7 +434,7 @@ class DeltaRsTableStore(TableStore):
         schema = _read_schema(table)
         if not files:
             return self.spark.createDataFrame([], schema)
-        if not self._serial_listing and _local_directory(self.location(name)) is not None:
+        if not self._serial_listing and local_directory(self.location(name)) is not None:
             # Above its threshold (32 paths by default) Spark lists the given files in a Spark job of its
             # own, on every read: a table passes it after 32 appends. Local files are listed in the driver.
             self.spark.conf.set(_LISTING_THRESHOLD_CONF, str(_SERIAL_LISTING_FILES))
@@ -482,7 +476,7 @@ class DeltaRsTableStore(TableStore):
         table = self._open(name)
         schema = _arrow_schema(table)
         location = self.location(name)
-        directory = _local_directory(location)
+        directory = local_directory(location)
         if directory is not None and not _unreadable_as_parquet(table):
             partition_by = list(table.metadata().partition_columns)
             files = _files_within(table, location, within)
@@ -505,7 +499,7 @@ def _live_files(table: DeltaTable, location: str) -> list[str]:
     The log holds each path URI-encoded (``p=a%253A`` for the directory ``p=a%3A``), so it is decoded once;
     ``file_uris()`` cannot be used for that, as it encodes the table root but not the rest.
     """
-    directory = _local_directory(location)
+    directory = local_directory(location)
     if directory is None:
         return table.file_uris()
     paths = table.get_add_actions().column("path").to_pylist()
@@ -520,7 +514,7 @@ def _files_within(table: DeltaTable, location: str, within: TimeRange | None) ->
     999 µs above its recorded one. A file without statistics for the column is kept, and so is every file
     of a table not on a local path (its file URIs are not matched to the statistics).
     """
-    directory = _local_directory(location)
+    directory = local_directory(location)
     if within is None or directory is None:
         return _live_files(table, location)
     actions = pa.table(table.get_add_actions(flatten=True))
@@ -593,15 +587,8 @@ def _log_entries(directory: str) -> int:
 def _local_file(directory: str, path: str) -> str:
     """An add action's path (relative and URI-encoded, or an absolute URI) as a path on disk."""
     if "://" in path:
-        return _local_directory(path) or path
+        return local_directory(path) or path
     return os.path.join(directory, urllib.parse.unquote(path))
-
-
-def _local_directory(location: str) -> str | None:
-    """The filesystem path of a local location (a path or ``file://`` URI); None for other URIs."""
-    if location.startswith("file://"):
-        return urllib.parse.unquote(urllib.parse.urlparse(location).path)
-    return None if "://" in location else location
 
 
 def _committed(table: DeltaTable, app_id: str, batch_id: int) -> bool:

@@ -10,14 +10,16 @@ directory, size, partition values, modification time and Delta stats, which is a
 
 File names are ``part-<task partition>-<write id>-<task attempt id>-c<nnn>.snappy.parquet``: unique, and the
 write id (one per call of :func:`write_files`) lets :func:`remove_files` find the files of a failed write.
-Nothing here commits: until the driver commits the add actions, the files are invisible to readers, and
-files of a write that never commits are left for ``vacuum``.
+The files go to a local directory or an object store (:class:`sinks.object_store.FileLocation`, opened in
+the task). Nothing here commits: until the driver commits the add actions, the files are invisible to
+readers, and files of a write that never commits are left for ``vacuum``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import suppress
@@ -27,10 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from sinks.arrow_conform import conform
 from sinks.delta_encoding import FileStats, partition_path, partition_value
+from sinks.object_store import FileLocation, local_directory
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -74,7 +78,7 @@ class FileWriter:
     ``schema`` is the table's whole Arrow schema, partition columns included; ``table`` names it in errors.
     """
 
-    directory: str
+    location: FileLocation
     schema: pa.Schema
     partition_by: tuple[str, ...]
     table: str
@@ -83,6 +87,7 @@ class FileWriter:
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         partition, attempt = _task_ids()
         data_schema = pa.schema([f for f in self.schema if f.name not in self.partition_by])
+        filesystem, directory = self.location.open()
         files: dict[tuple[Any, ...], _DataFile] = {}
         try:
             for batch in batches:
@@ -93,7 +98,9 @@ class FileWriter:
                     if key not in files:
                         values = dict(zip(self.partition_by, map(partition_value, key), strict=True))
                         name = f"part-{partition:05d}-{self.write_id}-{attempt}-c{len(files):03d}"
-                        files[key] = _DataFile(self.directory, values, f"{name}.snappy.parquet", data_schema)
+                        files[key] = _DataFile(
+                            filesystem, directory, values, f"{name}.snappy.parquet", data_schema
+                        )
                     files[key].write(part.drop_columns(list(self.partition_by)))
             written = [f.close() for f in files.values()]
         except BaseException:
@@ -127,12 +134,22 @@ def split_by_partition(rows: pa.Table, columns: Sequence[str]) -> Iterator[tuple
 class _DataFile:
     """One Parquet file being written by a task, with its stats."""
 
-    def __init__(self, directory: str, values: dict[str, str | None], name: str, schema: pa.Schema) -> None:
+    def __init__(
+        self,
+        filesystem: pafs.FileSystem,
+        directory: str,
+        values: dict[str, str | None],
+        name: str,
+        schema: pa.Schema,
+    ) -> None:
         self.relative = f"{partition_path(values)}/{name}" if values else name
         self.values = values
-        self.path = os.path.join(directory, self.relative)
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self.writer = pq.ParquetWriter(self.path, schema, compression="snappy")
+        self.filesystem = filesystem
+        self.path = f"{directory}/{self.relative}"
+        if isinstance(filesystem, pafs.LocalFileSystem):  # object stores have no directories to make
+            filesystem.create_dir(self.path.rsplit("/", 1)[0], recursive=True)
+        self.stream = filesystem.open_output_stream(self.path)
+        self.writer = pq.ParquetWriter(self.stream, schema, compression="snappy")
         self.stats = FileStats(schema)
         self.pending: list[pa.Table] = []
         self.pending_bytes = 0
@@ -153,20 +170,23 @@ class _DataFile:
         """Finish the file; its row of :data:`FILES_SCHEMA`."""
         self._flush()
         self.writer.close()
-        status = os.stat(self.path)
+        size = self.stream.tell()
+        self.stream.close()  # an object store's upload completes here
         return {
             "path": self.relative,
-            "size": status.st_size,
+            "size": size,
             "partition_values": json.dumps(self.values),
-            "modification_time": status.st_mtime_ns // 10**6,
+            "modification_time": time.time_ns() // 10**6,
             "stats": self.stats.to_json(),
         }
 
     def abort(self) -> None:
         with suppress(Exception):
             self.writer.close()
-        with suppress(OSError):
-            os.remove(self.path)
+        with suppress(Exception):
+            self.stream.close()
+        with suppress(Exception):
+            self.filesystem.delete_file(self.path)
 
 
 def _task_ids() -> tuple[int, int]:
@@ -193,12 +213,19 @@ def write_files(frame: DataFrame, writer: FileWriter) -> list[WrittenFile]:
     ]
 
 
-def remove_files(directory: str, write_id: str, files: Iterable[WrittenFile] | None = None) -> None:
-    """Best effort: delete ``files``, or when they are unknown (the job failed) every file of ``write_id``."""
-    if files is None:
-        paths = glob(os.path.join(escape(directory), "**", f"part-*-{write_id}-*.parquet"), recursive=True)
-    else:
-        paths = [os.path.join(directory, f.path) for f in files]
-    for path in paths:
+def remove_files(location: FileLocation, write_id: str, files: Iterable[WrittenFile] | None = None) -> None:
+    """Best effort: delete ``files``, or when they are unknown (the job failed) every file of ``write_id``
+    in a local table directory (on an object store such files are left to ``vacuum``: finding them would
+    list the whole table)."""
+    if files is not None:
+        filesystem, directory = location.open()
+        for written in files:
+            with suppress(Exception):
+                filesystem.delete_file(f"{directory}/{written.path}")
+        return
+    local = local_directory(location.uri)
+    if local is None:
+        return
+    for path in glob(os.path.join(escape(local), "**", f"part-*-{write_id}-*.parquet"), recursive=True):
         with suppress(OSError):
             os.remove(path)

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from functools import partial
 
-from broker_edge.cluster.discovery import ClusterDiscovery, ClusterLayout, ClusterUnreachableError
+from broker_edge.offsets_api.discovery import ClusterDiscovery, ClusterLayout, ClusterUnreachableError
 from broker_edge.offsets_api.errors import AuthError
 
 from .cluster_plan import TopicRoute, route_topics

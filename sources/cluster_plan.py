@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from broker_edge.cluster.discovery import ClusterLayout
+from broker_edge.offsets_api.discovery import ClusterLayout
 
 from .offsets_planner import LogExtent
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
-from broker_edge.cluster.discovery import ClusterDiscovery, ClusterLayout, ClusterUnreachableError
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.offsets_api.discovery import ClusterDiscovery, ClusterLayout, ClusterUnreachableError
 from broker_edge.offsets_api.errors import AuthError
 
 from .cluster_plan import readers_for

@@ -65,7 +65,7 @@ from .partition_offsets import (
     reads_partitions,
 )
 from .partition_reader import read_positions
-from .slice_reader import BrokerUnreachableError, FetchSettings, read_slices
+from .slice_reader import BrokerAuthError, BrokerUnreachableError, FetchSettings, read_slices
 from .stream_api import BatchStarts, ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 if TYPE_CHECKING:
@@ -469,8 +469,10 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             return None
         try:
             extents = self._fetch[broker].call(client.partitions)
-        except OffsetsApiError as error:
-            if error.status not in (403, 404):  # 403: a token limited to topic filters reads by topic
+        except (OffsetsApiError, BrokerAuthError) as refused:
+            # 403: a token limited to topic filters reads by topic (a refused token is raised as it is)
+            error = refused.__cause__ if isinstance(refused, BrokerAuthError) else refused
+            if not isinstance(error, OffsetsApiError) or error.status not in (403, 404):
                 raise
             if self._by_partition.get(broker):
                 raise RuntimeError(

@@ -33,6 +33,15 @@ def spark():
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def s3():
+    """An S3 endpoint on loopback (moto's server) for the test session; a test takes a bucket of its own."""
+    from tests.s3_server import s3_endpoint
+
+    with s3_endpoint() as endpoint:
+        yield endpoint
+
+
 @pytest.fixture
 def mosquitto(tmp_path):
     """(host, port) of a Mosquitto started for this test: an independent MQTT broker to check against."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from broker_edge.cluster.view import ClusterView, PartitionState
+from broker_edge.cluster.view import ClusterView
+from broker_edge.placement import PartitionState
 
 
 class StaticIsr:

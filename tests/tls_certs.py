@@ -1,7 +1,7 @@
 """Throwaway PKI for tests: a CA, a server certificate for 127.0.0.1/localhost, and a client certificate.
 
-Made with the ``cryptography`` package (the ``cluster`` extra) through the builders of
-``broker_edge.runtime.local_pki``, with EC P-256 keys so it takes milliseconds. Import it from any suite:
+Made with the builders of ``timestone pki`` (``broker_edge.pki.builders``), with EC P-256 keys so it takes
+milliseconds. Import it from any suite:
 ``from tests.tls_certs import make_test_pki``.
 """
 
@@ -12,10 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
 
-from broker_edge.runtime.local_pki import LOOPBACK_NAMES, build_ca, build_leaf, write_key
+from broker_edge.pki.builders import (
+    PrivateKey,
+    build_ca,
+    build_leaf,
+    subject_name,
+    write_certificate,
+    write_key,
+)
+from tests.harness.local_pki import LOOPBACK_NAMES
 
 __all__ = ["PkiPaths", "client_ssl_context", "make_test_pki"]
 
@@ -40,14 +46,15 @@ class PkiPaths:
 
 
 def _write_cert(path: Path, cert: x509.Certificate) -> None:
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    write_certificate(path, cert)
 
 
 def _make_leaf(
-    ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, common_name: str, *, server: bool
-) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    ca_key: PrivateKey, ca_cert: x509.Certificate, common_name: str, *, server: bool
+) -> tuple[PrivateKey, x509.Certificate]:
+    subject = subject_name(common_name, "Timestone test")
     return build_leaf(
-        ca_key, ca_cert, common_name, server=server, client=not server, names=LOOPBACK_NAMES if server else ()
+        ca_key, ca_cert, subject, server=server, client=not server, names=LOOPBACK_NAMES if server else ()
     )
 
 
@@ -55,10 +62,10 @@ def make_test_pki(directory: str | Path, client_common_name: str = "device-1") -
     """Write a fresh CA, server and client certificates, plus an unrelated CA and client, to ``directory``."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
-    ca_key, ca_cert = build_ca("Timestone test CA")
+    ca_key, ca_cert = build_ca(subject_name("Timestone test CA", "Timestone test"), days=30)
     server_key, server_cert = _make_leaf(ca_key, ca_cert, "localhost", server=True)
     client_key, client_cert = _make_leaf(ca_key, ca_cert, client_common_name, server=False)
-    other_ca_key, other_ca_cert = build_ca("Unrelated test CA")
+    other_ca_key, other_ca_cert = build_ca(subject_name("Unrelated test CA", "Unrelated"), days=30)
     other_client_key, other_client_cert = _make_leaf(
         other_ca_key, other_ca_cert, client_common_name, server=False
     )

@@ -17,7 +17,7 @@ of and fetches for its subscribers, and the fetches it sent for each)::
 
     "observer": {"partitions": [3, 7], "fetches": {"3": 41, "7": 12}}
 
-``broker_edge.cluster.discovery`` reads it back.
+``broker_edge.offsets_api.discovery`` reads it back.
 """
 
 from __future__ import annotations

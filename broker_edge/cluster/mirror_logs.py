@@ -29,10 +29,11 @@ import json
 import logging
 import struct
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 
+from broker_edge import bounds
 from broker_edge.engine.mirror_logs import MirrorAppend, MirrorPart, MirrorRefused, append_mirrored
 from broker_edge.engine.ports import AppendedRun
 from broker_edge.storage import InvalidRecord
@@ -253,7 +254,10 @@ class ClusterMirrorLogs:
             raise aiohttp.ClientResponseError(
                 answer.request_info, (), status=answer.status, message=str(body.get("message", body))
             )
-        return [_appended_of(item) for item in body["appended"]]
+        try:
+            return [_appended_of(item) for item in body["appended"]]
+        except (bounds.OutOfBounds, KeyError, TypeError) as error:  # an answer no log can hold: none
+            raise _NotHere(f"{node} answered what no log holds: {error}") from None
 
     async def _ends_of(self, node: str, prefix: str) -> dict[str, tuple[int, bool]] | None:
         """What ``node`` holds under ``prefix`` (None: it did not answer)."""
@@ -267,7 +271,10 @@ class ClusterMirrorLogs:
                 if answer.status != 200:
                     return None
                 body = await answer.json(content_type=None)
-            return {str(topic): (int(end), bool(leads)) for topic, (end, leads) in body["logs"].items()}
+            return {
+                topic: (bounds.offset(end, f"end of {topic!r}"), leads is True)
+                for topic, (end, leads) in body["logs"].items()
+            }
         except _UNANSWERED as error:
             log.debug("mirror ends from %s: %s", node, error)
             return None
@@ -336,19 +343,31 @@ def decode_parts(body: bytes) -> list[MirrorPart]:
     start = _HEADER.size + length
     try:
         header = json.loads(body[_HEADER.size : start])
-        described = [(str(topic), int(first), int(count), int(size)) for topic, first, count, size in header]
-    except (TypeError, ValueError) as error:
+        if not isinstance(header, list):
+            raise bounds.OutOfBounds("expected [[topic, first, count, size], ...]")
+        described = [_described(item, len(body)) for item in header]
+    except (ValueError, RecursionError) as error:  # OutOfBounds is a ValueError
         raise ValueError(f"bad header: {error}") from None
     if start + sum(size for *_, size in described) != len(body):
         raise ValueError("the sizes do not add up to the frames")
     view = memoryview(body)
     parts = []
     for topic, first, count, size in described:
-        if first < 0 or count < 1 or size < 1:
-            raise ValueError(f"{topic!r}: first {first}, count {count}, size {size}")
         parts.append(MirrorPart(topic, first, count, view[start : start + size]))
         start += size
     return parts
+
+
+def _described(item: object, limit: int) -> tuple[str, int, int, int]:
+    """One part's ``[topic, first, count, size]``, each number within what a log holds."""
+    if not isinstance(item, list) or len(item) != 4 or not isinstance(item[0], str):
+        raise bounds.OutOfBounds(f"a part must be [topic, first, count, size], got {bounds.shown(item)}")
+    topic = item[0]
+    first = bounds.offset(item[1], f"{topic!r} first")
+    count = bounds.count(item[2], f"{topic!r} count", 1)
+    size = bounds.size(item[3], f"{topic!r} size", 1, limit)
+    bounds.offset_span(first, count, repr(topic))
+    return topic, first, count, size
 
 
 def _json_of(appended: MirrorAppend) -> list[object]:
@@ -356,8 +375,19 @@ def _json_of(appended: MirrorAppend) -> list[object]:
     return [appended.first, appended.records, appended.duplicates, gap and list(gap), appended.end]
 
 
-def _appended_of(item: list[Any]) -> MirrorAppend:
+def _appended_of(item: object) -> MirrorAppend:
+    """A leader's answer for one part, each number within what a log holds (``OutOfBounds`` otherwise)."""
+    if not isinstance(item, list) or len(item) != 5:
+        raise bounds.OutOfBounds(
+            f"an appended part must be [first, records, duplicates, gap, end], got {item!r}"
+        )
     first, records, duplicates, gap, end = item
+    if gap is not None and (not isinstance(gap, list) or len(gap) != 2):
+        raise bounds.OutOfBounds(f"a gap must be [start, end] or null, got {bounds.shown(gap)}")
     return MirrorAppend(
-        int(first), int(records), int(duplicates), (int(gap[0]), int(gap[1])) if gap else None, int(end)
+        bounds.offset(first, "first"),
+        bounds.count(records, "records"),
+        bounds.count(duplicates, "duplicates"),
+        (bounds.offset(gap[0], "gap start"), bounds.offset(gap[1], "gap end")) if gap else None,
+        bounds.offset(end, "end"),
     )

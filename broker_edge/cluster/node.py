@@ -48,8 +48,9 @@ from broker_edge.cluster.links.member_clients import MemberClients
 from broker_edge.cluster.links.member_identity import MemberTls
 from broker_edge.cluster.links.member_proofs import MemberProofs
 from broker_edge.cluster.links.peer_link import PeerLinks
-from broker_edge.cluster.view import ClusterView, Member
+from broker_edge.cluster.view import ClusterView
 from broker_edge.engine.ports import LOCAL_ONLY, AppendedRun, ClusterPorts, PublishRefused
+from broker_edge.placement import Member
 
 if TYPE_CHECKING:
     from aiohttp import web

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from broker_edge.engine.connection.connection import Connection
+    from broker_edge.engine.connection.outgoing import Outgoing
     from broker_edge.engine.message import Message
     from broker_edge.observe.metrics import BrokerMetrics
     from broker_edge.settings.broker import BrokerConfig
@@ -84,7 +85,7 @@ class BrokerCore:
         """Open connections that are not their session's connection: before and during CONNECT, and taken
         over while they close (a dict used as a set: its table grows more densely than a set's). A connected
         client is reached through its session (``connections``), so it costs no entry of its own here."""
-        self._dirty: list[Connection] = []
+        self._dirty: list[Outgoing] = []
         self._flush_scheduled = False
 
     @property
@@ -183,16 +184,15 @@ class BrokerCore:
             conn.refused = refusal
             self.counters.refused(refusal)
             if refusal != "rate":  # a rate refusal waits for CONNECT, to tell a v5 client why
+                conn.close()
                 conn.state = CLOSED
-                if conn.transport is not None:
-                    conn.transport.close()
 
     def connection_closed(self, conn: Connection, was_connected: bool) -> None:
         self._unattached.pop(conn, None)
         if conn.refused is None:
             self.admission.release()
         if was_connected:
-            conn.listener.metrics.disconnected()
+            conn.terms.listener.metrics.disconnected()
             claims = self.cluster.sessions
             session = conn.session
             if claims is not None and session is not None and session.connection is conn:
@@ -202,11 +202,12 @@ class BrokerCore:
         self._unattached.pop(conn, None)
 
     def connection_detached(self, conn: Connection) -> None:
-        if conn.transport is not None:
+        if conn.state != CLOSED:
             self._unattached[conn] = None
 
-    def schedule_flush(self, conn: Connection) -> None:
-        """Write ``conn``'s batch at the end of this loop iteration (one call_soon for all connections)."""
+    def schedule_flush(self, conn: Outgoing) -> None:
+        """Have ``conn``'s transport take its output at the end of this loop iteration (one call_soon for all
+        connections)."""
         self._dirty.append(conn)
         if not self._flush_scheduled:
             self._flush_scheduled = True

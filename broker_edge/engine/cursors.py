@@ -222,11 +222,11 @@ class ReplayManager:
                 if budget <= 0:
                     self.pump_soon(session)
                     return
-                if conn.paused or session.queue or session.connection is not conn:
+                if conn.terms.paused or session.queue or session.connection is not conn:
                     return
                 room = budget
                 if sub_qos:
-                    room = min(room, conn.send_quota - session.inflight_count())
+                    room = min(room, conn.terms.send_quota - session.inflight_count())
                     if room <= 0:
                         return  # the next ack calls drain(), which pumps again
                 try:
@@ -296,11 +296,11 @@ class ReplayManager:
             if budget <= 0:
                 self.pump_soon(session)
                 return -1
-            if conn.paused or session.queue or session.connection is not conn:
+            if conn.terms.paused or session.queue or session.connection is not conn:
                 return -1
             room = min(budget, end - cursor)
             if sub_qos:
-                room = min(room, conn.send_quota - session.inflight_count())
+                room = min(room, conn.terms.send_quota - session.inflight_count())
                 if room <= 0:
                     return -1  # the next ack calls drain(), which pumps again
             records = remote.read(topic, cursor, room, session)

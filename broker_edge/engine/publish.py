@@ -55,6 +55,7 @@ from broker_edge.observe.refusal_log import LogSummary
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.storage.errors import DescriptorShortage, StorageError, TooManyTopics
 from broker_edge.storage.persistence import NOT_LOGGED
+from broker_edge.storage.quarantine import LogQuarantined
 
 if TYPE_CHECKING:
     from broker_edge.engine.cursors import ReplayManager
@@ -470,6 +471,9 @@ class PublishPath:
                 if isinstance(exc, DescriptorShortage):  # passing, and every publish meets it: summarised
                     self.counters.drop("descriptor_shortage")
                     self._refusals.log(logging.WARNING, "descriptor_shortage", "publish refused: %s", exc)
+                elif isinstance(exc, LogQuarantined):  # every publish to it meets it: summarised
+                    self.counters.drop("log_quarantined")
+                    self._refusals.log(logging.WARNING, "log_quarantined", "publish refused: %s", exc)
                 else:
                     self.counters.drop("log_failed")
                     log.warning(

@@ -278,10 +278,6 @@ class GuardedRunner:
     def port(self) -> int:
         return self.server.sockets[0].getsockname()[1]
 
-    @property
-    def open_connections(self) -> int:
-        return len(self.guard.open)
-
     async def cleanup(self) -> None:
         self.server.close()
         await self.runner.cleanup()

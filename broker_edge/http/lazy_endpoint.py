@@ -79,11 +79,6 @@ class LazyHttpEndpoint:
         loop.add_reader(sock.fileno(), endpoint._first_connection)
         return endpoint
 
-    @property
-    def app_loaded(self) -> bool:
-        """Whether a connection has come and the endpoint serves (or is starting to)."""
-        return self._serving is not None
-
     def _first_connection(self) -> None:
         self._loop.remove_reader(self._sock.fileno())
         self._serving = self._loop.create_task(self._serve())

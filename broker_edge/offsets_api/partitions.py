@@ -24,6 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
+from broker_edge.bounds import MAX_OFFSET
 from broker_edge.http.guard import hold
 from broker_edge.storage import LogStore, PositionOutOfRange
 
@@ -99,7 +100,7 @@ class _PartitionHandlers:
         query = request.query
         limits = self.limits
         format_param(query.get("format"), {"arrow": ARROW_CONTENT_TYPE})
-        position = int_param(query.get("position"), "position", -1, 0, 2**63 - 1)
+        position = int_param(query.get("position"), "position", -1, 0, MAX_OFFSET)
         if position < 0:
             raise ApiError(400, codes.BAD_REQUEST, "position is required", parameter="position")
         max_entries = int_param(

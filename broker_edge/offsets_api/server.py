@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import web
 
+from broker_edge.bounds import MAX_OFFSET
 from broker_edge.http.guard import (
     GuardedRunner,
     hold,
@@ -276,7 +277,15 @@ def _resolve_offset(value: object, info: LogInfo | None) -> int:
             f"offset must be a number, 'earliest' or 'latest', got {shown!r}",
             parameter="offset",
         )
-    return int(str(value))
+    offset = int(str(value))
+    if offset > MAX_OFFSET:
+        raise ApiError(
+            400,
+            codes.BAD_OFFSET,
+            f"offset must be within [0, {MAX_OFFSET}] (what a log holds), got {offset}",
+            parameter="offset",
+        )
+    return offset
 
 
 def _arrow_body(

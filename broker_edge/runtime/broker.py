@@ -283,6 +283,10 @@ class Broker(BrokerCore):
         self.metrics.gauge(
             "tail_cache_max_bytes", "The bound on the tail caches' memory (storage.tail_cache_total_bytes)."
         ).set(budget.max_bytes)
+        self.metrics.gauge(
+            "storage_quarantined_logs",
+            "Logs set aside at open: they could not be opened, and are neither read nor written.",
+        ).set(len(report.quarantined))
         if self.config.sessions.persist:
             can_subscribe = self.acl.can_subscribe if self.acl is not None else None
             self.session_store = SessionStore(
@@ -422,6 +426,7 @@ class Broker(BrokerCore):
             server.close()
         for conn in self.connections:
             conn.close(ReasonCode.SERVER_SHUTTING_DOWN, "broker shutting down")
+            conn.flush()
         for runner in self._runners:
             await runner.cleanup()
         for server in self._servers:
@@ -430,6 +435,7 @@ class Broker(BrokerCore):
             await asyncio.sleep(0)
             for conn in self.connections:
                 conn.abort()
+                conn.flush()
         if self.session_store is not None:
             await self.session_store.close()  # a file it cannot write is logged, the old one stays
         if self._retention is not None and not self._retention.done():
@@ -533,6 +539,10 @@ class Broker(BrokerCore):
             "listeners": dict(self.ports),
             "uptime_s": int(time.time() - self.started_at),
             "commitlog": None if self.store is None else ("failed: " + str(failure) if failure else "ok"),
+            "quarantined_logs": [
+                {"topic": entry.topic, "reason": entry.reason, "since_ms": entry.since_ms}
+                for entry in (self.store.quarantined() if self.store is not None else [])
+            ],
         }
 
     # -- the one timer ------------------------------------------------------------------------------------

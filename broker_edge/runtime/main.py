@@ -2,14 +2,16 @@
 
 glibc's heaps bounded (``heap_trim.bound_arenas``) before any thread starts, uvloop when available, logging
 from the config, SIGINT / SIGTERM for a graceful stop (clients told, the commitlog flushed), SIGHUP to
-re-read the password file, the ACL file, the readers' tokens file and the certificates (the offsets API's,
-a cluster member's and its CAs, etcd's client certificate). Exit status: 0 after a clean stop, 2 for a
-configuration error (the message names the key), 1 if the broker cannot start (e.g. the port is taken).
+re-read the password file, the ACL file, the readers' tokens file and the certificates (the TLS listeners',
+the offsets API's, the uplink hub's, a cluster member's and its CAs, etcd's client certificate). Exit
+status: 0 after a clean stop, 2 for a configuration error (the message names the key), 1 if the broker
+cannot start (e.g. the port is taken).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import sys
@@ -21,6 +23,7 @@ from broker_edge.config.loader import ConfigError
 from broker_edge.observe.logs import configure_logging
 from broker_edge.process.gc_tuning import tune_garbage_collector
 from broker_edge.process.heap_trim import bound_arenas
+from broker_edge.runtime import stop_signals
 from broker_edge.security.auth import PasswordFileError
 from broker_edge.settings.broker import BrokerConfig, load_broker_config
 
@@ -33,7 +36,8 @@ log = logging.getLogger("broker_edge.main")
 
 
 async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> None:
-    """Run a broker with ``config`` until SIGINT or SIGTERM."""
+    """Run a broker with ``config`` until SIGINT or SIGTERM; one during the start stops it there (what was
+    opened is closed again)."""
     from broker_edge.runtime.broker import Broker
 
     loop = asyncio.get_running_loop()
@@ -45,21 +49,46 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, lambda: reload_files(broker))
-    await broker.start()
-    tune_garbage_collector(config.runtime)
-    for line in startup_report(broker):
-        log.info("%s", line)
-    log.info("broker started: %s", ", ".join(f"{name}={port}" for name, port in broker.ports.items()))
-    if ready is not None:
-        ready.set()
+    if stop_signals.requested():  # before the loop had the signals
+        stop.set()
     try:
-        await stop.wait()
+        if not await _start_unless_stopped(broker, stop):
+            log.info("stopped during start-up")
+            return
+        tune_garbage_collector(config.runtime)
+        for line in startup_report(broker):
+            log.info("%s", line)
+        log.info("broker started: %s", ", ".join(f"{name}={port}" for name, port in broker.ports.items()))
+        if ready is not None:
+            ready.set()
+        try:
+            await stop.wait()
+        finally:
+            log.info("stopping")
+            await broker.stop()
     finally:
-        log.info("stopping")
-        await broker.stop()
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.remove_signal_handler(signum)
+        stop_signals.catch_early_stops()  # noted, not a KeyboardInterrupt, until the process has exited
     log.info("broker stopped")
+
+
+async def _start_unless_stopped(broker: Broker, stop: asyncio.Event) -> bool:
+    """Start ``broker`` unless ``stop`` is set first (True: started). A stop during the start cancels it,
+    and ``Broker.start`` closes what it had opened (listeners, the store and its lock, the cluster node)."""
+    if stop.is_set():
+        return False
+    starting = asyncio.ensure_future(broker.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if starting.done():
+        stopping.cancel()
+        starting.result()  # a start that failed raises here
+        return True
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await starting
+    return False
 
 
 def startup_report(broker: Broker) -> list[str]:
@@ -124,6 +153,19 @@ def reload_files(broker: Broker) -> None:
             log.error("readers' tokens not reloaded, the previous ones stay in force: %s", exc)
         else:
             log.info("readers' tokens reloaded from %s: %d in force", tokens.file, count)
+    for listener in broker.listeners:
+        if listener.tls_contexts is None:
+            continue
+        try:
+            listener.tls_contexts.reload()
+        except Exception as exc:
+            log.error(
+                "listener %s: certificate not reloaded, the previous one stays in force: %s",
+                listener.name,
+                exc,
+            )
+        else:
+            log.info("listener %s: certificate and CAs reloaded", listener.name)
     if broker.offsets_tls is not None:
         try:
             broker.offsets_tls.reload()
@@ -173,7 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     defaults serve 127.0.0.1:1883."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="timestone broker", description="Run a Timestone edge broker.")
+    stop_signals.catch_early_stops()  # `timestone broker` did it before this module was imported
+
+    parser = argparse.ArgumentParser(
+        prog="timestone broker",
+        description="Run a Timestone edge broker.",
+        epilog="exit status: 0 stopped (SIGINT or SIGTERM, at any moment of its start too); 1 cannot start "
+        "(a port taken, a file system that fails); 2 a configuration error (the message names the key). "
+        "SIGHUP re-reads the password, ACL and tokens files and the certificates.",
+    )
     parser.add_argument("--config", "-c", help="broker YAML config (default: embedded defaults)")
     return run_broker(parser.parse_args(argv).config)
 

@@ -33,6 +33,8 @@ SITE_PREFIX = "$site/"
 """The hub's namespace of sites' logs: ``$site/<site_id>/<topic>`` (devices cannot publish under ``$``)."""
 
 Compression = Literal["zstd", "zlib", "none"]
+MIN_KEEPALIVE_S = 1.0
+MAX_KEEPALIVE_S = 3600.0
 
 
 def site_topic(site_id: str, topic: str) -> str:
@@ -98,6 +100,9 @@ class UplinkConfig:
     """Longest wait between two attempts to reach the hub."""
     heartbeat_s: float = 5.0
     """Seconds between two reports of this site's log ends when nothing else is sent (the hub's lag)."""
+    keepalive_s: float = 15.0
+    """Seconds the link may stay silent before the site pings the hub; a hub that does not answer within
+    half of that is taken for gone and the site dials again, so a silent cut is noticed within 1.5 x this."""
     proxy: str | None = None
     """An HTTP proxy the connection goes through (``http://proxy:3128``); null = direct."""
     retention_warning_ratio: float = 0.8
@@ -122,13 +127,7 @@ class UplinkConfig:
                 validate_topic_filter(topic_filter)
             except InvalidTopic as error:
                 raise ConfigError(f"topics[{index}]", str(error)) from None
-        for index, topic_filter in enumerate(self.downlink):
-            try:
-                validate_topic_filter(topic_filter)
-            except InvalidTopic as error:
-                raise ConfigError(f"downlink[{index}]", str(error)) from None
-            if topic_filter.startswith("$"):
-                raise ConfigError(f"downlink[{index}]", f"the hub's '$' topics are its own: {topic_filter!r}")
+        _check_downlink(self.downlink, "downlink")
         if self.compression not in ("zstd", "zlib", "none"):
             raise ConfigError("compression", f"expected zstd, zlib or none, got {self.compression!r}")
         if self.bandwidth_bytes_per_s is not None and not _positive_int(self.bandwidth_bytes_per_s):
@@ -143,6 +142,13 @@ class UplinkConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(name, f"must be a number > 0, got {value!r}")
+        if isinstance(self.keepalive_s, bool) or not isinstance(self.keepalive_s, (int, float)):
+            raise ConfigError("keepalive_s", f"must be a number, got {self.keepalive_s!r}")
+        if not MIN_KEEPALIVE_S <= self.keepalive_s <= MAX_KEEPALIVE_S:
+            raise ConfigError(
+                "keepalive_s",
+                f"must be within [{MIN_KEEPALIVE_S:g}, {MAX_KEEPALIVE_S:g}] s, got {self.keepalive_s!r}",
+            )
         if self.reconnect_max_s < self.reconnect_min_s:
             raise ConfigError("reconnect_max_s", "must be >= reconnect_min_s")
         if not 0 < self.retention_warning_ratio <= 1:
@@ -175,6 +181,16 @@ class UplinkHubConfig:
     """Seconds for a connection's request to arrive before it is closed."""
     max_message_bytes: int = 64 * 1024 * 1024
     """Largest batch a site may send (compressed, and once decompressed)."""
+    downlink: list[str] = field(default_factory=_default_downlink)
+    """Topic filters of this hub's logs sent down to every site (default: the actions job's action topics);
+    a site's ``HELLO`` may ask for less, never more; ``[]`` = none."""
+    site_downlink: dict[str, list[str]] = field(default_factory=dict)
+    """Per site id, the topic filters sent down to that site instead of ``downlink`` (what is meant for
+    it: ``{plant-1: [actions/all, actions/groups/line-1]}``)."""
+
+    def downlink_of(self, site: str) -> list[str]:
+        """The topic filters of this hub's logs that ``site`` is sent, whatever it asks for."""
+        return self.site_downlink.get(site, self.downlink)
 
     def __post_init__(self) -> None:
         if not self.tls.cafile:
@@ -192,6 +208,28 @@ class UplinkHubConfig:
                 raise ConfigError(name, f"must be an integer >= 1, got {getattr(self, name)!r}")
         if not self.request_timeout_s > 0:
             raise ConfigError("request_timeout_s", f"must be > 0, got {self.request_timeout_s!r}")
+        _check_downlink(self.downlink, "downlink")
+        if not isinstance(self.site_downlink, dict):
+            raise ConfigError("site_downlink", "must map site ids to lists of topic filters")
+        for site, filters in self.site_downlink.items():
+            if not isinstance(site, str) or not SITE_ID.match(site):
+                raise ConfigError(f"site_downlink.{site}", f"not a site id: {site!r}")
+            _check_downlink(filters, f"site_downlink.{site}")
+
+
+def _check_downlink(filters: object, name: str) -> None:
+    """Topic filters of a hub's own logs (none of its ``$`` topics), or a ``ConfigError`` naming the one."""
+    if not isinstance(filters, list):
+        raise ConfigError(name, f"must be a list of topic filters, got {filters!r}")
+    for index, topic_filter in enumerate(filters):
+        try:
+            if not isinstance(topic_filter, str):
+                raise InvalidTopic(f"not a string: {topic_filter!r}")
+            validate_topic_filter(topic_filter)
+        except InvalidTopic as error:
+            raise ConfigError(f"{name}[{index}]", str(error)) from None
+        if topic_filter.startswith("$"):
+            raise ConfigError(f"{name}[{index}]", f"the hub's '$' topics are its own: {topic_filter!r}")
 
 
 def _positive_int(value: object) -> bool:

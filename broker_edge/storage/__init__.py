@@ -15,6 +15,7 @@ from .errors import (
     UnknownTopic,
 )
 from .partition_reads import PositionOutOfRange
+from .quarantine import LogQuarantined, QuarantinedLog
 from .record import AppendRecord, Record
 from .retention import RetentionReport
 from .store import LogInfo, LogStore, PartitionInfo, PartitionRecords, RecoveryReport
@@ -26,12 +27,14 @@ __all__ = [
     "InvalidRecord",
     "LogConfig",
     "LogInfo",
+    "LogQuarantined",
     "LogStore",
     "OffsetOutOfRange",
     "PartitionInfo",
     "PartitionRecords",
     "PersistRule",
     "PositionOutOfRange",
+    "QuarantinedLog",
     "Record",
     "RecordTooLarge",
     "RecoveryReport",

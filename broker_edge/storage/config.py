@@ -64,8 +64,11 @@ class StorageConfig:
     """A window touching at least this many files (segments of several partitions, their open indexes, the
     catalog) is made durable by one syncfs(2) of the store's filesystem instead of an fdatasync per file
     (Linux >= 5.8, not on FUSE filesystems, where syncfs does not reach the server); 0 turns this off."""
-    persist: list[PersistRule] = field(default_factory=lambda: [PersistRule("#")])
-    """Persistence rules, first match wins; a topic no rule matches is not persisted."""
+    persist: list[PersistRule] = field(
+        default_factory=lambda: [PersistRule("spBv1.0/#", (0, 1, 2)), PersistRule("#")]
+    )
+    """Persistence rules, first match wins; a topic no rule matches is not persisted. The default keeps the
+    Sparkplug B namespace at every QoS (its edge nodes publish at QoS 0), everything else at QoS 1 and 2."""
     partitions: int = 1
     """Partition logs that topics are spread over (`crc32c(topic) % partitions`, as a cluster places its
     partitions): each holds the records of its topics interleaved in its own segments. One is best for a

@@ -17,7 +17,6 @@ the end stops at once) and returns where each wanted record is.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import logging
 import os
@@ -44,6 +43,7 @@ from .entry import (
 from .errors import CorruptRecord, InvalidRecord, RecordTooLarge, StorageError
 from .file_pool import FileHandlePool
 from .open_index import capacity_for, header_bytes
+from .quarantine import Quarantine
 from .recent import RecentWindows
 from .record import (
     BODY_HEAD,
@@ -799,15 +799,6 @@ class PartitionLog:
 
     # -- whole-partition reads -------------------------------------------------------------------------
 
-    def segment_at(self, position: int) -> Segment | None:
-        """The segment holding the entry at `position` (None past the end or below the start)."""
-        bases = [segment.base for segment in self.segments]
-        index = bisect.bisect_right(bases, position) - 1
-        if index < 0:
-            return None
-        segment = self.segments[index]
-        return segment if position < segment.base + segment.row_count else None
-
     def byte_position(self, segment: Segment, row: int) -> int:
         """The byte position of `row` of `segment` (a sealed one: from its sparse rows, then its entries)."""
         rows = segment.rows
@@ -1054,8 +1045,10 @@ def remove_file(path: str) -> None:
         os.unlink(path)
 
 
-def apply_groups(state: SealedState, index: SealedIndex) -> None:
-    """Apply a sealed segment's groups to the sealed state (segments in order)."""
+def apply_groups(state: SealedState, index: SealedIndex, quarantine: Quarantine | None = None) -> None:
+    """Apply a sealed segment's groups to the sealed state (segments in order). At open (``quarantine``),
+    a group whose offsets no log holds sets its topic aside, and the groups of topics set aside are not
+    applied."""
     groups = index.all_groups()
     if groups:
         state.grow(groups[-1].topic_id + 1)
@@ -1063,6 +1056,10 @@ def apply_groups(state: SealedState, index: SealedIndex) -> None:
     number = index.number
     for group in groups:
         topic_id = group.topic_id
+        if quarantine is not None and quarantine.past_ceiling(
+            topic_id, group.first_offset + group.count, f"sealed index {index.number}: a group ending"
+        ):
+            continue
         if group.count == 0 and group.flags == FLAG_TRUNCATED:
             # Only a truncation marker: the topic's head stays in the segment its chain goes on in (as
             # `cut_live` left it), so that retention may delete this segment.

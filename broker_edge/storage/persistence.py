@@ -52,11 +52,6 @@ class PersistenceRules:
         """The QoS levels rule `number` persists (none for `NO_MATCH`)."""
         return self._qos_sets[number] if number < len(self._qos_sets) else frozenset()
 
-    def rule_for(self, topic: str) -> PersistRule | None:
-        """The first rule matching `topic` (None when none does)."""
-        number = self._rule_number(topic)
-        return None if number == _NO_RULE else self.rules[number]
-
     def should_persist(self, topic: str, qos: int) -> bool:
         """Whether a publish on `topic` with `qos` is appended to the log."""
         number = self._rule_number(topic)

@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from broker_edge.bounds import MAX_OFFSET
 
 from .active_index import NO_PREVIOUS, UNKNOWN_ROW, ActiveIndex, pointer
 from .catalog import CATALOG_FILE, TopicCatalog
@@ -34,6 +38,7 @@ from .partition_log import (
     truncate_segment,
     write_open_header,
 )
+from .quarantine import Quarantine
 from .recent import RecentWindows
 from .record import PREFIX, PREFIX_SIZE
 from .sealed_index import GroupBlocks, SealedIndex, build, write_index
@@ -78,6 +83,8 @@ class Opened:
     records_scanned: int = 0
     indexes_rebuilt: int = 0
     used_snapshot: bool = False
+    quarantine: Quarantine = field(default_factory=Quarantine)
+    """Topics set aside: their log cannot be opened (``quarantine``), the others opened all the same."""
 
 
 def open_partitions(
@@ -95,15 +102,19 @@ def open_partitions(
     catalog_dropped = (
         catalog.load(snapshot.catalog_bytes, snapshot.catalog_crc) if snapshot is not None else catalog.load()
     )
-    count = max(partitions, _existing_partitions(log_directory), max(catalog.partitions, default=-1) + 1, 1)
+    quarantine = Quarantine()
+    count = max(partitions, _existing_partitions(log_directory), 1)
+    _set_aside_strays(catalog, count, quarantine)
     table = TopicTable()
-    parts = [
-        PartitionLog(number, _partition_directory(log_directory, number), table, pool, recent, blocks, config)
-        for number in range(count)
-    ]
-    for part in parts:
+
+    def partition_log(number: int) -> PartitionLog:
+        directory = _partition_directory(log_directory, number)
+        part = PartitionLog(number, directory, table, pool, recent, blocks, config)
         part.names = catalog.names
-    opened = _load_sealed(parts, catalog, snapshot, blocks, pool)
+        return part
+
+    parts = [partition_log(number) for number in range(count)]
+    opened = _load_sealed(parts, catalog, snapshot, blocks, pool, quarantine)
     sealed = opened.sealed
     topics = len(catalog)
     sealed.grow(topics)
@@ -115,16 +126,24 @@ def open_partitions(
     table.load(catalog.partitions, sealed, start, dropped)
     for part, unsealed in zip(parts, opened.unsealed_by_partition, strict=True):
         repair = PartitionRepair(part.number, damaged_segments=list(opened.damaged.get(part.number, ())))
-        for number, segment in enumerate(unsealed):
-            last = number == len(unsealed) - 1
-            cut = _load_rows(part, segment, topics, repair, opened, last)
-            if cut:
-                for later in unsealed[number + 1 :]:
-                    later.delete(pool)
-                    repair.segments_dropped += 1
-                break
-        part.resume_active()
         opened.repairs.append(repair)
+        if part.number in opened.failed:
+            continue
+        try:
+            for number, segment in enumerate(unsealed):
+                last = number == len(unsealed) - 1
+                cut = _load_rows(part, segment, topics, repair, opened, last, quarantine)
+                if cut:
+                    for later in unsealed[number + 1 :]:
+                        later.delete(pool)
+                        repair.segments_dropped += 1
+                    break
+        except (OSError, ValueError, EntryError) as unreadable:
+            opened.failed[part.number] = unreadable
+            continue
+        part.resume_active()
+    for number, why in sorted(opened.failed.items()):
+        parts[number] = _set_partition_aside(parts[number], why, catalog, quarantine, partition_log)
     if opened.unused_snapshot is not None:
         _keep_what_only_the_snapshot_knows(table, opened.unused_snapshot)
     return Opened(
@@ -138,7 +157,46 @@ def open_partitions(
         opened.records_scanned,
         opened.indexes_rebuilt,
         opened.used_snapshot,
+        quarantine,
     )
+
+
+def _set_aside_strays(catalog: TopicCatalog, partitions: int, quarantine: Quarantine) -> None:
+    """Set aside the topics the catalog files in a partition that is neither configured nor on disk (an
+    entry no version of the store wrote: none of its records can exist); they count as partition 0's."""
+    for topic_id, partition in enumerate(catalog.partitions):
+        if partition >= partitions:
+            quarantine.set_aside(
+                topic_id,
+                f"its catalog entry names partition {partition}, of {partitions} configured or on disk",
+            )
+            catalog.partitions[topic_id] = 0
+
+
+def _set_partition_aside(
+    part: PartitionLog,
+    error: BaseException,
+    catalog: TopicCatalog,
+    quarantine: Quarantine,
+    partition_log: Callable[[int], PartitionLog],
+) -> PartitionLog:
+    """A partition log that could not be opened: its directory moved aside (kept as it is), every topic
+    of it set aside, and an empty partition log in its place for the topics created from now on."""
+    aside = f"{part.directory}.quarantined-{int(time.time())}"
+    os.rename(part.directory, aside)
+    reason = (
+        f"partition {part.number} could not be opened ({type(error).__name__}: {error}); moved to {aside}"
+    )
+    log.error("%s", reason)
+    for topic_id, partition in enumerate(catalog.partitions):
+        if partition == part.number:
+            quarantine.set_aside(topic_id, reason)
+    fresh = partition_log(part.number)
+    fresh.discover()
+    # numbers and positions go on after the old ones: never reused (readers, cached index blocks)
+    fresh.next_number = max([part.next_number, *(segment.number + 1 for segment in part.segments)])
+    fresh.next_base = max([part.next_base, *(segment.base + segment.row_count for segment in part.segments)])
+    return fresh
 
 
 def _partition_directory(log_directory: str, number: int) -> str:
@@ -176,22 +234,40 @@ class _Loading:
     """A snapshot that could not be used (see `_keep_what_only_the_snapshot_knows`)."""
     damaged: dict[int, list[int]] = field(default_factory=dict)
     """Per partition, segments damaged beyond their readable part whose index was rebuilt."""
+    failed: dict[int, BaseException] = field(default_factory=dict)
+    """Partitions whose files could not be read, with why (set aside: `_set_partition_aside`)."""
 
 
 def _load_sealed(
-    parts: list[PartitionLog], catalog: TopicCatalog, snapshot, blocks: GroupBlocks, pool: FileHandlePool
+    parts: list[PartitionLog],
+    catalog: TopicCatalog,
+    snapshot,
+    blocks: GroupBlocks,
+    pool: FileHandlePool,
+    quarantine: Quarantine,
 ) -> _Loading:
     """Each partition's segments: sealed ones registered (and applied when newer than the snapshot), the
     unsealed suffix returned per partition. A snapshot that covers a segment whose index is now unusable is
-    not used (every sealed index is applied from scratch)."""
+    not used (every sealed index is applied from scratch). A partition whose files cannot be read is listed
+    in `failed`, with nothing of it loaded."""
     found: list[list[tuple[Segment, SealedIndex | None]]] = []
+    failed: dict[int, BaseException] = {}
     for part in parts:
         segments: list[tuple[Segment, SealedIndex | None]] = []
-        for segment in part.discover():
-            index = SealedIndex(segment.index_path, pool, blocks)
-            size = os.path.getsize(segment.log_path)
-            valid = index.load(segment.number) and index.data_size == size
-            segments.append((segment, index if valid else None))
+        try:
+            for segment in part.discover():
+                index = SealedIndex(segment.index_path, pool, blocks)
+                size = os.path.getsize(segment.log_path)
+                valid = index.load(segment.number) and index.data_size == size
+                if (
+                    not valid
+                ):  # its file is written again at the segment's seal: no descriptor may see this one
+                    pool.forget(segment.index_path)
+                    blocks.forget(segment.index_path)
+                segments.append((segment, index if valid else None))
+        except (OSError, ValueError) as unreadable:
+            failed[part.number] = unreadable
+            segments = []
         found.append(segments)
     use_snapshot = (
         snapshot is not None and len(snapshot.applied) <= len(parts) and len(snapshot.sealed) <= len(catalog)
@@ -207,7 +283,7 @@ def _load_sealed(
         )
     sealed = snapshot.sealed if use_snapshot else SealedState()
     applied_by = {number: value for number, value in enumerate(snapshot.applied)} if use_snapshot else {}
-    loading = _Loading(sealed, applied_by, [], used_snapshot=use_snapshot)
+    loading = _Loading(sealed, applied_by, [], used_snapshot=use_snapshot, failed=failed)
     for part in parts:  # numbers and positions are never reused, even when retention deleted every segment
         if snapshot is not None and part.number < len(snapshot.applied):
             number, end = snapshot.applied[part.number]
@@ -215,40 +291,55 @@ def _load_sealed(
             part.next_base = max(part.next_base, end)
     for part, segments in zip(parts, found, strict=True):
         unsealed: list[Segment] = []
-        last_sealed = max((n for n, (_s, index) in enumerate(segments) if index is not None), default=-1)
-        for number, (segment, found_index) in enumerate(segments):
-            if found_index is None and number < last_sealed:  # an index gone between sealed ones
-                if segment.base < 0 or not segment.base:
-                    previous = part.segments[-1] if part.segments else None
-                    segment.base = (
-                        previous.base + previous.row_count if previous is not None else part.next_base
-                    )
-                found_index, damage = _rebuild_index(part, segment, sealed, len(catalog))
-                loading.indexes_rebuilt += 1
-                if damage is not None:
-                    loading.damaged.setdefault(part.number, []).append(segment.number)
-            if found_index is not None and not unsealed:
-                index = found_index
-                segment.base = index.base
-                segment.sealed = index
-                segment.state = SEALED
-                segment.size = segment.submitted_size = segment.durable_size = index.data_size
-                segment.newest_time = index.newest_time
-                part.add_loaded(segment)
-                if segment.number > loading.applied.get(part.number, (-1, 0))[0]:
-                    apply_groups(sealed, index)
-                    loading.applied[part.number] = (segment.number, index.base + index.rows)
-                remove_file(segment.open_path)
-                continue
-            open_rows = read_open_index(segment.open_path, pool)
-            segment.base = (
-                open_rows.base if open_rows is not None and open_rows.number == segment.number else -1
-            )
-            unsealed.append(segment)
+        try:
+            _register_sealed(part, segments, unsealed, loading, len(catalog), quarantine)
+        except (OSError, ValueError, EntryError) as unreadable:
+            failed[part.number] = unreadable
+            unsealed = []
         loading.indexes_rebuilt += max(0, len(unsealed) - 1)  # only the last one had no index to have
         loading.unsealed_by_partition.append(unsealed)
     loading.unused_snapshot = snapshot if snapshot is not None and not use_snapshot else None
     return loading
+
+
+def _register_sealed(
+    part: PartitionLog,
+    segments: list[tuple[Segment, SealedIndex | None]],
+    unsealed: list[Segment],
+    loading: _Loading,
+    topics: int,
+    quarantine: Quarantine,
+) -> None:
+    """One partition's sealed segments registered (their indexes applied when newer than the snapshot, one
+    that is gone between sealed ones rebuilt); the segments after them go to `unsealed`."""
+    sealed = loading.sealed
+    pool = part.pool
+    last_sealed = max((n for n, (_s, index) in enumerate(segments) if index is not None), default=-1)
+    for number, (segment, found_index) in enumerate(segments):
+        if found_index is None and number < last_sealed:  # an index gone between sealed ones
+            if segment.base < 0 or not segment.base:
+                previous = part.segments[-1] if part.segments else None
+                segment.base = previous.base + previous.row_count if previous is not None else part.next_base
+            found_index, damage = _rebuild_index(part, segment, sealed, topics, quarantine)
+            loading.indexes_rebuilt += 1
+            if damage is not None:
+                loading.damaged.setdefault(part.number, []).append(segment.number)
+        if found_index is not None and not unsealed:
+            index = found_index
+            segment.base = index.base
+            segment.sealed = index
+            segment.state = SEALED
+            segment.size = segment.submitted_size = segment.durable_size = index.data_size
+            segment.newest_time = index.newest_time
+            part.add_loaded(segment)
+            if segment.number > loading.applied.get(part.number, (-1, 0))[0]:
+                apply_groups(sealed, index, quarantine)
+                loading.applied[part.number] = (segment.number, index.base + index.rows)
+            remove_file(segment.open_path)
+            continue
+        open_rows = read_open_index(segment.open_path, pool)
+        segment.base = open_rows.base if open_rows is not None and open_rows.number == segment.number else -1
+        unsealed.append(segment)
 
 
 def _keep_what_only_the_snapshot_knows(table: TopicTable, snapshot) -> None:
@@ -267,7 +358,7 @@ def _keep_what_only_the_snapshot_knows(table: TopicTable, snapshot) -> None:
 
 
 def _rebuild_index(
-    part: PartitionLog, segment: Segment, sealed: SealedState, topics: int
+    part: PartitionLog, segment: Segment, sealed: SealedState, topics: int, quarantine: Quarantine
 ) -> tuple[SealedIndex, str | None]:
     """Write again the sealed index of a segment whose index is gone (between sealed ones), from its data,
     the topics' state before it being `sealed` (as applied so far). A damage it cannot step over ends what
@@ -281,6 +372,8 @@ def _rebuild_index(
         return pointer(head, UNKNOWN_ROW) if head >= 0 else NO_PREVIOUS
 
     def apply(topic_id: int, position: int, offset: int, time: int, _size: int) -> None:
+        if quarantine.past_ceiling(topic_id, offset + 1, "a record ending"):
+            return
         last = last_rows.get(topic_id)
         index_time = times[topic_id] = max(times.get(topic_id, time), time)
         if last is None:
@@ -295,6 +388,8 @@ def _rebuild_index(
 
     def on_marker(marker: Marker, position: int) -> None:
         topic_id = marker.topic_id
+        if quarantine.past_ceiling(topic_id, marker.offset, "a marker"):
+            return
         last = last_rows.get(topic_id)
         prev = pointer(segment.number, last) if last is not None else head_pointer(topic_id)
         rows.add_marker(topic_id, position, marker.offset, marker.kind, marker.dropped, prev)
@@ -335,7 +430,13 @@ def _rebuild_index(
 
 
 def _load_rows(
-    part: PartitionLog, segment: Segment, topics: int, repair: PartitionRepair, loading, last: bool
+    part: PartitionLog,
+    segment: Segment,
+    topics: int,
+    repair: PartitionRepair,
+    loading,
+    last: bool,
+    quarantine: Quarantine,
 ) -> bool:
     """Load an unsealed segment's rows into memory (open index, then a scan); True when its end was torn
     and cut and the segments after it must go.
@@ -357,16 +458,16 @@ def _load_rows(
     if open_rows is not None and open_rows.number == segment.number:
         segment.capacity = open_rows.capacity
         if len(open_rows.topic_ids):
-            start = _replay_open_rows(part, segment, open_rows, topics)
+            start = _replay_open_rows(part, segment, open_rows, topics, quarantine)
     scanner = SegmentScanner(
         pool, segment.log_path, part.config.max_record_bytes, topics, part.table.next.__getitem__
     )
     end, report = scanner.scan(
         start,
         lambda topic_id, position, offset, time, size: replay_row(
-            part, segment, topic_id, position, offset, time, size
+            part, segment, topic_id, position, offset, time, size, quarantine
         ),
-        lambda marker, position: replay_marker(part, segment, marker, position),
+        lambda marker, position: replay_marker(part, segment, marker, position, quarantine),
     )
     loading.records_scanned += report.scanned
     names = part.names
@@ -406,7 +507,7 @@ def _load_rows(
     return cut
 
 
-def _replay_open_rows(part: PartitionLog, segment: Segment, rows, topics: int) -> int:
+def _replay_open_rows(part: PartitionLog, segment: Segment, rows, topics: int, quarantine: Quarantine) -> int:
     """Replay the open index's durable rows (checked against the data at the last one); returns the byte
     position after them (0 when they cannot be trusted: everything is scanned)."""
     pool = part.pool
@@ -431,16 +532,27 @@ def _replay_open_rows(part: PartitionLog, segment: Segment, rows, topics: int) -
                 marker = parse_marker(data, 0)
             except EntryError:
                 return position
-            replay_marker(part, segment, marker, position)
+            replay_marker(part, segment, marker, position, quarantine)
             continue
-        replay_row(part, segment, marked, position, table.next[marked], times[row], size)
+        replay_row(part, segment, marked, position, table.next[marked], times[row], size, quarantine)
     return end
 
 
 def replay_row(
-    part: PartitionLog, segment: Segment, topic_id: int, position: int, offset: int, time: int, size: int
+    part: PartitionLog,
+    segment: Segment,
+    topic_id: int,
+    position: int,
+    offset: int,
+    time: int,
+    size: int,
+    quarantine: Quarantine,
 ) -> None:
-    """A durable record found at open: its row, and the topic's state moved past it."""
+    """A durable record found at open: its row, and the topic's state moved past it (nothing for a topic
+    set aside, or that this record sets aside: it ends past what a log holds)."""
+    if offset >= MAX_OFFSET or topic_id in quarantine:
+        quarantine.past_ceiling(topic_id, offset + 1, "a record ending")
+        return
     table = part.table
     index_time = table.index_ms[topic_id]
     if time > index_time:
@@ -456,10 +568,15 @@ def replay_row(
         segment.newest_time = time
 
 
-def replay_marker(part: PartitionLog, segment: Segment, marker: Marker, position: int) -> None:
-    """A truncation or restart found at open: its row, and the topic's log cut or restarted again."""
+def replay_marker(
+    part: PartitionLog, segment: Segment, marker: Marker, position: int, quarantine: Quarantine
+) -> None:
+    """A truncation or restart found at open: its row, and the topic's log cut or restarted again (nothing
+    for a topic set aside, or that this marker sets aside)."""
     table = part.table
     topic_id = marker.topic_id
+    if quarantine.past_ceiling(topic_id, marker.offset, "a marker"):
+        return
     rows = segment.rows
     assert rows is not None
     if marker.kind == TRUNCATE:

@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from broker_edge.bounds import MAX_OFFSET
 from broker_edge.log_info import LogInfo
 from broker_edge.observe import path_trace
+from broker_edge.placement import partition_of
 from broker_edge.protocol.topics import topic_matches
 
 from . import record
@@ -53,6 +55,7 @@ from .layout import layout_of, layout_version, open_layout
 from .partition_log import PartitionConfig, PartitionLog, PartitionPending
 from .partition_reads import PositionOutOfRange, TopicFilters, position_for_timestamp, read_entries
 from .persistence import CREATES_LOG, LOGGED, NOT_LOGGED, PersistenceRules, check_filter
+from .quarantine import QUARANTINE_FILE, LogQuarantined, QuarantinedLog, set_aside
 from .read_cache import BLOCK_MAX_BYTES, BLOCK_RECORDS, Block, ReadCache
 from .recent import RecentWindows
 from .record import FrameError, Record, RecordFields, check_frame, decode_frame
@@ -101,6 +104,9 @@ class RecoveryReport:
     """Entries read and checked one by one (the tail after the last open-index checkpoint)."""
     repaired: list = field(default_factory=list)
     """Partitions whose tail was truncated or that hold damaged records (`PartitionRepair`)."""
+    quarantined: list[QuarantinedLog] = field(default_factory=list)
+    """Logs set aside: they could not be opened (now or at an earlier open), and are neither read nor
+    written (`quarantine`)."""
     seconds: float = 0.0
 
 
@@ -253,6 +259,8 @@ class LogStore:
         self._syncfs_checked = False
         self._opened = False
         self._closed = False
+        self._quarantined: dict[int, QuarantinedLog] = {}
+        """The logs set aside at open, by topic id."""
         self.refusals = 0
         """Appends refused because `max_topics` logs exist (counted since open)."""
         self._refusals_logged = 0
@@ -277,6 +285,13 @@ class LogStore:
             self._groups,
         )  # fmt: skip
         self._catalog = opened.catalog
+        self._quarantined = set_aside(
+            opened.quarantine,
+            opened.catalog.names,
+            opened.catalog.ids,
+            self.layout.meta_file(QUARANTINE_FILE),
+        )
+        report.quarantined = self.quarantined()
         self._catalogue = _Catalogue(opened.catalog)
         self._ids = opened.catalog.ids
         self._names = opened.catalog.names
@@ -316,6 +331,15 @@ class LogStore:
         report.seconds = time.monotonic() - began
         _log_opened(self.directory, report)
         return report
+
+    def quarantined(self) -> list[QuarantinedLog]:
+        """The logs set aside at open, neither read nor written (`quarantine`)."""
+        return list(self._quarantined.values())
+
+    def _refuse_quarantined(self, topic: str, topic_id: int) -> None:
+        entry = self._quarantined.get(topic_id)
+        if entry is not None:
+            raise LogQuarantined(topic, entry.reason)
 
     def close(self) -> None:
         """Write, fsync and seal everything, save the snapshot, leave a clean-shutdown marker."""
@@ -497,7 +521,7 @@ class LogStore:
         ids_get, committer = self._ids.get, self._committer
         asked, self._asked = self._asked, {}
         asked_get = asked.get
-        refusing = committer.failure is not None or committer.shortage is not None
+        refusing = committer.failure is not None or committer.shortage is not None or bool(self._quarantined)
         results: list[int | StorageError] = []
         appends: list[tuple[int, Sequence[RecordFields]]] = []
         indexes: list[int] = []
@@ -512,6 +536,7 @@ class LogStore:
                         topic_id = self._register(topic, records[0][3] if records else "", new)
                     elif refusing:
                         self._check_writable()
+                        self._refuse_quarantined(topic, topic_id)
                 except StorageError as error:
                     results.append(error)
                     continue
@@ -539,6 +564,8 @@ class LogStore:
             return self._create(topic, client_id)
         if self._committer.failure is not None or self._committer.shortage is not None:
             self._check_writable()
+        if self._quarantined:
+            self._refuse_quarantined(topic, topic_id)
         return topic_id
 
     def _check_writable(self) -> None:
@@ -571,7 +598,7 @@ class LogStore:
         if len(self._names) >= MAX_TOPIC_ID:
             raise TooManyTopics(topic, MAX_TOPIC_ID)
         assert self._catalog is not None
-        partition = _partition_of(topic, self.config.partitions)
+        partition = partition_of(topic, self.config.partitions)
         topic_id = self._catalog.add(topic, partition)
         new.names.append(topic)
         new.partitions.append(partition)
@@ -734,6 +761,8 @@ class LogStore:
         (a mirror's gap, docs/uplink.md). The records held stay readable and the log continues at `at`;
         the offsets between are a gap, never served (a read of one raises `CorruptRecord` naming `at`, as
         for records lost to damage). A log that holds nothing restarts at `at` instead."""
+        if at is not None and not 0 <= at <= MAX_OFFSET:
+            raise InvalidRecord(f"frames for {topic!r} refused: offset {at} is past what a log holds")
         topic_id = self._writable_id(topic, "")
         table = self._table
         first = table.next[topic_id]
@@ -762,6 +791,8 @@ class LogStore:
             ) from None
         if not checked:
             return first
+        if offset > MAX_OFFSET:
+            raise InvalidRecord(f"frames for {topic!r} refused: they end at {offset}, past {MAX_OFFSET}")
         part = self._partitions[table.partition[topic_id]]
         if first > table.next[topic_id]:  # a gap: its marker says where the log goes on, through any restart
             part.leave_active_segment(topic_id)
@@ -790,6 +821,7 @@ class LogStore:
 
     def import_start(self, topic: str, offset: int) -> None:
         """Start an empty log of `topic` at `offset` (a restart marker, made durable by the next flush)."""
+        _check_offset(topic, offset)
         topic_id = self._ids.get(topic)
         if topic_id is None:
             topic_id = self._create(topic, "")
@@ -879,7 +911,8 @@ class LogStore:
             self.checkpoint_committed()
 
     def restart_at(self, topic: str, offset: int) -> None:
-        """Empty `topic`'s log (created if absent) and continue it at `offset`."""
+        """Empty `topic`'s log (created if absent) and continue it at `offset` (at most `MAX_OFFSET`)."""
+        _check_offset(topic, offset)
         topic_id = self._ids.get(topic)
         if topic_id is None:
             topic_id = self._create(topic, "")
@@ -1150,9 +1183,10 @@ class LogStore:
         if pattern is not None:
             check_filter(pattern)
         ids = self._ids
+        hidden = self._quarantined
         if pattern is not None and "+" not in pattern and "#" not in pattern:
             topic_id = ids.get(pattern)
-            yield [] if topic_id is None else [self._info(topic_id)]
+            yield [] if topic_id is None or topic_id in hidden else [self._info(topic_id)]
             return
         prefix = _literal_prefix(pattern)
         suffix = "" if pattern is None or "#" in pattern else pattern[pattern.rfind("+") + 1 :]
@@ -1160,7 +1194,9 @@ class LogStore:
         for names in self._order.chunks_from(prefix):
             for name in names:
                 if pattern is None or (name.endswith(suffix) and topic_matches(pattern, name)):
-                    batch.append(self._info(ids[name]))
+                    topic_id = ids[name]
+                    if not hidden or topic_id not in hidden:
+                        batch.append(self._info(topic_id))
             if len(batch) >= chunk:
                 yield batch
                 batch = []
@@ -1237,8 +1273,12 @@ class LogStore:
         for pattern in patterns or ():
             check_filter(pattern)
         part = self._partition_for_reads(partition)
+        wanted = self._filters.matcher(patterns)
+        if self._quarantined:  # logs set aside are not served, by partition either
+            hidden, matches = self._quarantined, wanted
+            wanted = lambda topic_id: topic_id not in hidden and matches(topic_id)  # noqa: E731
         read = read_entries(
-            part, self._table, position, position + max_entries, max_bytes, self._filters.matcher(patterns),
+            part, self._table, position, position + max_entries, max_bytes, wanted,
             self.config.max_record_bytes,
         )  # fmt: skip
         names = self._names
@@ -1350,6 +1390,8 @@ class LogStore:
         topic_id = self._ids.get(topic)
         if topic_id is None:
             raise UnknownTopic(topic)
+        if self._quarantined:
+            self._refuse_quarantined(topic, topic_id)
         return topic_id
 
     def _use_syncfs(self) -> None:
@@ -1405,11 +1447,9 @@ class LogStore:
             self._pattern_waiters.remove(waiter)
 
 
-def _partition_of(topic: str, partitions: int) -> int:
-    """A new topic's partition: what a cluster computes for its partitions (`cluster.view.partition_of`)."""
-    if partitions == 1:
-        return 0
-    return record.crc32c(topic.encode("utf-8")) % partitions
+def _check_offset(topic: str, offset: int) -> None:
+    if not 0 <= offset <= MAX_OFFSET:
+        raise StorageError(f"{topic!r} cannot go on at offset {offset}: a log ends at {MAX_OFFSET} at most")
 
 
 def _literal_prefix(pattern: str | None) -> str:

@@ -52,13 +52,3 @@ def topic_from_directory(path: str) -> str:
     if topic_directory_name(topic) != name:
         raise ValueError(f"{TOPIC_FILE} in {name!r} names another topic")
     return topic
-
-
-def write_topic_file(path: str, topic: str) -> None:
-    """Record the full topic name of a hashed directory, durably (done once when the log is created)."""
-    tmp = os.path.join(path, TOPIC_FILE + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as file:
-        file.write(topic)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp, os.path.join(path, TOPIC_FILE))

@@ -18,6 +18,8 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from broker_edge.bounds import MAX_OFFSET
+
 from . import record
 from .segment import fsync_directory
 
@@ -246,6 +248,8 @@ def read_snapshot(path: str) -> Snapshot | None:
         column.frombytes(data[position : position + width])
         position += width
         columns.append(column)
+    if any(_outside_a_log(columns[number]) for number in (1, 2, 5)):  # head_first, end, start
+        return None  # offsets no log holds (damage the CRC missed): every sealed index is applied instead
     sealed = SealedState()
     sealed.head_seg, sealed.head_first, sealed.end, sealed.total, sealed.newest_ms = columns[:5]
     truncated = array("I")
@@ -253,3 +257,7 @@ def read_snapshot(path: str) -> Snapshot | None:
     sealed.truncated = set(truncated)
     pairs = list(zip(applied[0::2], applied[1::2], strict=True))
     return Snapshot(sealed, columns[5], columns[6], pairs, catalog_bytes, catalog_crc)
+
+
+def _outside_a_log(offsets: array) -> bool:
+    return bool(offsets) and (max(offsets) > MAX_OFFSET or min(offsets) < 0)

@@ -21,16 +21,18 @@ import contextlib
 import json
 import logging
 import socket
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiohttp import WSMsgType, web
 
+from broker_edge import bounds
 from broker_edge.engine.mirror_logs import LocalMirrorLogs, MirrorRefused
 from broker_edge.http.guard import GuardedRunner, start_guarded_site
 from broker_edge.protocol.errors import InvalidTopic
-from broker_edge.protocol.topics import validate_topic_filter
+from broker_edge.protocol.topics import topic_matches, validate_topic_filter
 from broker_edge.security.tls import ServerContexts, server_ssl_context
 from broker_edge.settings.uplink import UplinkHubConfig, site_topic
 from broker_edge.uplink.batches import next_batch
@@ -41,6 +43,7 @@ from broker_edge.uplink.site_status import SitesStatus, SiteStatus
 from broker_edge.uplink.wire import (
     ACK,
     BATCH,
+    CODECS,
     DOWN,
     ENDS,
     ERROR,
@@ -53,6 +56,7 @@ from broker_edge.uplink.wire import (
     decode_batch,
     encode,
     encode_batch,
+    ends_of,
     site_ends_of,
 )
 
@@ -180,14 +184,14 @@ class UplinkHub:
             if first:
                 if decoded.kind != HELLO or decoded.header.get("version") != VERSION:
                     raise WireError(f"expected HELLO version {VERSION} first")
+                down = _downlink_request(decoded.header, self.config.downlink_of(site))
                 ends = await mirrored_ends(self.logs, prefix)  # a previous connection's appends count
                 await ws.send_bytes(encode(ENDS, {"ends": ends}))
                 log.info("site %s connected (%d topics held)", site, len(ends))
                 first = False
-                down = _downlink_request(decoded.header)
                 if down is not None:
                     self._downlinks[site] = asyncio.get_running_loop().create_task(
-                        self._send_down(ws, *down), name=f"downlink-{site}"
+                        self._send_down(ws, down), name=f"downlink-{site}"
                     )
             elif decoded.kind == BATCH:
                 batch = decode_batch(decoded, limit)
@@ -206,31 +210,30 @@ class UplinkHub:
             else:
                 raise WireError(f"unexpected message kind {decoded.kind}")
 
-    async def _send_down(
-        self, ws: web.WebSocketResponse, filters: list[str], positions: dict[str, int], codec: str
-    ) -> None:
-        """The hub's topics matching ``filters`` to the site, from where its copies end (``positions``),
-        until the connection ends; the WebSocket's flow control paces it. The logs held here are read here;
-        on a cluster hub, those this member holds no copy of are read from a member that does (polled), the
-        two taking turns so that a backlog of either never holds back the other."""
+    async def _send_down(self, ws: web.WebSocketResponse, down: Downlink) -> None:
+        """The hub's topics the site is served (``down``) to the site, from where its copies end, until the
+        connection ends; the WebSocket's flow control paces it. The logs held here are read here; on a
+        cluster hub, those this member holds no copy of are read from a member that does (polled), the two
+        taking turns so that a backlog of either never holds back the other."""
         store, logs = self.store, self.logs
+        filters, positions, codec, sends = down.served, down.positions, down.codec, down.sends
         seq = 0
         turn_elsewhere = False
         try:
             while not ws.closed:
-                topics = [topic for topic in _own_topics(store, filters) if logs.holds(topic)]
+                topics = [t for t in _own_topics(store, filters) if sends(t) and logs.holds(t)]
                 pending = collections.OrderedDict.fromkeys(topics)
                 batch: Batch | None = None
                 elsewhere: dict[str, tuple[int, int]] = {}
                 if turn_elsewhere:
                     batch, elsewhere = await batch_elsewhere(
-                        logs, seq, filters, positions, DOWN_BATCH_BYTES, _skip
+                        logs, seq, filters, positions, DOWN_BATCH_BYTES, _skip, sends
                     )
                 if batch is None:
                     batch = next_batch(store, seq, positions, pending, DOWN_BATCH_BYTES, _skip)
                 if batch is None and not turn_elsewhere:
                     batch, elsewhere = await batch_elsewhere(
-                        logs, seq, filters, positions, DOWN_BATCH_BYTES, _skip
+                        logs, seq, filters, positions, DOWN_BATCH_BYTES, _skip, sends
                     )
                 turn_elsewhere = not turn_elsewhere
                 if batch is not None:
@@ -260,26 +263,44 @@ class UplinkHub:
                 )
 
 
-def _downlink_request(header: dict[str, object]) -> tuple[list[str], dict[str, int], str] | None:
-    """The downlink a HELLO asks for: topic filters (none of the hub's ``$`` topics), where the site's
-    copies end, and the codec; None when it asks for none."""
+@dataclass(frozen=True, slots=True)
+class Downlink:
+    """What the hub sends a site: its logs matching ``served`` (the hub's configuration for that site) that
+    also match one of ``asked`` (the site's ``HELLO``, which may ask for less, never for more), from where
+    the site's copies end (``positions``), compressed with ``codec``."""
+
+    served: list[str]
+    asked: list[str]
+    positions: dict[str, int]
+    codec: str
+
+    def sends(self, topic: str) -> bool:
+        return any(topic_matches(topic_filter, topic) for topic_filter in self.asked)
+
+
+def _downlink_request(header: dict[str, object], served: list[str]) -> Downlink | None:
+    """The downlink a HELLO asks for, within what the hub serves the site (``served``); None when either
+    is nothing. The site's filters only narrow what is sent: a site asking for ``#`` gets ``served``."""
     request = header.get("downlink")
     if request is None:
         return None
-    try:
-        assert isinstance(request, dict)
-        filters = [str(topic_filter) for topic_filter in request["filters"]]
-        for topic_filter in filters:
+    if not isinstance(request, dict) or not isinstance(request.get("filters"), list):
+        raise WireError("bad downlink request: expected {filters: [...], ends: {topic: end}}")
+    asked = request["filters"]
+    for topic_filter in asked:
+        if not isinstance(topic_filter, str):
+            raise WireError(f"bad downlink request: a filter {bounds.shown(topic_filter)} is not a string")
+        try:
             validate_topic_filter(topic_filter)
-            if topic_filter.startswith("$"):
-                raise WireError(f"the downlink cannot ask for the hub's '$' topics: {topic_filter!r}")
-        ends = {str(topic): int(end) for topic, end in request["ends"].items()}
-        codec = str(request.get("codec", "none"))
-    except (AssertionError, KeyError, TypeError, ValueError, AttributeError, InvalidTopic) as error:
-        raise WireError(f"bad downlink request: {error!r}") from None
-    if codec not in ("zstd", "zlib", "none"):
-        raise WireError(f"unknown codec {codec!r}")
-    return (filters, ends, codec) if filters else None
+        except InvalidTopic as error:
+            raise WireError(f"bad downlink request: {topic_filter!r}: {error}") from None
+    positions = ends_of(request.get("ends"), "the downlink's ends")
+    codec = request.get("codec", "none")
+    if codec not in CODECS:
+        raise WireError(f"unknown codec {bounds.shown(codec)}")
+    if not asked or not served:
+        return None
+    return Downlink(list(served), list(asked), positions, codec)
 
 
 def _own_topics(store: LogStore, filters: list[str]) -> list[str]:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from broker_edge.engine.mirror_logs import MirrorAppend, MirrorPart, append_mirrored
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import validate_topic_name
-from broker_edge.storage import InvalidRecord, LogStore
+from broker_edge.storage import LogStore, StorageError
 from broker_edge.uplink.wire import Batch, BatchTopic, WireError
 
 if TYPE_CHECKING:
@@ -49,13 +49,13 @@ def apply_batch(store: LogStore, batch: Batch, gaps: list[Gap], local_name: Call
     """Append ``batch`` to ``store``, each topic as ``local_name(topic)``; every gap found is appended to
     ``gaps``. Nothing here waits for durability.
 
-    Raises ``WireError`` for a topic name a site may not use or frames that do not continue the log (the
-    topics before it in the batch stay appended: they are whole and at their right offsets)."""
+    Raises ``WireError`` for a topic name a site may not use, frames that do not continue the log, or a log
+    set aside (the topics before it in the batch stay appended: they are whole and at their right offsets)."""
     applied = Applied()
     for part, chunk in _parts(batch):
         try:
             appended = append_mirrored(store, local_name(part.topic), part.first, part.count, chunk)
-        except InvalidRecord as error:
+        except StorageError as error:  # frames that do not continue the log, a log set aside
             raise WireError(str(error)) from None
         _count(applied, gaps, part.topic, appended)
     return applied
@@ -74,7 +74,7 @@ async def mirror_batch(
         results = await logs.append(
             [MirrorPart(local_name(part.topic), part.first, part.count, chunk) for part, chunk in parts]
         )
-    except InvalidRecord as error:
+    except StorageError as error:  # frames that do not continue the log, a log set aside
         raise WireError(str(error)) from None
     applied = Applied()
     ends: dict[str, int] = {}

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from broker_edge.engine.mirror_logs import MirrorRefused
+from broker_edge.http.client_errors import failure_text
 from broker_edge.protocol.topics import topic_matches
 from broker_edge.settings.uplink import UplinkConfig
 from broker_edge.storage import OffsetOutOfRange, UnknownTopic
@@ -46,6 +47,8 @@ from broker_edge.uplink.wire import (
     decode_batch,
     encode,
     encode_batch,
+    ends_of,
+    seq_of,
 )
 
 if TYPE_CHECKING:
@@ -342,7 +345,7 @@ class SiteLink:
                         hub,
                         ssl=context,
                         proxy=config.proxy,
-                        heartbeat=15.0,
+                        heartbeat=config.keepalive_s,
                         max_msg_size=16 * 1024 * 1024,
                         timeout=aiohttp.ClientWSTimeout(ws_close=5.0),
                     ) as ws,
@@ -357,7 +360,7 @@ class SiteLink:
                 ConnectionError,
                 ssl.SSLError,
             ) as error:
-                log.warning("uplink to %s: %s; again in %.1f s", hub, error or type(error).__name__, delay)
+                log.warning("uplink to %s: %s; again in %.1f s", hub, failure_text(error), delay)
             except Exception:  # never let the link end for good: whatever it was, dial again
                 log.exception("uplink to %s failed; again in %.1f s", hub, delay)
             finally:
@@ -382,9 +385,9 @@ class SiteLink:
         answer = decode(message.data)
         if answer.kind == ERROR:
             raise WireError(f"the hub refused: {answer.header.get('message')}")
-        if answer.kind != ENDS or not isinstance(answer.header.get("ends"), dict):
+        if answer.kind != ENDS:
             raise WireError("the hub did not answer HELLO with its ends")
-        self.hub_ends = {str(topic): int(end) for topic, end in answer.header["ends"].items()}
+        self.hub_ends = ends_of(answer.header.get("ends"), "the hub's ends")
         self._check_hub_ends()
         self.connected = True
         self.last_contact = time.time()
@@ -419,16 +422,32 @@ class SiteLink:
             decoded = decode(message.data)
             self.last_contact = time.time()
             if decoded.kind == ACK:
-                for topic, end in decoded.header.get("ends", {}).items():
-                    self.hub_ends[topic] = max(self.hub_ends.get(topic, 0), int(end))
-                window.acknowledged(int(decoded.header.get("seq", -1)))
+                seq = seq_of(decoded.header.get("seq"))
+                for topic, end in ends_of(decoded.header.get("ends", {}), "the ACK's ends").items():
+                    self.hub_ends[topic] = max(self.hub_ends.get(topic, 0), end)
+                window.acknowledged(seq)
             elif decoded.kind == DOWN:
                 await self._apply_down(decode_batch(decoded, MAX_DOWN_BYTES))
             elif decoded.kind == ERROR:
                 raise WireError(f"the hub refused: {decoded.header.get('message')}")
             else:
                 raise WireError(f"unexpected message kind {decoded.kind} from the hub")
-        raise ConnectionError("the hub closed the uplink")
+        raise ConnectionError(self._why_closed(ws))
+
+    def _why_closed(self, ws: ClientWebSocketResponse) -> str:
+        """What ended a connection whose messages stopped: the hub, or this site's own heartbeat."""
+        import aiohttp
+
+        error = ws.exception()
+        if isinstance(error, aiohttp.ServerTimeoutError):
+            keepalive = self.config.keepalive_s
+            return (
+                f"the hub did not answer a ping within {keepalive / 2:g} s after {keepalive:g} s of silence "
+                "(uplink.keepalive_s): the connection is taken for cut"
+            )
+        if error is not None:
+            return f"the connection failed: {failure_text(error)}"
+        return f"the hub closed the uplink (WebSocket close code {ws.close_code})"
 
     async def _apply_down(self, batch: Batch) -> None:
         """The hub's records of downlinked topics, at the hub's offsets, then to this broker's subscribers

@@ -15,10 +15,20 @@ __all__ = ["format_status", "uplink_main"]
 _SITE_COLUMNS = ("site", "connected", "last contact", "lag records", "lag s", "records", "bytes", "gaps")
 
 
+EXIT_STATUS = (
+    "exit status: 0 printed; 1 the broker cannot be reached, has no uplink, or refused (its HTTP status is "
+    "said); 2 a wrong command line"
+)
+
+
 def uplink_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="timestone uplink", description="The edge uplink.")
+    parser = argparse.ArgumentParser(
+        prog="timestone uplink", description="The edge uplink.", epilog=EXIT_STATUS
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    status = commands.add_parser("status", help="a hub's sites, or a site's link to its hub")
+    status = commands.add_parser(
+        "status", help="a hub's sites, or a site's link to its hub", epilog=EXIT_STATUS
+    )
     status.add_argument("--broker", default="http://127.0.0.1:9884", help="the broker's offsets API URL")
     status.add_argument("--token", default=None, help="a reader's token, when the offsets API asks for one")
     status.add_argument("--json", action="store_true", help="print the broker's answer as JSON")

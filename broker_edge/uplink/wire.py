@@ -29,9 +29,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from broker_edge import bounds
+
 __all__ = [
     "ACK",
     "BATCH",
+    "CODECS",
     "DOWN",
     "ENDS",
     "ERROR",
@@ -48,7 +51,9 @@ __all__ = [
     "decompress",
     "encode",
     "encode_batch",
+    "ends_of",
     "join_frames",
+    "seq_of",
     "site_ends_of",
 ]
 
@@ -56,6 +61,9 @@ VERSION = 1
 HELLO, ENDS, BATCH, ACK, STATE, ERROR, DOWN = 1, 2, 3, 4, 5, 6, 7
 _KINDS = {HELLO, ENDS, BATCH, ACK, STATE, ERROR, DOWN}
 _PREFIX = struct.Struct(">BI")
+CODECS = ("zstd", "zlib", "none")
+MAX_SEQ = bounds.MAX_COUNT
+"""A batch's sequence number, at most (a sender numbers its batches from 0 on each connection)."""
 
 
 class WireError(ValueError):
@@ -102,12 +110,16 @@ def decode(data: bytes) -> Message:
     if end > len(data):
         raise WireError(f"header of {length} bytes overruns a message of {len(data)}")
     try:
-        header = json.loads(data[_PREFIX.size : end])
-    except ValueError as error:
-        raise WireError(f"header is not JSON: {error}") from None
+        header = json.loads(data[_PREFIX.size : end], parse_constant=_no_constant)
+    except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, nested too deep, 4,300 digits
+        raise WireError(f"header is not JSON: {bounds.shown(str(error))}") from None
     if not isinstance(header, dict):
         raise WireError("header is not a JSON object")
     return Message(kind, header, bytes(data[end:]))
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a number here")
 
 
 def compress(codec: str, data: bytes) -> bytes:
@@ -160,34 +172,80 @@ def encode_batch(batch: Batch, codec: str, kind: int = BATCH) -> bytes:
 
 
 def decode_batch(message: Message, limit: int) -> Batch:
+    """A BATCH or DOWN, every number checked against what a log can hold (``broker_edge.bounds``)."""
     header = message.header
     try:
-        seq = int(header["seq"])
-        codec = str(header["codec"])
-        topics = [BatchTopic(str(t), int(f), int(c), int(s)) for t, f, c, s in header["topics"]]
+        seq = bounds.integer(header.get("seq"), "seq", 0, MAX_SEQ)
+        codec = header.get("codec")
+        if codec not in CODECS:
+            raise WireError(f"unknown codec {bounds.shown(codec)}")
+        topics = _batch_topics(header.get("topics"), limit)
         site_ends = _site_ends(header.get("site_ends", {}))
-    except (KeyError, TypeError, ValueError) as error:
-        raise WireError(f"bad batch header: {error!r}") from None
+    except bounds.OutOfBounds as error:
+        raise WireError(f"bad batch header: {error}") from None
     frames = decompress(codec, message.body, limit)
     if sum(part.size for part in topics) != len(frames):
         raise WireError("the batch's topics do not add up to its frames")
-    if any(part.count < 1 or part.first < 0 or part.size < 1 for part in topics):
-        raise WireError("a batch topic with no records or a negative offset")
     return Batch(seq, topics, frames, site_ends)
+
+
+def _batch_topics(value: object, limit: int) -> list[BatchTopic]:
+    if not isinstance(value, list):
+        raise bounds.OutOfBounds("topics must be a list of [topic, first, count, size]")
+    topics = []
+    for item in value:
+        if not isinstance(item, list) or len(item) != 4 or not isinstance(item[0], str):
+            raise bounds.OutOfBounds(
+                f"a batch topic must be [topic, first, count, size], got {bounds.shown(item)}"
+            )
+        topic = item[0]
+        first = bounds.offset(item[1], f"{topic!r} first")
+        count = bounds.count(item[2], f"{topic!r} count", 1)
+        size = bounds.size(item[3], f"{topic!r} size", 1, limit)
+        bounds.offset_span(first, count, repr(topic))
+        topics.append(BatchTopic(topic, first, count, size))
+    return topics
 
 
 def _site_ends(value: object) -> dict[str, list[int]]:
     if not isinstance(value, dict):
-        raise TypeError("site_ends is not an object")
-    return {str(topic): [int(end), int(last)] for topic, (end, last) in value.items()}
+        raise bounds.OutOfBounds("site_ends must be an object")
+    ends: dict[str, list[int]] = {}
+    for topic, item in value.items():
+        if not isinstance(item, list) or len(item) != 2:
+            raise bounds.OutOfBounds(f"site_ends of {topic!r} must be [end, last_append_ms]")
+        ends[topic] = [
+            bounds.offset(item[0], f"site_ends of {topic!r}"),
+            bounds.time_ms(item[1], f"last_append_ms of {topic!r}"),
+        ]
+    return ends
 
 
 def site_ends_of(value: object) -> dict[str, list[int]]:
     """A STATE's or BATCH's ``site_ends``, checked (``WireError`` otherwise)."""
     try:
         return _site_ends(value)
-    except (TypeError, ValueError) as error:
-        raise WireError(f"bad site_ends: {error!r}") from None
+    except bounds.OutOfBounds as error:
+        raise WireError(f"bad site_ends: {error}") from None
+
+
+def ends_of(value: object, name: str) -> dict[str, int]:
+    """An ``ENDS``', an ``ACK``'s or a downlink request's ``{topic: end}``, checked (``WireError``
+    otherwise)."""
+    if not isinstance(value, dict):
+        raise WireError(f"{name} must be an object of {{topic: end}}")
+    try:
+        return {topic: bounds.offset(end, f"{name} of {topic!r}") for topic, end in value.items()}
+    except bounds.OutOfBounds as error:
+        raise WireError(str(error)) from None
+
+
+def seq_of(value: object) -> int:
+    """An ``ACK``'s ``seq``, checked (``WireError`` otherwise)."""
+    try:
+        return bounds.integer(value, "seq", 0, MAX_SEQ)
+    except bounds.OutOfBounds as error:
+        raise WireError(str(error)) from None
 
 
 def join_frames(parts: Sequence[bytes]) -> bytes:

@@ -73,13 +73,17 @@ def _add_table_options(parser: argparse.ArgumentParser, default: object) -> None
     parser.add_argument("--tables-root", default=default, help="override the config's tables_root")
 
 
+EXIT_STATUS = (
+    "exit status: 0 done; 1 the tables say no (unknown action, id taken by other content, cancel or end of "
+    "an ended action); 2 a wrong command line or config; 130 status --watch stopped by Ctrl-C"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="timestone ota",
         description="Create, cancel and follow OTA / command actions (docs/ota.md).",
-        epilog="exit status: 0 done; 1 the tables say no (unknown action, id taken by other content, "
-        "cancel or end of an ended action); 2 a wrong command line or config; "
-        "130 status --watch stopped by Ctrl-C",
+        epilog=EXIT_STATUS,
     )
     _add_table_options(parser, default=None)
     # the same options after the verb too (`timestone ota status --tables-root DIR`, as the demo prints it)
@@ -87,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_table_options(after_verb, default=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="verb", required=True)
 
-    create = sub.add_parser("create", help="write a new action row", parents=[after_verb])
+    create = sub.add_parser("create", help="write a new action row", parents=[after_verb], epilog=EXIT_STATUS)
     create.add_argument("--id", dest="action_id", help="action id (default: generated)")
     create.add_argument("--kind", choices=("ota", "command"), default="ota")
     target = create.add_mutually_exclusive_group(required=True)
@@ -118,13 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a group action even when no registered device is in the group yet",
     )
 
-    cancel = sub.add_parser("cancel", help="cancel an action that has not ended", parents=[after_verb])
+    cancel = sub.add_parser(
+        "cancel", help="cancel an action that has not ended", parents=[after_verb], epilog=EXIT_STATUS
+    )
     cancel.add_argument("action_id")
 
     end = sub.add_parser(
         "end",
         help="end an action (a continuous one, say): nothing new is sent, devices not sent it are canceled",
         parents=[after_verb],
+        epilog=EXIT_STATUS,
     )
     end.add_argument("action_id")
     end.add_argument("--at", type=instant, help="when it ends (ISO time; default now)")
@@ -133,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         "status",
         help="every action, or one in full (target, state, reason, devices not done)",
         parents=[after_verb],
+        epilog=EXIT_STATUS,
     )
     status.add_argument("action_id", nargs="?")
     status.add_argument("--watch", action="store_true", help="follow the action until it ends (Ctrl-C stops)")

@@ -8,6 +8,9 @@ import contextlib
 import signal
 import sys
 import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Protocol
 
 from pipelines.actions.buckets import DEFAULT_BUCKETS
 from pipelines.fleet.device import DeviceBehaviour
@@ -18,9 +21,10 @@ from pipelines.fleet.processes import (
     loopback_sources,
     raise_open_files_limit,
 )
+from pipelines.fleet.readings import READING_FORMATS
 
 
-def _broker_address(text: str) -> tuple[str, int]:
+def broker_address(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit():
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
@@ -51,21 +55,36 @@ def probability(text: str) -> float:
     return value
 
 
+EXIT_STATUS = (
+    "exit status: 0 ran for --duration, or stopped (Ctrl-C, SIGTERM); 1 not one device could connect; "
+    "2 a wrong command line"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="timestone devices", description="Simulated device fleets.")
+    parser = argparse.ArgumentParser(
+        prog="timestone devices", description="Simulated device fleets.", epilog=EXIT_STATUS
+    )
     sub = parser.add_subparsers(dest="action", required=True)
-    simulate = sub.add_parser("simulate", help="connect N simulated devices and keep them running")
+    simulate = sub.add_parser(
+        "simulate", help="connect N simulated devices and keep them running", epilog=EXIT_STATUS
+    )
     simulate.add_argument("--count", type=at_least_one, default=10, help="number of devices (default 10)")
     simulate.add_argument(
         "--broker",
-        type=_broker_address,
+        type=broker_address,
         action="append",
         help="HOST:PORT, repeatable (default 127.0.0.1:1883)",
     )
     simulate.add_argument(
         "--groups", type=_groups, default="canary,fleet", help="comma-separated groups, assigned in turn"
     )
-    simulate.add_argument("--id-prefix", default="dev")
+    simulate.add_argument(
+        "--id-prefix",
+        default="dev",
+        help="device ids are PREFIX-00000, PREFIX-00001, ... (a prefix ending in '-', '_' or '.' is kept as "
+        "it is: site1- gives site1-00000; default dev)",
+    )
     simulate.add_argument(
         "--buckets",
         type=int,
@@ -90,6 +109,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--failover",
         action="store_true",
         help="the --broker addresses are members of one cluster: a device whose broker fails moves on",
+    )
+    simulate.add_argument(
+        "--payload",
+        choices=(*READING_FORMATS, "sparkplug_b"),
+        default="json",
+        help="how readings are written (default json); sparkplug_b: --count Sparkplug B edge nodes of "
+        "--devices-per-node devices each, in group --group-id",
+    )
+    simulate.add_argument("--devices-per-node", type=at_least_one, default=2, help="sparkplug_b (default 2)")
+    simulate.add_argument(
+        "--group-id", default="fleet", help="sparkplug_b: the Sparkplug group (default fleet)"
     )
     simulate.add_argument(
         "--source-addresses",
@@ -128,6 +158,7 @@ def _fleet(args: argparse.Namespace) -> tuple[FleetSpec, DeviceBehaviour]:
         failure_rate=args.failure_rate,
         reject_rate=args.reject_rate,
         offline_rate_per_min=args.offline_rate,
+        payload_format=args.payload,
     )
     return spec, behaviour
 
@@ -154,28 +185,67 @@ def _simulate_in_processes(args: argparse.Namespace) -> int:
 
 
 async def _simulate(args: argparse.Namespace) -> int:
+    if args.payload == "sparkplug_b":
+        return await _simulate_sparkplug(args)
     spec, behaviour = _fleet(args)
     fleet = Fleet(spec, behaviour)
+    nobody = lambda: _nobody(spec, fleet.connect_error)  # noqa: E731
+    return await _run(fleet, "devices", spec.brokers, args.duration, nobody)
+
+
+async def _simulate_sparkplug(args: argparse.Namespace) -> int:
+    from pipelines.fleet.sparkplug_node import SparkplugBehaviour, SparkplugFleet  # needs protobuf
+
+    brokers = args.broker or [("127.0.0.1", 1883)]
+    sparkplug = SparkplugBehaviour(data_interval_s=args.telemetry_interval)
+    nodes = SparkplugFleet(brokers, args.count, args.devices_per_node, args.group_id, sparkplug, args.seed)
+    nobody = f"no edge node could connect to {_addresses(brokers)}"
+    return await _run(nodes, "Sparkplug B edge nodes", brokers, args.duration, lambda: nobody)
+
+
+class RunningFleet(Protocol):
+    """What :func:`_run` needs of a fleet (devices, or Sparkplug B edge nodes)."""
+
+    stats: Counter
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    def connected(self) -> int: ...
+
+
+async def _run(
+    fleet: RunningFleet, noun: str, brokers: list[tuple[str, int]], duration: float, nobody: Callable[[], str]
+) -> int:
+    """Start the fleet, print its counters every 5 s until ``duration`` (0: a signal), stop it."""
+    stop = signal_stop()
+    await fleet.start()
+    if fleet.connected() == 0:
+        print(f"timestone devices simulate: {nobody()}", file=sys.stderr)
+        await fleet.stop()
+        return NO_DEVICE_CONNECTED
+    print(f"{fleet.connected()} {noun} connected to {_addresses(brokers)}", flush=True)
+    deadline = time.monotonic() + duration if duration else None
+    while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 5.0)
+        counters = " ".join(f"{k}={v}" for k, v in sorted(fleet.stats.items()))
+        print(f"connected={fleet.connected()} {counters}", flush=True)
+    await fleet.stop()
+    return 0
+
+
+def signal_stop() -> asyncio.Event:
+    """An event the running loop sets on SIGINT or SIGTERM."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signum, stop.set)
-    await fleet.start()
-    if fleet.connected() == 0:
-        print(f"timestone devices simulate: {_nobody(spec, fleet.connect_error)}", file=sys.stderr)
-        await fleet.stop()
-        return NO_DEVICE_CONNECTED
-    print(f"{fleet.connected()} devices connected to {', '.join(f'{h}:{p}' for h, p in spec.brokers)}")
-    deadline = time.monotonic() + args.duration if args.duration else None
-    while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 5.0)
-        print(
-            f"connected={fleet.connected()} " + " ".join(f"{k}={v}" for k, v in sorted(fleet.stats.items()))
-        )
-    await fleet.stop()
-    return 0
+    return stop
+
+
+def _addresses(brokers: list[tuple[str, int]]) -> str:
+    return ", ".join(f"{host}:{port}" for host, port in brokers)
 
 
 NO_DEVICE_CONNECTED = 1
@@ -191,6 +261,8 @@ def devices_main(argv: list[str]) -> int:
     """Entry point of ``timestone devices``."""
     args = build_parser().parse_args(argv)
     raise_open_files_limit()
+    if args.procs > 1 and args.payload == "sparkplug_b":
+        build_parser().error("--payload sparkplug_b runs in one process (--procs 1)")
     if args.procs > 1:
         return _simulate_in_processes(args)
     return asyncio.run(_simulate(args))

@@ -34,6 +34,7 @@ from broker_edge.protocol import (
     Subscribe,
     Subscription,
     UnsubAck,
+    Will,
     encode,
 )
 from broker_edge.protocol.wire import encode_varint
@@ -108,13 +109,15 @@ class MqttClient(asyncio.Protocol):
         log_offsets: bool = False,
         timeout_s: float = 10.0,
         source_address: str | None = None,
+        will: Will | None = None,
     ) -> MqttClient:
         """Open a TCP connection, send CONNECT and wait for a successful CONNACK.
 
         ``log_offsets`` asks a Timestone broker for the ``offset`` user property on deliveries of persisted
         messages (``Message.offset``; see docs/device-protocol.md). ``source_address`` binds the local end
         (e.g. one of several 127.0.0.x addresses, so that a fleet of more connections than one address has
-        ephemeral ports can reach one broker port).
+        ephemeral ports can reach one broker port). ``will`` is published by the broker when the connection
+        ends without a DISCONNECT (a Sparkplug B edge node's NDEATH).
         """
         loop = asyncio.get_running_loop()
         local_addr = (source_address, 0) if source_address else None
@@ -140,6 +143,7 @@ class MqttClient(asyncio.Protocol):
                 username=username,
                 password=password,
                 properties=properties,
+                will=will,
             )
         )
         connack = await asyncio.wait_for(client._connack, timeout_s)
@@ -294,12 +298,12 @@ class MqttClient(asyncio.Protocol):
         self._send(Publish(topic, payload, 1, packet_id=packet_id))
         return ack
 
-    def publish_nowait(self, topic: str, payload: bytes, qos: int = 1) -> bool:
+    def publish_nowait(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> bool:
         """Send a PUBLISH without waiting for its acknowledgement; False when not connected."""
         if not self.connected:
             return False
         packet_id = next(self._packet_ids) if qos else None
-        self._send(Publish(topic, payload, qos, packet_id=packet_id))
+        self._send(Publish(topic, payload, qos, retain, packet_id=packet_id))
         return True
 
     # -- protocol ---------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_of, bucket_topic, report_topic
 from pipelines.actions.checks import http_url, sha256_hex, text
 from pipelines.fleet.client import Message, MqttClient
+from pipelines.fleet.readings import reading_encoder
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "REJECTED", "CANCELED"})
 REPORT_RETRY_S = 0.5
@@ -66,6 +67,8 @@ class DeviceBehaviour:
     """Attempts of each action that fail before one may succeed (a download that fails, then works)."""
     silent_attempts: int = 0
     """Attempts of each action that hang after IN_PROGRESS and never report again (a stuck download)."""
+    payload_format: str = "json"
+    """How readings are written: json, cbor or protobuf (``pipelines/fleet/readings.py``)."""
     version_failure_rates: dict[str, float] = field(default_factory=dict)
     """Share of devices on which a firmware version fails to install, by version (a bad build): the same
     devices every time, chosen by a hash of the device id and the version."""
@@ -128,6 +131,7 @@ class SimulatedDevice:
         self._unacknowledged: set[str] = set()
         """Actions whose latest report has not been acknowledged by a broker."""
         self._telemetry_seq = 0
+        self._encode_reading = reading_encoder(behaviour.payload_format)
         self._telemetry_timer: asyncio.TimerHandle | None = None
         self._reconnect_timer: asyncio.TimerHandle | None = None
         self._stopped = False
@@ -241,7 +245,7 @@ class SimulatedDevice:
             "firmware": self.firmware,
             "group": self.group,
         }
-        self.client.publish_nowait(f"devices/{self.device_id}/telemetry", json.dumps(reading).encode(), 1)
+        self.client.publish_nowait(f"devices/{self.device_id}/telemetry", self._encode_reading(reading), 1)
         self.stats["telemetry"] += 1
         self._schedule_telemetry()
 

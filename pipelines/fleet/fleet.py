@@ -35,7 +35,8 @@ class FleetSpec:
 
     def device_id(self, index: int) -> str:
         width = max(5, len(str(self.fleet_size or self.count)))
-        return f"{self.id_prefix}-{index:0{width}d}"
+        separator = "" if self.id_prefix.endswith(("-", "_", ".")) else "-"
+        return f"{self.id_prefix}{separator}{index:0{width}d}"
 
 
 def _others(brokers: list[tuple[str, int]], index: int) -> list[tuple[str, int]]:

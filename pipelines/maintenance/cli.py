@@ -26,15 +26,24 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+EXIT_STATUS = (
+    "exit status: 0 every operation succeeded; 1 one failed (FAILED on its line); 2 a wrong command line or "
+    "configuration; 3 optional dependencies missing"
+)
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     from pipelines.runner import PIPELINES
 
     parser = argparse.ArgumentParser(
         prog="timestone tables",
         description="Maintain the pipelines' Delta tables: compact small files, vacuum, tidy the logs.",
+        epilog=EXIT_STATUS,
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    maintain = commands.add_parser("maintain", help="compact, vacuum and tidy the logs of the tables, now")
+    maintain = commands.add_parser(
+        "maintain", help="compact, vacuum and tidy the logs of the tables, now", epilog=EXIT_STATUS
+    )
     maintain.add_argument(
         "pipelines", nargs="*", metavar="PIPELINE", help=f"{', '.join(sorted(PIPELINES))} (default: all)"
     )

@@ -123,6 +123,9 @@ class TablesConfig:
     namespace: str | None = None
     executor_writes: list[str] = field(default_factory=list)
     """delta-rs only: tables whose appends the Spark tasks write (no rows collected to the driver)."""
+    storage_options: dict[str, str] = field(default_factory=dict)
+    """delta-rs only: object-store settings of ``root`` (credentials, endpoint), read by the driver's commits
+    and by the Spark tasks writing data files."""
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
     """Compaction, vacuum and log clean-up of every table the job writes, run by the job itself."""
 

@@ -687,7 +687,7 @@ def open_store(spark: SparkSession | None, config: TelemetryConfig) -> TableStor
         tables.backend,
         telemetry_catalog(config),
         namespace=tables.namespace,
-        executor_writes=tables.executor_writes,
+        storage_options=dict(tables.storage_options) or None,
     )
 
 

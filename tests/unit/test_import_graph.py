@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sources",),
     ("sinks",),
     ("broker_edge.runtime",),
+    ("broker_edge.pki",),
     ("broker_edge.cluster", "broker_edge.uplink"),
     ("broker_edge.offsets_api",),
     ("broker_edge.http",),
@@ -36,7 +37,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("broker_edge.settings",),
     ("broker_edge.security", "broker_edge.storage", "broker_edge.process"),
     ("broker_edge.observe",),
-    ("broker_edge.config", "broker_edge.protocol", "broker_edge.log_info"),
+    ("broker_edge.config", "broker_edge.protocol", "broker_edge.log_info", "broker_edge.placement"),
+    ("broker_edge.bounds",),
     ("broker_edge",),
 )
 """The parts of the four packages, top layer first; a part is a folder (or a module) and what it holds."""

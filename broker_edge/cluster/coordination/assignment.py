@@ -8,13 +8,14 @@
      member of it can lead again), unless unclean election is on: then any live replica, and the change says
      ``unclean`` so that the controller logs it at ERROR. Dead members leave the in-sync set of every
      partition that still has a live leader (acks wait for every in-sync replica: a dead one would stall
-     them).
+     them), and then its replicas: a member that is not live leaves the replica list of every partition
+     that has a live leader in the pass that finds it dead (offline partitions keep theirs).
   2. **filling**: a partition with fewer live replicas than the replication factor (capped at the live
-     members) gets the live members holding the fewest replicas; dead replicas outside the in-sync set make
-     room for them. Not while it is offline, nor in the pass that ends that: a copy given then would start
-     empty with nothing to copy from, and the brokers given it would stop observing the partition (their
-     subscribers' reads from an offset would find no log, and a copy filled later would route the past to
-     them as news); the pass after its election fills it from the leader, as any other.
+     members) gets the live members holding the fewest replicas. Not while it is offline, nor in the pass
+     that ends that: a copy given then would start empty with nothing to copy from, and the brokers given
+     it would stop observing the partition (their subscribers' reads from an offset would find no log, and
+     a copy filled later would route the past to them as news); the pass after its election fills it from
+     the leader, as any other.
   3. **balancing** (preferred-leader moves): while a live member leads two partitions more than another that
      is in sync on one of them (and not behind it, when log ends are known), that partition's leadership
      moves to it. Partitions elected in the same pass stay with their new leader.
@@ -48,7 +49,7 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from broker_edge.cluster.view import PartitionState
+from broker_edge.placement import PartitionState
 
 __all__ = [
     "MOVES_AT_ONCE",
@@ -57,6 +58,7 @@ __all__ = [
     "Change",
     "LogEnds",
     "balance_leaders",
+    "drop_dead_replicas",
     "elect_leaders",
     "fill_replicas",
     "initial_states",
@@ -197,6 +199,26 @@ def elect_leaders(
             before = state.leader if state.leader is not None else "none"
             reason = f"leader {before} gone: elected in-sync {leader}"
         result[partition] = (replace(state, leader=leader, isr=isr), reason, unclean)
+    return result
+
+
+def drop_dead_replicas(
+    states: Mapping[int, PartitionState], live: Collection[str], offline: Collection[int] = ()
+) -> dict[int, tuple[PartitionState, str]]:
+    """Step 1b of ``plan``: partition → (new state, reason) for every partition with a live leader whose
+    replicas name members that are not live (outside its in-sync set, which step 1 already took them out
+    of): they leave its replicas at once. A member gone for good, or one a forged record named, holds no
+    copy a live member could take. Offline partitions keep theirs (a returning member of them may lead),
+    also in the pass that ends that (``offline``: they had no leader when it started)."""
+    result: dict[int, tuple[PartitionState, str]] = {}
+    for partition in sorted(states):
+        state = states[partition]
+        if state.leader is None or state.leader not in live or partition in offline:
+            continue
+        dead = [node for node in state.replicas if node not in live and node not in state.isr]
+        if dead:
+            kept = tuple(node for node in state.replicas if node not in dead)
+            result[partition] = (replace(state, replicas=kept), f"dead {', '.join(dead)} left the replicas")
     return result
 
 
@@ -513,6 +535,8 @@ def plan(
         if was_unclean:
             unclean.add(partition)
     offline = [partition for partition, state in states.items() if state.leader is None]
+    for partition, (state, reason) in drop_dead_replicas(working, live_set, offline).items():
+        apply(partition, state, reason)
     for partition, (state, reason) in fill_replicas(
         working, live_set, replication_factor, offline, fit
     ).items():

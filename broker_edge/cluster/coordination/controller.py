@@ -30,6 +30,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
+from broker_edge import bounds
 from broker_edge.cluster.coordination.assignment import Change, LogEnds, initial_states, needs_election, plan
 from broker_edge.cluster.coordination.backoff import Backoff
 from broker_edge.cluster.coordination.coordinator import Coordinator
@@ -45,7 +46,8 @@ from broker_edge.cluster.coordination.membership import Membership
 from broker_edge.cluster.links.member_clients import MemberClients
 from broker_edge.cluster.links.member_proofs import MemberProofs
 from broker_edge.cluster.tasks import stop_task
-from broker_edge.cluster.view import ClusterView, Member, PartitionState, partition_of
+from broker_edge.cluster.view import ClusterView
+from broker_edge.placement import Member, PartitionState, partition_of
 from broker_edge.settings.cluster import ClusterConfig
 
 __all__ = ["Controller", "grace_s", "read_log_ends"]
@@ -89,7 +91,7 @@ async def read_log_ends(
             ends: dict[int, int] = {}
             for entry in body["logs"]:
                 partition = partition_of(str(entry["topic"]), partitions)
-                ends[partition] = ends.get(partition, 0) + int(entry["end_offset"])
+                ends[partition] = ends.get(partition, 0) + bounds.offset(entry["end_offset"], "end_offset")
             return member.node_id, ends
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             log.debug("log ends of %s: %s", member.node_id, exc)

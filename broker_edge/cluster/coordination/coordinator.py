@@ -41,7 +41,8 @@ from broker_edge.cluster.coordination.etcd_values import (
 )
 from broker_edge.cluster.coordination.membership import Membership
 from broker_edge.cluster.tasks import stop_task
-from broker_edge.cluster.view import ClusterView, PartitionState
+from broker_edge.cluster.view import ClusterView
+from broker_edge.placement import PartitionState
 
 __all__ = ["Coordinator"]
 
@@ -104,10 +105,6 @@ class Coordinator:
         revision = await self._load()
         await self.stop()
         self._start_watch(revision)
-
-    def revision_of(self, partition: int) -> int | None:
-        """mod_revision of the partition's state as held (None if no state is known)."""
-        return self.revisions.get(self.keys.partition(partition))
 
     async def until(self, condition: Callable[[ClusterView], bool], timeout_s: float) -> bool:
         """Wait until ``condition(view)`` holds (checked after every change); False after ``timeout_s``."""

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from broker_edge.cluster.view import Member, PartitionState
+from broker_edge import bounds
+from broker_edge.placement import Member, PartitionState
 from broker_edge.settings.cluster import MAX_PARTITIONS, NODE_ID
 
 __all__ = [
@@ -79,10 +80,10 @@ def _string(document: dict[str, Any], name: str, what: str) -> str:
 
 
 def _integer(document: dict[str, Any], name: str, what: str, low: int, high: int) -> int:
-    value = document.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise BadValue(f"{what}.{name}: expected an integer within [{low}, {high}], got {_shown(value)}")
-    return value
+    try:
+        return bounds.integer(document.get(name), f"{what}.{name}", low, high)
+    except bounds.OutOfBounds as error:
+        raise BadValue(str(error)) from None
 
 
 def _node_id(value: object, what: str) -> str:

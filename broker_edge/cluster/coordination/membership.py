@@ -28,7 +28,8 @@ from collections.abc import Awaitable, Callable
 
 from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd, EtcdError, Guard
 from broker_edge.cluster.tasks import stop_task
-from broker_edge.cluster.view import ClusterView, Member
+from broker_edge.cluster.view import ClusterView
+from broker_edge.placement import Member
 
 __all__ = ["Membership", "fence_margin_s"]
 

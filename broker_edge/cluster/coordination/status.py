@@ -25,7 +25,7 @@ from typing import Any
 from broker_edge.cluster.coordination.controller import read_log_ends
 from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd, EtcdError
 from broker_edge.cluster.coordination.etcd_values import BadValues, read_cluster
-from broker_edge.cluster.view import Member, PartitionState
+from broker_edge.placement import Member, PartitionState
 from broker_edge.settings.cluster import EtcdAuthConfig, EtcdTlsConfig, etcd_endpoint
 
 __all__ = ["ClusterStatus", "cluster_main", "read_status", "render"]
@@ -198,10 +198,22 @@ def render(status: ClusterStatus, etcd: str) -> str:
     return "\n".join(lines)
 
 
+CLUSTER_EXIT_STATUS = (
+    "exit status: 0 printed; 1 etcd did not answer, or holds no cluster under the prefix; 2 a wrong command "
+    "line, or a file it names that cannot be read"
+)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="timestone cluster", description="Inspect a broker cluster.")
+    parser = argparse.ArgumentParser(
+        prog="timestone cluster", description="Inspect a broker cluster.", epilog=CLUSTER_EXIT_STATUS
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    status = commands.add_parser("status", help="members, partition leaders and epochs, in-sync sets, lag")
+    status = commands.add_parser(
+        "status",
+        help="members, partition leaders and epochs, in-sync sets, lag",
+        epilog=CLUSTER_EXIT_STATUS,
+    )
     status.add_argument(
         "--config",
         help="a broker's config: etcd URLs, key prefix, etcd TLS and user from its cluster section",

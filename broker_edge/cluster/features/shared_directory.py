@@ -63,9 +63,6 @@ class SharedDirectory:
     def remove(self, node: str) -> None:
         self.replace(node, ())
 
-    def groups_of(self, node: str) -> set[GroupKey]:
-        return set(self._groups.get(node, ()))
-
     def match(self, topic: str) -> list[SharedGroup[str]]:
         """The shared groups whose filter matches ``topic``, each with the brokers that have members."""
         return self._trie.match(topic).groups

@@ -28,10 +28,39 @@ if TYPE_CHECKING:
 
     from broker_edge.cluster.links.member_identity import MemberTls
 
-__all__ = ["NODE_HEADER", "MemberClients", "NotThatMember"]
+__all__ = ["NODE_HEADER", "NOT_KNOWN_YET_S", "FailureStreak", "MemberClients", "NotThatMember"]
 
 NODE_HEADER = "X-Timestone-Node"
 """The node id a member's request comes from (checked against its certificate)."""
+NOT_KNOWN_YET_S = 5.0
+"""How long a member calls another that refuses it as no member (403) before that is worth a WARNING: a
+member that has just registered (a start, a restart) is refused until the other's view of etcd has the new
+registration, which one watch event later it has."""
+
+
+class FailureStreak:
+    """Consecutive failures of one call to another member, and which of them to log at WARNING: the first,
+    then every ``every``-th; a 403 refusal only once it has lasted ``NOT_KNOWN_YET_S`` (before that the
+    other member may not know this one yet)."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.count = 0
+        self._warned = 0
+        self._since = 0.0
+
+    def failed(self, now: float, refused: bool) -> bool:
+        """Count a failure at ``now`` (``refused``: answered 403); whether to log it at WARNING."""
+        if self.count == 0:
+            self._since = now
+        self.count += 1
+        if refused and now - self._since < NOT_KNOWN_YET_S:
+            return False
+        self._warned += 1
+        return self._warned == 1 or self.count % self.every == 0
+
+    def succeeded(self) -> None:
+        self.count = self._warned = 0
 
 
 class NotThatMember(aiohttp.ServerFingerprintMismatch):

@@ -20,7 +20,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from broker_edge.cluster.view import ClusterView, Member
+from broker_edge.cluster.view import ClusterView
+from broker_edge.placement import Member
 
 __all__ = ["MemberProofs"]
 

@@ -39,9 +39,11 @@ import struct
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from broker_edge.cluster.links.member_clients import FailureStreak
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import ForwardAck
 from broker_edge.engine.records import message_of_frame, record_fields
+from broker_edge.http.client_errors import failure_text
 from broker_edge.storage.record import PREFIX, PREFIX_SIZE, FrameError, decode_frame, encode_frame
 
 if TYPE_CHECKING:
@@ -497,7 +499,8 @@ class PeerLinks:
         import aiohttp
 
         link = self.link(peer)
-        failures = 0
+        failures = FailureStreak(every=1000)
+        loop = asyncio.get_running_loop()
         while not self._closed:
             url = self._urls.get(peer)
             if url is None:
@@ -512,14 +515,14 @@ class PeerLinks:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                failures += 1
-                if failures in (1, 50) or failures % 1000 == 0:  # a member that cannot prove who it is
-                    log.warning("peer link to %s at %s: %s", peer, url, exc)
+                refused = isinstance(exc, aiohttp.WSServerHandshakeError) and exc.status == 403
+                if failures.failed(loop.time(), refused):  # a member that cannot prove who it is
+                    log.warning("peer link to %s at %s: %s", peer, url, failure_text(exc))
                 else:
-                    log.debug("dialing peer %s at %s failed: %s", peer, url, exc)
+                    log.debug("dialing peer %s at %s failed: %s", peer, url, failure_text(exc))
                 await asyncio.sleep(REDIAL_S)
                 continue
-            failures = 0
+            failures.succeeded()
             try:
                 await self._read(link, socket)
             except ConnectionError as exc:

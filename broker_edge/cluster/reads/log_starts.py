@@ -14,6 +14,7 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from broker_edge import bounds
 from broker_edge.cluster.links.peer_link import PeerLinkDown, PeerRequestFailed
 from broker_edge.engine.cursors import start_offset
 from broker_edge.protocol.topics import OffsetStart, OffsetStartKind, topic_matches
@@ -76,6 +77,8 @@ def _decode_reply(reply: bytes) -> tuple[bool, list[LogStart]]:
         position += length
         first, end, offset = _BOUNDS.unpack_from(reply, position)
         position += _BOUNDS.size
+        for value, name in ((first, "start"), (end, "end"), (offset, "offset")):
+            bounds.offset(value, f"{topic!r} {name}")  # OutOfBounds is a ValueError: a malformed answer
         found.append(LogStart(topic, first, end, offset))
     if position != len(reply):
         raise ValueError(f"{len(reply) - position} bytes after the logs")

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Protocol
 import aiohttp
 import yarl
 
+from broker_edge import bounds
 from broker_edge.offsets_api.formats import frames_records, topic_path_segment
 
 if TYPE_CHECKING:
@@ -164,7 +165,7 @@ async def read_committed(
         async with clients.session(node).get(yarl.URL(url, encoded=True), timeout=timeout) as answer:
             body = await answer.read()
             if answer.status == 416:  # below the log's start (retention): read on from its start
-                start = int(json.loads(body).get("start_offset", offset))
+                start = bounds.offset(json.loads(body).get("start_offset", offset), "start_offset")
                 return await read_committed(view, clients, topic, start, max_bytes) if start > offset else []
             if answer.status != 200:
                 log.debug("reading %r from %s: HTTP %d", topic, base, answer.status)

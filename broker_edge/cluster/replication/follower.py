@@ -41,8 +41,9 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from broker_edge.cluster.links.member_clients import MemberClients
+from broker_edge.cluster.links.member_clients import FailureStreak, MemberClients
 from broker_edge.engine.records import message_of_record
+from broker_edge.http.client_errors import failure_text
 from broker_edge.log_info import LogInfo
 from broker_edge.observe import path_trace
 from broker_edge.protocol.topics import topic_matches
@@ -91,7 +92,11 @@ _ROUTE_READ_BYTES = 4 << 20
 
 
 class FetchFailed(Exception):
-    """The leader answered a fetch with an HTTP error."""
+    """The leader answered a fetch with an HTTP error (``status``)."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"HTTP {status}: {body[:200].decode(errors='replace')}")
+        self.status = status
 
 
 class TruncationRefused(StorageError):
@@ -513,7 +518,7 @@ class Followers:
         ) as answer:
             body = await answer.read()
             if answer.status != 200:
-                raise FetchFailed(f"HTTP {answer.status}: {body[:200].decode(errors='replace')}")
+                raise FetchFailed(answer.status, body)
             pushes = answer.headers.get(PUSH_HEADER) == "1"
             lists = answer.headers.get(LISTS_TOPICS_HEADER) == "1"
         return decode_response(body), pushes, lists
@@ -688,7 +693,7 @@ class _Fetcher:
         owner = self.owner
         role = "observer" if self.observer else "replica"
         session = 0
-        failures = 0
+        failures = FailureStreak(every=50)
         refusals = 0
         opened = False
         last_said, repeats = "", 0
@@ -708,9 +713,11 @@ class _Fetcher:
             try:
                 response, pushes, lists = await owner.post(self.leader, self.url, request)
             except (aiohttp.ClientError, OSError, TimeoutError, FetchFailed, WireError) as error:
-                failures += 1
-                if failures == 1 or failures % 50 == 0:
-                    log.warning("fetch from %s as %s failed: %s", self.leader, role, error)
+                refused = isinstance(error, FetchFailed) and error.status == 403
+                if failures.failed(asyncio.get_running_loop().time(), refused):
+                    log.warning("fetch from %s as %s failed: %s", self.leader, role, failure_text(error))
+                else:
+                    log.debug("fetch from %s as %s failed: %s", self.leader, role, failure_text(error))
                 session = 0
                 await self._handed_over()
                 await asyncio.sleep(owner.config.retry_s)
@@ -720,7 +727,7 @@ class _Fetcher:
                 if response.error == OK:
                     self._observe(response, lists)  # its last answer, routed before its successor's
                 return
-            failures = 0
+            failures.succeeded()
             if response.error == UNKNOWN_SESSION:
                 session = 0
                 continue

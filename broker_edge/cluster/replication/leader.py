@@ -61,8 +61,9 @@ from .replica_push import ACK, PUSH, Push, decode_ack, encode_push
 
 if TYPE_CHECKING:
     from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
-    from broker_edge.cluster.view import ClusterView, PartitionState
+    from broker_edge.cluster.view import ClusterView
     from broker_edge.engine.ports import AppendedRun
+    from broker_edge.placement import PartitionState
     from broker_edge.storage.store import LogStore
 
 __all__ = [
@@ -890,11 +891,6 @@ class LeaderReplication:
             partition = self._partition_of[topic] = self.view.partition_of(topic)
             self._topics.setdefault(partition, set()).add(topic)
         return partition
-
-    def isr_lag(self) -> dict[tuple[str, int], float]:
-        """(replica, partition) -> seconds it has been behind (for status and metrics)."""
-        now = self._clock()
-        return {key: now - since for key, since in self._lagging_since().items()}
 
 
 def _read_into(store: LogStore, data: TopicData, offset: int, max_bytes: int, limit: int) -> int:

@@ -49,6 +49,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from broker_edge.bounds import MAX_OFFSET
+
 if TYPE_CHECKING:
     from aiohttp import web
 
@@ -290,6 +292,11 @@ class _Reader:
         self.pos = end
         return value
 
+    def offset(self, value: int, name: str) -> None:
+        """``WireError`` unless ``value`` is an offset a log can hold (``broker_edge.bounds``)."""
+        if value > MAX_OFFSET:
+            raise WireError(f"{self.what}: {name} {value} is past what a log holds ({MAX_OFFSET})")
+
     def version(self) -> None:
         (version,) = self.take(_U8, "version")
         if version != VERSION:
@@ -319,6 +326,7 @@ def decode_request(data: bytes) -> FetchRequest:
         for _ in range(topics):
             topic = reader.string("topic")
             offset, last_epoch = reader.take(_POSITION, "position")
+            reader.offset(offset, f"{topic!r} offset")
             partition.topics.append(TopicPosition(topic, offset, last_epoch))
         request.partitions.append(partition)
     reader.finish()
@@ -337,15 +345,21 @@ def decode_response(data: bytes) -> FetchResponse:
         for _ in range(topics):
             name = reader.string("topic")
             kind, high_watermark, start = reader.take(_TOPIC_HEAD, "topic")
+            reader.offset(high_watermark, f"{name!r} high watermark")
+            reader.offset(start, f"{name!r} start offset")
             topic = TopicData(name, kind, high_watermark, start)
             if kind in (FRAMES, RESTART, GAP):
                 (boundaries,) = reader.take(_U32, "boundaries")
                 topic.boundaries = [reader.take(_BOUNDARY, "boundary") for _ in range(boundaries)]
+                for _epoch, boundary in topic.boundaries:
+                    reader.offset(boundary, f"{name!r} epoch boundary")
             if kind in (FRAMES, GAP):
                 topic.first, topic.count, length = reader.take(_FRAMES_HEAD, "frames")
+                reader.offset(topic.first + topic.count, f"{name!r} end of frames")
                 topic.frames = [reader.raw(length, "frames")] if length else []
             elif kind == DIVERGING:
                 topic.diverging_epoch, topic.diverging_end = reader.take(_DIVERGENCE, "divergence")
+                reader.offset(topic.diverging_end, f"{name!r} divergence")
             elif kind != RESTART:
                 raise WireError(f"replica fetch response: unknown kind {kind} for {name!r}")
             partition.topics.append(topic)

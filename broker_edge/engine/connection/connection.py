@@ -1,25 +1,22 @@
-"""One client connection: bytes in through the decoder to the handlers, packets out once per loop turn.
+"""One client connection as a sans-IO MQTT state machine: bytes and time in, packets and the end out.
 
-A ``Connection`` is transport-agnostic: ``transports.tcp`` makes it the ``asyncio.Protocol`` of a TCP or TLS
-socket, ``transports.websocket`` feeds it WebSocket messages. It owns what belongs to the network connection
-(protocol version, keepalive, the will, topic aliases both ways, the incoming receive-maximum count, the rate
-limiter) and writes for its ``Session``, which owns what survives a reconnect.
+A ``Connection`` never touches a socket, the event loop or a clock of its own. Its transport adapter
+(``runtime.transports.stream``: TCP, TLS, the broker's own transport, WebSocket) feeds it what happens:
+``receive(bytes)``, ``writing_paused``/``writing_resumed`` (the transport's buffer), ``transport_closed``;
+the broker's sweep gives it the time (``check_timers(now)``). What it decides comes out as output
+(``outgoing``): the packets to write, batched per loop turn (``take_output``), whether reading is held
+(``held``: the transport stops reading while it is not 0) and how it ends (``closing``). The broker tells
+the adapter to take them (``schedule_flush``, then ``flush``); the adapter also applies a hold or an end as
+soon as ``receive`` returns. So every rule of the protocol is a unit test that feeds bytes and reads bytes
+(``tests/unit/broker_edge/engine/connection/test_machine.py``), as h11's are.
 
-Outgoing topic aliases (MQTT 5, 3.3.2.3.4): when the client's CONNECT allows them (Topic Alias Maximum > 0)
-and the broker's ``mqtt.outgoing_topic_aliases`` is not 0, every topic sent gets an alias, the least recently
-used one being reassigned when all are taken. The first PUBLISH of a topic carries the name and the alias,
-the following ones only the alias; both forms are shared encodings (``Message.template``), so fanout still
-encodes once per variant.
-
-Writes are batched: packets produced while handling one read (or one fanout) are collected in ``_out`` and
-handed to the transport with one ``writelines`` at the end of the loop iteration (``schedule_flush`` of its
-``ConnectionHost``), so a subscriber receiving from a hundred publishers in one iteration costs one system
-call, not a hundred.
-
-Packets go to the handler of their type (``broker_edge.engine.handlers``): before CONNACK only
-``handle_connect``, afterwards the connected handlers, which are given the session (never None once
-connected). Handlers see the broker through ``BrokerContext`` and ask the connection for effects: write,
-close, refuse, pause reading. A connection refused before CONNACK 0 always goes through ``refuse``.
+The connection owns what belongs to the network connection (protocol version, keepalive, the will, topic
+aliases both ways, the incoming receive-maximum count, the rate limiter) and writes for its ``Session``,
+which owns what survives a reconnect. Packets go to the handler of their type
+(``broker_edge.engine.handlers``): before CONNACK only ``handle_connect``, afterwards the connected handlers,
+which are given the session (never None once connected). Handlers see the broker through ``BrokerContext``
+and ask the connection for effects: write, close, refuse, hold reading. A connection refused before
+CONNACK 0 always goes through ``refuse``.
 
 Idle connections are small: every attribute is a slot, containers (topic aliases, the write batch) are
 created on first use, and what most connections never set (a will, topic aliases, a refusal, packets held
@@ -28,17 +25,25 @@ CONNECT settles (protocol level, keep alive, the client's limits) and where the 
 (``state``) are a ``Terms`` shared by every connection that settled the same, which also leads to the broker
 and the listener; the client id is the session's. The rate limiter and the count of unanswered publishes
 come with the client's first PUBLISH (``Inbound``): a device that only subscribes holds neither.
-Past CONNECT the decoder is shared (``SharedDecoder``) except while a packet is half-read, and keep-alive
-deadlines are shared floats (``states.keepalive_deadline``).
+Past CONNECT the decoder is shared (``SharedDecoder``, see ``reading``) except while a packet is half-read,
+and keep-alive deadlines are shared floats (``states.keepalive_deadline``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, cast
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker_edge.engine.connection.inbound import Inbound
+from broker_edge.engine.connection.outgoing import ABORT, CLOSE, ConnectionRare, Outgoing
+from broker_edge.engine.connection.reading import (
+    OwnDecoder,
+    forget_unfinished,
+    own_decoder,
+    settle_decoder,
+    unfinished_since,
+)
 from broker_edge.engine.connection.states import (
     AUTHENTICATING,
     CLOSED,
@@ -52,61 +57,23 @@ from broker_edge.engine.connection.states import (
 from broker_edge.engine.connection.terms import Terms
 from broker_edge.engine.handlers import dispatch_connected, handle_connect, handle_puback, handle_publish
 from broker_edge.engine.handlers.context import BrokerContext
-from broker_edge.engine.message import Message
-from broker_edge.engine.rare_fields import RareField, RareSlots
-from broker_edge.protocol.codec import (
-    PacketDecoder,
-    SharedDecoder,
-    encode,
-    encode_puback_success,
-    shared_decoder,
-)
+from broker_edge.engine.rare_fields import RareField
+from broker_edge.protocol.codec import PacketDecoder, encode
 from broker_edge.protocol.errors import MQTTError, PacketTooLarge, UnsupportedProtocolVersion
-from broker_edge.protocol.packets import (
-    MQTT_5,
-    ConnAck,
-    Connect,
-    Disconnect,
-    PubAck,
-    PubComp,
-    Publish,
-    PubRec,
-    PubRel,
-)
+from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect, Disconnect, PubAck, Publish
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable
 
     from broker_edge.engine.connection.terms import ListenerRuntime
     from broker_edge.engine.sessions.session import Session
-    from broker_edge.protocol.codec import PublishTemplate
     from broker_edge.protocol.packets import Packet, Will
 
-__all__ = ["ByteTransport", "Connection", "ConnectionHost"]
+__all__ = ["Connection", "ConnectionHost"]
 
 log = logging.getLogger("broker_edge.connection")
-
-
-class ByteTransport(Protocol):
-    """The part of an asyncio transport a connection uses (TCP/TLS transports and ``WebSocketTransport``)."""
-
-    def write(self, data: bytes) -> None: ...
-
-    def writelines(self, parts: Iterable[bytes]) -> None: ...
-
-    def is_closing(self) -> bool: ...
-
-    def close(self) -> None: ...
-
-    def abort(self) -> None: ...
-
-    def pause_reading(self) -> None: ...
-
-    def resume_reading(self) -> None: ...
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
 
 
 class ConnectionHost(BrokerContext, Protocol):
@@ -127,139 +94,61 @@ class ConnectionHost(BrokerContext, Protocol):
     def connection_detached(self, conn: Connection) -> None:
         """``conn`` let go of its session while still open (taken over)."""
 
-    def schedule_flush(self, conn: Connection) -> None:
-        """Write ``conn``'s batched packets at the end of this loop iteration."""
+    def schedule_flush(self, conn: Outgoing) -> None:
+        """Have ``conn``'s transport take its output at the end of this loop turn."""
 
     def call_soon(self, callback: Callable[[], None]) -> None: ...
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> None: ...
 
 
-class _ConnectionRare(RareSlots):
-    """The ``RareField`` attributes of a ``Connection`` that has set one."""
-
-    __slots__ = (
-        "aliases_in",
-        "aliases_out",
-        "backlog",
-        "held",
-        "held_error",
-        "named",
-        "peer",
-        "peer_cn",
-        "refused",
-        "will",
-        "will_delay",
-    )
-    defaults: ClassVar[dict[str, Any]] = {}
-
-
-class _OwnDecoder(PacketDecoder):
-    """A decoder of one connection's own (until CONNECT, and while a packet is half-read), with the bytes
-    of that packet counted into the host's ``partial_bytes`` and when it started arriving (host time; 0:
-    none)."""
-
-    __slots__ = ("counted", "since")
-
-    def __init__(self, max_packet_size: int, max_connect_size: int) -> None:
-        super().__init__(max_packet_size, max_connect_size=max_connect_size)
-        self.counted = 0
-        self.since = 0.0
-
-
-class Connection(asyncio.Protocol):
+class Connection(Outgoing):
     """The broker side of one network connection (see the module docstring)."""
 
-    __slots__ = (
-        "_out",
-        "_rare",
-        "deadline",
-        "decoder",
-        "inbound",
-        "session",
-        "terms",
-        "transport",
-    )
+    __slots__ = ("deadline", "decoder", "inbound", "session", "terms")
 
-    aliases_in: RareField[dict[int, str] | None] = RareField(_ConnectionRare, None)
+    aliases_in: RareField[dict[int, str] | None] = RareField(ConnectionRare, None)
     """Topic aliases the client has set towards the broker."""
-    aliases_out: RareField[dict[str, int] | None] = RareField(_ConnectionRare, None)
-    """Topic → alias sent to this client, least recently used first (None: none sent yet, or no outgoing
-    aliases: ``terms.alias_max_out`` says whether it takes them)."""
-    backlog: RareField[list[Packet] | None] = RareField(_ConnectionRare, None)
+    backlog: RareField[list[Packet] | None] = RareField(ConnectionRare, None)
     """Packets read but not handled yet, while reading is held (``hold``)."""
-    held: RareField[int] = RareField(_ConnectionRare, 0)
+    held: RareField[int] = RareField(ConnectionRare, 0)
     """Why reading is paused: ``states.HELD_*`` bits; it resumes once none is left (``release``)."""
-    held_error: RareField[MQTTError | None] = RareField(_ConnectionRare, None)
+    held_error: RareField[MQTTError | None] = RareField(ConnectionRare, None)
     """A protocol error read behind the backlog: raised once the packets before it are handled."""
-    refused: RareField[str | None] = RareField(_ConnectionRare, None)
+    refused: RareField[str | None] = RareField(ConnectionRare, None)
     """Why admission refused this connection (it is closed, or answered once its CONNECT arrives)."""
-    peer_cn: RareField[str | None] = RareField(_ConnectionRare, None)
+    peer_cn: RareField[str | None] = RareField(ConnectionRare, None)
     """The common name of the client's TLS certificate."""
-    peer: RareField[str] = RareField(_ConnectionRare, "")
+    peer: RareField[str] = RareField(ConnectionRare, "")
     """``host:port`` of the client, kept by transports that lose it at close (TLS): the log lines of a
     closing connection name the peer too."""
-    named: RareField[str] = RareField(_ConnectionRare, "")
+    named: RareField[str] = RareField(ConnectionRare, "")
     """The client id while the connection has no session (a refused CONNECT, after it let go of one)."""
-    will: RareField[Will | None] = RareField(_ConnectionRare, None)
-    will_delay: RareField[int] = RareField(_ConnectionRare, 0)
+    will: RareField[Will | None] = RareField(ConnectionRare, None)
+    will_delay: RareField[int] = RareField(ConnectionRare, 0)
 
     def __init__(self, host: ConnectionHost, listener: ListenerRuntime) -> None:
         limits = host.config.limits
         self.terms = Terms.initial(host, listener, limits.max_inflight_out)
         """What its CONNECT settled (protocol level, keep alive, the client's limits), shared."""
-        self.transport: ByteTransport | None = None
-        self.decoder: PacketDecoder = _OwnDecoder(
+        self.decoder: PacketDecoder = OwnDecoder(
             limits.max_packet_size, max_connect_size=limits.max_connect_packet_size
         )
-        """An ``_OwnDecoder`` until CONNECT; past it a ``SharedDecoder`` while no packet is half-read."""
+        """An ``OwnDecoder`` until CONNECT; past it a ``SharedDecoder`` while no packet is half-read."""
         self.session: Session | None = None
         self.deadline = 0.0
         """While connected: when a silent client is closed (``states.keepalive_deadline``), ``HEARD_FROM``
         once it sent something since the last sweep; before CONNECT: when it must have arrived."""
-        self._out: list[bytes] | None = None
+        self._out = None
         self.inbound: Inbound | None = None
         """The client's PUBLISH rate limiter and unanswered count, made by its first PUBLISH."""
-        self._rare: _ConnectionRare | None = None
-
-    @property
-    def version(self) -> int:
-        """The protocol level of the client's CONNECT (0 until it is decoded)."""
-        return self.decoder.protocol_version or 0
+        self._rare: ConnectionRare | None = None
 
     @property
     def client_id(self) -> str:
         """The client id: its session's, else the one its CONNECT gave ("" before it)."""
         session = self.session
         return session.client_id if session is not None else self.named
-
-    @property
-    def host(self) -> ConnectionHost:
-        return self.terms.host
-
-    @property
-    def listener(self) -> ListenerRuntime:
-        return self.terms.listener
-
-    @property
-    def v5(self) -> bool:
-        return self.terms.v5
-
-    @property
-    def keepalive(self) -> int:
-        return self.terms.keepalive
-
-    @property
-    def send_quota(self) -> int:
-        return self.terms.send_quota
-
-    @property
-    def max_packet_out(self) -> int:
-        return self.terms.max_packet_out
-
-    @property
-    def paused(self) -> bool:
-        return self.terms.paused
 
     @property
     def state(self) -> int:
@@ -274,7 +163,7 @@ class Connection(asyncio.Protocol):
     def attached(self) -> None:
         """Its CONNECT was accepted: it is its session's connection from now on (the broker reaches it through
         the session, no longer in a table of its own)."""
-        self.host.connection_attached(self)
+        self.terms.host.connection_attached(self)
 
     def let_go_of_session(self) -> Session | None:
         """Drop the session (keeping its client id for what follows); the session it had, if any."""
@@ -285,19 +174,18 @@ class Connection(asyncio.Protocol):
         return session
 
     def __repr__(self) -> str:
-        return f"Connection({self.client_id!r}, listener={self.listener.name!r}, state={self.terms.state})"
+        terms = self.terms
+        return f"Connection({self.client_id!r}, listener={terms.listener.name!r}, state={terms.state})"
 
-    # -- transport events ---------------------------------------------------------------------------------
+    # -- what the transport says ---------------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.attach_transport(cast(ByteTransport, transport))  # the loop hands stream transports only
+    def opened(self) -> None:
+        """The transport is connected: the broker admits (or refuses) the connection and starts its CONNECT
+        deadline."""
+        self.terms.host.connection_opened(self)
 
-    def attach_transport(self, transport: ByteTransport) -> None:
-        """Start on ``transport`` (the TCP protocol's ``connection_made``; WebSocket and tests call it)."""
-        self.transport = transport
-        self.host.connection_opened(self)
-
-    def data_received(self, data: bytes) -> None:
+    def receive(self, data: bytes) -> None:
+        """Bytes from the client, in any split: every packet they complete is handled, in order."""
         state = self.terms.state
         if state == CONNECTED:
             self.deadline = HEARD_FROM
@@ -311,9 +199,9 @@ class Connection(asyncio.Protocol):
             packets = error.packets_before
             self.held_error = error
             if decoder.shared:
-                decoder = self._own_decoder()
-        # A shared decoder holds nothing before a read, and bytes counted as unfinished are in an _OwnDecoder.
-        if (decoder.buffered or not decoder.shared) and not self._settle_decoder(bool(packets)):
+                decoder = own_decoder(self)
+        # A shared decoder holds nothing before a read, and bytes counted as unfinished are in an OwnDecoder.
+        if (decoder.buffered or not decoder.shared) and not settle_decoder(self, bool(packets)):
             return
         if self._rare is None or (self.backlog is None and self.held_error is None):
             # Nothing waits and no error is held: dispatch alone. Most connections set no ``RareField``,
@@ -327,13 +215,60 @@ class Connection(asyncio.Protocol):
         if self._dispatch_all(packets) and self.backlog is None:
             self._raise_held_error()
 
+    def transport_closed(self, exc: Exception | None) -> None:
+        """The connection is gone (closed by either side): the session is let go of, the will published."""
+        was_connected = self.terms.state == CONNECTED
+        forget_unfinished(self)
+        if was_connected and log.isEnabledFor(logging.INFO):
+            self.log().info("disconnected%s", f" ({exc})" if exc is not None else "")
+        self.state = CLOSED
+        self._out = None
+        host = self.terms.host
+        host.connection_closed(self, was_connected)
+        session = self.let_go_of_session()
+        if session is not None and session.connection is self:
+            host.router.connection_closed(session, self.will, self.will_delay, host.now())
+        self.will = None
+
+    def writing_paused(self) -> None:
+        """The transport's buffer passed ``limits.outgoing_buffer_bytes``: this subscriber is slow.
+
+        Policy ``drop_qos0``: its QoS 0 messages are dropped (counted per message) and QoS 1/2 wait in the
+        session until the buffer drains; ``disconnect``: the connection is dropped at once (counted as a
+        ``slow_subscriber`` disconnect). Either way nothing waits for it.
+        """
+        self.terms = self.terms.settle(paused=True)
+        host = self.terms.host
+        if host.config.limits.slow_subscriber_policy == "disconnect" and self.terms.state != CLOSED:
+            self.log().warning("slow subscriber disconnected (outgoing buffer full)")
+            host.counters.disconnect("slow_subscriber")
+            host.call_soon(self.abort)
+
+    def writing_resumed(self) -> None:
+        """The transport's buffer drained: what waited in the session is written."""
+        self.terms = self.terms.settle(paused=False)
+        if self.session is not None and self.terms.state == CONNECTED:
+            self.session.drain()
+
+    def peer_address(self) -> tuple[str, int] | None:
+        """The client's address as its transport tells it (None: it does not; see the adapter)."""
+        return None
+
+    def peer_host(self) -> str:
+        """The client's IP address ("" when the transport does not say)."""
+        address = self.peer_address()
+        return str(address[0]) if address else ""
+
+    # -- handling packets ----------------------------------------------------------------------------------
+
     def _dispatch_all(self, packets: list[Packet]) -> bool:
         """Handle ``packets`` in order; False once the connection is closed.
 
         A PUBLISH finding the client's message bucket empty stops the loop: it and the packets after it wait
         in ``backlog``, reading pauses (TCP pushes back on the client) and they are handled, in order, once
-        the bucket has refilled (``_release_rate``). So a client never gets more publishes accepted than
-        ``messages_per_second_per_client`` x seconds + ``messages_burst_per_client``, and none is lost.
+        the bucket has refilled (a timer releases ``HELD_FOR_RATE``). So a client never gets more publishes
+        accepted than ``messages_per_second_per_client`` x seconds + ``messages_burst_per_client``, and none
+        is lost.
 
         An MQTT 3.1.1 client (no Receive Maximum of its own) whose QoS 1/2 publishes read and not yet
         answered reach ``limits.receive_maximum`` stops the loop the same way, until the PUBLISH path has
@@ -383,49 +318,6 @@ class Connection(asyncio.Protocol):
     def incoming_pending(self, value: int) -> None:
         (self.inbound or self._start_inbound()).pending = value
 
-    def _settle_decoder(self, completed: bool) -> bool:
-        """After a read that left a packet unfinished, or with a decoder of this connection's own: a shared
-        decoder's partial packet moves into one of its own; the unfinished bytes are counted
-        (``_count_partial``); one of its own holding nothing once CONNECT is decoded gives way to the shared
-        one. False once the connection is closed."""
-        decoder = self.decoder
-        own = self._own_decoder() if decoder.shared else cast(_OwnDecoder, decoder)
-        if (own.counted or own.buffered) and not self._count_partial(own, completed):
-            return False
-        if not own.buffered and own.protocol_version is not None and not own.failed:
-            self.decoder = shared_decoder(own.max_packet_size, own.protocol_version)
-        return True
-
-    def _own_decoder(self) -> _OwnDecoder:
-        """Move what a read left in the shared decoder (the start of a packet, an error) into a decoder of
-        this connection's own."""
-        own = cast(SharedDecoder, self.decoder).detach(_OwnDecoder)
-        own.counted, own.since = 0, 0.0
-        self.decoder = own
-        return own
-
-    def _count_partial(self, own: _OwnDecoder, completed: bool) -> bool:
-        """Count the bytes of a packet still arriving into the broker-wide budget; False once over it (the
-        connection is closed: what it sent is not handled)."""
-        host = self.host
-        buffered = own.buffered
-        host.partial_bytes += buffered - own.counted
-        own.counted = buffered
-        if not buffered:
-            own.since = 0.0
-            return True
-        if completed or not own.since:  # a new packet started arriving
-            own.since = host.now()
-        if host.partial_bytes <= host.config.limits.max_partial_packet_bytes:
-            return True
-        self.log().warning("closed: packets in progress on all connections exceed max_partial_packet_bytes")
-        if self.terms.state == CONNECTED:
-            self.close(ReasonCode.SERVER_BUSY, "too many bytes of unfinished packets on this broker")
-        else:
-            host.counters.refused("partial_budget")
-            self.abort()
-        return False
-
     def _raise_held_error(self) -> None:
         """A malformed packet followed the packets just handled: close for it now."""
         error, self.held_error = self.held_error, None
@@ -457,205 +349,6 @@ class Connection(asyncio.Protocol):
         assert isinstance(packet, Connect), "the decoder lets only CONNECT in first"
         handle_connect(self.terms.host, self, packet)
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.terms.state == CLOSED and self.transport is None:
-            return
-        was_connected = self.terms.state == CONNECTED
-        decoder = self.decoder
-        if not decoder.shared:
-            own = cast(_OwnDecoder, decoder)
-            self.host.partial_bytes -= own.counted
-            own.counted = 0
-        if was_connected and log.isEnabledFor(logging.INFO):
-            self.log().info("disconnected%s", f" ({exc})" if exc is not None else "")
-        self.state = CLOSED
-        self._out = None
-        self.host.connection_closed(self, was_connected)
-        session = self.let_go_of_session()
-        if session is not None and session.connection is self:
-            self.host.router.connection_closed(session, self.will, self.will_delay, self.host.now())
-        self.will = None
-        self.transport = None
-
-    def pause_writing(self) -> None:
-        """The transport's buffer passed ``limits.outgoing_buffer_bytes``: this subscriber is slow.
-
-        Policy ``drop_qos0``: its QoS 0 messages are dropped (counted per message) and QoS 1/2 wait in the
-        session until the buffer drains; ``disconnect``: the connection is dropped at once (counted as a
-        ``slow_subscriber`` disconnect). Either way nothing waits for it.
-        """
-        self.terms = self.terms.settle(paused=True)
-        if self.host.config.limits.slow_subscriber_policy == "disconnect" and self.terms.state != CLOSED:
-            self.log().warning("slow subscriber disconnected (outgoing buffer full)")
-            self.host.counters.disconnect("slow_subscriber")
-            self.host.call_soon(self.abort)
-
-    def resume_writing(self) -> None:
-        self.terms = self.terms.settle(paused=False)
-        if self.session is not None and self.terms.state == CONNECTED:
-            self.session.drain()
-
-    # -- writing ------------------------------------------------------------------------------------------
-
-    def write(self, data: bytes) -> None:
-        out = self._out
-        if out is None:
-            if self.terms.state == CLOSED:
-                return
-            self._out = [data]
-            self.terms.host.schedule_flush(self)
-        else:
-            out.append(data)
-
-    def flush(self) -> None:
-        out = self._out
-        if out is None:
-            return
-        self._out = None
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        if len(out) == 1:
-            data = out[0]
-            self.terms.stats.bytes_out += len(data)
-            transport.write(data)
-        else:
-            self.terms.stats.bytes_out += sum(map(len, out))
-            transport.writelines(out)
-
-    def send_packet(self, packet: Packet) -> None:
-        self.write(encode(packet, self.version))
-
-    def send_message(
-        self,
-        message: Message,
-        qos: int,
-        retain: bool,
-        subscription_ids: tuple[int, ...],
-        packet_id: int | None,
-        dup: bool = False,
-    ) -> bool:
-        """Write one delivery; False when it was dropped (slow subscriber, larger than the client accepts)."""
-        terms = self.terms
-        if qos == 0 and terms.paused:
-            terms.host.counters.drop("slow_subscriber")
-            return False
-        template: PublishTemplate | None
-        session = self.session  # once per delivery: look at the session only for a logged message
-        offsets = (
-            message.offset is not None
-            and session is not None
-            and (rare := session._rare) is not None
-            and rare.log_offsets
-        )
-        if not terms.alias_max_out:
-            # A plain variant already encoded for another subscriber is looked up here, without the call
-            # to ``template`` (its key as ``Message.templates`` says): one call fewer per delivery.
-            templates = message.templates
-            if (
-                templates is None
-                or offsets
-                or subscription_ids
-                or message.expires_at is not None
-                or (template := templates.get((terms.v5 << 3) | (qos << 1) | retain)) is None
-            ):
-                template = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
-        else:
-            template = self._aliased_template(message, qos, retain, subscription_ids, offsets)
-            if template is None:
-                return False
-        head = template.head
-        if qos == 0:
-            if len(head) > terms.max_packet_out:
-                terms.host.counters.drop("too_large")
-                return False
-            out = self._out
-            if out is None:
-                if self.terms.state == CLOSED:
-                    return False
-                self._out = [head]
-                terms.host.schedule_flush(self)
-            else:
-                out.append(head)
-        else:
-            tail = template.tail
-            if len(head) + 2 + len(tail) > terms.max_packet_out:
-                terms.host.counters.drop("too_large")
-                return False
-            if dup:
-                head = bytes((head[0] | 0x08,)) + head[1:]
-            out = self._out
-            if out is None:
-                if self.terms.state == CLOSED:
-                    return False
-                out = self._out = []
-                terms.host.schedule_flush(self)
-            out.append(head)
-            assert packet_id is not None, "QoS 1/2 deliveries carry a packet id"
-            out.append(packet_id.to_bytes(2, "big"))
-            out.append(tail)
-        terms.stats.sent[qos] += 1
-        return True
-
-    def _aliased_template(
-        self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...], offsets: bool
-    ) -> PublishTemplate | None:
-        """The v5 PUBLISH with this connection's alias for the topic (LRU); None if too large to send.
-
-        A topic without an alias gets the next free one, or the least recently used topic's; the alias is
-        recorded only once the PUBLISH that sets it is certain to be written.
-        """
-        aliases = self.aliases_out
-        if aliases is None:
-            aliases = self.aliases_out = {}
-        topic = message.topic
-        alias = aliases.get(topic)
-        if alias is not None:
-            del aliases[topic]  # most recently used last
-            aliases[topic] = alias
-            return message.template(True, qos, retain, subscription_ids, alias, True, offsets)
-        full = len(aliases) >= self.terms.alias_max_out
-        alias = next(iter(aliases.values())) if full else len(aliases) + 1
-        template = message.template(True, qos, retain, subscription_ids, alias, False, offsets)
-        if len(template.head) + (len(template.tail) + 2 if qos else 0) > self.terms.max_packet_out:
-            self.host.counters.drop("too_large")
-            return None
-        if full:
-            del aliases[next(iter(aliases))]
-        aliases[topic] = alias
-        return template
-
-    def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None:
-        self.write(encode(PubRel(packet_id, reason_code), self.version))
-
-    def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None:
-        if not reason_code and reason_string is None:  # an accepted QoS 1 publish: the same in every version
-            self.write(encode_puback_success(packet_id))
-            return
-        if reason_string is not None and self.v5:
-            self.write(self._with_reason(PubAck(packet_id, reason_code), reason_string))
-            return
-        self.write(encode(PubAck(packet_id, reason_code if self.v5 else 0), self.version))
-
-    def send_pubrec(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None:
-        if reason_string is not None and self.v5:
-            self.write(self._with_reason(PubRec(packet_id, reason_code), reason_string))
-            return
-        self.write(encode(PubRec(packet_id, reason_code if self.v5 else 0), self.version))
-
-    def _with_reason(self, packet: PubAck | PubRec, reason_string: str) -> bytes:
-        """A v5 acknowledgement with a reason string, unless the client refused them (Request Problem
-        Information 0) or the packet would exceed its Maximum Packet Size."""
-        plain = encode(packet, MQTT_5)
-        if not self.terms.problem_information:
-            return plain
-        packet.properties = Properties(reason_string=reason_string)
-        framed = encode(packet, MQTT_5)
-        return framed if len(framed) <= self.max_packet_out else plain
-
-    def send_pubcomp(self, packet_id: int, reason_code: int = 0) -> None:
-        self.write(encode(PubComp(packet_id, reason_code if self.v5 else 0), self.version))
-
     def release_qos2(self, packet_id: int) -> None:
         """Forget a held incoming QoS 2 id (its publish was refused): a resend is a new publish."""
         session = self.session
@@ -670,9 +363,9 @@ class Connection(asyncio.Protocol):
     def hold(self, reason: int) -> None:
         """Stop reading for ``reason`` (a ``states.HELD_*`` bit) until ``release(reason)``."""
         held = self.held
-        if not held and self.transport is not None:
-            self.transport.pause_reading()
         self.held = held | reason
+        if not held:
+            self.terms.host.schedule_flush(self)  # the transport stops reading
 
     def release(self, reason: int) -> None:
         """``reason`` no longer holds reading; once no reason does, the packets read meanwhile are handled
@@ -685,8 +378,8 @@ class Connection(asyncio.Protocol):
         if backlog is not None and (not self._dispatch_all(backlog) or self.held):
             return
         self._raise_held_error()
-        if self.terms.state != CLOSED and self.transport is not None:
-            self.transport.resume_reading()
+        if self.terms.state != CLOSED:
+            self.terms.host.schedule_flush(self)  # the transport reads again
 
     # -- closing ------------------------------------------------------------------------------------------
 
@@ -696,24 +389,22 @@ class Connection(asyncio.Protocol):
         The reason string is left out when it would make the DISCONNECT larger than the client accepts.
         An error code (0x80 and above) counts as a disconnect by the broker, by reason.
         """
-        if self.terms.state == CLOSED:
+        terms = self.terms
+        if terms.state == CLOSED:
             return
-        if reason_code is not None and self.terms.state == CONNECTED:
+        if reason_code is not None and terms.state == CONNECTED:
             if reason_code >= 0x80:
-                self.host.counters.disconnect(ReasonCode(reason_code).name.lower())
-            if self.v5:
+                terms.host.counters.disconnect(ReasonCode(reason_code).name.lower())
+            if terms.v5:
                 frame = encode(Disconnect(reason_code, Properties(reason_string=reason_string)), MQTT_5)
-                if not reason_string or len(frame) > self.max_packet_out:
+                if not reason_string or len(frame) > terms.max_packet_out:
                     frame = encode(Disconnect(reason_code), MQTT_5)
                 self.write(frame)
-        self.flush()
-        transport = self.transport
-        if transport is not None:
-            transport.close()
+        self._seal(CLOSE)
 
     def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
+        """End the connection at once, writing nothing more."""
+        self._seal(ABORT)
 
     def protocol_error(self, error: MQTTError) -> None:
         """A packet broke the protocol: tell a v5 client why (DISCONNECT or CONNACK), then close."""
@@ -738,7 +429,7 @@ class Connection(asyncio.Protocol):
         """More than ``limits.max_connect_packet_size`` before the CONNECT was read (a first packet declaring
         more, a WebSocket client's frames): a refusal counted and logged as ``connect_too_large``, then
         closed (``code``: the v5 CONNACK's, when the client's protocol level is known)."""
-        host = self.host
+        host = self.terms.host
         host.counters.refusal_log.write(
             self.log(),
             host.now(),
@@ -761,19 +452,17 @@ class Connection(asyncio.Protocol):
         CONNECT's).
         """
         if reason is not None:
-            self.host.counters.refused(reason)
+            self.terms.host.counters.refused(reason)
         if code is not None:
             version = version if version is not None else self.version
             frame = encode(ConnAck(False, code), version)
             if text and version == MQTT_5:
                 with_text = encode(ConnAck(False, code, Properties(reason_string=text)), MQTT_5)
-                if len(with_text) <= self.max_packet_out:
+                if len(with_text) <= self.terms.max_packet_out:
                     frame = with_text
             self.write(frame)
-        self.flush()
+        self._seal(CLOSE)
         self.state = CLOSED
-        if self.transport is not None:
-            self.transport.close()
 
     def redirect(self, server_reference: str, reason_string: str) -> None:
         """Send an MQTT 5 client to another broker: DISCONNECT 0x9C "use another server" with the Server
@@ -781,7 +470,7 @@ class Connection(asyncio.Protocol):
         properties = Properties(reason_string=reason_string)
         properties.server_reference = server_reference
         self.write(encode(Disconnect(ReasonCode.USE_ANOTHER_SERVER, properties), MQTT_5))
-        self.host.counters.disconnect("use_another_server")
+        self.terms.host.counters.disconnect("use_another_server")
         self.close()
 
     def taken_over(self) -> None:
@@ -794,14 +483,14 @@ class Connection(asyncio.Protocol):
         session = self.let_go_of_session()
         if session is not None and session.connection is self:
             session.detach()
-            self.host.connection_detached(self)
+            self.terms.host.connection_detached(self)
             will, self.will = self.will, None
             if will is not None:
                 if self.will_delay <= 0:
-                    self.host.router.publish_will(will, self.client_id)
+                    self.terms.host.router.publish_will(will, self.client_id)
                 else:
                     session.will = will
-                    session.will_at = self.host.now() + self.will_delay
+                    session.will_at = self.terms.host.now() + self.will_delay
         self.close(ReasonCode.SESSION_TAKEN_OVER, "another connection took over this client id")
 
     def _refuse_admission(self, packet: Packet) -> None:
@@ -817,15 +506,14 @@ class Connection(asyncio.Protocol):
 
     def check_timers(self, now: float) -> None:
         state = self.terms.state
-        decoder = self.decoder
         keepalive = self.terms.keepalive
-        since = 0.0 if decoder.shared else cast(_OwnDecoder, decoder).since
-        if since and now - since > self.host.config.limits.partial_packet_timeout_s:
+        since = unfinished_since(self)
+        if since and now - since > self.terms.host.config.limits.partial_packet_timeout_s:
             self.log().info("a packet took longer than partial_packet_timeout_s to arrive")
             if state == CONNECTED:
                 self.close(ReasonCode.KEEP_ALIVE_TIMEOUT, "a packet took too long to arrive")
             else:
-                self.host.counters.refused("partial_timeout")
+                self.terms.host.counters.refused("partial_timeout")
                 self.abort()
             return
         if state == CONNECTED:
@@ -836,8 +524,8 @@ class Connection(asyncio.Protocol):
                 self.log().info("keep alive timeout (%d s)", keepalive)
                 self.close(ReasonCode.KEEP_ALIVE_TIMEOUT, "no packet within 1.5 times the keep alive")
         elif state == NEW and now >= self.deadline:
-            self.host.counters.refused("connect_timeout")
-            self.log().info("no CONNECT within %.1f s", self.host.config.limits.connect_timeout_s)
+            self.terms.host.counters.refused("connect_timeout")
+            self.log().info("no CONNECT within %.1f s", self.terms.host.config.limits.connect_timeout_s)
             self.abort()
 
     # -- flow control of incoming publishes ----------------------------------------------------------------
@@ -845,42 +533,34 @@ class Connection(asyncio.Protocol):
     def _hold(self, packets: list[Packet], delay: float) -> None:
         """Over its message rate: keep ``packets`` and stop reading until the bucket has a token again."""
         self.backlog = list(packets)
-        self.host.counters.throttled += 1
+        self.terms.host.counters.throttled += 1
         self.hold(HELD_FOR_RATE)
-        self.host.call_later(min(max(delay, 0.001), 60.0), self._release_rate)
-
-    def _release_rate(self) -> None:
-        self.release(HELD_FOR_RATE)
+        self.terms.host.call_later(min(max(delay, 0.001), 60.0), partial(self.release, HELD_FOR_RATE))
 
     def _hold_for_acks(self, packets: list[Packet]) -> None:
         """``limits.receive_maximum`` publishes wait for their answer: keep ``packets`` (the rest of the
         read) and stop reading until the PUBLISH path has answered half of them."""
         self.backlog = packets
-        self.host.counters.held_for_acks += 1
+        self.terms.host.counters.held_for_acks += 1
         self.hold(HELD_FOR_ACKS)
-        self.host.publish_path.wait_for_answers(self)
+        self.terms.host.publish_path.wait_for_answers(self)
 
     def acknowledged(self) -> bool:
         """The PUBLISH path answered publishes of this client while it waits (``wait_for_answers``): read on
         (True) once at most half of ``limits.receive_maximum`` are left unanswered."""
         if self.terms.state == CLOSED:
             return True
-        if self.incoming_pending > self.host.config.limits.receive_maximum // 2:
+        if self.incoming_pending > self.terms.host.config.limits.receive_maximum // 2:
             return False
         self.release(HELD_FOR_ACKS)
         return True
 
-    def peer_host(self) -> str:
-        """The client's IP address ("" when the transport does not say)."""
-        address = self.transport.get_extra_info("peername") if self.transport is not None else None
-        return str(address[0]) if address else ""
-
-    def log(self) -> logging.LoggerAdapter:
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
         from broker_edge.observe.logs import connection_logger
 
         peer = self.peer
-        if not peer and self.transport is not None:
-            address = self.transport.get_extra_info("peername")
+        if not peer:
+            address = self.peer_address()
             if address:
                 peer = f"{address[0]}:{address[1]}"
-        return connection_logger(self.client_id or "-", self.listener.name, peer)
+        return connection_logger(self.client_id or "-", self.terms.listener.name, peer)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from broker_edge.engine.connection.states import NEW, NO_LIMIT
-from broker_edge.security.tls import server_ssl_context
+from broker_edge.security.tls import ServerContexts, server_ssl_context
 
 if TYPE_CHECKING:
     import ssl
@@ -186,6 +186,7 @@ class ListenerRuntime:
         "stats",
         "terms",
         "tls",
+        "tls_contexts",
     )
 
     def __init__(self, config: ListenerConfig, allow_anonymous: bool, metrics: ListenerMetrics) -> None:
@@ -195,7 +196,10 @@ class ListenerRuntime:
         self.metrics = metrics
         self.stats = ListenerStats()
         self.tls = config.tls is not None
-        self.ssl_context: ssl.SSLContext | None = server_ssl_context(config.tls) if config.tls else None
+        tls = config.tls
+        self.tls_contexts = ServerContexts(lambda: server_ssl_context(tls)) if tls is not None else None
+        """Its certificate, key and CAs, which SIGHUP reads again (``reload``: new connections get them)."""
+        self.ssl_context: ssl.SSLContext | None = self.tls_contexts.context if self.tls_contexts else None
         self.port = config.port
         self.terms: Terms[Any] | None = None
         """What its connections start from before CONNECT (``Terms.initial``)."""

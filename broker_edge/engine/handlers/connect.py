@@ -81,14 +81,14 @@ def handle_connect(ctx: BrokerContext, conn: Client, packet: Connect) -> None:
         _accept(ctx, conn, packet, client_id, assigned, username)
         return
     if username is None:
-        if not conn.listener.allow_anonymous:
+        if not conn.terms.listener.allow_anonymous:
             _refuse(ctx, conn, "anonymous", client_id)
             return
         _accept(ctx, conn, packet, client_id, assigned, None)
         return
     passwords = ctx.passwords
     if passwords is None:
-        if conn.listener.allow_anonymous:  # no password file: a username is only a label
+        if conn.terms.listener.allow_anonymous:  # no password file: a username is only a label
             _accept(ctx, conn, packet, client_id, assigned, username)
         else:
             _refuse(ctx, conn, "bad_credentials", client_id, username)
@@ -368,7 +368,7 @@ def _accept(
     conn.will = will
     conn.will_delay = _will_delay(will)
     conn.write(encode(ConnAck(present, 0, ack), conn.version))
-    conn.listener.metrics.connected()
+    conn.terms.listener.metrics.connected()
     if _log.isEnabledFor(logging.INFO):
         fields = {
             "version": conn.version,

@@ -19,7 +19,7 @@ from broker_edge.engine.publish import HeldReader, Publisher
 from broker_edge.engine.sessions.session import Outlet
 
 if TYPE_CHECKING:
-    from broker_edge.engine.connection.terms import ListenerRuntime, Terms
+    from broker_edge.engine.connection.terms import Terms
     from broker_edge.engine.cursors import ReplayManager
     from broker_edge.engine.ports import ClusterPorts
     from broker_edge.engine.publish import PublishPath
@@ -104,9 +104,6 @@ class Client(Outlet, Publisher, HeldReader, Protocol):
     @property
     def version(self) -> int:
         """The protocol level of its CONNECT."""
-
-    @property
-    def listener(self) -> ListenerRuntime: ...
 
     def write(self, data: bytes) -> None: ...
 

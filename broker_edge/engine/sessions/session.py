@@ -76,12 +76,6 @@ class Outlet(Protocol):
     @property
     def terms(self) -> OutletTerms: ...
 
-    @property
-    def paused(self) -> bool: ...
-
-    @property
-    def send_quota(self) -> int: ...
-
     def send_message(
         self,
         message: Message,

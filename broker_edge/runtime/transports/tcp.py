@@ -1,4 +1,4 @@
-"""MQTT over TCP and TLS: the ``asyncio.Protocol`` of each socket is its ``Connection``.
+"""MQTT over TCP and TLS: the ``asyncio.Protocol`` of each socket is its connection's adapter (``stream``).
 
 No task per connection: the transport calls ``data_received`` and the connection handles the packets in
 place. A plain TCP listener runs on the event loop's transport unless its ``transport`` is ``native``
@@ -19,9 +19,9 @@ from asyncio.trsock import TransportSocket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, cast
 
-from broker_edge.engine.connection.connection import Connection
 from broker_edge.http.tls_accept import HandshakeFailure, start_tls_server
 from broker_edge.runtime.transports.native import start_native_server
+from broker_edge.runtime.transports.stream import StreamConnection
 from broker_edge.security.tls import peer_common_name
 
 if TYPE_CHECKING:
@@ -36,15 +36,15 @@ BACKLOG = 1024
 """Connections the kernel queues for a listener before the broker accepts them."""
 
 
-class TcpConnection(Connection):
-    """A ``Connection`` whose transport is an asyncio TCP (or TLS) transport."""
+class TcpConnection(StreamConnection):
+    """A connection whose transport is an asyncio TCP (or TLS) transport."""
 
     __slots__ = ()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        limit = self.host.config.limits.outgoing_buffer_bytes
+        limit = self.terms.host.config.limits.outgoing_buffer_bytes
         cast(asyncio.WriteTransport, transport).set_write_buffer_limits(high=limit, low=limit // 2)
-        if self.listener.tls:
+        if self.terms.listener.tls:
             self.peer_cn = peer_common_name(transport.get_extra_info("ssl_object"))
             address = transport.get_extra_info("peername")
             if address:  # the TLS transport forgets it at close

@@ -1,7 +1,7 @@
 """MQTT over WebSocket (subprotocol ``mqtt``, binary messages) through aiohttp, plain or TLS (wss).
 
 aiohttp gives each WebSocket a handler task, so a WebSocket client costs a task (plain TCP clients do not).
-The bytes of each binary message are fed to a ``Connection`` exactly as TCP bytes are: MQTT packets may
+The bytes of each binary message are fed to a connection exactly as TCP bytes are: MQTT packets may
 span messages or share one. Writes are batched into one binary message per loop iteration.
 """
 
@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSMsgType, web
 
-from broker_edge.engine.connection.connection import Connection
 from broker_edge.engine.connection.states import NEW
 from broker_edge.http.guard import GuardedRunner, start_guarded_site, watch_bytes
+from broker_edge.runtime.transports.stream import StreamConnection
 from broker_edge.runtime.transports.tcp import report_tls_failures
 from broker_edge.security.tls import peer_common_name
 
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 class WebSocketTransport:
-    """The part of the asyncio transport interface ``Connection`` uses, over an aiohttp WebSocket."""
+    """The part of the asyncio transport interface ``StreamConnection`` uses, over an aiohttp WebSocket."""
 
     __slots__ = (
         "_buffered",
@@ -56,7 +56,7 @@ class WebSocketTransport:
         self._buffered = 0
         self._sending = False
         self._closing = False
-        self._connection: Connection | None = None
+        self._connection: StreamConnection | None = None
         self.high_water = high_water
 
     def write(self, data: bytes) -> None:
@@ -112,6 +112,9 @@ class WebSocketTransport:
         self._pending.clear()
         asyncio.get_running_loop().create_task(self._ws.close())
 
+    def is_reading(self) -> bool:
+        return True
+
     def pause_reading(self) -> None:
         """Reading is paused by not taking the next message (see ``_serve``)."""
 
@@ -137,7 +140,7 @@ class PreConnectBytes:
 
     __slots__ = ("budget", "connection", "received")
 
-    def __init__(self, connection: Connection, budget: int) -> None:
+    def __init__(self, connection: StreamConnection, budget: int) -> None:
         self.connection = connection
         self.budget = budget + FRAME_HEAD_MAX
         self.received = 0
@@ -171,7 +174,7 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
         ws = web.WebSocketResponse(protocols=("mqtt", "mqttv3.1"), max_msg_size=limits.max_packet_size + 16)
         await ws.prepare(request)
         transport = WebSocketTransport(ws, request, limits.outgoing_buffer_bytes)
-        connection = Connection(broker, listener)
+        connection = StreamConnection(broker, listener)
         transport._connection = connection
         if listener.tls and request.transport is not None:
             connection.peer_cn = peer_common_name(request.transport.get_extra_info("ssl_object"))
@@ -185,6 +188,7 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
                     connection.data_received(message.data)
                 elif message.type == WSMsgType.TEXT:
                     connection.abort()  # MQTT over WebSocket is binary only
+                    connection.flush()
                     break
                 elif message.type == WSMsgType.ERROR:
                     break

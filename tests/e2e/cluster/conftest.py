@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from broker_edge.runtime.launcher import BrokerProcess
-from broker_edge.runtime.local_cluster import EtcdServer, EtcdTarget, cluster_broker
+from tests.harness.local_cluster import EtcdServer, EtcdTarget, cluster_broker
 
 _prefixes = itertools.count(1)
 

@@ -26,14 +26,15 @@ from broker_edge.cluster.replication.follower import FollowerConfig, Followers, 
 from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
 from broker_edge.cluster.replication.replica_fetch import replica_fetch_route
 from broker_edge.cluster.replication.replica_push import PUSH
-from broker_edge.cluster.view import ClusterView, Member, PartitionState
+from broker_edge.cluster.view import ClusterView
 from broker_edge.config.loader import load_dataclass
 from broker_edge.engine.message import Message
+from broker_edge.placement import Member, PartitionState
 from broker_edge.runtime.broker import Broker
-from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.broker import BrokerConfig
 from broker_edge.settings.cluster import MemberListenConfig, MemberTlsConfig
 from broker_edge.storage.store import LogStore
+from tests.harness.local_pki import LocalPki
 from tests.static_isr import StaticIsr
 
 T = TypeVar("T")

@@ -33,7 +33,7 @@ from broker_edge.protocol import PacketDecoder
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import Connect, Disconnect, PubAck, Publish
 from broker_edge.runtime.launcher import BrokerProcess
-from broker_edge.runtime.local_cluster import (
+from tests.harness.local_cluster import (
     WAIT_S,
     ClusterState,
     EtcdTarget,

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from broker_edge.cluster.view import partition_of
+from broker_edge.placement import partition_of
 from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.cluster.conftest import EtcdTarget, cluster_broker
 from tests.e2e.cluster.proof import (

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from broker_edge.cluster.node import ClusterNode
-from broker_edge.cluster.view import ClusterView, PartitionState, partition_of
+from broker_edge.cluster.view import ClusterView
 from broker_edge.config import load_dataclass
+from broker_edge.placement import PartitionState, partition_of
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import Disconnect, PubAck, Publish
 from broker_edge.settings.broker import BrokerConfig

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from broker_edge.cluster.view import partition_of
+from broker_edge.placement import partition_of
 from broker_edge.protocol.packets import PubAck, Publish, PubRec
 from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient, RawClient, close_all

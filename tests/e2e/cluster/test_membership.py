@@ -23,8 +23,9 @@ from broker_edge.cluster.coordination.controller import Controller
 from broker_edge.cluster.coordination.coordinator import Coordinator
 from broker_edge.cluster.coordination.etcd import ClusterKeys
 from broker_edge.cluster.coordination.membership import Membership, fence_margin_s
-from broker_edge.cluster.view import ClusterView, Member, partition_of
+from broker_edge.cluster.view import ClusterView
 from broker_edge.offsets_api.server import serve
+from broker_edge.placement import Member, partition_of
 from broker_edge.runtime.launcher import BrokerProcess, free_port
 from broker_edge.settings.cluster import ClusterConfig
 from broker_edge.storage import AppendRecord, LogStore, StorageConfig

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from broker_edge.cluster.view import partition_of
+from broker_edge.placement import partition_of
 from broker_edge.runtime.launcher import BrokerProcess
-from broker_edge.runtime.local_cluster import EtcdTarget
 from tests.e2e.broker_clients import PahoClient, close_all
 from tests.e2e.cluster.proof import cluster_state, wait_settled, wait_until
+from tests.harness.local_cluster import EtcdTarget
 
 NODES = ("a", "b", "c", "d")
 PARTITIONS = 16

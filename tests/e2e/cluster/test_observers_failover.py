@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from broker_edge.cluster.view import partition_of
+from broker_edge.placement import partition_of
 from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient, close_all
 from tests.e2e.cluster.proof import Device, cluster_state, wait_settled, wait_until

@@ -14,13 +14,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker_edge.cluster.view import partition_of
+from broker_edge.placement import partition_of
 from broker_edge.runtime.launcher import BrokerProcess
-from broker_edge.runtime.local_cluster import EtcdServer, EtcdTarget, cluster_broker
 from tests.e2e.broker_clients import PahoClient, close_all
 from tests.e2e.cluster.proof import cluster_state, copies_spread, wait_settled, wait_until
 from tests.e2e.cluster.test_device_offsets import device_from, numbered
 from tests.e2e.commitlog.e2e_helpers import offset_of
+from tests.harness.local_cluster import EtcdServer, EtcdTarget, cluster_broker
 
 NODES = ("a", "b", "c")
 PARTITIONS = 16

@@ -19,7 +19,7 @@ import pytest
 from gmqtt import Client as GmqttClient
 from gmqtt.mqtt.constants import MQTTv50, MQTTv311
 
-from broker_edge.cluster.view import partition_of
+from broker_edge.placement import partition_of
 from tests.e2e.broker_clients import TIMEOUT, PahoClient, close_all
 from tests.e2e.cluster.proof import (
     Device,

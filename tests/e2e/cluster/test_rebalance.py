@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 import pytest
 
-from broker_edge.cluster.view import PartitionState
+from broker_edge.placement import PartitionState
 from broker_edge.runtime.launcher import BrokerProcess
-from broker_edge.runtime.local_cluster import EtcdTarget
 from tests.e2e.cluster.proof import cluster_state, copies_spread, wait_settled
+from tests.harness.local_cluster import EtcdTarget
 
 pytestmark = pytest.mark.timeout(180)
 

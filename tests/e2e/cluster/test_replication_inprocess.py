@@ -30,7 +30,7 @@ from broker_edge.cluster.replication.replica_fetch import (
     decode_response,
     encode_request,
 )
-from broker_edge.cluster.view import PartitionState, partition_of
+from broker_edge.placement import PartitionState, partition_of
 from broker_edge.storage import LogStore
 from tests.e2e.broker_clients import PahoClient, close_all, wait_for
 from tests.e2e.cluster.inprocess_cluster import InProcessCluster

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from broker_edge.cluster.discovery import ClusterDiscovery
+from broker_edge.offsets_api.discovery import ClusterDiscovery
 from broker_edge.runtime.launcher import BrokerProcess
 from sources.cluster_reader import ClusterFetch, read_cluster_slices
 from sources.offsets_planner import Slice

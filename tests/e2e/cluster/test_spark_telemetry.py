@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from broker_edge.cluster.view import partition_of
+from broker_edge.placement import partition_of
 from pipelines.telemetry.config import load_telemetry_config
 from pipelines.telemetry.job import TelemetryBatch, open_store, start_query
 from sinks import BatchWriter

@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from broker_edge.cluster.view import partition_of
+from broker_edge.placement import partition_of
 from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient, close_all
 from tests.e2e.cluster.conftest import EtcdTarget
@@ -89,14 +89,28 @@ def test_status_shows_members_leaders_epochs_in_sync_sets_and_lag(
     assert sum(int(summary[node]["leaders"]) for node in ("b1", "b2")) == 4
     assert summary["b1"]["replicas"] == summary["b2"]["replicas"] == 4
 
-    b2.kill()  # a replica that is gone: marked DOWN wherever it is named, its lag unknown
-    document = wait_for_status(etcd, lambda d: [m["node_id"] for m in d["members"]] == ["b1"], TTL + 5)
-    assert document["down"] == ["b2"] and document["summary"]["b2"]["live"] is False
+    b2.kill()  # a member gone: it leaves the replicas of every partition b1 leads, within a lease TTL
+    document = wait_for_status(
+        etcd,
+        lambda d: (
+            [m["node_id"] for m in d["members"]] == ["b1"]
+            and all(s["replicas"] == ["b1"] for s in d["states"])
+        ),
+        TTL + 5,
+    )
+    assert document["down"] == [] and "b2" not in document["summary"]
+    assert "1 members live" in status(etcd).stdout.splitlines()[0]
+
+    # a partition left offline names members that are gone (a returning one may lead it): marked DOWN
+    offline = {"partition": partition, "leader": None, "epoch": state["epoch"] + 9, "replicas": ["b1", "b2"]}
+    etcd.server.put(f"{etcd.prefix}/partitions/{partition}", json.dumps({**offline, "isr": ["b2"]}).encode())
+    document = wait_for_status(etcd, lambda d: d["down"] == ["b2"], 10)
+    assert document["summary"]["b2"]["live"] is False
     text = status(etcd).stdout
     assert "1 members live, 1 DOWN (b2)" in text.splitlines()[0]
-    assert re.search(r"^\s+b2\s+DOWN\s+-\s+-\s+\d+\s+4\s+\d+$", text, re.M), text
+    assert re.search(r"^\s+b2\s+DOWN\s+-\s+-\s+\d+\s+1\s+\d+$", text, re.M), text
     assert "b2(DOWN)" in row_of(text, partition)[3]
-    assert row_of(text, partition)[5:] == ["b1:0", "b2:?"]
+    assert row_of(text, partition)[5:] == ["b1:?", "b2:?"]
     assert "DOWN: named by a partition but not a live member" in text  # the legend
 
     # the etcd and prefix of a broker's own config; `| head` ends quietly

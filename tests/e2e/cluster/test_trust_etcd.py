@@ -22,9 +22,8 @@ import pytest
 
 from broker_edge.cluster.coordination.etcd import EtcdError
 from broker_edge.cluster.coordination.etcd_values import BadValue, parse_partition_state
-from broker_edge.cluster.view import Member, PartitionState, partition_of
+from broker_edge.placement import Member, PartitionState, partition_of
 from broker_edge.runtime.launcher import BrokerProcess
-from broker_edge.runtime.local_cluster import EtcdTarget
 from tests.e2e.broker_clients import PahoClient, wait_for
 from tests.e2e.cluster.intruders import READER_SECTIONS, READER_TOKEN, Recorder
 from tests.e2e.cluster.proof import (
@@ -37,12 +36,15 @@ from tests.e2e.cluster.proof import (
     wait_until,
 )
 from tests.e2e.cluster.test_trust_members import topic_led_by
+from tests.harness.local_cluster import EtcdTarget
 
 pytestmark = pytest.mark.timeout(180)
 
 NODES = ("a", "b", "c")
-GRACE_S = 6.0
-"""How long a registered member has to prove its node id (``member_proofs``: twice a 3 s lease)."""
+LEASE_TTL_S = 3.0
+"""The members' lease (``cluster.lease_ttl_s`` of these clusters)."""
+GRACE_S = 2 * LEASE_TTL_S
+"""How long a registered member has to prove its node id (``member_proofs``: twice the lease)."""
 
 
 def start_three(cluster_brokers: Callable[..., BrokerProcess], etcd: EtcdTarget, **cluster: object) -> dict:
@@ -126,6 +128,42 @@ def test_a_member_record_written_into_etcd_gets_no_request_no_token_and_no_copy(
         for partition in state.partitions.values():
             assert "zz" not in (partition.leader, *partition.replicas, *partition.isr), partition
     assert "peer link to zz up" not in logs_of(brokers)
+    stop_and_check(devices, list(brokers.values()))
+
+
+def test_a_member_a_record_invents_leaves_the_replica_lists_once_it_is_not_live(
+    cluster_brokers: Callable[..., BrokerProcess], etcd: EtcdTarget
+) -> None:
+    brokers = start_three(cluster_brokers, etcd)
+    devices = start_devices(brokers, etcd, "r")
+    _, number = topic_led_by(etcd, "a", "r/a")
+    wait_until(lambda: len(devices[0].acked) >= 5, what="acknowledged records on a's partition")
+
+    def replicas() -> tuple[str, ...]:
+        return cluster_state(etcd).partitions[number].replicas
+
+    def name(node: str) -> None:
+        before = cluster_state(etcd).partitions[number]
+        etcd.server.put(
+            f"{etcd.prefix}/partitions/{number}",
+            replace(before, replicas=(*before.replicas, node)).to_json().encode(),
+        )
+
+    # a replica no member record names is not live: it leaves at the controller's next pass
+    name("ghost")
+    wait_until(lambda: "ghost" not in replicas(), LEASE_TTL_S, "ghost left the replicas", replicas)
+    with Recorder() as recorder:
+        # one with a record of its own is live while it has time to prove who it is, then taken for dead
+        etcd.server.put(f"{etcd.prefix}/members/zz", forged_member("zz", recorder).to_json().encode())
+        name("zz")
+        wait_until(lambda: "zz" not in replicas(), GRACE_S + LEASE_TTL_S, "zz left the replicas", replicas)
+    state = cluster_state(etcd).partitions[number]
+    assert state.leader == "a" and set(state.replicas) == set(NODES) == set(state.isr)
+    assert "dead ghost left the replicas" in logs_of(brokers) and "dead zz left the replicas" in logs_of(
+        brokers
+    )
+    acknowledged = len(devices[0].acked)
+    wait_until(lambda: len(devices[0].acked) > acknowledged + 5, what="publishes acknowledged all along")
     stop_and_check(devices, list(brokers.values()))
 
 

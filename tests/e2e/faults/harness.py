@@ -53,7 +53,9 @@ from broker_edge.protocol.packets import (
 )
 from broker_edge.protocol.properties import Properties
 from broker_edge.runtime.launcher import BrokerProcess
-from broker_edge.runtime.local_cluster import (
+from tests.e2e.cluster.proof import read_log
+from tests.e2e.faults.checker import Ack, Delivery, History, Silence, anomalies, payload
+from tests.harness.local_cluster import (
     EtcdServer,
     EtcdTarget,
     cluster_broker,
@@ -61,8 +63,6 @@ from broker_edge.runtime.local_cluster import (
     settled,
     wait_until,
 )
-from tests.e2e.cluster.proof import read_log
-from tests.e2e.faults.checker import Ack, Delivery, History, Silence, anomalies, payload
 
 __all__ = ["NEMESES", "FaultCluster", "Publisher", "RunResult", "Subscriber", "run_case"]
 
@@ -278,7 +278,7 @@ class FaultCluster:
         return self.brokers[self.nodes.index(name)]
 
     def replicas_of(self, topic: str) -> list[BrokerProcess]:
-        from broker_edge.cluster.view import partition_of
+        from broker_edge.placement import partition_of
 
         state = cluster_state(self.target)
         partition = state.partitions[partition_of(topic, len(state.partitions))]

@@ -29,6 +29,8 @@ def test_devices_simulate_command_publishes_telemetry(tmp_path):
                 "0.3",
                 "--duration",
                 "3",
+                "--id-prefix",
+                "site1-",  # ends in a separator: kept as it is
             ],
             capture_output=True,
             text=True,
@@ -37,7 +39,8 @@ def test_devices_simulate_command_publishes_telemetry(tmp_path):
         assert result.returncode == 0, result.stderr
         assert "5 devices connected" in result.stdout
         logs = OffsetsClient(broker.offsets_url).list_logs("devices/+/telemetry")
-        assert len(logs) == 5 and all(log.end_offset >= 1 for log in logs)
+        assert sorted(log.topic for log in logs) == [f"devices/site1-{n:05d}/telemetry" for n in range(5)]
+        assert all(log.end_offset >= 1 for log in logs)
 
 
 def test_offline_device_gets_an_action_from_its_held_offset_after_a_broker_restart(tmp_path):
@@ -73,3 +76,28 @@ def test_offline_device_gets_an_action_from_its_held_offset_after_a_broker_resta
             assert harness.fleet.stats["actions_received"] == received_before + 1
     finally:
         broker.stop()
+
+
+def simulate(port: int, *options: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "pipelines.cli", "devices", "simulate", "--broker", f"127.0.0.1:{port}"]
+    return subprocess.run(
+        [*command, "--telemetry-interval", "0.3", "--duration", "3", *options],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_a_sparkplug_b_fleet_from_the_command_line_births_then_sends_data_by_alias(tmp_path):
+    with BrokerProcess(tmp_path / "broker") as broker:
+        result = simulate(broker.port, "--payload", "sparkplug_b", "--count", "2", "--devices-per-node", "3")
+        assert result.returncode == 0, result.stderr
+        assert "2 Sparkplug B edge nodes connected" in result.stdout
+        client = OffsetsClient(broker.offsets_url)
+        topics = {log.topic: log.end_offset for log in client.list_logs("spBv1.0/#")}
+        assert topics["spBv1.0/fleet/NBIRTH/node-000"] == 1 and topics["spBv1.0/fleet/NBIRTH/node-001"] == 1
+        births = [t for t in topics if "/DBIRTH/" in t]
+        data = [t for t in topics if "/DDATA/" in t]
+        assert len(births) == 6 and len(data) == 6 and all(topics[t] >= 1 for t in data)
+        # a clean stop publishes each node's NDEATH before DISCONNECT
+        assert topics["spBv1.0/fleet/NDEATH/node-000"] == 1

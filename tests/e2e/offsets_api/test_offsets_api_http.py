@@ -201,6 +201,11 @@ def test_batch_fetch_long_poll_wakes_on_a_new_matching_topic(api: ApiHarness):
     [
         f"{TEMP}/records?offset=abc",
         f"{TEMP}/records?offset=-1",
+        f"{TEMP}/records?offset=9223372036854775807",
+        f"{TEMP}/records?offset=18446744073709551621",
+        f"{TEMP}/records?offset=1e400",
+        f"{TEMP}/records?offset=1.5",
+        f"{TEMP}/records?offset=0&max_records=1e400",
         f"{TEMP}/records",
         f"{TEMP}/records?offset=0&max_records=0",
         f"{TEMP}/records?offset=0&max_bytes=x",
@@ -227,6 +232,12 @@ def test_bad_parameters_answer_400(api: ApiHarness, target: str):
         {"fetches": []},
         {"fetches": [{"offset": 0}]},
         {"fetches": [{"topic": "a", "offset": "first"}]},
+        {"fetches": [{"topic": "a", "offset": 2**63 - 1}]},
+        {"fetches": [{"topic": "a", "offset": 2.0}]},
+        {"fetches": [{"topic": "a", "offset": True}]},
+        {"fetches": [{"topic": "a", "offset": 0}], "max_bytes": 1e300},
+        b'{"fetches": [{"topic": "a", "offset": 1e400}]}',
+        b'{"fetches": [{"topic": "a", "offset": NaN}]}',
         {"fetches": [{"topic": "a", "offset": 0}, {"topic": "a", "offset": 1}]},
         {"fetches": [{"topic": "a", "offset": 0}], "format": "frames"},
     ],
@@ -242,6 +253,16 @@ def test_a_non_numeric_offset_is_a_bad_offset(api: ApiHarness):
     status, body = json_of(request(api, "GET", f"{TEMP}/records?offset=12abc"))
 
     assert (status, body["error"]) == (400, "bad_offset")
+
+
+def test_an_offset_past_what_a_log_holds_is_a_bad_offset_naming_the_bound(api: ApiHarness):
+    status, body = json_of(request(api, "GET", f"{TEMP}/records?offset=9007199254740993"))
+
+    assert (status, body["error"], body["parameter"]) == (400, "bad_offset", "offset")
+    assert (
+        body["message"]
+        == "offset must be within [0, 9007199254740992] (what a log holds), got 9007199254740993"
+    )
 
 
 def test_unknown_topics_and_routes_answer_404(api: ApiHarness):

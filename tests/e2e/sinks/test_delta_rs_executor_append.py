@@ -81,8 +81,7 @@ class CommitBetween:
 
 @pytest.fixture
 def lake(spark, tmp_path) -> DeltaRsTableStore:
-    """A store appending Spark DataFrames from the executors (the store's default is the driver path)."""
-    return DeltaRsTableStore(spark, str(tmp_path / "lake"), executor_writes=True)
+    return DeltaRsTableStore(spark, str(tmp_path / "lake"))
 
 
 def test_a_partitioned_append_is_written_by_the_tasks_in_one_commit(spark, lake):
@@ -114,7 +113,7 @@ def test_a_partitioned_append_is_written_by_the_tasks_in_one_commit(spark, lake)
 
 
 def test_null_and_escaped_partition_values_read_back(spark, tmp_path):
-    store = DeltaRsTableStore(spark, str(tmp_path / "lake"), TableCatalog([SITES]), executor_writes=True)
+    store = DeltaRsTableStore(spark, str(tmp_path / "lake"), TableCatalog([SITES]))
     sites = ["north", "a b", "x/y:z=1%", None, "", "é"]
     rows = [{"site": s, "reading": i, "at": T0 + timedelta(seconds=i)} for i, s in enumerate(sites)]
     frame = spark.createDataFrame(pa.Table.from_pylist(rows, schema=SITES.arrow_schema)).repartition(2)
@@ -258,30 +257,19 @@ def test_schema_errors_are_raised_before_or_by_the_tasks(spark, lake):
     assert lake.version(BRONZE) == 0
 
 
-def test_arrow_input_and_the_default_store_use_the_driver_path(spark, tmp_path):
+def test_arrow_input_is_written_by_the_driver_and_a_dataframe_by_the_tasks(spark, lake):
     reports: list[AppendReport] = []
-    for label, store, data in [
-        (
-            "arrow",
-            DeltaRsTableStore(spark, str(tmp_path / "arrow"), executor_writes=True),
-            arrow_rows(BRONZE, [bronze_row(0)]),
-        ),
-        (
-            "default",
-            DeltaRsTableStore(spark, str(tmp_path / "default")),
-            spark_rows(spark, BRONZE, [bronze_row(0)]),
-        ),
-    ]:
-        store.on_append = reports.append
-        assert store.append(BRONZE, data, "q", 0) is True
-        (name,) = [Path(p).name for p in files_on_disk(store.location(BRONZE))]
-        assert DELTA_RS_FILE.match(name), (label, name)
-    assert [(r.on_executors, r.rows, r.files) for r in reports] == [(False, 1, None), (False, 1, None)]
+    lake.on_append = reports.append
+    assert lake.append(BRONZE, arrow_rows(BRONZE, [bronze_row(0)]), "q", 0) is True
+    (name,) = [Path(p).name for p in files_on_disk(lake.location(BRONZE))]
+    assert DELTA_RS_FILE.match(name), name
+    assert lake.append(BRONZE, spark_rows(spark, BRONZE, [bronze_row(1)]), "q", 1) is True
+    assert [(r.on_executors, r.rows, r.files) for r in reports] == [(False, 1, None), (True, 1, 1)]
     assert reports[0].spark_s == 0.0 and reports[1].spark_s > 0.0, "only the DataFrame ran a Spark job"
 
 
 def test_a_file_uri_root_is_written_by_the_tasks(spark, tmp_path):
-    store = DeltaRsTableStore(spark, f"file://{tmp_path}/lake", executor_writes=True)
+    store = DeltaRsTableStore(spark, f"file://{tmp_path}/lake")
     rows = [bronze_row(offset) for offset in range(3)]
     assert store.append(BRONZE, spark_rows(spark, BRONZE, rows), "q", 0) is True
     names = [Path(p).name for p in files_on_disk(str(tmp_path / "lake" / BRONZE))]

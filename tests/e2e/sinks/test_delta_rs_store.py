@@ -90,8 +90,7 @@ def test_replaying_an_append_batch_writes_nothing(spark, lake):
     assert lake.read("bronze_telemetry").count() == 5
 
 
-def test_appended_returns_the_rows_of_one_batch_whichever_path_wrote_them(spark, tmp_path):
-    lake = DeltaRsTableStore(spark, str(tmp_path / "lake"), executor_writes=["bronze_telemetry"])
+def test_appended_returns_the_rows_of_one_batch_whichever_path_wrote_them(spark, lake):
     first = [bronze_row(offset, day=1 + offset % 2) for offset in range(4)]
     second = [bronze_row(offset) for offset in range(4, 6)]
     lake.append("bronze_telemetry", spark_rows(spark, "bronze_telemetry", first), "q", 0)  # from the tasks

@@ -64,30 +64,18 @@ def test_native_commit_marker_names_app_and_batch():
     assert commit_marker("3f2a-query", 12) == "timestone:3f2a-query:12"
 
 
-def test_executor_writes_are_chosen_per_table_by_the_pipeline_config(spark, tmp_path):
-    from broker_edge.config.loader import ConfigError
+def test_the_pipeline_config_gives_the_store_its_storage_options(spark, tmp_path):
     from pipelines.telemetry.config import load_telemetry_config
     from pipelines.telemetry.job import open_store
 
-    off = open_table_store(None, str(tmp_path / "a"), "delta-rs")
-    every = open_table_store(None, str(tmp_path / "b"), "delta-rs", executor_writes=True)
-    assert isinstance(off, DeltaRsTableStore) and isinstance(every, DeltaRsTableStore)
-    assert not off.writes_on_executors("x") and every.writes_on_executors("x")
-
-    def store_with(tables: dict):
-        root = str(tmp_path / str(len(list(tmp_path.iterdir()))))
-        config = load_telemetry_config({"tables": {"root": root, "backend": "delta-rs", **tables}})
-        return open_store(spark, config)
-
-    default = store_with({})
-    assert isinstance(default, DeltaRsTableStore)
-    assert not default.writes_on_executors("bronze_telemetry")
-    assert not default.writes_on_executors("silver_telemetry")
-    bronze = store_with({"executor_writes": ["bronze_telemetry"]})
-    assert bronze.writes_on_executors("bronze_telemetry")
-    assert not bronze.writes_on_executors("silver_telemetry")
-    with pytest.raises(ConfigError, match=r"tables\.executor_writes\[0\]"):
-        store_with({"executor_writes": ["bronze"]})
+    options = {"AWS_REGION": "eu-west-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    config = load_telemetry_config(
+        {"tables": {"root": "s3://lake/tables", "backend": "delta-rs", "storage_options": options}}
+    )
+    store = open_store(spark, config)
+    assert isinstance(store, DeltaRsTableStore)
+    assert store.storage_options == options
+    assert store.file_location("bronze_telemetry").uri == "s3://lake/tables/bronze_telemetry"
 
 
 def test_session_conf_holds_for_the_block_and_gives_the_session_its_own_values_back(spark):

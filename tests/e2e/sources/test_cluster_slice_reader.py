@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
-from broker_edge.cluster.discovery import ClusterDiscovery, ClusterLayout, ClusterUnreachableError
-from broker_edge.cluster.view import Member, PartitionState
+from broker_edge.offsets_api.discovery import ClusterDiscovery, ClusterLayout, ClusterUnreachableError
+from broker_edge.placement import Member, PartitionState
 from sources.cluster_reader import ClusterFetch, ClusterReadError, read_cluster_slices
 from sources.offsets_planner import Slice
 from sources.slice_reader import FetchSettings

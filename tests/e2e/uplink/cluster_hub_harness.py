@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from broker_edge.runtime.launcher import BrokerProcess, free_port
-from broker_edge.runtime.local_cluster import (
+from broker_edge.storage import LogStore, StorageConfig
+from tests.e2e.uplink.uplink_harness import hub_section
+from tests.harness.local_cluster import (
     EtcdServer,
     EtcdTarget,
     cluster_broker,
@@ -13,9 +15,7 @@ from broker_edge.runtime.local_cluster import (
     wait_settled,
     wait_until,
 )
-from broker_edge.runtime.local_pki import LocalPki
-from broker_edge.storage import LogStore, StorageConfig
-from tests.e2e.uplink.uplink_harness import hub_section
+from tests.harness.local_pki import LocalPki
 
 NODES = ("h1", "h2", "h3")
 PARTITIONS = 16

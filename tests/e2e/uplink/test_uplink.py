@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.runtime.main import reload_files
 from broker_edge.settings.uplink import site_topic
 from broker_edge.uplink.status_cli import uplink_main
@@ -30,6 +29,7 @@ from tests.e2e.uplink.uplink_harness import (
     site_section,
     wait_while_progressing,
 )
+from tests.harness.local_pki import LocalPki
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -159,12 +159,35 @@ def test_a_site_dials_again_when_the_hub_closes_the_connection_before_answering_
         hub.close()
 
 
-def test_a_hub_sees_a_sites_backlog_sent_after_it_starts_late(brokers: Brokers, pki: LocalPki) -> None:
+def test_a_silent_cut_is_noticed_by_the_sites_keepalive_and_said_so(
+    brokers: Brokers, pki: LocalPki, caplog: pytest.LogCaptureFixture
+) -> None:
+    hub = brokers("hub", uplink_hub=hub_section(pki))
+    wan = WanRelay(hub_port(hub))
+    try:
+        site = brokers("site", uplink=site_section(pki, "plant-k", wan.port, keepalive_s=1, heartbeat_s=30))
+        assert wait_for(lambda: status(site)["site"]["connected"] is True, timeout=20)
+        wan.silence()  # no byte crosses any more, and neither end is told
+        said = "the hub did not answer a ping within 0.5 s after 1 s of silence (uplink.keepalive_s)"
+        assert wait_for(lambda: said in caplog.text, timeout=20)
+        assert "the hub closed the uplink" not in caplog.text
+        wan.heal()
+        assert wait_for(lambda: status(site)["site"]["connected"] is True, timeout=20)
+    finally:
+        wan.close()
+
+
+def test_a_hub_sees_a_sites_backlog_sent_after_it_starts_late(
+    brokers: Brokers, pki: LocalPki, caplog: pytest.LogCaptureFixture
+) -> None:
     hub = brokers("hub", uplink_hub=hub_section(pki))
     port = hub_port(hub)
     hub.stop()  # the hub is away: the site keeps its logs and dials again and again
     site = brokers("site", uplink=site_section(pki, "plant-3", port))
     publish(site, "telemetry/a", [b"x" * 100] * 500)
+    # each failed dial is said with the address it tried, not the TLS context's repr
+    assert wait_for(lambda: f"cannot connect to 127.0.0.1:{port}: " in caplog.text, timeout=10)
+    assert "SSLContext" not in caplog.text
     hub = brokers("hub", uplink_hub=hub_section(pki, port=port))
     assert wait_for(lambda: same_logs(site, hub, "plant-3", ["telemetry/a"], 500), timeout=20)
 

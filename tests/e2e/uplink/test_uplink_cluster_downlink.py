@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.cluster.view import partition_of
-from broker_edge.runtime.local_cluster import EtcdTarget, cluster_state
+from broker_edge.placement import partition_of
 from tests.e2e.broker_clients import PahoClient, wait_for
 from tests.e2e.conftest import RunningBroker
 from tests.e2e.uplink.cluster_hub_harness import PARTITIONS, hub_cluster, member_store
 from tests.e2e.uplink.uplink_harness import log_frames, pki_in, site_section
+from tests.harness.local_cluster import EtcdTarget, cluster_state
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 
-from broker_edge.cluster.view import partition_of
+from broker_edge.placement import partition_of
 from broker_edge.runtime.launcher import BrokerProcess
-from broker_edge.runtime.local_cluster import EtcdTarget, cluster_state
 from broker_edge.settings.uplink import site_topic
 from broker_edge.storage import CorruptRecord, LogStore
 from tests.e2e.broker_clients import wait_for
@@ -33,6 +32,7 @@ from tests.e2e.uplink.uplink_harness import (
     pki_in,
     site_section,
 )
+from tests.harness.local_cluster import EtcdTarget, cluster_state
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,20 +19,20 @@ from typing import Any
 
 import pytest
 
-from broker_edge.cluster.view import partition_of
+from broker_edge.placement import partition_of
 from broker_edge.runtime.launcher import BrokerProcess, free_port
-from broker_edge.runtime.local_cluster import (
+from broker_edge.settings.uplink import site_topic
+from broker_edge.storage import LogStore
+from tests.e2e.broker_clients import PahoClient, wait_for
+from tests.e2e.uplink.cluster_hub_harness import PARTITIONS, member_store
+from tests.e2e.uplink.uplink_harness import Telemetry, hub_section, log_frames, payloads, pki_in, site_section
+from tests.harness.local_cluster import (
     EtcdServer,
     EtcdTarget,
     cluster_broker,
     cluster_state,
     wait_settled,
 )
-from broker_edge.settings.uplink import site_topic
-from broker_edge.storage import LogStore
-from tests.e2e.broker_clients import PahoClient, wait_for
-from tests.e2e.uplink.cluster_hub_harness import PARTITIONS, member_store
-from tests.e2e.uplink.uplink_harness import Telemetry, hub_section, log_frames, payloads, pki_in, site_section
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -13,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from aiohttp import web
+from aiohttp import ClientSession, WSMsgType, web
 
-from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.uplink import site_topic
 from broker_edge.storage import LogStore
+from broker_edge.storage.record import RecordFields, encode_frames
+from broker_edge.uplink.wire import BATCH, DOWN, ENDS, ERROR, HELLO, VERSION, Message, decode, encode
 from tests.e2e.conftest import RunningBroker
+from tests.harness.local_pki import LocalPki
 
 
 def hub_section(pki: LocalPki, **overrides: Any) -> dict[str, Any]:
@@ -103,12 +106,14 @@ def wait_while_progressing(
 
 class WanRelay:
     """A TCP relay on 127.0.0.1 to ``port``; ``cut()`` drops every connection through it (both ends see the
-    link die mid-stream) and, with ``down``, refuses new ones until ``heal()``."""
+    link die mid-stream) and, with ``down``, refuses new ones until ``heal()``; ``silence()`` loses every
+    byte from then on while the connections stay open (a cut neither end is told of)."""
 
     def __init__(self, port: int) -> None:
         self.target = port
         self.loop = asyncio.new_event_loop()
         self.down = False
+        self.silent = False
         self.cuts = 0
         self._writers: set[asyncio.StreamWriter] = set()
         self._ready = threading.Event()
@@ -137,8 +142,9 @@ class WanRelay:
         async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
             try:
                 while data := await source.read(65536):
-                    sink.write(data)
-                    await sink.drain()
+                    if not self.silent:
+                        sink.write(data)
+                        await sink.drain()
             except (ConnectionError, OSError):
                 pass
             finally:
@@ -156,8 +162,12 @@ class WanRelay:
 
         self.loop.call_soon_threadsafe(drop)
 
+    def silence(self) -> None:
+        self.loop.call_soon_threadsafe(setattr, self, "silent", True)
+
     def heal(self) -> None:
         self.loop.call_soon_threadsafe(setattr, self, "down", False)
+        self.loop.call_soon_threadsafe(setattr, self, "silent", False)
 
     def close(self) -> None:
         async def shut() -> None:
@@ -242,18 +252,17 @@ def pki_in(directory: Path) -> LocalPki:
     return LocalPki(directory / "pki", name="uplink-ca")
 
 
-class HelloClosingHub:
-    """A stand-in hub on 127.0.0.1 (TLS, ``server``'s certificate) that takes a site's WebSocket, reads its
-    first message (the HELLO) and closes the connection without answering; ``hellos`` counts them."""
+class StandInHub:
+    """A stand-in hub on 127.0.0.1 (TLS, ``server``'s certificate) on its own thread's loop: it takes a
+    site's WebSocket and hands it to ``converse``, what each kind of stand-in does with a site."""
 
     def __init__(self, pki: LocalPki) -> None:
         server = pki.server("hub")
         self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.context.load_cert_chain(str(server.cert), str(server.key))
-        self.hellos = 0
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="closing-hub")
+        self._thread = threading.Thread(target=self._run, daemon=True, name=type(self).__name__)
         self._thread.start()
         self._ready.wait(5)
 
@@ -272,12 +281,145 @@ class HelloClosingHub:
     async def _serve(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse()
         await ws.prepare(request)
-        await ws.receive()
-        self.hellos += 1
-        await ws.close()
+        await self.converse(ws)
         return ws
+
+    async def converse(self, ws: web.WebSocketResponse) -> None:
+        raise NotImplementedError
 
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
+
+
+class HelloClosingHub(StandInHub):
+    """Reads a site's first message (the HELLO) and closes the connection without answering; ``hellos``
+    counts them."""
+
+    hellos = 0
+
+    async def converse(self, ws: web.WebSocketResponse) -> None:
+        await ws.receive()
+        self.hellos += 1
+        await ws.close()
+
+
+class ScriptedHub(StandInHub):
+    """Answers a site's HELLO with empty ENDS, then sends ``script`` (each a whole uplink message, a DOWN at
+    an absurd offset), and reads until the site closes; ``closed_by_site`` counts the connections the site
+    closed."""
+
+    def __init__(self, pki: LocalPki, script: list[bytes]) -> None:
+        self.script = script
+        self.closed_by_site = 0
+        super().__init__(pki)
+
+    async def converse(self, ws: web.WebSocketResponse) -> None:
+        await ws.receive()  # the HELLO
+        await ws.send_bytes(encode(ENDS, {"ends": {}}))
+        for message in self.script:
+            await ws.send_bytes(message)
+        async for _message in ws:
+            pass
+        self.closed_by_site += 1
+
+
+def converse_as_site(
+    pki: LocalPki, site_id: str, port: int, messages: list[bytes], hello: bytes | None = None
+) -> list[Message | None]:
+    """Dial a hub's uplink on ``port`` as ``site_id`` (its certificate), send a HELLO (``hello`` or the
+    plain one), then each of ``messages``; what the hub answered to each, in order, the ENDS first (None:
+    the hub closed the connection instead of answering; the rest is not sent)."""
+    pair = pki.site(site_id)
+    context = ssl.create_default_context(cafile=str(pki.ca.cert))
+    context.load_cert_chain(str(pair.cert), str(pair.key))
+
+    async def talk() -> list[Message | None]:
+        answers: list[Message | None] = []
+        async with (
+            ClientSession() as session,
+            session.ws_connect(f"wss://127.0.0.1:{port}/v1/uplink", ssl=context) as ws,
+        ):
+            for message in [hello or encode(HELLO, {"version": VERSION, "site": site_id}), *messages]:
+                await ws.send_bytes(message)
+                answer = await ws.receive(timeout=15)
+                if answer.type != WSMsgType.BINARY:
+                    answers.append(None)
+                    break
+                decoded = decode(answer.data)
+                answers.append(decoded)
+                if decoded.kind == ERROR:
+                    closing = await ws.receive(timeout=15)
+                    assert closing.type in (WSMsgType.CLOSE, WSMsgType.CLOSED, WSMsgType.CLOSING)
+                    break
+        return answers
+
+    return asyncio.run(talk())
+
+
+def frames_at(first: int, payloads: list[bytes]) -> bytes:
+    """Stored frames of ``payloads`` at offsets ``first``, ``first + 1``, ... (what a sender's log holds)."""
+    records: list[RecordFields] = [
+        (payload, 1, False, "device", [], None, None, None, None, None) for payload in payloads
+    ]
+    return b"".join(encode_frames(first, int(time.time() * 1000), records))
+
+
+def batch_message(topic: str, first: int, frames: bytes, kind: int = BATCH, **header: Any) -> bytes:
+    """A BATCH (or DOWN) of one topic's ``frames`` from offset ``first``; ``header`` overrides its fields
+    (an absurd ``seq``, ``site_ends``)."""
+    count = len(decode_frames_loosely(frames))
+    fields = {
+        "seq": 0,
+        "codec": "none",
+        "topics": [[topic, first, count, len(frames)]],
+        "site_ends": {},
+        **header,
+    }
+    return encode(kind, fields, frames)
+
+
+def decode_frames_loosely(frames: bytes) -> list[int]:
+    """Where each frame of ``frames`` starts (their length prefixes only)."""
+    starts, position = [], 0
+    while position < len(frames):
+        starts.append(position)
+        (length,) = struct.unpack_from("<I", frames, position)
+        position += 8 + length
+    return starts
+
+
+def raw_message(kind: int, header: str, body: bytes = b"") -> bytes:
+    """An uplink message whose header is ``header`` as written (JSON no encoder writes: ``1e400``)."""
+    data = header.encode()
+    return struct.pack(">BI", kind, len(data)) + data + body
+
+
+def downlink_as_site(pki: LocalPki, site_id: str, port: int, filters: list[str], quiet_s: float) -> set[str]:
+    """Dial a hub as ``site_id`` asking for the downlink ``filters`` from the start; the topics of every
+    DOWN the hub sends until none has come for ``quiet_s``."""
+    pair = pki.site(site_id)
+    context = ssl.create_default_context(cafile=str(pki.ca.cert))
+    context.load_cert_chain(str(pair.cert), str(pair.key))
+    hello = {"version": VERSION, "site": site_id, "downlink": {"filters": filters, "ends": {}}}
+
+    async def listen() -> set[str]:
+        topics: set[str] = set()
+        async with (
+            ClientSession() as session,
+            session.ws_connect(f"wss://127.0.0.1:{port}/v1/uplink", ssl=context) as ws,
+        ):
+            await ws.send_bytes(encode(HELLO, hello))
+            while True:
+                try:
+                    answer = await ws.receive(timeout=quiet_s)
+                except TimeoutError:
+                    return topics
+                if answer.type != WSMsgType.BINARY:
+                    return topics
+                message = decode(answer.data)
+                if message.kind == DOWN:
+                    topics.update(part[0] for part in message.header["topics"])
+
+    return asyncio.run(listen())

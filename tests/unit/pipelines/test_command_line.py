@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from importlib.metadata import version
 
 import pytest
@@ -44,3 +45,62 @@ def test_pipeline_help_lists_the_pipelines(capsys):
         main(["pipeline", "--help"])
     out = capsys.readouterr().out
     assert "telemetry" in out and "actions" in out and "the OTA / command fanout" in out
+
+
+def help_of(capsys: pytest.CaptureFixture[str], words: list[str]) -> str:
+    """What ``timestone <words> --help`` prints (it exits 0)."""
+    status: int | str | None
+    try:
+        status = main([*words, "--help"])
+    except SystemExit as done:
+        status = done.code
+    assert status == 0, words
+    return capsys.readouterr().out
+
+
+def every_command_line(capsys: pytest.CaptureFixture[str]) -> list[list[str]]:
+    """Every command and subcommand, found in the helps themselves (``{a,b}`` outside the options of a usage
+    line), so a new one is checked without being listed here."""
+    from pipelines.cli import COMMANDS
+    from pipelines.runner import PIPELINES  # listed as PIPELINE in its usage line
+
+    found: list[list[str]] = []
+    todo = [[name] for name in COMMANDS] + [["pipeline", name] for name in PIPELINES]
+    while todo:
+        words = todo.pop()
+        found.append(words)
+        usage = help_of(capsys, words).split("\n\n")[0]
+        while re.search(r"\[[^\[\]]*\]", usage):  # options and their choices, innermost brackets first
+            usage = re.sub(r"\[[^\[\]]*\]", "", usage)
+        for choices in re.findall(r"\{([\w,-]+)\}", usage):
+            todo += [[*words, choice] for choice in choices.split(",")]
+    return found
+
+
+def test_every_command_says_its_exit_statuses_in_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+    lines = every_command_line(capsys)
+    assert ["ota", "create"] in lines and ["cluster", "status"] in lines and ["pipeline", "actions"] in lines
+    silent = [" ".join(words) for words in lines if "exit status:" not in help_of(capsys, words).lower()]
+    assert silent == []
+    assert main(["--help"]) == 0
+    assert "exit status: 0" in capsys.readouterr().out
+
+
+def test_the_sparkplug_host_and_the_simulators_payload_formats_are_on_the_command_line(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["sparkplug-host", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert (
+        out.startswith("usage: timestone sparkplug-host ")
+        and "--host-id" in out
+        and "--rebirth-interval" in out
+    )
+    with pytest.raises(SystemExit) as done:
+        main(["devices", "simulate", "--help"])
+    out = capsys.readouterr().out
+    assert "--payload {json,cbor,protobuf,sparkplug_b}" in out and "--devices-per-node" in out
+    with pytest.raises(SystemExit) as done:
+        main(["devices", "simulate", "--payload", "sparkplug_b", "--procs", "2"])
+    assert done.value.code == 2
+    assert "--payload sparkplug_b runs in one process (--procs 1)" in capsys.readouterr().err

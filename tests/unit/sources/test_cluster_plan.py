@@ -10,10 +10,11 @@ import pyarrow as pa
 import pytest
 
 from broker_edge.cluster.cluster_info import layout_document
-from broker_edge.cluster.discovery import ClusterDiscovery, ClusterLayout, parse_layout
-from broker_edge.cluster.view import ClusterView, Member, PartitionState, partition_of
+from broker_edge.cluster.view import ClusterView
+from broker_edge.offsets_api.discovery import ClusterDiscovery, ClusterLayout, parse_layout
 from broker_edge.offsets_api.errors import OffsetOutOfRangeError, UnknownTopicError
 from broker_edge.offsets_api.results import BatchFetch, TopicResult
+from broker_edge.placement import Member, PartitionState, partition_of
 from sources.cluster_plan import by_reader, readers_for, route_topics
 from sources.offsets_planner import DataLossError, LogExtent, Slice, plan_end_offsets
 from sources.slice_reader import FetchSettings, SliceProgress, take_answer

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker_edge.cluster.discovery import ClusterLayout
-from broker_edge.cluster.view import Member, PartitionState
+from broker_edge.offsets_api.discovery import ClusterLayout
+from broker_edge.placement import Member, PartitionState
 from broker_edge.runtime.launcher import free_port
 from sources.cluster_reader import ClusterFetch, ClusterReadError, read_cluster_slices
 from sources.offsets_planner import Slice

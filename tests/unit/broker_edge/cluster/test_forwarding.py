@@ -11,10 +11,11 @@ from typing import Any
 
 from broker_edge.cluster.forwarding import ClusterForwarding
 from broker_edge.cluster.links.peer_link import PeerLinks
-from broker_edge.cluster.view import ClusterView, Member, PartitionState
+from broker_edge.cluster.view import ClusterView
 from broker_edge.engine.connection.states import CLOSED
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import ClusterPorts
+from broker_edge.placement import Member, PartitionState
 from tests.unit.broker_edge.cluster.engines import Answers, EngineOnLoop
 from tests.unit.broker_edge.cluster.memory_links import link_in_memory
 

@@ -18,8 +18,9 @@ from broker_edge.cluster.links.member_clients import MemberClients
 from broker_edge.cluster.mirror_logs import ClusterMirrorLogs, decode_parts, encode_parts
 from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
 from broker_edge.cluster.replication.replica_fetch import GAP, FetchRequest, PartitionFetch, TopicPosition
-from broker_edge.cluster.view import ClusterView, Member, PartitionState
+from broker_edge.cluster.view import ClusterView
 from broker_edge.engine.mirror_logs import MirrorAppend, MirrorPart, MirrorRefused, frames_end
+from broker_edge.placement import Member, PartitionState
 from broker_edge.settings.cluster import MemberListenConfig
 from broker_edge.storage import InvalidRecord, LogStore, StorageConfig
 from tests.static_isr import StaticIsr
@@ -235,5 +236,27 @@ def test_a_request_body_that_does_not_add_up_is_refused_naming_why() -> None:
         decode_parts(b"\x00\x00\x00\x02{]")
     with pytest.raises(ValueError, match="no header"):
         decode_parts(b"\x00")
-    with pytest.raises(ValueError, match="count 0"):
+    with pytest.raises(ValueError, match=r"'a' count must be within \[1, .*got 0"):
         decode_parts(encode_parts([MirrorPart("a", 0, 0, b"x")]))
+
+
+@pytest.mark.parametrize(
+    ("header", "why"),
+    [
+        (b'[["a", 9223372036854775807, 1, 1]]', r"'a' first must be within \[0, 9007199254740992\]"),
+        (b'[["a", 18446744073709551621, 1, 1]]', "an integer of 65 bits"),
+        (b'[["a", 1e400, 1, 1]]', "'a' first must be an integer, got inf"),
+        (b'[["a", 0, 1.0, 1]]', "'a' count must be an integer, got 1.0"),
+        (b'[["a", 0, true, 1]]', "'a' count must be an integer, got True"),
+        (b'[["a", 0, 1, -1]]', "'a' size must be within"),
+        (b'[["a", 9007199254740991, 2, 1]]', "end past 9007199254740992"),
+        (b'[["a", NaN, 1, 1]]', "'a' first must be an integer, got nan"),
+        (b'{"a": 1}', "expected \\[\\[topic"),
+    ],
+)
+def test_a_member_asking_to_append_at_a_number_no_log_holds_is_refused_naming_it(
+    header: bytes, why: str
+) -> None:
+    body = len(header).to_bytes(4, "big") + header + b"x"
+    with pytest.raises(ValueError, match=why):
+        decode_parts(body)

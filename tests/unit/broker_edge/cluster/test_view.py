@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from broker_edge.cluster.view import ClusterView, Member, PartitionState, partition_of
+from broker_edge.cluster.view import ClusterView
+from broker_edge.placement import Member, PartitionState, partition_of
 
 
 def test_partition_of_is_stable_across_processes_and_in_range() -> None:

@@ -120,10 +120,7 @@ class HeldForwarding:
 class RecordingConnection:
     """What ``Session`` writes through: every delivery and PUBREL, in order."""
 
-    paused = False
-
     def __init__(self, send_quota: int = 65_535) -> None:
-        self.send_quota = send_quota
         self.terms = SimpleNamespace(paused=False, send_quota=send_quota)
         self.sent: list[tuple] = []
 

@@ -39,6 +39,18 @@ def test_a_hub_always_requires_client_certificates() -> None:
     assert (uplink_hub.port, uplink_hub.path, uplink_hub.sites) == (0, "/v1/uplink", None)
 
 
+def test_a_hub_serves_each_site_its_own_downlink_or_the_default() -> None:
+    uplink_hub = hub(site_downlink={"plant-1": ["actions/groups/line-1"]}).uplink_hub
+    assert uplink_hub is not None
+    assert uplink_hub.downlink_of("plant-1") == ["actions/groups/line-1"]
+    assert uplink_hub.downlink_of("plant-2") == [
+        "actions/all",
+        "actions/groups/#",
+        "actions/buckets/#",
+        "actions/devices/#",
+    ]
+
+
 @pytest.mark.parametrize(
     ("uplink", "message"),
     [
@@ -71,6 +83,10 @@ def test_bad_site_values_name_the_field(uplink: dict[str, Any], message: str) ->
         ({"path": "uplink"}, "uplink_hub.path: must start with '/'"),
         ({"sites": ["ok", "not ok"]}, "uplink_hub.sites[1]: not a site id"),
         ({"max_message_bytes": 0}, "uplink_hub.max_message_bytes: must be an integer >= 1"),
+        ({"downlink": ["actions/#/x"]}, "uplink_hub.downlink[0]:"),
+        ({"downlink": ["$SYS/#"]}, "uplink_hub.downlink[0]: the hub's '$' topics are its own"),
+        ({"site_downlink": {"plant/1": ["actions/all"]}}, "uplink_hub.site_downlink.plant/1: not a site id"),
+        ({"site_downlink": {"p1": ["actions/all", "a/+b"]}}, "uplink_hub.site_downlink.p1[1]:"),
     ],
 )
 def test_bad_hub_values_name_the_field(uplink_hub: dict[str, Any], message: str) -> None:

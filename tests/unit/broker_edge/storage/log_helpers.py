@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from broker_edge.storage import AppendRecord
+from broker_edge.storage import AppendRecord, LogStore
 
 BASE_TIME_MS = 1_700_000_000_000
 
@@ -90,3 +90,69 @@ def partition_segments(data: Path, partition: int = 0, suffix: str = ".log") -> 
 
 def open_fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+# -- entries no log can hold: what older versions (or damage a checksum misses) leave on disk ---------------
+
+
+def record_entry(topic_id: int, offset: int, payload: bytes = b"absurd") -> bytes:
+    """A checked entry of ``topic_id`` holding a record at ``offset`` (any u64)."""
+    from broker_edge.storage.entry import head_of
+    from broker_edge.storage.record import encode_record
+
+    frame = encode_record(offset, BASE_TIME_MS, AppendRecord(payload))
+    return head_of(topic_id)(int.from_bytes(frame[4:8], "little")) + frame
+
+
+def marker_entry(topic_id: int, kind: int, offset: int) -> bytes:
+    """A checked marker entry of ``topic_id`` (``entry.TRUNCATE`` or ``RESTART``) at ``offset`` (any u64)."""
+    from broker_edge.storage.entry import encode_marker
+
+    return encode_marker(topic_id, kind, offset)
+
+
+def append_to_last_segment(data: Path, entries: list[bytes], partition: int = 0) -> None:
+    """``entries`` written after the last entry of a partition's newest segment (its sealed index, if it
+    had one, then no longer matches: the next open scans it)."""
+    with open(partition_segments(data, partition)[-1], "ab") as file:
+        file.write(b"".join(entries))
+
+
+def add_catalog_entry(data: Path, name: str, partition: int) -> int:
+    """A checked catalog entry for a new topic ``name`` filed in ``partition``; returns its id."""
+    from broker_edge.storage import record
+    from broker_edge.storage.catalog import BODY_HEAD, HEADER, PREFIX
+
+    path = data / "log" / "catalog"
+    content = path.read_bytes()
+    topic_id, position = 0, HEADER.size
+    while position + PREFIX.size <= len(content):
+        position += PREFIX.size + int.from_bytes(content[position : position + 4], "little")
+        topic_id += 1
+    body = BODY_HEAD.pack(topic_id, partition) + name.encode()
+    with open(path, "ab") as file:
+        file.write(PREFIX.pack(len(body), record.crc32c(body)) + body)
+    return topic_id
+
+
+def write_past_the_ceiling(store: LogStore, topic: str, carrier: str) -> None:
+    """What a store before ``bounds.MAX_OFFSET`` did with a mirror's frames at 2**63-1: a restart marker
+    there, then a record whose end overflowed the topic table (the append failed half way, its frame left
+    in the partition's buffer), written by the next append (to ``carrier``); a seal of the segment then
+    wrote its index and failed to apply it."""
+    import contextlib
+
+    import broker_edge.storage.store as store_module
+    from broker_edge.storage.record import encode_record
+
+    ceiling = store_module.MAX_OFFSET
+    store_module.MAX_OFFSET = 2**64
+    try:
+        frame = encode_record(2**63 - 1, BASE_TIME_MS, AppendRecord(b"absurd"))
+        with contextlib.suppress(OverflowError):
+            store.append_frames(topic, frame, at=2**63 - 1)
+    finally:
+        store_module.MAX_OFFSET = ceiling
+    store.append(carrier, AppendRecord(b"carries the frame left unwritten"))
+    with contextlib.suppress(OverflowError):  # a seal run by the flush
+        store.flush()

@@ -16,6 +16,8 @@ from broker_edge.uplink.wire import (
     decode_batch,
     encode,
     encode_batch,
+    ends_of,
+    seq_of,
 )
 
 
@@ -51,7 +53,7 @@ def test_a_malformed_message_is_refused(data: bytes, why: str) -> None:
 
 def test_a_batch_that_unpacks_past_the_limit_is_refused() -> None:
     for codec in ("zstd", "zlib"):
-        data = encode_batch(Batch(0, [BatchTopic("t", 0, 1, 10_000)], b"\0" * 10_000), codec)
+        data = encode_batch(Batch(0, [BatchTopic("t", 0, 1, 4000)], b"\0" * 10_000), codec)
         with pytest.raises(WireError, match="past 4096"):
             decode_batch(decode(data), limit=4096)
 
@@ -60,8 +62,38 @@ def test_a_batch_that_unpacks_past_the_limit_is_refused() -> None:
     ("header", "body", "why"),
     [
         ({"seq": 1, "codec": "none", "topics": [["t", 0, 1, 5]]}, b"1234", "do not add up"),
-        ({"seq": 1, "codec": "none", "topics": [["t", -1, 1, 4]]}, b"1234", "negative offset"),
-        ({"seq": 1, "codec": "none", "topics": [["t", 0, 0, 4]]}, b"1234", "no records"),
+        (
+            {"seq": 1, "codec": "none", "topics": [["t", -1, 1, 4]]},
+            b"1234",
+            r"'t' first must be within \[0, ",
+        ),
+        ({"seq": 1, "codec": "none", "topics": [["t", 0, 0, 4]]}, b"1234", r"'t' count must be within \[1, "),
+        (
+            {"seq": 1, "codec": "none", "topics": [["t", 0, 1, 1001]]},
+            b"1234",
+            r"'t' size must be within \[1, 1000\]",
+        ),
+        (
+            {"seq": 1, "codec": "none", "topics": [["t", 2**53 - 1, 2, 4]]},
+            b"1234",
+            "end past 9007199254740992",
+        ),
+        (
+            {"seq": 1.0, "codec": "none", "topics": [["t", 0, 1, 4]]},
+            b"1234",
+            "seq must be an integer, got 1.0",
+        ),
+        (
+            {"seq": True, "codec": "none", "topics": [["t", 0, 1, 4]]},
+            b"1234",
+            "seq must be an integer, got True",
+        ),
+        (
+            {"seq": 1, "codec": "none", "topics": [["t", 2**64 + 5, 1, 4]]},
+            b"1234",
+            "got an integer of 65 bits",
+        ),
+        ({"seq": 1, "codec": "none", "topics": [[5, 0, 1, 4]]}, b"1234", "must be \\[topic, first"),
         ({"seq": 1, "codec": "lz4", "topics": [["t", 0, 1, 4]]}, b"1234", "unknown codec"),
         ({"seq": 1, "codec": "zlib", "topics": [["t", 0, 1, 4]]}, b"1234", "does not decompress"),
         ({"codec": "none", "topics": []}, b"", "bad batch header"),
@@ -76,6 +108,32 @@ def test_a_bad_batch_is_refused(header: dict, body: bytes, why: str) -> None:
 
 def test_zlib_stops_inflating_at_the_limit() -> None:
     bomb = zlib.compress(b"\0" * 1_000_000)
-    message = decode(encode(BATCH, {"seq": 0, "codec": "zlib", "topics": [["t", 0, 1, 1_000_000]]}, bomb))
+    message = decode(encode(BATCH, {"seq": 0, "codec": "zlib", "topics": [["t", 0, 1, 1000]]}, bomb))
     with pytest.raises(WireError, match="past 1000"):
         decode_batch(message, limit=1000)
+
+
+@pytest.mark.parametrize(
+    ("header", "why"),
+    [
+        (b'{"seq":1e400}', "seq must be an integer, got inf"),
+        (b'{"seq":NaN}', "NaN is not a number here"),
+        (b'{"seq":-Infinity}', "-Infinity is not a number here"),
+        (b'{"seq":' + b"9" * 5000 + b"}", "header is not JSON"),
+    ],
+)
+def test_a_number_json_cannot_give_as_an_integer_is_refused_by_name(header: bytes, why: str) -> None:
+    data = bytes([BATCH]) + len(header).to_bytes(4, "big") + header
+    with pytest.raises(WireError, match=why):
+        decode_batch(decode(data), limit=1000)
+
+
+def test_ends_and_seq_of_the_hub_are_offsets_and_integers() -> None:
+    assert ends_of({"a": 0, "b": 2**53}, "ends") == {"a": 0, "b": 2**53}
+    for bad in ({"a": -1}, {"a": 2**53 + 1}, {"a": 1.5}, {"a": "3"}, {"a": None}, [1]):
+        with pytest.raises(WireError):
+            ends_of(bad, "ends")
+    assert seq_of(7) == 7
+    for bad_seq in (-1, 2.0, False, "7", None, float("inf")):
+        with pytest.raises(WireError, match="seq"):
+            seq_of(bad_seq)

@@ -23,7 +23,7 @@ from broker_edge.cluster.coordination.assignment import (
     replica_counts,
     shrink_replicas,
 )
-from broker_edge.cluster.view import PartitionState
+from broker_edge.placement import PartitionState
 
 
 def by_partition(states: list[PartitionState]) -> dict[int, PartitionState]:
@@ -100,7 +100,7 @@ def test_a_dead_leader_is_replaced_by_a_live_isr_member_with_the_next_epoch() ->
     assert after.leader in {"b2", "b3"}
     assert after.epoch == 5
     assert after.isr == tuple(n for n in ("b2", "b3"))
-    assert after.replicas == ("b1", "b2", "b3")  # no spare member to take its place
+    assert after.replicas == ("b2", "b3")  # the dead one leaves the replicas, whether or not one replaces it
     assert not changes[0].unclean
 
 
@@ -171,7 +171,8 @@ def test_unclean_election_with_no_live_replica_stays_offline() -> None:
 def test_dead_followers_leave_the_isr_without_an_epoch_change() -> None:
     states = {0: PartitionState(0, "b1", 2, ("b1", "b2", "b3"), ("b1", "b2", "b3"))}
     changes = plan(states, {"b1", "b3"}, 3)
-    assert changes[0].after == PartitionState(0, "b1", 2, ("b1", "b2", "b3"), ("b1", "b3"))
+    assert changes[0].after == PartitionState(0, "b1", 2, ("b1", "b3"), ("b1", "b3"))
+    assert changes[0].reasons == ("dead b2 left the in-sync set", "dead b2 left the replicas")
 
 
 def test_needs_election_lists_partitions_without_a_live_leader() -> None:
@@ -275,6 +276,7 @@ def test_plan_invariants(
         live_replicas = [n for n in state.replicas if n in live]
         if state.leader is not None and states[p].leader is not None:
             assert len(live_replicas) >= min(rf, len(live))  # filled up to the factor where members allow
+            assert set(state.replicas) <= live  # dead members left the replicas
         else:  # offline, or elected back in this pass: filled in the next one, from its leader
             assert state.replicas == states[p].replicas
         assert len(set(state.replicas)) == len(state.replicas)

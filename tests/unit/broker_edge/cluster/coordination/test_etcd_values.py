@@ -20,7 +20,7 @@ from broker_edge.cluster.coordination.etcd_values import (
     parse_partition_state,
     read_cluster,
 )
-from broker_edge.cluster.view import Member, PartitionState
+from broker_edge.placement import Member, PartitionState
 
 MEMBER = {
     "node_id": "b1",
@@ -98,6 +98,19 @@ def test_bytes_that_are_no_json_object_are_refused_not_raised_as_anything_else(v
     with pytest.raises(BadValue):
         load_json(value, "partition 3")
     with pytest.raises(BadValue):
+        parse_partition_state(3, value, 16)
+
+
+@pytest.mark.parametrize(
+    ("epoch", "shown"),
+    [(b"1e400", "got inf"), (b"NaN", "got nan"), (b"7.0", "got 7.0"), (b"-Infinity", "got -inf")],
+)
+def test_a_number_json_cannot_give_as_an_integer_is_refused_naming_the_field(
+    epoch: bytes, shown: str
+) -> None:
+    value = encoded(STATE).replace(b'"epoch": 7', b'"epoch": ' + epoch)
+    assert value != encoded(STATE)
+    with pytest.raises(BadValue, match=f"partition 3.epoch must be an integer, {shown}"):
         parse_partition_state(3, value, 16)
 
 

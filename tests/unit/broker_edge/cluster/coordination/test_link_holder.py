@@ -11,7 +11,7 @@ import pytest
 
 from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd
 from broker_edge.cluster.coordination.link_holder import LinkHolder
-from broker_edge.runtime.local_cluster import EtcdServer, EtcdTarget
+from tests.harness.local_cluster import EtcdServer, EtcdTarget
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,12 +9,13 @@ import asyncio
 from broker_edge.cluster.features.shared_directory import DeliveryKey, SharedDirectory
 from broker_edge.cluster.features.shared_groups import SharedGroups
 from broker_edge.cluster.links.peer_link import PeerLinks
-from broker_edge.cluster.view import ClusterView, Member, PartitionState
+from broker_edge.cluster.view import ClusterView
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import ClusterPorts
 from broker_edge.engine.routing.router import Router
 from broker_edge.engine.routing.subscriptions import SubscriptionOptions
 from broker_edge.engine.sessions.session import Session
+from broker_edge.placement import Member, PartitionState
 from broker_edge.security.limits import LimitsConfig
 from tests.unit.broker_edge.cluster.memory_links import MemoryWire, link_in_memory
 

@@ -10,13 +10,14 @@ from pathlib import Path
 
 from broker_edge.cluster.reads.log_starts import LogStart, LogStarts
 from broker_edge.cluster.reads.remote_starts import RemoteStarts
-from broker_edge.cluster.view import ClusterView, PartitionState
+from broker_edge.cluster.view import ClusterView
 from broker_edge.engine.cursors import ReplayManager
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import ClusterPorts
 from broker_edge.engine.routing.router import Router
 from broker_edge.engine.routing.subscriptions import SubscriptionOptions
 from broker_edge.engine.sessions.session import Session
+from broker_edge.placement import PartitionState
 from broker_edge.protocol.topics import EARLIEST, OffsetStart, OffsetStartKind
 from broker_edge.security.limits import LimitsConfig
 from broker_edge.storage import LogStore, StorageConfig

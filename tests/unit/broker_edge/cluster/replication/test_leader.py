@@ -26,10 +26,11 @@ from broker_edge.cluster.replication.replica_fetch import (
     PartitionFetch,
     TopicPosition,
 )
-from broker_edge.cluster.view import ClusterView, PartitionState
+from broker_edge.cluster.view import ClusterView
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import AppendedRun
 from broker_edge.engine.records import record_fields
+from broker_edge.placement import PartitionState
 from broker_edge.storage import LogStore, StorageConfig
 from tests.static_isr import StaticIsr
 

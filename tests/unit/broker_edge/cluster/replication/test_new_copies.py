@@ -12,7 +12,8 @@ from pathlib import Path
 
 from broker_edge.cluster.replication.follower import Followers, LocalDelivery, _Fetcher
 from broker_edge.cluster.replication.replica_fetch import FRAMES, OK, FetchResponse, PartitionData, TopicData
-from broker_edge.cluster.view import ClusterView, PartitionState
+from broker_edge.cluster.view import ClusterView
+from broker_edge.placement import PartitionState
 from broker_edge.storage import LogStore, StorageConfig
 
 RECORD = (b"x", 1, False, "c", (), None, None, None, None, None)

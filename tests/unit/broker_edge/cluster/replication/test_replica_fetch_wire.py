@@ -88,6 +88,33 @@ def test_malformed_requests_are_refused_naming_the_field(mangle, message) -> Non
         decode_request(mangle(encode_request(_request())))
 
 
+BEYOND = 2**63 - 1
+"""An offset the wire carries (u64) that no log holds (``broker_edge.bounds.MAX_OFFSET`` is 2**53)."""
+
+
+def test_a_request_for_an_offset_no_log_holds_is_refused_naming_the_topic() -> None:
+    request = FetchRequest("b2", 0, False, 0, 1, 1, [PartitionFetch(3, 9, [TopicPosition("t", BEYOND, 9)])])
+    with pytest.raises(WireError, match=f"'t' offset {BEYOND} is past what a log holds"):
+        decode_request(encode_request(request))
+
+
+@pytest.mark.parametrize(
+    ("topic", "named"),
+    [
+        (TopicData("t", FRAMES, BEYOND, 0), "high watermark"),
+        (TopicData("t", RESTART, 10, BEYOND), "start offset"),
+        (TopicData("t", RESTART, 10, 0, [(4, BEYOND)]), "epoch boundary"),
+        (TopicData("t", FRAMES, 10, 0, first=BEYOND, count=1, frames=[b"x"]), "end of frames"),
+        (TopicData("t", FRAMES, 10, 0, first=2**53, count=1, frames=[b"x"]), "end of frames"),
+        (TopicData("t", DIVERGING, 4, 0, diverging_epoch=7, diverging_end=BEYOND), "divergence"),
+    ],
+)
+def test_a_leader_answering_an_offset_no_log_holds_is_refused_naming_it(topic: TopicData, named: str) -> None:
+    response = FetchResponse(1, OK, [PartitionData(3, OK, 9, [topic])])
+    with pytest.raises(WireError, match=f"'t' {named} .* is past what a log holds"):
+        decode_response(b"".join(encode_response(response)))
+
+
 def test_an_empty_replica_or_zero_limits_are_refused() -> None:
     with pytest.raises(WireError, match="replica"):
         decode_request(encode_request(FetchRequest("", 0, False, 0, 1, 1)))

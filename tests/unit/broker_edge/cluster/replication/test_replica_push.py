@@ -34,10 +34,11 @@ from broker_edge.cluster.replication.replica_push import (
     encode_ack,
     encode_push,
 )
-from broker_edge.cluster.view import ClusterView, Member, PartitionState
+from broker_edge.cluster.view import ClusterView
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import AppendedRun
 from broker_edge.engine.records import record_fields
+from broker_edge.placement import Member, PartitionState
 from broker_edge.storage import LogStore, StorageConfig
 from broker_edge.storage.file_pool import FileHandlePool
 from tests.static_isr import StaticIsr

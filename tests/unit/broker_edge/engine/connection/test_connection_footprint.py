@@ -1,6 +1,7 @@
 """What an idle client costs the broker: the Python objects a connection and its session keep, in bytes.
 
-Real connections of a real ``BrokerCore`` (no socket: the bytes of CONNECT are fed to them), counted with
+Real connections (the state machine in its stream adapter, as the broker runs them) of a real ``BrokerCore``
+(no socket: the bytes of CONNECT are fed to them), counted with
 ``tracemalloc``: the budget holds the connection, the session, the client id and its entry in the broker's
 map of sessions (a connected client has no entry of its own in a map of connections); a decoder of its own, a
 float of its own or an empty container made per connection would each exceed it. (The transport's own memory
@@ -16,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from broker_edge.engine.connection.connection import Connection
 from broker_edge.engine.connection.states import CONNECTED
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.errors import MalformedPacket
 from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, Connect, PingReq, PingResp, Publish
+from broker_edge.runtime.transports.stream import StreamConnection
 from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, make_core
 
 BYTES_PER_IDLE_CONNECTION = 296
@@ -47,6 +48,9 @@ class _NullTransport:
     def abort(self) -> None:
         pass
 
+    def is_reading(self) -> bool:
+        return True
+
     def pause_reading(self) -> None:
         pass
 
@@ -59,7 +63,7 @@ class _NullTransport:
 
 def _connect_all(core: HandDrivenCore, frames: list[bytes], transport: _NullTransport) -> None:
     for frame in frames:
-        conn = Connection(core, core.listener)
+        conn = StreamConnection(core, core.listener)
         conn.attach_transport(transport)
         conn.data_received(frame)
         core.run_soon()

@@ -51,11 +51,11 @@ def test_reading_resumes_only_once_no_reason_holds_it():
 
     conn.hold(HELD_FOR_RATE)
     conn.hold(HELD_FOR_SUBACK)
-    assert client.transport.reading_paused
+    assert client.reading_paused
     conn.release(HELD_FOR_SUBACK)
-    assert client.transport.reading_paused  # the rate still holds it
+    assert client.reading_paused  # the rate still holds it
     conn.release(HELD_FOR_RATE)
-    assert not client.transport.reading_paused
+    assert not client.reading_paused
     assert conn.held == 0
 
 
@@ -69,7 +69,7 @@ def test_packets_read_while_held_are_handled_in_order_before_reading_resumes():
 
     conn.release(HELD_FOR_SUBACK)
     assert client.read() == [PingResp(), PubAck(7, 0x10)]
-    assert not client.transport.reading_paused
+    assert not client.reading_paused
 
 
 def test_a_3_1_1_client_is_not_read_past_receive_maximum_unanswered_publishes():
@@ -82,7 +82,7 @@ def test_a_3_1_1_client_is_not_read_past_receive_maximum_unanswered_publishes():
 
     assert client.send(*_qos1(1, 10)) == []
     assert conn.incoming_pending == 4
-    assert client.transport.reading_paused and conn.held == HELD_FOR_ACKS
+    assert client.reading_paused and conn.held == HELD_FOR_ACKS
     assert core.counters.held_for_acks == 1
     acks: list[int] = []
     while len(acks) < 10:
@@ -95,7 +95,7 @@ def test_a_3_1_1_client_is_not_read_past_receive_maximum_unanswered_publishes():
     assert acks == list(range(1, 11))
     assert [fields[0] for fields in store.logs["meter"]] == [str(n).encode() for n in range(1, 11)]
     assert conn.incoming_pending == 0
-    assert not client.transport.reading_paused
+    assert not client.reading_paused
     assert core.counters.held_for_acks == 2  # after 4 and after 8 publishes read
 
 
@@ -104,15 +104,15 @@ def test_reading_resumes_once_at_most_half_of_the_bound_is_left_unanswered():
     client = _publisher(core, MQTT_3_1_1)
     client.send(*_qos1(1, 2))  # one batch
     client.send(*_qos1(3, 4))  # another: six unanswered, held
-    assert client.transport.reading_paused
+    assert client.reading_paused
     first, second = store.waiting
 
     first()  # two answered, four left: more than half of six
     assert [packet.packet_id for packet in client.read()] == [1, 2]
-    assert client.transport.reading_paused
+    assert client.reading_paused
     second()
     assert [packet.packet_id for packet in client.read()] == [3, 4, 5, 6]
-    assert not client.transport.reading_paused
+    assert not client.reading_paused
 
 
 def test_a_held_3_1_1_client_is_not_taken_for_idle():
@@ -120,7 +120,7 @@ def test_a_held_3_1_1_client_is_not_taken_for_idle():
     client = core.client(MQTT_3_1_1)
     client.connect("publisher", keep_alive=2)
     client.send(*_qos1(1, 2))
-    assert client.transport.reading_paused
+    assert client.reading_paused
     core.advance(10)  # silent, but the broker is the one not reading
     assert not client.closed
 
@@ -131,11 +131,11 @@ def test_a_3_1_1_qos2_publish_counts_until_its_pubrec_so_its_pubrel_is_read():
     client = _publisher(core, MQTT_3_1_1)
     sent = [Publish("meter", b"a", 2, packet_id=1), Publish("meter", b"b", 2, packet_id=2)]
     assert client.send(*sent) == []
-    assert client.transport.reading_paused
+    assert client.reading_paused
 
     store.make_durable()
     assert client.read() == [PubRec(1), PubRec(2)]
-    assert not client.transport.reading_paused
+    assert not client.reading_paused
     assert client.send(PubRel(1), PubRel(2)) == [PubComp(1), PubComp(2)]
     assert client.conn.incoming_pending == 0
 
@@ -161,7 +161,7 @@ def test_an_mqtt_5_client_over_receive_maximum_is_disconnected_0x93_not_held():
     client = _publisher(core, MQTT_5)
     answer = client.send(*_qos1(1, 5))
     assert [(type(packet), packet.reason_code) for packet in answer] == [(Disconnect, 0x93)]
-    assert not client.transport.reading_paused
+    assert not client.reading_paused
 
 
 def test_an_mqtt_5_qos2_publish_refused_gives_its_receive_maximum_slot_back():

@@ -16,9 +16,11 @@ def test_connections_that_settled_the_same_share_their_terms():
     second.connect("second", keep_alive=60)
     other.connect("other", keep_alive=30)
     assert first.conn.terms is second.conn.terms
-    assert other.conn.terms is not first.conn.terms and other.conn.keepalive == 30
-    assert first.conn.keepalive == 60 and not first.conn.v5 and first.conn.max_packet_out == NO_LIMIT
-    assert first.conn.listener is core.listener and first.conn.host is core
+    assert other.conn.terms is not first.conn.terms and other.conn.terms.keepalive == 30
+    assert (
+        first.conn.terms.keepalive == 60 and not first.conn.v5 and first.conn.terms.max_packet_out == NO_LIMIT
+    )
+    assert first.conn.terms.listener is core.listener and first.conn.terms.host is core
 
 
 def test_a_v5_clients_limits_are_its_own_terms():
@@ -39,10 +41,10 @@ def test_paused_writing_swaps_the_terms_for_their_paused_twin_and_back():
     client = core.client(MQTT_5)
     client.connect("slow")
     settled = client.conn.terms
-    client.conn.pause_writing()
-    assert client.conn.paused and client.conn.terms.keepalive == settled.keepalive
-    client.conn.resume_writing()
-    assert client.conn.terms is settled and not client.conn.paused
+    client.conn.writing_paused()
+    assert client.conn.terms.paused and client.conn.terms.keepalive == settled.keepalive
+    client.conn.writing_resumed()
+    assert client.conn.terms is settled and not client.conn.terms.paused
 
 
 def test_the_state_of_a_connection_is_one_of_its_terms_shared_until_it_changes():
@@ -53,7 +55,7 @@ def test_the_state_of_a_connection_is_one_of_its_terms_shared_until_it_changes()
     second.connect("second", keep_alive=60)
     assert first.conn.state == second.conn.state == CONNECTED and first.conn.terms is second.conn.terms
     first.send(Disconnect())
-    first.conn.connection_lost(None)  # the transport closed
+    first.conn.transport_closed(None)  # the transport closed
     assert first.conn.state == CLOSED and second.conn.state == CONNECTED
     assert first.conn.terms.keepalive == 60, "closing changed the state and nothing else"
     assert first.conn.terms is not second.conn.terms

@@ -96,7 +96,7 @@ def test_password_check_pauses_reading_and_handles_what_arrived_meanwhile(passwo
     answer = client.send_bytes(_connect_bytes("alice", b"secret") + b"\xc0\x00")  # CONNECT + PINGREQ
     assert [type(p) for p in answer] == [ConnAck, PingResp]
     assert answer[0].reason_code == 0
-    assert not client.transport.reading_paused
+    assert not client.reading_paused
 
 
 def test_a_wrong_password_is_refused_0x86_and_what_followed_is_never_handled(passwords):

@@ -68,12 +68,12 @@ def test_connect_waits_for_its_claim_and_the_packets_behind_it_wait_in_order():
 
     assert client.send(connect, Subscribe(1, [Subscription("plant/#", 1)]), PingReq()) == []
 
-    assert client.transport.reading_paused  # the client's further packets wait in the socket
+    assert client.reading_paused  # the client's further packets wait in the socket
     assert claims.asked == [SessionClaim("dev", "alice", False, 600, will, 30)]
     claims.answer(None)
     answer = client.read()
     assert answer == [ConnAck(False, 0, answer[0].properties), SubAck(1, [1]), PingResp()]
-    assert client.connected and not client.transport.reading_paused
+    assert client.connected and not client.reading_paused
     assert "plant/#" in (core.router.sessions["dev"].subscriptions or {})
 
 
@@ -102,7 +102,7 @@ def test_a_connection_that_closes_during_its_claim_is_not_connected_by_the_answe
     core, claims = cluster_core()
     client = core.client(MQTT_5)
     client.send(Connect(protocol_version=MQTT_5, client_id="dev", clean_start=True))
-    client.conn.connection_lost(None)
+    client.conn.transport_closed(None)
 
     claims.answer(None)
 
@@ -117,7 +117,7 @@ def test_the_cluster_hears_of_a_connection_end_before_its_will_is_handled():
     claims.answer(None)
     client.read()
 
-    client.conn.connection_lost(None)
+    client.conn.transport_closed(None)
 
     assert claims.ended == [("dev", will)]
 

@@ -27,7 +27,7 @@ def test_a_normal_disconnect_discards_the_will_mqtt_3_14_4_3():
     device.connect("device", will=Will("wills/device", b"gone"))
     assert device.send(Disconnect()) == []
     assert device.closed
-    device.conn.connection_lost(None)
+    device.conn.transport_closed(None)
     assert watcher.read() == []
 
 
@@ -37,7 +37,7 @@ def test_disconnect_with_will_message_0x04_sends_the_will():
     device = core.client()
     device.connect("device", will=Will("wills/device", b"gone"))
     device.send(Disconnect(0x04))
-    device.conn.connection_lost(None)
+    device.conn.transport_closed(None)
     assert watcher.read() == [Publish("wills/device", b"gone")]
 
 

@@ -114,10 +114,10 @@ def test_over_its_message_rate_a_client_stops_being_read_until_a_token_is_back()
     publisher = core.client()
     publisher.connect("pub")
     publisher.send(Publish("t", b"1"), Publish("t", b"2"))
-    assert publisher.transport.reading_paused
+    assert publisher.reading_paused
     assert core.counters.throttled == 1
     core.advance(2)
-    assert not publisher.transport.reading_paused
+    assert not publisher.reading_paused
 
 
 def test_retain_when_retain_is_disabled_closes_a_v5_client_with_0x9a():

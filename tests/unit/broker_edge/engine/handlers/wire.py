@@ -2,15 +2,16 @@
 
 ``HandDrivenCore`` is the real ``BrokerCore`` (router, PUBLISH path, ACL, counters, admission) whose runtime
 primitives are driven by the test: ``now`` is a number the test moves, ``call_soon`` queues callbacks that
-``run_soon`` runs (which is when batched writes reach the transport), ``call_later`` keeps timers that
-``advance`` fires. ``WireClient`` is one real ``Connection`` over a ``MemoryTransport``: ``send`` feeds the
-encoded bytes of packets, runs what the broker queued and returns the bytes it wrote, decoded by the same
-decoder clients use (``received`` keeps the raw bytes too).
+``run_soon`` runs (which is when batched writes are ready for a transport), ``call_later`` keeps timers that
+``advance`` fires. ``WireClient`` is one real ``Connection``, the sans-IO state machine, with no transport at
+all: ``send`` feeds the encoded bytes of packets, runs what the broker queued and returns what the
+connection put out (``take_output``), decoded by the same decoder clients use (``received`` keeps the raw
+bytes too); whether it holds reading and whether it is closing are read off the machine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from broker_edge.config import load_dataclass
@@ -25,43 +26,13 @@ from broker_edge.protocol.packets import MQTT_5, Connect, Packet
 from broker_edge.settings.broker import BrokerConfig
 
 
-class MemoryTransport:
-    """The transport a ``Connection`` writes to, keeping what was written and whether reading is paused."""
+class WireConnection(Connection):
+    """A connection whose client is at a fixed address (what a socket would tell its transport adapter)."""
 
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.closed = False
-        self.reading_paused = False
+    __slots__ = ()
 
-    def write(self, data: bytes) -> None:
-        if not self.closed:
-            self.written += data
-
-    def writelines(self, parts: Iterable[bytes]) -> None:
-        for part in parts:
-            self.write(part)
-
-    def is_closing(self) -> bool:
-        return self.closed
-
-    def close(self) -> None:
-        self.closed = True
-
-    def abort(self) -> None:
-        self.closed = True
-
-    def pause_reading(self) -> None:
-        self.reading_paused = True
-
-    def resume_reading(self) -> None:
-        self.reading_paused = False
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 50000) if name == "peername" else default
-
-    def take(self) -> bytes:
-        data, self.written = bytes(self.written), bytearray()
-        return data
+    def peer_address(self) -> tuple[str, int] | None:
+        return ("127.0.0.1", 50000)
 
 
 class HandDrivenCore(BrokerCore):
@@ -121,15 +92,14 @@ class WireClient:
     def __init__(self, core: HandDrivenCore, version: int = MQTT_5) -> None:
         self.core = core
         self.version = version
-        self.transport = MemoryTransport()
-        self.conn = Connection(core, core.listener)
-        self.conn.attach_transport(self.transport)
+        self.conn = WireConnection(core, core.listener)
+        self.conn.opened()
         self.received = b""
         """The raw bytes of the last ``send``'s answer."""
 
     def send_bytes(self, data: bytes) -> list[Packet]:
         """Feed ``data``, run what the broker queued, return the packets it wrote back (decoded)."""
-        self.conn.data_received(data)
+        self.conn.receive(data)
         self.core.run_soon()
         return self.read()
 
@@ -140,7 +110,7 @@ class WireClient:
     def read(self) -> list[Packet]:
         """What the broker wrote since the last read (for deliveries caused by another client)."""
         self.core.run_soon()
-        self.received = self.transport.take()
+        self.received = b"".join(self.conn.take_output() or ())
         decoder = PacketDecoder(role="client", protocol_version=self.version)
         return decoder.feed(self.received)
 
@@ -157,4 +127,9 @@ class WireClient:
 
     @property
     def closed(self) -> bool:
-        return self.conn.state == CLOSED or self.transport.closed
+        return self.conn.state == CLOSED or bool(self.conn.closing)
+
+    @property
+    def reading_paused(self) -> bool:
+        """Whether the connection holds reading (its transport would not read while it does)."""
+        return bool(self.conn.held)

@@ -1,4 +1,4 @@
-"""A cluster on loopback for the demo, benchmarks and tests: a real etcd and broker processes joining it,
+"""A cluster on loopback for the benchmarks and tests: a real etcd and broker processes joining it,
 set up as production is (docs/security.md), with throwaway certificates (``local_pki``).
 
 - ``EtcdServer``: one single-member etcd (Debian's ``/usr/bin/etcd``) on free loopback ports, data directory
@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from broker_edge.cluster.coordination.etcd import Etcd
-from broker_edge.cluster.view import Member, PartitionState
+from broker_edge.placement import Member, PartitionState
 from broker_edge.runtime.launcher import BrokerProcess, free_port
-from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.cluster import EtcdAuthConfig, EtcdTlsConfig
+from tests.harness.local_pki import LocalPki
 
 __all__ = [
     "ETCD_BINARY",

@@ -16,9 +16,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker_edge.cluster.view import Member, PartitionState, partition_of
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.offsets_api.errors import AuthError, BrokerUnavailable, OffsetsApiError
+from broker_edge.placement import Member, PartitionState, partition_of
 
 __all__ = ["ClusterDiscovery", "ClusterLayout", "ClusterUnreachableError", "parse_layout"]
 

@@ -1,0 +1,290 @@
+"""What a connection writes: its packets batched per loop turn, deliveries, acknowledgements, and its close.
+
+The bytes out of the MQTT state machine (``Connection`` builds on this): nothing here writes to a socket.
+Packets are collected in a batch (``_out``); the first one of a loop turn tells the broker
+(``schedule_flush``), which has the transport take the batch at the end of the turn (``take_output``), so
+a subscriber receiving from a hundred publishers in one turn costs one system call, not a hundred.
+
+Closing is output too: ``close`` and ``abort`` seal the batch into a ``Closing``, the packets written so
+far (none after an abort) and then the end of the connection. Whatever the connection would write after
+that is dropped (MQTT: nothing follows a DISCONNECT).
+
+Outgoing topic aliases (MQTT 5, 3.3.2.3.4): when the client's CONNECT allows them (Topic Alias Maximum > 0)
+and the broker's ``mqtt.outgoing_topic_aliases`` is not 0, every topic sent gets an alias, the least recently
+used one being reassigned when all are taken. The first PUBLISH of a topic carries the name and the alias,
+the following ones only the alias; both forms are shared encodings (``Message.template``), so fanout still
+encodes once per variant.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+from broker_edge.engine.connection.states import CLOSED
+from broker_edge.engine.rare_fields import RareField, RareSlots
+from broker_edge.protocol.codec import encode, encode_puback_success
+from broker_edge.protocol.packets import MQTT_5, PubAck, PubComp, PubRec, PubRel
+from broker_edge.protocol.properties import Properties
+
+if TYPE_CHECKING:
+    from broker_edge.engine.connection.terms import Terms
+    from broker_edge.engine.message import Message
+    from broker_edge.engine.sessions.session import Session
+    from broker_edge.protocol.codec import PacketDecoder, PublishTemplate
+    from broker_edge.protocol.packets import Packet
+
+__all__ = ["ABORT", "CLOSE", "Closing", "ConnectionRare", "Outgoing"]
+
+CLOSE: Final = 1
+"""The connection ends once the packets before its close are written (``Closing.how``)."""
+ABORT: Final = 2
+"""The connection ends at once, nothing more written."""
+
+
+class Closing(list[bytes]):
+    """The sealed batch of a connection that is to end: the packets to write first (none when aborted), and
+    how it ends. Appending to it drops the packet: nothing is written after the close."""
+
+    __slots__ = ("done", "how")
+
+    def __init__(self, packets: list[bytes], how: int) -> None:
+        super().__init__(packets)
+        self.how = how
+        """``CLOSE`` or ``ABORT``."""
+        self.done = 0
+        """How far the transport has carried it out (0: not yet, else the ``how`` it carried out)."""
+
+    def append(self, packet: bytes) -> None:
+        """Dropped: the connection is closing."""
+
+
+class ConnectionRare(RareSlots):
+    """The ``RareField`` attributes of a connection that has set one (``Outgoing``, ``Connection``)."""
+
+    __slots__ = (
+        "aliases_in",
+        "aliases_out",
+        "backlog",
+        "held",
+        "held_error",
+        "named",
+        "peer",
+        "peer_cn",
+        "refused",
+        "will",
+        "will_delay",
+    )
+    defaults: ClassVar[dict[str, Any]] = {}
+
+
+class Outgoing:
+    """The output half of a client connection (see the module docstring)."""
+
+    __slots__ = ("_out", "_rare")
+
+    _out: list[bytes] | None
+    """This turn's packets (None: none yet), or a ``Closing``."""
+    terms: Terms[Any]
+    decoder: PacketDecoder
+    session: Session | None
+
+    aliases_out: RareField[dict[str, int] | None] = RareField(ConnectionRare, None)
+    """Topic → alias sent to this client, least recently used first (None: none sent yet, or no outgoing
+    aliases: ``terms.alias_max_out`` says whether it takes them)."""
+
+    @property
+    def version(self) -> int:
+        """The protocol level of the client's CONNECT (0 until it is decoded)."""
+        return self.decoder.protocol_version or 0
+
+    @property
+    def v5(self) -> bool:
+        return self.terms.v5
+
+    # -- the batch ----------------------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        """Add ``data`` to this turn's batch."""
+        out = self._out
+        if out is None:
+            if self.terms.state == CLOSED:
+                return
+            self._out = [data]
+            self.terms.host.schedule_flush(self)
+        else:
+            out.append(data)
+
+    def take_output(self) -> list[bytes] | None:
+        """The packets to write now, in order (None: none); a closing connection's once."""
+        out = self._out
+        if out is None:
+            return None
+        if type(out) is Closing:
+            if not out:
+                return None
+            packets = list(out)
+            out.clear()
+            return packets
+        self._out = None
+        return out
+
+    @property
+    def closing(self) -> int:
+        """0, or how the connection is to end (``CLOSE``, ``ABORT``) once its transport carries it out."""
+        out = self._out
+        return out.how if type(out) is Closing else 0
+
+    def flush(self) -> None:
+        """Hand the batch to the transport: the transport adapter's part (``runtime.transports.stream``).
+        A connection with no transport keeps its output for ``take_output``."""
+
+    def _seal(self, how: int) -> None:
+        """Nothing more is written: the batch so far (none for ``ABORT``) goes out, then the connection
+        ends ``how``."""
+        out = self._out
+        if type(out) is Closing:
+            if how > out.how:
+                out.how = how
+                out.clear()
+                self.terms.host.schedule_flush(self)
+            return
+        self._out = Closing(out if out is not None and how == CLOSE else [], how)
+        if out is None:
+            self.terms.host.schedule_flush(self)
+
+    # -- packets ------------------------------------------------------------------------------------------
+
+    def send_packet(self, packet: Packet) -> None:
+        self.write(encode(packet, self.version))
+
+    def send_message(
+        self,
+        message: Message,
+        qos: int,
+        retain: bool,
+        subscription_ids: tuple[int, ...],
+        packet_id: int | None,
+        dup: bool = False,
+    ) -> bool:
+        """Write one delivery; False when it was dropped (slow subscriber, larger than the client accepts)."""
+        terms = self.terms
+        if qos == 0 and terms.paused:
+            terms.host.counters.drop("slow_subscriber")
+            return False
+        template: PublishTemplate | None
+        session = self.session  # once per delivery: look at the session only for a logged message
+        offsets = (
+            message.offset is not None
+            and session is not None
+            and (rare := session._rare) is not None
+            and rare.log_offsets
+        )
+        if not terms.alias_max_out:
+            # A plain variant already encoded for another subscriber is looked up here, without the call
+            # to ``template`` (its key as ``Message.templates`` says): one call fewer per delivery.
+            templates = message.templates
+            if (
+                templates is None
+                or offsets
+                or subscription_ids
+                or message.expires_at is not None
+                or (template := templates.get((terms.v5 << 3) | (qos << 1) | retain)) is None
+            ):
+                template = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
+        else:
+            template = self._aliased_template(message, qos, retain, subscription_ids, offsets)
+            if template is None:
+                return False
+        head = template.head
+        if qos == 0:
+            if len(head) > terms.max_packet_out:
+                terms.host.counters.drop("too_large")
+                return False
+            out = self._out
+            if out is None:
+                if self.terms.state == CLOSED:
+                    return False
+                self._out = [head]
+                terms.host.schedule_flush(self)
+            else:
+                out.append(head)
+        else:
+            tail = template.tail
+            if len(head) + 2 + len(tail) > terms.max_packet_out:
+                terms.host.counters.drop("too_large")
+                return False
+            if dup:
+                head = bytes((head[0] | 0x08,)) + head[1:]
+            out = self._out
+            if out is None:
+                if self.terms.state == CLOSED:
+                    return False
+                out = self._out = []
+                terms.host.schedule_flush(self)
+            out.append(head)
+            assert packet_id is not None, "QoS 1/2 deliveries carry a packet id"
+            out.append(packet_id.to_bytes(2, "big"))
+            out.append(tail)
+        terms.stats.sent[qos] += 1
+        return True
+
+    def _aliased_template(
+        self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...], offsets: bool
+    ) -> PublishTemplate | None:
+        """The v5 PUBLISH with this connection's alias for the topic (LRU); None if too large to send.
+
+        A topic without an alias gets the next free one, or the least recently used topic's; the alias is
+        recorded only once the PUBLISH that sets it is certain to be written.
+        """
+        aliases = self.aliases_out
+        if aliases is None:
+            aliases = self.aliases_out = {}
+        topic = message.topic
+        alias = aliases.get(topic)
+        if alias is not None:
+            del aliases[topic]  # most recently used last
+            aliases[topic] = alias
+            return message.template(True, qos, retain, subscription_ids, alias, True, offsets)
+        full = len(aliases) >= self.terms.alias_max_out
+        alias = next(iter(aliases.values())) if full else len(aliases) + 1
+        template = message.template(True, qos, retain, subscription_ids, alias, False, offsets)
+        if len(template.head) + (len(template.tail) + 2 if qos else 0) > self.terms.max_packet_out:
+            self.terms.host.counters.drop("too_large")
+            return None
+        if full:
+            del aliases[next(iter(aliases))]
+        aliases[topic] = alias
+        return template
+
+    # -- acknowledgements ---------------------------------------------------------------------------------
+
+    def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None:
+        self.write(encode(PubRel(packet_id, reason_code), self.version))
+
+    def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None:
+        if not reason_code and reason_string is None:  # an accepted QoS 1 publish: the same in every version
+            self.write(encode_puback_success(packet_id))
+            return
+        if reason_string is not None and self.v5:
+            self.write(self._with_reason(PubAck(packet_id, reason_code), reason_string))
+            return
+        self.write(encode(PubAck(packet_id, reason_code if self.v5 else 0), self.version))
+
+    def send_pubrec(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None:
+        if reason_string is not None and self.v5:
+            self.write(self._with_reason(PubRec(packet_id, reason_code), reason_string))
+            return
+        self.write(encode(PubRec(packet_id, reason_code if self.v5 else 0), self.version))
+
+    def _with_reason(self, packet: PubAck | PubRec, reason_string: str) -> bytes:
+        """A v5 acknowledgement with a reason string, unless the client refused them (Request Problem
+        Information 0) or the packet would exceed its Maximum Packet Size."""
+        plain = encode(packet, MQTT_5)
+        if not self.terms.problem_information:
+            return plain
+        packet.properties = Properties(reason_string=reason_string)
+        framed = encode(packet, MQTT_5)
+        return framed if len(framed) <= self.terms.max_packet_out else plain
+
+    def send_pubcomp(self, packet_id: int, reason_code: int = 0) -> None:
+        self.write(encode(PubComp(packet_id, reason_code if self.v5 else 0), self.version))

@@ -1,0 +1,353 @@
+"""A CA kept in a directory, and every kind of certificate a production configuration names.
+
+``Authority.create(directory)`` writes ``ca.pem`` and ``ca.key`` (the directory 0700, the key 0600);
+``Authority(directory)`` opens them to issue the kinds of ``KINDS``:
+
+- ``server``: CN and ``--dns``/``--ip``; a TLS server (MQTT listeners, the offsets API, an uplink hub);
+- ``member``: ``timestone://node/<node_id>``; a cluster member, serving and connecting (``cluster.tls``);
+- ``site``: ``timestone://site/<site_id>``; an uplink site, connecting (``uplink.tls``);
+- ``client``: a CN only; a device on a listener that requires certificates (the CN is its user name), or
+  an etcd user (etcd takes the CN as the user: the cluster's etcd user, ``root`` for ``etcdctl``);
+- ``etcd``: CN and ``--dns``/``--ip``; an etcd member's server and peer certificate.
+
+A new certificate gets a new key. ``renew`` issues the next certificate of one that exists (the same names
+and uses, a new key and validity) and replaces both files whole: a broker sent SIGHUP then serves it, and
+clients that trust the CA accept both. A CA is replaced the same way, by a second one trusted beside it
+during the switch (docs/security.md, Certificates).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from broker_edge.cluster.links.member_identity import MEMBER_URI_PREFIX, member_uri
+from broker_edge.pki.builders import (
+    KeyType,
+    PrivateKey,
+    build_ca,
+    build_leaf,
+    new_key,
+    subject_name,
+    write_certificate,
+    write_key,
+)
+from broker_edge.settings.cluster import NODE_ID
+from broker_edge.settings.uplink import SITE_ID
+from broker_edge.uplink.site_identity import SITE_URI_PREFIX, site_uri
+
+__all__ = ["KINDS", "Authority", "Kind", "PemPair", "PkiError", "describe"]
+
+
+class PkiError(Exception):
+    """What cannot be issued, and why (a message for the operator)."""
+
+
+@dataclass(frozen=True)
+class PemPair:
+    """A certificate and its key, as PEM files."""
+
+    cert: Path
+    key: Path
+
+
+def _no_uri(_name: str) -> str | None:
+    return None
+
+
+def _checked(
+    pattern_name: str, pattern: re.Pattern[str], uri: Callable[[str], str]
+) -> Callable[[str], str | None]:
+    def named(name: str) -> str | None:
+        if not pattern.match(name):
+            raise PkiError(f"{name!r} is not a {pattern_name} (letters, digits, '_', '.', '-'; at most 63)")
+        return uri(name)
+
+    return named
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What one kind of certificate names and may do."""
+
+    serves: bool
+    connects: bool
+    uri: Callable[[str], str | None]
+    """The URI subject alternative name its NAME becomes (None: none)."""
+    addresses: bool
+    """Whether it names the host names and addresses its clients reach (``--dns``, ``--ip``; one at least)."""
+    summary: str
+
+
+KINDS: dict[str, Kind] = {
+    "server": Kind(
+        True,
+        False,
+        _no_uri,
+        True,
+        "a TLS server: an MQTT listener (tls, wss), the offsets API, an uplink hub; --dns and --ip are the "
+        "names and addresses its clients reach it by",
+    ),
+    "member": Kind(
+        True,
+        True,
+        _checked("node id", NODE_ID, member_uri),
+        False,
+        "a cluster member (cluster.tls): NAME is its cluster.node_id, named as timestone://node/NAME",
+    ),
+    "site": Kind(
+        False,
+        True,
+        _checked("site id", SITE_ID, site_uri),
+        False,
+        "an uplink site (uplink.tls): NAME is its uplink.site_id, named as timestone://site/NAME",
+    ),
+    "client": Kind(
+        False,
+        True,
+        _no_uri,
+        False,
+        "a client whose subject CN is NAME: a device on a listener that requires client certificates (the CN "
+        "is its user name), an etcd user (etcd takes the CN as the user: the cluster's etcd user, root for "
+        "etcdctl)",
+    ),
+    "etcd": Kind(
+        True,
+        True,
+        _no_uri,
+        True,
+        "an etcd member's server and peer certificate (--cert-file, --peer-cert-file): it serves, and "
+        "connects to its peers and its own gateway; --dns and --ip are its addresses",
+    ),
+}
+
+
+def _addresses(dns: Iterable[str], ips: Iterable[str]) -> list[x509.GeneralName]:
+    names: list[x509.GeneralName] = []
+    for name in dns:
+        if not name or any(character.isspace() for character in name):
+            raise PkiError(f"--dns {name!r}: not a host name")
+        names.append(x509.DNSName(name))
+    for address in ips:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(address)))
+        except ValueError:
+            raise PkiError(f"--ip {address!r}: not an IPv4 or IPv6 address") from None
+    return names
+
+
+class Authority:
+    """The CA in ``directory`` (``ca.pem``, ``ca.key``), which issues the certificates of ``KINDS``."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.ca = PemPair(self.directory / "ca.pem", self.directory / "ca.key")
+        try:
+            key = serialization.load_pem_private_key(self.ca.key.read_bytes(), None)
+            self.certificate = x509.load_pem_x509_certificate(self.ca.cert.read_bytes())
+        except FileNotFoundError:
+            raise PkiError(
+                f"no CA in {self.directory} (ca.pem and ca.key): make one with timestone pki ca {directory}"
+            ) from None
+        except (ValueError, TypeError) as error:
+            raise PkiError(f"the CA in {self.directory} does not load: {error}") from None
+        if not isinstance(key, PrivateKey):
+            raise PkiError(f"{self.ca.key}: an EC or RSA key was expected")
+        self._key: PrivateKey = key
+        organization = self.certificate.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
+        self.organization = str(organization[0].value) if organization else "Timestone"
+
+    @classmethod
+    def create(
+        cls, directory: str | Path, name: str | None = None, days: int = 3650, key_type: KeyType = "ec"
+    ) -> Authority:
+        """A new CA in ``directory`` (made 0700), named ``name`` (default: the directory's name); an existing
+        one is never overwritten."""
+        folder = Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, 0o700)
+        if (folder / "ca.key").exists() or (folder / "ca.pem").exists():
+            raise PkiError(f"{folder} already holds a CA (ca.pem, ca.key): it is never replaced in place")
+        _check_days(days)
+        organization = name or folder.resolve().name
+        key, certificate = build_ca(subject_name(f"{organization} CA", organization), days, new_key(key_type))
+        write_key(folder / "ca.key", key)
+        write_certificate(folder / "ca.pem", certificate)
+        return cls(folder)
+
+    def issue(
+        self,
+        kind: str,
+        name: str,
+        *,
+        dns: Iterable[str] = (),
+        ips: Iterable[str] = (),
+        days: int = 365,
+        key_type: KeyType = "ec",
+        out: str | Path | None = None,
+        replace: bool = False,
+    ) -> PemPair:
+        """A new certificate of ``kind`` for ``name`` and its key, written to ``out`` (a path without its
+        suffix: ``<out>.pem``, ``<out>.key``; default ``<directory>/<kind>-<name>``)."""
+        if kind not in KINDS:
+            raise PkiError(f"unknown kind {kind!r}: one of {', '.join(KINDS)}")
+        what = KINDS[kind]
+        if not name or "/" in name or any(character.isspace() for character in name):
+            raise PkiError(f"{name!r}: a name is one word without '/'")
+        _check_days(days)
+        names = _addresses(dns, ips)
+        if what.addresses and not names:
+            raise PkiError(f"a {kind} certificate names where it is reached: give --dns and/or --ip")
+        uri = what.uri(name)
+        if uri is not None:
+            names.insert(0, x509.UniformResourceIdentifier(uri))
+        pair = self._pair(out if out is not None else self.directory / f"{kind}-{name}")
+        if not replace and (pair.cert.exists() or pair.key.exists()):
+            raise PkiError(
+                f"{pair.cert} or {pair.key} exists: renew it (timestone pki renew) or pass --force"
+            )
+        subject = subject_name(name, self.organization)
+        key, certificate = self.sign(
+            subject,
+            server=what.serves,
+            client=what.connects,
+            names=tuple(names),
+            days=days,
+            key_type=key_type,
+        )
+        self._write(pair, key, certificate)
+        return pair
+
+    def sign(
+        self,
+        subject: x509.Name,
+        *,
+        server: bool,
+        client: bool,
+        names: tuple[x509.GeneralName, ...] = (),
+        days: int = 365,
+        key_type: KeyType = "ec",
+    ) -> tuple[PrivateKey, x509.Certificate]:
+        """A new key and a certificate of this CA for it, of any shape (``issue`` makes the usual ones)."""
+        return build_leaf(
+            self._key,
+            self.certificate,
+            subject,
+            server=server,
+            client=client,
+            names=names,
+            days=days,
+            key=new_key(key_type),
+        )
+
+    def renew(
+        self,
+        cert: str | Path,
+        key: str | Path | None = None,
+        days: int = 365,
+        key_type: KeyType | None = None,
+    ) -> PemPair:
+        """The next certificate of the one in ``cert`` (issued by this CA): its subject, names and uses, a
+        new key (of the same type unless ``key_type``) and ``days`` of validity; both files replaced whole.
+        ``key`` defaults to ``cert`` with ``.key`` for ``.pem``."""
+        cert_path = Path(cert)
+        pair = PemPair(cert_path, Path(key) if key is not None else cert_path.with_suffix(".key"))
+        try:
+            current = x509.load_pem_x509_certificate(pair.cert.read_bytes())
+        except FileNotFoundError:
+            raise PkiError(f"{pair.cert}: no such certificate") from None
+        except ValueError as error:
+            raise PkiError(f"{pair.cert}: not a PEM certificate ({error})") from None
+        if current.issuer != self.certificate.subject:
+            raise PkiError(f"{pair.cert} was not issued by the CA in {self.directory}")
+        _check_days(days)
+        usages = _extension(current, x509.ExtendedKeyUsage)
+        names = _extension(current, x509.SubjectAlternativeName)
+        assert usages is None or isinstance(usages, x509.ExtendedKeyUsage)
+        assert names is None or isinstance(names, x509.SubjectAlternativeName)
+        old_type: KeyType = "ec" if isinstance(current.public_key(), ec.EllipticCurvePublicKey) else "rsa"
+        new, certificate = self.sign(
+            current.subject,
+            server=usages is not None and ExtendedKeyUsageOID.SERVER_AUTH in usages,
+            client=usages is not None and ExtendedKeyUsageOID.CLIENT_AUTH in usages,
+            names=tuple(names) if names is not None else (),
+            days=days,
+            key_type=key_type or old_type,
+        )
+        self._write(pair, new, certificate)
+        return pair
+
+    @staticmethod
+    def _pair(out: str | Path) -> PemPair:
+        stem = Path(out)
+        if stem.suffix in (".pem", ".key", ".crt"):
+            stem = stem.with_suffix("")
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        return PemPair(stem.with_name(stem.name + ".pem"), stem.with_name(stem.name + ".key"))
+
+    @staticmethod
+    def _write(pair: PemPair, key: PrivateKey, certificate: x509.Certificate) -> None:
+        write_key(pair.key, key)
+        write_certificate(pair.cert, certificate)
+
+
+def _check_days(days: int) -> None:
+    if not 1 <= days <= 36_500:
+        raise PkiError(f"--days must be within [1, 36500], got {days}")
+
+
+def _extension(certificate: x509.Certificate, kind: type) -> object | None:
+    try:
+        return certificate.extensions.get_extension_for_class(kind).value
+    except x509.ExtensionNotFound:
+        return None
+
+
+def describe(path: str | Path, now: datetime.datetime | None = None) -> list[str]:
+    """What the certificates of a PEM file name, for whom, and until when (``timestone pki show``)."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    try:
+        certificates = x509.load_pem_x509_certificates(Path(path).read_bytes())
+    except FileNotFoundError:
+        raise PkiError(f"{path}: no such file") from None
+    except ValueError as error:
+        raise PkiError(f"{path}: no PEM certificate ({error})") from None
+    lines: list[str] = []
+    for certificate in certificates:
+        left = (certificate.not_valid_after_utc - now).days
+        lines.append(f"subject:  {certificate.subject.rfc4514_string()}")
+        lines.append(f"issuer:   {certificate.issuer.rfc4514_string()}")
+        lines.append(
+            f"valid:    until {certificate.not_valid_after_utc:%Y-%m-%d %H:%M} UTC ({left} days left)"
+        )
+        constraints = _extension(certificate, x509.BasicConstraints)
+        if isinstance(constraints, x509.BasicConstraints) and constraints.ca:
+            lines.append("is:       a CA")
+        usages = _extension(certificate, x509.ExtendedKeyUsage)
+        if isinstance(usages, x509.ExtendedKeyUsage):
+            uses = {ExtendedKeyUsageOID.SERVER_AUTH: "serves", ExtendedKeyUsageOID.CLIENT_AUTH: "connects"}
+            lines.append(f"uses:     {', '.join(uses.get(usage, usage.dotted_string) for usage in usages)}")
+        names = _extension(certificate, x509.SubjectAlternativeName)
+        if isinstance(names, x509.SubjectAlternativeName):
+            shown = [f"DNS:{n}" for n in names.get_values_for_type(x509.DNSName)]
+            shown += [f"IP:{n}" for n in names.get_values_for_type(x509.IPAddress)]
+            uris = names.get_values_for_type(x509.UniformResourceIdentifier)
+            shown += [f"URI:{n}" for n in uris]
+            lines.append(f"names:    {', '.join(shown)}")
+            for uri in uris:
+                if uri.startswith(MEMBER_URI_PREFIX):
+                    lines.append(f"member:   node {uri[len(MEMBER_URI_PREFIX) :]} (cluster.node_id)")
+                elif uri.startswith(SITE_URI_PREFIX):
+                    lines.append(f"site:     {uri[len(SITE_URI_PREFIX) :]} (uplink.site_id)")
+        lines.append("")
+    return lines[:-1]

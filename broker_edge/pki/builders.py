@@ -1,0 +1,149 @@
+"""X.509 certificates and keys made with ``cryptography``, and written as PEM files an operator can trust.
+
+``build_ca`` makes a self-signed CA that signs certificates only (path length 0); ``build_leaf`` a certificate
+it signs, for serving and/or connecting, with subject alternative names. Keys are EC P-256 by default
+(milliseconds to make, what every TLS stack of this decade speaks), RSA 3072 for device stacks without ECDSA.
+``write_key`` and ``write_certificate`` replace a file whole (a reader never sees half of one: a broker
+reloading on SIGHUP gets the old file or the new one), a key readable by its owner only (0600).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+__all__ = [
+    "KeyType",
+    "PrivateKey",
+    "build_ca",
+    "build_leaf",
+    "new_key",
+    "subject_name",
+    "write_certificate",
+    "write_key",
+]
+
+KeyType = Literal["ec", "rsa"]
+PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
+
+BACKDATE = datetime.timedelta(minutes=5)
+"""A certificate is valid from a little before it was made: clocks of the machines that check it differ."""
+
+
+def new_key(kind: KeyType = "ec") -> PrivateKey:
+    """A new private key: EC P-256, or RSA 3072."""
+    if kind == "rsa":
+        return rsa.generate_private_key(public_exponent=65537, key_size=3072)
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def subject_name(common_name: str | None, organization: str) -> x509.Name:
+    """``O=<organization>`` and, unless None, ``CN=<common_name>``."""
+    attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization)]
+    if common_name is not None:
+        attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+    return x509.Name(attributes)
+
+
+def _validity(builder: x509.CertificateBuilder, days: int) -> x509.CertificateBuilder:
+    now = datetime.datetime.now(datetime.UTC)
+    return builder.not_valid_before(now - BACKDATE).not_valid_after(now + datetime.timedelta(days=days))
+
+
+def build_ca(
+    subject: x509.Name, days: int = 3650, key: PrivateKey | None = None
+) -> tuple[PrivateKey, x509.Certificate]:
+    """A self-signed CA certificate that signs end certificates only, and its key."""
+    key = key or new_key()
+    usage = x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=True,
+        crl_sign=True,
+        encipher_only=False,
+        decipher_only=False,
+    )
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(usage, critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+    )
+    return key, _validity(builder, days).sign(key, hashes.SHA256())
+
+
+def build_leaf(
+    ca_key: PrivateKey,
+    ca_cert: x509.Certificate,
+    subject: x509.Name,
+    *,
+    server: bool,
+    client: bool,
+    names: tuple[x509.GeneralName, ...] = (),
+    days: int = 365,
+    key: PrivateKey | None = None,
+) -> tuple[PrivateKey, x509.Certificate]:
+    """A certificate signed by the CA, for serving (``server``) and/or connecting (``client``), with
+    ``names`` as its subject alternative names; a new key unless ``key`` is given."""
+    key = key or new_key()
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH] * server + [ExtendedKeyUsageOID.CLIENT_AUTH] * client
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+    )
+    if names:
+        builder = builder.add_extension(x509.SubjectAlternativeName(list(names)), critical=False)
+    return key, _validity(builder, days).sign(ca_key, hashes.SHA256())
+
+
+def _replace(path: Path, data: bytes, mode: int) -> None:
+    """Write ``data`` to ``path`` whole: a file of ``mode`` beside it, synced, then renamed over it."""
+    path = Path(path)
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchmod(descriptor, mode)
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_key(path: Path, key: PrivateKey) -> None:
+    """``key`` as unencrypted PKCS#8 PEM, readable by its owner only (0600)."""
+    encoded = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    _replace(path, encoded, 0o600)
+
+
+def write_certificate(path: Path, *certificates: x509.Certificate) -> None:
+    """``certificates`` as PEM, one after the other (0644: a certificate is public)."""
+    _replace(path, b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certificates), 0o644)

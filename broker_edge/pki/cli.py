@@ -1,0 +1,115 @@
+"""``timestone pki``: a CA and every certificate a production configuration names (docs/security.md).
+
+timestone pki ca DIR [--name NAME]                       a CA in DIR (ca.pem, ca.key)
+timestone pki issue KIND NAME --ca DIR [--dns H] [--ip A] [--out PATH]
+timestone pki renew CERT --ca DIR                        the next certificate of one that exists
+timestone pki show FILE...                               what a certificate names, until when
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from broker_edge.pki.authority import KINDS, Authority, PemPair, PkiError, describe
+
+__all__ = ["pki_main"]
+
+EXIT_STATUS = (
+    "exit status: 0 done; 1 refused (no CA in the directory, files that exist, a name or address that is "
+    "not one: the message says which); 2 a wrong command line"
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="timestone pki",
+        description="Make a CA and issue the certificates of listeners, cluster members, etcd, uplink hubs "
+        "and sites, and devices. Keys are written readable by their owner only (0600).",
+        epilog=EXIT_STATUS,
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    ca = commands.add_parser("ca", help="make a CA in a directory (ca.pem, ca.key)", epilog=EXIT_STATUS)
+    ca.add_argument("directory", metavar="DIR", help="where the CA is kept (made 0700; never overwritten)")
+    ca.add_argument("--name", help="the CA's name (its O=; default: the directory's name)")
+    ca.add_argument("--days", type=int, default=3650, help="validity in days (default 3650)")
+    ca.add_argument("--key", choices=("ec", "rsa"), default="ec", help="EC P-256 (default) or RSA 3072")
+
+    kinds = "\n".join(f"  {name:<7} {kind.summary}" for name, kind in KINDS.items())
+    issue = commands.add_parser(
+        "issue",
+        help="issue a certificate of one kind, signed by a CA",
+        description=f"kinds:\n{kinds}",
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    issue.add_argument("kind", choices=list(KINDS), metavar="KIND", help=", ".join(KINDS))
+    issue.add_argument("name", metavar="NAME", help="node id, site id, CN (user or host name)")
+    issue.add_argument("--ca", required=True, metavar="DIR", help="the CA's directory")
+    issue.add_argument("--dns", action="append", default=[], metavar="HOST", help="a host name (repeatable)")
+    issue.add_argument("--ip", action="append", default=[], metavar="ADDR", help="an address (repeatable)")
+    issue.add_argument("--out", metavar="PATH", help="write PATH.pem and PATH.key (default DIR/KIND-NAME)")
+    issue.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
+    issue.add_argument("--key", choices=("ec", "rsa"), default="ec", help="EC P-256 (default) or RSA 3072")
+    issue.add_argument("--force", action="store_true", help="replace files that exist (a new key)")
+
+    renew = commands.add_parser(
+        "renew",
+        help="issue the next certificate of one that exists: same names and uses, a new key",
+        description="Replaces CERT and its key whole; send the broker SIGHUP to serve the new one (clients "
+        "that trust the CA accept both).",
+        epilog=EXIT_STATUS,
+    )
+    renew.add_argument("cert", metavar="CERT", help="the certificate (PEM) to renew")
+    renew.add_argument("--ca", required=True, metavar="DIR", help="the CA that issued it")
+    renew.add_argument("--key-file", metavar="KEY", help="its key (default: CERT with .key for .pem)")
+    renew.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
+
+    show = commands.add_parser(
+        "show", help="what certificates name, for whom, until when", epilog=EXIT_STATUS
+    )
+    show.add_argument("files", nargs="+", metavar="FILE", help="PEM files")
+    return parser
+
+
+def _wrote(pair: PemPair) -> None:
+    print(f"wrote {pair.cert} and {pair.key} (0600)")
+    for line in describe(pair.cert):
+        print(f"  {line}")
+
+
+def pki_main(argv: list[str]) -> int:
+    """Entry point of ``timestone pki``."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "ca":
+            authority = Authority.create(args.directory, args.name, args.days, args.key)
+            _wrote(authority.ca)
+        elif args.command == "issue":
+            pair = Authority(args.ca).issue(
+                args.kind,
+                args.name,
+                dns=args.dns,
+                ips=args.ip,
+                days=args.days,
+                key_type=args.key,
+                out=args.out,
+                replace=args.force,
+            )
+            _wrote(pair)
+        elif args.command == "renew":
+            _wrote(Authority(args.ca).renew(args.cert, args.key_file, args.days))
+        else:
+            for index, path in enumerate(args.files):
+                print(("\n" if index else "") + f"{Path(path)}:")
+                for line in describe(path):
+                    print(f"  {line}" if line else "")
+    except PkiError as error:
+        print(f"timestone pki {args.command}: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        print(f"timestone pki {args.command}: {error}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,27 @@
+"""JSON payloads read in Python: what the telemetry job says of a JSON payload Spark could not parse.
+
+Spark's ``from_json`` parses JSON payloads on the executors (the fastest way), but only flags a payload that
+fails. For the payloads it flags, :func:`read_json` says why: the character offset of a syntax error (the byte
+offset of text that is not UTF-8), or the field whose value has the wrong type (``fields.decode_payloads``
+with this reader).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .fields import PayloadError
+
+
+def read_json(payload: bytes) -> dict[str, Any]:
+    """The object a JSON payload holds (a ``fields.Reader``)."""
+    try:
+        value = json.loads(payload)
+    except UnicodeDecodeError as exc:
+        raise PayloadError(f"json: byte {exc.start}: not UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise PayloadError(f"json: character {exc.pos}: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise PayloadError(f"json: byte 0: the payload is a {type(value).__name__}, not an object")
+    return value

@@ -1,0 +1,117 @@
+"""Protobuf payloads: one message per payload, its fields read by name into the declared columns.
+
+The message comes from a descriptor set the user compiles from their ``.proto`` (``protoc
+--include_imports --descriptor_set_out=telemetry.desc telemetry.proto``) and names in the configuration:
+no generated code is installed on the cluster. A declared field must be a singular field of the message of
+a kind its declared type can hold (checked when the reader is made, so a mismatch is a configuration error
+and not a quarantine of every payload).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError, Message
+
+from . import examples
+from .descriptors import parse_error
+from .fields import PayloadError
+
+_INTEGER = {
+    FieldDescriptor.TYPE_INT32,
+    FieldDescriptor.TYPE_INT64,
+    FieldDescriptor.TYPE_UINT32,
+    FieldDescriptor.TYPE_UINT64,
+    FieldDescriptor.TYPE_SINT32,
+    FieldDescriptor.TYPE_SINT64,
+    FieldDescriptor.TYPE_FIXED32,
+    FieldDescriptor.TYPE_FIXED64,
+    FieldDescriptor.TYPE_SFIXED32,
+    FieldDescriptor.TYPE_SFIXED64,
+}
+_FLOATING = {FieldDescriptor.TYPE_FLOAT, FieldDescriptor.TYPE_DOUBLE}
+_NUMBERS = {"tinyint", "byte", "smallint", "short", "int", "integer", "bigint", "long", "float", "double"}
+_TIMESTAMP = "google.protobuf.Timestamp"
+
+
+def field_problem(descriptor: Any, name: str, type_name: str) -> str | None:
+    """Why the message's field ``name`` cannot fill a column of ``type_name``, or None when it can."""
+    field = descriptor.fields_by_name.get(name)
+    if field is None:
+        return f"{descriptor.full_name} has no field {name!r}; it has {', '.join(descriptor.fields_by_name)}"
+    if _is_repeated(field):
+        return f"{descriptor.full_name}.{name} is repeated; a column holds one value"
+    kind = field.type
+    if kind == FieldDescriptor.TYPE_MESSAGE:
+        if field.message_type.full_name == _TIMESTAMP and type_name == "timestamp":
+            return None
+        return f"{descriptor.full_name}.{name} is a {field.message_type.full_name} message"
+    fits = (
+        (kind in _INTEGER and type_name in _NUMBERS)
+        or (kind in _FLOATING and type_name in ("float", "double"))
+        or (kind == FieldDescriptor.TYPE_BOOL and type_name == "boolean")
+        or (kind == FieldDescriptor.TYPE_STRING and type_name in ("string", "date", "timestamp"))
+        or (kind == FieldDescriptor.TYPE_ENUM and type_name in ("string", *_NUMBERS))
+    )
+    if fits:
+        return None
+    return f"{descriptor.full_name}.{name} cannot be read as {type_name}"
+
+
+def _is_repeated(field: Any) -> bool:
+    repeated = getattr(field, "is_repeated", None)  # protobuf >= 6 deprecates label
+    if repeated is not None:
+        return bool(repeated)
+    return bool(getattr(field, "label", None) == FieldDescriptor.LABEL_REPEATED)
+
+
+class ProtobufReader:
+    """Reads payloads of one message type into the values of the declared fields (a ``fields.Reader``).
+
+    A field without presence (a proto3 scalar not marked ``optional``) reads as its default when absent, as
+    protobuf defines it; a field with presence that is absent reads as null. Enums read as their value's
+    name into a string column, as their number into a numeric one.
+    """
+
+    def __init__(self, message: type[Message], fields: Mapping[str, str]) -> None:
+        descriptor = message.DESCRIPTOR
+        for name, type_name in fields.items():
+            problem = field_problem(descriptor, name, type_name)
+            if problem is not None:
+                raise ValueError(problem)
+        self.message = message
+        self.fields: dict[str, tuple[Any, str]] = {
+            name: (descriptor.fields_by_name[name], t) for name, t in fields.items()
+        }
+
+    def __call__(self, payload: bytes) -> dict[str, Any]:
+        try:
+            message = self.message.FromString(payload)
+        except DecodeError:
+            raise PayloadError(f"protobuf: {parse_error(self.message.DESCRIPTOR, payload)}") from None
+        return {name: _value(message, field, t) for name, (field, t) in self.fields.items()}
+
+
+def _value(message: Any, field: Any, type_name: str) -> Any:
+    if field.has_presence and not message.HasField(field.name):
+        return None
+    value = getattr(message, field.name)
+    if field.type == FieldDescriptor.TYPE_ENUM and type_name == "string":
+        number = field.enum_type.values_by_number.get(value)
+        return number.name if number is not None else str(value)
+    if field.type == FieldDescriptor.TYPE_MESSAGE:  # a google.protobuf.Timestamp
+        since = dt.timedelta(seconds=value.seconds, microseconds=value.nanos // 1000)
+        return dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + since
+    return value
+
+
+EXAMPLE_MESSAGE = "timestone.example.Telemetry"
+
+
+def example_descriptor_set() -> bytes:
+    """The descriptor set of the simulated fleet's Protobuf reading (``examples/telemetry.proto``)."""
+    return resources.files(examples).joinpath("telemetry.desc").read_bytes()

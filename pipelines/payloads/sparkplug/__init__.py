@@ -1,0 +1,7 @@
+"""Sparkplug B: its payload schema, topic namespace, messages, and the edge node sessions a host keeps.
+
+``schema`` loads the specification's protobuf schema; ``topics`` reads the ``spBv1.0`` topic namespace;
+``messages`` reads one message into its metrics; ``session`` is the state a host application keeps per edge
+node (the births' aliases, the sequence numbers, who is online); ``encode`` writes messages, for the
+simulated fleet and the tests.
+"""

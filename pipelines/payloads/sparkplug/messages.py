@@ -1,0 +1,145 @@
+"""One Sparkplug B message read: its payload's timestamp, sequence number and metrics with typed values.
+
+A metric's value is read by its datatype, the birth's when a data message leaves it out (which is allowed:
+births declare datatypes, data messages may carry only an alias and a value). Signed integers travel as
+their two's complement in unsigned fields (specification, 6.4.16); they are read back as signed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+
+from ..descriptors import parse_error
+from ..fields import PayloadError
+from .schema import DATATYPES, payload_class
+
+_SIGNED_32 = {"Int8", "Int16", "Int32"}
+_UNSIGNED_32 = {"UInt8", "UInt16", "UInt32"}
+_STRINGS = {"String", "Text", "UUID"}
+#: The datatypes whose value travels in ``bytes_value`` (the arrays are packed little-endian there).
+_BYTES = {"Bytes", "File", *(name for name in DATATYPES.values() if name.endswith("Array"))}
+#: The value field each datatype travels in.
+VALUE_FIELDS: dict[str, str] = {
+    **dict.fromkeys(_SIGNED_32 | _UNSIGNED_32, "int_value"),
+    **dict.fromkeys(("Int64", "UInt64", "DateTime"), "long_value"),
+    "Float": "float_value",
+    "Double": "double_value",
+    "Boolean": "boolean_value",
+    **dict.fromkeys(_STRINGS, "string_value"),
+    **dict.fromkeys(_BYTES, "bytes_value"),
+    "DataSet": "dataset_value",
+    "Template": "template_value",
+}
+
+
+@dataclass(frozen=True)
+class MetricValue:
+    """A value in the columns silver keeps: every number in ``double``, integers also exact in ``long``."""
+
+    long: int | None = None
+    double: float | None = None
+    boolean: bool | None = None
+    string: str | None = None
+    raw: bytes | None = None
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A metric as sent: ``name`` and ``datatype`` may be missing from a data message (the birth has them)."""
+
+    index: int
+    name: str | None
+    alias: int | None
+    datatype: str | None
+    timestamp: int | None
+    is_null: bool
+    is_historical: bool
+    value_field: str | None
+    message: Any  # the protobuf Metric, read again once the datatype is known
+
+    def where(self) -> str:
+        label = repr(self.name) if self.name is not None else f"alias {self.alias}"
+        return f"metric {self.index} ({label})"
+
+
+@dataclass(frozen=True)
+class Payload:
+    timestamp: int | None
+    seq: int | None
+    metrics: list[Metric]
+
+
+def read_payload(payload: bytes) -> Payload:
+    """A Sparkplug B payload's metrics; ``PayloadError`` naming the byte offset when it does not parse."""
+    cls = payload_class()
+    try:
+        message: Any = cls.FromString(payload)
+    except DecodeError:
+        raise PayloadError(f"sparkplug_b: {parse_error(cls.DESCRIPTOR, payload)}") from None
+    metrics = []
+    for index, metric in enumerate(message.metrics):
+        datatype = None
+        if metric.HasField("datatype"):
+            datatype = DATATYPES.get(metric.datatype)
+            if datatype is None or datatype == "Unknown":
+                number = metric.datatype
+                raise PayloadError(f"sparkplug_b: metric {index}: datatype {number} is not one of 1..34")
+        metrics.append(
+            Metric(
+                index=index,
+                name=metric.name if metric.HasField("name") else None,
+                alias=metric.alias if metric.HasField("alias") else None,
+                datatype=datatype,
+                timestamp=metric.timestamp if metric.HasField("timestamp") else None,
+                is_null=metric.is_null,
+                is_historical=metric.is_historical,
+                value_field=metric.WhichOneof("value"),
+                message=metric,
+            )
+        )
+    return Payload(
+        timestamp=message.timestamp if message.HasField("timestamp") else None,
+        seq=message.seq if message.HasField("seq") else None,
+        metrics=metrics,
+    )
+
+
+def metric_value(metric: Metric, datatype: str) -> MetricValue:
+    """The metric's value read as ``datatype``; ``PayloadError`` when it travels in another value field."""
+    if metric.is_null or metric.value_field is None:
+        return MetricValue()
+    expected = VALUE_FIELDS.get(datatype)
+    if metric.value_field != expected:
+        raise PayloadError(
+            f"sparkplug_b: {metric.where()}: a {datatype} in {metric.value_field}, not in {expected}"
+        )
+    value = getattr(metric.message, expected)
+    if datatype in _SIGNED_32:
+        number = value - 2**32 if value >= 2**31 else value
+        return MetricValue(long=number, double=float(number))
+    if datatype == "Int64":
+        number = value - 2**64 if value >= 2**63 else value
+        return MetricValue(long=number, double=float(number))
+    if datatype in _UNSIGNED_32 or datatype in ("UInt64", "DateTime"):
+        return MetricValue(long=value if value < 2**63 else None, double=float(value))
+    if datatype in ("Float", "Double"):
+        return MetricValue(double=float(value))
+    if datatype == "Boolean":
+        return MetricValue(boolean=bool(value))
+    if datatype in _STRINGS:
+        return MetricValue(string=value)
+    if datatype in _BYTES:
+        return MetricValue(raw=bytes(value))
+    return MetricValue(string=json_format.MessageToJson(value, indent=None))  # DataSet, Template
+
+
+def bdseq(payload: Payload) -> int | None:
+    """The ``bdSeq`` metric of an NBIRTH or NDEATH: what ties an edge node's death to its birth."""
+    for metric in payload.metrics:
+        if metric.name == "bdSeq" and metric.value_field in ("long_value", "int_value"):
+            return int(getattr(metric.message, metric.value_field))
+    return None

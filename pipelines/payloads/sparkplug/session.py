@@ -1,0 +1,363 @@
+"""What a host application keeps of one edge node: its births' aliases, its sequence, who is online.
+
+:class:`EdgeNodeSession` takes the node's messages in order and turns them into rows: one per metric of
+each birth and data message (name and datatype resolved from the birth when the message carries only the
+alias), one per message that cannot be used (quarantined with the reason), and one per change of the node's
+or a device's online state. Its state is what a host must carry from one message to the next, and from one
+micro-batch to the next (:meth:`EdgeNodeSession.to_bytes`): the telemetry job keeps it in Spark's state
+store, keyed by edge node (docs/payload-formats.md).
+
+The rules (Sparkplug 3.0): an NBIRTH starts a session, defines the node's metrics and aliases, resets the
+sequence number and voids every device's birth; a DBIRTH does the same for one device; NDATA and DDATA
+refer to metrics by alias (or name) that the birth in force defines; every message but NDEATH carries the
+node's next sequence number, 0 to 255, so a number that does not follow the last one is a gap (a message
+lost or reordered: the rows are kept and flagged); an NDEATH whose ``bdSeq`` matches the birth's ends the
+session (any other is a stale will of an earlier connection and is ignored); a DDEATH ends a device's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..fields import PayloadError
+from .messages import Metric, Payload, bdseq, metric_value, read_payload
+from .topics import SparkplugTopic, parse_topic
+
+#: Why a message went to quarantine (``telemetry_quarantine.reason``).
+REASON_MALFORMED = "unparseable_payload"
+REASON_UNKNOWN_ALIAS = "sparkplug_unknown_alias"
+
+#: Row kinds (``kind``): a metric's value, a message quarantined, an online state that changed.
+METRIC, REJECTED, PRESENCE = "metric", "rejected", "presence"
+
+SEQ_MODULO = 256
+
+
+@dataclass(frozen=True)
+class Record:
+    """A broker record on one of the edge node's topics."""
+
+    broker: str
+    topic: str
+    offset: int
+    timestamp_ms: int
+    payload: bytes | None
+
+
+#: The columns of every row :meth:`EdgeNodeSession.process` returns, whatever its kind (unused ones None).
+ROW_COLUMNS = (
+    "kind",
+    "broker",
+    "topic",
+    "offset",
+    "timestamp_ms",
+    "group_id",
+    "edge_node_id",
+    "device_id",
+    "message_type",
+    "seq",
+    "seq_gap",
+    "metric",
+    "alias",
+    "datatype",
+    "metric_time_ms",
+    "is_null",
+    "is_historical",
+    "value_long",
+    "value_double",
+    "value_boolean",
+    "value_string",
+    "value_bytes",
+    "reason",
+    "detail",
+    "online",
+    "birth_time_ms",
+)
+
+
+@dataclass
+class Birth:
+    """What a birth in force declared: each metric's datatype by name, and the names of the aliases."""
+
+    time_ms: int
+    datatypes: dict[str, str] = field(default_factory=dict)
+    aliases: dict[int, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"t": self.time_ms, "d": self.datatypes, "a": {str(k): v for k, v in self.aliases.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Birth:
+        return cls(data["t"], dict(data["d"]), {int(k): v for k, v in data["a"].items()})
+
+
+@dataclass
+class EdgeNodeSession:
+    """One edge node's state, as a host keeps it; feed it the node's records with :meth:`process`."""
+
+    birth: Birth | None = None
+    bdseq: int | None = None
+    last_seq: int | None = None
+    devices: dict[str, Birth] = field(default_factory=dict)
+    """The devices whose birth is in force (online)."""
+
+    # -- state across micro-batches ------------------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        data = {
+            "birth": self.birth.to_json() if self.birth else None,
+            "bdseq": self.bdseq,
+            "seq": self.last_seq,
+            "devices": {name: birth.to_json() for name, birth in self.devices.items()},
+        }
+        return json.dumps(data, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> EdgeNodeSession:
+        state = json.loads(data)
+        return cls(
+            birth=Birth.from_json(state["birth"]) if state["birth"] else None,
+            bdseq=state["bdseq"],
+            last_seq=state["seq"],
+            devices={name: Birth.from_json(birth) for name, birth in state["devices"].items()},
+        )
+
+    # -- messages --------------------------------------------------------------------------------------------
+
+    def process(self, records: Iterable[Record]) -> list[dict[str, Any]]:
+        """The rows of ``records`` (one edge node's, in any order: they are put in order first)."""
+        rows: list[dict[str, Any]] = []
+        for message in in_order(read(record) for record in records):
+            rows.extend(self._message(message))
+        return rows
+
+    def _message(self, message: Message) -> list[dict[str, Any]]:
+        record, topic, payload = message.record, message.topic, message.payload
+        if message.error is not None or topic is None or payload is None:
+            return [_rejected(record, topic, REASON_MALFORMED, message.error or "no payload")]
+        if topic.message_type in ("NCMD", "DCMD"):
+            return []  # a host's command to the node: no reading
+        handle = {
+            "NBIRTH": self._nbirth,
+            "NDEATH": self._ndeath,
+            "DBIRTH": self._dbirth,
+            "DDEATH": self._ddeath,
+        }.get(topic.message_type, self._data)
+        try:
+            return handle(record, topic, payload)
+        except PayloadError as exc:
+            return [_rejected(record, topic, REASON_MALFORMED, str(exc))]
+
+    def _nbirth(self, record: Record, topic: SparkplugTopic, payload: Payload) -> list[dict[str, Any]]:
+        birth = _birth(payload, record)
+        rows = [_presence(record, topic, device, False) for device in sorted(self.devices)]
+        self.birth, self.bdseq, self.devices = birth, bdseq(payload), {}
+        self.last_seq = payload.seq
+        rows.append(_presence(record, topic, None, True, birth.time_ms))
+        return rows + self._metric_rows(record, topic, payload, birth, seq_gap=False)
+
+    def _ndeath(self, record: Record, topic: SparkplugTopic, payload: Payload) -> list[dict[str, Any]]:
+        death = bdseq(payload)
+        if self.birth is None or (death is not None and self.bdseq is not None and death != self.bdseq):
+            return []  # the will of an earlier connection, or of a node never born here: nothing ends
+        rows = [_presence(record, topic, device, False) for device in sorted(self.devices)]
+        rows.append(_presence(record, topic, None, False))
+        self.birth, self.devices, self.last_seq = None, {}, None
+        return rows
+
+    def _dbirth(self, record: Record, topic: SparkplugTopic, payload: Payload) -> list[dict[str, Any]]:
+        if self.birth is None:
+            return [self._no_birth(record, topic, payload)]
+        gap = self._next_seq(payload)
+        birth = _birth(payload, record)
+        assert topic.device_id is not None
+        self.devices[topic.device_id] = birth
+        rows = [_presence(record, topic, topic.device_id, True, birth.time_ms)]
+        return rows + self._metric_rows(record, topic, payload, birth, gap)
+
+    def _ddeath(self, record: Record, topic: SparkplugTopic, payload: Payload) -> list[dict[str, Any]]:
+        if self.birth is None:
+            return [self._no_birth(record, topic, payload)]
+        self._next_seq(payload)
+        assert topic.device_id is not None
+        if self.devices.pop(topic.device_id, None) is None:
+            return []  # not online: nothing changes
+        return [_presence(record, topic, topic.device_id, False)]
+
+    def _data(self, record: Record, topic: SparkplugTopic, payload: Payload) -> list[dict[str, Any]]:
+        birth = self.birth if topic.device_id is None else self.devices.get(topic.device_id)
+        if birth is None:
+            return [self._no_birth(record, topic, payload)]
+        gap = self._next_seq(payload)
+        for metric in payload.metrics:
+            if _resolve(metric, birth) is None:
+                label = f"alias {metric.alias}" if metric.name is None else f"name {metric.name!r}"
+                detail = f"{metric.where()}: {label} is not defined by the birth of {_path(topic)}"
+                return [_rejected(record, topic, REASON_UNKNOWN_ALIAS, detail, payload.seq)]
+        return self._metric_rows(record, topic, payload, birth, gap)
+
+    def _no_birth(self, record: Record, topic: SparkplugTopic, payload: Payload) -> dict[str, Any]:
+        """A message of a node or device with no birth in force: its aliases mean nothing yet."""
+        if self.birth is not None:
+            self._next_seq(payload)
+            whose = f"device {_path(topic)} has had no DBIRTH since the edge node's NBIRTH"
+        else:
+            whose = f"edge node {topic.group_id}/{topic.edge_node_id} has no NBIRTH in force"
+        detail = f"{topic.message_type}: {whose}"
+        return _rejected(record, topic, REASON_UNKNOWN_ALIAS, detail, payload.seq)
+
+    def _next_seq(self, payload: Payload) -> bool | None:
+        """Whether the message's sequence number is not the one after the last (None: it has none)."""
+        if payload.seq is None:
+            return None
+        expected = None if self.last_seq is None else (self.last_seq + 1) % SEQ_MODULO
+        self.last_seq = payload.seq
+        return expected is not None and payload.seq != expected
+
+    def _metric_rows(
+        self, record: Record, topic: SparkplugTopic, payload: Payload, birth: Birth, seq_gap: bool | None
+    ) -> list[dict[str, Any]]:
+        rows = []
+        sent_ms = payload.timestamp if payload.timestamp is not None else record.timestamp_ms
+        for metric in payload.metrics:
+            resolved = _resolve(metric, birth)
+            assert resolved is not None, "births resolve their own metrics; data messages were checked"
+            name, datatype = resolved
+            value = metric_value(metric, datatype)
+            row = _row(record, topic, METRIC, seq=payload.seq, seq_gap=seq_gap)
+            row.update(
+                metric=name,
+                alias=metric.alias,
+                datatype=datatype,
+                metric_time_ms=metric.timestamp if metric.timestamp is not None else sent_ms,
+                is_null=metric.is_null,
+                is_historical=metric.is_historical,
+                value_long=value.long,
+                value_double=value.double,
+                value_boolean=value.boolean,
+                value_string=value.string,
+                value_bytes=value.raw,
+            )
+            rows.append(row)
+        return rows
+
+
+@dataclass(frozen=True)
+class Message:
+    """A record read: its topic's parts and its payload, or why either cannot be read."""
+
+    record: Record
+    topic: SparkplugTopic | None = None
+    payload: Payload | None = None
+    error: str | None = None
+
+
+def read(record: Record) -> Message:
+    try:
+        topic = parse_topic(record.topic)
+    except ValueError as exc:
+        return Message(record, error=str(exc))
+    try:
+        return Message(record, topic, read_payload(record.payload or b""))
+    except PayloadError as exc:
+        return Message(record, topic, error=str(exc))
+
+
+def in_order(messages: Iterable[Message]) -> list[Message]:
+    """One edge node's messages in the order it sent them.
+
+    Its messages travel on several topics, whose offsets are counted apart, so the order is the broker's
+    append time (milliseconds), then within one millisecond the Sparkplug sequence number (unwrapped when
+    the millisecond's numbers straddle 255 → 0), then the offset. A message without a sequence number (an
+    NDEATH, sent by the broker once the connection is gone) comes after the millisecond's others.
+    """
+    by_time: dict[int, list[Message]] = {}
+    for message in messages:
+        by_time.setdefault(message.record.timestamp_ms, []).append(message)
+    ordered: list[Message] = []
+    for time_ms in sorted(by_time):
+        group = by_time[time_ms]
+        seqs = [seq for seq in map(_seq_of, group) if seq is not None]
+        wraps = bool(seqs) and max(seqs) - min(seqs) > SEQ_MODULO // 2
+
+        def rank(message: Message, wraps: bool = wraps) -> tuple[int, int]:
+            seq = _seq_of(message)
+            if seq is None:
+                return (2 * SEQ_MODULO, message.record.offset)
+            return (seq + SEQ_MODULO if wraps and seq < SEQ_MODULO // 2 else seq, message.record.offset)
+
+        ordered.extend(sorted(group, key=rank))
+    return ordered
+
+
+def _seq_of(message: Message) -> int | None:
+    return message.payload.seq if message.payload is not None else None
+
+
+def _birth(payload: Payload, record: Record) -> Birth:
+    birth = Birth(payload.timestamp if payload.timestamp is not None else record.timestamp_ms)
+    for metric in payload.metrics:
+        if metric.name is None or metric.datatype is None:
+            missing = "name" if metric.name is None else "datatype"
+            raise PayloadError(f"sparkplug_b: {metric.where()}: a birth's metric must have a {missing}")
+        birth.datatypes[metric.name] = metric.datatype
+        if metric.alias is not None:
+            taken = birth.aliases.get(metric.alias)
+            if taken is not None and taken != metric.name:
+                raise PayloadError(f"sparkplug_b: {metric.where()}: alias {metric.alias} is {taken!r}'s too")
+            birth.aliases[metric.alias] = metric.name
+    return birth
+
+
+def _resolve(metric: Metric, birth: Birth) -> tuple[str, str] | None:
+    """The metric's name and datatype by the birth (its alias first, as a host reads it), or None."""
+    name = birth.aliases.get(metric.alias) if metric.alias is not None else metric.name
+    if name is None:
+        return None
+    datatype = birth.datatypes.get(name)
+    if datatype is None:
+        return None
+    return name, datatype
+
+
+def _path(topic: SparkplugTopic) -> str:
+    parts = [topic.group_id, topic.edge_node_id] + ([topic.device_id] if topic.device_id else [])
+    return "/".join(parts)
+
+
+def _row(record: Record, topic: SparkplugTopic | None, kind: str, **values: Any) -> dict[str, Any]:
+    row: dict[str, Any] = dict.fromkeys(ROW_COLUMNS)
+    row.update(
+        kind=kind,
+        broker=record.broker,
+        topic=record.topic,
+        offset=record.offset,
+        timestamp_ms=record.timestamp_ms,
+    )
+    if topic is not None:
+        row.update(
+            group_id=topic.group_id,
+            edge_node_id=topic.edge_node_id,
+            device_id=topic.device_id,
+            message_type=topic.message_type,
+        )
+    row.update(values)
+    return row
+
+
+def _rejected(
+    record: Record, topic: SparkplugTopic | None, reason: str, detail: str, seq: int | None = None
+) -> dict[str, Any]:
+    return _row(record, topic, REJECTED, reason=reason, detail=detail, seq=seq)
+
+
+def _presence(
+    record: Record, topic: SparkplugTopic, device_id: str | None, online: bool, birth_ms: int | None = None
+) -> dict[str, Any]:
+    """A change of the node's (``device_id`` None) or a device's online state, at the record's time."""
+    row = _row(record, topic, PRESENCE, online=online, birth_time_ms=birth_ms)
+    row["device_id"] = device_id
+    return row

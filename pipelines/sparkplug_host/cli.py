@@ -1,0 +1,46 @@
+"""``timestone sparkplug-host``: Timestone's Sparkplug B host application on one MQTT server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from pipelines.fleet.cli import broker_address, signal_stop
+from pipelines.sparkplug_host.host import SparkplugHost
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="timestone sparkplug-host",
+        description="Publish this host application's Sparkplug B STATE (online while it runs, its will "
+        "offline) and ask edge nodes whose births it has not seen for a rebirth.",
+        epilog="exit status: 0 stopped (Ctrl-C, SIGTERM); 1 the broker cannot be reached; 2 a wrong command "
+        "line; 3 optional dependencies missing",
+    )
+    parser.add_argument("--broker", type=broker_address, default=("127.0.0.1", 1883), help="HOST:PORT")
+    parser.add_argument("--host-id", default="timestone", help="the Sparkplug host id (default timestone)")
+    parser.add_argument(
+        "--rebirth-interval", type=float, default=30.0, help="seconds between two requests to one node"
+    )
+    return parser
+
+
+async def _run(args: argparse.Namespace) -> int:
+    host, port = args.broker
+    sparkplug = SparkplugHost(host, port, args.host_id, rebirth_interval_s=args.rebirth_interval)
+    stop = signal_stop()
+    try:
+        await sparkplug.start()
+    except OSError as error:
+        print(f"timestone sparkplug-host: cannot reach {host}:{port}: {error}", file=sys.stderr)
+        return 1
+    print(f"Sparkplug B host {args.host_id} online on {host}:{port} ({sparkplug.topic})", flush=True)
+    await stop.wait()
+    await sparkplug.stop()
+    return 0
+
+
+def sparkplug_host_main(argv: list[str]) -> int:
+    """Entry point of ``timestone sparkplug-host``."""
+    return asyncio.run(_run(build_parser().parse_args(argv)))

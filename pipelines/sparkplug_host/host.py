@@ -1,0 +1,154 @@
+"""A Sparkplug B host application on one MQTT server: its STATE, and rebirth requests to unborn nodes.
+
+Edge nodes configured with a primary host application publish their births only once its STATE says it is
+online. This client is that host (Sparkplug 3.0, 5.3 and 6.4.18): it connects with a clean session and its
+death certificate as will (``spBv1.0/STATE/<host_id>``, JSON ``{"online": false, "timestamp": T}``, QoS 1,
+retained), subscribes to its own STATE topic and to the Sparkplug namespace, then publishes its birth (the
+same JSON with ``online`` true and the same ``T``, QoS 1, retained). Should a STATE saying it is offline
+reach it once its birth is out (a stray publisher, an old instance's will), it publishes its birth again.
+Stopping, it publishes the death itself before DISCONNECT.
+
+It also watches the edge nodes: data, a DBIRTH or a DDEATH from an edge node whose NBIRTH it has not seen
+on this connection means its aliases are unknown here, so it asks that node for a rebirth (an NCMD setting
+``Node Control/Rebirth``, QoS 0, not retained), at most once per ``rebirth_interval_s`` per node. The
+telemetry job reads the births from the brokers' logs; the rebirth brings a birth into the log when the
+one a node sent has been deleted by retention or was never received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from broker_edge.protocol import Will
+from pipelines.fleet.client import Message, MqttClient
+from pipelines.payloads.sparkplug.encode import rebirth_request
+from pipelines.payloads.sparkplug.topics import (
+    NAMESPACE,
+    TOPIC_FILTER,
+    SparkplugTopic,
+    parse_topic,
+    state_topic,
+)
+
+
+def state_payload(online: bool, timestamp_ms: int) -> bytes:
+    """A STATE birth (``online`` true) or death: UTF-8 JSON with the keys ``online`` and ``timestamp``."""
+    return json.dumps({"online": online, "timestamp": timestamp_ms}).encode()
+
+
+@dataclass
+class HostState:
+    """What the host knows of the edge nodes on this connection: which have been born, and when it last
+    asked each for a rebirth."""
+
+    born: set[tuple[str, str]] = field(default_factory=set)
+    asked_at: dict[tuple[str, str], float] = field(default_factory=dict)
+
+
+class SparkplugHost:
+    """The host application ``host_id`` on the broker at ``host:port``; :meth:`start`, then :meth:`stop`."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        host_id: str,
+        *,
+        rebirth_interval_s: float = 30.0,
+        keep_alive_s: int = 30,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.address = (host, port)
+        self.host_id = host_id
+        self.topic = state_topic(host_id)
+        self.rebirth_interval_s = rebirth_interval_s
+        self.keep_alive_s = keep_alive_s
+        self.clock = clock
+        self.stats: Counter = Counter()
+        self.state = HostState()
+        self.client: MqttClient | None = None
+        self.connected_ms = 0
+        """The ``timestamp`` of this connection's will and births."""
+        self.born = False
+        """Whether this connection's birth is out (a STATE saying offline is answered only after it)."""
+
+    async def start(self) -> None:
+        """Connect (clean session, the death as will), subscribe, then publish the birth."""
+        self.connected_ms = int(self.clock() * 1000)
+        self.state = HostState()
+        self.born = False
+        host, port = self.address
+        will = Will(self.topic, state_payload(False, self.connected_ms), qos=1, retain=True)
+        self.client = await MqttClient.connect(
+            host,
+            port,
+            f"sparkplug-host-{self.host_id}",
+            on_message=self._on_message,
+            clean_start=True,
+            session_expiry_s=0,
+            keep_alive=self.keep_alive_s,
+            will=will,
+        )
+        await self.client.subscribe(self.topic, 1)
+        await self.client.subscribe(TOPIC_FILTER, 0)
+        await self._publish_birth()
+
+    async def stop(self) -> None:
+        """Publish the death (the will's payload), then DISCONNECT."""
+        self.born = False  # its own death comes back to it: not a stray STATE to answer
+        if self.client is not None and self.client.connected:
+            await self.client.publish(self.topic, state_payload(False, self.connected_ms), 1, retain=True)
+            await self.client.disconnect()
+
+    async def _publish_birth(self) -> None:
+        assert self.client is not None
+        await self.client.publish(self.topic, state_payload(True, self.connected_ms), 1, retain=True)
+        self.born = True
+        self.stats["births"] += 1
+
+    def _on_message(self, message: Message) -> None:
+        if message.topic == self.topic:
+            self._own_state(message.payload)
+        elif message.topic.startswith(f"{NAMESPACE}/"):
+            self._edge_message(message.topic)
+
+    def _own_state(self, payload: bytes) -> None:
+        """A STATE on its own id saying it is offline (an old will, a stray publisher): it is online."""
+        try:
+            online = json.loads(payload).get("online")
+        except (ValueError, AttributeError):
+            online = None
+        if online is not True and self.born and self.client is not None and self.client.connected:
+            self.stats["offline_states_answered"] += 1
+            asyncio.get_running_loop().create_task(self._publish_birth())
+
+    def _edge_message(self, topic_name: str) -> None:
+        try:
+            topic = parse_topic(topic_name)
+        except ValueError:
+            return  # STATE of another host, or not an edge node's message
+        node = (topic.group_id, topic.edge_node_id)
+        kind = topic.message_type
+        if kind == "NBIRTH":
+            self.state.born.add(node)
+        elif kind == "NDEATH":
+            self.state.born.discard(node)
+        elif kind in ("NDATA", "DBIRTH", "DDATA", "DDEATH") and node not in self.state.born:
+            self._ask_rebirth(topic, node)
+
+    def _ask_rebirth(self, topic: SparkplugTopic, node: tuple[str, str]) -> None:
+        now = self.clock()
+        asked = self.state.asked_at.get(node)
+        if asked is not None and now - asked < self.rebirth_interval_s:
+            return
+        self.state.asked_at[node] = now
+        command = SparkplugTopic(topic.group_id, "NCMD", topic.edge_node_id).name
+        if self.client is not None and self.client.publish_nowait(
+            command, rebirth_request(int(now * 1000)), 0
+        ):
+            self.stats["rebirth_requests"] += 1

@@ -1,0 +1,100 @@
+"""The decoders as the telemetry job runs them: in Spark's Python workers, over Arrow batches of records."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import cbor2
+import pytest
+from pyspark.sql import functions as F
+
+from pipelines.payloads.descriptors import message_class
+from pipelines.payloads.formats import FieldFormat
+from pipelines.payloads.protobuf import EXAMPLE_MESSAGE, example_descriptor_set
+from pipelines.payloads.spark_fields import with_decoded_fields
+from pipelines.payloads.spark_sparkplug import sparkplug_rows, with_times
+from pipelines.payloads.sparkplug.encode import MetricOut, bdseq_metric, encode, ndeath
+
+pytestmark = pytest.mark.spark
+
+FIELDS = {"ts": "bigint", "seq": "bigint", "temperature": "double", "firmware": "string"}
+RECORDS = "broker string, topic string, offset bigint, timestamp timestamp, payload binary"
+T0 = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.UTC)
+
+
+def records(spark, payloads, topic="devices/d1/telemetry"):
+    rows = [("edge1", topic, n, T0 + dt.timedelta(milliseconds=n), p) for n, p in enumerate(payloads)]
+    return spark.createDataFrame(rows, RECORDS)
+
+
+def test_cbor_payloads_are_read_into_typed_columns_by_the_workers(spark):
+    good = cbor2.dumps({"ts": 1, "seq": 2, "temperature": 21.5, "firmware": "1.0.0"})
+    frame = with_decoded_fields(records(spark, [good, good[:-2], None]), FieldFormat("cbor"), FIELDS)
+    assert dict(frame.dtypes)["temperature"] == "double" and dict(frame.dtypes)["seq"] == "bigint"
+    rows = frame.orderBy("offset").collect()
+    assert (rows[0]["seq"], rows[0]["temperature"], rows[0]["decode_error"]) == (2, 21.5, None)
+    assert rows[1]["decode_error"].startswith(f"cbor: byte {len(good) - 2}: premature end of stream")
+    assert rows[2]["decode_error"] == "no payload"
+    assert rows[1]["topic"] == "devices/d1/telemetry"  # the record's own columns pass through
+
+
+def test_protobuf_payloads_are_read_with_the_descriptor_set_shipped_to_the_workers(spark):
+    cls = message_class(example_descriptor_set(), EXAMPLE_MESSAGE)
+    payloads = [cls(ts=5, seq=n, temperature=20.0 + n, firmware="2.0").SerializeToString() for n in range(50)]
+    protobuf = FieldFormat("protobuf", example_descriptor_set(), EXAMPLE_MESSAGE)
+    frame = with_decoded_fields(records(spark, payloads).repartition(3), protobuf, FIELDS)
+    [summary] = frame.agg(F.count("*"), F.sum("seq"), F.max("temperature"), F.count("decode_error")).collect()
+    assert tuple(summary) == (50, sum(range(50)), 69.0, 0)
+
+
+def test_a_field_the_message_lacks_fails_before_any_task(spark):
+    protobuf = FieldFormat("protobuf", example_descriptor_set(), EXAMPLE_MESSAGE)
+    with pytest.raises(ValueError, match="has no field 'pressure'"):
+        with_decoded_fields(records(spark, []), protobuf, {"pressure": "double"})
+
+
+def test_sparkplug_sessions_live_in_the_state_store_across_micro_batches(spark, tmp_path):
+    """Three micro-batches: births; data by alias; the death. Each batch only makes sense with the state
+    the one before left in the state store."""
+    node, device = "spBv1.0/plant1/{}/gw1", "spBv1.0/plant1/{}/gw1/pump7"
+    birth = encode(
+        [bdseq_metric(0), MetricOut(230.0, "Double", name="Voltage", alias=1)], timestamp_ms=1, seq=0
+    )
+    dbirth = encode([MetricOut(20.0, "Float", name="Temperature", alias=10)], timestamp_ms=2, seq=1)
+    data = encode([MetricOut(21.5, "Float", alias=10, with_datatype=False)], timestamp_ms=3, seq=2)
+    batches = [
+        [(node.format("NBIRTH"), 0, 1, birth), (device.format("DBIRTH"), 0, 2, dbirth)],
+        [(device.format("DDATA"), 0, 3, data), ("spBv1.0/STATE/host", 0, 3, b'{"online":true}')],
+        [(node.format("NDEATH"), 0, 4, ndeath(0))],
+    ]
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    for number, batch in enumerate(batches):
+        rows = [
+            ("edge1", topic, offset, T0 + dt.timedelta(milliseconds=ms), p) for topic, offset, ms, p in batch
+        ]
+        spark.createDataFrame(rows, RECORDS).coalesce(1).write.parquet(str(incoming / f"batch{number}"))
+    seen: list[list] = []
+    stream = spark.readStream.schema(RECORDS).option("maxFilesPerTrigger", 1).parquet(str(incoming / "*"))
+    query = (
+        with_times(sparkplug_rows(stream))
+        .writeStream.option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .foreachBatch(lambda frame, batch_id: seen.append(frame.orderBy("kind", "metric").collect()))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None
+    first, second, third = seen
+    assert sorted((r["kind"], r["metric"] or r["device_id"]) for r in first if r["kind"] == "metric") == [
+        ("metric", "Temperature"),
+        ("metric", "Voltage"),
+        ("metric", "bdSeq"),
+    ]
+    [reading] = second  # the STATE message is not an edge node's
+    assert (reading["metric"], reading["value_double"], reading["seq_gap"]) == ("Temperature", 21.5, False)
+    assert reading["metric_time"] == dt.datetime(1970, 1, 1, 0, 0, 0, 3000)
+    assert sorted((r["kind"], r["device_id"] or "", r["online"]) for r in third) == [
+        ("presence", "", False),  # the edge node
+        ("presence", "pump7", False),
+    ]

@@ -1,0 +1,184 @@
+"""``timestone sparkplug-host`` against a Timestone broker: the STATE edge nodes wait for, and rebirths.
+
+paho watches the STATE topic as an edge node configured with this primary host would; the edge node is the
+simulated fleet's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from pipelines.payloads.sparkplug.messages import read_payload
+from pipelines.sparkplug_host.host import SparkplugHost
+from tests.e2e.broker_clients import PahoClient
+from tests.e2e.payloads.test_sparkplug_broker import edge_node, expect
+
+TOPIC = "spBv1.0/STATE/timestone"
+
+
+def host(port: int) -> SparkplugHost:
+    return SparkplugHost("127.0.0.1", port, "timestone", rebirth_interval_s=60)
+
+
+@pytest.mark.sparkplug(
+    "tck-id-intro-sparkplug-host-state",
+    "tck-id-components-ph-state",
+    "tck-id-conformance-primary-host",
+    "tck-id-principles-birth-certificates-order",
+    "tck-id-host-topic-phid-birth-message",
+    "tck-id-host-topic-phid-birth-qos",
+    "tck-id-host-topic-phid-birth-retain",
+    "tck-id-host-topic-phid-birth-topic",
+    "tck-id-host-topic-phid-birth-sub-required",
+    "tck-id-host-topic-phid-birth-required",
+    "tck-id-host-topic-phid-birth-payload",
+    "tck-id-host-topic-phid-birth-payload-timestamp",
+    "tck-id-host-topic-phid-death-qos",
+    "tck-id-host-topic-phid-death-retain",
+    "tck-id-host-topic-phid-death-topic",
+    "tck-id-host-topic-phid-death-required",
+    "tck-id-host-topic-phid-death-payload",
+    "tck-id-host-topic-phid-death-payload-timestamp-disconnect-with-no-disconnect-packet",
+    "tck-id-message-flow-phid-sparkplug-clean-session-50",
+    "tck-id-message-flow-phid-sparkplug-subscription",
+    "tck-id-message-flow-phid-sparkplug-state-publish",
+    "tck-id-message-flow-phid-sparkplug-state-publish-payload",
+    "tck-id-message-flow-phid-sparkplug-state-publish-payload-timestamp",
+    "tck-id-operational-behavior-host-application-connect-will",
+    "tck-id-operational-behavior-host-application-connect-will-topic",
+    "tck-id-operational-behavior-host-application-connect-will-payload",
+    "tck-id-operational-behavior-host-application-connect-will-qos",
+    "tck-id-operational-behavior-host-application-connect-will-retained",
+    "tck-id-operational-behavior-host-application-connect-birth",
+    "tck-id-operational-behavior-host-application-connect-birth-topic",
+    "tck-id-operational-behavior-host-application-connect-birth-payload",
+    "tck-id-operational-behavior-host-application-connect-birth-qos",
+    "tck-id-operational-behavior-host-application-connect-birth-retained",
+    "tck-id-payloads-state-will-message",
+    "tck-id-payloads-state-will-message-qos",
+    "tck-id-payloads-state-will-message-retain",
+    "tck-id-payloads-state-will-message-payload",
+    "tck-id-payloads-state-subscribe",
+    "tck-id-payloads-state-birth",
+    "tck-id-payloads-state-birth-payload",
+    "tck-id-operational-behavior-primary-application-state-with-multiple-servers-state",
+)
+def test_the_host_is_online_by_its_retained_birth_and_offline_by_its_will(broker):
+    watcher = PahoClient(broker.port, "edge-node-watching")
+    watcher.subscribe(TOPIC, 1)
+
+    async def scenario() -> None:
+        sparkplug = host(broker.port)
+        await sparkplug.start()
+        [birth] = await expect(watcher, 1)
+        assert (birth.topic, birth.qos) == (TOPIC, 1)
+        assert json.loads(birth.payload.decode("utf-8")) == {
+            "online": True,
+            "timestamp": sparkplug.connected_ms,
+        }
+        connection = broker.connection("sparkplug-host-timestone")
+        will, expiry = broker.call(lambda: (connection.will, connection.session.expiry_interval))
+        assert expiry == 0  # clean start, no session kept after the connection
+        assert (will.topic, will.qos, will.retain) == (TOPIC, 1, True)
+        assert json.loads(will.payload) == {"online": False, "timestamp": sparkplug.connected_ms}
+        late = PahoClient(broker.port, "late-node")
+        late.subscribe(TOPIC, 1)
+        [retained] = await expect(late, 1)
+        assert retained.retain and json.loads(retained.payload)["online"] is True
+        assert sparkplug.client is not None
+        sparkplug.client.abort()  # the host's process dies
+        [death] = await expect(watcher, 1)
+        assert json.loads(death.payload) == {"online": False, "timestamp": sparkplug.connected_ms}
+        assert death.qos == 1
+        after = PahoClient(broker.port, "after-node")
+        after.subscribe(TOPIC, 1)
+        [kept] = await expect(after, 1)
+        assert kept.retain and json.loads(kept.payload)["online"] is False
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.sparkplug(
+    "tck-id-operational-behavior-host-application-termination",
+    "tck-id-operational-behavior-host-application-death-topic",
+    "tck-id-operational-behavior-host-application-death-payload",
+    "tck-id-operational-behavior-host-application-death-qos",
+    "tck-id-operational-behavior-host-application-death-retained",
+    "tck-id-operational-behavior-host-application-disconnect-intentional",
+    "tck-id-host-topic-phid-death-payload-timestamp-disconnect-clean",
+    "tck-id-message-flow-hid-sparkplug-state-message-delivered",
+)
+def test_a_stray_offline_state_is_answered_and_a_clean_stop_publishes_the_death(broker):
+    watcher = PahoClient(broker.port, "watcher")
+    watcher.subscribe(TOPIC, 1)
+    stray = PahoClient(broker.port, "stray")
+
+    async def scenario() -> None:
+        sparkplug = host(broker.port)
+        await sparkplug.start()
+        await expect(watcher, 1)
+        stray.publish(TOPIC, json.dumps({"online": False, "timestamp": 1}), 1, retain=True)
+        offline, online = await expect(watcher, 2)
+        assert json.loads(offline.payload)["online"] is False
+        assert json.loads(online.payload) == {"online": True, "timestamp": sparkplug.connected_ms}
+        await sparkplug.stop()
+        [death] = await expect(watcher, 1)
+        assert (death.qos, json.loads(death.payload)) == (
+            1,
+            {"online": False, "timestamp": sparkplug.connected_ms},
+        )
+        await asyncio.to_thread(watcher.expect_none, 0.3)  # DISCONNECT followed: no will on top
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.sparkplug(
+    "tck-id-operational-behavior-data-commands-ncmd-rebirth-verb",
+    "tck-id-operational-behavior-data-commands-ncmd-rebirth-name",
+    "tck-id-operational-behavior-data-commands-ncmd-rebirth-value",
+    "tck-id-operational-behavior-data-commands-ncmd-verb",
+    "tck-id-operational-behavior-data-commands-ncmd-metric-name",
+    "tck-id-operational-behavior-data-commands-ncmd-metric-value",
+    "tck-id-topics-ncmd-topic",
+    "tck-id-topics-ncmd-mqtt",
+    "tck-id-topics-ncmd-timestamp",
+    "tck-id-topics-ncmd-payload",
+    "tck-id-payloads-ncmd-timestamp",
+    "tck-id-payloads-ncmd-seq",
+    "tck-id-payloads-ncmd-qos",
+    "tck-id-payloads-ncmd-retain",
+)
+def test_data_from_a_node_whose_birth_the_host_missed_brings_one_rebirth_request(broker):
+    commands = PahoClient(broker.port, "commands")
+    commands.subscribe("spBv1.0/+/NCMD/#", 1)
+    watcher = PahoClient(broker.port, "watcher")
+    watcher.subscribe("spBv1.0/plant1/+/gw1/#", 0)
+
+    async def scenario() -> None:
+        node = edge_node(broker.port)
+        await node.start()  # born before the host connected: the host has not seen it
+        await expect(watcher, 3)
+        sparkplug = host(broker.port)
+        await sparkplug.start()
+        node.publish_data()
+        node.publish_data()  # two messages, one request
+        [request] = await expect(commands, 1)
+        assert (request.topic, request.qos, request.retain) == ("spBv1.0/plant1/NCMD/gw1", 0, False)
+        command = read_payload(request.payload)
+        assert command.seq is None and command.timestamp is not None
+        assert [(m.name, m.datatype, m.message.boolean_value) for m in command.metrics] == [
+            ("Node Control/Rebirth", "Boolean", True)
+        ]
+        messages = await expect(watcher, 8)  # 4 DDATA, the NCMD, then the births again
+        assert [m.topic.split("/")[2] for m in messages[-3:]] == ["NBIRTH", "DBIRTH", "DBIRTH"]
+        node.publish_data()
+        await expect(watcher, 2)
+        await asyncio.to_thread(commands.expect_none, 0.3)  # born now: no further request
+        assert sparkplug.stats["rebirth_requests"] == 1
+        await node.stop()
+        await sparkplug.stop()
+
+    asyncio.run(scenario())

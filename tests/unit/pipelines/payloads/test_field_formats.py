@@ -1,0 +1,168 @@
+"""CBOR, Protobuf and JSON payloads into the declared columns, and what a payload that cannot be read says."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from typing import Any
+
+import cbor2
+import pyarrow as pa
+import pytest
+
+from pipelines.payloads.cbor import read_cbor
+from pipelines.payloads.descriptors import DescriptorSetError, message_class
+from pipelines.payloads.fields import ARROW_TYPES, checked, decode_payloads
+from pipelines.payloads.json_payloads import read_json
+from pipelines.payloads.protobuf import EXAMPLE_MESSAGE, ProtobufReader, example_descriptor_set
+
+from .test_descriptor_sets import compile_proto
+
+FIELDS = {"ts": "bigint", "seq": "bigint", "temperature": "double", "firmware": "string"}
+READING = {"ts": 1_700_000_000_123, "seq": 7, "temperature": 21.5, "firmware": "1.0.0"}
+
+
+def telemetry_class():
+    return message_class(example_descriptor_set(), EXAMPLE_MESSAGE)
+
+
+def test_a_cbor_map_fills_the_declared_columns_in_their_types():
+    payloads = [cbor2.dumps(READING), cbor2.dumps({**READING, "seq": 8, "temperature": 22})]
+    decoded = decode_payloads(payloads, read_cbor, FIELDS)
+    table = decoded.table()
+    assert (
+        table.schema.field("ts").type == pa.int64() and table.schema.field("temperature").type == pa.float64()
+    )
+    assert table.column("seq").to_pylist() == [7, 8]
+    assert table.column("temperature").to_pylist() == [21.5, 22.0]  # an integer is a valid double
+    assert table.column("decode_error").to_pylist() == [None, None]
+
+
+def test_a_field_the_payload_lacks_is_null_and_extra_keys_are_ignored():
+    decoded = decode_payloads([cbor2.dumps({"ts": 1, "other": [1, 2]})], read_cbor, FIELDS)
+    assert decoded.table().to_pylist() == [
+        {"ts": 1, "seq": None, "temperature": None, "firmware": None, "decode_error": None}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("payload", "error"),
+    [
+        (cbor2.dumps(READING)[:-3], "cbor: byte "),
+        (cbor2.dumps(READING) + b"\x01", f"cbor: byte {len(cbor2.dumps(READING))}: 1 more bytes after"),
+        (cbor2.dumps([1, 2]), "cbor: byte 0: the payload is a list, not a map"),
+        (b"\xff", "cbor: byte 1: break code encountered"),
+        (cbor2.dumps({**READING, "temperature": "hot"}), "field temperature: expected double, got str 'hot'"),
+        (cbor2.dumps({**READING, "seq": True}), "field seq: expected bigint, got bool True"),
+        (cbor2.dumps({**READING, "seq": 2**70}), "field seq: 1180591620717411303424 does not fit a bigint"),
+        (None, "no payload"),
+    ],
+)
+def test_a_cbor_payload_that_cannot_be_read_says_where(payload, error):
+    decoded = decode_payloads([cbor2.dumps(READING), payload], read_cbor, FIELDS)
+    first, second = decoded.table().to_pylist()
+    assert first["decode_error"] is None and first["seq"] == 7  # the good neighbour is untouched
+    assert second["decode_error"].startswith(error), second["decode_error"]
+    assert second["ts"] is None and second["temperature"] is None  # a bad payload fills no column
+
+
+def test_the_truncated_cbor_payload_names_the_byte_where_it_ran_out():
+    payload = cbor2.dumps(READING)
+    error = decode_payloads([payload[:-3]], read_cbor, FIELDS).errors.to_pylist()[0]
+    assert error.startswith(f"cbor: byte {len(payload) - 3}: premature end of stream")
+
+
+def test_cbor_tagged_times_fill_timestamp_and_date_columns():
+    when = dt.datetime(2026, 11, 3, 12, 30, 1, 250_000, tzinfo=dt.UTC)
+    payload = cbor2.dumps(
+        {"at": when, "day": dt.date(2026, 11, 3)}, datetime_as_timestamp=True, date_as_datetime=False
+    )
+    decoded = decode_payloads([payload], read_cbor, {"at": "timestamp", "day": "date"}).table()
+    assert decoded.to_pylist() == [{"at": when, "day": dt.date(2026, 11, 3), "decode_error": None}]
+    assert decoded.schema.field("at").type == ARROW_TYPES["timestamp"]
+
+
+def test_a_protobuf_message_fills_the_declared_columns_by_field_name():
+    message = telemetry_class()(ts=READING["ts"], seq=7, temperature=21.5, firmware="1.0.0")
+    reader = ProtobufReader(telemetry_class(), {**FIELDS, "humidity": "double"})
+    rows = decode_payloads([message.SerializeToString()], reader, reader_fields(reader)).table().to_pylist()
+    assert rows == [{**READING, "humidity": None, "decode_error": None}]  # optional and unset: null
+
+
+def reader_fields(reader: ProtobufReader) -> dict[str, str]:
+    return {name: type_name for name, (_, type_name) in reader.fields.items()}
+
+
+def test_a_protobuf_payload_that_does_not_parse_names_the_byte_and_the_field():
+    good = telemetry_class()(ts=1, seq=2, temperature=3.0, firmware="1.0.0").SerializeToString()
+    at = good.index(b"\x32")  # field 6 (firmware), length-delimited: its tag
+    cut = good[: at + 3]  # the string's length says 5 bytes, 1 follows
+    reader = ProtobufReader(telemetry_class(), FIELDS)
+    errors = decode_payloads([good, cut, b"\x07\x01"], reader, FIELDS).errors.to_pylist()
+    assert errors[0] is None
+    assert (
+        errors[1] == f"protobuf: byte {at}: field firmware (6): its length runs past the end of the payload"
+    )
+    assert errors[2] == "protobuf: byte 0: field number 0 does not exist"
+
+
+def test_a_declared_field_the_message_cannot_fill_is_refused_when_the_reader_is_made():
+    with pytest.raises(ValueError, match=r"timestone.example.Telemetry has no field 'pressure'"):
+        ProtobufReader(telemetry_class(), {"pressure": "double"})
+    with pytest.raises(ValueError, match=r"Telemetry.firmware cannot be read as double"):
+        ProtobufReader(telemetry_class(), {"firmware": "double"})
+
+
+def test_a_message_name_the_set_lacks_lists_the_ones_it_has():
+    with pytest.raises(DescriptorSetError, match=r"no message 'acme.Reading'; the set has timestone.example"):
+        message_class(example_descriptor_set(), "acme.Reading")
+    with pytest.raises(DescriptorSetError, match="not a protobuf FileDescriptorSet"):
+        message_class(b"\xff\xff", EXAMPLE_MESSAGE)
+
+
+def test_protobuf_enums_timestamps_and_imports_of_a_users_own_schema(tmp_path):
+    (tmp_path / "meter.proto").write_text(
+        'syntax = "proto3"; package acme; import "google/protobuf/timestamp.proto";\n'
+        "enum Phase { PHASE_UNSET = 0; L1 = 1; L2 = 2; }\n"
+        "message Reading { google.protobuf.Timestamp at = 1; Phase phase = 2; uint32 watts = 3; }\n"
+    )
+    cls = message_class(compile_proto(tmp_path, "meter.proto", tmp_path / "meter.desc"), "acme.Reading")
+    reading: Any = cls(phase=2, watts=1500)
+    reading.at.seconds, reading.at.nanos = 1_700_000_000, 250_000_000
+    payload = reading.SerializeToString()
+    fields = {"at": "timestamp", "phase": "string", "watts": "int"}
+    rows = decode_payloads([payload], ProtobufReader(cls, fields), fields).table().to_pylist()
+    assert rows == [
+        {
+            "at": dt.datetime(2023, 11, 14, 22, 13, 20, 250_000, tzinfo=dt.UTC),
+            "phase": "L2",
+            "watts": 1500,
+            "decode_error": None,
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    ("payload", "error"),
+    [
+        (b'{"ts": 1, "seq": ', "json: character 17: Expecting value"),
+        (b"[1]", "json: byte 0: the payload is a list, not an object"),
+        (b'{"ts": "x"}', "field ts: expected bigint, got str 'x'"),
+        (b'{"firmware": "\xff"}', "json: byte 14: not UTF-8"),
+    ],
+)
+def test_why_a_json_payload_was_quarantined(payload, error):
+    assert decode_payloads([payload], read_json, FIELDS).errors.to_pylist() == [error]
+
+
+def test_checked_values_keep_their_meaning():
+    assert checked(2**31 - 1, "int") == 2**31 - 1
+    with pytest.raises(TypeError, match="does not fit a int"):
+        checked(2**31, "int")
+    with pytest.raises(TypeError, match="does not fit a float"):
+        checked(1e300, "float")
+    assert math.isnan(checked(float("nan"), "double"))
+    assert checked("2026-11-03", "date") == dt.date(2026, 11, 3)
+    assert checked("2026-11-03T12:00:00", "timestamp") == dt.datetime(2026, 11, 3, 12, tzinfo=dt.UTC)
+    assert json.loads(json.dumps(READING)) == READING

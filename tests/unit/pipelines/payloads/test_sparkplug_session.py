@@ -1,0 +1,250 @@
+"""A host's view of one edge node: births define aliases, data becomes one row per metric, deaths end it."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from pipelines.payloads.sparkplug.encode import MetricOut, bdseq_metric, encode, ndeath, rebirth_request
+from pipelines.payloads.sparkplug.messages import read_payload
+from pipelines.payloads.sparkplug.session import (
+    METRIC,
+    PRESENCE,
+    REASON_MALFORMED,
+    REASON_UNKNOWN_ALIAS,
+    REJECTED,
+    EdgeNodeSession,
+    Record,
+)
+from pipelines.payloads.sparkplug.topics import parse_topic, state_topic
+
+NODE = "spBv1.0/plant1/{}/gw1"
+DEVICE = "spBv1.0/plant1/{}/gw1/{}"
+_offsets = itertools.count()
+
+
+def record(topic: str, payload: bytes | None, at_ms: int) -> Record:
+    return Record("edge1", topic, next(_offsets), at_ms, payload)
+
+
+def nbirth(at_ms: int, bdseq: int = 0, seq: int = 0) -> Record:
+    metrics = [
+        bdseq_metric(bdseq),
+        MetricOut(False, "Boolean", name="Node Control/Rebirth"),
+        MetricOut(230.5, "Double", name="Supply/Voltage", alias=1),
+    ]
+    return record(NODE.format("NBIRTH"), encode(metrics, timestamp_ms=at_ms, seq=seq), at_ms)
+
+
+def dbirth(device: str, at_ms: int, seq: int) -> Record:
+    metrics = [
+        MetricOut(21.0, "Float", name="Temperature", alias=10),
+        MetricOut(-3, "Int16", name="Offset", alias=11),
+        MetricOut("idle", "String", name="Mode", alias=12),
+    ]
+    return record(DEVICE.format("DBIRTH", device), encode(metrics, timestamp_ms=at_ms, seq=seq), at_ms)
+
+
+def ddata(device: str, at_ms: int, seq: int, *metrics: MetricOut) -> Record:
+    return record(DEVICE.format("DDATA", device), encode(metrics, timestamp_ms=at_ms, seq=seq), at_ms)
+
+
+def temperature(value: float) -> MetricOut:
+    """The device's temperature (alias 10) as its data messages send it: alias and value only."""
+    return MetricOut(value, "Float", alias=10, with_datatype=False)
+
+
+def kinds(rows, kind):
+    return [row for row in rows if row["kind"] == kind]
+
+
+def test_births_then_aliased_data_become_one_row_per_metric_with_names_and_datatypes():
+    session = EdgeNodeSession()
+    rows = session.process(
+        [
+            nbirth(1000),
+            dbirth("pump7", 1001, seq=1),
+            ddata(
+                "pump7",
+                1500,
+                2,
+                MetricOut(22.5, "Float", alias=10, timestamp_ms=1499),
+                MetricOut("run", "String", alias=12),
+            ),
+        ]
+    )
+    metrics = kinds(rows, METRIC)
+    data = [row for row in metrics if row["message_type"] == "DDATA"]
+    assert [(r["metric"], r["datatype"], r["value_double"], r["value_string"]) for r in data] == [
+        ("Temperature", "Float", 22.5, None),
+        ("Mode", "String", None, "run"),
+    ]
+    assert [r["metric_time_ms"] for r in data] == [1499, 1500]  # the metric's own time, else the message's
+    assert {r["seq"] for r in data} == {2} and {r["seq_gap"] for r in data} == {False}
+    assert {(r["group_id"], r["edge_node_id"], r["device_id"]) for r in data} == {("plant1", "gw1", "pump7")}
+    births = [r for r in metrics if r["message_type"] in ("NBIRTH", "DBIRTH")]
+    assert len(births) == 6  # a birth's values are readings too
+    offset = next(r for r in births if r["metric"] == "Offset")
+    assert (offset["value_long"], offset["value_double"]) == (-3, -3.0)  # two's complement read back
+    assert [(r["device_id"], r["online"], r["birth_time_ms"]) for r in kinds(rows, PRESENCE)] == [
+        (None, True, 1000),
+        ("pump7", True, 1001),
+    ]
+    assert kinds(rows, REJECTED) == []
+
+
+def test_data_whose_alias_no_birth_defines_is_quarantined_whole_with_the_reason():
+    session = EdgeNodeSession()
+    session.process([nbirth(1000), dbirth("pump7", 1001, seq=1)])
+    rows = session.process(
+        [ddata("pump7", 1100, 2, MetricOut(1.0, "Float", alias=10), MetricOut(5.0, "Float", alias=99))]
+    )
+    assert kinds(rows, METRIC) == []  # not half a message
+    [rejected] = kinds(rows, REJECTED)
+    assert rejected["reason"] == REASON_UNKNOWN_ALIAS
+    assert (
+        rejected["detail"] == "metric 1 (alias 99): alias 99 is not defined by the birth of plant1/gw1/pump7"
+    )
+
+
+def test_data_of_a_device_or_node_without_a_birth_is_quarantined_as_unknown_aliases():
+    session = EdgeNodeSession()
+    [orphan] = session.process([ddata("pump7", 900, 5, temperature(1.0))])
+    assert orphan["reason"] == REASON_UNKNOWN_ALIAS
+    assert orphan["detail"] == "DDATA: edge node plant1/gw1 has no NBIRTH in force"
+    session.process([nbirth(1000)])
+    [unborn] = session.process([ddata("pump8", 1100, 1, temperature(1.0))])
+    assert unborn["detail"] == "DDATA: device plant1/gw1/pump8 has had no DBIRTH since the edge node's NBIRTH"
+
+
+def test_a_sequence_number_that_does_not_follow_is_flagged_and_the_rows_kept():
+    session = EdgeNodeSession()
+    session.process([nbirth(1000), dbirth("pump7", 1001, seq=1)])
+    rows = session.process(
+        [ddata("pump7", 1100, 2, temperature(1.0)), ddata("pump7", 1200, 5, temperature(2.0))]
+    )
+    assert [(r["seq"], r["seq_gap"], r["value_double"]) for r in rows] == [(2, False, 1.0), (5, True, 2.0)]
+
+
+def test_the_sequence_wraps_from_255_to_0_without_a_gap():
+    session = EdgeNodeSession()
+    session.process([nbirth(1000), dbirth("pump7", 1001, seq=1)])
+    session.last_seq = 254
+    rows = session.process(
+        [ddata("pump7", 1100 + n, seq, temperature(1.0)) for n, seq in enumerate((255, 0, 1))]
+    )
+    assert [r["seq_gap"] for r in rows] == [False, False, False]
+
+
+def test_messages_of_one_millisecond_on_several_topics_are_read_in_their_sequence_order():
+    session = EdgeNodeSession()
+    # the birth, the device's birth and its data land in the same millisecond, handed over in reverse
+    batch = [nbirth(1000), dbirth("pump7", 1000, seq=1), ddata("pump7", 1000, 2, temperature(3.0))]
+    rows = session.process(list(reversed(batch)))
+    assert kinds(rows, REJECTED) == []
+    assert [r["message_type"] for r in kinds(rows, METRIC)][-1] == "DDATA"
+
+
+def test_a_millisecond_whose_numbers_straddle_the_wrap_is_read_255_first():
+    session = EdgeNodeSession()
+    session.process([nbirth(1000), dbirth("pump7", 1001, seq=1)])
+    session.last_seq = 254
+    batch = [
+        ddata("pump7", 2000, 0, temperature(2.0)),
+        ddata("pump7", 2000, 255, temperature(1.0)),
+    ]
+    rows = session.process(batch)
+    assert [(r["seq"], r["seq_gap"]) for r in rows] == [(255, False), (0, False)]
+
+
+@pytest.mark.sparkplug(
+    "tck-id-operational-behavior-edge-node-termination-host-action-ndeath-node-offline",
+    "tck-id-operational-behavior-edge-node-termination-host-action-ndeath-devices-offline",
+)
+def test_the_will_ends_the_node_and_its_devices_and_a_stale_will_is_ignored():
+    session = EdgeNodeSession()
+    session.process([nbirth(1000, bdseq=3), dbirth("pump7", 1001, seq=1), dbirth("pump8", 1002, seq=2)])
+    assert session.process([record(NODE.format("NDEATH"), ndeath(2), 1500)]) == []  # an older connection's
+    rows = session.process([record(NODE.format("NDEATH"), ndeath(3), 1600)])
+    assert [(r["device_id"], r["online"], r["timestamp_ms"]) for r in rows] == [
+        ("pump7", False, 1600),
+        ("pump8", False, 1600),
+        (None, False, 1600),
+    ]
+    [late] = session.process([ddata("pump7", 1700, 3, temperature(1.0))])
+    assert late["reason"] == REASON_UNKNOWN_ALIAS  # the aliases died with the session
+
+
+def test_a_rebirth_redefines_the_aliases_and_voids_the_devices_births():
+    session = EdgeNodeSession()
+    session.process([nbirth(1000, bdseq=0), dbirth("pump7", 1001, seq=1)])
+    rows = session.process([nbirth(2000, bdseq=0)])  # a rebirth on the same connection
+    assert [(r["device_id"], r["online"]) for r in kinds(rows, PRESENCE)] == [("pump7", False), (None, True)]
+    [rejected] = session.process([ddata("pump7", 2100, 1, temperature(1.0))])
+    assert rejected["reason"] == REASON_UNKNOWN_ALIAS
+    assert kinds(session.process([dbirth("pump7", 2200, seq=2)]), REJECTED) == []
+
+
+@pytest.mark.sparkplug("tck-id-operational-behavior-edge-node-termination-host-action-ddeath-devices-offline")
+def test_a_device_death_ends_that_device_only():
+    session = EdgeNodeSession()
+    session.process([nbirth(1000), dbirth("pump7", 1001, seq=1), dbirth("pump8", 1002, seq=2)])
+    death = record(DEVICE.format("DDEATH", "pump7"), encode([], timestamp_ms=1100, seq=3), 1100)
+    assert [(r["device_id"], r["online"]) for r in session.process([death])] == [("pump7", False)]
+    rows = session.process([ddata("pump8", 1200, 4, temperature(1.0))])
+    assert [(r["metric"], r["seq_gap"]) for r in rows] == [("Temperature", False)]
+
+
+def test_the_state_survives_a_round_trip_between_micro_batches():
+    session = EdgeNodeSession()
+    session.process([nbirth(1000, bdseq=4), dbirth("pump7", 1001, seq=1)])
+    restored = EdgeNodeSession.from_bytes(session.to_bytes())
+    assert restored == session
+    rows = restored.process([ddata("pump7", 1100, 2, MetricOut(-1, "Int16", alias=11, with_datatype=False))])
+    assert [(r["metric"], r["value_long"], r["seq_gap"]) for r in rows] == [("Offset", -1, False)]
+
+
+@pytest.mark.parametrize(
+    ("topic", "payload", "detail"),
+    [
+        ("spBv1.0/plant1/NDATA", b"", "has 3 levels; Sparkplug B's have 4 or 5"),
+        ("spBv1.0/plant1/DDATA/gw1", b"", "'DDATA' is not an edge node's message type"),
+        (
+            NODE.format("NDATA"),
+            b"\x12\x05\x0a",
+            "sparkplug_b: byte 0: field metrics (2): its length runs past",
+        ),
+        (
+            DEVICE.format("DDATA", "pump7"),
+            encode([MetricOut("hot", "String", alias=10)], timestamp_ms=1, seq=2),
+            "sparkplug_b: metric 0 (alias 10): a Float in string_value, not in float_value",
+        ),
+    ],
+)
+def test_a_message_that_cannot_be_read_is_quarantined_saying_where(topic, payload, detail):
+    session = EdgeNodeSession()
+    session.process([nbirth(1000), dbirth("pump7", 1001, seq=1)])
+    [rejected] = session.process([record(topic, payload, 1100)])
+    assert rejected["reason"] == REASON_MALFORMED
+    assert detail in rejected["detail"], rejected["detail"]
+
+
+def test_a_birth_metric_without_a_name_is_malformed():
+    session = EdgeNodeSession()
+    bad = record(NODE.format("NBIRTH"), encode([MetricOut(1.0, "Double", alias=1)], timestamp_ms=1, seq=0), 1)
+    [rejected] = session.process([bad])
+    assert rejected["detail"] == "sparkplug_b: metric 0 (alias 1): a birth's metric must have a name"
+    assert session.birth is None
+
+
+def test_commands_and_the_hosts_state_topic():
+    request = read_payload(rebirth_request(5))
+    assert [(m.name, m.datatype, m.message.boolean_value) for m in request.metrics] == [
+        ("Node Control/Rebirth", "Boolean", True)
+    ]
+    assert request.seq is None  # commands carry no sequence number
+    assert EdgeNodeSession().process([record(NODE.format("NCMD"), rebirth_request(5), 5)]) == []
+    assert state_topic("timestone") == "spBv1.0/STATE/timestone"
+    with pytest.raises(ValueError, match="is a host application's STATE"):
+        parse_topic("spBv1.0/STATE/timestone")
