@@ -13,6 +13,7 @@ STAMP40 := $(VENV40)/.installed
 # What runs on it again: the sources' and the telemetry and actions jobs' end-to-end tests (docs/spark-source.md).
 SPARK40_TESTS := tests/unit/sources tests/e2e/sources/test_stream_reader.py \
 	tests/e2e/sources/test_timestone_source_spark.py tests/e2e/sources/test_delta_cdf.py \
+	tests/e2e/sinks/test_spark_arrow.py tests/e2e/sinks/test_delta_rs_store.py \
 	tests/e2e/telemetry/test_telemetry_stream.py tests/e2e/ota/test_actions_job.py
 
 .PHONY: demo test lint bench setup system-deps clean

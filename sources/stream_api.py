@@ -13,8 +13,10 @@ which Spark calls before anything else when a query restarts (for the batch it r
 one with ``start == end``). The source applies its own read limit to that start, so ``maxRecordsPerTrigger``
 (``maxVersionsPerTrigger``) still bounds the batches of a processing-time trigger. An ``availableNow`` run
 degrades: Spark 4.0 fixes its end from one ``latestOffset()`` call, so with a limit the run reads one bounded
-batch (the next run goes on from there), without one everything in one batch. :func:`note_spark_version` logs
-this once in the driver, and each query's planner logs it once too.
+batch (the next run goes on from there), without one everything in one batch; a processing-time query over
+the ``timestone`` source's ``endAtQueryStart`` reads the same batches as ``availableNow`` on Spark 4.2
+(``pipelines.available_now``). :func:`note_spark_version` logs this once in the driver, and each query's
+planner logs it once too.
 """
 
 from __future__ import annotations
@@ -105,7 +107,8 @@ DEGRADED = (
     "Spark {version} gives Python streaming sources neither their batch start nor a read limit (Spark 4.2 "
     "does): the timestone and delta_cdf sources plan each batch from where the last one ended and apply "
     "maxRecordsPerTrigger and maxVersionsPerTrigger themselves; an availableNow run reads at most one "
-    "such batch (all that is available when no limit is set), and the next run goes on from there"
+    "such batch (all that is available when no limit is set), and the next run goes on from there; a "
+    "processing-time query with the option endAtQueryStart=true reads what was there in bounded batches"
 )
 
 _noted: set[str] = set()

@@ -247,6 +247,8 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
         if start is None:  # Spark 4.0 and 4.1 give neither (sources/stream_api.py)
             start, limit = self._starts.start(self.initialOffset), self.getDefaultReadLimit()
+        if self.options.end_at_query_start and self._target is None:
+            self.prepareForTriggerAvailableNow()
         self._check_checkpoint(start)
         self._note_how_read(start)
         listings, down = self._list_all()

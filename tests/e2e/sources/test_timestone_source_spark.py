@@ -188,6 +188,32 @@ def test_an_available_now_run_with_a_read_limit_on_this_spark(
     assert everything == sorted(key for n in range(3) for key in expected("e", f"plant/{n}/temp", range(40)))
 
 
+def test_end_at_query_start_reads_what_the_brokers_held_in_bounded_batches_then_nothing(
+    timestone_spark: SparkSession, edge: EdgeBroker, tmp_path: Path
+) -> None:
+    """What a pipeline's --available-now runs on Spark 4.0 and 4.1 (pipelines/available_now.py)."""
+    for number in range(3):
+        edge.fill(f"plant/{number}/temp", 40)
+    options = {"startingOffsets": "earliest", "maxRecordsPerTrigger": "50", "endAtQueryStart": "true"}
+    collected = BatchCollector()
+    query = (
+        stream(timestone_spark, {"e": edge}, **options)
+        .writeStream.foreachBatch(collected)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    try:
+        wait_until(lambda: len(collected.keys()) >= 40)  # the query runs; then more records come
+        edge.fill("plant/1/temp", 10, first=40)
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert [len(rows) for rows in collected.batches.values()] == [50, 50, 20]
+    assert collected.keys() == sorted(
+        key for n in range(3) for key in expected("e", f"plant/{n}/temp", range(40))
+    )
+
+
 @pytest.mark.parametrize(
     ("starting", "first_run"),
     [
