@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 class RuntimeConfig:
     """The ``runtime`` section."""
 
+    event_loop: str = "uvloop"
+    """The event loop the broker runs on: ``uvloop`` or ``asyncio`` (the standard library's)."""
     gc_freeze_at_start: bool = True
     """Once started, move every object alive into the collector's permanent generation (`gc.freeze`), so
     that collections no longer walk the start-up heap."""
@@ -36,6 +38,8 @@ class RuntimeConfig:
     the interpreter's setting)."""
 
     def __post_init__(self) -> None:
+        if self.event_loop not in ("uvloop", "asyncio"):
+            raise ConfigError("event_loop", f"expected uvloop or asyncio, got {self.event_loop!r}")
         if isinstance(self.gc_young_threshold, bool) or not isinstance(self.gc_young_threshold, int):
             raise ConfigError("gc_young_threshold", f"must be an integer, got {self.gc_young_threshold!r}")
         if self.gc_young_threshold < 0:

@@ -69,11 +69,11 @@ def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: P
             return
         retain = False
     acl = ctx.acl
-    uplink = ctx.config.uplink
+    reserved = ctx.reserved_topics
     if (
         topic[0] == "$"
         or (acl is not None and not acl.can_publish(session.client_id, session.username, topic))
-        or (uplink is not None and uplink.downlinked(topic))  # the hub's topics here: only it writes them
+        or (reserved is not None and reserved(topic))  # another writer's here (a site's hub): only it writes
     ):
         _refuse(ctx, conn, session, packet, _NOT_AUTHORIZED, "acl_denied")
         return

@@ -19,10 +19,11 @@ from broker_edge.cluster.mirror_logs import ClusterMirrorLogs, decode_parts, enc
 from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
 from broker_edge.cluster.replication.replica_fetch import GAP, FetchRequest, PartitionFetch, TopicPosition
 from broker_edge.cluster.view import ClusterView
-from broker_edge.engine.mirror_logs import MirrorAppend, MirrorPart, MirrorRefused, frames_end
+from broker_edge.engine.ports import MirrorPart, MirrorRefused
 from broker_edge.placement import Member, PartitionState
 from broker_edge.settings.cluster import MemberListenConfig
 from broker_edge.storage import InvalidRecord, LogStore, StorageConfig
+from broker_edge.storage.mirrored import MirrorAppend, frames_end
 from tests.static_isr import StaticIsr
 from tests.unit.broker_edge.storage.log_helpers import make_record
 

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.engine.mirror_logs import LocalMirrorLogs
 from broker_edge.storage import LogStore, Record, StorageConfig
 from broker_edge.uplink.batches_elsewhere import batch_elsewhere
-from broker_edge.uplink.mirror import Gap, apply_batch
+from broker_edge.uplink.mirror import Gap, LocalMirrorLogs, apply_batch
 from broker_edge.uplink.wire import Batch
 from tests.unit.broker_edge.storage.log_helpers import make_record
 

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.engine.mirror_logs import LocalMirrorLogs
 from broker_edge.settings.uplink import site_topic
 from broker_edge.storage import CorruptRecord, LogStore, StorageConfig
-from broker_edge.uplink.mirror import Applied, Gap, apply_batch, mirrored_ends
+from broker_edge.uplink.mirror import Applied, Gap, LocalMirrorLogs, apply_batch, mirrored_ends
 from broker_edge.uplink.site_identity import site_of_certificate, site_uri
 from broker_edge.uplink.wire import Batch, BatchTopic, WireError
 from tests.unit.broker_edge.storage.log_helpers import make_record

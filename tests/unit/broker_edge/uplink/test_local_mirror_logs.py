@@ -7,8 +7,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from broker_edge.engine.mirror_logs import LocalMirrorLogs, MirrorPart
+from broker_edge.engine.ports import MirrorPart
 from broker_edge.storage import LogStore, StorageConfig
+from broker_edge.uplink.mirror import LocalMirrorLogs
 from tests.unit.broker_edge.storage.log_helpers import make_record
 
 
