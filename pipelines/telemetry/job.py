@@ -33,6 +33,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, Row, SparkSession
 
 from broker_edge.config.loader import ConfigError
+from pipelines import available_now as available_now_run
 from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF, MaintenanceTarget
 from pipelines.maintenance.scheduler import MaintenanceScheduler
 from pipelines.metrics import PipelineMetrics
@@ -711,6 +712,8 @@ def start_query(
     spark.conf.set(MIN_BATCHES_TO_RETAIN_CONF, str(config.tables.maintenance.checkpoint_batches))
     options = dict(config.source_options())
     options.update(source_options or {})
+    if available_now:
+        options.update(available_now_run.source_options(spark))
     records = spark.readStream.format("timestone").options(**options).load()
     batch.defer_gold = True if defer_gold is None else defer_gold
     writer = (
@@ -720,10 +723,8 @@ def start_query(
     )
     batch.resume(config.stream.checkpoint)
     if available_now:
-        writer = writer.trigger(availableNow=True)
-    else:
-        writer = writer.trigger(processingTime=config.stream.trigger_interval)
-    return writer.start()
+        return available_now_run.start(writer, spark)
+    return writer.trigger(processingTime=config.stream.trigger_interval).start()
 
 
 def maintenance_target(spark: SparkSession | None, config: TelemetryConfig) -> MaintenanceTarget:

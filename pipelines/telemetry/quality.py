@@ -311,12 +311,12 @@ def gx_outcomes_of_arrow(
     The pandas frame is made by PySpark's own conversion of ``toPandas`` (its session ``timezone``), so GX
     sees the same values and types as from a Spark sample; the first ``max_rows`` rows are validated.
     """
-    from pyspark.sql.pandas.conversion import _convert_arrow_table_to_pandas
+    from sinks.spark_arrow import to_pandas
 
     if validator.engine != "pandas":
         raise ValueError("validating Arrow rows needs the pandas engine")
     sample = parsed.select(schema.names).slice(0, max_rows)
-    frame = _convert_arrow_table_to_pandas(sample, schema, timezone=timezone, date_as_object=True)
+    frame = to_pandas(sample, schema, timezone)
     return validator.validate(frame), len(frame)
 
 

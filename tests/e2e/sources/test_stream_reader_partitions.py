@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from broker_edge.storage import StorageConfig
 from sources.offsets_planner import DataLossError
 from sources.options import parse_options
+from sources.stream_api import ReadAllAvailable, ReadMaxRows
 from sources.timestone_source import TimestonePartition, TimestoneStreamReader
 from tests.e2e.sources.conftest import BASE_TIME_MS, EdgeBroker, telemetry
 
