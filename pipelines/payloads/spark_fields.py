@@ -67,7 +67,8 @@ def decoded_struct(
     def decode(payloads: pd.Series) -> pd.DataFrame:  # pandas_udf reads the kind of UDF off the hints
         return decode_series(payloads)
 
-    return pandas_udf(decode, schema)(payload)  # type: ignore[call-overload]
+    # pyspark's overloads of pandas_udf do not cover a Series -> DataFrame function returning a struct
+    return pandas_udf(decode, schema)(payload)  # type: ignore[call-overload]  # see the line above
 
 
 class DecodeSeries:
