@@ -1,26 +1,37 @@
 # Timestone: two commands on a fresh machine.
 #   make demo   set up .venv and run the end-to-end demo (local broker, simulated devices, local Spark, Delta)
-#   make test   set up .venv and the test tools, then lint and run the whole test suite
+#   make test   set up .venv and the test tools, then lint and run the whole test suite (the Spark end-to-end
+#               tests again on Spark 4.0, in .venv-spark40)
 # Everything else here is what those two need.
 
 PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.installed
+# The oldest Spark the sources and jobs support (Databricks Runtime 17.3 LTS ships 4.0.0), in a venv of its own.
+VENV40  := .venv-spark40
+STAMP40 := $(VENV40)/.installed
+# What runs on it again: the sources' and the telemetry and actions jobs' end-to-end tests (docs/spark-source.md).
+SPARK40_TESTS := tests/unit/sources tests/e2e/sources/test_stream_reader.py \
+	tests/e2e/sources/test_timestone_source_spark.py tests/e2e/sources/test_delta_cdf.py \
+	tests/e2e/sinks/test_spark_arrow.py tests/e2e/sinks/test_delta_rs_store.py \
+	tests/e2e/telemetry/test_telemetry_stream.py tests/e2e/ota/test_actions_job.py
 
 .PHONY: demo test lint bench setup system-deps clean
 
 demo: $(STAMP)
 	$(VENV)/bin/timestone demo
 
-test: $(STAMP) system-deps
+test: $(STAMP) $(STAMP40) system-deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest
+	$(VENV40)/bin/pytest -p no:cacheprovider $(SPARK40_TESTS)
 
 # Every benchmark writes its section into bench/results/ (commitlog, Spark source, telemetry job, OTA, footprint,
-# cluster, cluster fanout, cluster under faults, many topics, a fleet against Mosquitto and Aedes, uplink,
-# TLS accept), and the uplink's WAN cut of five minutes (the suite's test with a longer cut: a check, not a figure),
+# cluster, cluster fanout, cluster under faults, many topics, a fleet against Mosquitto and Aedes, ingest per
+# core and a QoS 0 flood against Mosquitto, the engine's CPU per message, members on one host, uplink, TLS
+# accept), and the uplink's WAN cut of five minutes (the suite's test with a longer cut: a check, not a figure),
 # then the broker suite writes bench/RESULTS.md with every bench/results/*.md section appended: one command
 # regenerates every published figure (about 50 minutes on a 2-core machine; run it on a quiet one).
 bench: $(STAMP) system-deps
@@ -36,6 +47,10 @@ bench: $(STAMP) system-deps
 	$(VENV)/bin/python -m bench.sessions_bench
 	$(VENV)/bin/python -m bench.topics_bench
 	$(VENV)/bin/python -m bench.fleet_bench
+	$(VENV)/bin/python -m bench.ingest_bench --variants
+	$(VENV)/bin/python -m bench.flood_bench
+	$(VENV)/bin/python -m bench.ingest_floor
+	$(VENV)/bin/python -m bench.workers_bench
 	$(VENV)/bin/python -m bench.uplink_bench
 	TIMESTONE_WAN_CUT_S=300 $(VENV)/bin/pytest -q -p no:cacheprovider tests/e2e/uplink/test_uplink_wan.py
 	$(VENV)/bin/python -m bench.tls_accept_bench
@@ -48,15 +63,20 @@ lint: $(STAMP)
 
 setup: $(STAMP) system-deps
 
-# The virtual environment, rebuilt when the declared dependencies change.
+# The virtual environments, rebuilt when the declared dependencies change.
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet -e '.[pipelines,spark,dev,cluster,notebooks]'
 	touch $(STAMP)
+
+$(STAMP40): pyproject.toml
+	test -x $(VENV40)/bin/python || $(PYTHON) -m venv $(VENV40)
+	$(VENV40)/bin/pip install --quiet -e '.[pipelines,spark40,dev,cluster]'
+	touch $(STAMP40)
 
 # Debian packages and npm packages the tests and benchmarks drive (Mosquitto's clients, etcd, MQTT.js).
 system-deps:
 	bash .ci/system-deps
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV40) build *.egg-info .pytest_cache .ruff_cache

@@ -134,7 +134,7 @@ def seed_logs(directory: Path, topics: Sequence[str], offset: int) -> None:
     try:
         with LogStore(directory, StorageConfig()) as store:
             for topic in topics:
-                store.restart_at(topic, offset)
+                store.replicated_log.restart_at(topic, offset)
                 store.append_message(topic, b"", 1)
             store.flush()
     finally:

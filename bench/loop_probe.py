@@ -48,6 +48,12 @@ class Phase:
     /proc/thread-self/schedstat): what the broker's own threads held it for (the interpreter's lock, a
     blocking call), the machine's other work left out."""
     turns_over_5ms: int = 0
+    late_p50_ms: float = 0.0
+    late_p99_ms: float = 0.0
+    """How late the task woke, at the median and the 99th percentile of its wake-ups in the phase."""
+    late_not_cpu_wait_p99_ms: float = 0.0
+    """The 99th percentile of the lateness less the run-queue wait (as ``max_late_not_cpu_wait_ms``)."""
+    wakeups: int = 0
     collections: dict[int, list[float]] = field(default_factory=lambda: {n: [0, 0.0, 0.0] for n in range(3)})
     """Per generation: collections, their total and largest wall milliseconds."""
     stacks: dict[str, int] = field(default_factory=dict)
@@ -60,6 +66,8 @@ class LoopProbe:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.phase = Phase()
+        self._late: list[float] = []
+        self._own_late: list[float] = []
         self._beat = time.perf_counter()
         self._gc_began = 0.0
         self._loop_thread = threading.get_ident()
@@ -87,6 +95,8 @@ class LoopProbe:
             own_ms = late_ms - (wait - last_wait) * 1000
             phase.max_late_not_cpu_wait_ms = max(phase.max_late_not_cpu_wait_ms, own_ms)
             phase.turns_over_5ms += turn_ms > 5
+            self._late.append(late_ms)
+            self._own_late.append(own_ms)
             last, last_cpu, last_wait = now, cpu, wait
             self._beat = now
 
@@ -116,6 +126,13 @@ class LoopProbe:
                 name = ""
             if name and name != self.phase.name:
                 self.phase = Phase(name)
+                self._late, self._own_late = [], []
+            late, own = sorted(self._late), sorted(self._own_late)
+            if late:
+                self.phase.wakeups = len(late)
+                self.phase.late_p50_ms = late[len(late) // 2]
+                self.phase.late_p99_ms = late[min(len(late) - 1, int(0.99 * len(late)))]
+                self.phase.late_not_cpu_wait_p99_ms = own[min(len(own) - 1, int(0.99 * len(own)))]
             stats = asdict(self.phase)
             stats["stacks"] = sorted(stats["stacks"].items(), key=lambda item: -item[1])[:16]
             temporary = Path(f"{self.path}.tmp")

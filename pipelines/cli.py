@@ -15,7 +15,7 @@ COMMANDS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "broker": (
         "broker_edge.runtime.main",
         "main",
-        "run an edge broker: timestone broker [--config FILE]",
+        "run an edge broker: timestone broker [--config FILE] [--workers N]",
         (),
     ),
     "passwd": (

@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import pyarrow.compute as pc
 
@@ -28,6 +29,9 @@ from pipelines.fleet.cli import at_least_one, probability
 from pipelines.fleet.device import DeviceBehaviour
 from pipelines.fleet.fleet import FleetSpec
 from pipelines.views.location import DEMO_WORKDIR, notebooks_hint
+
+if TYPE_CHECKING:
+    from pipelines.actions.operator import NewAction
 
 STATES = ("queued", "in_progress", "succeeded", "failed", "rejected", "timed_out", "canceled")
 
@@ -171,37 +175,65 @@ BAD_BUILD = "2.1.0"
 """A version the demo's devices fail to install on a share of them (``version_failure_rates``)."""
 
 
-def _phased_bad_build(store, in_fleet: int, deadline: float, progress: Progress) -> bool:
-    """A phased rollout of a bad build to group fleet (``in_fleet`` devices) that stops on its abort rule
-    and rolls back: True when it did. The first phase opens the next once half of its devices succeeded:
-    the demo's devices reject an action at ``--reject-rate``, and a device that rejected never succeeds (a
-    gate of all of them would hold the rollout until the demo's time ran out)."""
-    from pipelines.actions.operator import NewAction, create_action
+FIRST_PHASE_MIN = 10
+"""The fewest devices the bad build's first phase holds (all of a smaller fleet): the sample its abort rule
+judges before any other device is sent it."""
 
-    first_phase = max(1, math.ceil(0.2 * in_fleet))
-    action_id = create_action(
-        store,
-        NewAction(
-            group="fleet",
-            version=BAD_BUILD,
-            url=f"https://firmware.example.invalid/fw-{BAD_BUILD}.bin",
-            sha256="7d1e" + "0" * 60,
-            phases=[{"percent": 20.0, "success_pct": 50.0}, {"percent": 30.0, "wait_s": 5}, {}],
-            abort_rules=[{"failure_kind": "failed", "threshold_pct": 10.0, "min_executed": first_phase}],
-            retries=[{"failure_kind": "failed", "max_retries": 1, "backoff_s": 2}],
-            rollback={
-                "version": "1.0.0",
-                "url": "https://firmware.example.invalid/fw-1.0.0.bin",
-                "sha256": "0" * 64,
-            },
-            in_progress_timeout_s=60,
-            created_by="demo",
-        ),
+
+def first_phase_size(in_fleet: int) -> int:
+    """Devices in the bad build's first phase: 20 % of the fleet, at least ``FIRST_PHASE_MIN``."""
+    return min(in_fleet, max(FIRST_PHASE_MIN, math.ceil(0.2 * in_fleet)))
+
+
+def demo_behaviour(failure_rate: float, reject_rate: float) -> DeviceBehaviour:
+    """How the demo's simulated devices act on an action (the bad build fails on 40 % of them)."""
+    return DeviceBehaviour(
+        telemetry_interval_s=2.0,
+        download_delay_s=(1.0, 4.0),
+        failure_rate=failure_rate,
+        reject_rate=reject_rate,
+        version_failure_rates={BAD_BUILD: 0.4},
     )
+
+
+def bad_build_rollout(in_fleet: int) -> NewAction:
+    """The demo's phased rollout of the bad build to group fleet (``in_fleet`` devices): a first phase of
+    ``first_phase_size`` devices, which opens the next once half of them succeeded and every one of them
+    finished (the abort rule's sample: ``min_executed``); one retry after a failure; abort once 10 % of the
+    finished devices failed; roll back to 1.0.0."""
+    from pipelines.actions.operator import NewAction
+
+    first_phase = first_phase_size(in_fleet)
+    return NewAction(
+        group="fleet",
+        version=BAD_BUILD,
+        url=f"https://firmware.example.invalid/fw-{BAD_BUILD}.bin",
+        sha256="7d1e" + "0" * 60,
+        phases=[{"devices": first_phase, "success_pct": 50.0}, {"percent": 30.0, "wait_s": 5}, {}],
+        abort_rules=[{"failure_kind": "failed", "threshold_pct": 10.0, "min_executed": first_phase}],
+        retries=[{"failure_kind": "failed", "max_retries": 1, "backoff_s": 2}],
+        rollback={
+            "version": "1.0.0",
+            "url": "https://firmware.example.invalid/fw-1.0.0.bin",
+            "sha256": "0" * 64,
+        },
+        in_progress_timeout_s=60,
+        created_by="demo",
+    )
+
+
+def _phased_bad_build(store, in_fleet: int, deadline: float, progress: Progress) -> bool:
+    """The bad build's phased rollout (``bad_build_rollout``), followed until it stops on its abort rule
+    and rolls back: True when it did."""
+    from pipelines.actions.operator import create_action
+
+    first_phase = first_phase_size(in_fleet)
+    action_id = create_action(store, bad_build_rollout(in_fleet))
     print(
-        f"\nWrote OTA action {action_id} (firmware {BAD_BUILD}, a bad build → group fleet): phases of 20 % "
-        f"(the next once half of it succeeded), 30 % and the rest; one retry after a failure; abort once "
-        f"10 % of at least {first_phase} finished devices failed; roll back to 1.0.0:"
+        f"\nWrote OTA action {action_id} (firmware {BAD_BUILD}, a bad build → group fleet): phases of "
+        f"{first_phase} devices (the next once half of them succeeded and all {first_phase} finished), 30 % "
+        f"and the rest; one retry after a failure; abort once 10 % of at least {first_phase} finished "
+        "devices failed; roll back to 1.0.0:"
     )
     final = _follow(store, action_id, deadline, progress)
     print(f"\nOutcome of {action_id}: {final.get('action_state', 'unknown')} in phase {final.get('phase')}")
@@ -250,13 +282,7 @@ def demo_main(argv: list[str]) -> int:
     broker.start()
     print(f"  broker      MQTT 127.0.0.1:{broker.port}, offsets API {broker.offsets_url}")
     spec = FleetSpec(brokers=[broker.address], count=args.devices, groups=["canary", "fleet"], seed=11)
-    behaviour = DeviceBehaviour(
-        telemetry_interval_s=2.0,
-        download_delay_s=(1.0, 4.0),
-        failure_rate=args.failure_rate,
-        reject_rate=args.reject_rate,
-        version_failure_rates={BAD_BUILD: 0.4},
-    )
+    behaviour = demo_behaviour(args.failure_rate, args.reject_rate)
     try:
         with BackgroundFleet(spec, behaviour) as fleet:
             print(f"  fleet       {fleet.fleet.connected()} simulated devices (groups canary, fleet)")

@@ -1,10 +1,11 @@
 """``--set KEY=VALUE``: one value of a parsed YAML config document, addressed as errors name it.
 
 A key is the dotted path a configuration error prints, list items included: ``telemetry.tables.root``,
-``telemetry.quality.suites[0].expectations[1].column``. The value is read as YAML, so ``[a, b]`` is a list
-and ``null`` is None. Mappings missing on the way are created; a list item is replaced, or appended when
-its index is the list's length; a list the file does not hold cannot be indexed (its default is not in the
-file to change), and the error says to set the whole list instead.
+``telemetry.quality.suites[0].expectations[1].column``. The value is read as YAML, so ``[a, b]`` is a list,
+``null`` is None and ``!env NAME`` the value of that environment variable (read when the config is loaded,
+``broker_edge.config.loader``). Mappings missing on the way are created; a list item is replaced, or
+appended when its index is the list's length; a list the file does not hold cannot be indexed (its default
+is not in the file to change), and the error says to set the whole list instead.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from broker_edge.config.loader import ConfigError
+from broker_edge.config.loader import ConfigError, parse_yaml
 
 __all__ = ["apply_override", "key_steps"]
 
@@ -91,7 +92,7 @@ def apply_override(document: dict[str, Any], assignment: str) -> None:
         node = _child(node, steps, index)
     _check_container(node, steps, len(steps) - 1)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = parse_yaml(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
         raise ConfigError(key.strip(), f"value is not valid YAML: {exc}") from None
     last = steps[-1]

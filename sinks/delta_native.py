@@ -356,12 +356,11 @@ class DeltaNativeTableStore(TableStore):
         return int(detail["numFiles"]) if detail is not None else 0
 
     def read_arrow(self, name: str, within: TimeRange | None = None) -> pa.Table:
-        from pyspark.sql.pandas.types import to_arrow_schema
-
         from sinks.arrow_conform import conform
+        from sinks.spark_arrow import to_arrow
 
         frame = self.read(name, within)
-        return conform(frame.toArrow(), to_arrow_schema(frame.schema, timezone="UTC"), name)
+        return conform(frame.toArrow(), to_arrow(frame.schema), name)
 
     def version(self, name: str) -> int:
         return int(self._delta_table(name).history(1).select("version").first()[0])

@@ -39,12 +39,12 @@ import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Field, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
-from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructField, StructType
 
 from sinks.arrow_conform import SchemaMismatch, conform, to_arrow_table
 from sinks.object_store import FileLocation, UnsupportedLocation, local_directory
 from sinks.parquet_files import FileWriter, WrittenFile, remove_files, write_files
+from sinks.spark_arrow import to_arrow, to_spark
 from sinks.store import (
     COMMIT_MARKER_KEY,
     DELETED_FILE_RETENTION,
@@ -155,7 +155,7 @@ class DeltaRsTableStore(TableStore):
                 f"{spec.name}: table is partitioned by {list(metadata.partition_columns)}, "
                 f"spec says {list(spec.partition_by)}"
             )
-        existing = {f.name: f for f in from_arrow_schema(_arrow_schema(table)).fields}
+        existing = {f.name: f for f in to_spark(_arrow_schema(table)).fields}
         missing = []
         for declared in spec.schema.fields:
             found = existing.get(declared.name)
@@ -255,7 +255,7 @@ class DeltaRsTableStore(TableStore):
             began = time.perf_counter()
             if writer is None:
                 schema = _arrow_schema(table)
-                conform(to_arrow_schema(frame.schema, timezone="UTC").empty_table(), schema, name)
+                conform(to_arrow(frame.schema).empty_table(), schema, name)
                 writer = FileWriter(location, schema, tuple(table.metadata().partition_columns), name)
                 written = write_files(frame, writer)
                 timing[0] = time.perf_counter() - began
@@ -578,7 +578,7 @@ def _read_schema(table: DeltaTable) -> StructType:
     """The table's own schema as Spark file reads produce it: every field nullable, comments kept."""
     arrow = _arrow_schema(table)
     fields = []
-    for spark_field, arrow_field in zip(from_arrow_schema(arrow).fields, arrow, strict=True):
+    for spark_field, arrow_field in zip(to_spark(arrow).fields, arrow, strict=True):
         comment = (arrow_field.metadata or {}).get(b"comment")
         metadata = {"comment": comment.decode()} if comment else {}
         fields.append(StructField(spark_field.name, as_nullable(spark_field.dataType), True, metadata))

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import pyarrow as pa
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -39,6 +38,8 @@ from pyspark.sql.types import (
     TimestampNTZType,
     TimestampType,
 )
+
+from sinks.spark_arrow import to_arrow
 
 CHANGE_DATA_FEED = {"delta.enableChangeDataFeed": "true"}
 
@@ -153,7 +154,7 @@ class TableSpec:
         Column comments travel as the Delta field metadata key ``comment``, which Spark shows as the comment.
         """
         bare = StructType([StructField(f.name, f.dataType, f.nullable) for f in self.schema.fields])
-        arrow = to_arrow_schema(bare, timezone="UTC")
+        arrow = to_arrow(bare)
         return pa.schema(
             [
                 field.with_metadata({"comment": spark_field.metadata["comment"]})

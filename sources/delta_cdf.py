@@ -32,16 +32,12 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxFiles,
-    SupportsTriggerAvailableNow,
-)
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from sinks.arrow_conform import conform
+from sinks.spark_arrow import to_arrow, to_spark
+
+from .stream_api import BatchStarts, ReadAllAvailable, ReadLimit, ReadMaxFiles, SupportsTriggerAvailableNow
 
 CDF_COLUMNS = [
     StructField("_change_type", StringType(), False),
@@ -54,7 +50,7 @@ DEFAULT_VERSIONS_PER_PARTITION = 16
 def cdf_schema(path: str, storage_options: dict[str, str] | None = None) -> StructType:
     """The stream's schema: the table's columns as Spark types, then the change columns."""
     arrow = pa.schema(DeltaTable(path, storage_options=storage_options).schema().to_arrow())
-    table_fields = [f for f in from_arrow_schema(arrow).fields if f.name not in {c.name for c in CDF_COLUMNS}]
+    table_fields = [f for f in to_spark(arrow).fields if f.name not in {c.name for c in CDF_COLUMNS}]
     return StructType([*table_fields, *CDF_COLUMNS])
 
 
@@ -99,12 +95,20 @@ class DeltaCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise ValueError("maxVersionsPerTrigger must be at least 1")
         self.versions_per_partition = int(options.get("versionsPerPartition", DEFAULT_VERSIONS_PER_PARTITION))
         self.available_now_end: int | None = None
+        self._initial: dict | None = None
+        self._starts = BatchStarts()
 
     def _next_version(self) -> int:
         """One past the table's current version: the exclusive end of what can be read now."""
         return DeltaTable(self.path).version() + 1
 
     def initialOffset(self) -> dict:
+        """The first version to read, computed once (Spark may ask again: ``latest`` must not move)."""
+        if self._initial is None:
+            self._initial = self._initial_version()
+        return self._initial
+
+    def _initial_version(self) -> dict:
         if self.starting_version == "earliest":
             return {"version": 0}
         if self.starting_version == "latest":
@@ -126,24 +130,29 @@ class DeltaCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self.available_now_end = self._next_version()
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
+        if start is None:  # Spark 4.0 and 4.1 give neither (sources/stream_api.py)
+            start, limit = self._starts.start(self.initialOffset), self.getDefaultReadLimit()
         end = self._next_version()
         if self.available_now_end is not None:
             end = min(end, self.available_now_end)
         if isinstance(limit, ReadMaxFiles):
             end = min(end, start["version"] + limit.max_files)
-        return {"version": max(end, start["version"])}
+        offset = {"version": max(end, start["version"])}
+        self._starts.ended(offset)
+        return offset
 
     def reportLatestOffset(self) -> dict:
         return {"version": self._next_version()}
 
     def partitions(self, start: dict, end: dict) -> list[VersionRange]:
+        self._starts.ended(end)
         first, stop = start["version"], end["version"]
         step = max(1, self.versions_per_partition)
         return [VersionRange(self.path, v, min(v + step, stop) - 1) for v in range(first, stop, step)]
 
     def read(self, partition: VersionRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]  # Spark passes back a partition made above
-        arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
+        arrow_schema = to_arrow(self.schema)
         changes = read_changes(partition.path, partition.first, partition.last, arrow_schema)
         yield from changes.to_batches()
 

@@ -73,6 +73,7 @@ _KNOWN = {
         "maxBytesPerFetch",
         "readBy",
         "sites",
+        "endAtQueryStart",
     )
 }
 READ_BY = ("partitions", "topics")
@@ -141,6 +142,9 @@ class SourceOptions:
     sites: bool = False
     """The brokers (or the cluster) are an uplink hub: each site's topic ``$site/<site_id>/<topic>`` is read
     as broker ``<site_id>``, topic ``<topic>`` (docs/uplink.md)."""
+    end_at_query_start: bool = False
+    """Read what the brokers held when the query started, then nothing more: what ``availableNow`` does on
+    Spark 4.2+, for a processing-time query on Spark 4.0 and 4.1 (``pipelines.available_now``)."""
 
     @property
     def log_patterns(self) -> tuple[str, ...]:
@@ -210,6 +214,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
         min_partitions=_optional_int(lowered, "minPartitions", minimum=1),
         fail_on_data_loss=_bool(lowered, "failOnDataLoss", default=True),
         sites=_bool(lowered, "sites", default=False),
+        end_at_query_start=_bool(lowered, "endAtQueryStart", default=False),
         fetch_timeout_ms=_int(lowered, "fetchTimeoutMs", DEFAULT_FETCH_TIMEOUT_MS, minimum=1),
         fetch_retries=_int(lowered, "fetchRetries", DEFAULT_FETCH_RETRIES, minimum=0),
         retry_backoff_ms=_int(lowered, "retryBackoffMs", DEFAULT_RETRY_BACKOFF_MS, minimum=0),

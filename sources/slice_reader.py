@@ -48,7 +48,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# What Spark expects from read() for the source schema (pyspark's to_arrow_schema(SCHEMA, timezone="UTC")).
+# What Spark expects from read() for the source schema (sinks.spark_arrow.to_arrow(SCHEMA)).
 SOURCE_ARROW_SCHEMA = pa.schema(
     [
         ("broker", pa.string()),

@@ -26,12 +26,6 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
 from pyspark.sql.types import (
     BinaryType,
     BooleanType,
@@ -72,6 +66,7 @@ from .partition_offsets import (
 )
 from .partition_reader import read_positions
 from .slice_reader import BrokerAuthError, BrokerUnreachableError, FetchSettings, read_slices
+from .stream_api import BatchStarts, ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -201,10 +196,18 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         """How each broker is read (True: by partition): from its checkpointed offsets, or on listing."""
         self._lister: ClusterLister | None = None
         self._cluster: ClusterListing | None = None
+        self._initial: dict | None = None
+        """The query's starting offsets, once computed (Spark may ask again: the answer must not move)."""
+        self._starts = BatchStarts()
 
     # -- offsets: the long-lived planner process ---------------------------------------------------------
 
     def initialOffset(self) -> dict:
+        if self._initial is None:
+            self._initial = self._initial_offsets()
+        return self._initial
+
+    def _initial_offsets(self) -> dict:
         start = self.options.starting_offsets
         listings, down = self._list_all()
         if down and start.kind is not StartKind.EARLIEST:
@@ -241,7 +244,11 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._target = _ends(listings)
         self._target_by_partition = {broker: self._by_partition.get(broker) for broker in listings}
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
+        if start is None:  # Spark 4.0 and 4.1 give neither (sources/stream_api.py)
+            start, limit = self._starts.start(self.initialOffset), self.getDefaultReadLimit()
+        if self.options.end_at_query_start and self._target is None:
+            self.prepareForTriggerAvailableNow()
         self._check_checkpoint(start)
         self._note_how_read(start)
         listings, down = self._list_all()
@@ -262,7 +269,9 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             target=self._target,
             end_may_lag=self.options.reads_cluster,
         )
-        return {broker: drop_passed_marks(keys) for broker, keys in end.items()}
+        end = {broker: drop_passed_marks(keys) for broker, keys in end.items()}
+        self._starts.ended(end)
+        return end
 
     def reportLatestOffset(self) -> dict | None:
         if not self._listings:
@@ -273,6 +282,7 @@ class TimestoneStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         }
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        self._starts.ended(end)
         if self.options.reads_cluster:
             return self._cluster_partitions(start, end)
         # A batch replayed after a restart is planned before any latestOffset: list what is not cached.

@@ -122,7 +122,7 @@ class BrokerUnderTest(ABC):
                 yield proc[1]
                 return
             finally:
-                _stop(proc[0])
+                stop_process_group(proc[0])
                 shutil.rmtree(workdir, ignore_errors=True)
         raise last_error or BrokerUnavailable("could not be started")
 
@@ -155,12 +155,12 @@ class BrokerUnderTest(ABC):
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                _stop(proc)
+                stop_process_group(proc)
                 raise BrokerUnavailable(f"`{' '.join(cmd)}` exited with {proc.returncode}: {_tail(log_path)}")
             if net.mqtt_handshake(port, timeout=0.5):
                 return proc, RunningBroker(self.label, port, proc.pid, workdir)
             time.sleep(0.05)
-        _stop(proc)
+        stop_process_group(proc)
         raise BrokerUnavailable(
             f"no MQTT handshake on port {port} within {self.start_timeout:.0f} s: {_tail(log_path)}"
         )
@@ -185,7 +185,7 @@ def _tail(log_path: Path, lines: int = 5) -> str:
     return " | ".join(text[-lines:]) or "(empty log)"
 
 
-def _stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
     """SIGTERM the broker's process group, SIGKILL it if it is still there after `grace` seconds."""
     _LIVE.pop(proc.pid, None)
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace)):
@@ -203,4 +203,4 @@ def _stop(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
 @atexit.register
 def _stop_all() -> None:
     for proc in list(_LIVE.values()):
-        _stop(proc, grace=1.0)
+        stop_process_group(proc, grace=1.0)

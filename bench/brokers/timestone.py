@@ -30,23 +30,35 @@ class Timestone(BrokerUnderTest):
     start_timeout = 20.0
 
     def __init__(
-        self, persist: bool | None = None, executable: Path | None = None, transport: str | None = None
+        self,
+        persist: bool | None = None,
+        executable: Path | None = None,
+        transport: str | None = None,
+        event_loop: str | None = None,
     ) -> None:
         self.persist = persist
         self.executable = executable or timestone_executable()
         self.transport = transport
         """The listener's ``transport`` (None: the broker's default)."""
+        self.event_loop = event_loop
+        """``runtime.event_loop`` (None: the broker's default)."""
 
     @property
     def label(self) -> str:
         label = "timestone"
         if self.persist is not None:
             label += " (persist on)" if self.persist else " (persist off)"
+        label += f" ({self.event_loop} loop)" if self.event_loop else ""
         return label + (f" ({self.transport} transport)" if self.transport else "")
 
     @property
     def config_key(self) -> tuple[str, ...]:
-        return (self.name, "persist off" if self.persist is False else "default", self.transport or "")
+        return (
+            self.name,
+            "persist off" if self.persist is False else "default",
+            self.transport or "",
+            self.event_loop or "",
+        )
 
     @property
     def summary(self) -> str:
@@ -68,8 +80,9 @@ class Timestone(BrokerUnderTest):
             f"listeners:\n  - host: 127.0.0.1\n    port: {port}\n"
             + (f"    transport: {self.transport}\n" if self.transport else "")
             + f"storage:\n{storage}"
+            + (f"runtime:\n  event_loop: {self.event_loop}\n" if self.event_loop else "")
             # the side ports on free ports, so that runs never collide with another broker on this machine
-            "offsets_api:\n  port: 0\n"
+            + "offsets_api:\n  port: 0\n"
             "admin_http:\n  port: 0\n"
             # the production limits Mosquitto does not have by default: connections and publish rates
             "limits:\n"
@@ -95,6 +108,7 @@ class Timestone(BrokerUnderTest):
             "TCP_NODELAY on)"
         )
         notes += ", `storage: {persist: []}`" if self.persist is False else ""
+        notes += f", runtime.event_loop {self.event_loop}" if self.event_loop else ""
         return notes + (f", listener transport {self.transport}" if self.transport else "")
 
     def version(self) -> str:

@@ -12,13 +12,13 @@ PAYLOAD = 64
 AHEAD = 10_000
 
 
-def spec(qos: int) -> FlowSpec:
+def spec(qos: int, publishers: int = PUBLISHERS) -> FlowSpec:
     """The fan-in flow at one QoS."""
     return FlowSpec(
-        publishers=PUBLISHERS,
+        publishers=publishers,
         subscribers=1,
         qos=qos,
-        topics=tuple(f"bench/fanin/{i}" for i in range(PUBLISHERS)),
+        topics=tuple(f"bench/fanin/{i}" for i in range(publishers)),
         subscription="bench/fanin/+",
         payload_size=PAYLOAD,
         window=64,

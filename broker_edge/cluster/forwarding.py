@@ -24,9 +24,9 @@ partition goes:
    within the deadline, or answered "not the leader" after a later one was appended) is refused, with
    everything behind it in the first case: never appended out of order.
 3. On the leader, ``forwarded`` (this object is the peer links' ``PeerReceiver``) puts them into the
-   PUBLISH path with a ``PeerPublisher`` as their publisher (``accept_forwarded``): appended, replicated
-   (acks=all) and answered like a device's QoS 1 publishes, in turn; the ``PeerPublisher`` gathers one
-   answer per message and sends them back over the link.
+   PUBLISH path as one ``ForwardedBatch`` (``accept_forwarded``): appended, replicated (acks=all) and
+   answered like a device's QoS 1 publishes, in turn, each to the batch, which sends its answers back over
+   the link once it has them all.
 
 ``broadcast``: unlogged publishes go to every other member, which routes them locally (``unlogged``), its
 shared groups left to the broker they were published on.
@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from broker_edge.engine.connection.states import CONNECTED
+from broker_edge.engine.answers import ForwardedBatch
 from broker_edge.engine.ports import ForwardAck
 from broker_edge.observe import path_trace
 from broker_edge.protocol.reason_codes import ReasonCode
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from broker_edge.engine.publish import PublishPath
     from broker_edge.engine.routing.router import Router
 
-__all__ = ["ANSWER_NOT_LEADER", "ClusterForwarding", "PeerPublisher"]
+__all__ = ["ANSWER_NOT_LEADER", "ClusterForwarding"]
 
 log = logging.getLogger("broker_edge.cluster.forwarding")
 
@@ -66,40 +66,6 @@ ANSWER_NOT_LEADER = ReasonCode.USE_ANOTHER_SERVER
 _REFUSED = ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR
 _PUBLISHER_GONE = ForwardAck(0x83, None, "its publisher disconnected while it waited")
 _OVERTAKEN = "a later publish on this topic was appended first: refused rather than stored out of order"
-
-
-class PeerPublisher:
-    """The publisher of publishes another broker forwarded here (the PUBLISH path's ``Publisher``): gathers
-    one answer per message, in order, then calls ``done``."""
-
-    __slots__ = ("_answers", "_done", "_left", "incoming_pending", "messages", "state", "v5")
-
-    def __init__(self, messages: Sequence[Message], done: Callable[[Sequence[ForwardAck]], None]) -> None:
-        self.v5 = True
-        self.state = CONNECTED
-        self.incoming_pending = 0
-        self.messages = messages
-        self._answers: list[ForwardAck | None] = [None] * len(messages)
-        self._left = len(messages)
-        self._done = done
-
-    def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None:
-        if self._answers[packet_id] is not None:
-            return
-        offset = self.messages[packet_id].offset if reason_code < 0x80 else None
-        self._answers[packet_id] = ForwardAck(reason_code, offset, reason_string)
-        self._left -= 1
-        if not self._left:
-            answers = [answer for answer in self._answers if answer is not None]
-            self._done(answers)
-
-    send_pubrec = send_puback
-
-    def release_qos2(self, packet_id: int) -> None:
-        pass
-
-    def close(self, reason_code: int | None = None, reason_string: str | None = None) -> None:
-        pass
 
 
 @dataclass(slots=True)
@@ -152,8 +118,11 @@ class ClusterForwarding:
         loop: asyncio.AbstractEventLoop,
         min_insync_replicas: int,
         forward_timeout_s: float,
+        redirect_publishers: bool = False,
     ) -> None:
         self.view = view
+        self.redirect_publishers = redirect_publishers
+        """``cluster.redirect_publishers``: ``server_for`` names leaders."""
         self.path = path
         self.router = router
         self.links = links
@@ -168,6 +137,13 @@ class ClusterForwarding:
         self._stopped: str | None = None
 
     # -- the forwarding port (the PUBLISH path asks) --------------------------------------------------------
+
+    def server_for(self, topic: str) -> str | None:
+        if not self.redirect_publishers:
+            return None
+        view = self.view
+        leader = view.leader_of(view.partition_of(topic))
+        return leader.mqtt if leader is not None and leader.node_id != view.node_id else None
 
     def appends_here(self, topic: str) -> bool:
         view = self.view
@@ -238,8 +214,8 @@ class ClusterForwarding:
         if leader is not None and not view.fenced:
             if leader == view.node_id:  # into this node's own PUBLISH path: whatever comes later is behind
                 del self._lanes[lane.topic]
-                answered = PeerPublisher(messages, lambda acks: self._answered(lane, sent, acks, here=True))
-                self.path.accept_forwarded(answered, messages)
+                here = ForwardedBatch(messages, lambda acks: self._answered(lane, sent, acks, here=True))
+                self.path.accept_forwarded(here)
                 return
             links = self.links
             if leader in view.members and links is not None and links.up(leader):
@@ -378,9 +354,9 @@ class ClusterForwarding:
                 _trace_answers("received", topic, received_ns, acks)
                 link.answer(batch, acks)
 
-            self.path.accept_forwarded(PeerPublisher(messages, answer), messages)
+            self.path.accept_forwarded(ForwardedBatch(messages, answer))
             return
-        self.path.accept_forwarded(PeerPublisher(messages, lambda acks: link.answer(batch, acks)), messages)
+        self.path.accept_forwarded(ForwardedBatch(messages, lambda acks: link.answer(batch, acks)))
 
     def unlogged(self, message: Message) -> None:
         self.router.publish(message, groups_served=True)  # the broker it was published on served them

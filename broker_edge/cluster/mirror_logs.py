@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from broker_edge import bounds
-from broker_edge.engine.mirror_logs import MirrorAppend, MirrorPart, MirrorRefused, append_mirrored
-from broker_edge.engine.ports import AppendedRun
+from broker_edge.engine.ports import AppendedRun, MirrorPart, MirrorRefused
 from broker_edge.storage import InvalidRecord
+from broker_edge.storage.mirrored import MirrorAppend, append_mirrored
 
 if TYPE_CHECKING:
     from aiohttp import web

@@ -182,7 +182,7 @@ class RefusingReplication:
     def when_replicated(
         self, runs: Sequence[AppendedRun], done: Callable[[], None], failed: Callable[[BaseException], None]
     ) -> None:
-        from broker_edge.cluster.replication.leader import ReplicationRefused
+        from broker_edge.cluster.replication.stage import ReplicationRefused
 
         def refuse(exc: BaseException) -> None:
             failed(PublishRefused(str(exc)) if isinstance(exc, ReplicationRefused) else exc)
@@ -224,6 +224,7 @@ class ClusterNode:
             broker.loop,
             cluster.min_insync_replicas,
             cluster.forward_timeout_ms / 1000,
+            cluster.redirect_publishers,
         )
         self.links = PeerLinks(cluster.node_id, self.clients, self.forwarding, self.proofs)
         self.forwarding.links = self.links
@@ -281,11 +282,14 @@ class ClusterNode:
         from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd
         from broker_edge.cluster.coordination.membership import Membership
         from broker_edge.cluster.reads.interest import LocalInterest, RetainedRefresh
+        from broker_edge.cluster.replication.delivery import LocalDelivery
         from broker_edge.cluster.replication.epochs import LeaderEpochs
-        from broker_edge.cluster.replication.follower import FollowerConfig, Followers, LocalDelivery
-        from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
+        from broker_edge.cluster.replication.fetcher import FollowerConfig
+        from broker_edge.cluster.replication.follower import Followers
+        from broker_edge.cluster.replication.leader import LeaderReplication
         from broker_edge.cluster.replication.replica_fetch import replica_fetch_route
         from broker_edge.cluster.replication.replica_push import PUSH
+        from broker_edge.cluster.replication.stage import LeaderConfig
 
         broker, cluster, view = self.broker, self.cluster, self.view
         store = broker.store
@@ -305,7 +309,7 @@ class ClusterNode:
             clients=self.clients,
             proofs=self.proofs,
         )
-        store.enable_replication(cluster.hw_checkpoint_interval_ms / 1000)
+        store.replicated_log.enable(cluster.hw_checkpoint_interval_ms / 1000)
         epochs = self.epochs = LeaderEpochs(store)
         delivery = LocalDelivery(store, broker.router.publish, broker.replays, live_from_ms=_now_ms())
         self.leader = LeaderReplication(

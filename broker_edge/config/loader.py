@@ -5,13 +5,19 @@ mapping into that tree and rejects unknown keys and wrong types with the dotted 
 ``listeners[1].port: expected int, got str 'abc'``; a float field takes finite numbers only (no ``.nan``,
 ``.inf``). Defaults come from the dataclasses themselves, so an empty or missing file yields a usable
 configuration.
+
+A string value may be written ``!env NAME``: the value of the environment variable ``NAME`` when the
+document is loaded into dataclasses (a secret kept out of files and command lines; on Databricks, a cluster
+environment variable filled from a secret scope). A variable that is not set is an error naming the field.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
+import os
 import types
 import typing
 from pathlib import Path
@@ -29,6 +35,46 @@ class ConfigError(ValueError):
         super().__init__(f"{path}: {message}" if path else message)
 
 
+@dataclasses.dataclass(frozen=True)
+class EnvironmentValue:
+    """A value written ``!env NAME``: the environment variable's value, read by :func:`load_dataclass`."""
+
+    name: str
+
+    def __repr__(self) -> str:
+        return f"!env {self.name}"
+
+    def resolve(self, path: str) -> str:
+        if not self.name or "=" in self.name or any(c.isspace() for c in self.name):
+            raise ConfigError(path, f"!env needs the name of an environment variable, got {self.name!r}")
+        value = os.environ.get(self.name)
+        if value is None:
+            raise ConfigError(path, f"the environment variable {self.name} (!env {self.name}) is not set")
+        return value
+
+
+@functools.cache
+def _yaml_loader() -> type:
+    import yaml  # here: a broker started without a file never needs it
+
+    class ConfigLoader(yaml.SafeLoader):
+        """YAML's safe loader, plus ``!env NAME``."""
+
+    def environment_value(loader: yaml.SafeLoader, node: yaml.Node) -> EnvironmentValue:
+        name = loader.construct_scalar(node) if isinstance(node, yaml.ScalarNode) else ""
+        return EnvironmentValue(str(name).strip())
+
+    ConfigLoader.add_constructor("!env", environment_value)
+    return ConfigLoader
+
+
+def parse_yaml(text: str) -> Any:
+    """One YAML document as configuration reads it: safe, with ``!env NAME`` values."""
+    import yaml
+
+    return yaml.load(text, Loader=_yaml_loader())  # the safe loader, with one more tag
+
+
 def load_yaml_file(path: str | Path) -> dict[str, Any]:
     """Read a YAML file whose top level must be a mapping (an empty file is an empty mapping)."""
     import yaml  # here: a broker started without a file never needs it
@@ -40,7 +86,7 @@ def load_yaml_file(path: str | Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ConfigError(str(path), f"not UTF-8 text: {exc}") from None
     try:
-        document = yaml.safe_load(text)
+        document = parse_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), f"not valid YAML: {exc}") from exc
     if document is None:
@@ -68,6 +114,8 @@ def _join(path: str, key: str) -> str:
 
 
 def _convert(annotation: Any, value: Any, path: str) -> Any:
+    if isinstance(value, EnvironmentValue):
+        value = value.resolve(path)
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
 

@@ -1,8 +1,9 @@
 """The broker's shared parts without any I/O: what every connection and handler works with.
 
 ``BrokerCore`` holds the configuration, the router, the PUBLISH path, the ACL, the password file, the
-connection admission and the counters, and implements ``ConnectionHost`` on top of three primitives: a clock
-(``now``), "run at the end of this loop iteration" (``call_soon``) and a timer (``call_later``).
+connection admission, the slow-subscriber policy and the counters, and implements ``ConnectionHost`` on top
+of three primitives: a clock (``now``), "run at the end of this loop iteration" (``call_soon``) and a timer
+(``call_later``).
 ``server.Broker`` gives them the event loop and adds listeners, storage, HTTP and the sweep; the handler unit
 tests give them a clock and a queue they drive by hand, so bytes can be fed to a ``Connection`` with no socket
 and no event loop.
@@ -24,7 +25,9 @@ from broker_edge.engine.ports import ALONE, ClusterPorts
 from broker_edge.engine.publish import PublishPath
 from broker_edge.engine.routing.retained import RetainedBounds
 from broker_edge.engine.routing.router import Router
+from broker_edge.engine.slow_subscribers import HeldPublisher, SlowSubscribers
 from broker_edge.observe.counters import BrokerCounters
+from broker_edge.observe.logs import connection_logger
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.security.acl import AccessControl
 from broker_edge.security.auth import PasswordFile
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
     from broker_edge.engine.connection.connection import Connection
     from broker_edge.engine.connection.outgoing import Outgoing
     from broker_edge.engine.message import Message
+    from broker_edge.engine.sessions.session import Session
     from broker_edge.observe.metrics import BrokerMetrics
     from broker_edge.settings.broker import BrokerConfig
     from broker_edge.storage.store import LogStore
@@ -64,10 +68,18 @@ class BrokerCore:
             clock=self.now,
         )
         self.router.retained_refused = self._retained_refused
+        self.router.drop_for = self._dropped_for
         self.publish_path = PublishPath(self.router, self.counters, metrics, self.call_soon)
+        self.slow_subscribers = SlowSubscribers(
+            config.limits, self.counters, self.now, self.call_soon, self._connection_of
+        )
+        """What becomes of QoS 0 messages for a subscriber whose write buffer is full."""
         self.router.publish_through = self.publish_path.publish
         self.cluster: ClusterPorts = ALONE
         """The ports of the cluster this broker is a member of (``join_cluster``); ``ALONE`` otherwise."""
+        self.reserved_topics: Callable[[str], bool] | None = None
+        """Topics only another writer writes here (a site's link sets the downlink its hub writes): a client's
+        PUBLISH to one is refused as not authorized."""
         self.acl: AccessControl | None = None
         if config.acl.rules or config.acl.file or config.acl.default:
             self.acl = AccessControl.from_config(config.acl)
@@ -141,6 +153,12 @@ class BrokerCore:
                 conn.close(ReasonCode.SERVER_SHUTTING_DOWN, reason)
         return len(connections)
 
+    def _connection_of(self, client_id: str) -> HeldPublisher | None:
+        """The open connection of the client ``client_id`` on this broker, if any."""
+        session = self.router.sessions.get(client_id)
+        conn = session.connection if session is not None else None
+        return cast("Connection | None", conn)  # every session's connection is one of this broker's
+
     # -- the primitives a runtime provides ------------------------------------------------------------------
 
     def now(self) -> float:
@@ -154,6 +172,20 @@ class BrokerCore:
     def call_later(self, delay: float, callback: Callable[[], None]) -> None:
         """Run ``callback`` in ``delay`` seconds."""
         raise NotImplementedError
+
+    def _dropped_for(self, session: Session, reason: str, message: Message) -> None:
+        """A message the policy kept from ``session`` (its queue full): counted, and said naming it."""
+        conn = cast("Connection | None", session.connection)
+        client_id = session.client_id
+        self.counters.drop_for(
+            reason,
+            self.now(),
+            conn.log if conn is not None else (lambda: connection_logger(client_id, "-", "")),
+            f"message dropped: {reason} (the session's queue is at limits.max_offline_messages or "
+            "max_offline_bytes)",
+            topic=message.topic,
+            qos=message.qos,
+        )
 
     def _retained_refused(self, message: Message, reason: str, size: int) -> None:
         """A retained message over its bounds: delivered, not kept; said in a rate-limited WARNING."""
@@ -189,6 +221,8 @@ class BrokerCore:
 
     def connection_closed(self, conn: Connection, was_connected: bool) -> None:
         self._unattached.pop(conn, None)
+        if conn.terms.paused:
+            self.slow_subscribers.resumed(conn)  # its publishers are read again
         if conn.refused is None:
             self.admission.release()
         if was_connected:

@@ -38,6 +38,8 @@ class Message:
 
     __slots__ = (
         "expires_at",
+        "head",
+        "head_v5",
         "offset",
         "origin",
         "payload",
@@ -71,6 +73,11 @@ class Message:
         """The encoded deliveries made so far (``template``), by variant. A plain variant (no alias, no
         ``offset`` property, no subscription identifier, no expiry to send) has the key
         ``(v5 << 3) | (qos << 1) | retain``: ``Connection.send_message`` looks those up itself."""
+        self.head: bytes | None = None
+        """The received frame's fixed header and topic, when a delivery of the publisher's own protocol
+        version and QoS, without RETAIN, is that frame again (``Publish.head``): that variant is made of it
+        instead of being encoded (``head_v5``: the publisher's protocol family)."""
+        self.head_v5 = False
 
     def __repr__(self) -> str:
         return f"Message({self.topic!r}, {len(self.payload)} bytes, qos={self.qos}, offset={self.offset})"
@@ -119,6 +126,15 @@ class Message:
             found = cache.get(key)
             if found is not None:
                 return found
+        head = self.head
+        if head is not None and key == (self.head_v5 << 3) | (self.qos << 1):  # the frame as received
+            payload = self.payload
+            if qos:
+                found = PublishTemplate(qos, head, b"\x00" + payload if v5 else payload)
+            else:
+                found = PublishTemplate(0, b"".join((head, b"\x00", payload)) if v5 else head + payload)
+            cache[key] = found
+            return found
         properties = self._delivery_properties(subscription_ids, expiry, alias, offsets) if v5 else None
         found = cache[key] = encode_publish_template(
             "" if alias_only else self.topic,

@@ -34,14 +34,18 @@ port                asked by                                           a broker 
                     no complete copy of, read from another broker
 ``remote_starts``   the cursors: replays positioned in logs held       every log is here
                     elsewhere, before the SUBACK
-``mirror_logs``     the uplink hub: a site's frames appended at its    appended here, acknowledged once
-                    offsets on their partition's leader, acknowledged  durable (``LocalMirrorLogs``); every
-                    once replicated; the ends committed there; the     downlinked log is here
-                    downlinked logs held elsewhere, read from a copy
+``mirror_logs``     the uplink: a site's frames appended at its        the uplink's own, over the store
+                    offsets on their partition's leader, acknowledged  (``uplink.mirror.LocalMirrorLogs``):
+                    once replicated; the ends committed there; the     appended here, acknowledged once
+                    downlinked logs held elsewhere, read from a copy   durable; every downlinked log is here
 ==================  =================================================  =======================================
 
-``mirror_logs`` is asked by the uplink (beside the cluster, above the engine), not by the engine itself: the
-port is how the uplink reaches a cluster without importing it.
+``mirror_logs`` is the uplink's: asked by it (beside the cluster, above the engine), never by the engine, and
+declared here because this is where both the uplink and the cluster may read it: the port is how the uplink
+reaches a cluster without importing it. A broker alone's is the uplink's own (``uplink.mirror``); the
+rule both follow, appending another broker's frames at its offsets once, is the store's
+(``storage.mirrored``). The uplink's other hook is ``BrokerCore.reserved_topics``: a site's link says which
+topics only its hub writes, and the PUBLISH handler refuses a client's publish to one.
 """
 
 from __future__ import annotations
@@ -54,11 +58,11 @@ from broker_edge.protocol.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
     from broker_edge.engine.message import Message
-    from broker_edge.engine.mirror_logs import MirrorAppend, MirrorPart
     from broker_edge.engine.sessions.session import Session
     from broker_edge.protocol.packets import Will
     from broker_edge.protocol.topics import OffsetStart
     from broker_edge.storage.errors import OffsetOutOfRange
+    from broker_edge.storage.mirrored import MirrorAppend
     from broker_edge.storage.record import Record
 
 __all__ = [
@@ -71,6 +75,8 @@ __all__ = [
     "Interest",
     "LocalOnly",
     "MirrorLogs",
+    "MirrorPart",
+    "MirrorRefused",
     "PublishRefused",
     "RemoteLogs",
     "RemoteStarts",
@@ -147,6 +153,10 @@ class Forwarding(Protocol):
 
     def broadcast(self, message: Message) -> None:
         """Route an unlogged publish on every other member."""
+
+    def server_for(self, topic: str) -> str | None:
+        """The MQTT address of the member a client publishing on ``topic`` is better connected to (the
+        leader of its partition), when this member sends publishers there; None otherwise."""
 
 
 class Replication(Protocol):
@@ -288,11 +298,26 @@ class RemoteStarts(Protocol):
         """The session ended."""
 
 
-# -- mirrored logs (the uplink hub) ----------------------------------------------------------------------
+# -- mirrored logs (the uplink) -----------------------------------------------------------------------------
+
+
+class MirrorRefused(Exception):
+    """Frames that cannot be acknowledged now (no leader for their partition, too few in-sync replicas,
+    leadership moved): nothing is lost, the sender sends them again from the ends it is given next."""
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorPart:
+    """One log's part of a batch: ``count`` stored frames that start at the sender's offset ``first``."""
+
+    topic: str
+    first: int
+    count: int
+    frames: bytes | memoryview
 
 
 class MirrorLogs(Protocol):
-    """Logs holding another broker's records at its offsets (``broker_edge.engine.mirror_logs``)."""
+    """Logs holding another broker's records at its offsets (``broker_edge.storage.mirrored``)."""
 
     async def append(self, parts: Sequence[MirrorPart]) -> list[MirrorAppend]:
         """Append each part (``append_mirrored``) where its log is written, and return once every one is

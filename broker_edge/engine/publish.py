@@ -12,12 +12,12 @@ through five stages, each a method below:
    (``append_batches``: the group committer learns of them once per partition, not once per topic).
    A topic whose batch fails is retried one message at a time, so only the publishes that fail are refused.
 3. **durable** (``_durable``): the store calls back on the loop once the batch is on disk (its policy).
-4. **replicated** (``_replicated``): the ``Replication`` stage. A single broker has nothing to wait for
-   (``LocalOnly``); a cluster's leader will hold the batch here until its followers have pulled it over the
-   offsets API, so a device is acknowledged only for what survives the leader.
+4. **replicated** (``_durable`` hands the batch to the ``Replication`` port, which calls ``_done``): a
+   single broker has nothing to wait for (``LocalOnly``); a cluster's leader holds the batch until its
+   in-sync replicas hold it, so a device is acknowledged only for what survives the leader.
 5. **route and acknowledge** (``_route_and_acknowledge``): each message is routed, carrying its offset,
-   and every publisher acknowledged in the order the publishes arrived. Log readers (``replay``) are given
-   the appended runs so sessions catching up share the decoded messages.
+   and every publisher answered in the order its publishes arrived (``answers``). Log readers (``replay``)
+   are given the appended runs so sessions catching up share the decoded messages.
 
 On a cluster member (``join_cluster``: the ``forwarding`` and ``replication`` ports of
 ``broker_edge.engine.ports``) the persist stage asks the ``Forwarding`` port which topics are appended here;
@@ -25,11 +25,12 @@ the others are handed to it, and each such part of the batch completes when its 
 leader's, once it has the records on its in-sync replicas, or a refusal: v5 publishers get 0x83 with a
 reason string, v3 publishers are disconnected). What happens to them meanwhile is the cluster's
 (``broker_edge.cluster.forwarding``). Unlogged publishes are also handed to it, to be routed on every other
-member. Publishes another broker forwarded here enter through ``accept_forwarded``. Batches then complete in
-any order (a forwarded part waits for another broker), so each publisher's acknowledgements are kept in its
-arrival order by a queue per publisher ([MQTT-4.6.0-2..4]). A broker alone never calls any of it: its batches
-complete in the order they were persisted (the log makes them durable in that order), and an unlogged
-publish costs it one test of ``forwarding``.
+member. Publishes another broker forwarded here enter as a ``ForwardedBatch`` (``accept_forwarded``),
+answered to that batch as a client's are to the client. Batches then complete in any order (a forwarded part
+waits for another broker), so each publisher's answers wait for its earlier ones (``answers.AnswersInTurn``,
+[MQTT-4.6.0-2..4]). A broker alone's batches complete in the order they were persisted (the log makes them
+durable in that order): its answers go through the same class, as soon as they are known. It never calls
+the ``forwarding`` port: an unlogged publish costs it one test of it.
 
 If writing fails, v5 publishers get 0x80 in their acknowledgement and v3 publishers are disconnected (they
 resend after reconnecting); nothing is acknowledged that is not durable.
@@ -41,12 +42,18 @@ next loop iteration (``call_soon``).
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
+from broker_edge.engine.answers import (
+    AnswersInTurn,
+    ForwardedBatch,
+    PendingPublish,
+    Publisher,
+    acknowledge,
+)
 from broker_edge.engine.connection.states import CLOSED
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import LOCAL_ONLY, AppendedRun, ForwardAck, PublishRefused
@@ -65,12 +72,7 @@ if TYPE_CHECKING:
     from broker_edge.observe.metrics import BrokerMetrics
     from broker_edge.storage.record import RecordFields
 
-__all__ = [
-    "PendingPublish",
-    "PublishPath",
-    "PublishStore",
-    "Publisher",
-]
+__all__ = ["HeldReader", "PublishPath", "PublishStore"]
 
 log = logging.getLogger("broker_edge.publish_path")
 
@@ -95,30 +97,6 @@ def retained_not_kept(router: Router, message: Message) -> str | None:
     if refusal is None or not message.retain or not message.payload:
         return None
     return f"retained message not kept: {_NOT_KEPT.get(refusal, refusal)}; delivered and logged all the same"
-
-
-class Publisher(Protocol):
-    """The side of a client connection the PUBLISH path acknowledges (``Connection`` is one)."""
-
-    @property
-    def v5(self) -> bool: ...
-
-    state: int
-    incoming_pending: int
-    """Its QoS 1/2 publishes read and not yet answered: a QoS 1 publish until its PUBACK; a QoS 2 publish
-    until its PUBCOMP from an MQTT 5 client (as its Receive Maximum counts), until its PUBREC from an
-    older one (whose reading waits on this count, so its PUBRELs must stay readable). Bounded by
-    ``limits.receive_maximum``: an MQTT 5 client sending more is disconnected, an older one is not read
-    while it has that many (``Connection``)."""
-
-    def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None: ...
-
-    def send_pubrec(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None: ...
-
-    def release_qos2(self, packet_id: int) -> None:
-        """Forget a held incoming QoS 2 id: its publish was refused, so a resend is a new publish."""
-
-    def close(self, reason_code: int | None = None, reason_string: str | None = None) -> None: ...
 
 
 class HeldReader(Protocol):
@@ -149,26 +127,6 @@ class PublishStore(Protocol):
     def logs_created_by(self, client_id: str) -> int: ...
 
     def __contains__(self, topic: object) -> bool: ...
-
-
-@dataclass(slots=True)
-class PendingPublish:
-    """One publish (or an acknowledgement keeping its turn) between accept and acknowledge."""
-
-    publisher: Publisher | None
-    """Who to acknowledge; None for the broker's own publishes."""
-    message: Message | None
-    """None for an acknowledgement only (a QoS 2 duplicate, a refusal)."""
-    packet_id: int | None
-    qos: int
-    reason_code: int = 0
-    reason_string: str | None = None
-    settled: bool = False
-    """Answered elsewhere (forwarded to the leader, or refused): not routed here, not refused again."""
-    ready: bool = False
-    """Its answer is known (a cluster member acknowledges it once its publisher's earlier ones are)."""
-    from_peer: bool = False
-    """Forwarded here by another broker (``accept_forwarded``)."""
 
 
 @dataclass(slots=True)
@@ -222,8 +180,8 @@ class PublishPath:
         self._pending: list[PendingPublish] = []
         self._by_topic: dict[str, list[Message]] = {}
         self._scheduled = False
-        self._turns: dict[Publisher, deque[PendingPublish]] = {}
-        """A cluster member's publishes waiting for their acknowledgement, per publisher in arrival order."""
+        self._answers = AnswersInTurn()
+        """Each publisher's answers in the order of its publishes."""
         self._held_readers: list[HeldReader] = []
         """Publishers not read until enough of their publishes are answered (``wait_for_answers``)."""
 
@@ -257,7 +215,7 @@ class PublishPath:
             qos = message.qos
             if qos == 1 or (qos and not publisher.v5):  # an MQTT 5 QoS 2 publish counts from its id's hold
                 publisher.incoming_pending += 1
-            self._queue_message(publisher, message, packet_id)
+            self._queue_message(message, PendingPublish(publisher, message, packet_id, message.qos))
             return
         forwarding = self.forwarding
         if forwarding is not None:  # a cluster member: routed on every other member too
@@ -269,23 +227,19 @@ class PublishPath:
             self.counters.drop("no_subscribers")
         if packet_id is not None:
             note = retained_not_kept(self.router, message) if message.retain else None
-            _acknowledge(publisher, message.qos, packet_id, 0 if matched else _NO_MATCHING, note)
+            acknowledge(publisher, message.qos, packet_id, 0 if matched else _NO_MATCHING, note)
 
-    def accept_forwarded(self, publisher: Publisher, messages: Sequence[Message]) -> None:
-        """Take logged publishes another broker forwarded (this node leads their partition, or did when they
-        were sent): appended and acknowledged like a client's, in turn, each as a QoS 1 publish whose packet
-        id is its index (the peer waits for every answer); never forwarded again."""
-        pending = self._pending
-        for index, message in enumerate(messages):
-            self._queue_message(publisher, message, index)
-            entry = pending[-1]
-            entry.qos = 1
-            entry.from_peer = True
+    def accept_forwarded(self, batch: ForwardedBatch) -> None:
+        """Take the logged publishes of a batch another broker forwarded (this node leads their partition, or
+        did when they were sent): appended and answered like a client's QoS 1 publishes, in turn, each to
+        the batch; never forwarded again."""
+        for index, message in enumerate(batch.messages):
+            self._queue_message(message, PendingPublish(None, message, index, 1, batch=batch))
 
     def publish(self, message: Message) -> None:
         """Publish as the broker itself (a will, a tool): logged per the rules, never acknowledged."""
         if not message.topic.startswith("$") and self.is_logged(message.topic, message.qos):
-            self._queue_message(None, message, None)
+            self._queue_message(message, PendingPublish(None, message, None, message.qos))
         else:
             self.router.publish(message)
             forwarding = self.forwarding
@@ -295,7 +249,7 @@ class PublishPath:
     def acknowledge_in_turn(self, publisher: Publisher, packet_id: int, qos: int, reason_code: int) -> None:
         """Acknowledge behind every publish still waiting for the log, so acks keep the publishes' order."""
         if self.store is None:
-            _acknowledge(publisher, qos, packet_id, reason_code)
+            acknowledge(publisher, qos, packet_id, reason_code)
             return
         if qos == 1 or not publisher.v5:  # waits for its answer as a publish does
             publisher.incoming_pending += 1
@@ -313,13 +267,14 @@ class PublishPath:
             if not reader.acknowledged():
                 self._held_readers.append(reader)
 
-    def _queue_message(self, publisher: Publisher | None, message: Message, packet_id: int | None) -> None:
+    def _queue_message(self, message: Message, entry: PendingPublish) -> None:
+        """Queue ``entry``, the publish of ``message``, for the next persist."""
         queued = self._by_topic.get(message.topic)
         if queued is None:
             self._by_topic[message.topic] = [message]
         else:
             queued.append(message)
-        self._queue(PendingPublish(publisher, message, packet_id, message.qos))
+        self._queue(entry)
 
     def _queue(self, entry: PendingPublish) -> None:
         self._pending.append(entry)
@@ -339,16 +294,8 @@ class PublishPath:
         if not batch:
             return
         current = _Batch(batch, [])
-        if self.forwarding is not None:
-            turns = self._turns
-            for entry in batch:
-                publisher = entry.publisher
-                if publisher is not None and entry.packet_id is not None:
-                    queue = turns.get(publisher)
-                    if queue is None:
-                        turns[publisher] = deque((entry,))
-                    else:
-                        queue.append(entry)
+        if self.forwarding is not None:  # its parts complete in any order: answers wait for their turn
+            self._answers.expect(batch)
             topics = self._place(current, topics, self.forwarding)
         retry: set[str] = set()
         runs = current.runs
@@ -405,9 +352,12 @@ class PublishPath:
         for entry in current.entries:
             message = entry.message
             if message is not None and message.topic in elsewhere:
-                parts.setdefault((message.topic, entry.from_peer), []).append(entry)
+                parts.setdefault((message.topic, entry.batch is not None), []).append(entry)
             else:
                 here.append(entry)
+                inbound = getattr(entry.publisher, "inbound", None)  # a client's (a peer has none)
+                if inbound is not None:
+                    inbound.appended_here = True
         current.entries = here
         for (topic, from_peer), entries in parts.items():
             messages = [entry.message for entry in entries if entry.message is not None]
@@ -415,17 +365,47 @@ class PublishPath:
                 topic,
                 messages,
                 from_peer,
-                partial(self._forwarded, entries),
+                partial(self._forwarded, topic, entries),
                 partial(_wanted, entries),
             )
         return local
 
-    def _forwarded(self, entries: list[PendingPublish], acks: Sequence[ForwardAck]) -> None:
+    def _forwarded(self, topic: str, entries: list[PendingPublish], acks: Sequence[ForwardAck]) -> None:
+        ready = self._answers.ready
         for entry, ack in zip(entries, acks, strict=True):
             self._settle(entry, ack)
-            self._answer_in_turn(entry, entry.reason_code)
+            ready(entry)
+        forwarding = self.forwarding
+        address = forwarding.server_for(topic) if forwarding is not None else None
+        if address is not None:
+            self._send_elsewhere(entries, address)
         if self._held_readers:
             self._answered()
+
+    @staticmethod
+    def _send_elsewhere(entries: list[PendingPublish], address: str) -> None:
+        """MQTT 5 publishers whose publishes the leader at ``address`` acknowledged are sent there
+        (``cluster.redirect_publishers``) once all their publishes are answered, unless this member appended
+        one of theirs: a device publishing on topics led by several members stays where it is rather than
+        being sent back and forth."""
+        sent: set[int] = set()
+        for entry in entries:
+            publisher = entry.publisher
+            if (
+                publisher is None  # the broker's own, or another broker's (in a batch)
+                or entry.reason_code >= 0x80
+                or not publisher.v5
+                or publisher.state == CLOSED
+                or publisher.incoming_pending  # answers still to write: they go first, then it is sent
+                or id(publisher) in sent
+            ):
+                continue
+            inbound = getattr(publisher, "inbound", None)
+            redirect = getattr(publisher, "redirect", None)
+            if inbound is None or inbound.appended_here or redirect is None:
+                continue
+            sent.add(id(publisher))
+            redirect(address, "the member leading this topic's partition appends its publishes")
 
     def _settle(self, entry: PendingPublish, ack: ForwardAck) -> None:
         """Record the answer for an entry answered elsewhere; it is acknowledged in its turn."""
@@ -527,108 +507,43 @@ class PublishPath:
             log.error("%s, %d publishes not acknowledged: %s", reason.replace("_", " "), len(batch), exc)
         reason_code = exc.reason_code if isinstance(exc, PublishRefused) else ReasonCode.UNSPECIFIED_ERROR
         reason_string = str(exc) if refused else None
-        answer = self._answer if self.forwarding is None else self._answer_in_turn
+        ready = self._answers.ready
         for entry in batch:
             if not entry.settled:
                 if entry.message is not None:
                     self.counters.drop(reason)
                 entry.reason_code = reason_code
                 entry.reason_string = reason_string
-            answer(entry, entry.reason_code)
+            ready(entry)
         if self._held_readers:
             self._answered()
 
     # -- 4. route and acknowledge -------------------------------------------------------------------------
 
     def _route_and_acknowledge(self, batch: list[PendingPublish], runs: list[AppendedRun]) -> None:
-        """Route the publishes of ``batch``, now durable (and replicated), and acknowledge them in order."""
+        """Route the publishes of ``batch``, now durable (and replicated), and answer them in turn. A broker
+        alone tells a publisher no subscriber matched (0x10); a cluster member cannot know (subscribers on
+        other members get it from their copy of the log): 0x00."""
         router = self.router
+        alone = self.forwarding is None
+        ready = self._answers.ready
         appends = appended_bytes = 0
-        # Two loops on purpose: one loop would test ``forwarding`` and call ``_answer`` or
-        # ``_answer_in_turn`` for every publish. A broker alone acknowledges inline instead, as ``_answer``
-        # does less what only a cluster member's entries need (a reason string; closing a v3 publisher
-        # refused here, which ``_append_one`` has already closed on a broker alone). That call per publish
-        # was not shown to cost nothing (no quiet machine to measure it on), so the branch stays outside.
-        if self.forwarding is None:
-            for entry in batch:
-                message = entry.message
-                reason_code = entry.reason_code
-                note = None
-                if message is not None:
-                    appends += 1
-                    appended_bytes += len(message.payload)
-                    if not router.publish(message):
-                        reason_code = _NO_MATCHING
-                    if message.retain:
-                        note = retained_not_kept(router, message)
-                publisher = entry.publisher
-                packet_id = entry.packet_id
-                if publisher is None or packet_id is None or publisher.state == CLOSED:
-                    continue
-                qos = entry.qos
-                if (qos == 1 or not publisher.v5) and publisher.incoming_pending > 0:  # answered now
-                    publisher.incoming_pending -= 1
-                _acknowledge(publisher, qos, packet_id, reason_code, note)
-        else:
-            for entry in batch:
-                message = entry.message
-                reason_code = entry.reason_code
-                if message is not None:
-                    appends += 1
-                    appended_bytes += len(message.payload)
-                    router.publish(message)  # 0x00 either way: subscribers elsewhere are not known here
-                    if message.retain:
-                        entry.reason_string = retained_not_kept(router, message)
-                self._answer_in_turn(entry, reason_code)
+        for entry in batch:
+            message = entry.message
+            if message is not None:
+                appends += 1
+                appended_bytes += len(message.payload)
+                if not router.publish(message) and alone:
+                    entry.reason_code = _NO_MATCHING
+                if message.retain:
+                    entry.reason_string = retained_not_kept(router, message)
+            ready(entry)
         replays = self.replays
         if replays is not None:
             replays.appended_runs(runs)
         if appends:
             self.metrics.log_appends_total.inc(appends)
             self.metrics.log_bytes_total.inc(appended_bytes)
-
-    def _answer_in_turn(self, entry: PendingPublish, reason_code: int) -> None:
-        """A cluster member's acknowledgement: sent once every earlier publish of the same publisher is
-        acknowledged ([MQTT-4.6.0-2..4]). Batches, and the parts of a batch, complete in any order here (a
-        forwarded part waits for another broker), so only a publisher's own publishes wait for each other:
-        nothing waits for a part that waits on a peer, which could wait on this broker in turn."""
-        entry.reason_code = reason_code
-        entry.ready = True
-        publisher = entry.publisher
-        if publisher is None or entry.packet_id is None:
-            return
-        queue = self._turns.get(publisher)
-        if queue is None:  # queued before this node joined its cluster
-            self._answer(entry, reason_code)
-            return
-        while queue and queue[0].ready:
-            head = queue.popleft()
-            self._answer(head, head.reason_code)
-        if not queue:
-            del self._turns[publisher]
-
-    @staticmethod
-    def _answer(entry: PendingPublish, reason_code: int) -> None:
-        publisher = entry.publisher
-        packet_id = entry.packet_id
-        if publisher is None or packet_id is None or publisher.state == CLOSED:
-            return
-        qos = entry.qos
-        if (qos == 1 or not publisher.v5) and publisher.incoming_pending > 0:  # answered now
-            publisher.incoming_pending -= 1
-        if reason_code >= 0x80 and not publisher.v5:
-            publisher.close()  # a v3 client cannot be told: it resends after reconnecting
-            return
-        _acknowledge(publisher, qos, packet_id, reason_code, entry.reason_string)
-
-
-def _acknowledge(
-    publisher: Publisher, qos: int, packet_id: int, reason_code: int, reason_string: str | None = None
-) -> None:
-    if qos == 1:
-        publisher.send_puback(packet_id, reason_code, reason_string)
-    elif qos == 2:
-        publisher.send_pubrec(packet_id, reason_code, reason_string)
 
 
 def _wanted(entries: list[PendingPublish]) -> bool:

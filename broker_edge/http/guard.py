@@ -295,12 +295,14 @@ async def start_guarded_site(
     budget: MemoryBudget | None = None,
     is_member: Callable[[web.Request], bool] = lambda _request: False,
     on_tls_failure: HandshakeFailure | None = None,
+    reuse_port: bool = False,
 ) -> GuardedRunner:
     """Serve ``app`` on ``host:port`` (0: a free port), or on the listening ``sock`` when given, behind the
     guard; ``OSError`` if it cannot bind. With ``budget``, every request holds its share of it;
     ``is_member(request)`` tells (after the app's own middlewares authenticated it) whether it may use the
     members' reserve. With TLS the site accepts its sockets itself (``http.tls_accept``): a failed
-    handshake is told to ``on_tls_failure`` with the peer and why."""
+    handshake is told to ``on_tls_failure`` with the peer and why. ``reuse_port``: the address is shared with
+    other processes (``SO_REUSEPORT``)."""
     guard = _Guard(max_connections, request_timeout_s)
     app[_GUARD_KEY] = guard
     app.middlewares.insert(0, _request_started)
@@ -331,9 +333,12 @@ async def start_guarded_site(
                 request_timeout_s,
                 on_tls_failure or (lambda _peer, _reason, _error: None),
                 sock=sock,
+                reuse_port=reuse_port,
             )
         elif sock is None:
-            server = await loop.create_server(protocol, host, port, reuse_address=True)
+            server = await loop.create_server(
+                protocol, host, port, reuse_address=True, reuse_port=reuse_port or None
+            )
         else:
             server = await loop.create_server(protocol, sock=sock)
     except BaseException:

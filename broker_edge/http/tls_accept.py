@@ -63,6 +63,7 @@ class TlsServer:
         ssl_context: ssl.SSLContext,
         handshake_timeout_s: float,
         on_failure: HandshakeFailure,
+        serving: bool = True,
     ) -> None:
         self.sockets = sockets
         self._protocol_factory = protocol_factory
@@ -70,8 +71,15 @@ class TlsServer:
         self._handshake_timeout_s = handshake_timeout_s
         self._on_failure = on_failure
         self._handshakes: set[asyncio.Task[None]] = set()
-        loop = asyncio.get_running_loop()
-        self._accepting = [loop.create_task(self._accept(sock)) for sock in sockets]
+        self._accepting: list[asyncio.Task[None]] = []
+        if serving:
+            self.start_serving()
+
+    def start_serving(self) -> None:
+        """Accept what arrives (a server made with ``serving=False`` has its sockets bound, not served)."""
+        if not self._accepting:
+            loop = asyncio.get_running_loop()
+            self._accepting = [loop.create_task(self._accept(sock)) for sock in self.sockets]
 
     def close(self) -> None:
         for task in (*self._accepting, *self._handshakes):
@@ -136,10 +144,13 @@ async def start_tls_server(
     on_failure: HandshakeFailure,
     backlog: int = 1024,
     sock: socket.socket | None = None,
+    reuse_port: bool = False,
+    serving: bool = True,
 ) -> TlsServer:
     """Listen on every address of ``host:port``, as ``loop.create_server`` does (or on the listening
-    ``sock``), and serve TLS connections; ``OSError`` if it cannot bind."""
+    ``sock``; ``reuse_port``: shared with other processes), and serve TLS connections (``serving=False``:
+    once ``start_serving`` is called); ``OSError`` if it cannot bind."""
     if sock is not None:
         sock.setblocking(False)
-    sockets = [sock] if sock is not None else listening_sockets(host, port, backlog)
-    return TlsServer(sockets, protocol_factory, ssl_context, handshake_timeout_s, on_failure)
+    sockets = [sock] if sock is not None else listening_sockets(host, port, backlog, reuse_port)
+    return TlsServer(sockets, protocol_factory, ssl_context, handshake_timeout_s, on_failure, serving)

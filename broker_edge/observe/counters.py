@@ -5,9 +5,10 @@ Reasons are free-form labels (``metrics.DROP_REASONS`` and friends are only pre-
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from broker_edge.observe.refusal_log import RefusalLog
+from broker_edge.observe.refusal_log import Logger, RefusalLog
 
 if TYPE_CHECKING:
     from broker_edge.observe.metrics import BrokerMetrics
@@ -23,6 +24,7 @@ class BrokerCounters:
         "_drops",
         "_refused",
         "_tls_failures",
+        "drop_log",
         "held_for_acks",
         "refusal_log",
         "throttled",
@@ -31,6 +33,8 @@ class BrokerCounters:
     def __init__(self) -> None:
         self.refusal_log = RefusalLog()
         """The log lines of refusals (ACL, logins, TLS), limited per reason."""
+        self.drop_log = RefusalLog()
+        """The log lines of messages dropped for a subscriber (``drop_for``), limited per reason."""
         self._drops: dict[str, int] = {}
         self._refused: dict[str, int] = {}
         self._disconnects: dict[str, int] = {}
@@ -44,6 +48,15 @@ class BrokerCounters:
     def drop(self, reason: str) -> None:
         """A message was not delivered (or not accepted) for ``reason``."""
         self._drops[reason] = self._drops.get(reason, 0) + 1
+
+    def drop_for(
+        self, reason: str, now: float, log: Logger | Callable[[], Logger], message: str, **fields: Any
+    ) -> None:
+        """A message was not delivered to a subscriber for ``reason``: counted, and said in a WARNING on
+        ``log`` (the subscriber's: it names it), at most ``refusal_log.LINES_PER_WINDOW`` per window and
+        reason, the lines held back counted in the next one."""
+        self._drops[reason] = self._drops.get(reason, 0) + 1
+        self.drop_log.write(log, now, reason, message, action="deliver", **fields)
 
     def refused(self, reason: str) -> None:
         """A connection was refused before it was connected."""

@@ -102,8 +102,12 @@ def _text_value(value: Any) -> str:
 _handler: logging.Handler | None = None
 
 
-def configure_logging(config: LoggingConfig, stream: TextIO | None = None) -> logging.Handler:
-    """Install the broker's handler on the root logger (standard error unless ``stream``).
+def configure_logging(
+    config: LoggingConfig, stream: TextIO | None = None, node: str | None = None
+) -> logging.Handler:
+    """Install the broker's handler on the root logger (standard error unless ``stream``); with ``node``,
+    every line carries it as the field ``node`` (the members of ``timestone broker --workers`` share one
+    standard error).
 
     Calling it again (configuration reload) replaces the handler this function installed before and
     leaves other handlers alone, such as pytest's capture handler.
@@ -114,6 +118,13 @@ def configure_logging(config: LoggingConfig, stream: TextIO | None = None) -> lo
         root.removeHandler(_handler)
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter() if config.format == "json" else TextFormatter())
+    if node is not None:
+
+        def name_the_node(record: logging.LogRecord) -> bool:
+            record.node = node
+            return True
+
+        handler.addFilter(name_the_node)
     root.addHandler(handler)
     root.setLevel(config.level)
     _handler = handler

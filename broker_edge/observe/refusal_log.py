@@ -9,6 +9,9 @@ told with the next line written):
   ``WINDOW_S``; the first line of a later window carries the number held back as ``suppressed``. Every line
   is a WARNING with the fields of the refusal (``reason``, ``action``, ``topic``, ``username``, and the
   connection's ``client_id``, ``listener``, ``peer``): fields in JSON logs, ``key=value`` in text.
+- The same, one per broker, for messages the broker dropped for a subscriber (``BrokerCounters.drop_for``:
+  a slow subscriber, a full queue, a message larger than the client accepts), each line naming the
+  subscriber.
 - ``LogSummary``, for expected conditions that repeat (publishes refused while a partition changes hands, a
   store short of file descriptors): one line per interval per kind, the next one saying how many were left
   out since the last.
@@ -23,7 +26,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["LINES_PER_WINDOW", "WINDOW_S", "LogSummary", "RefusalLog"]
+__all__ = ["LINES_PER_WINDOW", "WINDOW_S", "LogSummary", "Logger", "RefusalLog"]
+
+Logger = logging.Logger | logging.LoggerAdapter
 
 LINES_PER_WINDOW = 20
 WINDOW_S = 10.0
@@ -67,17 +72,20 @@ class RefusalLog:
 
     def write(
         self,
-        log: logging.Logger | logging.LoggerAdapter,
+        log: Logger | Callable[[], Logger],
         now: float,
         reason: str,
         message: str,
         **fields: Any,
     ) -> bool:
         """Write ``message`` with ``fields`` (and ``reason``) unless this reason's lines are over their rate;
-        whether it was written."""
+        whether it was written. ``log`` may be a function that makes the logger: it is called only for a line
+        written (a connection's logger is made per line)."""
         held_back = self._allowance.take(reason, now)
         if held_back is None:
             return False
+        if callable(log):
+            log = log()
         extra: dict[str, Any] = {"reason": reason, **fields}
         if held_back:
             extra["suppressed"] = held_back

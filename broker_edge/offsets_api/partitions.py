@@ -65,7 +65,7 @@ class _PartitionHandlers:
         self.limits = limits
 
     def _check_served(self, request: web.Request) -> None:
-        if self.store.replicated:
+        if self.store.replicated_log.enabled:
             message = "a cluster's member is read by topic offsets, not by partition positions"
             raise ApiError(404, codes.NOT_FOUND, message)
         access = access_of(request)

@@ -349,7 +349,7 @@ class _Handlers:
         except ValueError as error:
             raise ApiError(400, codes.BAD_REQUEST, f"bad pattern: {error}") from None
         access = access_of(request)
-        replicated = self.store.replicated
+        replicated = self.store.replicated_log.enabled
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
         await response.prepare(request)

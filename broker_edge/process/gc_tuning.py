@@ -3,9 +3,8 @@
 A broker holds a large heap that lives as long as the process (modules, the subscription trie, log indexes,
 sessions) and allocates short-lived objects per publish, many of which outlive a few event-loop iterations (a
 logged publish waits for its window to be durable). With the interpreter's defaults a young collection runs
-every 700 allocations, those survivors are promoted, and every full collection walks the whole heap again: in
-a persisted QoS 1 fan-in that was a visible share of the broker's CPU (`perf`: ``gc_collect_main``,
-``visit_decref``, ``visit_reachable``; the measured share is in docs/commitlog.md). Freezing the heap built at
+every 700 allocations, those survivors are promoted, and every full collection walks the whole heap again (a
+share of the broker's CPU under load: docs/commitlog.md). Freezing the heap built at
 start (`gc.freeze`) takes it out of every later collection, and a larger young-generation threshold makes
 collections rarer. Reference counting still frees nearly everything at once; the collector only finds cycles,
 a little later.
@@ -28,6 +27,8 @@ log = logging.getLogger(__name__)
 class RuntimeConfig:
     """The ``runtime`` section."""
 
+    event_loop: str = "uvloop"
+    """The event loop the broker runs on: ``uvloop`` or ``asyncio`` (the standard library's)."""
     gc_freeze_at_start: bool = True
     """Once started, move every object alive into the collector's permanent generation (`gc.freeze`), so
     that collections no longer walk the start-up heap."""
@@ -36,6 +37,8 @@ class RuntimeConfig:
     the interpreter's setting)."""
 
     def __post_init__(self) -> None:
+        if self.event_loop not in ("uvloop", "asyncio"):
+            raise ConfigError("event_loop", f"expected uvloop or asyncio, got {self.event_loop!r}")
         if isinstance(self.gc_young_threshold, bool) or not isinstance(self.gc_young_threshold, int):
             raise ConfigError("gc_young_threshold", f"must be an integer, got {self.gc_young_threshold!r}")
         if self.gc_young_threshold < 0:

@@ -95,6 +95,13 @@ _ACCEPTED_FIRST_BYTES: dict[tuple[str, int], frozenset[int]] = {
 }
 
 
+_TOPIC_NAMES: dict[bytes, str] = {}
+"""Topic names decoded and found valid (non-empty, no wildcard, no U+0000), by their bytes: a device names
+the same topic in every PUBLISH, so it is decoded and checked once, and every message of it carries the same
+``str`` (its hash computed once for every lookup after). Bounded: emptied when full."""
+_TOPIC_NAMES_MAX = 65_536
+
+
 class PacketDecoder:
     """Turns the byte stream of one connection into packets.
 
@@ -164,12 +171,12 @@ class PacketDecoder:
             self._pending += data
             if len(self._pending) < self._needed:
                 return []
-            buf: bytes | bytearray = self._pending
+            buf = bytes(self._pending)  # packets are sliced out of bytes: faster than a memoryview's slices
             self._pending = b""
         elif not data:
             return []
         else:
-            buf = data
+            buf = data if type(data) is bytes else bytes(data)
         packets: list[Packet] = []
         try:
             pos = self._decode_all(buf, packets)
@@ -326,15 +333,23 @@ class PacketDecoder:
         return ConnAck(bool(flags), code, properties)
 
     def _decode_publish(self, first: int, buf, view: memoryview, pos: int, end: int) -> Publish:
+        body = pos
         if pos + 2 > end:
             raise MalformedPacket("PUBLISH ends inside the topic length")
         stop = pos + 2 + ((buf[pos] << 8) | buf[pos + 1])
         if stop > end:
             raise MalformedPacket("PUBLISH topic runs past the end of the packet")
-        try:
-            topic = str(view[pos + 2 : stop], "utf-8")
-        except UnicodeDecodeError as exc:
-            raise MalformedPacket(f"invalid UTF-8 topic name: {exc.reason}") from None
+        raw = buf[pos + 2 : stop]
+        topic = _TOPIC_NAMES.get(raw)
+        if topic is None:
+            try:
+                topic = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise MalformedPacket(f"invalid UTF-8 topic name: {exc.reason}") from None
+            if topic and "+" not in topic and "#" not in topic and "\x00" not in topic:
+                if len(_TOPIC_NAMES) >= _TOPIC_NAMES_MAX:
+                    _TOPIC_NAMES.clear()
+                _TOPIC_NAMES[raw] = topic
         pos = stop
         qos = (first >> 1) & 3
         packet_id = None
@@ -355,8 +370,13 @@ class PacketDecoder:
                     raise ProtocolError("a client PUBLISH must not carry a subscription identifier")
         if not topic or "+" in topic or "#" in topic or "\x00" in topic:
             self._reject_topic_name(topic, properties)
+        head = None
+        if not first & 0x09 and properties is None:  # as a subscriber of its version and QoS gets it
+            length = end - body
+            start = body - (2 if length < 0x80 else 3 if length < 0x4000 else 4 if length < 0x200000 else 5)
+            head = buf[start:stop]
         return Publish(
-            topic, bytes(view[pos:end]), qos, bool(first & 1), bool(first & 8), packet_id, properties
+            topic, buf[pos:end], qos, bool(first & 1), bool(first & 8), packet_id, properties, head
         )
 
     def _reject_topic_name(self, topic: str, properties: Properties | None) -> None:

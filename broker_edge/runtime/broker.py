@@ -46,6 +46,7 @@ from broker_edge.process.heap_trim import HeapTrimmer, heap_in_use
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.runtime.data_lock import DataDirectoryLock
 from broker_edge.runtime.session_store import SessionStore
+from broker_edge.runtime.transports.turns import ReadTurns
 from broker_edge.security.limits import DEFAULT_MAX_CONNECTIONS
 from broker_edge.security.tls import ServerContexts, server_ssl_context
 from broker_edge.settings.broker import BrokerConfig
@@ -112,6 +113,20 @@ class Broker(BrokerCore):
         self.metrics.gauge(
             "publishes_unanswered", "QoS 1/2 publishes read from clients and not yet answered, all clients."
         ).set_function(self.unanswered_publishes)
+        self.read_turns_cut_total = self.metrics.counter(
+            "read_turns_cut",
+            "Turns of the event loop that read limits.read_bytes_per_turn and left the rest of the clients' "
+            "bytes for the next turns (the broker is reading as fast as it can).",
+        )
+        slow = self.slow_subscribers
+        self.metrics.gauge(
+            "slow_subscribers", "Subscribers whose outgoing buffer is past limits.outgoing_buffer_bytes now."
+        ).set_function(lambda: slow.paused_count)
+        self.metrics.gauge(
+            "publishers_held", "Publishers not read now because a subscriber of their messages is slow."
+        ).set_function(lambda: slow.held_count)
+        self.read_turns = ReadTurns(config.limits.read_bytes_per_turn, self.call_soon)
+        """How many bytes one turn of the loop reads from clients (``transports.turns``)."""
         self.store: LogStore | None = None
         self.cluster_node: ClusterNode | None = None
         """This broker's part in its cluster (``cluster:`` configured), after ``start``; None: a broker
@@ -218,7 +233,8 @@ class Broker(BrokerCore):
                     from broker_edge.runtime.transports.tcp import start_tcp_listener
 
                     with naming_endpoint(label, listener_config.host, listener_config.port):
-                        server = await start_tcp_listener(self, runtime)
+                        # a cluster member accepts clients once it has joined (see below)
+                        server = await start_tcp_listener(self, runtime, serving=config.cluster is None)
                     self._servers.append(server)
                     runtime.port = server.sockets[0].getsockname()[1]
                 self.ports[runtime.name] = runtime.port
@@ -246,9 +262,12 @@ class Broker(BrokerCore):
                 await self._start_offsets_api(self.store)
             if config.cluster is not None:
                 from broker_edge.cluster.node import ClusterNode
+                from broker_edge.runtime.transports.tcp import start_accepting
 
                 self.cluster_node = ClusterNode(self, config.cluster)
                 await self.cluster_node.start()
+                for server in self._servers:  # only now: a publish is never taken as a broker alone's
+                    await start_accepting(server)
             await self._start_uplink_hub()
             self._start_site_link()
         except BaseException:
@@ -312,6 +331,7 @@ class Broker(BrokerCore):
             from broker_edge.uplink.site_link import SiteLink
 
             self.site_link = SiteLink(store, config.uplink, self.metrics, self.route_logged)
+            self.reserved_topics = self.site_link.downlinked
             self.add_offsets_api_routes(self.site_link.add_status_route)
 
     def _start_site_link(self) -> None:
@@ -498,6 +518,9 @@ class Broker(BrokerCore):
         held, self.counters.held_for_acks = self.counters.held_for_acks, 0
         if held:
             self.held_for_acks_total.inc(held)
+        cut, self.read_turns.turns_cut = self.read_turns.turns_cut, 0
+        if cut:
+            self.read_turns_cut_total.inc(cut)
         for listener in self.listeners:
             listener.stats.flush_into(listener.metrics)
         if self._websocket_guards:
@@ -553,6 +576,7 @@ class Broker(BrokerCore):
             for conn in self.connections:
                 conn.check_timers(now)
             self.router.tick(now)
+            self.slow_subscribers.tick(now)
             if self.session_store is not None:
                 self.session_store.tick(now)
             self.flush_stats()

@@ -1,11 +1,11 @@
 """``run_broker``: the process around a ``Broker`` (the ``timestone broker --config FILE`` command).
 
-glibc's heaps bounded (``heap_trim.bound_arenas``) before any thread starts, uvloop when available, logging
-from the config, SIGINT / SIGTERM for a graceful stop (clients told, the commitlog flushed), SIGHUP to
-re-read the password file, the ACL file, the readers' tokens file and the certificates (the TLS listeners',
-the offsets API's, the uplink hub's, a cluster member's and its CAs, etcd's client certificate). Exit
-status: 0 after a clean stop, 2 for a configuration error (the message names the key), 1 if the broker
-cannot start (e.g. the port is taken).
+glibc's heaps bounded (``heap_trim.bound_arenas``) before any thread starts, the event loop the ``runtime``
+section names (uvloop by default), logging from the config, SIGINT / SIGTERM for a graceful stop (clients
+told, the commitlog flushed), SIGHUP to re-read the password file, the ACL file, the readers' tokens file and
+the certificates (the TLS listeners', the offsets API's, the uplink hub's, a cluster member's and its CAs,
+etcd's client certificate). Exit status: 0 after a clean stop, 2 for a configuration error (the message
+names the key), 1 if the broker cannot start (e.g. the port is taken).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
     from broker_edge.runtime.broker import Broker
 
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(quiet_closed_transports)
     stop = asyncio.Event()
     try:
         broker = Broker(config)
@@ -71,6 +72,22 @@ async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> Non
             loop.remove_signal_handler(signum)
         stop_signals.catch_early_stops()  # noted, not a KeyboardInterrupt, until the process has exited
     log.info("broker stopped")
+
+
+def quiet_closed_transports(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's handler of errors nothing awaited: uvloop's TLS layer writing to a connection that had
+    just closed under it (a peer that went away mid-handshake or mid-close) is said at DEBUG, not as an ERROR
+    with a traceback, since nothing is lost: the connection was gone. Anything else goes to asyncio's own
+    handler."""
+    error = context.get("exception")
+    if (
+        context.get("message") == "Fatal error on SSL protocol"
+        and isinstance(error, RuntimeError)
+        and "the handler is closed" in str(error)
+    ):
+        log.debug("TLS write on a connection already closed: %s", error)
+        return
+    loop.default_exception_handler(context)
 
 
 async def _start_unless_stopped(broker: Broker, stop: asyncio.Event) -> bool:
@@ -184,20 +201,20 @@ def reload_files(broker: Broker) -> None:
         broker.cluster_node.reload_credentials()
 
 
-def run_broker(config_path: str | None) -> int:
-    """Load the config (defaults without a file), run the broker until a signal, return the exit status."""
+def run_broker(config_path: str | None, node: str | None = None) -> int:
+    """Load the config (defaults without a file), run the broker until a signal, return the exit status;
+    ``node``: the member of ``--workers`` it is, named on every log line."""
     try:
         config = load_broker_config(config_path)
     except (ConfigError, OSError) as exc:
         print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
         return 2
-    configure_logging(config.logging)
+    configure_logging(config.logging, node=node)
     bound_arenas()  # before the store, the hasher or an executor starts a thread
-    try:
+    asyncio_run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
+    if config.runtime.event_loop == "uvloop":
         import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency
-        asyncio_run: Callable[[Coroutine[Any, Any, None]], None] = asyncio.run
-    else:
+
         asyncio_run = uvloop.run
     try:
         asyncio_run(serve(config))
@@ -211,8 +228,9 @@ def run_broker(config_path: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``timestone broker [--config FILE]`` (also ``python -m broker_edge.runtime.main``): without a file the
-    defaults serve 127.0.0.1:1883."""
+    """``timestone broker [--config FILE] [--workers N]`` (also ``python -m broker_edge.runtime.main``):
+    without a file the defaults serve 127.0.0.1:1883; with ``--workers`` N member processes serve it
+    together (``runtime.workers``)."""
     import argparse
 
     stop_signals.catch_early_stops()  # `timestone broker` did it before this module was imported
@@ -225,7 +243,21 @@ def main(argv: list[str] | None = None) -> int:
         "SIGHUP re-reads the password, ACL and tokens files and the certificates.",
     )
     parser.add_argument("--config", "-c", help="broker YAML config (default: embedded defaults)")
-    return run_broker(parser.parse_args(argv).config)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="member processes serving the same listeners as one broker, a cluster on this host (default 1: "
+        "one broker process); see docs/broker.md",
+    )
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers: must be at least 1, got {args.workers}")
+    if args.workers > 1:
+        from broker_edge.runtime.workers import run_workers
+
+        return run_workers(args.config, args.workers, run_broker)
+    return run_broker(args.config)
 
 
 if __name__ == "__main__":

@@ -234,10 +234,19 @@ class LimitsConfig:
     """QoS 1/2 messages queued for one session (offline, or its in-flight window full); more are dropped."""
     max_offline_bytes: int = 16_777_216
     """Payload bytes queued for one session; a message that would pass it is dropped (queue_full)."""
+    read_bytes_per_turn: int = 65_536
+    """Bytes read from clients in one turn of the event loop, all connections together (the read that
+    crosses it is handled whole); later reads wait for the next turn, their sockets not read meanwhile, so
+    a flood never holds the loop: writes, timers, PINGREQ and ``/metrics`` are served between turns."""
     outgoing_buffer_bytes: int = 1_048_576
     """Write-buffer high-water mark of one connection; above it the subscriber is slow (see policy)."""
-    slow_subscriber_policy: Literal["disconnect", "drop_qos0"] = "drop_qos0"
-    """What to do with a slow subscriber: drop its QoS 0 messages, or disconnect it (QoS 1/2 stay queued)."""
+    slow_subscriber_policy: Literal["backpressure", "disconnect", "drop_qos0"] = "backpressure"
+    """What to do with a slow subscriber's QoS 0 messages (QoS 1/2 wait in its session): ``backpressure``
+    writes them and stops reading their publishers until it drains (TCP slows them down), ``drop_qos0``
+    drops them (counted and logged), ``disconnect`` disconnects it."""
+    slow_subscriber_hold_s: float = 10.0
+    """With ``backpressure``: how long a subscriber that stopped reading may hold its publishers; past it they
+    are read again and its QoS 0 messages are dropped (counted and logged) until it reads."""
     max_keepalive_s: int = 300
     """Largest keep alive the broker grants; a client asking more (or 0) gets this as Server Keep Alive."""
     messages_per_second_per_client: float = 100.0
@@ -282,12 +291,15 @@ class LimitsConfig:
         _between(self, "max_client_id_length", 23, 65_535)
         _at_least(self, "max_offline_messages", 0)
         _at_least(self, "max_offline_bytes", 0)
+        _at_least(self, "read_bytes_per_turn", 1024)
         _at_least(self, "outgoing_buffer_bytes", 1024)
-        if self.slow_subscriber_policy not in ("disconnect", "drop_qos0"):
+        if self.slow_subscriber_policy not in ("backpressure", "disconnect", "drop_qos0"):
             raise ConfigError(
                 "slow_subscriber_policy",
-                f"expected 'disconnect' or 'drop_qos0', got {self.slow_subscriber_policy!r}",
+                "expected one of 'backpressure', 'disconnect', 'drop_qos0', got "
+                f"{self.slow_subscriber_policy!r}",
             )
+        _positive(self, "slow_subscriber_hold_s")
         _between(self, "max_keepalive_s", 1, 65_535)
         _at_least(self, "messages_per_second_per_client", 0)
         _at_least(self, "messages_burst_per_client", 1)

@@ -70,6 +70,9 @@ class ListenerConfig:
     runs) or ``native`` (the broker's own, on the event loop's socket watches: less memory per idle
     connection, more CPU per write). ``tls``, ``websocket`` and ``wss``
     listeners always use the event loop's."""
+    reuse_port: bool = False
+    """Share this address with other processes that set it too (``SO_REUSEPORT``): the kernel spreads new
+    connections over them. ``timestone broker --workers N`` sets it on every member's listeners."""
 
     def __post_init__(self) -> None:
         if not self.name:

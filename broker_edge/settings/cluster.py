@@ -220,6 +220,11 @@ class ClusterConfig:
     ERROR). Off: the partition stays offline until an in-sync replica returns."""
     forward_timeout_ms: int = 5000
     """How long a publish for a partition without a leader waits for one before it is refused."""
+    redirect_publishers: bool = False
+    """Send an MQTT 5 publisher to the member leading its topic's partition once a publish of it that this
+    member forwarded there is acknowledged (DISCONNECT 0x9C with the leader's MQTT address as Server
+    Reference), unless this member has appended one of its publishes: its next publishes are appended where
+    it is connected, with no forwarding."""
     hw_checkpoint_interval_ms: int = 5000
     """How often the logs' committed ends are saved (and at stop), so that a restart shows no record that
     was not committed."""

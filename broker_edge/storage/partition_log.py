@@ -8,42 +8,34 @@ Writing is split in three steps so that the store can keep disk work off its eve
     for write in pending.writes: write.write(pool); write.make_durable(pool, sync=True)   # in order
     part.complete(pending)                            # the topics' durable ends advance
 
-A topic's state lives in the store's `TopicTable` (columns by topic id). Its newest segment and its last
-row there are the head of a chain: rows in memory point at the previous row of the same topic
-(`active_index`), sealed segments hold a group per topic pointing at the topic's previous segment
-(`sealed_index`). `locate` walks that chain back from the head to the group holding an offset (a read near
-the end stops at once) and returns where each wanted record is.
+A topic's state lives in the store's `TopicTable` (columns by topic id). Finding a topic's records is
+`partition_locate` (`locate`, `frames`); what opening reads and repairs of the segment files is
+`segment_scan`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
 import struct
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import accumulate
 
 from . import record
-from .active_index import HOT, NO_PREVIOUS, UNKNOWN_ROW, ActiveIndex, pointed, pointer
+from .active_index import HOT, NO_PREVIOUS, UNKNOWN_ROW, ActiveIndex, pointer
 from .entry import (
     ENTRY_HEAD,
     HEAD_SIZE,
-    MARKER_BIT,
     TOPIC_ID,
-    EntryError,
-    Marker,
     encode_marker,
     head_of,
-    parse_head,
-    parse_marker,
 )
-from .errors import CorruptRecord, InvalidRecord, RecordTooLarge, StorageError
+from .errors import InvalidRecord, RecordTooLarge, StorageError
 from .file_pool import FileHandlePool
 from .open_index import capacity_for, header_bytes
-from .quarantine import Quarantine
+from .partition_locate import Locating, Piece, live_ends
 from .recent import RecentWindows
 from .record import (
     BODY_HEAD,
@@ -51,24 +43,19 @@ from .record import (
     FORMAT_VERSION,
     PREFIX,
     PREFIX_SIZE,
-    FrameError,
     RecordFields,
-    check_frame,
     encode_framed,
 )
-from .sealed_index import FLAG_RESTART, FLAG_TRUNCATED, MISSING, GroupBlocks, SealedIndex
+from .sealed_index import MISSING, GroupBlocks, SealedIndex
 from .segment import ACTIVE, ROLLED, SEALED, FileWrite, Segment
-from .topic_table import NO_SEGMENT, NO_TIME, SealedState, TopicTable
+from .topic_table import NO_SEGMENT, NO_TIME, TopicTable
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PartitionConfig", "PartitionLog", "PartitionPending", "Piece", "ScanReport"]
+__all__ = ["PartitionConfig", "PartitionLog", "PartitionPending", "Piece"]
 
 _SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|open)$")
 MAX_SEGMENT_BYTES = 2**32 - 1
-_SCAN_CHUNK = 4 * 1024 * 1024
-_MERGE_GAP = 16 * 1024
-"""Entries at most this far apart are read with one pread."""
 _NO_FIELDS = (None, None, None, None, None)
 """(content type, payload format, expiry, response topic, correlation data) of a record that has none."""
 
@@ -92,31 +79,7 @@ class PartitionPending:
     """For the catalog's job: its durable bytes and their CRC32C once this is written."""
 
 
-@dataclass(slots=True)
-class Piece:
-    """One record to read: its segment, its entry's position and size, its offset."""
-
-    segment: Segment
-    position: int
-    size: int
-    offset: int
-
-
-@dataclass(slots=True)
-class ScanReport:
-    """What scanning a segment at open found."""
-
-    records: int = 0
-    bytes_dropped: int = 0
-    damaged_records: list[tuple[int, int]] = field(default_factory=list)
-    """(topic id, offset) of records kept in place as holes (their frame failed its CRC)."""
-    damage: str | None = None
-    scanned: int = 0
-    skipped: int = 0
-    """Entries stepped over: a damaged topic id, or a record repeating an offset."""
-
-
-class PartitionLog:
+class PartitionLog(Locating):
     """The segments of one partition and the appends of its topics."""
 
     def __init__(
@@ -570,165 +533,6 @@ class PartitionLog:
 
     # -- locating records ----------------------------------------------------------------------------
 
-    def locate(
-        self, topic_id: int, offset: int, stop: int, max_bytes: int, at_least_one: bool
-    ) -> list[Piece]:
-        """Where the topic's records `[offset, stop)` are, as many as fit `max_bytes` of frames (at least
-        one when `at_least_one`). Raises `CorruptRecord` when `offset` itself is missing (lost to damage)."""
-        steps = self._steps(topic_id, offset)
-        pieces: list[Piece] = []
-        budget = max_bytes
-        expected = offset
-        caps = _live_ends(steps, stop)
-        for number in range(len(steps) - 1, -1, -1):
-            step = steps[number]
-            if expected >= stop:
-                break
-            segment = step[0]
-            upto = caps[number]
-            if len(step) == 3:
-                found = self._rows_pieces(topic_id, segment, step[1], expected, upto)
-            else:
-                found = self._group_pieces(segment, step[1], expected, upto)
-            for piece in found:
-                if piece.offset != expected or piece.position == MISSING:
-                    break
-                frame_bytes = piece.size - HEAD_SIZE
-                if frame_bytes > budget and (pieces or not at_least_one):
-                    return pieces
-                pieces.append(piece)
-                budget -= frame_bytes
-                expected += 1
-            else:
-                continue
-            break
-        if not pieces and at_least_one and offset < stop:
-            raise CorruptRecord("", offset, self._next_present(topic_id, steps, offset, stop), "missing")
-        return pieces
-
-    def _steps(self, topic_id: int, offset: int) -> list[tuple]:
-        """The topic's groups from its newest back to the first starting at or below `offset`: (segment, last
-        row, first offset) for segments in memory, (segment, group) for sealed ones."""
-        table = self.table
-        number = table.head_seg[topic_id]
-        row = table.head_last[topic_id]
-        steps: list[tuple] = []
-        while number >= 0:
-            segment = self.by_number.get(number)
-            if segment is None:
-                break
-            rows = segment.rows
-            if rows is not None:
-                if row < 0:
-                    break  # an empty group (the log restarted here): nothing older
-                first, previous = rows.first_offset_of(topic_id, row)
-                steps.append((segment, row, first))
-                if first <= offset:
-                    break
-                if previous == NO_PREVIOUS or previous >= 0:
-                    break
-                number, row = pointed(previous)
-                continue
-            sealed = segment.sealed
-            group = sealed.find(topic_id) if sealed is not None else None
-            if group is None:
-                break
-            steps.append((segment, group))
-            if group.first_offset <= offset:
-                break
-            number, row = group.previous_segment, UNKNOWN_ROW
-        return steps
-
-    def live_end(self, topic_id: int, segment: Segment, group) -> int:
-        """The end of a sealed group's records that are still the topic's (a truncated topic's group may run
-        past them): the first offset of the next newer group of its chain, or its end."""
-        end = group.first_offset + group.count
-        if topic_id not in self.table.truncated:
-            return end
-        newer = min(self.table.next[topic_id], end)
-        for step in self._steps(topic_id, group.first_offset):
-            if step[0] is segment:
-                return newer
-            newer = min(newer, step[2] if len(step) == 3 else step[1].first_offset)
-        return min(group.first_offset, newer)  # not in the chain at all: every record of it was cut
-
-    def _rows_pieces(
-        self, topic_id: int, segment: Segment, last_row: int, offset: int, stop: int
-    ) -> list[Piece]:
-        rows = segment.rows
-        assert rows is not None
-        found, _previous = rows.rows_of(topic_id, last_row, offset, stop)
-        positions, offsets = rows.positions, rows.offsets
-        size = segment.size
-        return [Piece(segment, positions[row], rows.size_of(row, size), offsets[row]) for row in found]
-
-    def _group_pieces(self, segment: Segment, group, offset: int, stop: int) -> list[Piece]:
-        sealed = segment.sealed
-        assert sealed is not None
-        first = max(offset - group.first_offset, 0)
-        last = min(stop - group.first_offset, group.count)
-        entries = sealed.entries_of(group, first, last)
-        base = group.first_offset + first
-        return [
-            Piece(segment, entries[2 * n] & 0xFFFFFFFF, entries[2 * n] >> 32, base + n)
-            for n in range(len(entries) // 2)
-        ]
-
-    def _next_present(self, topic_id: int, steps: list[tuple], offset: int, stop: int) -> int:
-        """The first offset after a missing `offset` the topic still has (`CorruptRecord.next_offset`)."""
-        for step in reversed(steps):
-            segment = step[0]
-            if len(step) == 3:
-                found = self._rows_pieces(topic_id, segment, step[1], offset + 1, stop)
-            else:
-                found = self._group_pieces(segment, step[1], offset + 1, stop)
-            for piece in found:
-                if piece.position != MISSING and piece.offset > offset:
-                    return piece.offset
-        return stop
-
-    def frames(self, topic_id: int, pieces: list[Piece]) -> list[memoryview | FrameError]:
-        """The frames of `pieces` (from the recent windows, or preads merging neighbours), without their
-        entry headers; a `FrameError` in place of one whose entry is not the topic's."""
-        views: list[memoryview | None] = [None] * len(pieces)
-        partition = self.number
-        recent = self.recent
-        to_read: list[int] = []
-        for index, piece in enumerate(pieces):
-            view = recent.slice((partition, piece.segment.number), piece.position, piece.size)
-            if view is None:
-                to_read.append(index)
-            else:
-                views[index] = view
-        start = 0
-        while start < len(to_read):
-            first = pieces[to_read[start]]
-            end = start + 1
-            while (
-                end < len(to_read)
-                and pieces[to_read[end]].segment is first.segment
-                and pieces[to_read[end]].position
-                - (pieces[to_read[end - 1]].position + pieces[to_read[end - 1]].size)
-                <= _MERGE_GAP
-            ):
-                end += 1
-            last = pieces[to_read[end - 1]]
-            span = last.position + last.size - first.position
-            data = memoryview(self.pool.pread(first.segment.log_path, span, first.position))
-            for index in to_read[start:end]:
-                piece = pieces[index]
-                at = piece.position - first.position
-                views[index] = data[at : at + piece.size]
-            start = end
-        result: list[memoryview | FrameError] = []
-        for view in views:
-            assert view is not None
-            if len(view) < HEAD_SIZE + PREFIX_SIZE or int.from_bytes(view[:4], "little") != topic_id:
-                result.append(FrameError("index"))
-            else:
-                result.append(view[HEAD_SIZE:])
-        return result
-
     # -- truncation ----------------------------------------------------------------------------------
 
     def cut_live(self, topic_id: int, offset: int) -> int:
@@ -741,7 +545,7 @@ class PartitionLog:
         dropped_sealed = 0
         dropped_rows = 0
         new_head: tuple[int, int, int] | None = None  # segment, first offset, last row
-        caps = _live_ends(steps, table.next[topic_id])  # records past a newer group's start are dead already
+        caps = live_ends(steps, table.next[topic_id])  # records past a newer group's start are dead already
         for number, step in enumerate(steps):
             segment = step[0]
             upto = caps[number]
@@ -871,212 +675,6 @@ class PartitionLog:
         for segment in self.segments[:-1]:
             if segment.rows is not None:
                 segment.state = ROLLED
-
-
-def _first_of(step: tuple) -> int:
-    """The first offset of a step of `PartitionLog._steps` (rows in memory, or a sealed group)."""
-    return step[2] if len(step) == 3 else step[1].first_offset
-
-
-def _live_ends(steps: list[tuple], end: int) -> list[int]:
-    """Where each step's live records end: at the first offset of every newer group (a truncated topic's
-    older groups run past its cut, and the walk may pass groups of records it cut), and at `end`."""
-    caps: list[int] = []
-    for step in steps:
-        caps.append(end)
-        end = min(end, _first_of(step))
-    return caps
-
-
-class SegmentScanner:
-    """Reads a segment's entries from a position, checking each, into rows (recovery).
-
-    `next_offsets` gives each topic's next offset before the segment (what its records must continue);
-    `apply(topic_id, position, offset, time, size)` is called for each valid record, `on_marker(marker,
-    position)` for each marker. Scanning stops at an entry that cannot be stepped over (the caller truncates
-    a tail there); a record whose frame fails its CRC between valid ones is reported as a hole and applied.
-    """
-
-    def __init__(
-        self,
-        pool: FileHandlePool,
-        path: str,
-        max_body: int,
-        topics: int,
-        next_offset: Callable[[int], int],
-    ) -> None:
-        self.pool = pool
-        self.path = path
-        self.max_body = max_body
-        self.topics = topics
-        self.next_offset = next_offset
-        self.expected: dict[int, int] = {}
-
-    def scan(
-        self,
-        start: int,
-        apply: Callable[[int, int, int, int, int], None],
-        on_marker: Callable[[Marker, int], None],
-    ) -> tuple[int, ScanReport]:
-        """Scan from byte `start`; returns the position after the last valid entry and the report."""
-        report = ScanReport()
-        file_size = os.path.getsize(self.path)
-        position = start
-        chunk_start = start
-        view = memoryview(b"")
-        expected = self.expected
-        max_body = self.max_body
-        while position < file_size:
-            at = position - chunk_start
-            try:
-                marked, end = parse_head(view, at, max_body)
-            except EntryError as error:
-                if error.reason == "torn" and chunk_start + len(view) < file_size:
-                    chunk_start = position
-                    needed = self._entry_size(position) or _SCAN_CHUNK
-                    view = memoryview(
-                        self.pool.pread(
-                            self.path, min(max(_SCAN_CHUNK, needed), file_size - position), position
-                        )
-                    )
-                    if len(view) < needed and needed != _SCAN_CHUNK:
-                        report.damage = "torn"
-                        return position, report
-                    continue
-                report.damage = error.reason
-                if error.reason == "check" and self._valid_after(position, file_size):
-                    position += self._entry_size(position) or 0  # an entry whose topic id is damaged: skipped
-                    report.skipped += 1
-                    continue
-                return position, report
-            size = end - at
-            report.scanned += 1
-            if marked & MARKER_BIT:
-                try:
-                    marker = parse_marker(view, at)
-                except EntryError as error:
-                    report.damage = error.reason
-                    return position, report
-                on_marker(marker, position)
-                expected[marker.topic_id] = marker.offset
-                position += size
-                continue
-            topic_id = marked
-            if topic_id >= self.topics:
-                report.damage = "unknown topic"
-                return position, report
-            want = expected.get(topic_id)
-            if want is None:
-                want = self.next_offset(topic_id)
-            try:
-                _end, timestamp = check_frame(view, at + HEAD_SIZE, want, max_body)
-            except FrameError as error:
-                if error.reason == "offset":
-                    found = int.from_bytes(view[at + HEAD_SIZE + 9 : at + HEAD_SIZE + 17], "little")
-                    if found > want:  # records lost to damage before this one: a gap, then this record
-                        try:
-                            _end, timestamp = check_frame(view, at + HEAD_SIZE, found, max_body)
-                        except FrameError:
-                            report.damage = "offset"
-                            return position, report
-                        want = found
-                    else:  # an offset going back without a marker: a stray entry, skipped
-                        log.error(
-                            "%s: entry at %d repeats offset %d of topic %d; skipped",
-                            self.path,
-                            position,
-                            found,
-                            topic_id,
-                        )
-                        report.skipped += 1
-                        position += size
-                        continue
-                elif error.reason == "checksum" and self._valid_after(position + size, file_size):
-                    report.damaged_records.append((topic_id, want))
-                    timestamp = NO_TIME
-                else:
-                    report.damage = error.reason
-                    return position, report
-            apply(topic_id, position, want, timestamp, size)
-            expected[topic_id] = want + 1
-            report.records += 1
-            position += size
-        report.damage = None
-        return position, report
-
-    def _entry_size(self, position: int) -> int | None:
-        head = self.pool.pread(self.path, HEAD_SIZE + PREFIX_SIZE, position)
-        if len(head) < HEAD_SIZE + PREFIX_SIZE:
-            return None
-        body_length, _crc = PREFIX.unpack_from(head, HEAD_SIZE)
-        return HEAD_SIZE + PREFIX_SIZE + body_length if body_length <= self.max_body else None
-
-    def _valid_after(self, position: int, file_size: int) -> bool:
-        """Whether a checked entry starts at `position` (a resync point after a damaged one), or the file
-        ends exactly there."""
-        if position == file_size:
-            return False
-        size = self._entry_size(position)
-        if size is None or position + size > file_size:
-            return False
-        data = self.pool.pread(self.path, size, position)
-        try:
-            parse_head(data, 0, self.max_body)
-        except EntryError:
-            return False
-        return True
-
-
-def write_open_header(segment: Segment, capacity: int, pool: FileHandlePool) -> None:
-    """(Re)write a segment's open index header with no durable rows (recovery: its rows are rescanned)."""
-    pool.pwritev(segment.open_path, [header_bytes(segment.number, segment.base, capacity)], 0)
-    pool.fdatasync(segment.open_path)
-
-
-def truncate_segment(segment: Segment, size: int, pool: FileHandlePool) -> None:
-    """Cut a segment file to `size` bytes, durably (recovery of a torn end)."""
-    pool.forget(segment.log_path)
-    os.truncate(segment.log_path, size)
-    pool.fdatasync(segment.log_path)
-
-
-def remove_file(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-
-
-def apply_groups(state: SealedState, index: SealedIndex, quarantine: Quarantine | None = None) -> None:
-    """Apply a sealed segment's groups to the sealed state (segments in order). At open (``quarantine``),
-    a group whose offsets no log holds sets its topic aside, and the groups of topics set aside are not
-    applied."""
-    groups = index.all_groups()
-    if groups:
-        state.grow(groups[-1].topic_id + 1)
-    head_seg, head_first, end, total, newest_ms = state.columns()
-    number = index.number
-    for group in groups:
-        topic_id = group.topic_id
-        if quarantine is not None and quarantine.past_ceiling(
-            topic_id, group.first_offset + group.count, f"sealed index {index.number}: a group ending"
-        ):
-            continue
-        if group.count == 0 and group.flags == FLAG_TRUNCATED:
-            # Only a truncation marker: the topic's head stays in the segment its chain goes on in (as
-            # `cut_live` left it), so that retention may delete this segment.
-            head_seg[topic_id] = group.previous_segment
-        else:
-            head_seg[topic_id] = number
-        head_first[topic_id] = group.first_offset
-        end[topic_id] = group.first_offset + group.count
-        if group.flags & FLAG_RESTART:
-            total[topic_id] = group.bytes
-            state.restarts[topic_id] = group.first_offset
-        else:
-            total[topic_id] += group.bytes - group.dropped
-        if group.newest_time > newest_ms[topic_id]:
-            newest_ms[topic_id] = group.newest_time
-        if group.flags & FLAG_TRUNCATED:
-            state.truncated.add(topic_id)
 
 
 def _skip_chunk(entries: int, average: int) -> int:

@@ -1,8 +1,8 @@
 """Blocks of older records read once from disk and shared by every reader catching up on the same range.
 
 The tail cache serves readers that are caught up. Readers behind it (subscribers replaying from an offset,
-offline sessions coming back, Spark catching up) used to pay one pread and one decode each for the same
-bytes. Here a log's offsets are cut into aligned blocks of `BLOCK_RECORDS`; the first reader of a block
+offline sessions coming back, Spark catching up) would each pay one pread and one decode for the same bytes.
+Here a log's offsets are cut into aligned blocks of `BLOCK_RECORDS`; the first reader of a block
 reads it whole (one index lookup, one pread per segment it spans, CRCs checked once) and every later
 reader of any offset in it gets the same decoded `Record` objects from memory. Fifty subscribers
 replaying one range cost one disk read per block, not fifty.

@@ -29,20 +29,13 @@ from .catalog import CATALOG_FILE, TopicCatalog
 from .entry import HEAD_SIZE, MARKER_BIT, RESTART, TRUNCATE, EntryError, Marker, parse_marker
 from .file_pool import FileHandlePool
 from .open_index import read_open_index
-from .partition_log import (
-    PartitionConfig,
-    PartitionLog,
-    SegmentScanner,
-    apply_groups,
-    remove_file,
-    truncate_segment,
-    write_open_header,
-)
+from .partition_log import PartitionConfig, PartitionLog
 from .quarantine import Quarantine
 from .recent import RecentWindows
 from .record import PREFIX, PREFIX_SIZE
 from .sealed_index import GroupBlocks, SealedIndex, build, write_index
 from .segment import SEALED, Segment, fsync_directory
+from .segment_scan import SegmentScanner, apply_groups, remove_file, truncate_segment, write_open_header
 from .topic_table import NO_TIME, SNAPSHOT_FILE, SealedState, TopicTable, read_snapshot
 
 __all__ = ["Opened", "PartitionRepair", "open_partitions"]

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 
 from .file_pool import FileHandlePool, out_of_descriptors
 from .open_index import OpenIndex
-from .partition_log import PartitionLog, apply_groups, remove_file
+from .partition_log import PartitionLog
 from .sealed_index import GroupBlocks, SealedIndex, build, write_index
 from .segment import Segment, fsync_directory
+from .segment_scan import apply_groups, remove_file
 from .topic_table import SealedState, Snapshot, TopicTable, write_snapshot
 
 __all__ = ["SNAPSHOT_INTERVAL_S", "Sealer"]

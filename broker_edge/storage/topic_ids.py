@@ -1,12 +1,12 @@
 """Topic name -> topic id, as an open-addressing hash table of ids in one `array`, over the names by id.
 
-A `dict` from name to id cost about 85 bytes per topic at 100,000 topics (its table, grown to twice the
-entries, plus an `int` object per id). The names are already kept in a list by id, so the table needs only
+A `dict` from name to id costs tens of bytes per topic (its table, grown to twice the entries, plus an `int`
+object per id). The names are already kept in a list by id, so the table needs only
 the ids: 4 bytes per slot, at most half of the slots used, 8 to 16 bytes per topic. A lookup hashes the
 name (CPython caches a string's hash), probes the slots linearly and compares the name found by id.
 
-Growing the table never rehashes every topic at once (at a million topics that held the event loop for
-half a second): the larger table takes the new ids at once and the older ones a few per insertion, while
+Growing the table never rehashes every topic at once (at a million topics that would hold the event loop
+for a long while): the larger table takes the new ids at once and the older ones a few per insertion, while
 lookups still missing in it look in the older table.
 """
 

@@ -1,8 +1,8 @@
 """Every topic's state as columns (`array`s indexed by topic id): no Python object per topic.
 
 A broker with a topic per device has hundreds of thousands of topics, most of them quiet. An object per
-topic (its log, its tail cache, its index) cost kilobytes each and made every full garbage collection walk
-them all; a row in a few arrays costs about 100 bytes and nothing for the collector.
+topic (its log, its tail cache, its index) would cost kilobytes each and make every full garbage collection
+walk them all; a row in a few arrays costs about 100 bytes and nothing for the collector.
 
 `TopicTable` is the live state the event loop reads and writes. `SealedState` is what the sealed segments
 alone say (the sealer thread applies each sealed index's groups to it, in order), and what the snapshot file

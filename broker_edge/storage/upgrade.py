@@ -206,7 +206,7 @@ def _copy_epochs(directory: str, topic: str, store) -> None:
         if len(parts) == 2 and all(part.isdigit() for part in parts):
             pairs.append((int(parts[0]), int(parts[1])))
     if pairs and topic in store:
-        journal = EpochJournal(store.epochs_path(store.partition_of(topic)))
+        journal = EpochJournal(store.replicated_log.epochs_path(store.partition_of(topic)))
         if journal.entries(store.topic_id(topic)) != pairs:
             journal.record(store.topic_id(topic), pairs)
             journal.sync()

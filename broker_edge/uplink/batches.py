@@ -84,7 +84,7 @@ def _read_over_gaps(
     """Frames of ``topic`` from ``position``, stepping over records missing in the log (damaged, or a gap
     it holds: ``on_gap`` is told, and the receiver records the gap); the position they start at."""
     while True:
-        frames, count = store.read_frames(topic, position, max_bytes, end)
+        frames, count = store.replicated_log.read_frames(topic, position, max_bytes, end)
         if count or position >= end:
             return position, frames, count
         try:

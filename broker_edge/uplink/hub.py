@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from aiohttp import WSMsgType, web
 
 from broker_edge import bounds
-from broker_edge.engine.mirror_logs import LocalMirrorLogs, MirrorRefused
+from broker_edge.engine.ports import MirrorRefused
 from broker_edge.http.guard import GuardedRunner, start_guarded_site
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import topic_matches, validate_topic_filter
@@ -37,7 +37,7 @@ from broker_edge.security.tls import ServerContexts, server_ssl_context
 from broker_edge.settings.uplink import UplinkHubConfig, site_topic
 from broker_edge.uplink.batches import next_batch
 from broker_edge.uplink.batches_elsewhere import batch_elsewhere
-from broker_edge.uplink.mirror import Gap, mirror_batch, mirrored_ends
+from broker_edge.uplink.mirror import Gap, LocalMirrorLogs, mirror_batch, mirrored_ends
 from broker_edge.uplink.site_identity import site_of_certificate
 from broker_edge.uplink.site_status import SitesStatus, SiteStatus
 from broker_edge.uplink.wire import (

@@ -2,30 +2,33 @@
 ``$site/<site_id>/`` (the hub's half of "every record once"), and the hub's downlinked topics into a
 site's store under their own names.
 
-Each topic's frames go through ``append_mirrored`` (``broker_edge.engine.mirror_logs``): what is already
+Each topic's frames go through ``append_mirrored`` (``broker_edge.storage.mirrored``): what is already
 held is skipped, frames past the log's end leave a gap (returned for the caller to record), the rest is
 appended verbatim and checked. A site applies a downlink batch to its own store (``apply_batch``; the caller
 waits for durability); a hub hands each topic of a site's batch to its ``mirror_logs`` port
 (``mirror_batch``), which appends it where the log is written (here, or on its partition's leader) and
-returns once it is acknowledged there.
+returns once it is acknowledged there. ``LocalMirrorLogs`` is that port on a broker alone: the uplink's own,
+over its store; a cluster member's is the cluster's (``broker_edge.cluster.mirror_logs``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker_edge.engine.mirror_logs import MirrorAppend, MirrorPart, append_mirrored
+from broker_edge.engine.ports import MirrorPart
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import validate_topic_name
 from broker_edge.storage import LogStore, StorageError
+from broker_edge.storage.mirrored import MirrorAppend, append_mirrored
 from broker_edge.uplink.wire import Batch, BatchTopic, WireError
 
 if TYPE_CHECKING:
     from broker_edge.engine.ports import MirrorLogs
+    from broker_edge.storage.record import Record
 
-__all__ = ["Applied", "Gap", "apply_batch", "mirror_batch", "mirrored_ends"]
+__all__ = ["Applied", "Gap", "LocalMirrorLogs", "apply_batch", "mirror_batch", "mirrored_ends"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,3 +118,31 @@ def _check_topic(topic: str) -> None:
         raise WireError(f"topic {topic!r}: {error}") from None
     if topic.startswith("$"):
         raise WireError(f"topic {topic!r}: the uplink carries no '$' topics")
+
+
+class LocalMirrorLogs:
+    """The ``mirror_logs`` port of a broker alone: appended here, acknowledged once durable here."""
+
+    def __init__(self, store: LogStore) -> None:
+        self.store = store
+
+    async def append(self, parts: Sequence[MirrorPart]) -> list[MirrorAppend]:
+        store = self.store
+        appended = [append_mirrored(store, part.topic, part.first, part.count, part.frames) for part in parts]
+        await store.wait_durable()  # the batch's topics together: one cut of the group commit
+        for part, result in zip(parts, appended, strict=True):
+            result.end = store.durable_end(part.topic)
+        return appended
+
+    async def ends(self, prefix: str) -> dict[str, int]:
+        await self.store.wait_durable()  # appends still in flight count in the ends
+        return {info.topic: info.end_offset for info in self.store.logs(prefix + "#")}
+
+    def holds(self, topic: str) -> bool:
+        return True
+
+    async def logs_elsewhere(self, filters: Sequence[str]) -> dict[str, tuple[int, int]]:
+        return {}
+
+    async def read_elsewhere(self, topic: str, offset: int, max_bytes: int) -> list[Record]:
+        return []

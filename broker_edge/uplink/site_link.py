@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from broker_edge.engine.mirror_logs import MirrorRefused
+from broker_edge.engine.ports import MirrorRefused
 from broker_edge.http.client_errors import failure_text
 from broker_edge.protocol.topics import topic_matches
 from broker_edge.settings.uplink import UplinkConfig
@@ -160,7 +160,7 @@ class SiteLink:
             for info in self.store.logs(topic_filter):
                 if (
                     not info.topic.startswith("$")
-                    and not self._downlinked(info.topic)
+                    and not self.downlinked(info.topic)
                     and self._held(info.topic)
                 ):
                     found[info.topic] = None
@@ -170,7 +170,9 @@ class SiteLink:
         """Whether this broker holds a complete copy of ``topic``'s log (a broker alone holds every one)."""
         return self.logs is None or self.logs.holds(topic)
 
-    def _downlinked(self, topic: str) -> bool:
+    def downlinked(self, topic: str) -> bool:
+        """Whether ``topic`` is one the hub sends down: only the hub writes it here (the broker refuses a
+        client's publish to it, ``BrokerCore.reserved_topics``)."""
         return self.config.downlinked(topic)
 
     async def _downlink_request(self) -> dict[str, object] | None:
@@ -456,7 +458,7 @@ class SiteLink:
         partitions commit."""
         store = self.store
         for part in batch.topics:
-            if not self._downlinked(part.topic) or part.topic.startswith("$"):
+            if not self.downlinked(part.topic) or part.topic.startswith("$"):
                 raise WireError(f"the hub sent {part.topic!r}, which is not downlinked here")
         if self.logs is not None:
             await self._mirror_down(self.logs, batch)
@@ -528,7 +530,7 @@ class SiteLink:
         return (
             not topic.startswith("$")
             and any(topic_matches(f, topic) for f in self.config.topics)
-            and not self._downlinked(topic)
+            and not self.downlinked(topic)
         )
 
     async def _build(

@@ -264,8 +264,8 @@ def _status(store: TableStore, args: argparse.Namespace, root: str) -> int:
         print(describe_list(statuses, job) if statuses else f"no actions yet\n{job}")
         return 0
     if not args.watch:
-        status = _one(store, args.action_id, args.show)
-        print(describe(status, describe_job(read_heartbeat(root), _now_ms(), root)))
+        status, now = _one(store, args.action_id, args.show), _now_ms()
+        print(describe(status, describe_job(read_heartbeat(root), now, root), now))
         return 0
     try:
         return _watch(store, args.action_id, args.show, args.interval, root)
@@ -286,10 +286,10 @@ def _watch(store: TableStore, action_id: str, show: int, interval_s: float, root
     shown = None
     while True:
         status, beat, now = _one(store, action_id, show), read_heartbeat(root), _now_ms()
-        seen = (describe(status, ""), beat is not None and beat.running(now))
+        seen = (describe(status, "", now), beat is not None and beat.running(now))
         if seen != shown:
             stamp = time.strftime("%H:%M:%S", time.gmtime(now / 1000))
-            print(f"-- {stamp} UTC\n{describe(status, describe_job(beat, now, root))}\n", flush=True)
+            print(f"-- {stamp} UTC\n{describe(status, describe_job(beat, now, root), now)}\n", flush=True)
             shown = seen
         if status.ended:
             return 0

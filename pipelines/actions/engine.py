@@ -40,7 +40,7 @@ from pipelines.actions.engine_tables import (
 from pipelines.actions.model import Action, device_topic
 from pipelines.actions.phases import phase_of_devices
 from pipelines.actions.publisher import Publisher
-from pipelines.actions.release import Release, due
+from pipelines.actions.release import Release, due, lost_gate
 from pipelines.actions.retries import retry
 from pipelines.actions.rollback import rollback_id, rollback_row
 from pipelines.actions.schedule import END_CANCEL
@@ -264,13 +264,18 @@ class ActionsEngine:
         known, counts = self.tables.executions_and_counts(open_ids)
         changed: list[Execution] = []
         summarised = set()
+        lost: dict[str, tuple[int, str]] = {}
         for action_id in open_ids:
             action = actions[action_id]
-            moved = self._advance(action, dict(known.get(action_id, {})), now)
+            rows = dict(known.get(action_id, {}))
+            moved = self._advance(action, rows, now)
             changed += moved
+            gate = lost_gate(action, rows, now)
+            if gate is not None:
+                lost[action_id] = gate
             before = previous.get(action_id, (None,))[0]
             starts = before == ACTION_SCHEDULED and action.schedule.started(now)
-            if moved or before is None or starts or action.schedule.ended(now):
+            if moved or before is None or starts or action.schedule.ended(now) or gate is not None:
                 summarised.add(action_id)
         if not summarised:
             return
@@ -281,6 +286,7 @@ class ActionsEngine:
             f"{self.app_id}/tick/summary",
             self._tick_batch,
             counts_after(counts, known, changed),
+            lost=lost,
         )
 
     def _advance(self, action: Action, rows: dict[str, Execution], now: int) -> list[Execution]:
@@ -476,9 +482,10 @@ class ActionsEngine:
         batch_id: int,
         counted: dict[str, Counter] | None = None,
         rejected: Mapping[str, str] | None = None,
+        lost: Mapping[str, tuple[int, str]] | None = None,
     ) -> None:
-        """Recompute the summary of ``action_ids``; an action crossing an abort threshold is stopped (and
-        rolled back when it says so).
+        """Recompute the summary of ``action_ids``; an action crossing an abort threshold, or whose phase
+        gate can no longer open (``lost``: the phase and why), is stopped (and rolled back when it says so).
 
         ``counted``: the executions per state of each action as just written (from the batch's own read of
         the table and its changes), so that the table is not read again; counted from the table when None.
@@ -486,6 +493,7 @@ class ActionsEngine:
         written, stay.
         """
         rejected = rejected or {}
+        lost = lost or {}
         actions = {a.id: a for a in self._actions(action_ids)}
         previous = self.tables.summary_rows(action_ids)
         if counted is None:
@@ -511,7 +519,9 @@ class ActionsEngine:
             elif action is None:  # reports for an action this job has no valid row of
                 summary["action_state"] = ACTION_IN_PROGRESS
             else:
-                summary.update(self._state_of(action, before.get("action_state"), counts, now))
+                summary.update(
+                    self._state_of(action, before.get("action_state"), counts, now, lost.get(action_id))
+                )
                 if summary["action_state"] == ACTION_ABORTED:
                     aborted.append(action)
             summaries[action_id] = {"counts": counts, **summary}
@@ -539,8 +549,11 @@ class ActionsEngine:
         self.tables.merge_summary(table, app_id, batch_id)
 
     @staticmethod
-    def _state_of(action: Action, before: str | None, counts: Counter, now: int) -> dict:
-        """The summary's state, reason and abort rule of a valid action that had not ended."""
+    def _state_of(
+        action: Action, before: str | None, counts: Counter, now: int, lost: tuple[int, str] | None = None
+    ) -> dict:
+        """The summary's state, reason and abort rule of a valid action that had not ended (``lost``: its
+        phase gate that can no longer open, and why: aborted by that phase's ``success_pct``)."""
         schedule = action.schedule
         state = action_state(
             before,
@@ -556,6 +569,9 @@ class ActionsEngine:
             rule = first_fired(action.abort_rules, counts)
             assert rule is not None  # action_state aborts only when a rule fired
             return {"action_state": state, "reason": rule.reason(counts), "aborted_by": rule.field}
+        if lost is not None and state == ACTION_IN_PROGRESS:
+            phase, reason = lost
+            return {"action_state": ACTION_ABORTED, "reason": reason, "aborted_by": f"phases[{phase - 1}]"}
         if state == ACTION_COMPLETED and schedule.ended(now) and counts[CANCELED]:
             reason = (
                 f"schedule.end_at {_utc(schedule.end_at_ms)} passed: {_devices(counts[CANCELED])} canceled"

@@ -1,11 +1,17 @@
 """Phased rollouts: the target split into phases (5 %, then 15 %, then the rest), each held back until the
-one before it has been sent to everyone, has waited its ``wait_s`` and has reached its ``success_pct``.
+one before it has been sent to everyone, has waited its ``wait_s``, has reached its ``success_pct``, and the
+rollout's abort rules have had the sample they need to judge it.
 
 The devices are taken in an order of their own per action (a hash of the action and device ids), so a phase
 is a sample spread over the fleet rather than its lowest ids, and the job finds the same order whenever it
 computes it. Each execution row records its phase; when each phase started follows from the rows (the
-previous phase's start, when its last device was sent, when its devices succeeded), so the job holds no
+previous phase's start, when its last device was sent, when its devices finished), so the job holds no
 state of its own and a restart resumes where the table says.
+
+A gate either opens or is lost, never waits for ever: a device that never answers counts as silent once
+``in_progress_timeout_s`` has passed since it was sent (``Gate.silent_after_ms``), and a phase whose devices
+can no longer reach its ``success_pct`` (rejected, failed for good, silent) loses its gate (``gate_lost``):
+the action is then aborted, as by an abort rule.
 """
 
 from __future__ import annotations
@@ -16,9 +22,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipelines.actions.states import SUCCEEDED, Execution
+from pipelines.actions.states import IN_PROGRESS, QUEUED, SUCCEEDED, Execution
 
-__all__ = ["Phase", "phase_of_devices", "phase_sizes", "phase_starts", "rollout_key", "rollout_order"]
+__all__ = [
+    "Gate",
+    "Phase",
+    "gate_lost",
+    "phase_of_devices",
+    "phase_sizes",
+    "phase_starts",
+    "rollout_key",
+    "rollout_order",
+]
 
 
 @dataclass(frozen=True)
@@ -78,24 +93,109 @@ def phase_of_devices(action_id: str, phases: Sequence[Phase], device_ids: Iterab
     return out
 
 
-def phase_starts(phases: Sequence[Phase], rows: Iterable[Execution], start_ms: int, now_ms: int) -> list[int]:
-    """When each phase that has started did (epoch ms), from the first: the one after phase ``i`` starts
-    once all of phase ``i``'s devices were sent it (or ended without it), its ``wait_s`` has passed since
-    it started, and ``success_pct`` % of its devices have succeeded: at the latest of these moments."""
-    by_phase: dict[int, list[Execution]] = {}
-    for row in rows:
-        by_phase.setdefault(row.phase or len(phases), []).append(row)
+@dataclass(frozen=True)
+class Gate:
+    """What every phase's gate asks beyond the phase's own rules: ``sample``, the finished devices the
+    action's abort rules need before they judge (their largest ``min_executed``); ``silent_after_ms``, how
+    long a device sent the action may stay without a final report before it counts as silent (the action's
+    ``in_progress_timeout_s``; None: a device that never answers holds the gate, as it holds the action)."""
+
+    sample: int = 0
+    silent_after_ms: int | None = None
+
+    def silent_since(self, row: Execution) -> int | None:
+        """When ``row`` turned silent (sent, or started, and no final report since), if it can."""
+        if self.silent_after_ms is None or row.terminal:
+            return None
+        if row.state == IN_PROGRESS:
+            since = row.started_at if row.started_at is not None else row.updated_at
+        elif row.state == QUEUED and row.published_at is not None and row.retry_at is None:
+            since = row.updated_at  # when it was last sent (its first message, or a retry)
+        else:
+            return None  # not sent yet, or waiting for a retry
+        return since + self.silent_after_ms
+
+
+def phase_starts(
+    phases: Sequence[Phase], rows: Iterable[Execution], start_ms: int, now_ms: int, gate: Gate = Gate()
+) -> list[int]:
+    """When each phase that has started did (epoch ms), from the first. The one after phase ``i`` starts
+    at the latest of: every device of phase ``i`` was sent the action (or ended without it); its ``wait_s``
+    passed since it started; ``success_pct`` % of its devices succeeded; and ``gate.sample`` devices of the
+    phases so far finished (fewer when fewer were sent, or some are silent: the abort rules judge what there
+    is, and the next phase adds to it)."""
+    by_phase = _by_phase(phases, rows)
     starts = [start_ms]
+    so_far: list[Execution] = []
     for number, phase in enumerate(phases[:-1], start=1):
         members = by_phase.get(number, [])
-        opens = _next_phase_opens(phase, members, starts[-1])
+        so_far += members
+        opens = _next_phase_opens(phase, members, so_far, starts[-1], gate, now_ms)
         if opens is None or opens > now_ms:
             break
         starts.append(opens)
     return starts
 
 
-def _next_phase_opens(phase: Phase, members: Sequence[Execution], started_ms: int) -> int | None:
+def gate_lost(
+    phases: Sequence[Phase], rows: Iterable[Execution], start_ms: int, now_ms: int, gate: Gate = Gate()
+) -> tuple[int, str] | None:
+    """The phase (from 1) whose gate can no longer open, and why: fewer of its devices can still succeed
+    than its ``success_pct`` needs (the others rejected it, failed for good, or are silent), decided once
+    the abort rules had their sample (they judge first); None while every gate may still open."""
+    rows = list(rows)
+    current = len(phase_starts(phases, rows, start_ms, now_ms, gate))
+    if current >= len(phases) or not phases[current - 1].success_pct:
+        return None
+    by_phase = _by_phase(phases, rows)
+    so_far = [row for number in range(1, current + 1) for row in by_phase.get(number, [])]
+    sample = min(gate.sample, len(so_far) - len(_silent(so_far, gate, now_ms)))
+    if sum(1 for row in so_far if row.terminal) < sample:
+        return None
+    members = by_phase.get(current, [])
+    needed = _successes_needed(phases[current - 1], members)
+    succeeded = sum(1 for row in members if row.state == SUCCEEDED)
+    silent = _silent(members, gate, now_ms)
+    able = sum(1 for row in members if not row.terminal and row.device_id not in silent)
+    if succeeded + able >= needed:
+        return None
+    percent = phases[current - 1].success_pct
+    return current, (
+        f"phases[{current - 1}].success_pct {percent:g} % cannot be reached: {succeeded} of its "
+        f"{len(members)} devices succeeded and {able} may still, {needed} needed"
+        + (f" ({len(silent)} silent)" if silent else "")
+    )
+
+
+def _by_phase(phases: Sequence[Phase], rows: Iterable[Execution]) -> dict[int, list[Execution]]:
+    by_phase: dict[int, list[Execution]] = {}
+    for row in rows:
+        by_phase.setdefault(row.phase or len(phases), []).append(row)
+    return by_phase
+
+
+def _successes_needed(phase: Phase, members: Sequence[Execution]) -> int:
+    return math.ceil(round((phase.success_pct or 0.0) * len(members) / 100, 9))
+
+
+def _silent(rows: Iterable[Execution], gate: Gate, now_ms: int) -> dict[str, int]:
+    """Devices of ``rows`` silent by ``now_ms``, with since when."""
+    silent = {}
+    for row in rows:
+        since = gate.silent_since(row)
+        if since is not None and since <= now_ms:
+            silent[row.device_id] = since
+    return silent
+
+
+def _next_phase_opens(
+    phase: Phase,
+    members: Sequence[Execution],
+    so_far: Sequence[Execution],
+    started_ms: int,
+    gate: Gate,
+    now_ms: int,
+) -> int | None:
     """When the phase after this one may start; None while something still holds it back."""
     if any(row.published_at is None and not row.terminal for row in members):
         return None  # not every device of this phase has been sent the action yet
@@ -103,10 +203,18 @@ def _next_phase_opens(phase: Phase, members: Sequence[Execution], started_ms: in
     if phase.wait_s:
         opens = max(opens, started_ms + phase.wait_s * 1000)
     if phase.success_pct:
-        needed = math.ceil(round(phase.success_pct * len(members) / 100, 9))
+        needed = _successes_needed(phase, members)
         succeeded = sorted(row.finished_at or row.updated_at for row in members if row.state == SUCCEEDED)
         if len(succeeded) < needed:
             return None
         if needed:
             opens = max(opens, succeeded[needed - 1])
+    if gate.sample:
+        silent = _silent(so_far, gate, now_ms)
+        needed = min(gate.sample, len(so_far) - len(silent))
+        finished = sorted(row.finished_at or row.updated_at for row in so_far if row.terminal)
+        if len(finished) < needed:
+            return None
+        if needed:
+            opens = max(opens, finished[needed - 1], *silent.values())
     return opens

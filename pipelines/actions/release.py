@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pipelines.actions.model import Action
-from pipelines.actions.phases import phase_starts, rollout_key
+from pipelines.actions.phases import Gate, gate_lost, phase_starts, rollout_key
 from pipelines.actions.states import QUEUED, SUCCEEDED, Execution
 
-__all__ = ["Release", "due", "rollout_start"]
+__all__ = ["Release", "due", "gate_of", "lost_gate", "rollout_start"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,21 @@ def rollout_start(action: Action, rows: Mapping[str, Execution]) -> int:
     """When the rollout started, or will: when it was queued, or its scheduled start if later."""
     queued_at = min((row.queued_at for row in rows.values()), default=action.created_at_ms)
     return max(queued_at, action.schedule.start_at_ms or 0)
+
+
+def gate_of(action: Action) -> Gate:
+    """What every phase gate of ``action`` asks beyond its own rules: the sample its abort rules need
+    (their largest ``min_executed``), and when a device that never answers counts as silent."""
+    sample = max((rule.min_executed for rule in action.abort_rules), default=0)
+    timeout = action.in_progress_timeout_s
+    return Gate(sample, timeout * 1000 if timeout else None)
+
+
+def lost_gate(action: Action, rows: Mapping[str, Execution], now_ms: int) -> tuple[int, str] | None:
+    """The phase of ``action`` whose gate can no longer open, and why (``phases.gate_lost``)."""
+    if len(action.phases) < 2:
+        return None
+    return gate_lost(action.phases, rows.values(), rollout_start(action, rows), now_ms, gate_of(action))
 
 
 def _waiting(row: Execution) -> bool:
@@ -63,7 +78,9 @@ def current_phase(action: Action, rows: Mapping[str, Execution], now_ms: int) ->
     """The phase being sent now, from 1 (None: the action has no phases)."""
     if len(action.phases) < 2:
         return None
-    return len(phase_starts(action.phases, rows.values(), rollout_start(action, rows), now_ms))
+    return len(
+        phase_starts(action.phases, rows.values(), rollout_start(action, rows), now_ms, gate_of(action))
+    )
 
 
 def _first_sends(action: Action, rows: Mapping[str, Execution], now_ms: int, phase: int | None) -> list[str]:
@@ -74,7 +91,7 @@ def _first_sends(action: Action, rows: Mapping[str, Execution], now_ms: int, pha
     last = len(action.phases)
     sent_before = 0
     if phase is not None:
-        start = phase_starts(action.phases, rows.values(), start, now_ms)[-1]
+        start = phase_starts(action.phases, rows.values(), start, now_ms, gate_of(action))[-1]
         waiting = [d for d in waiting if (rows[d].phase or last) <= phase]
         sent_before = sum(
             1 for row in rows.values() if row.published_at is not None and (row.phase or last) < phase

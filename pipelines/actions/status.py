@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipelines.actions.heartbeat import STALE_AFTER_S, Heartbeat
+from pipelines.actions.schedule import Schedule
 from pipelines.actions.states import ALL_STATES, IN_PROGRESS, QUEUED
 from pipelines.actions.summary import FINAL_ACTION_STATES
 from sinks.store import TableStore
@@ -232,8 +233,29 @@ def _counts(summary: dict) -> str:
     return f"{counts} total={summary['total_count']}"
 
 
-def describe(status: ActionStatus, job: str) -> str:
-    """One action in full (``job``: :func:`describe_job`'s line, shown while the action has not ended)."""
+def _waiting_for(row: dict, now_ms: int) -> str | None:
+    """Why nothing new goes out to devices now, and until when: the scheduled start has not come, or every
+    maintenance window is closed (the next one opens then); None when the action may send."""
+    schedule = Schedule.from_row(row)
+    if not schedule.started(now_ms):
+        return f"its start: nothing goes out before {_time(_datetime(schedule.start_at_ms))}"
+    if schedule.ended(now_ms) or schedule.in_window(now_ms):
+        return None
+    opens = schedule.next_opening(now_ms)
+    if opens is None:
+        return "its maintenance windows: none opens in the next 8 days"
+    return (
+        f"its maintenance window: nothing new goes out until {_time(_datetime(opens))}, when the next opens"
+    )
+
+
+def _datetime(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, UTC)
+
+
+def describe(status: ActionStatus, job: str, now_ms: int | None = None) -> str:
+    """One action in full (``job``: :func:`describe_job`'s line, shown while the action has not ended; with
+    ``now_ms``, what it waits for before it sends anything new: its start, its next maintenance window)."""
     lines = [f"action    {status.action_id}"]
     row = status.row
     if row is not None:
@@ -263,6 +285,11 @@ def describe(status: ActionStatus, job: str) -> str:
             lines.append(f"progress  {progress}")
         if summary.get("reason"):
             lines.append(f"reason    {summary['reason']}")
+    waiting = (
+        _waiting_for(row, now_ms) if row is not None and now_ms is not None and not status.ended else None
+    )
+    if waiting is not None:
+        lines.append(f"waiting   for {waiting}")
     if status.open_count:
         lines.append(f"not done  {status.open_count} device{'s' if status.open_count != 1 else ''}:")
         for execution in status.open_devices:

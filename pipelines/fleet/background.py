@@ -1,4 +1,5 @@
-"""A fleet on its own event-loop thread, for synchronous callers (the demo, tests, benchmarks)."""
+"""A fleet (or any asyncio client) on its own event-loop thread, for synchronous callers (the demo, tests,
+benchmarks)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,19 @@ from pipelines.fleet.device import DeviceBehaviour
 from pipelines.fleet.fleet import Fleet, FleetSpec
 
 
-class BackgroundFleet:
-    """Start with ``with BackgroundFleet(spec, behaviour) as fleet:``; devices run until the block ends."""
+class LoopThread:
+    """An event loop running on a thread of its own from :meth:`start` to :meth:`close`."""
 
-    def __init__(self, spec: FleetSpec, behaviour: DeviceBehaviour) -> None:
-        self.fleet = Fleet(spec, behaviour)
+    def __init__(self, name: str = "fleet") -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="fleet", daemon=True)
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
 
     def run(self, coroutine: Coroutine[Any, Any, Any], timeout_s: float = 120.0) -> Any:
         """Run a coroutine on the fleet's loop and wait for its result."""
@@ -30,6 +37,14 @@ class BackgroundFleet:
             return function()
 
         return self.run(call())
+
+
+class BackgroundFleet(LoopThread):
+    """Start with ``with BackgroundFleet(spec, behaviour) as fleet:``; devices run until the block ends."""
+
+    def __init__(self, spec: FleetSpec, behaviour: DeviceBehaviour) -> None:
+        super().__init__("fleet")
+        self.fleet = Fleet(spec, behaviour)
 
     async def on_start(self) -> None:
         """Hook for subclasses: runs on the loop before the devices connect."""
@@ -46,7 +61,7 @@ class BackgroundFleet:
         await self.on_stop()
 
     def __enter__(self) -> BackgroundFleet:
-        self._thread.start()
+        self.start()
         self.run(self._start())
         return self
 
@@ -54,5 +69,4 @@ class BackgroundFleet:
         try:
             self.run(self._stop())
         finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=10)
+            self.close()

@@ -66,6 +66,19 @@ def build_parser() -> argparse.ArgumentParser:
         prog="timestone devices", description="Simulated device fleets.", epilog=EXIT_STATUS
     )
     sub = parser.add_subparsers(dest="action", required=True)
+    register = sub.add_parser(
+        "register",
+        help="register devices in an OTA group, in the devices table, without the telemetry pipeline",
+        epilog="exit status: 0 registered; 2 a wrong command line or config, or no device given",
+    )
+    register.add_argument("devices", nargs="*", help="device ids")
+    register.add_argument("--group", required=True, help="the OTA target group they are in")
+    register.add_argument("--from-file", help="a file of device ids, one a line ('-': standard input)")
+    register.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE", help="a tag, repeatable")
+    register.add_argument(
+        "--config", help="actions YAML (default: conf/actions.yaml if present, else defaults)"
+    )
+    register.add_argument("--tables-root", help="override the config's tables_root")
     simulate = sub.add_parser(
         "simulate", help="connect N simulated devices and keep them running", epilog=EXIT_STATUS
     )
@@ -260,6 +273,10 @@ def _nobody(spec: FleetSpec, reason: str | None = None) -> str:
 def devices_main(argv: list[str]) -> int:
     """Entry point of ``timestone devices``."""
     args = build_parser().parse_args(argv)
+    if args.action == "register":
+        from pipelines.actions.registry import register_main
+
+        return register_main(args)
     raise_open_files_limit()
     if args.procs > 1 and args.payload == "sparkplug_b":
         build_parser().error("--payload sparkplug_b runs in one process (--procs 1)")

@@ -27,7 +27,8 @@ ROWS_SCHEMA = ", ".join(
     [
         "kind string, broker string, topic string, offset bigint, timestamp_ms bigint",
         "group_id string, edge_node_id string, device_id string, message_type string",
-        "seq bigint, seq_gap boolean, metric string, alias bigint, datatype string, metric_time_ms bigint",
+        "seq bigint, seq_gap boolean, metric_index int, metric string, alias bigint, datatype string",
+        "metric_time_ms bigint",
         "is_null boolean, is_historical boolean, value_long bigint, value_double double",
         "value_boolean boolean, value_string string, value_bytes binary, reason string, detail string",
         "online boolean, birth_time_ms bigint",

@@ -36,6 +36,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
+from pipelines import available_now as available_now_run
 from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF, MaintenanceTarget
 from pipelines.maintenance.scheduler import MaintenanceScheduler
 from pipelines.metrics import PipelineMetrics
@@ -390,6 +391,8 @@ def start_query(
     register_sources(spark)
     options = dict(config.source_options())
     options.update(source_options or {})
+    if available_now:
+        options.update(available_now_run.source_options(spark))
     records = spark.readStream.format("timestone").options(**options).load()
     return start_query_on(records, config, batch, available_now)
 
@@ -409,10 +412,8 @@ def start_query_on(
         .foreachBatch(exactly_once(batch.store, batch, persist=False))  # the batch caches its rows itself
     )
     if available_now:
-        writer = writer.trigger(availableNow=True)
-    else:
-        writer = writer.trigger(processingTime=config.stream.trigger_interval)
-    return writer.start()
+        return available_now_run.start(writer, spark)
+    return writer.trigger(processingTime=config.stream.trigger_interval).start()
 
 
 def maintenance_target(spark: SparkSession | None, config: TelemetryConfig) -> MaintenanceTarget:

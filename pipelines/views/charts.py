@@ -37,6 +37,30 @@ def _utc(times: pd.Series) -> pd.Series:
     return times.dt.tz_convert("UTC").dt.tz_localize(None)
 
 
+def fleet_metric_chart(metric: str, fleet: pd.DataFrame) -> Figure:
+    """One metric across the fleet, minute by minute: the median of the devices' minute averages as a line,
+    the band from the 10th to the 90th percentile around it, and how many devices reported each minute."""
+    fig, (ax, count_ax) = plt.subplots(
+        2, 1, figsize=(10, 5), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    )
+    if not fleet.empty:
+        minutes = _utc(fleet["minute"])
+        ax.fill_between(
+            minutes, fleet["p10"], fleet["p90"], color="#1f77b4", alpha=0.2, label="10th-90th percentile"
+        )
+        ax.plot(minutes, fleet["median"], "-", color="#1f77b4", linewidth=2, label="median")
+        count_ax.step(minutes, fleet["devices"], where="post", color="#7f7f7f")
+    reporting = int(fleet["devices"].max()) if not fleet.empty else 0
+    ax.set_title(f"Fleet: {metric} of up to {reporting} devices over {len(fleet)} minutes")
+    ax.set_ylabel(f"{metric} (minute average)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    count_ax.set_ylabel("devices")
+    count_ax.set_xlabel("event time (UTC)")
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    return fig
+
+
 def device_chart(device_id: str, metric: str, readings: pd.DataFrame, minutes: pd.DataFrame) -> Figure:
     """One device's readings (dots) over its per-minute band: min-max as a bar, the average as a line.
 

@@ -60,6 +60,25 @@ def device_readings(store: TableStore, device_id: str) -> tuple[pd.DataFrame, pd
     return readings.reset_index(drop=True), minutes.reset_index(drop=True)
 
 
+def metric_across_fleet(store: TableStore, metric: str) -> pd.DataFrame:
+    """Per minute of event time, one metric across the fleet: how many devices reported it, and the 10th
+    percentile, median and 90th percentile of their minute averages (``device_minute``)."""
+    minutes = read_frame(store, "device_minute")
+    column = f"{metric}_avg"
+    if minutes.empty or column not in minutes:
+        return pd.DataFrame(columns=["minute", "devices", "p10", "median", "p90"])
+    grouped = minutes.dropna(subset=[column]).groupby("minute")[column]
+    frame = pd.DataFrame(
+        {
+            "devices": grouped.size(),
+            "p10": grouped.quantile(0.1),
+            "median": grouped.median(),
+            "p90": grouped.quantile(0.9),
+        }
+    )
+    return frame.reset_index().sort_values("minute").reset_index(drop=True)
+
+
 def fleet_by_firmware_and_group(store: TableStore) -> pd.DataFrame:
     """Devices counted per firmware version (rows) and group (columns), from the ``devices`` registry."""
     devices = read_frame(store, "devices")

@@ -23,7 +23,7 @@ from pipelines.views.location import find_upwards
 
 #: Every notebook, and the names of the charts it displays, in order.
 CHARTS: dict[str, tuple[str, ...]] = {
-    "telemetry.ipynb": ("fleet", "device", "quality"),
+    "telemetry.ipynb": ("fleet", "device", "fleet_metric", "quality"),
     "ota_rollout.ipynb": ("rollout", "compliance"),
 }
 

@@ -279,3 +279,17 @@ class RawClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def stalled_subscriber(port: int, client_id: str, filters: list[Subscription], version: int = 5) -> RawClient:
+    """A client subscribed to ``filters`` with a small receive window, that the test does not read: the
+    broker's buffer towards it fills."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
+    sock.settimeout(TIMEOUT)
+    sock.connect(("127.0.0.1", port))
+    raw = RawClient(port, version, sock=sock)
+    raw.connect(client_id)
+    raw.send_packet(Subscribe(1, filters))
+    assert raw.recv().reason_codes == [f.qos for f in filters]
+    return raw

@@ -199,3 +199,21 @@ def brokers(tmp_path: Path) -> Iterator[Callable[..., RunningBroker]]:
     close_all()
     for broker in running:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def project_wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheels of this checkout and of its base dependencies (``pip wheel .``), made once per test
+    session: what an installation without an index (the image's build, a gateway's install) installs from."""
+    import subprocess
+    import sys
+
+    wheels = tmp_path_factory.mktemp("wheels")
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels), str(root)],
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
+    return wheels

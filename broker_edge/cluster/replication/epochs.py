@@ -153,7 +153,9 @@ class LeaderEpochs:
     def _journal(self, partition: int) -> EpochJournal:
         journal = self._journals.get(partition)
         if journal is None:
-            journal = self._journals[partition] = EpochJournal(self._store.epochs_path(partition))
+            journal = self._journals[partition] = EpochJournal(
+                self._store.replicated_log.epochs_path(partition)
+            )
         return journal
 
     def epoch_at(self, topic: str, offset: int) -> int:
@@ -170,11 +172,11 @@ class LeaderEpochs:
 
     def truncate(self, topic: str, offset: int) -> None:
         """Truncate `topic`'s log and then its epochs at `offset` (see `LogStore.truncate`)."""
-        self._store.truncate(topic, offset)
+        self._store.replicated_log.truncate_to(topic, offset)
         if topic in self._store:
             self.for_topic(topic).truncate_from(offset)
 
     def restart_at(self, topic: str, offset: int) -> None:
         """Empty `topic`'s log (and epochs) to continue at `offset`."""
-        self._store.restart_at(topic, offset)
+        self._store.replicated_log.restart_at(topic, offset)
         self.for_topic(topic).clear()

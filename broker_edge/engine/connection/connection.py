@@ -69,6 +69,7 @@ if TYPE_CHECKING:
 
     from broker_edge.engine.connection.terms import ListenerRuntime
     from broker_edge.engine.sessions.session import Session
+    from broker_edge.engine.slow_subscribers import SlowSubscribers
     from broker_edge.protocol.packets import Packet, Will
 
 __all__ = ["Connection", "ConnectionHost"]
@@ -82,6 +83,8 @@ class ConnectionHost(BrokerContext, Protocol):
 
     partial_bytes: int
     """Bytes of packets not fully arrived, over all connections (``limits.max_partial_packet_bytes``)."""
+    slow_subscribers: SlowSubscribers
+    """What becomes of QoS 0 messages for a connection whose write buffer is full."""
 
     def connection_opened(self, conn: Connection) -> None:
         """Admit (or refuse) a new connection and start its CONNECT deadline."""
@@ -231,22 +234,18 @@ class Connection(Outgoing):
         self.will = None
 
     def writing_paused(self) -> None:
-        """The transport's buffer passed ``limits.outgoing_buffer_bytes``: this subscriber is slow.
-
-        Policy ``drop_qos0``: its QoS 0 messages are dropped (counted per message) and QoS 1/2 wait in the
-        session until the buffer drains; ``disconnect``: the connection is dropped at once (counted as a
-        ``slow_subscriber`` disconnect). Either way nothing waits for it.
-        """
+        """The transport's buffer passed ``limits.outgoing_buffer_bytes``: this subscriber is slow. QoS 1/2
+        wait in the session until the buffer drains; its QoS 0 messages go as the broker's slow-subscriber
+        policy says (``engine.slow_subscribers``: its publishers held, or dropped, or it is disconnected)."""
         self.terms = self.terms.settle(paused=True)
-        host = self.terms.host
-        if host.config.limits.slow_subscriber_policy == "disconnect" and self.terms.state != CLOSED:
-            self.log().warning("slow subscriber disconnected (outgoing buffer full)")
-            host.counters.disconnect("slow_subscriber")
-            host.call_soon(self.abort)
+        if self.terms.state != CLOSED:
+            self.terms.host.slow_subscribers.paused(self)
 
     def writing_resumed(self) -> None:
-        """The transport's buffer drained: what waited in the session is written."""
+        """The transport's buffer drained: its publishers are read again, what waited in the session is
+        written."""
         self.terms = self.terms.settle(paused=False)
+        self.terms.host.slow_subscribers.resumed(self)
         if self.session is not None and self.terms.state == CONNECTED:
             self.session.drain()
 

@@ -16,8 +16,10 @@ class Inbound:
     """One connection's PUBLISH rate limiter (None: unlimited) and its QoS 1/2 publishes read and not yet
     answered (``Publisher.incoming_pending``)."""
 
-    __slots__ = ("bucket", "pending")
+    __slots__ = ("appended_here", "bucket", "pending")
 
     def __init__(self, bucket: TokenBucket | None) -> None:
         self.bucket = bucket
         self.pending = 0
+        self.appended_here = False
+        """A cluster member appended one of its publishes (it leads that topic): never sent elsewhere."""

@@ -18,6 +18,7 @@ encodes once per variant.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from broker_edge.engine.connection.states import CLOSED
@@ -168,8 +169,7 @@ class Outgoing:
     ) -> bool:
         """Write one delivery; False when it was dropped (slow subscriber, larger than the client accepts)."""
         terms = self.terms
-        if qos == 0 and terms.paused:
-            terms.host.counters.drop("slow_subscriber")
+        if qos == 0 and terms.paused and not terms.host.slow_subscribers.deliver(self, message):
             return False
         template: PublishTemplate | None
         session = self.session  # once per delivery: look at the session only for a logged message
@@ -198,7 +198,7 @@ class Outgoing:
         head = template.head
         if qos == 0:
             if len(head) > terms.max_packet_out:
-                terms.host.counters.drop("too_large")
+                self._too_large(message)
                 return False
             out = self._out
             if out is None:
@@ -211,7 +211,7 @@ class Outgoing:
         else:
             tail = template.tail
             if len(head) + 2 + len(tail) > terms.max_packet_out:
-                terms.host.counters.drop("too_large")
+                self._too_large(message)
                 return False
             if dup:
                 head = bytes((head[0] | 0x08,)) + head[1:]
@@ -249,12 +249,29 @@ class Outgoing:
         alias = next(iter(aliases.values())) if full else len(aliases) + 1
         template = message.template(True, qos, retain, subscription_ids, alias, False, offsets)
         if len(template.head) + (len(template.tail) + 2 if qos else 0) > self.terms.max_packet_out:
-            self.terms.host.counters.drop("too_large")
+            self._too_large(message)
             return None
         if full:
             del aliases[next(iter(aliases))]
         aliases[topic] = alias
         return template
+
+    def _too_large(self, message: Message) -> None:
+        """A delivery larger than the client's Maximum Packet Size: dropped ([MQTT-3.1.2-25]), counted and
+        said naming the client."""
+        host = self.terms.host
+        host.counters.drop_for(
+            "too_large",
+            host.now(),
+            self.log,
+            "message dropped: larger than the subscriber's Maximum Packet Size",
+            topic=message.topic,
+            limit=self.terms.max_packet_out,
+        )
+
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
+        """The connection's logger, naming its client (``Connection``'s)."""
+        raise NotImplementedError
 
     # -- acknowledgements ---------------------------------------------------------------------------------
 

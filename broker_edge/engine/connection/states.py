@@ -20,6 +20,8 @@ __all__ = [
     "HELD_FOR_CONNECT",
     "HELD_FOR_RATE",
     "HELD_FOR_SUBACK",
+    "HELD_FOR_SUBSCRIBERS",
+    "HELD_FOR_TURN",
     "NEW",
     "NO_LIMIT",
     "keepalive_deadline",
@@ -39,6 +41,12 @@ HELD_FOR_SUBACK: Final = 4
 """A cluster node routes new subscriptions' records here only once it may send the SUBACK."""
 HELD_FOR_ACKS: Final = 8
 """An MQTT 3.1.1 client has ``limits.receive_maximum`` QoS 1/2 publishes read and not yet answered."""
+HELD_FOR_SUBSCRIBERS: Final = 16
+"""A subscriber of the client's messages cannot keep up (``engine.slow_subscribers``, policy
+``backpressure``)."""
+HELD_FOR_TURN: Final = 32
+"""This turn of the event loop has read its bytes (``limits.read_bytes_per_turn``): the client's next bytes
+wait for a later turn (``runtime.transports.turns``)."""
 
 HEARD_FROM: Final = -1.0
 """A connected client's keep-alive deadline once it has sent something since the broker's last sweep, which

@@ -15,7 +15,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from broker_edge.engine.publish import HeldReader, Publisher
+from broker_edge.engine.answers import Publisher
+from broker_edge.engine.publish import HeldReader
 from broker_edge.engine.sessions.session import Outlet
 
 if TYPE_CHECKING:
@@ -74,6 +75,11 @@ class BrokerContext(Protocol):
     @property
     def cluster(self) -> ClusterPorts:
         """The ports of the broker's cluster (``ALONE`` for a broker alone)."""
+
+    @property
+    def reserved_topics(self) -> Callable[[str], bool] | None:
+        """Whether a topic is written here by another writer only (a site's downlink, which its hub alone
+        writes): a client's PUBLISH to one is refused (None: no topic is)."""
 
     def now(self) -> float:
         """Seconds on the broker's monotonic clock (the one keepalive deadlines and rate buckets use)."""

@@ -69,11 +69,11 @@ def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: P
             return
         retain = False
     acl = ctx.acl
-    uplink = ctx.config.uplink
+    reserved = ctx.reserved_topics
     if (
         topic[0] == "$"
         or (acl is not None and not acl.can_publish(session.client_id, session.username, topic))
-        or (uplink is not None and uplink.downlinked(topic))  # the hub's topics here: only it writes them
+        or (reserved is not None and reserved(topic))  # another writer's here (a site's hub): only it writes
     ):
         _refuse(ctx, conn, session, packet, _NOT_AUTHORIZED, "acl_denied")
         return
@@ -90,6 +90,9 @@ def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: P
         if expiry is not None:
             expires_at = ctx.now() + expiry
     message = Message(topic, packet.payload, qos, retain, forwarded, session.client_id, None, expires_at)
+    if packet.head is not None:  # no properties (no topic alias), neither RETAIN nor DUP
+        message.head = packet.head
+        message.head_v5 = conn.terms.v5
     if qos == 2 and packet_id is not None:
         _hold_qos2(conn, session, packet_id)
     path.accept(conn, message, packet_id, logged)

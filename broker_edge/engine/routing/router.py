@@ -75,6 +75,11 @@ class Router:
         """Why the last message ``retain`` was given was not kept (None: it was); its publisher is told."""
         self.retain_enabled = retain_enabled
         self.count_drop: Callable[[str], None] = count_drop or (lambda reason: None)
+        self.drop_for: Callable[[Session, str, Message], None] = lambda session, reason, message: (
+            self.count_drop(reason)
+        )
+        """A message not delivered to ``session`` by the broker's policy (a full queue): the broker counts it
+        and says so naming the subscriber (``BrokerCore`` sets it)."""
         self.clock = clock
         """Monotonic seconds, for the expiry deadline of wills (the broker's clock)."""
         self.replays: ReplayManager | None = None

@@ -115,6 +115,9 @@ class SessionOwner(Protocol):
     def count_drop(self, reason: str) -> None:
         """A message was not delivered, for ``reason``."""
 
+    def drop_for(self, session: Session, reason: str, message: Message) -> None:
+        """``message`` was not delivered to ``session`` for ``reason`` (counted and said)."""
+
     def pump_replays(self, session: Session) -> None: ...
 
 
@@ -309,7 +312,7 @@ class Session:
     def _enqueue(self, delivery: Delivery) -> None:
         size = len(delivery[0].payload)
         if not self._queue_has_room(size):
-            self.router.count_drop("queue_full")
+            self.router.drop_for(self, "queue_full", delivery[0])
             return
         queue = self.queue
         if queue is None:

@@ -538,10 +538,17 @@ def start_native_server(
     port: int,
     backlog: int = 100,
     limits: tuple[int, int] = (DEFAULT_HIGH_WATER, DEFAULT_HIGH_WATER // 4),
+    reuse_port: bool = False,
+    serving: bool = True,
 ) -> NativeServer:
-    """Bind ``host:port`` (port 0: a free one) and accept on the running loop with native transports."""
+    """Bind ``host:port`` (port 0: a free one; ``reuse_port``: shared with other processes) and accept on the
+    running loop with native transports (``serving=False``: once ``start_serving`` is called)."""
     server = NativeServer(
-        asyncio.get_running_loop(), listening_sockets(host, port, backlog), protocol_factory, limits
+        asyncio.get_running_loop(),
+        listening_sockets(host, port, backlog, reuse_port),
+        protocol_factory,
+        limits,
     )
-    server.start_serving()
+    if serving:
+        server.start_serving()
     return server

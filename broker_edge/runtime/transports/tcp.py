@@ -13,22 +13,33 @@ and reason) and logged as a refusal (``report_tls_failures``).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import socket
 from asyncio.trsock import TransportSocket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, cast
 
+from broker_edge.engine.connection.states import CLOSED, HELD_FOR_TURN
 from broker_edge.http.tls_accept import HandshakeFailure, start_tls_server
 from broker_edge.runtime.transports.native import start_native_server
 from broker_edge.runtime.transports.stream import StreamConnection
+from broker_edge.runtime.transports.turns import ReadTurns
 from broker_edge.security.tls import peer_common_name
 
 if TYPE_CHECKING:
     from broker_edge.engine.connection.connection import ConnectionHost
     from broker_edge.engine.connection.terms import ListenerRuntime
 
-__all__ = ["BACKLOG", "TcpConnection", "TcpServer", "report_tls_failures", "start_tcp_listener"]
+__all__ = [
+    "BACKLOG",
+    "TcpConnection",
+    "TcpServer",
+    "TurnsHost",
+    "report_tls_failures",
+    "start_accepting",
+    "start_tcp_listener",
+]
 
 _log = logging.getLogger("broker_edge.connection")
 
@@ -36,10 +47,46 @@ BACKLOG = 1024
 """Connections the kernel queues for a listener before the broker accepts them."""
 
 
+class TurnsHost(Protocol):
+    """What a TCP connection reads of its broker besides ``ConnectionHost``: the loop's read turns."""
+
+    read_turns: ReadTurns
+
+
 class TcpConnection(StreamConnection):
-    """A connection whose transport is an asyncio TCP (or TLS) transport."""
+    """A connection whose transport is an asyncio TCP (or TLS) transport, its reads bounded per turn of the
+    event loop (``turns.ReadTurns``: bytes kept for a later turn hold its reading, ``HELD_FOR_TURN``)."""
 
     __slots__ = ()
+
+    def data_received(self, data: bytes) -> None:
+        now = cast(TurnsHost, self.terms.host).read_turns.take(self, data)
+        if now is not None:
+            StreamConnection.data_received(self, now)
+
+    def handle_bytes(self, data: bytes) -> None:
+        StreamConnection.data_received(self, data)
+
+    def pause_for_turn(self) -> None:
+        self.hold(HELD_FOR_TURN)
+        self._follow_hold()
+
+    def resume_after_turn(self) -> None:
+        if self.held & HELD_FOR_TURN:
+            self.release(HELD_FOR_TURN)
+            self._follow_hold()
+
+    def may_read(self) -> bool:
+        return not self.held & ~HELD_FOR_TURN and self.terms.state != CLOSED
+
+    def release(self, reason: int) -> None:
+        super().release(reason)
+        if not self.held & ~HELD_FOR_TURN:  # its bytes kept are handed back from the next turn
+            cast(TurnsHost, self.terms.host).read_turns.wake(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        cast(TurnsHost, self.terms.host).read_turns.forget(self)
+        super().connection_lost(exc)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         limit = self.terms.host.config.limits.outgoing_buffer_bytes
@@ -82,17 +129,28 @@ class TcpServer(Protocol):
 
     def close(self) -> None: ...
 
+    def start_serving(self) -> object: ...
+
     async def wait_closed(self) -> None: ...
 
 
-async def start_tcp_listener(broker: ConnectionHost, listener: ListenerRuntime) -> TcpServer:
-    """Bind the listener (plain or TLS) and start accepting; returns its server."""
+async def start_tcp_listener(
+    broker: ConnectionHost, listener: ListenerRuntime, serving: bool = True
+) -> TcpServer:
+    """Bind the listener (plain or TLS) and start accepting (``serving=False``: once ``start_accepting``
+    says so); returns its server."""
     config = listener.config
     ssl_context = listener.ssl_context
     if ssl_context is None and config.transport == "native":
         limit = broker.config.limits.outgoing_buffer_bytes
         return start_native_server(
-            lambda: TcpConnection(broker, listener), config.host, config.port, BACKLOG, (limit, limit // 2)
+            lambda: TcpConnection(broker, listener),
+            config.host,
+            config.port,
+            BACKLOG,
+            (limit, limit // 2),
+            config.reuse_port,
+            serving,
         )
     if ssl_context is not None:
         return await start_tls_server(
@@ -103,11 +161,23 @@ async def start_tcp_listener(broker: ConnectionHost, listener: ListenerRuntime) 
             broker.config.limits.connect_timeout_s,
             report_tls_failures(broker, listener.name),
             BACKLOG,
+            reuse_port=config.reuse_port,
+            serving=serving,
         )
     return await asyncio.get_running_loop().create_server(
         lambda: TcpConnection(broker, listener),
         config.host,
         config.port,
         reuse_address=True,
+        reuse_port=config.reuse_port or None,
         backlog=BACKLOG,
+        start_serving=serving,
     )
+
+
+async def start_accepting(server: TcpServer) -> None:
+    """Accept on a listener started with ``serving=False`` (the loop's servers start serving in a
+    coroutine, the broker's own at once)."""
+    started = server.start_serving()
+    if inspect.isawaitable(started):
+        await started

@@ -2,21 +2,22 @@
 
 aiohttp gives each WebSocket a handler task, so a WebSocket client costs a task (plain TCP clients do not).
 The bytes of each binary message are fed to a connection exactly as TCP bytes are: MQTT packets may
-span messages or share one. Writes are batched into one binary message per loop iteration.
+span messages or share one. A message is taken only while the loop's turn has bytes left to read
+(``turns.ReadTurns``), else in a later turn. Writes are batched into one binary message per loop iteration.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from aiohttp import WSMsgType, web
 
 from broker_edge.engine.connection.states import NEW
 from broker_edge.http.guard import GuardedRunner, start_guarded_site, watch_bytes
 from broker_edge.runtime.transports.stream import StreamConnection
-from broker_edge.runtime.transports.tcp import report_tls_failures
+from broker_edge.runtime.transports.tcp import TurnsHost, report_tls_failures
 from broker_edge.security.tls import peer_common_name
 
 if TYPE_CHECKING:
@@ -169,6 +170,7 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
     may send no more than ``PreConnectBytes`` before its CONNECT is read."""
     config = listener.config
     limits = broker.config.limits
+    turns = cast(TurnsHost, broker).read_turns
 
     async def serve(request: web.Request) -> web.StreamResponse:
         ws = web.WebSocketResponse(protocols=("mqtt", "mqttv3.1"), max_msg_size=limits.max_packet_size + 16)
@@ -185,6 +187,8 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
                 if message.type == WSMsgType.BINARY:
                     while connection.held and not ws.closed:
                         await asyncio.sleep(0.01)
+                    while not turns.spend(len(message.data)):  # this turn's bytes are read: the next one
+                        await turns.next_turn()
                     connection.data_received(message.data)
                 elif message.type == WSMsgType.TEXT:
                     connection.abort()  # MQTT over WebSocket is binary only
@@ -206,4 +210,5 @@ async def start_websocket_listener(broker: ConnectionHost, listener: ListenerRun
         limits.max_connections,
         limits.connect_timeout_s,  # the TLS handshake and the upgrade request, as a TCP listener's CONNECT
         on_tls_failure=report_tls_failures(broker, listener.name),
+        reuse_port=config.reuse_port,
     )

@@ -47,7 +47,9 @@ class Record:
     payload: bytes | None
 
 
-#: The columns of every row :meth:`EdgeNodeSession.process` returns, whatever its kind (unused ones None).
+#: The columns of every row :meth:`EdgeNodeSession.process` returns, whatever its kind (unused ones None). A
+#: metric row is identified by its record (broker, topic, offset) and ``metric_index``, its place in the
+#: payload (a payload may carry one metric several times: historical values).
 ROW_COLUMNS = (
     "kind",
     "broker",
@@ -60,6 +62,7 @@ ROW_COLUMNS = (
     "message_type",
     "seq",
     "seq_gap",
+    "metric_index",
     "metric",
     "alias",
     "datatype",
@@ -228,19 +231,18 @@ class EdgeNodeSession:
             name, datatype = resolved
             value = metric_value(metric, datatype)
             row = _row(record, topic, METRIC, seq=payload.seq, seq_gap=seq_gap)
-            row.update(
-                metric=name,
-                alias=metric.alias,
-                datatype=datatype,
-                metric_time_ms=metric.timestamp if metric.timestamp is not None else sent_ms,
-                is_null=metric.is_null,
-                is_historical=metric.is_historical,
-                value_long=value.long,
-                value_double=value.double,
-                value_boolean=value.boolean,
-                value_string=value.string,
-                value_bytes=value.raw,
-            )
+            row["metric_index"] = metric.index
+            row["metric"] = name
+            row["alias"] = metric.alias
+            row["datatype"] = datatype
+            row["metric_time_ms"] = metric.timestamp if metric.timestamp is not None else sent_ms
+            row["is_null"] = metric.is_null
+            row["is_historical"] = metric.is_historical
+            row["value_long"] = value.long
+            row["value_double"] = value.double
+            row["value_boolean"] = value.boolean
+            row["value_string"] = value.string
+            row["value_bytes"] = value.raw
             rows.append(row)
         return rows
 
@@ -328,22 +330,21 @@ def _path(topic: SparkplugTopic) -> str:
     return "/".join(parts)
 
 
+_EMPTY_ROW: dict[str, Any] = dict.fromkeys(ROW_COLUMNS)
+
+
 def _row(record: Record, topic: SparkplugTopic | None, kind: str, **values: Any) -> dict[str, Any]:
-    row: dict[str, Any] = dict.fromkeys(ROW_COLUMNS)
-    row.update(
-        kind=kind,
-        broker=record.broker,
-        topic=record.topic,
-        offset=record.offset,
-        timestamp_ms=record.timestamp_ms,
-    )
+    row = _EMPTY_ROW.copy()
+    row["kind"] = kind
+    row["broker"] = record.broker
+    row["topic"] = record.topic
+    row["offset"] = record.offset
+    row["timestamp_ms"] = record.timestamp_ms
     if topic is not None:
-        row.update(
-            group_id=topic.group_id,
-            edge_node_id=topic.edge_node_id,
-            device_id=topic.device_id,
-            message_type=topic.message_type,
-        )
+        row["group_id"] = topic.group_id
+        row["edge_node_id"] = topic.edge_node_id
+        row["device_id"] = topic.device_id
+        row["message_type"] = topic.message_type
     row.update(values)
     return row
 

@@ -36,7 +36,7 @@ def parse_topic(topic: str) -> SparkplugTopic:
         raise ValueError(f"topic {topic!r} is a host application's STATE")
     if len(levels) not in (4, 5):
         raise ValueError(f"topic {topic!r} has {len(levels)} levels; Sparkplug B's have 4 or 5")
-    if any(not level for level in levels):
+    if "" in levels:
         raise ValueError(f"topic {topic!r} has an empty level")
     message_type = levels[2]
     expected = NODE_MESSAGES if len(levels) == 4 else DEVICE_MESSAGES

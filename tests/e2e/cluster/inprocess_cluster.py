@@ -22,10 +22,13 @@ from broker_edge.cluster.links.member_api import bind_members_endpoint, serve_me
 from broker_edge.cluster.links.member_clients import MemberClients
 from broker_edge.cluster.links.member_identity import MemberTls
 from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
-from broker_edge.cluster.replication.follower import FollowerConfig, Followers, LocalDelivery
-from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
+from broker_edge.cluster.replication.delivery import LocalDelivery
+from broker_edge.cluster.replication.fetcher import FollowerConfig
+from broker_edge.cluster.replication.follower import Followers
+from broker_edge.cluster.replication.leader import LeaderReplication
 from broker_edge.cluster.replication.replica_fetch import replica_fetch_route
 from broker_edge.cluster.replication.replica_push import PUSH
+from broker_edge.cluster.replication.stage import LeaderConfig
 from broker_edge.cluster.view import ClusterView
 from broker_edge.config.loader import load_dataclass
 from broker_edge.engine.message import Message
@@ -189,7 +192,7 @@ class Node:
             offset, end = store.start_offset(topic), store.durable_end(topic)
             frames: list[bytes] = []
             while offset < end:
-                batch, count = store.read_frames(topic, offset, 1 << 20)
+                batch, count = store.replicated_log.read_frames(topic, offset, 1 << 20)
                 frames += [bytes(frame) for frame in batch]
                 offset += count
             return frames

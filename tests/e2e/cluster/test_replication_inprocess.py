@@ -19,8 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from broker_edge.cluster.replication.follower import FollowerConfig
-from broker_edge.cluster.replication.leader import LeaderConfig
+from broker_edge.cluster.replication.fetcher import FollowerConfig
 from broker_edge.cluster.replication.replica_fetch import (
     OK,
     PATH,
@@ -30,6 +29,7 @@ from broker_edge.cluster.replication.replica_fetch import (
     decode_response,
     encode_request,
 )
+from broker_edge.cluster.replication.stage import LeaderConfig
 from broker_edge.placement import PartitionState, partition_of
 from broker_edge.storage import LogStore
 from tests.e2e.broker_clients import PahoClient, close_all, wait_for
@@ -483,7 +483,7 @@ def _lose_tail(directory: Path, topic: str, end: int) -> None:
     store = LogStore(directory)
     store.open()
     try:
-        store.truncate(topic, end)
+        store.replicated_log.truncate_to(topic, end)
     finally:
         store.close()
 

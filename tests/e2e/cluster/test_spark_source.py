@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from broker_edge.offsets_api.discovery import ClusterDiscovery
 from broker_edge.runtime.launcher import BrokerProcess
@@ -26,6 +25,7 @@ from sources.cluster_reader import ClusterFetch, read_cluster_slices
 from sources.offsets_planner import Slice
 from sources.options import parse_options
 from sources.slice_reader import FetchSettings
+from sources.stream_api import ReadAllAvailable
 from sources.timestone_source import TimestonePartition, TimestoneStreamReader
 from tests.e2e.cluster.conftest import EtcdTarget
 from tests.e2e.cluster.proof import Device, cluster_state, read_log, wait_settled, wait_until

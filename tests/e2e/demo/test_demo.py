@@ -7,6 +7,7 @@ import shlex
 import subprocess
 import sys
 
+from pipelines.demo import first_phase_size
 from pipelines.views.location import DEMO_TABLES
 from sinks import open_table_store
 
@@ -36,7 +37,9 @@ def test_demo_stops_a_phased_bad_build_on_its_abort_rule_and_rolls_back_the_devi
     executions = [r for r in store.read_arrow("action_executions").to_pylist() if r["action_id"] == phased]
     assert len(executions) == 10  # group fleet
     sent = [r for r in executions if r["published_at"] is not None]
-    assert all(r["phase"] <= summary["phase"] for r in sent)  # no phase after the one it stopped in
+    # the README's outcome: stopped by its rule in its first phase, no device beyond that phase sent the build
+    assert summary["phase"] == 1 and f"Outcome of {phased}: ABORTED in phase 1" in demo_run.stdout
+    assert all(r["phase"] == 1 for r in sent) and len(sent) <= first_phase_size(len(executions))
     assert all(r["state"] == "CANCELED" for r in executions if r["published_at"] is None)
     installed = sorted(r["device_id"] for r in executions if r["state"] == "SUCCEEDED")
     rows = {r["id"]: r for r in store.read_arrow("actions").to_pylist()}

@@ -17,6 +17,7 @@ from broker_edge.protocol.packets import (
 )
 from broker_edge.protocol.properties import Properties
 from tests.e2e.broker_clients import TIMEOUT, PahoClient, RawClient, wait_for
+from tests.e2e.broker_clients import stalled_subscriber as stalled
 
 
 def test_max_connections(start_broker):
@@ -245,15 +246,7 @@ BATCH = 4
 
 def stalled_subscriber(broker, client_id: str) -> RawClient:
     """A v5 client subscribed to ``firehose`` (QoS 0) and ``firehose/q1`` (QoS 1) that stops reading."""
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
-    sock.settimeout(TIMEOUT)
-    sock.connect(("127.0.0.1", broker.port))
-    raw = RawClient(broker.port, 5, sock=sock)
-    raw.connect(client_id)
-    raw.send_packet(Subscribe(1, [Subscription("firehose", 0), Subscription("firehose/q1", 1)]))
-    assert raw.recv().reason_codes == [0, 1]
-    return raw
+    return stalled(broker.port, client_id, [Subscription("firehose", 0), Subscription("firehose/q1", 1)])
 
 
 def flood_until(condition, pub: PahoClient, healthy: PahoClient, max_batches: int = 400) -> int:

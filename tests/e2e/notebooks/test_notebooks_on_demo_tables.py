@@ -45,8 +45,8 @@ def demo_tables(demo_run) -> dict[str, pd.DataFrame]:
 def test_telemetry_notebook_with_no_setting_draws_the_demo_fleet_a_device_and_data_quality(demo_run, scratch):
     run = run_notebook("telemetry.ipynb", demo_run.repository / "notebooks", scratch)
     tables = demo_tables(demo_run)
-    assert set(run.charts) == {"fleet_chart", "device_chart", "quality_chart"}
-    assert len(run.images()) == 3
+    assert set(run.charts) == {"fleet_chart", "device_chart", "fleet_metric_chart", "quality_chart"}
+    assert len(run.images()) == 4
 
     devices = tables["devices"]
     fleet = run.charts["fleet_chart"]
@@ -62,6 +62,13 @@ def test_telemetry_notebook_with_no_setting_draws_the_demo_fleet_a_device_and_da
     assert device.points == len(readings) > 0
     assert device.segments == len(minutes) > 0  # every minute's average, however few minutes there are
     assert device.bars == int((minutes["temperature_max"] > minutes["temperature_min"]).sum()) > 0
+
+    across = run.charts["fleet_metric_chart"]
+    minutes_of_fleet = tables["device_minute"].dropna(subset=["temperature_avg"])
+    reporting = minutes_of_fleet.groupby("minute").size()
+    expected = f"Fleet: temperature of up to {reporting.max()} devices over {len(reporting)} minutes"
+    assert across.title == expected
+    assert across.points == 2 * len(reporting) > 0  # the median and the devices reporting, every minute
 
     quality = run.charts["quality_chart"]
     batches = tables["dq_results"].groupby(["run_id", "batch_id"]).ngroups

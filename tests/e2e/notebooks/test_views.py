@@ -142,6 +142,30 @@ def test_fleet_counts_devices_by_firmware_and_group(tmp_path):
     assert chart.bars == 4
 
 
+def test_one_metric_across_the_fleet_per_minute_and_its_chart(tmp_path):
+    store = open_tables(None, str(tmp_path))
+    averages: dict[str, list[float | None]] = {
+        "d1": [20.0, 21.0, 22.0],
+        "d2": [30.0, 31.0],
+        "d3": [10.0, None, 12.0],
+    }
+    rows = [
+        {"device_id": d, "minute": at(60 * m), "event_date": at(0).date(), "count": 1, "temperature_avg": v}
+        for d, values in averages.items()
+        for m, v in enumerate(values)
+    ]
+    write(store, "device_minute", rows)
+    fleet = queries.metric_across_fleet(store, "temperature")
+    assert fleet["devices"].tolist() == [3, 2, 2]  # a minute without the metric does not count the device
+    assert fleet["median"].tolist() == [20.0, 26.0, 17.0]
+    assert fleet["p10"].iloc[0] == pytest.approx(12.0) and fleet["p90"].iloc[0] == pytest.approx(28.0)
+    chart = describe(charts.fleet_metric_chart("temperature", fleet))
+    assert chart.title == "Fleet: temperature of up to 3 devices over 3 minutes"
+    assert chart.points == 3 + 3  # the median's minutes, and the count of devices per minute
+    assert chart.areas == 1
+    assert queries.metric_across_fleet(store, "pressure").empty
+
+
 # -- charts ----------------------------------------------------------------------------------------------
 
 

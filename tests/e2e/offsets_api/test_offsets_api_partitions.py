@@ -136,4 +136,4 @@ def test_a_clusters_member_answers_404(tmp_path: Path):
 
 
 async def _enable_replication(harness: ApiHarness) -> None:
-    harness.store.enable_replication()
+    harness.store.replicated_log.enable()

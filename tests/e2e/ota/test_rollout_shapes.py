@@ -105,7 +105,9 @@ def test_phases_days_apart_each_held_back_by_its_wait_and_success_share(tmp_path
         assert (summary["action_state"], summary["phase"], summary["succeeded_count"]) == ("COMPLETED", 3, 20)
 
 
-def test_a_phase_whose_devices_did_not_succeed_enough_holds_the_next_back(tmp_path):
+def test_a_phase_whose_devices_can_no_longer_succeed_enough_loses_its_gate_and_sends_no_further(tmp_path):
+    """Every device of the first phase failed: its 100 % success share cannot be reached any more, so the
+    gate is lost (the rollout is aborted, naming it) instead of holding the next phase back for ever."""
     phases = [
         {"percent": 50.0, "devices": None, "wait_s": None, "success_pct": 100.0},
         {"percent": None, "devices": None, "wait_s": None, "success_pct": None},
@@ -115,6 +117,14 @@ def test_a_phase_whose_devices_did_not_succeed_enough_holds_the_next_back(tmp_pa
         run.feed(lambda reports: finals(reports, "p-2") == 2)
         run.tick_at(30 * DAY_S)
         assert sent_by(run, "p-2", 30 * DAY_S) == 2
-        assert run.states("p-2") == Counter(FAILED=2, QUEUED=2)
+        assert run.states("p-2") == Counter(FAILED=2, CANCELED=2)
         summary = run.summary("p-2")
-        assert (summary["action_state"], summary["phase"]) == ("IN_PROGRESS", 1)
+        assert (summary["action_state"], summary["phase"], summary["aborted_by"]) == (
+            "ABORTED",
+            1,
+            "phases[0]",
+        )
+        assert summary["reason"] == (
+            "phases[0].success_pct 100 % cannot be reached: 0 of its 2 devices succeeded and 0 may still, "
+            "2 needed"
+        )

@@ -8,10 +8,10 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 import pyarrow as pa
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from sinks import open_table_store
+from sinks.spark_arrow import to_arrow
 from sinks.tables import DEFAULT_CATALOG, TableCatalog
 from sources.delta_cdf import cdf_schema, read_changes
 from tests.e2e.ota.conftest import action_row
@@ -76,9 +76,7 @@ def test_old_tables_gain_the_columns_and_old_and_new_rows_both_roll_out(tmp_path
         )
 
         path = run.store.location("actions")
-        changes = read_changes(
-            path, 0, run.store.version("actions"), to_arrow_schema(cdf_schema(path), timezone="UTC")
-        )
+        changes = read_changes(path, 0, run.store.version("actions"), to_arrow(cdf_schema(path)))
         rows = {
             r["id"]: r for r in changes.to_pylist() if r["_change_type"] in ("insert", "update_postimage")
         }

@@ -48,8 +48,11 @@ def podman(*arguments: str, timeout: float = 120) -> subprocess.CompletedProcess
     return subprocess.run(["podman", *arguments], capture_output=True, text=True, timeout=timeout)
 
 
-def test_the_image_builds_from_debian_packages_and_serves_mqtt_and_health(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHON=sys.executable, PODMAN_BUILD_OPTIONS=" ".join(runtime_options()))
+def test_the_image_builds_from_debian_packages_and_serves_mqtt_and_health(
+    tmp_path: Path, project_wheels: Path
+) -> None:
+    options = " ".join(runtime_options())
+    env = dict(os.environ, PYTHON=sys.executable, PODMAN_BUILD_OPTIONS=options, WHEELS=str(project_wheels))
     built = subprocess.run(
         [str(ROOT / "conf" / "container" / "build"), TAG],
         capture_output=True,
@@ -95,7 +98,8 @@ def test_the_image_builds_from_debian_packages_and_serves_mqtt_and_health(tmp_pa
                 return None
 
         assert wait_for(lambda: health() is not None, timeout=60), podman("logs", name).stdout[-3000:]
-        assert health()["status"] == "ok"  # type: ignore[index]
+        answer = health()
+        assert answer is not None and answer["status"] == "ok"
         device = PahoClient(mqtt_port, client_id="device-1", username="device-1", password="s3cret")
         device.subscribe("plant/#", qos=1)
         device.publish("plant/1/temp", b"21.5", qos=1)

@@ -11,6 +11,7 @@ from pyspark.sql import functions as F
 from pipelines.payloads.descriptors import message_class
 from pipelines.payloads.formats import FieldFormat
 from pipelines.payloads.protobuf import EXAMPLE_MESSAGE, example_descriptor_set
+from pipelines.payloads.spark_fields import decoded_struct as with_format_struct
 from pipelines.payloads.spark_fields import with_decoded_fields
 from pipelines.payloads.spark_sparkplug import sparkplug_rows, with_times
 from pipelines.payloads.sparkplug.encode import MetricOut, bdseq_metric, encode, ndeath
@@ -98,3 +99,27 @@ def test_sparkplug_sessions_live_in_the_state_store_across_micro_batches(spark, 
         ("presence", "", False),  # the edge node
         ("presence", "pump7", False),
     ]
+
+
+def test_the_decoded_struct_takes_the_place_of_from_jsons_in_an_expression(spark):
+    """As the telemetry job uses ``from_json``: a struct column whose corrupt-record field flags the row."""
+    good = cbor2.dumps({"ts": 1, "seq": 2, "temperature": 21.5, "firmware": "1.0.0"})
+    sparse = cbor2.dumps({"ts": 3})  # fields it lacks are null, and it is not an error
+    frame = records(spark, [good, sparse, b"\xff", None])
+    parsed = frame.withColumn(
+        "_json", with_format_struct(F.col("payload"), FieldFormat("cbor"), FIELDS, "_corrupt_record")
+    ).select(
+        "offset",
+        F.col("_json").getField("seq").alias("seq"),
+        F.col("_json").getField("temperature").alias("temperature"),
+        F.col("_json").getField("_corrupt_record").alias("error"),
+    )
+    assert dict(parsed.dtypes) == {
+        "offset": "bigint",
+        "seq": "bigint",
+        "temperature": "double",
+        "error": "string",
+    }
+    rows = [tuple(row) for row in parsed.orderBy("offset").collect()]
+    assert rows[:2] == [(0, 2, 21.5, None), (1, None, None, None)]
+    assert rows[2][3].startswith("cbor: byte 1: break code") and rows[3][3] == "no payload"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from broker_edge.storage import fs_sync, group_commit, store
+from broker_edge.storage import fs_sync, group_commit, store_state
 from pipelines.cli import main
 from tests.e2e.powerloss.lazyfs import SYNCFS
 
@@ -27,5 +27,5 @@ def sync_filesystem_and_tell_the_layer(fd: int) -> None:
 
 if __name__ == "__main__":
     group_commit.sync_filesystem = sync_filesystem_and_tell_the_layer
-    store.syncfs_available = lambda directory=None: fs_sync.syncfs_available()
+    store_state.syncfs_available = lambda directory=None: fs_sync.syncfs_available()
     raise SystemExit(main(sys.argv[1:]))

@@ -13,7 +13,7 @@ from chispa import assert_df_equality
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql.types import StringType, StructField
 
-from sinks.arrow_conform import SchemaMismatch
+from sinks.arrow_conform import SchemaMismatch, with_offsets
 from sinks.delta_rs import DeltaRsTableStore
 from sinks.store import TableStoreError
 from sinks.tables import DEFAULT_CATALOG, build_catalog
@@ -47,6 +47,33 @@ def test_a_spark_batch_appends_and_reads_back_equal(spark, lake):
         lake.read("bronze_telemetry").orderBy("offset"),
         expected(spark, "bronze_telemetry", rows).orderBy("offset"),
     )
+
+
+def test_a_spark_batch_of_rows_without_properties_appends_to_its_partitions(spark, lake):
+    """pyspark 4.0 hands over the empty maps without their keys' and values' offsets; delta-rs, splitting
+    the rows by partition, panicked on them (the Arrow is rebuilt before the write, sinks.arrow_conform)."""
+    rows = [{**bronze_row(offset, day=1 + offset % 2), "properties": []} for offset in range(6)]
+    batch = spark_rows(spark, "bronze_telemetry", rows).repartition(3)
+    assert lake.append("bronze_telemetry", batch, "q", 0) is True
+    stored = lake.read_arrow("bronze_telemetry").sort_by("offset")
+    assert stored.column("offset").to_pylist() == list(range(6))
+    assert stored.column("properties").to_pylist() == [[]] * 6
+
+
+def test_arrays_without_offsets_are_rebuilt_and_no_other(lake):
+    def without_offsets() -> pa.Array:
+        return pa.Array.from_buffers(pa.string(), 0, [None, pa.py_buffer(b""), pa.py_buffer(b"")])
+
+    kind = pa.map_(pa.field("key", pa.string(), nullable=False), pa.field("value", pa.string()))
+    empty_maps = pa.MapArray.from_arrays(
+        pa.array([0, 0, 0], pa.int32()), without_offsets(), without_offsets(), type=kind
+    )
+    assert empty_maps.buffers()[4].size == 0  # the keys' offsets: none, where one is due
+    rebuilt = with_offsets(pa.chunked_array([empty_maps, empty_maps]))
+    assert [chunk.buffers()[4].size for chunk in rebuilt.chunks] == [4, 4]
+    assert rebuilt.to_pylist() == [[]] * 4
+    whole = pa.chunked_array([pa.array(["a", None, "bc"])])
+    assert with_offsets(whole) is whole
 
 
 def test_replaying_an_append_batch_writes_nothing(spark, lake):

@@ -57,16 +57,16 @@ def test_the_documented_columns_are_those_of_the_tables_the_demo_wrote(demo_run)
     """The demo runs the default pipelines: every table it wrote has exactly the documented columns."""
     import pyarrow as pa
     from deltalake import DeltaTable
-    from pyspark.sql.pandas.types import from_arrow_schema
 
     from pipelines.views.location import DEMO_TABLES
+    from sinks.spark_arrow import to_spark
 
     root = demo_run.repository / DEMO_TABLES
     written = sorted(path.name for path in root.iterdir() if (path / "_delta_log").is_dir())
     assert set(written) == set(DEFAULT_CATALOG)
     for name in written:
         table = DeltaTable(str(root / name))
-        schema = from_arrow_schema(pa.schema(table.schema().to_arrow()))
+        schema = to_spark(pa.schema(table.schema().to_arrow()))
         columns = [(f.name, f.dataType.simpleString(), "yes" if f.nullable else "no") for f in schema.fields]
         section = documented_tables()[name]
         assert [m.groups() for line in section.splitlines() if (m := ROW.match(line))] == columns, name

@@ -6,11 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
 
 from sinks.delta_rs import DeltaRsTableStore
 from sinks.tables import DEFAULT_CATALOG
 from sources.delta_cdf import DeltaCdfStreamReader, VersionRange, cdf_schema, read_changes, register
+from sources.stream_api import ReadAllAvailable, ReadMaxFiles
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -53,19 +53,25 @@ class ChangeSink:
         return [row for batch in self.batches.values() for row in batch]
 
 
-def run_stream(spark, path: str, checkpoint: str, sink: ChangeSink, **options: str) -> None:
+def run_stream(
+    spark, path: str, checkpoint: str, sink: ChangeSink, available_now: bool = True, **options: str
+) -> None:
+    """An availableNow run, or (``available_now=False``) a processing-time query stopped once it has read
+    everything: its batches are bounded by ``maxVersionsPerTrigger`` on every supported Spark (an
+    availableNow run is one batch on Spark 4.0 and 4.1)."""
     register(spark)
     reader = spark.readStream.format("delta_cdf").option("path", path)
     for key, value in options.items():
         reader = reader.option(key, value)
-    query = (
-        reader.load()
-        .writeStream.foreachBatch(sink)
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
+    writer = reader.load().writeStream.foreachBatch(sink).option("checkpointLocation", checkpoint)
+    if available_now:
+        writer.trigger(availableNow=True).start().awaitTermination()
+        return
+    query = writer.start()
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
 
 
 def test_the_schema_is_the_tables_columns_then_the_change_columns(spark, store):
@@ -138,6 +144,7 @@ def test_max_versions_per_trigger_bounds_each_micro_batch(spark, store, tmp_path
         store.location("action_executions"),
         str(tmp_path / "cp"),
         sink,
+        available_now=False,
         startingVersion="1",
         maxVersionsPerTrigger="2",
     )
@@ -229,6 +236,15 @@ def test_offsets_and_partitions_are_version_ranges(store):
         VersionRange(path, 0, 2),
         VersionRange(path, 3, 4),
     ]
+
+    # Spark 4.0 and 4.1 pass no start or limit: the reader starts where it began, then where it stopped
+    older_spark = reader(startingVersion="1", maxVersionsPerTrigger="2")
+    assert older_spark.latestOffset() == {"version": 3}
+    assert older_spark.latestOffset() == {"version": 5}
+    assert older_spark.latestOffset() == {"version": 5}, "nothing new: no batch"
+    restarted = reader(startingVersion="1", maxVersionsPerTrigger="2")
+    assert restarted.partitions({"version": 1}, {"version": 3})  # a restart replays its last batch first
+    assert restarted.latestOffset() == {"version": 5}
 
     available_now = reader()
     available_now.prepareForTriggerAvailableNow()

@@ -15,7 +15,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from tests.e2e.sources.conftest import EdgeBroker
-from tests.e2e.sources.test_timestone_source_spark import expected, run_available_now, stream
+from tests.e2e.sources.test_timestone_source_spark import (
+    expected,
+    run_available_now,
+    run_until_caught_up,
+    stream,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -99,11 +104,11 @@ def test_batches_replayed_after_a_failure_are_cut_the_same_way_and_nothing_is_lo
 
     failing = PartitionRecorder(fail_on_batch=1)
     with pytest.raises(StreamingQueryException, match="simulated"):
-        run_available_now(stream(timestone_spark, {"e": edge}, **options), checkpoint, failing)
+        run_until_caught_up(stream(timestone_spark, {"e": edge}, **options), checkpoint, failing)
     assert failing.failed_layout is not None and len(failing.failed_layout) >= 3
 
     resumed = PartitionRecorder()
-    run_available_now(stream(timestone_spark, {"e": edge}, **options), checkpoint, resumed)
+    run_until_caught_up(stream(timestone_spark, {"e": edge}, **options), checkpoint, resumed)
     assert resumed.layouts[1] == failing.failed_layout
     sizes = [
         (len(layout), sum(r[3] for rs in layout.values() for r in rs)) for layout in resumed.layouts.values()

@@ -7,8 +7,8 @@ import time
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.pandas.types import to_arrow_schema
 
+from sinks.spark_arrow import to_arrow
 from sources.offsets_planner import DataLossError, Slice
 from sources.slice_reader import (
     SOURCE_ARROW_SCHEMA,
@@ -43,7 +43,7 @@ def keys(table: pa.Table) -> list[tuple[str, int]]:
 
 
 def test_the_arrow_schema_is_exactly_what_spark_expects_for_the_source_schema() -> None:
-    assert SOURCE_ARROW_SCHEMA.equals(to_arrow_schema(SCHEMA, timezone="UTC"))
+    assert SOURCE_ARROW_SCHEMA.equals(to_arrow(SCHEMA))
 
 
 def test_reads_exactly_the_ranges_even_when_each_fetch_returns_only_part_of_them(edge: EdgeBroker) -> None:

@@ -13,10 +13,10 @@ import pickle
 import time
 
 import pytest
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from sources.options import parse_options
 from sources.slice_reader import BrokerUnreachableError
+from sources.stream_api import ReadAllAvailable, ReadMaxRows
 from sources.timestone_source import TimestonePartition, TimestoneStreamReader
 from tests.e2e.sources.conftest import BASE_TIME_MS, EdgeBroker
 
@@ -74,6 +74,36 @@ def test_available_now_stops_at_what_existed_when_the_query_started(edge: EdgeBr
     end = source.latestOffset(start, ReadAllAvailable())
     assert end == {"e1": {"plant/1/temp": 10}}
     assert source.latestOffset(roundtrip(end), ReadAllAvailable()) == end
+
+
+def test_without_a_start_from_spark_the_reader_goes_on_from_where_its_last_batch_ended(
+    edge: EdgeBroker,
+) -> None:
+    """Spark 4.0 and 4.1 call latestOffset() with neither start nor limit, before initialOffset() on a new
+    query; a restarted query first plans the batch it replays, or its last one (start == end)."""
+    edge.fill("plant/1/temp", 30)
+    edge.fill("plant/2/temp", 10)
+    source = reader(edge, startingOffsets="earliest", maxRecordsPerTrigger="20")
+    first = source.latestOffset()
+    assert first == {"e1": {"plant/1/temp": 15, "plant/2/temp": 5}}
+    assert source.initialOffset() == {"e1": {"plant/1/temp": 0, "plant/2/temp": 0}}
+    assert source.partitions(roundtrip(source.initialOffset()), roundtrip(first))
+    second = source.latestOffset()
+    assert second == {"e1": {"plant/1/temp": 30, "plant/2/temp": 10}}
+    assert source.latestOffset() == second, "nothing new: no batch"
+
+    restarted = reader(edge, startingOffsets="earliest", maxRecordsPerTrigger="20")
+    assert restarted.partitions(roundtrip(first), roundtrip(first)) == []
+    assert restarted.latestOffset() == second
+
+
+def test_the_starting_offsets_are_computed_once(edge: EdgeBroker) -> None:
+    """Spark asks a new query for them more than once; "latest" must not move in between."""
+    edge.fill("plant/1/temp", 10)
+    source = reader(edge)
+    initial = source.initialOffset()
+    edge.fill("plant/1/temp", 5, first=10)
+    assert source.initialOffset() == initial == {"e1": {"plant/1/temp": 10}}
 
 
 def test_a_broker_down_keeps_its_offsets_the_others_move_on_and_only_one_batch_waits_for_retries(

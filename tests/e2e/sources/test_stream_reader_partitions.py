@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from broker_edge.storage import StorageConfig
 from sources.offsets_planner import DataLossError
 from sources.options import parse_options
+from sources.stream_api import ReadAllAvailable, ReadMaxRows
 from sources.timestone_source import TimestonePartition, TimestoneStreamReader
 from tests.e2e.sources.conftest import BASE_TIME_MS, EdgeBroker, telemetry
 
@@ -179,8 +179,8 @@ def test_a_broker_without_partition_reads_is_read_by_topic(edge: EdgeBroker) -> 
     edge.fill("plant/1/temp", 5)
 
     async def as_a_cluster_member() -> None:
-        edge.store.enable_replication()
-        edge.store.commit("plant/1/temp", 5)
+        edge.store.replicated_log.enable()
+        edge.store.replicated_log.commit_to("plant/1/temp", 5)
 
     edge.run(as_a_cluster_member())
 

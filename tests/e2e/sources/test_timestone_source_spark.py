@@ -14,6 +14,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from sources.stream_api import ADMISSION_CONTROL
 from sources.timestone_source import SCHEMA
 from tests.e2e.sources.conftest import BASE_TIME_MS, EdgeBroker
 
@@ -67,6 +68,19 @@ def run_available_now(
     )
     query.awaitTermination(120)
     assert not query.isActive
+    return query
+
+
+def run_until_caught_up(
+    frame: DataFrame, checkpoint: Path, sink: Callable[[DataFrame, int], None]
+) -> StreamingQuery:
+    """A processing-time query, stopped once it has read everything there is: its batches are bounded by
+    the read limit on every supported Spark (an availableNow run is one batch on Spark 4.0 and 4.1)."""
+    query = frame.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint)).start()
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
     return query
 
 
@@ -134,11 +148,11 @@ def test_restarts_continue_from_the_checkpoint_and_replay_a_failed_batch_identic
 
     failing = BatchCollector(fail_on_batch=1)
     with pytest.raises(StreamingQueryException, match="simulated"):
-        run_available_now(stream(timestone_spark, {"e": edge}, **options), checkpoint, failing)
+        run_until_caught_up(stream(timestone_spark, {"e": edge}, **options), checkpoint, failing)
     assert failing.failed is not None and len(failing.failed) == 50
 
     resumed = BatchCollector()
-    run_available_now(stream(timestone_spark, {"e": edge}, **options), checkpoint, resumed)
+    run_until_caught_up(stream(timestone_spark, {"e": edge}, **options), checkpoint, resumed)
     assert sorted(resumed.batches[1]) == failing.failed  # the replayed batch has the same records
     assert all(len(rows) <= 50 for rows in resumed.batches.values())
     first_run = failing.keys() + resumed.keys()
@@ -149,9 +163,54 @@ def test_restarts_continue_from_the_checkpoint_and_replay_a_failed_batch_identic
     edge.fill("plant/1/temp", 30, first=60)
     edge.fill("plant/7/temp", 10)  # a topic that appears between runs is read from its start
     later = BatchCollector()
-    run_available_now(stream(timestone_spark, {"e": edge}, **options), checkpoint, later)
+    run_until_caught_up(stream(timestone_spark, {"e": edge}, **options), checkpoint, later)
     assert later.keys() == expected("e", "plant/1/temp", range(60, 90)) + expected(
         "e", "plant/7/temp", range(10)
+    )
+
+
+def test_an_available_now_run_with_a_read_limit_on_this_spark(
+    timestone_spark: SparkSession, edge: EdgeBroker, tmp_path: Path
+) -> None:
+    """Spark 4.2+ reads everything there is in batches of at most the limit; Spark 4.0 and 4.1 run
+    availableNow as one batch, of at most the limit, and the next run goes on from there."""
+    for number in range(3):
+        edge.fill(f"plant/{number}/temp", 40)
+    options = {"startingOffsets": "earliest", "maxRecordsPerTrigger": "50"}
+    runs: list[BatchCollector] = []
+    while sum(len(run.keys()) for run in runs) < 120 and len(runs) < 4:
+        runs.append(BatchCollector())
+        run_available_now(stream(timestone_spark, {"e": edge}, **options), tmp_path / "checkpoint", runs[-1])
+    batches = [rows for run in runs for rows in run.batches.values()]
+    assert [len(rows) for rows in batches] == [50, 50, 20]
+    assert len(runs) == (1 if ADMISSION_CONTROL else 3)
+    everything = sorted(key for rows in batches for key in rows)
+    assert everything == sorted(key for n in range(3) for key in expected("e", f"plant/{n}/temp", range(40)))
+
+
+def test_end_at_query_start_reads_what_the_brokers_held_in_bounded_batches_then_nothing(
+    timestone_spark: SparkSession, edge: EdgeBroker, tmp_path: Path
+) -> None:
+    """What a pipeline's --available-now runs on Spark 4.0 and 4.1 (pipelines/available_now.py)."""
+    for number in range(3):
+        edge.fill(f"plant/{number}/temp", 40)
+    options = {"startingOffsets": "earliest", "maxRecordsPerTrigger": "50", "endAtQueryStart": "true"}
+    collected = BatchCollector()
+    query = (
+        stream(timestone_spark, {"e": edge}, **options)
+        .writeStream.foreachBatch(collected)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    try:
+        wait_until(lambda: len(collected.keys()) >= 40)  # the query runs; then more records come
+        edge.fill("plant/1/temp", 10, first=40)
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert [len(rows) for rows in collected.batches.values()] == [50, 50, 20]
+    assert collected.keys() == sorted(
+        key for n in range(3) for key in expected("e", f"plant/{n}/temp", range(40))
     )
 
 
@@ -237,7 +296,7 @@ def test_a_broker_that_restarts_between_batches_delays_the_next_batch_within_the
         fetchRetries="4",
         retryBackoffMs="200",
     )
-    query = run_available_now(frame, tmp_path / "checkpoint", sink)
+    query = run_until_caught_up(frame, tmp_path / "checkpoint", sink)
     restarts[0].join()
     assert collected.keys() == expected("e", "plant/1/temp", range(30))
     assert sorted(collected.batches) == [0, 1, 2]

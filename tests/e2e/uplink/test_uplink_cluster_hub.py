@@ -160,7 +160,7 @@ def test_a_sites_retention_gap_is_the_same_gap_on_every_replica_of_a_cluster_hub
 
         publish(0, 10)
         assert wait_for(lambda: site.call(lambda: link.hub_ends.get(topic)) == 10, timeout=30)
-        before_gap = b"".join(site.call(lambda: site_store.read_frames(topic, 0, 1 << 20))[0])
+        before_gap = b"".join(site.call(lambda: site_store.replicated_log.read_frames(topic, 0, 1 << 20))[0])
         wan.cut(down=True)  # records 10.. wait on the site, and its retention deletes them
         publish(10, 20)
         site.call(lambda: site.broker.publish("telemetry/roll", b"x" * 1024, qos=1))  # rolls 10..29's segment
@@ -170,7 +170,7 @@ def test_a_sites_retention_gap_is_the_same_gap_on_every_replica_of_a_cluster_hub
         wan.heal()
         assert wait_for(caught_up, timeout=30)
         assert site.call(lambda: link.hub_ends[topic]) == 40
-        after_gap = site.call(lambda: site_store.read_frames(topic, lost_end, 1 << 20))
+        after_gap = site.call(lambda: site_store.replicated_log.read_frames(topic, lost_end, 1 << 20))
         for hub in hubs.values():
             hub.stop()
     finally:
@@ -186,4 +186,4 @@ def test_a_sites_retention_gap_is_the_same_gap_on_every_replica_of_a_cluster_hub
             with pytest.raises(CorruptRecord) as lost:
                 store.read(hub_topic, 10)
             assert lost.value.next_offset == lost_end, node
-            assert store.read_frames(hub_topic, lost_end, 1 << 20) == after_gap, node
+            assert store.replicated_log.read_frames(hub_topic, lost_end, 1 << 20) == after_gap, node

@@ -101,8 +101,8 @@ def test_a_sites_retention_gap_is_warned_before_recorded_on_the_hub_and_read_as_
         with pytest.raises(CorruptRecord) as lost:
             hub.call(lambda: hub_store.read(HUB_TOPIC, 10))
         assert lost.value.next_offset == lost_end
-        after = hub.call(lambda: hub_store.read_frames(HUB_TOPIC, lost_end, 1 << 20))
-        assert after == site.call(lambda: site_store.read_frames(TOPIC, lost_end, 1 << 20))
+        after = hub.call(lambda: hub_store.replicated_log.read_frames(HUB_TOPIC, lost_end, 1 << 20))
+        assert after == site.call(lambda: site_store.replicated_log.read_frames(TOPIC, lost_end, 1 << 20))
     finally:
         wan.close()
 

@@ -58,7 +58,7 @@ def log_frames(store: LogStore, topic: str) -> tuple[int, int, bytes]:
     chunks: list[bytes] = []
     offset = start
     while offset < end:
-        frames, count = store.read_frames(topic, offset, 1 << 20)
+        frames, count = store.replicated_log.read_frames(topic, offset, 1 << 20)
         if not count:
             break
         chunks.extend(frames)

@@ -33,9 +33,8 @@ def test_a_task_gives_up_after_its_rounds_over_dead_members() -> None:
 
 
 def test_a_checkpoint_of_standalone_brokers_is_not_continued_as_a_clusters() -> None:
-    from pyspark.sql.streaming.datasource import ReadAllAvailable
-
     from sources.options import parse_options
+    from sources.stream_api import ReadAllAvailable
     from sources.timestone_source import TimestoneStreamReader
 
     options = {"bootstrapServers": "http://127.0.0.1:1", "topics": "a/+", "clusterName": "plant"}
@@ -49,10 +48,9 @@ def test_a_checkpoint_of_standalone_brokers_is_not_continued_as_a_clusters() -> 
 def test_a_continuous_query_waits_for_a_cluster_that_is_down_as_for_a_standalone_broker() -> None:
     """Every member down: the planner keeps the offsets and plans no task (the query carries on and reads
     the cluster when it answers); only records it must read from a cluster it cannot reach fail."""
-    from pyspark.sql.streaming.datasource import ReadAllAvailable
-
     from sources.options import parse_options
     from sources.slice_reader import BrokerUnreachableError
+    from sources.stream_api import ReadAllAvailable
     from sources.timestone_source import TimestoneStreamReader
 
     dead = f"http://127.0.0.1:{free_port()}"

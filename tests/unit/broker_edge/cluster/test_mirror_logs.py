@@ -16,13 +16,15 @@ import pytest
 from broker_edge.cluster.links.member_api import bind_members_endpoint, serve_members_endpoint
 from broker_edge.cluster.links.member_clients import MemberClients
 from broker_edge.cluster.mirror_logs import ClusterMirrorLogs, decode_parts, encode_parts
-from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
+from broker_edge.cluster.replication.leader import LeaderReplication
 from broker_edge.cluster.replication.replica_fetch import GAP, FetchRequest, PartitionFetch, TopicPosition
+from broker_edge.cluster.replication.stage import LeaderConfig
 from broker_edge.cluster.view import ClusterView
-from broker_edge.engine.mirror_logs import MirrorAppend, MirrorPart, MirrorRefused, frames_end
+from broker_edge.engine.ports import MirrorPart, MirrorRefused
 from broker_edge.placement import Member, PartitionState
 from broker_edge.settings.cluster import MemberListenConfig
 from broker_edge.storage import InvalidRecord, LogStore, StorageConfig
+from broker_edge.storage.mirrored import MirrorAppend, frames_end
 from tests.static_isr import StaticIsr
 from tests.unit.broker_edge.storage.log_helpers import make_record
 
@@ -37,7 +39,7 @@ def site_frames(tmp_path: Path, count: int) -> tuple[bytes, LogStore]:
     for n in range(count):
         store.append("telemetry/a", make_record(n))
     store.flush()
-    frames, held = store.read_frames("telemetry/a", 0, 1 << 20)
+    frames, held = store.replicated_log.read_frames("telemetry/a", 0, 1 << 20)
     assert held == count
     return b"".join(frames), store
 
@@ -120,7 +122,9 @@ def test_the_leader_answers_only_once_every_in_sync_replica_holds_the_frames(tmp
             await b1.leader.fetch(fetch("b3", third.session, 5))
             appended = await asyncio.wait_for(appending, 2)
             assert (appended.first, appended.records, appended.duplicates, appended.end) == (0, 5, 0, 5)
-            assert b1.store.read_frames(TOPIC, 0, 1 << 20) == site.read_frames("telemetry/a", 0, 1 << 20)
+            assert b1.store.replicated_log.read_frames(TOPIC, 0, 1 << 20) == site.replicated_log.read_frames(
+                "telemetry/a", 0, 1 << 20
+            )
             from_two = frames[frames_end(memoryview(frames), 2) :]
             again = await asyncio.wait_for(one(b1.mirror, 2, 3, from_two), 2)
             assert (again.records, again.duplicates, again.end) == (0, 3, 5)  # the ACK was lost: skipped
@@ -175,11 +179,15 @@ def test_a_member_that_does_not_lead_hands_the_frames_to_the_leader_and_reads_en
             member(tmp_path, "b2", "b1", ("b1",), 1) as b2,
         ):
             introduce(b1, b2)
-            b2.store.append_frames(TOPIC, frames[: frames_end(memoryview(frames), 1)])  # a stale copy here
+            b2.store.replicated_log.append_at(
+                TOPIC, frames[: frames_end(memoryview(frames), 1)]
+            )  # a stale copy here
             await b2.store.wait_durable()
             appended = await one(b2.mirror, 0, 4, frames[:four])
             assert (appended.records, appended.end) == (4, 4)
-            assert b1.store.read_frames(TOPIC, 0, 1 << 20) == site.read_frames("telemetry/a", 0, 1 << 20, 4)
+            assert b1.store.replicated_log.read_frames(TOPIC, 0, 1 << 20) == site.replicated_log.read_frames(
+                "telemetry/a", 0, 1 << 20, 4
+            )
             other = "$site/p1/telemetry/b"
             both = await b2.mirror.append(
                 [MirrorPart(TOPIC, 0, 4, frames[:four]), MirrorPart(other, 0, 6, frames)]
@@ -210,7 +218,7 @@ def test_no_leader_within_the_timeout_is_a_refusal_and_nothing_is_appended(tmp_p
             with pytest.raises(MirrorRefused, match="not acknowledged within"):
                 await one(b1.mirror, 0, 2, frames)
             assert TOPIC not in b1.store and TOPIC not in b2.store
-            b2.store.append_frames(TOPIC, frames)  # a replica's copy, its leader gone
+            b2.store.replicated_log.append_at(TOPIC, frames)  # a replica's copy, its leader gone
             b1.view.states[0] = b2.view.states[0] = PartitionState(0, None, 2, NODES, NODES)
             with pytest.raises(MirrorRefused, match="no leader answered"):
                 await b1.mirror.ends("$site/p1/")

@@ -87,9 +87,14 @@ class HeldForwarding:
         self.refused: set[str] = set()
         self.forwarded: list[Forward] = []
         self.broadcasts: list[Message] = []
+        self.leaders: dict[str, str] = {}
+        """Topic → the MQTT address its publishers are sent to (``redirect_publishers``); none by default."""
 
     def appends_here(self, topic: str) -> bool:
         return topic in self.here
+
+    def server_for(self, topic: str) -> str | None:
+        return self.leaders.get(topic)
 
     def forward(
         self,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from broker_edge.engine.connection.states import CONNECTED
+from broker_edge.engine.answers import ForwardedBatch
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import (
     LOCAL_ONLY,
@@ -21,30 +21,9 @@ from broker_edge.engine.ports import (
     PublishRefused,
     Replication,
 )
-from broker_edge.protocol.packets import MQTT_5, PubAck, Publish, PubRec
+from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, PubAck, Publish, PubRec
 from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, WireClient, make_core
 from tests.unit.broker_edge.engine.stand_ins import LOCAL_TOPIC, REMOTE_TOPIC, HeldForwarding, MemoryLog
-
-
-class PeerAnswers:
-    """The publisher of publishes another broker forwarded: records each answer by packet id (its index)."""
-
-    def __init__(self) -> None:
-        self.v5 = True
-        self.state = CONNECTED
-        self.incoming_pending = 0
-        self.answers: dict[int, int] = {}
-
-    def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None:
-        self.answers[packet_id] = reason_code
-
-    send_pubrec = send_puback
-
-    def release_qos2(self, packet_id: int) -> None:
-        pass
-
-    def close(self, reason_code: int | None = None, reason_string: str | None = None) -> None:
-        pass
 
 
 def _cluster_core(
@@ -176,15 +155,15 @@ def test_a_replication_refusal_is_0x83_with_its_reason():
 
 def test_publishes_a_peer_forwarded_are_appended_and_answered_in_turn_with_their_offsets():
     core, store, _forwarding = _cluster_core()
-    peer = PeerAnswers()
+    answered: list[ForwardAck] = []
     messages = [Message(LOCAL_TOPIC, f"p{n}".encode(), 2, False, None, "far-device") for n in range(3)]
 
-    core.publish_path.accept_forwarded(peer, messages)
+    core.publish_path.accept_forwarded(ForwardedBatch(messages, answered.extend))
     core.run_soon()
-    assert peer.answers == {}
+    assert answered == []
     store.make_durable()
     core.run_soon()
-    assert peer.answers == {0: 0, 1: 0, 2: 0}  # answered as QoS 1 publishes, by index
+    assert answered == [ForwardAck(0, 0), ForwardAck(0, 1), ForwardAck(0, 2)]  # as QoS 1 publishes, in order
     assert [message.offset for message in messages] == [0, 1, 2]
 
 
@@ -195,14 +174,14 @@ def test_answers_to_a_peers_publishes_do_not_wait_for_a_forward_persisted_with_t
     after the other, so that answer can wait for these)."""
     core, store, forwarding = _cluster_core()
     client = _publisher(core)
-    peer = PeerAnswers()
+    answered: list[ForwardAck] = []
 
-    core.publish_path.accept_forwarded(peer, [Message(LOCAL_TOPIC, b"theirs", 1)])
+    core.publish_path.accept_forwarded(ForwardedBatch([Message(LOCAL_TOPIC, b"theirs", 1)], answered.extend))
     client.send(Publish(REMOTE_TOPIC, b"mine", 1, packet_id=1))  # the same batch
     assert [topic for topic, _, _, _ in forwarding.forwarded] == [REMOTE_TOPIC]
     store.make_durable()
     core.run_soon()
-    assert peer.answers == {0: 0}
+    assert answered == [ForwardAck(0, 0)]
     assert client.read() == []  # its forward is not answered yet
     forwarding.answer(0)
     assert [(a.packet_id, a.reason_code) for a in client.read()] == [(1, 0)]
@@ -211,15 +190,15 @@ def test_answers_to_a_peers_publishes_do_not_wait_for_a_forward_persisted_with_t
 def test_a_peer_publish_for_a_partition_led_elsewhere_goes_to_the_port_marked_as_a_peers():
     """The port answers it (a peer's publish is never forwarded twice: ``cluster.forwarding``)."""
     core, store, forwarding = _cluster_core()
-    peer = PeerAnswers()
+    answered: list[ForwardAck] = []
 
-    core.publish_path.accept_forwarded(peer, [Message(REMOTE_TOPIC, b"x", 1)])
+    core.publish_path.accept_forwarded(ForwardedBatch([Message(REMOTE_TOPIC, b"x", 1)], answered.extend))
     core.run_soon()
     assert [(topic, from_peer) for topic, _, from_peer, _ in forwarding.forwarded] == [(REMOTE_TOPIC, True)]
     forwarding.answer(0, reason_code=0x9C)
     store.make_durable()
     core.run_soon()
-    assert peer.answers == {0: 0x9C}
+    assert [(ack.reason_code, ack.offset) for ack in answered] == [(0x9C, None)]
     assert REMOTE_TOPIC not in store.logs
 
 
@@ -251,3 +230,35 @@ def test_a_single_broker_path_has_no_cluster_step():
     core = make_core()
     assert core.publish_path.forwarding is None
     assert "accept" not in vars(core.publish_path)  # the plain method: no per-publish cluster check
+
+
+def test_a_v5_publisher_whose_publish_was_forwarded_is_sent_to_the_leader_once_acknowledged():
+    """``cluster.redirect_publishers``: the publish is acknowledged, then DISCONNECT 0x9C (use another
+    server, MQTT 5 3.14.2.2.2) with the leader's address as Server Reference."""
+    core, _, forwarding = _cluster_core()
+    forwarding.leaders[REMOTE_TOPIC] = "127.0.0.1:18830"
+    client = _publisher(core)
+    client.send(Publish(REMOTE_TOPIC, b"reading", 1, packet_id=4))
+    forwarding.answer(0)
+    answer = client.read()
+    assert [type(packet).__name__ for packet in answer] == ["PubAck", "Disconnect"]
+    disconnect = answer[1]
+    assert disconnect.reason_code == 0x9C
+    assert disconnect.properties.server_reference == "127.0.0.1:18830"
+    assert client.closed
+
+
+def test_a_publisher_with_a_publish_appended_here_or_of_mqtt_3_is_not_sent_elsewhere():
+    core, store, forwarding = _cluster_core()
+    forwarding.leaders[REMOTE_TOPIC] = "127.0.0.1:18830"
+    both = _publisher(core)
+    both.send(Publish(LOCAL_TOPIC, b"here", 1, packet_id=1), Publish(REMOTE_TOPIC, b"there", 1, packet_id=2))
+    v3 = core.client(MQTT_3_1_1)
+    v3.connect("v3")
+    v3.send(Publish(REMOTE_TOPIC, b"there", 1, packet_id=3))
+    store.make_durable()
+    forwarding.answer(0)
+    forwarding.answer(1)
+    assert [type(packet).__name__ for packet in both.read()] == ["PubAck", "PubAck"]
+    assert [type(packet).__name__ for packet in v3.read()] == ["PubAck"]
+    assert not both.closed and not v3.closed

@@ -19,6 +19,7 @@ from broker_edge.protocol import (
     Unsubscribe,
     encode,
 )
+from broker_edge.protocol.errors import MQTTError
 from tests.unit.broker_edge.protocol.mqtt_strategies import client_packets, connects
 
 SESSION: list[Packet] = [
@@ -89,3 +90,21 @@ def test_random_chunking_of_random_packets(data):
         decoded += decoder.feed(stream[start:stop])
 
     assert decoded == packets
+
+
+def test_a_topic_named_again_is_the_same_string_and_a_bad_one_is_refused_every_time():
+    """Topic names decoded once are remembered by their bytes (each message of a topic carries the same
+    ``str``); one that is not a valid topic name is never remembered, so it is refused every time."""
+    decoder = PacketDecoder(protocol_version=4)
+    frame = encode(Publish("plant/meter-7/telemetry", b"1"), 4)
+    first, second = decoder.feed(frame + frame)
+    assert first.topic == "plant/meter-7/telemetry" and first.topic is second.topic
+    wildcard = encode(Publish("plant/x", b"1"), 4).replace(b"plant/x", b"plant/#")
+    for _ in range(2):
+        fresh = PacketDecoder(protocol_version=4)
+        try:
+            fresh.feed(wildcard)
+        except MQTTError as error:
+            assert "wildcard" in error.message
+        else:
+            raise AssertionError("a wildcard in a PUBLISH topic was accepted")

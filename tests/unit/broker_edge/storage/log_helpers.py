@@ -142,17 +142,17 @@ def write_past_the_ceiling(store: LogStore, topic: str, carrier: str) -> None:
     wrote its index and failed to apply it."""
     import contextlib
 
-    import broker_edge.storage.store as store_module
+    import broker_edge.storage.replicated_log as log_module
     from broker_edge.storage.record import encode_record
 
-    ceiling = store_module.MAX_OFFSET
-    store_module.MAX_OFFSET = 2**64
+    ceiling = log_module.MAX_OFFSET
+    log_module.MAX_OFFSET = 2**64
     try:
         frame = encode_record(2**63 - 1, BASE_TIME_MS, AppendRecord(b"absurd"))
         with contextlib.suppress(OverflowError):
-            store.append_frames(topic, frame, at=2**63 - 1)
+            store.replicated_log.append_at(topic, frame, at=2**63 - 1)
     finally:
-        store_module.MAX_OFFSET = ceiling
+        log_module.MAX_OFFSET = ceiling
     store.append(carrier, AppendRecord(b"carries the frame left unwritten"))
     with contextlib.suppress(OverflowError):  # a seal run by the flush
         store.flush()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from broker_edge.storage import InvalidRecord, LogStore, RecordTooLarge, StorageConfig, TooManyTopics
-from broker_edge.storage import store as store_module
+from broker_edge.storage import store_appends as store_module
 from broker_edge.storage.persistence import LOGGED
 from tests.unit.broker_edge.storage.log_helpers import make_record, odd_record
 

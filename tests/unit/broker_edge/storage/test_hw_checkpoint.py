@@ -20,10 +20,10 @@ def _commit_and_wait_for_a_periodic_checkpoint(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         store = _store(tmp_path)
-        store.enable_replication(checkpoint_interval_s=0.05)
+        store.replicated_log.enable(checkpoint_interval_s=0.05)
         store.append_batch("t", [RECORD] * 3)
         await store.wait_durable()
-        store.commit("t", 3)
+        store.replicated_log.commit_to("t", 3)
         path = store.layout.meta_file(CHECKPOINT_FILE)
         deadline = asyncio.get_running_loop().time() + 5
         while read_checkpoint(path) != {"t": 3}:
@@ -47,18 +47,18 @@ def _payloads(store: LogStore, topic: str) -> int:
 
 def test_a_restarted_replica_starts_committed_where_it_was_not_where_its_log_ends(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    store.enable_replication()
+    store.replicated_log.enable()
     store.append_batch("t", [RECORD] * 5)
     store.flush()
-    store.commit("t", 3)  # two records durable here, not yet held by every in-sync replica
+    store.replicated_log.commit_to("t", 3)  # two records durable here, not yet held by every in-sync replica
     store.close()
 
     again = _store(tmp_path)
-    again.enable_replication()
+    again.replicated_log.enable()
     assert again.durable_end("t") == 5
     assert again.committed_end("t") == 3
     assert _payloads(again, "t") == 3  # the uncommitted tail stays invisible
-    assert again.commit("t", 5) == 5  # until the leader's watermark passes it
+    assert again.replicated_log.commit_to("t", 5) == 5  # until the leader's watermark passes it
     again.close()
 
 
@@ -66,19 +66,19 @@ def test_a_crash_shows_at_most_the_last_checkpoint_and_a_log_it_does_not_list_sh
     tmp_path: Path,
 ) -> None:
     store = _store(tmp_path)
-    store.enable_replication()
+    store.replicated_log.enable()
     store.append_batch("t", [RECORD] * 4)
     store.flush()
-    store.commit("t", 2)
-    store.checkpoint_committed()  # what the periodic checkpoint saves
-    store.commit("t", 4)
+    store.replicated_log.commit_to("t", 2)
+    store.replicated_log.checkpoint()  # what the periodic checkpoint saves
+    store.replicated_log.commit_to("t", 4)
     store.append_batch("u", [RECORD] * 2)  # a log created since
     store.flush()
-    store.commit("u", 2)
+    store.replicated_log.commit_to("u", 2)
     # the process dies here: no close, no newer checkpoint
 
     again = _store(tmp_path)
-    again.enable_replication()
+    again.replicated_log.enable()
     assert (again.committed_end("t"), again.durable_end("t")) == (2, 4)
     assert (again.committed_end("u"), again.durable_end("u")) == (0, 2)
     again.close()
@@ -95,7 +95,7 @@ def test_a_store_never_replicated_starts_with_everything_committed(tmp_path: Pat
     alone.close()
 
     member = _store(tmp_path)
-    member.enable_replication()
+    member.replicated_log.enable()
     assert member.committed_end("t") == 3
     member.close()
     assert read_checkpoint(member.layout.meta_file(CHECKPOINT_FILE)) == {"t": 3}
@@ -105,33 +105,35 @@ def test_a_damaged_checkpoint_starts_every_log_committed_at_its_start(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = _store(tmp_path)
-    store.enable_replication()
+    store.replicated_log.enable()
     store.append_batch("t", [RECORD] * 3)
     store.flush()
-    store.commit("t", 3)
+    store.replicated_log.commit_to("t", 3)
     store.close()
     Path(store.layout.meta_file(CHECKPOINT_FILE)).write_text('{"version": 1, "committed": {"t": -4}}')
 
     with caplog.at_level(logging.ERROR):
         again = _store(tmp_path)
-        again.enable_replication()
+        again.replicated_log.enable()
     assert again.committed_end("t") == 0 and again.durable_end("t") == 3  # nothing lost, nothing shown
     assert any("replication-offset-checkpoint is damaged" in r.getMessage() for r in caplog.records)
     again.close()
     other = _store(tmp_path / "other")
     with pytest.raises(ValueError, match="checkpoint_interval_s"):
-        other.enable_replication(checkpoint_interval_s=0)
+        other.replicated_log.enable(checkpoint_interval_s=0)
     other.close()
 
 
 def test_truncating_below_the_committed_end_saves_the_lower_end_at_once(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    store.enable_replication()
+    store.replicated_log.enable()
     store.append_batch("t", [RECORD] * 5)
     store.flush()
-    store.commit("t", 5)
-    store.checkpoint_committed()
-    store.truncate("t", 3)  # only after an unclean election does a replica lose committed records
+    store.replicated_log.commit_to("t", 5)
+    store.replicated_log.checkpoint()
+    store.replicated_log.truncate_to(
+        "t", 3
+    )  # only after an unclean election does a replica lose committed records
     assert read_checkpoint(store.layout.meta_file(CHECKPOINT_FILE)) == {"t": 3}
     store.close()
 
@@ -139,7 +141,7 @@ def test_truncating_below_the_committed_end_saves_the_lower_end_at_once(tmp_path
 def test_the_periodic_checkpoint_is_written_off_the_loop_thread(tmp_path: Path, monkeypatch) -> None:
     import threading
 
-    from broker_edge.storage import store as store_module
+    from broker_edge.storage import replicated_log as store_module
 
     writers: list[threading.Thread] = []
     real = store_module.write_checkpoint
@@ -158,13 +160,13 @@ def test_the_periodic_checkpoint_is_written_off_the_loop_thread(tmp_path: Path, 
 
 def test_an_earlier_checkpoint_never_replaces_a_later_one(tmp_path: Path) -> None:
     store = _store(tmp_path)
-    store.enable_replication()
+    store.replicated_log.enable()
     store.append_batch("t", [RECORD] * 5)
     store.flush()
-    store.commit("t", 5)
-    earlier = store._take_checkpoint()  # taken for a periodic write that has not run yet
+    store.replicated_log.commit_to("t", 5)
+    earlier = store.replicated_log._take_checkpoint()  # taken for a periodic write that has not run yet
     assert earlier is not None
-    store.truncate("t", 3)  # saves {"t": 3} at once
-    store._write_checkpoint(*earlier)  # the periodic write runs late: skipped
+    store.replicated_log.truncate_to("t", 3)  # saves {"t": 3} at once
+    store.replicated_log._write_checkpoint(*earlier)  # the periodic write runs late: skipped
     assert read_checkpoint(store.layout.meta_file(CHECKPOINT_FILE)) == {"t": 3}
     store.close()

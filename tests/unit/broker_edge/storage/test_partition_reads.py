@@ -207,7 +207,7 @@ def test_position_for_timestamp_finds_the_first_record_at_or_after_the_time(tmp_
 def test_a_clusters_store_refuses_partition_reads(tmp_path: Path):
     store = _store(tmp_path)
     _fill(store, 10)
-    store.enable_replication()
+    store.replicated_log.enable()
 
     with pytest.raises(StorageError, match="topic offsets"):
         store.read_partition(0, 0)

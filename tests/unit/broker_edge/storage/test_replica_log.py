@@ -23,7 +23,7 @@ def _frames(store: LogStore, topic: str, offset: int = 0) -> list[bytes]:
     frames: list[bytes] = []
     end = store.durable_end(topic)
     while offset < end:
-        batch, count = store.read_frames(topic, offset, 1 << 30)
+        batch, count = store.replicated_log.read_frames(topic, offset, 1 << 30)
         frames += [bytes(frame) for frame in batch]
         offset += count
     return frames
@@ -42,8 +42,8 @@ def test_appended_frames_give_identical_offsets_and_bytes_whatever_else_the_part
     leader.flush()
     offset = 0
     while offset < leader.durable_end("t"):  # in uneven pieces, as fetches would bring them
-        chunks, count = leader.read_frames("t", offset, 700 + offset * 13)
-        assert follower.append_frames("t", b"".join(chunks)) == offset
+        chunks, count = leader.replicated_log.read_frames("t", offset, 700 + offset * 13)
+        assert follower.replicated_log.append_at("t", b"".join(chunks)) == offset
         offset += count
     follower.flush()
 
@@ -64,15 +64,17 @@ def test_frames_that_do_not_continue_the_log_or_fail_their_crc_are_refused(tmp_p
     leader.flush()
     frames = b"".join(_frames(leader, "t"))
     with pytest.raises(InvalidRecord, match="offset"):
-        follower.append_frames("t", b"".join(_frames(leader, "t", 2)))  # a gap: the follower is at 0
+        follower.replicated_log.append_at(
+            "t", b"".join(_frames(leader, "t", 2))
+        )  # a gap: the follower is at 0
     damaged = bytearray(frames)
     damaged[-1] ^= 0xFF
     with pytest.raises(InvalidRecord, match="checksum"):
-        follower.append_frames("t", bytes(damaged))
+        follower.replicated_log.append_at("t", bytes(damaged))
     assert follower.durable_end("t") == 0  # all or nothing
-    follower.append_frames("t", frames)
+    follower.replicated_log.append_at("t", frames)
     with pytest.raises(InvalidRecord, match="offset"):
-        follower.append_frames("t", frames)  # the same again: offsets must continue
+        follower.replicated_log.append_at("t", frames)  # the same again: offsets must continue
     follower.flush()
     assert follower.durable_end("t") == 5
     leader.close()
@@ -90,9 +92,9 @@ def test_truncate_drops_the_tail_across_shared_segments_and_survives_a_restart(
     store.flush()
     store.append("t", make_record(150))
     with pytest.raises(StorageError):
-        store.truncate("t", 40)  # refused while an append is buffered
+        store.replicated_log.truncate_to("t", 40)  # refused while an append is buffered
     store.flush()
-    store.truncate("t", 37)
+    store.replicated_log.truncate_to("t", 37)
 
     assert store.durable_end("t") == store.log_info("t").end_offset == 37
     assert [r.offset for r in store.read("t", 30, 100, 1 << 30)] == list(range(30, 37))
@@ -116,7 +118,7 @@ def test_a_truncation_is_durable_before_it_returns(tmp_path: Path, small_segment
     for number in range(60):
         store.append("t", make_record(number))
     store.flush()
-    store.truncate("t", 10)
+    store.replicated_log.truncate_to("t", 10)
     # crash right here: the marker was fsynced, nothing else happened
 
     reopened = LogStore(tmp_path, small_segments)
@@ -131,7 +133,7 @@ def test_restart_at_empties_the_log_and_continues_at_the_offset(tmp_path: Path):
     for number in range(5):
         store.append("t", make_record(number))
     store.flush()
-    store.restart_at("t", 100)
+    store.replicated_log.restart_at("t", 100)
     info = store.log_info("t")
     assert (info.start_offset, info.end_offset, info.bytes) == (100, 100, 0)
     assert store.append("t", make_record(100)) == 100
@@ -145,22 +147,22 @@ def test_committed_end_gates_readers_of_a_replicated_store(tmp_path: Path):
     async def scenario() -> None:
         store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
         store.open()
-        store.enable_replication()
+        store.replicated_log.enable()
         first = store.append_batch("a/b", [make_record(n).batch_fields() for n in range(4)])
         await store.wait_durable()
         assert first == 0
         assert store.durable_end("a/b") == 4
         assert store.log_info("a/b").end_offset == 0
         assert store.read("a/b", 0) == []
-        _chunks, count = store.read_frames("a/b", 0, 1 << 20)
+        _chunks, count = store.replicated_log.read_frames("a/b", 0, 1 << 20)
         assert count == 4  # a follower may fetch what is durable here
         waiting = asyncio.create_task(store.wait_for_data({"a/b": 0}, 5))
         await asyncio.sleep(0.01)
         assert not waiting.done()
-        assert store.commit("a/b", 3) == 3
+        assert store.replicated_log.commit_to("a/b", 3) == 3
         assert await waiting == ["a/b"]
         assert [r.offset for r in store.read("a/b", 0)] == [0, 1, 2]
-        assert store.commit("a/b", 99) == 4  # never past the durable end
+        assert store.replicated_log.commit_to("a/b", 99) == 4  # never past the durable end
         store.close()
 
     asyncio.run(scenario())
@@ -184,17 +186,17 @@ def test_store_append_frames_goes_through_the_group_commit(tmp_path: Path):
         follower = LogStore(tmp_path / "follower", StorageConfig(durability="group"))
         for store in (leader, follower):
             store.open()
-            store.enable_replication()
+            store.replicated_log.enable()
         leader.append_batch("x", [make_record(n).batch_fields() for n in range(10)])
         await leader.wait_durable()
-        chunks, _ = leader.read_frames("x", 0, 1 << 20)
-        follower.append_frames("x", b"".join(chunks))
+        chunks, _ = leader.replicated_log.read_frames("x", 0, 1 << 20)
+        follower.replicated_log.append_at("x", b"".join(chunks))
         assert follower.durable_end("x") == 0
         done = asyncio.get_running_loop().create_future()
         follower.when_durable(lambda: done.set_result(True))
         await done
         assert follower.durable_end("x") == 10
-        follower.truncate("x", 4)
+        follower.replicated_log.truncate_to("x", 4)
         assert follower.durable_end("x") == 4
         leader.close()
         follower.close()
@@ -211,12 +213,12 @@ def test_frames_appended_past_the_logs_end_keep_what_it_holds_and_leave_a_gap(
         source.append("t", make_record(number))
     source.flush()
     mirror = _store(tmp_path / "mirror", small_segments)
-    mirror.append_frames("t", b"".join(source.read_frames("t", 0, 1 << 30, 12)[0]))
+    mirror.replicated_log.append_at("t", b"".join(source.replicated_log.read_frames("t", 0, 1 << 30, 12)[0]))
     mirror.append("other", make_record(1))  # the partition goes on with another topic
-    after_gap = b"".join(source.read_frames("t", 30, 1 << 30)[0])
+    after_gap = b"".join(source.replicated_log.read_frames("t", 30, 1 << 30)[0])
     with pytest.raises(InvalidRecord):  # frames not at `at` are refused, and leave no gap
-        mirror.append_frames("t", after_gap, at=29)
-    assert mirror.append_frames("t", after_gap, at=30) == 30
+        mirror.replicated_log.append_at("t", after_gap, at=29)
+    assert mirror.replicated_log.append_at("t", after_gap, at=30) == 30
     mirror.flush()
     if restart == "rolled":  # the gap's segment rolls and is sealed, then a crash
         for number in range(80):
@@ -233,8 +235,13 @@ def test_frames_appended_past_the_logs_end_keep_what_it_holds_and_leave_a_gap(
     with pytest.raises(CorruptRecord) as missing:
         mirror.read("t", 12, 100, 1 << 30)
     assert missing.value.next_offset == 30
-    assert mirror.read_frames("t", 0, 1 << 30) == source.read_frames("t", 0, 1 << 30, 12)
-    assert mirror.read_frames("t", 12, 1 << 30) == ([], 0)  # frames are never served from the gap
+    assert mirror.replicated_log.read_frames("t", 0, 1 << 30) == source.replicated_log.read_frames(
+        "t", 0, 1 << 30, 12
+    )
+    assert mirror.replicated_log.read_frames("t", 12, 1 << 30) == (
+        [],
+        0,
+    )  # frames are never served from the gap
     assert _frames(mirror, "t", 30) == _frames(source, "t", 30)
     mirror.close()
     source.close()
@@ -242,13 +249,15 @@ def test_frames_appended_past_the_logs_end_keep_what_it_holds_and_leave_a_gap(
 
 def test_a_gap_costs_its_sealed_index_nothing_however_long(tmp_path: Path, small_segments: StorageConfig):
     source = _store(tmp_path / "source", small_segments)
-    source.restart_at("t", 10_000_000)
+    source.replicated_log.restart_at("t", 10_000_000)
     for number in range(5):
         source.append("t", make_record(number))
     source.flush()
     mirror = _store(tmp_path / "mirror", small_segments)
     mirror.append("t", make_record(0))
-    mirror.append_frames("t", b"".join(source.read_frames("t", 10_000_000, 1 << 30)[0]), at=10_000_000)
+    mirror.replicated_log.append_at(
+        "t", b"".join(source.replicated_log.read_frames("t", 10_000_000, 1 << 30)[0]), at=10_000_000
+    )
     mirror.close()  # sealed: each segment's index holds only the records it has
     indexes = sum(path.stat().st_size for path in (tmp_path / "mirror").rglob("*.index"))
     assert indexes < 4096

@@ -26,7 +26,7 @@ def test_frames_at_an_offset_past_the_ceiling_are_refused_and_nothing_is_kept(
 ) -> None:
     with LogStore(tmp_path, StorageConfig(durability="none")) as store:
         with pytest.raises(InvalidRecord, match="past what a log holds"):
-            store.append_frames("t", frames(min(at, 2**64 - 1), 1), at=at)
+            store.replicated_log.append_at("t", frames(min(at, 2**64 - 1), 1), at=at)
         assert store.start_offset("t") == store.committed_end("t") == 0
     with LogStore(tmp_path, StorageConfig(durability="none")) as store:  # and it opens again
         assert store.start_offset("t") == store.committed_end("t") == 0
@@ -35,8 +35,11 @@ def test_frames_at_an_offset_past_the_ceiling_are_refused_and_nothing_is_kept(
 def test_frames_that_would_end_past_the_ceiling_are_refused_those_up_to_it_kept(tmp_path: Path) -> None:
     with LogStore(tmp_path, StorageConfig(durability="none")) as store:
         with pytest.raises(InvalidRecord, match=f"past {MAX_OFFSET}"):
-            store.append_frames("t", frames(MAX_OFFSET - 1, 2), at=MAX_OFFSET - 1)
-        assert store.append_frames("t", frames(MAX_OFFSET - 1, 1), at=MAX_OFFSET - 1) == MAX_OFFSET - 1
+            store.replicated_log.append_at("t", frames(MAX_OFFSET - 1, 2), at=MAX_OFFSET - 1)
+        assert (
+            store.replicated_log.append_at("t", frames(MAX_OFFSET - 1, 1), at=MAX_OFFSET - 1)
+            == MAX_OFFSET - 1
+        )
         store.flush()
         assert store.durable_end("t") == MAX_OFFSET
     with LogStore(tmp_path, StorageConfig(durability="none")) as store:
@@ -50,7 +53,7 @@ def test_a_restart_past_the_ceiling_is_refused(tmp_path: Path, offset: int) -> N
         store.append("t", make_record(0))
         store.flush()
         with pytest.raises(StorageError, match="cannot go on at offset"):
-            store.restart_at("t", offset)
+            store.replicated_log.restart_at("t", offset)
         with pytest.raises(StorageError, match="cannot go on at offset"):
             store.import_start("u", offset)
         assert store.durable_end("t") == 1

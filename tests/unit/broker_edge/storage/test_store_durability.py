@@ -494,7 +494,7 @@ def test_a_replicated_store_cuts_a_window_behind_one_job_in_flight_but_not_two(t
 
     async def scenario() -> tuple[list[int], list[int], list[int]]:
         store = _open(tmp_path, "group")
-        store.enable_replication()
+        store.replicated_log.enable()
         in_flight: list[int] = []
         pending: list[int] = []
         durable_at: list[int] = []

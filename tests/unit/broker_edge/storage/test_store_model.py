@@ -88,14 +88,14 @@ class PartitionLogsMachine(RuleBasedStateMachine):
             return
         end = self._end(topic)
         offset = max(self.starts.get(topic, 0), end - back)
-        self.store.truncate(topic, offset)
+        self.store.replicated_log.truncate_to(topic, offset)
         del self.durable.setdefault(topic, [])[offset - self.starts.get(topic, 0) :]
 
     @precondition(lambda self: not self.pending)
     @rule(topic=st.sampled_from(TOPICS), ahead=st.integers(0, 20))
     def restart(self, topic: str, ahead: int) -> None:
         offset = self._end(topic) + ahead
-        self.store.restart_at(topic, offset)
+        self.store.replicated_log.restart_at(topic, offset)
         self.starts[topic] = offset
         self.durable[topic] = []
 

@@ -156,7 +156,7 @@ def test_a_truncation_of_records_whose_seal_a_crash_undid_counts_their_bytes_onc
         store.flush()
         number += 1
     store.wait_sealed()
-    store.truncate("cut", 0)
+    store.replicated_log.truncate_to("cut", 0)
     store.file_pool.close()  # a crash, before any snapshot counted the first seal
     os.unlink(partition_segments(tmp_path, suffix=".index")[0])
 

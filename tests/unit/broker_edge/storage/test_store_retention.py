@@ -116,10 +116,10 @@ def test_a_segment_holding_only_a_truncation_marker_of_a_live_topic_may_go(tmp_p
         store.append("kept", make_record(number))
     store.flush()
     _fill(store, "filler", until_segments=2)
-    store.truncate("kept", 1)  # its marker goes into segment 1
+    store.replicated_log.truncate_to("kept", 1)  # its marker goes into segment 1
     _fill(store, "gone", until_segments=3)
-    store.truncate("gone", 0)
-    store.truncate("filler", 0)
+    store.replicated_log.truncate_to("gone", 0)
+    store.replicated_log.truncate_to("filler", 0)
     store.wait_sealed()
 
     report = store.apply_retention(now_ms=BASE_TIME_MS)

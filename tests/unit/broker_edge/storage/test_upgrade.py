@@ -49,9 +49,9 @@ def _stored_frames(store: LogStore, topic: str) -> list[bytes]:
     frames: list[bytes] = []
     offset, end = store.start_offset(topic), store.durable_end(topic)
     while offset < end:
-        batch, count = store.read_frames(topic, offset, 1 << 20)
+        batch, count = store.replicated_log.read_frames(topic, offset, 1 << 20)
         if not count:  # a damaged record stops a read: the next one goes on after it
-            batch, count = store.read_frames(topic, offset, 1 << 20, stop=offset + 1)
+            batch, count = store.replicated_log.read_frames(topic, offset, 1 << 20, stop=offset + 1)
         frames += [bytes(frame) for frame in batch]
         offset += max(count, 1)
     return frames
@@ -82,7 +82,7 @@ def assert_upgraded(root: Path, frames: dict[str, list[bytes]]) -> None:
             store.read("damaged/record", 1)
         assert caught.value.next_offset == 2
         assert [record.offset for record in store.read("damaged/record", 2, 100)] == [2, 3, 4, 5]
-        journal = EpochJournal(store.epochs_path(store.partition_of("plant/1/temp")))
+        journal = EpochJournal(store.replicated_log.epochs_path(store.partition_of("plant/1/temp")))
         assert journal.entries(store.topic_id("plant/1/temp")) == EPOCHS["plant/1/temp"]
         assert store.append("plant/2/temp", make_record(3)) == 3
         assert store.append("empty", make_record(0)) == 7

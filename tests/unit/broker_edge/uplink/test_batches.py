@@ -73,10 +73,12 @@ def test_records_missing_in_the_log_are_a_gap_stepped_over_not_a_topic_held_back
 ) -> None:
     store.append("a", make_record(0))
     with LogStore(tmp_path / "source", StorageConfig(durability="none")) as source:
-        source.restart_at("a", 5)
+        source.replicated_log.restart_at("a", 5)
         source.append("a", make_record(5))
         source.flush()
-        store.append_frames("a", b"".join(source.read_frames("a", 5, 1 << 20)[0]), at=5)
+        store.replicated_log.append_at(
+            "a", b"".join(source.replicated_log.read_frames("a", 5, 1 << 20)[0]), at=5
+        )
     store.flush()
     gaps: list[tuple[str, int, int]] = []
     positions: dict[str, int] = {}

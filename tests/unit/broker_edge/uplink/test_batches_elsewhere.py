@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.engine.mirror_logs import LocalMirrorLogs
 from broker_edge.storage import LogStore, Record, StorageConfig
 from broker_edge.uplink.batches_elsewhere import batch_elsewhere
-from broker_edge.uplink.mirror import Gap, apply_batch
+from broker_edge.uplink.mirror import Gap, LocalMirrorLogs, apply_batch
 from broker_edge.uplink.wire import Batch
 from tests.unit.broker_edge.storage.log_helpers import make_record
 
@@ -69,7 +68,7 @@ def batch_of(
 
 
 def frames(store: LogStore, topic: str) -> bytes:
-    return b"".join(store.read_frames(topic, store.start_offset(topic), 1 << 30)[0])
+    return b"".join(store.replicated_log.read_frames(topic, store.start_offset(topic), 1 << 30)[0])
 
 
 def test_the_logs_held_elsewhere_arrive_verbatim_at_their_offsets_topics_in_turn(
@@ -110,8 +109,10 @@ def test_records_gone_before_the_site_had_them_are_a_gap_told_once(holder: LogSt
         for n in range(8):
             source.append("actions/all", make_record(n))
         source.flush()
-        later, _count = source.read_frames("actions/all", 5, 1 << 20)
-    holder.append_frames("actions/all", b"".join(later), 5)  # the log starts at 5 (retention took 0-4)
+        later, _count = source.replicated_log.read_frames("actions/all", 5, 1 << 20)
+    holder.replicated_log.append_at(
+        "actions/all", b"".join(later), 5
+    )  # the log starts at 5 (retention took 0-4)
     holder.flush()
     positions = {"actions/all": 2}
     gaps: list[tuple[str, int, int]] = []

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.engine.mirror_logs import LocalMirrorLogs
 from broker_edge.settings.uplink import site_topic
 from broker_edge.storage import CorruptRecord, LogStore, StorageConfig
-from broker_edge.uplink.mirror import Applied, Gap, apply_batch, mirrored_ends
+from broker_edge.uplink.mirror import Applied, Gap, LocalMirrorLogs, apply_batch, mirrored_ends
 from broker_edge.uplink.site_identity import site_of_certificate, site_uri
 from broker_edge.uplink.wire import Batch, BatchTopic, WireError
 from tests.unit.broker_edge.storage.log_helpers import make_record
@@ -43,14 +42,14 @@ def apply(hub_store: LogStore, batch: Batch, gaps: list[Gap]) -> Applied:
 
 
 def part(store: LogStore, topic: str, first: int, stop: int) -> Batch:
-    frames, count = store.read_frames(topic, first, 1 << 20, stop)
+    frames, count = store.replicated_log.read_frames(topic, first, 1 << 20, stop)
     data = b"".join(frames)
     return Batch(0, [BatchTopic(topic, first, count, len(data))], data)
 
 
 def hub_bytes(store: LogStore, topic: str) -> bytes:
     store.flush()
-    frames, _ = store.read_frames(topic, store.start_offset(topic), 1 << 20)
+    frames, _ = store.replicated_log.read_frames(topic, store.start_offset(topic), 1 << 20)
     return b"".join(frames)
 
 
@@ -77,11 +76,15 @@ def test_a_batch_past_the_hubs_end_is_a_recorded_gap_and_the_hub_keeps_what_it_h
     assert gaps == [Gap("telemetry/a", 5, 9)]
     topic = "$site/p1/telemetry/a"
     assert (hub_store.start_offset(topic), hub_store.durable_end(topic)) == (0, 20)
-    assert hub_store.read_frames(topic, 0, 1 << 20) == site_store.read_frames("telemetry/a", 0, 1 << 20, 5)
+    assert hub_store.replicated_log.read_frames(topic, 0, 1 << 20) == site_store.replicated_log.read_frames(
+        "telemetry/a", 0, 1 << 20, 5
+    )
     with pytest.raises(CorruptRecord) as lost:  # the gap: no record, the next one named
         hub_store.read(topic, 5)
     assert lost.value.next_offset == 9
-    assert hub_store.read_frames(topic, 9, 1 << 20) == site_store.read_frames("telemetry/a", 9, 1 << 20)
+    assert hub_store.replicated_log.read_frames(topic, 9, 1 << 20) == site_store.replicated_log.read_frames(
+        "telemetry/a", 9, 1 << 20
+    )
     again = apply(hub_store, part(site_store, "telemetry/a", 9, 20), gaps)  # the ACK was lost: no new gap
     assert (again.records, again.duplicates, len(gaps)) == (0, 11, 1)
 

@@ -54,3 +54,38 @@ def test_status_shows_the_rollout_shape_time_rules_and_what_fired():
         "continuous (devices joining the group get it too)"
     ) in text
     assert "progress  phase 1 of 3, 3 retries, aborted by abort_rules[0], rollback a-1-rollback" in text
+
+
+def in_progress(row: dict, queued: int) -> ActionStatus:
+    counts = {
+        f"{s}_count": 0 for s in ("in_progress", "succeeded", "failed", "timed_out", "rejected", "canceled")
+    }
+    summary = {**counts, "queued_count": queued, "total_count": queued, "action_state": "IN_PROGRESS"}
+    return ActionStatus("a-2", row, {**summary, "updated_at": NOW, "phase": None, "retries_count": 0})
+
+
+def test_status_says_an_action_waits_for_its_maintenance_window_and_until_when():
+    window = {"days": ["sat"], "start": "22:00", "duration_min": 120, "time_zone": "Europe/Berlin"}
+    row = NewAction(
+        action_id="a-2", group="fleet", version="2.1.0", url="https://fw.example/f", sha256="0" * 64,
+        maintenance_windows=[window],
+    ).row(NOW)  # fmt: skip
+    now_ms = int(NOW.timestamp() * 1000)  # a Wednesday, 12:00 UTC
+    text = describe(in_progress(row, 40), "", now_ms)
+    assert (  # Saturday 22:00 in Berlin (CET) is 21:00 UTC
+        "waiting   for its maintenance window: nothing new goes out until 2026-11-28 21:00:00 UTC, "
+        "when the next opens"
+    ) in text
+    inside = int(datetime(2026, 11, 28, 21, 30, tzinfo=UTC).timestamp() * 1000)
+    assert "waiting" not in describe(in_progress(row, 40), "", inside)
+    assert "waiting" not in describe(in_progress(row, 40), "")  # no time given: nothing said of it
+
+
+def test_status_says_an_action_waits_for_its_start():
+    start = datetime(2026, 12, 1, 6, 0, tzinfo=UTC)
+    row = NewAction(
+        action_id="a-3", group="fleet", version="2.1.0", url="https://fw.example/f", sha256="0" * 64,
+        start_at=start,
+    ).row(NOW)  # fmt: skip
+    text = describe(in_progress(row, 40), "", int(NOW.timestamp() * 1000))
+    assert "waiting   for its start: nothing goes out before 2026-12-01 06:00:00 UTC" in text

@@ -81,6 +81,7 @@ def test_births_then_aliased_data_become_one_row_per_metric_with_names_and_datat
         ("Mode", "String", None, "run"),
     ]
     assert [r["metric_time_ms"] for r in data] == [1499, 1500]  # the metric's own time, else the message's
+    assert [r["metric_index"] for r in data] == [0, 1]  # with the record, what identifies a metric row
     assert {r["seq"] for r in data} == {2} and {r["seq_gap"] for r in data} == {False}
     assert {(r["group_id"], r["edge_node_id"], r["device_id"]) for r in data} == {("plant1", "gw1", "pump7")}
     births = [r for r in metrics if r["message_type"] in ("NBIRTH", "DBIRTH")]

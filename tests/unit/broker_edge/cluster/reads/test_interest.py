@@ -8,7 +8,9 @@ import socket
 from pathlib import Path
 
 from broker_edge.cluster.reads.interest import LocalInterest, is_wildcard
-from broker_edge.cluster.replication.follower import FollowerConfig, Followers, LocalDelivery
+from broker_edge.cluster.replication.delivery import LocalDelivery
+from broker_edge.cluster.replication.fetcher import FollowerConfig
+from broker_edge.cluster.replication.follower import Followers
 from broker_edge.cluster.view import ClusterView
 from broker_edge.placement import Member, PartitionState
 from broker_edge.storage import LogStore, StorageConfig

@@ -7,14 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.cluster.replication.follower import (
-    FollowerConfig,
-    Followers,
-    LocalDelivery,
-    TruncationRefused,
-    _Fetcher,
-)
-from broker_edge.cluster.replication.leader import LeaderConfig
+from broker_edge.cluster.replication.delivery import LocalDelivery
+from broker_edge.cluster.replication.fetcher import Fetcher, FollowerConfig, TruncationRefused
+from broker_edge.cluster.replication.follower import Followers
 from broker_edge.cluster.replication.replica_fetch import (
     DIVERGING,
     FRAMES,
@@ -25,14 +20,15 @@ from broker_edge.cluster.replication.replica_fetch import (
     PartitionData,
     TopicData,
 )
+from broker_edge.cluster.replication.stage import LeaderConfig
 from broker_edge.cluster.view import ClusterView
 from broker_edge.storage import CorruptRecord, LogStore, StorageConfig
 
 
-def _fetcher_of_b1(store: LogStore) -> _Fetcher:
+def _fetcher_of_b1(store: LogStore) -> Fetcher:
     """b2's fetcher from b1, leader of partition 0 in epoch 1, appending into ``store``."""
     followers = Followers(ClusterView("b2", 1), store, LocalDelivery(store, lambda _m: None, None), None)
-    return _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 1}, observer=False)
+    return Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 1}, observer=False)
 
 
 def _answer(data: TopicData) -> FetchResponse:
@@ -44,14 +40,14 @@ def test_a_diverged_tail_is_cut_where_the_common_epoch_ends_on_either_side(tmp_p
     async def scenario() -> None:
         store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
         store.open()
-        store.enable_replication()  # a cluster node: appended records are committed by the leader's word
+        store.replicated_log.enable()  # a cluster node: appended records are committed by the leader's word
         store.append_batch("t", [(b"x", 1, False, "c", (), None, None, None, None, None)] * 12)
         await store.wait_durable()
         followers = Followers(ClusterView("b2", 1), store, LocalDelivery(store, lambda _m: None, None), None)
         cache = followers.epochs.for_topic("t")
         cache.assign(1, 0)
         cache.assign(2, 6)  # here epoch 1 ends at 6; the leader says its epoch 1 ends at 9
-        fetcher = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=False)
+        fetcher = Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=False)
         fetcher._truncate(TopicData("t", DIVERGING, 0, 0, diverging_epoch=1, diverging_end=9))
         assert store.durable_end("t") == 6  # the earlier of the two ends
         assert cache.entries == [(1, 0)]
@@ -68,13 +64,13 @@ def test_a_leader_that_would_cut_committed_records_is_refused_unless_elections_a
     async def scenario() -> None:
         store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
         store.open()
-        store.enable_replication()
+        store.replicated_log.enable()
         store.append_batch("t", [(b"x", 1, False, "c", (), None, None, None, None, None)] * 10)
         await store.wait_durable()
-        store.commit("t", 8)  # 8 records acknowledged; 2 more appended, not yet committed
+        store.replicated_log.commit_to("t", 8)  # 8 records acknowledged; 2 more appended, not yet committed
         delivery = LocalDelivery(store, lambda _m: None, None)
         followers = Followers(ClusterView("b2", 1), store, delivery, None)
-        fetcher = _Fetcher(followers, "b3", "http://127.0.0.1:1", {0: 4}, observer=False)
+        fetcher = Fetcher(followers, "b3", "http://127.0.0.1:1", {0: 4}, observer=False)
         with pytest.raises(TruncationRefused, match="below its committed end 8"):
             fetcher._truncate(TopicData("t", DIVERGING, 0, 0, diverging_end=5))
         with pytest.raises(TruncationRefused):  # nor emptied by a restart before what it holds
@@ -85,7 +81,7 @@ def test_a_leader_that_would_cut_committed_records_is_refused_unless_elections_a
         unclean = Followers(
             ClusterView("b2", 1), store, delivery, None, FollowerConfig(unclean_election=True)
         )
-        _Fetcher(unclean, "b3", "http://127.0.0.1:1", {0: 4}, observer=False)._truncate(
+        Fetcher(unclean, "b3", "http://127.0.0.1:1", {0: 4}, observer=False)._truncate(
             TopicData("t", DIVERGING, 0, 0, diverging_end=5)
         )
         assert store.durable_end("t") == 5  # the operator chose availability over those records
@@ -114,7 +110,7 @@ def test_records_already_routed_are_not_routed_again_and_an_observer_starts_afte
         store.open()
         store.append_batch("t", [(b"x", 1, False, "c", (), None, None, None, None, None)] * 6)
         await store.wait_durable()
-        store.commit("t", 6)
+        store.replicated_log.commit_to("t", 6)
         routed: list[bytes] = []
         delivery = LocalDelivery(store, lambda message: routed.append(message.payload), None)
         records = store.read("t", 0, 6, 1 << 20)
@@ -123,13 +119,13 @@ def test_records_already_routed_are_not_routed_again_and_an_observer_starts_afte
         assert len(routed) == 4  # offsets 2, 3, then 4, 5: none twice, none of the earlier
         assert delivery.routed == {"t": 6}
         followers = Followers(ClusterView("b2", 1), store, delivery, None)
-        observer = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=True, copies={0})
+        observer = Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=True, copies={0})
         assert (
             observer._position("t").offset == 6
         )  # its copy moved away: it observes from where routing stopped
-        other = _Fetcher(followers, "b1", "http://127.0.0.1:1", {1: 3}, observer=True, copies={0})
+        other = Fetcher(followers, "b1", "http://127.0.0.1:1", {1: 3}, observer=True, copies={0})
         assert other.positions == {}  # topics of other partitions are not its business
-        fresh = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=True)
+        fresh = Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=True)
         assert fresh.positions == {}  # an observation that starts lists nothing: the leader's committed end
         store.close()
 
@@ -147,7 +143,7 @@ def test_a_watermark_that_comes_before_its_records_are_durable_is_committed_once
         leader.open()
         leader.append_batch("t", [(b"x", 1, False, "c", (), None, None, None, None, None)] * 3)
         await leader.wait_durable()
-        frames, count = leader.read_frames("t", 0, 1 << 20)
+        frames, count = leader.replicated_log.read_frames("t", 0, 1 << 20)
         store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
         store.open()
         fetcher = _fetcher_of_b1(store)
@@ -177,12 +173,12 @@ def test_a_gap_in_the_leaders_log_is_a_gap_in_the_copy_at_the_same_offsets(tmp_p
         await source.wait_durable()
         leader = LogStore(tmp_path / "leader", StorageConfig(durability="none"))
         leader.open()
-        before, _ = source.read_frames("t", 0, 1 << 20, 3)
-        after, _ = source.read_frames("t", 6, 1 << 20)
-        leader.append_frames("t", b"".join(before))
-        leader.append_frames("t", b"".join(after), at=6)
+        before, _ = source.replicated_log.read_frames("t", 0, 1 << 20, 3)
+        after, _ = source.replicated_log.read_frames("t", 6, 1 << 20)
+        leader.replicated_log.append_at("t", b"".join(before))
+        leader.replicated_log.append_at("t", b"".join(after), at=6)
         await leader.wait_durable()
-        assert leader.next_held("t", 3) == 6 and leader.next_held("t", 2) == 2
+        assert leader.replicated_log.next_held("t", 3) == 6 and leader.replicated_log.next_held("t", 2) == 2
         store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
         store.open()
         fetcher = _fetcher_of_b1(store)
@@ -191,8 +187,12 @@ def test_a_gap_in_the_leaders_log_is_a_gap_in_the_copy_at_the_same_offsets(tmp_p
         await store.wait_durable()
         fetcher.commit([("t", 8)])
         assert store.durable_end("t") == store.committed_end("t") == 8
-        assert store.read_frames("t", 0, 1 << 20) == leader.read_frames("t", 0, 1 << 20)
-        assert store.read_frames("t", 6, 1 << 20) == leader.read_frames("t", 6, 1 << 20)
+        assert store.replicated_log.read_frames("t", 0, 1 << 20) == leader.replicated_log.read_frames(
+            "t", 0, 1 << 20
+        )
+        assert store.replicated_log.read_frames("t", 6, 1 << 20) == leader.replicated_log.read_frames(
+            "t", 6, 1 << 20
+        )
         with pytest.raises(CorruptRecord) as missing:
             store.read("t", 4)
         assert missing.value.next_offset == 6

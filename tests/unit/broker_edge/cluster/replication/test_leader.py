@@ -7,12 +7,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from broker_edge.cluster.replication.leader import (
-    LeaderConfig,
-    LeaderReplication,
-    NotEnoughReplicas,
-    NotLeader,
-)
+from broker_edge.cluster.replication.leader import LeaderReplication
 from broker_edge.cluster.replication.replica_fetch import (
     DIVERGING,
     FRAMES,
@@ -26,22 +21,24 @@ from broker_edge.cluster.replication.replica_fetch import (
     PartitionFetch,
     TopicPosition,
 )
+from broker_edge.cluster.replication.stage import LeaderConfig, NotEnoughReplicas, NotLeader
 from broker_edge.cluster.view import ClusterView
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import AppendedRun
 from broker_edge.engine.records import record_fields
 from broker_edge.placement import PartitionState
 from broker_edge.storage import LogStore, StorageConfig
+from broker_edge.storage.replicated_log import ReplicatedLog
 from tests.static_isr import StaticIsr
 
 NODES = ("b1", "b2", "b3")
 
 
-class CountingStore(LogStore):
-    """A store noting which topics the leader reads frames of."""
+class CountingLog(ReplicatedLog):
+    """A replicated log noting which topics the leader reads frames of."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, store: LogStore) -> None:
+        super().__init__(store)
         self.reads: list[str] = []
 
     def read_frames(
@@ -49,6 +46,18 @@ class CountingStore(LogStore):
     ) -> tuple[list[bytes], int]:
         self.reads.append(topic)
         return super().read_frames(topic, offset, max_bytes, stop)
+
+
+class CountingStore(LogStore):
+    """A store whose replicated log notes which topics the leader reads frames of."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.replicated_log = self.counting = CountingLog(self)
+
+    @property
+    def reads(self) -> list[str]:
+        return self.counting.reads
 
 
 class Outcome:

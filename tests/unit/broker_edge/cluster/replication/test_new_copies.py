@@ -10,7 +10,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from broker_edge.cluster.replication.follower import Followers, LocalDelivery, _Fetcher
+from broker_edge.cluster.replication.delivery import LocalDelivery
+from broker_edge.cluster.replication.fetcher import Fetcher
+from broker_edge.cluster.replication.follower import Followers
 from broker_edge.cluster.replication.replica_fetch import FRAMES, OK, FetchResponse, PartitionData, TopicData
 from broker_edge.cluster.view import ClusterView
 from broker_edge.placement import PartitionState
@@ -32,7 +34,7 @@ async def _stores(
     try:
         leader.append_batch(topic, [RECORD] * appended)
         await leader.wait_durable()
-        leader.commit(topic, committed)
+        leader.replicated_log.commit_to(topic, committed)
         yield leader, here
     finally:
         leader.close()
@@ -40,7 +42,7 @@ async def _stores(
 
 
 def _answer(leader: LogStore, topic: str, first: int, stop: int) -> FetchResponse:
-    frames, count = leader.read_frames(topic, first, 1 << 20, stop)
+    frames, count = leader.replicated_log.read_frames(topic, first, 1 << 20, stop)
     data = TopicData(topic, FRAMES, stop, 0, first=first, count=count, frames=frames)
     return FetchResponse(1, OK, [PartitionData(0, OK, 4, [data])])
 
@@ -63,16 +65,16 @@ def test_a_copy_given_while_running_routes_only_what_its_leader_commits_after_it
             assert not followers.copy_complete(0)
             assert followers.routing_position("t") is None  # not known before the leader's first answer
 
-            fetcher = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 4}, observer=False)
+            fetcher = Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 4}, observer=False)
             first = _answer(leader, "t", 0, 10)
-            followers._copy_answered(first)
+            followers.copy_answered(first)
             await fetcher._replicate(first)
             assert routed == []  # the past: committed before the copy came
             assert here.committed_end("t") == 10
             assert followers.copy_complete(0)  # it holds everything below where its routing starts
             assert delivery.routed == {"t": 10}
 
-            leader.commit("t", 11)
+            leader.replicated_log.commit_to("t", 11)
             await fetcher._replicate(_answer(leader, "t", 10, 11))
             assert routed == [10]  # news: committed after the copy came
 
@@ -90,10 +92,10 @@ def test_a_new_copy_reads_from_the_leader_until_it_holds_where_its_routing_start
             delivery.routed["t"] = 6  # its observation had routed up to 6 before the copy came
             followers._track_new_copies({0}, set())
 
-            fetcher = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 4}, observer=False)
+            fetcher = Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 4}, observer=False)
             first = _answer(leader, "t", 0, 3)  # an answer that brings only part of the log
             first.partitions[0].topics[0].high_watermark = 8
-            followers._copy_answered(first)
+            followers.copy_answered(first)
             assert followers.routing_position("t") == 6  # where the observation had got to, not the end
             await fetcher._replicate(first)
             assert not followers.copy_complete(0)  # 3 of the 6 records below its routing's start
@@ -117,12 +119,12 @@ def test_a_copy_of_a_partition_whose_topics_a_leader_listed_routes_a_topic_new_s
             view.states[0] = PartitionState(0, "b2", 5, ("b2", "b3"), ("b2",))
             followers = Followers(view, here, delivery, None)
             followers._looked = True
-            followers._listed = {0}  # a leader of the observation had listed every topic of partition 0
+            followers.listed = {0}  # a leader of the observation had listed every topic of partition 0
             followers._track_new_copies({0}, set())
 
-            fetcher = _Fetcher(followers, "b2", "http://127.0.0.1:1", {0: 5}, observer=False)
+            fetcher = Fetcher(followers, "b2", "http://127.0.0.1:1", {0: 5}, observer=False)
             first = _answer(leader, "fresh", 0, 2)
-            followers._copy_answered(first)
+            followers.copy_answered(first)
             await fetcher._replicate(first)
             assert routed == [0, 1]  # new since the listing: news to the subscribers
             assert followers.copy_complete(0)

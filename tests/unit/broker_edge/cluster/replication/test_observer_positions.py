@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from broker_edge.cluster.replication.follower import Followers, LocalDelivery, _Fetcher
+from broker_edge.cluster.replication.delivery import LocalDelivery
+from broker_edge.cluster.replication.fetcher import Fetcher
+from broker_edge.cluster.replication.follower import Followers
 from broker_edge.cluster.replication.replica_fetch import FRAMES, OK, FetchResponse, PartitionData, TopicData
 from broker_edge.cluster.view import ClusterView
 from broker_edge.storage import LogStore, StorageConfig
@@ -19,8 +21,8 @@ def test_a_topic_unknown_to_a_going_observation_is_routed_from_its_start_not_fro
         leader.open()
         leader.append_batch("new", [(b"x", 1, False, "c", (), None, None, None, None, None)] * 3)
         await leader.wait_durable()
-        leader.commit("new", 3)
-        frames, count = leader.read_frames("new", 0, 1 << 20)
+        leader.replicated_log.commit_to("new", 3)
+        frames, count = leader.replicated_log.read_frames("new", 0, 1 << 20)
         here = LogStore(tmp_path / "here", StorageConfig(durability="none"))
         here.open()
         routed: list[str] = []
@@ -28,7 +30,7 @@ def test_a_topic_unknown_to_a_going_observation_is_routed_from_its_start_not_fro
         followers = Followers(ClusterView("b2", 1), here, delivery, None)
         followers._routing = {0}
 
-        first = _Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=True)
+        first = Fetcher(followers, "b1", "http://127.0.0.1:1", {0: 3}, observer=True)
         followers._fetchers[("b1", True)] = first
         assert followers.routing_position("quiet") is None  # nothing known before the first answer
         # the first answer of a session lists every topic with the position this node starts at
@@ -36,13 +38,13 @@ def test_a_topic_unknown_to_a_going_observation_is_routed_from_its_start_not_fro
             FetchResponse(1, OK, [PartitionData(0, OK, 3, [TopicData("quiet", FRAMES, 4, 0, first=4)])]), True
         )
         assert followers.routing_position("quiet") == 4
-        assert followers._listed == {0}
+        assert followers.listed == {0}
 
         # its leader dies; the new leader's session starts a topic created meanwhile at its committed end
         del followers._fetchers[("b1", True)]
-        followers._positions.update(first.positions)
+        followers.observed_positions.update(first.positions)
         assert followers.routing_position("quiet") == 4  # known while no leader answers
-        second = _Fetcher(followers, "b3", "http://127.0.0.1:2", {0: 4}, observer=True)
+        second = Fetcher(followers, "b3", "http://127.0.0.1:2", {0: 4}, observer=True)
         followers._fetchers[("b3", True)] = second
         assert second.request(0).partitions[0].topics[0].topic == "quiet"  # asked for from its position
         announced = TopicData("new", FRAMES, 3, 0, first=3)

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
-from broker_edge.cluster.replication.follower import FollowerConfig, Followers, LocalDelivery
-from broker_edge.cluster.replication.leader import LeaderConfig, LeaderReplication
+from broker_edge.cluster.replication.delivery import LocalDelivery
+from broker_edge.cluster.replication.fetcher import FollowerConfig
+from broker_edge.cluster.replication.follower import Followers
+from broker_edge.cluster.replication.leader import LeaderReplication
 from broker_edge.cluster.replication.replica_fetch import (
     OK,
     UNKNOWN_SESSION,
@@ -34,6 +36,7 @@ from broker_edge.cluster.replication.replica_push import (
     encode_ack,
     encode_push,
 )
+from broker_edge.cluster.replication.stage import LeaderConfig
 from broker_edge.cluster.view import ClusterView
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import AppendedRun
@@ -196,8 +199,8 @@ def test_a_replica_is_replicated_by_pushes_alone_once_its_session_is_open(tmp_pa
             await _until(lambda: len(done) == 10 and pair.routed == sent)
             assert pair.leader_store.committed_end("t") == 30
             assert pair.follower_store.committed_end("t") == 30  # the watermark came by push too
-            leader_frames = pair.leader_store.read_frames("t", 0, 1 << 20)
-            assert pair.follower_store.read_frames("t", 0, 1 << 20) == leader_frames
+            leader_frames = pair.leader_store.replicated_log.read_frames("t", 0, 1 << 20)
+            assert pair.follower_store.replicated_log.read_frames("t", 0, 1 << 20) == leader_frames
             assert pair.leader.fetches_served == fetches  # no fetch in the steady state
             assert pair.leader.pushes_sent > 0
         finally:
@@ -242,9 +245,9 @@ def test_a_lost_push_makes_the_replica_reopen_its_session_over_http_and_lose_not
             await _until(lambda: len(done) == 2)  # acknowledged once the replica fetched what it lacked
             assert pair.leader.fetches_served > fetches
             await _until(lambda: pair.follower_store.committed_end("t") == 4)
-            assert pair.follower_store.read_frames("t", 0, 1 << 20) == pair.leader_store.read_frames(
+            assert pair.follower_store.replicated_log.read_frames(
                 "t", 0, 1 << 20
-            )
+            ) == pair.leader_store.replicated_log.read_frames("t", 0, 1 << 20)
             assert pair.routed == [b"first", b"second", b"third", b"fourth"]  # once each, in order
             await _until(lambda: followers._fetchers[("b1", False)].pushes is not None)  # pushed again
         finally:
@@ -308,7 +311,7 @@ def test_the_window_bounds_what_is_unacknowledged_and_a_gap_in_acknowledgements_
         before = len(pushes)
         to_leader.send(ACK, encode_ack(Ack(4, 0, _request(opened.session, []))))  # ack 3 was lost
         await _until(lambda: len(pushes) > before and pushes[-1].response.error == UNKNOWN_SESSION)
-        assert pair.leader._sessions[("b2", False)].push is None  # b2 must reopen over HTTP
+        assert pair.leader.fetches.sessions[("b2", False)].push is None  # b2 must reopen over HTTP
         assert (await pair.leader.fetch(_request(0, [("t", 4)]))).error == OK
 
     _run(tmp_path, body)
@@ -333,8 +336,8 @@ def test_a_session_opens_only_once_the_replicas_tail_is_durable_so_the_leaders_a
         pair.follower_store.open()
         monkeypatch.setattr(FileHandlePool, "fdatasync", held)
         run = await _append(pair.leader_store, "t", [b"one", b"two", b"three"])
-        frames, _count = pair.leader_store.read_frames("t", 0, 1 << 20)
-        pair.follower_store.append_frames("t", b"".join(frames))  # its sync is held
+        frames, _count = pair.leader_store.replicated_log.read_frames("t", 0, 1 << 20)
+        pair.follower_store.replicated_log.append_at("t", b"".join(frames))  # its sync is held
         followers = pair.follow(FollowerConfig(wait_ms=50))
         try:
             await asyncio.sleep(0.1)

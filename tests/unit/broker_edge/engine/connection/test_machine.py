@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from broker_edge.engine.connection.outgoing import ABORT, CLOSE
-from broker_edge.engine.connection.states import CLOSED, CONNECTED, HELD_FOR_CONNECT
+from broker_edge.engine.connection.states import CLOSED, CONNECTED, HELD_FOR_CONNECT, HELD_FOR_SUBSCRIBERS
 from broker_edge.protocol import PacketDecoder
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import (
@@ -171,14 +171,30 @@ def test_the_transport_closing_publishes_the_will():
     assert [(packet.topic, packet.payload) for packet in delivered] == [("wills/meter", b"gone")]
 
 
-def test_a_full_transport_buffer_drops_qos0_deliveries_until_it_drains():
-    core = make_core()
+def test_a_full_transport_buffer_holds_the_publishers_of_its_qos0_deliveries_until_it_drains():
+    core = make_core(limits={"messages_per_second_per_client": 0})
+    listening = subscriber(core, "plant/b", MQTT_3_1_1)
+    publisher = core.client(MQTT_5)
+    publisher.connect("publisher")
+    listening.conn.writing_paused()
+    publisher.send(Publish("plant/b", b"written all the same"))
+    assert publisher.conn.held == HELD_FOR_SUBSCRIBERS  # its reading stops: TCP slows it down
+    assert [packet.payload for packet in listening.read()] == [b"written all the same"]
+    listening.conn.writing_resumed()
+    assert publisher.conn.held == 0
+    publisher.send(Publish("plant/b", b"sent"))
+    assert [packet.payload for packet in listening.read()] == [b"sent"]
+
+
+def test_with_drop_qos0_a_full_transport_buffer_drops_qos0_deliveries_until_it_drains():
+    core = make_core(limits={"slow_subscriber_policy": "drop_qos0"})
     listening = subscriber(core, "plant/b", MQTT_3_1_1)
     publisher = core.client(MQTT_5)
     publisher.connect("publisher")
     listening.conn.writing_paused()
     publisher.send(Publish("plant/b", b"dropped"))
     assert listening.read() == []
+    assert publisher.conn.held == 0
     listening.conn.writing_resumed()
     publisher.send(Publish("plant/b", b"sent"))
     assert [packet.payload for packet in listening.read()] == [b"sent"]

@@ -165,3 +165,44 @@ def test_subscribers_of_one_message_each_get_their_own_variant_of_its_publish_mq
         assert ids == [[], [], [], [], [], [7], []]
         assert subscribers[0].received == subscribers[1].received
         assert subscribers[3].received == subscribers[4].received
+
+
+def test_a_subscriber_of_the_publishers_version_and_qos_gets_the_frame_as_it_was_sent():
+    """The frame a subscriber of the publisher's protocol version and QoS is sent is the one received (with
+    its own packet id), made from those bytes rather than encoded again; any other variant is encoded."""
+    core = make_core()
+    v3_qos0 = core.client(MQTT_3_1_1)
+    v3_qos0.connect("v3-qos0")
+    v3_qos0.send(Subscribe(1, [Subscription("t/0", 0)]))
+    v3_qos1 = core.client(MQTT_3_1_1)
+    v3_qos1.connect("v3-qos1")
+    v3_qos1.send(Subscribe(1, [Subscription("t/#", 1)]))
+    v5 = _subscribed(core)
+    publisher = core.client(MQTT_3_1_1)
+    publisher.connect("pub")
+    qos0 = b"\x30\x0a\x00\x03t/0hello"
+    publisher.send_bytes(qos0)
+    assert v3_qos0.read() == [Publish("t/0", b"hello")]
+    assert v3_qos0.received == qos0
+    publisher.send_bytes(b"\x32\x0c\x00\x03t/1\x00\x09hello")
+    delivered = v3_qos1.read()
+    assert [(p.topic, p.payload, p.qos) for p in delivered] == [("t/0", b"hello", 0), ("t/1", b"hello", 1)]
+    packet_id = delivered[1].packet_id
+    assert packet_id is not None
+    assert v3_qos1.received.endswith(b"\x32\x0c\x00\x03t/1" + packet_id.to_bytes(2, "big") + b"hello")
+    assert [(p.topic, p.qos) for p in v5.read()] == [("t/0", 0), ("t/1", 1)]  # v5 frames: encoded for it
+
+
+def test_a_retained_or_v5_publish_with_properties_is_encoded_for_its_subscribers():
+    core = make_core()
+    subscriber = core.client(MQTT_3_1_1)
+    subscriber.connect("v3")
+    subscriber.send(Subscribe(1, [Subscription("t/#", 0)]))
+    publisher = core.client()
+    publisher.connect("pub")
+    publisher.send(Publish("t/r", b"kept", 0, retain=True))
+    publisher.send(Publish("t/p", b"typed", 0, properties=Properties(content_type="text/plain")))
+    assert [(p.topic, p.payload, p.retain) for p in subscriber.read()] == [
+        ("t/r", b"kept", False),  # a live delivery without RETAIN (MQTT 3.3.1.3)
+        ("t/p", b"typed", False),
+    ]

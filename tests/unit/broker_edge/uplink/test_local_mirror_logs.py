@@ -7,8 +7,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from broker_edge.engine.mirror_logs import LocalMirrorLogs, MirrorPart
+from broker_edge.engine.ports import MirrorPart
 from broker_edge.storage import LogStore, StorageConfig
+from broker_edge.uplink.mirror import LocalMirrorLogs
 from tests.unit.broker_edge.storage.log_helpers import make_record
 
 
@@ -33,7 +34,10 @@ def test_the_topics_of_one_batch_are_made_durable_together_and_answered_with_the
                 for n in range(4):
                     site.append(topic, make_record(n))
             site.flush()
-            frames = {topic: b"".join(site.read_frames(topic, 0, 1 << 20)[0]) for topic in ("a", "b", "c")}
+            frames = {
+                topic: b"".join(site.replicated_log.read_frames(topic, 0, 1 << 20)[0])
+                for topic in ("a", "b", "c")
+            }
         store = CountingStore(tmp_path / "hub", StorageConfig(durability="group"))
         store.open()
         logs = LocalMirrorLogs(store)

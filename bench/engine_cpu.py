@@ -1,0 +1,207 @@
+"""The engine's CPU per publish, in process: no socket, no event loop, no load generator.
+
+    .venv/bin/python -m bench.engine_cpu [--passes 3] [--only fanout,fanin] [--json]
+
+A real ``BrokerCore`` driven by hand (the handler tests' ``wire.py``: a clock, and the end of a loop turn run
+by the script), its connections in the transport adapter the broker runs them in, writing to a transport that
+drops what it is given. The log is ``MemoryLog`` (appends in memory, durable at the end of the turn), so the
+logged path runs whole (accept, persist, durable, replicated, route and answer) without a disk. Each figure
+is the process's CPU time (``time.process_time``) per publish over ``--passes`` passes after one warm-up:
+
+- ``fanout``: one MQTT 5 publisher sends 400 reads of 64 QoS 1 PUBLISHes (logged) to 50 QoS 0 subscribers of
+  ``plant/#``: 50 deliveries and one PUBACK per publish;
+- ``fanin``: 500 MQTT 3.1.1 devices, each on a topic of its own, send one QoS 1 PUBLISH a turn for 40 turns,
+  one QoS 0 subscriber of ``plant/#``;
+- ``fanin_member``: the same on a cluster member leading every partition (a ``forwarding`` port that appends
+  everything here), whose answers keep each publisher's order through the queue a member needs.
+
+The script imports ``broker_edge`` and ``tests`` from wherever Python finds them, so the same script measures
+another checkout when run with that checkout on ``PYTHONPATH`` (before and after a change, taking turns).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from broker_edge.engine.ports import ClusterPorts
+from broker_edge.protocol.codec import encode
+from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, Connect, Publish, Subscribe, Subscription
+from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, make_core
+from tests.unit.broker_edge.engine.stand_ins import HeldForwarding, MemoryLog
+
+
+def _adapter() -> Any:
+    """The connection in its transport adapter, as the broker runs it (in an older checkout, the connection
+    was its own asyncio protocol)."""
+    try:
+        from broker_edge.runtime.transports.stream import StreamConnection
+
+        return StreamConnection
+    except ImportError:
+        from broker_edge.engine.connection.connection import Connection
+
+        return Connection
+
+
+Adapter = _adapter()
+
+
+class LeadsEverything(HeldForwarding):
+    """The ``forwarding`` port of a member leading every partition: everything is appended here."""
+
+    def appends_here(self, topic: str) -> bool:
+        return True
+
+
+class NullTransport:
+    """A transport that takes everything and writes nothing (one for every connection)."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def writelines(self, parts: Any) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def is_reading(self) -> bool:
+        return True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 50000) if name == "peername" else default
+
+
+TRANSPORT = NullTransport()
+
+
+def connect(core: HandDrivenCore, client_id: str, version: int) -> Any:
+    conn = Adapter(core, core.listener)
+    conn.attach_transport(TRANSPORT)
+    conn.data_received(encode(Connect(client_id=client_id, protocol_version=version, keep_alive=0), version))
+    core.run_soon()
+    return conn
+
+
+def broker(member: bool) -> HandDrivenCore:
+    unthrottled = {"messages_per_second_per_client": 0, "new_connections_per_second": 0}
+    core = make_core(limits={"max_connections": 10_000, **unthrottled})  # as the load generator's brokers
+
+    def durable_soon(callback: Callable[[], object]) -> None:
+        def durable() -> None:
+            callback()
+
+        core.call_soon(durable)
+
+    core.publish_path.attach_store(MemoryLog(durable_soon=durable_soon), None)
+    if member:
+        core.join_cluster(ClusterPorts(forwarding=LeadsEverything()))
+    return core
+
+
+def subscribe(core: HandDrivenCore, count: int, version: int) -> None:
+    for n in range(count):
+        conn = connect(core, f"sub-{n}", version)
+        conn.data_received(encode(Subscribe(1, [Subscription("plant/#", 0)]), version))
+        core.run_soon()
+
+
+Scenario = tuple[Callable[[], None], int, HandDrivenCore, int]
+"""How to run one pass, its publishes, the broker, the deliveries a pass makes."""
+
+
+def fanout() -> Scenario:
+    core = broker(member=False)
+    subscribe(core, 50, MQTT_3_1_1)
+    publisher = connect(core, "publisher", MQTT_5)
+    reads = []
+    for read in range(400):
+        frames = [
+            encode(
+                Publish(f"plant/line-{n % 8}", b"x" * 64, 1, packet_id=1 + (read * 64 + n) % 65_000), MQTT_5
+            )
+            for n in range(64)
+        ]
+        reads.append(b"".join(frames))
+
+    def run() -> None:
+        for data in reads:
+            publisher.data_received(data)
+            core.run_soon()
+
+    return run, 400 * 64, core, 400 * 64 * 50
+
+
+def fanin(member: bool) -> Scenario:
+    core = broker(member)
+    subscribe(core, 1, MQTT_3_1_1)
+    devices = [connect(core, f"meter-{n}", MQTT_3_1_1) for n in range(500)]
+    frames = [
+        [encode(Publish(f"plant/meter-{n}", b"21.5", 1, packet_id=turn + 1), MQTT_3_1_1) for n in range(500)]
+        for turn in range(40)
+    ]
+
+    def run() -> None:
+        for turn in frames:
+            for device, data in zip(devices, turn, strict=True):
+                device.data_received(data)
+            core.run_soon()
+
+    return run, 40 * 500, core, 40 * 500
+
+
+SCENARIOS: dict[str, Callable[[], Scenario]] = {
+    "fanout": fanout,
+    "fanin": lambda: fanin(member=False),
+    "fanin_member": lambda: fanin(member=True),
+}
+
+
+def measure(name: str, passes: int) -> float:
+    """CPU microseconds per publish of scenario ``name`` (a fresh broker, one warm-up pass)."""
+    run, publishes, core, deliveries = SCENARIOS[name]()
+    run()
+    delivered = sum(core.listener.stats.sent)
+    if delivered != deliveries:  # a run held back (a limit, a refusal) would measure nothing
+        raise SystemExit(f"{name}: {delivered} deliveries in the warm-up pass, {deliveries} expected")
+    gc.collect()
+    began = time.process_time()
+    for _ in range(passes):
+        run()
+    return (time.process_time() - began) / (passes * publishes) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--only", help="comma-separated scenarios (default: all)")
+    parser.add_argument("--json", action="store_true", help="one JSON object of figures on stdout")
+    args = parser.parse_args()
+    names = args.only.split(",") if args.only else list(SCENARIOS)
+    figures = {name: round(measure(name, args.passes), 3) for name in names}
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        for name, figure in figures.items():
+            print(f"{name}: {figure:.2f} µs CPU per publish")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""Ingest on one core: fan-in at 4, 8 and 16 publishers (QoS 0, and QoS 1 with Timestone persisting) and a
+fleet of devices each on its own topic, Timestone against Mosquitto 2.0.11 in one run, as ratios.
+
+    .venv/bin/python -m bench.ingest_bench [--rounds 2] [--devices 2000] [--variants] [--output FILE]
+
+Each broker pinned to the first CPU, the load generator (`bench.loadgen`) on the others, every shape
+measured for every broker in each round, in alternating order. Two figures per run: messages delivered to
+the subscriber per second, and per second of the broker's own CPU, which is what one core of it delivers
+whatever else the machine runs: on a 2-core machine the load generator has one core, which a C broker
+outruns, and a row whose load generator saturated (or whose subscriber missed an acknowledged message) is
+void, as in every bench here. Timestone runs its defaults (QoS 1 appended to the commitlog and group
+committed before the PUBACK); Mosquitto runs with persistence off (a QoS 1 PUBACK from it promises nothing
+durable). `--variants` adds Timestone on the standard library's event loop and on its own TCP transport.
+The section goes to bench/results/ingest.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.brokers import BrokerUnavailable, Mosquitto, Timestone
+from bench.brokers.base import BrokerUnderTest
+from bench.loadgen.flow import FlowSpec, Timing
+from bench.report import RESULTS_DIR, write_result
+from bench.scenarios import fanin, fleet
+from bench.scenarios.base import RunContext
+from bench.scenarios.throughput import FlowMeasurement, measure_flow
+from bench.sysinfo import machine_info, raise_fd_limit, split_cpus
+
+TIMING = Timing(warmup_s=1.5, measure_s=4.0, drain_s=15.0, connect_timeout_s=120.0)
+FAN_IN = (4, 8, 16)
+
+
+@dataclass
+class Figure:
+    """One measurement: delivered/s, per second of broker CPU, why it is void ("" when it counts)."""
+
+    rate: float
+    per_cpu: float
+    broker_cpu_pct: float
+    void: str
+
+
+def measure(ctx: RunContext, broker: BrokerUnderTest, spec: FlowSpec) -> Figure:
+    ctx.flows.clear()  # every round measures anew
+    measured = measure_flow(ctx, broker, spec)
+    if not isinstance(measured, FlowMeasurement):
+        return Figure(0.0, 0.0, 0.0, measured)
+    result = measured.result
+    cpu = result.broker_cpu_pct / 100
+    per_cpu = result.delivered_per_s / cpu if cpu > 0 else 0.0
+    return Figure(result.delivered_per_s, per_cpu, result.broker_cpu_pct, measured.invalid)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.ingest_bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--devices", type=int, default=2000)
+    parser.add_argument("--variants", action="store_true", help="also Timestone's other loop and transport")
+    parser.add_argument("--output", type=Path, default=RESULTS_DIR / "ingest.md")
+    args = parser.parse_args(argv)
+    raise_fd_limit()
+    broker_cpus, loadgen_cpus = split_cpus()
+    brokers: list[BrokerUnderTest] = [Timestone(), Mosquitto()]
+    if args.variants:
+        brokers += [Timestone(event_loop="asyncio"), Timestone(transport="native")]
+    ctx = RunContext(
+        brokers=brokers,
+        quick=False,
+        timing=TIMING,
+        repeat=1,
+        broker_cpus=broker_cpus,
+        loadgen_cpus=loadgen_cpus,
+        log=_log,
+    )
+    for broker in brokers:
+        try:
+            broker.prepare()
+        except BrokerUnavailable as exc:
+            _log(f"{broker.label}: not available: {exc}")
+            return 1
+    shapes = [(f"fan-in {p} → 1, QoS 0", fanin.spec(0, p)) for p in FAN_IN]
+    shapes += [(f"fan-in {p} → 1, QoS 1", fanin.spec(1, p)) for p in FAN_IN]
+    shapes.append((f"fleet: {args.devices:,} devices, QoS 1, 1 in flight", fleet.spec(args.devices)))
+    load_before = os.getloadavg()
+    figures: dict[tuple[str, str], list[Figure]] = {}
+    for round_number in range(args.rounds):
+        order = brokers if round_number % 2 == 0 else list(reversed(brokers))
+        for name, spec in shapes:
+            for broker in order:
+                _log(f"round {round_number + 1}: {name}: {broker.label}")
+                figure = measure(ctx, broker, spec)
+                figures.setdefault((name, broker.label), []).append(figure)
+                _log(
+                    f"  {figure.rate:,.0f}/s, {figure.per_cpu:,.0f} per broker CPU second"
+                    + (f" VOID: {figure.void}" if figure.void else "")
+                )
+    text = render(figures, [name for name, _ in shapes], brokers, args, load_before, os.getloadavg())
+    write_result(text, args.output)
+    return 0
+
+
+def _median(figures: list[Figure], attribute: str) -> float | None:
+    valid = [getattr(f, attribute) for f in figures if not f.void]
+    return statistics.median(valid) if valid else None
+
+
+def render(
+    figures: dict[tuple[str, str], list[Figure]],
+    shapes: list[str],
+    brokers: list[BrokerUnderTest],
+    args: argparse.Namespace,
+    load_before: tuple[float, float, float],
+    load_after: tuple[float, float, float],
+) -> str:
+    machine = machine_info()
+    reference = Mosquitto().label
+    lines = [
+        "## Ingest on one core: Timestone against Mosquitto",
+        "",
+        "Fan-in: P publishers, each on its own topic, 64-byte payloads, one subscriber on all of them at the "
+        "same QoS (QoS 1: 64 in flight per publisher and towards the subscriber). Fleet: devices each on its "
+        "own topic, QoS 1 with 1 in flight, one QoS 1 consumer. Timestone persists QoS 1 before the PUBACK "
+        "(its defaults); Mosquitto runs with persistence off. Each figure is the median of the valid runs "
+        f"of {args.rounds} rounds (every run in brackets, void ones marked); per CPU second is delivered/s "
+        "divided by the broker's CPU use, what one core of it delivers.",
+        "",
+        "| shape | broker | delivered/s | per broker CPU second | runs (delivered/s; per CPU s) | "
+        "Timestone / Mosquitto per CPU second |",
+        "|---|---|---|---|---|---|",
+    ]
+    for shape in shapes:
+        mosquitto = _median(figures.get((shape, reference), []), "per_cpu")
+        for broker in brokers:
+            runs = figures.get((shape, broker.label), [])
+            rate, per_cpu = _median(runs, "rate"), _median(runs, "per_cpu")
+            shown = "; ".join(
+                f"{f.rate:,.0f}; {f.per_cpu:,.0f}" + (f" (void: {f.void})" if f.void else "") for f in runs
+            )
+            ratio = (
+                f"{per_cpu / mosquitto:.2f}x"
+                if broker.label != reference and per_cpu and mosquitto
+                else ("" if broker.label == reference else "n/a")
+            )
+            lines.append(
+                f"| {shape} | {broker.label} | {_number(rate)} | {_number(per_cpu)} | {shown} | {ratio} |"
+            )
+    lines += [
+        "",
+        f"`bench/ingest_bench.py`, measured {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on "
+        f"{machine.cpu_model}, {machine.cores} CPUs, {machine.kernel}, Python {machine.python}; each broker "
+        "pinned to CPU 0, the load generator on the other CPU. Load average "
+        f"{load_before[0]:.2f} at the start and {load_after[0]:.2f} at the end.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _number(value: float | None) -> str:
+    return f"{value:,.0f}" if value is not None else "void"
+
+
+def _log(message: str) -> None:
+    print(f"[ingest {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

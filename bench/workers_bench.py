@@ -1,0 +1,275 @@
+"""Members on one host: `timestone broker --workers 2` against one broker, QoS 1 publishers on one address.
+
+    .venv/bin/python -m bench.workers_bench [--publishers 16] [--window 64] [--seconds 6] [--rounds 2]
+
+Three configurations, taking turns in each round, each started fresh with its data in a temporary
+directory and pinned to the first CPU (the publishers on the others): one broker; `--workers 2` (its own
+etcd, replication factor 1); `--workers 2` joining an etcd the bench runs, with replication factor 2 (every
+log on both members, acknowledged once both hold it). P publishers, each on its own topic (so the topics
+spread over the partitions, and over the members that lead them), keep W QoS 1 publishes in flight on the
+one port the kernel spreads over the members; no subscriber. Figures: PUBACKs/s over the window, and
+PUBACKs per second of the CPU of every process of the broker (members, and the etcd the command runs)
+together. On two cores every member shares the first one: what this shows is what an acknowledged message
+costs a cluster on one host against a broker alone, not N members on N cores, which needs a many-core
+machine (`../shared/bigbench`, KIT_MEMBERS).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import cast
+
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import frames, net
+from bench.brokers.base import stop_process_group
+from bench.brokers.timestone import timestone_executable
+from bench.report import RESULTS_DIR, write_result
+from bench.stream import FrameScanner
+from bench.sysinfo import cpu_seconds, machine_info, split_cpus
+from tests.harness.local_cluster import EtcdServer
+
+PAYLOAD = bytes(64)
+
+
+@dataclass
+class Run:
+    label: str
+    acked_per_s: float
+    per_cpu: float
+
+
+def _config(directory: Path, port: int, cluster: str = "") -> Path:
+    path = directory / "broker.yaml"
+    path.write_text(
+        f"listeners:\n  - {{name: default, host: 127.0.0.1, port: {port}}}\n"
+        f"storage: {{directory: {directory / 'data'}}}\n"
+        f"offsets_api: {{port: {net.free_port()}}}\n"
+        "admin_http: {port: 0}\n"
+        "limits: {messages_per_second_per_client: 0, max_topics_per_client: 0,\n"
+        "         new_connections_per_second: 0}\n"
+        "logging: {level: WARNING}\n" + cluster
+    )
+    return path
+
+
+@contextmanager
+def started(workers: int, replication: int, cpus: set[int] | None) -> Iterator[tuple[int, int]]:
+    """A broker (``workers`` 1) or ``--workers`` members on a free port: (port, pid of the command)."""
+    directory = Path(tempfile.mkdtemp(prefix="bench-workers-"))
+    etcd = None
+    try:
+        cluster = ""
+        if replication > 1:
+            etcd = EtcdServer(directory / "etcd", secure=False).start()
+            cluster = (
+                f"cluster:\n  node_id: m\n  etcd: [{etcd.url}]\n  listen: {{host: 127.0.0.1, port: 0}}\n"
+                f"  replication_factor: {replication}\n  min_insync_replicas: {replication}\n"
+            )
+        port = net.free_port()
+        config = _config(directory, port, cluster)
+        command = [str(timestone_executable()), "broker", "--config", str(config)]
+        if workers > 1:
+            command += ["--workers", str(workers)]
+        with open(directory / "broker.log", "wb") as log:
+            process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+            )
+        try:
+            _wait_settled(port, process, directory)
+            yield port, process.pid
+        finally:
+            stop_process_group(process, grace=60)
+    finally:
+        if etcd is not None:
+            etcd.kill()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _wait_settled(port: int, process: subprocess.Popen[bytes], directory: Path) -> None:
+    """Until a QoS 1 publish on each of 64 topics is acknowledged (every partition has its leader)."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the broker exited: {(directory / 'broker.log').read_text()[-2000:]}")
+        try:
+            acked = uvloop.run(_load(port, [f"settle/{n}" for n in range(64)], 1, 0.0, 0.5))
+        except OSError:
+            acked = 0
+        if acked >= 64:
+            time.sleep(2.0)  # leadership spreads a few partitions at a time
+            return
+        time.sleep(0.5)
+    raise RuntimeError("the broker did not settle")
+
+
+class _Publisher:
+    """One connection keeping ``window`` QoS 1 publishes in flight on its topic, counting PUBACKs."""
+
+    def __init__(self, topic: str, window: int) -> None:
+        self.blob = frames.publish_run(topic, PAYLOAD, 1, 1, 65535)
+        self.frame_len = len(self.blob) // 65535
+        self.window = window
+        self.sent = 0
+        self.acked = 0
+        self.scanner = FrameScanner(bytes((frames.PUBACK, 2)), 4)
+        self.transport: asyncio.Transport | None = None
+        self.ready = asyncio.get_running_loop().create_future()
+
+    def send(self, count: int) -> None:
+        assert self.transport is not None
+        start = self.sent % 65535
+        take = min(count, 65535 - start)
+        self.transport.write(self.blob[start * self.frame_len : (start + take) * self.frame_len])
+        if take < count:
+            self.transport.write(self.blob[: (count - take) * self.frame_len])
+        self.sent += count
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, publisher: _Publisher, client_id: str) -> None:
+        self.publisher = publisher
+        self.client_id = client_id
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        stream = self.publisher.transport = cast(asyncio.Transport, transport)  # a stream: it writes
+        stream.write(frames.connect(self.client_id, keepalive=120))
+
+    def data_received(self, data: bytes) -> None:
+        publisher = self.publisher
+        scanner = publisher.scanner
+        before = scanner.counts[4]
+        scanner.feed(data)
+        if not publisher.ready.done() and scanner.connack_code == 0:
+            publisher.ready.set_result(None)
+        got = scanner.counts[4] - before
+        if got:
+            publisher.acked += got
+            publisher.send(got)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.publisher.ready.done():
+            self.publisher.ready.set_exception(ConnectionError(str(exc)))
+
+
+async def _load(port: int, topics: list[str], window: int, warmup_s: float, seconds: float) -> float:
+    """PUBACKs per second over ``seconds`` after ``warmup_s`` (or, with ``warmup_s`` 0 and window 1, the
+    PUBACKs got within ``seconds``)."""
+    loop = asyncio.get_running_loop()
+    publishers = [_Publisher(topic, window) for topic in topics]
+    transports = []
+    for n, publisher in enumerate(publishers):
+        transport, _ = await asyncio.wait_for(
+            loop.create_connection(partial(_Protocol, publisher, f"w-{os.getpid()}-{n}"), net.HOST, port), 10
+        )
+        transports.append(transport)
+        await asyncio.wait_for(publisher.ready, 10)
+    for publisher in publishers:
+        publisher.send(window)
+    await asyncio.sleep(warmup_s)
+    before = sum(p.acked for p in publishers)
+    began = time.monotonic()
+    await asyncio.sleep(seconds)
+    acked = sum(p.acked for p in publishers) - before
+    elapsed = time.monotonic() - began
+    for transport in transports:
+        transport.close()
+    return acked / elapsed if warmup_s else float(acked)
+
+
+def measure(label: str, workers: int, replication: int, args: argparse.Namespace) -> Run:
+    broker_cpus, load_cpus = split_cpus()
+    with started(workers, replication, broker_cpus) as (port, pid):
+        if load_cpus:
+            os.sched_setaffinity(0, load_cpus)
+        topics = [f"workers/{os.getpid()}/{n}" for n in range(args.publishers)]
+        cpu0 = cpu_seconds(pid)
+        began = time.monotonic()
+        rate = uvloop.run(_load(port, topics, args.window, 1.0, args.seconds))
+        wall = time.monotonic() - began
+        cpu = cpu_seconds(pid) - cpu0
+    per_cpu = rate * wall / cpu if cpu > 0 else 0.0
+    print(f"[workers] {label}: {rate:,.0f} PUBACKs/s, {per_cpu:,.0f} per CPU second", flush=True)
+    return Run(label, rate, per_cpu)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.workers_bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--publishers", type=int, default=16)
+    parser.add_argument("--window", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--output", type=Path, default=RESULTS_DIR / "workers.md")
+    args = parser.parse_args(argv)
+    configurations = [
+        ("one broker", 1, 1),
+        ("--workers 2, replication factor 1 (its own etcd)", 2, 1),
+        ("--workers 2, replication factor 2", 2, 2),
+    ]
+    load_before = os.getloadavg()
+    runs: dict[str, list[Run]] = {label: [] for label, _, _ in configurations}
+    for round_number in range(args.rounds):
+        order = configurations if round_number % 2 == 0 else list(reversed(configurations))
+        for label, workers, replication in order:
+            runs[label].append(measure(label, workers, replication, args))
+    write_result(render(runs, args, load_before, os.getloadavg()), args.output)
+    return 0
+
+
+def render(
+    runs: dict[str, list[Run]],
+    args: argparse.Namespace,
+    load_before: tuple[float, float, float],
+    load_after: tuple[float, float, float],
+) -> str:
+    machine = machine_info()
+    single = statistics.median(r.per_cpu for r in runs["one broker"])
+    lines = [
+        "## Members on one host: --workers 2 against one broker",
+        "",
+        f"{args.publishers} QoS 1 publishers, each on its own topic, {args.window} in flight each, 64-byte "
+        "payloads, all on the one address; no subscriber. PUBACKs/s over "
+        f"{args.seconds:.0f} s after a second's warm-up, and PUBACKs per second of the CPU of all the "
+        "broker's processes together (members and the etcd `--workers` runs); the median of "
+        f"{args.rounds} rounds, configurations taking turns, every run in brackets.",
+        "",
+        "| configuration | PUBACKs/s | per CPU second | runs | per CPU second against one broker |",
+        "|---|---|---|---|---|",
+    ]
+    for label, measured in runs.items():
+        rate = statistics.median(r.acked_per_s for r in measured)
+        per_cpu = statistics.median(r.per_cpu for r in measured)
+        shown = "; ".join(f"{r.acked_per_s:,.0f} ({r.per_cpu:,.0f})" for r in measured)
+        lines.append(f"| {label} | {rate:,.0f} | {per_cpu:,.0f} | {shown} | {per_cpu / single:.2f}x |")
+    lines += [
+        "",
+        f"`bench/workers_bench.py`, measured {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on "
+        f"{machine.cpu_model}, {machine.cores} CPUs, Python {machine.python}; the broker's processes pinned "
+        "to CPU 0, the publishers to CPU 1. Load average "
+        f"{load_before[0]:.2f} at the start and {load_after[0]:.2f} at the end.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,172 @@
+"""Who a publish is answered to, and in which order: a client's PUBACK / PUBREC, or a peer's forwarded batch.
+
+Every publish the PUBLISH path takes in is answered once: a client's with its acknowledgement (or, for an
+MQTT 3.1.1 client refused, by closing its connection: it cannot be told), a publish another broker forwarded
+here with a ``ForwardAck`` in its batch's answer, which goes back to that broker when every publish of the
+batch has one (``ForwardedBatch``).
+
+``AnswersInTurn`` keeps each publisher's answers in the order of its publishes ([MQTT-4.6.0-2..4]). A
+broker alone needs no queue for that: its batches complete in the order they were appended, so an answer is
+sent when it is known. A cluster member's batches complete in any order (a part forwarded to another broker
+waits for it), so the publish path says which answers to wait for (``expect``) as it splits a batch, and an
+answer known early waits for the earlier ones of the same publisher, never for anyone else's.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from broker_edge.engine.connection.states import CLOSED
+from broker_edge.engine.ports import ForwardAck
+
+if TYPE_CHECKING:
+    from broker_edge.engine.message import Message
+
+__all__ = ["AnswersInTurn", "ForwardedBatch", "PendingPublish", "Publisher", "acknowledge"]
+
+
+class Publisher(Protocol):
+    """The side of a client connection the PUBLISH path acknowledges (``Connection`` is one)."""
+
+    @property
+    def v5(self) -> bool: ...
+
+    state: int
+    incoming_pending: int
+    """Its QoS 1/2 publishes read and not yet answered: a QoS 1 publish until its PUBACK; a QoS 2 publish
+    until its PUBCOMP from an MQTT 5 client (as its Receive Maximum counts), until its PUBREC from an
+    older one (whose reading waits on this count, so its PUBRELs must stay readable). Bounded by
+    ``limits.receive_maximum``: an MQTT 5 client sending more is disconnected, an older one is not read
+    while it has that many (``Connection``)."""
+
+    def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None: ...
+
+    def send_pubrec(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None: ...
+
+    def release_qos2(self, packet_id: int) -> None:
+        """Forget a held incoming QoS 2 id: its publish was refused, so a resend is a new publish."""
+
+    def close(self, reason_code: int | None = None, reason_string: str | None = None) -> None: ...
+
+
+class ForwardedBatch:
+    """Publishes another broker forwarded here (this broker leads their partition), answered together: one
+    ``ForwardAck`` per message, in order (with its offset once appended), handed to ``answered`` when the
+    last one is known. The peer link sends that back to the forwarding broker."""
+
+    __slots__ = ("_acks", "_answered", "_left", "messages")
+
+    def __init__(self, messages: Sequence[Message], answered: Callable[[Sequence[ForwardAck]], None]) -> None:
+        self.messages = messages
+        self._acks: list[ForwardAck | None] = [None] * len(messages)
+        self._left = len(messages)
+        self._answered = answered
+
+    def answer(self, index: int, reason_code: int, reason_string: str | None) -> None:
+        """The answer for message ``index`` (a second one is ignored)."""
+        acks = self._acks
+        if acks[index] is not None:
+            return
+        offset = self.messages[index].offset if reason_code < 0x80 else None
+        acks[index] = ForwardAck(reason_code, offset, reason_string)
+        self._left -= 1
+        if not self._left:
+            self._answered([ack for ack in acks if ack is not None])
+
+
+@dataclass(slots=True)
+class PendingPublish:
+    """One publish (or an acknowledgement keeping its turn) between accept and its answer."""
+
+    publisher: Publisher | None
+    """The client to acknowledge; None for the broker's own publishes and for forwarded ones."""
+    message: Message | None
+    """None for an acknowledgement only (a QoS 2 duplicate, a refusal), and once answered elsewhere."""
+    packet_id: int | None
+    """The client's packet id (None: not acknowledged); a forwarded publish's index in its batch."""
+    qos: int
+    reason_code: int = 0
+    reason_string: str | None = None
+    settled: bool = False
+    """Answered elsewhere (forwarded to the leader, or refused): not routed here, not refused again."""
+    ready: bool = False
+    """Its answer is known (it is sent once its publisher's earlier answers are)."""
+    batch: ForwardedBatch | None = None
+    """The batch of another broker's this publish came in (then ``publisher`` is None)."""
+
+
+class AnswersInTurn:
+    """Each publisher's answers in the order of its publishes (see the module docstring)."""
+
+    __slots__ = ("_queues",)
+
+    def __init__(self) -> None:
+        self._queues: dict[object, deque[PendingPublish]] = {}
+        """Per publisher (or forwarded batch), the publishes whose answers wait, oldest first."""
+
+    def expect(self, entries: Sequence[PendingPublish]) -> None:
+        """Answers of ``entries`` (in arrival order) may complete out of order: each waits for the earlier
+        ones of its publisher."""
+        queues = self._queues
+        for entry in entries:
+            sink = entry.publisher if entry.publisher is not None else entry.batch
+            if sink is None or entry.packet_id is None:
+                continue
+            queue = queues.get(sink)
+            if queue is None:
+                queues[sink] = deque((entry,))
+            else:
+                queue.append(entry)
+
+    def ready(self, entry: PendingPublish) -> None:
+        """``entry``'s answer is known (``reason_code``, ``reason_string``): send it, and the answers behind
+        it that waited for it, unless an earlier one of its publisher is still unknown."""
+        sink = entry.publisher if entry.publisher is not None else entry.batch
+        queue = self._queues.get(sink) if sink is not None else None
+        if queue is None:  # not waited for (a broker alone's): in turn already
+            answer(entry)
+            return
+        entry.ready = True
+        while queue and queue[0].ready:
+            answer(queue.popleft())
+        if not queue:
+            del self._queues[sink]
+
+    def pending(self) -> int:
+        """Answers waiting for an earlier one of their publisher."""
+        return sum(len(queue) for queue in self._queues.values())
+
+
+def answer(entry: PendingPublish) -> None:
+    """Send ``entry``'s answer: to its batch, or to its client, unless that client is gone. An MQTT 3.1.1
+    client refused is closed (it cannot be told; it sends again once reconnected)."""
+    batch = entry.batch
+    packet_id = entry.packet_id
+    if batch is not None:
+        if packet_id is not None:
+            batch.answer(packet_id, entry.reason_code, entry.reason_string)
+        return
+    publisher = entry.publisher
+    if publisher is None or packet_id is None or publisher.state == CLOSED:
+        return
+    qos = entry.qos
+    reason_code = entry.reason_code
+    if (qos == 1 or not publisher.v5) and publisher.incoming_pending > 0:  # answered now
+        publisher.incoming_pending -= 1
+    if reason_code >= 0x80 and not publisher.v5:
+        publisher.close()
+        return
+    acknowledge(publisher, qos, packet_id, reason_code, entry.reason_string)
+
+
+def acknowledge(
+    publisher: Publisher, qos: int, packet_id: int, reason_code: int, reason_string: str | None = None
+) -> None:
+    """PUBACK for a QoS 1 publish, PUBREC for a QoS 2 one."""
+    if qos == 1:
+        publisher.send_puback(packet_id, reason_code, reason_string)
+    elif qos == 2:
+        publisher.send_pubrec(packet_id, reason_code, reason_string)

@@ -1,0 +1,445 @@
+"""``timestone broker --workers N``: one broker made of N member processes on this host.
+
+The members form a cluster (docs/cluster.md): the topic space in partitions led by one member each, a publish
+received by any member appended on its partition's leader, sessions, subscriptions and retained messages
+across members. Every member binds the configured MQTT listeners with ``SO_REUSEPORT``
+(``listeners[].reuse_port``): clients reach one address and the kernel spreads their connections over the
+members, so they see one broker using N cores.
+
+Without a ``cluster:`` section the cluster's etcd is this command's own: Debian's ``etcd`` (package
+etcd-server) on free loopback ports, its data beside the members' so that a restart finds the cluster as it
+left it, started before the members and stopped after them. Its members keep one copy of each log
+(replication factor 1): a log is on its member's disk, a member's crash loses nothing acknowledged, and the
+member, started again, serves its partitions again. With a ``cluster:`` section the members join that
+cluster (its etcd, its replication) as ``<node_id>-<n>``.
+
+The command supervises its members. It imports the broker once and forks each member from itself, so a
+member that exits (a crash, SIGKILL) is running again a moment later; its registration in etcd is removed
+first, so that the cluster does not wait out its lease, and its clients reconnect, reaching the others
+meanwhile. A member that keeps failing is started again after a wait that doubles, up to 30 s. SIGTERM or
+SIGINT stops every member as ``timestone broker`` stops (clients told, logs flushed), then etcd; the members
+and etcd get SIGTERM from the kernel if the command dies without stopping them.
+
+Member ``n``'s data is ``<storage.directory>/workers/w<n>``, its configuration, made from the one given,
+``<storage.directory>/workers/w<n>.yaml`` and its process id ``w<n>.pid`` while it runs. The first member
+keeps the configured offsets API and admin ports; the others take free ones (each logs its own, and the
+offsets API's ``/v1/cluster`` lists them all). Every log line of a member names it (``node=w<n>``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from broker_edge.config.loader import ConfigError, load_yaml_file
+from broker_edge.process.parent_death import die_with_parent
+from broker_edge.runtime import stop_signals
+from broker_edge.settings.broker import BrokerConfig, load_broker_config
+from broker_edge.settings.cluster import ClusterConfig
+
+__all__ = ["LocalEtcd", "Member", "member_documents", "run_workers"]
+
+log = logging.getLogger("broker_edge.workers")
+
+WORKERS_DIRECTORY = "workers"
+RESTART_DELAY_S = 0.1
+"""The first wait before a member that exited is started again; doubled while it keeps failing."""
+RESTART_DELAY_MAX_S = 30.0
+STEADY_S = 60.0
+"""A member that ran this long before it exited is started again after the first wait."""
+STOP_TIMEOUT_S = 30.0
+"""How long the members may take to stop after SIGTERM before they are killed."""
+FORGET_TIMEOUT_S = 10.0
+ETCD_START_TIMEOUT_S = 20.0
+PRELOAD = ("broker_edge.runtime.broker", "broker_edge.cluster.node", "uvloop")
+"""What the command imports before it forks a member (none of it starts a thread at import)."""
+
+
+def node_id(config: BrokerConfig, index: int) -> str:
+    """The node id of member ``index``: ``w<index>``, or ``<node_id>-<index>`` in a configured cluster."""
+    cluster = config.cluster
+    return f"{cluster.node_id}-{index}" if cluster is not None else f"w{index}"
+
+
+def member_documents(
+    document: dict[str, Any], config: BrokerConfig, workers: int, etcd_url: str | None
+) -> list[tuple[str, dict[str, Any]]]:
+    """(node id, configuration) of each member, made from ``document`` (the YAML given, already loaded as
+    ``config``); ``etcd_url``: the command's own etcd (None when ``config`` names a cluster)."""
+    for index, listener in enumerate(config.listeners):
+        if listener.port == 0:
+            raise ConfigError(
+                f"listeners[{index}].port", "--workers needs a fixed port (0 would give each member its own)"
+            )
+    if not config.storage.enabled:
+        raise ConfigError("storage.enabled", "--workers runs a cluster, whose members keep their logs")
+    if not config.offsets_api.enabled:
+        raise ConfigError("offsets_api.enabled", "--workers runs a cluster, whose members read each other")
+    if config.uplink_hub is not None:
+        raise ConfigError(
+            "uplink_hub", "a hub's endpoint is served by one broker process: not with --workers"
+        )
+    base = Path(config.storage.directory) / WORKERS_DIRECTORY
+    members = []
+    for index in range(workers):
+        node = node_id(config, index)
+        member = copy.deepcopy(document)
+        listeners = member.get("listeners") or [{}]
+        shared = [{**listener, "reuse_port": True} for listener in listeners]
+        own = _own_listener(listeners[0], config.listeners[0].host, node)
+        member["listeners"] = [own, *shared] if own is not None else shared
+        member["storage"] = {**member.get("storage", {}), "directory": str(base / node)}
+        if index:  # the first member keeps the configured side ports, the others take free ones
+            for side in ("offsets_api", "admin_http"):
+                member[side] = {**(member.get(side) or {}), "port": 0}
+        cluster = member["cluster"] = _cluster_section(member.get("cluster"), node, etcd_url, own is not None)
+        if own is None and "mqtt" not in cluster.setdefault("advertise", {}):
+            # every interface: the devices' way to the shared listener is this host's name, as best known
+            cluster["advertise"]["mqtt"] = f"{socket.getfqdn()}:{config.listeners[0].port}"
+        members.append((node, member))
+    return members
+
+
+def _own_listener(first: dict[str, Any], host: str, node: str) -> dict[str, Any] | None:
+    """A listener of this member alone, like the first one on a free port: the address the cluster
+    advertises for it (where a configured ``cluster.redirect_publishers`` sends devices, and a fenced member
+    sends its clients). None when the first listener binds every interface: then no address of the host is
+    known to be the devices' way to it."""
+    if host in ("0.0.0.0", "::", ""):
+        return None
+    return {**first, "name": node, "port": 0, "reuse_port": False}
+
+
+def _cluster_section(
+    configured: dict[str, Any] | None, node: str, etcd_url: str | None, own_address: bool
+) -> dict[str, Any]:
+    if configured is None:
+        assert etcd_url is not None, "a cluster without a configured one runs on the command's etcd"
+        return {
+            "node_id": node,
+            "etcd": [etcd_url],
+            "listen": {"host": "127.0.0.1", "port": 0},
+            "replication_factor": 1,
+            "min_insync_replicas": 1,
+        }
+    section = copy.deepcopy(configured)
+    section["node_id"] = node
+    section["listen"] = {**(section.get("listen") or {}), "port": 0}
+    advertise = {**(section.get("advertise") or {})}
+    for own in ("offsets_api", "peer", *(("mqtt",) if own_address else ())):  # each member's own, bound
+        advertise.pop(own, None)
+    section["advertise"] = advertise
+    return section
+
+
+class LocalEtcd:
+    """Debian's etcd on two free loopback ports, its data in ``directory/etcd`` (mode 0700), its log in
+    ``directory/etcd.log``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.url = ""
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> str:
+        """Start it and wait until it answers; its client URL."""
+        binary = shutil.which("etcd") or ("/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)
+        if binary is None:
+            raise ConfigError(
+                "cluster",
+                "--workers without a cluster: section runs its own etcd, and no etcd binary was found "
+                "(install Debian's etcd-server, or name an etcd in a cluster: section)",
+            )
+        data = self.directory / "etcd"
+        data.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(data, 0o700)  # etcd refuses a data directory others may read
+        client, peer = _free_port(), _free_port()
+        self.url = f"http://127.0.0.1:{client}"
+        peer_url = f"http://127.0.0.1:{peer}"
+        parent = os.getpid()
+        with open(self.directory / "etcd.log", "ab") as output:
+            self.process = subprocess.Popen(
+                [
+                    binary,
+                    "--name",
+                    "timestone-workers",
+                    "--data-dir",
+                    str(data),
+                    "--listen-client-urls",
+                    self.url,
+                    "--advertise-client-urls",
+                    self.url,
+                    "--listen-peer-urls",
+                    peer_url,
+                    "--initial-advertise-peer-urls",
+                    peer_url,
+                    "--initial-cluster",
+                    f"timestone-workers={peer_url}",
+                    "--logger",
+                    "zap",
+                    "--log-level",
+                    "warn",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=output,
+                start_new_session=True,  # stopped by this command, after the members, never by a Ctrl-C
+                preexec_fn=lambda: die_with_parent(signal.SIGTERM, parent),
+            )
+        deadline = time.monotonic() + ETCD_START_TIMEOUT_S
+        while not _answers("127.0.0.1", client):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"etcd did not start: see {self.directory / 'etcd.log'}")
+            time.sleep(0.05)
+        log.info("etcd for the members on %s (data in %s)", self.url, data)
+        return self.url
+
+    def stop(self) -> None:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+RunBroker = Callable[[str, str], int]
+"""``timestone broker --config PATH`` as member NODE (``main.run_broker``): its exit status."""
+
+
+class Member:
+    """One member: ``timestone broker --config <its file>`` in a process forked from this command."""
+
+    def __init__(self, node: str, config_path: Path, cluster: ClusterConfig, run: RunBroker) -> None:
+        self.node = node
+        self.run = run
+        self.config_path = config_path
+        self.cluster = cluster
+        self.pid: int | None = None
+        self.started_at = 0.0
+        self.start_at: float | None = 0.0
+        """When to start it (now or later: it exited and waits); None while it runs or stopping."""
+        self.delay = RESTART_DELAY_S
+
+    @property
+    def pid_file(self) -> Path:
+        return self.config_path.with_suffix(".pid")
+
+    def start(self) -> None:
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            _member_process(self.run, str(self.config_path), self.node, parent)  # never returns
+        self.pid, self.started_at, self.start_at = pid, time.monotonic(), None
+        self.pid_file.write_text(f"{pid}\n")
+
+    def exited(self, status: int) -> None:
+        """Its process ended by itself (``status`` as ``os.waitpid`` gives it): forget it in etcd and start
+        it again after its wait."""
+        self.pid = None
+        with contextlib.suppress(OSError):
+            self.pid_file.unlink()
+        code = os.waitstatus_to_exitcode(status)
+        how = f"signal {-code}" if code < 0 else f"status {code}"
+        if time.monotonic() - self.started_at >= STEADY_S:
+            self.delay = RESTART_DELAY_S
+        log.warning("member %s exited (%s): starting it again in %.1f s", self.node, how, self.delay)
+        _run_in_child(lambda: asyncio.run(_forget_member(self.cluster, self.node)), FORGET_TIMEOUT_S)
+        self.start_at = time.monotonic() + self.delay
+        self.delay = min(self.delay * 2, RESTART_DELAY_MAX_S)
+
+
+def _member_process(run: RunBroker, config_path: str, node: str, parent: int) -> None:
+    """The forked member: its own session (the command decides when it stops; SIGTERM if the command dies),
+    SIGINT and SIGTERM noted until its loop takes them (``stop_signals``, as ``timestone broker`` has them
+    from its start), then ``timestone broker``."""
+    code = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+        os.setsid()
+        die_with_parent(signal.SIGTERM, parent)
+        code = run(config_path, node)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _run_in_child(work: Any, timeout_s: float) -> None:
+    """Run ``work()`` in a forked child and wait for it at most ``timeout_s``: this process stays free of
+    threads (an etcd client's), so that it can keep forking members safely."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            work()
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+
+
+async def _forget_member(config: ClusterConfig, node: str) -> None:
+    """Remove a dead member's registration, so that the cluster acts now rather than when its lease ends
+    (its process is gone: it renews nothing; it registers anew once started again, after this)."""
+    from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd
+
+    etcd = Etcd(config.etcd, 5.0, config.etcd_tls, config.etcd_auth)
+    try:
+        await etcd.delete(ClusterKeys(config.key_prefix).member(node))
+    finally:
+        await etcd.close()
+
+
+def _answers(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex((host, port)) == 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _write_yaml(path: Path, document: dict[str, Any]) -> None:
+    import yaml
+
+    temporary = path.with_suffix(".yaml.tmp")
+    temporary.write_text(
+        "# Made by timestone broker --workers from its configuration: changes here are overwritten.\n"
+        + yaml.safe_dump(document, sort_keys=False)
+    )
+    os.replace(temporary, path)
+
+
+_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT)
+
+
+def supervise(document: dict[str, Any], config: BrokerConfig, workers: int, run: RunBroker) -> int:
+    """Run etcd (unless configured) and the members until SIGTERM or SIGINT; the exit status."""
+    for module in PRELOAD:
+        __import__(module)
+    base = Path(config.storage.directory) / WORKERS_DIRECTORY
+    base.mkdir(parents=True, exist_ok=True)
+    signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # taken by sigtimedwait below, never by a handler
+    if stop_signals.requested():  # before they were blocked: stopped before anything started
+        return 0
+    etcd = LocalEtcd(base) if config.cluster is None else None
+    try:
+        etcd_url = etcd.start() if etcd is not None else None
+        members = []
+        for node, member_document in member_documents(document, config, workers, etcd_url):
+            path = base / f"{node}.yaml"
+            _write_yaml(path, member_document)
+            cluster = load_broker_config(path).cluster
+            assert cluster is not None, "every member's configuration has a cluster: section"
+            members.append(Member(node, path, cluster, run))
+        addresses = ", ".join(f"{listener.host}:{listener.port}" for listener in config.listeners)
+        log.info("%d members serving %s: %s", workers, addresses, ", ".join(m.node for m in members))
+        _run_members(members)
+        _stop_members(members)
+    finally:
+        if etcd is not None:
+            etcd.stop()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+    log.info("stopped")
+    return 0
+
+
+def _run_members(members: list[Member]) -> None:
+    """Start the members and keep them running until SIGTERM or SIGINT."""
+    by_pid: dict[int, Member] = {}
+    while True:
+        now = time.monotonic()
+        for member in members:
+            if member.start_at is not None and member.start_at <= now:
+                member.start()
+                assert member.pid is not None
+                by_pid[member.pid] = member
+        waits = [m.start_at - now for m in members if m.start_at is not None]
+        received = signal.sigtimedwait(_SIGNALS, max(min(waits, default=1.0), 0.01))
+        if received is not None and received.si_signo in (signal.SIGTERM, signal.SIGINT):
+            log.info("stopping %d members", len(members))
+            return
+        while by_pid:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if not pid:
+                break
+            dead = by_pid.pop(pid, None)
+            if dead is not None:
+                dead.exited(status)
+
+
+def _stop_members(members: list[Member]) -> None:
+    """SIGTERM to every member, SIGKILL to those still running after ``STOP_TIMEOUT_S``."""
+    running: dict[int, Member] = {m.pid: m for m in members if m.pid is not None}
+    for pid in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while running and time.monotonic() < deadline:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+        if pid:
+            member = running.pop(pid, None)
+            if member is not None:
+                with contextlib.suppress(OSError):
+                    member.pid_file.unlink()
+            continue
+        signal.sigtimedwait(_SIGNALS, 0.1)
+    for pid, member in running.items():
+        log.warning("member %s did not stop within %.0f s: killed", member.node, STOP_TIMEOUT_S)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def run_workers(config_path: str | None, workers: int, run: RunBroker) -> int:
+    """``timestone broker --workers N``: the exit status (2 for a configuration error); ``run`` runs each
+    member (``main.run_broker``)."""
+    from broker_edge.observe.logs import configure_logging
+
+    try:
+        config = load_broker_config(config_path)
+        document = load_yaml_file(config_path) if config_path is not None else {}
+        member_documents(document, config, workers, "http://127.0.0.1:2379")  # refuses what cannot run
+    except (ConfigError, OSError) as exc:
+        print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(config.logging)
+    try:
+        return supervise(document, config, workers, run)
+    except ConfigError as exc:
+        print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, RuntimeError) as exc:
+        log.error("cannot start: %s", exc)
+        return 1

@@ -1,0 +1,229 @@
+"""Finding a topic's records in a partition log: where each wanted record is (``locate``), and its frame.
+
+A topic's state lives in the store's ``TopicTable`` (columns by topic id). Its newest segment and its last
+row there are the head of a chain: rows in memory point at the previous row of the same topic
+(``active_index``), sealed segments hold a group per topic pointing at the topic's previous segment
+(``sealed_index``). ``locate`` walks that chain back from the head to the group holding an offset (a read
+near the end stops at once) and returns where each wanted record is; ``frames`` reads them (the windows
+written last from memory, older entries by preads, near ones merged into one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .active_index import NO_PREVIOUS, UNKNOWN_ROW, pointed
+from .entry import (
+    HEAD_SIZE,
+)
+from .errors import CorruptRecord
+from .file_pool import FileHandlePool
+from .recent import RecentWindows
+from .record import (
+    PREFIX_SIZE,
+    FrameError,
+)
+from .sealed_index import MISSING
+from .segment import Segment
+from .topic_table import TopicTable
+
+__all__ = ["Locating", "Piece", "live_ends"]
+
+_MERGE_GAP = 16 * 1024
+"""Entries at most this far apart are read with one pread."""
+
+
+@dataclass(slots=True)
+class Piece:
+    """One record to read: its segment, its entry's position and size, its offset."""
+
+    segment: Segment
+    position: int
+    size: int
+    offset: int
+
+
+class Locating:
+    """The part of a partition log that finds a topic's records (see the module docstring)."""
+
+    __slots__ = ()
+
+    table: TopicTable
+    pool: FileHandlePool
+    recent: RecentWindows
+    by_number: dict[int, Segment]
+    number: int
+
+    def locate(
+        self, topic_id: int, offset: int, stop: int, max_bytes: int, at_least_one: bool
+    ) -> list[Piece]:
+        """Where the topic's records `[offset, stop)` are, as many as fit `max_bytes` of frames (at least
+        one when `at_least_one`). Raises `CorruptRecord` when `offset` itself is missing (lost to damage)."""
+        steps = self._steps(topic_id, offset)
+        pieces: list[Piece] = []
+        budget = max_bytes
+        expected = offset
+        caps = live_ends(steps, stop)
+        for number in range(len(steps) - 1, -1, -1):
+            step = steps[number]
+            if expected >= stop:
+                break
+            segment = step[0]
+            upto = caps[number]
+            if len(step) == 3:
+                found = self._rows_pieces(topic_id, segment, step[1], expected, upto)
+            else:
+                found = self._group_pieces(segment, step[1], expected, upto)
+            for piece in found:
+                if piece.offset != expected or piece.position == MISSING:
+                    break
+                frame_bytes = piece.size - HEAD_SIZE
+                if frame_bytes > budget and (pieces or not at_least_one):
+                    return pieces
+                pieces.append(piece)
+                budget -= frame_bytes
+                expected += 1
+            else:
+                continue
+            break
+        if not pieces and at_least_one and offset < stop:
+            raise CorruptRecord("", offset, self._next_present(topic_id, steps, offset, stop), "missing")
+        return pieces
+
+    def _steps(self, topic_id: int, offset: int) -> list[tuple]:
+        """The topic's groups from its newest back to the first starting at or below `offset`: (segment, last
+        row, first offset) for segments in memory, (segment, group) for sealed ones."""
+        table = self.table
+        number = table.head_seg[topic_id]
+        row = table.head_last[topic_id]
+        steps: list[tuple] = []
+        while number >= 0:
+            segment = self.by_number.get(number)
+            if segment is None:
+                break
+            rows = segment.rows
+            if rows is not None:
+                if row < 0:
+                    break  # an empty group (the log restarted here): nothing older
+                first, previous = rows.first_offset_of(topic_id, row)
+                steps.append((segment, row, first))
+                if first <= offset:
+                    break
+                if previous == NO_PREVIOUS or previous >= 0:
+                    break
+                number, row = pointed(previous)
+                continue
+            sealed = segment.sealed
+            group = sealed.find(topic_id) if sealed is not None else None
+            if group is None:
+                break
+            steps.append((segment, group))
+            if group.first_offset <= offset:
+                break
+            number, row = group.previous_segment, UNKNOWN_ROW
+        return steps
+
+    def live_end(self, topic_id: int, segment: Segment, group) -> int:
+        """The end of a sealed group's records that are still the topic's (a truncated topic's group may run
+        past them): the first offset of the next newer group of its chain, or its end."""
+        end = group.first_offset + group.count
+        if topic_id not in self.table.truncated:
+            return end
+        newer = min(self.table.next[topic_id], end)
+        for step in self._steps(topic_id, group.first_offset):
+            if step[0] is segment:
+                return newer
+            newer = min(newer, step[2] if len(step) == 3 else step[1].first_offset)
+        return min(group.first_offset, newer)  # not in the chain at all: every record of it was cut
+
+    def _rows_pieces(
+        self, topic_id: int, segment: Segment, last_row: int, offset: int, stop: int
+    ) -> list[Piece]:
+        rows = segment.rows
+        assert rows is not None
+        found, _previous = rows.rows_of(topic_id, last_row, offset, stop)
+        positions, offsets = rows.positions, rows.offsets
+        size = segment.size
+        return [Piece(segment, positions[row], rows.size_of(row, size), offsets[row]) for row in found]
+
+    def _group_pieces(self, segment: Segment, group, offset: int, stop: int) -> list[Piece]:
+        sealed = segment.sealed
+        assert sealed is not None
+        first = max(offset - group.first_offset, 0)
+        last = min(stop - group.first_offset, group.count)
+        entries = sealed.entries_of(group, first, last)
+        base = group.first_offset + first
+        return [
+            Piece(segment, entries[2 * n] & 0xFFFFFFFF, entries[2 * n] >> 32, base + n)
+            for n in range(len(entries) // 2)
+        ]
+
+    def _next_present(self, topic_id: int, steps: list[tuple], offset: int, stop: int) -> int:
+        """The first offset after a missing `offset` the topic still has (`CorruptRecord.next_offset`)."""
+        for step in reversed(steps):
+            segment = step[0]
+            if len(step) == 3:
+                found = self._rows_pieces(topic_id, segment, step[1], offset + 1, stop)
+            else:
+                found = self._group_pieces(segment, step[1], offset + 1, stop)
+            for piece in found:
+                if piece.position != MISSING and piece.offset > offset:
+                    return piece.offset
+        return stop
+
+    def frames(self, topic_id: int, pieces: list[Piece]) -> list[memoryview | FrameError]:
+        """The frames of `pieces` (from the recent windows, or preads merging neighbours), without their
+        entry headers; a `FrameError` in place of one whose entry is not the topic's."""
+        views: list[memoryview | None] = [None] * len(pieces)
+        partition = self.number
+        recent = self.recent
+        to_read: list[int] = []
+        for index, piece in enumerate(pieces):
+            view = recent.slice((partition, piece.segment.number), piece.position, piece.size)
+            if view is None:
+                to_read.append(index)
+            else:
+                views[index] = view
+        start = 0
+        while start < len(to_read):
+            first = pieces[to_read[start]]
+            end = start + 1
+            while (
+                end < len(to_read)
+                and pieces[to_read[end]].segment is first.segment
+                and pieces[to_read[end]].position
+                - (pieces[to_read[end - 1]].position + pieces[to_read[end - 1]].size)
+                <= _MERGE_GAP
+            ):
+                end += 1
+            last = pieces[to_read[end - 1]]
+            span = last.position + last.size - first.position
+            data = memoryview(self.pool.pread(first.segment.log_path, span, first.position))
+            for index in to_read[start:end]:
+                piece = pieces[index]
+                at = piece.position - first.position
+                views[index] = data[at : at + piece.size]
+            start = end
+        result: list[memoryview | FrameError] = []
+        for view in views:
+            assert view is not None
+            if len(view) < HEAD_SIZE + PREFIX_SIZE or int.from_bytes(view[:4], "little") != topic_id:
+                result.append(FrameError("index"))
+            else:
+                result.append(view[HEAD_SIZE:])
+        return result
+
+
+def _first_of(step: tuple) -> int:
+    """The first offset of a step of `PartitionLog._steps` (rows in memory, or a sealed group)."""
+    return step[2] if len(step) == 3 else step[1].first_offset
+
+
+def live_ends(steps: list[tuple], end: int) -> list[int]:
+    """Where each step's live records end: at the first offset of every newer group (a truncated topic's
+    older groups run past its cut, and the walk may pass groups of records it cut), and at `end`."""
+    caps: list[int] = []
+    for step in steps:
+        caps.append(end)
+        end = min(end, _first_of(step))
+    return caps

@@ -1,0 +1,129 @@
+"""The store's retention and administration: retention passes, each log's retention rule, the logs set aside
+at open, and the import of records as they are (the upgrade of an older layout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from .config import LogConfig
+from .entry import RESTART
+from .errors import (
+    StorageError,
+)
+from .partition_log import PartitionLog
+from .quarantine import QuarantinedLog
+from .retention import RetentionReport, retention_pass
+from .segment import Segment
+from .store_state import StoreState, _check_offset
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger("broker_edge.storage.store")
+
+__all__ = ["Admin"]
+
+_time_ns = time.time_ns
+
+
+class Admin(StoreState):
+    """Retention and the administration of logs (see the module docstring)."""
+
+    def quarantined(self) -> list[QuarantinedLog]:
+        """The logs set aside at open, neither read nor written (`quarantine`)."""
+        return list(self._quarantined.values())
+
+    @property
+    def partition_logs(self) -> list[PartitionLog]:
+        return self._partitions
+
+    def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
+        """One retention pass (see `retention`), run through at once."""
+        report = RetentionReport()
+        for report in self._retention(now_ms):  # noqa: B007 - the last one is the final report
+            pass
+        return report
+
+    async def apply_retention_async(self, now_ms: int | None = None) -> RetentionReport:
+        """One retention pass, yielding to the event loop between slices."""
+        report = RetentionReport()
+        for report in self._retention(now_ms):  # noqa: B007
+            await asyncio.sleep(0)
+        return report
+
+    def _retention(self, now_ms: int | None) -> Iterator[RetentionReport]:
+        now_ms = _time_ns() // 1_000_000 if now_ms is None else now_ms
+        size_limits = self.config.retention_bytes is not None or any(
+            rule.retention_bytes is not None for rule in self.rules.rules
+        )
+        report = RetentionReport()
+        for report in retention_pass(
+            self._partitions, self._table, self._log_config, now_ms, self._delete_segments, size_limits
+        ):
+            yield report
+        if report.topics_moved:
+            self._read_cache.drop_below(self._table.start.__getitem__)
+            if not report.segments_deleted and self._sealer is not None:
+                self._sealer.delete_after_snapshot([])  # the moved starts are saved now, not at the next one
+        if report.segments_deleted:
+            log.info(
+                "retention deleted %d segments (%d bytes)", report.segments_deleted, report.bytes_deleted
+            )
+
+    def _delete_segments(self, part: PartitionLog, segments: list[Segment]) -> None:
+        for segment in segments:
+            part.next_base = max(part.next_base, segment.base + segment.row_count)
+            part.segments.remove(segment)
+            del part.by_number[segment.number]
+            self._recent.forget((part.number, segment.number))
+        assert self._sealer is not None
+        self._sealer.delete_after_snapshot(segments)
+
+    def retention_of(self, topic: str) -> LogConfig:
+        """The retention `topic`'s log is kept under (its persist rule's, or the store's)."""
+        return self._log_config(self._id(topic))
+
+    def _log_config(self, topic_id: int) -> LogConfig:
+        configs = self._log_configs
+        if not configs:
+            configs += [self.config.log_config(rule) for rule in self.rules.rules]
+            configs.append(self.config.log_config(None))
+        rule = self._rule_of(topic_id)
+        return configs[rule] if rule < len(self.rules.rules) else configs[-1]  # NO_MATCH: the defaults
+
+    def import_frames(self, topic: str, offset: int, frames: list[memoryview], times: list[int]) -> None:
+        """Append frames of `topic` as they are, from `offset` on, not checked (the upgrade copying a
+        layout-2 log: damaged frames stay damaged, and records lost to damage leave a gap, the offsets
+        between the log's end and `offset`, as they did there). A topic new here starts at `offset`."""
+        topic_id = self._ids.get(topic)
+        if topic_id is None:
+            topic_id = self._create(topic, "")
+            if offset > 0:
+                self.import_start(topic, offset)
+        table = self._table
+        if offset < table.next[topic_id]:
+            raise StorageError(f"{topic!r} continues at {table.next[topic_id]}, not {offset}")
+        table.next[topic_id] = offset
+        part = self._partitions[table.partition[topic_id]]
+        part.append_frames(topic_id, frames, times)
+        self._committer.appended_many(part, len(frames), part.last_append_size)
+
+    def import_start(self, topic: str, offset: int) -> None:
+        """Start an empty log of `topic` at `offset` (a restart marker, made durable by the next flush)."""
+        _check_offset(topic, offset)
+        topic_id = self._ids.get(topic)
+        if topic_id is None:
+            topic_id = self._create(topic, "")
+        table = self._table
+        part = self._partitions[table.partition[topic_id]]
+        part.append_marker(topic_id, RESTART, offset, 0)
+        self._committer.touched(part)
+        active = part.active
+        assert active is not None
+        part.restart_live(topic_id, offset, active.number)
+        table.next[topic_id] = table.durable[topic_id] = table.start[topic_id] = offset

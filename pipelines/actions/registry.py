@@ -1,0 +1,97 @@
+"""Devices registered for OTA without the telemetry pipeline: rows of the ``devices`` table written by hand.
+
+The actions job targets a group through the ``devices`` table (``ota create --group``). The telemetry
+pipeline fills it from what devices publish; a deployment that only does OTA, or devices that never send
+telemetry, register them here (``timestone devices register``): one row per device with its group (and
+tags), merged on ``device_id``, so registering again moves a device to another group and keeps what the
+telemetry pipeline knows of it (its last sighting, broker, firmware). A device registered here and seen by
+the telemetry pipeline later is the same row: the pipeline updates its sighting and keeps its group.
+
+``last_seen`` of a device registered here and never seen is its registration time (the telemetry
+pipeline's update of a row needs a sighting to compare with).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from sinks.store import TableStore
+
+__all__ = ["register_devices", "register_main"]
+
+DEVICES = "devices"
+
+
+def register_devices(
+    store: TableStore,
+    device_ids: Iterable[str],
+    group: str,
+    now: datetime,
+    tags: Mapping[str, str] | None = None,
+) -> tuple[int, int]:
+    """Register ``device_ids`` in ``group`` (with ``tags``, when given); returns how many, and how many of
+    them are new."""
+    ids = sorted(set(device_ids))
+    if not ids:
+        return 0, 0
+    known: set[str] = set()
+    if store.exists(DEVICES):
+        registered = store.read_arrow(DEVICES).column("device_id")
+        known = set(registered.filter(pc.is_in(registered, pa.array(ids, pa.string()))).to_pylist())
+    rows = [
+        {
+            "device_id": device_id,
+            "last_seen": now,
+            "group": group,
+            "tags": dict(tags) if tags else None,
+            "updated_at": now,
+        }
+        for device_id in ids
+    ]
+    table = pa.Table.from_pylist(rows, schema=store.spec(DEVICES).arrow_schema)
+    batch = int(now.timestamp() * 1000)
+    update_set = {"group": "s.group", "updated_at": "s.updated_at", "tags": "coalesce(s.tags, t.tags)"}
+    store.merge(DEVICES, table, "devices/register", batch, update_set=update_set)
+    return len(ids), len(set(ids) - known)
+
+
+def register_main(args: argparse.Namespace) -> int:
+    """``timestone devices register`` (its options: ``pipelines.fleet.cli``): the devices given, in their
+    group, in the ``devices`` table."""
+    from broker_edge.config import ConfigError
+    from pipelines.actions.checks import topic_level
+    from pipelines.actions.cli import load_actions_config
+    from pipelines.output_paths import check_output_location
+    from sinks.backends import open_table_store
+
+    ids = list(args.devices)
+    if args.from_file:
+        with open(args.from_file if args.from_file != "-" else "/dev/stdin") as lines:
+            ids += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    tags = dict(tag.partition("=")[::2] for tag in args.tag)
+    problem = (
+        "no device id given (as arguments or --from-file)"
+        if not ids
+        else next((f"--tag {tag!r}: expected KEY=VALUE" for tag in args.tag if "=" not in tag[1:]), None)
+        or next((f"--group: {why}" for why in [topic_level(args.group)] if why is not None), None)
+        or next((f"device id {d!r}: {why}" for d in ids if (why := topic_level(d)) is not None), None)
+    )
+    try:
+        config = load_actions_config(args.config)
+        root = args.tables_root or config.tables_root
+        check_output_location(root, "--tables-root" if args.tables_root else "tables_root")
+    except ConfigError as error:
+        problem = problem or str(error)
+    if problem is not None:
+        print(f"timestone devices register: {problem}", file=sys.stderr)
+        return 2
+    store = open_table_store(None, root, backend="delta-rs")
+    registered, new = register_devices(store, ids, args.group, datetime.now(UTC), tags)
+    print(f"registered {registered} devices in group {args.group!r} ({new} new) in {root}/devices")
+    return 0

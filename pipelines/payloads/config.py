@@ -1,0 +1,119 @@
+"""Payload formats in the telemetry configuration: which format the payloads of each topic template are in.
+
+A ``payload.formats`` entry names a topic template and its format; ``json``, ``cbor`` and ``protobuf``
+payloads are read into the declared ``payload.fields``, ``sparkplug_b`` ones into one row per metric. Loaded
+with :func:`broker_edge.config.loader.load_dataclass`, so every error names its dotted key
+(``telemetry.payload.formats[1].protobuf.message``); what can only be checked against the files and the
+fields (a descriptor set that cannot be read, a message lacking a declared field) is checked by
+:func:`field_formats` before Spark starts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from broker_edge.config.loader import ConfigError
+
+from .descriptors import DescriptorSetError, message_class
+from .formats import FieldFormat
+from .protobuf import field_problem
+from .sparkplug.topics import NAMESPACE
+
+FormatName = Literal["json", "cbor", "protobuf", "sparkplug_b"]
+
+_GROUP = re.compile(r"^(\{group_id\}|[^/#+{}]+)$")
+
+
+@dataclass
+class ProtobufConfig:
+    """The message a ``protobuf`` topic's payloads are: a descriptor set file and the message's full name."""
+
+    descriptor_set: str
+    """A FileDescriptorSet (``protoc --include_imports --descriptor_set_out=FILE``), relative to the
+    working directory; its bytes travel to the executors, so only the driver reads the file."""
+    message: str
+    """The message's full name, ``package.Message``."""
+
+    def __post_init__(self) -> None:
+        if not self.descriptor_set.strip():
+            raise ConfigError("descriptor_set", "the path of a descriptor set is required")
+        if not re.match(r"^[A-Za-z_][\w.]*$", self.message):
+            raise ConfigError(
+                "message", f"expected a message's full name (package.Message), got {self.message!r}"
+            )
+
+
+@dataclass
+class TopicFormat:
+    """One topic template and the format of its payloads."""
+
+    topic_template: str
+    format: FormatName = "json"
+    protobuf: ProtobufConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.format == "protobuf" and self.protobuf is None:
+            raise ConfigError(
+                "protobuf", "format protobuf needs protobuf.descriptor_set and protobuf.message"
+            )
+        if self.format != "protobuf" and self.protobuf is not None:
+            raise ConfigError("protobuf", f"only format protobuf takes it, not {self.format}")
+        if self.format == "sparkplug_b":
+            levels = self.topic_template.split("/")
+            if len(levels) != 2 or levels[0] != NAMESPACE or not _GROUP.match(levels[1]):
+                expected = f"{NAMESPACE}/{{group_id}} (every group) or {NAMESPACE}/<group>"
+                raise ConfigError(
+                    "topic_template", f"a sparkplug_b template is {expected}, got {self.topic_template!r}"
+                )
+
+    @property
+    def sparkplug_filter(self) -> str:
+        """A ``sparkplug_b`` template's MQTT filter: its group's whole namespace (every group's for
+        ``{group_id}``). The other formats' templates follow the telemetry job's rules (``TopicTemplate``)."""
+        group = self.topic_template.split("/")[1]
+        return f"{NAMESPACE}/{'+' if group == '{group_id}' else group}/#"
+
+
+def check_formats(formats: Sequence[TopicFormat], path: str = "formats") -> None:
+    """No topic template twice (which format would win?)."""
+    seen: dict[str, int] = {}
+    for index, entry in enumerate(formats):
+        if entry.topic_template in seen:
+            first = seen[entry.topic_template]
+            raise ConfigError(f"{path}[{index}].topic_template", f"already given at {path}[{first}]")
+        seen[entry.topic_template] = index
+
+
+def field_formats(
+    formats: Sequence[TopicFormat], fields: Mapping[str, str], path: str = "formats"
+) -> dict[str, FieldFormat]:
+    """The format of each template read into ``fields`` (not ``sparkplug_b``), its files read and checked
+    against the fields: what the executors get. Errors name the key to change."""
+    result: dict[str, FieldFormat] = {}
+    for index, entry in enumerate(formats):
+        where = f"{path}[{index}]"
+        if entry.format == "sparkplug_b":
+            continue
+        if entry.format != "protobuf" or entry.protobuf is None:
+            result[entry.topic_template] = FieldFormat(entry.format)
+            continue
+        config = entry.protobuf
+        try:
+            descriptor_set = Path(config.descriptor_set).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"{where}.protobuf.descriptor_set", f"cannot read it: {exc.strerror}") from None
+        try:
+            message = message_class(descriptor_set, config.message)
+        except DescriptorSetError as exc:
+            key = "message" if str(exc).startswith("no message") else "descriptor_set"
+            raise ConfigError(f"{where}.protobuf.{key}", str(exc)) from None
+        for name, type_name in fields.items():
+            problem = field_problem(message.DESCRIPTOR, name, type_name)
+            if problem is not None:
+                raise ConfigError(f"{where}.protobuf.message", f"payload field {name}: {problem}")
+        result[entry.topic_template] = FieldFormat("protobuf", descriptor_set, config.message)
+    return result

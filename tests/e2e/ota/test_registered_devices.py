@@ -1,0 +1,58 @@
+"""Devices registered for OTA without the telemetry pipeline (``timestone devices register``), then an OTA
+to their group: the devices table holds what was registered, and the group's rollout reaches every device."""
+
+from __future__ import annotations
+
+from pipelines.cli import main
+from tests.e2e.ota.conftest import SHA256, actions_stack, summary, wait_for
+from tests.fleet_harness import quiet_devices
+
+FIRMWARE = ["--version", "2.0.0", "--url", "https://example.invalid/fw.bin", "--sha256", SHA256]
+
+
+def test_a_group_registered_by_command_takes_an_ota_to_every_device_without_the_telemetry_pipeline(
+    spark, tmp_path, capsys
+):
+    with actions_stack(
+        spark, tmp_path, {"count": 4, "groups": ["plant-3"]}, quiet_devices(), register=False
+    ) as stack:
+        store, root = stack.store, stack.config.tables_root
+        devices = [device.device_id for device in stack.harness.fleet.devices]
+
+        def ota(*argv: str) -> int:
+            return main(["ota", "--tables-root", root, *argv])
+
+        assert ota("create", "--group", "plant-3", *FIRMWARE) == 2  # nobody registered: refused, naming why
+        assert "none: no device is registered yet" in capsys.readouterr().err
+
+        listed = tmp_path / "devices.txt"
+        listed.write_text("\n".join(devices[2:]) + "\n")
+        register = ["devices", "register", "--tables-root", root, "--group", "plant-3"]
+        assert main([*register, *devices[:2], "--from-file", str(listed), "--tag", "site=plant-3"]) == 0
+        assert f"registered 4 devices in group 'plant-3' (4 new) in {root}/devices" in capsys.readouterr().out
+        rows = {row["device_id"]: row for row in store.read_arrow("devices").to_pylist()}
+        assert sorted(rows) == sorted(devices)
+        assert {row["group"] for row in rows.values()} == {"plant-3"}
+        assert all(dict(row["tags"]) == {"site": "plant-3"} for row in rows.values())
+
+        assert ota("create", "--id", "r-1", "--group", "plant-3", *FIRMWARE) == 0
+        wait_for(lambda: (summary(store, "r-1") or {}).get("action_state") == "COMPLETED", what="the rollout")
+        final = summary(store, "r-1")
+        assert final is not None and final["succeeded_count"] == 4
+        assert all(device.firmware == "2.0.0" for device in stack.harness.fleet.devices)
+
+        # registering again moves a device, keeps the others' rows, and adds nothing twice
+        assert main(["devices", "register", "--tables-root", root, "--group", "line-9", devices[0]]) == 0
+        assert "(0 new)" in capsys.readouterr().out
+        moved = {row["device_id"]: row["group"] for row in store.read_arrow("devices").to_pylist()}
+        assert len(moved) == 4 and moved[devices[0]] == "line-9" and moved[devices[1]] == "plant-3"
+
+
+def test_register_refuses_a_command_line_without_devices_or_with_an_unusable_name(tmp_path, capsys):
+    root = str(tmp_path / "tables")
+    assert main(["devices", "register", "--tables-root", root, "--group", "g"]) == 2
+    assert "no device id given" in capsys.readouterr().err
+    assert main(["devices", "register", "--tables-root", root, "--group", "a/b", "d1"]) == 2
+    assert "--group: 'a/b' contains '/'" in capsys.readouterr().err
+    assert main(["devices", "register", "--tables-root", root, "--group", "g", "d+1"]) == 2
+    assert "device id 'd+1'" in capsys.readouterr().err

@@ -1,0 +1,90 @@
+"""What ``timestone broker --workers N`` makes of a configuration: each member's, and the refusals."""
+
+from __future__ import annotations
+
+import re
+import socket
+from typing import Any
+
+import pytest
+
+from broker_edge.config import ConfigError, load_dataclass
+from broker_edge.runtime.workers import member_documents
+from broker_edge.settings.broker import BrokerConfig
+
+ETCD = "http://127.0.0.1:23790"
+
+
+def members(document: dict[str, Any], workers: int = 3) -> list[tuple[str, BrokerConfig]]:
+    config = load_dataclass(BrokerConfig, document)
+    return [
+        (node, load_dataclass(BrokerConfig, member))
+        for node, member in member_documents(
+            document, config, workers, ETCD if config.cluster is None else None
+        )
+    ]
+
+
+def test_every_member_shares_the_listeners_and_has_its_own_data_and_side_ports():
+    document = {
+        "listeners": [{"name": "plain", "port": 1883}, {"name": "ws", "type": "websocket", "port": 8083}],
+        "storage": {"directory": "/srv/timestone"},
+        "offsets_api": {"port": 9884},
+        "admin_http": {"port": 9883},
+    }
+    made = members(document)
+    assert [node for node, _ in made] == ["w0", "w1", "w2"]
+    for index, (node, config) in enumerate(made):
+        assert [(listener.name, listener.port, listener.reuse_port) for listener in config.listeners] == [
+            (node, 0, False),  # its own address: the one the cluster advertises for it
+            ("plain", 1883, True),
+            ("ws", 8083, True),
+        ]
+        assert config.storage.directory == f"/srv/timestone/workers/{node}"
+        assert (config.offsets_api.port, config.admin_http.port) == ((9884, 9883) if index == 0 else (0, 0))
+        cluster = config.cluster
+        assert cluster is not None
+        assert (cluster.node_id, cluster.etcd, cluster.replication_factor) == (node, [ETCD], 1)
+        assert (cluster.min_insync_replicas, cluster.listen.host, cluster.listen.port) == (1, "127.0.0.1", 0)
+        assert not cluster.redirect_publishers  # devices ignoring a Server Reference would be disconnected
+    assert "cluster" not in document  # the configuration given is left as it was
+
+
+def test_a_configured_cluster_is_joined_by_each_member_under_a_name_of_its_own():
+    document = {
+        "cluster": {
+            "node_id": "plant",
+            "etcd": ["http://127.0.0.1:2379"],
+            "replication_factor": 2,
+            "advertise": {"mqtt": "10.0.0.5:1883", "offsets_api": "http://127.0.0.1:9884"},
+        }
+    }
+    made = members(document, 2)
+    assert [node for node, _ in made] == ["plant-0", "plant-1"]
+    for _, config in made:
+        cluster = config.cluster
+        assert cluster is not None
+        assert (cluster.replication_factor, cluster.etcd) == (2, ["http://127.0.0.1:2379"])
+        assert cluster.advertise.mqtt is None  # each member's own, from what it binds
+        assert cluster.advertise.offsets_api is None
+
+
+def test_members_listening_on_every_interface_have_no_address_of_their_own_to_send_devices_to():
+    made = members({"listeners": [{"host": "0.0.0.0", "port": 1883}], "auth": {"allow_anonymous": True}})
+    for _, config in made:
+        assert [listener.port for listener in config.listeners] == [1883]
+        assert config.cluster is not None and not config.cluster.redirect_publishers
+        assert config.cluster.advertise.mqtt == f"{socket.getfqdn()}:1883"  # the shared listener
+
+
+@pytest.mark.parametrize(
+    ("document", "field"),
+    [
+        ({"listeners": [{"port": 0}]}, "listeners[0].port"),
+        ({"storage": {"enabled": False}}, "storage.enabled"),
+        ({"offsets_api": {"enabled": False}}, "offsets_api.enabled"),
+    ],
+)
+def test_what_cannot_run_as_workers_is_refused_naming_the_field(document: dict[str, Any], field: str):
+    with pytest.raises(ConfigError, match="^" + re.escape(field) + ": "):
+        members(document)

@@ -1,0 +1,285 @@
+"""A turn of the event loop reads a bounded number of bytes (``ReadTurns``): by hand, with the turns driven by
+the test, then on real loopback sockets under uvloop and asyncio's loop with each transport."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from typing import cast
+
+import pytest
+import uvloop
+
+from broker_edge.runtime.transports.native import start_native_server
+from broker_edge.runtime.transports.tcp import TcpServer
+from broker_edge.runtime.transports.turns import MIN_SHARE, ReadTurns
+
+
+class Reader:
+    """A connection as ``ReadTurns`` sees it, recording what it is handed and whether it reads."""
+
+    def __init__(self, name: str, log: list[tuple[str, bytes]]) -> None:
+        self.name = name
+        self.log = log
+        self.reading = True
+        self.held = False
+
+    def handle_bytes(self, data: bytes) -> None:
+        self.log.append((self.name, data))
+
+    def pause_for_turn(self) -> None:
+        self.reading = False
+
+    def resume_after_turn(self) -> None:
+        self.reading = not self.held
+
+    def may_read(self) -> bool:
+        return not self.held
+
+
+class Turns:
+    """``ReadTurns`` whose turns end when the test says (``end_turn``: the loop's call_soon queue run)."""
+
+    def __init__(self, budget: int) -> None:
+        self.queue: list[Callable[[], None]] = []
+        self.turns = ReadTurns(budget, self.queue.append)
+        self.handled: list[tuple[str, bytes]] = []
+
+    def reader(self, name: str) -> Reader:
+        return Reader(name, self.handled)
+
+    def read(self, reader: Reader, data: bytes) -> None:
+        """What the transport does with a read: the part ``take`` lets through is handled now."""
+        now = self.turns.take(reader, data)
+        if now is not None:
+            reader.handle_bytes(now)
+
+    def end_turn(self) -> None:
+        queue, self.queue[:] = list(self.queue), []
+        for callback in queue:
+            callback()
+
+
+K = MIN_SHARE
+"""Sizes in the tests below are multiples of it: a connection with more than it kept stops reading."""
+
+
+def test_a_turn_handles_its_budget_and_keeps_the_rest_in_order():
+    t = Turns(budget=100 * K)
+    a, b = t.reader("a"), t.reader("b")
+    t.read(a, b"x" * 60 * K)
+    t.read(b, b"y" * 60 * K)  # crosses the budget: 40 now, 20 kept
+    t.read(a, b"z" * 10 * K)  # the turn's bytes are spent: kept whole
+    assert t.handled == [("a", b"x" * 60 * K), ("b", b"y" * 40 * K)]
+    assert not a.reading and not b.reading
+    t.handled.clear()
+    t.end_turn()
+    assert t.handled == [("b", b"y" * 20 * K), ("a", b"z" * 10 * K)]  # in the order they were put off
+    assert a.reading and b.reading
+
+
+def test_a_small_read_kept_for_the_next_turn_leaves_its_connection_reading():
+    """A device's one packet put off to the next turn does not cost it a pause and a resume of its socket
+    (two system calls); a second read behind it is kept too, and a connection with more than ``MIN_SHARE``
+    kept stops reading."""
+    t = Turns(budget=K)
+    flood, device = t.reader("flood"), t.reader("device")
+    t.read(flood, b"f" * K)
+    t.read(device, b"\x32\x0c packet")
+    assert device.reading
+    t.read(device, b"d" * 2 * K)
+    assert not device.reading
+    t.end_turn()
+    t.end_turn()
+    t.end_turn()
+    assert b"".join(data for name, data in t.handled if name == "device") == b"\x32\x0c packet" + b"d" * 2 * K
+    assert device.reading
+
+
+def test_a_connection_with_bytes_kept_puts_its_next_reads_behind_them():
+    t = Turns(budget=10 * K)
+    a = t.reader("a")
+    t.read(a, b"1" * 10 * K)
+    t.read(a, b"2" * 5 * K)
+    a.reading = True  # its reading resumed for another reason (a rate hold released)
+    t.read(a, b"3" * 5 * K)
+    assert not a.reading
+    t.end_turn()
+    t.end_turn()
+    assert b"".join(data for _, data in t.handled) == b"1" * 10 * K + b"2" * 5 * K + b"3" * 5 * K
+
+
+def test_connections_with_bytes_kept_share_a_turn_so_a_small_read_is_not_behind_large_ones():
+    budget = 16 * MIN_SHARE
+    t = Turns(budget=budget)
+    floods = [t.reader(f"flood-{n}") for n in range(16)]
+    t.read(floods[0], b"f" * budget)
+    for flood in floods[1:]:
+        t.read(flood, b"f" * 10 * budget)
+    ping = t.reader("ping")
+    t.read(ping, b"\xc0\x00")
+    t.handled.clear()
+    t.end_turn()
+    assert ("ping", b"\xc0\x00") in t.handled  # in the very next turn
+    assert sum(len(data) for _, data in t.handled) <= budget + MIN_SHARE
+
+
+def test_every_turn_starts_from_the_full_budget():
+    t = Turns(budget=100)
+    a = t.reader("a")
+    for _ in range(5):
+        t.read(a, b"x" * 90)
+        t.end_turn()
+    assert len(t.handled) == 5 and all(len(data) == 90 for _, data in t.handled)
+    assert t.turns.turns_cut == 0
+
+
+def test_a_held_connection_keeps_its_bytes_until_woken_and_a_closed_one_loses_them():
+    t = Turns(budget=10)
+    a, b = t.reader("a"), t.reader("b")
+    t.read(a, b"a" * 10)
+    t.read(a, b"A" * 5)
+    t.read(b, b"b" * 5)
+    a.held = True  # its publishes wait for a slow subscriber
+    t.handled.clear()
+    t.end_turn()
+    assert t.handled == [("b", b"b" * 5)]
+    t.end_turn()
+    assert not t.queue  # nothing to do: the loop is not kept busy by a held connection
+    a.held = False
+    t.turns.wake(a)
+    t.end_turn()
+    assert t.handled[-1] == ("a", b"A" * 5)
+    t.read(b, b"b" * 10)
+    t.read(b, b"B" * 3)
+    t.turns.forget(b)
+    t.handled.clear()
+    t.end_turn()
+    assert t.handled == []
+
+
+def test_a_reader_in_a_task_waits_for_the_next_turn_once_the_budget_is_spent():
+    async def scenario() -> list[str]:
+        turns = ReadTurns(10, asyncio.get_running_loop().call_soon)
+        events: list[str] = []
+        assert turns.spend(10)
+        assert not turns.spend(1)
+
+        async def later() -> None:
+            await turns.next_turn()
+            events.append("next turn")
+
+        task = asyncio.get_running_loop().create_task(later())
+        await asyncio.sleep(0)
+        events.append("this turn")
+        await task
+        assert turns.spend(5)
+        return events
+
+    assert asyncio.run(scenario()) == ["this turn", "next turn"]
+
+
+# -- on real sockets ---------------------------------------------------------------------------------------
+
+FLOOD = 4 * 1024 * 1024
+CLIENTS = 8
+BUDGET = 64 * 1024
+
+
+class Counting(asyncio.Protocol):
+    """A protocol that reads through ``ReadTurns`` as ``TcpConnection`` does, counting the bytes handled in
+    each turn of the loop."""
+
+    def __init__(self, turns: ReadTurns, per_turn: list[int], done: Callable[[int], None]) -> None:
+        self.turns = turns
+        self.per_turn = per_turn
+        self.done = done
+        self.transport: asyncio.ReadTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.ReadTransport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        now = self.turns.take(self, data)
+        if now is not None:
+            self.handle_bytes(now)
+
+    def handle_bytes(self, data: bytes) -> None:
+        self.per_turn[-1] += len(data)
+        self.done(len(data))
+
+    def pause_for_turn(self) -> None:
+        assert self.transport is not None
+        self.transport.pause_reading()
+
+    def resume_after_turn(self) -> None:
+        assert self.transport is not None
+        self.transport.resume_reading()
+
+    def may_read(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("loop_factory", "transport"),
+    [
+        (uvloop.new_event_loop, "asyncio"),
+        (uvloop.new_event_loop, "native"),
+        (asyncio.new_event_loop, "asyncio"),
+    ],
+    ids=["uvloop", "uvloop-native", "asyncio"],
+)
+def test_a_flood_on_real_sockets_is_read_a_budget_per_turn(loop_factory, transport):
+    async def scenario() -> list[int]:
+        loop = asyncio.get_running_loop()
+        turns = ReadTurns(BUDGET, loop.call_soon)
+        per_turn = [0]
+        finished = loop.create_future()
+        total = 0
+
+        def done(size: int) -> None:
+            nonlocal total
+            total += size
+            if total >= FLOOD * CLIENTS and not finished.done():
+                finished.set_result(None)
+
+        def factory() -> Counting:
+            return Counting(turns, per_turn, done)
+
+        server: TcpServer = (
+            start_native_server(factory, "127.0.0.1", 0)
+            if transport == "native"
+            else await loop.create_server(factory, "127.0.0.1", 0)
+        )
+        port = server.sockets[0].getsockname()[1]
+
+        def tick() -> None:  # a callback every turn: where one turn ends and the next begins
+            per_turn.append(0)
+            if not finished.done():
+                loop.call_soon(tick)
+
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(CLIENTS)]
+        payload = b"p" * FLOOD
+
+        def flood(sock: socket.socket) -> None:
+            sock.sendall(payload)
+
+        writers = [loop.run_in_executor(None, flood, sock) for sock in clients]
+        loop.call_soon(tick)
+        await asyncio.wait_for(finished, 60)
+        await asyncio.gather(*writers)
+        for sock in clients:
+            sock.close()
+        server.close()
+        return per_turn
+
+    loop = loop_factory()
+    try:
+        per_turn = loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+    read_size = 256 * 1024  # the largest read of any of the loops and transports
+    assert sum(per_turn) == FLOOD * CLIENTS
+    assert max(per_turn) <= BUDGET + read_size
+    assert len([n for n in per_turn if n]) >= FLOOD * CLIENTS // (BUDGET + read_size)
