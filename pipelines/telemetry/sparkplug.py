@@ -22,11 +22,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines import available_now as available_now_run
 from pipelines.metrics import PipelineMetrics
+from pipelines.supervisor import Supervisor
 from pipelines.payloads.spark_sparkplug import sparkplug_rows, with_times
 from pipelines.payloads.sparkplug.session import (
     METRIC,
@@ -203,6 +204,37 @@ def start_query(
     if available_now:
         return available_now_run.start(writer, records.sparkSession)
     return writer.trigger(processingTime=config.stream.trigger_interval).start()
+
+
+def supervise_query(
+    spark: SparkSession,
+    config: TelemetryConfig,
+    store: TableStore,
+    supervisor: Supervisor,
+    available_now: bool = False,
+) -> None:
+    """Start the Sparkplug B query under ``supervisor`` (restarted from its checkpoint when it fails) if
+    ``payload.formats`` has a ``sparkplug_b`` entry; each start gets a new :class:`SparkplugBatch`."""
+    topics = config.payload.sparkplug_filters
+    if not topics:
+        return
+    for name in TABLES:
+        store.ensure(name)
+
+    def start() -> StreamingQuery:
+        from sources import register_sources
+
+        register_sources(spark)
+        options = config.source_options(topics)
+        if available_now:
+            options.update(available_now_run.source_options(spark))
+        records = spark.readStream.format("timestone").options(**options).load()
+        batch = SparkplugBatch(store, supervisor.metrics)
+        query = start_query(records, config, batch, available_now)
+        log.info("sparkplug query %s started: %s", query.id, ",".join(topics))
+        return query
+
+    supervisor.add(query_name(config), start)
 
 
 def _one_row(frame: DataFrame) -> dict[str, int]:
