@@ -28,7 +28,8 @@ STANDARD_COLUMNS: tuple[str, ...] = ("device_id", "event_time", "broker", "topic
 #: Other columns the job gives a record on its way to the tables: a payload field may not take their names.
 RESERVED_COLUMNS: frozenset[str] = frozenset(
     {"client_id", "qos", "retain", "properties", "payload", "ingest_date", "ingested_at", "event_date"}
-    | {"is_telemetry", "topic_tags", "parse_error", "failed_expectations", "duplicate"}
+    | {"is_telemetry", "topic_tags", "parse_error", "parse_detail", "failed_expectations"}
+    | {"duplicate"}
 )
 
 #: Spark SQL type names a payload field may declare (what ``sinks.tables.parse_fields`` understands).

@@ -27,7 +27,6 @@ from pyspark.sql import functions as F
 
 from pipelines import available_now as available_now_run
 from pipelines.metrics import PipelineMetrics
-from pipelines.supervisor import Supervisor
 from pipelines.payloads.spark_sparkplug import sparkplug_rows, with_times
 from pipelines.payloads.sparkplug.session import (
     METRIC,
@@ -37,6 +36,7 @@ from pipelines.payloads.sparkplug.session import (
     REJECTED,
 )
 from pipelines.payloads.sparkplug_tables import SPARKPLUG_METRICS, metric_rows
+from pipelines.supervisor import Supervisor
 from sinks import BatchWriter, TableStore, exactly_once
 
 from .config import TelemetryConfig
