@@ -160,8 +160,10 @@ def answer(entry: PendingPublish) -> None:
         return
     qos = entry.qos
     reason_code = entry.reason_code
-    if (qos == 1 or not publisher.v5) and publisher.incoming_pending > 0:  # answered now
-        publisher.incoming_pending -= 1
+    if qos == 1 or not publisher.v5:  # answered now
+        pending = publisher.incoming_pending
+        if pending > 0:
+            publisher.incoming_pending = pending - 1
     if reason_code >= 0x80 and not publisher.v5:
         publisher.close()
         return
