@@ -11,6 +11,9 @@ STAMP  := $(VENV)/.installed
 VENV40  := .venv-spark40
 STAMP40 := $(VENV40)/.installed
 # What runs on it again: the sources' and the telemetry and actions jobs' end-to-end tests (docs/spark-source.md).
+# The suite's workers (pytest-xdist): its tests mostly wait on brokers, etcd and Spark, so two share two cores
+# well; tests/conftest.py keeps each module on one worker and the tests of the one SparkSession together.
+TEST_WORKERS ?= 2
 SPARK40_TESTS := tests/unit/sources tests/e2e/sources/test_stream_reader.py \
 	tests/e2e/sources/test_timestone_source_spark.py tests/e2e/sources/test_delta_cdf.py \
 	tests/e2e/sinks/test_spark_arrow.py tests/e2e/sinks/test_delta_rs_store.py \
@@ -25,7 +28,7 @@ test: $(STAMP) $(STAMP40) system-deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup
 	$(VENV40)/bin/pytest -p no:cacheprovider $(SPARK40_TESTS)
 
 # Every benchmark writes its section into bench/results/ (commitlog, Spark source, telemetry job, OTA, footprint,
