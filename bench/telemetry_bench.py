@@ -474,8 +474,6 @@ class LatencyRun:
     cpu: CpuUse
     progress: list[dict[str, Any]]
     steps: list[dict[str, float]]
-    #: per batch: the whole fast part and the wait for the previous gold part (ms)
-    calls: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -740,7 +738,6 @@ def measure_job(
         with meter.measure() as use:
             began, started_at = time.perf_counter(), time.time()
             progress = finish(start_query(spark, config, batch, available_now=True), timeout_s)
-            batch.settle()  # a gold part still running: the tables are complete once it is in
             seconds = time.perf_counter() - began
     finally:
         batch.close()
@@ -859,11 +856,6 @@ def measure_latency(
         cpu=use[0],
         progress=in_window,
         steps=[dict(r.step_ms) for r in batch.reports if r.batch_id in batch_ids],
-        calls=[
-            (r.fast_part_ms, r.gold_wait_ms)
-            for r in batch.reports
-            if r.batch_id in batch_ids and r.fast_part_ms is not None and r.gold_wait_ms is not None
-        ],
     )
 
 
@@ -915,7 +907,6 @@ def run_cold_job(offsets_url: str, root: Path) -> ColdJob:
         quiet_great_expectations()
         began = time.perf_counter()
         progress = finish(start_query(spark, config, batch, available_now=True), 900)
-        batch.settle()  # the last batch's gold part: the tables are complete
         seconds = time.perf_counter() - began
         batch.close()
     finally:
@@ -1346,10 +1337,8 @@ def _render_latency(lat: LatencyRun, s: Settings) -> list[str]:
             if durations
             else ""
         )
-        + "Median step times per batch (ms; the fast part: `collect`, the batch's one Spark job, then "
-        "`bronze_telemetry` beside `profile` and `dedup`, then silver and quarantine concurrently; then the "
-        "gold part, `device_minute`, `devices` and `dq_results` "
-        "concurrently, in the background while the next batch's fast part runs): "
+        + "Median step times per batch (ms; `profile`, the batch's first Spark job, which reads the source "
+        "and caches the flagged rows, then every table's write concurrently): "
         + ", ".join(f"`{name}` {ms:,.0f}" for name, ms in medians.items())
         + ". Spark's own steps per batch, median ms: "
         + ", ".join(
@@ -1357,14 +1346,7 @@ def _render_latency(lat: LatencyRun, s: Settings) -> list[str]:
             for key in ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets")
             if lat.progress
         )
-        + "."
-        + (
-            " `addBatch` is the fast part, in all (its steps and what prepares them) median "
-            f"{statistics.median(fast for fast, _ in lat.calls):,.0f} ms, then the wait for the previous "
-            f"batch's gold part, median {statistics.median(wait for _, wait in lat.calls):,.0f} ms."
-            if lat.calls
-            else ""
-        ),
+        + ".",
         "",
         f"CPU s during the publishing ({lat.cpu.wall:.0f} s): broker {lat.cpu.broker:.1f}, Spark (JVM + "
         f"workers) {lat.cpu.spark:.1f}, driver {lat.cpu.driver:.1f}, publisher and poller "

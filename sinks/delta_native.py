@@ -2,14 +2,17 @@
 
 Kept deliberately thin: Delta itself does the idempotency, conflict detection and schema enforcement.
 
-- Appends use the DataFrame writer options ``txnAppId``/``txnVersion``: Delta skips a write whose version
-  is not above the last one recorded for the app id.
+- Appends (``format("delta")``, the executors writing the files) use the DataFrame writer options
+  ``txnAppId``/``txnVersion``: Delta skips a write whose version is not above the last one recorded for the
+  app id.
 - Merges (``DeltaTable.merge``) take the same pair from the session confs
-  ``spark.databricks.delta.write.txnAppId``/``txnVersion`` (Delta >= 2.3, "idempotent DML"). They are set on
-  the session of the source DataFrame; inside ``foreachBatch`` that is the query's own cloned session, so
-  concurrent queries do not see each other's settings.
-- Whether a write happened (the ``bool`` result) is read back from the table history: every write tags
-  its commit with ``userMetadata = "timestone:<app_id>:<batch_id>"``.
+  ``spark.databricks.delta.write.txnAppId``/``txnVersion`` (Delta >= 2.3, "idempotent DML"). A job merges
+  into several tables at once, so each merge runs on a session of its own (:func:`session_with`): its
+  marker is set before it starts and no other write, concurrent or later, can commit with it or without
+  its own. OPTIMIZE and VACUUM take their bounds the same way.
+- Whether a write happened (the ``bool`` result), and the last batch a writer committed, are read back from
+  the newest commits of the table history: every write tags its commit with
+  ``userMetadata = "timestone:<app_id>:<batch_id>"``.
 
 This module cannot run on machines without the Delta jars; docs/tables.md lists what is tested where.
 """
@@ -17,8 +20,7 @@ This module cannot run on machines without the Delta jars; docs/tables.md lists 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sinks.arrow_conform import SchemaMismatch
@@ -47,25 +49,44 @@ OPTIMIZE_MIN_FILE_SIZE_CONF = "spark.databricks.delta.optimize.minFileSize"
 #: Delta's refusal of a VACUUM retention below the table's ``delta.deletedFileRetentionDuration``.
 RETENTION_CHECK_CONF = "spark.databricks.delta.retentionDurationCheck.enabled"
 
-__all__ = ["MARKER_PREFIX", "DeltaNativeTableStore", "commit_marker", "session_conf"]
+__all__ = ["MARKER_PREFIX", "DeltaNativeTableStore", "commit_marker", "latest_marked_batch", "session_with"]
 
 
-@contextmanager
-def session_conf(session: SparkSession, conf: Mapping[str, str]) -> Iterator[None]:
-    """The session's SQL settings ``conf`` for the block, then its own values back (unset where it had
-    none), whether the block ends or raises: Delta takes a write's transaction ids and OPTIMIZE's and
-    VACUUM's bounds from the session, which other writes of the same session must not inherit."""
-    previous = {key: session.conf.get(key, None) for key in conf}
-    try:
-        for key, value in conf.items():
-            session.conf.set(key, value)
-        yield
-    finally:
-        for key, earlier in previous.items():
-            if earlier is None:
-                session.conf.unset(key)
-            else:
-                session.conf.set(key, earlier)
+def session_with(spark: SparkSession, conf: Mapping[str, str]) -> SparkSession:
+    """A new session of the same Spark application with ``conf`` set: the settings one Delta operation reads
+    from its session (a merge's transaction ids, OPTIMIZE's and VACUUM's bounds), which no other operation,
+    concurrent or later, may inherit. It shares the application's cache and catalog, not its settings."""
+    session = spark.newSession()
+    for key, value in conf.items():
+        session.conf.set(key, value)
+    return session
+
+
+#: How many of a table's newest commits :meth:`DeltaNativeTableStore.committed_batch` reads at first, and
+#: by how much it widens the window while it finds no commit of the writer.
+HISTORY_WINDOW = 64
+HISTORY_GROWTH = 16
+
+
+def latest_marked_batch(history: Callable[[int | None], list[Any]], app_id: str) -> int | None:
+    """The batch id of the newest commit marked by ``app_id`` (:func:`sinks.store.commit_marker`), reading
+    the history newest first in growing windows: ``history(n)`` gives the newest ``n`` commits (each with
+    ``userMetadata``), ``history(None)`` all that the log keeps.
+
+    A writer's batches are committed in order, so its newest marked commit holds its highest batch id; a
+    job that writes a table every batch finds it among the first commits, whatever the table's age.
+    """
+    prefix = f"{MARKER_PREFIX}{app_id}:"
+    limit: int | None = HISTORY_WINDOW
+    while True:
+        commits = history(limit)
+        for commit in commits:
+            marker = commit["userMetadata"]
+            if isinstance(marker, str) and marker.startswith(prefix) and marker[len(prefix) :].isdigit():
+                return int(marker[len(prefix) :])
+        if limit is None or len(commits) < limit:
+            return None
+        limit = limit * HISTORY_GROWTH if limit < HISTORY_WINDOW * HISTORY_GROWTH**2 else None
 
 
 class DeltaNativeTableStore(TableStore):
@@ -103,12 +124,12 @@ class DeltaNativeTableStore(TableStore):
             return ".".join(f"`{part}`" for part in self.location(name).split("."))
         return f"delta.`{self.location(name)}`"
 
-    def _delta_table(self, name: str) -> Any:
+    def _delta_table(self, name: str, session: SparkSession | None = None) -> Any:
         from delta.tables import DeltaTable
 
         if self.namespace:
-            return DeltaTable.forName(self.spark, self.location(name))
-        return DeltaTable.forPath(self.spark, self.location(name))
+            return DeltaTable.forName(session or self.spark, self.location(name))
+        return DeltaTable.forPath(session or self.spark, self.location(name))
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
@@ -211,11 +232,19 @@ class DeltaNativeTableStore(TableStore):
         self._ensure_once(name)
         condition = merge_condition(tuple(keys or self.spec(name).merge_keys), quote="`")
         source = self._frame(name, data)
-        session = source.sparkSession
         before = self.version(name)
+        # this merge's own session: its batch marker cannot leak into another write, nor another's into it
+        session = session_with(
+            self.spark,
+            {
+                TXN_APP_ID_CONF: app_id,
+                TXN_VERSION_CONF: str(batch_id),
+                USER_METADATA_CONF: commit_marker(app_id, batch_id),
+            },
+        )
 
         def run() -> None:
-            builder = self._delta_table(name).alias("t").merge(source.alias("s"), condition)
+            builder = self._delta_table(name, session).alias("t").merge(source.alias("s"), condition)
             if delete_when is not None:
                 builder = builder.whenMatchedDelete(condition=delete_when)
             if update and update_set:
@@ -226,13 +255,7 @@ class DeltaNativeTableStore(TableStore):
                 builder = builder.whenNotMatchedInsertAll(condition=insert_when)
             builder.execute()
 
-        confs = {
-            TXN_APP_ID_CONF: app_id,
-            TXN_VERSION_CONF: str(batch_id),
-            USER_METADATA_CONF: commit_marker(app_id, batch_id),
-        }
-        with session_conf(session, confs):
-            self._with_retries(run)
+        self._with_retries(run)
         return self._committed_since(name, before, app_id, batch_id)
 
     def _frame(self, name: str, data: TableData) -> DataFrame:
@@ -273,14 +296,14 @@ class DeltaNativeTableStore(TableStore):
                 time.sleep(min(2.0, 0.05 * 2**attempt))
 
     def _committed_since(self, name: str, before: int, app_id: str, batch_id: int) -> bool:
-        """Whether a commit after ``before`` carries this write's marker (Delta skips replays silently)."""
-        from pyspark.sql import functions as F
-
-        history = self._delta_table(name).history()
-        tagged = history.where(
-            (F.col("version") > before) & (F.col("userMetadata") == commit_marker(app_id, batch_id))
-        )
-        return bool(tagged.limit(1).count())
+        """Whether a commit after ``before`` carries this write's marker (Delta skips replays silently):
+        only the commits since are read."""
+        newer = self.version(name) - before
+        if newer <= 0:
+            return False
+        marker = commit_marker(app_id, batch_id)
+        commits = self._delta_table(name).history(newer).select("userMetadata").collect()
+        return any(commit["userMetadata"] == marker for commit in commits)
 
     # -- reads -------------------------------------------------------------------------------------------
 
@@ -301,14 +324,16 @@ class DeltaNativeTableStore(TableStore):
         """Delta's ``OPTIMIZE`` (bin-packing) of the files under ``target_bytes`` into files of up to that
         size. Delta has no setting for ``min_files``: it compacts any partition with two such files."""
         size = str(target_bytes)
-        with session_conf(self.spark, {OPTIMIZE_MAX_FILE_SIZE_CONF: size, OPTIMIZE_MIN_FILE_SIZE_CONF: size}):
-            metrics = self._delta_table(name).optimize().executeCompaction().first()
+        session = session_with(
+            self.spark, {OPTIMIZE_MAX_FILE_SIZE_CONF: size, OPTIMIZE_MIN_FILE_SIZE_CONF: size}
+        )
+        metrics = self._delta_table(name, session).optimize().executeCompaction().first()
         return int(metrics["metrics"]["numFilesRemoved"]) if metrics is not None else 0
 
     def vacuum(self, name: str, retention_hours: float) -> int | None:
         """Delta's ``VACUUM ... RETAIN n HOURS`` (which does not say how many files it deleted)."""
-        with session_conf(self.spark, {RETENTION_CHECK_CONF: "false"}):
-            self._delta_table(name).vacuum(float(retention_hours))
+        session = session_with(self.spark, {RETENTION_CHECK_CONF: "false"})
+        self._delta_table(name, session).vacuum(float(retention_hours))
         return None
 
     def tidy_log(self, name: str) -> int | None:
@@ -337,38 +362,15 @@ class DeltaNativeTableStore(TableStore):
         frame = self.read(name, within)
         return conform(frame.toArrow(), to_arrow(frame.schema), name)
 
-    def appended(self, name: str, app_id: str, batch_id: int) -> DataFrame | None:
-        from pyspark.sql import functions as F
-
-        found = (
-            self._delta_table(name)
-            .history()
-            .where(F.col("userMetadata") == commit_marker(app_id, batch_id))
-            .select("version")
-            .first()
-        )
-        if found is None:
-            return None
-        version = int(found[0])
-        reader = self.spark.read.format("delta").option("readChangeFeed", "true")
-        reader = reader.option("startingVersion", version).option("endingVersion", version)
-        changes = reader.table(self.location(name)) if self.namespace else reader.load(self.location(name))
-        inserted = changes.where(F.col("_change_type") == "insert")
-        return inserted.select(*[f"`{c}`" for c in self.spec(name).column_names])
-
     def version(self, name: str) -> int:
         return int(self._delta_table(name).history(1).select("version").first()[0])
 
     def committed_batch(self, name: str, app_id: str) -> int | None:
-        """From the commit markers in the history: bounded by log retention, unlike delta-rs's txn lookup."""
-        from pyspark.sql import functions as F
+        """From the commit markers of the newest commits (:func:`latest_marked_batch`)."""
+        table = self._delta_table(name)
 
-        prefix = f"{MARKER_PREFIX}{app_id}:"
-        rows = (
-            self._delta_table(name)
-            .history()
-            .where(F.col("userMetadata").startswith(prefix))
-            .select(F.max(F.substring(F.col("userMetadata"), len(prefix) + 1, 30).cast("long")))
-            .first()
-        )
-        return None if rows is None or rows[0] is None else int(rows[0])
+        def history(limit: int | None) -> list[Any]:
+            commits = table.history(limit) if limit is not None else table.history()
+            return commits.select("userMetadata").collect()
+
+        return latest_marked_batch(history, app_id)

@@ -48,7 +48,6 @@ from sinks.spark_arrow import to_arrow, to_spark
 from sinks.store import (
     COMMIT_MARKER_KEY,
     DELETED_FILE_RETENTION,
-    MARKER_PREFIX,
     TableData,
     TableStore,
     TableStoreError,
@@ -311,10 +310,12 @@ class DeltaRsTableStore(TableStore):
     ) -> bool:
         check_batch(app_id, batch_id)
         condition = merge_condition(tuple(keys or self.spec(name).merge_keys), quote="")
-        rows = _as_arrow(data)
+        collected: list[pa.Table] = []  # the source, collected once, by the first attempt (not for a replay)
 
         def attempt(table: DeltaTable) -> bool:
-            source = conform(rows, _arrow_schema(table), name)
+            if not collected:
+                collected.append(_as_arrow(data))
+            source = conform(collected[0], _arrow_schema(table), name)
             if source.num_rows == 0:
                 return True
             merger = table.merge(
@@ -382,10 +383,9 @@ class DeltaRsTableStore(TableStore):
         return removed
 
     def vacuum(self, name: str, retention_hours: float) -> int | None:
-        """delta-rs' full vacuum (files never committed too), keeping the files of each writer's latest
-        batch however old (:meth:`appended` reads them when a job redoes that batch after a restart, even
-        once compaction replaced them). On a local path, the files it deleted are counted on disk
-        (delta-rs lists every file it found unreferenced, deleted before or not)."""
+        """delta-rs' full vacuum (files never committed too: those of a write that failed or lost to another
+        attempt). On a local path, the files it deleted are counted on disk (delta-rs lists every file it
+        found unreferenced, deleted before or not)."""
         table = self._open_for_write(name)
         directory = local_directory(self.location(name))
         before = _files_on_disk(directory) if directory is not None else None
@@ -398,9 +398,7 @@ class DeltaRsTableStore(TableStore):
             self.set_properties(name, {DELETED_FILE_RETENTION: retention_interval(retention_hours)})
             table = self._open(name)
             period = {"retention_hours": None, "enforce_retention_duration": True}
-        listed = table.vacuum(
-            dry_run=False, full=True, keep_versions=_latest_marked_versions(table) or None, **period
-        )
+        listed = table.vacuum(dry_run=False, full=True, **period)
         if before is None or directory is None:
             return len(listed)
         return len(before - _files_on_disk(directory))
@@ -445,28 +443,6 @@ class DeltaRsTableStore(TableStore):
             .parquet(*files)
         )
         return frame.to(schema)  # the table's column order (partition columns come last otherwise)
-
-    def appended(self, name: str, app_id: str, batch_id: int) -> DataFrame | None:
-        table = self._open(name, fresh=True)  # loaded at older versions below
-        _check_plain_parquet(name, table)
-        marker = commit_marker(app_id, batch_id)
-        for limit in (100, None):  # the commit looked for is usually one of the latest
-            found = [c["version"] for c in table.history(limit) if c.get(COMMIT_MARKER_KEY) == marker]
-            if found:
-                break
-        else:
-            return None
-        version = int(found[0])
-        location = self.location(name)
-        table.load_as_version(version)
-        files = _live_files(table, location)
-        appended_to = self._open(name, fresh=True)
-        appended_to.load_as_version(version)  # its schema: the one the batch's rows were written in
-        if version > 0:
-            table.load_as_version(version - 1)
-            earlier = set(_live_files(table, location))
-            files = [f for f in files if f not in earlier]
-        return self._read_files(name, files, appended_to)
 
     def read_arrow(self, name: str, within: TimeRange | None = None) -> pa.Table:
         """The snapshot as Arrow, in the table's own schema. A local table's files are read with Arrow's own
@@ -530,20 +506,6 @@ def _files_within(table: DeltaTable, location: str, within: TimeRange | None) ->
     return [_local_file(directory, path) for path in paths]
 
 
-def _latest_marked_versions(table: DeltaTable) -> list[int]:
-    """The version of each writer's (app id's) latest batch commit found in the table's history."""
-    latest: dict[str, int] = {}
-    for limit in (100, None):
-        for commit in table.history(limit):
-            marker = commit.get(COMMIT_MARKER_KEY)
-            if isinstance(marker, str) and marker.startswith(MARKER_PREFIX):
-                app_id = marker[len(MARKER_PREFIX) :].rpartition(":")[0]
-                latest[app_id] = max(latest.get(app_id, -1), int(commit["version"]))
-        if latest:
-            break
-    return sorted(set(latest.values()))
-
-
 def _crowded_partitions(
     table: DeltaTable, target_bytes: int, min_files: int
 ) -> list[list[tuple[str, str, str]] | None]:
@@ -601,7 +563,7 @@ def _add_action(f: WrittenFile) -> AddAction:
 
 
 def _txn(app_id: str, batch_id: int) -> CommitProperties:
-    """The batch's ``txn`` action, and its marker in the commit info (what :meth:`appended` looks for)."""
+    """The batch's ``txn`` action, and its marker in the commit info (the commit of a batch, by name)."""
     return CommitProperties(
         app_transactions=[Transaction(app_id, batch_id)],
         custom_metadata={COMMIT_MARKER_KEY: commit_marker(app_id, batch_id)},

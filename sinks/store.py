@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 TableData = Any
 
 #: How a write names its batch in its commit's metadata (``userMetadata`` natively, a commitInfo key with
-#: delta-rs), so the commit of a batch can be found again (:meth:`TableStore.appended`).
+#: delta-rs), so the commit of a batch can be found in a table's history.
 MARKER_PREFIX = "timestone:"
 COMMIT_MARKER_KEY = "timestone.batch"
 
@@ -203,15 +203,6 @@ class TableStore(ABC):
     def read_arrow(self, name: str, within: TimeRange | None = None) -> pa.Table:
         """The current snapshot as Arrow in the table's own schema, as :meth:`read` (for small tables, small
         ranges, tests); with ``within``, as :meth:`read` narrows it."""
-
-    @abstractmethod
-    def appended(self, name: str, app_id: str, batch_id: int) -> DataFrame | None:
-        """The rows the append of ``(app_id, batch_id)`` added to the table; None when no commit holds it.
-
-        Found by the batch's commit marker; the rows are read from the files that commit added (delta-rs)
-        or from the change data feed of its version (native, which needs the feed on the table). For a
-        pipeline that redoes work of a batch whose input only that table still holds.
-        """
 
     @abstractmethod
     def version(self, name: str) -> int:

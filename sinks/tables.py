@@ -350,9 +350,16 @@ def device_minute(metrics: Sequence[str]) -> TableSpec:
     metric_columns = [
         column(f"{metric}_{stat}", DoubleType()) for metric in metrics for stat in ("min", "max", "avg")
     ]
+    value_counts = [
+        column(f"{metric}_count", LongType(), True, f"messages of the minute with a {metric} value")
+        for metric in metrics
+    ]
     return TableSpec(
         name="device_minute",
-        description="Per device and minute: message count and min/max/avg of every numeric payload field.",
+        description=(
+            "Per device and minute: message count, min/max/avg of every numeric payload field and how many "
+            "messages had a value."
+        ),
         schema=struct(
             column("device_id", StringType(), False),
             column("minute", TimestampType(), False, "start of the minute (UTC)"),
@@ -360,6 +367,7 @@ def device_minute(metrics: Sequence[str]) -> TableSpec:
             column("count", LongType(), False),
             *metric_columns,
             column("updated_at", TimestampType()),
+            *value_counts,
         ),
         partition_by=("event_date",),
         merge_keys=("device_id", "minute"),

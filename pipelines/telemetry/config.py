@@ -23,6 +23,11 @@ from sources.options import SourceOptionError, parse_options
 
 #: Columns every parsed telemetry row has, besides the configured payload fields.
 STANDARD_COLUMNS: tuple[str, ...] = ("device_id", "event_time", "broker", "topic", "offset", "timestamp")
+#: Other columns the job gives a record on its way to the tables: a payload field may not take their names.
+RESERVED_COLUMNS: frozenset[str] = frozenset(
+    {"client_id", "qos", "retain", "properties", "payload", "ingest_date", "ingested_at", "event_date"}
+    | {"is_telemetry", "topic_tags", "parse_error", "failed_expectations", "duplicate"}
+)
 
 #: Spark SQL type names a payload field may declare (what ``sinks.tables.parse_fields`` understands).
 PAYLOAD_TYPES: frozenset[str] = frozenset(
@@ -121,8 +126,6 @@ class TablesConfig:
     root: str = ".timestone/tables"
     backend: Literal["auto", "delta-rs", "native"] = "auto"
     namespace: str | None = None
-    executor_writes: list[str] = field(default_factory=list)
-    """delta-rs only: tables whose appends the Spark tasks write (no rows collected to the driver)."""
     storage_options: dict[str, str] = field(default_factory=dict)
     """delta-rs only: object-store settings of ``root`` (credentials, endpoint), read by the driver's commits
     and by the Spark tasks writing data files."""
@@ -180,7 +183,7 @@ class PayloadConfig:
                 raise ConfigError(
                     f"fields.{name}", f"unknown type {type_name!r}; one of {sorted(PAYLOAD_TYPES)}"
                 )
-            if name in STANDARD_COLUMNS or name in ("event_date", "ingested_at"):
+            if name in STANDARD_COLUMNS or name in RESERVED_COLUMNS or name.startswith("_"):
                 raise ConfigError(f"fields.{name}", "clashes with a column the pipeline adds")
         if self.event_time_field is not None and self.event_time_field not in self.fields:
             raise ConfigError("event_time_field", f"{self.event_time_field!r} is not one of fields")
@@ -201,10 +204,14 @@ class DedupConfig:
 
     message_id_fields: list[str] = field(default_factory=lambda: ["seq"])
     window_seconds: int = 600
+    state_timeout_seconds: int = 86_400
+    """A device silent this long (processing time) forgets the message ids it sent (its dedup state)."""
 
     def __post_init__(self) -> None:
         if self.window_seconds < 0:
             raise ConfigError("window_seconds", "must be >= 0")
+        if self.state_timeout_seconds < 1:
+            raise ConfigError("state_timeout_seconds", "must be >= 1")
 
 
 ExpectationType = Literal[

@@ -1,38 +1,41 @@
-"""The telemetry streaming query: one ``foreachBatch`` writes bronze, silver, quarantine, gold and dq_results.
+"""The telemetry streaming query: every record parsed, flagged and deduplicated on the executors, then one
+``foreachBatch`` writing bronze, silver, quarantine, device_minute, devices and dq_results.
+
+What runs where. The streaming part of the query (:func:`telemetry_rows`) runs in the Spark tasks: the
+source's read, the ingest stamp, the payload parsed into the configured fields, every expectation as a
+Spark expression, and the duplicate flag kept in Spark's state store (:mod:`.dedup`). ``foreachBatch``
+(:class:`TelemetryBatch`) caches the flagged batch on the executors and runs one aggregation over it (how
+many rows passed, failed and repeat a message, and every expectation's failures); then every table is
+written from the cache concurrently: the appends by the tasks, the driver committing their files
+(:mod:`sinks.delta_rs`); ``device_minute`` and ``devices`` as merges of one row per device and minute, or
+per device, that the tasks aggregate; ``dq_results`` from the counts and Great Expectations on a sample of
+at most ``quality.gx.max_rows`` rows. The driver plans, commits and merges what does not grow with a
+batch's rows.
 
 Why one query and not bronze → (change feed) → silver: a second query only starts once the first has
-committed, so silver would lag bronze by a trigger interval plus a commit; here silver is written in the
-same micro-batch, a few hundred milliseconds after bronze. Exactly-once holds per table: every write is
-keyed by (query id, batch id) in that table's Delta log (:mod:`sinks.foreach_batch`), so a batch that
-fails half-way is replayed by Spark with the same offsets and writes only the tables it had not written.
-
-Order inside a batch: the fast part first, bronze (lowest latency for the raw layer), one profile
-aggregation, then silver and quarantine concurrently; then the gold part, device_minute, devices and
-dq_results concurrently (the Great Expectations validation runs there). At a processing-time trigger the
-gold part runs in the background while the next batch's fast part runs (see :class:`TelemetryBatch` for why
-that stays exactly-once). With delta-rs a batch is one Spark job, its records read, parsed and collected as
-Arrow, and every step works on that in the driver (:meth:`TelemetryBatch._rows_in_driver`). See
-docs/telemetry-pipeline.md.
+committed, so silver would lag bronze by a trigger interval plus a commit. Exactly-once holds per table:
+every write is keyed by (query id, batch id) in that table's Delta log (:mod:`sinks.foreach_batch`), and the
+duplicate flags are the state store's for the batch, so a batch that fails half-way is replayed by Spark
+with the same offsets and the same flags and writes only the tables it had not written.
+See docs/telemetry-pipeline.md.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
 
-from broker_edge.config.loader import ConfigError
 from pipelines import available_now as available_now_run
 from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF, MaintenanceTarget
 from pipelines.maintenance.scheduler import MaintenanceScheduler
@@ -41,14 +44,13 @@ from pipelines.output_paths import check_output_location
 from pipelines.preflight import require_brokers
 from pipelines.supervisor import Supervisor
 from sinks import BatchWriter, TableCatalog, TableStore, build_catalog, exactly_once, open_table_store
-from sinks.store import TimeRange
 from sinks.tables import device_minute
 from sources.options import parse_options
 
-from . import driver_devices, driver_minutes, driver_rows, driver_silver
 from . import quality as Q
 from . import transforms as T
 from .config import STANDARD_COLUMNS, TelemetryConfig, load_telemetry_config
+from .dedup import DUPLICATE, flag_duplicates
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
@@ -57,24 +59,28 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: At most this many telemetry rows in the previous batch: bronze is appended from the driver (Arrow).
-SMALL_BATCH_ROWS = 20_000
-
 #: Spark SQL settings for every batch, set on the session of the batch's DataFrame (a streaming query's own
 #: session). Adaptive execution runs each shuffle stage of an action as a Spark job of its own and plans
-#: again between them; a micro-batch (a few hundred rows live, up to ``maxRecordsPerTrigger`` catching up)
-#: has nothing for it to adapt to (no skew, a few shuffle partitions), so that is only fixed cost: a
-#: 100,000-row batch used about 15 % more CPU with it.
-BATCH_SQL_CONF = {"spark.sql.adaptive.enabled": "false"}
+#: again between them; a micro-batch has nothing for it to adapt to (no skew, a few shuffle partitions), so
+#: that is only fixed cost. The batch's cached rows live for one batch and are read a few times:
+#: compressing them costs more than it spares.
+BATCH_SQL_CONF = {
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",
+}
 
-#: Spark SQL settings added for a batch that is not expected small (a catch-up one). Its cached rows live
-#: for one batch and are read a few times: compressing them costs more than it spares.
-LARGE_BATCH_SQL_CONF = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
+#: The state store of the query's duplicate flags: RocksDB (off the JVM heap, any size), its changes
+#: checkpointed each batch. Set before the query starts; a checkpoint keeps the provider it began with.
+STATE_STORE_CONF = {
+    "spark.sql.streaming.stateStore.providerClass": (
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+    ),
+    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    # no batch without new data just to time out idle devices' state: the next batch with data does it
+    "spark.sql.streaming.noDataMicroBatches.enabled": "false",
+}
 
-#: The tables of a batch's gold part (see :class:`TelemetryBatch`).
-GOLD = ("device_minute", "devices", "dq_results")
-
-#: The tables this pipeline writes, in the order a micro-batch writes them.
+#: The tables this pipeline writes.
 TABLES = (
     "bronze_telemetry",
     "silver_telemetry",
@@ -83,6 +89,10 @@ TABLES = (
     "devices",
     "dq_results",
 )
+
+#: ``device_minute``'s merge keys: ``event_date`` (a function of ``minute``) lets it read only the
+#: partitions a batch touched.
+MINUTE_KEYS = ("event_date", "device_id", "minute")
 
 
 def telemetry_catalog(config: TelemetryConfig) -> TableCatalog:
@@ -95,6 +105,21 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+def telemetry_rows(
+    records: DataFrame, config: TelemetryConfig, conditions: Mapping[str, Column]
+) -> DataFrame:
+    """The streaming part of the query: source records stamped with the batch's time, parsed, flagged with
+    the expectations they fail (``conditions``, :func:`.quality.row_failure_conditions`) and with whether
+    they repeat a message (:data:`.dedup.DUPLICATE`). Every record stays: bronze keeps them all.
+
+    This is the parse step's final form: a payload format plugs in at :func:`.transforms.decode_payloads`.
+    """
+    bronze = T.to_bronze(records, F.current_timestamp())
+    flagged = T.flag_failures(T.parse_records(bronze, config.payload), conditions)
+    candidate = F.col(T.IS_TELEMETRY) & ~T.is_quarantined()
+    return flag_duplicates(flagged, config.dedup, candidate)
+
+
 @dataclass
 class BatchReport:
     """What one micro-batch did (logged, and kept for tests and the demo)."""
@@ -102,13 +127,10 @@ class BatchReport:
     batch_id: int
     passed: int = 0
     quarantined: int = 0
+    duplicates: int = 0
     written: dict[str, bool] = field(default_factory=dict)
     gx_validated: bool = False
     step_ms: dict[str, float] = field(default_factory=dict)
-    #: the whole fast part (its steps and what prepares them), and how long the call then waited for the
-    #: previous batch's gold part (both None when not measured: a direct call, a redone batch)
-    fast_part_ms: float | None = None
-    gold_wait_ms: float | None = None
 
 
 @dataclass
@@ -129,46 +151,14 @@ class _Batch:
         return result
 
 
-@dataclass
-class _GoldPart:
-    """A batch's gold part: its steps, and the cached DataFrames to release once they ran."""
-
-    owner: TelemetryBatch
-    batch: _Batch
-    steps: dict[str, Callable[[], Any]]
-    cached: list[DataFrame]
-    #: whether the batch's report is in ``owner.reports`` already (else it joins once the steps are done)
-    reported: bool = False
-
-    def run(self) -> None:
-        try:
-            self.owner._run_steps(self.batch, self.steps)
-        finally:
-            self.release()
-        self.owner.maintenance.poke()
-        if not self.reported:
-            self.owner.reports.append(self.batch.report)
-        log.info("telemetry batch %d: %s", self.batch.out.batch_id, self.batch.report)
-
-    def release(self) -> None:
-        _unpersist(self.cached)
-
-
 class TelemetryBatch:
-    """Processes one micro-batch of source records into every table; holds what lives across batches.
+    """Writes one micro-batch of flagged records (:func:`telemetry_rows`) into every table; holds what
+    lives across batches.
 
-    A batch has a fast part and a gold part. The fast part writes bronze, runs one aggregation over the
-    parsed and flagged rows (which decides which writes the batch needs and carries the data-quality
-    counts), then writes silver and quarantine (concurrently): after it, the batch's readings are visible.
-    The gold part writes device_minute, devices and dq_results (concurrently). With ``defer_gold`` (what
-    :func:`start_query` sets by default) the call returns after the fast part and the gold
-    part runs in the background, while the next batch's fast part runs; the next call waits for it before
-    returning, so when Spark commits a batch, the gold part of the batch before it is in. A driver that
-    dies may therefore leave one committed batch without its gold part: a new instance redoes it from that
-    batch's bronze rows (:meth:`TableStore.appended`), every write skipped where it is in, before its query
-    starts (:meth:`resume`, from the checkpoint) or else at its first call, whatever its trigger. Without
-    ``defer_gold``, silver and quarantine run with the gold steps, all at once, and the call returns when
-    all are in. ``clock`` stamps ``ingested_at``/``updated_at``; tests pass a fixed one.
+    The batch is cached on the executors, one aggregation over it counts what the writes need, then the
+    tables are written concurrently (each Spark job is mostly fixed overhead at micro-batch scale, and
+    delta-rs frees the GIL while it commits). The call returns when every table is in. ``clock`` stamps
+    ``updated_at``, ``quarantined_at`` and ``observed_at``; tests pass a fixed one.
     """
 
     def __init__(
@@ -177,13 +167,10 @@ class TelemetryBatch:
         store: TableStore,
         clock: Callable[[], datetime] = utc_now,
         gx_validator: Q.GxValidator | None = None,
-        *,
-        defer_gold: bool = False,
     ) -> None:
         self.config = config
         self.store = store
         self.clock = clock
-        self.defer_gold = defer_gold
         self.column_types = {name: t.strip().lower() for name, t in config.payload.fields.items()}
         self.conditions = Q.row_failure_conditions(config.quality.suites, self.column_types)
         self.validator = gx_validator or Q.GxValidator(config.quality.suites, config.quality.gx.engine)
@@ -192,15 +179,10 @@ class TelemetryBatch:
         #: Called after each step with the step's name and the batch id; tests inject failures here.
         self.after_step: Callable[[str, int], None] = lambda step, batch_id: None
         self._pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="telemetry-batch")
-        self._gold = ThreadPoolExecutor(max_workers=1, thread_name_prefix="telemetry-gold")
-        self._pending: Future[None] | None = None
         #: compaction, vacuum and log clean-up of the job's tables, in the background (its own, unless
         #: :meth:`share_maintenance` gave it one that outlives it)
         self.maintenance = MaintenanceScheduler(store, TABLES, config.tables.maintenance)
         self._owns_maintenance = True
-        self._resumed = False
-        #: telemetry rows of the latest batch (None before the first): small batches append bronze via Arrow
-        self._last_rows: int | None = None
         #: the session's own values of what the batch settings replace (read at the first batch, set back
         #: by ``close``)
         self._session_conf: dict[str, str | None] | None = None
@@ -216,251 +198,84 @@ class TelemetryBatch:
         for name in TABLES:
             self.store.ensure(name)
 
-    def settle(self) -> None:
-        """Wait for the gold part of the latest batch, if it is running; re-raise its failure."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
-
     def close(self) -> None:
-        """Finish the gold part in flight and release the threads (the query must be stopped)."""
-        try:
-            self.settle()
-        except Exception:  # the next start redoes it (see the class docstring)
-            log.exception("the gold part of the last telemetry batch failed")
-        finally:
-            self._gold.shutdown(wait=True)
-            if self._owns_maintenance:
-                self.maintenance.close()
-            self._pool.shutdown(wait=True)
-            if self._configured is not None and self._session_conf is not None:
-                _set_conf(self._configured, self._session_conf)
+        """Release the threads (the query must be stopped) and give the session its own settings back."""
+        if self._owns_maintenance:
+            self.maintenance.close()
+        self._pool.shutdown(wait=True)
+        if self._configured is not None and self._session_conf is not None:
+            _set_conf(self._configured, self._session_conf)
 
-    def __call__(self, records: DataFrame, out: BatchWriter) -> None:
-        if not self._resumed:  # whatever the trigger: the last instance may have deferred its gold part
-            self._complete_previous(out.app_id, out.batch_id - 1)
-        self._resumed = True
-        began = time.perf_counter()
-        gold = self._fast_part(records, out)
-        report = gold.batch.report
-        report.fast_part_ms = _ms_since(began)
-        if not self.defer_gold:
-            gold.run()
-            return
-        began = time.perf_counter()
-        try:
-            self.settle()  # the previous batch's gold part ran alongside this batch's fast part
-        except BaseException:
-            gold.release()
-            raise
-        report.gold_wait_ms = _ms_since(began)
-        self._pending = self._gold.submit(gold.run)
-
-    def resume(self, checkpoint: str) -> None:
-        """Before the query starts: redo the checkpoint's last committed batch where its gold part is missing.
-
-        Spark runs no batch when there is nothing new to read (an availableNow restart of a caught-up
-        query), so the first call cannot be relied on for it. A checkpoint this cannot read (not on the
-        local file system) leaves it to the first call.
-        """
-        committed = last_committed_batch(checkpoint)
-        if committed is not None and not self._resumed:
-            app_id, batch_id = committed
-            self._complete_previous(app_id, batch_id)
-            self._resumed = True  # the first call's batch follows that one (or replays the one after it)
-
-    def _complete_previous(self, app_id: str, previous: int) -> None:
-        """Redo batch ``previous`` from its bronze rows: its gold part may not have run.
-
-        Its tables hold it or not; where they do, the write is skipped (its ``txn``), so this only fills in
-        what a driver that died while the gold part ran had not written.
-        """
-        if previous < 0 or not self.store.exists("bronze_telemetry"):
-            return
-        if all(self._already_written(name, BatchWriter(self.store, app_id, previous)) for name in GOLD):
-            return  # the usual case: a batch that passed rows writes every one of them
-        rows = self.store.appended("bronze_telemetry", app_id, previous)
-        if rows is None:
-            return
-        log.info("telemetry batch %d: gold part redone from its bronze rows", previous)
-        self._fast_part(rows, BatchWriter(self.store, app_id, previous)).run()
-
-    def _fast_part(self, records: DataFrame, out: BatchWriter) -> _GoldPart:
-        """Bronze, the profile, and with ``defer_gold`` silver and quarantine; returns what is left to run.
-
-        Without ``defer_gold`` silver and quarantine join the gold steps, all running concurrently, and
-        the tables are complete when the call returns (a direct call, a batch redone).
-        """
+    def __call__(self, rows: DataFrame, out: BatchWriter) -> None:
         batch = _Batch(out, self.clock(), BatchReport(out.batch_id), self.after_step)
-        self._configure_session(records.sparkSession)
-        if self._rows_in_driver():
-            return self._driver_fast_part(records, batch)
-        return self._spark_fast_part(records, batch)
-
-    def _driver_fast_part(self, records: DataFrame, batch: _Batch) -> _GoldPart:
-        """:meth:`_fast_part` with one Spark job: the source read, parsed and flagged, collected as Arrow;
-        every table's rows are then computed from it in the driver (:mod:`.driver_rows`,
-        :mod:`.driver_silver`, :mod:`.driver_minutes`, :mod:`.driver_devices`)."""
-        out = batch.out
-        bronze = T.to_bronze(records, batch.now)
-        frame = T.flag_failures(T.parse_records(bronze, self.config.payload), self.conditions)
-        collected = batch.step("collect", frame.toArrow)
-        bronze_rows = driver_rows.bronze_rows(collected, bronze.columns)
-        appending = self._pool.submit(  # while the rest is computed (delta-rs frees the GIL)
-            batch.step, "bronze_telemetry", lambda: out.append("bronze_telemetry", bronze_rows)
-        )
+        self._configure_session(rows.sparkSession)
+        cached = rows.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            telemetry = driver_rows.telemetry_rows(collected)
-            suites = self.config.quality.suites
-            counts = batch.step("profile", lambda: driver_rows.profile(telemetry, suites, self.column_types))
-            fast, gold = self._driver_steps(batch, telemetry, frame, counts)
-            appending.result()  # bronze is in before anything else is written
-            return self._finish_fast_part(batch, counts, fast, gold, [])
-        except BaseException:
-            wait([appending])  # no step may outlive its failed batch
-            raise
+            # the batch's first Spark job: it reads the source, fills the cache and commits the state store
+            counts = batch.step("profile", lambda: self._profile(cached))
+            report = batch.report
+            report.passed, report.quarantined = counts["passed"], counts["quarantined"]
+            report.duplicates = counts["duplicates"]
+            self._run_steps(batch, self._steps(batch, cached, counts))
+        finally:
+            cached.unpersist()
+        batch.report.written = out.results
+        self.reports.append(batch.report)
+        self.maintenance.poke()
+        log.info("telemetry batch %d: %s", out.batch_id, batch.report)
 
-    def _driver_steps(
-        self, batch: _Batch, telemetry: pa.Table, frame: DataFrame, counts: Mapping[str, Any]
-    ) -> tuple[dict[str, Callable[[], Any]], dict[str, Callable[[], Any]]]:
-        """The writes of :meth:`_driver_fast_part`'s batch: silver and quarantine, then the gold part."""
-        out = batch.out
-        fast: dict[str, Callable[[], Any]] = {}
-        gold: dict[str, Callable[[], Any]] = {}
-        passed = driver_rows.passed_rows(telemetry)
-        if counts["passed"]:
-            low, high = counts["low_us"], counts["high_us"]
-            replayed = self._already_written("silver_telemetry", out)
-            stored = self.store.read_arrow("silver_telemetry", self._stored_range(low, high))
-            if replayed:  # a row is not its own duplicate, and a minute must not count it twice
-                stored = driver_minutes.without_records_of(stored, passed)
-            dedup, fields = self.config.dedup, list(self.config.payload.silver_fields)
-            silver = batch.step(
-                "dedup",
-                lambda: driver_silver.silver_rows(
-                    passed, stored, dedup.message_id_fields, dedup.window_seconds, fields
-                ),
+    def _profile(self, rows: DataFrame) -> dict[str, Any]:
+        """One aggregation over the batch's telemetry rows: what :meth:`_steps` needs to know."""
+        quality = Q.expression_aggregates(self.config.quality.suites, self.column_types)
+        telemetry = rows.where(F.col(T.IS_TELEMETRY))
+        return _one_row(telemetry.agg(*T.profile_aggregates(DUPLICATE), *quality)).asDict()
+
+    def _steps(
+        self, batch: _Batch, rows: DataFrame, counts: Mapping[str, Any]
+    ) -> dict[str, Callable[[], Any]]:
+        """Each table's write of the batch (a table without rows to write is left alone)."""
+        out, now = batch.out, batch.now
+        config = self.config
+        passed = T.passed_rows(rows)
+        silver_rows = passed.where(~F.col(DUPLICATE))
+        metrics = config.gold.minute_metrics
+        steps: dict[str, Callable[[], Any]] = {
+            "bronze_telemetry": lambda: out.append("bronze_telemetry", rows.select(*T.BRONZE_COLUMNS)),
+        }
+        if counts["passed"] > counts["duplicates"]:
+            fields = list(config.payload.silver_fields)
+            steps["silver_telemetry"] = lambda: out.append(
+                "silver_telemetry", T.to_silver(silver_rows, fields)
             )
-            minutes = _whole_minutes(low, high).arrow_rows(stored)
-            devices = self.config.gold.devices
-            fast["silver_telemetry"] = lambda: self._write_silver(out, lambda: silver, replayed)
-            gold["device_minute"] = lambda: self._merge_device_minute(batch, minutes, silver)
-            gold["devices"] = lambda: self._merge_devices(
-                batch, driver_devices.device_updates(passed, devices, batch.now)
+            steps["device_minute"] = lambda: out.merge(
+                "device_minute",
+                T.minute_increments(silver_rows, metrics, now),
+                keys=MINUTE_KEYS,
+                update_set=T.minute_merge_set(metrics),
             )
         if counts["quarantined"]:
-            fast["telemetry_quarantine"] = lambda: out.append(
-                "telemetry_quarantine",
-                driver_rows.quarantine_rows(telemetry, out.app_id, out.batch_id, batch.now),
-            )
+            quarantine = T.to_quarantine(rows, out.app_id, out.batch_id, now)
+            steps["telemetry_quarantine"] = lambda: out.append("telemetry_quarantine", quarantine)
+        if counts["passed"] or config.gold.devices.status_template is not None:
+            steps["devices"] = lambda: self._write_devices(batch, rows, passed)
         if counts["dq_rows"]:
-            outcomes = Q.outcomes_from_counts(counts, self.config.quality.suites)
-            schema = frame.select(*self._gx_columns()).schema
-            timezone = frame.sparkSession.conf.get("spark.sql.session.timeZone", None)
-            max_rows = self.config.quality.gx.max_rows
-
-            def validate() -> tuple[list[Q.ExpectationOutcome], int]:
-                parsed = driver_rows.parsed_rows(telemetry)
-                return Q.gx_outcomes_of_arrow(self.validator, parsed, schema, timezone, max_rows)
-
-            gold["dq_results"] = lambda: self._write_dq(batch, outcomes, validate)
-        return fast, gold
-
-    def _spark_fast_part(self, records: DataFrame, batch: _Batch) -> _GoldPart:
-        """:meth:`_fast_part` with the batch's rows cached in Spark and each table's rows a Spark query."""
-        out = batch.out
-        bronze = T.to_bronze(records, batch.now).persist()  # the gold part reads it after the call returns
-        cached = [bronze]
-        appending: Future[Any] | None = None
-        try:
-            if self._collects_bronze():  # appended while the profile runs (delta-rs frees the GIL)
-                collected_bronze = bronze.toArrow()
-                appending = self._pool.submit(
-                    batch.step, "bronze_telemetry", lambda: out.append("bronze_telemetry", collected_bronze)
-                )
-            else:
-                batch.step("bronze_telemetry", lambda: out.append("bronze_telemetry", bronze))
-            parsed = T.parse_telemetry(bronze, self.config.payload)
-            # cached without the raw columns only quarantine reads (taken from bronze for its rows)
-            flagged = T.flag_failures(T.without_raw_columns(parsed), self.conditions)
-            cached.append(flagged.persist())
-            quality = Q.expression_aggregates(self.config.quality.suites, self.column_types)
-            counts = batch.step(
-                "profile", lambda: _one_row(flagged.agg(*T.profile_aggregates(), *quality)).asDict()
+            outcomes = Q.outcomes_from_counts(counts, config.quality.suites)
+            telemetry = rows.where(F.col(T.IS_TELEMETRY))
+            max_rows = config.quality.gx.max_rows
+            steps["dq_results"] = lambda: self._write_dq(
+                batch,
+                outcomes,
+                lambda: Q.gx_outcomes(self.validator, telemetry, self._gx_columns(), max_rows),
             )
-            if appending is not None:  # bronze is in before anything else is written
-                appending.result()
-            passed = T.passed_rows(flagged)
-            fast: dict[str, Callable[[], Any]] = {}
-            gold: dict[str, Callable[[], Any]] = {}
-            if counts["passed"]:
-                low, high = counts["low_us"], counts["high_us"]
-                replayed = self._already_written("silver_telemetry", out)
-                before = self._silver_before(passed, self._stored_range(low, high), replayed)
-                rows = self._silver_rows(passed, before, low, high)
-                if self._minutes_in_driver():  # read once, by whichever of silver and device_minute is first
-                    collected = _Collected(rows)
-                    stored = self.store.read_arrow("silver_telemetry", _whole_minutes(low, high))
-                    fast["silver_telemetry"] = lambda: self._write_silver(out, collected, replayed)
-                    gold["device_minute"] = lambda: self._write_device_minute_in_driver(
-                        batch, collected, stored, replayed
-                    )
-                else:
-                    rows = rows.persist()
-                    cached.append(rows)
-                    fast["silver_telemetry"] = lambda: self._write_silver(out, lambda: rows, replayed)
-                    gold["device_minute"] = lambda: self._write_device_minute(batch, rows, before, low, high)
-            if counts["quarantined"]:
-                rejected = T.with_raw_columns(flagged.where(T.is_quarantined()), bronze)
-                quarantine = T.to_quarantine(rejected, out.app_id, out.batch_id, batch.now)
-                fast["telemetry_quarantine"] = lambda: out.append("telemetry_quarantine", quarantine)
-            if counts["passed"] or self.config.gold.devices.status_template is not None:
-                gold["devices"] = lambda: self._write_devices(batch, bronze, passed)
-            if counts["dq_rows"]:
-                outcomes = Q.outcomes_from_counts(counts, self.config.quality.suites)
-                max_rows = self.config.quality.gx.max_rows
-                gold["dq_results"] = lambda: self._write_dq(
-                    batch,
-                    outcomes,
-                    lambda: Q.gx_outcomes(self.validator, flagged, self._gx_columns(), max_rows),
-                )
-            return self._finish_fast_part(batch, counts, fast, gold, cached)
-        except BaseException:
-            if appending is not None:  # no step may outlive its failed batch
-                wait([appending])
-            _unpersist(cached)
-            raise
-
-    def _finish_fast_part(
-        self,
-        batch: _Batch,
-        counts: Mapping[str, Any],
-        fast: dict[str, Callable[[], Any]],
-        gold: dict[str, Callable[[], Any]],
-        cached: list[DataFrame],
-    ) -> _GoldPart:
-        """Note the batch's counts; with ``defer_gold`` run the fast steps; what is left to run."""
-        self._last_rows = counts["dq_rows"]
-        batch.report.passed, batch.report.quarantined = counts["passed"], counts["quarantined"]
-        if self.defer_gold:
-            self._run_steps(batch, fast)
-        batch.report.written = batch.out.results  # the gold part's writes join it when they are done
-        if not self.defer_gold:  # nothing is visible before the call returns: every step at once
-            return _GoldPart(self, batch, {**fast, **gold}, cached)
-        self.reports.append(batch.report)
-        return _GoldPart(self, batch, gold, cached, reported=True)
+        return steps
 
     def _run_steps(self, batch: _Batch, steps: Mapping[str, Callable[[], Any]]) -> None:
-        """Run the steps concurrently (each Spark job is mostly fixed overhead); re-raise a failure.
+        """Run the steps concurrently; re-raise a failure.
 
-        Every step ends before this returns or raises: the caller releases the cached DataFrames the steps
-        read, and a step still running must not write after its batch failed. The failure raised is the
-        first one that happened (a later one may only follow from it); the batch is then replayed.
+        Every step ends before this returns or raises: the caller releases the cached rows the steps read,
+        and a step still running must not write after its batch failed. The failure raised is the first
+        one that happened (a later one may only follow from it); the batch is then replayed.
         """
-        if len(steps) == 1:
-            [(name, work)] = steps.items()
-            batch.step(name, work)
-            return
         failures: list[BaseException] = []
 
         def run(name: str, work: Callable[[], Any]) -> None:
@@ -475,166 +290,39 @@ class TelemetryBatch:
         if failures:
             raise failures[0]
 
-    def _expects_small_batch(self) -> bool:
-        """After a small batch the next is likely small too; not a first batch, nor one after a large one."""
-        return self._last_rows is not None and self._last_rows <= SMALL_BATCH_ROWS
-
     def _configure_session(self, spark: SparkSession) -> None:
-        """Set :data:`BATCH_SQL_CONF`, and :data:`LARGE_BATCH_SQL_CONF` unless the batch is expected small
-        (over the session's own values, which ``close`` sets back).
+        """Set :data:`BATCH_SQL_CONF` (over the session's own values, which ``close`` sets back).
 
         Set at every batch: a streaming query hands each batch a new handle on its own session.
         """
         if self._session_conf is None:
-            keys = [*BATCH_SQL_CONF, *LARGE_BATCH_SQL_CONF]
-            self._session_conf = {key: spark.conf.get(key, None) for key in keys}
-        chosen = BATCH_SQL_CONF if self._expects_small_batch() else {**BATCH_SQL_CONF, **LARGE_BATCH_SQL_CONF}
-        _set_conf(spark, {**self._session_conf, **chosen})
+            self._session_conf = {key: spark.conf.get(key, None) for key in BATCH_SQL_CONF}
+        _set_conf(spark, BATCH_SQL_CONF)
         self._configured = spark
-
-    def _collects_bronze(self) -> bool:
-        """Whether the batch's bronze rows are collected to the driver and appended by delta-rs there
-        (while the profile runs): with delta-rs, unless bronze is in ``tables.executor_writes`` and the
-        batch is not expected small.
-
-        Collecting a catch-up batch of 100,000 rows as Arrow and writing it with delta-rs took about half
-        the time and CPU of writing it from the tasks (Spark's rows cross to Python workers there); a
-        micro-batch of a few hundred rows, several times less.
-        """
-        if self.store.backend != "delta-rs":
-            return False
-        return self._expects_small_batch() or "bronze_telemetry" not in self.config.tables.executor_writes
-
-    def _rows_in_driver(self) -> bool:
-        """Whether the batch is collected to the driver in one Spark job and every table's rows computed
-        there with Arrow (:meth:`_driver_fast_part`): with delta-rs, when neither bronze nor silver is
-        written from the tasks, and for what the Arrow steps compute as Spark does (devices from telemetry
-        only, with string attributes; expectations named apart; GX on pandas).
-
-        A catch-up batch of 100,000 rows ran six Spark jobs the other way (bronze's collect, the profile,
-        silver's deduplication, the GX sample, devices); here one, and the driver's Arrow work is a few
-        hundred milliseconds of it.
-        """
-        tables = self.config.tables.executor_writes
-        on_tasks = "bronze_telemetry" in tables or "silver_telemetry" in tables
-        payload, quality = self.config.payload, self.config.quality
-        return (
-            self.store.backend == "delta-rs"
-            and not on_tasks
-            and driver_devices.supported(self.config.gold.devices, self.column_types)
-            and driver_rows.supported(quality.suites)
-            and quality.gx.engine == "pandas"
-            and not set(payload.fields) & set(T.PARSED_RECORD_COLUMNS)
-        )
-
-    def _minutes_in_driver(self) -> bool:
-        """Whether device_minute is computed with Arrow in the driver (:mod:`.driver_minutes`) from the
-        silver rows collected for silver's own append: with delta-rs, unless silver is written from the
-        tasks. That spares a Spark query (a scan of stored silver, a shuffle, a collect) per batch."""
-        executor_written = "silver_telemetry" in self.config.tables.executor_writes
-        return self.store.backend == "delta-rs" and not executor_written
-
-    # -- silver, quarantine and device_minute ------------------------------------------------------------
 
     def _already_written(self, name: str, out: BatchWriter) -> bool:
         committed = self.store.committed_batch(name, out.app_id) if self.store.exists(name) else None
         return committed is not None and committed >= out.batch_id
 
-    def _stored_range(self, low_us: int, high_us: int) -> TimeRange:
-        """The event times of stored silver a batch with these event times compares with: its dedup
-        window and its whole minutes (so a read opens the files of those times only)."""
-        dedup = self.config.dedup
-        window_us = dedup.window_seconds * 1_000_000 if dedup.message_id_fields else 0
-        minutes = _whole_minutes(low_us, high_us)
-        return TimeRange(
-            "event_time", min(low_us - window_us, minutes.low_us), max(high_us + window_us, minutes.high_us)
-        )
-
-    def _silver_before(self, passed: DataFrame, within: TimeRange, replayed: bool) -> DataFrame:
-        """Silver as it was before this batch, ``within`` its event times: a snapshot taken before this
-        batch's silver append starts.
-
-        When an earlier attempt of the batch already appended to silver (``replayed``), its records are
-        taken out again (a row cannot be a duplicate of itself, and a minute must not count it twice);
-        otherwise the snapshot cannot hold them, and that join over the batch's keys is not needed.
-        """
-        stored = self.store.read("silver_telemetry", within)
-        return T.without_records_of(stored, passed) if replayed else stored
-
-    def _silver_rows(self, passed: DataFrame, before: DataFrame, low_us: int, high_us: int) -> DataFrame:
-        """This batch's silver rows: duplicates dropped within the batch and against silver before it."""
-        dedup = self.config.dedup
-        rows = T.drop_duplicates_in_batch(passed, dedup.message_id_fields, dedup.window_seconds)
-        if dedup.message_id_fields:
-            window_us = dedup.window_seconds * 1_000_000
-            stored = before.where(T.event_time_between(low_us - window_us, high_us + window_us))
-            rows = T.drop_already_stored(rows, stored, dedup.message_id_fields, dedup.window_seconds)
-        return T.to_silver(rows, list(self.config.payload.silver_fields))
-
-    def _write_silver(
-        self, out: BatchWriter, silver_rows: Callable[[], DataFrame | pa.Table], replayed: bool
-    ) -> None:
-        if replayed:  # spare computing rows the store would skip
-            out.results["silver_telemetry"] = False
-            return
-        out.append("silver_telemetry", silver_rows())
-
-    def _write_device_minute(
-        self, batch: _Batch, silver_rows: DataFrame, before: DataFrame, low_us: int, high_us: int
-    ) -> None:
-        """Recompute every minute the batch's silver rows fall in, from silver as it is with them, and merge.
-
-        "Silver with this batch's rows" is silver before the batch plus the rows, which holds whether
-        silver's append (running concurrently) or an earlier attempt's has landed or not (a row
-        deduplicated away is in neither). A recomputed row does not depend on what the table held before,
-        so merging it twice changes nothing, and late data just recomputes its minute.
-        """
-        minutes = _whole_minutes(low_us, high_us)
-        stored = before.where(T.event_time_between(minutes.low_us, minutes.high_us))
-        metrics = self.config.gold.minute_metrics
-        rows = T.touched_minute_aggregates(stored, silver_rows, metrics, batch.now)
-        # event_date (a function of minute) in the match lets the merge read only the touched partitions.
-        batch.out.merge("device_minute", rows, keys=("event_date", "device_id", "minute"))
-
-    def _write_device_minute_in_driver(
-        self, batch: _Batch, silver_rows: _Collected, stored: pa.Table, replayed: bool
-    ) -> None:
-        """:meth:`_write_device_minute` computed with Arrow: ``stored`` is silver's whole minutes of the
-        batch, read before its silver append could land (less the batch's own records on a replay)."""
-        rows = silver_rows()
-        if replayed:
-            stored = driver_minutes.without_records_of(stored, rows)
-        self._merge_device_minute(batch, stored, rows)
-
-    def _merge_device_minute(self, batch: _Batch, stored: pa.Table, silver_rows: pa.Table) -> None:
-        """Merge the minutes ``silver_rows`` touch, recomputed with ``stored`` (silver before the batch,
-        its whole minutes) in the driver."""
-        metrics = self.config.gold.minute_metrics
-        minutes = driver_minutes.touched_minute_aggregates(stored, silver_rows, metrics, batch.now)
-        batch.out.merge("device_minute", minutes, keys=("event_date", "device_id", "minute"))
-
     # -- devices -----------------------------------------------------------------------------------------
 
-    def _write_devices(self, batch: _Batch, bronze: DataFrame, passed: DataFrame) -> None:
-        """Upsert the devices seen (:meth:`_merge_devices`), from the telemetry and the status rows."""
-        devices = self.config.gold.devices
-        sightings = T.telemetry_sightings(passed, devices)
-        if devices.status_template is not None:
-            sightings = sightings.unionByName(T.parse_status(bronze, devices))
-        self._merge_devices(batch, T.device_updates(sightings, batch.now))
-
-    def _merge_devices(self, batch: _Batch, updates: DataFrame | pa.Table) -> None:
-        """Merge ``devices`` rows; ``last_seen`` only moves forward, known attributes are kept.
+    def _write_devices(self, batch: _Batch, rows: DataFrame, passed: DataFrame) -> None:
+        """Upsert the devices seen, from the telemetry rows that passed (a resent reading too: the device
+        was seen) and the status rows; ``last_seen`` only moves forward, known attributes are kept.
 
         An attribute the batch does not carry (null) keeps its stored value inside the merge itself, so
         the stored table is not read into Spark first.
         """
-        columns = updates.columns if isinstance(updates, DataFrame) else updates.column_names
+        devices = self.config.gold.devices
+        sightings = T.telemetry_sightings(passed, devices)
+        if devices.status_template is not None:
+            sightings = sightings.unionByName(T.parse_status(rows, devices))
+        updates = T.device_updates(sightings, batch.now)
         batch.out.merge(
             "devices",
             updates,
             update_when="s.last_seen >= t.last_seen",
-            update_set=T.device_update_set(columns),
+            update_set=T.device_update_set(updates.columns),
         )
 
     # -- data quality ------------------------------------------------------------------------------------
@@ -679,9 +367,6 @@ class TelemetryBatch:
 
 def open_store(spark: SparkSession | None, config: TelemetryConfig) -> TableStore:
     tables = config.tables
-    for index, name in enumerate(tables.executor_writes):
-        if name not in TABLES:
-            raise ConfigError(f"tables.executor_writes[{index}]", f"{name!r} is not a table of this pipeline")
     return open_table_store(
         spark,
         tables.root,
@@ -698,30 +383,34 @@ def start_query(
     batch: TelemetryBatch,
     available_now: bool = False,
     source_options: Mapping[str, str] | None = None,
-    defer_gold: bool | None = None,
 ) -> StreamingQuery:
-    """Start the streaming query (source → foreachBatch); the caller waits for or stops it, then closes
-    ``batch`` (the tables are complete once that returns). ``defer_gold`` (default: True, at any trigger)
-    sets ``batch.defer_gold``: a batch's gold part overlaps the next batch's fast part, which took a
-    catch-up of 100,000-row batches about a sixth less CPU and a third less time than every step of a
-    batch at once."""
+    """Start the streaming query (source → :func:`telemetry_rows` → foreachBatch); the caller waits for or
+    stops it, then closes ``batch``."""
     from sources import register_sources
 
     register_sources(spark)
-    # Spark purges the checkpoint's offsets and commits older than this many batches as the query runs
-    spark.conf.set(MIN_BATCHES_TO_RETAIN_CONF, str(config.tables.maintenance.checkpoint_batches))
     options = dict(config.source_options())
     options.update(source_options or {})
     if available_now:
         options.update(available_now_run.source_options(spark))
     records = spark.readStream.format("timestone").options(**options).load()
-    batch.defer_gold = True if defer_gold is None else defer_gold
+    return start_query_on(records, config, batch, available_now)
+
+
+def start_query_on(
+    records: DataFrame, config: TelemetryConfig, batch: TelemetryBatch, available_now: bool = False
+) -> StreamingQuery:
+    """:func:`start_query` on a streaming DataFrame of records with the ``timestone`` source's columns."""
+    spark = records.sparkSession
+    # Spark purges the checkpoint's offsets and commits older than this many batches as the query runs
+    spark.conf.set(MIN_BATCHES_TO_RETAIN_CONF, str(config.tables.maintenance.checkpoint_batches))
+    _set_conf(spark, STATE_STORE_CONF)
     writer = (
-        records.writeStream.queryName(config.stream.query_name)
+        telemetry_rows(records, config, batch.conditions)
+        .writeStream.queryName(config.stream.query_name)
         .option("checkpointLocation", config.stream.checkpoint)
-        .foreachBatch(exactly_once(batch.store, batch, persist=False))  # the batch caches bronze itself
+        .foreachBatch(exactly_once(batch.store, batch, persist=False))  # the batch caches its rows itself
     )
-    batch.resume(config.stream.checkpoint)
     if available_now:
         return available_now_run.start(writer, spark)
     return writer.trigger(processingTime=config.stream.trigger_interval).start()
@@ -800,43 +489,8 @@ def supervise(
         maintenance.close()
 
 
-def last_committed_batch(checkpoint: str) -> tuple[str, int] | None:
-    """The query id and last committed batch id in a streaming checkpoint on the local file system."""
-    path = checkpoint.removeprefix("file:")
-    if "://" in path:
-        return None
-    root = Path(path)
-    try:
-        query_id = json.loads((root / "metadata").read_text().splitlines()[0])["id"]
-        batch_ids = [int(f.name) for f in (root / "commits").iterdir() if f.name.isdigit()]
-    except (OSError, ValueError, KeyError, IndexError):
-        return None
-    return (query_id, max(batch_ids)) if batch_ids else None
-
-
-class _Collected:
-    """A DataFrame collected to Arrow once, by whichever step needs it first (steps run concurrently)."""
-
-    def __init__(self, frame: DataFrame) -> None:
-        self._frame = frame
-        self._lock = threading.Lock()
-        self._table: pa.Table | None = None
-
-    def __call__(self) -> pa.Table:
-        with self._lock:
-            if self._table is None:
-                self._table = self._frame.toArrow()
-            return self._table
-
-
 def _ms_since(began: float) -> float:
     return round(1000 * (time.perf_counter() - began), 1)
-
-
-def _whole_minutes(low_us: int, high_us: int) -> TimeRange:
-    """From the start of ``low_us``'s minute to the start of the minute after ``high_us``'s."""
-    minute_us = 60_000_000
-    return TimeRange("event_time", low_us - low_us % minute_us, high_us - high_us % minute_us + minute_us)
 
 
 def _set_conf(spark: SparkSession, conf: Mapping[str, str | None]) -> None:
@@ -846,11 +500,6 @@ def _set_conf(spark: SparkSession, conf: Mapping[str, str | None]) -> None:
             spark.conf.unset(key)
         else:
             spark.conf.set(key, value)
-
-
-def _unpersist(frames: list[DataFrame]) -> None:
-    for frame in frames:
-        frame.unpersist()
 
 
 def _one_row(frame: DataFrame) -> Row:

@@ -4,9 +4,10 @@ A GX validation on a Spark DataFrame runs many Spark jobs, too slow to gate ever
 trigger (docs/telemetry-pipeline.md has the measured costs). So each declared expectation is *also* compiled
 into a Spark column expression with GX's own semantics (nulls ignored except by ``not_null``, NaN counted as
 missing as GX's pandas engine does). Those expressions route every row of every batch (quarantine or silver)
-and count failures in one aggregation. The real GX validation runs on its schedule, by default on the batch's
-rows collected to pandas (much cheaper), and its results are what ``dq_results`` records for the batches it
-validates. Tests check that both engines agree on the same rows.
+and count failures in one aggregation on the executors. The real GX validation runs on its schedule, on a
+sample of at most ``quality.gx.max_rows`` of the batch's rows (by default collected to pandas, much cheaper
+than GX on Spark), and its results are what ``dq_results`` records for the batches it validates. Tests
+check that both engines agree on the same rows.
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
 
 from .config import ExpectationConfig, GxRunConfig, SuiteConfig
 
@@ -301,23 +300,6 @@ def gx_outcomes(
         return validator.validate(cached), cached.count()
     finally:
         cached.unpersist()
-
-
-def gx_outcomes_of_arrow(
-    validator: GxValidator, parsed: pa.Table, schema: StructType, timezone: str | None, max_rows: int
-) -> tuple[list[ExpectationOutcome], int]:
-    """:func:`gx_outcomes` on parsed rows already in the driver as Arrow (``schema``: their Spark schema).
-
-    The pandas frame is made by PySpark's own conversion of ``toPandas`` (its session ``timezone``), so GX
-    sees the same values and types as from a Spark sample; the first ``max_rows`` rows are validated.
-    """
-    from sinks.spark_arrow import to_pandas
-
-    if validator.engine != "pandas":
-        raise ValueError("validating Arrow rows needs the pandas engine")
-    sample = parsed.select(schema.names).slice(0, max_rows)
-    frame = to_pandas(sample, schema, timezone)
-    return validator.validate(frame), len(frame)
 
 
 def merge_outcomes(

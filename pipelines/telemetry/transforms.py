@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from sinks.tables import bronze_telemetry
@@ -22,8 +22,6 @@ REASON_UNPARSEABLE = "unparseable_payload"
 REASON_EXPECTATIONS = "failed_expectations"
 
 _CORRUPT = "_corrupt_record"
-#: What identifies a record in a batch (and in a table).
-_RECORD_KEY = ["broker", "topic", "offset"]
 _RECORD_COLUMNS = (
     "broker",
     "topic",
@@ -37,8 +35,11 @@ _RECORD_COLUMNS = (
 )
 
 
-def to_bronze(records: DataFrame, ingested_at: datetime) -> DataFrame:
+def to_bronze(records: DataFrame, ingested_at: datetime | Column) -> DataFrame:
     """Source records as bronze rows: unchanged, plus when and on which (UTC) date they were ingested.
+
+    In the streaming query ``ingested_at`` is ``current_timestamp()``: the micro-batch's own time, which
+    Spark keeps in the checkpoint, so a replayed batch stamps its rows as its first attempt did.
 
     Columns take the types ``sinks.tables`` declares for bronze. Bronze is partitioned by ingest date, not
     by the broker's or the device's clock: every micro-batch appends to one partition (today's), replays
@@ -46,7 +47,7 @@ def to_bronze(records: DataFrame, ingested_at: datetime) -> DataFrame:
     reprocessing of the raw layer go by arrival, which is what it is for. Event-time questions are
     answered by silver, partitioned by ``event_date``.
     """
-    stamp = F.lit(ingested_at).cast("timestamp")
+    stamp = (ingested_at if isinstance(ingested_at, Column) else F.lit(ingested_at)).cast("timestamp")
     schema = bronze_telemetry().schema
     return records.select(
         *[F.col(c).cast(schema[c].dataType).alias(c) for c in _RECORD_COLUMNS],
@@ -76,7 +77,7 @@ def _event_time(payload: PayloadConfig) -> Column:
     fallback = F.coalesce(F.col("timestamp"), F.col("ingested_at"))
     if payload.event_time_field is None:
         return fallback
-    value = F.col("_json").getField(payload.event_time_field)
+    value = F.col(payload.event_time_field)
     if payload.event_time_unit == "epoch_ms":
         device_time = F.timestamp_millis(value.cast("bigint"))
     elif payload.event_time_unit == "epoch_s":
@@ -86,16 +87,27 @@ def _event_time(payload: PayloadConfig) -> Column:
     return F.coalesce(device_time, fallback)
 
 
-def parse_telemetry(bronze: DataFrame, payload: PayloadConfig) -> DataFrame:
-    """Bronze rows on telemetry topics, parsed: device id from the topic, payload fields, event time.
+#: The column :func:`decode_payloads` adds: whether the payload could not be read into the declared fields.
+PAYLOAD_ERROR = "_payload_error"
 
-    Rows on other topics (status topics, anything a wider filter brought in) are left out: they stay in
-    bronze. A payload that is not a JSON object of the declared types keeps null fields and is flagged
-    ``parse_error``; the payload columns come from ``payload.fields`` in their declared types.
+
+def decode_payloads(rows: DataFrame, payload: PayloadConfig) -> DataFrame:
+    """``rows`` with one column per declared payload field (its declared type) and :data:`PAYLOAD_ERROR`.
+
+    The one place a payload format is read: a JSON object here, with Spark's own ``from_json`` (a payload
+    that is not JSON, not an object, or holds a value of the wrong type is an error, and its fields are
+    null). Another format adds the same columns from its own reader (a built-in function, or a
+    ``mapInArrow`` where it needs Python); everything after this step is the same for every format.
     """
-    parsed = bronze.where(topic_matches(payload.template)).withColumn("_json", _payload_json(payload))
-    parsed_columns = [column.alias(name) for name, column in _parsed_columns(payload)]
-    return parsed.select(*[F.col(c) for c in _RECORD_COLUMNS], F.col("ingested_at"), *parsed_columns)
+    field_ddl = ", ".join(f"`{name}` {type_name}" for name, type_name in payload.fields.items())
+    schema = f"{field_ddl}, `{_CORRUPT}` string"
+    parsed = F.from_json(F.col("payload").cast("string"), schema, {"columnNameOfCorruptRecord": _CORRUPT})
+    decoded = rows.withColumn("_json", parsed)
+    return decoded.select(
+        *rows.columns,
+        *[F.col("_json").getField(name).alias(name) for name in payload.fields],
+        (F.col("_json").isNull() | F.col("_json").getField(_CORRUPT).isNotNull()).alias(PAYLOAD_ERROR),
+    )
 
 
 #: Bronze's columns (:func:`to_bronze`).
@@ -107,37 +119,33 @@ PARSED_RECORD_COLUMNS = (*BRONZE_COLUMNS, IS_TELEMETRY, "topic_tags", "parse_err
 
 
 def parse_records(bronze: DataFrame, payload: PayloadConfig) -> DataFrame:
-    """Every bronze row, with ``is_telemetry`` and, on telemetry rows, :func:`parse_telemetry`'s columns.
+    """Every bronze row, with ``is_telemetry`` and, on telemetry rows, the parsed columns: the device id
+    from the topic, the topic's other placeholders as tags, the event time, the payload fields and
+    ``parse_error``.
 
-    One frame for both bronze and everything derived from the parsed rows, so a batch whose rows all go to
-    the driver reads its source once (other rows have null parsed columns and are only bronze).
+    Rows on other topics (status topics, anything a wider filter brought in) keep null parsed columns: they
+    are bronze only (and the devices table's status rows). The payload is read by :func:`decode_payloads`.
     """
     telemetry = topic_matches(payload.template)
-    parsed = bronze.withColumn("_json", F.when(telemetry, _payload_json(payload)))
-    return parsed.select(
-        *bronze.columns,
-        telemetry.alias(IS_TELEMETRY),
-        *[F.when(telemetry, column).alias(name) for name, column in _parsed_columns(payload)],
-    )
-
-
-def _payload_json(payload: PayloadConfig) -> Column:
-    field_ddl = ", ".join(f"`{name}` {type_name}" for name, type_name in payload.fields.items())
-    schema = f"{field_ddl}, `{_CORRUPT}` string"
-    return F.from_json(F.col("payload").cast("string"), schema, {"columnNameOfCorruptRecord": _CORRUPT})
-
-
-def _parsed_columns(payload: PayloadConfig) -> list[tuple[str, Column]]:
-    """What parsing adds to a record (given its ``_json``), by name."""
     template = payload.template
-    columns = [
+    decoded = decode_payloads(bronze, payload)
+    parsed = [
         ("device_id", _placeholder(template, "device_id")),
         ("topic_tags", _topic_tags(template)),
         ("event_time", _event_time(payload)),
-        *[(name, F.col("_json").getField(name)) for name in payload.fields],
-        ("parse_error", F.col("_json").isNull() | F.col("_json").getField(_CORRUPT).isNotNull()),
+        *[(name, F.col(name)) for name in payload.fields],
+        ("parse_error", F.col(PAYLOAD_ERROR)),
     ]
-    return columns
+    return decoded.select(
+        *bronze.columns,
+        telemetry.alias(IS_TELEMETRY),
+        *[F.when(telemetry, column).alias(name) for name, column in parsed],
+    )
+
+
+def parse_telemetry(bronze: DataFrame, payload: PayloadConfig) -> DataFrame:
+    """:func:`parse_records`' rows on telemetry topics."""
+    return parse_records(bronze, payload).where(F.col(IS_TELEMETRY))
 
 
 def flag_failures(parsed: DataFrame, failure_conditions: Mapping[str, Column]) -> DataFrame:
@@ -160,9 +168,9 @@ def is_quarantined() -> Column:
 
 
 def to_quarantine(flagged: DataFrame, run_id: str, batch_id: int, quarantined_at: datetime) -> DataFrame:
-    """Rows that failed parsing or an expectation, raw payload kept, with the reason."""
+    """Telemetry rows that failed parsing or an expectation, raw payload kept, with the reason."""
     stamp = F.lit(quarantined_at).cast("timestamp")
-    rejected = flagged.where(is_quarantined())
+    rejected = quarantined_rows(flagged)
     return rejected.select(
         "broker",
         "topic",
@@ -185,95 +193,14 @@ def to_quarantine(flagged: DataFrame, run_id: str, batch_id: int, quarantined_at
     )
 
 
-#: Record columns only quarantine keeps (the raw message): no other step reads them.
-RAW_COLUMNS = ("client_id", "qos", "retain", "properties", "payload")
-
-
-def without_raw_columns(parsed: DataFrame) -> DataFrame:
-    """Parsed rows without :data:`RAW_COLUMNS`: what a batch caches for every step but quarantine."""
-    return parsed.drop(*RAW_COLUMNS)
-
-
-def with_raw_columns(rows: DataFrame, bronze: DataFrame) -> DataFrame:
-    """``rows`` (parsed, without :data:`RAW_COLUMNS`) with those columns again, from the batch's bronze rows.
-
-    A record read twice in a batch is one record (same key, same message): each row of ``rows`` gets its
-    columns once. Only the bronze rows of ``rows``' records are kept before that (``rows`` is few).
-    """
-    raw = bronze.select(*_RECORD_KEY, *RAW_COLUMNS).join(rows.select(*_RECORD_KEY), _RECORD_KEY, "left_semi")
-    return rows.join(raw.dropDuplicates(_RECORD_KEY), _RECORD_KEY)
-
-
 def passed_rows(flagged: DataFrame) -> DataFrame:
-    """Rows that parsed and met every expectation: the candidates for silver."""
-    return flagged.where(~is_quarantined())
+    """Telemetry rows that parsed and met every expectation: the candidates for silver."""
+    return flagged.where(F.col(IS_TELEMETRY) & ~is_quarantined())
 
 
-def _message_id(id_fields: Sequence[str]) -> list[Column]:
-    """A row's device message id: its device id and the configured payload fields, as columns."""
-    return [F.col("device_id"), *[F.col(name) for name in id_fields]]
-
-
-def _all_set(columns: Sequence[Column]) -> Column:
-    complete = F.lit(True)
-    for column in columns:
-        complete = complete & column.isNotNull()
-    return complete
-
-
-def drop_duplicates_in_batch(rows: DataFrame, id_fields: Sequence[str], window_seconds: int) -> DataFrame:
-    """Keep one row per (broker, topic, offset), and per device message id within ``window_seconds``.
-
-    A row is a duplicate when a row with the same message id and an event time at most ``window_seconds``
-    earlier precedes it (ties: earlier broker time, then broker, topic, offset), so what survives does not
-    depend on how Spark partitioned the batch. Rows without a complete message id are never merged with
-    other messages. One window does both: a record read twice carries the same payload, hence the same
-    message id and event time, and a row without a message id is keyed by its record instead. The key is
-    the columns themselves (no string is built per row): a row with a complete id has its id and nulls
-    for the record, one without has nulls for the id and its record, which is never null.
-    """
-    order = [F.col("event_time"), F.col("timestamp"), F.col("broker"), F.col("topic"), F.col("offset")]
-    record = [F.col("broker"), F.col("topic"), F.col("offset")]
-    key = record
-    if id_fields:
-        message_id = _message_id(id_fields)
-        complete = _all_set(message_id)
-        key = [F.when(complete, c) for c in message_id] + [F.when(~complete, c) for c in record]
-    previous = F.lag("event_time").over(Window.partitionBy(*key).orderBy(*order))
-    keyed = rows.withColumn("_previous", previous)
-    elapsed = F.col("event_time").cast("double") - F.col("_previous").cast("double")
-    duplicate = F.col("_previous").isNotNull() & (elapsed <= window_seconds)
-    return keyed.where(~duplicate).drop("_previous")
-
-
-def drop_already_stored(
-    rows: DataFrame, stored: DataFrame, id_fields: Sequence[str], window_seconds: int
-) -> DataFrame:
-    """Drop rows whose device message id is already in ``stored`` (silver) within ``window_seconds``.
-
-    ``stored`` needs ``device_id``, ``event_time`` and the id fields; the caller narrows it to the event
-    time range of the batch widened by the window, so this stays a small join. A row with a part of its id
-    missing matches nothing (null is equal to nothing).
-    """
-    if not id_fields:
-        return rows
-    names = ["device_id", *id_fields]
-    left = rows.alias("new")
-    right = stored.select(*names, "event_time").where(_all_set(_message_id(id_fields))).alias("old")
-    elapsed = F.abs(F.col("new.event_time").cast("double") - F.col("old.event_time").cast("double"))
-    condition = elapsed <= window_seconds
-    for name in names:
-        condition = (F.col(f"new.{name}") == F.col(f"old.{name}")) & condition
-    return left.join(right, condition, "left_anti")
-
-
-def without_records_of(stored: DataFrame, batch: DataFrame) -> DataFrame:
-    """``stored`` rows that are not one of ``batch``'s records (by broker, topic, offset).
-
-    What silver held before this batch, whether or not an earlier attempt of the batch already appended
-    to it: a row cannot be a duplicate of itself, and a minute must not count it twice.
-    """
-    return stored.join(F.broadcast(batch.select(*_RECORD_KEY)), _RECORD_KEY, "left_anti")
+def quarantined_rows(flagged: DataFrame) -> DataFrame:
+    """Telemetry rows that failed parsing or an expectation."""
+    return flagged.where(F.col(IS_TELEMETRY) & is_quarantined())
 
 
 def to_silver(rows: DataFrame, silver_fields: Sequence[str]) -> DataFrame:
@@ -290,64 +217,36 @@ def to_silver(rows: DataFrame, silver_fields: Sequence[str]) -> DataFrame:
     )
 
 
-def profile_aggregates() -> list[Column]:
-    """Aggregates over flagged rows that tell the job which writes a batch needs and what to read.
+def profile_aggregates(duplicate: str) -> list[Column]:
+    """Aggregates over a batch's flagged rows that tell the job which writes it needs.
 
-    ``passed`` / ``quarantined`` counts (a write with no rows is skipped), and the event time range of
-    the passed rows (bounding the silver lookups for duplicates and for the minutes to recompute).
+    ``passed`` / ``quarantined`` telemetry rows, and ``duplicates``: passed rows whose boolean column
+    ``duplicate`` says they repeat a message silver has (a write with no rows is skipped).
     """
-    passed = ~is_quarantined()
+    telemetry = F.col(IS_TELEMETRY)
+    passed = telemetry & ~is_quarantined()
     return [
         F.count(F.when(passed, 1)).alias("passed"),
-        F.count(F.when(~passed, 1)).alias("quarantined"),
-        F.unix_micros(F.min(F.when(passed, F.col("event_time")))).alias("low_us"),
-        F.unix_micros(F.max(F.when(passed, F.col("event_time")))).alias("high_us"),
+        F.count(F.when(telemetry & is_quarantined(), 1)).alias("quarantined"),
+        F.count(F.when(passed & F.col(duplicate), 1)).alias("duplicates"),
     ]
 
 
-def event_time_between(low_us: int, high_us: int) -> Column:
-    """Rows of a table partitioned by ``event_date`` whose event time is in [low, high] (epoch micros).
+def minute_increments(silver_rows: DataFrame, metrics: Sequence[str], updated_at: datetime) -> DataFrame:
+    """Per device and minute of event time of a batch's silver rows: the message count and, of each metric,
+    min, max, average and how many rows had a value (``<metric>_count``).
 
-    Bounds travel as epoch microseconds because a timestamp collected to Python comes back in the driver's
-    local time zone, while ``event_date`` is the UTC date.
-    """
-    low, high = F.timestamp_micros(F.lit(low_us)), F.timestamp_micros(F.lit(high_us))
-    return F.col("event_date").between(F.to_date(low), F.to_date(high)) & F.col("event_time").between(
-        low, high
-    )
-
-
-def event_time_bounds(rows: DataFrame) -> tuple[datetime | None, datetime | None]:
-    """Earliest and latest event time of ``rows`` (one small Spark job), or (None, None) when empty."""
-    bounds = rows.agg(F.min("event_time").alias("low"), F.max("event_time").alias("high")).first()
-    return (bounds["low"], bounds["high"]) if bounds else (None, None)
-
-
-def touched_minutes(rows: DataFrame) -> DataFrame:
-    """The (device_id, minute) pairs a batch of silver rows falls into: the gold rows to recompute."""
-    return rows.select("device_id", F.date_trunc("minute", "event_time").alias("minute")).distinct()
-
-
-def minute_aggregates(
-    silver: DataFrame, metrics: Sequence[str], updated_at: datetime, touched: str | None = None
-) -> DataFrame:
-    """Per device and minute of event time: message count and min/max/avg of each metric.
-
-    Given *all* silver rows of the minutes concerned, the result is the complete value of those gold rows,
-    so merging it is idempotent and late data simply recomputes its minute. With ``touched`` (a boolean
-    column of ``silver``), only minutes having a row where it is true are kept.
+    What :func:`minute_merge_set` adds to a stored minute, so ``device_minute`` is kept up to date from each
+    batch's own rows, without reading silver back: a batch's share of a minute merges into the minute's
+    stored row (its first share inserts the row), and late data simply adds to its minute.
     """
     stats = []
     for metric in metrics:
         value = F.col(metric).cast("double")
         stats += [F.min(value).alias(f"{metric}_min"), F.max(value).alias(f"{metric}_max")]
-        stats.append(F.avg(value).alias(f"{metric}_avg"))
-    if touched is not None:
-        stats.append(F.max(touched).alias(touched))
-    grouped = silver.groupBy("device_id", F.date_trunc("minute", "event_time").alias("minute"))
+        stats += [F.avg(value).alias(f"{metric}_avg"), F.count(value).alias(f"{metric}_count")]
+    grouped = silver_rows.groupBy("device_id", F.date_trunc("minute", "event_time").alias("minute"))
     rows = grouped.agg(F.count(F.lit(1)).alias("count"), *stats)
-    if touched is not None:
-        rows = rows.where(F.col(touched))
     return rows.select(
         "device_id",
         "minute",
@@ -355,22 +254,41 @@ def minute_aggregates(
         "count",
         *[f"{metric}_{stat}" for metric in metrics for stat in ("min", "max", "avg")],
         F.lit(updated_at).cast("timestamp").alias("updated_at"),
+        *[f"{metric}_count" for metric in metrics],
     )
 
 
-def touched_minute_aggregates(
-    stored: DataFrame, silver_rows: DataFrame, metrics: Sequence[str], updated_at: datetime
-) -> DataFrame:
-    """:func:`minute_aggregates` of ``stored`` plus ``silver_rows``, for the minutes ``silver_rows`` touch.
+#: What ``device_minute`` holds of each metric.
+MINUTE_STATS = ("min", "max", "avg", "count")
 
-    ``stored`` is silver before the batch, narrowed to whole minutes of the batch's event-time range. One
-    aggregation does it: each row carries whether it is new, and a minute without new rows is left out.
+
+def minute_merge_set(metrics: Sequence[str]) -> dict[str, str]:
+    """The ``device_minute`` merge's update: a stored minute (``t``) plus a batch's share of it (``s``).
+
+    Counts add up; a minimum or maximum is the lower or higher of the two, NaN above every number as Spark's
+    ``min``/``max`` order it (spelt out: DataFusion's ``greatest`` does not); an average is the two averages
+    weighted by how many values each had. A side without values (null) leaves the other's. A row written
+    before ``<metric>_count`` existed counts as many values as messages. Plain SQL both backends read alike.
     """
-    columns = ["device_id", "event_time", *metrics]
-    tagged = stored.select(*columns, F.lit(False).alias("_new")).unionByName(
-        silver_rows.select(*columns, F.lit(True).alias("_new"))
-    )
-    return minute_aggregates(tagged, metrics, updated_at, touched="_new")
+    updates = {"count": "t.`count` + s.`count`", "updated_at": "s.`updated_at`"}
+    for metric in metrics:
+        low, high, avg, count = (f"`{metric}_{stat}`" for stat in MINUTE_STATS)
+        stored = f"coalesce(t.{count}, t.`count`)"
+        updates[f"{metric}_min"] = (
+            f"CASE WHEN isnan(t.{low}) THEN coalesce(s.{low}, t.{low}) "
+            f"WHEN isnan(s.{low}) THEN coalesce(t.{low}, s.{low}) "
+            f"ELSE coalesce(least(t.{low}, s.{low}), t.{low}, s.{low}) END"
+        )
+        updates[f"{metric}_max"] = (
+            f"CASE WHEN isnan(t.{high}) THEN t.{high} WHEN isnan(s.{high}) THEN s.{high} "
+            f"ELSE coalesce(greatest(t.{high}, s.{high}), t.{high}, s.{high}) END"
+        )
+        updates[f"{metric}_avg"] = (
+            f"CASE WHEN t.{avg} IS NULL THEN s.{avg} WHEN s.{avg} IS NULL THEN t.{avg} "
+            f"ELSE (t.{avg} * {stored} + s.{avg} * s.{count}) / ({stored} + s.{count}) END"
+        )
+        updates[f"{metric}_count"] = f"{stored} + s.{count}"
+    return updates
 
 
 def parse_status(bronze: DataFrame, devices: DevicesConfig) -> DataFrame:

@@ -90,21 +90,6 @@ def test_replaying_an_append_batch_writes_nothing(spark, lake):
     assert lake.read("bronze_telemetry").count() == 5
 
 
-def test_appended_returns_the_rows_of_one_batch_whichever_path_wrote_them(spark, lake):
-    first = [bronze_row(offset, day=1 + offset % 2) for offset in range(4)]
-    second = [bronze_row(offset) for offset in range(4, 6)]
-    lake.append("bronze_telemetry", spark_rows(spark, "bronze_telemetry", first), "q", 0)  # from the tasks
-    lake.append("bronze_telemetry", arrow_rows("bronze_telemetry", second), "q", 1)  # from the driver
-    lake.append("bronze_telemetry", arrow_rows("bronze_telemetry", [bronze_row(9)]), "other", 0)
-    for batch_id, rows in ((0, first), (1, second)):
-        appended = lake.appended("bronze_telemetry", "q", batch_id)
-        assert appended is not None
-        assert_df_equality(
-            appended.orderBy("offset"), expected(spark, "bronze_telemetry", rows).orderBy("offset")
-        )
-    assert lake.appended("bronze_telemetry", "q", 2) is None
-
-
 def test_bronze_is_partitioned_by_ingest_date_on_disk(lake, tmp_path):
     rows = [bronze_row(0, day=1), bronze_row(1, day=1), bronze_row(2, day=2)]
     lake.append("bronze_telemetry", arrow_rows("bronze_telemetry", rows), "q", 0)

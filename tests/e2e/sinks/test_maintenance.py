@@ -120,15 +120,6 @@ def test_maintenance_keeps_the_rows_and_the_batch_markers_and_deletes_replaced_f
     assert store.committed_batch(name, "query") == 12
 
 
-def test_vacuum_keeps_the_files_of_the_latest_batch_however_old(bronze):
-    """A restarted job reads its last batch's files to redo that batch's gold part (``appended``)."""
-    bronze.compact("bronze_telemetry", 16 << 20)
-    assert bronze.vacuum("bronze_telemetry", retention_hours=0) == 0
-    appended = bronze.appended("bronze_telemetry", "query", 11)
-    assert appended is not None
-    assert sorted(row["offset"] for row in appended.collect()) == list(range(66, 72))
-
-
 def test_a_partition_is_compacted_once_it_holds_min_files_small_files(bronze):
     assert bronze.compact("bronze_telemetry", 16 << 20, min_files=13) == 0  # 12 files in each day
     assert bronze.compact("bronze_telemetry", 16 << 20, min_files=12) == 24

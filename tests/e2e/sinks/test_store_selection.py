@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from sinks.backends import (
@@ -78,27 +80,43 @@ def test_the_pipeline_config_gives_the_store_its_storage_options(spark, tmp_path
     assert store.file_location("bronze_telemetry").uri == "s3://lake/tables/bronze_telemetry"
 
 
-def test_session_conf_holds_for_the_block_and_gives_the_session_its_own_values_back(spark):
-    from sinks.delta_native import OPTIMIZE_MAX_FILE_SIZE_CONF, RETENTION_CHECK_CONF, session_conf
+def test_each_native_write_takes_its_settings_on_a_session_of_its_own(spark):
+    """Two merges of one batch run at once: each one's batch marker is set on its own session before it
+    starts, and neither the job's session nor the other merge's ever holds it."""
+    from sinks.delta_native import TXN_APP_ID_CONF, TXN_VERSION_CONF, session_with
 
-    spark.conf.set(RETENTION_CHECK_CONF, "true")
-    spark.conf.unset(OPTIMIZE_MAX_FILE_SIZE_CONF)
-    try:
-        with session_conf(spark, {RETENTION_CHECK_CONF: "false", OPTIMIZE_MAX_FILE_SIZE_CONF: "1024"}):
-            assert spark.conf.get(RETENTION_CHECK_CONF) == "false"
-            assert spark.conf.get(OPTIMIZE_MAX_FILE_SIZE_CONF) == "1024"
-        assert spark.conf.get(RETENTION_CHECK_CONF) == "true"
-        assert spark.conf.get(OPTIMIZE_MAX_FILE_SIZE_CONF, None) is None, "a setting it lacked is unset again"
-        with (
-            pytest.raises(RuntimeError, match="OPTIMIZE failed"),
-            session_conf(spark, {RETENTION_CHECK_CONF: "x"}),
-        ):
-            raise RuntimeError("OPTIMIZE failed")
-        assert spark.conf.get(RETENTION_CHECK_CONF) == "true", (
-            "a failed operation leaves the session as it was"
-        )
-    finally:
-        spark.conf.unset(RETENTION_CHECK_CONF)
+    def marked(batch_id: int):
+        return session_with(spark, {TXN_APP_ID_CONF: "query", TXN_VERSION_CONF: str(batch_id)})
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        sessions = list(pool.map(marked, [7, 8]))
+    assert [s.conf.get(TXN_VERSION_CONF) for s in sessions] == ["7", "8"]
+    assert spark.conf.get(TXN_APP_ID_CONF, None) is None and spark.conf.get(TXN_VERSION_CONF, None) is None
+    assert all(s.sparkContext is spark.sparkContext for s in sessions), "one application, one cache"
+
+
+def test_the_last_batch_of_a_writer_is_read_from_the_newest_commits_first():
+    from sinks.delta_native import HISTORY_GROWTH, HISTORY_WINDOW, latest_marked_batch
+
+    def log(markers: list[str | None]):
+        """The history of a table whose commits carry ``markers``, oldest first; what it was asked for."""
+        asked: list[int | None] = []
+
+        def history(limit: int | None) -> list[dict]:
+            asked.append(limit)
+            newest_first = [{"userMetadata": m} for m in reversed(markers)]
+            return newest_first if limit is None else newest_first[:limit]
+
+        return history, asked
+
+    recent, asked = log([commit_marker("q", b) for b in range(500)] + [None] * 3)  # compactions on top
+    assert latest_marked_batch(recent, "q") == 499 and asked == [HISTORY_WINDOW]
+    old, asked = log([commit_marker("q", 4), commit_marker("other", 9)] + [None] * 5000)
+    assert latest_marked_batch(old, "q") == 4, "a table the writer left long ago"
+    assert asked == [HISTORY_WINDOW, HISTORY_WINDOW * HISTORY_GROWTH, HISTORY_WINDOW * HISTORY_GROWTH**2]
+    never, asked = log([commit_marker("other", 1)])
+    assert latest_marked_batch(never, "q") is None and asked == [HISTORY_WINDOW], "the whole log was read"
+    assert latest_marked_batch(log([commit_marker("q:x", 3)])[0], "q") is None, "an app id is matched whole"
 
 
 def test_native_maintenance_without_the_delta_jars_is_recorded_per_table_and_changes_no_setting(spark):

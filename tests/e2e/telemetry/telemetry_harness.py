@@ -7,14 +7,17 @@ sees in the job.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 
 from broker_edge.storage import AppendRecord
 from pipelines.telemetry.config import TelemetryConfig
-from pipelines.telemetry.job import TelemetryBatch, open_store, start_query
+from pipelines.telemetry.job import TelemetryBatch, open_store, start_query, telemetry_rows
+from sinks import BatchWriter
 from tests.e2e.sources.conftest import EdgeBroker
 
 SOURCE_DDL = (
@@ -72,6 +75,21 @@ def telemetry(
     return record(
         f"devices/{device}/telemetry", offset, reading(device, seq, seconds, **fields), broker, seconds
     )
+
+
+def checkpoint_query_id(checkpoint: str | Path) -> str:
+    """The streaming query id a checkpoint keeps: the app id of every table write of its query."""
+    return json.loads((Path(checkpoint) / "metadata").read_text().splitlines()[0])["id"]
+
+
+def write_records(batch: TelemetryBatch) -> Callable[[DataFrame, BatchWriter], None]:
+    """``batch`` as a ``foreachBatch`` step on source records: the query's streaming part (parse, flags)
+    run as a batch query on them first, so duplicates are flagged within the records only."""
+
+    def write(rows: DataFrame, out: BatchWriter) -> None:
+        batch(telemetry_rows(rows, batch.config, batch.conditions), out)
+
+    return write
 
 
 # -- end to end: devices publishing into real broker logs ------------------------------------------------

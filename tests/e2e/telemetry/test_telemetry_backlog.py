@@ -63,14 +63,7 @@ def publish_backlog(brokers: dict[str, EdgeBroker]) -> list[tuple[str, str, int]
     return keys
 
 
-@pytest.mark.parametrize(
-    "executor_writes",
-    [[], ["bronze_telemetry", "silver_telemetry"]],
-    ids=["rows-to-the-driver", "files-from-the-tasks"],  # device_minute in Arrow, or in Spark
-)
-def test_backlog_with_duplicates_and_bad_rows_fills_every_table_exactly(
-    spark, tmp_path, brokers, executor_writes
-):
+def test_backlog_with_duplicates_and_bad_rows_fills_every_table_exactly(spark, tmp_path, brokers):
     keys = publish_backlog(brokers)
     config = load_telemetry_config(
         {
@@ -80,7 +73,7 @@ def test_backlog_with_duplicates_and_bad_rows_fills_every_table_exactly(
                 # patient with brokers that answer slowly on a busy machine: the test is about the tables
                 "options": {"fetchTimeoutMs": "30000", "fetchRetries": "6"},
             },
-            "tables": {"root": str(tmp_path / "tables"), "executor_writes": executor_writes},
+            "tables": {"root": str(tmp_path / "tables")},
             "stream": {"checkpoint": str(tmp_path / "checkpoint")},
             "quality": {"gx": {"schedule": "never"}},
         }

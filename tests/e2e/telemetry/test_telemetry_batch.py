@@ -1,21 +1,24 @@
 """One micro-batch through every table, on real Delta tables (delta-rs) — without a stream around it.
 
-The streaming tests (test_telemetry_stream.py) add the source and the checkpoint; here each batch is
-called directly, which makes replays and injected failures exact and quick.
+The streaming tests (test_telemetry_stream.py, test_telemetry_dedup.py) add the source, the checkpoint and
+the state store; here each batch is a batch query's rows handed to the job's ``foreachBatch`` step
+(duplicates are then flagged within the batch only), which makes replays and injected failures exact and
+quick.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from datetime import UTC, datetime
 
 import pytest
 
 from pipelines.telemetry.config import load_telemetry_config
-from pipelines.telemetry.job import BATCH_SQL_CONF, LARGE_BATCH_SQL_CONF, TelemetryBatch, open_store
+from pipelines.telemetry.job import BATCH_SQL_CONF, TelemetryBatch, open_store
 from sinks import exactly_once
-from tests.e2e.telemetry.telemetry_harness import at, record, records, telemetry
+from tests.e2e.telemetry.telemetry_harness import at, record, records, telemetry, write_records
 
 pytestmark = pytest.mark.spark
 
@@ -40,7 +43,7 @@ def pipeline(spark, tmp_path, request):
     store = open_store(spark, config)
     batch = TelemetryBatch(config, store, clock=lambda: at(3600))
     batch.ensure_tables()
-    return batch, store, exactly_once(store, batch, app_id=APP)
+    return batch, store, exactly_once(store, write_records(batch), app_id=APP)
 
 
 def rows_of(store, name, *columns, order=None):
@@ -91,31 +94,34 @@ def test_one_batch_fills_every_table(spark, pipeline):
     assert batch.reports[-1].gx_validated
 
 
-def test_duplicates_are_dropped_and_late_data_recomputes_its_minute(spark, pipeline):
+def test_late_data_adds_to_its_minute_and_nan_tops_the_maximum(spark, pipeline):
+    """``device_minute`` takes each batch's share of a minute: a late reading joins the minute's count and
+    average, a NaN is the minute's maximum and average from then on (Spark orders NaN above every number),
+    never its minimum."""
     _, store, run = pipeline
-    run(records(spark, [telemetry("d", 0, seq=1, seconds=10, temperature=10.0)]), 0)
+    run(records(spark, [telemetry("d", 0, seq=1, seconds=10, temperature=10.0, humidity=None)]), 0)
     run(
         records(
             spark,
             [
-                telemetry(
-                    "d", 0, seq=1, seconds=10, temperature=10.0, broker="edge2"
-                ),  # same message, 2nd broker
                 telemetry("d", 1, seq=2, seconds=20, temperature=30.0),  # late for minute 10:00
                 telemetry("d", 2, seq=3, seconds=70, temperature=50.0),
             ],
         ),
         1,
     )
-    assert rows_of(store, "silver_telemetry", "broker", "seq", order=["seq"]) == [
-        ("edge1", 1),
-        ("edge1", 2),
-        ("edge1", 3),
+    columns = ("minute", "count", "temperature_avg", "temperature_count", "humidity_avg", "humidity_count")
+    assert rows_of(store, "device_minute", *columns, order=["minute"]) == [
+        (at(0), 2, 20.0, 2, 40.0, 1),
+        (at(60), 1, 50.0, 1, 40.0, 1),
     ]
-    assert rows_of(store, "device_minute", "minute", "count", "temperature_avg", order=["minute"]) == [
-        (at(0), 2, 20.0),
-        (at(60), 1, 50.0),
+    run(records(spark, [telemetry("d", 3, seq=4, seconds=30, temperature=float("nan"))]), 2)
+    (minute,) = [
+        r for r in store.read("device_minute").collect() if r["minute"].second == 0 and r["count"] == 3
     ]
+    assert minute["temperature_min"] == 10.0
+    assert math.isnan(minute["temperature_max"]) and math.isnan(minute["temperature_avg"])
+    assert minute["temperature_count"] == 3
 
 
 def test_failure_after_silver_then_replay_writes_each_table_once(spark, pipeline):
@@ -158,92 +164,11 @@ def test_devices_last_seen_only_moves_forward_and_keeps_known_firmware(spark, pi
     assert rows_of(store, "devices", "last_seen", "firmware_version", "group") == [(at(200), "2.0.0", "red")]
 
 
-def driver_dead_in_gold_part(spark, pipeline, monkeypatch, table: str):
-    """Batch 0 written whole; batch 1, its gold part deferred, dies before its ``table`` merge once silver
-    is in (what the next call would meet; the driver dies instead). Returns the dead instance and store."""
-    first, store, run = pipeline
-    first.defer_gold = True
-    run(records(spark, [telemetry("d", 0, seq=1, seconds=0)]), 0)
-    merge = store.merge
-
-    def dying_merge(name, data, app_id, batch_id, **options):
-        if name == table and batch_id == 1:
-            raise Boom(f"the driver dies before the {table} merge")
-        return merge(name, data, app_id, batch_id, **options)
-
-    monkeypatch.setattr(store, "merge", dying_merge)
-    run(records(spark, [telemetry("d", 1, seq=2, seconds=1), telemetry("e", 0, seq=1, seconds=2)]), 1)
-    assert store.read("silver_telemetry").count() == 3  # visible before the gold part is done
-    with pytest.raises(Boom):
-        first.settle()
-    first.close()
-    monkeypatch.undo()
-    return first, store
-
-
-def test_gold_part_left_undone_by_a_dead_driver_is_redone_from_bronze_once(spark, pipeline, monkeypatch):
-    """With the gold part deferred (a processing-time trigger), a call returns once silver is in.
-
-    Spark then commits the batch; a driver dying while the gold part runs leaves some of device_minute,
-    devices and dq_results without it. The next driver's first batch redoes the batch from its bronze rows:
-    the tables that missed it get it, the others are not written twice.
-    """
-    first, store = driver_dead_in_gold_part(spark, pipeline, monkeypatch, "devices")
-    assert rows_of(store, "devices", "device_id") == [("d",)]
-
-    restarted = TelemetryBatch(first.config, store, clock=lambda: at(3600), defer_gold=True)
-    rerun = exactly_once(store, restarted, app_id=APP)
-    rerun(records(spark, [telemetry("e", 1, seq=2, seconds=3)]), 2)  # Spark had committed batch 1
-    restarted.close()
-
-    redone = restarted.reports[0]
-    assert [report.batch_id for report in restarted.reports] == [1, 2]  # batch 1 redone first
-    assert redone.written["devices"] and not redone.written["device_minute"]
-    assert not redone.written["bronze_telemetry"] and not redone.written["dq_results"]
-    assert store.read("bronze_telemetry").count() == 4
-    assert store.read("silver_telemetry").count() == 4
-    assert rows_of(store, "device_minute", "device_id", "count", order=["device_id"]) == [("d", 2), ("e", 2)]
-    assert rows_of(store, "devices", "device_id", "last_seen", order=["device_id"]) == [
-        ("d", at(1)),
-        ("e", at(3)),
-    ]
-    parse_check = store.read("dq_results").where("expectation = 'payload_is_json_of_declared_types'")
-    assert sorted(r["batch_id"] for r in parse_check.collect()) == [0, 1, 2]
-    assert parse_check.groupBy().sum("element_count").first()[0] == 4
-
-
-def test_gold_part_left_undone_is_redone_by_a_restart_that_does_not_defer_it(spark, pipeline, monkeypatch):
-    """The same dead driver, restarted with ``--available-now`` (its gold part not deferred): the first
-    batch of the new instance still redoes the committed batch whose gold part is missing."""
-    first, store = driver_dead_in_gold_part(spark, pipeline, monkeypatch, "device_minute")
-    assert rows_of(store, "device_minute", "device_id", "count") == [("d", 1)]
-
-    restarted = TelemetryBatch(first.config, store, clock=lambda: at(3600))  # availableNow: not deferred
-    rerun = exactly_once(store, restarted, app_id=APP)
-    rerun(records(spark, [telemetry("e", 1, seq=2, seconds=3)]), 2)
-    restarted.close()
-
-    assert [report.batch_id for report in restarted.reports] == [1, 2]
-    redone = restarted.reports[0]
-    assert redone.written["device_minute"] and not redone.written["silver_telemetry"]
-    assert store.read("bronze_telemetry").count() == 4
-    assert store.read("silver_telemetry").count() == 4
-    assert rows_of(store, "device_minute", "device_id", "count", order=["device_id"]) == [("d", 2), ("e", 2)]
-    assert rows_of(store, "devices", "device_id", "last_seen", order=["device_id"]) == [
-        ("d", at(1)),
-        ("e", at(3)),
-    ]
-    parse_check = store.read("dq_results").where("expectation = 'payload_is_json_of_declared_types'")
-    assert sorted(r["batch_id"] for r in parse_check.collect()) == [0, 1, 2]
-
-
-@pytest.mark.parametrize("defer_gold", [False, True], ids=["all-steps-at-once", "gold-deferred"])
-def test_a_failing_step_fails_the_batch_only_once_its_sibling_steps_have_ended(spark, pipeline, defer_gold):
-    """Silver fails at once while quarantine (and, not deferred, the gold steps) still runs: the batch
-    raises that failure only after every sibling has ended, so none writes after the batch failed or reads
-    a cached DataFrame already released; the replay then writes each table once."""
+def test_a_failing_step_fails_the_batch_only_once_its_sibling_steps_have_ended(spark, pipeline):
+    """Silver fails at once while quarantine and the gold steps still run: the batch raises that failure
+    only after every sibling has ended, so none writes after the batch failed or reads a cached DataFrame
+    already released; the replay then writes each table once."""
     batch, store, run = pipeline
-    batch.defer_gold = defer_gold
     ended: list[str] = []
 
     def failing_silver_and_slow_quarantine(step, batch_id):
@@ -257,9 +182,7 @@ def test_a_failing_step_fails_the_batch_only_once_its_sibling_steps_have_ended(s
     source = [telemetry("d", 0, seq=1, seconds=0), telemetry("e", 0, seq=1, seconds=1, temperature=500.0)]
     with pytest.raises(Boom, match="silver failed"):
         run(records(spark, source), 0)
-    assert "telemetry_quarantine" in ended
-    if not defer_gold:
-        assert {"device_minute", "devices", "dq_results"} <= set(ended)
+    assert {"telemetry_quarantine", "device_minute", "devices", "dq_results"} <= set(ended)
 
     batch.after_step = lambda step, batch_id: None
     run(records(spark, source), 0)
@@ -272,17 +195,14 @@ def test_a_failing_step_fails_the_batch_only_once_its_sibling_steps_have_ended(s
     assert store.read("dq_results").where("expectation = 'payload_is_json_of_declared_types'").count() == 1
 
 
-def test_batch_settings_follow_the_batch_size_and_close_sets_the_session_back(spark, pipeline):
+def test_batch_settings_hold_in_every_batch_and_close_sets_the_session_back(spark, pipeline):
     batch, _, run = pipeline
-    keys = [*BATCH_SQL_CONF, *LARGE_BATCH_SQL_CONF]
+    keys = list(BATCH_SQL_CONF)
     before = {key: spark.conf.get(key, None) for key in keys}
     seen: list[dict[str, str | None]] = []
     batch.after_step = lambda step, batch_id: seen.append({key: spark.conf.get(key, None) for key in keys})
-    run(records(spark, [telemetry("dev-1", 0, seq=1, seconds=1)]), 0)  # a first batch: not expected small
-    run(records(spark, [telemetry("dev-1", 1, seq=2, seconds=2)]), 1)  # after a small one: small
-    large, small = seen[0], seen[-1]
-    assert all(large[key] == value for key, value in {**BATCH_SQL_CONF, **LARGE_BATCH_SQL_CONF}.items())
-    assert all(small[key] == value for key, value in BATCH_SQL_CONF.items())
-    assert all(small[key] == before[key] for key in LARGE_BATCH_SQL_CONF)
+    run(records(spark, [telemetry("dev-1", 0, seq=1, seconds=1)]), 0)
+    run(records(spark, [telemetry("dev-1", 1, seq=2, seconds=2)]), 1)
+    assert seen and all(settings == BATCH_SQL_CONF for settings in seen)
     batch.close()
     assert {key: spark.conf.get(key, None) for key in keys} == before

@@ -1,6 +1,6 @@
 """The telemetry job restarts its failed query from the checkpoint: nothing lost, nothing twice.
 
-Real failures in the middle of work: a batch that fails after silver is in (the gold part not yet), and the
+Real failures in the middle of work: a batch that fails once silver is in, the other tables not all, and the
 brokers' offsets API going away for a while under a running query. A failure no restart can fix (data lost
 to retention with ``fail_on_data_loss``) stops the job, named.
 """

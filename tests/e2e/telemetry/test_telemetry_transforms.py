@@ -9,8 +9,10 @@ from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
 from pipelines.telemetry import transforms as T
-from pipelines.telemetry.config import load_telemetry_config
-from tests.e2e.telemetry.telemetry_harness import T0, at, ms, reading, record, records, telemetry
+from pipelines.telemetry.config import DedupConfig, load_telemetry_config
+from pipelines.telemetry.dedup import DUPLICATE, flag_duplicates
+from pipelines.telemetry.quality import row_failure_conditions
+from tests.e2e.telemetry.telemetry_harness import T0, at, reading, record, records, telemetry
 
 pytestmark = pytest.mark.spark
 
@@ -91,7 +93,7 @@ def test_parse_telemetry_other_placeholders_become_topic_tags_and_units_apply(sp
 
 
 def test_flag_failures_quarantines_with_reasons_and_passes_the_rest(spark):
-    parsed = T.parse_telemetry(
+    parsed = T.parse_records(
         bronze(
             spark,
             [
@@ -99,6 +101,7 @@ def test_flag_failures_quarantines_with_reasons_and_passes_the_rest(spark):
                 telemetry("hot", 1, seq=1, temperature=300.0),
                 telemetry("both", 2, seq=1, temperature=300.0, humidity=-1.0),
                 record("devices/bad/telemetry", 3, b"[1, 2]"),
+                record("devices/x/status", 4, b"[1, 2]"),  # not telemetry: neither passed nor quarantined
             ],
         ),
         PAYLOAD,
@@ -124,72 +127,70 @@ def test_flag_failures_quarantines_with_reasons_and_passes_the_rest(spark):
     assert [r["device_id"] for r in T.passed_rows(flagged).collect()] == ["ok"]
 
 
-def test_quarantine_from_rows_without_raw_columns_takes_them_from_bronze(spark):
-    rows = [
-        telemetry("ok", 0, seq=1),
-        telemetry("hot", 1, seq=1, temperature=300.0),
-        record("devices/bad/telemetry", 2, b"{not json"),
-        record("devices/bad/telemetry", 2, b"{not json"),  # the same record read twice: two rows, as before
-        record("devices/x/status", 3, b"online"),  # not telemetry: in bronze only
-    ]
-    raw = bronze(spark, rows)
-    conditions = {"s.temp": F.col("temperature") > 100}
-    parsed = T.parse_telemetry(raw, PAYLOAD)
-    whole = T.to_quarantine(T.flag_failures(parsed, conditions), "q-1", 4, INGESTED)
-    slim = T.flag_failures(T.without_raw_columns(parsed), conditions)
-    assert not set(T.RAW_COLUMNS) & set(slim.columns)
-    rejoined = T.with_raw_columns(slim.where(T.is_quarantined()), raw)
-    assert whole.count() == 3
-    equal(T.to_quarantine(rejoined, "q-1", 4, INGESTED).select(*whole.columns), whole)
+def duplicate_flags(spark, rows, id_fields=("seq",), window_seconds=600):
+    """(broker, device_id, offset, duplicate) of ``rows`` flagged by the job's dedup in a batch query."""
+    dedup = DedupConfig(message_id_fields=list(id_fields), window_seconds=window_seconds)
+    types = {name: kind.lower() for name, kind in PAYLOAD.fields.items()}
+    conditions = row_failure_conditions(CONFIG.quality.suites, types)
+    parsed = T.flag_failures(T.parse_records(bronze(spark, rows), PAYLOAD), conditions)
+    flagged = flag_duplicates(parsed, dedup, F.col(T.IS_TELEMETRY) & ~T.is_quarantined())
+    return sorted(
+        ((r["broker"], r["device_id"], r["offset"], r[DUPLICATE]) for r in flagged.collect()),
+        key=lambda row: (row[0], row[1] or "", row[2]),
+    )
 
 
-def test_drop_duplicates_in_batch_by_offset_and_message_id_within_window(spark):
+def test_duplicates_in_a_batch_by_message_id_within_the_window(spark):
     rows = [
         telemetry("d", 0, seq=1, seconds=0),
-        telemetry("d", 0, seq=1, seconds=0),  # the same record twice
         telemetry("d", 5, seq=1, seconds=0, broker="edge2"),  # the same message via another broker
         telemetry("d", 1, seq=2, seconds=1),
         telemetry("d", 2, seq=1, seconds=900),  # same seq, far later: the device's counter restarted
         telemetry("e", 3, seq=1, seconds=0),  # same seq, other device
-        telemetry("d", 4, seq=None, seconds=2),  # no message id: never merged
+        telemetry("d", 4, seq=None, seconds=2),  # no message id: never a duplicate
         telemetry("d", 6, seq=None, seconds=2),
+        record("devices/x/status", 7, b"online"),  # not telemetry: in bronze only
     ]
-    parsed = T.parse_telemetry(bronze(spark, rows), PAYLOAD)
-    kept = T.drop_duplicates_in_batch(parsed, ["seq"], window_seconds=600)
-    expected = spark.createDataFrame(
-        [
-            ("edge1", "d", 0),
-            ("edge1", "d", 1),
-            ("edge1", "d", 2),
-            ("edge1", "e", 3),
-            ("edge1", "d", 4),
-            ("edge1", "d", 6),
-        ],
-        "broker string, device_id string, offset bigint",
-    )
-    equal(kept.select("broker", "device_id", "offset"), expected)
-    assert T.drop_duplicates_in_batch(parsed, [], 600).count() == 7
+    assert duplicate_flags(spark, rows) == [
+        ("edge1", None, 7, False),
+        ("edge1", "d", 0, False),
+        ("edge1", "d", 1, False),
+        ("edge1", "d", 2, False),
+        ("edge1", "d", 4, False),
+        ("edge1", "d", 6, False),
+        ("edge1", "e", 3, False),
+        ("edge2", "d", 5, True),  # edge1's copy comes first: same event time, earlier broker name
+    ]
+    assert not any(flag for *_, flag in duplicate_flags(spark, rows, id_fields=()))
 
 
-def test_drop_already_stored_removes_messages_silver_has_within_window(spark):
-    parsed = T.parse_telemetry(
-        bronze(spark, [telemetry("d", 10, seq=1, seconds=0), telemetry("d", 11, seq=2, seconds=0)]), PAYLOAD
-    )
-    stored = spark.createDataFrame(
-        [("d", at(30), 1), ("d", at(-3600), 2)], "device_id string, event_time timestamp, seq bigint"
-    )
-    kept = T.drop_already_stored(parsed, stored, ["seq"], window_seconds=600)
-    assert [(r["offset"], r["seq"]) for r in kept.collect()] == [(11, 2)]
-    assert T.drop_already_stored(parsed, stored, [], 600).count() == 2
+def test_the_first_copy_by_event_time_is_kept_and_a_chain_of_copies_is_all_duplicates(spark):
+    rows = [
+        telemetry("d", 0, seq=1, seconds=600),
+        telemetry("d", 1, seq=1, seconds=0),  # same message id, earlier event time: the one kept
+        telemetry("d", 2, seq=1, seconds=1200),  # 600 s after the copy before it: a duplicate too
+        telemetry("d", 3, seq=1, seconds=1801),  # 601 s after that: a new message
+        telemetry("d", 4, seq=1, seconds=90, temperature=500.0),  # quarantined: not a candidate
+    ]
+    flags = {offset: flag for _, _, offset, flag in duplicate_flags(spark, rows)}
+    assert flags == {0: True, 1: False, 2: True, 3: False, 4: False}
 
 
-def test_a_message_id_with_a_part_missing_matches_nothing(spark):
-    """Neither within the batch nor against silver: a null part is equal to no other value, not even null."""
-    rows = [telemetry("d", 20, seq=None, seconds=0), telemetry("d", 21, seq=None, seconds=0)]
-    parsed = T.parse_telemetry(bronze(spark, rows), PAYLOAD)
-    stored = spark.createDataFrame([("d", at(0), None)], "device_id string, event_time timestamp, seq bigint")
-    assert T.drop_duplicates_in_batch(parsed, ["seq"], 600).count() == 2
-    assert T.drop_already_stored(parsed, stored, ["seq"], 600).count() == 2
+def test_every_value_crosses_the_duplicate_flags_unchanged(spark):
+    """The rows cross a Python worker as pandas, which cannot tell NaN from null nor hold a 64-bit integer
+    beside a null: NaN, nulls, integers past 2^53, maps and any bytes come out as they went in."""
+    rows = [
+        record("devices/d/telemetry", 2**62 + 1, reading("d", seq=2**62 + 3, temperature=float("nan"))),
+        record("devices/d/telemetry", 1, reading("d", seq=None, temperature=None, humidity=1e308)),
+        ("edge1", "devices/x/status", 2, None, None, None, None, {"k": "v", "e": ""}, bytes(range(256))),
+    ]
+    parsed = T.flag_failures(T.parse_records(bronze(spark, rows), PAYLOAD), {})
+    flagged = flag_duplicates(parsed, CONFIG.dedup, F.col(T.IS_TELEMETRY) & ~T.is_quarantined())
+    assert flagged.drop(DUPLICATE).schema == parsed.schema
+    before = sorted(parsed.collect(), key=lambda row: row["offset"])
+    after = sorted(flagged.drop(DUPLICATE).collect(), key=lambda row: row["offset"])
+    assert [repr(row) for row in after] == [repr(row) for row in before]  # repr: NaN equals itself
+    assert after[2]["seq"] == 2**62 + 3 and after[2]["offset"] == 2**62 + 1
 
 
 def test_to_silver_selects_the_declared_columns(spark):
@@ -220,7 +221,7 @@ def test_to_silver_selects_the_declared_columns(spark):
     equal(silver, expected)
 
 
-def test_minute_aggregates_and_touched_minutes(spark):
+def test_minute_increments_count_values_and_aggregate_each_metric(spark):
     parsed = T.parse_telemetry(
         bronze(
             spark,
@@ -232,20 +233,18 @@ def test_minute_aggregates_and_touched_minutes(spark):
         ),
         PAYLOAD,
     )
-    gold = T.minute_aggregates(parsed, ["temperature", "humidity"], updated_at=INGESTED)
+    gold = T.minute_increments(parsed, ["temperature", "humidity"], updated_at=INGESTED)
     minute = T0.replace(second=0)
     expected = spark.createDataFrame(
         [
-            ("d", minute, date(2026, 11, 21), 2, 20.0, 30.0, 25.0, 40.0, 40.0, 40.0, INGESTED),
-            ("d", at(60), date(2026, 11, 21), 1, 10.0, 10.0, 10.0, 40.0, 40.0, 40.0, INGESTED),
+            ("d", minute, date(2026, 11, 21), 2, 20.0, 30.0, 25.0, 40.0, 40.0, 40.0, INGESTED, 2, 1),
+            ("d", at(60), date(2026, 11, 21), 1, 10.0, 10.0, 10.0, 40.0, 40.0, 40.0, INGESTED, 1, 1),
         ],
         "device_id string, minute timestamp, event_date date, count bigint, temperature_min double, "
         "temperature_max double, temperature_avg double, humidity_min double, humidity_max double, "
-        "humidity_avg double, updated_at timestamp",
+        "humidity_avg double, updated_at timestamp, temperature_count bigint, humidity_count bigint",
     )
     equal(gold, expected)
-    touched = spark.createDataFrame([("d", minute), ("d", at(60))], "device_id string, minute timestamp")
-    equal(T.touched_minutes(parsed), touched)
 
 
 def test_device_updates_take_latest_values_by_broker_time(spark):
@@ -293,30 +292,3 @@ def test_status_topic_feeds_device_firmware(spark):
         "tags map<string,string>, group string, updated_at timestamp",
     )
     equal(updates, expected)
-
-
-def test_event_time_bounds(spark):
-    parsed = T.parse_telemetry(
-        bronze(spark, [telemetry("d", 0, seq=1, seconds=5), telemetry("d", 1, seq=2, seconds=-5)]), PAYLOAD
-    )
-    low, high = T.event_time_bounds(parsed)
-    assert low is not None and high is not None
-    assert (ms(low), ms(high)) == (ms(at(-5)), ms(at(5)))
-    assert T.event_time_bounds(parsed.limit(0)) == (None, None)
-
-
-def test_without_records_of_drops_the_batch_own_records(spark):
-    stored = spark.createDataFrame(
-        [
-            ("edge1", "devices/d/telemetry", 0, 1),
-            ("edge1", "devices/d/telemetry", 1, 2),
-            ("edge2", "t", 0, 3),
-        ],
-        "broker string, topic string, offset bigint, seq bigint",
-    )
-    batch = records(spark, [telemetry("d", 1, seq=2), record("t", 0, b"{}")])  # edge1's offset 1 and t@edge1
-    expected = spark.createDataFrame(
-        [("edge1", "devices/d/telemetry", 0, 1), ("edge2", "t", 0, 3)],
-        "broker string, topic string, offset bigint, seq bigint",
-    )
-    equal(T.without_records_of(stored, batch), expected)
