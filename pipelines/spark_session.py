@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
 
-def local_spark_session(app_name: str = "timestone", master: str = "local[*]") -> SparkSession:
-    """Return (or create) a local SparkSession whose Python workers run this interpreter.
+def local_spark_session(
+    app_name: str = "timestone", master: str = "local[*]", conf: Mapping[str, str] | None = None
+) -> SparkSession:
+    """Return (or create) a SparkSession on this machine (local mode, or a standalone cluster's master on
+    loopback) whose Python workers run this interpreter; ``conf`` adds or overrides settings.
 
     Workers must run ``sys.executable``: the PATH's ``python3`` lacks the project's packages and the
     workers then fail to connect back after a long timeout.
@@ -17,7 +21,7 @@ def local_spark_session(app_name: str = "timestone", master: str = "local[*]") -
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    return (
+    builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
@@ -28,8 +32,10 @@ def local_spark_session(app_name: str = "timestone", master: str = "local[*]") -
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.python.worker.reuse", "true")
         .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
 
 
 def stop_between_batches(query, timeout_s: float = 30.0) -> None:

@@ -24,6 +24,7 @@ rows in the batch is this operator's cost, so its share of a batch grows with th
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,6 +36,13 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import BooleanType, NumericType, StructField, StructType
 
 from .config import DedupConfig
+
+# pyspark concatenates the frames this module's function returns, some with all-null columns (the parsed
+# fields of rows on other topics), and pandas warns that it will type such columns otherwise one day: the
+# declared output schema types them, so the Python workers need not print it.
+warnings.filterwarnings(
+    "ignore", "The behavior of DataFrame concatenation with empty or all-NA entries", FutureWarning
+)
 
 #: The column every row gets: true for a telemetry row that repeats a message silver has or is getting.
 DUPLICATE = "duplicate"
@@ -105,7 +113,8 @@ class MessageFlags:
         if state.hasTimedOut:
             state.remove()
             return
-        rows = pd.concat(list(frames), ignore_index=True)
+        chunks = list(frames)
+        rows = chunks[0].reset_index(drop=True) if len(chunks) == 1 else pd.concat(chunks, ignore_index=True)
         stored = decode(state.get[0]) if state.exists else (_EMPTY, _EMPTY)
         flagged, (ids, event_us) = self.flag(rows, *stored)
         if len(ids):
