@@ -12,6 +12,7 @@ the node's messages took effect in: its last online-state change is the one in f
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,13 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 
 from .sparkplug.session import ROW_COLUMNS, EdgeNodeSession, Record
 from .sparkplug.topics import NAMESPACE
+
+# pyspark concatenates the frames :func:`advance_session` returns with frames of all-null rows, and pandas
+# warns that it will type all-null columns otherwise one day: the declared schema types them, so the Python
+# workers need not print it.
+warnings.filterwarnings(
+    "ignore", "The behavior of DataFrame concatenation with empty or all-NA entries", FutureWarning
+)
 
 #: The rows of :func:`sparkplug_rows` (times in epoch milliseconds; :func:`with_times` makes timestamps).
 ROWS_SCHEMA = ", ".join(

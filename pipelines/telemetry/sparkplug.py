@@ -40,6 +40,7 @@ from pipelines.supervisor import Supervisor
 from sinks import BatchWriter, TableStore, exactly_once
 
 from .config import TelemetryConfig
+from .transforms import device_update_set
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
@@ -50,8 +51,6 @@ log = logging.getLogger(__name__)
 TABLES = (SPARKPLUG_METRICS, "telemetry_quarantine", "devices")
 #: Why its messages go to quarantine (the session's reasons).
 REASONS = (REASON_UNKNOWN_ALIAS, REASON_MALFORMED)
-#: ``devices`` columns a batch may lack (null): the merge keeps the stored value.
-KEPT = ("firmware_version", "tags", "group", "online", "last_birth")
 
 
 def query_name(config: TelemetryConfig) -> str:
@@ -111,9 +110,7 @@ class SparkplugBatch:
                     "devices",
                     updates,
                     update_when="s.last_seen >= t.last_seen",
-                    update_set={
-                        c: f"coalesce(s.`{c}`, t.`{c}`)" if c in KEPT else f"s.`{c}`" for c in updates.columns
-                    },
+                    update_set=device_update_set(updates.columns),
                 )
         finally:
             rows.unpersist()

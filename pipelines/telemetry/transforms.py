@@ -337,7 +337,7 @@ def device_updates(sightings: DataFrame, updated_at: datetime) -> DataFrame:
 
 
 #: ``devices`` attributes a batch may lack (null): a merge keeps the stored value for them.
-KEPT_DEVICE_ATTRIBUTES = ("firmware_version", "tags", "group")
+KEPT_DEVICE_ATTRIBUTES = ("firmware_version", "tags", "group", "online", "last_birth")
 
 
 def device_update_set(columns: Sequence[str]) -> dict[str, str]:
