@@ -35,7 +35,7 @@ from pipelines.telemetry.job import open_store
 from tests.e2e.broker_clients import PahoClient
 from tests.e2e.payloads.test_sparkplug_broker import edge_node
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]  # two runs of the job, each a first start
 
 BIRTH_ROWS = 2 + len(NODE_METRICS) + 2 * len(DEVICE_METRICS)  # bdSeq, Node Control/Rebirth; two devices
 DATA_ROWS = 2 * len(DEVICE_METRICS)  # one DDATA per device
