@@ -199,7 +199,8 @@ def _rounds_began(loads: list[float]) -> str:
     between = loads[1:-1]
     if not between:
         return ""
-    return f", {', '.join(f'{load:.2f}' for load in between)} as rounds 2 to {len(between) + 1} began"
+    rounds = "round 2" if len(between) == 1 else f"rounds 2 to {len(between) + 1}"
+    return f", {', '.join(f'{load:.2f}' for load in between)} as {rounds} began"
 
 
 def _number(value: float | None) -> str:
