@@ -2,6 +2,7 @@
 fleet of devices each on its own topic, Timestone against Mosquitto 2.0.11 in one run, as ratios.
 
     .venv/bin/python -m bench.ingest_bench [--rounds 2] [--devices 2000] [--variants] [--output FILE]
+    .venv/bin/python -m bench.ingest_bench --against CHECKOUT [--publishers 8] [--fanout 100] [--output FILE]
 
 Each broker pinned to the first CPU, the load generator (`bench.loadgen`) on the others, every shape
 measured for every broker in each round, in alternating order. Two figures per run: messages delivered to
@@ -11,7 +12,9 @@ outruns, and a row whose load generator saturated (or whose subscriber missed an
 void, as in every bench here. Timestone runs its defaults (QoS 1 appended to the commitlog and group
 committed before the PUBACK); Mosquitto runs with persistence off (a QoS 1 PUBACK from it promises nothing
 durable). `--variants` adds Timestone on the standard library's event loop and on its own TCP transport.
-The section goes to bench/results/ingest.md.
+`--against CHECKOUT` compares this checkout's broker with another checkout's (an older commit, say) instead
+of Mosquitto, in the same run on the same shapes; `--fanout N` adds one publisher to N subscribers at QoS 0
+and QoS 1. The section goes to bench/results/ingest.md.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.brokers import BrokerUnavailable, Mosquitto, Timestone
 from bench.brokers.base import BrokerUnderTest
+from bench.brokers.timestone import REPO, commit_of
 from bench.loadgen.flow import FlowSpec, Timing
 from bench.report import RESULTS_DIR, write_result
-from bench.scenarios import fanin, fleet
+from bench.scenarios import fanin, fanout, fleet
 from bench.scenarios.base import RunContext
 from bench.scenarios.throughput import FlowMeasurement, measure_flow
 from bench.sysinfo import machine_info, raise_fd_limit, split_cpus
@@ -66,11 +70,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--devices", type=int, default=2000)
     parser.add_argument("--variants", action="store_true", help="also Timestone's other loop and transport")
+    parser.add_argument(
+        "--against", type=Path, metavar="CHECKOUT", help="another checkout's broker instead of Mosquitto"
+    )
+    parser.add_argument(
+        "--publishers",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=FAN_IN,
+        help="fan-in publisher counts, comma-separated (default: 4,8,16)",
+    )
+    parser.add_argument("--fanout", type=int, default=0, metavar="N", help="also 1 publisher → N subscribers")
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "ingest.md")
     args = parser.parse_args(argv)
     raise_fd_limit()
     broker_cpus, loadgen_cpus = split_cpus()
-    brokers: list[BrokerUnderTest] = [Timestone(), Mosquitto()]
+    reference: BrokerUnderTest = Timestone(checkout=args.against) if args.against else Mosquitto()
+    brokers: list[BrokerUnderTest] = [Timestone(), reference]
     if args.variants:
         brokers += [Timestone(event_loop="asyncio"), Timestone(transport="native")]
     ctx = RunContext(
@@ -88,12 +103,15 @@ def main(argv: list[str] | None = None) -> int:
         except BrokerUnavailable as exc:
             _log(f"{broker.label}: not available: {exc}")
             return 1
-    shapes = [(f"fan-in {p} → 1, QoS 0", fanin.spec(0, p)) for p in FAN_IN]
-    shapes += [(f"fan-in {p} → 1, QoS 1", fanin.spec(1, p)) for p in FAN_IN]
+    shapes = [(f"fanout 1 → {args.fanout:,}, QoS {q}", fanout.spec(q, args.fanout)) for q in (0, 1)]
+    shapes = shapes if args.fanout else []
+    shapes += [(f"fan-in {p} → 1, QoS 0", fanin.spec(0, p)) for p in args.publishers]
+    shapes += [(f"fan-in {p} → 1, QoS 1", fanin.spec(1, p)) for p in args.publishers]
     shapes.append((f"fleet: {args.devices:,} devices, QoS 1, 1 in flight", fleet.spec(args.devices)))
-    load_before = os.getloadavg()
     figures: dict[tuple[str, str], list[Figure]] = {}
+    loads: list[float] = []
     for round_number in range(args.rounds):
+        loads.append(os.getloadavg()[0])
         order = brokers if round_number % 2 == 0 else list(reversed(brokers))
         for name, spec in shapes:
             for broker in order:
@@ -104,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"  {figure.rate:,.0f}/s, {figure.per_cpu:,.0f} per broker CPU second"
                     + (f" VOID: {figure.void}" if figure.void else "")
                 )
-    text = render(figures, [name for name, _ in shapes], brokers, args, load_before, os.getloadavg())
+    loads.append(os.getloadavg()[0])
+    text = render(figures, [name for name, _ in shapes], brokers, reference, args, loads)
     write_result(text, args.output)
     return 0
 
@@ -118,28 +137,39 @@ def render(
     figures: dict[tuple[str, str], list[Figure]],
     shapes: list[str],
     brokers: list[BrokerUnderTest],
+    reference: BrokerUnderTest,
     args: argparse.Namespace,
-    load_before: tuple[float, float, float],
-    load_after: tuple[float, float, float],
+    loads: list[float],
 ) -> str:
     machine = machine_info()
-    reference = Mosquitto().label
+    against = f"the checkout at git {commit_of(args.against)}" if args.against else ""
     lines = [
-        "## Ingest on one core: Timestone against Mosquitto",
+        f"## Ingest on one core: Timestone against {against or 'Mosquitto'}",
         "",
         "Fan-in: P publishers, each on its own topic, 64-byte payloads, one subscriber on all of them at the "
-        "same QoS (QoS 1: 64 in flight per publisher and towards the subscriber). Fleet: devices each on its "
-        "own topic, QoS 1 with 1 in flight, one QoS 1 consumer. Timestone persists QoS 1 before the PUBACK "
-        "(its defaults); Mosquitto runs with persistence off. Each figure is the median of the valid runs "
-        f"of {args.rounds} rounds (every run in brackets, void ones marked); per CPU second is delivered/s "
-        "divided by the broker's CPU use, what one core of it delivers.",
+        "same QoS (QoS 1: 64 in flight per publisher and towards the subscriber). "
+        + (
+            "Fanout: one publisher on one topic, N subscribers on it at the same QoS, 64-byte payloads. "
+            if args.fanout
+            else ""
+        )
+        + "Fleet: devices each on its own topic, QoS 1 with 1 in flight, one QoS 1 consumer. Timestone "
+        "persists QoS 1 before the PUBACK (its defaults"
+        + (
+            f", in both checkouts: this one, at git {commit_of(REPO)}, and {against}). "
+            if args.against
+            else "); Mosquitto runs with persistence off. "
+        )
+        + f"Each figure is the median of the valid runs of {args.rounds} rounds, the brokers taking turns "
+        "(every run in brackets, void ones marked); per CPU second is delivered/s divided by the broker's "
+        "CPU use, what one core of it delivers.",
         "",
         "| shape | broker | delivered/s | per broker CPU second | runs (delivered/s; per CPU s) | "
-        "Timestone / Mosquitto per CPU second |",
+        f"Timestone / {reference.label} per CPU second |",
         "|---|---|---|---|---|---|",
     ]
     for shape in shapes:
-        mosquitto = _median(figures.get((shape, reference), []), "per_cpu")
+        base = _median(figures.get((shape, reference.label), []), "per_cpu")
         for broker in brokers:
             runs = figures.get((shape, broker.label), [])
             rate, per_cpu = _median(runs, "rate"), _median(runs, "per_cpu")
@@ -147,9 +177,9 @@ def render(
                 f"{f.rate:,.0f}; {f.per_cpu:,.0f}" + (f" (void: {f.void})" if f.void else "") for f in runs
             )
             ratio = (
-                f"{per_cpu / mosquitto:.2f}x"
-                if broker.label != reference and per_cpu and mosquitto
-                else ("" if broker.label == reference else "n/a")
+                f"{per_cpu / base:.2f}x"
+                if broker.label != reference.label and per_cpu and base
+                else ("" if broker.label == reference.label else "n/a")
             )
             lines.append(
                 f"| {shape} | {broker.label} | {_number(rate)} | {_number(per_cpu)} | {shown} | {ratio} |"
@@ -158,10 +188,19 @@ def render(
         "",
         f"`bench/ingest_bench.py`, measured {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on "
         f"{machine.cpu_model}, {machine.cores} CPUs, {machine.kernel}, Python {machine.python}; each broker "
-        "pinned to CPU 0, the load generator on the other CPU. Load average "
-        f"{load_before[0]:.2f} at the start and {load_after[0]:.2f} at the end.",
+        "pinned to CPU 0, the load generator on the other CPU. Load average (1 minute) "
+        f"{loads[0]:.2f} at the start, {loads[-1]:.2f} at the end" + _rounds_began(loads) + ".",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _rounds_began(loads: list[float]) -> str:
+    """The load averages taken as each round after the first began, for the section's last line."""
+    between = loads[1:-1]
+    if not between:
+        return ""
+    rounds = "round 2" if len(between) == 1 else f"rounds 2 to {len(between) + 1}"
+    return f", {', '.join(f'{load:.2f}' for load in between)} as {rounds} began"
 
 
 def _number(value: float | None) -> str:

@@ -1,4 +1,5 @@
-"""The pipelines' Prometheus metrics, in a registry of their own.
+"""The pipelines' Prometheus metrics, in a registry of their own: query restarts and whether each query
+is up, messages quarantined by reason, Sparkplug B sequence gaps.
 
 ``timestone pipeline ... --metrics-port N`` serves them at ``http://127.0.0.1:N/metrics`` (a Databricks job
 scrapes or logs them as it likes); tests read the values directly.
@@ -26,6 +27,18 @@ class PipelineMetrics:
             f"{PREFIX}_query_up",
             "1 while the streaming query runs, 0 from its failure until its restart.",
             ["pipeline", "query"],
+            registry=self.registry,
+        )
+        self.quarantined = Counter(
+            f"{PREFIX}_quarantined",
+            "Messages written to quarantine, by the reason (e.g. sparkplug_unknown_alias).",
+            ["pipeline", "reason"],
+            registry=self.registry,
+        )
+        self.sparkplug_seq_gaps = Counter(
+            f"{PREFIX}_sparkplug_seq_gaps",
+            "Sparkplug B messages whose sequence number did not follow their edge node's previous one.",
+            ["pipeline"],
             registry=self.registry,
         )
 

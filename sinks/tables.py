@@ -316,6 +316,7 @@ def telemetry_quarantine() -> TableSpec:
             column("device_id", StringType(), True, "null when it could not be derived"),
             column("failed_expectations", ArrayType(StringType(), True), True),
             column("reason", StringType(), False),
+            column("detail", StringType(), True, "what could not be read: the field, byte offset or alias"),
             column("run_id", StringType()),
             column("batch_id", LongType()),
             column("quarantine_date", DateType(), False, "date of quarantined_at (UTC), the partition"),
@@ -386,6 +387,8 @@ def devices() -> TableSpec:
             column("tags", STRING_MAP),
             column("group", StringType(), True, "OTA target group"),
             column("updated_at", TimestampType()),
+            column("online", BooleanType(), True, "Sparkplug B: whether its birth is in force"),
+            column("last_birth", TimestampType(), True, "Sparkplug B: its latest birth's time"),
         ),
         merge_keys=("device_id",),
     )

@@ -12,6 +12,12 @@ from hypothesis import HealthCheck, settings
 
 from broker_edge.runtime.launcher import free_port, wait_for_port
 
+# A pytest-xdist worker runs from ``python -c``: its __main__ has neither spec nor file, which
+# pyspark.sql.connect (imported by great_expectations) takes for a doctest run and answers with sys.exit(0).
+_main = sys.modules["__main__"]
+if getattr(_main, "__spec__", None) is None and not hasattr(_main, "__file__"):
+    _main.__file__ = "pytest-xdist-worker"
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

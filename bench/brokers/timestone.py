@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,8 @@ class Timestone(BrokerUnderTest):
     `persist=None` (every scenario but the persisted one) and `persist=True` keep the broker's default
     persistence rules (QoS 1 appended to the log with group commit before the PUBACK); `persist=False` writes
     `storage: {persist: []}`, no topic persisted. Only the label differs between None and True.
+    `checkout` runs the broker of another checkout of the project (its directory first on the broker's
+    PYTHONPATH, with this virtualenv's interpreter and packages): two versions of the broker side by side.
     """
 
     name = "timestone"
@@ -35,6 +38,7 @@ class Timestone(BrokerUnderTest):
         executable: Path | None = None,
         transport: str | None = None,
         event_loop: str | None = None,
+        checkout: Path | None = None,
     ) -> None:
         self.persist = persist
         self.executable = executable or timestone_executable()
@@ -42,10 +46,14 @@ class Timestone(BrokerUnderTest):
         """The listener's ``transport`` (None: the broker's default)."""
         self.event_loop = event_loop
         """``runtime.event_loop`` (None: the broker's default)."""
+        self.checkout = checkout.resolve() if checkout else None
+        """Another checkout whose broker runs instead of this one's (None: this one)."""
 
     @property
     def label(self) -> str:
         label = "timestone"
+        if self.checkout:
+            label += f" ({commit_of(self.checkout) or self.checkout.name})"
         if self.persist is not None:
             label += " (persist on)" if self.persist else " (persist off)"
         label += f" ({self.event_loop} loop)" if self.event_loop else ""
@@ -58,6 +66,7 @@ class Timestone(BrokerUnderTest):
             "persist off" if self.persist is False else "default",
             self.transport or "",
             self.event_loop or "",
+            str(self.checkout or ""),
         )
 
     @property
@@ -72,6 +81,13 @@ class Timestone(BrokerUnderTest):
     def prepare(self) -> None:
         if not self.executable.exists():
             raise BrokerUnavailable(f"{self.executable} does not exist (install the project into its venv)")
+        if self.checkout and not (self.checkout / "broker_edge").is_dir():
+            raise BrokerUnavailable(f"{self.checkout} is no checkout of the project (no broker_edge/)")
+
+    def env(self) -> dict[str, str] | None:
+        if not self.checkout:
+            return None
+        return {**os.environ, "PYTHONPATH": str(self.checkout)}
 
     def command(self, port: int, workdir: Path) -> list[str]:
         storage = f"  directory: {workdir / 'data'}\n" + ("  persist: []\n" if self.persist is False else "")
@@ -96,6 +112,9 @@ class Timestone(BrokerUnderTest):
             "  max_offline_bytes: 104857600\n"
             "logging:\n  level: WARNING\n"
         )
+        if self.checkout:  # the console script's interpreter, importing the other checkout's packages
+            main = "import sys; from pipelines.cli import main; sys.exit(main())"
+            return [str(self.executable.parent / "python"), "-c", main, "broker", "--config", str(config)]
         return [str(self.executable), "broker", "--config", str(config)]
 
     def config_notes(self) -> str:
@@ -109,6 +128,7 @@ class Timestone(BrokerUnderTest):
         )
         notes += ", `storage: {persist: []}`" if self.persist is False else ""
         notes += f", runtime.event_loop {self.event_loop}" if self.event_loop else ""
+        notes += f", the broker of the checkout at git {commit_of(self.checkout)}" if self.checkout else ""
         return notes + (f", listener transport {self.transport}" if self.transport else "")
 
     def version(self) -> str:
@@ -116,14 +136,19 @@ class Timestone(BrokerUnderTest):
             version = importlib.metadata.version("timestone")
         except importlib.metadata.PackageNotFoundError:
             version = "not installed"
-        try:
-            commit = subprocess.run(
-                ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                capture_output=True,
-                text=True,
-                timeout=5,
-                check=False,
-            ).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            commit = ""
+        commit = commit_of(self.checkout or REPO)
         return f"{version} (git {commit})" if commit else version
+
+
+def commit_of(checkout: Path) -> str:
+    """The short commit id of `checkout`'s HEAD ("" when git cannot tell)."""
+    try:
+        return subprocess.run(
+            ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""

@@ -371,7 +371,7 @@ class PublishPath:
         return local
 
     def _forwarded(self, topic: str, entries: list[PendingPublish], acks: Sequence[ForwardAck]) -> None:
-        ready = self._answers.ready
+        ready = self._answers.answerer()
         for entry, ack in zip(entries, acks, strict=True):
             self._settle(entry, ack)
             ready(entry)
@@ -507,7 +507,7 @@ class PublishPath:
             log.error("%s, %d publishes not acknowledged: %s", reason.replace("_", " "), len(batch), exc)
         reason_code = exc.reason_code if isinstance(exc, PublishRefused) else ReasonCode.UNSPECIFIED_ERROR
         reason_string = str(exc) if refused else None
-        ready = self._answers.ready
+        ready = self._answers.answerer()
         for entry in batch:
             if not entry.settled:
                 if entry.message is not None:
@@ -526,7 +526,7 @@ class PublishPath:
         other members get it from their copy of the log): 0x00."""
         router = self.router
         alone = self.forwarding is None
-        ready = self._answers.ready
+        ready = self._answers.answerer()
         appends = appended_bytes = 0
         for entry in batch:
             message = entry.message

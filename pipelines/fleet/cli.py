@@ -130,6 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="how readings are written (default json); sparkplug_b: --count Sparkplug B edge nodes of "
         "--devices-per-node devices each, in group --group-id",
     )
+    simulate.add_argument(
+        "--telemetry-topic",
+        default="devices/{device_id}/telemetry",
+        help="where readings go, {device_id} the device's id (default devices/{device_id}/telemetry)",
+    )
     simulate.add_argument("--devices-per-node", type=at_least_one, default=2, help="sparkplug_b (default 2)")
     simulate.add_argument(
         "--group-id", default="fleet", help="sparkplug_b: the Sparkplug group (default fleet)"
@@ -172,6 +177,7 @@ def _fleet(args: argparse.Namespace) -> tuple[FleetSpec, DeviceBehaviour]:
         reject_rate=args.reject_rate,
         offline_rate_per_min=args.offline_rate,
         payload_format=args.payload,
+        telemetry_topic=args.telemetry_topic,
     )
     return spec, behaviour
 

@@ -69,6 +69,9 @@ class DeviceBehaviour:
     """Attempts of each action that hang after IN_PROGRESS and never report again (a stuck download)."""
     payload_format: str = "json"
     """How readings are written: json, cbor or protobuf (``pipelines/fleet/readings.py``)."""
+    telemetry_topic: str = "devices/{device_id}/telemetry"
+    """Where readings go, ``{device_id}`` standing for the device's id (a fleet in another format on
+    topics of its own: the telemetry job's ``payload.formats``)."""
     version_failure_rates: dict[str, float] = field(default_factory=dict)
     """Share of devices on which a firmware version fails to install, by version (a bad build): the same
     devices every time, chosen by a hash of the device id and the version."""
@@ -245,7 +248,8 @@ class SimulatedDevice:
             "firmware": self.firmware,
             "group": self.group,
         }
-        self.client.publish_nowait(f"devices/{self.device_id}/telemetry", self._encode_reading(reading), 1)
+        topic = self.behaviour.telemetry_topic.format(device_id=self.device_id)
+        self.client.publish_nowait(topic, self._encode_reading(reading), 1)
         self.stats["telemetry"] += 1
         self._schedule_telemetry()
 

@@ -6,11 +6,13 @@ each group is handed, with its node's state from the previous micro-batches, to 
 online devices) lives in the state store of the streaming query's checkpoint, on the executors: it is
 restored with the checkpoint after a restart, and the driver never holds it. The rows that come out are the
 session's (:data:`.session.ROW_COLUMNS`): metrics, quarantined messages and online-state changes, with
-times as timestamps.
+times as timestamps, and ``ordinal``, each row's place in its edge node's rows of the micro-batch (the order
+the node's messages took effect in: its last online-state change is the one in force).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +24,13 @@ from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from .sparkplug.session import ROW_COLUMNS, EdgeNodeSession, Record
 from .sparkplug.topics import NAMESPACE
 
+# pyspark concatenates the frames :func:`advance_session` returns with frames of all-null rows, and pandas
+# warns that it will type all-null columns otherwise one day: the declared schema types them, so the Python
+# workers need not print it.
+warnings.filterwarnings(
+    "ignore", "The behavior of DataFrame concatenation with empty or all-NA entries", FutureWarning
+)
+
 #: The rows of :func:`sparkplug_rows` (times in epoch milliseconds; :func:`with_times` makes timestamps).
 ROWS_SCHEMA = ", ".join(
     [
@@ -31,7 +40,7 @@ ROWS_SCHEMA = ", ".join(
         "metric_time_ms bigint",
         "is_null boolean, is_historical boolean, value_long bigint, value_double double",
         "value_boolean boolean, value_string string, value_bytes binary, reason string, detail string",
-        "online boolean, birth_time_ms bigint",
+        "online boolean, birth_time_ms bigint, payload binary, ordinal int",
     ]
 )
 STATE_SCHEMA = "session binary"
@@ -76,7 +85,8 @@ def advance_session(
     rows = session.process(records)
     state.update((session.to_bytes(),))
     if rows:
-        yield pd.DataFrame(rows, columns=list(ROW_COLUMNS))
+        frame = pd.DataFrame(rows, columns=list(ROW_COLUMNS))
+        yield frame.assign(ordinal=range(len(frame)))
 
 
 def _bytes(value: Any) -> bytes | None:

@@ -17,6 +17,8 @@ from typing import Any, Literal
 from broker_edge.config.endpoints import parse_endpoint
 from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file
 from pipelines.maintenance.config import MaintenanceConfig
+from pipelines.payloads.config import TopicFormat, check_formats, field_formats
+from pipelines.payloads.formats import FieldFormat
 from pipelines.spark_interval import interval_ms
 from pipelines.supervisor import RestartConfig
 from sources.options import SourceOptionError, parse_options
@@ -26,7 +28,8 @@ STANDARD_COLUMNS: tuple[str, ...] = ("device_id", "event_time", "broker", "topic
 #: Other columns the job gives a record on its way to the tables: a payload field may not take their names.
 RESERVED_COLUMNS: frozenset[str] = frozenset(
     {"client_id", "qos", "retain", "properties", "payload", "ingest_date", "ingested_at", "event_date"}
-    | {"is_telemetry", "topic_tags", "parse_error", "failed_expectations", "duplicate"}
+    | {"is_telemetry", "topic_tags", "parse_error", "parse_detail", "failed_expectations"}
+    | {"duplicate"}
 )
 
 #: Spark SQL type names a payload field may declare (what ``sinks.tables.parse_fields`` understands).
@@ -168,12 +171,26 @@ class PayloadConfig:
     )
     event_time_field: str | None = "ts"
     event_time_unit: Literal["epoch_ms", "epoch_s", "iso8601"] = "epoch_ms"
+    formats: list[TopicFormat] = field(default_factory=list)
+    """Payload formats per topic template (docs/payload-formats.md). ``topic_template``'s payloads are JSON
+    unless an entry names that template with another format; an entry with another template adds its topics
+    (read into the same ``fields``), and a ``sparkplug_b`` entry adds its Sparkplug B group(s)."""
+    readers: dict[str, FieldFormat] = field(init=False, repr=False, compare=False, default_factory=dict)
+    """Each telemetry template's format, its files read (what the executors get): set when loaded."""
 
     def __post_init__(self) -> None:
         try:
             TopicTemplate(self.topic_template)
         except ValueError as exc:
             raise ConfigError("topic_template", str(exc)) from None
+        check_formats(self.formats)
+        for index, entry in enumerate(self.formats):
+            if entry.format == "sparkplug_b":
+                continue
+            try:
+                TopicTemplate(entry.topic_template)
+            except ValueError as exc:
+                raise ConfigError(f"formats[{index}].topic_template", str(exc)) from None
         if not self.fields:
             raise ConfigError("fields", "declare at least one payload field")
         for name, type_name in self.fields.items():
@@ -187,10 +204,23 @@ class PayloadConfig:
                 raise ConfigError(f"fields.{name}", "clashes with a column the pipeline adds")
         if self.event_time_field is not None and self.event_time_field not in self.fields:
             raise ConfigError("event_time_field", f"{self.event_time_field!r} is not one of fields")
+        types = {name: type_name.strip().lower() for name, type_name in self.fields.items()}
+        self.readers = {self.topic_template: FieldFormat("json"), **field_formats(self.formats, types)}
 
     @cached_property
     def template(self) -> TopicTemplate:
         return TopicTemplate(self.topic_template)
+
+    @cached_property
+    def templates(self) -> list[tuple[TopicTemplate, FieldFormat]]:
+        """Every telemetry topic template with the format of its payloads: ``topic_template`` first."""
+        return [(TopicTemplate(template), reader) for template, reader in self.readers.items()]
+
+    @property
+    def sparkplug_filters(self) -> list[str]:
+        """The MQTT filters of the ``sparkplug_b`` entries (none: no Sparkplug B is read)."""
+        filters = [entry.sparkplug_filter for entry in self.formats if entry.format == "sparkplug_b"]
+        return list(dict.fromkeys(filters))
 
     @property
     def silver_fields(self) -> dict[str, str]:
@@ -411,17 +441,20 @@ class TelemetryConfig:
 
     @property
     def topic_filters(self) -> list[str]:
-        """The filters the source reads: configured ones, or those of the telemetry and status templates."""
+        """The filters the source reads: configured ones, or those of the telemetry and status templates and
+        the Sparkplug B groups (bronze keeps their records; their own query reads them again)."""
         if self.source.topics:
             return list(self.source.topics)
-        filters = [self.payload.template.topic_filter]
+        filters = [template.topic_filter for template, _ in self.payload.templates]
+        filters = list(dict.fromkeys([*filters, *self.payload.sparkplug_filters]))
         status = self.gold.devices.status_template
         if status is not None and status.topic_filter not in filters:
             filters.append(status.topic_filter)
         return filters
 
-    def source_options(self) -> dict[str, str]:
-        """Options for ``spark.readStream.format("timestone")``."""
+    def source_options(self, topics: list[str] | None = None) -> dict[str, str]:
+        """Options for ``spark.readStream.format("timestone")``, reading ``topics`` (default
+        :attr:`topic_filters`)."""
         source = self.source
         where = (
             {"bootstrapServers": ",".join(source.bootstrap_servers)}
@@ -430,7 +463,7 @@ class TelemetryConfig:
         )
         options = {
             **where,
-            "topics": ",".join(self.topic_filters),
+            "topics": ",".join(self.topic_filters if topics is None else topics),
             "startingOffsets": self.source.starting_offsets,
             "failOnDataLoss": str(self.source.fail_on_data_loss).lower(),
         }

@@ -41,6 +41,7 @@ from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF, Maintenance
 from pipelines.maintenance.scheduler import MaintenanceScheduler
 from pipelines.metrics import PipelineMetrics
 from pipelines.output_paths import check_output_location
+from pipelines.payloads.sparkplug_tables import sparkplug_metrics
 from pipelines.preflight import require_brokers
 from pipelines.supervisor import Supervisor
 from sinks import BatchWriter, TableCatalog, TableStore, build_catalog, exactly_once, open_table_store
@@ -48,6 +49,7 @@ from sinks.tables import device_minute
 from sources.options import parse_options
 
 from . import quality as Q
+from . import sparkplug
 from . import transforms as T
 from .config import STANDARD_COLUMNS, TelemetryConfig, load_telemetry_config
 from .dedup import DUPLICATE, flag_duplicates
@@ -98,7 +100,7 @@ MINUTE_KEYS = ("event_date", "device_id", "minute")
 def telemetry_catalog(config: TelemetryConfig) -> TableCatalog:
     """The table catalog with this configuration's silver payload columns and minute metrics."""
     catalog = build_catalog(config.payload.silver_fields)
-    return catalog.replace(device_minute(config.gold.minute_metrics))
+    return catalog.replace(device_minute(config.gold.minute_metrics)).replace(sparkplug_metrics())
 
 
 def utc_now() -> datetime:
@@ -112,7 +114,7 @@ def telemetry_rows(
     the expectations they fail (``conditions``, :func:`.quality.row_failure_conditions`) and with whether
     they repeat a message (:data:`.dedup.DUPLICATE`). Every record stays: bronze keeps them all.
 
-    This is the parse step's final form: a payload format plugs in at :func:`.transforms.decode_payloads`.
+    Each telemetry template's payloads are read in its format (``payload.formats``, :mod:`.formats`).
     """
     bronze = T.to_bronze(records, F.current_timestamp())
     flagged = T.flag_failures(T.parse_records(bronze, config.payload), conditions)
@@ -176,6 +178,8 @@ class TelemetryBatch:
         self.validator = gx_validator or Q.GxValidator(config.quality.suites, config.quality.gx.engine)
         self.schedule = Q.GxSchedule(config.quality.gx)
         self.reports: deque[BatchReport] = deque(maxlen=1000)  # the latest batches, for logs and tests
+        #: where quarantined rows are counted (``supervise`` gives the job's)
+        self.metrics = PipelineMetrics()
         #: Called after each step with the step's name and the batch id; tests inject failures here.
         self.after_step: Callable[[str, int], None] = lambda step, batch_id: None
         self._pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="telemetry-batch")
@@ -254,8 +258,8 @@ class TelemetryBatch:
                 update_set=T.minute_merge_set(metrics),
             )
         if counts["quarantined"]:
-            quarantine = T.to_quarantine(rows, out.app_id, out.batch_id, now)
-            steps["telemetry_quarantine"] = lambda: out.append("telemetry_quarantine", quarantine)
+            quarantine = T.to_quarantine(rows, config.payload, out.app_id, out.batch_id, now)
+            steps["telemetry_quarantine"] = lambda: self._write_quarantine(out, quarantine, counts)
         if counts["passed"] or config.gold.devices.status_template is not None:
             steps["devices"] = lambda: self._write_devices(batch, rows, passed)
         if counts["dq_rows"]:
@@ -303,6 +307,14 @@ class TelemetryBatch:
     def _already_written(self, name: str, out: BatchWriter) -> bool:
         committed = self.store.committed_batch(name, out.app_id) if self.store.exists(name) else None
         return committed is not None and committed >= out.batch_id
+
+    def _write_quarantine(self, out: BatchWriter, rows: DataFrame, counts: Mapping[str, Any]) -> None:
+        """Append the quarantined rows; once written, count them by reason."""
+        if out.append("telemetry_quarantine", rows):
+            unparseable = counts[T.REASON_UNPARSEABLE]
+            self.metrics.quarantined.labels("telemetry", T.REASON_UNPARSEABLE).inc(unparseable)
+            expectations = counts["quarantined"] - unparseable
+            self.metrics.quarantined.labels("telemetry", T.REASON_EXPECTATIONS).inc(expectations)
 
     # -- devices -----------------------------------------------------------------------------------------
 
@@ -466,6 +478,7 @@ def supervise(
     def start() -> StreamingQuery:
         batch = make_batch(config, store)
         batch.share_maintenance(maintenance)
+        batch.metrics = supervisor.metrics
         batch.ensure_tables()
         batches.append(batch)
         query = start_query(spark, config, batch, available_now=available_now)
@@ -476,6 +489,7 @@ def supervise(
         batches.pop().close()
 
     supervisor.add(config.stream.query_name, start, ended)
+    sparkplug.supervise_query(spark, config, store, supervisor, available_now)
     try:
         return supervisor.run()
     except KeyboardInterrupt:

@@ -15,13 +15,13 @@ from pyspark.sql import functions as F
 
 from sinks.tables import bronze_telemetry
 
-from .config import DevicesConfig, PayloadConfig, TopicTemplate
+from . import formats
+from .config import DevicesConfig, PayloadConfig
 
 #: Why a row went to quarantine (``telemetry_quarantine.reason``).
 REASON_UNPARSEABLE = "unparseable_payload"
 REASON_EXPECTATIONS = "failed_expectations"
 
-_CORRUPT = "_corrupt_record"
 _RECORD_COLUMNS = (
     "broker",
     "topic",
@@ -56,22 +56,6 @@ def to_bronze(records: DataFrame, ingested_at: datetime | Column) -> DataFrame:
     )
 
 
-def topic_matches(template: TopicTemplate) -> Column:
-    return F.col("topic").rlike(template.regex)
-
-
-def _placeholder(template: TopicTemplate, name: str) -> Column:
-    return F.regexp_extract(F.col("topic"), template.regex, template.placeholders.index(name) + 1)
-
-
-def _topic_tags(template: TopicTemplate) -> Column:
-    """Placeholders other than the device id (``sites/{site}/...``) as a string map, for ``devices.tags``."""
-    others = [name for name in template.placeholders if name != "device_id"]
-    if not others:
-        return F.create_map().cast("map<string,string>")
-    return F.create_map(*[item for name in others for item in (F.lit(name), _placeholder(template, name))])
-
-
 def _event_time(payload: PayloadConfig) -> Column:
     """The device's time if the payload carries it, else the broker's append time, else ingestion time."""
     fallback = F.coalesce(F.col("timestamp"), F.col("ingested_at"))
@@ -87,56 +71,42 @@ def _event_time(payload: PayloadConfig) -> Column:
     return F.coalesce(device_time, fallback)
 
 
-#: The column :func:`decode_payloads` adds: whether the payload could not be read into the declared fields.
-PAYLOAD_ERROR = "_payload_error"
-
-
-def decode_payloads(rows: DataFrame, payload: PayloadConfig) -> DataFrame:
-    """``rows`` with one column per declared payload field (its declared type) and :data:`PAYLOAD_ERROR`.
-
-    The one place a payload format is read: a JSON object here, with Spark's own ``from_json`` (a payload
-    that is not JSON, not an object, or holds a value of the wrong type is an error, and its fields are
-    null). Another format adds the same columns from its own reader (a built-in function, or a
-    ``mapInArrow`` where it needs Python); everything after this step is the same for every format.
-    """
-    field_ddl = ", ".join(f"`{name}` {type_name}" for name, type_name in payload.fields.items())
-    schema = f"{field_ddl}, `{_CORRUPT}` string"
-    parsed = F.from_json(F.col("payload").cast("string"), schema, {"columnNameOfCorruptRecord": _CORRUPT})
-    decoded = rows.withColumn("_json", parsed)
-    return decoded.select(
-        *rows.columns,
-        *[F.col("_json").getField(name).alias(name) for name in payload.fields],
-        (F.col("_json").isNull() | F.col("_json").getField(_CORRUPT).isNotNull()).alias(PAYLOAD_ERROR),
-    )
-
-
 #: Bronze's columns (:func:`to_bronze`).
 BRONZE_COLUMNS = (*_RECORD_COLUMNS, "ingest_date", "ingested_at")
 #: Whether a row of :func:`parse_records` is on a telemetry topic.
 IS_TELEMETRY = "is_telemetry"
 #: The columns of flagged :func:`parse_records` rows besides the payload fields (which must not clash).
-PARSED_RECORD_COLUMNS = (*BRONZE_COLUMNS, IS_TELEMETRY, "topic_tags", "parse_error", "failed_expectations")
+PARSED_RECORD_COLUMNS = (
+    *BRONZE_COLUMNS,
+    IS_TELEMETRY,
+    "topic_tags",
+    "parse_error",
+    "parse_detail",
+    "failed_expectations",
+)
 
 
 def parse_records(bronze: DataFrame, payload: PayloadConfig) -> DataFrame:
     """Every bronze row, with ``is_telemetry`` and, on telemetry rows, the parsed columns: the device id
-    from the topic, the topic's other placeholders as tags, the event time, the payload fields and
-    ``parse_error``.
+    from the topic, the topic's other placeholders as tags, the event time, the payload fields,
+    ``parse_error`` and ``parse_detail`` (where a payload broke, when its format says).
 
     Rows on other topics (status topics, anything a wider filter brought in) keep null parsed columns: they
-    are bronze only (and the devices table's status rows). The payload is read by :func:`decode_payloads`.
+    are bronze only (and the devices table's status rows). The payload is read in its topic template's
+    format (:func:`.formats.decoded_payload`); everything after this step is the same for every format.
     """
-    telemetry = topic_matches(payload.template)
-    template = payload.template
-    decoded = decode_payloads(bronze, payload)
+    telemetry = formats.is_telemetry(payload)
+    decoded = bronze.withColumn("_decoded", formats.decoded_payload(payload))
     parsed = [
-        ("device_id", _placeholder(template, "device_id")),
-        ("topic_tags", _topic_tags(template)),
+        ("device_id", formats.device_id(payload)),
+        ("topic_tags", formats.topic_tags(payload)),
         ("event_time", _event_time(payload)),
         *[(name, F.col(name)) for name in payload.fields],
-        ("parse_error", F.col(PAYLOAD_ERROR)),
+        ("parse_error", F.col("_decoded").getField(formats.ERROR)),
+        ("parse_detail", F.col("_decoded").getField(formats.DETAIL)),
     ]
-    return decoded.select(
+    fields = [F.col("_decoded").getField(name).alias(name) for name in payload.fields]
+    return decoded.select(*bronze.columns, *fields, "_decoded").select(
         *bronze.columns,
         telemetry.alias(IS_TELEMETRY),
         *[F.when(telemetry, column).alias(name) for name, column in parsed],
@@ -167,8 +137,11 @@ def is_quarantined() -> Column:
     return F.col("parse_error") | (F.size("failed_expectations") > 0)
 
 
-def to_quarantine(flagged: DataFrame, run_id: str, batch_id: int, quarantined_at: datetime) -> DataFrame:
-    """Telemetry rows that failed parsing or an expectation, raw payload kept, with the reason."""
+def to_quarantine(
+    flagged: DataFrame, payload: PayloadConfig, run_id: str, batch_id: int, quarantined_at: datetime
+) -> DataFrame:
+    """Telemetry rows that failed parsing or an expectation, raw payload kept, with the reason and, for a
+    payload that could not be read, the detail: the field or byte offset where it broke."""
     stamp = F.lit(quarantined_at).cast("timestamp")
     rejected = quarantined_rows(flagged)
     return rejected.select(
@@ -186,6 +159,7 @@ def to_quarantine(flagged: DataFrame, run_id: str, batch_id: int, quarantined_at
         F.when(F.col("parse_error"), F.lit(REASON_UNPARSEABLE))
         .otherwise(F.lit(REASON_EXPECTATIONS))
         .alias("reason"),
+        F.coalesce("parse_detail", formats.json_detail(payload, F.col("parse_error"))).alias("detail"),
         F.lit(run_id).alias("run_id"),
         F.lit(batch_id).cast("bigint").alias("batch_id"),
         F.to_date(stamp).alias("quarantine_date"),
@@ -220,7 +194,8 @@ def to_silver(rows: DataFrame, silver_fields: Sequence[str]) -> DataFrame:
 def profile_aggregates(duplicate: str) -> list[Column]:
     """Aggregates over a batch's flagged rows that tell the job which writes it needs.
 
-    ``passed`` / ``quarantined`` telemetry rows, and ``duplicates``: passed rows whose boolean column
+    ``passed`` / ``quarantined`` telemetry rows (:data:`REASON_UNPARSEABLE`: those that could not be read),
+    and ``duplicates``: passed rows whose boolean column
     ``duplicate`` says they repeat a message silver has (a write with no rows is skipped).
     """
     telemetry = F.col(IS_TELEMETRY)
@@ -228,6 +203,7 @@ def profile_aggregates(duplicate: str) -> list[Column]:
     return [
         F.count(F.when(passed, 1)).alias("passed"),
         F.count(F.when(telemetry & is_quarantined(), 1)).alias("quarantined"),
+        F.count(F.when(telemetry & F.col("parse_error"), 1)).alias(REASON_UNPARSEABLE),
         F.count(F.when(passed & F.col(duplicate), 1)).alias("duplicates"),
     ]
 
@@ -297,13 +273,13 @@ def parse_status(bronze: DataFrame, devices: DevicesConfig) -> DataFrame:
     if template is None:
         raise ValueError("parse_status needs gold.devices.status_topic_template")
     firmware = F.get_json_object(F.col("payload").cast("string"), f"$.{devices.status_firmware_field}")
-    return bronze.where(topic_matches(template)).select(
-        _placeholder(template, "device_id").alias("device_id"),
+    return bronze.where(formats.matches(template)).select(
+        formats.placeholder(template, "device_id").alias("device_id"),
         "timestamp",
         "broker",
         firmware.alias("firmware_version"),
         F.lit(None).cast("string").alias("group"),
-        _topic_tags(template).alias("tags"),
+        formats.tags(template).alias("tags"),
     )
 
 
@@ -361,7 +337,7 @@ def device_updates(sightings: DataFrame, updated_at: datetime) -> DataFrame:
 
 
 #: ``devices`` attributes a batch may lack (null): a merge keeps the stored value for them.
-KEPT_DEVICE_ATTRIBUTES = ("firmware_version", "tags", "group")
+KEPT_DEVICE_ATTRIBUTES = ("firmware_version", "tags", "group", "online", "last_birth")
 
 
 def device_update_set(columns: Sequence[str]) -> dict[str, str]:

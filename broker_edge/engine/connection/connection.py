@@ -287,7 +287,11 @@ class Connection(Outgoing):
                         if not bucket.try_acquire(now):
                             self._hold(packets[index:], bucket.seconds_until(now))
                             return True
-                self._dispatch(packet)
+                    session = self.session
+                    assert session is not None, "a connected connection has a session"
+                    handle_publish(self.terms.host, self, session, packet)  # ``_dispatch``'s, a call fewer
+                else:
+                    self._dispatch(packet)
                 if self.terms.state == CLOSED:
                     return False
                 inbound = self.inbound

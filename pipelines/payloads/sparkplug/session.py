@@ -49,7 +49,8 @@ class Record:
 
 #: The columns of every row :meth:`EdgeNodeSession.process` returns, whatever its kind (unused ones None). A
 #: metric row is identified by its record (broker, topic, offset) and ``metric_index``, its place in the
-#: payload (a payload may carry one metric several times: historical values).
+#: payload (a payload may carry one metric several times: historical values). A rejected row keeps the
+#: record's ``payload`` (for quarantine); the others leave it None.
 ROW_COLUMNS = (
     "kind",
     "broker",
@@ -78,6 +79,7 @@ ROW_COLUMNS = (
     "detail",
     "online",
     "birth_time_ms",
+    "payload",
 )
 
 
@@ -352,7 +354,7 @@ def _row(record: Record, topic: SparkplugTopic | None, kind: str, **values: Any)
 def _rejected(
     record: Record, topic: SparkplugTopic | None, reason: str, detail: str, seq: int | None = None
 ) -> dict[str, Any]:
-    return _row(record, topic, REJECTED, reason=reason, detail=detail, seq=seq)
+    return _row(record, topic, REJECTED, reason=reason, detail=detail, seq=seq, payload=record.payload)
 
 
 def _presence(

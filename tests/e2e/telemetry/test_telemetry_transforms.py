@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import date
 
+import cbor2
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
@@ -12,7 +13,7 @@ from pipelines.telemetry import transforms as T
 from pipelines.telemetry.config import DedupConfig, load_telemetry_config
 from pipelines.telemetry.dedup import DUPLICATE, flag_duplicates
 from pipelines.telemetry.quality import row_failure_conditions
-from tests.e2e.telemetry.telemetry_harness import T0, at, reading, record, records, telemetry
+from tests.e2e.telemetry.telemetry_harness import T0, at, ms, reading, record, records, telemetry
 
 pytestmark = pytest.mark.spark
 
@@ -111,7 +112,7 @@ def test_flag_failures_quarantines_with_reasons_and_passes_the_rest(spark):
         "s.humidity": F.col("humidity") < 0,
     }
     flagged = T.flag_failures(parsed, conditions)
-    quarantine = T.to_quarantine(flagged, run_id="q-1", batch_id=4, quarantined_at=INGESTED)
+    quarantine = T.to_quarantine(flagged, PAYLOAD, run_id="q-1", batch_id=4, quarantined_at=INGESTED)
     expected = spark.createDataFrame(
         [
             ("hot", 1, ["s.temp"], T.REASON_EXPECTATIONS, "q-1", 4, date(2026, 11, 21)),
@@ -124,7 +125,43 @@ def test_flag_failures_quarantines_with_reasons_and_passes_the_rest(spark):
     equal(quarantine.select(*expected.columns), expected)
     quarantined = quarantine.where("offset = 3").first()
     assert quarantined is not None and quarantined["payload"] == b"[1, 2]"
+    assert quarantined["detail"] == "json: byte 0: the payload is a list, not an object"
+    details = {r["offset"]: r["detail"] for r in quarantine.collect()}
+    assert details[1] is None  # an expectation failed: nothing to point at
     assert [r["device_id"] for r in T.passed_rows(flagged).collect()] == ["ok"]
+
+
+def test_each_template_reads_its_format_and_a_payload_that_breaks_says_where(spark):
+    cbor_payload = cbor2.dumps({"ts": ms(T0), "seq": 3, "temperature": 21.5, "firmware": "1.0.0"})
+    payload = load_telemetry_config(
+        {"payload": {"formats": [{"topic_template": "cbor/{device_id}", "format": "cbor"}]}}
+    ).payload
+    parsed = T.parse_records(
+        bronze(
+            spark,
+            [
+                telemetry("json-1", 0, seq=1, temperature=20.0),
+                record("cbor/cb-1", 1, cbor_payload),
+                record("cbor/cb-2", 2, cbor_payload[:-3]),  # cut short
+                record("devices/json-2/telemetry", 3, b'{"seq": 1, "temperature": "hot"}'),
+                record("other/x", 4, cbor_payload),  # no template: bronze only
+            ],
+        ),
+        payload,
+    )
+    flagged = T.flag_failures(parsed, {})
+    rows = {r["offset"]: r for r in flagged.collect()}
+    assert [rows[o]["is_telemetry"] for o in range(5)] == [True, True, True, True, False]
+    assert (rows[1]["device_id"], rows[1]["seq"], rows[1]["temperature"]) == ("cb-1", 3, 21.5)
+    assert rows[1]["event_time"] == at(0).replace(tzinfo=None) and not rows[1]["parse_error"]
+    assert rows[0]["temperature"] == 20.0 and rows[0]["parse_detail"] is None
+    assert rows[2]["parse_error"] and rows[2]["parse_detail"].startswith("cbor: byte ")
+    quarantine = T.to_quarantine(flagged, payload, run_id="q", batch_id=0, quarantined_at=INGESTED)
+    details = {r["device_id"]: r["detail"] for r in quarantine.collect()}
+    assert details == {
+        "cb-2": rows[2]["parse_detail"],
+        "json-2": "field temperature: expected double, got str 'hot'",
+    }
 
 
 def duplicate_flags(spark, rows, id_fields=("seq",), window_seconds=600):

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from broker_edge.config.loader import ConfigError
+from pipelines.payloads.protobuf import EXAMPLE_MESSAGE, example_descriptor_set
 from pipelines.telemetry.config import TopicTemplate, load_telemetry_config, load_telemetry_config_file
 
 REPO = Path(__file__).resolve().parents[4]
@@ -92,6 +94,33 @@ def test_empty_section_means_defaults():
         ),
         ({"tables": {"maintenance": {"min_files": 1}}}, "telemetry.tables.maintenance.min_files"),
         (
+            {"payload": {"formats": [{"topic_template": "cbor/{site}", "format": "cbor"}]}},
+            "telemetry.payload.formats[0].topic_template",
+        ),
+        (
+            {"payload": {"formats": [{"topic_template": "spBv1.0/#", "format": "sparkplug_b"}]}},
+            "telemetry.payload.formats[0].topic_template",
+        ),
+        (
+            {"payload": {"formats": [{"topic_template": "d/{device_id}", "format": "protobuf"}]}},
+            "telemetry.payload.formats[0].protobuf",
+        ),
+        (
+            {
+                "payload": {
+                    "formats": [
+                        {"topic_template": "d/{device_id}", "format": "cbor"},
+                        {
+                            "topic_template": "p/{device_id}",
+                            "format": "protobuf",
+                            "protobuf": {"descriptor_set": "missing.desc", "message": "a.Reading"},
+                        },
+                    ]
+                }
+            },
+            "telemetry.payload.formats[1].protobuf.descriptor_set",
+        ),
+        (
             {"tables": {"maintenance": {"retention_hours": 0.01}}},
             "telemetry.tables.maintenance.retention_hours",
         ),
@@ -120,6 +149,52 @@ def test_status_template_adds_its_filter_to_the_source():
     assert config.topic_filters == ["devices/+/telemetry", "devices/+/actions"]
     explicit = load_telemetry_config({"source": {"topics": ["devices/#"]}})
     assert explicit.source_options()["topics"] == "devices/#"
+
+
+def test_payload_formats_give_each_template_its_format_and_add_their_topics(tmp_path):
+    descriptor = tmp_path / "telemetry.desc"
+    descriptor.write_bytes(example_descriptor_set())
+    config = load_telemetry_config(
+        yaml.safe_load(
+            f"""
+            payload:
+              formats:
+                - {{topic_template: "devices/{{device_id}}/telemetry", format: cbor}}
+                - topic_template: "pb/{{device_id}}"
+                  format: protobuf
+                  protobuf: {{descriptor_set: {descriptor}, message: {EXAMPLE_MESSAGE}}}
+                - {{topic_template: "spBv1.0/plant1", format: sparkplug_b}}
+            """
+        )
+    )
+    assert [(t.template, f.name) for t, f in config.payload.templates] == [
+        ("devices/{device_id}/telemetry", "cbor"),  # the default template, now CBOR
+        ("pb/{device_id}", "protobuf"),
+    ]
+    assert config.payload.sparkplug_filters == ["spBv1.0/plant1/#"]
+    assert config.topic_filters == ["devices/+/telemetry", "pb/+", "spBv1.0/plant1/#"]
+    assert config.source_options(config.payload.sparkplug_filters)["topics"] == "spBv1.0/plant1/#"
+
+
+def test_a_protobuf_message_lacking_a_declared_field_is_refused_by_name(tmp_path):
+    descriptor = tmp_path / "telemetry.desc"
+    descriptor.write_bytes(example_descriptor_set())
+    entry = {
+        "topic_template": "pb/{device_id}",
+        "format": "protobuf",
+        "protobuf": {"descriptor_set": str(descriptor), "message": EXAMPLE_MESSAGE},
+    }
+    section = {"payload": {"formats": [entry], "fields": {"ts": "bigint", "pressure": "double"}}}
+    section["gold"] = {
+        "minute_metrics": ["pressure"],
+        "devices": {"firmware_field": None, "group_field": None},
+    }
+    section["dedup"] = {"message_id_fields": []}
+    section["quality"] = {"suites": []}
+    with pytest.raises(ConfigError) as raised:
+        load_telemetry_config(section)
+    assert raised.value.path == "telemetry.payload.formats[0].protobuf.message"
+    assert "has no field 'pressure'" in str(raised.value)
 
 
 def test_bootstrap_servers_read_a_cluster_instead_of_the_brokers():

@@ -1,0 +1,108 @@
+"""The telemetry topics of every template and their payloads read in each template's format, as columns.
+
+``payload.topic_template`` and the ``payload.formats`` entries read into the declared fields are the
+telemetry templates (:attr:`.config.PayloadConfig.templates`). A row's template is the first its topic
+matches; its placeholders (the device id, the tags) come from that template, and its payload is read in
+that template's format: JSON by Spark's own ``from_json``, CBOR and Protobuf by their readers on the
+executors (:func:`pipelines.payloads.spark_fields.decoded_struct`). Every format gives the same struct: the
+declared fields, :data:`ERROR` (whether the payload could not be read) and :data:`DETAIL` (where it broke:
+the field or the byte offset). ``from_json`` does not say where; :func:`json_detail` reads the payloads it
+refused again with the Python JSON reader, for the quarantined rows only.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+from pipelines.payloads.formats import FieldFormat
+from pipelines.payloads.spark_fields import decoded_struct
+
+from .config import PayloadConfig, TopicTemplate
+
+#: The struct fields :func:`decoded_payload` adds to the declared ones.
+ERROR = "_error"
+DETAIL = "_detail"
+_CORRUPT = "_corrupt_record"
+#: The detail of a JSON payload the Python reader reads though ``from_json`` did not.
+JSON_REFUSED = "json: not an object of the declared fields and types"
+
+
+def matches(template: TopicTemplate) -> Column:
+    return F.col("topic").rlike(template.regex)
+
+
+def is_telemetry(payload: PayloadConfig) -> Column:
+    """Whether the row's topic is one of a telemetry template's."""
+    templates = [matches(template) for template, _ in payload.templates]
+    result = templates[0]
+    for condition in templates[1:]:
+        result = result | condition
+    return result
+
+
+def _by_template(payload: PayloadConfig, value: dict[str, Column]) -> Column:
+    """``value[template]`` of the row's template (null when none matches)."""
+    templates = [template for template, _ in payload.templates]
+    result = F.when(matches(templates[0]), value[templates[0].template])
+    for template in templates[1:]:
+        result = result.when(matches(template), value[template.template])
+    return result
+
+
+def placeholder(template: TopicTemplate, name: str) -> Column:
+    return F.regexp_extract(F.col("topic"), template.regex, template.placeholders.index(name) + 1)
+
+
+def device_id(payload: PayloadConfig) -> Column:
+    return _by_template(payload, {t.template: placeholder(t, "device_id") for t, _ in payload.templates})
+
+
+def tags(template: TopicTemplate) -> Column:
+    """Placeholders other than the device id (``sites/{site}/...``) as a string map, for ``devices.tags``."""
+    others = [name for name in template.placeholders if name != "device_id"]
+    if not others:
+        return F.create_map().cast("map<string,string>")
+    return F.create_map(*[item for name in others for item in (F.lit(name), placeholder(template, name))])
+
+
+def topic_tags(payload: PayloadConfig) -> Column:
+    return _by_template(payload, {t.template: tags(t) for t, _ in payload.templates})
+
+
+def decoded_payload(payload: PayloadConfig) -> Column:
+    """The row's payload read in its template's format: a struct of the declared fields, :data:`ERROR` and
+    :data:`DETAIL` (null on rows of no template)."""
+    structs = {t.template: _decoded(payload, t, f) for t, f in payload.templates}
+    return _by_template(payload, structs)
+
+
+def _decoded(payload: PayloadConfig, template: TopicTemplate, reader: FieldFormat) -> Column:
+    fields = {name: type_name.strip().lower() for name, type_name in payload.fields.items()}
+    if reader.name == "json":
+        schema = ", ".join(f"`{name}` {type_name}" for name, type_name in fields.items())
+        parsed = F.from_json(
+            F.col("payload").cast("string"),
+            f"{schema}, `{_CORRUPT}` string",
+            {"columnNameOfCorruptRecord": _CORRUPT},
+        )
+        error = parsed.isNull() | parsed.getField(_CORRUPT).isNotNull()
+        detail = F.lit(None).cast("string")
+    else:
+        # only the template's rows reach the reader: the others are null payloads, skipped at once
+        parsed = decoded_struct(F.when(matches(template), F.col("payload")), reader, fields, DETAIL)
+        detail = parsed.getField(DETAIL)
+        error = detail.isNotNull()
+    return F.struct(
+        *[parsed.getField(name).alias(name) for name in fields],
+        error.alias(ERROR),
+        detail.alias(DETAIL),
+    )
+
+
+def json_detail(payload: PayloadConfig, refused: Column) -> Column:
+    """Where the JSON payloads ``from_json`` refused (``refused`` true) break, read again by the Python
+    JSON reader; :data:`JSON_REFUSED` when it reads them. Null on the other rows."""
+    fields = {name: type_name.strip().lower() for name, type_name in payload.fields.items()}
+    again = decoded_struct(F.when(refused, F.col("payload")), FieldFormat("json"), fields, DETAIL)
+    return F.when(refused, F.coalesce(again.getField(DETAIL), F.lit(JSON_REFUSED)))
