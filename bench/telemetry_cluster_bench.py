@@ -1,0 +1,602 @@
+"""The telemetry job on a Spark standalone cluster on loopback: what its driver and its executors spend.
+
+    .venv/bin/python -m bench.telemetry_cluster_bench [--quick] [--only-100k] [--output FILE]
+
+A master and two 1-core workers (``tests/spark_cluster.py``), ``timestone broker`` processes holding a
+backlog of small JSON readings (published as QoS 1 MQTT, like the simulated fleet's), and the job in a driver
+process of its own, as ``timestone pipeline telemetry --available-now`` runs it. While it runs, the CPU and
+the peak resident memory (``VmHWM``) of every process are read from /proc, by role: the driver (its Python
+process, its JVM, the Python process serving the source's offsets) and the executors (their JVMs and Python
+workers). Four runs:
+
+1. the job at 100,000-row batches (``source.max_records_per_trigger``), its first batch not measured (the
+   JVMs compile the code then);
+2. plain Spark transforms of the same bronze rows on the same cluster (``bench/telemetry_ceiling.py``'s
+   ``run_plain``: Parquet in, JSON parsed, duplicates dropped by device and ``seq``, silver and the two
+   aggregates as Parquet), in a driver of their own;
+3. the job at 1,000,000-row batches;
+4. the job at its 1 s trigger while a publisher sends 200 readings/s, publish → silver read from the table by
+   another process (``bench/telemetry_bench.py``'s poller).
+
+Targets: the driver's share of the CPU (driver / driver + executors, from the first batch to the end) at most
+10 %, its peak RSS at most 100 MB higher at 1,000,000-row batches than at 100,000; the job's rows/s at
+least 0.6x the plain transforms' at 100,000-row batches; publish → silver p50 at most 1.5 s. Writes the
+section "On a Spark standalone cluster" of ``bench/results/telemetry.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.report import replace_section  # noqa: E402
+from bench.sysinfo import machine_info  # noqa: E402
+from bench.telemetry_bench import (  # noqa: E402
+    BROKER_SECTIONS,
+    LoadSampler,
+    logged_records,
+    percentile,
+    poll_tables,
+    publish_backlog,
+    steady_publisher,
+)
+from broker_edge.runtime.launcher import BrokerProcess  # noqa: E402
+from tests.spark_cluster import StandaloneCluster, spark_environment, standalone_cluster  # noqa: E402
+
+RESULTS = REPO / "bench" / "results" / "telemetry.md"
+HEADING = "### On a Spark standalone cluster"
+TOPICS = 100
+#: executors and drivers get this much heap: a 1,000,000-row batch cached on two executors fits
+EXECUTOR_MEMORY = "2g"
+MAX_DRIVER_CPU_SHARE = 0.10
+MAX_DRIVER_RSS_GROWTH = 100 << 20
+MIN_SHARE_OF_PLAIN = 0.6
+MAX_SILVER_P50_S = 1.5
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# -- processes, read from /proc -----------------------------------------------------------------------------
+
+
+@dataclass
+class Role:
+    """CPU seconds and the sum of the peak resident memory of the processes of one role."""
+
+    cpu_s: float = 0.0
+    peak_rss: int = 0
+    processes: int = 0
+
+
+@dataclass
+class _Seen:
+    role: str
+    first_ticks: int
+    ticks: int = 0
+    hwm_kib: int = 0
+
+
+class ProcessSampler:
+    """Reads every few hundred ms the CPU and ``VmHWM`` of a driver's process tree and of the executors
+    (the workers' children and theirs), by role; ``mark()`` starts the CPU count from now."""
+
+    def __init__(self, driver: int, workers: list[int], interval_s: float = 0.25) -> None:
+        self.driver, self.workers, self.interval_s = driver, set(workers), interval_s
+        self.seen: dict[int, _Seen] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="process-sampler", daemon=True)
+
+    def __enter__(self) -> ProcessSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def mark(self) -> None:
+        """Count CPU from now: what each process used before (its start, the JVM's boot) is left out."""
+        self.sample()
+        with self._lock:
+            for seen in self.seen.values():
+                seen.first_ticks = seen.ticks
+
+    def sample(self) -> None:
+        parents = _parents()
+        roles = {pid: role for pid in parents if (role := self._role(pid, parents)) is not None}
+        with self._lock:
+            for pid, role in roles.items():
+                ticks, hwm = _ticks(pid), _hwm_kib(pid)
+                if ticks is None:
+                    continue
+                seen = self.seen.setdefault(pid, _Seen(role, 0))
+                seen.ticks, seen.hwm_kib = ticks, max(seen.hwm_kib, hwm)
+
+    def _role(self, pid: int, parents: dict[int, int]) -> str | None:
+        java = "java" in _command(pid).split(" ", 1)[0]
+        ancestor = parents.get(pid)
+        chain = [pid]
+        while ancestor and ancestor not in (self.driver, 1) and ancestor not in self.workers:
+            chain.append(ancestor)
+            ancestor = parents.get(ancestor)
+        if pid == self.driver:
+            return "driver Python"
+        if ancestor == self.driver:
+            return "driver JVM" if java else "driver Python"
+        if ancestor in self.workers:
+            return "executor JVMs" if java else "executor Python workers"
+        return None
+
+    def roles(self) -> dict[str, Role]:
+        with self._lock:
+            found: dict[str, Role] = {}
+            for seen in self.seen.values():
+                role = found.setdefault(seen.role, Role())
+                role.cpu_s += (seen.ticks - seen.first_ticks) / _TICKS
+                role.peak_rss += seen.hwm_kib * 1024
+                role.processes += 1
+            return found
+
+
+def _parents() -> dict[int, int]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                found[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def _ticks(pid: int) -> int | None:
+    """utime + stime + cutime + cstime: the process and the children it has waited for."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return sum(int(value) for value in fields[11:15])
+
+
+def _hwm_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+# -- the job's driver and the plain transforms' driver, each a process of its own ------------------------
+
+
+def job_config(root: Path, label: str, offsets_url: str, batch_rows: int | None) -> dict[str, Any]:
+    source: dict[str, Any] = {"brokers": [f"edge1={offsets_url}"]}
+    if batch_rows is not None:
+        source["max_records_per_trigger"] = batch_rows
+    return {
+        "source": source,
+        "tables": {"root": str(root / label / "tables"), "backend": "delta-rs"},
+        "stream": {"checkpoint": str(root / label / "checkpoint"), "query_name": f"telemetry-{label}"},
+    }
+
+
+def run_driver(args: list[str]) -> int:
+    """``--driver SECTION_JSON MASTER [SECONDS]``: the job, availableNow (or at its trigger for SECONDS);
+    prints ``started`` once its query runs, and its progress reports as JSON when it ends."""
+    section, master = json.loads(args[0]), args[1]
+    seconds = float(args[2]) if len(args) > 2 else None
+    from pipelines.spark_session import local_spark_session
+    from pipelines.telemetry.config import load_telemetry_config
+    from pipelines.telemetry.job import TelemetryBatch, open_store, start_query
+
+    spark = local_spark_session("timestone-telemetry", master, {"spark.executor.memory": EXECUTOR_MEMORY})
+    spark.sparkContext.setLogLevel("ERROR")
+    config = load_telemetry_config(section)
+    batch = TelemetryBatch(config, open_store(spark, config))
+    batch.ensure_tables()
+    query = start_query(spark, config, batch, available_now=seconds is None)
+    print("started", flush=True)
+    if seconds is None:
+        query.awaitTermination()
+    else:
+        query.awaitTermination(int(seconds))
+        query.stop()
+    batch.close()
+    if query.exception() is not None:
+        raise RuntimeError(str(query.exception()))
+    progress = [json.loads(p.json) for p in query.recentProgress]
+    steps = {r.batch_id: r.step_ms for r in batch.reports}
+    print(json.dumps({"progress": progress, "steps": steps}), flush=True)
+    spark.stop()
+    return 0
+
+
+def run_plain_driver(args: list[str]) -> int:
+    """``--plain FILES_JSON OUT MASTER ROUNDS``: the plain transforms ROUNDS times; their runs as JSON."""
+    from bench.telemetry_ceiling import run_plain
+    from pipelines.spark_session import local_spark_session
+
+    files, out, master, rounds = json.loads(Path(args[0]).read_text()), args[1], args[2], int(args[3])
+    spark = local_spark_session("timestone-plain", master, {"spark.executor.memory": EXECUTOR_MEMORY})
+    spark.sparkContext.setLogLevel("ERROR")
+    runs = [run_plain(spark, files, f"{out}/{n}").__dict__ for n in range(rounds)]
+    print(json.dumps(runs), flush=True)
+    spark.stop()
+    return 0
+
+
+@dataclass
+class Run:
+    """One driver's run: what it reported, and the CPU and memory of its processes by role."""
+
+    label: str
+    roles: dict[str, Role]
+    progress: list[dict[str, Any]] = field(default_factory=list)
+    steps: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def cpu(self, prefix: str) -> float:
+        return sum(r.cpu_s for name, r in self.roles.items() if name.startswith(prefix))
+
+    def rss(self, prefix: str) -> int:
+        return sum(r.peak_rss for name, r in self.roles.items() if name.startswith(prefix))
+
+    @property
+    def driver_share(self) -> float:
+        total = self.cpu("driver") + self.cpu("executor")
+        return self.cpu("driver") / total if total else 0.0
+
+    def batches(self, skip_first: bool = True) -> list[dict[str, Any]]:
+        with_rows = [p for p in self.progress if p["numInputRows"]]
+        return with_rows[1:] if skip_first and len(with_rows) > 1 else with_rows
+
+    def rate(self) -> float:
+        """Rows/s of the measured batches, from each one's own time (its trigger to its commit)."""
+        batches = self.batches()
+        seconds = sum(p["durationMs"]["triggerExecution"] for p in batches) / 1000
+        return sum(p["numInputRows"] for p in batches) / seconds if seconds else 0.0
+
+
+def drive(cluster: StandaloneCluster, label: str, args: list[str], timeout_s: float) -> tuple[Run, Any]:
+    """Run ``python -m bench.telemetry_cluster_bench ARGS`` as a driver on the cluster while the sampler
+    reads its processes and the executors'; its last output line is JSON."""
+    command = [sys.executable, "-m", "bench.telemetry_cluster_bench", *args]
+    process = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=spark_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert process.stdout is not None
+    workers = [p.pid for p in cluster.processes[1:]]
+    lines: list[str] = []
+    with ProcessSampler(process.pid, workers) as sampler:
+        deadline = time.monotonic() + timeout_s
+        for line in process.stdout:
+            lines.append(line)
+            if line.strip() == "started":
+                sampler.mark()
+            if time.monotonic() > deadline:
+                process.kill()
+                raise TimeoutError(f"{label} did not finish within {timeout_s:.0f} s")
+        process.wait(timeout=60)
+    if process.returncode != 0 or not lines:
+        raise RuntimeError(f"{label} exited {process.returncode}: {''.join(lines[-10:])}")
+    return Run(label, sampler.roles()), json.loads(lines[-1])
+
+
+# -- the runs ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Figures:
+    job_100k: Run | None = None
+    job_1m: Run | None = None
+    plain: list[dict[str, Any]] = field(default_factory=list)
+    plain_run: Run | None = None
+    latency: Run | None = None
+    silver_latency: list[float] = field(default_factory=list)
+    bronze_latency: list[float] = field(default_factory=list)
+    published: int = 0
+    backlog: dict[str, int] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+
+def job_run(cluster: StandaloneCluster, root: Path, label: str, broker: BrokerProcess, rows: int) -> Run:
+    section = job_config(root, label, broker.offsets_url, rows)
+    run, answer = drive(cluster, label, ["--driver", json.dumps(section), cluster.master_url], 3600)
+    run.progress, run.steps = answer["progress"], answer["steps"]
+    return run
+
+
+def backlog_broker(root: Path, name: str, per_topic: int) -> BrokerProcess:
+    broker = BrokerProcess(root / name, **BROKER_SECTIONS)
+    broker.start()
+    asyncio.run(publish_backlog(broker.port, TOPICS, per_topic, 1800))
+    return broker
+
+
+def bronze_files(root: Path, label: str) -> list[str]:
+    from urllib.parse import unquote
+
+    from deltalake import DeltaTable
+
+    return [unquote(uri) for uri in DeltaTable(str(root / label / "tables" / "bronze_telemetry")).file_uris()]
+
+
+def measure_latency(
+    cluster: StandaloneCluster, root: Path, figures: Figures, warmup_s: float, measure_s: float
+) -> None:
+    """The job at its 1 s trigger while 200 readings/s are published; publish → visible, read by a poller."""
+    broker = BrokerProcess(root / "latency-broker", **BROKER_SECTIONS)
+    broker.start()
+    try:
+        section = job_config(root, "latency", broker.offsets_url, None)
+        tables = root / "latency" / "tables"
+        total_s = warmup_s + measure_s
+        context = mp.get_context("spawn")
+        stop, answers, polled = context.Event(), context.Queue(), context.Queue()
+        publisher = context.Process(
+            target=steady_publisher, args=(broker.port, 50, 200.0, total_s, stop, answers)
+        )
+        poller = context.Process(
+            target=poll_tables,
+            args=(
+                str(tables / "bronze_telemetry"),
+                str(tables / "silver_telemetry"),
+                0.1,
+                total_s + 60,
+                stop,
+                polled,
+            ),
+        )
+        publisher.start()
+        assert answers.get(timeout=120)[0] == "ready"
+        poller.start()
+        began = time.time()
+        args = ["--driver", json.dumps(section), cluster.master_url, str(total_s + 30)]
+        run, answer = drive(cluster, "latency", args, total_s + 600)
+        run.progress, run.steps = answer["progress"], answer["steps"]
+        figures.latency = run
+        stop.set()
+        _, figures.published, _ = answers.get(timeout=120)
+        seen = polled.get(timeout=120)
+        publisher.join(30)
+        poller.join(30)
+        low = began + warmup_s
+        figures.silver_latency = [s - ts / 1000 for ts, s in seen["silver"] if ts / 1000 >= low]
+        figures.bronze_latency = [s - ts / 1000 for ts, s in seen["bronze"] if ts / 1000 >= low]
+    finally:
+        broker.stop()
+
+
+def job_on_backlog(
+    cluster: StandaloneCluster, root: Path, figures: Figures, size: str, per_topic: int, rows: int
+) -> Run:
+    """The job at ``rows``-row batches over a broker of its own holding ``per_topic`` readings a topic."""
+    broker = backlog_broker(root, f"broker-{size}", per_topic)
+    try:
+        figures.backlog[size] = logged_records(broker.offsets_url, "devices/+/telemetry")
+        job = job_run(cluster, root, f"job-{size}", broker, rows)
+        print(f"job at {rows:,}-row batches: {job.rate():,.0f} rows/s", flush=True)
+        return job
+    finally:
+        broker.stop()
+
+
+def run(root: Path, quick: bool, only_100k: bool = False) -> Figures:
+    figures = Figures()
+    per_topic_100k, per_topic_1m = (2_000, 11_000) if quick else (6_000, 20_000)
+    with standalone_cluster(root / "cluster", workers=2, cores=1, memory=EXECUTOR_MEMORY) as cluster:
+        figures.job_100k = job_on_backlog(cluster, root, figures, "100k", per_topic_100k, 100_000)
+        listing = root / "bronze-files.json"
+        listing.write_text(json.dumps(bronze_files(root, "job-100k")))
+        args = ["--plain", str(listing), str(root / "plain"), cluster.master_url, "3"]
+        figures.plain_run, figures.plain = drive(cluster, "plain", args, 3600)
+        print(
+            f"plain transforms: {[round(r['rows'] / r['seconds']) for r in figures.plain]} rows/s", flush=True
+        )
+        if only_100k:
+            return figures
+        figures.job_1m = job_on_backlog(cluster, root, figures, "1m", per_topic_1m, 1_000_000)
+        try:
+            measure_latency(cluster, root, figures, 15.0, 30.0 if quick else 45.0)
+        except Exception as exc:
+            figures.failures.append(f"latency: {exc}")
+    return figures
+
+
+# -- report -------------------------------------------------------------------------------------------------
+
+
+def _mib(value: int) -> str:
+    return f"{value / (1 << 20):,.0f} MiB"
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "**not met**"
+
+
+def _role_rows(run: Run) -> list[str]:
+    rows = []
+    for name in ("driver Python", "driver JVM", "executor JVMs", "executor Python workers"):
+        role = run.roles.get(name, Role())
+        rows.append(
+            f"| {run.label} | {name} | {role.processes} | {role.cpu_s:,.1f} | {_mib(role.peak_rss)} |"
+        )
+    return rows
+
+
+def render(figures: Figures, started: datetime, wall: float, load: LoadSampler) -> str:
+    info = machine_info()
+    lines = [
+        HEADING,
+        "",
+        f"`python -m bench.telemetry_cluster_bench`, {started:%Y-%m-%d %H:%M} UTC, {wall:,.0f} s in all. "
+        f"{info.cpu_model}, {info.cores} cores, {info.memory_gib:.0f} GiB, Python {sys.version.split()[0]}. "
+        f"Load average (1 min) {load.samples[0]:.1f} at the start, {statistics.mean(load.samples):.1f} "
+        f"mean / {max(load.samples):.1f} max during the run: the machine was shared with other work.",
+        "",
+        "A Spark standalone cluster on loopback (a master and two workers of one core each, executors of "
+        f"{EXECUTOR_MEMORY}), the job in a driver process of its own with its default configuration, its "
+        "tables on local disk (delta-rs), the backlog read from `timestone broker` processes (100 device "
+        "topics, JSON readings of about 130 bytes). CPU seconds count from the query's start (the JVMs' "
+        "boot left out); peak RSS is each process's `VmHWM`, summed by role.",
+        "",
+    ]
+    job, big = figures.job_100k, figures.job_1m
+    plain_rates = [r["rows"] / r["seconds"] for r in figures.plain[1:]] if len(figures.plain) > 1 else []
+    plain = statistics.median(plain_rates) if plain_rates else 0.0
+    if job is not None and big is None:
+        lines += ["| figure | value | target | |", "|---|---:|---|---|", *_small_rows(job, plain)]
+        lines += ["", "| run | role | processes | CPU s | peak RSS |", "|---|---|---:|---:|---:|"]
+        for each in (job, figures.plain_run):
+            if each is not None:
+                lines += _role_rows(each)
+        lines.append("\nThe 1,000,000-row batches and the latency run were left out (`--only-100k`).")
+    if job is not None and big is not None:
+        lines += _target_rows(figures, job, big, plain)
+        lines += ["", "| run | role | processes | CPU s | peak RSS |", "|---|---|---:|---:|---:|"]
+        for each in (job, big, figures.plain_run, figures.latency):
+            if each is not None:
+                lines += _role_rows(each)
+        big_batches = ", ".join(
+            f"{p['durationMs']['triggerExecution'] / 1000:.1f} s" for p in big.batches(skip_first=False)
+        )
+        lines += [
+            "",
+            f"Backlogs: {figures.backlog.get('100k', 0):,} and {figures.backlog.get('1m', 0):,} readings. "
+            "The job's rows/s is its batches' rows over their time (trigger to commit), the first batch left "
+            f"out; batches measured at 100,000 rows: {len(job.batches())}; the 1,000,000-row batches took "
+            f"{big_batches}. The plain transforms: the median of their last two of three runs "
+            f"({', '.join(f'{r:,.0f}' for r in plain_rates)} rows/s).",
+        ]
+        medians = _median_steps(job)
+        if medians:
+            lines.append(
+                "Median step times of a 100,000-row batch (ms; `profile` is the batch's first Spark job, "
+                "which reads the source and fills the cache; the rest run concurrently): "
+                + ", ".join(f"`{name}` {ms:,.0f}" for name, ms in medians.items())
+                + "."
+            )
+    if figures.silver_latency and figures.latency is not None:
+        durations = [p["durationMs"]["triggerExecution"] / 1000 for p in figures.latency.batches()]
+        bronze, silver = figures.bronze_latency, figures.silver_latency
+        lines += [
+            "",
+            f"Latency: 200 readings/s over 50 devices ({figures.published:,} published), the first 15 s not "
+            f"measured; publish → visible in bronze p50 {percentile(bronze, 50):.2f} s, p99 "
+            f"{percentile(bronze, 99):.2f} s; in silver p50 {percentile(silver, 50):.2f} s, p99 "
+            f"{percentile(silver, 99):.2f} s ({len(silver):,} readings); batches median "
+            f"{statistics.median(durations):.2f} s, max {max(durations):.2f} s.",
+        ]
+    for failure in figures.failures:
+        lines.append(f"\nFailed: {failure}")
+    return "\n".join(lines) + "\n"
+
+
+def _small_rows(job: Run, plain: float) -> list[str]:
+    rows = [
+        f"| driver's share of the CPU, 100,000-row batches | {job.driver_share:.1%} | ≤ 10 % | "
+        f"{_met(job.driver_share <= MAX_DRIVER_CPU_SHARE)} |",
+        f"| driver's peak RSS (Python and JVM), 100,000-row batches | {_mib(job.rss('driver'))} | | |",
+    ]
+    if plain:
+        share = job.rate() / plain
+        rows.append(
+            f"| job / plain transforms, 100,000-row batches | {job.rate():,.0f} / {plain:,.0f} rows/s = "
+            f"{share:.2f}x | ≥ 0.6x | {_met(share >= MIN_SHARE_OF_PLAIN)} |"
+        )
+    return rows
+
+
+def _target_rows(figures: Figures, job: Run, big: Run, plain: float) -> list[str]:
+    growth = big.rss("driver") - job.rss("driver")
+    rows = [
+        "| figure | value | target | |",
+        "|---|---:|---|---|",
+        f"| driver's share of the CPU, 100,000-row batches | {job.driver_share:.1%} | ≤ 10 % | "
+        f"{_met(job.driver_share <= MAX_DRIVER_CPU_SHARE)} |",
+        f"| driver's share of the CPU, 1,000,000-row batches | {big.driver_share:.1%} | ≤ 10 % | "
+        f"{_met(big.driver_share <= MAX_DRIVER_CPU_SHARE)} |",
+        f"| driver's peak RSS (Python and JVM), 100,000 → 1,000,000-row batches | {_mib(job.rss('driver'))} "
+        f"→ {_mib(big.rss('driver'))} ({growth / (1 << 20):+,.0f} MiB) | growth ≤ 100 MB | "
+        f"{_met(growth <= MAX_DRIVER_RSS_GROWTH)} |",
+    ]
+    if plain:
+        share = job.rate() / plain
+        rows.append(
+            f"| job / plain transforms, 100,000-row batches | {job.rate():,.0f} / {plain:,.0f} rows/s = "
+            f"{share:.2f}x | ≥ 0.6x | {_met(share >= MIN_SHARE_OF_PLAIN)} |"
+        )
+    if figures.silver_latency:
+        p50 = percentile(figures.silver_latency, 50)
+        met = _met(p50 <= MAX_SILVER_P50_S)
+        rows.append(f"| publish → silver p50 at the 1 s trigger | {p50:.2f} s | ≤ 1.5 s | {met} |")
+    return rows
+
+
+def _median_steps(run: Run) -> dict[str, float]:
+    measured = {str(p["batchId"]) for p in run.batches()}
+    steps = [s for batch_id, s in run.steps.items() if batch_id in measured]
+    names = sorted({name for s in steps for name in s})
+    return {name: statistics.median(s[name] for s in steps if name in s) for name in names}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--driver":
+        return run_driver(argv[1:])
+    if argv and argv[0] == "--plain":
+        return run_plain_driver(argv[1:])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller backlogs (1,100,000 readings in all)")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--only-100k", action="store_true", help="only the 100,000-row batches and the plain transforms"
+    )
+    args = parser.parse_args(argv)
+    import tempfile
+
+    started = datetime.now(UTC)
+    began = time.perf_counter()
+    with LoadSampler() as load, tempfile.TemporaryDirectory(prefix="telemetry-cluster-") as tmp:
+        figures = run(Path(tmp), args.quick, args.only_100k)
+    text = render(figures, started, time.perf_counter() - began, load)
+    print(text)
+    replace_section(args.output, HEADING, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
