@@ -28,7 +28,7 @@ test: $(STAMP) $(STAMP40) system-deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
 	$(VENV40)/bin/pytest -p no:cacheprovider $(SPARK40_TESTS)
 
 # Every benchmark writes its section into bench/results/ (commitlog, Spark source, telemetry job, OTA, footprint,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import os
 import shutil
 import subprocess
@@ -14,9 +15,10 @@ from broker_edge.runtime.launcher import free_port, wait_for_port
 
 # A pytest-xdist worker runs from ``python -c``: its __main__ has neither spec nor file, which
 # pyspark.sql.connect (imported by great_expectations) takes for a doctest run and answers with sys.exit(0).
+# A spec named __main__ tells it otherwise, and multiprocessing's spawn skips such a main as it skips ``-c``.
 _main = sys.modules["__main__"]
 if getattr(_main, "__spec__", None) is None and not hasattr(_main, "__file__"):
-    _main.__file__ = "pytest-xdist-worker"
+    _main.__spec__ = importlib.machinery.ModuleSpec("__main__", None)
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
