@@ -345,10 +345,14 @@ class Etcd:
     ) -> AsyncGenerator[WatchEvent, None]:
         """Every change under ``prefix`` from ``start_revision`` on, in revision order, for ever: when the
         stream fails the watch is made again from the revision after the last event delivered.
-        ``WatchCompacted`` when etcd no longer has those revisions (re-read, then watch again)."""
+        ``WatchCompacted`` when etcd no longer has those revisions (re-read, then watch again).
+
+        A stream that ends is routine (etcd and gRPC reset streams) and is logged at INFO; a watch that
+        cannot be made again is a WARNING, once per run of failures."""
         next_revision = start_revision
         encoded = prefix.encode("utf-8")
         failures = 0
+        warned = False
         while True:
             try:
                 watch = await self._call(functools.partial(self._watch, encoded, next_revision))
@@ -356,12 +360,14 @@ class Etcd:
                 raise
             except EtcdError as exc:
                 failures += 1
-                (log.warning if failures == 1 else log.debug)("etcd watch on %s: %s; retrying", prefix, exc)
+                (log.debug if warned else log.warning)("etcd watch on %s: %s; retrying", prefix, exc)
+                warned = True
                 await asyncio.sleep(retry_delay_s)
                 continue
             try:
                 async for event in watch:
                     failures = 0
+                    warned = False
                     kv = event.kv
                     deleted = event.kind == "DELETE"
                     change = WatchEvent(
@@ -377,8 +383,8 @@ class Etcd:
                     with contextlib.suppress(aetcd.exceptions.ClientError):
                         await self._client.reauthenticate()
                 failures += 1
-                (log.warning if failures == 1 else log.debug)(
-                    "etcd watch on %s failed (%s); watching again from revision %d",
+                (log.info if failures == 1 else log.debug)(
+                    "etcd watch on %s ended (%s); watching again from revision %d",
                     prefix,
                     exc,
                     next_revision,
