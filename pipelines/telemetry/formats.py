@@ -70,27 +70,55 @@ def topic_tags(payload: PayloadConfig) -> Column:
     return _by_template(payload, {t.template: tags(t) for t, _ in payload.templates})
 
 
+def payload_readings(payload: PayloadConfig) -> list[Column]:
+    """Each template's payloads read in its format (null on the other rows), one column per template: a
+    projection of their own before :func:`decoded_payload`'s. Spark evaluates an expression once per row
+    only where it is not inside a branch of a ``CASE WHEN``; built into the struct, the reader would run
+    once for each of its fields."""
+    fields = {name: type_name.strip().lower() for name, type_name in payload.fields.items()}
+    return [
+        _read(template, reader, fields).alias(_reading(number))
+        for number, (template, reader) in enumerate(payload.templates)
+    ]
+
+
 def decoded_payload(payload: PayloadConfig) -> Column:
-    """The row's payload read in its template's format: a struct of the declared fields, :data:`ERROR` and
-    :data:`DETAIL` (null on rows of no template)."""
-    structs = {t.template: _decoded(payload, t, f) for t, f in payload.templates}
+    """The row's payload read in its template's format (from :func:`payload_readings`' columns): a struct
+    of the declared fields, :data:`ERROR` and :data:`DETAIL` (null on rows of no template)."""
+    structs = {
+        t.template: _decoded(payload, f, F.col(_reading(number)))
+        for number, (t, f) in enumerate(payload.templates)
+    }
     return _by_template(payload, structs)
 
 
-def _decoded(payload: PayloadConfig, template: TopicTemplate, reader: FieldFormat) -> Column:
-    fields = {name: type_name.strip().lower() for name, type_name in payload.fields.items()}
+def _reading(number: int) -> str:
+    return f"_reading_{number}"
+
+
+def _read(template: TopicTemplate, reader: FieldFormat, fields: dict[str, str]) -> Column:
+    """The template's payloads (only its rows') read: ``from_json``'s struct with :data:`_CORRUPT` for
+    JSON, :func:`decoded_struct`'s with :data:`DETAIL` for the others."""
     if reader.name == "json":
         schema = ", ".join(f"`{name}` {type_name}" for name, type_name in fields.items())
-        parsed = F.from_json(
-            F.col("payload").cast("string"),
-            f"{schema}, `{_CORRUPT}` string",
-            {"columnNameOfCorruptRecord": _CORRUPT},
+        return F.when(
+            matches(template),
+            F.from_json(
+                F.col("payload").cast("string"),
+                f"{schema}, `{_CORRUPT}` string",
+                {"columnNameOfCorruptRecord": _CORRUPT},
+            ),
         )
+    # only the template's rows reach the reader: the others are null payloads, skipped at once
+    return decoded_struct(F.when(matches(template), F.col("payload")), reader, fields, DETAIL)
+
+
+def _decoded(payload: PayloadConfig, reader: FieldFormat, parsed: Column) -> Column:
+    fields = [name for name in payload.fields]
+    if reader.name == "json":
         error = parsed.isNull() | parsed.getField(_CORRUPT).isNotNull()
         detail = F.lit(None).cast("string")
     else:
-        # only the template's rows reach the reader: the others are null payloads, skipped at once
-        parsed = decoded_struct(F.when(matches(template), F.col("payload")), reader, fields, DETAIL)
         detail = parsed.getField(DETAIL)
         error = detail.isNotNull()
     return F.struct(

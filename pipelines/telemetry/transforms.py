@@ -96,7 +96,8 @@ def parse_records(bronze: DataFrame, payload: PayloadConfig) -> DataFrame:
     format (:func:`.formats.decoded_payload`); everything after this step is the same for every format.
     """
     telemetry = formats.is_telemetry(payload)
-    decoded = bronze.withColumn("_decoded", formats.decoded_payload(payload))
+    read = bronze.select("*", *formats.payload_readings(payload))
+    decoded = read.withColumn("_decoded", formats.decoded_payload(payload))
     parsed = [
         ("device_id", formats.device_id(payload)),
         ("topic_tags", formats.topic_tags(payload)),
