@@ -18,14 +18,16 @@ have to collide for a reading to be lost.
 
 Rows that are not candidates (other topics, quarantined rows, rows without a complete message id) pass
 through with ``duplicate`` false and leave nothing in the state. A batch query (a backfill, a test) has no
-state: its rows are flagged against each other only, by the same function. A Python call per device with
-rows in the batch is this operator's cost, so its share of a batch grows with the devices a batch touches.
+state: its rows are flagged against each other only, by the same function. What this operator costs: the
+rows' shuffle by device, a Python call per device with rows in the batch, and per row the few columns the
+rule reads plus one packed document of the row's other values (written and read by Spark as JSON, carried
+by pandas as one object) across to a Python worker and back (:func:`flag_duplicates`).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +35,17 @@ import pandas as pd
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
-from pyspark.sql.types import BooleanType, NumericType, StructField, StructType
+from pyspark.sql.types import (
+    BooleanType,
+    DataType,
+    DateType,
+    FractionalType,
+    IntegerType,
+    LongType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from .config import DedupConfig
 
@@ -52,38 +64,60 @@ _CANDIDATE = "_dedup_candidate"
 _MESSAGE = "_dedup_message"
 _EVENT_US = "_dedup_event_us"
 _BROKER_US = "_dedup_broker_us"
-_HELPERS = (_GROUP, _CANDIDATE, _MESSAGE, _EVENT_US, _BROKER_US)
+_BROKER = "_dedup_broker"
+_TOPIC = "_dedup_topic"
+_OFFSET = "_dedup_offset"
+#: The row's columns that may be null, as one JSON document (:func:`packed`).
+_PACKED = "_dedup_packed"
 _STATE_SCHEMA = "ids binary"
 #: Within a batch, which copy of a message comes first (the one silver gets).
-_ORDER = [_EVENT_US, _BROKER_US, "broker", "topic", "offset"]
+_ORDER = [_EVENT_US, _BROKER_US, _BROKER, _TOPIC, _OFFSET]
+#: How the packed columns are written and read: nested times to the microsecond, nulls left out.
+_JSON_OPTIONS = {
+    "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
+    "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS",
+    "ignoreNullFields": "true",
+}
 
 
 def flag_duplicates(rows: DataFrame, dedup: DedupConfig, candidate: Column) -> DataFrame:
     """``rows`` (a streaming DataFrame of parsed records) with :data:`DUPLICATE`; ``candidate`` says which
     rows may be duplicates (passed telemetry rows). Without message id fields nothing is a duplicate and
-    there is no state (nor a shuffle)."""
+    there is no state (nor a shuffle).
+
+    The rule needs only the device, the message id's hash, the event and broker times and the order of a
+    message's copies: those cross to the Python workers as columns of their own. The row's other columns
+    cross too, since the operator's output is the rows, but not one by one: those that cannot be null as
+    they are, the others packed into one binary column (:func:`packed`) that pandas holds as one object a
+    row and Spark reads back after (:func:`unpacked`). pandas could not carry them as themselves anyway: it
+    cannot tell NaN from null nor hold a 64-bit integer beside a null.
+    """
     if not dedup.message_id_fields:
         return rows.withColumn(DUPLICATE, F.lit(False))
     ids = [F.col(name) for name in dedup.message_id_fields]
     complete = candidate
     for column in ids:
         complete = complete & column.isNotNull()
-    numeric = {f.name: f.dataType for f in rows.schema.fields if isinstance(f.dataType, NumericType)}
+    complete = F.coalesce(complete, F.lit(False))
+    kept = [f.name for f in rows.schema.fields if _as_itself(f)]
     keyed = rows.select(
-        # pandas, which the rows cross, cannot tell NaN from null nor hold a 64-bit integer beside a null:
-        # numbers cross as text, exact, and are read back in their own type
-        *[
-            F.col(name).cast("string").alias(name) if name in numeric else F.col(name)
-            for name in rows.columns
-        ],
+        *[F.col(f"`{name}`") for name in kept],
+        packed([f for f in rows.schema.fields if not _as_itself(f)]).alias(_PACKED),
         F.coalesce(F.col("device_id"), F.col("topic")).alias(_GROUP),
-        F.coalesce(complete, F.lit(False)).alias(_CANDIDATE),
+        complete.alias(_CANDIDATE),
         F.when(complete, F.xxhash64(*ids)).otherwise(F.lit(0)).alias(_MESSAGE),
         F.coalesce(F.unix_micros("event_time"), F.lit(0)).alias(_EVENT_US),
         F.coalesce(F.unix_micros("timestamp"), F.lit(0)).alias(_BROKER_US),
+        # the order of a message's copies, on candidates only (the others are not ordered)
+        F.coalesce(F.when(complete, F.col("broker")), F.lit("")).alias(_BROKER),
+        F.coalesce(F.when(complete, F.col("topic")), F.lit("")).alias(_TOPIC),
+        F.coalesce(F.when(complete, F.col("offset")), F.lit(0)).cast("bigint").alias(_OFFSET),
     )
-    output = StructType([*keyed.schema.fields, StructField(DUPLICATE, BooleanType(), False)])
-    flags = MessageFlags(dedup.window_seconds * 1_000_000, dedup.state_timeout_seconds * 1000)
+    passed = [*kept, _PACKED]
+    output = StructType(
+        [*[keyed.schema[name] for name in passed], StructField(DUPLICATE, BooleanType(), False)]
+    )
+    flags = MessageFlags(dedup.window_seconds * 1_000_000, dedup.state_timeout_seconds * 1000, passed)
     grouped = keyed.groupBy(_GROUP)
     if rows.isStreaming:
         flagged = grouped.applyInPandasWithState(
@@ -95,17 +129,75 @@ def flag_duplicates(rows: DataFrame, dedup: DedupConfig, candidate: Column) -> D
             return flags.without_state(device_rows)
 
         flagged = grouped.applyInPandas(without_state, output)
-    restored = [F.col(n).cast(numeric[n]).alias(n) if n in numeric else F.col(n) for n in rows.columns]
-    return flagged.select(*restored, DUPLICATE)
+    return unpacked(flagged, rows.schema, [DUPLICATE])
+
+
+def _as_itself(field: StructField) -> bool:
+    """Whether a column crosses pandas as itself: it cannot be null (pandas' floats would take NaN for
+    null, so those are packed too)."""
+    return not field.nullable and not isinstance(field.dataType, FractionalType)
+
+
+def _carried(field: StructField) -> DataType:
+    """The type a column is packed as: times as microseconds and dates as days (a year past 9999 has no
+    text form to read back), the others as themselves."""
+    if isinstance(field.dataType, TimestampType):
+        return LongType()
+    if isinstance(field.dataType, DateType):
+        return IntegerType()
+    return field.dataType
+
+
+def packed(fields: Sequence[StructField]) -> Column:
+    """``fields`` of a row as one JSON document, UTF-8 bytes: every value exact (numbers in full, NaN and
+    the infinities by name, binary in base64, a null left out)."""
+    values = []
+    for f in fields:
+        column = F.col(f"`{f.name}`")
+        if isinstance(f.dataType, TimestampType):
+            column = F.unix_micros(column)
+        elif isinstance(f.dataType, DateType):
+            column = F.unix_date(column)
+        values.append(column.alias(f.name))
+    return F.to_json(F.struct(*values), _JSON_OPTIONS).cast("binary")
+
+
+def unpacked(frame: DataFrame, schema: StructType, extra: Sequence[str]) -> DataFrame:
+    """``frame``'s rows with ``schema``'s columns (those not :func:`_as_itself` read from :data:`_PACKED`,
+    as nullable as they were), then ``extra``."""
+    carried = StructType([StructField(f.name, _carried(f)) for f in schema.fields if not _as_itself(f)])
+    document = "_dedup_document"
+    # the document is read once per row: a projection of its own, which Spark does not fold into the next
+    read = frame.select(
+        *[F.col(f"`{f.name}`") for f in schema.fields if _as_itself(f)],
+        F.from_json(F.col(_PACKED).cast("string"), carried, _JSON_OPTIONS).alias(document),
+        *extra,
+    )
+
+    def value(f: StructField) -> Column:
+        if _as_itself(f):
+            return F.col(f"`{f.name}`")
+        column = F.col(document).getField(f.name)
+        if isinstance(f.dataType, TimestampType):
+            column = F.timestamp_micros(column)
+        elif isinstance(f.dataType, DateType):
+            column = F.date_from_unix_date(column)
+        if not f.nullable:  # never null: a fallback only tells Spark so
+            column = F.coalesce(column, F.lit(0).cast(f.dataType))
+        return column.alias(f.name)
+
+    return read.select(*[value(f) for f in schema.fields], *extra)
 
 
 class MessageFlags:
     """The function ``applyInPandasWithState`` calls for one device's rows of a batch (pickled to the
-    executors). Its state is the device's recent message ids and event times (:func:`encode`)."""
+    executors). Its state is the device's recent message ids and event times (:func:`encode`); it returns
+    the rows' ``columns`` with :data:`DUPLICATE`."""
 
-    def __init__(self, window_us: int, timeout_ms: int) -> None:
+    def __init__(self, window_us: int, timeout_ms: int, columns: Sequence[str]) -> None:
         self.window_us = window_us
         self.timeout_ms = timeout_ms
+        self.columns = list(columns)
 
     def __call__(
         self, key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState
@@ -135,7 +227,7 @@ class MessageFlags:
         duplicate = np.zeros(len(rows), dtype=bool)
         candidates = rows.index[rows[_CANDIDATE].to_numpy(dtype=bool)]
         if len(candidates):
-            ordered = rows.loc[candidates].sort_values(_ORDER, kind="stable")
+            ordered = rows.loc[candidates, [*_ORDER, _MESSAGE]].sort_values(_ORDER, kind="stable")
             ids, event_us = ordered[_MESSAGE].to_numpy(np.int64), ordered[_EVENT_US].to_numpy(np.int64)
             flags = duplicates(ids, event_us, stored_ids, stored_us, self.window_us)
             duplicate[ordered.index.to_numpy()] = flags
@@ -144,7 +236,7 @@ class MessageFlags:
                 np.concatenate([stored_us, event_us[~flags]]),
                 self.window_us,
             )
-        return rows.assign(**{DUPLICATE: duplicate}), (stored_ids, stored_us)
+        return rows[self.columns].assign(**{DUPLICATE: duplicate}), (stored_ids, stored_us)
 
 
 _EMPTY = np.zeros(0, dtype=np.int64)
