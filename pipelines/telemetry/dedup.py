@@ -36,12 +36,17 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
     BooleanType,
     DataType,
     DateType,
-    FractionalType,
     IntegerType,
+    IntegralType,
     LongType,
+    MapType,
+    NumericType,
+    StringType,
     StructField,
     StructType,
     TimestampType,
@@ -133,9 +138,10 @@ def flag_duplicates(rows: DataFrame, dedup: DedupConfig, candidate: Column) -> D
 
 
 def _as_itself(field: StructField) -> bool:
-    """Whether a column crosses pandas as itself: it cannot be null (pandas' floats would take NaN for
-    null, so those are packed too)."""
-    return not field.nullable and not isinstance(field.dataType, FractionalType)
+    """Whether a column crosses pandas as itself: an integer or a boolean that cannot be null, which pandas
+    holds in a NumPy array as it is. Anything else would be an object a row (a string, a date, an array),
+    or lose what it is beside a null (a 64-bit integer to a float, a null to NaN): packed."""
+    return not field.nullable and isinstance(field.dataType, IntegralType | BooleanType)
 
 
 def _carried(field: StructField) -> DataType:
@@ -182,11 +188,32 @@ def unpacked(frame: DataFrame, schema: StructType, extra: Sequence[str]) -> Data
             column = F.timestamp_micros(column)
         elif isinstance(f.dataType, DateType):
             column = F.date_from_unix_date(column)
-        if not f.nullable:  # never null: a fallback only tells Spark so
-            column = F.coalesce(column, F.lit(0).cast(f.dataType))
+        if not f.nullable:
+            column = _never_null(column, f.dataType)
         return column.alias(f.name)
 
     return read.select(*[value(f) for f in schema.fields], *extra)
+
+
+def _never_null(column: Column, data_type: DataType) -> Column:
+    """``column`` (of a column that was never null) as Spark's not-nullable: a fallback value that is never
+    taken tells it so. A type without one here stays nullable."""
+    fallback: Column | None = None
+    if isinstance(data_type, ArrayType):
+        fallback = F.array().cast(data_type)
+    elif isinstance(data_type, MapType):
+        fallback = F.create_map().cast(data_type)
+    elif isinstance(data_type, StringType):
+        fallback = F.lit("")
+    elif isinstance(data_type, BinaryType):
+        fallback = F.lit(bytearray())
+    elif isinstance(data_type, DateType):
+        fallback = F.date_from_unix_date(F.lit(0))
+    elif isinstance(data_type, TimestampType):
+        fallback = F.timestamp_micros(F.lit(0))
+    elif isinstance(data_type, NumericType | BooleanType):
+        fallback = F.lit(0).cast(data_type)
+    return column if fallback is None else F.coalesce(column, fallback)
 
 
 class MessageFlags:
@@ -225,12 +252,15 @@ class MessageFlags:
         """``rows`` with :data:`DUPLICATE`, and the ids to keep: the stored ones and those let through now,
         less what can no longer match (:func:`recent`)."""
         duplicate = np.zeros(len(rows), dtype=bool)
-        candidates = rows.index[rows[_CANDIDATE].to_numpy(dtype=bool)]
+        candidates = np.flatnonzero(rows[_CANDIDATE].to_numpy(dtype=bool))
         if len(candidates):
-            ordered = rows.loc[candidates, [*_ORDER, _MESSAGE]].sort_values(_ORDER, kind="stable")
-            ids, event_us = ordered[_MESSAGE].to_numpy(np.int64), ordered[_EVENT_US].to_numpy(np.int64)
+            # NumPy, not pandas: a call per device, whose fixed cost pandas would multiply
+            keys = [rows[name].to_numpy()[candidates] for name in reversed(_ORDER)]
+            ordered = candidates[np.lexsort(keys)]  # stable: the last key sorts first
+            ids = rows[_MESSAGE].to_numpy(np.int64)[ordered]
+            event_us = rows[_EVENT_US].to_numpy(np.int64)[ordered]
             flags = duplicates(ids, event_us, stored_ids, stored_us, self.window_us)
-            duplicate[ordered.index.to_numpy()] = flags
+            duplicate[ordered] = flags
             stored_ids, stored_us = recent(
                 np.concatenate([stored_ids, ids[~flags]]),
                 np.concatenate([stored_us, event_us[~flags]]),
@@ -251,14 +281,17 @@ def duplicates(
     compared with the one just before it: a chain of copies is all duplicates), or when a stored id equal
     to its own lies within ``window_us`` of it either way (a late row may precede what silver has).
     """
-    frame = pd.DataFrame({"id": ids, "us": event_us})
-    gap = frame.groupby("id", sort=False)["us"].diff().to_numpy()
-    flags = ~np.isnan(gap) & (gap <= window_us)
+    flags = np.zeros(len(ids), dtype=bool)
+    by_id = np.argsort(ids, kind="stable")  # each id's rows together, in the batch's order
+    same_id, id_us = ids[by_id], event_us[by_id]
+    flags[by_id[1:]] = (same_id[1:] == same_id[:-1]) & (id_us[1:] - id_us[:-1] <= window_us)
     if len(stored_ids):
-        stored = pd.DataFrame({"id": stored_ids, "stored_us": stored_us})
-        pairs = frame.reset_index().merge(stored, on="id")
-        near = (pairs["us"] - pairs["stored_us"]).abs() <= window_us
-        flags[pairs.loc[near, "index"].to_numpy()] = True
+        order = np.lexsort((stored_us, stored_ids))
+        known, known_us = stored_ids[order], stored_us[order]
+        first, end = np.searchsorted(known, ids, "left"), np.searchsorted(known, ids, "right")
+        for row in np.flatnonzero(end > first):  # rows whose id is stored: resent ones, a few
+            if (np.abs(known_us[first[row] : end[row]] - event_us[row]) <= window_us).any():
+                flags[row] = True
     return flags
 
 

@@ -50,3 +50,34 @@ def test_the_state_bytes_give_back_the_ids_and_times(pairs):
     us = np.array([t for _, t in pairs], dtype=np.int64)
     got_ids, got_us = decode(encode(ids, us))
     assert got_ids.tolist() == ids.tolist() and got_us.tolist() == us.tolist()
+
+
+def rule(ids: list[int], us: list[int], stored: list[tuple[int, int]], window: int) -> list[bool]:
+    """The rule as a reader states it, row by row: a row repeats the row of its id just before it in the
+    batch if at most ``window`` older, or a stored id within ``window`` either way."""
+    flags = []
+    for row, (message, time) in enumerate(zip(ids, us, strict=True)):
+        before = [us[j] for j in range(row) if ids[j] == message]
+        follows = bool(before) and time - before[-1] <= window
+        known = any(i == message and abs(time - t) <= window for i, t in stored)
+        flags.append(follows or known)
+    return flags
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3000)), max_size=40),
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3000)), max_size=10),
+)
+def test_the_flags_are_the_rule_row_by_row(rows, stored):
+    """Rows in the batch's order (event time first), ids and times drawn from small ranges so that copies,
+    chains and stored matches are common; the window is 600 of these units."""
+    rows = sorted(rows, key=lambda row: row[1])
+    ids, us = [i for i, _ in rows], [t for _, t in rows]
+    flags = duplicates(
+        np.array(ids, dtype=np.int64),
+        np.array(us, dtype=np.int64),
+        np.array([i for i, _ in stored], dtype=np.int64),
+        np.array([t for _, t in stored], dtype=np.int64),
+        600,
+    )
+    assert flags.tolist() == rule(ids, us, stored, 600)
