@@ -228,10 +228,15 @@ class DeltaNativeTableStore(TableStore):
         update: bool = True,
         insert: bool = True,
         update_set: Mapping[str, str] | None = None,
+        target_where: Sequence[Matching] = (),
     ) -> bool:
+        from pyspark.sql import functions as F
+
         check_batch(app_id, batch_id)
         self._ensure_once(name)
-        condition = merge_condition(tuple(keys or self.spec(name).merge_keys), quote="`")
+        condition = F.expr(merge_condition(tuple(keys or self.spec(name).merge_keys), quote="`"))
+        for matching in target_where:  # Delta's data skipping reads only the files that may hold these
+            condition = condition & F.col(f"t.`{matching.column}`").isin(list(matching.values))
         source = self._frame(name, data)
         before = self.version(name)
         # this merge's own session: its batch marker cannot leak into another write, nor another's into it

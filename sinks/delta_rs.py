@@ -57,6 +57,7 @@ from sinks.store import (
     commit_marker,
     merge_condition,
     retention_interval,
+    target_condition,
 )
 from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec, as_nullable
 
@@ -308,9 +309,11 @@ class DeltaRsTableStore(TableStore):
         update: bool = True,
         insert: bool = True,
         update_set: Mapping[str, str] | None = None,
+        target_where: Sequence[Matching] = (),
     ) -> bool:
         check_batch(app_id, batch_id)
         condition = merge_condition(tuple(keys or self.spec(name).merge_keys), quote="")
+        condition += target_condition(target_where)  # delta-rs skips the files whose statistics rule it out
         collected: list[pa.Table] = []  # the source, collected once, by the first attempt (not for a replay)
 
         def attempt(table: DeltaTable) -> bool:

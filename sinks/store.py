@@ -163,6 +163,7 @@ class TableStore(ABC):
         update: bool = True,
         insert: bool = True,
         update_set: Mapping[str, str] | None = None,
+        target_where: Sequence[Matching] = (),
     ) -> bool:
         """Upsert rows once per ``(app_id, batch_id)``; ``False`` when that batch was already committed.
 
@@ -175,6 +176,10 @@ class TableStore(ABC):
         column from the source, or, with ``update_set`` (column -> SQL expression), only those columns, e.g.
         ``{"firmware_version": "coalesce(s.firmware_version, t.firmware_version)"}`` to keep stored values
         the batch does not know.
+
+        ``target_where``: stored rows outside it are never matched, so the store reads only the target's
+        files that may hold rows within it (Delta's file statistics), not the whole table. Give it when every
+        source row's keys fall within it (the ids of the rows merged): it then changes nothing but the cost.
         """
 
     @abstractmethod
@@ -261,6 +266,25 @@ def merge_condition(keys: tuple[str, ...] | list[str], quote: str) -> str:
     if not keys:
         raise ValueError("merge needs at least one key column")
     return " AND ".join(f"t.{quote}{k}{quote} = s.{quote}{k}{quote}" for k in keys)
+
+
+def target_condition(where: Sequence[Matching]) -> str:
+    """`` AND t.c IN (...)`` for each of ``where``, as DataFusion's SQL reads it (strings quoted with ``'``,
+    a quote in them doubled; integers as they are)."""
+    out = ""
+    for matching in where:
+        if not matching.values:
+            raise ValueError(f"target_where on {matching.column} with no values")
+        out += f" AND t.{matching.column} IN ({', '.join(_sql_literal(v) for v in matching.values)})"
+    return out
+
+
+def _sql_literal(value: Any) -> str:
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise TypeError(f"a target filter takes strings and integers, not {type(value).__name__}")
 
 
 def check_batch(app_id: str, batch_id: int) -> None:

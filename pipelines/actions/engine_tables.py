@@ -188,7 +188,8 @@ class EngineTables:
         }
 
     def write_executions(self, rows: list[Execution], app_id: str, batch_id: int) -> None:
-        """One merge of ``rows`` keyed by (action, device), each replacing an older version of its row."""
+        """One merge of ``rows`` keyed by (action, device), each replacing an older version of its row; the
+        store reads only the files that may hold rows of the actions written."""
         if not rows:
             return
         cached, self._cached = self._cached, None  # forgotten unless the merge is known to be the next commit
@@ -204,7 +205,10 @@ class EngineTables:
             stamps = epoch_ms[column].cast(pa.timestamp("ms", tz="UTC"))
             table = table.set_column(table.schema.get_field_index(column), column, stamps)
         table = table.cast(schema)
-        written = self.store.merge(EXECUTIONS, table, app_id, batch_id, update_when="s.version > t.version")
+        touched = (Matching("action_id", tuple(sorted(set(epoch_ms["action_id"].to_pylist())))),)
+        written = self.store.merge(
+            EXECUTIONS, table, app_id, batch_id, update_when="s.version > t.version", target_where=touched
+        )
         if cached is None or not written:
             return
         # The cache becomes "version + 1" without asking the table: if another writer committed in between,

@@ -1,5 +1,6 @@
 """Reads filtered on a column's values: only the matching rows and the asked columns come back, read as
-the table's files are (delta-rs, no Spark), whole or record batch by record batch."""
+the table's files are (delta-rs, no Spark), whole or record batch by record batch; a merge narrowed to the
+target rows its keys can match does what the merge does without it."""
 
 from __future__ import annotations
 
@@ -54,3 +55,38 @@ def test_a_scan_yields_the_matching_rows_batch_by_batch(registry):
     assert all(batch.schema.names == ["group"] and batch.num_rows for batch in batches)
     counted = pa.Table.from_batches(batches)["group"].value_counts().to_pylist()
     assert sorted((c["values"], c["counts"]) for c in counted) == [("g0", 25), ("g3", 25)]
+
+
+def test_a_merge_narrowed_to_the_targets_keys_updates_and_inserts_as_without(tmp_path):
+    store = open_table_store(None, str(tmp_path / "tables"), backend="delta-rs")
+    schema = store.spec("action_executions").arrow_schema
+    odd = "it's a \\ 'quoted' id"
+
+    def rows(action_id: str, devices: list[str], version: int) -> pa.Table:
+        return pa.Table.from_pylist(
+            [
+                {"action_id": action_id, "device_id": d, "state": "QUEUED", "version": version}
+                | {"report_seq": 0, "updated_at": NOW}
+                for d in devices
+            ],
+            schema=schema,
+        )
+
+    assert store.append("action_executions", rows("plain", ["d1", "d2"], 1), "tests", 0)
+    assert store.append("action_executions", rows(odd, ["d1", "d2"], 1), "tests", 1)
+    changed = rows(odd, ["d2", "d3"], 2)
+    assert store.merge(
+        "action_executions",
+        changed,
+        "tests/merge",
+        0,
+        update_when="s.version > t.version",
+        target_where=[Matching("action_id", (odd,))],
+    )
+    table = store.read_arrow("action_executions")
+    found = sorted((r["action_id"], r["device_id"], r["version"]) for r in table.to_pylist())
+    assert found == sorted(
+        [("plain", "d1", 1), ("plain", "d2", 1), (odd, "d1", 1), (odd, "d2", 2), (odd, "d3", 2)]
+    )
+    with pytest.raises(ValueError, match="target_where on action_id with no values"):
+        store.merge("action_executions", changed, "tests/merge", 1, target_where=[Matching("action_id", ())])
