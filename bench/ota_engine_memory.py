@@ -6,13 +6,13 @@ Builds the tables (delta-rs, in a temporary folder) for each history size: ``--d
 group, ``--finished`` OTA actions to that group that ended long ago (every device SUCCEEDED, ten actions
 written per commit) with their COMPLETED summaries, and one action to the same group in flight (every device
 sent it, half of them IN_PROGRESS, with a timeout so that the ticker reads it). Then, in a fresh Python
-process per checkout and history (this tree and, with ``--against REV``, that revision's tree from ``git
-archive``), an engine opens those tables and does what a running job does: a tick, a report batch finishing
-a tenth of the action in flight, the compliance table. Each process reports its peak RSS (``VmHWM``) above
-its RSS once the libraries were loaded (imports, a small table read), the Arrow memory still allocated once
-the work is done (the engine alive), and the seconds the work took. Memory bounded by what is in flight
-stays flat as the history grows. Results go to ``bench/results/ota.md``, section "Engine memory against the
-history".
+process per checkout and history (this tree and, with ``--against REV`` (repeatable), that revision's tree
+from ``git archive``), an engine opens those tables and does what a running job does: a tick, a report
+batch finishing a tenth of the action in flight, the compliance table. Each process reports its peak RSS
+(``VmHWM``) above its RSS once the libraries were loaded (imports, a small table read), the Arrow memory
+still allocated once the work is done (the engine alive), and the seconds the work took. Memory bounded by
+what is in flight stays flat as the history grows. Results go to ``bench/results/ota.md``, section "Engine
+memory against the history".
 """
 
 from __future__ import annotations
@@ -204,7 +204,8 @@ def report(args, runs: dict[tuple[str, int], dict], built_s: float) -> str:
         f" Python {info.python}.",
         "",
         f"`bench/ota_engine_memory.py --devices {args.devices} --finished {args.finished}"
-        + (f" --against {args.against}`" if args.against else "`")
+        + "".join(f" --against {rev}" for rev in args.against)
+        + "`"
         + f": {' / '.join(str(n) for n in sizes)} finished actions x {args.devices:,} devices"
         f" plus one action in flight to the same {args.devices:,} devices (tables built in {built_s:.0f} s)."
         " Each checkout and history in a fresh process: a tick, a report batch, the compliance table.",
@@ -228,9 +229,13 @@ def report(args, runs: dict[tuple[str, int], dict], built_s: float) -> str:
                 f"- {name}: from {low} to {high} finished actions the peak RSS grew {grew:+.1f} MiB and the"
                 f" Arrow held {held:+.2f} MiB."
             )
-    if len(trees) == 2:
-        same = all(runs[(trees[0], n)]["compliance"] == runs[(trees[1], n)]["compliance"] for n in sizes)
-        lines += ["", f"Both checkouts wrote the same `fleet_compliance` rows: {same}."]
+    if len(trees) > 1:
+        same = all(
+            runs[(tree, n)]["compliance"] == runs[(trees[0], n)]["compliance"]
+            for tree in trees
+            for n in sizes
+        )
+        lines += ["", f"Every checkout wrote the same `fleet_compliance` rows: {same}."]
     return "\n".join(lines) + "\n"
 
 
@@ -249,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, default=1000)
     parser.add_argument("--finished", default="50,200,800", help="finished actions, several comma separated")
-    parser.add_argument("--against", help="a git revision to measure side by side (e.g. main)")
+    parser.add_argument(
+        "--against", action="append", default=[], help="a git revision to measure side by side (repeatable)"
+    )
     parser.add_argument("--child", metavar="TABLES", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--no-save", action="store_true")
@@ -265,15 +272,18 @@ def main(argv: list[str] | None = None) -> int:
         for finished in sizes:
             build_tables(f"{work}/tables-{finished}", args.devices, finished)
         built_s = time.perf_counter() - started
-        trees = {"this tree": REPO}
-        if args.against:
+        trees: dict[str, Path] = {}
+        for number, against in enumerate(args.against):
             rev = subprocess.run(
-                ["git", "-C", str(REPO), "rev-parse", "--short", args.against],
+                ["git", "-C", str(REPO), "rev-parse", "--short", against],
                 check=True,
                 capture_output=True,
                 text=True,
             ).stdout.strip()
-            trees = {f"{args.against} ({rev})": checkout(args.against, Path(work) / "against"), **trees}
+            trees[f"{against} ({rev})" if rev != against else rev] = checkout(
+                against, Path(work) / f"at-{number}"
+            )
+        trees["this tree"] = REPO
         with BrokerProcess(Path(work) / "broker") as broker:
             runs: dict[tuple[str, int], dict] = {}
             for finished in sizes:
