@@ -275,7 +275,7 @@ def target_condition(where: Sequence[Matching]) -> str:
     for matching in where:
         if not matching.values:
             raise ValueError(f"target_where on {matching.column} with no values")
-        out += f" AND t.{matching.column} IN ({', '.join(_sql_literal(v) for v in matching.values)})"
+        out += f" AND t.`{matching.column}` IN ({', '.join(_sql_literal(v) for v in matching.values)})"
     return out
 
 
