@@ -118,10 +118,9 @@ class EngineTables:
         """Drop the executions of ``action_ids`` (actions that ended) from memory; a later batch that
         touches one reads its rows again."""
         gone = self._held & set(action_ids)
-        if not gone or self._cached is None:
-            return
         self._held -= gone
-        self._cached = self._cached.filter(pc.invert(pc.is_in(self._cached["action_id"], _ids(gone))))
+        if gone and self._cached is not None:
+            self._cached = self._cached.filter(pc.invert(pc.is_in(self._cached["action_id"], _ids(gone))))
 
     def execution_table(self, action_ids: Iterable[str]) -> pa.Table:
         """The executions of ``action_ids`` with their timestamps as epoch ms, held from then on: an action
