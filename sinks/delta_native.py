@@ -20,12 +20,13 @@ This module cannot run on machines without the Delta jars; docs/tables.md lists 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sinks.arrow_conform import SchemaMismatch
 from sinks.store import (
     MARKER_PREFIX,
+    Matching,
     TableData,
     TableStore,
     TimeRange,
@@ -227,10 +228,15 @@ class DeltaNativeTableStore(TableStore):
         update: bool = True,
         insert: bool = True,
         update_set: Mapping[str, str] | None = None,
+        target_where: Sequence[Matching] = (),
     ) -> bool:
+        from pyspark.sql import functions as F
+
         check_batch(app_id, batch_id)
         self._ensure_once(name)
-        condition = merge_condition(tuple(keys or self.spec(name).merge_keys), quote="`")
+        condition = F.expr(merge_condition(tuple(keys or self.spec(name).merge_keys), quote="`"))
+        for matching in target_where:  # Delta's data skipping reads only the files that may hold these
+            condition = condition & F.col(f"t.`{matching.column}`").isin(list(matching.values))
         source = self._frame(name, data)
         before = self.version(name)
         # this merge's own session: its batch marker cannot leak into another write, nor another's into it
@@ -355,11 +361,24 @@ class DeltaNativeTableStore(TableStore):
         detail = self._delta_table(name).detail().select("numFiles").first()
         return int(detail["numFiles"]) if detail is not None else 0
 
-    def read_arrow(self, name: str, within: TimeRange | None = None) -> pa.Table:
+    def read_arrow(
+        self,
+        name: str,
+        within: TimeRange | None = None,
+        *,
+        where: Sequence[Matching] = (),
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
+        """Spark's Delta read with the filters and the projection pushed down to it (Delta's data skipping
+        opens only the files whose statistics allow the values)."""
         from sinks.arrow_conform import conform
         from sinks.spark_arrow import to_arrow
 
         frame = self.read(name, within)
+        for matching in where:
+            frame = matching.rows(frame)
+        if columns is not None:
+            frame = frame.select(*columns)
         return conform(frame.toArrow(), to_arrow(frame.schema), name)
 
     def version(self, name: str) -> int:

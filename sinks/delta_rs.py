@@ -29,7 +29,7 @@ import random
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +48,7 @@ from sinks.spark_arrow import to_arrow, to_spark
 from sinks.store import (
     COMMIT_MARKER_KEY,
     DELETED_FILE_RETENTION,
+    Matching,
     TableData,
     TableStore,
     TableStoreError,
@@ -56,6 +57,7 @@ from sinks.store import (
     commit_marker,
     merge_condition,
     retention_interval,
+    target_condition,
 )
 from sinks.tables import DEFAULT_CATALOG, TableCatalog, TableSpec, as_nullable
 
@@ -307,9 +309,11 @@ class DeltaRsTableStore(TableStore):
         update: bool = True,
         insert: bool = True,
         update_set: Mapping[str, str] | None = None,
+        target_where: Sequence[Matching] = (),
     ) -> bool:
         check_batch(app_id, batch_id)
         condition = merge_condition(tuple(keys or self.spec(name).merge_keys), quote="")
+        condition += target_condition(target_where)  # delta-rs skips the files whose statistics rule it out
         collected: list[pa.Table] = []  # the source, collected once, by the first attempt (not for a replay)
 
         def attempt(table: DeltaTable) -> bool:
@@ -444,23 +448,49 @@ class DeltaRsTableStore(TableStore):
         )
         return frame.to(schema)  # the table's column order (partition columns come last otherwise)
 
-    def read_arrow(self, name: str, within: TimeRange | None = None) -> pa.Table:
+    def read_arrow(
+        self,
+        name: str,
+        within: TimeRange | None = None,
+        *,
+        where: Sequence[Matching] = (),
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
         """The snapshot as Arrow, in the table's own schema. A local table's files are read with Arrow's own
         file system: delta-rs' ``to_pyarrow_table`` leaves Arrow's I/O threads calling back into its Python
         file handler, and a process that exits after it may abort ("terminate called without an active
         exception", exit status 134) after its work is done."""
+        scan, schema = self._scan(name, within, where, columns)
+        snapshot = conform(scan.to_table(), schema, name, drop_extra=True)
+        return snapshot if within is None else within.arrow_rows(snapshot)
+
+    def scan_arrow(
+        self, name: str, *, where: Sequence[Matching] = (), columns: Sequence[str] | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """The matching rows file by file, one record batch at a time."""
+        scan, schema = self._scan(name, None, where, columns)
+        for batch in scan.to_batches():
+            if batch.num_rows:
+                yield from conform(pa.Table.from_batches([batch]), schema, name, drop_extra=True).to_batches()
+
+    def _scan(
+        self, name: str, within: TimeRange | None, where: Sequence[Matching], columns: Sequence[str] | None
+    ) -> tuple[ds.Scanner, pa.Schema]:
+        """A scanner of the snapshot's files (those ``within`` may need), the filter and projection pushed
+        into it, and the schema its rows are conformed to."""
         table = self._open(name)
         schema = _arrow_schema(table)
+        if columns is not None:
+            schema = pa.schema([schema.field(column) for column in columns])
         location = self.location(name)
         directory = local_directory(location)
         if directory is not None and not _unreadable_as_parquet(table):
             partition_by = list(table.metadata().partition_columns)
             files = _files_within(table, location, within)
-            snapshot = _read_local_files(files, directory, schema, partition_by)
+            dataset = _local_dataset(files, directory, _arrow_schema(table), partition_by)
         else:
-            snapshot = pa.table(table.to_pyarrow_table())
-        snapshot = conform(snapshot, schema, name, drop_extra=True)
-        return snapshot if within is None else within.arrow_rows(snapshot)
+            dataset = table.to_pyarrow_dataset()
+        return _scanner(dataset, schema, where), schema
 
     def version(self, name: str) -> int:
         return self._open(name).version()
@@ -601,16 +631,44 @@ def _unreadable_as_parquet(table: DeltaTable) -> list[str]:
     return sorted(features)
 
 
-def _read_local_files(
+def _local_dataset(
     files: list[str], directory: str, schema: pa.Schema, partition_by: list[str]
-) -> pa.Table:
-    """A local table's data files as one Arrow table, partition values from the directory names."""
+) -> ds.Dataset:
+    """A local table's data files as one dataset, partition values from the directory names."""
     if not files:
-        return schema.empty_table()
+        return ds.dataset(schema.empty_table())
     partition_fields = [schema.field(column) for column in partition_by]
     partitioning = ds.partitioning(pa.schema(partition_fields), flavor="hive") if partition_fields else None
     dataset = ds.dataset(files, format="parquet", partitioning=partitioning, partition_base_dir=directory)
-    return dataset.to_table()
+    plain = _without_views(dataset.schema)
+    if plain == dataset.schema:
+        return dataset
+    return ds.dataset(
+        files, schema=plain, format="parquet", partitioning=partitioning, partition_base_dir=directory
+    )
+
+
+_VIEWS = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+
+
+def _without_views(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with string and binary views (what delta-rs' merges write) read as plain strings and
+    binaries, which filters such as ``is_in`` take."""
+    return pa.schema([f.with_type(_VIEWS.get(f.type, f.type)) for f in schema], metadata=schema.metadata)
+
+
+def _scanner(dataset: ds.Dataset, schema: pa.Schema, where: Sequence[Matching]) -> ds.Scanner:
+    """``dataset``'s rows matching every one of ``where``, in the columns of ``schema`` it has (a column
+    its files lack is added as nulls afterwards; a filter on such a column matches nothing)."""
+    present = set(dataset.schema.names)
+    if any(matching.column not in present for matching in where):
+        return ds.dataset(schema.empty_table()).scanner()
+    condition = None
+    for matching in where:
+        expression = matching.expression(dataset.schema.field(matching.column).type)
+        condition = expression if condition is None else condition & expression
+    projected = [name for name in schema.names if name in present]
+    return dataset.scanner(columns=projected, filter=condition)
 
 
 def _check_plain_parquet(name: str, table: DeltaTable) -> None:

@@ -13,7 +13,7 @@ from one checkpoint) and the micro-batch id, so a batch replayed after a crash w
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,7 @@ from sinks.tables import TableCatalog, TableSpec
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    import pyarrow.compute as pc
     from pyspark.sql import DataFrame
 
 #: Arrow data or a Spark DataFrame: what ``append`` and ``merge`` accept.
@@ -63,6 +64,32 @@ class TimeRange:
         micros = table.column(self.column).cast(pa.timestamp("us", "UTC")).cast(pa.int64())
         inside = pc.and_(pc.greater_equal(micros, self.low_us), pc.less_equal(micros, self.high_us))
         return table.filter(inside)
+
+
+@dataclass(frozen=True)
+class Matching:
+    """Rows whose ``column`` holds one of ``values``.
+
+    Given to :meth:`TableStore.read_arrow` or :meth:`TableStore.scan_arrow`, it is applied while the files
+    are read, each record batch filtered before it is kept, so the rows materialised are the rows asked
+    for, not the table.
+    """
+
+    column: str
+    values: tuple[Any, ...]
+
+    def rows(self, frame: DataFrame) -> DataFrame:
+        """``frame``'s matching rows."""
+        from pyspark.sql import functions as F
+
+        return frame.where(F.col(self.column).isin(list(self.values)))
+
+    def expression(self, value_type: pa.DataType) -> pc.Expression:
+        """The filter as a pyarrow dataset expression on a column of ``value_type``."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        return pc.field(self.column).cast(value_type).isin(pa.array(list(self.values), value_type))
 
 
 #: The table property bounding how long removed files stay (what ``vacuum`` keeps by default).
@@ -136,6 +163,7 @@ class TableStore(ABC):
         update: bool = True,
         insert: bool = True,
         update_set: Mapping[str, str] | None = None,
+        target_where: Sequence[Matching] = (),
     ) -> bool:
         """Upsert rows once per ``(app_id, batch_id)``; ``False`` when that batch was already committed.
 
@@ -148,6 +176,10 @@ class TableStore(ABC):
         column from the source, or, with ``update_set`` (column -> SQL expression), only those columns, e.g.
         ``{"firmware_version": "coalesce(s.firmware_version, t.firmware_version)"}`` to keep stored values
         the batch does not know.
+
+        ``target_where``: stored rows outside it are never matched, so the store reads only the target's
+        files that may hold rows within it (Delta's file statistics), not the whole table. Give it when every
+        source row's keys fall within it (the ids of the rows merged): it then changes nothing but the cost.
         """
 
     @abstractmethod
@@ -200,9 +232,25 @@ class TableStore(ABC):
         """How many data files the current snapshot holds."""
 
     @abstractmethod
-    def read_arrow(self, name: str, within: TimeRange | None = None) -> pa.Table:
+    def read_arrow(
+        self,
+        name: str,
+        within: TimeRange | None = None,
+        *,
+        where: Sequence[Matching] = (),
+        columns: Sequence[str] | None = None,
+    ) -> pa.Table:
         """The current snapshot as Arrow in the table's own schema, as :meth:`read` (for small tables, small
-        ranges, tests); with ``within``, as :meth:`read` narrows it."""
+        ranges, tests); with ``within``, as :meth:`read` narrows it. With ``where``, only the rows matching
+        every one of them, filtered as the files are read; with ``columns``, only those columns."""
+
+    def scan_arrow(
+        self, name: str, *, where: Sequence[Matching] = (), columns: Sequence[str] | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """:meth:`read_arrow`'s rows in record batches, for a caller that folds a table into something
+        smaller. A store that reads its files batch by batch holds one batch at a time; this default reads
+        the matching rows and columns at once."""
+        yield from self.read_arrow(name, where=where, columns=columns).to_batches()
 
     @abstractmethod
     def version(self, name: str) -> int:
@@ -218,6 +266,25 @@ def merge_condition(keys: tuple[str, ...] | list[str], quote: str) -> str:
     if not keys:
         raise ValueError("merge needs at least one key column")
     return " AND ".join(f"t.{quote}{k}{quote} = s.{quote}{k}{quote}" for k in keys)
+
+
+def target_condition(where: Sequence[Matching]) -> str:
+    """`` AND t.c IN (...)`` for each of ``where``, as DataFusion's SQL reads it (strings quoted with ``'``,
+    a quote in them doubled; integers as they are)."""
+    out = ""
+    for matching in where:
+        if not matching.values:
+            raise ValueError(f"target_where on {matching.column} with no values")
+        out += f" AND t.`{matching.column}` IN ({', '.join(_sql_literal(v) for v in matching.values)})"
+    return out
+
+
+def _sql_literal(value: Any) -> str:
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise TypeError(f"a target filter takes strings and integers, not {type(value).__name__}")
 
 
 def check_batch(app_id: str, batch_id: int) -> None:

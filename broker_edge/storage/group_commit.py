@@ -391,7 +391,7 @@ class GroupCommitter:
         self._callbacks.append((self._appended, callback, on_error))
 
     async def wait_durable(self) -> None:
-        """Cut the current window now and wait until everything appended so far is durable."""
+        """End the current window now (`end_window`) and wait until everything appended so far is durable."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def succeed() -> None:
@@ -403,8 +403,7 @@ class GroupCommitter:
                 done.set_exception(error)
 
         self.when_durable(succeed, fail)
-        if self._dirty and not self._flights:
-            self._cut()
+        self.end_window()
         await done
 
     def end_window(self) -> None:

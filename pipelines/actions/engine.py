@@ -8,8 +8,9 @@ the job's driver process, and every row carries a version that only grows, so a 
 read can never move a row backwards.
 
 What is sent when is decided by ``release.py`` from the rows alone; the engine sends it and records it.
-The engine works on Arrow tables on the driver (``engine_tables.py``): an action's executions are one row
-per targeted device, small next to telemetry (tens of thousands of rows for a 10,000-device rollout).
+The engine works on Arrow tables on the driver (``engine_tables.py``): it holds the executions of the
+actions in flight (one row per targeted device), reads a group's devices with the group pushed down to the
+table, and folds the fleet's compliance from the tables batch by batch.
 """
 
 from __future__ import annotations
@@ -23,11 +24,17 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pipelines.actions.abort import first_fired
 from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_topic, by_bucket
-from pipelines.actions.compliance import compliance_rows, desired_versions
+from pipelines.actions.compliance import (
+    DEVICE_COLUMNS,
+    SUCCESS_COLUMNS,
+    compliance_rows,
+    desired_versions,
+    installed_counts,
+    latest_installed,
+)
 from pipelines.actions.engine_tables import (
     ACTIONS,
     COMPLIANCE,
@@ -69,6 +76,7 @@ from pipelines.actions.summary import (
     state_counts,
 )
 from pipelines.actions.validation import problems
+from sinks.store import Matching
 
 log = logging.getLogger(__name__)
 
@@ -389,10 +397,7 @@ class ActionsEngine:
             return sorted(set(action.device_ids))
         if not (action.all_devices or action.group):
             return []
-        devices = self.tables.read(DEVICES)
-        if not action.all_devices:
-            devices = devices.filter(pc.equal(devices["group"], action.group))
-        return sorted(set(devices["device_id"].to_pylist()))
+        return self.tables.targets(None if action.all_devices else action.group)
 
     # -- failures and stopping ------------------------------------------------------------------------------
 
@@ -547,6 +552,7 @@ class ActionsEngine:
             schema=self.store.spec(SUMMARY).arrow_schema,
         )
         self.tables.merge_summary(table, app_id, batch_id)
+        self.tables.forget(a for a, s in summaries.items() if s["action_state"] in FINAL_ACTION_STATES)
 
     @staticmethod
     def _state_of(
@@ -638,9 +644,8 @@ class ActionsEngine:
         actions = self._actions()
         states = {a: s for a, (s, _) in self._summary_states([a.id for a in actions]).items()}
         desired = desired_versions(actions, states)
-        rows = compliance_rows(
-            self.tables.read(DEVICES).to_pylist(), desired, self._installed(actions), _ts(now)
-        )
+        devices = self.store.scan_arrow(DEVICES, columns=DEVICE_COLUMNS)
+        rows = compliance_rows(installed_counts(devices, self._installed(actions)), desired, _ts(now))
         fresh = {(row["group"], row["installed_version"]) for row in rows}
         held = self.tables.read(COMPLIANCE)
         gone = zip(held["group"].to_pylist(), held["installed_version"].to_pylist(), strict=True)
@@ -662,23 +667,14 @@ class ActionsEngine:
             )
         self._compliance_inputs, self._compliance_at = inputs, now
 
-    def _installed(self, actions: list[Action]) -> dict[str, tuple[int, str]]:
-        """Per device, (when, version) of the latest OTA action it succeeded."""
+    def _installed(self, actions: list[Action]) -> pa.Table:
+        """Per device, when and which version of the latest OTA action it succeeded, folded from the
+        table's SUCCEEDED rows of OTA actions as they are read (``compliance.latest_installed``)."""
         versions = {a.id: str(a.payload.get("version")) for a in actions if a.kind == "ota"}
-        table = self.tables.execution_table()
-        table = table.filter(pc.equal(table["state"], SUCCEEDED))
-        table = table.filter(pc.is_in(table["action_id"], pa.array(list(versions), pa.string())))
-        out: dict[str, tuple[int, str]] = {}
-        for action_id, device_id, finished in zip(
-            table["action_id"].to_pylist(),
-            table["device_id"].to_pylist(),
-            table["finished_at"].to_pylist(),
-            strict=True,
-        ):
-            at = finished or 0
-            if device_id not in out or at >= out[device_id][0]:
-                out[device_id] = (at, versions[action_id])
-        return out
+        where = (Matching("state", (SUCCEEDED,)), Matching("action_id", tuple(sorted(versions))))
+        return latest_installed(
+            self.store.scan_arrow(EXECUTIONS, where=where, columns=SUCCESS_COLUMNS), versions
+        )
 
     # -- actions --------------------------------------------------------------------------------------------
 

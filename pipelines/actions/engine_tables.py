@@ -1,8 +1,11 @@
-"""The actions engine's view of its Delta tables: snapshots read again only when a table moved, the
-executions kept in memory between the engine's own commits, and versioned merges.
+"""The actions engine's view of its Delta tables: the executions of the actions in flight kept in memory
+between the engine's own commits, small snapshots read again only when a table moved, and versioned merges.
 
-Each batch (actions, reports or tick) looks up a table's Delta version and reads it again only after a
-commit the engine did not make (another writer, a restart); after its own merge it takes the next version
+The engine holds the executions of the actions it works on, never the table: an action's rows are read
+(filtered on its id as the table's files are read) the first time a batch touches it, kept up to date by
+the engine's own merges, and dropped once the action has ended (:meth:`EngineTables.forget`). Each batch
+(actions, reports or tick) looks up the table's Delta version and reads the held actions again only after
+a commit the engine did not make (another writer, a restart); after its own merge it takes the next version
 as the one it holds, which a commit by anyone else in between can never match, so that case is read again
 too. Rows are filtered and converted in Arrow before any Python object is made: a report batch touches a
 few thousand rows of an action that may have a hundred thousand.
@@ -18,7 +21,7 @@ import pyarrow.compute as pc
 
 from pipelines.actions.states import Execution
 from pipelines.actions.summary import state_counts
-from sinks.store import TableStore
+from sinks.store import Matching, TableStore
 
 __all__ = [
     "ACTIONS",
@@ -45,21 +48,35 @@ class EngineTables:
     def __init__(self, store: TableStore) -> None:
         self.store = store
         self._cached: pa.Table | None = None
-        """``action_executions`` as of Delta version ``_cached_version`` (timestamps as epoch ms), or None."""
+        """The executions of the actions in ``_held`` as of Delta version ``_cached_version`` (timestamps as
+        epoch ms), or None."""
+        self._held: set[str] = set()
+        """The actions whose executions ``_cached`` holds, each with all its rows."""
         self._cached_version = -1
         self._snapshots: dict[str, tuple[int, pa.Table]] = {}
-        """The other tables as last read, by name: (Delta version, rows)."""
+        """The small tables (a row per action, or per group and version) as last read, by name: (Delta
+        version, rows)."""
         for name in (ACTIONS, EXECUTIONS, SUMMARY, DEVICES, COMPLIANCE):
             store.ensure(name)
 
     def read(self, name: str) -> pa.Table:
         """The table ``name`` as of now, read again only when its version moved (the ticker looks every
-        second at ``actions`` and ``action_summary``, which change far less often)."""
+        second at ``actions`` and ``action_summary``, which change far less often). For the tables with a
+        row per action or fewer: ``action_executions`` and ``devices`` are read filtered."""
+        if name in (EXECUTIONS, DEVICES):
+            raise ValueError(f"{name} is read filtered, never whole")
         version = self.store.version(name)  # before the read: a commit after it is read next time
         snapshot = self._snapshots.get(name)
         if snapshot is None or snapshot[0] != version:
             snapshot = self._snapshots[name] = (version, self.store.read_arrow(name))
         return snapshot[1]
+
+    def targets(self, group: str | None) -> list[str]:
+        """The ids of ``group``'s devices (None: every device), read with the group pushed down to the
+        table and only the id column."""
+        where = () if group is None else (Matching("group", (group,)),)
+        devices = self.store.read_arrow(DEVICES, where=where, columns=["device_id"])
+        return sorted(set(devices["device_id"].to_pylist()))
 
     def version(self, name: str) -> int:
         return self.store.version(name)
@@ -87,30 +104,59 @@ class EngineTables:
 
     # -- executions -----------------------------------------------------------------------------------------
 
-    def execution_table(self) -> pa.Table:
-        """``action_executions`` with its timestamps as epoch ms: read once, then kept up to date by
-        :meth:`write_executions` as long as the engine's commits are the only ones (read again after any
-        other: only the table's version is looked up per batch, not its data). A row written before
-        retries existed is its first attempt."""
+    @property
+    def held(self) -> pa.Table | None:
+        """The executions held in memory: those of the actions not yet ended that a batch touched."""
+        return self._cached
+
+    @property
+    def held_actions(self) -> frozenset[str]:
+        """The actions whose executions are held in memory."""
+        return frozenset(self._held)
+
+    def forget(self, action_ids: Iterable[str]) -> None:
+        """Drop the executions of ``action_ids`` (actions that ended) from memory; a later batch that
+        touches one reads its rows again."""
+        gone = self._held & set(action_ids)
+        self._held -= gone
+        if gone and self._cached is not None:
+            self._cached = self._cached.filter(pc.invert(pc.is_in(self._cached["action_id"], _ids(gone))))
+
+    def execution_table(self, action_ids: Iterable[str]) -> pa.Table:
+        """The executions of ``action_ids`` with their timestamps as epoch ms, held from then on: an action
+        not held is read (only its rows) and kept up to date by :meth:`write_executions` as long as the
+        engine's commits are the only ones (all held actions are read again after any other: only the
+        table's version is looked up per batch, not its data). A row written before retries existed is its
+        first attempt."""
+        wanted = set(action_ids)
         version = self.store.version(EXECUTIONS)  # before a read: a commit after it is seen as foreign
         if self._cached is None or version != self._cached_version:
-            table = self.store.read_arrow(EXECUTIONS)
-            for column in TIME_COLUMNS:  # the table's timestamps → epoch ms, without a datetime per value
-                # truncated: a row another writer wrote to the microsecond is read, not refused
-                as_ms = table[column].cast(pa.timestamp("ms", tz="UTC"), safe=False)
-                epoch_ms = as_ms.cast(pa.int64())
-                table = table.set_column(table.schema.get_field_index(column), column, epoch_ms)
-            attempts = pc.fill_null(table["attempt"], 1)
-            table = table.set_column(table.schema.get_field_index("attempt"), "attempt", attempts)
-            self._cached, self._cached_version = table, version
-        return self._cached
+            held = self._held | wanted
+            self._cached, self._held, self._cached_version = self._read_executions(held), held, version
+        elif wanted - self._held:
+            missing = wanted - self._held
+            self._cached = pa.concat_tables([self._cached, self._read_executions(missing)])
+            self._held |= missing
+        return self._cached.filter(pc.is_in(self._cached["action_id"], _ids(wanted)))
+
+    def _read_executions(self, action_ids: set[str]) -> pa.Table:
+        """The rows of ``action_ids``, filtered as the table is read, timestamps as epoch ms."""
+        where = (Matching("action_id", tuple(sorted(action_ids))),)
+        table = self.store.read_arrow(EXECUTIONS, where=where)
+        for column in TIME_COLUMNS:  # the table's timestamps → epoch ms, without a datetime per value
+            # truncated: a row another writer wrote to the microsecond is read, not refused
+            as_ms = table[column].cast(pa.timestamp("ms", tz="UTC"), safe=False)
+            epoch_ms = as_ms.cast(pa.int64())
+            table = table.set_column(table.schema.get_field_index(column), column, epoch_ms)
+        attempts = pc.fill_null(table["attempt"], 1)
+        return table.set_column(table.schema.get_field_index("attempt"), "attempt", attempts)
 
     def executions_and_counts(
         self, action_ids: list[str], device_ids: Iterable[str] | None = None
     ) -> tuple[dict[str, dict[str, Execution]], dict[str, Counter]]:
         """Execution rows of ``action_ids`` (only those of ``device_ids`` when given), by action and device,
         and every execution of those actions counted per state: from one read of the table."""
-        table = self._of_actions(action_ids)
+        table = self.execution_table(action_ids)
         counts = _group_counts(table)
         if device_ids is not None:
             table = table.filter(pc.is_in(table["device_id"], pa.array(list(device_ids), pa.string())))
@@ -124,11 +170,11 @@ class EngineTables:
 
     def state_counts(self, action_ids: list[str]) -> dict[str, Counter]:
         """Executions per state of each action, counted in Arrow (no Python object per row)."""
-        return _group_counts(self._of_actions(action_ids))
+        return _group_counts(self.execution_table(action_ids))
 
     def retries(self, action_ids: list[str]) -> dict[str, int]:
         """Retries of each action so far, over its devices (their attempts beyond the first)."""
-        table = self._of_actions(action_ids)
+        table = self.execution_table(action_ids)
         grouped = table.group_by("action_id").aggregate([("attempt", "sum"), ("attempt", "count")])
         return {
             action_id: int(total - count)
@@ -140,12 +186,9 @@ class EngineTables:
             )
         }
 
-    def _of_actions(self, action_ids: list[str]) -> pa.Table:
-        table = self.execution_table()
-        return table.filter(pc.is_in(table["action_id"], pa.array(action_ids, pa.string())))
-
     def write_executions(self, rows: list[Execution], app_id: str, batch_id: int) -> None:
-        """One merge of ``rows`` keyed by (action, device), each replacing an older version of its row."""
+        """One merge of ``rows`` keyed by (action, device), each replacing an older version of its row; the
+        store reads only the files that may hold rows of the actions written."""
         if not rows:
             return
         cached, self._cached = self._cached, None  # forgotten unless the merge is known to be the next commit
@@ -161,7 +204,10 @@ class EngineTables:
             stamps = epoch_ms[column].cast(pa.timestamp("ms", tz="UTC"))
             table = table.set_column(table.schema.get_field_index(column), column, stamps)
         table = table.cast(schema)
-        written = self.store.merge(EXECUTIONS, table, app_id, batch_id, update_when="s.version > t.version")
+        touched = (Matching("action_id", tuple(sorted(set(epoch_ms["action_id"].to_pylist())))),)
+        written = self.store.merge(
+            EXECUTIONS, table, app_id, batch_id, update_when="s.version > t.version", target_where=touched
+        )
         if cached is None or not written:
             return
         # The cache becomes "version + 1" without asking the table: if another writer committed in between,
@@ -170,8 +216,13 @@ class EngineTables:
         keys = pc.binary_join_element_wise(cached["action_id"], cached["device_id"], "\x00")
         replaced = pc.binary_join_element_wise(epoch_ms["action_id"], epoch_ms["device_id"], "\x00")
         kept = cached.filter(pc.invert(pc.is_in(keys, value_set=replaced)))
-        self._cached = pa.concat_tables([kept, epoch_ms.cast(cached.schema)])
+        of_held = epoch_ms.filter(pc.is_in(epoch_ms["action_id"], _ids(self._held)))  # held: all or none
+        self._cached = pa.concat_tables([kept, of_held.cast(cached.schema)])
         self._cached_version += 1
+
+
+def _ids(action_ids: Iterable[str]) -> pa.Array:
+    return pa.array(sorted(action_ids), pa.string())
 
 
 def _group_counts(table: pa.Table) -> dict[str, Counter]:

@@ -256,7 +256,9 @@ def device_groups(store: TableStore) -> set[str]:
     """The groups of the devices registered in ``devices`` (what a group target can reach now)."""
     if not store.exists("devices"):
         return set()
-    groups = store.read_arrow("devices").column("group").unique().to_pylist()
+    groups: set[str | None] = set()
+    for batch in store.scan_arrow("devices", columns=["group"]):  # the registry's groups, not its rows
+        groups.update(batch.column("group").unique().to_pylist())
     return {group for group in groups if group is not None}
 
 

@@ -19,9 +19,8 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from sinks.store import TableStore
+from sinks.store import Matching, TableStore
 
 __all__ = ["register_devices", "register_main"]
 
@@ -41,9 +40,10 @@ def register_devices(
     if not ids:
         return 0, 0
     known: set[str] = set()
+    listed = (Matching("device_id", tuple(ids)),)
     if store.exists(DEVICES):
-        registered = store.read_arrow(DEVICES).column("device_id")
-        known = set(registered.filter(pc.is_in(registered, pa.array(ids, pa.string()))).to_pylist())
+        registered = store.read_arrow(DEVICES, where=listed, columns=["device_id"])
+        known = set(registered.column("device_id").to_pylist())
     rows = [
         {
             "device_id": device_id,
@@ -57,7 +57,7 @@ def register_devices(
     table = pa.Table.from_pylist(rows, schema=store.spec(DEVICES).arrow_schema)
     batch = int(now.timestamp() * 1000)
     update_set = {"group": "s.group", "updated_at": "s.updated_at", "tags": "coalesce(s.tags, t.tags)"}
-    store.merge(DEVICES, table, "devices/register", batch, update_set=update_set)
+    store.merge(DEVICES, table, "devices/register", batch, update_set=update_set, target_where=listed)
     return len(ids), len(set(ids) - known)
 
 

@@ -21,7 +21,7 @@ from pipelines.actions.heartbeat import STALE_AFTER_S, Heartbeat
 from pipelines.actions.schedule import Schedule
 from pipelines.actions.states import ALL_STATES, IN_PROGRESS, QUEUED
 from pipelines.actions.summary import FINAL_ACTION_STATES
-from sinks.store import TableStore
+from sinks.store import Matching, TableStore
 
 __all__ = ["WAITING", "ActionStatus", "describe", "describe_job", "describe_list", "read_statuses"]
 
@@ -85,10 +85,8 @@ def _read(store: TableStore, name: str, key: str, value: str | None) -> dict[str
 def _open_executions(store: TableStore, action_id: str, limit: int) -> tuple[list[dict], int]:
     if not store.exists("action_executions"):
         return [], 0
-    table = store.read_arrow("action_executions")
-    table = table.filter(pc.equal(table["action_id"], action_id))
-    table = table.filter(pc.is_in(table["state"], pa.array(OPEN_STATES, pa.string())))
-    table = table.sort_by("device_id")
+    where = (Matching("action_id", (action_id,)), Matching("state", tuple(OPEN_STATES)))
+    table = store.read_arrow("action_executions", where=where).sort_by("device_id")
     return table.slice(0, limit).to_pylist(), table.num_rows
 
 

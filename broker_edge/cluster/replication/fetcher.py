@@ -226,7 +226,7 @@ class Fetcher:
         while not self.retiring:
             if session == 0 and not self.observer:
                 try:
-                    await _durable(owner.store)  # a session opens on durable ends: see `request`
+                    await owner.store.wait_durable()  # a session opens on durable ends: see `request`
                 except StorageError as error:
                     log.error("replicating from %s failed: %s", self.leader, error)
                     await asyncio.sleep(owner.config.retry_s)
@@ -329,7 +329,7 @@ class Fetcher:
         finally:
             self.pushes = None
             with contextlib.suppress(StorageError):
-                await _durable(owner.store)
+                await owner.store.wait_durable()
 
     def request(self, session: int) -> FetchRequest:
         """The next request of `session` (0: open one): every position when opening, else those moved.
@@ -377,7 +377,7 @@ class Fetcher:
         watermarks, touched, appended = self.apply(response)
         self._moved.update(touched)
         if appended:
-            await _durable(self.owner.store)
+            await self.owner.store.wait_durable()
             self.commit(watermarks)
 
     def apply(self, response: FetchResponse) -> tuple[list[tuple[str, int]], dict[str, None], bool]:
@@ -592,19 +592,3 @@ class PushedSession:
 
 def _topics(response: FetchResponse) -> list[TopicData]:
     return [topic for data in response.partitions if data.error == OK for topic in data.topics]
-
-
-async def _durable(store: LogStore) -> None:
-    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def succeed() -> None:
-        if not done.done():
-            done.set_result(None)
-
-    def fail(error: BaseException) -> None:
-        if not done.done():
-            done.set_exception(error)
-
-    store.when_durable(succeed, fail)
-    store.end_window()
-    await done

@@ -95,5 +95,5 @@ def test_old_tables_gain_the_columns_and_old_and_new_rows_both_roll_out(tmp_path
             "SUCCEEDED",
             None,
         )  # as written: read as its first attempt
-        attempts = run.engine.tables.execution_table()["attempt"]
-        assert attempts.null_count == 0 and set(attempts.to_pylist()) == {1}
+        attempts = run.engine.tables.execution_table(["old-0", "old-1", "new-1"])["attempt"]
+        assert len(attempts) == 9 and attempts.null_count == 0 and set(attempts.to_pylist()) == {1}
