@@ -43,9 +43,11 @@ def write_rows(path: Path, rows: int, devices: int) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from sources.slice_reader import SOURCE_ARROW_SCHEMA
+
     rng = random.Random(7)
     start_ms = 1_764_000_000_000
-    columns: dict[str, list[Any]] = {name: [] for name in SOURCE_COLUMNS}
+    columns: dict[str, list[Any]] = {name: [] for name in SOURCE_ARROW_SCHEMA.names}
     resent = 0
     for index in range(rows):
         device, seq = index % devices, index // devices
@@ -74,36 +76,12 @@ def write_rows(path: Path, rows: int, devices: int) -> int:
             [("content-type", "application/json")],
             json.dumps(reading).encode(),
         )
-        for name, value in zip(SOURCE_COLUMNS, values, strict=True):
+        for name, value in zip(SOURCE_ARROW_SCHEMA.names, values, strict=True):
             columns[name].append(value)
-    schema = pa.schema(
-        [
-            ("broker", pa.string()),
-            ("topic", pa.string()),
-            ("offset", pa.int64()),
-            ("timestamp", pa.timestamp("us", tz="UTC")),
-            ("client_id", pa.string()),
-            ("qos", pa.int32()),
-            ("retain", pa.bool_()),
-            ("properties", pa.map_(pa.string(), pa.string())),
-            ("payload", pa.binary()),
-        ]
-    )
-    pq.write_table(pa.table(columns, schema=schema), path / "rows.parquet")
+    pq.write_table(pa.table(columns, schema=SOURCE_ARROW_SCHEMA), path / "rows.parquet")
     return resent
 
 
-SOURCE_COLUMNS = (
-    "broker",
-    "topic",
-    "offset",
-    "timestamp",
-    "client_id",
-    "qos",
-    "retain",
-    "properties",
-    "payload",
-)
 SOURCE_DDL = (
     "broker string, topic string, offset bigint, timestamp timestamp, client_id string, qos int, "
     "retain boolean, properties map<string,string>, payload binary"
