@@ -24,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines.actions.engine_tables import epoch_ms
 from pipelines.actions.model import Action
 from pipelines.actions.summary import ACTION_ABORTED, ACTION_CANCELED, ACTION_REJECTED
 
@@ -81,7 +82,7 @@ def latest_installed(successes: Iterable[pa.RecordBatch], versions: Mapping[str,
     values = pa.array(list(versions.values()), pa.string())
     for batch in successes:
         version = pc.take(values, pc.index_in(batch.column("action_id"), value_set=keys))
-        finished = pc.fill_null(_epoch_ms(batch.column("finished_at")), 0)
+        finished = pc.fill_null(epoch_ms(batch.column("finished_at")), 0)
         rows = pa.table([batch.column("device_id"), finished, version], schema=_INSTALLED)
         held = _latest_per_device(pa.concat_tables([held, rows.filter(pc.is_valid(version))]))
     return held
@@ -105,7 +106,7 @@ def installed_counts(devices: Iterable[pa.RecordBatch], installed: pa.Table) -> 
     counts: Counter[tuple[str, str]] = Counter()
     for batch in devices:
         table = pa.Table.from_batches([batch]).join(installed, "device_id", join_type="left outer")
-        seen = pc.coalesce(_epoch_ms(table["last_seen"]), _epoch_ms(table["updated_at"]), 0)
+        seen = pc.coalesce(epoch_ms(table["last_seen"]), epoch_ms(table["updated_at"]), 0)
         registry = table["firmware_version"]
         newer = pc.and_kleene(
             pc.is_valid(table["version"]),
@@ -144,11 +145,6 @@ def compliance_rows(
             }
         )
     return rows
-
-
-def _epoch_ms(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
-    """Timestamps as epoch milliseconds (truncated)."""
-    return column.cast(pa.timestamp("ms", tz="UTC"), safe=False).cast(pa.int64())
 
 
 def _desired_for(group: str, desired: Mapping[str | None, Desired]) -> Desired | None:

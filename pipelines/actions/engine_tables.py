@@ -31,6 +31,7 @@ __all__ = [
     "SUMMARY",
     "EngineTables",
     "counts_after",
+    "epoch_ms",
 ]
 
 EXECUTIONS = "action_executions"
@@ -144,10 +145,7 @@ class EngineTables:
         where = (Matching("action_id", tuple(sorted(action_ids))),)
         table = self.store.read_arrow(EXECUTIONS, where=where)
         for column in TIME_COLUMNS:  # the table's timestamps → epoch ms, without a datetime per value
-            # truncated: a row another writer wrote to the microsecond is read, not refused
-            as_ms = table[column].cast(pa.timestamp("ms", tz="UTC"), safe=False)
-            epoch_ms = as_ms.cast(pa.int64())
-            table = table.set_column(table.schema.get_field_index(column), column, epoch_ms)
+            table = table.set_column(table.schema.get_field_index(column), column, epoch_ms(table[column]))
         attempts = pc.fill_null(table["attempt"], 1)
         return table.set_column(table.schema.get_field_index("attempt"), "attempt", attempts)
 
@@ -219,6 +217,12 @@ class EngineTables:
         of_held = epoch_ms.filter(pc.is_in(epoch_ms["action_id"], _ids(self._held)))  # held: all or none
         self._cached = pa.concat_tables([kept, of_held.cast(cached.schema)])
         self._cached_version += 1
+
+
+def epoch_ms(column: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """A table's timestamps as epoch milliseconds, truncated: a row another writer wrote to the microsecond
+    is read, not refused."""
+    return column.cast(pa.timestamp("ms", tz="UTC"), safe=False).cast(pa.int64())
 
 
 def _ids(action_ids: Iterable[str]) -> pa.Array:
