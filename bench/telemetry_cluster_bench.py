@@ -1,6 +1,6 @@
 """The telemetry job on a Spark standalone cluster on loopback: what its driver and its executors spend.
 
-    .venv/bin/python -m bench.telemetry_cluster_bench [--quick] [--only-100k] [--output FILE]
+    .venv/bin/python -m bench.telemetry_cluster_bench [--quick] [--only-100k | --only-latency] [--output FILE]
 
 A master and two 1-core workers (``tests/spark_cluster.py``), ``timestone broker`` processes holding a
 backlog of small JSON readings (published as QoS 1 MQTT, like the simulated fleet's), and the job in a driver
@@ -16,7 +16,11 @@ workers). Four runs:
    aggregates as Parquet), in a driver of their own;
 3. the job at 1,000,000-row batches;
 4. the job at its 1 s trigger while a publisher sends 200 readings/s, publish → silver read from the table by
-   another process (``bench/telemetry_bench.py``'s poller).
+   another process (``bench/telemetry_bench.py``'s poller); then the same with every batch written from
+   each of its partitions (``one_task_rows`` 0), and two floors at the same trigger and rate, Spark's
+   ``noop`` sink fed by the source alone and by the job's streaming part. Spark's event log of each says
+   how many jobs, stages and tasks a batch ran, by step (``bench/spark_events.py``). ``--only-latency``
+   runs only this, into its own section.
 
 Targets: the driver's share of the CPU (driver / driver + executors, from the first batch to the end) at most
 10 %, its peak RSS at most 100 MB higher at 1,000,000-row batches than at 100,000; the job's rows/s at
@@ -46,6 +50,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.report import replace_section  # noqa: E402
+from bench.spark_events import (  # noqa: E402
+    EventLog,
+    batch_totals,
+    jobs_between,
+    median_step_jobs,
+    read_event_log,
+)
 from bench.sysinfo import machine_info  # noqa: E402
 from bench.telemetry_bench import (  # noqa: E402
     BROKER_SECTIONS,
@@ -61,6 +72,9 @@ from tests.spark_cluster import StandaloneCluster, spark_environment, standalone
 
 RESULTS = REPO / "bench" / "results" / "telemetry.md"
 HEADING = "### On a Spark standalone cluster"
+LATENCY_HEADING = "### Latency on a Spark standalone cluster"
+#: ``--spark-conf``'s settings, passed to the drivers (JSON)
+SPARK_CONF_VARIABLE = "TIMESTONE_BENCH_SPARK_CONF"
 TOPICS = 100
 #: executors and drivers get this much heap: a 1,000,000-row batch cached on two executors fits
 EXECUTOR_MEMORY = "2g"
@@ -68,6 +82,10 @@ MAX_DRIVER_CPU_SHARE = 0.10
 MAX_DRIVER_RSS_GROWTH = 100 << 20
 MIN_SHARE_OF_PLAIN = 0.6
 MAX_SILVER_P50_S = 1.5
+#: the latency runs' names in the report
+QUERY_NAMES = {"latency": "job", "every-partition": "job, every partition"}
+#: the floor queries of the latency run (:func:`run_floor_driver`)
+FLOORS = ("source", "stream")
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -211,44 +229,113 @@ def job_config(root: Path, label: str, offsets_url: str, batch_rows: int | None)
 
 
 def run_driver(args: list[str]) -> int:
-    """``--driver SECTION_JSON MASTER [SECONDS]``: the job, availableNow (or at its trigger for SECONDS);
-    prints ``started`` once its query runs, and its progress reports as JSON when it ends."""
+    """``--driver SECTION_JSON MASTER [SECONDS [EVENTS_DIR [SETTINGS_JSON]]]``: the job, availableNow (or at
+    its trigger for SECONDS); prints ``started`` once its query runs, and its progress reports as JSON when it
+    ends. With EVENTS_DIR, Spark's event log goes there and each batch's Spark jobs are labelled with their
+    step (:class:`bench.telemetry_bench.StepTrace`, whose per-step times come back too); SETTINGS_JSON sets
+    attributes of its :class:`~pipelines.telemetry.job.TelemetryBatch`."""
     section, master = json.loads(args[0]), args[1]
     seconds = float(args[2]) if len(args) > 2 else None
-    from pipelines.spark_session import local_spark_session
+    events = Path(args[3]) if len(args) > 3 else None
+    settings = json.loads(args[4]) if len(args) > 4 else {}
+    from bench.telemetry_bench import StepTrace
     from pipelines.telemetry.config import load_telemetry_config
     from pipelines.telemetry.job import TelemetryBatch, open_store, start_query
 
-    spark = local_spark_session("timestone-telemetry", master, {"spark.executor.memory": EXECUTOR_MEMORY})
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = driver_session("timestone-telemetry", master, events)
+    tracer = StepTrace(spark) if events is not None else None
+    if tracer is not None:
+        tracer.install()
     config = load_telemetry_config(section)
     batch = TelemetryBatch(config, open_store(spark, config))
+    for name, value in settings.items():
+        setattr(batch, name, value)
     batch.ensure_tables()
     query = start_query(spark, config, batch, available_now=seconds is None)
     print("started", flush=True)
     if seconds is None:
         query.awaitTermination()
     else:
-        query.awaitTermination(int(seconds))
-        query.stop()
+        run_for(query, seconds)
     batch.close()
     if query.exception() is not None:
         raise RuntimeError(str(query.exception()))
     progress = [json.loads(p.json) for p in query.recentProgress]
     steps = {r.batch_id: r.step_ms for r in batch.reports}
-    print(json.dumps({"progress": progress, "steps": steps}), flush=True)
+    traced = {f"{b} {name}": parts for (b, name), parts in tracer.parts.items()} if tracer else {}
     spark.stop()
+    print(json.dumps({"progress": progress, "steps": steps, "traced": traced}), flush=True)
     return 0
+
+
+def run_floor_driver(args: list[str]) -> int:
+    """``--floor PART SECTION_JSON MASTER SECONDS EVENTS_DIR``: a query at the job's trigger over the same
+    source writing to Spark's ``noop`` sink, for SECONDS; PART ``source``: the records as read, PART
+    ``stream``: the job's streaming part (:func:`pipelines.telemetry.job.telemetry_rows`: parse, checks, the
+    duplicate flag in the state store). Prints ``started``, then its progress reports as JSON."""
+    from pipelines.telemetry import quality as Q
+    from pipelines.telemetry.config import load_telemetry_config
+    from pipelines.telemetry.job import STATE_STORE_CONF, telemetry_rows
+    from sources import register_sources
+
+    part, section, master = args[0], json.loads(args[1]), args[2]
+    seconds, events = float(args[3]), Path(args[4])
+    spark = driver_session(f"timestone-floor-{part}", master, events)
+    config = load_telemetry_config(section)
+    register_sources(spark)
+    for key, value in STATE_STORE_CONF.items():
+        spark.conf.set(key, value)
+    records = spark.readStream.format("timestone").options(**config.source_options()).load()
+    if part == "stream":
+        types = {name: t.strip().lower() for name, t in config.payload.fields.items()}
+        records = telemetry_rows(records, config, Q.row_failure_conditions(config.quality.suites, types))
+    query = (
+        records.writeStream.format("noop")
+        .option("checkpointLocation", config.stream.checkpoint)
+        .trigger(processingTime=config.stream.trigger_interval)
+        .start()
+    )
+    print("started", flush=True)
+    run_for(query, seconds)
+    if query.exception() is not None:
+        raise RuntimeError(str(query.exception()))
+    progress = [json.loads(p.json) for p in query.recentProgress]
+    spark.stop()
+    print(json.dumps({"progress": progress, "steps": {}, "traced": {}}), flush=True)
+    return 0
+
+
+def run_for(query: Any, seconds: float, first_batch_s: float = 600) -> None:
+    """Stop ``query`` ``seconds`` after its first batch with rows ended (a new query's first batch is slow,
+    and slower the busier the machine), or once it failed; ``first_batch_s`` at most for that first batch."""
+    deadline = time.monotonic() + first_batch_s
+    while query.isActive and time.monotonic() < deadline:
+        if any(p["numInputRows"] for p in query.recentProgress):
+            break
+        time.sleep(0.2)
+    query.awaitTermination(int(seconds))
+    query.stop()
+
+
+def driver_session(name: str, master: str, events: Path | None) -> Any:
+    """The SparkSession of a driver of this bench on the cluster (with Spark's event log under ``events``)."""
+    from bench.spark_events import event_log_conf
+    from pipelines.spark_session import local_spark_session
+
+    conf = {"spark.executor.memory": EXECUTOR_MEMORY, **json.loads(os.environ.get(SPARK_CONF_VARIABLE, "{}"))}
+    if events is not None:
+        conf.update(event_log_conf(events))
+    spark = local_spark_session(name, master, conf)
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
 
 
 def run_plain_driver(args: list[str]) -> int:
     """``--plain FILES_JSON OUT MASTER ROUNDS``: the plain transforms ROUNDS times; their runs as JSON."""
     from bench.telemetry_ceiling import run_plain
-    from pipelines.spark_session import local_spark_session
 
     files, out, master, rounds = json.loads(Path(args[0]).read_text()), args[1], args[2], int(args[3])
-    spark = local_spark_session("timestone-plain", master, {"spark.executor.memory": EXECUTOR_MEMORY})
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = driver_session("timestone-plain", master, None)
     runs = [run_plain(spark, files, f"{out}/{n}").__dict__ for n in range(rounds)]
     print(json.dumps(runs), flush=True)
     spark.stop()
@@ -263,6 +350,10 @@ class Run:
     roles: dict[str, Role]
     progress: list[dict[str, Any]] = field(default_factory=list)
     steps: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: ``"<batch> <step>"``: what :class:`bench.telemetry_bench.StepTrace` timed in the step
+    traced: dict[str, dict[str, float]] = field(default_factory=dict)
+    events: EventLog | None = None  # Spark's event log of the run
+    load: list[float] = field(default_factory=list)  # the load average during the run
 
     def cpu(self, prefix: str) -> float:
         return sum(r.cpu_s for name, r in self.roles.items() if name.startswith(prefix))
@@ -334,12 +425,20 @@ class Figures:
     job_1m: Run | None = None
     plain: list[dict[str, Any]] = field(default_factory=list)
     plain_run: Run | None = None
-    latency: Run | None = None
-    silver_latency: list[float] = field(default_factory=list)
-    bronze_latency: list[float] = field(default_factory=list)
-    published: int = 0
+    #: ``latency``: the job as configured; ``every-partition``: the job writing every batch from each of
+    #: its partitions (``one_task_rows`` 0)
+    latencies: dict[str, Latency] = field(default_factory=dict)
     backlog: dict[str, int] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    floors: dict[str, Run] = field(default_factory=dict)
+
+    @property
+    def latency(self) -> Run | None:
+        return self.latencies["latency"].run if "latency" in self.latencies else None
+
+    @property
+    def silver_latency(self) -> list[float]:
+        return self.latencies["latency"].silver if "latency" in self.latencies else []
 
 
 def job_run(cluster: StandaloneCluster, root: Path, label: str, broker: BrokerProcess, rows: int) -> Run:
@@ -364,20 +463,37 @@ def bronze_files(root: Path, label: str) -> list[str]:
     return [unquote(uri) for uri in DeltaTable(str(root / label / "tables" / "bronze_telemetry")).file_uris()]
 
 
+@dataclass
+class Latency:
+    """A latency run: the job's driver, and publish → visible in bronze and silver (seconds) once warm."""
+
+    run: Run
+    bronze: list[float]
+    silver: list[float]
+    published: int
+
+
 def measure_latency(
-    cluster: StandaloneCluster, root: Path, figures: Figures, warmup_s: float, measure_s: float
-) -> None:
-    """The job at its 1 s trigger while 200 readings/s are published; publish → visible, read by a poller."""
-    broker = BrokerProcess(root / "latency-broker", **BROKER_SECTIONS)
+    cluster: StandaloneCluster,
+    root: Path,
+    label: str,
+    warmup_s: float,
+    measure_s: float,
+    batch_settings: dict[str, Any] | None = None,
+) -> Latency:
+    """The job at its 1 s trigger while 200 readings/s are published; publish → visible, read by a poller.
+    Spark's event log of the run is read back for each batch's jobs, stages and tasks by step.
+    ``batch_settings``: attributes of the job's :class:`~pipelines.telemetry.job.TelemetryBatch` to set."""
+    broker = BrokerProcess(root / f"{label}-broker", **BROKER_SECTIONS)
     broker.start()
     try:
-        section = job_config(root, "latency", broker.offsets_url, None)
-        tables = root / "latency" / "tables"
+        section = job_config(root, label, broker.offsets_url, None)
+        tables = root / label / "tables"
         total_s = warmup_s + measure_s
         context = mp.get_context("spawn")
         stop, answers, polled = context.Event(), context.Queue(), context.Queue()
         publisher = context.Process(
-            target=steady_publisher, args=(broker.port, 50, 200.0, total_s, stop, answers)
+            target=steady_publisher, args=(broker.port, 50, 200.0, total_s + 900, stop, answers)
         )
         poller = context.Process(
             target=poll_tables,
@@ -385,7 +501,7 @@ def measure_latency(
                 str(tables / "bronze_telemetry"),
                 str(tables / "silver_telemetry"),
                 0.1,
-                total_s + 60,
+                total_s + 900,
                 stop,
                 polled,
             ),
@@ -398,20 +514,84 @@ def measure_latency(
             assert answers.get(timeout=120)[0] == "ready"
             began[0] = time.time()
 
-        args = ["--driver", json.dumps(section), cluster.master_url, str(total_s + 30)]
-        run, answer = drive(cluster, "latency", args, total_s + 600, on_started=publish)
-        run.progress, run.steps = answer["progress"], answer["steps"]
-        figures.latency = run
-        stop.set()
-        _, figures.published, _ = answers.get(timeout=120)
+        events = root / f"{label}-events"
+        args = ["--driver", json.dumps(section), cluster.master_url, str(total_s), str(events)]
+        args.append(json.dumps(batch_settings or {}))
+        try:
+            with LoadSampler() as load:
+                run, answer = drive(cluster, label, args, total_s + 900, on_started=publish)
+        finally:
+            stop.set()
+        run.progress, run.steps, run.traced = answer["progress"], answer["steps"], answer["traced"]
+        run.events, run.load = read_event_log(events), load.samples
+        _, published, _ = answers.get(timeout=120)
         seen = polled.get(timeout=120)
-        publisher.join(30)
-        poller.join(30)
         low = max(began[0] + warmup_s, warmed_up(run))
-        figures.silver_latency = [s - ts / 1000 for ts, s in seen["silver"] if ts / 1000 >= low]
-        figures.bronze_latency = [s - ts / 1000 for ts, s in seen["bronze"] if ts / 1000 >= low]
+        silver = [s - ts / 1000 for ts, s in seen["silver"] if ts / 1000 >= low]
+        bronze = [s - ts / 1000 for ts, s in seen["bronze"] if ts / 1000 >= low]
+        return Latency(run, bronze, silver, published)
     finally:
+        _end(publisher, poller)
         broker.stop()
+
+
+def _end(*processes: Any) -> None:
+    """Wait for the helper processes (told to stop), killing one that does not end."""
+    for process in processes:
+        if process.pid is not None:
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+                process.join(10)
+
+
+def measure_floor(cluster: StandaloneCluster, root: Path, part: str, seconds: float) -> Run:
+    """A floor query (:func:`run_floor_driver`) over a broker of its own while 200 readings/s are
+    published to it, as in :func:`measure_latency`."""
+    broker = BrokerProcess(root / f"floor-{part}-broker", **BROKER_SECTIONS)
+    broker.start()
+    try:
+        section = job_config(root, f"floor-{part}", broker.offsets_url, None)
+        context = mp.get_context("spawn")
+        stop, answers = context.Event(), context.Queue()
+        publisher = context.Process(
+            target=steady_publisher, args=(broker.port, 50, 200.0, seconds + 900, stop, answers)
+        )
+
+        def publish() -> None:
+            publisher.start()
+            assert answers.get(timeout=120)[0] == "ready"
+
+        events = root / f"floor-{part}-events"
+        args = ["--floor", part, json.dumps(section), cluster.master_url, str(seconds), str(events)]
+        try:
+            with LoadSampler() as load:
+                run, answer = drive(cluster, f"floor-{part}", args, seconds + 900, on_started=publish)
+        finally:
+            stop.set()
+        run.progress, run.events, run.load = answer["progress"], read_event_log(events), load.samples
+        answers.get(timeout=120)
+        return run
+    finally:
+        _end(publisher)
+        broker.stop()
+
+
+def latency_runs(
+    cluster: StandaloneCluster, root: Path, figures: Figures, warmup_s: float, measure_s: float
+) -> None:
+    """The latency run, the job with every batch written from each of its partitions, then the floors, at
+    the same trigger and publishing rate on the same cluster."""
+    for label, settings in (("latency", {}), ("every-partition", {"one_task_rows": 0})):
+        try:
+            figures.latencies[label] = measure_latency(cluster, root, label, warmup_s, measure_s, settings)
+        except Exception as exc:
+            figures.failures.append(f"{label}: {exc}")
+    for part in FLOORS:
+        try:
+            figures.floors[part] = measure_floor(cluster, root, part, warmup_s + measure_s / 2)
+        except Exception as exc:
+            figures.failures.append(f"floor {part}: {exc}")
 
 
 def job_on_backlog(
@@ -454,10 +634,14 @@ def run(root: Path, quick: bool, only_100k: bool = False) -> Figures:
         if only_100k:
             return figures
         figures.job_1m = job_on_backlog(cluster, root, figures, "1m", per_topic_1m, 1_000_000)
-        try:
-            measure_latency(cluster, root, figures, 15.0, 30.0 if quick else 45.0)
-        except Exception as exc:
-            figures.failures.append(f"latency: {exc}")
+        latency_runs(cluster, root, figures, 15.0, 30.0 if quick else 45.0)
+    return figures
+
+
+def run_latency_only(root: Path, quick: bool) -> Figures:
+    figures = Figures()
+    with standalone_cluster(root / "cluster", workers=2, cores=1, memory=EXECUTOR_MEMORY) as cluster:
+        latency_runs(cluster, root, figures, 15.0, 30.0 if quick else 45.0)
     return figures
 
 
@@ -482,15 +666,48 @@ def _role_rows(run: Run) -> list[str]:
     return rows
 
 
-def render(figures: Figures, started: datetime, wall: float, load: LoadSampler) -> str:
+def _run_line(command: str, started: datetime, wall: float, load: LoadSampler) -> str:
     info = machine_info()
+    return (
+        f"`{command}`, {started:%Y-%m-%d %H:%M} UTC, {wall:,.0f} s in all. "
+        f"{info.cpu_model}, {info.cores} cores, {info.memory_gib:.0f} GiB, Python {sys.version.split()[0]}. "
+        f"Load average (1 min) {load.samples[0]:.1f} at the start, {statistics.mean(load.samples):.1f} "
+        f"mean / {max(load.samples):.1f} max during the run: the machine was shared with other work."
+    )
+
+
+def render_latency(figures: Figures, started: datetime, wall: float, load: LoadSampler) -> str:
+    """``--only-latency``'s section: the latency run and its floors."""
+    lines = [
+        LATENCY_HEADING,
+        "",
+        _run_line("python -m bench.telemetry_cluster_bench --only-latency", started, wall, load),
+        "",
+        "A Spark standalone cluster on loopback (a master and two workers of one core each, executors of "
+        f"{EXECUTOR_MEMORY}), the job in a driver process of its own with its default configuration (1 s "
+        "trigger), its tables on local disk (delta-rs), reading a `timestone broker` that a publisher sends "
+        "200 readings/s to; a poller reads bronze and silver every 100 ms.",
+    ]
+    if figures.silver_latency:
+        p50 = percentile(figures.silver_latency, 50)
+        lines += [
+            "",
+            "| figure | value | target | |",
+            "|---|---:|---|---|",
+            f"| publish → silver p50 at the 1 s trigger | {p50:.2f} s | ≤ 1.5 s | "
+            f"{_met(p50 <= MAX_SILVER_P50_S)} |",
+        ]
+    lines += _latency_lines(figures)
+    for failure in figures.failures:
+        lines.append(f"\nFailed: {failure}")
+    return "\n".join(lines) + "\n"
+
+
+def render(figures: Figures, started: datetime, wall: float, load: LoadSampler) -> str:
     lines = [
         HEADING,
         "",
-        f"`python -m bench.telemetry_cluster_bench`, {started:%Y-%m-%d %H:%M} UTC, {wall:,.0f} s in all. "
-        f"{info.cpu_model}, {info.cores} cores, {info.memory_gib:.0f} GiB, Python {sys.version.split()[0]}. "
-        f"Load average (1 min) {load.samples[0]:.1f} at the start, {statistics.mean(load.samples):.1f} "
-        f"mean / {max(load.samples):.1f} max during the run: the machine was shared with other work.",
+        _run_line("python -m bench.telemetry_cluster_bench", started, wall, load),
         "",
         "A Spark standalone cluster on loopback (a master and two workers of one core each, executors of "
         f"{EXECUTOR_MEMORY}), the job in a driver process of its own with its default configuration, its "
@@ -534,21 +751,131 @@ def render(figures: Figures, started: datetime, wall: float, load: LoadSampler) 
                 + ", ".join(f"`{name}` {ms:,.0f}" for name, ms in medians.items())
                 + "."
             )
-    if figures.silver_latency and figures.latency is not None:
-        durations = [p["durationMs"]["triggerExecution"] / 1000 for p in figures.latency.batches()]
-        bronze, silver = figures.bronze_latency, figures.silver_latency
-        lines += [
-            "",
-            f"Latency: 200 readings/s over 50 devices ({figures.published:,} published), measured from "
-            "the end of the query's second batch with rows, at least 15 s after the publishing began; "
-            f"publish → visible in bronze p50 {percentile(bronze, 50):.2f} s, p99 "
-            f"{percentile(bronze, 99):.2f} s; in silver p50 {percentile(silver, 50):.2f} s, p99 "
-            f"{percentile(silver, 99):.2f} s ({len(silver):,} readings); batches median "
-            f"{statistics.median(durations):.2f} s, max {max(durations):.2f} s.",
-        ]
+    lines += _latency_lines(figures)
     for failure in figures.failures:
         lines.append(f"\nFailed: {failure}")
     return "\n".join(lines) + "\n"
+
+
+def _latency_lines(figures: Figures) -> list[str]:
+    """The latency run: publish → visible, then where a small batch's time goes, against the floors."""
+    main = figures.latencies.get("latency")
+    if main is None or not main.silver:
+        return []
+    lat = main.run
+    measured = lat.batches()
+    durations = [p["durationMs"]["triggerExecution"] / 1000 for p in measured]
+    bronze, silver = main.bronze, main.silver
+    rows = statistics.median(p["numInputRows"] for p in measured)
+    lines = [
+        "",
+        f"Latency: 200 readings/s over 50 devices ({main.published:,} published), measured from "
+        "the end of the query's second batch with rows, at least 15 s after the publishing began; "
+        f"publish → visible in bronze p50 {percentile(bronze, 50):.2f} s, p99 "
+        f"{percentile(bronze, 99):.2f} s; in silver p50 {percentile(silver, 50):.2f} s, p99 "
+        f"{percentile(silver, 99):.2f} s ({len(silver):,} readings); batches median "
+        f"{statistics.median(durations):.2f} s, max {max(durations):.2f} s, {rows:,.0f} rows at the median. "
+        f"Load average during this run {_load(lat)}.",
+        "",
+        "Where a batch of the latency run goes (medians over its batches with rows but the first): Spark's "
+        "`durationMs` "
+        + ", ".join(f"`{key}` {ms:,.0f}" for key, ms in _median_durations(measured).items())
+        + " ms; the job's steps (`profile` first, then the tables' writes concurrently) "
+        + ", ".join(f"`{name}` {ms:,.0f}" for name, ms in _median_steps(lat).items())
+        + " ms.",
+    ]
+    if lat.events is not None:
+        lines += [
+            "",
+            "By step (medians per batch, from Spark's event log, the jobs labelled by step; `wall` is "
+            "the first job's submission to the last one's end, `wait` the stages' summed wait from "
+            "submission to their first task's launch; collect, append, merge and open are the driver's "
+            "Delta calls):",
+            "",
+            "| step | jobs | stages | tasks | wall ms | tasks' run ms | wait ms | collect ms | append ms | "
+            "merge ms | tables opened | open ms |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        batch_ids = [p["batchId"] for p in measured]
+        jobs = median_step_jobs(lat.events, batch_ids)
+        traced = _median_traced(lat, batch_ids)
+        for name in sorted(set(jobs) | set(traced)):
+            j, t = jobs.get(name, {}), traced.get(name, {})
+            cells = [j.get(k, 0.0) for k in ("jobs", "stages", "tasks", "wall_ms", "task_run_ms")]
+            cells.append(j.get("first_task_wait_ms", 0.0))
+            cells += [t.get(k, 0.0) for k in ("collect", "append", "merge", "open_n", "open")]
+            lines.append(f"| `{name}` | " + " | ".join(f"{c:,.0f}" for c in cells) + " |")
+    lines += [
+        "",
+        "The queries side by side, each its own driver, broker and checkpoint on the same cluster, one after "
+        "the other, at the same trigger and publishing rate: `job`, the job as configured; `job, every "
+        "partition`, the job writing every batch from each of its partitions (`one_task_rows` 0, as before "
+        "small batches were written from one); the floors, Spark's `noop` sink: `source`, the records as the "
+        "source reads them; `stream`, the job's streaming part (parse, checks, the duplicate flag in the "
+        "state store), no table written. Medians over each query's batches with rows but the first; Spark "
+        "jobs, stages and tasks per batch from the event log.",
+        "",
+        "| query | batches | rows | triggerExecution ms | addBatch ms | other durationMs ms | Spark jobs "
+        "| stages | tasks | publish → silver p50 / p99 s | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    queries: list[tuple[str, Run, Latency | None]] = [
+        (QUERY_NAMES.get(label, label), each.run, each) for label, each in figures.latencies.items()
+    ]
+    queries += [(f"floor: `{part}`", run, None) for part, run in figures.floors.items()]
+    for name, run, latency in queries:
+        batches = run.batches()
+        if not batches:
+            lines.append(f"| {name} | 0 | | | | | | | | | |")
+            continue
+        ms = _median_durations(batches)
+        other = sum(v for key, v in ms.items() if key not in ("addBatch", "triggerExecution"))
+        totals = _median_totals(run.events, batches) if run.events is not None else {}
+        seen = (
+            f"{percentile(latency.silver, 50):.2f} / {percentile(latency.silver, 99):.2f}"
+            if latency is not None and latency.silver
+            else "—"
+        )
+        lines.append(
+            f"| {name} | {len(batches)} | {statistics.median(p['numInputRows'] for p in batches):,.0f} | "
+            f"{ms['triggerExecution']:,.0f} | {ms['addBatch']:,.0f} | {other:,.0f} | "
+            f"{totals.get('jobs', 0):.0f} | {totals.get('stages', 0):.0f} | {totals.get('tasks', 0):.0f} | "
+            f"{seen} | {_load(run)} |"
+        )
+    return lines
+
+
+def _load(run: Run) -> str:
+    if not run.load:
+        return "not read"
+    return f"{statistics.mean(run.load):.1f} mean / {max(run.load):.1f} max"
+
+
+def _median_durations(batches: list[dict[str, Any]]) -> dict[str, float]:
+    keys = ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets", "triggerExecution")
+    return {key: statistics.median(p["durationMs"].get(key, 0) for p in batches) for key in keys}
+
+
+def _batch_window_ms(progress: dict[str, Any]) -> tuple[float, float]:
+    began = datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp() * 1000
+    return began, began + progress["durationMs"]["triggerExecution"]
+
+
+def _median_totals(events: EventLog, batches: list[dict[str, Any]]) -> dict[str, float]:
+    per_batch = [batch_totals(events, jobs_between(events, *_batch_window_ms(p))) for p in batches]
+    return {key: statistics.median(t[key] for t in per_batch) for key in per_batch[0]}
+
+
+def _median_traced(run: Run, batch_ids: list[int]) -> dict[str, dict[str, float]]:
+    by_step: dict[str, list[dict[str, float]]] = {}
+    for key, parts in run.traced.items():
+        batch_id, name = key.split(" ", 1)
+        if int(batch_id) in batch_ids:
+            by_step.setdefault(name, []).append(parts)
+    return {
+        name: {k: statistics.median(p.get(k, 0.0) for p in found) for k in {k for p in found for k in p}}
+        for name, found in by_step.items()
+    }
 
 
 def _small_rows(job: Run, plain: float) -> list[str]:
@@ -605,11 +932,18 @@ def main(argv: list[str] | None = None) -> int:
         return run_driver(argv[1:])
     if argv and argv[0] == "--plain":
         return run_plain_driver(argv[1:])
+    if argv and argv[0] == "--floor":
+        return run_floor_driver(argv[1:])
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smaller backlogs (1,100,000 readings in all)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument(
         "--only-100k", action="store_true", help="only the 100,000-row batches and the plain transforms"
+    )
+    parser.add_argument(
+        "--only-latency",
+        action="store_true",
+        help="only the latency run and its floors (its own section of the results)",
     )
     args = parser.parse_args(argv)
     import tempfile
@@ -617,10 +951,18 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.now(UTC)
     began = time.perf_counter()
     with LoadSampler() as load, tempfile.TemporaryDirectory(prefix="telemetry-cluster-") as tmp:
-        figures = run(Path(tmp), args.quick, args.only_100k)
-    text = render(figures, started, time.perf_counter() - began, load)
+        if args.only_latency:
+            figures = run_latency_only(Path(tmp), args.quick)
+        else:
+            figures = run(Path(tmp), args.quick, args.only_100k)
+    wall = time.perf_counter() - began
+    if args.only_latency:
+        text = render_latency(figures, started, wall, load)
+        heading = LATENCY_HEADING
+    else:
+        text, heading = render(figures, started, wall, load), HEADING
     print(text)
-    replace_section(args.output, HEADING, text)
+    replace_section(args.output, heading, text)
     return 0
 
 

@@ -6,11 +6,11 @@ source's read, the ingest stamp, the payload parsed into the configured fields, 
 Spark expression, and the duplicate flag kept in Spark's state store (:mod:`.dedup`). ``foreachBatch``
 (:class:`TelemetryBatch`) caches the flagged batch on the executors and runs one aggregation over it (how
 many rows passed, failed and repeat a message, and every expectation's failures); then every table is
-written from the cache concurrently: the appends by the tasks, the driver committing their files
-(:mod:`sinks.delta_rs`); ``device_minute`` and ``devices`` as merges of one row per device and minute, or
-per device, that the tasks aggregate; ``dq_results`` from the counts and Great Expectations on a sample of
-at most ``quality.gx.max_rows`` rows. The driver plans, commits and merges what does not grow with a
-batch's rows.
+written from the cache concurrently (a small batch's from one partition: one task per write): the appends
+by the tasks, the driver committing their files (:mod:`sinks.delta_rs`); ``device_minute`` and
+``devices`` as merges of one row per device and minute, or per device, that the tasks aggregate;
+``dq_results`` from the counts and Great Expectations on a sample of at most ``quality.gx.max_rows`` rows.
+The driver plans, commits and merges what does not grow with a batch's rows.
 
 Why one query and not bronze → (change feed) → silver: a second query only starts once the first has
 committed, so silver would lag bronze by a trigger interval plus a commit. Exactly-once holds per table:
@@ -81,6 +81,12 @@ STATE_STORE_CONF = {
     # no batch without new data just to time out idle devices' state: the next batch with data does it
     "spark.sql.streaming.noDataMicroBatches.enabled": "false",
 }
+
+#: A batch with fewer telemetry rows than this is written and aggregated from one partition (its cached
+#: partitions read by one task): below it a task's fixed cost (its launch, a Python worker's round trip, the
+#: shuffle of an aggregate) outweighs its share of the work, and every Spark job of the batch would run
+#: a task per partition, and a shuffle stage for each aggregate, to move a few hundred rows.
+ONE_TASK_ROWS = 10_000
 
 #: The tables this pipeline writes.
 TABLES = (
@@ -159,8 +165,9 @@ class TelemetryBatch:
 
     The batch is cached on the executors, one aggregation over it counts what the writes need, then the
     tables are written concurrently (each Spark job is mostly fixed overhead at micro-batch scale, and
-    delta-rs frees the GIL while it commits). The call returns when every table is in. ``clock`` stamps
-    ``updated_at``, ``quarantined_at`` and ``observed_at``; tests pass a fixed one.
+    delta-rs frees the GIL while it commits); a batch of fewer than ``one_task_rows`` telemetry rows is
+    written from one partition of the cache (:data:`ONE_TASK_ROWS`). The call returns when every table is
+    in. ``clock`` stamps ``updated_at``, ``quarantined_at`` and ``observed_at``; tests pass a fixed one.
     """
 
     def __init__(
@@ -183,6 +190,8 @@ class TelemetryBatch:
         #: Called after each step with the step's name and the batch id; tests inject failures here.
         self.after_step: Callable[[str, int], None] = lambda step, batch_id: None
         self._pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="telemetry-batch")
+        #: below this many telemetry rows a batch's writes read one partition (:data:`ONE_TASK_ROWS`)
+        self.one_task_rows = ONE_TASK_ROWS
         #: compaction, vacuum and log clean-up of the job's tables, in the background (its own, unless
         #: :meth:`share_maintenance` gave it one that outlives it)
         self.maintenance = MaintenanceScheduler(store, TABLES, config.tables.maintenance)
@@ -220,7 +229,8 @@ class TelemetryBatch:
             report = batch.report
             report.passed, report.quarantined = counts["passed"], counts["quarantined"]
             report.duplicates = counts["duplicates"]
-            self._run_steps(batch, self._steps(batch, cached, counts))
+            small = counts["passed"] + counts["quarantined"] < self.one_task_rows
+            self._run_steps(batch, self._steps(batch, cached.coalesce(1) if small else cached, counts))
         finally:
             cached.unpersist()
         batch.report.written = out.results

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 import pytest
 
 from pipelines.telemetry.config import load_telemetry_config
-from pipelines.telemetry.job import BATCH_SQL_CONF, TelemetryBatch, open_store
+from pipelines.telemetry.job import BATCH_SQL_CONF, ONE_TASK_ROWS, TelemetryBatch, open_store
 from sinks import exactly_once
 from tests.e2e.telemetry.telemetry_harness import at, record, records, telemetry, write_records
 
@@ -59,8 +59,12 @@ def _utc(value):
 
 
 @pytest.mark.parametrize("pipeline", ["every_batch"], indirect=True)
-def test_one_batch_fills_every_table(spark, pipeline):
+@pytest.mark.parametrize("one_task_rows", [ONE_TASK_ROWS, 0], ids=["small batch", "every partition"])
+def test_one_batch_fills_every_table(spark, pipeline, one_task_rows):
+    """A batch under ``ONE_TASK_ROWS`` is written from one partition: one file per table appended; a
+    bigger one from each of its partitions; the tables hold the same rows either way."""
     batch, store, run = pipeline
+    batch.one_task_rows = one_task_rows
     source = [
         telemetry("dev-1", 0, seq=1, seconds=1, temperature=20.0),
         telemetry("dev-1", 1, seq=2, seconds=2, temperature=30.0),
@@ -92,6 +96,9 @@ def test_one_batch_fills_every_table(spark, pipeline):
     assert (between["element_count"], between["unexpected_count"], between["success"]) == (3, 1, False)
     assert json.loads(between["observed_value"])["engine"] == "great_expectations"
     assert batch.reports[-1].gx_validated
+    if one_task_rows:
+        appended = ("bronze_telemetry", "silver_telemetry", "telemetry_quarantine")
+        assert [store.data_files(name) for name in appended] == [1, 1, 1]
 
 
 def test_late_data_adds_to_its_minute_and_nan_tops_the_maximum(spark, pipeline):
