@@ -566,14 +566,14 @@ def _files_within(
     if (within is None and not where) or directory is None:
         return _live_files(table, location)
     actions = pa.table(table.get_add_actions(flatten=True))
-    keep = pa.array([True] * actions.num_rows)
+    keep = pa.array([True] * actions.num_rows, pa.bool_())
     if within is not None:
         keep = pc.and_(keep, _overlapping(actions, within))
     for matching in where:
         columns = (f"min.{matching.column}", f"max.{matching.column}")
         if all(name in actions.column_names for name in columns):
             lows, highs = (actions.column(name).to_pylist() for name in columns)
-            keep = pc.and_(keep, pa.array(admitted(lows, highs, matching.values)))
+            keep = pc.and_(keep, pa.array(admitted(lows, highs, matching.values), pa.bool_()))
     paths = actions.column("path").filter(keep).to_pylist()
     return [_local_file(directory, path) for path in paths]
 
@@ -582,7 +582,7 @@ def _overlapping(actions: pa.Table, within: TimeRange) -> pa.Array:
     """Whether each file of ``actions`` (flattened add actions) may hold rows in ``within``."""
     columns = (f"min.{within.column}", f"max.{within.column}")
     if not all(name in actions.column_names for name in columns):
-        return pa.array([True] * actions.num_rows)
+        return pa.array([True] * actions.num_rows, pa.bool_())
     low, high = (actions.column(name).cast(pa.timestamp("us", "UTC")).cast(pa.int64()) for name in columns)
     overlaps = pc.and_kleene(
         pc.less_equal(low, within.high_us), pc.greater_equal(pc.add(high, 999), within.low_us)

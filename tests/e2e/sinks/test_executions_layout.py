@@ -91,6 +91,7 @@ def read_back(store: DeltaRsTableStore, action: str) -> dict[str, int]:
 def test_a_read_filtered_on_one_action_opens_only_the_files_that_can_hold_it(store):
     history = History(store)
     actions = action_ids(ACTIONS)
+    assert store.read_arrow(EXECUTIONS, where=[Matching("action_id", (actions[0],))]).num_rows == 0  # no file
     history.run(actions)
     total = rows_in(store, store.files_read(EXECUTIONS))
     assert total == ACTIONS * DEVICES
