@@ -17,12 +17,10 @@ Results go to ``bench/results/ota.md``, section "Executions read per action in f
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from random import Random
 
@@ -32,6 +30,7 @@ sys.path.insert(0, str(REPO))
 import pyarrow as pa  # noqa: E402
 from deltalake import DeltaTable  # noqa: E402
 
+from bench.report import replace_section  # noqa: E402
 from pipelines.actions.engine_tables import EXECUTIONS, EngineTables  # noqa: E402
 from pipelines.actions.states import Execution  # noqa: E402
 from sinks import open_table_store  # noqa: E402
@@ -139,16 +138,12 @@ def measure(store: DeltaRsTableStore, action: str, devices: int) -> dict:
 
 
 def report(args, runs: dict[tuple[int, str], dict]) -> str:
-    from bench.sysinfo import machine_info
+    from bench.sysinfo import when_and_where
 
-    info = machine_info()
-    load = os.getloadavg()
     lines = [
         HEADING,
         "",
-        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {info.cpu_model}, {info.cores} cores,"
-        f" {info.memory_gib:.0f} GiB; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f};"
-        f" Python {info.python}.",
+        when_and_where(),
         "",
         f"`bench/ota_executions_layout.py --devices {args.devices} --finished {args.finished}`: finished"
         f" actions x {args.devices:,} devices (random ids, {ACTIONS_PER_COMMIT} per commit), then one action"
@@ -169,17 +164,6 @@ def report(args, runs: dict[tuple[int, str], dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def save(section: str) -> None:
-    text = RESULTS.read_text()
-    if HEADING in text:
-        before, _, after = text.partition(HEADING)
-        rest = after.split("\n## ", 1)
-        text = before + section + ("\n## " + rest[1] if len(rest) > 1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    RESULTS.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--devices", type=int, default=1000)
@@ -198,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     section = report(args, runs)
     print(section)
     if not args.no_save:
-        save(section)
+        replace_section(RESULTS, HEADING, section)
     return 0
 
 
