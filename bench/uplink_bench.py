@@ -33,9 +33,9 @@ from bench.sysinfo import machine_info
 from broker_edge.config import load_dataclass
 from broker_edge.runtime.broker import Broker
 from broker_edge.runtime.launcher import BrokerProcess, free_port
+from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.broker import BrokerConfig
 from broker_edge.storage import AppendRecord, LogStore, StorageConfig
-from tests.harness.local_pki import LocalPki
 
 HOUR_OF_READINGS = 360_000
 DEVICES = 100

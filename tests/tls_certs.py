@@ -21,7 +21,7 @@ from broker_edge.pki.builders import (
     write_certificate,
     write_key,
 )
-from tests.harness.local_pki import LOOPBACK_NAMES
+from broker_edge.runtime.local_pki import LOOPBACK_NAMES
 
 __all__ = ["PkiPaths", "client_ssl_context", "make_test_pki"]
 

@@ -1,5 +1,5 @@
 """A cluster on loopback for the benchmarks and tests: a real etcd and broker processes joining it,
-set up as production is (docs/security.md), with throwaway certificates (``local_pki``).
+set up as production is (docs/security.md), with throwaway certificates (``broker_edge.runtime.local_pki``).
 
 - ``EtcdServer``: one single-member etcd (Debian's ``/usr/bin/etcd``) on free loopback ports, data directory
   of mode 0700; by default with TLS and client certificates (``--client-cert-auth``) and etcd's user
@@ -39,8 +39,8 @@ from typing import Any
 from broker_edge.cluster.coordination.etcd import Etcd
 from broker_edge.placement import Member, PartitionState
 from broker_edge.runtime.launcher import BrokerProcess, free_port
+from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.cluster import EtcdAuthConfig, EtcdTlsConfig
-from tests.harness.local_pki import LocalPki
 
 __all__ = [
     "ETCD_BINARY",

@@ -34,10 +34,10 @@ from broker_edge.config.loader import load_dataclass
 from broker_edge.engine.message import Message
 from broker_edge.placement import Member, PartitionState
 from broker_edge.runtime.broker import Broker
+from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.broker import BrokerConfig
 from broker_edge.settings.cluster import MemberListenConfig, MemberTlsConfig
 from broker_edge.storage.store import LogStore
-from tests.harness.local_pki import LocalPki
 from tests.static_isr import StaticIsr
 
 T = TypeVar("T")

@@ -28,8 +28,8 @@ from broker_edge.cluster.replication.replica_fetch import (
     TopicPosition,
     encode_request,
 )
+from broker_edge.runtime.local_pki import LocalPki
 from tests.harness.local_cluster import EtcdTarget, cluster_state
-from tests.harness.local_pki import LocalPki
 
 __all__ = ["Attempt", "Recorder", "client_context", "forge_fetch", "members_url", "open_peer_link"]
 

@@ -18,6 +18,7 @@ import pytest
 
 from broker_edge.placement import partition_of
 from broker_edge.runtime.launcher import BrokerProcess
+from broker_edge.runtime.local_pki import LocalPki
 from tests.e2e.broker_clients import PahoClient, wait_for
 from tests.e2e.cluster.conftest import EtcdTarget
 from tests.e2e.cluster.intruders import (
@@ -36,7 +37,6 @@ from tests.e2e.cluster.proof import (
     wait_settled,
     wait_until,
 )
-from tests.harness.local_pki import LocalPki
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from broker_edge.runtime.launcher import BrokerProcess, free_port
+from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.storage import LogStore, StorageConfig
 from tests.e2e.uplink.uplink_harness import hub_section
 from tests.harness.local_cluster import (
@@ -15,7 +16,6 @@ from tests.harness.local_cluster import (
     wait_settled,
     wait_until,
 )
-from tests.harness.local_pki import LocalPki
 
 NODES = ("h1", "h2", "h3")
 PARTITIONS = 16

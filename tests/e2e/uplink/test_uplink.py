@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.runtime.main import reload_files
 from broker_edge.settings.uplink import site_topic
 from broker_edge.uplink.status_cli import uplink_main
@@ -29,7 +30,6 @@ from tests.e2e.uplink.uplink_harness import (
     site_section,
     wait_while_progressing,
 )
-from tests.harness.local_pki import LocalPki
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -17,6 +17,7 @@ import pytest
 from broker_edge.bounds import MAX_OFFSET
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.runtime.launcher import BrokerProcess, free_port, wait_for_port
+from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.uplink import site_topic
 from broker_edge.uplink.wire import ACK, BATCH, DOWN, ENDS, ERROR, HELLO, STATE, Message
 from tests.e2e.broker_clients import PahoClient, wait_for
@@ -33,7 +34,6 @@ from tests.e2e.uplink.uplink_harness import (
     raw_message,
     site_section,
 )
-from tests.harness.local_pki import LocalPki
 
 pytestmark = pytest.mark.timeout(120)
 

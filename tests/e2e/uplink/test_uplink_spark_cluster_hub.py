@@ -11,6 +11,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from broker_edge.placement import partition_of
+from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.uplink import site_topic
 from tests.e2e.broker_clients import wait_for
 from tests.e2e.conftest import RunningBroker
@@ -18,7 +19,6 @@ from tests.e2e.uplink.cluster_hub_harness import NODES, PARTITIONS, hub_cluster,
 from tests.e2e.uplink.spark_reads import Row, read_sites
 from tests.e2e.uplink.uplink_harness import pki_in, site_section
 from tests.harness.local_cluster import EtcdTarget, cluster_state
-from tests.harness.local_pki import LocalPki
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
 

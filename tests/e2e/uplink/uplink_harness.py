@@ -16,12 +16,12 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from aiohttp import ClientSession, WSMsgType, web
 
+from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.uplink import site_topic
 from broker_edge.storage import LogStore
 from broker_edge.storage.record import RecordFields, encode_frames
 from broker_edge.uplink.wire import BATCH, DOWN, ENDS, ERROR, HELLO, VERSION, Message, decode, encode
 from tests.e2e.conftest import RunningBroker
-from tests.harness.local_pki import LocalPki
 
 
 def hub_section(pki: LocalPki, **overrides: Any) -> dict[str, Any]:

@@ -26,9 +26,9 @@ from broker_edge.cluster.view import ClusterView
 from broker_edge.config.loader import ConfigError
 from broker_edge.offsets_api.server import access_of
 from broker_edge.placement import Member
+from broker_edge.runtime.local_pki import LocalPki, PemPair
 from broker_edge.settings.cluster import MemberListenConfig, MemberTlsConfig
 from broker_edge.storage import LogStore, StorageConfig
-from tests.harness.local_pki import LocalPki, PemPair
 
 
 def tls_of(pki: LocalPki, node: str, certificate_of: str | None = None) -> MemberTls:

@@ -1,4 +1,7 @@
-"""A throwaway PKI for clusters, sites and hubs on loopback (tests and benchmarks), over ``broker_edge.pki``.
+"""A throwaway PKI for clusters, sites and hubs on loopback, over ``broker_edge.pki``.
+
+For members on one host, benchmarks (the many-core kit makes its members' certificates with it) and tests;
+a deployment issues its certificates with ``timestone pki`` (docs/security.md).
 
 ``LocalPki(directory, name)`` keeps one CA in ``directory/name`` (made on first use, reused after) and
 issues from it what ``timestone pki issue`` issues, for loopback, each certificate once (later calls return
