@@ -305,15 +305,23 @@ def run_floor_driver(args: list[str]) -> int:
     return 0
 
 
-def run_for(query: Any, seconds: float, first_batch_s: float = 600) -> None:
-    """Stop ``query`` ``seconds`` after its first batch with rows ended (a new query's first batch is slow,
-    and slower the busier the machine), or once it failed; ``first_batch_s`` at most for that first batch."""
+def run_for(query: Any, seconds: float, batches: int = 8, first_batch_s: float = 600) -> None:
+    """Stop ``query`` once ``seconds`` have passed since its first batch with rows ended (a new query's first
+    batch is slow, and slower the busier the machine) and at least ``batches`` more batches with rows have
+    ended since, or once it failed; ``first_batch_s`` at most for that first batch, and as long again for
+    the rest."""
     deadline = time.monotonic() + first_batch_s
     while query.isActive and time.monotonic() < deadline:
         if any(p["numInputRows"] for p in query.recentProgress):
             break
         time.sleep(0.2)
-    query.awaitTermination(int(seconds))
+    began = time.monotonic()
+    deadline = began + first_batch_s
+    while query.isActive and time.monotonic() < deadline:
+        done = sum(1 for p in query.recentProgress if p["numInputRows"]) - 1
+        if time.monotonic() - began >= seconds and done >= batches:
+            break
+        time.sleep(0.2)
     query.stop()
 
 
@@ -760,8 +768,9 @@ def render(figures: Figures, started: datetime, wall: float, load: LoadSampler) 
 def _latency_lines(figures: Figures) -> list[str]:
     """The latency run: publish → visible, then where a small batch's time goes, against the floors."""
     main = figures.latencies.get("latency")
-    if main is None or not main.silver:
-        return []
+    if main is None or not main.silver or not main.run.batches():
+        ran = len(main.run.batches(skip_first=False)) if main is not None else 0
+        return [f"\nNo reading measured after the warm-up: the job ran {ran} batch(es) with rows."]
     lat = main.run
     measured = lat.batches()
     durations = [p["durationMs"]["triggerExecution"] / 1000 for p in measured]
