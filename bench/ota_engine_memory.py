@@ -190,18 +190,14 @@ def measure(tree: Path, root: str, port: int, devices: int) -> dict:
 
 
 def report(args, runs: dict[tuple[str, int], dict], built_s: float) -> str:
-    from bench.sysinfo import machine_info
+    from bench.sysinfo import when_and_where
 
-    info = machine_info()
-    load = os.getloadavg()
     sizes = sorted({finished for _, finished in runs})
     trees = list(dict.fromkeys(name for name, _ in runs))
     lines = [
         HEADING,
         "",
-        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {info.cpu_model}, {info.cores} cores,"
-        f" {info.memory_gib:.0f} GiB; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f};"
-        f" Python {info.python}.",
+        when_and_where(),
         "",
         f"`bench/ota_engine_memory.py --devices {args.devices} --finished {args.finished}"
         + "".join(f" --against {rev}" for rev in args.against)

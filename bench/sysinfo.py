@@ -38,6 +38,19 @@ def machine_info() -> MachineInfo:
     )
 
 
+def when_and_where() -> str:
+    """The date, the machine and its load average now, as the first line of a result section."""
+    from datetime import UTC, datetime
+
+    info = machine_info()
+    load = os.getloadavg()
+    return (
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {info.cpu_model}, {info.cores} cores,"
+        f" {info.memory_gib:.0f} GiB; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f};"
+        f" Python {info.python}."
+    )
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -67,9 +67,15 @@ def partition_path(values: dict[str, str | None]) -> str:
     )
 
 
-def _bounded(data_type: pa.DataType) -> bool:
+#: A string statistic is kept to this many characters: a longer minimum is cut (still a lower bound), a
+#: longer maximum left out (cut, it would no longer be an upper bound).
+STRING_STATS_CHARS = 64
+
+
+def _bounded(data_type: pa.DataType, strings: bool) -> bool:
     return (
-        pa.types.is_integer(data_type)
+        (strings and (pa.types.is_string(data_type) or pa.types.is_large_string(data_type)))
+        or pa.types.is_integer(data_type)
         or pa.types.is_floating(data_type)
         or pa.types.is_date(data_type)
         or pa.types.is_timestamp(data_type)
@@ -79,13 +85,15 @@ def _bounded(data_type: pa.DataType) -> bool:
 class FileStats:
     """Delta statistics of one data file, gathered from the tables written to it, one at a time."""
 
-    def __init__(self, schema: pa.Schema) -> None:
+    def __init__(self, schema: pa.Schema, *, strings: bool = False) -> None:
+        """``strings``: bound string columns too (to :data:`STRING_STATS_CHARS`), as a file clustered by
+        one needs (:mod:`sinks.clustering`)."""
         self.schema = schema
         self.rows = 0
         self.nulls = {f.name: 0 for f in schema if not pa.types.is_nested(f.type)}
         self.low: dict[str, Any] = {}
         self.high: dict[str, Any] = {}
-        self._unbounded = {f.name for f in schema if not _bounded(f.type)}
+        self._unbounded = {f.name for f in schema if not _bounded(f.type, strings)}
 
     def add(self, table: pa.Table) -> None:
         """Count ``table`` (columns as in the schema) into the file's stats."""
@@ -131,6 +139,8 @@ class FileStats:
             return value.isoformat()
         if isinstance(value, float) and not math.isfinite(value):
             return None
+        if isinstance(value, str) and len(value) > STRING_STATS_CHARS:
+            return None if up else value[:STRING_STATS_CHARS]
         return value
 
 

@@ -326,9 +326,10 @@ class DeltaNativeTableStore(TableStore):
         frame = self.spark.sql(f"SELECT * FROM {self._identifier(name)} VERSION AS OF {version}")
         return frame if within is None else within.rows(frame)  # the table's own columns, as written
 
-    def compact(self, name: str, target_bytes: int, min_files: int = 2) -> int:
+    def compact(self, name: str, target_bytes: int, min_files: int = 2, *, settle_s: float = 600.0) -> int:
         """Delta's ``OPTIMIZE`` (bin-packing) of the files under ``target_bytes`` into files of up to that
-        size. Delta has no setting for ``min_files``: it compacts any partition with two such files."""
+        size. Delta has no setting for ``min_files``: it compacts any partition with two such files, nor
+        for ``settle_s``; a ``cluster_by`` table is not clustered here (docs/ota.md, "Table layout")."""
         size = str(target_bytes)
         session = session_with(
             self.spark, {OPTIMIZE_MAX_FILE_SIZE_CONF: size, OPTIMIZE_MIN_FILE_SIZE_CONF: size}

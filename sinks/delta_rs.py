@@ -42,6 +42,7 @@ from deltalake.transaction import AddAction
 from pyspark.sql.types import StructField, StructType
 
 from sinks.arrow_conform import SchemaMismatch, conform, to_arrow_table
+from sinks.clustering import Clustering, admitted, is_clustered
 from sinks.object_store import FileLocation, UnsupportedLocation, local_directory
 from sinks.parquet_files import FileWriter, WrittenFile, remove_files, write_files
 from sinks.spark_arrow import to_arrow, to_spark
@@ -215,7 +216,7 @@ class DeltaRsTableStore(TableStore):
         written: list[AppendReport] = []
 
         def attempt(table: DeltaTable) -> bool:
-            batch = conform(rows, _arrow_schema(table), name)
+            batch = self._clustered(name, conform(rows, _arrow_schema(table), name))
             if batch.num_rows == 0:
                 return True
             began = time.perf_counter()
@@ -259,7 +260,8 @@ class DeltaRsTableStore(TableStore):
                 schema = _arrow_schema(table)
                 conform(to_arrow(frame.schema).empty_table(), schema, name)
                 writer = FileWriter(location, schema, tuple(table.metadata().partition_columns), name)
-                written = write_files(frame, writer)
+                column = self.spec(name).cluster_by
+                written = write_files(frame if column is None else frame.sortWithinPartitions(column), writer)
                 timing[0] = time.perf_counter() - began
                 began = time.perf_counter()
             if written:
@@ -290,6 +292,12 @@ class DeltaRsTableStore(TableStore):
             self._report(AppendReport(name, True, rows, len(written), timing[0], timing[1]))
         return True
 
+    def _clustered(self, name: str, rows: pa.Table) -> pa.Table:
+        """``rows`` sorted by the table's ``cluster_by`` column, if it has one: a file written from them
+        holds each value's rows together (row groups with tight statistics)."""
+        column = self.spec(name).cluster_by
+        return rows if column is None or rows.num_rows < 2 else rows.sort_by(column)
+
     def _report(self, report: AppendReport) -> None:
         log.debug("append: %s", report)
         if self.on_append is not None:
@@ -319,7 +327,7 @@ class DeltaRsTableStore(TableStore):
         def attempt(table: DeltaTable) -> bool:
             if not collected:
                 collected.append(_as_arrow(data))
-            source = conform(collected[0], _arrow_schema(table), name)
+            source = self._clustered(name, conform(collected[0], _arrow_schema(table), name))
             if source.num_rows == 0:
                 return True
             merger = table.merge(
@@ -371,10 +379,16 @@ class DeltaRsTableStore(TableStore):
         frame = self._read_files(name, _files_within(table, self.location(name), within), table)
         return frame if within is None else within.rows(frame)
 
-    def compact(self, name: str, target_bytes: int, min_files: int = 2) -> int:
+    def compact(self, name: str, target_bytes: int, min_files: int = 2, *, settle_s: float = 600.0) -> int:
         """delta-rs' bin-packing, one call per crowded partition; a commit lost to a concurrent write
-        leaves that partition to the next call."""
+        leaves that partition to the next call. A table with ``cluster_by`` is clustered instead
+        (:mod:`sinks.clustering`: bin-packing would mix its values again)."""
         table = self._open_for_write(name)
+        column = self.spec(name).cluster_by
+        if column is not None:
+            _check_plain_parquet(name, table)
+            clustering = Clustering(table, self.file_location(name), _arrow_schema(table), column, name)
+            return clustering.run(target_bytes, min_files, round(settle_s * 1000))
         removed = 0
         for filters in _crowded_partitions(table, target_bytes, min_files):
             try:
@@ -460,24 +474,29 @@ class DeltaRsTableStore(TableStore):
         file system: delta-rs' ``to_pyarrow_table`` leaves Arrow's I/O threads calling back into its Python
         file handler, and a process that exits after it may abort ("terminate called without an active
         exception", exit status 134) after its work is done."""
-        scan, schema = self._scan(name, within, where, columns)
-        snapshot = conform(scan.to_table(), schema, name, drop_extra=True)
+        scans, schema = self._scan(name, within, where, columns)
+        parts = [conform(scan.to_table(), schema, name, drop_extra=True) for scan in scans]
+        snapshot = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
         return snapshot if within is None else within.arrow_rows(snapshot)
 
     def scan_arrow(
         self, name: str, *, where: Sequence[Matching] = (), columns: Sequence[str] | None = None
     ) -> Iterator[pa.RecordBatch]:
         """The matching rows file by file, one record batch at a time."""
-        scan, schema = self._scan(name, None, where, columns)
-        for batch in scan.to_batches():
+        scans, schema = self._scan(name, None, where, columns)
+        for batch in (batch for scan in scans for batch in scan.to_batches()):
             if batch.num_rows:
                 yield from conform(pa.Table.from_batches([batch]), schema, name, drop_extra=True).to_batches()
 
     def _scan(
         self, name: str, within: TimeRange | None, where: Sequence[Matching], columns: Sequence[str] | None
-    ) -> tuple[ds.Scanner, pa.Schema]:
-        """A scanner of the snapshot's files (those ``within`` may need), the filter and projection pushed
-        into it, and the schema its rows are conformed to."""
+    ) -> tuple[list[ds.Scanner], pa.Schema]:
+        """Scanners of the snapshot's files (those ``within`` and ``where`` may need), the filter and
+        projection pushed into them, and the schema their rows are conformed to.
+
+        A local table's files written by clustering get a scanner of their own, whose filter is on the bare
+        column: they hold no string views, so Arrow can skip their row groups by statistics (a file holding
+        string views, as delta-rs' merges write, needs the filter cast, which rules no row group out)."""
         table = self._open(name)
         schema = _arrow_schema(table)
         if columns is not None:
@@ -486,11 +505,32 @@ class DeltaRsTableStore(TableStore):
         directory = local_directory(location)
         if directory is not None and not _unreadable_as_parquet(table):
             partition_by = list(table.metadata().partition_columns)
-            files = _files_within(table, location, within)
-            dataset = _local_dataset(files, directory, _arrow_schema(table), partition_by)
-        else:
-            dataset = table.to_pyarrow_dataset()
-        return _scanner(dataset, schema, where), schema
+            files = _files_within(table, location, within, where)
+            clustered = [f for f in files if is_clustered(f)]
+            others = [f for f in files if not is_clustered(f)]
+            scans = [
+                _scanner(_local_dataset(others, directory, _arrow_schema(table), partition_by), schema, where)
+            ]
+            if clustered:
+                dataset = _local_dataset(clustered, directory, _arrow_schema(table), partition_by)
+                scans.append(_scanner(dataset, schema, where, bare=True))
+            return scans, schema
+        dataset = _fragments_within(table.to_pyarrow_dataset(), where)
+        return [_scanner(dataset, schema, where)], schema
+
+    def files_read(self, name: str, where: Sequence[Matching] = ()) -> list[str]:
+        """The data files a read of a local table filtered by ``where`` opens (the others' statistics rule
+        them out), relative to the table directory."""
+        location = self.location(name)
+        directory = local_directory(location)
+        if directory is None:
+            raise TableStoreError(f"{name}: files_read needs a local table")
+        paths = (
+            _files_within(self._open(name), location, None, where)
+            if where
+            else _live_files(self._open(name), location)
+        )
+        return [os.path.relpath(path, directory) for path in paths]
 
     def version(self, name: str) -> int:
         return self._open(name).version()
@@ -512,28 +552,42 @@ def _live_files(table: DeltaTable, location: str) -> list[str]:
     return [_local_file(directory, path) for path in paths]
 
 
-def _files_within(table: DeltaTable, location: str, within: TimeRange | None) -> list[str]:
-    """:func:`_live_files` that may hold rows in ``within`` (None: all of them), by each file's min/max
-    statistics.
+def _files_within(
+    table: DeltaTable, location: str, within: TimeRange | None, where: Sequence[Matching] = ()
+) -> list[str]:
+    """:func:`_live_files` that may hold rows in ``within`` (None: all of them) and matching every one of
+    ``where``, by each file's min/max statistics.
 
     Delta keeps timestamp statistics to the millisecond, truncated: a file's true maximum may be up to
     999 µs above its recorded one. A file without statistics for the column is kept, and so is every file
     of a table not on a local path (its file URIs are not matched to the statistics).
     """
     directory = local_directory(location)
-    if within is None or directory is None:
+    if (within is None and not where) or directory is None:
         return _live_files(table, location)
     actions = pa.table(table.get_add_actions(flatten=True))
+    keep = pa.array([True] * actions.num_rows, pa.bool_())
+    if within is not None:
+        keep = pc.and_(keep, _overlapping(actions, within))
+    for matching in where:
+        columns = (f"min.{matching.column}", f"max.{matching.column}")
+        if all(name in actions.column_names for name in columns):
+            lows, highs = (actions.column(name).to_pylist() for name in columns)
+            keep = pc.and_(keep, pa.array(admitted(lows, highs, matching.values), pa.bool_()))
+    paths = actions.column("path").filter(keep).to_pylist()
+    return [_local_file(directory, path) for path in paths]
+
+
+def _overlapping(actions: pa.Table, within: TimeRange) -> pa.Array:
+    """Whether each file of ``actions`` (flattened add actions) may hold rows in ``within``."""
     columns = (f"min.{within.column}", f"max.{within.column}")
     if not all(name in actions.column_names for name in columns):
-        return _live_files(table, location)
+        return pa.array([True] * actions.num_rows, pa.bool_())
     low, high = (actions.column(name).cast(pa.timestamp("us", "UTC")).cast(pa.int64()) for name in columns)
     overlaps = pc.and_kleene(
         pc.less_equal(low, within.high_us), pc.greater_equal(pc.add(high, 999), within.low_us)
     )
-    keep = pc.fill_null(overlaps, True)  # no statistics: the file may hold anything
-    paths = actions.column("path").filter(keep).to_pylist()
-    return [_local_file(directory, path) for path in paths]
+    return pc.fill_null(overlaps, True).combine_chunks()  # no statistics: the file may hold anything
 
 
 def _crowded_partitions(
@@ -657,15 +711,34 @@ def _without_views(schema: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_type(_VIEWS.get(f.type, f.type)) for f in schema], metadata=schema.metadata)
 
 
-def _scanner(dataset: ds.Dataset, schema: pa.Schema, where: Sequence[Matching]) -> ds.Scanner:
+def _fragments_within(dataset: ds.FileSystemDataset, where: Sequence[Matching]) -> ds.Dataset:
+    """``dataset`` (delta-rs', each fragment carrying its file's statistics) without the fragments whose
+    statistics rule out one of ``where``."""
+    present = set(dataset.schema.names)
+    condition = None
+    for matching in where:
+        if matching.column in present:
+            expression = matching.statistics_expression(dataset.schema.field(matching.column).type)
+            condition = expression if condition is None else condition & expression
+    if condition is None:
+        return dataset
+    fragments = list(dataset.get_fragments(filter=condition))
+    return ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
+
+
+def _scanner(
+    dataset: ds.Dataset, schema: pa.Schema, where: Sequence[Matching], *, bare: bool = False
+) -> ds.Scanner:
     """``dataset``'s rows matching every one of ``where``, in the columns of ``schema`` it has (a column
-    its files lack is added as nulls afterwards; a filter on such a column matches nothing)."""
+    its files lack is added as nulls afterwards; a filter on such a column matches nothing). ``bare``: the
+    filter on the columns as they are (files without string views), which row group statistics prune."""
     present = set(dataset.schema.names)
     if any(matching.column not in present for matching in where):
         return ds.dataset(schema.empty_table()).scanner()
     condition = None
     for matching in where:
-        expression = matching.expression(dataset.schema.field(matching.column).type)
+        value_type = dataset.schema.field(matching.column).type
+        expression = (matching.statistics_expression if bare else matching.expression)(value_type)
         condition = expression if condition is None else condition & expression
     projected = [name for name in schema.names if name in present]
     return dataset.scanner(columns=projected, filter=condition)

@@ -22,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from sinks.store import DELETED_FILE_RETENTION, LOG_RETENTION, TableStore, retention_interval
@@ -42,6 +43,8 @@ class RetentionPolicy:
     retention_hours: float = 168.0
     #: log entries stay this long (time travel and history go back this far)
     log_retention_hours: float = 48.0
+    #: a clustered table's file of one value is packed with others once it was not written for this long
+    settle_seconds: float = 600.0
 
     def properties(self) -> dict[str, str]:
         return {
@@ -63,7 +66,16 @@ class Upkeep:
 
 def compact_tables(store: TableStore, names: Iterable[str], policy: RetentionPolicy) -> list[Upkeep]:
     """Compact each table's crowded partitions; ``count`` is the files removed."""
-    return [_run("compact", store.compact, name, policy.target_bytes, policy.min_files) for name in names]
+    return [
+        _run(
+            "compact",
+            partial(store.compact, settle_s=policy.settle_seconds),
+            name,
+            policy.target_bytes,
+            policy.min_files,
+        )
+        for name in names
+    ]
 
 
 def apply_retention(store: TableStore, names: Iterable[str], policy: RetentionPolicy) -> list[Upkeep]:

@@ -141,7 +141,10 @@ class _DataFile:
         values: dict[str, str | None],
         name: str,
         schema: pa.Schema,
+        row_group_rows: int | None = None,
+        string_stats: bool = False,
     ) -> None:
+        self.row_group_rows = row_group_rows
         self.relative = f"{partition_path(values)}/{name}" if values else name
         self.values = values
         self.filesystem = filesystem
@@ -150,7 +153,7 @@ class _DataFile:
             filesystem.create_dir(self.path.rsplit("/", 1)[0], recursive=True)
         self.stream = filesystem.open_output_stream(self.path)
         self.writer = pq.ParquetWriter(self.stream, schema, compression="snappy")
-        self.stats = FileStats(schema)
+        self.stats = FileStats(schema, strings=string_stats)
         self.pending: list[pa.Table] = []
         self.pending_bytes = 0
 
@@ -163,7 +166,7 @@ class _DataFile:
 
     def _flush(self) -> None:
         if self.pending:
-            self.writer.write_table(pa.concat_tables(self.pending))
+            self.writer.write_table(pa.concat_tables(self.pending), row_group_size=self.row_group_rows)
         self.pending, self.pending_bytes = [], 0
 
     def close(self) -> dict[str, Any]:
@@ -187,6 +190,23 @@ class _DataFile:
             self.stream.close()
         with suppress(Exception):
             self.filesystem.delete_file(self.path)
+
+
+def write_file(
+    location: FileLocation, name: str, rows: pa.Table, row_group_rows: int | None = None
+) -> WrittenFile:
+    """``rows`` (an unpartitioned table's, in its schema) as one data file ``name`` in the table directory,
+    in row groups of ``row_group_rows`` (so that readers skip the groups whose statistics rule a filter out),
+    with statistics of its string columns too; not committed."""
+    filesystem, directory = location.open()
+    data_file = _DataFile(filesystem, directory, {}, name, rows.schema, row_group_rows, string_stats=True)
+    try:
+        data_file.write(rows)
+        written = data_file.close()
+    except BaseException:
+        data_file.abort()
+        raise
+    return WrittenFile(written["path"], written["size"], {}, written["modification_time"], written["stats"])
 
 
 def _task_ids() -> tuple[int, int]:

@@ -85,11 +85,20 @@ class Matching:
         return frame.where(F.col(self.column).isin(list(self.values)))
 
     def expression(self, value_type: pa.DataType) -> pc.Expression:
-        """The filter as a pyarrow dataset expression on a column of ``value_type``."""
+        """The filter as a pyarrow dataset expression on a column of ``value_type`` (cast: a file may hold
+        the column as another type, string views for strings)."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
         return pc.field(self.column).cast(value_type).isin(pa.array(list(self.values), value_type))
+
+    def statistics_expression(self, value_type: pa.DataType) -> pc.Expression:
+        """The filter on the bare column, which a dataset whose fragments carry their files' statistics as
+        expressions (delta-rs' ``to_pyarrow_dataset``) can rule fragments out with."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        return pc.field(self.column).isin(pa.array(list(self.values), value_type))
 
 
 #: The table property bounding how long removed files stay (what ``vacuum`` keeps by default).
@@ -195,7 +204,7 @@ class TableStore(ABC):
         """
 
     @abstractmethod
-    def compact(self, name: str, target_bytes: int, min_files: int = 2) -> int:
+    def compact(self, name: str, target_bytes: int, min_files: int = 2, *, settle_s: float = 600.0) -> int:
         """Rewrite the table's data files smaller than ``target_bytes`` into fewer, larger ones.
 
         Files are bin-packed within their partition; a partition is left alone until it holds at least
@@ -203,6 +212,10 @@ class TableStore(ABC):
         batch markers do not change (a commit without data change: appends and readers carry on, and
         streams of the table's changes see nothing); files removed stay on disk until :meth:`vacuum`.
         Returns the number of files removed (0: nothing to do).
+
+        A table declared with ``cluster_by`` is clustered by that column instead, so that each file holds
+        few of its values (:mod:`sinks.clustering`): a value's own file is packed with others once it has
+        not been written for ``settle_s`` seconds, and runs of packed files follow ``min_files`` as above.
         """
 
     @abstractmethod

@@ -132,9 +132,14 @@ class TableSpec:
     partition_by: tuple[str, ...] = ()
     properties: Mapping[str, str] = field(default_factory=dict)
     merge_keys: tuple[str, ...] = ()
+    cluster_by: str | None = None
+    """A column whose values each data file should hold few of (see :mod:`sinks.clustering`): reads and
+    merges filtered on it then open few files. Writes sort their rows by it; compaction clusters by it."""
 
     def __post_init__(self) -> None:
         names = self.column_names
+        if self.cluster_by is not None and (self.cluster_by not in names or self.partition_by):
+            raise ValueError(f"table {self.name}: cluster_by must name a column of an unpartitioned table")
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"table {self.name}: duplicate columns {duplicates}")
@@ -554,6 +559,7 @@ def action_executions() -> TableSpec:
         ),
         properties=CHANGE_DATA_FEED,
         merge_keys=("action_id", "device_id"),
+        cluster_by="action_id",
     )
 
 

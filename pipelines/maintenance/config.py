@@ -38,6 +38,9 @@ class MaintenanceConfig:
     lagging change feeds and time travel need them until then)."""
     log_retention_hours: float = 48.0
     """Delta log entries are kept this long (history and time travel go back this far)."""
+    settle_s: float = 600.0
+    """A clustered table (``action_executions``, by action) keeps the rows of one action in a file of their
+    own until they were not written for this long, then packs them with others'."""
     checkpoint_batches: int = 100
     """Batches a streaming checkpoint keeps the offsets and commits of (Spark's minBatchesToRetain)."""
 
@@ -51,12 +54,18 @@ class MaintenanceConfig:
         for name in ("retention_hours", "log_retention_hours"):
             if getattr(self, name) < MIN_RETENTION_HOURS:
                 raise ConfigError(name, f"must be at least {MIN_RETENTION_HOURS:.4f} (a minute)")
+        if self.settle_s < 0:
+            raise ConfigError("settle_s", "must be at least 0")
         if self.min_files < 2:
             raise ConfigError("min_files", "must be at least 2 (one file is already compact)")
 
     def policy(self) -> RetentionPolicy:
         return RetentionPolicy(
-            self.target_file_mb << 20, self.min_files, self.retention_hours, self.log_retention_hours
+            self.target_file_mb << 20,
+            self.min_files,
+            self.retention_hours,
+            self.log_retention_hours,
+            self.settle_s,
         )
 
 

@@ -10,7 +10,11 @@ from __future__ import annotations
 import pyarrow.compute as pc
 
 from pipelines.actions.operator import NewAction, cancel_action, create_action
+from pipelines.maintenance.config import MaintenanceConfig
+from sinks.delta_rs import DeltaRsTableStore
+from sinks.store import Matching
 from tests.e2e.ota.conftest import SHA256, actions_stack, summary, wait_for
+from tests.e2e.sinks.test_executions_layout import rows_in
 from tests.fleet_harness import quiet_devices
 
 
@@ -75,3 +79,45 @@ def test_cancel_through_the_table_stops_devices_that_started(spark, tmp_path):
         canceled = summary(store, action_id)
         assert canceled is not None and canceled["action_state"] == "CANCELED"
         assert {d.firmware for d in fleet.devices} == {"1.0.0"}
+
+
+def test_the_jobs_maintenance_keeps_each_actions_rows_in_files_of_its_own(spark, tmp_path):
+    """Two actions in flight at once: report batches merge rows of both into one file, and the job's
+    background compaction splits such files by action while it runs, so that a read of one action opens
+    files holding that action's rows only."""
+    maintenance = MaintenanceConfig(compact_interval_s=0.5)  # settle_s 600: nothing is packed meanwhile
+    spec = {"count": 40, "groups": ["east", "west"]}
+    with actions_stack(spark, tmp_path, spec, quiet_devices(), maintenance=maintenance) as stack:
+        store = stack.store
+        assert isinstance(store, DeltaRsTableStore)
+        actions = [
+            create_action(
+                store,
+                NewAction(group=group, version="2.0.0", url="https://example.invalid/fw.bin", sha256=SHA256),
+            )
+            for group in ("east", "west")
+        ]
+
+        def laid_out() -> bool:
+            for action_id in actions:
+                opened = store.files_read("action_executions", [Matching("action_id", (action_id,))])
+                actions_in = store.read_arrow("action_executions", columns=["action_id"]).num_rows
+                if not opened or rows_in(store, opened) != 20 or actions_in != 40:
+                    return False
+            return True
+
+        wait_for(
+            lambda: all((summary(store, a) or {}).get("action_state") == "COMPLETED" for a in actions),
+            what="both actions to complete",
+        )
+        wait_for(laid_out, what="each action's rows in files of its own")
+        for action_id in actions:
+            group = "east" if action_id == actions[0] else "west"
+            read = store.read_arrow("action_executions", where=[Matching("action_id", (action_id,))])
+            devices = {
+                d.device_id: d.actions[action_id].state for d in stack.fleet.devices if d.group == group
+            }
+            assert dict(zip(read["device_id"].to_pylist(), read["state"].to_pylist(), strict=True)) == devices
+        splits = [u for u in stack.job.maintenance.upkeep if u.table == "action_executions"]
+        assert [u.error for u in splits if u.error] == []
+        assert sum(u.count or 0 for u in splits if u.operation == "compact") > 0

@@ -108,3 +108,17 @@ def test_stats_bound_timestamps_to_the_millisecond_and_skip_what_they_cannot_bou
         "maxValues": {"at": "2026-03-01T12:00:00.125Z", "local": "2026-03-01T12:00:01.000", "n": 5},
         "nullCount": {"at": 1, "local": 2, "n": 1, "x": 1, "y": 0, "s": 1},
     }
+
+
+def test_string_statistics_are_kept_only_where_they_still_bound_the_values():
+    schema = pa.schema([("id", pa.string()), ("long", pa.string())])
+    stats = FileStats(schema, strings=True)
+    stats.add(pa.table({"id": ["b", "a", None], "long": ["x" * 70, "y" * 70, "z"]}, schema=schema))
+    written = json.loads(stats.to_json())
+    assert written["minValues"] == {"id": "a", "long": "x" * 64}  # cut: still at most the smallest value
+    assert written["maxValues"] == {"id": "b", "long": "z"}
+    stats.add(pa.table({"id": ["c"], "long": ["z" * 65]}, schema=schema))
+    assert json.loads(stats.to_json())["maxValues"] == {"id": "c"}  # a cut maximum would not bound "zzz…"
+    plain = FileStats(schema)  # without strings=True, string columns get no bounds
+    plain.add(pa.table({"id": ["b"], "long": ["z"]}, schema=schema))
+    assert json.loads(plain.to_json())["minValues"] == {}

@@ -27,7 +27,9 @@ from tests.e2e.sinks.conftest import bronze_row, execution_row
 pytestmark = pytest.mark.spark
 
 #: Removed files and log entries are deleted at once: nothing else reads these tables meanwhile.
-AT_ONCE = RetentionPolicy(target_bytes=16 << 20, min_files=2, retention_hours=0, log_retention_hours=1)
+AT_ONCE = RetentionPolicy(
+    target_bytes=16 << 20, min_files=2, retention_hours=0, log_retention_hours=1, settle_seconds=0
+)
 
 
 def rows(name: str, batch: list[dict]) -> pa.Table:

@@ -93,6 +93,7 @@ def test_empty_section_means_defaults():
             "telemetry.tables.maintenance.compact_interval_s",
         ),
         ({"tables": {"maintenance": {"min_files": 1}}}, "telemetry.tables.maintenance.min_files"),
+        ({"tables": {"maintenance": {"settle_s": -1}}}, "telemetry.tables.maintenance.settle_s"),
         (
             {"payload": {"formats": [{"topic_template": "cbor/{site}", "format": "cbor"}]}},
             "telemetry.payload.formats[0].topic_template",
