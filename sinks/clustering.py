@@ -104,25 +104,22 @@ def data_files(table: DeltaTable, column: str) -> list[DataFile]:
 def admitted(lows: Sequence[Any], highs: Sequence[Any], values: Sequence[Any]) -> list[bool]:
     """For each file (its minimum and maximum of a column, None: no statistics), whether it may hold one of
     ``values``: a value ``v`` with ``low <= v <= high``. A string maximum truncated by its writer (a prefix
-    of the true one) admits the values it starts."""
+    of the true one) admits the values it starts; values of another type than the statistics rule nothing
+    out."""
     try:
         wanted = sorted(values)
-        for low in (*lows, *highs):
-            if low is not None and wanted:
-                bisect.bisect_left(wanted, low)
-    except TypeError:  # values of another type than the statistics: nothing can be ruled out
+        return [_admits(low, high, wanted) for low, high in zip(lows, highs, strict=True)]
+    except TypeError:
         return [True] * len(lows)
-    admits = []
-    for low, high in zip(lows, highs, strict=True):
-        if low is None or high is None:
-            admits.append(True)
-            continue
-        at = bisect.bisect_left(wanted, low)
-        found = at < len(wanted) and (
-            wanted[at] <= high or (isinstance(high, str) and str(wanted[at]).startswith(high))
-        )
-        admits.append(bool(found))
-    return admits
+
+
+def _admits(low: Any, high: Any, wanted: list[Any]) -> bool:
+    if low is None or high is None:
+        return True
+    at = bisect.bisect_left(wanted, low)
+    return at < len(wanted) and (
+        wanted[at] <= high or (isinstance(high, str) and str(wanted[at]).startswith(high))
+    )
 
 
 @dataclass(frozen=True)

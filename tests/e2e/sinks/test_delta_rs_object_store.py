@@ -11,10 +11,12 @@ import pyarrow.fs as pafs
 import pytest
 from deltalake import DeltaTable
 
+from pipelines.actions.engine_tables import EXECUTIONS
 from sinks.delta_rs import AppendReport, DeltaRsTableStore
 from sinks.object_store import FileLocation, UnsupportedLocation, s3_file_system
 from sinks.store import TableStoreError
 from tests.e2e.sinks.conftest import arrow_rows, bronze_row, spark_rows
+from tests.e2e.sinks.test_executions_layout import History, action_ids, read_back
 from tests.s3_server import S3Endpoint
 
 pytestmark = pytest.mark.spark
@@ -105,3 +107,23 @@ def test_a_location_the_tasks_cannot_write_is_refused_by_name(spark, tmp_path):
         TableStoreError, match=r"^bronze_telemetry: gs://bucket/tables/bronze_telemetry: the Spark"
     ):
         store.file_location(BRONZE)
+
+
+def test_a_clustered_table_in_the_bucket_is_read_by_action_from_its_files_alone(s3, bucket, lake):
+    history = History(lake)
+    actions = action_ids(6)
+    history.run(actions)
+    assert lake.compact(EXECUTIONS, 16 << 20, min_files=2) >= 1  # the report merges' files split by action
+    wanted = actions[2]
+    files = DeltaTable(lake.location(EXECUTIONS), storage_options=s3.storage_options()).get_add_actions(
+        flatten=True
+    )
+    filesystem = s3_file_system(s3.storage_options())
+    stats = zip(
+        *(files.column(c).to_pylist() for c in ("path", "min.action_id", "max.action_id")), strict=True
+    )
+    ruled_out = [path for path, low, high in stats if not low <= wanted <= high]
+    assert ruled_out
+    for path in ruled_out:  # a read that opened one of these would fail
+        filesystem.delete_file(f"{bucket}/tables/{EXECUTIONS}/{unquote(path)}")
+    assert read_back(lake, wanted) == history.expected[wanted]

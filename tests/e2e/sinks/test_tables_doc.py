@@ -36,6 +36,8 @@ def test_documented_columns_match_the_declaration(name):
         assert "Partitioned by " + ", ".join(f"`{c}`" for c in spec.partition_by) in section
     else:
         assert "Not partitioned" in section
+    if spec.cluster_by:
+        assert f"clustered by `{spec.cluster_by}`" in section
     for key, value in spec.properties.items():
         assert f"`{key}={value}`" in section
 

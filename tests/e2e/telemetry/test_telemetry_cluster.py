@@ -1,11 +1,11 @@
 """The telemetry job on a Spark standalone cluster on loopback (a master and two 1-core workers), its tables
-in S3 (moto's server): every reading once, across its driver and one of its executors killed (SIGKILL) in
-the middle of a batch, and resent readings dropped across the restart.
+in S3 (moto's server) and on a local disk: every reading once, across its driver and one of its executors
+killed (SIGKILL) in the middle of a batch, and resent readings dropped across the restart.
 
-The tables are in S3 only: the executors then write each data file through the object store's client and
-the driver commits them, the path a cluster without a shared disk takes; the same writes to a local disk
-are the job's other end-to-end tests (local mode). Each driver on the cluster costs tens of seconds, so
-the module runs one scenario.
+With the tables in S3 the executors write each data file through the object store's client and the driver
+commits them, the path a cluster without a shared disk takes; on a local disk (a disk every worker and the
+driver mount at the same path, as a single host's cluster does) they write the files there. Each driver on
+the cluster costs tens of seconds, so each storage runs the one scenario.
 
 The driver is a process of its own (``cluster_driver.py``, the job's ``supervise`` with a pause at a named
 step of a named batch, so that a kill lands in the middle of that batch); the executors are the workers'
@@ -15,12 +15,14 @@ the module.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from queue import Empty, Queue
 
@@ -41,6 +43,8 @@ from tests.e2e.telemetry.telemetry_harness import (
 )
 from tests.s3_server import S3Endpoint
 from tests.spark_cluster import StandaloneCluster, spark_environment, standalone_cluster
+
+pytestmark = pytest.mark.timeout(480)  # two drivers and their JVMs on a loaded 2-core machine
 
 DRIVER = Path(__file__).with_name("cluster_driver.py")
 REPO = Path(__file__).resolve().parents[3]
@@ -85,9 +89,12 @@ class Driver:
             self.output.append(line)
             self.lines.put(line)
 
-    def wait_for(self, text: str, timeout_s: float = 600) -> None:
+    def wait_for(self, text: str, timeout_s: float = 200) -> None:
+        """Until the driver prints a line holding ``text``, at most ``timeout_s`` in all (within the
+        test's own timeout, so that a failure shows the driver's last lines)."""
+        deadline = time.monotonic() + timeout_s
         try:
-            while text not in self.lines.get(timeout=timeout_s):
+            while text not in self.lines.get(timeout=max(0.0, deadline - time.monotonic())):
                 pass
         except Empty:
             raise AssertionError(
@@ -95,7 +102,8 @@ class Driver:
             ) from None
 
     def kill(self) -> None:
-        os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=60)
 
     def finish(self, timeout_s: float = 600) -> int:
@@ -128,10 +136,37 @@ def resend(publisher: LogAppendPublisher, device: str, seq: int) -> None:
     publisher.flush()
 
 
+@pytest.fixture
+def drivers(cluster: StandaloneCluster) -> Iterator[Callable[..., Driver]]:
+    """Starts drivers on the cluster; whatever the test's end (a failure, its timeout), none outlives it."""
+    started: list[Driver] = []
+
+    def start(config: Path, pause: tuple[str, int, Path] | None = None) -> Driver:
+        started.append(Driver(config, cluster.master_url, pause))
+        return started[-1]
+
+    yield start
+    for driver in started:
+        driver.kill()
+
+
+@pytest.fixture(params=["s3", "local-disk"])
+def tables(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, str]]:
+    """Where the job's tables are: the root and its storage options."""
+    if request.param == "s3":
+        s3: S3Endpoint = request.getfixturevalue("s3")
+        return f"s3://{s3.new_bucket()}/tables", s3.storage_options()
+    return str(tmp_path / "tables"), {}
+
+
 def test_every_reading_once_across_a_driver_and_an_executor_killed_mid_batch(
-    cluster: StandaloneCluster, edge: EdgeBroker, s3: S3Endpoint, tmp_path: Path
+    cluster: StandaloneCluster,
+    drivers: Callable[..., Driver],
+    edge: EdgeBroker,
+    tables: tuple[str, dict[str, str]],
+    tmp_path: Path,
 ) -> None:
-    root, options = f"s3://{s3.new_bucket()}/tables", s3.storage_options()
+    root, options = tables
     config = write_config(tmp_path, edge, root, options)
     publisher = LogAppendPublisher("edge1", edge)
     fleet = Fleet([publisher], devices=4)
@@ -140,7 +175,7 @@ def test_every_reading_once_across_a_driver_and_an_executor_killed_mid_batch(
 
     # the first driver dies once batch 1 is in bronze (the other tables' writes run beside it), before the
     # batch ends: Spark has not committed it
-    first = Driver(config, cluster.master_url, pause=("bronze_telemetry", 1, tmp_path / "never"))
+    first = drivers(config, pause=("bronze_telemetry", 1, tmp_path / "never"))
     first.wait_for("paused bronze_telemetry 1")
     first.kill()
     query = checkpoint_query_id(tmp_path / "checkpoint")
@@ -155,7 +190,7 @@ def test_every_reading_once_across_a_driver_and_an_executor_killed_mid_batch(
 
     # the second replays batch 1; an executor holding its cached rows dies between its jobs
     release = tmp_path / "release"
-    second = Driver(config, cluster.master_url, pause=("profile", 1, release))
+    second = drivers(config, pause=("profile", 1, release))
     second.wait_for("paused profile 1")
     running = [pid for pid in cluster.executors() if pid not in executors]
     assert len(running) == 2, "one executor per worker for the second driver"
