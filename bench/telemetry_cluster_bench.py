@@ -78,6 +78,11 @@ SPARK_CONF_VARIABLE = "TIMESTONE_BENCH_SPARK_CONF"
 TOPICS = 100
 #: executors and drivers get this much heap: a 1,000,000-row batch cached on two executors fits
 EXECUTOR_MEMORY = "2g"
+#: how a result section describes where the job ran
+CLUSTER_AND_DRIVER = (
+    "A Spark standalone cluster on loopback (a master and two workers of one core each, executors of "
+    f"{EXECUTOR_MEMORY}), the job in a driver process of its own with its default configuration"
+)
 MAX_DRIVER_CPU_SHARE = 0.10
 MAX_DRIVER_RSS_GROWTH = 100 << 20
 MIN_SHARE_OF_PLAIN = 0.6
@@ -691,10 +696,8 @@ def render_latency(figures: Figures, started: datetime, wall: float, load: LoadS
         "",
         _run_line("python -m bench.telemetry_cluster_bench --only-latency", started, wall, load),
         "",
-        "A Spark standalone cluster on loopback (a master and two workers of one core each, executors of "
-        f"{EXECUTOR_MEMORY}), the job in a driver process of its own with its default configuration (1 s "
-        "trigger), its tables on local disk (delta-rs), reading a `timestone broker` that a publisher sends "
-        "200 readings/s to; a poller reads bronze and silver every 100 ms.",
+        f"{CLUSTER_AND_DRIVER} (1 s trigger), its tables on local disk (delta-rs), reading a `timestone "
+        "broker` that a publisher sends 200 readings/s to; a poller reads bronze and silver every 100 ms.",
     ]
     if figures.silver_latency:
         p50 = percentile(figures.silver_latency, 50)
@@ -717,11 +720,9 @@ def render(figures: Figures, started: datetime, wall: float, load: LoadSampler) 
         "",
         _run_line("python -m bench.telemetry_cluster_bench", started, wall, load),
         "",
-        "A Spark standalone cluster on loopback (a master and two workers of one core each, executors of "
-        f"{EXECUTOR_MEMORY}), the job in a driver process of its own with its default configuration, its "
-        "tables on local disk (delta-rs), the backlog read from `timestone broker` processes (100 device "
-        "topics, JSON readings of about 130 bytes). CPU seconds count from the query's start (the JVMs' "
-        "boot left out); peak RSS is each process's `VmHWM`, summed by role.",
+        f"{CLUSTER_AND_DRIVER}, its tables on local disk (delta-rs), the backlog read from `timestone "
+        "broker` processes (100 device topics, JSON readings of about 130 bytes). CPU seconds count from "
+        "the query's start (the JVMs' boot left out); peak RSS is each process's `VmHWM`, summed by role.",
         "",
     ]
     job, big = figures.job_100k, figures.job_1m

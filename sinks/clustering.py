@@ -56,7 +56,12 @@ ROW_GROUP_ROWS = 8192
 
 def is_clustered(path: str) -> bool:
     """Whether the data file at ``path`` was written by clustering (plain Parquet types, no string views)."""
-    return path.rsplit("/", 1)[-1].startswith((PACKED_PREFIX, SPLIT_PREFIX))
+    return _named(path, PACKED_PREFIX, SPLIT_PREFIX)
+
+
+def _named(path: str, *prefixes: str) -> bool:
+    """Whether the name of the file at ``path`` starts with one of ``prefixes``."""
+    return path.rsplit("/", 1)[-1].startswith(prefixes)
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,7 @@ class DataFile:
 
     @property
     def packed(self) -> bool:
-        return self.path.rsplit("/", 1)[-1].startswith(PACKED_PREFIX)
+        return _named(self.path, PACKED_PREFIX)
 
     @property
     def single(self) -> bool:

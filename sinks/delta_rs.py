@@ -498,9 +498,10 @@ class DeltaRsTableStore(TableStore):
         column: they hold no string views, so Arrow can skip their row groups by statistics (a file holding
         string views, as delta-rs' merges write, needs the filter cast, which rules no row group out)."""
         table = self._open(name)
-        schema = _arrow_schema(table)
+        table_schema = _arrow_schema(table)
+        schema = table_schema
         if columns is not None:
-            schema = pa.schema([schema.field(column) for column in columns])
+            schema = pa.schema([table_schema.field(column) for column in columns])
         location = self.location(name)
         directory = local_directory(location)
         if directory is not None and not _unreadable_as_parquet(table):
@@ -508,11 +509,9 @@ class DeltaRsTableStore(TableStore):
             files = _files_within(table, location, within, where)
             clustered = [f for f in files if is_clustered(f)]
             others = [f for f in files if not is_clustered(f)]
-            scans = [
-                _scanner(_local_dataset(others, directory, _arrow_schema(table), partition_by), schema, where)
-            ]
+            scans = [_scanner(_local_dataset(others, directory, table_schema, partition_by), schema, where)]
             if clustered:
-                dataset = _local_dataset(clustered, directory, _arrow_schema(table), partition_by)
+                dataset = _local_dataset(clustered, directory, table_schema, partition_by)
                 scans.append(_scanner(dataset, schema, where, bare=True))
             return scans, schema
         dataset = _fragments_within(table.to_pyarrow_dataset(), where)
@@ -715,11 +714,7 @@ def _fragments_within(dataset: ds.FileSystemDataset, where: Sequence[Matching]) 
     """``dataset`` (delta-rs', each fragment carrying its file's statistics) without the fragments whose
     statistics rule out one of ``where``."""
     present = set(dataset.schema.names)
-    condition = None
-    for matching in where:
-        if matching.column in present:
-            expression = matching.statistics_expression(dataset.schema.field(matching.column).type)
-            condition = expression if condition is None else condition & expression
+    condition = _condition(dataset.schema, [m for m in where if m.column in present], bare=True)
     if condition is None:
         return dataset
     fragments = list(dataset.get_fragments(filter=condition))
@@ -735,13 +730,19 @@ def _scanner(
     present = set(dataset.schema.names)
     if any(matching.column not in present for matching in where):
         return ds.dataset(schema.empty_table()).scanner()
+    projected = [name for name in schema.names if name in present]
+    return dataset.scanner(columns=projected, filter=_condition(dataset.schema, where, bare))
+
+
+def _condition(schema: pa.Schema, where: Sequence[Matching], bare: bool) -> pc.Expression | None:
+    """Every one of ``where`` (columns of ``schema``) as one dataset expression, None for no filter;
+    ``bare``: on the columns as they are (:meth:`Matching.statistics_expression`), else cast."""
     condition = None
     for matching in where:
-        value_type = dataset.schema.field(matching.column).type
+        value_type = schema.field(matching.column).type
         expression = (matching.statistics_expression if bare else matching.expression)(value_type)
         condition = expression if condition is None else condition & expression
-    projected = [name for name in schema.names if name in present]
-    return dataset.scanner(columns=projected, filter=condition)
+    return condition
 
 
 def _check_plain_parquet(name: str, table: DeltaTable) -> None:
