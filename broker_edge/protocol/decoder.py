@@ -341,7 +341,8 @@ class PacketDecoder:
             raise MalformedPacket("PUBLISH topic runs past the end of the packet")
         raw = buf[pos + 2 : stop]
         topic = _TOPIC_NAMES.get(raw)
-        if topic is None:
+        valid = topic is not None  # only valid topic names are remembered
+        if not valid:
             try:
                 topic = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -350,6 +351,7 @@ class PacketDecoder:
                 if len(_TOPIC_NAMES) >= _TOPIC_NAMES_MAX:
                     _TOPIC_NAMES.clear()
                 _TOPIC_NAMES[raw] = topic
+                valid = True
         pos = stop
         qos = (first >> 1) & 3
         packet_id = None
@@ -368,16 +370,14 @@ class PacketDecoder:
                 properties, pos = decode_properties(buf, view, pos, end, _T.PUBLISH)
                 if properties is not None and properties.subscription_identifiers and self.role == "server":
                     raise ProtocolError("a client PUBLISH must not carry a subscription identifier")
-        if not topic or "+" in topic or "#" in topic or "\x00" in topic:
+        if not valid:
             self._reject_topic_name(topic, properties)
         head = None
         if not first & 0x09 and properties is None:  # as a subscriber of its version and QoS gets it
             length = end - body
             start = body - (2 if length < 0x80 else 3 if length < 0x4000 else 4 if length < 0x200000 else 5)
             head = buf[start:stop]
-        return Publish(
-            topic, buf[pos:end], qos, bool(first & 1), bool(first & 8), packet_id, properties, head
-        )
+        return Publish(topic, buf[pos:end], qos, first & 1 == 1, first & 8 == 8, packet_id, properties, head)
 
     def _reject_topic_name(self, topic: str, properties: Properties | None) -> None:
         if "\x00" in topic:

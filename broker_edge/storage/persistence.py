@@ -36,6 +36,8 @@ class PersistenceRules:
                 raise ValueError(f"rule {rule.pattern!r}: qos must be within 0, 1, 2 (got {rule.qos})")
         self.rules = list(rules)
         self._qos_sets = [frozenset(rule.qos) for rule in rules]
+        self.logged_qos: frozenset[int] = frozenset().union(*self._qos_sets)
+        """The QoS levels some rule persists: a publish of another QoS is never logged, whatever its topic."""
         self._patterns = [rule.pattern for rule in rules]
         self._cache: dict[str, int] = {}
 

@@ -42,10 +42,13 @@ class Appends(StoreState):
         """`should_persist`, and whether appending would create the topic's log, with one lookup of the
         topic: `NOT_LOGGED`, `LOGGED` or `CREATES_LOG` (a publish handler checks a client's topic quota for
         the last only; asking `in` apart looked every topic up once more per publish)."""
+        rules = self.rules
+        if qos not in rules.logged_qos:  # QoS 0 with the default rules: no topic looked up
+            return NOT_LOGGED
         topic_id = self._ids.get(topic)
         if topic_id is None:
-            return CREATES_LOG if self.rules.should_persist(topic, qos) else NOT_LOGGED
-        if qos not in self.rules.rule_qos(self._rule_of(topic_id)):
+            return CREATES_LOG if rules.should_persist(topic, qos) else NOT_LOGGED
+        if qos not in rules.rule_qos(self._rule_of(topic_id)):
             return NOT_LOGGED
         self._asked[topic] = topic_id
         return LOGGED

@@ -157,6 +157,11 @@ class Router:
                 and replays.holds(session, message, qos)
             ):
                 continue
+            if not qos:  # ``Session.deliver``'s first case without the call: nothing held, online or not
+                conn = session.connection
+                if conn is not None:
+                    conn.send_message(message, 0, retain and retain_as_published, subscription_ids, None)
+                continue
             session.deliver(message, qos, retain and retain_as_published, subscription_ids)
         if shared is not None or groups_served:
             return len(match.subscribers) + served
