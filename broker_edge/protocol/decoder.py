@@ -340,9 +340,9 @@ class PacketDecoder:
         if stop > end:
             raise MalformedPacket("PUBLISH topic runs past the end of the packet")
         raw = buf[pos + 2 : stop]
-        topic = _TOPIC_NAMES.get(raw)
-        valid = topic is not None  # only valid topic names are remembered
-        if not valid:
+        known = _TOPIC_NAMES.get(raw)
+        valid = True  # only valid topic names are remembered: one found is not checked again
+        if known is None:
             try:
                 topic = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -351,7 +351,10 @@ class PacketDecoder:
                 if len(_TOPIC_NAMES) >= _TOPIC_NAMES_MAX:
                     _TOPIC_NAMES.clear()
                 _TOPIC_NAMES[raw] = topic
-                valid = True
+            else:
+                valid = False
+        else:
+            topic = known
         pos = stop
         qos = (first >> 1) & 3
         packet_id = None
@@ -392,7 +395,10 @@ class PacketDecoder:
     def _decode_publish_ack(self, first: int, buf, view: memoryview, pos: int, end: int):
         """PUBACK, PUBREC, PUBREL, PUBCOMP: packet id, then (v5, optional) reason code and properties."""
         packet_type = first >> 4
-        packet_id, pos = read_u16(buf, pos, end)
+        if pos + 2 > end:  # ``read_u16`` inlined: a subscriber's PUBACK per QoS 1 delivery comes here
+            raise MalformedPacket("packet ends inside a two-byte integer")
+        packet_id = (buf[pos] << 8) | buf[pos + 1]
+        pos += 2
         if not packet_id:
             raise ProtocolError("packet identifier 0")
         code = 0

@@ -55,7 +55,7 @@ from broker_edge.engine.connection.states import (
     keepalive_deadline,
 )
 from broker_edge.engine.connection.terms import Terms
-from broker_edge.engine.handlers import dispatch_connected, handle_connect, handle_puback, handle_publish
+from broker_edge.engine.handlers import dispatch_connected, handle_connect, handle_publish
 from broker_edge.engine.handlers.context import BrokerContext
 from broker_edge.engine.rare_fields import RareField
 from broker_edge.protocol.codec import PacketDecoder, encode
@@ -337,7 +337,7 @@ class Connection(Outgoing):
             if type(packet) is Publish:
                 handle_publish(self.terms.host, self, session, packet)
             elif type(packet) is PubAck:
-                handle_puback(self.terms.host, self, session, packet)
+                session.on_puback(packet.packet_id)  # ``handle_puback``'s whole work, a call fewer
             else:
                 dispatch_connected(self.terms.host, self, session, packet)
             return

@@ -273,15 +273,16 @@ class Session:
             or conn.terms.paused
             or (self.inflight and len(self.inflight) >= conn.terms.send_quota)
         ):
-            if (
-                message.offset is not None
-                and not shared
-                and self.router.replays is not None
-                and (conn is None or not self._queue_has_room(len(message.payload)))
-            ):
+            logged = message.offset is not None and not shared and self.router.replays is not None
+            size = len(message.payload)
+            if logged and conn is None:
+                self._remember_offset(message)
+            elif self._queue_has_room(size):
+                self._enqueue((message, qos, retain, subscription_ids), size)
+            elif logged:
                 self._remember_offset(message)
             else:
-                self._enqueue((message, qos, retain, subscription_ids))
+                self.router.drop_for(self, "queue_full", message)
             return
         self._send(conn, message, qos, retain, subscription_ids)
 
@@ -309,11 +310,8 @@ class Session:
             or limits.max_offline_messages == 0
         )
 
-    def _enqueue(self, delivery: Delivery) -> None:
-        size = len(delivery[0].payload)
-        if not self._queue_has_room(size):
-            self.router.drop_for(self, "queue_full", delivery[0])
-            return
+    def _enqueue(self, delivery: Delivery, size: int) -> None:
+        """Hold ``delivery`` (``size`` payload bytes, room checked) behind what waits already."""
         queue = self.queue
         if queue is None:
             queue = self.queue = HeldQueue()
