@@ -3,6 +3,7 @@ fleet of devices each on its own topic, Timestone against Mosquitto 2.0.11 in on
 
     .venv/bin/python -m bench.ingest_bench [--rounds 2] [--devices 2000] [--variants] [--output FILE]
     .venv/bin/python -m bench.ingest_bench --against CHECKOUT [--publishers 8] [--fanout 100] [--output FILE]
+    .venv/bin/python -m bench.ingest_bench --also CHECKOUT [--output FILE]
 
 Each broker pinned to the first CPU, the load generator (`bench.loadgen`) on the others, every shape
 measured for every broker in each round, in alternating order. Two figures per run: messages delivered to
@@ -13,8 +14,9 @@ void, as in every bench here. Timestone runs its defaults (QoS 1 appended to the
 committed before the PUBACK); Mosquitto runs with persistence off (a QoS 1 PUBACK from it promises nothing
 durable). `--variants` adds Timestone on the standard library's event loop and on its own TCP transport.
 `--against CHECKOUT` compares this checkout's broker with another checkout's (an older commit, say) instead
-of Mosquitto, in the same run on the same shapes; `--fanout N` adds one publisher to N subscribers at QoS 0
-and QoS 1. The section goes to bench/results/ingest.md.
+of Mosquitto, in the same run on the same shapes; `--also CHECKOUT` runs another checkout's broker beside
+this one's, both against Mosquitto (before and after a change, as ratios from one run); `--fanout N` adds
+one publisher to N subscribers at QoS 0 and QoS 1. The section goes to bench/results/ingest.md.
 """
 
 from __future__ import annotations
@@ -74,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         "--against", type=Path, metavar="CHECKOUT", help="another checkout's broker instead of Mosquitto"
     )
     parser.add_argument(
+        "--also",
+        type=Path,
+        metavar="CHECKOUT",
+        help="also another checkout's broker, beside this one's, against the same reference",
+    )
+    parser.add_argument(
         "--publishers",
         type=lambda text: tuple(int(n) for n in text.split(",")),
         default=FAN_IN,
@@ -86,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     broker_cpus, loadgen_cpus = split_cpus()
     reference: BrokerUnderTest = Timestone(checkout=args.against) if args.against else Mosquitto()
     brokers: list[BrokerUnderTest] = [Timestone(), reference]
+    if args.also:
+        brokers.insert(1, Timestone(checkout=args.also))
     if args.variants:
         brokers += [Timestone(event_loop="asyncio"), Timestone(transport="native")]
     ctx = RunContext(
@@ -159,6 +169,12 @@ def render(
             f", in both checkouts: this one, at git {commit_of(REPO)}, and {against}). "
             if args.against
             else "); Mosquitto runs with persistence off. "
+        )
+        + (
+            f"Two Timestone checkouts take part: this one, at git {commit_of(REPO)}, and the checkout at git "
+            f"{commit_of(args.also)}, each against {reference.label}. "
+            if args.also
+            else ""
         )
         + f"Each figure is the median of the valid runs of {args.rounds} rounds, the brokers taking turns "
         "(every run in brackets, void ones marked); per CPU second is delivered/s divided by the broker's "

@@ -121,19 +121,26 @@ class _Node(Generic[S]):
 class SubscriptionTrie(Generic[S]):
     """Topic filters → subscribers, with a per-topic match cache.
 
-    ``cache_size`` bounds the cache (entries); when it is full the cache is emptied rather than evicting
-    one entry at a time, which keeps the hit path a single lookup and the memory bounded. An entry holds the
-    publish's own copy of the topic name (about 120 bytes with its slot), and a fleet with a topic per
-    device publishes to more topics than any cache holds, so the bound is small: 8,192 entries (1 MB) keep
-    every topic of a broker with a few thousand, where 65,536 cost 8 MB for no hits at 100,000 topics.
+    ``cache_size`` bounds the cache (entries). A full cache stays as it is until as many topics as it holds
+    have missed it, then it is emptied and fills again: a fleet with a few more topics than it holds keeps
+    most of them cached (emptying it at once when full made a cycle of such topics miss every time), a
+    broker with far more topics than it holds refills it now and then, and the hit path stays a single
+    lookup. Topics that match the same filters share one ``Match`` (a fleet's device topics under
+    ``fleet/+/telemetry`` all do), so an entry costs its slot and the topic name, usually the decoder's own
+    copy (``decoder._TOPIC_NAMES``): 16,384 entries take about 2 MB at most. A miss walks the trie but
+    merges the subscriptions of filters already matched together only once.
     """
 
-    __slots__ = ("_cache", "_cache_size", "_root", "count")
+    __slots__ = ("_cache", "_cache_size", "_merged", "_misses", "_root", "count")
 
-    def __init__(self, cache_size: int = 8192) -> None:
+    def __init__(self, cache_size: int = 16_384) -> None:
         self._root: _Node[S] = _Node()
         self._cache: dict[str, Match[S]] = {}
         self._cache_size = cache_size
+        self._merged: dict[tuple[_Node[S], ...], Match[S]] = {}
+        """The ``Match`` of each combination of matching nodes the cache holds."""
+        self._misses = 0
+        """Topics that missed the cache since it was last full."""
         self.count = 0
         """Subscriptions held (shared memberships included)."""
 
@@ -156,7 +163,7 @@ class SubscriptionTrie(Generic[S]):
             if child is None:
                 child = children[level] = _Node()
             node = child
-        self._cache.clear()
+        self._forget_matches()
         if share_group is None:
             if node.subscribers is None:
                 node.subscribers = {}
@@ -199,7 +206,7 @@ class SubscriptionTrie(Generic[S]):
                 if not shared:
                     node.shared = None
         self.count -= 1
-        self._cache.clear()
+        self._forget_matches()
         for parent, level in reversed(path):
             if not node.is_empty():
                 break
@@ -227,43 +234,55 @@ class SubscriptionTrie(Generic[S]):
         """Every subscriber of ``topic`` (a topic name, no wildcards), merged per session; cached.
 
         Without any subscription the answer is known without a walk, and caching it would only fill the
-        cache with one entry per topic published to (a fleet with a topic per device never hits it)."""
+        cache with one entry per topic published to."""
         if not self.count:
             return _EMPTY_MATCH
         cached = self._cache.get(topic)
         if cached is not None:
             return cached
-        merged: dict[S, list] = {}
-        groups: list[SharedGroup[S]] = []
-        levels = topic.split("/")
-        self._collect(self._root, levels, 0, topic.startswith("$"), merged, groups)
-        if merged or groups:
-            result = Match(
-                [(s, m[0], m[1], m[2], tuple(m[3]) if m[3] else ()) for s, m in merged.items()], groups
-            )
-        else:
-            result = _EMPTY_MATCH
-        if len(self._cache) >= self._cache_size:
-            self._cache.clear()
-        self._cache[topic] = result
+        found: list[_Node[S]] = []
+        self._collect(self._root, topic.split("/"), 0, topic.startswith("$"), found)
+        key = tuple(found)
+        result = self._merged.get(key)
+        if result is None:
+            merged: dict[S, list] = {}
+            groups: list[SharedGroup[S]] = []
+            for node in found:
+                _merge(node, merged, groups)
+            if merged or groups:
+                result = Match(
+                    [(s, m[0], m[1], m[2], tuple(m[3]) if m[3] else ()) for s, m in merged.items()], groups
+                )
+            else:
+                result = _EMPTY_MATCH
+        cache = self._cache
+        if len(cache) >= self._cache_size:
+            self._misses += 1
+            if self._misses < self._cache_size:
+                return result
+            self._forget_matches()
+        cache[topic] = result
+        self._merged[key] = result
         return result
 
+    def _forget_matches(self) -> None:
+        """Empty the cache (full and missed as often as it holds topics, or the trie changed)."""
+        self._cache.clear()
+        self._merged.clear()
+        self._misses = 0
+
     def _collect(
-        self,
-        node: _Node[S],
-        levels: list[str],
-        index: int,
-        dollar: bool,
-        merged: dict[S, list],
-        groups: list[SharedGroup[S]],
+        self, node: _Node[S], levels: list[str], index: int, dollar: bool, found: list[_Node[S]]
     ) -> None:
+        """Append to ``found`` the nodes whose subscriptions match ``levels[index:]`` below ``node``, in the
+        walk's order (the same filters matched always give the same order)."""
         children = node.children
         if index == len(levels):
-            _merge(node, merged, groups)
+            found.append(node)
             if children is not None:
                 hash_node = children.get("#")
                 if hash_node is not None:  # "a/#" also matches "a"
-                    _merge(hash_node, merged, groups)
+                    found.append(hash_node)
             return
         if children is None:
             return
@@ -271,13 +290,13 @@ class SubscriptionTrie(Generic[S]):
         if wildcard_ok:
             hash_node = children.get("#")
             if hash_node is not None:
-                _merge(hash_node, merged, groups)
+                found.append(hash_node)
             plus_node = children.get("+")
             if plus_node is not None:
-                self._collect(plus_node, levels, index + 1, dollar, merged, groups)
+                self._collect(plus_node, levels, index + 1, dollar, found)
         exact = children.get(levels[index])
         if exact is not None:
-            self._collect(exact, levels, index + 1, dollar, merged, groups)
+            self._collect(exact, levels, index + 1, dollar, found)
 
     def subscriptions(self) -> Iterator[tuple[str, S, SubscriptionOptions, str | None]]:
         """Every ``(filter, subscriber, options, share_group)``; for diagnostics and tests."""

@@ -107,3 +107,21 @@ def test_without_subscriptions_topics_match_nothing_and_are_not_cached():
     assert set(subscribers(trie, "fleet/device-1")) == {"s"}
     assert trie.remove("fleet/+", "s")
     assert trie.match("fleet/device-1").subscribers == []
+
+
+def test_a_full_match_cache_keeps_its_topics_until_as_many_have_missed_it():
+    trie: SubscriptionTrie[str] = SubscriptionTrie(cache_size=4)
+    trie.add("fleet/+/telemetry", "consumer", SubscriptionOptions(1))
+    topics = [f"fleet/device-{number}/telemetry" for number in range(5)]
+    matches = [trie.match(topic) for topic in topics[:4]]
+    assert all(match is matches[0] for match in matches)  # one Match for every topic of the same filters
+    assert set(subscribers(trie, topics[4])) == {"consumer"}  # full: answered, not cached, nothing emptied
+    assert trie.cached_topics() == 4
+    for _ in range(2):  # a cycle of five topics: the first four stay cached, the fifth misses
+        for topic in topics:
+            assert set(subscribers(trie, topic)) == {"consumer"}
+    assert trie.cached_topics() == 4
+    trie.match(topics[4])  # the fourth miss since it was full: emptied, then this topic cached
+    assert trie.cached_topics() == 1
+    assert set(subscribers(trie, topics[0])) == {"consumer"}  # the cache fills again
+    assert trie.cached_topics() == 2
