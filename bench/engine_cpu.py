@@ -1,6 +1,7 @@
 """The engine's CPU per publish, in process: no socket, no event loop, no load generator.
 
     .venv/bin/python -m bench.engine_cpu [--passes 3] [--only fanout,fanin] [--json]
+    cd OTHER_CHECKOUT && PYTHONPATH=. python THIS_CHECKOUT/bench/engine_cpu.py --json   # another checkout
 
 A real ``BrokerCore`` driven by hand (the handler tests' ``wire.py``: a clock, and the end of a loop turn run
 by the script), its connections in the transport adapter the broker runs them in, writing to a transport that
@@ -13,7 +14,11 @@ is the process's CPU time (``time.process_time``) per publish over ``--passes`` 
 - ``fanin``: 500 MQTT 3.1.1 devices, each on a topic of its own, send one QoS 1 PUBLISH a turn for 40 turns,
   one QoS 0 subscriber of ``plant/#``;
 - ``fanin_member``: the same on a cluster member leading every partition (a ``forwarding`` port that appends
-  everything here), whose answers keep each publisher's order through the queue a member needs.
+  everything here), whose answers keep each publisher's order through the queue a member needs;
+- ``fanin_qos0``: 16 MQTT 3.1.1 publishers, each on a topic of its own, send reads of 64 QoS 0 PUBLISHes
+  (64-byte payloads) in turn, 100 turns, one QoS 0 subscriber of ``plant/#``;
+- ``fleet``: 10,000 MQTT 3.1.1 devices, each on ``fleet/device-<n>/telemetry``, send one QoS 1 PUBLISH a
+  turn for 4 turns, one QoS 0 consumer of ``fleet/+/telemetry``.
 
 The script imports ``broker_edge`` and ``tests`` from wherever Python finds them, so the same script measures
 another checkout when run with that checkout on ``PYTHONPATH`` (before and after a change, taking turns).
@@ -102,7 +107,7 @@ def connect(core: HandDrivenCore, client_id: str, version: int) -> Any:
 
 def broker(member: bool) -> HandDrivenCore:
     unthrottled = {"messages_per_second_per_client": 0, "new_connections_per_second": 0}
-    core = make_core(limits={"max_connections": 10_000, **unthrottled})  # as the load generator's brokers
+    core = make_core(limits={"max_connections": 20_000, **unthrottled})  # as the load generator's brokers
 
     def durable_soon(callback: Callable[[], object]) -> None:
         def durable() -> None:
@@ -158,19 +163,65 @@ def fanin(member: bool) -> Scenario:
         for turn in range(40)
     ]
 
+    return _turns(core, devices, frames), 40 * 500, core, 40 * 500
+
+
+def _turns(core: HandDrivenCore, devices: list[Any], frames: list[list[bytes]]) -> Callable[[], None]:
+    """One pass: in each turn every device sends its frame of the turn, then the turn ends."""
+
     def run() -> None:
         for turn in frames:
             for device, data in zip(devices, turn, strict=True):
                 device.data_received(data)
             core.run_soon()
 
-    return run, 40 * 500, core, 40 * 500
+    return run
 
+
+def fanin_qos0() -> Scenario:
+    core = broker(member=False)
+    subscribe(core, 1, MQTT_3_1_1)
+    publishers = [connect(core, f"meter-{n}", MQTT_3_1_1) for n in range(16)]
+    reads = [
+        b"".join(encode(Publish(f"plant/meter-{n}", b"x" * 64, 0), MQTT_3_1_1) for _ in range(64))
+        for n in range(16)
+    ]
+
+    def run() -> None:
+        for _ in range(100):
+            for publisher, data in zip(publishers, reads, strict=True):
+                publisher.data_received(data)
+            core.run_soon()
+
+    return run, 100 * 16 * 64, core, 100 * 16 * 64
+
+
+def fleet() -> Scenario:
+    core = broker(member=False)
+    consumer = connect(core, "consumer", MQTT_3_1_1)
+    consumer.data_received(encode(Subscribe(1, [Subscription("fleet/+/telemetry", 0)]), MQTT_3_1_1))
+    core.run_soon()
+    devices = [connect(core, f"device-{n}", MQTT_3_1_1) for n in range(FLEET)]
+    frames = [
+        [
+            encode(Publish(f"fleet/device-{n}/telemetry", b"x" * 100, 1, packet_id=turn + 1), MQTT_3_1_1)
+            for n in range(FLEET)
+        ]
+        for turn in range(4)
+    ]
+
+    return _turns(core, devices, frames), 4 * FLEET, core, 4 * FLEET
+
+
+FLEET = 10_000
+"""Devices of the ``fleet`` scenario: more topics than a cache of a few thousand holds."""
 
 SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "fanout": fanout,
     "fanin": lambda: fanin(member=False),
     "fanin_member": lambda: fanin(member=True),
+    "fanin_qos0": fanin_qos0,
+    "fleet": fleet,
 }
 
 
