@@ -721,11 +721,11 @@ def render_latency(figures: Figures, started: datetime, wall: float, load: LoadS
     return "\n".join(lines) + "\n"
 
 
-def render(figures: Figures, started: datetime, wall: float, load: LoadSampler) -> str:
+def render(figures: Figures, started: datetime, wall: float, load: LoadSampler, flags: str = "") -> str:
     lines = [
         HEADING,
         "",
-        _run_line("python -m bench.telemetry_cluster_bench", started, wall, load),
+        _run_line(f"python -m bench.telemetry_cluster_bench{flags}", started, wall, load),
         "",
         f"{CLUSTER_AND_DRIVER}, its tables on local disk (delta-rs), the backlog read from `timestone "
         "broker` processes (100 device topics, JSON readings of about 130 bytes). CPU seconds count from "
@@ -975,7 +975,10 @@ def main(argv: list[str] | None = None) -> int:
         text = render_latency(figures, started, wall, load)
         heading = LATENCY_HEADING
     else:
-        text, heading = render(figures, started, wall, load), HEADING
+        flags = "".join(
+            f" {flag}" for flag, on in (("--quick", args.quick), ("--only-100k", args.only_100k)) if on
+        )
+        text, heading = render(figures, started, wall, load, flags), HEADING
     print(text)
     replace_section(args.output, heading, text)
     return 0
