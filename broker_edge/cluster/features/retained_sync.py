@@ -30,7 +30,7 @@ from broker_edge.cluster.links.peer_link import (
     PeerLinkDown,
     PeerRequestFailed,
     decode_parts,
-    decode_publishes,
+    decode_unlogged,
     encode_unlogged,
 )
 from broker_edge.cluster.tasks import stop_task
@@ -98,10 +98,7 @@ def decode_snapshot(body: bytes | memoryview, now: float) -> list[Message]:
         raise ValueError(f"retained snapshot announces {count} messages, holds {len(parts)}")
     messages: list[Message] = []
     for index, (_kind, part) in enumerate(parts):
-        _, decoded = decode_publishes(part, now, False)
-        if len(decoded) != 1:
-            raise ValueError("a retained snapshot entry holds one message")
-        message = decoded[0]
+        message = decode_unlogged(part, now)
         (offset,) = _OFFSET.unpack_from(view, _COUNT.size + index * _OFFSET.size)
         message.offset = None if offset < 0 else offset
         messages.append(message)

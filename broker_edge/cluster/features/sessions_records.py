@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from broker_edge.cluster.coordination.etcd_values import load_json
-from broker_edge.cluster.links.peer_link import decode_parts, decode_publishes, encode_unlogged
+from broker_edge.cluster.links.peer_link import decode_parts, decode_unlogged, encode_unlogged
 from broker_edge.engine.message import Message, forwarded_properties
 from broker_edge.engine.sessions.session import NEVER_EXPIRES
 from broker_edge.engine.sessions.snapshot import FORMAT, FORMAT_VERSION, parse, restore, session_document
@@ -194,10 +194,7 @@ def will_message(will: SavedWill, now: float) -> Message:
     parts = decode_parts(will.publish)
     if len(parts) != 1:
         raise ValueError("will.publish: expected one publish")
-    _, messages = decode_publishes(parts[0][1], now, False)
-    if len(messages) != 1:
-        raise ValueError("will.publish: expected one publish")
-    return messages[0]
+    return decode_unlogged(parts[0][1], now)
 
 
 # -- saved state ------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 
 from broker_edge.cluster.features.shared_directory import DeliveryKey
-from broker_edge.cluster.links.peer_link import decode_parts, decode_publishes, encode_unlogged
+from broker_edge.cluster.links.peer_link import decode_parts, decode_unlogged, encode_unlogged
 from broker_edge.engine.message import Message
 
 __all__ = [
@@ -88,11 +88,9 @@ class _Reader:
         parts = decode_parts(bytes(self.body[self.pos :]))
         if len(parts) != 1:
             raise ValueError("expected one message")
-        _, messages = decode_publishes(parts[0][1], now, False)
-        if len(messages) != 1:
-            raise ValueError("expected one message")
+        message = decode_unlogged(parts[0][1], now)
         self.pos = len(self.body)
-        return messages[0]
+        return message
 
 
 def _key(key: DeliveryKey) -> bytes:

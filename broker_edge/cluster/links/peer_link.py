@@ -13,13 +13,18 @@ by that task just before it joins the message.
 
 Wire format: a WebSocket message is a sequence of parts ``u8 kind | u32 length | body`` (little endian):
 
-- ``FORWARD``: ``u32 batch | u16 topic length | topic | record frames``. Logged publishes for the peer to
-  append as their partition's leader; each publish is the commitlog's record frame
-  (``storage/record.py``: payload, QoS, retain, publisher, MQTT 5 properties, what remains of the expiry)
-  with the publish's index in the batch as its offset.
+- ``FORWARD``: ``u32 batch | u32 CRC-32C of the rest | u16 topic length | topic | u16 publishers |
+  (u16 length | client id)* | u32 count | count x (u8 flags | u16 publisher | u32 length) | each one's
+  data, in order``. Logged publishes for the peer to append as their partition's leader, described by a
+  table and their data one after the other, so that a batch costs one checksum and each publish a few
+  slices: a publish without MQTT 5 properties or expiry has its payload as data (flags: QoS in bits 0-1,
+  retain in bit 2); any other is the commitlog's record frame (``storage/record.py``: payload, QoS, retain,
+  publisher, MQTT 5 properties, what remains of the expiry; flag bit 7).
 - ``UNLOGGED``: ``u16 topic length | topic | one record frame``: route it locally, log nothing.
-- ``ANSWER``: ``u32 batch | u16 count | (u8 reason code | i64 offset or -1 | u16 length | reason)*``: the
-  leader's answer to a ``FORWARD``, sent once the batch is acknowledged by its PUBLISH path.
+- ``ANSWER``: ``u32 batch | u32 count | runs``: the leader's answer to a ``FORWARD``, sent once the batch is
+  acknowledged by its PUBLISH path, as runs of publishes answered alike, ``u32 length | u8 reason code |
+  i64 offset of the first or -1 | u16 length | reason``: a run's offsets follow each other (a batch
+  appended in one go is one run).
 - ``REQUEST``: ``u32 id | u8 service | body`` and ``REPLY``: ``u32 id | u8 status (0 ok, 1 error) | body``:
   a call to a service a feature registered with ``PeerLinks.serve_requests`` (``PeerLink.request``).
 - Kinds from ``FIRST_EXTENSION_KIND`` up: one-way messages of features that registered a handler with
@@ -38,6 +43,8 @@ import logging
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
+
+from crc32c import crc32c
 
 from broker_edge.cluster.links.member_clients import FailureStreak
 from broker_edge.engine.message import Message
@@ -67,8 +74,9 @@ __all__ = [
     "PeerRequestFailed",
     "PeerService",
     "decode_answer",
+    "decode_forward",
     "decode_parts",
-    "decode_publishes",
+    "decode_unlogged",
     "encode_answer",
     "encode_forward",
     "encode_unlogged",
@@ -76,7 +84,9 @@ __all__ = [
 
 log = logging.getLogger("broker_edge.cluster.peer_link")
 
-FORWARD, UNLOGGED, ANSWER, REQUEST, REPLY = 1, 2, 3, 4, 5
+UNLOGGED, REQUEST, REPLY, FORWARD, ANSWER = 2, 4, 5, 6, 7
+"""Part kinds (1 and 3 were a forward and its answer a record frame and an entry per publish, which this
+version refuses as unknown: a link to a member of such a version closes)."""
 FIRST_EXTENSION_KIND = 16
 """Part kinds from here up belong to features registered with ``PeerLinks.on``."""
 PEER_PATH = "/v1/peer"
@@ -88,7 +98,11 @@ REDIAL_S = 0.2
 _PART = struct.Struct("<BI")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
-_ACK = struct.Struct("<BqH")
+_FORWARD_HEAD = struct.Struct("<II")
+_PUBLISH = struct.Struct("<BHI")
+_RUN = struct.Struct("<IBqH")
+_FRAME = 0x80
+_RETAIN = 0x04
 _CALL = struct.Struct("<IB")
 _LOST = ForwardAck(0x83, None, "connection to the partition leader was lost")
 _OK, _ERROR = 0, 1
@@ -122,8 +136,25 @@ def _topic(topic: str) -> bytes:
 
 def encode_forward(batch: int, topic: str, messages: Sequence[Message]) -> bytes:
     """The ``FORWARD`` part of ``messages`` (all on ``topic``) as batch ``batch``."""
-    frames = [encode_frame(index, 0, *record_fields(message)) for index, message in enumerate(messages)]
-    return _part(FORWARD, _U32.pack(batch) + _topic(topic) + b"".join(frames))
+    publishers: dict[str, int] = {}
+    table: list[bytes] = []
+    data: list[bytes] = []
+    pack = _PUBLISH.pack
+    for index, message in enumerate(messages):
+        publisher = publishers.get(message.origin)
+        if publisher is None and len(publishers) <= 0xFFFF:
+            publisher = publishers[message.origin] = len(publishers)
+        if message.properties is None and message.expires_at is None and publisher is not None:
+            payload = message.payload
+            table.append(pack(message.qos | (_RETAIN if message.retain else 0), publisher, len(payload)))
+            data.append(payload)
+        else:
+            frame = encode_frame(index, 0, *record_fields(message))
+            table.append(pack(_FRAME, 0, len(frame)))
+            data.append(frame)
+    names = [_topic(origin) for origin in publishers]
+    rest = b"".join([_topic(topic), _U16.pack(len(names)), *names, _U32.pack(len(messages)), *table, *data])
+    return _part(FORWARD, _FORWARD_HEAD.pack(batch, crc32c(rest)) + rest)
 
 
 def encode_unlogged(message: Message) -> bytes:
@@ -133,12 +164,34 @@ def encode_unlogged(message: Message) -> bytes:
 
 def encode_answer(batch: int, acks: Sequence[ForwardAck]) -> bytes:
     """The ``ANSWER`` part for batch ``batch``."""
-    parts = [_U32.pack(batch), _U16.pack(len(acks))]
+    runs: list[bytes] = []
+    first: ForwardAck | None = None
+    length = 0
     for ack in acks:
-        reason = (ack.reason_string or "").encode()[:0xFFFF]
-        parts.append(_ACK.pack(ack.reason_code, -1 if ack.offset is None else ack.offset, len(reason)))
-        parts.append(reason)
-    return _part(ANSWER, b"".join(parts))
+        if (
+            first is not None
+            and ack.reason_code == first.reason_code
+            and ack.reason_string == first.reason_string
+            and (
+                ack.offset == first.offset + length
+                if ack.offset is not None and first.offset is not None
+                else ack.offset is first.offset  # both None
+            )
+        ):
+            length += 1
+            continue
+        if first is not None:
+            runs.append(_run(first, length))
+        first, length = ack, 1
+    if first is not None:
+        runs.append(_run(first, length))
+    return _part(ANSWER, _FORWARD_HEAD.pack(batch, len(acks)) + b"".join(runs))
+
+
+def _run(first: ForwardAck, length: int) -> bytes:
+    reason = (first.reason_string or "").encode()[:0xFFFF]
+    offset = -1 if first.offset is None else first.offset
+    return _RUN.pack(length, first.reason_code, offset, len(reason)) + reason
 
 
 def decode_parts(data: bytes) -> list[tuple[int, memoryview]]:
@@ -158,43 +211,85 @@ def decode_parts(data: bytes) -> list[tuple[int, memoryview]]:
     return parts
 
 
-def decode_publishes(body: memoryview, now: float, batched: bool) -> tuple[int, list[Message]]:
-    """``(batch, messages)`` of a ``FORWARD`` (``batched``) or ``UNLOGGED`` body; expiry deadlines count
-    from ``now`` (the loop's clock). Raises ``ValueError`` on a malformed body or a bad record frame."""
-    pos = 0
-    batch = 0
-    if batched:
-        (batch,) = _U32.unpack_from(body, 0)
-        pos = _U32.size
-    (length,) = _U16.unpack_from(body, pos)
-    topic = str(body[pos + 2 : pos + 2 + length], "utf-8")
-    pos += 2 + length
+def decode_forward(body: memoryview, now: float) -> tuple[int, list[Message]]:
+    """``(batch, messages)`` of a ``FORWARD`` body; expiry deadlines count from ``now`` (the loop's clock).
+    Raises ``ValueError`` on a malformed body, a checksum that does not match or a bad record frame."""
+    batch, checksum = _FORWARD_HEAD.unpack_from(body, 0)
+    if crc32c(body[_FORWARD_HEAD.size :]) != checksum:
+        raise ValueError("forward checksum mismatch")
+    topic, pos = _text(body, _FORWARD_HEAD.size)
+    (count,) = _U16.unpack_from(body, pos)
+    pos += _U16.size
+    publishers: list[str] = []
+    for _ in range(count):
+        publisher, pos = _text(body, pos)
+        publishers.append(publisher)
+    (count,) = _U32.unpack_from(body, pos)
+    at = pos + _U32.size + count * _PUBLISH.size
+    if at > len(body):
+        raise ValueError("truncated forward table")
     messages: list[Message] = []
-    while pos < len(body):
-        if pos + PREFIX_SIZE > len(body):
-            raise ValueError("truncated record frame")
-        (body_length, _crc) = PREFIX.unpack_from(body, pos)
-        end = pos + PREFIX_SIZE + body_length
-        try:
-            record = decode_frame(body[pos:end], len(messages), MAX_RECORD_BODY)
-        except FrameError as error:
-            raise ValueError(f"bad record frame: {error}") from None
-        messages.append(message_of_frame(topic, record, now))
-        pos = end
+    for flags, publisher, length in _PUBLISH.iter_unpack(body[pos + _U32.size : at]):
+        end = at + length
+        if end > len(body):
+            raise ValueError("truncated forward data")
+        if flags & _FRAME:
+            messages.append(_message_of_frame(topic, body[at:end], len(messages), now))
+        elif publisher >= len(publishers):
+            raise ValueError(f"forwarded publish names publisher {publisher} of {len(publishers)}")
+        else:
+            retain, origin = bool(flags & _RETAIN), publishers[publisher]
+            messages.append(Message(topic, bytes(body[at:end]), flags & 3, retain, None, origin))
+        at = end
+    if at != len(body):
+        raise ValueError("trailing bytes after the forwarded publishes")
     return batch, messages
 
 
+def decode_unlogged(body: memoryview, now: float) -> Message:
+    """The message of an ``UNLOGGED`` body; its expiry deadline counts from ``now`` (the loop's clock).
+    Raises ``ValueError`` on a malformed body or a bad record frame."""
+    topic, pos = _text(body, 0)
+    if pos + PREFIX_SIZE > len(body):
+        raise ValueError("truncated record frame")
+    (length, _crc) = PREFIX.unpack_from(body, pos)
+    if pos + PREFIX_SIZE + length != len(body):
+        raise ValueError("an unlogged publish is one record frame")
+    return _message_of_frame(topic, body[pos:], 0, now)
+
+
+def _text(body: memoryview, pos: int) -> tuple[str, int]:
+    (length,) = _U16.unpack_from(body, pos)
+    end = pos + _U16.size + length
+    if end > len(body):
+        raise ValueError("truncated string")
+    return str(body[pos + _U16.size : end], "utf-8"), end
+
+
+def _message_of_frame(topic: str, frame: memoryview, index: int, now: float) -> Message:
+    try:
+        record = decode_frame(frame, index, MAX_RECORD_BODY)
+    except FrameError as error:
+        raise ValueError(f"bad record frame: {error}") from None
+    return message_of_frame(topic, record, now)
+
+
 def decode_answer(body: memoryview) -> tuple[int, list[ForwardAck]]:
-    """``(batch, answers)`` of an ``ANSWER`` body."""
-    batch, count = _U32.unpack_from(body, 0)[0], _U16.unpack_from(body, _U32.size)[0]
-    pos = _U32.size + _U16.size
+    """``(batch, answers)`` of an ``ANSWER`` body (``ValueError`` if the runs do not add up)."""
+    batch, count = _FORWARD_HEAD.unpack_from(body, 0)
+    pos = _FORWARD_HEAD.size
     acks: list[ForwardAck] = []
-    for _ in range(count):
-        code, offset, length = _ACK.unpack_from(body, pos)
-        pos += _ACK.size
-        reason = str(body[pos : pos + length], "utf-8") if length else None
-        pos += length
-        acks.append(ForwardAck(code, None if offset < 0 else offset, reason))
+    while pos < len(body):
+        length, code, offset, size = _RUN.unpack_from(body, pos)
+        pos += _RUN.size
+        reason = str(body[pos : pos + size], "utf-8") if size else None
+        pos += size
+        if offset < 0:
+            acks.extend([ForwardAck(code, None, reason)] * length)
+        else:
+            acks.extend([ForwardAck(code, at, reason) for at in range(offset, offset + length)])
+    if len(acks) != count or pos != len(body):
+        raise ValueError(f"an answer of {count} publishes carries {len(acks)}")
     return batch, acks
 
 
@@ -375,12 +470,10 @@ class PeerLink:
                 if waiting is not None:
                     waiting[1](acks)
             elif kind == FORWARD:
-                batch, messages = decode_publishes(body, now, True)
+                batch, messages = decode_forward(body, now)
                 receiver.forwarded(self, batch, messages)
             elif kind == UNLOGGED:
-                _, messages = decode_publishes(body, now, False)
-                for message in messages:
-                    receiver.unlogged(message)
+                receiver.unlogged(decode_unlogged(body, now))
             elif kind == REQUEST:
                 request_id, service = _CALL.unpack_from(body, 0)
                 self._serve(request_id, (services or {}).get(service), service, body[_CALL.size :])

@@ -1,5 +1,6 @@
-"""The peer link's wire format: publishes travel as record frames with every MQTT 5 field, answers as codes
-and offsets, several parts in one WebSocket message; malformed input is refused, never half-read."""
+"""The peer link's wire format: a forward is a table of its publishes and their data (a publish with MQTT 5
+fields as a record frame carrying all of them), answers are runs of codes and offsets, several parts travel in
+one WebSocket message; malformed input is refused, never half-read."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from broker_edge.cluster.links.peer_link import (
     FORWARD,
     UNLOGGED,
     decode_answer,
+    decode_forward,
     decode_parts,
-    decode_publishes,
+    decode_unlogged,
     encode_answer,
     encode_forward,
     encode_unlogged,
@@ -44,7 +46,7 @@ def test_a_forward_batch_round_trips_every_field():
     parts = decode_parts(data)
     assert [kind for kind, _ in parts] == [FORWARD, UNLOGGED]
     now = 1000.0
-    batch, messages = decode_publishes(parts[0][1], now, True)
+    batch, messages = decode_forward(parts[0][1], now)
     assert batch == 77
     assert [(m.topic, m.payload, m.qos, m.retain, m.origin) for m in messages] == [
         ("site/a/temp", b"21.5", 1, True, "device-7"),
@@ -66,15 +68,45 @@ def test_a_forward_batch_round_trips_every_field():
     )
     assert list(props.user_properties) == [("unit", "C"), ("unit", "K")]
     assert messages[0].expires_at is not None and 59 <= messages[0].expires_at - now <= 60
-    _, (live,) = decode_publishes(parts[1][1], now, False)
+    live = decode_unlogged(parts[1][1], now)
     assert live.payload == b"live"
 
 
+def test_publishes_of_several_publishers_keep_their_order_and_publisher():
+    messages = [
+        Message("t", bytes([n % 256]) * n, 1 + n % 2, n % 3 == 0, None, f"device-{n % 4}") for n in range(300)
+    ]
+    messages[150] = _message(b"expires")  # a record frame in the middle of plain publishes
+    ((_, body),) = decode_parts(encode_forward(5, "t", messages))
+    _, decoded = decode_forward(body, time.monotonic())
+    assert [(m.payload, m.qos, m.retain, m.origin) for m in decoded] == [
+        (m.payload, m.qos, m.retain, m.origin) for m in messages
+    ]
+    assert decoded[150].expires_at is not None and decoded[0].expires_at is None
+
+
 def test_an_answer_round_trips_codes_offsets_and_reasons():
-    acks = [ForwardAck(0, 41), ForwardAck(0x10, 42), ForwardAck(0x83, None, "partition 3 has no leader")]
+    acks = [
+        ForwardAck(0, 41),
+        ForwardAck(0x10, 42),
+        ForwardAck(0x83, None, "partition 3 has no leader"),
+        ForwardAck(0x83, None, "partition 3 has no leader"),
+        ForwardAck(0, 50),
+        ForwardAck(0, 51),
+        ForwardAck(0, 53),
+    ]
     ((kind, body),) = decode_parts(encode_answer(9, acks))
     assert kind == ANSWER
     assert decode_answer(body) == (9, acks)
+
+
+def test_a_batch_appended_in_one_go_is_answered_as_one_run():
+    acks = [ForwardAck(0, offset) for offset in range(1000, 71000)]  # more than a u16 count
+    ((_, body),) = decode_parts(encode_answer(3, acks))
+    assert len(body) < 40
+    assert decode_answer(body) == (3, acks)
+    with pytest.raises(ValueError, match="carries"):
+        decode_answer(memoryview(bytes(body[:4]) + (5).to_bytes(4, "little") + body[8:]))
 
 
 def test_a_truncated_message_or_a_damaged_frame_is_refused():
@@ -82,7 +114,12 @@ def test_a_truncated_message_or_a_damaged_frame_is_refused():
     with pytest.raises(ValueError):
         decode_parts(data[:-3])
     damaged = bytearray(data)
-    damaged[-1] ^= 0xFF  # the payload's last byte: the frame's checksum no longer matches
+    damaged[-1] ^= 0xFF  # the payload's last byte: the forward's checksum no longer matches
     ((_, body),) = decode_parts(bytes(damaged))
+    with pytest.raises(ValueError, match="checksum"):
+        decode_forward(body, 0.0)
+    damaged_frame = bytearray(encode_unlogged(_message(b"payload")))
+    damaged_frame[-1] ^= 0xFF
+    ((_, body),) = decode_parts(bytes(damaged_frame))
     with pytest.raises(ValueError, match="bad record frame"):
-        decode_publishes(body, 0.0, True)
+        decode_unlogged(body, 0.0)
