@@ -38,6 +38,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -116,7 +117,8 @@ class _Seen:
 
 class ProcessSampler:
     """Reads every few hundred ms the CPU and ``VmHWM`` of a driver's process tree and of the executors
-    (the workers' children and theirs), by role; ``mark()`` starts the CPU count from now."""
+    (the workers' children and theirs), by role; ``mark()`` starts the CPU count from now. A process
+    that lives less than one interval between two reads is missed."""
 
     def __init__(self, driver: int, workers: list[int], interval_s: float = 0.25) -> None:
         self.driver, self.workers, self.interval_s = driver, set(workers), interval_s
@@ -147,21 +149,27 @@ class ProcessSampler:
 
     def sample(self) -> None:
         parents = _parents()
-        roles = {pid: role for pid in parents if (role := self._role(pid, parents)) is not None}
         with self._lock:
-            for pid, role in roles.items():
-                ticks, hwm = _ticks(pid), _hwm_kib(pid)
-                if ticks is None:
+            for pid in parents:
+                seen = self.seen.get(pid)
+                # a process's role is what it runs now (the JVM's process starts as the spark-submit
+                # script), or what it ran last once it is exiting and its command line reads empty
+                role = self._role(pid, parents) or (seen.role if seen else None)
+                ticks = _ticks(pid) if role else None
+                if role is None or ticks is None:
                     continue
-                seen = self.seen.setdefault(pid, _Seen(role, 0))
-                seen.ticks, seen.hwm_kib = ticks, max(seen.hwm_kib, hwm)
+                seen = seen or self.seen.setdefault(pid, _Seen(role, 0))
+                seen.role, seen.ticks, seen.hwm_kib = role, ticks, max(seen.hwm_kib, _hwm_kib(pid))
 
     def _role(self, pid: int, parents: dict[int, int]) -> str | None:
-        java = "java" in _command(pid).split(" ", 1)[0]
+        """The role of a process of the driver's tree or the executors', from what it runs now; None for
+        any other process, or one whose command line cannot be read (it is exiting)."""
+        command = _command(pid)
+        if not command:
+            return None
+        java = "java" in command.split(" ", 1)[0]
         ancestor = parents.get(pid)
-        chain = [pid]
         while ancestor and ancestor not in (self.driver, 1) and ancestor not in self.workers:
-            chain.append(ancestor)
             ancestor = parents.get(ancestor)
         if pid == self.driver:
             return "driver Python"
@@ -194,12 +202,13 @@ def _parents() -> dict[int, int]:
 
 
 def _ticks(pid: int) -> int | None:
-    """utime + stime + cutime + cstime: the process and the children it has waited for."""
+    """utime + stime: the process's own CPU. Not the children it has waited for (cutime, cstime): the
+    sampler sees those itself, and a driver that reaps its JVM would count the JVM twice."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return sum(int(value) for value in fields[11:15])
+    return sum(int(value) for value in fields[11:13])
 
 
 def _hwm_kib(pid: int) -> int:
@@ -401,31 +410,29 @@ def drive(
     reads its processes and the executors' (``on_started`` called once its query runs); its last output
     line is JSON."""
     command = [sys.executable, "-m", "bench.telemetry_cluster_bench", *args]
-    process = subprocess.Popen(
-        command,
-        cwd=REPO,
-        env=spark_environment(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert process.stdout is not None
     workers = [p.pid for p in cluster.processes[1:]]
     lines: list[str] = []
-    with ProcessSampler(process.pid, workers) as sampler:
-        deadline = time.monotonic() + timeout_s
-        for line in process.stdout:
-            lines.append(line)
-            if line.strip() == "started":
-                sampler.mark()
-                if on_started is not None:
-                    on_started()
-            if time.monotonic() > deadline:
-                process.kill()
-                raise TimeoutError(f"{label} did not finish within {timeout_s:.0f} s")
-        process.wait(timeout=60)
-    if process.returncode != 0 or not lines:
-        raise RuntimeError(f"{label} exited {process.returncode}: {''.join(lines[-10:])}")
+    with tempfile.TemporaryFile("w+") as errors:
+        process = subprocess.Popen(
+            command, cwd=REPO, env=spark_environment(), stdout=subprocess.PIPE, stderr=errors, text=True
+        )
+        assert process.stdout is not None
+        with ProcessSampler(process.pid, workers) as sampler:
+            deadline = time.monotonic() + timeout_s
+            for line in process.stdout:
+                lines.append(line)
+                if line.strip() == "started":
+                    sampler.mark()
+                    if on_started is not None:
+                        on_started()
+                if time.monotonic() > deadline:
+                    process.kill()
+                    raise TimeoutError(f"{label} did not finish within {timeout_s:.0f} s")
+            process.wait(timeout=60)
+        if process.returncode != 0 or not lines:
+            errors.seek(0)
+            stderr_tail = "".join(errors.readlines()[-30:])
+            raise RuntimeError(f"{label} exited {process.returncode}: {''.join(lines[-10:])}{stderr_tail}")
     return Run(label, sampler.roles()), json.loads(lines[-1])
 
 
@@ -714,11 +721,11 @@ def render_latency(figures: Figures, started: datetime, wall: float, load: LoadS
     return "\n".join(lines) + "\n"
 
 
-def render(figures: Figures, started: datetime, wall: float, load: LoadSampler) -> str:
+def render(figures: Figures, started: datetime, wall: float, load: LoadSampler, flags: str = "") -> str:
     lines = [
         HEADING,
         "",
-        _run_line("python -m bench.telemetry_cluster_bench", started, wall, load),
+        _run_line(f"python -m bench.telemetry_cluster_bench{flags}", started, wall, load),
         "",
         f"{CLUSTER_AND_DRIVER}, its tables on local disk (delta-rs), the backlog read from `timestone "
         "broker` processes (100 device topics, JSON readings of about 130 bytes). CPU seconds count from "
@@ -956,8 +963,6 @@ def main(argv: list[str] | None = None) -> int:
         help="only the latency run and its floors (its own section of the results)",
     )
     args = parser.parse_args(argv)
-    import tempfile
-
     started = datetime.now(UTC)
     began = time.perf_counter()
     with LoadSampler() as load, tempfile.TemporaryDirectory(prefix="telemetry-cluster-") as tmp:
@@ -970,7 +975,10 @@ def main(argv: list[str] | None = None) -> int:
         text = render_latency(figures, started, wall, load)
         heading = LATENCY_HEADING
     else:
-        text, heading = render(figures, started, wall, load), HEADING
+        flags = "".join(
+            f" {flag}" for flag, on in (("--quick", args.quick), ("--only-100k", args.only_100k)) if on
+        )
+        text, heading = render(figures, started, wall, load, flags), HEADING
     print(text)
     replace_section(args.output, heading, text)
     return 0
