@@ -57,6 +57,7 @@ class FrameScanner:
         "counts",
         "publishes",
         "redeliveries",
+        "server_reference",
         "suback_codes",
     )
 
@@ -70,6 +71,7 @@ class FrameScanner:
         self.redeliveries = 0  # PUBLISH packets seen with the DUP flag: acknowledged, not deliveries
         self.connack_code: int | None = None  # return code of the CONNACK, once received
         self.suback_codes: list[int] = []  # granted QoS (or 0x80, failure) of each SUBACK received
+        self.server_reference: str | None = None  # an MQTT 5 DISCONNECT's Server Reference, once received
 
     def feed(self, data: bytes) -> bytes:
         """Consume `data`; return the PUBACK frames owed for the QoS 1 PUBLISH frames found in it."""
@@ -116,6 +118,8 @@ class FrameScanner:
                 self.connack_code = view[pos + 3]
             elif kind == 9:
                 self.suback_codes.append(view[pos + total - 1])
+            elif kind == 14 and total > header_len + 1:
+                self.server_reference = _server_reference(bytes(view[pos + header_len + 1 : pos + total]))
             pos += total
         if view is buf:
             del buf[:pos]
@@ -157,3 +161,30 @@ class FrameScanner:
         out[2::4] = buf[start : stop : self._len]
         out[3::4] = buf[start + 1 : stop : self._len]
         return bytes(out)
+
+
+def _server_reference(properties: bytes) -> str | None:
+    """The Server Reference (0x1C) among an MQTT 5 DISCONNECT's properties (after its reason code)."""
+    length, pos = 0, 0
+    for shift in range(0, 28, 7):  # the properties' length, a variable byte integer
+        length |= (properties[pos] & 0x7F) << shift
+        pos += 1
+        if not properties[pos - 1] & 0x80:
+            break
+    end = min(pos + length, len(properties))
+    while pos < end:
+        identifier = properties[pos]
+        pos += 1
+        if identifier in (0x1C, 0x1F):  # Server Reference, Reason String: UTF-8 strings
+            size = int.from_bytes(properties[pos : pos + 2], "big")
+            if identifier == 0x1C:
+                return properties[pos + 2 : pos + 2 + size].decode()
+            pos += 2 + size
+        elif identifier == 0x11:  # Session Expiry Interval
+            pos += 4
+        elif identifier == 0x26:  # User Property: two strings
+            for _ in range(2):
+                pos += 2 + int.from_bytes(properties[pos : pos + 2], "big")
+        else:
+            return None
+    return None

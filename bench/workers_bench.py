@@ -2,16 +2,18 @@
 
     .venv/bin/python -m bench.workers_bench [--publishers 16] [--window 64] [--seconds 6] [--rounds 2]
 
-Three configurations, taking turns in each round, each started fresh with its data in a temporary
+Four configurations, taking turns in each round, each started fresh with its data in a temporary
 directory and pinned to the first CPU (the publishers on the others): one broker; `--workers 2` (its own
-etcd, replication factor 1); `--workers 2` joining an etcd the bench runs, with replication factor 2 (every
-log on both members, acknowledged once both hold it). P publishers, each on its own topic (so the topics
-spread over the partitions, and over the members that lead them), keep W QoS 1 publishes in flight on the
-one port the kernel spreads over the members; no subscriber. Figures: PUBACKs/s over the window, and
-PUBACKs per second of the CPU of every process of the broker (members, and the etcd the command runs)
-together. On two cores every member shares the first one: what this shows is what an acknowledged message
-costs a cluster on one host against a broker alone, not N members on N cores, which needs a many-core
-machine (`../shared/bigbench`, KIT_MEMBERS).
+etcd, replication factor 1); `--workers 2` joining an etcd the bench runs, with replication factor 1 and
+`cluster.redirect_publishers`, its publishers MQTT 5 clients that follow a Server Reference (so each ends up
+on the member leading its topic's partition); `--workers 2` joining that etcd with replication factor 2
+(every log on both members, acknowledged once both hold it); the publishers of the other three are MQTT
+3.1.1 clients. P publishers, each on its own topic (so the topics spread over the partitions, and over the
+members that lead them), keep W QoS 1 publishes in flight on the one port the kernel spreads over the
+members; no subscriber. Figures: PUBACKs/s over the window, and PUBACKs per second of the CPU of every
+process of the broker (members, and the etcd the command runs) together. On two cores every member shares
+the first one: what this shows is what an acknowledged message costs a cluster on one host against a broker
+alone, not N members on N cores, which needs a many-core machine (`../shared/bigbench`, KIT_MEMBERS).
 """
 
 from __future__ import annotations
@@ -40,12 +42,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import frames, net
 from bench.brokers.base import stop_process_group
 from bench.brokers.timestone import timestone_executable
-from bench.report import RESULTS_DIR, write_result
+from bench.report import RESULTS_DIR, replace_section
 from bench.stream import FrameScanner
 from bench.sysinfo import cpu_seconds, machine_info, split_cpus
 from tests.harness.local_cluster import EtcdServer
 
 PAYLOAD = bytes(64)
+HEADING = "## Members on one host: --workers 2 against one broker"
 
 
 @dataclass
@@ -70,17 +73,21 @@ def _config(directory: Path, port: int, cluster: str = "") -> Path:
 
 
 @contextmanager
-def started(workers: int, replication: int, cpus: set[int] | None) -> Iterator[tuple[int, int]]:
-    """A broker (``workers`` 1) or ``--workers`` members on a free port: (port, pid of the command)."""
+def started(
+    workers: int, replication: int, cpus: set[int] | None, redirect: bool = False
+) -> Iterator[tuple[int, int]]:
+    """A broker (``workers`` 1) or ``--workers`` members on a free port: (port, pid of the command).
+    ``redirect``: with ``cluster.redirect_publishers`` (joining an etcd of the bench's)."""
     directory = Path(tempfile.mkdtemp(prefix="bench-workers-"))
     etcd = None
     try:
         cluster = ""
-        if replication > 1:
+        if replication > 1 or redirect:
             etcd = EtcdServer(directory / "etcd", secure=False).start()
             cluster = (
                 f"cluster:\n  node_id: m\n  etcd: [{etcd.url}]\n  listen: {{host: 127.0.0.1, port: 0}}\n"
                 f"  replication_factor: {replication}\n  min_insync_replicas: {replication}\n"
+                f"  redirect_publishers: {'true' if redirect else 'false'}\n"
             )
         port = net.free_port()
         config = _config(directory, port, cluster)
@@ -124,10 +131,13 @@ def _wait_settled(port: int, process: subprocess.Popen[bytes], directory: Path) 
 
 
 class _Publisher:
-    """One connection keeping ``window`` QoS 1 publishes in flight on its topic, counting PUBACKs."""
+    """One connection keeping ``window`` QoS 1 publishes in flight on its topic, counting PUBACKs. An MQTT 5
+    one (``v5``) sent elsewhere (DISCONNECT with a Server Reference) connects there and goes on."""
 
-    def __init__(self, topic: str, window: int) -> None:
-        self.blob = frames.publish_run(topic, PAYLOAD, 1, 1, 65535)
+    def __init__(self, topic: str, window: int, v5: bool = False) -> None:
+        self.v5 = v5
+        # an MQTT 5 PUBLISH is an MQTT 3.1.1 one whose payload starts with its properties' length (0)
+        self.blob = frames.publish_run(topic, b"\x00" + PAYLOAD if v5 else PAYLOAD, 1, 1, 65535)
         self.frame_len = len(self.blob) // 65535
         self.window = window
         self.sent = 0
@@ -135,6 +145,7 @@ class _Publisher:
         self.scanner = FrameScanner(bytes((frames.PUBACK, 2)), 4)
         self.transport: asyncio.Transport | None = None
         self.ready = asyncio.get_running_loop().create_future()
+        self.redirects: list[asyncio.Task[tuple[asyncio.BaseTransport, asyncio.BaseProtocol]]] = []
 
     def send(self, count: int) -> None:
         assert self.transport is not None
@@ -150,33 +161,52 @@ class _Protocol(asyncio.Protocol):
     def __init__(self, publisher: _Publisher, client_id: str) -> None:
         self.publisher = publisher
         self.client_id = client_id
+        self.connected = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        stream = self.publisher.transport = cast(asyncio.Transport, transport)  # a stream: it writes
-        stream.write(frames.connect(self.client_id, keepalive=120))
+        publisher = self.publisher
+        stream = publisher.transport = cast(asyncio.Transport, transport)  # a stream: it writes
+        publisher.scanner = FrameScanner(bytes((frames.PUBACK, 2)), 4)
+        stream.write(frames.connect(self.client_id, keepalive=120, level=5 if publisher.v5 else 4))
 
     def data_received(self, data: bytes) -> None:
         publisher = self.publisher
         scanner = publisher.scanner
         before = scanner.counts[4]
         scanner.feed(data)
-        if not publisher.ready.done() and scanner.connack_code == 0:
-            publisher.ready.set_result(None)
+        if not self.connected and scanner.connack_code == 0:
+            self.connected = True
+            if publisher.ready.done():  # connected again, where it was sent: a full window anew
+                publisher.send(publisher.window)
+            else:
+                publisher.ready.set_result(None)
         got = scanner.counts[4] - before
-        if got:
+        if got and scanner.server_reference is None:
             publisher.acked += got
             publisher.send(got)
+        elif got:
+            publisher.acked += got
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.publisher.ready.done():
-            self.publisher.ready.set_exception(ConnectionError(str(exc)))
+        publisher = self.publisher
+        if not publisher.ready.done():
+            publisher.ready.set_exception(ConnectionError(str(exc)))
+            return
+        reference = publisher.scanner.server_reference
+        if reference is not None:  # sent to another member: connect there
+            host, _, port = reference.rpartition(":")
+            loop = asyncio.get_running_loop()
+            protocol = partial(_Protocol, publisher, self.client_id)
+            publisher.redirects.append(loop.create_task(loop.create_connection(protocol, host, int(port))))
 
 
-async def _load(port: int, topics: list[str], window: int, warmup_s: float, seconds: float) -> float:
+async def _load(
+    port: int, topics: list[str], window: int, warmup_s: float, seconds: float, v5: bool = False
+) -> float:
     """PUBACKs per second over ``seconds`` after ``warmup_s`` (or, with ``warmup_s`` 0 and window 1, the
     PUBACKs got within ``seconds``)."""
     loop = asyncio.get_running_loop()
-    publishers = [_Publisher(topic, window) for topic in topics]
+    publishers = [_Publisher(topic, window, v5) for topic in topics]
     transports = []
     for n, publisher in enumerate(publishers):
         transport, _ = await asyncio.wait_for(
@@ -192,20 +222,28 @@ async def _load(port: int, topics: list[str], window: int, warmup_s: float, seco
     await asyncio.sleep(seconds)
     acked = sum(p.acked for p in publishers) - before
     elapsed = time.monotonic() - began
+    for publisher in publishers:
+        for redirect in publisher.redirects:
+            redirect.cancel()
+        if publisher.transport is not None:
+            publisher.transport.close()
     for transport in transports:
         transport.close()
+    redirected = sum(len(p.redirects) for p in publishers)
+    if redirected:
+        print(f"[workers] {redirected} publishers sent to another member", flush=True)
     return acked / elapsed if warmup_s else float(acked)
 
 
-def measure(label: str, workers: int, replication: int, args: argparse.Namespace) -> Run:
+def measure(label: str, workers: int, replication: int, redirect: bool, args: argparse.Namespace) -> Run:
     broker_cpus, load_cpus = split_cpus()
-    with started(workers, replication, broker_cpus) as (port, pid):
+    with started(workers, replication, broker_cpus, redirect) as (port, pid):
         if load_cpus:
             os.sched_setaffinity(0, load_cpus)
         topics = [f"workers/{os.getpid()}/{n}" for n in range(args.publishers)]
         cpu0 = cpu_seconds(pid)
         began = time.monotonic()
-        rate = uvloop.run(_load(port, topics, args.window, 1.0, args.seconds))
+        rate = uvloop.run(_load(port, topics, args.window, 1.0, args.seconds, v5=redirect))
         wall = time.monotonic() - began
         cpu = cpu_seconds(pid) - cpu0
     per_cpu = rate * wall / cpu if cpu > 0 else 0.0
@@ -222,17 +260,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "workers.md")
     args = parser.parse_args(argv)
     configurations = [
-        ("one broker", 1, 1),
-        ("--workers 2, replication factor 1 (its own etcd)", 2, 1),
-        ("--workers 2, replication factor 2", 2, 2),
+        ("one broker", 1, 1, False),
+        ("--workers 2, replication factor 1 (its own etcd)", 2, 1, False),
+        ("--workers 2, replication factor 1, redirect_publishers, MQTT 5 publishers", 2, 1, True),
+        ("--workers 2, replication factor 2", 2, 2, False),
     ]
     load_before = os.getloadavg()
-    runs: dict[str, list[Run]] = {label: [] for label, _, _ in configurations}
+    runs: dict[str, list[Run]] = {label: [] for label, _, _, _ in configurations}
     for round_number in range(args.rounds):
         order = configurations if round_number % 2 == 0 else list(reversed(configurations))
-        for label, workers, replication in order:
-            runs[label].append(measure(label, workers, replication, args))
-    write_result(render(runs, args, load_before, os.getloadavg()), args.output)
+        for label, workers, replication, redirect in order:
+            runs[label].append(measure(label, workers, replication, redirect, args))
+    text = render(runs, args, load_before, os.getloadavg())
+    print(text)
+    replace_section(args.output, HEADING, text)  # the file's other sections (the peer link's) are kept
+    print(f"wrote {args.output}", flush=True)
     return 0
 
 
@@ -245,7 +287,7 @@ def render(
     machine = machine_info()
     single = statistics.median(r.per_cpu for r in runs["one broker"])
     lines = [
-        "## Members on one host: --workers 2 against one broker",
+        HEADING,
         "",
         f"{args.publishers} QoS 1 publishers, each on its own topic, {args.window} in flight each, 64-byte "
         "payloads, all on the one address; no subscriber. PUBACKs/s over "

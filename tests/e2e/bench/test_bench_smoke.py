@@ -17,6 +17,10 @@ from bench.loadgen.flow import FlowSpec, Timing, run_flow
 from bench.loadgen.idle import run_idle
 from bench.scenarios import fanin
 from bench.stream import FrameScanner
+from broker_edge.protocol.encoder import encode
+from broker_edge.protocol.packets import MQTT_5, Disconnect
+from broker_edge.protocol.properties import Properties
+from broker_edge.protocol.reason_codes import ReasonCode
 
 
 def test_mosquitto_is_installed() -> None:
@@ -49,6 +53,19 @@ def test_scanner_counts_and_acks_any_chunking() -> None:
     assert scanner.redeliveries == dups
     assert scanner.publishes == 3000 - dups
     assert acks == b"".join(frames.puback(i + 1) for i in range(3000))
+
+
+def test_scanner_reads_where_a_disconnect_sends_the_client() -> None:
+    """The workers bench's MQTT 5 publishers follow a DISCONNECT 0x9C's Server Reference (as the broker
+    encodes it, after a reason string), even when it arrives in pieces behind PUBACKs."""
+    properties = Properties(reason_string="the member leading this topic's partition appends its publishes")
+    properties.server_reference = "127.0.0.1:18831"
+    stream = frames.puback(1) + encode(Disconnect(ReasonCode.USE_ANOTHER_SERVER, properties), MQTT_5)
+    scanner = FrameScanner(bytes((frames.PUBACK, 2)), 4)
+    for byte in range(len(stream)):
+        scanner.feed(stream[byte : byte + 1])
+    assert scanner.counts[4] == 1
+    assert scanner.server_reference == "127.0.0.1:18831"
 
 
 def test_fanin_qos1_delivers_every_acknowledged_message() -> None:
