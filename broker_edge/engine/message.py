@@ -120,9 +120,7 @@ class Message:
             if alias or offsets:
                 key |= (alias << 6) | (offsets << 5) | (alias_only << 4)
         cache = self.templates
-        if cache is None:
-            cache = self.templates = {}
-        else:
+        if cache is not None:
             found = cache.get(key)
             if found is not None:
                 return found
@@ -133,17 +131,20 @@ class Message:
                 found = PublishTemplate(qos, head, b"\x00" + payload if v5 else payload)
             else:
                 found = PublishTemplate(0, b"".join((head, b"\x00", payload)) if v5 else head + payload)
+        else:
+            properties = self._delivery_properties(subscription_ids, expiry, alias, offsets) if v5 else None
+            found = encode_publish_template(
+                "" if alias_only else self.topic,
+                self.payload,
+                MQTT_5 if v5 else MQTT_3_1_1,
+                qos=qos,
+                retain=retain,
+                properties=properties,
+            )
+        if cache is None:  # the first variant (with one subscriber, the only one): the dict made with it
+            self.templates = {key: found}
+        else:
             cache[key] = found
-            return found
-        properties = self._delivery_properties(subscription_ids, expiry, alias, offsets) if v5 else None
-        found = cache[key] = encode_publish_template(
-            "" if alias_only else self.topic,
-            self.payload,
-            MQTT_5 if v5 else MQTT_3_1_1,
-            qos=qos,
-            retain=retain,
-            properties=properties,
-        )
         return found
 
     def _delivery_properties(

@@ -46,7 +46,10 @@ def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: P
             return
         topic = aliased
     limits = ctx.config.limits
-    if topic_over_limits(topic, limits.max_topic_length, limits.max_topic_levels):
+    max_length, max_levels = limits.max_topic_length, limits.max_topic_levels
+    if (  # a topic of n characters has at most 4n UTF-8 bytes: most need only their levels counted here
+        len(topic) << 2 > max_length or topic.count("/") >= max_levels
+    ) and topic_over_limits(topic, max_length, max_levels):
         conn.close(ReasonCode.TOPIC_NAME_INVALID, "topic name longer or deeper than the broker allows")
         return
     packet_id = packet.packet_id
