@@ -31,6 +31,11 @@ Wire format: a WebSocket message is a sequence of parts ``u8 kind | u32 length |
   ``PeerLinks.on`` (``PeerLink.send``). Each feature keeps its kinds, and their body formats, in its own
   module.
 
+``FORWARD`` and ``ANSWER`` are the link's format 2. Members of earlier versions read only format 1
+(``link_format_1``: a record frame per publish, an answer entry per publish), so a link forwards and answers
+in format 1 until its peer, asked once the link is up (service ``FORMAT_SERVICE``), says it speaks format 2:
+a rolling upgrade keeps forwarding between old and new members. Every member reads both.
+
 A link that drops fails the forwards it was waiting for (they may or may not have been appended: the
 device is told the publish failed and resends).
 """
@@ -46,6 +51,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from crc32c import crc32c
 
+from broker_edge.cluster.links.link_format_1 import (
+    ANSWER_1,
+    FORWARD_1,
+    decode_answer_1,
+    decode_forward_1,
+    encode_answer_1,
+    encode_forward_1,
+)
 from broker_edge.cluster.links.member_clients import FailureStreak
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import ForwardAck
@@ -62,7 +75,9 @@ if TYPE_CHECKING:
 __all__ = [
     "ANSWER",
     "FIRST_EXTENSION_KIND",
+    "FORMAT_SERVICE",
     "FORWARD",
+    "LINK_FORMAT",
     "REPLY",
     "REQUEST",
     "UNLOGGED",
@@ -85,8 +100,13 @@ __all__ = [
 log = logging.getLogger("broker_edge.cluster.peer_link")
 
 UNLOGGED, REQUEST, REPLY, FORWARD, ANSWER = 2, 4, 5, 6, 7
-"""Part kinds (1 and 3 were a forward and its answer a record frame and an entry per publish, which this
-version refuses as unknown: a link to a member of such a version closes)."""
+"""Part kinds (1 and 3 are format 1's forward and answer, ``link_format_1``)."""
+LINK_FORMAT = 2
+"""The link format this version speaks and answers with when asked."""
+FORMAT_SERVICE = 0
+"""The request a link asks its peer's link format with (a member of an earlier version has no such
+service: its error reply means format 1)."""
+FORMAT_TIMEOUT_S = 10.0
 FIRST_EXTENSION_KIND = 16
 """Part kinds from here up belong to features registered with ``PeerLinks.on``."""
 PEER_PATH = "/v1/peer"
@@ -329,6 +349,8 @@ class PeerLink:
         self._next_request = 0
         self._requests: dict[int, asyncio.Future[bytes]] = {}
         self._serving: set[asyncio.Task[None]] = set()
+        self.format = 1
+        """The link format the peer reads: 1 until it says it speaks a later one (``learn_format``)."""
 
     @property
     def up(self) -> bool:
@@ -345,7 +367,8 @@ class PeerLink:
             return
         self._next_batch = batch = (self._next_batch + 1) & 0xFFFFFFFF
         self._waiting[batch] = (len(messages), done)
-        self._send(encode_forward(batch, topic, messages))
+        encode = encode_forward if self.format >= 2 else encode_forward_1
+        self._send(encode(batch, topic, messages))
 
     def unlogged(self, message: Message) -> None:
         """Send an unlogged publish for the peer to route (dropped while the link is down: at most once)."""
@@ -353,9 +376,17 @@ class PeerLink:
             self._send(encode_unlogged(message))
 
     def answer(self, batch: int, acks: Sequence[ForwardAck]) -> None:
-        """Answer a ``FORWARD`` of the peer."""
-        if self._socket is not None:
+        """Answer a ``FORWARD`` of the peer, in the format the peer reads."""
+        if self._socket is None:
+            return
+        if self.format >= 2:
             self._send(encode_answer(batch, acks))
+            return
+        try:
+            self._send(encode_answer_1(batch, acks))
+        except ValueError as exc:  # too many for format 1: the peer's forwards fail, its devices resend
+            log.error("cannot answer %s in link format 1, closing the link: %s", self.peer, exc)
+            self._loop.create_task(self.close())
 
     def send(self, kind: int, body: bytes) -> None:
         """Send one extension part (a kind registered with ``PeerLinks.on`` on the peer); dropped while the
@@ -425,7 +456,30 @@ class PeerLink:
         if self._socket is not None:
             self.detach(self._socket)
         self._socket = socket
+        self.format = 1  # a new socket may reach another version of the peer
         log.info("peer link to %s up", self.peer)
+
+    def learn_format(self) -> None:
+        """Ask the peer which link format it speaks and use it from its answer on (format 1 meanwhile,
+        which every member reads, and for good if the peer is of a version without the question)."""
+        task = self._loop.create_task(self._ask_format())
+        self._serving.add(task)
+        task.add_done_callback(self._serving.discard)
+
+    async def _ask_format(self) -> None:
+        socket = self._socket
+        try:
+            reply = await self.request(FORMAT_SERVICE, b"", FORMAT_TIMEOUT_S)
+        except PeerRequestFailed:
+            log.warning(
+                "peer %s runs an earlier version (peer link format 1): forwarding to it in that format",
+                self.peer,
+            )
+            return
+        except (PeerLinkDown, TimeoutError):
+            return  # asked again when the link comes up again
+        if self._socket is socket and reply:
+            self.format = min(reply[0], LINK_FORMAT)
 
     def uses(self, socket: _Socket) -> bool:
         """Whether ``socket`` is the link's current one (not replaced by a newer socket, nor closed)."""
@@ -464,13 +518,16 @@ class PeerLink:
         parts to ``handlers`` by kind, requests to ``services`` by service number."""
         now = self._loop.time()
         for kind, body in decode_parts(data):
-            if kind == ANSWER:
-                batch, acks = decode_answer(body)
+            if kind in (ANSWER, ANSWER_1):
+                batch, acks = decode_answer(body) if kind == ANSWER else decode_answer_1(body)
                 waiting = self._waiting.pop(batch, None)
                 if waiting is not None:
                     waiting[1](acks)
-            elif kind == FORWARD:
-                batch, messages = decode_forward(body, now)
+            elif kind in (FORWARD, FORWARD_1):
+                if kind == FORWARD:
+                    batch, messages = decode_forward(body, now)
+                else:
+                    batch, messages = decode_forward_1(body, now, MAX_RECORD_BODY)
                 receiver.forwarded(self, batch, messages)
             elif kind == UNLOGGED:
                 receiver.unlogged(decode_unlogged(body, now))
@@ -510,6 +567,11 @@ class PeerLink:
         task.add_done_callback(self._serving.discard)
 
 
+async def _speaks(link: PeerLink, body: memoryview) -> bytes:
+    """``FORMAT_SERVICE``: the link format this version speaks."""
+    return bytes([LINK_FORMAT])
+
+
 class PeerLinks:
     """Every peer link of this node: dials the members it should, accepts the others, routes what arrives.
 
@@ -538,7 +600,7 @@ class PeerLinks:
         self._urls: dict[str, str] = {}
         self._closed = False
         self._handlers: dict[int, PeerHandler] = {}
-        self._services: dict[int, PeerService] = {}
+        self._services: dict[int, PeerService] = {FORMAT_SERVICE: _speaks}
 
     def on(self, kind: int, handler: PeerHandler) -> None:
         """Hand parts of ``kind`` (``>= FIRST_EXTENSION_KIND``) that peers send to ``handler``."""
@@ -630,6 +692,7 @@ class PeerLinks:
         import aiohttp
 
         link.attach(socket)
+        link.learn_format()
         if self.proofs is not None:
             self.proofs.link_up(link.peer)
         async for frame in socket:

@@ -27,4 +27,6 @@ def link_in_memory(a: PeerLinks, b: PeerLinks) -> tuple[MemoryWire, MemoryWire]:
     b_to_a = MemoryWire(a, a.link(b.node_id))
     a.link(b.node_id).attach(a_to_b)
     b.link(a.node_id).attach(b_to_a)
+    a.link(b.node_id).learn_format()  # as a link coming up does: format 2 once the peer answers
+    b.link(a.node_id).learn_format()
     return a_to_b, b_to_a
