@@ -78,6 +78,8 @@ async def _measure(topics: int, per_batch: int, seconds: float) -> float:
     while not a.up("b"):
         await asyncio.sleep(0.01)
     link = a.link("b")
+    while getattr(link, "format", 2) < 2:  # the peer's answer to the format question (a rev without it: none)
+        await asyncio.sleep(0.01)
     batches = {
         topic: [Message(f"bench/{topic}", bytes(100), 1, False, None, f"device-{topic}")] * per_batch
         for topic in range(topics)
