@@ -16,6 +16,9 @@ QoS 1 deliveries are acknowledged with PUBACK frames assembled with the same str
 from __future__ import annotations
 
 from bench import frames
+from broker_edge.protocol import PacketType
+from broker_edge.protocol.errors import MQTTError
+from broker_edge.protocol.properties import decode_properties
 
 _PUBACK_FIRST = bytes((frames.PUBACK,)) * 65536
 _PUBACK_LEN = bytes((2,)) * 65536
@@ -164,27 +167,12 @@ class FrameScanner:
 
 
 def _server_reference(properties: bytes) -> str | None:
-    """The Server Reference (0x1C) among an MQTT 5 DISCONNECT's properties (after its reason code)."""
-    length, pos = 0, 0
-    for shift in range(0, 28, 7):  # the properties' length, a variable byte integer
-        length |= (properties[pos] & 0x7F) << shift
-        pos += 1
-        if not properties[pos - 1] & 0x80:
-            break
-    end = min(pos + length, len(properties))
-    while pos < end:
-        identifier = properties[pos]
-        pos += 1
-        if identifier in (0x1C, 0x1F):  # Server Reference, Reason String: UTF-8 strings
-            size = int.from_bytes(properties[pos : pos + 2], "big")
-            if identifier == 0x1C:
-                return properties[pos + 2 : pos + 2 + size].decode()
-            pos += 2 + size
-        elif identifier == 0x11:  # Session Expiry Interval
-            pos += 4
-        elif identifier == 0x26:  # User Property: two strings
-            for _ in range(2):
-                pos += 2 + int.from_bytes(properties[pos : pos + 2], "big")
-        else:
-            return None
-    return None
+    """The Server Reference among an MQTT 5 DISCONNECT's properties (after its reason code), read by the
+    broker's own property decoder; None when there is none or the properties are not well formed."""
+    try:
+        decoded, _ = decode_properties(
+            properties, memoryview(properties), 0, len(properties), PacketType.DISCONNECT
+        )
+    except MQTTError:
+        return None
+    return decoded.server_reference if decoded is not None else None
