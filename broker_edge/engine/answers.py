@@ -194,11 +194,12 @@ def answer_all(entries: Sequence[PendingPublish]) -> None:
             and entry.reason_string is None
             and entry.reason_code in _RUN_CODES
         ):
-            if publisher is not owner or entry.reason_code != code:
-                if owner is not None:
-                    _acknowledge_run(owner, run, code)
-                run, owner, code = [], publisher, entry.reason_code
-            run.append(packet_id)
+            if publisher is owner and entry.reason_code == code:
+                run.append(packet_id)
+                continue
+            if owner is not None:
+                _acknowledge_run(owner, run, code)
+            run, owner, code = [packet_id], publisher, entry.reason_code
             continue
         if owner is not None:
             _acknowledge_run(owner, run, code)
@@ -220,7 +221,10 @@ def _acknowledge_run(publisher: Publisher, packet_ids: list[int], reason_code: i
     pending = publisher.incoming_pending
     if pending > 0:
         publisher.incoming_pending = max(0, pending - len(packet_ids))
-    publisher.send_pubacks(packet_ids, reason_code)
+    if len(packet_ids) == 1:  # a device with one publish in flight: its own PUBACK, no run to pack
+        publisher.send_puback(packet_ids[0], reason_code)
+    else:
+        publisher.send_pubacks(packet_ids, reason_code)
 
 
 def acknowledge(
