@@ -343,6 +343,13 @@ class SharedGroups:
                 return epoch in self.led_epochs.get(partition, ()) and not self.view.fenced
         return self.view.leads(partition)
 
+    def may_assign(self, topic: str) -> bool:
+        """Whether this node may assign any logged record of ``topic`` (``_assigns``): it leads the topic's
+        partition, or led it in an epoch since it started. A node that never did only routes the records of
+        the partition's shared groups to nobody (another node assigns them)."""
+        partition = self.view.partition_of(topic)
+        return partition in self.led_epochs or self.view.leads(partition)
+
     def _view_changed(self) -> None:
         view = self.view
         for partition, state in view.states.items():
