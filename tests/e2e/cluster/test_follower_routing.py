@@ -4,8 +4,9 @@ Every partition has three replicas. A follower passes over the committed records
 on it matches (``timestone_broker_followed_records_total{outcome="passed_over"}``: not decoded) and routes
 the others: those a subscriber of its own wants, one offline or a shared group's member included, and every
 retained one (each broker keeps the whole retained set). A shared group's records are assigned by their
-leader: a follower with no member of the group passes them over. A subscription made after records were passed over gets what MQTT promises
-(the retained message, every message published from then on) and, replaying, every record from the log.
+leader: a follower with no member of the group passes them over. A subscription made after records were
+passed over gets what MQTT promises (the retained message, every message published from then on) and,
+replaying, every record from the log.
 """
 
 from __future__ import annotations
