@@ -4,8 +4,9 @@ the group, whichever broker its members are connected to.
 Which brokers have members of which group is in etcd (``SharedRegistry``, a key per broker under its lease,
 followed into a ``SharedDirectory``); everything per message moves over the peer links:
 
-- **Logged publishes** (QoS 1/2 by default). Every broker routes every committed record, so a broker's
-  ordinary routing never serves shared groups (this object is the ``shared_dispatch`` port):
+- **Logged publishes** (QoS 1/2 by default). Every broker routes the committed records its subscribers
+  want, so a broker's ordinary routing never serves shared groups (this object is the ``shared_dispatch``
+  port; ``may_assign`` tells a follower which topics' records it must route for it):
   only the partition's leader, the first to know the record and the one place its order is defined, picks
   a broker for each matching group (round robin over the brokers with members whose link is up) and sends
   it the message (``ASSIGN``); that broker picks one of its own members as a broker alone does. The leader
