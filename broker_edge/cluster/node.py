@@ -94,12 +94,12 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _subscribed_here(router: Router, directory: SharedDirectory) -> Callable[[str], bool]:
+def _subscribed_here(router: Router, shared: SharedGroups) -> Callable[[str], bool]:
     """Whether a topic has a subscription on this member (an ordinary one, a shared group's member), or a
-    shared group with members on any member (the leader that appended a record assigns it, from its log or
-    as it routes it): both tries cache their answers per topic."""
-    match, groups = router.trie.match, directory.match
-    return lambda topic: bool(match(topic)) or bool(groups(topic))
+    shared group with members on any member whose records this member may assign (it leads the topic's
+    partition, or led it: ``SharedGroups.may_assign``): both tries cache their answers per topic."""
+    match, groups, may_assign = router.trie.match, shared.directory.match, shared.may_assign
+    return lambda topic: bool(match(topic)) or (bool(groups(topic)) and may_assign(topic))
 
 
 class BrokerHandle(Protocol):
@@ -281,7 +281,7 @@ class ClusterNode:
         if self.epochs is not None:
             self.shared.epoch_of = self.epochs.epoch_at
         if self.followers is not None:
-            self.followers.delivery.wants = _subscribed_here(broker.router, directory)
+            self.followers.delivery.wants = _subscribed_here(broker.router, self.shared)
         self.members_routes.append(self.links.add_routes)
         broker.add_offsets_api_routes(cluster_info_route(self.view, self._observer_status))
         self._was_fenced = False

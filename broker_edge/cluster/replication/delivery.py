@@ -6,12 +6,12 @@ them, an observer as its leader sends them, a new leader the records it inherite
 shared cache.
 
 A record of a topic that no subscription here can match (``wants``: an ordinary subscription, a shared group
-with members here or on any member) is passed over: neither read back nor decoded, only its offset counted
-as routed. A retained one is still routed, since every member keeps the whole retained set: the RETAIN flag
-is read from the frame's flags byte (a replica's when it appends the frames, an observer's as they come),
-and only those frames are decoded. Nothing a later subscriber gets depends on the routing of earlier
-records: it gets the retained messages, the records committed once it is subscribed, and, replaying or
-resuming a session, reads the log.
+with members here, or anywhere while this member may assign its records) is passed over: neither read back
+nor decoded, only its offset counted as routed. A retained one is still routed, since every member keeps the
+whole retained set: the RETAIN flag is read from the frame's flags byte (a replica's when it appends the
+frames, an observer's as they come), and only those frames are decoded. Nothing a later subscriber gets
+depends on the routing of earlier records: it gets the retained messages, the records committed once it is
+subscribed, and, replaying or resuming a session, reads the log.
 """
 
 from __future__ import annotations
