@@ -133,8 +133,7 @@ class SparkplugHost:
             online = json.loads(payload).get("online")
         except (ValueError, AttributeError):
             online = None
-        connected = self.client is not None and self.client.connected
-        if online is not True and self.born and not self.stopping and connected:
+        if online is not True and self.born and self.client is not None and self.client.connected:
             self.stats["offline_states_answered"] += 1
             answer = asyncio.get_running_loop().create_task(self._publish_birth())
             self._answers.add(answer)
