@@ -30,6 +30,7 @@ from broker_edge.protocol.properties import Properties
 if TYPE_CHECKING:
     from broker_edge.engine.connection.terms import Terms
     from broker_edge.engine.message import Message
+    from broker_edge.engine.publish_run import PublishRun
     from broker_edge.engine.sessions.session import Session
     from broker_edge.protocol.codec import PacketDecoder, PublishTemplate
     from broker_edge.protocol.packets import Packet
@@ -242,6 +243,30 @@ class Outgoing:
             out.append(tail)
         terms.stats.sent[qos] += 1
         return True
+
+    def send_run(self, run: PublishRun, subscription_ids: tuple[int, ...]) -> None:
+        """Write a run of plain QoS 0 messages (``engine.publish_run``) delivered at QoS 0: the frames as
+        received in one piece when this client takes them as they are, else each one by ``send_message``."""
+        terms = self.terms
+        if (
+            terms.v5 == run.v5
+            and not subscription_ids
+            and not terms.alias_max_out
+            and not terms.paused
+            and run.fits(terms.max_packet_out)
+        ):
+            out = self._out
+            if out is None:
+                if terms.state == CLOSED:
+                    return
+                self._out = [run.frames]
+                terms.host.schedule_flush(self)
+            else:
+                out.append(run.frames)
+            terms.stats.sent[0] += len(run)
+            return
+        for message in run.messages():
+            self.send_message(message, 0, False, subscription_ids, None)
 
     def _aliased_template(
         self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...], offsets: bool
