@@ -180,32 +180,30 @@ class Outgoing:
             and (rare := session._rare) is not None
             and rare.log_offsets
         )
-        frame = message.frame
-        if (
-            frame is not None
-            and not qos
-            and not message.qos
-            and terms.v5 == message.frame_v5
-            and not retain
-            and not subscription_ids
-            and not offsets
-            and not terms.alias_max_out
-        ):
-            head = frame  # the publisher's frame again (``Message.frame``): no template to look up or make
-        elif not terms.alias_max_out:
-            # A plain variant already encoded for another subscriber is looked up here, without the call
-            # to ``template`` (its key as ``Message.templates`` says): one call fewer per delivery.
+        if not terms.alias_max_out:
             templates = message.templates
             if (
-                templates is None
-                or offsets
-                or subscription_ids
-                or message.expires_at is not None
-                or (found := templates.get((terms.v5 << 3) | (qos << 1) | retain)) is None
+                templates is None  # the frame path makes no template: another subscriber's variant did
+                and not qos
+                and (frame := message.frame) is not None
+                and not message.qos
+                and terms.v5 == message.frame_v5
+                and not retain
+                and not subscription_ids
+                and not offsets
             ):
-                found = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
-            template = found
-            head = template.head
+                head = frame  # the publisher's frame again (``Message.frame``): no template made
+            else:  # a plain variant encoded for another subscriber is looked up here, one call fewer
+                if (
+                    templates is None
+                    or offsets
+                    or subscription_ids
+                    or message.expires_at is not None
+                    or (found := templates.get((terms.v5 << 3) | (qos << 1) | retain)) is None
+                ):
+                    found = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
+                template = found
+                head = template.head
         else:
             aliased = self._aliased_template(message, qos, retain, subscription_ids, offsets)
             if aliased is None:
