@@ -181,10 +181,22 @@ class Outgoing:
             and rare.log_offsets
         )
         if not terms.alias_max_out:
+            # A plain variant already encoded for another subscriber is looked up here, without the call to
+            # ``template`` (its key as ``Message.templates`` says); the first QoS 0 delivery of the
+            # publisher's family is the frame received (``Message.frame``), no template made at all.
             templates = message.templates
-            if (
-                templates is None  # the frame path makes no template: another subscriber's variant did
-                and not qos
+            if templates is not None:
+                if (
+                    offsets
+                    or subscription_ids
+                    or message.expires_at is not None
+                    or (found := templates.get((terms.v5 << 3) | (qos << 1) | retain)) is None
+                ):
+                    found = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
+                template = found
+                head = template.head
+            elif (
+                not qos
                 and (frame := message.frame) is not None
                 and not message.qos
                 and terms.v5 == message.frame_v5
@@ -192,17 +204,9 @@ class Outgoing:
                 and not subscription_ids
                 and not offsets
             ):
-                head = frame  # the publisher's frame again (``Message.frame``): no template made
-            else:  # a plain variant encoded for another subscriber is looked up here, one call fewer
-                if (
-                    templates is None
-                    or offsets
-                    or subscription_ids
-                    or message.expires_at is not None
-                    or (found := templates.get((terms.v5 << 3) | (qos << 1) | retain)) is None
-                ):
-                    found = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
-                template = found
+                head = frame
+            else:
+                template = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
                 head = template.head
         else:
             aliased = self._aliased_template(message, qos, retain, subscription_ids, offsets)
