@@ -13,7 +13,10 @@ is the process's CPU time (``time.process_time``) per publish over ``--passes`` 
   ``plant/#``: 50 deliveries and one PUBACK per publish;
 - ``fanin``: 500 MQTT 3.1.1 devices, each on a topic of its own, send one QoS 1 PUBLISH a turn for 40 turns,
   one QoS 0 subscriber of ``plant/#``;
-- ``fanin_member``: the same on a cluster member leading every partition (a ``forwarding`` port that appends
+- ``fanin_reads``: 16 MQTT 3.1.1 publishers, each on a topic of its own, send reads of 16 QoS 1 PUBLISHes
+  (logged, 64-byte payloads) in turn, 100 turns, one QoS 0 subscriber of ``plant/#``: the socket fan-in's
+  shape, where a read brings several publishes of a publisher and a turn's batch acknowledges them together;
+- ``fanin_member``: ``fanin`` on a cluster member leading every partition (a ``forwarding`` port that appends
   everything here), whose answers keep each publisher's order through the queue a member needs;
 - ``fanin_qos0``: 16 MQTT 3.1.1 publishers, each on a topic of its own, send reads of 64 QoS 0 PUBLISHes
   (64-byte payloads) in turn, 100 turns, one QoS 0 subscriber of ``plant/#``;
@@ -178,6 +181,23 @@ def _turns(core: HandDrivenCore, devices: list[Any], frames: list[list[bytes]]) 
     return run
 
 
+def fanin_reads() -> Scenario:
+    core = broker(member=False)
+    subscribe(core, 1, MQTT_3_1_1)
+    publishers = [connect(core, f"meter-{n}", MQTT_3_1_1) for n in range(16)]
+    reads = [
+        [
+            b"".join(
+                encode(Publish(f"plant/meter-{n}", b"x" * 64, 1, packet_id=1 + turn * 16 + k), MQTT_3_1_1)
+                for k in range(16)
+            )
+            for n in range(16)
+        ]
+        for turn in range(100)
+    ]
+    return _turns(core, publishers, reads), 100 * 16 * 16, core, 100 * 16 * 16
+
+
 def fanin_qos0() -> Scenario:
     core = broker(member=False)
     subscribe(core, 1, MQTT_3_1_1)
@@ -219,6 +239,7 @@ FLEET = 10_000
 SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "fanout": fanout,
     "fanin": lambda: fanin(member=False),
+    "fanin_reads": fanin_reads,
     "fanin_member": lambda: fanin(member=True),
     "fanin_qos0": fanin_qos0,
     "fleet": fleet,

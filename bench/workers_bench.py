@@ -1,14 +1,19 @@
 """Members on one host: `timestone broker --workers 2` against one broker, QoS 1 publishers on one address.
 
     .venv/bin/python -m bench.workers_bench [--publishers 16] [--window 64] [--seconds 6] [--rounds 2]
+        [--only one,rf1,redirect,rf2,rf3] [--against REV]
 
-Four configurations, taking turns in each round, each started fresh with its data in a temporary
-directory and pinned to the first CPU (the publishers on the others): one broker; `--workers 2` (its own
-etcd, replication factor 1); `--workers 2` joining an etcd the bench runs, with replication factor 1 and
-`cluster.redirect_publishers`, its publishers MQTT 5 clients that follow a Server Reference (so each ends up
-on the member leading its topic's partition); `--workers 2` joining that etcd with replication factor 2
-(every log on both members, acknowledged once both hold it); the publishers of the other three are MQTT
-3.1.1 clients. P publishers, each on its own topic (so the topics spread over the partitions, and over the
+Five configurations, taking turns in each round, each started fresh with its data in a temporary
+directory and pinned to the first CPU (the publishers on the others): one broker (`one`); `--workers 2`
+(its own etcd, replication factor 1: `rf1`); `--workers 2` joining an etcd the bench runs, with replication
+factor 1 and `cluster.redirect_publishers`, its publishers MQTT 5 clients that follow a Server Reference (so
+each ends up on the member leading its topic's partition: `redirect`); `--workers 2` joining that etcd with
+replication factor 2 (every log on both members, acknowledged once both hold it: `rf2`); `--workers 3`
+joining it with replication factor 3 (`rf3`: every member follows the partitions the two others lead); the
+publishers of the others are MQTT 3.1.1 clients. `--only` picks some of them. `--against REV` runs each
+configuration of the broker at git commit REV too (its `broker_edge` first on the broker's PYTHONPATH),
+taking turns with this checkout's, and writes a section of its own (before and after a change, as ratios
+from one run). P publishers, each on its own topic (so the topics spread over the partitions, and over the
 members that lead them), keep W QoS 1 publishes in flight on the one port the kernel spreads over the
 members; no subscriber. Figures: PUBACKs/s over the window, and PUBACKs per second of the CPU of every
 process of the broker (members, and the etcd the command runs) together. On two cores every member shares
@@ -41,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import frames, net
 from bench.brokers.base import stop_process_group
-from bench.brokers.timestone import timestone_executable
+from bench.brokers.timestone import REPO, timestone_executable
 from bench.report import RESULTS_DIR, replace_section
 from bench.stream import FrameScanner
 from bench.sysinfo import cpu_seconds, machine_info, split_cpus
@@ -72,12 +77,37 @@ def _config(directory: Path, port: int, cluster: str = "") -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Configuration:
+    key: str
+    label: str
+    workers: int
+    replication: int
+    redirect: bool = False
+
+
+CONFIGURATIONS = (
+    Configuration("one", "one broker", 1, 1),
+    Configuration("rf1", "--workers 2, replication factor 1 (its own etcd)", 2, 1),
+    Configuration(
+        "redirect", "--workers 2, replication factor 1, redirect_publishers, MQTT 5 publishers", 2, 1, True
+    ),
+    Configuration("rf2", "--workers 2, replication factor 2", 2, 2),
+    Configuration("rf3", "--workers 3, replication factor 3", 3, 3),
+)
+
+
 @contextmanager
 def started(
-    workers: int, replication: int, cpus: set[int] | None, redirect: bool = False
+    workers: int,
+    replication: int,
+    cpus: set[int] | None,
+    redirect: bool = False,
+    source: Path | None = None,
 ) -> Iterator[tuple[int, int]]:
     """A broker (``workers`` 1) or ``--workers`` members on a free port: (port, pid of the command).
-    ``redirect``: with ``cluster.redirect_publishers`` (joining an etcd of the bench's)."""
+    ``redirect``: with ``cluster.redirect_publishers`` (joining an etcd of the bench's); ``source``: a
+    directory whose ``broker_edge`` runs instead of this checkout's."""
     directory = Path(tempfile.mkdtemp(prefix="bench-workers-"))
     etcd = None
     try:
@@ -101,6 +131,7 @@ def started(
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+                env={**os.environ, "PYTHONPATH": str(source)} if source else None,
             )
         try:
             _wait_settled(port, process, directory)
@@ -235,9 +266,12 @@ async def _load(
     return acked / elapsed if warmup_s else float(acked)
 
 
-def measure(label: str, workers: int, replication: int, redirect: bool, args: argparse.Namespace) -> Run:
+def measure(
+    label: str, configuration: Configuration, args: argparse.Namespace, source: Path | None = None
+) -> Run:
     broker_cpus, load_cpus = split_cpus()
-    with started(workers, replication, broker_cpus, redirect) as (port, pid):
+    workers, replication, redirect = configuration.workers, configuration.replication, configuration.redirect
+    with started(workers, replication, broker_cpus, redirect, source) as (port, pid):
         if load_cpus:
             os.sched_setaffinity(0, load_cpus)
         topics = [f"workers/{os.getpid()}/{n}" for n in range(args.publishers)]
@@ -257,25 +291,54 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--only", help="configurations, comma-separated: " + ",".join(c.key for c in CONFIGURATIONS)
+    )
+    parser.add_argument("--against", metavar="REV", help="a commit whose broker runs each configuration too")
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "workers.md")
     args = parser.parse_args(argv)
-    configurations = [
-        ("one broker", 1, 1, False),
-        ("--workers 2, replication factor 1 (its own etcd)", 2, 1, False),
-        ("--workers 2, replication factor 1, redirect_publishers, MQTT 5 publishers", 2, 1, True),
-        ("--workers 2, replication factor 2", 2, 2, False),
-    ]
-    load_before = os.getloadavg()
-    runs: dict[str, list[Run]] = {label: [] for label, _, _, _ in configurations}
-    for round_number in range(args.rounds):
-        order = configurations if round_number % 2 == 0 else list(reversed(configurations))
-        for label, workers, replication, redirect in order:
-            runs[label].append(measure(label, workers, replication, redirect, args))
-    text = render(runs, args, load_before, os.getloadavg())
+    keys = args.only.split(",") if args.only else [c.key for c in CONFIGURATIONS]
+    unknown = set(keys) - {c.key for c in CONFIGURATIONS}
+    if unknown:
+        parser.error(f"--only: no configuration {', '.join(sorted(unknown))}")
+    configurations = [c for c in CONFIGURATIONS if c.key in keys]
+    with tempfile.TemporaryDirectory(prefix="workers-bench-") as scratch:
+        sources: dict[str, Path | None] = {"": None}
+        if args.against:
+            archive = subprocess.run(
+                ["git", "-C", str(REPO), "archive", args.against, "broker_edge"],
+                check=True,
+                capture_output=True,
+            ).stdout
+            subprocess.run(["tar", "-x", "-C", scratch], input=archive, check=True)
+            sources = {
+                f", this checkout ({_commit('HEAD')})": None,
+                f", {_commit(args.against)}": Path(scratch),
+            }
+        load_before = os.getloadavg()
+        runs: dict[str, list[Run]] = {c.label + name: [] for c in configurations for name in sources}
+        turns = [(c, name, source) for c in configurations for name, source in sources.items()]
+        for round_number in range(args.rounds):
+            for configuration, name, source in turns if round_number % 2 == 0 else list(reversed(turns)):
+                label = configuration.label + name
+                runs[label].append(measure(label, configuration, args, source))
+    text = render(runs, args, load_before, os.getloadavg(), list(sources))
     print(text)
-    replace_section(args.output, HEADING, text)  # the file's other sections (the peer link's) are kept
+    replace_section(args.output, _heading(args), text)  # the file's other sections are kept
     print(f"wrote {args.output}", flush=True)
     return 0
+
+
+def _commit(rev: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def _heading(args: argparse.Namespace) -> str:
+    if args.against:
+        return f"## Members on one host: this checkout against {_commit(args.against)}"
+    return HEADING
 
 
 def render(
@@ -283,11 +346,11 @@ def render(
     args: argparse.Namespace,
     load_before: tuple[float, float, float],
     load_after: tuple[float, float, float],
+    sources: list[str],
 ) -> str:
     machine = machine_info()
-    single = statistics.median(r.per_cpu for r in runs["one broker"])
     lines = [
-        HEADING,
+        _heading(args),
         "",
         f"{args.publishers} QoS 1 publishers, each on its own topic, {args.window} in flight each, 64-byte "
         "payloads, all on the one address; no subscriber. PUBACKs/s over "
@@ -299,15 +362,19 @@ def render(
         "|---|---|---|---|---|",
     ]
     for label, measured in runs.items():
+        source = next((name for name in sources if name and label.endswith(name)), "")
+        single = runs.get("one broker" + source)
         rate = statistics.median(r.acked_per_s for r in measured)
         per_cpu = statistics.median(r.per_cpu for r in measured)
         shown = "; ".join(f"{r.acked_per_s:,.0f} ({r.per_cpu:,.0f})" for r in measured)
-        lines.append(f"| {label} | {rate:,.0f} | {per_cpu:,.0f} | {shown} | {per_cpu / single:.2f}x |")
+        ratio = f"{per_cpu / statistics.median(r.per_cpu for r in single):.2f}x" if single else "-"
+        lines.append(f"| {label} | {rate:,.0f} | {per_cpu:,.0f} | {shown} | {ratio} |")
     lines += [
         "",
-        f"`bench/workers_bench.py`, measured {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on "
-        f"{machine.cpu_model}, {machine.cores} CPUs, Python {machine.python}; the broker's processes pinned "
-        "to CPU 0, the publishers to CPU 1. Load average "
+        f"`bench/workers_bench.py{' --against ' + args.against if args.against else ''}"
+        f"{' --only ' + args.only if args.only else ''}`, measured {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} "
+        f"UTC on {machine.cpu_model}, {machine.cores} CPUs, Python {machine.python}; the broker's processes "
+        "pinned to CPU 0, the publishers to CPU 1. Load average "
         f"{load_before[0]:.2f} at the start and {load_after[0]:.2f} at the end.",
     ]
     return "\n".join(lines) + "\n"

@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from broker_edge.engine.publish import PublishPath
     from broker_edge.engine.routing.router import Router
     from broker_edge.http.guard import GuardedRunner
+    from broker_edge.observe.metrics import BrokerMetrics
     from broker_edge.security.acl import AccessControl
     from broker_edge.security.http_budget import MemoryBudget
     from broker_edge.settings.broker import BrokerConfig
@@ -91,6 +92,14 @@ ETCD_TIMEOUT_S = 2.0
 def _now_ms() -> int:
     """Wall-clock milliseconds, the clock of the records' timestamps."""
     return int(time.time() * 1000)
+
+
+def _subscribed_here(router: Router, shared: SharedGroups) -> Callable[[str], bool]:
+    """Whether a topic has a subscription on this member (an ordinary one, a shared group's member), or a
+    shared group with members on any member whose records this member may assign (it leads the topic's
+    partition, or led it: ``SharedGroups.may_assign``): both tries cache their answers per topic."""
+    match, groups, may_assign = router.trie.match, shared.directory.match, shared.may_assign
+    return lambda topic: bool(match(topic)) or (bool(groups(topic)) and may_assign(topic))
 
 
 class BrokerHandle(Protocol):
@@ -116,6 +125,9 @@ class BrokerHandle(Protocol):
 
     @property
     def replays(self) -> ReplayManager | None: ...
+
+    @property
+    def metrics(self) -> BrokerMetrics: ...
 
     @property
     def acl(self) -> AccessControl | None: ...
@@ -268,6 +280,8 @@ class ClusterNode:
         )
         if self.epochs is not None:
             self.shared.epoch_of = self.epochs.epoch_at
+        if self.followers is not None:
+            self.followers.delivery.wants = _subscribed_here(broker.router, self.shared)
         self.members_routes.append(self.links.add_routes)
         broker.add_offsets_api_routes(cluster_info_route(self.view, self._observer_status))
         self._was_fenced = False
@@ -312,6 +326,14 @@ class ClusterNode:
         store.replicated_log.enable(cluster.hw_checkpoint_interval_ms / 1000)
         epochs = self.epochs = LeaderEpochs(store)
         delivery = LocalDelivery(store, broker.router.publish, broker.replays, live_from_ms=_now_ms())
+        followed = broker.metrics.counter(
+            "followed_records",
+            "Committed records this member routes as a follower (or inherited as a new leader), by outcome: "
+            "routed to its subscribers, or passed over undecoded (no subscription here matches the topic).",
+            ["outcome"],
+        )
+        followed.labels("routed").set_function(lambda: delivery.records_routed)
+        followed.labels("passed_over").set_function(lambda: delivery.records_passed_over)
         self.leader = LeaderReplication(
             view,
             store,

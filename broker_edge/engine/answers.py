@@ -25,7 +25,7 @@ from broker_edge.engine.ports import ForwardAck
 if TYPE_CHECKING:
     from broker_edge.engine.message import Message
 
-__all__ = ["AnswersInTurn", "ForwardedBatch", "PendingPublish", "Publisher", "acknowledge"]
+__all__ = ["AnswersInTurn", "ForwardedBatch", "PendingPublish", "Publisher", "acknowledge", "answer_all"]
 
 
 class Publisher(Protocol):
@@ -43,6 +43,9 @@ class Publisher(Protocol):
     while it has that many (``Connection``)."""
 
     def send_puback(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None: ...
+
+    def send_pubacks(self, packet_ids: list[int], reason_code: int = 0) -> None:
+        """The PUBACKs of several accepted QoS 1 publishes (reason code 0 or 0x10) at once, in order."""
 
     def send_pubrec(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None: ...
 
@@ -171,6 +174,57 @@ def answer(entry: PendingPublish) -> None:
         publisher.send_puback(packet_id, reason_code, entry.reason_string)
     elif qos == 2:
         publisher.send_pubrec(packet_id, reason_code, entry.reason_string)
+
+
+def answer_all(entries: Sequence[PendingPublish]) -> None:
+    """``answer`` each of ``entries``, in order, when none waits for another (a broker alone's batch): the
+    accepted QoS 1 publishes of one client that follow each other are acknowledged with one write of their
+    PUBACKs, not one call chain per publish."""
+    run: list[int] = []
+    owner: Publisher | None = None
+    code = 0
+    for entry in entries:
+        publisher = entry.publisher
+        packet_id = entry.packet_id
+        if (
+            entry.qos == 1
+            and publisher is not None
+            and packet_id is not None
+            and entry.batch is None
+            and entry.reason_string is None
+            and entry.reason_code in _RUN_CODES
+        ):
+            if publisher is owner and entry.reason_code == code:
+                run.append(packet_id)
+                continue
+            if owner is not None:
+                _acknowledge_run(owner, run, code)
+            run, owner, code = [packet_id], publisher, entry.reason_code
+            continue
+        if owner is not None:
+            _acknowledge_run(owner, run, code)
+            run, owner = [], None
+        answer(entry)
+    if owner is not None:
+        _acknowledge_run(owner, run, code)
+
+
+_RUN_CODES = (0, 0x10)
+"""The reason codes of an accepted publish (success, no matching subscribers): the ones ``answer_all``
+sends in runs."""
+
+
+def _acknowledge_run(publisher: Publisher, packet_ids: list[int], reason_code: int) -> None:
+    """``answer`` of several accepted QoS 1 publishes of ``publisher``, in one write."""
+    if publisher.state == CLOSED:
+        return
+    pending = publisher.incoming_pending
+    if pending > 0:
+        publisher.incoming_pending = max(0, pending - len(packet_ids))
+    if len(packet_ids) == 1:  # a device with one publish in flight: its own PUBACK, no run to pack
+        publisher.send_puback(packet_ids[0], reason_code)
+    else:
+        publisher.send_pubacks(packet_ids, reason_code)
 
 
 def acknowledge(

@@ -53,6 +53,8 @@ from broker_edge.engine.answers import (
     PendingPublish,
     Publisher,
     acknowledge,
+    answer,
+    answer_all,
 )
 from broker_edge.engine.connection.states import CLOSED
 from broker_edge.engine.message import Message
@@ -537,7 +539,10 @@ class PublishPath:
                     entry.reason_code = _NO_MATCHING
                 if message.retain:
                     entry.reason_string = retained_not_kept(router, message)
-            ready(entry)
+            if ready is not answer:
+                ready(entry)
+        if ready is answer:  # none waits for another: every answer once the batch is routed, in runs
+            answer_all(batch)
         replays = self.replays
         if replays is not None:
             replays.appended_runs(runs)

@@ -1,7 +1,7 @@
 """The sans-IO MQTT codec: ``PacketDecoder.feed`` (bytes → packets) and ``encode`` (packets → bytes)."""
 
 from .decoder import MAX_PACKET_SIZE, PacketDecoder, Role, SharedDecoder, shared_decoder
-from .encoder import PublishTemplate, encode, encode_puback_success, encode_publish_template
+from .encoder import PublishTemplate, encode, encode_puback_success, encode_pubacks, encode_publish_template
 
 __all__ = [
     "MAX_PACKET_SIZE",
@@ -11,6 +11,7 @@ __all__ = [
     "SharedDecoder",
     "encode",
     "encode_puback_success",
+    "encode_pubacks",
     "encode_publish_template",
     "shared_decoder",
 ]

@@ -6,6 +6,8 @@ and AUTH use the short v5 forms when the reason code is 0 and there are no prope
 values the receiver would reject as malformed (ValueError), but does not re-check protocol rules.
 """
 
+import struct
+from collections.abc import Sequence
 from typing import Final
 
 from .packets import (
@@ -218,6 +220,24 @@ def encode_puback_success(packet_id: int) -> bytes:
     """A PUBACK with reason code 0 and no properties, the acknowledgement of every QoS 1 publish accepted:
     the same four bytes in MQTT 3.1, 3.1.1 and 5 (v5's short form), made without a ``PubAck``."""
     return _PUBACK_SUCCESS + _packet_id(packet_id)
+
+
+def encode_pubacks(packet_ids: Sequence[int], reason_code: int = 0, v5: bool = False) -> bytes:
+    """The PUBACKs of several accepted QoS 1 publishes back to back, made in one call: `reason_code` 0, or
+    0x10 (no matching subscribers), which only MQTT 5 sends (older versions get the four-byte success)."""
+    count = len(packet_ids)
+    if count and (min(packet_ids) < 1 or max(packet_ids) > 0xFFFF):
+        raise ValueError(f"packet identifiers must be 1..65535, got {list(packet_ids)}")
+    if reason_code and v5:
+        return struct.pack(f">{count * 'HHB'}", *_interleave(packet_ids, 0x4003, reason_code))
+    return struct.pack(f">{count}L", *[0x40020000 | packet_id for packet_id in packet_ids])
+
+
+def _interleave(packet_ids: Sequence[int], head: int, reason_code: int) -> list[int]:
+    values: list[int] = []
+    for packet_id in packet_ids:
+        values += (head, packet_id, reason_code)
+    return values
 
 
 def _publish_ack_encoder(first_byte: int):

@@ -45,12 +45,15 @@ class Appends(StoreState):
         rules = self.rules
         if qos not in rules.logged_qos:  # QoS 0 with the default rules: no topic looked up
             return NOT_LOGGED
-        topic_id = self._ids.get(topic)
+        asked = self._asked
+        topic_id = asked.get(topic)  # a topic asked for already this turn (fan-in: most publishes)
         if topic_id is None:
-            return CREATES_LOG if rules.should_persist(topic, qos) else NOT_LOGGED
+            topic_id = self._ids.get(topic)
+            if topic_id is None:
+                return CREATES_LOG if rules.should_persist(topic, qos) else NOT_LOGGED
         if qos not in rules.rule_qos(self._rule_of(topic_id)):
             return NOT_LOGGED
-        self._asked[topic] = topic_id
+        asked[topic] = topic_id
         return LOGGED
 
     def append(self, topic: str, record) -> int:

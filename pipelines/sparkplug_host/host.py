@@ -76,12 +76,17 @@ class SparkplugHost:
         """The ``timestamp`` of this connection's will and births."""
         self.born = False
         """Whether this connection's birth is out (a STATE saying offline is answered only after it)."""
+        self.stopping = False
+        """Set by :meth:`stop`: no birth may follow the death."""
+        self._answers: set[asyncio.Task[None]] = set()
+        """Births in answer to an offline STATE, still publishing (:meth:`stop` waits for them)."""
 
     async def start(self) -> None:
         """Connect (clean session, the death as will), subscribe, then publish the birth."""
         self.connected_ms = int(self.clock() * 1000)
         self.state = HostState()
         self.born = False
+        self.stopping = False
         host, port = self.address
         will = Will(self.topic, state_payload(False, self.connected_ms), qos=1, retain=True)
         self.client = await MqttClient.connect(
@@ -99,16 +104,21 @@ class SparkplugHost:
         await self._publish_birth()
 
     async def stop(self) -> None:
-        """Publish the death (the will's payload), then DISCONNECT."""
+        """Publish the death (the will's payload), then DISCONNECT. A birth answering a stray STATE that
+        is still publishing ends first, and none starts after: the death is the last STATE retained."""
+        self.stopping = True
         self.born = False  # its own death comes back to it: not a stray STATE to answer
+        await asyncio.gather(*self._answers, return_exceptions=True)
         if self.client is not None and self.client.connected:
             await self.client.publish(self.topic, state_payload(False, self.connected_ms), 1, retain=True)
             await self.client.disconnect()
 
     async def _publish_birth(self) -> None:
         assert self.client is not None
+        if self.stopping:
+            return
         await self.client.publish(self.topic, state_payload(True, self.connected_ms), 1, retain=True)
-        self.born = True
+        self.born = not self.stopping  # a PUBACK arriving after stop() began must not re-arm the answer
         self.stats["births"] += 1
 
     def _on_message(self, message: Message) -> None:
@@ -125,7 +135,9 @@ class SparkplugHost:
             online = None
         if online is not True and self.born and self.client is not None and self.client.connected:
             self.stats["offline_states_answered"] += 1
-            asyncio.get_running_loop().create_task(self._publish_birth())
+            answer = asyncio.get_running_loop().create_task(self._publish_birth())
+            self._answers.add(answer)
+            answer.add_done_callback(self._answers.discard)
 
     def _edge_message(self, topic_name: str) -> None:
         try:

@@ -26,10 +26,10 @@ import struct
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from broker_edge.cluster.links.link_wire import decode_parts
 from broker_edge.cluster.links.peer_link import (
     PeerLinkDown,
     PeerRequestFailed,
-    decode_parts,
     decode_unlogged,
     encode_unlogged,
 )

@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from broker_edge.cluster.coordination.etcd_values import load_json
-from broker_edge.cluster.links.peer_link import decode_parts, decode_unlogged, encode_unlogged
+from broker_edge.cluster.links.link_wire import decode_parts
+from broker_edge.cluster.links.peer_link import decode_unlogged, encode_unlogged
 from broker_edge.engine.message import Message, forwarded_properties
 from broker_edge.engine.sessions.session import NEVER_EXPIRES
 from broker_edge.engine.sessions.snapshot import FORMAT, FORMAT_VERSION, parse, restore, session_document

@@ -4,8 +4,9 @@ the group, whichever broker its members are connected to.
 Which brokers have members of which group is in etcd (``SharedRegistry``, a key per broker under its lease,
 followed into a ``SharedDirectory``); everything per message moves over the peer links:
 
-- **Logged publishes** (QoS 1/2 by default). Every broker routes every committed record, so a broker's
-  ordinary routing never serves shared groups (this object is the ``shared_dispatch`` port):
+- **Logged publishes** (QoS 1/2 by default). Every broker routes the committed records its subscribers
+  want, so a broker's ordinary routing never serves shared groups (this object is the ``shared_dispatch``
+  port; ``may_assign`` tells a follower which topics' records it must route for it):
   only the partition's leader, the first to know the record and the one place its order is defined, picks
   a broker for each matching group (round robin over the brokers with members whose link is up) and sends
   it the message (``ASSIGN``); that broker picks one of its own members as a broker alone does. The leader
@@ -342,6 +343,13 @@ class SharedGroups:
             if epoch >= 0:
                 return epoch in self.led_epochs.get(partition, ()) and not self.view.fenced
         return self.view.leads(partition)
+
+    def may_assign(self, topic: str) -> bool:
+        """Whether this node may assign any logged record of ``topic`` (``_assigns``): it leads the topic's
+        partition, or led it in an epoch since it started. A node that never did only routes the records of
+        the partition's shared groups to nobody (another node assigns them)."""
+        partition = self.view.partition_of(topic)
+        return partition in self.led_epochs or self.view.leads(partition)
 
     def _view_changed(self) -> None:
         view = self.view

@@ -18,7 +18,8 @@ from __future__ import annotations
 import struct
 
 from broker_edge.cluster.features.shared_directory import DeliveryKey
-from broker_edge.cluster.links.peer_link import decode_parts, decode_unlogged, encode_unlogged
+from broker_edge.cluster.links.link_wire import decode_parts
+from broker_edge.cluster.links.peer_link import decode_unlogged, encode_unlogged
 from broker_edge.engine.message import Message
 
 __all__ = [

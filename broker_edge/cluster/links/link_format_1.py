@@ -14,17 +14,23 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
+from broker_edge.cluster.links.link_wire import (
+    decode_publish,
+    decode_text,
+    encode_part,
+    encode_text,
+    frame_end,
+)
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import ForwardAck
-from broker_edge.engine.records import message_of_frame, record_fields
-from broker_edge.storage.record import PREFIX, PREFIX_SIZE, FrameError, decode_frame, encode_frame
+from broker_edge.engine.records import record_fields
+from broker_edge.storage.record import encode_frame
 
 FORWARD_1, ANSWER_1 = 1, 3
 """Part kinds of this format (the later format's forward and answer have kinds of their own)."""
 MAX_ANSWERED = 0xFFFF
 """The most publishes one answer of this format can carry (its count is a u16)."""
 
-_PART = struct.Struct("<BI")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _ACK = struct.Struct("<BqH")
@@ -32,32 +38,19 @@ _ACK = struct.Struct("<BqH")
 
 def encode_forward_1(batch: int, topic: str, messages: Sequence[Message]) -> bytes:
     """The ``FORWARD_1`` part of ``messages`` (all on ``topic``) as batch ``batch``."""
-    raw = topic.encode()
     frames = [encode_frame(index, 0, *record_fields(message)) for index, message in enumerate(messages)]
-    body = b"".join([_U32.pack(batch), _U16.pack(len(raw)), raw, *frames])
-    return _PART.pack(FORWARD_1, len(body)) + body
+    return encode_part(FORWARD_1, b"".join([_U32.pack(batch), encode_text(topic), *frames]))
 
 
 def decode_forward_1(body: memoryview, now: float, max_record: int) -> tuple[int, list[Message]]:
     """``(batch, messages)`` of a ``FORWARD_1`` body; expiry deadlines count from ``now`` (the loop's
     clock). Raises ``ValueError`` on a malformed body or a bad record frame."""
     (batch,) = _U32.unpack_from(body, 0)
-    (length,) = _U16.unpack_from(body, _U32.size)
-    pos = _U32.size + _U16.size + length
-    if pos > len(body):
-        raise ValueError("truncated topic")
-    topic = str(body[_U32.size + _U16.size : pos], "utf-8")
+    topic, pos = decode_text(body, _U32.size)
     messages: list[Message] = []
     while pos < len(body):
-        if pos + PREFIX_SIZE > len(body):
-            raise ValueError("truncated record frame")
-        (frame_length, _crc) = PREFIX.unpack_from(body, pos)
-        end = pos + PREFIX_SIZE + frame_length
-        try:
-            record = decode_frame(body[pos:end], len(messages), max_record)
-        except FrameError as error:
-            raise ValueError(f"bad record frame: {error}") from None
-        messages.append(message_of_frame(topic, record, now))
+        end = frame_end(body, pos)
+        messages.append(decode_publish(topic, body[pos:end], len(messages), now, max_record))
         pos = end
     return batch, messages
 
@@ -71,8 +64,7 @@ def encode_answer_1(batch: int, acks: Sequence[ForwardAck]) -> bytes:
         reason = (ack.reason_string or "").encode()[:0xFFFF]
         parts.append(_ACK.pack(ack.reason_code, -1 if ack.offset is None else ack.offset, len(reason)))
         parts.append(reason)
-    body = b"".join(parts)
-    return _PART.pack(ANSWER_1, len(body)) + body
+    return encode_part(ANSWER_1, b"".join(parts))
 
 
 def decode_answer_1(body: memoryview) -> tuple[int, list[ForwardAck]]:

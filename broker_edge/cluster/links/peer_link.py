@@ -11,7 +11,8 @@ timer. Senders that want to build their part as late as possible, to take in eve
 iteration (a leader's push, a follower's acknowledgement), register with ``PeerLink.soon`` and are called
 by that task just before it joins the message.
 
-Wire format: a WebSocket message is a sequence of parts ``u8 kind | u32 length | body`` (little endian):
+Wire format: a WebSocket message is a sequence of parts ``u8 kind | u32 length | body`` (little endian;
+``link_wire`` holds what every format of the link shares):
 
 - ``FORWARD``: ``u32 batch | u32 CRC-32C of the rest | u16 topic length | topic | u16 publishers |
   (u16 length | client id)* | u32 count | count x (u8 flags | u16 publisher | u32 length) | each one's
@@ -59,12 +60,21 @@ from broker_edge.cluster.links.link_format_1 import (
     encode_answer_1,
     encode_forward_1,
 )
+from broker_edge.cluster.links.link_wire import (
+    MAX_RECORD_BODY,
+    decode_parts,
+    decode_publish,
+    decode_text,
+    encode_part,
+    encode_text,
+    frame_end,
+)
 from broker_edge.cluster.links.member_clients import FailureStreak
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import ForwardAck
-from broker_edge.engine.records import message_of_frame, record_fields
+from broker_edge.engine.records import record_fields
 from broker_edge.http.client_errors import failure_text
-from broker_edge.storage.record import PREFIX, PREFIX_SIZE, FrameError, decode_frame, encode_frame
+from broker_edge.storage.record import encode_frame
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -90,7 +100,6 @@ __all__ = [
     "PeerService",
     "decode_answer",
     "decode_forward",
-    "decode_parts",
     "decode_unlogged",
     "encode_answer",
     "encode_forward",
@@ -111,11 +120,9 @@ FIRST_EXTENSION_KIND = 16
 """Part kinds from here up belong to features registered with ``PeerLinks.on``."""
 PEER_PATH = "/v1/peer"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-MAX_RECORD_BODY = 64 * 1024 * 1024
 HEARTBEAT_S = 1.0
 REDIAL_S = 0.2
 
-_PART = struct.Struct("<BI")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _FORWARD_HEAD = struct.Struct("<II")
@@ -145,15 +152,6 @@ class PeerRequestFailed(RuntimeError):
 # -- wire format ------------------------------------------------------------------------------------------
 
 
-def _part(kind: int, body: bytes) -> bytes:
-    return _PART.pack(kind, len(body)) + body
-
-
-def _topic(topic: str) -> bytes:
-    raw = topic.encode()
-    return _U16.pack(len(raw)) + raw
-
-
 def encode_forward(batch: int, topic: str, messages: Sequence[Message]) -> bytes:
     """The ``FORWARD`` part of ``messages`` (all on ``topic``) as batch ``batch``."""
     publishers: dict[str, int] = {}
@@ -172,14 +170,16 @@ def encode_forward(batch: int, topic: str, messages: Sequence[Message]) -> bytes
             frame = encode_frame(index, 0, *record_fields(message))
             table.append(pack(_FRAME, 0, len(frame)))
             data.append(frame)
-    names = [_topic(origin) for origin in publishers]
-    rest = b"".join([_topic(topic), _U16.pack(len(names)), *names, _U32.pack(len(messages)), *table, *data])
-    return _part(FORWARD, _FORWARD_HEAD.pack(batch, crc32c(rest)) + rest)
+    names = [encode_text(origin) for origin in publishers]
+    rest = b"".join(
+        [encode_text(topic), _U16.pack(len(names)), *names, _U32.pack(len(messages)), *table, *data]
+    )
+    return encode_part(FORWARD, _FORWARD_HEAD.pack(batch, crc32c(rest)) + rest)
 
 
 def encode_unlogged(message: Message) -> bytes:
     """The ``UNLOGGED`` part of ``message``."""
-    return _part(UNLOGGED, _topic(message.topic) + encode_frame(0, 0, *record_fields(message)))
+    return encode_part(UNLOGGED, encode_text(message.topic) + encode_frame(0, 0, *record_fields(message)))
 
 
 def encode_answer(batch: int, acks: Sequence[ForwardAck]) -> bytes:
@@ -205,7 +205,7 @@ def encode_answer(batch: int, acks: Sequence[ForwardAck]) -> bytes:
         first, length = ack, 1
     if first is not None:
         runs.append(_run(first, length))
-    return _part(ANSWER, _FORWARD_HEAD.pack(batch, len(acks)) + b"".join(runs))
+    return encode_part(ANSWER, _FORWARD_HEAD.pack(batch, len(acks)) + b"".join(runs))
 
 
 def _run(first: ForwardAck, length: int) -> bytes:
@@ -214,35 +214,18 @@ def _run(first: ForwardAck, length: int) -> bytes:
     return _RUN.pack(length, first.reason_code, offset, len(reason)) + reason
 
 
-def decode_parts(data: bytes) -> list[tuple[int, memoryview]]:
-    """The ``(kind, body)`` parts of one WebSocket message (``ValueError`` if it is not well formed)."""
-    view = memoryview(data)
-    parts: list[tuple[int, memoryview]] = []
-    pos = 0
-    while pos < len(view):
-        if pos + _PART.size > len(view):
-            raise ValueError("truncated part header")
-        kind, length = _PART.unpack_from(view, pos)
-        pos += _PART.size
-        if pos + length > len(view):
-            raise ValueError("truncated part body")
-        parts.append((kind, view[pos : pos + length]))
-        pos += length
-    return parts
-
-
 def decode_forward(body: memoryview, now: float) -> tuple[int, list[Message]]:
     """``(batch, messages)`` of a ``FORWARD`` body; expiry deadlines count from ``now`` (the loop's clock).
     Raises ``ValueError`` on a malformed body, a checksum that does not match or a bad record frame."""
     batch, checksum = _FORWARD_HEAD.unpack_from(body, 0)
     if crc32c(body[_FORWARD_HEAD.size :]) != checksum:
         raise ValueError("forward checksum mismatch")
-    topic, pos = _text(body, _FORWARD_HEAD.size)
+    topic, pos = decode_text(body, _FORWARD_HEAD.size)
     (count,) = _U16.unpack_from(body, pos)
     pos += _U16.size
     publishers: list[str] = []
     for _ in range(count):
-        publisher, pos = _text(body, pos)
+        publisher, pos = decode_text(body, pos)
         publishers.append(publisher)
     (count,) = _U32.unpack_from(body, pos)
     at = pos + _U32.size + count * _PUBLISH.size
@@ -254,7 +237,7 @@ def decode_forward(body: memoryview, now: float) -> tuple[int, list[Message]]:
         if end > len(body):
             raise ValueError("truncated forward data")
         if flags & _FRAME:
-            messages.append(_message_of_frame(topic, body[at:end], len(messages), now))
+            messages.append(decode_publish(topic, body[at:end], len(messages), now))
         elif publisher >= len(publishers):
             raise ValueError(f"forwarded publish names publisher {publisher} of {len(publishers)}")
         else:
@@ -269,29 +252,10 @@ def decode_forward(body: memoryview, now: float) -> tuple[int, list[Message]]:
 def decode_unlogged(body: memoryview, now: float) -> Message:
     """The message of an ``UNLOGGED`` body; its expiry deadline counts from ``now`` (the loop's clock).
     Raises ``ValueError`` on a malformed body or a bad record frame."""
-    topic, pos = _text(body, 0)
-    if pos + PREFIX_SIZE > len(body):
-        raise ValueError("truncated record frame")
-    (length, _crc) = PREFIX.unpack_from(body, pos)
-    if pos + PREFIX_SIZE + length != len(body):
+    topic, pos = decode_text(body, 0)
+    if frame_end(body, pos) != len(body):
         raise ValueError("an unlogged publish is one record frame")
-    return _message_of_frame(topic, body[pos:], 0, now)
-
-
-def _text(body: memoryview, pos: int) -> tuple[str, int]:
-    (length,) = _U16.unpack_from(body, pos)
-    end = pos + _U16.size + length
-    if end > len(body):
-        raise ValueError("truncated string")
-    return str(body[pos + _U16.size : end], "utf-8"), end
-
-
-def _message_of_frame(topic: str, frame: memoryview, index: int, now: float) -> Message:
-    try:
-        record = decode_frame(frame, index, MAX_RECORD_BODY)
-    except FrameError as error:
-        raise ValueError(f"bad record frame: {error}") from None
-    return message_of_frame(topic, record, now)
+    return decode_publish(topic, body[pos:], 0, now)
 
 
 def decode_answer(body: memoryview) -> tuple[int, list[ForwardAck]]:
@@ -392,7 +356,7 @@ class PeerLink:
         """Send one extension part (a kind registered with ``PeerLinks.on`` on the peer); dropped while the
         link is down, as unlogged publishes are."""
         if self._socket is not None:
-            self._send(_part(kind, body))
+            self._send(encode_part(kind, body))
 
     async def request(self, service: int, body: bytes, timeout: float) -> bytes:
         """Call ``service`` (registered with ``PeerLinks.serve_requests`` on the peer) and return its reply.
@@ -404,7 +368,7 @@ class PeerLink:
         self._next_request = request_id = (self._next_request + 1) & 0xFFFFFFFF
         future: asyncio.Future[bytes] = self._loop.create_future()
         self._requests[request_id] = future
-        self._send(_part(REQUEST, _CALL.pack(request_id, service) + body))
+        self._send(encode_part(REQUEST, _CALL.pack(request_id, service) + body))
         try:
             return await asyncio.wait_for(future, timeout)
         finally:
@@ -560,7 +524,7 @@ class PeerLink:
             except Exception as exc:
                 reply, status = f"{type(exc).__name__}: {exc}".encode(), _ERROR
             if self._socket is not None:
-                self._send(_part(REPLY, _CALL.pack(request_id, status) + reply))
+                self._send(encode_part(REPLY, _CALL.pack(request_id, status) + reply))
 
         task = self._loop.create_task(run())
         self._serving.add(task)

@@ -20,7 +20,6 @@ from broker_edge.cluster.links.member_clients import FailureStreak
 from broker_edge.http.client_errors import failure_text
 from broker_edge.observe import path_trace
 from broker_edge.storage.errors import StorageError
-from broker_edge.storage.record import decode_frames
 
 from .epochs import NO_EPOCH, LeaderEpochs
 from .replica_fetch import (
@@ -50,8 +49,6 @@ if TYPE_CHECKING:
 __all__ = ["FetchFailed", "Fetcher", "FetcherOwner", "FollowerConfig", "PushedSession", "TruncationRefused"]
 
 log = logging.getLogger("broker_edge.cluster.replication.follower")
-
-_MAX_FRAME_BODY = 1 << 28
 
 
 class FetchFailed(Exception):
@@ -416,7 +413,7 @@ class Fetcher:
                         at,
                         at,
                     )
-                store.replicated_log.append_at(topic, frames, at)
+                owner.delivery.appended(topic, store.replicated_log.append_at(topic, frames, at), frames)
                 if path_trace.ON:
                     path_trace.mark("appended", topic, data.first, data.first + data.count)
                 cache = epochs.for_topic(topic)
@@ -495,15 +492,9 @@ class Fetcher:
             elif data.kind == RESTART:
                 self.positions[topic] = data.start_offset
             elif data.frames:
-                first = data.first
                 frames = data.frames[0] if len(data.frames) == 1 else b"".join(data.frames)
-                records, error = decode_frames(frames, first, _MAX_FRAME_BODY)
-                if error is not None:
-                    log.error(
-                        "%r from %s: frame %d refused (%s)", topic, self.leader, first + len(records), error
-                    )
-                owner.delivery.route(topic, first, records)
-                self.positions[topic] = first + len(records)
+                count = owner.delivery.route_frames(topic, data.first, frames, self.leader)
+                self.positions[topic] = data.first + count
             else:
                 self.positions.setdefault(topic, data.first)  # where the leader starts this node's routing
                 continue

@@ -72,13 +72,6 @@ __all__ = ["Followers"]
 
 log = logging.getLogger(__name__)
 
-_MAX_FRAME_BODY = 1 << 28
-_ROUTE_READ_BYTES = 4 << 20
-
-
-Publish = Callable[["Message"], object]
-"""Routes a message to local subscribers (`Router.publish`)."""
-
 FetcherKey = tuple[str, bool]
 """(leader node id, observer)."""
 

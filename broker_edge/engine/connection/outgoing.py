@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from broker_edge.engine.connection.states import CLOSED
 from broker_edge.engine.rare_fields import RareField, RareSlots
-from broker_edge.protocol.codec import encode, encode_puback_success
+from broker_edge.protocol.codec import encode, encode_puback_success, encode_pubacks
 from broker_edge.protocol.packets import MQTT_5, PubAck, PubComp, PubRec, PubRel
 from broker_edge.protocol.properties import Properties
 
@@ -286,6 +286,10 @@ class Outgoing:
             self.write(self._with_reason(PubAck(packet_id, reason_code), reason_string))
             return
         self.write(encode(PubAck(packet_id, reason_code if self.v5 else 0), self.version))
+
+    def send_pubacks(self, packet_ids: list[int], reason_code: int = 0) -> None:
+        """The PUBACKs of a run of accepted QoS 1 publishes (`reason_code` 0 or 0x10), in one write."""
+        self.write(encode_pubacks(packet_ids, reason_code, self.terms.v5))
 
     def send_pubrec(self, packet_id: int, reason_code: int = 0, reason_string: str | None = None) -> None:
         if reason_string is not None and self.v5:

@@ -182,3 +182,26 @@ def test_data_from_a_node_whose_birth_the_host_missed_brings_one_rebirth_request
         await sparkplug.stop()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.sparkplug(
+    "tck-id-operational-behavior-host-application-termination",
+    "tck-id-operational-behavior-host-application-death-retained",
+)
+def test_a_stop_while_answering_a_stray_offline_state_leaves_the_death_retained(broker):
+    stray = PahoClient(broker.port, "stray")
+
+    async def scenario() -> None:
+        sparkplug = host(broker.port)
+        await sparkplug.start()
+        stray.publish(TOPIC, json.dumps({"online": False, "timestamp": 1}), 1, retain=True)
+        while not sparkplug.stats["offline_states_answered"]:  # the answer is on its way
+            await asyncio.sleep(0.001)
+        await sparkplug.stop()
+
+    asyncio.run(scenario())
+    late = PahoClient(broker.port, "late")
+    late.subscribe(TOPIC, 1)
+    [retained] = [late.messages.get(timeout=5)]
+    assert json.loads(retained.payload)["online"] is False
+    late.expect_none(0.3)

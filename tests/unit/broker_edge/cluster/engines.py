@@ -51,6 +51,10 @@ class Answers:
 
     send_pubrec = send_puback
 
+    def send_pubacks(self, packet_ids: list[int], reason_code: int = 0) -> None:
+        for packet_id in packet_ids:
+            self.send_puback(packet_id, reason_code)
+
     def release_qos2(self, packet_id: int) -> None:
         pass
 

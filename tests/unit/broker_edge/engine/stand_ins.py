@@ -28,6 +28,8 @@ class MemoryLog:
     def __init__(self, durable_soon: Callable[[Callable[[], object]], object] | None = None) -> None:
         self.logs: dict[str, list[RecordFields]] = {}
         self.waiting: list[Callable[[], object]] = []
+        self.failing: list[Callable[[BaseException], object]] = []
+        """The error callbacks of the batches in ``waiting`` (``fail`` calls them)."""
         self.durable_soon = durable_soon
 
     def should_persist(self, topic: str, qos: int) -> bool:
@@ -62,11 +64,19 @@ class MemoryLog:
             self.durable_soon(callback)
         else:
             self.waiting.append(callback)
+            if on_error is not None:
+                self.failing.append(on_error)
 
     def make_durable(self) -> None:
-        waiting, self.waiting = self.waiting, []
+        waiting, self.waiting, self.failing = self.waiting, [], []
         for callback in waiting:
             callback()
+
+    def fail(self, error: BaseException) -> None:
+        """The write of every batch waiting failed (as ``LogStore`` reports a failed write or fsync)."""
+        failing, self.waiting, self.failing = self.failing, [], []
+        for on_error in failing:
+            on_error(error)
 
     def logs_created_by(self, client_id: str) -> int:
         return 0

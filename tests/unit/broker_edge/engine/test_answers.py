@@ -3,10 +3,11 @@ and batches another broker forwarded, through ``AnswersInTurn``."""
 
 from __future__ import annotations
 
-from broker_edge.engine.answers import AnswersInTurn, ForwardedBatch, PendingPublish
+from broker_edge.engine.answers import AnswersInTurn, ForwardedBatch, PendingPublish, answer_all
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import ForwardAck
-from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, PubAck
+from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, PubAck, PubRec
+from broker_edge.protocol.properties import Properties
 from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, WireClient, make_core
 
 
@@ -86,3 +87,44 @@ def test_a_forwarded_batch_answers_its_broker_once_every_publish_has_its_answer(
     assert sent == [[ForwardAck(0, 40), ForwardAck(0x83, None, "refused here"), ForwardAck(0, 41)]]
     batch.answer(0, 0x80, None)  # a second answer for one publish changes nothing
     assert len(sent) == 1
+
+
+def test_a_batch_answered_at_once_acknowledges_each_publisher_in_the_order_of_its_publishes():
+    """A broker alone answers a durable batch in one pass: the accepted QoS 1 publishes of one client that
+    follow each other go out as one write, and every client still reads its answers in its order."""
+    core = make_core()
+    new, old = connected(core, "new"), connected(core, "old", MQTT_3_1_1)
+    a1, a2 = publishes(new, 2)
+    (b1,) = publishes(old, 1)
+    a3, a4 = publishes(new, 2, first_id=3)
+    (b2,) = publishes(old, 1, first_id=2)
+    a3.reason_code = b2.reason_code = 0x10  # no subscriber matched: MQTT 5 is told, MQTT 3.1.1 cannot be
+    a4.reason_string = "retained message not kept"
+    answer_all([a1, a2, b1, a3, a4, b2])
+    assert new.read() == [
+        PubAck(1),
+        PubAck(2),
+        PubAck(3, 0x10),
+        PubAck(4, 0, properties=Properties(reason_string="retained message not kept")),
+    ]
+    assert old.read() == [PubAck(1), PubAck(2)]
+    assert new.conn.incoming_pending == 0 and old.conn.incoming_pending == 0
+
+
+def test_a_batch_answered_at_once_keeps_other_answers_in_their_place():
+    """A QoS 2 publish (PUBREC) and a refusal between accepted QoS 1 publishes of the same client are
+    answered in their turn; a refused MQTT 3.1.1 client is closed after the answers before its refusal, and
+    a client gone before its batch was durable gets nothing."""
+    core = make_core()
+    client, old, gone = connected(core, "client"), connected(core, "old", MQTT_3_1_1), connected(core, "gone")
+    first, second, fourth = publishes(client, 3)
+    third = PendingPublish(client.conn, None, 9, 2)
+    fourth.reason_code = 0x97
+    (accepted, refused) = publishes(old, 2)
+    refused.reason_code = 0x80
+    late = publishes(gone, 2)
+    gone.conn.close()
+    answer_all([first, second, third, accepted, fourth, *late, refused])
+    assert client.read() == [PubAck(1), PubAck(2), PubRec(9), PubAck(3, 0x97)]
+    assert old.closed and old.read() == [PubAck(1)]
+    assert gone.read() == []

@@ -21,7 +21,8 @@ from broker_edge.engine.ports import (
     PublishRefused,
     Replication,
 )
-from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, PubAck, Publish, PubRec
+from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, PubAck, Publish, PubRec, Subscribe, Subscription
+from broker_edge.storage.errors import StorageFailed
 from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, WireClient, make_core
 from tests.unit.broker_edge.engine.stand_ins import LOCAL_TOPIC, REMOTE_TOPIC, HeldForwarding, MemoryLog
 
@@ -262,3 +263,47 @@ def test_a_publisher_with_a_publish_appended_here_or_of_mqtt_3_is_not_sent_elsew
     assert [type(packet).__name__ for packet in both.read()] == ["PubAck", "PubAck"]
     assert [type(packet).__name__ for packet in v3.read()] == ["PubAck"]
     assert not both.closed and not v3.closed
+
+
+def _alone() -> tuple[HandDrivenCore, MemoryLog, WireClient, WireClient, WireClient]:
+    """A broker alone with its log, a QoS 1 reader of ``plant/a``, an MQTT 5 and an MQTT 3.1.1 publisher."""
+    core = make_core()
+    store = MemoryLog()
+    core.publish_path.attach_store(store, None)
+    reader = core.client(MQTT_3_1_1)
+    reader.connect("reader")
+    reader.send(Subscribe(1, [Subscription("plant/a", 1)]))
+    new, old = core.client(MQTT_5), core.client(MQTT_3_1_1)
+    new.connect("new")
+    old.connect("old")
+    return core, store, reader, new, old
+
+
+def test_a_broker_alone_acknowledges_a_durable_batch_in_each_publishers_order():
+    """[MQTT-4.6.0-2] A batch's PUBACKs, written per publisher in runs once it is durable, leave in the
+    order of that publisher's PUBLISHes, with no subscriber matched (0x10) told to MQTT 5 only."""
+    _core, store, reader, new, old = _alone()
+    new.send(
+        Publish("plant/a", b"1", 1, packet_id=1),
+        Publish("plant/b", b"2", 1, packet_id=2),
+        Publish("plant/a", b"3", 1, packet_id=3),
+    )
+    old.send(Publish("plant/b", b"4", 1, packet_id=7), Publish("plant/a", b"5", 1, packet_id=8))
+    assert new.read() == [] and old.read() == [], "nothing is acknowledged before it is durable"
+    store.make_durable()
+    assert new.read() == [PubAck(1), PubAck(2, 0x10), PubAck(3)]
+    assert old.read() == [PubAck(7), PubAck(8)]
+    assert [p.payload for p in reader.read() if isinstance(p, Publish)] == [b"1", b"3", b"5"]
+    assert new.conn.incoming_pending == 0 and old.conn.incoming_pending == 0
+
+
+def test_a_failed_write_refuses_every_publish_of_its_batch():
+    """A write or fsync that failed acknowledges none of its batch: MQTT 5 publishers get 0x80 for each
+    publish, an MQTT 3.1.1 publisher (which cannot be told) is closed, and nothing is delivered."""
+    _core, store, reader, new, old = _alone()
+    new.send(Publish("plant/a", b"1", 1, packet_id=1), Publish("plant/b", b"2", 1, packet_id=2))
+    old.send(Publish("plant/a", b"3", 1, packet_id=5))
+    store.fail(StorageFailed("log write failed: [Errno 5] Input/output error"))
+    assert new.read() == [PubAck(1, 0x80), PubAck(2, 0x80)]
+    assert old.closed
+    assert reader.read() == []

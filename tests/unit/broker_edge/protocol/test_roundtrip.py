@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker_edge.protocol import MQTT_5, Connect, PacketDecoder, Properties, Publish, encode
+from broker_edge.protocol import MQTT_5, Connect, PacketDecoder, Properties, PubAck, Publish, encode
+from broker_edge.protocol.codec import encode_pubacks
 from tests.unit.broker_edge.protocol.mqtt_strategies import VERSIONS, client_packets, connects, server_packets
 
 versions = st.sampled_from(VERSIONS)
@@ -69,3 +70,26 @@ def test_large_payload_uses_multi_byte_remaining_length():
     # 256000 + 3 (topic) + 2 (packet id) = 256005 = 5 + 80 * 128 + 15 * 128**2
     assert frame[1:4] == bytes((0x80 | 5, 0x80 | 80, 15))
     assert PacketDecoder(protocol_version=4).feed(frame) == [publish]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from(VERSIONS),
+    st.lists(st.integers(1, 0xFFFF), min_size=1, max_size=40),
+    st.sampled_from([0x00, 0x10]),
+)
+def test_a_run_of_pubacks_reads_as_the_pubacks_one_by_one(version, packet_ids, reason_code):
+    """``encode_pubacks``: one buffer for an accepted run, decoded as the PUBACKs ``encode`` makes (0x10
+    only in MQTT 5; older versions have no reason code)."""
+    run = encode_pubacks(packet_ids, reason_code, version == MQTT_5)
+    one_by_one = b"".join(encode(PubAck(packet_id, reason_code), version) for packet_id in packet_ids)
+    assert run == one_by_one
+    assert PacketDecoder(role="client", protocol_version=version).feed(run) == [
+        PubAck(packet_id, reason_code if version == MQTT_5 else 0) for packet_id in packet_ids
+    ]
+
+
+@pytest.mark.parametrize("packet_id", [0, 0x10000])
+def test_a_run_of_pubacks_refuses_an_identifier_out_of_range(packet_id):
+    with pytest.raises(ValueError, match=r"1\.\.65535"):
+        encode_pubacks([5, packet_id], 0, False)

@@ -141,3 +141,18 @@ async def _lost_and_repeated():
     await _settle()
     assert member.queue is None
     assert len(a.shared.deliveries) == 0
+
+
+def test_only_a_broker_that_leads_or_led_a_partition_may_assign_its_records():
+    asyncio.run(_may_assign())
+
+
+async def _may_assign():
+    a, b, _wires, _log = await _two_brokers()
+    assert a.shared.may_assign("jobs/1") and not b.shared.may_assign("jobs/1")  # b would route to nobody
+    b.view.states = {p: PartitionState(p, "b", 2, ("b", "a"), ("b", "a")) for p in range(PARTITIONS)}
+    b.view.changed()
+    assert b.shared.may_assign("jobs/1")  # b leads now
+    b.view.states = {p: PartitionState(p, "a", 3, ("a", "b"), ("a", "b")) for p in range(PARTITIONS)}
+    b.view.changed()
+    assert b.shared.may_assign("jobs/1")  # records appended while b led may still be routed here

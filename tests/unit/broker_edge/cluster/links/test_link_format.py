@@ -11,16 +11,15 @@ from collections.abc import Sequence
 import pytest
 
 from broker_edge.cluster.links import link_format_1 as format_1
+from broker_edge.cluster.links.link_wire import MAX_RECORD_BODY, decode_parts
 from broker_edge.cluster.links.peer_link import (
     ANSWER,
     FORMAT_SERVICE,
     FORWARD,
-    MAX_RECORD_BODY,
     REPLY,
     REQUEST,
     PeerLink,
     PeerLinks,
-    decode_parts,
 )
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import ForwardAck

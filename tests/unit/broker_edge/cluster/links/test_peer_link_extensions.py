@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
+from broker_edge.cluster.links.link_wire import decode_parts
 from broker_edge.cluster.links.peer_link import (
     FIRST_EXTENSION_KIND,
     PeerLink,
     PeerLinkDown,
     PeerLinks,
     PeerRequestFailed,
-    decode_parts,
     encode_forward,
 )
 from broker_edge.engine.message import Message

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
+from broker_edge.cluster.links.link_wire import decode_parts
 from broker_edge.cluster.links.peer_link import (
     ANSWER,
     FORWARD,
     UNLOGGED,
     decode_answer,
     decode_forward,
-    decode_parts,
     decode_unlogged,
     encode_answer,
     encode_forward,
