@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.machinery
+import logging
 import os
 import shutil
 import subprocess
@@ -64,6 +65,13 @@ def s3():
 
     with s3_endpoint() as endpoint:
         yield endpoint
+
+
+@pytest.fixture
+def quiet_broker_log(caplog):
+    """The broker's loggers at WARNING for this test, whatever an earlier test left: no record per connection
+    (the test's capturing handler would keep them, and they are not the broker's)."""
+    caplog.set_level(logging.WARNING, logger="broker_edge")
 
 
 @pytest.fixture

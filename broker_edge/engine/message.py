@@ -38,8 +38,8 @@ class Message:
 
     __slots__ = (
         "expires_at",
-        "head",
-        "head_v5",
+        "frame",
+        "frame_v5",
         "offset",
         "origin",
         "payload",
@@ -60,6 +60,8 @@ class Message:
         origin: str = "",
         offset: int | None = None,
         expires_at: float | None = None,
+        frame: bytes | None = None,
+        frame_v5: bool = False,
     ) -> None:
         self.topic = topic
         self.payload = payload
@@ -73,11 +75,11 @@ class Message:
         """The encoded deliveries made so far (``template``), by variant. A plain variant (no alias, no
         ``offset`` property, no subscription identifier, no expiry to send) has the key
         ``(v5 << 3) | (qos << 1) | retain``: ``Connection.send_message`` looks those up itself."""
-        self.head: bytes | None = None
-        """The received frame's fixed header and topic, when a delivery of the publisher's own protocol
-        version and QoS, without RETAIN, is that frame again (``Publish.head``): that variant is made of it
-        instead of being encoded (``head_v5``: the publisher's protocol family)."""
-        self.head_v5 = False
+        self.frame = frame
+        """The PUBLISH frame that brought it (``Publish.frame``; ``frame_v5``: in the MQTT 5 family), when a
+        delivery of the publisher's own protocol family and QoS, without RETAIN, is that frame again: that
+        variant is made of it instead of being encoded (at QoS 0 the frame itself is written)."""
+        self.frame_v5 = frame_v5
 
     def __repr__(self) -> str:
         return f"Message({self.topic!r}, {len(self.payload)} bytes, qos={self.qos}, offset={self.offset})"
@@ -124,13 +126,14 @@ class Message:
             found = cache.get(key)
             if found is not None:
                 return found
-        head = self.head
-        if head is not None and key == (self.head_v5 << 3) | (self.qos << 1):  # the frame as received
-            payload = self.payload
-            if qos:
-                found = PublishTemplate(qos, head, b"\x00" + payload if v5 else payload)
+        frame = self.frame
+        if frame is not None and key == (self.frame_v5 << 3) | (self.qos << 1):  # the frame as received
+            if qos:  # split around its packet id: the payload, after the properties' length 0 in v5
+                payload = self.payload
+                cut = len(frame) - len(payload) - v5
+                found = PublishTemplate(qos, frame[: cut - 2], frame[cut:] if v5 else payload)
             else:
-                found = PublishTemplate(0, b"".join((head, b"\x00", payload)) if v5 else head + payload)
+                found = PublishTemplate(0, frame)
         else:
             properties = self._delivery_properties(subscription_ids, expiry, alias, offsets) if v5 else None
             found = encode_publish_template(

@@ -223,6 +223,7 @@ class PublishPath:
         if forwarding is not None:  # a cluster member: routed on every other member too
             forwarding.broadcast(message)
         matched = self.router.publish(message)
+        message.frame = None  # its live deliveries are made: what keeps it (a queue) keeps no second copy
         if forwarding is not None:
             matched = 1  # subscribers on other members are not known here: 0x00 (docs/cluster.md)
         elif not matched:
@@ -537,6 +538,7 @@ class PublishPath:
                 appended_bytes += len(message.payload)
                 if not router.publish(message) and alone:
                     entry.reason_code = _NO_MATCHING
+                message.frame = None  # routed: recent messages and queues keep no second copy of it
                 if message.retain:
                     entry.reason_string = retained_not_kept(router, message)
             if ready is not answer:

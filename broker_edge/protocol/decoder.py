@@ -375,12 +375,12 @@ class PacketDecoder:
                     raise ProtocolError("a client PUBLISH must not carry a subscription identifier")
         if not valid:
             self._reject_topic_name(topic, properties)
-        head = None
+        frame = None
         if not first & 0x09 and properties is None:  # as a subscriber of its version and QoS gets it
             length = end - body
             start = body - (2 if length < 0x80 else 3 if length < 0x4000 else 4 if length < 0x200000 else 5)
-            head = buf[start:stop]
-        return Publish(topic, buf[pos:end], qos, first & 1 == 1, first & 8 == 8, packet_id, properties, head)
+            frame = buf[start:end]
+        return Publish(topic, buf[pos:end], qos, first & 1 == 1, first & 8 == 8, packet_id, properties, frame)
 
     def _reject_topic_name(self, topic: str, properties: Properties | None) -> None:
         if "\x00" in topic:

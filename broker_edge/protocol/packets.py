@@ -86,11 +86,10 @@ class Publish:
     dup: bool = False
     packet_id: int | None = None
     properties: Properties | None = None
-    head: bytes | None = field(default=None, compare=False, repr=False)
-    """Decoded: the frame as received up to its topic name's end (fixed header and topic), when it has no
-    properties and neither RETAIN nor DUP: then a subscriber of its protocol version at its QoS is sent
-    this, (the packet id,) the properties' length 0 (v5) and the payload, and the broker need not encode
-    it again."""
+    frame: bytes | None = field(default=None, compare=False, repr=False)
+    """Decoded: the whole frame as received, when it has no properties and neither RETAIN nor DUP: then it
+    is what a subscriber of its protocol version at QoS 0 is sent (at its QoS 1 or 2, the same with the
+    subscriber's packet id), and the broker need not encode it again."""
 
 
 @dataclass(slots=True)

@@ -171,7 +171,7 @@ class Outgoing:
         terms = self.terms
         if qos == 0 and terms.paused and not terms.host.slow_subscribers.deliver(self, message):
             return False
-        template: PublishTemplate | None
+        template: PublishTemplate  # every delivery at QoS 1 or 2 has one (only QoS 0 may use ``frame``)
         session = self.session  # once per delivery: look at the session only for a logged message
         offsets = (
             message.offset is not None
@@ -179,7 +179,19 @@ class Outgoing:
             and (rare := session._rare) is not None
             and rare.log_offsets
         )
-        if not terms.alias_max_out:
+        frame = message.frame
+        if (
+            frame is not None
+            and not qos
+            and not message.qos
+            and terms.v5 == message.frame_v5
+            and not retain
+            and not subscription_ids
+            and not offsets
+            and not terms.alias_max_out
+        ):
+            head = frame  # the publisher's frame again (``Message.frame``): no template to look up or make
+        elif not terms.alias_max_out:
             # A plain variant already encoded for another subscriber is looked up here, without the call
             # to ``template`` (its key as ``Message.templates`` says): one call fewer per delivery.
             templates = message.templates
@@ -188,14 +200,17 @@ class Outgoing:
                 or offsets
                 or subscription_ids
                 or message.expires_at is not None
-                or (template := templates.get((terms.v5 << 3) | (qos << 1) | retain)) is None
+                or (found := templates.get((terms.v5 << 3) | (qos << 1) | retain)) is None
             ):
-                template = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
+                found = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
+            template = found
+            head = template.head
         else:
-            template = self._aliased_template(message, qos, retain, subscription_ids, offsets)
-            if template is None:
+            aliased = self._aliased_template(message, qos, retain, subscription_ids, offsets)
+            if aliased is None:
                 return False
-        head = template.head
+            template = aliased
+            head = template.head
         if qos == 0:
             if len(head) > terms.max_packet_out:
                 self._too_large(message)

@@ -92,10 +92,18 @@ def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: P
         forwarded, expiry = forwarded_properties(props)
         if expiry is not None:
             expires_at = ctx.now() + expiry
-    message = Message(topic, packet.payload, qos, retain, forwarded, session.client_id, None, expires_at)
-    if packet.head is not None:  # no properties (no topic alias), neither RETAIN nor DUP
-        message.head = packet.head
-        message.head_v5 = conn.terms.v5
+    message = Message(
+        topic,
+        packet.payload,
+        qos,
+        retain,
+        forwarded,
+        session.client_id,
+        None,
+        expires_at,
+        packet.frame,
+        conn.terms.v5,
+    )
     if qos == 2 and packet_id is not None:
         _hold_qos2(conn, session, packet_id)
     path.accept(conn, message, packet_id, logged)

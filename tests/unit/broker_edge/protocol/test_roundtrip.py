@@ -6,7 +6,13 @@ from hypothesis import strategies as st
 
 from broker_edge.protocol import MQTT_5, Connect, PacketDecoder, Properties, PubAck, Publish, encode
 from broker_edge.protocol.codec import encode_pubacks
-from tests.unit.broker_edge.protocol.mqtt_strategies import VERSIONS, client_packets, connects, server_packets
+from tests.unit.broker_edge.protocol.mqtt_strategies import (
+    VERSIONS,
+    client_packets,
+    connects,
+    publishes,
+    server_packets,
+)
 
 versions = st.sampled_from(VERSIONS)
 
@@ -93,3 +99,28 @@ def test_a_run_of_pubacks_reads_as_the_pubacks_one_by_one(version, packet_ids, r
 def test_a_run_of_pubacks_refuses_an_identifier_out_of_range(packet_id):
     with pytest.raises(ValueError, match=r"1\.\.65535"):
         encode_pubacks([5, packet_id], 0, False)
+
+
+@settings(max_examples=300)
+@given(st.data(), versions)
+def test_a_decoded_publish_keeps_its_frame_only_without_properties_retain_or_dup(data, version):
+    """``Publish.frame`` is the whole frame as received (sent again to subscribers of its version and QoS),
+    kept only when it has no properties and neither RETAIN nor DUP; packets around it do not leak into it."""
+    packet = data.draw(publishes(version, from_server=False))
+    frame = encode(packet, version)
+    around = encode(PubAck(1), version)
+
+    decoded = PacketDecoder(role="server", protocol_version=version).feed(around + frame + around)[1]
+
+    assert isinstance(decoded, Publish)
+    plain = packet.properties is None and not packet.retain and not packet.dup
+    assert decoded.frame == (frame if plain else None)
+
+
+@pytest.mark.parametrize("size", [0, 100, 127 - 7, 128, 16_383 - 7, 16_384, 2_097_152])
+def test_the_frame_of_a_publish_spans_every_remaining_length_size(size):
+    """The frame's start is found from its remaining length, 1 to 4 bytes long."""
+    for version in (4, MQTT_5):
+        frame = encode(Publish("t/frame", b"p" * size, 1, packet_id=9), version)
+        decoded = PacketDecoder(role="server", protocol_version=version).feed(b"\xc0\x00" + frame)
+        assert [p.frame for p in decoded if isinstance(p, Publish)] == [frame]

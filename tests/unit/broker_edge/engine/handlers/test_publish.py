@@ -1,7 +1,11 @@
 """PUBLISH from a client: acknowledgement codes, QoS 2 de-duplication, aliases, ACL, limits (MQTT 3.3)."""
 
+import pytest
+
+from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import (
     MQTT_3_1_1,
+    MQTT_5,
     Disconnect,
     PubAck,
     Publish,
@@ -11,6 +15,7 @@ from broker_edge.protocol.packets import (
 )
 from broker_edge.protocol.properties import Properties
 from tests.unit.broker_edge.engine.handlers.wire import make_core
+from tests.unit.broker_edge.engine.stand_ins import MemoryLog
 
 
 def _subscribed(core, topic_filter="t/#", qos=1):
@@ -206,3 +211,51 @@ def test_a_retained_or_v5_publish_with_properties_is_encoded_for_its_subscribers
         ("t/r", b"kept", False),  # a live delivery without RETAIN (MQTT 3.3.1.3)
         ("t/p", b"typed", False),
     ]
+
+
+@pytest.mark.parametrize("version", [MQTT_3_1_1, MQTT_5])
+@pytest.mark.parametrize("size", [0, 5, 121, 200, 16_400])
+def test_a_delivery_made_of_the_frame_as_received_is_byte_identical_to_an_encoded_one(version, size):
+    """Subscribers of the publisher's protocol version at its QoS (0, 1, 2) get what the encoder would make
+    of the message with their own packet id; the other version's subscribers get it encoded for them."""
+    core = make_core()
+    same, other = core.client(version), core.client(MQTT_5 if version == MQTT_3_1_1 else MQTT_3_1_1)
+    for name, subscriber in (("same", same), ("other", other)):
+        subscriber.connect(name)
+        subscriber.send(Subscribe(1, [Subscription("t/#", 2)]))
+    publisher = core.client(version)
+    publisher.connect("pub")
+    payload = bytes(range(256)) * (size // 256) + b"p" * (size % 256)
+    for qos in (0, 1, 2):
+        publisher.send_bytes(encode(Publish(f"t/{qos}", payload, qos, packet_id=qos or None), version))
+        for subscriber in (same, other):
+            (delivered,) = subscriber.read()
+            expected = Publish(f"t/{qos}", payload, qos, packet_id=delivered.packet_id)
+            assert subscriber.received == encode(expected, subscriber.conn.version)
+
+
+@pytest.mark.parametrize("logged", [False, True])
+def test_a_message_kept_after_routing_lets_go_of_the_frame_it_came_in(logged):
+    """A delivery waiting for its PUBACK keeps its message, counted by its payload towards the limits: the
+    frame it came in (a second copy of the payload) is let go once the message is routed, logged or not."""
+    core = make_core()
+    if logged:
+        store = MemoryLog()
+        core.publish_path.attach_store(store, None)
+    subscriber = _subscribed(core)
+    publisher = core.client()
+    publisher.connect("pub")
+    frame = encode(Publish("t/kept", b"payload", 1, packet_id=5), MQTT_5)
+    answers = publisher.send_bytes(frame)
+    if logged:
+        assert answers == []  # acknowledged once durable
+        store.make_durable()
+        answers = publisher.read()
+    assert answers == [PubAck(5)]
+    (delivered,) = subscriber.read()
+    assert subscriber.received == encode(
+        Publish("t/kept", b"payload", 1, packet_id=delivered.packet_id), MQTT_5
+    )
+    (waiting,) = core.router.sessions["sub"].inflight.values()
+    assert isinstance(waiting, tuple)  # a delivery, not a QoS 2 release
+    assert (waiting[0].payload, waiting[0].frame) == (b"payload", None)
