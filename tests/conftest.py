@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.machinery
+import logging
 import os
 import shutil
 import subprocess
@@ -31,14 +32,16 @@ settings.register_profile("timestone", deadline=None, suppress_health_check=[Hea
 settings.load_profile("timestone")
 
 
-SHARED_BY_THE_SESSION = frozenset({"spark", "s3", "demo_run"})
-"""Session fixtures costing seconds to a minute: their tests run on one worker so each starts once."""
+SHARED_BY_THE_SESSION = frozenset({"s3", "demo_run"})
+"""Session fixtures costing up to minutes: their tests run on one worker so each starts once. (Each worker
+has a SparkSession of its own: starting one costs seconds, and the Spark tests are too many for one.)"""
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Groups for pytest-xdist's ``--dist loadgroup`` (``make test``): the tests of the session's costly
-    fixtures on one worker, every other module whole on one worker, so no session or module fixture starts
-    twice. Without xdist the marks do nothing."""
+    fixtures on one worker, every other module whole on one worker, so no such fixture starts twice.
+    First among the hooks: xdist reads the marks in its own. Without xdist the marks do nothing."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         group = "session-fixtures" if fixtures & SHARED_BY_THE_SESSION else item.nodeid.split("::")[0]
@@ -62,6 +65,13 @@ def s3():
 
     with s3_endpoint() as endpoint:
         yield endpoint
+
+
+@pytest.fixture
+def quiet_broker_log(caplog):
+    """The broker's loggers at WARNING for this test, whatever an earlier test left: no record per connection
+    (the test's capturing handler would keep them, and they are not the broker's)."""
+    caplog.set_level(logging.WARNING, logger="broker_edge")
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """The broker's Prometheus metrics: plain numbers while it runs, a registry of its own once scraped.
 
-Metric families here are plain Python values (``Family``: counters and gauges, with labels); prometheus-client
+Metric families here are plain Python values (``Family``: counters and gauges, with labels;
+``HistogramFamily``: a ``histogram.Histogram`` kept by the part that observes it); prometheus-client
 is imported only when something reads ``BrokerMetrics.registry`` (the first scrape of ``/metrics``), which
 then exposes these values through one collector. A broker that is never scraped never loads it, and one that
 is keeps the figures it counted before. Each ``BrokerMetrics`` has its own registry, so tests can run several
@@ -21,12 +22,15 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics_core import Metric
 
+    from broker_edge.observe.histogram import Histogram
+
 __all__ = [
     "DISCONNECT_REASONS",
     "DROP_REASONS",
     "REFUSAL_REASONS",
     "BrokerMetrics",
     "Family",
+    "HistogramFamily",
     "ListenerMetrics",
     "Value",
 ]
@@ -163,6 +167,29 @@ class Family:
         return counter
 
 
+class HistogramFamily:
+    """A histogram without labels, exposed from a ``Histogram`` that another part keeps and observes."""
+
+    __slots__ = ("documentation", "histogram", "name")
+
+    def __init__(self, name: str, documentation: str, histogram: Histogram) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.histogram = histogram
+
+    def total(self) -> float:
+        """The number of observations (the histogram's ``_count``)."""
+        return self.histogram.count
+
+    def to_prometheus(self) -> Metric:
+        from prometheus_client.metrics_core import HistogramMetricFamily
+
+        histogram = self.histogram
+        return HistogramMetricFamily(
+            self.name, self.documentation, buckets=histogram.cumulative(), sum_value=histogram.sum
+        )
+
+
 class _Exposition:
     """The collector of a broker's registry: runs the hooks, then yields every family."""
 
@@ -217,7 +244,7 @@ class BrokerMetrics:
     """All metrics of one broker; the attributes are its families (``Family``)."""
 
     def __init__(self, before_collect: Callable[[], None] | None = None) -> None:
-        self.families: list[Family] = []
+        self.families: list[Family | HistogramFamily] = []
         """Every family, in the order the exposition lists them."""
         self.before_collect: list[Callable[[], None]] = [before_collect] if before_collect else []
         """Called before each collection (e.g. to add counts gathered elsewhere)."""
@@ -286,6 +313,12 @@ class BrokerMetrics:
     def gauge(self, name: str, documentation: str, labelnames: list[str] | None = None) -> Family:
         """A new gauge family ``timestone_broker_<name>``."""
         return self._add(Family("gauge", f"{PREFIX}_{name}", documentation, tuple(labelnames or ())))
+
+    def histogram(self, name: str, documentation: str, histogram: Histogram) -> HistogramFamily:
+        """A histogram family ``timestone_broker_<name>`` exposing ``histogram`` (observed elsewhere)."""
+        family = HistogramFamily(f"{PREFIX}_{name}", documentation, histogram)
+        self.families.append(family)
+        return family
 
     def _add(self, family: Family) -> Family:
         self.families.append(family)

@@ -302,6 +302,11 @@ class Broker(BrokerCore):
         self.metrics.gauge(
             "tail_cache_max_bytes", "The bound on the tail caches' memory (storage.tail_cache_total_bytes)."
         ).set(budget.max_bytes)
+        self.metrics.histogram(
+            "log_commit_seconds",
+            "Seconds from a log commit's start to its appends being durable (write, fdatasync, hand-offs).",
+            store.committer.commit_seconds,
+        )
         self.metrics.gauge(
             "storage_quarantined_logs",
             "Logs set aside at open: they could not be opened, and are neither read nor written.",

@@ -63,6 +63,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from broker_edge.observe import path_trace
+from broker_edge.observe.histogram import COMMIT_SECONDS, Histogram
 from broker_edge.observe.refusal_log import LogSummary
 
 from .config import Durability
@@ -183,6 +184,8 @@ class _Flight:
     """Its writes did not all reach the files on the loop (the writer thread writes them first)."""
     short: bool = False
     """It met a descriptor shortage (and was retried until it passed)."""
+    started: float = 0.0
+    """When the job was cut (`time.monotonic`), for `GroupCommitter.commit_seconds`."""
     cut_ns: int = 0
     """When the job was cut and its sync done (`time.monotonic_ns`), noted only with `path_trace.ON`."""
     synced_ns: int = 0
@@ -332,6 +335,9 @@ class GroupCommitter:
         self.inline_syncs = 0
         """Jobs fdatasynced on the loop (see the module's docstring)."""
         self.bytes_written = 0
+        self.commit_seconds = Histogram(COMMIT_SECONDS)
+        """Each job's seconds from its cut to its completion on the loop (write, sync and the hand-offs:
+        what its appends waited for after their window), in the broker's ``log_commit_seconds``."""
 
     @property
     def pending_bytes(self) -> int:
@@ -491,7 +497,7 @@ class GroupCommitter:
             self._timer.cancel()
             self._timer = None
         job, upto = self._take_job()
-        flight = _Flight(job, upto, loop)
+        flight = _Flight(job, upto, loop, started=time.monotonic())
         try:
             write_job(job, self._pool)
         except OSError as error:
@@ -603,6 +609,8 @@ class GroupCommitter:
                     path_trace.mark("durable", topic, before, end)
         if job:
             self.jobs_completed += 1
+            if flight is not None:
+                self.commit_seconds.observe(time.monotonic() - flight.started)
         self._durable = max(self._durable, upto)
         self._on_durable(advanced, job)
         callbacks = self._callbacks

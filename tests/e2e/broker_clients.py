@@ -107,10 +107,12 @@ class PahoClient:
         self.connack: queue.Queue = queue.Queue()
         self.disconnects: queue.Queue = queue.Queue()
         self.subacks: queue.Queue = queue.Queue()
+        self.unsubacks: queue.Queue = queue.Queue()
         self.client.on_message = lambda c, u, m: self.messages.put(m)
         self.client.on_connect = lambda c, u, flags, rc, props: self.connack.put((flags, rc, props))
         self.client.on_disconnect = lambda c, u, flags, rc, props: self.disconnects.put(rc)
         self.client.on_subscribe = lambda c, u, mid, rcs, props: self.subacks.put((mid, rcs))
+        self.client.on_unsubscribe = lambda c, u, mid, rcs, props: self.unsubacks.put((mid, rcs))
         if username is not None:
             self.client.username_pw_set(username, password)
         if will is not None:
@@ -154,6 +156,14 @@ class PahoClient:
             result, mid = self.client.subscribe(topic, qos)
         assert result == mqtt.MQTT_ERR_SUCCESS
         got_mid, codes = self.subacks.get(timeout=TIMEOUT)
+        assert got_mid == mid
+        return [c.value if hasattr(c, "value") else c for c in codes]
+
+    def unsubscribe(self, topic: str) -> list:
+        """Unsubscribe and wait for UNSUBACK; returns its reason codes (MQTT 3.1.1 has none: empty)."""
+        result, mid = self.client.unsubscribe(topic)
+        assert result == mqtt.MQTT_ERR_SUCCESS
+        got_mid, codes = self.unsubacks.get(timeout=TIMEOUT)
         assert got_mid == mid
         return [c.value if hasattr(c, "value") else c for c in codes]
 

@@ -16,7 +16,7 @@ OWN_BLOCKS_BYTES = 280
 more on the connection or the session would exceed it."""
 
 
-def test_a_default_broker_keeps_three_objects_per_idle_connection():
+def test_a_default_broker_keeps_three_objects_per_idle_connection(quiet_broker_log):
     result = measure(CONNECTIONS, "asyncio")
     per_connection = [site for site in result.sites if site.owner == "broker" and site.blocks >= 0.9]
     files = sorted(site.where.rsplit(":", 1)[0] for site in per_connection)

@@ -199,7 +199,7 @@ def test_unsubscribe(broker):
     sub = PahoClient(broker.port, "sub")
     sub.subscribe("a", 0)
     sub.subscribe("b", 0)
-    sub.client.unsubscribe("a")
+    assert sub.unsubscribe("a") == [0x00]
     pub = PahoClient(broker.port, "pub")
     pub.publish("a", b"gone")
     pub.publish("b", b"kept")

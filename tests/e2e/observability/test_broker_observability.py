@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import time
 import urllib.error
 import urllib.request
 
@@ -79,6 +80,36 @@ def test_metrics_endpoint_per_listener(start_broker):
     pub.close()
     assert wait_for(lambda: broker.metric(prefix + "inflight_messages") == 0)
     assert wait_for(lambda: broker.metric(prefix + "connections", listener="north") == 0)
+
+
+def test_every_log_commit_is_in_the_commit_seconds_histogram_and_nothing_else_is(start_broker):
+    broker = start_broker(storage={})
+    pub = RawClient(broker.port, 5)
+    pub.connect("pub")
+    name = "timestone_broker_log_commit_seconds"
+    before = scrape(broker)
+    started = time.monotonic()
+    for packet_id in range(1, 6):  # one at a time: each PUBACK waits for its own commit
+        pub.send_packet(Publish(f"plant/{packet_id}", b"logged", 1, packet_id=packet_id))
+        assert isinstance(pub.recv(), PubAck)
+    elapsed = time.monotonic() - started
+    after = scrape(broker)
+    commits = sample(after, name + "_count") - sample(before, name + "_count")
+    assert commits >= 5
+    assert 0 < sample(after, name + "_sum") - sample(before, name + "_sum") < elapsed
+    buckets = sorted(
+        (float(dict(labels)["le"]), value)
+        for (sample_name, labels), value in after.items()
+        if sample_name == name + "_bucket"
+    )
+    assert [value for _, value in buckets] == sorted(value for _, value in buckets)
+    assert buckets[-1] == (float("inf"), sample(after, name + "_count"))
+
+    for _ in range(3):  # QoS 0: nothing appended, nothing committed
+        pub.send_packet(Publish("plant/1", b"not logged"))
+    pub.send_packet(Publish("plant/1", b"logged", 1, packet_id=9))
+    assert isinstance(pub.recv(), PubAck)
+    assert sample(scrape(broker), name + "_count") - sample(after, name + "_count") == 1
 
 
 def test_health_endpoint(start_broker):

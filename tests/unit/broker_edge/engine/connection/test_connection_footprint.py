@@ -11,7 +11,6 @@ is measured by ``bench/footprint_bench.py``.)
 from __future__ import annotations
 
 import gc
-import logging
 import tracemalloc
 from typing import Any
 
@@ -77,16 +76,6 @@ def _connect_frames(prefix: str, count: int) -> list[bytes]:
         )
         for n in range(count)
     ]
-
-
-@pytest.fixture
-def quiet_broker_log():
-    """No log record per connection (a capturing handler would keep them, and they are not the broker's)."""
-    logger = logging.getLogger("broker_edge")
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    yield
-    logger.setLevel(level)
 
 
 def test_an_idle_connection_and_its_session_stay_within_their_byte_budget(quiet_broker_log):
