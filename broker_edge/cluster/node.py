@@ -48,6 +48,7 @@ from broker_edge.cluster.links.member_clients import MemberClients
 from broker_edge.cluster.links.member_identity import MemberTls
 from broker_edge.cluster.links.member_proofs import MemberProofs
 from broker_edge.cluster.links.peer_link import PeerLinks
+from broker_edge.cluster.partition_health import register_partition_metrics
 from broker_edge.cluster.view import ClusterView
 from broker_edge.engine.ports import LOCAL_ONLY, AppendedRun, ClusterPorts, PublishRefused
 from broker_edge.placement import Member
@@ -334,6 +335,9 @@ class ClusterNode:
         )
         followed.labels("routed").set_function(lambda: delivery.records_routed)
         followed.labels("passed_over").set_function(lambda: delivery.records_passed_over)
+        register_partition_metrics(
+            broker.metrics, view, cluster.replication_factor, cluster.min_insync_replicas
+        )
         self.leader = LeaderReplication(
             view,
             store,

@@ -3,6 +3,7 @@
 - ``cluster_state(target)``: members and partition states as stored in etcd (read over etcd's own JSON
   gateway, ``/v3/kv/range``, so the test reads what the brokers wrote, not what a broker believes).
 - ``read_log(broker, topic)``: the committed records of a topic from a broker's offsets API.
+- ``metric(broker, name, **labels)``: one sample of a broker's ``/metrics``, as Prometheus parses it.
 - ``Device``: a publisher on its own topic that publishes QoS 1 one message at a time through a list of
   brokers, moving to the next broker when its connection fails, and never resending: every PUBACKed payload
   is recorded, in order, so the test can check each of them is in the log exactly once.
@@ -27,6 +28,8 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from broker_edge.cluster.features.sessions_records import SessionRecord
 from broker_edge.protocol import PacketDecoder
@@ -83,6 +86,17 @@ def started(make: Callable[[], BrokerProcess], attempts: int = 3) -> BrokerProce
 
 
 # -- reading logs back ------------------------------------------------------------------------------------
+
+
+def metric(broker: BrokerProcess, name: str, **labels: str) -> float:
+    """The sample ``name`` with ``labels`` of the broker's ``GET /metrics`` (AssertionError when absent)."""
+    url = f"http://127.0.0.1:{broker.admin_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    raise AssertionError(f"no {name} {labels} in the /metrics of the broker on port {broker.port}")
 
 
 def read_log(broker: BrokerProcess, topic: str, token: str | None = None) -> list[tuple[int, bytes]]:

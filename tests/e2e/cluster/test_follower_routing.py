@@ -11,27 +11,19 @@ replaying, every record from the log.
 
 from __future__ import annotations
 
-import http.client
-
 import pytest
 
 from broker_edge.placement import partition_of
 from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient
-from tests.e2e.cluster.proof import EtcdTarget, cluster_state, wait_until
+from tests.e2e.cluster.proof import EtcdTarget, cluster_state, metric, wait_until
 
 COUNT = 20
 
 
 def followed(broker: BrokerProcess, outcome: str) -> float:
     """The broker's ``followed_records`` counter for ``outcome`` (routed, passed_over), read from /metrics."""
-    connection = http.client.HTTPConnection("127.0.0.1", broker.admin_port, timeout=10)
-    connection.request("GET", "/metrics")
-    series = f'timestone_broker_followed_records_total{{outcome="{outcome}"}} '
-    for line in connection.getresponse().read().decode().splitlines():
-        if line.startswith(series):
-            return float(line.split()[1])
-    raise AssertionError(f"no followed_records {outcome} in /metrics")
+    return metric(broker, "timestone_broker_followed_records_total", outcome=outcome)
 
 
 def led_by(target: EtcdTarget, leader: str, prefix: str) -> str:

@@ -14,6 +14,7 @@ from tests.e2e.broker_clients import PahoClient, RawClient, close_all
 from tests.e2e.cluster.proof import (
     cluster_state,
     cluster_status,
+    metric,
     read_log,
     status_in_sync,
     wait_settled,
@@ -26,6 +27,18 @@ LAG_MS = 1000
 
 def _same_log(one: BrokerProcess, other: BrokerProcess, topic: str) -> bool:
     return read_log(one, topic) == read_log(other, topic)
+
+
+def partition_gauges(broker: BrokerProcess) -> dict[str, float]:
+    """The member's ``partitions_*`` gauges (docs/observability.md)."""
+    kinds = ("led", "under_replicated", "below_min_insync", "leaderless")
+    return {kind: metric(broker, f"timestone_broker_partitions_{kind}") for kind in kinds}
+
+
+def _short_of_c(broker: BrokerProcess, node: str, etcd) -> bool:
+    led = sum(p.leader == node for p in cluster_state(etcd).partitions.values())
+    gauges = partition_gauges(broker)
+    return gauges == {"led": led, "under_replicated": led, "below_min_insync": led, "leaderless": 0}
 
 
 def test_a_stopped_follower_leaves_the_in_sync_set_and_rejoins_after_restart(cluster_brokers, etcd):
@@ -67,13 +80,25 @@ def test_fewer_in_sync_replicas_than_min_insync_refuses_publishes(cluster_broker
         node: cluster_brokers(node, replica_lag_max_ms=LAG_MS, min_insync_replicas=3) for node in NODES
     }
     wait_settled(etcd, set(NODES), 3)
+    partitions = len(cluster_state(etcd).partitions)
+    healthy = {node: partition_gauges(broker) for node, broker in brokers.items()}
+    assert sum(gauges["led"] for gauges in healthy.values()) == partitions
+    assert all(
+        gauges["under_replicated"] == gauges["below_min_insync"] == gauges["leaderless"] == 0
+        for gauges in healthy.values()
+    ), healthy
     brokers["c"].stop()
     wait_until(
         lambda: all("c" not in p.isr for p in cluster_state(etcd).partitions.values()),
         what="c out of every in-sync set",
     )
     state = cluster_state(etcd)
-    partitions = len(state.partitions)
+    for node in ("a", "b"):  # every partition a member leads is short of c's copy, and of min_insync
+        wait_until(
+            partial(_short_of_c, brokers[node], node, etcd),
+            what=f"{node}'s gauges missing c's copies",
+            state=partial(partition_gauges, brokers[node]),
+        )
     led_by_a = next(
         f"risk/{n}"
         for n in range(1000)

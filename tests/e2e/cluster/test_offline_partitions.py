@@ -14,13 +14,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from functools import partial
 
 import pytest
 
 from broker_edge.placement import partition_of
 from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient, close_all
-from tests.e2e.cluster.proof import cluster_state, copies_spread, wait_settled, wait_until
+from tests.e2e.cluster.proof import cluster_state, copies_spread, metric, wait_settled, wait_until
 from tests.e2e.cluster.test_device_offsets import device_from, numbered
 from tests.harness.local_cluster import EtcdServer, EtcdTarget, cluster_broker
 
@@ -63,6 +64,15 @@ def _left(client: PahoClient) -> list[bytes]:
     return left
 
 
+def _offline(etcd: EtcdTarget) -> int:
+    return sum(state.leader is None for state in cluster_state(etcd).partitions.values())
+
+
+def _leaderless_shown(broker: BrokerProcess, etcd: EtcdTarget) -> bool:
+    """The member's ``partitions_leaderless`` gauge agrees with etcd's count of offline partitions."""
+    return metric(broker, "timestone_broker_partitions_leaderless") == _offline(etcd)
+
+
 @pytest.mark.parametrize("version", [5, 4], ids=["v5", "v3.1.1"])
 def test_a_partition_back_from_offline_sends_its_past_to_no_subscriber_and_serves_offsets_asked_meanwhile(
     rf1, version
@@ -91,6 +101,8 @@ def test_a_partition_back_from_offline_sends_its_past_to_no_subscriber_and_serve
     )
     state = cluster_state(etcd).partitions[number]
     assert state.replicas == (holder,)  # no live broker was given an empty copy of it
+    wait_until(partial(_leaderless_shown, brokers[observer], etcd), what="the offline partitions in /metrics")
+    assert _offline(etcd) >= 1
 
     device = device_from(brokers[observer].port, f"offline-device-{version}", topic, "4", version)
     meanwhile = PahoClient(brokers[other].port, f"offline-meanwhile-{version}", version=version)
@@ -104,6 +116,8 @@ def test_a_partition_back_from_offline_sends_its_past_to_no_subscriber_and_serve
     )
 
     assert _payloads(device.expect(6, timeout=20)) == [str(n).encode() for n in range(4, 10)]
+    wait_until(partial(_leaderless_shown, brokers[observer], etcd), what="no partition offline in /metrics")
+    assert _offline(etcd) == 0
     clients = {"device": device, "meanwhile": meanwhile, "before": before}
     time.sleep(1.0)
     assert {name: _left(client) for name, client in clients.items()} == {name: [] for name in clients}
