@@ -20,6 +20,8 @@ is the process's CPU time (``time.process_time``) per publish over ``--passes`` 
   everything here), whose answers keep each publisher's order through the queue a member needs;
 - ``fanin_qos0``: 16 MQTT 3.1.1 publishers, each on a topic of its own, send reads of 64 QoS 0 PUBLISHes
   (64-byte payloads) in turn, 100 turns, one QoS 0 subscriber of ``plant/#``;
+- ``fanin_qos0_lone``: 500 MQTT 3.1.1 devices, each on a topic of its own, send one QoS 0 PUBLISH (64-byte
+  payload) a turn for 40 turns, one QoS 0 subscriber of ``plant/#``: a read of one PUBLISH, no run to share;
 - ``fleet``: 10,000 MQTT 3.1.1 devices, each on ``fleet/device-<n>/telemetry``, send one QoS 1 PUBLISH a
   turn for 4 turns, one QoS 0 consumer of ``fleet/+/telemetry``.
 
@@ -169,6 +171,15 @@ def fanin(member: bool) -> Scenario:
     return _turns(core, devices, frames), 40 * 500, core, 40 * 500
 
 
+def fanin_qos0_lone() -> Scenario:
+    core = broker(member=False)
+    subscribe(core, 1, MQTT_3_1_1)
+    devices = [connect(core, f"meter-{n}", MQTT_3_1_1) for n in range(500)]
+    frame = [encode(Publish(f"plant/meter-{n}", b"x" * 64, 0), MQTT_3_1_1) for n in range(500)]
+
+    return _turns(core, devices, [frame] * 40), 40 * 500, core, 40 * 500
+
+
 def _turns(core: HandDrivenCore, devices: list[Any], frames: list[list[bytes]]) -> Callable[[], None]:
     """One pass: in each turn every device sends its frame of the turn, then the turn ends."""
 
@@ -242,6 +253,7 @@ SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "fanin_reads": fanin_reads,
     "fanin_member": lambda: fanin(member=True),
     "fanin_qos0": fanin_qos0,
+    "fanin_qos0_lone": fanin_qos0_lone,
     "fleet": fleet,
 }
 
