@@ -3,7 +3,7 @@ fleet of devices each on its own topic, Timestone against Mosquitto 2.0.11 in on
 
     .venv/bin/python -m bench.ingest_bench [--rounds 2] [--devices 2000] [--variants] [--output FILE]
     .venv/bin/python -m bench.ingest_bench --against CHECKOUT [--publishers 8] [--fanout 100] [--output FILE]
-    .venv/bin/python -m bench.ingest_bench --also CHECKOUT [--output FILE]
+    .venv/bin/python -m bench.ingest_bench --also CHECKOUT [--qos 0] [--output FILE]
 
 Each broker pinned to the first CPU, the load generator (`bench.loadgen`) on the others, every shape
 measured for every broker in each round, in alternating order. Two figures per run: messages delivered to
@@ -88,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
         help="fan-in publisher counts, comma-separated (default: 4,8,16)",
     )
     parser.add_argument("--fanout", type=int, default=0, metavar="N", help="also 1 publisher → N subscribers")
+    parser.add_argument(
+        "--qos",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=(0, 1),
+        help="the QoS of the fan-in shapes, comma-separated (default: 0,1; the fleet only with 1)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "ingest.md")
     args = parser.parse_args(argv)
     raise_fd_limit()
@@ -115,9 +121,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     shapes = [(f"fanout 1 → {args.fanout:,}, QoS {q}", fanout.spec(q, args.fanout)) for q in (0, 1)]
     shapes = shapes if args.fanout else []
-    shapes += [(f"fan-in {p} → 1, QoS 0", fanin.spec(0, p)) for p in args.publishers]
-    shapes += [(f"fan-in {p} → 1, QoS 1", fanin.spec(1, p)) for p in args.publishers]
-    shapes.append((f"fleet: {args.devices:,} devices, QoS 1, 1 in flight", fleet.spec(args.devices)))
+    for qos in args.qos:
+        shapes += [(f"fan-in {p} → 1, QoS {qos}", fanin.spec(qos, p)) for p in args.publishers]
+    if 1 in args.qos:
+        shapes.append((f"fleet: {args.devices:,} devices, QoS 1, 1 in flight", fleet.spec(args.devices)))
     figures: dict[tuple[str, str], list[Figure]] = {}
     loads: list[float] = []
     for round_number in range(args.rounds):
@@ -163,8 +170,12 @@ def render(
             if args.fanout
             else ""
         )
-        + "Fleet: devices each on its own topic, QoS 1 with 1 in flight, one QoS 1 consumer. Timestone "
-        "persists QoS 1 before the PUBACK (its defaults"
+        + (
+            "Fleet: devices each on its own topic, QoS 1 with 1 in flight, one QoS 1 consumer. "
+            if 1 in args.qos
+            else ""
+        )
+        + "Timestone persists QoS 1 before the PUBACK (its defaults"
         + (
             f", in both checkouts: this one, at git {commit_of(REPO)}, and {against}). "
             if args.against

@@ -172,12 +172,11 @@ def _factory(spec: WorkerSpec, group: ClientGroup, shared: Any) -> Callable[[int
         )
         payload = bytes(spec.payload_size)
         blobs = [frames.publish_run(topic, payload, spec.qos, 1, spec.blob_frames) for topic in spec.topics]
-        frame_len = len(blobs[0]) // spec.blob_frames
         return lambda i: Publisher(
             group,
             frames.connect(f"{prefix}{i}", spec.keepalive),
             blobs[i % len(blobs)],
-            frame_len,
+            len(blobs[i % len(blobs)]) // spec.blob_frames,  # its own topic's frames: topics differ in length
             spec.qos,
             spec.window,
             limiter,

@@ -69,6 +69,7 @@ from broker_edge.storage.quarantine import LogQuarantined
 if TYPE_CHECKING:
     from broker_edge.engine.cursors import ReplayManager
     from broker_edge.engine.ports import ClusterPorts, Forwarding, Replication
+    from broker_edge.engine.publish_run import PublishRun
     from broker_edge.engine.routing.router import Router
     from broker_edge.observe.counters import BrokerCounters
     from broker_edge.observe.metrics import BrokerMetrics
@@ -231,6 +232,17 @@ class PublishPath:
         if packet_id is not None:
             note = retained_not_kept(self.router, message) if message.retain else None
             acknowledge(publisher, message.qos, packet_id, 0 if matched else _NO_MATCHING, note)
+
+    def accept_run(self, publisher: Publisher, run: PublishRun) -> None:
+        """Take a client's run of plain QoS 0 publishes of one unlogged topic (``engine.publish_run``): routed
+        together when they would all be routed alike, else each through ``accept``."""
+        matched = self.router.publish_run(run) if self.forwarding is None else None
+        if matched is None:
+            for message in run.messages():
+                self.accept(publisher, message, None, False)
+        elif not matched:
+            for _ in range(len(run)):
+                self.counters.drop("no_subscribers")
 
     def accept_forwarded(self, batch: ForwardedBatch) -> None:
         """Take the logged publishes of a batch another broker forwarded (this node leads their partition, or

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from broker_edge.engine.connection.inbound import Inbound
 from broker_edge.engine.connection.outgoing import ABORT, CLOSE, ConnectionRare, Outgoing
@@ -55,8 +55,9 @@ from broker_edge.engine.connection.states import (
     keepalive_deadline,
 )
 from broker_edge.engine.connection.terms import Terms
-from broker_edge.engine.handlers import dispatch_connected, handle_connect, handle_publish
+from broker_edge.engine.handlers import dispatch_connected, handle_connect, handle_publish, handle_publish_run
 from broker_edge.engine.handlers.context import BrokerContext
+from broker_edge.engine.publish_run import plain_run_end
 from broker_edge.engine.rare_fields import RareField
 from broker_edge.protocol.codec import PacketDecoder, encode
 from broker_edge.protocol.errors import MQTTError, PacketTooLarge, UnsupportedProtocolVersion
@@ -278,10 +279,26 @@ class Connection(Outgoing):
         A handler that raises is a broker bug: it is logged and closes only this connection (0x83).
         """
         unanswered_max = self.terms.host.config.limits.receive_maximum
+        last = len(packets) - 1
+        index = -1
+        single_until = 0  # the packets before it are handled one by one (a run of them was not taken)
         try:
-            for index, packet in enumerate(packets):
+            while index < last:
+                index += 1
+                packet = packets[index]
                 if type(packet) is Publish and self.terms.state == CONNECTED:  # maybe CONNECTed this batch
                     bucket = (self.inbound or self._start_inbound()).bucket
+                    if index < last and packet.frame is not None and not packet.qos and index >= single_until:
+                        end = single_until = plain_run_end(packets, index, packet.topic)
+                        session = self.session
+                        assert session is not None, "a connected connection has a session"
+                        if end - index > 1 and handle_publish_run(
+                            self.terms.host, self, session, cast("list[Publish]", packets[index:end]), bucket
+                        ):
+                            index = end - 1
+                            if self.terms.state == CLOSED:
+                                return False
+                            continue
                     if bucket is not None:
                         now = self.terms.host.now()
                         if not bucket.try_acquire(now):

@@ -30,6 +30,7 @@ from broker_edge.protocol.properties import Properties
 if TYPE_CHECKING:
     from broker_edge.engine.connection.terms import Terms
     from broker_edge.engine.message import Message
+    from broker_edge.engine.publish_run import PublishRun
     from broker_edge.engine.sessions.session import Session
     from broker_edge.protocol.codec import PacketDecoder, PublishTemplate
     from broker_edge.protocol.packets import Packet
@@ -179,32 +180,34 @@ class Outgoing:
             and (rare := session._rare) is not None
             and rare.log_offsets
         )
-        frame = message.frame
-        if (
-            frame is not None
-            and not qos
-            and not message.qos
-            and terms.v5 == message.frame_v5
-            and not retain
-            and not subscription_ids
-            and not offsets
-            and not terms.alias_max_out
-        ):
-            head = frame  # the publisher's frame again (``Message.frame``): no template to look up or make
-        elif not terms.alias_max_out:
-            # A plain variant already encoded for another subscriber is looked up here, without the call
-            # to ``template`` (its key as ``Message.templates`` says): one call fewer per delivery.
+        if not terms.alias_max_out:
+            # A plain variant already encoded for another subscriber is looked up here, without the call to
+            # ``template`` (its key as ``Message.templates`` says); the first QoS 0 delivery of the
+            # publisher's family is the frame received (``Message.frame``), no template made at all.
             templates = message.templates
-            if (
-                templates is None
-                or offsets
-                or subscription_ids
-                or message.expires_at is not None
-                or (found := templates.get((terms.v5 << 3) | (qos << 1) | retain)) is None
+            if templates is not None:
+                if (
+                    offsets
+                    or subscription_ids
+                    or message.expires_at is not None
+                    or (found := templates.get((terms.v5 << 3) | (qos << 1) | retain)) is None
+                ):
+                    found = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
+                template = found
+                head = template.head
+            elif (
+                not qos
+                and (frame := message.frame) is not None
+                and not message.qos
+                and terms.v5 == message.frame_v5
+                and not retain
+                and not subscription_ids
+                and not offsets
             ):
-                found = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
-            template = found
-            head = template.head
+                head = frame
+            else:
+                template = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
+                head = template.head
         else:
             aliased = self._aliased_template(message, qos, retain, subscription_ids, offsets)
             if aliased is None:
@@ -242,6 +245,30 @@ class Outgoing:
             out.append(tail)
         terms.stats.sent[qos] += 1
         return True
+
+    def send_run(self, run: PublishRun, subscription_ids: tuple[int, ...]) -> None:
+        """Write a run of plain QoS 0 messages (``engine.publish_run``) delivered at QoS 0: the frames as
+        received in one piece when this client takes them as they are, else each one by ``send_message``."""
+        terms = self.terms
+        if (
+            terms.v5 == run.v5
+            and not subscription_ids
+            and not terms.alias_max_out
+            and not terms.paused
+            and run.fits(terms.max_packet_out)
+        ):
+            out = self._out
+            if out is None:
+                if terms.state == CLOSED:
+                    return
+                self._out = [run.frames]
+                terms.host.schedule_flush(self)
+            else:
+                out.append(run.frames)
+            terms.stats.sent[0] += len(run)
+            return
+        for message in run.messages():
+            self.send_message(message, 0, False, subscription_ids, None)
 
     def _aliased_template(
         self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...], offsets: bool

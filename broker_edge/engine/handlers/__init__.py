@@ -33,7 +33,7 @@ from .auth import handle_auth
 from .connect import handle_connect
 from .disconnect import handle_disconnect
 from .ping import handle_pingreq
-from .publish import handle_publish
+from .publish import handle_publish, handle_publish_run
 from .subscribe import handle_subscribe
 from .unsubscribe import handle_unsubscribe
 
@@ -69,4 +69,4 @@ def dispatch_connected(ctx: BrokerContext, conn: Client, session: Session, packe
         raise TypeError(f"no handler for {type(packet).__name__} from a connected client")
 
 
-__all__ = ["dispatch_connected", "handle_connect", "handle_puback", "handle_publish"]
+__all__ = ["dispatch_connected", "handle_connect", "handle_puback", "handle_publish", "handle_publish_run"]

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         SharedMembers,
         Wills,
     )
+    from broker_edge.engine.publish_run import PublishRun
     from broker_edge.protocol.packets import Will
     from broker_edge.security.limits import LimitsConfig
 
@@ -168,6 +169,24 @@ class Router:
         for group in match.groups:
             self.deliver_to_group(group, message)
         return len(match.subscribers) + len(match.groups)
+
+    def publish_run(self, run: PublishRun) -> int | None:
+        """Deliver a run of plain QoS 0 messages of one unretained topic (``engine.publish_run``) to every
+        matching session, as ``publish`` would each of them; how many sessions matched each, or None when
+        shared groups take part (nothing delivered then: each goes through ``publish``)."""
+        if self._shared_dispatch is not None:
+            return None
+        match = self.trie.match(run.topic)
+        if match.groups:
+            return None
+        origin = run.origin
+        for session, _qos, no_local, _retain_as_published, subscription_ids in match.subscribers:
+            if no_local and session.client_id == origin:
+                continue
+            conn = session.connection  # an unlogged QoS 0 message: no cursor holds it, none waits offline
+            if conn is not None:
+                conn.send_run(run, subscription_ids)
+        return len(match.subscribers)
 
     def deliver_to_group(self, group: SharedGroup[Session], message: Message) -> Session | None:
         """Deliver ``message`` to one member of a shared group (round robin, online members first); the

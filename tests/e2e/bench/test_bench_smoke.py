@@ -99,3 +99,14 @@ def test_fanin_qos0_and_idle_connections_measure_something() -> None:
     assert flow.delivered_per_s > 0
     assert idle.connected == 200
     assert idle.rss_after > 0
+
+
+def test_fanin_publishers_on_topics_of_different_lengths_each_send_whole_frames() -> None:
+    """From 11 publishers on, `bench/fanin/<i>` topics differ in length: each publisher slices its own
+    frames (a frame length taken from another topic's cut them, and the broker closed it)."""
+    spec = dataclasses.replace(fanin.spec(1, 12), ahead=2000)
+    with Mosquitto().running() as broker:
+        result = run_flow(broker, spec, SHORT, cpus=None)
+    assert result.errors == []
+    assert result.sent > 0 and result.acked == result.sent
+    assert result.delivered == result.expected == result.acked

@@ -143,6 +143,10 @@ class RecordingConnection:
         self.sent.append((message.payload, qos, packet_id, dup))
         return True
 
+    def send_run(self, run, subscription_ids) -> None:
+        for message in run.messages():
+            self.send_message(message, 0, False, subscription_ids, None)
+
     def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None:
         self.sent.append(("PUBREL", packet_id))
 

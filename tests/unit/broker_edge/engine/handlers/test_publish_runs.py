@@ -1,0 +1,195 @@
+"""Runs of plain QoS 0 PUBLISHes read together (``engine.publish_run``): every subscriber gets the same bytes,
+and the broker counts, refuses, limits and drops the same, as when each PUBLISH came in a read of its own."""
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from broker_edge.protocol.codec import encode
+from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, Publish, Subscribe, Subscription
+from broker_edge.protocol.properties import Properties
+from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, WireClient, make_core
+from tests.unit.broker_edge.engine.stand_ins import MemoryLog
+
+Subscribers = dict[str, WireClient]
+
+
+def _connected(
+    core: HandDrivenCore,
+    name: str,
+    version: int,
+    subscription: Subscription | None = None,
+    sub_id: int | None = None,
+    **connect: Any,
+) -> WireClient:
+    """A client connected as ``name``, subscribed to ``subscription`` (with subscription identifier
+    ``sub_id``) when given."""
+    client = core.client(version)
+    client.connect(name, **connect)
+    if subscription is not None:
+        properties = Properties(subscription_identifiers=[sub_id]) if sub_id else None
+        client.send(Subscribe(1, [subscription], properties))
+    return client
+
+
+def _subscribers(core: HandDrivenCore) -> Subscribers:
+    """Subscribers of every kind a run's delivery tells apart."""
+    found: Subscribers = {}
+
+    def add(
+        name: str, version: int, subscription: Subscription, sub_id: int | None = None, **connect
+    ) -> None:
+        client = core.client(version)
+        client.connect(name, **connect)
+        properties = Properties(subscription_identifiers=[sub_id]) if sub_id else None
+        client.send(Subscribe(1, [subscription], properties))
+        found[name] = client
+
+    add("v3-qos0", MQTT_3_1_1, Subscription("t/#", 0))
+    add("v3-qos1", MQTT_3_1_1, Subscription("t/#", 1))
+    add("v5-qos0", MQTT_5, Subscription("t/#", 0))
+    add("v5-qos2", MQTT_5, Subscription("t/+", 2))
+    add("v5-sub-id", MQTT_5, Subscription("t/a", 0), sub_id=7)
+    add("v5-aliases", MQTT_5, Subscription("t/#", 0), properties=Properties(topic_alias_maximum=2))
+    add("v5-small", MQTT_5, Subscription("t/#", 0), properties=Properties(maximum_packet_size=40))
+    add("v5-no-local", MQTT_5, Subscription("t/#", 0, no_local=True))
+    add("shared-1", MQTT_5, Subscription("$share/g/t/b", 0))
+    add("shared-2", MQTT_3_1_1, Subscription("$share/g/t/b", 0))
+    return found
+
+
+def _deliveries(
+    version: int,
+    packets: list[Publish],
+    together: bool,
+    before: Callable[[HandDrivenCore, Subscribers], None] = lambda core, subscribers: None,
+    **sections: Any,
+) -> tuple[dict[str, bytes], HandDrivenCore]:
+    """What each subscriber was sent when ``packets`` came in one read (``together``) or one per read; an
+    MQTT 5 publisher is the No Local subscriber."""
+    core = make_core(**sections)
+    subscribers = _subscribers(core)
+    publisher = subscribers["v5-no-local"] if version == MQTT_5 else _connected(core, "publisher", version)
+    before(core, subscribers)
+    frames = [encode(packet, version) for packet in packets]
+    for data in [b"".join(frames)] if together else frames:
+        publisher.conn.receive(data)
+    core.run_soon()
+    sent = {name: b"".join(client.conn.take_output() or ()) for name, client in subscribers.items()}
+    return sent, core
+
+
+def _runs(payload_sizes: tuple[int, ...] = (3,)) -> list[Publish]:
+    """Runs on two topics, broken by a QoS 1 publish, a retained one and one with properties."""
+    sizes = iter(payload_sizes * 20)
+    plain = [Publish("t/a", b"a%d" % n + b"x" * next(sizes)) for n in range(5)]
+    plain += [Publish("t/a", b"q1", 1, packet_id=3)]
+    plain += [Publish("t/b", b"b%d" % n + b"y" * next(sizes)) for n in range(4)]
+    plain += [Publish("t/b", b"kept", retain=True), Publish("t/b", b"b-last")]
+    plain += [Publish("t/a", b"typed", properties=Properties(content_type="text/plain"))]
+    plain += [Publish("t/a", b"a%d" % n) for n in range(5, 8)]
+    return plain
+
+
+@pytest.mark.parametrize("version", [MQTT_3_1_1, MQTT_5])
+def test_every_subscriber_gets_a_read_of_runs_as_the_publishes_one_by_one(version):
+    """Subscribers of the publisher's family get the frames as received; other families, subscription
+    identifiers, topic aliases, a small Maximum Packet Size, No Local and a shared group are each served as
+    a lone PUBLISH would be; the counters agree."""
+    packets = _runs(payload_sizes=(3, 40, 3))
+    together, core = _deliveries(version, packets, together=True)
+    alone, reference = _deliveries(version, packets, together=False)
+    assert together == alone
+    assert all(together[name] for name in together if name != "v5-no-local" or version != MQTT_5)
+    assert core.listener.stats.received == reference.listener.stats.received
+    assert core.listener.stats.sent == reference.listener.stats.sent
+    assert core.counters.drops("too_large") == reference.counters.drops("too_large") > 0
+
+
+def test_a_run_nobody_subscribed_to_counts_each_message_dropped():
+    packets = [Publish("nobody/here", b"%d" % n) for n in range(6)]
+    _, core = _deliveries(MQTT_3_1_1, packets, together=True)
+    assert core.counters.drops("no_subscribers") == 6
+
+
+@pytest.mark.parametrize("topic", ["$SYS/forged", "t/denied"])
+def test_a_refused_run_is_refused_one_publish_at_a_time(topic):
+    """A topic the client may not publish to: each PUBLISH of the run is refused and counted as alone."""
+    sections: dict[str, Any] = {
+        "acl": {"rules": [{"permission": "deny", "action": "publish", "topic": topic}]}
+    }
+    packets = [Publish(topic, b"%d" % n) for n in range(4)]
+    together, core = _deliveries(MQTT_3_1_1, packets, together=True, **(sections if topic[0] != "$" else {}))
+    assert not any(together.values())
+    assert core.counters.drops("acl_denied") == 4
+
+
+def test_a_run_past_the_clients_message_rate_is_held_where_the_rate_runs_out():
+    """The bucket takes a whole run only when it has a token for each; else the PUBLISHes go one by one and
+    the rest of the read waits, as it always has."""
+    limits = {"messages_per_second_per_client": 1, "messages_burst_per_client": 3}
+    packets = [Publish("t/a", b"%d" % n) for n in range(5)]
+    together, core = _deliveries(MQTT_3_1_1, packets, together=True, limits=limits)
+    alone, _ = _deliveries(MQTT_3_1_1, packets, together=False, limits=limits)
+    assert together["v3-qos0"] == alone["v3-qos0"] == b"".join(encode(p, MQTT_3_1_1) for p in packets[:3])
+    assert core.counters.throttled == 1
+    short = [Publish("t/a", b"%d" % n) for n in range(3)]
+    together, _ = _deliveries(MQTT_3_1_1, short, together=True, limits=limits)
+    assert together["v3-qos0"] == b"".join(encode(p, MQTT_3_1_1) for p in short)
+
+
+def test_a_paused_subscriber_gets_a_run_as_its_slow_subscriber_policy_says():
+    """A subscriber whose write buffer is full: each message of the run goes through the policy (here
+    ``drop_qos0``: every one dropped and counted), the others get theirs."""
+
+    def pause(core: HandDrivenCore, subscribers: Subscribers) -> None:
+        subscribers["v3-qos0"].conn.writing_paused()
+
+    packets = [Publish("t/a", b"%d" % n) for n in range(4)]
+    limits = {"slow_subscriber_policy": "drop_qos0"}
+    together, core = _deliveries(MQTT_3_1_1, packets, together=True, before=pause, limits=limits)
+    alone, reference = _deliveries(MQTT_3_1_1, packets, together=False, before=pause, limits=limits)
+    assert together == alone
+    assert together["v3-qos0"] == b"" and together["v5-qos0"]
+    assert core.counters.drops("slow_subscriber") == reference.counters.drops("slow_subscriber") == 4
+
+
+def test_a_run_reaches_a_subscriber_of_the_publishers_family_in_one_piece():
+    """The frames as received, one write for the whole run (nothing encoded or copied per message)."""
+    core = make_core()
+    subscriber = _connected(core, "sub", MQTT_3_1_1, Subscription("t/#", 0))
+    publisher = _connected(core, "pub", MQTT_3_1_1)
+    read = b"".join(encode(Publish("t/a", b"%d" % n), MQTT_3_1_1) for n in range(50))
+    publisher.conn.receive(read)
+    core.run_soon()
+    assert subscriber.conn.take_output() == [read]
+    assert core.listener.stats.sent[0] == 50
+
+
+class LogsQos0(MemoryLog):
+    def should_persist(self, topic: str, qos: int) -> bool:
+        return True
+
+
+def test_a_run_of_a_logged_topic_goes_one_publish_at_a_time():
+    """Each message of a logged topic gets its own offset: routed once durable, one by one."""
+
+    def logged(core: HandDrivenCore, subscribers: Subscribers) -> None:
+        def durable_soon(callback: Callable[[], object]) -> None:
+            def durable() -> None:
+                callback()
+
+            core.call_soon(durable)
+
+        store = LogsQos0(durable_soon=durable_soon)
+        core.publish_path.attach_store(store, None)
+
+    packets = [Publish("t/a", b"%d" % n) for n in range(4)]
+    together, core = _deliveries(MQTT_5, packets, together=True, before=logged)
+    alone, _ = _deliveries(MQTT_5, packets, together=False, before=logged)
+    assert together == alone
+    assert together["v5-qos0"]
+    store = core.publish_path.store
+    assert isinstance(store, LogsQos0)
+    assert [fields[0] for fields in store.logs["t/a"]] == [p.payload for p in packets]
