@@ -1,5 +1,6 @@
 """The pipelines' Prometheus metrics, in a registry of their own: query restarts and whether each query
-is up, messages quarantined by reason, Sparkplug B sequence gaps.
+is up, what its micro-batches read and how long they took, when its last one ended (how fresh its tables
+are), messages quarantined by reason, Sparkplug B sequence gaps.
 
 ``timestone pipeline ... --metrics-port N`` serves them at ``http://127.0.0.1:N/metrics`` (a Databricks job
 scrapes or logs them as it likes); tests read the values directly.
@@ -7,9 +8,15 @@ scrapes or logs them as it likes); tests read the values directly.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 PREFIX = "timestone_pipeline"
+BATCH_SECONDS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+"""Bucket bounds of a micro-batch's duration: a second-trigger batch to a long catch-up one."""
 
 
 class PipelineMetrics:
@@ -29,6 +36,31 @@ class PipelineMetrics:
             ["pipeline", "query"],
             registry=self.registry,
         )
+        self.input_rows = Counter(
+            f"{PREFIX}_input_rows",
+            "Rows read by the query's completed micro-batches (Spark's numInputRows).",
+            ["pipeline", "query"],
+            registry=self.registry,
+        )
+        self.batches = Counter(
+            f"{PREFIX}_batches",
+            "Micro-batches the query completed.",
+            ["pipeline", "query"],
+            registry=self.registry,
+        )
+        self.batch_seconds = Histogram(
+            f"{PREFIX}_batch_seconds",
+            "Seconds each completed micro-batch took, trigger to commit (Spark's batchDuration).",
+            ["pipeline", "query"],
+            buckets=BATCH_SECONDS,
+            registry=self.registry,
+        )
+        self.last_batch_end = Gauge(
+            f"{PREFIX}_last_batch_end_seconds",
+            "When the query's last completed micro-batch ended (Unix time): its tables are that fresh.",
+            ["pipeline", "query"],
+            registry=self.registry,
+        )
         self.quarantined = Counter(
             f"{PREFIX}_quarantined",
             "Messages written to quarantine, by the reason (e.g. sparkplug_unknown_alias).",
@@ -41,6 +73,15 @@ class PipelineMetrics:
             ["pipeline"],
             registry=self.registry,
         )
+
+    def batch_completed(self, pipeline: str, query: str, progress: Mapping[str, Any]) -> None:
+        """Count one completed micro-batch from its progress report (``StreamingQuery.recentProgress``)."""
+        seconds = progress["batchDuration"] / 1000
+        started = dt.datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00"))
+        self.input_rows.labels(pipeline, query).inc(progress["numInputRows"])
+        self.batches.labels(pipeline, query).inc()
+        self.batch_seconds.labels(pipeline, query).observe(seconds)
+        self.last_batch_end.labels(pipeline, query).set(started.timestamp() + seconds)
 
     def restarts(self, pipeline: str, query: str | None = None) -> float:
         """Restarts counted so far for ``pipeline`` (and ``query``), all errors together."""

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from broker_edge.config.loader import ConfigError
 
@@ -58,6 +58,11 @@ def unrecoverable(error: str) -> str | None:
         if pattern.search(error):
             return reason
     return None
+
+
+def _ran(progress: Any) -> bool:
+    """Whether a progress report is of a micro-batch that ran (an idle trigger's has no ``addBatch``)."""
+    return "addBatch" in progress["durationMs"]
 
 
 def error_name(error: str) -> str:
@@ -99,6 +104,8 @@ class SupervisedQuery:
     failures: int = 0  # consecutive failures, for the backoff
     restart_at: float | None = None
     done: bool = False
+    counted_batch: int = -1
+    """The last micro-batch id counted in the metrics (ids go on from the checkpoint across restarts)."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +151,11 @@ class Supervisor:
             query = watched.query
             if watched.done:
                 continue
+            if query is not None:
+                try:
+                    self._count_batches(watched, query)
+                except Exception:  # the metrics never stop the job
+                    log.debug("%s query %s: progress not counted", self.pipeline, watched.name, exc_info=True)
             if query is not None and not query.isActive:
                 self._ended(watched, query, now)
                 if self.gave_up is not None:
@@ -169,6 +181,19 @@ class Supervisor:
     def running(self) -> list[StreamingQuery]:
         """The queries running now."""
         return [w.query for w in self.queries if w.query is not None and w.query.isActive]
+
+    def _count_batches(self, watched: SupervisedQuery, query: StreamingQuery) -> None:
+        """Count in the metrics the micro-batches the query completed since the last look: its last
+        progress report, or its recent ones when several batches ended in between. A report without
+        ``addBatch`` is an idle trigger's (it names the next batch, which has not run): not a batch."""
+        last = query.lastProgress
+        if last is None or not _ran(last) or last["batchId"] <= watched.counted_batch:
+            return
+        reports = [last] if last["batchId"] == watched.counted_batch + 1 else query.recentProgress
+        ran = {p["batchId"]: p for p in reports if _ran(p) and p["batchId"] > watched.counted_batch}
+        for batch_id in sorted(ran):
+            self.metrics.batch_completed(self.pipeline, watched.name, ran[batch_id])
+        watched.counted_batch = max(ran)
 
     def _start(self, watched: SupervisedQuery) -> None:
         watched.restart_at = None

@@ -76,6 +76,12 @@ def test_a_batch_failing_after_silver_is_retried_from_the_checkpoint(spark, tmp_
 
     assert failed == [1]
     assert metrics.restarts("telemetry", config.stream.query_name) == 1
+    labels = {"pipeline": "telemetry", "query": config.stream.query_name}
+    read = metrics.registry.get_sample_value
+    assert read("timestone_pipeline_input_rows_total", labels) == sent, (
+        "the failed attempt's rows not counted"
+    )
+    assert (read("timestone_pipeline_batches_total", labels) or 0) >= 3
     first, second = batches
     assert first.maintenance is second.maintenance  # one schedule across restarts
     assert_each_reading_once(open_store(spark, config), sent)

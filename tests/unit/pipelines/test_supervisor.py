@@ -36,6 +36,7 @@ class StandInQuery:
         self.isActive = True
         self.error: str | None = None
         self.stopped = False
+        self.lastProgress = None  # no batch has run (the metrics' counting is the end-to-end tests')
 
     def exception(self) -> Exception | None:
         return RuntimeError(self.error) if self.error is not None else None
