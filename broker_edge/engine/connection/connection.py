@@ -36,7 +36,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from broker_edge.engine.connection.inbound import Inbound
-from broker_edge.engine.connection.outgoing import ABORT, CLOSE, ConnectionRare, Outgoing
+from broker_edge.engine.connection.outgoing import ABORT, CLOSE, Closing, ConnectionRare, Outgoing
 from broker_edge.engine.connection.reading import (
     OwnDecoder,
     forget_unfinished,
@@ -190,6 +190,8 @@ class Connection(Outgoing):
 
     def receive(self, data: bytes) -> None:
         """Bytes from the client, in any split: every packet they complete is handled, in order."""
+        if type(self._out) is Closing:
+            return  # its end is decided: nothing it sends is handled (or counted) any more
         state = self.terms.state
         if state == CONNECTED:
             self.deadline = HEARD_FROM

@@ -4,7 +4,8 @@ Until its CONNECT is decoded a connection has a decoder of its own (``OwnDecoder
 with the idle connections of its protocol version (``SharedDecoder``), and takes one of its own again only
 while a packet is half-read (the start of a packet is moved over). The bytes of unfinished packets count
 into one broker-wide budget (``limits.max_partial_packet_bytes``), so many clients each sending part of a
-large packet cannot hold the broker's memory: over it, the connection that sent the last bytes is closed.
+large packet cannot hold the broker's memory: over it, the connection that sent the last bytes is closed,
+and its bytes leave the budget then, not when its socket is gone (nothing it sends after is read).
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ def _count_partial(conn: Connection, own: OwnDecoder, completed: bool) -> bool:
     if host.partial_bytes <= host.config.limits.max_partial_packet_bytes:
         return True
     conn.log().warning("closed: packets in progress on all connections exceed max_partial_packet_bytes")
+    host.partial_bytes -= own.counted  # it will never finish them: the budget is free for others at once
+    own.counted = 0
     if conn.terms.state == CONNECTED:
         conn.close(ReasonCode.SERVER_BUSY, "too many bytes of unfinished packets on this broker")
     else:
