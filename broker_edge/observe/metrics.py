@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -64,6 +64,9 @@ REFUSAL_REASONS = (
 DISCONNECT_REASONS = ("slow_subscriber", "keep_alive_timeout", "protocol_error", "session_taken_over")
 """Reasons the broker closes a connected client, pre-bound at start: ``slow_subscriber`` or the lowercased
 name of the v5 reason code of the DISCONNECT (sent to v5 clients; v3 clients are just closed)."""
+
+
+_F = TypeVar("_F", "Family", "HistogramFamily")
 
 
 class Value:
@@ -316,11 +319,9 @@ class BrokerMetrics:
 
     def histogram(self, name: str, documentation: str, histogram: Histogram) -> HistogramFamily:
         """A histogram family ``timestone_broker_<name>`` exposing ``histogram`` (observed elsewhere)."""
-        family = HistogramFamily(f"{PREFIX}_{name}", documentation, histogram)
-        self.families.append(family)
-        return family
+        return self._add(HistogramFamily(f"{PREFIX}_{name}", documentation, histogram))
 
-    def _add(self, family: Family) -> Family:
+    def _add(self, family: _F) -> _F:
         self.families.append(family)
         return family
 

@@ -257,14 +257,9 @@ class Outgoing:
             and not terms.paused
             and run.fits(terms.max_packet_out)
         ):
-            out = self._out
-            if out is None:
-                if terms.state == CLOSED:
-                    return
-                self._out = [run.frames]
-                terms.host.schedule_flush(self)
-            else:
-                out.append(run.frames)
+            if self._out is None and terms.state == CLOSED:
+                return  # gone: nothing written, nothing counted (as ``send_message``)
+            self.write(run.frames)
             terms.stats.sent[0] += len(run)
             return
         for message in run.messages():
