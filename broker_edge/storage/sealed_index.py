@@ -17,9 +17,11 @@ here), `bytes` their frames' bytes, `dropped` the bytes a truncation cut from ol
 that the topic's log restarted here. A topic whose only entries here were cut by a truncation has a group of
 count 0 whose `first_offset` is where its log ends.
 
-`build` makes the file's bytes from a segment's rows (`active_index`) in the sealer thread: the rows are
-sorted by topic in chunks of `SORT_CHUNK`, so no single call holds the interpreter for long while the event
-loop waits for it.
+`build` makes the file's bytes from a segment's rows (`active_index`) in the sealer thread. A topic's rows
+come from its chain (a busy topic's array of rows), and its entries are read from the columns with `map`,
+a chunk of rows per call; only a topic with a marker, a cut row or a gap in its offsets is walked row by
+row. Every step takes at most `SORT_CHUNK` rows per call, so no single call holds the interpreter for long
+while the event loop waits for it.
 """
 
 from __future__ import annotations
@@ -31,10 +33,16 @@ import struct
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import repeat
+from operator import add, and_, lshift, or_, sub
+from typing import TYPE_CHECKING
 
 from .active_index import ActiveIndex, pointed
 from .entry import HEAD_SIZE, MARKER_BIT, RESTART, TRUNCATE
 from .file_pool import FileHandlePool
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = [
     "FLAG_RESTART",
@@ -60,6 +68,7 @@ FLAG_RESTART = 1
 FLAG_TRUNCATED = 2
 """The topic was truncated in this segment: groups of it in older segments may hold dead records."""
 _TOPIC_MASK = ~MARKER_BIT & 0xFFFFFFFF
+_ROW_MASK = 0xFFFFFFFF
 _TOPIC_IDS_PER_GROUP = GROUP.size // 4
 
 
@@ -91,89 +100,205 @@ class Built:
     newest_time: int
 
 
-def _sorted_rows(rows: ActiveIndex) -> list[int]:
-    """Every row as `topic_id << 32 | row`, sorted (markers with their topic, in log order)."""
+def _sorted_rows(rows: ActiveIndex, topics: set[int] | None = None) -> list[int]:
+    """Every row (of ``topics`` only, unless None) as `topic_id << 32 | row`, sorted (markers with their
+    topic, in log order)."""
     topic_ids = rows.topic_ids
     count = len(topic_ids)
     runs: list[list[int]] = []
     for start in range(0, count, SORT_CHUNK):
         chunk = topic_ids[start : start + SORT_CHUNK]
-        runs.append(
-            sorted([(topic_id & _TOPIC_MASK) << 32 | row for row, topic_id in enumerate(chunk, start)])
-        )
+        if topics is None:
+            keyed = [(topic_id & _TOPIC_MASK) << 32 | row for row, topic_id in enumerate(chunk, start)]
+        else:
+            keyed = [
+                (topic_id & _TOPIC_MASK) << 32 | row
+                for row, topic_id in enumerate(chunk, start)
+                if topic_id & _TOPIC_MASK in topics
+            ]
+        runs.append(sorted(keyed))
+    return _merged(runs)
+
+
+def _merged(runs: list[list[int]]) -> list[int]:
+    """Sorted lists merged into one."""
     if len(runs) == 1:
         return runs[0]
     return list(heapq.merge(*runs))
 
 
-def build(rows: ActiveIndex, number: int, base: int, data_size: int) -> Built:
-    """The sealed index of segment `number` (base position `base`, `data_size` bytes) from its rows."""
+def _last_rows(rows: ActiveIndex) -> dict[int, int]:
+    """Each topic id in the segment (a marker's with its bit) -> its last row, a chunk per call."""
+    topic_ids = rows.topic_ids
+    last: dict[int, int] = {}
+    for start in range(0, len(topic_ids), SORT_CHUNK):
+        stop = start + SORT_CHUNK
+        last.update(zip(topic_ids[start:stop], range(start, min(stop, len(topic_ids))), strict=True))
+    return last
+
+
+def _chained_rows(rows: ActiveIndex, topic_id: int, last_row: int) -> list[int] | array:
+    """A topic's rows in the segment, oldest first: its array of them when busy, else its chain."""
+    hot = rows.hot.get(topic_id)
+    if hot is not None:
+        return hot
+    prevs = rows.prevs
+    chain = [last_row]
+    row = prevs[last_row]
+    while row >= 0:
+        chain.append(row)
+        row = prevs[row]
+    chain.reverse()
+    return chain
+
+
+def _irregular_topics(rows: ActiveIndex) -> set[int]:
+    """Topics with a marker or a cut row in the segment: their groups are walked row by row."""
+    topic_ids = rows.topic_ids
+    irregular = {topic_ids[row] & _TOPIC_MASK for row in rows.dead}
+    if topic_ids and max(topic_ids) & MARKER_BIT:
+        irregular.update(topic_id & _TOPIC_MASK for topic_id in topic_ids if topic_id & MARKER_BIT)
+    return irregular
+
+
+def _topic_groups(rows: ActiveIndex, walk_all: bool) -> list[tuple[int, Sequence[int], bool]]:
+    """Each topic's rows in the segment, oldest first, in topic id order, and whether they are walked one
+    by one (the topic has a marker or a cut row here; every topic when ``walk_all``). The others' rows come
+    from their chains (a busy topic's array of rows), not from sorting every row."""
+    last = _last_rows(rows)
+    irregular = {topic_id & _TOPIC_MASK for topic_id in last} if walk_all else _irregular_topics(rows)
+    chains = {
+        topic_id: _chained_rows(rows, topic_id, row)
+        for topic_id, row in last.items()
+        if not topic_id & MARKER_BIT and topic_id not in irregular
+    }
+    keys = _sorted_rows(rows, irregular) if irregular else []
+    if sum(map(len, chains.values())) + len(keys) != len(rows.topic_ids):  # a chain missed rows: sort all
+        chains, keys = {}, _sorted_rows(rows)
+    walked: dict[int, list[int]] = {}
+    index, count = 0, len(keys)
+    while index < count:
+        topic_id = keys[index] >> 32
+        end = bisect.bisect_left(keys, (topic_id + 1) << 32, index)
+        walked[topic_id] = list(map(and_, keys[index:end], repeat(_ROW_MASK)))
+        index = end
+    ids = [*chains, *walked]
+    order = _merged([sorted(ids[start : start + SORT_CHUNK]) for start in range(0, len(ids), SORT_CHUNK)])
+    return [
+        (topic_id, chains[topic_id], False) if topic_id in chains else (topic_id, walked[topic_id], True)
+        for topic_id in order
+    ]
+
+
+def _plain_entries(rows: ActiveIndex, group_rows: Sequence[int], ends: array, entries: array) -> int | None:
+    """Add to ``entries`` those of a topic's rows without a marker, a cut or a gap in their offsets; returns
+    their frames' bytes, or None (nothing added) when the offsets have a gap (records lost to damage: walked).
+    Each column is read with ``map`` over a chunk of the rows, not a statement per row; ``ends[row]`` is
+    where the entry of ``row - 1`` ends."""
+    offsets, positions, times = rows.offsets, rows.positions, rows.times
+    count = len(group_rows)
+    if offsets[group_rows[-1]] - offsets[group_rows[0]] != count - 1:
+        return None
+    size = 0
+    for start in range(0, count, SORT_CHUNK):
+        part = group_rows[start : start + SORT_CHUNK]
+        starts = list(map(positions.__getitem__, part))
+        sizes = list(map(sub, map(ends.__getitem__, map(add, part, repeat(1))), starts))
+        chunk = [0] * (2 * len(part))
+        chunk[0::2] = map(or_, starts, map(lshift, sizes, repeat(32)))
+        chunk[1::2] = map(times.__getitem__, part)
+        entries.extend(chunk)
+        size += sum(sizes)
+    return size - HEAD_SIZE * count
+
+
+def _walked_entries(
+    rows: ActiveIndex, group_rows: Sequence[int], data_size: int, previous_segment: int
+) -> tuple[list[int], int, int, int, int, int] | None:
+    """A topic's rows taken one by one, applying its markers and leaving out cut rows: (entries, frames'
+    bytes, first offset, flags, dropped bytes, previous segment); None when every row was cut."""
     topic_ids, positions, offsets, times, prevs = (
         rows.topic_ids, rows.positions, rows.offsets, rows.times, rows.prevs
     )  # fmt: skip
-    dead = rows.dead
-    row_count = len(topic_ids)
-    keys = _sorted_rows(rows)
-    groups: list[Group] = []
-    entries: list[int] = []
-    newest = -(2**63)
-    index = 0
-    while index < len(keys):
-        topic_id = keys[index] >> 32
-        end = index
-        while end < len(keys) and keys[end] >> 32 == topic_id:
-            end += 1
-        first_row = keys[index] & 0xFFFFFFFF
-        previous = prevs[first_row]
-        previous_segment = pointed(previous)[0] if previous < -1 else -1
-        flags = dropped = size = 0
-        group_entries: list[int] = []
-        first_offset = -1
-        expected = -1
-        for key in keys[index:end]:  # (islice would step over the `index` keys before: quadratic)
-            row = key & 0xFFFFFFFF
-            if topic_ids[row] & MARKER_BIT:
-                kind, offset = times[row], offsets[row]
-                if kind == RESTART:
-                    flags, dropped, size, previous_segment = FLAG_RESTART | (flags & FLAG_TRUNCATED), 0, 0, -1
-                    group_entries = []
-                    first_offset = expected = offset
-                elif kind == TRUNCATE:
-                    flags |= FLAG_TRUNCATED
-                    dropped += rows.marker_dropped.get(row, 0)
-                    if first_offset < 0 or offset < first_offset:
-                        first_offset = expected = offset
-                        group_entries = []
-                        previous = prevs[row]  # the cut reached below this segment: the chain goes on there
-                        previous_segment = pointed(previous)[0] if previous < -1 else -1
-                    else:
-                        del group_entries[2 * (offset - first_offset) :]
-                        expected = offset
-                continue
-            if row in dead:
-                continue
-            offset = offsets[row]
-            if first_offset < 0:
+    dead, row_count = rows.dead, len(topic_ids)
+    flags = dropped = size = 0
+    group_entries: list[int] = []
+    first_offset = -1
+    expected = -1
+    for row in group_rows:
+        if topic_ids[row] & MARKER_BIT:
+            kind, offset = times[row], offsets[row]
+            if kind == RESTART:
+                flags, dropped, size, previous_segment = FLAG_RESTART | (flags & FLAG_TRUNCATED), 0, 0, -1
+                group_entries = []
                 first_offset = expected = offset
-            while expected < offset:  # records lost to damage keep their offsets, never served
-                group_entries += (MISSING, times[row])
-                expected += 1
-            entry_end = positions[row + 1] if row + 1 < row_count else data_size
-            entry_size = entry_end - positions[row]
-            group_entries += (positions[row] | (entry_size << 32), times[row])
-            size += entry_size - HEAD_SIZE
-            expected += 1
-        index = end
+            elif kind == TRUNCATE:
+                flags |= FLAG_TRUNCATED
+                dropped += rows.marker_dropped.get(row, 0)
+                if first_offset < 0 or offset < first_offset:
+                    first_offset = expected = offset
+                    group_entries = []
+                    previous = prevs[row]  # the cut reached below this segment: the chain goes on there
+                    previous_segment = pointed(previous)[0] if previous < -1 else -1
+                else:
+                    del group_entries[2 * (offset - first_offset) :]
+                    expected = offset
+            continue
+        if row in dead:
+            continue
+        offset = offsets[row]
         if first_offset < 0:
-            continue  # every row of the topic here was cut (its truncation marker is in a newer segment)
-        count = len(group_entries) // 2
-        group_newest = group_entries[-1] if group_entries else -(2**63)
+            first_offset = expected = offset
+        while expected < offset:  # records lost to damage keep their offsets, never served
+            group_entries += (MISSING, times[row])
+            expected += 1
+        entry_end = positions[row + 1] if row + 1 < row_count else data_size
+        entry_size = entry_end - positions[row]
+        group_entries += (positions[row] | (entry_size << 32), times[row])
+        size += entry_size - HEAD_SIZE
+        expected += 1
+    if first_offset < 0:
+        return None  # every row of the topic here was cut (its truncation marker is in a newer segment)
+    return group_entries, size, first_offset, flags, dropped, previous_segment
+
+
+def build(rows: ActiveIndex, number: int, base: int, data_size: int, walk_all: bool = False) -> Built:
+    """The sealed index of segment `number` (base position `base`, `data_size` bytes) from its rows.
+
+    A topic's entries are made from its rows column by column, unless it has a marker, a cut row or a gap
+    in its offsets here: then its rows are walked one by one (``walk_all``: every topic's are, what tests
+    compare with)."""
+    topic_ids, positions, offsets, times, prevs = (
+        rows.topic_ids, rows.positions, rows.offsets, rows.times, rows.prevs
+    )  # fmt: skip
+    row_count = len(topic_ids)
+    ends = array("q")
+    for start in range(0, row_count, SORT_CHUNK):
+        ends.extend(positions[start : start + SORT_CHUNK].tolist())
+    ends.append(data_size)  # the end of the last row's entry
+    groups: list[Group] = []
+    entries = array("q")
+    newest = -(2**63)
+    for topic_id, group_rows, walk in _topic_groups(rows, walk_all):
+        previous = prevs[group_rows[0]]
+        previous_segment = pointed(previous)[0] if previous < -1 else -1
+        first_entry = len(entries) // 2
+        size = None if walk else _plain_entries(rows, group_rows, ends, entries)
+        if size is not None:
+            first_offset, flags, dropped = offsets[group_rows[0]], 0, 0
+        else:
+            walked = _walked_entries(rows, group_rows, data_size, previous_segment)
+            if walked is None:
+                continue
+            group_entries, size, first_offset, flags, dropped, previous_segment = walked
+            entries.extend(group_entries)
+        count = len(entries) // 2 - first_entry
+        group_newest = entries[-1] if count else -(2**63)
         newest = max(newest, group_newest)
         groups.append(
-            Group(topic_id, count, first_offset, len(entries) // 2, flags, previous_segment, size, dropped,
+            Group(topic_id, count, first_offset, first_entry, flags, previous_segment, size, dropped,
                   group_newest)
         )  # fmt: skip
-        entries += group_entries
     sparse: list[int] = []
     for row in range(0, row_count, SPARSE_EVERY):
         sparse += (positions[row], 0 if topic_ids[row] & MARKER_BIT else times[row])
@@ -200,7 +325,7 @@ def build(rows: ActiveIndex, number: int, base: int, data_size: int) -> Built:
             )
             for g in groups
         ),
-        array("q", entries).tobytes(),
+        entries.tobytes(),
         array("q", sparse).tobytes(),
     ]
     return Built(b"".join(parts), groups, newest)
