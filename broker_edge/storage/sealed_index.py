@@ -19,9 +19,9 @@ count 0 whose `first_offset` is where its log ends.
 
 `build` makes the file's bytes from a segment's rows (`active_index`) in the sealer thread. A topic's rows
 come from its chain (a busy topic's array of rows), and its entries are read from the columns with `map`,
-a chunk of rows per call; only a topic with a marker, a cut row or a gap in its offsets is walked row by
-row. Every step takes at most `SORT_CHUNK` rows per call, so no single call holds the interpreter for long
-while the event loop waits for it.
+a chunk of rows per call; a topic with a marker, a cut row or a gap in its offsets, or with fewer than
+`WALK_BELOW` rows, is walked row by row. Every step takes at most `SORT_CHUNK` rows per call, so no single
+call holds the interpreter for long while the event loop waits for it.
 """
 
 from __future__ import annotations
@@ -63,6 +63,8 @@ ENTRY_SIZE = 16
 SUMMARY_EVERY = 64
 SPARSE_EVERY = 256
 SORT_CHUNK = 16384
+WALK_BELOW = 16
+"""A topic with fewer rows in the segment is walked row by row: reading its columns costs more below it."""
 MISSING = 0xFFFFFFFF
 FLAG_RESTART = 1
 FLAG_TRUNCATED = 2
@@ -266,8 +268,8 @@ def build(rows: ActiveIndex, number: int, base: int, data_size: int, walk_all: b
     """The sealed index of segment `number` (base position `base`, `data_size` bytes) from its rows.
 
     A topic's entries are made from its rows column by column, unless it has a marker, a cut row or a gap
-    in its offsets here: then its rows are walked one by one (``walk_all``: every topic's are, what tests
-    compare with)."""
+    in its offsets here, or fewer than `WALK_BELOW` rows: then its rows are walked one by one
+    (``walk_all``: every topic's are, what tests compare with)."""
     topic_ids, positions, offsets, times, prevs = (
         rows.topic_ids, rows.positions, rows.offsets, rows.times, rows.prevs
     )  # fmt: skip
@@ -283,7 +285,9 @@ def build(rows: ActiveIndex, number: int, base: int, data_size: int, walk_all: b
         previous = prevs[group_rows[0]]
         previous_segment = pointed(previous)[0] if previous < -1 else -1
         first_entry = len(entries) // 2
-        size = None if walk else _plain_entries(rows, group_rows, ends, entries)
+        size = (
+            None if walk or len(group_rows) < WALK_BELOW else _plain_entries(rows, group_rows, ends, entries)
+        )
         if size is not None:
             first_offset, flags, dropped = offsets[group_rows[0]], 0, 0
         else:
