@@ -62,7 +62,7 @@ from broker_edge.engine.ports import LOCAL_ONLY, AppendedRun, ForwardAck, Publis
 from broker_edge.engine.records import record_fields
 from broker_edge.observe.refusal_log import LogSummary
 from broker_edge.protocol.reason_codes import ReasonCode
-from broker_edge.storage.errors import DescriptorShortage, StorageError, TooManyTopics
+from broker_edge.storage.errors import DISK_FULL, StorageError, StorageShortage, TooManyTopics
 from broker_edge.storage.persistence import NOT_LOGGED
 from broker_edge.storage.quarantine import LogQuarantined
 
@@ -445,7 +445,8 @@ class PublishPath:
         is not acknowledged at all and its connection stays open, so it keeps the message (nothing is lost)
         and does not resend it on this connection ([MQTT-4.4.0-1]); it resends once when it reconnects. The
         store counts and logs these refusals once per interval, not once per publish. So are the refusals
-        of a store short of file descriptors (``descriptor_shortage``): 0x80, a v3.1.1 publisher closed."""
+        of a store short of file descriptors (``descriptor_shortage``: 0x80) or of disk space
+        (``disk_full``: 0x97 Quota exceeded), with the reason string; a v3.1.1 publisher closed."""
         message = entry.message
         assert message is not None
         try:
@@ -463,9 +464,10 @@ class PublishPath:
                     entry.packet_id = None
                     return
             else:
-                if isinstance(exc, DescriptorShortage):  # passing, and every publish meets it: summarised
-                    self.counters.drop("descriptor_shortage")
-                    self._refusals.log(logging.WARNING, "descriptor_shortage", "publish refused: %s", exc)
+                if isinstance(exc, StorageShortage):  # passing, and every publish meets it: summarised
+                    self.counters.drop(exc.cause.reason)
+                    self._refusals.log(logging.WARNING, exc.cause.reason, "publish refused: %s", exc)
+                    entry.reason_string = str(exc)
                 elif isinstance(exc, LogQuarantined):  # every publish to it meets it: summarised
                     self.counters.drop("log_quarantined")
                     self._refusals.log(logging.WARNING, "log_quarantined", "publish refused: %s", exc)
@@ -477,7 +479,7 @@ class PublishPath:
                         exc,
                         extra={"client_id": message.origin or "-"},
                     )
-                entry.reason_code = ReasonCode.UNSPECIFIED_ERROR
+                entry.reason_code = _refusal_code(exc)
                 if publisher is not None and not publisher.v5:
                     publisher.close()  # a v3 client cannot be told: it resends after reconnecting
                     return
@@ -506,9 +508,9 @@ class PublishPath:
         """Writing (``log_failed``) or replicating (``replication_failed``) failed: acknowledge nothing
         appended here (entries answered otherwise keep their answer); a ``PublishRefused`` says why."""
         batch = current.entries
-        if isinstance(exc, DescriptorShortage):
-            reason = "descriptor_shortage"
-        refused = isinstance(exc, PublishRefused | DescriptorShortage)
+        if isinstance(exc, StorageShortage):
+            reason = exc.cause.reason
+        refused = isinstance(exc, PublishRefused | StorageShortage)
         if refused:  # expected while a partition changes hands, passing with descriptors: summarised
             self._refusals.log(
                 logging.WARNING,
@@ -520,7 +522,7 @@ class PublishPath:
             )
         else:
             log.error("%s, %d publishes not acknowledged: %s", reason.replace("_", " "), len(batch), exc)
-        reason_code = exc.reason_code if isinstance(exc, PublishRefused) else ReasonCode.UNSPECIFIED_ERROR
+        reason_code = exc.reason_code if isinstance(exc, PublishRefused) else _refusal_code(exc)
         reason_string = str(exc) if refused else None
         ready = self._answers.answerer()
         for entry in batch:
@@ -563,6 +565,12 @@ class PublishPath:
         if appends:
             self.metrics.log_appends_total.inc(appends)
             self.metrics.log_bytes_total.inc(appended_bytes)
+
+
+def _refusal_code(exc: BaseException) -> ReasonCode:
+    """A refused append's reason code: 0x97 Quota exceeded for a full disk, else 0x80."""
+    full = isinstance(exc, StorageShortage) and exc.cause is DISK_FULL
+    return ReasonCode.QUOTA_EXCEEDED if full else ReasonCode.UNSPECIFIED_ERROR
 
 
 def _wanted(entries: list[PendingPublish]) -> bool:

@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,7 @@ from broker_edge.runtime.transports.turns import ReadTurns
 from broker_edge.security.limits import DEFAULT_MAX_CONNECTIONS
 from broker_edge.security.tls import ServerContexts, server_ssl_context
 from broker_edge.settings.broker import BrokerConfig
+from broker_edge.storage.errors import SHORTAGE_CAUSES
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
     from broker_edge.http.guard import GuardedRunner
     from broker_edge.runtime.transports.tcp import TcpServer
     from broker_edge.storage import LogStore
+    from broker_edge.storage.group_commit import GroupCommitter
     from broker_edge.uplink.hub import UplinkHub
     from broker_edge.uplink.site_link import SiteLink
 
@@ -307,6 +310,7 @@ class Broker(BrokerCore):
             "Seconds from a log commit's start to its appends being durable (write, fdatasync, hand-offs).",
             store.committer.commit_seconds,
         )
+        self._bind_shortage_metrics(store.committer)
         self.metrics.gauge(
             "storage_quarantined_logs",
             "Logs set aside at open: they could not be opened, and are neither read nor written.",
@@ -322,6 +326,21 @@ class Broker(BrokerCore):
                 can_subscribe,
             )
             self.session_store.restore()
+
+    def _bind_shortage_metrics(self, committer: GroupCommitter) -> None:
+        """The commitlog's passing shortages by cause (``disk_full``, ``descriptor_shortage``): whether
+        appends are refused for one now (the gauge to alert on), and how many began since the start."""
+        now = self.metrics.gauge(
+            "log_shortage",
+            "1 while the commitlog refuses appends for this shortage (disk full, file descriptors), else 0.",
+            ["cause"],
+        )
+        began = self.metrics.counter(
+            "log_shortages", "Shortages the commitlog rode out (or is riding out), by cause.", ["cause"]
+        )
+        for cause in SHORTAGE_CAUSES:
+            now.labels(cause.reason).set_function(partial(committer.short_of, cause))
+            began.labels(cause.reason).set_function(partial(committer.shortages.__getitem__, cause.reason))
 
     def _prepare_uplink(self, store: LogStore) -> None:
         """This site's link to its hub, and the hub's endpoint for sites (not yet serving), when configured;

@@ -152,7 +152,8 @@ class SessionStore:
         return self.log_store.end_offsets()
 
     def _write(self, document: dict[str, Any]) -> None:
-        """Replace the file atomically with ``document``; a failure is logged (the old file stays)."""
+        """Replace the file atomically with ``document``; a failure (a full disk) is logged, the old file
+        stays, and the next interval writes again."""
         temporary = self.path.with_name(self.path.name + ".tmp")
         try:
             data = json.dumps(document, separators=(",", ":")).encode()
@@ -165,3 +166,5 @@ class SessionStore:
             fsync_directory(str(self.path.parent))
         except (OSError, ValueError) as exc:
             log.error("writing persistent sessions to %s failed: %s", self.path, exc)
+            with contextlib.suppress(OSError):  # a full disk: give back what part of it took
+                os.unlink(temporary)

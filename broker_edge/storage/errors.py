@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+from dataclasses import dataclass
+
 
 class StorageError(Exception):
     """Base of every storage error."""
@@ -68,8 +71,65 @@ class StorageFailed(StorageError):
     """A write or fsync failed; the store stops accepting appends (durability can no longer be promised)."""
 
 
-class DescriptorShortage(StorageError):
-    """The process is out of file descriptors (EMFILE, ENFILE): this append is refused, nothing of it kept.
+@dataclass(frozen=True, slots=True)
+class ShortageCause:
+    """What a passing shortage lacks, as the broker names it in its refusals, logs and metrics."""
+
+    reason: str
+    """Its name in metrics: ``messages_dropped_total{reason}``, ``log_shortage{cause}``."""
+    lacking: str
+    """What the store is out of, for messages ("out of disk space")."""
+    remedy: str
+    """What an operator does about it, for the log line."""
+    back: str
+    """What came back when it ends, for the log line."""
+
+
+DESCRIPTORS = ShortageCause(
+    "descriptor_shortage",
+    "out of file descriptors",
+    "see limits.max_connections, storage.max_open_files and ulimit -n",
+    "file descriptors available again",
+)
+DISK_FULL = ShortageCause(
+    "disk_full",
+    "out of disk space",
+    "free space on the filesystem of storage.directory",
+    "disk space available again",
+)
+SHORTAGE_CAUSES = (DESCRIPTORS, DISK_FULL)
+
+_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
+_OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def passing_shortage(error: BaseException, *, syncing: bool) -> ShortageCause | None:
+    """The shortage ``error`` is, when the store may wait it out and try the same thing again; None when it
+    is a failure. ``syncing``: it came from an fsync, fdatasync or syncfs, not from an open or a write.
+
+    * Out of descriptors (EMFILE, ENFILE) is always passing: an open failed, so nothing was written or synced.
+    * Out of space (ENOSPC, EDQUOT) is passing from a write at a fixed position: the bytes did not all reach
+      the page cache, and writing the whole range again at the same position is idempotent. From a sync it
+      is a failure: the kernel may have dropped the dirty pages it could not write back, so a later sync
+      that passes would not bring them back (the fsync reasoning of ``group_commit``).
+    """
+    if not isinstance(error, OSError):
+        return None
+    if error.errno in _OUT_OF_DESCRIPTORS:
+        return DESCRIPTORS
+    if error.errno in _OUT_OF_SPACE and not syncing:
+        return DISK_FULL
+    return None
+
+
+class StorageShortage(StorageError):
+    """The store is short of something it needs to write (``cause``: file descriptors, disk space): this
+    append is refused, nothing of it kept.
 
     A passing condition, never a failed store: what the store already holds is retried until it is
     written, and appends are taken again once it is (``GroupCommitter.shortage``)."""
+
+    def __init__(self, cause: ShortageCause, detail: str) -> None:
+        super().__init__(f"{cause.lacking} ({detail}): appends refused until the log is written")
+        self.cause = cause
+        self.detail = detail

@@ -7,13 +7,12 @@ briefly exceed its bound while more descriptors than that are pinned at once.
 
 A process out of descriptors (EMFILE, ENFILE) is a passing shortage, not a failed write: the open is retried
 after the pool closed its idle descriptors, or after a short wait (see ``_open_fd``); a shortage that outlasts
-those retries is the group commit's to ride out (``out_of_descriptors``). The process's budget
+those retries is the group commit's to ride out (``errors.passing_shortage``). The process's budget
 (``broker_edge.process.descriptors``) keeps connections from taking the store's share in the first place.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import threading
@@ -22,17 +21,13 @@ from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from .errors import DESCRIPTORS, passing_shortage
+
 _IOV_MAX = 1024
-_OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 _SHORTAGE_PATIENCE_S = 0.5
 """The longest single wait for a descriptor (the waits double from 1 ms: about a second in all)."""
 
 log = logging.getLogger(__name__)
-
-
-def out_of_descriptors(error: BaseException) -> bool:
-    """Whether ``error`` says the process (EMFILE) or the system (ENFILE) has no descriptor left."""
-    return isinstance(error, OSError) and error.errno in _OUT_OF_DESCRIPTORS
 
 
 class _Handle:
@@ -155,7 +150,7 @@ class FileHandlePool:
             try:
                 return os.open(path, flags, 0o644)
             except OSError as error:
-                if error.errno not in _OUT_OF_DESCRIPTORS or delay > _SHORTAGE_PATIENCE_S:
+                if passing_shortage(error, syncing=False) is not DESCRIPTORS or delay > _SHORTAGE_PATIENCE_S:
                     raise
                 self.descriptor_shortages += 1
                 if self.descriptor_shortages == 1 or self.descriptor_shortages % 1000 == 0:

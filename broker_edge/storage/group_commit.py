@@ -36,15 +36,26 @@ which syncs inline. A failed write or fsync is fatal: the store refuses
 further appends (`StorageFailed`) and reports the error to waiting `when_durable` callers, since after a
 failed fsync the kernel may have dropped the data.
 
-Except a process out of descriptors (EMFILE, ENFILE) once the pool's own retries are spent: that is a
-passing shortage (`shortage`), not a failure. Every `when_durable` caller waiting then is told
-`DescriptorShortage` at once (the broker refuses those publishes rather than leave every client waiting for
-descriptors), and the store refuses new appends while it lasts. What was appended stays the log's: the job
-that met it goes to the writer thread, which retries its writes and syncs with a growing pause (up to
-`RETRY_MAX_S`) until they pass, and the jobs after it follow in order, so the log keeps no hole and a
-publish refused this way may still be in it (at least once: a client that sends it again makes a
-duplicate, never a loss). Appends are taken again as soon as that job is durable. Logged once per
-`SHORTAGE_LOG_S` while it lasts, and once when it ends.
+Except a *passing shortage* (`shortage`, its `cause` one of `errors.SHORTAGE_CAUSES`), which is not a
+failure: the process out of descriptors (EMFILE, ENFILE) once the pool's own retries are spent, or the
+filesystem out of space (ENOSPC, EDQUOT) on a write. Every `when_durable` caller waiting then is told
+`StorageShortage` at once (the broker refuses those publishes rather than leave every client waiting), and
+the store refuses new appends while it lasts. What was appended stays the log's: the job that met it goes
+to the writer thread, which retries it with a growing pause (up to `RETRY_MAX_S`) until it passes, and the
+jobs after it follow in order, so the log keeps no hole and a publish refused this way may still be in it
+(at least once: a client that sends it again makes a duplicate, never a loss). Appends are taken again as
+soon as that job is durable, without a restart. Logged once per `SHORTAGE_LOG_S` while it lasts, and once
+when it ends.
+
+What is safe to retry is decided by where the error came from (`errors.passing_shortage`):
+
+* a failed open (EMFILE, ENFILE): nothing was written or synced;
+* ENOSPC or EDQUOT from a write (pwritev at the write's fixed position): the bytes did not all reach the
+  page cache, and a write that passed stays done (`FileWrite.write` drops its data only once it passed),
+  so writing the rest again, each failed write whole at its same position, is idempotent;
+* never an error from fdatasync, fsync or syncfs, ENOSPC included: the kernel may have dropped the dirty
+  pages it could not write back and marked them clean, so a later sync that passes would not write them.
+  Those stay fatal.
 """
 
 from __future__ import annotations
@@ -55,7 +66,7 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -67,8 +78,8 @@ from broker_edge.observe.histogram import COMMIT_SECONDS, Histogram
 from broker_edge.observe.refusal_log import LogSummary
 
 from .config import Durability
-from .errors import DescriptorShortage, StorageFailed
-from .file_pool import FileHandlePool, out_of_descriptors
+from .errors import ShortageCause, StorageFailed, StorageShortage, passing_shortage
+from .file_pool import FileHandlePool
 from .fs_sync import sync_filesystem
 from .segment import FileWrite
 
@@ -102,11 +113,11 @@ ErrorCallback = Callable[[BaseException], object]
 
 RETRY_FIRST_S = 0.01
 RETRY_MAX_S = 1.0
-"""The writer thread's pauses between tries of a job that found no descriptor: doubling up to this."""
+"""The writer thread's pauses between tries of a job that met a shortage: doubling up to this."""
 CLOSING_PATIENCE_S = 5.0
 """How long a closing store still retries such a job before it gives up (and says what it could not write)."""
 SHORTAGE_LOG_S = 10.0
-"""At most one line per this many seconds while descriptors are short."""
+"""At most one line per this many seconds while a shortage lasts."""
 
 PARALLEL_SYNCS = 8
 """Most fdatasyncs of one job issued at the same time (the rest queue behind them)."""
@@ -182,8 +193,8 @@ class _Flight:
     handled: bool = False
     unwritten: bool = False
     """Its writes did not all reach the files on the loop (the writer thread writes them first)."""
-    short: bool = False
-    """It met a descriptor shortage (and was retried until it passed)."""
+    short: ShortageCause | None = None
+    """The shortage it met (it is retried until it passes)."""
     started: float = 0.0
     """When the job was cut (`time.monotonic`), for `GroupCommitter.commit_seconds`."""
     cut_ns: int = 0
@@ -209,7 +220,7 @@ class _WriterThread:
         pool: FileHandlePool,
         plan: SyncPlan,
         on_done: Callable[[list[_Flight]], None],
-        on_short: Callable[[OSError], None],
+        on_short: Callable[[ShortageCause, OSError], None],
     ) -> None:
         self._pool = pool
         self._plan = plan
@@ -218,7 +229,7 @@ class _WriterThread:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.closing = False
-        """Set by a closing store: a job short of descriptors is retried for ``CLOSING_PATIENCE_S`` more."""
+        """Set by a closing store: a job meeting a shortage is retried for ``CLOSING_PATIENCE_S`` more."""
 
     def submit(self, item: _Flight | _Barrier) -> None:
         if self._thread is None:
@@ -259,26 +270,29 @@ class _WriterThread:
                 return
 
     def _run_flight(self, flight: _Flight) -> None:
-        """Write (if the loop could not) and sync ``flight``'s job; a shortage of descriptors is waited out
-        with growing pauses (the loop is told once), any other error is the flight's."""
+        """Write (if the loop could not) and sync ``flight``'s job; a passing shortage is waited out with
+        growing pauses (the loop is told once per cause), any other error is the flight's."""
         delay, closing_waited = RETRY_FIRST_S, 0.0
         while True:
+            syncing = False
             try:
                 if flight.unwritten:
                     write_job(flight.job, self._pool)
                     flight.unwritten = False
+                syncing = True
                 sync_job(flight.job, self._pool, self._plan)
                 return
             except BaseException as error:
-                if not out_of_descriptors(error) or closing_waited > CLOSING_PATIENCE_S:
+                cause = passing_shortage(error, syncing=syncing)
+                if cause is None or closing_waited > CLOSING_PATIENCE_S:
                     flight.error = error
                     return
                 assert isinstance(error, OSError)
-                if not flight.short:
-                    flight.short = True
+                if flight.short is not cause:
+                    flight.short = cause
                     if flight.loop is not None:
                         with contextlib.suppress(RuntimeError):
-                            flight.loop.call_soon_threadsafe(self._on_short, error)
+                            flight.loop.call_soon_threadsafe(self._on_short, cause, error)
             time.sleep(delay)
             if self.closing:
                 closing_waited += delay
@@ -314,7 +328,7 @@ class GroupCommitter:
         self._pool = pool
         self._on_durable = on_durable
         self.sync_plan = SyncPlan(self._sync)
-        self._writer = _WriterThread(pool, self.sync_plan, self._finished, self._short_of_descriptors)
+        self._writer = _WriterThread(pool, self.sync_plan, self._finished, self._short)
         self._dirty: dict[WriteSource, None] = {}
         self._pending_bytes = 0
         self._appended = 0
@@ -325,10 +339,10 @@ class GroupCommitter:
         self._window_over = False
         self._max_flights = 1
         self.failure: StorageFailed | None = None
-        self.shortage: DescriptorShortage | None = None
-        """Set while a job waits for descriptors (EMFILE, ENFILE): the store refuses appends meanwhile."""
-        self.shortages = 0
-        """Descriptor shortages ridden out (or being) since the start."""
+        self.shortage: StorageShortage | None = None
+        """Set while a job waits out a passing shortage (its ``cause``): appends are refused meanwhile."""
+        self.shortages: Counter[str] = Counter()
+        """Shortages ridden out (or being) since the start, by their cause's ``reason``."""
         self._shortage_log = LogSummary(log, SHORTAGE_LOG_S)
         self.jobs_completed = 0
         """Jobs written so far (with `group`, the number of windows)."""
@@ -357,6 +371,10 @@ class GroupCommitter:
         if depth < 1:
             raise ValueError(f"pipeline depth must be at least 1, got {depth}")
         self._max_flights = depth
+
+    def short_of(self, cause: ShortageCause) -> bool:
+        """Whether appends are refused now for a shortage of ``cause``."""
+        return self.shortage is not None and self.shortage.cause is cause
 
     @property
     def in_flight(self) -> int:
@@ -501,11 +519,12 @@ class GroupCommitter:
         try:
             write_job(job, self._pool)
         except OSError as error:
-            if not out_of_descriptors(error):
+            cause = passing_shortage(error, syncing=False)
+            if cause is None:
                 self._fail(error)
                 return
             flight.unwritten = True
-            self._retry_in_writer(flight, error)
+            self._retry_in_writer(flight, cause, error)
             return
         if path_trace.ON:
             flight.cut_ns = time.monotonic_ns()
@@ -519,10 +538,11 @@ class GroupCommitter:
             try:
                 sync_job(job, self._pool, self.sync_plan)
             except OSError as error:
-                if not out_of_descriptors(error):
+                cause = passing_shortage(error, syncing=True)
+                if cause is None:
                     self._fail(error)
                     return
-                self._retry_in_writer(flight, error)
+                self._retry_in_writer(flight, cause, error)
                 return
             self.inline_syncs += 1
             if path_trace.ON:
@@ -537,35 +557,37 @@ class GroupCommitter:
         self._flights.append(flight)
         self._writer.submit(flight)
 
-    def _retry_in_writer(self, flight: _Flight, error: OSError) -> None:
-        """The loop found no descriptor for ``flight``'s job: the writer thread retries it until it passes."""
-        flight.short = True
-        self._short_of_descriptors(error)
+    def _retry_in_writer(self, flight: _Flight, cause: ShortageCause, error: OSError) -> None:
+        """The loop met a passing shortage with ``flight``'s job: the writer thread retries it until it
+        passes."""
+        flight.short = cause
+        self._short(cause, error)
         self._flights.append(flight)
         self._writer.submit(flight)
 
-    def _short_of_descriptors(self, error: OSError) -> None:
-        """A job found the process out of descriptors (on the loop): its waiting callers are told, appends
-        are refused until it is durable."""
-        if self.shortage is None:
-            self.shortages += 1
-            self.shortage = DescriptorShortage(
-                f"out of file descriptors ({error.strerror}): appends refused until the log is written"
-            )
-        self._fail_callbacks(self.shortage)
+    def _short(self, cause: ShortageCause, error: OSError) -> None:
+        """A job met a passing shortage (told on the loop): its waiting callers are told, appends are
+        refused until it is durable."""
+        shortage = self.shortage
+        if shortage is None or shortage.cause is not cause:
+            self.shortages[cause.reason] += 1
+            shortage = self.shortage = StorageShortage(cause, error.strerror or str(error))
+        self._fail_callbacks(shortage)
         self._shortage_log.log(
             logging.WARNING,
-            "short",
-            "out of file descriptors writing the log (%s): refusing appends and retrying what it holds "
-            "(see limits.max_connections, storage.max_open_files and ulimit -n)",
+            cause.reason,
+            "%s writing the log (%s): refusing appends and retrying what it holds (%s)",
+            cause.lacking,
             error.strerror,
+            cause.remedy,
         )
 
-    def _descriptors_back(self) -> None:
+    def _shortage_over(self) -> None:
         """Every job that met the shortage is durable: take appends again."""
-        if self.shortage is not None and not any(flight.short for flight in self._flights):
+        shortage = self.shortage
+        if shortage is not None and not any(flight.short for flight in self._flights):
             self.shortage = None
-            log.warning("file descriptors available again: the log is written, appends are taken again")
+            log.warning("%s: the log is written, appends are taken again", shortage.cause.back)
 
     def _syncs_inline(self, job: Job) -> bool:
         """Whether `job` is small enough to be fdatasynced on the loop (the writer being idle)."""
@@ -589,8 +611,8 @@ class GroupCommitter:
                     self._fail(earlier.error)
                 elif self.failure is None:
                     self._complete(earlier.job, earlier.upto, earlier)
-                    if earlier.short:
-                        self._descriptors_back()
+                    if earlier.short is not None:
+                        self._shortage_over()
         if self._dirty and len(self._flights) < self._max_flights and self.failure is None:
             if self._window_over or self._pending_bytes >= self._max_pending_bytes:
                 self._cut(complete_now=True)
@@ -631,7 +653,7 @@ class GroupCommitter:
         self._fail_callbacks(failure)
         return failure
 
-    def _fail_callbacks(self, error: StorageFailed | DescriptorShortage) -> None:
+    def _fail_callbacks(self, error: StorageFailed | StorageShortage) -> None:
         """Tell every waiting `when_durable` caller ``error`` instead."""
         callbacks, self._callbacks = self._callbacks, deque()
         for _, _, on_error in callbacks:

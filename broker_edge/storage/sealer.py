@@ -9,9 +9,13 @@
   `SNAPSHOT_INTERVAL_S` and on demand; segments retention gave up are deleted only after the next one.
 
 Tasks run in order. Without a running event loop (tools, tests) each task runs at once in the caller.
-A task that finds the process out of file descriptors (EMFILE, ENFILE) is tried again, pausing 10 ms, 20 ms,
-... up to a second, for at most `SHORTAGE_PATIENCE_S` (every task fails at an open before it changes any
-state, so running it again is safe): a shortage delays indexes, it does not fail them.
+A task that meets a passing shortage (`errors.passing_shortage`: the process out of file descriptors, the
+filesystem out of space) is tried again, pausing 10 ms, 20 ms, ... up to a second, for at most
+`SHORTAGE_PATIENCE_S`: a shortage delays indexes, it does not fail them. Running a task again is safe even
+after a failed fsync, unlike the log's: every task writes again, from memory, all it has not made durable
+(a seal or a snapshot a whole new file, a checkpoint every row its header does not count yet), so no page
+a failed sync may have dropped is left unwritten. A task still short after that fails as any other
+(logged; a seal's segment stays in memory, and the next start seals it).
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .file_pool import FileHandlePool, out_of_descriptors
+from .errors import passing_shortage
+from .file_pool import FileHandlePool
 from .open_index import OpenIndex
 from .partition_log import PartitionLog
 from .sealed_index import GroupBlocks, SealedIndex, build, write_index
@@ -41,7 +46,7 @@ log = logging.getLogger(__name__)
 SNAPSHOT_INTERVAL_S = 30.0
 """At most this long after a seal before the snapshot records it."""
 SHORTAGE_PATIENCE_S = 60.0
-"""How long a task short of descriptors is retried before it fails (logged, its segment kept in memory)."""
+"""How long a task meeting a shortage is retried before it fails (logged, its segment kept in memory)."""
 
 
 @dataclass(slots=True)
@@ -174,20 +179,23 @@ class Sealer:
                     task.done.set()
 
     def _run_task_patiently(self, task: object) -> None:
-        """``_run_task``, tried again while the process is out of descriptors (see the module docstring)."""
+        """``_run_task``, tried again while it meets a passing shortage (see the module docstring)."""
         pause, waited = 0.01, 0.0
         while True:
             try:
                 self._run_task(task)
                 return
             except OSError as error:
-                if not out_of_descriptors(error) or waited >= SHORTAGE_PATIENCE_S:
+                cause = passing_shortage(error, syncing=False)  # each task writes again what it synced
+                if cause is None or waited >= SHORTAGE_PATIENCE_S:
                     raise
                 if not waited:
                     log.warning(
-                        "out of file descriptors (%s): the index task %s waits for some",
+                        "%s (%s): the index task %s waits (%s)",
+                        cause.lacking,
                         error.strerror,
                         type(task).__name__.strip("_").lower(),
+                        cause.remedy,
                     )
             time.sleep(pause)
             waited += pause
@@ -235,10 +243,14 @@ class Sealer:
         if index is None:
             index = segment.open_index = OpenIndex(segment.open_path, self.pool, task.capacity)
         first = index.written
-        if task.rows > first:
-            index.append(rows.topic_ids[first : task.rows], rows.positions[first : task.rows],
-                         rows.times[first : task.rows])  # fmt: skip
-        index.checkpoint(self.sync)
+        try:
+            if task.rows > first:
+                index.append(rows.topic_ids[first : task.rows], rows.positions[first : task.rows],
+                             rows.times[first : task.rows])  # fmt: skip
+            index.checkpoint(self.sync)
+        except OSError:
+            index.written = index.durable  # tried again: every row not counted is written again
+            raise
         self.checkpoints += 1
 
     def _write_snapshot(self) -> None:

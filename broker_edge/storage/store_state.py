@@ -31,9 +31,9 @@ from .catalog import HEADER as CATALOG_HEADER
 from .config import LogConfig, StorageConfig
 from .entry import MAX_TOPIC_ID
 from .errors import (
-    DescriptorShortage,
     InvalidRecord,
     StorageError,
+    StorageShortage,
     TooManyTopics,
     UnknownTopic,
 )
@@ -214,12 +214,13 @@ class StoreState:
 
     def _check_writable(self) -> None:
         """Raise why an append cannot be taken now: a failed write (``StorageFailed``, for good) or a
-        shortage of file descriptors (``DescriptorShortage``, until the log is written)."""
+        shortage of file descriptors or disk space (``StorageShortage``, until the log is written)."""
         committer = self._committer
         if committer.failure is not None:
             raise committer.failure
-        if committer.shortage is not None:
-            raise DescriptorShortage(str(committer.shortage))
+        shortage = committer.shortage
+        if shortage is not None:
+            raise StorageShortage(shortage.cause, shortage.detail)
 
     def _create(self, topic: str, client_id: str) -> int:
         """A new topic's id (its catalog entry goes with the next job); raises `TooManyTopics`."""

@@ -40,4 +40,4 @@ def test_a_snapshot_short_of_descriptors_is_written_once_they_are_back(tmp_path)
     first, second = done.stdout.split("\n")[:2]
     assert first == "1 True"  # written, not failed
     assert second == "True 1"  # so the next start is a clean one, the records there
-    assert "out of file descriptors" in done.stderr and "waits for some" in done.stderr
+    assert "out of file descriptors" in done.stderr and "waits (see limits.max_connections" in done.stderr
