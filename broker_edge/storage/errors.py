@@ -83,6 +83,8 @@ class ShortageCause:
     """What an operator does about it, for the log line."""
     back: str
     """What came back when it ends, for the log line."""
+    closing_patience_s: float
+    """How long a closing store still waits for it before it gives up (and says what it could not write)."""
 
 
 DESCRIPTORS = ShortageCause(
@@ -90,12 +92,14 @@ DESCRIPTORS = ShortageCause(
     "out of file descriptors",
     "see limits.max_connections, storage.max_open_files and ulimit -n",
     "file descriptors available again",
+    5.0,  # connections closing give some back
 )
 DISK_FULL = ShortageCause(
     "disk_full",
     "out of disk space",
     "free space on the filesystem of storage.directory",
     "disk space available again",
+    0.0,  # a stop does not wait for an operator: the next start recovers what was not written
 )
 SHORTAGE_CAUSES = (DESCRIPTORS, DISK_FULL)
 

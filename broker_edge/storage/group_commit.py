@@ -114,8 +114,6 @@ ErrorCallback = Callable[[BaseException], object]
 RETRY_FIRST_S = 0.01
 RETRY_MAX_S = 1.0
 """The writer thread's pauses between tries of a job that met a shortage: doubling up to this."""
-CLOSING_PATIENCE_S = 5.0
-"""How long a closing store still retries such a job before it gives up (and says what it could not write)."""
 SHORTAGE_LOG_S = 10.0
 """At most one line per this many seconds while a shortage lasts."""
 
@@ -229,7 +227,7 @@ class _WriterThread:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.closing = False
-        """Set by a closing store: a job meeting a shortage is retried for ``CLOSING_PATIENCE_S`` more."""
+        """Set by a closing store: a job meeting a shortage is retried for its ``closing_patience_s`` more."""
 
     def submit(self, item: _Flight | _Barrier) -> None:
         if self._thread is None:
@@ -284,7 +282,7 @@ class _WriterThread:
                 return
             except BaseException as error:
                 cause = passing_shortage(error, syncing=syncing)
-                if cause is None or closing_waited > CLOSING_PATIENCE_S:
+                if cause is None or closing_waited > cause.closing_patience_s:
                     flight.error = error
                     return
                 assert isinstance(error, OSError)

@@ -11,7 +11,8 @@
 Tasks run in order. Without a running event loop (tools, tests) each task runs at once in the caller.
 A task that meets a passing shortage (`errors.passing_shortage`: the process out of file descriptors, the
 filesystem out of space) is tried again, pausing 10 ms, 20 ms, ... up to a second, for at most
-`SHORTAGE_PATIENCE_S`: a shortage delays indexes, it does not fail them. Running a task again is safe even
+`SHORTAGE_PATIENCE_S` (once the store closes, for the cause's `closing_patience_s` more): a shortage delays
+indexes, it does not fail them. Running a task again is safe even
 after a failed fsync, unlike the log's: every task writes again, from memory, all it has not made durable
 (a seal or a snapshot a whole new file, a checkpoint every row its header does not count yet), so no page
 a failed sync may have dropped is left unwritten. A task still short after that fails as any other
@@ -109,6 +110,8 @@ class Sealer:
         self._to_delete: list[Segment] = []
         self._reports: deque[tuple[Callable[..., object], tuple[object, ...]]] = deque()
         self.failure: BaseException | None = None
+        self.closing = False
+        """Set by a closing store: a task meeting a shortage is tried for its ``closing_patience_s`` more."""
         self.seals = 0
         self.snapshots = 0
         self.checkpoints = 0
@@ -180,14 +183,18 @@ class Sealer:
 
     def _run_task_patiently(self, task: object) -> None:
         """``_run_task``, tried again while it meets a passing shortage (see the module docstring)."""
-        pause, waited = 0.01, 0.0
+        pause, waited, closing_waited = 0.01, 0.0, 0.0
         while True:
             try:
                 self._run_task(task)
                 return
             except OSError as error:
                 cause = passing_shortage(error, syncing=False)  # each task writes again what it synced
-                if cause is None or waited >= SHORTAGE_PATIENCE_S:
+                if (
+                    cause is None
+                    or waited >= SHORTAGE_PATIENCE_S
+                    or closing_waited > cause.closing_patience_s
+                ):
                     raise
                 if not waited:
                     log.warning(
@@ -199,6 +206,8 @@ class Sealer:
                     )
             time.sleep(pause)
             waited += pause
+            if self.closing:
+                closing_waited += pause
             pause = min(pause * 2, 1.0)
 
     def _run_task(self, task: object) -> None:

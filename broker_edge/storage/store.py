@@ -164,6 +164,8 @@ class LogStore(Appends, Reads, Admin):
             return
         self._closed = True
         unwritten: list[str] = []  # what a full or failing disk kept from being written: said, not raised
+        if self._sealer is not None:
+            self._sealer.closing = True
         try:
             self._committer.close()
         except (OSError, StorageFailed) as error:

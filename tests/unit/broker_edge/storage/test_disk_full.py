@@ -1,0 +1,170 @@
+"""A full disk is a passing shortage when a write meets it, a failure when a sync does.
+
+``errors.passing_shortage`` decides from where an error came; the stores below meet ENOSPC through the real
+write and sync calls of the group commit (``os.pwritev`` and ``os.fdatasync`` answer it while the "disk" is
+full, as the kernel does; the real call runs otherwise). A full tmpfs under a running broker is
+tests/e2e/refusals/test_disk_full.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from broker_edge.storage import LogStore, StorageConfig, StorageFailed
+from broker_edge.storage.errors import DESCRIPTORS, DISK_FULL, StorageShortage, passing_shortage
+from tests.unit.broker_edge.storage.log_helpers import make_record
+
+TOPIC = "site/gateway-3/temp"
+
+
+@pytest.mark.parametrize(
+    ("code", "syncing", "cause"),
+    [
+        (errno.EMFILE, False, DESCRIPTORS),
+        (errno.ENFILE, True, DESCRIPTORS),  # an open before the sync failed: nothing was synced
+        (errno.ENOSPC, False, DISK_FULL),
+        (errno.EDQUOT, False, DISK_FULL),
+        (errno.ENOSPC, True, None),  # a sync's: its dirty pages may be gone
+        (errno.EDQUOT, True, None),
+        (errno.EIO, False, None),
+        (errno.EIO, True, None),
+    ],
+)
+def test_a_write_out_of_space_is_passing_and_a_sync_out_of_space_is_not(code, syncing, cause):
+    assert passing_shortage(OSError(code, os.strerror(code)), syncing=syncing) is cause
+
+
+def test_an_error_that_is_no_os_error_is_no_shortage():
+    assert passing_shortage(ValueError("bad"), syncing=False) is None
+
+
+class FullDisk:
+    """``os.pwritev`` as a filesystem that fills up: while ``full`` is set a write stores part of its bytes
+    (a short write, as the kernel gives when the space ends inside it), then only ENOSPC."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.full = threading.Event()
+        self.refused = 0
+        self._short_given = False
+        real = os.pwritev
+
+        def pwritev(fd: int, buffers, position: int, *flags: int) -> int:
+            if not self.full.is_set():
+                return real(fd, buffers, position, *flags)
+            if not self._short_given:
+                self._short_given = True
+                first = bytes(buffers[0])
+                return real(fd, [first[: max(1, len(first) // 2)]], position)
+            self.refused += 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(os, "pwritev", pwritev)
+
+
+async def _until(condition, timeout_s: float = 10.0) -> None:
+    for _ in range(int(timeout_s / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition did not come")
+
+
+def test_a_full_disk_refuses_appends_while_it_lasts_and_the_log_keeps_no_hole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    disk = FullDisk(monkeypatch)
+
+    async def scenario() -> tuple[list[BaseException], BaseException | None, LogStore]:
+        store = LogStore(tmp_path, StorageConfig(durability="group"))
+        store.open()
+        store.append(TOPIC, make_record(0))
+        await store.wait_durable()
+        disk.full.set()
+        told: list[BaseException] = []
+        store.append(TOPIC, make_record(1))  # taken, and its window's write meets the full disk
+        store.when_durable(lambda: told.append(AssertionError("durable while full")), told.append)
+        await _until(lambda: bool(told))
+        refused: BaseException | None = None
+        try:
+            store.append(TOPIC, make_record(2))
+        except StorageShortage as error:
+            refused = error
+        assert store.committer.short_of(DISK_FULL)
+        await _until(lambda: disk.refused >= 3)  # the writer thread tries it again, and again
+        disk.full.clear()  # space freed
+        await _until(lambda: store.committer.shortage is None)
+        store.append(TOPIC, make_record(3))
+        await store.wait_durable()
+        return told, refused, store
+
+    with caplog.at_level(logging.WARNING, logger="broker_edge.storage.group_commit"):
+        told, refused, store = asyncio.run(scenario())
+
+    assert len(told) == 1 and isinstance(told[0], StorageShortage) and told[0].cause is DISK_FULL
+    assert isinstance(refused, StorageShortage) and "out of disk space" in str(refused)
+    assert store.committer.failure is None and store.committer.shortages["disk_full"] == 1
+    records = store.read(TOPIC, 0, max_records=10)
+    # record 1 was appended before the disk filled: written once space came back (at least once); record 2
+    # was refused and kept nowhere; record 3 follows without a gap
+    assert [(r.offset, r.payload) for r in records] == [
+        (0, make_record(0).payload),
+        (1, make_record(1).payload),
+        (2, make_record(3).payload),
+    ]
+    lines = [record.getMessage() for record in caplog.records]
+    assert sum("out of disk space writing the log" in line for line in lines) == 1
+    assert sum("disk space available again" in line for line in lines) == 1
+    store.close()
+    again = LogStore(tmp_path, StorageConfig())
+    report = again.open()
+    assert report.clean_shutdown and not report.repaired  # the half-written range was written again whole
+    assert [r.payload for r in again.read(TOPIC, 0, max_records=10)] == [r.payload for r in records]
+    again.close()
+
+
+@pytest.mark.parametrize("inline_sync_max_bytes", [0, 16384], ids=["writer-thread", "on-the-loop"])
+def test_a_sync_out_of_space_fails_the_store_and_space_coming_back_does_not_undo_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inline_sync_max_bytes: int
+):
+    real = os.fdatasync
+    full = threading.Event()
+
+    def fdatasync(fd: int) -> None:
+        if full.is_set():
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+
+    async def scenario() -> tuple[list[BaseException], LogStore]:
+        store = LogStore(
+            tmp_path, StorageConfig(durability="group", inline_sync_max_bytes=inline_sync_max_bytes)
+        )
+        store.open()
+        store.append(TOPIC, make_record(0))
+        await store.wait_durable()
+        full.set()
+        told: list[BaseException] = []
+        store.append(TOPIC, make_record(1))
+        store.when_durable(lambda: told.append(AssertionError("durable after a failed sync")), told.append)
+        with pytest.raises(StorageFailed):
+            await store.wait_durable()
+        full.clear()
+        await asyncio.sleep(0.05)
+        return told, store
+
+    told, store = asyncio.run(scenario())
+
+    assert len(told) == 1 and isinstance(told[0], StorageFailed)
+    assert store.committer.shortage is None and not store.committer.shortages
+    with pytest.raises(StorageFailed):  # for good: a sync that failed cannot be trusted to be redone
+        store.append(TOPIC, make_record(2))
+    assert [record.offset for record in store.read(TOPIC, 0)] == [0]
+    store.close()
