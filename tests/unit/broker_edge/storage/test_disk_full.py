@@ -19,6 +19,8 @@ import pytest
 
 from broker_edge.storage import LogStore, StorageConfig, StorageFailed
 from broker_edge.storage.errors import DESCRIPTORS, DISK_FULL, StorageShortage, passing_shortage
+from broker_edge.storage.file_pool import FileHandlePool
+from broker_edge.storage.open_index import read_open_index
 from tests.unit.broker_edge.storage.log_helpers import make_record
 
 TOPIC = "site/gateway-3/temp"
@@ -167,4 +169,67 @@ def test_a_sync_out_of_space_fails_the_store_and_space_coming_back_does_not_undo
     with pytest.raises(StorageFailed):  # for good: a sync that failed cannot be trusted to be redone
         store.append(TOPIC, make_record(2))
     assert [record.offset for record in store.read(TOPIC, 0)] == [0]
+    store.close()
+
+
+class DroppingDisk:
+    """A disk whose first fdatasync of an open index after ``arm()`` fails with ENOSPC and, as a kernel may,
+    loses what was written to it since its last sync (those bytes read back as zeros)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.armed = False
+        self.failed = 0
+        self._unsynced: list[tuple[int, int]] = []
+        real_pwritev, real_fdatasync = os.pwritev, os.fdatasync
+
+        def pwritev(fd: int, buffers, position: int, *flags: int) -> int:
+            written = real_pwritev(fd, buffers, position, *flags)
+            if _is_open_index(fd):
+                self._unsynced.append((position, written))
+            return written
+
+        def fdatasync(fd: int) -> None:
+            if self.armed and _is_open_index(fd):
+                self.armed = False
+                self.failed += 1
+                for position, size in self._unsynced:
+                    os.pwrite(fd, bytes(size), position)
+                self._unsynced.clear()
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            real_fdatasync(fd)
+            if _is_open_index(fd):
+                self._unsynced.clear()
+
+        monkeypatch.setattr(os, "pwritev", pwritev)
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+
+    def arm(self) -> None:
+        self.armed = True
+
+
+def _is_open_index(fd: int) -> bool:
+    return os.readlink(f"/proc/self/fd/{fd}").endswith(".open")
+
+
+def test_an_index_checkpoint_whose_sync_fails_for_space_writes_its_rows_again(tmp_path: Path, monkeypatch):
+    """The sealer may retry after a failed sync (unlike the log) because it writes again every row its
+    header does not count yet: the rows the failed sync lost are on disk after the retry."""
+    disk = DroppingDisk(monkeypatch)
+    store = LogStore(tmp_path, StorageConfig(partitions=1, index_checkpoint_bytes=1))  # every job
+    store.open()
+    for number in range(5):
+        store.append(TOPIC, make_record(number))
+    store.flush()  # the segment, its open index's header and a first checkpoint
+    disk.arm()
+    for number in range(5, 10):
+        store.append(TOPIC, make_record(number))
+    store.flush()  # this checkpoint's sync fails and drops its rows; tried again
+
+    assert disk.failed == 1 and store._sealer is not None and store._sealer.failure is None
+    active = store._partitions[0].active
+    assert active is not None and active.rows is not None and active.open_index is not None
+    on_disk = read_open_index(active.open_path, FileHandlePool())
+    assert on_disk is not None and len(on_disk.positions) == 10
+    assert list(on_disk.positions) == list(active.rows.positions[:10])
+    assert list(on_disk.topic_ids) == list(active.rows.topic_ids[:10])
     store.close()
