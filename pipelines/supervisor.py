@@ -184,16 +184,21 @@ class Supervisor:
 
     def _count_batches(self, watched: SupervisedQuery, query: StreamingQuery) -> None:
         """Count in the metrics the micro-batches the query completed since the last look: its last
-        progress report, or its recent ones when several batches ended in between. A report without
-        ``addBatch`` is an idle trigger's (it names the next batch, which has not run): not a batch."""
+        progress report, or its recent ones when several batches ended in between or an idle trigger's
+        report came after them. An idle trigger's report (without ``addBatch``) names the next batch, which
+        has not run: not a batch, but every batch before it has ended."""
         last = query.lastProgress
-        if last is None or not _ran(last) or last["batchId"] <= watched.counted_batch:
+        if last is None:
             return
-        reports = [last] if last["batchId"] == watched.counted_batch + 1 else query.recentProgress
-        ran = {p["batchId"]: p for p in reports if _ran(p) and p["batchId"] > watched.counted_batch}
+        ran_last = _ran(last)
+        newest = last["batchId"] if ran_last else last["batchId"] - 1
+        if newest <= watched.counted_batch:
+            return
+        reports = [last] if ran_last and newest == watched.counted_batch + 1 else query.recentProgress
+        ran = {p["batchId"]: p for p in reports if _ran(p) and watched.counted_batch < p["batchId"] <= newest}
         for batch_id in sorted(ran):
             self.metrics.batch_completed(self.pipeline, watched.name, ran[batch_id])
-        watched.counted_batch = max(ran)
+        watched.counted_batch = newest  # (a batch gone from the recent reports is not counted: not twice)
 
     def _start(self, watched: SupervisedQuery) -> None:
         watched.restart_at = None

@@ -67,6 +67,20 @@ def s3():
         yield endpoint
 
 
+@pytest.fixture(autouse=True)
+def root_logging_restored():
+    """The root logger as the test found it: a command run in-process (a pipeline, the broker's main)
+    installs its handler and level on the root logger, which would otherwise print every later test's
+    records at that level on the terminal, outside any test's capture."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in root.handlers[:]:
+        if type(handler) is logging.StreamHandler and handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)
+
+
 @pytest.fixture
 def quiet_broker_log(caplog):
     """The broker's loggers at WARNING for this test, whatever an earlier test left: no record per connection

@@ -10,7 +10,6 @@ maximum over members).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 
 from broker_edge.cluster.view import ClusterView
 from broker_edge.observe.metrics import BrokerMetrics
@@ -48,7 +47,8 @@ def partition_health(view: ClusterView, replication_factor: int, min_insync_repl
 def register_partition_metrics(
     metrics: BrokerMetrics, view: ClusterView, replication_factor: int, min_insync_replicas: int
 ) -> None:
-    """The ``partitions_*`` gauges of a cluster member, each read from ``view`` at a scrape."""
+    """The ``partitions_*`` gauges of a cluster member, set from one reading of ``view`` before each scrape
+    is collected (``BrokerMetrics.before_collect``)."""
     documented = {
         "led": "Partitions this member leads and may acknowledge for now.",
         "under_replicated": "Partitions this member leads with fewer in-sync copies than replication_factor.",
@@ -56,11 +56,15 @@ def register_partition_metrics(
         "(their QoS 1/2 publishes are refused).",
         "leaderless": "Partitions with no live leader, as this member sees them.",
     }
-    for field_name, documentation in documented.items():
-        metrics.gauge(f"partitions_{field_name}", documentation).set_function(
-            partial(_read, view, replication_factor, min_insync_replicas, field_name)
-        )
+    gauges = {
+        field_name: metrics.gauge(f"partitions_{field_name}", documentation)
+        for field_name, documentation in documented.items()
+    }
 
+    def read_partitions() -> None:
+        health = partition_health(view, replication_factor, min_insync_replicas)
+        for field_name, gauge in gauges.items():
+            gauge.set(getattr(health, field_name))
 
-def _read(view: ClusterView, replication_factor: int, min_insync_replicas: int, field_name: str) -> float:
-    return float(getattr(partition_health(view, replication_factor, min_insync_replicas), field_name))
+    read_partitions()
+    metrics.before_collect.append(read_partitions)

@@ -170,10 +170,7 @@ def answer(entry: PendingPublish) -> None:
     if reason_code >= 0x80 and not publisher.v5:
         publisher.close()
         return
-    if qos == 1:
-        publisher.send_puback(packet_id, reason_code, entry.reason_string)
-    elif qos == 2:
-        publisher.send_pubrec(packet_id, reason_code, entry.reason_string)
+    acknowledge(publisher, qos, packet_id, reason_code, entry.reason_string)
 
 
 def answer_all(entries: Sequence[PendingPublish]) -> None:

@@ -51,6 +51,12 @@ def watch_until(supervisor: Supervisor, metrics: PipelineMetrics, rows: int, tim
         time.sleep(0.05)
 
 
+def _idle_after_a_batch(last: dict | None) -> bool:
+    """Whether the query's last report is an idle trigger's that came after a batch ran (it names the next
+    batch, 1 or more)."""
+    return last is not None and "addBatch" not in last["durationMs"] and last["batchId"] >= 1
+
+
 def write_rows(directory: Path, name: str, count: int) -> None:
     (directory / name).write_text("".join(json.dumps({"n": n}) + "\n" for n in range(count)))
 
@@ -76,6 +82,14 @@ def test_a_querys_batches_rows_and_freshness_are_counted_once_and_idle_triggers_
         ),
     )
     try:
+        supervisor.check()  # starts the query
+        assert watched.query is not None
+        deadline = time.monotonic() + 60
+        while not _idle_after_a_batch(watched.query.lastProgress):  # the supervisor does not look meanwhile
+            assert time.monotonic() < deadline, "no idle report after the first batch"
+            time.sleep(0.05)
+        supervisor.check()  # the batch is counted though an idle trigger's report came after it
+        assert scraped(metrics)["timestone_pipeline_batches_total"] == 1
         watch_until(supervisor, metrics, 3)
         idle_since = time.monotonic()
         while time.monotonic() - idle_since < 1.0:  # idle triggers, reported every 100 ms

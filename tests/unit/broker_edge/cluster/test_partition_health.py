@@ -73,3 +73,20 @@ def test_the_gauges_follow_the_view_at_each_scrape():
     assert scraped() == {"led": 3, "under_replicated": 2, "below_min_insync": 1, "leaderless": 2}
     view.states[2] = PartitionState(2, "a", 2, ("a", "b", "c"), ("a", "b", "c"))  # copies caught up
     assert scraped() == {"led": 3, "under_replicated": 1, "below_min_insync": 0, "leaderless": 2}
+
+
+def test_a_scrape_reads_the_partitions_once_for_all_four_gauges():
+    class CountedStates(dict):
+        reads = 0
+
+        def items(self):
+            CountedStates.reads += 1
+            return super().items()
+
+    metrics = BrokerMetrics()
+    view = view_of_a(*STATES)
+    view.states = CountedStates(view.states)
+    register_partition_metrics(metrics, view, 3, 2)
+    before = CountedStates.reads
+    generate_latest(metrics.registry)
+    assert CountedStates.reads - before == 1
