@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from broker_edge.offsets_api.client import OffsetsClient
-from broker_edge.protocol.packets import PubAck, Publish
+from broker_edge.protocol.packets import PubAck, Publish, PubRec
 from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import RawClient, close_all, wait_for
 from tests.e2e.cluster.proof import metric
@@ -81,12 +81,22 @@ def test_a_full_disk_refuses_qos1_keeps_serving_and_takes_appends_again_once_spa
         for _ in range(3):  # and every QoS 1 publish while the disk is full
             ack = publish("during")
             assert ack.reason_code == QUOTA_EXCEEDED, ack
+        device.send_packet(Publish(TOPIC, b"during-qos2", 2, packet_id=1000))
+        answer = device.recv()
+        assert isinstance(answer, PubRec) and (answer.packet_id, answer.reason_code) == (1000, QUOTA_EXCEEDED)
         old_device.send_packet(Publish("site/gw-3/telemetry", b"during", 1, packet_id=1))
         assert old_device.closed()  # 3.1.1 cannot be told: closed, it resends after reconnecting
 
+        late = RawClient(broker.port, version=5)  # connecting and subscribing go on
+        late.connect("late-dashboard")
+        late.subscribe("site/live/#", 0)
         device.send_packet(Publish("site/live/gw-5", b"still live", 0))  # QoS 0 is not logged: delivered
-        delivered = dashboard.recv()
-        assert isinstance(delivered, Publish) and delivered.payload == b"still live"
+        for subscriber in (dashboard, late):
+            delivered = subscriber.recv()
+            assert isinstance(delivered, Publish) and delivered.payload == b"still live"
+        with OffsetsClient(broker.offsets_url) as reader:  # and reads
+            readable = [row["payload"] for row in read_log(reader, TOPIC)]
+        assert readable[:5] == acknowledged[:5]
         assert metric(broker, "timestone_broker_log_shortage", cause="disk_full") == 1
         assert metric(broker, "timestone_broker_log_shortages_total", cause="disk_full") == 1
         assert metric(broker, "timestone_broker_messages_dropped_total", reason="disk_full") >= 3
