@@ -1,4 +1,5 @@
-"""Storage errors; each carries what a caller needs to recover (current bounds, the bad offset)."""
+"""Storage errors; each carries what a caller needs to recover (current bounds, the bad offset, the cause
+of a shortage), and which OS errors are a passing shortage rather than a failure (`passing_shortage`)."""
 
 from __future__ import annotations
 

@@ -223,6 +223,14 @@ class Sealer:
             task.done.set()
 
     def _seal(self, partition: PartitionLog, segment: Segment) -> None:
+        """Seal ``segment``, then write the snapshot when one is due. A seal tried again after that snapshot
+        failed (a shortage) finds its groups applied already and only writes the snapshot."""
+        if segment.number > self.applied.get(partition.number, (-1, 0))[0]:
+            self._seal_segment(partition, segment)
+        if time.monotonic() - self._last_snapshot >= SNAPSHOT_INTERVAL_S:
+            self._write_snapshot()
+
+    def _seal_segment(self, partition: PartitionLog, segment: Segment) -> None:
         rows = segment.rows
         if rows is None:
             return
@@ -240,8 +248,6 @@ class Sealer:
         self.seals += 1
         self._unsnapshotted += 1
         self._report(partition.sealed, segment, index)
-        if time.monotonic() - self._last_snapshot >= SNAPSHOT_INTERVAL_S:
-            self._write_snapshot()
 
     def _checkpoint(self, task: _Checkpoint) -> None:
         segment = task.segment

@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from broker_edge.storage import LogStore, StorageConfig, StorageFailed
+from broker_edge.storage import sealer as sealer_module
 from broker_edge.storage.errors import DESCRIPTORS, DISK_FULL, StorageShortage, passing_shortage
 from broker_edge.storage.file_pool import FileHandlePool
 from broker_edge.storage.open_index import read_open_index
+from broker_edge.storage.segment import SEALED
 from tests.unit.broker_edge.storage.log_helpers import make_record
 
 TOPIC = "site/gateway-3/temp"
@@ -232,4 +234,41 @@ def test_an_index_checkpoint_whose_sync_fails_for_space_writes_its_rows_again(tm
     assert on_disk is not None and len(on_disk.positions) == 10
     assert list(on_disk.positions) == list(active.rows.positions[:10])
     assert list(on_disk.topic_ids) == list(active.rows.topic_ids[:10])
+    store.close()
+
+
+def test_a_seal_whose_snapshot_meets_a_full_disk_is_tried_again_and_applied_once(tmp_path: Path, monkeypatch):
+    """A seal writes the snapshot when one is due; a full disk there makes the sealer try the task again,
+    which must not apply the segment's groups a second time."""
+    monkeypatch.setattr(sealer_module, "SNAPSHOT_INTERVAL_S", 0.0)  # a snapshot after every seal
+    store = LogStore(tmp_path, StorageConfig(partitions=1, segment_bytes=4096))
+    store.open()
+    assert store._sealer is not None
+    snapshot_temporary = store._sealer.snapshot_path + ".tmp"
+    refused: list[int] = []
+    real = os.write
+
+    def write(fd: int, data) -> int:
+        if not refused and os.readlink(f"/proc/self/fd/{fd}") == snapshot_temporary:
+            refused.append(fd)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+
+    async def scenario() -> None:
+        for number in range(60):
+            store.append(TOPIC, make_record(number, payload_size=200))
+        await store.wait_durable()  # the rolled segments go to the sealer thread, a snapshot after each seal
+        assert store._sealer is not None
+        store._sealer.wait_idle()
+
+    asyncio.run(scenario())
+
+    sealer = store._sealer
+    sealed = [segment for segment in store._partitions[0].segments if segment.state == SEALED]
+    assert refused and sealer.failure is None
+    assert sealed and sealer.seals == len(sealed)
+    records = store.read(TOPIC, 0, max_records=100, max_bytes=1 << 20)
+    assert [(r.offset, r.payload) for r in records] == [(n, make_record(n, 200).payload) for n in range(60)]
     store.close()
