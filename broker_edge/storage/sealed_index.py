@@ -169,13 +169,14 @@ def _topic_groups(rows: ActiveIndex, walk_all: bool) -> list[tuple[int, Sequence
     from their chains (a busy topic's array of rows), not from sorting every row."""
     last = _last_rows(rows)
     irregular = {topic_id & _TOPIC_MASK for topic_id in last} if walk_all else _irregular_topics(rows)
-    chains = {
-        topic_id: _chained_rows(rows, topic_id, row)
-        for topic_id, row in last.items()
-        if not topic_id & MARKER_BIT and topic_id not in irregular
-    }
+    chains: dict[int, Sequence[int]] = {}
+    chained = 0
+    for topic_id, row in last.items():
+        if not topic_id & MARKER_BIT and topic_id not in irregular:
+            chain = chains[topic_id] = _chained_rows(rows, topic_id, row)
+            chained += len(chain)
     keys = _sorted_rows(rows, irregular) if irregular else []
-    if sum(map(len, chains.values())) + len(keys) != len(rows.topic_ids):  # a chain missed rows: sort all
+    if chained + len(keys) != len(rows.topic_ids):  # a chain missed rows: sort all
         chains, keys = {}, _sorted_rows(rows)
     walked: dict[int, list[int]] = {}
     index, count = 0, len(keys)
