@@ -41,9 +41,9 @@ failure: the process out of descriptors (EMFILE, ENFILE) once the pool's own ret
 filesystem out of space (ENOSPC, EDQUOT) on a write. Every `when_durable` caller waiting then is told
 `StorageShortage` at once (the broker refuses those publishes rather than leave every client waiting), and
 the store refuses new appends while it lasts. What was appended stays the log's: the job that met it goes
-to the writer thread, which retries it with a growing pause (up to `RETRY_MAX_S`) until it passes, and the
-jobs after it follow in order, so the log keeps no hole and a publish refused this way may still be in it
-(at least once: a client that sends it again makes a duplicate, never a loss). Appends are taken again as
+to the writer thread, which retries it with a growing pause (`shortage_wait`) until it passes, and the jobs
+after it follow in order, so the log keeps no hole and a publish refused this way may still be in it (at
+least once: a client that sends it again makes a duplicate, never a loss). Appends are taken again as
 soon as that job is durable, without a restart. Logged once per `SHORTAGE_LOG_S` while it lasts, and once
 when it ends.
 
@@ -82,6 +82,7 @@ from .errors import ShortageCause, StorageFailed, StorageShortage, passing_short
 from .file_pool import FileHandlePool
 from .fs_sync import sync_filesystem
 from .segment import FileWrite
+from .shortage_wait import ShortageWait
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +112,6 @@ Callback = Callable[[], object]
 ErrorCallback = Callable[[BaseException], object]
 
 
-RETRY_FIRST_S = 0.01
-RETRY_MAX_S = 1.0
-"""The writer thread's pauses between tries of a job that met a shortage: doubling up to this."""
 SHORTAGE_LOG_S = 10.0
 """At most one line per this many seconds while a shortage lasts."""
 
@@ -270,7 +268,7 @@ class _WriterThread:
     def _run_flight(self, flight: _Flight) -> None:
         """Write (if the loop could not) and sync ``flight``'s job; a passing shortage is waited out with
         growing pauses (the loop is told once per cause), any other error is the flight's."""
-        delay, closing_waited = RETRY_FIRST_S, 0.0
+        wait = ShortageWait()
         while True:
             syncing = False
             try:
@@ -282,7 +280,7 @@ class _WriterThread:
                 return
             except BaseException as error:
                 cause = passing_shortage(error, syncing=syncing)
-                if cause is None or closing_waited > cause.closing_patience_s:
+                if cause is None or wait.gives_up(cause):
                     flight.error = error
                     return
                 assert isinstance(error, OSError)
@@ -291,10 +289,7 @@ class _WriterThread:
                     if flight.loop is not None:
                         with contextlib.suppress(RuntimeError):
                             flight.loop.call_soon_threadsafe(self._on_short, cause, error)
-            time.sleep(delay)
-            if self.closing:
-                closing_waited += delay
-            delay = min(delay * 2, RETRY_MAX_S)
+            wait.pause(self.closing)
 
     def _report(self, finished: list[_Flight]) -> None:
         loop = finished[-1].loop if finished else None

@@ -38,6 +38,7 @@ from .partition_log import PartitionLog
 from .sealed_index import GroupBlocks, SealedIndex, build, write_index
 from .segment import Segment, fsync_directory
 from .segment_scan import apply_groups, remove_file
+from .shortage_wait import ShortageWait
 from .topic_table import SealedState, Snapshot, TopicTable, write_snapshot
 
 __all__ = ["SNAPSHOT_INTERVAL_S", "Sealer"]
@@ -183,20 +184,16 @@ class Sealer:
 
     def _run_task_patiently(self, task: object) -> None:
         """``_run_task``, tried again while it meets a passing shortage (see the module docstring)."""
-        pause, waited, closing_waited = 0.01, 0.0, 0.0
+        wait = ShortageWait(SHORTAGE_PATIENCE_S)
         while True:
             try:
                 self._run_task(task)
                 return
             except OSError as error:
                 cause = passing_shortage(error, syncing=False)  # each task writes again what it synced
-                if (
-                    cause is None
-                    or waited >= SHORTAGE_PATIENCE_S
-                    or closing_waited > cause.closing_patience_s
-                ):
+                if cause is None or wait.gives_up(cause):
                     raise
-                if not waited:
+                if not wait.waited:
                     log.warning(
                         "%s (%s): the index task %s waits (%s)",
                         cause.lacking,
@@ -204,11 +201,7 @@ class Sealer:
                         type(task).__name__.strip("_").lower(),
                         cause.remedy,
                     )
-            time.sleep(pause)
-            waited += pause
-            if self.closing:
-                closing_waited += pause
-            pause = min(pause * 2, 1.0)
+            wait.pause(self.closing)
 
     def _run_task(self, task: object) -> None:
         if isinstance(task, _Seal):
