@@ -18,7 +18,7 @@ import copy
 import math
 import time
 
-from broker_edge.protocol.codec import PublishTemplate, encode_publish_template
+from broker_edge.protocol.codec import PublishTemplate, encode_publish_template, qos0_frame_of
 from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5
 from broker_edge.protocol.properties import Properties
 
@@ -78,7 +78,8 @@ class Message:
         self.frame = frame
         """The PUBLISH frame that brought it (``Publish.frame``; ``frame_v5``: in the MQTT 5 family), when a
         delivery of the publisher's own protocol family and QoS, without RETAIN, is that frame again: that
-        variant is made of it instead of being encoded (at QoS 0 the frame itself is written)."""
+        variant is made of it instead of being encoded (at QoS 0 the frame itself is written), and so is the
+        family's QoS 0 variant of a QoS 1/2 message (the frame less its packet id)."""
         self.frame_v5 = frame_v5
 
     def __repr__(self) -> str:
@@ -134,6 +135,8 @@ class Message:
                 found = PublishTemplate(qos, frame[: cut - 2], frame[cut:] if v5 else payload)
             else:
                 found = PublishTemplate(0, frame)
+        elif frame is not None and key == self.frame_v5 << 3:  # a QoS 1/2 frame sent at QoS 0: less its id
+            found = PublishTemplate(0, qos0_frame_of(frame, self.payload, v5))
         else:
             properties = self._delivery_properties(subscription_ids, expiry, alias, offsets) if v5 else None
             found = encode_publish_template(

@@ -1,7 +1,14 @@
 """The sans-IO MQTT codec: ``PacketDecoder.feed`` (bytes → packets) and ``encode`` (packets → bytes)."""
 
 from .decoder import MAX_PACKET_SIZE, PacketDecoder, Role, SharedDecoder, shared_decoder
-from .encoder import PublishTemplate, encode, encode_puback_success, encode_pubacks, encode_publish_template
+from .encoder import (
+    PublishTemplate,
+    encode,
+    encode_puback_success,
+    encode_pubacks,
+    encode_publish_template,
+    qos0_frame_of,
+)
 
 __all__ = [
     "MAX_PACKET_SIZE",
@@ -13,5 +20,6 @@ __all__ = [
     "encode_puback_success",
     "encode_pubacks",
     "encode_publish_template",
+    "qos0_frame_of",
     "shared_decoder",
 ]

@@ -168,6 +168,22 @@ def encode_publish_template(
     return PublishTemplate(0, b"".join((head, props, payload)))
 
 
+def qos0_frame_of(frame: bytes, payload: bytes, v5: bool) -> bytes:
+    """The QoS 0 PUBLISH of a plain QoS 1/2 PUBLISH ``frame`` as received (``Publish.frame``: neither RETAIN
+    nor DUP, no properties; ``payload`` its payload, ``v5`` its family): the same frame less its packet id.
+
+    A QoS 1 publish routed to a QoS 0 subscriber of its family is this; cutting the received bytes makes no
+    topic encode or check.
+    """
+    header = 2  # the fixed header: its first byte and the remaining length's bytes
+    while frame[header - 1] & 0x80:
+        header += 1
+    cut = len(frame) - len(payload) - v5  # the end of the packet id (v5: the properties' length 0 follows)
+    length = len(frame) - header - 2
+    head = bytes((0x30, length)) if length < 0x80 else b"\x30" + encode_varint(length)
+    return b"".join((head, frame[header : cut - 2], frame[cut:] if v5 else payload))
+
+
 def _encode_connect(packet: Connect, _: bool) -> bytes:
     v5 = packet.protocol_version == MQTT_5
     will = packet.will

@@ -16,6 +16,6 @@ def test_every_piece_and_the_floor_get_a_positive_cost(capsys) -> None:
     }
     assert all(cost > 0 for cost in costs.values())
     together = sum(costs[label] for label in topics_floor.PIECES)
-    # Each printed cost is rounded to 0.005 either way: the sum of the rounded pieces may stray by that much per term.
+    # each printed cost is rounded by up to 0.005: their sum may stray by that much per term
     rounding = 0.005 * (len(topics_floor.PIECES) + 1)
     assert abs(costs["the store's pieces together"] - together) <= rounding + 1e-9

@@ -14,7 +14,7 @@ from broker_edge.protocol import (
     encode,
     encode_publish_template,
 )
-from broker_edge.protocol.codec import encode_puback_success
+from broker_edge.protocol.codec import encode_puback_success, qos0_frame_of
 from tests.unit.broker_edge.protocol.mqtt_strategies import properties, topic_names
 
 VERSIONS = [4, MQTT_5]
@@ -54,6 +54,30 @@ def test_qos1_and_2_frame_equals_encode_with_that_packet_id(
     assert b"".join(template.parts(packet_id)) == frame
     assert template.head + packet_id.to_bytes(2, "big") + template.tail == frame
     assert PacketDecoder(role="client", protocol_version=version).feed(frame) == [expected]
+
+
+@given(
+    version=st.sampled_from(VERSIONS),
+    topic=topic_names,
+    payload=st.binary(max_size=300) | st.sampled_from([b"x" * 200, b"y" * 20_000]),
+    qos=st.integers(1, 2),
+    packet_id=st.integers(1, 0xFFFF),
+)
+def test_the_qos0_frame_of_a_received_qos1_or_2_frame_equals_encode_at_qos0(
+    version, topic, payload, qos, packet_id
+):
+    """The frame the decoder keeps of a plain QoS 1/2 PUBLISH, less its packet id, is the QoS 0 PUBLISH of the
+    same topic and payload: what a QoS 0 subscriber of the publisher's family is sent (lengths across the
+    remaining length's one-, two- and three-byte forms)."""
+    [received] = PacketDecoder(role="server", protocol_version=version).feed(
+        encode(Publish(topic, payload, qos, packet_id=packet_id), version)
+    )
+    assert received.frame is not None
+
+    frame = qos0_frame_of(received.frame, received.payload, version == MQTT_5)
+
+    assert frame == encode(Publish(topic, payload, 0), version)
+    assert PacketDecoder(role="client", protocol_version=version).feed(frame) == [Publish(topic, payload, 0)]
 
 
 def test_v5_properties_follow_the_packet_id():
