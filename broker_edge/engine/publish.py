@@ -244,6 +244,23 @@ class PublishPath:
             for _ in range(len(run)):
                 self.counters.drop("no_subscribers")
 
+    def accept_logged_run(self, publisher: Publisher, run: PublishRun) -> None:
+        """Take a client's run of plain QoS 1 publishes of one logged topic (``engine.publish_run``): queued
+        for the next persist together, as ``accept`` queues each of them."""
+        messages = run.messages()
+        packet_ids = [packet.packet_id for packet in run.packets]
+        publisher.incoming_pending += len(messages)
+        queued = self._by_topic.get(run.topic)
+        if queued is None:
+            self._by_topic[run.topic] = messages  # the run's own list: nothing else holds it after this call
+        else:
+            queued += messages
+        self._pending += [
+            PendingPublish(publisher, message, packet_id, 1)
+            for message, packet_id in zip(messages, packet_ids, strict=True)
+        ]
+        self._persist_soon()
+
     def accept_forwarded(self, batch: ForwardedBatch) -> None:
         """Take the logged publishes of a batch another broker forwarded (this node leads their partition, or
         did when they were sent): appended and answered like a client's QoS 1 publishes, in turn, each to
@@ -293,6 +310,10 @@ class PublishPath:
 
     def _queue(self, entry: PendingPublish) -> None:
         self._pending.append(entry)
+        self._persist_soon()
+
+    def _persist_soon(self) -> None:
+        """Persist what is queued at the start of the next loop iteration (once, however much is queued)."""
         if not self._scheduled:
             self._scheduled = True
             self._call_soon(self._persist)

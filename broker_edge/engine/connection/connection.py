@@ -289,32 +289,35 @@ class Connection(Outgoing):
                 index += 1
                 packet = packets[index]
                 if type(packet) is Publish and self.terms.state == CONNECTED:  # maybe CONNECTed this batch
-                    bucket = (self.inbound or self._start_inbound()).bucket
-                    if index < last and packet.frame is not None and not packet.qos and index >= single_until:
-                        end = single_until = plain_run_end(packets, index, packet.topic)
-                        session = self.session
-                        assert session is not None, "a connected connection has a session"
+                    inbound = self.inbound or self._start_inbound()
+                    bucket = inbound.bucket
+                    session = self.session
+                    assert session is not None, "a connected connection has a session"
+                    qos = packet.qos
+                    run = 0  # the PUBLISHes from ``index`` taken as one run (``engine.publish_run``)
+                    if index < last and packet.frame is not None and qos < 2 and index >= single_until:
+                        end = single_until = plain_run_end(packets, index, packet.topic, qos)
+                        if qos and not self.terms.v5:  # held once that many are unanswered: no run past it
+                            end = min(end, index + unanswered_max - inbound.pending)
                         if end - index > 1 and handle_publish_run(
                             self.terms.host, self, session, cast("list[Publish]", packets[index:end]), bucket
                         ):
-                            index = end - 1
-                            if self.terms.state == CLOSED:
-                                return False
-                            continue
-                    if bucket is not None:
-                        now = self.terms.host.now()
-                        if not bucket.try_acquire(now):
-                            self._hold(packets[index:], bucket.seconds_until(now))
-                            return True
-                    session = self.session
-                    assert session is not None, "a connected connection has a session"
-                    handle_publish(self.terms.host, self, session, packet)  # ``_dispatch``'s, a call fewer
+                            run = end - index
+                    if run:
+                        index += run - 1
+                    else:
+                        if bucket is not None:
+                            now = self.terms.host.now()
+                            if not bucket.try_acquire(now):
+                                self._hold(packets[index:], bucket.seconds_until(now))
+                                return True
+                        handle_publish(self.terms.host, self, session, packet)  # not through ``_dispatch``
                 else:
                     self._dispatch(packet)
                 if self.terms.state == CLOSED:
                     return False
-                inbound = self.inbound
-                if inbound is not None and inbound.pending >= unanswered_max and not self.terms.v5:
+                held = self.inbound
+                if held is not None and held.pending >= unanswered_max and not self.terms.v5:
                     self._hold_for_acks(packets[index + 1 :])
                     return True
         except Exception:

@@ -24,7 +24,7 @@ from broker_edge.protocol.packets import Publish
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.security.limits import topic_over_limits
 from broker_edge.security.topic_quota import identity_of
-from broker_edge.storage.persistence import CREATES_LOG, NOT_LOGGED
+from broker_edge.storage.persistence import CREATES_LOG, LOGGED, NOT_LOGGED
 
 if TYPE_CHECKING:
     from broker_edge.engine.handlers.context import BrokerContext, Client
@@ -114,10 +114,14 @@ def handle_publish(ctx: BrokerContext, conn: Client, session: Session, packet: P
 def handle_publish_run(
     ctx: BrokerContext, conn: Client, session: Session, packets: list[Publish], bucket: TokenBucket | None
 ) -> bool:
-    """A run of plain QoS 0 PUBLISHes on one topic (``engine.publish_run``): checked once and routed together
-    when ``handle_publish`` would accept each of them alike and the client's rate limit (``bucket``) takes
-    them all; False, having done nothing, when not (each then goes through ``handle_publish``)."""
+    """A run of plain PUBLISHes on one topic at QoS 0 or 1 (``engine.publish_run``): checked once and taken
+    together when ``handle_publish`` would accept each of them alike and the client's rate limit (``bucket``)
+    takes them all; False, having done nothing, when not (each then goes through ``handle_publish``).
+
+    At QoS 0 the topic must not be logged (the run is routed at once), at QoS 1 it must be, its log made
+    already (the run is queued for the log); an MQTT 5 client must stay within Receive Maximum all along."""
     topic = packets[0].topic
+    qos = packets[0].qos
     limits = ctx.config.limits
     max_length, max_levels = limits.max_topic_length, limits.max_topic_levels
     acl = ctx.acl
@@ -131,12 +135,17 @@ def handle_publish_run(
         or topic[0] == "$"
         or (acl is not None and not acl.can_publish(session.client_id, session.username, topic))
         or (reserved is not None and reserved(topic))
-        or path.persist_as(topic, 0) != NOT_LOGGED
+        or path.persist_as(topic, qos) != (LOGGED if qos else NOT_LOGGED)
+        or (qos and conn.terms.v5 and conn.incoming_pending + len(packets) > limits.receive_maximum)
         or (bucket is not None and not bucket.try_acquire(ctx.now(), len(packets)))
     ):
         return False
-    conn.terms.stats.received[0] += len(packets)
-    path.accept_run(conn, PublishRun(packets, session.client_id, conn.terms.v5))
+    conn.terms.stats.received[qos] += len(packets)
+    run = PublishRun(packets, session.client_id, conn.terms.v5)
+    if qos:
+        path.accept_logged_run(conn, run)
+    else:
+        path.accept_run(conn, run)
     return True
 
 

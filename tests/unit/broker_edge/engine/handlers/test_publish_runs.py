@@ -1,14 +1,24 @@
-"""Runs of plain QoS 0 PUBLISHes read together (``engine.publish_run``): every subscriber gets the same bytes,
-and the broker counts, refuses, limits and drops the same, as when each PUBLISH came in a read of its own."""
+"""Runs of plain PUBLISHes read together (``engine.publish_run``): at QoS 0 every subscriber gets the same
+bytes, and the broker counts, refuses, limits and drops the same, as when each PUBLISH came in a read of its
+own; at QoS 1 the log, the deliveries and the publisher's PUBACKs are the same too."""
 
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, Publish, Subscribe, Subscription
+from broker_edge.protocol.codec import PacketDecoder, encode
+from broker_edge.protocol.packets import (
+    MQTT_3_1_1,
+    MQTT_5,
+    Disconnect,
+    PubAck,
+    Publish,
+    Subscribe,
+    Subscription,
+)
 from broker_edge.protocol.properties import Properties
+from broker_edge.protocol.reason_codes import ReasonCode
 from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, WireClient, make_core
 from tests.unit.broker_edge.engine.stand_ins import MemoryLog
 
@@ -77,6 +87,8 @@ def _deliveries(
         publisher.conn.receive(data)
     core.run_soon()
     sent = {name: b"".join(client.conn.take_output() or ()) for name, client in subscribers.items()}
+    if version != MQTT_5:
+        sent["publisher"] = b"".join(publisher.conn.take_output() or ())
     return sent, core
 
 
@@ -167,6 +179,18 @@ def test_a_run_reaches_a_subscriber_of_the_publishers_family_in_one_piece():
     assert core.listener.stats.sent[0] == 50
 
 
+def _durable_soon(core: HandDrivenCore) -> Callable[[Callable[[], object]], None]:
+    """A ``MemoryLog``'s ``durable_soon``: durable at the end of the loop turn it is asked in."""
+
+    def durable_soon(callback: Callable[[], object]) -> None:
+        def durable() -> None:
+            callback()
+
+        core.call_soon(durable)
+
+    return durable_soon
+
+
 class LogsQos0(MemoryLog):
     def should_persist(self, topic: str, qos: int) -> bool:
         return True
@@ -176,14 +200,7 @@ def test_a_run_of_a_logged_topic_goes_one_publish_at_a_time():
     """Each message of a logged topic gets its own offset: routed once durable, one by one."""
 
     def logged(core: HandDrivenCore, subscribers: Subscribers) -> None:
-        def durable_soon(callback: Callable[[], object]) -> None:
-            def durable() -> None:
-                callback()
-
-            core.call_soon(durable)
-
-        store = LogsQos0(durable_soon=durable_soon)
-        core.publish_path.attach_store(store, None)
+        core.publish_path.attach_store(LogsQos0(durable_soon=_durable_soon(core)), None)
 
     packets = [Publish("t/a", b"%d" % n) for n in range(4)]
     together, core = _deliveries(MQTT_5, packets, together=True, before=logged)
@@ -193,3 +210,120 @@ def test_a_run_of_a_logged_topic_goes_one_publish_at_a_time():
     store = core.publish_path.store
     assert isinstance(store, LogsQos0)
     assert [fields[0] for fields in store.logs["t/a"]] == [p.payload for p in packets]
+
+
+def _logging(created: tuple[str, ...] = ()) -> Callable[[HandDrivenCore, Subscribers], None]:
+    """A ``before`` hook: the broker logs QoS 1/2 in a ``MemoryLog`` durable at the end of each loop turn,
+    the logs of ``created`` already made."""
+
+    def attach(core: HandDrivenCore, subscribers: Subscribers) -> None:
+        store = MemoryLog(durable_soon=_durable_soon(core))
+        store.logs.update({topic: [] for topic in created})
+        core.publish_path.attach_store(store, None)
+
+    return attach
+
+
+def _qos1_runs() -> list[Publish]:
+    """QoS 1 runs on two topics, broken by a QoS 0 publish, a QoS 2 one, a retained one and one with
+    properties."""
+    ids = iter(range(1, 100))
+    packets = [Publish("t/a", b"a%d" % n, 1, packet_id=next(ids)) for n in range(6)]
+    packets += [Publish("t/a", b"zero"), Publish("t/a", b"two", 2, packet_id=next(ids))]
+    packets += [Publish("t/b", b"b%d" % n + b"y" * 40, 1, packet_id=next(ids)) for n in range(4)]
+    packets += [Publish("t/b", b"kept", 1, retain=True, packet_id=next(ids))]
+    packets += [Publish("t/b", b"typed", 1, packet_id=next(ids), properties=Properties(content_type="a/b"))]
+    packets += [Publish("t/a", b"a%d" % n, 1, packet_id=next(ids)) for n in range(6, 9)]
+    return packets
+
+
+def _logged(core: HandDrivenCore) -> dict[str, list[bytes]]:
+    store = core.publish_path.store
+    assert isinstance(store, MemoryLog)
+    return {topic: [fields[0] for fields in records] for topic, records in store.logs.items()}
+
+
+@pytest.mark.parametrize("created", [True, False], ids=["logs-made", "new-topics"])
+@pytest.mark.parametrize("version", [MQTT_3_1_1, MQTT_5])
+def test_a_qos1_run_is_logged_delivered_and_acknowledged_as_its_publishes_one_by_one(version, created):
+    """Each message of a run keeps its offset, its deliveries to every kind of subscriber (QoS 0 ones of the
+    publisher's family get the frame less its packet id) and its PUBACK, in order [MQTT-4.6.0-2]
+    [MQTT-4.6.0-6]; a topic whose log the run would create goes one PUBLISH at a time (its quota)."""
+    packets = _qos1_runs()
+    hook = _logging(("t/a", "t/b") if created else ())
+    runs: list[int] = []
+
+    def counting(core: HandDrivenCore, subscribers: Subscribers) -> None:
+        hook(core, subscribers)
+        path = core.publish_path
+        take = path.accept_logged_run
+
+        def accept_logged_run(publisher: Any, run: Any) -> None:
+            runs.append(len(run))
+            take(publisher, run)
+
+        path.accept_logged_run = accept_logged_run  # type: ignore[method-assign]
+
+    together, core = _deliveries(version, packets, together=True, before=counting)
+    alone, reference = _deliveries(version, packets, together=False, before=hook)
+    assert together == alone
+    assert (
+        _logged(core)
+        == _logged(reference)
+        == {
+            "t/a": [p.payload for p in packets if p.topic == "t/a" and p.qos],
+            "t/b": [p.payload for p in packets if p.topic == "t/b" and p.qos],
+        }
+    )
+    assert core.listener.stats.received == reference.listener.stats.received
+    assert core.listener.stats.sent == reference.listener.stats.sent
+    assert runs == ([6, 4, 3] if created else [])
+    acks = [encode(PubAck(p.packet_id or 0), version) for p in packets if p.qos == 1]
+    publisher_output = together["publisher" if version == MQTT_3_1_1 else "v5-no-local"]
+    assert all(ack in publisher_output for ack in acks)
+
+
+def test_a_v3_qos1_run_stops_where_the_clients_unanswered_publishes_reach_receive_maximum():
+    """An MQTT 3.1.1 client's reading is held once ``limits.receive_maximum`` of its publishes wait for the
+    log: a run is cut there, the rest is read once they are answered, nothing is lost."""
+    core = make_core(limits={"receive_maximum": 4})
+    store = MemoryLog()  # durable only when told
+    store.logs["t/a"] = []
+    core.publish_path.attach_store(store, None)
+    publisher = _connected(core, "pub", MQTT_3_1_1)
+    packets = [Publish("t/a", b"%d" % n, 1, packet_id=n + 1) for n in range(10)]
+    publisher.conn.receive(b"".join(encode(p, MQTT_3_1_1) for p in packets))
+    core.run_soon()
+    assert len(store.logs["t/a"]) == 4
+    assert publisher.reading_paused
+    while store.waiting:
+        store.make_durable()
+        core.run_soon()
+    assert [fields[0] for fields in store.logs["t/a"]] == [p.payload for p in packets]
+    assert b"".join(publisher.conn.take_output() or ()) == b"".join(
+        encode(PubAck(p.packet_id or 0), MQTT_3_1_1) for p in packets
+    )
+
+
+def test_a_v5_qos1_run_past_receive_maximum_closes_the_connection_where_the_publish_passes_it():
+    """[MQTT-3.3.4-9] An MQTT 5 client sending more QoS 1 publishes than Receive Maximum before they are
+    answered is disconnected with 0x93 at the first one too many, as when each came in a read of its own."""
+    outcomes = []
+    for together in (True, False):
+        core = make_core(limits={"receive_maximum": 4})
+        store = MemoryLog()
+        store.logs["t/a"] = []
+        core.publish_path.attach_store(store, None)
+        publisher = _connected(core, "pub", MQTT_5)
+        publisher.conn.take_output()
+        frames = [encode(Publish("t/a", b"%d" % n, 1, packet_id=n + 1), MQTT_5) for n in range(6)]
+        for data in [b"".join(frames)] if together else frames:
+            publisher.conn.receive(data)
+        core.run_soon()
+        outcomes.append((store.logs["t/a"], b"".join(publisher.conn.take_output() or ()), publisher.closed))
+    assert outcomes[0] == outcomes[1]
+    logged, output, closed = outcomes[0]
+    assert len(logged) == 4 and closed
+    [disconnect] = PacketDecoder(role="client", protocol_version=MQTT_5).feed(output)
+    assert isinstance(disconnect, Disconnect)
+    assert disconnect.reason_code == ReasonCode.RECEIVE_MAXIMUM_EXCEEDED
