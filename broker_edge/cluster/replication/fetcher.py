@@ -19,7 +19,8 @@ import aiohttp
 from broker_edge.cluster.links.member_clients import FailureStreak
 from broker_edge.http.client_errors import failure_text
 from broker_edge.observe import path_trace
-from broker_edge.storage.errors import StorageError
+from broker_edge.observe.refusal_log import LogSummary
+from broker_edge.storage.errors import StorageError, StorageShortage
 
 from .epochs import NO_EPOCH, LeaderEpochs
 from .replica_fetch import (
@@ -49,6 +50,9 @@ if TYPE_CHECKING:
 __all__ = ["FetchFailed", "Fetcher", "FetcherOwner", "FollowerConfig", "PushedSession", "TruncationRefused"]
 
 log = logging.getLogger("broker_edge.cluster.replication.follower")
+
+STORAGE_FAILURE_LOG_S = 30.0
+"""The least time between two lines of a follower's store errors of one kind (a full disk lasts)."""
 
 
 class FetchFailed(Exception):
@@ -152,6 +156,8 @@ class Fetcher:
         self.observer = observer
         self.predecessor = predecessor
         self.retiring = False
+        self.storage_failures = LogSummary(log, STORAGE_FAILURE_LOG_S)
+        """Its store's errors, said once per ``STORAGE_FAILURE_LOG_S`` per kind (``storage_failed``)."""
         self.positions: dict[str, int] = {}
         """An observer's next offset per topic (it keeps no log)."""
         if observer:
@@ -212,6 +218,13 @@ class Fetcher:
         if not done:
             predecessor.cancel()
 
+    def storage_failed(self, error: StorageError) -> None:
+        """Say that this node's store refused what was replicated (a full disk, no descriptors, a failed
+        write): it is retried every ``retry_s`` while it lasts, so said at most once per
+        ``STORAGE_FAILURE_LOG_S`` per kind, the next line counting those left out."""
+        kind = error.cause.reason if isinstance(error, StorageShortage) else type(error).__name__
+        self.storage_failures.log(logging.ERROR, kind, "replicating from %s failed: %s", self.leader, error)
+
     async def _fetch_forever(self) -> None:
         owner = self.owner
         role = "observer" if self.observer else "replica"
@@ -225,7 +238,7 @@ class Fetcher:
                 try:
                     await owner.store.wait_durable()  # a session opens on durable ends: see `request`
                 except StorageError as error:
-                    log.error("replicating from %s failed: %s", self.leader, error)
+                    self.storage_failed(error)
                     await asyncio.sleep(owner.config.retry_s)
                     continue
             request = self.request(session)
@@ -286,7 +299,7 @@ class Fetcher:
                 await asyncio.sleep(max(owner.config.retry_s, 1.0))
                 continue
             except StorageError as error:
-                log.error("replicating from %s failed: %s", self.leader, error)
+                self.storage_failed(error)
                 session = 0
                 await asyncio.sleep(owner.config.retry_s)
                 continue
@@ -548,7 +561,7 @@ class PushedSession:
         try:
             watermarks, touched, appended = self.fetcher.apply(response)
         except StorageError as error:
-            log.error("replicating from %s failed: %s", self.fetcher.leader, error)
+            self.fetcher.storage_failed(error)
             return self.end("appending failed")
         if appended:
             size = sum(len(frames) for data in _topics(response) for frames in data.frames)

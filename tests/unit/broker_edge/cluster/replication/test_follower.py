@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
 
 from broker_edge.cluster.replication.delivery import LocalDelivery
-from broker_edge.cluster.replication.fetcher import Fetcher, FollowerConfig, TruncationRefused
+from broker_edge.cluster.replication.fetcher import (
+    STORAGE_FAILURE_LOG_S,
+    Fetcher,
+    FollowerConfig,
+    TruncationRefused,
+)
 from broker_edge.cluster.replication.follower import Followers
 from broker_edge.cluster.replication.replica_fetch import (
     DIVERGING,
@@ -23,6 +29,7 @@ from broker_edge.cluster.replication.replica_fetch import (
 from broker_edge.cluster.replication.stage import LeaderConfig
 from broker_edge.cluster.view import ClusterView
 from broker_edge.storage import CorruptRecord, LogStore, StorageConfig
+from broker_edge.storage.errors import DISK_FULL, StorageError, StorageShortage
 
 
 def _fetcher_of_b1(store: LogStore) -> Fetcher:
@@ -200,3 +207,29 @@ def test_a_gap_in_the_leaders_log_is_a_gap_in_the_copy_at_the_same_offsets(tmp_p
             opened.close()
 
     asyncio.run(scenario())
+
+
+def test_a_store_error_lasting_through_many_retries_is_said_once_per_interval_per_kind(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A follower whose disk is full meets the same refusal at every retry: one ERROR line per
+    ``STORAGE_FAILURE_LOG_S`` for it (the next one counting those left out), another kind said at once."""
+    store = LogStore(tmp_path / "store", StorageConfig(durability="none"))
+    store.open()
+    fetcher = _fetcher_of_b1(store)
+    now = [100.0]
+    fetcher.storage_failures.clock = lambda: now[0]
+    full = StorageShortage(DISK_FULL, "No space left on device")
+    with caplog.at_level(logging.ERROR, logger="broker_edge.cluster.replication.follower"):
+        for _ in range(200):  # a retry every 0.1 s for 20 s
+            fetcher.storage_failed(full)
+            now[0] += 0.1
+        fetcher.storage_failed(StorageError("write failed"))
+        now[0] += STORAGE_FAILURE_LOG_S
+        fetcher.storage_failed(full)
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 3
+    assert lines[0].startswith("replicating from b1 failed: ") and "disk space" in lines[0].lower()
+    assert lines[1] == "replicating from b1 failed: write failed"
+    assert lines[2].endswith("(and 199 more like it since the last such line)")
+    store.close()
