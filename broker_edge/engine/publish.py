@@ -45,7 +45,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from broker_edge.engine.answers import (
     AnswersInTurn,
@@ -59,6 +59,7 @@ from broker_edge.engine.answers import (
 from broker_edge.engine.connection.states import CLOSED
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import LOCAL_ONLY, AppendedRun, ForwardAck, PublishRefused
+from broker_edge.engine.publish_run import LoggedRun
 from broker_edge.engine.records import record_fields
 from broker_edge.observe.refusal_log import LogSummary
 from broker_edge.protocol.reason_codes import ReasonCode
@@ -566,12 +567,24 @@ class PublishPath:
         alone = self.forwarding is None
         ready = self._answers.answerer()
         appends = appended_bytes = 0
-        for entry in batch:
+        count = len(batch)
+        run_end = tried_until = 0  # the entries before them: routed as a run, looked at for one
+        for index, entry in enumerate(batch):
             message = entry.message
             if message is not None:
                 appends += 1
                 appended_bytes += len(message.payload)
-                if not router.publish(message) and alone:
+                if index >= tried_until and message.frame is not None and message.qos == 1:
+                    end = tried_until = _logged_run_end(batch, index, count)
+                    if end - index > 1:
+                        run = LoggedRun([cast(Message, e.message) for e in batch[index:end]])
+                        matched = router.publish_logged_run(run)  # None: shared groups, one by one
+                        if matched is not None:
+                            run_end = end
+                            if not matched and alone:
+                                for routed in batch[index:end]:
+                                    routed.reason_code = _NO_MATCHING
+                if index >= run_end and not router.publish(message) and alone:
                     entry.reason_code = _NO_MATCHING
                 message.frame = None  # routed: recent messages and queues keep no second copy of it
                 if message.retain:
@@ -586,6 +599,29 @@ class PublishPath:
         if appends:
             self.metrics.log_appends_total.inc(appends)
             self.metrics.log_bytes_total.inc(appended_bytes)
+
+
+def _logged_run_end(batch: list[PendingPublish], start: int, count: int) -> int:
+    """Where the run of plain QoS 1 messages (each with its received frame) of ``batch[start]``'s publisher on
+    its topic ends (``engine.publish_run.LoggedRun``); ``batch[start]``'s message is one. The broker's own
+    publishes and those another broker forwarded make no run."""
+    first = batch[start]
+    publisher = first.publisher
+    topic = cast(Message, first.message).topic
+    end = start + 1
+    while end < count:
+        entry = batch[end]
+        message = entry.message
+        if (
+            message is None
+            or message.frame is None
+            or message.qos != 1
+            or entry.publisher is not publisher
+            or message.topic != topic
+        ):
+            break
+        end += 1
+    return end if publisher is not None else start + 1
 
 
 def _refusal_code(exc: BaseException) -> ReasonCode:

@@ -11,7 +11,9 @@ received). So the run is checked once:
   paused connection, a Maximum Packet Size below one of the frames) is sent each message as a lone PUBLISH
   would be;
 - at QoS 1 on a topic already logged, its messages are queued for the log together (each still gets its
-  offset, its delivery and its PUBACK, in order).
+  offset, its delivery and its PUBACK, in order); once durable, consecutive plain messages of one publisher
+  on one topic (a ``LoggedRun``) are matched once, and a QoS 0 subscriber of the publisher's family that
+  takes them as they are gets their QoS 0 frames (each the received frame less its packet id) in one write.
 
 A run the broker would not accept alike (a refused topic, one logged at QoS 0 or not logged at QoS 1, a topic
 whose log it would create, shared groups or a cluster member at QoS 0, a rate limit or a Receive Maximum it
@@ -23,6 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, cast
 
 from broker_edge.engine.message import Message
+from broker_edge.protocol.codec import qos0_frame_of
 from broker_edge.protocol.packets import Publish
 
 if TYPE_CHECKING:
@@ -30,7 +33,7 @@ if TYPE_CHECKING:
 
     from broker_edge.protocol.packets import Packet
 
-__all__ = ["PublishRun", "plain_run_end"]
+__all__ = ["LoggedRun", "PublishRun", "plain_run_end"]
 
 
 def plain_run_end(packets: Sequence[Packet], start: int, topic: str, qos: int) -> int:
@@ -91,3 +94,44 @@ class PublishRun:
                 for packet in self.packets
             ]
         return messages
+
+
+class LoggedRun:
+    """Consecutive plain QoS 1 messages of one publisher on one topic, logged and durable (each carries its
+    offset), routed together (see the module docstring). ``frames``: their QoS 0 frames, made when first
+    asked for and shared by every subscriber that takes them as they are."""
+
+    __slots__ = ("_frames", "_messages", "origin", "topic", "v5")
+
+    def __init__(self, messages: list[Message]) -> None:
+        first = messages[0]
+        self._messages = messages
+        self.topic = first.topic
+        self.origin = first.origin
+        """The publishing client id (for No Local)."""
+        self.v5 = first.frame_v5
+        self._frames: bytes | None = None
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    @property
+    def frames(self) -> bytes:
+        """Each message's frame received less its packet id, one after the other: what a QoS 0 subscriber of
+        the publisher's family gets."""
+        frames = self._frames
+        if frames is None:
+            v5 = self.v5
+            frames = self._frames = b"".join(
+                [qos0_frame_of(cast(bytes, m.frame), m.payload, v5) for m in self._messages]
+            )
+        return frames
+
+    def fits(self, max_packet_size: int) -> bool:
+        """Whether every QoS 0 frame fits a subscriber's ``max_packet_size`` (each is its frame less 2)."""
+        return len(self.frames) <= max_packet_size or all(
+            len(cast(bytes, m.frame)) - 2 <= max_packet_size for m in self._messages
+        )
+
+    def messages(self) -> list[Message]:
+        return self._messages

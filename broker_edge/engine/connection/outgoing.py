@@ -30,7 +30,7 @@ from broker_edge.protocol.properties import Properties
 if TYPE_CHECKING:
     from broker_edge.engine.connection.terms import Terms
     from broker_edge.engine.message import Message
-    from broker_edge.engine.publish_run import PublishRun
+    from broker_edge.engine.publish_run import LoggedRun, PublishRun
     from broker_edge.engine.sessions.session import Session
     from broker_edge.protocol.codec import PacketDecoder, PublishTemplate
     from broker_edge.protocol.packets import Packet
@@ -246,9 +246,9 @@ class Outgoing:
         terms.stats.sent[qos] += 1
         return True
 
-    def send_run(self, run: PublishRun, subscription_ids: tuple[int, ...]) -> None:
-        """Write a run of plain QoS 0 messages (``engine.publish_run``) delivered at QoS 0: the frames as
-        received in one piece when this client takes them as they are, else each one by ``send_message``."""
+    def send_run(self, run: PublishRun | LoggedRun, subscription_ids: tuple[int, ...]) -> None:
+        """Write a run of plain messages (``engine.publish_run``) delivered at QoS 0: their QoS 0 frames in
+        one piece when this client takes them as they are, else each one by ``send_message``."""
         terms = self.terms
         if (
             terms.v5 == run.v5

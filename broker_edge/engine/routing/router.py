@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         SharedMembers,
         Wills,
     )
-    from broker_edge.engine.publish_run import PublishRun
+    from broker_edge.engine.publish_run import LoggedRun, PublishRun
     from broker_edge.protocol.packets import Will
     from broker_edge.security.limits import LimitsConfig
 
@@ -187,6 +187,52 @@ class Router:
             if conn is not None:
                 conn.send_run(run, subscription_ids)
         return len(match.subscribers)
+
+    def publish_logged_run(self, run: LoggedRun) -> int | None:
+        """Deliver a run of plain QoS 1 messages of one publisher and topic, logged (``engine.publish_run``),
+        to every matching session, as ``publish`` would each of them; how many sessions matched each, or None
+        when shared groups take part (nothing delivered then: each goes through ``publish``).
+
+        A QoS 0 subscriber with none of a session's rare fields set (no log cursors, no ``offset`` property)
+        is sent the run at once (``send_run``); every other one each message as ``publish`` sends it."""
+        if self._shared_dispatch is not None:
+            return None
+        match = self.trie.match(run.topic)
+        if match.groups:
+            return None
+        origin = run.origin
+        for session, qos, no_local, _retain_as_published, subscription_ids in match.subscribers:
+            if no_local and session.client_id == origin:
+                continue
+            if not qos and session._rare is None:
+                conn = session.connection
+                if conn is not None:
+                    conn.send_run(run, subscription_ids)
+                continue
+            for message in run.messages():
+                self._deliver_logged(session, message, qos, subscription_ids)
+        return len(match.subscribers)
+
+    def _deliver_logged(
+        self, session: Session, message: Message, qos: int, subscription_ids: tuple[int, ...]
+    ) -> None:
+        """Deliver a plain logged QoS 1 message to one matching session, as ``publish`` does."""
+        if qos > 1:
+            qos = 1
+        replays = self.replays
+        if (
+            (rare := session._rare) is not None
+            and rare.cursors is not None
+            and replays is not None
+            and replays.holds(session, message, qos)
+        ):
+            return
+        if not qos:
+            conn = session.connection
+            if conn is not None:
+                conn.send_message(message, 0, False, subscription_ids, None)
+            return
+        session.deliver(message, qos, False, subscription_ids)
 
     def deliver_to_group(self, group: SharedGroup[Session], message: Message) -> Session | None:
         """Deliver ``message`` to one member of a shared group (round robin, online members first); the

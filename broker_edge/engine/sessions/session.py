@@ -23,7 +23,7 @@ from broker_edge.engine.message import Message
 from broker_edge.engine.rare_fields import RareField, RareSlots
 
 if TYPE_CHECKING:
-    from broker_edge.engine.publish_run import PublishRun
+    from broker_edge.engine.publish_run import LoggedRun, PublishRun
     from broker_edge.engine.routing.subscriptions import SubscriptionOptions
     from broker_edge.protocol.packets import Will
     from broker_edge.security.limits import LimitsConfig
@@ -88,8 +88,8 @@ class Outlet(Protocol):
     ) -> bool:
         """Write one delivery; False when it was dropped (too large for the client)."""
 
-    def send_run(self, run: PublishRun, subscription_ids: tuple[int, ...]) -> None:
-        """Write a run of plain QoS 0 messages of one topic (``engine.publish_run``) at QoS 0."""
+    def send_run(self, run: PublishRun | LoggedRun, subscription_ids: tuple[int, ...]) -> None:
+        """Write a run of plain messages of one topic (``engine.publish_run``) at QoS 0."""
 
     def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None: ...
 

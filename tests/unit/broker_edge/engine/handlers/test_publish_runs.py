@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from broker_edge.engine.message import OFFSETS_OPT_IN
 from broker_edge.protocol.codec import PacketDecoder, encode
 from broker_edge.protocol.packets import (
     MQTT_3_1_1,
@@ -66,6 +67,8 @@ def _subscribers(core: HandDrivenCore) -> Subscribers:
     add("v5-no-local", MQTT_5, Subscription("t/#", 0, no_local=True))
     add("shared-1", MQTT_5, Subscription("$share/g/t/b", 0))
     add("shared-2", MQTT_3_1_1, Subscription("$share/g/t/b", 0))
+    offsets = Properties(user_properties=[OFFSETS_OPT_IN])
+    add("v5-offsets", MQTT_5, Subscription("t/#", 0), properties=offsets)
     return found
 
 
@@ -74,9 +77,11 @@ def _deliveries(
     packets: list[Publish],
     together: bool,
     before: Callable[[HandDrivenCore, Subscribers], None] = lambda core, subscribers: None,
+    turn_each: bool = False,
     **sections: Any,
 ) -> tuple[dict[str, bytes], HandDrivenCore]:
-    """What each subscriber was sent when ``packets`` came in one read (``together``) or one per read; an
+    """What each subscriber was sent when ``packets`` came in one read (``together``) or one per read (each
+    read in a loop turn of its own when ``turn_each``: each logged publish persisted and routed alone); an
     MQTT 5 publisher is the No Local subscriber."""
     core = make_core(**sections)
     subscribers = _subscribers(core)
@@ -85,6 +90,8 @@ def _deliveries(
     frames = [encode(packet, version) for packet in packets]
     for data in [b"".join(frames)] if together else frames:
         publisher.conn.receive(data)
+        if turn_each:
+            core.run_soon()
     core.run_soon()
     sent = {name: b"".join(client.conn.take_output() or ()) for name, client in subscribers.items()}
     if version != MQTT_5:
@@ -225,11 +232,12 @@ def _logging(created: tuple[str, ...] = ()) -> Callable[[HandDrivenCore, Subscri
 
 
 def _qos1_runs() -> list[Publish]:
-    """QoS 1 runs on two topics, broken by a QoS 0 publish, a QoS 2 one, a retained one and one with
-    properties."""
+    """QoS 1 runs on two topics, broken by a QoS 2 publish, a retained one and one with properties (a QoS 0
+    one, routed before the logged ones are durable, would come earlier in one read than in a turn of its own).
+    """
     ids = iter(range(1, 100))
     packets = [Publish("t/a", b"a%d" % n, 1, packet_id=next(ids)) for n in range(6)]
-    packets += [Publish("t/a", b"zero"), Publish("t/a", b"two", 2, packet_id=next(ids))]
+    packets += [Publish("t/a", b"two", 2, packet_id=next(ids))]
     packets += [Publish("t/b", b"b%d" % n + b"y" * 40, 1, packet_id=next(ids)) for n in range(4)]
     packets += [Publish("t/b", b"kept", 1, retain=True, packet_id=next(ids))]
     packets += [Publish("t/b", b"typed", 1, packet_id=next(ids), properties=Properties(content_type="a/b"))]
@@ -247,11 +255,14 @@ def _logged(core: HandDrivenCore) -> dict[str, list[bytes]]:
 @pytest.mark.parametrize("version", [MQTT_3_1_1, MQTT_5])
 def test_a_qos1_run_is_logged_delivered_and_acknowledged_as_its_publishes_one_by_one(version, created):
     """Each message of a run keeps its offset, its deliveries to every kind of subscriber (QoS 0 ones of the
-    publisher's family get the frame less its packet id) and its PUBACK, in order [MQTT-4.6.0-2]
-    [MQTT-4.6.0-6]; a topic whose log the run would create goes one PUBLISH at a time (its quota)."""
+    publisher's family get the frame less its packet id, in one write; the rest each message as alone) and
+    its PUBACK, in order [MQTT-4.6.0-2] [MQTT-4.6.0-6], the same bytes as when each publish is persisted and
+    routed in a loop turn of its own; a topic whose log the run would create goes one PUBLISH at a time (its
+    quota)."""
     packets = _qos1_runs()
     hook = _logging(("t/a", "t/b") if created else ())
-    runs: list[int] = []
+    runs: list[int] = []  # the runs taken together when read
+    routed: list[int] = []  # and when routed
 
     def counting(core: HandDrivenCore, subscribers: Subscribers) -> None:
         hook(core, subscribers)
@@ -263,9 +274,16 @@ def test_a_qos1_run_is_logged_delivered_and_acknowledged_as_its_publishes_one_by
             take(publisher, run)
 
         path.accept_logged_run = accept_logged_run  # type: ignore[method-assign]
+        route = core.router.publish_logged_run
+
+        def publish_logged_run(run: Any) -> int | None:
+            routed.append(len(run))
+            return route(run)
+
+        core.router.publish_logged_run = publish_logged_run  # type: ignore[method-assign]
 
     together, core = _deliveries(version, packets, together=True, before=counting)
-    alone, reference = _deliveries(version, packets, together=False, before=hook)
+    alone, reference = _deliveries(version, packets, together=False, before=hook, turn_each=True)
     assert together == alone
     assert (
         _logged(core)
@@ -278,6 +296,7 @@ def test_a_qos1_run_is_logged_delivered_and_acknowledged_as_its_publishes_one_by
     assert core.listener.stats.received == reference.listener.stats.received
     assert core.listener.stats.sent == reference.listener.stats.sent
     assert runs == ([6, 4, 3] if created else [])
+    assert routed == [6, 4, 3]  # t/b's has a shared group: tried once, then one message at a time
     acks = [encode(PubAck(p.packet_id or 0), version) for p in packets if p.qos == 1]
     publisher_output = together["publisher" if version == MQTT_3_1_1 else "v5-no-local"]
     assert all(ack in publisher_output for ack in acks)
