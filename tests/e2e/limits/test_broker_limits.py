@@ -186,9 +186,12 @@ def test_client_id_length_v5_0x85_v3_0x02(start_broker):
 
 def test_offline_queue_bounded_by_messages_and_bytes(start_broker):
     broker = start_broker(limits={"max_offline_messages": 3, "max_offline_bytes": 1000})
+    sessions = broker.broker.router.sessions
     sub = PahoClient(broker.port, "off", clean=False, session_expiry=300)
     sub.subscribe("q", 1)
     sub.disconnect()
+    # offline once the broker has read the DISCONNECT (a publish read before it would find it online)
+    assert wait_for(lambda: broker.call(lambda: sessions["off"].connection is None))
     pub = PahoClient(broker.port, "p")
     for i in range(5):
         pub.publish("q", f"{i}", 1)
@@ -197,6 +200,7 @@ def test_offline_queue_bounded_by_messages_and_bytes(start_broker):
     assert [m.payload for m in again.expect(3)] == [b"0", b"1", b"2"]
     again.expect_none(0.2)
     again.disconnect()
+    assert wait_for(lambda: broker.call(lambda: sessions["off"].connection is None))
     pub.publish("q", b"x" * 900, 1)
     pub.publish("q", b"y" * 200, 1)  # over the byte bound
     assert broker.drops("queue_full") == 3
