@@ -578,7 +578,7 @@ class PublishPath:
                     end = tried_until = _logged_run_end(batch, index, count)
                     if end - index > 1:
                         run = LoggedRun([cast(Message, e.message) for e in batch[index:end]])
-                        matched = router.publish_logged_run(run)  # None: shared groups, one by one
+                        matched = router.publish_run(run)  # None: shared groups, one by one
                         if matched is not None:
                             run_end = end
                             if not matched and alone:

@@ -103,6 +103,9 @@ class LoggedRun:
 
     __slots__ = ("_frames", "_messages", "origin", "topic", "v5")
 
+    qos = 1
+    """The QoS of its messages."""
+
     def __init__(self, messages: list[Message]) -> None:
         first = messages[0]
         self._messages = messages

@@ -170,41 +170,26 @@ class Router:
             self.deliver_to_group(group, message)
         return len(match.subscribers) + len(match.groups)
 
-    def publish_run(self, run: PublishRun) -> int | None:
-        """Deliver a run of plain QoS 0 messages of one unretained topic (``engine.publish_run``) to every
+    def publish_run(self, run: PublishRun | LoggedRun) -> int | None:
+        """Deliver a run of plain messages of one publisher and topic (``engine.publish_run``) to every
         matching session, as ``publish`` would each of them; how many sessions matched each, or None when
-        shared groups take part (nothing delivered then: each goes through ``publish``)."""
+        shared groups take part (nothing delivered then: each goes through ``publish``).
+
+        A run of unlogged QoS 0 messages goes to every session at once (``send_run``: no cursor holds them,
+        none waits offline); a run of logged QoS 1 messages goes so to a QoS 0 subscriber with none of a
+        session's rare fields set (no log cursors, no ``offset`` property), to every other one each message
+        as ``publish`` sends it."""
         if self._shared_dispatch is not None:
             return None
         match = self.trie.match(run.topic)
         if match.groups:
             return None
         origin = run.origin
-        for session, _qos, no_local, _retain_as_published, subscription_ids in match.subscribers:
-            if no_local and session.client_id == origin:
-                continue
-            conn = session.connection  # an unlogged QoS 0 message: no cursor holds it, none waits offline
-            if conn is not None:
-                conn.send_run(run, subscription_ids)
-        return len(match.subscribers)
-
-    def publish_logged_run(self, run: LoggedRun) -> int | None:
-        """Deliver a run of plain QoS 1 messages of one publisher and topic, logged (``engine.publish_run``),
-        to every matching session, as ``publish`` would each of them; how many sessions matched each, or None
-        when shared groups take part (nothing delivered then: each goes through ``publish``).
-
-        A QoS 0 subscriber with none of a session's rare fields set (no log cursors, no ``offset`` property)
-        is sent the run at once (``send_run``); every other one each message as ``publish`` sends it."""
-        if self._shared_dispatch is not None:
-            return None
-        match = self.trie.match(run.topic)
-        if match.groups:
-            return None
-        origin = run.origin
+        logged = run.qos
         for session, qos, no_local, _retain_as_published, subscription_ids in match.subscribers:
             if no_local and session.client_id == origin:
                 continue
-            if not qos and session._rare is None:
+            if not logged or (not qos and session._rare is None):
                 conn = session.connection
                 if conn is not None:
                     conn.send_run(run, subscription_ids)

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from broker_edge.engine.message import OFFSETS_OPT_IN
+from broker_edge.engine.publish_run import LoggedRun
 from broker_edge.protocol.codec import PacketDecoder, encode
 from broker_edge.protocol.packets import (
     MQTT_3_1_1,
@@ -274,13 +275,14 @@ def test_a_qos1_run_is_logged_delivered_and_acknowledged_as_its_publishes_one_by
             take(publisher, run)
 
         path.accept_logged_run = accept_logged_run  # type: ignore[method-assign]
-        route = core.router.publish_logged_run
+        route = core.router.publish_run
 
-        def publish_logged_run(run: Any) -> int | None:
-            routed.append(len(run))
+        def publish_run(run: Any) -> int | None:
+            if isinstance(run, LoggedRun):
+                routed.append(len(run))
             return route(run)
 
-        core.router.publish_logged_run = publish_logged_run  # type: ignore[method-assign]
+        core.router.publish_run = publish_run  # type: ignore[method-assign]
 
     together, core = _deliveries(version, packets, together=True, before=counting)
     alone, reference = _deliveries(version, packets, together=False, before=hook, turn_each=True)
