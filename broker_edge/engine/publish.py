@@ -468,7 +468,9 @@ class PublishPath:
         and does not resend it on this connection ([MQTT-4.4.0-1]); it resends once when it reconnects. The
         store counts and logs these refusals once per interval, not once per publish. So are the refusals
         of a store short of file descriptors (``descriptor_shortage``: 0x80) or of disk space
-        (``disk_full``: 0x97 Quota exceeded), with the reason string; a v3.1.1 publisher closed."""
+        (``disk_full``: 0x97 Quota exceeded), with the reason string; a v3.1.1 publisher closed. A QoS 0
+        publish refused (a topic whose rules log QoS 0) is dropped and counted, its publisher never closed:
+        nothing was promised for it, and it would not be sent again."""
         message = entry.message
         assert message is not None
         try:
@@ -481,7 +483,7 @@ class PublishPath:
                 self.counters.drop("topic_limit")
                 entry.reason_code = ReasonCode.QUOTA_EXCEEDED
                 if publisher is not None and not publisher.v5:
-                    if publisher.incoming_pending > 0:  # answered with silence: its slot is free again
+                    if entry.qos and publisher.incoming_pending > 0:  # answered with silence: a slot free
                         publisher.incoming_pending -= 1
                     entry.packet_id = None
                     return
@@ -502,7 +504,7 @@ class PublishPath:
                         extra={"client_id": message.origin or "-"},
                     )
                 entry.reason_code = _refusal_code(exc)
-                if publisher is not None and not publisher.v5:
+                if publisher is not None and not publisher.v5 and entry.qos:
                     publisher.close()  # a v3 client cannot be told: it resends after reconnecting
                     return
             if publisher is not None and entry.qos == 2 and entry.packet_id is not None:
