@@ -126,7 +126,12 @@ class BrokerProcess:
         raise AssertionError("unreachable")
 
     def _ports_are_generated(self) -> bool:
-        return not any(key in self._sections for key in ("listeners", "offsets_api", "admin_http"))
+        """Whether every port is the launcher's choice: no section given fixes one (an ``offsets_api`` with
+        only its tokens, say, leaves its port to the launcher)."""
+        sections = self._sections
+        return "listeners" not in sections and not any(
+            "port" in (sections.get(key) or {}) for key in ("offsets_api", "admin_http")
+        )
 
     def _start_once(self, timeout_s: float) -> None:
         log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -156,7 +161,7 @@ class BrokerProcess:
             self.stop()
             with open(self.log_path, "rb") as log:
                 log.seek(log_start)
-                if b"Address already in use" in log.read():
+                if b"address already in use" in log.read().lower():  # the loops word it differently
                     raise _PortTaken from None
             raise self._did_not_start() from None
 

@@ -31,6 +31,25 @@ def test_a_first_start_chooses_again_a_port_another_process_took(tmp_path: Path)
         squatter.close()
 
 
+def test_a_first_start_chooses_again_a_listener_port_taken_when_a_section_leaves_its_ports_to_it(
+    tmp_path: Path,
+) -> None:
+    """The MQTT listener's port taken (the event loop words it "address already in use"), and an
+    ``offsets_api`` section that sets only its tokens: the ports are still the launcher's to choose again."""
+    tokens = {"tokens": [{"name": "reader", "token": "t" * 32}]}
+    broker = BrokerProcess(tmp_path / "broker", offsets_api=tokens)
+    taken = broker.port
+    squatter = _bind(taken)
+    try:
+        with broker:
+            assert broker.port != taken
+            with socket.create_connection(broker.address, timeout=5):
+                pass
+            assert "address already in use" in broker.log_path.read_text().lower()
+    finally:
+        squatter.close()
+
+
 def test_a_restart_keeps_its_ports_and_says_why_it_could_not_start(tmp_path: Path) -> None:
     broker = BrokerProcess(tmp_path / "broker").start()
     ports = (broker.port, broker.offsets_port)
