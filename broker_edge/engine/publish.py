@@ -249,7 +249,6 @@ class PublishPath:
         """Take a client's run of plain QoS 1 publishes of one logged topic (``engine.publish_run``): queued
         for the next persist together, as ``accept`` queues each of them."""
         messages = run.messages()
-        packet_ids = [packet.packet_id for packet in run.packets]
         publisher.incoming_pending += len(messages)
         queued = self._by_topic.get(run.topic)
         if queued is None:
@@ -257,8 +256,8 @@ class PublishPath:
         else:
             queued += messages
         self._pending += [
-            PendingPublish(publisher, message, packet_id, 1)
-            for message, packet_id in zip(messages, packet_ids, strict=True)
+            PendingPublish(publisher, message, packet.packet_id, 1)
+            for message, packet in zip(messages, run.packets, strict=True)
         ]
         self._persist_soon()
 
@@ -609,6 +608,8 @@ def _logged_run_end(batch: list[PendingPublish], start: int, count: int) -> int:
     publishes and those another broker forwarded make no run."""
     first = batch[start]
     publisher = first.publisher
+    if publisher is None:
+        return start + 1
     topic = cast(Message, first.message).topic
     end = start + 1
     while end < count:
@@ -623,7 +624,7 @@ def _logged_run_end(batch: list[PendingPublish], start: int, count: int) -> int:
         ):
             break
         end += 1
-    return end if publisher is not None else start + 1
+    return end
 
 
 def _refusal_code(exc: BaseException) -> ReasonCode:
