@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,35 +18,32 @@ def _bind(port: int) -> socket.socket:
     return sock
 
 
-def test_a_first_start_chooses_again_a_port_another_process_took(tmp_path: Path) -> None:
-    broker = BrokerProcess(tmp_path / "broker")
-    taken = broker.offsets_port
-    squatter = _bind(taken)
-    try:
-        with broker:
-            assert broker.offsets_port != taken
-            with socket.create_connection(broker.address, timeout=5):
-                pass
-            assert "Address already in use" in broker.log_path.read_text()
-    finally:
-        squatter.close()
-
-
-def test_a_first_start_chooses_again_a_listener_port_taken_when_a_section_leaves_its_ports_to_it(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("sections", "port", "said"),
+    [
+        ({}, "offsets_port", "Address already in use"),
+        # an offsets_api that sets only its tokens leaves its port to the launcher; the event loop words a
+        # listener's taken port in lower case
+        (
+            {"offsets_api": {"tokens": [{"name": "reader", "token": "t" * 32}]}},
+            "port",
+            "address already in use",
+        ),
+    ],
+    ids=["offsets-port", "listener-port-with-a-section"],
+)
+def test_a_first_start_chooses_again_a_port_another_process_took(
+    tmp_path: Path, sections: dict[str, Any], port: str, said: str
 ) -> None:
-    """The MQTT listener's port taken (the event loop words it "address already in use"), and an
-    ``offsets_api`` section that sets only its tokens: the ports are still the launcher's to choose again."""
-    tokens = {"tokens": [{"name": "reader", "token": "t" * 32}]}
-    broker = BrokerProcess(tmp_path / "broker", offsets_api=tokens)
-    taken = broker.port
+    broker = BrokerProcess(tmp_path / "broker", **sections)
+    taken = getattr(broker, port)
     squatter = _bind(taken)
     try:
         with broker:
-            assert broker.port != taken
+            assert getattr(broker, port) != taken
             with socket.create_connection(broker.address, timeout=5):
                 pass
-            assert "address already in use" in broker.log_path.read_text().lower()
+            assert said in broker.log_path.read_text()
     finally:
         squatter.close()
 
