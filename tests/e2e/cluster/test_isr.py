@@ -5,6 +5,7 @@ refused (v5: 0x83 with a reason string; v3.1.1: the connection closes), never ac
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import partial
 
 from broker_edge.placement import partition_of
@@ -39,6 +40,13 @@ def _short_of_c(broker: BrokerProcess, node: str, etcd) -> bool:
     led = sum(p.leader == node for p in cluster_state(etcd).partitions.values())
     gauges = partition_gauges(broker)
     return gauges == {"led": led, "under_replicated": led, "below_min_insync": led, "leaderless": 0}
+
+
+def _healthy(brokers: Iterable[BrokerProcess], partitions: int) -> bool:
+    gauges = [partition_gauges(broker) for broker in brokers]
+    return sum(g["led"] for g in gauges) == partitions and all(
+        g["under_replicated"] == g["below_min_insync"] == g["leaderless"] == 0 for g in gauges
+    )
 
 
 def test_a_stopped_follower_leaves_the_in_sync_set_and_rejoins_after_restart(cluster_brokers, etcd):
@@ -81,12 +89,13 @@ def test_fewer_in_sync_replicas_than_min_insync_refuses_publishes(cluster_broker
     }
     wait_settled(etcd, set(NODES), 3)
     partitions = len(cluster_state(etcd).partitions)
-    healthy = {node: partition_gauges(broker) for node, broker in brokers.items()}
-    assert sum(gauges["led"] for gauges in healthy.values()) == partitions
-    assert all(
-        gauges["under_replicated"] == gauges["below_min_insync"] == gauges["leaderless"] == 0
-        for gauges in healthy.values()
-    ), healthy
+    # each member's gauges read its own view, which follows etcd's watch a moment behind: settled in etcd,
+    # a member may still count a partition whose leadership just moved away from it
+    wait_until(
+        partial(_healthy, brokers.values(), partitions),
+        what="every partition led once and fully in sync in the members' gauges",
+        state=lambda: {node: partition_gauges(broker) for node, broker in brokers.items()},
+    )
     brokers["c"].stop()
     wait_until(
         lambda: all("c" not in p.isr for p in cluster_state(etcd).partitions.values()),
