@@ -109,6 +109,10 @@ class StorageConfig:
     index_checkpoint_bytes: int = 4 * MIB
     """The active segment's index is checkpointed to its open index every this many bytes of records, so a
     crash rescans at most about this much of each partition."""
+    disk_reserve_bytes: int = 1 * MIB
+    """Disk space held in a preallocated file (`log/disk-reserve`) for the topic table snapshot that lets
+    retention delete segments when the disk is full: at least this much, and half as much again as the
+    snapshot. 0 keeps none (a disk the log filled then needs space freed by hand before segments go)."""
 
     def log_config(self, rule: PersistRule | None) -> LogConfig:
         """The retention of a log whose topic matched `rule` (None: store defaults)."""

@@ -6,7 +6,9 @@
 * **Open-index checkpoints.** The rows of the active segment whose jobs completed are appended to its open
   index, and fsynced with their count every `index_checkpoint_bytes` of records.
 * **Snapshots** of the sealed state (with the live start and dropped columns), after seals at most every
-  `SNAPSHOT_INTERVAL_S` and on demand; segments retention gave up are deleted only after the next one.
+  `SNAPSHOT_INTERVAL_S` and on demand; segments retention gave up are deleted only after the next one. A
+  snapshot that would let segments go and finds the disk full is written into the space of the disk
+  reserve (`disk_reserve`), released for it; the reserve is made again after a snapshot once there is room.
 
 Tasks run in order. Without a running event loop (tools, tests) each task runs at once in the caller.
 A task that meets a passing shortage (`errors.passing_shortage`: the process out of file descriptors, the
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -31,7 +34,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .errors import passing_shortage
+from .disk_reserve import DiskReserve
+from .errors import DISK_FULL, passing_shortage
 from .file_pool import FileHandlePool
 from .open_index import OpenIndex
 from .partition_log import PartitionLog
@@ -91,6 +95,7 @@ class Sealer:
         catalog_coverage: Callable[[], tuple[int, int]],
         partitions: int,
         sync: bool = True,
+        reserve: DiskReserve | None = None,
     ) -> None:
         self.pool = pool
         self.blocks = blocks
@@ -103,6 +108,8 @@ class Sealer:
         self.partitions = partitions
         self.sync = sync
         """fsync what it writes (not with the `none` policy, under which nothing is promised durable)."""
+        self.reserve = reserve
+        """Space released for a snapshot that lets segments go on a full disk (None: none is kept)."""
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -129,6 +136,11 @@ class Sealer:
     def delete_after_snapshot(self, segments: list[Segment]) -> None:
         """Delete these segments' files once a snapshot recording the starts that passed them is durable."""
         self._submit(_Delete(segments))
+
+    @property
+    def deletions_waiting(self) -> bool:
+        """Segments retention gave up wait for a snapshot that has not been written (a full disk)."""
+        return bool(self._to_delete)
 
     def snapshot(self) -> None:
         """Write a snapshot now and wait for it (close)."""
@@ -273,7 +285,12 @@ class Sealer:
             catalog_bytes,
             catalog_crc,
         )
-        write_snapshot(self.snapshot_path, snapshot, self.sync)
+        try:
+            write_snapshot(self.snapshot_path, snapshot, self.sync)
+        except OSError as error:
+            if not self._release_reserve_for(error):
+                raise
+            write_snapshot(self.snapshot_path, snapshot, self.sync)
         self.snapshots += 1
         self._unsnapshotted = 0
         self._last_snapshot = time.monotonic()
@@ -285,6 +302,25 @@ class Sealer:
         for directory in directories if self.sync else ():
             with contextlib.suppress(FileNotFoundError):
                 fsync_directory(directory)
+        if self.reserve is not None:
+            self.reserve.keep(os.path.getsize(self.snapshot_path))
+
+    def _release_reserve_for(self, error: OSError) -> bool:
+        """Whether the reserve was released for a snapshot that met a full disk: only one that lets
+        segments go (any other would only spend it)."""
+        reserve = self.reserve
+        if reserve is None or not self._to_delete or passing_shortage(error, syncing=False) is not DISK_FULL:
+            return False
+        freed = reserve.release()
+        if freed:
+            log.warning(
+                "the disk is full: the %d bytes of the disk reserve are released for the topic table "
+                "snapshot, so that retention deletes %d segments (%d bytes)",
+                freed,
+                len(self._to_delete),
+                sum(segment.size for segment in self._to_delete),
+            )
+        return bool(freed)
 
     def _report(self, callback: Callable[..., object], *args: object) -> None:
         """Run `callback(*args)` on the loop (at once when the task ran in the caller)."""

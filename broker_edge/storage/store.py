@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from broker_edge.log_info import LogInfo
 
 from .config import StorageConfig
+from .disk_reserve import RESERVE_FILE, DiskReserve
 from .errors import (
     StorageFailed,
 )
@@ -135,6 +136,7 @@ class LogStore(Appends, Reads, Admin):
             self._catalogue.coverage,
             len(self._partitions),
             sync=self.config.durability != "none",
+            reserve=self._reserve_at_open(),
         )
         table = self._table
         report.logs = len(table)
@@ -157,6 +159,15 @@ class LogStore(Appends, Reads, Admin):
         report.seconds = time.monotonic() - began
         _log_opened(self.directory, report)
         return report
+
+    def _reserve_at_open(self) -> DiskReserve:
+        """The disk reserve (``disk_reserve``): the one a previous run left, made or grown to what the
+        snapshot there needs."""
+        reserve = DiskReserve(os.path.join(self.layout.log, RESERVE_FILE), self.config.disk_reserve_bytes)
+        reserve.adopt()
+        snapshot = os.path.join(self.layout.log, SNAPSHOT_FILE)
+        reserve.keep(os.path.getsize(snapshot) if os.path.exists(snapshot) else 0)
+        return reserve
 
     def close(self) -> None:
         """Write, fsync and seal everything, save the snapshot, leave a clean-shutdown marker."""

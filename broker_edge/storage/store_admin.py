@@ -68,8 +68,15 @@ class Admin(StoreState):
             yield report
         if report.topics_moved:
             self._read_cache.drop_below(self._table.start.__getitem__)
-            if not report.segments_deleted and self._sealer is not None:
-                self._sealer.delete_after_snapshot([])  # the moved starts are saved now, not at the next one
+        sealer = self._sealer
+        if (
+            sealer is not None
+            and not report.segments_deleted
+            and (report.topics_moved or sealer.deletions_waiting)
+        ):
+            # the moved starts are saved now, not at the next snapshot; segments given up on a full disk
+            # are tried again
+            sealer.delete_after_snapshot([])
         if report.segments_deleted:
             log.info(
                 "retention deleted %d segments (%d bytes)", report.segments_deleted, report.bytes_deleted

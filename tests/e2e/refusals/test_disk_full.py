@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -129,3 +130,60 @@ def test_a_full_disk_refuses_qos1_keeps_serving_and_takes_appends_again_once_spa
     assert log.count("disk space available again") == 1  # and once when it ends
     assert "free space on the filesystem of storage.directory" in log
     assert "refusing further appends" not in log and "Traceback" not in log
+
+
+def test_a_disk_the_log_filled_is_freed_by_retention_without_a_hand(tmp_path: Path):
+    """Retention deletes segments only once a snapshot is durable, and a snapshot is a new file: on a full
+    disk the disk reserve (``storage.disk_reserve_bytes``, preallocated at open) is released for it, so the
+    records past retention go and QoS 1 is taken again while what filled the disk stays."""
+    retention_s = 8
+    broker = BrokerProcess(
+        tmp_path,
+        limits={"new_connections_per_second": 0, "messages_per_second_per_client": 0},
+        storage={"segment_bytes": 65536, "retention_ms": retention_s * 1000, "retention_interval_s": 0.5},
+    )
+    data = tmp_path / "data"
+    broker.wrapper = ("unshare", "--mount", "--propagation", "private", "sh", "-c", MOUNT_TMPFS, str(data))
+    broker.start()
+    try:
+        device = RawClient(broker.port, version=5)
+        device.connect("gw-5")
+        packet_id = 0
+
+        def publish(count: int) -> list[int]:
+            """``count`` QoS 1 publishes, 32 in flight: their reason codes."""
+            nonlocal packet_id
+            codes: list[int] = []
+            for _ in range(0, count, 32):
+                window = range(packet_id + 1, packet_id + 33)
+                for number in window:
+                    device.send_packet(Publish(TOPIC, b"%d:" % number + PAYLOAD, 1, packet_id=number))
+                for number in window:
+                    ack = device.recv()
+                    assert isinstance(ack, PubAck) and ack.packet_id == number, ack
+                    codes.append(ack.reason_code)
+                packet_id = window[-1]
+            return codes
+
+        began = time.monotonic()
+        assert set(publish(1600)) <= {0x00, 0x10}  # about 1.7 MB of log, to be past retention soon
+        assert time.monotonic() - began < retention_s / 2, "the log must fill before retention starts"
+        in_broker_namespace(broker, "dd", "if=/dev/zero", f"of={data / 'filler'}", "bs=64k", "status=none")
+        assert QUOTA_EXCEEDED in publish(64)
+
+        # no hand frees space: once those records are past retention, retention frees it
+        assert wait_for(lambda: "disk space available again" in broker.log_path.read_text(), timeout=30)
+        assert set(publish(32)) <= {0x00, 0x10}
+        with OffsetsClient(broker.offsets_url) as reader:
+            rows = read_log(reader, TOPIC)
+        assert rows and rows[-1]["payload"] == b"%d:" % packet_id + PAYLOAD
+        assert [row["offset"] for row in rows] == list(
+            range(rows[0]["offset"], rows[0]["offset"] + len(rows))
+        )
+        assert rows[0]["offset"] > 0, "what retention deleted is no longer served"
+    finally:
+        close_all()
+        broker.stop()
+    log = broker.log_path.read_text()
+    assert "bytes of the disk reserve are released for the topic table snapshot" in log
+    assert "Traceback" not in log

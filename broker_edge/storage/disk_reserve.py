@@ -1,0 +1,78 @@
+"""Space held back for the topic table snapshot, so that retention can free a full disk by itself.
+
+Retention deletes a segment's files only once a snapshot recording the starts that passed it is durable
+(`Sealer.delete_after_snapshot`): the snapshot is what keeps a topic's offsets going on where they were once
+none of its segments is left. A snapshot is a new file written beside the old one, so on a full disk it
+cannot be written, and then no segment can go: a broker whose own log filled its disk would refuse QoS 1/2
+publishes until someone freed space by hand. The store therefore keeps a file of preallocated blocks,
+``log/disk-reserve``, as large as a snapshot needs: when writing the snapshot finds the disk full, the sealer
+deletes the reserve, writes the snapshot into the space it gave back, and deletes the segments retention
+gave up; the reserve is made again once there is space.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+__all__ = ["RESERVE_FILE", "DiskReserve"]
+
+log = logging.getLogger(__name__)
+
+RESERVE_FILE = "disk-reserve"
+
+
+class DiskReserve:
+    """The reserve file at ``path``: at least ``floor_bytes``, and half as much again as the snapshot it must
+    make room for (``keep``); ``floor_bytes`` 0 keeps none."""
+
+    def __init__(self, path: str, floor_bytes: int) -> None:
+        self.path = path
+        self.floor_bytes = floor_bytes
+        self.held = 0
+        """Bytes the reserve holds now (0: none, or released)."""
+        self.releases = 0
+
+    def keep(self, snapshot_bytes: int) -> None:
+        """Make or grow the reserve to hold a snapshot of ``snapshot_bytes`` (grown by half for the topics
+        still to come). A disk without the space leaves it as it is: the next snapshot tries again."""
+        if not self.floor_bytes:
+            return
+        wanted = max(self.floor_bytes, snapshot_bytes + snapshot_bytes // 2)
+        if self.held >= wanted:
+            return
+        try:
+            descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.posix_fallocate(descriptor, 0, wanted)
+            finally:
+                os.close(descriptor)
+        except OSError as error:
+            log.debug("disk reserve %s not made to %d bytes: %s", self.path, wanted, error)
+            self.held = _size_of(self.path)
+            return
+        self.held = wanted
+
+    def adopt(self) -> None:
+        """At open: count the reserve a previous run left, or delete it when none is to be kept now."""
+        self.held = _size_of(self.path)
+        if self.held and not self.floor_bytes:
+            os.unlink(self.path)
+            self.held = 0
+
+    def release(self) -> int:
+        """Delete the reserve (the disk is full and a snapshot must be written): the bytes given back."""
+        freed = _size_of(self.path)
+        if not freed:
+            return 0
+        os.unlink(self.path)
+        self.held = 0
+        self.releases += 1
+        return freed
+
+
+def _size_of(path: str) -> int:
+    try:
+        return os.stat(path).st_blocks * 512  # what it holds on the disk, not its apparent length
+    except FileNotFoundError:
+        return 0

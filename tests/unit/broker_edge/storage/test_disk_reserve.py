@@ -1,0 +1,144 @@
+"""A disk the log filled is freed by retention itself: the snapshot that must be durable before segments go is
+written into the space of the disk reserve, released for it (``storage.disk_reserve``).
+
+The "disk" here is full for the snapshot's writes and for making the reserve, as the kernel answers ENOSPC,
+until a file is deleted: the reserve, or a segment retention gave up. The real calls run otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from broker_edge.storage import LogStore, StorageConfig
+from broker_edge.storage import sealer as sealer_module
+from broker_edge.storage.disk_reserve import RESERVE_FILE
+from broker_edge.storage.topic_table import SNAPSHOT_FILE
+from tests.unit.broker_edge.storage.log_helpers import BASE_TIME_MS, make_record, partition_segments
+
+TOPIC = "site/gateway-3/temp"
+RECORDS = 200
+
+
+class FullDisk:
+    """While ``full``: the snapshot's temporary file takes no byte and no block is preallocated; deleting any
+    file of the store gives space back."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, log_directory: Path) -> None:
+        self.full = False
+        self.refused = 0
+        temporary = str(log_directory / SNAPSHOT_FILE) + ".tmp"
+        real_write, real_fallocate, real_unlink = os.write, os.posix_fallocate, os.unlink
+
+        def write(fd: int, data) -> int:
+            if self.full and os.readlink(f"/proc/self/fd/{fd}") == temporary:
+                self.refused += 1
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real_write(fd, data)
+
+        def fallocate(fd: int, offset: int, length: int) -> None:
+            if self.full:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            real_fallocate(fd, offset, length)
+
+        def unlink(path, *args, **kwargs) -> None:
+            real_unlink(path, *args, **kwargs)
+            if str(path).startswith(str(log_directory)) and not str(path).endswith(".tmp"):
+                self.full = False
+
+        monkeypatch.setattr(os, "write", write)
+        monkeypatch.setattr(os, "posix_fallocate", fallocate)
+        monkeypatch.setattr(os, "unlink", unlink)
+
+
+def _filled(directory: Path, **config) -> LogStore:
+    store = LogStore(
+        directory, StorageConfig(segment_bytes=4096, retention_ms=None, retention_bytes=10_000, **config)
+    )
+    store.open()
+    for number in range(RECORDS):
+        store.append(TOPIC, make_record(number))
+    store.flush()
+    return store
+
+
+def _retention(store: LogStore) -> int:
+    """One retention pass as the broker runs it (the sealer in its thread); the segments it gave up."""
+
+    async def scenario() -> int:
+        report = store.apply_retention(now_ms=BASE_TIME_MS)
+        assert store._sealer is not None
+        store._sealer.wait_idle()
+        return report.segments_deleted
+
+    return asyncio.run(scenario())
+
+
+def test_a_full_disk_releases_the_reserve_for_the_snapshot_and_retention_frees_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    reserve = tmp_path / "log" / RESERVE_FILE
+    store = _filled(tmp_path, disk_reserve_bytes=64 * 1024)
+    assert reserve.stat().st_blocks * 512 >= 64 * 1024, "made at open"
+    segments = len(partition_segments(tmp_path))
+    disk = FullDisk(monkeypatch, tmp_path / "log")
+    disk.full = True
+
+    with caplog.at_level(logging.WARNING, logger=sealer_module.__name__):
+        deleted = _retention(store)
+
+    assert deleted > 0 and disk.refused == 1
+    assert len(partition_segments(tmp_path)) == segments - deleted, "the files are gone, not only counted"
+    assert store._sealer is not None and store._sealer.failure is None and not store._sealer.deletions_waiting
+    assert "disk reserve" in caplog.text and f"retention deletes {deleted} segments" in caplog.text
+    assert reserve.exists(), "made again once the segments gave their space back"
+    start = store.start_offset(TOPIC)
+    assert start > 0
+    store.close()
+
+    reopened = LogStore(tmp_path, StorageConfig(segment_bytes=4096, retention_ms=None))
+    reopened.open()
+    assert reopened.start_offset(TOPIC) == start
+    records = reopened.read(TOPIC, start, max_records=RECORDS, max_bytes=1 << 20)
+    assert [r.offset for r in records] == list(range(start, RECORDS))
+    assert reopened.append(TOPIC, make_record(RECORDS)) == RECORDS, "offsets go on where they were"
+    reopened.close()
+
+
+def test_without_a_reserve_the_segments_wait_and_go_at_a_pass_after_space_came_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(sealer_module, "SHORTAGE_PATIENCE_S", 0.05)
+    store = _filled(tmp_path, disk_reserve_bytes=0)
+    assert not (tmp_path / "log" / RESERVE_FILE).exists()
+    segments = len(partition_segments(tmp_path))
+    disk = FullDisk(monkeypatch, tmp_path / "log")
+    disk.full = True
+
+    deleted = _retention(store)
+
+    assert deleted > 0 and disk.refused > 1, "tried again until its patience ran out"
+    assert store._sealer is not None and store._sealer.deletions_waiting
+    assert len(partition_segments(tmp_path)) == segments, "no segment goes before the snapshot"
+
+    disk.full = False  # space freed by hand
+    assert _retention(store) == 0  # nothing more to give up: the waiting ones go
+    assert not store._sealer.deletions_waiting
+    assert len(partition_segments(tmp_path)) == segments - deleted
+    store.close()
+
+
+def test_a_reserve_left_by_a_run_that_kept_one_goes_when_none_is_kept(tmp_path: Path):
+    _filled(tmp_path, disk_reserve_bytes=64 * 1024).close()
+    assert (tmp_path / "log" / RESERVE_FILE).exists()
+
+    store = LogStore(tmp_path, StorageConfig(segment_bytes=4096, disk_reserve_bytes=0))
+    store.open()
+
+    assert not (tmp_path / "log" / RESERVE_FILE).exists()
+    store.close()
