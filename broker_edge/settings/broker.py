@@ -205,7 +205,12 @@ class BrokerStorageConfig(StorageConfig):
             )
         if self.segment_bytes >= 2**32:
             raise ConfigError("segment_bytes", f"must be below 4 GiB (4294967296), got {self.segment_bytes}")
-        for name in ("tail_cache_total_bytes", "read_cache_bytes", "sealed_cache_bytes", "disk_reserve_bytes"):
+        for name in (
+            "tail_cache_total_bytes",
+            "read_cache_bytes",
+            "sealed_cache_bytes",
+            "disk_reserve_bytes",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
         if not self.refusal_log_interval_s > 0:

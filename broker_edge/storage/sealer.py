@@ -18,7 +18,9 @@ indexes, it does not fail them. Running a task again is safe even
 after a failed fsync, unlike the log's: every task writes again, from memory, all it has not made durable
 (a seal or a snapshot a whole new file, a checkpoint every row its header does not count yet), so no page
 a failed sync may have dropped is left unwritten. A task still short after that fails as any other
-(logged; a seal's segment stays in memory, and the next start seals it).
+(logged). A seal that failed is held with its segment in memory, and the later seals of its partition wait
+behind it, so that segments are sealed and their groups applied in order; the held seals are tried again
+at every retention pass (`retry_held_seals`) and at close, and the next start seals what is left.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class _Delete:
 
 
 _STOP = object()
+_RETRY_HELD = object()
 
 
 class Sealer:
@@ -118,6 +121,10 @@ class Sealer:
         self._to_delete: list[Segment] = []
         self._reports: deque[tuple[Callable[..., object], tuple[object, ...]]] = deque()
         self.failure: BaseException | None = None
+        """The error of the last task that failed, until it is made good (a held seal made later)."""
+        self._failed: object = None
+        self._held: dict[int, list[_Seal]] = {}
+        """Per partition, a seal that failed and the later ones waiting behind it (the thread's only)."""
         self.closing = False
         """Set by a closing store: a task meeting a shortage is tried for its ``closing_patience_s`` more."""
         self.seals = 0
@@ -136,6 +143,16 @@ class Sealer:
     def delete_after_snapshot(self, segments: list[Segment]) -> None:
         """Delete these segments' files once a snapshot recording the starts that passed them is durable."""
         self._submit(_Delete(segments))
+
+    def retry_held_seals(self) -> None:
+        """Try again the seals that failed (a retention pass, close): each partition's in order."""
+        if self._held:
+            self._submit(_RETRY_HELD)
+
+    @property
+    def seals_held(self) -> bool:
+        """Seals wait behind one that failed (their segments are kept in memory)."""
+        return bool(self._held)
 
     @property
     def deletions_waiting(self) -> bool:
@@ -186,13 +203,50 @@ class Sealer:
             if isinstance(task, threading.Event):
                 task.set()
                 continue
+            if isinstance(task, _Seal) and task.partition.number in self._held:
+                self._held[task.partition.number].append(task)  # behind one that failed: in order
+                continue
             try:
                 self._run_task_patiently(task)
             except BaseException as error:  # a failed index write: logged, the segment stays in memory
                 self.failure = error
-                log.exception("sealer task failed: %s", task)
+                self._failed = task
+                if isinstance(task, _Seal):
+                    self._held[task.partition.number] = [task]
+                    log.exception(
+                        "the seal of segment %d of partition %d failed: the segment stays in memory and the "
+                        "partition's later seals wait behind it, tried again at the next retention pass",
+                        task.segment.number,
+                        task.partition.number,
+                    )
+                else:
+                    log.exception("sealer task failed: %s", task)
                 if isinstance(task, _Snapshot):
                     task.done.set()
+
+    def _seal_held(self) -> None:
+        """One more try of each partition's held seals, in order, up to the first that fails again."""
+        for number, waiting in list(self._held.items()):
+            while waiting:
+                seal = waiting[0]
+                try:
+                    self._run_task(seal)
+                except Exception as error:
+                    log.warning(
+                        "the seal of segment %d of partition %d failed again (%s): %d seals wait, tried "
+                        "again at the next retention pass",
+                        seal.segment.number,
+                        number,
+                        error,
+                        len(waiting),
+                    )
+                    break
+                waiting.pop(0)
+                if self._failed is seal:
+                    self.failure = self._failed = None
+            if not waiting:
+                del self._held[number]
+                log.warning("the held seals of partition %d are made", number)
 
     def _run_task_patiently(self, task: object) -> None:
         """``_run_task``, tried again while it meets a passing shortage (see the module docstring)."""
@@ -216,7 +270,9 @@ class Sealer:
             wait.pause(self.closing)
 
     def _run_task(self, task: object) -> None:
-        if isinstance(task, _Seal):
+        if task is _RETRY_HELD:
+            self._seal_held()
+        elif isinstance(task, _Seal):
             self._seal(task.partition, task.segment)
         elif isinstance(task, _Checkpoint):
             self._checkpoint(task)

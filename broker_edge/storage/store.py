@@ -189,6 +189,7 @@ class LogStore(Appends, Reads, Admin):
         failed = self._committer.failure is not None
         if sealer is not None and not failed:
             try:
+                sealer.retry_held_seals()  # before the active segments, which would wait behind them
                 for part in self._partitions:
                     if part.active is not None and len(part.active.rows or ()):
                         active = part.active

@@ -69,6 +69,8 @@ class Admin(StoreState):
         if report.topics_moved:
             self._read_cache.drop_below(self._table.start.__getitem__)
         sealer = self._sealer
+        if sealer is not None:
+            sealer.retry_held_seals()  # seals a full disk held: segments retention may delete next time
         if (
             sealer is not None
             and not report.segments_deleted

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from broker_edge.config import ConfigError, load_dataclass
+from broker_edge.settings.broker import BrokerConfig
 from broker_edge.storage import LogStore, StorageConfig
 from broker_edge.storage import sealer as sealer_module
 from broker_edge.storage.disk_reserve import RESERVE_FILE
@@ -142,3 +144,11 @@ def test_a_reserve_left_by_a_run_that_kept_one_goes_when_none_is_kept(tmp_path: 
 
     assert not (tmp_path / "log" / RESERVE_FILE).exists()
     store.close()
+
+
+def test_a_negative_reserve_is_refused_naming_the_field():
+    with pytest.raises(ConfigError, match=r"^storage\.disk_reserve_bytes: must be >= 0, got -1"):
+        load_dataclass(BrokerConfig, {"storage": {"disk_reserve_bytes": -1}})
+    assert (
+        load_dataclass(BrokerConfig, {"storage": {"disk_reserve_bytes": 0}}).storage.disk_reserve_bytes == 0
+    )
