@@ -116,7 +116,10 @@ class ReplicatedLog:
             try:
                 write_checkpoint(self._store.layout.meta_file(CHECKPOINT_FILE), ends)
             except OSError as error:
-                log.error("cannot save the committed ends of the logs: %s", error)
+                log.error(
+                    "cannot save the committed ends of the logs (tried again at the next interval): %s", error
+                )
+                self._checkpointed = None  # the next periodic checkpoint writes them even if none moved
                 return
             if path_trace.ON:
                 path_trace.mark("checkpointed", "", 0, 1)

@@ -170,3 +170,32 @@ def test_an_earlier_checkpoint_never_replaces_a_later_one(tmp_path: Path) -> Non
     store.replicated_log._write_checkpoint(*earlier)  # the periodic write runs late: skipped
     assert read_checkpoint(store.layout.meta_file(CHECKPOINT_FILE)) == {"t": 3}
     store.close()
+
+
+def test_a_checkpoint_that_failed_is_written_at_the_next_one_though_no_end_moved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A truncation saves the lower end at once; if that write fails (a full disk), the file still says the
+    higher end, which a restart would show records past: the next checkpoint writes it, ends moved or not."""
+    from broker_edge.storage import replicated_log as store_module
+
+    store = _store(tmp_path)
+    store.replicated_log.enable()
+    store.append_batch("t", [RECORD] * 5)
+    store.flush()
+    store.replicated_log.commit_to("t", 5)
+    store.replicated_log.checkpoint()
+    real = store_module.write_checkpoint
+
+    def full_disk(path: str, committed: dict[str, int]) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store_module, "write_checkpoint", full_disk)
+    store.replicated_log.truncate_to("t", 3)
+    path = store.layout.meta_file(CHECKPOINT_FILE)
+    assert read_checkpoint(path) == {"t": 5}
+
+    monkeypatch.setattr(store_module, "write_checkpoint", real)
+    store.replicated_log.checkpoint()  # what the periodic tick does: nothing moved since the truncation
+    assert read_checkpoint(path) == {"t": 3}
+    store.close()
