@@ -232,6 +232,7 @@ class Sealer:
                 try:
                     self._run_task(seal)
                 except Exception as error:
+                    self.failure, self._failed = error, seal
                     log.warning(
                         "the seal of segment %d of partition %d failed again (%s): %d seals wait, tried "
                         "again at the next retention pass",
@@ -239,6 +240,7 @@ class Sealer:
                         number,
                         error,
                         len(waiting),
+                        exc_info=not isinstance(error, OSError),  # anything else is a bug: its traceback
                     )
                     break
                 waiting.pop(0)

@@ -201,7 +201,7 @@ class LogStore(Appends, Reads, Admin):
                 sealer.wait_idle()
             except OSError as error:
                 unwritten.append(f"sealing the active segments ({error})")
-            if sealer.failure is not None:
+            if sealer.failure is not None or sealer.seals_held:
                 unwritten.append(f"the segments' seals or the snapshot ({sealer.failure})")
         if sealer is not None:
             sealer.stop()

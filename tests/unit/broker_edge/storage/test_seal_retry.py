@@ -98,3 +98,29 @@ def test_seals_given_up_on_a_full_disk_wait_in_order_and_are_made_at_a_pass_once
     assert _records(reopened, TOPIC) == _expected(range(1, RECORDS, 2))
     assert _records(reopened, OTHER) == _expected(range(0, RECORDS, 2))
     reopened.close()
+
+
+def test_seals_still_held_at_close_leave_no_clean_shutdown_marker_and_the_next_start_seals_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    FullIndexDisk(monkeypatch)
+    store = LogStore(tmp_path, _config())
+    store.open()
+
+    async def scenario() -> None:
+        await _fill(store)
+        assert store._sealer is not None and store._sealer.seals_held
+
+    asyncio.run(scenario())
+    store.close()  # the disk is still full: the held seals fail once more, the active segment's waits too
+    monkeypatch.undo()
+
+    reopened = LogStore(tmp_path, _config())
+    report = reopened.open()
+    assert not report.clean_shutdown
+    assert _records(reopened, TOPIC) == _expected(range(1, RECORDS, 2))
+    assert _records(reopened, OTHER) == _expected(range(0, RECORDS, 2))
+    reopened.close()  # it sealed them at open
+    last = LogStore(tmp_path, _config())
+    assert last.open().clean_shutdown
+    last.close()
