@@ -5,7 +5,8 @@ Retention deletes a segment's files only once a snapshot recording the starts th
 none of its segments is left. A snapshot is a new file written beside the old one, so on a full disk it
 cannot be written, and then no segment can go: a broker whose own log filled its disk would refuse QoS 1/2
 publishes until someone freed space by hand. The store therefore keeps a file of preallocated blocks,
-``log/disk-reserve``, as large as a snapshot needs: when writing the snapshot finds the disk full, the sealer
+``log/disk-reserve``, as large as a snapshot needs (made once the store holds logs: at open, or at the first
+seal): when writing the snapshot finds the disk full, the sealer
 deletes the reserve, writes the snapshot into the space it gave back, and deletes the segments retention
 gave up; the reserve is made again once there is space.
 """

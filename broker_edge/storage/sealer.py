@@ -310,6 +310,7 @@ class Sealer:
         remove_file(segment.open_path)
         self.seals += 1
         self._unsnapshotted += 1
+        self._keep_reserve()
         self._report(partition.sealed, segment, index)
 
     def _checkpoint(self, task: _Checkpoint) -> None:
@@ -360,8 +361,16 @@ class Sealer:
         for directory in directories if self.sync else ():
             with contextlib.suppress(FileNotFoundError):
                 fsync_directory(directory)
-        if self.reserve is not None:
-            self.reserve.keep(os.path.getsize(self.snapshot_path))
+        self._keep_reserve()
+
+    def _keep_reserve(self) -> None:
+        """Make or grow the disk reserve once the log holds sealed records (an empty store keeps none)."""
+        if self.reserve is not None and len(self.state):
+            try:
+                snapshot_bytes = os.path.getsize(self.snapshot_path)
+            except FileNotFoundError:
+                snapshot_bytes = 0
+            self.reserve.keep(snapshot_bytes)
 
     def _release_reserve_for(self, error: OSError) -> bool:
         """Whether the reserve was released for a snapshot that met a full disk: only one that lets

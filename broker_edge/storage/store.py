@@ -162,11 +162,12 @@ class LogStore(Appends, Reads, Admin):
 
     def _reserve_at_open(self) -> DiskReserve:
         """The disk reserve (``disk_reserve``): the one a previous run left, made or grown to what the
-        snapshot there needs."""
+        snapshot there needs when the store holds logs (the sealer makes it once it seals the first)."""
         reserve = DiskReserve(os.path.join(self.layout.log, RESERVE_FILE), self.config.disk_reserve_bytes)
         reserve.adopt()
         snapshot = os.path.join(self.layout.log, SNAPSHOT_FILE)
-        reserve.keep(os.path.getsize(snapshot) if os.path.exists(snapshot) else 0)
+        if len(self._table):
+            reserve.keep(os.path.getsize(snapshot) if os.path.exists(snapshot) else 0)
         return reserve
 
     def close(self) -> None:

@@ -134,8 +134,8 @@ def test_a_full_disk_refuses_qos1_keeps_serving_and_takes_appends_again_once_spa
 
 def test_a_disk_the_log_filled_is_freed_by_retention_without_a_hand(tmp_path: Path):
     """Retention deletes segments only once a snapshot is durable, and a snapshot is a new file: on a full
-    disk the disk reserve (``storage.disk_reserve_bytes``, preallocated at open) is released for it, so the
-    records past retention go and QoS 1 is taken again while what filled the disk stays."""
+    disk the disk reserve (``storage.disk_reserve_bytes``, preallocated at the first seal) is released for
+    it, so the records past retention go and QoS 1 is taken again while what filled the disk stays."""
     retention_s = 8
     broker = BrokerProcess(
         tmp_path,

@@ -86,7 +86,7 @@ def test_a_full_disk_releases_the_reserve_for_the_snapshot_and_retention_frees_i
 ):
     reserve = tmp_path / "log" / RESERVE_FILE
     store = _filled(tmp_path, disk_reserve_bytes=64 * 1024)
-    assert reserve.stat().st_blocks * 512 >= 64 * 1024, "made at open"
+    assert reserve.stat().st_blocks * 512 >= 64 * 1024, "made at the first seal"
     segments = len(partition_segments(tmp_path))
     disk = FullDisk(monkeypatch, tmp_path / "log")
     disk.full = True
@@ -133,6 +133,18 @@ def test_without_a_reserve_the_segments_wait_and_go_at_a_pass_after_space_came_b
     assert not store._sealer.deletions_waiting
     assert len(partition_segments(tmp_path)) == segments - deleted
     store.close()
+
+
+def test_a_store_that_holds_no_log_keeps_no_reserve(tmp_path: Path):
+    empty = LogStore(tmp_path, StorageConfig())
+    empty.open()
+    empty.close()  # its snapshot written: nothing for retention to delete, nothing held back
+    assert not (tmp_path / "log" / RESERVE_FILE).exists()
+    store = LogStore(tmp_path, StorageConfig())
+    store.open()
+    store.append(TOPIC, make_record(0))
+    store.close()  # the active segment sealed
+    assert (tmp_path / "log" / RESERVE_FILE).stat().st_blocks * 512 >= StorageConfig().disk_reserve_bytes
 
 
 def test_a_reserve_left_by_a_run_that_kept_one_goes_when_none_is_kept(tmp_path: Path):
