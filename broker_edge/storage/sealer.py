@@ -119,6 +119,10 @@ class Sealer:
         self._unsnapshotted = 0
         self._last_snapshot = time.monotonic()
         self._to_delete: list[Segment] = []
+        self._given_up: list[Segment] = []
+        """Segments retention gave up, handed over from the loop (``_given_up_lock``): taken into
+        ``_to_delete`` by their ``_Delete`` task, or sooner by a task waiting for disk space."""
+        self._given_up_lock = threading.Lock()
         self._reports: deque[tuple[Callable[..., object], tuple[object, ...]]] = deque()
         self.failure: BaseException | None = None
         """The error of the last task that failed, until it is made good (a held seal made later)."""
@@ -142,6 +146,8 @@ class Sealer:
 
     def delete_after_snapshot(self, segments: list[Segment]) -> None:
         """Delete these segments' files once a snapshot recording the starts that passed them is durable."""
+        with self._given_up_lock:
+            self._given_up += segments
         self._submit(_Delete(segments))
 
     def retry_held_seals(self) -> None:
@@ -157,7 +163,7 @@ class Sealer:
     @property
     def deletions_waiting(self) -> bool:
         """Segments retention gave up wait for a snapshot that has not been written (a full disk)."""
-        return bool(self._to_delete)
+        return bool(self._to_delete or self._given_up)
 
     def snapshot(self) -> None:
         """Write a snapshot now and wait for it (close)."""
@@ -261,6 +267,8 @@ class Sealer:
                 cause = passing_shortage(error, syncing=False)  # each task writes again what it synced
                 if cause is None or wait.gives_up(cause):
                     raise
+                if cause is DISK_FULL and self._free_space_meanwhile():
+                    continue  # retention's segments went: try again at once
                 if not wait.waited:
                     log.warning(
                         "%s (%s): the index task %s waits (%s)",
@@ -279,7 +287,7 @@ class Sealer:
         elif isinstance(task, _Checkpoint):
             self._checkpoint(task)
         elif isinstance(task, _Delete):
-            self._to_delete += task.segments
+            self._take_given_up()  # its segments, unless a task waiting for space took them already
             self._write_snapshot()
         elif isinstance(task, _Snapshot):
             self._write_snapshot()
@@ -371,6 +379,24 @@ class Sealer:
             except FileNotFoundError:
                 snapshot_bytes = 0
             self.reserve.keep(snapshot_bytes)
+
+    def _take_given_up(self) -> None:
+        with self._given_up_lock:
+            given_up, self._given_up = self._given_up, []
+        self._to_delete += given_up
+
+    def _free_space_meanwhile(self) -> bool:
+        """A task waits for disk space while retention gave segments up: write their snapshot now (through
+        the reserve) so that they go, rather than after the task, which the space they free may let pass.
+        Whether they went."""
+        self._take_given_up()
+        if not self._to_delete or self.reserve is None or not self.reserve.held:
+            return False
+        try:
+            self._write_snapshot()
+        except OSError:
+            return False
+        return True
 
     def _release_reserve_for(self, error: OSError) -> bool:
         """Whether the reserve was released for a snapshot that met a full disk: only one that lets

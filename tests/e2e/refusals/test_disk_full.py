@@ -136,7 +136,7 @@ def test_a_disk_the_log_filled_is_freed_by_retention_without_a_hand(tmp_path: Pa
     """Retention deletes segments only once a snapshot is durable, and a snapshot is a new file: on a full
     disk the disk reserve (``storage.disk_reserve_bytes``, preallocated at the first seal) is released for
     it, so the records past retention go and QoS 1 is taken again while what filled the disk stays."""
-    retention_s = 8
+    retention_s = 12
     broker = BrokerProcess(
         tmp_path,
         limits={"new_connections_per_second": 0, "messages_per_second_per_client": 0},
@@ -172,7 +172,7 @@ def test_a_disk_the_log_filled_is_freed_by_retention_without_a_hand(tmp_path: Pa
         assert QUOTA_EXCEEDED in publish(64)
 
         # no hand frees space: once those records are past retention, retention frees it
-        assert wait_for(lambda: "disk space available again" in broker.log_path.read_text(), timeout=30)
+        assert wait_for(lambda: "disk space available again" in broker.log_path.read_text(), timeout=45)
         assert set(publish(32)) <= {0x00, 0x10}
         with OffsetsClient(broker.offsets_url) as reader:
             rows = read_log(reader, TOPIC)

@@ -11,6 +11,7 @@ import asyncio
 import errno
 import logging
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,48 @@ def test_a_negative_reserve_is_refused_naming_the_field():
     assert (
         load_dataclass(BrokerConfig, {"storage": {"disk_reserve_bytes": 0}}).storage.disk_reserve_bytes == 0
     )
+
+
+def test_a_seal_waiting_for_space_lets_the_segments_retention_gave_up_go_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The sealer runs one task at a time: a seal waiting out a full disk would hold back the snapshot that
+    lets retention's segments go, and with it the space the seal waits for. It writes that snapshot itself."""
+    monkeypatch.setattr(sealer_module, "SHORTAGE_PATIENCE_S", 30.0)
+    store = _filled(tmp_path)
+    segments = len(partition_segments(tmp_path))
+    disk = FullDisk(monkeypatch, tmp_path / "log")
+    waiting: list[str] = []
+    real_index = sealer_module.write_index
+
+    def write_index(path: str, data, sync: bool = True) -> None:
+        if disk.full:
+            waiting.append(path)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_index(path, data, sync)
+
+    monkeypatch.setattr(sealer_module, "write_index", write_index)
+
+    async def scenario() -> int:
+        assert store._sealer is not None
+        seals = store._sealer.seals
+        disk.full = True
+        for number in range(RECORDS, RECORDS + 100):  # rolls a segment: its seal meets the full disk
+            store.append(TOPIC, make_record(number))
+        await store.wait_durable()
+        deadline = time.monotonic() + 10
+        while not waiting:
+            assert time.monotonic() < deadline, "no seal met the full disk"
+            await asyncio.sleep(0.01)
+        began = time.monotonic()
+        deleted = store.apply_retention(now_ms=BASE_TIME_MS).segments_deleted
+        store._sealer.wait_idle()
+        assert time.monotonic() - began < 10, "the seal waited out its patience first"
+        assert store._sealer.seals > seals and not store._sealer.seals_held
+        return deleted
+
+    deleted = asyncio.run(scenario())
+    assert deleted > 0 and not disk.full
+    assert segments > len(partition_segments(tmp_path)) == len(store._partitions[0].segments)  # files gone
+    assert store._sealer is not None and not store._sealer.deletions_waiting and store._sealer.failure is None
+    store.close()
