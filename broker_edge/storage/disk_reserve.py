@@ -32,13 +32,16 @@ class DiskReserve:
         self.floor_bytes = floor_bytes
         self.held = 0
         """Bytes the reserve holds now (0: none, or released)."""
-        self.releases = 0
 
-    def keep(self, snapshot_bytes: int) -> None:
-        """Make or grow the reserve to hold a snapshot of ``snapshot_bytes`` (grown by half for the topics
-        still to come). A disk without the space leaves it as it is: the next snapshot tries again."""
+    def keep(self, snapshot_path: str) -> None:
+        """Make or grow the reserve to hold the snapshot at ``snapshot_path`` (none yet: the floor), grown by
+        half for the topics still to come. A disk without the space leaves it as it is: the next try does."""
         if not self.floor_bytes:
             return
+        try:
+            snapshot_bytes = os.path.getsize(snapshot_path)
+        except FileNotFoundError:
+            snapshot_bytes = 0
         wanted = max(self.floor_bytes, snapshot_bytes + snapshot_bytes // 2)
         if self.held >= wanted:
             return
@@ -68,7 +71,6 @@ class DiskReserve:
             return 0
         os.unlink(self.path)
         self.held = 0
-        self.releases += 1
         return freed
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import queue
 import threading
 import time
@@ -374,11 +373,7 @@ class Sealer:
     def _keep_reserve(self) -> None:
         """Make or grow the disk reserve once the log holds sealed records (an empty store keeps none)."""
         if self.reserve is not None and len(self.state):
-            try:
-                snapshot_bytes = os.path.getsize(self.snapshot_path)
-            except FileNotFoundError:
-                snapshot_bytes = 0
-            self.reserve.keep(snapshot_bytes)
+            self.reserve.keep(self.snapshot_path)
 
     def _take_given_up(self) -> None:
         with self._given_up_lock:

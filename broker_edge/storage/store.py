@@ -165,9 +165,8 @@ class LogStore(Appends, Reads, Admin):
         snapshot there needs when the store holds logs (the sealer makes it once it seals the first)."""
         reserve = DiskReserve(os.path.join(self.layout.log, RESERVE_FILE), self.config.disk_reserve_bytes)
         reserve.adopt()
-        snapshot = os.path.join(self.layout.log, SNAPSHOT_FILE)
         if len(self._table):
-            reserve.keep(os.path.getsize(snapshot) if os.path.exists(snapshot) else 0)
+            reserve.keep(os.path.join(self.layout.log, SNAPSHOT_FILE))
         return reserve
 
     def close(self) -> None:

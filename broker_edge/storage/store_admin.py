@@ -71,14 +71,10 @@ class Admin(StoreState):
         sealer = self._sealer
         if sealer is not None:
             sealer.retry_held_seals()  # seals a full disk held: segments retention may delete next time
-        if (
-            sealer is not None
-            and not report.segments_deleted
-            and (report.topics_moved or sealer.deletions_waiting)
-        ):
-            # the moved starts are saved now, not at the next snapshot; segments given up on a full disk
-            # are tried again
-            sealer.delete_after_snapshot([])
+            if not report.segments_deleted and (report.topics_moved or sealer.deletions_waiting):
+                # the moved starts are saved now, not at the next snapshot; segments given up on a full
+                # disk are tried again
+                sealer.delete_after_snapshot([])
         if report.segments_deleted:
             log.info(
                 "retention deleted %d segments (%d bytes)", report.segments_deleted, report.bytes_deleted

@@ -40,6 +40,16 @@ def _store(path: Path) -> LogStore:
     return store
 
 
+def _five_committed(path: Path) -> LogStore:
+    """A replicated store whose log ``t`` holds 5 records, all committed (no checkpoint says so yet)."""
+    store = _store(path)
+    store.replicated_log.enable()
+    store.append_batch("t", [RECORD] * 5)
+    store.flush()
+    store.replicated_log.commit_to("t", 5)
+    return store
+
+
 def _payloads(store: LogStore, topic: str) -> int:
     """How many records readers of `topic` see."""
     return len(store.read(topic, 0, 1000, 1 << 20))
@@ -125,11 +135,7 @@ def test_a_damaged_checkpoint_starts_every_log_committed_at_its_start(
 
 
 def test_truncating_below_the_committed_end_saves_the_lower_end_at_once(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    store.replicated_log.enable()
-    store.append_batch("t", [RECORD] * 5)
-    store.flush()
-    store.replicated_log.commit_to("t", 5)
+    store = _five_committed(tmp_path)
     store.replicated_log.checkpoint()
     store.replicated_log.truncate_to(
         "t", 3
@@ -159,11 +165,7 @@ def test_the_periodic_checkpoint_is_written_off_the_loop_thread(tmp_path: Path, 
 
 
 def test_an_earlier_checkpoint_never_replaces_a_later_one(tmp_path: Path) -> None:
-    store = _store(tmp_path)
-    store.replicated_log.enable()
-    store.append_batch("t", [RECORD] * 5)
-    store.flush()
-    store.replicated_log.commit_to("t", 5)
+    store = _five_committed(tmp_path)
     earlier = store.replicated_log._take_checkpoint()  # taken for a periodic write that has not run yet
     assert earlier is not None
     store.replicated_log.truncate_to("t", 3)  # saves {"t": 3} at once
@@ -179,11 +181,7 @@ def test_a_checkpoint_that_failed_is_written_at_the_next_one_though_no_end_moved
     higher end, which a restart would show records past: the next checkpoint writes it, ends moved or not."""
     from broker_edge.storage import replicated_log as store_module
 
-    store = _store(tmp_path)
-    store.replicated_log.enable()
-    store.append_batch("t", [RECORD] * 5)
-    store.flush()
-    store.replicated_log.commit_to("t", 5)
+    store = _five_committed(tmp_path)
     store.replicated_log.checkpoint()
     real = store_module.write_checkpoint
 
