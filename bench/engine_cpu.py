@@ -16,6 +16,9 @@ is the process's CPU time (``time.process_time``) per publish over ``--passes`` 
 - ``fanin_reads``: 16 MQTT 3.1.1 publishers, each on a topic of its own, send reads of 16 QoS 1 PUBLISHes
   (logged, 64-byte payloads) in turn, 100 turns, one QoS 0 subscriber of ``plant/#``: the socket fan-in's
   shape, where a read brings several publishes of a publisher and a turn's batch acknowledges them together;
+- ``fanin_reads_acked``: ``fanin_reads`` with a QoS 1 subscriber acknowledging every delivery at the end of
+  each turn while it has some in flight (the kit's fan-in at QoS 1): the in-flight window, the session's
+  queue and the PUBACKs that move it;
 - ``fanin_member``: ``fanin`` on a cluster member leading every partition (a ``forwarding`` port that appends
   everything here), whose answers keep each publisher's order through the queue a member needs;
 - ``fanin_qos0``: 16 MQTT 3.1.1 publishers, each on a topic of its own, send reads of 64 QoS 0 PUBLISHes
@@ -209,6 +212,39 @@ def fanin_reads() -> Scenario:
     return _turns(core, publishers, reads), 100 * 16 * 16, core, 100 * 16 * 16
 
 
+def fanin_reads_acked() -> Scenario:
+    """``fanin_reads`` with a QoS 1 subscriber that acknowledges every delivery at the end of each turn, as
+    long as the broker has more for it: the in-flight window, its queue and the PUBACKs that move it."""
+    core = broker(member=False)
+    subscriber = connect(core, "sub-0", MQTT_3_1_1)
+    subscriber.data_received(encode(Subscribe(1, [Subscription("plant/#", 1)]), MQTT_3_1_1))
+    core.run_soon()
+    session = subscriber.session
+    publishers = [connect(core, f"meter-{n}", MQTT_3_1_1) for n in range(16)]
+    reads = [
+        [
+            b"".join(
+                encode(Publish(f"plant/meter-{n}", b"x" * 64, 1, packet_id=1 + turn * 16 + k), MQTT_3_1_1)
+                for k in range(16)
+            )
+            for n in range(16)
+        ]
+        for turn in range(100)
+    ]
+    pubacks = [b"\x40\x02" + packet_id.to_bytes(2, "big") for packet_id in range(65_536)]
+
+    def run() -> None:
+        for turn in reads:
+            for publisher, data in zip(publishers, turn, strict=True):
+                publisher.data_received(data)
+            core.run_soon()
+            while session.inflight:
+                subscriber.data_received(b"".join([pubacks[packet_id] for packet_id in session.inflight]))
+                core.run_soon()
+
+    return run, 100 * 16 * 16, core, 100 * 16 * 16
+
+
 def fanin_qos0() -> Scenario:
     core = broker(member=False)
     subscribe(core, 1, MQTT_3_1_1)
@@ -251,6 +287,7 @@ SCENARIOS: dict[str, Callable[[], Scenario]] = {
     "fanout": fanout,
     "fanin": lambda: fanin(member=False),
     "fanin_reads": fanin_reads,
+    "fanin_reads_acked": fanin_reads_acked,
     "fanin_member": lambda: fanin(member=True),
     "fanin_qos0": fanin_qos0,
     "fanin_qos0_lone": fanin_qos0_lone,

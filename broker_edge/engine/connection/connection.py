@@ -312,6 +312,19 @@ class Connection(Outgoing):
                                 self._hold(packets[index:], bucket.seconds_until(now))
                                 return True
                         handle_publish(self.terms.host, self, session, packet)  # not through ``_dispatch``
+                elif (
+                    type(packet) is PubAck
+                    and index < last
+                    and type(packets[index + 1]) is PubAck
+                    and self.terms.state == CONNECTED
+                ):  # a subscriber's PUBACKs read together: its window refilled once, after them all
+                    end = index + 2
+                    while end <= last and type(packets[end]) is PubAck:
+                        end += 1
+                    session = self.session
+                    assert session is not None, "a connected connection has a session"
+                    session.on_pubacks([cast("PubAck", ack).packet_id for ack in packets[index:end]])
+                    index = end - 1
                 else:
                     self._dispatch(packet)
                 if self.terms.state == CLOSED:

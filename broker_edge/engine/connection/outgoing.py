@@ -172,7 +172,8 @@ class Outgoing:
         terms = self.terms
         if qos == 0 and terms.paused and not terms.host.slow_subscribers.deliver(self, message):
             return False
-        template: PublishTemplate  # every delivery at QoS 1 or 2 has one (only QoS 0 may use ``frame``)
+        head: bytes
+        tail: bytes  # QoS 1/2: the delivery is ``head``, the packet id, ``tail``
         session = self.session  # once per delivery: look at the session only for a logged message
         offsets = (
             message.offset is not None
@@ -193,27 +194,41 @@ class Outgoing:
                     or (found := templates.get((terms.v5 << 3) | (qos << 1) | retain)) is None
                 ):
                     found = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
-                template = found
-                head = template.head
+                head = found.head
+                if qos:
+                    tail = found.tail
             elif (
-                not qos
-                and (frame := message.frame) is not None
-                and not message.qos
+                (frame := message.frame) is not None
+                and qos == message.qos
                 and terms.v5 == message.frame_v5
                 and not retain
                 and not subscription_ids
                 and not offsets
             ):
-                head = frame
+                # The frame received: as it is at QoS 0 (every such subscriber writes that one object), around
+                # this subscriber's packet id at QoS 1/2. The first delivery makes no template (a message
+                # with one subscriber, the ingest shape, needs none); the empty cache it leaves has the next
+                # subscriber make the shared one.
+                if qos:
+                    payload = message.payload
+                    cut = len(frame) - len(payload) - terms.v5
+                    head = frame[: cut - 2]
+                    tail = frame[cut:] if terms.v5 else payload
+                    message.templates = {}
+                else:
+                    head = frame
             else:
                 template = message.template(terms.v5, qos, retain, subscription_ids, 0, False, offsets)
                 head = template.head
+                if qos:
+                    tail = template.tail
         else:
             aliased = self._aliased_template(message, qos, retain, subscription_ids, offsets)
             if aliased is None:
                 return False
-            template = aliased
-            head = template.head
+            head = aliased.head
+            if qos:
+                tail = aliased.tail
         if qos == 0:
             if len(head) > terms.max_packet_out:
                 self._too_large(message)
@@ -227,7 +242,6 @@ class Outgoing:
             else:
                 out.append(head)
         else:
-            tail = template.tail
             if len(head) + 2 + len(tail) > terms.max_packet_out:
                 self._too_large(message)
                 return False
@@ -245,6 +259,24 @@ class Outgoing:
             out.append(tail)
         terms.stats.sent[qos] += 1
         return True
+
+    def encode_while_framed(
+        self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]
+    ) -> None:
+        """A delivery about to wait in the session's queue (the in-flight window is full): when it will be the
+        MQTT 3.1.1 frame received around this client's packet id, that encoding is made now, out of the frame
+        (its head sliced off, its payload shared), which the message lets go of once routed; made when sent,
+        it would be encoded from its parts. (An MQTT 5 one would hold a second copy of the payload while
+        queued: it is made when sent.)"""
+        if (
+            qos == message.qos
+            and not retain
+            and not subscription_ids
+            and not self.terms.v5
+            and not message.frame_v5
+            and message.frame is not None
+        ):
+            message.template(False, qos, False)
 
     def send_run(self, run: PublishRun | LoggedRun, subscription_ids: tuple[int, ...]) -> None:
         """Write a run of plain messages (``engine.publish_run``) delivered at QoS 0: their QoS 0 frames in

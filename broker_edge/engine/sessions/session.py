@@ -23,6 +23,8 @@ from broker_edge.engine.message import Message
 from broker_edge.engine.rare_fields import RareField, RareSlots
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from broker_edge.engine.publish_run import LoggedRun, PublishRun
     from broker_edge.engine.routing.subscriptions import SubscriptionOptions
     from broker_edge.protocol.packets import Will
@@ -90,6 +92,12 @@ class Outlet(Protocol):
 
     def send_run(self, run: PublishRun | LoggedRun, subscription_ids: tuple[int, ...]) -> None:
         """Write a run of plain messages of one topic (``engine.publish_run``) at QoS 0."""
+
+    def encode_while_framed(
+        self, message: Message, qos: int, retain: bool, subscription_ids: tuple[int, ...]
+    ) -> None:
+        """A delivery about to wait in the session's queue: its encoding made now where it is cut out of the
+        frame the message came in (``Message.frame``, let go of once it is routed)."""
 
     def send_pubrel(self, packet_id: int, reason_code: int = 0) -> None: ...
 
@@ -282,6 +290,8 @@ class Session:
             if logged and conn is None:
                 self._remember_offset(message)
             elif self._queue_has_room(size):
+                if conn is not None and message.frame is not None:
+                    conn.encode_while_framed(message, qos, retain, subscription_ids)
                 self._enqueue((message, qos, retain, subscription_ids), size)
             elif logged:
                 self._remember_offset(message)
@@ -373,6 +383,21 @@ class Session:
         del inflight[packet_id]
         self.drain()
         return True
+
+    def on_pubacks(self, packet_ids: Iterable[int]) -> None:
+        """``on_puback`` for each of ``packet_ids`` (a read's PUBACKs), the window refilled once after them
+        all: the same messages sent in the same order, one ``drain`` instead of one per acknowledgement."""
+        inflight = self.inflight
+        if not inflight:
+            return
+        freed = False
+        for packet_id in packet_ids:
+            entry = inflight.get(packet_id)
+            if entry is not None and not isinstance(entry, Released) and entry[1] == 1:
+                del inflight[packet_id]
+                freed = True
+        if freed:
+            self.drain()
 
     def on_pubrec(self, packet_id: int, failed: bool) -> bool:
         """QoS 2 step 1: True if PUBREL must be sent (False: unknown id, or an error code ended the flow)."""

@@ -1,5 +1,9 @@
 """PUBACK, PUBREC, PUBREL, PUBCOMP: the QoS 1 and QoS 2 flows in both directions (MQTT 4.3)."""
 
+import pytest
+
+from broker_edge.engine import message as message_module
+from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import (
     MQTT_3_1_1,
     PubAck,
@@ -11,6 +15,7 @@ from broker_edge.protocol.packets import (
     Subscription,
 )
 from tests.unit.broker_edge.engine.handlers.wire import make_core
+from tests.unit.broker_edge.engine.stand_ins import MemoryLog
 
 
 def _pair(sub_qos, *, receive_maximum=None):
@@ -73,3 +78,77 @@ def test_pubrel_for_an_unknown_id_gets_pubcomp_0x92_from_a_v5_broker():
     publisher = make_core().client()
     publisher.connect("pub")
     assert publisher.send(PubRel(77)) == [PubComp(77, 0x92)]
+
+
+def _window_of(size, version=MQTT_3_1_1, sub_qos=1):
+    """A subscriber whose in-flight window holds ``size`` and a publisher, both of ``version``."""
+    core = make_core(limits={"max_inflight_out": size})
+    subscriber = core.client(version)
+    subscriber.connect("sub")
+    subscriber.send(Subscribe(1, [Subscription("t/#", sub_qos)]))
+    publisher = core.client(version)
+    publisher.connect("pub")
+    return core, subscriber, publisher
+
+
+def _publish_eight(publisher):
+    publisher.send(*(Publish("t/a", b"%d" % n, 1, packet_id=n + 1) for n in range(8)))
+
+
+def test_pubacks_read_together_free_their_slots_and_the_queue_follows_in_order_mqtt_4_3_2():
+    """A read holding several PUBACKs frees each of their slots, and the queued messages that refill the
+    window are the ones, in the order and with the bytes, that acknowledging one PUBACK a read would send."""
+    core, subscriber, publisher = _window_of(3)
+    _publish_eight(publisher)
+    first = subscriber.read()
+    assert [p.payload for p in first] == [b"0", b"1", b"2"]
+    refilled = subscriber.send(*(PubAck(p.packet_id) for p in first), PubAck(999))  # 999: never sent
+    assert [p.payload for p in refilled] == [b"3", b"4", b"5"]
+    together = subscriber.received
+    assert together == b"".join(encode(p, MQTT_3_1_1) for p in refilled)
+    assert core.router.sessions["sub"].inflight_count() == 3
+
+    _, alone, publisher = _window_of(3)
+    _publish_eight(publisher)
+    one_by_one = b""
+    for delivered in alone.read():
+        alone.send(PubAck(delivered.packet_id))
+        one_by_one += alone.received
+    assert one_by_one == together
+
+
+def test_pubacks_read_together_leave_a_qos2_delivery_in_flight_mqtt_4_3_3():
+    """A PUBACK names a QoS 1 delivery: one for the id of a QoS 2 delivery frees nothing, read alone or
+    with others, and sends nothing in its place."""
+    core, subscriber, publisher = _window_of(1, sub_qos=2)
+    publisher.send(Publish("t/a", b"two", 2, packet_id=1), Publish("t/a", b"next", 2, packet_id=2))
+    (delivered,) = subscriber.read()
+    assert subscriber.send(PubAck(delivered.packet_id), PubAck(delivered.packet_id)) == []
+    assert core.router.sessions["sub"].inflight_count() == 1
+
+
+@pytest.mark.parametrize("logged", [False, True])
+def test_a_message_queued_behind_a_full_window_is_sent_as_the_frame_received(logged, monkeypatch):
+    """An MQTT 3.1.1 delivery waiting for room in the window is cut out of the frame it came in while the
+    message still holds it, not encoded again when the window opens: the same bytes, no encoder run."""
+    core, subscriber, publisher = _window_of(1)
+    if logged:
+        store = MemoryLog()
+        core.publish_path.attach_store(store, None)
+    monkeypatch.setattr(message_module, "encode_publish_template", _not_called)
+    publisher.send(*(Publish("t/a", b"%d" % n, 1, packet_id=n + 1) for n in range(3)))
+    if logged:
+        store.make_durable()
+    waiting = core.router.sessions["sub"].queue
+    assert [m.frame for m, *_ in waiting] == [None, None]  # routed: the frames are let go of
+    sent = []
+    delivered = subscriber.read()
+    while delivered:
+        sent += delivered
+        assert subscriber.received == encode(delivered[0], MQTT_3_1_1)
+        delivered = subscriber.send(PubAck(delivered[0].packet_id))
+    assert [(p.payload, p.qos) for p in sent] == [(b"0", 1), (b"1", 1), (b"2", 1)]
+
+
+def _not_called(*args, **kwargs):
+    raise AssertionError("encoded again")
