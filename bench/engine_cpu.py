@@ -195,11 +195,9 @@ def _turns(core: HandDrivenCore, devices: list[Any], frames: list[list[bytes]]) 
     return run
 
 
-def fanin_reads() -> Scenario:
-    core = broker(member=False)
-    subscribe(core, 1, MQTT_3_1_1)
-    publishers = [connect(core, f"meter-{n}", MQTT_3_1_1) for n in range(16)]
-    reads = [
+def _turns_of_sixteen_publishers() -> list[list[bytes]]:
+    """100 turns, each a read of 16 QoS 1 PUBLISHes (64-byte payloads) of each of 16 publishers."""
+    return [
         [
             b"".join(
                 encode(Publish(f"plant/meter-{n}", b"x" * 64, 1, packet_id=1 + turn * 16 + k), MQTT_3_1_1)
@@ -209,6 +207,13 @@ def fanin_reads() -> Scenario:
         ]
         for turn in range(100)
     ]
+
+
+def fanin_reads() -> Scenario:
+    core = broker(member=False)
+    subscribe(core, 1, MQTT_3_1_1)
+    publishers = [connect(core, f"meter-{n}", MQTT_3_1_1) for n in range(16)]
+    reads = _turns_of_sixteen_publishers()
     return _turns(core, publishers, reads), 100 * 16 * 16, core, 100 * 16 * 16
 
 
@@ -221,16 +226,7 @@ def fanin_reads_acked() -> Scenario:
     core.run_soon()
     session = subscriber.session
     publishers = [connect(core, f"meter-{n}", MQTT_3_1_1) for n in range(16)]
-    reads = [
-        [
-            b"".join(
-                encode(Publish(f"plant/meter-{n}", b"x" * 64, 1, packet_id=1 + turn * 16 + k), MQTT_3_1_1)
-                for k in range(16)
-            )
-            for n in range(16)
-        ]
-        for turn in range(100)
-    ]
+    reads = _turns_of_sixteen_publishers()
     pubacks = [b"\x40\x02" + packet_id.to_bytes(2, "big") for packet_id in range(65_536)]
 
     def run() -> None:
