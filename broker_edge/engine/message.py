@@ -74,7 +74,8 @@ class Message:
         self.templates: dict[object, PublishTemplate] | None = None
         """The encoded deliveries made so far (``template``), by variant. A plain variant (no alias, no
         ``offset`` property, no subscription identifier, no expiry to send) has the key
-        ``(v5 << 3) | (qos << 1) | retain``: ``Connection.send_message`` looks those up itself."""
+        ``(v5 << 3) | (qos << 1) | retain``: ``Connection.send_message`` looks those up itself. Empty: one
+        delivery was cut out of ``frame`` without a template (``send_message``), the next one makes it."""
         self.frame = frame
         """The PUBLISH frame that brought it (``Publish.frame``; ``frame_v5``: in the MQTT 5 family), when a
         delivery of the publisher's own protocol family and QoS, without RETAIN, is that frame again: that
