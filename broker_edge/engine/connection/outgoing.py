@@ -183,8 +183,8 @@ class Outgoing:
         )
         if not terms.alias_max_out:
             # A plain variant already encoded for another subscriber is looked up here, without the call to
-            # ``template`` (its key as ``Message.templates`` says); the first QoS 0 delivery of the
-            # publisher's family is the frame received (``Message.frame``), no template made at all.
+            # ``template`` (its key as ``Message.templates`` says); the first delivery of the publisher's
+            # family at its QoS is the frame received (``Message.frame``), no template made at all.
             templates = message.templates
             if templates is not None:
                 if (
