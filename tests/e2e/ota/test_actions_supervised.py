@@ -45,6 +45,9 @@ def test_each_query_failing_once_is_restarted_and_every_device_counted_once(spar
         )
         assert sorted(failed) == ["fanout", "reports"]
         metrics = job.supervisor.metrics
+        # each failure comes after its batch's writes: the supervisor may see it a moment after they show
+        queries = ("actions-fanout", "actions-reports")
+        wait_for(lambda: all(metrics.restarts("actions", q) >= 1 for q in queries), what="both restarted")
         assert metrics.restarts("actions", "actions-fanout") == 1
         assert metrics.restarts("actions", "actions-reports") == 1
         assert job.gave_up is None and len(job.queries) == 2
