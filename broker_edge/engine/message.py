@@ -18,7 +18,12 @@ import copy
 import math
 import time
 
-from broker_edge.protocol.codec import PublishTemplate, encode_publish_template, qos0_frame_of
+from broker_edge.protocol.codec import (
+    PublishTemplate,
+    around_packet_id,
+    encode_publish_template,
+    qos0_frame_of,
+)
 from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5
 from broker_edge.protocol.properties import Properties
 
@@ -130,10 +135,8 @@ class Message:
                 return found
         frame = self.frame
         if frame is not None and key == (self.frame_v5 << 3) | (self.qos << 1):  # the frame as received
-            if qos:  # split around its packet id: the payload, after the properties' length 0 in v5
-                payload = self.payload
-                cut = len(frame) - len(payload) - v5
-                found = PublishTemplate(qos, frame[: cut - 2], frame[cut:] if v5 else payload)
+            if qos:  # split around its packet id
+                found = PublishTemplate(qos, *around_packet_id(frame, self.payload, v5))
             else:
                 found = PublishTemplate(0, frame)
         elif frame is not None and key == self.frame_v5 << 3:  # a QoS 1/2 frame sent at QoS 0: less its id

@@ -3,6 +3,7 @@
 from .decoder import MAX_PACKET_SIZE, PacketDecoder, Role, SharedDecoder, shared_decoder
 from .encoder import (
     PublishTemplate,
+    around_packet_id,
     encode,
     encode_puback_success,
     encode_pubacks,
@@ -16,6 +17,7 @@ __all__ = [
     "PublishTemplate",
     "Role",
     "SharedDecoder",
+    "around_packet_id",
     "encode",
     "encode_puback_success",
     "encode_pubacks",

@@ -168,6 +168,14 @@ def encode_publish_template(
     return PublishTemplate(0, b"".join((head, props, payload)))
 
 
+def around_packet_id(frame: bytes, payload: bytes, v5: bool) -> tuple[bytes, bytes]:
+    """The bytes of a plain QoS 1/2 PUBLISH ``frame`` as received (``Publish.frame``; ``payload`` its payload,
+    ``v5`` its family) before and after its packet id: the same publish to another client is the two around
+    that client's packet id. The part after is ``payload`` itself in MQTT 3.1.1 (nothing copied)."""
+    cut = len(frame) - len(payload) - v5  # the end of the packet id (v5: the properties' length 0 follows)
+    return frame[: cut - 2], frame[cut:] if v5 else payload
+
+
 def qos0_frame_of(frame: bytes, payload: bytes, v5: bool) -> bytes:
     """The QoS 0 PUBLISH of a plain QoS 1/2 PUBLISH ``frame`` as received (``Publish.frame``: neither RETAIN
     nor DUP, no properties; ``payload`` its payload, ``v5`` its family): the same frame less its packet id.

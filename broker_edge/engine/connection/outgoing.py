@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from broker_edge.engine.connection.states import CLOSED
 from broker_edge.engine.rare_fields import RareField, RareSlots
-from broker_edge.protocol.codec import encode, encode_puback_success, encode_pubacks
+from broker_edge.protocol.codec import around_packet_id, encode, encode_puback_success, encode_pubacks
 from broker_edge.protocol.packets import MQTT_5, PubAck, PubComp, PubRec, PubRel
 from broker_edge.protocol.properties import Properties
 
@@ -210,10 +210,7 @@ class Outgoing:
                 # with one subscriber, the ingest shape, needs none); the empty cache it leaves has the next
                 # subscriber make the shared one.
                 if qos:
-                    payload = message.payload
-                    cut = len(frame) - len(payload) - terms.v5
-                    head = frame[: cut - 2]
-                    tail = frame[cut:] if terms.v5 else payload
+                    head, tail = around_packet_id(frame, message.payload, terms.v5)
                     message.templates = {}
                 else:
                     head = frame

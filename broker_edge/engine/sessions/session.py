@@ -144,6 +144,11 @@ class SessionSubscription:
         self.options = options
 
 
+def _ended_by_puback(entry: Delivery | Released | None) -> bool:
+    """Whether a PUBACK ends this in-flight entry: a QoS 1 delivery (not a QoS 2 one, nor a released id)."""
+    return entry is not None and not isinstance(entry, Released) and entry[1] == 1
+
+
 class Inflight(dict[int, "Delivery | Released"]):
     """A session's QoS 1/2 deliveries sent and not yet acknowledged, by packet id, and the id to try next
     (kept here, not on the session: an idle session has no window and pays no slot for it)."""
@@ -375,10 +380,7 @@ class Session:
     def on_puback(self, packet_id: int) -> bool:
         """QoS 1 delivery complete; False if the id was not a QoS 1 message in flight."""
         inflight = self.inflight
-        if not inflight:
-            return False
-        entry = inflight.get(packet_id)
-        if entry is None or isinstance(entry, Released) or entry[1] != 1:
+        if not inflight or not _ended_by_puback(inflight.get(packet_id)):
             return False
         del inflight[packet_id]
         self.drain()
@@ -392,8 +394,7 @@ class Session:
             return
         freed = False
         for packet_id in packet_ids:
-            entry = inflight.get(packet_id)
-            if entry is not None and not isinstance(entry, Released) and entry[1] == 1:
+            if _ended_by_puback(inflight.get(packet_id)):
                 del inflight[packet_id]
                 freed = True
         if freed:
