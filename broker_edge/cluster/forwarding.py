@@ -15,7 +15,8 @@ partition goes:
    reachable (an election, this node fenced, the link being dialed) they wait, up to
    ``forward_timeout_ms``, for one; then they are refused. A "not the leader" answer (leadership moved
    while they travelled) sends them to the leader the view names next, within the same deadline. When this
-   node itself becomes the leader while they wait, they enter its own PUBLISH path.
+   node itself becomes the leader while they wait, they enter its own PUBLISH path, ahead of the publishes
+   of their topic it has taken in since and not yet placed (``PublishPath.accept_ahead``).
 
    **Order.** Each topic's forwarded publishes form one lane, first in first out: one send at a time is on
    its way, later publishes wait behind an earlier one that waits (and go with it, in one send, when it
@@ -215,7 +216,7 @@ class ClusterForwarding:
             if leader == view.node_id:  # into this node's own PUBLISH path: whatever comes later is behind
                 del self._lanes[lane.topic]
                 here = ForwardedBatch(messages, lambda acks: self._answered(lane, sent, acks, here=True))
-                self.path.accept_forwarded(here)
+                self.path.accept_ahead(here)
                 return
             links = self.links
             if leader in view.members and links is not None and links.up(leader):

@@ -268,6 +268,24 @@ class PublishPath:
         for index, message in enumerate(batch.messages):
             self._queue_message(message, PendingPublish(None, message, index, 1, batch=batch))
 
+    def accept_ahead(self, batch: ForwardedBatch) -> None:
+        """Take the publishes of one topic that waited to be forwarded until this node led their partition
+        (``broker_edge.cluster.forwarding``): appended like ``accept_forwarded``'s, but ahead of the
+        publishes of their topic queued since, which were published after them."""
+        messages = list(batch.messages)
+        if not messages:
+            return
+        topic = messages[0].topic
+        queued = self._by_topic.get(topic)
+        self._by_topic[topic] = messages if queued is None else messages + queued
+        entries = [
+            PendingPublish(None, message, index, 1, batch=batch) for index, message in enumerate(messages)
+        ]
+        pending = self._pending
+        at = _first_on(pending, topic)
+        pending[at:at] = entries
+        self._persist_soon()
+
     def publish(self, message: Message) -> None:
         """Publish as the broker itself (a will, a tool): logged per the rules, never acknowledged."""
         if not message.topic.startswith("$") and self.is_logged(message.topic, message.qos):
@@ -600,6 +618,15 @@ class PublishPath:
         if appends:
             self.metrics.log_appends_total.inc(appends)
             self.metrics.log_bytes_total.inc(appended_bytes)
+
+
+def _first_on(pending: list[PendingPublish], topic: str) -> int:
+    """The index of the first entry of ``pending`` publishing on ``topic`` (its length when none does)."""
+    for index, entry in enumerate(pending):
+        message = entry.message
+        if message is not None and message.topic == topic:
+            return index
+    return len(pending)
 
 
 def _logged_run_end(batch: list[PendingPublish], start: int, count: int) -> int:

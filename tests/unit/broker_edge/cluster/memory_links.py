@@ -12,10 +12,23 @@ class MemoryWire:
         self.links = links
         self.link = link
         self.lost = False
+        self.held: list[bytes] | None = None
+        """While a list, what is sent waits in it until ``release``."""
 
     async def send_bytes(self, data: bytes) -> None:
-        if not self.lost:
-            self.link.received(data, self.links.receiver, self.links._handlers, self.links._services)
+        if self.held is not None:
+            self.held.append(data)
+        elif not self.lost:
+            self._deliver(data)
+
+    def release(self) -> None:
+        """Deliver what was held, now, and deliver at once from now on."""
+        held, self.held = self.held or [], None
+        for data in held:
+            self._deliver(data)
+
+    def _deliver(self, data: bytes) -> None:
+        self.link.received(data, self.links.receiver, self.links._handlers, self.links._services)
 
     async def close(self) -> None:
         return None

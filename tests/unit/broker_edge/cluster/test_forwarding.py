@@ -213,6 +213,52 @@ def test_when_this_broker_becomes_the_leader_a_later_publish_is_not_appended_ahe
     _run(scenario)
 
 
+def test_publishes_waiting_for_a_leader_go_ahead_of_a_later_one_read_just_before_this_broker_leads():
+    """The view names this broker the leader in the loop turn that read the device's next publish: that
+    publish is queued, not yet placed, when the waiting ones enter this broker's own PUBLISH path. The
+    log holds them in the order the device sent them (before, the later one was appended first)."""
+
+    async def scenario() -> None:
+        a = Node("a")
+        a.lead(None)
+        device = Answers()
+        a.publish(device, b"1", packet_id=1)  # no leader: waits in its lane
+        await asyncio.sleep(0.001)
+        a.publish(device, b"2", packet_id=2)  # read; placed at the next turn of the loop
+        a.lead("a")
+        a.forwarding.retry()  # what a view change does (``ClusterNode``)
+        await _all_answered(device, 2)
+        assert device.answers == {1: (0x00, None), 2: (0x00, None)}
+        assert _payloads(a) == [b"1", b"2"]
+
+    _run(scenario)
+
+
+def test_publishes_behind_a_forward_answered_after_this_broker_took_the_lead_keep_their_place():
+    """The old leader's answer to a forward comes once this broker leads: the publishes queued behind that
+    forward enter this broker's own PUBLISH path ahead of a later one read before the answer came."""
+
+    async def scenario() -> None:
+        a, b = _led_by_b()
+        _a_to_b, b_to_a = link_in_memory(a.links, b.links)
+        await asyncio.sleep(0.01)  # the links learn their format
+        device = Answers()
+        b_to_a.held = []
+        a.publish(device, b"1", packet_id=1)  # on its way to b, its answer held
+        while not b_to_a.held:
+            await asyncio.sleep(0.001)
+        a.publish(device, b"2", packet_id=2)  # behind "1" in the lane
+        await asyncio.sleep(0.001)
+        a.lead("a")
+        a.publish(device, b"3", packet_id=3)  # read; placed at the next turn of the loop
+        b_to_a.release()  # "1" appended by b: "2" goes into a's own PUBLISH path
+        await _all_answered(device, 3)
+        assert device.answers == {1: (0x00, None), 2: (0x00, None), 3: (0x00, None)}
+        assert _payloads(b) == [b"1"] and _payloads(a) == [b"2", b"3"]
+
+    _run(scenario)
+
+
 def test_a_publish_that_cannot_keep_its_place_is_refused_with_everything_behind_it():
     async def scenario() -> None:
         a = Node("a", forward_timeout_s=0.05)
