@@ -58,6 +58,14 @@ def wait_for(condition: Callable[[], bool], timeout: float = TIMEOUT) -> bool:
     return True
 
 
+def expect_none_on(clients: list[PahoClient], timeout: float) -> None:
+    """Assert that none of ``clients`` receives anything within one window of ``timeout``: their messages
+    queue meanwhile, so the window is waited once, not once per client."""
+    time.sleep(timeout)
+    for client in clients:
+        client.expect_none(0)
+
+
 class PahoClient:
     """A connected paho client; ``messages`` is a queue of received ``MQTTMessage`` objects.
 

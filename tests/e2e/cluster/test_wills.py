@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.e2e.broker_clients import PahoClient
+from tests.e2e.broker_clients import PahoClient, expect_none_on
 from tests.e2e.cluster.proof import EtcdProxy, cluster_state, session_record, wait_settled, wait_until
 
 QUIET_S = 2.0
@@ -62,8 +62,7 @@ def test_a_lost_clients_will_reaches_every_broker_once_after_its_delay(three_bro
         [message] = watcher.expect(1, timeout=15)
         assert (message.topic, message.payload) == (topic, b"gone")
     assert time.monotonic() - lost_at >= delay - 0.1
-    for watcher in seen:
-        watcher.expect_none(QUIET_S)
+    expect_none_on(seen, QUIET_S)
 
 
 @pytest.mark.parametrize("version", [5, 4], ids=["v5", "v3.1.1"])
@@ -86,8 +85,7 @@ def test_the_will_of_a_client_of_a_killed_broker_is_published_once_by_a_survivor
     for watcher in seen:
         [message] = watcher.expect(1, timeout=20)  # after the lease expires, then the delay
         assert (message.topic, message.payload) == (topic, b"gone")
-    for watcher in seen:
-        watcher.expect_none(QUIET_S)
+    expect_none_on(seen, QUIET_S)
     record = session_record(etcd, client_id)
     assert record is None or record.will is None  # taken out by the one that published it
 
@@ -102,8 +100,7 @@ def test_a_reconnect_on_another_broker_within_the_will_delay_cancels_the_will(th
     back = with_will(three_brokers["b"].port, "returner", topic, 5, 3, clean=False)
 
     assert back.connack_result[0].session_present
-    for watcher in seen:
-        watcher.expect_none(3 + QUIET_S)  # past the delay: the new connection cancelled it
+    expect_none_on(seen, 3 + QUIET_S)  # past the delay: the new connection cancelled it
     back.kill()  # the new connection's own will still works, from b
     for watcher in seen:
         [message] = watcher.expect(1, timeout=15)
@@ -130,8 +127,7 @@ def test_the_will_of_a_client_of_a_broker_killed_and_restarted_at_once_is_publis
     for watcher in seen:
         [message] = watcher.expect(1, timeout=20)
         assert (message.topic, message.payload) == (topic, b"gone")
-    for watcher in seen:
-        watcher.expect_none(QUIET_S)
+    expect_none_on(seen, QUIET_S)
 
 
 @pytest.mark.mqtt5("MQTT-3.1.2-8", "MQTT-3.1.3-9")
@@ -154,8 +150,7 @@ def test_a_reconnect_within_the_will_delay_after_its_broker_died_cancels_the_wil
     back = with_will(three_brokers["b"].port, "outliver", topic, 5, 8, clean=False)
 
     assert back.connack_result[0].session_present
-    for watcher in seen:
-        watcher.expect_none(8 + QUIET_S)
+    expect_none_on(seen, 8 + QUIET_S)
 
 
 @pytest.mark.mqtt5("MQTT-3.1.2-8")
@@ -187,7 +182,6 @@ def test_a_will_due_while_its_broker_is_cut_off_from_etcd_is_published_once(clus
         proxy.mend()
         wait_until(lambda: "a" in cluster_state(etcd).members, what="a back in the cluster")
 
-        for watcher in seen:
-            watcher.expect_none(2 * QUIET_S)  # a, back, found the will published
+        expect_none_on(seen, 2 * QUIET_S)  # a, back, found the will published
     finally:
         proxy.close()
