@@ -63,6 +63,10 @@ class DeviceBehaviour:
     offline_rate_per_min: float = 0.0
     offline_duration_s: tuple[float, float] = (1.0, 5.0)
     keep_alive_s: int = 60
+    reconnect_backoff_max_s: float = 30.0
+    """The longest pause before another connection attempt: each attempt that fails in a row doubles the
+    pause drawn from ``offline_duration_s``, up to this, so a fleet whose brokers are down or overloaded does
+    not retry in step (back to the plain draw once a connection is made)."""
     failed_attempts: int = 0
     """Attempts of each action that fail before one may succeed (a download that fails, then works)."""
     silent_attempts: int = 0
@@ -137,6 +141,8 @@ class SimulatedDevice:
         self._encode_reading = reading_encoder(behaviour.payload_format)
         self._telemetry_timer: asyncio.TimerHandle | None = None
         self._reconnect_timer: asyncio.TimerHandle | None = None
+        self._failed_connects = 0
+        """Connection attempts that failed since the last one that worked: how long the next pause is."""
         self._stopped = False
 
     @property
@@ -167,6 +173,7 @@ class SimulatedDevice:
             start = self.offsets[topic]
             await self.client.subscribe(topic, 1, [("offset", "earliest" if start is None else str(start))])
         self.stats["connects"] += 1
+        self._failed_connects = 0
         for action_id, progress in self.actions.items():
             if progress.state in TERMINAL_STATES or action_id in self._unacknowledged:
                 self._publish_report(action_id, progress)
@@ -192,8 +199,11 @@ class SimulatedDevice:
         self._schedule_reconnect(duration_s)
 
     def retry_later(self) -> None:
-        """Connecting failed: try again after a pause, as a device in the field would."""
-        self._schedule_reconnect(self.rng.uniform(*self.behaviour.offline_duration_s))
+        """Connecting failed: try again after a pause, as a device in the field would, twice as long as the
+        last one while attempts fail in a row (at most ``reconnect_backoff_max_s``)."""
+        pause = self.rng.uniform(*self.behaviour.offline_duration_s) * 2 ** min(self._failed_connects, 30)
+        self._failed_connects += 1
+        self._schedule_reconnect(min(pause, self.behaviour.reconnect_backoff_max_s))
 
     def _on_disconnect(self, exc: Exception | None) -> None:
         if self._telemetry_timer:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.runtime.launcher import BrokerProcess
@@ -101,3 +102,26 @@ def test_a_sparkplug_b_fleet_from_the_command_line_births_then_sends_data_by_ali
         assert len(births) == 6 and len(data) == 6 and all(topics[t] >= 1 for t in data)
         # a clean stop publishes each node's NDEATH before DISCONNECT
         assert topics["spBv1.0/fleet/NDEATH/node-000"] == 1
+
+
+def test_devices_back_off_while_no_broker_answers_and_connect_again_when_one_does(tmp_path):
+    broker = BrokerProcess(tmp_path / "broker").start()
+    try:
+        spec = FleetSpec(brokers=[broker.address], count=5, groups=["g"])
+        behaviour = quiet_devices(offline_duration_s=(0.05, 0.05), reconnect_backoff_max_s=0.8)
+        with FleetHarness(broker.address, spec, behaviour) as harness:
+            harness.wait_until(lambda: harness.fleet.connected() == 5)
+            broker.stop()
+            harness.wait_until(lambda: harness.fleet.connected() == 0)
+            failed_before = harness.fleet.stats["reconnect_failures"]
+            time.sleep(4.0)
+            failures = harness.fleet.stats["reconnect_failures"] - failed_before
+            # pauses of 0.05, 0.1, 0.2, 0.4, then 0.8 s: about 9 attempts a device in 4 s (80 without backing
+            # off); a loaded machine only makes fewer
+            assert 5 <= failures <= 5 * 12, failures
+            broker.start()  # same ports
+            started = time.monotonic()
+            harness.wait_until(lambda: harness.fleet.connected() == 5, timeout_s=30)
+            assert time.monotonic() - started < 10  # within a pause of at most 0.8 s, and the connect itself
+    finally:
+        broker.stop()
