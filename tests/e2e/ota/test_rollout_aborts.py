@@ -104,7 +104,7 @@ def test_each_failure_kind_fires_its_own_rule(tmp_path, kind, behaviour, timeout
         run.create(action_row("k-1", device_ids=devices, abort_rules=rules, timeout_s=timeout_s))
         if timeout_s:
             run.feed(lambda reports: sum(r.state == "IN_PROGRESS" for r in reports) == 3)
-            run.tick_at(timeout_s + 1)
+            run.tick_after_reports(timeout_s + 1)
         else:
             run.feed(lambda reports: finals(reports, "k-1") == 3)
         summary = run.summary("k-1")

@@ -78,7 +78,7 @@ def test_a_device_that_timed_out_is_retried_and_its_earlier_attempt_no_longer_co
         retries = [retry("timed_out", 2), retry("failed", 1)]
         run.create(action_row("r-3", device_ids=devices, timeout_s=60, retries=retries))
         run.feed(lambda reports: sum(r.state == "IN_PROGRESS" for r in reports) == 2)
-        run.tick_at(61)  # timed out and retried in one tick: the retry is due at once
+        run.tick_after_reports(61)  # timed out and retried in one tick: the retry is due at once
         rows = run.executions("r-3")
         assert {(r["state"], r["attempt"], r["retry_at"]) for r in rows.values()} == {("QUEUED", 2, None)}
         assert all(
