@@ -11,10 +11,10 @@ STAMP  := $(VENV)/.installed
 VENV40  := .venv-spark40
 STAMP40 := $(VENV40)/.installed
 # What runs on it again: the sources' and the telemetry and actions jobs' end-to-end tests (docs/spark-source.md).
-# The suite's workers (pytest-xdist): one per core. On a 2-core machine three took as long as two (30:29 against
-# 28:53 on 2026-11-27, the CPU busy 98 % of the run) and two tests timed out under the load. tests/conftest.py
-# keeps each module on one worker, and the tests of the demo run and of the S3 endpoint together
-# (tests/unit/test_test_groups.py).
+# The suite's workers (pytest-xdist): one per core. On a 2-core machine three were no faster than two (30:29,
+# against 28:53 and 31:56 for two the same day, 2026-11-27), the CPU busy 98 % of the run, and two tests failed
+# under the load. tests/conftest.py keeps each module on one worker, and the tests of the demo run and of
+# the S3 endpoint together (tests/unit/test_test_groups.py).
 TEST_WORKERS ?= 2
 SPARK40_TESTS := tests/unit/sources tests/e2e/sources/test_stream_reader.py \
 	tests/e2e/sources/test_timestone_source_spark.py tests/e2e/sources/test_delta_cdf.py \
