@@ -53,6 +53,7 @@ class FleetHarness(BackgroundFleet):
             data["ts"],
             data["details"],
             data.get("attempt"),
+            received_at=int(time.time() * 1000),  # as the job takes the broker's append time
         )
         with self._lock:
             self.reports.append(report)

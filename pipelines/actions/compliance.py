@@ -3,9 +3,10 @@
 As Azure Device Update shows it: a group's desired version is the version of the latest OTA action for the
 group (or for all devices) that was not aborted, canceled or rejected; each device's installed version is
 the newer of what the ``devices`` registry says (the telemetry pipeline keeps its ``firmware_version``) and
-the version of the latest OTA action the device SUCCEEDED, by when the device said each: the registry row's
-``last_seen`` (the device's own time of its last reading, not when the pipeline wrote the row: telemetry sent
-before a rollback and ingested after it must not undo the rollback) against the execution's ``finished_at``.
+the version of the latest OTA action the device SUCCEEDED, by when each was said, both on the brokers' clock:
+the registry row's ``last_seen`` (when a broker took in the device's last reading, not when the pipeline wrote
+the row: telemetry sent before a rollback and ingested after it must not undo the rollback) against the
+execution's ``finished_at`` (when one took in its final report).
 The actions job keeps the result in ``fleet_compliance``, one row per (group, installed version).
 
 The inputs are the fleet and its history, so they are folded record batch by record batch as the tables

@@ -30,7 +30,7 @@ from pipelines.actions.config import ActionsConfig
 from pipelines.actions.engine import ActionsEngine
 from pipelines.actions.engine_tables import ACTIONS, COMPLIANCE, EXECUTIONS, SUMMARY
 from pipelines.actions.heartbeat import HeartbeatWriter
-from pipelines.actions.model import parse_report
+from pipelines.actions.model import parse_reports
 from pipelines.actions.publisher import ClusterPublisher, MqttPublisher, Publisher
 from pipelines.actions.reports import CLUSTER_BROKER_ID, BrokerReports, ClusterReports, ReportStream
 from pipelines.maintenance.config import MIN_BATCHES_TO_RETAIN_CONF, MaintenanceTarget
@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 
 #: The tables the job maintains: those it writes, and the actions table whose change feed it reads.
 MAINTAINED = (ACTIONS, EXECUTIONS, SUMMARY, COMPLIANCE)
+#: What the job reads of a report's record: the report, and when the broker appended it (the report's time).
+REPORT_COLUMNS = ("payload", "timestamp")
 
 
 def _action_changes(spark: SparkSession, store: TableStore) -> DataFrame:
@@ -79,12 +81,12 @@ def _status_reports(
         reader = reader.option("bootstrapServers", ",".join(b.offsets_api for b in endpoints))
         reader = reader.option("clusterName", CLUSTER_BROKER_ID).option("fetchTimeoutMs", 5000)
         token = next((b.token for b in endpoints if b.token), None)
-        return (reader.option("authToken", token) if token else reader).load().select("payload")
+        return (reader.option("authToken", token) if token else reader).load().select(*REPORT_COLUMNS)
     reader = reader.option("brokers", format_endpoints(endpoints))
     for broker in endpoints:
         if broker.token:
             reader = reader.option(f"authToken.{broker.name}", broker.token)
-    return reader.load().select("payload")
+    return reader.load().select(*REPORT_COLUMNS)
 
 
 @dataclass
@@ -215,10 +217,10 @@ def start_actions_job(
         engine.on_action_rows(rows, f"fanout/{streaming_query_id(batch)}", batch_id)
 
     def track(batch: DataFrame, batch_id: int) -> None:
-        payloads = batch.toArrow().column("payload").to_pylist()
-        reports = [r for r in (parse_report(p) for p in payloads) if r is not None]
-        if len(reports) < len(payloads):
-            log.warning("skipped %d status messages that are not reports", len(payloads) - len(reports))
+        records = batch.toArrow()
+        reports = parse_reports(records)
+        if len(reports) < records.num_rows:
+            log.warning("skipped %d status messages that are not reports", records.num_rows - len(reports))
         engine.on_reports(reports, f"reports/{streaming_query_id(batch)}", batch_id)
 
     def start_reports(endpoints: Sequence[BrokerEndpoint]) -> StreamingQuery:

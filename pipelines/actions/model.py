@@ -7,7 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from pipelines.actions.abort import AbortRule, abort_rules
+from pipelines.actions.engine_tables import epoch_ms
 from pipelines.actions.phases import Phase
 from pipelines.actions.retries import RetryRule
 from pipelines.actions.rollout import Pace
@@ -141,8 +144,9 @@ def _encoded(body: dict[str, Any], listed: Sequence[str] | None) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def parse_report(payload: bytes) -> StatusReport | None:
-    """A device status report, or None when the payload is not one (it is then counted and skipped)."""
+def parse_report(payload: bytes, received_at: int | None = None) -> StatusReport | None:
+    """A device status report received at ``received_at`` (epoch ms), or None when the payload is not one (it
+    is then counted and skipped)."""
     try:
         data = json.loads(payload)
         report = StatusReport(
@@ -153,7 +157,17 @@ def parse_report(payload: bytes) -> StatusReport | None:
             ts=int(data["ts"]),
             details=str(data.get("details", ""))[:1000],
             attempt=int(data["attempt"]) if data.get("attempt") is not None else None,
+            received_at=received_at,
         )
     except (ValueError, KeyError, TypeError):
         return None
     return report if report.state in DEVICE_REPORTED_STATES else None
+
+
+def parse_reports(records: pa.Table) -> list[StatusReport]:
+    """The reports among the ``timestone`` source's records (its ``payload`` and ``timestamp`` columns), each
+    received when the broker appended its record; records that are not reports are left out."""
+    payloads = records.column("payload").to_pylist()
+    received = epoch_ms(records.column("timestamp")).to_pylist()
+    parsed = (parse_report(payload, at) for payload, at in zip(payloads, received, strict=True))
+    return [report for report in parsed if report is not None]

@@ -4,6 +4,10 @@ Modelled on AWS IoT Jobs executions. A row only ever moves forward: QUEUED → I
 or straight from QUEUED to a terminal state. A report for a row that is already terminal, or one older than
 what the row has seen (by the device's report sequence, or from an earlier attempt), changes nothing.
 
+A row's times are the platform's, as AWS IoT Jobs keeps them: when the broker took the report in, not the
+``ts`` the device wrote into it. A device's clock may be anywhere (one without a real-time clock starts at
+1970 until it syncs), and a time-out counted from it would fire at once or never.
+
 One move goes back, and only the platform makes it: a retry (``retries.py``) takes a FAILED or TIMED_OUT
 row to QUEUED as its next ``attempt``, in the same write as the failure, so no reader sees a failure that is
 about to be retried as final.
@@ -84,6 +88,13 @@ class StatusReport:
     details: str = ""
     attempt: int | None = None
     """The attempt the device worked on (None: a device that does not say, on the earlier protocol)."""
+    received_at: int | None = None
+    """When the platform received it (the broker's append time, epoch ms); None: unknown, ``ts`` stands in."""
+
+    @property
+    def at(self) -> int:
+        """The report's time on the platform's clock: when it was received, else the device's ``ts``."""
+        return self.ts if self.received_at is None else self.received_at
 
 
 def queued(
@@ -97,12 +108,12 @@ def apply_report(current: Execution | None, report: StatusReport) -> Execution |
     """The row after ``report``, or None when the report changes nothing (stale, duplicate or illegal).
 
     A report for a device without a row (a late joiner that picked the action up from a group topic) starts
-    one as if it had been queued at the report's time.
+    one as if it had been queued at the report's time. Times are the report's :attr:`StatusReport.at`.
     """
     if report.state not in DEVICE_REPORTED_STATES:
         return None
     if current is None:
-        current = queued(report.action_id, report.device_id, report.ts)
+        current = queued(report.action_id, report.device_id, report.at)
         current = replace(current, version=0)
     if report.seq <= current.report_seq or not is_legal_transition(current.state, report.state):
         return None
@@ -110,15 +121,15 @@ def apply_report(current: Execution | None, report: StatusReport) -> Execution |
         return None  # about an attempt that has been retried since
     started_at = current.started_at
     if started_at is None and report.state == IN_PROGRESS:
-        started_at = report.ts
-    finished_at = report.ts if report.state in TERMINAL_STATES else None
+        started_at = report.at
+    finished_at = report.at if report.state in TERMINAL_STATES else None
     return replace(
         current,
         state=report.state,
         version=current.version + 1,
         report_seq=report.seq,
         status_details=report.details,
-        updated_at=report.ts,
+        updated_at=report.at,
         started_at=started_at,
         finished_at=finished_at,
     )

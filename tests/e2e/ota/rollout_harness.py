@@ -86,10 +86,10 @@ class RolloutRun:
         self.engine.tick()
 
     def tick_after_reports(self, seconds: float) -> None:
-        """Move the clock to ``seconds`` after the latest report handed to the engine and tick: the devices
-        stamp their reports with their own clock, so on a busy machine the reports come seconds after the
-        clock's start, and a time-out counted from them ends later than one counted from the start."""
-        latest = max(report.ts for report in self._fed)
+        """Move the clock to ``seconds`` after the latest report handed to the engine was received and tick:
+        on a busy machine the reports come seconds after the clock's start, and a time-out counted from them
+        ends later than one counted from the start."""
+        latest = max(report.at for report in self._fed)
         self.clock.now = max(self.clock.now, latest + int(seconds * 1000))
         self.engine.tick()
 

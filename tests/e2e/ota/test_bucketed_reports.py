@@ -9,6 +9,7 @@ count. A device on the earlier protocol, reporting on its own ``devices/<id>/act
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 
 import pyarrow.compute as pc
@@ -36,6 +37,14 @@ def report(action_id: str, device_id: str, state: str, seq: int) -> bytes:
     return json.dumps(
         {"action_id": action_id, "device_id": device_id, "state": state, "seq": seq, "ts": 1, "details": ""}
     ).encode()
+
+
+def finished_at_ms(store, action_id: str, device_id: str) -> int:
+    table = store.read_arrow("action_executions")
+    table = table.filter(
+        pc.and_(pc.equal(table["action_id"], action_id), pc.equal(table["device_id"], device_id))
+    )
+    return round(table["finished_at"][0].as_py().timestamp() * 1000)
 
 
 def own_report_topic(device_id: str) -> str:
@@ -68,10 +77,14 @@ def test_reports_of_n_devices_land_in_bucket_logs_and_reach_delta_once(spark, tm
         harness.wait_until(lambda: stack.fleet.finished(action_id) == DEVICES, timeout_s=60)
         publisher = MqttPublisher([stack.broker.address], client_id="earlier-protocol-device")
         try:
+            sent_ms = int(time.time() * 1000)
             publisher.publish(
                 own_report_topic(EARLIER_DEVICE), report(action_id, EARLIER_DEVICE, SUCCEEDED, 1)
             )
             wait_for(lambda: all_succeeded(store, action_id, DEVICES + 1), what="every final state in Delta")
+            # its report says ts 1 (a clock at 1970): the row holds when the broker took the report in
+            finished_ms = finished_at_ms(store, action_id, EARLIER_DEVICE)
+            assert sent_ms - 1_000 <= finished_ms <= int(time.time() * 1000)
 
             offsets_api = OffsetsClient(stack.broker.offsets_url)
             report_logs = offsets_api.list_logs(REPORT_TOPICS)

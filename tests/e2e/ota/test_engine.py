@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 
 from pipelines.actions.engine import ActionsEngine
 from pipelines.actions.publisher import MqttPublisher
-from pipelines.actions.states import CANCELED, FAILED, IN_PROGRESS, QUEUED, SUCCEEDED, TIMED_OUT
+from pipelines.actions.states import CANCELED, FAILED, IN_PROGRESS, QUEUED, SUCCEEDED, TIMED_OUT, StatusReport
 from tests.e2e.ota.conftest import action_row, register_devices, write_actions
 from tests.fleet_harness import FleetHarness, FleetSpec, quiet_devices
 
@@ -36,6 +36,10 @@ def summary(store, action_id: str) -> dict:
     rows = table.filter(pc.equal(table["action_id"], action_id)).to_pylist()
     assert len(rows) == 1
     return rows[0]
+
+
+def epoch_ms(value) -> int:
+    return round(value.timestamp() * 1000)
 
 
 def make_engine(store, broker, clock=None) -> ActionsEngine:
@@ -123,8 +127,8 @@ def test_in_progress_timeout_and_operator_cancel(table_store, mosquitto):
         started = harness.take_reports()
         engine.on_reports(started, "reports", 0)
 
-        # past the time-out counted from the reports (the devices' clock stamps them), not from its start
-        clock.now = max(report.ts for report in started) + 6_000
+        # past the time-out counted from when the reports were received, not from the clock's start
+        clock.now = max(report.at for report in started) + 6_000
         engine.tick()
         assert {r["state"] for r in executions(table_store, "a-3").values()} == {TIMED_OUT}
         assert summary(table_store, "a-3")["timed_out_count"] == 2
@@ -138,3 +142,46 @@ def test_in_progress_timeout_and_operator_cancel(table_store, mosquitto):
         canceled = summary(table_store, "a-4")
         assert (canceled["action_state"], canceled["reason"]) == ("CANCELED", "canceled by operator")
         engine.publisher.close()
+
+
+def test_time_outs_count_from_when_reports_were_received_whatever_the_devices_clocks(table_store, mosquitto):
+    """Devices stamp reports with their own clock: one an hour behind, one an hour ahead, one that booted at
+    1970 without a real-time clock. The rows keep the platform's times (when the broker took each report in),
+    so each device is timed out 60 s after its report arrived: not at the first tick, not an hour late."""
+    clock = ManualClock()
+    engine = make_engine(table_store, mosquitto, clock)
+    hour = 3_600_000
+    received = clock.now
+    device_clocks = {"clock-behind": received - hour, "clock-ahead": received + hour, "clock-at-1970": 1}
+    row = action_row("a-5", device_ids=[*device_clocks, "finishes-at-1970"], timeout_s=60)
+    write_actions(table_store, [row], 0)
+    engine.on_action_rows([row], "fanout", 0)
+    started = [
+        StatusReport("a-5", device, IN_PROGRESS, 1, ts, "downloading", 1, received_at=received)
+        for device, ts in {**device_clocks, "finishes-at-1970": 1}.items()
+    ]
+    engine.on_reports(started, "reports", 0)
+    done = StatusReport(
+        "a-5", "finishes-at-1970", SUCCEEDED, 2, 2, "installed", 1, received_at=received + 1_000
+    )
+    engine.on_reports([done], "reports", 1)
+
+    rows = executions(table_store, "a-5")
+    assert {device: epoch_ms(r["started_at"]) for device, r in rows.items()} == dict.fromkeys(rows, received)
+    assert epoch_ms(rows["finishes-at-1970"]["finished_at"]) == received + 1_000
+    assert epoch_ms(rows["finishes-at-1970"]["updated_at"]) == received + 1_000
+
+    clock.now = received + 59_000
+    engine.tick()
+    assert {d: r["state"] for d, r in executions(table_store, "a-5").items()} == {
+        **dict.fromkeys(device_clocks, IN_PROGRESS),
+        "finishes-at-1970": SUCCEEDED,
+    }
+    clock.now = received + 61_000
+    engine.tick()
+    assert {d: r["state"] for d, r in executions(table_store, "a-5").items()} == {
+        **dict.fromkeys(device_clocks, TIMED_OUT),
+        "finishes-at-1970": SUCCEEDED,
+    }
+    assert summary(table_store, "a-5")["timed_out_count"] == 3
+    engine.publisher.close()

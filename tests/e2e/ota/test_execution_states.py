@@ -50,6 +50,17 @@ def test_queued_to_in_progress_to_succeeded_bumps_version_and_times():
     assert (row.state, row.version, row.started_at, row.finished_at) == (SUCCEEDED, 3, 1_000, 2_000)
 
 
+def test_a_rows_times_are_when_reports_were_received_not_the_devices_ts():
+    """A device's clock may be anywhere; the row is timed on the platform's (received_at), and a late joiner's
+    row is queued when its first report arrived."""
+    started = StatusReport("a1", "d1", IN_PROGRESS, 1, 1, "downloading", received_at=5_000)
+    row = applied(None, started)
+    assert (row.queued_at, row.started_at, row.updated_at) == (5_000, 5_000, 5_000)
+    done = StatusReport("a1", "d1", SUCCEEDED, 2, 2, "installed", received_at=9_000)
+    row = applied(row, done)
+    assert (row.started_at, row.finished_at, row.updated_at) == (5_000, 9_000, 9_000)
+
+
 def test_stale_duplicate_and_backward_reports_change_nothing():
     row = apply_reports(queued("a1", "d1", 0), [report(IN_PROGRESS, 1), report(SUCCEEDED, 2)])
     assert row.state == SUCCEEDED

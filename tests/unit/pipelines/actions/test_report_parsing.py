@@ -1,0 +1,59 @@
+"""Status reports read from the ``timestone`` source's records: what is a report, and when it was received."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pyarrow as pa
+
+from pipelines.actions.model import parse_report, parse_reports
+from pipelines.actions.states import IN_PROGRESS, SUCCEEDED, StatusReport
+from sources.slice_reader import SOURCE_ARROW_SCHEMA
+
+
+def record(payload: bytes, appended: datetime) -> dict:
+    return {
+        "broker": "b1",
+        "topic": "actions/reports/7",
+        "offset": 0,
+        "timestamp": appended,
+        "client_id": "dev-1",
+        "qos": 1,
+        "retain": False,
+        "properties": [],
+        "payload": payload,
+    }
+
+
+def report_payload(state: str, seq: int, ts: int) -> bytes:
+    return json.dumps(
+        {"action_id": "a1", "device_id": "dev-1", "state": state, "seq": seq, "ts": ts}
+    ).encode()
+
+
+def test_each_report_is_received_when_the_broker_appended_its_record_not_at_the_devices_ts():
+    appended = datetime(2026, 11, 27, 12, 0, 0, 123_456, tzinfo=UTC)
+    records = pa.Table.from_pylist(
+        [
+            record(report_payload(IN_PROGRESS, 1, 1), appended),  # a device whose clock says 1970
+            record(b"not json", appended),
+            record(json.dumps({"action_id": "a1", "state": SUCCEEDED}).encode(), appended),  # no device, seq
+            record(report_payload("QUEUED", 2, 1), appended),  # a state only the platform sets
+            record(report_payload(SUCCEEDED, 3, 2), appended.replace(second=5)),
+        ],
+        schema=SOURCE_ARROW_SCHEMA,
+    )
+    reports = parse_reports(records)
+    appended_ms = int(appended.timestamp() * 1000)  # the append time, truncated to the millisecond
+    assert [(r.state, r.ts, r.received_at, r.at) for r in reports] == [
+        (IN_PROGRESS, 1, appended_ms, appended_ms),
+        (SUCCEEDED, 2, appended_ms + 5_000, appended_ms + 5_000),
+    ]
+
+
+def test_a_report_of_unknown_receipt_is_timed_by_its_own_ts():
+    """What the engine is handed without a receipt time (a caller of ``on_reports`` of its own)."""
+    report = parse_report(report_payload(IN_PROGRESS, 1, 1_234))
+    assert report == StatusReport("a1", "dev-1", IN_PROGRESS, 1, 1_234)
+    assert report.at == 1_234
