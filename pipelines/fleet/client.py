@@ -146,7 +146,11 @@ class MqttClient(asyncio.Protocol):
                 will=will,
             )
         )
-        connack = await asyncio.wait_for(client._connack, timeout_s)
+        try:
+            connack = await asyncio.wait_for(client._connack, timeout_s)
+        except BaseException:  # a CONNECT the broker took in later would open a session nobody holds
+            client.abort()
+            raise
         if connack.reason_code >= 0x80:
             client.abort()
             raise ConnectionRefused(connack.reason_code)

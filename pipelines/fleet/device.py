@@ -143,6 +143,8 @@ class SimulatedDevice:
         self._reconnect_timer: asyncio.TimerHandle | None = None
         self._failed_connects = 0
         """Connection attempts that failed since the last one that worked: how long the next pause is."""
+        self._connecting = False
+        """An attempt to connect is under way (a reconnect due meanwhile is dropped)."""
         self._stopped = False
 
     @property
@@ -159,7 +161,7 @@ class SimulatedDevice:
     async def start(self) -> None:
         """Connect, subscribe to the action topics from the held offsets, resend final reports."""
         host, port = self.broker
-        self.client = await MqttClient.connect(
+        client = await MqttClient.connect(
             host,
             port,
             self.device_id,
@@ -168,10 +170,11 @@ class SimulatedDevice:
             log_offsets=True,
             source_address=self.source_address,
         )
-        self.client.on_disconnect = self._on_disconnect
+        self.client = client
+        client.on_disconnect = lambda exc: self._on_disconnect(client)
         for topic in self.action_topics:
             start = self.offsets[topic]
-            await self.client.subscribe(topic, 1, [("offset", "earliest" if start is None else str(start))])
+            await client.subscribe(topic, 1, [("offset", "earliest" if start is None else str(start))])
         self.stats["connects"] += 1
         self._failed_connects = 0
         for action_id, progress in self.actions.items():
@@ -205,7 +208,9 @@ class SimulatedDevice:
         self._failed_connects += 1
         self._schedule_reconnect(min(pause, self.behaviour.reconnect_backoff_max_s))
 
-    def _on_disconnect(self, exc: Exception | None) -> None:
+    def _on_disconnect(self, client: MqttClient) -> None:
+        if client is not self.client:
+            return  # an earlier connection, taken over by the one the device holds now: nothing to mend
         if self._telemetry_timer:
             self._telemetry_timer.cancel()
         if not self._stopped and self._reconnect_timer is None:
@@ -219,14 +224,17 @@ class SimulatedDevice:
 
     async def _reconnect(self) -> None:
         self._reconnect_timer = None
-        if self._stopped:
-            return
+        if self._stopped or self._connecting:
+            return  # one attempt at a time: a second CONNECT would take the first's session over
+        self._connecting = True
         try:
             await self.start()
         except (TimeoutError, OSError, ConnectionError):
             self.stats["reconnect_failures"] += 1
             self._next_broker()
             self.retry_later()
+        finally:
+            self._connecting = False
 
     def _next_broker(self) -> None:
         if len(self.brokers) > 1:

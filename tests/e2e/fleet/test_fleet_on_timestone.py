@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.actions.publisher import MqttPublisher
+from pipelines.fleet.client import MqttClient
 from tests.fleet_harness import FleetHarness, FleetSpec, ota_message, quiet_devices
 
 
@@ -125,3 +133,55 @@ def test_devices_back_off_while_no_broker_answers_and_connect_again_when_one_doe
             assert time.monotonic() - started < 10  # within a pause of at most 0.8 s, and the connect itself
     finally:
         broker.stop()
+
+
+def test_a_device_told_to_reconnect_while_connecting_ends_with_one_connection(tmp_path):
+    """A device dropped twice while its broker stalls (overloaded, here paused) sends two CONNECTs the broker
+    takes in one after the other when it resumes: the second takes the session over and closes the first.
+    The device then holds one connection and keeps it; before, the closed one started another connect, which
+    took over the one the device held, whose close started another: a device taking itself over for ever."""
+    broker = BrokerProcess(tmp_path / "broker").start()
+    assert broker.process is not None
+    try:
+        spec = FleetSpec(brokers=[broker.address], count=1, groups=["g"])
+        with FleetHarness(broker.address, spec, quiet_devices(offline_duration_s=(0.05, 0.05))) as harness:
+            harness.wait_until(lambda: harness.fleet.connected() == 1)
+            device = harness.fleet.devices[0]
+            os.kill(broker.process.pid, signal.SIGSTOP)
+            try:
+                harness.call(lambda: device.go_offline(0.05))
+                time.sleep(0.5)  # its reconnect has sent CONNECT and waits for the CONNACK
+                harness.call(lambda: device.go_offline(0.05))
+                time.sleep(0.5)
+            finally:
+                os.kill(broker.process.pid, signal.SIGCONT)
+            harness.wait_until(lambda: harness.fleet.stats["connects"] >= 2)  # the first, then one after
+            connects = harness.fleet.stats["connects"]
+            time.sleep(3.0)
+            assert harness.fleet.stats["connects"] == connects, "the device kept taking itself over"
+            assert harness.fleet.connected() == 1
+    finally:
+        broker.stop()
+
+
+def open_connections(broker: BrokerProcess) -> float:
+    """The broker's ``connections`` gauge of its one listener, from its admin /metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{broker.admin_port}/metrics", timeout=5).read().decode()
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    return sum(sample.value for sample in families["timestone_broker_connections"].samples)
+
+
+def test_a_connect_that_timed_out_leaves_no_connection_behind(tmp_path):
+    """A client that gave up waiting for a stalled broker's CONNACK closes its socket: the broker, resuming,
+    holds no session for it (one that, on a cluster, would take over the connection the device opened on
+    another member meanwhile)."""
+    with BrokerProcess(tmp_path / "broker") as broker:
+        assert broker.process is not None
+        os.kill(broker.process.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(TimeoutError):
+                asyncio.run(MqttClient.connect("127.0.0.1", broker.port, "dev-late", timeout_s=0.5))
+        finally:
+            os.kill(broker.process.pid, signal.SIGCONT)
+        time.sleep(2.0)
+        assert open_connections(broker) == 0
