@@ -59,6 +59,21 @@ class ConnectionRefused(ConnectionError):
         self.reason_code = reason_code
 
 
+def connect_failure(error: BaseException) -> str:
+    """What made a connection attempt fail, as a counter's suffix: ``refused_0x88`` (the CONNACK's reason),
+    ``timed_out``, ``unreachable`` (nothing listening), ``closed`` (the broker closed or reset it first) or
+    the error's type."""
+    if isinstance(error, ConnectionRefused):
+        return f"refused_0x{error.reason_code:02x}"
+    if isinstance(error, TimeoutError):
+        return "timed_out"
+    if isinstance(error, ConnectionRefusedError):
+        return "unreachable"
+    if isinstance(error, ConnectionError):
+        return "closed"
+    return type(error).__name__
+
+
 @dataclass(slots=True)
 class Message:
     """An application message delivered to this client; ``offset`` is the broker log offset when present."""
@@ -79,6 +94,8 @@ class MqttClient(asyncio.Protocol):
         self.on_message = on_message
         self.keep_alive = keep_alive
         self.on_disconnect: Callable[[Exception | None], None] | None = None
+        self.closed_with: int | None = None
+        """The reason code of the broker's DISCONNECT, when the broker closed the connection with one."""
         self._transport: asyncio.Transport | None = None
         self._decoder = PacketDecoder(role="client", protocol_version=MQTT_5)
         self._packet_ids = itertools.cycle(range(1, 65536))
@@ -341,6 +358,7 @@ class MqttClient(asyncio.Protocol):
         elif isinstance(packet, UnsubAck):
             self._resolve("unsuback", packet.packet_id, packet)
         elif isinstance(packet, Disconnect):
+            self.closed_with = packet.reason_code
             self.abort()
         elif isinstance(packet, PingResp):
             pass

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_of, bucket_topic, report_topic
 from pipelines.actions.checks import http_url, sha256_hex, text
-from pipelines.fleet.client import Message, MqttClient
+from pipelines.fleet.client import Message, MqttClient, connect_failure
 from pipelines.fleet.readings import reading_encoder
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "REJECTED", "CANCELED"})
@@ -201,9 +201,11 @@ class SimulatedDevice:
             self.client.abort()
         self._schedule_reconnect(duration_s)
 
-    def retry_later(self) -> None:
-        """Connecting failed: try again after a pause, as a device in the field would, twice as long as the
-        last one while attempts fail in a row (at most ``reconnect_backoff_max_s``)."""
+    def retry_later(self, error: BaseException) -> None:
+        """Connecting failed with ``error`` (counted by kind: ``connect_failed_timed_out``, ...): try again
+        after a pause, as a device in the field would, twice as long as the last one while attempts fail in a
+        row (at most ``reconnect_backoff_max_s``)."""
+        self.stats[f"connect_failed_{connect_failure(error)}"] += 1
         pause = self.rng.uniform(*self.behaviour.offline_duration_s) * 2 ** min(self._failed_connects, 30)
         self._failed_connects += 1
         self._schedule_reconnect(min(pause, self.behaviour.reconnect_backoff_max_s))
@@ -213,7 +215,9 @@ class SimulatedDevice:
             return  # an earlier connection, taken over by the one the device holds now: nothing to mend
         if self._telemetry_timer:
             self._telemetry_timer.cancel()
-        if not self._stopped and self._reconnect_timer is None:
+        if not self._stopped and self._reconnect_timer is None:  # not a drop of its own (go_offline)
+            why = "closed" if client.closed_with is None else f"0x{client.closed_with:02x}"
+            self.stats[f"dropped_{why}"] += 1  # by the broker's DISCONNECT reason, or closed without one
             self._schedule_reconnect(self.rng.uniform(*self.behaviour.offline_duration_s))
 
     def _schedule_reconnect(self, delay_s: float) -> None:
@@ -229,10 +233,10 @@ class SimulatedDevice:
         self._connecting = True
         try:
             await self.start()
-        except (TimeoutError, OSError, ConnectionError):
+        except (TimeoutError, OSError, ConnectionError) as error:
             self.stats["reconnect_failures"] += 1
             self._next_broker()
-            self.retry_later()
+            self.retry_later(error)
         finally:
             self._connecting = False
 

@@ -82,7 +82,7 @@ class Fleet:
                 if isinstance(result, BaseException):  # refused or timed out: retry like a real device
                     self.stats["connect_failures"] += 1
                     self.connect_error = str(result) or type(result).__name__
-                    device.retry_later()
+                    device.retry_later(result)
             if first + batch < len(self.devices):
                 await asyncio.sleep(0.1)
 

@@ -76,7 +76,7 @@ def test_offline_device_gets_an_action_from_its_held_offset_after_a_broker_resta
             received_before = harness.fleet.stats["actions_received"]
             broker.stop()
             broker.start()  # same ports, same commitlog directory
-            harness.call(lambda: devices[0].retry_later())  # the device comes back and resubscribes
+            harness.call(lambda: devices[0].go_offline(0))  # the device comes back now and resubscribes
             harness.wait_until(lambda: "a-2" in devices[0].actions, timeout_s=30)
             harness.wait_until(lambda: harness.fleet.finished("a-2") == 3, timeout_s=30)
             assert devices[0].firmware == "2.0.0"
@@ -124,6 +124,11 @@ def test_devices_back_off_while_no_broker_answers_and_connect_again_when_one_doe
             failed_before = harness.fleet.stats["reconnect_failures"]
             time.sleep(4.0)
             failures = harness.fleet.stats["reconnect_failures"] - failed_before
+            # each drop and failed attempt counted by its cause: the broker said it was shutting down
+            # (DISCONNECT 0x8B), then nothing listened on its port
+            stats = harness.call(lambda: dict(harness.fleet.stats))
+            assert stats["dropped_0x8b"] == 5
+            assert stats["connect_failed_unreachable"] == stats["reconnect_failures"]
             # pauses of 0.05, 0.1, 0.2, 0.4, then 0.8 s: about 9 attempts a device in 4 s (80 without backing
             # off); a loaded machine only makes fewer
             assert 5 <= failures <= 5 * 12, failures
