@@ -21,8 +21,8 @@ default to the bound ports) and starts it; ``Broker.stop`` stops it before anyth
   etcd first, taking the session over from the broker that holds it; wills are published once;
 - fences: while ``view.fenced`` nothing is acknowledged (placement never appends here, the leader stage
   fails what it holds) and MQTT clients are sent elsewhere (``BrokerCore.send_clients_elsewhere``: v5
-  DISCONNECT 0x9C "use another server" with the Server Reference of a live member when one is known,
-  else 0x8B).
+  DISCONNECT 0x9C "use another server" with the Server Reference of a live member, the members in turn,
+  when one is known, else 0x8B).
 
 Only a broker with a ``cluster:`` section imports this module. Given a ``view``, the node runs on it as is
 (no etcd, no replication: forwarding and the peer links alone), which is how the data side is tested.
@@ -152,7 +152,7 @@ class BrokerHandle(Protocol):
 
     def join_cluster(self, ports: ClusterPorts) -> None: ...
 
-    def send_clients_elsewhere(self, server_reference: str | None, reason: str) -> int: ...
+    def send_clients_elsewhere(self, server_references: Sequence[str], reason: str) -> int: ...
 
 
 def _host(host: str) -> str:
@@ -603,12 +603,13 @@ class ClusterNode:
         return self.static or self.membership is None or self.membership.proven_until > 0
 
     def _move_clients(self) -> None:
-        """Fenced: send every MQTT client to a live member."""
-        others = [member for node, member in sorted(self.view.members.items()) if node != self.view.node_id]
-        reference = others[0].mqtt if others else None
-        moved = self.broker.send_clients_elsewhere(reference, "this broker lost its cluster membership")
+        """Fenced: send every MQTT client to a live member, spread over them."""
+        references = [
+            member.mqtt for node, member in sorted(self.view.members.items()) if node != self.view.node_id
+        ]
+        moved = self.broker.send_clients_elsewhere(references, "this broker lost its cluster membership")
         log.warning(
             "fenced (etcd lease not renewed): disconnected %d clients%s",
             moved,
-            f", pointing v5 clients at {reference}" if reference else "",
+            f", pointing v5 clients at {', '.join(references)}" if references else "",
         )

@@ -14,9 +14,10 @@ and hands each part of the engine those it asks.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, cast
 
 from broker_edge.engine.connection.states import CLOSED, CONNECTED
@@ -139,16 +140,17 @@ class BrokerCore:
         if self.replays is not None:
             self.replays.join_cluster(ports)
 
-    def send_clients_elsewhere(self, server_reference: str | None, reason: str) -> int:
+    def send_clients_elsewhere(self, server_references: Sequence[str], reason: str) -> int:
         """Disconnect every client so that it reconnects to another broker (the cluster fenced this one): v5
-        clients get DISCONNECT 0x9C "use another server" with ``server_reference`` when there is one, else
-        0x8B; returns how many connections there were."""
+        clients get DISCONNECT 0x9C "use another server" with one of ``server_references``, in turn, so that
+        no one broker takes them all, or 0x8B when there is none; returns how many connections there were."""
         connections = self.connections
+        references = itertools.cycle(server_references) if server_references else None
         for conn in connections:
             if conn.state != CONNECTED:
                 conn.abort()
-            elif conn.terms.v5 and server_reference is not None:
-                conn.redirect(server_reference, reason)
+            elif conn.terms.v5 and references is not None:
+                conn.redirect(next(references), reason)
             else:
                 conn.close(ReasonCode.SERVER_SHUTTING_DOWN, reason)
         return len(connections)

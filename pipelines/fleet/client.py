@@ -59,6 +59,16 @@ class ConnectionRefused(ConnectionError):
         self.reason_code = reason_code
 
 
+def server_address(reference: str) -> tuple[str, int] | None:
+    """The first ``host:port`` (``[v6 address]:port``) of a Server Reference, as Timestone's cluster members
+    send it with DISCONNECT 0x9C; None when it names no port."""
+    first = reference.split()[0] if reference.strip() else ""
+    host, _, port = first.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host.strip("[]"), int(port)
+
+
 def connect_failure(error: BaseException) -> str:
     """What made a connection attempt fail, as a counter's suffix: ``refused_0x88`` (the CONNACK's reason),
     ``timed_out``, ``unreachable`` (nothing listening), ``closed`` (the broker closed or reset it first) or
@@ -96,6 +106,8 @@ class MqttClient(asyncio.Protocol):
         self.on_disconnect: Callable[[Exception | None], None] | None = None
         self.closed_with: int | None = None
         """The reason code of the broker's DISCONNECT, when the broker closed the connection with one."""
+        self.server_reference: str | None = None
+        """The Server Reference of that DISCONNECT (0x9C "use another server": where to connect instead)."""
         self._transport: asyncio.Transport | None = None
         self._decoder = PacketDecoder(role="client", protocol_version=MQTT_5)
         self._packet_ids = itertools.cycle(range(1, 65536))
@@ -359,6 +371,7 @@ class MqttClient(asyncio.Protocol):
             self._resolve("unsuback", packet.packet_id, packet)
         elif isinstance(packet, Disconnect):
             self.closed_with = packet.reason_code
+            self.server_reference = packet.properties.server_reference if packet.properties else None
             self.abort()
         elif isinstance(packet, PingResp):
             pass

@@ -22,9 +22,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from broker_edge.protocol.reason_codes import ReasonCode
 from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_of, bucket_topic, report_topic
 from pipelines.actions.checks import http_url, sha256_hex, text
-from pipelines.fleet.client import Message, MqttClient, connect_failure
+from pipelines.fleet.client import Message, MqttClient, connect_failure, server_address
 from pipelines.fleet.readings import reading_encoder
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "REJECTED", "CANCELED"})
@@ -218,6 +219,10 @@ class SimulatedDevice:
         if not self._stopped and self._reconnect_timer is None:  # not a drop of its own (go_offline)
             why = "closed" if client.closed_with is None else f"0x{client.closed_with:02x}"
             self.stats[f"dropped_{why}"] += 1  # by the broker's DISCONNECT reason, or closed without one
+            elsewhere = server_address(client.server_reference or "")
+            if client.closed_with == ReasonCode.USE_ANOTHER_SERVER and elsewhere is not None:
+                self.broker = elsewhere  # a cluster member sent it to another (it was fenced, say)
+                self.stats["server_references_followed"] += 1
             self._schedule_reconnect(self.rng.uniform(*self.behaviour.offline_duration_s))
 
     def _schedule_reconnect(self, delay_s: float) -> None:
@@ -241,8 +246,9 @@ class SimulatedDevice:
             self._connecting = False
 
     def _next_broker(self) -> None:
-        if len(self.brokers) > 1:
-            self.broker = self.brokers[(self.brokers.index(self.broker) + 1) % len(self.brokers)]
+        if len(self.brokers) > 1:  # after one a Server Reference named, the first of the list
+            at = self.brokers.index(self.broker) if self.broker in self.brokers else -1
+            self.broker = self.brokers[(at + 1) % len(self.brokers)]
             self.stats["broker_moves"] += 1
 
     # -- telemetry --------------------------------------------------------------------------------------

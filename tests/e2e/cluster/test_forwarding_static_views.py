@@ -25,6 +25,7 @@ from broker_edge.settings.broker import BrokerConfig
 from broker_edge.settings.cluster import ClusterConfig, MemberListenConfig
 from tests.e2e.broker_clients import RawClient, close_all, wait_for
 from tests.e2e.conftest import RunningBroker, broker_document
+from tests.fleet_harness import FleetHarness, FleetSpec, quiet_devices
 
 PARTITIONS = 8
 NODES = ("a", "b", "c")
@@ -225,9 +226,12 @@ def test_unlogged_publishes_reach_subscribers_on_every_member(cluster):
         assert (delivery.topic, delivery.payload) == ("live/temperature", b"21.5")
 
 
-def test_a_fenced_node_moves_its_v5_clients_to_a_live_member_with_0x9c(cluster):
-    client = RawClient(cluster.brokers["a"].port, 5)
-    client.connect("mover")
+def test_a_fenced_node_moves_its_v5_clients_to_the_live_members_with_0x9c(cluster):
+    """Each client is named one live member in its Server Reference, in turn: the members share a fenced
+    member's clients instead of one of them taking them all."""
+    clients = [RawClient(cluster.brokers["a"].port, 5) for _ in range(4)]
+    for index, client in enumerate(clients):
+        client.connect(f"mover-{index}")
 
     running = cluster.brokers["a"]
     view = cluster.nodes["a"].view
@@ -237,14 +241,33 @@ def test_a_fenced_node_moves_its_v5_clients_to_a_live_member_with_0x9c(cluster):
         view.changed()
 
     running.call(fence)
-    packet = client.recv()
-    assert isinstance(packet, Disconnect) and packet.reason_code == 0x9C
-    assert packet.properties is not None
-    assert packet.properties.server_reference in (
-        f"127.0.0.1:{cluster.brokers['b'].port}",
-        f"127.0.0.1:{cluster.brokers['c'].port}",
+    references: list[str] = []
+    for client in clients:
+        packet = client.recv()
+        assert isinstance(packet, Disconnect) and packet.reason_code == 0x9C
+        assert packet.properties is not None and packet.properties.server_reference is not None
+        references.append(packet.properties.server_reference)
+        assert client.closed()
+    assert sorted(references) == sorted(
+        [f"127.0.0.1:{cluster.brokers[node].port}" for node in ("b", "c")] * 2
     )
-    assert client.closed()
+
+
+def test_a_simulated_device_follows_the_server_reference_of_a_fenced_member(cluster):
+    """A device of the fleet simulator sent away with 0x9C reconnects to the member the Server Reference
+    names, not to the fenced one (which, under load, keeps it busy with attempts that fail)."""
+    address = {node: ("127.0.0.1", cluster.brokers[node].port) for node in NODES}
+    spec = FleetSpec(brokers=[address["a"]], count=1, groups=["g"])
+    with FleetHarness(address["b"], spec, quiet_devices(offline_duration_s=(0.05, 0.05))) as harness:
+        harness.wait_until(lambda: harness.fleet.connected() == 1)
+        device = harness.fleet.devices[0]
+        cluster.change(lambda view: setattr(view, "fenced", True), nodes=("a",))
+        harness.wait_until(lambda: harness.fleet.stats["connects"] == 2, timeout_s=10)
+        stats = harness.call(lambda: dict(harness.fleet.stats))
+        assert harness.call(lambda: device.broker) in (address["b"], address["c"])
+        assert harness.fleet.connected() == 1
+        assert (stats["dropped_0x9c"], stats["server_references_followed"]) == (1, 1)
+        assert not any(key.startswith("connect_failed") for key in stats)
 
 
 def test_a_peer_without_the_token_is_refused(cluster):
