@@ -62,8 +62,8 @@ class ConnectionRefused(ConnectionError):
 def server_address(reference: str) -> tuple[str, int] | None:
     """The first ``host:port`` (``[v6 address]:port``) of a Server Reference, as Timestone's cluster members
     send it with DISCONNECT 0x9C; None when it names no port."""
-    first = reference.split()[0] if reference.strip() else ""
-    host, _, port = first.rpartition(":")
+    references = reference.split()
+    host, _, port = references[0].rpartition(":") if references else ("", "", "")
     if not host or not port.isdigit():
         return None
     return host.strip("[]"), int(port)

@@ -219,11 +219,16 @@ class SimulatedDevice:
         if not self._stopped and self._reconnect_timer is None:  # not a drop of its own (go_offline)
             why = "closed" if client.closed_with is None else f"0x{client.closed_with:02x}"
             self.stats[f"dropped_{why}"] += 1  # by the broker's DISCONNECT reason, or closed without one
-            elsewhere = server_address(client.server_reference or "")
-            if client.closed_with == ReasonCode.USE_ANOTHER_SERVER and elsewhere is not None:
-                self.broker = elsewhere  # a cluster member sent it to another (it was fenced, say)
-                self.stats["server_references_followed"] += 1
+            if client.closed_with == ReasonCode.USE_ANOTHER_SERVER:  # a cluster member (fenced, say)
+                self._follow(client.server_reference or "")
             self._schedule_reconnect(self.rng.uniform(*self.behaviour.offline_duration_s))
+
+    def _follow(self, server_reference: str) -> None:
+        """Connect next to the broker a DISCONNECT 0x9C named (nothing changes when it names none)."""
+        elsewhere = server_address(server_reference)
+        if elsewhere is not None:
+            self.broker = elsewhere
+            self.stats["server_references_followed"] += 1
 
     def _schedule_reconnect(self, delay_s: float) -> None:
         if self._reconnect_timer:

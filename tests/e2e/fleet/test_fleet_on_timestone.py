@@ -9,15 +9,14 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.actions.publisher import MqttPublisher
 from pipelines.fleet.client import MqttClient
+from tests.e2e.cluster.proof import metric
 from tests.fleet_harness import FleetHarness, FleetSpec, ota_message, quiet_devices
 
 
@@ -169,13 +168,6 @@ def test_a_device_told_to_reconnect_while_connecting_ends_with_one_connection(tm
         broker.stop()
 
 
-def open_connections(broker: BrokerProcess) -> float:
-    """The broker's ``connections`` gauge of its one listener, from its admin /metrics."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{broker.admin_port}/metrics", timeout=5).read().decode()
-    families = {family.name: family for family in text_string_to_metric_families(text)}
-    return sum(sample.value for sample in families["timestone_broker_connections"].samples)
-
-
 def test_a_connect_that_timed_out_leaves_no_connection_behind(tmp_path):
     """A client that gave up waiting for a stalled broker's CONNACK closes its socket: the broker, resuming,
     holds no session for it (one that, on a cluster, would take over the connection the device opened on
@@ -189,4 +181,4 @@ def test_a_connect_that_timed_out_leaves_no_connection_behind(tmp_path):
         finally:
             os.kill(broker.process.pid, signal.SIGCONT)
         time.sleep(2.0)
-        assert open_connections(broker) == 0
+        assert metric(broker, "timestone_broker_connections", listener="mqtt") == 0

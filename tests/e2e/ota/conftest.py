@@ -154,3 +154,8 @@ def summary(store, action_id: str) -> dict | None:
     table = store.read_arrow("action_summary")
     rows = table.filter(pc.equal(table["action_id"], action_id)).to_pylist()
     return rows[0] if rows else None
+
+
+def epoch_ms(value: datetime) -> int:
+    """A table's timestamp (read back as a datetime) as the epoch milliseconds it was written as."""
+    return round(value.timestamp() * 1000)

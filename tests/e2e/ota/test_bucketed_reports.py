@@ -19,7 +19,7 @@ from pipelines.actions.buckets import REPORT_TOPICS, bucket_of, report_topic
 from pipelines.actions.operator import NewAction, create_action
 from pipelines.actions.publisher import MqttPublisher
 from pipelines.actions.states import SUCCEEDED
-from tests.e2e.ota.conftest import SHA256, actions_stack, summary, wait_for
+from tests.e2e.ota.conftest import SHA256, actions_stack, epoch_ms, summary, wait_for
 from tests.fleet_harness import quiet_devices
 
 DEVICES = 60
@@ -44,7 +44,7 @@ def finished_at_ms(store, action_id: str, device_id: str) -> int:
     table = table.filter(
         pc.and_(pc.equal(table["action_id"], action_id), pc.equal(table["device_id"], device_id))
     )
-    return round(table["finished_at"][0].as_py().timestamp() * 1000)
+    return epoch_ms(table["finished_at"][0].as_py())
 
 
 def own_report_topic(device_id: str) -> str:

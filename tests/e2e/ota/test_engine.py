@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 from pipelines.actions.engine import ActionsEngine
 from pipelines.actions.publisher import MqttPublisher
 from pipelines.actions.states import CANCELED, FAILED, IN_PROGRESS, QUEUED, SUCCEEDED, TIMED_OUT, StatusReport
-from tests.e2e.ota.conftest import action_row, register_devices, write_actions
+from tests.e2e.ota.conftest import action_row, epoch_ms, register_devices, write_actions
 from tests.fleet_harness import FleetHarness, FleetSpec, quiet_devices
 
 
@@ -36,10 +36,6 @@ def summary(store, action_id: str) -> dict:
     rows = table.filter(pc.equal(table["action_id"], action_id)).to_pylist()
     assert len(rows) == 1
     return rows[0]
-
-
-def epoch_ms(value) -> int:
-    return round(value.timestamp() * 1000)
 
 
 def make_engine(store, broker, clock=None) -> ActionsEngine:
