@@ -14,7 +14,7 @@ from tests.e2e.broker_clients import PahoClient, wait_for
 from tests.e2e.conftest import RunningBroker
 from tests.e2e.uplink.cluster_hub_harness import PARTITIONS, hub_cluster, member_store
 from tests.e2e.uplink.uplink_harness import log_frames, pki_in, site_section
-from tests.harness.local_cluster import EtcdTarget, cluster_state
+from tests.harness.local_cluster import EtcdTarget, cluster_state, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,7 +22,12 @@ SITE = "plant-d"
 
 
 def groups_led(target: EtcdTarget) -> list[tuple[str, str]]:
-    """Two members, each with a downlinked topic (``actions/groups/<n>``) it leads and alone holds."""
+    """Two members, each with a downlinked topic (``actions/groups/<n>``) it leads and alone holds (read once
+    no copy is moving: a member that missed a lease renewal on a loaded machine has its partitions moved)."""
+    wait_until(
+        lambda: all(len(p.replicas) == 1 for p in cluster_state(target).partitions.values()),
+        what="one replica per partition",
+    )
     state = cluster_state(target)
     found: dict[str, str] = {}
     for n in range(1000):
