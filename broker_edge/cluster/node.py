@@ -409,7 +409,9 @@ class ClusterNode:
         assert self.etcd is not None
         broker = self.broker
         registry = SessionRegistry(self.etcd, self.cluster.key_prefix)
-        self.sessions = ClusterSessions(broker, registry, self.view, self.links, self.cluster)
+        self.sessions = ClusterSessions(
+            broker, registry, self.view, self.links, self.cluster, was_member=self._was_member
+        )
         self.sessions.forwards_settled = partial(
             self.forwarding.settle,
             timeout_s=min(self.cluster.forward_timeout_ms, self.cluster.session_handover_timeout_ms // 2)
@@ -604,9 +606,7 @@ class ClusterNode:
 
     def _move_clients(self) -> None:
         """Fenced: send every MQTT client to a live member, spread over them."""
-        references = [
-            member.mqtt for node, member in sorted(self.view.members.items()) if node != self.view.node_id
-        ]
+        references = self.view.elsewhere()
         moved = self.broker.send_clients_elsewhere(references, "this broker lost its cluster membership")
         log.warning(
             "fenced (etcd lease not renewed): disconnected %d clients%s",

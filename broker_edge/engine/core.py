@@ -20,8 +20,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, cast
 
-from broker_edge.engine.connection.states import CLOSED, CONNECTED
+from broker_edge.engine.connection.states import AUTHENTICATING, CLOSED, CONNECTED
 from broker_edge.engine.cursors import ReplayManager
+from broker_edge.engine.handlers.connect import refuse_elsewhere
 from broker_edge.engine.ports import ALONE, ClusterPorts
 from broker_edge.engine.publish import PublishPath
 from broker_edge.engine.routing.retained import RetainedBounds
@@ -143,12 +144,17 @@ class BrokerCore:
     def send_clients_elsewhere(self, server_references: Sequence[str], reason: str) -> int:
         """Disconnect every client so that it reconnects to another broker (the cluster fenced this one): v5
         clients get DISCONNECT 0x9C "use another server" with one of ``server_references``, in turn, so that
-        no one broker takes them all, or 0x8B when there is none; returns how many connections there were."""
+        no one broker takes them all, or 0x8B when there is none. A CONNECT still under way is answered
+        (``connect.refuse_elsewhere``: CONNACK 0x9C with a reference) rather than cut; a connection that
+        has sent no CONNECT yet stays open, for the cluster's claim to answer its CONNECT the same way.
+        Returns how many connections there were."""
         connections = self.connections
         references = itertools.cycle(server_references) if server_references else None
         for conn in connections:
-            if conn.state != CONNECTED:
-                conn.abort()
+            if conn.state == AUTHENTICATING:
+                refuse_elsewhere(self, conn, next(references) if references is not None else None)
+            elif conn.state != CONNECTED:
+                continue
             elif conn.terms.v5 and references is not None:
                 conn.redirect(next(references), reason)
             else:

@@ -69,6 +69,7 @@ __all__ = [
     "ALONE",
     "LOCAL_ONLY",
     "AppendedRun",
+    "ClaimDone",
     "ClusterPorts",
     "ForwardAck",
     "Forwarding",
@@ -199,12 +200,17 @@ class SessionClaim:
     """The will's v5 Will Delay Interval (0: none)."""
 
 
+ClaimDone = Callable[[str | None, str | None], None]
+"""How a claim ends: ``(refusal, server_reference)``, ``(None, None)`` when the CONNECT may go on."""
+
+
 class SessionClaims(Protocol):
     """Sessions held beyond this broker: one client id, one session, cluster-wide."""
 
-    def claim(self, claim: SessionClaim, done: Callable[[str | None], None]) -> None:
+    def claim(self, claim: SessionClaim, done: ClaimDone) -> None:
         """Make this broker the holder of ``claim.client_id``'s session (moving it here if it is elsewhere);
-        ``done(refusal)`` later on the loop: None to go on, else the CONNECT refusal's name."""
+        ``done(refusal, server_reference)`` later on the loop: refusal None to go on, else the CONNECT
+        refusal's name; ``use_another_server`` comes with the broker to name to a v5 client."""
 
     def connection_ended(self, session: Session, will: Will | None) -> None:
         """The connection of ``session``'s client ended, ``will`` still to be handled (None: a normal

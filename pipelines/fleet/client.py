@@ -52,16 +52,17 @@ def qos1_publish_frame(topic: str, payload: bytes, packet_id: int) -> bytes:
 
 
 class ConnectionRefused(ConnectionError):
-    """The broker answered CONNECT with a failure reason code."""
+    """The broker answered CONNECT with a failure reason code (0x9C: and the broker to use instead)."""
 
-    def __init__(self, reason_code: int) -> None:
+    def __init__(self, reason_code: int, server_reference: str | None = None) -> None:
         super().__init__(f"CONNECT refused with reason code 0x{reason_code:02x}")
         self.reason_code = reason_code
+        self.server_reference = server_reference
 
 
 def server_address(reference: str) -> tuple[str, int] | None:
     """The first ``host:port`` (``[v6 address]:port``) of a Server Reference, as Timestone's cluster members
-    send it with DISCONNECT 0x9C; None when it names no port."""
+    send it with DISCONNECT or CONNACK 0x9C; None when it names no port."""
     references = reference.split()
     host, _, port = references[0].rpartition(":") if references else ("", "", "")
     if not host or not port.isdigit():
@@ -182,7 +183,8 @@ class MqttClient(asyncio.Protocol):
             raise
         if connack.reason_code >= 0x80:
             client.abort()
-            raise ConnectionRefused(connack.reason_code)
+            properties = connack.properties
+            raise ConnectionRefused(connack.reason_code, properties.server_reference if properties else None)
         if connack.properties and connack.properties.receive_maximum:
             client.receive_maximum = connack.properties.receive_maximum
         client._schedule_ping()

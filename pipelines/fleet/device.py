@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from broker_edge.protocol.reason_codes import ReasonCode
 from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_of, bucket_topic, report_topic
 from pipelines.actions.checks import http_url, sha256_hex, text
-from pipelines.fleet.client import Message, MqttClient, connect_failure, server_address
+from pipelines.fleet.client import ConnectionRefused, Message, MqttClient, connect_failure, server_address
 from pipelines.fleet.readings import reading_encoder
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "REJECTED", "CANCELED"})
@@ -202,11 +202,14 @@ class SimulatedDevice:
             self.client.abort()
         self._schedule_reconnect(duration_s)
 
-    def retry_later(self, error: BaseException) -> None:
+    def retry_later(self, error: BaseException, next_broker: bool = False) -> None:
         """Connecting failed with ``error`` (counted by kind: ``connect_failed_timed_out``, ...): try again
         after a pause, as a device in the field would, twice as long as the last one while attempts fail in a
-        row (at most ``reconnect_backoff_max_s``)."""
+        row (at most ``reconnect_backoff_max_s``), at the broker a refusal named (CONNACK 0x9C), else at the
+        next of its list if ``next_broker``."""
         self.stats[f"connect_failed_{connect_failure(error)}"] += 1
+        if not self._referred(error) and next_broker:
+            self._next_broker()
         pause = self.rng.uniform(*self.behaviour.offline_duration_s) * 2 ** min(self._failed_connects, 30)
         self._failed_connects += 1
         self._schedule_reconnect(min(pause, self.behaviour.reconnect_backoff_max_s))
@@ -223,12 +226,21 @@ class SimulatedDevice:
                 self._follow(client.server_reference or "")
             self._schedule_reconnect(self.rng.uniform(*self.behaviour.offline_duration_s))
 
-    def _follow(self, server_reference: str) -> None:
-        """Connect next to the broker a DISCONNECT 0x9C named (nothing changes when it names none)."""
+    def _referred(self, error: BaseException) -> bool:
+        """Whether a refused CONNECT named the broker to use instead (CONNACK 0x9C), now the next one."""
+        if not isinstance(error, ConnectionRefused) or error.reason_code != ReasonCode.USE_ANOTHER_SERVER:
+            return False
+        return self._follow(error.server_reference or "")
+
+    def _follow(self, server_reference: str) -> bool:
+        """Connect next to the broker a DISCONNECT or CONNACK 0x9C named; False (nothing changes) when it
+        names none."""
         elsewhere = server_address(server_reference)
-        if elsewhere is not None:
-            self.broker = elsewhere
-            self.stats["server_references_followed"] += 1
+        if elsewhere is None:
+            return False
+        self.broker = elsewhere
+        self.stats["server_references_followed"] += 1
+        return True
 
     def _schedule_reconnect(self, delay_s: float) -> None:
         if self._reconnect_timer:
@@ -245,8 +257,7 @@ class SimulatedDevice:
             await self.start()
         except (TimeoutError, OSError, ConnectionError) as error:
             self.stats["reconnect_failures"] += 1
-            self._next_broker()
-            self.retry_later(error)
+            self.retry_later(error, next_broker=True)
         finally:
             self._connecting = False
 

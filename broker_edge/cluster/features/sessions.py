@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from broker_edge.cluster.features.sessions_registry import SessionRegistry
     from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
     from broker_edge.cluster.view import ClusterView
-    from broker_edge.engine.ports import SessionClaim
+    from broker_edge.engine.ports import ClaimDone, SessionClaim
     from broker_edge.engine.publish import PublishPath
     from broker_edge.engine.routing.router import Router
     from broker_edge.engine.sessions.session import Outlet, Session
@@ -134,8 +134,12 @@ class ClusterSessions:
         view: ClusterView,
         links: PeerLinks,
         cluster: ClusterConfig,
+        was_member: Callable[[], bool],
     ) -> None:
         self.broker = broker
+        self.was_member = was_member
+        """Whether this node has been a member (one starting up is fenced until it registers)."""
+        self._turn = 0
         self.registry = registry
         self.view = view
         self.links = links
@@ -169,16 +173,29 @@ class ClusterSessions:
 
     # -- CONNECT ------------------------------------------------------------------------------------------
 
-    def claim(self, claim: SessionClaim, done: Callable[[str | None], None]) -> None:
-        """Claim ``claim.client_id`` for a CONNECT on this node; ``done(refusal)`` on the loop, None when the
-        standalone CONNECT handling may go on (the session, if it was elsewhere, is now in the router)."""
+    def claim(self, claim: SessionClaim, done: ClaimDone) -> None:
+        """Claim ``claim.client_id`` for a CONNECT on this node; ``done(refusal, server_reference)`` on the
+        loop, refusal None when the standalone CONNECT handling may go on (the session, if it was
+        elsewhere, is now in the router); ``use_another_server`` names a live member, in turn."""
         task = self.tasks.spawn(self._claim_or_refuse(claim), f"claiming session {claim.client_id}")
 
         def finished(task: asyncio.Task[str | None]) -> None:
             failed = task.cancelled() or task.exception() is not None  # a failure was logged by ``tasks``
-            done("session_unavailable" if failed else task.result())
+            refusal = "session_unavailable" if failed else task.result()
+            reference = self._next_elsewhere() if refusal == "use_another_server" else None
+            if refusal == "use_another_server" and reference is None:
+                refusal = "session_unavailable"  # the other members left meanwhile
+            done(refusal, reference)
 
         task.add_done_callback(finished)
+
+    def _next_elsewhere(self) -> str | None:
+        """The MQTT address of a live member other than this node, each in turn (None: there is none)."""
+        elsewhere = self.view.elsewhere()
+        if not elsewhere:
+            return None
+        self._turn += 1
+        return elsewhere[self._turn % len(elsewhere)]
 
     async def _claim_or_refuse(self, claim: SessionClaim) -> str | None:
         """``_claim``, or the refusal ``session_unavailable`` when etcd or the holder does not answer.
@@ -193,8 +210,9 @@ class ClusterSessions:
             return "session_unavailable"
 
     async def _claim(self, claim: SessionClaim) -> str | None:
-        if not await self._member():
-            return "session_unavailable"  # not (yet, or no longer) a member: it cannot tell who is alive
+        refusal = await self._not_member()
+        if refusal is not None:
+            return refusal  # not (yet, or no longer) a member: it cannot tell who holds the session
         client_id = claim.client_id
         async with self.registry.lock(client_id):
             record, revision = await self.registry.read(client_id)
@@ -241,16 +259,20 @@ class ClusterSessions:
             self.broker.publish_path.publish(will_message(left_behind, self.broker.now()))
         return None
 
-    async def _member(self) -> bool:
-        """Whether this node is a member, waiting up to ``session_handover_timeout_ms`` for it to become
-        one (a broker starting up registers within moments of opening its listeners)."""
+    async def _not_member(self) -> str | None:
+        """None once this node is a member, waiting up to ``session_handover_timeout_ms`` for it to become
+        one (a broker starting up registers within moments of opening its listeners), else the refusal:
+        ``session_unavailable``, or at once ``use_another_server`` when this node was a member and
+        lost its membership (fenced) while another member is alive, to send the client there."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.handover_timeout_s
         while self.view.fenced:
+            if self.was_member() and self.view.elsewhere():
+                return "use_another_server"
             if loop.time() >= deadline or self.closed:
-                return False
+                return "session_unavailable"
             await asyncio.sleep(0.05)
-        return True
+        return None
 
     def _over_quota(self, local: Session | None, expiry_interval: int) -> bool:
         """Whether a persistent session coming here would pass ``sessions.max_persistent`` (the

@@ -480,27 +480,45 @@ class Connection(Outgoing):
         self.refuse("connect_too_large", code, version=MQTT_5 if code is not None else None)
 
     def refuse(
-        self, reason: str | None, code: int | None, text: str | None = None, version: int | None = None
+        self,
+        reason: str | None,
+        code: int | None,
+        text: str | None = None,
+        version: int | None = None,
+        server_reference: str | None = None,
     ) -> None:
         """Refuse the connection before CONNACK 0: CONNACK with ``code`` (None: close without one), close.
 
         The one place a connection is refused. ``reason`` labels ``connections_refused_total`` (None: it
         was counted already); ``text`` goes to a v5 client as the reason string when the CONNACK still
-        fits its Maximum Packet Size; ``version`` is the protocol level to answer in (default: the
-        CONNECT's).
+        fits its Maximum Packet Size; so does ``server_reference``, the broker to connect to instead (a
+        CONNACK 0x9C's), before the text when both do not fit; ``version`` is the protocol level to answer
+        in (default: the CONNECT's).
         """
         if reason is not None:
             self.terms.host.counters.refused(reason)
         if code is not None:
             version = version if version is not None else self.version
             frame = encode(ConnAck(False, code), version)
-            if text and version == MQTT_5:
-                with_text = encode(ConnAck(False, code, Properties(reason_string=text)), MQTT_5)
-                if len(with_text) <= self.terms.max_packet_out:
-                    frame = with_text
+            if version == MQTT_5:
+                frame = self._fitting_refusal(code, text, server_reference) or frame
             self.write(frame)
         self._seal(CLOSE)
         self.state = CLOSED
+
+    def _fitting_refusal(self, code: int, text: str | None, server_reference: str | None) -> bytes | None:
+        """The v5 refusal CONNACK with as much of the reference, then the text, as fits the client's
+        Maximum Packet Size [MQTT-3.2.2-19]; None when neither is given or fits."""
+        tries = [(server_reference, text), (server_reference, None), (None, text)]
+        for reference, reason_string in tries:
+            if reference is None and reason_string is None:
+                continue
+            properties = Properties(reason_string=reason_string)
+            properties.server_reference = reference
+            frame = encode(ConnAck(False, code, properties), MQTT_5)
+            if len(frame) <= self.terms.max_packet_out:
+                return frame
+        return None
 
     def redirect(self, server_reference: str, reason_string: str) -> None:
         """Send an MQTT 5 client to another broker: DISCONNECT 0x9C "use another server" with the Server

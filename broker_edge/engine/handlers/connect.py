@@ -165,6 +165,11 @@ _REFUSALS: dict[str, tuple[int, int, str]] = {
         _V3.SERVER_UNAVAILABLE,
         "this client identifier's session could not be moved here; retry",
     ),
+    "use_another_server": (
+        _RC.USE_ANOTHER_SERVER,
+        _V3.SERVER_UNAVAILABLE,
+        "this broker is not a cluster member now; connect to the server referenced",
+    ),
     "session_quota": (
         _RC.QUOTA_EXCEEDED,
         _V3.SERVER_UNAVAILABLE,
@@ -211,20 +216,34 @@ def _refuse(
     client_id: str | None = None,
     username: str | None = None,
     topic: str | None = None,
+    server_reference: str | None = None,
 ) -> None:
     """CONNACK with the refusal's code (v5: and its reason string, if the client accepts that size), close.
 
     ``client_id`` names the connection in the log lines from here on, until it has a session; the line
     (WARNING, rate-limited per reason) names the ``username`` tried, and the will's ``topic`` it was
-    refused for."""
+    refused for. ``server_reference``: the broker a v5 client is sent to (``use_another_server``)."""
     if client_id is not None and conn.session is None:
         conn.named = client_id
     v5_code, v3_code, text = _REFUSALS[reason]
     fields = {"action": "connect", "username": username if username is not None else ""}
     if topic is not None:
         fields["topic"] = topic
+    if server_reference is not None:
+        fields["server_reference"] = server_reference
     ctx.counters.refusal_log.write(conn.log(), ctx.now(), reason, f"connection refused: {reason}", **fields)
-    conn.refuse(reason, v5_code if conn.terms.v5 else v3_code, text)
+    conn.refuse(reason, v5_code if conn.terms.v5 else v3_code, text, server_reference=server_reference)
+
+
+def refuse_elsewhere(ctx: BrokerContext, conn: Client, server_reference: str | None) -> None:
+    """Refuse a CONNECT still under way because this broker left the cluster: a v5 client gets CONNACK 0x9C
+    "use another server" naming ``server_reference`` (0x88 when there is none), a 3.1.1 client return
+    code 3 "server unavailable"; either retries elsewhere at once instead of waiting for an answer that
+    does not come."""
+    if server_reference is None:
+        _refuse(ctx, conn, "session_unavailable")
+    else:
+        _refuse(ctx, conn, "use_another_server", server_reference=server_reference)
 
 
 def _will_delay(will: Will | None) -> int:
@@ -252,12 +271,12 @@ def _claim_then_accept(
     will = packet.will
     claim = SessionClaim(client_id, username, packet.clean_start, expiry, will, _will_delay(will))
 
-    def claimed(refusal: str | None) -> None:
+    def claimed(refusal: str | None, server_reference: str | None) -> None:
         if conn.state == CLOSED:
             return
         conn.state = NEW
         if refusal is not None:
-            _refuse(ctx, conn, refusal, username=username)
+            _refuse(ctx, conn, refusal, username=username, server_reference=server_reference)
             return
         _accept(ctx, conn, packet, client_id, assigned, username, claimed=True)
         if conn.state != CLOSED:

@@ -126,7 +126,12 @@ class Client(Outlet, Publisher, HeldReader, Protocol):
         """A packet broke the protocol: tell a v5 client why, then close."""
 
     def refuse(
-        self, reason: str | None, code: int | None, text: str | None = None, version: int | None = None
+        self,
+        reason: str | None,
+        code: int | None,
+        text: str | None = None,
+        version: int | None = None,
+        server_reference: str | None = None,
     ) -> None:
         """Refuse the connection before CONNACK 0 (the one place a connection is refused)."""
 

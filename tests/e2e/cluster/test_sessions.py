@@ -247,3 +247,32 @@ def test_a_takeover_on_the_same_broker_of_a_cluster_follows_the_same_rules(three
     PahoClient(c.port, f"pub-{client_id}", version=version).publish(f"twice/{version}", b"kept", 1)
     assert payloads(again, 1) == [b"kept"]
     watcher.expect_none(1.0)  # once
+
+
+def test_a_connect_waiting_on_a_member_that_lost_its_lease_is_sent_to_a_live_member_with_connack_0x9c(
+    three_brokers,
+):
+    """A member hung past its lease's TTL (SIGSTOP) fences itself when it runs again. A v5 CONNECT that
+    reached it meanwhile is answered at once with CONNACK 0x9C "use another server" naming a live member
+    (MQTT 5 4.11), not held until the member has registered again; the client connects there."""
+    import os
+    import signal
+    import time
+
+    paused = three_brokers["a"]
+    assert paused.process is not None
+    others = {f"127.0.0.1:{three_brokers[node].port}": three_brokers[node] for node in ("b", "c")}
+    os.kill(paused.process.pid, signal.SIGSTOP)
+    try:
+        waiting = RawClient(paused.port, version=5)  # the kernel takes the connection in meanwhile
+        waiting.send_packet(Connect(protocol_version=5, client_id="waiting", clean_start=True))
+        time.sleep(4.0)  # the lease's TTL is 3 s
+    finally:
+        os.kill(paused.process.pid, signal.SIGCONT)
+
+    connack = waiting.recv(timeout=10)
+    assert connack.reason_code == ReasonCode.USE_ANOTHER_SERVER
+    assert connack.properties is not None and connack.properties.server_reference in others
+    assert waiting.closed()
+    elsewhere = RawClient(others[connack.properties.server_reference].port, version=5)
+    assert elsewhere.connect("waiting").reason_code == 0

@@ -6,13 +6,19 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from broker_edge.offsets_api.client import OffsetsClient
+from broker_edge.protocol.codec import encode
+from broker_edge.protocol.packets import MQTT_5, ConnAck
+from broker_edge.protocol.properties import Properties
+from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.actions.publisher import MqttPublisher
 from pipelines.fleet.client import MqttClient
@@ -182,3 +188,51 @@ def test_a_connect_that_timed_out_leaves_no_connection_behind(tmp_path):
             os.kill(broker.process.pid, signal.SIGCONT)
         time.sleep(2.0)
         assert metric(broker, "timestone_broker_connections", listener="mqtt") == 0
+
+
+class Referrer:
+    """A server that answers every CONNECT with CONNACK 0x9C "use another server" naming ``reference``, as
+    a cluster member that lost its membership does, then closes."""
+
+    def __init__(self, reference: str) -> None:
+        properties = Properties(reason_string="this broker is not a cluster member now")
+        properties.server_reference = reference
+        self.answer = encode(ConnAck(False, ReasonCode.USE_ANOTHER_SERVER, properties), MQTT_5)
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                self.connections += 1
+                conn.settimeout(5)
+                conn.recv(65536)  # the CONNECT
+                conn.sendall(self.answer)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_device_refused_with_connack_0x9c_connects_to_the_server_it_names(tmp_path):
+    """A device whose only configured broker refuses its CONNECT with 0x9C and a Server Reference (MQTT 5
+    4.11) connects next to the broker named, not to the one that refused it again and again."""
+    with BrokerProcess(tmp_path / "broker") as broker:
+        referrer = Referrer(f"127.0.0.1:{broker.port}")
+        try:
+            spec = FleetSpec(brokers=[("127.0.0.1", referrer.port)], count=1, groups=["g"])
+            devices = quiet_devices(offline_duration_s=(0.05, 0.05))
+            with FleetHarness(broker.address, spec, devices) as harness:
+                harness.wait_until(lambda: harness.fleet.stats["connects"] == 1, timeout_s=10)
+                device = harness.fleet.devices[0]
+                stats = harness.call(lambda: dict(harness.fleet.stats))
+                assert harness.call(lambda: device.broker) == broker.address
+                assert (stats["connect_failed_refused_0x9c"], stats["server_references_followed"]) == (1, 1)
+                assert harness.fleet.connected() == 1 and referrer.connections == 1
+        finally:
+            referrer.close()

@@ -4,11 +4,9 @@ the claim is completed by the test, as the cluster's etcd and peer link would co
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
-from broker_edge.engine.ports import ClusterPorts, SessionClaim
+from broker_edge.engine.ports import ClaimDone, ClusterPorts, SessionClaim
 from broker_edge.engine.sessions.session import Session
 from broker_edge.protocol.packets import (
     MQTT_3_1_1,
@@ -32,15 +30,15 @@ class ClaimsInProgress:
 
     def __init__(self) -> None:
         self.asked: list[SessionClaim] = []
-        self._done: list[Callable[[str | None], None]] = []
+        self._done: list[ClaimDone] = []
         self.ended: list[tuple[str, Will | None]] = []
 
-    def claim(self, claim: SessionClaim, done: Callable[[str | None], None]) -> None:
+    def claim(self, claim: SessionClaim, done: ClaimDone) -> None:
         self.asked.append(claim)
         self._done.append(done)
 
-    def answer(self, refusal: str | None = None) -> None:
-        self._done.pop(0)(refusal)
+    def answer(self, refusal: str | None = None, server_reference: str | None = None) -> None:
+        self._done.pop(0)(refusal, server_reference)
 
     def connection_ended(self, session: Session, will: Will | None) -> None:
         self.ended.append((session.client_id, will))
@@ -84,6 +82,8 @@ def test_connect_waits_for_its_claim_and_the_packets_behind_it_wait_in_order():
         ("session_owner", MQTT_3_1_1, 5),
         ("session_unavailable", MQTT_5, ReasonCode.SERVER_UNAVAILABLE),
         ("session_unavailable", MQTT_3_1_1, 3),
+        ("use_another_server", MQTT_5, ReasonCode.USE_ANOTHER_SERVER),
+        ("use_another_server", MQTT_3_1_1, 3),
     ],
 )
 def test_a_refused_claim_is_refused_with_its_code_and_closed(refusal, version, code):
@@ -96,6 +96,58 @@ def test_a_refused_claim_is_refused_with_its_code_and_closed(refusal, version, c
     [connack] = client.read()
     assert isinstance(connack, ConnAck) and connack.reason_code == code and not connack.session_present
     assert client.closed and "dev" not in core.router.sessions
+
+
+def test_a_claim_sending_the_client_elsewhere_names_the_server_in_the_connack():
+    """CONNACK 0x9C "use another server" with the member to connect to (MQTT 5 3.2.2.3.16, 4.11)."""
+    core, claims = cluster_core()
+    client = core.client(MQTT_5)
+    client.send(Connect(protocol_version=MQTT_5, client_id="dev", clean_start=True))
+
+    claims.answer("use_another_server", "127.0.0.1:18830")
+
+    [connack] = client.read()
+    assert isinstance(connack, ConnAck) and connack.reason_code == ReasonCode.USE_ANOTHER_SERVER
+    assert connack.properties is not None and connack.properties.server_reference == "127.0.0.1:18830"
+    assert connack.properties.reason_string and client.closed
+
+
+def test_the_server_reference_is_kept_and_the_reason_string_left_out_when_both_do_not_fit_mqtt_3_2_2_19():
+    """[MQTT-3.2.2-19]: no Reason String that would pass the client's Maximum Packet Size; the reference,
+    which tells the client where to go, is the property kept."""
+    core, claims = cluster_core()
+    client = core.client(MQTT_5)
+    small = Properties(maximum_packet_size=40)
+    client.send(Connect(protocol_version=MQTT_5, client_id="dev", clean_start=True, properties=small))
+
+    claims.answer("use_another_server", "127.0.0.1:18830")
+
+    [connack] = client.read()
+    assert isinstance(connack, ConnAck) and connack.reason_code == ReasonCode.USE_ANOTHER_SERVER
+    assert connack.properties is not None and connack.properties.server_reference == "127.0.0.1:18830"
+    assert connack.properties.reason_string is None and len(client.received) <= 40
+
+
+def test_a_fenced_broker_answers_a_connect_under_way_and_leaves_one_not_yet_sent_open():
+    """Sending its clients elsewhere, a broker answers a CONNECT still being claimed (CONNACK 0x9C with a
+    reference, 3.1.1: return code 3) instead of cutting it without a CONNACK; a connection that has sent
+    no CONNECT yet stays open (the claim of its CONNECT answers it the same way)."""
+    core, claims = cluster_core()
+    v5, v3, silent = core.client(MQTT_5), core.client(MQTT_3_1_1), core.client(MQTT_5)
+    v5.send(Connect(protocol_version=MQTT_5, client_id="dev-5", clean_start=True))
+    v3.send(Connect(protocol_version=MQTT_3_1_1, client_id="dev-3", clean_start=True))
+
+    assert core.send_clients_elsewhere(["127.0.0.1:18831", "127.0.0.1:18832"], "fenced") == 3
+
+    [connack_5] = v5.read()
+    assert connack_5.reason_code == ReasonCode.USE_ANOTHER_SERVER
+    assert connack_5.properties.server_reference == "127.0.0.1:18831"
+    [connack_3] = v3.read()
+    assert isinstance(connack_3, ConnAck) and connack_3.reason_code == 3
+    assert v5.closed and v3.closed and not silent.closed
+    claims.answer(None)  # the claims end later: nothing more is written to the closed connections
+    claims.answer(None)
+    assert v5.read() == [] and v3.read() == [] and not core.router.sessions
 
 
 def test_a_connection_that_closes_during_its_claim_is_not_connected_by_the_answer():
