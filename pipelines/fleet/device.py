@@ -146,6 +146,8 @@ class SimulatedDevice:
         """Connection attempts that failed since the last one that worked: how long the next pause is."""
         self._connecting = False
         """An attempt to connect is under way (a reconnect due meanwhile is dropped)."""
+        self._dropped_while_connecting = False
+        """Told to go offline during that attempt: its connection is dropped once made."""
         self._stopped = False
 
     @property
@@ -171,6 +173,16 @@ class SimulatedDevice:
             log_offsets=True,
             source_address=self.source_address,
         )
+        if self._stopped:  # told to stop while connecting: a stopped device holds no connection
+            await client.disconnect()
+            return
+        if self._dropped_while_connecting:  # told to go offline meanwhile: its pause has begun
+            self._dropped_while_connecting = False
+            self.stats["offline"] += 1
+            client.abort()
+            if self._reconnect_timer is None:  # the pause ended while the connect was under way
+                self._schedule_reconnect(0.0)
+            return
         self.client = client
         client.on_disconnect = lambda exc: self._on_disconnect(client)
         for topic in self.action_topics:
@@ -196,10 +208,13 @@ class SimulatedDevice:
             await self.client.disconnect()
 
     def go_offline(self, duration_s: float) -> None:
-        """Drop the connection abruptly and come back after ``duration_s``."""
+        """Drop the connection abruptly and come back after ``duration_s`` (a connection under way is
+        dropped as soon as it is made)."""
         if self.client and self.client.connected:
             self.stats["offline"] += 1
             self.client.abort()
+        elif self._connecting:
+            self._dropped_while_connecting = True
         self._schedule_reconnect(duration_s)
 
     def retry_later(self, error: BaseException, next_broker: bool = False) -> None:

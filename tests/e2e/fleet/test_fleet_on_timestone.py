@@ -236,3 +236,40 @@ def test_a_device_refused_with_connack_0x9c_connects_to_the_server_it_names(tmp_
                 assert harness.fleet.connected() == 1 and referrer.connections == 1
         finally:
             referrer.close()
+
+
+@pytest.mark.parametrize("told", ["stop", "go_offline"])
+def test_a_device_told_to_stop_or_go_offline_while_connecting_holds_no_connection(tmp_path, told):
+    """A device's reconnect waits on a stalled broker (paused) when it is told to stop, or to go offline
+    for a while: once the broker answers, the stopped device holds no connection, and the offline one
+    drops the connection just made and comes back after its pause, once."""
+    broker = BrokerProcess(tmp_path / "broker").start()
+    assert broker.process is not None
+    try:
+        spec = FleetSpec(brokers=[broker.address], count=1, groups=["g"])
+        with FleetHarness(broker.address, spec, quiet_devices(offline_duration_s=(0.05, 0.05))) as harness:
+            harness.wait_until(lambda: harness.fleet.connected() == 1)
+            device = harness.fleet.devices[0]
+            os.kill(broker.process.pid, signal.SIGSTOP)
+            try:
+                harness.call(lambda: device.go_offline(0.05))
+                time.sleep(0.5)  # its reconnect has sent CONNECT and waits for the CONNACK
+                if told == "stop":
+                    harness.run(device.stop())
+                else:
+                    harness.call(lambda: device.go_offline(1.0))
+            finally:
+                os.kill(broker.process.pid, signal.SIGCONT)
+            if told == "stop":
+                time.sleep(2.0)
+                assert harness.fleet.connected() == 0 and harness.fleet.stats["connects"] == 1
+                listener_only = 1  # the harness's report listener
+                assert metric(broker, "timestone_broker_connections", listener="mqtt") == listener_only
+            else:
+                harness.wait_until(lambda: harness.fleet.stats["connects"] == 2, timeout_s=15)
+                time.sleep(1.0)
+                stats = harness.call(lambda: dict(harness.fleet.stats))
+                assert (stats["connects"], stats["offline"]) == (2, 2)
+                assert harness.fleet.connected() == 1
+    finally:
+        broker.stop()
