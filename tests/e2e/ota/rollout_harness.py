@@ -28,7 +28,7 @@ from pipelines.actions.publisher import MqttPublisher
 from pipelines.actions.states import TERMINAL_STATES, StatusReport
 from pipelines.fleet.device import DeviceBehaviour
 from sinks import TableStore, open_table_store
-from tests.e2e.ota.conftest import register_devices, write_actions
+from tests.e2e.ota.conftest import epoch_ms, register_devices, write_actions
 from tests.fleet_harness import FleetHarness, FleetSpec
 
 BROKER_LIMITS = {"messages_per_second_per_client": 0, "max_topics_per_client": 0}
@@ -111,7 +111,7 @@ class RolloutRun:
         return {
             device_id: None
             if row["published_at"] is None
-            else round(_ms(row["published_at"]) / 1000 - self.clock.start / 1000, 3)
+            else round(epoch_ms(row["published_at"]) / 1000 - self.clock.start / 1000, 3)
             for device_id, row in self.executions(action_id).items()
         }
 
@@ -147,10 +147,6 @@ class RolloutRun:
         ]
         table = pa.Table.from_pylist(rows, schema=self.store.spec("devices").arrow_schema)
         self.store.merge("devices", table, "tests/devices", next(self._batches))
-
-
-def _ms(value: datetime) -> int:
-    return int(value.timestamp() * 1000)
 
 
 @contextmanager
