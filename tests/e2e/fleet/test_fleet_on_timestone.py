@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -22,8 +25,30 @@ from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.actions.publisher import MqttPublisher
 from pipelines.fleet.client import MqttClient
+from pipelines.fleet.device import SimulatedDevice
 from tests.e2e.cluster.proof import metric
 from tests.fleet_harness import FleetHarness, FleetSpec, ota_message, quiet_devices
+
+
+@contextlib.contextmanager
+def one_device(tmp_path: Path) -> Iterator[tuple[BrokerProcess, FleetHarness, SimulatedDevice]]:
+    """A broker process and a simulated fleet of one device connected to it (quick to reconnect)."""
+    with BrokerProcess(tmp_path / "broker") as broker:
+        spec = FleetSpec(brokers=[broker.address], count=1, groups=["g"])
+        with FleetHarness(broker.address, spec, quiet_devices(offline_duration_s=(0.05, 0.05))) as harness:
+            harness.wait_until(lambda: harness.fleet.connected() == 1)
+            yield broker, harness, harness.fleet.devices[0]
+
+
+@contextlib.contextmanager
+def paused(broker: BrokerProcess) -> Iterator[None]:
+    """The broker process stalled (SIGSTOP) for the block: the kernel still takes connections and bytes in."""
+    assert broker.process is not None
+    os.kill(broker.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(broker.process.pid, signal.SIGCONT)
 
 
 def test_devices_simulate_command_publishes_telemetry(tmp_path):
@@ -150,28 +175,17 @@ def test_a_device_told_to_reconnect_while_connecting_ends_with_one_connection(tm
     takes in one after the other when it resumes: the second takes the session over and closes the first.
     The device then holds one connection and keeps it; before, the closed one started another connect, which
     took over the one the device held, whose close started another: a device taking itself over for ever."""
-    broker = BrokerProcess(tmp_path / "broker").start()
-    assert broker.process is not None
-    try:
-        spec = FleetSpec(brokers=[broker.address], count=1, groups=["g"])
-        with FleetHarness(broker.address, spec, quiet_devices(offline_duration_s=(0.05, 0.05))) as harness:
-            harness.wait_until(lambda: harness.fleet.connected() == 1)
-            device = harness.fleet.devices[0]
-            os.kill(broker.process.pid, signal.SIGSTOP)
-            try:
-                harness.call(lambda: device.go_offline(0.05))
-                time.sleep(0.5)  # its reconnect has sent CONNECT and waits for the CONNACK
-                harness.call(lambda: device.go_offline(0.05))
-                time.sleep(0.5)
-            finally:
-                os.kill(broker.process.pid, signal.SIGCONT)
-            harness.wait_until(lambda: harness.fleet.stats["connects"] >= 2)  # the first, then one after
-            connects = harness.fleet.stats["connects"]
-            time.sleep(3.0)
-            assert harness.fleet.stats["connects"] == connects, "the device kept taking itself over"
-            assert harness.fleet.connected() == 1
-    finally:
-        broker.stop()
+    with one_device(tmp_path) as (broker, harness, device):
+        with paused(broker):
+            harness.call(lambda: device.go_offline(0.05))
+            time.sleep(0.5)  # its reconnect has sent CONNECT and waits for the CONNACK
+            harness.call(lambda: device.go_offline(0.05))
+            time.sleep(0.5)
+        harness.wait_until(lambda: harness.fleet.stats["connects"] >= 2)  # the first, then one after
+        connects = harness.fleet.stats["connects"]
+        time.sleep(3.0)
+        assert harness.fleet.stats["connects"] == connects, "the device kept taking itself over"
+        assert harness.fleet.connected() == 1
 
 
 def test_a_connect_that_timed_out_leaves_no_connection_behind(tmp_path):
@@ -179,13 +193,8 @@ def test_a_connect_that_timed_out_leaves_no_connection_behind(tmp_path):
     holds no session for it (one that, on a cluster, would take over the connection the device opened on
     another member meanwhile)."""
     with BrokerProcess(tmp_path / "broker") as broker:
-        assert broker.process is not None
-        os.kill(broker.process.pid, signal.SIGSTOP)
-        try:
-            with pytest.raises(TimeoutError):
-                asyncio.run(MqttClient.connect("127.0.0.1", broker.port, "dev-late", timeout_s=0.5))
-        finally:
-            os.kill(broker.process.pid, signal.SIGCONT)
+        with paused(broker), pytest.raises(TimeoutError):
+            asyncio.run(MqttClient.connect("127.0.0.1", broker.port, "dev-late", timeout_s=0.5))
         time.sleep(2.0)
         assert metric(broker, "timestone_broker_connections", listener="mqtt") == 0
 
@@ -243,33 +252,22 @@ def test_a_device_told_to_stop_or_go_offline_while_connecting_holds_no_connectio
     """A device's reconnect waits on a stalled broker (paused) when it is told to stop, or to go offline
     for a while: once the broker answers, the stopped device holds no connection, and the offline one
     drops the connection just made and comes back after its pause, once."""
-    broker = BrokerProcess(tmp_path / "broker").start()
-    assert broker.process is not None
-    try:
-        spec = FleetSpec(brokers=[broker.address], count=1, groups=["g"])
-        with FleetHarness(broker.address, spec, quiet_devices(offline_duration_s=(0.05, 0.05))) as harness:
-            harness.wait_until(lambda: harness.fleet.connected() == 1)
-            device = harness.fleet.devices[0]
-            os.kill(broker.process.pid, signal.SIGSTOP)
-            try:
-                harness.call(lambda: device.go_offline(0.05))
-                time.sleep(0.5)  # its reconnect has sent CONNECT and waits for the CONNACK
-                if told == "stop":
-                    harness.run(device.stop())
-                else:
-                    harness.call(lambda: device.go_offline(1.0))
-            finally:
-                os.kill(broker.process.pid, signal.SIGCONT)
+    with one_device(tmp_path) as (broker, harness, device):
+        with paused(broker):
+            harness.call(lambda: device.go_offline(0.05))
+            time.sleep(0.5)  # its reconnect has sent CONNECT and waits for the CONNACK
             if told == "stop":
-                time.sleep(2.0)
-                assert harness.fleet.connected() == 0 and harness.fleet.stats["connects"] == 1
-                listener_only = 1  # the harness's report listener
-                assert metric(broker, "timestone_broker_connections", listener="mqtt") == listener_only
+                harness.run(device.stop())
             else:
-                harness.wait_until(lambda: harness.fleet.stats["connects"] == 2, timeout_s=15)
-                time.sleep(1.0)
-                stats = harness.call(lambda: dict(harness.fleet.stats))
-                assert (stats["connects"], stats["offline"]) == (2, 2)
-                assert harness.fleet.connected() == 1
-    finally:
-        broker.stop()
+                harness.call(lambda: device.go_offline(1.0))
+        if told == "stop":
+            time.sleep(2.0)
+            assert harness.fleet.connected() == 0 and harness.fleet.stats["connects"] == 1
+            listener_only = 1  # the harness's report listener
+            assert metric(broker, "timestone_broker_connections", listener="mqtt") == listener_only
+        else:
+            harness.wait_until(lambda: harness.fleet.stats["connects"] == 2, timeout_s=15)
+            time.sleep(1.0)
+            stats = harness.call(lambda: dict(harness.fleet.stats))
+            assert (stats["connects"], stats["offline"]) == (2, 2)
+            assert harness.fleet.connected() == 1
