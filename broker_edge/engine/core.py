@@ -152,7 +152,7 @@ class BrokerCore:
         references = itertools.cycle(server_references) if server_references else None
         for conn in connections:
             if conn.state == AUTHENTICATING:
-                refuse_elsewhere(self, conn, next(references) if references is not None else None)
+                refuse_elsewhere(self, conn, references)
             elif conn.state != CONNECTED:
                 continue
             elif conn.terms.v5 and references is not None:

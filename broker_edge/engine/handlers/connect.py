@@ -39,12 +39,14 @@ from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from broker_edge.engine.handlers.context import BrokerContext, Client
     from broker_edge.engine.ports import SessionClaims
     from broker_edge.engine.sessions.session import Session
     from broker_edge.security.acl import AccessControl
 
-__all__ = ["handle_connect"]
+__all__ = ["handle_connect", "refuse_elsewhere"]
 
 _log = logging.getLogger("broker_edge.connection")
 
@@ -229,21 +231,22 @@ def _refuse(
     fields = {"action": "connect", "username": username if username is not None else ""}
     if topic is not None:
         fields["topic"] = topic
-    if server_reference is not None:
+    if server_reference is not None and conn.terms.v5:
         fields["server_reference"] = server_reference
     ctx.counters.refusal_log.write(conn.log(), ctx.now(), reason, f"connection refused: {reason}", **fields)
     conn.refuse(reason, v5_code if conn.terms.v5 else v3_code, text, server_reference=server_reference)
 
 
-def refuse_elsewhere(ctx: BrokerContext, conn: Client, server_reference: str | None) -> None:
+def refuse_elsewhere(ctx: BrokerContext, conn: Client, server_references: Iterator[str] | None) -> None:
     """Refuse a CONNECT still under way because this broker left the cluster: a v5 client gets CONNACK 0x9C
-    "use another server" naming ``server_reference`` (0x88 when there is none), a 3.1.1 client return
-    code 3 "server unavailable"; either retries elsewhere at once instead of waiting for an answer that
-    does not come."""
-    if server_reference is None:
+    "use another server" naming the next of ``server_references`` (0x88 when there are none), a 3.1.1
+    client return code 3 "server unavailable"; either retries elsewhere at once instead of waiting for an
+    answer that does not come."""
+    if server_references is None:
         _refuse(ctx, conn, "session_unavailable")
     else:
-        _refuse(ctx, conn, "use_another_server", server_reference=server_reference)
+        reference = next(server_references) if conn.terms.v5 else None
+        _refuse(ctx, conn, "use_another_server", server_reference=reference)
 
 
 def _will_delay(will: Will | None) -> int:

@@ -130,24 +130,28 @@ def test_the_server_reference_is_kept_and_the_reason_string_left_out_when_both_d
 
 def test_a_fenced_broker_answers_a_connect_under_way_and_leaves_one_not_yet_sent_open():
     """Sending its clients elsewhere, a broker answers a CONNECT still being claimed (CONNACK 0x9C with a
-    reference, 3.1.1: return code 3) instead of cutting it without a CONNACK; a connection that has sent
-    no CONNECT yet stays open (the claim of its CONNECT answers it the same way)."""
+    reference, the v5 clients each the next one; 3.1.1: return code 3) instead of cutting it without a
+    CONNACK; a connection that has sent no CONNECT yet stays open (the claim of its CONNECT answers it the
+    same way)."""
     core, claims = cluster_core()
-    v5, v3, silent = core.client(MQTT_5), core.client(MQTT_3_1_1), core.client(MQTT_5)
-    v5.send(Connect(protocol_version=MQTT_5, client_id="dev-5", clean_start=True))
-    v3.send(Connect(protocol_version=MQTT_3_1_1, client_id="dev-3", clean_start=True))
+    first, v3, second, silent = (core.client(v) for v in (MQTT_5, MQTT_3_1_1, MQTT_5, MQTT_5))
+    for index, client in enumerate((first, v3, second)):
+        client.send(Connect(protocol_version=client.version, client_id=f"dev-{index}", clean_start=True))
 
-    assert core.send_clients_elsewhere(["127.0.0.1:18831", "127.0.0.1:18832"], "fenced") == 3
+    assert core.send_clients_elsewhere(["127.0.0.1:18831", "127.0.0.1:18832"], "fenced") == 4
 
-    [connack_5] = v5.read()
-    assert connack_5.reason_code == ReasonCode.USE_ANOTHER_SERVER
-    assert connack_5.properties.server_reference == "127.0.0.1:18831"
+    references = []
+    for client in (first, second):
+        [connack] = client.read()
+        assert connack.reason_code == ReasonCode.USE_ANOTHER_SERVER
+        references.append(connack.properties.server_reference)
+    assert references == ["127.0.0.1:18831", "127.0.0.1:18832"]  # the 3.1.1 client took none
     [connack_3] = v3.read()
     assert isinstance(connack_3, ConnAck) and connack_3.reason_code == 3
-    assert v5.closed and v3.closed and not silent.closed
-    claims.answer(None)  # the claims end later: nothing more is written to the closed connections
-    claims.answer(None)
-    assert v5.read() == [] and v3.read() == [] and not core.router.sessions
+    assert first.closed and v3.closed and second.closed and not silent.closed
+    for _ in range(3):
+        claims.answer(None)  # the claims end later: nothing more is written to the closed connections
+    assert first.read() == [] and v3.read() == [] and not core.router.sessions
 
 
 def test_a_connection_that_closes_during_its_claim_is_not_connected_by_the_answer():
