@@ -7,6 +7,7 @@ SIGKILL and started again on the same ports and data directory, as after a crash
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -25,6 +26,17 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports on ``host`` that were free a moment ago: each held open until all are
+    chosen, since ``free_port`` twice may give the same port (the kernel can pick a just-closed port again,
+    and listeners that share a port by SO_REUSEPORT would then split one address's connections)."""
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for sock in socks:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in socks]
 
 
 def wait_for_port(
@@ -91,9 +103,7 @@ class BrokerProcess:
 
     def _choose_ports(self) -> None:
         """Free ports for MQTT, the offsets API and the admin API, written into the config file."""
-        self.port = free_port()
-        self.offsets_port = free_port()
-        self.admin_port = free_port()
+        self.port, self.offsets_port, self.admin_port = free_ports(3)
         config: dict[str, Any] = {
             "listeners": [{"name": "mqtt", "host": "127.0.0.1", "port": self.port}],
             "storage": {"directory": str(self.directory / "data")},

@@ -47,6 +47,7 @@ from typing import Any
 from broker_edge.config.loader import ConfigError, load_yaml_file
 from broker_edge.process.parent_death import die_with_parent
 from broker_edge.runtime import stop_signals
+from broker_edge.runtime.launcher import free_ports
 from broker_edge.settings.broker import BrokerConfig, load_broker_config
 from broker_edge.settings.cluster import ClusterConfig
 
@@ -166,7 +167,7 @@ class LocalEtcd:
         data = self.directory / "etcd"
         data.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(data, 0o700)  # etcd refuses a data directory others may read
-        client, peer = _free_port(), _free_port()
+        client, peer = free_ports(2)
         self.url = f"http://127.0.0.1:{client}"
         peer_url = f"http://127.0.0.1:{peer}"
         parent = os.getpid()
@@ -322,12 +323,6 @@ async def _forget_member(config: ClusterConfig, node: str) -> None:
 def _answers(host: str, port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex((host, port)) == 0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _write_yaml(path: Path, document: dict[str, Any]) -> None:

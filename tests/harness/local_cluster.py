@@ -38,7 +38,7 @@ from typing import Any
 
 from broker_edge.cluster.coordination.etcd import Etcd
 from broker_edge.placement import Member, PartitionState
-from broker_edge.runtime.launcher import BrokerProcess, free_port
+from broker_edge.runtime.launcher import BrokerProcess, free_ports
 from broker_edge.runtime.local_pki import LocalPki
 from broker_edge.settings.cluster import EtcdAuthConfig, EtcdTlsConfig
 
@@ -77,8 +77,7 @@ class EtcdServer:
         self.directory = Path(directory)
         self.name = name
         self.secure = secure
-        self.client_port = free_port()
-        self.peer_port = free_port()
+        self.client_port, self.peer_port = free_ports(2)
         self.url = f"{'https' if secure else 'http'}://127.0.0.1:{self.client_port}"
         self.data_dir = self.directory / f"{name}.data"
         self.log_path = self.directory / f"{name}.log"
