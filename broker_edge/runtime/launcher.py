@@ -23,15 +23,13 @@ import yaml
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port on ``host`` that was free a moment ago (for a child process that needs to know its port)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    return free_ports(1, host)[0]
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """``count`` distinct TCP ports on ``host`` that were free a moment ago: each held open until all are
     chosen, since ``free_port`` twice may give the same port (the kernel can pick a just-closed port again,
-    and listeners that share a port by SO_REUSEPORT would then split one address's connections)."""
+    and two listeners of one process were then configured on one port)."""
     with contextlib.ExitStack() as held:
         socks = [held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
         for sock in socks:
