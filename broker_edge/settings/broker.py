@@ -24,6 +24,7 @@ from broker_edge.security.auth import AuthConfig, anonymous_allowed, is_loopback
 from broker_edge.security.limits import LimitsConfig
 from broker_edge.security.reader_tokens import ReaderToken, ReaderTokens
 from broker_edge.security.tls import TlsConfig
+from broker_edge.settings.bound_ports import BoundEndpoint, check_distinct_ports
 from broker_edge.settings.cluster import ClusterConfig
 from broker_edge.settings.named_files import check_named_files, check_server_tls
 from broker_edge.settings.uplink import UplinkConfig, UplinkHubConfig
@@ -364,6 +365,7 @@ class BrokerConfig:
                 raise ConfigError(name, "the uplink carries the commitlog: set storage.enabled: true")
         if self.offsets_api.enabled and not self.storage.enabled:
             self.offsets_api.enabled = False
+        check_distinct_ports(self.bound_endpoints())
 
     def _check_cluster(self, cluster: ClusterConfig) -> None:
         if not self.storage.enabled:
@@ -392,6 +394,24 @@ class BrokerConfig:
             cluster.check_members_endpoint(members_host)
         except ConfigError as error:
             raise ConfigError(f"cluster.{error.path}", error.detail) from None
+
+    def bound_endpoints(self) -> list[BoundEndpoint]:
+        """Every socket this configuration binds, by the key of its port (each needs its own)."""
+        endpoints = [
+            BoundEndpoint(f"listeners[{index}].port", listener.host, listener.port)
+            for index, listener in enumerate(self.listeners)
+        ]
+        if self.offsets_api.enabled:
+            endpoints.append(BoundEndpoint("offsets_api.port", self.offsets_api.host, self.offsets_api.port))
+        if self.admin_http.enabled:
+            endpoints.append(BoundEndpoint("admin_http.port", self.admin_http.host, self.admin_http.port))
+        if self.cluster is not None:
+            listen = self.cluster.listen
+            host = listen.host if listen.host is not None else self.offsets_api.host
+            endpoints.append(BoundEndpoint("cluster.listen.port", host, listen.port))
+        if self.uplink_hub is not None:
+            endpoints.append(BoundEndpoint("uplink_hub.port", self.uplink_hub.host, self.uplink_hub.port))
+        return endpoints
 
     def listener_allows_anonymous(self, listener: ListenerConfig) -> bool:
         """The effective anonymous rule of a listener: its own setting, then ``auth``, then loopback-only."""

@@ -116,3 +116,12 @@ def test_the_uplinks_files_are_named_by_their_dotted_key(tmp_path):
     }
     err = refused(tmp_path, yaml.safe_dump({"uplink_hub": {"port": 0, "tls": hub_tls}}))
     assert "uplink_hub.tls.certfile: file not found" in err
+
+
+def test_an_mqtt_listener_on_the_admin_port_is_refused_naming_both_keys(tmp_path):
+    err = refused(
+        tmp_path,
+        "listeners:\n  - {name: devices, host: 127.0.0.1, port: 18830}\n"
+        "admin_http: {host: 0.0.0.0, port: 18830}\noffsets_api: {port: 0}\n",
+    )
+    assert "configuration error: admin_http.port: port 18830 on 0.0.0.0 is already listeners[0].port" in err

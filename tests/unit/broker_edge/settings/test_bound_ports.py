@@ -1,0 +1,92 @@
+"""Every socket a broker binds has its own port: two on one port of overlapping hosts are refused at load,
+naming both keys; port 0, other addresses of the same port, and endpoints switched off never clash."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from broker_edge.config import ConfigError, load_dataclass
+from broker_edge.settings.bound_ports import hosts_overlap
+from broker_edge.settings.broker import BrokerConfig
+
+CLUSTER = {"node_id": "b1", "etcd": ["http://127.0.0.1:2379"]}
+
+
+def load(document: dict[str, Any]) -> BrokerConfig:
+    return load_dataclass(BrokerConfig, document)
+
+
+def refusal(document: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as caught:
+        load(document)
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        (
+            {"listeners": [{"name": "a", "port": 9883}]},
+            "admin_http.port: port 9883 on 127.0.0.1 is already listeners[0].port (on 127.0.0.1)",
+        ),
+        (
+            {
+                "listeners": [
+                    {"name": "a", "port": 1883},
+                    {"name": "b", "host": "0.0.0.0", "port": 1883, "allow_anonymous": True},
+                ]
+            },
+            "listeners[1].port: port 1883 on 0.0.0.0 is already listeners[0].port",
+        ),
+        (
+            {"offsets_api": {"port": 7000}, "admin_http": {"port": 7000}},
+            "admin_http.port: port 7000 on 127.0.0.1 is already offsets_api.port",
+        ),
+        (  # the members' endpoint binds the offsets API's host unless it names its own
+            {"cluster": {**CLUSTER, "listen": {"port": 9884}}},
+            "cluster.listen.port: port 9884 on 127.0.0.1 is already offsets_api.port",
+        ),
+        (
+            {"listeners": [{"name": "a", "host": "", "port": 9884, "allow_anonymous": True}]},
+            "offsets_api.port: port 9884 on 127.0.0.1 is already listeners[0].port (on every interface)",
+        ),
+    ],
+)
+def test_two_endpoints_on_one_port_are_refused_naming_both(document, message) -> None:
+    assert message in refusal(document)
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {"listeners": [{"name": "a", "port": 0}, {"name": "b", "port": 0}], "admin_http": {"port": 0}},
+        {"listeners": [{"name": "a", "port": 9883}], "admin_http": {"enabled": False}},
+        {"listeners": [{"name": "a", "port": 9884}], "storage": {"enabled": False}},  # no offsets API then
+        {"listeners": [{"name": "a", "port": 1883}, {"name": "b", "host": "127.0.0.2", "port": 1883}]},
+        {"listeners": [{"name": "a", "host": "::1", "port": 1883}, {"name": "b", "port": 1883}]},
+    ],
+)
+def test_free_ports_other_addresses_and_endpoints_switched_off_load(document) -> None:
+    load(document)
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "overlap"),
+    [
+        ("127.0.0.1", "127.0.0.1", True),
+        ("127.0.0.1", "127.0.0.2", False),
+        ("0.0.0.0", "10.0.0.5", True),
+        ("0.0.0.0", "localhost", True),  # a name may resolve to an IPv4 address
+        ("0.0.0.0", "::1", False),  # IPv6 sockets are IPv6 only
+        ("::", "::1", True),
+        ("::", "0.0.0.0", False),
+        ("", "::1", True),
+        ("broker.local", "broker.local", True),
+        ("broker.local", "127.0.0.1", False),
+    ],
+)
+def test_hosts_overlap_where_one_port_would_clash(first, second, overlap) -> None:
+    assert hosts_overlap(first, second) is overlap
+    assert hosts_overlap(second, first) is overlap
