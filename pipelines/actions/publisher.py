@@ -19,7 +19,8 @@ import zlib
 from collections.abc import Coroutine, Sequence
 from typing import Any, Protocol, cast
 
-from pipelines.fleet.client import MqttClient
+from broker_edge.protocol.reason_codes import ReasonCode
+from pipelines.fleet.client import ConnectionRefused, MqttClient, server_address
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class MqttPublisher:
     ) -> None:
         if connections < 1:
             raise ValueError("connections must be at least 1")
-        self.brokers = list(brokers)
+        self.brokers = [(host, port) for host, port in brokers]
         self.connections = connections
         self.client_id = client_id
         self.username = username
@@ -186,8 +187,10 @@ class ClusterPublisher(MqttPublisher):
 
     It keeps one connection, to the first member that accepts it. When that member dies (the connection
     drops, or a PUBACK takes longer than ``ack_timeout_s``, well above the cluster's failover time), it
-    connects to the next member in the list and resends exactly the messages that were not acknowledged (a
-    large batch goes over several connections to the member, as ``MqttPublisher`` does: when one of them
+    connects to the next member in the list (or to the one a CONNACK or DISCONNECT 0x9C "use another
+    server" named in its Server Reference, when that one is in the list: a member that lost its membership
+    sends its clients to a live one) and resends exactly the messages that were not acknowledged (a large
+    batch goes over several connections to the member, as ``MqttPublisher`` does: when one of them
     drops, all of them move, and only what no connection got acknowledged is sent again); a
     publish answered 0x83 (the cluster cannot acknowledge it yet, e.g. while it elects a new leader) is sent
     again after ``retry_s``. A resent message may be in the log twice (its first copy was appended but not
@@ -218,6 +221,11 @@ class ClusterPublisher(MqttPublisher):
     async def _open(self) -> None:
         await self._current(self._loop.time() + self.timeout_s, 1)
 
+    @property
+    def member(self) -> tuple[str, int]:
+        """The member in use (or tried next)."""
+        return self.brokers[self._member]
+
     def _client_id(self, index: int, slot: int) -> str:
         return self.client_id if slot == 0 else f"{self.client_id}-{slot}"
 
@@ -229,14 +237,25 @@ class ClusterPublisher(MqttPublisher):
             except (OSError, TimeoutError, ConnectionError) as error:
                 if self._loop.time() > deadline:
                     raise PublishTimedOut(f"no cluster member accepted a connection: {error}") from error
-                self._move(f"connecting failed: {error}")
-                if self._member == 0:
+                referred = isinstance(error, ConnectionRefused) and self._sent_elsewhere(
+                    error.reason_code, error.server_reference
+                )
+                self._move(f"connecting failed: {error}", referred)
+                if self._member == 0 or referred is not None:  # a pause each round, and after a referral
                     await asyncio.sleep(self.retry_s)
 
-    def _move(self, why: str) -> None:
+    def _sent_elsewhere(self, reason_code: int | None, server_reference: str | None) -> int | None:
+        """The index of the member a 0x9C "use another server" named, when it is one of the list."""
+        if reason_code != ReasonCode.USE_ANOTHER_SERVER:
+            return None
+        named = server_address(server_reference or "")
+        return self.brokers.index(named) if named in self.brokers else None
+
+    def _move(self, why: str, to: int | None = None) -> None:
+        """Leave the member in use for member ``to`` (one a refusal named), else for the next one."""
         for key in [key for key in self._clients if key[0] == self._member]:
             self._clients.pop(key).abort()
-        self._member = (self._member + 1) % len(self.brokers)
+        self._member = (self._member + 1) % len(self.brokers) if to is None else to
         self.moves += 1
         host, port = self.brokers[self._member]
         log.warning("actions publisher moves to %s:%d (%s)", host, port, why)
@@ -271,7 +290,11 @@ class ClusterPublisher(MqttPublisher):
             if again and self._loop.time() > deadline:
                 raise PublishTimedOut(f"{len(again)} publishes not acknowledged within {self.timeout_s} s")
             if any(code is None for code in codes):
-                self._move(f"{codes.count(None)} publishes not acknowledged")
+                referred = [
+                    self._sent_elsewhere(client.closed_with, client.server_reference) for client in clients
+                ]
+                to = next((index for index in referred if index is not None), None)
+                self._move(f"{codes.count(None)} publishes not acknowledged", to)
             elif again:
                 await asyncio.sleep(self.retry_s)
             pending = again

@@ -7,10 +7,8 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,16 +16,13 @@ from pathlib import Path
 import pytest
 
 from broker_edge.offsets_api.client import OffsetsClient
-from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import MQTT_5, ConnAck
-from broker_edge.protocol.properties import Properties
-from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.actions.publisher import MqttPublisher
 from pipelines.fleet.client import MqttClient
 from pipelines.fleet.device import SimulatedDevice
 from tests.e2e.cluster.proof import metric
 from tests.fleet_harness import FleetHarness, FleetSpec, ota_message, quiet_devices
+from tests.referrer import Referrer
 
 
 @contextlib.contextmanager
@@ -197,35 +192,6 @@ def test_a_connect_that_timed_out_leaves_no_connection_behind(tmp_path):
             asyncio.run(MqttClient.connect("127.0.0.1", broker.port, "dev-late", timeout_s=0.5))
         time.sleep(2.0)
         assert metric(broker, "timestone_broker_connections", listener="mqtt") == 0
-
-
-class Referrer:
-    """A server that answers every CONNECT with CONNACK 0x9C "use another server" naming ``reference``, as
-    a cluster member that lost its membership does, then closes."""
-
-    def __init__(self, reference: str) -> None:
-        properties = Properties(reason_string="this broker is not a cluster member now")
-        properties.server_reference = reference
-        self.answer = encode(ConnAck(False, ReasonCode.USE_ANOTHER_SERVER, properties), MQTT_5)
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.connections = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return  # closed
-            with conn:
-                self.connections += 1
-                conn.settimeout(5)
-                conn.recv(65536)  # the CONNECT
-                conn.sendall(self.answer)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def test_a_device_refused_with_connack_0x9c_connects_to_the_server_it_names(tmp_path):

@@ -15,11 +15,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import pytest
+
 from bench.stream import parse_fixed_header
 from broker_edge.runtime.launcher import BrokerProcess
 from pipelines.actions.model import device_topic
 from pipelines.actions.publisher import ClusterPublisher, MqttPublisher
 from pipelines.fleet.client import Message, MqttClient
+from tests.referrer import Referrer
 
 PUBLISH, PUBACK = 3, 4
 RECEIVE_MAXIMUM = 64
@@ -259,3 +262,27 @@ def test_after_a_dropped_connection_only_unacknowledged_messages_are_sent_again(
         # a resent message may be in the log twice (its first copy was appended, its PUBACK lost)
         assert len(once) >= acked_first
         assert sum(subscriber.received.values()) <= count + made.resent
+
+
+@pytest.mark.parametrize("at", ["connect", "publish"])
+def test_a_member_sending_the_publisher_elsewhere_with_0x9c_is_followed_to_the_member_it_names(tmp_path, at):
+    """A member answering CONNACK 0x9C, or DISCONNECT 0x9C at the first PUBLISH, with a Server Reference
+    (MQTT 5 4.11, what a member that lost its membership does): the publisher moves to the member named, not
+    to the next of its list, and every message lands there."""
+    with (
+        BrokerProcess(tmp_path / "named", limits=LIMITS) as named,
+        BrokerProcess(tmp_path / "next", limits=LIMITS) as following,
+    ):
+        referrer = Referrer(f"127.0.0.1:{named.port}", at=at)
+        subscriber = Subscriber(named.address)
+        members = [referrer.address, following.address, named.address]
+        publisher = ClusterPublisher(members, "actions-test", retry_s=0.05)
+        try:
+            publisher.publish_many(messages(10))
+            subscriber.wait_for_topics(topics(10))
+            assert (publisher.moves, referrer.connections) == (1, 1)
+            assert publisher.member == named.address
+        finally:
+            publisher.close()
+            subscriber.close()
+            referrer.close()
