@@ -237,8 +237,10 @@ class ClusterPublisher(MqttPublisher):
             except (OSError, TimeoutError, ConnectionError) as error:
                 if self._loop.time() > deadline:
                     raise PublishTimedOut(f"no cluster member accepted a connection: {error}") from error
-                referred = isinstance(error, ConnectionRefused) and self._sent_elsewhere(
-                    error.reason_code, error.server_reference
+                referred = (
+                    self._sent_elsewhere(error.reason_code, error.server_reference)
+                    if isinstance(error, ConnectionRefused)
+                    else None
                 )
                 self._move(f"connecting failed: {error}", referred)
                 if self._member == 0 or referred is not None:  # a pause each round, and after a referral

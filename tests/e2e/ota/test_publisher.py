@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import pytest
 
 from bench.stream import parse_fixed_header
-from broker_edge.runtime.launcher import BrokerProcess
+from broker_edge.runtime.launcher import BrokerProcess, free_ports
 from pipelines.actions.model import device_topic
 from pipelines.actions.publisher import ClusterPublisher, MqttPublisher
 from pipelines.fleet.client import Message, MqttClient
@@ -236,6 +236,22 @@ def test_a_single_publish_and_a_small_batch_use_one_connection(tmp_path):
             publisher.publish_many(messages(10))
             subscriber.wait_for_topics(topics(10))
         assert relay.connections == 1
+
+
+def test_members_that_cannot_be_reached_are_passed_in_list_order(tmp_path):
+    """Two members with nothing listening, then a live one: the publisher tries each in turn (a refused
+    TCP connection names no other member) and publishes through the third."""
+    with BrokerProcess(tmp_path / "broker", limits=LIMITS) as broker:
+        dead = [("127.0.0.1", port) for port in free_ports(2)]
+        subscriber = Subscriber(broker.address)
+        publisher = ClusterPublisher([*dead, broker.address], "actions-test", timeout_s=20, retry_s=0.05)
+        try:
+            publisher.publish_many(messages(10))
+            subscriber.wait_for_topics(topics(10))
+            assert (publisher.member, publisher.moves) == (broker.address, 2)
+        finally:
+            publisher.close()
+            subscriber.close()
 
 
 def test_after_a_dropped_connection_only_unacknowledged_messages_are_sent_again(tmp_path):
