@@ -175,13 +175,8 @@ def advertised_member(broker: BrokerHandle, cluster: ClusterConfig, members_port
     peer = cluster.advertise.peer
     if peer is None:
         scheme = "https" if cluster.tls is not None else "http"
-        peer = f"{scheme}://{_host(members_host(broker, cluster))}:{members_port}"
+        peer = f"{scheme}://{_host(broker.config.members_host(cluster))}:{members_port}"
     return Member(cluster.node_id, mqtt, offsets_api, peer)
-
-
-def members_host(broker: BrokerHandle, cluster: ClusterConfig) -> str:
-    """Where the members' endpoint binds: ``cluster.listen.host``, else the offsets API's host."""
-    return cluster.listen.host if cluster.listen.host is not None else broker.config.offsets_api.host
 
 
 class RefusingReplication:
@@ -214,7 +209,7 @@ class ClusterNode:
         self.member_tls = MemberTls(cluster.tls, cluster.node_id) if cluster.tls is not None else None
         self.clients = MemberClients(cluster.node_id, self.member_tls)
         self.proofs = MemberProofs(self.view, max(5.0, 2.0 * cluster.lease_ttl_s))
-        host = members_host(broker, cluster)
+        host = broker.config.members_host(cluster)
         try:
             self.members_sock = bind_members_endpoint(host, cluster.listen.port)
         except OSError as error:  # name the endpoint: several brokers on one host collide here first

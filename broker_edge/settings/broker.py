@@ -385,7 +385,7 @@ class BrokerConfig:
             raise ConfigError(
                 "cluster.advertise.offsets_api", "required when the offsets API binds every interface"
             )
-        members_host = cluster.listen.host if cluster.listen.host is not None else self.offsets_api.host
+        members_host = self.members_host(cluster)
         if cluster.advertise.peer is None and members_host in wildcard:
             raise ConfigError(
                 "cluster.advertise.peer", "required when the members' endpoint binds every interface"
@@ -394,6 +394,10 @@ class BrokerConfig:
             cluster.check_members_endpoint(members_host)
         except ConfigError as error:
             raise ConfigError(f"cluster.{error.path}", error.detail) from None
+
+    def members_host(self, cluster: ClusterConfig) -> str:
+        """Where the members' endpoint binds: ``cluster.listen.host``, else the offsets API's host."""
+        return cluster.listen.host if cluster.listen.host is not None else self.offsets_api.host
 
     def bound_endpoints(self) -> list[BoundEndpoint]:
         """Every socket this configuration binds, by the key of its port (each needs its own)."""
@@ -406,9 +410,8 @@ class BrokerConfig:
         if self.admin_http.enabled:
             endpoints.append(BoundEndpoint("admin_http.port", self.admin_http.host, self.admin_http.port))
         if self.cluster is not None:
-            listen = self.cluster.listen
-            host = listen.host if listen.host is not None else self.offsets_api.host
-            endpoints.append(BoundEndpoint("cluster.listen.port", host, listen.port))
+            host = self.members_host(self.cluster)
+            endpoints.append(BoundEndpoint("cluster.listen.port", host, self.cluster.listen.port))
         if self.uplink_hub is not None:
             endpoints.append(BoundEndpoint("uplink_hub.port", self.uplink_hub.host, self.uplink_hub.port))
         return endpoints

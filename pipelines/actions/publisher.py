@@ -19,8 +19,7 @@ import zlib
 from collections.abc import Coroutine, Sequence
 from typing import Any, Protocol, cast
 
-from broker_edge.protocol.reason_codes import ReasonCode
-from pipelines.fleet.client import ConnectionRefused, MqttClient, server_address
+from pipelines.fleet.client import ConnectionRefused, MqttClient, referral
 
 log = logging.getLogger(__name__)
 
@@ -248,9 +247,7 @@ class ClusterPublisher(MqttPublisher):
 
     def _sent_elsewhere(self, reason_code: int | None, server_reference: str | None) -> int | None:
         """The index of the member a 0x9C "use another server" named, when it is one of the list."""
-        if reason_code != ReasonCode.USE_ANOTHER_SERVER:
-            return None
-        named = server_address(server_reference or "")
+        named = referral(reason_code, server_reference)
         return self.brokers.index(named) if named in self.brokers else None
 
     def _move(self, why: str, to: int | None = None) -> None:

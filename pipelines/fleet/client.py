@@ -37,6 +37,7 @@ from broker_edge.protocol import (
     Will,
     encode,
 )
+from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.protocol.wire import encode_varint
 
 MessageHandler = Callable[["Message"], None]
@@ -68,6 +69,14 @@ def server_address(reference: str) -> tuple[str, int] | None:
     if not host or not port.isdigit():
         return None
     return host.strip("[]"), int(port)
+
+
+def referral(reason_code: int | None, server_reference: str | None) -> tuple[str, int] | None:
+    """The broker a CONNACK or DISCONNECT sends its client to: with 0x9C "use another server", the first
+    address of its Server Reference; None for any other reason code, or a reference naming no port."""
+    if reason_code != ReasonCode.USE_ANOTHER_SERVER:
+        return None
+    return server_address(server_reference or "")
 
 
 def connect_failure(error: BaseException) -> str:

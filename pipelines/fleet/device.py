@@ -22,10 +22,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from broker_edge.protocol.reason_codes import ReasonCode
 from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_of, bucket_topic, report_topic
 from pipelines.actions.checks import http_url, sha256_hex, text
-from pipelines.fleet.client import ConnectionRefused, Message, MqttClient, connect_failure, server_address
+from pipelines.fleet.client import ConnectionRefused, Message, MqttClient, connect_failure, referral
 from pipelines.fleet.readings import reading_encoder
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "REJECTED", "CANCELED"})
@@ -237,20 +236,18 @@ class SimulatedDevice:
         if not self._stopped and self._reconnect_timer is None:  # not a drop of its own (go_offline)
             why = "closed" if client.closed_with is None else f"0x{client.closed_with:02x}"
             self.stats[f"dropped_{why}"] += 1  # by the broker's DISCONNECT reason, or closed without one
-            if client.closed_with == ReasonCode.USE_ANOTHER_SERVER:  # a cluster member (fenced, say)
-                self._follow(client.server_reference or "")
+            self._follow(referral(client.closed_with, client.server_reference))  # a member (fenced, say)
             self._schedule_reconnect(self.rng.uniform(*self.behaviour.offline_duration_s))
 
     def _referred(self, error: BaseException) -> bool:
         """Whether a refused CONNECT named the broker to use instead (CONNACK 0x9C), now the next one."""
-        if not isinstance(error, ConnectionRefused) or error.reason_code != ReasonCode.USE_ANOTHER_SERVER:
-            return False
-        return self._follow(error.server_reference or "")
+        return isinstance(error, ConnectionRefused) and self._follow(
+            referral(error.reason_code, error.server_reference)
+        )
 
-    def _follow(self, server_reference: str) -> bool:
-        """Connect next to the broker a DISCONNECT or CONNACK 0x9C named; False (nothing changes) when it
-        names none."""
-        elsewhere = server_address(server_reference)
+    def _follow(self, elsewhere: tuple[str, int] | None) -> bool:
+        """Connect next to the broker a DISCONNECT or CONNACK 0x9C named (``referral``); False (nothing
+        changes) when it names none."""
         if elsewhere is None:
             return False
         self.broker = elsewhere
