@@ -79,6 +79,10 @@ class TcpConnection(StreamConnection):
     def may_read(self) -> bool:
         return not self.held & ~HELD_FOR_TURN and self.terms.state != CLOSED
 
+    def awaits_acknowledgements(self) -> bool:
+        session = self.session
+        return session is not None and bool(session.inflight)
+
     def release(self, reason: int) -> None:
         super().release(reason)
         if not self.held & ~HELD_FOR_TURN:  # its bytes kept are handed back from the next turn

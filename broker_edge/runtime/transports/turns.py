@@ -11,7 +11,10 @@ is handled at once; of one that does not, what fits is handled and the rest kept
 the turn's bytes are spent is kept whole. A connection with bytes kept stops reading (its kernel buffers
 fill, then TCP slows the client down) until they are handled: at the start of the next turns, every such
 connection gets an equal share of the budget in its turn (at least ``MIN_SHARE`` bytes), so a PINGREQ waiting
-behind sixteen floods is answered in the next turn, not after them. Between two turns the loop runs
+behind sixteen floods is answered in the next turn, not after them. A connection that owes acknowledgements
+(a QoS 1/2 subscriber whose window is taken) joins the line at its front: a fleet's consumer would otherwise
+wait behind every device's kept read, its deliveries one window per pass over the fleet; it still gets one
+share per turn. Between two turns the loop runs
 everything else: the writes of the turn go out, timers fire, other sockets are served. A connection whose
 reading is held for another reason (its message rate, a slow subscriber) keeps its bytes until it is
 released (``wake``).
@@ -23,6 +26,7 @@ WebSocket reader, which reads in a task, takes its bytes with ``spend`` and wait
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
@@ -48,11 +52,15 @@ class TurnReader(Protocol):
     def may_read(self) -> bool:
         """False while its reading is held for another reason (or it is closed): its bytes wait."""
 
+    def awaits_acknowledgements(self) -> bool:
+        """True while deliveries to it wait for its acknowledgements (its window is taken): its reads
+        free that window, so bytes it has kept go to the front of the line."""
+
 
 class ReadTurns:
     """The read budget of the turns of one event loop (see the module docstring)."""
 
-    __slots__ = ("_call_soon", "_kept", "_scheduled", "_waiters", "budget", "left", "turns_cut")
+    __slots__ = ("_call_soon", "_held", "_kept", "_scheduled", "_waiters", "budget", "left", "turns_cut")
 
     def __init__(self, budget: int, call_soon: Callable[[Callable[[], None]], object]) -> None:
         self.budget = budget
@@ -62,8 +70,11 @@ class ReadTurns:
         self.turns_cut = 0
         """Turns that kept bytes for a later one (a plain count)."""
         self._call_soon = call_soon
-        self._kept: dict[TurnReader, bytearray] = {}
-        """Connections with bytes kept, in the order they get their share."""
+        self._kept: OrderedDict[TurnReader, bytearray] = OrderedDict()
+        """Connections with bytes kept, in the order they get their share (the line)."""
+        self._held: dict[TurnReader, bytearray] = {}
+        """Connections with bytes kept whose reading is held for another reason: out of the line until
+        ``wake`` puts them at its back, so that a turn never looks at them."""
         self._waiters: list[asyncio.Future[None]] = []
         """Readers in tasks (``next_turn``) waiting for a later turn."""
         self._scheduled = False
@@ -74,8 +85,10 @@ class ReadTurns:
         more than ``MIN_SHARE`` kept (a device that sent one packet is not paused and resumed for it: two
         system calls more than the packet's own read)."""
         kept = self._kept
-        if kept:
+        if kept or self._held:
             waiting = kept.get(reader)
+            if waiting is None:
+                waiting = self._held.get(reader)
             if waiting is not None:  # bytes of this connection are kept already: these go behind them
                 waiting += data
                 if len(waiting) > MIN_SHARE:
@@ -92,15 +105,21 @@ class ReadTurns:
         if not kept and not self._waiters:
             self.turns_cut += 1
         if left <= 0:
-            kept[reader] = bytearray(data)
-            if size > MIN_SHARE:
-                reader.pause_for_turn()
+            self._keep(reader, bytearray(data))
             return None
         self.left = 0
-        kept[reader] = bytearray(data[left:])
-        if size - left > MIN_SHARE:
-            reader.pause_for_turn()
+        self._keep(reader, bytearray(data[left:]))
         return data[:left]
+
+    def _keep(self, reader: TurnReader, data: bytearray) -> None:
+        """Put ``reader`` in line with ``data`` (at the front if it owes acknowledgements), paused if that
+        is more than ``MIN_SHARE``."""
+        kept = self._kept
+        kept[reader] = data
+        if reader.awaits_acknowledgements():
+            kept.move_to_end(reader, last=False)
+        if len(data) > MIN_SHARE:
+            reader.pause_for_turn()
 
     def spend(self, size: int) -> bool:
         """Take ``size`` bytes from this turn (a reader in a task); False: none left, wait for
@@ -126,6 +145,9 @@ class ReadTurns:
 
     def wake(self, reader: TurnReader) -> None:
         """``reader``'s reading is no longer held: its bytes kept are handed back from the next turn."""
+        data = self._held.pop(reader, None)
+        if data is not None:
+            self._kept[reader] = data  # the back of the line
         if reader in self._kept and not self._scheduled:
             self._scheduled = True
             self._call_soon(self._next_turn)
@@ -133,6 +155,7 @@ class ReadTurns:
     def forget(self, reader: TurnReader) -> None:
         """``reader`` is closed: its bytes kept are dropped (nothing reads them any more)."""
         self._kept.pop(reader, None)
+        self._held.pop(reader, None)
 
     def _next_turn(self) -> None:
         """A new turn: the budget again, shared first among the connections with bytes kept."""
@@ -147,21 +170,24 @@ class ReadTurns:
                 if not future.done():
                     future.set_result(None)
 
-    def _hand_back(self, kept: dict[TurnReader, bytearray]) -> None:
-        """Hand each connection with bytes kept its share of this turn, in order; one that still has some
-        left goes to the back."""
-        readers = [reader for reader in kept if reader.may_read()]
-        if not readers:
-            return  # all held: each comes back with ``wake``
-        share = max(self.budget // len(readers), MIN_SHARE)
-        self._scheduled = True  # this turn reads: the next one starts from a full budget again
-        self._call_soon(self._next_turn)
-        for reader in readers:
-            if self.left <= 0:
-                return
-            if reader not in kept or not reader.may_read():  # closed or held by what was handled before it
+    def _hand_back(self, kept: OrderedDict[TurnReader, bytearray]) -> None:
+        """Hand the connections in line their share of this turn, from the front, until the budget is spent
+        or each had one; one that still has bytes left goes to the back, one found held leaves the line.
+        A turn looks at the connections it serves, not at the whole line: a fleet's thousands of kept reads
+        cost each turn only the few hundred it handles."""
+        share = max(self.budget // len(kept), MIN_SHARE)
+        offered = len(kept)  # those in line as the turn starts: none is offered a second share in it
+        handed = False
+        while offered and self.left > 0:
+            offered -= 1
+            reader, data = kept.popitem(last=False)
+            if not reader.may_read():  # held (or closed) by what was handled before it: out of the line
+                self._held[reader] = data
                 continue
-            data = kept.pop(reader)
+            if not handed:
+                handed = True
+                self._scheduled = True  # this turn reads: the next one starts from a full budget again
+                self._call_soon(self._next_turn)
             if len(data) > share:
                 part = bytes(data[:share])
                 del data[:share]

@@ -8,9 +8,20 @@ from typing import Any
 from broker_edge.engine.connection.states import CLOSED
 from broker_edge.protocol import PacketDecoder
 from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import MQTT_5, Connect, Disconnect, PingReq
+from broker_edge.protocol.packets import (
+    MQTT_5,
+    Connect,
+    Disconnect,
+    PingReq,
+    PubAck,
+    Publish,
+    Subscribe,
+    Subscription,
+)
 from broker_edge.protocol.reason_codes import ReasonCode
 from broker_edge.runtime.transports.stream import StreamConnection
+from broker_edge.runtime.transports.tcp import TcpConnection
+from broker_edge.runtime.transports.turns import ReadTurns
 from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, make_core
 
 
@@ -50,9 +61,11 @@ class MemoryTransport:
         return ("127.0.0.1", 50001) if name == "peername" else default
 
 
-def connected(core: HandDrivenCore, client_id: str) -> tuple[StreamConnection, MemoryTransport]:
+def connected(
+    core: HandDrivenCore, client_id: str, kind: type[StreamConnection] = StreamConnection
+) -> tuple[StreamConnection, MemoryTransport]:
     transport = MemoryTransport()
-    conn = StreamConnection(core, core.listener)
+    conn = kind(core, core.listener)
     conn.attach_transport(transport)
     conn.data_received(encode(Connect(client_id=client_id, protocol_version=MQTT_5), MQTT_5))
     core.run_soon()
@@ -112,3 +125,27 @@ def test_the_peer_address_comes_from_the_transport():
     core = make_core()
     conn, _ = connected(core, "addressed")
     assert conn.peer_host() == "127.0.0.1"
+
+
+def test_a_tcp_connection_owes_acknowledgements_while_a_qos_1_delivery_to_it_is_unacknowledged():
+    """What puts a subscriber at the front of the read turns' line (``ReadTurns``): deliveries in flight."""
+    core = make_core()
+    core.read_turns = ReadTurns(64 * 1024, core.call_soon)  # type: ignore[attr-defined]
+    consumer, transport = connected(core, "consumer", TcpConnection)
+    device, _ = connected(core, "device", TcpConnection)
+    assert isinstance(consumer, TcpConnection) and isinstance(device, TcpConnection)
+    consumer.data_received(encode(Subscribe(packet_id=1, subscriptions=[Subscription("fleet/+", 1)]), MQTT_5))
+    core.run_soon()
+    assert not consumer.awaits_acknowledgements()
+    device.data_received(encode(Publish(topic="fleet/d-1", payload=b"21.5", qos=1, packet_id=7), MQTT_5))
+    core.run_soon()
+    delivered = [
+        p
+        for p in PacketDecoder(role="client", protocol_version=MQTT_5).feed(b"".join(transport.writes))
+        if isinstance(p, Publish)
+    ]
+    assert len(delivered) == 1 and delivered[0].qos == 1 and delivered[0].packet_id is not None
+    assert consumer.awaits_acknowledgements() and not device.awaits_acknowledgements()
+    consumer.data_received(encode(PubAck(packet_id=delivered[0].packet_id), MQTT_5))
+    core.run_soon()
+    assert not consumer.awaits_acknowledgements()

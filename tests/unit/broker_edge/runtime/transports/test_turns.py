@@ -24,6 +24,10 @@ class Reader:
         self.log = log
         self.reading = True
         self.held = False
+        self.owes = False
+        """Deliveries to it wait for its acknowledgements."""
+        self.asked = 0
+        """How often ``ReadTurns`` asked whether it may read."""
 
     def handle_bytes(self, data: bytes) -> None:
         self.log.append((self.name, data))
@@ -35,7 +39,11 @@ class Reader:
         self.reading = not self.held
 
     def may_read(self) -> bool:
+        self.asked += 1
         return not self.held
+
+    def awaits_acknowledgements(self) -> bool:
+        return self.owes
 
 
 class Turns:
@@ -159,6 +167,77 @@ def test_a_held_connection_keeps_its_bytes_until_woken_and_a_closed_one_loses_th
     assert t.handled == []
 
 
+DEVICE_READ = b"\x32\x80\x01" + b"d" * 128
+"""One QoS 1 PUBLISH of a device, as one read."""
+
+
+def fleet_in_line(t: Turns, devices: int) -> list[Reader]:
+    """``devices`` readers, each with one read kept: read after the first turn's budget was spent."""
+    t.read(t.reader("flood"), b"f" * t.turns.budget)
+    readers = [t.reader(f"device-{n}") for n in range(devices)]
+    for reader in readers:
+        t.read(reader, DEVICE_READ)
+    t.handled.clear()
+    return readers
+
+
+def test_a_turn_looks_only_at_the_connections_it_serves_not_at_the_whole_line():
+    """Ten thousand devices with a read kept each: a turn of 64 KiB serves about five hundred of them, and
+    asks no other whether it may read (a pass over the whole line per turn cost more than the reads)."""
+    t = Turns(budget=64 * 1024)
+    devices = fleet_in_line(t, 10_000)
+    t.end_turn()
+    served = {name for name, _ in t.handled}
+    assert 400 < len(served) < 600
+    assert sum(reader.asked for reader in devices) == len(served)
+    assert all(reader.asked == (reader.name in served) for reader in devices)
+    while t.queue:
+        t.end_turn()
+    assert len(t.handled) == 10_000 and len({name for name, _ in t.handled}) == 10_000, "each once, none lost"
+
+
+def test_a_held_connection_leaves_the_line_and_returns_at_its_back_when_woken():
+    t = Turns(budget=len(DEVICE_READ))
+    first, second, third = (t.reader(name) for name in ("first", "second", "third"))
+    for reader in (first, second, third):
+        t.read(reader, DEVICE_READ)  # the first handled, the others kept
+    t.read(first, DEVICE_READ)  # kept, behind the others
+    second.held = True
+    t.handled.clear()
+    t.end_turn()  # second found held: out of the line; third handled
+    t.end_turn()  # first
+    t.end_turn()
+    assert [name for name, _ in t.handled] == ["third", "first"]
+    assert second.asked == 1, "a held connection is not asked again each turn"
+    t.read(second, b"more")  # read before its hold took effect: behind its kept bytes
+    second.held = False
+    t.turns.wake(second)
+    t.end_turn()
+    assert t.handled[-1] == ("second", DEVICE_READ + b"more")
+
+
+def test_a_subscriber_owing_acknowledgements_is_served_first_in_the_next_turn_once_per_turn():
+    """A fleet's consumer whose window is taken: its PUBACKs, read after the turn's budget is spent, are
+    handled at the start of the next turn, not after every device's kept read; with more kept than its
+    share it goes to the back like any other, so it cannot take the turns for itself."""
+    t = Turns(budget=4 * 1024)
+    fleet_in_line(t, 1_000)
+    consumer = t.reader("consumer")
+    consumer.owes = True
+    pubacks = b"\x40\x02\x00\x01" * 64
+    t.read(consumer, pubacks)
+    t.end_turn()
+    assert t.handled[0] == ("consumer", pubacks)
+    flood = b"\x30\x7e" + b"f" * 126
+    t.handled.clear()
+    t.read(consumer, flood * 500)  # far more than a share: the front once, then the back of the line
+    t.end_turn()
+    assert t.handled[0][0] == "consumer" and len(t.handled[0][1]) == 4 * 1024
+    assert [name for name, _ in t.handled[1:]] == [name for name, _ in t.handled[1:] if name != "consumer"]
+    t.end_turn()
+    assert "consumer" not in {name for name, _ in t.handled[-20:]}, "behind the devices now"
+
+
 def test_a_reader_in_a_task_waits_for_the_next_turn_once_the_budget_is_spent():
     async def scenario() -> list[str]:
         turns = ReadTurns(10, asyncio.get_running_loop().call_soon)
@@ -219,6 +298,9 @@ class Counting(asyncio.Protocol):
 
     def may_read(self) -> bool:
         return True
+
+    def awaits_acknowledgements(self) -> bool:
+        return False
 
 
 @pytest.mark.parametrize(
