@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
 import zlib
 from collections.abc import Coroutine, Sequence
@@ -237,7 +238,7 @@ class ClusterPublisher(MqttPublisher):
                 if self._loop.time() > deadline:
                     raise PublishTimedOut(f"no cluster member accepted a connection: {error}") from error
                 referred = (
-                    self._sent_elsewhere(error.reason_code, error.server_reference)
+                    await self._sent_elsewhere(error.reason_code, error.server_reference)
                     if isinstance(error, ConnectionRefused)
                     else None
                 )
@@ -245,10 +246,28 @@ class ClusterPublisher(MqttPublisher):
                 if self._member == 0 or referred is not None:  # a pause each round, and after a referral
                     await asyncio.sleep(self.retry_s)
 
-    def _sent_elsewhere(self, reason_code: int | None, server_reference: str | None) -> int | None:
-        """The index of the member a 0x9C "use another server" named, when it is one of the list."""
+    async def _sent_elsewhere(self, reason_code: int | None, server_reference: str | None) -> int | None:
+        """The index of the member a 0x9C "use another server" named, when it is one of the list: spelled
+        as configured, else at one of the addresses its host resolves to (a cluster advertising
+        ``127.0.0.1:1883`` for a member configured as ``localhost:1883``)."""
         named = referral(reason_code, server_reference)
-        return self.brokers.index(named) if named in self.brokers else None
+        if named is None:
+            return None
+        if named in self.brokers:
+            return self.brokers.index(named)
+        wanted = await self._addresses(named)
+        for index, member in enumerate(self.brokers):
+            if member[1] == named[1] and wanted & await self._addresses(member):
+                return index
+        return None
+
+    async def _addresses(self, member: tuple[str, int]) -> set[str]:
+        """The IP addresses ``member``'s host resolves to (none when it does not resolve)."""
+        try:
+            found = await self._loop.getaddrinfo(member[0], member[1], type=socket.SOCK_STREAM)
+        except OSError:
+            return set()
+        return {str(address[4][0]) for address in found}
 
     def _move(self, why: str, to: int | None = None) -> None:
         """Leave the member in use for member ``to`` (one a refusal named), else for the next one."""
@@ -290,7 +309,8 @@ class ClusterPublisher(MqttPublisher):
                 raise PublishTimedOut(f"{len(again)} publishes not acknowledged within {self.timeout_s} s")
             if any(code is None for code in codes):
                 referred = [
-                    self._sent_elsewhere(client.closed_with, client.server_reference) for client in clients
+                    await self._sent_elsewhere(client.closed_with, client.server_reference)
+                    for client in clients
                 ]
                 to = next((index for index in referred if index is not None), None)
                 self._move(f"{codes.count(None)} publishes not acknowledged", to)

@@ -302,3 +302,24 @@ def test_a_member_sending_the_publisher_elsewhere_with_0x9c_is_followed_to_the_m
             publisher.close()
             subscriber.close()
             referrer.close()
+
+
+def test_a_server_reference_naming_a_listed_member_by_another_spelling_is_followed(tmp_path):
+    """The job lists a member as ``localhost:PORT``, the cluster refers by ``127.0.0.1:PORT``: the same
+    member, found by the addresses its host resolves to, not taken for a stranger (the next of the list)."""
+    with (
+        BrokerProcess(tmp_path / "named", limits=LIMITS) as named,
+        BrokerProcess(tmp_path / "next", limits=LIMITS) as following,
+    ):
+        referrer = Referrer(f"127.0.0.1:{named.port}", at="connect")
+        subscriber = Subscriber(named.address)
+        members = [referrer.address, following.address, ("localhost", named.port)]
+        publisher = ClusterPublisher(members, "actions-test", retry_s=0.05)
+        try:
+            publisher.publish_many(messages(10))
+            subscriber.wait_for_topics(topics(10))
+            assert (publisher.moves, publisher.member) == (1, ("localhost", named.port))
+        finally:
+            publisher.close()
+            subscriber.close()
+            referrer.close()
