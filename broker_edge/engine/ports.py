@@ -198,6 +198,9 @@ class SessionClaim:
     will: Will | None
     will_delay: int
     """The will's v5 Will Delay Interval (0: none)."""
+    takes_reference: bool = True
+    """An MQTT 5 client: a refusal ``use_another_server`` names it a member (3.1.1 has no Server
+    Reference)."""
 
 
 ClaimDone = Callable[[str | None, str | None], None]

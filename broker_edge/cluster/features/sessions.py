@@ -176,15 +176,19 @@ class ClusterSessions:
     def claim(self, claim: SessionClaim, done: ClaimDone) -> None:
         """Claim ``claim.client_id`` for a CONNECT on this node; ``done(refusal, server_reference)`` on the
         loop, refusal None when the standalone CONNECT handling may go on (the session, if it was
-        elsewhere, is now in the router); ``use_another_server`` names a live member, in turn."""
+        elsewhere, is now in the router); ``use_another_server`` names a live member to an MQTT 5 client,
+        in turn (a 3.1.1 client, which cannot be told one, takes no turn)."""
         task = self.tasks.spawn(self._claim_or_refuse(claim), f"claiming session {claim.client_id}")
 
         def finished(task: asyncio.Task[str | None]) -> None:
             failed = task.cancelled() or task.exception() is not None  # a failure was logged by ``tasks``
             refusal = "session_unavailable" if failed else task.result()
-            reference = self._next_elsewhere() if refusal == "use_another_server" else None
-            if refusal == "use_another_server" and reference is None:
-                refusal = "session_unavailable"  # the other members left meanwhile
+            reference = None
+            if refusal == "use_another_server":
+                if not self.view.elsewhere():
+                    refusal = "session_unavailable"  # the other members left meanwhile
+                elif claim.takes_reference:
+                    reference = self._next_elsewhere()
             done(refusal, reference)
 
         task.add_done_callback(finished)

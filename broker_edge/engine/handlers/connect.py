@@ -272,7 +272,9 @@ def _claim_then_accept(
     conn.state = AUTHENTICATING
     conn.hold(HELD_FOR_CONNECT)
     will = packet.will
-    claim = SessionClaim(client_id, username, packet.clean_start, expiry, will, _will_delay(will))
+    claim = SessionClaim(
+        client_id, username, packet.clean_start, expiry, will, _will_delay(will), conn.terms.v5
+    )
 
     def claimed(refusal: str | None, server_reference: str | None) -> None:
         if conn.state == CLOSED:
