@@ -130,7 +130,7 @@ def test_the_peer_address_comes_from_the_transport():
 def test_a_tcp_connection_owes_acknowledgements_while_a_qos_1_delivery_to_it_is_unacknowledged():
     """What puts a subscriber at the front of the read turns' line (``ReadTurns``): deliveries in flight."""
     core = make_core()
-    core.read_turns = ReadTurns(64 * 1024, core.call_soon)  # type: ignore[attr-defined]
+    core.read_turns = ReadTurns(64 * 1024, core.call_soon)  # type: ignore[attr-defined]  # a Broker's, not a core's
     consumer, transport = connected(core, "consumer", TcpConnection)
     device, _ = connected(core, "device", TcpConnection)
     assert isinstance(consumer, TcpConnection) and isinstance(device, TcpConnection)
