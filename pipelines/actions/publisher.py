@@ -308,11 +308,11 @@ class ClusterPublisher(MqttPublisher):
             if again and self._loop.time() > deadline:
                 raise PublishTimedOut(f"{len(again)} publishes not acknowledged within {self.timeout_s} s")
             if any(code is None for code in codes):
-                referred = [
-                    await self._sent_elsewhere(client.closed_with, client.server_reference)
-                    for client in clients
-                ]
-                to = next((index for index in referred if index is not None), None)
+                to = None
+                for client in clients:  # the first connection closed with a reference to a member
+                    to = await self._sent_elsewhere(client.closed_with, client.server_reference)
+                    if to is not None:
+                        break
                 self._move(f"{codes.count(None)} publishes not acknowledged", to)
             elif again:
                 await asyncio.sleep(self.retry_s)

@@ -185,19 +185,17 @@ class ClusterSessions:
             refusal = "session_unavailable" if failed else task.result()
             reference = None
             if refusal == "use_another_server":
-                if not self.view.elsewhere():
+                elsewhere = self.view.elsewhere()
+                if not elsewhere:
                     refusal = "session_unavailable"  # the other members left meanwhile
                 elif claim.takes_reference:
-                    reference = self._next_elsewhere()
+                    reference = self._next_of(elsewhere)
             done(refusal, reference)
 
         task.add_done_callback(finished)
 
-    def _next_elsewhere(self) -> str | None:
-        """The MQTT address of a live member other than this node, each in turn (None: there is none)."""
-        elsewhere = self.view.elsewhere()
-        if not elsewhere:
-            return None
+    def _next_of(self, elsewhere: list[str]) -> str:
+        """The MQTT address of one of the live members ``elsewhere`` (none empty), each in turn."""
         self._turn += 1
         return elsewhere[self._turn % len(elsewhere)]
 
