@@ -138,15 +138,14 @@ class Coordinator:
         while True:
             try:
                 watch = self.etcd.watch_prefix(self.keys.root, revision + 1)
+                # The watch runs in this task (not wait_for's task of its own): a stop's cancellations reach
+                # it here, so it has ended when it is closed, however long its own cleanup takes.
                 async with contextlib.aclosing(watch) as events:
-                    while True:
-                        timeout = max(0.0, next_resync - time.monotonic())
-                        try:
-                            event = await asyncio.wait_for(anext(events), timeout)
-                        except TimeoutError:
-                            break
-                        self._apply(event.key, event.value, event.mod_revision)
-                        self._schedule_changed()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(max(0.0, next_resync - time.monotonic())):
+                            async for event in events:
+                                self._apply(event.key, event.value, event.mod_revision)
+                                self._schedule_changed()
                 revision = await self._load()
             except WatchCompacted:
                 log.warning("etcd compacted the watched revisions: reading the cluster state again")

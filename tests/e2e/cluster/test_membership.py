@@ -10,9 +10,10 @@ in-sync set once it has caught up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,7 +22,7 @@ import pytest
 from broker_edge.cluster.coordination.assignment import leader_counts
 from broker_edge.cluster.coordination.controller import Controller
 from broker_edge.cluster.coordination.coordinator import Coordinator
-from broker_edge.cluster.coordination.etcd import ClusterKeys
+from broker_edge.cluster.coordination.etcd import ClusterKeys, WatchEvent
 from broker_edge.cluster.coordination.membership import Membership, fence_margin_s
 from broker_edge.cluster.view import ClusterView
 from broker_edge.offsets_api.server import serve
@@ -524,3 +525,42 @@ def test_an_etcd_restart_keeps_every_lease_the_controller_and_every_leader(priva
                 await node.stop()
 
     run(scenario(), 120)
+
+
+def test_a_coordinator_stopped_while_its_watch_outlives_a_cancellation_stops_without_an_error(
+    private_etcd: EtcdTarget, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gRPC may turn a cancellation into an error of the call, which the watch retries after a pause
+    (``cluster/tasks.py``): the stop cancels again, and that reaches the watch in the coordinator's own task,
+    so the watch ends and is closed quietly (run in a task of its own, it was closed while still running
+    there: "aclose(): asynchronous generator is already running", logged as a failed coordinator)."""
+
+    async def scenario() -> float:
+        node = await Node(private_etcd, "b1").start()
+        real_watch = node.etcd.watch_prefix
+
+        async def watch_that_outlives_a_cancellation(
+            prefix: str, start_revision: int, retry_delay_s: float = 0.5
+        ) -> AsyncGenerator[WatchEvent, None]:
+            async with contextlib.aclosing(real_watch(prefix, start_revision, retry_delay_s)) as events:
+                try:
+                    async for event in events:
+                        yield event
+                except asyncio.CancelledError:
+                    await asyncio.sleep(1.0)  # the retry's pause; a cancellation now ends it
+                    raise
+
+        monkeypatch.setattr(node.etcd, "watch_prefix", watch_that_outlives_a_cancellation)
+        try:
+            await node.coordinator.resync()  # watching through the wrapper
+            await eventually(lambda: "b1" in node.view.members, 10, "b1 registered and seen")
+            began = time.monotonic()
+            await node.coordinator.stop()
+            return time.monotonic() - began
+        finally:
+            await node.stop()
+
+    with caplog.at_level("WARNING", logger="broker_edge"):
+        took = run(scenario())
+    assert took < 1.0, "the second cancellation ends the watch's pause"
+    assert [record.getMessage() for record in caplog.records if record.levelname == "ERROR"] == []
