@@ -195,7 +195,7 @@ class ClusterSessions:
         task.add_done_callback(finished)
 
     def _next_of(self, elsewhere: list[str]) -> str:
-        """The MQTT address of one of the live members ``elsewhere`` (none empty), each in turn."""
+        """The MQTT address of one of the live members ``elsewhere`` (not empty), each in turn."""
         self._turn += 1
         return elsewhere[self._turn % len(elsewhere)]
 
