@@ -90,7 +90,10 @@ def test_a_sites_retention_gap_is_warned_before_recorded_on_the_hub_and_read_as_
 
         assert wait_for(lambda: hub.call(lambda: hub_store.durable_end(HUB_TOPIC)) == 40, timeout=20)
         lost_end = site.call(lambda: site_store.start_offset(TOPIC))
-        gaps = (Path(hub_store.layout.meta) / GAPS_FILE).read_text().splitlines()
+        # the gap is journalled once its batch is acknowledged, on the hub's loop: read there, once it is
+        journal = Path(hub_store.layout.meta) / GAPS_FILE
+        assert wait_for(lambda: hub.call(journal.exists), timeout=10)
+        gaps = hub.call(journal.read_text).splitlines()
         expected = {"site": "plant-g", "topic": TOPIC, "start": 10, "end": lost_end}
         assert [json.loads(line) for line in gaps] == [expected]
         assert hub.metric("timestone_broker_uplink_site_gap_records", site="plant-g") == lost_end - 10
