@@ -20,9 +20,9 @@ default to the bound ports) and starts it; ``Broker.stop`` stops it before anyth
 - makes sessions and wills cluster-wide (``sessions``, ``wills``): every CONNECT claims its client id in
   etcd first, taking the session over from the broker that holds it; wills are published once;
 - fences: while ``view.fenced`` nothing is acknowledged (placement never appends here, the leader stage
-  fails what it holds) and MQTT clients are sent elsewhere (``BrokerCore.send_clients_elsewhere``: v5
-  DISCONNECT 0x9C "use another server" with the Server Reference of a live member, the members in turn,
-  when one is known, else 0x8B).
+  fails what it holds); once the fence is more than a blip (``fenced_clients``) MQTT clients are sent
+  elsewhere (``BrokerCore.send_clients_elsewhere``: v5 DISCONNECT 0x9C "use another server" with the
+  Server Reference of a live member, the members in turn, when one is known, else 0x8B).
 
 Only a broker with a ``cluster:`` section imports this module. Given a ``view``, the node runs on it as is
 (no etcd, no replication: forwarding and the peer links alone), which is how the data side is tested.
@@ -42,6 +42,7 @@ from broker_edge.cluster.features.retained_sync import RetainedSync
 from broker_edge.cluster.features.shared_directory import SharedDirectory
 from broker_edge.cluster.features.shared_groups import SharedGroups, log_reader
 from broker_edge.cluster.features.shared_registry import SharedRegistry
+from broker_edge.cluster.fenced_clients import FencedClients
 from broker_edge.cluster.forwarding import ClusterForwarding
 from broker_edge.cluster.links.member_api import bind_members_endpoint, serve_members_endpoint
 from broker_edge.cluster.links.member_clients import MemberClients
@@ -257,6 +258,10 @@ class ClusterNode:
         """On a site: campaigns for its uplink, run by the member holding it (``hold_uplink``)."""
         if not self.static:
             self._build_coordination_and_replication()
+        self.fenced_clients = FencedClients(
+            self.view, self.membership, cluster.fenced_clients_hold_ms / 1000, self._move_clients
+        )
+        if not self.static:
             self._build_sessions()
         directory = SharedDirectory()
         self.shared_registry = SharedRegistry(
@@ -280,7 +285,6 @@ class ClusterNode:
             self.followers.delivery.wants = _subscribed_here(broker.router, self.shared)
         self.members_routes.append(self.links.add_routes)
         broker.add_offsets_api_routes(cluster_info_route(self.view, self._observer_status))
-        self._was_fenced = False
         self._started = False
         self._sessions_to: set[str] = set()
         """Members this node may hold HTTP sessions to (their connections are closed when they leave)."""
@@ -405,7 +409,7 @@ class ClusterNode:
         broker = self.broker
         registry = SessionRegistry(self.etcd, self.cluster.key_prefix)
         self.sessions = ClusterSessions(
-            broker, registry, self.view, self.links, self.cluster, was_member=self._was_member
+            broker, registry, self.view, self.links, self.cluster, self.fenced_clients.sends_clients_away
         )
         self.sessions.forwards_settled = partial(
             self.forwarding.settle,
@@ -513,6 +517,7 @@ class ClusterNode:
         if not self._started:
             return
         self._started = False
+        self.fenced_clients.close()
         if self.link_holder is not None:
             await self.link_holder.stop()
         if self.sessions is not None:
@@ -590,21 +595,15 @@ class ClusterNode:
             task.add_done_callback(self._closing.discard)
         self._sessions_to = set(view.members)
         self.forwarding.retry()
-        if view.fenced and not self._was_fenced and self._was_member():
-            self._move_clients()
-        self._was_fenced = view.fenced
+        self.fenced_clients.view_changed()
 
-    def _was_member(self) -> bool:
-        """Whether this node has been a member (a node starting up is fenced until it registers: its
-        clients have nowhere better to be)."""
-        return self.static or self.membership is None or self.membership.proven_until > 0
-
-    def _move_clients(self) -> None:
-        """Fenced: send every MQTT client to a live member, spread over them."""
+    def _move_clients(self, why: str) -> None:
+        """Fenced (``why``): send every MQTT client to a live member, spread over them."""
         references = self.view.elsewhere()
         moved = self.broker.send_clients_elsewhere(references, "this broker lost its cluster membership")
         log.warning(
-            "fenced (etcd lease not renewed): disconnected %d clients%s",
+            "fenced (%s): disconnected %d clients%s",
+            why,
             moved,
             f", pointing v5 clients at {', '.join(references)}" if references else "",
         )

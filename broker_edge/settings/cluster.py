@@ -213,6 +213,10 @@ class ClusterConfig:
     lease_ttl_s: int = 3
     """Seconds of this node's etcd lease: a node that stops renewing it leaves the cluster after this long,
     and fences itself (acknowledges nothing) a little before (at least 2)."""
+    fenced_clients_hold_ms: int = 3000
+    """How long a member fenced without losing its lease (etcd slow, restarting or out of reach) keeps its
+    MQTT clients before it sends them to the other members; one whose lease etcd says is gone sends them at
+    once. 0: at the fence."""
     replica_lag_max_ms: int = 5000
     """A follower that has not caught up with the leader's log end for this long leaves the in-sync set."""
     unclean_election: bool = False
@@ -263,6 +267,7 @@ class ClusterConfig:
             ("min_insync_replicas", 1),
             ("partitions", 1),
             ("lease_ttl_s", 2),
+            ("fenced_clients_hold_ms", 0),
             ("replica_lag_max_ms", 1),
             ("forward_timeout_ms", 0),
             ("retained_snapshot_timeout_ms", 0),

@@ -212,6 +212,8 @@ class Membership:
         self.registration = None
         self._registered.clear()
         self._cancel_fence_timer()
+        if self.view.fenced:  # fenced already (its renewals failed): the view's listeners learn the loss
+            self.view.changed()
         self._set_fenced(True, why)
 
     # -- fencing ------------------------------------------------------------------------------------------

@@ -134,11 +134,12 @@ class ClusterSessions:
         view: ClusterView,
         links: PeerLinks,
         cluster: ClusterConfig,
-        was_member: Callable[[], bool],
+        sends_clients_away: Callable[[], bool],
     ) -> None:
         self.broker = broker
-        self.was_member = was_member
-        """Whether this node has been a member (one starting up is fenced until it registers)."""
+        self.sends_clients_away = sends_clients_away
+        """Whether this node, fenced after it was a member, sends its clients to another member now
+        (``broker_edge.cluster.fenced_clients``)."""
         self._turn = 0
         self.registry = registry
         self.view = view
@@ -263,13 +264,14 @@ class ClusterSessions:
 
     async def _not_member(self) -> str | None:
         """None once this node is a member, waiting up to ``session_handover_timeout_ms`` for it to become
-        one (a broker starting up registers within moments of opening its listeners), else the refusal:
-        ``session_unavailable``, or at once ``use_another_server`` when this node was a member and
-        lost its membership (fenced) while another member is alive, to send the client there."""
+        one (a broker starting up registers within moments of opening its listeners; a fence of a moment
+        lifts), else the refusal: ``session_unavailable``, or ``use_another_server`` as soon as this node,
+        fenced after it was a member, sends its clients away while another member is alive, to send the
+        client there."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.handover_timeout_s
         while self.view.fenced:
-            if self.was_member() and self.view.elsewhere():
+            if self.sends_clients_away() and self.view.elsewhere():
                 return "use_another_server"
             if loop.time() >= deadline or self.closed:
                 return "session_unavailable"

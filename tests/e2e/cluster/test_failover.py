@@ -41,10 +41,15 @@ def _topics_led_by(target: EtcdTarget, leader: str, count: int) -> list[str]:
 
 
 def _run_failover(
-    brokers: dict[str, BrokerProcess], target: EtcdTarget, victim: str, fail: Callable[[], None]
+    brokers: dict[str, BrokerProcess],
+    target: EtcdTarget,
+    victim: str,
+    fail: Callable[[], None],
+    moved: Callable[[list[Device]], bool] = lambda _devices: True,
 ) -> tuple[list[Device], float]:
-    """Four devices publish through all brokers; ``fail()`` takes ``victim`` down mid-way. Returns the devices
-    and the seconds from the failure to the first acknowledgement of a publish on the victim's partition."""
+    """Four devices publish through all brokers; ``fail()`` takes ``victim`` down mid-way; they publish on
+    until ``moved(devices)``. Returns the devices and the seconds from the failure to the first
+    acknowledgement of a publish on the victim's partition."""
     order = [brokers[node] for node in NODES]
     wait_until(  # leadership spreads a few partitions at a time: the victim may lead none yet
         lambda: cluster_state(target).leaders().get(victim, 0) >= 2,
@@ -72,6 +77,7 @@ def _run_failover(
     )
     recovered = next(t for t in devices[0].ack_times if t > failed_at) - failed_at
     time.sleep(PUBLISH_S)
+    wait_until(lambda: moved(devices), 30, "devices moved")
     for device in devices:
         device.stop()
     check_nothing_acknowledged_was_lost(devices, survivors)
@@ -99,10 +105,11 @@ def test_a_leader_that_loses_etcd_stops_acknowledging_and_loses_nothing(tmp_path
             brokers[node] = started(partial(cluster_broker, tmp_path, etcd, node, section))
         wait_settled(etcd, set(NODES), 3)
 
-        devices, recovered = _run_failover(brokers, etcd, "b", proxy.cut)
+        # device-1 started on b: b sends it away once it has been fenced for fenced_clients_hold_ms
+        devices, recovered = _run_failover(brokers, etcd, "b", proxy.cut, lambda d: d[1].moves >= 1)
 
         assert brokers["b"].process is not None and brokers["b"].process.poll() is None  # it still runs
-        assert devices[1].moves >= 1  # device-1 started on b: b sent it away once fenced
+        assert devices[1].moves >= 1
         state = cluster_state(etcd)
         assert "b" not in state.members
         assert all(p.leader in ("a", "c") for p in state.partitions.values())

@@ -82,7 +82,7 @@ def own_streams(spark):
 def test_rollout_survives_the_kill_of_the_broker_the_job_uses(tmp_path, cluster_brokers, etcd, own_streams):
     spark = own_streams
     # a 6 s lease: on a loaded 2-core machine etcd stalls past 3 s leases' 2.2 s fence margin, and members
-    # fencing in turn send every device back and forth (what this test is about is the kill of one member)
+    # fenced in turn refuse publishes (what this test is about is the kill of one member)
     brokers = {node: cluster_brokers(node, replica_lag_max_ms=2000, lease_ttl_s=6) for node in NODES}
     wait_settled(etcd, set(NODES), 3)
     store = open_table_store(spark, str(tmp_path / "tables"), backend="delta-rs")

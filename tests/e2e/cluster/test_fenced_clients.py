@@ -1,0 +1,104 @@
+"""A fenced member keeps its MQTT clients while the fence may still lift (``cluster.fenced_clients_hold_ms``)
+and sends them to the other members once it has lasted that long: etcd restarting fences every member at
+once, and moving the clients then would send each to a member as fenced as its own, the whole fleet
+reconnecting for an etcd restart. Real broker processes, a real etcd, paho clients."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from queue import Empty
+
+from broker_edge.protocol.packets import Disconnect
+from broker_edge.runtime.launcher import BrokerProcess
+from tests.e2e.broker_clients import PahoClient, RawClient
+from tests.e2e.cluster.conftest import EtcdTarget, cluster_broker
+from tests.e2e.cluster.proof import EtcdProxy, started, wait_settled, wait_until
+
+NODES = ("a", "b", "c")
+FENCED = "cannot prove its etcd lease alive"
+HOLD_S = 3.0  # the default fenced_clients_hold_ms
+
+
+def logged(broker: BrokerProcess, text: str) -> int:
+    return broker.log_path.read_text(errors="replace").count(text)
+
+
+def test_an_etcd_restart_shorter_than_the_hold_moves_no_client_of_any_member(
+    cluster_brokers: Callable[..., BrokerProcess], private_etcd: EtcdTarget
+) -> None:
+    # a hold well past the restart below, so that a loaded machine's slow etcd start is still "a moment"
+    brokers = {
+        node: cluster_brokers(node, target=private_etcd, fenced_clients_hold_ms=20_000) for node in NODES
+    }
+    wait_settled(private_etcd, set(NODES), 3)
+    clients: dict[str, PahoClient] = {}
+    for node in NODES:
+        for version in (5, 4):
+            clients[f"{node}-v{version}"] = PahoClient(
+                brokers[node].port, f"{node}-v{version}", version=version
+            )
+    subscriber = PahoClient(brokers["c"].port, "watcher", version=5)
+    subscriber.subscribe("after/#", 1)
+
+    private_etcd.server.kill()
+    wait_until(lambda: all(logged(b, FENCED) for b in brokers.values()), 15, "every member fenced")
+    private_etcd.server.start()
+    wait_until(
+        lambda: all(logged(b, "unfenced: lease proven alive again") for b in brokers.values()),
+        30,
+        "every member unfenced under its own lease",
+    )
+
+    for client_id, client in clients.items():
+        try:
+            reason = client.disconnects.get_nowait()
+        except Empty:
+            continue
+        raise AssertionError(f"{client_id} was disconnected ({reason}) by the etcd restart")
+    assert not any(logged(b, "): disconnected") for b in brokers.values())  # "fenced (why): disconnected n"
+    wait_settled(private_etcd, set(NODES), 3)
+    for client_id, client in clients.items():
+        client.publish(f"after/{client_id}", b"still here", 1)  # QoS 1, on the connection it had
+    got = sorted(message.topic for message in subscriber.expect(len(clients), timeout=20))
+    assert got == sorted(f"after/{client_id}" for client_id in clients)
+
+
+def test_a_member_cut_off_from_etcd_sends_its_clients_away_once_the_hold_is_over(
+    tmp_path: Path, etcd: EtcdTarget
+) -> None:
+    """``b`` alone loses etcd (the others take its partitions over when its lease ends; it cannot learn
+    that): it keeps its clients for the default hold after its fence, then sends them to ``a`` and ``c``."""
+    proxy = EtcdProxy(etcd.url)
+    brokers: dict[str, BrokerProcess] = {}
+    try:
+        for node in NODES:
+            section = {"etcd": [proxy.url] if node == "b" else [etcd.url]}
+            brokers[node] = started(partial(cluster_broker, tmp_path, etcd, node, section))
+        wait_settled(etcd, set(NODES), 3)
+        v5 = RawClient(brokers["b"].port, version=5)
+        assert v5.connect("on-b-v5", keep_alive=0).reason_code == 0
+        v3 = PahoClient(brokers["b"].port, "on-b-v3", version=4)
+        others = {f"127.0.0.1:{brokers[n].port}" for n in ("a", "c")}
+
+        cut_at = time.monotonic()
+        proxy.cut()
+        wait_until(lambda: logged(brokers["b"], FENCED) == 1, 15, "b fenced")
+        fenced_at = time.monotonic()
+        v5.recv_none(1.0)  # held: the fence may still lift
+        assert v3.disconnects.empty()
+
+        moved = v5.recv(timeout=HOLD_S + 15)
+        moved_at = time.monotonic()
+        assert isinstance(moved, Disconnect) and moved.reason_code == 0x9C  # use another server
+        assert moved.properties is not None and moved.properties.server_reference in others
+        assert v5.closed()
+        assert v3.disconnects.get(timeout=5) is not None
+        assert moved_at - cut_at >= HOLD_S and moved_at - fenced_at >= HOLD_S - 1.0
+        assert logged(brokers["b"], "fenced_clients_hold_ms (3 s)") == 1
+    finally:
+        proxy.close()
+        for broker in brokers.values():
+            broker.stop()

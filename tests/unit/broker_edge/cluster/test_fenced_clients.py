@@ -1,0 +1,102 @@
+"""When a fenced member sends its MQTT clients away (``FencedClients``): after ``fenced_clients_hold_ms``
+while its lease may still be alive, at once when etcd says it is gone, never for a fence that lifts within
+the hold, and never while it was not a member yet. The member's lease state is a plain record here; the
+e2e tests (``tests/e2e/cluster/test_fenced_clients.py``, ``test_failover.py``) run it on a real etcd."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
+
+from broker_edge.cluster.fenced_clients import FencedClients
+from broker_edge.cluster.view import ClusterView
+
+HOLD_S = 0.2
+
+
+def member(hold_s: float = HOLD_S) -> tuple[ClusterView, SimpleNamespace, FencedClients, list[str]]:
+    """A member registered under lease 7, unfenced, following its view; ``moves`` lists each move's why."""
+    view = ClusterView("b1", 4)
+    view.fenced = False
+    lease = SimpleNamespace(proven_until=10.0, lease_id=7)
+    moves: list[str] = []
+    fenced = FencedClients(view, cast(Any, lease), hold_s, moves.append)
+    view.on_change(fenced.view_changed)
+    return view, lease, fenced, moves
+
+
+def fence(view: ClusterView, fenced: bool = True) -> None:
+    view.fenced = fenced
+    view.changed()
+
+
+def test_a_fence_that_outlasts_the_hold_sends_the_clients_away_once() -> None:
+    async def scenario() -> list[str]:
+        view, _lease, fenced, moves = member()
+        fence(view)
+        assert not fenced.sends_clients_away() and moves == []  # within the hold: kept, CONNECTs wait
+        await asyncio.sleep(HOLD_S * 2)
+        assert fenced.sends_clients_away()
+        view.changed()  # another change of the view while fenced moves nobody twice
+        return moves
+
+    moves = asyncio.run(scenario())
+    assert len(moves) == 1 and "fenced_clients_hold_ms" in moves[0]
+
+
+def test_a_fence_lifted_within_the_hold_moves_nobody_and_the_next_fence_holds_again() -> None:
+    async def scenario() -> list[str]:
+        view, _lease, fenced, moves = member()
+        fence(view)
+        await asyncio.sleep(HOLD_S / 2)
+        fence(view, False)  # the lease proven alive again (etcd back)
+        await asyncio.sleep(HOLD_S * 2)
+        assert moves == [] and not fenced.sends_clients_away()
+        fence(view)
+        await asyncio.sleep(HOLD_S / 2)
+        assert moves == []  # a new fence, a new hold
+        await asyncio.sleep(HOLD_S * 2)
+        return moves
+
+    assert len(asyncio.run(scenario())) == 1
+
+
+def test_a_lease_etcd_says_is_gone_sends_the_clients_away_at_once() -> None:
+    async def scenario() -> list[str]:
+        view, lease, fenced, moves = member(hold_s=60)
+        fence(view)  # renewals fail: held
+        assert moves == []
+        lease.lease_id = None  # etcd answers: the lease is gone (Membership._lose_lease)
+        view.changed()
+        assert fenced.sends_clients_away()
+        return moves
+
+    moves = asyncio.run(scenario())
+    assert moves == ["etcd answered that its lease is gone"]
+
+
+def test_a_node_starting_up_is_fenced_without_sending_anyone_away() -> None:
+    async def scenario() -> list[str]:
+        view, lease, fenced, moves = member(hold_s=0)
+        lease.proven_until, lease.lease_id = 0.0, None  # never registered yet
+        fence(view)
+        await asyncio.sleep(0.05)
+        assert not fenced.sends_clients_away()
+        return moves
+
+    assert asyncio.run(scenario()) == []
+
+
+def test_a_hold_of_0_moves_at_the_fence_and_a_closed_one_never() -> None:
+    async def scenario() -> tuple[list[str], list[str]]:
+        view, _lease, _fenced, at_once = member(hold_s=0)
+        fence(view)
+        other_view, _other_lease, closed, never = member()
+        fence(other_view)
+        closed.close()  # the node stops
+        await asyncio.sleep(HOLD_S * 2)
+        return at_once, never
+
+    at_once, never = asyncio.run(scenario())
+    assert len(at_once) == 1 and never == []
