@@ -88,6 +88,11 @@ def started(make: Callable[[], BrokerProcess], attempts: int = 3) -> BrokerProce
 # -- reading logs back ------------------------------------------------------------------------------------
 
 
+def logged(broker: BrokerProcess, text: str) -> int:
+    """How many times ``text`` stands in the broker's log file."""
+    return broker.log_path.read_text(errors="replace").count(text)
+
+
 def metric(broker: BrokerProcess, name: str, **labels: str) -> float:
     """The sample ``name`` with ``labels`` of the broker's ``GET /metrics`` (AssertionError when absent)."""
     url = f"http://127.0.0.1:{broker.admin_port}/metrics"

@@ -15,15 +15,11 @@ from broker_edge.protocol.packets import Disconnect
 from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient, RawClient
 from tests.e2e.cluster.conftest import EtcdTarget, cluster_broker
-from tests.e2e.cluster.proof import EtcdProxy, started, wait_settled, wait_until
+from tests.e2e.cluster.proof import EtcdProxy, logged, started, wait_settled, wait_until
 
 NODES = ("a", "b", "c")
 FENCED = "cannot prove its etcd lease alive"
 HOLD_S = 3.0  # the default fenced_clients_hold_ms
-
-
-def logged(broker: BrokerProcess, text: str) -> int:
-    return broker.log_path.read_text(errors="replace").count(text)
 
 
 def test_an_etcd_restart_shorter_than_the_hold_moves_no_client_of_any_member(

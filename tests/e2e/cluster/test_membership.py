@@ -14,6 +14,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,6 +32,7 @@ from broker_edge.runtime.launcher import BrokerProcess, free_port
 from broker_edge.settings.cluster import ClusterConfig
 from broker_edge.storage import AppendRecord, LogStore, StorageConfig
 from tests.e2e.cluster.conftest import EtcdTarget
+from tests.e2e.cluster.proof import logged as broker_log_count
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -442,9 +444,7 @@ def test_a_broker_process_fences_itself_while_etcd_is_stopped(
     cluster_brokers: Callable[..., BrokerProcess], private_etcd: EtcdTarget
 ) -> None:
     broker = cluster_brokers("b1", target=private_etcd, lease_ttl_s=TTL)
-
-    def logged(text: str) -> int:
-        return broker.log_path.read_text().count(text)
+    logged = partial(broker_log_count, broker)
 
     async def scenario() -> float:
         await eventually(lambda: logged("b1 unfenced") == 1, 10, "b1 registered and unfenced")
