@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -25,6 +26,10 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+# The suite's Spark settings (spark-conf/spark-defaults.conf: the JVMs' client compiler only), inherited by
+# the drivers the tests start as processes; the standalone cluster's master and workers take the same option.
+os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).with_name("spark-conf")))
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1")
 
 # Property tests check behaviour, not speed (bench/ measures speed): no per-example deadline, no slowness
 # health check, so a busy machine cannot fail them.

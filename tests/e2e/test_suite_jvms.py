@@ -1,0 +1,44 @@
+"""The suite's own Spark settings reach its JVMs (``tests/spark-conf``, README *Developing*): the shared
+SparkSession's driver, and a driver the tests start as a process of its own, run with the client compiler
+only."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+CLIENT_COMPILER_ONLY = "-XX:TieredStopAtLevel=1"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _jvm_arguments(spark: SparkSession) -> list[str]:
+    jvm: Any = spark.sparkContext._jvm  # py4j's view of the driver's JVM
+    return list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+
+
+def test_the_shared_session_and_a_driver_process_run_with_the_client_compiler_only(
+    spark: SparkSession,
+) -> None:
+    assert CLIENT_COMPILER_ONLY in _jvm_arguments(spark)
+    printed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from pipelines.spark_session import local_spark_session\n"
+            "from tests.e2e.test_suite_jvms import _jvm_arguments\n"
+            "session = local_spark_session('jvm-arguments', 'local[1]')\n"
+            "print('ARGS', ' '.join(_jvm_arguments(session)))\n"
+            "session.stop()\n",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=True,
+    ).stdout
+    arguments = next(line for line in printed.splitlines() if line.startswith("ARGS ")).split()
+    assert CLIENT_COMPILER_ONLY in arguments
