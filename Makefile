@@ -21,7 +21,7 @@ SPARK40_TESTS := tests/unit/sources tests/e2e/sources/test_stream_reader.py \
 	tests/e2e/sinks/test_spark_arrow.py tests/e2e/sinks/test_delta_rs_store.py \
 	tests/e2e/telemetry/test_telemetry_stream.py tests/e2e/ota/test_actions_job.py
 
-.PHONY: demo test lint bench setup system-deps clean
+.PHONY: demo test test-durations lint bench setup system-deps clean
 
 demo: $(STAMP)
 	$(VENV)/bin/timestone demo
@@ -60,6 +60,11 @@ bench: $(STAMP) system-deps
 	TIMESTONE_WAN_CUT_S=300 $(VENV)/bin/pytest -q -p no:cacheprovider tests/e2e/uplink/test_uplink_wan.py
 	$(VENV)/bin/python -m bench.tls_accept_bench
 	$(VENV)/bin/python -m bench
+
+# The seconds each test module took (tests/durations.json), from which tests/conftest.py hands out the costliest
+# groups of tests first (tests/durations.py): refresh it after adding or lengthening a long test.
+test-durations: $(STAMP) system-deps
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --record-durations tests/durations.json
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

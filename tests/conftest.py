@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from broker_edge.runtime.launcher import free_port, wait_for_port
+from tests.durations import DurationRecorder, longest_groups_first, module_of
 
 # A pytest-xdist worker runs from ``python -c``: its __main__ has neither spec nor file, which
 # pyspark.sql.connect (imported by great_expectations) takes for a doctest run and answers with sys.exit(0).
@@ -42,15 +43,44 @@ SHARED_BY_THE_SESSION = frozenset({"s3", "demo_run"})
 has a SparkSession of its own: starting one costs seconds, and the Spark tests are too many for one.)"""
 
 
+DURATIONS = Path(__file__).with_name("durations.json")
+"""Seconds per test module (``make test-durations``): the groups costing most are handed out first."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        type=Path,
+        help="write the seconds each test module took to PATH (tests/durations.json: make test-durations)",
+    )
+
+
+def _group(item: pytest.Item) -> str:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    return "session-fixtures" if fixtures & SHARED_BY_THE_SESSION else module_of(item.nodeid)
+
+
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Groups for pytest-xdist's ``--dist loadgroup`` (``make test``): the tests of the session's costly
-    fixtures on one worker, every other module whole on one worker, so no such fixture starts twice.
-    First among the hooks: xdist reads the marks in its own. Without xdist the marks do nothing."""
+    fixtures on one worker, every other module whole on one worker, so no such fixture starts twice; the
+    costliest groups first (tests/durations.py). First among the hooks: xdist reads the marks in its own.
+    Without xdist the marks do nothing and the order stays as collected."""
     for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
-        group = "session-fixtures" if fixtures & SHARED_BY_THE_SESSION else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    if config.getoption("loadgroup", False):  # a worker's collection, which xdist's queue follows
+        items[:] = longest_groups_first(items, lambda item: item.nodeid, _group, DURATIONS)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """xdist's controller keeps the groups in the order the workers collected them (not sorted by their
+    number of tests, its default); ``--record-durations`` registers the recorder there."""
+    if config.getoption("dist", "no") == "loadgroup":
+        config.option.loadscopereorder = False
+    record = config.getoption("record_durations")
+    if record is not None and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(DurationRecorder(record), "timestone-durations")
 
 
 @pytest.fixture(scope="session")

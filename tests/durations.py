@@ -1,0 +1,73 @@
+"""The order in which pytest-xdist hands out the suite's groups: the longest first.
+
+``make test`` runs two workers with ``--dist loadgroup``; xdist hands out the groups (a module, or the tests
+of a costly session fixture) in collection order, and by default sorts them by their number of tests, so
+the longest module, two tests on a Spark standalone cluster, came last and ran alone while the other worker
+idled.
+Longest first (``--no-loadscope-reorder`` and the order set here) lets the short groups fill in around the
+long ones. What a group costs comes from ``tests/durations.json``, seconds per test module as recorded by
+``make test-durations``; a module it does not name counts ``UNRECORDED_TEST_S`` per test, so a stale record
+changes the order, never the tests that run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+UNRECORDED_TEST_S = 1.0
+"""What a test of a module missing from the record is taken to cost."""
+
+Item = TypeVar("Item")
+
+
+def module_of(nodeid: str) -> str:
+    """The test module's path in a node id (``tests/x/test_y.py::test_z[p]@group``)."""
+    return nodeid.split("::", 1)[0]
+
+
+def recorded_seconds(record: Path) -> dict[str, float]:
+    """Seconds per test module from ``record``; none when it is missing."""
+    if not record.exists():
+        return {}
+    seconds = json.loads(record.read_text())
+    return {str(module): float(spent) for module, spent in seconds.items()}
+
+
+def longest_groups_first(
+    items: Sequence[Item], nodeid: Callable[[Item], str], group: Callable[[Item], str], record: Path
+) -> list[Item]:
+    """``items`` with their groups ordered by estimated cost, the costliest first; a group's items keep their
+    order and stay together, groups of equal cost keep the order they were collected in."""
+    recorded = recorded_seconds(record)
+    tests_per_module = Counter(module_of(nodeid(item)) for item in items)
+    cost: defaultdict[str, float] = defaultdict(float)
+    first_seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        module = module_of(nodeid(item))
+        spent = recorded.get(module)
+        cost[group(item)] += UNRECORDED_TEST_S if spent is None else spent / tests_per_module[module]
+        first_seen.setdefault(group(item), index)
+    return sorted(items, key=lambda item: (-cost[group(item)], first_seen[group(item)]))
+
+
+class DurationRecorder:
+    """A pytest plugin (registered by tests/conftest.py for ``--record-durations``) summing the seconds of
+    each test module's phases (set-up, call, tear-down) as their reports come in, from every worker, and
+    writing them at the session's end to the record ``longest_groups_first`` reads."""
+
+    def __init__(self, record: Path) -> None:
+        self.record = record
+        self.seconds: defaultdict[str, float] = defaultdict(float)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[module_of(report.nodeid)] += report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        ordered = {module: round(spent, 1) for module, spent in sorted(self.seconds.items())}
+        self.record.write_text(json.dumps(ordered, indent=1) + "\n")
