@@ -1,13 +1,13 @@
 """The order in which pytest-xdist hands out the suite's groups: the longest first.
 
 ``make test`` runs two workers with ``--dist loadgroup``; xdist hands out the groups (a module, or the tests
-of a costly session fixture) in collection order, and by default sorts them by their number of tests, so
-the longest module, two tests on a Spark standalone cluster, came last and ran alone while the other worker
-idled.
-Longest first (``--no-loadscope-reorder`` and the order set here) lets the short groups fill in around the
-long ones. What a group costs comes from ``tests/durations.json``, seconds per test module as recorded by
-``make test-durations``; a module it does not name counts ``UNRECORDED_TEST_S`` per test, so a stale record
-changes the order, never the tests that run.
+of a costly session fixture) in collection order, by default sorted by their number of tests, so the
+longest module, two tests on a Spark standalone cluster, came last and ran alone while the other worker
+idled. Longest first (xdist's own sort turned off by tests/conftest.py, each worker's collection ordered
+here) lets the short groups fill in around the long ones. What a group costs comes from
+``tests/durations.json``, seconds per test module as recorded by ``make test-durations`` and shared among
+the module's collected tests; a module it does not name counts ``UNRECORDED_TEST_S`` per test, so a stale
+record changes the order, never the tests that run.
 """
 
 from __future__ import annotations
