@@ -67,10 +67,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     fixtures on one worker, every other module whole on one worker, so no such fixture starts twice; the
     costliest groups first (tests/durations.py). First among the hooks: xdist reads the marks in its own.
     Without xdist the marks do nothing and the order stays as collected."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)))
+    groups = [_group(item) for item in items]
+    for item, group in zip(items, groups, strict=True):
+        item.add_marker(pytest.mark.xdist_group(group))
     if config.getoption("loadgroup", False):  # a worker's collection, which xdist's queue follows
-        items[:] = longest_groups_first(items, lambda item: item.nodeid, _group, DURATIONS)
+        items[:] = longest_groups_first(items, groups, DURATIONS)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
 UNRECORDED_TEST_S = 1.0
 """What a test of a module missing from the record is taken to cost."""
-
-Item = TypeVar("Item")
 
 
 def module_of(nodeid: str) -> str:
@@ -40,20 +37,22 @@ def recorded_seconds(record: Path) -> dict[str, float]:
 
 
 def longest_groups_first(
-    items: Sequence[Item], nodeid: Callable[[Item], str], group: Callable[[Item], str], record: Path
-) -> list[Item]:
-    """``items`` with their groups ordered by estimated cost, the costliest first; a group's items keep their
-    order and stay together, groups of equal cost keep the order they were collected in."""
+    items: Sequence[pytest.Item], groups: Sequence[str], record: Path
+) -> list[pytest.Item]:
+    """``items`` (``groups``: each one's group) with their groups ordered by estimated cost, the costliest
+    first; a group's items keep their order and stay together, groups of equal cost keep the order they were
+    collected in."""
     recorded = recorded_seconds(record)
-    tests_per_module = Counter(module_of(nodeid(item)) for item in items)
+    modules = [module_of(item.nodeid) for item in items]
+    tests_per_module = Counter(modules)
     cost: defaultdict[str, float] = defaultdict(float)
     first_seen: dict[str, int] = {}
-    for index, item in enumerate(items):
-        module = module_of(nodeid(item))
+    for index, (module, group) in enumerate(zip(modules, groups, strict=True)):
         spent = recorded.get(module)
-        cost[group(item)] += UNRECORDED_TEST_S if spent is None else spent / tests_per_module[module]
-        first_seen.setdefault(group(item), index)
-    return sorted(items, key=lambda item: (-cost[group(item)], first_seen[group(item)]))
+        cost[group] += UNRECORDED_TEST_S if spent is None else spent / tests_per_module[module]
+        first_seen.setdefault(group, index)
+    order = sorted(range(len(items)), key=lambda index: (-cost[groups[index]], first_seen[groups[index]]))
+    return [items[index] for index in order]
 
 
 class DurationRecorder:
