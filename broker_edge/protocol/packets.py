@@ -101,6 +101,16 @@ class PubAck:
 
 
 @dataclass(slots=True)
+class PubAckRun:
+    """Decoded only, by a server decoder: a read made of nothing but two or more PUBACKs without a reason
+    code (a QoS 1 subscriber's acknowledgements read together), as one packet: ``PubAck(packet_id)`` for each
+    of ``packet_ids``, in order, without an object each."""
+
+    packet_type: ClassVar[PacketType] = PacketType.PUBACK
+    packet_ids: list[int]
+
+
+@dataclass(slots=True)
 class PubRec:
     packet_type: ClassVar[PacketType] = PacketType.PUBREC
     packet_id: int
@@ -212,6 +222,7 @@ Packet = (
     | ConnAck
     | Publish
     | PubAck
+    | PubAckRun
     | PubRec
     | PubRel
     | PubComp

@@ -61,7 +61,7 @@ from broker_edge.engine.publish_run import plain_run_end
 from broker_edge.engine.rare_fields import RareField
 from broker_edge.protocol.codec import PacketDecoder, encode
 from broker_edge.protocol.errors import MQTTError, PacketTooLarge, UnsupportedProtocolVersion
-from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect, Disconnect, PubAck, Publish
+from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect, Disconnect, PubAck, PubAckRun, Publish
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
 
@@ -373,6 +373,8 @@ class Connection(Outgoing):
                 handle_publish(self.terms.host, self, session, packet)
             elif type(packet) is PubAck:
                 session.on_puback(packet.packet_id)  # ``handle_puback``'s whole work, a call fewer
+            elif type(packet) is PubAckRun:  # a read of PUBACKs: the window refilled once, after them all
+                session.on_pubacks(packet.packet_ids)
             else:
                 dispatch_connected(self.terms.host, self, session, packet)
             return

@@ -4,7 +4,7 @@ from typing import Literal
 
 import pytest
 
-from broker_edge.protocol import MQTTError, Packet, PacketDecoder
+from broker_edge.protocol import MQTTError, Packet, PacketDecoder, PubAck, PubAckRun
 
 
 def frame(first_byte: int, *parts: bytes) -> bytes:
@@ -34,3 +34,15 @@ def decode_error(
     with pytest.raises(MQTTError) as caught:
         decode_all(data, protocol_version, role)
     return caught.value
+
+
+def one_by_one(packets: list[Packet]) -> list[Packet]:
+    """``packets`` with each ``PubAckRun`` (a read of PUBACKs, decoded together) as the PUBACKs it stands
+    for."""
+    return [
+        single
+        for packet in packets
+        for single in (
+            [PubAck(packet_id) for packet_id in packet.packet_ids] if type(packet) is PubAckRun else [packet]
+        )
+    ]
