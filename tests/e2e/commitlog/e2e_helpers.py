@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Coroutine
 from typing import Any, Literal
 
@@ -13,6 +11,7 @@ from paho.mqtt.properties import Properties as PahoProperties
 from broker_edge.engine.message import OFFSETS_OPT_IN
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.protocol.properties import Properties
+from pipelines.fleet import background
 from tests.e2e.broker_clients import PahoClient
 from tests.e2e.conftest import RunningBroker
 
@@ -64,18 +63,13 @@ def read_log(client: OffsetsClient, topic: str) -> list[dict]:
         offset = fetched.next_offset
 
 
-class LoopThread:
-    """An asyncio loop on its own thread, for clients written with asyncio (the lean client, gmqtt)."""
+class LoopThread(background.LoopThread):
+    """An asyncio loop on its own thread, started at once, for clients written with asyncio (the lean
+    client, gmqtt)."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="test-clients", daemon=True)
-        self._thread.start()
+        super().__init__("test-clients")
+        self.start()
 
     def run(self, coroutine: Coroutine[Any, Any, Any], timeout: float = 30) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
-        self.loop.close()
+        return super().run(coroutine, timeout)
