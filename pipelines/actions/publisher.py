@@ -21,6 +21,7 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, Protocol, cast
 
 from pipelines.fleet.client import ConnectionRefused, MqttClient, referral
+from pipelines.loop_thread import LoopThread
 
 log = logging.getLogger(__name__)
 
@@ -89,15 +90,15 @@ class MqttPublisher:
         self.sent = 0
         """PUBLISH packets sent, resends included."""
         self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="actions-publisher", daemon=True)
+        self._thread = LoopThread("actions-publisher")
         self._thread.start()
+        self._loop = self._thread.loop
         self._clients: dict[tuple[int, int], MqttClient] = {}
         """Open connections by (broker index, slot); slot 0 is always used, the others by large batches."""
         self._run(self._open())
 
     def _run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        return self._thread.run(coroutine, None)
 
     async def _open(self) -> None:
         """Connect at start, so a wrong address or credentials fail the job at once."""
@@ -177,8 +178,7 @@ class MqttPublisher:
         try:
             self._run(disconnect())
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
+            self._thread.close()
 
 
 class ClusterPublisher(MqttPublisher):

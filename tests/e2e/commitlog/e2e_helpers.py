@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
 from typing import Any, Literal
 
 from paho.mqtt.packettypes import PacketTypes
@@ -11,7 +10,7 @@ from paho.mqtt.properties import Properties as PahoProperties
 from broker_edge.engine.message import OFFSETS_OPT_IN
 from broker_edge.offsets_api.client import OffsetsClient
 from broker_edge.protocol.properties import Properties
-from pipelines.fleet import background
+from pipelines import loop_thread
 from tests.e2e.broker_clients import PahoClient
 from tests.e2e.conftest import RunningBroker
 
@@ -63,13 +62,10 @@ def read_log(client: OffsetsClient, topic: str) -> list[dict]:
         offset = fetched.next_offset
 
 
-class LoopThread(background.LoopThread):
+class LoopThread(loop_thread.LoopThread):
     """An asyncio loop on its own thread, started at once, for clients written with asyncio (the lean
     client, gmqtt)."""
 
     def __init__(self) -> None:
         super().__init__("test-clients")
         self.start()
-
-    def run(self, coroutine: Coroutine[Any, Any, Any], timeout: float = 30) -> Any:
-        return super().run(coroutine, timeout)

@@ -79,7 +79,7 @@ def test_fifty_subscribers_replaying_one_range_share_the_reads(brokers, monkeypa
     reads = SegmentReads(monkeypatch)
     loop = LoopThread()
     try:
-        offsets = loop.run(_replay_all(broker.port), timeout=60)
+        offsets = loop.run(_replay_all(broker.port), timeout_s=60)
     finally:
         loop.close()
 

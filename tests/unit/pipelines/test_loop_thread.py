@@ -8,7 +8,7 @@ import gc
 import warnings
 from collections.abc import AsyncIterator
 
-from pipelines.fleet.background import LoopThread
+from pipelines.loop_thread import LoopThread
 
 
 def test_a_task_left_on_the_loop_is_cancelled_and_ends_before_the_loop_closes():
