@@ -76,8 +76,6 @@ def test_a_read_ending_inside_a_puback_keeps_the_rest_for_the_next_read():
     assert decoder.feed(stream[10:] + pubacks([4])) == [PubAckRun([3, 4])]
 
 
-@pytest.mark.mqtt311("MQTT-2.3.1-1")
-@pytest.mark.mqtt5("MQTT-2.2.1-3")
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_packet_id_0_among_them_is_refused_as_one_alone_is_after_the_pubacks_before_it(version):
     read = pubacks([5, 6], version) + b"\x40\x02\x00\x00" + pubacks([7], version)
