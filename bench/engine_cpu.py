@@ -296,15 +296,14 @@ SCENARIOS: dict[str, Callable[[], Scenario]] = {
 }
 
 
-def tune_collector_as_the_broker_does() -> bool:
-    """The broker's garbage collector settings at start (``gc_tuning``, its defaults): False when the
-    checkout measured has none (the interpreter's defaults stay)."""
+def tune_collector_as_the_broker_does() -> None:
+    """The broker's garbage collector settings at start (``gc_tuning``, its defaults); a checkout measured
+    that has none keeps the interpreter's defaults."""
     try:
         from broker_edge.process.gc_tuning import RuntimeConfig, tune_garbage_collector
     except ImportError:
-        return False
+        return
     tune_garbage_collector(RuntimeConfig())
-    return True
 
 
 def measure(name: str, passes: int, broker_gc: bool = True) -> float:
