@@ -185,8 +185,8 @@ class PartitionLog(Locating):
         the `StorageError` that refused it alone, and the records and bytes appended in all.
 
         A loop turn of a topic per device appends one record to each of many topics: such an append (a
-        record without MQTT 5 fields, to a topic with fewer than `HOT` rows in the active segment) is
-        encoded, indexed and accounted in this one loop, with the bytes, rows and offsets `append` gives;
+        record without MQTT 5 fields) is encoded, indexed and accounted in this one loop, with the bytes,
+        rows and offsets `append` gives, a busy topic's (`HOT` rows or more in the active segment) included;
         any other goes through `append`."""
         results: list[int | StorageError] = []
         result = results.append
@@ -262,20 +262,24 @@ class PartitionLog(Locating):
             head = head_seg[topic_id]
             if head == NO_SEGMENT:  # the topic's first record (in memory)
                 head_seg[topic_id], head_first[topic_id], prev = number, offset, NO_PREVIOUS
-            elif head == number and head_last[topic_id] >= 0 and offset - head_first[topic_id] < HOT - 1:
-                prev = head_last[topic_id]
+            elif (
+                head == number
+                and head_last[topic_id] >= 0
+                and (offset - head_first[topic_id] < HOT - 1 or topic_id in hot)
+            ):
+                prev = head_last[topic_id]  # the chain goes on here (a busy topic's rows kept as well)
             else:
                 prev = None
-            if prev is None:
+            if prev is None:  # a new chain here, or the row that makes the topic busy
                 self.link(topic_id, segment, [position], offset, index_time)
-                hoisted = None
+                row += 1
             else:  # `ActiveIndex.add_one`, its columns' appends hoisted
                 add_topic(topic_id)
                 add_position(position)
                 add_offset(offset)
                 add_time(index_time)
                 add_prev(prev)
-                if hot and topic_id in hot:
+                if topic_id in hot:
                     hot[topic_id].append(row)
                 head_last[topic_id] = row
                 row += 1

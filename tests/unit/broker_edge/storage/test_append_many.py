@@ -33,7 +33,8 @@ def _plain(number: int, retain: bool = False) -> tuple:
 
 def _turns() -> list[list[tuple[str, list[tuple]]]]:
     """Loop turns of a fleet: new topics, quiet ones again, a topic that grows busy (past `HOT` rows of one
-    segment), a batch of several records, records with MQTT 5 fields, odd ones, an empty batch."""
+    segment) and appends twice a turn, a batch of several records, records with MQTT 5 fields, odd ones, an
+    empty batch."""
     turns = []
     for turn in range(40):
         batches: list[tuple[str, list[tuple]]] = [
@@ -41,6 +42,7 @@ def _turns() -> list[list[tuple[str, list[tuple]]]]:
             for device in range(turn % 7, turn % 7 + 12)
         ]
         batches.append(("fleet/busy", [_plain(turn)]))
+        batches.append(("fleet/busy", [_plain(turn + 1_000)]))  # twice a turn: busy within one call too
         batches.append(("fleet/several", [_plain(turn), _plain(turn + 1)]))
         batches.append((f"fleet/fields-{turn % 3}", [make_record(turn).batch_fields()]))
         batches.append((f"fleet/odd-{turn % 4}", [odd_record(turn).batch_fields()]))
@@ -104,7 +106,7 @@ def test_many_topics_at_once_give_the_offsets_bytes_and_rows_of_each_batch_alone
     assert [[record.frame for record in read] for read in reads[: len(reads) // 2]] == [
         [record.frame for record in read] for read in reads[len(reads) // 2 :]
     ]
-    assert len(reads[0]) == 40  # fleet/busy: past HOT rows of a segment
+    assert len(reads[0]) == 80  # fleet/busy: past HOT rows of a segment
 
 
 def test_a_refused_topic_among_many_leaves_the_others_appended(tmp_path: Path):
