@@ -92,7 +92,6 @@ class MqttPublisher:
         self._lock = threading.Lock()
         self._thread = LoopThread("actions-publisher")
         self._thread.start()
-        self._loop = self._thread.loop
         self._clients: dict[tuple[int, int], MqttClient] = {}
         """Open connections by (broker index, slot); slot 0 is always used, the others by large batches."""
         self._run(self._open())
@@ -219,7 +218,7 @@ class ClusterPublisher(MqttPublisher):
         super().__init__(brokers, client_id, username, password, timeout_s, connections)
 
     async def _open(self) -> None:
-        await self._current(self._loop.time() + self.timeout_s, 1)
+        await self._current(self._thread.loop.time() + self.timeout_s, 1)
 
     @property
     def member(self) -> tuple[str, int]:
@@ -235,7 +234,7 @@ class ClusterPublisher(MqttPublisher):
             try:
                 return await self._slots(self._member, slots)
             except (OSError, TimeoutError, ConnectionError) as error:
-                if self._loop.time() > deadline:
+                if self._thread.loop.time() > deadline:
                     raise PublishTimedOut(f"no cluster member accepted a connection: {error}") from error
                 referred = (
                     await self._sent_elsewhere(error.reason_code, error.server_reference)
@@ -264,7 +263,7 @@ class ClusterPublisher(MqttPublisher):
     async def _addresses(self, member: tuple[str, int]) -> set[str]:
         """The IP addresses ``member``'s host resolves to (none when it does not resolve)."""
         try:
-            found = await self._loop.getaddrinfo(member[0], member[1], type=socket.SOCK_STREAM)
+            found = await self._thread.loop.getaddrinfo(member[0], member[1], type=socket.SOCK_STREAM)
         except OSError:
             return set()
         return {str(address[4][0]) for address in found}
@@ -279,7 +278,7 @@ class ClusterPublisher(MqttPublisher):
         log.warning("actions publisher moves to %s:%d (%s)", host, port, why)
 
     async def _publish_many(self, messages: Sequence[tuple[str, bytes]]) -> None:
-        deadline = self._loop.time() + self.timeout_s
+        deadline = self._thread.loop.time() + self.timeout_s
         pending = list(range(len(messages)))
         answers: list[tuple[str, int | None]] = []
         first_round = True
@@ -305,7 +304,7 @@ class ClusterPublisher(MqttPublisher):
                     again.append(index)
                 else:
                     answers.append((messages[index][0], code))
-            if again and self._loop.time() > deadline:
+            if again and self._thread.loop.time() > deadline:
                 raise PublishTimedOut(f"{len(again)} publishes not acknowledged within {self.timeout_s} s")
             if any(code is None for code in codes):
                 to = None

@@ -10,7 +10,6 @@ every connection once a given number of PUBACKs reached the publisher.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ from broker_edge.runtime.launcher import BrokerProcess, free_ports
 from pipelines.actions.model import device_topic
 from pipelines.actions.publisher import ClusterPublisher, MqttPublisher
 from pipelines.fleet.client import Message, MqttClient
+from pipelines.loop_thread import LoopThread
 from tests.referrer import Referrer
 
 PUBLISH, PUBACK = 3, 4
@@ -56,12 +56,9 @@ class Relay:
         self.max_total_in_flight = 0
         self.dropped = False
         self._writers: list[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = []
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread = LoopThread("relay")
         self._thread.start()
-        self._server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._accept, "127.0.0.1", 0), self._loop
-        ).result()
+        self._server = self._thread.run(asyncio.start_server(self._accept, "127.0.0.1", 0))
         self.address = ("127.0.0.1", self._server.sockets[0].getsockname()[1])
 
     async def _accept(self, client_reader: asyncio.StreamReader, client: asyncio.StreamWriter) -> None:
@@ -90,7 +87,7 @@ class Relay:
             self.acks_forwarded += 1
             if self.drop_after_acks is not None and self.acks_forwarded >= self.drop_after_acks:
                 self.dropped = True
-                self._loop.call_soon(self._drop_all)
+                self._thread.loop.call_soon(self._drop_all)
             return True
 
         await asyncio.gather(
@@ -136,9 +133,8 @@ class Relay:
                 client.close()
             self._server.close()
 
-        self._loop.call_soon_threadsafe(stop)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        self._thread.loop.call_soon_threadsafe(stop)
+        self._thread.close()
 
 
 class Subscriber:
@@ -146,13 +142,12 @@ class Subscriber:
 
     def __init__(self, broker: tuple[str, int]) -> None:
         self.received: Counter[str] = Counter()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread = LoopThread("devices-view")
         self._thread.start()
         self.client = self._run(self._connect(broker))
 
     def _run(self, coroutine):
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=30)
+        return self._thread.run(coroutine, 30)
 
     async def _connect(self, broker: tuple[str, int]) -> MqttClient:
         def on_message(message: Message) -> None:
@@ -166,8 +161,9 @@ class Subscriber:
         """Until every topic of ``topics`` had a message, and then until nothing more arrives for a moment."""
 
         async def wait() -> None:
-            deadline = self._loop.time() + timeout_s
-            while not topics <= self.received.keys() and self._loop.time() < deadline:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout_s
+            while not topics <= self.received.keys() and loop.time() < deadline:
                 await asyncio.sleep(0.05)
             total = -1
             while total != sum(self.received.values()):
@@ -177,9 +173,10 @@ class Subscriber:
         self._run(wait())
 
     def close(self) -> None:
-        self._run(self.client.disconnect())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        try:
+            self._run(self.client.disconnect())
+        finally:
+            self._thread.close()
 
 
 def messages(count: int) -> list[tuple[str, bytes]]:
