@@ -10,10 +10,14 @@ without loading the cluster.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Member", "PartitionState", "partition_of"]
+__all__ = ["HANDOFF_NAME", "Member", "PartitionState", "partition_of"]
+
+HANDOFF_NAME = re.compile(r"timestone-handoff-[0-9a-f]{32}")
+"""What a member's handoff socket is named (``Member.handoff``): a fixed prefix and 128 random bits."""
 
 
 def partition_of(topic: str, partitions: int) -> int:
@@ -47,18 +51,30 @@ class Member:
     peer: str | None = None
     """Base URL of its members' endpoint (``cluster.listen``): peer links, replica fetches and the other
     members' reads go there, and only members get in."""
+    handoff: str | None = None
+    """The name of the abstract Unix socket where it takes in clients' connections from members on its
+    host (``cluster.links.handoff``); None: it takes none."""
 
     def to_json(self) -> str:
         document = {"node_id": self.node_id, "mqtt": self.mqtt, "offsets_api": self.offsets_api}
         if self.peer is not None:
             document["peer"] = self.peer
+        if self.handoff is not None:
+            document["handoff"] = self.handoff
         return json.dumps(document)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Member:
         data = json.loads(text)
         peer = data.get("peer")
-        return cls(str(data["node_id"]), str(data["mqtt"]), str(data["offsets_api"]), peer and str(peer))
+        handoff = data.get("handoff")
+        return cls(
+            str(data["node_id"]),
+            str(data["mqtt"]),
+            str(data["offsets_api"]),
+            peer and str(peer),
+            handoff and str(handoff),
+        )
 
 
 @dataclass(frozen=True, slots=True)

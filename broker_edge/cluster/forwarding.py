@@ -31,6 +31,11 @@ partition goes:
 
 ``broadcast``: unlogged publishes go to every other member, which routes them locally (``unlogged``), its
 shared groups left to the broker they were published on.
+
+Once a client's forwarded publishes are answered, the PUBLISH path asks to move it to the leader
+(``hand_over``: its connection handed to the leader when that member runs on this host and advertises a
+handoff socket, ``cluster.links.handoff``; else ``server_for``: an MQTT 5 client sent there, with
+``cluster.redirect_publishers``), so that what it publishes next is appended where it arrives.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from broker_edge.engine.answers import ForwardedBatch
 from broker_edge.engine.ports import ForwardAck
@@ -49,6 +54,7 @@ from broker_edge.observe import path_trace
 from broker_edge.protocol.reason_codes import ReasonCode
 
 if TYPE_CHECKING:
+    from broker_edge.cluster.links.handoff import ConnectionHandoff, Movable
     from broker_edge.cluster.links.peer_link import PeerLink, PeerLinks
     from broker_edge.cluster.view import ClusterView
     from broker_edge.engine.message import Message
@@ -124,6 +130,9 @@ class ClusterForwarding:
         self.view = view
         self.redirect_publishers = redirect_publishers
         """``cluster.redirect_publishers``: ``server_for`` names leaders."""
+        self.handoff: ConnectionHandoff | None = None
+        """This member's end of connection handoffs (``cluster.hand_over_connections``): ``hand_over``
+        moves publishers to leaders on this host."""
         self.path = path
         self.router = router
         self.links = links
@@ -138,6 +147,24 @@ class ClusterForwarding:
         self._stopped: str | None = None
 
     # -- the forwarding port (the PUBLISH path asks) --------------------------------------------------------
+
+    @property
+    def moves_publishers(self) -> bool:
+        return self.handoff is not None or self.redirect_publishers
+
+    def hand_over(self, topic: str, publisher: object) -> bool:
+        handoff = self.handoff
+        if handoff is None:
+            return False
+        view = self.view
+        leader = view.leader_of(view.partition_of(topic))
+        if leader is None or leader.node_id == view.node_id or leader.handoff is None:
+            return False
+        movable = cast("Movable", publisher)
+        if not handoff.reaches(leader.handoff) or not movable.may_move():
+            return False
+        handoff.hand_over(movable, leader.node_id, leader.handoff)
+        return True
 
     def server_for(self, topic: str) -> str | None:
         if not self.redirect_publishers:

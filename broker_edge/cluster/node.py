@@ -44,6 +44,7 @@ from broker_edge.cluster.features.shared_groups import SharedGroups, log_reader
 from broker_edge.cluster.features.shared_registry import SharedRegistry
 from broker_edge.cluster.fenced_clients import FencedClients
 from broker_edge.cluster.forwarding import ClusterForwarding
+from broker_edge.cluster.links.handoff import ConnectionHandoff
 from broker_edge.cluster.links.member_api import bind_members_endpoint, serve_members_endpoint
 from broker_edge.cluster.links.member_clients import MemberClients
 from broker_edge.cluster.links.member_identity import MemberTls
@@ -55,6 +56,8 @@ from broker_edge.engine.ports import LOCAL_ONLY, AppendedRun, ClusterPorts, Publ
 from broker_edge.placement import Member
 
 if TYPE_CHECKING:
+    import socket
+
     from aiohttp import web
 
     from broker_edge.cluster.coordination.controller import Controller
@@ -155,14 +158,21 @@ class BrokerHandle(Protocol):
 
     def send_clients_elsewhere(self, server_references: Sequence[str], reason: str) -> int: ...
 
+    def adopt_connection(self, record: dict[str, Any], sock: socket.socket, origin: str) -> None:
+        """Take in a client's connection member ``origin`` on this host handed over
+        (``cluster.links.handoff.Adopt``)."""
+
 
 def _host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def advertised_member(broker: BrokerHandle, cluster: ClusterConfig, members_port: int = 0) -> Member:
+def advertised_member(
+    broker: BrokerHandle, cluster: ClusterConfig, members_port: int = 0, handoff: str | None = None
+) -> Member:
     """This node's ``Member``: the advertised addresses, else the first listener's, the offsets API's and
-    the members' endpoint's (bound to ``members_port``) bound addresses."""
+    the members' endpoint's (bound to ``members_port``) bound addresses; ``handoff``: the name of its
+    handoff socket."""
     config = broker.config
     mqtt = cluster.advertise.mqtt
     if mqtt is None:
@@ -177,7 +187,7 @@ def advertised_member(broker: BrokerHandle, cluster: ClusterConfig, members_port
     if peer is None:
         scheme = "https" if cluster.tls is not None else "http"
         peer = f"{scheme}://{_host(broker.config.members_host(cluster))}:{members_port}"
-    return Member(cluster.node_id, mqtt, offsets_api, peer)
+    return Member(cluster.node_id, mqtt, offsets_api, peer, handoff)
 
 
 class RefusingReplication:
@@ -220,7 +230,11 @@ class ClusterNode:
                 error.errno, f"cluster.listen (members) cannot listen on {where}: {reason}"
             ) from error
         self.members_port: int = self.members_sock.getsockname()[1]
-        self.member = advertised_member(broker, cluster, self.members_port)
+        self.handoff = self._handoff_socket() if cluster.hand_over_connections and not self.static else None
+        """Where members on this host hand clients' connections to this one, and it to them."""
+        self.member = advertised_member(
+            broker, cluster, self.members_port, self.handoff.name if self.handoff is not None else None
+        )
         """This node's record: its advertised addresses."""
         self.members_routes: list[Callable[[web.Application], None]] = []
         """The members' endpoint's own routes (the peer link, replica fetches)."""
@@ -235,6 +249,7 @@ class ClusterNode:
             cluster.forward_timeout_ms / 1000,
             cluster.redirect_publishers,
         )
+        self.forwarding.handoff = self.handoff
         self.links = PeerLinks(cluster.node_id, self.clients, self.forwarding, self.proofs)
         self.forwarding.links = self.links
         self.retained = RetainedSync(
@@ -289,6 +304,15 @@ class ClusterNode:
         self._sessions_to: set[str] = set()
         """Members this node may hold HTTP sessions to (their connections are closed when they leave)."""
         self._closing: set[asyncio.Task[None]] = set()
+
+    def _handoff_socket(self) -> ConnectionHandoff | None:
+        """This member's handoff socket, or None (logged) where the system has none (abstract Unix
+        sockets are Linux's)."""
+        try:
+            return ConnectionHandoff(self.cluster.node_id, self.broker.loop, self.broker.adopt_connection)
+        except OSError as exc:
+            log.warning("no handoff socket (%s): clients' connections stay where they arrive", exc)
+            return None
 
     def _build_coordination_and_replication(self) -> None:
         from broker_edge.cluster.coordination.controller import Controller
@@ -460,6 +484,8 @@ class ClusterNode:
             self.members_routes,
             self.broker.http_budget,
         )
+        if self.handoff is not None:
+            self.handoff.start()
         self.view.on_change(self._view_changed)
         self._started = True
         self._view_changed()
@@ -518,6 +544,8 @@ class ClusterNode:
             return
         self._started = False
         self.fenced_clients.close()
+        if self.handoff is not None:
+            self.handoff.close()
         if self.link_holder is not None:
             await self.link_holder.stop()
         if self.sessions is not None:

@@ -155,6 +155,16 @@ class Forwarding(Protocol):
     def broadcast(self, message: Message) -> None:
         """Route an unlogged publish on every other member."""
 
+    @property
+    def moves_publishers(self) -> bool:
+        """Whether publishers may be moved to their topic's leader at all (``hand_over``, ``server_for``):
+        the PUBLISH path asks neither otherwise."""
+
+    def hand_over(self, topic: str, publisher: object) -> bool:
+        """Move ``publisher``'s connection (an ``answers.Publisher``) to the member leading ``topic``'s
+        partition, on this host, after this turn's writes (it stays if it cannot move by then): False when
+        that member is not on this host or takes no connections, or the connection cannot move."""
+
     def server_for(self, topic: str) -> str | None:
         """The MQTT address of the member a client publishing on ``topic`` is better connected to (the
         leader of its partition), when this member sends publishers there; None otherwise."""

@@ -430,35 +430,42 @@ class PublishPath:
             self._settle(entry, ack)
             ready(entry)
         forwarding = self.forwarding
-        address = forwarding.server_for(topic) if forwarding is not None else None
-        if address is not None:
-            self._send_elsewhere(entries, address)
+        if forwarding is not None and forwarding.moves_publishers:
+            self._move_publishers(topic, entries, forwarding)
         if self._held_readers:
             self._answered()
 
     @staticmethod
-    def _send_elsewhere(entries: list[PendingPublish], address: str) -> None:
-        """MQTT 5 publishers whose publishes the leader at ``address`` acknowledged are sent there
-        (``cluster.redirect_publishers``) once all their publishes are answered, unless this member appended
-        one of theirs: a device publishing on topics led by several members stays where it is rather than
-        being sent back and forth."""
-        sent: set[int] = set()
+    def _move_publishers(topic: str, entries: list[PendingPublish], forwarding: Forwarding) -> None:
+        """Publishers whose publishes on ``topic`` its leader acknowledged go there once all their publishes
+        are answered, unless this member appended one of theirs (a device publishing on topics led by
+        several members stays where it is rather than going back and forth): their connection is handed
+        over to the leader when it runs on this host (``cluster.hand_over_connections``), else an MQTT 5
+        publisher is sent there (``cluster.redirect_publishers``) once all its publishes are answered."""
+        moved: set[int] = set()
+        address: str | None = None
         for entry in entries:
             publisher = entry.publisher
             if (
                 publisher is None  # the broker's own, or another broker's (in a batch)
                 or entry.reason_code >= 0x80
-                or not publisher.v5
                 or publisher.state == CLOSED
-                or publisher.incoming_pending  # answers still to write: they go first, then it is sent
-                or id(publisher) in sent
+                or id(publisher) in moved
             ):
                 continue
             inbound = getattr(publisher, "inbound", None)
-            redirect = getattr(publisher, "redirect", None)
-            if inbound is None or inbound.appended_here or redirect is None:
+            if inbound is None or inbound.appended_here:
                 continue
-            sent.add(id(publisher))
+            moved.add(id(publisher))
+            if forwarding.hand_over(topic, publisher):  # it moves once its publishes read are answered
+                continue
+            redirect = getattr(publisher, "redirect", None)
+            if not publisher.v5 or redirect is None or publisher.incoming_pending:
+                continue  # answers still to write go first, then it is sent
+            if address is None:
+                address = forwarding.server_for(topic)
+                if address is None:
+                    return
             redirect(address, "the member leading this topic's partition appends its publishes")
 
     def _settle(self, entry: PendingPublish, ack: ForwardAck) -> None:

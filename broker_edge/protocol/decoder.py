@@ -164,6 +164,12 @@ class PacketDecoder:
         """Bytes held back as the start of a packet that has not fully arrived."""
         return len(self._pending)
 
+    def take_pending(self) -> bytes:
+        """The start of a packet that has not fully arrived, taken out: the decoder holds nothing then (a
+        connection moving elsewhere takes them along)."""
+        pending, self._pending, self._needed = bytes(self._pending), b"", 0
+        return pending
+
     @property
     def failed(self) -> bool:
         """A packet was malformed: every further ``feed`` raises."""

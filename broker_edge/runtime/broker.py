@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from broker_edge.engine.connection.terms import ListenerRuntime, ListenerStats
 from broker_edge.engine.core import BrokerCore
@@ -165,6 +165,9 @@ class Broker(BrokerCore):
         self.started_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._servers: list[TcpServer] = []
+        self._tcp_listeners: dict[str, tuple[ListenerRuntime, TcpServer]] = {}
+        """The TCP and TLS listeners by name, with their servers (where connections handed over land)."""
+        self._adopting: set[asyncio.Task[Any]] = set()
         self._runners: list[web.AppRunner | LazyHttpEndpoint | GuardedRunner] = []
         self._websocket_guards: list[GuardedRunner] = []
         """The WebSocket listeners' sites: their refusals before the upgrade are counted (``flush_stats``)."""
@@ -239,6 +242,7 @@ class Broker(BrokerCore):
                         # a cluster member accepts clients once it has joined (see below)
                         server = await start_tcp_listener(self, runtime, serving=config.cluster is None)
                     self._servers.append(server)
+                    self._tcp_listeners[runtime.name] = (runtime, server)
                     runtime.port = server.sockets[0].getsockname()[1]
                 self.ports[runtime.name] = runtime.port
                 log.info(
@@ -282,6 +286,36 @@ class Broker(BrokerCore):
         self._next_retention = now + config.storage.retention_interval_s
         self.heap_trimmer.next_at = now + self.heap_trimmer.interval_s
         self._sweep_handle = self.loop.call_later(SWEEP_INTERVAL_S, self._sweep)
+
+    def adopt_connection(self, record: dict[str, Any], sock: socket.socket, origin: str) -> None:
+        """Take in a client's connection member ``origin`` on this host handed over
+        (``cluster.links.handoff``), as a ``HandedInConnection`` of the plain TCP listener its record names
+        (else of the first plain TCP listener: a member's own listener has its node's name); ``ValueError``
+        for a record this broker cannot take."""
+        from broker_edge.runtime.transports.native import NativeServer
+        from broker_edge.runtime.transports.tcp import HandedInConnection
+
+        name = record.get("listener")
+        found = self._tcp_listeners.get(name) if isinstance(name, str) else None
+        if found is None or found[0].tls:
+            found = next((each for each in self._tcp_listeners.values() if not each[0].tls), None)
+        if found is None:
+            raise ValueError("no plain TCP listener here")
+        listener, server = found
+        protocol = HandedInConnection(self, listener, record, origin)  # the record checked first
+        if isinstance(server, NativeServer):
+            server.adopt(sock, protocol)
+            return
+        task = self.loop.create_task(self.loop.connect_accepted_socket(lambda: protocol, sock))
+        self._adopting.add(task)
+        task.add_done_callback(partial(self._adopted, sock))
+
+    def _adopted(self, sock: socket.socket, task: asyncio.Task[Any]) -> None:
+        self._adopting.discard(task)
+        error = "cancelled" if task.cancelled() else task.exception()
+        if error is not None:
+            log.warning("a connection handed over was not taken in: %s", error)
+            sock.close()
 
     def _open_store(self) -> None:
         from broker_edge.storage import LogStore

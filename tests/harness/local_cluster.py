@@ -323,8 +323,14 @@ def cluster_section(
 ) -> dict[str, Any]:
     """A ``cluster:`` section for ``node_id`` on ``target`` (advertised addresses default to bound ones);
     with ``member_tls`` (a directory), members prove who they are with certificates of the cluster CA kept
-    there."""
-    section: dict[str, Any] = {"node_id": node_id, "listen": {"port": 0}, **target.cluster_settings()}
+    there. A client stays on the member a test connects it to (``hand_over_connections: false``: tests
+    place clients on members on purpose), unless ``hand_over_connections=True`` is given."""
+    section: dict[str, Any] = {
+        "node_id": node_id,
+        "listen": {"port": 0},
+        "hand_over_connections": False,
+        **target.cluster_settings(),
+    }
     if member_tls is not None:
         pki = LocalPki(member_tls, "cluster-ca")
         member = pki.member(node_id)

@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from broker_edge import bounds
-from broker_edge.placement import Member, PartitionState
+from broker_edge.placement import HANDOFF_NAME, Member, PartitionState
 from broker_edge.settings.cluster import MAX_PARTITIONS, NODE_ID
 
 __all__ = [
@@ -146,7 +146,12 @@ def parse_member(node_id: str, value: bytes) -> Member:
     _base_url(offsets_api, f"{what}.offsets_api")
     peer = _string(document, "peer", what)
     _base_url(peer, f"{what}.peer")
-    return Member(named, mqtt, offsets_api, peer)
+    handoff = None
+    if document.get("handoff") is not None:
+        handoff = _string(document, "handoff", what)
+        if not HANDOFF_NAME.fullmatch(handoff):
+            raise BadValue(f"{what}.handoff: expected a handoff socket's name, got {_shown(handoff)}")
+    return Member(named, mqtt, offsets_api, peer, handoff)
 
 
 def parse_partition_state(number: int, value: bytes, partitions: int) -> PartitionState:

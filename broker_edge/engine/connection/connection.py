@@ -130,6 +130,9 @@ class Connection(Outgoing):
     """The client id while the connection has no session (a refused CONNECT, after it let go of one)."""
     will: RareField[Will | None] = RareField(ConnectionRare, None)
     will_delay: RareField[int] = RareField(ConnectionRare, 0)
+    handed_in: RareField[str] = RareField(ConnectionRare, "")
+    """The member that moved this connection here (``handover``; "": it connected here): it is not moved
+    again, and its CONNECT is not answered."""
 
     def __init__(self, host: ConnectionHost, listener: ListenerRuntime) -> None:
         limits = host.config.limits
@@ -530,6 +533,14 @@ class Connection(Outgoing):
         self.write(encode(Disconnect(ReasonCode.USE_ANOTHER_SERVER, properties), MQTT_5))
         self.terms.host.counters.disconnect("use_another_server")
         self.close()
+
+    def handed_over(self, node: str) -> None:
+        """Its socket went to member ``node``, which took its will too: end it here without a word to the
+        client (counted as a ``handed_over`` disconnect); its session ends as a clean one does."""
+        self.log().info("connection handed over to %s", node)
+        self.terms.host.counters.disconnect("handed_over")
+        self.will = None
+        self.abort()
 
     def taken_over(self) -> None:
         """Another connection claimed this client id (MQTT 3.1.4-3): DISCONNECT 0x8E, let go of the session.

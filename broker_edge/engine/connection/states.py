@@ -18,6 +18,7 @@ __all__ = [
     "HEARD_FROM",
     "HELD_FOR_ACKS",
     "HELD_FOR_CONNECT",
+    "HELD_FOR_HANDOVER",
     "HELD_FOR_RATE",
     "HELD_FOR_SUBACK",
     "HELD_FOR_SUBSCRIBERS",
@@ -47,6 +48,9 @@ HELD_FOR_SUBSCRIBERS: Final = 16
 HELD_FOR_TURN: Final = 32
 """This turn of the event loop has read its bytes (``limits.read_bytes_per_turn``): the client's next bytes
 wait for a later turn (``runtime.transports.turns``)."""
+HELD_FOR_HANDOVER: Final = 64
+"""The connection is moving to another member on this host once its publishes read are answered
+(``connection.handover``): nothing more is read here."""
 
 HEARD_FROM: Final = -1.0
 """A connected client's keep-alive deadline once it has sent something since the broker's last sweep, which

@@ -33,7 +33,7 @@ from broker_edge.engine.connection.states import (
 )
 from broker_edge.engine.message import wants_log_offsets
 from broker_edge.engine.ports import SessionClaim
-from broker_edge.protocol.codec import encode
+from broker_edge.protocol.codec import encode, shared_decoder
 from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect, Will
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from broker_edge.engine.sessions.session import Session
     from broker_edge.security.acl import AccessControl
 
-__all__ = ["handle_connect", "refuse_elsewhere"]
+__all__ = ["accept_handed_in", "handle_connect", "refuse_elsewhere"]
 
 _log = logging.getLogger("broker_edge.connection")
 
@@ -109,6 +109,21 @@ def handle_connect(ctx: BrokerContext, conn: Client, packet: Connect) -> None:
         _after_password(ctx, conn, packet, client_id, assigned, username, charged, ok)
 
     ctx.verify_password(username, packet.password, checked)
+
+
+def accept_handed_in(
+    ctx: BrokerContext, conn: Client, packet: Connect, username: str | None, origin: str
+) -> None:
+    """Take in a connection member ``origin`` on this host moved here (``connection.handover``): its
+    ``packet`` (``handover.connect_of``) is handled as a CONNECT here is, for the identity ``username``
+    ``origin`` authenticated (members of one cluster share their configuration), with no CONNACK written
+    (the client has had it); a refusal closes it without one, and the client connects again."""
+    conn.handed_in = origin
+    props = packet.properties
+    max_packet_out = props.maximum_packet_size if props is not None else None
+    conn.terms = conn.terms.settle(v5=packet.protocol_version == MQTT_5, max_packet_out=max_packet_out)
+    conn.decoder = shared_decoder(conn.decoder.max_packet_size, packet.protocol_version)
+    _accept(ctx, conn, packet, packet.client_id, False, username)
 
 
 def _after_password(
@@ -234,6 +249,9 @@ def _refuse(
     if server_reference is not None and conn.terms.v5:
         fields["server_reference"] = server_reference
     ctx.counters.refusal_log.write(conn.log(), ctx.now(), reason, f"connection refused: {reason}", **fields)
+    if conn.handed_in:  # moved here connected: closed without a CONNACK, and the client connects again
+        conn.refuse(reason, None)
+        return
     conn.refuse(reason, v5_code if conn.terms.v5 else v3_code, text, server_reference=server_reference)
 
 
@@ -391,7 +409,9 @@ def _accept(
     conn.deadline = keepalive_deadline(now, keepalive)
     conn.will = will
     conn.will_delay = _will_delay(will)
-    conn.write(encode(ConnAck(present, 0, ack), conn.version))
+    handed_in = conn.handed_in
+    if not handed_in:  # a connection moved here has had its CONNACK
+        conn.write(encode(ConnAck(present, 0, ack), conn.version))
     conn.terms.listener.metrics.connected()
     if _log.isEnabledFor(logging.INFO):
         fields = {
@@ -401,6 +421,8 @@ def _accept(
             "session_present": present,
             "username": username if username is not None else "",
         }  # fields, not words of the message: JSON logs carry them as keys (docs/observability.md)
+        if handed_in:
+            fields["handed_over_by"] = handed_in
         conn.log().info("connected", extra=fields)
     session.attach(conn)
     conn.attached()

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from broker_edge.engine.routing.router import Router
     from broker_edge.engine.sessions.session import Session
     from broker_edge.observe.counters import BrokerCounters
+    from broker_edge.protocol.codec import PacketDecoder
     from broker_edge.protocol.errors import MQTTError
     from broker_edge.protocol.packets import Packet, Will
     from broker_edge.security.acl import AccessControl
@@ -106,6 +107,9 @@ class Client(Outlet, Publisher, HeldReader, Protocol):
     """Topic aliases the client set towards the broker."""
     peer_cn: str | None
     """The common name of the client's TLS certificate."""
+    handed_in: str
+    """The member that moved this connection here ("": it connected here; ``connection.handover``)."""
+    decoder: PacketDecoder
 
     @property
     def version(self) -> int:

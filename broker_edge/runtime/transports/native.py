@@ -504,7 +504,14 @@ class NativeServer:
                 return
             self._start_connection(sock, address)
 
-    def _start_connection(self, sock: socket.socket, address: Any) -> None:
+    def adopt(self, sock: socket.socket, protocol: asyncio.Protocol) -> None:
+        """Serve a connected socket accepted elsewhere (a connection another member handed over) with
+        ``protocol``."""
+        self._start_connection(sock, None, protocol)
+
+    def _start_connection(
+        self, sock: socket.socket, address: Any, protocol: asyncio.Protocol | None = None
+    ) -> None:
         try:
             sock.setblocking(False)
             if sock.family != socket.AF_UNIX:
@@ -512,7 +519,8 @@ class NativeServer:
         except OSError:
             sock.close()  # reset before it could be set up
             return
-        protocol = self.protocol_factory()
+        if protocol is None:
+            protocol = self.protocol_factory()
         transport = NativeTransport(sock, protocol, self)
         try:
             transport.start(address)

@@ -18,9 +18,13 @@ import logging
 import socket
 from asyncio.trsock import TransportSocket
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from broker_edge.engine.connection.states import CLOSED, HELD_FOR_TURN
+from broker_edge.engine.connection.handover import connect_of, may_move, record_of, unread_of
+from broker_edge.engine.connection.outgoing import Closing
+from broker_edge.engine.connection.reading import forget_unfinished
+from broker_edge.engine.connection.states import CLOSED, HELD_FOR_HANDOVER, HELD_FOR_TURN, NEW
+from broker_edge.engine.handlers.connect import accept_handed_in
 from broker_edge.http.tls_accept import HandshakeFailure, start_tls_server
 from broker_edge.runtime.transports.native import start_native_server
 from broker_edge.runtime.transports.stream import StreamConnection
@@ -30,9 +34,12 @@ from broker_edge.security.tls import peer_common_name
 if TYPE_CHECKING:
     from broker_edge.engine.connection.connection import ConnectionHost
     from broker_edge.engine.connection.terms import ListenerRuntime
+    from broker_edge.engine.handlers.context import BrokerContext
+    from broker_edge.protocol.packets import Connect
 
 __all__ = [
     "BACKLOG",
+    "HandedInConnection",
     "TcpConnection",
     "TcpServer",
     "TurnsHost",
@@ -92,6 +99,48 @@ class TcpConnection(StreamConnection):
         cast(TurnsHost, self.terms.host).read_turns.forget(self)
         super().connection_lost(exc)
 
+    def may_move(self) -> bool:
+        """Whether this connection may move to another member on this host once its publishes read are
+        answered (``engine.connection.handover``): plain TCP, its session holding nothing."""
+        return not self.terms.listener.tls and self.transport is not None and may_move(self)
+
+    def hold_for_handover(self) -> None:
+        """Read nothing more here: the connection moves once what it sent is answered."""
+        self.hold(HELD_FOR_HANDOVER)
+
+    def handover_record(self) -> dict[str, Any] | None:
+        """What moves with this connection, or None while it cannot move now (``handover.record_of``)."""
+        return record_of(self)
+
+    def handover_socket(self) -> tuple[int, bytes] | None:
+        """Its socket's file descriptor, reading paused, and the bytes read and not yet handled (the start
+        of a packet, bytes kept for a later turn), taken out, once everything written is sent; None
+        otherwise."""
+        transport = cast("asyncio.Transport | None", self.transport)
+        if (
+            transport is None
+            or self._out is not None
+            or self.terms.listener.tls
+            or transport.is_closing()
+            or transport.get_write_buffer_size()
+        ):
+            return None
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return None
+        if transport.is_reading():
+            transport.pause_reading()
+        forget_unfinished(self)
+        unread = self.decoder.take_pending() + cast(TurnsHost, self.terms.host).read_turns.take_back(self)
+        return int(sock.fileno()), unread
+
+    def resume_after_handover(self, unread: bytes = b"") -> None:
+        """It does not move: handle ``unread`` (what ``handover_socket`` took out), then read it again
+        (unless something else holds its reading)."""
+        self.release(HELD_FOR_HANDOVER)
+        if unread and self.terms.state != CLOSED:
+            self.data_received(unread)
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         limit = self.terms.host.config.limits.outgoing_buffer_bytes
         cast(asyncio.WriteTransport, transport).set_write_buffer_limits(high=limit, low=limit // 2)
@@ -101,6 +150,39 @@ class TcpConnection(StreamConnection):
             if address:  # the TLS transport forgets it at close
                 self.peer = f"{address[0]}:{address[1]}"
         super().connection_made(transport)
+
+
+class HandedInConnection(TcpConnection):
+    """A connection another member on this host moved here (``engine.connection.handover``), taken in
+    (``accept_handed_in``) as its transport is made, before anything is read from it, then given the bytes
+    the member it left read and did not handle. ``BadRecord`` for a record not as that member makes it."""
+
+    __slots__ = ("_connect", "_origin", "_unread", "_username")
+
+    def __init__(
+        self, host: ConnectionHost, listener: ListenerRuntime, record: dict[str, Any], origin: str
+    ) -> None:
+        super().__init__(host, listener)
+        connect, self._username = connect_of(record)
+        self._connect: Connect | None = connect
+        self._unread = unread_of(record)
+        self._origin = origin
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        connect, self._connect = self._connect, None
+        if connect is None or self.terms.state != NEW or type(self._out) is Closing:
+            return  # closed at admission
+        if self.refused is not None:  # over a limit: counted at admission; closed without a CONNACK
+            self.refuse(None, None)
+        else:
+            host = cast("BrokerContext", self.terms.host)
+            accept_handed_in(host, self, connect, self._username, self._origin)
+            unread, self._unread = self._unread, b""
+            if unread and self.terms.state != CLOSED:
+                self.data_received(unread)  # what the member it left read and did not handle, first
+        if type(self._out) is Closing:
+            self.flush()
 
 
 def report_tls_failures(broker: ConnectionHost, listener: str) -> HandshakeFailure:

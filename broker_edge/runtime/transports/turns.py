@@ -152,6 +152,13 @@ class ReadTurns:
             self._scheduled = True
             self._call_soon(self._next_turn)
 
+    def take_back(self, reader: TurnReader) -> bytes:
+        """The bytes kept for ``reader``, taken out of the line (it moves elsewhere with them)."""
+        data = self._kept.pop(reader, None)
+        if data is None:
+            data = self._held.pop(reader, None)
+        return bytes(data) if data is not None else b""
+
     def forget(self, reader: TurnReader) -> None:
         """``reader`` is closed: its bytes kept are dropped (nothing reads them any more)."""
         self._kept.pop(reader, None)

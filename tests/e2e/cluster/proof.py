@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -27,6 +28,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -364,3 +366,23 @@ def copies_spread(target: EtcdTarget, nodes: tuple[str, ...], partitions: int, r
         for replica in partition.replicas:
             copies[replica] += 1
     return max(copies.values()) - min(copies.values()) <= 1
+
+
+def socket_owners(pids: dict[str, int], port: int) -> dict[int, str]:
+    """Remote port of each connection to ``port`` → the member whose process holds the broker's end."""
+    inodes: dict[str, str] = {}
+    for node, pid in pids.items():
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:  # closed meanwhile
+                continue
+            if target.startswith("socket:["):
+                inodes[target[8:-1]] = node
+    owners = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, inode = fields[1], fields[2], fields[9]
+        if int(local.split(":")[1], 16) == port and inode in inodes:
+            owners[int(remote.split(":")[1], 16)] = inodes[inode]
+    return owners

@@ -28,6 +28,7 @@ from tests.e2e.cluster.proof import (
     cluster_status,
     read_log,
     settled,
+    socket_owners,
     status_in_sync,
     status_leaders,
     wait_settled,
@@ -166,6 +167,43 @@ def test_a_new_broker_joins_and_takes_leadership_of_its_share(cluster_brokers, e
     publisher.publish("joined/x", b"from d", 1)
     assert subscriber.expect(1)[0].payload == b"from d"
     close_all()
+
+
+def test_a_device_handed_over_publishes_on_and_its_will_goes_with_it(cluster_brokers, etcd):
+    """``cluster.hand_over_connections`` between members started one by one on this host (mutual TLS
+    between them): a paho MQTT 3.1.1 device connected to ``a`` and publishing on a topic ``b`` leads is
+    handed to ``b`` once its first publish is acknowledged (``b``'s process holds the broker's end of its
+    TCP connection from then on); it publishes on over the same connection, every publish acknowledged and
+    in the log once, in order; its will goes with it, unpublished by ``a``, and is published once, by
+    ``b``'s side of the cluster, when the connection drops."""
+    brokers = {node: cluster_brokers(node, hand_over_connections=True) for node in NODES}
+    wait_settled(etcd, set(NODES), 3)
+    wait_until(lambda: spread(cluster_state(etcd).leaders(), NODES), what="leadership spread over a, b, c")
+    state = cluster_state(etcd)
+    partitions = state.partitions
+    topics = (f"plant/d-{n}/telemetry" for n in range(1000))
+    topic = next(t for t in topics if partitions[partition_of(t, len(partitions))].leader == "b")
+    watcher = PahoClient(brokers["c"].port, "watcher", version=4)
+    assert watcher.subscribe("plant/+/status", 1) == [1]
+    device = PahoClient(
+        brokers["a"].port, "d-handed", version=4, will=("plant/d-handed/status", b"gone", 1, False)
+    )
+    device.publish(topic, b"0", 1)
+    local_port = device.client.socket().getsockname()[1]
+    pids = {node: broker.process.pid for node, broker in brokers.items() if broker.process is not None}
+    wait_until(
+        lambda: socket_owners(pids, brokers["a"].port).get(local_port) == "b", 10, "the connection held by b"
+    )
+    for n in range(1, 50):
+        device.publish(topic, str(n).encode(), 1)
+    expected = [str(n).encode() for n in range(50)]
+    wait_until(lambda: [p for _, p in read_log(brokers["c"], topic)] == expected, 30, "all 50 once, in order")
+    watcher.expect_none(0.5)  # no will when a let the connection go
+    device.kill()
+    (will,) = watcher.expect(1)
+    assert (will.topic, will.payload) == ("plant/d-handed/status", b"gone")
+    watcher.expect_none(1.0)
+    assert b"connection handed over to b" in brokers["a"].log_path.read_bytes()
 
 
 def spread(leaders: dict[str, int], nodes: tuple[str, ...]) -> bool:

@@ -33,6 +33,7 @@ from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import Connect, Disconnect, PubAck, Publish
 from broker_edge.runtime.launcher import free_port
 from tests.e2e.broker_clients import RawClient
+from tests.e2e.cluster.proof import socket_owners
 from tests.harness.local_cluster import EtcdServer, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -115,23 +116,6 @@ def _receive(sock: socket.socket, decoder: PacketDecoder) -> object:
             return packets[0]
 
 
-def socket_owners(pids: dict[str, int], port: int) -> dict[int, str]:
-    """Remote port of each connection to ``port`` → the member whose process holds the broker's end."""
-    inodes: dict[str, str] = {}
-    for node, pid in pids.items():
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            target = os.readlink(fd) if fd.is_symlink() else ""
-            if target.startswith("socket:["):
-                inodes[target[8:-1]] = node
-    owners = {}
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local, remote, inode = fields[1], fields[2], fields[9]
-        if int(local.split(":")[1], 16) == port and inode in inodes:
-            owners[int(remote.split(":")[1], 16)] = inodes[inode]
-    return owners
-
-
 def member_pids(workers_dir: Path) -> dict[str, int]:
     return {
         path.stem: int(path.read_text())
@@ -174,20 +158,23 @@ def read_topic(offsets_api: str, topic: str) -> list[bytes]:
         payloads += [base64.b64decode(json.loads(line)["payload"]) for line in lines]
 
 
-def start_workers(directory: Path, cluster: str = "") -> tuple[subprocess.Popen[bytes], int, str]:
+def start_workers(
+    directory: Path, cluster: str = "", listener: str = "", runtime: str = ""
+) -> tuple[subprocess.Popen[bytes], int, str]:
     """``timestone broker --workers 2`` on free ports, without a cluster section (it runs its own etcd) or
     with ``cluster``, once its two members show themselves on the port; started again on other ports when
-    another process took one of them in between (the machine is shared)."""
+    another process took one of them in between (the machine is shared). ``listener``: more keys of the
+    listener (``, transport: native``); ``runtime``: a ``runtime:`` section."""
     nodes = ["w0", "w1"] if not cluster else ["w-0", "w-1"]
     for _ in range(3):
         port, api, admin = free_port(), free_port(), free_port()
         config = directory / "broker.yaml"
         config.write_text(
-            f"listeners:\n  - {{name: default, host: 127.0.0.1, port: {port}}}\n"
+            f"listeners:\n  - {{name: default, host: 127.0.0.1, port: {port}{listener}}}\n"
             f"storage: {{directory: {directory / 'data'}}}\n"
             f"offsets_api: {{port: {api}}}\n"
             f"admin_http: {{port: {admin}}}\n"
-            "limits: {messages_per_second_per_client: 0}\n" + cluster
+            "limits: {messages_per_second_per_client: 0}\n" + runtime + cluster
         )
         with open(directory / "workers.log", "ab") as log:
             process = subprocess.Popen(
@@ -243,6 +230,11 @@ def test_a_member_killed_under_qos1_load_loses_nothing_and_its_clients_publish_a
     probe.start()
     wait_until(lambda: len(probe.acked) > 0 and len(member_pids(workers_dir)) == 2, 60, "both members up")
     pids = member_pids(workers_dir)
+    wait_until(  # a device's connection moves to its topic's leader: both must lead some
+        lambda: {p["leader"] for p in cluster_layout(offsets_api)["partitions"]} == {"w0", "w1"},
+        60,
+        "both members leading partitions",
+    )
     devices = [probe]
     placed: dict[str, list[Device]] = {}
     while len(devices) < 40 and min((len(placed.get(n, [])) for n in pids), default=0) < 2:
@@ -250,12 +242,17 @@ def test_a_member_killed_under_qos1_load_loses_nothing_and_its_clients_publish_a
         device.start()
         assert device.connected.wait(30)
         devices.append(device)
+        wait_until(lambda device=device: len(device.acked) > 1, 30, f"{device.name} acknowledged")
         owners = socket_owners(pids, port)
         placed = {}
         for each in devices:
             placed.setdefault(owners.get(each.local_port, "?"), []).append(each)
+    time.sleep(2.0)  # QoS 1 load on both members; a device's connection moves to its topic's leader
+    owners = socket_owners(pids, port)
+    placed = {}
+    for each in devices:
+        placed.setdefault(owners.get(each.local_port, "?"), []).append(each)
     assert all(len(placed.get(node, [])) >= 2 for node in pids), placed
-    time.sleep(2.0)  # QoS 1 load on both members
     victim = "w1"
     on_victim = placed[victim]
     killed_at = time.monotonic()
@@ -305,11 +302,12 @@ def test_a_member_killed_under_qos1_load_loses_nothing_and_its_clients_publish_a
 
 @pytest.fixture
 def redirecting_workers(tmp_path):
-    """``--workers 2`` joining an etcd of the test's with ``cluster.redirect_publishers`` on."""
+    """``--workers 2`` joining an etcd of the test's with ``cluster.redirect_publishers`` on (and connections
+    not handed over between its members, which would move the devices first)."""
     etcd = EtcdServer(tmp_path / "etcd", secure=False).start()
     cluster = (
         f"cluster: {{node_id: w, etcd: [{etcd.url}], replication_factor: 1, min_insync_replicas: 1,\n"
-        "          redirect_publishers: true}\n"
+        "          redirect_publishers: true, hand_over_connections: false}\n"
     )
     try:
         process, port, offsets_api = start_workers(tmp_path, cluster)
@@ -354,6 +352,74 @@ def test_a_v5_device_publishing_through_another_member_is_sent_to_its_partitions
         assert leader.recv() == PubAck(packet_id)
     leader.recv_none(0.5)
     wait_until(lambda: read_topic(offsets_api, topic) == [b"first", b"next", b"next", b"next", b"next"], 30)
+
+
+@pytest.fixture(
+    params=[
+        ("", ""),
+        (", transport: native", ""),
+        ("", "runtime: {event_loop: asyncio}\n"),
+    ],
+    ids=["uvloop", "native-transport", "asyncio-loop"],
+)
+def workers_on_each_transport(request, tmp_path):
+    """``--workers 2`` with its listener on uvloop's transport, the broker's own, and the standard loop's."""
+    listener, runtime = request.param
+    process, port, offsets_api = start_workers(tmp_path, listener=listener, runtime=runtime)
+    try:
+        yield process, port, offsets_api, tmp_path / "data" / "workers"
+    finally:
+        stop_workers(process)
+
+
+def test_a_device_publishing_through_another_member_is_handed_over_to_its_partitions_leader(
+    workers_on_each_transport,
+):
+    """A member that forwarded an MQTT 3.1.1 device's publish to the member leading its topic's partition,
+    on the same host, hands the device's TCP connection over to it once the publish is acknowledged: the
+    leader's process holds the broker's end of the connection from then on (and only it), and the device
+    publishes on over the same connection, acknowledged, nothing lost or doubled. A device whose session
+    holds something (a subscription) stays where it connected."""
+    _, _, offsets_api, workers_dir = workers_on_each_transport
+    wait_until(
+        lambda: {p["leader"] for p in cluster_layout(offsets_api)["partitions"]} == {"w0", "w1"},
+        60,
+        "both members leading partitions",
+    )
+    wait_until(lambda: len(member_pids(workers_dir)) == 2, 30, "both members' process ids")
+    pids = member_pids(workers_dir)
+    layout = cluster_layout(offsets_api)
+    own_port = {member["node_id"]: int(member["mqtt"].rsplit(":", 1)[1]) for member in layout["members"]}
+    partitions = layout["partitions"]
+    topics = [t for t in (f"plant/d-{n}/telemetry" for n in range(1000)) if leader_of(partitions, t) == "w1"]
+    device = RawClient(own_port["w0"], 4)
+    assert device.connect("d-moved").reason_code == 0
+    local_port = device.sock.getsockname()[1]
+    assert socket_owners(pids, own_port["w0"]).get(local_port) == "w0"
+    device.send_packet(Publish(topics[0], b"first", 1, packet_id=1))
+    assert device.recv() == PubAck(1)
+    wait_until(
+        lambda: socket_owners(pids, own_port["w0"]).get(local_port) == "w1", 10, "the connection held by w1"
+    )
+    for packet_id in range(2, 6):
+        device.send_packet(Publish(topics[0], b"next", 1, packet_id=packet_id))
+        assert device.recv() == PubAck(packet_id)
+    device.recv_none(0.5)  # still connected: nothing else came
+    wait_until(
+        lambda: read_topic(offsets_api, topics[0]) == [b"first", b"next", b"next", b"next", b"next"], 30
+    )
+    assert b"connection handed over to w1" in (workers_dir.parent.parent / "workers.log").read_bytes()
+
+    subscriber = RawClient(own_port["w0"], 4)
+    assert subscriber.connect("d-subscribed").reason_code == 0
+    subscriber.subscribe("plant/d-subscribed/commands", 1)
+    subscriber_port = subscriber.sock.getsockname()[1]
+    subscriber.send_packet(Publish(topics[1], b"kept", 1, packet_id=1))
+    assert subscriber.recv() == PubAck(1)
+    subscriber.recv_none(1.0)
+    assert socket_owners(pids, own_port["w0"]).get(subscriber_port) == "w0"
+    device.close()
+    subscriber.close()
 
 
 def leader_of(partitions: list[dict[str, Any]], topic: str) -> str:

@@ -99,9 +99,22 @@ class HeldForwarding:
         self.broadcasts: list[Message] = []
         self.leaders: dict[str, str] = {}
         """Topic → the MQTT address its publishers are sent to (``redirect_publishers``); none by default."""
+        self.on_this_host: set[str] = set()
+        """Topics whose leader runs on this host: their publishers' connections are handed over."""
+        self.handed_over: list[tuple[str, object]] = []
 
     def appends_here(self, topic: str) -> bool:
         return topic in self.here
+
+    @property
+    def moves_publishers(self) -> bool:
+        return bool(self.leaders or self.on_this_host)
+
+    def hand_over(self, topic: str, publisher: object) -> bool:
+        if topic not in self.on_this_host:
+            return False
+        self.handed_over.append((topic, publisher))
+        return True
 
     def server_for(self, topic: str) -> str | None:
         return self.leaders.get(topic)

@@ -265,6 +265,36 @@ def test_a_publisher_with_a_publish_appended_here_or_of_mqtt_3_is_not_sent_elsew
     assert not both.closed and not v3.closed
 
 
+def test_a_publisher_whose_leader_runs_on_this_host_is_handed_over_rather_than_sent_away():
+    """``cluster.hand_over_connections``: once its forwarded publish is acknowledged, an MQTT 3.1.1 and an
+    MQTT 5 publisher alike are handed to the leader on this host (no DISCONNECT, even with
+    ``redirect_publishers``), once each; one with a publish appended here, or with answers still to
+    write, is not."""
+    core, store, forwarding = _cluster_core()
+    forwarding.leaders[REMOTE_TOPIC] = "127.0.0.1:18830"
+    forwarding.on_this_host.add(REMOTE_TOPIC)
+    v3 = core.client(MQTT_3_1_1)
+    v3.connect("v3")
+    v3.send(Publish(REMOTE_TOPIC, b"one", 1, packet_id=1), Publish(REMOTE_TOPIC, b"two", 1, packet_id=2))
+    v5 = _publisher(core)
+    v5.send(Publish(REMOTE_TOPIC, b"three", 1, packet_id=3))
+    both = core.client(MQTT_3_1_1)
+    both.connect("both")
+    both.send(Publish(LOCAL_TOPIC, b"here", 1, packet_id=4), Publish(REMOTE_TOPIC, b"there", 1, packet_id=5))
+    store.make_durable()
+    forwarding.answer(0)
+    forwarding.answer(1)
+    forwarding.answer(2)
+    assert v3.read() == [PubAck(1), PubAck(2)]
+    assert v5.read() == [PubAck(3)]
+    assert both.read() == [PubAck(4), PubAck(5)]
+    assert [(topic, publisher) for topic, publisher in forwarding.handed_over] == [
+        (REMOTE_TOPIC, v3.conn),
+        (REMOTE_TOPIC, v5.conn),
+    ]
+    assert not v3.closed and not v5.closed and not both.closed
+
+
 def _alone() -> tuple[HandDrivenCore, MemoryLog, WireClient, WireClient, WireClient]:
     """A broker alone with its log, a QoS 1 reader of ``plant/a``, an MQTT 5 and an MQTT 3.1.1 publisher."""
     core = make_core()

@@ -1,0 +1,221 @@
+"""Clients' connections moved between two members' handoff sockets on one loop: real TCP connections, real
+abstract Unix sockets, the descriptor passed; what the receiving end drops (no descriptor, several, not a
+TCP socket, a record that is not JSON, one its broker refuses), and a name that does not connect."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from broker_edge.cluster.links.handoff import MOVE_WITHIN_S, ConnectionHandoff
+from broker_edge.placement import HANDOFF_NAME
+
+
+class Client:
+    """A TCP connection on loopback: the device's end and the broker's end."""
+
+    def __init__(self) -> None:
+        with socket.create_server(("127.0.0.1", 0)) as listening:
+            self.device = socket.create_connection(listening.getsockname(), timeout=5)
+            self.broker_end, _ = listening.accept()
+
+
+class Movable:
+    """A connection as a handoff sees it, over ``Client``'s broker end: it may move (``movable``), and
+    can once ``answered`` (its publishes read answered); ``unread`` goes along."""
+
+    def __init__(self, client: Client, record: dict[str, Any] | None, unread: bytes = b"") -> None:
+        self.client = client
+        self.record = record
+        self.movable = record is not None
+        self.answered = True
+        self.unread = unread
+        self.held = False
+        self.resumed_with: bytes | None = None
+        self.moved_to: str | None = None
+
+    def may_move(self) -> bool:
+        return self.movable
+
+    def hold_for_handover(self) -> None:
+        self.held = True
+
+    def handover_record(self) -> dict[str, Any] | None:
+        return dict(self.record) if self.record is not None and self.answered and self.movable else None
+
+    def handover_socket(self) -> tuple[int, bytes] | None:
+        unread, self.unread = self.unread, b""
+        return self.client.broker_end.fileno(), unread
+
+    def resume_after_handover(self, unread: bytes = b"") -> None:
+        self.held = False
+        self.resumed_with = unread
+
+    def handed_over(self, node: str) -> None:
+        self.moved_to = node
+        self.client.broker_end.close()  # its transport closes its copy of the descriptor
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+class Ends:
+    """Two members' handoff ends on ``loop``: ``a`` hands over to ``b``, whose adoptions are kept."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, refuse: bool = False) -> None:
+        self.loop = loop
+        self.adopted: list[tuple[dict[str, Any], socket.socket, str]] = []
+
+        def adopt(record: dict[str, Any], sock: socket.socket, origin: str) -> None:
+            if refuse:
+                raise ValueError("listener: none here")
+            self.adopted.append((record, sock, origin))
+
+        self.a = ConnectionHandoff("a", loop, lambda *_: None)
+        self.b = ConnectionHandoff("b", loop, adopt)
+        self.a.start()
+        self.b.start()
+
+    def turn(self, seconds: float = 0.05) -> None:
+        self.loop.run_until_complete(asyncio.sleep(seconds))
+
+    def close(self) -> None:
+        self.a.close()
+        self.b.close()
+        for _, sock, _ in self.adopted:
+            sock.close()
+
+
+@pytest.fixture
+def ends(loop: asyncio.AbstractEventLoop) -> Iterator[Ends]:
+    pair = Ends(loop)
+    yield pair
+    pair.close()
+
+
+def test_a_connection_handed_over_goes_on_over_the_same_tcp_connection(ends: Ends) -> None:
+    """Held at once, moved once its publishes read are answered, after the turn's writes: the record, who
+    it came from and the bytes read and not handled go with the descriptor."""
+    assert HANDOFF_NAME.fullmatch(ends.b.name)
+    client = Client()
+    conn = Movable(client, {"client_id": "d-1", "listener": "default"}, unread=b"\x30\x03")
+    conn.answered = False
+    ends.a.hand_over(conn, "b", ends.b.name)
+    assert conn.held and conn.moved_to is None, "held, not moved at once"
+    ends.turn(0.1)
+    assert conn.held and conn.moved_to is None, "waiting for the answers to its publishes"
+    conn.answered = True
+    ends.turn()
+    assert conn.moved_to == "b" and conn.resumed_with is None
+    ((record, sock, origin),) = ends.adopted
+    assert (
+        record == {"client_id": "d-1", "listener": "default", "from": "a", "unread": "MAM="} and origin == "a"
+    )
+    assert (ends.a.moved_out, ends.b.moved_in) == (1, 1)
+    client.device.sendall(b"\x00\x01t")  # the device's next bytes reach the member that took it
+    sock.setblocking(True)
+    sock.settimeout(5)
+    assert sock.recv(16) == b"\x00\x01t"
+    sock.sendall(b"\x40\x02\x00\x01")
+    assert client.device.recv(16) == b"\x40\x02\x00\x01"
+    client.device.close()
+
+
+def test_a_connection_that_may_no_longer_move_is_read_again(ends: Ends) -> None:
+    client = Client()
+    conn = Movable(client, {"client_id": "d-0"})
+    conn.answered = False
+    ends.a.hand_over(conn, "b", ends.b.name)
+    conn.movable = False  # it subscribed meanwhile, say
+    ends.turn()
+    assert not conn.held and conn.resumed_with == b"" and conn.moved_to is None and ends.adopted == []
+    client.device.close()
+    client.broker_end.close()
+
+
+def test_a_connection_whose_answers_do_not_come_in_time_is_read_again(ends: Ends) -> None:
+    client = Client()
+    conn = Movable(client, {"client_id": "d-0"})
+    conn.answered = False
+    ends.a.hand_over(conn, "b", ends.b.name)
+    ends.turn(MOVE_WITHIN_S / 2)
+    assert conn.held
+    ends.turn(MOVE_WITHIN_S)
+    assert not conn.held and conn.moved_to is None and ends.adopted == []
+    client.device.close()
+    client.broker_end.close()
+
+
+def test_a_name_that_does_not_connect_is_left_untried_and_the_connection_stays(ends: Ends) -> None:
+    client = Client()
+    conn = Movable(client, {"client_id": "d-2"})
+    gone = "timestone-handoff-" + "0" * 32
+    assert ends.a.reaches(gone)
+    ends.a.hand_over(conn, "c", gone)
+    ends.turn()
+    assert conn.moved_to is None and not conn.held and conn.resumed_with == b""
+    assert not ends.a.reaches(gone), "not tried again for RETRY_S"
+    client.device.close()
+    client.broker_end.close()
+
+
+def test_a_member_that_refuses_the_record_closes_the_connection(loop: asyncio.AbstractEventLoop) -> None:
+    pair = Ends(loop, refuse=True)
+    try:
+        client = Client()
+        conn = Movable(client, {"client_id": "d-3"})
+        pair.a.hand_over(conn, "b", pair.b.name)
+        pair.turn()
+        assert conn.moved_to == "b" and pair.b.moved_in == 0
+        client.device.settimeout(5)
+        assert client.device.recv(16) == b"", "closed: the client connects again"
+        client.device.close()
+    finally:
+        pair.close()
+
+
+def _link(name: str) -> socket.socket:
+    link = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    link.connect("\0" + name)
+    return link
+
+
+def test_what_is_not_one_tcp_connection_with_a_record_is_dropped(ends: Ends) -> None:
+    """A message without a descriptor, with two, with one that is not a TCP socket, with a record that is
+    not JSON: nothing taken in, every descriptor closed, and the socket still takes what comes next."""
+    link = _link(ends.b.name)
+    record = json.dumps({"client_id": "x"}).encode()
+    link.send(record)  # no descriptor
+    first, second = Client(), Client()
+    socket.send_fds(link, [record], [first.broker_end.fileno(), second.broker_end.fileno()])
+    reader, writer = os.pipe()
+    socket.send_fds(link, [record], [reader])
+    third = Client()
+    socket.send_fds(link, [b"{not json"], [third.broker_end.fileno()])
+    for client in (first, second, third):
+        client.broker_end.close()
+    ends.turn()
+    assert ends.adopted == []
+    for client in (first, second, third):
+        client.device.settimeout(5)
+        assert client.device.recv(16) == b"", "every descriptor that came was closed"
+        client.device.close()
+    os.close(reader)
+    os.close(writer)
+    good = Client()
+    socket.send_fds(link, [record], [good.broker_end.fileno()])
+    good.broker_end.close()
+    ends.turn()
+    assert [each[0] for each in ends.adopted] == [{"client_id": "x"}]
+    good.device.close()
+    link.close()
