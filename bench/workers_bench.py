@@ -3,22 +3,24 @@
     .venv/bin/python -m bench.workers_bench [--publishers 16] [--window 64] [--seconds 6] [--rounds 2]
         [--only one,rf1,redirect,rf2,rf3] [--against REV]
 
-Five configurations, taking turns in each round, each started fresh with its data in a temporary
-directory and pinned to the first CPU (the publishers on the others): one broker (`one`); `--workers 2`
-(its own etcd, replication factor 1: `rf1`); `--workers 2` joining an etcd the bench runs, with replication
-factor 1 and `cluster.redirect_publishers`, its publishers MQTT 5 clients that follow a Server Reference (so
-each ends up on the member leading its topic's partition: `redirect`); `--workers 2` joining that etcd with
-replication factor 2 (every log on both members, acknowledged once both hold it: `rf2`); `--workers 3`
-joining it with replication factor 3 (`rf3`: every member follows the partitions the two others lead); the
-publishers of the others are MQTT 3.1.1 clients. `--only` picks some of them. `--against REV` runs each
-configuration of the broker at git commit REV too (its `broker_edge` first on the broker's PYTHONPATH),
-taking turns with this checkout's, and writes a section of its own (before and after a change, as ratios
-from one run). P publishers, each on its own topic (so the topics spread over the partitions, and over the
-members that lead them), keep W QoS 1 publishes in flight on the one port the kernel spreads over the
-members; no subscriber. Figures: PUBACKs/s over the window, and PUBACKs per second of the CPU of every
-process of the broker (members, and the etcd the command runs) together. On two cores every member shares
-the first one: what this shows is what an acknowledged message costs a cluster on one host against a broker
-alone, not N members on N cores, which needs a many-core machine (`../shared/bigbench`, KIT_MEMBERS).
+Five configurations, taking turns in each round, each started fresh with its data in a temporary directory
+and pinned to the first CPU (the publishers on the others): one broker (`one`); `--workers 2` (its own etcd,
+replication factor 1: `rf1`); `--workers 2` joining an etcd the bench runs, with replication factor 1 and
+`cluster.redirect_publishers`, its publishers MQTT 5 clients that follow a Server Reference (so each ends up
+on the member leading its topic's partition: `redirect`); `--workers 2` joining that etcd with replication
+factor 2 (every log on both members, acknowledged once both hold it: `rf2`); `--workers 3` joining it with
+replication factor 3 (`rf3`: every member follows the partitions the two others lead); the publishers of the
+others are MQTT 3.1.1 clients. Members hand a publisher's connection over to the member leading its topic's
+partition (`cluster.hand_over_connections`, on by default; `redirect` turns it off in this checkout, so that
+its publishers are sent away instead). `--only` picks some of them. `--against REV` runs each configuration
+of the broker at git commit REV too (its `broker_edge` first on the broker's PYTHONPATH), taking turns with
+this checkout's, and writes a section of its own (before and after a change, as ratios from one run). P
+publishers, each on its own topic (so the topics spread over the partitions, and over the members that lead
+them), keep W QoS 1 publishes in flight on the one port the kernel spreads over the members; no subscriber.
+Figures: PUBACKs/s over the window, and PUBACKs per second of the CPU of every process of the broker
+(members, and the etcd the command runs) together. On two cores every member shares the first one: what this
+shows is what an acknowledged message costs a cluster on one host against a broker alone, not N members on N
+cores, which needs a many-core machine (`../shared/bigbench`, KIT_MEMBERS).
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ def started(
                 f"cluster:\n  node_id: m\n  etcd: [{etcd.url}]\n  listen: {{host: 127.0.0.1, port: 0}}\n"
                 f"  replication_factor: {replication}\n  min_insync_replicas: {replication}\n"
                 f"  redirect_publishers: {'true' if redirect else 'false'}\n"
+                + ("  hand_over_connections: false\n" if redirect and source is None else "")
             )
         port = net.free_port()
         config = _config(directory, port, cluster)

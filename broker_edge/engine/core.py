@@ -217,7 +217,7 @@ class BrokerCore:
 
     def connection_opened(self, conn: Connection) -> None:
         now = self.now()
-        refusal = self.admission.admit(now, conn.peer_host())
+        refusal = self.admission.admit(now, conn.peer_host(), new=not conn.handed_in)
         conn.deadline = now + self.config.limits.connect_timeout_s
         self._unattached[conn] = None
         if refusal is not None:

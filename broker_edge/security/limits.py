@@ -143,15 +143,20 @@ class ConnectionAdmission:
         """Addresses that hold a bucket now (at most ``max_addresses``)."""
         return len(self._buckets)
 
-    def admit(self, now: float, address: str = "") -> str | None:
+    def admit(self, now: float, address: str = "", new: bool = True) -> str | None:
         """``None`` if the connection from ``address`` may proceed (and counts as active), else the refusal.
 
         The reason is ``"max_connections"`` or ``"rate"``; it is the ``reason`` label of
         ``connections_refused_total``. The connection limit is checked first so that a full broker does
         not also spend rate tokens on connections it refuses, then the address's bucket, then the overall one.
+        A connection that is not ``new`` (another member on this host handed it over, having admitted it)
+        spends no rate tokens.
         """
         if self.active >= self.max_connections:
             return "max_connections"
+        if not new:
+            self.active += 1
+            return None
         if self._address_rate > 0 and not self._address_bucket(address).try_acquire(now):
             return "rate"
         if self._bucket is not None and not self._bucket.try_acquire(now):

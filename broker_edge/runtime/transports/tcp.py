@@ -164,6 +164,7 @@ class HandedInConnection(TcpConnection):
     ) -> None:
         super().__init__(host, listener)
         connect, self._username = connect_of(record)
+        self.handed_in = origin  # admitted by the member it left: no new connection's rate
         self._connect: Connect | None = connect
         self._unread = unread_of(record)
         self._origin = origin

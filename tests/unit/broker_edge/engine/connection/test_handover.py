@@ -26,7 +26,7 @@ from broker_edge.protocol.packets import (
     Will,
 )
 from broker_edge.protocol.properties import Properties
-from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, WireClient, make_core
+from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, WireClient, WireConnection, make_core
 
 
 def _moved(core: HandDrivenCore, record: dict[str, Any], version: int) -> WireClient:
@@ -173,3 +173,22 @@ def test_a_connection_taken_in_over_a_limit_is_closed_without_a_connack():
     moved = _moved(there, record, MQTT_3_1_1)
     assert moved.read() == [] and moved.closed
     assert "d-4" not in there.router.sessions
+
+
+def test_a_connection_taken_in_spends_no_new_connections_rate_but_counts_against_the_maximum():
+    """The member it left admitted it (and spent its rate tokens): a connection handed over is not refused
+    for ``limits.new_connections_per_second``, while ``limits.max_connections`` still holds."""
+    core = make_core(
+        limits={"new_connections_per_second": 1, "new_connections_burst": 1, "max_connections": 2}
+    )
+    first = core.client(MQTT_3_1_1)
+    assert first.conn.refused is None
+    assert core.client(MQTT_3_1_1).conn.refused == "rate"
+    moved = WireConnection(core, core.listener)
+    moved.handed_in = "w0"
+    moved.opened()
+    assert moved.refused is None
+    beyond = WireConnection(core, core.listener)
+    beyond.handed_in = "w0"
+    beyond.opened()
+    assert beyond.refused == "max_connections"
