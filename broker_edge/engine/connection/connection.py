@@ -50,6 +50,7 @@ from broker_edge.engine.connection.states import (
     CONNECTED,
     HEARD_FROM,
     HELD_FOR_ACKS,
+    HELD_FOR_HANDOVER,
     HELD_FOR_RATE,
     NEW,
     keepalive_deadline,
@@ -412,10 +413,11 @@ class Connection(Outgoing):
 
     def release(self, reason: int) -> None:
         """``reason`` no longer holds reading; once no reason does, the packets read meanwhile are handled
-        in order (which may hold reading again), then reading resumes."""
+        in order (which may hold reading again), then reading resumes. A connection held for moving to
+        another member (``HELD_FOR_HANDOVER``) handles them too, and reads nothing more."""
         held = self.held & ~reason
         self.held = held
-        if held or self.terms.state == CLOSED:
+        if held & ~HELD_FOR_HANDOVER or self.terms.state == CLOSED:
             return
         backlog, self.backlog = self.backlog, None
         if backlog is not None and (not self._dispatch_all(backlog) or self.held):

@@ -18,7 +18,13 @@ import base64
 import binascii
 from typing import TYPE_CHECKING, Any
 
-from broker_edge.engine.connection.states import CONNECTED, HELD_FOR_HANDOVER, HELD_FOR_TURN, NO_LIMIT
+from broker_edge.engine.connection.states import (
+    CONNECTED,
+    HELD_FOR_ACKS,
+    HELD_FOR_HANDOVER,
+    HELD_FOR_TURN,
+    NO_LIMIT,
+)
 from broker_edge.engine.message import OFFSETS_OPT_IN
 from broker_edge.protocol.packets import MQTT_3_1, MQTT_3_1_1, MQTT_5, Connect, Will
 from broker_edge.protocol.properties import Properties
@@ -33,8 +39,12 @@ MAX_WILL_PAYLOAD = 16 * 1024
 
 _VERSIONS = (MQTT_3_1, MQTT_3_1_1, MQTT_5)
 
-_MAY_HOLD = HELD_FOR_HANDOVER | HELD_FOR_TURN
-"""Holds of reading a connection may move with: its own, and bytes kept for a later turn (they go along)."""
+_MOVES_HELD = HELD_FOR_HANDOVER | HELD_FOR_TURN
+"""Holds of reading a connection moves with: its own, and bytes kept for a later turn (they go along)."""
+_MAY_HOLD = _MOVES_HELD | HELD_FOR_ACKS
+"""Holds of reading a connection that may move has: those it moves with, and an MQTT 3.1.1 client's
+publishes waiting for the answers to those before them (``limits.receive_maximum``), handled once they
+come."""
 
 
 class BadRecord(ValueError):
@@ -73,7 +83,12 @@ def record_of(conn: Connection) -> dict[str, Any] | None:
     transport's part (everything written sent; the bytes read and not yet handled go along) is the
     transport's to check (``TcpConnection.handover_socket``)."""
     inbound = conn.inbound
-    if (inbound is not None and inbound.pending) or conn.backlog is not None or not may_move(conn):
+    if (
+        (inbound is not None and inbound.pending)
+        or conn.held & ~_MOVES_HELD
+        or conn.backlog is not None
+        or not may_move(conn)
+    ):
         return None
     session = conn.session
     assert session is not None, "a connection that may move has a session"
