@@ -15,6 +15,7 @@ from broker_edge.engine.connection.handover import (
     may_move,
     record_of,
 )
+from broker_edge.engine.connection.states import HELD_FOR_ACKS, HELD_FOR_HANDOVER
 from broker_edge.engine.handlers.connect import accept_handed_in
 from broker_edge.protocol.packets import (
     MQTT_3_1_1,
@@ -126,6 +127,28 @@ def test_a_connection_with_publishes_unanswered_may_move_once_they_are():
     assert may_move(device.conn) and record_of(device.conn) is None
     store.make_durable()
     assert device.read() == [PubAck(1)]
+    assert record_of(device.conn) is not None
+
+
+def test_a_connection_held_for_moving_handles_what_it_read_then_may_move():
+    """An MQTT 3.1.1 client keeping its window full: publishes past ``limits.receive_maximum`` wait for the
+    answers of those before them. Held for moving, it handles them once those answers come (nothing read
+    is left behind), reads nothing more, and may move once they are all answered."""
+    from tests.unit.broker_edge.engine.stand_ins import MemoryLog
+
+    core = make_core(limits={"receive_maximum": 2})
+    store = MemoryLog()
+    core.publish_path.attach_store(store, None)
+    device = core.client(MQTT_3_1_1)
+    device.connect("d-7")
+    device.send(*(Publish("plant/d-7/telemetry", b"%d" % n, 1, packet_id=n) for n in range(1, 6)))
+    assert device.conn.held == HELD_FOR_ACKS and may_move(device.conn)
+    device.conn.hold(HELD_FOR_HANDOVER)
+    for answered in ([1, 2], [3, 4], [5]):
+        assert record_of(device.conn) is None
+        store.make_durable()
+        assert device.read() == [PubAck(n) for n in answered]
+    assert device.conn.held == HELD_FOR_HANDOVER and device.conn.backlog is None
     assert record_of(device.conn) is not None
 
 
