@@ -160,10 +160,10 @@ class ClusterForwarding:
         leader = view.leader_of(view.partition_of(topic))
         if leader is None or leader.node_id == view.node_id or leader.handoff is None:
             return False
-        movable = cast("Movable", publisher)
-        if not handoff.reaches(leader.handoff) or not movable.may_move():
+        may_move = getattr(publisher, "may_move", None)  # a WebSocket's connection has no socket to move
+        if may_move is None or not handoff.reaches(leader.handoff) or not may_move():
             return False
-        handoff.hand_over(movable, leader.node_id, leader.handoff)
+        handoff.hand_over(cast("Movable", publisher), leader.node_id, leader.handoff)
         return True
 
     def server_for(self, topic: str) -> str | None:

@@ -230,8 +230,14 @@ class ClusterNode:
                 error.errno, f"cluster.listen (members) cannot listen on {where}: {reason}"
             ) from error
         self.members_port: int = self.members_sock.getsockname()[1]
-        self.handoff = self._handoff_socket() if cluster.hand_over_connections and not self.static else None
-        """Where members on this host hand clients' connections to this one, and it to them."""
+        plain_tcp = any(each.tls is None and not each.websocket for each in broker.config.listeners)
+        self.handoff = (
+            self._handoff_socket()
+            if cluster.hand_over_connections and plain_tcp and not self.static
+            else None
+        )
+        """Where members on this host hand clients' connections to this one, and it to them (only with a
+        plain TCP listener: the only connections that move)."""
         self.member = advertised_member(
             broker, cluster, self.members_port, self.handoff.name if self.handoff is not None else None
         )

@@ -10,6 +10,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from broker_edge.cluster.forwarding import ClusterForwarding
+from broker_edge.cluster.links.handoff import ConnectionHandoff
 from broker_edge.cluster.links.peer_link import PeerLinks
 from broker_edge.cluster.view import ClusterView
 from broker_edge.engine.connection.states import CLOSED
@@ -316,5 +317,50 @@ def test_a_takeover_waits_until_the_old_connections_forwarded_publishes_have_the
         assert await settled is True
         assert _payloads(b) == [b"1"]
         assert await a.forwarding.settle("another", timeout_s=0) is True
+
+    _run(scenario)
+
+
+class _Movable:
+    """A connection that may move (``may``), recording that it was held for it."""
+
+    def __init__(self, may: bool) -> None:
+        self.may = may
+        self.held = False
+
+    def may_move(self) -> bool:
+        return self.may
+
+    def hold_for_handover(self) -> None:
+        self.held = True
+
+    def handover_record(self) -> None:
+        return None
+
+    def resume_after_handover(self, unread: bytes = b"") -> None:
+        self.held = False
+
+
+def test_a_movable_publisher_is_handed_over_only_to_a_leader_on_this_host():
+    """``hand_over``: a connection that may move is held for moving to the leader of its topic's partition
+    when that member advertises a handoff socket; not one that may not, nor one with no socket to move (a
+    WebSocket's), nor where this member leads, nor to a leader advertising none."""
+
+    async def scenario() -> None:
+        a, _ = _led_by_b()
+        handoff = a.forwarding.handoff = ConnectionHandoff("a", asyncio.get_running_loop(), lambda *_: None)
+        try:
+            assert a.forwarding.moves_publishers
+            movable = _Movable(may=True)
+            assert not a.forwarding.hand_over(TOPIC, movable), "b advertises no handoff socket"
+            a.view.members["b"] = Member("b", "b:1883", "http://b", None, "timestone-handoff-" + "1" * 32)
+            assert not a.forwarding.hand_over(TOPIC, Answers()), "nothing to move"
+            assert not a.forwarding.hand_over(TOPIC, _Movable(may=False))
+            assert a.forwarding.hand_over(TOPIC, movable) and movable.held
+            a.lead("a")
+            assert not a.forwarding.hand_over(TOPIC, _Movable(may=True)), "led here"
+        finally:
+            handoff.close()
+        assert not movable.held, "read again once the handoff end closes"
 
     _run(scenario)
