@@ -25,6 +25,10 @@ class Client:
             self.device = socket.create_connection(listening.getsockname(), timeout=5)
             self.broker_end, _ = listening.accept()
 
+    def close(self) -> None:
+        self.device.close()
+        self.broker_end.close()
+
 
 class Movable:
     """A connection as a handoff sees it, over ``Client``'s broker end: it may move (``movable``), and
@@ -131,29 +135,30 @@ def test_a_connection_handed_over_goes_on_over_the_same_tcp_connection(ends: End
     client.device.close()
 
 
-def test_a_connection_that_may_no_longer_move_is_read_again(ends: Ends) -> None:
+def _waiting(ends: Ends) -> tuple[Client, Movable]:
+    """A connection held for moving to ``b``, its publishes read not yet answered."""
     client = Client()
     conn = Movable(client, {"client_id": "d-0"})
     conn.answered = False
     ends.a.hand_over(conn, "b", ends.b.name)
+    return client, conn
+
+
+def test_a_connection_that_may_no_longer_move_is_read_again(ends: Ends) -> None:
+    client, conn = _waiting(ends)
     conn.movable = False  # it subscribed meanwhile, say
     ends.turn()
     assert not conn.held and conn.resumed_with == b"" and conn.moved_to is None and ends.adopted == []
-    client.device.close()
-    client.broker_end.close()
+    client.close()
 
 
 def test_a_connection_whose_answers_do_not_come_in_time_is_read_again(ends: Ends) -> None:
-    client = Client()
-    conn = Movable(client, {"client_id": "d-0"})
-    conn.answered = False
-    ends.a.hand_over(conn, "b", ends.b.name)
+    client, conn = _waiting(ends)
     ends.turn(MOVE_WITHIN_S / 2)
     assert conn.held
     ends.turn(MOVE_WITHIN_S)
     assert not conn.held and conn.moved_to is None and ends.adopted == []
-    client.device.close()
-    client.broker_end.close()
+    client.close()
 
 
 def test_a_name_that_does_not_connect_is_left_untried_and_the_connection_stays(ends: Ends) -> None:
@@ -165,8 +170,7 @@ def test_a_name_that_does_not_connect_is_left_untried_and_the_connection_stays(e
     ends.turn()
     assert conn.moved_to is None and not conn.held and conn.resumed_with == b""
     assert not ends.a.reaches(gone), "not tried again for RETRY_S"
-    client.device.close()
-    client.broker_end.close()
+    client.close()
 
 
 def test_a_member_that_refuses_the_record_closes_the_connection(loop: asyncio.AbstractEventLoop) -> None:
