@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["MOVE_WITHIN_S", "RETRY_S", "Adopt", "ConnectionHandoff", "Movable"]
+__all__ = ["MAX_RECORD", "MOVE_WITHIN_S", "RETRY_S", "Adopt", "ConnectionHandoff", "Movable"]
 
 log = logging.getLogger("broker_edge.cluster.handoff")
 
@@ -43,8 +43,12 @@ MOVE_WITHIN_S = 1.0
 RECHECK_S = 0.01
 """How often connections held for moving are looked at again while any waits."""
 
-_MAX_RECORD = 64 * 1024
-"""The largest message a handoff socket reads (a record with the largest will that moves is a third)."""
+MAX_RECORD = 128 * 1024
+"""The largest message a handoff carries: a connection whose record and unread bytes would not fit stays
+(a will that moves takes at most 22 KiB of it, base64)."""
+
+_MAX_LINKS = 64
+"""Links to other members' handoff sockets kept open (a member started again has a new name)."""
 
 _RECEIVES_PER_TURN = 64
 """Messages one link's reader takes per turn of the loop before it lets the loop go round."""
@@ -197,8 +201,12 @@ class ConnectionHandoff:
         record["from"] = self.node_id
         if unread:
             record["unread"] = base64.b64encode(unread).decode()
+        message = json.dumps(record, separators=(",", ":")).encode()
+        if len(message) > MAX_RECORD:  # a large packet half-read: it stays
+            conn.resume_after_handover(unread)
+            return
         try:
-            socket.send_fds(link, [json.dumps(record, separators=(",", ":")).encode()], [fd])
+            socket.send_fds(link, [message], [fd])
         except OSError as exc:  # its queue is full, or it went away: the connection stays, bytes and all
             if not isinstance(exc, BlockingIOError | InterruptedError):
                 self._forget(move.name, f"{type(exc).__name__}: {exc}")
@@ -223,6 +231,8 @@ class ConnectionHandoff:
             link.close()
             self._forget(name, f"{type(exc).__name__}: {exc}")
             return None
+        if len(self._links) >= _MAX_LINKS:  # the oldest first: most likely to a member gone
+            self._links.pop(next(iter(self._links))).close()
         self._links[name] = link
         return link
 
@@ -258,7 +268,7 @@ class ConnectionHandoff:
     def _receive(self, sock: socket.socket) -> None:
         for _ in range(_RECEIVES_PER_TURN):
             try:
-                data, fds, flags, _ = socket.recv_fds(sock, _MAX_RECORD, 4)
+                data, fds, flags, _ = socket.recv_fds(sock, MAX_RECORD, 4)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from broker_edge.cluster.links.handoff import MOVE_WITHIN_S, ConnectionHandoff
+from broker_edge.cluster.links.handoff import MAX_RECORD, MOVE_WITHIN_S, ConnectionHandoff
 from broker_edge.placement import HANDOFF_NAME
 
 
@@ -133,6 +133,19 @@ def test_a_connection_handed_over_goes_on_over_the_same_tcp_connection(ends: End
     sock.sendall(b"\x40\x02\x00\x01")
     assert client.device.recv(16) == b"\x40\x02\x00\x01"
     client.device.close()
+
+
+def test_a_connection_whose_unread_bytes_do_not_fit_a_message_stays_with_them(ends: Ends) -> None:
+    """A large packet half-read: the record would pass ``MAX_RECORD``, so the connection is read again
+    with every byte it had, and nothing is sent."""
+    client = Client()
+    unread = b"\x30" + b"x" * MAX_RECORD
+    conn = Movable(client, {"client_id": "d-8"}, unread=unread)
+    ends.a.hand_over(conn, "b", ends.b.name)
+    ends.turn()
+    assert conn.moved_to is None and not conn.held and conn.resumed_with == unread
+    assert ends.adopted == [] and ends.b.moved_in == 0
+    client.close()
 
 
 def _waiting(ends: Ends) -> tuple[Client, Movable]:
