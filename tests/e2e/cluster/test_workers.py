@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,10 @@ class Device(threading.Thread):
         """Seconds from ``moment`` to its first acknowledgement after it (None: none)."""
         later = [t for t in self.ack_times if t > moment]
         return later[0] - moment if later else None
+
+
+def _acknowledged_twice(device: Device) -> bool:
+    return len(device.acked) > 1
 
 
 def _receive(sock: socket.socket, decoder: PacketDecoder) -> object:
@@ -242,7 +247,7 @@ def test_a_member_killed_under_qos1_load_loses_nothing_and_its_clients_publish_a
         device.start()
         assert device.connected.wait(30)
         devices.append(device)
-        wait_until(lambda device=device: len(device.acked) > 1, 30, f"{device.name} acknowledged")
+        wait_until(partial(_acknowledged_twice, device), 30, f"{device.name} acknowledged")
         owners = socket_owners(pids, port)
         placed = {}
         for each in devices:
