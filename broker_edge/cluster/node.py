@@ -314,8 +314,21 @@ class ClusterNode:
     def _handoff_socket(self) -> ConnectionHandoff | None:
         """This member's handoff socket, or None (logged) where the system has none (abstract Unix
         sockets are Linux's)."""
+        family = self.broker.metrics.counter(
+            "connections_handed_over",
+            "Client connections moved between the members on this host, by outcome: out (handed to the "
+            "member leading their topic's partition), in (taken in from another member), stayed (held for "
+            "moving, then read here again).",
+            ["outcome"],
+        )
+        counts = {outcome: family.labels(outcome=outcome) for outcome in ("out", "in", "stayed")}
         try:
-            return ConnectionHandoff(self.cluster.node_id, self.broker.loop, self.broker.adopt_connection)
+            return ConnectionHandoff(
+                self.cluster.node_id,
+                self.broker.loop,
+                self.broker.adopt_connection,
+                lambda outcome: counts[outcome].inc(),
+            )
         except OSError as exc:
             log.warning("no handoff socket (%s): clients' connections stay where they arrive", exc)
             return None

@@ -100,14 +100,21 @@ def _same_user(sock: socket.socket) -> bool:
 class ConnectionHandoff:
     """This member's handoff socket and its links to the other members' (see the module docstring)."""
 
-    def __init__(self, node_id: str, loop: asyncio.AbstractEventLoop, adopt: Adopt) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        loop: asyncio.AbstractEventLoop,
+        adopt: Adopt,
+        counted: Callable[[str], None] = lambda _outcome: None,
+    ) -> None:
         self.node_id = node_id
         self.loop = loop
         self.adopt = adopt
+        self.counted = counted
+        """Told each outcome: ``out`` (handed over), ``in`` (taken in), ``stayed`` (held for moving, then
+        read here again)."""
         self.name = f"timestone-handoff-{secrets.token_hex(16)}"
         """The name this member advertises (``HANDOFF_NAME``)."""
-        self.moved_out = 0
-        self.moved_in = 0
         self._listening = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._listening.bind("\0" + self.name)
@@ -186,14 +193,14 @@ class ConnectionHandoff:
         if record is None:
             if now >= move.until or not conn.may_move():
                 del self._moving[conn]
-                conn.resume_after_handover()
+                self._stays(conn)
             return
         link = self._link(move.name)
         taken = conn.handover_socket() if link is not None else None
         if taken is None:  # not reached, or its answers still being written
             if link is None or now >= move.until:
                 del self._moving[conn]
-                conn.resume_after_handover()
+                self._stays(conn)
             return
         del self._moving[conn]
         assert link is not None
@@ -203,17 +210,21 @@ class ConnectionHandoff:
             record["unread"] = base64.b64encode(unread).decode()
         message = json.dumps(record, separators=(",", ":")).encode()
         if len(message) > MAX_RECORD:  # a large packet half-read: it stays
-            conn.resume_after_handover(unread)
+            self._stays(conn, unread)
             return
         try:
             socket.send_fds(link, [message], [fd])
         except OSError as exc:  # its queue is full, or it went away: the connection stays, bytes and all
             if not isinstance(exc, BlockingIOError | InterruptedError):
                 self._forget(move.name, f"{type(exc).__name__}: {exc}")
-            conn.resume_after_handover(unread)
+            self._stays(conn, unread)
             return
-        self.moved_out += 1
+        self.counted("out")
         conn.handed_over(move.node)
+
+    def _stays(self, conn: Movable, unread: bytes = b"") -> None:
+        self.counted("stayed")
+        conn.resume_after_handover(unread)
 
     def _link(self, name: str) -> socket.socket | None:
         link = self._links.get(name)
@@ -312,4 +323,4 @@ class ConnectionHandoff:
             log.warning("handoff: a connection from %s not taken in (%s); closed", origin, exc)
             client.close()
             return
-        self.moved_in += 1
+        self.counted("in")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -414,6 +415,12 @@ def test_a_device_publishing_through_another_member_is_handed_over_to_its_partit
         lambda: read_topic(offsets_api, topics[0]) == [b"first", b"next", b"next", b"next", b"next"], 30
     )
     assert b"connection handed over to w1" in (workers_dir.parent.parent / "workers.log").read_bytes()
+    config = (workers_dir.parent.parent / "broker.yaml").read_text()
+    admin = re.search(r"admin_http: \{port: (\d+)\}", config)
+    assert admin is not None
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin[1]}/metrics", timeout=10) as answer:
+        metrics = answer.read().decode()  # the first member's: it handed the device over
+    assert 'timestone_broker_connections_handed_over_total{outcome="out"} 1.0' in metrics
 
     subscriber = RawClient(own_port["w0"], 4)
     assert subscriber.connect("d-subscribed").reason_code == 0
