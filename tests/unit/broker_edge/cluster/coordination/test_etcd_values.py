@@ -39,6 +39,10 @@ def test_a_member_record_is_read_with_its_addresses() -> None:
     member = parse_member("b1", encoded(MEMBER))
     assert member == Member("b1", "10.0.0.21:1883", "https://10.0.0.21:9884", "https://10.0.0.21:9885")
     assert parse_member("b1", member.to_json().encode()) == member
+    handoff = "timestone-handoff-" + "5e" * 16
+    with_handoff = parse_member("b1", encoded({**MEMBER, "handoff": handoff}))
+    assert with_handoff.handoff == handoff
+    assert parse_member("b1", with_handoff.to_json().encode()) == with_handoff
 
 
 @pytest.mark.parametrize(
@@ -52,6 +56,9 @@ def test_a_member_record_is_read_with_its_addresses() -> None:
         ({"offsets_api": "http://user:pw@10.0.0.21:9884"}, "offsets_api"),
         ({"peer": "https://10.0.0.21"}, "peer"),
         ({"peer": 9885}, "peer"),
+        ({"handoff": "/tmp/handoff.sock"}, "handoff"),  # no path: an abstract socket's name only
+        ({"handoff": "timestone-handoff-short"}, "handoff"),
+        ({"handoff": 7}, "handoff"),
     ],
 )
 def test_a_member_record_that_is_not_one_is_refused_naming_the_field(change: dict, named: str) -> None:
