@@ -463,10 +463,9 @@ class PublishPath:
             if not publisher.v5 or redirect is None or publisher.incoming_pending:
                 continue  # answers still to write go first, then it is sent
             if address is None:
-                address = forwarding.server_for(topic)
-                if address is None:
-                    return
-            redirect(address, "the member leading this topic's partition appends its publishes")
+                address = forwarding.server_for(topic) or ""
+            if address:  # "": this member sends nobody away
+                redirect(address, "the member leading this topic's partition appends its publishes")
 
     def _settle(self, entry: PendingPublish, ack: ForwardAck) -> None:
         """Record the answer for an entry answered elsewhere; it is acknowledged in its turn."""

@@ -102,6 +102,8 @@ class HeldForwarding:
         self.on_this_host: set[str] = set()
         """Topics whose leader runs on this host: their publishers' connections are handed over."""
         self.handed_over: list[tuple[str, object]] = []
+        self.stays: set[int] = set()
+        """Ids of publishers that may not move (``hand_over`` says False for them)."""
 
     def appends_here(self, topic: str) -> bool:
         return topic in self.here
@@ -111,7 +113,7 @@ class HeldForwarding:
         return bool(self.leaders or self.on_this_host)
 
     def hand_over(self, topic: str, publisher: object) -> bool:
-        if topic not in self.on_this_host:
+        if topic not in self.on_this_host or id(publisher) in self.stays:
             return False
         self.handed_over.append((topic, publisher))
         return True

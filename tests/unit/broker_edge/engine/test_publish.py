@@ -21,6 +21,7 @@ from broker_edge.engine.ports import (
     PublishRefused,
     Replication,
 )
+from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, PubAck, Publish, PubRec, Subscribe, Subscription
 from broker_edge.storage.errors import StorageFailed
 from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, WireClient, make_core
@@ -293,6 +294,23 @@ def test_a_publisher_whose_leader_runs_on_this_host_is_handed_over_rather_than_s
         (REMOTE_TOPIC, v5.conn),
     ]
     assert not v3.closed and not v5.closed and not both.closed
+
+
+def test_a_publisher_that_stays_does_not_keep_the_next_one_of_its_batch_from_moving():
+    """Without ``redirect_publishers``, an MQTT 5 publisher that may not move (it subscribes) is passed
+    over, and the MQTT 3.1.1 one answered after it in the same batch is still handed over."""
+    core, _, forwarding = _cluster_core()
+    forwarding.on_this_host.add(REMOTE_TOPIC)
+    staying, moving = _publisher(core), core.client(MQTT_3_1_1)
+    moving.connect("v3")
+    forwarding.stays = {id(staying.conn)}
+    staying.conn.receive(encode(Publish(REMOTE_TOPIC, b"one", 1, packet_id=1), MQTT_5))
+    moving.conn.receive(encode(Publish(REMOTE_TOPIC, b"two", 1, packet_id=2), MQTT_3_1_1))
+    core.run_soon()  # one batch: both publishes forwarded together
+    assert len(forwarding.forwarded) == 1
+    forwarding.answer(0)
+    assert forwarding.handed_over == [(REMOTE_TOPIC, moving.conn)]
+    assert not staying.closed and not moving.closed
 
 
 def _alone() -> tuple[HandDrivenCore, MemoryLog, WireClient, WireClient, WireClient]:
