@@ -164,7 +164,6 @@ class Broker(BrokerCore):
         """The offsets API's TLS, which SIGHUP reloads."""
         self.started_at = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._servers: list[TcpServer] = []
         self._tcp_listeners: dict[str, tuple[ListenerRuntime, TcpServer]] = {}
         """The TCP and TLS listeners by name, with their servers (where connections handed over land)."""
         self._adopting: set[asyncio.Task[Any]] = set()
@@ -241,7 +240,6 @@ class Broker(BrokerCore):
                     with naming_endpoint(label, listener_config.host, listener_config.port):
                         # a cluster member accepts clients once it has joined (see below)
                         server = await start_tcp_listener(self, runtime, serving=config.cluster is None)
-                    self._servers.append(server)
                     self._tcp_listeners[runtime.name] = (runtime, server)
                     runtime.port = server.sockets[0].getsockname()[1]
                 self.ports[runtime.name] = runtime.port
@@ -273,7 +271,8 @@ class Broker(BrokerCore):
 
                 self.cluster_node = ClusterNode(self, config.cluster)
                 await self.cluster_node.start()
-                for server in self._servers:  # only now: a publish is never taken as a broker alone's
+                # only now: a publish is never taken as a broker alone's
+                for _, server in self._tcp_listeners.values():
                     await start_accepting(server)
             await self._start_uplink_hub()
             self._start_site_link()
@@ -500,14 +499,14 @@ class Broker(BrokerCore):
             await self.site_link.stop()
         if self.uplink_hub is not None:
             await self.uplink_hub.stop()
-        for server in self._servers:
+        for _, server in self._tcp_listeners.values():
             server.close()
         for conn in self.connections:
             conn.close(ReasonCode.SERVER_SHUTTING_DOWN, "broker shutting down")
             conn.flush()
         for runner in self._runners:
             await runner.cleanup()
-        for server in self._servers:
+        for _, server in self._tcp_listeners.values():
             await server.wait_closed()
         if self.connections:
             await asyncio.sleep(0)

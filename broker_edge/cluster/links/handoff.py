@@ -228,10 +228,8 @@ class ConnectionHandoff:
 
     def _link(self, name: str) -> socket.socket | None:
         link = self._links.get(name)
-        if link is not None:
+        if link is not None or not self.reaches(name):
             return link
-        if self.loop.time() < self._untried_until.get(name, 0.0):
-            return None
         link = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             link.setblocking(False)

@@ -157,7 +157,7 @@ class HandedInConnection(TcpConnection):
     (``accept_handed_in``) as its transport is made, before anything is read from it, then given the bytes
     the member it left read and did not handle. ``BadRecord`` for a record not as that member makes it."""
 
-    __slots__ = ("_connect", "_origin", "_unread", "_username")
+    __slots__ = ("_connect", "_unread", "_username")
 
     def __init__(
         self, host: ConnectionHost, listener: ListenerRuntime, record: dict[str, Any], origin: str
@@ -167,7 +167,6 @@ class HandedInConnection(TcpConnection):
         self.handed_in = origin  # admitted by the member it left: no new connection's rate
         self._connect: Connect | None = connect
         self._unread = unread_of(record)
-        self._origin = origin
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -178,7 +177,7 @@ class HandedInConnection(TcpConnection):
             self.refuse(None, None)
         else:
             host = cast("BrokerContext", self.terms.host)
-            accept_handed_in(host, self, connect, self._username, self._origin)
+            accept_handed_in(host, self, connect, self._username, self.handed_in)
             unread, self._unread = self._unread, b""
             if unread and self.terms.state != CLOSED:
                 self.data_received(unread)  # what the member it left read and did not handle, first

@@ -154,15 +154,17 @@ class ReadTurns:
 
     def take_back(self, reader: TurnReader) -> bytes:
         """The bytes kept for ``reader``, taken out of the line (it moves elsewhere with them)."""
-        data = self._kept.pop(reader, None)
-        if data is None:
-            data = self._held.pop(reader, None)
+        data = self._remove(reader)
         return bytes(data) if data is not None else b""
 
     def forget(self, reader: TurnReader) -> None:
         """``reader`` is closed: its bytes kept are dropped (nothing reads them any more)."""
-        self._kept.pop(reader, None)
-        self._held.pop(reader, None)
+        self._remove(reader)
+
+    def _remove(self, reader: TurnReader) -> bytearray | None:
+        """Take ``reader`` out of the line, or out of those held: the bytes it had kept (None: none)."""
+        data = self._kept.pop(reader, None)
+        return data if data is not None else self._held.pop(reader, None)
 
     def _next_turn(self) -> None:
         """A new turn: the budget again, shared first among the connections with bytes kept."""
