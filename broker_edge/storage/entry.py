@@ -18,6 +18,7 @@ at ``offset``). Markers make a follower's truncation durable in log order; they 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from . import record
@@ -35,6 +36,7 @@ __all__ = [
     "Marker",
     "check_of",
     "encode_marker",
+    "entries_of",
     "head_of",
     "parse_head",
     "parse_marker",
@@ -85,6 +87,14 @@ def head_of(topic_id: int) -> EntryHead:
         return pack(topic_id, record.crc32c(raw, frame_crc))
 
     return head
+
+
+def entries_of(topic_id: int, frames: Sequence[memoryview], crcs: Sequence[int]) -> list[bytes]:
+    """The entries of checked `frames` of one topic whose CRC fields are `crcs` (a leader's, appended
+    verbatim): each frame behind its header."""
+    raw = TOPIC_ID.pack(topic_id)
+    pack, checksum = ENTRY_HEAD.pack, record.crc32c
+    return [pack(topic_id, checksum(raw, crc)) + frame for frame, crc in zip(frames, crcs, strict=True)]
 
 
 def parse_head(buf: bytes | memoryview, pos: int, max_body: int) -> tuple[int, int]:

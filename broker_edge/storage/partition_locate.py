@@ -13,9 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .active_index import NO_PREVIOUS, UNKNOWN_ROW, pointed
-from .entry import (
-    HEAD_SIZE,
-)
+from .entry import HEAD_SIZE, TOPIC_ID
 from .errors import CorruptRecord
 from .file_pool import FileHandlePool
 from .recent import RecentWindows
@@ -29,6 +27,8 @@ from .topic_table import TopicTable
 
 __all__ = ["Locating", "Piece", "live_ends"]
 
+_UNREAD = FrameError("unread")
+"""In place of a frame of `Locating.frames` until its pread."""
 _MERGE_GAP = 16 * 1024
 """Entries at most this far apart are read with one pread."""
 
@@ -174,44 +174,61 @@ class Locating:
     def frames(self, topic_id: int, pieces: list[Piece]) -> list[memoryview | FrameError]:
         """The frames of `pieces` (from the recent windows, or preads merging neighbours), without their
         entry headers; a `FrameError` in place of one whose entry is not the topic's."""
-        views: list[memoryview | None] = [None] * len(pieces)
+        frames: list[memoryview | FrameError] = []
+        keep = frames.append
         partition = self.number
-        recent = self.recent
+        window = self.recent.window
         to_read: list[int] = []
+        segment: Segment | None = None
+        data, view, start, end = b"", memoryview(b""), 0, 0
         for index, piece in enumerate(pieces):
-            view = recent.slice((partition, piece.segment.number), piece.position, piece.size)
-            if view is None:
-                to_read.append(index)
-            else:
-                views[index] = view
-        start = 0
-        while start < len(to_read):
-            first = pieces[to_read[start]]
-            end = start + 1
+            position, size = piece.position, piece.size
+            if piece.segment is not segment or position < start or position + size > end:
+                found = window((partition, piece.segment.number), position, size)
+                if found is None:
+                    segment = None
+                    to_read.append(index)
+                    keep(_UNREAD)
+                    continue
+                segment = piece.segment
+                data, start = found
+                view, end = memoryview(data), start + len(data)
+            keep(_frame_of(data, view, position - start, size, topic_id))
+        first_unread = 0
+        while first_unread < len(to_read):
+            first = pieces[to_read[first_unread]]
+            after = first_unread + 1
             while (
-                end < len(to_read)
-                and pieces[to_read[end]].segment is first.segment
-                and pieces[to_read[end]].position
-                - (pieces[to_read[end - 1]].position + pieces[to_read[end - 1]].size)
+                after < len(to_read)
+                and pieces[to_read[after]].segment is first.segment
+                and pieces[to_read[after]].position
+                - (pieces[to_read[after - 1]].position + pieces[to_read[after - 1]].size)
                 <= _MERGE_GAP
             ):
-                end += 1
-            last = pieces[to_read[end - 1]]
+                after += 1
+            last = pieces[to_read[after - 1]]
             span = last.position + last.size - first.position
-            data = memoryview(self.pool.pread(first.segment.log_path, span, first.position))
-            for index in to_read[start:end]:
+            read = self.pool.pread(first.segment.log_path, span, first.position)
+            read_view = memoryview(read)
+            for index in to_read[first_unread:after]:
                 piece = pieces[index]
-                at = piece.position - first.position
-                views[index] = data[at : at + piece.size]
-            start = end
-        result: list[memoryview | FrameError] = []
-        for view in views:
-            assert view is not None
-            if len(view) < HEAD_SIZE + PREFIX_SIZE or int.from_bytes(view[:4], "little") != topic_id:
-                result.append(FrameError("index"))
-            else:
-                result.append(view[HEAD_SIZE:])
-        return result
+                frames[index] = _frame_of(
+                    read, read_view, piece.position - first.position, piece.size, topic_id
+                )
+            first_unread = after
+        return frames
+
+
+def _frame_of(data: bytes, view: memoryview, at: int, size: int, topic_id: int) -> memoryview | FrameError:
+    """The frame of the entry of `size` bytes at `at` of `data` (`view` its memoryview), or a `FrameError`
+    when it is too short to be one or not the topic's."""
+    if (
+        size < HEAD_SIZE + PREFIX_SIZE
+        or at + size > len(data)
+        or TOPIC_ID.unpack_from(data, at)[0] != topic_id
+    ):
+        return FrameError("index")
+    return view[at + HEAD_SIZE : at + size]
 
 
 def _first_of(step: tuple) -> int:

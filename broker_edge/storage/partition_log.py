@@ -30,6 +30,7 @@ from .entry import (
     HEAD_SIZE,
     TOPIC_ID,
     encode_marker,
+    entries_of,
     head_of,
 )
 from .errors import InvalidRecord, RecordTooLarge, StorageError
@@ -171,12 +172,13 @@ class PartitionLog(Locating):
             raise InvalidRecord(f"record cannot be stored: {error}") from error
         return self._add(topic_id, entries, offset, [timestamp] * len(entries), timestamp)
 
-    def append_frames(self, topic_id: int, frames: list[memoryview], times: list[int]) -> int:
-        """Append checked frames of one topic verbatim (a leader's); returns the first offset."""
-        offset = self.table.next[topic_id]
-        head = head_of(topic_id)
-        entries = [head(PREFIX.unpack_from(frame, 0)[1]) + frame for frame in frames]
-        return self._add(topic_id, entries, offset, times, max(times))
+    def append_frames(
+        self, topic_id: int, frames: Sequence[memoryview], times: list[int], crcs: Sequence[int]
+    ) -> int:
+        """Append frames of one topic verbatim (a leader's), given each one's time and CRC field; returns the
+        first offset."""
+        entries = entries_of(topic_id, frames, crcs)
+        return self._add(topic_id, entries, self.table.next[topic_id], times, max(times))
 
     def append_many(
         self, appends: Sequence[tuple[int, Sequence[RecordFields]]], timestamp: int

@@ -51,8 +51,9 @@ class RecentWindows:
             del self._starts[segment]
             del self._buffers[segment]
 
-    def slice(self, segment: tuple[int, int], position: int, size: int) -> memoryview | None:
-        """Bytes `[position, position + size)` of `segment` when one kept buffer holds them all."""
+    def window(self, segment: tuple[int, int], position: int, size: int) -> tuple[bytes, int] | None:
+        """The kept buffer of `segment` holding all of bytes `[position, position + size)`, and the position
+        it starts at (None when no one buffer holds them)."""
         starts = self._starts.get(segment)
         if starts is None:
             return None
@@ -64,7 +65,7 @@ class RecentWindows:
         if position + size > start + len(data):
             return None
         self.hits += 1
-        return memoryview(data)[position - start : position - start + size]
+        return data, start
 
     def forget(self, segment: tuple[int, int]) -> None:
         """Drop what is kept of a segment (deleted, or truncated by recovery)."""

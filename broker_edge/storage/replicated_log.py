@@ -31,7 +31,7 @@ from .errors import (
     OffsetOutOfRange,
 )
 from .hw_checkpoint import CHECKPOINT_FILE, read_checkpoint, write_checkpoint
-from .record import FrameError, check_frame
+from .record import FrameError, check_frames
 from .store_state import StoreState, _check_offset
 
 if TYPE_CHECKING:
@@ -183,36 +183,25 @@ class ReplicatedLog:
             if table.start[topic_id] >= first:
                 self.restart_at(topic, at)
             first = at
-        view = memoryview(frames)
-        size = len(view)
-        max_body = self._store.config.max_record_bytes
-        checked: list[memoryview] = []
-        times: list[int] = []
-        position = 0
-        offset = first
-        try:
-            while position < size:
-                end, timestamp = check_frame(view, position, offset, max_body)
-                checked.append(view[position:end])
-                times.append(timestamp)
-                position = end
-                offset += 1
-        except FrameError as error:
+        checked = check_frames(frames, first, self._store.config.max_record_bytes)
+        count = len(checked.frames)
+        if checked.error is not None:
             raise InvalidRecord(
-                f"frames for {topic!r} refused at offset {offset}: {error.reason} "
+                f"frames for {topic!r} refused at offset {first + count}: {checked.error.reason} "
                 f"(the log continues at {first})"
-            ) from None
-        if not checked:
+            )
+        if not count:
             return first
-        if offset > MAX_OFFSET:
-            raise InvalidRecord(f"frames for {topic!r} refused: they end at {offset}, past {MAX_OFFSET}")
+        if first + count > MAX_OFFSET:
+            end = first + count
+            raise InvalidRecord(f"frames for {topic!r} refused: they end at {end}, past {MAX_OFFSET}")
         part = self._store._partitions[table.partition[topic_id]]
         if first > table.next[topic_id]:  # a gap: its marker says where the log goes on, through any restart
             part.leave_active_segment(topic_id)
             part.append_marker(topic_id, TRUNCATE, first, 0)
             table.next[topic_id] = first
-        part.append_frames(topic_id, checked, times)
-        self._store._committer.appended_many(part, len(checked), part.last_append_size)
+        part.append_frames(topic_id, checked.frames, checked.times, checked.crcs)
+        self._store._committer.appended_many(part, count, part.last_append_size)
         return first
 
     def read_frames(

@@ -17,6 +17,7 @@ from .errors import (
 )
 from .partition_log import PartitionLog
 from .quarantine import QuarantinedLog
+from .record import PREFIX
 from .retention import RetentionReport, retention_pass
 from .segment import Segment
 from .store_state import StoreState, _check_offset
@@ -115,7 +116,7 @@ class Admin(StoreState):
             raise StorageError(f"{topic!r} continues at {table.next[topic_id]}, not {offset}")
         table.next[topic_id] = offset
         part = self._partitions[table.partition[topic_id]]
-        part.append_frames(topic_id, frames, times)
+        part.append_frames(topic_id, frames, times, [PREFIX.unpack_from(frame, 0)[1] for frame in frames])
         self._committer.appended_many(part, len(frames), part.last_append_size)
 
     def import_start(self, topic: str, offset: int) -> None:

@@ -7,9 +7,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker_edge.storage.record import (
+    PREFIX,
     PREFIX_SIZE,
     AppendRecord,
     FrameError,
+    check_frame,
+    check_frames,
     decode_frame,
     decode_frames,
     encode_frames,
@@ -96,6 +99,34 @@ def test_records_before_a_damaged_frame_are_still_returned():
 
     assert [record.offset for record in records] == [0, 1]
     assert error is not None and error.reason == "checksum"
+
+
+def _checked_one_by_one(data: bytes, first: int, max_body: int) -> tuple[list[bytes], list[int], str | None]:
+    """What `check_frame` says of each frame in turn: the good frames, their times, the first error."""
+    frames, times, position, offset = [], [], 0, first
+    try:
+        while position < len(data):
+            end, timestamp = check_frame(data, position, offset, max_body)
+            frames.append(data[position:end])
+            times.append(timestamp)
+            position, offset = end, offset + 1
+    except FrameError as error:
+        return frames, times, error.reason
+    return frames, times, None
+
+
+@given(position=st.integers(0, 10_000), bit=st.integers(0, 7), cut=st.integers(0, 10_000))
+def test_frames_checked_in_one_loop_as_one_by_one(position, bit, cut):
+    data = bytearray(_frames(4))
+    data[position % len(data)] ^= 1 << bit
+    damaged = bytes(data[: len(data) - cut % 40])
+    for first, max_body in ((0, MAX_BODY), (1, MAX_BODY), (0, 30)):
+        checked = check_frames(damaged, first, max_body)
+        frames, times, reason = _checked_one_by_one(damaged, first, max_body)
+        assert [bytes(frame) for frame in checked.frames] == frames
+        assert checked.times == times
+        assert (checked.error.reason if checked.error else None) == reason
+        assert checked.crcs == [PREFIX.unpack_from(frame)[1] for frame in frames]
 
 
 def test_oversized_strings_are_refused_at_encode():
