@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from broker_edge.cluster.partition import Partitions
     from broker_edge.storage.store import LogStore
 
-__all__ = ["FetchServer", "positions_of"]
+__all__ = ["FetchServer", "ReadsOfTurn", "positions_of"]
 
 log = logging.getLogger("broker_edge.cluster.replication.leader")
 
@@ -82,6 +82,7 @@ class FetchServer:
         """Whether fetches are answered (between the leader's start and stop)."""
         self.fetches_served = 0
         """HTTP fetches answered (a steady state over the peer link answers none)."""
+        self._reads = ReadsOfTurn(self.store)
 
     async def fetch(self, request: FetchRequest) -> FetchResponse:
         """Serve one replica fetch (see `replica_fetch`): update the session, answer, or wait for news."""
@@ -324,7 +325,7 @@ class FetchServer:
                         has_news = True
                     continue
                 try:
-                    offset = _read_into(store, data, offset, min(budget, session.max_topic_bytes), limit)
+                    offset = self._reads.read_into(data, offset, min(budget, session.max_topic_bytes), limit)
                 except OffsetOutOfRange:
                     continue
                 sent_end = offset + data.count
@@ -345,6 +346,35 @@ class FetchServer:
             answer.topics.append(data)
             has_news = True
         return has_news
+
+
+class ReadsOfTurn:
+    """The frames read for answers in this loop turn, kept for the turn: the followers of a partition are
+    usually sent the same records at once (the leader's new durable ones), read once."""
+
+    def __init__(self, store: LogStore) -> None:
+        self._store = store
+        self._reads: dict[tuple[str, int, int], tuple[int, int, list[bytes], int, int, int]] = {}
+        """(topic, offset, limit) -> (kind, first, frames, count, their bytes, the bytes they could take)."""
+
+    def read_into(self, data: TopicData, offset: int, max_bytes: int, limit: int) -> int:
+        """`_read_into`, of frames already read this turn where they are what it would read."""
+        key = (data.topic, offset, limit)
+        kept = self._reads.get(key)
+        if kept is not None:
+            kind, first, frames, count, size, asked = kept
+            if asked == max_bytes or (first + count == limit and size <= max_bytes):
+                data.kind, data.first, data.frames, data.count = kind, first, frames, count
+                return first
+        first = _read_into(self._store, data, offset, max_bytes, limit)
+        reads = self._reads
+        if not reads:
+            try:
+                asyncio.get_running_loop().call_soon(reads.clear)
+            except RuntimeError:  # no loop turn to keep them for
+                return first
+        reads[key] = (data.kind, first, data.frames, data.count, sum(map(len, data.frames)), max_bytes)
+        return first
 
 
 def _read_into(store: LogStore, data: TopicData, offset: int, max_bytes: int, limit: int) -> int:

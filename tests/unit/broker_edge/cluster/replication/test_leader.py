@@ -150,6 +150,26 @@ def test_an_incremental_fetch_reads_only_the_topics_that_changed(tmp_path: Path)
     _scenario(tmp_path, body)
 
 
+def test_followers_sent_the_same_records_in_one_loop_turn_read_them_once(tmp_path: Path) -> None:
+    async def body(leader: LeaderReplication, store: LogStore, _isr: StaticIsr) -> None:
+        assert isinstance(store, CountingStore)
+        Outcome().when_replicated(leader, [await _append(store, "t", 3)])
+        frames = [t.frames for p in (await leader.fetch(_fetch("b2", 0, 1, []))).partitions for t in p.topics]
+        again = await leader.fetch(_fetch("b3", 0, 1, []))  # the same turn: nothing awaited in between
+        assert _topics(again) == {"t": (FRAMES, 0, 3)}
+        assert [t.frames for p in again.partitions for t in p.topics] == frames
+        assert store.reads == ["t"]
+        small = _fetch("b3", 0, 1, [])
+        small.max_topic_bytes = len(frames[0][0])  # room for one frame: not what was read for b2
+        assert _topics(await leader.fetch(small)) == {"t": (FRAMES, 0, 1)}
+        assert store.reads == ["t", "t"]
+        await asyncio.sleep(0)  # a later turn reads anew
+        assert _topics(await leader.fetch(_fetch("b2", 0, 1, []))) == {"t": (FRAMES, 0, 3)}
+        assert store.reads == ["t", "t", "t"]
+
+    _scenario(tmp_path, body)
+
+
 def test_fewer_in_sync_replicas_than_the_minimum_fails_the_batch(tmp_path: Path) -> None:
     async def body(leader: LeaderReplication, store: LogStore, isr: StaticIsr) -> None:
         isr.set(PartitionState(0, "b1", 1, NODES, ("b1",)))
