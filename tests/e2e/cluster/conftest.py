@@ -78,17 +78,11 @@ def three_brokers(
     leadership spread over the three (no leadership move under way when the test starts, so none refuses a
     publish meanwhile); every test client is closed at the end."""
     from tests.e2e.broker_clients import close_all
-    from tests.e2e.cluster.proof import cluster_state, wait_settled, wait_until
+    from tests.e2e.cluster.proof import leadership_spread, wait_settled, wait_until
 
     nodes = ("a", "b", "c")
     brokers = {node: cluster_brokers(node) for node in nodes}
     wait_settled(etcd, set(nodes), 3)
-
-    def spread() -> bool:
-        leaders = cluster_state(etcd).leaders()
-        counts = [leaders.get(node, 0) for node in nodes]
-        return min(counts) > 0 and max(counts) - min(counts) <= 1
-
-    wait_until(spread, what="leadership spread over a, b, c")
+    wait_until(lambda: leadership_spread(etcd, nodes), what="leadership spread over a, b, c")
     yield brokers
     close_all()

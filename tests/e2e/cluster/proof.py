@@ -48,7 +48,23 @@ from tests.harness.local_cluster import (
     wait_until,
 )
 
-__all__ = ["WAIT_S", "ClusterState", "cluster_state", "settled", "wait_settled", "wait_until"]
+__all__ = [
+    "WAIT_S",
+    "ClusterState",
+    "cluster_state",
+    "leadership_spread",
+    "settled",
+    "wait_settled",
+    "wait_until",
+]
+
+
+def leadership_spread(target: EtcdTarget, nodes: tuple[str, ...]) -> bool:
+    """Whether every one of ``nodes`` leads partitions, each within one of the others: the controller moves
+    no leadership any more (a publish made while one moves may be refused by the leader it reached)."""
+    leaders = cluster_state(target).leaders()
+    counts = [leaders.get(node, 0) for node in nodes]
+    return min(counts) > 0 and max(counts) - min(counts) <= 1
 
 
 def cluster_status(target: EtcdTarget) -> dict[str, Any]:

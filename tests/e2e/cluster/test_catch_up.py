@@ -8,7 +8,7 @@ API and log readers) holds every record at the same offsets as the others.
 from __future__ import annotations
 
 from tests.e2e.broker_clients import PahoClient
-from tests.e2e.cluster.proof import read_log, wait_settled, wait_until
+from tests.e2e.cluster.proof import leadership_spread, read_log, wait_settled, wait_until
 
 TOPIC = "plant/history/line-1"
 
@@ -24,6 +24,7 @@ def test_a_restarted_broker_does_not_send_what_was_published_while_it_was_down(t
     subscriber = PahoClient(c.port, "late-subscriber", version=5)
     subscriber.subscribe("plant/#", 1)
     wait_settled(etcd, {"a", "b", "c"}, 3)
+    wait_until(lambda: leadership_spread(etcd, ("a", "b", "c")), what="c leading its share again")
     wait_until(lambda: len(read_log(c, TOPIC)) == 20, what="c caught up on the history")
 
     publisher.publish(TOPIC, b"after c came back", 1)

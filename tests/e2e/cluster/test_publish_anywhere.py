@@ -26,6 +26,7 @@ from tests.e2e.cluster.proof import (
     check_nothing_acknowledged_was_lost,
     cluster_state,
     cluster_status,
+    leadership_spread,
     read_log,
     settled,
     socket_owners,
@@ -44,7 +45,7 @@ def three(cluster_brokers, etcd):
     brokers = {node: cluster_brokers(node) for node in NODES}
     wait_settled(etcd, set(NODES), 3)
     # and no leadership move under way: a publish meeting one is refused (v3.1.1: the connection closes)
-    wait_until(lambda: spread(cluster_state(etcd).leaders(), NODES), what="leadership spread over a, b, c")
+    wait_until(lambda: leadership_spread(etcd, NODES), what="leadership spread over a, b, c")
     yield brokers
     close_all()
 
@@ -178,7 +179,7 @@ def test_a_device_handed_over_publishes_on_and_its_will_goes_with_it(cluster_bro
     ``b``'s side of the cluster, when the connection drops."""
     brokers = {node: cluster_brokers(node, hand_over_connections=True) for node in NODES}
     wait_settled(etcd, set(NODES), 3)
-    wait_until(lambda: spread(cluster_state(etcd).leaders(), NODES), what="leadership spread over a, b, c")
+    wait_until(lambda: leadership_spread(etcd, NODES), what="leadership spread over a, b, c")
     state = cluster_state(etcd)
     partitions = state.partitions
     topics = (f"plant/d-{n}/telemetry" for n in range(1000))
@@ -204,12 +205,6 @@ def test_a_device_handed_over_publishes_on_and_its_will_goes_with_it(cluster_bro
     assert (will.topic, will.payload) == ("plant/d-handed/status", b"gone")
     watcher.expect_none(1.0)
     assert b"connection handed over to b" in brokers["a"].log_path.read_bytes()
-
-
-def spread(leaders: dict[str, int], nodes: tuple[str, ...]) -> bool:
-    """Whether every one of ``nodes`` leads partitions, each within one of the others."""
-    counts = [leaders.get(node, 0) for node in nodes]
-    return min(counts) > 0 and max(counts) - min(counts) <= 1
 
 
 def drained(client: PahoClient, quiet_s: float = 2.0) -> list:
