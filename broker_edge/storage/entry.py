@@ -92,9 +92,8 @@ def head_of(topic_id: int) -> EntryHead:
 def entries_of(topic_id: int, frames: Sequence[memoryview], crcs: Sequence[int]) -> list[bytes]:
     """The entries of checked `frames` of one topic whose CRC fields are `crcs` (a leader's, appended
     verbatim): each frame behind its header."""
-    raw = TOPIC_ID.pack(topic_id)
-    pack, checksum = ENTRY_HEAD.pack, record.crc32c
-    return [pack(topic_id, checksum(raw, crc)) + frame for frame, crc in zip(frames, crcs, strict=True)]
+    head = head_of(topic_id)
+    return [head(crc) + frame for frame, crc in zip(frames, crcs, strict=True)]
 
 
 def parse_head(buf: bytes | memoryview, pos: int, max_body: int) -> tuple[int, int]:
