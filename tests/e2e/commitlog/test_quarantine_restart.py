@@ -145,7 +145,7 @@ def test_every_kind_of_absurd_entry_is_set_aside_and_the_broker_restarts_with_ev
         broker.start()
         device = PahoClient(broker.port, "after")
         device.publish(KEEP[1], "after the restart", 1)
-        device.publish(RECORD_63, "refused", 1)  # not stored: the log is aside
+        device.publish(RECORD_63, "refused", 1, refusal=0x80)  # not stored: the log is aside
         device.close()
         assert_started_with_every_other_log(broker, {KEEP[1]: [b"after the restart"]})
 
