@@ -15,9 +15,12 @@ already delivered from the log; one above it is still to be read. Live messages 
 durable, in offset order, and the log serves only durable records, so the two paths see the same sequence.
 When the cursor reaches the log's end it is dropped and the session is live again.
 
-Reads are shared: a small cache of decoded messages by (topic, offset), fed by live routing and by reads,
-means many sessions catching up on the same topic share the record and its encodings (the store's tail cache
-already spares the disk for recent records).
+Reads are shared: a small cache of decoded messages by (topic, offset), fed by reads and, while sessions read
+logs (a pump in the last ``KEEP_LIVE_S``), by live routing, means many sessions catching up on the same topic
+share the record and its encodings (the store's tail cache already spares the disk for recent records). While
+no session reads, live messages are not kept: nobody would take them, and keeping them was a logged publish's
+CPU spent for no reader (bench/results/ingest.md); the first read after a quiet spell decodes what it reads,
+and the sessions behind it share that.
 
 An offset below the log start (retention removed it) starts at the log start; an offset past the end starts at
 the end. Never silently: the broker log says so, and a v5 client finds it in the SUBACK (a reason string and a
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
@@ -62,6 +66,8 @@ PUMP_BATCH_RECORDS = 512
 """Records one pump call delivers to one session before yielding the loop to others."""
 READ_MAX_BYTES = 1 << 20
 SHARED_MESSAGES = 8192
+KEEP_LIVE_S = 5.0
+"""Live routing feeds the shared messages for this long after a session last read a log (``pump``)."""
 
 
 class ReplayManager:
@@ -77,6 +83,8 @@ class ReplayManager:
         self.loop = loop
         self.count_drop = count_drop
         self._messages = RecentMessages(SHARED_MESSAGES)
+        self._keep_live_until = 0.0
+        """``time.monotonic()`` until which live messages are kept for readers (``KEEP_LIVE_S``)."""
         self._scheduled: set[Session] = set()
         self.remote: RemoteLogs | None = None
         """Reads the topics a cluster node holds no complete copy of from another broker (None: none)."""
@@ -111,12 +119,14 @@ class ReplayManager:
 
     def appended(self, topic: str, first_offset: int, messages: Sequence[Message]) -> None:
         """Logged messages of `topic` from `first_offset` on were routed: keep them for sessions about to
-        read the same offsets."""
-        self._messages.add(topic, first_offset, messages)
+        read the same offsets, while sessions read logs."""
+        if time.monotonic() < self._keep_live_until:
+            self._messages.add(topic, first_offset, messages)
 
     def appended_runs(self, runs: Iterable[AppendedRun]) -> None:
         """`appended` of each run of a loop turn (the shared messages' bound applied once)."""
-        self._messages.add_runs(runs)
+        if time.monotonic() < self._keep_live_until:
+            self._messages.add_runs(runs)
 
     # -- replays ------------------------------------------------------------------------------------------
 
@@ -203,6 +213,7 @@ class ReplayManager:
         conn = session.connection
         if not cursors or conn is None:
             return
+        self._keep_live_until = time.monotonic() + KEEP_LIVE_S
         store = self.store
         budget = PUMP_BATCH_RECORDS
         for topic in list(cursors):

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
+from broker_edge.engine import cursors
 from broker_edge.engine.cursors import ReplayManager
 from broker_edge.engine.message import Message
-from broker_edge.engine.ports import ClusterPorts
+from broker_edge.engine.ports import AppendedRun, ClusterPorts
 from broker_edge.engine.routing.router import Router
 from broker_edge.engine.routing.subscriptions import SubscriptionOptions
 from broker_edge.security.limits import LimitsConfig
@@ -81,3 +83,57 @@ def test_a_remote_backlog_joins_live_delivery_without_a_gap_or_a_duplicate(tmp_p
         here.close()
 
     asyncio.run(scenario())
+
+
+class KeptConnection(RecordingConnection):
+    """Records the ``Message`` objects delivered as well: whether a read was served the one routed live."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[Message] = []
+
+    def send_message(self, message, qos, retain, subscription_ids, packet_id, dup=False) -> bool:
+        self.messages.append(message)
+        return super().send_message(message, qos, retain, subscription_ids, packet_id, dup)
+
+
+async def _appended_durably(store: LogStore, count: int) -> None:
+    """Records ``0`` .. ``count - 1`` of ``t``, published by ``p``, durable."""
+    store.append_batch(
+        "t", [(str(n).encode(), 1, False, "p", (), None, None, None, None, None) for n in range(count)]
+    )
+    await store.wait_durable()
+
+
+def test_messages_routed_live_are_kept_for_readers_only_while_sessions_read_logs(
+    tmp_path: Path, monkeypatch
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(cursors, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    store = LogStore(tmp_path / "log", StorageConfig(durability="none"))
+    store.open()
+    asyncio.run(_appended_durably(store, 6))
+    router = Router(LimitsConfig())
+    replays = router.replays = ReplayManager(store, None, router.count_drop)
+    live = [Message("t", str(n).encode(), 1, origin="p", offset=n) for n in range(6)]
+
+    def reader(name: str, cursor: int) -> KeptConnection:
+        session = router.restore_session(name, 300, None, None)
+        router.subscribe(session, "t", "t", None, SubscriptionOptions(qos=1))
+        session.cursors = {"t": cursor}
+        connection = KeptConnection()
+        session.attach(connection)  # reads the log from the cursor to its end
+        return connection
+
+    replays.appended("t", 0, live[0:2])  # no session reads a log: not kept
+    first = reader("first", 0)
+    assert [m.payload for m in first.messages] == [b"0", b"1", b"2", b"3", b"4", b"5"]
+    assert not any(a is b for a, b in zip(first.messages, live, strict=True))  # decoded from the log
+    replays.appended("t", 2, live[2:4])  # a session read a moment ago: kept for the next readers
+    assert all(a is b for a, b in zip(reader("second", 2).messages, live[2:4], strict=False))
+    now[0] += cursors.KEEP_LIVE_S + 1  # no read since
+    replays.appended_runs([AppendedRun("t", 4, live[4:6])])
+    third = reader("third", 4)
+    assert [m.payload for m in third.messages] == [b"4", b"5"]
+    assert not any(a is b for a, b in zip(third.messages, live[4:6], strict=True))
+    store.close()
