@@ -198,6 +198,7 @@ class PahoClient:
             info.wait_for_publish(TIMEOUT)
             assert info.is_published(), f"no acknowledgement for {topic}"
             reason = self.publish_reasons.pop(info.mid, None)
+            assert reason is not None or refusal is None, f"no reason code kept for {refusal:#04x}"
             if reason is not None:  # (None: a test replaced the callback and checks the codes itself)
                 if refusal is None:
                     assert reason < 0x80, f"publish on {topic} refused: reason code {reason:#04x}"
