@@ -1,8 +1,9 @@
 """This node's membership: its ``Member`` record under an etcd lease, the lease's renewal, and fencing.
 
 The member key ``<prefix>/members/<node_id>`` is created (create-if-absent: a live broker with the same
-node_id keeps its name) bound to a lease of ``lease_ttl_s`` seconds, renewed every third of it. etcd
-deletes the key when renewals stop, which is how the others learn that this node is gone.
+node_id keeps its name) bound to a lease of ``lease_ttl_s`` seconds, renewed every third of it (counted from
+when the last renewal was sent, so that slow answers do not space renewals out). etcd deletes the key when
+renewals stop, which is how the others learn that this node is gone.
 
 **Fencing.** A renewal sent at time t that succeeds proves the lease alive until t + TTL. When no renewal
 has succeeded for TTL minus a margin, this node can no longer prove it is a member, so it sets
@@ -75,6 +76,8 @@ class Membership:
         self._listeners: list[Callable[[], None]] = []
         self._own_leases: set[int] = set()
         self._failures = 0
+        self._renewal_sent = 0.0
+        """``time.monotonic()`` when the last renewal was sent (the next is due one interval later)."""
         self._register_wait = min(0.5, self.interval_s)
         """Seconds before the next registration attempt: doubled (with jitter) after each that failed."""
 
@@ -134,12 +137,15 @@ class Membership:
                     doubled = self._register_wait * (1 + random.random())
                     self._register_wait = min(float(self.ttl_s), max(0.05, doubled))
                 continue
-            # while renewals fail, try again soon: etcd gives a lease it restores one TTL from its restart
-            await asyncio.sleep(self.interval_s if not self._failures else min(0.2, self.interval_s))
+            # due one interval after the last was sent, not after it was answered: a slow answer (etcd or
+            # this loop busy) does not push the next renewal later; while renewals fail, try again soon
+            # (etcd gives a lease it restores one TTL from its restart)
+            wait = self.interval_s if not self._failures else min(0.2, self.interval_s)
+            await asyncio.sleep(max(0.0, self._renewal_sent + wait - time.monotonic()))
             await self._renew_once()
 
     async def _register_once(self) -> bool:
-        sent = time.monotonic()
+        sent = self._renewal_sent = time.monotonic()  # the grant counts as the first renewal
         key = self.keys.member(self.member.node_id)
         lease: int | None = None
         try:
@@ -186,11 +192,13 @@ class Membership:
         lease = self.lease_id
         if lease is None:
             return
-        sent = time.monotonic()
+        sent = self._renewal_sent = time.monotonic()
         try:
+            # an answer is worth waiting for until the node would fence (it proves the lease to sent + TTL);
             # after failures the connection is made again (TLS, etcd's auth): allow it the time a TTL gives
             ttl = await self.etcd.keep_alive(
-                lease, timeout_s=self.interval_s if not self._failures else self.ttl_s
+                lease,
+                timeout_s=self.ttl_s - fence_margin_s(self.ttl_s) if not self._failures else self.ttl_s,
             )
         except EtcdError as exc:
             # fenced by the timer meanwhile, but the lease is kept: etcd restores leases when it restarts,

@@ -1,13 +1,20 @@
 """The session registry's etcd side: each client id's record read, created, swapped or deleted by
 compare-and-swap, one writer at a time per client id on this node (the record format is
-``sessions_records``)."""
+``sessions_records``).
+
+Every CONNECT on a cluster node reads and writes its record, so a reconnect storm (a site's devices coming
+back at once) is a burst of these calls. At most ``CALLS_IN_FLIGHT`` of them are outstanding at a time, the
+rest waiting their turn here: with a thousand outstanding on one channel, the node's own lease renewals on
+it were answered seconds late (while etcd answered other clients at once) and the node fenced itself,
+disconnecting its clients."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from broker_edge.cluster.coordination.etcd import EtcdError
@@ -22,6 +29,9 @@ __all__ = ["BackgroundTasks", "Change", "SessionRegistry"]
 log = logging.getLogger("broker_edge.cluster.sessions")
 
 T = TypeVar("T")
+
+CALLS_IN_FLIGHT = 8
+"""The registry's etcd calls a node has outstanding at most (a reconnect storm's claims take turns)."""
 
 Change = Callable[[SessionRecord], "SessionRecord | None"]
 """A change of a record: the new record, or None to delete it."""
@@ -58,9 +68,15 @@ class SessionRegistry:
         self.prefix = f"{key_prefix}/sessions/"
         self.retry_s = retry_s
         self._locks: dict[str, asyncio.Lock] = {}
+        self._in_flight = asyncio.Semaphore(CALLS_IN_FLIGHT)
         self._known: dict[str, tuple[SessionRecord, int]] = {}
         """Client id → the record this node last wrote and its revision: an update tries a
         compare-and-swap on it first, without a read."""
+
+    async def _send(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, an etcd call, once fewer than ``CALLS_IN_FLIGHT`` of the registry's are in flight."""
+        async with self._in_flight:
+            return await call()
 
     def key(self, client_id: str) -> str:
         return self.prefix + client_id
@@ -81,7 +97,7 @@ class SessionRegistry:
     async def read(self, client_id: str) -> tuple[SessionRecord | None, int]:
         """The record and its revision (None, 0 when there is none; an unreadable record counts as none and
         is logged: the next CONNECT writes a good one over it)."""
-        found = await self.etcd.get(self.key(client_id))
+        found = await self._send(partial(self.etcd.get, self.key(client_id)))
         if found is None:
             return None, 0
         try:
@@ -92,7 +108,7 @@ class SessionRegistry:
 
     async def records(self) -> list[tuple[str, SessionRecord, int]]:
         """Every readable record: (client id, record, revision)."""
-        found, _ = await self.etcd.get_prefix(self.prefix)
+        found, _ = await self._send(partial(self.etcd.get_prefix, self.prefix))
         records: list[tuple[str, SessionRecord, int]] = []
         for kv in found:
             with contextlib.suppress(ValueError):
@@ -105,9 +121,9 @@ class SessionRegistry:
         wrote first."""
         key = self.key(client_id)
         if revision == 0:
-            written = await self.etcd.create(key, record.to_json())
+            written = await self._send(partial(self.etcd.create, key, record.to_json()))
         else:
-            written = await self.etcd.compare_and_swap(key, record.to_json(), revision)
+            written = await self._send(partial(self.etcd.compare_and_swap, key, record.to_json(), revision))
         if written is None:
             return False
         self._known[client_id] = (record, written)
@@ -132,10 +148,12 @@ class SessionRegistry:
             changed = change(record)
             key = self.key(client_id)
             if changed is None:
-                if await self.etcd.delete_if(key, revision):
+                if await self._send(partial(self.etcd.delete_if, key, revision)):
                     return record
             else:
-                written = await self.etcd.compare_and_swap(key, changed.to_json(), revision)
+                written = await self._send(
+                    partial(self.etcd.compare_and_swap, key, changed.to_json(), revision)
+                )
                 if written is not None:
                     self._known[client_id] = (changed, written)
                     return record

@@ -23,7 +23,7 @@ import pytest
 from broker_edge.cluster.coordination.assignment import leader_counts
 from broker_edge.cluster.coordination.controller import Controller
 from broker_edge.cluster.coordination.coordinator import Coordinator
-from broker_edge.cluster.coordination.etcd import ClusterKeys, WatchEvent
+from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd, WatchEvent
 from broker_edge.cluster.coordination.membership import Membership, fence_margin_s
 from broker_edge.cluster.view import ClusterView
 from broker_edge.offsets_api.server import serve
@@ -571,3 +571,44 @@ def test_a_coordinator_stopped_while_its_watch_outlives_a_cancellation_stops_wit
         r.getMessage() for r in caplog.records if r.levelname == "ERROR" and r.name == "broker_edge.cluster"
     ]
     assert failed == []
+
+
+class LateRenewals(Etcd):
+    """A real etcd client whose lease renewals are answered ``delay_s`` late (a busy node or etcd), noting
+    when each was sent."""
+
+    delay_s = 0.9
+
+    def __init__(self, target: EtcdTarget) -> None:
+        super().__init__([target.url], 1.0, target.server.tls, target.auth)
+        self.sent: list[float] = []
+
+    async def keep_alive(self, lease_id: int, timeout_s: float | None = None) -> int:
+        self.sent.append(time.monotonic())
+        ttl = await super().keep_alive(lease_id, timeout_s)
+        await asyncio.sleep(self.delay_s)
+        return ttl
+
+
+def test_renewals_answered_late_keep_their_interval_and_the_node_unfenced(etcd: EtcdTarget) -> None:
+    """Each renewal answered 0.9 s late, of a 3 s lease whose renewals are 1 s apart and whose node fences
+    2.25 s after its last proof: the next renewal is sent one interval after the last was sent, not after
+    its answer, so every proof comes in time and the node never fences."""
+
+    async def scenario() -> None:
+        node = Node(etcd, "b1", lease_ttl_s=3)
+        late = node.membership.etcd = LateRenewals(etcd)
+        fenced: list[float] = []
+        await node.start()
+        node.view.on_change(lambda: fenced.append(time.monotonic()) if node.view.fenced else None)
+        try:
+            await eventually(lambda: not node.view.fenced, 5, "unfenced once registered")
+            await asyncio.sleep(6)
+            assert not fenced, "fenced while renewals were answered late"
+        finally:
+            await node.stop()
+            await late.close()
+        gaps = [later - earlier for earlier, later in zip(late.sent, late.sent[1:], strict=False)]
+        assert len(late.sent) >= 5 and max(gaps) < 1.3, gaps
+
+    run(scenario())
