@@ -24,6 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import uvloop
 
@@ -61,9 +62,8 @@ class _Device(asyncio.Protocol):
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.write(frames.connect(self.client_id, keepalive=120))
+        self.transport = cast(asyncio.Transport, transport)  # a stream (uvloop's is not a subclass)
+        self.transport.write(frames.connect(self.client_id, keepalive=120))
 
     def publish(self) -> None:
         assert self.transport is not None
