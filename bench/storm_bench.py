@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import datetime as dt
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,11 +30,10 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import frames, net
-from bench.brokers.timestone import REPO
 from bench.report import RESULTS_DIR, replace_section
 from bench.stream import FrameScanner
 from bench.sysinfo import machine_info
-from bench.workers_bench import started
+from bench.workers_bench import broker_of, short_commit, started
 
 HEADING = "## A reconnect storm on --workers 2"
 PAYLOAD = bytes(64)
@@ -118,15 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "workers.md")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="storm-bench-") as scratch:
-        sources: dict[str, Path | None] = {_commit("HEAD"): None}
+        sources: dict[str, Path | None] = {short_commit("HEAD"): None}
         if args.against:
-            archive = subprocess.run(
-                ["git", "-C", str(REPO), "archive", args.against, "broker_edge"],
-                check=True,
-                capture_output=True,
-            ).stdout
-            subprocess.run(["tar", "-x", "-C", scratch], input=archive, check=True)
-            sources[_commit(args.against)] = Path(scratch)
+            sources[short_commit(args.against)] = broker_of(args.against, Path(scratch))
         results: dict[str, list[Storm]] = {name: [] for name in sources}
         os.sched_setaffinity(0, {1})
         for round_number in range(args.rounds):
@@ -145,12 +137,6 @@ def main(argv: list[str] | None = None) -> int:
     replace_section(args.output, HEADING, text)
     print(f"wrote {args.output}", flush=True)
     return 0
-
-
-def _commit(rev: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True, capture_output=True, text=True
-    ).stdout.strip()
 
 
 def render(results: dict[str, list[Storm]], args: argparse.Namespace) -> str:

@@ -308,15 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="workers-bench-") as scratch:
         sources: dict[str, Path | None] = {"": None}
         if args.against:
-            archive = subprocess.run(
-                ["git", "-C", str(REPO), "archive", args.against, "broker_edge"],
-                check=True,
-                capture_output=True,
-            ).stdout
-            subprocess.run(["tar", "-x", "-C", scratch], input=archive, check=True)
             sources = {
-                f", this checkout ({_commit('HEAD')})": None,
-                f", {_commit(args.against)}": Path(scratch),
+                f", this checkout ({short_commit('HEAD')})": None,
+                f", {short_commit(args.against)}": broker_of(args.against, Path(scratch)),
             }
         load_before = os.getloadavg()
         runs: dict[str, list[Run]] = {c.label + name: [] for c in configurations for name in sources}
@@ -332,15 +326,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _commit(rev: str) -> str:
+def short_commit(rev: str) -> str:
+    """``rev``'s abbreviated commit id."""
     return subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True, capture_output=True, text=True
     ).stdout.strip()
 
 
+def broker_of(rev: str, directory: Path) -> Path:
+    """``directory``, holding commit ``rev``'s ``broker_edge`` (for ``started``'s ``source``)."""
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", rev, "broker_edge"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(directory)], input=archive, check=True)
+    return directory
+
+
 def _heading(args: argparse.Namespace) -> str:
     if args.against:
-        return f"## Members on one host: this checkout against {_commit(args.against)}"
+        return f"## Members on one host: this checkout against {short_commit(args.against)}"
     return HEADING
 
 
