@@ -56,6 +56,7 @@ bench: $(STAMP) system-deps
 	$(VENV)/bin/python -m bench.flood_bench
 	$(VENV)/bin/python -m bench.ingest_floor
 	$(VENV)/bin/python -m bench.workers_bench
+	$(VENV)/bin/python -m bench.storm_bench
 	$(VENV)/bin/python -m bench.uplink_bench
 	TIMESTONE_WAN_CUT_S=300 $(VENV)/bin/pytest -q -p no:cacheprovider tests/e2e/uplink/test_uplink_wan.py
 	$(VENV)/bin/python -m bench.tls_accept_bench
