@@ -101,10 +101,11 @@ async def _storm(port: int, devices: int, seconds: float) -> Storm:
     before = sum(d.acked for d in fleet)
     await asyncio.sleep(seconds)
     acked = sum(d.acked for d in fleet) - before
+    disconnected = sum(d.lost for d in fleet)  # counted before the bench's own closes below
     for device in fleet:
         if device.transport is not None:
             device.transport.close()
-    return Storm(connect_s, sum(d.lost for d in fleet), acked / seconds)
+    return Storm(connect_s, disconnected, acked / seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
