@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,15 +27,55 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
 
 
+#: where ``free_ports`` looks below the kernel's ephemeral range (clear of the well-known and common ports)
+_LISTEN_PORTS_FROM = 10000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+#: random ports tried below the ephemeral range before leaving the choice to the kernel
+_RANDOM_TRIES = 64
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct TCP ports on ``host`` that were free a moment ago: each held open until all are
-    chosen, since ``free_port`` twice may give the same port (the kernel can pick a just-closed port again,
-    and two listeners of one process were then configured on one port)."""
+    """``count`` distinct TCP ports on ``host`` that were free a moment ago, each held open until all are
+    chosen (``free_port`` twice may give the same port).
+
+    They are drawn below the kernel's ephemeral range where it has one (Linux): a port from that range may be
+    taken as the local port of any outgoing connection, so a broker restarted on the ports of its first start
+    could find one of them in use; ports below it are only ever taken by a listener that asks for them."""
+    below = _ephemeral_floor()
     with contextlib.ExitStack() as held:
-        socks = [held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
-        for sock in socks:
-            sock.bind((host, 0))
+        socks = [held.enter_context(_bound_socket(host, below)) for _ in range(count)]
         return [sock.getsockname()[1] for sock in socks]
+
+
+def _ephemeral_floor() -> int | None:
+    """The first port of the kernel's ephemeral range, or None where it is unknown or leaves no room below."""
+    try:
+        floor = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return floor if floor > _LISTEN_PORTS_FROM + 1000 else None
+
+
+def _bound_socket(host: str, below: int | None) -> socket.socket:
+    """A TCP socket bound on ``host`` to a free random port under ``below``, or to one the kernel picks."""
+    if below is not None:
+        for _ in range(_RANDOM_TRIES):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind((host, random.randrange(_LISTEN_PORTS_FROM, below)))
+            except OSError:
+                sock.close()
+                continue
+            return sock
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def wait_for_port(
