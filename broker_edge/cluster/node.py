@@ -461,6 +461,8 @@ class ClusterNode:
         )
         if self.followers is not None:
             self.sessions.observed_logs = self.followers.observed_logs
+        if self.handoff is not None:
+            self.handoff.claims = self.sessions  # the records of the connections it moves go with them
         wills = self.wills = ClusterWills(
             self.sessions, registry, self.view, broker.publish_path.publish, self.sessions.tasks, broker.loop
         )

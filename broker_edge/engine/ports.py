@@ -196,6 +196,18 @@ LOCAL_ONLY = LocalOnly()
 
 
 @dataclass(frozen=True, slots=True)
+class MovedClaim:
+    """The claim a connection moved here from another member on this host comes with: that member's
+    registry record of its session (it wrote it for the CONNECT numbered ``generation``, at etcd
+    ``revision``), which it no longer keeps current. The claim here swaps that record for its own without
+    reading it first."""
+
+    node: str
+    generation: int
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
 class SessionClaim:
     """What a CONNECT on a cluster node claims: its client id's session, for its identity, as it asks."""
 
@@ -211,6 +223,8 @@ class SessionClaim:
     takes_reference: bool = True
     """An MQTT 5 client: a refusal ``use_another_server`` names it a member (3.1.1 has no Server
     Reference)."""
+    moved_from: MovedClaim | None = None
+    """A connection moved here (``connection.handover``): the record the member it left wrote."""
 
 
 ClaimDone = Callable[[str | None, str | None], None]

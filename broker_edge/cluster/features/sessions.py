@@ -17,6 +17,10 @@ broker it reaches:
   most ``session_save_interval_ms`` old: messages acknowledged since may be delivered again);
 - then the record is compare-and-swapped to this node with the next generation and the new will.
 
+A connection moved here by another member on this host (``cluster.links.handoff``) comes with the record
+that member wrote for it and its revision (``carried``; the member lets go of it, ``moved_away``): the claim
+swaps that revision without reading the record first, and reads it only when the swap finds it changed.
+
 The holder of a session keeps its record current: the saved state of each persistent session every
 ``session_save_interval_ms`` (when it changed), the will when the connection ends (cancelled by a normal
 DISCONNECT, or its due time), and the record's removal once the session ended. A holder that finds its
@@ -218,7 +222,7 @@ class ClusterSessions:
             return refusal  # not (yet, or no longer) a member: it cannot tell who holds the session
         client_id = claim.client_id
         async with self.registry.lock(client_id):
-            record, revision = await self.registry.read(client_id)
+            record, revision = await self._current(claim)
             local = self.broker.router.sessions.get(client_id)
             if (record is not None and record.owner != claim.username) or (
                 local is not None and local.username != claim.username
@@ -261,6 +265,14 @@ class ClusterSessions:
             # within the Will Delay Interval cancels it, MQTT 5 3.1.3.2.2)
             self.broker.publish_path.publish(will_message(left_behind, self.broker.now()))
         return None
+
+    async def _current(self, claim: SessionClaim) -> tuple[SessionRecord | None, int]:
+        """The record of ``claim.client_id`` and its revision: as the member that moved its connection here
+        wrote it (a session holding nothing, whose will came with the connection), else read."""
+        moved = claim.moved_from
+        if moved is None or moved.node == self.node_id:
+            return await self.registry.read(claim.client_id)
+        return SessionRecord(moved.node, moved.generation, claim.username, 0), moved.revision
 
     async def _not_member(self) -> str | None:
         """None once this node is a member, waiting up to ``session_handover_timeout_ms`` for it to become
@@ -374,6 +386,25 @@ class ClusterSessions:
             router.open_session(client_id, False, 0, now)  # cancels a waiting will; expiry 0
         session.expiry_interval = 0
         router.connection_closed(session, None, 0, now)  # ends it: subscriptions, cursors, queue
+
+    # -- connections moved to another member on this host ---------------------------------------------------
+
+    def carried(self, client_id: str) -> dict[str, int] | None:
+        """The record this node wrote of ``client_id`` for its connection being moved away: its
+        generation and revision (None while an update of it is under way, or it was never written)."""
+        generation = self.owned.get(client_id)
+        known = self.registry.known(client_id)
+        if generation is None or known is None or not known[0].held_by(self.node_id, generation):
+            return None
+        return {"generation": generation, "revision": known[1]}
+
+    def moved_away(self, client_id: str) -> None:
+        """``client_id``'s connection went to another member on this host, with its record (``carried``):
+        the member that took it writes the record from now on, and the end of the connection here leaves
+        it as it is (its removal would only be undone by that member's claim)."""
+        self.owned.pop(client_id, None)
+        self._saved.pop(client_id, None)
+        self.registry.forget(client_id)
 
     # -- the takeover service (on the broker that held the session) ---------------------------------------
 

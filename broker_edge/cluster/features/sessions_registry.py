@@ -173,6 +173,10 @@ class SessionRegistry:
                     raise
             await asyncio.sleep(self.retry_s)
 
+    def known(self, client_id: str) -> tuple[SessionRecord, int] | None:
+        """The record this node last wrote of ``client_id`` and its revision (None: none kept)."""
+        return self._known.get(client_id)
+
     def forget(self, client_id: str) -> None:
         """Another node writes this record from now on."""
         self._known.pop(client_id, None)

@@ -1,19 +1,20 @@
 """Clients' connections moved between the members on one host: this member's end of it.
 
-A member listens on an abstract Unix socket (Linux: a name, no file) of a random name, which its member
-record advertises (``Member.handoff``). Such a socket is reachable only from its network namespace, so a
-member that connects to it runs on the same host. A member that forwards a client's publishes to the leader
-of their partition, when the leader advertises a name that connects, hands the client's connection over to
-it (``hand_over``): nothing more of it is read here, and once the publishes it sent are answered and the
-answers written (within ``MOVE_WITHIN_S``, else it stays and is read again), the TCP socket's descriptor,
-what the client's CONNECT settled and the bytes read and not yet handled (``engine.connection.handover``)
-go in one message (``SOCK_SEQPACKET``, ``SCM_RIGHTS``); the connection ends here without a word, and the
-leader takes it in (``Adopt``): the client goes on publishing on the same TCP connection, now to the
-member that appends its topic, and nothing of it is forwarded any more.
+A member listens on an abstract Unix socket (Linux: a name, no file) of a random name, which its member record
+advertises (``Member.handoff``). Such a socket is reachable only from its network namespace, so a member that
+connects to it runs on the same host. A member that forwards a client's publishes to the leader of their
+partition, when the leader advertises a name that connects, hands the client's connection over to it
+(``hand_over``): nothing more of it is read here, and once the publishes it sent are answered and the answers
+written (within ``MOVE_WITHIN_S``, else it stays and is read again), the TCP socket's descriptor, what the
+client's CONNECT settled and the bytes read and not yet handled (``engine.connection.handover``) go in one
+message (``SOCK_SEQPACKET``, ``SCM_RIGHTS``), with the session registry's record this member wrote for the
+client (``CarriedClaims``: the leader swaps it for its own without reading it first); the connection ends here
+without a word, and the leader takes it in (``Adopt``): the client goes on publishing on the same TCP
+connection, now to the member that appends its topic, and nothing of it is forwarded any more.
 
-Both ends admit only a process of this process's user (``SO_PEERCRED``): a client's socket is never given
-to another user's process, nor taken from one. A name that does not connect (a member on another host,
-gone, or not this user's) is not tried again for ``RETRY_S``; the publishes go on being forwarded.
+Both ends admit only a process of this process's user (``SO_PEERCRED``): a client's socket is never given to
+another user's process, nor taken from one. A name that does not connect (a member on another host, gone, or
+not this user's) is not tried again for ``RETRY_S``; the publishes go on being forwarded.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["MAX_RECORD", "MOVE_WITHIN_S", "RETRY_S", "Adopt", "ConnectionHandoff", "Movable"]
+__all__ = ["MAX_RECORD", "MOVE_WITHIN_S", "RETRY_S", "Adopt", "CarriedClaims", "ConnectionHandoff", "Movable"]
 
 log = logging.getLogger("broker_edge.cluster.handoff")
 
@@ -86,6 +87,19 @@ class _Move:
     until: float
 
 
+class CarriedClaims(Protocol):
+    """The session registry's side of a handoff (``cluster.features.sessions.ClusterSessions``): the
+    record this member wrote of a client's session goes with its connection, and the member taking it in
+    writes it from then on."""
+
+    def carried(self, client_id: str) -> dict[str, int] | None:
+        """What of this member's record of ``client_id`` goes with its connection (None: nothing)."""
+
+    def moved_away(self, client_id: str) -> None:
+        """``client_id``'s connection went to another member: its record is no longer this member's to
+        keep current."""
+
+
 Adopt = Callable[[dict[str, Any], socket.socket, str], None]
 """Take in a connection moved here: ``(record, its TCP socket, the member it came from)``; raises
 ``ValueError`` for a record it cannot take (the socket is closed then)."""
@@ -131,6 +145,8 @@ class ConnectionHandoff:
         self._scheduled = False
         self._retry: asyncio.TimerHandle | None = None
         self._serving = False
+        self.claims: CarriedClaims | None = None
+        """The session registry's records that go with the connections handed over (None: none)."""
 
     def start(self) -> None:
         """Take in what the other members hand over."""
@@ -208,6 +224,10 @@ class ConnectionHandoff:
         record["from"] = self.node_id
         if unread:
             record["unread"] = base64.b64encode(unread).decode()
+        client_id = str(record.get("client_id"))
+        claims = self.claims
+        if claims is not None:
+            record["claim"] = claims.carried(client_id)
         message = json.dumps(record, separators=(",", ":")).encode()
         if len(message) > MAX_RECORD:  # a large packet half-read: it stays
             self._stays(conn, unread)
@@ -220,6 +240,8 @@ class ConnectionHandoff:
             self._stays(conn, unread)
             return
         self.counted("out")
+        if claims is not None:
+            claims.moved_away(client_id)  # before the connection ends here: its end changes no record
         conn.handed_over(move.node)
 
     def _stays(self, conn: Movable, unread: bytes = b"") -> None:

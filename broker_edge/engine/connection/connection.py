@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from broker_edge.engine.connection.terms import ListenerRuntime
+    from broker_edge.engine.ports import MovedClaim
     from broker_edge.engine.sessions.session import Session
     from broker_edge.engine.slow_subscribers import SlowSubscribers
     from broker_edge.protocol.packets import Packet, Will
@@ -134,6 +135,8 @@ class Connection(Outgoing):
     handed_in: RareField[str] = RareField(ConnectionRare, "")
     """The member that moved this connection here (``handover``; "": it connected here): it is not moved
     again, and its CONNECT is not answered."""
+    moved_claim: RareField[MovedClaim | None] = RareField(ConnectionRare, None)
+    """The registry record the member that moved it here wrote of its session (``handover.claim_of``)."""
 
     def __init__(self, host: ConnectionHost, listener: ListenerRuntime) -> None:
         limits = host.config.limits

@@ -5,11 +5,11 @@ whose session holds nothing may move (``may_move``: no Session Expiry Interval, 
 flight towards it, no QoS 2 id held, no topic alias set, a small will without properties, not moved here
 already, none of its publishes appended here). Its reading is held first (``HELD_FOR_HANDOVER``); it moves
 once every QoS 1/2 publish it sent is answered (``record_of``), with the bytes read and not yet handled
-(``"unread"``), and the member taking it in starts it as its own CONNECT would, without a CONNACK, then
-handles those bytes: the client sees nothing. ``connect_of`` turns a record back into that CONNECT
-(``handlers.connect.accept_handed_in``). The socket itself is the transport's
-(``runtime.transports.tcp``) and travels between the members as a file descriptor
-(``cluster.links.handoff``).
+(``"unread"``) and the session registry's record the member it leaves wrote for it (``"claim"``: swapped there
+for the new member's own without a read, ``claim_of``); the member taking it in starts it as its own CONNECT
+would, without a CONNACK, then handles those bytes: the client sees nothing. ``connect_of`` turns a record
+back into that CONNECT (``handlers.connect.accept_handed_in``). The socket itself is the transport's
+(``runtime.transports.tcp``) and travels between the members as a file descriptor (``cluster.links.handoff``).
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ from broker_edge.engine.connection.states import (
     NO_LIMIT,
 )
 from broker_edge.engine.message import OFFSETS_OPT_IN
+from broker_edge.engine.ports import MovedClaim
 from broker_edge.protocol.packets import MQTT_3_1, MQTT_3_1_1, MQTT_5, Connect, Will
 from broker_edge.protocol.properties import Properties
 
 if TYPE_CHECKING:
     from broker_edge.engine.connection.connection import Connection
 
-__all__ = ["MAX_WILL_PAYLOAD", "BadRecord", "connect_of", "may_move", "record_of", "unread_of"]
+__all__ = ["MAX_WILL_PAYLOAD", "BadRecord", "claim_of", "connect_of", "may_move", "record_of", "unread_of"]
 
 MAX_WILL_PAYLOAD = 16 * 1024
 """The largest will payload that moves with a connection (a connection with a larger will stays)."""
@@ -163,6 +164,21 @@ def connect_of(record: dict[str, Any]) -> tuple[Connect, str | None]:
         username=username,
         properties=properties,
     ), username
+
+
+def claim_of(record: dict[str, Any], origin: str) -> MovedClaim | None:
+    """The registry record of the session that member ``origin`` wrote and hands on (``"claim"``:
+    ``{"generation", "revision"}``; None when it sent none: the claim here reads the record), or
+    ``BadRecord``."""
+    value = record.get("claim")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise BadRecord("claim: expected an object or null")
+    generation, revision = _field(value, "generation", int), _field(value, "revision", int)
+    if generation < 1 or revision < 1:
+        raise BadRecord("claim: generation and revision start at 1")
+    return MovedClaim(origin, generation, revision)
 
 
 def _will_of(value: object) -> Will | None:

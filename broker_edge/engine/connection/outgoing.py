@@ -70,6 +70,7 @@ class ConnectionRare(RareSlots):
         "handed_in",
         "held",
         "held_error",
+        "moved_claim",
         "named",
         "peer",
         "peer_cn",

@@ -291,7 +291,14 @@ def _claim_then_accept(
     conn.hold(HELD_FOR_CONNECT)
     will = packet.will
     claim = SessionClaim(
-        client_id, username, packet.clean_start, expiry, will, _will_delay(will), conn.terms.v5
+        client_id,
+        username,
+        packet.clean_start,
+        expiry,
+        will,
+        _will_delay(will),
+        conn.terms.v5,
+        conn.moved_claim if conn.handed_in else None,
     )
 
     def claimed(refusal: str | None, server_reference: str | None) -> None:

@@ -22,7 +22,7 @@ from broker_edge.engine.sessions.session import Outlet
 if TYPE_CHECKING:
     from broker_edge.engine.connection.terms import Terms
     from broker_edge.engine.cursors import ReplayManager
-    from broker_edge.engine.ports import ClusterPorts
+    from broker_edge.engine.ports import ClusterPorts, MovedClaim
     from broker_edge.engine.publish import PublishPath
     from broker_edge.engine.routing.router import Router
     from broker_edge.engine.sessions.session import Session
@@ -109,6 +109,8 @@ class Client(Outlet, Publisher, HeldReader, Protocol):
     """The common name of the client's TLS certificate."""
     handed_in: str
     """The member that moved this connection here ("": it connected here; ``connection.handover``)."""
+    moved_claim: MovedClaim | None
+    """The registry record of its session the member that moved it here wrote (None: none came)."""
     decoder: PacketDecoder
 
     @property

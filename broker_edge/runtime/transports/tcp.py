@@ -20,7 +20,7 @@ from asyncio.trsock import TransportSocket
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from broker_edge.engine.connection.handover import connect_of, may_move, record_of, unread_of
+from broker_edge.engine.connection.handover import claim_of, connect_of, may_move, record_of, unread_of
 from broker_edge.engine.connection.outgoing import Closing
 from broker_edge.engine.connection.reading import forget_unfinished
 from broker_edge.engine.connection.states import CLOSED, HELD_FOR_HANDOVER, HELD_FOR_TURN, NEW
@@ -165,6 +165,7 @@ class HandedInConnection(TcpConnection):
         super().__init__(host, listener)
         connect, self._username = connect_of(record)
         self.handed_in = origin  # admitted by the member it left: no new connection's rate
+        self.moved_claim = claim_of(record, origin)
         self._connect: Connect | None = connect
         self._unread = unread_of(record)
 

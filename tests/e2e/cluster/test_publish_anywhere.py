@@ -28,6 +28,7 @@ from tests.e2e.cluster.proof import (
     cluster_status,
     leadership_spread,
     read_log,
+    session_record,
     settled,
     socket_owners,
     status_in_sync,
@@ -175,8 +176,9 @@ def test_a_device_handed_over_publishes_on_and_its_will_goes_with_it(cluster_bro
     between them): a paho MQTT 3.1.1 device connected to ``a`` and publishing on a topic ``b`` leads is
     handed to ``b`` once its first publish is acknowledged (``b``'s process holds the broker's end of its
     TCP connection from then on); it publishes on over the same connection, every publish acknowledged and
-    in the log once, in order; its will goes with it, unpublished by ``a``, and is published once, by
-    ``b``'s side of the cluster, when the connection drops."""
+    in the log once, in order; the session registry's record ``a`` wrote goes with it (``b`` swaps it, the
+    next generation); its will goes with it, unpublished by ``a``, and is published once, by ``b``'s side of
+    the cluster, when the connection drops."""
     brokers = {node: cluster_brokers(node, hand_over_connections=True) for node in NODES}
     wait_settled(etcd, set(NODES), 3)
     wait_until(lambda: leadership_spread(etcd, NODES), what="leadership spread over a, b, c")
@@ -195,6 +197,12 @@ def test_a_device_handed_over_publishes_on_and_its_will_goes_with_it(cluster_bro
     wait_until(
         lambda: socket_owners(pids, brokers["a"].port).get(local_port) == "b", 10, "the connection held by b"
     )
+
+    def claimed_by_b() -> bool:  # a's record, swapped by b as it came: never removed in between
+        record = session_record(etcd, "d-handed")
+        return record is not None and (record.node, record.generation) == ("b", 2)
+
+    wait_until(claimed_by_b, 10, "the registry's record swapped by b")
     for n in range(1, 50):
         device.publish(topic, str(n).encode(), 1)
     expected = [str(n).encode() for n in range(50)]

@@ -1,17 +1,23 @@
-"""The session registry on a real etcd under a reconnect storm: every CONNECT of a cluster node reads and
-writes its client id's record, and a burst of them is sent a few at a time."""
+"""The session registry on a real etcd: under a reconnect storm (every CONNECT of a cluster node reads and
+writes its client id's record, and a burst of them is sent a few at a time), and for a connection moved
+between members on one host (its record swapped without a read)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
 from broker_edge.cluster.coordination.etcd import Etcd
+from broker_edge.cluster.features.sessions import ClusterSessions
 from broker_edge.cluster.features.sessions_records import SessionRecord
 from broker_edge.cluster.features.sessions_registry import CALLS_IN_FLIGHT, SessionRegistry
+from broker_edge.cluster.view import ClusterView
+from broker_edge.engine.ports import MovedClaim, SessionClaim
+from broker_edge.placement import Member
 from tests.e2e.cluster.conftest import EtcdTarget
 
 pytestmark = pytest.mark.timeout(120)
@@ -66,3 +72,86 @@ def test_a_storm_of_claims_keeps_a_few_registry_calls_outstanding_and_writes_eve
         assert counted.most == CALLS_IN_FLIGHT  # reached, never passed
 
     asyncio.run(asyncio.wait_for(scenario(), 90))
+
+
+class TakeoverLinks:
+    """Peer links whose every takeover is answered "not held" (the member the connection left has
+    ended it there), the requests counted."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def serve_requests(self, service: str, handler: object) -> None:
+        pass
+
+    def link(self, node: str) -> Any:
+        asked = self.asked
+
+        class Link:
+            async def request(self, service: str, body: bytes, timeout_s: float) -> bytes:
+                asked.append(node)
+                return b'{"held":false}'
+
+        return Link()
+
+
+def member_b(registry: SessionRegistry, links: TakeoverLinks) -> ClusterSessions:
+    """``ClusterSessions`` of member ``b`` of ``a`` and ``b``, on ``registry``, holding no session."""
+    view = ClusterView("b", 4)
+    for node in ("a", "b"):
+        view.members[node] = Member(node, "127.0.0.1:1", "http://127.0.0.1:1")
+    view.fenced = False
+    broker = SimpleNamespace(
+        router=SimpleNamespace(sessions={}, persistent_count=0),
+        config=SimpleNamespace(sessions=SimpleNamespace(max_persistent=0)),
+        now=lambda: 0.0,
+    )
+    cluster = SimpleNamespace(node_id="b", session_save_interval_ms=1000, session_handover_timeout_ms=5000)
+    return ClusterSessions(
+        cast(Any, broker), registry, view, cast(Any, links), cast(Any, cluster), lambda: False
+    )
+
+
+async def moved_claim(sessions: ClusterSessions, moved: MovedClaim) -> str | None:
+    """The claim of ``device-1``'s connection moved to ``sessions``' member, as ``moved`` says: its
+    refusal (None: claimed)."""
+    answer: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+    claim = SessionClaim("device-1", None, True, 0, None, 0, False, moved)
+    sessions.claim(claim, lambda refusal, _reference: answer.set_result(refusal))
+    return await answer
+
+
+@pytest.mark.parametrize("changed_since", [False, True], ids=["as-written", "changed-since"])
+def test_a_connection_moved_here_swaps_the_record_it_came_with_without_reading_it(
+    etcd: EtcdTarget, changed_since: bool
+) -> None:
+    """A connection handed over between members on one host comes with the record the member it left
+    wrote (its generation and revision): the claim swaps that revision at once, one etcd call (it was
+    a read and a swap, plus the removal by the member it left); the holder is still asked to let go
+    over the peer link. A record changed since is read, and the claim swaps the current one."""
+
+    async def scenario() -> tuple[int, list[str], SessionRecord | None]:
+        client = etcd.client()
+        try:
+            writer = SessionRegistry(client, etcd.prefix)  # member a, which claimed the connection first
+            assert await writer.write("device-1", SessionRecord("a", 1, None, 0), 0)
+            known = writer.known("device-1")
+            assert known is not None
+            if changed_since:
+                assert await writer.write("device-1", SessionRecord("a", 1, None, 0, saved_at=1.0), known[1])
+            counted = CountedCalls(client)
+            links = TakeoverLinks()
+            refusal = await moved_claim(
+                member_b(SessionRegistry(client, etcd.prefix), links), MovedClaim("a", 1, known[1])
+            )
+            assert refusal is None
+            calls = counted.calls
+            found, _ = await writer.read("device-1")
+            return calls, links.asked, found
+        finally:
+            await client.close()
+
+    calls, asked, record = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert record is not None and (record.node, record.generation) == ("b", 2)
+    assert asked == ["a"]
+    assert calls == (3 if changed_since else 1)  # the swap; or the swap refused, the read, the swap

@@ -8,7 +8,7 @@ import asyncio
 import json
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -43,6 +43,9 @@ class Movable:
         self.held = False
         self.resumed_with: bytes | None = None
         self.moved_to: str | None = None
+        self.seen_when_handed_over: Callable[[], object] = lambda: None
+        self.seen: object = None
+        """What ``seen_when_handed_over`` returned as the connection ended."""
 
     def may_move(self) -> bool:
         return self.movable
@@ -63,6 +66,7 @@ class Movable:
 
     def handed_over(self, node: str) -> None:
         self.moved_to = node
+        self.seen = self.seen_when_handed_over()
         self.client.broker_end.close()  # its transport closes its copy of the descriptor
 
 
@@ -134,6 +138,48 @@ def test_a_connection_handed_over_goes_on_over_the_same_tcp_connection(ends: End
     sock.sendall(b"\x40\x02\x00\x01")
     assert client.device.recv(16) == b"\x40\x02\x00\x01"
     client.device.close()
+
+
+class Claims:
+    """A member's session registry side as a handoff sees it: the records it wrote, by client id."""
+
+    def __init__(self, written: dict[str, dict[str, int]]) -> None:
+        self.written = written
+        self.moved: list[str] = []
+
+    def carried(self, client_id: str) -> dict[str, int] | None:
+        return self.written.get(client_id)
+
+    def moved_away(self, client_id: str) -> None:
+        self.moved.append(client_id)
+        self.written.pop(client_id, None)
+
+
+def test_the_registry_record_goes_with_the_connection_and_is_let_go_of_once_it_went(ends: Ends) -> None:
+    """The record ``a`` wrote of the client's session travels with the descriptor (``b`` swaps it without
+    a read), and ``a`` lets go of it only once the message went: before the connection ends there, so its
+    end changes nothing in the registry."""
+    claims = ends.a.claims = Claims({"d-1": {"generation": 3, "revision": 41}})
+    client = Client()
+    conn = Movable(client, {"client_id": "d-1"})
+    conn.seen_when_handed_over = lambda: list(claims.moved)
+    ends.a.hand_over(conn, "b", ends.b.name)
+    ends.turn()
+    ((record, sock, _),) = ends.adopted
+    assert record["claim"] == {"generation": 3, "revision": 41}
+    assert conn.seen == ["d-1"], "let go of before the connection ended"
+    sock.close()
+    client.close()
+
+
+def test_a_connection_that_stays_keeps_its_registry_record(ends: Ends) -> None:
+    claims = ends.a.claims = Claims({"d-8": {"generation": 1, "revision": 7}})
+    client = Client()
+    conn = Movable(client, {"client_id": "d-8"}, unread=b"\x30" + b"x" * MAX_RECORD)
+    ends.a.hand_over(conn, "b", ends.b.name)
+    ends.turn()
+    assert conn.moved_to is None and claims.moved == [] and "d-8" in claims.written
+    client.close()
 
 
 def test_a_connection_whose_unread_bytes_do_not_fit_a_message_stays_with_them(ends: Ends) -> None:

@@ -11,12 +11,14 @@ import pytest
 from broker_edge.engine.connection.handover import (
     MAX_WILL_PAYLOAD,
     BadRecord,
+    claim_of,
     connect_of,
     may_move,
     record_of,
 )
 from broker_edge.engine.connection.states import HELD_FOR_ACKS, HELD_FOR_HANDOVER
 from broker_edge.engine.handlers.connect import accept_handed_in
+from broker_edge.engine.ports import MovedClaim
 from broker_edge.protocol.packets import (
     MQTT_3_1_1,
     MQTT_5,
@@ -167,6 +169,9 @@ def test_a_connection_not_yet_connected_stays():
         ({"will": "gone"}, "will"),
         ({"will": {"topic": "t", "payload": "not base64!", "qos": 0, "retain": False}}, "will.payload"),
         ({"will": {"topic": "t", "payload": "", "qos": 3, "retain": False}}, "will.qos"),
+        ({"claim": [2, 9]}, "claim"),
+        ({"claim": {"generation": "2", "revision": 9}}, "generation"),
+        ({"claim": {"generation": 2, "revision": 0}}, "claim"),
     ],
 )
 def test_a_record_not_as_made_is_refused_naming_its_field(change, named):
@@ -176,7 +181,21 @@ def test_a_record_not_as_made_is_refused_naming_its_field(change, named):
     record = record_of(device.conn)
     assert record is not None
     with pytest.raises(BadRecord, match=f"^{named}"):
-        connect_of({**record, **change})
+        changed = {**record, **change}
+        connect_of(changed)
+        claim_of(changed, "b")
+
+
+def test_the_registry_record_a_connection_comes_with_names_the_member_it_left():
+    """The claim on the member taking a connection in swaps the record the member it left wrote
+    (``"claim"``), named by that member; a record without one is read there as for any CONNECT."""
+    core = make_core()
+    device = core.client(MQTT_3_1_1)
+    device.connect("d-4")
+    record = record_of(device.conn)
+    assert record is not None and claim_of(record, "a") is None
+    moved = claim_of({**record, "claim": {"generation": 2, "revision": 17}}, "a")
+    assert moved == MovedClaim("a", 2, 17)
 
 
 def test_a_connection_taken_in_over_a_limit_is_closed_without_a_connack():
