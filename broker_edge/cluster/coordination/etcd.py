@@ -301,6 +301,23 @@ class Etcd:
         succeeded, revision = await self._transaction(compare, [tx.put(encoded, value, lease or None)])
         return revision if succeeded else None
 
+    async def create_or_get(self, key: str, value: bytes) -> tuple[int | None, KeyValue | None]:
+        """Write ``key`` if it does not exist: ``(its revision, None)``; else, read by the same call,
+        ``(None, the key as it is)``."""
+        tx = self._client.transactions
+        encoded = key.encode("utf-8")
+        succeeded, responses = await self._call(
+            lambda: self._client.transaction(
+                compare=[tx.version(encoded) == 0],
+                success=[tx.put(encoded, value)],
+                failure=[tx.get(encoded)],
+            )
+        )
+        if succeeded:
+            return int(responses[0].response_put.header.revision), None
+        found = responses[0] if responses else []
+        return None, (_key(found[0][1]) if found else None)
+
     async def compare_and_swap(
         self, key: str, value: bytes, mod_revision: int, guards: Sequence[Guard] = ()
     ) -> int | None:

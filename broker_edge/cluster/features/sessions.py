@@ -2,7 +2,8 @@
 
 Every CONNECT on a cluster node claims the client id in the registry (``sessions_records``) before the
 standalone CONNECT handling goes on, so what a client sees is what the standalone broker does, whichever
-broker it reaches:
+broker it reaches. Where no record is, one etcd transaction creates this node's; else the same transaction
+returns the record there, and:
 
 - the registry names another owner: refused as the standalone broker refuses (``session_owner``);
 - another live member holds the session: it is asked over the peer link (service ``SERVICE_TAKE_OVER``) to
@@ -222,39 +223,38 @@ class ClusterSessions:
             return refusal  # not (yet, or no longer) a member: it cannot tell who holds the session
         client_id = claim.client_id
         async with self.registry.lock(client_id):
-            record, revision = await self._current(claim)
             local = self.broker.router.sessions.get(client_id)
-            if (record is not None and record.owner != claim.username) or (
-                local is not None and local.username != claim.username
-            ):
+            if local is not None and local.username != claim.username:
                 return "session_owner"  # neither taken over nor discarded: it is someone else's
             if self._over_quota(local, claim.expiry_interval):
                 return "session_quota"  # checked before the session leaves the broker holding it
-            state, left_behind = await self._bring_here(record, client_id, claim.clean_start)
-            saved_will = None
-            if claim.will is not None:
-                saved_will = will_to_save(
-                    claim.will, client_id, claim.will_delay, claim.expiry_interval, self.broker.now()
-                )
-            persistent_state = state if claim.expiry_interval > 0 else None
-            claimed = SessionRecord(
-                self.node_id,
-                (record.generation if record is not None else 0) + 1,
-                claim.username,
-                claim.expiry_interval,
-                saved_will,
-                persistent_state,
-                time.time() if persistent_state is not None else None,
-            )
-            for _ in range(5):
-                if await self.registry.write(client_id, claimed, revision):
-                    break
-                record, revision = await self.registry.read(client_id)  # a save of the old holder came first
+            claimed = self._first_record(claim)
+            current = await self._created_or_current(claim, claimed)
+            if current is None:  # no record was there: the session, if any, is this node's own
+                state, left_behind = await self._bring_here(None, client_id, claim.clean_start)
+            else:
+                record, revision = current
                 if record is not None and record.owner != claim.username:
                     return "session_owner"
-                claimed = replace(claimed, generation=(record.generation if record is not None else 0) + 1)
-            else:
-                return "session_unavailable"
+                state, left_behind = await self._bring_here(record, client_id, claim.clean_start)
+                persistent_state = state if claim.expiry_interval > 0 else None
+                claimed = replace(
+                    claimed,
+                    generation=(record.generation if record is not None else 0) + 1,
+                    state=persistent_state,
+                    saved_at=time.time() if persistent_state is not None else None,
+                )
+                for _ in range(5):
+                    if await self.registry.write(client_id, claimed, revision):
+                        break
+                    record, revision = await self.registry.read(client_id)  # a save of the holder came first
+                    if record is not None and record.owner != claim.username:
+                        return "session_owner"
+                    claimed = replace(
+                        claimed, generation=(record.generation if record is not None else 0) + 1
+                    )
+                else:
+                    return "session_unavailable"
         self.owned[client_id] = claimed.generation
         self._saved.pop(client_id, None)
         if state is not None and not claim.clean_start:
@@ -266,13 +266,25 @@ class ClusterSessions:
             self.broker.publish_path.publish(will_message(left_behind, self.broker.now()))
         return None
 
-    async def _current(self, claim: SessionClaim) -> tuple[SessionRecord | None, int]:
-        """The record of ``claim.client_id`` and its revision: as the member that moved its connection here
-        wrote it (a session holding nothing, whose will came with the connection), else read."""
+    def _first_record(self, claim: SessionClaim) -> SessionRecord:
+        """The record of ``claim`` where none was before: this node's, generation 1, with its will."""
+        saved_will = None
+        if claim.will is not None:
+            saved_will = will_to_save(
+                claim.will, claim.client_id, claim.will_delay, claim.expiry_interval, self.broker.now()
+            )
+        return SessionRecord(self.node_id, 1, claim.username, claim.expiry_interval, saved_will)
+
+    async def _created_or_current(
+        self, claim: SessionClaim, first: SessionRecord
+    ) -> tuple[SessionRecord | None, int] | None:
+        """None once ``first`` is written where no record was; else the record there and its revision: as
+        the member that moved the connection here wrote it (a session holding nothing, whose will came
+        with the connection), or as the same etcd call found it."""
         moved = claim.moved_from
-        if moved is None or moved.node == self.node_id:
-            return await self.registry.read(claim.client_id)
-        return SessionRecord(moved.node, moved.generation, claim.username, 0), moved.revision
+        if moved is not None and moved.node != self.node_id:
+            return SessionRecord(moved.node, moved.generation, claim.username, 0), moved.revision
+        return await self.registry.create_or_read(claim.client_id, first)
 
     async def _not_member(self) -> str | None:
         """None once this node is a member, waiting up to ``session_handover_timeout_ms`` for it to become

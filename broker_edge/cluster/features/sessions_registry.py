@@ -100,11 +100,30 @@ class SessionRegistry:
         found = await self._send(partial(self.etcd.get, self.key(client_id)))
         if found is None:
             return None, 0
+        return self._parsed(client_id, found.value), found.mod_revision
+
+    @staticmethod
+    def _parsed(client_id: str, value: bytes) -> SessionRecord | None:
         try:
-            return SessionRecord.from_json(found.value), found.mod_revision
+            return SessionRecord.from_json(value)
         except ValueError as exc:
             log.error("session record of %r is not readable (%s); replacing it", client_id, exc)
-            return None, found.mod_revision
+            return None
+
+    async def create_or_read(
+        self, client_id: str, record: SessionRecord
+    ) -> tuple[SessionRecord | None, int] | None:
+        """Create ``record`` where ``client_id`` has none (None), else the record there and its revision
+        (read by the same etcd call; an unreadable one as ``read`` gives it)."""
+        revision, found = await self._send(
+            partial(self.etcd.create_or_get, self.key(client_id), record.to_json())
+        )
+        if revision is not None:
+            self._known[client_id] = (record, revision)
+            return None
+        if found is None:  # removed between the two halves of the call: cannot be, but read again
+            return await self.read(client_id)
+        return self._parsed(client_id, found.value), found.mod_revision
 
     async def records(self) -> list[tuple[str, SessionRecord, int]]:
         """Every readable record: (client id, record, revision)."""

@@ -30,7 +30,7 @@ class CountedCalls:
 
     def __init__(self, etcd: Etcd) -> None:
         self.now = self.most = self.calls = 0
-        for name in ("get", "get_prefix", "create", "compare_and_swap", "delete_if"):
+        for name in ("get", "get_prefix", "create", "create_or_get", "compare_and_swap", "delete_if"):
             setattr(etcd, name, self._counted(getattr(etcd, name)))
 
     def _counted(self, call: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -112,9 +112,9 @@ def member_b(registry: SessionRegistry, links: TakeoverLinks) -> ClusterSessions
     )
 
 
-async def moved_claim(sessions: ClusterSessions, moved: MovedClaim) -> str | None:
-    """The claim of ``device-1``'s connection moved to ``sessions``' member, as ``moved`` says: its
-    refusal (None: claimed)."""
+async def claimed(sessions: ClusterSessions, moved: MovedClaim | None = None) -> str | None:
+    """The claim of ``device-1``'s CONNECT on ``sessions``' member (of a connection moved there, as
+    ``moved`` says): its refusal (None: claimed)."""
     answer: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
     claim = SessionClaim("device-1", None, True, 0, None, 0, False, moved)
     sessions.claim(claim, lambda refusal, _reference: answer.set_result(refusal))
@@ -141,7 +141,7 @@ def test_a_connection_moved_here_swaps_the_record_it_came_with_without_reading_i
                 assert await writer.write("device-1", SessionRecord("a", 1, None, 0, saved_at=1.0), known[1])
             counted = CountedCalls(client)
             links = TakeoverLinks()
-            refusal = await moved_claim(
+            refusal = await claimed(
                 member_b(SessionRegistry(client, etcd.prefix), links), MovedClaim("a", 1, known[1])
             )
             assert refusal is None
@@ -155,3 +155,34 @@ def test_a_connection_moved_here_swaps_the_record_it_came_with_without_reading_i
     assert record is not None and (record.node, record.generation) == ("b", 2)
     assert asked == ["a"]
     assert calls == (3 if changed_since else 1)  # the swap; or the swap refused, the read, the swap
+
+
+@pytest.mark.parametrize("before", [None, "z", "device-1 of another user"])
+def test_a_connect_claims_where_no_record_is_with_one_etcd_call(etcd: EtcdTarget, before: str | None) -> None:
+    """A CONNECT's claim creates the record where there is none, or reads the one there, by one etcd
+    transaction: a new device costs one call (it was a read and a create); a record left by a member gone
+    (``z``) is swapped after it (two calls), and one of another user refuses the CONNECT, nothing written."""
+
+    async def scenario() -> tuple[str | None, int, SessionRecord | None]:
+        client = etcd.client()
+        try:
+            registry = SessionRegistry(client, etcd.prefix)
+            if before is not None:
+                owner = "someone" if before.endswith("another user") else None
+                assert await registry.write("device-1", SessionRecord("z", 4, owner, 0), 0)
+            counted = CountedCalls(client)
+            refusal = await claimed(member_b(SessionRegistry(client, etcd.prefix), TakeoverLinks()))
+            calls = counted.calls
+            found, _ = await registry.read("device-1")
+            return refusal, calls, found
+        finally:
+            await client.close()
+
+    refusal, calls, record = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert record is not None
+    if before is None:
+        assert (refusal, calls, record.node, record.generation) == (None, 1, "b", 1)
+    elif before == "z":
+        assert (refusal, calls, record.node, record.generation) == (None, 2, "b", 5)
+    else:
+        assert (refusal, calls, record.node, record.generation) == ("session_owner", 1, "z", 4)
