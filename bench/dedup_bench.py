@@ -157,16 +157,6 @@ def run_checkout(checkout: Path, rows_dir: Path, work: Path, rounds: int) -> dic
     return dict(json.loads(out.read_text()))
 
 
-def commit_of(repository: Path, revision: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repository), "log", "-1", "--format=%h", revision],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return done.stdout.strip() or revision
-
-
 def render(figures: dict[str, dict[str, Any]], rows: int, resent: int, note: str) -> str:
     lines = [
         HEADING,
@@ -226,16 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     here = Path(__file__).resolve().parent.parent
     started, load_start = datetime.now(UTC), os.getloadavg()
     began = time.perf_counter()
+    from bench.revisions import short_commit, tree_of
+
     with tempfile.TemporaryDirectory(prefix="dedup-bench-") as tmp:
-        checkouts = {f"git {commit_of(here, 'HEAD')} (this checkout)": here}
+        checkouts = {f"git {short_commit('HEAD')} (this checkout)": here}
         for number, commit in enumerate(args.against):
-            other = Path(tmp) / f"against-{number}"
-            other.mkdir()
-            archive = subprocess.run(
-                ["git", "-C", str(here), "archive", commit], capture_output=True, check=True
-            )
-            subprocess.run(["tar", "-x", "-C", str(other)], input=archive.stdout, check=True)
-            checkouts[f"git {commit_of(here, commit)}"] = other
+            checkouts[f"git {short_commit(commit)}"] = tree_of(commit, Path(tmp) / f"against-{number}")
         rows_dir = Path(tmp) / "rows"
         rows_dir.mkdir()
         resent = write_rows(rows_dir, args.rows, args.devices)

@@ -23,7 +23,6 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
@@ -171,17 +170,6 @@ def child(root: str, port: int, devices: int) -> dict:
     return result
 
 
-def checkout(rev: str, into: Path) -> Path:
-    """The tree of ``rev`` in ``into`` (nothing of this worktree's state)."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True).stdout
-    into.mkdir(parents=True)
-    archive_path = into.with_suffix(".tar")
-    archive_path.write_bytes(archive)
-    with tarfile.open(archive_path) as tar:
-        tar.extractall(into, filter="data")
-    return into
-
-
 def measure(tree: Path, root: str, port: int, devices: int) -> dict:
     env = dict(os.environ, ENGINE_MEMORY_CHECKOUT=str(tree))
     command = [sys.executable, __file__, "--child", root, "--port", str(port), "--devices", str(devices)]
@@ -268,15 +256,12 @@ def main(argv: list[str] | None = None) -> int:
         for finished in sizes:
             build_tables(f"{work}/tables-{finished}", args.devices, finished)
         built_s = time.perf_counter() - started
+        from bench.revisions import short_commit, tree_of  # this tree's (sys.path may start elsewhere)
+
         trees: dict[str, Path] = {}
         for number, against in enumerate(args.against):
-            rev = subprocess.run(
-                ["git", "-C", str(REPO), "rev-parse", "--short", against],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout.strip()
-            trees[f"{against} ({rev})" if rev != against else rev] = checkout(
+            rev = short_commit(against)
+            trees[f"{against} ({rev})" if rev != against else rev] = tree_of(
                 against, Path(work) / f"at-{number}"
             )
         trees["this tree"] = REPO

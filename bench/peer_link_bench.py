@@ -26,6 +26,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from bench.revisions import tree_of
+
 SHAPES = ((1, 1), (16, 1), (16, 16), (48, 64))
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -144,11 +146,7 @@ def main() -> None:
     sources = {"this checkout": ROOT}
     with tempfile.TemporaryDirectory(prefix="peer-link-bench-") as scratch:
         if args.against:
-            other = Path(scratch)
-            command = ["git", "-C", str(ROOT), "archive", args.against, "broker_edge"]
-            archive = subprocess.run(command, check=True, capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", str(other)], input=archive, check=True)
-            sources[args.against] = other
+            sources[args.against] = tree_of(args.against, Path(scratch), "broker_edge")
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in sources}
         for _ in range(args.rounds):
             for name, source in sources.items():

@@ -31,9 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import frames, net
 from bench.report import RESULTS_DIR, replace_section
+from bench.revisions import short_commit, tree_of
 from bench.stream import FrameScanner
 from bench.sysinfo import machine_info
-from bench.workers_bench import broker_of, short_commit, started
+from bench.workers_bench import started
 
 HEADING = "## A reconnect storm on --workers 2"
 PAYLOAD = bytes(64)
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="storm-bench-") as scratch:
         sources: dict[str, Path | None] = {short_commit("HEAD"): None}
         if args.against:
-            sources[short_commit(args.against)] = broker_of(args.against, Path(scratch))
+            sources[short_commit(args.against)] = tree_of(args.against, Path(scratch), "broker_edge")
         results: dict[str, list[Storm]] = {name: [] for name in sources}
         os.sched_setaffinity(0, {1})
         for round_number in range(args.rounds):

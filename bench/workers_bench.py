@@ -48,8 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import frames, net
 from bench.brokers.base import stop_process_group
-from bench.brokers.timestone import REPO, timestone_executable
+from bench.brokers.timestone import timestone_executable
 from bench.report import RESULTS_DIR, replace_section
+from bench.revisions import short_commit, tree_of
 from bench.stream import FrameScanner
 from bench.sysinfo import cpu_seconds, machine_info, split_cpus
 from tests.harness.local_cluster import EtcdServer
@@ -310,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.against:
             sources = {
                 f", this checkout ({short_commit('HEAD')})": None,
-                f", {short_commit(args.against)}": broker_of(args.against, Path(scratch)),
+                f", {short_commit(args.against)}": tree_of(args.against, Path(scratch), "broker_edge"),
             }
         load_before = os.getloadavg()
         runs: dict[str, list[Run]] = {c.label + name: [] for c in configurations for name in sources}
@@ -324,22 +325,6 @@ def main(argv: list[str] | None = None) -> int:
     replace_section(args.output, _heading(args), text)  # the file's other sections are kept
     print(f"wrote {args.output}", flush=True)
     return 0
-
-
-def short_commit(rev: str) -> str:
-    """``rev``'s abbreviated commit id."""
-    return subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
-def broker_of(rev: str, directory: Path) -> Path:
-    """``directory``, holding commit ``rev``'s ``broker_edge`` (for ``started``'s ``source``)."""
-    archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", rev, "broker_edge"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(directory)], input=archive, check=True)
-    return directory
 
 
 def _heading(args: argparse.Namespace) -> str:
