@@ -226,16 +226,17 @@ class ClusterSessions:
             local = self.broker.router.sessions.get(client_id)
             if local is not None and local.username != claim.username:
                 return "session_owner"  # neither taken over nor discarded: it is someone else's
-            if self._over_quota(local, claim.expiry_interval):
-                return "session_quota"  # checked before the session leaves the broker holding it
+            over_quota = self._over_quota(local, claim.expiry_interval)
             claimed = self._first_record(claim)
-            current = await self._created_or_current(claim, claimed)
+            current = await self._created_or_current(claim, claimed, create=not over_quota)
+            if current is not None and current[0] is not None and current[0].owner != claim.username:
+                return "session_owner"
+            if over_quota:
+                return "session_quota"  # checked before the session leaves the broker holding it
             if current is None:  # no record was there: the session, if any, is this node's own
                 state, left_behind = await self._bring_here(None, client_id, claim.clean_start)
             else:
                 record, revision = current
-                if record is not None and record.owner != claim.username:
-                    return "session_owner"
                 state, left_behind = await self._bring_here(record, client_id, claim.clean_start)
                 persistent_state = state if claim.expiry_interval > 0 else None
                 claimed = replace(
@@ -276,14 +277,16 @@ class ClusterSessions:
         return SessionRecord(self.node_id, 1, claim.username, claim.expiry_interval, saved_will)
 
     async def _created_or_current(
-        self, claim: SessionClaim, first: SessionRecord
+        self, claim: SessionClaim, first: SessionRecord, create: bool
     ) -> tuple[SessionRecord | None, int] | None:
-        """None once ``first`` is written where no record was; else the record there and its revision: as
-        the member that moved the connection here wrote it (a session holding nothing, whose will came
-        with the connection), or as the same etcd call found it."""
+        """None once ``first`` is written where no record was (only if ``create``); else the record there
+        and its revision: as the member that moved the connection here wrote it (a session holding nothing,
+        whose will came with the connection), or as the same etcd call found it."""
         moved = claim.moved_from
         if moved is not None and moved.node != self.node_id:
             return SessionRecord(moved.node, moved.generation, claim.username, 0), moved.revision
+        if not create:
+            return await self.registry.read(claim.client_id)
         return await self.registry.create_or_read(claim.client_id, first)
 
     async def _not_member(self) -> str | None:

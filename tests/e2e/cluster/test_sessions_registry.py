@@ -95,15 +95,18 @@ class TakeoverLinks:
         return Link()
 
 
-def member_b(registry: SessionRegistry, links: TakeoverLinks) -> ClusterSessions:
-    """``ClusterSessions`` of member ``b`` of ``a`` and ``b``, on ``registry``, holding no session."""
+def member_b(
+    registry: SessionRegistry, links: TakeoverLinks, persistent_full: bool = False
+) -> ClusterSessions:
+    """``ClusterSessions`` of member ``b`` of ``a`` and ``b``, on ``registry``, holding no session (or, if
+    ``persistent_full``, as many persistent ones as ``sessions.max_persistent`` allows)."""
     view = ClusterView("b", 4)
     for node in ("a", "b"):
         view.members[node] = Member(node, "127.0.0.1:1", "http://127.0.0.1:1")
     view.fenced = False
     broker = SimpleNamespace(
-        router=SimpleNamespace(sessions={}, persistent_count=0),
-        config=SimpleNamespace(sessions=SimpleNamespace(max_persistent=0)),
+        router=SimpleNamespace(sessions={}, persistent_count=1 if persistent_full else 0),
+        config=SimpleNamespace(sessions=SimpleNamespace(max_persistent=1)),
         now=lambda: 0.0,
     )
     cluster = SimpleNamespace(node_id="b", session_save_interval_ms=1000, session_handover_timeout_ms=5000)
@@ -112,11 +115,11 @@ def member_b(registry: SessionRegistry, links: TakeoverLinks) -> ClusterSessions
     )
 
 
-async def claimed(sessions: ClusterSessions, moved: MovedClaim | None = None) -> str | None:
+async def claimed(sessions: ClusterSessions, moved: MovedClaim | None = None, expiry: int = 0) -> str | None:
     """The claim of ``device-1``'s CONNECT on ``sessions``' member (of a connection moved there, as
-    ``moved`` says): its refusal (None: claimed)."""
+    ``moved`` says; a Session Expiry Interval of ``expiry``): its refusal (None: claimed)."""
     answer: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-    claim = SessionClaim("device-1", None, True, 0, None, 0, False, moved)
+    claim = SessionClaim("device-1", None, True, expiry, None, 0, False, moved)
     sessions.claim(claim, lambda refusal, _reference: answer.set_result(refusal))
     return await answer
 
@@ -186,3 +189,31 @@ def test_a_connect_claims_where_no_record_is_with_one_etcd_call(etcd: EtcdTarget
         assert (refusal, calls, record.node, record.generation) == (None, 2, "b", 5)
     else:
         assert (refusal, calls, record.node, record.generation) == ("session_owner", 1, "z", 4)
+
+
+@pytest.mark.parametrize("before", [None, "device-1 of another user"])
+def test_a_connect_over_the_persistent_sessions_quota_writes_nothing(
+    etcd: EtcdTarget, before: str | None
+) -> None:
+    """A persistent session that would pass ``sessions.max_persistent`` is refused before anything is
+    written (``session_quota``; the record is only read), and a record of another user still refuses it
+    as someone else's first (``session_owner``), as on a broker alone."""
+
+    async def scenario() -> tuple[str | None, SessionRecord | None]:
+        client = etcd.client()
+        try:
+            registry = SessionRegistry(client, etcd.prefix)
+            if before is not None:
+                assert await registry.write("device-1", SessionRecord("z", 4, "someone", 0), 0)
+            sessions = member_b(SessionRegistry(client, etcd.prefix), TakeoverLinks(), persistent_full=True)
+            refusal = await claimed(sessions, expiry=3600)
+            found, _ = await registry.read("device-1")
+            return refusal, found
+        finally:
+            await client.close()
+
+    refusal, record = asyncio.run(asyncio.wait_for(scenario(), 60))
+    if before is None:
+        assert (refusal, record) == ("session_quota", None)
+    else:
+        assert refusal == "session_owner" and record is not None and record.node == "z"
