@@ -52,7 +52,7 @@ bench: $(STAMP) system-deps
 	$(VENV)/bin/python -m bench.sessions_bench
 	$(VENV)/bin/python -m bench.topics_bench
 	$(VENV)/bin/python -m bench.fleet_bench
-	$(VENV)/bin/python -m bench.ingest_bench --variants
+	$(VENV)/bin/python -m bench.ingest_bench --variants --floor
 	$(VENV)/bin/python -m bench.flood_bench
 	$(VENV)/bin/python -m bench.ingest_floor
 	$(VENV)/bin/python -m bench.workers_bench

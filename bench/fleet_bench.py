@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.fleet_bench [--devices 10000] [--repeat 3] [--quick] [--output FILE]
 
-Timestone, Mosquitto and Aedes, each with its persistence on, measured one after the other in the same run
+Timestone, Mosquitto and Aedes, each with its persistence on, and the uvloop floor (`brokers/floor_relay.py`,
+what any Python broker on uvloop pays for the same sockets) measured one after the other in the same run
 with the same load (`bench.scenarios.fleet`): the broker pinned to the first CPU, the devices and the
 consumer to the others. A row whose load generator saturated its CPU or whose consumer missed an
 acknowledged message is marked invalid and takes part in no ratio. The section goes to
@@ -20,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.brokers import Aedes, BrokerUnavailable, Mosquitto, Timestone
+from bench.brokers import Aedes, BrokerUnavailable, Floor, Mosquitto, Timestone
 from bench.cli import broker_infos, cpu_split
 from bench.report import RESULTS_DIR, output_parser, scenario_table, write_result
 from bench.scenarios import fleet
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     raise_fd_limit()
     broker_cpus, loadgen_cpus = split_cpus()
     ctx = RunContext(
-        brokers=[Timestone(persist=True), Mosquitto(persistence=True), Aedes(persistence=True)],
+        brokers=[Timestone(persist=True), Mosquitto(persistence=True), Aedes(persistence=True), Floor()],
         quick=args.quick,
         timing=fleet.QUICK_TIMING if args.quick else fleet.TIMING,
         repeat=1 if args.quick else max(1, args.repeat),

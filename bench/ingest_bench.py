@@ -1,7 +1,7 @@
 """Ingest on one core: fan-in at 4, 8 and 16 publishers (QoS 0, and QoS 1 with Timestone persisting) and a
 fleet of devices each on its own topic, Timestone against Mosquitto 2.0.11 in one run, as ratios.
 
-    .venv/bin/python -m bench.ingest_bench [--rounds 2] [--devices 2000] [--variants] [--output FILE]
+    .venv/bin/python -m bench.ingest_bench [--rounds 2] [--devices 2000] [--variants] [--floor] [--output F]
     .venv/bin/python -m bench.ingest_bench --against CHECKOUT [--publishers 8] [--fanout 100] [--output FILE]
     .venv/bin/python -m bench.ingest_bench --also CHECKOUT [--qos 0] [--output FILE]
 
@@ -12,7 +12,9 @@ whatever else the machine runs: on a 2-core machine the load generator has one c
 outruns, and a row whose load generator saturated (or whose subscriber missed an acknowledged message) is
 void, as in every bench here. Timestone runs its defaults (QoS 1 appended to the commitlog and group
 committed before the PUBACK); Mosquitto runs with persistence off (a QoS 1 PUBACK from it promises nothing
-durable). `--variants` adds Timestone on the standard library's event loop and on its own TCP transport.
+durable). `--variants` adds Timestone on the standard library's event loop and on its own TCP transport;
+`--floor` adds the uvloop floor (`bench/brokers/floor_relay.py`: a relay that frames, logs with one write
+per turn, acknowledges and forwards, and does nothing else): what a Python broker on uvloop pays at least.
 `--against CHECKOUT` compares this checkout's broker with another checkout's (an older commit, say) instead
 of Mosquitto, in the same run on the same shapes; `--also CHECKOUT` runs another checkout's broker beside
 this one's, both against Mosquitto (before and after a change, as ratios from one run); `--fanout N` adds
@@ -32,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.brokers import BrokerUnavailable, Mosquitto, Timestone
+from bench.brokers import BrokerUnavailable, Floor, Mosquitto, Timestone
 from bench.brokers.base import BrokerUnderTest
 from bench.brokers.timestone import REPO, commit_of
 from bench.loadgen.flow import FlowSpec, Timing
@@ -72,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--devices", type=int, default=2000)
     parser.add_argument("--variants", action="store_true", help="also Timestone's other loop and transport")
+    parser.add_argument("--floor", action="store_true", help="also the uvloop floor (a bare relay)")
     parser.add_argument(
         "--against", type=Path, metavar="CHECKOUT", help="another checkout's broker instead of Mosquitto"
     )
@@ -104,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         brokers.insert(1, Timestone(checkout=args.also))
     if args.variants:
         brokers += [Timestone(event_loop="asyncio"), Timestone(transport="native")]
+    if args.floor:
+        brokers.append(Floor())
     ctx = RunContext(
         brokers=brokers,
         quick=False,
@@ -187,12 +192,22 @@ def render(
             if args.also
             else ""
         )
+        + (
+            "The uvloop floor takes part: a relay in Python on uvloop that frames each packet, appends "
+            "the turn's PUBLISH frames to a file with one write (no fsync), PUBACKs them and forwards each "
+            "to the subscriber with a packet id of its own (64 in flight, as for the brokers), and checks, "
+            "matches, stores and counts nothing "
+            "(bench/brokers/floor_relay.py): what any Python broker on uvloop pays for the same sockets and "
+            "frames. "
+            if args.floor
+            else ""
+        )
         + f"Each figure is the median of the valid runs of {args.rounds} rounds, the brokers taking turns "
         "(every run in brackets, void ones marked); per CPU second is delivered/s divided by the broker's "
         "CPU use, what one core of it delivers.",
         "",
         "| shape | broker | delivered/s | per broker CPU second | runs (delivered/s; per CPU s) | "
-        f"Timestone / {reference.label} per CPU second |",
+        f"this / {reference.label} per CPU second |",
         "|---|---|---|---|---|---|",
     ]
     for shape in shapes:

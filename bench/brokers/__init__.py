@@ -7,12 +7,13 @@ from collections.abc import Callable
 from bench.brokers.aedes import Aedes
 from bench.brokers.amqtt import Amqtt
 from bench.brokers.base import BrokerUnavailable, BrokerUnderTest, RunningBroker
+from bench.brokers.floor import Floor
 from bench.brokers.mosquitto import Mosquitto
 from bench.brokers.timestone import Timestone
 
 BROKER_NAMES = ("timestone", "mosquitto", "aedes", "amqtt")
-VARIANT_NAMES = ("timestone-asyncio", "timestone-native")
-"""Brokers run only when named: Timestone with its listener's ``transport`` set."""
+VARIANT_NAMES = ("timestone-asyncio", "timestone-native", "floor")
+"""Brokers run only when named: Timestone with its listener's ``transport`` set, and the uvloop floor."""
 
 __all__ = [
     "BROKER_NAMES",
@@ -21,6 +22,7 @@ __all__ = [
     "Amqtt",
     "BrokerUnavailable",
     "BrokerUnderTest",
+    "Floor",
     "Mosquitto",
     "RunningBroker",
     "Timestone",
@@ -37,6 +39,7 @@ def default_broker(name: str) -> BrokerUnderTest:
         "mosquitto": Mosquitto,
         "aedes": Aedes,
         "amqtt": Amqtt,
+        "floor": Floor,
     }
     try:
         return factories[name]()

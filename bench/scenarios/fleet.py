@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bench.brokers import Aedes, Mosquitto, Timestone
+from bench.brokers import Aedes, Floor, Mosquitto, Timestone
 from bench.brokers.base import BrokerUnderTest
 from bench.loadgen.flow import FlowSpec, Timing
 from bench.scenarios.base import RunContext, ScenarioResult, Target, ratio_target
@@ -28,6 +28,11 @@ BLOB_FRAMES = 16
 CASE = "QoS 1, a topic per device"
 #: connecting 10,000 devices on a busy machine takes a while; measuring needs enough seconds to be steady
 TIMING = Timing(warmup_s=3.0, measure_s=10.0, drain_s=30.0, connect_timeout_s=240.0)
+FLOOR_NOTE = (
+    " The uvloop floor is no broker: a relay in Python on uvloop (bench/brokers/floor_relay.py) that frames, "
+    "logs a turn's PUBLISH frames with one write, PUBACKs and forwards them with the same window and does "
+    "nothing else, the least any Python broker on uvloop pays for these sockets; it takes part in no target."
+)
 QUICK_TIMING = Timing(warmup_s=1.0, measure_s=3.0, drain_s=15.0, connect_timeout_s=60.0)
 
 
@@ -60,6 +65,8 @@ def variants(ctx: RunContext) -> list[BrokerUnderTest]:
         out.append(Mosquitto(persistence=True))
     if "aedes" in names:
         out += [Aedes(persistence=True), Aedes()]
+    if "floor" in names:
+        out.append(Floor())
     return out
 
 
@@ -67,7 +74,8 @@ def run(ctx: RunContext, devices: int = DEVICES) -> ScenarioResult:
     """Measure the fleet against every selected broker, each with persistence on."""
     fleet = spec(devices)
     timed = dataclasses.replace(ctx, timing=QUICK_TIMING if ctx.quick else TIMING)
-    rows = [flow_row(timed, broker, CASE, fleet, data_dir_size=True) for broker in variants(ctx)]
+    brokers = variants(ctx)
+    rows = [flow_row(timed, broker, CASE, fleet, data_dir_size=True) for broker in brokers]
     ctx.failures += [f for f in timed.failures if f not in ctx.failures]
     result = persisted_result(
         "fleet",
@@ -85,6 +93,7 @@ def run(ctx: RunContext, devices: int = DEVICES) -> ScenarioResult:
             "consumer over the measurement window, which with one "
             "consumer equals the PUBACKs/s of the devices in steady state (both are shown). A row is invalid "
             "when the load generator saturated its CPU or an acknowledged message never reached the consumer."
+            + (FLOOR_NOTE if any(isinstance(broker, Floor) for broker in brokers) else "")
         ),
         rows,
     )
