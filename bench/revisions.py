@@ -8,13 +8,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def short_commit(rev: str, repository: Path = REPO) -> str:
+def short_commit(rev: str, repository: Path = REPO, timeout_s: float | None = None) -> str:
     """``rev``'s abbreviated commit id."""
     return subprocess.run(
         ["git", "-C", str(repository), "rev-parse", "--short", rev],
         check=True,
         capture_output=True,
         text=True,
+        timeout=timeout_s,
     ).stdout.strip()
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from bench.brokers.base import BrokerUnavailable, BrokerUnderTest
+from bench.revisions import short_commit
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -143,12 +144,6 @@ class Timestone(BrokerUnderTest):
 def commit_of(checkout: Path) -> str:
     """The short commit id of `checkout`'s HEAD ("" when git cannot tell)."""
     try:
-        return subprocess.run(
-            ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        ).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
+        return short_commit("HEAD", checkout, timeout_s=5)
+    except (OSError, subprocess.SubprocessError):
         return ""
