@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.brokers import BrokerUnavailable, Floor, Mosquitto, Timestone
 from bench.brokers.base import BrokerUnderTest
+from bench.brokers.floor import ABOUT as FLOOR_ABOUT
 from bench.brokers.timestone import REPO, commit_of
 from bench.loadgen.flow import FlowSpec, Timing
 from bench.report import RESULTS_DIR, write_result
@@ -192,16 +193,7 @@ def render(
             if args.also
             else ""
         )
-        + (
-            "The uvloop floor takes part: a relay in Python on uvloop that frames each packet, appends "
-            "the turn's PUBLISH frames to a file with one write (no fsync), PUBACKs them and forwards each "
-            "to the subscriber with a packet id of its own (64 in flight, as for the brokers), and checks, "
-            "matches, stores and counts nothing "
-            "(bench/brokers/floor_relay.py): what any Python broker on uvloop pays for the same sockets and "
-            "frames. "
-            if args.floor
-            else ""
-        )
+        + (f"{FLOOR_ABOUT} " if args.floor else "")
         + f"Each figure is the median of the valid runs of {args.rounds} rounds, the brokers taking turns "
         "(every run in brackets, void ones marked); per CPU second is delivered/s divided by the broker's "
         "CPU use, what one core of it delivers.",

@@ -10,6 +10,14 @@ from pathlib import Path
 from bench.brokers.base import BrokerUnderTest
 
 RELAY = Path(__file__).resolve().parent / "floor_relay.py"
+ABOUT = (
+    "The uvloop floor is no broker: a relay in Python on uvloop (bench/brokers/floor_relay.py) that frames "
+    "each packet, appends the turn's PUBLISH frames to a file with one write (no fsync), PUBACKs them and "
+    "forwards each to the subscribers with a packet id of their own (64 in flight, as for the brokers), and "
+    "checks, matches, stores and counts nothing: what any Python broker on uvloop pays for the same sockets "
+    "and frames. It takes part in no target."
+)
+"""What the floor is, for the results of the benches that run it."""
 
 
 class Floor(BrokerUnderTest):

@@ -13,6 +13,7 @@ import dataclasses
 
 from bench.brokers import Aedes, Floor, Mosquitto, Timestone
 from bench.brokers.base import BrokerUnderTest
+from bench.brokers.floor import ABOUT as FLOOR_ABOUT
 from bench.loadgen.flow import FlowSpec, Timing
 from bench.scenarios.base import RunContext, ScenarioResult, Target, ratio_target
 from bench.scenarios.throughput import flow_row, persisted_result
@@ -28,11 +29,6 @@ BLOB_FRAMES = 16
 CASE = "QoS 1, a topic per device"
 #: connecting 10,000 devices on a busy machine takes a while; measuring needs enough seconds to be steady
 TIMING = Timing(warmup_s=3.0, measure_s=10.0, drain_s=30.0, connect_timeout_s=240.0)
-FLOOR_NOTE = (
-    " The uvloop floor is no broker: a relay in Python on uvloop (bench/brokers/floor_relay.py) that frames, "
-    "logs a turn's PUBLISH frames with one write, PUBACKs and forwards them with the same window and does "
-    "nothing else, the least any Python broker on uvloop pays for these sockets; it takes part in no target."
-)
 QUICK_TIMING = Timing(warmup_s=1.0, measure_s=3.0, drain_s=15.0, connect_timeout_s=60.0)
 
 
@@ -93,7 +89,7 @@ def run(ctx: RunContext, devices: int = DEVICES) -> ScenarioResult:
             "consumer over the measurement window, which with one "
             "consumer equals the PUBACKs/s of the devices in steady state (both are shown). A row is invalid "
             "when the load generator saturated its CPU or an acknowledged message never reached the consumer."
-            + (FLOOR_NOTE if any(isinstance(broker, Floor) for broker in brokers) else "")
+            + (f" {FLOOR_ABOUT}" if any(isinstance(broker, Floor) for broker in brokers) else "")
         ),
         rows,
     )
