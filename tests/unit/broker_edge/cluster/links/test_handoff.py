@@ -1,13 +1,18 @@
 """Clients' connections moved between two members' handoff sockets on one loop: real TCP connections, real
 abstract Unix sockets, the descriptor passed; what the receiving end drops (no descriptor, several, not a
-TCP socket, a record that is not JSON, one its broker refuses), and a name that does not connect."""
+TCP socket, a record that is not JSON, one its broker refuses), a name that does not connect, and a process
+of another user at either end (run as root, the other process drops to user ``nobody``)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -285,3 +290,101 @@ def test_what_is_not_one_tcp_connection_with_a_record_is_dropped(ends: Ends) -> 
     assert [each[0] for each in ends.adopted] == [{"client_id": "x"}]
     good.device.close()
     link.close()
+
+
+NOBODY = 65534
+"""The user id of ``nobody``: the other user of the tests below."""
+
+_ANOTHER_USERS_PROCESS = r"""
+import os, socket, sys
+mode, name = sys.argv[1], "\0" + sys.argv[2]
+os.setgroups([])
+os.setresgid(65534, 65534, 65534)
+os.setresuid(65534, 65534, 65534)
+if mode == "hand":  # connect to a member's handoff socket and hand it a TCP connection
+    link = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    link.connect(name)
+    try:
+        socket.send_fds(link, [b'{"client_id":"intruder"}'], [int(sys.argv[3])])
+        link.settimeout(10)
+        answer = link.recv(1)
+    except OSError:
+        answer = b""
+    print("closed" if answer == b"" else "answered", flush=True)
+else:  # listen as a member's handoff socket would, and tell what a member sent
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listening.bind(name)
+    listening.listen(1)
+    print("ready", flush=True)
+    listening.settimeout(10)
+    link, _ = listening.accept()
+    link.settimeout(10)
+    try:
+        data, fds, _, _ = socket.recv_fds(link, 65536, 4)
+    except OSError:
+        data, fds = b"", []
+    print(f"received {len(data)} bytes and {len(fds)} descriptors", flush=True)
+"""
+
+
+def _another_users_process(*args: str, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[str]:
+    """A Python process that drops to user ``nobody`` before it touches a socket."""
+    return subprocess.Popen(
+        [sys.executable, "-I", "-c", _ANOTHER_USERS_PROCESS, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        pass_fds=pass_fds,
+    )
+
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="another user's process is made by root dropping its id"
+)
+
+
+@needs_root
+def test_a_process_of_another_user_hands_nothing_in(ends: Ends, caplog: pytest.LogCaptureFixture) -> None:
+    """A process of another user that connects to a member's handoff socket and sends it a TCP connection
+    is refused as it is accepted: its link closed unread, nothing taken in, a warning logged; the socket
+    still takes in what a member of this user hands over next."""
+    client = Client()
+    fd = client.broker_end.fileno()
+    intruder = _another_users_process("hand", ends.b.name, str(fd), pass_fds=(fd,))
+    deadline = time.monotonic() + 15
+    while intruder.poll() is None and time.monotonic() < deadline:
+        ends.turn()
+    output, _ = intruder.communicate(timeout=5)
+    assert output.strip() == "closed"
+    assert ends.adopted == [] and ends.outcomes["b"] == []
+    assert "refused a process of another user" in caplog.text
+    conn = Movable(client, {"client_id": "d-4"})
+    ends.a.hand_over(conn, "b", ends.b.name)
+    ends.turn()
+    assert conn.moved_to == "b" and [each[0]["client_id"] for each in ends.adopted] == ["d-4"]
+    client.device.close()
+
+
+@needs_root
+def test_a_handoff_name_of_another_users_process_is_not_given_a_connection(
+    ends: Ends, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A name advertised by a process of another user connects, but nothing is sent to it: the
+    connection stays and is read again, and the name is left untried for ``RETRY_S``."""
+    caplog.set_level(logging.INFO, logger="broker_edge.cluster.handoff")
+    name = "timestone-handoff-" + os.urandom(16).hex()
+    listener = _another_users_process("listen", name)
+    try:
+        assert listener.stdout is not None and listener.stdout.readline().strip() == "ready"
+        client = Client()
+        conn = Movable(client, {"client_id": "d-5"})
+        ends.a.hand_over(conn, "c", name)
+        ends.turn()
+        assert conn.moved_to is None and not conn.held and conn.resumed_with == b""
+        assert ends.outcomes["a"] == ["stayed"] and not ends.a.reaches(name)
+        assert "PermissionError: its process runs as another user" in caplog.text
+        output, _ = listener.communicate(timeout=15)
+        assert output.strip() == "received 0 bytes and 0 descriptors"
+        client.close()
+    finally:
+        listener.kill()
+        listener.wait()
