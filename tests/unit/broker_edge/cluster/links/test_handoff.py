@@ -292,13 +292,10 @@ def test_what_is_not_one_tcp_connection_with_a_record_is_dropped(ends: Ends) -> 
     link.close()
 
 
-NOBODY = 65534
-"""The user id of ``nobody``: the other user of the tests below."""
-
 _ANOTHER_USERS_PROCESS = r"""
 import os, socket, sys
 mode, name = sys.argv[1], "\0" + sys.argv[2]
-os.setgroups([])
+os.setgroups([])  # 65534: the user and group nobody
 os.setresgid(65534, 65534, 65534)
 os.setresuid(65534, 65534, 65534)
 if mode == "hand":  # connect to a member's handoff socket and hand it a TCP connection
