@@ -7,9 +7,14 @@
 PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.installed
+# The extras each venv gets, at the versions pinned in its constraints file (`make lock` writes them again).
+EXTRAS      := pipelines,spark,dev,cluster,notebooks
+CONSTRAINTS := .ci/constraints.txt
 # The oldest Spark the sources and jobs support (Databricks Runtime 17.3 LTS ships 4.0.0), in a venv of its own.
 VENV40  := .venv-spark40
 STAMP40 := $(VENV40)/.installed
+EXTRAS40      := pipelines,spark40,dev,cluster
+CONSTRAINTS40 := .ci/constraints-spark40.txt
 # What runs on it again: the sources' and the telemetry and actions jobs' end-to-end tests (docs/spark-source.md).
 # The suite's workers (pytest-xdist): one per core. On a 2-core machine three were no faster than two (30:29,
 # against 28:53 and 31:56 for two the same day, 2026-11-27), the CPU busy 98 % of the run, and two tests failed
@@ -21,7 +26,7 @@ SPARK40_TESTS := tests/unit/sources tests/e2e/sources/test_stream_reader.py \
 	tests/e2e/sinks/test_spark_arrow.py tests/e2e/sinks/test_delta_rs_store.py \
 	tests/e2e/telemetry/test_telemetry_stream.py tests/e2e/ota/test_actions_job.py
 
-.PHONY: demo test test-durations lint bench setup system-deps clean
+.PHONY: demo test test-durations lint lock bench setup system-deps clean
 
 demo: $(STAMP)
 	$(VENV)/bin/timestone demo
@@ -74,16 +79,24 @@ lint: $(STAMP)
 
 setup: $(STAMP) system-deps
 
-# The virtual environments, rebuilt when the declared dependencies change.
-$(STAMP): pyproject.toml
+# The virtual environments, rebuilt when the declared dependencies or their pins change. Every package is
+# installed at the version its constraints file pins, the set the suite passed with: a release of a
+# dependency (a linter's new rules or style, a library's changed behaviour) changes nothing here until
+# `make lock` takes it in.
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet -e '.[pipelines,spark,dev,cluster,notebooks]'
+	$(VENV)/bin/pip install --quiet -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
-$(STAMP40): pyproject.toml
+$(STAMP40): pyproject.toml $(CONSTRAINTS40)
 	test -x $(VENV40)/bin/python || $(PYTHON) -m venv $(VENV40)
-	$(VENV40)/bin/pip install --quiet -e '.[pipelines,spark40,dev,cluster]'
+	$(VENV40)/bin/pip install --quiet -c $(CONSTRAINTS40) -e '.[$(EXTRAS40)]'
 	touch $(STAMP40)
+
+# Pin again what pyproject.toml's ranges resolve to today, in fresh venvs (then run `make test`).
+lock:
+	bash .ci/lock $(CONSTRAINTS) $(EXTRAS)
+	bash .ci/lock $(CONSTRAINTS40) $(EXTRAS40)
 
 # Debian packages and npm packages the tests and benchmarks drive (Mosquitto's clients, etcd, MQTT.js).
 system-deps:
