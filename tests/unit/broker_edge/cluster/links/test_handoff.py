@@ -347,10 +347,14 @@ def test_a_process_of_another_user_hands_nothing_in(ends: Ends, caplog: pytest.L
     client = Client()
     fd = client.broker_end.fileno()
     intruder = _another_users_process("hand", ends.b.name, str(fd), pass_fds=(fd,))
-    deadline = time.monotonic() + 15
-    while intruder.poll() is None and time.monotonic() < deadline:
-        ends.turn()
-    output, _ = intruder.communicate(timeout=5)
+    try:
+        deadline = time.monotonic() + 15
+        while intruder.poll() is None and time.monotonic() < deadline:
+            ends.turn()
+        output, _ = intruder.communicate(timeout=5)
+    finally:
+        intruder.kill()
+        intruder.wait()
     assert output.strip() == "closed"
     assert ends.adopted == [] and ends.outcomes["b"] == []
     assert "refused a process of another user" in caplog.text
