@@ -50,7 +50,7 @@ from broker_edge.engine.ports import ClusterPorts
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, Connect, Publish, Subscribe, Subscription
 from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, make_core
-from tests.unit.broker_edge.engine.stand_ins import HeldForwarding, MemoryLog
+from tests.unit.broker_edge.engine.stand_ins import HeldForwarding, MemoryLog, NullTransport
 
 
 def _adapter() -> Any:
@@ -74,37 +74,6 @@ class LeadsEverything(HeldForwarding):
 
     def appends_here(self, topic: str) -> bool:
         return True
-
-
-class NullTransport:
-    """A transport that takes everything and writes nothing (one for every connection)."""
-
-    def write(self, data: bytes) -> None:
-        pass
-
-    def writelines(self, parts: Any) -> None:
-        pass
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    def abort(self) -> None:
-        pass
-
-    def is_reading(self) -> bool:
-        return True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 50000) if name == "peername" else default
 
 
 TRANSPORT = NullTransport()

@@ -1,12 +1,13 @@
 """Stand-ins, in memory, for what the engine's parts write to: a commitlog that is durable when the test says
 so (``MemoryLog``), a cluster's ``forwarding`` port whose answers the test gives (``HeldForwarding``), a
-session's connection that records what is written (``RecordingConnection``); and members of a shared group
-(``group_members``)."""
+session's connection that records what is written (``RecordingConnection``), a transport that takes everything
+and writes nothing (``NullTransport``); and members of a shared group (``group_members``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
+from typing import Any
 
 from broker_edge.engine.message import Message
 from broker_edge.engine.ports import ForwardAck
@@ -170,6 +171,38 @@ class RecordingConnection:
 
     def taken_over(self) -> None:
         self.sent.append(("TAKEN OVER",))
+
+
+class NullTransport:
+    """A transport that takes everything and writes nothing: one object can serve every connection, so that
+    only what the broker keeps (or spends) is counted."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def writelines(self, parts: Any) -> None:
+        pass
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def is_reading(self) -> bool:
+        return True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 50000) if name == "peername" else default
 
 
 def group_members(router: Router, *names: str) -> list[Session]:

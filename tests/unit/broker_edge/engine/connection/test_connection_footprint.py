@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import tracemalloc
-from typing import Any
 
 import pytest
 
@@ -22,6 +21,7 @@ from broker_edge.protocol.errors import MalformedPacket
 from broker_edge.protocol.packets import MQTT_3_1_1, MQTT_5, Connect, PingReq, PingResp, Publish
 from broker_edge.runtime.transports.stream import StreamConnection
 from tests.unit.broker_edge.engine.handlers.wire import HandDrivenCore, make_core
+from tests.unit.broker_edge.engine.stand_ins import NullTransport
 
 BYTES_PER_IDLE_CONNECTION = 296
 """Room for the connection, the session, a 17-character client id and the entry in one map, not for one
@@ -29,38 +29,7 @@ more object per connection, even a float (24 bytes): what it holds now is in doc
 memory"."""
 
 
-class _NullTransport:
-    """One transport object for every connection, so that only what the broker keeps is counted."""
-
-    def write(self, data: bytes) -> None:
-        pass
-
-    def writelines(self, parts: Any) -> None:
-        pass
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    def abort(self) -> None:
-        pass
-
-    def is_reading(self) -> bool:
-        return True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 50000) if name == "peername" else default
-
-
-def _connect_all(core: HandDrivenCore, frames: list[bytes], transport: _NullTransport) -> None:
+def _connect_all(core: HandDrivenCore, frames: list[bytes], transport: NullTransport) -> None:
     for frame in frames:
         conn = StreamConnection(core, core.listener)
         conn.attach_transport(transport)
@@ -80,7 +49,7 @@ def _connect_frames(prefix: str, count: int) -> list[bytes]:
 
 def test_an_idle_connection_and_its_session_stay_within_their_byte_budget(quiet_broker_log):
     core = make_core()
-    transport = _NullTransport()
+    transport = NullTransport()
     warm, measured = _connect_frames("warm-", 100), _connect_frames("idle-", 400)
     _connect_all(core, warm, transport)  # the maps are not empty, the shared decoder and deadline exist
     gc.collect()
@@ -103,7 +72,7 @@ def test_an_idle_connection_and_its_session_stay_within_their_byte_budget(quiet_
 
 def test_idle_connections_share_their_decoder_and_their_keepalive_deadline():
     core = make_core()
-    transport = _NullTransport()
+    transport = NullTransport()
     _connect_all(core, _connect_frames("device-", 3), transport)
     first, second, third = core.connections
     assert first.decoder.shared and first.decoder is second.decoder is third.decoder
