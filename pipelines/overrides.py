@@ -92,7 +92,7 @@ def apply_override(document: dict[str, Any], assignment: str) -> None:
         node = _child(node, steps, index)
     _check_container(node, steps, len(steps) - 1)
     try:
-        value = parse_yaml(raw) if raw.strip() else None
+        value = parse_yaml(raw, key.strip()) if raw.strip() else None
     except yaml.YAMLError as exc:
         raise ConfigError(key.strip(), f"value is not valid YAML: {exc}") from None
     last = steps[-1]

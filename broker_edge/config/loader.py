@@ -68,11 +68,44 @@ def _yaml_loader() -> type:
     return ConfigLoader
 
 
-def parse_yaml(text: str) -> Any:
-    """One YAML document as configuration reads it: safe, with ``!env NAME`` values."""
+def parse_yaml(text: str, path: str = "") -> Any:
+    """One YAML document as configuration reads it: safe, with ``!env NAME`` values; a key given twice in
+    one mapping is a ``ConfigError`` naming it (YAML would keep the last silently). ``path``: the dotted key
+    the document is the value of, prefixed to the keys that errors name."""
+    loader = _yaml_loader()(text)  # the safe loader, with one more tag
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_duplicate_keys(node, path, set())
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _check_duplicate_keys(node: Any, path: str, visited: set[int]) -> None:
+    """Raise ``ConfigError`` naming the first key given twice in a mapping under ``node``; a node reached
+    again through an alias is checked once."""
     import yaml
 
-    return yaml.load(text, Loader=_yaml_loader())  # the safe loader, with one more tag
+    if id(node) in visited:
+        return
+    visited.add(id(node))
+    if isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _check_duplicate_keys(item, f"{path}[{index}]", visited)
+    elif isinstance(node, yaml.MappingNode):
+        lines: dict[tuple[str, str], int] = {}
+        for key, value in node.value:
+            if not isinstance(key, yaml.ScalarNode):
+                continue
+            dotted = _join(path, key.value)
+            line = key.start_mark.line + 1
+            if (key.tag, key.value) in lines:
+                first = lines[key.tag, key.value]
+                raise ConfigError(dotted, f"duplicate key: on line {first} and again on line {line}")
+            lines[key.tag, key.value] = line
+            _check_duplicate_keys(value, dotted, visited)
 
 
 def load_yaml_file(path: str | Path) -> dict[str, Any]:
@@ -89,6 +122,8 @@ def load_yaml_file(path: str | Path) -> dict[str, Any]:
         document = parse_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError(str(path), f"not valid YAML: {exc}") from exc
+    except ConfigError as exc:  # a key given twice: its lines are this file's
+        raise ConfigError(exc.path, f"{exc.detail} of {path}") from None
     if document is None:
         return {}
     if not isinstance(document, dict):

@@ -5,7 +5,7 @@ section names (uvloop by default), logging from the config, SIGINT / SIGTERM for
 told, the commitlog flushed), SIGHUP to re-read the password file, the ACL file, the readers' tokens file and
 the certificates (the TLS listeners', the offsets API's, the uplink hub's, a cluster member's and its CAs,
 etcd's client certificate). Exit status: 0 after a clean stop, 2 for a configuration error (the message
-names the key), 1 if the broker cannot start (e.g. the port is taken).
+names the key), 1 if the broker cannot start (e.g. the port is taken, a damaged file in the data directory).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from broker_edge.process.heap_trim import bound_arenas
 from broker_edge.runtime import stop_signals
 from broker_edge.security.auth import PasswordFileError
 from broker_edge.settings.broker import BrokerConfig, load_broker_config
+from broker_edge.storage.errors import StoreDamaged
 
 if TYPE_CHECKING:
     from broker_edge.runtime.broker import Broker
@@ -221,7 +222,7 @@ def run_broker(config_path: str | None, node: str | None = None) -> int:
     except ConfigError as exc:
         print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
         return 2
-    except OSError as exc:
+    except (OSError, StoreDamaged) as exc:
         log.error("cannot start: %s", exc)
         return 1
     return 0
@@ -239,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="timestone broker",
         description="Run a Timestone edge broker.",
         epilog="exit status: 0 stopped (SIGINT or SIGTERM, at any moment of its start too); 1 cannot start "
-        "(a port taken, a file system that fails); 2 a configuration error (the message names the key). "
-        "SIGHUP re-reads the password, ACL and tokens files and the certificates.",
+        "(a port taken, a file system that fails, a damaged data file); 2 a configuration error (the message "
+        "names the key). SIGHUP re-reads the password, ACL and tokens files and the certificates.",
     )
     parser.add_argument("--config", "-c", help="broker YAML config (default: embedded defaults)")
     parser.add_argument(

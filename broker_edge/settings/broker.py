@@ -29,6 +29,8 @@ from broker_edge.settings.cluster import ClusterConfig
 from broker_edge.settings.named_files import check_named_files, check_server_tls
 from broker_edge.settings.uplink import UplinkConfig, UplinkHubConfig
 from broker_edge.storage.config import StorageConfig
+from broker_edge.storage.file_pool import check_max_open
+from broker_edge.storage.persistence import RuleError, check_rules
 
 __all__ = [
     "DEFAULT_ADMIN_PORT",
@@ -211,6 +213,8 @@ class BrokerStorageConfig(StorageConfig):
             "read_cache_bytes",
             "sealed_cache_bytes",
             "disk_reserve_bytes",
+            "inline_sync_max_bytes",
+            "syncfs_min_segments",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
@@ -220,6 +224,14 @@ class BrokerStorageConfig(StorageConfig):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(name, f"must be >= 1 (or null for no limit), got {value}")
+        try:  # the checks the store makes when it opens, made here to name the key
+            check_max_open(self.max_open_files)
+        except ValueError as error:
+            raise ConfigError("max_open_files", str(error)) from None
+        try:
+            check_rules(self.persist)
+        except RuleError as error:
+            raise ConfigError(f"persist{error.key}", error.detail) from None
 
 
 @dataclass

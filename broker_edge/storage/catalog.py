@@ -19,6 +19,7 @@ import struct
 from array import array
 
 from . import record
+from .errors import StoreDamaged
 from .segment import FileWrite, fsync_directory
 from .topic_ids import TopicIds
 
@@ -38,7 +39,7 @@ ENTRY_HEAD = struct.Struct("<IIIH")
 """An entry's prefix and body head: length, CRC, topic id, partition."""
 
 
-class CatalogDamaged(Exception):
+class CatalogDamaged(StoreDamaged):
     """The catalog file is not one (a foreign file, or its header is damaged): nothing can be trusted."""
 
 

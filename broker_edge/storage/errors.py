@@ -68,6 +68,11 @@ class InvalidRecord(StorageError):
     """A field of the record does not fit the record format (a string over 64 KiB, too many properties)."""
 
 
+class StoreDamaged(StorageError):
+    """A file the store needs is damaged beyond what recovery repairs (the message names it): the store does
+    not open."""
+
+
 class StorageFailed(StorageError):
     """A write or fsync failed; the store stops accepting appends (durability can no longer be promised)."""
 

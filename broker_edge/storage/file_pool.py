@@ -30,6 +30,16 @@ _SHORTAGE_PATIENCE_S = 0.5
 log = logging.getLogger(__name__)
 
 
+MIN_OPEN = 2
+"""The fewest descriptors the pool works with: a segment and its index."""
+
+
+def check_max_open(max_open: int) -> None:
+    """Raise `ValueError` unless the pool can work with `max_open` descriptors (at least `MIN_OPEN`)."""
+    if max_open < MIN_OPEN:
+        raise ValueError(f"must be at least {MIN_OPEN} (a segment and its index), got {max_open}")
+
+
 class _Handle:
     __slots__ = ("fd", "forgotten", "users")
 
@@ -43,8 +53,10 @@ class FileHandlePool:
     """LRU-bounded descriptors shared by the event loop (reads) and the writer thread (writes, fsync)."""
 
     def __init__(self, max_open: int = 1024) -> None:
-        if max_open < 2:
-            raise ValueError("max_open must be at least 2 (a segment and its index)")
+        try:
+            check_max_open(max_open)
+        except ValueError as error:
+            raise ValueError(f"max_open {error}") from None
         self.max_open = max_open
         self._handles: OrderedDict[str, _Handle] = OrderedDict()
         self._lock = threading.Lock()

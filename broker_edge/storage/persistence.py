@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import topic_matches, validate_topic_filter
 
@@ -24,16 +26,39 @@ def check_filter(topic_filter: str) -> None:
         raise ValueError(str(error)) from error
 
 
+class RuleError(ValueError):
+    """A persistence rule that cannot be used: ``key`` names it in the list and its field (``[0].qos``), or is
+    empty for the list as a whole."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(f"persist{key}: {detail}" if key else detail)
+        self.key = key
+        self.detail = detail
+
+
+def check_rules(rules: Sequence[PersistRule]) -> None:
+    """Raise `RuleError` unless every rule can be used: a well-formed topic filter, QoS levels within 0, 1,
+    2, retention bounds of at least 1 (or none), and fewer rules than `NO_MATCH`."""
+    if len(rules) >= NO_MATCH:
+        raise RuleError("", f"at most {NO_MATCH - 1} persistence rules, got {len(rules)}")
+    for number, rule in enumerate(rules):
+        try:
+            check_filter(rule.pattern)
+        except ValueError as error:
+            raise RuleError(f"[{number}].pattern", str(error)) from None
+        if not set(rule.qos) <= {0, 1, 2}:
+            raise RuleError(f"[{number}].qos", f"must be within 0, 1, 2, got {list(rule.qos)}")
+        for name in ("retention_bytes", "retention_ms"):
+            value = getattr(rule, name)
+            if value is not None and value < 1:
+                raise RuleError(f"[{number}].{name}", f"must be >= 1 (or null for no limit), got {value}")
+
+
 class PersistenceRules:
     """Ordered rules with a bounded per-topic cache (every publish asks, most topics repeat)."""
 
     def __init__(self, rules: list[PersistRule]) -> None:
-        if len(rules) >= NO_MATCH:
-            raise ValueError(f"at most {NO_MATCH - 1} persistence rules, got {len(rules)}")
-        for rule in rules:
-            check_filter(rule.pattern)
-            if not set(rule.qos) <= {0, 1, 2}:
-                raise ValueError(f"rule {rule.pattern!r}: qos must be within 0, 1, 2 (got {rule.qos})")
+        check_rules(rules)
         self.rules = list(rules)
         self._qos_sets = [frozenset(rule.qos) for rule in rules]
         self.logged_qos: frozenset[int] = frozenset().union(*self._qos_sets)

@@ -125,3 +125,62 @@ def test_an_mqtt_listener_on_the_admin_port_is_refused_naming_both_keys(tmp_path
         "admin_http: {host: 0.0.0.0, port: 18830}\noffsets_api: {port: 0}\n",
     )
     assert "configuration error: admin_http.port: port 18830 on 0.0.0.0 is already listeners[0].port" in err
+
+
+PORTS = "admin_http: {port: 0}\noffsets_api: {port: 0}\n"
+
+
+@pytest.mark.parametrize(
+    ("storage", "line"),
+    [
+        (
+            '  persist:\n    - pattern: "a/#/b"\n      qos: [1]\n',
+            "storage.persist[0].pattern: misplaced wildcard in topic filter 'a/#/b'",
+        ),
+        (
+            '  persist:\n    - pattern: "#"\n      qos: [3]\n',
+            "storage.persist[0].qos: must be within 0, 1, 2, got [3]",
+        ),
+        (
+            '  persist:\n    - pattern: "fleet/#"\n    - pattern: "#"\n      retention_ms: -1\n',
+            "storage.persist[1].retention_ms: must be >= 1 (or null for no limit), got -1",
+        ),
+        (
+            "  max_open_files: 0\n",
+            "storage.max_open_files: must be at least 2 (a segment and its index), got 0",
+        ),
+        (
+            "  max_open_files: 1\n",
+            "storage.max_open_files: must be at least 2 (a segment and its index), got 1",
+        ),
+    ],
+)
+def test_what_the_store_would_refuse_at_open_is_refused_naming_the_key(tmp_path, storage, line):
+    err = refused(tmp_path, f"storage:\n  directory: {tmp_path / 'data'}\n{storage}{PORTS}")
+    assert err.splitlines() == [f"timestone broker: configuration error: {line}"]
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        (
+            "storage:\n  directory: DATA\nlogging: {level: INFO}\nstorage:\n  durability: group\n",
+            "storage: duplicate key: on line 1 and again on line 4",
+        ),
+        (
+            "limits:\n  max_connections: 5\n  max_connections: 50000\n",
+            "limits.max_connections: duplicate key: on line 2 and again on line 3",
+        ),
+        (
+            "listeners:\n  - name: local\n    port: 0\n    host: 127.0.0.1\n    port: 1883\n",
+            "listeners[0].port: duplicate key: on line 3 and again on line 5",
+        ),
+    ],
+)
+def test_a_key_given_twice_is_refused_naming_the_key_and_its_lines(tmp_path, text, line):
+    text = text.replace("DATA", str(tmp_path / "data"))
+    err = refused(tmp_path, text + PORTS)
+    config = tmp_path / "broker.yaml"
+    assert err.splitlines() == [f"timestone broker: configuration error: {line} of {config}"]
+    assert not (tmp_path / "data").exists()
