@@ -15,6 +15,10 @@ guard:
   connection is closed after ``keepalive_s``, and the rest of a body nobody waits for any more is read for
   at most ``request_timeout_s``. Handlers that read a body bound that read themselves (``read_body``).
   Requests being handled are not timed: a long poll may wait.
+- **Bodies.** A body is read as sent, never decoded: one in a ``Content-Encoding`` is refused (415, one
+  WARNING, ``http.json_errors.refuse``) before any handler runs, whether or not its handler reads bodies.
+  ``read_body`` says why a body could not be read (``UnreadBody``): too late, broken framing, or a client
+  that closed its connection first (nobody to answer: one DEBUG line).
 - **Bytes of an upgraded socket.** ``watch_bytes`` hands every byte count the socket reads (after TLS) to a
   callable, before aiohttp buffers them: a WebSocket listener bounds what a client sends before its CONNECT
   that way, whatever its frames declare.
@@ -28,14 +32,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import ssl
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
 
-from broker_edge.http.json_errors import answer_errors_in_json
+from broker_edge.http.json_errors import BODY_ERRORS, answer_errors_in_json, body_error_text, refuse
 from broker_edge.http.tls_accept import HandshakeFailure, TlsServer, start_tls_server
 from broker_edge.security.http_budget import BudgetExhausted, MemoryBudget, Reservation
 from broker_edge.settings.broker import check_http_limits
@@ -43,6 +49,7 @@ from broker_edge.settings.broker import check_http_limits
 __all__ = [
     "ByteWatch",
     "GuardedRunner",
+    "UnreadBody",
     "check_http_limits",
     "hold",
     "mark_authenticated",
@@ -52,6 +59,8 @@ __all__ = [
     "start_guarded_site",
     "watch_bytes",
 ]
+
+log = logging.getLogger(__name__)
 
 ByteWatch = Callable[[int], bool | None]
 """What ``watch_bytes`` calls with each read's size: True aborts the connection, None stops the calls."""
@@ -182,7 +191,19 @@ class _Refused(asyncio.Protocol):
 
 @web.middleware
 async def _request_started(request: web.Request, handler: Any) -> web.StreamResponse:
-    """The request's headers arrived: stop its connection's timer while it is handled."""
+    """The request's headers arrived: stop its connection's timer while it is handled. A body in a
+    ``Content-Encoding`` is refused first."""
+    coding = ",".join(request.headers.getall("Content-Encoding", ())).strip()
+    if request.body_exists and coding.lower() not in ("", "identity"):
+        shown = coding if len(coding) <= 40 else coding[:40] + "..."
+        answer = refuse(
+            request,
+            f"Content-Encoding {shown!r} is not accepted: send the body unencoded",
+            HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_encoding",
+        )
+        answer.headers["Accept-Encoding"] = "identity"  # the only coding taken (RFC 9110, 15.5.16)
+        return answer
     guarded = request.app[_GUARD_KEY].open.get(request.transport)
     if guarded is None:
         return await handler(request)
@@ -309,7 +330,11 @@ async def start_guarded_site(
     if budget is not None:
         app.middlewares.append(_budget_middleware(budget, is_member))
     runner = web.AppRunner(
-        app, access_log=None, keepalive_timeout=keepalive_s, lingering_time=request_timeout_s
+        app,
+        access_log=None,
+        keepalive_timeout=keepalive_s,
+        lingering_time=request_timeout_s,
+        auto_decompress=False,  # bodies are read as sent (``_request_started`` refuses encoded ones)
     )
     await runner.setup()
     make_handler = runner.server
@@ -347,9 +372,26 @@ async def start_guarded_site(
     return GuardedRunner(runner, server, guard)
 
 
-async def read_body(request: web.Request, timeout_s: float) -> bytes | None:
-    """The request body, or None when it did not arrive within ``timeout_s``."""
+class UnreadBody(Exception):
+    """Why ``read_body`` has no body: ``status`` 408 when it did not arrive in time, 400 when it breaks its
+    framing or when the client closed its connection before it arrived (said in one DEBUG line: nobody
+    reads the answer)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+async def read_body(request: web.Request, timeout_s: float) -> bytes:
+    """The request body, arrived within ``timeout_s`` (``UnreadBody`` otherwise; a body over the app's
+    ``client_max_size`` still raises aiohttp's 413)."""
     try:
         return await asyncio.wait_for(request.read(), timeout_s)
     except TimeoutError:
-        return None
+        raise UnreadBody(408, "the body did not arrive in time") from None
+    except BODY_ERRORS as error:  # (aiohttp's parser says it in its own refusal: one WARNING)
+        raise UnreadBody(400, f"the body cannot be read: {body_error_text(error)}") from None
+    except ConnectionError:
+        log.debug("%s closed its connection before its request body arrived", request.remote)
+        raise UnreadBody(400, "the connection closed before the body arrived") from None

@@ -7,6 +7,9 @@ with its traceback, before any middleware runs. ``answer_errors_in_json`` turns 
 connection into ``JsonErrorHandler``, which answers ``{"error": "bad_request", "message": ...}`` (or
 ``internal_error`` for a 500) and logs a WARNING without a traceback, limited per reason
 (``observe.refusal_log``). A handler's own unexpected exception still logs its traceback: that is a bug.
+``refuse`` answers and logs the same way a request that ``http.guard`` refuses (a body in a
+Content-Encoding). A body whose framing breaks while aiohttp reads what no handler read, after the answer,
+is said the same way too, rather than as an "Unhandled exception" with its traceback.
 """
 
 from __future__ import annotations
@@ -18,15 +21,25 @@ from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from broker_edge.observe.refusal_log import RefusalLog
 
-__all__ = ["JsonErrorHandler", "answer_errors_in_json"]
+__all__ = [
+    "BODY_ERRORS",
+    "JsonErrorHandler",
+    "answer_errors_in_json",
+    "body_error_text",
+    "refuse",
+]
 
 log = logging.getLogger("broker_edge.http")
 
 _refusals = RefusalLog()
+
+BODY_ERRORS = (RequestPayloadError, HttpProcessingError)
+"""What reading a request body whose framing is broken raises."""
 
 
 class JsonErrorHandler(RequestHandler):
@@ -42,20 +55,47 @@ class JsonErrorHandler(RequestHandler):
             error, text = "internal_error", "the request failed; the broker's log says why"
         else:
             error, text = "bad_request", _first_line(message or str(exc or HTTPStatus(status).phrase))
-            _refusals.write(
-                log,
-                time.monotonic(),
-                "http_bad_request",
-                f"HTTP request refused: {text}",
-                peer=request.remote,
-            )
+            _log_refusal(request.remote, text)
         if request.writer.output_size > 0:  # an answer was on its way: the connection is broken
             raise ConnectionError("response already sent, cannot send the error")
-        answer = web.Response(
-            status=status, text=json.dumps({"error": error, "message": text}), content_type="application/json"
-        )
-        answer.force_close()
-        return answer
+        return _answer(status, error, text)
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        error = kw.get("exc_info")
+        if isinstance(error, BODY_ERRORS):  # the rest of a body no handler read, read after the answer
+            peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+            _log_refusal(peer[0] if peer else None, f"the body cannot be read: {body_error_text(error)}")
+            return
+        super().log_exception(*args, **kw)
+
+
+def body_error_text(error: BaseException) -> str:
+    """What is wrong with a body, from what reading it raised (one of ``BODY_ERRORS``)."""
+    lines = str(error).strip().splitlines()  # aiohttp's "400, message:\n  <why>"
+    return f"{type(error).__name__}: {lines[-1].strip() if lines else 'broken framing'}"
+
+
+def _log_refusal(peer: str | None, text: str) -> None:
+    """Say in one WARNING (limited per 10 s) that a request from ``peer`` was refused, and why."""
+    _refusals.write(log, time.monotonic(), "http_bad_request", f"HTTP request refused: {text}", peer=peer)
+
+
+def refuse(
+    request: web.BaseRequest, text: str, status: int = HTTPStatus.BAD_REQUEST, error: str = "bad_request"
+) -> web.Response:
+    """The ``status`` answer (400 ``bad_request`` by default) to ``request``, which HTTP refuses, logged as
+    the parser's refusals are; the connection is closed after it."""
+    text = _first_line(text)
+    _log_refusal(request.remote, text)
+    return _answer(status, error, text)
+
+
+def _answer(status: int, error: str, text: str) -> web.Response:
+    answer = web.Response(
+        status=status, text=json.dumps({"error": error, "message": text}), content_type="application/json"
+    )
+    answer.force_close()
+    return answer
 
 
 def _first_line(text: str) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from broker_edge.security.access import EVERYONE, Access
+from broker_edge.storage.persistence import check_filter
 
 from . import errors as codes
 from .formats import FORMATS
@@ -26,6 +27,7 @@ __all__ = [
     "format_param",
     "int_param",
     "is_number",
+    "pattern_param",
 ]
 
 ACCESS: web.RequestKey[Access] = web.RequestKey("access", Access)
@@ -92,12 +94,25 @@ def is_number(value: object) -> bool:
     return isinstance(value, str) and 0 < len(value) <= _MAX_DIGITS and value.isascii() and value.isdigit()
 
 
+def _shown(value: object) -> str:
+    """``value`` as an error message quotes it: a string cut at 40 characters, a JSON list or object by
+    its kind only."""
+    if isinstance(value, str):
+        return repr(value if len(value) <= 40 else value[:40] + "...")
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return repr(value)
+
+
 def int_param(value: object, name: str, default: int, low: int, high: int) -> int:
     if value is None:
         return default
     if not is_number(value):
-        shown = value if not isinstance(value, str) or len(value) <= 40 else value[:40] + "..."
-        raise ApiError(400, codes.BAD_REQUEST, f"{name} must be an integer, got {shown!r}", parameter=name)
+        raise ApiError(
+            400, codes.BAD_REQUEST, f"{name} must be an integer, got {_shown(value)}", parameter=name
+        )
     number = int(str(value))
     if not low <= number <= high:
         shown = str(number) if number.bit_length() < 64 else "a number that large"
@@ -108,9 +123,15 @@ def int_param(value: object, name: str, default: int, low: int, high: int) -> in
 
 
 def format_param(value: object, allowed: Mapping[str, str] = FORMATS) -> str:
+    """The format named by ``value`` (``arrow`` when None): 400 for anything but one of ``allowed``."""
     name = "arrow" if value is None else value
-    if name not in allowed:
-        raise ApiError(400, codes.BAD_REQUEST, f"format must be one of {sorted(allowed)}, got {value!r}")
+    if not isinstance(name, str) or name not in allowed:
+        raise ApiError(
+            400,
+            codes.BAD_REQUEST,
+            f"format must be one of {sorted(allowed)}, got {_shown(value)}",
+            parameter="format",
+        )
     if name == "arrow" and not _arrow_installed():
         raise ApiError(
             501,
@@ -118,7 +139,22 @@ def format_param(value: object, allowed: Mapping[str, str] = FORMATS) -> str:
             "format arrow needs pyarrow and numpy on this broker (pip install 'timestone[arrow]'); "
             "format jsonl is served",
         )
-    return str(name)
+    return name
+
+
+def pattern_param(value: object) -> str | None:
+    """The MQTT topic filter ``value`` (None when absent): 400 unless it is a well-formed one."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ApiError(
+            400, codes.BAD_REQUEST, f"pattern must be a string, got {_shown(value)}", parameter="pattern"
+        )
+    try:
+        check_filter(value)
+    except ValueError as error:
+        raise ApiError(400, codes.BAD_REQUEST, f"bad pattern: {error}", parameter="pattern") from None
+    return value
 
 
 def _arrow_installed() -> bool:

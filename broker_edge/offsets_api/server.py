@@ -38,6 +38,7 @@ from aiohttp import web
 from broker_edge.bounds import MAX_OFFSET
 from broker_edge.http.guard import (
     GuardedRunner,
+    UnreadBody,
     hold,
     mark_authenticated,
     over_budget_response,
@@ -80,6 +81,7 @@ from .requests import (
     format_param,
     int_param,
     is_number,
+    pattern_param,
 )
 
 if TYPE_CHECKING:
@@ -342,12 +344,8 @@ class _Handlers:
         A listing of 300,000 logs built whole held the loop for a second; built by chunks but joined and
         sent as one body (12 MB at 100,000 logs), it still held it for 30 ms at the end. So each chunk's JSON
         is written as it is made (chunked transfer encoding) and nothing holds the whole answer."""
-        pattern = request.query.get("pattern")
-        try:
-            chunks = self.store.iter_logs(pattern, LIST_CHUNK)
-            first = next(chunks)
-        except ValueError as error:
-            raise ApiError(400, codes.BAD_REQUEST, f"bad pattern: {error}") from None
+        chunks = self.store.iter_logs(pattern_param(request.query.get("pattern")), LIST_CHUNK)
+        first = next(chunks)
         access = access_of(request)
         replicated = self.store.replicated_log.enabled
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
@@ -456,9 +454,12 @@ class _Handlers:
 
     async def _json_body(self, request: web.Request) -> dict:
         hold(request, min(request.content_length or MAX_JSON_BODY, MAX_JSON_BODY))
-        data = await read_body(request, self.limits.request_timeout_s)
-        if data is None:
-            raise ApiError(408, codes.BAD_REQUEST, "the body did not arrive in time", parameter="body")
+        try:
+            data = await read_body(request, self.limits.request_timeout_s)
+        except UnreadBody as error:  # (to a client that closed its connection, it goes nowhere)
+            raise ApiError(
+                error.status, codes.BAD_REQUEST, error.message, close=True, parameter="body"
+            ) from None
         try:
             body = json.loads(data)
         except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep, a number too long
@@ -497,10 +498,7 @@ class _Handlers:
         )
         wait_ms = int_param(body.get("wait_ms"), "wait_ms", 0, 0, limits.max_wait_ms)
         output = format_param(body.get("format"), {name: FORMATS[name] for name in ("arrow", "jsonl")})
-        pattern = body.get("pattern")
-        if pattern is not None and not isinstance(pattern, str):
-            raise ApiError(400, codes.BAD_REQUEST, "pattern must be a string")
-        return fetches, max_bytes, wait_ms, output, pattern
+        return fetches, max_bytes, wait_ms, output, pattern_param(body.get("pattern"))
 
     async def _fetch_round(
         self, fetches: list[_Fetch], max_bytes: int, columnar: bool, access: Access = EVERYONE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import logging
 import threading
 from typing import Any
 
@@ -247,6 +248,45 @@ def test_bad_batch_bodies_answer_400(api: ApiHarness, body: object):
 
     assert status == 400
     assert answer["error"] in ("bad_request", "bad_offset")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("format", ["jsonl"], "format must be one of ['arrow', 'jsonl'], got a list"),
+        ("format", {}, "format must be one of ['arrow', 'jsonl'], got an object"),
+        ("format", 1, "format must be one of ['arrow', 'jsonl'], got 1"),
+        ("pattern", "a/#/b", "bad pattern: misplaced wildcard in topic filter 'a/#/b'"),
+        ("pattern", "plant/te+mp", "bad pattern: misplaced wildcard in topic filter 'plant/te+mp'"),
+        ("pattern", "", "bad pattern: empty topic filter"),
+        ("pattern", ["plant/#"], "pattern must be a string, got a list"),
+    ],
+)
+def test_a_bad_fetch_format_or_pattern_answers_400_naming_it_and_logs_nothing(
+    api: ApiHarness, caplog, field: str, value: object, message: str
+):
+    caplog.set_level(logging.DEBUG)
+    body = {"fetches": [{"topic": "plant/1/temp", "offset": 0}], field: value}
+
+    status, answer = json_of(request(api, "POST", "/v1/fetch", body))
+
+    assert (status, answer["error"], answer["parameter"], answer["message"]) == (
+        400,
+        "bad_request",
+        field,
+        message,
+    )
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+def test_fetch_and_listing_refuse_the_same_patterns_alike(api: ApiHarness):
+    body = {"fetches": [{"topic": "plant/1/temp", "offset": 0}], "pattern": "a/#/b"}
+
+    fetched = json_of(request(api, "POST", "/v1/fetch", body))
+    listed = json_of(request(api, "GET", "/v1/logs?pattern=a/%23/b"))
+
+    assert fetched == listed
+    assert fetched[0] == 400 and fetched[1]["parameter"] == "pattern"
 
 
 def test_a_non_numeric_offset_is_a_bad_offset(api: ApiHarness):

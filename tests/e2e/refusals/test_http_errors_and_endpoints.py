@@ -1,17 +1,23 @@
-"""HTTP requests the parser refuses are answered in JSON with one WARNING, no traceback; a port taken by
+"""HTTP requests the parser refuses, and bodies the broker cannot read, are answered in JSON with one
+WARNING, no traceback (a client gone before its body arrived leaves one DEBUG line); a port taken by
 another process names the endpoint that wanted it; the start-up log lists every endpoint and the security
 files in force."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import socket
 import subprocess
 import sys
+import time
 
+import pytest
 import yaml
 
+from broker_edge.http import json_errors
+from broker_edge.observe.refusal_log import RefusalLog
 from broker_edge.runtime.launcher import BrokerProcess, free_port
 from tests.e2e.broker_clients import wait_for
 
@@ -47,6 +53,80 @@ def test_parser_errors_are_json_and_leave_no_traceback(start_broker, caplog, tmp
     assert not [r for r in caplog.records if r.exc_info and r.name.startswith(("aiohttp", "broker_edge"))]
     refused = [r for r in caplog.records if getattr(r, "reason", None) == "http_bad_request"]
     assert refused and all(r.levelno == logging.WARNING and r.peer == "127.0.0.1" for r in refused)
+
+
+def encoded(method: str, path: str, body: bytes, encoding: str = "gzip") -> bytes:
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Encoding: {encoding}\r\n"
+    return head.encode() + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
+
+
+FETCH = json.dumps({"fetches": [{"topic": "t", "offset": 0}], "format": "jsonl"}).encode()
+
+
+def tracebacks(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.exc_info and r.name.startswith(("aiohttp", "broker_edge"))]
+
+
+@pytest.fixture
+def fresh_refusal_log(monkeypatch):
+    """The refusal lines start within their allowance (other tests of the process may have used it)."""
+    monkeypatch.setattr(json_errors, "_refusals", RefusalLog())
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "request_bytes"),
+    [
+        pytest.param("offsets", encoded("POST", "/v1/fetch", b"abcd"), id="fetch-not-gzip"),
+        pytest.param("offsets", encoded("POST", "/v1/fetch", gzip.compress(FETCH)), id="fetch-gzip"),
+        pytest.param("offsets", encoded("POST", "/v1/fetch", FETCH, "br"), id="fetch-br"),
+        # GETs whose handlers never read a body
+        pytest.param("admin", encoded("GET", "/metrics", b"abcd"), id="metrics-not-gzip"),
+        pytest.param("admin", encoded("GET", "/health", b"abcd", "deflate"), id="health-not-deflate"),
+    ],
+)
+def test_an_encoded_body_is_refused_with_415_one_warning_and_no_traceback(
+    start_broker, caplog, fresh_refusal_log, endpoint, request_bytes
+):
+    caplog.set_level(logging.DEBUG)
+    broker = start_broker(storage={}, offsets_api={"enabled": True, "port": 0})
+    port = broker.broker.offsets_port if endpoint == "offsets" else broker.broker.admin_port
+    status, headers, body = answer_to(port, request_bytes)
+    assert status == 415, body
+    assert headers["Content-Type"].startswith("application/json") and headers["Accept-Encoding"] == "identity"
+    document = json.loads(body)
+    assert document["error"] == "unsupported_encoding" and "Content-Encoding" in document["message"]
+    time.sleep(0.2)  # what the broker would log once the answer is sent
+    assert not tracebacks(caplog)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    [refused] = [r for r in caplog.records if getattr(r, "reason", None) == "http_bad_request"]
+    assert refused.levelno == logging.WARNING and "Content-Encoding" in refused.getMessage()
+
+
+def test_a_body_said_to_be_identity_encoded_is_read(start_broker):
+    broker = start_broker(storage={}, offsets_api={"enabled": True, "port": 0})
+    status, _, body = answer_to(broker.broker.offsets_port, encoded("POST", "/v1/fetch", FETCH, "identity"))
+    assert status == 200, body
+    assert json.loads(body.splitlines()[0])["results"]["t"]["error"] == "unknown_topic"
+
+
+def test_a_client_gone_before_its_body_arrived_leaves_one_quiet_line(start_broker, caplog):
+    caplog.set_level(logging.DEBUG)
+    broker = start_broker(storage={}, offsets_api={"enabled": True, "port": 0})
+    with socket.create_connection(("127.0.0.1", broker.broker.offsets_port), timeout=5) as sock:
+        sock.sendall(b'POST /v1/fetch HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"fe')
+        time.sleep(0.3)  # the handler waits for the rest of the body
+    gone = "closed its connection before its request body arrived"
+    assert wait_for(lambda: any(gone in r.getMessage() for r in caplog.records))
+    time.sleep(0.2)
+    [line] = [r for r in caplog.records if gone in r.getMessage()]
+    assert line.levelno == logging.DEBUG
+    assert not tracebacks(caplog)
+    assert not [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING
+        and r.name.startswith(("aiohttp", "broker_edge.http", "broker_edge.offsets_api"))
+    ]
 
 
 def test_a_taken_admin_port_is_named_with_its_endpoint(tmp_path):
