@@ -8,7 +8,9 @@ order::
 A new topic's entry is buffered like an append and written and synced by the same group-commit job as the
 topic's first record (`take_write`), so a record that was acknowledged never names an id the file lost.
 At open a torn or damaged entry at the end is cut off (with the records naming ids past it, which were
-never acknowledged either). Names never reach a path: any MQTT topic name is fine here.
+never acknowledged either), unless a sealed segment or the topic table snapshot shows that it was durable:
+then the store does not open (`CatalogDamaged`, see `recovery`). Names never reach a path: any MQTT topic
+name is fine here.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ class TopicCatalog:
         """Each topic's partition, by id."""
         self._size = HEADER.size
         """Bytes of the file once everything taken for writing is written."""
+        self._file_size = HEADER.size
+        """Bytes the file held when it was loaded."""
         self._pending: list[bytes] = []
         self._created = False
 
@@ -62,7 +66,8 @@ class TopicCatalog:
         return len(self.names)
 
     def load(self, trusted_bytes: int = 0, trusted_crc: int | None = None) -> int:
-        """Read the file (create it when missing); returns the bytes cut from a torn or damaged end.
+        """Read the file (create it when missing); returns the bytes of a torn or damaged end, which
+        `cut_torn_end` cuts once the caller found that no record names the ids they held.
 
         `trusted_bytes` of the file whose CRC32C is `trusted_crc` (a snapshot's record of it) are checked with
         one CRC, not entry by entry."""
@@ -82,17 +87,25 @@ class TopicCatalog:
         ):
             verified = trusted_bytes
         end = self._parse(data, verified)
-        if end < len(data):
-            log.warning("%s: cut %d bytes of a torn or damaged entry at its end", self.path, len(data) - end)
-            os.truncate(self.path, end)
-            fd = os.open(self.path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
         self._size = end
+        self._file_size = len(data)
         self._created = True
         return len(data) - end
+
+    def cut_torn_end(self) -> None:
+        """Cut the torn or damaged end `load` found (nothing when there is none), durably."""
+        if self._file_size <= self._size:
+            return
+        log.warning(
+            "%s: cut %d bytes of a torn or damaged entry at its end", self.path, self._file_size - self._size
+        )
+        os.truncate(self.path, self._size)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self._file_size = self._size
 
     def _parse(self, data: bytes, verified: int) -> int:
         """Add the entries of `data` (those before `verified` known good); returns where the good ones end.

@@ -10,6 +10,7 @@ written last from memory, older entries by preads, near ones merged into one).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from .active_index import NO_PREVIOUS, UNKNOWN_ROW, pointed
@@ -22,10 +23,12 @@ from .record import (
     FrameError,
 )
 from .sealed_index import MISSING
-from .segment import Segment
+from .segment import Segment, segment_paths
 from .topic_table import TopicTable
 
 __all__ = ["Locating", "Piece", "live_ends"]
+
+log = logging.getLogger("broker_edge.storage.partition_log")
 
 _UNREAD = FrameError("unread")
 """In place of a frame of `Locating.frames` until its pread."""
@@ -52,6 +55,10 @@ class Locating:
     pool: FileHandlePool
     recent: RecentWindows
     by_number: dict[int, Segment]
+    segments: list[Segment]
+    lost_segments: set[int]
+    names: list[str]
+    directory: str
     number: int
 
     def locate(
@@ -100,7 +107,10 @@ class Locating:
         while number >= 0:
             segment = self.by_number.get(number)
             if segment is None:
-                break
+                found = self._older_holding(topic_id, number, offset)
+                if found is None:
+                    break
+                segment, row = found, UNKNOWN_ROW
             rows = segment.rows
             if rows is not None:
                 if row < 0:
@@ -122,6 +132,30 @@ class Locating:
                 break
             number, row = group.previous_segment, UNKNOWN_ROW
         return steps
+
+    def _older_holding(self, topic_id: int, missing: int, offset: int) -> Segment | None:
+        """The newest sealed segment older than segment `missing` that holds the topic, when a chain names
+        `missing` and its file is gone (damage; retention deletes a segment only once every record of it is
+        below its topic's start, where no read walks). The walk goes on there: every record still on disk
+        is served, those of the missing segment read as missing. Logged once per segment."""
+        if offset >= self.table.start[topic_id] and missing not in self.lost_segments:
+            self.lost_segments.add(missing)
+            log.error(
+                "%s is missing, and the log of %r needs it (read from offset %d): its records are lost "
+                "(reads of them answer that they are missing); the other segments are served",
+                segment_paths(self.directory, missing)[0],
+                self.names[topic_id] if topic_id < len(self.names) else topic_id,
+                offset,
+            )
+        for segment in reversed(self.segments):
+            if segment.number >= missing:
+                continue
+            if segment.rows is not None:
+                return None  # segments in memory are the newest: none is older than a sealed one
+            sealed = segment.sealed
+            if sealed is not None and sealed.find(topic_id) is not None:
+                return segment
+        return None
 
     def live_end(self, topic_id: int, segment: Segment, group) -> int:
         """The end of a sealed group's records that are still the topic's (a truncated topic's group may run

@@ -105,6 +105,10 @@ class PartitionLog(Locating):
         self.names: list[str] = []
         """Topic names by id (the catalog's list), for errors and traces."""
         self.active: Segment | None = None
+        self.orphan_indexes: list[int] = []
+        """Segments found at open with their sealed index but without their data (see `discover`)."""
+        self.lost_segments: set[int] = set()
+        """Segments found missing from a topic's chain at a read (logged once each)."""
         self.next_number = 0
         self.next_base = 0
         """The base position of a first segment (when retention deleted every earlier one)."""
@@ -641,7 +645,8 @@ class PartitionLog(Locating):
     # -- recovery ------------------------------------------------------------------------------------
 
     def discover(self) -> list[Segment]:
-        """The partition's segments found on disk (in number order), strays removed."""
+        """The partition's segments found on disk (in number order), strays removed; the numbers of sealed
+        indexes whose segment file is gone go to `orphan_indexes` (recovery reads, reports, removes them)."""
         try:
             names = os.listdir(self.directory)
         except FileNotFoundError:
@@ -660,8 +665,10 @@ class PartitionLog(Locating):
         for number in sorted(found):
             kinds = found[number]
             if "log" not in kinds:
-                for kind in kinds:
+                for kind in kinds - {"index"}:
                     os.unlink(os.path.join(self.directory, f"{number:020d}.{kind}"))
+                if "index" in kinds:
+                    self.orphan_indexes.append(number)
                 continue
             segments.append(Segment(self.directory, number, 0))
         return segments

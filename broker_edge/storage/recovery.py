@@ -1,6 +1,8 @@
 """Opening the partition logs: what the snapshot and the sealed indexes say, then what was not sealed.
 
-1. The catalog (topic names, ids, partitions) is read; a torn entry at its end is cut.
+1. The catalog (topic names, ids, partitions) is read; a torn entry at its end is cut, unless a sealed
+   segment or the snapshot shows that it was synced (then, as without a catalog while segments hold
+   records, the store does not open: `CatalogDamaged`).
 2. The snapshot gives the sealed state as of some sealed segments; the sealed indexes newer than it are
    applied (their groups only, never their records).
 3. Segments without a valid sealed index (the active one; one rolled whose seal did not finish; any after
@@ -8,6 +10,11 @@
    by scanning the rest, entry by entry, checking each. A torn end is cut (and the segments after it,
    written in the same or later jobs, removed); a record whose frame fails its CRC between valid entries
    stays as a hole. Rolled ones go to the sealer once the store runs; the last one is the active segment.
+
+Files lost between runs are found on the way and reported at ERROR: a segment file gone whose records
+were still its topics' (`_report_missing_segments`), a sealed segment shorter than its index
+(`_report_short_segments`), and a log that now ends below what its log had reached (`_lost_ends`: the store
+keeps those offsets as a gap, never given again).
 
 After a clean close step 3 finds nothing (close sealed every segment) and step 2 nothing newer than the
 snapshot: an open reads the catalog, the snapshot and each segment's header and summary.
@@ -25,7 +32,7 @@ from dataclasses import dataclass, field
 from broker_edge.bounds import MAX_OFFSET
 
 from .active_index import NO_PREVIOUS, UNKNOWN_ROW, ActiveIndex, pointer
-from .catalog import CATALOG_FILE, TopicCatalog
+from .catalog import CATALOG_FILE, CatalogDamaged, TopicCatalog
 from .entry import HEAD_SIZE, MARKER_BIT, RESTART, TRUNCATE, EntryError, Marker, parse_marker
 from .file_pool import FileHandlePool
 from .open_index import read_open_index
@@ -33,10 +40,10 @@ from .partition_log import PartitionConfig, PartitionLog
 from .quarantine import Quarantine
 from .recent import RecentWindows
 from .record import PREFIX, PREFIX_SIZE
-from .sealed_index import GroupBlocks, SealedIndex, build, write_index
-from .segment import SEALED, Segment, fsync_directory
+from .sealed_index import Group, GroupBlocks, SealedIndex, build, write_index
+from .segment import SEALED, Segment, fsync_directory, segment_paths
 from .segment_scan import SegmentScanner, apply_groups, remove_file, truncate_segment, write_open_header
-from .topic_table import NO_TIME, SNAPSHOT_FILE, SealedState, TopicTable, read_snapshot
+from .topic_table import NO_TIME, SNAPSHOT_FILE, SealedState, Snapshot, TopicTable, read_snapshot
 
 __all__ = ["Opened", "PartitionRepair", "open_partitions"]
 
@@ -54,11 +61,20 @@ class PartitionRepair:
     """Segments damaged beyond their readable part, kept whole (see `_load_rows`)."""
     damaged_records: list[tuple[str, int]] = field(default_factory=list)
     damage: str | None = None
+    missing_segments: list[int] = field(default_factory=list)
+    """Segments whose data file is gone while records of theirs were still the topics' (damage)."""
+    records_lost: int = 0
+    """Records the indexes or the snapshot counted that are no longer on disk (missing or cut segments)."""
 
     @property
     def repaired(self) -> bool:
         return bool(
-            self.bytes_dropped or self.segments_dropped or self.damaged_records or self.damaged_segments
+            self.bytes_dropped
+            or self.segments_dropped
+            or self.damaged_records
+            or self.damaged_segments
+            or self.missing_segments
+            or self.records_lost
         )
 
 
@@ -78,6 +94,12 @@ class Opened:
     used_snapshot: bool = False
     quarantine: Quarantine = field(default_factory=Quarantine)
     """Topics set aside: their log cannot be opened (``quarantine``), the others opened all the same."""
+    gaps: list[tuple[int, int, int]] = field(default_factory=list)
+    """(topic id, next offset found, offset the log had reached): offsets assigned once whose records are
+    gone from the end of a log. The store makes each a gap (a marker) before it takes appends, so that no
+    offset is given twice."""
+    orphan_indexes: list[str] = field(default_factory=list)
+    """Sealed indexes whose segment file is gone: removed once the gaps are durable."""
 
 
 def open_partitions(
@@ -91,13 +113,15 @@ def open_partitions(
     """Load (or create) the partition logs of `log_directory` (see the module docstring)."""
     os.makedirs(log_directory, exist_ok=True)
     snapshot = read_snapshot(os.path.join(log_directory, SNAPSHOT_FILE))
-    catalog = TopicCatalog(os.path.join(log_directory, CATALOG_FILE))
+    catalog_path = os.path.join(log_directory, CATALOG_FILE)
+    if not os.path.exists(catalog_path):
+        _refuse_without_catalog(log_directory, catalog_path, snapshot)
+    catalog = TopicCatalog(catalog_path)
     catalog_dropped = (
         catalog.load(snapshot.catalog_bytes, snapshot.catalog_crc) if snapshot is not None else catalog.load()
     )
     quarantine = Quarantine()
     count = max(partitions, _existing_partitions(log_directory), 1)
-    _set_aside_strays(catalog, count, quarantine)
     table = TopicTable()
 
     def partition_log(number: int) -> PartitionLog:
@@ -107,7 +131,12 @@ def open_partitions(
         return part
 
     parts = [partition_log(number) for number in range(count)]
-    opened = _load_sealed(parts, catalog, snapshot, blocks, pool, quarantine)
+    evidence = _Evidence()
+    found, failed = _found_segments(parts, pool, blocks, evidence)
+    _check_catalog_end(catalog, catalog_dropped, snapshot, found, evidence)
+    catalog.cut_torn_end()
+    _set_aside_strays(catalog, count, quarantine)
+    opened = _load_sealed(parts, found, failed, catalog, snapshot, quarantine)
     sealed = opened.sealed
     topics = len(catalog)
     sealed.grow(topics)
@@ -117,9 +146,14 @@ def open_partitions(
     )
     _shrink(sealed, topics)
     table.load(catalog.partitions, sealed, start, dropped)
+    repairs = {
+        part.number: PartitionRepair(part.number, damaged_segments=list(opened.damaged.get(part.number, ())))
+        for part in parts
+    }
+    opened.repairs.extend(repairs.values())
+    _report_missing_segments(parts, found, snapshot, table, evidence, repairs)
     for part, unsealed in zip(parts, opened.unsealed_by_partition, strict=True):
-        repair = PartitionRepair(part.number, damaged_segments=list(opened.damaged.get(part.number, ())))
-        opened.repairs.append(repair)
+        repair = repairs[part.number]
         if part.number in opened.failed:
             continue
         try:
@@ -135,10 +169,12 @@ def open_partitions(
             opened.failed[part.number] = unreadable
             continue
         part.resume_active()
+    _report_short_segments(parts, evidence, repairs)
     for number, why in sorted(opened.failed.items()):
         parts[number] = _set_partition_aside(parts[number], why, catalog, quarantine, partition_log)
     if opened.unused_snapshot is not None:
         _keep_what_only_the_snapshot_knows(table, opened.unused_snapshot)
+    gaps = _lost_ends(table, sealed, opened, evidence, quarantine)
     return Opened(
         catalog,
         table,
@@ -151,6 +187,8 @@ def open_partitions(
         opened.indexes_rebuilt,
         opened.used_snapshot,
         quarantine,
+        gaps,
+        [path for _part, _number, path, _groups in evidence.orphans],
     )
 
 
@@ -215,6 +253,226 @@ def _shrink(sealed: SealedState, topics: int) -> None:
 
 
 @dataclass(slots=True)
+class _Evidence:
+    """What indexes that no longer match their data recorded: offsets the logs had reached."""
+
+    ends: dict[int, int] = field(default_factory=dict)
+    """Topic id -> the end of its newest group in those indexes."""
+    top_topic: int = -1
+    """The highest topic id they name."""
+    short: dict[tuple[int, int], tuple[int, int, int]] = field(default_factory=dict)
+    """(partition, segment) -> (its size, the data bytes and the entries its sealed index recorded), for
+    segments shorter than their sealed index says."""
+    orphans: list[tuple[int, int, str, list[Group]]] = field(default_factory=list)
+    """(partition, segment, index path, its groups) of sealed indexes whose segment file is gone."""
+
+    def add(self, groups: list[Group]) -> None:
+        ends = self.ends
+        for group in groups:
+            end = group.first_offset + group.count
+            if end > ends.get(group.topic_id, -1):
+                ends[group.topic_id] = end
+        if groups:
+            self.top_topic = max(self.top_topic, groups[-1].topic_id)
+
+
+def _refuse_without_catalog(log_directory: str, path: str, snapshot) -> None:
+    """Raise `CatalogDamaged` when the catalog is gone but segments hold records (or the snapshot counts
+    topics): the records' topic names are in no other file, and a new catalog would give their ids to other
+    topics. A directory without segment data is a new store."""
+    held = []
+    for name in sorted(os.listdir(log_directory)):
+        directory = os.path.join(log_directory, name)
+        if not name.isdigit() or not os.path.isdir(directory):
+            continue
+        for file in sorted(os.listdir(directory)):
+            if file.endswith(".log") and os.path.getsize(os.path.join(directory, file)) > 0:
+                held.append(os.path.join(directory, file))
+    if not held and (snapshot is None or not len(snapshot.sealed)):
+        return
+    if not held:
+        what = f"the topic table snapshot counts {len(snapshot.sealed)} topics"
+    elif len(held) == 1:
+        what = f"{held[0]} holds records"
+    else:
+        what = f"{held[0]} and {len(held) - 1} more segment files hold records"
+    raise CatalogDamaged(
+        f"{path} is missing, but {what} of the topics it named: the store does not start empty over them. "
+        f"Put the catalog back (from a backup), or move {os.path.dirname(log_directory)} aside to start "
+        "with an empty store"
+    )
+
+
+def _check_catalog_end(
+    catalog: TopicCatalog,
+    cut: int,
+    snapshot,
+    found: list[list[tuple[Segment, SealedIndex | None]]],
+    evidence: _Evidence,
+) -> None:
+    """Raise `CatalogDamaged` (the file left as it is) when topics past the catalog's good entries have
+    records in sealed segments, or the snapshot counts their entries as durable: such an entry was written
+    and synced before the records (a torn entry at the end is one whose records were never acknowledged,
+    cut by `TopicCatalog.cut_torn_end`). Costs nothing more than the indexes' summaries unless the catalog
+    has a damaged end (then one small pread per sealed segment)."""
+    known = len(catalog)
+    named, where = evidence.top_topic, "a sealed index whose segment is damaged or gone"
+    for segments in found:
+        for segment, index in segments:
+            if index is None or not index.groups:
+                continue
+            top = index.last_topic_id() if cut else index.summary[-1]
+            if top > named or (top == named and top >= known):
+                named, where = top, segment.log_path
+    covered = snapshot.catalog_bytes if snapshot is not None else 0
+    if named < known and covered <= catalog.size:
+        return
+    damaged = f"its entries end at byte {catalog.size} ({known} topics)" + (
+        f", followed by {cut} bytes that are not a valid entry" if cut else ""
+    )
+    if named >= known:
+        why = f"{where} holds records of topic id {named}, whose entry is lost"
+    else:
+        why = f"the topic table snapshot counts {covered} bytes of it as written and synced"
+    raise CatalogDamaged(
+        f"{catalog.path} is damaged: {damaged}, but {why} (an entry is synced before its topic's first "
+        "record). Put the catalog back (from a backup); the store does not open without the names of its "
+        "logs"
+    )
+
+
+def _report_missing_segments(
+    parts: list[PartitionLog],
+    found: list[list[tuple[Segment, SealedIndex | None]]],
+    snapshot,
+    table: TopicTable,
+    evidence: _Evidence,
+    repairs: dict[int, PartitionRepair],
+) -> None:
+    """Segment files gone while records of theirs are still their topics' (at or above the topic's start:
+    retention deletes a segment only once none is): logged at ERROR with the records lost, counted in the
+    partition's repair. Found by a sealed index left without its data (precise), or, for a segment whose
+    index went too, by a topic whose newest segment it was; a segment gone from the middle of a topic's
+    chain without either is found at the first read that needs it (``partition_locate``). The readers'
+    walk steps over missing segments to the older ones, so every record still on disk is served."""
+    starts = snapshot.start if snapshot is not None else array("q")
+
+    def start_of(topic_id: int) -> int:
+        start = table.start[topic_id]
+        return max(start, starts[topic_id]) if topic_id < len(starts) else start
+
+    losses: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+    for partition, number, _path, groups in evidence.orphans:
+        for group in groups:
+            topic_id = group.topic_id
+            if topic_id >= len(table) or topic_id in table.truncated:
+                continue
+            first = max(group.first_offset, start_of(topic_id))
+            end = group.first_offset + group.count
+            if end > first:
+                losses.setdefault((partition, number), []).append((topic_id, first, end))
+    orphaned = {(partition, number) for partition, number, _path, _groups in evidence.orphans}
+    gone: dict[int, int] = {}  # a segment number gone from the middle or the end of a partition -> partition
+    for part, segments in zip(parts, found, strict=True):
+        numbers = {segment.number for segment, _index in segments}
+        if not numbers:
+            continue
+        newest = max(numbers)
+        if snapshot is not None and part.number < len(snapshot.applied):
+            newest = max(newest, snapshot.applied[part.number][0])
+        for number in range(min(numbers), newest + 1):
+            if number not in numbers and (part.number, number) not in orphaned:
+                gone[number] = part.number
+    if gone:
+        head_seg = table.head_seg
+        for number, partition in gone.items():
+            if not head_seg.count(number):
+                continue
+            for topic_id, head in enumerate(head_seg):
+                if head != number or table.partition[topic_id] != partition or topic_id in table.truncated:
+                    continue
+                first = max(table.head_first[topic_id], start_of(topic_id))
+                if table.next[topic_id] > first:
+                    losses.setdefault((partition, number), []).append((topic_id, first, table.next[topic_id]))
+    for (partition, number), lost in sorted(losses.items()):
+        repair = repairs[partition]
+        repair.missing_segments.append(number)
+        records = sum(end - first for _topic, first, end in lost)
+        repair.records_lost += records
+        ranges = ", ".join(
+            f"{parts[partition].names[topic_id]!r} offsets {first} to {end - 1}"
+            for topic_id, first, end in lost[:_NAMED]
+        )
+        more = f" and {len(lost) - _NAMED} more logs" if len(lost) > _NAMED else ""
+        log.error(
+            "%s is missing%s: %d records of %d logs are lost (%s%s); reads of them answer that they are "
+            "missing, the records of the other segments are served",
+            segment_paths(parts[partition].directory, number)[0],
+            " (its sealed index is there)" if (partition, number) in orphaned else "",
+            records, len(lost), ranges, more,
+        )  # fmt: skip
+
+
+_NAMED = 10
+"""Logs named in one line about records lost (the count says how many more)."""
+
+
+def _report_short_segments(
+    parts: list[PartitionLog], evidence: _Evidence, repairs: dict[int, PartitionRepair]
+) -> None:
+    """Sealed segments whose file is shorter than their sealed index says (cut, or its end lost), read
+    again from their data: logged at ERROR with the bytes and entries missing, counted as records lost."""
+    for (partition, number), (size, data_size, rows) in sorted(evidence.short.items()):
+        segment = parts[partition].by_number.get(number)
+        if segment is None:
+            continue
+        missing = max(rows - segment.row_count, 0)
+        repairs[partition].records_lost += missing
+        log.error(
+            "%s is %d bytes shorter than its sealed index says (%d of %d bytes): %d of its %d entries are "
+            "lost; the segment was read again from its data",
+            segment.log_path, data_size - size, size, data_size, missing, rows,
+        )  # fmt: skip
+
+
+def _lost_ends(
+    table: TopicTable, sealed: SealedState, loading: _Loading, evidence: _Evidence, quarantine: Quarantine
+) -> list[tuple[int, int, int]]:
+    """Topics whose log now ends below an offset the log had reached, by the snapshot (one that could not
+    be used) or the indexes of segments now short or gone: (topic id, next offset, that end). Logged at
+    ERROR. The store keeps the offsets between as a gap, so that none is given to a new record. Topics
+    truncated or restarted by a marker (a follower's, legitimately below what it once held) are left out."""
+    reached = dict(evidence.ends)
+    snapshot = loading.unused_snapshot
+    if snapshot is not None:
+        ends = snapshot.sealed.end
+        for topic_id in range(min(len(ends), len(table))):
+            if ends[topic_id] > reached.get(topic_id, -1):
+                reached[topic_id] = ends[topic_id]
+    skip = table.truncated | sealed.restarts.keys() | loading.marked
+    gaps = [
+        (topic_id, table.next[topic_id], end)
+        for topic_id, end in sorted(reached.items())
+        if topic_id < len(table)
+        and end > table.next[topic_id]
+        and topic_id not in skip
+        and topic_id not in quarantine
+    ]
+    if gaps:
+        names = loading.names
+        ranges = ", ".join(
+            f"{names[topic_id]!r} offsets {first} to {end - 1}" for topic_id, first, end in gaps[:_NAMED]
+        )
+        more = f" and {len(gaps) - _NAMED} more logs" if len(gaps) > _NAMED else ""
+        log.error(
+            "%d records at the end of %d logs are lost (%s%s): their offsets stay a gap (reads of them "
+            "answer that they are missing) and new records go on after them",
+            sum(end - first for _topic, first, end in gaps), len(gaps), ranges, more,
+        )  # fmt: skip
+    return gaps
+
+
+@dataclass(slots=True)
 class _Loading:
     sealed: SealedState
     applied: dict[int, tuple[int, int]]
@@ -223,26 +481,24 @@ class _Loading:
     records_scanned: int = 0
     indexes_rebuilt: int = 0
     used_snapshot: bool = False
-    unused_snapshot: object = None
+    unused_snapshot: Snapshot | None = None
     """A snapshot that could not be used (see `_keep_what_only_the_snapshot_knows`)."""
     damaged: dict[int, list[int]] = field(default_factory=dict)
     """Per partition, segments damaged beyond their readable part whose index was rebuilt."""
     failed: dict[int, BaseException] = field(default_factory=dict)
     """Partitions whose files could not be read, with why (set aside: `_set_partition_aside`)."""
+    marked: set[int] = field(default_factory=set)
+    """Topics with a truncation or restart marker in the segments loaded as rows."""
+    names: list[str] = field(default_factory=list)
+    """Topic names by id (the catalog's)."""
 
 
-def _load_sealed(
-    parts: list[PartitionLog],
-    catalog: TopicCatalog,
-    snapshot,
-    blocks: GroupBlocks,
-    pool: FileHandlePool,
-    quarantine: Quarantine,
-) -> _Loading:
-    """Each partition's segments: sealed ones registered (and applied when newer than the snapshot), the
-    unsealed suffix returned per partition. A snapshot that covers a segment whose index is now unusable is
-    not used (every sealed index is applied from scratch). A partition whose files cannot be read is listed
-    in `failed`, with nothing of it loaded."""
+def _found_segments(
+    parts: list[PartitionLog], pool: FileHandlePool, blocks: GroupBlocks, evidence: _Evidence
+) -> tuple[list[list[tuple[Segment, SealedIndex | None]]], dict[int, BaseException]]:
+    """Each partition's segments with their sealed index when it is valid (None otherwise), and the
+    partitions whose files cannot be read, with why. What an index whose data file is shorter than it says,
+    or whose data file is gone, recorded goes to `evidence` (read before that index is forgotten)."""
     found: list[list[tuple[Segment, SealedIndex | None]]] = []
     failed: dict[int, BaseException] = {}
     for part in parts:
@@ -251,17 +507,44 @@ def _load_sealed(
             for segment in part.discover():
                 index = SealedIndex(segment.index_path, pool, blocks)
                 size = os.path.getsize(segment.log_path)
-                valid = index.load(segment.number) and index.data_size == size
+                loaded = index.load(segment.number)
+                valid = loaded and index.data_size == size
+                if loaded and index.data_size > size:
+                    evidence.short[(part.number, segment.number)] = (size, index.data_size, index.rows)
+                    evidence.add(index.all_groups())
                 if (
                     not valid
                 ):  # its file is written again at the segment's seal: no descriptor may see this one
                     pool.forget(segment.index_path)
                     blocks.forget(segment.index_path)
                 segments.append((segment, index if valid else None))
+            for number in part.orphan_indexes:
+                path = segment_paths(part.directory, number)[1]
+                index = SealedIndex(path, pool, blocks)
+                groups = index.all_groups() if index.load(number) else []
+                pool.forget(path)
+                blocks.forget(path)
+                evidence.orphans.append((part.number, number, path, groups))
+                evidence.add(groups)
         except (OSError, ValueError) as unreadable:
             failed[part.number] = unreadable
             segments = []
         found.append(segments)
+    return found, failed
+
+
+def _load_sealed(
+    parts: list[PartitionLog],
+    found: list[list[tuple[Segment, SealedIndex | None]]],
+    failed: dict[int, BaseException],
+    catalog: TopicCatalog,
+    snapshot,
+    quarantine: Quarantine,
+) -> _Loading:
+    """Each partition's segments (`found`): sealed ones registered (and applied when newer than the
+    snapshot), the unsealed suffix returned per partition. A snapshot that covers a segment whose index is
+    now unusable is not used (every sealed index is applied from scratch). A partition whose files cannot be
+    read is listed in `failed`, with nothing of it loaded."""
     use_snapshot = (
         snapshot is not None and len(snapshot.applied) <= len(parts) and len(snapshot.sealed) <= len(catalog)
     )
@@ -276,7 +559,7 @@ def _load_sealed(
         )
     sealed = snapshot.sealed if use_snapshot else SealedState()
     applied_by = {number: value for number, value in enumerate(snapshot.applied)} if use_snapshot else {}
-    loading = _Loading(sealed, applied_by, [], used_snapshot=use_snapshot, failed=failed)
+    loading = _Loading(sealed, applied_by, [], used_snapshot=use_snapshot, failed=failed, names=catalog.names)
     for part in parts:  # numbers and positions are never reused, even when retention deleted every segment
         if snapshot is not None and part.number < len(snapshot.applied):
             number, end = snapshot.applied[part.number]
@@ -337,11 +620,16 @@ def _register_sealed(
 
 def _keep_what_only_the_snapshot_knows(table: TopicTable, snapshot) -> None:
     """After applying every sealed index again (a damaged one made the snapshot unusable): topics no segment
-    holds any more (retention deleted theirs) keep the snapshot's end, so that their offsets go on where
-    they were, and every topic keeps at least the snapshot's start."""
+    holds any more (retention deleted theirs: every record was below the start) keep the snapshot's end, so
+    that their offsets go on where they were, and every topic keeps at least the snapshot's start. Records
+    above the start that no segment holds any more are lost: `_lost_ends`."""
     old = snapshot.sealed
     for topic_id in range(min(len(old), len(table))):
-        if table.head_seg[topic_id] < 0 and old.end[topic_id] > table.next[topic_id]:
+        if (
+            table.head_seg[topic_id] < 0
+            and old.end[topic_id] > table.next[topic_id]
+            and (snapshot.start[topic_id] >= old.end[topic_id] or topic_id in table.truncated)
+        ):
             table.next[topic_id] = table.durable[topic_id] = old.end[topic_id]
             table.head_first[topic_id] = old.end[topic_id]
             table.total[topic_id] = table.dropped[topic_id] = old.total[topic_id]
@@ -451,7 +739,7 @@ def _load_rows(
     if open_rows is not None and open_rows.number == segment.number:
         segment.capacity = open_rows.capacity
         if len(open_rows.topic_ids):
-            start = _replay_open_rows(part, segment, open_rows, topics, quarantine)
+            start = _replay_open_rows(part, segment, open_rows, topics, quarantine, loading.marked)
     scanner = SegmentScanner(
         pool, segment.log_path, part.config.max_record_bytes, topics, part.table.next.__getitem__
     )
@@ -460,7 +748,7 @@ def _load_rows(
         lambda topic_id, position, offset, time, size: replay_row(
             part, segment, topic_id, position, offset, time, size, quarantine
         ),
-        lambda marker, position: replay_marker(part, segment, marker, position, quarantine),
+        lambda marker, position: replay_marker(part, segment, marker, position, quarantine, loading.marked),
     )
     loading.records_scanned += report.scanned
     names = part.names
@@ -500,7 +788,9 @@ def _load_rows(
     return cut
 
 
-def _replay_open_rows(part: PartitionLog, segment: Segment, rows, topics: int, quarantine: Quarantine) -> int:
+def _replay_open_rows(
+    part: PartitionLog, segment: Segment, rows, topics: int, quarantine: Quarantine, with_markers: set[int]
+) -> int:
     """Replay the open index's durable rows (checked against the data at the last one); returns the byte
     position after them (0 when they cannot be trusted: everything is scanned)."""
     pool = part.pool
@@ -525,7 +815,7 @@ def _replay_open_rows(part: PartitionLog, segment: Segment, rows, topics: int, q
                 marker = parse_marker(data, 0)
             except EntryError:
                 return position
-            replay_marker(part, segment, marker, position, quarantine)
+            replay_marker(part, segment, marker, position, quarantine, with_markers)
             continue
         replay_row(part, segment, marked, position, table.next[marked], times[row], size, quarantine)
     return end
@@ -562,14 +852,20 @@ def replay_row(
 
 
 def replay_marker(
-    part: PartitionLog, segment: Segment, marker: Marker, position: int, quarantine: Quarantine
+    part: PartitionLog,
+    segment: Segment,
+    marker: Marker,
+    position: int,
+    quarantine: Quarantine,
+    marked: set[int],
 ) -> None:
     """A truncation or restart found at open: its row, and the topic's log cut or restarted again (nothing
-    for a topic set aside, or that this marker sets aside)."""
+    for a topic set aside, or that this marker sets aside); the topic goes to `marked`."""
     table = part.table
     topic_id = marker.topic_id
     if quarantine.past_ceiling(topic_id, marker.offset, "a marker"):
         return
+    marked.add(topic_id)
     rows = segment.rows
     assert rows is not None
     if marker.kind == TRUNCATE:

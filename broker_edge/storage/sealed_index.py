@@ -461,6 +461,13 @@ class SealedIndex:
             self.blocks.put(key, data)
         return data
 
+    def last_topic_id(self) -> int:
+        """The highest topic id with a group here (-1: none): one small pread."""
+        if not self.groups:
+            return -1
+        data = self.pool.pread(self.path, 4, self._groups_at + (self.groups - 1) * GROUP.size)
+        return int.from_bytes(data, "little") if len(data) == 4 else -1
+
     def all_groups(self) -> list[Group]:
         """Every group (retention, the sealer applying the segment): one pread of the groups."""
         data = self.pool.pread(self.path, GROUP.size * self.groups, self._groups_at)

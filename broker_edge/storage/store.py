@@ -30,6 +30,7 @@ from broker_edge.log_info import LogInfo
 
 from .config import StorageConfig
 from .disk_reserve import RESERVE_FILE, DiskReserve
+from .entry import TRUNCATE
 from .errors import (
     StorageFailed,
 )
@@ -81,6 +82,9 @@ class RecoveryReport:
     """Entries read and checked one by one (the tail after the last open-index checkpoint)."""
     repaired: list = field(default_factory=list)
     """Partitions whose tail was truncated or that hold damaged records (`PartitionRepair`)."""
+    records_lost: int = 0
+    """Records the indexes or the snapshot counted that are gone from disk (a segment file missing or cut):
+    their offsets answer that they are missing, and are never given again."""
     quarantined: list[QuarantinedLog] = field(default_factory=list)
     """Logs set aside: they could not be opened (now or at an earlier open), and are neither read nor
     written (`quarantine`)."""
@@ -145,6 +149,7 @@ class LogStore(Appends, Reads, Admin):
         report.indexes_rebuilt = opened.indexes_rebuilt
         report.records_scanned = opened.records_scanned
         report.repaired = [repair for repair in opened.repairs if repair.repaired]
+        report.records_lost = sum(repair.records_lost for repair in opened.repairs)
         if report.clean_shutdown:
             os.unlink(marker)  # from now on a crash must not look like a clean shutdown
             fsync_directory(self.layout.meta)
@@ -154,11 +159,30 @@ class LogStore(Appends, Reads, Admin):
             for segment in part.segments[:-1]:
                 if segment.rows is not None:
                     self._sealer.seal(part, segment)
+        self._keep_gaps(opened.gaps, opened.orphan_indexes)
         if any(part.segments for part in self._partitions):
             self._use_syncfs()
         report.seconds = time.monotonic() - began
         _log_opened(self.directory, report)
         return report
+
+    def _keep_gaps(self, gaps: list[tuple[int, int, int]], orphan_indexes: list[str]) -> None:
+        """Make each lost end of a log a gap before any append (a marker: the log goes on at the offset it
+        had reached, durably, so no offset is given twice), then remove the sealed indexes left without
+        their segment (the evidence of those ends)."""
+        table = self._table
+        for topic_id, _next, end in gaps:
+            part = self._partitions[table.partition[topic_id]]
+            part.leave_active_segment(topic_id)
+            part.append_marker(topic_id, TRUNCATE, end, 0)
+            table.next[topic_id] = table.durable[topic_id] = end
+            self._committer.touched(part)
+        if gaps:
+            self._committer.flush()
+        for path in orphan_indexes:
+            os.unlink(path)
+        for directory in {os.path.dirname(path) for path in orphan_indexes}:
+            fsync_directory(directory)
 
     def _reserve_at_open(self) -> DiskReserve:
         """The disk reserve (``disk_reserve``): the one a previous run left, made or grown to what the
@@ -299,7 +323,7 @@ def _log_opened(directory: str, report: RecoveryReport) -> None:
     level = logging.WARNING if report.repaired else logging.INFO
     log.log(
         level,
-        "opened %d logs (%d records) in %s after a%s shutdown in %.2f s; %d repaired, %d bytes dropped, "
+        "opened %d logs (%d records) in %s after a%s shutdown in %.2f s; %d repaired, %s%d bytes dropped, "
         "%d indexes rebuilt, %d records scanned",
         report.logs,
         report.records,
@@ -307,6 +331,7 @@ def _log_opened(directory: str, report: RecoveryReport) -> None:
         " clean" if report.clean_shutdown else "n unclean",
         report.seconds,
         len(report.repaired),
+        f"{report.records_lost} records lost, " if report.records_lost else "",
         report.bytes_dropped,
         report.indexes_rebuilt,
         report.records_scanned,

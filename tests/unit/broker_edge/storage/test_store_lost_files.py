@@ -1,0 +1,255 @@
+"""Files of a closed store lost or cut between runs, the ways a disk or a careless operator loses them: a
+segment file deleted, a sealed segment cut at an entry boundary or emptied, the catalog deleted or damaged.
+
+Whatever is lost is reported (an ERROR naming the file and the records), every record still on disk is
+served, the offsets of the lost ones answer `CorruptRecord` (missing) and are never given again, and a
+catalog that lost the names of topics with records stops the open instead of starting over them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from broker_edge.storage import CorruptRecord, LogStore, RecoveryReport, StorageConfig
+from broker_edge.storage.catalog import CatalogDamaged
+from tests.unit.broker_edge.storage.log_helpers import (
+    assert_matches,
+    entry_positions,
+    flip_byte,
+    make_record,
+    partition_segments,
+)
+
+CONFIG = StorageConfig(segment_bytes=4096, retention_ms=None, index_checkpoint_bytes=1024)
+COUNT = 60
+TOPICS = ("t", "u")
+"""Created in this order (ids 0 and 1), their records interleaved."""
+
+
+def _closed_store(directory: Path, count: int = COUNT) -> None:
+    store = LogStore(directory, CONFIG)
+    store.open()
+    for number in range(count):
+        for topic in TOPICS:
+            store.append(topic, make_record(number))
+    store.close()
+
+
+def _reopen(directory: Path) -> tuple[LogStore, RecoveryReport]:
+    store = LogStore(directory, CONFIG)
+    return store, store.open()
+
+
+def _served(store: LogStore, topic: str) -> set[int]:
+    """The offsets of `topic` a reader gets, stepping over the ones that answer `CorruptRecord`."""
+    served: set[int] = set()
+    offset, end = 0, store.log_info(topic).end_offset
+    while offset < end:
+        try:
+            records = store.read(topic, offset, max_records=1000, max_bytes=10**9)
+        except CorruptRecord as error:
+            assert error.reason == "missing"
+            offset = error.next_offset
+            continue
+        for record in records:
+            assert_matches(record, record.offset)
+            served.add(record.offset)
+        offset = records[-1].offset + 1
+    return served
+
+
+def _offsets_in(segment: Path, topic_id: int, before: list[Path]) -> range:
+    """The offsets of a topic's records in `segment`, its records in the segments `before` it first."""
+    first = sum(len(entry_positions(path, topic_id)) for path in before)
+    return range(first, first + len(entry_positions(segment, topic_id)))
+
+
+def _errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("index_too", [False, True], ids=["its data file", "its data and index files"])
+def test_a_segment_deleted_from_the_middle_loses_only_its_records(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, index_too: bool
+):
+    _closed_store(tmp_path)
+    segments = partition_segments(tmp_path)
+    assert len(segments) >= 4
+    middle = segments[1]
+    lost = {topic_id: _offsets_in(middle, topic_id, segments[:1]) for topic_id in range(len(TOPICS))}
+    middle.unlink()
+    if index_too:
+        middle.with_suffix(".index").unlink()
+
+    caplog.set_level(logging.INFO, logger="broker_edge.storage")
+    store, report = _reopen(tmp_path)
+
+    for topic_id, topic in enumerate(TOPICS):
+        assert store.log_info(topic).end_offset == COUNT
+        assert _served(store, topic) == set(range(COUNT)) - set(lost[topic_id])
+        with pytest.raises(CorruptRecord) as caught:
+            store.read(topic, lost[topic_id][0])
+        assert caught.value.next_offset == lost[topic_id].stop
+        assert store.append(topic, make_record(COUNT)) == COUNT
+    errors = _errors(caplog)
+    if index_too:  # nothing says what it held: found by the first read that needs it
+        assert report.repaired == []
+        assert any(f"{middle} is missing, and the log of 't' needs it" in text for text in errors)
+    else:
+        records = sum(len(offsets) for offsets in lost.values())
+        assert [(r.missing_segments, r.records_lost) for r in report.repaired] == [([1], records)]
+        assert report.records_lost == records
+        assert any(
+            f"{middle} is missing (its sealed index is there): {records} records of 2 logs are lost" in text
+            for text in errors
+        )
+        assert not middle.with_suffix(".index").exists()
+    store.close()
+    again, _report = _reopen(tmp_path)  # the same after a restart
+    for topic_id, topic in enumerate(TOPICS):
+        assert _served(again, topic) == set(range(COUNT + 1)) - set(lost[topic_id])
+    again.close()
+
+
+def test_the_newest_segment_deleted_keeps_its_offsets_from_being_given_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    _closed_store(tmp_path)
+    segments = partition_segments(tmp_path)
+    lost = {topic_id: _offsets_in(segments[-1], topic_id, segments[:-1]) for topic_id in range(len(TOPICS))}
+    segments[-1].unlink()
+    (tmp_path / "log" / "topics.state").unlink()  # nothing but the orphaned index says where the logs were
+
+    store, report = _reopen(tmp_path)
+
+    assert report.records_lost == sum(len(offsets) for offsets in lost.values())
+    assert any("records at the end of 2 logs are lost" in text for text in _errors(caplog))
+    for topic_id, topic in enumerate(TOPICS):
+        assert store.log_info(topic).end_offset == COUNT
+        assert _served(store, topic) == set(range(lost[topic_id][0]))
+        assert store.append(topic, make_record(COUNT)) == COUNT
+    store.close()
+    again, _report = _reopen(tmp_path)
+    for topic_id, topic in enumerate(TOPICS):
+        assert _served(again, topic) == set(range(lost[topic_id][0])) | {COUNT}
+    again.close()
+
+
+@pytest.mark.parametrize("cut_entries", [5, None], ids=["five entries", "to nothing"])
+def test_a_sealed_segment_cut_at_an_entry_boundary_loses_its_records_not_their_offsets(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, cut_entries: int | None
+):
+    _closed_store(tmp_path)
+    segments = partition_segments(tmp_path)
+    last = segments[-1]
+    positions = entry_positions(last)
+    size = last.stat().st_size
+    keep = positions[-cut_entries] if cut_entries is not None else 0
+    kept_offsets = {
+        topic_id: _offsets_in(last, topic_id, segments[:-1]).start
+        + sum(1 for position in entry_positions(last, topic_id) if position < keep)
+        for topic_id in range(len(TOPICS))
+    }
+    os.truncate(last, keep)
+
+    caplog.set_level(logging.INFO, logger="broker_edge.storage")
+    store, report = _reopen(tmp_path)
+
+    missing = cut_entries if cut_entries is not None else len(positions)
+    assert report.records_lost == missing
+    errors = _errors(caplog)
+    assert any(
+        f"{last} is {size - keep} bytes shorter than its sealed index says ({keep} of {size} bytes): "
+        f"{missing} of its {len(positions)} entries are lost" in text
+        for text in errors
+    )
+    assert any(f"{missing} records at the end of" in text for text in errors)
+    for topic_id, topic in enumerate(TOPICS):
+        assert store.log_info(topic).end_offset == COUNT  # the offsets the log had reached stay taken
+        assert _served(store, topic) == set(range(kept_offsets[topic_id]))
+        if kept_offsets[topic_id] < COUNT:
+            with pytest.raises(CorruptRecord) as caught:
+                store.read(topic, kept_offsets[topic_id])
+            assert caught.value.reason == "missing"
+        assert store.append(topic, make_record(COUNT)) == COUNT  # never an offset given before
+    store.close()
+    for _run in range(2):  # the gap is durable: a clean restart, then a crash, keep it
+        again, report = _reopen(tmp_path)
+        assert report.records_lost == 0
+        for topic_id, topic in enumerate(TOPICS):
+            assert again.log_info(topic).end_offset == COUNT + 1
+            assert _served(again, topic) == set(range(kept_offsets[topic_id])) | {COUNT}
+        if _run == 0:
+            again.close()
+    assert again.append("t", make_record(COUNT + 1)) == COUNT + 1
+
+
+def test_a_deleted_catalog_stops_the_open_when_segments_hold_records(tmp_path: Path):
+    _closed_store(tmp_path)
+    catalog = tmp_path / "log" / "catalog"
+    catalog.unlink()
+
+    store = LogStore(tmp_path, CONFIG)
+    with pytest.raises(CatalogDamaged, match=f"{catalog} is missing, but .* hold records"):
+        store.open()
+    store.close()
+    assert not catalog.exists()  # nothing written over the evidence
+
+
+def test_a_deleted_catalog_of_a_store_without_records_is_made_again(tmp_path: Path):
+    store = LogStore(tmp_path, CONFIG)
+    store.open()
+    store.close()
+    (tmp_path / "log" / "catalog").unlink()
+
+    store, report = _reopen(tmp_path)
+
+    assert report.logs == 0
+    assert store.append("t", make_record(0)) == 0
+    store.close()
+
+
+@pytest.mark.parametrize("snapshot", [True, False], ids=["with the snapshot", "without it"])
+def test_a_damaged_last_catalog_entry_of_a_topic_with_records_stops_the_open(tmp_path: Path, snapshot: bool):
+    _closed_store(tmp_path)
+    catalog = tmp_path / "log" / "catalog"
+    if not snapshot:
+        (tmp_path / "log" / "topics.state").unlink()
+    flip_byte(catalog, catalog.stat().st_size - 1)  # "u"'s entry
+    damaged = catalog.read_bytes()
+
+    store = LogStore(tmp_path, CONFIG)
+    with pytest.raises(CatalogDamaged) as caught:
+        store.open()
+    store.close()
+    assert str(caught.value).startswith(
+        f"{catalog} is damaged: its entries end at byte 31 (1 topics), followed by 15 bytes that are not "
+        f"a valid entry, but {partition_segments(tmp_path)[-1]} holds records of topic id 1, whose entry "
+        "is lost"
+    )
+    assert catalog.read_bytes() == damaged  # left as it was found
+
+
+def test_a_torn_last_catalog_entry_without_records_is_still_cut(tmp_path: Path):
+    store = LogStore(tmp_path, CONFIG)
+    store.open()
+    for number in range(5):
+        store.append("t", make_record(number))
+    store.flush()
+    store.append("u", make_record(0))
+    store.flush()
+    del store  # a crash, and a power cut: the new topic's catalog entry torn, its record written
+    catalog = tmp_path / "log" / "catalog"
+    os.truncate(catalog, catalog.stat().st_size - 3)
+
+    store, report = _reopen(tmp_path)
+
+    assert report.bytes_dropped > 3  # the entry and the record naming it
+    assert [info.topic for info in store.logs()] == ["t"]
+    assert store.read("t", 0, max_records=100)[-1].offset == 4
+    assert store.append("u", make_record(0)) == 0
+    store.close()
