@@ -229,6 +229,11 @@ class LimitsConfig:
     max_subscription_bytes_per_client: int = 16_384
     """Bytes (UTF-8) of all topic filters one session holds; SUBSCRIBE beyond it is refused for the extra
     filters (v5 0x97)."""
+    max_match_nodes: int = 4096
+    """Subscription-tree nodes one match of a topic may visit, all sessions' filters together: a SUBSCRIBE
+    whose filter would let a publish to a new topic cost more is refused for that filter (v5 0x97, logged).
+    Fleets' filters stay far below it (``fleet/+/telemetry``, ``devices/<id>/+/cmd`` visit a few nodes);
+    filters that branch on ``+`` at every level reach it; 0 = unlimited."""
     max_topic_length: int = 1024
     """Bytes (UTF-8) of a topic name or filter."""
     max_topic_levels: int = 16
@@ -291,6 +296,7 @@ class LimitsConfig:
         _between(self, "max_inflight_out", 1, 65_535)
         _at_least(self, "max_subscriptions_per_client", 1)
         _at_least(self, "max_subscription_bytes_per_client", 1)
+        _at_least(self, "max_match_nodes", 0)
         _between(self, "max_topic_length", 1, 65_535)
         _at_least(self, "max_topic_levels", 1)
         _between(self, "max_client_id_length", 23, 65_535)

@@ -108,6 +108,19 @@ def handle_subscribe(ctx: BrokerContext, conn: Client, session: Session, packet:
         ):
             fail(ReasonCode.QUOTA_EXCEEDED)
             continue
+        if existing is None and not router.match_cost_allows(topic_filter):
+            ctx.counters.drop("subscribe_match_cost")
+            ctx.counters.refusal_log.write(
+                conn.log(),
+                ctx.now(),
+                "subscribe_match_cost",
+                "subscribe refused: with this filter a publish could visit more than limits.max_match_nodes",
+                action="subscribe",
+                topic=topic_filter,
+                username=session.username or "",
+            )
+            fail(ReasonCode.QUOTA_EXCEEDED)
+            continue
         options = SubscriptionOptions(
             sub.qos, sub.no_local, sub.retain_as_published, sub.retain_handling, subscription_id
         )

@@ -42,6 +42,10 @@ __all__ = ["Router"]
 log = logging.getLogger(__name__)
 
 
+RECOUNT_S = 10.0
+"""Seconds between two counts of the subscription trie's walks that a refused SUBSCRIBE may ask for."""
+
+
 def _is_online(session: Session) -> bool:
     return session.connection is not None
 
@@ -69,6 +73,8 @@ class Router:
         self.persistent_count = 0
         """Sessions with a Session Expiry Interval > 0 (kept by ``Session.expiry_interval``)."""
         self.trie: SubscriptionTrie[Session] = SubscriptionTrie()
+        self._walks_counted_at = -RECOUNT_S
+        """When the trie's walks were last counted again (``match_cost_allows``)."""
         self.retained = RetainedStore(retained, is_expired=Message.expired)
         self.retained_refused: Callable[[Message, str, int], None] | None = None
         """Told of a retained message the bounds refused (message, reason, bytes): the broker logs it."""
@@ -252,6 +258,20 @@ class Router:
         return len(found)
 
     # -- subscriptions ------------------------------------------------------------------------------------
+
+    def match_cost_allows(self, topic_filter: str) -> bool:
+        """Whether one more subscription to ``topic_filter`` keeps every match within
+        ``limits.max_match_nodes`` nodes visited (0: no limit). Upper bounds left by unsubscribes are counted
+        again first, at most once per ``RECOUNT_S`` (a count visits every node of the trie)."""
+        limit = self.limits.max_match_nodes
+        trie = self.trie
+        if not limit or trie.walk_with(topic_filter) <= limit:
+            return True
+        if trie.walks_exact or self.clock() - self._walks_counted_at < RECOUNT_S:
+            return False
+        trie.recount_walks()
+        self._walks_counted_at = self.clock()
+        return trie.walk_with(topic_filter) <= limit
 
     def subscribe(
         self, session: Session, key: str, topic_filter: str, group: str | None, options: SubscriptionOptions

@@ -8,6 +8,14 @@ SUBSCRIBE or UNSUBSCRIBE changes the trie. On a steady fleet most publishes are 
 Shared subscriptions (``$share/<group>/<filter>``) live at their filter's node as ``SharedGroup`` objects: a
 match returns the groups and the router picks one member per group per message.
 
+A topic not in the cache is matched by a walk that enters every ``+`` and ``#`` branch as well as the exact
+one, so its cost is the number of nodes whose filters match the topic so far: a few for the shapes fleets
+use (``fleet/+/telemetry``, ``devices/<id>/+/cmd``: one exact branch per level), but as many as the filters
+themselves for a set built to branch at every level (``{a,+}/{a,+}/...``). Each node keeps ``walk``, the
+most nodes a walk from it can visit for any topic, and ``walk_with`` says what the root's would be with one
+more filter, so a broker can refuse a SUBSCRIBE that would let one publish cost more than its limit
+(``limits.max_match_nodes``).
+
 The trie holds subscribers as opaque hashable objects (the router's sessions); it never looks inside them
 except through ``SharedGroup.pick``'s ``is_online`` callback.
 """
@@ -107,12 +115,16 @@ _EMPTY_MATCH: Match[Any] = Match([], [])
 
 
 class _Node(Generic[S]):
-    __slots__ = ("children", "shared", "subscribers")
+    __slots__ = ("children", "shared", "subscribers", "walk")
 
     def __init__(self) -> None:
         self.children: dict[str, _Node[S]] | None = None
         self.subscribers: dict[S, SubscriptionOptions] | None = None
         self.shared: dict[str, SharedGroup[S]] | None = None
+        self.walk = 1
+        """The most nodes a match's walk from here visits for any topic: 1 + its ``+`` and ``#`` children's
+        + the largest of its exact children's. Exact as filters are added; removing one leaves it as it
+        was, an upper bound, until ``SubscriptionTrie.recount_walks``."""
 
     def is_empty(self) -> bool:
         return not self.children and not self.subscribers and not self.shared
@@ -131,7 +143,7 @@ class SubscriptionTrie(Generic[S]):
     merges the subscriptions of filters already matched together only once.
     """
 
-    __slots__ = ("_cache", "_cache_size", "_merged", "_misses", "_root", "count")
+    __slots__ = ("_cache", "_cache_size", "_merged", "_misses", "_root", "count", "walks_exact")
 
     def __init__(self, cache_size: int = 16_384) -> None:
         self._root: _Node[S] = _Node()
@@ -143,6 +155,8 @@ class SubscriptionTrie(Generic[S]):
         """Topics that missed the cache since it was last full."""
         self.count = 0
         """Subscriptions held (shared memberships included)."""
+        self.walks_exact = True
+        """False once a filter was removed since the walks were last counted (they are upper bounds)."""
 
     # -- changes ------------------------------------------------------------------------------------------
 
@@ -154,14 +168,18 @@ class SubscriptionTrie(Generic[S]):
         share_group: str | None = None,
     ) -> bool:
         """Add or replace a subscription; True if it is new (False when it replaced one)."""
+        levels = topic_filter.split("/")
+        walks = self._walks_with(levels)
         node = self._root
-        for level in topic_filter.split("/"):
+        node.walk = walks[0]
+        for level, walk in zip(levels, walks[1:], strict=True):
             children = node.children
             if children is None:
                 children = node.children = {}
             child = children.get(level)
             if child is None:
                 child = children[level] = _Node()
+            child.walk = walk
             node = child
         self._forget_matches()
         if share_group is None:
@@ -206,6 +224,7 @@ class SubscriptionTrie(Generic[S]):
                 if not shared:
                     node.shared = None
         self.count -= 1
+        self.walks_exact = False
         self._forget_matches()
         for parent, level in reversed(path):
             if not node.is_empty():
@@ -217,6 +236,66 @@ class SubscriptionTrie(Generic[S]):
                 parent.children = None
             node = parent
         return True
+
+    # -- the cost of a match -------------------------------------------------------------------------------
+
+    def walk_with(self, topic_filter: str) -> int:
+        """The most nodes one match would visit (the root's ``walk``) with ``topic_filter`` added too; an
+        upper bound unless ``walks_exact``."""
+        return self._walks_with(topic_filter.split("/"))[0]
+
+    def _walks_with(self, levels: list[str]) -> list[int]:
+        """The ``walk`` of each node on the path of a filter of ``levels``, the root's first, once it is added
+        (a node not there yet counts as a new one)."""
+        path: list[_Node[S] | None] = []
+        node: _Node[S] | None = self._root
+        for level in levels:
+            path.append(node)
+            children = node.children if node is not None else None
+            node = children.get(level) if children else None
+        below_before = node.walk if node is not None else 0
+        below = node.walk if node is not None else 1
+        walks = [below]
+        for parent, level in zip(reversed(path), reversed(levels), strict=True):
+            before = parent.walk if parent is not None else 0
+            if level == "+" or level == "#":  # a wildcard branch is walked beside the others: it adds
+                walk = max(before, 1) + below - below_before
+            else:  # one exact branch is walked: the largest counts
+                wild = 0
+                children = parent.children if parent is not None else None
+                if children:
+                    for key in ("+", "#"):
+                        branch = children.get(key)
+                        if branch is not None:
+                            wild += branch.walk
+                walk = max(before, 1 + wild + below)
+            walks.append(walk)
+            below_before, below = before, walk
+        walks.reverse()
+        return walks
+
+    def recount_walks(self) -> None:
+        """Count every node's ``walk`` again, exactly (removals left upper bounds): visits every node."""
+        order: list[_Node[S]] = []
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            order.append(node)
+            if node.children:
+                stack.extend(node.children.values())
+        for node in reversed(order):  # children before their parent
+            children = node.children
+            walk = 1
+            if children:
+                widest = 0
+                for level, child in children.items():
+                    if level == "+" or level == "#":
+                        walk += child.walk
+                    elif child.walk > widest:
+                        widest = child.walk
+                walk += widest
+            node.walk = walk
+        self.walks_exact = True
 
     # -- lookups ------------------------------------------------------------------------------------------
 
