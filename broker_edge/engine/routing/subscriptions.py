@@ -130,6 +130,22 @@ class _Node(Generic[S]):
         return not self.children and not self.subscribers and not self.shared
 
 
+def _walk_above(parent: _Node[Any] | None, level: str, below_before: int, below: int) -> int:
+    """``parent``'s ``walk`` (None: a node not there yet) once its child ``level`` counts ``below`` instead of
+    ``below_before``."""
+    before = parent.walk if parent is not None else 0
+    if level == "+" or level == "#":  # a wildcard branch is walked beside the others: it adds
+        return max(before, 1) + below - below_before
+    wild = 0  # one exact branch is walked: the largest counts
+    children = parent.children if parent is not None else None
+    if children:
+        for key in ("+", "#"):
+            branch = children.get(key)
+            if branch is not None:
+                wild += branch.walk
+    return max(before, 1 + wild + below)
+
+
 class SubscriptionTrie(Generic[S]):
     """Topic filters → subscribers, with a per-topic match cache.
 
@@ -169,18 +185,31 @@ class SubscriptionTrie(Generic[S]):
     ) -> bool:
         """Add or replace a subscription; True if it is new (False when it replaced one)."""
         levels = topic_filter.split("/")
-        walks = self._walks_with(levels)
         node = self._root
-        node.walk = walks[0]
-        for level, walk in zip(levels, walks[1:], strict=True):
+        path = [node]
+        new_from = 0  # the depth of the first node made (0: none)
+        for depth, level in enumerate(levels, 1):
             children = node.children
             if children is None:
                 children = node.children = {}
             child = children.get(level)
             if child is None:
                 child = children[level] = _Node()
-            child.walk = walk
+                child.walk = len(levels) - depth + 1  # a new chain: each walks itself and those below
+                if not new_from:
+                    new_from = depth
+            path.append(child)
             node = child
+        if new_from:  # the counts above the new chain grow, up to where one does not change
+            below_before, below = 0, path[new_from].walk
+            for depth in range(new_from - 1, -1, -1):
+                parent = path[depth]
+                before = parent.walk
+                walk = _walk_above(parent, levels[depth], below_before, below)
+                if walk == before:
+                    break
+                parent.walk = walk
+                below_before, below = before, walk
         self._forget_matches()
         if share_group is None:
             if node.subscribers is None:
@@ -257,20 +286,9 @@ class SubscriptionTrie(Generic[S]):
         below = node.walk if node is not None else 1
         walks = [below]
         for parent, level in zip(reversed(path), reversed(levels), strict=True):
-            before = parent.walk if parent is not None else 0
-            if level == "+" or level == "#":  # a wildcard branch is walked beside the others: it adds
-                walk = max(before, 1) + below - below_before
-            else:  # one exact branch is walked: the largest counts
-                wild = 0
-                children = parent.children if parent is not None else None
-                if children:
-                    for key in ("+", "#"):
-                        branch = children.get(key)
-                        if branch is not None:
-                            wild += branch.walk
-                walk = max(before, 1 + wild + below)
+            walk = _walk_above(parent, level, below_before, below)
             walks.append(walk)
-            below_before, below = before, walk
+            below_before, below = (parent.walk if parent is not None else 0), walk
         walks.reverse()
         return walks
 
