@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
     from broker_edge.engine.connection.connection import Connection
     from broker_edge.engine.connection.outgoing import Outgoing
+    from broker_edge.engine.connection.reading import PeerPartial
     from broker_edge.engine.message import Message
     from broker_edge.engine.sessions.session import Session
     from broker_edge.observe.metrics import BrokerMetrics
@@ -95,6 +96,8 @@ class BrokerCore:
         self.topic_shares = TopicShares(config.limits.max_topics_per_identity)
         self.partial_bytes = 0
         """Bytes of packets not fully arrived, all connections (at most limits.max_partial_packet_bytes)."""
+        self.partial_peers: dict[str, PeerPartial] = {}
+        """Client address → its packets not fully arrived (``engine.connection.reading``)."""
         self._unattached: dict[Connection, None] = {}
         """Open connections that are not their session's connection: before and during CONNECT, and taken
         over while they close (a dict used as a set: its table grows more densely than a set's). A connected

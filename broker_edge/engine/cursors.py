@@ -22,6 +22,13 @@ no session reads, live messages are not kept: nobody would take them, and keepin
 CPU spent for no reader (bench/results/ingest.md); the first read after a quiet spell decodes what it reads,
 and the sessions behind it share that.
 
+Positioning a replay and forgetting cursors cost time in the number of logs a filter matches and of cursors a
+session holds; they run in bounded slices (``TURN_BUDGET_S`` per turn of the loop, all sessions together, in
+turns): what fits runs at once, the rest waits for the next turns, the client's SUBACK or UNSUBACK with it
+(its reading is held meanwhile, ``when_started`` / ``when_forgotten``). While a replay is being positioned,
+live messages of the logs it matches are held back from the session (read from the log after the SUBACK),
+so what is replayed, in which order and from which offset is the same as if it had been positioned at once.
+
 An offset below the log start (retention removed it) starts at the log start; an offset past the end starts at
 the end. Never silently: the broker log says so, and a v5 client finds it in the SUBACK (a reason string and a
 user property ``offset_out_of_range`` per log, with the log's current start and end).
@@ -36,10 +43,13 @@ A record that fails its checksum is never delivered: the cursor steps over it (l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from broker_edge.engine.message import Message
@@ -68,13 +78,54 @@ READ_MAX_BYTES = 1 << 20
 SHARED_MESSAGES = 8192
 KEEP_LIVE_S = 5.0
 """Live routing feeds the shared messages for this long after a session last read a log (``pump``)."""
+TURN_BUDGET_S = 0.002
+"""Time per loop turn that positioning replays and forgetting cursors take, all sessions together (one
+step past it at most: a log positioned, a cursor checked, or one chunk of the sorted topic names listed)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Positioning:
+    """One replay filter being positioned in this broker's logs, in the sorted order of their topics."""
+
+    topic_filter: str
+    start: OffsetStart
+    logs: Iterator[list[LogInfo]] | None = None
+    """The store's listing (made by the first step)."""
+    batch: list[LogInfo] = field(default_factory=list)
+    index: int = 0
+    held: dict[str, int] = field(default_factory=dict)
+    """Topic → first live offset of a matching topic held back from the session meanwhile: the replay
+    reads it from the log (a log positioned later ends there; one not listed starts there)."""
+
+
+@dataclass(slots=True, eq=False)
+class _Forgetting:
+    """Dropping the cursors no subscription of the session matches any more (after UNSUBSCRIBE)."""
+
+    topics: list[str] | None = None
+    """The cursors' topics when it started (taken by the first step)."""
+    index: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _Work:
+    """A session's replays being positioned and cursors being forgotten, in the order they were asked."""
+
+    items: deque[_Positioning | _Forgetting] = field(default_factory=deque)
+    outside: list[OffsetOutOfRange] = field(default_factory=list)
+    """What the finished positionings found outside their logs, for the SUBACK waiting (``when_started``)."""
+    ready: list[Callable[[], None]] = field(default_factory=list)
+    """Run once nothing is left (the SUBACK, the UNSUBACK)."""
+
+    def positioning(self) -> bool:
+        return any(type(item) is _Positioning for item in self.items)
 
 
 class ReplayManager:
     """Cursor bookkeeping and log reads for every session (one per broker, owned by the router).
 
     ``count_drop(reason)`` counts a message not delivered (the router's); ``loop`` runs the deferred pumps
-    (None: a pump runs at once)."""
+    and the positioning and forgetting left for later turns (None: all of it runs at once)."""
 
     def __init__(
         self, store: LogStore, loop: asyncio.AbstractEventLoop | None, count_drop: Callable[[str], None]
@@ -86,6 +137,11 @@ class ReplayManager:
         self._keep_live_until = 0.0
         """``time.monotonic()`` until which live messages are kept for readers (``KEEP_LIVE_S``)."""
         self._scheduled: set[Session] = set()
+        self._work: dict[Session, _Work] = {}
+        """Sessions with replays being positioned or cursors being forgotten, in turn order."""
+        self._used = 0.0
+        """Seconds of this loop turn spent on that work (``TURN_BUDGET_S``)."""
+        self._turn_scheduled = False
         self.remote: RemoteLogs | None = None
         """Reads the topics a cluster node holds no complete copy of from another broker (None: none)."""
         self.remote_starts: RemoteStarts | None = None
@@ -107,11 +163,17 @@ class ReplayManager:
             return False
         cursors = session.cursors
         cursor = cursors.get(message.topic) if cursors else None
+        work = self._work.get(session) if self._work else None
         if cursor is None:
+            if work is not None and self._held(work, message.topic, offset):
+                return True
             starts = self.remote_starts
             return starts is not None and starts.holding(session, message.topic, offset)
         if offset < cursor:
             return True  # already delivered from the log
+        if work is not None and work.positioning():
+            self._held(work, message.topic, offset)
+            return True  # read from the log after the SUBACK
         if offset == cursor and session.connection is not None and (qos == 0 or session.window_open()):
             self._advance(session, message.topic, offset + 1)
             return False
@@ -135,54 +197,61 @@ class ReplayManager:
 
         Returns the logs where the asked offset is outside the log, each as the ``OffsetOutOfRange`` a
         reader of the log would get: below the start (retention removed it) the replay starts at the
-        start, past the end at the end. The SUBACK tells a v5 client (``out_of_range_properties``). On a
-        cluster node, the logs it holds no copy of are positioned by asking the brokers holding them
-        (``remote_starts``); ``when_started`` says when that is done.
+        start, past the end at the end. The SUBACK tells a v5 client (``out_of_range_properties``). What
+        does not fit in this loop turn (``TURN_BUDGET_S``) is positioned in the next ones, and the logs it
+        finds outside are added by ``when_started``. On a cluster node, the logs it holds no copy of are
+        positioned by asking the brokers holding them (``remote_starts``); ``when_started`` says when that
+        is done too.
         """
-        store = self.store
-        try:
-            infos = store.logs(pattern=topic_filter)
-        except (StorageError, ValueError) as exc:
-            log.warning(
-                "replay of %r not started: %s", topic_filter, exc, extra={"client_id": session.client_id}
-            )
-            return []
-        cursors = session.cursors
-        if cursors is None:
-            cursors = session.cursors = {}
-        remote = self.remote
-        outside: list[OffsetOutOfRange] = []
-        for info in infos:
-            if info.topic.startswith("$") and topic_filter[:1] in ("+", "#"):
-                continue
-            if remote is not None and remote.handles(info.topic):
-                continue  # not a copy: an older part of the log, or nothing (``remote_starts``)
-            offset = start_offset(store, info, start)
-            if not info.start_offset <= offset <= info.end_offset:
-                outside.append(OffsetOutOfRange(info.topic, offset, info.start_offset, info.end_offset))
-                log.info(
-                    "replay of %r from %d: outside [%d, %d], starting at %d",
-                    info.topic,
-                    offset,
-                    info.start_offset,
-                    info.end_offset,
-                    min(max(offset, info.start_offset), info.end_offset),
-                    extra={"client_id": session.client_id},
-                )
-            cursors[info.topic] = min(max(offset, info.start_offset), info.end_offset)
+        if session.cursors is None:
+            session.cursors = {}  # so that the router asks ``holds`` meanwhile
         starts = self.remote_starts
         if starts is not None:
             starts.start(session, topic_filter, start)
-        self._drop_cursors_if_none(session)
+        work = self._queue(session, _Positioning(topic_filter, start))
+        if work.items:
+            return []  # ``when_started`` adds what it finds outside
+        outside, work.outside = work.outside, []
+        self._finish(session, work, later=False)
         return outside
 
     def when_started(
         self, session: Session, outside: list[OffsetOutOfRange], ready: Callable[[], None]
     ) -> bool:
-        """Whether ``session``'s replays are still being positioned in logs held by other brokers; if so,
-        ``ready()`` runs once they are, after adding to ``outside`` those whose offset was outside them."""
+        """Whether ``session``'s replays are still being positioned (in this broker's logs, or in logs held
+        by other brokers); if so, ``ready()`` runs once they are, after adding to ``outside`` those whose
+        offset was outside them."""
         starts = self.remote_starts
-        return starts is not None and starts.when_started(session, outside, ready)
+        work = self._work.get(session)
+        if work is None or not work.positioning():
+            return starts is not None and starts.when_started(session, outside, ready)
+        remote: list[OffsetOutOfRange] = []
+        parts = [1]
+
+        def part_done() -> None:
+            parts[0] -= 1
+            if not parts[0]:
+                outside.extend(remote)
+                ready()
+
+        def here_done() -> None:
+            outside.extend(work.outside)
+            work.outside = []
+            part_done()
+
+        if starts is not None and starts.when_started(session, remote, part_done):
+            parts[0] += 1
+        work.ready.append(here_done)
+        return True
+
+    def when_forgotten(self, session: Session, ready: Callable[[], None]) -> bool:
+        """Whether ``session``'s cursors are still being forgotten (``forget_filter``); if so, ``ready()``
+        runs once they are."""
+        work = self._work.get(session)
+        if work is None:
+            return False
+        work.ready.append(ready)
+        return True
 
     @staticmethod
     def out_of_range_properties(outside: list[OffsetOutOfRange]) -> Properties:
@@ -213,13 +282,19 @@ class ReplayManager:
         conn = session.connection
         if not cursors or conn is None:
             return
+        if self._work and (work := self._work.get(session)) is not None and work.positioning():
+            return  # read after the SUBACK (``_finish``)
         self._keep_live_until = time.monotonic() + KEEP_LIVE_S
         store = self.store
         budget = PUMP_BATCH_RECORDS
         for topic in list(cursors):
+            if budget <= 0:
+                self.pump_soon(session)
+                return
             entry = self._subscription(session, topic)
             if entry is None:
                 del cursors[topic]
+                budget -= 1  # a log looked at counts as a record, read or not
                 continue
             sub_qos = entry[0]
             cursor = cursors[topic]
@@ -270,6 +345,7 @@ class ReplayManager:
                     records = []
                 if not records:
                     del cursors[topic]  # caught up: live delivery from here on
+                    budget -= 1
                     break
                 for record in records:
                     self._replay_record(session, conn, topic, record, entry)
@@ -419,27 +495,260 @@ class ReplayManager:
     # -- cleanup ------------------------------------------------------------------------------------------
 
     def forget_filter(self, session: Session, topic_filter: str) -> None:
-        """After UNSUBSCRIBE: drop cursors no remaining subscription of the session matches."""
-        cursors = session.cursors
-        if not cursors:
+        """After UNSUBSCRIBE: drop cursors no remaining subscription of the session matches (what does
+        not fit in this loop turn, in the next ones: ``when_forgotten``). A replay of ``topic_filter``
+        still being positioned stops there."""
+        work = self._work.get(session)
+        if work is not None:
+            for item in list(work.items):
+                if type(item) is _Positioning and item.topic_filter == topic_filter:
+                    work.items.remove(item)
+                    self._settle_held(session, item)
+        elif not session.cursors:
             return
-        for topic in list(cursors):
-            if self._subscription(session, topic) is None:
-                del cursors[topic]
-        self._drop_cursors_if_none(session)
+        work = self._queue(session, _Forgetting())
+        if not work.items:
+            self._finish(session, work, later=False)
 
     def _drop_cursors_if_none(self, session: Session) -> None:
         """No cursor left: the router hands the session live copies again without asking ``holds``
-        (unless a replay is being positioned in logs held elsewhere, whose live messages wait)."""
+        (unless a replay is being positioned, here or in logs held elsewhere, whose live messages wait)."""
+        if session.cursors:
+            return
         starts = self.remote_starts
-        if not session.cursors and not (starts is not None and starts.pending(session)):
+        if starts is not None and starts.pending(session):
+            return
+        work = self._work.get(session)
+        if work is None or not work.positioning():
             session.cursors = None
 
     def forget_session(self, session: Session) -> None:
         session.cursors = None
         self._scheduled.discard(session)
+        self._work.pop(session, None)
         if self.remote_starts is not None:
             self.remote_starts.forget(session)
+
+    # -- positioning and forgetting in slices ---------------------------------------------------------------
+
+    def _queue(self, session: Session, item: _Positioning | _Forgetting) -> _Work:
+        """Queue ``item`` after what the session asked before; with nothing before it, do what this loop
+        turn's budget allows of it now (all of it without a loop). Returns the session's work: done when
+        no item is left (the caller then calls ``_finish``)."""
+        work = self._work.get(session)
+        if work is None:
+            work = self._work[session] = _Work()
+        items = work.items
+        if (
+            type(item) is _Forgetting
+            and items
+            and type(last := items[-1]) is _Forgetting
+            and last.topics is None
+        ):
+            return work  # one not started yet looks at every cursor
+        items.append(item)
+        if len(items) > 1:
+            return work
+        if self.loop is None:
+            self._work_on(session, work, float("inf"))
+            return work
+        left = TURN_BUDGET_S - self._used
+        if left > 0:
+            began = time.perf_counter()
+            self._work_on(session, work, began + left)
+            self._spend(time.perf_counter() - began)
+        if items:
+            self._schedule_turn()
+        return work
+
+    def _spend(self, seconds: float) -> None:
+        """Count ``seconds`` of work into this loop turn (the count starts again in the next)."""
+        self._used += seconds
+        self._schedule_turn()
+
+    def _schedule_turn(self) -> None:
+        if not self._turn_scheduled and self.loop is not None:
+            self._turn_scheduled = True
+            self.loop.call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        """A new loop turn: the sessions with work left take turns until its budget is spent."""
+        self._turn_scheduled = False
+        self._used = 0.0
+        pending = self._work
+        clock = time.perf_counter
+        while pending:  # (a step at least, whatever the budget)
+            session = next(iter(pending))
+            work = pending.pop(session)
+            began = clock()
+            done = self._work_on(session, work, began + TURN_BUDGET_S - self._used)
+            self._spend(clock() - began)
+            if done:
+                self._finish(session, work, later=True)
+            else:
+                pending[session] = work  # the others first next time
+            if self._used >= TURN_BUDGET_S:
+                break
+        if pending:
+            self._schedule_turn()
+
+    def _work_on(self, session: Session, work: _Work, deadline: float) -> bool:
+        """Do the session's work in order until ``time.perf_counter()`` passes ``deadline``; whether all is
+        done."""
+        items = work.items
+        while items:
+            item = items[0]
+            if isinstance(item, _Positioning):
+                finished = self._position(session, work, item, deadline)
+            else:
+                finished = self._forget(session, item, deadline)
+            if not finished:
+                return False
+            items.popleft()
+            if items and time.perf_counter() >= deadline:
+                return False
+        return True
+
+    def _finish(self, session: Session, work: _Work, later: bool) -> None:
+        """Nothing is left of the session's work: what waited for it runs (the SUBACK, the UNSUBACK); done
+        in a later turn (``later``), the session's cursors are read."""
+        if self._work.get(session) is work:
+            del self._work[session]
+        self._drop_cursors_if_none(session)
+        ready, work.ready = work.ready, []
+        for callback in ready:
+            callback()
+        starts = self.remote_starts
+        if later and session.cursors and not (starts is not None and starts.pending(session)):
+            self.pump_soon(session)
+
+    def _position(self, session: Session, work: _Work, item: _Positioning, deadline: float) -> bool:
+        """Position ``item``'s replay on the logs it matches, in topic order, until ``deadline``; whether
+        it is done."""
+        cursors = session.cursors
+        if cursors is None:
+            cursors = session.cursors = {}
+        remote = self.remote
+        wildcard_first = item.topic_filter[:1] in ("+", "#")
+        clock = time.perf_counter
+        while True:
+            batch, index, held = item.batch, item.index, item.held
+            while index < len(batch):
+                info = batch[index]
+                index += 1
+                topic = info.topic
+                first_held = held.pop(topic, None) if held else None
+                if topic.startswith("$") and wildcard_first:
+                    continue
+                if remote is not None and remote.handles(topic):
+                    continue  # not a copy: an older part of the log, or nothing (``remote_starts``)
+                # (a log gone since it was listed has nothing to replay)
+                with contextlib.suppress(StorageError):
+                    self._place(session, cursors, work.outside, info, item.start, first_held)
+                if clock() >= deadline:
+                    item.index = index
+                    return False
+            if item.logs is None:
+                item.logs = self.store.iter_logs(item.topic_filter, every_scan=True)
+            try:
+                item.batch = next(item.logs)
+            except StopIteration:
+                self._settle_held(session, item)
+                return True
+            except (StorageError, ValueError) as exc:
+                log.warning(
+                    "replay of %r not started: %s",
+                    item.topic_filter,
+                    exc,
+                    extra={"client_id": session.client_id},
+                )
+                self._settle_held(session, item)
+                return True
+            item.index = 0
+            if clock() >= deadline:
+                return False
+
+    def _place(
+        self,
+        session: Session,
+        cursors: dict[str, int],
+        outside: list[OffsetOutOfRange],
+        info: LogInfo,
+        start: OffsetStart,
+        first_held: int | None,
+    ) -> None:
+        """Set the session's cursor on the log ``info`` describes where ``start`` names (adding it to
+        ``outside`` if that is outside the log); the log ends at the first live message held back from the
+        session (``first_held``) if one was, as it did when the SUBSCRIBE arrived."""
+        end = info.end_offset
+        offset = start_offset(self.store, info, start)
+        if first_held is not None and first_held < end:
+            end = first_held
+            if start.kind is not OffsetStartKind.OFFSET:
+                offset = min(offset, end)
+        log_start = min(info.start_offset, end)
+        if not log_start <= offset <= end:
+            outside.append(OffsetOutOfRange(info.topic, offset, log_start, end))
+            log.info(
+                "replay of %r from %d: outside [%d, %d], starting at %d",
+                info.topic,
+                offset,
+                log_start,
+                end,
+                min(max(offset, log_start), end),
+                extra={"client_id": session.client_id},
+            )
+        cursors[info.topic] = min(max(offset, log_start), end)
+
+    def _settle_held(self, session: Session, item: _Positioning) -> None:
+        """The live messages held back for ``item`` of logs it did not position (created meanwhile, or
+        positioned before they came) are read from the log, from the first one held (or the cursor)."""
+        if not item.held:
+            return
+        cursors = session.cursors
+        if cursors is None:
+            cursors = session.cursors = {}
+        for topic, first_held in item.held.items():
+            cursor = cursors.get(topic)
+            cursors[topic] = first_held if cursor is None else min(cursor, first_held)
+        item.held = {}
+
+    def _held(self, work: _Work, topic: str, offset: int) -> bool:
+        """Whether a live message of ``topic`` at ``offset`` waits for a replay being positioned whose filter
+        matches ``topic`` (it is read from the log after the SUBACK)."""
+        remote = self.remote
+        held = False
+        for item in work.items:
+            if type(item) is not _Positioning:
+                continue
+            topic_filter = item.topic_filter
+            if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+                continue
+            if remote is not None and remote.handles(topic):
+                continue
+            if topic_matches(topic_filter, topic):
+                item.held.setdefault(topic, offset)
+                held = True
+        return held
+
+    def _forget(self, session: Session, item: _Forgetting, deadline: float) -> bool:
+        """Drop the cursors no subscription matches any more, until ``deadline``; whether it is done."""
+        cursors = session.cursors
+        if not cursors:
+            return True
+        if item.topics is None:
+            item.topics = list(cursors)
+        topics, index = item.topics, item.index
+        clock = time.perf_counter
+        while index < len(topics):
+            topic = topics[index]
+            index += 1
+            if topic in cursors and self._subscription(session, topic) is None:
+                del cursors[topic]
+            if clock() >= deadline:
+                break
+        item.index = index
+        return index >= len(topics)
 
 
 def start_offset(store: LogStore, info: LogInfo, start: OffsetStart) -> int:

@@ -213,8 +213,8 @@ class LimitsConfig:
     max_connect_packet_size: int = 65_536
     """Largest first packet (CONNECT, will included), in bytes: what an unauthenticated client may send."""
     max_partial_packet_bytes: int = 67_108_864
-    """Bytes all connections together may hold as packets not fully arrived; a connection that would pass it
-    is closed (v5: DISCONNECT 0x89 Server busy)."""
+    """Bytes all connections together may hold as packets not fully arrived; when a read passes it, the client
+    address holding the most gives way: its connections are closed (v5: DISCONNECT 0x89 Server busy)."""
     partial_packet_timeout_s: float = 30.0
     """Seconds a packet may take to arrive once its first byte came; a connection still sending is closed."""
     max_packet_size: int = 1_048_576

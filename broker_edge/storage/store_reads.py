@@ -263,8 +263,13 @@ class Reads(StoreState):
         """Every log (or those whose topic matches the MQTT filter `pattern`), sorted by topic."""
         return [info for chunk in self.iter_logs(pattern) for info in chunk]
 
-    def iter_logs(self, pattern: str | None = None, chunk: int = 2048) -> Iterator[list[LogInfo]]:
-        """`logs`, a sorted chunk at a time (the offsets API yields to the event loop between chunks)."""
+    def iter_logs(
+        self, pattern: str | None = None, chunk: int = 2048, every_scan: bool = False
+    ) -> Iterator[list[LogInfo]]:
+        """`logs`, a sorted chunk at a time (the offsets API yields to the event loop between chunks).
+
+        With `every_scan`, also a shorter (or empty) chunk after each run of names scanned (at most
+        `topic_order.CHUNK`), so that a caller may serve the loop between them however few names match."""
         if pattern is not None:
             check_filter(pattern)
         ids = self._ids
@@ -282,7 +287,7 @@ class Reads(StoreState):
                     topic_id = ids[name]
                     if not hidden or topic_id not in hidden:
                         batch.append(self._info(topic_id))
-            if len(batch) >= chunk:
+            if len(batch) >= chunk or every_scan:
                 yield batch
                 batch = []
         yield batch

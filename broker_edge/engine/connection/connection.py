@@ -39,6 +39,7 @@ from broker_edge.engine.connection.inbound import Inbound
 from broker_edge.engine.connection.outgoing import ABORT, CLOSE, Closing, ConnectionRare, Outgoing
 from broker_edge.engine.connection.reading import (
     OwnDecoder,
+    PeerPartial,
     forget_unfinished,
     own_decoder,
     settle_decoder,
@@ -52,6 +53,7 @@ from broker_edge.engine.connection.states import (
     HELD_FOR_ACKS,
     HELD_FOR_HANDOVER,
     HELD_FOR_RATE,
+    HELD_FOR_SUBACK,
     NEW,
     keepalive_deadline,
 )
@@ -62,7 +64,17 @@ from broker_edge.engine.publish_run import plain_run_end
 from broker_edge.engine.rare_fields import RareField
 from broker_edge.protocol.codec import PacketDecoder, encode
 from broker_edge.protocol.errors import MQTTError, PacketTooLarge, UnsupportedProtocolVersion
-from broker_edge.protocol.packets import MQTT_5, ConnAck, Connect, Disconnect, PubAck, PubAckRun, Publish
+from broker_edge.protocol.packets import (
+    MQTT_5,
+    ConnAck,
+    Connect,
+    Disconnect,
+    PubAck,
+    PubAckRun,
+    Publish,
+    Subscribe,
+    Unsubscribe,
+)
 from broker_edge.protocol.properties import Properties
 from broker_edge.protocol.reason_codes import ConnectReturnCode, ReasonCode
 
@@ -77,6 +89,10 @@ if TYPE_CHECKING:
 
 __all__ = ["Connection", "ConnectionHost"]
 
+_ANSWERED_LATER = frozenset((Subscribe, Unsubscribe))
+"""Packets whose answer may wait for work in later loop turns (``HELD_FOR_SUBACK``): the packets read after
+one wait for it too."""
+
 log = logging.getLogger("broker_edge.connection")
 
 
@@ -86,6 +102,8 @@ class ConnectionHost(BrokerContext, Protocol):
 
     partial_bytes: int
     """Bytes of packets not fully arrived, over all connections (``limits.max_partial_packet_bytes``)."""
+    partial_peers: dict[str, PeerPartial]
+    """Client address → its packets not fully arrived (``reading``: the one holding the most gives way)."""
     slow_subscribers: SlowSubscribers
     """What becomes of QoS 0 messages for a connection whose write buffer is full."""
 
@@ -279,6 +297,10 @@ class Connection(Outgoing):
         accepted than ``messages_per_second_per_client`` x seconds + ``messages_burst_per_client``, and none
         is lost.
 
+        A SUBSCRIBE or UNSUBSCRIBE whose answer waits (``HELD_FOR_SUBACK``: replays being positioned, log
+        cursors being dropped) stops it the same way: what the client sent after it is handled once it is
+        answered, so a pipelined flood of them costs one at a time.
+
         An MQTT 3.1.1 client (no Receive Maximum of its own) whose QoS 1/2 publishes read and not yet
         answered reach ``limits.receive_maximum`` stops the loop the same way, until the PUBLISH path has
         answered half of them (``acknowledged``): a broker behind on its log holds at most that many of a
@@ -333,7 +355,16 @@ class Connection(Outgoing):
                     session.on_pubacks([cast("PubAck", ack).packet_id for ack in packets[index:end]])
                     index = end - 1
                 else:
+                    if type(packet) is Subscribe and self._after_cursor_work(packets, index):
+                        return True
                     self._dispatch(packet)
+                    if (
+                        type(packet) in _ANSWERED_LATER
+                        and self.held & HELD_FOR_SUBACK
+                        and self.terms.state != CLOSED
+                    ):
+                        self.backlog = packets[index + 1 :]  # (empty: what later reads bring waits there)
+                        return True
                 if self.terms.state == CLOSED:
                     return False
                 held = self.inbound
@@ -344,6 +375,21 @@ class Connection(Outgoing):
             self.log().exception("internal error while handling a packet, closing the connection")
             self.close(ReasonCode.IMPLEMENTATION_SPECIFIC_ERROR, "internal error")
             return False
+        return True
+
+    def _after_cursor_work(self, packets: list[Packet], index: int) -> bool:
+        """Whether the SUBSCRIBE ``packets[index]`` waits, with what follows it, until the session's log
+        cursors are done being dropped or positioned (an unsubscribe the client did not send, such as of a
+        filter the ACL no longer allows; a replay a connection it took over from asked for): so a new
+        subscription never reads a cursor left by an old one."""
+        replays = self.terms.host.replays
+        session = self.session
+        if replays is None or session is None or self.terms.state != CONNECTED:
+            return False
+        if not replays.when_forgotten(session, partial(self.release, HELD_FOR_SUBACK)):
+            return False
+        self.backlog = packets[index:]
+        self.hold(HELD_FOR_SUBACK)
         return True
 
     def _start_inbound(self) -> Inbound:

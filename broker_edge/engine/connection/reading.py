@@ -4,8 +4,13 @@ Until its CONNECT is decoded a connection has a decoder of its own (``OwnDecoder
 with the idle connections of its protocol version (``SharedDecoder``), and takes one of its own again only
 while a packet is half-read (the start of a packet is moved over). The bytes of unfinished packets count
 into one broker-wide budget (``limits.max_partial_packet_bytes``), so many clients each sending part of a
-large packet cannot hold the broker's memory: over it, the connection that sent the last bytes is closed,
-and its bytes leave the budget then, not when its socket is gone (nothing it sends after is read).
+large packet cannot hold the broker's memory, and by client address (``PeerPartial``), so one address
+cannot hold it against the others: over the budget, the address holding the most unfinished bytes gives
+way. If that is the address of the connection that sent the last bytes, that connection is closed;
+otherwise that address's connections holding the most are, until the budget holds again. What a closed
+connection held leaves the budget at once, not when its socket is gone (nothing it sends after is read).
+A read costs a dict update for its address; only a read passing the budget looks at every address that
+holds unfinished bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +26,14 @@ if TYPE_CHECKING:
 
     from broker_edge.engine.connection.terms import Terms
 
-__all__ = ["OwnDecoder", "forget_unfinished", "own_decoder", "settle_decoder", "unfinished_since"]
+__all__ = [
+    "OwnDecoder",
+    "PeerPartial",
+    "forget_unfinished",
+    "own_decoder",
+    "settle_decoder",
+    "unfinished_since",
+]
 
 
 class Connection(Protocol):
@@ -32,6 +44,8 @@ class Connection(Protocol):
 
     def log(self) -> logging.LoggerAdapter[logging.Logger]: ...
 
+    def peer_host(self) -> str: ...
+
     def close(self, reason_code: int | None = None, reason_string: str | None = None) -> None: ...
 
     def abort(self) -> None: ...
@@ -39,22 +53,33 @@ class Connection(Protocol):
 
 class OwnDecoder(PacketDecoder):
     """A decoder of one connection's own (until CONNECT, and while a packet is half-read), with the bytes
-    of that packet counted into the host's ``partial_bytes`` and when it started arriving (host time; 0:
-    none)."""
+    of that packet counted into the host's ``partial_bytes`` and its address's ``PeerPartial`` (``peer``,
+    set while ``counted``), and when it started arriving (host time; 0: none)."""
 
-    __slots__ = ("counted", "since")
+    __slots__ = ("counted", "peer", "since")
 
     def __init__(self, max_packet_size: int, max_connect_size: int) -> None:
         super().__init__(max_packet_size, max_connect_size=max_connect_size)
         self.counted = 0
         self.since = 0.0
+        self.peer = ""
+
+
+class PeerPartial:
+    """The unfinished packets of one client address: their bytes, and the connections holding them."""
+
+    __slots__ = ("bytes", "connections")
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.connections: dict[Connection, None] = {}
 
 
 def own_decoder(conn: Connection) -> OwnDecoder:
     """Move what a read left in the shared decoder (the start of a packet, an error) into a decoder of the
     connection's own."""
     own = cast(SharedDecoder, conn.decoder).detach(OwnDecoder)
-    own.counted, own.since = 0, 0.0
+    own.counted, own.since, own.peer = 0, 0.0, ""
     conn.decoder = own
     return own
 
@@ -83,29 +108,79 @@ def forget_unfinished(conn: Connection) -> None:
     """The connection is gone: its unfinished bytes leave the broker-wide budget."""
     decoder = conn.decoder
     if not decoder.shared:
-        own = cast(OwnDecoder, decoder)
-        conn.terms.host.partial_bytes -= own.counted
-        own.counted = 0
+        _hold(conn, cast(OwnDecoder, decoder), 0)
+
+
+def _hold(conn: Connection, own: OwnDecoder, buffered: int) -> None:
+    """Count ``buffered`` bytes as what ``conn`` holds unfinished, in the budget and for its address."""
+    change = buffered - own.counted
+    if not change:
+        return
+    host = conn.terms.host
+    host.partial_bytes += change
+    peers = host.partial_peers
+    if own.counted:
+        peer = peers[own.peer]
+    else:
+        own.peer = conn.peer_host()
+        peer = peers.get(own.peer)
+        if peer is None:
+            peer = peers[own.peer] = PeerPartial()
+        peer.connections[conn] = None
+    peer.bytes += change
+    own.counted = buffered
+    if not buffered:
+        del peer.connections[conn]
+        if not peer.connections:
+            del peers[own.peer]
 
 
 def _count_partial(conn: Connection, own: OwnDecoder, completed: bool) -> bool:
     host = conn.terms.host
     buffered = own.buffered
-    host.partial_bytes += buffered - own.counted
-    own.counted = buffered
+    _hold(conn, own, buffered)
     if not buffered:
         own.since = 0.0
         return True
     if completed or not own.since:  # a new packet started arriving
         own.since = host.now()
-    if host.partial_bytes <= host.config.limits.max_partial_packet_bytes:
+    budget = host.config.limits.max_partial_packet_bytes
+    if host.partial_bytes <= budget:
         return True
-    conn.log().warning("closed: packets in progress on all connections exceed max_partial_packet_bytes")
-    host.partial_bytes -= own.counted  # it will never finish them: the budget is free for others at once
-    own.counted = 0
+    peers = host.partial_peers
+    mine = peers[own.peer]
+    heaviest = max(peers.values(), key=_bytes_of)
+    if heaviest.bytes <= mine.bytes:
+        _close_over_budget(conn, own, mine.bytes)
+        return False
+    held = heaviest.bytes
+    for other in sorted(heaviest.connections, key=_counted_of, reverse=True):
+        _close_over_budget(other, cast(OwnDecoder, other.decoder), held)
+        if host.partial_bytes <= budget:
+            break
+    return True
+
+
+def _bytes_of(peer: PeerPartial) -> int:
+    return peer.bytes
+
+
+def _counted_of(conn: Connection) -> int:
+    return cast(OwnDecoder, conn.decoder).counted
+
+
+def _close_over_budget(conn: Connection, own: OwnDecoder, address_bytes: int) -> None:
+    """Close ``conn``, of the address holding the most unfinished bytes (``address_bytes``) when they passed
+    the budget; what it held leaves the budget at once (it will never finish it)."""
+    conn.log().warning(
+        "closed: packets in progress on all connections exceed max_partial_packet_bytes, and this client's "
+        "address holds the most of them (%d bytes)",
+        address_bytes,
+    )
+    _hold(conn, own, 0)
+    host = conn.terms.host
     if conn.terms.state == CONNECTED:
         conn.close(ReasonCode.SERVER_BUSY, "too many bytes of unfinished packets on this broker")
     else:
         host.counters.refused("partial_budget")
         conn.abort()
-    return False

@@ -39,7 +39,8 @@ checked (the password, a cluster's claim of the session)."""
 HELD_FOR_RATE: Final = 2
 """The client's PUBLISH rate (``limits.messages_per_second_per_client``) is used up."""
 HELD_FOR_SUBACK: Final = 4
-"""A cluster node routes new subscriptions' records here only once it may send the SUBACK."""
+"""The SUBACK or UNSUBACK waits: replays being positioned or log cursors being dropped in later turns of the
+loop, or a cluster node routing new subscriptions' records here only once it may send the SUBACK."""
 HELD_FOR_ACKS: Final = 8
 """An MQTT 3.1.1 client has ``limits.receive_maximum`` QoS 1/2 publishes read and not yet answered."""
 HELD_FOR_SUBSCRIBERS: Final = 16

@@ -9,10 +9,11 @@ SUBSCRIBE (``<offset>``, ``earliest``, ``latest`` or ``time:<epoch-ms>``) or the
 ``$offset/<start>/<filter>``. Replays need the commitlog; without one such a filter is refused (0x80/0x83).
 A v5 SUBACK says when an asked offset is outside a log (``offset_out_of_range``, see
 ``broker_edge.engine.cursors``), unless the client set Request Problem Information to 0 [MQTT-3.1.2-29] or the
-properties would make the SUBACK larger than its Maximum Packet Size [MQTT-3.9.2-1, -2]. On a cluster node the
-SUBACK waits until the replays are positioned in logs other brokers hold (``ReplayManager.when_started``),
-then until the partitions the new subscriptions need are observed (the ``subscribe_gate`` port); reading from
-the client pauses meanwhile.
+properties would make the SUBACK larger than its Maximum Packet Size [MQTT-3.9.2-1, -2]. The SUBACK waits
+until the replays are positioned (``ReplayManager.when_started``): in this broker's logs a slice per loop
+turn, when a filter matches more logs than a turn's budget positions, and on a cluster node in the logs other
+brokers hold; then, on a cluster node, until the partitions the new subscriptions need are observed (the
+``subscribe_gate`` port). Reading from the client pauses meanwhile.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def handle_subscribe(ctx: BrokerContext, conn: Client, session: Session, packet:
         codes.append(sub.qos)
         if start is not None and replays is not None:
             session.log_offsets = True  # asked for log delivery: deliveries carry their offset
-            outside += replays.start(session, topic_filter, start)  # positioned now, read after SUBACK
+            outside += replays.start(session, topic_filter, start)  # read after the SUBACK
             replaying = True
         elif group is None and (sub.retain_handling == 0 or (sub.retain_handling == 1 and is_new)):
             retained.append((topic_filter, options))
@@ -162,7 +163,7 @@ def handle_subscribe(ctx: BrokerContext, conn: Client, session: Session, packet:
             released()
 
     if replaying and replays is not None and replays.when_started(session, outside, started):
-        conn.hold(HELD_FOR_SUBACK)  # a cluster node asks the brokers holding the logs where the replays start
+        conn.hold(HELD_FOR_SUBACK)  # positioned in later turns, or by asking the brokers holding the logs
         return
     if not gated():
         acknowledge()

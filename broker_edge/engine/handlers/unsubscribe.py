@@ -2,12 +2,16 @@
 
 A filter is matched exactly as it was subscribed (``$share/<group>/...`` included; the v3 replay form
 ``$offset/<start>/<filter>`` names the plain filter). v5 answers 0x11 for a filter that was not subscribed.
+The session's log cursors no remaining subscription matches are dropped a slice per loop turn
+(``ReplayManager.forget_filter``); when that takes more than this turn, the UNSUBACK waits for it and
+reading from the client pauses meanwhile, so its next packets find them gone.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from broker_edge.engine.connection.states import CLOSED, HELD_FOR_SUBACK
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.packets import UnsubAck, Unsubscribe
 from broker_edge.protocol.reason_codes import ReasonCode
@@ -31,4 +35,15 @@ def handle_unsubscribe(ctx: BrokerContext, conn: Client, session: Session, packe
             continue
         removed = router.unsubscribe(session, key)
         codes.append(ReasonCode.SUCCESS if removed else ReasonCode.NO_SUBSCRIPTION_EXISTED)
-    conn.send_packet(UnsubAck(packet.packet_id, codes if conn.terms.v5 else []))
+    unsuback = UnsubAck(packet.packet_id, codes if conn.terms.v5 else [])
+
+    def forgotten() -> None:
+        if conn.state != CLOSED:
+            conn.send_packet(unsuback)
+            conn.release(HELD_FOR_SUBACK)
+
+    replays = ctx.replays
+    if replays is not None and replays.when_forgotten(session, forgotten):
+        conn.hold(HELD_FOR_SUBACK)  # the cursors of the filters are being dropped
+        return
+    conn.send_packet(unsuback)

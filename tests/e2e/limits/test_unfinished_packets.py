@@ -2,16 +2,18 @@
 in progress, and a time limit for one packet to arrive.
 
 Written as the attack: many sockets each send the first half of a large packet and then nothing, before
-CONNECT and after it (MQTT 3.1.1 with keep alive 0, which no keep alive timeout ends).
+CONNECT and after it (MQTT 3.1.1 with keep alive 0, which no keep alive timeout ends); and one address
+filling the budget while a client at another address sends a large packet in two reads.
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import time
 
 from broker_edge.protocol.codec import encode
-from broker_edge.protocol.packets import Connect, Publish
+from broker_edge.protocol.packets import Connect, PubAck, Publish
 from broker_edge.protocol.properties import Properties
 from tests.e2e.broker_clients import TIMEOUT, PahoClient, RawClient, wait_for
 
@@ -77,3 +79,46 @@ def test_half_sent_publishes_share_a_broker_wide_budget_and_a_time_limit(start_b
     sub.subscribe("big", 0)
     PahoClient(broker.port, "pub").publish("big", b"y" * 1_000_000, 0)  # a whole large packet still passes
     assert len(sub.expect(1)[0].payload) == 1_000_000
+
+
+def client_at(port: int, address: str) -> RawClient:
+    """A v5 raw client whose connection comes from ``address`` (any of 127.0.0.0/8 on loopback)."""
+    sock = socket.socket()
+    sock.settimeout(TIMEOUT)
+    sock.bind((address, 0))
+    sock.connect(("127.0.0.1", port))
+    return RawClient(port, 5, sock=sock)
+
+
+def test_a_peer_holding_the_partial_budget_gives_way_to_a_client_at_another_address(start_broker):
+    budget = 2 * 1024 * 1024
+    broker = start_broker(
+        limits={
+            "max_partial_packet_bytes": budget,
+            "messages_per_second_per_client": 0,
+            "new_connections_per_second": 0,
+        }
+    )
+    almost = encode(Publish("big", b"x" * 500_000, 0), 5)[:-10]  # all but the last 10 bytes
+    hogs = []
+    for n in range(4):  # one address, 4 x 500 KB half-sent: just under the budget
+        hog = client_at(broker.port, "127.0.0.1")
+        assert hog.connect(f"hog-{n}").reason_code == 0
+        hog.send(almost)
+        hogs.append(hog)
+    assert wait_for(lambda: partial_bytes(broker) == 4 * len(almost))
+
+    sub = PahoClient(broker.port, "sub")
+    sub.subscribe("plant/upload", 1)
+    victim = client_at(broker.port, "127.0.0.2")
+    assert victim.connect("victim").reason_code == 0
+    upload = encode(Publish("plant/upload", b"v" * 200_000, 1, packet_id=7), 5)
+    victim.send(upload[:100_000])  # the budget is passed: the hogs' address holds the most, not the victim's
+    assert hogs[0].expect_disconnect(0x89)  # the oldest of the largest gives way, and one is enough
+    assert not any(hog.closed(timeout=0.2) for hog in hogs[1:])
+    time.sleep(0.3)
+    victim.send(upload[100_000:])
+    answer = victim.recv()
+    assert isinstance(answer, PubAck) and answer.packet_id == 7 and answer.reason_code == 0
+    assert len(sub.expect(1)[0].payload) == 200_000
+    assert partial_bytes(broker) == 3 * len(almost)
