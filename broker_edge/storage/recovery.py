@@ -11,10 +11,9 @@
    written in the same or later jobs, removed); a record whose frame fails its CRC between valid entries
    stays as a hole. Rolled ones go to the sealer once the store runs; the last one is the active segment.
 
-Files lost between runs are found on the way and reported at ERROR: a segment file gone whose records
-were still its topics' (`_report_missing_segments`), a sealed segment shorter than its index
-(`_report_short_segments`), and a log that now ends below what its log had reached (`_lost_ends`: the store
-keeps those offsets as a gap, never given again).
+Files lost between runs are found on the way and reported at ERROR (`lost_files`): a segment file gone
+whose records were still its topics', a sealed segment shorter than its index, and a log that now ends
+below what it had reached (the store keeps those offsets as a gap, never given again).
 
 After a clean close step 3 finds nothing (close sealed every segment) and step 2 nothing newer than the
 snapshot: an open reads the catalog, the snapshot and each segment's header and summary.
@@ -32,15 +31,23 @@ from dataclasses import dataclass, field
 from broker_edge.bounds import MAX_OFFSET
 
 from .active_index import NO_PREVIOUS, UNKNOWN_ROW, ActiveIndex, pointer
-from .catalog import CATALOG_FILE, CatalogDamaged, TopicCatalog
+from .catalog import CATALOG_FILE, TopicCatalog
 from .entry import HEAD_SIZE, MARKER_BIT, RESTART, TRUNCATE, EntryError, Marker, parse_marker
 from .file_pool import FileHandlePool
+from .lost_files import (
+    Evidence,
+    check_catalog_end,
+    lost_ends,
+    refuse_without_catalog,
+    report_missing_segments,
+    report_short_segments,
+)
 from .open_index import read_open_index
 from .partition_log import PartitionConfig, PartitionLog
 from .quarantine import Quarantine
 from .recent import RecentWindows
 from .record import PREFIX, PREFIX_SIZE
-from .sealed_index import Group, GroupBlocks, SealedIndex, build, write_index
+from .sealed_index import GroupBlocks, SealedIndex, build, write_index
 from .segment import SEALED, Segment, fsync_directory, segment_paths
 from .segment_scan import SegmentScanner, apply_groups, remove_file, truncate_segment, write_open_header
 from .topic_table import NO_TIME, SNAPSHOT_FILE, SealedState, Snapshot, TopicTable, read_snapshot
@@ -115,7 +122,7 @@ def open_partitions(
     snapshot = read_snapshot(os.path.join(log_directory, SNAPSHOT_FILE))
     catalog_path = os.path.join(log_directory, CATALOG_FILE)
     if not os.path.exists(catalog_path):
-        _refuse_without_catalog(log_directory, catalog_path, snapshot)
+        refuse_without_catalog(log_directory, catalog_path, snapshot)
     catalog = TopicCatalog(catalog_path)
     catalog_dropped = (
         catalog.load(snapshot.catalog_bytes, snapshot.catalog_crc) if snapshot is not None else catalog.load()
@@ -131,9 +138,9 @@ def open_partitions(
         return part
 
     parts = [partition_log(number) for number in range(count)]
-    evidence = _Evidence()
+    evidence = Evidence()
     found, failed = _found_segments(parts, pool, blocks, evidence)
-    _check_catalog_end(catalog, catalog_dropped, snapshot, found, evidence)
+    check_catalog_end(catalog, catalog_dropped, snapshot, found, evidence)
     catalog.cut_torn_end()
     _set_aside_strays(catalog, count, quarantine)
     opened = _load_sealed(parts, found, failed, catalog, snapshot, quarantine)
@@ -151,7 +158,7 @@ def open_partitions(
         for part in parts
     }
     opened.repairs.extend(repairs.values())
-    _report_missing_segments(parts, found, snapshot, table, evidence, repairs)
+    report_missing_segments(parts, found, snapshot, table, evidence, repairs)
     for part, unsealed in zip(parts, opened.unsealed_by_partition, strict=True):
         repair = repairs[part.number]
         if part.number in opened.failed:
@@ -169,12 +176,12 @@ def open_partitions(
             opened.failed[part.number] = unreadable
             continue
         part.resume_active()
-    _report_short_segments(parts, evidence, repairs)
+    report_short_segments(parts, evidence, repairs)
     for number, why in sorted(opened.failed.items()):
         parts[number] = _set_partition_aside(parts[number], why, catalog, quarantine, partition_log)
     if opened.unused_snapshot is not None:
         _keep_what_only_the_snapshot_knows(table, opened.unused_snapshot)
-    gaps = _lost_ends(table, sealed, opened, evidence, quarantine)
+    gaps = lost_ends(table, sealed, opened.unused_snapshot, opened.marked, opened.names, evidence, quarantine)
     return Opened(
         catalog,
         table,
@@ -253,226 +260,6 @@ def _shrink(sealed: SealedState, topics: int) -> None:
 
 
 @dataclass(slots=True)
-class _Evidence:
-    """What indexes that no longer match their data recorded: offsets the logs had reached."""
-
-    ends: dict[int, int] = field(default_factory=dict)
-    """Topic id -> the end of its newest group in those indexes."""
-    top_topic: int = -1
-    """The highest topic id they name."""
-    short: dict[tuple[int, int], tuple[int, int, int]] = field(default_factory=dict)
-    """(partition, segment) -> (its size, the data bytes and the entries its sealed index recorded), for
-    segments shorter than their sealed index says."""
-    orphans: list[tuple[int, int, str, list[Group]]] = field(default_factory=list)
-    """(partition, segment, index path, its groups) of sealed indexes whose segment file is gone."""
-
-    def add(self, groups: list[Group]) -> None:
-        ends = self.ends
-        for group in groups:
-            end = group.first_offset + group.count
-            if end > ends.get(group.topic_id, -1):
-                ends[group.topic_id] = end
-        if groups:
-            self.top_topic = max(self.top_topic, groups[-1].topic_id)
-
-
-def _refuse_without_catalog(log_directory: str, path: str, snapshot) -> None:
-    """Raise `CatalogDamaged` when the catalog is gone but segments hold records (or the snapshot counts
-    topics): the records' topic names are in no other file, and a new catalog would give their ids to other
-    topics. A directory without segment data is a new store."""
-    held = []
-    for name in sorted(os.listdir(log_directory)):
-        directory = os.path.join(log_directory, name)
-        if not name.isdigit() or not os.path.isdir(directory):
-            continue
-        for file in sorted(os.listdir(directory)):
-            if file.endswith(".log") and os.path.getsize(os.path.join(directory, file)) > 0:
-                held.append(os.path.join(directory, file))
-    if not held and (snapshot is None or not len(snapshot.sealed)):
-        return
-    if not held:
-        what = f"the topic table snapshot counts {len(snapshot.sealed)} topics"
-    elif len(held) == 1:
-        what = f"{held[0]} holds records"
-    else:
-        what = f"{held[0]} and {len(held) - 1} more segment files hold records"
-    raise CatalogDamaged(
-        f"{path} is missing, but {what} of the topics it named: the store does not start empty over them. "
-        f"Put the catalog back (from a backup), or move {os.path.dirname(log_directory)} aside to start "
-        "with an empty store"
-    )
-
-
-def _check_catalog_end(
-    catalog: TopicCatalog,
-    cut: int,
-    snapshot,
-    found: list[list[tuple[Segment, SealedIndex | None]]],
-    evidence: _Evidence,
-) -> None:
-    """Raise `CatalogDamaged` (the file left as it is) when topics past the catalog's good entries have
-    records in sealed segments, or the snapshot counts their entries as durable: such an entry was written
-    and synced before the records (a torn entry at the end is one whose records were never acknowledged,
-    cut by `TopicCatalog.cut_torn_end`). Costs nothing more than the indexes' summaries unless the catalog
-    has a damaged end (then one small pread per sealed segment)."""
-    known = len(catalog)
-    named, where = evidence.top_topic, "a sealed index whose segment is damaged or gone"
-    for segments in found:
-        for segment, index in segments:
-            if index is None or not index.groups:
-                continue
-            top = index.last_topic_id() if cut else index.summary[-1]
-            if top > named or (top == named and top >= known):
-                named, where = top, segment.log_path
-    covered = snapshot.catalog_bytes if snapshot is not None else 0
-    if named < known and covered <= catalog.size:
-        return
-    damaged = f"its entries end at byte {catalog.size} ({known} topics)" + (
-        f", followed by {cut} bytes that are not a valid entry" if cut else ""
-    )
-    if named >= known:
-        why = f"{where} holds records of topic id {named}, whose entry is lost"
-    else:
-        why = f"the topic table snapshot counts {covered} bytes of it as written and synced"
-    raise CatalogDamaged(
-        f"{catalog.path} is damaged: {damaged}, but {why} (an entry is synced before its topic's first "
-        "record). Put the catalog back (from a backup); the store does not open without the names of its "
-        "logs"
-    )
-
-
-def _report_missing_segments(
-    parts: list[PartitionLog],
-    found: list[list[tuple[Segment, SealedIndex | None]]],
-    snapshot,
-    table: TopicTable,
-    evidence: _Evidence,
-    repairs: dict[int, PartitionRepair],
-) -> None:
-    """Segment files gone while records of theirs are still their topics' (at or above the topic's start:
-    retention deletes a segment only once none is): logged at ERROR with the records lost, counted in the
-    partition's repair. Found by a sealed index left without its data (precise), or, for a segment whose
-    index went too, by a topic whose newest segment it was; a segment gone from the middle of a topic's
-    chain without either is found at the first read that needs it (``partition_locate``). The readers'
-    walk steps over missing segments to the older ones, so every record still on disk is served."""
-    starts = snapshot.start if snapshot is not None else array("q")
-
-    def start_of(topic_id: int) -> int:
-        start = table.start[topic_id]
-        return max(start, starts[topic_id]) if topic_id < len(starts) else start
-
-    losses: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
-    for partition, number, _path, groups in evidence.orphans:
-        for group in groups:
-            topic_id = group.topic_id
-            if topic_id >= len(table) or topic_id in table.truncated:
-                continue
-            first = max(group.first_offset, start_of(topic_id))
-            end = group.first_offset + group.count
-            if end > first:
-                losses.setdefault((partition, number), []).append((topic_id, first, end))
-    orphaned = {(partition, number) for partition, number, _path, _groups in evidence.orphans}
-    gone: dict[int, int] = {}  # a segment number gone from the middle or the end of a partition -> partition
-    for part, segments in zip(parts, found, strict=True):
-        numbers = {segment.number for segment, _index in segments}
-        if not numbers:
-            continue
-        newest = max(numbers)
-        if snapshot is not None and part.number < len(snapshot.applied):
-            newest = max(newest, snapshot.applied[part.number][0])
-        for number in range(min(numbers), newest + 1):
-            if number not in numbers and (part.number, number) not in orphaned:
-                gone[number] = part.number
-    if gone:
-        head_seg = table.head_seg
-        for number, partition in gone.items():
-            if not head_seg.count(number):
-                continue
-            for topic_id, head in enumerate(head_seg):
-                if head != number or table.partition[topic_id] != partition or topic_id in table.truncated:
-                    continue
-                first = max(table.head_first[topic_id], start_of(topic_id))
-                if table.next[topic_id] > first:
-                    losses.setdefault((partition, number), []).append((topic_id, first, table.next[topic_id]))
-    for (partition, number), lost in sorted(losses.items()):
-        repair = repairs[partition]
-        repair.missing_segments.append(number)
-        records = sum(end - first for _topic, first, end in lost)
-        repair.records_lost += records
-        ranges = ", ".join(
-            f"{parts[partition].names[topic_id]!r} offsets {first} to {end - 1}"
-            for topic_id, first, end in lost[:_NAMED]
-        )
-        more = f" and {len(lost) - _NAMED} more logs" if len(lost) > _NAMED else ""
-        log.error(
-            "%s is missing%s: %d records of %d logs are lost (%s%s); reads of them answer that they are "
-            "missing, the records of the other segments are served",
-            segment_paths(parts[partition].directory, number)[0],
-            " (its sealed index is there)" if (partition, number) in orphaned else "",
-            records, len(lost), ranges, more,
-        )  # fmt: skip
-
-
-_NAMED = 10
-"""Logs named in one line about records lost (the count says how many more)."""
-
-
-def _report_short_segments(
-    parts: list[PartitionLog], evidence: _Evidence, repairs: dict[int, PartitionRepair]
-) -> None:
-    """Sealed segments whose file is shorter than their sealed index says (cut, or its end lost), read
-    again from their data: logged at ERROR with the bytes and entries missing, counted as records lost."""
-    for (partition, number), (size, data_size, rows) in sorted(evidence.short.items()):
-        segment = parts[partition].by_number.get(number)
-        if segment is None:
-            continue
-        missing = max(rows - segment.row_count, 0)
-        repairs[partition].records_lost += missing
-        log.error(
-            "%s is %d bytes shorter than its sealed index says (%d of %d bytes): %d of its %d entries are "
-            "lost; the segment was read again from its data",
-            segment.log_path, data_size - size, size, data_size, missing, rows,
-        )  # fmt: skip
-
-
-def _lost_ends(
-    table: TopicTable, sealed: SealedState, loading: _Loading, evidence: _Evidence, quarantine: Quarantine
-) -> list[tuple[int, int, int]]:
-    """Topics whose log now ends below an offset the log had reached, by the snapshot (one that could not
-    be used) or the indexes of segments now short or gone: (topic id, next offset, that end). Logged at
-    ERROR. The store keeps the offsets between as a gap, so that none is given to a new record. Topics
-    truncated or restarted by a marker (a follower's, legitimately below what it once held) are left out."""
-    reached = dict(evidence.ends)
-    snapshot = loading.unused_snapshot
-    if snapshot is not None:
-        ends = snapshot.sealed.end
-        for topic_id in range(min(len(ends), len(table))):
-            if ends[topic_id] > reached.get(topic_id, -1):
-                reached[topic_id] = ends[topic_id]
-    skip = table.truncated | sealed.restarts.keys() | loading.marked
-    gaps = [
-        (topic_id, table.next[topic_id], end)
-        for topic_id, end in sorted(reached.items())
-        if topic_id < len(table)
-        and end > table.next[topic_id]
-        and topic_id not in skip
-        and topic_id not in quarantine
-    ]
-    if gaps:
-        names = loading.names
-        ranges = ", ".join(
-            f"{names[topic_id]!r} offsets {first} to {end - 1}" for topic_id, first, end in gaps[:_NAMED]
-        )
-        more = f" and {len(gaps) - _NAMED} more logs" if len(gaps) > _NAMED else ""
-        log.error(
-            "%d records at the end of %d logs are lost (%s%s): their offsets stay a gap (reads of them "
-            "answer that they are missing) and new records go on after them",
-            sum(end - first for _topic, first, end in gaps), len(gaps), ranges, more,
-        )  # fmt: skip
-    return gaps
-
-
-@dataclass(slots=True)
 class _Loading:
     sealed: SealedState
     applied: dict[int, tuple[int, int]]
@@ -494,7 +281,7 @@ class _Loading:
 
 
 def _found_segments(
-    parts: list[PartitionLog], pool: FileHandlePool, blocks: GroupBlocks, evidence: _Evidence
+    parts: list[PartitionLog], pool: FileHandlePool, blocks: GroupBlocks, evidence: Evidence
 ) -> tuple[list[list[tuple[Segment, SealedIndex | None]]], dict[int, BaseException]]:
     """Each partition's segments with their sealed index when it is valid (None otherwise), and the
     partitions whose files cannot be read, with why. What an index whose data file is shorter than it says,
@@ -622,7 +409,7 @@ def _keep_what_only_the_snapshot_knows(table: TopicTable, snapshot) -> None:
     """After applying every sealed index again (a damaged one made the snapshot unusable): topics no segment
     holds any more (retention deleted theirs: every record was below the start) keep the snapshot's end, so
     that their offsets go on where they were, and every topic keeps at least the snapshot's start. Records
-    above the start that no segment holds any more are lost: `_lost_ends`."""
+    above the start that no segment holds any more are lost: `lost_files.lost_ends`."""
     old = snapshot.sealed
     for topic_id in range(min(len(old), len(table))):
         if (
