@@ -42,6 +42,22 @@ if TYPE_CHECKING:
 __all__ = ["handle_subscribe"]
 
 
+def _refused(
+    ctx: BrokerContext, conn: Client, session: Session, topic_filter: str, reason: str, why: str
+) -> None:
+    """Count a filter refused for ``reason`` and say so (``why``), limited per reason like every refusal."""
+    ctx.counters.drop(reason)
+    ctx.counters.refusal_log.write(
+        conn.log(),
+        ctx.now(),
+        reason,
+        f"subscribe refused: {why}",
+        action="subscribe",
+        topic=topic_filter,
+        username=session.username or "",
+    )
+
+
 def _filter_bytes(session: Session) -> int:
     """UTF-8 bytes of the filters ``session`` holds (``limits.max_subscription_bytes_per_client``)."""
     return sum(len(key.encode()) for key in session.subscriptions or ())
@@ -87,16 +103,7 @@ def handle_subscribe(ctx: BrokerContext, conn: Client, session: Session, packet:
             fail(ReasonCode.TOPIC_FILTER_INVALID)
             continue
         if acl is not None and not acl.can_subscribe(session.client_id, session.username, topic_filter):
-            ctx.counters.drop("subscribe_denied")
-            ctx.counters.refusal_log.write(
-                conn.log(),
-                ctx.now(),
-                "subscribe_denied",
-                "subscribe refused: subscribe_denied",
-                action="subscribe",
-                topic=topic_filter,
-                username=session.username or "",
-            )
+            _refused(ctx, conn, session, topic_filter, "subscribe_denied", "subscribe_denied")
             fail(ReasonCode.NOT_AUTHORIZED)
             continue
         if start is not None and (replays is None or group is not None):
@@ -110,16 +117,8 @@ def handle_subscribe(ctx: BrokerContext, conn: Client, session: Session, packet:
             fail(ReasonCode.QUOTA_EXCEEDED)
             continue
         if existing is None and not router.match_cost_allows(topic_filter):
-            ctx.counters.drop("subscribe_match_cost")
-            ctx.counters.refusal_log.write(
-                conn.log(),
-                ctx.now(),
-                "subscribe_match_cost",
-                "subscribe refused: with this filter a publish could visit more than limits.max_match_nodes",
-                action="subscribe",
-                topic=topic_filter,
-                username=session.username or "",
-            )
+            why = "with this filter a publish could visit more than limits.max_match_nodes"
+            _refused(ctx, conn, session, topic_filter, "subscribe_match_cost", why)
             fail(ReasonCode.QUOTA_EXCEEDED)
             continue
         options = SubscriptionOptions(
