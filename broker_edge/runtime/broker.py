@@ -131,6 +131,8 @@ class Broker(BrokerCore):
         self.read_turns = ReadTurns(config.limits.read_bytes_per_turn, self.call_soon)
         """How many bytes one turn of the loop reads from clients (``transports.turns``)."""
         self.store: LogStore | None = None
+        self.records_lost_at_open = 0
+        """Records the store found gone from its files when it opened (``RecoveryReport.records_lost``)."""
         self.cluster_node: ClusterNode | None = None
         """This broker's part in its cluster (``cluster:`` configured), after ``start``; None: a broker
         alone, nothing of the cluster is loaded."""
@@ -330,6 +332,7 @@ class Broker(BrokerCore):
             raise
         if report.repaired:
             log.warning("commitlog recovery repaired %d logs", len(report.repaired))
+        self.records_lost_at_open = report.records_lost
         self.attach_store(store, self.loop)
         budget = store.tail_cache_budget
         self.metrics.gauge(
@@ -623,6 +626,7 @@ class Broker(BrokerCore):
                 {"topic": entry.topic, "reason": entry.reason, "since_ms": entry.since_ms}
                 for entry in (self.store.quarantined() if self.store is not None else [])
             ],
+            "records_lost_at_open": self.records_lost_at_open,
         }
 
     # -- the one timer ------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from typing import Any, Literal
 
 from paho.mqtt.packettypes import PacketTypes
@@ -69,3 +71,9 @@ class LoopThread(loop_thread.LoopThread):
     def __init__(self) -> None:
         super().__init__("test-clients")
         self.start()
+
+
+def health(broker: Any) -> dict:
+    """The broker's ``/health`` report (a ``BrokerProcess``: its admin port)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{broker.admin_port}/health", timeout=10) as answer:
+        return json.loads(answer.read())

@@ -20,6 +20,7 @@ import pytest
 from broker_edge.offsets_api.client import CorruptRecordError, OffsetsClient
 from broker_edge.runtime.launcher import BrokerProcess
 from tests.e2e.broker_clients import PahoClient
+from tests.e2e.commitlog.e2e_helpers import health
 from tests.unit.broker_edge.storage.log_helpers import entry_positions, partition_segments
 
 COUNT = 120
@@ -92,6 +93,9 @@ def test_a_deleted_middle_segment_loses_only_its_records(copy: Path):
                 with pytest.raises(CorruptRecordError) as caught:
                     client.fetch(topic, lost[topic][0])
                 assert caught.value.next_offset == lost[topic].stop
+        report = health(broker)
+        assert report["status"] == "ok"
+        assert report["records_lost_at_open"] == sum(len(offsets) for offsets in lost.values())
     finally:
         broker.stop()
     text = broker.log_path.read_text()

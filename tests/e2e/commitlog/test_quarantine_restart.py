@@ -14,7 +14,6 @@ again, after a clean stop and after SIGKILL, with the same logs set aside.
 from __future__ import annotations
 
 import contextlib
-import json
 import urllib.request
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from broker_edge.runtime.launcher import BrokerProcess
 from broker_edge.storage import LogStore, StorageConfig
 from broker_edge.storage.entry import RESTART, TRUNCATE
 from tests.e2e.broker_clients import PahoClient
+from tests.e2e.commitlog.e2e_helpers import health
 from tests.unit.broker_edge.storage.log_helpers import (
     add_catalog_entry,
     append_to_last_segment,
@@ -57,11 +57,6 @@ CARRIER = in_partition("carrier/", 0, 1)[0]
 is damaged by it: that store's doing, served as a damaged record)."""
 ORDER = [RESTART_63, TRUNCATE_64, RECORD_63, *KEEP, *IN_PARTITION_1]
 """Created in this order: topic ids 0, 1, 2, ... (the damage below names them by id)."""
-
-
-def health(broker: BrokerProcess) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{broker.admin_port}/health", timeout=10) as answer:
-        return json.loads(answer.read())
 
 
 def quarantined_metric(broker: BrokerProcess) -> float:
