@@ -46,6 +46,11 @@ RECOUNT_S = 10.0
 """Seconds between two counts of the subscription trie's walks that a refused SUBSCRIBE may ask for."""
 
 
+def _walk_allowed(trie: SubscriptionTrie[Session], topic_filter: str, limit: int) -> bool:
+    walk = trie.walk_with(topic_filter)
+    return walk <= limit or walk <= trie.walk
+
+
 def _is_online(session: Session) -> bool:
     return session.connection is not None
 
@@ -261,17 +266,19 @@ class Router:
 
     def match_cost_allows(self, topic_filter: str) -> bool:
         """Whether one more subscription to ``topic_filter`` keeps every match within
-        ``limits.max_match_nodes`` nodes visited (0: no limit). Upper bounds left by unsubscribes are counted
-        again first, at most once per ``RECOUNT_S`` (a count visits every node of the trie)."""
+        ``limits.max_match_nodes`` nodes visited (0: no limit), or at least adds nothing to the most one can
+        visit (a trie already past the limit, restored or made under a higher one, still takes filters that
+        cost nothing more). Upper bounds left by unsubscribes are counted again first, at most once per
+        ``RECOUNT_S`` (a count visits every node of the trie)."""
         limit = self.limits.max_match_nodes
         trie = self.trie
-        if not limit or trie.walk_with(topic_filter) <= limit:
+        if not limit or _walk_allowed(trie, topic_filter, limit):
             return True
         if trie.walks_exact or self.clock() - self._walks_counted_at < RECOUNT_S:
             return False
         trie.recount_walks()
         self._walks_counted_at = self.clock()
-        return trie.walk_with(topic_filter) <= limit
+        return _walk_allowed(trie, topic_filter, limit)
 
     def subscribe(
         self, session: Session, key: str, topic_filter: str, group: str | None, options: SubscriptionOptions

@@ -268,6 +268,11 @@ class SubscriptionTrie(Generic[S]):
 
     # -- the cost of a match -------------------------------------------------------------------------------
 
+    @property
+    def walk(self) -> int:
+        """The most nodes one match visits now (an upper bound unless ``walks_exact``)."""
+        return self._root.walk
+
     def walk_with(self, topic_filter: str) -> int:
         """The most nodes one match would visit (the root's ``walk``) with ``topic_filter`` added too; an
         upper bound unless ``walks_exact``."""

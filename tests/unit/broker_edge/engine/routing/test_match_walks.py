@@ -7,7 +7,9 @@ import random
 
 import pytest
 
+from broker_edge.engine.routing.router import Router
 from broker_edge.engine.routing.subscriptions import SubscriptionOptions, SubscriptionTrie
+from broker_edge.security.limits import LimitsConfig
 
 
 def _visits(trie: SubscriptionTrie[int], topic: str) -> int:
@@ -95,3 +97,17 @@ def test_a_fleets_filters_keep_the_walk_short() -> None:
     ):
         trie.add(topic_filter, 10_000 + consumer, SubscriptionOptions())
     assert trie._root.walk <= 16
+
+
+def test_a_trie_past_the_limit_takes_filters_that_cost_nothing_more() -> None:
+    """Filters restored from sessions, or made under a higher limit, may hold the trie past the limit: a
+    filter that adds nothing to the walk is still taken, one that adds is not."""
+    router = Router(LimitsConfig(max_match_nodes=64))
+    trie = router.trie
+    session = router.session_type("restored")
+    for levels in itertools.product("a+", repeat=6):
+        trie.add("/".join(levels), session, SubscriptionOptions())  # as a restore adds them: unchecked
+    assert trie.walk > 64
+    assert router.match_cost_allows("a/a/a/a/a/a")  # held already: nothing more
+    assert router.match_cost_allows("b/c")  # another branch, far shorter than the widest
+    assert not router.match_cost_allows("a/a/a/a/a/a/+")  # one more level under every branch
