@@ -324,6 +324,13 @@ class RawClient:
         self.sock.close()
 
 
+def raw_client_from(port: int, source: str, version: int = 5) -> RawClient:
+    """A raw client whose connection comes from ``source`` (any 127.x.y.z address is this machine's
+    loopback): what the broker counts per client address sees it as another peer."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT, source_address=(source, 0))
+    return RawClient(port, version, sock)
+
+
 def stalled_subscriber(port: int, client_id: str, filters: list[Subscription], version: int = 5) -> RawClient:
     """A client subscribed to ``filters`` with a small receive window, that the test does not read: the
     broker's buffer towards it fills."""

@@ -16,7 +16,7 @@ from broker_edge.protocol.packets import (
     Subscription,
 )
 from broker_edge.protocol.properties import Properties
-from tests.e2e.broker_clients import TIMEOUT, PahoClient, RawClient, wait_for
+from tests.e2e.broker_clients import TIMEOUT, PahoClient, RawClient, raw_client_from, wait_for
 from tests.e2e.broker_clients import stalled_subscriber as stalled
 
 
@@ -51,15 +51,6 @@ def test_new_connection_rate_v5_gets_0x9f_v3_is_closed(start_broker):
     assert isinstance(first.recv(), PubAck)
 
 
-def _from(source: str, port: int, version: int = 5) -> RawClient:
-    """A client whose socket comes from ``source`` (any 127.x.y.z address is this machine's loopback)."""
-    return RawClient(
-        port,
-        version,
-        socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT, source_address=(source, 0)),
-    )
-
-
 def test_new_connection_rate_is_per_source_address(start_broker):
     broker = start_broker(
         limits={
@@ -69,12 +60,13 @@ def test_new_connection_rate_is_per_source_address(start_broker):
             "new_connections_burst_per_address": 2,
         }
     )
-    flood = [_from("127.0.0.66", broker.port).connect(f"flood{i}").reason_code for i in range(6)]
+    flood = [raw_client_from(broker.port, "127.0.0.66").connect(f"flood{i}").reason_code for i in range(6)]
     assert flood == [0, 0] + [0x9F] * 4, "the flooding address is refused on its own bucket"
-    assert _from("127.0.0.2", broker.port).connect("device-a").reason_code == 0
-    assert _from("127.0.0.3", broker.port).connect("device-b").reason_code == 0
-    assert _from("127.0.0.4", broker.port).connect("device-c").reason_code == 0
-    assert _from("127.0.0.5", broker.port).connect("device-d").reason_code == 0x9F, "the overall cap holds"
+    assert raw_client_from(broker.port, "127.0.0.2").connect("device-a").reason_code == 0
+    assert raw_client_from(broker.port, "127.0.0.3").connect("device-b").reason_code == 0
+    assert raw_client_from(broker.port, "127.0.0.4").connect("device-c").reason_code == 0
+    fifth = raw_client_from(broker.port, "127.0.0.5").connect("device-d")
+    assert fifth.reason_code == 0x9F, "the overall cap holds"
     assert broker.refused("rate") == 5
 
 

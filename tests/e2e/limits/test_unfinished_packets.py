@@ -15,7 +15,7 @@ import time
 from broker_edge.protocol.codec import encode
 from broker_edge.protocol.packets import Connect, PubAck, Publish
 from broker_edge.protocol.properties import Properties
-from tests.e2e.broker_clients import TIMEOUT, PahoClient, RawClient, wait_for
+from tests.e2e.broker_clients import TIMEOUT, PahoClient, RawClient, raw_client_from, wait_for
 
 
 def half_of(frame: bytes) -> bytes:
@@ -81,15 +81,6 @@ def test_half_sent_publishes_share_a_broker_wide_budget_and_a_time_limit(start_b
     assert len(sub.expect(1)[0].payload) == 1_000_000
 
 
-def client_at(port: int, address: str) -> RawClient:
-    """A v5 raw client whose connection comes from ``address`` (any of 127.0.0.0/8 on loopback)."""
-    sock = socket.socket()
-    sock.settimeout(TIMEOUT)
-    sock.bind((address, 0))
-    sock.connect(("127.0.0.1", port))
-    return RawClient(port, 5, sock=sock)
-
-
 def test_a_peer_holding_the_partial_budget_gives_way_to_a_client_at_another_address(start_broker):
     budget = 2 * 1024 * 1024
     broker = start_broker(
@@ -102,7 +93,7 @@ def test_a_peer_holding_the_partial_budget_gives_way_to_a_client_at_another_addr
     almost = encode(Publish("big", b"x" * 500_000, 0), 5)[:-10]  # all but the last 10 bytes
     hogs = []
     for n in range(4):  # one address, 4 x 500 KB half-sent: just under the budget
-        hog = client_at(broker.port, "127.0.0.1")
+        hog = raw_client_from(broker.port, "127.0.0.1")
         assert hog.connect(f"hog-{n}").reason_code == 0
         hog.send(almost)
         hogs.append(hog)
@@ -110,7 +101,7 @@ def test_a_peer_holding_the_partial_budget_gives_way_to_a_client_at_another_addr
 
     sub = PahoClient(broker.port, "sub")
     sub.subscribe("plant/upload", 1)
-    victim = client_at(broker.port, "127.0.0.2")
+    victim = raw_client_from(broker.port, "127.0.0.2")
     assert victim.connect("victim").reason_code == 0
     upload = encode(Publish("plant/upload", b"v" * 200_000, 1, packet_id=7), 5)
     victim.send(upload[:100_000])  # the budget is passed: the hogs' address holds the most, not the victim's

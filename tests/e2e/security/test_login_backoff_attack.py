@@ -7,14 +7,13 @@ they would from other hosts.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 import pytest
 
 from broker_edge.security.auth import PasswordFile
-from tests.e2e.broker_clients import TIMEOUT, RawClient
+from tests.e2e.broker_clients import raw_client_from
 
 THRESHOLD = 5
 
@@ -36,8 +35,7 @@ def secured(start_broker, password_file):
 
 
 def login(port: int, username: str, password: bytes, source: str = "127.0.0.1", version: int = 5) -> int:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT, source_address=(source, 0))
-    client = RawClient(port, version, sock=sock)
+    client = raw_client_from(port, source, version)
     try:
         connack = client.connect(f"c-{username}-{time.monotonic_ns()}", username=username, password=password)
         return connack.reason_code
