@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -212,6 +213,7 @@ class Authority:
         if uri is not None:
             names.insert(0, x509.UniformResourceIdentifier(uri))
         pair = self._pair(out if out is not None else self.directory / f"{kind}-{name}")
+        self._check_not_the_ca(pair)
         if not replace and (pair.cert.exists() or pair.key.exists()):
             raise PkiError(
                 f"{pair.cert} or {pair.key} exists: renew it (timestone pki renew) or pass --force"
@@ -238,7 +240,9 @@ class Authority:
         days: int = 365,
         key_type: KeyType = "ec",
     ) -> tuple[PrivateKey, x509.Certificate]:
-        """A new key and a certificate of this CA for it, of any shape (``issue`` makes the usual ones)."""
+        """A new key and a certificate of this CA for it, of any shape (``issue`` makes the usual ones);
+        refused while the CA is not valid, or when it would expire before the certificate."""
+        self._check_validity(days)
         return build_leaf(
             self._key,
             self.certificate,
@@ -268,8 +272,21 @@ class Authority:
             raise PkiError(f"{pair.cert}: no such certificate") from None
         except ValueError as error:
             raise PkiError(f"{pair.cert}: not a PEM certificate ({error})") from None
-        if current.issuer != self.certificate.subject:
-            raise PkiError(f"{pair.cert} was not issued by the CA in {self.directory}")
+        constraints = _extension(current, x509.BasicConstraints)
+        if isinstance(constraints, x509.BasicConstraints) and constraints.ca:
+            raise PkiError(
+                f"{pair.cert} is a CA: a CA is not renewed, it is replaced by a new one trusted beside it "
+                "during the switch (docs/security.md, Certificates)"
+            )
+        try:
+            current.verify_directly_issued_by(self.certificate)
+        except (ValueError, TypeError, InvalidSignature):
+            raise PkiError(
+                f"{pair.cert} was not issued by the CA in {self.directory} (its signature is not that CA's): "
+                "renew it with the CA that issued it"
+            ) from None
+        self._check_not_the_ca(pair)
+        _check_key_of(pair, current)
         _check_days(days)
         usages = _extension(current, x509.ExtendedKeyUsage)
         names = _extension(current, x509.SubjectAlternativeName)
@@ -286,6 +303,44 @@ class Authority:
         )
         self._write(pair, new, certificate)
         return pair
+
+    def _check_validity(self, days: int) -> None:
+        """A certificate is accepted only while its CA is: refuse one that is not, at any time of its own."""
+        now = datetime.datetime.now(datetime.UTC)
+        start, end = self.certificate.not_valid_before_utc, self.certificate.not_valid_after_utc
+        valid = f"valid from {start:%Y-%m-%d %H:%M} until {end:%Y-%m-%d %H:%M} UTC"
+        replace = "replace the CA by a new one trusted beside it (docs/security.md, Certificates)"
+        if now < start:
+            raise PkiError(
+                f"the CA in {self.directory} is not valid yet ({valid}): no TLS peer would accept what it "
+                f"signs now; check this machine's clock, or {replace}"
+            )
+        if now >= end:
+            raise PkiError(
+                f"the CA in {self.directory} has expired ({valid}): no TLS peer accepts what it signs; "
+                f"{replace}"
+            )
+        left = (end - now).days
+        if now + datetime.timedelta(days=days) > end:
+            shorter = f"give --days {left} or fewer, or " if left >= 1 else ""
+            raise PkiError(
+                f"the CA in {self.directory} expires before a certificate of --days {days} would ({valid}, "
+                f"{left} days left): {shorter}{replace}"
+            )
+
+    def _check_not_the_ca(self, pair: PemPair) -> None:
+        """Nothing issued or renewed is written over this CA's own files."""
+        for path in (pair.cert, pair.key):
+            for own in (self.ca.cert, self.ca.key):
+                try:
+                    same = os.path.samefile(path, own)
+                except OSError:
+                    same = False
+                if same:
+                    raise PkiError(
+                        f"{path} is the CA's own {own.name} in {self.directory}: it is never overwritten "
+                        "(a CA is replaced by a new one trusted beside it: docs/security.md, Certificates)"
+                    )
 
     @staticmethod
     def _pair(out: str | Path) -> PemPair:
@@ -304,6 +359,21 @@ class Authority:
 def _check_days(days: int) -> None:
     if not 1 <= days <= 36_500:
         raise PkiError(f"--days must be within [1, 36500], got {days}")
+
+
+def _check_key_of(pair: PemPair, certificate: x509.Certificate) -> None:
+    """The key file renewed beside a certificate, when there is one, is that certificate's key."""
+    try:
+        key = serialization.load_pem_private_key(pair.key.read_bytes(), None)
+    except FileNotFoundError:
+        return
+    except (ValueError, TypeError) as error:
+        raise PkiError(
+            f"{pair.key}: not an unencrypted PEM key ({error}); give its key with --key-file"
+        ) from None
+    spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(*spki) != certificate.public_key().public_bytes(*spki):
+        raise PkiError(f"{pair.key} is not the key of {pair.cert}: give its key with --key-file")
 
 
 def _extension(certificate: x509.Certificate, kind: type) -> object | None:

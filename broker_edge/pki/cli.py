@@ -18,7 +18,8 @@ __all__ = ["pki_main"]
 
 EXIT_STATUS = (
     "exit status: 0 done; 1 refused (no CA in the directory, files that exist, a name or address that is "
-    "not one: the message says which); 2 a wrong command line"
+    "not one, a CA not valid as long as the certificate, a certificate the CA did not sign or that is a CA: "
+    "the message says which); 2 a wrong command line"
 )
 
 
