@@ -11,8 +11,9 @@
 - ``etcd``: CN and ``--dns``/``--ip``; an etcd member's server and peer certificate.
 
 A new certificate gets a new key. ``renew`` issues the next certificate of one that exists (the same names
-and uses, a new key and validity) and replaces both files whole: a broker sent SIGHUP then serves it, and
-clients that trust the CA accept both. A CA is replaced the same way, by a second one trusted beside it
+and uses, a new key and validity) and replaces both files whole, together (both or, on a failure, neither;
+each keeping its owner, group and mode): a broker sent SIGHUP then serves it, and clients that trust the CA
+accept both. A CA is replaced the same way, by a second one trusted beside it
 during the switch (docs/security.md, Certificates).
 """
 
@@ -40,8 +41,7 @@ from broker_edge.pki.builders import (
     build_leaf,
     new_key,
     subject_name,
-    write_certificate,
-    write_key,
+    write_pair,
 )
 from broker_edge.settings.cluster import NODE_ID
 from broker_edge.settings.uplink import SITE_ID
@@ -182,8 +182,7 @@ class Authority:
         _check_days(days)
         organization = name or folder.resolve().name
         key, certificate = build_ca(subject_name(f"{organization} CA", organization), days, new_key(key_type))
-        write_key(folder / "ca.key", key)
-        write_certificate(folder / "ca.pem", certificate)
+        write_pair(folder / "ca.pem", folder / "ca.key", key, certificate)
         return cls(folder)
 
     def issue(
@@ -352,8 +351,7 @@ class Authority:
 
     @staticmethod
     def _write(pair: PemPair, key: PrivateKey, certificate: x509.Certificate) -> None:
-        write_key(pair.key, key)
-        write_certificate(pair.cert, certificate)
+        write_pair(pair.cert, pair.key, key, certificate)
 
 
 def _check_days(days: int) -> None:

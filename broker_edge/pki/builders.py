@@ -4,14 +4,14 @@
 it signs, for serving and/or connecting, with subject alternative names. Keys are EC P-256 by default
 (milliseconds to make, what every TLS stack of this decade speaks), RSA 3072 for device stacks without ECDSA.
 ``write_key`` and ``write_certificate`` replace a file whole (a reader never sees half of one: a broker
-reloading on SIGHUP gets the old file or the new one), a key readable by its owner only (0600).
+reloading on SIGHUP gets the old file or the new one), a new key readable by its owner only (0600);
+``write_pair`` replaces a certificate and its key together or neither. A file replaced keeps its owner, group
+and mode (``broker_edge.security.replace_files``).
 """
 
 from __future__ import annotations
 
 import datetime
-import os
-import tempfile
 from pathlib import Path
 from typing import Literal
 
@@ -19,6 +19,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from broker_edge.security.replace_files import replace_files
 
 __all__ = [
     "KeyType",
@@ -29,6 +31,7 @@ __all__ = [
     "subject_name",
     "write_certificate",
     "write_key",
+    "write_pair",
 ]
 
 KeyType = Literal["ec", "rsa"]
@@ -120,30 +123,28 @@ def build_leaf(
     return key, _validity(builder, days).sign(ca_key, hashes.SHA256())
 
 
-def _replace(path: Path, data: bytes, mode: int) -> None:
-    """Write ``data`` to ``path`` whole: a file of ``mode`` beside it, synced, then renamed over it."""
-    path = Path(path)
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(descriptor, mode)
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+def _key_bytes(key: PrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _certificate_bytes(*certificates: x509.Certificate) -> bytes:
+    return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certificates)
 
 
 def write_key(path: Path, key: PrivateKey) -> None:
-    """``key`` as unencrypted PKCS#8 PEM, readable by its owner only (0600)."""
-    encoded = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    _replace(path, encoded, 0o600)
+    """``key`` as unencrypted PKCS#8 PEM; a new file readable by its owner only (0600)."""
+    replace_files([(Path(path), _key_bytes(key), 0o600)])
 
 
 def write_certificate(path: Path, *certificates: x509.Certificate) -> None:
-    """``certificates`` as PEM, one after the other (0644: a certificate is public)."""
-    _replace(path, b"".join(c.public_bytes(serialization.Encoding.PEM) for c in certificates), 0o644)
+    """``certificates`` as PEM, one after the other (a new file 0644: a certificate is public)."""
+    replace_files([(Path(path), _certificate_bytes(*certificates), 0o644)])
+
+
+def write_pair(cert: Path, key_path: Path, key: PrivateKey, certificate: x509.Certificate) -> None:
+    """A certificate and its key, both replaced or, on any failure before the renames, neither."""
+    replace_files(
+        [(Path(key_path), _key_bytes(key), 0o600), (Path(cert), _certificate_bytes(certificate), 0o644)]
+    )

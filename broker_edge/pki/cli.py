@@ -9,6 +9,7 @@ timestone pki show FILE...                               what a certificate name
 from __future__ import annotations
 
 import argparse
+import stat
 import sys
 from pathlib import Path
 
@@ -27,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="timestone pki",
         description="Make a CA and issue the certificates of listeners, cluster members, etcd, uplink hubs "
-        "and sites, and devices. Keys are written readable by their owner only (0600).",
+        "and sites, and devices. New keys are written readable by their owner only (0600); a file replaced "
+        "keeps its owner, group and mode.",
         epilog=EXIT_STATUS,
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -76,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _wrote(pair: PemPair) -> None:
-    print(f"wrote {pair.cert} and {pair.key} (0600)")
+    print(f"wrote {pair.cert} and {pair.key} ({stat.S_IMODE(pair.key.stat().st_mode):04o})")
     for line in describe(pair.cert):
         print(f"  {line}")
 

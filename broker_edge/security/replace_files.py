@@ -1,0 +1,87 @@
+"""Files a service reads, replaced whole, keeping the owner, group and mode the operator gave them.
+
+``replace_files`` first writes every file's new content to a temporary beside it (in the same directory, so a
+rename never crosses file systems), synced, and renames them over their targets only once all are written: a
+failure before that (a directory that is read-only, a full disk) leaves every target as it was, so a
+certificate and its key are replaced together or not at all. A reader sees a file's old content or its new,
+never half of one.
+
+A file that exists keeps its owner, group and mode (an operator's ``chgrp timestone`` and ``chmod 0640``, so
+that a service running as ``User=timestone`` reads its key or password file, outlive ``timestone pki renew``
+and ``timestone passwd``); a new file gets the mode it is written with, owned by whoever writes it. A process
+that may not give the old owner (not root) keeps the group where it may; where it may not, the new file's
+group gets none of the old group's permissions (they were meant for another group).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["replace_files"]
+
+
+def _keep_owner(descriptor: int, old: os.stat_result) -> int:
+    """Give the open temporary the old file's owner and group where this process may; the mode it gets."""
+    mode = stat.S_IMODE(old.st_mode)
+    try:
+        os.fchown(descriptor, old.st_uid, old.st_gid)
+    except OSError:
+        try:
+            os.fchown(descriptor, -1, old.st_gid)
+        except OSError:
+            mode &= ~0o070
+    return mode
+
+
+def _stage(path: Path, data: bytes, mode: int) -> str:
+    """A synced temporary beside ``path`` holding ``data``, as ``path`` is to be; its name."""
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory")
+    try:
+        old: os.stat_result | None = os.stat(path)
+    except FileNotFoundError:
+        old = None
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(descriptor, _keep_owner(descriptor, old) if old is not None else mode)
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    return temporary
+
+
+def replace_files(files: Sequence[tuple[Path, bytes, int]]) -> None:
+    """Replace each ``(path, data, mode)`` whole; every temporary is written before any is renamed.
+
+    ``mode`` is that of a new file; a file that exists keeps its own, and its owner and group.
+    """
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, data, mode in files:
+            target = Path(path)
+            staged.append((_stage(target, data, mode), target))
+        for index, (temporary, target) in enumerate(staged):
+            os.replace(temporary, target)
+            staged[index] = ("", target)
+    except BaseException:
+        for temporary, _ in staged:
+            if temporary:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temporary)
+        raise
+    for directory in {target.parent for _, target in staged}:
+        descriptor = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)

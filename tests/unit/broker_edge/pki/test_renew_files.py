@@ -1,0 +1,144 @@
+"""What ``timestone pki renew`` leaves on disk: a certificate and its key replaced together or not at all,
+each keeping the owner, group and mode an operator gave it (a service running as its own user reads them)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from pipelines.cli import main
+
+SERVICE_UID = SERVICE_GID = 65534  # nobody, nogroup: the service user of these tests
+
+
+def files(directory: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()
+    }
+
+
+def matches(cert: Path, key: Path) -> bool:
+    spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    certificate = x509.load_pem_x509_certificate(cert.read_bytes())
+    private = serialization.load_pem_private_key(key.read_bytes(), None)
+    return certificate.public_key().public_bytes(*spki) == private.public_key().public_bytes(*spki)
+
+
+@pytest.fixture
+def issued(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[Path, Path, Path]:
+    """A CA, and a server certificate in ``certs/`` whose key is in ``keys/``: (ca, cert, key)."""
+    ca = tmp_path / "ca"
+    assert main(["pki", "ca", str(ca)]) == 0
+    (tmp_path / "keys").mkdir()
+    out = tmp_path / "certs" / "s"
+    assert main(["pki", "issue", "server", "s", "--ca", str(ca), "--dns", "s.local", "--out", str(out)]) == 0
+    key = tmp_path / "keys" / "s.key"
+    os.replace(f"{out}.key", key)
+    capsys.readouterr()
+    return ca, Path(f"{out}.pem"), key
+
+
+def renew(ca: Path, cert: Path, key: Path) -> int:
+    return main(["pki", "renew", str(cert), "--key-file", str(key), "--ca", str(ca)])
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a directory of mode 0555")
+def test_a_certificate_directory_not_writable_leaves_the_key_as_it_was(
+    tmp_path: Path, issued: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    ca, cert, key = issued
+    before = files(tmp_path)
+    cert.parent.chmod(0o555)
+    try:
+        assert renew(ca, cert, key) == 1
+    finally:
+        cert.parent.chmod(0o755)
+    assert capsys.readouterr().err.startswith("timestone pki renew: [Errno 13] Permission denied")
+    assert files(tmp_path) == before and matches(cert, key)
+
+
+def test_a_failure_writing_the_certificate_leaves_the_key_as_it_was(
+    tmp_path: Path,
+    issued: tuple[Path, Path, Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The disk fills while the certificate is written, after the new key was."""
+    ca, cert, key = issued
+    before = files(tmp_path)
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(descriptor: int) -> None:
+        synced.append(descriptor)
+        if len(synced) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert renew(ca, cert, key) == 1
+    monkeypatch.undo()
+    assert capsys.readouterr().err == "timestone pki renew: [Errno 28] No space left on device\n"
+    assert files(tmp_path) == before, "no new key, no temporary left behind"
+    assert matches(cert, key)
+    assert renew(ca, cert, key) == 0 and matches(cert, key)
+    assert files(tmp_path).keys() == before.keys()
+
+
+def test_renewed_files_keep_the_owner_group_and_mode_the_operator_gave_them(
+    issued: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only root gives a file to another user")
+    ca, cert, key = issued
+    os.chown(key, 0, SERVICE_GID)
+    key.chmod(0o640)
+    os.chown(cert, SERVICE_UID, SERVICE_GID)
+    cert.chmod(0o444)
+    old_key = key.read_bytes()
+    assert renew(ca, cert, key) == 0
+    assert f"wrote {cert} and {key} (0640)" in capsys.readouterr().out
+    assert key.read_bytes() != old_key and matches(cert, key)
+    assert (key.stat().st_uid, key.stat().st_gid, stat.S_IMODE(key.stat().st_mode)) == (0, SERVICE_GID, 0o640)
+    assert (cert.stat().st_uid, cert.stat().st_gid, stat.S_IMODE(cert.stat().st_mode)) == (
+        SERVICE_UID,
+        SERVICE_GID,
+        0o444,
+    )
+
+
+@pytest.mark.parametrize(
+    ("may_give", "group", "mode"),
+    [("group", SERVICE_GID, 0o640), ("nothing", os.getegid(), 0o600)],
+)
+def test_a_writer_that_may_not_give_the_owner_keeps_the_group_where_it_may(
+    issued: tuple[Path, Path, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    may_give: str,
+    group: int,
+    mode: int,
+) -> None:
+    """Not root: the owner cannot be given (EPERM); the group can when the writer is in it, else the new file
+    gets none of the old group's permissions."""
+    if os.geteuid() != 0:
+        pytest.skip("only root gives a file to another user")
+    ca, cert, key = issued
+    os.chown(key, SERVICE_UID, SERVICE_GID)
+    key.chmod(0o640)
+    real_fchown = os.fchown
+
+    def fchown(descriptor: int, uid: int, gid: int) -> None:
+        if uid != -1 or may_give == "nothing":
+            raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
+        real_fchown(descriptor, uid, gid)
+
+    monkeypatch.setattr(os, "fchown", fchown)
+    assert renew(ca, cert, key) == 0
+    assert (key.stat().st_uid, key.stat().st_gid, stat.S_IMODE(key.stat().st_mode)) == (0, group, mode)
+    assert matches(cert, key)
