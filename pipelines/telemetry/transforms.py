@@ -56,19 +56,52 @@ def to_bronze(records: DataFrame, ingested_at: datetime | Column) -> DataFrame:
     )
 
 
-def _event_time(payload: PayloadConfig) -> Column:
-    """The device's time if the payload carries it, else the broker's append time, else ingestion time."""
-    fallback = F.coalesce(F.col("timestamp"), F.col("ingested_at"))
+#: The device times a timestamp can hold (years 0001 to 9999), per ``payload.event_time_unit``.
+_TIME_RANGE = {
+    "epoch_ms": (-62_135_596_800_000, 253_402_300_799_999),
+    "epoch_s": (-62_135_596_800, 253_402_300_799),
+}
+
+
+def _device_time(payload: PayloadConfig) -> tuple[Column, Column] | None:
+    """The device's time from ``payload.event_time_field`` and whether the field holds a value that is no
+    time (out of the years 0001-9999, or an ISO-8601 string that does not parse); None without the field.
+
+    Only a value in range is converted: Spark's ANSI mode fails the whole micro-batch on one overflowing
+    conversion (``DATETIME_OVERFLOW``, ``CAST_OVERFLOW``), so a device whose clock counts nanoseconds would
+    stop every device's telemetry. Such a row is quarantined as unparseable instead (:func:`parse_records`).
+    """
     if payload.event_time_field is None:
-        return fallback
+        return None
     value = F.col(payload.event_time_field)
-    if payload.event_time_unit == "epoch_ms":
-        device_time = F.timestamp_millis(value.cast("bigint"))
-    elif payload.event_time_unit == "epoch_s":
-        device_time = F.timestamp_seconds(value)
+    unit = payload.event_time_unit
+    if unit in _TIME_RANGE:
+        low, high = _TIME_RANGE[unit]
+        number = value.try_cast("double")
+        in_range = number.between(low, high)
+        if unit == "epoch_ms":
+            device_time = F.when(in_range, F.timestamp_millis(value.try_cast("bigint")))
+        else:
+            device_time = F.when(in_range, F.timestamp_seconds(number))
     else:
         device_time = F.try_to_timestamp(value.cast("string"))
-    return F.coalesce(device_time, fallback)
+    return device_time, value.isNotNull() & device_time.isNull()
+
+
+def _time_detail(payload: PayloadConfig) -> Column:
+    """``parse_detail`` of a row whose time field holds no time."""
+    return F.format_string(
+        "field %s: %s is not a time in %s (years 0001 to 9999)",
+        F.lit(payload.event_time_field),
+        F.col(str(payload.event_time_field)).cast("string"),
+        F.lit(payload.event_time_unit),
+    )
+
+
+def _event_time(device_time: Column | None) -> Column:
+    """The device's time if the payload carries one, else the broker's append time, else ingestion time."""
+    fallback = F.coalesce(F.col("timestamp"), F.col("ingested_at"))
+    return fallback if device_time is None else F.coalesce(device_time, fallback)
 
 
 #: Bronze's columns (:func:`to_bronze`).
@@ -98,13 +131,19 @@ def parse_records(bronze: DataFrame, payload: PayloadConfig) -> DataFrame:
     telemetry = formats.is_telemetry(payload)
     read = bronze.select("*", *formats.payload_readings(payload))
     decoded = read.withColumn("_decoded", formats.decoded_payload(payload))
+    error, detail = F.col("_decoded").getField(formats.ERROR), F.col("_decoded").getField(formats.DETAIL)
+    times = _device_time(payload)
+    if times is not None:
+        no_time = times[1] & ~F.coalesce(error, F.lit(False))
+        error = error | no_time
+        detail = F.when(no_time, _time_detail(payload)).otherwise(detail)
     parsed = [
         ("device_id", formats.device_id(payload)),
         ("topic_tags", formats.topic_tags(payload)),
-        ("event_time", _event_time(payload)),
+        ("event_time", _event_time(None if times is None else times[0])),
         *[(name, F.col(name)) for name in payload.fields],
-        ("parse_error", F.col("_decoded").getField(formats.ERROR)),
-        ("parse_detail", F.col("_decoded").getField(formats.DETAIL)),
+        ("parse_error", error),
+        ("parse_detail", detail),
     ]
     fields = [F.col("_decoded").getField(name).alias(name) for name in payload.fields]
     return decoded.select(*bronze.columns, *fields, "_decoded").select(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import date, datetime
 
 import cbor2
 import pytest
@@ -91,6 +91,69 @@ def test_parse_telemetry_other_placeholders_become_topic_tags_and_units_apply(sp
         "device_id string, topic_tags map<string,string>, event_time timestamp, value double",
     )
     equal(parsed.select("device_id", "topic_tags", "event_time", "value"), expected)
+
+
+def test_a_time_no_timestamp_can_hold_is_unparseable_and_the_batch_goes_on(spark):
+    """A clock in nanoseconds, the largest 64-bit value, a year before 0001: in ANSI mode one conversion
+    that overflows fails the whole micro-batch, every device's rows with it. Each is a row of its own,
+    unparseable with where it broke, at the broker's time; the rows beside it are read as always."""
+    rows = [
+        record("devices/ns/telemetry", 0, reading("ns", 1, ts=1_796_000_000_000_000_000), seconds=5),
+        record("devices/max/telemetry", 1, reading("max", 1, ts=2**63 - 1), seconds=6),
+        record("devices/old/telemetry", 2, reading("old", 1, ts=-99_999_999_999_999), seconds=7),
+        telemetry("good", 3, seq=1, seconds=8),
+    ]
+    parsed = T.parse_telemetry(bronze(spark, rows), PAYLOAD)
+    actual = parsed.select("device_id", "event_time", "parse_error", "parse_detail", "temperature")
+    never = "is not a time in epoch_ms (years 0001 to 9999)"
+    expected = spark.createDataFrame(
+        [
+            ("ns", at(5), True, f"field ts: 1796000000000000000 {never}", 21.5),
+            ("max", at(6), True, f"field ts: {2**63 - 1} {never}", 21.5),
+            ("old", at(7), True, f"field ts: -99999999999999 {never}", 21.5),
+            ("good", at(8), False, None, 21.5),
+        ],
+        "device_id string, event_time timestamp, parse_error boolean, parse_detail string, "
+        "temperature double",
+    )
+    equal(actual, expected)
+
+
+def test_a_time_in_seconds_out_of_range_or_an_iso_string_that_is_no_time_is_unparseable(spark):
+    def config(unit: str, type_name: str):
+        return load_telemetry_config(
+            {
+                "payload": {
+                    "fields": {"t": type_name, "v": "double"},
+                    "event_time_field": "t",
+                    "event_time_unit": unit,
+                },
+                "dedup": {"message_id_fields": []},
+                "gold": {"minute_metrics": ["v"], "devices": {"firmware_field": None, "group_field": None}},
+                "quality": {"suites": []},
+            }
+        ).payload
+
+    seconds = [
+        record("devices/a/telemetry", 0, b'{"t": 1e30, "v": 1}', seconds=1),
+        record("devices/b/telemetry", 1, b'{"t": 1763719242.5, "v": 2}', seconds=2),
+    ]
+    parsed = T.parse_telemetry(bronze(spark, seconds), config("epoch_s", "double"))
+    assert [(r.device_id, r.parse_error, r.event_time) for r in parsed.orderBy("offset").collect()] == [
+        ("a", True, at(1).replace(tzinfo=None)),
+        ("b", False, datetime(2025, 11, 21, 10, 0, 42, 500000)),
+    ]
+    iso = [
+        record("devices/a/telemetry", 0, b'{"t": "yesterday", "v": 1}', seconds=1),
+        record("devices/b/telemetry", 1, b'{"t": "2026-11-21T10:00:42Z", "v": 2}', seconds=2),
+        record("devices/c/telemetry", 2, b'{"v": 3}', seconds=3),  # no time: the broker's, not an error
+    ]
+    parsed = T.parse_telemetry(bronze(spark, iso), config("iso8601", "string"))
+    assert [(r.device_id, r.parse_error, r.parse_detail) for r in parsed.orderBy("offset").collect()] == [
+        ("a", True, "field t: yesterday is not a time in iso8601 (years 0001 to 9999)"),
+        ("b", False, None),
+        ("c", False, None),
+    ]
 
 
 def test_flag_failures_quarantines_with_reasons_and_passes_the_rest(spark):
