@@ -94,7 +94,9 @@ def read_payload(payload: bytes) -> Payload:
                 name=metric.name if metric.HasField("name") else None,
                 alias=metric.alias if metric.HasField("alias") else None,
                 datatype=datatype,
-                timestamp=metric.timestamp if metric.HasField("timestamp") else None,
+                timestamp=_time(metric.timestamp, f"metric {index}")
+                if metric.HasField("timestamp")
+                else None,
                 is_null=metric.is_null,
                 is_historical=metric.is_historical,
                 value_field=metric.WhichOneof("value"),
@@ -102,10 +104,22 @@ def read_payload(payload: bytes) -> Payload:
             )
         )
     return Payload(
-        timestamp=message.timestamp if message.HasField("timestamp") else None,
+        timestamp=_time(message.timestamp, "timestamp") if message.HasField("timestamp") else None,
         seq=message.seq if message.HasField("seq") else None,
         metrics=metrics,
     )
+
+
+#: The last millisecond of the year 9999: the latest time a Spark timestamp holds.
+LAST_TIME_MS = 253_402_300_799_999
+
+
+def _time(milliseconds: int, where: str) -> int:
+    """A Sparkplug time (epoch milliseconds, a uint64); ``PayloadError`` past the year 9999, which no
+    timestamp column holds (a clock counting microseconds or nanoseconds): converting it fails the batch."""
+    if milliseconds > LAST_TIME_MS:
+        raise PayloadError(f"sparkplug_b: {where}: {milliseconds} ms is not a time (after the year 9999)")
+    return milliseconds
 
 
 def metric_value(metric: Metric, datatype: str) -> MetricValue:

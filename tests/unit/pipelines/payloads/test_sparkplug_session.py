@@ -221,6 +221,16 @@ def test_the_state_survives_a_round_trip_between_micro_batches():
             encode([MetricOut("hot", "String", alias=10)], timestamp_ms=1, seq=2),
             "sparkplug_b: metric 0 (alias 10): a Float in string_value, not in float_value",
         ),
+        (  # a clock in nanoseconds: no timestamp column holds it, and converting it fails the whole batch
+            DEVICE.format("DDATA", "pump7"),
+            encode([temperature(20.0)], timestamp_ms=1_796_000_000_000_000_000, seq=2),
+            "sparkplug_b: timestamp: 1796000000000000000 ms is not a time (after the year 9999)",
+        ),
+        (
+            DEVICE.format("DDATA", "pump7"),
+            encode([MetricOut(20.0, "Float", alias=10, timestamp_ms=2**64 - 1)], timestamp_ms=1, seq=2),
+            f"sparkplug_b: metric 0: {2**64 - 1} ms is not a time (after the year 9999)",
+        ),
     ],
 )
 def test_a_message_that_cannot_be_read_is_quarantined_saying_where(topic, payload, detail):
