@@ -7,6 +7,7 @@ import json
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -33,30 +34,62 @@ def uplink_main(argv: list[str]) -> int:
     status.add_argument("--token", default=None, help="a reader's token, when the offsets API asks for one")
     status.add_argument("--json", action="store_true", help="print the broker's answer as JSON")
     args = parser.parse_args(argv)
-    request = urllib.request.Request(args.broker.rstrip("/") + "/v1/uplink/sites")
-    if args.token:
-        request.add_header("Authorization", f"Bearer {args.token}")
+    if not _is_http_url(args.broker):
+        parser.error(f"--broker {args.broker!r}: an http:// or https:// URL of the broker's offsets API")
     try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            document = json.load(answer)
-    except urllib.error.HTTPError as error:
-        if error.code == 404:
-            print(
-                f"timestone uplink: {args.broker} has no uplink (neither uplink: nor uplink_hub:)",
-                file=sys.stderr,
-            )
-        else:
-            print(f"timestone uplink: {args.broker} answered {error.code}", file=sys.stderr)
+        document = _fetch(args.broker, args.token)
+        shown = json.dumps(document, indent=2) if args.json else format_status(document, time.time())
+    except _Unanswered as reason:
+        print(f"timestone uplink: {reason}", file=sys.stderr)
         return 1
-    except (urllib.error.URLError, OSError) as error:
-        print(f"timestone uplink: cannot reach {args.broker}: {error}", file=sys.stderr)
-        return 1
-    print(json.dumps(document, indent=2) if args.json else format_status(document, time.time()))
+    print(shown)
     return 0
 
 
-def format_status(document: dict[str, Any], now: float) -> str:
-    """The answer of ``/v1/uplink/sites`` as a table: one row per site (a hub) or the one link (a site)."""
+def _is_http_url(url: str) -> bool:
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # "http://[::1"
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.netloc)
+
+
+class _Unanswered(Exception):
+    """Why the broker gave no uplink status (a message for the operator)."""
+
+
+def _fetch(broker: str, token: str | None) -> Any:
+    """The broker's ``/v1/uplink/sites`` answer, decoded; ``_Unanswered`` saying why there is none."""
+    request = urllib.request.Request(broker.rstrip("/") + "/v1/uplink/sites")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            body = answer.read()
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            raise _Unanswered(f"{broker} has no uplink (neither uplink: nor uplink_hub:)") from None
+        raise _Unanswered(f"{broker} answered {error.code}") from None
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        raise _Unanswered(f"cannot reach {broker}: {error}") from None
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise _Unanswered(
+            f"{broker} answered something that is not JSON: is it a broker's offsets API?"
+        ) from None
+
+
+def format_status(document: Any, now: float) -> str:
+    """The answer of ``/v1/uplink/sites`` as a table: one row per site (a hub) or the one link (a site);
+    ``_Unanswered`` when it is not such an answer."""
+    try:
+        return _table(document, now)
+    except (KeyError, TypeError, AttributeError, ValueError) as error:
+        raise _Unanswered(f"the answer is not an uplink status ({type(error).__name__}: {error})") from None
+
+
+def _table(document: dict[str, Any], now: float) -> str:
     if document.get("role") == "site":
         site = document["site"]
         rows = [

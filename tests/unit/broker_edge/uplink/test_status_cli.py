@@ -1,0 +1,70 @@
+"""``timestone uplink status`` against what is not a broker's offsets API: one line and a status, never a
+traceback (the answers of real brokers are in tests/e2e/uplink/test_uplink.py)."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from broker_edge.uplink.status_cli import uplink_main
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    """Answers every GET 200 with the body its path names (a web server's page, JSON of another shape)."""
+
+    bodies = {
+        "/page/v1/uplink/sites": b"<html>sign in</html>",
+        "/list/v1/uplink/sites": b"[1, 2]",
+        "/site/v1/uplink/sites": b'{"role": "site", "site": {"site": "s1"}}',
+    }
+
+    def do_GET(self) -> None:
+        body = self.bodies.get(self.path, b"{}")
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def stranger() -> Iterator[str]:
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Answers)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("path", "said"),
+    [
+        ("/page", "answered something that is not JSON: is it a broker's offsets API?"),
+        ("/list", "the answer is not an uplink status (AttributeError"),
+        ("/site", "the answer is not an uplink status (KeyError: 'sent_records')"),
+    ],
+)
+def test_an_answer_that_is_no_uplink_status_is_one_line_and_status_1(stranger, path, said, capsys):
+    assert uplink_main(["status", "--broker", stranger + path]) == 1
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err.startswith("timestone uplink: ") and said in out.err, out.err
+    assert len(out.err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "broker", ["not-a-url", "ftp://127.0.0.1/", "127.0.0.1:9884", "http://[::1", "http://"]
+)
+def test_a_broker_that_is_no_http_url_is_a_wrong_command_line(broker, capsys):
+    with pytest.raises(SystemExit) as exited:
+        uplink_main(["status", "--broker", broker])
+    assert exited.value.code == 2
+    assert "an http:// or https:// URL of the broker's offsets API" in capsys.readouterr().err
