@@ -26,7 +26,7 @@ import logging
 import os
 import secrets
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -320,9 +320,12 @@ class PasswordFile:
             mode = self.path.stat().st_mode
         except OSError:
             return
-        if mode & 0o077:
+        if mode & 0o007:
             log.warning(
-                "password file %s is readable by other users (mode %o); use 0600", self.path, mode & 0o777
+                "password file %s is readable by every user (mode %o); use 0600, or 0640 with the group of "
+                "the broker's user",
+                self.path,
+                mode & 0o777,
             )
 
     def _cached(self, username: str, parsed: _ParsedHash, password: bytes) -> bool:
@@ -383,39 +386,43 @@ class PasswordFile:
         create: bool = False,
         algorithm: str = "scrypt",
     ) -> bool:
-        """Add ``username`` or replace their hash, rewriting the file atomically with mode 0600.
+        """Add ``username`` or replace their hash, rewriting the file atomically (a new file gets mode 0600,
+        one that exists keeps its owner, group and mode).
 
         Returns True if the user was added, False if updated. Other lines (comments included) are kept.
         The file must exist unless ``create`` is true, so that a mistyped path does not silently start a
-        new, empty user database.
+        new, empty user database. Concurrent edits of one file wait for each other (``_locked``): none
+        is lost.
         """
         _check_username(username)
         secret = password.encode() if isinstance(password, str) else password
         if not secret:
             raise ValueError("password must not be empty")
         target = Path(path)
-        lines = _read_lines(target, create)
         new_line = f"{username}:{hash_password(secret, algorithm)}"
-        added = True
-        for i, line in enumerate(lines):
-            if _line_user(line) == username:
-                lines[i] = new_line
-                added = False
-                break
-        else:
-            lines.append(new_line)
-        _write_atomically(target, lines)
+        with _locked(target, create):
+            lines = _read_lines(target, create)
+            added = True
+            for i, line in enumerate(lines):
+                if _line_user(line) == username:
+                    lines[i] = new_line
+                    added = False
+                    break
+            else:
+                lines.append(new_line)
+            _write_atomically(target, lines)
         return added
 
     @staticmethod
     def delete_user(path: str | Path, username: str) -> bool:
         """Remove ``username``; True if they were there (the file is rewritten atomically), else False."""
         target = Path(path)
-        lines = _read_lines(target, create=False)
-        kept = [line for line in lines if _line_user(line) != username]
-        if len(kept) == len(lines):
-            return False
-        _write_atomically(target, kept)
+        with _locked(target, create=False):
+            lines = _read_lines(target, create=False)
+            kept = [line for line in lines if _line_user(line) != username]
+            if len(kept) == len(lines):
+                return False
+            _write_atomically(target, kept)
         return True
 
 
@@ -427,39 +434,48 @@ def _line_user(line: str) -> str | None:
     return username if sep else None
 
 
+def _not_found(path: Path) -> PasswordFileError:
+    return PasswordFileError(path, 0, "file not found (use -c to create it)")
+
+
+@contextlib.contextmanager
+def _locked(path: Path, create: bool) -> Iterator[None]:
+    """An exclusive lock on ``.<name>.lock`` beside the file, held while it is read, edited and replaced.
+
+    Not a lock on the file itself: the file is replaced by a rename, and a lock on the file replaced does not
+    exclude whoever opens the new one. The lock file is left in place (removing it would let two editors
+    lock two different files).
+    """
+    import fcntl  # the passwd command's, not the broker's
+
+    if not create and not path.exists():
+        raise _not_found(path)
+    descriptor = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)
+
+
 def _read_lines(path: Path, create: bool) -> list[str]:
     try:
-        return path.read_text(encoding="utf-8").splitlines()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         if create:
             return []
-        raise PasswordFileError(path, 0, "file not found (use -c to create it)") from None
+        raise _not_found(path) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PasswordFileError(path, 0, f"cannot read: {exc}") from exc
+    return text.splitlines()
 
 
 def _write_atomically(path: Path, lines: list[str]) -> None:
-    """Temp file in the same directory, fsync, rename: readers see the old file or the new one, never half."""
-    import tempfile  # the passwd command's, not the broker's
+    """Temp file in the same directory, fsync, rename: readers see the old file or the new one, never half. A
+    new file is 0600; one that exists keeps its owner, group and mode."""
+    from broker_edge.security.replace_files import replace_files  # the passwd command's, not the broker's
 
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, temp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write("".join(f"{line}\n" for line in lines))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp_name)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    replace_files([(path, "".join(f"{line}\n" for line in lines).encode("utf-8"), 0o600)])
 
 
 def _parser() -> argparse.ArgumentParser:

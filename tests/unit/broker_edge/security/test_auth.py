@@ -114,20 +114,25 @@ def test_missing_file_is_an_error(tmp_path: Path) -> None:
         PasswordFile.load(tmp_path / "nope")
 
 
-def test_set_password_writes_mode_0600_and_keeps_comments(tmp_path: Path) -> None:
+def test_set_password_keeps_the_files_mode_and_comments(tmp_path: Path) -> None:
     path = tmp_path / "passwd"
     path.write_text("# managed by timestone passwd\n")
-    path.chmod(0o644)
+    path.chmod(0o640)
     assert PasswordFile.set_password(path, "alice", "one") is True
     assert PasswordFile.set_password(path, "alice", "two") is False
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
     lines = path.read_text().splitlines()
     assert lines[0] == "# managed by timestone passwd"
     assert len(lines) == 2
     passwords = PasswordFile.load(path)
     assert passwords.verify("alice", b"two")
     assert not passwords.verify("alice", b"one")
-    assert [p.name for p in tmp_path.iterdir()] == ["passwd"], "no temporary file left behind"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".passwd.lock", "passwd"], "no temporary left"
+
+
+def test_a_new_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    PasswordFile.set_password(tmp_path / "passwd", "alice", "one", create=True)
+    assert stat.S_IMODE((tmp_path / "passwd").stat().st_mode) == 0o600
 
 
 def test_set_password_needs_create_for_a_new_file(tmp_path: Path) -> None:

@@ -1,0 +1,95 @@
+"""``timestone passwd`` on real files: it never loses a user to another run editing the same file, and keeps
+the owner, group and mode an operator gave the file (a broker running as its own user reads it)."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from broker_edge.security.auth import PasswordFile, passwd_main
+
+MOSQUITTO_LINE = (
+    "mq:$7$101$9dy7CedXdQ9NFH8u$UW0T2YuyXSIEoXNsqwCbMasE3Ye+8+pyIo3+orG7ivXXao0JeVFrR3QeAgabOEpmJGbc4yT6"
+)
+SERVICE_GID = 65534  # nogroup: the service's group of these tests
+
+
+def passwd(*argv: str) -> int:
+    return passwd_main(list(argv), prompt=lambda _: pytest.fail("no prompt expected"))
+
+
+@pytest.fixture
+def users(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    path = tmp_path / "passwd"
+    assert passwd("-c", str(path), "u1", "--password", "p1") == 0
+    capsys.readouterr()
+    return path
+
+
+def test_concurrent_runs_lose_no_user(users: Path) -> None:
+    results: list[int] = []
+    runs = [
+        threading.Thread(
+            target=lambda n=n: results.append(passwd(str(users), f"user{n}", "--password", f"p{n}"))
+        )
+        for n in range(8)
+    ]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    assert results == [0] * 8
+    assert sorted(PasswordFile.load(users).users) == ["u1", *(f"user{n}" for n in range(8))]
+
+
+def test_a_run_waits_while_another_holds_the_files_lock(users: Path) -> None:
+    lock = users.with_name(".passwd.lock")
+    assert lock.exists()
+    descriptor = os.open(lock, os.O_RDWR)
+    fcntl.flock(descriptor, fcntl.LOCK_EX)
+    results: list[int] = []
+    run = threading.Thread(target=lambda: results.append(passwd(str(users), "u2", "--password", "p2")))
+    run.start()
+    try:
+        time.sleep(0.5)  # the hash takes ~50 ms: by now it waits on the lock
+        assert run.is_alive() and PasswordFile.load(users).users == ["u1"]
+    finally:
+        os.close(descriptor)
+    run.join()
+    assert results == [0] and PasswordFile.load(users).users == ["u1", "u2"]
+
+
+def test_a_missing_file_without_create_is_refused_and_nothing_is_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert passwd(str(tmp_path / "passwd"), "u1", "--password", "p") == 1
+    assert "file not found (use -c to create it)" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_file_keeps_the_owner_group_and_mode_the_operator_gave_it(
+    users: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert stat.S_IMODE(users.stat().st_mode) == 0o600, "a new file is its owner's only"
+    if os.geteuid() != 0:
+        pytest.skip("only root gives a file to another group it is not in")
+    os.chown(users, 0, SERVICE_GID)
+    users.chmod(0o640)
+    assert passwd(str(users), "u2", "--password", "p2") == 0
+    assert passwd(str(users), "u1", "--delete") == 0
+    assert (users.stat().st_gid, stat.S_IMODE(users.stat().st_mode)) == (SERVICE_GID, 0o640)
+    assert PasswordFile.load(users).users == ["u2"]
+
+    def fchown(descriptor: int, uid: int, gid: int) -> None:
+        raise PermissionError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(os, "fchown", fchown)  # a writer that may give neither owner nor group
+    assert passwd(str(users), "u3", "--password", "p3") == 0
+    assert (users.stat().st_gid, stat.S_IMODE(users.stat().st_mode)) == (os.getegid(), 0o600)
