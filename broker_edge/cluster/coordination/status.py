@@ -22,8 +22,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker_edge.cluster.coordination.controller import read_log_ends
-from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd, EtcdError
 from broker_edge.cluster.coordination.etcd_values import BadValues, read_cluster
 from broker_edge.placement import Member, PartitionState
 from broker_edge.settings.cluster import EtcdAuthConfig, EtcdTlsConfig, etcd_endpoint
@@ -102,6 +100,9 @@ async def read_status(
     """The cluster's status (``EtcdError`` if etcd does not answer within ``timeout_s``); ``tls`` and
     ``auth`` reach an etcd with TLS and user auth on, ``token`` is a reader token of the members' offsets
     API (for their log ends)."""
+    from broker_edge.cluster.coordination.controller import read_log_ends
+    from broker_edge.cluster.coordination.etcd import ClusterKeys, Etcd
+
     keys = ClusterKeys(prefix)
     async with Etcd(urls, timeout_s, tls, auth) as etcd:
         kvs, _ = await etcd.get_prefix(keys.root)
@@ -240,10 +241,15 @@ def cluster_main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, OSError) as exc:  # ConfigError is a ValueError
         print(f"timestone cluster status: {exc}", file=sys.stderr)
         return 2
+    # gRPC's own log lines (a failed TLS handshake's "Corruption detected", ...) would stand beside the one
+    # line this command prints: gRPC reads this when it loads, so etcd's client is imported only after
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    from broker_edge.cluster.coordination.etcd import EtcdError
+
     try:
         status = asyncio.run(read_status(urls, prefix, args.token, args.timeout, tls, auth))
     except EtcdError as exc:
-        print(f"timestone cluster status: {exc}", file=sys.stderr)
+        print(f"timestone cluster status: {exc}{_tls_hint(tls)}", file=sys.stderr)
         return 1
     text = json.dumps(status.to_dict(), indent=2) if args.json else render(status, ",".join(urls))
     try:
@@ -251,6 +257,16 @@ def cluster_main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `| head` closed the pipe: what it read is all that was wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
     return 0 if status.partitions is not None or status.members else 1
+
+
+def _tls_hint(tls: EtcdTlsConfig | None) -> str:
+    """What to check when etcd over TLS could not be reached (a handshake refused either way looks like a
+    closed connection)."""
+    if tls is None:
+        return ""
+    if tls.certfile is None:
+        return " (over TLS: does etcd ask for a client certificate? give --etcd-cert and --etcd-key)"
+    return " (over TLS: did --etcd-cacert sign etcd's certificate, and etcd's CA --etcd-cert?)"
 
 
 def _etcd_settings(
@@ -280,8 +296,18 @@ def _etcd_settings(
             raise ValueError(f"--etcd: {exc}") from None
     if args.prefix:
         prefix = args.prefix
+    if (args.etcd_cert or args.etcd_key) and not args.etcd_cacert:
+        raise ValueError(
+            "--etcd-cert and --etcd-key go with --etcd-cacert (the CA that signed etcd's certificate)"
+        )
     if args.etcd_cacert:
         tls = EtcdTlsConfig(args.etcd_cacert, args.etcd_cert, args.etcd_key)
+    plain = [url for url in urls if url.startswith("https://")] if tls is None else []
+    if plain:
+        raise ValueError(
+            f"--etcd {plain[0]}: an https:// etcd needs --etcd-cacert (the CA that signed its certificate), "
+            "and --etcd-cert/--etcd-key when it asks for client certificates"
+        )
     if args.etcd_user:
         auth = EtcdAuthConfig(args.etcd_user, args.etcd_password_file)
     return urls, prefix, tls, auth

@@ -150,3 +150,43 @@ def test_status_of_an_empty_prefix_and_of_an_unreachable_etcd(etcd: EtcdTarget) 
     bad = subprocess.run([*command[:-1], "127.0.0.1:2379"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
     assert "--etcd: expected https://host:port" in bad.stderr
+
+
+def test_status_over_tls_says_what_is_missing_in_one_line(etcd: EtcdTarget) -> None:
+    """The shared etcd asks for TLS and a client certificate: without the CA the command refuses before
+    connecting; without the client certificate the refused handshake is one line saying what to give,
+    with none of gRPC's own log lines beside it."""
+    tls = etcd.server.tls
+    assert tls is not None and etcd.url.startswith("https://")
+    command = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "cluster",
+        "status",
+        "--etcd",
+        etcd.url,
+        "--timeout",
+        "2",
+    ]
+    no_ca = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert no_ca.returncode == 2
+    assert no_ca.stderr == (
+        f"timestone cluster status: --etcd {etcd.url}: an https:// etcd needs --etcd-cacert (the CA that "
+        "signed its certificate), and --etcd-cert/--etcd-key when it asks for client certificates\n"
+    )
+    cert_alone = subprocess.run(
+        [*command, "--etcd-cert", str(tls.certfile)], capture_output=True, text=True, timeout=60
+    )
+    assert (
+        cert_alone.returncode == 2 and "--etcd-cert and --etcd-key go with --etcd-cacert" in cert_alone.stderr
+    )
+    no_client_cert = subprocess.run(
+        [*command, "--etcd-cacert", tls.cafile], capture_output=True, text=True, timeout=60
+    )
+    assert no_client_cert.returncode == 1
+    [line] = no_client_cert.stderr.splitlines()
+    assert line.startswith(f"timestone cluster status: etcd {etcd.url}")
+    assert line.endswith(
+        "(over TLS: does etcd ask for a client certificate? give --etcd-cert and --etcd-key)"
+    )
