@@ -26,6 +26,7 @@ import logging
 import os
 import secrets
 import sys
+import unicodedata
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -228,8 +229,9 @@ def _check_username(username: str) -> None:
         raise ValueError("username must not be empty")
     if ":" in username:
         raise ValueError("username must not contain ':'")
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in username):
-        raise ValueError("username must not contain control characters")
+    if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in username):
+        # Cc holds every character str.splitlines() splits on but U+2028 and U+2029 (Zl, Zp)
+        raise ValueError("username must not contain control characters or line separators")
     if username.startswith("#") or username != username.strip():
         raise ValueError("username must not start with '#' or start or end with whitespace")
 
@@ -237,6 +239,18 @@ def _check_username(username: str) -> None:
 def _file_stamp(path: Path) -> tuple[int, int, int, int]:
     st = path.stat()
     return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
+
+
+def _lines(text: str) -> list[str]:
+    """The lines of a password file as ``timestone passwd`` writes them: ended by "\n" ("\r\n" tolerated).
+
+    Never ``str.splitlines()``, which also splits on characters a line may hold (U+2028, U+0085, ...): the
+    reader and the writer must agree on where a line ends.
+    """
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
 def _parse_file(path: Path) -> tuple[dict[str, _ParsedHash], tuple[int, int, int, int]]:
@@ -247,8 +261,13 @@ def _parse_file(path: Path) -> tuple[dict[str, _ParsedHash], tuple[int, int, int
         raise PasswordFileError(path, 0, "file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PasswordFileError(path, 0, f"cannot read: {exc}") from exc
+    return _parse_text(path, text), stamp
+
+
+def _parse_text(path: Path, text: str) -> dict[str, _ParsedHash]:
+    """The users of a password file's text; ``PasswordFileError`` names the first line the broker refuses."""
     entries: dict[str, _ParsedHash] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(_lines(text), start=1):
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
@@ -263,7 +282,7 @@ def _parse_file(path: Path) -> tuple[dict[str, _ParsedHash], tuple[int, int, int
         if username in entries:
             raise PasswordFileError(path, number, f"user {username!r} appears twice")
         entries[username] = parsed
-    return entries, stamp
+    return entries
 
 
 class PasswordFile:
@@ -391,8 +410,8 @@ class PasswordFile:
 
         Returns True if the user was added, False if updated. Other lines (comments included) are kept.
         The file must exist unless ``create`` is true, so that a mistyped path does not silently start a
-        new, empty user database. Concurrent edits of one file wait for each other (``_locked``): none
-        is lost.
+        new, empty user database. A file the broker would refuse is not edited (``PasswordFileError`` names
+        the line). Concurrent edits of one file wait for each other (``_locked``): none is lost.
         """
         _check_username(username)
         secret = password.encode() if isinstance(password, str) else password
@@ -459,6 +478,7 @@ def _locked(path: Path, create: bool) -> Iterator[None]:
 
 
 def _read_lines(path: Path, create: bool) -> list[str]:
+    """The file's lines, once the parser the broker loads it with accepts it whole."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -467,7 +487,8 @@ def _read_lines(path: Path, create: bool) -> list[str]:
         raise _not_found(path) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PasswordFileError(path, 0, f"cannot read: {exc}") from exc
-    return text.splitlines()
+    _parse_text(path, text)
+    return _lines(text)
 
 
 def _write_atomically(path: Path, lines: list[str]) -> None:
@@ -532,7 +553,14 @@ def passwd_main(argv: list[str], *, prompt: Callable[[str], str] | None = None) 
         added = PasswordFile.set_password(
             args.file, args.username, password, create=args.create, algorithm=args.algorithm
         )
-    except (PasswordFileError, ValueError, OSError) as exc:
+    except PasswordFileError as exc:
+        if exc.line:
+            return _fail(
+                f"{exc}: the broker refuses this file, so it is left as it is; correct or remove line "
+                f"{exc.line}, then run this again"
+            )
+        return _fail(str(exc))
+    except (ValueError, OSError) as exc:
         return _fail(str(exc))
     except (EOFError, KeyboardInterrupt):
         return _fail("no password given")

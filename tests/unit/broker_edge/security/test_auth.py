@@ -141,7 +141,9 @@ def test_set_password_needs_create_for_a_new_file(tmp_path: Path) -> None:
     assert not (tmp_path / "passwd").exists()
 
 
-@pytest.mark.parametrize("username", ["", "a:b", "#admin", " alice", "al\nice"])
+@pytest.mark.parametrize(
+    "username", ["", "a:b", "#admin", " alice", "al\nice", "dev\u2028x", "dev\u2029x", "dev\x85x", "dev\x9bx"]
+)
 def test_invalid_usernames_are_refused(tmp_path: Path, username: str) -> None:
     with pytest.raises(ValueError, match="username"):
         PasswordFile.set_password(tmp_path / "passwd", username, "x", create=True)

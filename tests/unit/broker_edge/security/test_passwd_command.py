@@ -1,5 +1,6 @@
-"""``timestone passwd`` on real files: it never loses a user to another run editing the same file, and keeps
-the owner, group and mode an operator gave the file (a broker running as its own user reads it)."""
+"""``timestone passwd`` on real files: it edits only a file the broker loads, never loses a user to another
+run editing the same file, refuses a user name that would break the file's lines, and keeps the owner, group
+and mode an operator gave the file (a broker running as its own user reads it)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from broker_edge.security.auth import PasswordFile, passwd_main
+from broker_edge.security.auth import PasswordFile, PasswordFileError, passwd_main
 
 MOSQUITTO_LINE = (
     "mq:$7$101$9dy7CedXdQ9NFH8u$UW0T2YuyXSIEoXNsqwCbMasE3Ye+8+pyIo3+orG7ivXXao0JeVFrR3QeAgabOEpmJGbc4yT6"
@@ -31,6 +32,63 @@ def users(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
     assert passwd("-c", str(path), "u1", "--password", "p1") == 0
     capsys.readouterr()
     return path
+
+
+@pytest.mark.parametrize(
+    ("edit", "line", "why"),
+    [
+        (
+            lambda text: text + MOSQUITTO_LINE + "\n",
+            2,
+            "unknown algorithm '7' (known: scrypt, pbkdf2-sha512)",
+        ),
+        (lambda text: text + text, 2, "user 'u1' appears twice"),
+        (lambda text: "# users\r\n" + text + "dev\u2028x:" + text.partition(":")[2], 3, "line separators"),
+    ],
+)
+@pytest.mark.parametrize(
+    "argv", [("u2", "--password", "p2"), ("u1", "--password", "new"), ("u1", "--delete")]
+)
+def test_a_file_the_broker_refuses_is_not_edited(
+    users: Path, capsys: pytest.CaptureFixture[str], edit: object, line: int, why: str, argv: tuple[str, ...]
+) -> None:
+    assert callable(edit)
+    users.write_text(edit(users.read_text()))
+    before = users.read_bytes()
+    with pytest.raises(PasswordFileError) as broker:
+        PasswordFile.load(users)
+    assert broker.value.line == line and why in str(broker.value)
+    assert passwd(str(users), *argv) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"timestone passwd: error: {broker.value}: the broker refuses this file, so it is left as it is; "
+        f"correct or remove line {line}, then run this again\n"
+    )
+    assert users.read_bytes() == before
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85", "\x1e", "\x0b", "\x0c", "\r"])
+def test_a_user_name_holding_a_line_separator_is_refused(
+    users: Path, capsys: pytest.CaptureFixture[str], separator: str
+) -> None:
+    before = users.read_bytes()
+    assert passwd(str(users), f"dev{separator}x", "--password", "x") == 1
+    assert capsys.readouterr().err == (
+        "timestone passwd: error: username must not contain control characters or line separators\n"
+    )
+    assert users.read_bytes() == before
+    assert PasswordFile.load(users).users == ["u1"]
+
+
+def test_lines_end_at_a_newline_only_and_a_crlf_file_loads_and_is_edited(users: Path) -> None:
+    """The broker splits lines where the command ends them: a comment holding U+2028 is one comment line."""
+    users.write_bytes(b"# plant \xe2\x80\xa8 devices\r\n" + users.read_bytes().replace(b"\n", b"\r\n"))
+    assert PasswordFile.load(users).users == ["u1"]
+    assert passwd(str(users), "u2", "--password", "p2") == 0
+    assert users.read_text(encoding="utf-8").split("\n")[0] == "# plant \u2028 devices"
+    loaded = PasswordFile.load(users, cache=False)
+    assert loaded.users == ["u1", "u2"] and loaded.verify("u2", b"p2")
 
 
 def test_concurrent_runs_lose_no_user(users: Path) -> None:
