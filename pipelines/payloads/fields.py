@@ -137,6 +137,8 @@ def _row(
         raw = read(payload)
     except PayloadError as exc:
         return None, str(exc)
+    except RecursionError:  # a few kilobytes of "[[[[...": the readers recurse once per level
+        return None, "nested too deeply to read (more levels than Python's recursion limit)"
     row: dict[str, Any] = {}
     for name, type_name in fields.items():
         try:

@@ -150,6 +150,10 @@ def test_protobuf_enums_timestamps_and_imports_of_a_users_own_schema(tmp_path):
         (b"[1]", "json: byte 0: the payload is a list, not an object"),
         (b'{"ts": "x"}', "field ts: expected bigint, got str 'x'"),
         (b'{"firmware": "\xff"}', "json: byte 14: not UTF-8"),
+        (  # ten kilobytes of nesting: once a RecursionError out of the batch, which failed on every replay
+            b'{"ts": 1, "x": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+            "nested too deeply to read (more levels than Python's recursion limit)",
+        ),
     ],
 )
 def test_why_a_json_payload_was_quarantined(payload, error):
