@@ -43,6 +43,7 @@ from broker_edge.pki.builders import (
     subject_name,
     write_pair,
 )
+from broker_edge.security.replace_files import NotReplaced
 from broker_edge.settings.cluster import NODE_ID
 from broker_edge.settings.uplink import SITE_ID
 from broker_edge.uplink.site_identity import SITE_URI_PREFIX, site_uri
@@ -351,7 +352,13 @@ class Authority:
 
     @staticmethod
     def _write(pair: PemPair, key: PrivateKey, certificate: x509.Certificate) -> None:
-        write_pair(pair.cert, pair.key, key, certificate)
+        try:
+            write_pair(pair.cert, pair.key, key, certificate)
+        except NotReplaced as error:
+            raise PkiError(
+                f"cannot write {error.filename} ({error.strerror}): nothing was replaced, {pair.cert} and "
+                f"{pair.key} are as they were"
+            ) from None
 
 
 def _check_days(days: int) -> None:

@@ -22,7 +22,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["replace_files"]
+__all__ = ["NotReplaced", "replace_files"]
+
+
+class NotReplaced(OSError):
+    """A failure before any file was renamed: every target is as it was (``filename`` names the target)."""
 
 
 def _keep_owner(descriptor: int, old: os.stat_result) -> int:
@@ -63,13 +67,17 @@ def _stage(path: Path, data: bytes, mode: int) -> str:
 def replace_files(files: Sequence[tuple[Path, bytes, int]]) -> None:
     """Replace each ``(path, data, mode)`` whole; every temporary is written before any is renamed.
 
-    ``mode`` is that of a new file; a file that exists keeps its own, and its owner and group.
+    ``mode`` is that of a new file; a file that exists keeps its own, and its owner and group. ``NotReplaced``
+    (an ``OSError`` naming the target) when writing a temporary failed, and so every file is as it was.
     """
     staged: list[tuple[str, Path]] = []
     try:
         for path, data, mode in files:
             target = Path(path)
-            staged.append((_stage(target, data, mode), target))
+            try:
+                staged.append((_stage(target, data, mode), target))
+            except OSError as error:
+                raise NotReplaced(error.errno, error.strerror, str(target)) from error
         for index, (temporary, target) in enumerate(staged):
             os.replace(temporary, target)
             staged[index] = ("", target)

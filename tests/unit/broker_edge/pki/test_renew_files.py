@@ -59,7 +59,10 @@ def test_a_certificate_directory_not_writable_leaves_the_key_as_it_was(
         assert renew(ca, cert, key) == 1
     finally:
         cert.parent.chmod(0o755)
-    assert capsys.readouterr().err.startswith("timestone pki renew: [Errno 13] Permission denied")
+    assert capsys.readouterr().err == (
+        f"timestone pki renew: cannot write {cert} (Permission denied): nothing was replaced, {cert} and "
+        f"{key} are as they were\n"
+    )
     assert files(tmp_path) == before and matches(cert, key)
 
 
@@ -84,7 +87,10 @@ def test_a_failure_writing_the_certificate_leaves_the_key_as_it_was(
     monkeypatch.setattr(os, "fsync", fsync)
     assert renew(ca, cert, key) == 1
     monkeypatch.undo()
-    assert capsys.readouterr().err == "timestone pki renew: [Errno 28] No space left on device\n"
+    assert capsys.readouterr().err == (
+        f"timestone pki renew: cannot write {cert} (No space left on device): nothing was replaced, {cert} "
+        f"and {key} are as they were\n"
+    )
     assert files(tmp_path) == before, "no new key, no temporary left behind"
     assert matches(cert, key)
     assert renew(ca, cert, key) == 0 and matches(cert, key)
