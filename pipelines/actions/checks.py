@@ -173,7 +173,9 @@ def time_zone(value: Any) -> str | None:
         return f"expected an IANA time zone name, got {value!r}"
     try:
         ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError):
+    # a name that is a directory of the zone database (Europe), or too long for a file name, fails on
+    # opening the file (OSError): as unknown as a name that is not there
+    except (ZoneInfoNotFoundError, ValueError, OSError):
         return f"unknown time zone {value!r} (an IANA name such as Europe/Berlin or UTC)"
     return None
 

@@ -36,11 +36,14 @@ def _malformed_rows() -> dict[str, tuple[dict, str]]:
     no_url["payload"]["url"] = None
     firmware = action_row("kind-firmware", kind="firmware", all_devices=True)
     unsafe_group = action_row("group-wildcard", group="canary/+")
+    window = {"start": "01:00", "duration_min": 240, "days": None, "time_zone": "Europe"}  # a directory
+    zone_directory = action_row("zone-directory", group="canary", maintenance_windows=[window])
     return {
         "no-target": (no_target, "target"),
         "no-url": (no_url, "payload.url"),
         "kind-firmware": (firmware, "kind"),
         "group-wildcard": (unsafe_group, "target.group"),
+        "zone-directory": (zone_directory, "maintenance_windows[0].time_zone"),
     }
 
 

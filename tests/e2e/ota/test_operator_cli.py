@@ -67,6 +67,14 @@ def test_an_existing_id_with_other_content_is_refused_naming_what_differs(tmp_pa
         ),
         (["--all", *FIRMWARE, "--max-per-minute", "0"], "--max-per-minute (rollout.max_per_minute): must be"),
         (
+            ["--all", *FIRMWARE, "--window", "mon 01:00 4h Europe"],  # a directory of the zone database
+            "--window (maintenance_windows[0].time_zone): unknown time zone 'Europe'",
+        ),
+        (
+            ["--all", *FIRMWARE, "--window", "mon 01:00 4h " + "Z" * 300],  # longer than a file name
+            "--window (maintenance_windows[0].time_zone): unknown time zone 'ZZZ",
+        ),
+        (
             ["--all", *FIRMWARE, "--abort-failure-pct", "120"],
             "--abort-failure-pct (abort_criteria.failure_pct)",
         ),
@@ -85,6 +93,8 @@ def test_impossible_values_are_refused_naming_the_option_and_the_field(tmp_path,
     err = capsys.readouterr().err
     assert err.startswith("timestone ota create: ") and message in err, err
     assert "Traceback" not in err
+    if "--window" in argv:  # one problem, one line
+        assert len(err.splitlines()) == 1, err
     assert not store.exists("actions")
 
 

@@ -172,6 +172,16 @@ def test_every_rollout_column_together_is_valid():
             "maintenance_windows[0].time_zone",
             "unknown time zone",
         ),
+        (  # a directory of the zone database, not a zone (IsADirectoryError on opening it)
+            {"maintenance_windows": [{"start": "02:00", "duration_min": 60, "time_zone": "Europe"}]},
+            "maintenance_windows[0].time_zone",
+            "unknown time zone 'Europe'",
+        ),
+        (  # longer than a file name may be (OSError on opening it)
+            {"maintenance_windows": [{"start": "02:00", "duration_min": 60, "time_zone": "Z" * 300}]},
+            "maintenance_windows[0].time_zone",
+            "unknown time zone",
+        ),
         (
             {"maintenance_windows": [{"start": "02:00", "duration_min": 1500}]},
             "maintenance_windows[0].duration_min",
