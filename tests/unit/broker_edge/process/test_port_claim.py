@@ -1,0 +1,76 @@
+"""``port_claim``: one ``--workers`` command per address, whoever else listens there refused."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+
+import pytest
+
+from broker_edge.process.port_claim import claim_address, probe_unbound
+
+
+def test_an_address_claimed_is_refused_to_a_second_claim_naming_the_holder_until_released():
+    port = _free_port()
+    first = claim_address("listeners[0] (m)", "127.0.0.1", port)
+    assert first is not None
+    try:
+        with pytest.raises(OSError) as refused:
+            claim_address("listeners[0] (m)", "127.0.0.1", port)
+        assert refused.value.errno == errno.EADDRINUSE
+        assert str(refused.value) == (
+            f"[Errno 98] listeners[0] (m) 127.0.0.1:{port} is served by another timestone broker --workers "
+            f"(pid {os.getpid()}): give each its own port (or host)"
+        )
+        other = claim_address("listeners[0] (m)", "127.0.0.1", port + 1 if port < 65535 else port - 1)
+        assert other is not None  # another address: its own claim
+        other.close()
+    finally:
+        first.close()
+    again = claim_address("listeners[0] (m)", "127.0.0.1", port)
+    assert again is not None
+    again.close()
+
+
+@pytest.mark.parametrize("reuse_port", [False, True], ids=["plain", "so-reuseport"])
+def test_an_address_another_socket_listens_on_is_refused_even_one_that_could_be_joined(reuse_port: bool):
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        with pytest.raises(OSError) as refused:
+            probe_unbound("listeners[0] (m)", "127.0.0.1", port)
+        assert refused.value.errno == errno.EADDRINUSE
+        assert str(refused.value) == (
+            f"[Errno 98] listeners[0] (m) cannot listen on 127.0.0.1:{port}: Address already in use "
+            "(another process listens there)"
+        )
+    finally:
+        holder.close()
+    probe_unbound("listeners[0] (m)", "127.0.0.1", port)  # free again: the probe leaves nothing bound
+    probe_unbound("listeners[0] (m)", "127.0.0.1", port)
+
+
+def test_a_port_with_connections_in_time_wait_is_not_taken():
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server's end closes first: its side stays in TIME_WAIT
+    client.close()
+    server.close()
+    probe_unbound("listeners[0] (m)", "127.0.0.1", port)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
