@@ -202,13 +202,21 @@ def reload_files(broker: Broker) -> None:
         broker.cluster_node.reload_credentials()
 
 
-def run_broker(config_path: str | None, node: str | None = None) -> int:
+Report = Callable[[str | None], None]
+"""Told ``None`` once the broker serves, or the one-line reason it could not start (``--workers``' members
+tell their command so)."""
+
+
+def run_broker(config_path: str | None, node: str | None = None, report: Report | None = None) -> int:
     """Load the config (defaults without a file), run the broker until a signal, return the exit status;
-    ``node``: the member of ``--workers`` it is, named on every log line."""
+    ``node``: the member of ``--workers`` it is, named on every log line; ``report``: told when it serves, or
+    why it could not start (exit status 2 or 1)."""
+    tell = report if report is not None else _ignore
     try:
         config = load_broker_config(config_path)
     except (ConfigError, OSError) as exc:
         print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
+        tell(str(exc))
         return 2
     configure_logging(config.logging, node=node)
     bound_arenas()  # before the store, the hasher or an executor starts a thread
@@ -218,14 +226,35 @@ def run_broker(config_path: str | None, node: str | None = None) -> int:
 
         asyncio_run = uvloop.run
     try:
-        asyncio_run(serve(config))
+        asyncio_run(_serve_telling(config, tell))
     except ConfigError as exc:
         print(f"timestone broker: configuration error: {exc}", file=sys.stderr)
+        tell(str(exc))
         return 2
     except (OSError, StoreDamaged) as exc:
         log.error("cannot start: %s", exc)
+        tell(str(exc))
         return 1
     return 0
+
+
+def _ignore(_: str | None) -> None:
+    pass
+
+
+async def _serve_telling(config: BrokerConfig, tell: Report) -> None:
+    """``serve``, and ``tell(None)`` once the broker serves."""
+    ready = asyncio.Event()
+
+    async def told() -> None:
+        await ready.wait()
+        tell(None)
+
+    telling = asyncio.ensure_future(told())
+    try:
+        await serve(config, ready)
+    finally:
+        telling.cancel()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,7 +270,11 @@ def main(argv: list[str] | None = None) -> int:
         description="Run a Timestone edge broker.",
         epilog="exit status: 0 stopped (SIGINT or SIGTERM, at any moment of its start too); 1 cannot start "
         "(a port taken, a file system that fails, a damaged data file); 2 a configuration error (the message "
-        "names the key). SIGHUP re-reads the password, ACL and tokens files and the certificates.",
+        "names the key). SIGHUP re-reads the password, ACL and tokens files and the certificates. "
+        "With --workers: SIGHUP is passed on to every member; a member that cannot start ends the command "
+        "with its status (1 or 2) and reason; a port another process listens on or another --workers serves "
+        "is refused (1), and so is a data directory in use (2); a member that crashes after it served is "
+        "started again.",
     )
     parser.add_argument("--config", "-c", help="broker YAML config (default: embedded defaults)")
     parser.add_argument(

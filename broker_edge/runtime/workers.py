@@ -13,17 +13,30 @@ left it, started before the members and stopped after them. Its members keep one
 member, started again, serves its partitions again. With a ``cluster:`` section the members join that
 cluster (its etcd, its replication) as ``<node_id>-<n>``.
 
-The command supervises its members. It imports the broker once and forks each member from itself, so a
-member that exits (a crash, SIGKILL) is running again a moment later; its registration in etcd is removed
-first, so that the cluster does not wait out its lease, and its clients reconnect, reaching the others
-meanwhile. A member that keeps failing is started again after a wait that doubles, up to 30 s. SIGTERM or
-SIGINT stops every member as ``timestone broker`` stops (clients told, logs flushed), then etcd; the members
-and etcd get SIGTERM from the kernel if the command dies without stopping them.
+Before it starts anything the command makes sure nobody else serves what it is about to: it locks the data
+directory (``runtime.data_lock``: the same configuration started twice is refused, exit 2, before a second
+etcd opens the first one's data or a file of the first is touched), then claims each shared listener's
+address and probes that nobody listens there (``process.port_claim``: ``SO_REUSEPORT`` would otherwise let a
+second command join the first's port silently; exit 1, as a single broker on a taken port). The members
+inherit the lock and the claims, which therefore hold until the last member has stopped.
+
+The command supervises its members. It imports the broker once and forks each member from itself; each
+tells it over a pipe once it serves, or why it could not start. A member that exits before it ever served
+with status 2 (configuration error) or 1 (cannot start) would fail the same way again: the command stops
+the others and etcd, and exits with that status and the member's reason. Any other exit (a crash, SIGKILL,
+or any exit of a member that had served) is recovered from: its registration in etcd is removed first, so
+that the cluster does not wait out its lease, and it is forked again a moment later, its clients reaching
+the others meanwhile; a member that keeps failing is started again after a wait that doubles, up to 30 s.
+SIGHUP is passed on to every running member, which re-reads its password, ACL and tokens files and its
+certificates as ``timestone broker`` does (``systemctl reload``). SIGTERM or SIGINT stops every member as
+``timestone broker`` stops (clients told, logs flushed), then etcd; the members and etcd get SIGTERM from the
+kernel if the command dies without stopping them.
 
 Member ``n``'s data is ``<storage.directory>/workers/w<n>``, its configuration, made from the one given,
-``<storage.directory>/workers/w<n>.yaml`` and its process id ``w<n>.pid`` while it runs. The first member
-keeps the configured offsets API and admin ports; the others take free ones (each logs its own, and the
-offsets API's ``/v1/cluster`` lists them all). Every log line of a member names it (``node=w<n>``).
+``<storage.directory>/workers/w<n>.yaml`` and its process id ``w<n>.pid`` while it runs (removed only by
+the command that wrote it). The first member keeps the configured offsets API and admin ports; the others
+take free ones (each logs its own, and the offsets API's ``/v1/cluster`` lists them all). Every log line of
+a member names it (``node=w<n>``).
 """
 
 from __future__ import annotations
@@ -46,7 +59,9 @@ from typing import Any
 
 from broker_edge.config.loader import ConfigError, load_yaml_file
 from broker_edge.process.parent_death import die_with_parent
+from broker_edge.process.port_claim import claim_address, probe_unbound
 from broker_edge.runtime import stop_signals
+from broker_edge.runtime.data_lock import DataDirectoryLock
 from broker_edge.runtime.launcher import free_ports
 from broker_edge.settings.broker import BrokerConfig, load_broker_config
 from broker_edge.settings.cluster import ClusterConfig
@@ -198,7 +213,7 @@ class LocalEtcd:
                 stdout=output,
                 stderr=output,
                 start_new_session=True,  # stopped by this command, after the members, never by a Ctrl-C
-                preexec_fn=lambda: die_with_parent(signal.SIGTERM, parent),
+                preexec_fn=lambda: _etcd_process(parent),
             )
         deadline = time.monotonic() + ETCD_START_TIMEOUT_S
         while not _answers("127.0.0.1", client):
@@ -221,8 +236,19 @@ class LocalEtcd:
             process.wait()
 
 
-RunBroker = Callable[[str, str], int]
-"""``timestone broker --config PATH`` as member NODE (``main.run_broker``): its exit status."""
+def _etcd_process(parent: int) -> None:
+    """In etcd's process before it runs: SIGTERM when this command dies, and no signal blocked (this
+    command blocks those it takes with sigtimedwait; etcd would inherit them blocked, SIGTERM included)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    die_with_parent(signal.SIGTERM, parent)
+
+
+RunBroker = Callable[[str, str, Callable[[str | None], None]], int]
+"""``timestone broker --config PATH`` as member NODE (``main.run_broker``), telling REPORT ``None`` once it
+serves or why it could not start: its exit status."""
+
+SERVING = b"serving\n"
+"""What a member writes on its pipe once it serves; ``failed <reason>`` lines say why it could not start."""
 
 
 class Member:
@@ -238,25 +264,77 @@ class Member:
         self.start_at: float | None = 0.0
         """When to start it (now or later: it exited and waits); None while it runs or stopping."""
         self.delay = RESTART_DELAY_S
+        self.served = False
+        """Whether it ever served (in any of its processes): from then on an exit is a crash to recover
+        from by starting it again, whatever its status."""
+        self.reports: int | None = None
+        """The read end of the pipe its running process reports on (``SERVING``, or why it failed)."""
 
     @property
     def pid_file(self) -> Path:
         return self.config_path.with_suffix(".pid")
 
-    def start(self) -> None:
+    def start(self, inherited: list[int]) -> None:
+        """Fork its process; ``inherited``: descriptors of this command's the member must close (the other
+        members' pipes)."""
         parent = os.getpid()
+        reports, report = os.pipe()
         pid = os.fork()
         if pid == 0:
-            _member_process(self.run, str(self.config_path), self.node, parent)  # never returns
+            os.close(reports)
+            for fd in inherited:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            _member_process(self.run, str(self.config_path), self.node, parent, report)  # never returns
+        os.close(report)
+        os.set_blocking(reports, False)
+        self.reports = reports
         self.pid, self.started_at, self.start_at = pid, time.monotonic(), None
         self.pid_file.write_text(f"{pid}\n")
 
-    def exited(self, status: int) -> None:
-        """Its process ended by itself (``status`` as ``os.waitpid`` gives it): forget it in etcd and start
-        it again after its wait."""
+    def read_reports(self) -> str | None:
+        """Read what its process reported since the last call (noting that it serves); the last reason it
+        gave for not starting, if any."""
+        reason = None
+        if self.reports is None:
+            return None
+        chunks = []
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(self.reports, 65536):
+                chunks.append(chunk)
+        for line in b"".join(chunks).decode("utf-8", "replace").splitlines():
+            if line == SERVING.decode().strip():
+                self.served = True
+            elif line.startswith("failed "):
+                reason = line.removeprefix("failed ")
+        return reason
+
+    def ended(self) -> str | None:
+        """Its process is gone: its pid file removed (if still its own), its pipe read and closed; the reason
+        it gave for not starting, if any."""
+        reason = self.read_reports()
+        if self.reports is not None:
+            os.close(self.reports)
+            self.reports = None
+        if self.pid is not None:
+            remove_pid_file(self.pid_file, self.pid)
         self.pid = None
-        with contextlib.suppress(OSError):
-            self.pid_file.unlink()
+        return reason
+
+    def failed_to_start(self, status: int) -> tuple[int, str] | None:
+        """Its process ended by itself (``status`` as ``os.waitpid`` gives it): (exit status, reason) when
+        it could not start (configuration error 2, cannot start 1) and never served; starting it again
+        would fail the same way. None: a crash, to recover from by ``exited``."""
+        node = self.node
+        reason = self.ended()
+        code = os.waitstatus_to_exitcode(status)
+        if self.served or code not in (1, 2):
+            return None
+        return code, reason or f"member {node} exited (status {code}) before it served"
+
+    def exited(self, status: int) -> None:
+        """Its process ended (``status``) and ``failed_to_start`` said it was a crash: forget it in etcd and
+        start it again after its wait."""
         code = os.waitstatus_to_exitcode(status)
         how = f"signal {-code}" if code < 0 else f"status {code}"
         if time.monotonic() - self.started_at >= STEADY_S:
@@ -267,19 +345,35 @@ class Member:
         self.delay = min(self.delay * 2, RESTART_DELAY_MAX_S)
 
 
-def _member_process(run: RunBroker, config_path: str, node: str, parent: int) -> None:
+def remove_pid_file(path: Path, pid: int) -> None:
+    """Remove ``path`` if it still holds ``pid``: a file another command wrote is never removed."""
+    with contextlib.suppress(OSError):
+        if path.read_text().strip() == str(pid):
+            path.unlink()
+
+
+def _member_process(run: RunBroker, config_path: str, node: str, parent: int, report: int) -> None:
     """The forked member: its own session (the command decides when it stops; SIGTERM if the command dies),
     SIGINT and SIGTERM noted until its loop takes them (``stop_signals``, as ``timestone broker`` has them
-    from its start), then ``timestone broker``."""
+    from its start), SIGHUP ignored until then (its files are being read anyway), then ``timestone broker``,
+    which tells ``report`` (a pipe to the command) when it serves, or why it could not start."""
     code = 1
+
+    def tell(reason: str | None) -> None:
+        line = SERVING if reason is None else f"failed {' '.join(reason.split())}\n".encode()
+        with contextlib.suppress(OSError):
+            os.write(report, line)
+
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         os.setsid()
         die_with_parent(signal.SIGTERM, parent)
-        code = run(config_path, node)
-    except BaseException:
+        code = run(config_path, node, tell)
+    except BaseException as error:
         traceback.print_exc()
+        tell(f"{type(error).__name__}: {error}")
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -336,20 +430,33 @@ def _write_yaml(path: Path, document: dict[str, Any]) -> None:
     os.replace(temporary, path)
 
 
-_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT)
+_SIGNALS = (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def supervise(document: dict[str, Any], config: BrokerConfig, workers: int, run: RunBroker) -> int:
-    """Run etcd (unless configured) and the members until SIGTERM or SIGINT; the exit status."""
+    """Run etcd (unless configured) and the members until SIGTERM or SIGINT, or until a member cannot
+    start; the exit status. ``_SIGNALS`` must be blocked (``run_workers``)."""
     for module in PRELOAD:
         __import__(module)
-    base = Path(config.storage.directory) / WORKERS_DIRECTORY
-    base.mkdir(parents=True, exist_ok=True)
-    signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # taken by sigtimedwait below, never by a handler
     if stop_signals.requested():  # before they were blocked: stopped before anything started
         return 0
-    etcd = LocalEtcd(base) if config.cluster is None else None
+    # Nothing of another command's is read, written or started on before these hold: its data directory
+    # (its etcd's data, its members' files) and its addresses stay its own.
+    lock = DataDirectoryLock(config.storage.directory)
+    lock.acquire()
+    claims: list[socket.socket] = []
+    etcd: LocalEtcd | None = None
+    fatal: tuple[Member, int, str] | None = None
     try:
+        for index, listener in enumerate(config.listeners):
+            endpoint = f"listeners[{index}] ({listener.name})"
+            claim = claim_address(endpoint, listener.host, listener.port)
+            if claim is not None:
+                claims.append(claim)
+            probe_unbound(endpoint, listener.host, listener.port)
+        base = Path(config.storage.directory) / WORKERS_DIRECTORY
+        base.mkdir(parents=True, exist_ok=True)
+        etcd = LocalEtcd(base) if config.cluster is None else None
         etcd_url = etcd.start() if etcd is not None else None
         members = []
         for node, member_document in member_documents(document, config, workers, etcd_url):
@@ -358,40 +465,78 @@ def supervise(document: dict[str, Any], config: BrokerConfig, workers: int, run:
             cluster = load_broker_config(path).cluster
             assert cluster is not None, "every member's configuration has a cluster: section"
             members.append(Member(node, path, cluster, run))
-        addresses = ", ".join(f"{listener.host}:{listener.port}" for listener in config.listeners)
-        log.info("%d members serving %s: %s", workers, addresses, ", ".join(m.node for m in members))
-        _run_members(members)
+        fatal = _run_members(members, config)
         _stop_members(members)
     finally:
         if etcd is not None:
             etcd.stop()
+        for claim in claims:
+            claim.close()
+        lock.release()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # one pending now must not end the command
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+    if fatal is not None:
+        member, code, reason = fatal
+        if code == 2:
+            print(f"timestone broker: configuration error: member {member.node}: {reason}", file=sys.stderr)
+        else:
+            log.error("cannot start: member %s: %s", member.node, reason)
+        return code
     log.info("stopped")
     return 0
 
 
-def _run_members(members: list[Member]) -> None:
-    """Start the members and keep them running until SIGTERM or SIGINT."""
+def _run_members(members: list[Member], config: BrokerConfig) -> tuple[Member, int, str] | None:
+    """Start the members and keep them running until SIGTERM or SIGINT (None), passing SIGHUP on to them;
+    or until one could not start before it ever served: (it, its exit status, its reason)."""
     by_pid: dict[int, Member] = {}
+    all_serving = False
     while True:
         now = time.monotonic()
         for member in members:
             if member.start_at is not None and member.start_at <= now:
-                member.start()
+                member.start([m.reports for m in members if m.reports is not None])
                 assert member.pid is not None
                 by_pid[member.pid] = member
         waits = [m.start_at - now for m in members if m.start_at is not None]
         received = signal.sigtimedwait(_SIGNALS, max(min(waits, default=1.0), 0.01))
-        if received is not None and received.si_signo in (signal.SIGTERM, signal.SIGINT):
+        signo = received.si_signo if received is not None else None
+        if signo in (signal.SIGTERM, signal.SIGINT):
             log.info("stopping %d members", len(members))
-            return
+            return None
+        if signo == signal.SIGHUP:
+            _pass_on_sighup(members)
         while by_pid:
             pid, status = os.waitpid(-1, os.WNOHANG)
             if not pid:
                 break
             dead = by_pid.pop(pid, None)
-            if dead is not None:
-                dead.exited(status)
+            if dead is None:
+                continue
+            failure = dead.failed_to_start(status)
+            if failure is not None:
+                code, reason = failure
+                log.error("member %s could not start (exit status %d): stopping the others", dead.node, code)
+                return dead, code, reason
+            dead.exited(status)
+        for member in members:
+            member.read_reports()
+        if not all_serving and all(m.served and m.pid is not None for m in members):
+            all_serving = True
+            addresses = ", ".join(f"{listener.host}:{listener.port}" for listener in config.listeners)
+            log.info("%d members serving %s: %s", len(members), addresses, ", ".join(m.node for m in members))
+
+
+def _pass_on_sighup(members: list[Member]) -> None:
+    """SIGHUP to every running member: each re-reads its password, ACL and tokens files and its
+    certificates, as ``timestone broker`` does (one still starting reads them as it starts)."""
+    told = []
+    for member in members:
+        if member.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(member.pid, signal.SIGHUP)
+                told.append(member.node)
+    log.info("SIGHUP passed on to members %s: files and certificates read again", ", ".join(told) or "(none)")
 
 
 def _stop_members(members: list[Member]) -> None:
@@ -406,8 +551,7 @@ def _stop_members(members: list[Member]) -> None:
         if pid:
             member = running.pop(pid, None)
             if member is not None:
-                with contextlib.suppress(OSError):
-                    member.pid_file.unlink()
+                member.ended()
             continue
         signal.sigtimedwait(_SIGNALS, 0.1)
     for pid, member in running.items():
@@ -415,6 +559,7 @@ def _stop_members(members: list[Member]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+        member.ended()
 
 
 def run_workers(config_path: str | None, workers: int, run: RunBroker) -> int:
@@ -422,6 +567,9 @@ def run_workers(config_path: str | None, workers: int, run: RunBroker) -> int:
     member (``main.run_broker``)."""
     from broker_edge.observe.logs import configure_logging
 
+    # From here on these are taken by sigtimedwait, never by a handler: a SIGHUP (systemctl reload) during
+    # the start is passed on to the members once they run, instead of ending the command.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     try:
         config = load_broker_config(config_path)
         document = load_yaml_file(config_path) if config_path is not None else {}

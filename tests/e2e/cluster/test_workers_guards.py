@@ -1,0 +1,234 @@
+"""``timestone broker --workers 2`` as a service: SIGHUP passed on to the members, and a start that cannot
+succeed ending with its exit status instead of members forked again for ever.
+
+- a second command on the same MQTT port (members bind it with ``SO_REUSEPORT``, which another command of
+  the same user could join) exits 1 naming the first's pid, and the first serves on;
+- the same configuration started again exits 2 naming the data directory in use, before it starts an etcd
+  or touches a file of the first's;
+- a port taken by another process: exit 1, as a single broker;
+- a member that cannot start (its admin port taken; its data directory held) ends the command with the
+  member's status (1, 2) and reason;
+- SIGHUP reaches every member (a user added to the password file logs in through each), the command runs on;
+- the command killed (SIGKILL): its members and etcd stop, and the port can be served again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker_edge.runtime.data_lock import DataDirectoryLock
+from broker_edge.runtime.launcher import free_ports
+from broker_edge.security.auth import hash_password
+from tests.e2e.broker_clients import RawClient
+from tests.e2e.cluster.test_workers import member_pids, start_workers, stop_workers
+from tests.harness.local_cluster import wait_until
+
+pytestmark = pytest.mark.timeout(240)
+
+REFUSED_WITHIN_S = 60.0
+
+
+def write_users(path: Path, users: dict[str, str]) -> None:
+    path.write_text("".join(f"{user}:{hash_password(password)}\n" for user, password in users.items()))
+    path.chmod(0o600)
+
+
+class First:
+    """The command every test but the last leaves serving."""
+
+    def __init__(self, directory: Path, process: subprocess.Popen[bytes], port: int) -> None:
+        self.directory = directory
+        self.process = process
+        self.port = port
+        self.passwords = directory / "passwd"
+
+    @property
+    def workers_dir(self) -> Path:
+        return self.directory / "data" / "workers"
+
+    def log(self) -> str:
+        return (self.directory / "workers.log").read_text(errors="replace")
+
+    def logs_in(self, user: str, password: str, times: int = 6) -> bool:
+        """``times`` connections to the shared port, each accepted (the kernel spreads them over the
+        members)."""
+        for n in range(times):
+            client = RawClient(self.port, 5)
+            try:
+                answer = client.connect(f"{user}-{n}", username=user, password=password.encode())
+            finally:
+                client.close()
+            if getattr(answer, "reason_code", None) != 0:
+                return False
+        return True
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory: pytest.TempPathFactory) -> Iterator[First]:
+    directory = tmp_path_factory.mktemp("first")
+    passwords = directory / "passwd"
+    write_users(passwords, {"u1": "p1"})
+    process, port, _ = start_workers(directory, runtime=f"auth: {{password_file: {passwords}}}\n")
+    try:
+        yield First(directory, process, port)
+    finally:
+        stop_workers(process)
+
+
+def run_command(config: Path, timeout: float = REFUSED_WITHIN_S) -> tuple[int, str]:
+    """``timestone broker --config CONFIG --workers 2`` to its end: (exit status, its output)."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pipelines.cli", "broker", "--config", str(config), "--workers", "2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            start_new_session=True,
+        )
+    except subprocess.TimeoutExpired as expired:
+        output = (expired.output or b"").decode(errors="replace")
+        raise AssertionError(f"still running after {timeout} s:\n{output[-3000:]}") from None
+    return done.returncode, done.stdout.decode(errors="replace")
+
+
+def write_config(directory: Path, port: int, data: Path | None = None) -> Path:
+    api, admin = free_ports(2)
+    config = directory / "other.yaml"
+    config.write_text(
+        f"listeners:\n  - {{name: default, host: 127.0.0.1, port: {port}}}\n"
+        f"storage: {{directory: {data or directory / 'data'}}}\n"
+        f"offsets_api: {{port: {api}}}\n"
+        f"admin_http: {{port: {admin}}}\n"
+    )
+    return config
+
+
+def test_a_second_command_on_the_same_port_exits_1_and_the_first_serves_on(first, tmp_path):
+    code, output = run_command(write_config(tmp_path, first.port))
+    assert code == 1, output
+    pid = first.process.pid
+    assert (
+        f"cannot start: [Errno 98] listeners[0] (default) 127.0.0.1:{first.port} is served by another "
+        f"timestone broker --workers (pid {pid})" in output
+    ), output
+    assert "etcd for the members" not in output
+    assert not (tmp_path / "data" / "workers").exists()
+    assert first.process.poll() is None
+    assert first.logs_in("u1", "p1")
+
+
+def test_the_same_configuration_started_again_exits_2_naming_the_data_directory(first):
+    pids = {path.name: path.read_text() for path in first.workers_dir.glob("w*.pid")}
+    assert len(pids) == 2
+    code, output = run_command(first.directory / "broker.yaml")
+    assert code == 2, output
+    data = first.directory / "data"
+    refusal = f"timestone broker: configuration error: storage.directory: the data directory {data} is in use"
+    assert refusal in output, output
+    assert f"pid {first.process.pid}" in output
+    assert "etcd for the members" not in output
+    assert {path.name: path.read_text() for path in first.workers_dir.glob("w*.pid")} == pids
+    assert first.process.poll() is None
+    assert first.logs_in("u1", "p1")
+
+
+def test_a_port_taken_by_another_process_exits_1_as_a_single_broker(tmp_path):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        code, output = run_command(write_config(tmp_path, port))
+    finally:
+        holder.close()
+    assert code == 1, output
+    assert (
+        f"cannot start: [Errno 98] listeners[0] (default) cannot listen on 127.0.0.1:{port}: "
+        "Address already in use (another process listens there)" in output
+    ), output
+    assert "etcd for the members" not in output
+
+
+def test_a_member_that_cannot_start_ends_the_command_with_its_status_and_reason(tmp_path):
+    config = write_config(tmp_path, free_ports(1)[0])
+    admin = int(config.read_text().split("admin_http: {port: ")[1].split("}")[0])
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", admin))  # the first member's (the others take free ones)
+    holder.listen()
+    try:
+        code, output = run_command(config)
+    finally:
+        holder.close()
+    assert code == 1, output
+    reason = f"cannot start: member w0: [Errno 98] admin_http cannot listen on 127.0.0.1:{admin}"
+    assert reason in output, output
+    assert "starting it again" not in output
+    assert "broker_edge.workers: stopped" not in output  # it did not stop on a signal
+    assert not list((tmp_path / "data" / "workers").glob("*.pid"))
+
+
+def test_a_member_with_a_configuration_error_ends_the_command_with_status_2(tmp_path):
+    config = write_config(tmp_path, free_ports(1)[0])
+    held = DataDirectoryLock(tmp_path / "data" / "workers" / "w1")
+    held.acquire()
+    try:
+        code, output = run_command(config)
+    finally:
+        held.release()
+    assert code == 2, output
+    assert (
+        "timestone broker: configuration error: member w1: storage.directory: the data directory "
+        f"{tmp_path / 'data' / 'workers' / 'w1'} is in use by another broker (pid {os.getpid()}" in output
+    ), output
+    assert "starting it again" not in output
+
+
+def test_sighup_is_passed_on_to_every_member_and_the_command_runs_on(first):
+    assert not first.logs_in("u2", "p2", times=1)
+    write_users(first.passwords, {"u1": "p1", "u2": "p2"})
+    first.process.send_signal(signal.SIGHUP)
+    wait_until(lambda: "SIGHUP passed on to members w0, w1" in first.log(), 30, "SIGHUP passed on")
+    reloaded = f"password file {first.passwords} reloaded"
+    wait_until(lambda: first.log().count(reloaded) >= 2, 30, "both members reloaded it")
+    assert first.process.poll() is None
+    assert first.logs_in("u2", "p2")
+    assert first.logs_in("u1", "p1")
+
+
+def test_the_command_killed_leaves_nothing_serving(first):
+    """Last: it ends the module's command."""
+    pids = member_pids(first.workers_dir)
+    etcd = [
+        int(pid)
+        for pid in subprocess.run(
+            ["pgrep", "-P", str(first.process.pid)], capture_output=True, text=True
+        ).stdout.split()
+        if int(pid) not in pids.values()
+    ]
+    assert len(pids) == 2 and etcd
+    first.process.kill()
+    first.process.wait()
+
+    def gone() -> bool:
+        return not any(_alive(pid) for pid in [*pids.values(), *etcd])
+
+    wait_until(gone, 60, "the members and etcd stopped")
+    port = first.port
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
