@@ -11,7 +11,8 @@ query has run a while) and starts it again.
 It gives up only on failures a restart cannot fix (:func:`unrecoverable`): bad configuration (a source
 option, a config value, a table whose schema or features do not match, a query that does not analyse, a
 token the broker refuses) and data loss under ``failOnDataLoss``. The job then stops with exit status 1,
-naming the reason, rather than failing the same way forever.
+naming the reason, rather than failing the same way forever. A run that must end (``--available-now``) also
+gives up on a query that keeps failing (``give_up_after`` failures in a row).
 """
 
 from __future__ import annotations
@@ -130,6 +131,10 @@ class Supervisor:
     clock: Callable[[], float] = time.monotonic
     queries: list[SupervisedQuery] = field(default_factory=list)
     gave_up: GaveUp | None = None
+    give_up_after: int | None = None
+    """Failures in a row after which a query is not restarted (the job stops, exit status 1); None: never.
+    A run that must end (``--available-now``) sets it: a batch that fails the same way on every replay (a
+    value no restart changes) would otherwise keep it going for ever."""
     _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
 
     def add(
@@ -218,7 +223,13 @@ class Supervisor:
             watched.done = True
             return
         error = str(failure)
+        if now - watched.started_at >= self.config.healthy_after_s:
+            watched.failures = 0
         reason = unrecoverable(error)
+        if reason is None and self.give_up_after is not None and watched.failures >= self.give_up_after:
+            reason = (
+                f"failed {watched.failures + 1} times in a row, the last {self.give_up_after} after a restart"
+            )
         if reason is not None or not self.config.enabled:
             reason = reason or "restarts are off (restart.enabled: false)"
             log.debug("%s query %s failed", self.pipeline, watched.name, exc_info=failure)
@@ -232,8 +243,6 @@ class Supervisor:
             self.gave_up = GaveUp(watched.name, reason, error)
             watched.done = True
             return
-        if now - watched.started_at >= self.config.healthy_after_s:
-            watched.failures = 0
         delay = min(self.config.max_backoff_s, self.config.initial_backoff_s * 2**watched.failures)
         watched.failures += 1
         watched.restart_at = now + delay

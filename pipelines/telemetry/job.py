@@ -61,6 +61,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Restarts in a row after which an ``--available-now`` run gives up on its query (exit status 1): a batch
+#: that fails on every replay would otherwise keep a run that must end going for ever.
+AVAILABLE_NOW_RESTARTS = 3
+
 #: Spark SQL settings for every batch, set on the session of the batch's DataFrame (a streaming query's own
 #: session). Adaptive execution runs each shuffle stage of an action as a Spark job of its own and plans
 #: again between them; a micro-batch has nothing for it to adapt to (no skew, a few shuffle partitions), so
@@ -482,6 +486,8 @@ def supervise(
     """
     store = open_store(spark, config)
     supervisor = supervisor or Supervisor("telemetry", config.stream.restart, metrics or PipelineMetrics())
+    if available_now and supervisor.give_up_after is None:
+        supervisor.give_up_after = AVAILABLE_NOW_RESTARTS
     batches: list[TelemetryBatch] = []
     maintenance = MaintenanceScheduler(store, TABLES, config.tables.maintenance)
 

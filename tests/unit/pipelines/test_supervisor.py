@@ -149,3 +149,24 @@ def test_the_failure_is_named_by_its_innermost_error_and_transient_ones_are_rest
 def test_restart_settings_are_checked(key, value):
     with pytest.raises(ConfigError, match=key):
         RestartConfig(**{key: value})
+
+
+def test_a_run_that_must_end_gives_up_after_failures_in_a_row_naming_them():
+    """``--available-now``: a batch that fails on every replay stops the run (exit status 1) after
+    ``give_up_after`` restarts instead of keeping it going for ever; a run without it keeps restarting."""
+    supervisor, started, clock = supervised(RestartConfig(initial_backoff_s=1.0, max_backoff_s=1.0))
+    supervisor.give_up_after = 2
+    for _ in range(3):
+        started[-1].fail(WORKER_LOST)
+        gave_up = supervisor.check()
+        clock.now += 1.0
+        supervisor.check()
+    assert gave_up is not None and gave_up.reason == "failed 3 times in a row, the last 2 after a restart"
+    assert len(started) == 3 and supervisor.metrics.restarts("telemetry", "telemetry") == 2
+    endless, started, clock = supervised(RestartConfig(initial_backoff_s=1.0, max_backoff_s=1.0))
+    for _ in range(10):
+        started[-1].fail(WORKER_LOST)
+        assert endless.check() is None
+        clock.now += 1.0
+        endless.check()
+    assert len(started) == 11
