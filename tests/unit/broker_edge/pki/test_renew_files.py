@@ -6,7 +6,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -48,17 +50,26 @@ def renew(ca: Path, cert: Path, key: Path) -> int:
     return main(["pki", "renew", str(cert), "--key-file", str(key), "--ca", str(ca)])
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a directory of mode 0555")
 def test_a_certificate_directory_not_writable_leaves_the_key_as_it_was(
-    tmp_path: Path, issued: tuple[Path, Path, Path], capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    issued: tuple[Path, Path, Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The certificate's directory refuses new files (a read-only mount, another owner's directory) while
+    the key's takes them. Refused by the file system as for an unprivileged writer: root passes a mode."""
     ca, cert, key = issued
     before = files(tmp_path)
-    cert.parent.chmod(0o555)
-    try:
-        assert renew(ca, cert, key) == 1
-    finally:
-        cert.parent.chmod(0o755)
+    real_mkstemp = tempfile.mkstemp
+
+    def mkstemp(*args: Any, dir: str | Path | None = None, **kwargs: Any) -> tuple[int, str]:
+        if dir is not None and Path(dir) == cert.parent:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(dir))
+        return real_mkstemp(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    assert renew(ca, cert, key) == 1
+    monkeypatch.undo()
     assert capsys.readouterr().err == (
         f"timestone pki renew: cannot write {cert} (Permission denied): nothing was replaced, {cert} and "
         f"{key} are as they were\n"
