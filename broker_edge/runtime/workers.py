@@ -27,10 +27,10 @@ the others and etcd, and exits with that status and the member's reason. Any oth
 or any exit of a member that had served) is recovered from: its registration in etcd is removed first, so
 that the cluster does not wait out its lease, and it is forked again a moment later, its clients reaching
 the others meanwhile; a member that keeps failing is started again after a wait that doubles, up to 30 s.
-SIGHUP is passed on to every running member, which re-reads its password, ACL and tokens files and its
-certificates as ``timestone broker`` does (``systemctl reload``). SIGTERM or SIGINT stops every member as
-``timestone broker`` stops (clients told, logs flushed), then etcd; the members and etcd get SIGTERM from the
-kernel if the command dies without stopping them.
+SIGHUP is passed on to every member, which re-reads its password, ACL and tokens files and its
+certificates as ``timestone broker`` does (``systemctl reload``; a member still starting once it serves).
+SIGTERM or SIGINT stops every member as ``timestone broker`` stops (clients told, logs flushed), then etcd;
+the members and etcd get SIGTERM from the kernel if the command dies without stopping them.
 
 Member ``n``'s data is ``<storage.directory>/workers/w<n>``, its configuration, made from the one given,
 ``<storage.directory>/workers/w<n>.yaml`` and its process id ``w<n>.pid`` while it runs (removed only by
@@ -269,6 +269,10 @@ class Member:
         from by starting it again, whatever its status."""
         self.reports: int | None = None
         """The read end of the pipe its running process reports on (``SERVING``, or why it failed)."""
+        self.serving = False
+        """Whether its running process said it serves (its SIGHUP handler in place)."""
+        self.reload_due = False
+        """A SIGHUP came while its process was starting (ignoring it): passed on once it serves."""
 
     @property
     def pid_file(self) -> Path:
@@ -288,7 +292,7 @@ class Member:
             _member_process(self.run, str(self.config_path), self.node, parent, report)  # never returns
         os.close(report)
         os.set_blocking(reports, False)
-        self.reports = reports
+        self.reports, self.serving, self.reload_due = reports, False, False
         self.pid, self.started_at, self.start_at = pid, time.monotonic(), None
         self.pid_file.write_text(f"{pid}\n")
 
@@ -304,7 +308,7 @@ class Member:
                 chunks.append(chunk)
         for line in b"".join(chunks).decode("utf-8", "replace").splitlines():
             if line == SERVING.decode().strip():
-                self.served = True
+                self.served = self.serving = True
             elif line.startswith("failed "):
                 reason = line.removeprefix("failed ")
         return reason
@@ -521,6 +525,7 @@ def _run_members(members: list[Member], config: BrokerConfig) -> tuple[Member, i
             dead.exited(status)
         for member in members:
             member.read_reports()
+        _pass_on_due_sighups(members)
         if not all_serving and all(m.served and m.pid is not None for m in members):
             all_serving = True
             addresses = ", ".join(f"{listener.host}:{listener.port}" for listener in config.listeners)
@@ -528,15 +533,34 @@ def _run_members(members: list[Member], config: BrokerConfig) -> tuple[Member, i
 
 
 def _pass_on_sighup(members: list[Member]) -> None:
-    """SIGHUP to every running member: each re-reads its password, ACL and tokens files and its
-    certificates, as ``timestone broker`` does (one still starting reads them as it starts)."""
-    told = []
+    """SIGHUP to every member that serves: each re-reads its password, ACL and tokens files and its
+    certificates, as ``timestone broker`` does. One still starting ignores SIGHUP until its loop takes it:
+    it is told once it serves (it may have read a file before the change)."""
+    told, later = [], []
     for member in members:
-        if member.pid is not None:
+        if member.pid is None:
+            continue
+        member.read_reports()
+        if not member.serving:
+            member.reload_due = True
+            later.append(member.node)
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member.pid, signal.SIGHUP)
+        told.append(member.node)
+    waiting = f"; {', '.join(later)} once serving" if later else ""
+    now = ", ".join(told) or "(none)"
+    log.info("SIGHUP passed on to members %s: files and certificates read again%s", now, waiting)
+
+
+def _pass_on_due_sighups(members: list[Member]) -> None:
+    """SIGHUP to the members that were starting when one came and serve now."""
+    for member in members:
+        if member.reload_due and member.serving and member.pid is not None:
+            member.reload_due = False
             with contextlib.suppress(ProcessLookupError):
                 os.kill(member.pid, signal.SIGHUP)
-                told.append(member.node)
-    log.info("SIGHUP passed on to members %s: files and certificates read again", ", ".join(told) or "(none)")
+            log.info("SIGHUP passed on to member %s, which serves now", member.node)
 
 
 def _stop_members(members: list[Member]) -> None:

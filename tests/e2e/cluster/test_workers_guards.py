@@ -203,6 +203,35 @@ def test_sighup_is_passed_on_to_every_member_and_the_command_runs_on(first):
     assert first.logs_in("u1", "p1")
 
 
+def test_a_sighup_during_the_start_is_no_end_and_reaches_every_member(tmp_path):
+    """Members still starting ignore SIGHUP and are told once they serve: the command never dies of it."""
+    passwords = tmp_path / "passwd"
+    write_users(passwords, {"u1": "p1"})
+    port = free_ports(1)[0]
+    config = write_config(tmp_path, port)
+    config.write_text(config.read_text() + f"auth: {{password_file: {passwords}}}\n")
+    log = tmp_path / "command.log"
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.cli", "broker", "--config", str(config), "--workers", "2"],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_until(lambda: b"etcd for the members" in log.read_bytes(), 60, "etcd started")
+        write_users(passwords, {"u1": "p1", "u2": "p2"})
+        process.send_signal(signal.SIGHUP)
+        wait_until(lambda: b"2 members serving" in log.read_bytes(), 60, "both members serving")
+        assert b"SIGHUP passed on to members" in log.read_bytes()
+        command = First(tmp_path, process, port)
+        assert command.logs_in("u2", "p2")
+        assert process.poll() is None
+    finally:
+        stop_workers(process)
+    assert process.returncode == 0, log.read_text()
+
+
 def test_the_command_killed_leaves_nothing_serving(first):
     """Last: it ends the module's command."""
     pids = member_pids(first.workers_dir)

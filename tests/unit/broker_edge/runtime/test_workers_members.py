@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from broker_edge.runtime.workers import Member, remove_pid_file
+from broker_edge.runtime.workers import Member, _pass_on_due_sighups, _pass_on_sighup, remove_pid_file
 
 Tell = Callable[[str | None], None]
 
@@ -83,3 +83,38 @@ def test_a_pid_file_is_removed_only_while_it_names_the_process(tmp_path):
     remove_pid_file(path, 123)
     assert not path.exists()
     remove_pid_file(path, 123)  # gone already: nothing to do
+
+
+def test_a_sighup_while_a_member_starts_is_passed_on_once_it_serves(tmp_path):
+    go, hup = tmp_path / "go", tmp_path / "hup"
+
+    def run(config: str, node: str, tell: Tell) -> int:
+        while not go.exists():  # starting: SIGHUP ignored, as until a broker's loop takes it
+            time.sleep(0.01)
+        signal.signal(signal.SIGHUP, lambda signum, frame: hup.touch())
+        tell(None)
+        deadline = time.monotonic() + 20
+        while not hup.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return 0 if hup.exists() else 3
+
+    each = member(tmp_path, run)
+    each.start([])
+    try:
+        _pass_on_sighup([each])
+        assert each.reload_due and not each.serving
+        time.sleep(0.2)
+        assert not hup.exists()
+        _pass_on_due_sighups([each])  # not serving yet: nothing sent
+        go.touch()
+        deadline = time.monotonic() + 20
+        while not each.serving and time.monotonic() < deadline:
+            time.sleep(0.01)
+            each.read_reports()
+        _pass_on_due_sighups([each])
+        assert not each.reload_due
+        assert os.waitstatus_to_exitcode(ended(each)) == 0
+        assert hup.exists()
+    finally:
+        go.touch()
+        hup.touch()
