@@ -1,6 +1,6 @@
 """A CA kept in a directory, and every kind of certificate a production configuration names.
 
-``Authority.create(directory)`` writes ``ca.pem`` and ``ca.key`` (the directory 0700, the key 0600);
+``Authority.create(directory)`` writes ``ca.pem`` and ``ca.key`` (the directory 0711, the key 0600);
 ``Authority(directory)`` opens them to issue the kinds of ``KINDS``:
 
 - ``server``: CN and ``--dns``/``--ip``; a TLS server (MQTT listeners, the offsets API, an uplink hub);
@@ -49,6 +49,11 @@ from broker_edge.settings.uplink import SITE_ID
 from broker_edge.uplink.site_identity import SITE_URI_PREFIX, site_uri
 
 __all__ = ["KINDS", "Authority", "Kind", "PemPair", "PkiError", "describe"]
+
+
+#: A CA's directory: others may reach ``ca.pem`` by its path (a service running as its own user trusts it,
+#: cluster.tls.cafile), not list the directory; the key in it is 0600.
+CA_DIRECTORY_MODE = 0o711
 
 
 class PkiError(Exception):
@@ -173,13 +178,14 @@ class Authority:
     def create(
         cls, directory: str | Path, name: str | None = None, days: int = 3650, key_type: KeyType = "ec"
     ) -> Authority:
-        """A new CA in ``directory`` (made 0700), named ``name`` (default: the directory's name); an existing
-        one is never overwritten."""
+        """A new CA in ``directory`` (made 0711: not listed, its certificate read by path by the services
+        that trust it, its key 0600), named ``name`` (default: the directory's name); an existing one is
+        never overwritten, nor its directory's mode changed."""
         folder = Path(directory)
         folder.mkdir(parents=True, exist_ok=True)
-        os.chmod(folder, 0o700)
         if (folder / "ca.key").exists() or (folder / "ca.pem").exists():
             raise PkiError(f"{folder} already holds a CA (ca.pem, ca.key): it is never replaced in place")
+        os.chmod(folder, CA_DIRECTORY_MODE)
         _check_days(days)
         organization = name or folder.resolve().name
         key, certificate = build_ca(subject_name(f"{organization} CA", organization), days, new_key(key_type))

@@ -69,15 +69,16 @@ def contexts(authority: Authority, served: PemPair, connecting: PemPair | None =
 
 def test_a_ca_is_made_once_with_its_key_readable_by_its_owner_only(tmp_path: Path) -> None:
     authority = Authority.create(tmp_path / "plant-ca", "plant")
-    assert mode(tmp_path / "plant-ca") == 0o700
+    assert mode(tmp_path / "plant-ca") == 0o711  # ca.pem read by path by a service of its own user
     assert mode(authority.ca.key) == 0o600 and mode(authority.ca.cert) == 0o644
     certificate = load(authority.ca.cert)
     assert certificate.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     assert certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "plant CA"
     key_before = authority.ca.key.read_bytes()
+    (tmp_path / "plant-ca").chmod(0o700)  # the operator's choice, left as it is by a refusal
     with pytest.raises(PkiError, match="already holds a CA"):
         Authority.create(tmp_path / "plant-ca")
-    assert authority.ca.key.read_bytes() == key_before
+    assert authority.ca.key.read_bytes() == key_before and mode(tmp_path / "plant-ca") == 0o700
 
 
 def test_each_kind_names_what_the_broker_reads_and_may_do_what_it_is_for(tmp_path: Path) -> None:
