@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 
 from pipelines.actions.abort import first_fired
+from pipelines.actions.arrow_rows import python_rows
 from pipelines.actions.buckets import DEFAULT_BUCKETS, bucket_topic, by_bucket
 from pipelines.actions.compliance import (
     DEVICE_COLUMNS,
@@ -684,7 +685,7 @@ class ActionsEngine:
         table = self.tables.read(ACTIONS)
         if self._valid is None or self._valid[0] is not table:
             valid = {}
-            for key, row in {row["id"]: row for row in table.to_pylist()}.items():
+            for key, row in {row["id"]: row for row in python_rows(table)}.items():
                 if not problems(row):
                     valid[key] = self._last_valid[key] = Action.from_row(row)
                 elif key in self._last_valid:  # it goes on as it was sent; its cancel flag still counts

@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from broker_edge.config.endpoints import BrokerEndpoint, format_endpoints
+from pipelines.actions.arrow_rows import python_rows
 from pipelines.actions.cluster import brokers_form_a_cluster
 from pipelines.actions.config import ActionsConfig
 from pipelines.actions.engine import ActionsEngine
@@ -213,7 +214,7 @@ def start_actions_job(
 
     def fan_out(batch: DataFrame, batch_id: int) -> None:
         ordered = batch.orderBy("_commit_version")
-        rows = ordered.drop("_change_type", "_commit_version", "_commit_timestamp").toArrow().to_pylist()
+        rows = python_rows(ordered.drop("_change_type", "_commit_version", "_commit_timestamp").toArrow())
         engine.on_action_rows(rows, f"fanout/{streaming_query_id(batch)}", batch_id)
 
     def track(batch: DataFrame, batch_id: int) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines.actions.arrow_rows import out_of_range, python_rows
 from pipelines.actions.summary import FINAL_ACTION_STATES
 from pipelines.actions.validation import check_action_row
 from sinks.store import TableStore
@@ -128,7 +129,7 @@ def action_row(store: TableStore, action_id: str) -> dict | None:
     if not store.exists("actions"):
         return None
     actions = store.read_arrow("actions")
-    rows = actions.filter(pc.equal(actions["id"], action_id)).to_pylist()
+    rows = python_rows(actions.filter(pc.equal(actions["id"], action_id)))
     return rows[-1] if rows else None
 
 
@@ -194,6 +195,13 @@ def create_action(store: TableStore, action: NewAction) -> str:
     return action.action_id
 
 
+def _refuse_unreadable(row: dict, action_id: str, verb: str) -> None:
+    """A row holding a timestamp out of range is rejected by the job and never sent: nothing to change."""
+    unreadable = out_of_range(row)
+    if unreadable:
+        raise ActionRefused(f"action {action_id}'s row cannot be read ({unreadable[0]}): nothing to {verb}")
+
+
 def cancel_action(store: TableStore, action_id: str) -> bool:
     """Set the action's cancel flag: True when requested now, False when it already was.
 
@@ -206,6 +214,7 @@ def cancel_action(store: TableStore, action_id: str) -> bool:
     summary = next(iter(summaries(store, action_id)), None)
     if summary is not None and summary["action_state"] in FINAL_ACTION_STATES:
         raise ActionRefused(f"action {action_id} has ended ({summary['action_state']}): nothing to cancel")
+    _refuse_unreadable(row, action_id, "cancel")
     if row["cancel"]:
         return False
     row = dict(row, cancel=True, updated_at=datetime.now(UTC))
@@ -233,6 +242,7 @@ def end_action(store: TableStore, action_id: str, at: datetime | None = None) ->
     summary = next(iter(summaries(store, action_id)), None)
     if summary is not None and summary["action_state"] in FINAL_ACTION_STATES:
         raise ActionRefused(f"action {action_id} has ended ({summary['action_state']}): nothing to end")
+    _refuse_unreadable(row, action_id, "end")
     end = at or datetime.now(UTC)
     schedule = dict(row.get("schedule") or {"start_at": None, "end_behavior": None})
     if schedule.get("end_at") is not None and schedule["end_at"] <= end:

@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines.actions.arrow_rows import OutOfRange, out_of_range, python_rows
 from pipelines.actions.heartbeat import STALE_AFTER_S, Heartbeat
 from pipelines.actions.schedule import Schedule
 from pipelines.actions.states import ALL_STATES, IN_PROGRESS, QUEUED
@@ -51,7 +52,15 @@ class ActionStatus:
 
 
 def _latest_rows(table: pa.Table, key: str) -> dict[str, dict]:
-    return {row[key]: row for row in table.to_pylist()}
+    """The last row per key; a timestamp no ``datetime`` holds is shown as none (the job rejects such a
+    row, and the summary's reason names it)."""
+    rows = {row[key]: row for row in python_rows(table)}
+    return {
+        key: {name: None if isinstance(value, OutOfRange) else value for name, value in row.items()}
+        if out_of_range(row)
+        else row
+        for key, row in rows.items()
+    }
 
 
 def read_statuses(

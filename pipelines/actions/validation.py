@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pipelines.actions.arrow_rows import out_of_range
 from pipelines.actions.checks import (
     MAX_DEVICE_IDS,
     MAX_ID_LENGTH,
@@ -440,7 +441,13 @@ def _list_problems(rule: ListRule, items: Any) -> Iterable[InvalidAction]:
 
 
 def problems(row: Mapping[str, Any]) -> list[InvalidAction]:
-    """Everything wrong with an ``actions`` row (as read from the table, or about to be written)."""
+    """Everything wrong with an ``actions`` row (as read from the table, or about to be written).
+
+    A row holding a timestamp no ``datetime`` can hold (``arrow_rows.OutOfRange``) is only that: its other
+    columns are not looked at."""
+    unreadable = out_of_range(row)
+    if unreadable:
+        return [InvalidAction(value.field, value.problem) for value in unreadable]
     found: list[InvalidAction] = []
     if row.get("id") is None:
         found.append(InvalidAction("id", "required"))

@@ -47,6 +47,19 @@ def _malformed_rows() -> dict[str, tuple[dict, str]]:
     }
 
 
+FAR_FUTURE = "created-in-nanoseconds"
+
+
+def _created_in_nanoseconds(table: pa.Table, action_id: str) -> pa.Table:
+    """``table`` with the row of ``action_id`` created "now" in nanoseconds written as microseconds (about
+    the year 58,900): a Delta timestamp any writer can store, which no Python ``datetime`` holds."""
+    index = table.schema.get_field_index("created_at")
+    ticks = table.column(index).cast(pa.int64()).to_pylist()
+    ids = table.column("id").to_pylist()
+    ticks[ids.index(action_id)] = int(datetime.now(UTC).timestamp() * 1e6) * 1000
+    return table.set_column(index, table.field(index), pa.array(ticks, pa.timestamp("us", tz="UTC")))
+
+
 def _logged_action_messages(offsets_url: str) -> list[bytes]:
     """Every message any action topic of the broker's log holds."""
     with OffsetsClient(offsets_url) as client:
@@ -61,6 +74,7 @@ def _logged_action_messages(offsets_url: str) -> list[bytes]:
 
 def test_malformed_rows_reach_no_device_and_are_rejected_naming_the_field(spark, tmp_path, caplog, capsys):
     caplog.set_level(logging.WARNING, logger="pipelines.actions.engine")
+    caplog.set_level(logging.WARNING, logger="pipelines.actions.job")
     fleet_spec = {"count": 12, "groups": ["canary", "fleet"]}
     with actions_stack(spark, tmp_path, fleet_spec, quiet_devices()) as stack:
         store, fleet = stack.store, stack.fleet
@@ -68,8 +82,10 @@ def test_malformed_rows_reach_no_device_and_are_rejected_naming_the_field(spark,
         valid = action_row("valid", group="canary")
         location = store.location("actions")
         schema = pa.schema(DeltaTable(location).schema().to_arrow())  # the table's own schema
-        rows = [row for row, _ in malformed.values()] + [valid]
-        write_deltalake(location, pa.Table.from_pylist(rows, schema=schema), mode="append")
+        rows = [row for row, _ in malformed.values()] + [valid, action_row(FAR_FUTURE, group="canary")]
+        written = pa.Table.from_pylist(rows, schema=schema)
+        write_deltalake(location, _created_in_nanoseconds(written, FAR_FUTURE), mode="append")
+        malformed[FAR_FUTURE] = (rows[-1], "created_at")
 
         wait_for(lambda: (summary(store, "valid") or {}).get("action_state") == "COMPLETED", what="valid")
         canary = {d.device_id for d in fleet.devices if d.group == "canary"}
@@ -84,6 +100,9 @@ def test_malformed_rows_reach_no_device_and_are_rejected_naming_the_field(spark,
             assert all(action_id not in d.received_at for d in fleet.devices), action_id
             assert any(action_id in r.message and field in r.message for r in caplog.records), action_id
         assert fleet.stats["bad_actions"] == 0 and "actions_received" in fleet.stats
+        stack.job.engine.tick()  # reads every row of the table, the malformed ones included: no raise
+        failed = [r.getMessage() for r in caplog.records if r.name == "pipelines.actions.job"]
+        assert not [m for m in failed if "failed" in m], failed
 
         messages = _logged_action_messages(stack.broker.offsets_url)
         assert any(b'"valid"' in m for m in messages)
@@ -96,6 +115,11 @@ def test_malformed_rows_reach_no_device_and_are_rejected_naming_the_field(spark,
         assert main(["ota", "--tables-root", stack.config.tables_root, "status", "no-url"]) == 0
         out = capsys.readouterr().out
         assert "state     REJECTED" in out and "reason    payload.url: required for an ota action" in out
+        assert main(["ota", "--tables-root", stack.config.tables_root, "status", FAR_FUTURE]) == 0
+        out = capsys.readouterr().out
+        assert "state     REJECTED" in out and "reason    created_at: a timestamp after the year 9999" in out
+        assert main(["ota", "--tables-root", stack.config.tables_root, "status"]) == 0
+        assert FAR_FUTURE in capsys.readouterr().out
 
 
 def test_a_rejected_action_stays_rejected_when_its_row_is_corrected(spark, tmp_path, caplog):

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from deltalake import DeltaTable, write_deltalake
 
 from pipelines.actions.heartbeat import Heartbeat, write_heartbeat
 from pipelines.cli import main
@@ -161,6 +162,28 @@ def test_cancel_sets_the_flag_once_and_refuses_unknown_and_ended_actions(tmp_pat
     assert ota(root, "cancel", "done") == 1
     assert "action done has ended (COMPLETED): nothing to cancel" in capsys.readouterr().err
     assert [r["cancel"] for r in actions(root) if r["id"] == "done"] == [False]
+
+
+def test_a_row_created_after_the_year_9999_is_shown_and_refused_not_a_traceback(tmp_path, capsys):
+    """A row written by hand with ``created_at`` in nanoseconds as microseconds (about the year 58,900)."""
+    root = str(tmp_path / "tables")
+    assert ota(root, "create", "--id", "far", "--devices", "d1", *FIRMWARE) == 0
+    location = open_table_store(None, root, backend="delta-rs").location("actions")
+    table = DeltaTable(location).to_pyarrow_table()
+    at = table.schema.get_field_index("created_at")
+    ticks = pa.array([int(time.time() * 1e6) * 1000], pa.timestamp("us", tz="UTC"))
+    write_deltalake(location, table.set_column(at, table.field(at), ticks), mode="overwrite")
+    capsys.readouterr()
+
+    assert ota(root, "status") == 0 and "far" in capsys.readouterr().out
+    assert ota(root, "status", "far") == 0 and "WAITING" in capsys.readouterr().out
+    expected = "far's row cannot be read (created_at: a timestamp after the year 9999"
+    assert ota(root, "cancel", "far") == 1
+    assert expected in capsys.readouterr().err
+    assert ota(root, "end", "far") == 1
+    assert expected in capsys.readouterr().err
+    assert ota(root, "create", "--id", "far", "--devices", "d1", *FIRMWARE) == 0  # the same content: a retry
+    assert DeltaTable(location).to_pyarrow_table().num_rows == 1
 
 
 def test_status_says_an_action_waits_for_the_job_and_whether_one_runs(tmp_path, capsys):
