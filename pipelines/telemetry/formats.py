@@ -106,7 +106,8 @@ def _read(template: TopicTemplate, reader: FieldFormat, fields: dict[str, str]) 
             F.from_json(
                 F.col("payload").cast("string"),
                 f"{schema}, `{_CORRUPT}` string",
-                {"columnNameOfCorruptRecord": _CORRUPT},
+                # JSON only: Jackson's default takes 'single-quoted' names and strings
+                {"columnNameOfCorruptRecord": _CORRUPT, "allowSingleQuotes": "false"},
             ),
         )
     # only the template's rows reach the reader: the others are null payloads, skipped at once
@@ -116,13 +117,16 @@ def _read(template: TopicTemplate, reader: FieldFormat, fields: dict[str, str]) 
 def _decoded(payload: PayloadConfig, reader: FieldFormat, parsed: Column) -> Column:
     fields = [name for name in payload.fields]
     if reader.name == "json":
-        error = parsed.isNull() | parsed.getField(_CORRUPT).isNotNull()
+        # the payload's bytes cast to a string keep bytes that are no UTF-8, which the parser would read as
+        # U+FFFD inside a string value: such a payload is refused as the Python reader refuses it
+        utf8 = F.is_valid_utf8(F.col("payload").cast("string"))
+        error = parsed.isNull() | parsed.getField(_CORRUPT).isNotNull() | ~utf8
         detail = F.lit(None).cast("string")
     else:
         detail = parsed.getField(DETAIL)
         error = detail.isNotNull()
     return F.struct(
-        *[parsed.getField(name).alias(name) for name in fields],
+        *[F.when(~error, parsed.getField(name)).alias(name) for name in fields],  # none from a bad payload
         error.alias(ERROR),
         detail.alias(DETAIL),
     )

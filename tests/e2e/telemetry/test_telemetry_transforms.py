@@ -156,6 +156,22 @@ def test_a_time_in_seconds_out_of_range_or_an_iso_string_that_is_no_time_is_unpa
     ]
 
 
+def test_json_that_only_a_lenient_parser_reads_is_unparseable_saying_where(spark):
+    """Single-quoted names and bytes that are no UTF-8 inside a string: read by Jackson's defaults (the
+    latter as U+FFFD), refused by JSON and by the Python reader that says where."""
+    rows = [
+        record("devices/quotes/telemetry", 0, b"{'ts': 1795000000000, 'seq': 3}"),
+        record("devices/bytes/telemetry", 1, b'{"ts": 1795000000000, "seq": 6, "firmware": "\xff\xfe"}'),
+        telemetry("good", 2, seq=1),
+    ]
+    parsed = T.parse_telemetry(bronze(spark, rows), PAYLOAD).orderBy("offset").collect()
+    assert [(r.device_id, r.parse_error, r.firmware) for r in parsed] == [
+        ("quotes", True, None),
+        ("bytes", True, None),
+        ("good", False, "1.0.0"),
+    ]
+
+
 def test_flag_failures_quarantines_with_reasons_and_passes_the_rest(spark):
     parsed = T.parse_records(
         bronze(
