@@ -396,15 +396,23 @@ def _parse_starting_offsets(raw: str, broker_ids: list[str], cluster: str | None
     )
 
 
+#: The latest epoch millisecond a broker takes as a start time (a signed 64-bit integer).
+_LAST_TIME_MS = 2**63 - 1
+
+
 def _parse_time(text: str) -> int:
+    """Epoch milliseconds of ``time:``'s value, or of an ISO-8601 timestamp written without it."""
     if text.isdigit():
+        if int(text) > _LAST_TIME_MS:
+            raise SourceOptionError(
+                "startingOffsets", f"{text} epoch milliseconds is past any time a log holds"
+            )
         return int(text)
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
     except ValueError:
         raise SourceOptionError(
-            "startingOffsets",
-            f"expected epoch milliseconds or an ISO-8601 timestamp after time:, got {text!r}",
+            "startingOffsets", f"expected epoch milliseconds or an ISO-8601 timestamp, got {text!r}"
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(
