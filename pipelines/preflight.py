@@ -22,13 +22,22 @@ class BrokersUnreachable(Exception):
     """The brokers a run must read did not answer; the message names each and why."""
 
 
-def _answer(url: str, token: str | None, pattern: str | None, timeout_s: float) -> str | None:
-    """Why the offsets API at ``url`` cannot be read, or None when it answered."""
+def _answer(
+    url: str, token: str | None, pattern: str | None, timeout_s: float, member: bool = False
+) -> str | None:
+    """Why the offsets API at ``url`` cannot be read (``member``: as a cluster member's), or None when it
+    answered."""
     try:
         with OffsetsClient(url, token=token, timeout_s=timeout_s, retries=0) as client:
             client.list_logs(pattern)
+            if member:
+                client.cluster()
     except OffsetsApiError as error:
-        return "it refused the token" if error.status == 401 else str(error)
+        if error.status == 401:
+            return "it refused the token"
+        if member and error.status == 404:
+            return "no cluster member (a standalone broker goes in brokers, not in bootstrap_servers)"
+        return str(error)
     except Exception as error:  # BrokerUnavailable, with the refused connection or timeout as its cause
         cause = error.__cause__
         why = getattr(cause, "strerror", None) or str(cause or error).removeprefix(f"{url}: ")
@@ -41,7 +50,8 @@ def require_brokers(options: SourceOptions, timeout_s: float = PROBE_TIMEOUT_S) 
     pattern = options.topics[0] if len(options.topics) == 1 else None
     if options.reads_cluster:
         reasons = {
-            url: _answer(url, options.auth_token, pattern, timeout_s) for url in options.bootstrap_servers
+            url: _answer(url, options.auth_token, pattern, timeout_s, member=True)
+            for url in options.bootstrap_servers
         }
         if all(reasons.values()):
             listed = "; ".join(f"{url}: {why}" for url, why in reasons.items())

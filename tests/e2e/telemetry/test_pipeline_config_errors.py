@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from broker_edge.config.loader import ConfigError
-from broker_edge.runtime.launcher import free_port
+from broker_edge.runtime.launcher import BrokerProcess, free_port
 from pipelines.cli import main
 from pipelines.overrides import apply_override
 from pipelines.runner import PIPELINES, load_config_document, sections_of
@@ -152,6 +152,23 @@ def test_unreachable_brokers_end_an_available_now_run_the_same_way_standalone_or
         f"http://127.0.0.1:{dead}: Connection refused; http://127.0.0.1:{other}: Connection refused)\n"
     )
     assert not (tmp_path / "tables").exists() and not (tmp_path / "checkpoint").exists()
+
+
+def test_a_standalone_broker_named_as_a_cluster_member_ends_an_available_now_run(tmp_path, capsys):
+    """It answers its offsets API but is no cluster member: read as a cluster, the run would read nothing
+    and end "caught up" (a continuous query would wait for a cluster for ever)."""
+    with BrokerProcess(tmp_path / "broker") as broker:
+        argv = ["telemetry", "--config", PIPELINE_YAML, "--available-now"]
+        argv += ["--set", f"telemetry.tables.root={tmp_path / 'tables'}"]
+        argv += ["--set", f"telemetry.source.bootstrap_servers=[{broker.offsets_url}]"]
+        status, err = run(capsys, *argv)
+    assert status == 4
+    assert err == (
+        f"timestone pipeline telemetry: no member of the cluster answered (bootstrap_servers: "
+        f"{broker.offsets_url}: no cluster member (a standalone broker goes in brokers, not in "
+        "bootstrap_servers))\n"
+    )
+    assert not (tmp_path / "tables").exists()
 
 
 def test_the_actions_job_without_any_broker_answering_stops_before_spark(tmp_path, capsys):
