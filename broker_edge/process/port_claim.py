@@ -34,7 +34,7 @@ import sys
 
 from broker_edge.process.sockets import listening_sockets
 
-__all__ = ["claim_address", "claim_name", "probe_unbound"]
+__all__ = ["answer_askers", "claim_address", "claim_name", "probe_unbound"]
 
 
 def claim_name(host: str, port: int) -> str:
@@ -52,7 +52,8 @@ def claim_address(endpoint: str, host: str, port: int) -> socket.socket | None:
     claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         claim.bind(name)
-        claim.listen(8)  # connected to by a refused command, to name this one: never accepted
+        claim.listen(8)  # connected to by a refused command, to name this one (``answer_askers``)
+        claim.setblocking(False)
     except OSError as error:
         claim.close()
         if error.errno != errno.EADDRINUSE:
@@ -64,6 +65,17 @@ def claim_address(endpoint: str, host: str, port: int) -> socket.socket | None:
             "give each its own port (or host)",
         ) from None
     return claim
+
+
+def answer_askers(claim: socket.socket) -> None:
+    """Close the connections refused commands made to ``claim`` to read its holder's pid: left queued, a
+    full queue would leave the next one unable to tell (the holder's command calls this now and then)."""
+    while True:
+        try:
+            asker, _ = claim.accept()
+        except OSError:  # BlockingIOError: none left
+            return
+        asker.close()
 
 
 def probe_unbound(endpoint: str, host: str, port: int) -> None:

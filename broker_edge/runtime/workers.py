@@ -59,7 +59,7 @@ from typing import Any
 
 from broker_edge.config.loader import ConfigError, load_yaml_file
 from broker_edge.process.parent_death import die_with_parent
-from broker_edge.process.port_claim import claim_address, probe_unbound
+from broker_edge.process.port_claim import answer_askers, claim_address, probe_unbound
 from broker_edge.runtime import stop_signals
 from broker_edge.runtime.data_lock import DataDirectoryLock
 from broker_edge.runtime.launcher import free_ports
@@ -469,7 +469,7 @@ def supervise(document: dict[str, Any], config: BrokerConfig, workers: int, run:
             cluster = load_broker_config(path).cluster
             assert cluster is not None, "every member's configuration has a cluster: section"
             members.append(Member(node, path, cluster, run))
-        fatal = _run_members(members, config)
+        fatal = _run_members(members, config, claims)
         _stop_members(members)
     finally:
         if etcd is not None:
@@ -490,9 +490,12 @@ def supervise(document: dict[str, Any], config: BrokerConfig, workers: int, run:
     return 0
 
 
-def _run_members(members: list[Member], config: BrokerConfig) -> tuple[Member, int, str] | None:
+def _run_members(
+    members: list[Member], config: BrokerConfig, claims: list[socket.socket]
+) -> tuple[Member, int, str] | None:
     """Start the members and keep them running until SIGTERM or SIGINT (None), passing SIGHUP on to them;
-    or until one could not start before it ever served: (it, its exit status, its reason)."""
+    or until one could not start before it ever served: (it, its exit status, its reason). ``claims``: the
+    addresses' claims, whose askers are answered."""
     by_pid: dict[int, Member] = {}
     all_serving = False
     while True:
@@ -526,6 +529,8 @@ def _run_members(members: list[Member], config: BrokerConfig) -> tuple[Member, i
         for member in members:
             member.read_reports()
         _pass_on_due_sighups(members)
+        for claim in claims:
+            answer_askers(claim)
         if not all_serving and all(m.served and m.pid is not None for m in members):
             all_serving = True
             addresses = ", ".join(f"{listener.host}:{listener.port}" for listener in config.listeners)

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from broker_edge.process.port_claim import claim_address, probe_unbound
+from broker_edge.process.port_claim import answer_askers, claim_address, probe_unbound
 
 
 def test_an_address_claimed_is_refused_to_a_second_claim_naming_the_holder_until_released():
@@ -74,3 +74,17 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def test_the_holder_is_named_to_every_refused_claim_while_it_answers_the_askers():
+    port = _free_port()
+    first = claim_address("listeners[0] (m)", "127.0.0.1", port)
+    assert first is not None
+    try:
+        for _ in range(20):  # more than the claim's queue holds
+            with pytest.raises(OSError) as refused:
+                claim_address("listeners[0] (m)", "127.0.0.1", port)
+            assert f"(pid {os.getpid()})" in str(refused.value)
+            answer_askers(first)
+    finally:
+        first.close()
