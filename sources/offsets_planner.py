@@ -211,7 +211,12 @@ def effective_start(
             return next_offset, None
         if fail_on_data_loss:
             raise DataLossError(
-                broker, topic, next_offset, "the log ends before the checkpoint", extent.start, extent.end
+                broker,
+                topic,
+                next_offset,
+                "the log ends before the offset to read next (the checkpoint's; startingOffsets' if new)",
+                extent.start,
+                extent.end,
             )
         return extent.start, None  # what the old log held past its new end is unknowable: nothing counted
     return next_offset, None

@@ -297,7 +297,7 @@ def test_a_gap_with_nothing_after_it_still_moves_the_offset_past_it() -> None:
 def test_a_recreated_log_fails_or_restarts_from_its_start() -> None:
     start = {E1: {"a": 100}}
     listings = {E1: listing(a=(0, 5))}
-    with pytest.raises(DataLossError, match="ends before the checkpoint"):
+    with pytest.raises(DataLossError, match="ends before the offset to read next"):
         end_offsets(start, listings)
     end = end_offsets(start, listings, fail=False)
     assert end == {E1: {"a": 5}}
