@@ -461,6 +461,10 @@ def _parse_topic_offsets(text: str) -> dict[str, int]:
 
 def _check_offsets(topics: Mapping[str, object], where: str) -> None:
     for topic, offset in topics.items():
+        if not topic or "+" in topic or "#" in topic or "\0" in topic:
+            raise SourceOptionError(
+                "startingOffsets", f"{where}{topic!r} is not a topic name (no wildcard, not empty)"
+            )
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < EARLIEST:
             raise SourceOptionError(
                 "startingOffsets", f"{where}topic {topic!r}: expected an offset >= -2, got {offset!r}"

@@ -82,6 +82,11 @@ def test_named_brokers_tokens_per_broker_and_a_default_token() -> None:
         ({"startingOffsets": "time:yesterday"}, "startingOffsets", "'yesterday'"),
         ({"startingOffsets": "time:99999999999999999999"}, "startingOffsets", "past any time a log holds"),
         ({"startingOffsets": "2026-13-01"}, "startingOffsets", "an ISO-8601 timestamp, got '2026-13-01'"),
+        (
+            {"startingOffsets": '{"http://127.0.0.1:8081": {"#p0": 1}}'},
+            "startingOffsets",
+            "'#p0' is not a topic",
+        ),
         ({"startingOffsets": '{"other": {"a": 1}}'}, "startingOffsets", "'other' is not one of"),
         ({"startingOffsets": '{"http://127.0.0.1:8081": {"a": -3}}'}, "startingOffsets", ">= -2"),
         ({"startingOffset": "earliest"}, "startingoffset", "unknown option"),
