@@ -46,6 +46,7 @@ from pipelines.actions.engine_tables import (
     counts_after,
 )
 from pipelines.actions.model import Action, device_topic
+from pipelines.actions.operator import action_content, differences
 from pipelines.actions.phases import phase_of_devices
 from pipelines.actions.publisher import Publisher
 from pipelines.actions.release import Release, due, lost_gate
@@ -106,6 +107,39 @@ def _retry_message(action: Action, now: int, attempt: int) -> Callable[[list[str
     return lambda listed: action.message(now, listed, attempt)
 
 
+def _latest_rows(rows: Iterable[dict]) -> tuple[dict[str, dict], dict[str, str], set[str]]:
+    """Each action's latest row (rows in commit order); the actions whose latest commit holds rows of
+    different content, with why none of them is taken; the actions whose latest row was appended (a change
+    feed ``insert``, not an update in place). ``_commit_version`` and ``_change_type`` are taken off."""
+    latest: dict[str, dict] = {}
+    commits: dict[str, object] = {}
+    differing: dict[str, tuple[int, set[str]]] = {}
+    inserted: set[str] = set()
+    for given in rows:
+        row = dict(given)
+        commit = row.pop("_commit_version", None)
+        key = row["id"]
+        (inserted.add if row.pop("_change_type", None) == "insert" else inserted.discard)(key)
+        if key in latest and commit is not None and commits[key] == commit:
+            changed = differences(action_content(latest[key]), action_content(row))
+            fields = {line.split(":")[0] for line in changed}
+            if row.get("cancel") != latest[key].get("cancel"):
+                fields.add("cancel")
+            if fields or key in differing:
+                count, before = differing.get(key, (1, set()))
+                differing[key] = (count + 1, before | fields)
+        else:
+            differing.pop(key, None)  # a later commit says which row is meant
+        latest[key], commits[key] = row, commit
+    conflicts = {
+        key: f"id: {count} rows with different content ({', '.join(sorted(fields))}) in one commit, "
+        "none taken: which one is meant is unknown (write one row per action)"
+        for key, (count, fields) in differing.items()
+        if fields
+    }
+    return latest, conflicts, inserted
+
+
 def _reached_and_open(row: Execution) -> bool:
     """The device has (or may have) the action message and has not reported a final state."""
     sent = row.state == QUEUED and row.published_at is not None and row.retry_at is None
@@ -149,6 +183,8 @@ class ActionsEngine:
         self._phases: dict[str, int | None] = {}
         """The phase each phased action was last seen sending (for its summary)."""
         self._ended: set[str] = set()
+        self._other_rows: set[str] = set()
+        """Actions with rows of other content under their id, warned about once."""
         """Actions whose ``schedule.end_at`` this engine has acted on (the cancel messages went out)."""
         self._compliance_inputs: tuple[int, ...] | None = None
         self._compliance_at = 0.0
@@ -161,9 +197,11 @@ class ActionsEngine:
         Only an action's latest row counts: created and canceled in one batch means never fanned out. Every
         row is checked first (``validation.py``, whoever wrote it): an invalid one is never published and
         its action ends ``REJECTED``, the summary's reason naming the field. An action that has ended is
-        not fanned out again, whatever its row says now.
+        not fanned out again, whatever its row says now. Rows of one action with different content in one
+        commit (``_commit_version``, when the rows carry it) cannot say which is meant: a new action is
+        rejected, and for one already sent they are ignored, each with a WARNING.
         """
-        latest = {row["id"]: row for row in rows}
+        latest, conflicts, inserted = _latest_rows(rows)
         if not latest:
             return
         with self.lock:
@@ -175,13 +213,18 @@ class ActionsEngine:
             for action_id, row in latest.items():
                 rows_of_action = known.get(action_id, {})
                 ended = previous.get(action_id, (None, None))[0] in FINAL_ACTION_STATES
+                if action_id in conflicts:
+                    self._refuse(action_id, conflicts[action_id], bool(rows_of_action), ended, rejected)
+                    continue
                 invalid = problems(row)
                 kept = self._last_valid.get(action_id) if rows_of_action else None
                 if invalid and not (kept is not None and row.get("cancel")):
                     self._refuse(action_id, str(invalid[0]), bool(rows_of_action), ended, rejected)
                     continue
                 action = replace(kept, cancel=True) if invalid and kept is not None else Action.from_row(row)
-                if not invalid:
+                if not invalid and kept is not None and action_id in inserted:
+                    action = self._another_row(kept, action)
+                elif not invalid:
                     self._last_valid[action_id] = action
                 if action.cancel:
                     changed += self._stop(action, rows_of_action, CANCELED, "canceled by operator", now)
@@ -204,6 +247,20 @@ class ActionsEngine:
                 len(changed),
                 (self.clock() - now) / 1000,
             )
+
+    def _another_row(self, kept: Action, action: Action) -> Action:
+        """A row appended under the id of an action already sent (a second row, not an update in place):
+        ignored unless it only repeats the action, with a WARNING once per action; its cancel still
+        counts. The action goes on as it was sent."""
+        same = replace(action, cancel=kept.cancel, created_at_ms=kept.created_at_ms) == kept
+        if not same and kept.id not in self._other_rows:
+            self._other_rows.add(kept.id)
+            log.warning(
+                "action %s: another row with other content was appended under its id and is ignored, the "
+                "action goes on as it was sent (write a new action, or update its row in place)",
+                kept.id,
+            )
+        return replace(kept, cancel=kept.cancel or action.cancel)
 
     def _refuse(
         self, action_id: str, reason: str, fanned_out: bool, ended: bool, rejected: dict[str, str]
@@ -625,6 +682,21 @@ class ActionsEngine:
             for action_id, row in self.tables.summary_rows(action_ids).items()
         }
 
+    def _first_created(self, action_id: str, rows: list[dict]) -> dict:
+        """Of the rows under one id of an action this engine has not sent, the one created first (a job
+        restarted after a row was appended), with a WARNING once per action when their content differs."""
+        contents = [action_content(row) for row in rows]
+        if any(content != contents[0] for content in contents) and action_id not in self._other_rows:
+            self._other_rows.add(action_id)
+            log.warning(
+                "action %s: %d rows with other content under its id; the one created first is taken, the "
+                "others are ignored",
+                action_id,
+                len(rows),
+            )
+        never = datetime.max.replace(tzinfo=UTC)  # a created_at out of range (arrow_rows.OutOfRange)
+        return min(rows, key=lambda r: c if isinstance(c := r.get("created_at"), datetime) else never)
+
     # -- compliance -----------------------------------------------------------------------------------------
 
     def refresh_compliance(self) -> None:
@@ -685,7 +757,17 @@ class ActionsEngine:
         table = self.tables.read(ACTIONS)
         if self._valid is None or self._valid[0] is not table:
             valid = {}
-            for key, row in {row["id"]: row for row in python_rows(table)}.items():
+            by_id: dict[str, list[dict]] = {}
+            for read in python_rows(table):
+                by_id.setdefault(read["id"], []).append(read)
+            for key, rows in by_id.items():
+                row = rows[-1]
+                if len(rows) > 1:  # rows appended under one id: the action as it was sent, or the first
+                    kept = self._last_valid.get(key)
+                    if kept is not None:
+                        valid[key] = replace(kept, cancel=any(bool(r.get("cancel")) for r in rows))
+                        continue
+                    row = self._first_created(key, rows)
                 if not problems(row):
                     valid[key] = self._last_valid[key] = Action.from_row(row)
                 elif key in self._last_valid:  # it goes on as it was sent; its cancel flag still counts

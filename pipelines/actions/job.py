@@ -214,7 +214,7 @@ def start_actions_job(
 
     def fan_out(batch: DataFrame, batch_id: int) -> None:
         ordered = batch.orderBy("_commit_version")
-        rows = python_rows(ordered.drop("_change_type", "_commit_version", "_commit_timestamp").toArrow())
+        rows = python_rows(ordered.drop("_commit_timestamp").toArrow())
         engine.on_action_rows(rows, f"fanout/{streaming_query_id(batch)}", batch_id)
 
     def track(batch: DataFrame, batch_id: int) -> None:

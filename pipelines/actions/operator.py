@@ -152,7 +152,7 @@ CONTENT_FIELDS = (
 """The columns that say what an action does (not who wrote it or when): equal content, the same action."""
 
 
-def _content(row: dict) -> dict:
+def action_content(row: dict) -> dict:
     content = {name: row.get(name) for name in CONTENT_FIELDS}
     payload = dict(content["payload"] or {})
     if isinstance(payload.get("args"), list):  # Arrow reads a map as key/value pairs
@@ -184,7 +184,7 @@ def create_action(store: TableStore, action: NewAction) -> str:
     table = pa.Table.from_pylist([action.row(datetime.now(UTC))], schema=schema)
     existing = action_row(store, action.action_id)
     if existing is not None:
-        changed = differences(_content(existing), _content(table.to_pylist()[0]))
+        changed = differences(action_content(existing), action_content(table.to_pylist()[0]))
         if changed:
             raise ActionRefused(
                 f"action {action.action_id} exists with other content ({'; '.join(changed)}): "

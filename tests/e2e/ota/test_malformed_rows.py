@@ -8,8 +8,9 @@ reaches its devices and completes.
 
 from __future__ import annotations
 
+import json
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
@@ -183,3 +184,86 @@ def test_a_running_action_whose_row_turns_invalid_goes_on_and_its_cancel_still_c
         final = summary(table_store, "r-1")
         assert final is not None and final["action_state"] == "CANCELED"
         engine.publisher.close()
+
+
+def _append(store, rows: list[dict]) -> None:
+    """``rows`` appended in one commit, in the table's own schema, as a notebook would."""
+    location = store.location("actions")
+    schema = pa.schema(DeltaTable(location).schema().to_arrow())
+    write_deltalake(location, pa.Table.from_pylist(rows, schema=schema), mode="append")
+
+
+def _versions_sent(offsets_url: str, action_id: str) -> set[str]:
+    sent = [json.loads(m) for m in _logged_action_messages(offsets_url)]
+    return {m["version"] for m in sent if m.get("action_id") == action_id}
+
+
+def test_two_rows_of_one_new_action_in_one_commit_reject_it_and_the_next_action_goes_out(
+    spark, tmp_path, caplog
+):
+    """Which of two different rows under one id the operator meant is unknown: neither is sent."""
+    caplog.set_level(logging.WARNING, logger="pipelines.actions.engine")
+    with actions_stack(spark, tmp_path, {"count": 4, "groups": ["g"]}, quiet_devices()) as stack:
+        store = stack.store
+        two = [
+            action_row("twice", group="g", version="2.0.0"),
+            action_row("twice", group="g", version="3.0.0"),
+        ]
+        _append(store, [*two, action_row("next", group="g")])
+
+        wait_for(lambda: (summary(store, "next") or {}).get("action_state") == "COMPLETED", what="next")
+        result = summary(store, "twice")
+        assert result is not None and result["action_state"] == "REJECTED", result
+        assert result["reason"] == (
+            "id: 2 rows with different content (payload.url, payload.version) in one commit, none taken: "
+            "which one is meant is unknown (write one row per action)"
+        )
+        assert result["total_count"] == 0
+        assert _versions_sent(stack.broker.offsets_url, "twice") == set()
+        assert any(
+            r.levelno == logging.WARNING
+            and "action twice rejected, nothing published: id: 2 rows" in r.message
+            for r in caplog.records
+        )
+
+
+def test_a_row_appended_under_the_id_of_a_running_action_is_ignored_with_one_warning(spark, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="pipelines.actions.engine")
+    with actions_stack(spark, tmp_path, {"count": 6, "groups": ["g"]}, quiet_devices()) as stack:
+        store = stack.store
+        _append(store, [action_row("paced", group="g", max_per_minute=30)])
+        wait_for(lambda: _versions_sent(stack.broker.offsets_url, "paced") == {"2.0.0"}, what="first send")
+        for _ in range(2):  # appended twice: warned about once
+            _append(store, [action_row("paced", group="g", max_per_minute=30, version="9.9.9")])
+        wait_for(lambda: (summary(store, "paced") or {}).get("action_state") == "COMPLETED", timeout_s=60)
+
+        assert _versions_sent(stack.broker.offsets_url, "paced") == {"2.0.0"}
+        assert {d.device_id for d in stack.fleet.devices if "paced" in d.actions} == {
+            d.device_id for d in stack.fleet.devices
+        }
+        warned = [r for r in caplog.records if "paced: another row with other content" in r.message]
+        assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+        assert "is ignored, the action goes on as it was sent" in warned[0].message
+
+
+def test_a_job_started_after_a_row_was_appended_takes_the_row_created_first(table_store, mosquitto, caplog):
+    """A restarted engine has only the table: of two rows under one id, the one created first is the action
+    (what was sent), with a WARNING once."""
+    caplog.set_level(logging.WARNING, logger="pipelines.actions.engine")
+    first = action_row("paced", group="g", max_per_minute=30)
+    write_actions(table_store, [first], 0)
+    later = dict(action_row("paced", group="g", max_per_minute=30, version="9.9.9"))
+    later["created_at"] = first["created_at"] + timedelta(minutes=1)
+    _append(table_store, [later])
+    engine = ActionsEngine(table_store, MqttPublisher([mosquitto], client_id="actions-test"))
+    for _ in range(2):
+        moved = dict(action_row("other", group="g"))  # the table moves: read again
+        write_actions(table_store, [moved], 1)
+        (paced,) = [a for a in engine._actions() if a.id == "paced"]
+        assert paced.payload["version"] == "2.0.0"
+    warned = [r.message for r in caplog.records if "paced: 2 rows with other content" in r.message]
+    assert warned == [
+        "action paced: 2 rows with other content under its id; the one created first is taken, "
+        "the others are ignored"
+    ]
+    engine.publisher.close()
