@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine
@@ -34,6 +35,10 @@ if TYPE_CHECKING:
 __all__ = ["reload_files", "run_broker", "serve"]
 
 log = logging.getLogger("broker_edge.main")
+
+#: ``--workers`` at most this many per CPU: a member keeps a core busy, more only share the cores (and a
+#: mistyped count would fork hundreds of brokers).
+MEMBERS_PER_CPU = 2
 
 
 async def serve(config: BrokerConfig, ready: asyncio.Event | None = None) -> None:
@@ -285,8 +290,12 @@ def main(argv: list[str] | None = None) -> int:
         "one broker process); see docs/broker.md",
     )
     args = parser.parse_args(argv)
-    if args.workers < 1:
-        parser.error(f"--workers: must be at least 1, got {args.workers}")
+    most = MEMBERS_PER_CPU * (os.cpu_count() or 1)
+    if not 1 <= args.workers <= most:
+        parser.error(
+            f"--workers: from 1 to {most} ({MEMBERS_PER_CPU} per CPU of this machine: a member keeps a core "
+            f"busy, more only share them), got {args.workers}"
+        )
     if args.workers > 1:
         from broker_edge.runtime.workers import run_workers
 

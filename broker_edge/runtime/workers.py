@@ -169,6 +169,7 @@ class LocalEtcd:
         self.directory = directory
         self.url = ""
         self.process: subprocess.Popen[bytes] | None = None
+        self._command: list[str] = []
 
     def start(self) -> str:
         """Start it and wait until it answers; its client URL."""
@@ -184,31 +185,53 @@ class LocalEtcd:
         os.chmod(data, 0o700)  # etcd refuses a data directory others may read
         client, peer = free_ports(2)
         self.url = f"http://127.0.0.1:{client}"
-        peer_url = f"http://127.0.0.1:{peer}"
+        self._command = [
+            binary,
+            "--name",
+            "timestone-workers",
+            "--data-dir",
+            str(data),
+            "--listen-client-urls",
+            self.url,
+            "--advertise-client-urls",
+            self.url,
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{peer}",
+            "--initial-cluster",
+            f"timestone-workers=http://127.0.0.1:{peer}",
+            "--logger",
+            "zap",
+            "--log-level",
+            "warn",
+        ]
+        self._launch(client)
+        log.info("etcd for the members on %s (data in %s)", self.url, data)
+        return self.url
+
+    def owns(self, pid: int) -> bool:
+        """Whether ``pid`` is its process."""
+        return self.process is not None and self.process.pid == pid
+
+    def restart(self, status: int) -> None:
+        """It exited (``status``, as ``waitpid`` gives it, the process already reaped): start it again on the
+        same ports and data, where the members look for it; ``RuntimeError`` if it does not answer."""
+        how = (
+            f"signal {os.WTERMSIG(status)}"
+            if os.WIFSIGNALED(status)
+            else f"status {os.waitstatus_to_exitcode(status)}"
+        )
+        log.error("etcd of the members exited (%s): starting it again on %s", how, self.url)
+        self.process = None
+        self._launch(int(self.url.rsplit(":", 1)[1]))
+        log.warning("etcd of the members answers again on %s", self.url)
+
+    def _launch(self, client: int) -> None:
         parent = os.getpid()
         with open(self.directory / "etcd.log", "ab") as output:
             self.process = subprocess.Popen(
-                [
-                    binary,
-                    "--name",
-                    "timestone-workers",
-                    "--data-dir",
-                    str(data),
-                    "--listen-client-urls",
-                    self.url,
-                    "--advertise-client-urls",
-                    self.url,
-                    "--listen-peer-urls",
-                    peer_url,
-                    "--initial-advertise-peer-urls",
-                    peer_url,
-                    "--initial-cluster",
-                    f"timestone-workers={peer_url}",
-                    "--logger",
-                    "zap",
-                    "--log-level",
-                    "warn",
-                ],
+                self._command,
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=output,
@@ -221,8 +244,6 @@ class LocalEtcd:
                 self.stop()
                 raise RuntimeError(f"etcd did not start: see {self.directory / 'etcd.log'}")
             time.sleep(0.05)
-        log.info("etcd for the members on %s (data in %s)", self.url, data)
-        return self.url
 
     def stop(self) -> None:
         process = self.process
@@ -451,6 +472,7 @@ def supervise(document: dict[str, Any], config: BrokerConfig, workers: int, run:
     claims: list[socket.socket] = []
     etcd: LocalEtcd | None = None
     fatal: tuple[Member, int, str] | None = None
+    lost = False
     try:
         for index, listener in enumerate(config.listeners):
             endpoint = f"listeners[{index}] ({listener.name})"
@@ -469,7 +491,11 @@ def supervise(document: dict[str, Any], config: BrokerConfig, workers: int, run:
             cluster = load_broker_config(path).cluster
             assert cluster is not None, "every member's configuration has a cluster: section"
             members.append(Member(node, path, cluster, run))
-        fatal = _run_members(members, config, claims)
+        try:
+            fatal = _run_members(members, config, claims, etcd)
+        except RuntimeError as error:  # its own etcd died and did not start again
+            log.error("cannot go on: %s: stopping the members", error)
+            lost = True
         _stop_members(members)
     finally:
         if etcd is not None:
@@ -479,6 +505,8 @@ def supervise(document: dict[str, Any], config: BrokerConfig, workers: int, run:
         lock.release()
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # one pending now must not end the command
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+    if lost:
+        return 1
     if fatal is not None:
         member, code, reason = fatal
         if code == 2:
@@ -491,11 +519,12 @@ def supervise(document: dict[str, Any], config: BrokerConfig, workers: int, run:
 
 
 def _run_members(
-    members: list[Member], config: BrokerConfig, claims: list[socket.socket]
+    members: list[Member], config: BrokerConfig, claims: list[socket.socket], etcd: LocalEtcd | None = None
 ) -> tuple[Member, int, str] | None:
     """Start the members and keep them running until SIGTERM or SIGINT (None), passing SIGHUP on to them;
     or until one could not start before it ever served: (it, its exit status, its reason). ``claims``: the
-    addresses' claims, whose askers are answered."""
+    addresses' claims, whose askers are answered; ``etcd``: the command's own, started again when it exits
+    (``RuntimeError`` when it does not answer then)."""
     by_pid: dict[int, Member] = {}
     all_serving = False
     while True:
@@ -517,6 +546,9 @@ def _run_members(
             pid, status = os.waitpid(-1, os.WNOHANG)
             if not pid:
                 break
+            if etcd is not None and etcd.owns(pid):
+                etcd.restart(status)
+                continue
             dead = by_pid.pop(pid, None)
             if dead is None:
                 continue

@@ -27,7 +27,7 @@ import pytest
 from broker_edge.runtime.data_lock import DataDirectoryLock
 from broker_edge.runtime.launcher import free_ports
 from broker_edge.security.auth import hash_password
-from tests.e2e.broker_clients import RawClient
+from tests.e2e.broker_clients import PahoClient, RawClient
 from tests.e2e.cluster.test_workers import member_pids, start_workers, stop_workers
 from tests.harness.local_cluster import wait_until
 
@@ -230,6 +230,40 @@ def test_a_sighup_during_the_start_is_no_end_and_reaches_every_member(tmp_path):
     finally:
         stop_workers(process)
     assert process.returncode == 0, log.read_text()
+
+
+def test_its_etcd_killed_is_started_again_and_qos_1_publishes_are_taken_again(first):
+    """The command's own etcd dies (OOM killer, kill -9): logged, started again on its ports and data, and
+    the members, fenced meanwhile, take QoS 1 publishes again; the command runs on."""
+    etcd = _etcd_pid(first)
+    os.kill(etcd, signal.SIGKILL)
+    wait_until(
+        lambda: "etcd of the members exited (signal 9): starting it again" in first.log(), 30, "noticed"
+    )
+    wait_until(lambda: "etcd of the members answers again" in first.log(), 60, "etcd started again")
+    assert _etcd_pid(first) != etcd and first.process.poll() is None
+
+    def publishes() -> bool:
+        try:
+            client = PahoClient(first.port, "after-etcd", username="u1", password="p1")
+        except (AssertionError, OSError):
+            return False
+        try:
+            client.publish("t/after-etcd", b"x", qos=1)
+            return True
+        except (AssertionError, RuntimeError):  # refused, or told to go, while its member was fenced
+            return False
+        finally:
+            client.close()
+
+    wait_until(publishes, 60, "a QoS 1 publish acknowledged after etcd came back")
+
+
+def _etcd_pid(command: First) -> int:
+    members = set(member_pids(command.workers_dir).values())
+    children = subprocess.run(["pgrep", "-P", str(command.process.pid)], capture_output=True, text=True)
+    [etcd] = [int(pid) for pid in children.stdout.split() if int(pid) not in members]
+    return etcd
 
 
 def test_the_command_killed_leaves_nothing_serving(first):

@@ -88,3 +88,19 @@ def test_members_listening_on_every_interface_have_no_address_of_their_own_to_se
 def test_what_cannot_run_as_workers_is_refused_naming_the_field(document: dict[str, Any], field: str):
     with pytest.raises(ConfigError, match="^" + re.escape(field) + ": "):
         members(document)
+
+
+@pytest.mark.parametrize("count", ["0", "-3", "100000"])
+def test_a_worker_count_out_of_range_is_a_wrong_command_line_naming_the_bound(count, capsys, monkeypatch):
+    """A mistyped count (``--workers 1000`` on a small machine) would fork hundreds of brokers: refused
+    before anything starts, with the most this machine takes."""
+    from broker_edge.runtime.main import MEMBERS_PER_CPU, main
+
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
+    with pytest.raises(SystemExit) as exited:
+        main(["--workers", count])
+    assert exited.value.code == 2
+    most = 4 * MEMBERS_PER_CPU
+    assert (
+        f"--workers: from 1 to {most} ({MEMBERS_PER_CPU} per CPU of this machine" in capsys.readouterr().err
+    )
