@@ -166,6 +166,11 @@ def grpc_target(urls: Sequence[str]) -> str:
     raise ValueError("etcd: mix IPv4 and IPv6 endpoints in one list is not supported")
 
 
+def _timed_out(error: EtcdError) -> bool:
+    """Whether ``error`` is a request etcd did not answer in time (it may still answer it)."""
+    return isinstance(error.__cause__, (aetcd.exceptions.WatchTimeoutError, TimeoutError))
+
+
 def _reraise_cancellation(error: BaseException) -> None:
     """gRPC turns the cancellation of the task awaiting a call into an error of the call: make it a
     cancellation again, so that stopping a task stops it."""
@@ -225,7 +230,7 @@ class Etcd:
             _reraise_cancellation(exc)
             raise EtcdError(f"etcd {','.join(self.urls)}: {type(exc).__name__}: {exc}") from exc
 
-    def renew(self) -> None:
+    def renew(self, reason: str = "TLS files and password read again") -> None:
         """Use a new channel from now on, made with the TLS files as they are now (SIGHUP); the old one
         is closed after ``RENEWED_CHANNEL_GRACE_S``, its watches re-made on the new one meanwhile."""
         old, self._client = self._client, self._new_client(self.timeout_s)
@@ -237,7 +242,7 @@ class Etcd:
         task = asyncio.get_running_loop().create_task(retire())
         self._retired.add(task)
         task.add_done_callback(self._retired.discard)
-        log.info("etcd channel renewed (TLS files and password read again)")
+        log.info("etcd channel renewed (%s)", reason)
 
     async def _close(self, client: aetcd.Client) -> None:
         try:
@@ -371,11 +376,17 @@ class Etcd:
         failures = 0
         warned = False
         while True:
+            client = self._client
             try:
                 watch = await self._call(functools.partial(self._watch, encoded, next_revision))
             except WatchCompacted:
                 raise
             except EtcdError as exc:
+                if _timed_out(exc) and client is self._client:
+                    # aetcd takes the next "created" answer on the stream for the watch it waits for: this
+                    # create, answered late, would wire the next watch made on it to this range, its events
+                    # delivered there and its own range's nowhere. A new channel leaves that answer behind.
+                    self.renew("a watch was not made in time")
                 failures += 1
                 (log.debug if warned else log.warning)("etcd watch on %s: %s; retrying", prefix, exc)
                 warned = True
