@@ -675,6 +675,10 @@ class ActionsEngine:
         written = f"rollback {rollback_id(action.id)} to {version} written for {_devices(len(installed))}"
         return {"rollback_action_id": rollback_id(action.id), "reason": f"{reason}; {written}"}
 
+    def _runs(self, action_id: str) -> bool:
+        state = self._summary_states([action_id]).get(action_id, (None, None))[0]
+        return state is not None and state not in FINAL_ACTION_STATES
+
     def _summary_states(self, action_ids: list[str]) -> dict[str, tuple[str, str | None]]:
         """Each summarised action's state and reason."""
         return {
@@ -684,9 +688,11 @@ class ActionsEngine:
 
     def _first_created(self, action_id: str, rows: list[dict]) -> dict:
         """Of the rows under one id of an action this engine has not sent, the one created first (a job
-        restarted after a row was appended), with a WARNING once per action when their content differs."""
+        restarted after a row was appended), with a WARNING once per action when their content differs
+        and the action runs (the fanout decides about one it has not seen, and one that ended is done)."""
         contents = [action_content(row) for row in rows]
-        if any(content != contents[0] for content in contents) and action_id not in self._other_rows:
+        differ = any(content != contents[0] for content in contents)
+        if differ and action_id not in self._other_rows and self._runs(action_id):
             self._other_rows.add(action_id)
             log.warning(
                 "action %s: %d rows with other content under its id; the one created first is taken, the "
