@@ -139,18 +139,44 @@ KINDS: dict[str, Kind] = {
 }
 
 
+#: A host name a certificate may name: labels of letters, digits and '-', a leading "*." for a wildcard.
+_HOST_NAME = re.compile(
+    r"(\*\.)?[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
+#: The longest value of a subject's CN or O (RFC 5280's upper bound).
+MAX_NAME = 64
+
+
+def _host_name(name: str) -> str:
+    """``--dns``'s name as a certificate holds it: an internationalized name as its A-label
+    (``bücher.example`` is ``xn--bcher-kva.example``)."""
+    try:
+        ascii_name = name if name.isascii() else name.encode("idna").decode("ascii")
+    except UnicodeError:
+        raise PkiError(f"--dns {name!r}: not a host name") from None
+    if len(ascii_name) > 253 or not _HOST_NAME.fullmatch(ascii_name):
+        raise PkiError(f"--dns {name!r}: not a host name (letters, digits, '-' and '.', '*.' to begin)")
+    return ascii_name
+
+
 def _addresses(dns: Iterable[str], ips: Iterable[str]) -> list[x509.GeneralName]:
-    names: list[x509.GeneralName] = []
-    for name in dns:
-        if not name or any(character.isspace() for character in name):
-            raise PkiError(f"--dns {name!r}: not a host name")
-        names.append(x509.DNSName(name))
+    names: list[x509.GeneralName] = [x509.DNSName(_host_name(name)) for name in dns]
     for address in ips:
+        if "%" in address:
+            raise PkiError(f"--ip {address!r}: a zone (%...) is this host's, no certificate can name it")
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(address)))
         except ValueError:
             raise PkiError(f"--ip {address!r}: not an IPv4 or IPv6 address") from None
     return names
+
+
+def _subject_value(what: str, value: str) -> str:
+    if not 1 <= len(value) <= MAX_NAME:
+        raise PkiError(
+            f"{what} {value!r}: from 1 to {MAX_NAME} characters in a certificate, got {len(value)}"
+        )
+    return value
 
 
 class Authority:
@@ -182,12 +208,13 @@ class Authority:
         that trust it, its key 0600), named ``name`` (default: the directory's name); an existing one is
         never overwritten, nor its directory's mode changed."""
         folder = Path(directory)
+        _check_days(days)
+        organization = _subject_value("--name", name or folder.resolve().name)
+        _subject_value("--name", f"{organization} CA")  # its CN
         folder.mkdir(parents=True, exist_ok=True)
         if (folder / "ca.key").exists() or (folder / "ca.pem").exists():
             raise PkiError(f"{folder} already holds a CA (ca.pem, ca.key): it is never replaced in place")
         os.chmod(folder, CA_DIRECTORY_MODE)
-        _check_days(days)
-        organization = name or folder.resolve().name
         key, certificate = build_ca(subject_name(f"{organization} CA", organization), days, new_key(key_type))
         write_pair(folder / "ca.pem", folder / "ca.key", key, certificate)
         return cls(folder)
@@ -211,6 +238,7 @@ class Authority:
         what = KINDS[kind]
         if not name or "/" in name or any(character.isspace() for character in name):
             raise PkiError(f"{name!r}: a name is one word without '/'")
+        _subject_value("NAME", name)
         _check_days(days)
         names = _addresses(dns, ips)
         if what.addresses and not names:

@@ -202,3 +202,37 @@ def test_a_short_lived_ca_says_the_days_that_fit_and_issues_and_renews_within_th
     leaf = x509.load_pem_x509_certificate((ca / "server-s.pem").read_bytes())
     authority = x509.load_pem_x509_certificate((ca / "ca.pem").read_bytes())
     assert leaf.not_valid_after_utc <= authority.not_valid_after_utc
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["issue", "client", "a" * 65],
+            f"NAME {'a' * 65!r}: from 1 to 64 characters in a certificate, got 65",
+        ),
+        (["issue", "server", "s", "--dns", "a/b"], "--dns 'a/b': not a host name"),
+        (["issue", "server", "s", "--dns", "a..example"], "--dns 'a..example': not a host name"),
+        (["issue", "server", "s", "--ip", "fe80::1%eth0"], "a zone (%...) is this host's"),
+    ],
+)
+def test_names_no_certificate_holds_are_refused_in_one_line(tmp_path, capsys, argv, said):
+    assert main(["pki", "ca", str(tmp_path / "ca")]) == 0
+    before = snapshot(tmp_path)
+    capsys.readouterr()
+    assert said in refused([*argv, "--ca", str(tmp_path / "ca")], capsys)
+    assert snapshot(tmp_path) == before
+
+
+def test_a_ca_name_too_long_for_its_cn_makes_no_directory(tmp_path, capsys):
+    assert "from 1 to 64 characters" in refused(["ca", str(tmp_path / "ca"), "--name", "p" * 62], capsys)
+    assert not (tmp_path / "ca").exists()
+
+
+def test_an_internationalized_host_name_is_named_by_its_a_label(tmp_path, capsys):
+    assert main(["pki", "ca", str(tmp_path / "ca")]) == 0
+    argv = ["pki", "issue", "server", "s", "--ca", str(tmp_path / "ca"), "--dns", "bücher.example"]
+    assert main(argv) == 0
+    issued = x509.load_pem_x509_certificate((tmp_path / "ca" / "server-s.pem").read_bytes())
+    names = issued.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == ["xn--bcher-kva.example"]
