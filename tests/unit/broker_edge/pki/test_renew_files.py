@@ -8,7 +8,6 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 from cryptography import x509
@@ -62,10 +61,10 @@ def test_a_certificate_directory_not_writable_leaves_the_key_as_it_was(
     before = files(tmp_path)
     real_mkstemp = tempfile.mkstemp
 
-    def mkstemp(*args: Any, dir: str | Path | None = None, **kwargs: Any) -> tuple[int, str]:
+    def mkstemp(suffix: str = "", prefix: str = "", dir: str | None = None) -> tuple[int, str]:
         if dir is not None and Path(dir) == cert.parent:
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(dir))
-        return real_mkstemp(*args, dir=dir, **kwargs)
+        return real_mkstemp(suffix, prefix, dir)
 
     monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
     assert renew(ca, cert, key) == 1
