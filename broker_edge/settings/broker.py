@@ -191,8 +191,9 @@ class BrokerStorageConfig(StorageConfig):
             raise ConfigError("directory", "must name a directory when storage is enabled")
         if self.retention_interval_s <= 0:
             raise ConfigError("retention_interval_s", f"must be > 0, got {self.retention_interval_s}")
-        if self.group_commit_ms < 0:
-            raise ConfigError("group_commit_ms", f"must be >= 0, got {self.group_commit_ms}")
+        for key in ("group_commit_ms", "group_commit_min_interval_ms"):
+            if getattr(self, key) < 0:
+                raise ConfigError(key, f"must be >= 0, got {getattr(self, key)}")
         for name in (
             "group_commit_max_bytes",
             "segment_bytes",

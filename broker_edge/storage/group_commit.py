@@ -7,7 +7,9 @@ Policies (`StorageConfig.durability`):
   iteration joins it) or after `group_commit_ms`; then everything appended so far becomes one job. While
   a job is being synced, the loop keeps accepting appends into the next window; a window that ends
   meanwhile is cut as soon as that job completes, so the batch grows with the fsync latency instead of
-  queueing, and an idle broker acknowledges after one fsync, not after a timer. `group_commit_max_bytes`
+  queueing, and an idle broker acknowledges after one fsync, not after a timer. With
+  `group_commit_min_interval_ms`, a window that ends sooner than that after the last job's start waits out
+  the rest (fewer, larger jobs under load); one that ends later is cut at once. `group_commit_max_bytes`
   cuts a window early, also while a job is in flight (the new job queues behind it), so a job, and the
   memory appends hold before their write, stay bounded. A replicated store (a cluster's, whose records
   wait for the leader's sync and then a follower's) lets two jobs be in flight (`pipeline`): a window that
@@ -309,6 +311,7 @@ class GroupCommitter:
         pool: FileHandlePool,
         on_durable: DurableHook,
         inline_sync_max_bytes: int = 0,
+        min_interval_ms: float = 0.0,
     ) -> None:
         if policy not in ("fsync", "group", "none"):
             raise ValueError(f"unknown durability policy {policy!r}")
@@ -316,6 +319,8 @@ class GroupCommitter:
         self._per_append = policy == "fsync"
         self._sync = policy != "none"
         self._window_s = window_ms / 1000
+        self._min_interval_s = min_interval_ms / 1000
+        self._last_cut = float("-inf")  # (time.monotonic) when the last job was cut
         self._max_pending_bytes = max_pending_bytes
         self._inline_sync_max_bytes = inline_sync_max_bytes if policy == "group" else 0
         self._pool = pool
@@ -471,8 +476,9 @@ class GroupCommitter:
     def _start_window(self) -> None:
         loop = _running_loop()
         if loop is not None:
-            if self._window_s > 0:
-                self._timer = loop.call_later(self._window_s, self._window_ended)
+            wait = max(self._window_s, self._last_cut + self._min_interval_s - time.monotonic())
+            if wait > 0:
+                self._timer = loop.call_later(wait, self._window_ended)
             else:
                 self._timer = loop.call_soon(self._window_ended)
 
@@ -509,6 +515,7 @@ class GroupCommitter:
             self._timer = None
         job, upto = self._take_job()
         flight = _Flight(job, upto, loop, started=time.monotonic())
+        self._last_cut = flight.started
         try:
             write_job(job, self._pool)
         except OSError as error:

@@ -153,6 +153,7 @@ class StoreState:
             self._pool,
             self._on_durable,
             inline_sync_max_bytes=config.inline_sync_max_bytes,
+            min_interval_ms=config.group_commit_min_interval_ms,
         )
         self._partition_config = PartitionConfig(
             config.segment_bytes, config.segment_ms, config.max_record_bytes

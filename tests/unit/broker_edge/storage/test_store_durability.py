@@ -154,6 +154,41 @@ def test_default_window_closes_with_its_loop_iteration_and_grows_while_a_sync_ru
     assert jobs == 2  # 50 appends over 46 loop iterations: two jobs, the second cut when the first synced
 
 
+def test_a_least_interval_between_jobs_holds_a_busy_window_and_never_an_idle_one(tmp_path: Path):
+    """``group_commit_min_interval_ms``: appends that follow a job within the interval wait out its rest and
+    share one job; after a pause longer than it, an append is cut at once (one fsync, no wait)."""
+
+    async def scenario() -> tuple[float, float, int, float]:
+        store = _open(tmp_path, "group", group_commit_min_interval_ms=200)
+        loop = asyncio.get_running_loop()
+
+        async def durable() -> float:  # (wait_durable would end the window at once)
+            done = asyncio.Event()
+            store.when_durable(done.set)
+            await asyncio.wait_for(done.wait(), 10)
+            return loop.time()
+
+        started = loop.time()
+        store.append(TOPIC, make_record(0))
+        first = await durable() - started  # idle before: cut at once
+        for number in range(1, 30):  # within the interval of the first job: all held for one job
+            store.append(TOPIC, make_record(number))
+            await asyncio.sleep(0.001)
+        held = await durable() - started
+        jobs = store.committer.jobs_completed
+        await asyncio.sleep(0.3)  # idle again, for longer than the interval
+        again = loop.time()
+        store.append(TOPIC, make_record(30))
+        idle = await durable() - again
+        store.close()
+        return first, held, jobs, idle
+
+    first, held, jobs, idle = asyncio.run(scenario())
+    assert first < 0.15 and idle < 0.15  # no wait (one fsync) after a pause longer than the interval
+    assert held >= 0.19  # the second job was cut once the interval from the first had passed
+    assert jobs == 2  # the first append's job, then the 29 that came within its interval
+
+
 def test_a_window_over_its_byte_bound_is_cut_even_while_a_sync_runs(tmp_path: Path, monkeypatch):
     gate = threading.Event()
     real = os.fdatasync
