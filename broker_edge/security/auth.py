@@ -410,8 +410,9 @@ class PasswordFile:
 
         Returns True if the user was added, False if updated. Other lines (comments included) are kept.
         The file must exist unless ``create`` is true, so that a mistyped path does not silently start a
-        new, empty user database. A file the broker would refuse is not edited (``PasswordFileError`` names
-        the line). Concurrent edits of one file wait for each other (``_locked``): none is lost.
+        new, empty user database. An edit that would leave a file the broker refuses is not made
+        (``PasswordFileError`` names the line); replacing the hash of a user whose line the broker refuses
+        repairs the file. Concurrent edits of one file wait for each other (``_locked``): none is lost.
         """
         _check_username(username)
         secret = password.encode() if isinstance(password, str) else password
@@ -478,7 +479,7 @@ def _locked(path: Path, create: bool) -> Iterator[None]:
 
 
 def _read_lines(path: Path, create: bool) -> list[str]:
-    """The file's lines, once the parser the broker loads it with accepts it whole."""
+    """The file's lines (checked by ``_write_atomically``, as the edit would leave them)."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -487,16 +488,27 @@ def _read_lines(path: Path, create: bool) -> list[str]:
         raise _not_found(path) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PasswordFileError(path, 0, f"cannot read: {exc}") from exc
-    _parse_text(path, text)
     return _lines(text)
 
 
 def _write_atomically(path: Path, lines: list[str]) -> None:
     """Temp file in the same directory, fsync, rename: readers see the old file or the new one, never half. A
-    new file is 0600; one that exists keeps its owner, group and mode."""
+    new file is 0600; one that exists keeps its owner, group and mode.
+
+    Only a file the broker accepts whole (the parser it loads the file with) is written: an edit that would
+    leave a line the broker refuses (added to a file already holding one) raises ``PasswordFileError``
+    naming that line as the file holds it now, and the file stays as it was; an edit that removes or
+    replaces the only such line (``--delete`` of that user, a new password for them) repairs the file."""
     from broker_edge.security.replace_files import replace_files  # the passwd command's, not the broker's
 
-    replace_files([(path, "".join(f"{line}\n" for line in lines).encode("utf-8"), 0o600)])
+    text = "".join(f"{line}\n" for line in lines)
+    try:
+        _parse_text(path, text)
+    except PasswordFileError:
+        with contextlib.suppress(FileNotFoundError, OSError, UnicodeDecodeError):
+            _parse_text(path, path.read_text(encoding="utf-8"))  # the line as the file holds it now
+        raise
+    replace_files([(path, text.encode("utf-8"), 0o600)])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -557,7 +569,7 @@ def passwd_main(argv: list[str], *, prompt: Callable[[str], str] | None = None) 
         if exc.line:
             return _fail(
                 f"{exc}: the broker refuses this file, so it is left as it is; correct or remove line "
-                f"{exc.line}, then run this again"
+                f"{exc.line} (--delete of its user removes it), then run this again"
             )
         return _fail(str(exc))
     except (ValueError, OSError) as exc:

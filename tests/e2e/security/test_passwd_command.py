@@ -68,12 +68,17 @@ def test_delete_of_an_unknown_user(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "no user 'mallory'" in capsys.readouterr().err
 
 
-def test_editing_leaves_other_lines_alone_even_malformed(tmp_path: Path) -> None:
+def test_a_line_the_broker_refuses_is_repaired_by_its_user_s_delete_not_kept_by_an_edit(
+    tmp_path: Path,
+) -> None:
+    """The broker refuses a file with a broken line whole: a user added beside it would not log in, so that
+    edit is refused and the file left as it was; deleting the broken line's user repairs the file."""
     path = tmp_path / "passwd"
     path.write_text("alice:nonsense\n")
-    assert passwd_main([str(path), "bob", "--password", "x"]) == 0
-    assert path.read_text().startswith("alice:nonsense\nbob:$scrypt$")
+    assert passwd_main([str(path), "bob", "--password", "x"]) == 1
+    assert path.read_text() == "alice:nonsense\n"
     assert passwd_main([str(path), "alice", "--delete"]) == 0, "a broken line can be deleted"
+    assert passwd_main([str(path), "bob", "--password", "x"]) == 0
     assert PasswordFile.load(path).verify("bob", b"x")
 
 

@@ -49,7 +49,7 @@ def users(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
 @pytest.mark.parametrize(
     "argv", [("u2", "--password", "p2"), ("u1", "--password", "new"), ("u1", "--delete")]
 )
-def test_a_file_the_broker_refuses_is_not_edited(
+def test_an_edit_that_leaves_a_file_the_broker_refuses_is_not_made(
     users: Path, capsys: pytest.CaptureFixture[str], edit: object, line: int, why: str, argv: tuple[str, ...]
 ) -> None:
     assert callable(edit)
@@ -58,14 +58,27 @@ def test_a_file_the_broker_refuses_is_not_edited(
     with pytest.raises(PasswordFileError) as broker:
         PasswordFile.load(users)
     assert broker.value.line == line and why in str(broker.value)
+    if argv == ("u1", "--delete") and "appears twice" in why:
+        assert (
+            passwd(str(users), *argv) == 0
+        )  # both of u1's lines go: what is left is a file the broker takes
+        assert PasswordFile.load(users).verify("u1", b"p1") is False
+        return
     assert passwd(str(users), *argv) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == (
         f"timestone passwd: error: {broker.value}: the broker refuses this file, so it is left as it is; "
-        f"correct or remove line {line}, then run this again\n"
+        f"correct or remove line {line} (--delete of its user removes it), then run this again\n"
     )
     assert users.read_bytes() == before
+
+
+def test_a_new_password_for_the_user_of_the_line_the_broker_refuses_repairs_the_file(users: Path) -> None:
+    users.write_text(users.read_text() + MOSQUITTO_LINE + "\n")
+    assert passwd(str(users), "mq", "--password", "fresh") == 0
+    assert PasswordFile.load(users).verify("mq", b"fresh")
+    assert PasswordFile.load(users).verify("u1", b"p1")
 
 
 @pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85", "\x1e", "\x0b", "\x0c", "\r"])
