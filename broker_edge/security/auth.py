@@ -421,7 +421,8 @@ class PasswordFile:
         target = Path(path)
         new_line = f"{username}:{hash_password(secret, algorithm)}"
         with _locked(target, create):
-            lines = _read_lines(target, create)
+            before = _read_lines(target, create)
+            lines = list(before)
             added = True
             for i, line in enumerate(lines):
                 if _line_user(line) == username:
@@ -430,7 +431,7 @@ class PasswordFile:
                     break
             else:
                 lines.append(new_line)
-            _write_atomically(target, lines)
+            _write_atomically(target, before, lines)
         return added
 
     @staticmethod
@@ -442,7 +443,7 @@ class PasswordFile:
             kept = [line for line in lines if _line_user(line) != username]
             if len(kept) == len(lines):
                 return False
-            _write_atomically(target, kept)
+            _write_atomically(target, lines, kept)
         return True
 
 
@@ -491,9 +492,10 @@ def _read_lines(path: Path, create: bool) -> list[str]:
     return _lines(text)
 
 
-def _write_atomically(path: Path, lines: list[str]) -> None:
-    """Temp file in the same directory, fsync, rename: readers see the old file or the new one, never half. A
-    new file is 0600; one that exists keeps its owner, group and mode.
+def _write_atomically(path: Path, before: list[str], lines: list[str]) -> None:
+    """Replace the file's ``before`` lines by ``lines``: temp file in the same directory, fsync, rename, so
+    readers see the old file or the new one, never half. A new file is 0600; one that exists keeps its owner,
+    group and mode.
 
     Only a file the broker accepts whole (the parser it loads the file with) is written: an edit that would
     leave a line the broker refuses (added to a file already holding one) raises ``PasswordFileError``
@@ -501,14 +503,17 @@ def _write_atomically(path: Path, lines: list[str]) -> None:
     replaces the only such line (``--delete`` of that user, a new password for them) repairs the file."""
     from broker_edge.security.replace_files import replace_files  # the passwd command's, not the broker's
 
-    text = "".join(f"{line}\n" for line in lines)
+    text = _text(lines)
     try:
         _parse_text(path, text)
     except PasswordFileError:
-        with contextlib.suppress(FileNotFoundError, OSError, UnicodeDecodeError):
-            _parse_text(path, path.read_text(encoding="utf-8"))  # the line as the file holds it now
+        _parse_text(path, _text(before))  # raises naming the line as the file holds it now
         raise
     replace_files([(path, text.encode("utf-8"), 0o600)])
+
+
+def _text(lines: list[str]) -> str:
+    return "".join(f"{line}\n" for line in lines)
 
 
 def _parser() -> argparse.ArgumentParser:
