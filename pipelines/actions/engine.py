@@ -119,7 +119,10 @@ def _latest_rows(rows: Iterable[dict]) -> tuple[dict[str, dict], dict[str, str],
         row = dict(given)
         commit = row.pop("_commit_version", None)
         key = row["id"]
-        (inserted.add if row.pop("_change_type", None) == "insert" else inserted.discard)(key)
+        if row.pop("_change_type", None) == "insert":
+            inserted.add(key)
+        else:
+            inserted.discard(key)
         if key in latest and commit is not None and commits[key] == commit:
             changed = differences(action_content(latest[key]), action_content(row))
             fields = {line.split(":")[0] for line in changed}
@@ -183,9 +186,9 @@ class ActionsEngine:
         self._phases: dict[str, int | None] = {}
         """The phase each phased action was last seen sending (for its summary)."""
         self._ended: set[str] = set()
+        """Actions whose ``schedule.end_at`` this engine has acted on (the cancel messages went out)."""
         self._other_rows: set[str] = set()
         """Actions with rows of other content under their id, warned about once."""
-        """Actions whose ``schedule.end_at`` this engine has acted on (the cancel messages went out)."""
         self._compliance_inputs: tuple[int, ...] | None = None
         self._compliance_at = 0.0
 
