@@ -20,10 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-FIRST_SECOND = -62_135_596_800
-"""0001-01-01T00:00:00Z in seconds since 1970: the first second a ``datetime`` holds."""
-LAST_SECOND = 253_402_300_799
-"""9999-12-31T23:59:59Z in seconds since 1970: the last second a ``datetime`` holds."""
+from pipelines.timestamps import first_tick, last_tick
+
 _PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 
 
@@ -94,8 +92,8 @@ def _out_of_range(values: pa.Array, where: str) -> list[tuple[str, np.ndarray]]:
         per_second = _PER_SECOND[kind.unit]
         ticks = values.cast(pa.int64())
         outside = pc.or_(
-            pc.less(ticks, FIRST_SECOND * per_second),
-            pc.greater(ticks, (LAST_SECOND + 1) * per_second - 1),
+            pc.less(ticks, first_tick(per_second)),
+            pc.greater(ticks, last_tick(per_second)),
         )
         return [(where, pc.fill_null(outside, False).to_numpy(zero_copy_only=False))]
     if pa.types.is_struct(kind):

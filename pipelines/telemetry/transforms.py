@@ -13,6 +13,7 @@ from datetime import datetime
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from pipelines.timestamps import first_tick, last_tick
 from sinks.tables import bronze_telemetry
 
 from . import formats
@@ -58,8 +59,8 @@ def to_bronze(records: DataFrame, ingested_at: datetime | Column) -> DataFrame:
 
 #: The device times a timestamp can hold (years 0001 to 9999), per ``payload.event_time_unit``.
 _TIME_RANGE = {
-    "epoch_ms": (-62_135_596_800_000, 253_402_300_799_999),
-    "epoch_s": (-62_135_596_800, 253_402_300_799),
+    "epoch_ms": (first_tick(1_000), last_tick(1_000)),
+    "epoch_s": (first_tick(1), last_tick(1)),
 }
 
 

@@ -13,6 +13,8 @@ from typing import Any
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
+from pipelines.timestamps import last_tick
+
 from ..descriptors import parse_error
 from ..fields import PayloadError
 from .schema import DATATYPES, payload_class
@@ -110,14 +112,10 @@ def read_payload(payload: bytes) -> Payload:
     )
 
 
-#: The last millisecond of the year 9999: the latest time a Spark timestamp holds.
-LAST_TIME_MS = 253_402_300_799_999
-
-
 def _time(milliseconds: int, where: str) -> int:
     """A Sparkplug time (epoch milliseconds, a uint64); ``PayloadError`` past the year 9999, which no
     timestamp column holds (a clock counting microseconds or nanoseconds): converting it fails the batch."""
-    if milliseconds > LAST_TIME_MS:
+    if milliseconds > last_tick(1_000):
         raise PayloadError(f"sparkplug_b: {where}: {milliseconds} ms is not a time (after the year 9999)")
     return milliseconds
 

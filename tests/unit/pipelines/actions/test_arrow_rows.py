@@ -8,9 +8,10 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
-from pipelines.actions.arrow_rows import FIRST_SECOND, LAST_SECOND, OutOfRange, python_rows
+from pipelines.actions.arrow_rows import OutOfRange, python_rows
 from pipelines.actions.operator import NewAction
 from pipelines.actions.validation import problems
+from pipelines.timestamps import FIRST_SECOND, LAST_SECOND
 from sinks.tables import DEFAULT_CATALOG
 
 SCHEMA = DEFAULT_CATALOG["actions"].arrow_schema
