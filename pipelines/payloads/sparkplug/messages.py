@@ -112,10 +112,13 @@ def read_payload(payload: bytes) -> Payload:
     )
 
 
+_LAST_MS = last_tick(1_000)
+
+
 def _time(milliseconds: int, where: str) -> int:
     """A Sparkplug time (epoch milliseconds, a uint64); ``PayloadError`` past the year 9999, which no
     timestamp column holds (a clock counting microseconds or nanoseconds): converting it fails the batch."""
-    if milliseconds > last_tick(1_000):
+    if milliseconds > _LAST_MS:
         raise PayloadError(f"sparkplug_b: {where}: {milliseconds} ms is not a time (after the year 9999)")
     return milliseconds
 
