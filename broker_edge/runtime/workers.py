@@ -317,6 +317,13 @@ class Member:
         self.pid, self.started_at, self.start_at = pid, time.monotonic(), None
         self.pid_file.write_text(f"{pid}\n")
 
+    def reload(self) -> None:
+        """SIGHUP to its process (one that serves): it reads its files and certificates again."""
+        self.reload_due = False
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGHUP)
+
     def read_reports(self) -> str | None:
         """Read what its process reported since the last call (noting that it serves); the last reason it
         gave for not starting, if any."""
@@ -582,8 +589,7 @@ def _pass_on_sighup(members: list[Member]) -> None:
             member.reload_due = True
             later.append(member.node)
             continue
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(member.pid, signal.SIGHUP)
+        member.reload()
         told.append(member.node)
     waiting = f"; {', '.join(later)} once serving" if later else ""
     now = ", ".join(told) or "(none)"
@@ -594,9 +600,7 @@ def _pass_on_due_sighups(members: list[Member]) -> None:
     """SIGHUP to the members that were starting when one came and serve now."""
     for member in members:
         if member.reload_due and member.serving and member.pid is not None:
-            member.reload_due = False
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(member.pid, signal.SIGHUP)
+            member.reload()
             log.info("SIGHUP passed on to member %s, which serves now", member.node)
 
 
