@@ -19,6 +19,12 @@ therefore:
   of a command that ran before claims existed), whether or not those set ``SO_REUSEPORT``; a port only in
   ``TIME_WAIT`` does not count (``SO_REUSEADDR``, as the members bind).
 
+A claim also refuses an overlapping one on the same port: ``0.0.0.0`` (or every interface) and
+``127.0.0.1`` clash there as the members' binds would (``sockets.hosts_overlap``). The claims made on a
+port are read from ``/proc/net/unix`` (the abstract names bound in this network namespace), and a port's
+claim and that read happen under a short per-port lock (another abstract name, held for milliseconds), so
+that of two commands started in the same instant on overlapping hosts one starts and the other is refused.
+
 The claim closes the race of two commands started at the same moment (both probes would pass); the probe
 catches everyone who does not claim. What could still take the port between the probe and the members'
 own binds is a process without ``SO_REUSEPORT``: the members then fail to bind, and the command stops with
@@ -31,15 +37,25 @@ import errno
 import socket
 import struct
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from broker_edge.process.sockets import listening_sockets
+from broker_edge.process.sockets import hosts_overlap, listening_sockets
 
 __all__ = ["answer_askers", "claim_address", "claim_name", "probe_unbound"]
 
 
+_CLAIMS = "timestone-broker-workers/"
+_CLAIMS_LOCKED = "timestone-broker-workers-claiming/"
+_LOCK_WAIT_S = 5.0
+"""The longest a claim waits for another's on the same port (held for the milliseconds of a claim): past
+it, the claim goes on unlocked (one held by a stopped process must not keep every later command out)."""
+
+
 def claim_name(host: str, port: int) -> str:
     """The abstract Unix socket name that claims ``host:port`` (without the leading NUL)."""
-    return f"timestone-broker-workers/{host}:{port}"
+    return f"{_CLAIMS}{host}:{port}"
 
 
 def claim_address(endpoint: str, host: str, port: int) -> socket.socket | None:
@@ -48,23 +64,72 @@ def claim_address(endpoint: str, host: str, port: int) -> socket.socket | None:
     ``OSError`` (``EADDRINUSE``) naming ``endpoint`` and the holder's pid when another process holds it."""
     if not sys.platform.startswith("linux"):
         return None
-    name = "\0" + claim_name(host, port)
+    with _claiming(port):
+        claim = _bind_claim(endpoint, host, port)
+        for other in _claimed_hosts(port):
+            if other != host and hosts_overlap(host, other):
+                claim.close()
+                raise OSError(
+                    errno.EADDRINUSE,
+                    f"{endpoint} {host}:{port} overlaps {other}:{port}, served by another timestone broker "
+                    f"--workers ({_holder(claim_name(other, port))}): give each its own port (or host)",
+                )
+    return claim
+
+
+def _bind_claim(endpoint: str, host: str, port: int) -> socket.socket:
     claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        claim.bind(name)
+        claim.bind("\0" + claim_name(host, port))
         claim.listen(8)  # connected to by a refused command, to name this one (``answer_askers``)
         claim.setblocking(False)
     except OSError as error:
         claim.close()
         if error.errno != errno.EADDRINUSE:
             raise
-        holder = _holder(name)
         raise OSError(
             errno.EADDRINUSE,
-            f"{endpoint} {host}:{port} is served by another timestone broker --workers ({holder}): "
-            "give each its own port (or host)",
+            f"{endpoint} {host}:{port} is served by another timestone broker --workers "
+            f"({_holder(claim_name(host, port))}): give each its own port (or host)",
         ) from None
     return claim
+
+
+@contextmanager
+def _claiming(port: int) -> Iterator[None]:
+    """Held while this process claims an address on ``port``: claims on one port made one at a time."""
+    lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        deadline = time.monotonic() + _LOCK_WAIT_S
+        while True:
+            try:
+                lock.bind(f"\0{_CLAIMS_LOCKED}{port}")
+                break
+            except OSError as error:
+                if error.errno != errno.EADDRINUSE or time.monotonic() > deadline:
+                    break
+                time.sleep(0.005)
+        yield
+    finally:
+        lock.close()
+
+
+def _claimed_hosts(port: int) -> list[str]:
+    """The hosts claimed on ``port`` in this network namespace (this process's own included), as
+    ``/proc/net/unix`` lists the abstract names bound; none where it cannot be read."""
+    prefix, suffix = f"@{_CLAIMS}", f":{port}"
+    try:
+        with open("/proc/net/unix", encoding="utf-8", errors="replace") as table:
+            paths = [line.split()[-1] for line in table if len(line.split()) >= 8]
+    except OSError:
+        return []
+    return sorted(
+        {
+            path[len(prefix) : -len(suffix)]
+            for path in paths
+            if path.startswith(prefix) and path.endswith(suffix)
+        }
+    )
 
 
 def answer_askers(claim: socket.socket) -> None:
@@ -97,7 +162,7 @@ def _holder(name: str) -> str:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.setblocking(False)
         try:
-            probe.connect(name)
+            probe.connect("\0" + name)
             credentials = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         except OSError:
             return "pid unknown"

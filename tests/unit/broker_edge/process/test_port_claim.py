@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import errno
+import multiprocessing
 import os
 import socket
+from typing import Any
 
 import pytest
 
@@ -88,3 +90,81 @@ def test_the_holder_is_named_to_every_refused_claim_while_it_answers_the_askers(
             answer_askers(first)
     finally:
         first.close()
+
+
+@pytest.mark.parametrize(
+    ("held", "asked"),
+    [
+        ("127.0.0.1", "0.0.0.0"),
+        ("0.0.0.0", "127.0.0.1"),
+        ("", "::1"),
+        ("::", "::1"),
+        ("localhost", "127.0.0.1"),
+    ],
+)
+def test_an_overlapping_host_on_a_claimed_port_is_refused_naming_the_holder(held: str, asked: str):
+    port = _free_port()
+    first = claim_address("listeners[0] (m)", held, port)
+    assert first is not None
+    try:
+        with pytest.raises(OSError) as refused:
+            claim_address("listeners[0] (n)", asked, port)
+        assert refused.value.errno == errno.EADDRINUSE
+        assert str(refused.value) == (
+            f"[Errno 98] listeners[0] (n) {asked}:{port} overlaps {held}:{port}, served by another timestone "
+            f"broker --workers (pid {os.getpid()}): give each its own port (or host)"
+        )
+    finally:
+        first.close()
+    again = claim_address("listeners[0] (n)", asked, port)  # released: the other host's claim is free
+    assert again is not None
+    again.close()
+
+
+@pytest.mark.parametrize(
+    ("held", "asked"), [("127.0.0.1", "127.0.0.2"), ("0.0.0.0", "::1"), ("::", "127.0.0.1")]
+)
+def test_hosts_that_do_not_overlap_claim_one_port_each(held: str, asked: str):
+    port = _free_port()
+    first = claim_address("listeners[0] (m)", held, port)
+    second = claim_address("listeners[0] (n)", asked, port)
+    assert first is not None and second is not None
+    first.close()
+    second.close()
+
+
+def test_of_overlapping_claims_made_in_the_same_instant_exactly_one_holds():
+    """Two processes (as two commands) claim overlapping hosts of one port at one barrier, 30 times: one
+    holds and the other is refused every time (unlocked, both were refused in most rounds)."""
+    for _ in range(30):
+        assert _claim_at_once(_free_port(), ("0.0.0.0", "127.0.0.1")) == ["held", "refused"]
+
+
+def _claim_at_once(port: int, hosts: tuple[str, ...]) -> list[str]:
+    """Each host claimed on ``port`` by a process of its own, all released at one barrier and holding what
+    they claimed until every one has answered: their answers, sorted."""
+    context = multiprocessing.get_context("fork")
+    start, answers, done = context.Barrier(len(hosts)), context.Queue(), context.Event()
+    processes = [context.Process(target=_claim, args=(host, port, start, answers, done)) for host in hosts]
+    for process in processes:
+        process.start()
+    try:
+        return sorted(answers.get(timeout=30) for _ in hosts)
+    finally:
+        done.set()
+        for process in processes:
+            process.join(timeout=30)
+
+
+def _claim(host: str, port: int, start: Any, answers: Any, done: Any) -> None:
+    start.wait()
+    try:
+        claim = claim_address("listeners[0] (m)", host, port)
+    except OSError as error:
+        answers.put("refused" if error.errno == errno.EADDRINUSE else str(error))
+        done.wait(30)
+        return
+    answers.put("held")
+    done.wait(30)
+    if claim is not None:
+        claim.close()

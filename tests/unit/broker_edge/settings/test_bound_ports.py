@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from broker_edge.config import ConfigError, load_dataclass
-from broker_edge.settings.bound_ports import hosts_overlap
+from broker_edge.process.sockets import hosts_overlap
 from broker_edge.settings.broker import BrokerConfig
 
 CLUSTER = {"node_id": "b1", "etcd": ["http://127.0.0.1:2379"]}
