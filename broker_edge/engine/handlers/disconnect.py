@@ -1,4 +1,7 @@
-"""DISCONNECT from a client (MQTT 3.14): a normal one discards the will; v5 0x04 keeps it.
+"""DISCONNECT from a client (MQTT 3.14): only a normal one (reason code 0x00) discards the will.
+
+A v5 DISCONNECT with any other code keeps it: 0x04 asks for it, and an error code (0x80 and above) says the
+client did not leave normally, so its will is published as after a dropped connection [MQTT-3.1.2-8].
 
 A v5 DISCONNECT may change the Session Expiry Interval, except from 0 to non-zero (a protocol error, 0x82).
 """
@@ -26,6 +29,6 @@ def handle_disconnect(ctx: BrokerContext, conn: Client, session: Session, packet
             )
             return
         session.expiry_interval = min(props.session_expiry_interval, ctx.config.sessions.max_session_expiry_s)
-    if packet.reason_code != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
+    if packet.reason_code == ReasonCode.NORMAL_DISCONNECTION:
         conn.will = None
     conn.close()

@@ -169,3 +169,20 @@ def test_will_topic_the_acl_denies_or_a_dollar_topic_is_refused_at_connect(start
     assert RawClient(broker.port, 5).connect("c", will=Will("ok/x", b"w")).reason_code == 0
     open_broker = start_broker()
     assert RawClient(open_broker.port, 5).connect("d", will=Will("$SYS/fake", b"w")).reason_code == 0x87
+
+
+@pytest.mark.mqtt5("MQTT-3.1.2-8", "MQTT-3.1.2-10")
+def test_a_disconnect_with_an_error_code_publishes_the_will(broker):
+    """Only a DISCONNECT with 0x00 (Normal disconnection) deletes the will [MQTT-3.1.2-10]; a client that
+    ends its connection with an error code (0x80 Unspecified error, 0x83 Implementation specific error)
+    did not leave normally, and its will is published as on any other abnormal end [MQTT-3.1.2-8]."""
+    watcher = PahoClient(broker.port, "watcher")
+    watcher.subscribe("wills/#", 1)
+    for code in (0x80, 0x83):
+        failing = RawClient(broker.port, 5)
+        failing.connect(f"failing{code:x}", will=Will(f"wills/{code:x}", b"failed", 1))
+        failing.send_packet(Disconnect(code))
+        assert failing.closed()
+        [message] = watcher.expect(1)
+        assert (message.topic, message.payload) == (f"wills/{code:x}", b"failed")
+    watcher.expect_none(0.2)
