@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 from broker_edge.engine.message import Message, forwarded_properties
 from broker_edge.engine.routing.retained import RetainedBounds, RetainedStore
 from broker_edge.engine.routing.subscriptions import SharedGroup, SubscriptionOptions, SubscriptionTrie
-from broker_edge.engine.sessions.session import NEVER_EXPIRES, Session, SessionSubscription
+from broker_edge.engine.sessions.session import NEVER_EXPIRES, Released, Session, SessionSubscription
+from broker_edge.protocol.topics import topic_matches
 
 if TYPE_CHECKING:
     from broker_edge.engine.cursors import ReplayManager
@@ -381,12 +382,27 @@ class Router:
             self._delayed_wills.discard(session)
             will, session.will, session.will_at = session.will, None, None
             self.publish_will(will, session.client_id)
+        orphans = _shared_orphans(session) if session.subscriptions else None
         if session.subscriptions:
             for key in list(session.subscriptions):
                 self.unsubscribe(session, key)
         if self.replays is not None:
             self.replays.forget_session(session)
         session.clear_outgoing()
+        if orphans:
+            self._deliver_orphans(orphans)
+
+    def _deliver_orphans(self, orphans: list[tuple[Message, SessionSubscription]]) -> None:
+        """Give the shared deliveries an ended session held unacknowledged to other members of their groups,
+        in the order it held them (MQTT 5.0 4.8.2: "SHOULD send the Application Message to another Client";
+        the ended session is no member any more). Expired ones are dropped; with no member left, lost."""
+        for message, entry in orphans:
+            if message.expires_at is not None and message.expired():
+                self.count_drop("expired")
+                continue
+            group = self.trie.shared_group(entry.topic_filter, entry.group or "")
+            if group is not None:
+                self.deliver_to_group(group, message)
 
     def publish_will(self, will: Will, client_id: str) -> None:
         forwarded, expiry = forwarded_properties(will.properties)
@@ -423,3 +439,26 @@ class Router:
     def pump_replays(self, session: Session) -> None:
         if self.replays is not None:
             self.replays.pump_soon(session)
+
+
+def _shared_orphans(session: Session) -> list[tuple[Message, SessionSubscription]]:
+    """The deliveries of ``session``'s shared subscriptions that another member may still get when the
+    session ends: QoS 1 ones sent and not acknowledged, and every one waiting in its queue (never sent). A
+    QoS 2 delivery already sent stays with it [MQTT-4.8.2-5]. A delivery counts as its group's when its
+    topic matches that one shared subscription of the session and no other: with an ordinary subscription
+    or another group matching too, which copy it was is not known, and it is not moved."""
+    entries = list((session.subscriptions or {}).values())
+    if all(entry.group is None for entry in entries):
+        return []
+    held = [
+        entry[0]
+        for entry in (session.inflight or {}).values()
+        if not isinstance(entry, Released) and entry[1] == 1
+    ]
+    held.extend(delivery[0] for delivery in session.queue or ())
+    orphans = []
+    for message in held:
+        matching = [entry for entry in entries if topic_matches(entry.topic_filter, message.topic)]
+        if len(matching) == 1 and matching[0].group is not None:
+            orphans.append((message, matching[0]))
+    return orphans

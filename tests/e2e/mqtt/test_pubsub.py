@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from broker_edge.protocol.packets import Publish, Subscribe, Subscription, Will
+from broker_edge.protocol.packets import PubAck, Publish, Subscribe, Subscription, Will
 from broker_edge.protocol.properties import Properties
 from tests.e2e.broker_clients import PahoClient, RawClient
 
@@ -243,3 +243,26 @@ def test_shared_subscription_prefers_connected_members(broker):
     for i in range(4):
         pub.publish("t", str(i), 1)
     assert len(here.expect(4)) == 4
+
+
+def test_qos1_jobs_of_a_shared_member_whose_session_ends_go_to_another_member(broker):
+    """MQTT 5.0 section 4.8.2: a QoS 1 message the Server was sending to a member whose Session terminates
+    before it acknowledged it SHOULD be sent to another member of the Shared Subscription. The message in
+    flight to the member and the one waiting behind it (Receive Maximum 1) go to the other member, in order;
+    a job its session had acknowledged does not come again."""
+    leaving = RawClient(broker.port)
+    ack = leaving.connect("leaving", properties=Properties(receive_maximum=1))
+    assert ack.reason_code == 0  # Session Expiry 0: the session ends with the connection
+    leaving.subscribe("$share/workers/jobs", 1)
+    pub = PahoClient(broker.port, "pub")
+    pub.publish("jobs", b"done", 1)
+    done = leaving.recv()
+    leaving.send_packet(PubAck(done.packet_id))
+    for job in (b"started", b"waiting"):
+        pub.publish("jobs", job, 1)
+    assert leaving.recv().payload == b"started"  # not acknowledged; "waiting" waits behind it
+    staying = PahoClient(broker.port, "staying")
+    staying.subscribe("$share/workers/jobs", 1)
+    leaving.close()
+    assert [m.payload for m in staying.expect(2)] == [b"started", b"waiting"]
+    staying.expect_none(0.3)
