@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 
 from .segment import fsync_directory
@@ -39,6 +40,10 @@ LOCK_FILE = ".lock"
 """The broker's lock on the directory (``broker_edge.runtime.data_lock``), taken before the store opens: no
 part of any layout (a dot name, as no topic's)."""
 _LAYOUT_1_BROKER_FILES = ("CLEAN_SHUTDOWN", "sessions.json")
+_LAYOUT_3_LOG_FILES = ("catalog", "topics.state")
+"""Files of layout 3's ``log/`` (`catalog`, `topic_table`) that no layout-1 topic directory holds."""
+_PARTITION_NAME = re.compile(r"\d{2,}")
+"""A partition's directory in ``log/`` (``00``, ``01``, ...)."""
 """Files of the broker in a layout-1 directory (``sessions.json`` with its ``.tmp`` and set-aside copies)."""
 
 
@@ -82,6 +87,9 @@ def open_layout(root: str | os.PathLike[str]) -> DataLayout:
         if _is_fresh(layout.root):
             _create(layout)
             return layout
+        if _holds_partition_logs(layout.log):
+            _restore_layout_file(layout)
+            return layout
         _migrate(layout)
         version = layout_version(layout.root)
     else:
@@ -95,6 +103,36 @@ def _is_fresh(root: str) -> bool:
     """Nothing of any layout: an empty directory but for the broker's lock file (an interrupted move's
     staging is not nothing)."""
     return not [name for name in os.listdir(root) if name != LOCK_FILE]
+
+
+def _holds_partition_logs(log_directory: str) -> bool:
+    """Whether ``log/`` is layout 3's (its catalog, topic table snapshot or a partition's directory), not a
+    layout-1 topic directory called ``log`` (segment files side by side, never these names)."""
+    try:
+        with os.scandir(log_directory) as entries:
+            return any(
+                entry.name in _LAYOUT_3_LOG_FILES
+                or (_PARTITION_NAME.fullmatch(entry.name) is not None and entry.is_dir(follow_symlinks=False))
+                for entry in entries
+            )
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def _restore_layout_file(layout: DataLayout) -> None:
+    """A layout-3 directory whose ``meta/LAYOUT`` is gone (deleted, or ``meta/`` with it): the file is
+    written again. Taking it for layout 1 would move ``log/`` and ``meta/`` as if they were topics' logs and
+    delete them after the upgrade, every record of the store with them."""
+    os.makedirs(layout.meta, exist_ok=True)
+    fsync_directory(layout.root)
+    write_layout_file(layout.meta, LAYOUT_VERSION)
+    log.warning(
+        "data directory %s holds partition logs (%s) but no %s: written again (layout %s)",
+        layout.root,
+        layout.log,
+        os.path.join(META, LAYOUT_FILE),
+        LAYOUT_VERSION,
+    )
 
 
 def _create(layout: DataLayout) -> None:

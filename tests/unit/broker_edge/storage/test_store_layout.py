@@ -70,3 +70,35 @@ def test_a_move_interrupted_at_any_rename_is_finished_by_the_next_start(
         store.close()  # (past the last rename: the move was whole)
     monkeypatch.setattr(os, "rename", real_rename)
     assert_moved_whole(tmp_path)
+
+
+@pytest.mark.parametrize("lost", ["meta/LAYOUT", "meta/"])
+def test_a_directory_of_partition_logs_whose_layout_file_is_gone_keeps_every_record(
+    tmp_path: Path, lost: str, caplog
+):
+    store = LogStore(tmp_path)
+    store.open()
+    for number in range(30):
+        store.append("a/b", make_record(number))
+        store.append("log", make_record(number))
+    store.close()
+    if lost == "meta/":
+        for path in (tmp_path / "meta").iterdir():
+            path.unlink()
+        (tmp_path / "meta").rmdir()
+    else:
+        (tmp_path / "meta" / "LAYOUT").unlink()
+
+    reopened = LogStore(tmp_path)
+    reopened.open()
+
+    assert "holds partition logs" in caplog.text and "written again" in caplog.text
+    assert (tmp_path / "meta" / "LAYOUT").read_text() == "3\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["log", "meta"]
+    for topic in ("a/b", "log"):
+        records = reopened.read(topic, 0, max_records=100)
+        assert [record.offset for record in records] == list(range(30))
+        for number, record in enumerate(records):
+            assert_matches(record, number)
+    assert reopened.append("a/b", make_record(30)) == 30
+    reopened.close()
