@@ -125,25 +125,36 @@ class Locating:
                 continue
             sealed = segment.sealed
             group = sealed.find(topic_id) if sealed is not None else None
-            if group is None:
-                break
+            if group is None:  # the chain names a segment that lost the topic's records (damage)
+                found = self._older_holding(topic_id, number, offset, present=True)
+                if found is None or found.sealed is None:
+                    break
+                segment, sealed = found, found.sealed
+                group = sealed.find(topic_id)
+                if group is None:
+                    break
             steps.append((segment, group))
             if group.first_offset <= offset:
                 break
             number, row = group.previous_segment, UNKNOWN_ROW
         return steps
 
-    def _older_holding(self, topic_id: int, missing: int, offset: int) -> Segment | None:
+    def _older_holding(
+        self, topic_id: int, missing: int, offset: int, present: bool = False
+    ) -> Segment | None:
         """The newest sealed segment older than segment `missing` that holds the topic, when a chain names
         `missing` and its file is gone (damage; retention deletes a segment only once every record of it is
-        below its topic's start, where no read walks). The walk goes on there: every record still on disk
-        is served, those of the missing segment read as missing. Logged once per segment."""
+        below its topic's start, where no read walks), or, `present`, is there without the topic's records
+        (emptied or replaced by other data: its index was made again from what it holds). The walk goes on
+        there: every record still on disk is served, those of the missing segment read as missing. Logged
+        once per segment."""
         if offset >= self.table.start[topic_id] and missing not in self.lost_segments:
             self.lost_segments.add(missing)
             log.error(
-                "%s is missing, and the log of %r needs it (read from offset %d): its records are lost "
+                "%s %s, and the log of %r needs it (read from offset %d): its records are lost "
                 "(reads of them answer that they are missing); the other segments are served",
                 segment_paths(self.directory, missing)[0],
+                "holds none of the records its index chain names it for" if present else "is missing",
                 self.names[topic_id] if topic_id < len(self.names) else topic_id,
                 offset,
             )

@@ -115,6 +115,65 @@ def test_a_segment_deleted_from_the_middle_loses_only_its_records(
     again.close()
 
 
+@pytest.mark.parametrize("index_too", [False, True], ids=["its data file", "its data and index files"])
+def test_a_segment_emptied_in_the_middle_loses_only_its_records(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, index_too: bool
+):
+    _closed_store(tmp_path)
+    segments = partition_segments(tmp_path)
+    assert len(segments) >= 4
+    middle = segments[2]
+    lost = {topic_id: _offsets_in(middle, topic_id, segments[:2]) for topic_id in range(len(TOPICS))}
+    os.truncate(middle, 0)
+    if index_too:
+        middle.with_suffix(".index").unlink()
+
+    caplog.set_level(logging.INFO, logger="broker_edge.storage")
+    store, _report = _reopen(tmp_path)
+
+    for topic_id, topic in enumerate(TOPICS):
+        assert store.log_info(topic).end_offset == COUNT
+        assert _served(store, topic) == set(range(COUNT)) - set(lost[topic_id])  # the older ones too
+        assert [record.offset for record in store.read(topic, 0, max_records=3)] == [0, 1, 2]
+        with pytest.raises(CorruptRecord) as caught:
+            store.read(topic, lost[topic_id][0])
+        assert caught.value.reason == "missing"
+        assert store.append(topic, make_record(COUNT)) == COUNT
+    assert any(
+        f"{middle} holds none of the records its index chain names it for, and the log of 't'" in text
+        for text in _errors(caplog)
+    )
+    store.close()
+    again, _report = _reopen(tmp_path)  # the same after a restart
+    for topic_id, topic in enumerate(TOPICS):
+        assert _served(again, topic) == set(range(COUNT + 1)) - set(lost[topic_id])
+    again.close()
+
+
+def test_segments_whose_files_were_swapped_serve_every_record_they_hold_at_its_offset(tmp_path: Path):
+    _closed_store(tmp_path)
+    segments = partition_segments(tmp_path)
+    first, second = segments[1], segments[2]
+    for suffix in (".log", ".index"):
+        aside = first.with_suffix(".aside")
+        first.with_suffix(suffix).rename(aside)
+        second.with_suffix(suffix).rename(first.with_suffix(suffix))
+        aside.rename(second.with_suffix(suffix))
+    swapped = {
+        topic_id: set(_offsets_in(segments[1], topic_id, segments[:1]))
+        | set(_offsets_in(segments[2], topic_id, segments[:2]))
+        for topic_id in range(len(TOPICS))
+    }
+
+    store, _report = _reopen(tmp_path)
+
+    for topic_id, topic in enumerate(TOPICS):
+        served = _served(store, topic)  # every record served is the one of its offset (`assert_matches`)
+        assert set(range(COUNT)) - swapped[topic_id] <= served
+        assert [record.offset for record in store.read(topic, 0, max_records=3)] == [0, 1, 2]
+    store.close()
+
+
 def test_the_newest_segment_deleted_keeps_its_offsets_from_being_given_again(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ):
