@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from broker_edge.config.loader import ConfigError, parse_yaml
+from broker_edge.config.loader import ConfigError, parse_yaml, yaml_error_line
 
 __all__ = ["apply_override", "key_steps"]
 
@@ -94,7 +94,7 @@ def apply_override(document: dict[str, Any], assignment: str) -> None:
     try:
         value = parse_yaml(raw, key.strip()) if raw.strip() else None
     except yaml.YAMLError as exc:
-        raise ConfigError(key.strip(), f"value is not valid YAML: {exc}") from None
+        raise ConfigError(key.strip(), f"value is not valid YAML: {yaml_error_line(exc)}") from None
     last = steps[-1]
     if isinstance(last, int) and last == len(node):
         node.append(value)

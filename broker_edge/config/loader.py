@@ -9,6 +9,10 @@ configuration.
 A string value may be written ``!env NAME``: the value of the environment variable ``NAME`` when the
 document is loaded into dataclasses (a secret kept out of files and command lines; on Databricks, a cluster
 environment variable filled from a secret scope). A variable that is not set is an error naming the field.
+
+A number written with an exponent (``1e3``, ``2.5E-3``) is a float, as YAML 1.2 and JSON read it (YAML 1.1
+reads it as a string unless it has a dot and a signed exponent); quoted, it stays a string. A document that
+is no YAML is refused in one line naming its line and column.
 """
 
 from __future__ import annotations
@@ -18,12 +22,16 @@ import enum
 import functools
 import math
 import os
+import re
 import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$")
+"""A number with an exponent in any form YAML 1.2 takes; YAML 1.1's own pattern already reads the rest."""
 
 
 class ConfigError(ValueError):
@@ -65,7 +73,20 @@ def _yaml_loader() -> type:
         return EnvironmentValue(str(name).strip())
 
     ConfigLoader.add_constructor("!env", environment_value)
+    ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
     return ConfigLoader
+
+
+def yaml_error_line(error: Exception) -> str:
+    """A YAML parser's error in one line: where it is (line and column, counted from 1) and what is wrong,
+    where the parser's own message spans lines with an excerpt of the text."""
+    problem = getattr(error, "problem", None)
+    mark = getattr(error, "problem_mark", None)
+    if problem is None:  # a reader's error (a character YAML refuses) or one with no place
+        return " ".join(str(error).split())
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    context = getattr(error, "context", None)
+    return f"{where}{problem}" + (f" ({context})" if context else "")
 
 
 def parse_yaml(text: str, path: str = "") -> Any:
@@ -121,7 +142,7 @@ def load_yaml_file(path: str | Path) -> dict[str, Any]:
     try:
         document = parse_yaml(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(str(path), f"not valid YAML: {exc}") from exc
+        raise ConfigError(str(path), f"not valid YAML: {yaml_error_line(exc)}") from None
     except ConfigError as exc:  # a key given twice: its lines are this file's
         raise ConfigError(exc.path, f"{exc.detail} of {path}") from None
     if document is None:

@@ -23,6 +23,9 @@ __all__ = ["RuntimeConfig", "tune_garbage_collector"]
 log = logging.getLogger(__name__)
 
 
+_MAX_GC_THRESHOLD = 2**31 - 1
+
+
 @dataclass
 class RuntimeConfig:
     """The ``runtime`` section."""
@@ -43,6 +46,10 @@ class RuntimeConfig:
             raise ConfigError("gc_young_threshold", f"must be an integer, got {self.gc_young_threshold!r}")
         if self.gc_young_threshold < 0:
             raise ConfigError("gc_young_threshold", f"must be >= 0, got {self.gc_young_threshold!r}")
+        if self.gc_young_threshold > _MAX_GC_THRESHOLD:  # what gc.set_threshold takes (a C int)
+            raise ConfigError(
+                "gc_young_threshold", f"must be at most {_MAX_GC_THRESHOLD}, got {self.gc_young_threshold!r}"
+            )
 
 
 def tune_garbage_collector(config: RuntimeConfig) -> None:

@@ -184,3 +184,37 @@ def test_a_key_given_twice_is_refused_naming_the_key_and_its_lines(tmp_path, tex
     config = tmp_path / "broker.yaml"
     assert err.splitlines() == [f"timestone broker: configuration error: {line} of {config}"]
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        (
+            "listeners:\n\t- {name: local, port: 0}\n",
+            "not valid YAML: line 2, column 1: found character '\\t' that cannot start any token "
+            "(while scanning for the next token)",
+        ),
+        (
+            "limits:\n  max_connections: [5\n",
+            "not valid YAML: line 3, column 11: expected ',' or ']', but got ':' "
+            "(while parsing a flow sequence)",
+        ),
+        (
+            "limits: {max_connections: 5}\n  storage: {}\n",
+            "not valid YAML: line 2, column 3: expected <block end>, but found '<block mapping start>' "
+            "(while parsing a block mapping)",
+        ),
+    ],
+)
+def test_a_file_that_is_no_yaml_is_refused_in_one_line_naming_line_and_column(tmp_path, text, line):
+    err = refused(tmp_path, text + PORTS)
+    config = tmp_path / "broker.yaml"
+    assert err.splitlines() == [f"timestone broker: configuration error: {config}: {line}"]
+
+
+def test_a_garbage_collector_threshold_past_what_the_interpreter_holds_is_refused(tmp_path):
+    err = refused(tmp_path, "runtime: {gc_young_threshold: 100000000000000000000}\n" + PORTS)
+    assert err.splitlines() == [
+        "timestone broker: configuration error: runtime.gc_young_threshold: must be at most 2147483647, "
+        "got 100000000000000000000"
+    ]
