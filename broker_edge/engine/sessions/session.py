@@ -177,6 +177,7 @@ class _SessionRare(RareSlots):
         "expires_at",
         "incoming_qos2",
         "log_offsets",
+        "resends",
         "username",
         "will",
         "will_at",
@@ -184,6 +185,7 @@ class _SessionRare(RareSlots):
     defaults: ClassVar[dict[str, Any]] = {}
     cursors: dict[str, int] | None
     log_offsets: bool
+    resends: deque[int] | None
 
 
 class Session:
@@ -218,6 +220,9 @@ class Session:
     _expiry_interval: RareField[int] = RareField(_SessionRare, 0)
     cursors: RareField[dict[str, int] | None] = RareField(_SessionRare, None)
     """Logged topic → next offset to deliver from the log (see ``broker_edge.engine.cursors``)."""
+    resends: RareField[deque[int] | None] = RareField(_SessionRare, None)
+    """Packet ids in flight before the client came back that are still to be sent again: more than its new
+    Receive Maximum allows at once [MQTT-3.3.4-9]; sent, in order, as acknowledgements make room."""
     log_offsets: RareField[bool] = RareField(_SessionRare, False)
     """The client asked for log delivery (it subscribed from an offset, or opted in on CONNECT): its v5
     deliveries of logged messages carry the user property ``offset``. Kept until the session ends."""
@@ -350,9 +355,11 @@ class Session:
     def drain(self) -> None:
         """Move queued messages into the in-flight window while it has room (after an ack or a resume)."""
         conn = self.connection
-        queue = self.queue
         if conn is None:
             return
+        if (rare := self._rare) is not None and rare.resends and not self._resend(conn):
+            return
+        queue = self.queue
         if queue:
             quota = conn.terms.send_quota
             router = self.router
@@ -426,19 +433,43 @@ class Session:
     # -- connection changes -------------------------------------------------------------------------------
 
     def attach(self, conn: Outlet) -> None:
-        """The client (re)connected: resend what was in flight, with DUP, then the queue (MQTT 4.4)."""
+        """The client (re)connected: resend what was in flight, with DUP and the same packet ids, then the
+        queue (MQTT 4.4); never more unacknowledged at once than its new Receive Maximum [MQTT-3.3.4-9]."""
         self.connection = conn
         self.expires_at = None
+        self.resends = None
         inflight = self.inflight
         if inflight:
-            for packet_id, entry in list(inflight.items()):
-                if isinstance(entry, Released):
-                    conn.send_pubrel(packet_id)
-                else:
-                    message, qos, retain, subscription_ids = entry
-                    if not conn.send_message(message, qos, retain, subscription_ids, packet_id, dup=True):
-                        del inflight[packet_id]
+            self.resends = deque(inflight)
         self.drain()
+
+    def _resend(self, conn: Outlet) -> bool:
+        """Send again, in order, what was in flight when the client came back (``resends``) while its window
+        has room: True once none is left to send."""
+        resends = self.resends
+        inflight = self.inflight
+        if resends is None or inflight is None:
+            self.resends = None
+            return True
+        waiting = [packet_id for packet_id in resends if packet_id in inflight]  # gone: acknowledged since
+        resends.clear()
+        resends.extend(waiting)
+        quota = conn.terms.send_quota
+        while resends and not conn.terms.paused and len(inflight) - len(resends) < quota:
+            packet_id = resends.popleft()
+            entry = inflight.get(packet_id)
+            if entry is None:
+                continue
+            if isinstance(entry, Released):
+                conn.send_pubrel(packet_id)
+                continue
+            message, qos, retain, subscription_ids = entry
+            if not conn.send_message(message, qos, retain, subscription_ids, packet_id, dup=True):
+                del inflight[packet_id]
+        if resends:
+            return False
+        self.resends = None
+        return True
 
     def detach(self) -> None:
         self.connection = None
@@ -449,3 +480,4 @@ class Session:
         if self._rare is not None:
             self.incoming_qos2 = None
             self.cursors = None
+            self.resends = None

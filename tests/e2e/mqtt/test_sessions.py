@@ -377,3 +377,48 @@ def test_empty_client_id_is_assigned_in_v3_with_clean_session(broker):
     raw.subscribe("anon/t", 1)
     PahoClient(broker.port, "p").publish("anon/t", b"to an assigned id", 1)
     assert raw.recv().payload == b"to an assigned id"
+
+
+@pytest.mark.mqtt5("MQTT-3.3.4-9", "MQTT-4.4.0-1")
+def test_a_resumed_session_resends_no_more_than_the_new_receive_maximum(broker):
+    """A client that comes back with a smaller Receive Maximum than its session had in flight gets the
+    unacknowledged messages again with their own packet ids and DUP [MQTT-4.4.0-1], but never more of them
+    unacknowledged at once than it now allows [MQTT-3.3.4-9]: the rest follow as it acknowledges, then
+    what waited in the queue."""
+    persistent = Properties(session_expiry_interval=300, receive_maximum=5)
+    device = RawClient(broker.port, 5)
+    device.connect("device", clean_start=False, properties=persistent)
+    device.subscribe("cmd", 2)
+    pub = PahoClient(broker.port, "backend")
+    for i in range(6):
+        pub.publish("cmd", f"{i}".encode(), 1 if i % 2 else 2)
+    first = [device.recv() for _ in range(5)]  # the sixth waits: the window is full
+    device.send_packet(PubRec(first[0].packet_id))  # a QoS 2 delivery past PUBREC: its PUBREL comes again
+    assert isinstance(device.recv(), PubRel)
+    device.close()
+
+    back = RawClient(broker.port, 5)
+    small = Properties(session_expiry_interval=300, receive_maximum=2)
+    assert back.connect("device", clean_start=False, properties=small).session_present
+    released = back.recv()
+    assert isinstance(released, PubRel) and released.packet_id == first[0].packet_id
+    again = back.recv()
+    assert (again.packet_id, again.dup, again.payload) == (first[1].packet_id, True, b"1")
+    back.recv_none()  # two unacknowledged: the PUBREL's flow and the QoS 1 PUBLISH
+    back.send_packet(PubComp(released.packet_id))
+    resent = back.recv()
+    assert (resent.packet_id, resent.dup, resent.payload) == (first[2].packet_id, True, b"2")
+    back.recv_none()
+    payloads = []
+    for packet in (again, resent):
+        back.send_packet(PubAck(packet.packet_id) if packet.qos == 1 else PubRec(packet.packet_id))
+    for _ in range(6):  # the PUBREL of "2", then "3" and "4" again, then "5" from the queue, one by one
+        packet = back.recv()
+        if isinstance(packet, PubRel):
+            back.send_packet(PubComp(packet.packet_id))
+            continue
+        payloads.append((packet.payload, packet.dup))
+        back.send_packet(PubAck(packet.packet_id) if packet.qos == 1 else PubRec(packet.packet_id))
+        if len(payloads) == 3:
+            break
+    assert payloads == [(b"3", True), (b"4", True), (b"5", False)]
