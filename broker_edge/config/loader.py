@@ -12,7 +12,8 @@ environment variable filled from a secret scope). A variable that is not set is 
 
 A number written with an exponent (``1e3``, ``2.5E-3``) is a float, as YAML 1.2 and JSON read it (YAML 1.1
 reads it as a string unless it has a dot and a signed exponent); quoted, it stays a string. A document that
-is no YAML is refused in one line naming its line and column.
+is no YAML is refused in one line naming its line and column. A path setting that starts with ``~`` is in
+the home directory (``expand_home``).
 """
 
 from __future__ import annotations
@@ -127,6 +128,15 @@ def _check_duplicate_keys(node: Any, path: str, visited: set[int]) -> None:
                 raise ConfigError(dotted, f"duplicate key: on line {first} and again on line {line}")
             lines[key.tag, key.value] = line
             _check_duplicate_keys(value, dotted, visited)
+
+
+def expand_home(settings: object, *names: str) -> None:
+    """Give each named path setting of ``settings`` that starts with ``~`` the home directory it names (as a
+    shell would), so ``~/data`` is never a directory named ``~`` in the working directory."""
+    for name in names:
+        value = getattr(settings, name)
+        if isinstance(value, str) and value.startswith("~"):
+            setattr(settings, name, os.path.expanduser(value))
 
 
 def load_yaml_file(path: str | Path) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from broker_edge.config import ConfigError, load_dataclass, load_yaml_file
+from broker_edge.config.loader import expand_home
 from broker_edge.protocol.topics import topic_matches
 
 __all__ = ["AccessControl", "AclConfig", "AclRule", "filter_covers", "filters_overlap"]
@@ -84,6 +85,7 @@ class AclConfig:
     """Decisions remembered per action; when full, the oldest are forgotten."""
 
     def __post_init__(self) -> None:
+        expand_home(self, "file")
         if self.cache_size < 0:
             raise ConfigError("cache_size", f"must be >= 0, got {self.cache_size}")
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from broker_edge.config import ConfigError
+from broker_edge.config.loader import expand_home
 from broker_edge.security.login_backoff import LoginBackoffConfig
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ class AuthConfig:
     """Backoff after failed password logins, per client address and per user name."""
 
     def __post_init__(self) -> None:
+        expand_home(self, "password_file")
         if self.password_file is not None and not self.password_file.strip():
             raise ConfigError("password_file", "must be a path or left out")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from broker_edge.config import ConfigError
+from broker_edge.config.loader import expand_home
 
 __all__ = ["ServerContexts", "TlsConfig", "peer_common_name", "server_ssl_context"]
 
@@ -36,6 +37,7 @@ class TlsConfig:
     """Oldest TLS version accepted."""
 
     def __post_init__(self) -> None:
+        expand_home(self, "certfile", "keyfile", "cafile")
         for name in ("certfile", "keyfile"):
             if not getattr(self, name):
                 raise ConfigError(name, "must name a PEM file")

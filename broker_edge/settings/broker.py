@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from broker_edge.config.loader import ConfigError, load_dataclass, load_yaml_file
+from broker_edge.config.loader import ConfigError, expand_home, load_dataclass, load_yaml_file
 from broker_edge.observe.logs import LoggingConfig
 from broker_edge.observe.sys_topics import SysTopicsConfig
 from broker_edge.process.gc_tuning import RuntimeConfig
@@ -187,6 +187,7 @@ class BrokerStorageConfig(StorageConfig):
     segments nothing is kept of are deleted)."""
 
     def __post_init__(self) -> None:
+        expand_home(self, "directory")
         if self.enabled and not self.directory:
             raise ConfigError("directory", "must name a directory when storage is enabled")
         if self.retention_interval_s <= 0:
@@ -261,6 +262,7 @@ class OffsetsApiConfig:
     """Seconds for a request's headers, and for its body, to arrive; a connection still sending is closed."""
 
     def __post_init__(self) -> None:
+        expand_home(self, "tokens_file")
         if isinstance(self.port, bool) or not 0 <= self.port <= 65_535:
             raise ConfigError("port", f"must be between 0 and 65535, got {self.port!r}")
         check_http_limits(self.max_connections, self.request_timeout_s)

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from broker_edge.config.loader import ConfigError
+from broker_edge.config.loader import ConfigError, expand_home
 
 __all__ = [
     "AdvertiseConfig",
@@ -111,6 +111,7 @@ class MemberTlsConfig:
     """Oldest TLS version between members (TLSv1.2 or TLSv1.3)."""
 
     def __post_init__(self) -> None:
+        expand_home(self, "certfile", "keyfile", "cafile")
         for name in ("certfile", "keyfile", "cafile"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ConfigError(name, "must name a PEM file")
@@ -155,6 +156,7 @@ class EtcdTlsConfig:
     """Name the etcd servers' certificates must carry, when it is not the host of the ``etcd`` URLs."""
 
     def __post_init__(self) -> None:
+        expand_home(self, "cafile", "certfile", "keyfile")
         if not self.cafile:
             raise ConfigError("cafile", "must name a PEM file")
         if (self.certfile is None) != (self.keyfile is None):
@@ -173,6 +175,7 @@ class EtcdAuthConfig:
     password is taken without a restart."""
 
     def __post_init__(self) -> None:
+        expand_home(self, "password_file")
         if not self.username:
             raise ConfigError("username", "must not be empty")
         if not self.password_file:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
 
-from broker_edge.config.loader import ConfigError
+from broker_edge.config.loader import ConfigError, expand_home
 from broker_edge.protocol.errors import InvalidTopic
 from broker_edge.protocol.topics import topic_matches, validate_topic_filter
 from broker_edge.security.tls import TlsConfig
@@ -57,6 +57,7 @@ class UplinkTlsConfig:
     """Check that the hub's certificate names the host of the hub's address."""
 
     def __post_init__(self) -> None:
+        expand_home(self, "certfile", "keyfile", "cafile")
         for name in ("certfile", "keyfile", "cafile"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ConfigError(name, "must name a PEM file")

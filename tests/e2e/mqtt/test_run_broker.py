@@ -4,6 +4,7 @@ and the offsets API, refusing bad configuration with a message that names the ke
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -165,3 +166,37 @@ def test_configuration_error_exits_2_with_the_key_on_standard_error(tmp_path):
 
 def test_shipped_conf_broker_yaml_is_exactly_the_defaults():
     assert load_broker_config(REPO / "conf" / "broker.yaml") == BrokerConfig()
+
+
+def test_a_leading_tilde_in_a_path_setting_is_the_home_directory(tmp_path):
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / "passwd").write_text("")  # no users yet: read, and anonymous loopback clients still connect
+    mqtt_port, admin_port, api_port = free_port(), free_port(), free_port()
+    config = {
+        "listeners": [{"name": "main", "port": mqtt_port}],
+        "admin_http": {"port": admin_port},
+        "offsets_api": {"port": api_port},
+        "storage": {"directory": "~/timestone-data"},
+        "auth": {"password_file": "~/passwd"},
+    }
+    path = work / "broker.yaml"
+    path.write_text(yaml.safe_dump(config))
+    environment = {**os.environ, "HOME": str(home)}
+    process = subprocess.Popen(
+        [*TIMESTONE, "broker", "--config", str(path)],
+        cwd=work,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_port(mqtt_port, process)
+        PahoClient(mqtt_port, "tilde-pub").publish("home/t", b"kept at home", 1)
+    finally:
+        err = stop(process)
+    assert f"data directory {home / 'timestone-data'} (locked by this broker)" in err
+    assert (home / "timestone-data" / "log").is_dir()
+    assert not (work / "~").exists()  # no directory named ~ in the working directory
