@@ -59,6 +59,15 @@ class ActionsConfig:
     def __post_init__(self) -> None:
         if not self.brokers:
             raise ConfigError("brokers", "at least one broker is needed")
+        first: dict[str, int] = {}
+        for index, broker in enumerate(self.brokers):
+            if broker.name in first:
+                raise ConfigError(
+                    f"brokers[{index}].name",
+                    f"{broker.name!r} is already brokers[{first[broker.name]}]'s: each broker needs a name "
+                    "of its own (its reports' offsets are checkpointed by name)",
+                )
+            first.setdefault(broker.name, index)
         for name in ("trigger_interval_s", "tick_interval_s", "compliance_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, "must be positive")

@@ -1,6 +1,10 @@
 """One way to name a broker: ``BrokerEndpoint`` and its text form, shared by the source and the pipelines."""
 
+import subprocess
+import sys
+
 import pytest
+import yaml
 
 from broker_edge.config.endpoints import BrokerEndpoint, format_endpoints, parse_endpoint, parse_endpoints
 from broker_edge.config.loader import ConfigError, load_dataclass
@@ -45,3 +49,23 @@ def test_a_config_error_names_the_field():
         load_dataclass(ActionsConfig, {"brokers": [{"offsets_api": "ftp://h"}]})
     with pytest.raises(ConfigError, match=r"brokers\[1\]"):
         SourceConfig(brokers=["edge1=http://h:1", "not a url"])
+
+
+def test_two_brokers_of_one_name_in_the_ota_jobs_file_are_refused_naming_the_second(tmp_path):
+    brokers = [
+        {"name": "edge1", "offsets_api": "http://127.0.0.1:1", "mqtt_port": 1},
+        {"name": "edge2", "offsets_api": "http://127.0.0.1:2", "mqtt_port": 2},
+        {"name": "edge1", "offsets_api": "http://127.0.0.1:3", "mqtt_port": 3},
+    ]
+    with pytest.raises(ConfigError) as error:
+        load_dataclass(ActionsConfig, {"brokers": brokers, "cluster": False})
+    assert str(error.value) == (
+        "brokers[2].name: 'edge1' is already brokers[0]'s: each broker needs a name of its own "
+        "(its reports' offsets are checkpointed by name)"
+    )
+    config = tmp_path / "actions.yaml"
+    config.write_text(yaml.safe_dump({"brokers": brokers, "cluster": False}))
+    command = [sys.executable, "-m", "pipelines.cli", "pipeline", "actions", "--config", str(config)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [f"timestone pipeline actions: {error.value}"]
