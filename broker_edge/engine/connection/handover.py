@@ -69,6 +69,7 @@ def may_move(conn: Connection) -> bool:
         or session.subscriptions
         or session.inflight
         or session.queue
+        or session.retained_due
         or session.cursors
         or session.incoming_qos2
         or session.connection is not conn

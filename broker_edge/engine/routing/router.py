@@ -259,8 +259,8 @@ class Router:
             return 0  # sent once the cluster's retained messages are known here
         sub_ids = (options.subscription_id,) if options.subscription_id is not None else ()
         found = self.retained.match(topic_filter)
-        for _topic, message in found:
-            session.deliver(message, min(options.qos, message.qos), True, sub_ids)
+        room = self.retained.count + self.limits.max_offline_messages  # one whole retained set and more
+        session.deliver_retained([message for _topic, message in found], options.qos, sub_ids, room)
         return len(found)
 
     # -- subscriptions ------------------------------------------------------------------------------------

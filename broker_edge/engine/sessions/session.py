@@ -159,6 +159,22 @@ class Inflight(dict[int, "Delivery | Released"]):
     """Set when the window is made (``Session._send``): dict's own constructor, no Python call."""
 
 
+class RetainedDue:
+    """The retained messages a new subscription matched that are still to be sent (``Session.retained_due``):
+    references to the messages the retained store holds, taken in order as the in-flight window has room."""
+
+    __slots__ = ("max_qos", "messages", "position", "subscription_ids")
+
+    def __init__(self, messages: list[Message], max_qos: int, subscription_ids: tuple[int, ...]) -> None:
+        self.messages = messages
+        self.position = 0
+        self.max_qos = max_qos
+        self.subscription_ids = subscription_ids
+
+    def __len__(self) -> int:
+        return len(self.messages) - self.position
+
+
 class HeldQueue(deque[Delivery]):
     """A session's queue of held deliveries and the payload bytes it holds (``max_offline_bytes``)."""
 
@@ -178,6 +194,7 @@ class _SessionRare(RareSlots):
         "incoming_qos2",
         "log_offsets",
         "resends",
+        "retained_due",
         "username",
         "will",
         "will_at",
@@ -186,6 +203,7 @@ class _SessionRare(RareSlots):
     cursors: dict[str, int] | None
     log_offsets: bool
     resends: deque[int] | None
+    retained_due: deque[RetainedDue] | None
 
 
 class Session:
@@ -223,6 +241,9 @@ class Session:
     resends: RareField[deque[int] | None] = RareField(_SessionRare, None)
     """Packet ids in flight before the client came back that are still to be sent again: more than its new
     Receive Maximum allows at once [MQTT-3.3.4-9]; sent, in order, as acknowledgements make room."""
+    retained_due: RareField[deque[RetainedDue] | None] = RareField(_SessionRare, None)
+    """Retained messages new subscriptions matched, sent before the queue as the window has room: however
+    many there are, none waits in (or is dropped from) the bounded queue."""
     log_offsets: RareField[bool] = RareField(_SessionRare, False)
     """The client asked for log delivery (it subscribed from an offset, or opted in on CONNECT): its v5
     deliveries of logged messages carry the user property ``offset``. Kept until the session ends."""
@@ -357,8 +378,11 @@ class Session:
         conn = self.connection
         if conn is None:
             return
-        if (rare := self._rare) is not None and rare.resends and not self._resend(conn):
-            return
+        if (rare := self._rare) is not None and (rare.resends or rare.retained_due):
+            if rare.resends and not self._resend(conn):
+                return
+            if rare.retained_due and not self._send_retained_due(conn):
+                return
         queue = self.queue
         if queue:
             quota = conn.terms.send_quota
@@ -374,6 +398,56 @@ class Session:
                 self.queue = None
         if (rare := self._rare) is not None and rare.cursors and not self.queue:
             self.router.pump_replays(self)
+
+    def deliver_retained(
+        self, messages: list[Message], max_qos: int, subscription_ids: tuple[int, ...], room: int
+    ) -> None:
+        """Send the retained messages a new subscription of ``max_qos`` matched (RETAIN set): at QoS 0 at
+        once; else in order as the in-flight window has room, ahead of the queue and of what is delivered
+        meanwhile. At most ``room`` of them wait at a time over all subscriptions (the rest are dropped,
+        counted ``queue_full``): a client subscribing again and again cannot pile them up."""
+        conn = self.connection
+        if not messages or conn is None:
+            return
+        if max_qos == 0:
+            for message in messages:
+                conn.send_message(message, 0, True, subscription_ids, None)
+            return
+        due = self.retained_due
+        if due is None:
+            due = self.retained_due = deque()
+        room -= sum(len(batch) for batch in due)
+        if len(messages) > room:
+            for message in messages[max(room, 0) :]:
+                self.router.drop_for(self, "queue_full", message)
+            messages = messages[: max(room, 0)]
+        if messages:
+            due.append(RetainedDue(messages, max_qos, subscription_ids))
+        self.drain()
+
+    def _send_retained_due(self, conn: Outlet) -> bool:
+        """Send what waits in ``retained_due`` while the window has room: True once none is left."""
+        due = self.retained_due
+        while due:
+            batch = due[0]
+            messages = batch.messages
+            while batch.position < len(messages):
+                inflight = self.inflight
+                if conn.terms.paused or (inflight and len(inflight) >= conn.terms.send_quota):
+                    return False
+                message = messages[batch.position]
+                batch.position += 1
+                if message.expires_at is not None and message.expired():
+                    self.router.count_drop("expired")
+                    continue
+                qos = batch.max_qos if batch.max_qos < message.qos else message.qos
+                if qos:
+                    self._send(conn, message, qos, True, batch.subscription_ids)
+                else:
+                    conn.send_message(message, 0, True, batch.subscription_ids, None)
+            due.popleft()
+        self.retained_due = None
+        return True
 
     def window_open(self) -> bool:
         """True when one more QoS 1/2 message may be sent right now (replays read only while it is)."""
@@ -481,3 +555,4 @@ class Session:
             self.incoming_qos2 = None
             self.cursors = None
             self.resends = None
+            self.retained_due = None

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from broker_edge.protocol.packets import Disconnect, Will
+from broker_edge.protocol.packets import Disconnect, PubAck, Publish, Subscribe, Subscription, Will
+from broker_edge.protocol.properties import Properties
 from tests.e2e.broker_clients import PahoClient, RawClient, wait_for
 
 
@@ -186,3 +187,31 @@ def test_a_disconnect_with_an_error_code_publishes_the_will(broker):
         [message] = watcher.expect(1)
         assert (message.topic, message.payload) == (f"wills/{code:x}", b"failed")
     watcher.expect_none(0.2)
+
+
+@pytest.mark.mqtt5("MQTT-3.3.1-9")
+def test_a_wildcard_subscription_gets_every_retained_message_however_many(start_broker):
+    """A QoS 1 subscription to ``#`` on a broker holding more retained messages than a session's window and
+    queue (``limits.max_offline_messages``) hold gets every one of them, as fast as it acknowledges
+    [MQTT-3.3.1-9]: none is dropped for want of room, and a live message published meanwhile comes after."""
+    broker = start_broker(limits={"messages_per_second_per_client": 0, "max_offline_messages": 50})
+    publisher = RawClient(broker.port, 5)
+    publisher.connect("states")
+    count = 300
+    for i in range(count):
+        publisher.send_packet(Publish(f"state/{i}", b"s", 1, retain=True, packet_id=i + 1))
+    assert all(isinstance(publisher.recv(), PubAck) for _ in range(count))
+    dashboard = RawClient(broker.port, 5)
+    dashboard.connect("dashboard", properties=Properties(receive_maximum=10))
+    dashboard.send_packet(Subscribe(1, [Subscription("state/#", 1)]))
+    assert dashboard.recv().reason_codes == [1]
+    publisher.send_packet(Publish("state/0", b"new", 1, packet_id=1))
+    topics: list[str] = []
+    while len(topics) < count + 1:
+        message = dashboard.recv()
+        assert message.retain == (len(topics) < count), message
+        topics.append(message.topic)
+        dashboard.send_packet(PubAck(message.packet_id))
+    assert sorted(topics[:count]) == sorted(f"state/{i}" for i in range(count))
+    assert topics[count] == "state/0"  # the live message, after the retained ones
+    assert broker.drops("queue_full") == 0
