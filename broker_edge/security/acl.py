@@ -105,6 +105,8 @@ def _file_rules(path: Path) -> list[AclRule]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError("file", f"cannot read ACL file {path}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), f"not UTF-8 text: {exc}") from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:

@@ -287,7 +287,8 @@ class OffsetsApiConfig:
         try:
             return ReaderTokens(inline, self.tokens_file)
         except ConfigError as error:
-            raise ConfigError("tokens_file" if self.tokens_file else "tokens", str(error)) from None
+            key = "tokens_file" if self.tokens_file else "tokens"
+            raise ConfigError(f"offsets_api.{key}", str(error)) from None
 
 
 def check_http_limits(max_connections: object, request_timeout_s: object) -> None:

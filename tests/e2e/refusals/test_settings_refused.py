@@ -218,3 +218,29 @@ def test_a_garbage_collector_threshold_past_what_the_interpreter_holds_is_refuse
         "timestone broker: configuration error: runtime.gc_young_threshold: must be at most 2147483647, "
         "got 100000000000000000000"
     ]
+
+
+def test_an_acl_file_that_is_no_utf8_text_is_refused_in_one_line(tmp_path):
+    acl = tmp_path / "acl.yaml"
+    acl.write_bytes(b"rules:\n  - {permission: allow, action: all, topic: caf\xe9/#}\n")
+    err = refused(tmp_path, f"acl: {{file: {acl}}}\n" + PORTS)
+    assert err.splitlines()[-1:] == [
+        f"timestone broker: configuration error: {acl}: not UTF-8 text: 'utf-8' codec can't decode byte "
+        "0xe9 in position 54: invalid continuation byte"
+    ]
+
+
+def test_a_readers_tokens_file_that_does_not_load_is_named_by_its_dotted_key(tmp_path):
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_bytes(b"tokens:\n  - {name: caf\xe9, token: s3cret}\n")
+    tokens.chmod(0o600)
+    err = refused(tmp_path, f"offsets_api: {{port: 0, tokens_file: {tokens}}}\nadmin_http: {{port: 0}}\n")
+    assert err.splitlines()[-1:] == [
+        f"timestone broker: configuration error: offsets_api.tokens_file: {tokens}: not UTF-8 text: 'utf-8' "
+        "codec can't decode byte 0xe9 in position 22: invalid continuation byte"
+    ]
+    tokens.write_text("tokens:\n  - {name: job, token: t1}\n  - {name: job, token: t2}\n")
+    err = refused(tmp_path, f"offsets_api: {{port: 0, tokens_file: {tokens}}}\nadmin_http: {{port: 0}}\n")
+    assert err.splitlines()[-1:] == [
+        "timestone broker: configuration error: offsets_api.tokens_file: tokens: two tokens are named 'job'"
+    ]
