@@ -150,6 +150,9 @@ class Connection(Outgoing):
     """The client id while the connection has no session (a refused CONNECT, after it let go of one)."""
     will: RareField[Will | None] = RareField(ConnectionRare, None)
     will_delay: RareField[int] = RareField(ConnectionRare, 0)
+    expiry_lowered: RareField[bool] = RareField(ConnectionRare, False)
+    """The v5 CONNECT asked for a Session Expiry Interval the broker lowered to 0: its DISCONNECT may still
+    carry one (an error only after a CONNECT with 0)."""
     handed_in: RareField[str] = RareField(ConnectionRare, "")
     """The member that moved this connection here (``handover``; "": it connected here): it is not moved
     again, and its CONNECT is not answered."""

@@ -67,6 +67,7 @@ class ConnectionRare(RareSlots):
         "aliases_in",
         "aliases_out",
         "backlog",
+        "expiry_lowered",
         "handed_in",
         "held",
         "held_error",

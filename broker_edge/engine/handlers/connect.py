@@ -416,6 +416,7 @@ def _accept(
     conn.deadline = keepalive_deadline(now, keepalive)
     conn.will = will
     conn.will_delay = _will_delay(will)
+    conn.expiry_lowered = requested > 0 and expiry == 0 and v5
     handed_in = conn.handed_in
     if not handed_in:  # a connection moved here has had its CONNACK
         conn.write(encode(ConnAck(present, 0, ack), conn.version))

@@ -103,6 +103,7 @@ class Client(Outlet, Publisher, HeldReader, Protocol):
     """The client id while it has no session."""
     will: Will | None
     will_delay: int
+    expiry_lowered: bool
     aliases_in: dict[int, str] | None
     """Topic aliases the client set towards the broker."""
     peer_cn: str | None

@@ -3,7 +3,9 @@
 A v5 DISCONNECT with any other code keeps it: 0x04 asks for it, and an error code (0x80 and above) says the
 client did not leave normally, so its will is published as after a dropped connection [MQTT-3.1.2-8].
 
-A v5 DISCONNECT may change the Session Expiry Interval, except from 0 to non-zero (a protocol error, 0x82).
+A v5 DISCONNECT may change the Session Expiry Interval, except from 0 to non-zero (a protocol error, 0x82)
+when 0 is what the CONNECT asked for: one the broker lowered to 0 (``sessions.max_session_expiry_s: 0``) may
+be said again, and stays 0.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ __all__ = ["handle_disconnect"]
 def handle_disconnect(ctx: BrokerContext, conn: Client, session: Session, packet: Disconnect) -> None:
     props = packet.properties
     if props is not None and props.session_expiry_interval is not None:
-        if session.expiry_interval == 0 and props.session_expiry_interval != 0:
+        if session.expiry_interval == 0 and props.session_expiry_interval != 0 and not conn.expiry_lowered:
             conn.close(
                 ReasonCode.PROTOCOL_ERROR, "session expiry cannot be set on DISCONNECT when CONNECT had 0"
             )

@@ -8,6 +8,7 @@ import pytest
 
 from broker_edge.protocol.packets import (
     ConnAck,
+    Disconnect,
     PingReq,
     PingResp,
     PubAck,
@@ -422,3 +423,18 @@ def test_a_resumed_session_resends_no_more_than_the_new_receive_maximum(broker):
         if len(payloads) == 3:
             break
     assert payloads == [(b"3", True), (b"4", True), (b"5", False)]
+
+
+def test_a_disconnect_may_repeat_a_session_expiry_the_broker_lowered_to_0(start_broker):
+    """Setting a Session Expiry Interval on DISCONNECT is a protocol error only when the CONNECT's was 0
+    (MQTT 5.0 3.14.2.2.2). A client that asked for one and was told 0 in CONNACK (a broker that keeps no
+    sessions: ``sessions.max_session_expiry_s: 0``) and says it again when it leaves has made no error: it
+    is closed without a DISCONNECT 0x82, and its session ends all the same."""
+    broker = start_broker(sessions={"max_session_expiry_s": 0})
+    device = RawClient(broker.port, 5)
+    ack = device.connect("device", clean_start=False, properties=Properties(session_expiry_interval=600))
+    assert ack.properties.session_expiry_interval == 0
+    device.send_packet(Disconnect(0, Properties(session_expiry_interval=600)))
+    assert device.recv() is None  # closed, no DISCONNECT from the broker
+    again = RawClient(broker.port, 5)
+    assert not again.connect("device", clean_start=False).session_present
