@@ -146,7 +146,10 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         if error.status < 400:
             raise
         code = codes.NOT_FOUND if error.status == 404 else error.reason.lower().replace(" ", "_")
-        return ApiError(error.status, code, error.reason).response()
+        answer = ApiError(error.status, code, error.reason).response()
+        if "Allow" in error.headers:  # a 405 names the methods the path takes
+            answer.headers["Allow"] = error.headers["Allow"]
+        return answer
     except Exception:
         log.exception("offsets API request failed: %s %s", request.method, request.path)
         return ApiError(500, "internal_error", "the request failed inside the broker").response()
@@ -349,6 +352,8 @@ class _Handlers:
         access = access_of(request)
         replicated = self.store.replicated_log.enabled
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        if request.method == "HEAD":  # GET's headers and no body (one written here would follow them)
+            return response
         response.enable_chunked_encoding()
         await response.prepare(request)
         await response.write(b'{"logs": [')

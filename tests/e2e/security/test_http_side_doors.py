@@ -219,3 +219,32 @@ def test_metrics_with_an_unreadable_accept_header_gets_the_text_format(broker):
         broker.broker.admin_port, "/metrics", {"Accept": "application/openmetrics-text; version=banana"}
     )
     assert status == 200 and "timestone_broker_connections_refused_total" in body
+
+
+@pytest.mark.parametrize("path", ["/v1/logs", "/v1/logs?pattern=t", "/v1/partitions", "/v1/logs/t"])
+def test_head_answers_the_headers_of_get_without_a_body_on_a_connection_that_goes_on(broker, path):
+    connection = http.client.HTTPConnection("127.0.0.1", broker.broker.offsets_port, timeout=5)
+    try:
+        connection.request("HEAD", path)
+        head = connection.getresponse()
+        assert head.status == 200 and head.getheader("Content-Type", "").startswith("application/json")
+        assert head.read() == b""
+        connection.request("GET", "/v1/logs")  # the same connection: nothing of the HEAD's is left in it
+        answer = connection.getresponse()
+        assert answer.status == 200 and json.loads(answer.read())["logs"][0]["topic"] == "t"
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("method", ["OPTIONS", "DELETE", "PUT"])
+def test_a_method_a_path_does_not_take_gets_405_naming_those_it_takes(broker, method):
+    for port, path in ((broker.broker.offsets_port, "/v1/logs"), (broker.broker.admin_port, "/metrics")):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            connection.request(method, path)
+            answer = connection.getresponse()
+            assert answer.status == 405
+            assert set(answer.getheader("Allow", "").split(",")) == {"GET", "HEAD"}
+            answer.read()
+        finally:
+            connection.close()
