@@ -407,12 +407,30 @@ class Session:
         meanwhile. At most ``room`` of them wait at a time over all subscriptions (the rest are dropped,
         counted ``queue_full``): a client subscribing again and again cannot pile them up."""
         conn = self.connection
-        if not messages or conn is None:
+        if not messages:
+            return
+        if conn is None:  # gone before they were looked up (a cluster's retained gate): held as any delivery
+            for message in messages:
+                self.deliver(message, min(max_qos, message.qos), True, subscription_ids)
             return
         if max_qos == 0:
             for message in messages:
                 conn.send_message(message, 0, True, subscription_ids, None)
             return
+        if not self.queue and not self.resends and not self.retained_due:  # most: sent at once, nothing kept
+            quota = conn.terms.send_quota
+            for index, message in enumerate(messages):
+                inflight = self.inflight
+                if conn.terms.paused or (inflight and len(inflight) >= quota):
+                    messages = messages[index:]
+                    break
+                qos = max_qos if max_qos < message.qos else message.qos
+                if qos:
+                    self._send(conn, message, qos, True, subscription_ids)
+                else:
+                    conn.send_message(message, 0, True, subscription_ids, None)
+            else:
+                return
         due = self.retained_due
         if due is None:
             due = self.retained_due = deque()
@@ -423,7 +441,7 @@ class Session:
             messages = messages[: max(room, 0)]
         if messages:
             due.append(RetainedDue(messages, max_qos, subscription_ids))
-        self.drain()
+            self.drain()
 
     def _send_retained_due(self, conn: Outlet) -> bool:
         """Send what waits in ``retained_due`` while the window has room: True once none is left."""
