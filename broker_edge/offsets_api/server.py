@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from broker_edge.bounds import MAX_OFFSET
 from broker_edge.http.guard import (
@@ -354,7 +354,8 @@ class _Handlers:
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         if request.method == "HEAD":  # GET's headers and no body (one written here would follow them)
             return response
-        response.enable_chunked_encoding()
+        if request.version >= HttpVersion11:  # HTTP/1.0 has no chunks: its body ends with the connection
+            response.enable_chunked_encoding()
         await response.prepare(request)
         await response.write(b'{"logs": [')
         separator = b""

@@ -248,3 +248,12 @@ def test_a_method_a_path_does_not_take_gets_405_naming_those_it_takes(broker, me
             answer.read()
         finally:
             connection.close()
+
+
+@pytest.mark.parametrize("path", ["/v1/logs", "/v1/logs?pattern=t", "/v1/partitions", "/v1/logs/t"])
+def test_an_http_1_0_client_reads_every_listing(broker, path):
+    sock = raw_socket(broker.broker.offsets_port)
+    sock.sendall(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+    head, _, body = read_until_closed(sock).partition(b"\r\n\r\n")  # the body ends with the connection
+    assert head.startswith(b"HTTP/1.0 200") and b"Transfer-Encoding" not in head
+    assert json.loads(body)
