@@ -43,9 +43,9 @@ def out_of_range(row: Mapping[str, Any]) -> list[OutOfRange]:
     return [value for value in row.values() if isinstance(value, OutOfRange)]
 
 
-def python_rows(table: pa.Table) -> list[dict[str, Any]]:
-    """``table.to_pylist()``, but a column holding a timestamp out of ``datetime``'s range is an
-    :class:`OutOfRange` naming it, in that row only; rows keep their order."""
+def out_of_range_rows(table: pa.Table) -> dict[int, dict[str, OutOfRange]]:
+    """The rows of ``table`` (by index) holding a timestamp out of ``datetime``'s range: for each, the
+    columns holding one (a column once, named by its first such timestamp)."""
     found: dict[int, dict[str, OutOfRange]] = {}
     for name, column in zip(table.column_names, table.columns, strict=True):
         if not _holds_timestamps(column.type):
@@ -53,6 +53,13 @@ def python_rows(table: pa.Table) -> list[dict[str, Any]]:
         for where, mask in _out_of_range(column.combine_chunks(), name):
             for flagged in np.flatnonzero(mask).tolist():
                 found.setdefault(flagged, {}).setdefault(name, OutOfRange(where))
+    return found
+
+
+def python_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """``table.to_pylist()``, but a column holding a timestamp out of ``datetime``'s range is an
+    :class:`OutOfRange` naming it, in that row only; rows keep their order."""
+    found = out_of_range_rows(table)
     if not found:
         return table.to_pylist()
     keep = np.ones(table.num_rows, dtype=bool)

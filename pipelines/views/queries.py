@@ -3,6 +3,11 @@
 A store opened with a SparkSession (Databricks, native Delta) filters in Spark before anything reaches pandas;
 a store without one (local, delta-rs) reads the snapshot with Arrow and filters there. Both give the declared
 Arrow schema, so everything after :func:`read_frame` is one code path.
+
+A row of ``actions`` may be written by hand with a timestamp the actions job rejects (after the year 9999:
+nanoseconds written as microseconds); :func:`read_frame` reads it through the job's own check
+(``pipelines/actions/arrow_rows.py``): the column holding it is null in that row and ``out_of_range`` says
+why, as the job's rejection does, so no such row is shown with a time nor taken for the latest action.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipelines.actions.arrow_rows import out_of_range_rows
 from sinks.tables import EXECUTION_STATES
 
 if TYPE_CHECKING:
@@ -23,11 +29,17 @@ if TYPE_CHECKING:
 MINUTE = pd.Timedelta(minutes=1)
 
 
+OUT_OF_RANGE = "out_of_range"
+"""The column :func:`read_frame` adds to ``actions``: why the actions job rejects the row for a timestamp no
+time holds (``created_at: a timestamp after the year 9999 ...``), null for every other row."""
+
+
 def read_frame(store: TableStore, name: str, where: Mapping[str, Any] | None = None) -> pd.DataFrame:
-    """A table's current rows where every ``column == value`` of ``where`` holds (none yet: no rows)."""
+    """A table's current rows where every ``column == value`` of ``where`` holds (none yet: no rows); for
+    ``actions``, with the column :data:`OUT_OF_RANGE`."""
     spec = store.spec(name)
     if not store.exists(name):
-        return spec.arrow_schema.empty_table().to_pandas()
+        return _checked(spec.arrow_schema.empty_table(), name).to_pandas()
     spark = getattr(store, "spark", None)
     if spark is not None:
         from pyspark.sql import functions as F
@@ -42,7 +54,26 @@ def read_frame(store: TableStore, name: str, where: Mapping[str, Any] | None = N
         table = store.read_arrow(name)
         for column, value in (where or {}).items():
             table = table.filter(pc.equal(table[column], pa.scalar(value, table.schema.field(column).type)))
-    return table.to_pandas()
+    return _checked(table, name).to_pandas()
+
+
+def _checked(table: pa.Table, name: str) -> pa.Table:
+    """``actions`` read as the actions job reads it: a column holding a timestamp out of range is null in
+    that row, and :data:`OUT_OF_RANGE` names it; other tables as they are (the job writes them)."""
+    if name != "actions":
+        return table
+    found = out_of_range_rows(table)
+    for column in sorted({column for columns in found.values() for column in columns}):
+        mask = pa.array([column in found.get(index, {}) for index in range(table.num_rows)])
+        index = table.schema.get_field_index(column)
+        values = table.column(index)
+        nulled = pc.if_else(mask, pa.scalar(None, values.type), values)
+        table = table.set_column(index, table.schema.field(index), nulled)
+    reasons = [
+        "; ".join(str(problem) for problem in found[index].values()) if index in found else None
+        for index in range(table.num_rows)
+    ]
+    return table.append_column(OUT_OF_RANGE, pa.array(reasons, pa.string()))
 
 
 def busiest_device(store: TableStore) -> str | None:
@@ -104,8 +135,10 @@ def quality_by_batch(store: TableStore) -> pd.DataFrame:
 
 def latest_action_id(store: TableStore) -> str | None:
     """The action written most recently to ``actions`` (by ``created_at``), not counting the rollbacks the
-    actions job writes when an action is aborted; None when there is none."""
+    actions job writes when an action is aborted nor a row holding a timestamp no time holds (rejected);
+    None when there is none."""
     actions = read_frame(store, "actions")
+    actions = actions[actions[OUT_OF_RANGE].isna()]
     summaries = read_frame(store, "action_summary")
     if "rollback_action_id" in summaries:
         actions = actions[~actions["id"].isin(summaries["rollback_action_id"].dropna())]

@@ -342,3 +342,43 @@ def test_the_latest_action_is_the_operators_not_the_rollback_the_job_wrote(tmp_p
         0,
     )
     assert queries.latest_action_id(store) == "bad"
+
+
+@pytest.mark.spark
+def test_an_actions_row_past_the_year_9999_is_shown_rejected_and_breaks_no_query(spark, tmp_path):
+    """A row whose created_at is a time in nanoseconds written as microseconds (about the year 58,900), which
+    the job rejects: the notebook's queries read every other row as it is and show that one as rejected."""
+    from deltalake import write_deltalake
+
+    from pipelines.actions.operator import NewAction, create_action
+
+    store = open_table_store(None, str(tmp_path), backend="delta-rs")
+    store.ensure("action_summary")
+    firmware: dict[str, Any] = {"version": "2.0.0", "url": "https://fw.example/f", "sha256": "0" * 64}
+    create_action(store, NewAction(action_id="fine", group="g", **firmware))
+    fine = store.read_arrow("actions")
+    ticks = fine.column("created_at").cast(pa.int64()).to_pylist()
+    far = fine.set_column(
+        fine.schema.get_field_index("created_at"),
+        fine.schema.field("created_at"),
+        pa.array([t * 1000 for t in ticks], pa.timestamp("us", tz="UTC")),
+    ).set_column(fine.schema.get_field_index("id"), "id", pa.array(["far"]))
+    write_deltalake(store.location("actions"), far, mode="append")
+
+    actions = queries.read_frame(store, "actions")
+    by_id = actions.set_index("id")
+    assert set(by_id.index) == {"fine", "far"}
+    assert by_id.loc["fine", "created_at"] == fine.column("created_at")[0].as_py()
+    assert pd.isna(by_id.loc["far", "created_at"])  # no time pandas holds
+    assert by_id.loc["far", "out_of_range"].startswith("created_at: a timestamp after the year 9999")
+    assert pd.isna(by_id.loc["fine", "out_of_range"])
+    assert queries.read_frame(store, "actions", {"id": "far"})["id"].tolist() == ["far"]
+    assert queries.latest_action_id(store) == "fine"  # a row no time can order is not the latest
+
+    with_spark = open_table_store(spark, str(tmp_path), backend="delta-rs", catalog=store.catalog)
+    through_spark = queries.read_frame(with_spark, "actions").set_index("id")
+    assert through_spark.loc["far", "out_of_range"] == by_id.loc["far", "out_of_range"]
+    assert pd.isna(through_spark.loc["far", "created_at"]) and pd.isna(
+        through_spark.loc["fine", "out_of_range"]
+    )
+    assert queries.latest_action_id(with_spark) == "fine"
