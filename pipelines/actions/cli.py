@@ -31,6 +31,7 @@ from pipelines.actions.rollout_options import add_rollout_options, instant, roll
 from pipelines.actions.status import ActionStatus, describe, describe_job, describe_list, read_statuses
 from pipelines.actions.validation import InvalidAction, problems
 from pipelines.output_paths import check_output_location
+from sinks.arrow_conform import SchemaMismatch
 from sinks.backends import open_table_store
 from sinks.store import TableStore
 
@@ -75,7 +76,8 @@ def _add_table_options(parser: argparse.ArgumentParser, default: object) -> None
 
 EXIT_STATUS = (
     "exit status: 0 done; 1 the tables say no (unknown action, id taken by other content, cancel or end of "
-    "an ended action); 2 a wrong command line or config; 130 status --watch stopped by Ctrl-C"
+    "an ended action, an actions table in a layout of its own); 2 a wrong command line or config; 130 "
+    "status --watch stopped by Ctrl-C"
 )
 
 
@@ -189,6 +191,14 @@ def ota_main(argv: list[str]) -> int:
         return _status(store, args, root)
     except ActionRefused as refused:
         print(f"timestone ota {args.verb}: {refused}", file=sys.stderr)
+        return REFUSED
+    except SchemaMismatch as mismatch:  # a table written by hand or by another tool, in its own layout
+        print(
+            f"timestone ota {args.verb}: the actions table at {store.location('actions')} is not the layout "
+            f"the actions job reads and writes ({mismatch}); nothing written (docs/tables.md lists its "
+            "columns)",
+            file=sys.stderr,
+        )
         return REFUSED
 
 

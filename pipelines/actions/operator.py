@@ -215,6 +215,7 @@ def cancel_action(store: TableStore, action_id: str) -> bool:
     if summary is not None and summary["action_state"] in FINAL_ACTION_STATES:
         raise ActionRefused(f"action {action_id} has ended ({summary['action_state']}): nothing to cancel")
     _refuse_unreadable(row, action_id, "cancel")
+    store.ensure("actions")  # a table in another layout is refused (SchemaMismatch) before anything is read
     if row["cancel"]:
         return False
     row = dict(row, cancel=True, updated_at=datetime.now(UTC))
@@ -243,6 +244,7 @@ def end_action(store: TableStore, action_id: str, at: datetime | None = None) ->
     if summary is not None and summary["action_state"] in FINAL_ACTION_STATES:
         raise ActionRefused(f"action {action_id} has ended ({summary['action_state']}): nothing to end")
     _refuse_unreadable(row, action_id, "end")
+    store.ensure("actions")  # a table in another layout is refused (SchemaMismatch) before anything is read
     end = at or datetime.now(UTC)
     schedule = dict(row.get("schedule") or {"start_at": None, "end_behavior": None})
     if schedule.get("end_at") is not None and schedule["end_at"] <= end:

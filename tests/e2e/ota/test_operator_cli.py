@@ -186,6 +186,36 @@ def test_a_row_created_after_the_year_9999_is_shown_and_refused_not_a_traceback(
     assert DeltaTable(location).to_pyarrow_table().num_rows == 1
 
 
+def test_an_actions_table_written_by_hand_in_another_layout_is_refused_in_one_line(tmp_path, capsys):
+    """A table made by ``write_deltalake`` from a pandas frame, with only the columns its writer thought of:
+    ``status`` reads its rows; ``cancel``, ``end`` and ``create`` refuse to write to it, naming the column."""
+    import pandas as pd
+
+    root = str(tmp_path / "tables")
+    location = open_table_store(None, root, backend="delta-rs").location("actions")
+    frame = pd.DataFrame(
+        {
+            "id": ["by-hand"],
+            "kind": ["command"],
+            "target": [{"group": "g1"}],
+            "payload": [{"command": "reboot"}],
+            "created_at": [pd.Timestamp("2026-11-01T12:00:00Z")],
+        }
+    )
+    write_deltalake(location, frame)
+    assert ota(root, "status", "by-hand") == 0 and "command reboot" in capsys.readouterr().out
+    for argv in (
+        ["cancel", "by-hand"],
+        ["end", "by-hand"],
+        ["create", "--id", "new", "--group", "g1", "--allow-unknown-group", *FIRMWARE],
+    ):
+        assert ota(root, *argv) == 1
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith(f"timestone ota {argv[0]}: the actions table at "), err
+        assert "not the layout the actions job reads and writes" in err[0]
+    assert DeltaTable(location).version() == 0  # nothing written
+
+
 def test_status_says_an_action_waits_for_the_job_and_whether_one_runs(tmp_path, capsys):
     root = str(tmp_path / "tables")
     assert ota(root, "status") == 0
