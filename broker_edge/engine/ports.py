@@ -260,6 +260,10 @@ class SharedDispatch(Protocol):
         """Serve the shared groups of ``message`` (this broker's members through
         ``Router.deliver_to_group``); returns how many groups it went to, or will."""
 
+    def undelivered(self, message: Message) -> None:
+        """A member's session ended holding ``message`` (a copy ``dispatch`` handed here) unacknowledged, and
+        no other member here took it: another broker's member gets it, as when a broker has none left."""
+
 
 class SharedMembers(Protocol):
     def member_changed(self, group: str, topic_filter: str, joined: bool) -> None:

@@ -11,8 +11,9 @@ followed into a ``SharedDirectory``); everything per message moves over the peer
   a broker for each matching group (round robin over the brokers with members whose link is up) and sends
   it the message (``ASSIGN``); that broker picks one of its own members as a broker alone does. The leader
   tells every other broker who got it (``NOTE``). When the member has acknowledged it (or the broker drops
-  it as a broker alone would: its session ended, its queue was full, it expired) the broker tells everyone
-  (``DONE``); a broker with no member left declines it (``DONE``, declined) and the leader picks another.
+  it as a broker alone would: its queue was full, it expired) the broker tells everyone (``DONE``); a broker
+  with no member left declines it (``DONE``, declined) and the leader picks another, and so does one whose
+  member's session ended holding a QoS 1 delivery no other member there took (``undelivered``).
 - **A broker dies** (its member lease expires). Every broker knows the deliveries in flight to it: the
   leader of each record's partition gives them to members on other brokers, reading the record from its
   own log. A new leader first asks its peers for the deliveries they know of in the partitions it took
@@ -115,13 +116,16 @@ def log_reader(store: LogStore) -> ReadRecord:
 
 
 class _TrackedMessage(Message):
-    """The copy of a message handed to a member: its release tells that the delivery is finished."""
+    """The copy of a message handed to a member: its release tells that the delivery is finished; ``key``
+    is its delivery (None: an unlogged one, not tracked)."""
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ("__weakref__", "key")
+
+    key: DeliveryKey | None
 
 
-def _copy(message: Message) -> _TrackedMessage:
-    return _TrackedMessage(
+def _copy(message: Message, key: DeliveryKey | None) -> _TrackedMessage:
+    copy = _TrackedMessage(
         message.topic,
         message.payload,
         message.qos,
@@ -131,6 +135,8 @@ def _copy(message: Message) -> _TrackedMessage:
         message.offset,
         message.expires_at,
     )
+    copy.key = key
+    return copy
 
 
 class SharedGroups:
@@ -256,7 +262,7 @@ class SharedGroups:
     def _deliver_here(self, group_key: GroupKey, message: Message, key: DeliveryKey | None) -> None:
         """Deliver to one member of the group here; a logged delivery is tracked until it is finished."""
         group = self.router.trie.shared_group(group_key[1], group_key[0])
-        copy = _copy(message)
+        copy = _copy(message, key)
         member = self.router.deliver_to_group(group, copy) if group is not None else None
         if key is None:
             return
@@ -272,8 +278,19 @@ class SharedGroups:
             self.loop.call_soon(self._delivered, key)
 
     def _delivered(self, key: DeliveryKey) -> None:
+        if key not in self._here:
+            return  # given up here before its copy was let go (``undelivered``)
         self._here.discard(key)
         self._finished(key)
+
+    def undelivered(self, message: Message) -> None:
+        """A member's session ended holding this delivery unacknowledged and no member here took it: declined,
+        so the leader gives it to another broker (the ``shared_dispatch`` port)."""
+        key = message.key if isinstance(message, _TrackedMessage) else None
+        if key is None or key not in self._here:
+            return
+        self._here.discard(key)
+        self._decline(key)
 
     def _finished(self, key: DeliveryKey) -> None:
         self.deliveries.finish(key)

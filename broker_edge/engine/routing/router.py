@@ -395,14 +395,16 @@ class Router:
     def _deliver_orphans(self, orphans: list[tuple[Message, SessionSubscription]]) -> None:
         """Give the shared deliveries an ended session held unacknowledged to other members of their groups,
         in the order it held them (MQTT 5.0 4.8.2: "SHOULD send the Application Message to another Client";
-        the ended session is no member any more). Expired ones are dropped; with no member left, lost."""
+        the ended session is no member any more). Expired ones are dropped; with no member left here, a
+        cluster gives them to another broker's member, a broker alone loses them."""
         for message, entry in orphans:
             if message.expires_at is not None and message.expired():
                 self.count_drop("expired")
                 continue
             group = self.trie.shared_group(entry.topic_filter, entry.group or "")
-            if group is not None:
-                self.deliver_to_group(group, message)
+            member = self.deliver_to_group(group, message) if group is not None else None
+            if member is None and self._shared_dispatch is not None:
+                self._shared_dispatch.undelivered(message)  # a cluster: a member on another broker
 
     def publish_will(self, will: Will, client_id: str) -> None:
         forwarded, expiry = forwarded_properties(will.properties)

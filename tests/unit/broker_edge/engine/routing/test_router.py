@@ -26,10 +26,14 @@ class Told:
         self.retained: list[str] = []
         self.interest: list[tuple[str, bool]] = []
         self.wills: list[bytes] = []
+        self.given_back: list[bytes] = []
 
     def dispatch(self, message: Message) -> int:
         self.dispatched.append(message.payload)
         return 1
+
+    def undelivered(self, message: Message) -> None:
+        self.given_back.append(message.payload)
 
     def member_changed(self, group: str, topic_filter: str, joined: bool) -> None:
         self.members.append((group, topic_filter, joined))
