@@ -22,6 +22,7 @@ from pipelines.actions.heartbeat import STALE_AFTER_S, Heartbeat
 from pipelines.actions.schedule import Schedule
 from pipelines.actions.states import ALL_STATES, IN_PROGRESS, QUEUED
 from pipelines.actions.summary import FINAL_ACTION_STATES
+from pipelines.actions.validation import problems
 from sinks.store import Matching, TableStore
 
 __all__ = ["WAITING", "ActionStatus", "describe", "describe_job", "describe_list", "read_statuses"]
@@ -41,6 +42,8 @@ class ActionStatus:
     open_devices: list[dict[str, Any]] = field(default_factory=list)
     """The first few executions still QUEUED or IN_PROGRESS, by device id."""
     open_count: int = 0
+    rejects: list[str] = field(default_factory=list)
+    """Why the actions job will reject its row, while it has not summarised it (a row written by hand)."""
 
     @property
     def state(self) -> str:
@@ -52,15 +55,16 @@ class ActionStatus:
 
 
 def _latest_rows(table: pa.Table, key: str) -> dict[str, dict]:
-    """The last row per key; a timestamp no ``datetime`` holds is shown as none (the job rejects such a
-    row, and the summary's reason names it)."""
-    rows = {row[key]: row for row in python_rows(table)}
-    return {
-        key: {name: None if isinstance(value, OutOfRange) else value for name, value in row.items()}
-        if out_of_range(row)
-        else row
-        for key, row in rows.items()
-    }
+    """The last row per key, as the job reads it (a timestamp no ``datetime`` holds is an ``OutOfRange``)."""
+    return {row[key]: row for row in python_rows(table)}
+
+
+def _shown(row: dict | None) -> dict | None:
+    """``row`` with a timestamp no ``datetime`` holds shown as none (the job rejects such a row, and the
+    summary's reason names it)."""
+    if row is None or not out_of_range(row):
+        return row
+    return {name: None if isinstance(value, OutOfRange) else value for name, value in row.items()}
 
 
 def read_statuses(
@@ -70,15 +74,17 @@ def read_statuses(
     not-finished devices are listed only for one action."""
     rows = _read(store, "actions", "id", action_id)
     summaries = _read(store, "action_summary", "action_id", action_id)
-    statuses = [
-        ActionStatus(key, rows.get(key), summaries.get(key)) for key in dict.fromkeys([*rows, *summaries])
-    ]
+    keys = dict.fromkeys([*rows, *summaries])
+    statuses = [ActionStatus(key, _shown(rows.get(key)), summaries.get(key)) for key in keys]
+    for status in statuses:
+        if status.summary is None and status.action_id in rows:  # read as the job will read it
+            status.rejects = [str(problem) for problem in problems(rows[status.action_id])]
     if action_id is not None:
         for status in statuses:
             status.open_devices, status.open_count = _open_executions(store, action_id, open_limit)
     epoch = datetime.min.replace(tzinfo=UTC)
-    return sorted(
-        statuses, key=lambda s: ((s.row or {}).get("created_at") or epoch, s.action_id), reverse=True
+    return sorted(  # a row written without an id (the job rejects it) is listed too, under "-"
+        statuses, key=lambda s: ((s.row or {}).get("created_at") or epoch, s.action_id or ""), reverse=True
     )
 
 
@@ -281,6 +287,10 @@ def describe(status: ActionStatus, job: str, now_ms: int | None = None) -> str:
     if summary is None:
         canceled = " (cancel requested)" if row is not None and row.get("cancel") else ""
         lines.append(f"state     {WAITING}: the actions job has not picked it up yet{canceled}")
+        if status.rejects:  # a row written by hand, read as the job will read it
+            shown = "; ".join(status.rejects[:3])
+            more = f" (and {len(status.rejects) - 3} more)" if len(status.rejects) > 3 else ""
+            lines.append(f"rejects   the actions job will reject it, sending nothing: {shown}{more}")
     else:
         state = status.state
         if row is not None and row.get("cancel") and not status.ended:
@@ -339,7 +349,7 @@ def describe_list(statuses: Iterable[ActionStatus], job: str) -> str:
         target = _target(row) if row else "-"
         created = _time(row.get("created_at"))
         lines.append(
-            f"{status.action_id:<22} {kind:<8} {status.state:<12} {done:>11}  {created:<23} {target}"
+            f"{status.action_id or '-':<22} {kind:<8} {status.state:<12} {done:>11}  {created:<23} {target}"
         )
     lines.append(job)
     return "\n".join(lines)

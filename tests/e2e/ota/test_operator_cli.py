@@ -176,7 +176,12 @@ def test_a_row_created_after_the_year_9999_is_shown_and_refused_not_a_traceback(
     capsys.readouterr()
 
     assert ota(root, "status") == 0 and "far" in capsys.readouterr().out
-    assert ota(root, "status", "far") == 0 and "WAITING" in capsys.readouterr().out
+    assert ota(root, "status", "far") == 0
+    out = capsys.readouterr().out
+    assert (
+        "WAITING" in out
+        and "will reject it, sending nothing: created_at: a timestamp after the year 9999" in out
+    )
     expected = "far's row cannot be read (created_at: a timestamp after the year 9999"
     assert ota(root, "cancel", "far") == 1
     assert expected in capsys.readouterr().err
@@ -214,6 +219,33 @@ def test_an_actions_table_written_by_hand_in_another_layout_is_refused_in_one_li
         assert len(err) == 1 and err[0].startswith(f"timestone ota {argv[0]}: the actions table at "), err
         assert "not the layout the actions job reads and writes" in err[0]
     assert DeltaTable(location).version() == 0  # nothing written
+
+
+def test_status_reads_rows_written_by_hand_with_nulls_and_says_what_the_job_will_reject(tmp_path, capsys):
+    """A table written with every column nullable (a writer's own schema): a row without an id, one without
+    a kind; ``status`` lists them all and says, before any job ran, why one will be rejected."""
+    root = str(tmp_path / "tables")
+    store = open_table_store(None, root, backend="delta-rs")
+    schema = store.spec("actions").arrow_schema
+    nullable = pa.schema([column.with_nullable(True) for column in schema])
+    now = datetime.now(UTC)
+    common = {"target": {"group": "g"}, "payload": {"command": "reboot"}, "created_at": now, "cancel": False}
+    rows = [
+        {**common, "id": None, "kind": "command"},
+        {**common, "id": "no-kind", "kind": None},
+        {**common, "id": "fine", "kind": "command"},
+    ]
+    write_deltalake(store.location("actions"), pa.Table.from_pylist(rows, schema=nullable))
+    capsys.readouterr()
+    assert ota(root, "status") == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listed[1:4]] == ["no-kind", "fine", "-"]  # newest first, then by id
+    assert ota(root, "status", "no-kind") == 0
+    out = capsys.readouterr().out
+    assert "state     WAITING: the actions job has not picked it up yet" in out
+    assert "rejects   the actions job will reject it, sending nothing: kind: unknown kind None" in out
+    assert ota(root, "status", "fine") == 0
+    assert "rejects" not in capsys.readouterr().out
 
 
 def test_status_says_an_action_waits_for_the_job_and_whether_one_runs(tmp_path, capsys):
