@@ -119,6 +119,9 @@ def _latest_rows(rows: Iterable[dict]) -> tuple[dict[str, dict], dict[str, str],
         row = dict(given)
         commit = row.pop("_commit_version", None)
         key = row["id"]
+        if key is None:  # a table made by hand may allow it: no summary can name such an action
+            log.warning("an actions row without an id is ignored: nothing can name its action")
+            continue
         if row.pop("_change_type", None) == "insert":
             inserted.add(key)
         else:

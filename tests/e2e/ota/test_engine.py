@@ -181,3 +181,31 @@ def test_time_outs_count_from_when_reports_were_received_whatever_the_devices_cl
     }
     assert summary(table_store, "a-5")["timed_out_count"] == 3
     engine.publisher.close()
+
+
+def test_a_row_written_without_an_id_is_ignored_with_a_warning_and_the_rest_are_sent(
+    table_store, mosquitto, caplog
+):
+    """A table created by hand with every column nullable (SQL ``CREATE TABLE`` without ``NOT NULL``) can
+    hold a row without an id: nothing can name its summary, so it is skipped, and its batch is not lost."""
+    import logging
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    caplog.set_level(logging.WARNING, logger="pipelines.actions.engine")
+    nullable = pa.schema([c.with_nullable(True) for c in table_store.spec("actions").arrow_schema])
+    rows = [dict(action_row("no-id", group="g1"), id=None), action_row("sent", group="g1")]
+    write_deltalake(table_store.location("actions"), pa.Table.from_pylist(rows, schema=nullable))
+    spec = FleetSpec(brokers=[mosquitto], count=2, groups=["g1"])
+    with FleetHarness(mosquitto, spec, quiet_devices()) as harness:
+        register_devices(table_store, {d.device_id: d.group for d in harness.fleet.devices})
+        engine = make_engine(table_store, mosquitto)
+        engine.on_action_rows(table_store.read_arrow("actions").to_pylist(), "fanout", 0)
+        assert {r["state"] for r in executions(table_store, "sent").values()} == {QUEUED}
+        engine.tick()  # reads every row of the table, the one without an id included
+        harness.wait_until(lambda: harness.fleet.finished("sent") == 2)
+    summaries = table_store.read_arrow("action_summary").column("action_id").to_pylist()
+    assert summaries == ["sent"]
+    warned = [r.getMessage() for r in caplog.records if "without an id" in r.getMessage()]
+    assert warned == ["an actions row without an id is ignored: nothing can name its action"]
