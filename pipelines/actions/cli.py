@@ -56,6 +56,8 @@ OPTION_OF_FIELD = {
 """The option that sets each field of the row (an error names both)."""
 
 REFUSED, INVALID, INTERRUPTED = 1, 2, 130
+MAX_INTERVAL_S = 86_400
+"""Longest ``status --watch --interval``: a day (a longer sleep is no watch, and past ~1e9 s none can run)."""
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -265,8 +267,12 @@ def _status(store: TableStore, args: argparse.Namespace, root: str) -> int:
     if args.watch and args.action_id is None:
         print("timestone ota status: --watch follows one action: give its id", file=sys.stderr)
         return INVALID
-    if args.interval <= 0 or args.show < 0:
-        print("timestone ota status: --interval must be above 0 and --show at least 0", file=sys.stderr)
+    if not 0 < args.interval <= MAX_INTERVAL_S or args.show < 0:  # NaN included: no clock waits for it
+        print(
+            f"timestone ota status: --interval must be above 0 and at most {MAX_INTERVAL_S} seconds, and "
+            "--show at least 0",
+            file=sys.stderr,
+        )
         return INVALID
     if args.action_id is None:
         job = describe_job(read_heartbeat(root), _now_ms(), root)

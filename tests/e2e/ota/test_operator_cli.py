@@ -293,3 +293,14 @@ def test_a_tables_root_that_cannot_be_written_is_refused_by_name(capsys):
     assert main(["ota", "--tables-root", "/etc/hostname", "create", "--all", *FIRMWARE]) == 2
     err = capsys.readouterr().err
     assert err == "timestone ota create: --tables-root: '/etc/hostname' is a file, not a directory\n"
+
+
+@pytest.mark.parametrize("interval", ["nan", "inf", "-1", "0", "1e300"])
+def test_a_watch_interval_no_clock_can_wait_is_refused_in_one_line(tmp_path, capsys, interval):
+    root = str(tmp_path / "tables")
+    assert ota(root, "create", "--id", "w", "--devices", "d1", *FIRMWARE) == 0
+    capsys.readouterr()
+    assert ota(root, "status", "w", "--watch", "--interval", interval) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "timestone ota status: --interval must be above 0 and at most 86400 seconds, and --show at least 0"
+    ]
