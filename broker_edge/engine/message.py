@@ -119,7 +119,7 @@ class Message:
         ``offset`` to a logged message, for sessions that asked for it.
         """
         expires_at = self.expires_at  # runs once per delivery: no method call for the common case
-        expiry = None if expires_at is None or not v5 else max(1, math.ceil(expires_at - time.monotonic()))
+        expiry = None if expires_at is None or not v5 else max(0, math.ceil(expires_at - time.monotonic()))
         if offsets and (not v5 or self.offset is None):
             offsets = False
         if subscription_ids or expiry is not None:

@@ -266,3 +266,17 @@ def test_qos1_jobs_of_a_shared_member_whose_session_ends_go_to_another_member(br
     leaving.close()
     assert [m.payload for m in staying.expect(2)] == [b"started", b"waiting"]
     staying.expect_none(0.3)
+
+
+@pytest.mark.mqtt5("MQTT-3.3.2-6")
+def test_a_message_expiry_interval_of_0_is_forwarded_as_0(broker):
+    """The Message Expiry Interval a subscriber gets is the one received less the time the message waited
+    [MQTT-3.3.2-6]: a publish with 0, delivered at once, goes on with 0 (not with a second more)."""
+    sub = RawClient(broker.port, 5)
+    sub.connect("sub")
+    sub.subscribe("now/#", 1)
+    pub = RawClient(broker.port, 5)
+    pub.connect("pub")
+    pub.send_packet(Publish("now/a", b"x", 1, packet_id=1, properties=Properties(message_expiry_interval=0)))
+    message = sub.recv()
+    assert (message.payload, message.properties.message_expiry_interval) == (b"x", 0)
