@@ -52,6 +52,28 @@ class TlsConfig:
             )
 
 
+class EncryptedKey(ValueError):
+    """A private key protected by a passphrase, which nothing here can give."""
+
+
+def _no_passphrase() -> bytes:
+    raise EncryptedKey("encrypted")
+
+
+def load_key_pair(context: ssl.SSLContext, certfile: str, keyfile: str | None, key: str = "keyfile") -> None:
+    """``context.load_cert_chain(certfile, keyfile)``, never asking for a passphrase: OpenSSL would ask on
+    the terminal (a start, or a SIGHUP reload, that waits there) or fail naming nothing; an encrypted key is
+    a ``ConfigError`` naming ``key``. ``ssl.SSLError`` as ``load_cert_chain`` raises it otherwise."""
+    try:
+        context.load_cert_chain(certfile, keyfile, password=_no_passphrase)
+    except EncryptedKey:
+        raise ConfigError(
+            key,
+            f"{keyfile or certfile} is encrypted (protected by a passphrase): give an unencrypted key, "
+            "readable by the broker only (mode 0600)",
+        ) from None
+
+
 def server_ssl_context(config: TlsConfig) -> ssl.SSLContext:
     """A server ``SSLContext`` for ``config``; errors name the config field of the file that is wrong.
 
@@ -66,7 +88,7 @@ def server_ssl_context(config: TlsConfig) -> ssl.SSLContext:
         if path is not None and not Path(path).is_file():
             raise ConfigError(name, f"file not found: {path}")
     try:
-        context.load_cert_chain(config.certfile, config.keyfile)
+        load_key_pair(context, config.certfile, config.keyfile)
     except ssl.SSLError as exc:
         raise ConfigError(
             "certfile", f"cannot load certificate/key ({config.certfile}, {config.keyfile}): {exc}"

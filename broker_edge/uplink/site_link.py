@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, TypeVar
 from broker_edge.engine.ports import MirrorRefused
 from broker_edge.http.client_errors import failure_text
 from broker_edge.protocol.topics import topic_matches
+from broker_edge.security.tls import load_key_pair
 from broker_edge.settings.uplink import UplinkConfig
 from broker_edge.storage import OffsetOutOfRange, UnknownTopic
 from broker_edge.uplink.batches import next_batch
@@ -76,7 +77,7 @@ def client_ssl_context(config: UplinkConfig) -> ssl.SSLContext:
     tls = config.tls
     context = ssl.create_default_context(cafile=tls.cafile)
     context.check_hostname = tls.check_hostname
-    context.load_cert_chain(tls.certfile, tls.keyfile)
+    load_key_pair(context, tls.certfile, tls.keyfile, "uplink.tls.keyfile")
     return context
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from broker_edge.config.loader import ConfigError
-from broker_edge.security.tls import ServerContexts
+from broker_edge.security.tls import ServerContexts, load_key_pair
 from broker_edge.settings.cluster import NODE_ID, MemberTlsConfig
 
 __all__ = ["MEMBER_URI_PREFIX", "MemberTls", "member_uri", "node_of_certificate", "node_of_certificate_file"]
@@ -123,7 +123,7 @@ class MemberTls:
         context.options |= ssl.OP_NO_COMPRESSION
         context.verify_mode = ssl.CERT_REQUIRED
         try:
-            context.load_cert_chain(config.certfile, config.keyfile)
+            load_key_pair(context, config.certfile, config.keyfile, "cluster.tls.keyfile")
         except ssl.SSLError as error:
             raise ConfigError("cluster.tls.certfile", f"cannot load certificate and key: {error}") from None
         try:

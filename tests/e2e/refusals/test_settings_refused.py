@@ -244,3 +244,25 @@ def test_a_readers_tokens_file_that_does_not_load_is_named_by_its_dotted_key(tmp
     assert err.splitlines()[-1:] == [
         "timestone broker: configuration error: offsets_api.tokens_file: tokens: two tokens are named 'job'"
     ]
+
+
+def test_a_passphrase_protected_key_is_refused_naming_it_without_asking_for_the_passphrase(tmp_path):
+    """OpenSSL would ask for the passphrase on the terminal (a start that hangs there, or, with no terminal,
+    an error naming no setting); the broker reads unencrypted keys only."""
+    from cryptography.hazmat.primitives import serialization
+
+    pki = make_test_pki(tmp_path / "pki")
+    key = serialization.load_pem_private_key(pki.server_key.read_bytes(), None)
+    encrypted = tmp_path / "encrypted.key"
+    encrypted.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"passphrase"),
+        )
+    )
+    err = refused(tmp_path, tls_listener(pki.server_cert, encrypted))
+    assert err.splitlines() == [
+        f"timestone broker: configuration error: listeners[1].tls.keyfile: {encrypted} is encrypted "
+        "(protected by a passphrase): give an unencrypted key, readable by the broker only (mode 0600)"
+    ]
