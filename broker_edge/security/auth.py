@@ -247,9 +247,10 @@ def _lines(text: str) -> list[str]:
     """The lines of a password file as ``timestone passwd`` writes them: ended by "\n" ("\r\n" tolerated).
 
     Never ``str.splitlines()``, which also splits on characters a line may hold (U+2028, U+0085, ...): the
-    reader and the writer must agree on where a line ends.
+    reader and the writer must agree on where a line ends. A byte order mark an editor put first (U+FEFF) is
+    no part of the first line: it would be the first user name's first character, which no client types.
     """
-    lines = text.split("\n")
+    lines = text.removeprefix("\ufeff").split("\n")
     if lines[-1] == "":
         lines.pop()
     return [line[:-1] if line.endswith("\r") else line for line in lines]

@@ -104,6 +104,18 @@ def test_lines_end_at_a_newline_only_and_a_crlf_file_loads_and_is_edited(users: 
     assert loaded.users == ["u1", "u2"] and loaded.verify("u2", b"p2")
 
 
+def test_a_file_saved_with_a_byte_order_mark_logs_its_first_user_in(users: Path) -> None:
+    """An editor that saves UTF-8 with a BOM (Notepad) puts U+FEFF before the first user name: that user is
+    the user the file names, not one no client can type."""
+    users.write_bytes(b"\xef\xbb\xbf" + users.read_bytes().replace(b"\n", b"\r\n"))
+    loaded = PasswordFile.load(users, cache=False)
+    assert loaded.users == ["u1"] and loaded.verify("u1", b"p1")
+    assert passwd(str(users), "u2", "--password", "p2") == 0
+    assert not users.read_bytes().startswith(b"\xef\xbb\xbf")
+    loaded = PasswordFile.load(users, cache=False)
+    assert loaded.users == ["u1", "u2"] and loaded.verify("u1", b"p1") and loaded.verify("u2", b"p2")
+
+
 def test_concurrent_runs_lose_no_user(users: Path) -> None:
     results: list[int] = []
     runs = [
