@@ -182,9 +182,13 @@ class EtcdAuthConfig:
             raise ConfigError("password_file", "must name a file")
 
     def password(self) -> str:
-        """The password as the file holds it now (``OSError`` when it cannot be read)."""
-        with open(self.password_file, encoding="utf-8") as file:
-            return file.readline().rstrip("\r\n")
+        """The password as the file holds it now (``OSError`` when it cannot be read); a byte order mark an
+        editor saved first is no part of it."""
+        try:
+            with open(self.password_file, encoding="utf-8-sig") as file:
+                return file.readline().rstrip("\r\n")
+        except UnicodeDecodeError as error:
+            raise OSError(f"not UTF-8 text: {error}") from None
 
 
 @dataclass

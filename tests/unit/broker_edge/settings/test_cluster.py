@@ -179,3 +179,17 @@ def test_loading_a_config_loads_no_etcd_client() -> None:
     )
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert output.stdout.strip() == "[]"
+
+
+def test_the_etcd_password_is_the_first_line_as_an_editor_saved_it(tmp_path):
+    """A byte order mark an editor saved first is not part of the password; bytes that are no UTF-8 are a
+    file that cannot be read (``OSError``, as a missing one), not a ``UnicodeDecodeError`` nothing expects."""
+    from broker_edge.settings.cluster import EtcdAuthConfig
+
+    secret = tmp_path / "etcd-password"
+    auth = EtcdAuthConfig(username="timestone", password_file=str(secret))
+    secret.write_bytes(b"\xef\xbb\xbfs3cret\r\nsecond line\n")
+    assert auth.password() == "s3cret"
+    secret.write_bytes(b"caf\xe9\n")
+    with pytest.raises(OSError, match="not UTF-8 text"):
+        auth.password()
